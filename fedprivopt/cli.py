@@ -1,0 +1,329 @@
+"""The ``fedprivopt`` command line.
+
+Every command validates its arguments before doing any work. Bad input exits with code 2 and one
+line on stderr that names the flag and its valid range (no traceback; set ``FEDPRIVOPT_DEBUG=1``
+to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from fedprivopt import __version__
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported on one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# argument types: each error names the valid range; argparse prefixes the flag.
+
+
+def _number(text: str, kind: Callable[[str], float | int]) -> float | int:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def float_range(lo: float, hi: float, *, lo_open: bool, hi_open: bool) -> Callable[[str], float]:
+    """Argparse type: a float in an interval, with the interval in the error message."""
+    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+    shown = f"{left}{lo:g}, {'inf' if math.isinf(hi) else f'{hi:g}'}{right}"
+
+    def parse(text: str) -> float:
+        value = float(_number(text, float))
+        ok_lo = value > lo if lo_open else value >= lo
+        ok_hi = value < hi if hi_open else value <= hi
+        if not (ok_lo and ok_hi):
+            raise argparse.ArgumentTypeError(f"must be in {shown}, got {text}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+def int_at_least(lo: int) -> Callable[[str], int]:
+    """Argparse type: an integer ``>= lo``."""
+
+    def parse(text: str) -> int:
+        value = int(_number(text, int))
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+POSITIVE = float_range(0.0, math.inf, lo_open=True, hi_open=True)
+RATE = float_range(0.0, 1.0, lo_open=True, hi_open=False)
+DELTA = float_range(0.0, 1.0, lo_open=True, hi_open=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# privacy commands
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, *, needs_sigma: bool) -> None:
+    from fedprivopt.privacy.accounting import ACCOUNTANTS
+
+    if needs_sigma:
+        p.add_argument(
+            "--noise-multiplier",
+            type=POSITIVE,
+            required=True,
+            metavar="S",
+            help="noise std on the clipped sum divided by the clip norm C (> 0)",
+        )
+    p.add_argument(
+        "--sample-rate",
+        type=RATE,
+        metavar="Q",
+        help="Poisson inclusion probability per user and round, in (0, 1]; "
+        "defaults to COHORT/POPULATION when both are given",
+    )
+    p.add_argument(
+        "--rounds", type=int_at_least(1), required=True, metavar="T", help="rounds, >= 1"
+    )
+    p.add_argument(
+        "--delta", type=DELTA, required=True, metavar="D", help="target delta, in (0, 1)"
+    )
+    p.add_argument(
+        "--accountant",
+        choices=ACCOUNTANTS,
+        default="rdp",
+        help="rdp: dp-accounting RDP; pld: dp-accounting privacy loss distributions (tighter); "
+        "prv: Opacus PRV",
+    )
+    p.add_argument(
+        "--sampling",
+        choices=("poisson", "fixed"),
+        default="poisson",
+        help="poisson: each user joins independently with probability Q (add/remove-one); "
+        "fixed: exactly COHORT of POPULATION users without replacement (replace-one, rdp only)",
+    )
+    p.add_argument("--population", type=int_at_least(1), metavar="N", help="number of users N")
+    p.add_argument(
+        "--cohort", type=int_at_least(1), metavar="M", help="users per round M (fixed sampling)"
+    )
+    p.add_argument(
+        "--events-per-round",
+        type=int_at_least(1),
+        default=1,
+        metavar="K",
+        help="data accesses per round (2 for dp-fedavg-adadp)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
+
+
+def _resolve_sampling(args: argparse.Namespace) -> dict:
+    """Cross-flag checks; returns keyword arguments for ``make_round_event``."""
+    if args.population is not None and args.cohort is not None and args.cohort > args.population:
+        raise UsageError(
+            f"argument --cohort: must be in [1, --population={args.population}], got {args.cohort}"
+        )
+    if args.sampling == "fixed":
+        if args.population is None or args.cohort is None:
+            raise UsageError("argument --sampling: 'fixed' needs --population N and --cohort M")
+        if args.sample_rate is not None and not math.isclose(
+            args.sample_rate, args.cohort / args.population, rel_tol=1e-9
+        ):
+            raise UsageError(
+                f"argument --sample-rate: with --sampling fixed it must equal "
+                f"COHORT/POPULATION = {args.cohort / args.population:g} (or be left out)"
+            )
+        if args.accountant != "rdp":
+            raise UsageError(
+                f"argument --accountant: '{args.accountant}' supports only --sampling poisson; "
+                "use --accountant rdp for fixed-size sampling"
+            )
+        return {"sampling": "fixed", "population": args.population, "cohort_size": args.cohort}
+    rate = args.sample_rate
+    if rate is None:
+        if args.population is None or args.cohort is None:
+            raise UsageError(
+                "argument --sample-rate: required in (0, 1] (or give --population and --cohort)"
+            )
+        rate = args.cohort / args.population
+    return {"sampling": "poisson", "sample_rate": rate, "population": args.population}
+
+
+def _echo(args: argparse.Namespace, sampling: dict, event) -> dict:
+    return {
+        "delta": args.delta,
+        "rounds": args.rounds,
+        "events_per_round": args.events_per_round,
+        "accountant": args.accountant,
+        "sampling": sampling["sampling"],
+        "sample_rate": event.sample_rate,
+        "population": args.population,
+        "cohort": args.cohort,
+        "neighboring_relation": event.neighboring_relation.name.lower(),
+        "accountant_noise_multiplier": event.accountant_noise_multiplier,
+    }
+
+
+def _describe(out: dict) -> str:
+    if out["sampling"] == "fixed":
+        how = f"fixed-size sampling of {out['cohort']} of {out['population']} users (replace-one)"
+    else:
+        how = f"Poisson sampling (q = {out['sample_rate']:g})"
+    per = out["events_per_round"]
+    return (
+        f"{out['rounds']} rounds of {how}, sigma = {out['noise_multiplier']:g}"
+        f"{f', {per} events per round' if per > 1 else ''} [{out['accountant']} accountant]"
+    )
+
+
+def cmd_epsilon(args: argparse.Namespace) -> int:
+    """``fedprivopt epsilon``: ε after T rounds."""
+    from fedprivopt.privacy.accounting import compose_epsilon
+    from fedprivopt.privacy.calibration import make_round_event
+
+    sampling = _resolve_sampling(args)
+    event = make_round_event(args.noise_multiplier, **sampling)
+    eps = compose_epsilon(
+        [(event, args.rounds * args.events_per_round)], args.delta, accountant=args.accountant
+    )
+    out = {
+        "epsilon": eps,
+        "noise_multiplier": args.noise_multiplier,
+        **_echo(args, sampling, event),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"epsilon = {eps:.4f} at delta = {args.delta:g} after {_describe(out)}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``fedprivopt calibrate``: the smallest σ that meets a target ε."""
+    from fedprivopt.privacy.accounting import compose_epsilon
+    from fedprivopt.privacy.calibration import calibrate_noise_multiplier, make_round_event
+
+    sampling = _resolve_sampling(args)
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=args.target_epsilon,
+        delta=args.delta,
+        rounds=args.rounds,
+        events_per_round=args.events_per_round,
+        accountant=args.accountant,
+        **sampling,
+    )
+    event = make_round_event(sigma, **sampling)
+    eps = compose_epsilon(
+        [(event, args.rounds * args.events_per_round)], args.delta, accountant=args.accountant
+    )
+    out = {
+        "noise_multiplier": sigma,
+        "epsilon": eps,
+        "target_epsilon": args.target_epsilon,
+        **_echo(args, sampling, event),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(
+            f"noise multiplier = {sigma:.4f} gives epsilon = {eps:.4f} "
+            f"(target {args.target_epsilon:g}) at delta = {args.delta:g} after {_describe(out)}"
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the ``fedprivopt`` argument parser with all subcommands."""
+    parser = _Parser(
+        prog="fedprivopt",
+        description="Differentially private adaptive federated optimization on Flower.",
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"fedprivopt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser(
+        "epsilon",
+        help="privacy spent (epsilon) after T rounds of subsampled Gaussian releases",
+        description="Epsilon at delta after T rounds: each round samples users (Poisson with "
+        "rate Q, or a fixed cohort of M of N) and adds Gaussian noise of std S*C to the sum of "
+        "updates clipped to L2 norm C.",
+        epilog="examples:\n"
+        "  fedprivopt epsilon --noise-multiplier 1.0 --sample-rate 0.01 --rounds 10000 "
+        "--delta 1e-5\n"
+        "  fedprivopt epsilon --noise-multiplier 0.3 --rounds 40 --delta 0.0025 "
+        "--sampling fixed --population 400 --cohort 20 --json",
+        formatter_class=_HelpFormatter,
+    )
+    _add_sampling_args(p, needs_sigma=True)
+    p.set_defaults(func=cmd_epsilon)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="smallest noise multiplier that meets a target epsilon",
+        description="Smallest noise multiplier S such that T rounds stay within "
+        "(TARGET_EPSILON, delta).",
+        epilog="example:\n"
+        "  fedprivopt calibrate --target-epsilon 8 --delta 1e-6 --sample-rate 0.0003 --rounds 1500",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument(
+        "--target-epsilon", type=POSITIVE, required=True, metavar="E", help="target epsilon, > 0"
+    )
+    _add_sampling_args(p, needs_sigma=False)
+    p.set_defaults(func=cmd_calibrate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fedprivopt`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 0
+    # dp-accounting logs (via absl) when it drops RDP orders that do not converge; the bound it
+    # returns stays valid, so keep the command's output to its one line.
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+    try:
+        return int(args.func(args))
+    except (UsageError, ValueError) as exc:
+        if os.environ.get("FEDPRIVOPT_DEBUG"):
+            raise
+        print(f"fedprivopt {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""fedprivopt.clients (see docs/DESIGN.md)."""

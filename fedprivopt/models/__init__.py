@@ -1,0 +1,1 @@
+"""fedprivopt.models (see docs/DESIGN.md)."""

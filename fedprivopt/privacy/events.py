@@ -1,0 +1,132 @@
+"""Privacy events: immutable descriptions of what one data access released.
+
+A round of user-level DP training releases a *subsampled Gaussian*: a cohort is sampled from the
+users, each user's update is clipped to L2 norm ``C``, the clipped updates are summed and Gaussian
+noise of standard deviation ``σC`` is added to the sum. :class:`SubsampledGaussianEvent` records
+``σ`` and how the cohort was sampled; accountants in :mod:`fedprivopt.privacy.accounting` interpret
+it with dp-accounting or Opacus.
+
+Throughout the package the *noise multiplier* ``σ`` is the noise standard deviation on the clipped
+sum divided by the clip norm ``C``. The accountant's own multiplier is the noise standard deviation
+divided by the L2 sensitivity under the neighbouring relation that the sampling scheme needs:
+
+* Poisson sampling, add/remove-one adjacency: sensitivity ``C``, accountant multiplier ``σ``;
+* fixed-size sampling without replacement, replace-one adjacency: replacing one user's update
+  moves the sum by up to ``2C``, so the accountant multiplier is ``σ / 2``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import dp_accounting as dpa
+
+__all__ = ["SAMPLING_KINDS", "SubsampledGaussianEvent"]
+
+SAMPLING_KINDS = ("poisson", "fixed")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class SubsampledGaussianEvent:
+    """One subsampled Gaussian release of the clipped sum of user updates.
+
+    Use the constructors :meth:`poisson` and :meth:`fixed`.
+
+    Attributes
+    ----------
+    noise_multiplier : float
+        ``σ``: noise std on the clipped sum divided by the clip norm. ``0`` means no privacy.
+    sampling : str
+        ``"poisson"`` or ``"fixed"``.
+    sample_rate : float
+        Poisson inclusion probability ``q``; for fixed-size sampling the marginal ``m / N``.
+    population : int or None
+        Number of users ``N`` (required for fixed-size sampling).
+    cohort_size : int or None
+        Users per round ``m`` (fixed-size sampling only).
+    """
+
+    noise_multiplier: float
+    sampling: str
+    sample_rate: float
+    population: int | None = None
+    cohort_size: int | None = None
+
+    def __post_init__(self) -> None:
+        sigma = self.noise_multiplier
+        if not (isinstance(sigma, (int, float)) and sigma >= 0 and math.isfinite(sigma)):
+            raise ValueError(f"noise_multiplier must be a finite number >= 0, got {sigma!r}")
+        if self.sampling not in SAMPLING_KINDS:
+            raise ValueError(f"sampling must be one of {SAMPLING_KINDS}, got {self.sampling!r}")
+        if self.population is not None and (not _is_int(self.population) or self.population < 1):
+            raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
+        if self.sampling == "fixed":
+            n, m = self.population, self.cohort_size
+            if n is None or m is None:
+                raise ValueError("fixed sampling needs population and cohort_size")
+            if not _is_int(m) or not (1 <= m <= n):
+                raise ValueError(
+                    f"cohort_size must be an integer in [1, population={n}], got {m!r}"
+                )
+            if not math.isclose(self.sample_rate, m / n, rel_tol=1e-12):
+                raise ValueError("sample_rate of a fixed-size event must be cohort_size/population")
+        elif self.cohort_size is not None:
+            raise ValueError("cohort_size is only meaningful for fixed sampling")
+        if not (0.0 < self.sample_rate <= 1.0):
+            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
+
+    @classmethod
+    def poisson(
+        cls, *, sample_rate: float, noise_multiplier: float, population: int | None = None
+    ) -> SubsampledGaussianEvent:
+        """Poisson-subsampled Gaussian with inclusion probability ``sample_rate``."""
+        return cls(float(noise_multiplier), "poisson", float(sample_rate), population, None)
+
+    @classmethod
+    def fixed(
+        cls, *, population: int, cohort_size: int, noise_multiplier: float
+    ) -> SubsampledGaussianEvent:
+        """Gaussian on a cohort of exactly ``cohort_size`` users drawn without replacement."""
+        if not _is_int(population) or population < 1:
+            raise ValueError(f"population must be an integer >= 1, got {population!r}")
+        return cls(
+            float(noise_multiplier), "fixed", cohort_size / population, population, cohort_size
+        )
+
+    @property
+    def neighboring_relation(self) -> dpa.NeighboringRelation:
+        """Adjacency under which the event is accounted."""
+        if self.sampling == "fixed":
+            return dpa.NeighboringRelation.REPLACE_ONE
+        return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    @property
+    def accountant_noise_multiplier(self) -> float:
+        """Noise std over the L2 sensitivity under :attr:`neighboring_relation`."""
+        return self.noise_multiplier / 2.0 if self.sampling == "fixed" else self.noise_multiplier
+
+    def to_dp_event(self) -> dpa.DpEvent:
+        """Return the equivalent ``dp_accounting`` event."""
+        gaussian = dpa.GaussianDpEvent(self.accountant_noise_multiplier)
+        if self.sampling == "fixed":
+            return dpa.SampledWithoutReplacementDpEvent(self.population, self.cohort_size, gaussian)
+        return dpa.PoissonSampledDpEvent(self.sample_rate, gaussian)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-serialisable)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SubsampledGaussianEvent:
+        """Inverse of :meth:`to_dict`."""
+        keys = {"noise_multiplier", "sampling", "sample_rate", "population", "cohort_size"}
+        unknown = set(data) - keys
+        if unknown:
+            raise ValueError(f"unknown privacy event fields: {sorted(unknown)}")
+        return cls(**{k: data.get(k) for k in keys})

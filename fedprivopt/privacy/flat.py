@@ -1,0 +1,108 @@
+"""Flatten a model's state dict into one vector and back.
+
+Clipping and noise act on the *whole* update of a user, so every model is handled as one flat
+vector. :class:`FlatSpec` remembers names, shapes and dtypes so that :func:`unflatten` restores the
+original tensors exactly (each with its own dtype) and rejects vectors of the wrong length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["FlatSpec", "flatten", "unflatten"]
+
+
+@dataclass(frozen=True)
+class FlatSpec:
+    """Layout of a flattened state dict.
+
+    Attributes
+    ----------
+    names : tuple of str
+        Keys in flattening order.
+    shapes : tuple of tuple of int
+        Shape of each tensor.
+    dtypes : tuple of torch.dtype
+        Dtype of each tensor, restored by :func:`unflatten`.
+    dtype : torch.dtype
+        Dtype of the flat vector: the promoted type of all entries, at least ``float32``.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    dtype: torch.dtype
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Number of elements of each tensor."""
+        return tuple(math.prod(s) for s in self.shapes)
+
+    @property
+    def numel(self) -> int:
+        """Length of the flat vector."""
+        return sum(self.sizes)
+
+    def check(self, flat: torch.Tensor, *, name: str = "flat") -> None:
+        """Raise ``ValueError`` unless ``flat`` is a 1-D vector of length :attr:`numel`."""
+        if not isinstance(flat, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(flat).__name__}")
+        if flat.dim() != 1 or flat.numel() != self.numel:
+            raise ValueError(
+                f"{name} must be a 1-D tensor of length {self.numel}, got shape {tuple(flat.shape)}"
+            )
+
+
+def flatten(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FlatSpec]:
+    """Concatenate the tensors of ``state`` into one 1-D vector.
+
+    Parameters
+    ----------
+    state : Mapping[str, torch.Tensor]
+        A state dict (iteration order is kept).
+
+    Returns
+    -------
+    flat : torch.Tensor
+        1-D tensor on the device of the first entry, with dtype the promotion of all entries
+        (``float32`` at least, so integer buffers survive a round trip).
+    spec : FlatSpec
+        What :func:`unflatten` needs to restore ``state``.
+    """
+    if len(state) == 0:
+        raise ValueError("state must contain at least one tensor")
+    names, shapes, dtypes, parts = [], [], [], []
+    dtype = torch.float32
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"state[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+        names.append(str(key))
+        shapes.append(tuple(value.shape))
+        dtypes.append(value.dtype)
+        parts.append(value)
+        dtype = torch.promote_types(dtype, value.dtype)
+    if not dtype.is_floating_point:
+        raise ValueError(f"cannot flatten tensors of dtype {dtype} into a floating-point vector")
+    device = parts[0].device
+    flat = torch.cat([p.detach().to(device=device, dtype=dtype).reshape(-1) for p in parts])
+    return flat, FlatSpec(tuple(names), tuple(shapes), tuple(dtypes), dtype)
+
+
+def unflatten(flat: torch.Tensor, spec: FlatSpec) -> dict[str, torch.Tensor]:
+    """Split a flat vector back into a state dict described by ``spec``.
+
+    Each tensor gets its original shape and dtype (integer entries are rounded to nearest).
+    """
+    spec.check(flat)
+    out: dict[str, torch.Tensor] = {}
+    for name, shape, dt, chunk in zip(
+        spec.names, spec.shapes, spec.dtypes, torch.split(flat, spec.sizes), strict=True
+    ):
+        if not dt.is_floating_point and not dt.is_complex and dt != torch.bool:
+            chunk = torch.round(chunk)
+        out[name] = chunk.reshape(shape).to(dt)
+    return out

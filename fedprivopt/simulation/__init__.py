@@ -1,0 +1,1 @@
+"""fedprivopt.simulation (see docs/DESIGN.md)."""

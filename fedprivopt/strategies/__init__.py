@@ -1,0 +1,1 @@
+"""fedprivopt.strategies (see docs/DESIGN.md)."""

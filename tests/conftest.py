@@ -1,0 +1,21 @@
+"""Test-wide environment: Flower offline and quiet, a private FLWR_HOME per test session."""
+
+import logging
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_FLWR_HOME = tempfile.mkdtemp(prefix="fedprivopt-flwr-home-")
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+os.environ["FLWR_HOME"] = _FLWR_HOME
+# dp-accounting logs (through absl) every RDP order it drops; the bound stays valid.
+logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cleanup_flwr_home():
+    yield
+    shutil.rmtree(_FLWR_HOME, ignore_errors=True)

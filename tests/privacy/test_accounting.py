@@ -1,0 +1,186 @@
+import itertools
+import json
+import math
+import warnings
+
+import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp
+from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis import rdp as opacus_rdp
+
+from fedprivopt.privacy import PrivacyAccountant, SubsampledGaussianEvent, compose_epsilon
+
+Poisson = SubsampledGaussianEvent.poisson
+
+
+def eps(q, sigma, rounds, delta, accountant="rdp"):
+    ev = Poisson(sample_rate=q, noise_multiplier=sigma)
+    return compose_epsilon([(ev, rounds)], delta, accountant=accountant)
+
+
+def test_acceptance_example_rdp_pld_prv():
+    # Opacus' RDP accountant gives 6.7127 for this setting.
+    assert eps(0.01, 1.0, 10_000, 1e-5) == pytest.approx(6.7127, abs=0.005)
+    assert eps(0.01, 1.0, 10_000, 1e-5, "pld") == pytest.approx(6.19, abs=0.02)
+    assert eps(0.01, 1.0, 10_000, 1e-5, "prv") == pytest.approx(6.19, abs=0.05)
+
+
+GRID = list(
+    itertools.product(
+        [0.001, 0.01, 0.05, 0.1], [0.7, 1.0, 2.0, 5.0], [10, 1000, 10_000], [1e-5, 1e-7]
+    )
+)
+
+
+def test_rdp_matches_opacus_rdp_on_a_grid():
+    """Independent implementations of the same RDP analysis (same orders) agree within 2%.
+
+    Restricted to epsilon <= 50: beyond that dp-accounting drops fractional orders near 1 whose
+    series it cannot evaluate in 1000 terms, so our epsilon is larger (conservative) there.
+    """
+    orders = list(dpa_rdp.DEFAULT_RDP_ORDERS)
+    compared = 0
+    for q, sigma, rounds, delta in GRID:
+        rdp = opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=rounds, orders=orders)
+        ref, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
+        if ref > 50:
+            continue
+        ours = eps(q, sigma, rounds, delta)
+        assert ours == pytest.approx(ref, rel=0.02), (q, sigma, rounds, delta)
+        assert ours >= ref * (1 - 1e-6)  # never less private than the reference claims
+        compared += 1
+    assert compared >= 80
+
+
+def test_rdp_matches_opacus_default_rdp_accountant_where_its_orders_suffice():
+    """Opacus' RDPAccountant uses orders up to 63; where its optimum is interior they agree."""
+    compared = 0
+    for q, sigma, rounds, delta in GRID[::3]:
+        rdp = opacus_rdp.compute_rdp(
+            q=q, noise_multiplier=sigma, steps=rounds, orders=RDPAccountant.DEFAULT_ALPHAS
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref, best = opacus_rdp.get_privacy_spent(
+                orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta
+            )
+        if best >= max(RDPAccountant.DEFAULT_ALPHAS) or ref > 50:
+            continue
+        assert eps(q, sigma, rounds, delta) == pytest.approx(ref, rel=0.02)
+        compared += 1
+    assert compared >= 15
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma", "rounds"),
+    [(0.01, 1.0, 1000), (0.05, 0.8, 200), (0.001, 2.0, 5000), (0.2, 3.0, 50)],
+)
+def test_pld_is_at_most_rdp(q, sigma, rounds):
+    assert eps(q, sigma, rounds, 1e-6, "pld") <= eps(q, sigma, rounds, 1e-6, "rdp")
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_monotonicity(accountant):
+    by_t = [eps(0.02, 1.0, t, 1e-5, accountant) for t in (10, 100, 1000)]
+    by_q = [eps(q, 1.0, 100, 1e-5, accountant) for q in (0.005, 0.02, 0.1)]
+    by_s = [eps(0.02, s, 100, 1e-5, accountant) for s in (0.8, 1.2, 2.0)]
+    assert by_t[0] < by_t[1] < by_t[2]
+    assert by_q[0] < by_q[1] < by_q[2]
+    assert by_s[0] > by_s[1] > by_s[2]
+
+
+def test_fixed_size_uses_replace_one_with_half_the_noise_multiplier():
+    ev = SubsampledGaussianEvent.fixed(population=1000, cohort_size=10, noise_multiplier=2.0)
+    assert ev.neighboring_relation.name == "REPLACE_ONE"
+    assert ev.accountant_noise_multiplier == 1.0
+    assert ev.sample_rate == 0.01
+    fixed = compose_epsilon([(ev, 100)], 1e-5)
+    # the same event computed directly with dp-accounting, replace-one, sigma / 2
+    acc = dpa_rdp.RdpAccountant(neighboring_relation=ev.neighboring_relation)
+    import dp_accounting as dpa
+
+    acc.compose(dpa.SampledWithoutReplacementDpEvent(1000, 10, dpa.GaussianDpEvent(1.0)), count=100)
+    assert fixed == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12)
+    # replace-one costs more than add/remove-one with the same noise
+    assert fixed > eps(0.01, 2.0, 100, 1e-5)
+
+
+def test_fixed_size_is_rdp_only_and_cannot_mix_with_poisson():
+    ev = SubsampledGaussianEvent.fixed(population=100, cohort_size=10, noise_multiplier=1.0)
+    for accountant in ("pld", "prv"):
+        with pytest.raises(ValueError, match="rdp"):
+            PrivacyAccountant(accountant=accountant).step(ev)
+    acc = PrivacyAccountant()
+    acc.step(ev)
+    with pytest.raises(ValueError, match="Poisson and fixed"):
+        acc.step(Poisson(sample_rate=0.1, noise_multiplier=1.0))
+    assert acc.num_events == 1  # nothing recorded by the failed step
+
+
+def test_ledger_merges_and_matches_one_shot_composition():
+    ev = Poisson(sample_rate=0.05, noise_multiplier=1.1)
+    acc = PrivacyAccountant()
+    for _ in range(30):
+        acc.step([ev, ev])  # two events per round, as ADADP
+    assert acc.ledger == ((ev, 60),)
+    assert acc.epsilon(1e-5) == eps(0.05, 1.1, 60, 1e-5)
+
+
+def test_would_exceed_and_epsilon_after():
+    ev = Poisson(sample_rate=0.05, noise_multiplier=1.0)
+    acc = PrivacyAccountant()
+    acc.step(ev, count=99)
+    e99, e100 = acc.epsilon(1e-5), acc.epsilon_after(ev, 1e-5)
+    assert e99 < e100 == eps(0.05, 1.0, 100, 1e-5)
+    assert acc.would_exceed((e99 + e100) / 2, 1e-5, ev)
+    assert not acc.would_exceed(e100 * 1.0001, 1e-5, ev)
+    assert acc.num_events == 99  # queries record nothing
+
+
+def test_budget_loop_never_exceeds_the_target():
+    ev = Poisson(sample_rate=0.1, noise_multiplier=1.2)
+    acc, target = PrivacyAccountant(), 3.0
+    rounds = 0
+    while not acc.would_exceed(target, 1e-5, [ev, ev]):
+        acc.step([ev, ev])
+        rounds += 1
+    assert 0 < rounds < 1000
+    assert acc.epsilon(1e-5) <= target < acc.epsilon_after([ev, ev], 1e-5)
+
+
+def test_state_dict_round_trip_through_json():
+    acc = PrivacyAccountant(accountant="pld", pld_discretization=1e-3)
+    acc.step(Poisson(sample_rate=0.02, noise_multiplier=1.0), count=50)
+    acc.step(Poisson(sample_rate=0.02, noise_multiplier=2.0), count=20)
+    state = json.loads(json.dumps(acc.state_dict()))
+    other = PrivacyAccountant()
+    other.load_state_dict(state)
+    assert other.accountant == "pld" and other.pld_discretization == 1e-3
+    assert other.ledger == acc.ledger and other.num_events == 70
+    assert other.epsilon(1e-5) == acc.epsilon(1e-5)
+    with pytest.raises(ValueError, match="version"):
+        other.load_state_dict({"ledger": []})
+
+
+def test_empty_and_non_private_ledgers():
+    acc = PrivacyAccountant()
+    assert acc.epsilon(1e-5) == 0.0
+    acc.step(Poisson(sample_rate=0.1, noise_multiplier=0.0))
+    assert math.isinf(acc.epsilon(1e-5))
+
+
+def test_invalid_inputs_name_the_parameter():
+    with pytest.raises(ValueError, match="delta"):
+        eps(0.1, 1.0, 10, 1.0)
+    with pytest.raises(ValueError, match="accountant"):
+        PrivacyAccountant(accountant="gdp")
+    with pytest.raises(ValueError, match="sample_rate"):
+        Poisson(sample_rate=0.0, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        Poisson(sample_rate=0.5, noise_multiplier=-1.0)
+    with pytest.raises(ValueError, match="cohort_size"):
+        SubsampledGaussianEvent.fixed(population=5, cohort_size=6, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="count"):
+        PrivacyAccountant().step(Poisson(sample_rate=0.5, noise_multiplier=1.0), count=0)
+    with pytest.raises(ValueError, match="target_epsilon"):
+        PrivacyAccountant().would_exceed(0.0, 1e-5, Poisson(sample_rate=0.5, noise_multiplier=1.0))

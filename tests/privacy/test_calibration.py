@@ -1,0 +1,60 @@
+import pytest
+
+from fedprivopt.privacy import calibrate_noise_multiplier, compose_epsilon, make_round_event
+
+
+@pytest.mark.parametrize(
+    ("target", "q", "rounds", "accountant"),
+    [
+        (6.7127, 0.01, 10_000, "rdp"),
+        (2.0, 0.05, 100, "rdp"),
+        (4.0, 0.05, 50, "pld"),
+        (4.0, 0.02, 300, "prv"),
+    ],
+)
+def test_calibrate_then_epsilon_round_trips(target, q, rounds, accountant):
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=target, delta=1e-5, rounds=rounds, sample_rate=q, accountant=accountant
+    )
+    ev = make_round_event(sigma, sample_rate=q)
+    achieved = compose_epsilon([(ev, rounds)], 1e-5, accountant=accountant)
+    assert achieved <= target * (1 + 1e-9)
+    assert achieved == pytest.approx(target, rel=0.01)
+    # a slightly smaller sigma no longer meets the target: sigma is (nearly) the smallest
+    smaller = make_round_event(sigma * 0.98, sample_rate=q)
+    assert compose_epsilon([(smaller, rounds)], 1e-5, accountant=accountant) > target
+
+
+def test_calibrate_acceptance_example_gives_sigma_one():
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=6.7128, delta=1e-5, rounds=10_000, sample_rate=0.01
+    )
+    assert sigma == pytest.approx(1.0, abs=1e-3)
+
+
+def test_calibrate_fixed_size_and_events_per_round():
+    kw = dict(target_epsilon=5.0, delta=1e-5, rounds=50)
+    fixed = calibrate_noise_multiplier(sampling="fixed", population=1000, cohort_size=20, **kw)
+    ev = make_round_event(fixed, sampling="fixed", population=1000, cohort_size=20)
+    assert compose_epsilon([(ev, 50)], 1e-5) == pytest.approx(5.0, rel=0.01)
+    one = calibrate_noise_multiplier(sample_rate=0.02, **kw)
+    two = calibrate_noise_multiplier(sample_rate=0.02, events_per_round=2, **kw)
+    assert two > one
+    assert compose_epsilon([(make_round_event(two, sample_rate=0.02), 100)], 1e-5) <= 5.0 + 1e-9
+
+
+def test_calibrate_rejects_bad_input():
+    with pytest.raises(ValueError, match="target_epsilon"):
+        calibrate_noise_multiplier(target_epsilon=0, delta=1e-5, rounds=5, sample_rate=0.1)
+    with pytest.raises(ValueError, match="rounds"):
+        calibrate_noise_multiplier(target_epsilon=1, delta=1e-5, rounds=0, sample_rate=0.1)
+    with pytest.raises(ValueError, match="rdp"):
+        calibrate_noise_multiplier(
+            target_epsilon=1,
+            delta=1e-5,
+            rounds=5,
+            sampling="fixed",
+            population=10,
+            cohort_size=2,
+            accountant="pld",
+        )

@@ -1,0 +1,263 @@
+"""ADADP server learning-rate control by extrapolation (Koskela & Honkela 2020)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from ._checks import check_params, check_real, check_vector
+from .base import StateDictMixin, record_hparams
+
+__all__ = ["ADADPController", "ADADPResult", "ADADPState", "adadp", "adadp_error"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ADADPState(StateDictMixin):
+    """State of an :class:`ADADPController`.
+
+    Attributes
+    ----------
+    learning_rate : float
+        The current server learning rate ``η``.
+    accepted : int
+        Rounds whose two-half-step point was accepted.
+    rejected : int
+        Rounds rejected (parameters left unchanged).
+    """
+
+    learning_rate: float
+    accepted: int
+    rejected: int
+
+
+class ADADPResult(NamedTuple):
+    """Outcome of :meth:`ADADPController.update`.
+
+    Attributes
+    ----------
+    params : torch.Tensor
+        The new parameters: the two-half-step point if accepted, else the input ``params``.
+    state : ADADPState
+        The next state (new learning rate and counters).
+    accepted : bool
+        Whether ``error <= tolerance``.
+    error : float
+        The scaled distance between the full-step and the two-half-step points.
+    factor : float
+        The learning-rate multiplier applied, in ``[alpha_min, alpha_max]``.
+    """
+
+    params: torch.Tensor
+    state: ADADPState
+    accepted: bool
+    error: float
+    factor: float
+
+
+def adadp_error(full_step_point: torch.Tensor, two_half_step_point: torch.Tensor) -> float:
+    r"""ADADP's error estimate :math:`\lVert (w_1 - \hat w_1) / \max(1, |w_1|) \rVert_2`.
+
+    The maximum and the division are elementwise; the norm is accumulated in float64.
+
+    Parameters
+    ----------
+    full_step_point : torch.Tensor
+        ``w₁ = w + η Δ̃₁``.
+    two_half_step_point : torch.Tensor
+        ``ŵ₁ = w + (η/2) Δ̃₁ + (η/2) Δ̃₂``.
+
+    Returns
+    -------
+    float
+        The error, ``>= 0``.
+    """
+    diff = full_step_point - two_half_step_point
+    scale = full_step_point.abs().clamp_(min=1.0)
+    return float(torch.linalg.vector_norm(diff.div_(scale), dtype=torch.float64))
+
+
+@dataclasses.dataclass(frozen=True)
+class ADADPController:
+    r"""ADADP step-size control for a server that takes plain steps ``w ← w + η Δ̃``.
+
+    One ADADP round uses two independent cohorts (two privacy events). With ``w`` the current
+    parameters, ``η`` the current learning rate and Δ̃₁ the noised mean update of cohort 1
+    (trained at ``w``):
+
+    1. the full step is ``w₁ = w + η Δ̃₁``;
+    2. cohort 2 trains at the half-step point ``w + (η/2) Δ̃₁`` (:meth:`half_step`, which the
+       strategy broadcasts) and returns Δ̃₂; the two half steps give
+       ``ŵ₁ = w + (η/2) Δ̃₁ + (η/2) Δ̃₂``;
+    3. ``err = ‖(w₁ - ŵ₁) / max(1, |w₁|)‖₂`` (:func:`adadp_error`);
+    4. if ``err <= τ`` the round is accepted and ``w ← ŵ₁`` (the two-half-step point, the more
+       accurate of the two, as in the authors' code); otherwise it is rejected and ``w`` is
+       unchanged;
+    5. in both cases ``η ← η · clip((τ/err)^p, α_min, α_max)``, with factor ``α_max`` when
+       ``err = 0``.
+
+    The exponent ``p`` defaults to 1/2: the local error of an Euler (SGD) step of size ``η``
+    is ``O(η²)``, so ``η √(τ/err)`` is the step that would have met the tolerance; this is the
+    rule of the authors' reference implementation. ``error_exponent=1`` gives the linear rule
+    ``η · clip(τ/err, α_min, α_max)``.
+
+    Everything here is post-processing of Δ̃₁ and Δ̃₂. Hyperparameters are validated on
+    construction (:func:`adadp` is the keyword-only factory).
+
+    References
+    ----------
+    .. [1] A. Koskela, A. Honkela, "Learning Rate Adaptation for Differentially Private
+       Learning", AISTATS 2020.
+    """
+
+    learning_rate: float
+    tolerance: float
+    alpha_min: float = 0.9
+    alpha_max: float = 1.1
+    error_exponent: float = 0.5
+
+    def __post_init__(self) -> None:
+        checked = {
+            "learning_rate": check_real(
+                "learning_rate", self.learning_rate, low=0.0, low_open=True
+            ),
+            "tolerance": check_real("tolerance", self.tolerance, low=0.0, low_open=True),
+            "alpha_min": check_real("alpha_min", self.alpha_min, low=0.0, high=1.0, low_open=True),
+            "alpha_max": check_real("alpha_max", self.alpha_max, low=1.0),
+            "error_exponent": check_real(
+                "error_exponent", self.error_exponent, low=0.0, high=1.0, low_open=True
+            ),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def hparams(self) -> Mapping[str, Any]:
+        """Read-only record of the controller's name and hyperparameters."""
+        return record_hparams("adadp", **dataclasses.asdict(self))
+
+    def init(self) -> ADADPState:
+        """Return the initial state: ``η = learning_rate``, no accepted or rejected rounds."""
+        return ADADPState(learning_rate=self.learning_rate, accepted=0, rejected=0)
+
+    def full_step(
+        self, state: ADADPState, params: torch.Tensor, delta_1: torch.Tensor
+    ) -> torch.Tensor:
+        """Return the full-step point ``w + η Δ̃₁`` (a new tensor)."""
+        _check_inputs(params, delta_1=delta_1)
+        return params + state.learning_rate * delta_1
+
+    def half_step(
+        self, state: ADADPState, params: torch.Tensor, delta_1: torch.Tensor
+    ) -> torch.Tensor:
+        """Return the half-step point ``w + (η/2) Δ̃₁``, where cohort 2 trains (a new tensor)."""
+        _check_inputs(params, delta_1=delta_1)
+        return params + (0.5 * state.learning_rate) * delta_1
+
+    @torch.no_grad()
+    def update(
+        self,
+        state: ADADPState,
+        params: torch.Tensor,
+        delta_1: torch.Tensor,
+        delta_2: torch.Tensor,
+    ) -> ADADPResult:
+        """Accept or reject the round and adapt ``η``.
+
+        Parameters
+        ----------
+        state : ADADPState
+            The state the round was configured with (its ``η`` made the half-step point).
+        params : torch.Tensor
+            ``w``, the parameters at the start of the round.
+        delta_1 : torch.Tensor
+            Noised mean update of cohort 1, trained at ``w``.
+        delta_2 : torch.Tensor
+            Noised mean update of cohort 2, trained at :meth:`half_step`.
+
+        Returns
+        -------
+        ADADPResult
+            New parameters, next state, acceptance, error and factor.
+
+        Raises
+        ------
+        ValueError
+            If the tensors disagree in shape, dtype or device, or the error is not finite.
+        """
+        _check_inputs(params, delta_1=delta_1, delta_2=delta_2)
+        lr = state.learning_rate
+        full = params + lr * delta_1
+        two_half = self.half_step(state, params, delta_1).add_(delta_2, alpha=0.5 * lr)
+        error = adadp_error(full, two_half)
+        if not math.isfinite(error):
+            raise ValueError(f"ADADP error must be finite, got {error} (non-finite update?)")
+        if error == 0.0:
+            factor = self.alpha_max
+        else:
+            raw = (self.tolerance / error) ** self.error_exponent
+            factor = min(max(raw, self.alpha_min), self.alpha_max)
+        accepted = error <= self.tolerance
+        new_state = ADADPState(
+            learning_rate=lr * factor,
+            accepted=state.accepted + int(accepted),
+            rejected=state.rejected + int(not accepted),
+        )
+        return ADADPResult(two_half if accepted else params, new_state, accepted, error, factor)
+
+
+def _check_inputs(params: torch.Tensor, **deltas: torch.Tensor) -> None:
+    check_params(params)
+    for name, delta in deltas.items():
+        check_vector(name, delta, params)
+
+
+def adadp(
+    *,
+    learning_rate: float,
+    tolerance: float,
+    alpha_min: float = 0.9,
+    alpha_max: float = 1.1,
+    error_exponent: float = 0.5,
+) -> ADADPController:
+    """Build an :class:`ADADPController` after validating its hyperparameters.
+
+    Parameters
+    ----------
+    learning_rate : float
+        Initial server learning rate ``η`` in ``(0, inf)``.
+    tolerance : float
+        Error tolerance ``τ`` in ``(0, inf)``.
+    alpha_min : float, default 0.9
+        Smallest learning-rate factor per round, in ``(0, 1]``.
+    alpha_max : float, default 1.1
+        Largest learning-rate factor per round, in ``[1, inf)``.
+    error_exponent : float, default 0.5
+        Exponent ``p`` of ``(τ/err)^p``, in ``(0, 1]``; 1/2 as in the authors' code, 1 for the
+        linear rule.
+
+    Returns
+    -------
+    ADADPController
+        The controller.
+
+    Raises
+    ------
+    ValueError
+        If a hyperparameter is outside its range.
+
+    References
+    ----------
+    .. [1] A. Koskela, A. Honkela, "Learning Rate Adaptation for Differentially Private
+       Learning", AISTATS 2020.
+    """
+    return ADADPController(
+        learning_rate=learning_rate,
+        tolerance=tolerance,
+        alpha_min=alpha_min,
+        alpha_max=alpha_max,
+        error_exponent=error_exponent,
+    )

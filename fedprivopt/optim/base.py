@@ -1,0 +1,180 @@
+"""The server-transform protocol and checkpointable state helpers.
+
+A server transform is an ``(init, update)`` pair in the style of optax. ``init(params)`` builds a
+small immutable state from the flat parameter vector (for its shape, dtype and device).
+``update(delta_tilde, state, params=None, *, noise_variance=None)`` turns the noised mean model
+delta Δ̃ of one round into the server step and the next state; the new parameters are
+``params + step`` (:func:`apply_step`). Δ̃ points downhill: the server's pseudo-gradient is
+``-Δ̃``, and a plain step with learning rate 1 is ``w ← w + Δ̃``.
+
+Under the privacy contract Δ̃ is the only data-dependent input of a transform, so everything a
+transform does is post-processing of the Gaussian mechanism. ``noise_variance`` is the known
+per-coordinate variance of the noise in Δ̃ (``(σC/m̄)²``); it is public, and the transforms that
+correct for it (:func:`~fedprivopt.optim.adam_bc`, :func:`~fedprivopt.optim.dp2`) read it, the
+others accept and ignore it so that every transform has one calling convention.
+
+States are frozen dataclasses of tensors, ints, floats and bools. :func:`state_to_dict` and
+:func:`state_from_dict` convert them to and from plain dicts that ``torch.save`` and
+``torch.load(weights_only=True)`` handle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import torch
+
+__all__ = [
+    "ServerTransform",
+    "StateDictMixin",
+    "UpdateFn",
+    "apply_step",
+    "state_from_dict",
+    "state_to_dict",
+]
+
+S = TypeVar("S")
+StateValue = torch.Tensor | int | float | bool
+
+
+class UpdateFn(Protocol[S]):
+    """Signature of :attr:`ServerTransform.update`."""
+
+    def __call__(
+        self,
+        delta_tilde: torch.Tensor,
+        state: S,
+        params: torch.Tensor | None = None,
+        *,
+        noise_variance: float | None = None,
+    ) -> tuple[torch.Tensor, S]:
+        """Return ``(step, new_state)``; the new parameters are ``params + step``."""
+        ...
+
+
+class ServerTransform(NamedTuple):
+    """A server optimizer as an ``(init, update)`` pair plus its recorded hyperparameters.
+
+    Attributes
+    ----------
+    init : Callable[[torch.Tensor], Any]
+        Builds the initial state from the flat parameter vector.
+    update : UpdateFn
+        ``update(delta_tilde, state, params=None, *, noise_variance=None) -> (step, state)``.
+        Pure: the input state is never modified. ``step`` has the dtype and device of the state.
+    hparams : Mapping[str, Any]
+        Read-only record of the factory's name (key ``"name"``) and keyword arguments, for run
+        summaries and for strategies that need a hyperparameter (e.g. DP2's adaptive clip norm).
+    """
+
+    init: Callable[[torch.Tensor], Any]
+    update: UpdateFn[Any]
+    hparams: Mapping[str, Any] = MappingProxyType({})
+
+
+def record_hparams(name: str, **values: Any) -> Mapping[str, Any]:
+    """Read-only mapping ``{"name": name, **values}`` for :attr:`ServerTransform.hparams`."""
+    return MappingProxyType({"name": name, **values})
+
+
+def apply_step(params: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """Return ``params + step`` as a new tensor (the inputs are left unchanged)."""
+    return params + step
+
+
+def _field_types(state_type: type) -> dict[str, Any]:
+    if not (isinstance(state_type, type) and dataclasses.is_dataclass(state_type)):
+        raise ValueError(f"state_type must be a dataclass type, got {state_type!r}")
+    hints = typing.get_type_hints(state_type)
+    return {f.name: hints[f.name] for f in dataclasses.fields(state_type)}
+
+
+def state_to_dict(state: object) -> dict[str, StateValue]:
+    """Convert a transform state to a plain dict of tensors, ints, floats and bools.
+
+    The tensors are the state's own (states are immutable, so no copy is needed); the dict is
+    ready for ``torch.save`` and round-trips through ``torch.load(..., weights_only=True)``.
+
+    Parameters
+    ----------
+    state : object
+        Any state defined in :mod:`fedprivopt.optim` (a frozen dataclass).
+
+    Returns
+    -------
+    dict[str, torch.Tensor | int | float | bool]
+        One entry per field, in field order.
+    """
+    types = _field_types(type(state))
+    return {name: getattr(state, name) for name in types}
+
+
+def _convert(state_type: type, name: str, kind: Any, value: object) -> StateValue:
+    where = f"{state_type.__name__}.{name}"
+    if kind is torch.Tensor:
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
+        return value
+    if kind is bool:
+        if not isinstance(value, (bool, int)) or isinstance(value, float):
+            raise ValueError(f"{where} must be a bool, got {value!r}")
+        return bool(value)
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where} must be an int, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where} must be a float, got {value!r}")
+        return float(value)
+    raise ValueError(f"{where} has unsupported field type {kind!r}")  # pragma: no cover
+
+
+def state_from_dict(state_type: type[S], data: Mapping[str, object]) -> S:
+    """Rebuild a state of type ``state_type`` from :func:`state_to_dict`'s output.
+
+    Parameters
+    ----------
+    state_type : type
+        The state class, e.g. :class:`~fedprivopt.optim.AdamState`.
+    data : Mapping[str, object]
+        Exactly the state's field names; tensors are used as given (move them with
+        ``torch.load(map_location=...)`` first if needed).
+
+    Returns
+    -------
+    state_type
+        The rebuilt state.
+
+    Raises
+    ------
+    ValueError
+        If a key is missing or unexpected, or a value has the wrong kind.
+    """
+    types = _field_types(state_type)
+    missing = sorted(set(types) - set(data))
+    extra = sorted(set(data) - set(types))
+    if missing or extra:
+        raise ValueError(
+            f"data for {state_type.__name__} must have exactly the keys {sorted(types)}; "
+            f"missing {missing}, unexpected {extra}"
+        )
+    kwargs = {name: _convert(state_type, name, kind, data[name]) for name, kind in types.items()}
+    return state_type(**kwargs)
+
+
+class StateDictMixin:
+    """Adds ``to_dict`` / ``from_dict`` to a frozen state dataclass."""
+
+    def to_dict(self) -> dict[str, StateValue]:
+        """Plain-dict form of this state (see :func:`state_to_dict`)."""
+        return state_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Any:
+        """Rebuild a state from :meth:`to_dict`'s output (see :func:`state_from_dict`)."""
+        return state_from_dict(cls, data)

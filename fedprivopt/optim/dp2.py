@@ -1,0 +1,249 @@
+"""DP² delayed preconditioners (Li et al. 2023) as a server state machine."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+from ._checks import (
+    check_bool,
+    check_int,
+    check_noise_variance_spec,
+    check_params,
+    check_real,
+    check_vector,
+    resolve_noise_variance,
+)
+from .base import ServerTransform, StateDictMixin, record_hparams
+
+__all__ = ["DP2State", "Phase", "dp2", "phase", "preconditioner"]
+
+Phase = Literal["sgd", "adaptive"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DP2State(StateDictMixin):
+    """State of :func:`dp2`; it describes the **next** round to be run.
+
+    Attributes
+    ----------
+    count : int
+        Number of updates applied so far.
+    adaptive : bool
+        Whether the next round is an adaptive round (else an SGD round).
+    phase_step : int
+        Rounds already completed in the current phase (``0 <= phase_step < s1`` or ``< s2``).
+    accumulator : torch.Tensor
+        ``G``, the sum of the Δ̃ of the SGD rounds of the current SGD phase.
+    accumulator_noise_variance : float
+        Sum of the per-coordinate noise variances ``Φ_t`` of those rounds, so that the noise
+        variance of ``G / s1`` is ``accumulator_noise_variance / s1²``.
+    second_moment : torch.Tensor
+        ``v``, updated only at the switch from an SGD phase to an adaptive phase.
+    preconditioner : torch.Tensor
+        ``P = √v + ε`` formed at the last switch (``ε`` everywhere before the first switch);
+        in use only during adaptive rounds, see :func:`preconditioner`.
+    """
+
+    count: int
+    adaptive: bool
+    phase_step: int
+    accumulator: torch.Tensor
+    accumulator_noise_variance: float
+    second_moment: torch.Tensor
+    preconditioner: torch.Tensor
+
+
+def phase(state: DP2State) -> Phase:
+    """Return the phase of the next round: ``"sgd"`` or ``"adaptive"``."""
+    return "adaptive" if state.adaptive else "sgd"
+
+
+def preconditioner(state: DP2State) -> torch.Tensor | None:
+    """Return the delayed preconditioner ``P`` of the next round, or ``None`` in an SGD round.
+
+    In the default (precondition-first) mode this is what the strategy broadcasts: clients divide
+    their local gradients by ``P`` before clipping. With ``noise_first=True`` (see :func:`dp2`)
+    clients train plainly and the transform applies ``P`` itself after noising, so nothing is
+    broadcast; this function still reports the ``P`` the server will use.
+    """
+    return state.preconditioner if state.adaptive else None
+
+
+def dp2(
+    *,
+    sgd_learning_rate: float,
+    adaptive_learning_rate: float,
+    s1: int,
+    s2: int,
+    epsilon: float,
+    beta: float = 0.9,
+    noise_variance: float | Callable[[int], float] | None = 0.0,
+    subtract_noise_variance: bool = False,
+    noise_first: bool = False,
+    clip_norm_adaptive: float | None = None,
+) -> ServerTransform:
+    r"""DP² (DP²-RMSProp) of Li et al. (2023): alternate SGD and delayed-preconditioner rounds.
+
+    Rounds cycle through ``s1`` SGD rounds then ``s2`` adaptive rounds, starting with SGD. Let Δ̃
+    be the round's noised mean update.
+
+    * **SGD round**: ``step = η_sgd · Δ̃`` and ``G ← G + Δ̃``.
+    * **Switch** (right after the ``s1``-th SGD round of a phase):
+      ``v ← β v + (1-β)(G/s1)²``, ``G ← 0``, and the delayed preconditioner ``P = √v + ε`` is
+      formed for the coming adaptive phase. With ``subtract_noise_variance=True`` the known
+      noise variance of the averaged accumulator, ``Σ_t Φ_t / s1²`` (``Φ/s1`` for a constant
+      ``Φ``), is subtracted from ``(G/s1)²`` and the result floored at 0 before it enters ``v``.
+      ``v`` starts at 0 and is not bias-corrected, as in the paper.
+    * **Adaptive round**: clients precondition their local gradients by ``P`` before clipping
+      and noising, so Δ̃ is already preconditioned and ``step = η_adaptive · Δ̃``. With
+      ``noise_first=True`` (the paper's noise-before-preconditioning ablation, strategy
+      ``dp2-noise-first``) clients are plain and the server applies ``P`` after noising:
+      ``step = η_adaptive · Δ̃ / P``.
+
+    ``v`` is updated only from SGD-phase aggregates: adaptive-round inputs never touch ``v`` or
+    ``G``. Use :func:`phase` and :func:`preconditioner` on the current state to configure the
+    next round. The paper clips adaptive-round updates with a separate norm ``C2``;
+    ``clip_norm_adaptive`` records it for the strategy (``None`` means the same clip norm).
+
+    Parameters
+    ----------
+    sgd_learning_rate : float
+        Server learning rate ``η_sgd`` of SGD rounds, in ``(0, inf)``.
+    adaptive_learning_rate : float
+        Server learning rate ``η_adaptive`` of adaptive rounds, in ``(0, inf)``.
+    s1 : int
+        SGD rounds per cycle (the preconditioner delay), in ``[1, inf)``.
+    s2 : int
+        Adaptive rounds per cycle, in ``[1, inf)``.
+    epsilon : float
+        ``ε`` in ``P = √v + ε``, in ``(0, inf)``.
+    beta : float, default 0.9
+        EMA decay of ``v`` in ``[0, 1)``.
+    noise_variance : float or callable or None, default 0.0
+        Per-coordinate noise variance ``Φ_t`` of each SGD round's Δ̃: a float in ``[0, inf)``,
+        a callable ``t -> Φ_t`` of the 1-based update index, or ``None`` (then every SGD-round
+        call must pass ``update(..., noise_variance=Φ_t)``). Only used when
+        ``subtract_noise_variance`` is true.
+    subtract_noise_variance : bool, default False
+        Subtract the accumulator's noise variance at the switch (floored at 0).
+    noise_first : bool, default False
+        Apply ``P`` on the server after noising instead of on the clients before clipping.
+    clip_norm_adaptive : float or None, default None
+        Clip norm of adaptive rounds in ``(0, inf)``, recorded in ``hparams`` for the strategy.
+
+    Returns
+    -------
+    ServerTransform
+        ``init(params) -> DP2State`` and ``update(delta_tilde, state, params=None, *,
+        noise_variance=None) -> (step, state)``; ``hparams`` holds ``noise_first`` and
+        ``clip_norm_adaptive``.
+
+    Raises
+    ------
+    ValueError
+        If a hyperparameter is outside its range.
+
+    References
+    ----------
+    .. [1] T. Li, M. Zaheer, K. Z. Liu, S. J. Reddi, H. B. McMahan, V. Smith, "Differentially
+       Private Adaptive Optimization with Delayed Preconditioners", ICLR 2023.
+    """
+    lr_sgd = check_real("sgd_learning_rate", sgd_learning_rate, low=0.0, low_open=True)
+    lr_ada = check_real("adaptive_learning_rate", adaptive_learning_rate, low=0.0, low_open=True)
+    s1 = check_int("s1", s1, low=1)
+    s2 = check_int("s2", s2, low=1)
+    eps = check_real("epsilon", epsilon, low=0.0, low_open=True)
+    beta = check_real("beta", beta, low=0.0, high=1.0, high_open=True)
+    phi_spec = check_noise_variance_spec(noise_variance, allow_none=True)
+    subtract = check_bool("subtract_noise_variance", subtract_noise_variance)
+    noise_first = check_bool("noise_first", noise_first)
+    if clip_norm_adaptive is not None:
+        clip_norm_adaptive = check_real(
+            "clip_norm_adaptive", clip_norm_adaptive, low=0.0, low_open=True
+        )
+
+    def init(params: torch.Tensor) -> DP2State:
+        params = check_params(params)
+        zeros = torch.zeros_like(params)
+        return DP2State(
+            count=0,
+            adaptive=False,
+            phase_step=0,
+            accumulator=zeros,
+            accumulator_noise_variance=0.0,
+            second_moment=zeros.clone(),
+            preconditioner=torch.full_like(params, eps),
+        )
+
+    def _switch(state: DP2State, accumulator: torch.Tensor, noise_sum: float) -> DP2State:
+        """End of an SGD phase: fold the averaged accumulator into v and form P."""
+        term = accumulator.div(s1).square_()
+        if subtract:
+            term.sub_(noise_sum / (s1 * s1)).clamp_(min=0.0)
+        v = state.second_moment.mul(beta).add_(term, alpha=1.0 - beta)
+        return DP2State(
+            count=state.count + 1,
+            adaptive=True,
+            phase_step=0,
+            accumulator=torch.zeros_like(accumulator),
+            accumulator_noise_variance=0.0,
+            second_moment=v,
+            preconditioner=v.sqrt().add_(eps),
+        )
+
+    @torch.no_grad()
+    def update(
+        delta_tilde: torch.Tensor,
+        state: DP2State,
+        params: torch.Tensor | None = None,
+        *,
+        noise_variance: float | None = None,
+    ) -> tuple[torch.Tensor, DP2State]:
+        check_vector("delta_tilde", delta_tilde, state.accumulator)
+        if params is not None:
+            check_vector("params", params, state.accumulator)
+        t = state.count + 1
+        if state.adaptive:
+            if noise_first:
+                step = delta_tilde.div(state.preconditioner).mul_(lr_ada)
+            else:
+                step = delta_tilde.mul(lr_ada)
+            done = state.phase_step + 1 == s2
+            new_state = dataclasses.replace(
+                state, count=t, adaptive=not done, phase_step=0 if done else state.phase_step + 1
+            )
+            return step, new_state
+        step = delta_tilde.mul(lr_sgd)
+        accumulator = state.accumulator.add(delta_tilde)
+        noise_sum = state.accumulator_noise_variance
+        if subtract:
+            noise_sum += resolve_noise_variance(phi_spec, noise_variance, t)
+        if state.phase_step + 1 == s1:
+            return step, _switch(state, accumulator, noise_sum)
+        new_state = dataclasses.replace(
+            state,
+            count=t,
+            phase_step=state.phase_step + 1,
+            accumulator=accumulator,
+            accumulator_noise_variance=noise_sum,
+        )
+        return step, new_state
+
+    hparams = record_hparams(
+        "dp2",
+        sgd_learning_rate=lr_sgd,
+        adaptive_learning_rate=lr_ada,
+        s1=s1,
+        s2=s2,
+        epsilon=eps,
+        beta=beta,
+        noise_variance=phi_spec,
+        subtract_noise_variance=subtract,
+        noise_first=noise_first,
+        clip_norm_adaptive=clip_norm_adaptive,
+    )
+    return ServerTransform(init, update, hparams)

@@ -1,0 +1,211 @@
+"""The named strategies: small compositions of :class:`.core.ServerAlgorithm`.
+
+References
+----------
+H. B. McMahan, D. Ramage, K. Talwar, L. Zhang, "Learning Differentially Private Recurrent Language
+Models", ICLR 2018 (DP-FedAvg).
+S. J. Reddi et al., "Adaptive Federated Optimization", ICLR 2021 (FedAdam).
+Q. Tang, F. Shpilevskiy, M. Lécuyer, "DP-AdamBC: Your DP-Adam Is Actually DP-SGD (Unless You Apply
+Bias Correction)", AAAI 2024.
+T. Li, M. Zaheer, K. Z. Liu, S. J. Reddi, H. B. McMahan, V. Smith, "Differentially Private
+Adaptive Optimization with Delayed Preconditioners", ICLR 2023 (DP2).
+T. Li, M. Zaheer, S. J. Reddi, V. Smith, "Private Adaptive Optimization with Side Information",
+ICML 2022 (AdaDPS).
+A. Koskela, A. Honkela, "Learning Rate Adaptation for Differentially Private Learning", AISTATS
+2020 (ADADP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import torch
+
+from fedprivopt import optim
+from fedprivopt.strategies.config import StrategyConfig
+from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest, Updates
+
+__all__ = ["ALGORITHMS", "build_algorithm"]
+
+
+class DPFedAvg(ServerAlgorithm):
+    """DP-FedAvg with optional server momentum (also the non-private ``fedavg``)."""
+
+
+class DPFedAdam(ServerAlgorithm):
+    """Adam on the noised mean (also the non-private ``fedadam``)."""
+
+    def make_transform(self) -> optim.ServerTransform:
+        c = self.config
+        if c.adam_flavor == "flower":
+            return optim.flower_fedadam(
+                eta=c.server_learning_rate, beta_1=c.beta1, beta_2=c.beta2, tau=c.tau
+            )
+        return optim.adam(
+            learning_rate=c.server_learning_rate,
+            beta1=c.beta1,
+            beta2=c.beta2,
+            tau=c.tau,
+            bias_correction=c.bias_correction,
+        )
+
+
+class DPFedAdamBC(ServerAlgorithm):
+    """DP-AdamBC: Adam with the known noise variance of Δ̃ removed from its second moment."""
+
+    def make_transform(self) -> optim.ServerTransform:
+        c = self.config
+        return optim.adam_bc(
+            learning_rate=c.server_learning_rate,
+            gamma=c.gamma,
+            noise_variance=None,  # passed every round: (std of the noise on Δ̃)²
+            beta1=c.beta1,
+            beta2=c.beta2,
+        )
+
+
+class AdaDPS(ServerAlgorithm):
+    """AdaDPS: clients precondition local gradients by public side information ``A``."""
+
+    def __init__(
+        self,
+        config: StrategyConfig,
+        initial_params: torch.Tensor,
+        *,
+        preconditioner: torch.Tensor | None = None,
+    ) -> None:
+        if preconditioner is None:
+            raise ValueError("adadps needs side information: a preconditioner vector A")
+        if preconditioner.shape != initial_params.shape or not bool(
+            torch.all(torch.isfinite(preconditioner) & (preconditioner > 0))
+        ):
+            raise ValueError(
+                "preconditioner must be a finite, positive vector of the model's length "
+                f"{initial_params.numel()}"
+            )
+        super().__init__(config, initial_params, preconditioner=preconditioner)
+
+    def broadcast_preconditioner(self) -> torch.Tensor | None:
+        return self.side_information
+
+
+class DP2(ServerAlgorithm):
+    """DP2: SGD rounds build a delayed preconditioner that adaptive rounds broadcast."""
+
+    noise_first = False
+
+    def make_transform(self) -> optim.ServerTransform:
+        c = self.config
+        return optim.dp2(
+            sgd_learning_rate=c.server_learning_rate,
+            adaptive_learning_rate=c.dp2_learning_rate,
+            s1=c.dp2_s1,
+            s2=c.dp2_s2,
+            epsilon=c.dp2_epsilon,
+            beta=c.dp2_beta,
+            noise_variance=None,
+            subtract_noise_variance=c.subtract_noise_variance,
+            noise_first=self.noise_first,
+            clip_norm_adaptive=c.clip_norm_adaptive,
+        )
+
+    def _adaptive(self) -> bool:
+        return optim.phase(self.opt_state) == "adaptive"
+
+    def broadcast_preconditioner(self) -> torch.Tensor | None:
+        if self.noise_first or not self._adaptive():
+            return None
+        return optim.preconditioner(self.opt_state)
+
+    def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
+        clip = self.config.clip_norm_adaptive if self._adaptive() else None
+        users = self.sample(round_num)
+        updates = yield TrainRequest(
+            round_num,
+            users,
+            self.params,
+            self.broadcast_preconditioner(),
+            self.client_config(clip_norm=clip),
+        )
+        agg = self.aggregate(round_num, updates, clip_norm=clip)
+        adaptive = self._adaptive()
+        step, self.opt_state = self.transform.update(
+            agg.delta_tilde, self.opt_state, self.params, noise_variance=agg.noise_std**2
+        )
+        self.params = self.params + step
+        metrics = {**agg.metrics, "adaptive_round": float(adaptive)}
+        return self._finish(round_num, users, metrics, agg.rejected)
+
+
+class DP2NoiseFirst(DP2):
+    """DP2 ablation: clients train plainly; the server divides the noised mean by ``P``."""
+
+    noise_first = True
+
+
+class DPFedAvgADADP(ServerAlgorithm):
+    """DP-FedAvg with ADADP server learning-rate adaptation (two cohorts, two events a round)."""
+
+    events_per_round = 2
+
+    def make_transform(self) -> None:
+        c = self.config
+        self.controller = optim.adadp(
+            learning_rate=c.server_learning_rate,
+            tolerance=c.adadp_tolerance,
+            alpha_min=c.adadp_alpha_min,
+            alpha_max=c.adadp_alpha_max,
+        )
+        return None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.opt_state = self.controller.init()
+
+    def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
+        cfg = self.client_config()
+        users_1 = self.sample(round_num, "sampling")
+        updates_1 = yield TrainRequest(round_num, users_1, self.params, None, cfg, "train")
+        agg_1 = self.aggregate(round_num, updates_1, stream="train")
+        half = self.controller.half_step(self.opt_state, self.params, agg_1.delta_tilde)
+        users_2 = self.sample(round_num, "sampling-2")
+        updates_2 = yield TrainRequest(round_num, users_2, half, None, cfg, "train-2")
+        agg_2 = self.aggregate(round_num, updates_2, stream="train-2")
+        lr = self.opt_state.learning_rate
+        res = self.controller.update(
+            self.opt_state, self.params, agg_1.delta_tilde, agg_2.delta_tilde
+        )
+        self.params, self.opt_state = res.params, res.state
+        metrics = {f"{k}_1": v for k, v in agg_1.metrics.items()}
+        metrics |= {f"{k}_2": v for k, v in agg_2.metrics.items()}
+        metrics |= {
+            "accepted": float(res.accepted),
+            "adadp_error": res.error,
+            "server_learning_rate": lr,
+            "noise_std": agg_1.metrics["noise_std"],
+        }
+        rejected = {**agg_1.rejected, **agg_2.rejected}
+        return self._finish(round_num, users_1 + users_2, metrics, rejected)
+
+
+ALGORITHMS: dict[str, type[ServerAlgorithm]] = {
+    "dp-fedavg": DPFedAvg,
+    "dp-fedadam": DPFedAdam,
+    "dp-fedadam-bc": DPFedAdamBC,
+    "adadps": AdaDPS,
+    "dp2": DP2,
+    "dp2-noise-first": DP2NoiseFirst,
+    "dp-fedavg-adadp": DPFedAvgADADP,
+    "fedavg": DPFedAvg,
+    "fedadam": DPFedAdam,
+}
+
+
+def build_algorithm(
+    config: StrategyConfig,
+    initial_params: torch.Tensor,
+    *,
+    preconditioner: torch.Tensor | None = None,
+) -> ServerAlgorithm:
+    """Instantiate the server algorithm named by ``config.strategy``."""
+    return ALGORITHMS[config.strategy](config, initial_params, preconditioner=preconditioner)

@@ -1,0 +1,291 @@
+"""Engine-agnostic server logic: one round as a coroutine over training requests.
+
+A :class:`ServerAlgorithm` owns everything the server knows: the global parameters, the sampler,
+the aggregator (clip, sum, noise, fixed denominator), the server transform, the accountant and the
+budget. A round is a generator: it yields :class:`TrainRequest` objects (which users to train, at
+which parameters, with which preconditioner and client settings) and receives, for each request,
+the updates that came back (``{user_id: flat update or None}``). Every engine — Flower's (through
+:class:`~fedprivopt.strategies.flower.DPStrategy`) and the fast in-process one — drives the same
+generator, so for the same seed they compute the same model.
+
+Named strategies are small subclasses: ADADP asks for two cohorts per round, DP2 broadcasts its
+delayed preconditioner in adaptive rounds, AdaDPS broadcasts the public side information.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedprivopt import optim
+from fedprivopt.privacy.accounting import PrivacyAccountant
+from fedprivopt.privacy.aggregate import NoisyMeanAggregator, default_min_shares
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.sampling import make_sampler
+from fedprivopt.strategies.config import StrategyConfig
+
+__all__ = ["RoundResult", "ServerAlgorithm", "TrainRequest", "Updates", "drive_round"]
+
+Updates = Mapping[int, Any]
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What one cohort of a round must do.
+
+    Attributes
+    ----------
+    round_num : int
+        Server round (from 1).
+    users : list of int
+        Sampled user ids.
+    params : torch.Tensor
+        Flat parameters the users start from.
+    preconditioner : torch.Tensor or None
+        Flat vector the clients divide their gradients by (AdaDPS, DP2 adaptive rounds).
+    client_config : dict
+        Local training settings: ``local-learning-rate``, ``local-epochs``, ``batch-size``,
+        ``max-examples``, ``clip-norm`` (0: none), ``noise-std`` (share std, 0: none), ``seed``,
+        ``secure``, ``report-private-metrics``.
+    stream : str
+        Name of the cohort inside the round (``"train"``, ADADP's ``"train-2"``); clients key
+        their randomness by it.
+    """
+
+    round_num: int
+    users: list[int]
+    params: torch.Tensor
+    preconditioner: torch.Tensor | None
+    client_config: dict[str, Any]
+    stream: str = "train"
+
+
+@dataclass
+class RoundResult:
+    """Outcome of one round: new parameters and the round's metrics."""
+
+    round_num: int
+    params: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
+
+
+class ServerAlgorithm:
+    """Server side of a (DP) federated strategy, independent of the transport.
+
+    Parameters
+    ----------
+    config : StrategyConfig
+        Validated hyperparameters.
+    initial_params : torch.Tensor
+        Flat initial model (its dtype is the model dtype; updates must match it).
+    preconditioner : torch.Tensor, optional
+        Public side information broadcast every round (AdaDPS); ignored by other strategies.
+    """
+
+    def __init__(
+        self,
+        config: StrategyConfig,
+        initial_params: torch.Tensor,
+        *,
+        preconditioner: torch.Tensor | None = None,
+    ) -> None:
+        if initial_params.dim() != 1 or not initial_params.dtype.is_floating_point:
+            raise ValueError("initial_params must be a flat floating-point tensor")
+        self.config = config
+        self.params = initial_params.detach().clone()
+        self.round_num = 0
+        self.rngs = RngFactory(seed=None, secure=True) if config.secure else RngFactory(config.seed)
+        self.sampler = make_sampler(
+            config.sampling,
+            population=config.population,
+            sample_rate=config.sample_rate if config.sampling == "poisson" else None,
+            cohort_size=int(config.clients_per_round) if config.sampling == "fixed" else None,
+            rngs=self.rngs,
+        )
+        self.aggregator = self._make_aggregator()
+        self.accountant = PrivacyAccountant(accountant=config.accountant)
+        self.side_information = preconditioner
+        self.transform = self.make_transform()
+        self.opt_state = self.transform.init(self.params) if self.transform is not None else None
+        self.stopped_reason: str | None = None
+
+    # -- construction hooks ------------------------------------------------------------------
+
+    def _make_aggregator(self) -> NoisyMeanAggregator:
+        c = self.config
+        if not c.private:
+            return NoisyMeanAggregator(
+                clip_norm=None, noise_multiplier=0.0, expected_cohort_size=c.clients_per_round
+            )
+        min_shares = None
+        if c.noise_mode == "distributed":
+            min_shares = c.min_shares or default_min_shares(
+                c.population, c.sample_rate, c.min_shares_quantile
+            )
+        return NoisyMeanAggregator(
+            clip_norm=c.clip_norm,
+            noise_multiplier=c.noise_multiplier,
+            expected_cohort_size=c.clients_per_round,
+            noise_mode=c.noise_mode,
+            min_shares=min_shares,
+        )
+
+    def make_transform(self) -> optim.ServerTransform | None:
+        """Server optimizer of this strategy (momentum SGD by default)."""
+        c = self.config
+        return optim.momentum_sgd(learning_rate=c.server_learning_rate, momentum=c.server_momentum)
+
+    # -- privacy -----------------------------------------------------------------------------
+
+    events_per_round = 1
+
+    def round_event(self) -> SubsampledGaussianEvent | None:
+        """The privacy event of one data access (``None`` for non-private strategies)."""
+        c = self.config
+        if not c.private:
+            return None
+        if c.sampling == "fixed":
+            return SubsampledGaussianEvent.fixed(
+                population=c.population,
+                cohort_size=int(c.clients_per_round),
+                noise_multiplier=c.noise_multiplier,
+            )
+        return SubsampledGaussianEvent.poisson(
+            sample_rate=c.sample_rate, noise_multiplier=c.noise_multiplier, population=c.population
+        )
+
+    def round_events(self) -> list[SubsampledGaussianEvent]:
+        """Events one round releases (``events_per_round`` copies of :meth:`round_event`)."""
+        event = self.round_event()
+        return [] if event is None else [event] * self.events_per_round
+
+    def epsilon(self) -> float:
+        """ε spent so far at the configured δ (``inf`` for non-private strategies)."""
+        if not self.config.private:
+            return math.inf
+        return self.accountant.epsilon(self.config.delta)
+
+    def budget_allows_next_round(self) -> bool:
+        """False when the next round would push ε above the target (the run must stop)."""
+        target = self.config.target_epsilon
+        events = self.round_events()
+        if target is None or not events:
+            return True
+        return not self.accountant.would_exceed(target, self.config.delta, events)
+
+    # -- one round -----------------------------------------------------------------------------
+
+    def client_config(self, *, clip_norm: float | None = None) -> dict[str, Any]:
+        """Local-training settings broadcast with every request."""
+        c = self.config
+        clip = (clip_norm or c.clip_norm) if c.private else 0.0
+        return {
+            "local-learning-rate": c.local_learning_rate,
+            "local-epochs": c.local_epochs,
+            "batch-size": c.batch_size,
+            "max-examples": c.max_examples,
+            "clip-norm": float(clip),
+            "noise-std": self.aggregator.share_std() * (clip / c.clip_norm if c.private else 0.0),
+            "seed": c.seed,
+            "secure": c.secure,
+            "report-private-metrics": not c.private,
+        }
+
+    def broadcast_preconditioner(self) -> torch.Tensor | None:
+        """Preconditioner sent to clients this round (none by default)."""
+        return None
+
+    def sample(self, round_num: int, purpose: str = "sampling") -> list[int]:
+        """Sampled users of ``round_num`` (the second ADADP cohort uses another purpose)."""
+        return [int(u) for u in self.sampler.sample(round_num, purpose)]
+
+    def aggregate(
+        self, round_num: int, updates: Updates, *, clip_norm: float | None = None, stream: str = ""
+    ):
+        """Noised mean of the updates of one cohort (server noise keyed by round and stream)."""
+        aggregator = self.aggregator
+        if clip_norm is not None and aggregator.private and clip_norm != aggregator.clip_norm:
+            aggregator = NoisyMeanAggregator(
+                clip_norm=clip_norm,
+                noise_multiplier=aggregator.noise_multiplier,
+                expected_cohort_size=aggregator.expected_cohort_size,
+                noise_mode=aggregator.noise_mode,
+                min_shares=aggregator.min_shares,
+            )
+        generator = self.rngs.generator(round_num, "server-noise", stream)
+        return aggregator.aggregate(
+            sorted(updates.items()),
+            dim=self.params.numel(),
+            dtype=self.params.dtype,
+            generator=generator,
+            device=self.params.device,
+        )
+
+    def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
+        """One round of a single-cohort strategy (override for other shapes)."""
+        users = self.sample(round_num)
+        updates = yield TrainRequest(
+            round_num, users, self.params, self.broadcast_preconditioner(), self.client_config()
+        )
+        agg = self.aggregate(round_num, updates)
+        step, self.opt_state = self.transform.update(
+            agg.delta_tilde, self.opt_state, self.params, noise_variance=agg.noise_std**2
+        )
+        self.params = self.params + step
+        return self._finish(round_num, users, agg.metrics, agg.rejected)
+
+    def _finish(
+        self, round_num: int, users: list[int], metrics: dict[str, float], rejected: dict
+    ) -> RoundResult:
+        events = self.round_events()
+        if events:
+            self.accountant.step(events)
+        self.round_num = round_num
+        out = {"cohort_size": float(len(users)), **metrics, "epsilon": self.epsilon()}
+        return RoundResult(round_num, self.params, out, dict(rejected))
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the run (tensors, numbers, plain dicts)."""
+        return {
+            "round": self.round_num,
+            "params": self.params,
+            "opt_state": None if self.opt_state is None else optim.state_to_dict(self.opt_state),
+            "accountant": self.accountant.state_dict(),
+            "config": self.config.to_mapping(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the configuration must be the same."""
+        if StrategyConfig.from_mapping(state["config"]) != self.config:
+            raise ValueError("checkpoint was written with a different configuration")
+        self.round_num = int(state["round"])
+        self.params = state["params"].detach().clone()
+        if self.opt_state is not None:
+            self.opt_state = type(self.opt_state).from_dict(state["opt_state"])
+        self.accountant.load_state_dict(state["accountant"])
+
+
+def drive_round(
+    algorithm: ServerAlgorithm,
+    round_num: int,
+    train: Callable[[TrainRequest], Updates],
+) -> RoundResult:
+    """Run one round in process: ``train(request)`` returns the updates of each request's users.
+
+    This is what every engine does; the Flower adapter does it through messages.
+    """
+    rounds = algorithm.run_round(round_num)
+    request = next(rounds)
+    try:
+        while True:
+            request = rounds.send(train(request))
+    except StopIteration as stop:
+        return stop.value

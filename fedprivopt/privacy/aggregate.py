@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedprivopt.privacy.clip import clip_l2
+from fedprivopt.privacy.clip import clip_factor, vector_norm_checked
 from fedprivopt.privacy.noise import gaussian_noise
 
 __all__ = ["AggregationResult", "NoisyMeanAggregator", "default_min_shares"]
@@ -151,8 +151,6 @@ class NoisyMeanAggregator:
             return f"shape {tuple(update.shape)} != ({dim},)"
         if update.dtype != dtype:
             return f"dtype {update.dtype} != {dtype}"
-        if not bool(torch.isfinite(update).all()):
-            return "contains NaN or Inf"
         return None
 
     def aggregate(
@@ -192,14 +190,15 @@ class NoisyMeanAggregator:
                 rejected[int(user)] = reason
                 continue
             update = update.to(device)
-            if math.isfinite(bound):
-                res = clip_l2(update, bound)
-                update, norm = res.vector, res.norm
-                server_clipped += int(res.clipped and res.norm > bound * (1 + 1e-5))
-            else:
-                norm = float(torch.linalg.vector_norm(update, dtype=torch.float64))
+            try:  # one pass: the norm is NaN/Inf exactly when an entry is (or squares overflow)
+                norm = vector_norm_checked(update)
+            except ValueError:
+                rejected[int(user)] = "contains NaN or Inf"
+                continue
+            factor = clip_factor(norm, bound, dtype) if math.isfinite(bound) else 1.0
+            server_clipped += int(norm > bound * (1 + 1e-5))
             norm_sum += norm
-            total += update
+            total.add_(update, alpha=factor)  # the re-clipped update, without a copy
             accepted += 1
 
         topup_var = 0.0

@@ -22,7 +22,7 @@ def _norm64(t: torch.Tensor) -> float:
 def test_norm_after_clipping_is_at_most_c(vec, c):
     out = clip_l2(torch.from_numpy(vec), c)
     assert _norm64(out.vector) <= c * (1 + 1e-6)
-    assert out.norm == pytest.approx(_norm64(torch.from_numpy(vec)), rel=1e-9, abs=1e-30)
+    assert out.norm == pytest.approx(_norm64(torch.from_numpy(vec)), rel=1e-6, abs=1e-30)
     assert out.clipped == (out.norm > c)
 
 

@@ -1,1 +1,22 @@
-"""fedprivopt.models (see docs/DESIGN.md)."""
+"""Tasks: model architecture, per-user data and held-out evaluation, without Flower.
+
+:class:`Task` is the protocol shared by :class:`fedprivopt.clients.LocalTrainer`, the Flower
+ClientApp and the engines; :func:`build_task` rebuilds a registered task from plain parameters
+(``"toy"``: :class:`ToyClassificationTask`). :func:`model_spec` and :func:`initial_flat` give the
+flat layout and initial point of a task's model.
+"""
+
+from fedprivopt.models.registry import build_task, register_task, task_names
+from fedprivopt.models.task import Task, initial_flat, model_spec, state_to_flat
+from fedprivopt.models.toy import ToyClassificationTask
+
+__all__ = [
+    "Task",
+    "ToyClassificationTask",
+    "build_task",
+    "initial_flat",
+    "model_spec",
+    "register_task",
+    "state_to_flat",
+    "task_names",
+]

@@ -1,0 +1,260 @@
+"""The Flower ClientApp: a thin adapter from messages to :class:`~fedprivopt.clients.LocalTrainer`.
+
+The message formats are defined in :mod:`fedprivopt.clients.protocol`. Each node hosts a set of
+users (:func:`~fedprivopt.clients.protocol.hosted_users`); the server asks which (``query``), then
+asks each node to train the sampled users it hosts (``train``) and gets every user's clipped update
+back separately. In DP mode a train reply carries nothing else than the updates and two counts the
+server already knows (users trained, users rejected); the private per-user example counts and
+training losses are sent only when the server asks for them (non-private baselines).
+
+The task is rebuilt in every process from the run config (``task``, ``task-params`` as a JSON
+object string, optional ``client-device``) and cached per process together with its trainer, so a
+Ray worker builds it once. :func:`make_client_app` can supply a default task for runs whose run
+config has none (``flwr.simulation.run_simulation`` passes an empty run config).
+
+The ``evaluate`` handler measures the received model on the node's users' *training* data. Its
+reply (losses, accuracies, example counts) is **not** covered by the DP guarantee; the server's
+central evaluation on held-out data is the default.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedprivopt.clients import protocol as P
+from fedprivopt.clients.trainer import LocalTrainer
+from fedprivopt.models.registry import build_task, task_names
+from fedprivopt.models.task import Task, state_to_flat
+from fedprivopt.privacy.rng import RngFactory
+
+__all__ = ["app", "clear_cache", "get_task_and_trainer", "make_client_app"]
+
+_CACHE: dict[tuple[str, str, str], tuple[Task, LocalTrainer]] = {}
+_LOCK = threading.Lock()
+
+
+def _canonical_params(params: str | Mapping[str, object] | None) -> str:
+    if params is None or params == "":
+        return "{}"
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{P.RUN_TASK_PARAMS} must be a JSON object string: {err}") from None
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{P.RUN_TASK_PARAMS} must be a JSON object, got {params!r}")
+    return json.dumps(dict(params), sort_keys=True)
+
+
+def get_task_and_trainer(
+    task: str, task_params: str | Mapping[str, object] | None = None, device: str = "auto"
+) -> tuple[Task, LocalTrainer]:
+    """Return the process-wide cached ``(task, trainer)`` for these parameters.
+
+    Parameters
+    ----------
+    task : str
+        Registered task name.
+    task_params : str or Mapping, optional
+        Keyword parameters, as a mapping or a JSON object string.
+    device : str
+        ``"auto"`` (:func:`~fedprivopt.clients.trainer.default_device`) or a torch device string.
+    """
+    key = (str(task), _canonical_params(task_params), str(device))
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is None:
+            built = build_task(key[0], **json.loads(key[1]))
+            trainer = LocalTrainer(built, device=None if key[2] == "auto" else key[2])
+            hit = _CACHE[key] = (built, trainer)
+    return hit
+
+
+def clear_cache() -> None:
+    """Forget the cached tasks and trainers of this process."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    task: str | None
+    task_params: str
+    device: str
+
+
+def _task_for(context: Context, defaults: _Defaults) -> tuple[Task, LocalTrainer]:
+    run_config = context.run_config
+    if P.RUN_TASK in run_config:
+        name = str(run_config[P.RUN_TASK])
+        params = str(run_config.get(P.RUN_TASK_PARAMS, "{}"))
+    elif defaults.task is not None:
+        name, params = defaults.task, defaults.task_params
+    else:
+        raise ValueError(
+            f"the run config has no {P.RUN_TASK!r} key and the ClientApp has no default task "
+            "(use make_client_app(task=...))"
+        )
+    device = str(run_config.get(P.RUN_CLIENT_DEVICE, defaults.device))
+    return get_task_and_trainer(name, params, device)
+
+
+def _hosted(context: Context, task: Task) -> list[int]:
+    node_config = context.node_config
+    for key in (P.NODE_PARTITION_ID, P.NODE_NUM_PARTITIONS):
+        if key not in node_config:
+            raise ValueError(
+                f"node config has no {key!r}; start the SuperNode with --node-config "
+                f'"{P.NODE_PARTITION_ID}=<p> {P.NODE_NUM_PARTITIONS}=<P>"'
+            )
+    return P.hosted_users(
+        int(node_config[P.NODE_PARTITION_ID]),
+        int(node_config[P.NODE_NUM_PARTITIONS]),
+        task.num_users,
+    )
+
+
+def _global_flat(content: RecordDict, trainer: LocalTrainer) -> torch.Tensor:
+    if P.ARRAYS_RECORD not in content.array_records:
+        raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
+    state = content.array_records[P.ARRAYS_RECORD].to_torch_state_dict()
+    return state_to_flat(state, trainer.spec)
+
+
+def _query(message: Message, context: Context, defaults: _Defaults) -> Message:
+    task, _ = _task_for(context, defaults)
+    record = message.content.config_records.get(P.QUERY_RECORD)
+    op = None if record is None else record.get(P.OP)
+    if op != P.OP_USERS:
+        raise ValueError(
+            f"unknown query: expected ConfigRecord {P.QUERY_RECORD!r} with "
+            f"{P.OP!r}={P.OP_USERS!r}, got {op!r}"
+        )
+    users = _hosted(context, task)
+    return Message(
+        RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: users})}), reply_to=message
+    )
+
+
+def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
+    task, trainer = _task_for(context, defaults)
+    hosted = set(_hosted(context, task))
+    content = message.content
+    if P.CONFIG_RECORD not in content.config_records:
+        raise ValueError(f"train message has no ConfigRecord {P.CONFIG_RECORD!r}")
+    request = P.decode_train_config(content.config_records[P.CONFIG_RECORD])
+    global_flat = _global_flat(content, trainer)
+    preconditioner = None
+    if P.PRECONDITIONER_RECORD in content.array_records:
+        array = content.array_records[P.PRECONDITIONER_RECORD][P.PRECONDITIONER_ARRAY]
+        preconditioner = torch.from_numpy(array.numpy()).reshape(-1)
+    if request.secure:
+        rngs = RngFactory(seed=None, secure=True)
+    else:
+        rngs = RngFactory(seed=request.seed)
+
+    reply = RecordDict()
+    trained, rejected = 0, 0
+    num_examples: list[int] = []
+    losses: list[float] = []
+    for user in request.users:
+        if user not in hosted:
+            rejected += 1
+            continue
+        result = trainer.train(
+            global_flat,
+            user_id=user,
+            round_num=request.round_num,
+            config=request.local,
+            rngs=rngs,
+            preconditioner=preconditioner,
+            stream=request.stream,
+        )
+        reply[P.update_key(user)] = ArrayRecord({P.DELTA_ARRAY: Array(result.delta.numpy())})
+        trained += 1
+        num_examples.append(result.num_examples)
+        losses.append(result.loss)
+    metrics: dict[str, int | float | list[int] | list[float]] = {
+        P.USERS_TRAINED: trained,
+        P.USERS_REJECTED: rejected,
+    }
+    if request.report_private_metrics:
+        metrics[P.NUM_EXAMPLES] = num_examples
+        metrics[P.TRAIN_LOSS] = losses
+    reply[P.TRAIN_METRICS] = MetricRecord(metrics)
+    return Message(reply, reply_to=message)
+
+
+def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Message:
+    task, trainer = _task_for(context, defaults)
+    hosted = _hosted(context, task)
+    content = message.content
+    users = hosted
+    config = content.config_records.get(P.CONFIG_RECORD)
+    if config is not None and P.USERS in config:
+        allowed = set(hosted)
+        users = [int(u) for u in config[P.USERS] if int(u) in allowed]  # type: ignore[union-attr]
+    model = trainer.load_global(_global_flat(content, trainer))
+    loss_sum, acc_sum, total = 0.0, 0.0, 0
+    for user in users:
+        x, y = task.user_data(user)
+        n = int(x.shape[0])
+        if n == 0:
+            continue
+        metrics = task.evaluate_data(model, x, y)
+        loss_sum += metrics["loss"] * n
+        acc_sum += metrics["accuracy"] * n
+        total += n
+    record = MetricRecord(
+        {
+            P.EVAL_LOSS: loss_sum / total if total else 0.0,
+            P.EVAL_ACCURACY: acc_sum / total if total else 0.0,
+            P.EVAL_NUM_EXAMPLES: total,
+        }
+    )
+    return Message(RecordDict({P.EVAL_METRICS: record}), reply_to=message)
+
+
+def make_client_app(
+    *,
+    task: str | None = None,
+    task_params: str | Mapping[str, object] | None = None,
+    device: str = "auto",
+) -> ClientApp:
+    """Return a ClientApp with fedprivopt's ``query``, ``train`` and ``evaluate`` handlers.
+
+    Parameters
+    ----------
+    task : str, optional
+        Default task name, used when the run config has no ``task`` key (e.g. under
+        ``flwr.simulation.run_simulation``, whose run config is empty). The run config wins.
+    task_params : str or Mapping, optional
+        Default task parameters (mapping or JSON object string), used with ``task``.
+    device : str
+        Default training device (``"auto"``, ``"cpu"``, ``"cuda"``, ...); the run config's
+        ``client-device`` wins.
+
+    Notes
+    -----
+    The handlers are module-level functions bound with :func:`functools.partial`, so pickling the
+    app (Ray does, for every message) does not copy this process's task cache.
+    """
+    if task is not None and task not in task_names():
+        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(task_names())}")
+    defaults = _Defaults(task, _canonical_params(task_params), str(device))
+    client_app = ClientApp()
+    client_app.query()(functools.partial(_query, defaults=defaults))
+    client_app.train()(functools.partial(_train, defaults=defaults))
+    client_app.evaluate()(functools.partial(_evaluate, defaults=defaults))
+    return client_app
+
+
+app = make_client_app()

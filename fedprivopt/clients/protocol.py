@@ -1,0 +1,286 @@
+"""The wire protocol between fedprivopt's Flower ServerApp (strategies) and ClientApp.
+
+Both sides import the key names from here; the small encode/decode helpers keep the types on the
+wire explicit.
+
+Users, not nodes
+----------------
+A node with ``partition-id`` ``p`` of ``num-partitions`` ``P`` hosts the users
+``range(p, num_users, P)`` (:func:`hosted_users`); in simulation ``P = num_users``, so node ``p``
+hosts exactly user ``p``.
+
+Messages
+--------
+**query** (``message_type="query"``)
+    content ``ConfigRecord`` :data:`QUERY_RECORD` ``{OP: OP_USERS}`` →
+    reply ``MetricRecord`` :data:`USERS_RECORD` ``{USER_IDS: [int, ...]}``.
+**train**
+    content ``ArrayRecord`` :data:`ARRAYS_RECORD` (the global state dict), optional
+    ``ArrayRecord`` :data:`PRECONDITIONER_RECORD` with one flat float32 array
+    :data:`PRECONDITIONER_ARRAY`, ``ConfigRecord`` :data:`CONFIG_RECORD`
+    (:func:`encode_train_config`) →
+    reply: per trained user ``u`` an ``ArrayRecord`` ``update_key(u)`` with one flat float32
+    array :data:`DELTA_ARRAY`, and ``MetricRecord`` :data:`TRAIN_METRICS` with
+    :data:`USERS_TRAINED` and :data:`USERS_REJECTED` (users not hosted by the node) and, only if
+    :data:`REPORT_PRIVATE_METRICS` was true, the per-user lists :data:`NUM_EXAMPLES` and
+    :data:`TRAIN_LOSS` (in the order of the trained users in the request).
+**evaluate**
+    content ``ArrayRecord`` :data:`ARRAYS_RECORD`, optional ``ConfigRecord`` :data:`CONFIG_RECORD`
+    with :data:`USERS` (default: all hosted users) → reply ``MetricRecord``
+    :data:`EVAL_METRICS` ``{EVAL_LOSS, EVAL_ACCURACY, EVAL_NUM_EXAMPLES}`` (example-weighted
+    means over the users' training data; **not** covered by the DP guarantee).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ConfigRecord, RecordDict
+
+from fedprivopt.clients.trainer import LocalConfig
+
+__all__ = [
+    "ARRAYS_RECORD",
+    "BATCH_SIZE",
+    "CLIP_NORM",
+    "CONFIG_RECORD",
+    "DELTA_ARRAY",
+    "EVAL_ACCURACY",
+    "EVAL_LOSS",
+    "EVAL_METRICS",
+    "EVAL_NUM_EXAMPLES",
+    "LOCAL_EPOCHS",
+    "LOCAL_LEARNING_RATE",
+    "MAX_EXAMPLES",
+    "NODE_NUM_PARTITIONS",
+    "NODE_PARTITION_ID",
+    "NOISE_STD",
+    "NUM_EXAMPLES",
+    "OP",
+    "OP_USERS",
+    "PRECONDITIONER_ARRAY",
+    "PRECONDITIONER_RECORD",
+    "QUERY_RECORD",
+    "REPORT_PRIVATE_METRICS",
+    "ROUND",
+    "RUN_CLIENT_DEVICE",
+    "RUN_TASK",
+    "RUN_TASK_PARAMS",
+    "SECURE",
+    "SEED",
+    "STREAM",
+    "TRAIN_LOSS",
+    "TRAIN_METRICS",
+    "UPDATE_PREFIX",
+    "USERS",
+    "USERS_RECORD",
+    "USERS_REJECTED",
+    "USERS_TRAINED",
+    "USER_IDS",
+    "TrainRequest",
+    "decode_train_config",
+    "encode_train_config",
+    "hosted_users",
+    "parse_update_key",
+    "read_updates",
+    "read_user_ids",
+    "update_key",
+    "users_query",
+]
+
+# --- run config (context.run_config, i.e. [tool.flwr.app.config]) --------------------------------
+RUN_TASK = "task"  #: task name for fedprivopt.models.build_task
+RUN_TASK_PARAMS = "task-params"  #: JSON object string of the task's keyword parameters
+RUN_CLIENT_DEVICE = "client-device"  #: optional: "auto" (default), "cpu", "cuda", "cuda:1", ...
+
+# --- node config (set by Flower simulation; --node-config in deployment) -------------------------
+NODE_PARTITION_ID = "partition-id"
+NODE_NUM_PARTITIONS = "num-partitions"
+
+# --- query ---------------------------------------------------------------------------------------
+QUERY_RECORD = "fedprivopt"
+OP = "op"
+OP_USERS = "users"
+USERS_RECORD = "users"
+USER_IDS = "user-ids"
+
+# --- train (and evaluate) request ----------------------------------------------------------------
+ARRAYS_RECORD = "arrays"
+PRECONDITIONER_RECORD = "preconditioner"
+PRECONDITIONER_ARRAY = "p"
+CONFIG_RECORD = "config"
+USERS = "users"
+ROUND = "round"
+STREAM = "stream"
+LOCAL_LEARNING_RATE = "local-learning-rate"
+LOCAL_EPOCHS = "local-epochs"
+BATCH_SIZE = "batch-size"
+MAX_EXAMPLES = "max-examples"  #: 0 = no cap
+CLIP_NORM = "clip-norm"  #: 0 = no clipping
+NOISE_STD = "noise-std"  #: std of each client's noise share; 0 = none
+SEED = "seed"
+SECURE = "secure"
+REPORT_PRIVATE_METRICS = "report-private-metrics"  #: optional, default false
+
+# --- train reply ---------------------------------------------------------------------------------
+UPDATE_PREFIX = "update/"
+DELTA_ARRAY = "delta"
+TRAIN_METRICS = "train-metrics"
+USERS_TRAINED = "users-trained"
+USERS_REJECTED = "users-rejected"
+NUM_EXAMPLES = "num-examples"  #: private, only with REPORT_PRIVATE_METRICS
+TRAIN_LOSS = "train-loss"  #: private, only with REPORT_PRIVATE_METRICS
+
+# --- evaluate reply ------------------------------------------------------------------------------
+EVAL_METRICS = "eval-metrics"
+EVAL_LOSS = "eval-loss"
+EVAL_ACCURACY = "eval-accuracy"
+EVAL_NUM_EXAMPLES = "num-examples"
+
+_REQUIRED_TRAIN_KEYS = (
+    USERS,
+    ROUND,
+    STREAM,
+    LOCAL_LEARNING_RATE,
+    LOCAL_EPOCHS,
+    BATCH_SIZE,
+    MAX_EXAMPLES,
+    CLIP_NORM,
+    NOISE_STD,
+    SEED,
+    SECURE,
+)
+
+
+def update_key(user_id: int) -> str:
+    """Record key of ``user_id``'s update in a train reply: ``"update/<user_id>"``."""
+    return f"{UPDATE_PREFIX}{int(user_id)}"
+
+
+def parse_update_key(key: str) -> int | None:
+    """Return the user id of an update key, or ``None`` if ``key`` is not one."""
+    if not key.startswith(UPDATE_PREFIX):
+        return None
+    rest = key[len(UPDATE_PREFIX) :]
+    return int(rest) if rest.isdigit() else None
+
+
+def hosted_users(partition_id: int, num_partitions: int, num_users: int) -> list[int]:
+    """Users hosted by node ``partition_id`` of ``num_partitions``: ``range(p, N, P)``."""
+    p, n_parts = int(partition_id), int(num_partitions)
+    if n_parts < 1:
+        raise ValueError(f"{NODE_NUM_PARTITIONS} must be >= 1, got {n_parts}")
+    if not 0 <= p < n_parts:
+        raise ValueError(f"{NODE_PARTITION_ID} must be in [0, {n_parts}), got {p}")
+    return list(range(p, int(num_users), n_parts))
+
+
+def users_query() -> RecordDict:
+    """Content of a query message asking a node which users it hosts."""
+    return RecordDict({QUERY_RECORD: ConfigRecord({OP: OP_USERS})})
+
+
+def read_user_ids(content: RecordDict) -> list[int]:
+    """User ids from the content of a reply to :func:`users_query`."""
+    return [int(u) for u in content[USERS_RECORD][USER_IDS]]  # type: ignore[union-attr]
+
+
+def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
+    """Map user id → flat float32 delta from the content of a train reply."""
+    out: dict[int, np.ndarray] = {}
+    for key, record in content.array_records.items():
+        user = parse_update_key(key)
+        if user is not None:
+            out[user] = record[DELTA_ARRAY].numpy()
+    return out
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """A decoded train config: which users to train and how."""
+
+    users: tuple[int, ...]
+    round_num: int
+    stream: str
+    local: LocalConfig
+    seed: int
+    secure: bool
+    report_private_metrics: bool
+
+
+def encode_train_config(
+    *,
+    users: Iterable[int],
+    round_num: int,
+    local: LocalConfig,
+    seed: int,
+    secure: bool = False,
+    stream: str = "train",
+    report_private_metrics: bool = False,
+) -> ConfigRecord:
+    """Build the :data:`CONFIG_RECORD` of a train message.
+
+    ``None`` options of ``local`` are sent as ``0`` (``max_examples``, ``clip_norm``). In secure
+    mode the seed is ignored by clients (send any integer).
+    """
+    if not isinstance(local, LocalConfig):
+        raise ValueError(f"local must be a LocalConfig, got {type(local).__name__}")
+    return ConfigRecord(
+        {
+            USERS: [int(u) for u in users],
+            ROUND: int(round_num),
+            STREAM: str(stream),
+            LOCAL_LEARNING_RATE: float(local.learning_rate),
+            LOCAL_EPOCHS: int(local.epochs),
+            BATCH_SIZE: int(local.batch_size),
+            MAX_EXAMPLES: int(local.max_examples or 0),
+            CLIP_NORM: float(local.clip_norm or 0.0),
+            NOISE_STD: float(local.noise_std),
+            SEED: int(seed),
+            SECURE: bool(secure),
+            REPORT_PRIVATE_METRICS: bool(report_private_metrics),
+        }
+    )
+
+
+def decode_train_config(record: Mapping[str, object]) -> TrainRequest:
+    """Parse and validate a train :data:`CONFIG_RECORD`.
+
+    Raises
+    ------
+    ValueError
+        If a required key is missing, a value has the wrong type or range, or a user id is
+        repeated.
+    """
+    missing = [k for k in _REQUIRED_TRAIN_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"train config is missing keys {missing}")
+    raw_users = record[USERS]
+    if not isinstance(raw_users, list):
+        raise ValueError(f"train config {USERS!r} must be a list of ints, got {raw_users!r}")
+    users = tuple(int(u) for u in raw_users)
+    if len(set(users)) != len(users):
+        raise ValueError(f"train config {USERS!r} repeats a user id: {list(users)}")
+    max_examples = int(record[MAX_EXAMPLES])  # type: ignore[arg-type]
+    clip_norm = float(record[CLIP_NORM])  # type: ignore[arg-type]
+    if max_examples < 0 or clip_norm < 0:
+        raise ValueError(f"{MAX_EXAMPLES} and {CLIP_NORM} must be >= 0 (0 = none)")
+    local = LocalConfig(
+        learning_rate=float(record[LOCAL_LEARNING_RATE]),  # type: ignore[arg-type]
+        epochs=int(record[LOCAL_EPOCHS]),  # type: ignore[arg-type]
+        batch_size=int(record[BATCH_SIZE]),  # type: ignore[arg-type]
+        max_examples=max_examples or None,
+        clip_norm=clip_norm or None,
+        noise_std=float(record[NOISE_STD]),  # type: ignore[arg-type]
+    )
+    return TrainRequest(
+        users=users,
+        round_num=int(record[ROUND]),  # type: ignore[arg-type]
+        stream=str(record[STREAM]),
+        local=local,
+        seed=int(record[SEED]),  # type: ignore[arg-type]
+        secure=bool(record[SECURE]),
+        report_private_metrics=bool(record.get(REPORT_PRIVATE_METRICS, False)),
+    )

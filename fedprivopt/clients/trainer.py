@@ -1,0 +1,429 @@
+"""Local training of one user: preconditioned SGD, then the user's clipped (and noised) update.
+
+:class:`LocalTrainer` runs a fixed sequence of steps, each an overridable method (in the style of
+Opacus' optimizers):
+
+1. **precondition** every minibatch gradient: ``g / P`` elementwise (:meth:`~LocalTrainer.
+   precondition`), with ``P`` the public side information ``A`` of AdaDPS or DP2's delayed
+   preconditioner; identity when there is none;
+2. **local SGD**: ``w <- w - lr * precondition(g)`` on the flat parameter vector, for ``epochs``
+   passes over the user's (optionally capped) examples;
+3. **delta**: ``Δ = w_local - w_global`` as one flat vector;
+4. **clip** the whole ``Δ`` to L2 norm ``C`` (:meth:`~LocalTrainer.clip`);
+5. **noise share**: add ``N(0, noise_std² I)`` (:meth:`~LocalTrainer.add_noise`) in
+   distributed-noise mode.
+
+Randomness comes only from generators keyed by ``(seed, round, purpose, stream, user)``
+(:class:`~fedprivopt.privacy.RngFactory`), so the same call gives bit-identical results whatever
+was called before and whatever the global random states are.
+
+Flat layout
+-----------
+The flat vector is ``flatten(model.state_dict())`` (:func:`fedprivopt.models.model_spec`). Every
+trainable parameter must appear exactly once in the state dict (tied parameters are rejected) and
+have the flat dtype. Buffers (e.g. batch-norm statistics) and frozen parameters are loaded from
+the global vector but never trained: their entries of ``Δ`` are zero, so models whose buffers
+should be learned are not supported.
+
+References
+----------
+H. B. McMahan, D. Ramage, K. Talwar, L. Zhang, "Learning differentially private recurrent language
+models", ICLR 2018.
+T. Li, M. Zaheer, K. Liu, S. Reddi, H. B. McMahan, V. Smith, "Differentially private adaptive
+optimization with delayed preconditioners", ICLR 2023.
+T. Li, M. Zaheer, S. Reddi, V. Smith, "Private adaptive optimization with side information",
+ICML 2022.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from fedprivopt.models.task import Task
+from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
+from fedprivopt.privacy.flat import FlatSpec, flatten
+from fedprivopt.privacy.noise import add_gaussian_noise
+from fedprivopt.privacy.rng import RngFactory
+
+__all__ = ["LocalConfig", "LocalResult", "LocalTrainer", "default_device", "epoch_orders"]
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if (
+        isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum  # type: ignore[arg-type]
+    ):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_float(name: str, value: object, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    out = float(value)
+    ok = (out > 0 if positive else out >= 0) and math.isfinite(out)
+    if not ok:
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {out}")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalConfig:
+    """Hyperparameters of one user's local training.
+
+    Parameters
+    ----------
+    learning_rate : float
+        Local SGD step size, ``> 0``.
+    epochs : int
+        Passes over the user's examples, ``>= 1``.
+    batch_size : int
+        Minibatch size, ``>= 1`` (the last batch of an epoch may be smaller).
+    max_examples : int or None
+        Use at most this many of the user's examples per round (the first ``k`` of a seeded
+        shuffle), ``>= 1``; ``None`` uses all.
+    clip_norm : float or None
+        Clip norm ``C > 0`` of the whole update; ``None`` disables clipping (non-private
+        baselines only).
+    noise_std : float
+        Standard deviation ``>= 0`` of this client's Gaussian noise share, added to its clipped
+        update in distributed-noise mode; ``0`` adds none.
+    """
+
+    learning_rate: float
+    epochs: int = 1
+    batch_size: int = 32
+    max_examples: int | None = None
+    clip_norm: float | None = None
+    noise_std: float = 0.0
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(
+            self, "learning_rate", _check_float("learning_rate", self.learning_rate, positive=True)
+        )
+        _check_int("epochs", self.epochs, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        set_(self, "epochs", int(self.epochs))
+        set_(self, "batch_size", int(self.batch_size))
+        if self.max_examples is not None:
+            _check_int("max_examples", self.max_examples, 1)
+            set_(self, "max_examples", int(self.max_examples))
+        if self.clip_norm is not None:
+            set_(self, "clip_norm", _check_float("clip_norm", self.clip_norm, positive=True))
+        set_(self, "noise_std", _check_float("noise_std", self.noise_std, positive=False))
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """Outcome of :meth:`LocalTrainer.train` for one user.
+
+    Attributes
+    ----------
+    delta : torch.Tensor
+        Flat float32 CPU vector: ``clip(w_local - w_global)`` plus the noise share, if any.
+    norm : float
+        L2 norm of the unclipped delta; ``inf`` if local training diverged (then ``delta`` is the
+        clipped zero vector plus noise).
+    clipped : bool
+        Whether the delta was scaled down (always true after divergence).
+    num_examples : int
+        Examples used this round. **Private**: the ClientApp never sends it in DP mode.
+    loss : float
+        Mean training loss over the first epoch (``0.0`` for a user without examples).
+        **Private** likewise.
+    """
+
+    delta: torch.Tensor
+    norm: float
+    clipped: bool
+    num_examples: int
+    loss: float
+
+
+def default_device() -> torch.device:
+    """``cuda`` if available, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def epoch_orders(
+    num_examples: int,
+    *,
+    epochs: int,
+    max_examples: int | None,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Return which of a user's examples are used and the order of each epoch.
+
+    The draws are, in this order: ``subset = randperm(num_examples)[:max_examples]``, then one
+    ``randperm(k)`` per epoch with ``k = len(subset)``. Epoch ``e`` visits the examples
+    ``subset[orders[e]]`` in minibatches of consecutive positions. Any engine that replays these
+    draws from the same generator visits the same minibatches as :class:`LocalTrainer`.
+
+    Returns
+    -------
+    subset : torch.Tensor
+        int64 CPU indices into the user's examples, length ``k``.
+    orders : list of torch.Tensor
+        ``epochs`` int64 CPU permutations of ``range(k)``.
+    """
+    subset = torch.randperm(int(num_examples), generator=generator)
+    if max_examples is not None:
+        subset = subset[: int(max_examples)]
+    k = int(subset.numel())
+    return subset, [torch.randperm(k, generator=generator) for _ in range(int(epochs))]
+
+
+class _Entry(NamedTuple):
+    name: str
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+    tensor: torch.Tensor  # the model's parameter or buffer object
+    trainable: bool
+
+
+class LocalTrainer:
+    """Train one user at a time and return its clipped (and optionally noised) update.
+
+    Parameters
+    ----------
+    task : Task
+        The task whose model and user data are trained.
+    device : str or torch.device, optional
+        Where to train; defaults to :func:`default_device`. Results are always on the CPU.
+
+    Notes
+    -----
+    One trainer keeps one model instance and reloads it from ``global_flat`` on every call; it is
+    not thread-safe (use one trainer per thread). Randomness inside the model's forward pass (e.g.
+    dropout) is drawn from the global torch generator, which is forked, seeded from ``(seed,
+    round, "local-train", stream, user)`` for the call and restored afterwards.
+
+    Subclasses change one step by overriding :meth:`precondition`, :meth:`clip` or
+    :meth:`add_noise`.
+    """
+
+    def __init__(self, task: Task, *, device: str | torch.device | None = None) -> None:
+        if not isinstance(task, Task):
+            raise ValueError(f"task must implement fedprivopt.models.Task, got {type(task)!r}")
+        self.task = task
+        self.device = default_device() if device is None else torch.device(device)
+        self.model = task.build_model().to(self.device)
+        self.model.train()
+        state = self.model.state_dict(keep_vars=True)
+        self.spec: FlatSpec = flatten({k: v.detach() for k, v in state.items()})[1]
+        self._entries = self._layout(state)
+        self._trainable = [e for e in self._entries if e.trainable]
+
+    # ---------------------------------------------------------------------------- layout
+    def _layout(self, state: dict[str, torch.Tensor]) -> list[_Entry]:
+        entries: list[_Entry] = []
+        seen: set[int] = set()
+        start = 0
+        for name, shape, size in zip(
+            self.spec.names, self.spec.shapes, self.spec.sizes, strict=True
+        ):
+            tensor = state[name]
+            is_param = isinstance(tensor, torch.nn.Parameter)
+            if is_param:
+                if id(tensor) in seen:
+                    raise ValueError(
+                        f"parameter {name!r} appears twice in the state dict (tied weights are "
+                        "not supported by LocalTrainer)"
+                    )
+                seen.add(id(tensor))
+                if tensor.dtype != self.spec.dtype:
+                    raise ValueError(
+                        f"parameter {name!r} has dtype {tensor.dtype}; LocalTrainer needs every "
+                        f"parameter in the flat dtype {self.spec.dtype}"
+                    )
+            trainable = is_param and tensor.requires_grad
+            entries.append(_Entry(name, start, start + size, shape, tensor, trainable))
+            start += size
+        missing = [
+            n for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in seen
+        ]
+        if missing:
+            raise ValueError(f"trainable parameters {missing} are not in the model's state dict")
+        return entries
+
+    def _load(self, flat: torch.Tensor) -> None:
+        """Make parameters views of ``flat`` and copy buffers from it."""
+        for e in self._entries:
+            chunk = flat[e.start : e.stop].view(e.shape)
+            if isinstance(e.tensor, torch.nn.Parameter):
+                e.tensor.data = chunk
+            else:
+                with torch.no_grad():
+                    if not e.tensor.dtype.is_floating_point and e.tensor.dtype != torch.bool:
+                        chunk = torch.round(chunk)
+                    e.tensor.copy_(chunk)
+
+    def load_global(self, global_flat: torch.Tensor) -> torch.nn.Module:
+        """Load ``global_flat`` into the trainer's model (a copy on :attr:`device`) and return it.
+
+        The model is shared with :meth:`train`: the next call reloads it.
+        """
+        self.spec.check(global_flat, name="global_flat")
+        self._load(global_flat.detach().to(device=self.device, dtype=self.spec.dtype).clone())
+        return self.model
+
+    # ----------------------------------------------------------------- overridable steps
+    def precondition(
+        self, grad_flat: torch.Tensor, preconditioner: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Return the preconditioned gradient ``grad_flat / preconditioner`` (elementwise).
+
+        ``preconditioner=None`` returns ``grad_flat`` unchanged. Override to change the local
+        update rule (the result is multiplied by the learning rate and subtracted).
+        """
+        if preconditioner is None:
+            return grad_flat
+        return grad_flat / preconditioner
+
+    def clip(self, delta: torch.Tensor, clip_norm: float | None) -> ClipResult:
+        """Clip the whole flat ``delta`` to L2 norm ``clip_norm`` (no clipping if ``None``)."""
+        if clip_norm is None:
+            return ClipResult(delta, l2_norm(delta), False)
+        return clip_l2(delta, clip_norm)
+
+    def add_noise(
+        self, delta: torch.Tensor, std: float, generator: torch.Generator
+    ) -> torch.Tensor:
+        """Return ``delta + N(0, std² I)`` drawn from ``generator`` (on ``delta``'s device)."""
+        return add_gaussian_noise(delta, std, generator=generator)
+
+    # ------------------------------------------------------------------------------ train
+    def _check_preconditioner(self, preconditioner: torch.Tensor | None) -> torch.Tensor | None:
+        if preconditioner is None:
+            return None
+        self.spec.check(preconditioner, name="preconditioner")
+        p = preconditioner.to(device=self.device, dtype=self.spec.dtype)
+        if not bool(torch.all(torch.isfinite(p) & (p > 0))):
+            raise ValueError("preconditioner must be finite and > 0 everywhere")
+        return p
+
+    @contextlib.contextmanager
+    def _seeded_global_rng(self, seed: int) -> Iterator[None]:
+        """Fork the global generators of the CPU (and this CUDA device), seeded with ``seed``."""
+        if self.device.type != "cuda":
+            with torch.random.fork_rng(devices=[]):
+                torch.random.default_generator.manual_seed(seed)
+                yield
+            return
+        index = self.device.index
+        if index is None:
+            index = torch.cuda.current_device()
+        with torch.random.fork_rng(devices=[index], device_type="cuda"):
+            torch.random.default_generator.manual_seed(seed)
+            torch.cuda.default_generators[index].manual_seed(seed)
+            yield
+
+    def train(
+        self,
+        global_flat: torch.Tensor,
+        *,
+        user_id: int,
+        round_num: int,
+        config: LocalConfig,
+        rngs: RngFactory,
+        preconditioner: torch.Tensor | None = None,
+        stream: str = "train",
+    ) -> LocalResult:
+        """Train ``user_id`` from ``global_flat`` and return its clipped (noised) update.
+
+        Parameters
+        ----------
+        global_flat : torch.Tensor
+            The global model as a flat vector of layout :attr:`spec` (any device).
+        user_id : int
+            The user whose data is trained.
+        round_num : int
+            Server round; keys every generator.
+        config : LocalConfig
+            Local hyperparameters, clip norm and noise share.
+        rngs : RngFactory
+            Source of the shuffle (``"shuffle"``), model-internal (``"local-train"``) and noise
+            (``"client-noise"``) generators, each keyed by ``(round_num, purpose, stream,
+            user_id)``.
+        preconditioner : torch.Tensor, optional
+            Flat vector ``P > 0`` of layout :attr:`spec`; every gradient is divided by it.
+        stream : str
+            Distinguishes independent trainings of the same user in one round (ADADP's two
+            cohorts).
+
+        Returns
+        -------
+        LocalResult
+        """
+        if not isinstance(config, LocalConfig):
+            raise ValueError(f"config must be a LocalConfig, got {type(config).__name__}")
+        if not isinstance(rngs, RngFactory):
+            raise ValueError(f"rngs must be a RngFactory, got {type(rngs).__name__}")
+        if not isinstance(stream, str) or not stream:
+            raise ValueError(f"stream must be a non-empty string, got {stream!r}")
+        self.spec.check(global_flat, name="global_flat")
+        user_id, round_num = int(user_id), int(round_num)
+        keys = (stream, user_id)
+        precond = self._check_preconditioner(preconditioner)
+
+        x, y = self.task.user_data(user_id)
+        subset, orders = epoch_orders(
+            int(x.shape[0]),
+            epochs=config.epochs,
+            max_examples=config.max_examples,
+            generator=rngs.generator(round_num, "shuffle", *keys),
+        )
+        num_examples = int(subset.numel())
+        x, y = x[subset].to(self.device), y[subset].to(self.device)
+
+        w0 = global_flat.detach().to(device=self.device, dtype=self.spec.dtype)
+        w = w0.clone()
+        grad = torch.zeros_like(w)
+        params = [e.tensor for e in self._trainable]
+        lr = config.learning_rate
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._load(w)
+        with self._seeded_global_rng(rngs.seed_for(round_num, "local-train", *keys)):
+            for epoch, order in enumerate(orders):
+                positions = order.to(self.device)
+                for start in range(0, num_examples, config.batch_size):
+                    batch = positions[start : start + config.batch_size]
+                    loss = self.task.loss(self.model, x[batch], y[batch])
+                    grads = torch.autograd.grad(loss, params, allow_unused=True)
+                    with torch.no_grad():
+                        for e, g in zip(self._trainable, grads, strict=True):
+                            if g is None:
+                                grad[e.start : e.stop].zero_()
+                            else:
+                                grad[e.start : e.stop].copy_(g.reshape(-1))
+                        w.sub_(self.precondition(grad, precond), alpha=lr)
+                    if epoch == 0:
+                        loss_sum += loss.detach().to(torch.float64) * int(batch.numel())
+        mean_loss = float(loss_sum) / num_examples if num_examples else 0.0
+
+        with torch.no_grad():
+            delta = w - w0
+            if bool(torch.isfinite(delta).all()):
+                clipped = self.clip(delta, config.clip_norm)
+                vector, norm, was_clipped = clipped.vector, clipped.norm, clipped.clipped
+            else:
+                vector, norm, was_clipped = torch.zeros_like(delta), math.inf, True
+            if config.noise_std > 0:
+                gen = rngs.generator(round_num, "client-noise", *keys, device=self.device)
+                vector = self.add_noise(vector, config.noise_std, gen)
+            out = vector.detach().to(device="cpu", dtype=torch.float32)
+        return LocalResult(
+            delta=out,
+            norm=float(norm),
+            clipped=bool(was_clipped),
+            num_examples=num_examples,
+            loss=mean_loss,
+        )

@@ -1,0 +1,120 @@
+"""The task protocol shared by the local trainer, the Flower ClientApp and the engines.
+
+A *task* bundles a model architecture, the per-user training data and the held-out evaluation of
+one learning problem. It has no Flower in it. Tasks are built from plain keyword parameters through
+:func:`fedprivopt.models.build_task`, so every process (every Ray worker of a simulation, every
+SuperNode of a deployment) can rebuild the same task cheaply; they are also picklable.
+
+The model's state dict is handled as one flat vector (:func:`fedprivopt.privacy.flatten`): the
+server broadcasts it, clients return flat updates of the same layout. :func:`model_spec` and
+:func:`initial_flat` give that layout and the initial point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from fedprivopt.privacy.flat import FlatSpec, flatten
+
+__all__ = ["Task", "initial_flat", "model_spec", "state_to_flat"]
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A federated learning problem: model, per-user data and held-out evaluation.
+
+    Attributes
+    ----------
+    name : str
+        Registry name of the task (see :func:`fedprivopt.models.build_task`).
+    num_users : int
+        Number of training users; user ids are ``0 .. num_users - 1``.
+
+    Notes
+    -----
+    Implementations must be deterministic: :meth:`build_model` initializes from the task's seed
+    (never from the global RNG) and :meth:`user_data` returns the same tensors for the same user on
+    every call and in every process.
+    """
+
+    name: str
+    num_users: int
+
+    def build_model(self) -> torch.nn.Module:
+        """Return a freshly initialized model on the CPU (deterministic from the task's seed)."""
+        ...
+
+    def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(features, labels)`` of one user's training examples as CPU tensors.
+
+        The first dimension indexes examples and may be zero.
+        """
+        ...
+
+    def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Return the mean loss of ``model`` over the batch ``(x, y)`` (a scalar tensor)."""
+        ...
+
+    def evaluate_data(
+        self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+    ) -> dict[str, float]:
+        """Return mean metrics over the examples ``(x, y)``: at least ``"loss"``, ``"accuracy"``.
+
+        Used for client-side evaluation on a user's own data; ``x`` and ``y`` are on the CPU and
+        the model may be on any device.
+        """
+        ...
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """Evaluate on the task's held-out data: at least ``"loss"`` and ``"accuracy"``."""
+        ...
+
+
+def model_spec(task: Task) -> FlatSpec:
+    """Return the flat layout (:class:`~fedprivopt.privacy.FlatSpec`) of ``task``'s model."""
+    return flatten(task.build_model().state_dict())[1]
+
+
+def initial_flat(task: Task) -> torch.Tensor:
+    """Return the initial model of ``task`` as one flat CPU vector (layout :func:`model_spec`)."""
+    return flatten(task.build_model().state_dict())[0]
+
+
+def state_to_flat(state: Mapping[str, torch.Tensor], spec: FlatSpec) -> torch.Tensor:
+    """Flatten a state dict in the order of ``spec`` and check it matches the layout.
+
+    Parameters
+    ----------
+    state : Mapping[str, torch.Tensor]
+        A state dict with (at least) the keys of ``spec``, in any order; e.g. a received
+        ``ArrayRecord`` converted with ``to_torch_state_dict()``.
+    spec : FlatSpec
+        The expected layout.
+
+    Returns
+    -------
+    torch.Tensor
+        Flat vector of dtype ``spec.dtype`` on the device of the first entry.
+
+    Raises
+    ------
+    ValueError
+        If a key is missing or extra, or a shape differs from ``spec``.
+    """
+    missing = [n for n in spec.names if n not in state]
+    extra = [k for k in state if k not in set(spec.names)]
+    if missing or extra:
+        raise ValueError(
+            f"state does not match the model layout: missing keys {missing}, unexpected keys "
+            f"{extra}"
+        )
+    for name, shape in zip(spec.names, spec.shapes, strict=True):
+        if tuple(state[name].shape) != shape:
+            raise ValueError(
+                f"state[{name!r}] has shape {tuple(state[name].shape)}, the model expects {shape}"
+            )
+    flat, _ = flatten({n: state[n] for n in spec.names})
+    return flat.to(spec.dtype)

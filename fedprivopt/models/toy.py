@@ -1,0 +1,218 @@
+r"""A small synthetic non-IID classification task for tests and examples.
+
+:class:`ToyClassificationTask` draws multinomial-logistic data: a true weight matrix ``W*`` and
+bias ``b*``, and for each user a feature shift ``mu_u`` and a label-bias vector ``c_u`` (both scaled
+by ``heterogeneity``), so that user ``u``'s examples are
+
+.. math::
+
+    x \sim N(\mu_u, I), \qquad y \sim \mathrm{softmax}(W^* x + b^* + c_u).
+
+User sizes are skewed (most users small, a few large). The held-out test set draws a fresh shift
+and label bias for every example, i.e. it samples the population of users.
+
+Everything is generated from explicit ``torch.Generator`` objects keyed by ``(seed, purpose,
+user)`` (:func:`fedprivopt.privacy.derive_seed`): a user's data does not depend on which other
+users were generated before, construction is O(1) in the number of users, and the global random
+state is never read or changed. The model is ``torch.nn.Linear(dim, num_classes)`` (multinomial
+logistic regression) with cross-entropy loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from fedprivopt.privacy.rng import derive_seed
+
+__all__ = ["ToyClassificationTask"]
+
+
+def _generator(seed: int, *keys: int | str) -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed(derive_seed(seed, "toy", *keys))
+    return gen
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+class ToyClassificationTask:
+    """Synthetic non-IID multinomial logistic regression.
+
+    Parameters
+    ----------
+    num_users : int
+        Number of training users, ``>= 1``.
+    dim : int
+        Feature dimension, ``>= 1``.
+    num_classes : int
+        Number of classes, ``>= 2``.
+    examples_per_user : int or (int, int)
+        A pair ``(lo, hi)`` with ``0 <= lo <= hi``: user sizes are ``lo + floor((hi - lo + 1)
+        U^3)`` (``U`` uniform), skewed towards ``lo`` with a tail up to ``hi`` (mean
+        ``lo + (hi - lo) / 4``); ``(n, n)`` gives every user exactly ``n`` examples. An integer
+        ``m >= 1`` is a mean: sizes are log-normal with mean ``m`` (log-std 1), rounded and clipped
+        to ``[1, 10 m]``.
+    heterogeneity : float
+        Scale ``h >= 0`` of the per-user feature shift (std ``h``) and label bias (std ``2h``);
+        ``0`` makes the users IID.
+    test_examples : int
+        Size of the held-out test set, ``>= 1``.
+    seed : int
+        Root seed of the data and of the model's initialization, ``>= 0``.
+
+    Examples
+    --------
+    >>> task = ToyClassificationTask(num_users=5, seed=1)
+    >>> x, y = task.user_data(0)
+    >>> x.shape[1], int(y.max()) < task.num_classes
+    (10, True)
+    """
+
+    name = "toy"
+
+    def __init__(
+        self,
+        *,
+        num_users: int = 20,
+        dim: int = 10,
+        num_classes: int = 3,
+        examples_per_user: int | Sequence[int] = (5, 40),
+        heterogeneity: float = 0.5,
+        test_examples: int = 300,
+        seed: int = 0,
+    ) -> None:
+        self.num_users = _check_int("num_users", num_users, 1)
+        self.dim = _check_int("dim", dim, 1)
+        self.num_classes = _check_int("num_classes", num_classes, 2)
+        self.test_examples = _check_int("test_examples", test_examples, 1)
+        self.seed = _check_int("seed", seed, 0)
+        heterogeneity = float(heterogeneity)
+        if not (0.0 <= heterogeneity < float("inf")):
+            raise ValueError(f"heterogeneity must be a finite number >= 0, got {heterogeneity}")
+        self.heterogeneity = heterogeneity
+        if isinstance(examples_per_user, int) and not isinstance(examples_per_user, bool):
+            _check_int("examples_per_user", examples_per_user, 1)
+            self.examples_per_user: int | tuple[int, int] = examples_per_user
+        else:
+            try:
+                lo, hi = (int(v) for v in examples_per_user)  # type: ignore[union-attr]
+            except (TypeError, ValueError):
+                raise ValueError(
+                    "examples_per_user must be an integer mean >= 1 or a pair (lo, hi) with "
+                    f"0 <= lo <= hi, got {examples_per_user!r}"
+                ) from None
+            if not 0 <= lo <= hi:
+                raise ValueError(f"examples_per_user must satisfy 0 <= lo <= hi, got ({lo}, {hi})")
+            self.examples_per_user = (lo, hi)
+
+        gen = _generator(self.seed, "true-model")
+        scale = 3.0 / math.sqrt(self.dim)
+        self.true_weight = torch.randn(self.num_classes, self.dim, generator=gen) * scale
+        self.true_bias = torch.randn(self.num_classes, generator=gen) * 0.5
+        self.test_x, self.test_y = self._draw_test()
+
+    # ----------------------------------------------------------------------------- data
+    def __repr__(self) -> str:
+        return (
+            f"ToyClassificationTask(num_users={self.num_users}, dim={self.dim}, "
+            f"num_classes={self.num_classes}, examples_per_user={self.examples_per_user!r}, "
+            f"heterogeneity={self.heterogeneity}, test_examples={self.test_examples}, "
+            f"seed={self.seed})"
+        )
+
+    def _size(self, gen: torch.Generator) -> int:
+        if isinstance(self.examples_per_user, tuple):
+            lo, hi = self.examples_per_user
+            u = float(torch.rand((), generator=gen, dtype=torch.float64))
+            return min(hi, lo + math.floor((hi - lo + 1) * u**3))
+        mean = self.examples_per_user
+        z = float(torch.randn((), generator=gen, dtype=torch.float64))
+        return int(min(10 * mean, max(1, round(mean * math.exp(z - 0.5)))))
+
+    def _labels(self, x: torch.Tensor, label_bias: torch.Tensor, gen: torch.Generator):
+        if x.shape[0] == 0:
+            return torch.zeros(0, dtype=torch.long)
+        logits = x @ self.true_weight.T + self.true_bias + label_bias
+        return torch.multinomial(torch.softmax(logits, dim=1), 1, generator=gen).reshape(-1)
+
+    def _draw_test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = _generator(self.seed, "test")
+        n, h = self.test_examples, self.heterogeneity
+        shift = torch.randn(n, self.dim, generator=gen) * h
+        label_bias = torch.randn(n, self.num_classes, generator=gen) * (2 * h)
+        x = shift + torch.randn(n, self.dim, generator=gen)
+        return x, self._labels(x, label_bias, gen)
+
+    def user_size(self, user_id: int) -> int:
+        """Number of training examples of ``user_id`` (without generating them)."""
+        return self._size(_generator(self.seed, "user", self._check_user(user_id)))
+
+    def _check_user(self, user_id: int) -> int:
+        if isinstance(user_id, bool) or not 0 <= int(user_id) < self.num_users:
+            raise ValueError(f"user_id must be in [0, {self.num_users}), got {user_id!r}")
+        return int(user_id)
+
+    def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(x, y)``: float32 features ``(n, dim)`` and int64 labels ``(n,)``."""
+        gen = _generator(self.seed, "user", self._check_user(user_id))
+        n, h = self._size(gen), self.heterogeneity
+        shift = torch.randn(self.dim, generator=gen) * h
+        label_bias = torch.randn(self.num_classes, generator=gen) * (2 * h)
+        x = shift + torch.randn(n, self.dim, generator=gen)
+        return x, self._labels(x, label_bias, gen)
+
+    # ---------------------------------------------------------------------------- model
+    def build_model(self) -> torch.nn.Module:
+        """Return ``Linear(dim, num_classes)`` initialized like torch's default, from the seed.
+
+        The layer is created without running torch's initializer (which would draw from the global
+        RNG) and then filled from a generator keyed by the task's seed.
+        """
+        model = torch.nn.utils.skip_init(torch.nn.Linear, self.dim, self.num_classes)
+        gen = _generator(self.seed, "model-init")
+        bound = 1.0 / math.sqrt(self.dim)
+        with torch.no_grad():
+            model.weight.uniform_(-bound, bound, generator=gen)
+            model.bias.uniform_(-bound, bound, generator=gen)
+        return model
+
+    def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of ``model`` on ``(x, y)``."""
+        return F.cross_entropy(model(x), y)
+
+    def evaluate_data(
+        self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+    ) -> dict[str, float]:
+        """Mean ``"loss"`` and ``"accuracy"`` on ``(x, y)`` (NaN for zero examples)."""
+        if x.shape[0] == 0:
+            return {"loss": float("nan"), "accuracy": float("nan")}
+        device = _model_device(model)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                x, y = x.to(device), y.to(device)
+                logits = model(x)
+                loss = F.cross_entropy(logits, y)
+                acc = (logits.argmax(dim=1) == y).to(torch.float64).mean()
+        finally:
+            model.train(was_training)
+        return {"loss": float(loss), "accuracy": float(acc)}
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """Mean ``"loss"`` and ``"accuracy"`` on the held-out test set."""
+        return self.evaluate_data(model, self.test_x, self.test_y)

@@ -1,0 +1,87 @@
+import pytest
+
+from fedprivopt.clients import LocalConfig
+from fedprivopt.clients import protocol as P
+
+
+def test_train_config_round_trip():
+    local = LocalConfig(
+        learning_rate=0.25, epochs=2, batch_size=8, max_examples=16, clip_norm=0.5, noise_std=0.01
+    )
+    record = P.encode_train_config(
+        users=[3, 1],
+        round_num=4,
+        local=local,
+        seed=9,
+        stream="cohort-2",
+        report_private_metrics=True,
+    )
+    assert set(record) == {
+        P.USERS,
+        P.ROUND,
+        P.STREAM,
+        P.LOCAL_LEARNING_RATE,
+        P.LOCAL_EPOCHS,
+        P.BATCH_SIZE,
+        P.MAX_EXAMPLES,
+        P.CLIP_NORM,
+        P.NOISE_STD,
+        P.SEED,
+        P.SECURE,
+        P.REPORT_PRIVATE_METRICS,
+    }
+    req = P.decode_train_config(record)
+    assert req == P.TrainRequest(
+        users=(3, 1),
+        round_num=4,
+        stream="cohort-2",
+        local=local,
+        seed=9,
+        secure=False,
+        report_private_metrics=True,
+    )
+
+
+def test_zero_means_none_and_private_metrics_default_off():
+    local = LocalConfig(learning_rate=0.1)
+    record = P.encode_train_config(users=[0], round_num=1, local=local, seed=0)
+    assert record[P.MAX_EXAMPLES] == 0 and record[P.CLIP_NORM] == 0.0
+    del record[P.REPORT_PRIVATE_METRICS]
+    req = P.decode_train_config(record)
+    assert req.local == local and not req.report_private_metrics
+
+
+def test_decode_rejects_bad_configs():
+    good = dict(
+        P.encode_train_config(
+            users=[0, 1], round_num=1, local=LocalConfig(learning_rate=0.1), seed=0
+        )
+    )
+    for key in (P.USERS, P.CLIP_NORM, P.SEED):
+        bad = {k: v for k, v in good.items() if k != key}
+        with pytest.raises(ValueError, match=key):
+            P.decode_train_config(bad)
+    with pytest.raises(ValueError, match="repeats"):
+        P.decode_train_config({**good, P.USERS: [1, 1]})
+    with pytest.raises(ValueError, match="learning_rate"):
+        P.decode_train_config({**good, P.LOCAL_LEARNING_RATE: -1.0})
+    with pytest.raises(ValueError, match=P.CLIP_NORM):
+        P.decode_train_config({**good, P.CLIP_NORM: -1.0})
+
+
+def test_update_keys():
+    assert P.update_key(17) == "update/17"
+    assert P.parse_update_key("update/17") == 17
+    assert P.parse_update_key("train-metrics") is None
+    assert P.parse_update_key("update/x") is None
+
+
+def test_hosted_users_partition_the_users():
+    parts = [P.hosted_users(p, 3, 10) for p in range(3)]
+    assert parts[0] == [0, 3, 6, 9]
+    assert sorted(u for part in parts for u in part) == list(range(10))
+    assert P.hosted_users(4, 5, 3) == []
+    with pytest.raises(ValueError, match=P.NODE_PARTITION_ID):
+        P.hosted_users(3, 3, 10)
+    with pytest.raises(ValueError, match=P.NODE_NUM_PARTITIONS):
+        P.hosted_users(0, 0, 10)

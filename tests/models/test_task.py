@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+from fedprivopt.models import (
+    ToyClassificationTask,
+    build_task,
+    initial_flat,
+    model_spec,
+    register_task,
+    state_to_flat,
+    task_names,
+)
+from fedprivopt.models import registry as registry_module
+from fedprivopt.privacy import flatten
+
+
+def test_model_spec_and_initial_flat():
+    task = ToyClassificationTask(dim=6, num_classes=4, seed=2)
+    spec = model_spec(task)
+    assert spec.names == ("weight", "bias")
+    assert spec.numel == 6 * 4 + 4
+    flat = initial_flat(task)
+    assert flat.shape == (spec.numel,) and flat.dtype == torch.float32
+    assert torch.equal(flat[:24], task.build_model().weight.detach().reshape(-1))
+
+
+def test_state_to_flat_reorders_and_checks():
+    task = ToyClassificationTask(dim=3, num_classes=2)
+    spec = model_spec(task)
+    state = task.build_model().state_dict()
+    reordered = {"bias": state["bias"], "weight": state["weight"].double()}
+    flat = state_to_flat(reordered, spec)
+    assert flat.dtype == torch.float32
+    assert torch.allclose(flat, flatten(state)[0])
+    with pytest.raises(ValueError, match="missing"):
+        state_to_flat({"weight": state["weight"]}, spec)
+    with pytest.raises(ValueError, match="unexpected"):
+        state_to_flat({**state, "extra": torch.zeros(1)}, spec)
+    with pytest.raises(ValueError, match="shape"):
+        state_to_flat({"weight": torch.zeros(3, 2), "bias": state["bias"]}, spec)
+
+
+def test_registry_builds_toy_and_rejects_unknown_names():
+    assert "toy" in task_names()
+    task = build_task("toy", num_users=4, seed=1)
+    assert isinstance(task, ToyClassificationTask) and task.num_users == 4
+    with pytest.raises(ValueError, match=r"unknown task 'nope'.*toy"):
+        build_task("nope")
+    with pytest.raises(ValueError, match="num_users"):
+        build_task("toy", num_users=0)
+
+
+def test_register_task(monkeypatch):
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    register_task("toy2", ToyClassificationTask)
+    assert build_task("toy2", num_users=2).num_users == 2
+    with pytest.raises(ValueError, match="already registered"):
+        register_task("toy", ToyClassificationTask)
+    with pytest.raises(ValueError, match="name"):
+        register_task("", ToyClassificationTask)

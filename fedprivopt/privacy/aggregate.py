@@ -63,7 +63,8 @@ class AggregationResult:
         Per-coordinate noise standard deviation of Δ̃.
     metrics : dict
         ``received``, ``accepted``, ``rejected``, ``server_clipped``, ``shares``, ``topup_std``,
-        ``noise_std``, ``mean_norm`` (mean L2 norm of accepted updates as received).
+        ``noise_std``, ``mean_norm`` (mean L2 norm of accepted updates as received) and, in
+        server mode, ``clipped_fraction`` (accepted updates at the clip bound).
     rejected : dict
         Reason of every rejected update, by user id.
     """
@@ -179,7 +180,7 @@ class NoisyMeanAggregator:
             Device of the sum.
         """
         total = torch.zeros(dim, dtype=dtype, device=device)
-        accepted = server_clipped = received = 0
+        accepted = server_clipped = received = at_bound = 0
         norm_sum = 0.0
         rejected: dict[int, str] = {}
         bound = self.accept_norm(dim)
@@ -197,6 +198,7 @@ class NoisyMeanAggregator:
                 continue
             factor = clip_factor(norm, bound, dtype) if math.isfinite(bound) else 1.0
             server_clipped += int(norm > bound * (1 + 1e-5))
+            at_bound += int(self.clip_norm is not None and norm >= self.clip_norm * (1 - 1e-4))
             norm_sum += norm
             total.add_(update, alpha=factor)  # the re-clipped update, without a copy
             accepted += 1
@@ -233,4 +235,8 @@ class NoisyMeanAggregator:
             "noise_std": noise_std,
             "mean_norm": norm_sum / accepted if accepted else 0.0,
         }
+        if self.noise_mode == "server" and self.clip_norm is not None:
+            # updates arriving at the clip bound were clipped by their client (server mode only:
+            # a distributed share carries noise, so its norm says nothing about clipping)
+            metrics["clipped_fraction"] = at_bound / accepted if accepted else 0.0
         return AggregationResult(delta_tilde, noise_std, metrics, rejected)

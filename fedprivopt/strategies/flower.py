@@ -1,0 +1,341 @@
+"""The Flower strategy: a thin adapter between Flower messages and a :class:`ServerAlgorithm`.
+
+:class:`DPStrategy` subclasses ``flwr.serverapp.strategy.Strategy``. It converts the global model
+between ``ArrayRecord`` and the flat tensor once per message, and leaves sampling, clipping,
+noise, the server optimizer and accounting to the engine-agnostic core, so the Flower engine and
+the fast engine compute the same model.
+
+Sampling is over **users**, not Flower nodes: at the start the strategy sends every node a
+``query`` message and learns which users it hosts; each round it samples users by (seed, round)
+and sends each node one ``train`` message listing the sampled users it hosts. Every user's
+clipped update comes back separately under ``update/<user>``.
+
+:meth:`DPStrategy.start` is overridden (same signature as Flower's) to add the user discovery, the
+budget check before every round and the rounds with two cohorts (ADADP);
+``configure_train``/``aggregate_train`` keep their Flower meaning.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from fedprivopt.clients import protocol as P
+from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
+from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest
+
+__all__ = ["DPStrategy", "arrays_to_flat", "flat_to_arrays"]
+
+
+def flat_to_arrays(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
+    """ArrayRecord of the model state described by ``spec``."""
+    return ArrayRecord({k: v.cpu() for k, v in unflatten(flat, spec).items()})
+
+
+def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
+    """Flat tensor (and spec) of an ArrayRecord holding a model state."""
+    return flatten(record.to_torch_state_dict())
+
+
+def _request_config(request: TrainRequest, users: list[int]) -> ConfigRecord:
+    cfg: dict[str, Any] = dict(request.client_config)
+    cfg.update(
+        {"users": [int(u) for u in users], "round": request.round_num, "stream": request.stream}
+    )
+    return ConfigRecord(cfg)
+
+
+class DPStrategy(Strategy):
+    """A fedprivopt server algorithm as a Flower strategy.
+
+    Parameters
+    ----------
+    algorithm : ServerAlgorithm
+        The server logic (see :func:`fedprivopt.strategies.build_algorithm`).
+    spec : FlatSpec
+        Layout of the model's state dict (names, shapes, dtypes) for ``ArrayRecord`` conversion.
+    min_nodes : int
+        Nodes that must be connected before user discovery.
+    node_wait : float
+        Seconds to wait for ``min_nodes`` before giving up.
+    on_round : callable, optional
+        Called as ``on_round(result, eval_metrics)`` after every round (progress, metrics files).
+    """
+
+    def __init__(
+        self,
+        algorithm: ServerAlgorithm,
+        spec: FlatSpec,
+        *,
+        min_nodes: int = 1,
+        node_wait: float = 120.0,
+        on_round: Callable[[RoundResult, dict[str, float] | None], None] | None = None,
+    ) -> None:
+        self.algorithm = algorithm
+        self.spec = spec
+        self.min_nodes = int(min_nodes)
+        self.node_wait = float(node_wait)
+        self.on_round = on_round
+        self.user_nodes: dict[int, int] = {}
+        self._discovered = False
+        self._last_result: RoundResult | None = None
+        self._grid: Grid | None = None
+        self._timeout = 3600.0
+        self._round = None
+        self._request: TrainRequest | None = None
+        self._node_users: dict[int, list[int]] = {}
+        self.node_errors = 0
+
+    # -- discovery -----------------------------------------------------------------------------
+
+    def discover_users(self, grid: Grid) -> dict[int, int]:
+        """Ask every node which users it hosts; returns ``{user_id: node_id}``.
+
+        Nodes may come online one by one (simulated nodes start after the ServerApp), so new
+        nodes are queried until every user of the population is found, or ``node_wait`` seconds
+        pass with at least ``min_nodes`` nodes (then the missing users are logged: they are
+        still sampled, and simply never reply).
+        """
+        population = set(range(self.algorithm.config.population))
+        deadline = time.monotonic() + self.node_wait
+        mapping: dict[int, int] = {}
+        queried: set[int] = set()
+        while True:
+            new = sorted(set(grid.get_node_ids()) - queried)
+            if new:
+                queried.update(new)
+                messages = [
+                    Message(content=P.users_query(), dst_node_id=n, message_type="query")
+                    for n in new
+                ]
+                for reply in grid.send_and_receive(messages, timeout=self._timeout):
+                    if reply.has_error():
+                        self.node_errors += 1
+                        log(
+                            WARNING,
+                            "node %s failed the user query: %s",
+                            reply.metadata.src_node_id,
+                            reply.error.reason,
+                        )
+                        continue
+                    for user in P.read_user_ids(reply.content):
+                        if user in mapping:
+                            raise RuntimeError(f"user {user} is hosted by two nodes")
+                        mapping[user] = reply.metadata.src_node_id
+            if len(queried) >= self.min_nodes and population <= set(mapping):
+                break
+            if time.monotonic() > deadline:
+                if len(queried) < self.min_nodes:
+                    raise RuntimeError(
+                        f"only {len(queried)} of min_nodes={self.min_nodes} nodes connected "
+                        f"within {self.node_wait:g} s"
+                    )
+                log(
+                    WARNING,
+                    "%d of %d users are on no connected node (they will never reply)",
+                    len(population - set(mapping)),
+                    len(population),
+                )
+                break
+            time.sleep(0.2)
+        self.user_nodes = mapping
+        self._discovered = True
+        return mapping
+
+    # -- Flower Strategy interface -------------------------------------------------------------
+
+    def _messages(self, request: TrainRequest) -> list[Message]:
+        by_node: dict[int, list[int]] = {}
+        for user in request.users:
+            node = self.user_nodes.get(user)
+            if node is not None:
+                by_node.setdefault(node, []).append(user)
+        self._node_users = by_node
+        arrays = flat_to_arrays(request.params, self.spec)
+        messages = []
+        for node, users in by_node.items():
+            content = RecordDict(
+                {P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: _request_config(request, users)}
+            )
+            if request.preconditioner is not None:
+                p = request.preconditioner.detach().cpu().numpy().astype(np.float32)
+                content[P.PRECONDITIONER_RECORD] = ArrayRecord({P.PRECONDITIONER_ARRAY: Array(p)})
+            messages.append(
+                Message(
+                    content=content,
+                    dst_node_id=node,
+                    message_type="train",
+                    group_id=str(request.round_num),
+                )
+            )
+        return messages
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample users for ``server_round`` and build one message per node hosting some."""
+        self._grid = grid
+        if not self._discovered:
+            self.discover_users(grid)
+        self.node_errors = 0
+        self._round = self.algorithm.run_round(server_round)
+        self._request = next(self._round)
+        return self._messages(self._request)
+
+    def _updates(self, replies: Iterable[Message]) -> dict[int, Any]:
+        updates: dict[int, Any] = {}
+        for reply in replies:
+            if reply.has_error():
+                self.node_errors += 1
+                log(WARNING, "node %s failed: %s", reply.metadata.src_node_id, reply.error.reason)
+                continue
+            node = reply.metadata.src_node_id
+            for key, record in reply.content.array_records.items():
+                if not key.startswith(P.UPDATE_PREFIX):
+                    continue
+                user = P.parse_update_key(key)
+                if user is None or user not in self._node_users.get(node, []):
+                    log(WARNING, "node %s sent an update under an unrequested key %r", node, key)
+                    continue
+                if P.DELTA_ARRAY not in record:
+                    updates[user] = None  # rejected (and counted) by the aggregator
+                    continue
+                array = record[P.DELTA_ARRAY].numpy()
+                updates[user] = torch.from_numpy(np.array(array, copy=True))
+        return updates
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Feed the replies to the round; run further cohorts (ADADP) through the grid."""
+        if self._round is None:
+            raise RuntimeError("aggregate_train called before configure_train")
+        updates = self._updates(replies)
+        try:
+            while True:
+                request = self._round.send(updates)
+                messages = self._messages(request)
+                replies = self._grid.send_and_receive(messages, timeout=self._timeout)
+                updates = self._updates(replies)
+        except StopIteration as stop:
+            result: RoundResult = stop.value
+        self._round = None
+        for user, reason in sorted(result.rejected.items()):
+            log(WARNING, "round %d: rejected the update of user %d: %s", server_round, user, reason)
+        result.metrics["node_errors"] = float(self.node_errors)
+        metrics = {k: float(v) for k, v in result.metrics.items() if np.isfinite(v)}
+        self._last_result = result
+        return flat_to_arrays(result.params, self.spec), MetricRecord(metrics)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No client-side evaluation: the server evaluates centrally (not covered by DP)."""
+        return []
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Nothing to aggregate (see :meth:`configure_evaluate`)."""
+        return None
+
+    def summary(self) -> None:
+        """Log the configuration and the threat model."""
+        c = self.algorithm.config
+        log(INFO, "\t├── fedprivopt strategy: %s", c.strategy)
+        if c.private:
+            log(
+                INFO,
+                "\t├── user-level DP: sigma=%g, C=%g, q=%g (%s sampling), delta=%g",
+                c.noise_multiplier,
+                c.clip_norm,
+                c.sample_rate,
+                c.sampling,
+                c.delta,
+            )
+            log(
+                INFO,
+                "\t└── noise: %s",
+                "added by the (trusted) server"
+                if c.noise_mode == "server"
+                else "distributed shares from clients, topped up by the server",
+            )
+        else:
+            log(INFO, "\t└── NOT private: no clipping, no noise")
+
+    # -- the run loop --------------------------------------------------------------------------
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run ``num_rounds`` rounds (fewer if the privacy budget stops the run).
+
+        ``initial_arrays`` must match the algorithm's parameters (they are used as given).
+        ``train_config`` and ``evaluate_config`` are ignored: client settings come from the
+        algorithm's configuration.
+        """
+        self._timeout = float(timeout)
+        self._grid = grid
+        alg = self.algorithm
+        flat, _ = arrays_to_flat(initial_arrays)
+        if flat.shape != alg.params.shape:
+            raise ValueError("initial_arrays do not match the algorithm's model")
+        alg.params = flat.to(alg.params.dtype)
+        self.summary()
+        result = Result(arrays=initial_arrays)
+        if evaluate_fn is not None:
+            res = evaluate_fn(alg.round_num, initial_arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[alg.round_num] = res
+        self.discover_users(grid)
+        for server_round in range(alg.round_num + 1, num_rounds + 1):
+            if not alg.budget_allows_next_round():
+                alg.stopped_reason = "budget"
+                log(
+                    INFO,
+                    "stopping before round %d: it would exceed target epsilon %g",
+                    server_round,
+                    alg.config.target_epsilon,
+                )
+                break
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, result.arrays, ConfigRecord(), grid),
+                timeout=self._timeout,
+            )
+            arrays, metrics = self.aggregate_train(server_round, replies)
+            result.arrays = arrays
+            result.train_metrics_clientapp[server_round] = metrics
+            eval_metrics = None
+            if evaluate_fn is not None:
+                res = evaluate_fn(server_round, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[server_round] = res
+                    eval_metrics = dict(res)
+            log(
+                INFO,
+                "round %d: epsilon=%.4g cohort=%d",
+                server_round,
+                self._last_result.metrics.get("epsilon", float("inf")),
+                int(self._last_result.metrics.get("cohort_size", 0)),
+            )
+            if self.on_round is not None:
+                self.on_round(self._last_result, eval_metrics)
+        else:
+            alg.stopped_reason = "rounds"
+        return result

@@ -1,0 +1,101 @@
+"""Fault injection: a ClientApp whose users misbehave, to test that the server copes.
+
+:func:`make_faulty_client_app` wraps the real ClientApp; after it trains, the replies of chosen
+users are corrupted (or the node raises). Use it in simulations to check that a round still
+completes, that malformed updates are rejected and counted, that an oversized update is
+re-clipped, and that accounting does not change (what is accounted is the sampling, not the
+arrival).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from fedprivopt.clients import protocol as P
+from fedprivopt.clients.client_app import make_client_app
+
+__all__ = ["FAULTS", "make_faulty_client_app"]
+
+FAULTS = {
+    "raise": "the node raises while training (Flower returns an error reply)",
+    "nan": "the update contains NaN",
+    "inf": "the update contains +Inf",
+    "shape": "the update has one entry too many",
+    "dtype": "the update is float64",
+    "missing": "the update record has no 'delta' array",
+    "huge": "the update has norm 1e6 (far above the clip norm)",
+    "foreign": "the node also sends an update for a user it was not asked to train",
+}
+
+
+def _corrupt(reply: Message, user: int, fault: str) -> None:
+    key = P.update_key(user)
+    record = reply.content.array_records.get(key)
+    if record is None:
+        return
+    delta = record[P.DELTA_ARRAY].numpy().astype(np.float32)
+    if fault == "nan":
+        delta[0] = np.nan
+    elif fault == "inf":
+        delta[-1] = np.inf
+    elif fault == "shape":
+        delta = np.concatenate([delta, np.zeros(1, np.float32)])
+    elif fault == "dtype":
+        delta = delta.astype(np.float64)
+    elif fault == "huge":
+        delta = np.full_like(delta, 1e6 / np.sqrt(delta.size))
+    elif fault == "missing":
+        reply.content[key] = ArrayRecord({"something-else": Array(delta)})
+        return
+    elif fault == "foreign":
+        reply.content[P.update_key(10**9 + user)] = ArrayRecord({P.DELTA_ARRAY: Array(delta)})
+        return
+    reply.content[key] = ArrayRecord({P.DELTA_ARRAY: Array(delta)})
+
+
+def _train(message: Message, context: Context, real: ClientApp, faults: dict[int, str]) -> Message:
+    config = message.content.config_records[P.CONFIG_RECORD]
+    users = [int(u) for u in config[P.USERS]]
+    if any(faults.get(u) == "raise" for u in users):
+        raise RuntimeError(f"injected fault: node hosting users {users} crashed")
+    reply = real(message, context)
+    for user in users:
+        if user in faults:
+            _corrupt(reply, user, faults[user])
+    return reply
+
+
+def _forward(message: Message, context: Context, real: ClientApp) -> Message:
+    return real(message, context)
+
+
+def make_faulty_client_app(
+    faults: Mapping[int, str],
+    *,
+    task: str | None = None,
+    task_params: str | Mapping[str, object] | None = None,
+) -> ClientApp:
+    """A ClientApp that behaves like :func:`make_client_app` except for the faulty users.
+
+    Parameters
+    ----------
+    faults : Mapping[int, str]
+        User id → fault name (see :data:`FAULTS`).
+    task, task_params
+        As for :func:`~fedprivopt.clients.client_app.make_client_app`.
+    """
+    unknown = {f for f in faults.values() if f not in FAULTS}
+    if unknown:
+        raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+    real = make_client_app(task=task, task_params=task_params)
+    app = ClientApp()
+    table = {int(u): str(f) for u, f in faults.items()}
+    app.query()(functools.partial(_forward, real=real))
+    app.evaluate()(functools.partial(_forward, real=real))
+    app.train()(functools.partial(_train, real=real, faults=table))
+    return app

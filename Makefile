@@ -9,6 +9,10 @@ TORCH  ?= torch==2.13.0
 export FLWR_TELEMETRY_ENABLED = 0
 export FLWR_DISABLE_UPDATE_CHECK = 1
 
+DEMO_CONFIG     ?= simulations/toy.toml
+DEMO_OUT        ?= runs/demo
+DEMO_STRATEGIES ?= dp-fedavg,dp-fedadam,dp-fedadam-bc,adadps,dp2,dp2-noise-first,dp-fedavg-adadp,fedavg,fedadam
+
 .PHONY: venv demo test lint bench clean
 
 venv: $(STAMP)
@@ -20,12 +24,12 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: venv
-	@echo "== Privacy of the AdaDPS federated setting (400 users, 20 per round, sigma 0.3, 40 rounds) =="
+	@echo "== Privacy accounting: epsilon of the AdaDPS federated setting (400 users, 20 per round, sigma 0.3, 40 rounds) =="
 	$(VENV)/bin/fedprivopt epsilon --noise-multiplier 0.3 --sample-rate 0.05 --rounds 40 --delta 0.0025
 	$(VENV)/bin/fedprivopt epsilon --noise-multiplier 0.3 --sample-rate 0.05 --rounds 40 --delta 0.0025 --accountant pld
-	$(VENV)/bin/fedprivopt epsilon --noise-multiplier 0.3 --rounds 40 --delta 0.0025 --sampling fixed --population 400 --cohort 20
-	@echo "== Noise needed for epsilon 8 at delta 1e-6 over 1500 rounds of 100 of 342,477 users =="
-	$(VENV)/bin/fedprivopt calibrate --target-epsilon 8 --delta 1e-6 --population 342477 --cohort 100 --rounds 1500
+	@echo "== Compare every strategy on the toy task (fast engine) =="
+	$(VENV)/bin/fedprivopt compare $(DEMO_CONFIG) --strategies $(DEMO_STRATEGIES) --out $(DEMO_OUT) --quiet
+	@echo "Report: $(DEMO_OUT)/report.md (plots: $(DEMO_OUT)/metric_vs_round.png, $(DEMO_OUT)/privacy_utility.png)"
 
 test: venv
 	$(PY) -m ruff check .

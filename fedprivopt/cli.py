@@ -260,6 +260,203 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# simulation
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    from fedprivopt.simulation.config import parse_override
+
+    out = {}
+    for text in args.set or []:
+        try:
+            key, value = parse_override(text)
+        except ValueError as exc:
+            raise UsageError(f"argument --set: {exc}") from None
+        out[key] = value
+    for flag, key in (
+        ("strategy", "strategy"),
+        ("engine", "engine"),
+        ("rounds", "num-server-rounds"),
+        ("seed", "seed"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """``fedprivopt simulate``: one run with metrics, summary and checkpoints."""
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import build_run, resume, simulate
+
+    if args.resume is not None:
+        if (
+            args.config is not None
+            or args.set
+            or any(
+                getattr(args, f) is not None
+                for f in ("strategy", "engine", "rounds", "seed", "out")
+            )
+        ):
+            raise UsageError(
+                "argument --resume: give only the run directory (its config.toml "
+                "is the configuration)"
+            )
+        outcome = resume(args.resume, progress=not args.quiet)
+    else:
+        if args.config is None:
+            raise UsageError("argument CONFIG: a preset file is required (or --resume DIR)")
+        try:
+            config = load_config(args.config, _overrides(args))
+        except ValueError as exc:
+            raise UsageError(f"config: {exc}") from None
+        out = args.out or f"runs/{config.strategy.strategy}-seed{config.strategy.seed}"
+        try:
+            build_run(config)  # validates the task and the population before anything is written
+        except ValueError as exc:
+            raise UsageError(f"config: {exc}") from None
+        outcome = simulate(config, out, progress=not args.quiet)
+    final = outcome.rows[-1] if outcome.rows else {}
+    metric = next(
+        (k for k in ("eval_recall_at_5", "eval_accuracy", "eval_loss") if k in final), None
+    )
+    shown = f", {metric} = {final[metric]:.4f}" if metric else ""
+    print(
+        f"{outcome.rounds_completed} rounds ({outcome.stopped_reason}){shown}, "
+        f"epsilon = {outcome.epsilon:.4g}; results in {outcome.out_dir}"
+    )
+    return 0
+
+
+def _add_simulate(sub) -> None:
+    from fedprivopt.simulation.config import ENGINES
+    from fedprivopt.strategies.config import STRATEGIES
+
+    p = sub.add_parser(
+        "simulate",
+        help="simulate federated training of one strategy",
+        description="Run one federated simulation from a preset (TOML) and write metrics.jsonl, "
+        "summary.json, config.toml and checkpoints to the output directory.",
+        epilog="examples:\n"
+        "  fedprivopt simulate simulations/toy.toml --strategy dp-fedadam --rounds 20\n"
+        "  fedprivopt simulate simulations/toy.toml --set noise-multiplier=0.8 --out runs/a\n"
+        "  fedprivopt simulate --resume runs/a",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="preset TOML file")
+    p.add_argument("--strategy", choices=STRATEGIES, help="override the preset's strategy")
+    p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
+    p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
+    p.add_argument("--seed", type=int_at_least(0), metavar="S", help="root seed")
+    p.add_argument("--out", metavar="DIR", help="run directory (default runs/<strategy>-seed<S>)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override any preset key, e.g. --set clip-norm=0.5 "
+        "--set task-params.num-users=50 (repeatable)",
+    )
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    p.set_defaults(func=cmd_simulate)
+
+
+def _float_list(text: str) -> list[float]:
+    values = []
+    for part in text.split(","):
+        values.append(POSITIVE(part.strip()))
+    return values
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``fedprivopt compare``: a grid of strategies x noise multipliers x seeds, and a report."""
+    from pathlib import Path
+
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.report import load_run, write_report
+    from fedprivopt.simulation.run import SUMMARY_FILE, build_run, resume, simulate
+    from fedprivopt.strategies.config import NON_PRIVATE, STRATEGIES
+
+    try:
+        base = load_config(args.config, _overrides(args))
+    except ValueError as exc:
+        raise UsageError(f"config: {exc}") from None
+    strategies = args.strategies.split(",") if args.strategies else [base.strategy.strategy]
+    for name in strategies:
+        if name not in STRATEGIES:
+            raise UsageError(
+                f"argument --strategies: {name!r} is not one of {', '.join(STRATEGIES)}"
+            )
+    sigmas = args.noise_multipliers or [base.strategy.noise_multiplier]
+    seeds = [base.strategy.seed + i for i in range(args.seeds)]
+    grid = []
+    for name in strategies:
+        for sigma in [0.0] if name in NON_PRIVATE else sigmas:
+            for seed in seeds:
+                overrides = {**_overrides(args), "strategy": name, "seed": seed}
+                if name not in NON_PRIVATE:
+                    overrides["noise-multiplier"] = sigma
+                try:
+                    config = load_config(args.config, overrides)
+                    build_run(config)
+                except ValueError as exc:
+                    raise UsageError(f"config ({name}, sigma {sigma:g}): {exc}") from None
+                grid.append((f"{name}__sigma{sigma:g}__seed{seed}", config))
+    out = Path(args.out)
+    runs = []
+    for i, (label, config) in enumerate(grid, 1):
+        run_dir = out / "runs" / label
+        print(f"[{i}/{len(grid)}] {label}", file=sys.stderr, flush=True)
+        if (run_dir / SUMMARY_FILE).exists():
+            pass  # finished earlier: keep it
+        elif (run_dir / "config.toml").exists():
+            resume(run_dir, progress=not args.quiet)
+        else:
+            simulate(config, run_dir, progress=not args.quiet)
+        runs.append(load_run(run_dir))
+    report = write_report(out, runs, title=f"fedprivopt compare: {args.config}")
+    print(f"report: {report}")
+    return 0
+
+
+def _add_compare(sub) -> None:
+    from fedprivopt.simulation.config import ENGINES
+
+    p = sub.add_parser(
+        "compare",
+        help="compare strategies over noise levels and seeds, with a report and plots",
+        description="Run every strategy x noise multiplier x seed of a preset (non-private "
+        "baselines once per seed) and write OUT/summary.csv, OUT/report.md, "
+        "OUT/metric_vs_round.png and OUT/privacy_utility.png. Finished runs in OUT are reused.",
+        epilog="example:\n  fedprivopt compare simulations/toy.toml "
+        "--strategies dp-fedavg,dp-fedadam,fedavg --noise-multipliers 0.5,1 --seeds 2",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("config", metavar="CONFIG", help="preset TOML file")
+    p.add_argument("--strategies", metavar="A,B,...", help="strategies (default: the preset's)")
+    p.add_argument(
+        "--noise-multipliers",
+        type=_float_list,
+        metavar="S1,S2,...",
+        help="noise multipliers (default: the preset's)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int_at_least(1),
+        default=1,
+        metavar="K",
+        help="seeds per cell (the preset's seed, +1, ...)",
+    )
+    p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory")
+    p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
+    p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset key")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    p.set_defaults(func=cmd_compare, strategy=None, seed=None)
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_sampling_args(p, needs_sigma=False)
     p.set_defaults(func=cmd_calibrate)
+    _add_simulate(sub)
+    _add_compare(sub)
     return parser
 
 

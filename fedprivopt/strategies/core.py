@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -263,8 +263,12 @@ class ServerAlgorithm:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`; the configuration must be the same."""
-        if StrategyConfig.from_mapping(state["config"]) != self.config:
+        """Restore :meth:`state_dict`.
+
+        The configuration must be the same, except ``num_server_rounds`` (a run may be extended).
+        """
+        saved = StrategyConfig.from_mapping(state["config"])
+        if replace(saved, num_server_rounds=self.config.num_server_rounds) != self.config:
             raise ValueError("checkpoint was written with a different configuration")
         self.round_num = int(state["round"])
         self.params = state["params"].detach().clone()

@@ -1,0 +1,206 @@
+"""Run configuration: presets (TOML), ``--set key=value`` overrides and validation.
+
+A preset is a TOML file whose top-level keys are kebab-case, the same keys as the Flower app's run
+config: every :class:`~fedprivopt.strategies.StrategyConfig` field (``strategy``,
+``num-server-rounds``, ``clients-per-round``, ``noise-multiplier``, ...) plus the run keys of
+:class:`RunConfig` (``engine``, ``task``, ...). The task's own parameters live in a
+``[task-params]`` table (in Flower's flattened run config: ``task-params.<key>``). Everything is
+validated before any training; every error names the key.
+
+Per-strategy hyperparameters go in ``[strategies.<name>]`` tables (e.g. a smaller
+``server-learning-rate`` for the Adam strategies); they apply when that strategy runs. Precedence:
+preset < its ``[strategies.<name>]`` table < ``--set`` and command-line flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.strategies.config import StrategyConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["ENGINES", "RunConfig", "load_config", "parse_override", "resolve_config"]
+
+ENGINES = ("fast", "flower")
+SIDE_INFORMATION = ("auto", "ones")
+_STRATEGY_KEYS = {f.name.replace("_", "-") for f in dataclasses.fields(StrategyConfig)}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one simulation needs.
+
+    Attributes
+    ----------
+    strategy : StrategyConfig
+        Server and client hyperparameters.
+    engine : {"fast", "flower"}
+        ``fast``: in process, the same core and LocalTrainer; ``flower``: Flower's simulation
+        engine on Ray.
+    task : str
+        Registered task name (:func:`fedprivopt.models.build_task`).
+    task_params : dict
+        The task's keyword parameters.
+    eval_every : int
+        Evaluate centrally every this many rounds (and after the last round).
+    checkpoint_every : int
+        Write a checkpoint every this many rounds (and after the last round).
+    side_information : {"auto", "ones"}
+        AdaDPS' preconditioner: ``auto`` asks the task for its public side information (a task
+        without any gets ones, and the summary says so); ``ones`` is plain DP-FedAvg.
+    client_cpus, client_gpus : float
+        Resources of one simulated client on the ``flower`` engine (fractional GPUs allowed).
+    ray_cpus : int
+        CPUs Ray may use (0: all).
+    device : str
+        Training device of the fast engine and of each client: ``auto`` (cuda if present),
+        ``cpu`` or ``cuda[:i]``.
+    """
+
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    engine: str = "fast"
+    task: str = "toy"
+    task_params: dict[str, Any] = field(default_factory=dict)
+    eval_every: int = 1
+    checkpoint_every: int = 1
+    side_information: str = "auto"
+    client_cpus: float = 1.0
+    client_gpus: float = 0.0
+    ray_cpus: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.side_information not in SIDE_INFORMATION:
+            raise ValueError(
+                f"side-information must be one of {', '.join(SIDE_INFORMATION)}, "
+                f"got {self.side_information!r}"
+            )
+        for key in ("eval_every", "checkpoint_every"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if (
+            isinstance(self.ray_cpus, bool)
+            or not isinstance(self.ray_cpus, int)
+            or self.ray_cpus < 0
+        ):
+            raise ValueError(f"ray-cpus must be an integer >= 0, got {self.ray_cpus!r}")
+        for key, hi in (("client_cpus", math.inf), ("client_gpus", math.inf)):
+            value = getattr(self, key)
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not (0 <= value < hi)
+            ):
+                raise ValueError(f"{key.replace('_', '-')} must be a number >= 0, got {value!r}")
+        if not isinstance(self.task, str) or not self.task:
+            raise ValueError(f"task must be a task name, got {self.task!r}")
+        if not isinstance(self.device, str) or not (
+            self.device in ("auto", "cpu") or self.device.startswith("cuda")
+        ):
+            raise ValueError(f"device must be auto, cpu or cuda[:i], got {self.device!r}")
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Nested kebab-case mapping (a preset) of this configuration."""
+        out = dict(self.strategy.to_mapping())
+        for f in dataclasses.fields(self):
+            if f.name in ("strategy", "task_params"):
+                continue
+            out[f.name.replace("_", "-")] = getattr(self, f.name)
+        out["task-params"] = dict(self.task_params)
+        return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key=value``; the value is read as TOML (``2``, ``0.5``, ``true``), else as text."""
+    if "=" not in text:
+        raise ValueError(f"--set expects key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ValueError(f"--set expects key=value, got {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key, value
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables become dotted keys, as in Flower's flattened run config."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]:
+    """Apply ``[strategies.<strategy>]`` overrides and drop the other strategies' tables."""
+    out = {k: v for k, v in flat.items() if not k.startswith("strategies.")}
+    prefix = f"strategies.{strategy}."
+    for key, value in flat.items():
+        if key.startswith(prefix):
+            out[key[len(prefix) :]] = value
+        elif key.startswith("strategies.") and key.count(".") < 2:
+            raise ValueError(f"unknown key {key!r} (expected [strategies.<name>] tables)")
+    return out
+
+
+def resolve_config(data: Mapping[str, Any]) -> RunConfig:
+    """Build a validated :class:`RunConfig` from a (nested or flattened) kebab-case mapping."""
+    flat = _flatten(data)
+    flat = _apply_strategy_table(flat, str(flat.get("strategy", "dp-fedavg")))
+    strategy: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    task_params: dict[str, Any] = {}
+    run_keys = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)} - {
+        "strategy",
+        "task-params",
+    }
+    for key, value in flat.items():
+        if key.startswith("task-params."):
+            task_params[key.split(".", 1)[1].replace("-", "_")] = value
+        elif key in _STRATEGY_KEYS:
+            strategy[key] = value
+        elif key in run_keys:
+            run[key.replace("-", "_")] = value
+        else:
+            raise ValueError(f"unknown key {key!r}")
+    if "client_cpus" in run and isinstance(run["client_cpus"], int):
+        run["client_cpus"] = float(run["client_cpus"])
+    if "client_gpus" in run and isinstance(run["client_gpus"], int):
+        run["client_gpus"] = float(run["client_gpus"])
+    return RunConfig(strategy=StrategyConfig.from_mapping(strategy), task_params=task_params, **run)
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Read a preset, apply ``overrides`` (kebab-case keys, ``task-params.x`` allowed), validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    flat = _flatten(data)
+    overrides = dict(overrides or {})
+    strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
+    flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides
+    flat.update(overrides)
+    return resolve_config(flat)

@@ -1,0 +1,670 @@
+"""Reports over simulation runs: load run directories, aggregate over seeds, plot, write markdown.
+
+A run directory (written by ``fedprivopt simulate``) holds ``metrics.jsonl`` (one JSON object per
+evaluated round) and ``summary.json``. A ``compare`` grid puts one run directory per
+(strategy, noise multiplier, seed) under ``OUT/runs/``. This module groups runs by
+(strategy, noise multiplier), averages over seeds and writes ``summary.csv``, two plots and
+``report.md``.
+
+Plots are drawn on :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas: pyplot's
+global state and the interactive backends are never touched.
+
+Examples
+--------
+>>> runs = load_runs("out/compare")  # doctest: +SKIP
+>>> write_report("out/compare/report", runs, title="DP-FedAdam vs DP-FedAvg")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "RunData",
+    "aggregate_runs",
+    "choose_metric",
+    "load_run",
+    "load_runs",
+    "plot_metric_vs_round",
+    "plot_privacy_utility",
+    "write_report",
+    "write_summary_csv",
+]
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+_METRIC_PREFERENCE = ("eval_recall_at_5", "eval_accuracy")
+_PRETTY = {
+    "eval_recall_at_5": "recall@5 (eval)",
+    "eval_accuracy": "accuracy (eval)",
+    "eval_loss": "loss (eval)",
+}
+_REQUIRED_SUMMARY_KEYS = ("strategy", "noise_multiplier", "seed", "epsilon", "delta")
+_LINESTYLES = ("-", "--", "-.", ":")
+_PRIVACY_CONFIG_WORDS = (
+    "accountant", "clip", "sampling", "cohort", "users", "delta", "epsilon", "target", "secure",
+    "noise", "rounds",
+)  # fmt: skip
+_FIGSIZE = (8.0, 5.0)
+_DPI = 120
+_LINEWIDTH = 1.8
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run directory, as loaded by :func:`load_run`.
+
+    Attributes
+    ----------
+    summary : dict
+        Parsed ``summary.json``.
+    rows : list of dict
+        Parsed ``metrics.jsonl`` rows, in file order.
+    path : pathlib.Path
+        The run directory.
+    warnings : tuple of str
+        What was tolerated while loading (a truncated final line).
+    """
+
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+    path: Path
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def strategy(self) -> str:
+        """Strategy name."""
+        return str(self.summary["strategy"])
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Noise multiplier σ."""
+        return _num(self.summary["noise_multiplier"])
+
+    @property
+    def seed(self) -> int:
+        """Seed of the run."""
+        return int(self.summary["seed"])
+
+    @property
+    def epsilon(self) -> float:
+        """ε spent by the run (``inf`` for a non-private baseline)."""
+        return _num(self.summary["epsilon"])
+
+    @property
+    def delta(self) -> float:
+        """δ at which :attr:`epsilon` holds."""
+        return _num(self.summary["delta"])
+
+    @property
+    def rounds_completed(self) -> int:
+        """Completed rounds (the largest round in the metrics if the summary lacks it)."""
+        if "rounds_completed" in self.summary:
+            return int(self.summary["rounds_completed"])
+        return max((int(r["round"]) for r in self.rows), default=0)
+
+    def has_metric(self, metric: str) -> bool:
+        """Whether the final results or any row report ``metric``."""
+        final = self.summary.get("final") or {}
+        return metric in final or any(metric in r for r in self.rows)
+
+    def final_value(self, metric: str) -> float:
+        """``metric`` from the summary's ``final`` block, else from the last row that has it."""
+        final = self.summary.get("final") or {}
+        if metric in final:
+            return _num(final[metric])
+        for row in reversed(_dedup_rounds(self.rows)):
+            if metric in row:
+                return _num(row[metric])
+        return math.nan
+
+    def curve(self, metric: str) -> dict[int, float]:
+        """``{round: value}`` for the rows reporting ``metric`` (a repeated round: last wins)."""
+        return {int(r["round"]): _num(r[metric]) for r in self.rows if metric in r}
+
+    def seconds_per_round(self) -> float:
+        """Mean of the finite ``seconds`` of rounds ≥ 1 (round 0 is the initial evaluation)."""
+        secs = [_num(r.get("seconds")) for r in _dedup_rounds(self.rows) if int(r["round"]) >= 1]
+        secs = [s for s in secs if math.isfinite(s)]
+        return float(np.mean(secs)) if secs else math.nan
+
+
+def load_run(path: str | Path) -> RunData:
+    """Load one run directory.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        Directory holding ``metrics.jsonl`` and ``summary.json``.
+
+    Returns
+    -------
+    RunData
+
+    Raises
+    ------
+    ValueError
+        If a file is missing or malformed; the message names the file (and line). A final line of
+        ``metrics.jsonl`` with no newline that does not parse is the trace of a run killed
+        mid-write: it is skipped and noted in :attr:`RunData.warnings`.
+    """
+    path = Path(path)
+    summary_path, metrics_path = path / SUMMARY_FILE, path / METRICS_FILE
+    for p in (summary_path, metrics_path):
+        if not p.is_file():
+            raise ValueError(f"{p}: missing (is {path} a fedprivopt run directory?)")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{summary_path}: not valid JSON ({exc})") from exc
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_path}: expected a JSON object, got {type(summary).__name__}")
+    missing = [k for k in _REQUIRED_SUMMARY_KEYS if k not in summary]
+    if missing:
+        raise ValueError(f"{summary_path}: missing keys {missing}")
+
+    text = metrics_path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")  # a complete file ends with "\n", so the last piece is ""
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        is_unterminated = lineno == len(lines)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if is_unterminated:
+                notes.append(f"{metrics_path}: skipped truncated final line {lineno}")
+                continue
+            raise ValueError(f"{metrics_path}: line {lineno} is not valid JSON ({exc})") from exc
+        if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+            raise ValueError(f"{metrics_path}: line {lineno} is not an object with an int 'round'")
+        rows.append(row)
+    return RunData(summary=summary, rows=rows, path=path, warnings=tuple(notes))
+
+
+def load_runs(root: str | Path) -> list[RunData]:
+    """Load a run directory, a ``compare`` output (``root/runs/*``) or a folder of runs.
+
+    Raises
+    ------
+    ValueError
+        If no run directory is found, or one of them fails :func:`load_run`.
+    """
+    root = Path(root)
+    if (root / SUMMARY_FILE).exists() or (root / METRICS_FILE).exists():
+        return [load_run(root)]
+    parent = root / "runs" if (root / "runs").is_dir() else root
+    dirs = sorted(p for p in parent.glob("*") if p.is_dir() and (p / SUMMARY_FILE).exists())
+    if not dirs:
+        raise ValueError(f"{root}: no run directories (with {SUMMARY_FILE}) found")
+    return [load_run(d) for d in dirs]
+
+
+def choose_metric(runs: Sequence[RunData]) -> str:
+    """The task metric to report: ``eval_recall_at_5`` if any run has it, else ``eval_accuracy``."""
+    for metric in _METRIC_PREFERENCE:
+        if any(run.has_metric(metric) for run in runs):
+            return metric
+    raise ValueError(f"runs: none reports a task metric (one of {list(_METRIC_PREFERENCE)})")
+
+
+def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> list[dict[str, Any]]:
+    """Group runs by (strategy, noise multiplier) and summarize each group over its seeds.
+
+    Parameters
+    ----------
+    runs : sequence of RunData
+    metric : str, optional
+        Task metric; ``None`` picks one with :func:`choose_metric`. Runs lacking it are skipped
+        with a ``UserWarning``.
+
+    Returns
+    -------
+    list of dict
+        One dict per group, sorted by (strategy, σ), with keys ``strategy``, ``noise_multiplier``,
+        ``metric``, ``n_seeds``, ``seeds``, ``n_finite`` (seeds whose final metric is finite),
+        ``epsilon`` and ``delta`` (the largest over seeds; they should agree), ``rounds`` (the
+        fewest completed), ``<metric>_mean``, ``<metric>_std``, ``eval_loss_mean``,
+        ``eval_loss_std`` (over finite values; sample std, 0 for one value),
+        ``seconds_per_round`` (mean over seeds) and ``stopped_reasons``.
+    """
+    rows, notes = _aggregate(runs, metric)
+    _warn(notes)
+    return rows
+
+
+def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Write :func:`aggregate_runs` rows as CSV (floats in full precision; ``inf`` for ∞ ε)."""
+    if not rows:
+        raise ValueError("rows: empty; nothing to write")
+    metrics = {r["metric"] for r in rows}
+    if len(metrics) != 1:
+        raise ValueError(f"rows: mix metrics {sorted(metrics)}; aggregate with one metric")
+    metric = metrics.pop()
+    columns = ["strategy", "noise_multiplier", "seeds", "epsilon", "delta", "rounds",
+               f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
+               "seconds_per_round"]  # fmt: skip
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        for r in rows:
+            writer.writerow([r["n_seeds"] if c == "seeds" else r[c] for c in columns])
+    return path
+
+
+def plot_metric_vs_round(
+    runs: Sequence[RunData], path: str | Path, *, metric: str | None = None
+) -> Path:
+    """Plot the task metric against the round: mean over seeds with a ±1 std band per group."""
+    sel, notes = _select(runs, metric)
+    _warn(notes)
+    return _plot_metric_vs_round(sel, path)
+
+
+def plot_privacy_utility(
+    runs: Sequence[RunData], path: str | Path, *, metric: str | None = None
+) -> Path:
+    """Plot the final task metric against ε, one line per strategy, error bars over seeds.
+
+    Non-private groups (ε = ∞) are horizontal dashed reference lines. The ε axis is logarithmic
+    when the finite ε span more than a decade.
+    """
+    rows, notes = _aggregate(runs, metric)
+    _warn(notes)
+    return _plot_privacy_utility(rows, path)
+
+
+def write_report(
+    out_dir: str | Path,
+    runs: Sequence[RunData],
+    *,
+    title: str,
+    metric: str | None = None,
+    notes: str | None = None,
+) -> Path:
+    """Write ``summary.csv``, ``metric_vs_round.png``, ``privacy_utility.png`` and ``report.md``.
+
+    Parameters
+    ----------
+    out_dir : str or pathlib.Path
+        Created if missing.
+    runs : sequence of RunData
+    title : str
+        First heading of the report.
+    metric : str, optional
+        Task metric (``None``: see :func:`choose_metric`).
+    notes : str, optional
+        Free markdown appended under "Notes".
+
+    Returns
+    -------
+    pathlib.Path
+        Path of ``report.md``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sel, issues = _select(runs, metric)
+    rows, agg_issues = _aggregate(sel.runs, sel.metric)
+    issues += agg_issues
+    _warn(issues)
+    write_summary_csv(rows, out / "summary.csv")
+    _plot_metric_vs_round(sel, out / "metric_vs_round.png")
+    _plot_privacy_utility(rows, out / "privacy_utility.png")
+    text = _markdown(title, sel, rows, issues, notes)
+    report = out / "report.md"
+    report.write_text(text, encoding="utf-8")
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# internals
+
+
+@dataclass(frozen=True)
+class _Selection:
+    metric: str
+    runs: list[RunData]
+
+
+def _num(value: Any) -> float:
+    """A float from a JSON value; ``None`` and non-numbers become NaN."""
+    if isinstance(value, bool) or value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _dedup_rounds(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows sorted by round; a round written twice (a resumed run) keeps its last row."""
+    by_round = {int(r["round"]): r for r in rows}
+    return [by_round[k] for k in sorted(by_round)]
+
+
+def _warn(messages: Iterable[str]) -> None:
+    for message in messages:
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _select(runs: Sequence[RunData], metric: str | None) -> tuple[_Selection, list[str]]:
+    runs = list(runs)
+    if not runs:
+        raise ValueError("runs: empty; need at least one run")
+    notes = [w for run in runs for w in run.warnings]
+    metric = choose_metric(runs) if metric is None else metric
+    kept, skipped = [], []
+    for run in runs:
+        (kept if run.has_metric(metric) else skipped).append(run)
+    notes += [f"{run.path}: no '{metric}'; run skipped" for run in skipped]
+    if not kept:
+        raise ValueError(f"metric: no run reports {metric!r}")
+    return _Selection(metric, kept), notes
+
+
+def _groups(runs: Iterable[RunData]) -> dict[tuple[str, float], list[RunData]]:
+    groups: dict[tuple[str, float], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault((run.strategy, run.noise_multiplier), []).append(run)
+    return {k: sorted(groups[k], key=lambda r: r.seed) for k in sorted(groups)}
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std of the finite values (std 0 for one value; NaN for none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan
+    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
+    return float(np.mean(finite)), std
+
+
+def _aggregate(
+    runs: Sequence[RunData], metric: str | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    sel, notes = _select(runs, metric)
+    m = sel.metric
+    rows = []
+    for (strategy, sigma), group in _groups(sel.runs).items():
+        finals = [run.final_value(m) for run in group]
+        losses = [run.final_value("eval_loss") for run in group]
+        for run, value, loss in zip(group, finals, losses, strict=True):
+            for name, v in ((m, value), ("eval_loss", loss)):
+                if not math.isfinite(v):
+                    notes.append(f"{run.path}: final {name} is {v}; left out of the mean")
+        epsilons = [run.epsilon for run in group]
+        known_eps = [e for e in epsilons if not math.isnan(e)]
+        if known_eps and max(known_eps) - min(known_eps) > 1e-9 * max(1.0, abs(max(known_eps))):
+            notes.append(
+                f"{strategy}, σ={sigma:g}: ε differs across seeds "
+                f"({min(known_eps):.6g} to {max(known_eps):.6g}); reporting the largest"
+            )
+        metric_mean, metric_std = _mean_std(finals)
+        loss_mean, loss_std = _mean_std(losses)
+        rows.append({
+            "strategy": strategy,
+            "noise_multiplier": sigma,
+            "metric": m,
+            "n_seeds": len(group),
+            "seeds": [run.seed for run in group],
+            "n_finite": sum(math.isfinite(v) for v in finals),
+            "epsilon": max(known_eps) if known_eps else math.nan,
+            "delta": max((run.delta for run in group), default=math.nan),
+            "rounds": min(run.rounds_completed for run in group),
+            f"{m}_mean": metric_mean,
+            f"{m}_std": metric_std,
+            "eval_loss_mean": loss_mean,
+            "eval_loss_std": loss_std,
+            "seconds_per_round": _mean_std([run.seconds_per_round() for run in group])[0],
+            "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
+        })  # fmt: skip
+    return rows, notes
+
+
+def _pretty(metric: str) -> str:
+    return _PRETTY.get(metric, metric)
+
+
+def _label(strategy: str, sigma: float, epsilon: float) -> str:
+    return f"{strategy} (non-private)" if math.isinf(epsilon) else f"{strategy}, σ={sigma:g}"
+
+
+def _styles(keys: Sequence[tuple[str, float]]) -> dict[tuple[str, float], tuple[Any, str]]:
+    """(color, linestyle) per series.
+
+    Color by strategy and line style by σ when that fits (≤ 10 strategies, ≤ 4 σ each); else
+    10 colors × 4 styles by position, so that up to 40 series stay distinct.
+    """
+    from matplotlib import colormaps
+
+    colors = colormaps["tab10"].colors
+    strategies = sorted({s for s, _ in keys})
+    per_strategy = max(sum(1 for s, _ in keys if s == name) for name in strategies)
+    if len(strategies) <= len(colors) and per_strategy <= len(_LINESTYLES):
+        out = {}
+        for s, sigma in keys:
+            sigmas = sorted(x for t, x in keys if t == s)
+            out[(s, sigma)] = (colors[strategies.index(s)], _LINESTYLES[sigmas.index(sigma)])
+        return out
+    n, n_styles = len(colors), len(_LINESTYLES)
+    return {k: (colors[i % n], _LINESTYLES[(i // n) % n_styles]) for i, k in enumerate(keys)}
+
+
+def _strategy_colors(strategies: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    colors = colormaps["tab10"].colors
+    names = sorted(set(strategies))
+    return {s: colors[i % len(colors)] for i, s in enumerate(names)}
+
+
+def _new_axes():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=_FIGSIZE, dpi=_DPI)
+    ax = fig.add_subplot()
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _finish(fig, ax, path: str | Path, n_series: int) -> Path:
+    if n_series > 6:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
+                  ncol=2 if n_series > 20 else 1, frameon=False)  # fmt: skip
+    elif n_series:
+        ax.legend(loc="best", fontsize="small")
+    path = Path(path)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path
+
+
+def _plot_metric_vs_round(sel: _Selection, path: str | Path) -> Path:
+    fig, ax = _new_axes()
+    groups = _groups(sel.runs)
+    styles = _styles(list(groups))
+    for key, group in groups.items():
+        per_round: dict[int, list[float]] = {}
+        for run in group:
+            for rnd, value in run.curve(sel.metric).items():
+                if math.isfinite(value):
+                    per_round.setdefault(rnd, []).append(value)
+        if not per_round:
+            continue
+        x = np.array(sorted(per_round))
+        stats = np.array([_mean_std(per_round[r]) for r in x])
+        color, style = styles[key]
+        label = _label(key[0], key[1], max(run.epsilon for run in group))
+        ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
+                marker="o" if len(x) == 1 else None)  # fmt: skip
+        ax.fill_between(x, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=color,
+                        alpha=0.15, linewidth=0)  # fmt: skip
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("communication round")
+    ax.set_ylabel(_pretty(sel.metric))
+    ax.set_title(f"{_pretty(sel.metric)} by round (mean ± 1 std over seeds)")
+    return _finish(fig, ax, path, len(groups))
+
+
+def _plot_privacy_utility(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    metric = rows[0]["metric"]
+    mean_key, std_key = f"{metric}_mean", f"{metric}_std"
+    colors = _strategy_colors([r["strategy"] for r in rows])
+    fig, ax = _new_axes()
+    n_series = 0
+    private = [r for r in rows if math.isfinite(r["epsilon"]) and math.isfinite(r[mean_key])]
+    for strategy in sorted({r["strategy"] for r in private}):
+        pts = sorted((r for r in private if r["strategy"] == strategy), key=lambda r: r["epsilon"])
+        ax.errorbar([r["epsilon"] for r in pts], [r[mean_key] for r in pts],
+                    yerr=[r[std_key] for r in pts], color=colors[strategy], marker="o",
+                    linewidth=_LINEWIDTH, capsize=3, label=strategy)  # fmt: skip
+        for r in pts:
+            ax.annotate(f"σ={r['noise_multiplier']:g}", (r["epsilon"], r[mean_key]),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=colors[strategy])  # fmt: skip
+        n_series += 1
+    for r in rows:
+        if math.isinf(r["epsilon"]) and math.isfinite(r[mean_key]):
+            color = colors[r["strategy"]]
+            ax.axhline(r[mean_key], color=color, linestyle="--", linewidth=_LINEWIDTH,
+                       label=f"{r['strategy']} (non-private)")  # fmt: skip
+            if r[std_key] > 0:
+                ax.axhspan(r[mean_key] - r[std_key], r[mean_key] + r[std_key], color=color,
+                           alpha=0.1, linewidth=0)  # fmt: skip
+            n_series += 1
+    eps = [r["epsilon"] for r in private]
+    if eps and min(eps) > 0 and max(eps) / min(eps) > 10:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.margins(x=0.08)
+    if not eps:
+        ax.set_xlim(0.0, 1.0)
+        ax.text(0.5, 0.05, "no private runs", transform=ax.transAxes, ha="center", alpha=0.6)
+    deltas = sorted({r["delta"] for r in private})
+    at = f"at δ={deltas[0]:g}" if len(deltas) == 1 else "δ differs between runs; see the table"
+    ax.set_xlabel(f"ε ({at})")
+    ax.set_ylabel(f"final {_pretty(metric)}")
+    ax.set_title(f"Privacy–utility trade-off: final {_pretty(metric)} (mean ± 1 std over seeds)")
+    return _finish(fig, ax, path, n_series)
+
+
+def _fmt(x: float, digits: int = 4) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.{digits}g}"
+
+
+def _fmt_pm(mean: float, std: float, n: int) -> str:
+    """``mean ± std`` with the std to two significant digits and the mean to the same place."""
+    if not math.isfinite(mean):
+        return "n/a" if math.isnan(mean) else str(mean)
+    if n <= 1:
+        return _fmt(mean)
+    if not (math.isfinite(std) and std > 0):
+        return f"{_fmt(mean)} ± {_fmt(std)}"
+    places = min(max(1 - math.floor(math.log10(std)), 0), 8)
+    return f"{mean:.{places}f} ± {std:.{places}f}"
+
+
+def _fmt_eps(eps: float) -> str:
+    return "∞ (non-private)" if math.isinf(eps) else _fmt(eps)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown(
+    title: str,
+    sel: _Selection,
+    rows: Sequence[dict[str, Any]],
+    issues: Sequence[str],
+    notes: str | None,
+) -> str:
+    m, pretty = sel.metric, _pretty(sel.metric)
+    strategies = sorted({r.strategy for r in sel.runs})
+    sigmas = sorted({r.noise_multiplier for r in sel.runs})
+    seeds = sorted({r.seed for r in sel.runs})
+    engines = sorted({str(r.summary.get("engine", "?")) for r in sel.runs})
+    budget = sum(r.summary.get("stopped_reason") == "budget" for r in sel.runs)
+    lines = [
+        f"# {title}",
+        "",
+        f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
+        f"({', '.join(strategies)}) × {len(sigmas)} noise multipliers "
+        f"({', '.join(f'{s:g}' for s in sigmas)}) × {len(seeds)} seeds "
+        f"({', '.join(map(str, seeds))}); engine {', '.join(engines)}. "
+        f"Task metric: `{m}`. Values are the final evaluation, mean ± sample std over seeds.",
+    ]
+    if budget:
+        lines.append(f"{budget} runs stopped early at the privacy budget.")
+    lines += [
+        "",
+        "## Summary",
+        "",
+        f"| strategy | σ | seeds | ε | δ | rounds | {pretty} | eval loss | s/round |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        n, n_ok = r["n_seeds"], r["n_finite"]
+        seeds_cell = str(n) if n_ok == n else f"{n} ({n - n_ok} non-finite)"
+        cells = [
+            r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, _fmt_eps(r["epsilon"]),
+            _fmt(r["delta"], 3), r["rounds"], _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
+            _fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n), _fmt(r["seconds_per_round"], 3),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines += [
+        "",
+        "Full-precision numbers: [summary.csv](summary.csv).",
+        "",
+        "## Plots",
+        "",
+        f"![{pretty} by round](metric_vs_round.png)",
+        "",
+        "![Privacy–utility trade-off](privacy_utility.png)",
+        "",
+        "## Privacy parameters",
+        "",
+        "ε is the accountant's value after each run's last completed round, at the δ shown; "
+        "non-private baselines have ε = ∞. The unit of privacy is the user.",
+        "",
+    ]
+    deltas = sorted({r.delta for r in sel.runs if math.isfinite(r.epsilon)})
+    if deltas:
+        lines.append(f"- δ: {', '.join(_fmt(d, 3) for d in deltas)}")
+    lines += [f"- {key}: {value}" for key, value in _shared_privacy_config(sel.runs)]
+    if issues:
+        lines += ["", "## Warnings", ""] + [f"- {_cell(i)}" for i in issues]
+    if notes:
+        lines += ["", "## Notes", "", notes.strip()]
+    return "\n".join(lines) + "\n"
+
+
+def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:
+    """Privacy-related config keys, with their value when all runs agree, else "varies"."""
+    configs = [r.summary.get("config") or {} for r in runs]
+    keys = sorted({k for c in configs for k in c if any(w in k for w in _PRIVACY_CONFIG_WORDS)})
+    out = []
+    for key in keys:
+        values = {json.dumps(c.get(key), sort_keys=True) for c in configs}
+        if len(values) > 1:
+            out.append((key, "varies (see the runs)"))
+            continue
+        value = configs[0].get(key)
+        out.append((key, _cell(value if isinstance(value, str) else values.pop())))
+    return out

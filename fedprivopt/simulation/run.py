@@ -39,7 +39,15 @@ from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.strategies.algorithms import build_algorithm
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest, drive_round
 
-__all__ = ["RunOutcome", "prepare_run_dir", "resume", "simulate"]
+__all__ = [
+    "RunOutcome",
+    "RunWriter",
+    "build_run",
+    "prepare_run_dir",
+    "resume",
+    "serve_flower",
+    "simulate",
+]
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -303,16 +311,25 @@ def _run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWr
     return "rounds"
 
 
-def _run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
-    from flwr.app import Context, MetricRecord
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
+def serve_flower(
+    grid,
+    config: RunConfig,
+    task: Task,
+    alg: ServerAlgorithm,
+    writer: RunWriter,
+    *,
+    min_nodes: int = 1,
+) -> str:
+    """Run the rounds of ``alg`` through a Flower ``grid`` (inside a ServerApp's main).
 
-    from fedprivopt.clients.client_app import make_client_app
+    Used by the simulation engine and by the deployment ServerApp. Central evaluation follows
+    ``eval-every``; every round reaches ``writer``. Returns why the run stopped.
+    """
+    from flwr.app import MetricRecord
+
     from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
 
     spec = model_spec(task)
-    app = ServerApp()
 
     def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
         if server_round == 0 or not writer.wants_eval(server_round):
@@ -321,30 +338,46 @@ def _run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: Run
         model.load_state_dict(arrays.to_torch_state_dict())
         return MetricRecord({f"eval_{k}": float(v) for k, v in task.evaluate(model).items()})
 
+    strategy = DPStrategy(alg, spec, min_nodes=min_nodes, on_round=writer.on_round)
+    writer.last_time = time.perf_counter()
+    strategy.start(
+        grid,
+        flat_to_arrays(alg.params, spec),
+        num_rounds=config.strategy.num_server_rounds,
+        evaluate_fn=evaluate_fn,
+    )
+    return alg.stopped_reason or "rounds"
+
+
+def _run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from fedprivopt.clients.client_app import make_client_app
+
+    app = ServerApp()
+    done: list[str] = []
+
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = DPStrategy(alg, spec, on_round=writer.on_round)
-        strategy.start(
-            grid,
-            flat_to_arrays(alg.params, spec),
-            num_rounds=config.strategy.num_server_rounds,
-            evaluate_fn=evaluate_fn,
-        )
+        done.append(serve_flower(grid, config, task, alg, writer))
 
     backend = {
         "client_resources": {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus},
         "init_args": {"num_cpus": config.ray_cpus or (os.cpu_count() or 1)},
     }
-    device = config.device
     run_simulation(
         server_app=app,
-        client_app=make_client_app(task=config.task, task_params=config.task_params, device=device),
+        client_app=make_client_app(
+            task=config.task, task_params=config.task_params, device=config.device
+        ),
         num_supernodes=task.num_users,
         backend_config=backend,
     )
-    if alg.stopped_reason is None:
+    if not done:
         raise RuntimeError("the Flower simulation ended without finishing the run (see its log)")
-    return alg.stopped_reason
+    return done[0]
 
 
 # -- entry points ----------------------------------------------------------------------------------

@@ -383,33 +383,65 @@ def _run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: Run
 # -- entry points ----------------------------------------------------------------------------------
 
 
-def _report_progress(total: int) -> Callable[[dict[str, Any]], None]:
-    def report(row: dict[str, Any]) -> None:
+class _Progress:
+    """A progress bar (round, task metric, ε) on a terminal; one line per round otherwise."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.total = total
+        self.bar = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("round"), MofNCompleteColumn(), BarColumn(),
+                TextColumn("{task.fields[shown]}"), TimeRemainingColumn(),
+                console=Console(stderr=True), transient=False,
+            )  # fmt: skip
+            self.task = self.bar.add_task("run", total=total, completed=done, shown="")
+            self.bar.start()
+
+    def __call__(self, row: dict[str, Any]) -> None:
         metric = next(
             (k for k in ("eval_recall_at_5", "eval_accuracy", "eval_loss") if k in row), None
         )
-        shown = f"{metric}={row[metric]:.4f} " if metric else ""
-        eps = row["epsilon"]
-        print(
-            f"round {row['round']:>4}/{total}  {shown}epsilon={eps:.4g}  ({row['seconds']:.2f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
+        shown = f"{metric}={row[metric]:.4f}  " if metric else ""
+        shown += f"epsilon={row['epsilon']:.4g}"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=row["round"], shown=shown)
+        else:
+            print(
+                f"round {row['round']:>4}/{self.total}  {shown}  ({row['seconds']:.2f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    return report
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def _execute(
     out: Path, config: RunConfig, task: Task, alg: ServerAlgorithm, progress: bool
 ) -> RunOutcome:
     writer = RunWriter(out, config, alg, task)
-    if progress:
-        writer.progress = _report_progress(config.strategy.num_server_rounds)
-    if config.engine == "flower":
-        logging.getLogger("flwr").setLevel(logging.WARNING)
-        reason = _run_flower(config, task, alg, writer)
-    else:
-        reason = _run_fast(config, task, alg, writer)
+    bar = _Progress(config.strategy.num_server_rounds, alg.round_num) if progress else None
+    writer.progress = bar
+    try:
+        if config.engine == "flower":
+            logging.getLogger("flwr").setLevel(logging.WARNING)
+            reason = _run_flower(config, task, alg, writer)
+        else:
+            reason = _run_fast(config, task, alg, writer)
+    finally:
+        if bar is not None:
+            bar.close()
     alg.stopped_reason = reason
     if alg.round_num and (alg.round_num % config.checkpoint_every):
         writer.save_checkpoint()

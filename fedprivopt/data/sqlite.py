@@ -1,0 +1,514 @@
+"""Reader and writer for the TFF StackOverflow SQLite file (``stackoverflow.sqlite``).
+
+The file TFF publishes (``stackoverflow.sqlite.lzma``, decompressed by :func:`decompress_lzma`)
+has two tables::
+
+    examples(split_name TEXT, client_id TEXT, serialized_example_proto BLOB)
+    client_metadata(client_id TEXT, split_name TEXT, num_examples INTEGER)
+
+with splits ``'train'``, ``'heldout'`` and ``'test'``; each blob is a ``tf.train.Example`` (see
+:mod:`fedprivopt.data.stackoverflow`). :class:`SQLiteSplit` opens the file read-only, reads the
+split's client ids and counts from ``client_metadata`` and reads one client's examples on demand.
+
+Cost of a client read: with an index whose leading columns are ``(split_name, client_id)`` or
+``client_id`` it is a B-tree lookup plus one page read per few examples (milliseconds). Without
+one, SQLite scans the whole ``examples`` table for every client (about 152 million rows in the
+full file: minutes per client), so :class:`SQLiteSplit` warns. This package never modifies a file
+it did not write: :func:`decompress_lzma` indexes the cache it writes, the synthetic generator
+indexes its output, and :func:`create_client_index` indexes a file you name explicitly.
+
+References
+----------
+.. [1] TensorFlow Federated, ``tff.simulation.datasets.SqlClientData``.
+"""
+
+from __future__ import annotations
+
+import lzma
+import os
+import sqlite3
+import warnings
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fedprivopt.data.stackoverflow import ClientSplit, StackOverflowExample, decode_example
+
+__all__ = [
+    "INDEX_NAME",
+    "SQLiteSplit",
+    "create_client_index",
+    "decompress_lzma",
+    "has_client_index",
+    "list_splits",
+    "open_sqlite",
+    "read_example_counts",
+    "write_sqlite",
+]
+
+INDEX_NAME = "examples_split_client"
+_MAX_OUT = 16 << 20  # bytes of decompressed output per step
+_HEADER = b"SQLite format 3\x00"
+_SCHEMA = {
+    "examples": ("split_name", "client_id", "serialized_example_proto"),
+    "client_metadata": ("client_id", "split_name", "num_examples"),
+}
+_CREATE = (
+    "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
+    "serialized_example_proto BLOB NOT NULL)",
+    "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
+    "num_examples INTEGER NOT NULL)",
+)
+
+
+def check_sqlite_file(path: str | os.PathLike) -> Path:
+    """Check that ``path`` exists and holds a complete SQLite database; return it as a Path.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If it is not an SQLite file, or is shorter than its header says (truncated).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(_HEADER):
+        raise ValueError(f"{path}: not an SQLite database (bad or missing header)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    header_count_valid = header[24:28] == header[92:96] and pages > 0
+    if header_count_valid and size < page_size * pages:
+        raise ValueError(
+            f"{path}: truncated SQLite database: header says {page_size * pages} bytes, "
+            f"file has {size}"
+        )
+    return path
+
+
+def _connect(path: Path, *, readonly: bool = True) -> sqlite3.Connection:
+    uri = path.resolve().as_uri() + ("?mode=ro" if readonly else "")
+    return sqlite3.connect(uri, uri=True, check_same_thread=False)
+
+
+def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    missing = sorted(set(_SCHEMA) - tables)
+    if missing:
+        raise ValueError(
+            f"{path}: not a TFF StackOverflow database: missing table(s) {missing} "
+            f"(found {sorted(tables)})"
+        )
+    for table, columns in _SCHEMA.items():
+        found = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        lacking = [c for c in columns if c not in found]
+        if lacking:
+            raise ValueError(
+                f"{path}: table {table!r} lacks column(s) {lacking} (found {sorted(found)})"
+            )
+
+
+def has_client_index(conn: sqlite3.Connection) -> bool:
+    """Whether ``examples`` has an index usable for ``WHERE split_name=? AND client_id=?``."""
+    for row in conn.execute("PRAGMA index_list(examples)").fetchall():
+        cols = [r[2] for r in conn.execute(f"PRAGMA index_info({_quote(row[1])})")]
+        if cols[:1] == ["client_id"] or cols[:2] == ["split_name", "client_id"]:
+            return True
+    return False
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def list_splits(path: str | os.PathLike) -> list[str]:
+    """Split names present in ``client_metadata`` of the database at ``path``."""
+    path = check_sqlite_file(path)
+    conn = _connect(path)
+    try:
+        _check_schema(conn, path)
+        return sorted(r[0] for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata"))
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{path}: unreadable SQLite database: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Per-split example counts of every client, from ``client_metadata`` only.
+
+    Streams the table into ``int64`` arrays (8 bytes per client; no client ids are kept), so
+    it is cheap for the full file (about 585,000 rows) and never touches ``examples``.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Split name to the counts of its clients (in table order).
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        As :class:`SQLiteSplit` for missing or malformed files.
+    """
+    path = check_sqlite_file(path)
+    conn = _connect(path)
+    out: dict[str, array] = {}
+    try:
+        _check_schema(conn, path)
+        for split, n in conn.execute("SELECT split_name, num_examples FROM client_metadata"):
+            if not isinstance(n, int) or n < 0:
+                raise ValueError(
+                    f"{path}: client_metadata.num_examples holds {n!r} in split "
+                    f"{split!r}, expected an integer >= 0"
+                )
+            counts = out.get(split)
+            if counts is None:
+                counts = out[split] = array("q")
+            counts.append(n)
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{path}: unreadable SQLite database: {exc}") from exc
+    finally:
+        conn.close()
+    return {split: np.frombuffer(counts, dtype=np.int64).copy() for split, counts in out.items()}
+
+
+class SQLiteSplit(ClientSplit):
+    """Lazy per-client access to one split of a TFF StackOverflow SQLite file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.sqlite`` file (see :func:`open_sqlite` for ``.lzma``).
+    split : str, default "train"
+        Split name in the file: ``'train'``, ``'heldout'`` or ``'test'``.
+    validate : bool, default True
+        Decode the file's first example to check the file is StackOverflow data.
+    warn_unindexed : bool, default True
+        Warn (``RuntimeWarning``) when per-client reads would scan the whole table.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the file is not a complete SQLite database in the TFF StackOverflow schema, the
+        split is absent, or its metadata is inconsistent.
+
+    Notes
+    -----
+    The connection is opened read-only (``mode=ro``) and lazily per process: the object can be
+    pickled to worker processes, which reconnect on first use.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        split: str = "train",
+        *,
+        validate: bool = True,
+        warn_unindexed: bool = True,
+    ) -> None:
+        self.path = check_sqlite_file(path)
+        self.split = split
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        conn = self._connection()
+        try:
+            _check_schema(conn, self.path)
+            rows = conn.execute(
+                "SELECT client_id, num_examples FROM client_metadata WHERE split_name = ? "
+                "ORDER BY client_id",
+                (split,),
+            ).fetchall()
+            if not rows:
+                splits = sorted(
+                    r[0] for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata")
+                )
+                raise ValueError(
+                    f"{self.path}: no split {split!r} in client_metadata (splits present: {splits})"
+                )
+            self.indexed = has_client_index(conn)
+            first = conn.execute("SELECT serialized_example_proto FROM examples LIMIT 1").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise ValueError(f"{self.path}: unreadable SQLite database: {exc}") from exc
+        self._client_ids = [r[0] for r in rows]
+        self._counts = {r[0]: r[1] for r in rows}
+        if len(self._counts) != len(rows):
+            raise ValueError(
+                f"{self.path}: client_metadata lists a client twice in split {split!r}"
+            )
+        if any(not isinstance(n, int) or n < 0 for n in self._counts.values()):
+            raise ValueError(f"{self.path}: client_metadata.num_examples holds invalid values")
+        if validate:
+            if first is None:
+                raise ValueError(f"{self.path}: the examples table is empty")
+            self._decode(first[0], "<first row>", 0)
+        if warn_unindexed and not self.indexed:
+            warnings.warn(
+                f"{self.path}: table 'examples' has no index on (split_name, client_id); every "
+                "client read scans the whole table (minutes per client on the full dataset). "
+                "Index a copy you own with fedprivopt.data.sqlite.create_client_index().",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():
+            self._conn = _connect(self.path)
+            self._pid = os.getpid()
+        return self._conn
+
+    def _decode(self, blob: object, client_id: str, i: int) -> StackOverflowExample:
+        if not isinstance(blob, bytes):
+            raise ValueError(
+                f"{self.path}: client {client_id!r} of split {self.split!r}, "
+                f"example {i}: serialized_example_proto is {type(blob).__name__}, "
+                "not a BLOB"
+            )
+        try:
+            return decode_example(blob)
+        except ValueError as exc:
+            raise ValueError(
+                f"{self.path}: client {client_id!r} of split {self.split!r}, example {i}: {exc}"
+            ) from exc
+
+    @property
+    def client_ids(self) -> Sequence[str]:
+        """Client ids of the split, sorted."""
+        return self._client_ids
+
+    def num_examples(self, client_id: str) -> int:
+        """Return the number of examples of ``client_id`` from ``client_metadata``."""
+        try:
+            return self._counts[client_id]
+        except KeyError:
+            raise KeyError(f"client {client_id!r} is not in split {self.split!r}") from None
+
+    def serialized_examples(self, client_id: str) -> list[bytes]:
+        """Return the raw ``tf.train.Example`` blobs of ``client_id``, in file order."""
+        self.num_examples(client_id)
+        try:
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT serialized_example_proto FROM examples "
+                    "WHERE split_name = ? AND client_id = ? ORDER BY rowid",
+                    (self.split, client_id),
+                )
+                .fetchall()
+            )
+        except sqlite3.DatabaseError as exc:
+            raise ValueError(f"{self.path}: unreadable SQLite database: {exc}") from exc
+        return [r[0] for r in rows]
+
+    def client_examples(self, client_id: str) -> list[StackOverflowExample]:
+        """Return the decoded examples of ``client_id``, in file order."""
+        blobs = self.serialized_examples(client_id)
+        return [self._decode(b, client_id, i) for i, b in enumerate(blobs)]
+
+    def close(self) -> None:
+        """Close this process's connection (it reopens on next use)."""
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_conn"] = None
+        state["_pid"] = -1
+        return state
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # best effort during interpreter teardown
+            pass
+
+
+def create_client_index(path: str | os.PathLike) -> bool:
+    """Create the ``(split_name, client_id)`` index on ``examples`` if none exists.
+
+    This writes to the file: use it on a copy you own. On the full dataset it takes a long
+    time (one sort of ~152 million rows) and several GB of extra disk.
+
+    Returns
+    -------
+    bool
+        True if an index was created, False if a usable one already existed.
+    """
+    path = check_sqlite_file(path)
+    conn = _connect(path, readonly=False)
+    try:
+        _check_schema(conn, path)
+        if has_client_index(conn):
+            return False
+        with conn:
+            conn.execute(f"CREATE INDEX {INDEX_NAME} ON examples (split_name, client_id)")
+        return True
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{path}: cannot index SQLite database: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def decompress_lzma(
+    path: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    chunk_size: int = 1 << 20,
+    overwrite: bool = False,
+    index: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> Path:
+    """Stream-decompress ``stackoverflow.sqlite.lzma`` to a cached ``stackoverflow.sqlite``.
+
+    Decompression is chunked (memory stays at a few MB whatever the size), writes to a
+    ``.partial`` file and renames it when complete, so an interrupted run leaves no cache.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The compressed file (``.lzma`` or ``.xz``; both container formats are accepted).
+    cache_dir : str or os.PathLike, optional
+        Where to write the result; by default next to ``path``.
+    chunk_size : int, default 1 MiB
+        Bytes read per step; must be positive.
+    overwrite : bool, default False
+        Decompress again even if the cached file exists.
+    index : bool, default True
+        Create the ``(split_name, client_id)`` index on the cache (our own file) when missing.
+    progress : callable, optional
+        Called with the number of compressed bytes read so far after each chunk.
+
+    Returns
+    -------
+    pathlib.Path
+        The decompressed file (the suffix ``.lzma``/``.xz`` removed).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the stream is corrupt or truncated, or does not hold an SQLite database.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive number of bytes, got {chunk_size}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    name = path.name
+    for suffix in (".lzma", ".xz"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    else:
+        name += ".decompressed"
+    out_dir = Path(cache_dir) if cache_dir is not None else path.parent
+    out = out_dir / name
+    if out.exists() and not overwrite:
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    try:
+        decomp = lzma.LZMADecompressor(format=lzma.FORMAT_AUTO)
+        done = 0
+        with path.open("rb") as src, partial.open("wb") as dst:
+            while not decomp.eof and (chunk := src.read(chunk_size)):
+                done += len(chunk)
+                # Bounded output per call: memory stays O(chunk_size) even for runs of zeros.
+                dst.write(decomp.decompress(chunk, max_length=_MAX_OUT))
+                while not decomp.eof and not decomp.needs_input:
+                    dst.write(decomp.decompress(b"", max_length=_MAX_OUT))
+                if progress is not None:
+                    progress(done)
+        if not decomp.eof:
+            raise ValueError(f"{path}: truncated LZMA stream (ended after {done} bytes)")
+        check_sqlite_file(partial)
+        if index:
+            create_client_index(partial)
+        os.replace(partial, out)
+    except lzma.LZMAError as exc:
+        raise ValueError(f"{path}: corrupt LZMA/XZ stream: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{path}: decompressed content is unusable: {exc}") from exc
+    finally:
+        partial.unlink(missing_ok=True)
+    return out
+
+
+def open_sqlite(
+    path: str | os.PathLike,
+    split: str = "train",
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    **kwargs: object,
+) -> SQLiteSplit:
+    """Open one split of a ``.sqlite`` file, decompressing a ``.lzma``/``.xz`` one first.
+
+    Extra keyword arguments go to :class:`SQLiteSplit`; ``cache_dir`` to
+    :func:`decompress_lzma`.
+    """
+    p = Path(path)
+    if p.suffix in (".lzma", ".xz"):
+        p = decompress_lzma(p, cache_dir=cache_dir)
+    return SQLiteSplit(p, split, **kwargs)  # type: ignore[arg-type]
+
+
+def write_sqlite(
+    path: str | os.PathLike,
+    examples: Iterable[tuple[str, str, bytes]],
+    metadata: Iterable[tuple[str, str, int]],
+    *,
+    index: bool = True,
+    overwrite: bool = False,
+) -> Path:
+    """Write a database in the TFF StackOverflow schema, in one transaction.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Output file; written to ``<path>.partial`` first and renamed when complete.
+    examples : iterable of (split_name, client_id, serialized_example_proto)
+        Rows of ``examples`` (consumed lazily by ``executemany``).
+    metadata : iterable of (client_id, split_name, num_examples)
+        Rows of ``client_metadata``.
+    index : bool, default True
+        Create the ``(split_name, client_id)`` index after inserting.
+    overwrite : bool, default False
+        Replace an existing file; otherwise raise ``FileExistsError``.
+
+    Returns
+    -------
+    pathlib.Path
+        The written file.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
+    partial = path.with_name(path.name + ".partial")
+    partial.unlink(missing_ok=True)
+    conn = sqlite3.connect(partial)
+    try:
+        conn.execute("PRAGMA journal_mode = OFF")
+        conn.execute("PRAGMA synchronous = OFF")
+        with conn:
+            for statement in _CREATE:
+                conn.execute(statement)
+            conn.executemany("INSERT INTO examples VALUES (?, ?, ?)", examples)
+            conn.executemany("INSERT INTO client_metadata VALUES (?, ?, ?)", metadata)
+            if index:
+                conn.execute(f"CREATE INDEX {INDEX_NAME} ON examples (split_name, client_id)")
+        conn.close()
+        os.replace(partial, path)
+    finally:
+        conn.close()
+        partial.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,481 @@
+"""A minimal ``tf.train.Example`` codec in pure Python (no TensorFlow, no protobuf runtime).
+
+The TFF StackOverflow files store every example as a serialized ``tf.train.Example``. Only a
+handful of protobuf messages are involved, so they are decoded here straight from the wire
+format::
+
+    message Example   { Features features = 1; }
+    message Features  { map<string, Feature> feature = 1; }   // entries: key = 1, value = 2
+    message Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+                                     Int64List int64_list = 3; } }
+    message BytesList { repeated bytes value = 1; }
+    message FloatList { repeated float value = 1 [packed = true]; }
+    message Int64List { repeated int64 value = 1 [packed = true]; }
+
+The parser follows protobuf semantics: unknown fields are skipped, packed and unpacked repeated
+scalars are both accepted, a repeated map key or a second ``oneof`` member replaces the earlier
+one, and int64 values are two's complement. Malformed input (truncated, a length running past
+its parent, an invalid wire type, an over-long varint) raises :class:`ProtoDecodeError`, a
+:class:`ValueError`.
+
+References
+----------
+.. [1] Protocol Buffers encoding, https://protobuf.dev/programming-guides/encoding/
+.. [2] TensorFlow ``tensorflow/core/example/example.proto`` and ``feature.proto``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+__all__ = [
+    "Feature",
+    "ProtoDecodeError",
+    "bytes_entry",
+    "bytes_feature",
+    "feature_entry",
+    "float_feature",
+    "int64_feature",
+    "parse_example",
+    "parse_features_raw",
+    "serialize_example",
+    "wrap_feature_entries",
+]
+
+BYTES_LIST = "bytes_list"
+FLOAT_LIST = "float_list"
+INT64_LIST = "int64_list"
+_KIND_FIELD = {BYTES_LIST: 1, FLOAT_LIST: 2, INT64_LIST: 3}
+
+_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+_MASK64 = (1 << 64) - 1
+_SIGN64 = 1 << 63
+
+
+class ProtoDecodeError(ValueError):
+    """Raised when bytes are not a well-formed serialized ``tf.train.Example``."""
+
+
+class Feature(NamedTuple):
+    """One ``tf.train.Feature``: its ``kind`` and its values.
+
+    Attributes
+    ----------
+    kind : str
+        ``"bytes_list"``, ``"float_list"`` or ``"int64_list"``.
+    values : tuple
+        ``bytes``, ``float`` or ``int`` values, in order.
+    """
+
+    kind: str
+    values: tuple
+
+
+def bytes_feature(values: Iterable[bytes | str]) -> Feature:
+    """Return a ``bytes_list`` feature; ``str`` values are UTF-8 encoded."""
+    return Feature(
+        BYTES_LIST, tuple(v.encode() if isinstance(v, str) else bytes(v) for v in values)
+    )
+
+
+def float_feature(values: Iterable[float]) -> Feature:
+    """Return a ``float_list`` feature (values are stored as float32)."""
+    return Feature(FLOAT_LIST, tuple(float(v) for v in values))
+
+
+def int64_feature(values: Iterable[int]) -> Feature:
+    """Return an ``int64_list`` feature; values must fit in a signed 64-bit integer."""
+    out = tuple(int(v) for v in values)
+    for v in out:
+        if not -_SIGN64 <= v < _SIGN64:
+            raise ValueError(f"int64 feature value {v} is outside [-2**63, 2**63)")
+    return Feature(INT64_LIST, out)
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Decode one varint starting at ``pos``; return ``(value, next_pos)``."""
+    result = 0
+    shift = 0
+    while True:
+        if pos >= end:
+            raise ProtoDecodeError(f"truncated varint at byte {pos}")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result & _MASK64, pos
+        shift += 7
+        if shift >= 70:
+            raise ProtoDecodeError(f"varint longer than 10 bytes ending at byte {pos}")
+
+
+def _tag(buf: bytes, pos: int, end: int) -> tuple[int, int, int]:
+    """Decode a field tag; return ``(field_number, wire_type, next_pos)``."""
+    b = buf[pos]
+    if b < 0x80:
+        key, pos = b, pos + 1
+    else:
+        key, pos = _varint(buf, pos, end)
+    field, wire = key >> 3, key & 7
+    if field == 0:
+        raise ProtoDecodeError(f"invalid field number 0 at byte {pos}")
+    return field, wire, pos
+
+
+def _length(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Decode a length prefix and check the payload fits; return ``(payload_end, start)``."""
+    b = buf[pos] if pos < end else None
+    if b is not None and b < 0x80:
+        n, pos = b, pos + 1
+    else:
+        n, pos = _varint(buf, pos, end)
+    stop = pos + n
+    if stop > end:
+        raise ProtoDecodeError(
+            f"length-delimited field of {n} bytes at byte {pos} runs past its end ({end})"
+        )
+    return stop, pos
+
+
+def _skip(buf: bytes, pos: int, end: int, wire: int) -> int:
+    """Skip the payload of an unknown field and return the next position."""
+    if wire == _WIRE_VARINT:
+        return _varint(buf, pos, end)[1]
+    if wire == _WIRE_LEN:
+        return _length(buf, pos, end)[0]
+    width = {_WIRE_I64: 8, _WIRE_I32: 4}.get(wire)
+    if width is None:
+        raise ProtoDecodeError(f"unsupported wire type {wire} before byte {pos}")
+    if pos + width > end:
+        raise ProtoDecodeError(f"truncated fixed-width field at byte {pos}")
+    return pos + width
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v & _SIGN64 else v
+
+
+def _parse_list(buf: bytes, pos: int, end: int, kind: str) -> tuple:
+    values: list = []
+    while pos < end:
+        if kind == BYTES_LIST and buf[pos] == 0x0A and pos + 1 < end and buf[pos + 1] < 0x80:
+            start = pos + 2
+            pos = start + buf[pos + 1]
+            if pos > end:
+                raise ProtoDecodeError(f"bytes value at byte {start} runs past its end ({end})")
+            values.append(buf[start:pos])
+            continue
+        field, wire, pos = _tag(buf, pos, end)
+        if field != 1:
+            pos = _skip(buf, pos, end, wire)
+        elif kind == BYTES_LIST and wire == _WIRE_LEN:
+            stop, pos = _length(buf, pos, end)
+            values.append(buf[pos:stop])
+            pos = stop
+        elif kind == FLOAT_LIST and wire == _WIRE_LEN:
+            stop, pos = _length(buf, pos, end)
+            if (stop - pos) % 4:
+                raise ProtoDecodeError(f"packed float list of {stop - pos} bytes at byte {pos}")
+            values.extend(struct.unpack_from(f"<{(stop - pos) // 4}f", buf, pos))
+            pos = stop
+        elif kind == FLOAT_LIST and wire == _WIRE_I32:
+            if pos + 4 > end:
+                raise ProtoDecodeError(f"truncated float at byte {pos}")
+            values.append(struct.unpack_from("<f", buf, pos)[0])
+            pos += 4
+        elif kind == INT64_LIST and wire == _WIRE_LEN:
+            stop, pos = _length(buf, pos, end)
+            while pos < stop:
+                v, pos = _varint(buf, pos, stop)
+                values.append(_signed(v))
+        elif kind == INT64_LIST and wire == _WIRE_VARINT:
+            v, pos = _varint(buf, pos, end)
+            values.append(_signed(v))
+        else:
+            raise ProtoDecodeError(f"{kind}.value has unexpected wire type {wire} at byte {pos}")
+    return tuple(values)
+
+
+_KINDS = {1: BYTES_LIST, 2: FLOAT_LIST, 3: INT64_LIST}
+_KIND_TAGS = {0x0A: BYTES_LIST, 0x12: FLOAT_LIST, 0x1A: INT64_LIST}
+_UNSET = (BYTES_LIST, ())  # an unset oneof reads as an empty list
+
+
+def _parse_feature(buf: bytes, pos: int, end: int) -> tuple[str, tuple]:
+    feature = _UNSET
+    while pos < end:
+        field, wire, pos = _tag(buf, pos, end)
+        kind = _KINDS.get(field)
+        if kind is None or wire != _WIRE_LEN:
+            if kind is not None:
+                raise ProtoDecodeError(f"Feature.{kind} has wire type {wire} at byte {pos}")
+            pos = _skip(buf, pos, end, wire)
+            continue
+        stop, pos = _length(buf, pos, end)
+        feature = (kind, _parse_list(buf, pos, stop, kind))
+        pos = stop
+    return feature
+
+
+def _parse_entry(buf: bytes, pos: int, end: int) -> tuple[bytes, tuple[str, tuple]]:
+    key = b""
+    value = _UNSET
+    while pos < end:
+        field, wire, pos = _tag(buf, pos, end)
+        if field in (1, 2) and wire != _WIRE_LEN:
+            raise ProtoDecodeError(f"map entry field {field} has wire type {wire} at byte {pos}")
+        if field == 1:
+            stop, pos = _length(buf, pos, end)
+            key = buf[pos:stop]
+            pos = stop
+        elif field == 2:
+            stop, pos = _length(buf, pos, end)
+            value = _parse_feature(buf, pos, stop)
+            pos = stop
+        else:
+            pos = _skip(buf, pos, end, wire)
+    return key, value
+
+
+def _short_length(buf: bytes, q: int, end: int) -> tuple[int, int]:
+    """Decode a 1- or 2-byte length at ``q < end``; return ``(n, next)`` or ``(-1, q)``."""
+    n = buf[q]
+    if n < 0x80:
+        return n, q + 1
+    if q + 1 >= end or buf[q + 1] >= 0x80:
+        return -1, q
+    return (n & 0x7F) | (buf[q + 1] << 7), q + 2
+
+
+def _parse_entry_fast(buf: bytes, pos: int, end: int) -> tuple[bytes, tuple[str, tuple]] | None:
+    """Parse a canonically encoded map entry, or return None to use the general parser.
+
+    Canonical: ``0x0A klen key 0x12 flen <kind tag> llen <list>`` with a one-byte ``klen``,
+    ``flen``/``llen`` of at most two bytes and the list ending the entry (what TensorFlow
+    writes). The list itself goes through the general :func:`_parse_list`.
+    """
+    if end - pos < 6 or buf[pos] != 0x0A or buf[pos + 1] >= 0x80:
+        return None
+    kstop = pos + 2 + buf[pos + 1]
+    if kstop + 4 > end or buf[kstop] != 0x12:
+        return None
+    n, q = _short_length(buf, kstop + 1, end)
+    if q + n != end or q >= end:
+        return None
+    kind = _KIND_TAGS.get(buf[q])
+    if kind is None or q + 1 >= end:
+        return None
+    n, q = _short_length(buf, q + 1, end)
+    if q + n != end:
+        return None
+    return buf[pos + 2 : kstop], (kind, _parse_list(buf, q, end, kind))
+
+
+def parse_features_raw(data: bytes) -> dict[bytes, tuple[str, tuple]]:
+    """Parse a serialized ``tf.train.Example`` into raw ``{name: (kind, values)}``.
+
+    The fast path behind :func:`parse_example`: names stay ``bytes`` (not validated as UTF-8)
+    and no :class:`Feature` objects are built.
+
+    Raises
+    ------
+    ProtoDecodeError
+        If ``data`` is not a well-formed ``tf.train.Example``.
+    """
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    out: dict[bytes, tuple[str, tuple]] = {}
+    pos, end = 0, len(data)
+    while pos < end:
+        field, wire, pos = _tag(data, pos, end)
+        if field != 1:
+            pos = _skip(data, pos, end, wire)
+            continue
+        if wire != _WIRE_LEN:
+            raise ProtoDecodeError(f"Example.features has wire type {wire} at byte {pos}")
+        fstop, pos = _length(data, pos, end)
+        while pos < fstop:  # Features message; repeated occurrences merge
+            ffield, fwire, pos = _tag(data, pos, fstop)
+            if ffield != 1:
+                pos = _skip(data, pos, fstop, fwire)
+                continue
+            if fwire != _WIRE_LEN:
+                raise ProtoDecodeError(f"Features.feature has wire type {fwire} at byte {pos}")
+            estop, pos = _length(data, pos, fstop)
+            parsed = _parse_entry_fast(data, pos, estop)
+            key, value = parsed if parsed is not None else _parse_entry(data, pos, estop)
+            out[key] = value
+            pos = estop
+    return out
+
+
+def parse_example(data: bytes) -> dict[str, Feature]:
+    """Parse a serialized ``tf.train.Example``.
+
+    Parameters
+    ----------
+    data : bytes
+        The serialized message.
+
+    Returns
+    -------
+    dict of str to Feature
+        Feature name to :class:`Feature`, in wire order (a repeated name keeps its last value,
+        at the position of its first occurrence).
+
+    Raises
+    ------
+    ProtoDecodeError
+        If ``data`` is not a well-formed ``tf.train.Example`` or a feature name is not UTF-8.
+    """
+    out: dict[str, Feature] = {}
+    for key, (kind, values) in parse_features_raw(data).items():
+        try:
+            name = key.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtoDecodeError(f"feature name {key[:40]!r} is not UTF-8") from exc
+        out[name] = Feature(kind, values)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------------------------
+
+
+_SMALL = [bytes((i,)) for i in range(0x80)]
+
+
+def _encode_varint(v: int) -> bytes:
+    if 0 <= v < 0x80:
+        return _SMALL[v]
+    v &= _MASK64
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+_VARINTS = [_encode_varint(i) for i in range(1 << 14)]  # lengths below 16 KiB: table lookup
+
+
+def _len_field(field: int, payload: bytes) -> bytes:
+    n = len(payload)
+    prefix = _VARINTS[n] if n < len(_VARINTS) else _encode_varint(n)
+    return b"".join((_encode_varint((field << 3) | _WIRE_LEN), prefix, payload))
+
+
+def _as_feature(name: str, value: object) -> Feature:
+    """Coerce a plain Python value to a :class:`Feature` (see :func:`serialize_example`)."""
+    if isinstance(value, Feature):
+        return value
+    if isinstance(value, (bytes, str)):
+        return bytes_feature([value])
+    if isinstance(value, bool):
+        raise TypeError(f"feature {name!r}: bool values are ambiguous, use int64_feature")
+    if isinstance(value, int):
+        return int64_feature([value])
+    if isinstance(value, float):
+        return float_feature([value])
+    values = list(value)  # type: ignore[call-overload]
+    if not values:
+        raise TypeError(f"feature {name!r}: empty list is ambiguous, use bytes_feature([]) etc.")
+    first = values[0]
+    if isinstance(first, (bytes, str)):
+        return bytes_feature(values)
+    if isinstance(first, float):
+        return float_feature(values)
+    if isinstance(first, int) and not isinstance(first, bool):
+        return int64_feature(values)
+    raise TypeError(f"feature {name!r}: cannot encode values of type {type(first).__name__}")
+
+
+def _encode_feature(feature: Feature) -> bytes:
+    if feature.kind == BYTES_LIST:
+        body = b"".join(_len_field(1, v) for v in feature.values)
+    elif feature.kind == FLOAT_LIST:
+        body = _len_field(1, struct.pack(f"<{len(feature.values)}f", *feature.values))
+    elif feature.kind == INT64_LIST:
+        body = _len_field(1, b"".join(_encode_varint(v) for v in feature.values))
+    else:
+        raise ValueError(f"unknown feature kind {feature.kind!r}")
+    if feature.kind != BYTES_LIST and not feature.values:
+        body = b""  # an empty packed list is not written at all
+    return _len_field(_KIND_FIELD[feature.kind], body)
+
+
+def feature_entry(name: str, value: object) -> bytes:
+    """Return one serialized ``Features.feature`` map entry, field tag included.
+
+    Concatenated entries wrapped by :func:`wrap_feature_entries` form an ``Example``; this lets
+    writers precompute entries shared by many examples (the generator does so).
+
+    Parameters
+    ----------
+    name : str
+        Feature name.
+    value : Feature, bytes, str, int, float or a non-empty list of one of those
+        The feature; plain values are coerced as in :func:`serialize_example`.
+
+    Returns
+    -------
+    bytes
+        The encoded map entry.
+    """
+    entry = _len_field(1, name.encode("utf-8")) + _len_field(
+        2, _encode_feature(_as_feature(name, value))
+    )
+    return _len_field(1, entry)
+
+
+_KEYS: dict[str, bytes] = {}
+
+
+def bytes_entry(name: str, value: bytes) -> bytes:
+    """Fast path of :func:`feature_entry` for a ``bytes_list`` holding the single ``value``."""
+    key = _KEYS.get(name)
+    if key is None:
+        raw = name.encode("utf-8")
+        key = _KEYS.setdefault(name, b"\x0a" + _encode_varint(len(raw)) + raw)
+    n = len(value)
+    table = _VARINTS
+    if n + len(key) + 16 >= len(table):
+        return feature_entry(name, Feature(BYTES_LIST, (value,)))
+    ln = table[n]
+    bl = 1 + len(ln) + n  # BytesList
+    lbl = table[bl]
+    feat = 1 + len(lbl) + bl  # Feature
+    lfeat = table[feat]
+    entry = len(key) + 1 + len(lfeat) + feat
+    return b"".join((b"\x0a", table[entry], key, b"\x12", lfeat, b"\x0a", lbl, b"\x0a", ln, value))
+
+
+def wrap_feature_entries(entries: bytes) -> bytes:
+    """Wrap concatenated :func:`feature_entry` outputs into a serialized ``Example``."""
+    return _len_field(1, entries)
+
+
+def serialize_example(features: Mapping[str, object]) -> bytes:
+    """Serialize a ``tf.train.Example``.
+
+    Parameters
+    ----------
+    features : mapping of str to value
+        Each value is a :class:`Feature`, or is coerced: ``bytes``/``str`` (and lists of them)
+        become ``bytes_list``, ``int`` become ``int64_list``, ``float`` become ``float_list``.
+
+    Returns
+    -------
+    bytes
+        The serialized message (map entries in the mapping's order).
+    """
+    return wrap_feature_entries(b"".join(feature_entry(k, v) for k, v in features.items()))

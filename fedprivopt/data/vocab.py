@@ -1,0 +1,209 @@
+"""The StackOverflow vocabulary files: ``stackoverflow.word_count`` and ``stackoverflow.tag_count``.
+
+* ``stackoverflow.word_count``: one ``word count`` line per word, by descending count.
+* ``stackoverflow.tag_count``: a JSON object ``{tag: count}``.
+
+In the TFF release a count is the number of distinct **training users** with at least one
+example containing the word (in ``tokens``) or the tag, not a number of occurrences. The
+readers return a :class:`Vocabulary` sorted by descending count (ties keep file order), so
+``vocab.top(10_000)`` is the usual model vocabulary and ``vocab.top(500)`` the tag set.
+
+References
+----------
+.. [1] TensorFlow Federated, ``tff.simulation.datasets.stackoverflow.load_word_counts`` and
+   ``load_tag_counts``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "TAG_COUNT_FILE",
+    "WORD_COUNT_FILE",
+    "Vocabulary",
+    "read_tag_counts",
+    "read_word_counts",
+    "write_tag_counts",
+    "write_word_counts",
+]
+
+WORD_COUNT_FILE = "stackoverflow.word_count"
+TAG_COUNT_FILE = "stackoverflow.tag_count"
+
+
+@dataclass(frozen=True, eq=False)
+class Vocabulary:
+    """Items (words or tags) with their counts, by descending count.
+
+    Attributes
+    ----------
+    items : tuple of str
+        The items, most frequent first.
+    counts : numpy.ndarray
+        ``int64`` counts aligned with ``items`` (non-increasing).
+    """
+
+    items: tuple[str, ...]
+    counts: np.ndarray
+
+    def __post_init__(self) -> None:
+        counts = np.asarray(self.counts, dtype=np.int64).reshape(-1)
+        if len(counts) != len(self.items):
+            raise ValueError(f"counts has {len(counts)} entries for {len(self.items)} items")
+        if len(set(self.items)) != len(self.items):
+            raise ValueError("items must be distinct")
+        if np.any(counts < 0):
+            raise ValueError("counts must be non-negative")
+        order = np.argsort(-counts, kind="stable")
+        if np.any(order != np.arange(len(counts))):
+            object.__setattr__(self, "items", tuple(self.items[i] for i in order))
+            counts = counts[order]
+        counts.setflags(write=False)
+        object.__setattr__(self, "counts", counts)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def top(self, k: int) -> Vocabulary:
+        """Return the ``k`` most frequent items (all of them if there are fewer)."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        return Vocabulary(self.items[:k], self.counts[:k])
+
+    def index(self) -> dict[str, int]:
+        """Return item to position, e.g. for bag-of-words features."""
+        return {item: i for i, item in enumerate(self.items)}
+
+    def as_dict(self) -> dict[str, int]:
+        """Return item to count, in descending order of count."""
+        return dict(zip(self.items, self.counts.tolist(), strict=True))
+
+
+def _existing(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{p}: is a directory, expected a vocabulary file")
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such file")
+    return p
+
+
+def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vocabulary:
+    """Read a ``stackoverflow.word_count`` file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file: lines ``word count``; blank lines are ignored.
+    limit : int, optional
+        Keep only the ``limit`` most frequent words.
+
+    Returns
+    -------
+    Vocabulary
+        Words by descending count.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        On a malformed line (with its number), a negative count or a repeated word.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    p = _existing(path)
+    words: list[str] = []
+    counts: list[int] = []
+    seen: set[str] = set()
+    try:
+        with p.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts:
+                    continue
+                if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+                    raise ValueError(
+                        f"{p}:{lineno}: expected 'word count', found {line.strip()[:80]!r}"
+                    )
+                word, count = parts[0], int(parts[1])
+                if count < 0:
+                    raise ValueError(f"{p}:{lineno}: negative count {count}")
+                if word in seen:
+                    raise ValueError(f"{p}:{lineno}: word {word!r} appears twice")
+                seen.add(word)
+                words.append(word)
+                counts.append(count)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not a UTF-8 text file: {exc}") from exc
+    vocab = Vocabulary(tuple(words), np.asarray(counts, dtype=np.int64))
+    return vocab if limit is None else vocab.top(limit)
+
+
+def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vocabulary:
+    """Read a ``stackoverflow.tag_count`` file (a JSON object tag to count).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+    limit : int, optional
+        Keep only the ``limit`` most frequent tags.
+
+    Returns
+    -------
+    Vocabulary
+        Tags by descending count (ties in file order).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If it is not a JSON object of non-negative integer counts.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    p = _existing(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{p}: not a JSON tag-count file: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: expected a JSON object tag -> count, found {type(data).__name__}")
+    for tag, count in data.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{p}: tag {tag!r} has count {count!r}, expected an integer >= 0")
+    vocab = Vocabulary(tuple(data), np.asarray(list(data.values()), dtype=np.int64))
+    return vocab if limit is None else vocab.top(limit)
+
+
+def _pairs(items: Iterable[str], counts: Iterable[int]) -> Vocabulary:
+    return Vocabulary(tuple(items), np.asarray(list(counts), dtype=np.int64))
+
+
+def write_word_counts(path: str | os.PathLike, words: Iterable[str], counts: Iterable[int]) -> Path:
+    """Write a ``stackoverflow.word_count`` file (sorted by descending count)."""
+    vocab = _pairs(words, counts)
+    for w in vocab.items:
+        if not w or len(w.split()) != 1 or w.strip() != w:
+            raise ValueError(f"word {w!r} must be non-empty without whitespace")
+    p = Path(path)
+    with p.open("w", encoding="utf-8") as f:
+        f.writelines(f"{w} {c}\n" for w, c in zip(vocab.items, vocab.counts.tolist(), strict=True))
+    return p
+
+
+def write_tag_counts(path: str | os.PathLike, tags: Iterable[str], counts: Iterable[int]) -> Path:
+    """Write a ``stackoverflow.tag_count`` JSON file (sorted by descending count)."""
+    vocab = _pairs(tags, counts)
+    p = Path(path)
+    p.write_text(json.dumps(vocab.as_dict()), encoding="utf-8")
+    return p

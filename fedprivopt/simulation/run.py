@@ -300,15 +300,26 @@ def _device(name: str) -> str:
     return name
 
 
+SMALL_MODEL = 200_000  # parameters below which one CPU thread beats several (op overhead)
+
+
 def _run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
     trainer = LocalTrainer(task, device=_device(config.device))
     train = _fast_train(trainer, config.strategy.secure)
-    for r in range(alg.round_num + 1, config.strategy.num_server_rounds + 1):
-        if not alg.budget_allows_next_round():
-            return "budget"
-        result = drive_round(alg, r, train)
-        writer.on_round(result, writer.evaluate(result.params) if writer.wants_eval(r) else None)
-    return "rounds"
+    threads = torch.get_num_threads()
+    if alg.params.numel() < SMALL_MODEL:
+        # measured on 2 cores: 5.7 ms per toy user with 1 thread, 45 ms with 2 (contention)
+        torch.set_num_threads(1)
+    try:
+        for r in range(alg.round_num + 1, config.strategy.num_server_rounds + 1):
+            if not alg.budget_allows_next_round():
+                return "budget"
+            result = drive_round(alg, r, train)
+            metrics = writer.evaluate(result.params) if writer.wants_eval(r) else None
+            writer.on_round(result, metrics)
+        return "rounds"
+    finally:
+        torch.set_num_threads(threads)
 
 
 def serve_flower(

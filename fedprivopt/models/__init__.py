@@ -2,15 +2,21 @@
 
 :class:`Task` is the protocol shared by :class:`fedprivopt.clients.LocalTrainer`, the Flower
 ClientApp and the engines; :func:`build_task` rebuilds a registered task from plain parameters
-(``"toy"``: :class:`ToyClassificationTask`). :func:`model_spec` and :func:`initial_flat` give the
-flat layout and initial point of a task's model.
+(``"toy"``: :class:`ToyClassificationTask`; ``"stackoverflow-tp"``: :class:`StackOverflowTagTask`,
+bag-of-words tag prediction on StackOverflow). :func:`model_spec` and :func:`initial_flat` give
+the flat layout and initial point of a task's model; :func:`token_frequency_preconditioner` is
+AdaDPS' public side information for the tag task.
 """
 
 from fedprivopt.models.registry import build_task, register_task, task_names
+from fedprivopt.models.side_information import token_frequency_preconditioner
+from fedprivopt.models.tag_prediction import BagOfWordsLogisticRegression, StackOverflowTagTask
 from fedprivopt.models.task import Task, initial_flat, model_spec, state_to_flat
 from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = [
+    "BagOfWordsLogisticRegression",
+    "StackOverflowTagTask",
     "Task",
     "ToyClassificationTask",
     "build_task",
@@ -19,4 +25,5 @@ __all__ = [
     "register_task",
     "state_to_flat",
     "task_names",
+    "token_frequency_preconditioner",
 ]

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from fedprivopt.models.task import Task
 from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = ["build_task", "register_task", "task_names"]
 
-_REGISTRY: dict[str, Callable[..., Task]] = {"toy": ToyClassificationTask}
+_REGISTRY: dict[str, Callable[..., Task]] = {
+    "stackoverflow-tp": StackOverflowTagTask,
+    "toy": ToyClassificationTask,
+}
 
 
 def register_task(name: str, factory: Callable[..., Task], *, replace: bool = False) -> None:
@@ -42,7 +46,7 @@ def build_task(name: str, **params: object) -> Task:
     Parameters
     ----------
     name : str
-        A registered name (see :func:`task_names`), e.g. ``"toy"``.
+        A registered name (see :func:`task_names`), e.g. ``"toy"`` or ``"stackoverflow-tp"``.
     **params
         Keyword parameters of the task's constructor.
 

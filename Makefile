@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 export FLWR_TELEMETRY_ENABLED = 0
 export FLWR_DISABLE_UPDATE_CHECK = 1
 
-DEMO_CONFIG     ?= simulations/toy.toml
+DEMO_CONFIG     ?= simulations/stackoverflow-tp-mini.toml
 DEMO_OUT        ?= runs/demo
 DEMO_STRATEGIES ?= dp-fedavg,dp-fedadam,dp-fedadam-bc,adadps,dp2,dp2-noise-first,dp-fedavg-adadp,fedavg,fedadam
 
@@ -27,7 +27,7 @@ demo: venv
 	@echo "== Privacy accounting: epsilon of the AdaDPS federated setting (400 users, 20 per round, sigma 0.3, 40 rounds) =="
 	$(VENV)/bin/fedprivopt epsilon --noise-multiplier 0.3 --sample-rate 0.05 --rounds 40 --delta 0.0025
 	$(VENV)/bin/fedprivopt epsilon --noise-multiplier 0.3 --sample-rate 0.05 --rounds 40 --delta 0.0025 --accountant pld
-	@echo "== Compare every strategy on the toy task (fast engine) =="
+	@echo "== Compare every strategy on synthetic StackOverflow tag prediction (fast engine) =="
 	$(VENV)/bin/fedprivopt compare $(DEMO_CONFIG) --strategies $(DEMO_STRATEGIES) --out $(DEMO_OUT) --quiet
 	@echo "Report: $(DEMO_OUT)/report.md (plots: $(DEMO_OUT)/metric_vs_round.png, $(DEMO_OUT)/privacy_utility.png)"
 

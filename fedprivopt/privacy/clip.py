@@ -36,7 +36,11 @@ def l2_norm(vector: torch.Tensor) -> float:
     would cost more than the rest of the aggregation.
     """
     dtype = torch.float64 if vector.dtype == torch.float64 else torch.float32
-    return float(torch.linalg.vector_norm(vector.detach(), dtype=dtype))
+    norm = float(torch.linalg.vector_norm(vector.detach(), dtype=dtype))
+    if dtype == torch.float32 and 0.0 < norm < 1e-15:
+        # squares of tiny float32 entries lose precision (subnormals): measure in float64 (rare)
+        norm = float(torch.linalg.vector_norm(vector.detach(), dtype=torch.float64))
+    return norm
 
 
 def clip_factor(norm: float, clip_norm: float, dtype: torch.dtype = torch.float32) -> float:

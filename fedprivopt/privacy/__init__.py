@@ -6,14 +6,41 @@ events (:mod:`.events`), the accountant facade over dp-accounting and Opacus (:m
 and noise calibration (:mod:`.calibration`).
 """
 
-from fedprivopt.privacy.accounting import ACCOUNTANTS, PrivacyAccountant, compose_epsilon
-from fedprivopt.privacy.calibration import calibrate_noise_multiplier, make_round_event
-from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
-from fedprivopt.privacy.events import SAMPLING_KINDS, SubsampledGaussianEvent
-from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
-from fedprivopt.privacy.noise import add_gaussian_noise, gaussian_noise
-from fedprivopt.privacy.rng import RngFactory, derive_seed
-from fedprivopt.privacy.sampling import FixedSizeSampler, PoissonSampler, make_sampler
+import importlib
+
+# Attributes are imported on first use (PEP 562): a client process needs clipping and noise, not
+# the accountants, and dp-accounting/Opacus take seconds to import.
+_LAZY = {
+    "ACCOUNTANTS": "accounting",
+    "PrivacyAccountant": "accounting",
+    "compose_epsilon": "accounting",
+    "calibrate_noise_multiplier": "calibration",
+    "make_round_event": "calibration",
+    "ClipResult": "clip",
+    "clip_l2": "clip",
+    "l2_norm": "clip",
+    "SAMPLING_KINDS": "events",
+    "SubsampledGaussianEvent": "events",
+    "FlatSpec": "flat",
+    "flatten": "flat",
+    "unflatten": "flat",
+    "add_gaussian_noise": "noise",
+    "gaussian_noise": "noise",
+    "RngFactory": "rng",
+    "derive_seed": "rng",
+    "FixedSizeSampler": "sampling",
+    "PoissonSampler": "sampling",
+    "make_sampler": "sampling",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"fedprivopt.privacy.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fedprivopt.privacy' has no attribute {name!r}")
+
 
 __all__ = [
     "ACCOUNTANTS",

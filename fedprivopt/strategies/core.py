@@ -25,7 +25,7 @@ from fedprivopt import optim
 from fedprivopt.privacy.accounting import PrivacyAccountant
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator, default_min_shares
 from fedprivopt.privacy.events import SubsampledGaussianEvent
-from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import make_sampler
 from fedprivopt.strategies.config import StrategyConfig
 
@@ -192,7 +192,9 @@ class ServerAlgorithm:
             "max-examples": c.max_examples,
             "clip-norm": float(clip),
             "noise-std": self.aggregator.share_std() * (clip / c.clip_norm if c.private else 0.0),
-            "seed": c.seed,
+            # Clients get a seed derived one-way from the root seed: the root seed keys the
+            # server noise and the sampling, and a client that knew it could subtract the noise.
+            "seed": derive_seed(c.seed, "clients"),
             "secure": c.secure,
             "report-private-metrics": not c.private,
         }

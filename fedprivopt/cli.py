@@ -606,6 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     _add_compare(sub)
     _add_data(sub)
+    from fedprivopt.deploy import add_deploy_subcommand
+
+    add_deploy_subcommand(sub)
     return parser
 
 

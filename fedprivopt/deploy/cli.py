@@ -1,0 +1,167 @@
+"""``fedprivopt deploy local``: the command-line face of :func:`~fedprivopt.deploy.deploy_local`.
+
+The main command line (``fedprivopt/cli.py``) wires it in with::
+
+    from fedprivopt.deploy import add_deploy_subcommand
+    add_deploy_subcommand(sub)   # sub = parser.add_subparsers(...)
+
+Bad input raises ``ValueError`` naming the flag (the main command line turns it into one line on
+stderr and exit code 2). A deployment that fails prints one line and returns 1; Ctrl-C stops every
+process and returns 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["add_deploy_subcommand", "run_deploy_command"]
+
+_EXAMPLES = """examples:
+  fedprivopt deploy local --nodes 3
+  fedprivopt deploy local --nodes 2 simulations/toy.toml --set strategy=dp-fedadam \\
+      --set num-server-rounds=5 --out runs/deploy-a
+  fedprivopt deploy local --nodes 2 --insecure --set population=6 --set task-params.num-users=6"""
+
+
+def _int_flag(flag: str, text: Any, minimum: int) -> int:
+    try:
+        value = int(str(text))
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(f"{flag} must be an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def _float_flag(flag: str, text: Any) -> float:
+    try:
+        value = float(str(text))
+    except ValueError:
+        value = None
+    if value is None or not (0 < value < float("inf")):
+        raise ValueError(f"{flag} must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _overrides(items: list[str] | None) -> dict[str, Any]:
+    from fedprivopt.simulation.config import parse_override
+
+    out: dict[str, Any] = {}
+    for text in items or []:
+        try:
+            key, value = parse_override(text)
+        except ValueError as exc:
+            raise ValueError(f"--set: {exc}") from None
+        out[key] = value
+    return out
+
+
+def run_deploy_command(args: argparse.Namespace) -> int:
+    """Handler of ``fedprivopt deploy local``; returns the exit code."""
+    from fedprivopt.deploy.local import deploy_local
+
+    if getattr(args, "deploy_command", None) != "local":
+        raise ValueError("deploy: choose a target, e.g. `fedprivopt deploy local --nodes 2`")
+    nodes = _int_flag("--nodes", args.nodes, 1)
+    timeout = _float_flag("--timeout", args.timeout)
+    overrides = _overrides(args.set)
+    for flag, key in (("--strategy", "strategy"), ("--rounds", "num-server-rounds")):
+        value = getattr(args, flag.lstrip("-"), None)
+        if value is not None:
+            overrides[key] = _int_flag(flag, value, 1) if key == "num-server-rounds" else str(value)
+    if args.seed is not None:
+        overrides["seed"] = _int_flag("--seed", args.seed, 0)
+    out = args.out
+    if out is None:
+        from fedprivopt.deploy.local import REPO_ROOT, _resolve
+
+        config, _, _ = _resolve(args.config, overrides, REPO_ROOT)
+        out = f"runs/deploy-{config.strategy.strategy}-seed{config.strategy.seed}"
+
+    def progress(line: str) -> None:
+        if not args.quiet:
+            print(f"[deploy] {line}", file=sys.stderr, flush=True)
+
+    try:
+        run_dir = deploy_local(
+            nodes=nodes,
+            tls=not args.insecure,
+            config_path=args.config,
+            overrides=overrides,
+            out=out,
+            timeout=timeout,
+            node_auth=False if (args.insecure or args.no_node_auth) else None,
+            progress=progress,
+        )
+    except KeyboardInterrupt:
+        print("fedprivopt deploy: interrupted; every process was stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"fedprivopt deploy: failed: {exc}", file=sys.stderr)
+        return 1
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    final = summary.get("final", {})
+    metric = next(
+        (k for k in ("eval_recall_at_5", "eval_accuracy", "eval_loss") if k in final), None
+    )
+    shown = f", {metric} = {final[metric]:.4f}" if metric else ""
+    print(
+        f"{summary['rounds_completed']} rounds ({summary['stopped_reason']}){shown}, "
+        f"epsilon = {summary['epsilon']:.4g}; results in {run_dir}"
+    )
+    return 0
+
+
+def add_deploy_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``deploy local`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``).
+
+    Sets ``func=run_deploy_command`` on the parsed namespace, like the other subcommands.
+    """
+    deploy = subparsers.add_parser(
+        "deploy",
+        help="run on Flower's deployment runtime (SuperLink and SuperNodes)",
+        description="Run one fedprivopt run on Flower's deployment runtime. `local` starts a "
+        "SuperLink and N SuperNodes on this machine (127.0.0.1), runs, and stops them.",
+    )
+    targets = deploy.add_subparsers(
+        dest="deploy_command", metavar="TARGET", parser_class=type(deploy)
+    )
+    p = targets.add_parser(
+        "local",
+        help="SuperLink + N SuperNodes on this machine, one run, then stop",
+        description="Start a SuperLink and N SuperNodes on 127.0.0.1 (TLS with a private CA and "
+        "SuperNode keys by default), run the Flower app of this repository with the given "
+        "preset and overrides, write the results like `fedprivopt simulate` (plus logs in "
+        "OUT/deploy/), and stop every process.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="preset TOML file (optional)")
+    p.add_argument("--nodes", required=True, metavar="N", help="number of SuperNodes (>= 1)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--tls", action="store_true", help="encrypt every connection (default)")
+    mode.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
+    p.add_argument(
+        "--no-node-auth", action="store_true", help="TLS without SuperNode authentication"
+    )
+    p.add_argument("--strategy", help="override the strategy")
+    p.add_argument("--rounds", metavar="R", help="num-server-rounds")
+    p.add_argument("--seed", metavar="S", help="root seed")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a run-config key, e.g. --set clip-norm=0.5 --set task-params.num-users=6",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", help="results directory (default runs/deploy-<strategy>-seed<S>)"
+    )
+    p.add_argument("--timeout", default="900", metavar="S", help="seconds for the whole deployment")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=run_deploy_command)
+    deploy.set_defaults(func=run_deploy_command, deploy_command=None)
+    return p

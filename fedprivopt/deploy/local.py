@@ -1,0 +1,552 @@
+"""A whole Flower deployment on this machine: one SuperLink, N SuperNodes, one run.
+
+:func:`deploy_local` is what ``fedprivopt deploy local`` runs. Everything binds 127.0.0.1 on ports
+chosen at run time, lives in a private working directory (TLS material, Flower's home with the
+connection, a staged copy of the app) and is stopped by PID when the run ends, fails, times out or
+is interrupted. The run's results land in ``out`` exactly as for ``fedprivopt simulate``
+(``config.toml``, ``metrics.jsonl``, ``checkpoint.pt``, ``summary.json``), plus ``out/deploy/``:
+the logs of the SuperLink, of every SuperNode and of the ServerApp, and ``processes.json``
+(every process started or seen, with its PID).
+
+Steps: write the CA and the SuperLink's certificate (:mod:`fedprivopt.deploy.tls`); start
+``flower-superlink`` (TLS or ``--insecure``, ``--disable-runtime-dependency-installation``);
+register one key per SuperNode (``flwr supernode register``; node authentication needs TLS);
+start ``flower-supernode`` × N with ``--node-config "partition-id=i num-partitions=N"``; wait
+until ``flwr supernode ls`` shows them online; ``flwr run <app> <connection> --run-config
+<file>``; follow the run with ``flwr log --stream`` (it ends when the run ends) until
+``summary.json`` appears; stop everything.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.deploy.processes import ProcessSet
+from fedprivopt.deploy.runconfig import (
+    DEPLOY_KEYS,
+    app_config_defaults,
+    parse_fault_users,
+    run_config_from_flower,
+    to_flower_overrides,
+)
+from fedprivopt.deploy.tls import make_node_key, make_tls_files
+from fedprivopt.simulation.config import RunConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["CONNECTION", "REPO_ROOT", "deploy_local", "stage_app"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The Flower app this package belongs to (the repository root, with ``pyproject.toml``)."""
+
+CONNECTION = "fedprivopt-local"
+HOST = "127.0.0.1"
+_LOG_DIR = "deploy"
+Progress = Callable[[str], None]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _executable(name: str) -> str:
+    """A Flower command from this interpreter's environment (else from PATH)."""
+    local = Path(sys.executable).parent / name
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found (is flwr installed in this environment?)")
+    return found
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while choosing)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _prune(rel_dir: str, name: str, ignore) -> bool:
+    if name in (".git", ".venv", ".flwr", "__pycache__"):  # never in a FAB, possibly huge
+        return True
+    return ignore is not None and ignore.match_file(f"{rel_dir}{name}/")
+
+
+def stage_app(src: str | Path, dst: str | Path) -> Path:
+    """Copy the files of the Flower app ``src`` that its FAB would contain into ``dst``.
+
+    ``flwr run <dir>`` walks the whole directory, virtual environment included, before it
+    filters; on a repository with a ``.venv`` that costs seconds to tens of seconds. The staged
+    copy holds exactly the FAB's files (Flower's own filters decide: ``.gitignore``, its built-in
+    patterns and ``fab-include``), so the FAB built from it is the same.
+    """
+    src, dst = Path(src).resolve(), Path(dst)
+    try:
+        from flwr.cli.build import get_filtered_fab_paths
+        from flwr.cli.utils import build_pathspec, filter_paths_for_publish, load_gitignore_patterns
+    except ImportError:  # pragma: no cover - Flower moved its internals: use the app as it is
+        return src
+    gitignore = src / ".gitignore"
+    files: dict[str, Path] = {}
+    with warnings.catch_warnings():  # pathspec deprecates the pattern style Flower uses
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ignore = None
+        if gitignore.is_file():
+            ignore = build_pathspec(tuple(load_gitignore_patterns(gitignore.read_bytes())))
+        for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
+            rel = Path(dirpath).relative_to(src).as_posix()
+            rel = "" if rel == "." else f"{rel}/"
+            dirnames[:] = [d for d in dirnames if not _prune(rel, d, ignore)]
+            for name in filenames:
+                path = Path(dirpath) / name
+                if not path.is_symlink():
+                    files[f"{rel}{name}"] = path
+        config = tomllib.loads((src / "pyproject.toml").read_text())
+        files = filter_paths_for_publish(files)
+        keep = ["pyproject.toml", *get_filtered_fab_paths(files, config)]
+    for rel in keep:
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(files.get(rel, src / rel), target)
+    return dst
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"run config values must be finite, got {value!r}")
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def _write_run_config(path: Path, overrides: Mapping[str, Any]) -> Path:
+    lines = [f"{json.dumps(key)} = {_toml_value(value)}" for key, value in overrides.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _write_connection(flwr_home: Path, port: int, ca_cert: Path | None) -> None:
+    lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]"]
+    lines.append(f'address = "{HOST}:{port}"')
+    if ca_cert is None:
+        lines.append("insecure = true")
+    else:
+        lines.append(f"root-certificates = {json.dumps(str(ca_cert))}")
+    flwr_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+
+def _json_tail(text: str) -> Any:
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no JSON object in the output")
+    return json.loads(text[start:])
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class _Deployment:
+    """State of one :func:`deploy_local` call (kept together for cleanup)."""
+
+    def __init__(self, workdir: Path, log_dir: Path, progress: Progress | None) -> None:
+        self.workdir = workdir
+        self.log_dir = log_dir
+        self.progress = progress
+        self.flwr_home = workdir / "flwr-home"
+        bin_dir = str(Path(sys.executable).parent)
+        env = dict(os.environ)
+        env.update(
+            PATH=bin_dir + os.pathsep + env.get("PATH", ""),
+            FLWR_HOME=str(self.flwr_home),
+            FLWR_TELEMETRY_ENABLED=env.get("FLWR_TELEMETRY_ENABLED", "0"),
+            FLWR_DISABLE_UPDATE_CHECK=env.get("FLWR_DISABLE_UPDATE_CHECK", "1"),
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+            PYTHONUNBUFFERED="1",
+        )
+        self.procs = ProcessSet(env, log_dir)
+
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress(text)
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> Any:
+        """Run the ``flwr`` CLI with ``--format json``; returns the parsed JSON."""
+        argv = [_executable("flwr"), *args, "--format", "json"]
+        try:
+            done = subprocess.run(
+                argv,
+                env=self.procs.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"`flwr {' '.join(args)}` did not answer within {timeout:g} s"
+            ) from None
+        try:
+            result = _json_tail(done.stdout)
+        except ValueError:
+            result = {"success": False, "error-message": (done.stdout + done.stderr).strip()}
+        if not result.get("success", False):
+            message = result.get("error-message", done.stdout + done.stderr)
+            raise RuntimeError(f"`flwr {' '.join(args)}` failed: {message}")
+        return result
+
+    def check_alive(self) -> None:
+        """Raise if the SuperLink or a SuperNode has exited."""
+        dead = self.procs.dead(("superlink", "supernode"))
+        if dead:
+            role, code, log = dead[0]
+            raise RuntimeError(f"{role} exited with code {code}; its log ({log}):\n{_tail(log)}")
+
+
+def _wait_port(dep: _Deployment, port: int, deadline: float) -> None:
+    while True:
+        dep.check_alive()
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1.0):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the SuperLink did not open {HOST}:{port} in time")
+        time.sleep(0.2)
+
+
+def _wait_nodes(dep: _Deployment, nodes: int, deadline: float) -> None:
+    """Wait until ``flwr supernode ls`` shows ``nodes`` SuperNodes online.
+
+    The CLI costs a second or two of CPU per call, so it is asked only once the SuperLink's log
+    shows that many activations (or after 20 s, should that log line ever change).
+    """
+    first_ask = time.monotonic() + 20.0
+    link_log = dep.procs.log_path("superlink")
+    while True:
+        dep.check_alive()
+        try:
+            activated = link_log.read_text(errors="replace").count("Activated node_id")
+        except OSError:
+            activated = 0
+        if activated >= nodes or time.monotonic() > first_ask:
+            remaining = max(5.0, deadline - time.monotonic())
+            listing = dep.flwr("supernode", "ls", CONNECTION, timeout=remaining)
+            online = [n for n in listing.get("nodes", []) if n.get("status") == "online"]
+            if len(online) >= nodes:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(online)} of {nodes} SuperNodes came online in time")
+            time.sleep(1.0)
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"the {nodes} SuperNodes did not come online in time")
+        else:
+            time.sleep(0.3)
+
+
+def _follow(dep: _Deployment, out: Path, run_id: str, deadline: float) -> None:
+    """Wait for ``summary.json``; report rows; fail early if the run ends without one."""
+    stream = dep.procs.start(
+        "flwr-log",
+        [_executable("flwr"), "log", run_id, CONNECTION, "--stream"],
+        "serverapp",
+    )
+    summary = out / "summary.json"
+    metrics = out / "metrics.jsonl"
+    reported = 0
+    while True:
+        if metrics.exists():
+            lines = metrics.read_text().splitlines(keepends=True)
+            for line in lines[reported:]:
+                if not line.endswith("\n"):
+                    break  # being written
+                reported += 1
+                with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    row = json.loads(line)
+                    shown = ", ".join(
+                        f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row
+                    )
+                    dep.say(f"round {row['round']}: {shown}, epsilon={row['epsilon']:.4g}")
+        if summary.exists():
+            return
+        if stream.poll() is not None:
+            # the log stream ends when the run does: give the summary a moment, then ask
+            time.sleep(1.0)
+            if summary.exists():
+                return
+            runs = dep.flwr("ls", CONNECTION, "--run-id", run_id).get("runs", [])
+            status = runs[0].get("status") if runs else "unknown"
+            details = runs[0].get("status-details") if runs else ""
+            if not str(status).startswith("finished"):
+                stream = dep.procs.start(
+                    "flwr-log",
+                    [_executable("flwr"), "log", run_id, CONNECTION, "--stream"],
+                    "serverapp",
+                )
+            else:
+                raise RuntimeError(
+                    f"run {run_id} ended ({status}: {details}) without writing {summary}; "
+                    f"ServerApp log:\n{_tail(dep.procs.log_path('serverapp'))}"
+                )
+        dep.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"run {run_id} did not finish within the timeout; ServerApp log:\n"
+                f"{_tail(dep.procs.log_path('serverapp'))}"
+            )
+        time.sleep(0.25)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Make SIGTERM/SIGHUP raise KeyboardInterrupt (as Ctrl-C does), so cleanup runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"received signal {signum}")
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# -- the entry point -------------------------------------------------------------------------------
+
+
+def _resolve(
+    config_path: str | None, overrides: Mapping[str, Any], app_dir: Path
+) -> tuple[RunConfig, dict[str, Any], dict[str, Any]]:
+    """The run's config, the app's declared keys, and the deployment keys from ``overrides``."""
+    from fedprivopt.simulation.config import load_config
+
+    app_keys = app_config_defaults(app_dir)
+    overrides = dict(overrides)
+    if "out" in overrides:
+        raise ValueError("set the results directory with --out, not --set out=...")
+    deploy = {k: overrides.pop(k) for k in ("fault-users", "min-nodes") if k in overrides}
+    if config_path is not None:
+        config = load_config(config_path, overrides)
+    else:
+        flower = {k: v for k, v in app_keys.items() if k not in ("out",)}
+        if any(k.startswith("task-params.") for k in overrides) or "task" in overrides:
+            flower.pop("task-params-json", None)
+        if "task" in overrides and overrides["task"] != app_keys.get("task"):
+            for key in [k for k in flower if k.startswith("task-params.")]:
+                del flower[key]  # another task: the toy task's parameters do not apply
+        flower.update(overrides)
+        flower.update(deploy)
+        config, _ = run_config_from_flower(flower)
+    if "fault-users" in deploy:
+        parse_fault_users(str(deploy["fault-users"]))
+    return config, app_keys, deploy
+
+
+def deploy_local(
+    *,
+    nodes: int,
+    tls: bool = True,
+    config_path: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    out: str,
+    timeout: float = 900.0,
+    node_auth: bool | None = None,
+    app_dir: str | Path | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Run one fedprivopt run on a local SuperLink with ``nodes`` SuperNodes; returns ``out``.
+
+    Parameters
+    ----------
+    nodes : int
+        Number of SuperNodes, ``>= 1``. Node ``i`` hosts users ``range(i, N, nodes)``.
+    tls : bool
+        Encrypt every connection (a private CA and a certificate for 127.0.0.1 are made for the
+        run); ``False`` runs everything with ``--insecure``.
+    config_path : str, optional
+        A preset (``simulations/*.toml``); without one the app's run config in
+        ``pyproject.toml`` is the base.
+    overrides : Mapping, optional
+        ``--set`` values (kebab-case keys, ``task-params.<key>``); also the deployment keys
+        ``fault-users`` (tests) and ``min-nodes`` (default: ``nodes``).
+    out : str
+        Results directory (must not hold a run already).
+    timeout : float
+        Seconds for the whole deployment, start to stop.
+    node_auth : bool, optional
+        Authenticate SuperNodes with per-node keys (default: on with TLS; needs TLS).
+    app_dir : str or Path, optional
+        The Flower app to run (default: this repository).
+    progress : callable, optional
+        Receives one line per step and per evaluated round.
+
+    Raises
+    ------
+    ValueError
+        Bad input, naming the flag (``--nodes``, ``--timeout``, ``--out``, ``--set``...).
+    RuntimeError, TimeoutError
+        The deployment or the run failed; the message has the relevant log's tail. Every
+        process is stopped before the exception propagates.
+    """
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise ValueError(f"--nodes must be an integer >= 1, got {nodes!r}")
+    if not isinstance(timeout, (int, float)) or not (0 < timeout < math.inf):
+        raise ValueError(f"--timeout must be a number of seconds > 0, got {timeout!r}")
+    if node_auth is None:
+        node_auth = bool(tls)
+    if node_auth and not tls:
+        raise ValueError("--node-auth needs TLS (drop --insecure)")
+    if not out:
+        raise ValueError("--out must be a directory path")
+    app = Path(app_dir).resolve() if app_dir is not None else REPO_ROOT
+    if not (app / "pyproject.toml").is_file():
+        raise ValueError(f"{str(app)!r} is not a Flower app (no pyproject.toml)")
+    config, app_keys, deploy = _resolve(config_path, overrides or {}, app)
+    from fedprivopt.simulation.run import build_run
+
+    build_run(config)  # the task and the population, checked before anything starts
+    out_dir = Path(out).expanduser().resolve()
+    if (out_dir / "config.toml").exists():
+        raise ValueError(f"--out directory {str(out_dir)!r} already holds a run; choose another")
+    extra = {"out": str(out_dir), "min-nodes": int(deploy.get("min-nodes", nodes))}
+    if "fault-users" in deploy:
+        extra["fault-users"] = str(deploy["fault-users"])
+    flower_overrides = to_flower_overrides(config, app_keys=app_keys, extra=extra)
+    unknown = sorted(set(flower_overrides) - set(app_keys) - set(DEPLOY_KEYS))
+    if unknown:  # pragma: no cover - to_flower_overrides already checks
+        raise ValueError(f"--set keys not in the app config: {', '.join(unknown)}")
+
+    deadline = time.monotonic() + float(timeout)
+    log_dir = out_dir / _LOG_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="fedprivopt-deploy-"))
+    dep = _Deployment(workdir, log_dir, progress)
+    atexit.register(dep.procs.stop)
+    try:
+        with _signals_raise():
+            _run(dep, nodes, tls, node_auth, app, flower_overrides, out_dir, deadline)
+    finally:
+        dep.say("stopping the SuperNodes and the SuperLink")
+        dep.procs.stop(order=("flwr-log", "supernode", "superlink"))
+        atexit.unregister(dep.procs.stop)
+        with contextlib.suppress(OSError):
+            (log_dir / "processes.json").write_text(json.dumps(dep.procs.records(), indent=2))
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out_dir
+
+
+def _run(
+    dep: _Deployment,
+    nodes: int,
+    tls: bool,
+    node_auth: bool,
+    app: Path,
+    flower_overrides: Mapping[str, Any],
+    out: Path,
+    deadline: float,
+) -> None:
+    workdir = dep.workdir
+    staged = stage_app(app, workdir / "app" / "fedprivopt")
+    run_config = _write_run_config(workdir / "run-config.toml", flower_overrides)
+    files = make_tls_files(workdir / "tls") if tls else None
+    link_port, *node_ports = _free_ports(1 + nodes)
+    _write_connection(dep.flwr_home, link_port, files.ca_cert if files else None)
+
+    link = [_executable("flower-superlink"), "--host", HOST, "--port", str(link_port)]
+    link += ["--disable-runtime-dependency-installation"]
+    if files is None:
+        link += ["--insecure"]
+    else:
+        link += ["--ssl-ca-certfile", str(files.ca_cert), "--ssl-certfile", str(files.server_cert)]
+        link += ["--ssl-keyfile", str(files.server_key)]
+    if node_auth:
+        link += ["--enable-supernode-auth"]
+    dep.say(f"starting the SuperLink on {HOST}:{link_port} ({'TLS' if tls else 'insecure'})")
+    dep.procs.start("superlink", link, "superlink")
+    _wait_port(dep, link_port, deadline)
+
+    keys = []
+    if node_auth:
+        for i in range(nodes):
+            key = make_node_key(workdir / "node-keys", f"node-{i}")
+            dep.flwr("supernode", "register", str(key.public_key), CONNECTION)
+            keys.append(key)
+    for i, port in enumerate(node_ports):
+        argv = [_executable("flower-supernode"), "--superlink", f"{HOST}:{link_port}"]
+        argv += ["--host", HOST, "--port", str(port)]
+        argv += ["--node-config", f"partition-id={i} num-partitions={nodes}"]
+        if files is None:
+            argv += ["--insecure"]
+        else:
+            argv += ["--root-certificates", str(files.ca_cert)]
+            # the node's own Runtime API (its ClientApp processes connect to it) uses TLS too
+            argv += [
+                "--ssl-certfile",
+                str(files.server_cert),
+                "--ssl-keyfile",
+                str(files.server_key),
+            ]
+            argv += ["--ssl-ca-certfile", str(files.ca_cert)]
+        if keys:
+            argv += ["--auth-supernode-private-key", str(keys[i].private_key)]
+        dep.procs.start("supernode", argv, f"supernode-{i}")
+    dep.say(f"started {nodes} SuperNodes; waiting until they are online")
+    _wait_nodes(dep, nodes, deadline)
+
+    dep.say("submitting the run (flwr run)")
+    started = dep.flwr("run", str(staged), CONNECTION, "--run-config", str(run_config))
+    run_id = str(started["run-id"])
+    dep.say(f"run {run_id} started; results in {out}")
+    _follow(dep, out, run_id, deadline)
+    # the summary is written last; let the ServerApp finish and its log stream close
+    with contextlib.suppress(Exception):
+        end = min(deadline, time.monotonic() + 15.0)
+        while time.monotonic() < end:
+            runs = dep.flwr("ls", CONNECTION, "--run-id", run_id, timeout=10.0).get("runs", [])
+            if runs and str(runs[0].get("status", "")).startswith("finished"):
+                break
+            time.sleep(1.0)
+    summary = json.loads((out / "summary.json").read_text())
+    dep.say(
+        f"finished: {summary['rounds_completed']} rounds ({summary['stopped_reason']}), "
+        f"epsilon={summary['epsilon']:.4g} at delta={summary['delta']:g}"
+    )

@@ -1,0 +1,283 @@
+"""Start and stop the processes of a local deployment, by PID, also on errors and Ctrl-C.
+
+Flower's processes start their own children: the SuperLink starts a SuperExec (in a new
+session) that starts the ServerApp; every SuperNode starts a SuperExec that starts one ClientApp
+process per message. :class:`ProcessSet` therefore
+
+- starts each process in its own session (so a terminal's Ctrl-C reaches only us, and we stop
+  them in order), with its output in a log file and, on Linux, ``PR_SET_PDEATHSIG`` so that a
+  killed parent takes its direct children along;
+- tags every process with a per-deployment environment variable, which Flower's children
+  inherit, and on Linux finds them in ``/proc`` (descendants by parent id and by tag), recording
+  ``(pid, start time)`` so a recycled PID is never signalled;
+- stops everything it started or found: SIGTERM to each process group, a grace period, SIGTERM
+  to what is left, then SIGKILL, and waits until every recorded PID is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+__all__ = ["MARKER_ENV", "ProcessSet", "pid_alive"]
+
+MARKER_ENV = "FEDPRIVOPT_DEPLOY_ID"
+_PROC = Path("/proc")
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, ppid, starttime)`` of ``pid`` from ``/proc``, or None."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
+    rest = text[text.rfind(")") + 2 :].split()
+    try:
+        return rest[0], int(rest[1]), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (a zombie has exited; it awaits reaping)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = _proc_stat(pid)
+    return stat is None or stat[0] != "Z"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return ""
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+@dataclass
+class _Tracked:
+    role: str
+    pid: int
+    starttime: int | None
+    cmd: str
+    popen: subprocess.Popen | None = None
+    log: IO[bytes] | None = field(default=None, repr=False)
+    log_name: str = ""
+
+
+class ProcessSet:
+    """The processes of one deployment.
+
+    Parameters
+    ----------
+    env : Mapping[str, str]
+        Environment of every process (the deployment tag is added).
+    log_dir : Path
+        Where each process's output goes (``<name>.log``).
+    """
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path) -> None:
+        self.token = uuid.uuid4().hex
+        self.env = {**env, MARKER_ENV: self.token}
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.started: list[_Tracked] = []
+        self.found: dict[int, _Tracked] = {}
+        self._stopped = False
+
+    # -- starting --------------------------------------------------------------------------------
+
+    def start(self, role: str, argv: Sequence[str], log_name: str) -> subprocess.Popen:
+        """Start ``argv`` in its own session with output to ``<log_dir>/<log_name>.log``."""
+        if self._stopped:
+            raise RuntimeError("this ProcessSet has been stopped")
+        log = open(self.log_dir / f"{log_name}.log", "ab")
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+            )
+        except BaseException:
+            log.close()
+            raise
+        stat = _proc_stat(popen.pid)
+        self.started.append(
+            _Tracked(
+                role, popen.pid, stat[2] if stat else None, " ".join(argv), popen, log, log_name
+            )
+        )
+        return popen
+
+    def log_path(self, log_name: str) -> Path:
+        """Path of a process's log file."""
+        return self.log_dir / f"{log_name}.log"
+
+    def dead(self, roles: Sequence[str] | None = None) -> list[tuple[str, int | None, Path]]:
+        """``(role, returncode, log path)`` of started processes (of ``roles``) that exited."""
+        return [
+            (t.role, t.popen.poll(), self.log_path(t.log_name))
+            for t in self.started
+            if t.popen is not None
+            and (roles is None or t.role in roles)
+            and t.popen.poll() is not None
+        ]
+
+    # -- finding children ------------------------------------------------------------------------
+
+    def scan(self) -> None:
+        """Record every live process of this deployment (descendants and tagged processes)."""
+        if not _PROC.is_dir():
+            return
+        marker = f"{MARKER_ENV}={self.token}".encode()
+        parents: dict[int, int] = {}
+        stats: dict[int, tuple[str, int, int]] = {}
+        for entry in _PROC.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            stat = _proc_stat(pid)
+            if stat is None:
+                continue
+            stats[pid] = stat
+            parents[pid] = stat[1]
+        ours = {t.pid for t in self.started}
+        known = ours | set(self.found)
+        changed = True
+        while changed:  # descendants of what we started or found
+            changed = False
+            for pid, ppid in parents.items():
+                if ppid in known and pid not in known:
+                    known.add(pid)
+                    changed = True
+        for pid in stats:
+            if pid not in known and pid != os.getpid() and _has_marker(pid, marker):
+                known.add(pid)
+        for pid in known - ours:
+            if pid in self.found or pid not in stats or stats[pid][0] == "Z":
+                continue
+            self.found[pid] = _Tracked(_role_of(_cmdline(pid)), pid, stats[pid][2], _cmdline(pid))
+
+    def records(self) -> list[dict[str, object]]:
+        """Every process started or found: role, pid and command line."""
+        return [
+            {"role": t.role, "pid": t.pid, "started_by": "fedprivopt", "cmd": t.cmd}
+            for t in self.started
+        ] + [
+            {"role": t.role, "pid": t.pid, "started_by": "flower", "cmd": t.cmd}
+            for t in self.found.values()
+        ]
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def _same(self, t: _Tracked) -> bool:
+        """Whether ``t.pid`` still is the process we recorded (not a recycled PID)."""
+        if t.popen is not None:
+            return t.popen.poll() is None
+        stat = _proc_stat(t.pid)
+        if stat is None:
+            return pid_alive(t.pid) and t.starttime is None
+        return stat[0] != "Z" and (t.starttime is None or stat[2] == t.starttime)
+
+    def _signal(self, t: _Tracked, sig: int, *, group: bool) -> None:
+        if not self._same(t):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group and t.popen is not None:
+                os.killpg(t.pid, sig)  # its session's group: the process and its children
+            else:
+                os.kill(t.pid, sig)
+
+    def _wait(self, tracked: Sequence[_Tracked], deadline: float) -> list[_Tracked]:
+        left = list(tracked)
+        while left and time.monotonic() < deadline:
+            left = [t for t in left if self._same(t)]
+            if left:
+                time.sleep(0.1)
+        return [t for t in left if self._same(t)]
+
+    def stop(self, *, order: Sequence[str] = (), grace: float = 10.0) -> None:
+        """Stop every process (roles in ``order`` first), then wait until all are gone."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self.scan()
+            roles = [r for r in order if any(t.role == r for t in self.started)]
+            roles += sorted({t.role for t in self.started} - set(roles))
+            deadline = time.monotonic() + grace
+            for role in roles:  # a role's processes together, roles in order
+                batch = [t for t in self.started if t.role == role]
+                for t in batch:
+                    self._signal(t, signal.SIGTERM, group=True)
+                self._wait(batch, min(deadline, time.monotonic() + grace / 2))
+            self.scan()
+            everything = [*self.started, *self.found.values()]
+            # Flower's children exit on their own once their parent is gone (they poll for it)
+            left = self._wait(everything, min(deadline, time.monotonic() + 3.0))
+            for t in left:
+                self._signal(t, signal.SIGTERM, group=False)
+            left = self._wait(left, time.monotonic() + 3.0)
+            for t in left:
+                self._signal(t, signal.SIGKILL, group=t.popen is not None)
+                self._signal(t, signal.SIGKILL, group=False)
+            self._wait(left, time.monotonic() + 5.0)
+            for t in self.started:
+                if t.popen is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        t.popen.wait(timeout=5.0)
+            # found processes are reaped by their parent or by init; wait until they are gone
+            gone_by = time.monotonic() + 5.0
+            while time.monotonic() < gone_by and any(self._matches(t) for t in self.found.values()):
+                time.sleep(0.1)
+        finally:
+            for t in self.started:
+                if t.log is not None:
+                    t.log.close()
+
+    @staticmethod
+    def _matches(t: _Tracked) -> bool:
+        stat = _proc_stat(t.pid)
+        return stat is not None and (t.starttime is None or stat[2] == t.starttime)
+
+
+def _role_of(cmd: str) -> str:
+    for name in ("flwr-serverapp", "flwr-clientapp", "flower-superexec", "flwr"):
+        if name in cmd:
+            return name
+    return "other"

@@ -1,0 +1,204 @@
+"""Translation between Flower's run config and :class:`~fedprivopt.simulation.config.RunConfig`.
+
+The Flower app's run config (``[tool.flwr.app.config]`` in ``pyproject.toml``, flattened by Flower
+into dotted kebab-case keys) holds the same keys as a preset, plus a few keys that only a
+deployment has (:data:`DEPLOY_KEYS`). Flower's run config cannot hold ``None`` or lists, and an
+override (``flwr run --run-config``) may only name keys the app declares, so:
+
+- ``""`` means "not set" for keys whose default is ``None`` (``target-epsilon``,
+  ``clip-norm-adaptive``);
+- ``task-params-json``, when not empty, is a JSON object that replaces the ``task-params.*`` keys
+  (any task, any parameter values);
+- ``engine`` is always ``flower``: a deployment runs the rounds through Flower's grid.
+
+The ServerApp (:mod:`fedprivopt.deploy.server_app`) and the ClientApp
+(:mod:`fedprivopt.deploy.client_app`) both read the run config through this module, so they build
+the same task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.simulation.config import RunConfig, resolve_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = [
+    "DEPLOY_KEYS",
+    "SIMULATION_ONLY_KEYS",
+    "UNSET",
+    "DeployOptions",
+    "app_config_defaults",
+    "parse_fault_users",
+    "run_config_from_flower",
+    "task_params_from_flower",
+    "to_flower_overrides",
+]
+
+UNSET = ""
+"""The run-config value meaning "not set" (Flower's run config has no ``None``)."""
+
+TASK_PARAMS_JSON = "task-params-json"
+DEPLOY_KEYS = ("out", "min-nodes", "fault-users", TASK_PARAMS_JSON)
+"""Run-config keys of a deployment that are not :class:`RunConfig` keys."""
+
+SIMULATION_ONLY_KEYS = ("engine", "client-cpus", "client-gpus", "ray-cpus")
+"""RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
+
+_NULLABLE = ("target-epsilon", "clip-norm-adaptive")
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """The deployment-only keys of a run config."""
+
+    out: str = "runs/deploy/{run_id}"
+    min_nodes: int = 1
+    fault_users: str = ""
+
+
+def _int_option(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def task_params_from_flower(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's keyword parameters (snake_case) from a flattened Flower run config."""
+    raw = run_config.get(TASK_PARAMS_JSON, UNSET)
+    if raw not in (UNSET, None):
+        try:
+            params = json.loads(str(raw))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{TASK_PARAMS_JSON} must be a JSON object: {err}") from None
+        if not isinstance(params, dict):
+            raise ValueError(f"{TASK_PARAMS_JSON} must be a JSON object, got {raw!r}")
+        return {str(k).replace("-", "_"): v for k, v in params.items()}
+    return {
+        key.split(".", 1)[1].replace("-", "_"): value
+        for key, value in run_config.items()
+        if key.startswith("task-params.")
+    }
+
+
+def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, DeployOptions]:
+    """Validate a flattened Flower run config; returns the run's config and deployment options.
+
+    Raises
+    ------
+    ValueError
+        Naming the key, for an unknown key or an invalid value.
+    """
+    mapping: dict[str, Any] = {}
+    for key, value in run_config.items():
+        if key in DEPLOY_KEYS or key.startswith("task-params."):
+            continue
+        if key in _NULLABLE and value == UNSET:
+            continue
+        mapping[key] = value
+    for key, value in task_params_from_flower(run_config).items():
+        mapping[f"task-params.{key}"] = value
+    mapping["engine"] = "flower"
+    config = resolve_config(mapping)
+    options = DeployOptions(
+        out=str(run_config.get("out", DeployOptions.out)),
+        min_nodes=_int_option("min-nodes", run_config.get("min-nodes", 1), 1),
+        fault_users=str(run_config.get("fault-users", "")),
+    )
+    if not options.out:
+        raise ValueError("out must be a directory path, got ''")
+    parse_fault_users(options.fault_users)
+    return config, options
+
+
+def parse_fault_users(text: str) -> dict[int, str]:
+    """Parse ``"user:fault,user:fault"`` (see :data:`fedprivopt.clients.faults.FAULTS`)."""
+    from fedprivopt.clients.faults import FAULTS
+
+    faults: dict[int, str] = {}
+    for item in str(text).replace(" ", ",").split(","):
+        if not item:
+            continue
+        user, sep, fault = item.partition(":")
+        try:
+            uid = int(user)
+        except ValueError:
+            uid = -1
+        if not sep or uid < 0 or fault not in FAULTS:
+            raise ValueError(
+                f"fault-users must be 'user:fault,...' with a user id >= 0 and a fault in "
+                f"{', '.join(FAULTS)}; got {item!r}"
+            )
+        faults[uid] = fault
+    return faults
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def app_config_defaults(app_dir: str | Path) -> dict[str, Any]:
+    """The flattened ``[tool.flwr.app.config]`` of the app in ``app_dir``."""
+    path = Path(app_dir) / "pyproject.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read the Flower app config {str(path)!r}: {exc}") from None
+    try:
+        config = data["tool"]["flwr"]["app"]["config"]
+    except KeyError:
+        raise ValueError(f"{str(path)!r} has no [tool.flwr.app.config] table") from None
+    return _flatten(config)
+
+
+def _flower_value(key: str, value: Any) -> Any:
+    if value is None:
+        return UNSET
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{key} must be finite in a deployment, got {value!r}")
+    if not isinstance(value, (bool, int, float, str)):
+        raise ValueError(f"{key} cannot be sent in a Flower run config: {value!r}")
+    return value
+
+
+def to_flower_overrides(
+    config: RunConfig, *, app_keys: Mapping[str, Any], extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The run-config overrides that make the app run exactly ``config``.
+
+    ``app_keys`` are the app's declared keys (:func:`app_config_defaults`); every key sent must be
+    one of them. The task parameters travel as ``task-params-json`` (so any task and any value
+    type work); simulation-only keys (:data:`SIMULATION_ONLY_KEYS`) are dropped.
+    """
+    mapping = config.to_mapping()
+    params = mapping.pop("task-params")
+    for key in SIMULATION_ONLY_KEYS:
+        mapping.pop(key, None)
+    for key in _NULLABLE:
+        mapping.setdefault(key, None)
+    overrides = {key: _flower_value(key, value) for key, value in mapping.items()}
+    overrides[TASK_PARAMS_JSON] = json.dumps(params, sort_keys=True)
+    overrides.update(extra or {})
+    missing = sorted(k for k in overrides if k not in app_keys)
+    if missing:
+        raise ValueError(
+            f"the Flower app config does not declare {', '.join(missing)} "
+            "(add them to [tool.flwr.app.config] in pyproject.toml)"
+        )
+    return overrides

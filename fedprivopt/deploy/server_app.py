@@ -1,0 +1,98 @@
+"""The deployment ServerApp: ``[tool.flwr.app.components] serverapp`` of the Flower app.
+
+``flwr run . <connection>`` makes the SuperLink start this app with the run config of
+``pyproject.toml`` (plus the ``--run-config`` overrides). Its main validates the run config
+(:func:`~fedprivopt.deploy.runconfig.run_config_from_flower`), builds the task and the server
+algorithm, and runs the rounds with :func:`~fedprivopt.simulation.run.serve_flower`, so the run
+directory (``out``) holds the same ``config.toml``, ``metrics.jsonl``, ``checkpoint.pt`` and
+``summary.json`` as ``fedprivopt simulate``. The server logs ε after every round.
+
+The run directory is written by the ServerApp process, on the SuperLink's machine; ``out`` is best
+given as an absolute path (a relative one is taken from that process's working directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.common import log
+from flwr.serverapp import Grid, ServerApp
+
+from fedprivopt.deploy.runconfig import run_config_from_flower
+from fedprivopt.simulation.run import (
+    SUMMARY_FILE,
+    RunWriter,
+    build_run,
+    prepare_run_dir,
+    serve_flower,
+)
+
+__all__ = ["app", "run_deployment"]
+
+RUNTIME = "flower-deployment"
+
+
+def _log_row(total: int):
+    def report(row: dict[str, Any]) -> None:
+        shown = " ".join(f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row)
+        log(
+            INFO,
+            "[fedprivopt] round %d/%d: epsilon=%.6g (delta=%g) %s",
+            row["round"],
+            total,
+            row["epsilon"],
+            row["delta"],
+            shown,
+        )
+
+    return report
+
+
+def _out_dir(template: str, run_id: int) -> Path:
+    out = Path(template.replace("{run_id}", str(run_id))).expanduser()
+    return out if out.is_absolute() else Path(os.getcwd()) / out
+
+
+def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
+    """Body of the ServerApp's main; returns the run summary (also in ``summary.json``)."""
+    config, options = run_config_from_flower(context.run_config)
+    task, alg = build_run(config)
+    out = prepare_run_dir(_out_dir(options.out, context.run_id), config)
+    log(INFO, "[fedprivopt] run %s writes to %s", context.run_id, out)
+    writer = RunWriter(out, config, alg, task)
+    writer.progress = _log_row(config.strategy.num_server_rounds)
+    reason = serve_flower(grid, config, task, alg, writer, min_nodes=options.min_nodes)
+    alg.stopped_reason = reason
+    if alg.round_num and alg.round_num % config.checkpoint_every:
+        writer.save_checkpoint()
+    summary = writer.write_summary(reason)
+    # The summary written by RunWriter describes the engine; add what only a deployment knows.
+    summary["runtime"] = RUNTIME
+    summary["flower_run_id"] = int(context.run_id)
+    tmp = out / (SUMMARY_FILE + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, allow_nan=True))
+    os.replace(tmp, out / SUMMARY_FILE)
+    log(
+        INFO,
+        "[fedprivopt] finished after %d rounds (%s): epsilon=%.6g at delta=%g; results in %s",
+        alg.round_num,
+        reason,
+        summary["epsilon"],
+        config.strategy.delta,
+        out,
+    )
+    return summary
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run one fedprivopt deployment (see :func:`run_deployment`)."""
+    run_deployment(grid, context)

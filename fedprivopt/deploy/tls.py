@@ -1,0 +1,174 @@
+"""TLS material and SuperNode keys for a local deployment, made with ``cryptography``.
+
+:func:`make_tls_files` writes a private certificate authority and a server certificate signed by
+it (for the SuperLink, valid for the given loopback hosts); :func:`make_node_key` writes an EC
+key pair in OpenSSH format for SuperNode authentication. Private keys are written with mode 0600
+into a directory the caller owns (and deletes). Both are for local deployments and tests: a real
+deployment uses certificates from the organization's CA (docs/DEPLOYMENT.md).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import ipaddress
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = ["NodeKey", "TLSFiles", "make_node_key", "make_tls_files"]
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """Paths of the PEM files of a local deployment."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+@dataclass(frozen=True)
+class NodeKey:
+    """Paths of a SuperNode's authentication key pair (OpenSSH format)."""
+
+    private_key: Path
+    public_key: Path
+
+
+def _write(path: Path, data: bytes, mode: int) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.chmod(path, mode)  # an existing file keeps its mode under O_CREAT
+    return path
+
+
+def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(names)
+
+
+def make_tls_files(
+    directory: str | Path,
+    *,
+    hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+    days: int = 2,
+) -> TLSFiles:
+    """Write ``ca.pem``, ``server.pem`` and ``server.key`` (0600) into ``directory``.
+
+    Parameters
+    ----------
+    directory : str or Path
+        An existing directory (created with mode 0700 if missing).
+    hosts : sequence of str
+        IP addresses and DNS names the server certificate is valid for.
+    days : int
+        Validity of both certificates, ``>= 1``.
+    """
+    if not hosts:
+        raise ValueError("hosts must name at least one IP address or DNS name")
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ValueError(f"days must be an integer >= 1, got {days!r}")
+    out = Path(directory)
+    out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)
+    until = now + _dt.timedelta(days=days)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedprivopt local CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_san(hosts), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    return TLSFiles(
+        ca_cert=_write(out / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM), 0o644),
+        server_cert=_write(
+            out / "server.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644
+        ),
+        server_key=_write(out / "server.key", _private_pem(key), 0o600),
+    )
+
+
+def make_node_key(directory: str | Path, name: str) -> NodeKey:
+    """Write a P-384 key pair for SuperNode authentication (``<name>`` and ``<name>.pub``).
+
+    Flower's SuperNode reads the private key in OpenSSH format (``--auth-supernode-private-key``);
+    ``flwr supernode register`` reads the public key in OpenSSH format.
+    """
+    out = Path(directory)
+    out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return NodeKey(
+        private_key=_write(out / name, private, 0o600),
+        public_key=_write(out / f"{name}.pub", public + b"\n", 0o644),
+    )

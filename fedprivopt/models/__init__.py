@@ -3,11 +3,13 @@
 :class:`Task` is the protocol shared by :class:`fedprivopt.clients.LocalTrainer`, the Flower
 ClientApp and the engines; :func:`build_task` rebuilds a registered task from plain parameters
 (``"toy"``: :class:`ToyClassificationTask`; ``"stackoverflow-tp"``: :class:`StackOverflowTagTask`,
-bag-of-words tag prediction on StackOverflow). :func:`model_spec` and :func:`initial_flat` give
-the flat layout and initial point of a task's model; :func:`token_frequency_preconditioner` is
-AdaDPS' public side information for the tag task.
+bag-of-words tag prediction on StackOverflow; ``"stackoverflow-nwp"``:
+:class:`StackOverflowNextWordTask`, next-word prediction with TFF's LSTM). :func:`model_spec`
+and :func:`initial_flat` give the flat layout and initial point of a task's model;
+:func:`token_frequency_preconditioner` is AdaDPS' public side information for the tag task.
 """
 
+from fedprivopt.models.next_word import NextWordLSTM, StackOverflowNextWordTask
 from fedprivopt.models.registry import build_task, register_task, task_names
 from fedprivopt.models.side_information import token_frequency_preconditioner
 from fedprivopt.models.tag_prediction import BagOfWordsLogisticRegression, StackOverflowTagTask
@@ -16,6 +18,8 @@ from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = [
     "BagOfWordsLogisticRegression",
+    "NextWordLSTM",
+    "StackOverflowNextWordTask",
     "StackOverflowTagTask",
     "Task",
     "ToyClassificationTask",

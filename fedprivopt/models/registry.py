@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fedprivopt.models.next_word import StackOverflowNextWordTask
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from fedprivopt.models.task import Task
 from fedprivopt.models.toy import ToyClassificationTask
@@ -15,6 +16,7 @@ from fedprivopt.models.toy import ToyClassificationTask
 __all__ = ["build_task", "register_task", "task_names"]
 
 _REGISTRY: dict[str, Callable[..., Task]] = {
+    "stackoverflow-nwp": StackOverflowNextWordTask,
     "stackoverflow-tp": StackOverflowTagTask,
     "toy": ToyClassificationTask,
 }

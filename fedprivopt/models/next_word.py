@@ -1,0 +1,692 @@
+r"""StackOverflow next-word prediction: an embedding-LSTM-projection language model.
+
+:class:`StackOverflowNextWordTask` (registered as ``"stackoverflow-nwp"``) is the TFF baseline
+task [1]_ used by the adaptive federated optimization papers [2]_ on the TFF StackOverflow files
+(real or synthetic, :mod:`fedprivopt.data`): predict every next word of an example's ``tokens``
+(one sentence) from the words before it.
+
+Token ids (TFF's convention)
+----------------------------
+With ``V`` the number of vocabulary words (the top ``V`` of ``stackoverflow.word_count``):
+
+======  ==============  ===============================================
+id      token           note
+======  ==============  ===============================================
+0       pad             fills sequences shorter than ``seq_len + 1``
+1..V    the words       word of popularity rank ``r`` (0-based) is ``r + 1``
+V + 1   oov             every out-of-vocabulary word (one bucket)
+V + 2   bos             beginning of sentence, first input of every example
+V + 3   eos             end of sentence
+======  ==============  ===============================================
+
+so the model scores ``V + 4`` tokens (:func:`special_tokens`). An example's ``tokens`` string is
+split on whitespace, cut to its first ``seq_len`` words and mapped to ids; ``eos`` is appended
+only when fewer than ``seq_len`` words remain, ``bos`` is prepended, and the sequence is padded
+to ``seq_len + 1`` ids. The input is ``x = ids[:-1]`` and the target ``y = ids[1:]`` (both of
+length ``seq_len``, 20 by default): exactly TFF's ``to_ids``, ``padded_batch`` and
+``split_input_target``. ``bos`` never occurs as a target, ``pad`` only after the sentence. Per
+user at most ``max_examples_per_user`` examples are read (the first ones in file order; TFF's
+``max_elements_per_user``, 1,000 in its experiments).
+
+Model
+-----
+:class:`NextWordLSTM` is TFF's ``create_recurrent_model``: ``Embedding(V + 4, e)`` ->
+``LSTM(h)`` (one layer, all time steps) -> ``Linear(h, e)`` (no activation) ->
+``Linear(e, V + 4)`` logits, with ``e = 96`` and ``h = 670`` by default. Initialization follows
+Keras' defaults, as in TFF, drawn from a generator keyed by the task's seed: embedding
+``U(-0.05, 0.05)``, LSTM input weights Glorot-uniform, recurrent weights orthogonal, forget-gate
+bias 1 and other biases 0, dense weights Glorot-uniform with zero biases.
+
+Parameters (:func:`parameter_count`): with ``W = V + 4``,
+``W e + 4 h (e + h) + 8 h + (h e + e) + (e W + W)``. PyTorch's LSTM has two bias vectors
+(``bias_ih`` and ``bias_hh``) where Keras has one, so the count is ``4 h`` larger than TFF's:
+**4,053,428** at ``V = 10,000`` against TFF's 4,050,748 (``keras=True``). The redundant bias
+(its sum is what matters) is kept because it is PyTorch's (and cuDNN's) layout; only
+``bias_ih`` carries the forget-gate 1. The module has no buffers, so its state dict is its
+parameters: ``embedding.weight``, ``lstm.{weight_ih,weight_hh,bias_ih,bias_hh}_l0``,
+``projection.{weight,bias}``, ``output.{weight,bias}`` in that order (the flat layout of
+:func:`fedprivopt.models.model_spec`).
+
+Loss and metrics
+----------------
+Loss: cross-entropy over the non-pad targets, averaged over those tokens (a batch's mean is per
+token, not per example). TFF masks padding through the embedding's ``mask_zero``; we mask the
+targets explicitly, as its accuracy metrics do. Since padding only follows the sentence and the
+LSTM is causal, a batch is cut after its last non-pad target before the forward pass, which
+changes no unmasked logit. Metrics, token-weighted over all evaluated targets (sums over
+examples, then one division, like TFF's Keras metrics):
+
+* ``"loss"``: mean cross-entropy per non-pad target;
+* ``"accuracy"``: top-1 accuracy over targets that are not pad, oov or eos (TFF's
+  ``accuracy_without_out_of_vocab_or_end_of_sentence``, the number papers report);
+* ``"accuracy_no_oov"``: over targets that are not pad or oov (TFF's
+  ``accuracy_without_out_of_vocab``);
+* ``"accuracy_with_oov"``: over every non-pad target (TFF's ``accuracy``).
+
+The prediction is the arg-max over all ``V + 4`` logits, so predicting oov or eos for a word
+counts as wrong.
+
+References
+----------
+.. [1] TensorFlow Federated, ``tff.simulation.baselines.stackoverflow.create_word_prediction_task``,
+   its ``word_prediction_preprocessing`` and ``word_prediction_models``.
+.. [2] S. Reddi, Z. Charles, M. Zaheer, Z. Garrett, K. Rush, J. Konečný, S. Kumar, H. B. McMahan,
+   "Adaptive federated optimization", ICLR 2021.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.data.stackoverflow import StackOverflowExample
+from fedprivopt.data.synthetic import (
+    SQLITE_FILE,
+    SYNTHETIC_META_FILE,
+    SyntheticConfig,
+    ensure_synthetic,
+)
+from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_word_counts
+
+# Shared with the tag task on purpose: both tasks may build from the same directory, so they must
+# take the same lock (``.stackoverflow.lock``) before generating synthetic files.
+from fedprivopt.models.tag_prediction import (
+    _check_bool,
+    _check_int,
+    _directory_lock,
+    _model_device,
+)
+from fedprivopt.privacy.rng import derive_seed
+
+__all__ = [
+    "NextWordLSTM",
+    "SpecialTokens",
+    "StackOverflowNextWordTask",
+    "encode_sentences",
+    "next_word_counts",
+    "parameter_count",
+    "special_tokens",
+    "to_ids",
+]
+
+PAD = 0
+_EVAL_LOGITS = 1 << 24  # logits per evaluation forward pass (64 MiB of float32)
+_EVAL_MAX_BATCH = 1024
+_EMBEDDING_INIT = 0.05  # Keras' Embedding default: uniform(-0.05, 0.05)
+
+
+# ----------------------------------------------------------------------------- token ids
+class SpecialTokens(NamedTuple):
+    """Ids of the special tokens for a vocabulary of ``V`` words (see the module docstring).
+
+    Attributes
+    ----------
+    pad, oov, bos, eos : int
+        ``0``, ``V + 1``, ``V + 2`` and ``V + 3``.
+    """
+
+    pad: int
+    oov: int
+    bos: int
+    eos: int
+
+
+def special_tokens(vocab_size: int) -> SpecialTokens:
+    """The special-token ids for ``vocab_size`` words; the model scores ``vocab_size + 4``."""
+    v = _check_int("vocab_size", vocab_size, 1)
+    return SpecialTokens(pad=PAD, oov=v + 1, bos=v + 2, eos=v + 3)
+
+
+def to_ids(tokens: str, word_index: dict[str, int], *, seq_len: int) -> list[int]:
+    """Ids of one sentence: ``[bos] + words[:seq_len] (+ [eos])``, unpadded.
+
+    Parameters
+    ----------
+    tokens : str
+        The example's space-separated words.
+    word_index : dict of str to int
+        Word to id in ``[1, V]`` with ``V = len(word_index)``; any other word is oov (``V + 1``).
+    seq_len : int
+        Words kept, ``>= 1``; ``eos`` is appended only when the sentence has fewer (TFF's rule),
+        so the result has at most ``seq_len + 1`` ids.
+
+    Returns
+    -------
+    list of int
+    """
+    seq_len = _check_int("seq_len", seq_len, 1)
+    specials = special_tokens(len(word_index))
+    words = tokens.split()[:seq_len]
+    ids = [specials.bos, *(word_index.get(w, specials.oov) for w in words)]
+    if len(words) < seq_len:
+        ids.append(specials.eos)
+    return ids
+
+
+def encode_sentences(
+    sentences: Sequence[str], word_index: dict[str, int], *, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode sentences as padded inputs and next-word targets.
+
+    Parameters
+    ----------
+    sentences : sequence of str
+        The ``tokens`` strings, one per example.
+    word_index : dict of str to int
+        Word to id in ``[1, V]`` (see :func:`to_ids`).
+    seq_len : int
+        Sequence length ``>= 1``.
+
+    Returns
+    -------
+    x, y : torch.Tensor
+        ``int64`` ``(n, seq_len)`` each: ``ids[:-1]`` and ``ids[1:]`` of the ids of
+        :func:`to_ids` padded with ``0`` to ``seq_len + 1``.
+    """
+    seq_len = _check_int("seq_len", seq_len, 1)
+    ids = torch.zeros(len(sentences), seq_len + 1, dtype=torch.int64)
+    for i, sentence in enumerate(sentences):
+        row = to_ids(sentence, word_index, seq_len=seq_len)
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def _trim(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut the columns after the last non-pad target (no unmasked logit changes: causal model)."""
+    if y.numel() == 0:
+        return x, y
+    cols = torch.nonzero((y != PAD).any(dim=0))
+    width = int(cols.max()) + 1 if cols.numel() else 1
+    return x[:, :width], y[:, :width]
+
+
+def next_word_counts(logits: torch.Tensor, y: torch.Tensor, *, vocab_size: int) -> dict[str, float]:
+    """Summed (not averaged) top-1 hits and target counts of ``logits`` against targets ``y``.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``(n, T, V + 4)``.
+    y : torch.Tensor
+        ``int64`` targets ``(n, T)`` with the ids of :func:`special_tokens` ``(vocab_size)``.
+    vocab_size : int
+        ``V``, the number of vocabulary words.
+
+    Returns
+    -------
+    dict
+        ``"tokens"``/``"correct"`` over non-pad targets, ``"tokens_no_oov"``/``"correct_no_oov"``
+        over targets that are neither pad nor oov, ``"tokens_no_oov_eos"``/
+        ``"correct_no_oov_eos"`` over targets that are not pad, oov or eos.
+    """
+    specials = special_tokens(vocab_size)
+    hit = logits.argmax(dim=-1) == y
+    valid = y != specials.pad
+    no_oov = valid & (y != specials.oov)
+    no_oov_eos = no_oov & (y != specials.eos)
+    return {
+        "tokens": float(valid.sum()),
+        "correct": float((hit & valid).sum()),
+        "tokens_no_oov": float(no_oov.sum()),
+        "correct_no_oov": float((hit & no_oov).sum()),
+        "tokens_no_oov_eos": float(no_oov_eos.sum()),
+        "correct_no_oov_eos": float((hit & no_oov_eos).sum()),
+    }
+
+
+def parameter_count(
+    vocab_size: int = 10_000,
+    embedding_dim: int = 96,
+    hidden_size: int = 670,
+    *,
+    keras: bool = False,
+) -> int:
+    """Parameters of :class:`NextWordLSTM` for ``V`` words (``keras=True``: TFF's Keras count).
+
+    ``W e + 4 h (e + h) + 8 h + h e + e + e W + W`` with ``W = V + 4``; Keras' LSTM has one bias
+    vector, ``4 h`` fewer parameters. Defaults: 4,053,428 (Keras: 4,050,748).
+    """
+    w, e, h = vocab_size + 4, embedding_dim, hidden_size
+    lstm_biases = 4 * h if keras else 8 * h
+    return w * e + 4 * h * (e + h) + lstm_biases + h * e + e + e * w + w
+
+
+# --------------------------------------------------------------------------------- model
+class NextWordLSTM(torch.nn.Module):
+    """TFF's StackOverflow next-word model: embedding, LSTM, projection, output logits.
+
+    Parameters
+    ----------
+    num_tokens : int
+        ``V + 4``: the embedding's rows and the number of logits, ``>= 5``.
+    embedding_dim : int
+        ``e``, the embedding and projection width.
+    hidden_size : int
+        ``h``, the LSTM's width.
+    generator : torch.Generator, optional
+        Source of the initial weights (:meth:`reset_parameters`); default: a CPU generator
+        seeded with 0. The global generator is never used.
+
+    Notes
+    -----
+    ``forward`` maps ``int64`` ids ``(n, T)`` to logits ``(n, T, V + 4)``; every time step sees
+    only the ids before and at it. The layers are created on the ``meta`` device and
+    materialized on the CPU, so that PyTorch's default initialization (which draws from the
+    global generator) never runs.
+    """
+
+    def __init__(
+        self,
+        num_tokens: int,
+        embedding_dim: int,
+        hidden_size: int,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_tokens = _check_int("num_tokens", num_tokens, 5)
+        self.embedding_dim = _check_int("embedding_dim", embedding_dim, 1)
+        self.hidden_size = _check_int("hidden_size", hidden_size, 1)
+        meta = torch.device("meta")
+        self.embedding = torch.nn.Embedding(self.num_tokens, self.embedding_dim, device=meta)
+        self.lstm = torch.nn.LSTM(
+            self.embedding_dim, self.hidden_size, batch_first=True, device=meta
+        )
+        self.projection = torch.nn.Linear(self.hidden_size, self.embedding_dim, device=meta)
+        self.output = torch.nn.Linear(self.embedding_dim, self.num_tokens, device=meta)
+        self.to_empty(device="cpu")
+        if generator is None:
+            generator = torch.Generator().manual_seed(0)
+        self.reset_parameters(generator)
+
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        """Keras' default initialization (see the module docstring), drawn from ``generator``."""
+        init = torch.nn.init
+        h = self.hidden_size
+        with torch.no_grad():
+            bound = _EMBEDDING_INIT
+            init.uniform_(self.embedding.weight, -bound, bound, generator=generator)
+            init.xavier_uniform_(self.lstm.weight_ih_l0, generator=generator)
+            init.orthogonal_(self.lstm.weight_hh_l0, generator=generator)
+            self.lstm.bias_ih_l0.zero_()
+            self.lstm.bias_ih_l0[h : 2 * h] = 1.0  # gates in order (input, forget, cell, output)
+            self.lstm.bias_hh_l0.zero_()
+            for layer in (self.projection, self.output):
+                init.xavier_uniform_(layer.weight, generator=generator)
+                layer.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``(n, T, V + 4)`` of the ids ``x`` ``(n, T)``."""
+        hidden, _ = self.lstm(self.embedding(x))
+        return self.output(self.projection(hidden))
+
+    def extra_repr(self) -> str:
+        """Sizes shown by ``repr``."""
+        return (
+            f"num_tokens={self.num_tokens}, embedding_dim={self.embedding_dim}, "
+            f"hidden_size={self.hidden_size}"
+        )
+
+
+# ---------------------------------------------------------------------------------- task
+class StackOverflowNextWordTask:
+    """StackOverflow next-word prediction (embedding, LSTM, projection, logits) as a Task.
+
+    Parameters
+    ----------
+    data_dir : str
+        Directory holding ``stackoverflow.sqlite`` and ``stackoverflow.word_count`` (the real
+        TFF files, the SQLite decompressed and indexed, or synthetic ones).
+    synthetic : bool
+        If none of the files the synthetic generator writes (``stackoverflow.sqlite``,
+        ``stackoverflow.word_count``, ``stackoverflow.tag_count``) is present, generate a
+        synthetic dataset into ``data_dir`` (:func:`fedprivopt.data.ensure_synthetic` with the
+        ``synth_*`` parameters, under the same file lock as the tag task, so that concurrent
+        workers generate it once); if false, raise ``FileNotFoundError`` instead. Files that are
+        present are used as they are and never written: a missing required file raises
+        ``FileNotFoundError``, and a synthetic dataset whose recorded configuration
+        (``stackoverflow.synthetic.json``) contradicts a ``synth_*`` parameter that was given
+        raises ``ValueError``.
+    synth_clients, synth_vocab, synth_tags, synth_seed : int or None
+        ``num_clients``, ``vocab_size``, ``num_tags`` and ``seed`` of the
+        :class:`~fedprivopt.data.SyntheticConfig` used to generate; ``None``: the default.
+    vocab_size : int
+        ``V``: the top ``V`` words of the word-count file (fewer if the file has fewer; see
+        :attr:`vocab_size`), ``>= 1``. The model scores ``V + 4`` tokens.
+    seq_len : int
+        Sequence length of inputs and targets (TFF: 20), ``>= 1``.
+    num_users : int or None
+        Use the first ``num_users`` training users in the file's order (client ids sorted);
+        ``None`` uses all. Must not exceed the number of training users.
+    max_examples_per_user : int or None
+        Read at most this many examples per user (the first ones, in file order), training and
+        evaluation alike (TFF's ``max_elements_per_user``); ``None``: all.
+    eval_split : {"test", "heldout"}
+        Split used by :meth:`evaluate`.
+    eval_users : int
+        :meth:`evaluate` pools the first ``eval_users`` users of ``eval_split`` (fixed, cheap,
+        deterministic), ``>= 1``; fewer if the split has fewer.
+    embedding_dim : int
+        ``e``, embedding and projection width (TFF: 96), ``>= 1``.
+    hidden_size : int
+        ``h``, LSTM width (TFF: 670), ``>= 1``.
+    seed : int
+        Seed of the model initialization, ``>= 0``.
+    cache_users : int
+        Per-user tensors kept in memory (least recently used evicted), ``>= 0``.
+
+    Attributes
+    ----------
+    num_users : int
+        Number of training users (user ``u`` is :attr:`client_ids` ``[u]``).
+    vocab_size : int
+        Effective ``V``.
+    num_tokens : int
+        ``V + 4``, the model's input and output size.
+    specials : SpecialTokens
+        ``pad = 0``, ``oov = V + 1``, ``bos = V + 2``, ``eos = V + 3``.
+    words : tuple of str
+        The vocabulary: word ``words[i]`` has id ``i + 1``.
+
+    Notes
+    -----
+    Construction reads the word-count file and the training split's client list only; examples
+    are read per user on demand and cached. Pickling (to Ray workers) drops the open database
+    and the caches; the copy reopens the file lazily. Not thread-safe.
+    """
+
+    name = "stackoverflow-nwp"
+
+    def __init__(
+        self,
+        *,
+        data_dir: str | os.PathLike,
+        synthetic: bool = True,
+        synth_clients: int | None = None,
+        synth_vocab: int | None = None,
+        synth_tags: int | None = None,
+        synth_seed: int | None = None,
+        vocab_size: int = 10_000,
+        seq_len: int = 20,
+        num_users: int | None = None,
+        max_examples_per_user: int | None = 1000,
+        eval_split: str = "test",
+        eval_users: int = 200,
+        embedding_dim: int = 96,
+        hidden_size: int = 670,
+        seed: int = 0,
+        cache_users: int = 2048,
+    ) -> None:
+        if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
+            raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
+        self.data_dir = Path(data_dir)
+        self.synthetic = _check_bool("synthetic", synthetic)
+        given = {
+            "num_clients": _check_int("synth_clients", synth_clients, 1, none=True),
+            "vocab_size": _check_int("synth_vocab", synth_vocab, 1, none=True),
+            "num_tags": _check_int("synth_tags", synth_tags, 1, none=True),
+            "seed": _check_int("synth_seed", synth_seed, 0, none=True),
+        }
+        self.synth_params = {k: v for k, v in given.items() if v is not None}
+        try:
+            self.synth_config = SyntheticConfig(**self.synth_params)
+        except ValueError as exc:
+            raise ValueError(f"invalid synth_* parameters: {exc}") from None
+        requested_v = _check_int("vocab_size", vocab_size, 1)
+        self.seq_len = _check_int("seq_len", seq_len, 1)
+        _check_int("num_users", num_users, 1, none=True)
+        self.max_examples_per_user = _check_int(
+            "max_examples_per_user", max_examples_per_user, 1, none=True
+        )
+        if eval_split not in ("test", "heldout"):
+            raise ValueError(f"eval_split must be 'test' or 'heldout', got {eval_split!r}")
+        self.eval_split = eval_split
+        self.eval_users = _check_int("eval_users", eval_users, 1)
+        self.embedding_dim = _check_int("embedding_dim", embedding_dim, 1)
+        self.hidden_size = _check_int("hidden_size", hidden_size, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self.cache_users = _check_int("cache_users", cache_users, 0)
+
+        self._ensure_files()
+        words = read_word_counts(self.data_dir / WORD_COUNT_FILE).top(requested_v)
+        if len(words) == 0:
+            raise ValueError(f"{self.data_dir}: the word-count file is empty")
+        self.words: tuple[str, ...] = words.items
+        self.vocab_size = len(self.words)
+        self.num_tokens = self.vocab_size + 4
+        self.specials = special_tokens(self.vocab_size)
+        train = SQLiteSplit(self.data_dir / SQLITE_FILE, "train")
+        ids = list(train.client_ids)
+        if num_users is not None and num_users > len(ids):
+            raise ValueError(
+                f"num_users must be <= {len(ids)} (training users in {self.data_dir}), "
+                f"got {num_users}"
+            )
+        self.client_ids: tuple[str, ...] = tuple(ids[:num_users] if num_users else ids)
+        self.num_users = len(self.client_ids)
+        self._init_runtime()
+        self._train = train
+
+    # ------------------------------------------------------------------------- files
+    @property
+    def sqlite_path(self) -> Path:
+        """The ``stackoverflow.sqlite`` file."""
+        return self.data_dir / SQLITE_FILE
+
+    @property
+    def word_count_path(self) -> Path:
+        """The ``stackoverflow.word_count`` file."""
+        return self.data_dir / WORD_COUNT_FILE
+
+    def _ensure_files(self) -> None:
+        required = (SQLITE_FILE, WORD_COUNT_FILE)
+        generated = (*required, TAG_COUNT_FILE)
+
+        def missing(names: tuple[str, ...]) -> list[str]:
+            return [n for n in names if not (self.data_dir / n).is_file()]
+
+        if self.synthetic and missing(required):
+            # Under the lock: another process may be writing the files right now.
+            with _directory_lock(self.data_dir):
+                if len(missing(generated)) == len(generated):  # not generated meanwhile
+                    ensure_synthetic(self.data_dir, self.synth_config)
+        absent = missing(required)
+        if absent:
+            hint = (
+                "some files are present, so no synthetic data is generated over them"
+                if len(missing(generated)) < len(generated)
+                else "pass synthetic=True to generate a synthetic dataset"
+            )
+            raise FileNotFoundError(
+                f"{self.data_dir}: missing {', '.join(absent)} (decompress and index the TFF "
+                f"download there; {hint})"
+            )
+        self._check_synthetic_meta()
+
+    def _check_synthetic_meta(self) -> None:
+        meta_path = self.data_dir / SYNTHETIC_META_FILE
+        if not self.synth_params or not meta_path.is_file():
+            return
+        try:
+            recorded = json.loads(meta_path.read_text(encoding="utf-8"))["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not a sidecar we understand: the files are used as they are
+        names = {"num_clients": "synth_clients", "vocab_size": "synth_vocab"}
+        names.update(num_tags="synth_tags", seed="synth_seed")
+        for key, value in self.synth_params.items():
+            if isinstance(recorded, dict) and key in recorded and recorded[key] != value:
+                raise ValueError(
+                    f"{names[key]}={value}, but {self.data_dir} holds a synthetic dataset "
+                    f"generated with {key}={recorded[key]}; use another data_dir (files that "
+                    "exist are never overwritten)"
+                )
+
+    def _init_runtime(self) -> None:
+        self._train: SQLiteSplit | None = None
+        self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._word_index: dict[str, int] | None = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for key in ("_train", "_eval", "_word_index"):
+            state[key] = None
+        state["_cache"] = OrderedDict()
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"StackOverflowNextWordTask(data_dir={str(self.data_dir)!r}, "
+            f"num_users={self.num_users}, vocab_size={self.vocab_size}, seq_len={self.seq_len}, "
+            f"embedding_dim={self.embedding_dim}, hidden_size={self.hidden_size}, "
+            f"eval_split={self.eval_split!r}, eval_users={self.eval_users})"
+        )
+
+    def _encode(self, examples: Sequence[StackOverflowExample]) -> tuple[torch.Tensor, ...]:
+        if self.max_examples_per_user is not None:
+            examples = examples[: self.max_examples_per_user]
+        if self._word_index is None:
+            self._word_index = {w: i + 1 for i, w in enumerate(self.words)}
+        return encode_sentences(
+            [ex.tokens for ex in examples], self._word_index, seq_len=self.seq_len
+        )
+
+    # -------------------------------------------------------------------------- data
+    def _check_user(self, user_id: int) -> int:
+        if isinstance(user_id, bool) or not 0 <= int(user_id) < self.num_users:
+            raise ValueError(f"user_id must be in [0, {self.num_users}), got {user_id!r}")
+        return int(user_id)
+
+    def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(x, y)`` of training user ``user_id`` (CPU tensors; do not modify them).
+
+        Both are ``int64`` ``(n, seq_len)``: inputs and next-word targets (ids as in
+        :func:`special_tokens`, padded with ``0``). ``n`` may be 0.
+        """
+        user_id = self._check_user(user_id)
+        hit = self._cache.get(user_id)
+        if hit is not None:
+            self._cache.move_to_end(user_id)
+            return hit
+        if self._train is None:
+            self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+        x, y = self._encode(self._train.client_examples(self.client_ids[user_id]))
+        out = (x, y)
+        if self.cache_users:
+            self._cache[user_id] = out
+            while len(self._cache) > self.cache_users:
+                self._cache.popitem(last=False)
+        return out
+
+    def user_size(self, user_id: int) -> int:
+        """Number of training examples (sentences) of ``user_id`` (reads them if not cached)."""
+        return int(self.user_data(user_id)[0].shape[0])
+
+    def _eval_batch_size(self) -> int:
+        return max(1, min(_EVAL_MAX_BATCH, _EVAL_LOGITS // (self.seq_len * self.num_tokens)))
+
+    def eval_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The evaluation examples as batches ``(x, y)`` (built once, then cached).
+
+        The examples of the first :attr:`eval_users` users of :attr:`eval_split` (file order) are
+        pooled, ordered by length (stable) and cut into batches of at most
+        ``min(1024, 2**24 / (seq_len (V + 4)))`` examples, each cut after its longest target.
+        """
+        if self._eval is None:
+            split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
+            try:
+                parts = [
+                    self._encode(split.client_examples(cid))
+                    for cid in list(split.client_ids)[: self.eval_users]
+                ]
+            finally:
+                split.close()
+            x = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, self.seq_len)
+            y = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, self.seq_len)
+            order = torch.argsort((y != PAD).sum(dim=1), stable=True)
+            x, y = x[order].long(), y[order].long()
+            size = self._eval_batch_size()
+            self._eval = [
+                _trim(x[i : i + size], y[i : i + size]) for i in range(0, int(x.shape[0]), size)
+            ]
+        return self._eval
+
+    # ------------------------------------------------------------------------- model
+    def build_model(self) -> NextWordLSTM:
+        """The LSTM language model, Keras-style initialization from the task's seed."""
+        gen = torch.Generator()
+        gen.manual_seed(derive_seed(self.seed, "stackoverflow-nwp", "model-init"))
+        return NextWordLSTM(self.num_tokens, self.embedding_dim, self.hidden_size, generator=gen)
+
+    def parameter_count(self) -> int:
+        """Parameters of :meth:`build_model`'s model (:func:`parameter_count`)."""
+        return parameter_count(self.vocab_size, self.embedding_dim, self.hidden_size)
+
+    def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy averaged over the non-pad targets of the batch."""
+        x, y = _trim(x, y)
+        logits = model(x)
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=PAD)
+
+    def _sums(
+        self, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> dict[str, float]:
+        device = _model_device(model)
+        total = {"loss": 0.0}
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for x, y in batches:
+                    if x.shape[0] == 0:
+                        continue
+                    x, y = _trim(x.to(device), y.to(device))
+                    logits = model(x)
+                    loss = F.cross_entropy(
+                        logits.flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum"
+                    )
+                    total["loss"] += float(loss.to(torch.float64))
+                    counts = next_word_counts(logits, y, vocab_size=self.vocab_size)
+                    for key, value in counts.items():
+                        total[key] = total.get(key, 0.0) + value
+        finally:
+            model.train(was_training)
+        return total
+
+    @staticmethod
+    def _metrics(total: dict[str, float]) -> dict[str, float]:
+        def ratio(num: str, den: str) -> float:
+            d = total.get(den, 0.0)
+            return total.get(num, 0.0) / d if d else math.nan
+
+        return {
+            "loss": ratio("loss", "tokens"),
+            "accuracy": ratio("correct_no_oov_eos", "tokens_no_oov_eos"),
+            "accuracy_no_oov": ratio("correct_no_oov", "tokens_no_oov"),
+            "accuracy_with_oov": ratio("correct", "tokens"),
+        }
+
+    def evaluate_data(
+        self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+    ) -> dict[str, float]:
+        """Token-weighted metrics on ``(x, y)``, batched like :meth:`eval_batches`.
+
+        ``"loss"``, ``"accuracy"``, ``"accuracy_no_oov"`` and ``"accuracy_with_oov"`` as in the
+        module docstring; NaN where there is no target to count.
+        """
+        size = self._eval_batch_size()
+        batches = [(x[i : i + size], y[i : i + size]) for i in range(0, int(x.shape[0]), size)]
+        return self._metrics(self._sums(model, batches))
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """The metrics of :meth:`evaluate_data` on the pooled evaluation users."""
+        return self._metrics(self._sums(model, self.eval_batches()))

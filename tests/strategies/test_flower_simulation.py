@@ -13,9 +13,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from fedprivopt.clients.client_app import make_client_app
-from fedprivopt.clients.trainer import LocalConfig, LocalTrainer
+from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task, initial_flat, model_spec
-from fedprivopt.privacy import RngFactory, compose_epsilon, make_round_event, unflatten
+from fedprivopt.privacy import compose_epsilon, make_round_event, unflatten
+from fedprivopt.simulation.run import fast_train
 from fedprivopt.strategies import STRATEGIES, StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
@@ -132,29 +133,7 @@ def test_flower_engine_equals_in_process_driver(simulation, name):
     init = initial_flat(task)
     trainer = LocalTrainer(task, device="cpu")
 
-    def train(req):
-        cc = req.client_config
-        local = LocalConfig(
-            learning_rate=cc["local-learning-rate"],
-            epochs=cc["local-epochs"],
-            batch_size=cc["batch-size"],
-            max_examples=cc["max-examples"] or None,
-            clip_norm=cc["clip-norm"] or None,
-            noise_std=cc["noise-std"],
-        )
-        rngs = RngFactory(seed=cc["seed"])
-        return {
-            u: trainer.train(
-                req.params,
-                user_id=u,
-                round_num=req.round_num,
-                config=local,
-                rngs=rngs,
-                preconditioner=req.preconditioner,
-                stream=req.stream,
-            ).delta
-            for u in req.users
-        }
+    train = fast_train(trainer, secure=False)  # the fast engine's client loop
 
     alg = build_algorithm(config(name), init, preconditioner=side_information(name, init))
     for r in range(1, ROUNDS + 1):

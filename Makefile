@@ -11,6 +11,7 @@ export FLWR_DISABLE_UPDATE_CHECK = 1
 
 DEMO_CONFIG     ?= simulations/stackoverflow-tp-mini.toml
 DEMO_OUT        ?= runs/demo
+DEMO_SIGMAS     ?= 0.5,1.0
 DEMO_STRATEGIES ?= dp-fedavg,dp-fedadam,dp-fedadam-bc,adadps,dp2,dp2-noise-first,dp-fedavg-adadp,fedavg,fedadam
 
 .PHONY: venv demo test lint bench clean
@@ -28,7 +29,7 @@ demo: venv
 	$(VENV)/bin/fedprivopt epsilon --noise-multiplier 0.3 --sample-rate 0.05 --rounds 40 --delta 0.0025
 	$(VENV)/bin/fedprivopt epsilon --noise-multiplier 0.3 --sample-rate 0.05 --rounds 40 --delta 0.0025 --accountant pld
 	@echo "== Compare every strategy on synthetic StackOverflow tag prediction (fast engine) =="
-	$(VENV)/bin/fedprivopt compare $(DEMO_CONFIG) --strategies $(DEMO_STRATEGIES) --out $(DEMO_OUT) --quiet
+	$(VENV)/bin/fedprivopt compare $(DEMO_CONFIG) --strategies $(DEMO_STRATEGIES) --noise-multipliers $(DEMO_SIGMAS) --out $(DEMO_OUT) --quiet
 	@echo "Report: $(DEMO_OUT)/report.md (plots: $(DEMO_OUT)/metric_vs_round.png, $(DEMO_OUT)/privacy_utility.png)"
 
 test: venv

@@ -76,7 +76,6 @@ References
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import OrderedDict
@@ -91,18 +90,15 @@ from fedprivopt.data.sqlite import SQLiteSplit
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.data.synthetic import (
     SQLITE_FILE,
-    SYNTHETIC_META_FILE,
     SyntheticConfig,
-    ensure_synthetic,
 )
-from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_word_counts
+from fedprivopt.data.vocab import WORD_COUNT_FILE, read_word_counts
 
-# Shared with the tag task on purpose: both tasks may build from the same directory, so they must
-# take the same lock (``.stackoverflow.lock``) before generating synthetic files.
-from fedprivopt.models.tag_prediction import (
+# Shared with the tag task: both may build from the same directory and take the same lock.
+from fedprivopt.models.stackoverflow_files import (
+    StackOverflowFiles,
     _check_bool,
     _check_int,
-    _directory_lock,
     _model_device,
 )
 from fedprivopt.privacy.rng import derive_seed
@@ -338,7 +334,7 @@ class NextWordLSTM(torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------------- task
-class StackOverflowNextWordTask:
+class StackOverflowNextWordTask(StackOverflowFiles):
     """StackOverflow next-word prediction (embedding, LSTM, projection, logits) as a Task.
 
     Parameters
@@ -403,6 +399,8 @@ class StackOverflowNextWordTask:
     are read per user on demand and cached. Pickling (to Ray workers) drops the open database
     and the caches; the copy reopens the file lazily. Not thread-safe.
     """
+
+    REQUIRED_FILES = (SQLITE_FILE, WORD_COUNT_FILE)  # the tag counts are not needed
 
     name = "stackoverflow-nwp"
 
@@ -477,59 +475,6 @@ class StackOverflowNextWordTask:
         self._train = train
 
     # ------------------------------------------------------------------------- files
-    @property
-    def sqlite_path(self) -> Path:
-        """The ``stackoverflow.sqlite`` file."""
-        return self.data_dir / SQLITE_FILE
-
-    @property
-    def word_count_path(self) -> Path:
-        """The ``stackoverflow.word_count`` file."""
-        return self.data_dir / WORD_COUNT_FILE
-
-    def _ensure_files(self) -> None:
-        required = (SQLITE_FILE, WORD_COUNT_FILE)
-        generated = (*required, TAG_COUNT_FILE)
-
-        def missing(names: tuple[str, ...]) -> list[str]:
-            return [n for n in names if not (self.data_dir / n).is_file()]
-
-        if self.synthetic and missing(required):
-            # Under the lock: another process may be writing the files right now.
-            with _directory_lock(self.data_dir):
-                if len(missing(generated)) == len(generated):  # not generated meanwhile
-                    ensure_synthetic(self.data_dir, self.synth_config)
-        absent = missing(required)
-        if absent:
-            hint = (
-                "some files are present, so no synthetic data is generated over them"
-                if len(missing(generated)) < len(generated)
-                else "pass synthetic=True to generate a synthetic dataset"
-            )
-            raise FileNotFoundError(
-                f"{self.data_dir}: missing {', '.join(absent)} (decompress and index the TFF "
-                f"download there; {hint})"
-            )
-        self._check_synthetic_meta()
-
-    def _check_synthetic_meta(self) -> None:
-        meta_path = self.data_dir / SYNTHETIC_META_FILE
-        if not self.synth_params or not meta_path.is_file():
-            return
-        try:
-            recorded = json.loads(meta_path.read_text(encoding="utf-8"))["config"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return  # not a sidecar we understand: the files are used as they are
-        names = {"num_clients": "synth_clients", "vocab_size": "synth_vocab"}
-        names.update(num_tags="synth_tags", seed="synth_seed")
-        for key, value in self.synth_params.items():
-            if isinstance(recorded, dict) and key in recorded and recorded[key] != value:
-                raise ValueError(
-                    f"{names[key]}={value}, but {self.data_dir} holds a synthetic dataset "
-                    f"generated with {key}={recorded[key]}; use another data_dir (files that "
-                    "exist are never overwritten)"
-                )
-
     def _init_runtime(self) -> None:
         self._train: SQLiteSplit | None = None
         self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
@@ -561,11 +506,6 @@ class StackOverflowNextWordTask:
         )
 
     # -------------------------------------------------------------------------- data
-    def _check_user(self, user_id: int) -> int:
-        if isinstance(user_id, bool) or not 0 <= int(user_id) < self.num_users:
-            raise ValueError(f"user_id must be in [0, {self.num_users}), got {user_id!r}")
-        return int(user_id)
-
     def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, y)`` of training user ``user_id`` (CPU tensors; do not modify them).
 

@@ -63,12 +63,10 @@ References
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -78,11 +76,15 @@ from fedprivopt.data.sqlite import SQLiteSplit
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.data.synthetic import (
     SQLITE_FILE,
-    SYNTHETIC_META_FILE,
     SyntheticConfig,
-    ensure_synthetic,
 )
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_tag_counts, read_word_counts
+from fedprivopt.models.stackoverflow_files import (
+    StackOverflowFiles,
+    _check_bool,
+    _check_int,
+    _model_device,
+)
 from fedprivopt.privacy.rng import derive_seed
 
 __all__ = [
@@ -279,50 +281,8 @@ class BagOfWordsLogisticRegression(torch.nn.Module):
         return f"vocab_size={self.vocab_size}, num_tags={self.num_tags}"
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
 # ---------------------------------------------------------------------------------- task
-def _check_int(name: str, value: object, minimum: int, *, none: bool = False) -> int | None:
-    if none and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        extra = " or None" if none else ""
-        raise ValueError(f"{name} must be an integer >= {minimum}{extra}, got {value!r}")
-    return int(value)
-
-
-def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
-@contextlib.contextmanager
-def _directory_lock(root: Path) -> Iterator[None]:
-    """Exclusive lock on ``root/.stackoverflow.lock`` (POSIX; a no-op elsewhere).
-
-    Several processes (Ray workers, SuperNodes) may build the task at once; only one of them
-    generates the synthetic files, the others wait and then find them current.
-    """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".stackoverflow.lock", "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-class StackOverflowTagTask:
+class StackOverflowTagTask(StackOverflowFiles):
     """StackOverflow tag prediction (bag of words to tags, logistic regression) as a Task.
 
     Parameters
@@ -458,58 +418,6 @@ class StackOverflowTagTask:
         self._train = train
 
     # ------------------------------------------------------------------------- files
-    @property
-    def sqlite_path(self) -> Path:
-        """The ``stackoverflow.sqlite`` file."""
-        return self.data_dir / SQLITE_FILE
-
-    @property
-    def word_count_path(self) -> Path:
-        """The ``stackoverflow.word_count`` file (public side information)."""
-        return self.data_dir / WORD_COUNT_FILE
-
-    def _ensure_files(self) -> None:
-        names = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
-
-        def missing() -> list[str]:
-            return [n for n in names if not (self.data_dir / n).is_file()]
-
-        if self.synthetic and missing():
-            # Under the lock: another process may be writing the files right now.
-            with _directory_lock(self.data_dir):
-                if len(missing()) == len(names):  # not generated meanwhile by another process
-                    ensure_synthetic(self.data_dir, self.synth_config)
-        absent = missing()
-        if absent:
-            hint = (
-                "some files are present, so no synthetic data is generated over them"
-                if len(absent) < len(names)
-                else "pass synthetic=True to generate a synthetic dataset"
-            )
-            raise FileNotFoundError(
-                f"{self.data_dir}: missing {', '.join(absent)} (decompress and index the TFF "
-                f"download there; {hint})"
-            )
-        self._check_synthetic_meta()
-
-    def _check_synthetic_meta(self) -> None:
-        meta_path = self.data_dir / SYNTHETIC_META_FILE
-        if not self.synth_params or not meta_path.is_file():
-            return
-        try:
-            recorded = json.loads(meta_path.read_text(encoding="utf-8"))["config"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return  # not a sidecar we understand: the files are used as they are
-        names = {"num_clients": "synth_clients", "vocab_size": "synth_vocab"}
-        names.update(num_tags="synth_tags", seed="synth_seed")
-        for key, value in self.synth_params.items():
-            if isinstance(recorded, dict) and key in recorded and recorded[key] != value:
-                raise ValueError(
-                    f"{names[key]}={value}, but {self.data_dir} holds a synthetic dataset "
-                    f"generated with {key}={recorded[key]}; use another data_dir (files that "
-                    "exist are never overwritten)"
-                )
-
     def _init_runtime(self) -> None:
         self._train: SQLiteSplit | None = None
         self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
@@ -545,11 +453,6 @@ class StackOverflowTagTask:
         return encode_examples(examples, word_index, tag_index, single_label=self.single_label)
 
     # -------------------------------------------------------------------------- data
-    def _check_user(self, user_id: int) -> int:
-        if isinstance(user_id, bool) or not 0 <= int(user_id) < self.num_users:
-            raise ValueError(f"user_id must be in [0, {self.num_users}), got {user_id!r}")
-        return int(user_id)
-
     def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, y)`` of training user ``user_id`` (CPU tensors; do not modify them).
 

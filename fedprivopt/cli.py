@@ -8,13 +8,14 @@ to see one).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from fedprivopt import __version__
@@ -28,11 +29,16 @@ class UsageError(Exception):
     """Bad command-line input: reported on one line, exit code 2."""
 
 
+def _one_line(text: str) -> str:
+    r"""``text`` on one line: line breaks (e.g. inside a value the user typed) become ``\n``."""
+    return "\\n".join(text.splitlines())
+
+
 class _Parser(argparse.ArgumentParser):
     """ArgumentParser whose errors are one line on stderr and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{_one_line(f'{self.prog}: error: {message}')}\n")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -203,6 +209,28 @@ def _describe(out: dict) -> str:
     )
 
 
+@contextlib.contextmanager
+def _accountant_numerics(sigma_flag: str) -> Iterator[None]:
+    """Run the accountant quietly; a numerical failure on extreme flags is a usage error.
+
+    In-range flags can still be beyond what the accounting libraries compute (e.g. sigma 1e300
+    with sample rate 1e-300 overflows in dp-accounting; a target epsilon that no noise level in
+    the calibration's search range reaches): one line naming the flags instead of a traceback.
+    Overflow warnings of the libraries are dropped; the printed epsilon says what they meant.
+    """
+    from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            yield
+        except (ArithmeticError, NoBracketIntervalFoundError) as exc:
+            raise UsageError(
+                f"the accountant cannot handle these flags ({sigma_flag}, --sample-rate, "
+                f"--rounds, --delta are too extreme): {type(exc).__name__}: {exc}"
+            ) from None
+
+
 def cmd_epsilon(args: argparse.Namespace) -> int:
     """``fedprivopt epsilon``: ε after T rounds."""
     from fedprivopt.privacy.accounting import compose_epsilon
@@ -210,9 +238,10 @@ def cmd_epsilon(args: argparse.Namespace) -> int:
 
     sampling = _resolve_sampling(args)
     event = make_round_event(args.noise_multiplier, **sampling)
-    eps = compose_epsilon(
-        [(event, args.rounds * args.events_per_round)], args.delta, accountant=args.accountant
-    )
+    with _accountant_numerics("--noise-multiplier"):
+        eps = compose_epsilon(
+            [(event, args.rounds * args.events_per_round)], args.delta, accountant=args.accountant
+        )
     out = {
         "epsilon": eps,
         "noise_multiplier": args.noise_multiplier,
@@ -231,18 +260,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from fedprivopt.privacy.calibration import calibrate_noise_multiplier, make_round_event
 
     sampling = _resolve_sampling(args)
-    sigma = calibrate_noise_multiplier(
-        target_epsilon=args.target_epsilon,
-        delta=args.delta,
-        rounds=args.rounds,
-        events_per_round=args.events_per_round,
-        accountant=args.accountant,
-        **sampling,
-    )
-    event = make_round_event(sigma, **sampling)
-    eps = compose_epsilon(
-        [(event, args.rounds * args.events_per_round)], args.delta, accountant=args.accountant
-    )
+    with _accountant_numerics("--target-epsilon"):
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=args.target_epsilon,
+            delta=args.delta,
+            rounds=args.rounds,
+            events_per_round=args.events_per_round,
+            accountant=args.accountant,
+            **sampling,
+        )
+        event = make_round_event(sigma, **sampling)
+        eps = compose_epsilon(
+            [(event, args.rounds * args.events_per_round)], args.delta, accountant=args.accountant
+        )
     out = {
         "noise_multiplier": sigma,
         "epsilon": eps,
@@ -628,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ValueError) as exc:
         if os.environ.get("FEDPRIVOPT_DEBUG"):
             raise
-        print(f"fedprivopt {args.command}: error: {exc}", file=sys.stderr)
+        print(_one_line(f"fedprivopt {args.command}: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -3,13 +3,14 @@
 :func:`make_faulty_client_app` wraps the real ClientApp; after it trains, the replies of chosen
 users are corrupted (or the node raises). Use it in simulations to check that a round still
 completes, that malformed updates are rejected and counted, that an oversized update is
-re-clipped, and that accounting does not change (what is accounted is the sampling, not the
-arrival).
+re-clipped, that a node slower than the round timeout only loses its users' updates, and that
+accounting does not change (what is accounted is the sampling, not the arrival).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -30,6 +31,9 @@ FAULTS = {
     "missing": "the update record has no 'delta' array",
     "huge": "the update has norm 1e6 (far above the clip norm)",
     "foreign": "the node also sends an update for a user it was not asked to train",
+    "drop": "the node leaves the user's update out of its reply (the user dropped out)",
+    "slow": "the node sleeps sleep_seconds before replying (set it above the round timeout: the "
+    "reply arrives too late and is ignored)",
 }
 
 
@@ -55,14 +59,27 @@ def _corrupt(reply: Message, user: int, fault: str) -> None:
     elif fault == "foreign":
         reply.content[P.update_key(10**9 + user)] = ArrayRecord({P.DELTA_ARRAY: Array(delta)})
         return
+    elif fault == "drop":
+        del reply.content[key]
+        return
+    elif fault == "slow":
+        return  # the delay is applied once per message, in _train
     reply.content[key] = ArrayRecord({P.DELTA_ARRAY: Array(delta)})
 
 
-def _train(message: Message, context: Context, real: ClientApp, faults: dict[int, str]) -> Message:
+def _train(
+    message: Message,
+    context: Context,
+    real: ClientApp,
+    faults: dict[int, str],
+    sleep_seconds: float,
+) -> Message:
     config = message.content.config_records[P.CONFIG_RECORD]
     users = [int(u) for u in config[P.USERS]]
     if any(faults.get(u) == "raise" for u in users):
         raise RuntimeError(f"injected fault: node hosting users {users} crashed")
+    if any(faults.get(u) == "slow" for u in users):
+        time.sleep(sleep_seconds)
     reply = real(message, context)
     for user in users:
         if user in faults:
@@ -79,6 +96,7 @@ def make_faulty_client_app(
     *,
     task: str | None = None,
     task_params: str | Mapping[str, object] | None = None,
+    sleep_seconds: float = 10.0,
 ) -> ClientApp:
     """A ClientApp that behaves like :func:`make_client_app` except for the faulty users.
 
@@ -88,14 +106,21 @@ def make_faulty_client_app(
         User id → fault name (see :data:`FAULTS`).
     task, task_params
         As for :func:`~fedprivopt.clients.client_app.make_client_app`.
+    sleep_seconds : float
+        How long a node hosting a ``slow`` user sleeps before replying (``>= 0``); make it longer
+        than the strategy's round timeout (``DPStrategy.start(..., timeout=...)``).
     """
     unknown = {f for f in faults.values() if f not in FAULTS}
     if unknown:
         raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+    if not (float(sleep_seconds) >= 0):
+        raise ValueError(f"sleep_seconds must be a number >= 0, got {sleep_seconds!r}")
     real = make_client_app(task=task, task_params=task_params)
     app = ClientApp()
     table = {int(u): str(f) for u, f in faults.items()}
     app.query()(functools.partial(_forward, real=real))
     app.evaluate()(functools.partial(_forward, real=real))
-    app.train()(functools.partial(_train, real=real, faults=table))
+    app.train()(
+        functools.partial(_train, real=real, faults=table, sleep_seconds=float(sleep_seconds))
+    )
     return app

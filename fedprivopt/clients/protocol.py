@@ -160,11 +160,18 @@ def update_key(user_id: int) -> str:
 
 
 def parse_update_key(key: str) -> int | None:
-    """Return the user id of an update key, or ``None`` if ``key`` is not one."""
+    """Return the user id of an update key, or ``None`` if ``key`` is not one.
+
+    Only the canonical form :func:`update_key` writes is one: ASCII digits without leading
+    zeros, so no two keys of a reply name the same user (``update/01`` and ``update/²`` are not
+    update keys).
+    """
     if not key.startswith(UPDATE_PREFIX):
         return None
     rest = key[len(UPDATE_PREFIX) :]
-    return int(rest) if rest.isdigit() else None
+    if not (rest.isascii() and rest.isdigit()) or (rest[0] == "0" and rest != "0"):
+        return None
+    return int(rest)
 
 
 def hosted_users(partition_id: int, num_partitions: int, num_users: int) -> list[int]:

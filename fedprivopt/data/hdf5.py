@@ -17,8 +17,9 @@ References
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,9 @@ def _split_from_name(path: Path) -> str:
 def _text(value: object) -> str:
     if isinstance(value, (bytes, np.bytes_)):
         return bytes(value).decode("utf-8")
-    return str(value)
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"holds a {type(value).__name__}, expected a string")
 
 
 class HDF5Split(ClientSplit):
@@ -73,7 +76,8 @@ class HDF5Split(ClientSplit):
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If it is not an HDF5 file or has no ``/examples`` group.
+        If it is not an HDF5 file or has no ``/examples`` group; later, when a client's data
+        cannot be read (a damaged file: h5py's errors become ``ValueError`` naming the file).
     """
 
     def __init__(self, path: str | os.PathLike, split: str | None = None) -> None:
@@ -84,25 +88,45 @@ class HDF5Split(ClientSplit):
         self._file: Any = None
         self._pid = -1
         group = self._examples()
-        self._client_ids = sorted(group.keys())
+        with self._reading("the client list"):
+            self._client_ids = sorted(group.keys())
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """Turn the errors h5py raises on a damaged file into a ``ValueError`` naming it."""
+        try:
+            yield
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{self.path}: cannot read {what} (damaged HDF5 file?): {exc}"
+            ) from exc
 
     def _examples(self) -> Any:
         h5py = _h5py()
         if self._file is None or self._pid != os.getpid():
             try:
                 self._file = h5py.File(self.path, "r")
-            except OSError as exc:
+            except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{self.path}: not a readable HDF5 file: {exc}") from exc
             self._pid = os.getpid()
-        group = self._file.get("examples")
-        if group is None or not isinstance(group, h5py.Group):
+        with self._reading("'/examples'"):
+            group = self._file.get("examples")
+            is_group = isinstance(group, h5py.Group)
+        if not is_group:
             raise ValueError(f"{self.path}: no '/examples' group; not a StackOverflow HDF5 file")
         return group
 
     def _client(self, client_id: str) -> Any:
-        group = self._examples().get(client_id)
+        examples = self._examples()
+        with self._reading(f"client {client_id!r}"):
+            group = examples.get(client_id)
+            is_group = isinstance(group, _h5py().Group)
+        if group is None and client_id in self._client_ids:
+            raise ValueError(f"{self.path}: client {client_id!r} is listed but cannot be opened")
         if group is None:
             raise KeyError(f"client {client_id!r} is not in split {self.split!r}")
+        if not is_group:
+            raise ValueError(f"{self.path}: /examples/{client_id} is not a group of features")
         return group
 
     @property
@@ -113,21 +137,27 @@ class HDF5Split(ClientSplit):
     def num_examples(self, client_id: str) -> int:
         """Return the number of examples of ``client_id`` (its ``tokens`` length)."""
         group = self._client(client_id)
-        if "tokens" not in group:
+        with self._reading(f"client {client_id!r}"):
+            tokens = group.get("tokens")
+            size = getattr(tokens, "size", None)  # a Dataset's; a scalar one holds one value
+        if size is None:
             raise ValueError(f"{self.path}: client {client_id!r} has no 'tokens' dataset")
-        return int(group["tokens"].shape[0])
+        return int(size)
 
     def client_examples(self, client_id: str) -> list[StackOverflowExample]:
         """Return the decoded examples of ``client_id``, in file order."""
         group = self._client(client_id)
         columns: dict[str, np.ndarray] = {}
+        with self._reading(f"client {client_id!r}"):
+            found = sorted(group.keys())
+            for name in FEATURES:
+                if name in found:
+                    columns[name] = np.asarray(group[name][()]).reshape(-1)
         for name in FEATURES:
-            if name not in group:
+            if name not in columns:
                 raise ValueError(
-                    f"{self.path}: client {client_id!r} lacks feature {name!r} "
-                    f"(found {sorted(group.keys())})"
+                    f"{self.path}: client {client_id!r} lacks feature {name!r} (found {found})"
                 )
-            columns[name] = np.asarray(group[name][()]).reshape(-1)
         lengths = {name: len(col) for name, col in columns.items()}
         if len(set(lengths.values())) != 1:
             raise ValueError(
@@ -138,10 +168,23 @@ class HDF5Split(ClientSplit):
                 f"{self.path}: client {client_id!r}: 'score' has dtype "
                 f"{columns['score'].dtype}, expected integers"
             )
-        try:
-            text = {name: [_text(v) for v in columns[name]] for name in FEATURES if name != "score"}
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{self.path}: client {client_id!r}: invalid UTF-8: {exc}") from exc
+        text: dict[str, list[str]] = {}
+        for name in FEATURES:
+            if name == "score":
+                continue
+            if columns[name].dtype.kind not in "SUO":
+                raise ValueError(
+                    f"{self.path}: client {client_id!r}: {name!r} has dtype "
+                    f"{columns[name].dtype}, expected strings"
+                )
+            try:
+                text[name] = [_text(v) for v in columns[name]]
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{self.path}: client {client_id!r}: invalid UTF-8: {exc}"
+                ) from exc
+            except ValueError as exc:
+                raise ValueError(f"{self.path}: client {client_id!r}: {name!r} {exc}") from None
         scores = columns["score"].astype(np.int64).tolist()
         return [
             StackOverflowExample(

@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 INDEX_NAME = "examples_split_client"
+# sqlite3 raises UnicodeDecodeError when a damaged schema puts invalid UTF-8 in an error message
+_SQLITE_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
 _MAX_OUT = 16 << 20  # bytes of decompressed output per step
 _HEADER = b"SQLite format 3\x00"
 _SCHEMA = {
@@ -128,17 +130,26 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _text_values(path: Path, column: str, values: list) -> list[str]:
+    """``values`` if they are all text; a damaged record can hold another storage class."""
+    for value in values:
+        if not isinstance(value, str):
+            raise ValueError(f"{path}: {column} holds {value!r}, expected text")
+    return values
+
+
 def list_splits(path: str | os.PathLike) -> list[str]:
     """Split names present in ``client_metadata`` of the database at ``path``."""
     path = check_sqlite_file(path)
     conn = _connect(path)
     try:
         _check_schema(conn, path)
-        return sorted(r[0] for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata"))
-    except sqlite3.DatabaseError as exc:
+        names = [r[0] for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata")]
+    except _SQLITE_ERRORS as exc:
         raise ValueError(f"{path}: unreadable SQLite database: {exc}") from exc
     finally:
         conn.close()
+    return sorted(_text_values(path, "client_metadata.split_name", names))
 
 
 def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -163,6 +174,7 @@ def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
     try:
         _check_schema(conn, path)
         for split, n in conn.execute("SELECT split_name, num_examples FROM client_metadata"):
+            _text_values(path, "client_metadata.split_name", [split])
             if not isinstance(n, int) or n < 0:
                 raise ValueError(
                     f"{path}: client_metadata.num_examples holds {n!r} in split "
@@ -172,7 +184,7 @@ def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
             if counts is None:
                 counts = out[split] = array("q")
             counts.append(n)
-    except sqlite3.DatabaseError as exc:
+    except _SQLITE_ERRORS as exc:
         raise ValueError(f"{path}: unreadable SQLite database: {exc}") from exc
     finally:
         conn.close()
@@ -229,16 +241,19 @@ class SQLiteSplit(ClientSplit):
             ).fetchall()
             if not rows:
                 splits = sorted(
-                    r[0] for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata")
+                    str(r[0])
+                    for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata")
                 )
                 raise ValueError(
                     f"{self.path}: no split {split!r} in client_metadata (splits present: {splits})"
                 )
             self.indexed = has_client_index(conn)
             first = conn.execute("SELECT serialized_example_proto FROM examples LIMIT 1").fetchone()
-        except sqlite3.DatabaseError as exc:
+        except _SQLITE_ERRORS as exc:
             raise ValueError(f"{self.path}: unreadable SQLite database: {exc}") from exc
-        self._client_ids = [r[0] for r in rows]
+        self._client_ids = _text_values(
+            self.path, "client_metadata.client_id", [r[0] for r in rows]
+        )
         self._counts = {r[0]: r[1] for r in rows}
         if len(self._counts) != len(rows):
             raise ValueError(
@@ -292,8 +307,12 @@ class SQLiteSplit(ClientSplit):
             raise KeyError(f"client {client_id!r} is not in split {self.split!r}") from None
 
     def serialized_examples(self, client_id: str) -> list[bytes]:
-        """Return the raw ``tf.train.Example`` blobs of ``client_id``, in file order."""
-        self.num_examples(client_id)
+        """Return the raw ``tf.train.Example`` blobs of ``client_id``, in file order.
+
+        Raises ``ValueError`` when their number differs from ``client_metadata`` (the two
+        tables disagree: a damaged or hand-edited file).
+        """
+        expected = self.num_examples(client_id)
         try:
             rows = (
                 self._connection()
@@ -304,8 +323,13 @@ class SQLiteSplit(ClientSplit):
                 )
                 .fetchall()
             )
-        except sqlite3.DatabaseError as exc:
+        except _SQLITE_ERRORS as exc:
             raise ValueError(f"{self.path}: unreadable SQLite database: {exc}") from exc
+        if len(rows) != expected:
+            raise ValueError(
+                f"{self.path}: client {client_id!r} of split {self.split!r} has {len(rows)} "
+                f"examples, client_metadata.num_examples says {expected}"
+            )
         return [r[0] for r in rows]
 
     def client_examples(self, client_id: str) -> list[StackOverflowExample]:
@@ -352,7 +376,7 @@ def create_client_index(path: str | os.PathLike) -> bool:
         with conn:
             conn.execute(f"CREATE INDEX {INDEX_NAME} ON examples (split_name, client_id)")
         return True
-    except sqlite3.DatabaseError as exc:
+    except _SQLITE_ERRORS as exc:
         raise ValueError(f"{path}: cannot index SQLite database: {exc}") from exc
     finally:
         conn.close()

@@ -12,10 +12,12 @@ format::
     message FloatList { repeated float value = 1 [packed = true]; }
     message Int64List { repeated int64 value = 1 [packed = true]; }
 
-The parser follows protobuf semantics: unknown fields are skipped, packed and unpacked repeated
-scalars are both accepted, a repeated map key or a second ``oneof`` member replaces the earlier
-one, and int64 values are two's complement. Malformed input (truncated, a length running past
-its parent, an invalid wire type, an over-long varint) raises :class:`ProtoDecodeError`, a
+The parser follows protobuf semantics: unknown fields are skipped (groups included), packed and
+unpacked repeated scalars are both accepted, a repeated map key or a different ``oneof`` member
+replaces the earlier one, a repeated embedded message merges into the earlier one (the same
+``oneof`` list twice concatenates; an empty second ``Feature`` changes nothing), and int64
+values are two's complement. Malformed input (truncated, a length running past its parent, an
+invalid wire type, an over-long varint, an unmatched group) raises :class:`ProtoDecodeError`, a
 :class:`ValueError`.
 
 References
@@ -50,6 +52,8 @@ INT64_LIST = "int64_list"
 _KIND_FIELD = {BYTES_LIST: 1, FLOAT_LIST: 2, INT64_LIST: 3}
 
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+_WIRE_START_GROUP, _WIRE_END_GROUP = 3, 4
+_MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
 _MASK64 = (1 << 64) - 1
 _SIGN64 = 1 << 63
 
@@ -144,12 +148,23 @@ def _length(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     return stop, pos
 
 
-def _skip(buf: bytes, pos: int, end: int, wire: int) -> int:
-    """Skip the payload of an unknown field and return the next position."""
+def _skip(buf: bytes, pos: int, end: int, wire: int, field: int = 0, depth: int = 0) -> int:
+    """Skip the payload of unknown field ``field`` and return the next position."""
     if wire == _WIRE_VARINT:
         return _varint(buf, pos, end)[1]
     if wire == _WIRE_LEN:
         return _length(buf, pos, end)[0]
+    if wire == _WIRE_START_GROUP:  # deprecated groups: fields up to the matching end tag
+        if depth >= _MAX_GROUP_DEPTH:
+            raise ProtoDecodeError(f"groups nested deeper than {_MAX_GROUP_DEPTH} at byte {pos}")
+        while pos < end:
+            inner, inner_wire, pos = _tag(buf, pos, end)
+            if inner_wire == _WIRE_END_GROUP:
+                if inner != field:
+                    raise ProtoDecodeError(f"group {field} ended by field {inner} at byte {pos}")
+                return pos
+            pos = _skip(buf, pos, end, inner_wire, inner, depth + 1)
+        raise ProtoDecodeError(f"unterminated group {field} at byte {pos}")
     width = {_WIRE_I64: 8, _WIRE_I32: 4}.get(wire)
     if width is None:
         raise ProtoDecodeError(f"unsupported wire type {wire} before byte {pos}")
@@ -174,7 +189,7 @@ def _parse_list(buf: bytes, pos: int, end: int, kind: str) -> tuple:
             continue
         field, wire, pos = _tag(buf, pos, end)
         if field != 1:
-            pos = _skip(buf, pos, end, wire)
+            pos = _skip(buf, pos, end, wire, field)
         elif kind == BYTES_LIST and wire == _WIRE_LEN:
             stop, pos = _length(buf, pos, end)
             values.append(buf[pos:stop])
@@ -208,25 +223,32 @@ _KIND_TAGS = {0x0A: BYTES_LIST, 0x12: FLOAT_LIST, 0x1A: INT64_LIST}
 _UNSET = (BYTES_LIST, ())  # an unset oneof reads as an empty list
 
 
-def _parse_feature(buf: bytes, pos: int, end: int) -> tuple[str, tuple]:
-    feature = _UNSET
+def _parse_feature(
+    buf: bytes, pos: int, end: int, feature: tuple[str, tuple] | None = None
+) -> tuple[str, tuple] | None:
+    """Parse a ``Feature`` merged into ``feature`` (protobuf's merge of a repeated message).
+
+    Returns ``None`` while no ``oneof`` member is set.
+    """
     while pos < end:
         field, wire, pos = _tag(buf, pos, end)
         kind = _KINDS.get(field)
         if kind is None or wire != _WIRE_LEN:
             if kind is not None:
                 raise ProtoDecodeError(f"Feature.{kind} has wire type {wire} at byte {pos}")
-            pos = _skip(buf, pos, end, wire)
+            pos = _skip(buf, pos, end, wire, field)
             continue
         stop, pos = _length(buf, pos, end)
-        feature = (kind, _parse_list(buf, pos, stop, kind))
+        values = _parse_list(buf, pos, stop, kind)
+        same = feature is not None and feature[0] == kind
+        feature = (kind, feature[1] + values if same else values)  # type: ignore[index]
         pos = stop
     return feature
 
 
 def _parse_entry(buf: bytes, pos: int, end: int) -> tuple[bytes, tuple[str, tuple]]:
     key = b""
-    value = _UNSET
+    value: tuple[str, tuple] | None = None
     while pos < end:
         field, wire, pos = _tag(buf, pos, end)
         if field in (1, 2) and wire != _WIRE_LEN:
@@ -237,11 +259,11 @@ def _parse_entry(buf: bytes, pos: int, end: int) -> tuple[bytes, tuple[str, tupl
             pos = stop
         elif field == 2:
             stop, pos = _length(buf, pos, end)
-            value = _parse_feature(buf, pos, stop)
+            value = _parse_feature(buf, pos, stop, value)
             pos = stop
         else:
-            pos = _skip(buf, pos, end, wire)
-    return key, value
+            pos = _skip(buf, pos, end, wire, field)
+    return key, _UNSET if value is None else value
 
 
 def _short_length(buf: bytes, q: int, end: int) -> tuple[int, int]:
@@ -296,7 +318,7 @@ def parse_features_raw(data: bytes) -> dict[bytes, tuple[str, tuple]]:
     while pos < end:
         field, wire, pos = _tag(data, pos, end)
         if field != 1:
-            pos = _skip(data, pos, end, wire)
+            pos = _skip(data, pos, end, wire, field)
             continue
         if wire != _WIRE_LEN:
             raise ProtoDecodeError(f"Example.features has wire type {wire} at byte {pos}")
@@ -304,7 +326,7 @@ def parse_features_raw(data: bytes) -> dict[bytes, tuple[str, tuple]]:
         while pos < fstop:  # Features message; repeated occurrences merge
             ffield, fwire, pos = _tag(data, pos, fstop)
             if ffield != 1:
-                pos = _skip(data, pos, fstop, fwire)
+                pos = _skip(data, pos, fstop, fwire, ffield)
                 continue
             if fwire != _WIRE_LEN:
                 raise ProtoDecodeError(f"Features.feature has wire type {fwire} at byte {pos}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ __all__ = [
 
 WORD_COUNT_FILE = "stackoverflow.word_count"
 TAG_COUNT_FILE = "stackoverflow.tag_count"
+_COUNT = re.compile(r"-?[0-9]+\Z")  # ASCII digits: str.isdigit() also accepts '²', int() not
+_MAX_COUNT = 2**63 - 1  # counts are stored as int64
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,7 +118,8 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
     FileNotFoundError
         If the file does not exist.
     ValueError
-        On a malformed line (with its number), a negative count or a repeated word.
+        On a malformed line (with its number), a count outside ``[0, 2**63)`` or a repeated
+        word.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
@@ -129,13 +133,15 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
                 parts = line.split()
                 if not parts:
                     continue
-                if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+                if len(parts) != 2 or not _COUNT.match(parts[1]):
                     raise ValueError(
                         f"{p}:{lineno}: expected 'word count', found {line.strip()[:80]!r}"
                     )
                 word, count = parts[0], int(parts[1])
                 if count < 0:
                     raise ValueError(f"{p}:{lineno}: negative count {count}")
+                if count > _MAX_COUNT:
+                    raise ValueError(f"{p}:{lineno}: count {count} does not fit in int64")
                 if word in seen:
                     raise ValueError(f"{p}:{lineno}: word {word!r} appears twice")
                 seen.add(word)
@@ -167,20 +173,31 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
     FileNotFoundError
         If the file does not exist.
     ValueError
-        If it is not a JSON object of non-negative integer counts.
+        If it is not a JSON object of integer counts in ``[0, 2**63)`` with distinct tags.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     p = _existing(path)
+
+    def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ValueError(f"{p}: tag {key!r} appears twice")
+            out[key] = value
+        return out
+
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=unique)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{p}: not a JSON tag-count file: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a JSON object tag -> count, found {type(data).__name__}")
     for tag, count in data.items():
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"{p}: tag {tag!r} has count {count!r}, expected an integer >= 0")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_COUNT:
+            raise ValueError(
+                f"{p}: tag {tag!r} has count {count!r}, expected an integer in [0, 2**63)"
+            )
     vocab = Vocabulary(tuple(data), np.asarray(list(data.values()), dtype=np.int64))
     return vocab if limit is None else vocab.top(limit)
 

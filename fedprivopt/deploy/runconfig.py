@@ -52,7 +52,15 @@ TASK_PARAMS_JSON = "task-params-json"
 DEPLOY_KEYS = ("out", "min-nodes", "fault-users", TASK_PARAMS_JSON)
 """Run-config keys of a deployment that are not :class:`RunConfig` keys."""
 
-SIMULATION_ONLY_KEYS = ("engine", "client-cpus", "client-gpus", "ray-cpus")
+SIMULATION_ONLY_KEYS = (
+    "engine",
+    "client-cpus",
+    "client-gpus",
+    "ray-cpus",
+    "vectorize",
+    "cohort-chunk",
+    "fast-actors",
+)
 """RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
 
 _NULLABLE = ("target-epsilon", "clip-norm-adaptive")

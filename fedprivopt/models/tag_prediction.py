@@ -63,15 +63,18 @@ References
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedprivopt.data.fast_example import text_fields_decoder
 from fedprivopt.data.sqlite import SQLiteSplit
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.data.synthetic import (
@@ -129,29 +132,42 @@ def encode_examples(
     labels : list of list of int, or list of int
         Sorted distinct tag ids per example, or the single labels.
     """
+    texts = [(ex.tokens, ex.title, ex.tags) for ex in examples]
+    return encode_texts(texts, word_index, tag_index, single_label=single_label)
+
+
+def encode_texts(
+    texts: Sequence[tuple[str, str, str]],
+    word_index: dict[str, int],
+    tag_index: dict[str, int],
+    *,
+    single_label: bool,
+) -> tuple[list[list[int]], list[list[int]] | list[int]]:
+    """:func:`encode_examples` on ``(tokens, title, tags)`` triples."""
     oov = len(word_index)
+    lookup = word_index.get
     words: list[list[int]] = []
     labels: list = []
-    for ex in examples:
-        tags = sorted({tag_index[t] for t in ex.tags.split("|") if t in tag_index})
+    for tokens, title, tag_text in texts:
+        tags = sorted({tag_index[t] for t in tag_text.split("|") if t in tag_index})
         if single_label:
             if not tags:
                 continue
             labels.append(tags[0])
         else:
             labels.append(tags)
-        text = ex.tokens + " " + ex.title
-        words.append([word_index.get(w, oov) for w in text.split()])
+        words.append([lookup(w, oov) for w in (tokens + " " + title).split()])
     return words, labels
 
 
 def _pad(rows: Sequence[Sequence[int]], fill: int, *, min_width: int = 1) -> torch.Tensor:
-    width = max([min_width, *(len(r) for r in rows)])
-    out = torch.full((len(rows), width), fill, dtype=torch.int64)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
-    return out
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    width = max(min_width, int(lengths.max()) if len(rows) else 0)
+    out = np.full((len(rows), width), fill, dtype=np.int64)
+    if lengths.sum():
+        values = np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(lengths.sum()))
+        out[np.arange(width) < lengths[:, None]] = values  # row-major: each row's prefix
+    return torch.from_numpy(out)
 
 
 def _tensors(
@@ -452,6 +468,27 @@ class StackOverflowTagTask(StackOverflowFiles):
         word_index, tag_index = self._indexes()
         return encode_examples(examples, word_index, tag_index, single_label=self.single_label)
 
+    def _read_train_user(self, client_id: str) -> tuple[list[list[int]], list]:
+        """Encoded training examples of ``client_id``: protobuf's C parser, else the exact one.
+
+        The fast path (:func:`~fedprivopt.data.fast_example.text_fields_decoder`) reads only the
+        text the task needs; on any failure the pure-Python reader decodes the user again and
+        raises its precise error, so both paths accept exactly the same data.
+        """
+        decode = text_fields_decoder()
+        if decode is not None:
+            blobs = self._train.serialized_examples(client_id)
+            if self.max_examples_per_user is not None:
+                blobs = blobs[: self.max_examples_per_user]
+            try:
+                texts = [decode(b) for b in blobs]
+            except Exception:  # malformed for the fast path: the exact reader decides
+                texts = None
+            if texts is not None:
+                word_index, tag_index = self._indexes()
+                return encode_texts(texts, word_index, tag_index, single_label=self.single_label)
+        return self._encode(self._train.client_examples(client_id))
+
     # -------------------------------------------------------------------------- data
     def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, y)`` of training user ``user_id`` (CPU tensors; do not modify them).
@@ -467,8 +504,7 @@ class StackOverflowTagTask(StackOverflowFiles):
             return hit
         if self._train is None:
             self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
-        examples = self._train.client_examples(self.client_ids[user_id])
-        words, labels = self._encode(examples)
+        words, labels = self._read_train_user(self.client_ids[user_id])
         out = _tensors(words, labels, self.num_features, self.num_tags, self.single_label)
         if self.cache_users:
             self._cache[user_id] = out
@@ -606,3 +642,13 @@ class StackOverflowTagTask(StackOverflowFiles):
         return token_frequency_preconditioner(
             counts, vocab_size=self.num_features, num_tags=self.num_tags, **kwargs
         )
+
+    # ------------------------------------------------------------------ fast engine
+    def cohort_trainer(self, *, device=None, chunk_users: int = 256):
+        """A :class:`~fedprivopt.models.tag_prediction_cohort.TagCohortTrainer` for this task.
+
+        The fast engine uses it to train a cohort at once on the rows its words touch.
+        """
+        from fedprivopt.models.tag_prediction_cohort import TagCohortTrainer
+
+        return TagCohortTrainer(self, device=device, chunk_users=chunk_users)

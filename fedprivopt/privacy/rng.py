@@ -4,7 +4,9 @@ Every random draw that matters for privacy (cohort sampling, noise) comes from a
 made here, never from a global generator. A generator is identified by ``(seed, round, purpose)``:
 the same triple always gives the same stream, so results do not depend on call order and two engines
 that draw the same quantities produce the same numbers. In *secure* mode every generator is seeded
-from the operating system's entropy instead, so the noise cannot be predicted from any seed.
+from the operating system's entropy instead, so the noise cannot be predicted from any seed, and
+the generators are :class:`SecureGenerator` objects, which tell
+:func:`~fedprivopt.privacy.noise.gaussian_noise` to use its floating-point hardened sampler.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RngFactory", "derive_seed"]
+__all__ = ["RngFactory", "SecureGenerator", "derive_seed"]
 
 _MAX_SEED = 2**63 - 1
 
@@ -45,6 +47,16 @@ def derive_seed(seed: int, *keys: int | str) -> int:
     return int.from_bytes(digest, "little") & _MAX_SEED
 
 
+class SecureGenerator(torch.Generator):
+    """A ``torch.Generator`` seeded from OS entropy by a secure-mode :class:`RngFactory`.
+
+    It draws exactly like a plain generator (same algorithm: Mersenne Twister on CPU, Philox on
+    CUDA); the type only marks the stream as secure-mode, so that
+    :func:`~fedprivopt.privacy.noise.gaussian_noise` samples with the hardened method (sum of four
+    draws, Holohan & Braghin 2021) instead of one draw.
+    """
+
+
 @dataclass(frozen=True)
 class RngFactory:
     """Factory of ``torch.Generator`` objects keyed by ``(round, purpose)``.
@@ -54,9 +66,11 @@ class RngFactory:
     seed : int or None
         Root seed for reproducible research. Must be ``None`` in secure mode.
     secure : bool
-        If true, every generator is seeded from ``secrets.randbits`` (the operating system's
-        entropy) and streams cannot be reproduced. Use this for deployments whose noise must not be
-        predictable.
+        If true, every generator is a :class:`SecureGenerator` seeded from ``secrets.randbits``
+        (63 bits of the operating system's entropy per stream) and streams cannot be reproduced;
+        Gaussian noise is then drawn with the floating-point hardened sampler of
+        :mod:`fedprivopt.privacy.noise`. Use this for deployments whose noise must not be
+        predictable. The generator algorithm itself is torch's (not a cryptographic PRNG).
 
     Examples
     --------
@@ -110,6 +124,7 @@ class RngFactory:
             Device of the generator; draws on CUDA need a CUDA generator. The same seed gives
             different streams on different device types.
         """
-        gen = torch.Generator(device=torch.device(device))
+        kind = SecureGenerator if self.secure else torch.Generator
+        gen = kind(device=torch.device(device))
         gen.manual_seed(self.seed_for(round_num, purpose, *extra))
         return gen

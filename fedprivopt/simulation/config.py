@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.strategies.config import StrategyConfig
+from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +35,8 @@ __all__ = ["ENGINES", "RunConfig", "load_config", "parse_override", "resolve_con
 ENGINES = ("fast", "flower")
 SIDE_INFORMATION = ("auto", "ones")
 _STRATEGY_KEYS = {f.name.replace("_", "-") for f in dataclasses.fields(StrategyConfig)}
+_DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z")
+_INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts any size
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,15 @@ class RunConfig:
     device : str
         Training device of the fast engine and of each client: ``auto`` (cuda if present),
         ``cpu`` or ``cuda[:i]``.
+    vectorize : bool
+        Fast engine: train a cohort's users together when the task has a cohort trainer
+        (row-sparse bag-of-words tasks); otherwise, or when false, one user at a time with
+        :class:`~fedprivopt.clients.LocalTrainer`. Both give the same model up to float rounding.
+    cohort_chunk : int
+        Fast engine: users trained together (bounds memory), ``>= 1``.
+    fast_actors : int
+        Fast engine: shard each cohort over this many Ray actors (each holds the task and trains
+        its share of users); ``0`` trains in process.
     """
 
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
@@ -78,6 +90,9 @@ class RunConfig:
     client_gpus: float = 0.0
     ray_cpus: int = 0
     device: str = "auto"
+    vectorize: bool = True
+    cohort_chunk: int = 256
+    fast_actors: int = 0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -105,11 +120,17 @@ class RunConfig:
                 or not (0 <= value < hi)
             ):
                 raise ValueError(f"{key.replace('_', '-')} must be a number >= 0, got {value!r}")
+        if not isinstance(self.vectorize, bool):
+            raise ValueError(f"vectorize must be true or false, got {self.vectorize!r}")
+        for key, low in (("cohort_chunk", 1), ("fast_actors", 0)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(
+                    f"{key.replace('_', '-')} must be an integer >= {low}, got {value!r}"
+                )
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task must be a task name, got {self.task!r}")
-        if not isinstance(self.device, str) or not (
-            self.device in ("auto", "cpu") or self.device.startswith("cuda")
-        ):
+        if not isinstance(self.device, str) or not _DEVICE.match(self.device):
             raise ValueError(f"device must be auto, cpu or cuda[:i], got {self.device!r}")
 
     def to_mapping(self) -> dict[str, Any]:
@@ -124,7 +145,11 @@ class RunConfig:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``key=value``; the value is read as TOML (``2``, ``0.5``, ``true``), else as text."""
+    r"""Parse ``key=value``; the value is read as TOML (``2``, ``0.5``, ``true``), else as text.
+
+    The value is TOML only when it is exactly one TOML value: ``1\n[x]`` is the text itself,
+    not ``1`` with the rest dropped.
+    """
     if "=" not in text:
         raise ValueError(f"--set expects key=value, got {text!r}")
     key, raw = text.split("=", 1)
@@ -132,9 +157,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ValueError(f"--set expects key=value, got {text!r}")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        parsed = tomllib.loads(f"v = {raw}")
     except tomllib.TOMLDecodeError:
-        value = raw.strip()
+        parsed = {}
+    value = parsed["v"] if list(parsed) == ["v"] else raw.strip()
     return key, value
 
 
@@ -150,15 +176,36 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _known_key(key: str) -> bool:
+    run_keys = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)}
+    return (key in _STRATEGY_KEYS or key in run_keys - {"strategy", "task-params"}) or (
+        key.startswith("task-params.")
+    )
+
+
 def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]:
-    """Apply ``[strategies.<strategy>]`` overrides and drop the other strategies' tables."""
+    """Apply ``[strategies.<strategy>]`` overrides and drop the other strategies' tables.
+
+    Every table is checked, not only the one applied: its name must be a strategy and its keys
+    real keys other than ``strategy``, so a typo is an error rather than silently ignored.
+    """
     out = {k: v for k, v in flat.items() if not k.startswith("strategies.")}
     prefix = f"strategies.{strategy}."
     for key, value in flat.items():
+        if not key.startswith("strategies."):
+            continue
+        name, _, rest = key[len("strategies.") :].partition(".")
+        if not rest:
+            raise ValueError(f"unknown key {key!r} (expected [strategies.<name>] tables)")
+        if name not in STRATEGIES:
+            raise ValueError(
+                f"unknown key {f'strategies.{name}'!r}: the table name must be one of "
+                f"{', '.join(STRATEGIES)}"
+            )
+        if rest == "strategy" or not _known_key(rest):
+            raise ValueError(f"unknown key {key!r}")
         if key.startswith(prefix):
             out[key[len(prefix) :]] = value
-        elif key.startswith("strategies.") and key.count(".") < 2:
-            raise ValueError(f"unknown key {key!r} (expected [strategies.<name>] tables)")
     return out
 
 
@@ -176,15 +223,22 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
     for key, value in flat.items():
         if key.startswith("task-params."):
             task_params[key.split(".", 1)[1].replace("-", "_")] = value
-        elif key in _STRATEGY_KEYS:
+            continue
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and not _INT64[0] <= value < _INT64[1]
+        ):
+            raise ValueError(f"{key}: integers must fit in 64 bits (as in TOML), got {value}")
+        if key in _STRATEGY_KEYS:
             strategy[key] = value
         elif key in run_keys:
             run[key.replace("-", "_")] = value
         else:
             raise ValueError(f"unknown key {key!r}")
-    if "client_cpus" in run and isinstance(run["client_cpus"], int):
+    if "client_cpus" in run and type(run["client_cpus"]) is int:  # not bool: false is no count
         run["client_cpus"] = float(run["client_cpus"])
-    if "client_gpus" in run and isinstance(run["client_gpus"], int):
+    if "client_gpus" in run and type(run["client_gpus"]) is int:  # not bool: false is no count
         run["client_gpus"] = float(run["client_gpus"])
     return RunConfig(strategy=StrategyConfig.from_mapping(strategy), task_params=task_params, **run)
 

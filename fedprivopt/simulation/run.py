@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -30,12 +31,13 @@ from typing import Any
 
 import torch
 
-from fedprivopt.clients.trainer import LocalConfig, LocalTrainer
+from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task
 from fedprivopt.models.task import Task, initial_flat, model_spec
 from fedprivopt.privacy.flat import unflatten
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.simulation.config import RunConfig, load_config
+from fedprivopt.simulation.fast import local_config, make_cohort_train
 from fedprivopt.strategies.algorithms import build_algorithm
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest, drive_round
 
@@ -85,20 +87,46 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def _toml_string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)  # any other character literally (TOML files are UTF-8)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
         return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
-    return json.dumps(str(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return _toml_string(str(value))
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else _toml_string(key)
 
 
 def config_to_toml(config: RunConfig) -> str:
     """The resolved configuration as a preset (loadable by :func:`load_config`)."""
     data = config.to_mapping()
     params = data.pop("task-params")
-    lines = [f"{key} = {_toml_value(value)}" for key, value in data.items()]
-    lines += ["", "[task-params]"] + [f"{k} = {_toml_value(v)}" for k, v in params.items()]
+    lines = [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in data.items()]
+    lines += ["", "[task-params]"]
+    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in params.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -132,7 +160,8 @@ def prepare_run_dir(out_dir: str | Path, config: RunConfig, *, overwrite: bool =
         )
     out.mkdir(parents=True, exist_ok=True)
     _atomic_write_bytes(out / CONFIG_FILE, config_to_toml(config).encode())
-    for name in (METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT):
+    stale = (METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
+    for name in (*stale, CHECKPOINT + ".tmp", CHECKPOINT + ".bad"):
         (out / name).unlink(missing_ok=True)
     return out
 
@@ -150,15 +179,29 @@ class RunWriter:
         self.progress: Callable[[dict[str, Any]], None] | None = None
 
     def save_checkpoint(self) -> None:
-        """Atomically replace the checkpoint, keeping the previous one."""
+        """Atomically replace the checkpoint, keeping the previous one.
+
+        Order (each step fsynced): (1) a line ``{round, events}`` is appended to the privacy
+        ledger (:data:`LEDGER_FILE`), so what was spent survives the loss of this checkpoint;
+        (2) the new checkpoint, with a SHA-256 digest of its content, is written to a temporary
+        file; (3) the current checkpoint becomes the previous one and the temporary file the
+        current one (two renames). At every instant a complete checkpoint exists, and a torn or
+        bit-flipped one is recognised by :func:`load_checkpoint`.
+        """
         import io
 
+        out, ckpt = self.out, self.out / CHECKPOINT
+        _note_spent(out, self.algorithm, "checkpoint")
+        state = {"algorithm": self.algorithm.state_dict(), "rows": len(self.rows)}
+        state["sha256"] = _state_digest(state)
         buf = io.BytesIO()
-        torch.save({"algorithm": self.algorithm.state_dict(), "rows": len(self.rows)}, buf)
-        ckpt = self.out / CHECKPOINT
+        torch.save(state, buf)
+        tmp = ckpt.with_name(ckpt.name + ".tmp")
+        _write_synced(tmp, buf.getvalue())
         if ckpt.exists():
-            os.replace(ckpt, self.out / PREVIOUS_CHECKPOINT)
-        _atomic_write_bytes(ckpt, buf.getvalue())
+            os.replace(ckpt, out / PREVIOUS_CHECKPOINT)
+        os.replace(tmp, ckpt)
+        _fsync_dir(out)
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Central evaluation of ``params`` on the task's held-out data."""
@@ -176,6 +219,10 @@ class RunWriter:
         now = time.perf_counter()
         seconds, self.last_time = now - self.last_time, now
         r = result.round_num
+        if self.config.strategy.secure and self.config.strategy.private:
+            # a secure round cannot be replayed: record its release before anything leaves
+            # (the next round's broadcast), so that a resume from an older checkpoint charges it
+            _note_spent(self.out, self.algorithm, "round")
         if eval_metrics is not None:
             row = {
                 "round": r,
@@ -262,23 +309,12 @@ def build_run(config: RunConfig) -> tuple[Task, ServerAlgorithm]:
     return task, build_algorithm(config.strategy, init, preconditioner=side)
 
 
-def _local_config(cfg: dict[str, Any]) -> LocalConfig:
-    return LocalConfig(
-        learning_rate=cfg["local-learning-rate"],
-        epochs=cfg["local-epochs"],
-        batch_size=cfg["batch-size"],
-        max_examples=cfg["max-examples"] or None,
-        clip_norm=cfg["clip-norm"] or None,
-        noise_std=cfg["noise-std"],
-    )
-
-
 def fast_train(trainer: LocalTrainer, secure: bool) -> Callable[[TrainRequest], dict]:
     """The fast engine's client side: train every requested user in process."""
 
     def train(request: TrainRequest) -> dict[int, torch.Tensor]:
         cfg = request.client_config
-        local = _local_config(cfg)
+        local = local_config(cfg)
         rngs = RngFactory(seed=None, secure=True) if secure else RngFactory(seed=cfg["seed"])
         return {
             u: trainer.train(
@@ -306,8 +342,16 @@ SMALL_MODEL = 200_000  # parameters below which one CPU thread beats several (op
 
 
 def _run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
-    trainer = LocalTrainer(task, device=_device(config.device))
-    train = fast_train(trainer, config.strategy.secure)
+    train = make_cohort_train(
+        task,
+        device=_device(config.device),
+        vectorize=config.vectorize,
+        chunk_users=config.cohort_chunk,
+        secure=config.strategy.secure,
+        actors=config.fast_actors,
+        task_name=config.task,
+        task_params=config.task_params,
+    )
     threads = torch.get_num_threads()
     if alg.params.numel() < SMALL_MODEL:
         # measured on 2 cores: 5.7 ms per toy user with 1 thread, 45 ms with 2 (contention)
@@ -322,6 +366,9 @@ def _run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWr
         return "rounds"
     finally:
         torch.set_num_threads(threads)
+        close = getattr(train, "close", None)
+        if close is not None:
+            close()
 
 
 def serve_flower(
@@ -471,33 +518,230 @@ def simulate(
     return _execute(out, config, task, alg, progress)
 
 
+LEDGER_FILE = "privacy_ledger.jsonl"
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _state_digest(state: dict[str, Any]) -> str:
+    """SHA-256 over a canonical walk of a checkpoint (its ``sha256`` entry excluded).
+
+    Tensors contribute dtype, shape and raw bytes; dicts their sorted keys; other leaves their
+    ``repr`` (exact for floats). ``torch.load`` does not check the zip CRCs, so a flipped bit in a
+    tensor would otherwise load silently.
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, dict):
+            h.update(f"D{len(x)}".encode())
+            for key in sorted(x, key=repr):
+                h.update(repr(key).encode())
+                walk(x[key])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"L{len(x)}".encode())
+            for item in x:
+                walk(item)
+        else:
+            h.update(f"S{x!r}".encode())
+
+    walk({k: v for k, v in state.items() if k != "sha256"})
+    return h.hexdigest()
+
+
+def _check_checkpoint(state: Any) -> None:
+    if not isinstance(state, dict) or not isinstance(state.get("algorithm"), dict):
+        raise ValueError("not a fedprivopt checkpoint (no 'algorithm' state)")
+    missing = {"round", "params", "accountant", "config"} - set(state["algorithm"])
+    if missing:
+        raise ValueError(f"algorithm state lacks {sorted(missing)}")
+    if "sha256" in state and state["sha256"] != _state_digest(state):
+        raise ValueError("content does not match its SHA-256 digest")
+
+
 def load_checkpoint(out: Path) -> dict[str, Any] | None:
-    """The newest readable checkpoint of ``out`` (falls back to the previous one)."""
+    """The newest readable checkpoint of ``out`` (falls back to the previous one).
+
+    A checkpoint is unreadable when ``torch.load`` fails (torn, truncated), when it is not a
+    checkpoint's structure, or when its content does not match the SHA-256 digest stored in it
+    (a bit flip; checkpoints written before digests existed are accepted without one). Returns
+    ``None`` when no checkpoint is readable; :func:`resume` decides whether that is an error.
+    """
+    return _newest_checkpoint(out)[0]
+
+
+def _newest_checkpoint(out: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`load_checkpoint` and the name of the file it read."""
     for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
         path = out / name
         if not path.exists():
             continue
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            _check_checkpoint(state)
+            return state, name
         except Exception as exc:  # a torn or corrupt file: try the previous one
             logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", path, exc)
-    return None
+    return None, None
+
+
+# -- the privacy ledger of a run directory ---------------------------------------------------------
+#
+# ``privacy_ledger.jsonl`` is append-only: a line {"round", "events", "kind"} is fsynced before
+# every checkpoint ("checkpoint") and when a run is resumed ("resume"); ``events`` is the
+# accountant's event count at that point. Together with the metrics rows (a row is written before
+# its round's checkpoint) it tells ``resume`` how much privacy the directory has already spent,
+# even when the newest checkpoints are lost.
+
+
+def _read_ledger(out: Path) -> list[dict[str, Any]]:
+    return read_rows(out / LEDGER_FILE)
+
+
+def _note_spent(out: Path, alg: ServerAlgorithm, kind: str) -> None:
+    """Append (and fsync) the accountant's current round and event count to the ledger."""
+    line = {"round": int(alg.round_num), "events": int(alg.accountant.num_events), "kind": kind}
+    with open(out / LEDGER_FILE, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _spent(out: Path, rows: list[dict[str, Any]], alg: ServerAlgorithm) -> tuple[int, int]:
+    """What the directory shows was released: (last round, number of privacy events).
+
+    Evidence: the ledger's lines, the metrics rows and ``summary.json``. Rows past the ledger's
+    last line belong to the rounds run after it (a resume drops later rows and writes a line), so
+    each adds one round's events to that line's count.
+    """
+    per_round = len(alg.round_events())
+    lines = _read_ledger(out)
+    last_round, last_events = 0, 0
+    if lines:
+        last_round, last_events = int(lines[-1]["round"]), int(lines[-1]["events"])
+    released = [int(r["round"]) for r in rows]
+    summary_path = out / SUMMARY_FILE
+    if summary_path.exists():
+        try:
+            released.append(int(json.loads(summary_path.read_text())["rounds_completed"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{summary_path} is unreadable ({exc})") from None
+    after = max([r for r in released if r > last_round], default=last_round)
+    events = max(
+        [last_events + per_round * (after - last_round)] + [int(x["events"]) for x in lines]
+    )
+    last = max(released + [int(x["round"]) for x in lines] + [0])
+    return last, events
+
+
+def _refuse_restart(out: Path, config: RunConfig, last_released: int) -> None:
+    """Raise unless restarting from round 0 keeps the privacy ledger intact.
+
+    Allowed only when no checkpoint file exists and no round past the first checkpoint is known
+    to have been released (a crash before the first checkpoint was complete), or nothing was
+    released at all (a run whose budget allowed no round): the restart then redoes those rounds
+    (and, in secure mode, :func:`resume` charges their earlier release). A finished run (it has a
+    summary) that released rounds but lost its checkpoints is refused.
+    """
+    present = [n for n in (CHECKPOINT, PREVIOUS_CHECKPOINT) if (out / n).exists()]
+    reset = "restarting from round 0 would reset the privacy accountant"
+    if present:
+        raise ValueError(
+            f"no readable checkpoint in {str(out)!r}: {' and '.join(present)} "
+            f"{'are' if len(present) > 1 else 'is'} unreadable (see the log); {reset} "
+            f"(rounds up to {last_released} were released). Restore a checkpoint or start a new "
+            "run in another directory"
+        )
+    first = min(config.checkpoint_every, config.strategy.num_server_rounds)
+    if last_released > first or (last_released and (out / SUMMARY_FILE).exists()):
+        raise ValueError(
+            f"{str(out)!r} has no checkpoint, but its metrics, summary or privacy ledger show "
+            f"rounds up to {last_released} were released; {reset}. Restore a checkpoint or "
+            "start a new run in another directory"
+        )
+
+
+def _charge_lost_releases(alg: ServerAlgorithm, spent_events: int) -> int:
+    """Secure mode: record the events of released rounds that will be redone with fresh noise.
+
+    Returns the number of events added to the accountant.
+    """
+    event = alg.round_event()
+    missing = spent_events - alg.accountant.num_events
+    if event is None or missing <= 0:
+        return 0
+    alg.accountant.step(event, count=missing)
+    logging.getLogger(__name__).warning(
+        "secure mode: %d privacy events of rounds after round %d were released with noise that "
+        "cannot be redrawn; they stay accounted (the redone rounds are new releases)",
+        missing,
+        alg.round_num,
+    )
+    return missing
 
 
 def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
-    """Continue the run in ``out_dir`` from its last good checkpoint."""
+    """Continue the run in ``out_dir`` from its last good checkpoint.
+
+    The accountant never restarts below what the directory shows was spent (see
+    :func:`_spent`: the privacy ledger, metrics rows and summary):
+
+    * if checkpoint files exist but none is readable, or none exists while rounds past the first
+      checkpoint were released, this raises ``ValueError`` instead of restarting from round 0;
+    * **seeded mode**: rounds after the restored checkpoint are redone with the same randomness
+      (all of it is keyed by seed, round, user), so they reproduce bit for bit the models and
+      metrics released before the crash: the same release again, not a new one, and the
+      accountant counts each round once. (A seeded run is for research: whoever knows the seed
+      can regenerate its noise, so it makes no privacy claim a replay could weaken.)
+    * **secure mode**: noise comes from OS entropy, so a redone round is a *new* release; the
+      events of the rounds released after the restored checkpoint are added to the accountant
+      first, then the redone rounds add their own. ε therefore exceeds that of an uninterrupted
+      run by the lost rounds, and a target ε may stop the run earlier.
+
+    Rows after the restored round are dropped (they are recomputed); a ``resume`` line with the
+    accountant's count is appended to the ledger before anything is dropped. An unreadable newest
+    checkpoint is renamed ``checkpoint.pt.bad``, so the good previous one is kept until the next
+    checkpoint replaces it.
+    """
     out = Path(out_dir)
     if not (out / CONFIG_FILE).is_file():
         raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
     config = load_config(out / CONFIG_FILE)
     task, alg = build_run(config)
-    state = load_checkpoint(out)
     rows = read_rows(out / METRICS_FILE)
-    if state is not None:
-        alg.load_state_dict(state["algorithm"])
-        rows = [r for r in rows if r["round"] <= alg.round_num]
+    last_released, spent_events = _spent(out, rows, alg)
+    state, name = _newest_checkpoint(out)
+    if state is None:
+        _refuse_restart(out, config, last_released)
     else:
-        rows = []
+        alg.load_state_dict(state["algorithm"])
+        if name == PREVIOUS_CHECKPOINT and (out / CHECKPOINT).exists():
+            # set the unreadable newest checkpoint aside, or the next save would rotate it over
+            # the good previous one
+            os.replace(out / CHECKPOINT, out / (CHECKPOINT + ".bad"))
+    if config.strategy.secure:
+        _charge_lost_releases(alg, spent_events)
+    _note_spent(out, alg, "resume")
+    rows = [r for r in rows if r["round"] <= alg.round_num]
     text = "".join(_json_line(r) for r in rows)
     _atomic_write_bytes(out / METRICS_FILE, text.encode())
     return _execute(out, config, task, alg, progress)

@@ -179,7 +179,7 @@ class DPFedAvgADADP(ServerAlgorithm):
         metrics = {f"{k}_1": v for k, v in agg_1.metrics.items()}
         metrics |= {f"{k}_2": v for k, v in agg_2.metrics.items()}
         metrics |= {
-            "accepted": float(res.accepted),
+            "adadp_step_accepted": float(res.accepted),
             "adadp_error": res.error,
             "server_learning_rate": lr,
             "noise_std": agg_1.metrics["noise_std"],

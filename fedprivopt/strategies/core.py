@@ -221,8 +221,11 @@ class ServerAlgorithm:
                 min_shares=aggregator.min_shares,
             )
         generator = self.rngs.generator(round_num, "server-noise", stream)
+        # a fixed summation order (by user) makes every engine's sum bit-identical; a streamed
+        # cohort (the fast engine's) already comes in that order and is consumed as it is trained
+        ordered = getattr(updates, "sorted_by_user", False)
         return aggregator.aggregate(
-            sorted(updates.items()),
+            updates.items() if ordered else sorted(updates.items()),
             dim=self.params.numel(),
             dtype=self.params.dtype,
             generator=generator,

@@ -94,6 +94,7 @@ class DPStrategy(Strategy):
         self._request: TrainRequest | None = None
         self._node_users: dict[int, list[int]] = {}
         self.node_errors = 0
+        self.unrequested = 0
 
     # -- discovery -----------------------------------------------------------------------------
 
@@ -187,11 +188,20 @@ class DPStrategy(Strategy):
         if not self._discovered:
             self.discover_users(grid)
         self.node_errors = 0
+        self.unrequested = 0
         self._round = self.algorithm.run_round(server_round)
         self._request = next(self._round)
         return self._messages(self._request)
 
     def _updates(self, replies: Iterable[Message]) -> dict[int, Any]:
+        """``{user: flat update}`` from train replies; nothing a client sends can raise here.
+
+        An update that cannot be decoded into a tensor (missing ``delta``, undecodable bytes, an
+        unsupported serialization or byte order) maps to ``None``, which the aggregator rejects
+        and counts; an update under a key that was not requested from that node (another
+        node's user, an unknown id, a non-canonical key) is dropped and counted in
+        ``unrequested``.
+        """
         updates: dict[int, Any] = {}
         for reply in replies:
             if reply.has_error():
@@ -204,13 +214,17 @@ class DPStrategy(Strategy):
                     continue
                 user = P.parse_update_key(key)
                 if user is None or user not in self._node_users.get(node, []):
+                    self.unrequested += 1
                     log(WARNING, "node %s sent an update under an unrequested key %r", node, key)
                     continue
+                updates[user] = None  # unless decoded below; the aggregator rejects and counts it
                 if P.DELTA_ARRAY not in record:
-                    updates[user] = None  # rejected (and counted) by the aggregator
                     continue
-                array = record[P.DELTA_ARRAY].numpy()
-                updates[user] = torch.from_numpy(np.array(array, copy=True))
+                try:
+                    array = np.array(record[P.DELTA_ARRAY].numpy(), copy=True)
+                    updates[user] = torch.from_numpy(array)
+                except Exception as exc:  # hostile bytes: np.load and torch raise many types
+                    log(WARNING, "node %s: undecodable update of user %d: %s", node, user, exc)
         return updates
 
     def aggregate_train(
@@ -232,6 +246,7 @@ class DPStrategy(Strategy):
         for user, reason in sorted(result.rejected.items()):
             log(WARNING, "round %d: rejected the update of user %d: %s", server_round, user, reason)
         result.metrics["node_errors"] = float(self.node_errors)
+        result.metrics["unrequested"] = float(self.unrequested)
         metrics = {k: float(v) for k, v in result.metrics.items() if np.isfinite(v)}
         self._last_result = result
         return flat_to_arrays(result.params, self.spec), MetricRecord(metrics)

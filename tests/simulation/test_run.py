@@ -173,3 +173,14 @@ def test_per_strategy_tables_apply_with_the_right_precedence():
     forced = load_config(PRESET, {"strategy": "dp-fedadam", "server-learning-rate": 0.2})
     assert forced.strategy.server_learning_rate == 0.2
     assert load_config(PRESET, {"strategy": "dp2"}).strategy.dp2_s1 == 2
+
+
+def test_secure_rounds_are_recorded_in_the_ledger_before_the_next_broadcast(tmp_path):
+    from fedprivopt.simulation.run import LEDGER_FILE
+
+    config = small_config(**{"secure": True, "checkpoint-every": 3, "eval-every": 3})
+    outcome = simulate(config, tmp_path / "s")
+    lines = read_rows(outcome.out_dir / LEDGER_FILE)
+    rounds = [line["round"] for line in lines if line["kind"] == "round"]
+    assert rounds == list(range(1, 7))  # every round, not only the checkpointed ones
+    assert [line["events"] for line in lines if line["kind"] == "round"] == rounds

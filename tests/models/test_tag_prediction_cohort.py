@@ -1,0 +1,154 @@
+"""The vectorized row-sparse cohort trainer computes LocalTrainer's updates."""
+
+import pytest
+import torch
+
+from fedprivopt.clients import LocalConfig, LocalTrainer
+from fedprivopt.models import StackOverflowTagTask, initial_flat
+from fedprivopt.privacy import RngFactory
+from fedprivopt.privacy.sparse import RowSparse
+
+SYNTH = dict(synth_clients=300, synth_vocab=600, synth_tags=20, synth_seed=3)
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cohort-synth")
+    StackOverflowTagTask(data_dir=str(root), vocab_size=500, num_tags=15, **SYNTH)
+    return root
+
+
+def _task(root, **kw):
+    args = dict(data_dir=str(root), vocab_size=500, num_tags=15, num_users=80, eval_users=5)
+    return StackOverflowTagTask(**{**args, **SYNTH, **kw})
+
+
+def _reference(task, w, users, cfg, rngs, precond, stream="train"):
+    trainer = LocalTrainer(task, device="cpu")
+    return {
+        u: trainer.train(
+            w, user_id=u, round_num=3, config=cfg, rngs=rngs, preconditioner=precond, stream=stream
+        ).delta
+        for u in users
+    }
+
+
+@pytest.mark.parametrize("single_label", [False, True])
+@pytest.mark.parametrize("preconditioned", [False, True])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LocalConfig(learning_rate=2.0, epochs=1, batch_size=4, clip_norm=0.5),
+        LocalConfig(learning_rate=1.0, epochs=2, batch_size=3, max_examples=7, clip_norm=10.0),
+        LocalConfig(learning_rate=0.5, epochs=1, batch_size=64, clip_norm=None),
+    ],
+    ids=["clip-small", "epochs-cap", "no-clip"],
+)
+def test_cohort_updates_equal_local_trainer(synth_dir, single_label, preconditioned, cfg):
+    task = _task(synth_dir, single_label=single_label)
+    w = initial_flat(task)
+    gen = torch.Generator().manual_seed(1)
+    precond = torch.rand(w.shape, generator=gen) + 0.5 if preconditioned else None
+    rngs = RngFactory(seed=11)
+    users = list(range(0, 80, 3))
+    ref = _reference(task, w, users, cfg, rngs, precond)
+    cohort = task.cohort_trainer(device="cpu", chunk_users=5)  # several chunks, a partial one
+    got = list(cohort.train(w, users, round_num=3, config=cfg, rngs=rngs, preconditioner=precond))
+    assert [u for u, _ in got] == users
+    for u, update in got:
+        assert isinstance(update, RowSparse)
+        assert update.problem(w.numel(), torch.float32) is None
+        dense = update.to_dense()
+        torch.testing.assert_close(dense, ref[u], rtol=1e-4, atol=2e-6)
+        assert torch.count_nonzero(ref[u]) <= update.values.numel()  # zero off the rows
+        if cfg.clip_norm is not None:
+            assert float(dense.norm()) <= cfg.clip_norm * (1 + 1e-6)
+
+
+def test_users_without_examples_and_streams(synth_dir):
+    task = _task(synth_dir)
+    w = initial_flat(task)
+    empty = [u for u in range(task.num_users) if task.user_size(u) == 0]
+    cfg = LocalConfig(learning_rate=1.0, batch_size=8, clip_norm=1.0)
+    rngs = RngFactory(seed=2)
+    users = sorted(set(empty[:2]) | {1, 2})
+    cohort = task.cohort_trainer(device="cpu")
+    for stream in ("train", "train-2"):
+        ref = _reference(task, w, users, cfg, rngs, None, stream=stream)
+        got = dict(cohort.train(w, users, round_num=3, config=cfg, rngs=rngs, stream=stream))
+        for u in users:
+            torch.testing.assert_close(got[u].to_dense(), ref[u], rtol=1e-4, atol=2e-6)
+    for u in empty[:2]:
+        assert float(got[u].values.abs().sum()) == 0.0
+
+
+def test_a_diverging_user_sends_the_zero_update(synth_dir):
+    task = _task(synth_dir)
+    w = initial_flat(task)
+    words = [set(task.user_data(u)[0].flatten().tolist()) for u in range(20)]
+    rare = next(j for j in range(task.num_features) if 0 < sum(j in ws for ws in words) < 10)
+    precond = torch.ones_like(w)
+    precond.view(-1, task.num_tags)[rare] = 1e-44  # g / P overflows to inf for its writers
+    cfg = LocalConfig(learning_rate=1.0, batch_size=8, clip_norm=1.0)
+    rngs = RngFactory(seed=2)
+    cohort = task.cohort_trainer(device="cpu")
+    got = dict(
+        cohort.train(w, range(20), round_num=3, config=cfg, rngs=rngs, preconditioner=precond)
+    )
+    ref = _reference(task, w, range(20), cfg, rngs, precond)
+    diverged = [u for u in range(20) if rare in words[u]]
+    assert diverged and len(diverged) < 20
+    for u in range(20):
+        assert torch.isfinite(got[u].values).all()
+        torch.testing.assert_close(got[u].to_dense(), ref[u], rtol=1e-4, atol=2e-6)
+        assert (float(got[u].values.abs().sum()) == 0.0) == (u in diverged)
+
+
+def test_bad_arguments(synth_dir):
+    task = _task(synth_dir)
+    w = initial_flat(task)
+    cohort = task.cohort_trainer(device="cpu")
+    rngs = RngFactory(seed=0)
+    noisy = LocalConfig(learning_rate=1.0, clip_norm=1.0, noise_std=0.1)
+    with pytest.raises(ValueError, match="noise_std"):
+        list(cohort.train(w, [0], round_num=1, config=noisy, rngs=rngs))
+    cfg = LocalConfig(learning_rate=1.0, clip_norm=1.0)
+    with pytest.raises(ValueError, match="global_flat"):
+        list(cohort.train(w[:-1], [0], round_num=1, config=cfg, rngs=rngs))
+    with pytest.raises(ValueError, match="preconditioner"):
+        list(cohort.train(w, [0], round_num=1, config=cfg, rngs=rngs, preconditioner=-w.abs()))
+    with pytest.raises(ValueError, match="chunk_users"):
+        task.cohort_trainer(chunk_users=0)
+
+
+def test_minibatches_without_vocabulary_words_train_only_the_bias(tmp_path):
+    from fedprivopt.data import StackOverflowExample, encode_example, write_sqlite
+    from fedprivopt.data.vocab import write_tag_counts, write_word_counts
+
+    def ex(text, tags):
+        return StackOverflowExample(
+            tokens=text, title="", tags=tags, creation_date="d", score=0, type="question"
+        )
+
+    data = {
+        # u0's words are all out of the vocabulary; steps 2 and 3 train u0 alone
+        "train": {"u0": [ex("zz qq", "a"), ex("yy", "b")], "u1": [ex("w w", "b")]},
+        "heldout": {"h": [ex("w", "a")]},
+        "test": {"t": [ex("w", "a")]},
+    }
+    rows = [(s, c, encode_example(e)) for s, cs in data.items() for c, es in cs.items() for e in es]
+    meta = [(c, s, len(es)) for s, cs in data.items() for c, es in cs.items()]
+    write_sqlite(tmp_path / "stackoverflow.sqlite", rows, meta)
+    write_word_counts(tmp_path / "stackoverflow.word_count", ["w", "v"], [3, 1])
+    write_tag_counts(tmp_path / "stackoverflow.tag_count", ["a", "b"], [2, 1])
+    task = StackOverflowTagTask(data_dir=str(tmp_path), synthetic=False, vocab_size=2, num_tags=2)
+    w = initial_flat(task)
+    cfg = LocalConfig(learning_rate=0.5, batch_size=1, epochs=2, clip_norm=10.0)
+    rngs = RngFactory(seed=0)
+    ref = _reference(task, w, [0, 1], cfg, rngs, None)
+    got = dict(
+        task.cohort_trainer(device="cpu").train(w, [0, 1], round_num=3, config=cfg, rngs=rngs)
+    )
+    for u in (0, 1):
+        torch.testing.assert_close(got[u].to_dense(), ref[u], rtol=1e-5, atol=1e-7)
+    assert got[0].rows.tolist() == [2]  # u0 wrote no vocabulary word: its update is the bias

@@ -123,22 +123,36 @@ FULL_DATA = ("data/stackoverflow-synthetic", 10_000, 8_000)  # dir, synth client
 SO_DATA = ("data/stackoverflow-synthetic-342k", 393_000, 342_477)  # 343,095 training users
 
 
-def bandwidth() -> dict:
-    """Memory bandwidth of this machine: bytes read + written by a 256 MB tensor copy."""
-    src = torch.ones(64 * 1024 * 1024)
+def bandwidth(device: str = "cpu") -> dict:
+    """Memory bandwidth of ``device``: bytes read + written by a 256 MB tensor copy."""
+    src = torch.ones(64 * 1024 * 1024, device=device)
     dst = torch.empty_like(src)
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def copy() -> None:
+        dst.copy_(src)
+        sync()
+
+    def draw() -> None:
+        torch.randn(DIM, device=device)
+        sync()
+
     best = {}
-    for threads in sorted({1, torch.get_num_threads()}):
+    for threads in sorted({1, torch.get_num_threads()}) if device == "cpu" else [0]:
         before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        seconds = timed(lambda: dst.copy_(src), 7)
+        if threads:
+            torch.set_num_threads(threads)
+        seconds = timed(copy, 7)
         torch.set_num_threads(before)
         best[threads] = 2 * src.numel() * 4 / seconds
-    noise = timed(lambda: torch.randn(DIM), 5)
     return {
+        "device": device,
         "bytes_per_second": max(best.values()),
         "by_threads": best,
-        "gaussian_seconds": noise,
+        "gaussian_seconds": timed(draw, 5),
     }
 
 
@@ -196,46 +210,44 @@ def ensure_data(data: tuple[str, int, int]) -> None:
         )  # fmt: skip
 
 
-def bench_engines(rounds: int, flower_clients: list[int], device: str) -> dict:
+B1_VARIANTS = {
+    # name: (what it is, extra arguments of benchmarks/engines.py)
+    "fast": ("users read from the token store each round", {}),
+    "sqlite": ("users decoded from SQLite each round", {"token_cache": 0}),
+    "preloaded": ("users preloaded as tensors", {"preload": 1}),
+    "sequential": ("LocalTrainer one user at a time", {"vectorize": 0}),
+}
+
+
+def bench_engines(rounds: int, flower_clients: list[int], device: str, flower: bool) -> dict:
     """B1: the Flower engine and the fast engine on the same runs; the same final model."""
     ensure_data(FULL_DATA)
     root, synth, population = FULL_DATA
     common = dict(rounds=rounds, population=population, data=root, synth_clients=synth)
     cases = []
     for clients in flower_clients:
-        params = {}
         results = {}
-        for engine in ("flower", "fast"):
-            path = HERE / "cases" / f"b1-{engine}-{clients}.pt"
-            params[engine] = path
-            results[engine] = run_case(
-                f"b1-{engine}-{clients}-{device}", engine=engine, clients=clients,
-                device=device, save_params=path, **common,
+        params = {}
+        for name in (["flower"] if flower else []) + list(B1_VARIANTS):
+            extra = B1_VARIANTS.get(name, ("", {}))[1]
+            engine = "flower" if name == "flower" else "fast"
+            if name in ("flower", "fast"):
+                params[name] = HERE / "cases" / f"b1-{name}-{clients}-{device}.pt"
+                extra = {**extra, "save_params": params[name]}
+            results[name] = run_case(
+                f"b1-{name}-{clients}-{device}", engine=engine, clients=clients, device=device,
+                **common, **extra,
             )  # fmt: skip
-        results["preloaded"] = run_case(
-            f"b1-preloaded-{clients}-{device}", engine="fast", clients=clients, preload=1,
-            device=device, **common,
-        )  # fmt: skip
-        results["sequential"] = run_case(
-            f"b1-sequential-{clients}-{device}", engine="fast", clients=clients, vectorize=0,
-            device=device, **common,
-        )  # fmt: skip
-        a, b = (torch.load(params[e], weights_only=True) for e in ("flower", "fast"))
-        cases.append(
-            {
-                "clients": clients,
-                "flower": results["flower"],
-                "fast": results["fast"],
-                "sequential": results["sequential"],
-                "preloaded": results["preloaded"],
-                "speedup": results["flower"]["seconds_per_round"]
-                / results["fast"]["seconds_per_round"],
-                "speedup_preloaded": results["flower"]["seconds_per_round"]
-                / results["preloaded"]["seconds_per_round"],
-                "max_abs_param_diff": float((a - b).abs().max()),
+        case = {"clients": clients, **results}
+        if flower:
+            a, b = (torch.load(params[e], weights_only=True) for e in ("flower", "fast"))
+            case["max_abs_param_diff"] = float((a - b).abs().max())
+            flower_s = results["flower"]["seconds_per_round"]
+            case["speedups"] = {
+                name: flower_s / results[name]["seconds_per_round"] for name in B1_VARIANTS
             }
-        )
-    return {"device": device, "cases": cases}
+        cases.append(case)
+    return {"device": device, "machine": machine(), "cases": cases}
 
 
 def bench_scaling(rounds: int, clients: list[int], device: str, machine_bw: dict) -> dict:
@@ -253,22 +265,92 @@ def bench_scaling(rounds: int, clients: list[int], device: str, machine_bw: dict
             result["seconds_per_round"] / result["work"]["users_per_round"]
         )
         cases.append(result)
-    return {"device": device, "cases": cases}
+    return {"device": device, "machine": machine(), "bandwidth": machine_bw, "cases": cases}
 
 
-def write(rows: list[dict], info: dict, engines: list[dict], scaling: list[dict], bw: dict):
-    (HERE / "results.json").write_text(
-        json.dumps(
-            {
-                "machine": info,
-                "results": rows,
-                "engines": engines,
-                "scaling": scaling,
-                "bandwidth": bw,
-            },
-            indent=2,
+def _machine_line(info: dict) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in info.items())
+
+
+def _b1_lines(block: dict) -> list[str]:
+    flower = "flower" in block["cases"][0]
+    head = ["clients/round"] + (["flower s/round"] if flower else [])
+    for name, (what, _) in B1_VARIANTS.items():
+        head.append(f"{name}: {what}, s/round")
+        if flower and name != "sequential":
+            head.append("speedup")
+    if flower:
+        head += ["flower round 1 s (start-up)", "flower peak RSS MB", "fast peak RSS MB"]
+        head.append("max abs difference of final models (flower vs fast)")
+    lines = [
+        "",
+        f"## B1: Flower engine vs fast engine ({block['device']}, population 8,000)",
+        "",
+        f"Machine: {_machine_line(block['machine'])}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for c in block["cases"]:
+        row = [str(c["clients"])]
+        if flower:
+            row.append(f"{c['flower']['seconds_per_round']:.2f}")
+        for name in B1_VARIANTS:
+            row.append(f"{c[name]['seconds_per_round']:.3f}")
+            if flower and name != "sequential":
+                row.append(f"{c['speedups'][name]:.0f}x")
+        if flower:
+            row += [
+                f"{c['flower']['round_seconds'][0]:.0f}",
+                f"{c['flower']['peak_rss_mb']:.0f}",
+                f"{c['fast']['peak_rss_mb']:.0f}",
+                f"{c['max_abs_param_diff']:.1e}",
+            ]
+        lines.append("| " + " | ".join(row) + " |")
+    build = [c["fast"].get("cache_seconds") for c in block["cases"]]
+    lines += [
+        "",
+        "The token store (`task-params.token-cache`, built once per dataset and encoding, then "
+        f"reused) was opened in {min(build):.2f} s by the timed runs (built before them).",
+    ]
+    return lines
+
+
+def _b2_lines(block: dict) -> list[str]:
+    bw = block["bandwidth"]
+    lines = [
+        "",
+        f"## B2/B3: fast engine scaling and floor ({block['device']}, population 342,477)",
+        "",
+        f"Machine: {_machine_line(block['machine'])}",
+        "",
+        f"Memory bandwidth ({block['device']}, 256 MB tensor copy, read + write): "
+        f"{bw['bytes_per_second'] / 1e9:.1f} GB/s; drawing {DIM:,} Gaussians: "
+        f"{bw['gaussian_seconds']:.4f} s.",
+        "",
+        "| clients/round | s/round | ms per client update | peak RSS MB | rows/round | "
+        "word visits/round | floor s (bandwidth) | measured/floor | floor s (+ Gaussian "
+        "draws) | measured/that floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in block["cases"]:
+        f, w = c["floor"], c["work"]
+        lines.append(
+            f"| {c['clients_per_round']} | {c['seconds_per_round']:.3f} | "
+            f"{1000 * c['per_client_seconds']:.2f} | {c['peak_rss_mb']:.0f} | "
+            f"{w['rows_per_round']:,.0f} | {w['tokens_per_round']:,.0f} | "
+            f"{f['seconds']:.3f} | {c['seconds_per_round'] / f['seconds']:.1f}x | "
+            f"{f['compute_seconds']:.3f} | "
+            f"{c['seconds_per_round'] / f['compute_seconds']:.1f}x |"
         )
-    )
+    build = [c.get("cache_seconds", 0.0) for c in block["cases"]]
+    lines += ["", f"Token store: built in {max(build):.0f} s (once, before the first case)."]
+    return lines
+
+
+def write(results: dict, root: Path) -> None:
+    """``results.json`` and ``RESULTS.md`` under ``root`` from ``results``."""
+    (root / "results.json").write_text(json.dumps(results, indent=2))
     lines = [
         "# Benchmark results",
         "",
@@ -279,113 +361,32 @@ def write(rows: list[dict], info: dict, engines: list[dict], scaling: list[dict]
         "holds start-up: Ray, the Flower engine's user discovery, warm-up). What each change "
         "did, and why: `benchmarks/NOTES.md`.",
         "",
-        "Machine: " + ", ".join(f"{k} = {v}" for k, v in info.items()),
+        f"Machine: {_machine_line(results['machine'])}",
         "",
         "## Micro-benchmarks",
         "",
         "| case | device | seconds |",
         "|---|---|---|",
     ]
-    lines += [f"| {r['case']} | {r['device']} | {r['seconds']:.4f} |" for r in rows]
-    for block in engines:
-        if any("preloaded" not in c for c in block["cases"]):
-            continue  # written by an older version of this script: run `--only engines` again
-        lines += [
-            "",
-            f"## B1: Flower engine vs fast engine ({block['device']}, population 8,000)",
-            "",
-            "| clients/round | flower s/round | fast s/round (data read each round) | speedup "
-            "| fast s/round (data preloaded) | speedup | fast, LocalTrainer one user at a "
-            "time | flower round 1 s (start-up) | flower peak RSS MB | fast peak RSS MB | max "
-            "abs difference of final models |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for c in block["cases"]:
-            lines.append(
-                f"| {c['clients']} | {c['flower']['seconds_per_round']:.2f} | "
-                f"{c['fast']['seconds_per_round']:.3f} | {c['speedup']:.0f}x | "
-                f"{c['preloaded']['seconds_per_round']:.3f} | {c['speedup_preloaded']:.0f}x | "
-                f"{c['sequential']['seconds_per_round']:.2f} | "
-                f"{c['flower']['round_seconds'][0]:.0f} | {c['flower']['peak_rss_mb']:.0f} | "
-                f"{c['fast']['peak_rss_mb']:.0f} | {c['max_abs_param_diff']:.1e} |"
-            )
-    if bw:
-        gbs = bw["bytes_per_second"] / 1e9
-        lines += [
-            "",
-            f"Memory bandwidth (256 MB tensor copy, read + write): {gbs:.1f} GB/s; drawing "
-            f"{DIM:,} Gaussians: {bw['gaussian_seconds']:.3f} s.",
-        ]
-    for block in scaling:
-        lines += [
-            "",
-            f"## B2/B3: fast engine scaling and floor ({block['device']}, population 342,477)",
-            "",
-            "| clients/round | s/round | ms per client update | peak RSS MB | rows/round | "
-            "word visits/round | floor s (bandwidth) | measured/floor | floor s (+ Gaussian "
-            "draws) | measured/that floor |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for c in block["cases"]:
-            f, w = c["floor"], c["work"]
-            lines.append(
-                f"| {c['clients_per_round']} | {c['seconds_per_round']:.3f} | "
-                f"{1000 * c['per_client_seconds']:.2f} | {c['peak_rss_mb']:.0f} | "
-                f"{w['rows_per_round']:,.0f} | {w['tokens_per_round']:,.0f} | "
-                f"{f['seconds']:.3f} | {c['seconds_per_round'] / f['seconds']:.1f}x | "
-                f"{f['compute_seconds']:.3f} | "
-                f"{c['seconds_per_round'] / f['compute_seconds']:.1f}x |"
-            )
-    (HERE / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    lines += [f"| {r['case']} | {r['device']} | {r['seconds']:.4f} |" for r in results["micro"]]
+    for block in results["engines"]:
+        lines += _b1_lines(block)
+    for block in results["scaling"]:
+        lines += _b2_lines(block)
+    (root / "RESULTS.md").write_text("\n".join(lines) + "\n")
 
 
-def rebuild_from_cases() -> int:
-    """B1-B3 tables from the case files of earlier runs (e.g. cases re-run one by one)."""
-    cases = HERE / "cases"
-
-    def load(tag: str) -> dict:
-        return json.loads((cases / f"{tag}.json").read_text())
-
-    engines = []
-    block = []
-    for clients in (20, 100):
-        r = {
-            k: load(f"b1-{k}-{clients}-cpu") for k in ("flower", "fast", "preloaded", "sequential")
-        }
-        a, b = (
-            torch.load(cases / f"b1-{e}-{clients}.pt", weights_only=True)
-            for e in ("flower", "fast")
-        )
-        block.append(
-            {
-                "clients": clients,
-                **r,
-                "speedup": r["flower"]["seconds_per_round"] / r["fast"]["seconds_per_round"],
-                "speedup_preloaded": r["flower"]["seconds_per_round"]
-                / r["preloaded"]["seconds_per_round"],
-                "max_abs_param_diff": float((a - b).abs().max()),
-            }
-        )
-    engines.append({"device": "cpu", "cases": block})
-    bw = bandwidth()
-    scaling_cases = []
-    for n in (10, 100, 1000):
-        result = load(f"b2-fast-{n}-cpu")
-        result["floor"] = floor(result["work"], bw)
-        result["per_client_seconds"] = (
-            result["seconds_per_round"] / result["work"]["users_per_round"]
-        )
-        scaling_cases.append(result)
-    previous = json.loads((HERE / "results.json").read_text())
-    write(
-        previous.get("results", []),
-        machine(),
-        engines,
-        [{"device": "cpu", "cases": scaling_cases}],
-        bw,
-    )
-    print(f"wrote {HERE / 'RESULTS.md'}")
-    return 0
+def merge(results: dict, other: dict) -> dict:
+    """``results`` with the blocks of ``other`` (another machine's run) for other devices."""
+    devices = {r["device"] for r in other["micro"]}
+    devices |= {b["device"] for b in other["engines"] + other["scaling"]}
+    out = dict(results)
+    out["micro"] = [r for r in results["micro"] if r["device"] not in devices] + [
+        dict(r, machine=other["machine"]) for r in other["micro"]
+    ]
+    for group in ("engines", "scaling"):
+        out[group] = [b for b in results[group] if b["device"] not in devices] + other[group]
+    return out
 
 
 def main() -> int:
@@ -393,26 +394,41 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and rounds")
     parser.add_argument(
         "--only", choices=["micro", "engines", "scaling"], action="append",
-        help="run only these groups (repeatable; default: all)",
+        help="run only these groups (repeatable; default: all; the others are kept from the "
+        "previous results.json)",
     )  # fmt: skip
     parser.add_argument(
-        "--from-cases", action="store_true",
-        help="rebuild B1-B3 from benchmarks/cases/*.json (re-measuring only the bandwidth)",
+        "--devices", default="",
+        help="comma-separated devices (default: cpu, and cuda when available)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-flower", action="store_true",
+        help="B1 without the Flower engine (a machine without Flower and Ray)",
+    )  # fmt: skip
+    parser.add_argument("--out", default=str(HERE), help="where results.json/RESULTS.md go")
+    parser.add_argument(
+        "--merge", default="",
+        help="add the devices of another machine's results.json (e.g. a GPU run) and exit",
     )  # fmt: skip
     args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    empty = {"machine": machine(), "micro": [], "engines": [], "scaling": []}
+    previous = empty
+    if (out / "results.json").exists():
+        loaded = json.loads((out / "results.json").read_text())
+        previous = loaded if "micro" in loaded else empty  # older layouts are not reused
+    if args.merge:
+        write(merge(previous, json.loads(Path(args.merge).read_text())), out)
+        print(f"wrote {out / 'RESULTS.md'}")
+        return 0
     groups = set(args.only or ["micro", "engines", "scaling"])
-    if args.from_cases:
-        return rebuild_from_cases()
     repeat = 3 if args.quick else 7
     rounds = 3 if args.quick else 5
-    info = machine()
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    previous = {}
-    if (HERE / "results.json").exists():
-        previous = json.loads((HERE / "results.json").read_text())
-    rows = previous.get("results", [])
-    engines, scaling = previous.get("engines", []), previous.get("scaling", [])
-    bw = previous.get("bandwidth", {})
+    devices = args.devices.split(",") if args.devices else (
+        ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    )  # fmt: skip
+    results = dict(previous, machine=machine())
     if "micro" in groups:
         rows = []
         for device in devices:
@@ -420,13 +436,16 @@ def main() -> int:
         rows += bench_accounting(repeat)
         for r in rows:
             print(f"{r['seconds']:9.4f} s  [{r['device']}]  {r['case']}")
+        results["micro"] = rows
     if "engines" in groups:
-        engines = [bench_engines(rounds, [20, 100], d) for d in devices]
+        flower = not args.no_flower
+        results["engines"] = [bench_engines(rounds, [20, 100], d, flower) for d in devices]
     if "scaling" in groups:
-        bw = bandwidth()
-        scaling = [bench_scaling(rounds, [10, 100, 1000], d, bw) for d in devices]
-    write(rows, info, engines, scaling, bw)
-    print(f"wrote {HERE / 'RESULTS.md'}")
+        results["scaling"] = [
+            bench_scaling(rounds, [10, 100, 1000], d, bandwidth(d)) for d in devices
+        ]
+    write(results, out)
+    print(f"wrote {out / 'RESULTS.md'}")
     return 0
 
 

@@ -63,12 +63,14 @@ References
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -81,6 +83,7 @@ from fedprivopt.data.synthetic import (
     SQLITE_FILE,
     SyntheticConfig,
 )
+from fedprivopt.data.token_cache import EncodedUsers, open_or_build, stderr_progress
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_tag_counts, read_word_counts
 from fedprivopt.models.stackoverflow_files import (
     StackOverflowFiles,
@@ -93,6 +96,7 @@ from fedprivopt.privacy.rng import derive_seed
 __all__ = [
     "BagOfWordsLogisticRegression",
     "StackOverflowTagTask",
+    "UserCSR",
     "bag_of_words",
     "dense_features",
     "encode_examples",
@@ -176,6 +180,36 @@ def _tensors(
     x = _pad(words, vocab_size + 1)
     y = torch.tensor(list(labels), dtype=torch.int64) if single else _pad(labels, num_tags)
     return x, y
+
+
+def _pad_ragged(values: np.ndarray, lengths: np.ndarray, fill: int) -> torch.Tensor:
+    """``(n, max(lengths))`` int64: row ``i`` holds its ``lengths[i]`` values, then ``fill``.
+
+    The same tensor :func:`_pad` builds from lists (one row at least one column wide).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    width = max(1, int(lengths.max()) if lengths.size else 0)
+    out = np.full((lengths.size, width), fill, dtype=np.int64)
+    out[np.arange(width) < lengths[:, None]] = values
+    return torch.from_numpy(out)
+
+
+def _long(values: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(values, dtype=np.int64))
+
+
+class UserCSR(NamedTuple):
+    """One user's examples as ragged int64 tensors (see :meth:`StackOverflowTagTask.user_csr`).
+
+    ``tokens``: word ids of all examples concatenated (OOV as ``V``); ``lengths``: words per
+    example (OOV included); ``labels``: tag ids of all examples concatenated (multi-label) or
+    one label per example; ``label_lengths``: tags per example (multi-label) or ``None``.
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    labels: torch.Tensor
+    label_lengths: torch.Tensor | None
 
 
 def bag_of_words(x: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,6 +377,14 @@ class StackOverflowTagTask(StackOverflowFiles):
         Seed of the model initialization, ``>= 0``.
     cache_users : int
         Per-user tensors kept in memory (least recently used evicted), ``>= 0``.
+    token_cache : bool
+        Encode every training user once into a memory-mapped store of word and tag ids
+        (:mod:`fedprivopt.data.token_cache`; about 1 ms of Python per user, parallel over the CPU
+        cores, then a user is two slices of a file) instead of decoding its protos on every
+        read. The store is found again by a digest of the SQLite file's size and modification
+        time and of the encoding, so later runs reuse it. Reads then give the same tensors.
+    cache_dir : str or None
+        Where stores live; ``None``: ``<data_dir>/.fedprivopt-cache``.
 
     Attributes
     ----------
@@ -382,6 +424,8 @@ class StackOverflowTagTask(StackOverflowFiles):
         single_label: bool = False,
         seed: int = 0,
         cache_users: int = 2048,
+        token_cache: bool = False,
+        cache_dir: str | os.PathLike | None = None,
     ) -> None:
         if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
             raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
@@ -411,6 +455,14 @@ class StackOverflowTagTask(StackOverflowFiles):
         self.single_label = _check_bool("single_label", single_label)
         self.seed = _check_int("seed", seed, 0)
         self.cache_users = _check_int("cache_users", cache_users, 0)
+        self.token_cache = _check_bool("token_cache", token_cache)
+        if cache_dir is not None and (
+            not isinstance(cache_dir, (str, os.PathLike)) or not str(cache_dir)
+        ):
+            raise ValueError(f"cache_dir must be a non-empty path or None, got {cache_dir!r}")
+        self.cache_dir = (
+            Path(cache_dir) if cache_dir is not None else self.data_dir / ".fedprivopt-cache"
+        )
 
         self._ensure_files()
         words = read_word_counts(self.data_dir / WORD_COUNT_FILE).top(requested_v)
@@ -440,10 +492,11 @@ class StackOverflowTagTask(StackOverflowFiles):
         self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._word_index: dict[str, int] | None = None
         self._tag_index: dict[str, int] | None = None
+        self._store: EncodedUsers | None = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for key in ("_train", "_eval", "_word_index", "_tag_index"):
+        for key in ("_train", "_eval", "_word_index", "_tag_index", "_store"):
             state[key] = None
         state["_cache"] = OrderedDict()
         return state
@@ -502,15 +555,86 @@ class StackOverflowTagTask(StackOverflowFiles):
         if hit is not None:
             self._cache.move_to_end(user_id)
             return hit
-        if self._train is None:
-            self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
-        words, labels = self._read_train_user(self.client_ids[user_id])
-        out = _tensors(words, labels, self.num_features, self.num_tags, self.single_label)
+        store = self.encoded_users()
+        if store is not None:
+            tokens, lengths, labels, label_lengths = store.user(user_id)
+            x = _pad_ragged(tokens, lengths, self.num_features + 1)
+            if self.single_label:
+                y = torch.from_numpy(labels.astype(np.int64))
+            else:
+                y = _pad_ragged(labels, label_lengths, self.num_tags)
+            out = (x, y)
+        else:
+            if self._train is None:
+                self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+            words, labels = self._read_train_user(self.client_ids[user_id])
+            out = _tensors(words, labels, self.num_features, self.num_tags, self.single_label)
         if self.cache_users:
             self._cache[user_id] = out
             while len(self._cache) > self.cache_users:
                 self._cache.popitem(last=False)
         return out
+
+    def user_csr(self, user_id: int) -> UserCSR:
+        """The examples of ``user_id`` as ragged arrays (what the cohort trainer consumes).
+
+        The same data as :meth:`user_data` without padding: from the token store when
+        :attr:`token_cache` is on, else converted from :meth:`user_data`.
+        """
+        user_id = self._check_user(user_id)
+        store = self.encoded_users()
+        if store is not None:
+            tokens, lengths, labels, label_lengths = store.user(user_id)
+            return UserCSR(
+                _long(tokens),
+                _long(lengths),
+                _long(labels),
+                None if label_lengths is None else _long(label_lengths),
+            )
+        x, y = self.user_data(user_id)
+        words = x <= self.num_features
+        if self.single_label:
+            return UserCSR(x[words], words.sum(dim=1), y, None)
+        tags = y < self.num_tags
+        return UserCSR(x[words], words.sum(dim=1), y[tags], tags.sum(dim=1))
+
+    def encoded_users(self) -> EncodedUsers | None:
+        """The memory-mapped token store (built on first use); ``None`` without a token cache."""
+        if not self.token_cache:
+            return None
+        if self._store is None:
+            if self._train is None:  # opened before the workers fork
+                self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+            self._store = open_or_build(
+                self.cache_dir,
+                self._store_key(),
+                self.num_users,
+                lambda u: self._read_train_user(self.client_ids[u]),
+                multi_label=not self.single_label,
+                token_bound=self.num_features + 1,
+                label_bound=self.num_tags,
+                progress=stderr_progress("encoding users (once)", self.num_users)
+                if self.num_users >= 20_000
+                else None,
+            )
+        return self._store
+
+    def _store_key(self) -> dict:
+        """What the token store depends on: the file's identity and the encoding."""
+        stat = self.sqlite_path.stat()
+
+        def digest(items: Sequence[str]) -> str:
+            return hashlib.sha256("\n".join(items).encode("utf-8", "surrogatepass")).hexdigest()
+
+        return {
+            "task": self.name,
+            "file": {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+            "words": digest(self.words),
+            "tags": digest(self.tags),
+            "clients": digest(self.client_ids),
+            "single_label": self.single_label,
+            "max_examples_per_user": self.max_examples_per_user,
+        }
 
     def user_size(self, user_id: int) -> int:
         """Number of training examples of ``user_id`` (reads them if not cached)."""

@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.clients.trainer import LocalConfig, epoch_orders
-from fedprivopt.models.tag_prediction import bag_of_words, multi_hot
 from fedprivopt.privacy.clip import clip_l2
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparse
@@ -44,6 +43,22 @@ class _User:
     rows: torch.Tensor  # sorted word rows the user's examples touch (int64, CPU)
     visits: torch.Tensor  # the epochs' orders, concatenated: positions among its examples
     examples: int  # k, examples used this round
+    tokens: torch.Tensor  # its examples' in-vocabulary word ids, concatenated (int64)
+    weights: torch.Tensor  # their bag weights: 1 / words of the example, OOV included (float32)
+    lengths: torch.Tensor  # in-vocabulary words per example (int64, k)
+    labels: torch.Tensor  # (k,) single labels or (k, K) multi-hot float32
+
+
+def _ragged_take(
+    values: torch.Tensor, lengths: torch.Tensor, take: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ragged rows ``take`` of ``(values, lengths)``, concatenated, and their lengths."""
+    starts = torch.cumsum(lengths, 0) - lengths
+    lens = lengths[take]
+    total = int(lens.sum())
+    index = torch.repeat_interleave(starts[take] - (torch.cumsum(lens, 0) - lens), lens,
+                                    output_size=total)  # fmt: skip
+    return values[index + torch.arange(total)], lens
 
 
 class TagCohortTrainer:
@@ -58,11 +73,29 @@ class TagCohortTrainer:
         Where to train (``cuda`` if available by default). Updates are returned on the CPU.
     chunk_users : int
         Users trained together; bounds memory (the stacked rows of a chunk).
+    cpu_threads : int or None
+        torch intra-op threads while a cohort is trained on the CPU, ``>= 1`` (restored when
+        :meth:`train`'s iterator ends); ``None`` leaves torch's setting alone. Default 1: the
+        steps are many small gather/scatter operations that gain nothing from a second thread
+        on an idle machine, and every parallel region waits for a descheduled thread when
+        another process is busy (measured on 2 cores: ``index_add_`` of 300 rows 0.04 ms with
+        1 thread, 72 ms with 2 while another process ran; ``benchmarks/NOTES.md``). For more
+        cores, shard the cohort over Ray actors (``fast-actors``).
     """
 
-    def __init__(self, task, *, device: str | torch.device | None = None, chunk_users: int = 256):
+    def __init__(
+        self,
+        task,
+        *,
+        device: str | torch.device | None = None,
+        chunk_users: int = 256,
+        cpu_threads: int | None = 1,
+    ):
         if int(chunk_users) < 1:
             raise ValueError(f"chunk_users must be an integer >= 1, got {chunk_users!r}")
+        if cpu_threads is not None and (isinstance(cpu_threads, bool) or int(cpu_threads) < 1):
+            raise ValueError(f"cpu_threads must be an integer >= 1 or None, got {cpu_threads!r}")
+        self.cpu_threads = None if cpu_threads is None else int(cpu_threads)
         self.task = task
         self.vocab_size = int(task.num_features)
         self.num_tags = int(task.num_tags)
@@ -108,25 +141,51 @@ class TagCohortTrainer:
                 raise ValueError("preconditioner must be finite and > 0 everywhere")
             precond = precond.view(self.vocab_size + 1, self.num_tags)
         users = [int(u) for u in users]
-        for start in range(0, len(users), self.chunk_users):
-            chunk = users[start : start + self.chunk_users]
-            yield from self._train_chunk(model, precond, chunk, round_num, config, rngs, stream)
+        threads = torch.get_num_threads()
+        if self.cpu_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
+        try:
+            for start in range(0, len(users), self.chunk_users):
+                chunk = users[start : start + self.chunk_users]
+                yield from self._train_chunk(model, precond, chunk, round_num, config, rngs, stream)
+        finally:
+            torch.set_num_threads(threads)
 
     # ----------------------------------------------------------------------------- chunks
     def _prepare(
         self, user: int, round_num: int, config: LocalConfig, rngs: RngFactory, stream: str
-    ) -> tuple[_User, torch.Tensor, torch.Tensor]:
-        x, y = self.task.user_data(user)
+    ) -> _User:
+        V, K = self.vocab_size, self.num_tags
+        data = self.task.user_csr(user)
         subset, orders = epoch_orders(
-            int(x.shape[0]),
+            int(data.lengths.numel()),
             epochs=config.epochs,
             max_examples=config.max_examples,
             generator=rngs.generator(round_num, "shuffle", stream, user),
         )
-        x, y = x[subset], y[subset]
-        rows = torch.unique(x[x < self.vocab_size])
-        visits = torch.cat(orders) if orders else torch.empty(0, dtype=torch.int64)
-        return _User(user, rows, visits, int(subset.numel())), x, y
+        k = int(subset.numel())
+        tokens, lengths = _ragged_take(data.tokens, data.lengths, subset)
+        owner = torch.repeat_interleave(torch.arange(k), lengths, output_size=int(tokens.numel()))
+        in_vocab = tokens < V
+        # bag weights as bag_of_words: 1 / (words of the example, OOV included), float32
+        weights = (1.0 / lengths.clamp_min(1).to(torch.float32))[owner[in_vocab]]
+        if self.task.single_label:
+            labels = data.labels[subset]
+        else:
+            tags, tag_lengths = _ragged_take(data.labels, data.label_lengths, subset)
+            labels = torch.zeros(k, K, dtype=torch.float32)
+            labels[torch.repeat_interleave(torch.arange(k), tag_lengths), tags] = 1.0
+        tokens = tokens[in_vocab]
+        return _User(
+            user=user,
+            rows=torch.unique(tokens),
+            visits=torch.cat(orders) if orders else torch.empty(0, dtype=torch.int64),
+            examples=k,
+            tokens=tokens,
+            weights=weights,
+            lengths=torch.bincount(owner[in_vocab], minlength=k),
+            labels=labels,
+        )
 
     def _train_chunk(
         self,
@@ -139,12 +198,7 @@ class TagCohortTrainer:
         stream: str,
     ) -> Iterator[tuple[int, RowSparse]]:
         V, K, dev = self.vocab_size, self.num_tags, self.device
-        infos, xs, ys = [], [], []
-        for u in users:
-            info, x, y = self._prepare(u, round_num, config, rngs, stream)
-            infos.append(info)
-            xs.append(x)
-            ys.append(y)
+        infos = [self._prepare(u, round_num, config, rngs, stream) for u in users]
 
         # stacked rows: user i's words at row_offset[i] + position in its sorted rows
         row_offset = [0]
@@ -163,16 +217,14 @@ class TagCohortTrainer:
         # bag weights 1 / (words of the example, OOV included), per-example labels and owner
         ex_offset = [0]
         tok_parts, w_parts, len_parts, y_parts = [], [], [], []
-        for i, (info, x, y) in enumerate(zip(infos, xs, ys, strict=True)):
-            ex_offset.append(ex_offset[-1] + int(x.shape[0]))
-            if x.shape[0] == 0:
+        for i, info in enumerate(infos):
+            ex_offset.append(ex_offset[-1] + info.examples)
+            if info.examples == 0:
                 continue
-            _, bag_w = bag_of_words(x, V)
-            in_vocab = x < V
-            tok_parts.append(torch.searchsorted(info.rows, x[in_vocab]) + row_offset[i])
-            w_parts.append(bag_w[in_vocab])
-            len_parts.append(in_vocab.sum(dim=1))
-            y_parts.append(y if self.task.single_label else multi_hot(y, K))
+            tok_parts.append(torch.searchsorted(info.rows, info.tokens) + row_offset[i])
+            w_parts.append(info.weights)
+            len_parts.append(info.lengths)
+            y_parts.append(info.labels)
         if not y_parts:
             yield from self._emit(infos, weights_st, start_w, bias_st, start_b, row_offset, config)
             return

@@ -358,3 +358,60 @@ def test_concurrent_construction_generates_once(tmp_path):
     assert not errors and len(tasks) == 3
     assert len({t.num_users for t in tasks}) == 1
     assert all(torch.equal(t.user_data(0)[0], tasks[0].user_data(0)[0]) for t in tasks)
+
+
+# ------------------------------------------------------------------------------- token store
+def _same_user(a, b, u):
+    xa, ya = a.user_data(u)
+    xb, yb = b.user_data(u)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb), u
+    for p, q in zip(a.user_csr(u), b.user_csr(u), strict=True):
+        assert (p is None and q is None) or torch.equal(p, q), u
+
+
+@pytest.mark.parametrize("single_label", [False, True])
+@pytest.mark.parametrize("cap", [None, 2])
+def test_token_cache_reads_the_same_tensors(hand_dir, tmp_path, single_label, cap):
+    kw = dict(single_label=single_label, max_examples_per_user=cap, cache_users=0)
+    plain = _hand_task(hand_dir, **kw)
+    cached = _hand_task(hand_dir, token_cache=True, cache_dir=str(tmp_path), **kw)
+    assert plain.encoded_users() is None
+    assert cached.encoded_users().num_users == cached.num_users == 3
+    for u in range(3):
+        _same_user(plain, cached, u)
+    # u2 has one example without any word; its CSR is one empty example
+    csr = cached.user_csr(cached.client_ids.index("u2"))
+    assert csr.lengths.tolist() == [0]
+
+
+def test_token_cache_on_synthetic_data_and_across_pickling(synth_task, synth_dir, tmp_path):
+    cached = build_task(
+        "stackoverflow-tp", data_dir=str(synth_dir), vocab_size=500, num_tags=15, eval_users=20,
+        num_users=60, token_cache=True, cache_dir=str(tmp_path), **SYNTH,
+    )  # fmt: skip
+    for u in range(60):
+        _same_user(synth_task, cached, u)
+    copy = pickle.loads(pickle.dumps(cached))
+    assert copy._store is None  # reopened lazily from the files
+    _same_user(copy, cached, 59)
+    assert copy.encoded_users().directory == cached.encoded_users().directory
+
+
+def test_token_cache_is_rebuilt_when_the_file_or_encoding_changes(hand_dir, tmp_path):
+    root = _write_hand(tmp_path / "data")
+    a = _hand_task(root, token_cache=True)
+    first = a.encoded_users().directory
+    assert first.parent == root / ".fedprivopt-cache"
+    assert _hand_task(root, token_cache=True).encoded_users().directory == first  # reused
+    single = _hand_task(root, token_cache=True, single_label=True).encoded_users().directory
+    assert single != first  # another encoding, another store
+    stat = (root / "stackoverflow.sqlite").stat()
+    os.utime(root / "stackoverflow.sqlite", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert _hand_task(root, token_cache=True).encoded_users().directory != first
+
+
+def test_token_cache_parameters_are_checked(hand_dir):
+    with pytest.raises(ValueError, match="token_cache must be true or false"):
+        _hand_task(hand_dir, token_cache="yes")
+    with pytest.raises(ValueError, match="cache_dir must be a non-empty path"):
+        _hand_task(hand_dir, cache_dir="")

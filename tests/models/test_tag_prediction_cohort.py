@@ -152,3 +152,43 @@ def test_minibatches_without_vocabulary_words_train_only_the_bias(tmp_path):
     for u in (0, 1):
         torch.testing.assert_close(got[u].to_dense(), ref[u], rtol=1e-5, atol=1e-7)
     assert got[0].rows.tolist() == [2]  # u0 wrote no vocabulary word: its update is the bias
+
+
+@pytest.mark.parametrize("single_label", [False, True])
+def test_token_cache_gives_bit_identical_updates(synth_dir, tmp_path, single_label):
+    cfg = LocalConfig(learning_rate=2.0, epochs=2, batch_size=4, max_examples=9, clip_norm=0.5)
+    plain = _task(synth_dir, single_label=single_label)
+    cached = _task(synth_dir, single_label=single_label, token_cache=True, cache_dir=str(tmp_path))
+    w = initial_flat(plain)
+    users = list(range(0, 80, 2))
+    got = [
+        list(
+            t.cohort_trainer(device="cpu", chunk_users=7).train(
+                w, users, round_num=2, config=cfg, rngs=RngFactory(seed=5)
+            )
+        )
+        for t in (plain, cached)
+    ]
+    for (u, a), (v, b) in zip(*got, strict=True):
+        assert u == v
+        assert torch.equal(a.rows, b.rows) and torch.equal(a.values, b.values)
+
+
+def test_cpu_threads_are_set_while_training_and_restored(synth_dir):
+    task = _task(synth_dir)
+    w = initial_flat(task)
+    cfg = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        trainer = task.cohort_trainer(device="cpu", chunk_users=4)
+        rngs = RngFactory(seed=1)
+        for _ in trainer.train(w, [0, 1, 2, 3, 4], round_num=1, config=cfg, rngs=rngs):
+            seen.append(torch.get_num_threads())
+        assert seen == [1] * 5
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="cpu_threads must be an integer >= 1 or None"):
+        task.cohort_trainer(device="cpu").__class__(task, cpu_threads=0)

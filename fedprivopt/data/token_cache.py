@@ -1,0 +1,371 @@
+"""A compact, memory-mapped store of encoded users (word ids and tag ids), built once.
+
+Decoding a user's ``tf.train.Example`` protos and mapping every word to its vocabulary id costs
+about 1 ms of Python per user (``benchmarks/NOTES.md``); a round of 1,000 users pays it on every
+round. :class:`EncodedUsers` pays it once per dataset and task encoding: every user's examples
+are stored as ragged integer arrays (CSR) in ``.npy`` files that are memory-mapped, so a user is
+two slices of the files and a process holds only the pages it touches.
+
+Layout (``E`` examples, ``T`` word ids, ``L`` tag ids; user ``u`` has the examples
+``users[u]:users[u + 1]``, example ``e`` the words ``tokens[token_ptr[e]:token_ptr[e + 1]]``)::
+
+    users.npy      int64 (U + 1,)  example offsets per user
+    token_ptr.npy  int64 (E + 1,)  word offsets per example
+    tokens.npy     int16/int32 (T,) word ids, out-of-vocabulary words included (as the task encodes)
+    label_ptr.npy  int64 (E + 1,)  tag offsets per example (multi-label stores only)
+    labels.npy     int16/int32     tag ids (multi-label) or one label per example (single-label)
+    meta.json      the format version, the key the store was built for, and the sizes
+
+A store is identified by a *key*: a JSON-able description of the source file and of the
+encoding (vocabulary, tags, label mode, example cap); its directory name is a digest of the key,
+so a changed file or encoding gets a store of its own. Building writes into a temporary directory
+and renames it into place (atomic), under an exclusive lock when several processes may build the
+same store; a store whose files disagree with its ``meta.json`` is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["EncodedUsers", "cache_key_digest", "open_or_build", "stderr_progress"]
+
+FORMAT_VERSION = 1
+_ARRAYS = ("users", "token_ptr", "tokens", "labels")
+
+# encode(user) -> (word-id lists, label lists or single labels), as the task encodes a user
+Encoder = Callable[[int], tuple[Sequence[Sequence[int]], Sequence]]
+
+
+def cache_key_digest(key: dict) -> str:
+    """The directory name of the store built for ``key`` (a digest of its canonical JSON)."""
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:20]
+
+
+def _int_dtype(bound: int) -> np.dtype:
+    return np.dtype(np.int16) if bound < np.iinfo(np.int16).max else np.dtype(np.int32)
+
+
+class EncodedUsers:
+    """Read access to a built store (memory-mapped; cheap to open, safe to pickle).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        A store written by :func:`open_or_build`.
+
+    Raises
+    ------
+    ValueError
+        If the files are missing, truncated or disagree with ``meta.json``.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        try:
+            self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
+            arrays = {
+                name: np.load(self.directory / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+                for name in (*_ARRAYS, "label_ptr")
+                if name != "label_ptr" or self.meta["multi_label"]
+            }
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{self.directory}: unreadable encoded-user store: {exc}") from exc
+        self.multi_label = bool(self.meta["multi_label"])
+        self._users = arrays["users"]
+        self._token_ptr = arrays["token_ptr"]
+        self._tokens = arrays["tokens"]
+        self._labels = arrays["labels"]
+        self._label_ptr = arrays.get("label_ptr")
+        self._check()
+
+    def _check(self) -> None:
+        m = self.meta
+        problems = []
+        if m.get("version") != FORMAT_VERSION:
+            problems.append(f"format version {m.get('version')!r} != {FORMAT_VERSION}")
+        n_users, n_ex = int(m["num_users"]), int(m["num_examples"])
+        shapes = {
+            "users": (n_users + 1,),
+            "token_ptr": (n_ex + 1,),
+            "tokens": (int(m["num_tokens"]),),
+            "labels": (int(m["num_labels"]),) if self.multi_label else (n_ex,),
+        }
+        if self.multi_label:
+            shapes["label_ptr"] = (n_ex + 1,)
+        for name, shape in shapes.items():
+            array = getattr(self, f"_{name}")
+            if array.shape != shape:
+                problems.append(f"{name}.npy has shape {array.shape}, expected {shape}")
+        if not problems:
+            ends = {
+                "users": (self._users, n_ex),
+                "token_ptr": (self._token_ptr, int(m["num_tokens"])),
+            }
+            if self.multi_label:
+                ends["label_ptr"] = (self._label_ptr, int(m["num_labels"]))
+            for name, (ptr, end) in ends.items():
+                if int(ptr[0]) != 0 or int(ptr[-1]) != end:
+                    problems.append(f"{name}.npy does not span [0, {end}]")
+        if problems:
+            raise ValueError(f"{self.directory}: damaged encoded-user store: {'; '.join(problems)}")
+
+    @property
+    def num_users(self) -> int:
+        """Number of users stored."""
+        return int(self.meta["num_users"])
+
+    def user(self, user: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """The stored examples of ``user`` (read-only views into the files).
+
+        Returns
+        -------
+        tokens : numpy.ndarray
+            The word ids of all its examples, concatenated (stored dtype).
+        lengths : numpy.ndarray
+            int64 ``(n,)``: words per example.
+        labels : numpy.ndarray
+            Tag ids of all its examples concatenated (multi-label) or ``(n,)`` single labels.
+        label_lengths : numpy.ndarray or None
+            int64 ``(n,)`` tags per example (multi-label), else ``None``.
+        """
+        if not 0 <= user < self.num_users:
+            raise ValueError(f"user must be in [0, {self.num_users}), got {user!r}")
+        e0, e1 = int(self._users[user]), int(self._users[user + 1])
+        ptr = np.asarray(self._token_ptr[e0 : e1 + 1])
+        tokens = self._tokens[int(ptr[0]) : int(ptr[-1])]
+        if not self.multi_label:
+            return tokens, np.diff(ptr), self._labels[e0:e1], None
+        lptr = np.asarray(self._label_ptr[e0 : e1 + 1])
+        return tokens, np.diff(ptr), self._labels[int(lptr[0]) : int(lptr[-1])], np.diff(lptr)
+
+    def __getstate__(self) -> dict:
+        return {"directory": self.directory}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["directory"])
+
+
+# ----------------------------------------------------------------------------------- building
+# (encode, multi_label) of the build in progress: set in the parent before forking workers
+_WORKER: tuple[Encoder, bool] | None = None
+
+
+def _encode_range(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
+    """Encode users ``[start, stop)`` into concatenated arrays (runs in a worker or inline)."""
+    if _WORKER is None:
+        raise RuntimeError("no encoded-user build in progress")
+    encode, multi_label = _WORKER
+    users, lengths, tokens, labels, label_lengths = [], [], [], [], []
+    for u in range(*bounds):
+        words, labs = encode(u)
+        if len(labs) != len(words):
+            raise ValueError(f"user {u}: {len(words)} examples but {len(labs)} labels")
+        users.append(len(words))
+        lengths.extend(len(w) for w in words)
+        for w in words:
+            tokens.extend(w)
+        if multi_label:
+            label_lengths.extend(len(t) for t in labs)
+            for t in labs:
+                labels.extend(t)
+        else:
+            labels.extend(labs)
+    return {
+        "users": np.asarray(users, dtype=np.int64),
+        "lengths": np.asarray(lengths, dtype=np.int64),
+        "tokens": np.asarray(tokens, dtype=np.int64),
+        "labels": np.asarray(labels, dtype=np.int64),
+        "label_lengths": np.asarray(label_lengths, dtype=np.int64),
+    }
+
+
+def _pieces(num_users: int, workers: int) -> Iterator[dict[str, np.ndarray]]:
+    """Encoded pieces of all users in order (``workers`` forked processes when > 1)."""
+    step = max(1, min(2048, -(-num_users // max(1, 4 * workers))))
+    ranges = [(s, min(s + step, num_users)) for s in range(0, num_users, step)]
+    if workers <= 1 or len(ranges) <= 1 or sys.platform != "linux":
+        yield from map(_encode_range, ranges)
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield from pool.imap(_encode_range, ranges)
+
+
+def _ptr(lengths: list[np.ndarray]) -> np.ndarray:
+    out = np.zeros(sum(int(x.size) for x in lengths) + 1, dtype=np.int64)
+    if out.size > 1:
+        np.cumsum(np.concatenate(lengths), out=out[1:])
+    return out
+
+
+def _build(
+    target: Path,
+    key: dict,
+    num_users: int,
+    encode: Encoder,
+    *,
+    multi_label: bool,
+    token_bound: int,
+    label_bound: int,
+    workers: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    global _WORKER
+    _WORKER = (encode, multi_label)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("users", "lengths", "tokens")}
+    parts.update(labels=[], label_lengths=[])
+    done = 0
+    try:
+        for piece in _pieces(num_users, workers):
+            for name, array in piece.items():
+                parts[name].append(array)
+            done += int(piece["users"].size)
+            if progress is not None:
+                progress(done, num_users)
+    finally:
+        _WORKER = None
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        arrays = {
+            "users": _ptr(parts["users"]),
+            "token_ptr": _ptr(parts["lengths"]),
+            "tokens": np.concatenate([np.zeros(0, np.int64), *parts["tokens"]]).astype(
+                _int_dtype(token_bound)
+            ),
+        }
+        labels = np.concatenate([np.zeros(0, np.int64), *parts["labels"]])
+        if multi_label:
+            arrays["label_ptr"] = _ptr(parts["label_lengths"])
+            arrays["labels"] = labels.astype(_int_dtype(label_bound))
+        else:
+            arrays["labels"] = labels.astype(np.int32)
+        for name, array in arrays.items():
+            with open(tmp / f"{name}.npy", "wb") as handle:
+                np.save(handle, array, allow_pickle=False)
+                handle.flush()
+                os.fsync(handle.fileno())
+        meta = {
+            "version": FORMAT_VERSION,
+            "key": key,
+            "multi_label": multi_label,
+            "num_users": num_users,
+            "num_examples": int(arrays["token_ptr"].size - 1),
+            "num_tokens": int(arrays["tokens"].size),
+            "num_labels": int(arrays["labels"].size),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        shutil.rmtree(target, ignore_errors=True)  # a damaged store of the same key
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def open_or_build(
+    root: str | os.PathLike,
+    key: dict,
+    num_users: int,
+    encode: Encoder,
+    *,
+    multi_label: bool,
+    token_bound: int,
+    label_bound: int,
+    workers: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> EncodedUsers:
+    """Open the store of ``key`` under ``root``, building it first if absent or damaged.
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        Directory of stores (created if needed).
+    key : dict
+        JSON-able description of the source and the encoding; stores are found by its digest.
+    num_users : int
+        Users ``0 .. num_users - 1`` are encoded with ``encode``.
+    encode : callable
+        ``encode(user) -> (words, labels)``: word-id lists per example, and tag-id lists per
+        example (multi-label) or one label per example. Errors propagate (nothing is written).
+    multi_label : bool
+        Whether ``labels`` are lists.
+    token_bound, label_bound : int
+        Exclusive upper bounds of the ids (chooses int16 or int32 storage).
+    workers : int
+        Encoding processes (forked, Linux): ``0`` = all CPU cores, ``1`` = in this process.
+    progress : callable, optional
+        ``progress(done, total)`` after each encoded piece.
+    """
+    if isinstance(num_users, bool) or not isinstance(num_users, int) or num_users < 0:
+        raise ValueError(f"num_users must be an integer >= 0, got {num_users!r}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / cache_key_digest(key)
+    workers = int(workers) or (os.cpu_count() or 1)
+    with _lock(root / f"{target.name}.lock"):
+        if target.is_dir():
+            try:
+                store = EncodedUsers(target)
+                if store.meta.get("key") == json.loads(json.dumps(key)):
+                    return store
+            except ValueError:
+                pass  # damaged: rebuilt below
+        _build(
+            target, key, num_users, encode, multi_label=multi_label, token_bound=token_bound,
+            label_bound=label_bound, workers=workers, progress=progress,
+        )  # fmt: skip
+        return EncodedUsers(target)
+
+
+def stderr_progress(label: str, total: int) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` callback: a rich bar on a terminal, else a line per 10 %."""
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        bar = Progress(
+            TextColumn(label), MofNCompleteColumn(), BarColumn(), console=Console(stderr=True)
+        )
+        task = bar.add_task(label, total=total)
+        bar.start()
+
+        def update(done: int, _total: int) -> None:
+            bar.update(task, completed=done)
+            if done >= _total:
+                bar.stop()
+
+        return update
+    shown = [-1]
+
+    def line(done: int, _total: int) -> None:
+        tenth = (10 * done) // max(_total, 1)
+        if tenth != shown[0]:
+            shown[0] = tenth
+            print(f"{label}: {done:,}/{_total:,} users", file=sys.stderr, flush=True)
+
+    return line

@@ -377,15 +377,17 @@ def write(results: dict, root: Path) -> None:
 
 
 def merge(results: dict, other: dict) -> dict:
-    """``results`` with the blocks of ``other`` (another machine's run) for other devices."""
-    devices = {r["device"] for r in other["micro"]}
-    devices |= {b["device"] for b in other["engines"] + other["scaling"]}
+    """``results`` with the rows and blocks of ``other`` (another machine's run) added.
+
+    Per group, ``other``'s entries replace those of ``results`` for the same device.
+    """
     out = dict(results)
-    out["micro"] = [r for r in results["micro"] if r["device"] not in devices] + [
-        dict(r, machine=other["machine"]) for r in other["micro"]
-    ]
-    for group in ("engines", "scaling"):
-        out[group] = [b for b in results[group] if b["device"] not in devices] + other[group]
+    for group in ("micro", "engines", "scaling"):
+        devices = {entry["device"] for entry in other.get(group, [])}
+        added = other.get(group, [])
+        if group == "micro":
+            added = [dict(r, machine=other["machine"]) for r in added]
+        out[group] = [e for e in results[group] if e["device"] not in devices] + added
     return out
 
 
@@ -433,7 +435,8 @@ def main() -> int:
         rows = []
         for device in devices:
             rows += bench_privacy_core(repeat, device)
-        rows += bench_accounting(repeat)
+        if "cpu" in devices:  # accounting runs on the CPU only
+            rows += bench_accounting(repeat)
         for r in rows:
             print(f"{r['seconds']:9.4f} s  [{r['device']}]  {r['case']}")
         results["micro"] = rows

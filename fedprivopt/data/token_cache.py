@@ -157,15 +157,16 @@ class EncodedUsers:
 
 
 # ----------------------------------------------------------------------------------- building
-# (encode, multi_label) of the build in progress: set in the parent before forking workers
-_WORKER: tuple[Encoder, bool] | None = None
+# (encode, multi_label, token dtype, label dtype) of the build in progress: set in the parent
+# before forking workers
+_WORKER: tuple[Encoder, bool, np.dtype, np.dtype] | None = None
 
 
 def _encode_range(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
     """Encode users ``[start, stop)`` into concatenated arrays (runs in a worker or inline)."""
     if _WORKER is None:
         raise RuntimeError("no encoded-user build in progress")
-    encode, multi_label = _WORKER
+    encode, multi_label, token_dtype, label_dtype = _WORKER
     users, lengths, tokens, labels, label_lengths = [], [], [], [], []
     for u in range(*bounds):
         words, labs = encode(u)
@@ -183,10 +184,10 @@ def _encode_range(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
             labels.extend(labs)
     return {
         "users": np.asarray(users, dtype=np.int64),
-        "lengths": np.asarray(lengths, dtype=np.int64),
-        "tokens": np.asarray(tokens, dtype=np.int64),
-        "labels": np.asarray(labels, dtype=np.int64),
-        "label_lengths": np.asarray(label_lengths, dtype=np.int64),
+        "lengths": np.asarray(lengths, dtype=np.int32),
+        "tokens": np.asarray(tokens, dtype=token_dtype),
+        "labels": np.asarray(labels, dtype=label_dtype),
+        "label_lengths": np.asarray(label_lengths, dtype=np.int32),
     }
 
 
@@ -204,8 +205,26 @@ def _pieces(num_users: int, workers: int) -> Iterator[dict[str, np.ndarray]]:
 def _ptr(lengths: list[np.ndarray]) -> np.ndarray:
     out = np.zeros(sum(int(x.size) for x in lengths) + 1, dtype=np.int64)
     if out.size > 1:
-        np.cumsum(np.concatenate(lengths), out=out[1:])
+        np.cumsum(np.concatenate(lengths), dtype=np.int64, out=out[1:])
     return out
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _save_streamed(path: Path, raw: Path, dtype: np.dtype, count: int) -> None:
+    """Write ``raw`` (``count`` values of ``dtype``, appended piece by piece) as a ``.npy``."""
+    with open(path, "wb") as handle, open(raw, "rb") as source:
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False}
+        np.lib.format.write_array_header_1_0(handle, {**header, "shape": (count,)})
+        shutil.copyfileobj(source, handle, 16 * 1024 * 1024)
+        handle.flush()
+        os.fsync(handle.fileno())
+    raw.unlink()
 
 
 def _build(
@@ -220,55 +239,52 @@ def _build(
     workers: int,
     progress: Callable[[int, int], None] | None,
 ) -> None:
+    """Encode every user and write the store; the ids stream to disk (memory: the lengths)."""
     global _WORKER
-    _WORKER = (encode, multi_label)
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("users", "lengths", "tokens")}
-    parts.update(labels=[], label_lengths=[])
-    done = 0
-    try:
-        for piece in _pieces(num_users, workers):
-            for name, array in piece.items():
-                parts[name].append(array)
-            done += int(piece["users"].size)
-            if progress is not None:
-                progress(done, num_users)
-    finally:
-        _WORKER = None
+    dtypes = {
+        "tokens": _int_dtype(token_bound),
+        "labels": _int_dtype(label_bound) if multi_label else np.dtype(np.int32),
+    }
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    lengths: dict[str, list[np.ndarray]] = {"users": [], "lengths": [], "label_lengths": []}
+    counts = dict.fromkeys(dtypes, 0)
+    _WORKER = (encode, multi_label, dtypes["tokens"], dtypes["labels"])
     try:
-        arrays = {
-            "users": _ptr(parts["users"]),
-            "token_ptr": _ptr(parts["lengths"]),
-            "tokens": np.concatenate([np.zeros(0, np.int64), *parts["tokens"]]).astype(
-                _int_dtype(token_bound)
-            ),
-        }
-        labels = np.concatenate([np.zeros(0, np.int64), *parts["labels"]])
+        with open(tmp / "tokens.raw", "wb") as tok, open(tmp / "labels.raw", "wb") as lab:
+            done = 0
+            for piece in _pieces(num_users, workers):
+                for name in lengths:
+                    lengths[name].append(piece[name])
+                for name, handle in (("tokens", tok), ("labels", lab)):
+                    handle.write(piece[name].tobytes())
+                    counts[name] += int(piece[name].size)
+                done += int(piece["users"].size)
+                if progress is not None:
+                    progress(done, num_users)
+        _WORKER = None
+        for name, dtype in dtypes.items():
+            _save_streamed(tmp / f"{name}.npy", tmp / f"{name}.raw", dtype, counts[name])
+        token_ptr = _ptr(lengths["lengths"])
+        _save(tmp / "users.npy", _ptr(lengths["users"]))
+        _save(tmp / "token_ptr.npy", token_ptr)
         if multi_label:
-            arrays["label_ptr"] = _ptr(parts["label_lengths"])
-            arrays["labels"] = labels.astype(_int_dtype(label_bound))
-        else:
-            arrays["labels"] = labels.astype(np.int32)
-        for name, array in arrays.items():
-            with open(tmp / f"{name}.npy", "wb") as handle:
-                np.save(handle, array, allow_pickle=False)
-                handle.flush()
-                os.fsync(handle.fileno())
+            _save(tmp / "label_ptr.npy", _ptr(lengths["label_lengths"]))
         meta = {
             "version": FORMAT_VERSION,
             "key": key,
             "multi_label": multi_label,
             "num_users": num_users,
-            "num_examples": int(arrays["token_ptr"].size - 1),
-            "num_tokens": int(arrays["tokens"].size),
-            "num_labels": int(arrays["labels"].size),
+            "num_examples": int(token_ptr.size - 1),
+            "num_tokens": counts["tokens"],
+            "num_labels": counts["labels"],
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         shutil.rmtree(target, ignore_errors=True)  # a damaged store of the same key
         os.replace(tmp, target)
     finally:
+        _WORKER = None
         shutil.rmtree(tmp, ignore_errors=True)
 
 

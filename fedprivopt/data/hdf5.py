@@ -10,6 +10,13 @@ client's length: byte strings (variable or fixed length) for the text features, 
 ``score``. :class:`HDF5Split` keeps the file open read-only and reads a client's datasets when
 asked.
 
+Damaged files: HDF5 (2.0.0) loops forever, allocates gigabytes or crashes on some damaged
+variable-length string data, in C where no signal handler reaches it. Before h5py reads a
+variable-length string dataset, its heap references and the heap collections they point to are
+checked against the file's bytes (:class:`_HeapChecker`), or, for layouts whose references are
+not in one place, the dataset is read once in a forked child with a timeout; a damaged file
+raises ``ValueError`` naming it (``docs/RELIABILITY.md``, section 1).
+
 References
 ----------
 .. [1] TensorFlow Federated, ``tff.simulation.datasets.HDF5ClientData``.
@@ -18,7 +25,10 @@ References
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
+import signal
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +55,20 @@ def _h5py() -> Any:
     return h5py
 
 
+#: File-format bounds of :func:`write_hdf5`: the oldest layout (readable by every HDF5 1.8+),
+#: fixed so that a newer library does not change the bytes written.
+_LIBVER = ("earliest", "v110")
+
+
+def _untimed(create: Any) -> dict[str, bool]:
+    """``track_times=False`` if ``create`` accepts it (older h5py cannot untime groups)."""
+    try:
+        accepts = "track_times" in inspect.signature(create).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a C function without a signature
+        accepts = False
+    return {"track_times": False} if accepts else {}
+
+
 def _split_from_name(path: Path) -> str:
     for split, name in HDF5_FILES.items():
         if path.name == name:
@@ -58,6 +82,179 @@ def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     raise ValueError(f"holds a {type(value).__name__}, expected a string")
+
+
+class _DamagedHDF5(ValueError):
+    """A damaged file found by this module's own checks (its message already names the file)."""
+
+
+#: Largest ratio of a dataset's values (in bytes) to the file size that a valid file can have:
+#: deflate, HDF5's standard compression, cannot compress by more than about 1032:1.
+_MAX_EXPANSION = 1032
+
+#: Seconds a forked child may take to read a variable-length dataset whose heap references
+#: cannot be checked from the file bytes (compact or chunked layouts).
+PROBE_TIMEOUT_S = 10.0
+
+
+class _HeapChecker:
+    """Check variable-length heap references from the file's bytes before HDF5 follows them.
+
+    A variable-length string is stored as a reference (length, collection address, object
+    index) to an object in a *global heap collection* (``GCOL``). HDF5 2.0 parses a collection
+    in a loop that never advances when an object header reads index 0 with size 0 (two flipped
+    bytes, or a zeroed run, hang it at full CPU), and it allocates a string's claimed length
+    (up to 4 GiB) before comparing it with the object. This class repeats HDF5's parse with
+    the missing bounds and compares every reference with its object, so a damaged file raises
+    ``ValueError`` instead. Collections are parsed once per file and cached.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The file, named in errors.
+    h5file : h5py.File
+        Its open handle (for the address and length sizes and the base address).
+
+    References
+    ----------
+    .. [1] The HDF Group, *HDF5 File Format Specification Version 3.0*, section III.E
+       "Global Heap" and section IV.A.2.d "Datatype message" (variable-length data).
+    """
+
+    def __init__(self, path: Path, h5file: Any) -> None:
+        plist = h5file.id.get_create_plist()
+        self.path = path
+        self.addr_size, self.len_size = plist.get_sizes()
+        self.base = plist.get_userblock()
+        self.file_size = path.stat().st_size
+        self._objects: dict[int, np.ndarray] = {}
+        self._f = open(path, "rb")  # closed by close(), with the h5py handle
+
+    def close(self) -> None:
+        """Close the checker's own handle on the file."""
+        self._f.close()
+
+    def check(self, dataset: Any, what: str) -> None:
+        """Raise ``ValueError`` if reading ``dataset`` could hang or exhaust memory."""
+        n = int(dataset.size)
+        if n * dataset.dtype.itemsize > _MAX_EXPANSION * self.file_size:
+            raise _DamagedHDF5(
+                f"{self.path}: {what} claims {n} values of {dataset.dtype.itemsize} bytes, "
+                f"more than a {self.file_size}-byte file can hold (damaged HDF5 file?)"
+            )
+        tid = dataset.id.get_type()
+        h5t = _h5py().h5t
+        if isinstance(tid, h5t.TypeVlenID):
+            # not text; and a damaged string type (a flipped bit in its datatype message)
+            # reads as a sequence whose conversion crashes HDF5
+            raise _DamagedHDF5(
+                f"{self.path}: {what} holds variable-length sequences, expected strings or "
+                "integers (damaged HDF5 file?)"
+            )
+        if n == 0 or not (isinstance(tid, h5t.TypeStringID) and tid.is_variable_str()):
+            return
+        offset = dataset.id.get_offset()  # the file offset of contiguous data, else None
+        if offset is None or self.addr_size not in (2, 4, 8):
+            _probe_in_child(dataset, f"{self.path}: {what}")
+            return
+        ref = np.dtype([("length", "<u4"), ("addr", f"<u{self.addr_size}"), ("index", "<u4")])
+        self._f.seek(offset)
+        raw = self._f.read(n * ref.itemsize)
+        if len(raw) < n * ref.itemsize:
+            raise _DamagedHDF5(f"{self.path}: {what}: string references run past the end")
+        refs = np.frombuffer(raw, dtype=ref)
+        refs = refs[refs["length"] > 0]  # empty or null strings: HDF5 reads no heap object
+        addrs = refs["addr"]
+        one = len(addrs) == 0 or bool((addrs == addrs[0]).all())
+        for addr in addrs[:1].tolist() if one else np.unique(addrs).tolist():
+            sizes = self._collection(addr, what)
+            these = refs if one else refs[addrs == addr]
+            index = np.minimum(these["index"], len(sizes) - 1)
+            bad = (these["index"] >= len(sizes)) | (sizes[index] != these["length"])
+            if bad.any():
+                length, index = these["length"][bad][0], these["index"][bad][0]
+                size = sizes[index] if index < len(sizes) and sizes[index] >= 0 else "no"
+                raise _DamagedHDF5(
+                    f"{self.path}: {what}: a string of length {length} refers to heap "
+                    f"object {index} at {addr} of {size} bytes (damaged HDF5 file?)"
+                )
+
+    def _collection(self, addr: int, what: str) -> np.ndarray:
+        """Parse the collection at ``addr`` like HDF5 does, with bounds: sizes by index.
+
+        Returns an ``int64`` array whose entry ``i`` is the size of object ``i`` (-1: none).
+        """
+        if addr in self._objects:
+            return self._objects[addr]
+        bad = f"{self.path}: {what}: damaged global heap collection at {addr}"
+        header = 8 + self.len_size
+        start = self.base + addr
+        self._f.seek(start)
+        head = self._f.read(header)
+        if len(head) < header or head[:4] != b"GCOL" or head[4] != 1:
+            raise _DamagedHDF5(f"{bad} (no 'GCOL' version 1 signature)")
+        size = int.from_bytes(head[8:], "little")
+        if not header <= size <= self.file_size - start:
+            raise _DamagedHDF5(f"{bad} (claims {size} bytes)")
+        chunk = head + self._f.read(size - header)
+        obj_header = 8 + self.len_size
+        objects: dict[int, int] = {}
+        p = header
+        while p < size:
+            if p + obj_header > size:  # too small for an object header: free space
+                break
+            index = int.from_bytes(chunk[p : p + 2], "little")
+            obj_size = int.from_bytes(chunk[p + 8 : p + obj_header], "little")
+            # HDF5's step: a free-space object (index 0) spans its size, header included;
+            # an object its header plus its size rounded up to 8 bytes
+            step = obj_size if index == 0 else obj_header + -(-obj_size // 8) * 8
+            if step == 0 or p + step > size:  # 0: HDF5 would loop on this header forever
+                raise _DamagedHDF5(f"{bad} (object {index} of {obj_size} bytes at {p})")
+            if index > 0:
+                objects[index] = obj_size
+            p += step
+        sizes = np.full(max(objects, default=0) + 1, -1, dtype=np.int64)
+        sizes[list(objects)] = list(objects.values())
+        self._objects[addr] = sizes
+        return sizes
+
+
+def _probe_in_child(dataset: Any, what: str, timeout: float | None = None) -> None:
+    """Read ``dataset`` once in a forked child; raise ``ValueError`` if it hangs or crashes.
+
+    For variable-length data whose references :class:`_HeapChecker` cannot read from the file
+    (compact or chunked layouts). Costs a fork and a second read of the dataset; the child is
+    killed by its PID after ``timeout`` (default :data:`PROBE_TIMEOUT_S`) seconds. Errors the
+    child meets are left to the in-process read that follows. Without ``os.fork`` (Windows)
+    it does nothing.
+    """
+    if not hasattr(os, "fork"):  # pragma: no cover - platform dependent
+        return
+    timeout = PROBE_TIMEOUT_S if timeout is None else timeout
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            dataset[()]
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + timeout
+    status = 0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise _DamagedHDF5(
+                f"{what}: reading it took more than {timeout} s (damaged HDF5 file?)"
+            )
+        time.sleep(0.002)
+    if os.WIFSIGNALED(status):
+        raise _DamagedHDF5(
+            f"{what}: reading it killed the process with signal {os.WTERMSIG(status)} "
+            "(damaged HDF5 file?)"
+        )
 
 
 class HDF5Split(ClientSplit):
@@ -86,6 +283,7 @@ class HDF5Split(ClientSplit):
             raise FileNotFoundError(f"{self.path}: no such file")
         self.split = split if split is not None else _split_from_name(self.path)
         self._file: Any = None
+        self._heaps: _HeapChecker | None = None
         self._pid = -1
         group = self._examples()
         with self._reading("the client list"):
@@ -96,6 +294,8 @@ class HDF5Split(ClientSplit):
         """Turn the errors h5py raises on a damaged file into a ``ValueError`` naming it."""
         try:
             yield
+        except _DamagedHDF5:
+            raise
         except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(
                 f"{self.path}: cannot read {what} (damaged HDF5 file?): {exc}"
@@ -105,10 +305,16 @@ class HDF5Split(ClientSplit):
         h5py = _h5py()
         if self._file is None or self._pid != os.getpid():
             try:
-                self._file = h5py.File(self.path, "r")
+                file = h5py.File(self.path, "r")
             except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{self.path}: not a readable HDF5 file: {exc}") from exc
-            self._pid = os.getpid()
+            try:
+                with self._reading("the file's sizes"):
+                    heaps = _HeapChecker(self.path, file)
+            except ValueError:
+                file.close()
+                raise
+            self._file, self._heaps, self._pid = file, heaps, os.getpid()
         with self._reading("'/examples'"):
             group = self._file.get("examples")
             is_group = isinstance(group, h5py.Group)
@@ -152,7 +358,10 @@ class HDF5Split(ClientSplit):
             found = sorted(group.keys())
             for name in FEATURES:
                 if name in found:
-                    columns[name] = np.asarray(group[name][()]).reshape(-1)
+                    dataset = group[name]
+                    if isinstance(dataset, _h5py().Dataset):
+                        self._heaps.check(dataset, f"client {client_id!r}: {name!r}")
+                    columns[name] = np.asarray(dataset[()]).reshape(-1)
         for name in FEATURES:
             if name not in columns:
                 raise ValueError(
@@ -202,11 +411,14 @@ class HDF5Split(ClientSplit):
         """Close this process's file handle (it reopens on next use)."""
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
+            self._heaps.close()
         self._file = None
+        self._heaps = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_file"] = None
+        state["_heaps"] = None
         state["_pid"] = -1
         return state
 
@@ -248,15 +460,17 @@ def write_hdf5(
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
     vlen = h5py.special_dtype(vlen=bytes)
-    with h5py.File(path, "w") as f:
-        root = f.create_group("examples")
+    untimed = _untimed(h5py.Group.create_group)
+    with h5py.File(path, "w", libver=_LIBVER, **_untimed(h5py.File)) as f:
+        root = f.create_group("examples", **untimed)
         for client_id, examples in clients.items():
-            group = root.create_group(client_id)
+            group = root.create_group(client_id, **untimed)
             for name in FEATURES:
                 values = [getattr(e, name) for e in examples]
                 if name == "score":
-                    group.create_dataset(name, data=np.asarray(values, dtype=np.int64))
+                    data = np.asarray(values, dtype=np.int64)
+                    group.create_dataset(name, data=data, track_times=False)
                 else:
                     data = np.array([v.encode("utf-8") for v in values], dtype=object)
-                    group.create_dataset(name, data=data, dtype=vlen)
+                    group.create_dataset(name, data=data, dtype=vlen, track_times=False)
     return path

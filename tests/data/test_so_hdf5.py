@@ -1,4 +1,9 @@
+import os
 import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +17,10 @@ h5py = pytest.importorskip("h5py")
 TEXT = [f for f in FEATURES if f != "score"]
 
 
-def write_legacy(path, clients, *, text_dtype="vlen-bytes"):
-    """The legacy TFF layout /examples/<client_id>/<feature>, written with raw h5py."""
-    with h5py.File(path, "w") as f:
+def write_legacy(path, clients, *, text_dtype="vlen-bytes", userblock_size=None, **layout):
+    """The legacy TFF layout /examples/<client_id>/<feature>, written with raw h5py
+    (``layout``: dataset options of the text features, e.g. ``chunks=True``)."""
+    with h5py.File(path, "w", userblock_size=userblock_size) as f:
         for cid, examples in clients.items():
             g = f.create_group(f"examples/{cid}")
             for name in TEXT:
@@ -24,6 +30,7 @@ def write_legacy(path, clients, *, text_dtype="vlen-bytes"):
                         name,
                         data=np.array(values, dtype=object),
                         dtype=h5py.special_dtype(vlen=bytes),
+                        **layout,
                     )
                 elif text_dtype == "fixed":
                     g.create_dataset(name, data=np.array(values, dtype="S"))
@@ -99,3 +106,70 @@ def test_malformed_clients(tmp_path):
         sp.client_examples("00000002")
     with pytest.raises(ValueError, match="unequal lengths"):
         sp.client_examples("00000003")
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{"userblock_size": 1024}, {"chunks": True}, {"chunks": True, "compression": "gzip"}],
+    ids=["userblock", "chunked", "chunked-gzip"],
+)
+def test_other_layouts_read_back(tmp_path, layout):
+    """Heap references are checked at the right offsets after a user block; chunked strings
+    go through the forked probe and read back the same."""
+    path = write_legacy(tmp_path / "stackoverflow_train.h5", DATA["train"], **layout)
+    sp = HDF5Split(path)
+    assert {c: sp.client_examples(c) for c in sp.client_ids} == DATA["train"]
+    sp.close()
+
+
+CHILD_READ = """
+import sys
+import fedprivopt.data.hdf5 as hdf5
+hdf5.PROBE_TIMEOUT_S = 2.0
+try:
+    sp = hdf5.HDF5Split(sys.argv[1])
+    for cid in sp.client_ids:
+        sp.client_examples(cid)
+except ValueError as exc:
+    print("ValueError:", exc)
+else:
+    print("read")
+"""
+
+
+def read_in_child(path, timeout=60):
+    """Read every client of ``path`` in a child process (killed by its PID if it hangs)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD_READ, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading {path.name} did not finish within {timeout} s (pid {proc.pid})")
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    return out
+
+
+def test_probe_stops_a_hang_in_chunked_strings(tmp_path):
+    """A heap object with index 0 and size 0 hangs HDF5; with chunked strings the references
+    are not checked from the file, so the forked probe must time out and name the file."""
+    path = write_legacy(tmp_path / "stackoverflow_train.h5", DATA["train"], chunks=True)
+    data = bytearray(path.read_bytes())
+    start = data.index(b"GCOL")
+    obj = start + 16 + 16 + -(-int.from_bytes(data[start + 24 : start + 32], "little") // 8) * 8
+    assert int.from_bytes(data[obj : obj + 2], "little") > 0  # the second object's header
+    data[obj : obj + 2] = bytes(2)  # index 0
+    data[obj + 8 : obj + 16] = bytes(8)  # size 0
+    path.write_bytes(bytes(data))
+    out = read_in_child(path)
+    assert out.startswith("ValueError:") and "stackoverflow_train.h5" in out, out
+    assert "took more than 2.0 s" in out, out

@@ -253,30 +253,34 @@ class TagCohortTrainer:
             where += torch.arange(total, device=dev)
             touched, inverse = torch.unique(tok_ids[where], return_inverse=True)
             w_leaf = self._gather("leaf", weights_st, touched).requires_grad_(True)
-            b_leaf = bias_st[act].requires_grad_(True)
             if total:
                 bags = F.embedding_bag(
                     inverse, w_leaf, offsets, per_sample_weights=tok_w[where], mode="sum"
                 )
+                logits = bags.detach() + bias_st[act][owner_pos]
             else:  # no vocabulary word in this step's minibatches: only the biases learn
-                bags = (w_leaf.sum() * 0).expand(int(batch.numel()), K)
-            logits = bags + b_leaf[owner_pos]
+                logits = bias_st[act][owner_pos]
+            # d loss / d logits of each user's minibatch-mean loss, in closed form: the loss
+            # values themselves are never needed, only their gradients
             if self.task.single_label:
-                per_example = F.cross_entropy(logits, y_all[batch], reduction="none")
-            else:
-                per_example = F.binary_cross_entropy_with_logits(
-                    logits, y_all[batch], reduction="none"
-                ).sum(dim=1)
-                per_example = per_example / K
-            loss = (per_example * scale).sum()
-            grad_w, grad_b = torch.autograd.grad(loss, [w_leaf, b_leaf])
+                grad = torch.softmax(logits, dim=1)
+                grad[torch.arange(grad.shape[0], device=dev), y_all[batch]] -= 1.0
+                grad.mul_(scale[:, None])
+            else:  # mean binary cross-entropy over the K tags
+                grad = torch.sigmoid(logits).sub_(y_all[batch]).mul_((scale / K)[:, None])
+            grad_b = torch.zeros(act.numel(), K, dtype=model.dtype, device=dev)
+            grad_b.index_add_(0, owner_pos, grad)
             with torch.no_grad():
                 if precond is not None:
-                    grad_w = grad_w / p_rows[touched]
-                    grad_b = grad_b / p_bias
-                # the gathered rows are a private copy: step them in place, then scatter back
-                weights_st.index_copy_(0, touched, w_leaf.detach().sub_(grad_w, alpha=lr))
-                bias_st.index_copy_(0, act, b_leaf.detach().sub_(grad_b, alpha=lr))
+                    grad_b /= p_bias
+                bias_st.index_add_(0, act, grad_b, alpha=-lr)
+            if total:  # embedding_bag's own backward: each word row += its weight x gradient
+                (grad_w,) = torch.autograd.grad(bags, [w_leaf], grad_outputs=grad)
+                with torch.no_grad():
+                    if precond is not None:
+                        grad_w = grad_w / p_rows[touched]
+                    # the gathered rows are a private copy: step them, then scatter back
+                    weights_st.index_copy_(0, touched, w_leaf.detach().sub_(grad_w, alpha=lr))
         yield from self._emit(infos, weights_st, start_w, bias_st, start_b, row_offset, config)
 
     def _gather(self, name: str, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

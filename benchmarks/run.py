@@ -339,8 +339,8 @@ def _b2_lines(block: dict) -> list[str]:
             f"| {c['clients_per_round']} | {c['seconds_per_round']:.3f} | "
             f"{1000 * c['per_client_seconds']:.2f} | {c['peak_rss_mb']:.0f} | "
             f"{w['rows_per_round']:,.0f} | {w['tokens_per_round']:,.0f} | "
-            f"{f['seconds']:.3f} | {c['seconds_per_round'] / f['seconds']:.1f}x | "
-            f"{f['compute_seconds']:.3f} | "
+            f"{f['seconds']:.3g} | {c['seconds_per_round'] / f['seconds']:.1f}x | "
+            f"{f['compute_seconds']:.3g} | "
             f"{c['seconds_per_round'] / f['compute_seconds']:.1f}x |"
         )
     build = [c.get("cache_seconds", 0.0) for c in block["cases"]]

@@ -11,7 +11,12 @@ import math
 
 import dp_accounting as dpa
 
-from fedprivopt.privacy.accounting import ACCOUNTANTS, _dpa_accountant, compose_epsilon
+from fedprivopt.privacy.accounting import (
+    ACCOUNTANTS,
+    PLDGridTooLargeError,
+    _dpa_accountant,
+    compose_epsilon,
+)
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 
 __all__ = ["calibrate_noise_multiplier", "make_round_event"]
@@ -59,6 +64,7 @@ def calibrate_noise_multiplier(
     events_per_round: int = 1,
     accountant: str = "rdp",
     tol: float = 1e-4,
+    pld_discretization: float = 1e-4,
 ) -> float:
     """Smallest noise multiplier ``σ`` whose ε after ``rounds`` rounds is at most the target.
 
@@ -78,11 +84,20 @@ def calibrate_noise_multiplier(
         Library used for ε.
     tol : float
         Tolerance on ``σ`` (RDP, PLD); PRV uses Opacus' ε tolerance of 0.01.
+    pld_discretization : float
+        ``value_discretization_interval`` of the PLD accountant, in ``(0, 1)``.
 
     Returns
     -------
     float
         ``σ`` (noise std on the clipped sum over the clip norm).
+
+    Raises
+    ------
+    PLDGridTooLargeError
+        (a ``ValueError``) with ``accountant="pld"`` when the search would have to account a σ
+        whose PLD exceeds ``accounting.PLD_MAX_BYTES`` (see
+        :func:`~fedprivopt.privacy.accounting.compose_epsilon`).
     """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon}")
@@ -94,6 +109,9 @@ def calibrate_noise_multiplier(
         raise ValueError(f"events_per_round must be an integer >= 1, got {events_per_round!r}")
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}")
+    if not (0 < pld_discretization < 1):
+        raise ValueError(f"pld_discretization must be in (0, 1), got {pld_discretization}")
+    h = float(pld_discretization)
     steps = rounds * events_per_round
 
     def event(sigma: float) -> SubsampledGaussianEvent:
@@ -123,7 +141,7 @@ def calibrate_noise_multiplier(
     def search(kind: str, bracket: dpa.BracketInterval) -> float:
         return float(
             dpa.calibrate_dp_mechanism(
-                lambda: _dpa_accountant(kind, probe.neighboring_relation, 1e-4),
+                lambda: _dpa_accountant(kind, probe.neighboring_relation, h),
                 lambda s: dpa.SelfComposedDpEvent(event(s).to_dp_event(), steps),
                 target_epsilon,
                 delta,
@@ -136,10 +154,21 @@ def calibrate_noise_multiplier(
     if accountant == "rdp":
         return sigma_rdp
     # PLD is tighter than RDP, so its σ lies below σ_rdp. Bracket it from there: a PLD of a tiny σ
-    # needs an enormous grid (tens of GiB), so the search must never probe near 0.
+    # needs an enormous grid (tens of GiB), so the search must never probe near 0. Each bracket
+    # probe goes through compose_epsilon, which refuses a grid beyond PLD_MAX_BYTES before
+    # allocating it; the search then only probes σ >= lower, whose grids are smaller.
     lower = sigma_rdp
     for _ in range(12):
         lower *= 0.75
-        if compose_epsilon([(event(lower), steps)], delta, accountant="pld") > target_epsilon:
+        try:
+            eps = compose_epsilon(
+                [(event(lower), steps)], delta, accountant="pld", pld_discretization=h
+            )
+        except PLDGridTooLargeError as exc:
+            raise PLDGridTooLargeError(
+                f"cannot calibrate target_epsilon={target_epsilon:g} over rounds={rounds} with "
+                f"the PLD grid of the noise levels it must probe: {exc}"
+            ) from None
+        if eps > target_epsilon:
             break
     return search("pld", dpa.ExplicitBracketInterval(lower, sigma_rdp))

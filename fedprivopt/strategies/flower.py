@@ -10,6 +10,21 @@ Sampling is over **users**, not Flower nodes: at the start the strategy sends ev
 and sends each node one ``train`` message listing the sampled users it hosts. Every user's
 clipped update comes back separately under ``update/<user>``.
 
+Every sampled user of a round ends in exactly one of these round metrics (summed over the
+cohorts of a round), so ``cohort_size = received + failed + timed_out + unavailable + dropped +
+unhosted`` for a single-cohort strategy:
+
+* ``received``: its update arrived (the aggregator then accepts or rejects it);
+* ``failed``: its node answered with an error (the ClientApp raised, crashed or did not load);
+* ``timed_out``: its node sent no reply before the round timeout;
+* ``unavailable``: the SuperLink answered for the node that the node or its reply is unavailable
+  (Flower error codes ``MESSAGE_UNAVAILABLE``, ``REPLY_MESSAGE_UNAVAILABLE``, ``NODE_UNAVAILABLE``);
+* ``dropped``: its node replied without its update;
+* ``unhosted``: no connected node hosts it (no message was sent).
+
+``node_errors`` still counts error replies (nodes, not users) and ``unrequested`` updates under
+keys nobody asked for. None of this changes the accounting, which follows the sampling.
+
 :meth:`DPStrategy.start` is overridden (same signature as Flower's) to add the user discovery, the
 budget check before every round and the rounds with two cohorts (ADADP);
 ``configure_train``/``aggregate_train`` keep their Flower meaning.
@@ -26,6 +41,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -33,7 +49,19 @@ from fedprivopt.clients import protocol as P
 from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest
 
-__all__ = ["DPStrategy", "arrays_to_flat", "flat_to_arrays"]
+__all__ = ["LOSS_METRICS", "DPStrategy", "arrays_to_flat", "flat_to_arrays"]
+
+LOSS_METRICS = ("failed", "timed_out", "unavailable", "dropped", "unhosted")
+"""Round metrics counting sampled users whose update did not arrive, by cause."""
+
+# error replies that the SuperLink writes for a node (not the node's own failure)
+_UNAVAILABLE = frozenset(
+    {
+        ErrorCode.MESSAGE_UNAVAILABLE,
+        ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+        ErrorCode.NODE_UNAVAILABLE,
+    }
+)
 
 
 def flat_to_arrays(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
@@ -93,8 +121,10 @@ class DPStrategy(Strategy):
         self._round = None
         self._request: TrainRequest | None = None
         self._node_users: dict[int, list[int]] = {}
+        self._sent: list[Message] = []
         self.node_errors = 0
         self.unrequested = 0
+        self.lost: dict[str, int] = dict.fromkeys(LOSS_METRICS, 0)
 
     # -- discovery -----------------------------------------------------------------------------
 
@@ -160,6 +190,8 @@ class DPStrategy(Strategy):
             node = self.user_nodes.get(user)
             if node is not None:
                 by_node.setdefault(node, []).append(user)
+            else:
+                self.lost["unhosted"] += 1
         self._node_users = by_node
         arrays = flat_to_arrays(request.params, self.spec)
         messages = []
@@ -178,6 +210,7 @@ class DPStrategy(Strategy):
                     group_id=str(request.round_num),
                 )
             )
+        self._sent = messages  # the grid writes each message's id into it when it pushes it
         return messages
 
     def configure_train(
@@ -189,9 +222,21 @@ class DPStrategy(Strategy):
             self.discover_users(grid)
         self.node_errors = 0
         self.unrequested = 0
+        self.lost = dict.fromkeys(LOSS_METRICS, 0)
         self._round = self.algorithm.run_round(server_round)
         self._request = next(self._round)
         return self._messages(self._request)
+
+    def _reply_node(self, reply: Message, sent: dict[str, int]) -> int | None:
+        """The node a reply answers, or ``None``.
+
+        By the id of the message it replies to (the SuperLink's own error replies have the
+        SuperLink as sender), else by its sender if that node was asked this cohort.
+        """
+        node = sent.get(reply.metadata.reply_to_message_id)
+        if node is None and reply.metadata.src_node_id in self._node_users:
+            node = reply.metadata.src_node_id
+        return node
 
     def _updates(self, replies: Iterable[Message]) -> dict[int, Any]:
         """``{user: flat update}`` from train replies; nothing a client sends can raise here.
@@ -200,15 +245,31 @@ class DPStrategy(Strategy):
         unsupported serialization or byte order) maps to ``None``, which the aggregator rejects
         and counts; an update under a key that was not requested from that node (another
         node's user, an unknown id, a non-canonical key) is dropped and counted in
-        ``unrequested``.
+        ``unrequested``. Users whose update did not arrive are counted by cause in
+        :attr:`lost` (see the module docstring); this is called once per cohort, right after
+        ``send_and_receive`` of that cohort's messages.
         """
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        sent.pop("", None)
+        answered: set[int] = set()
+        errored: set[int] = set()
         updates: dict[int, Any] = {}
         for reply in replies:
+            node = self._reply_node(reply, sent)
+            if node is not None and node in answered:
+                continue  # a second reply to one message: the first one counts
+            if node is not None:
+                answered.add(node)
             if reply.has_error():
                 self.node_errors += 1
-                log(WARNING, "node %s failed: %s", reply.metadata.src_node_id, reply.error.reason)
+                log(WARNING, "node %s failed: %s", node, reply.error.reason)
+                if node is not None:
+                    errored.add(node)
+                    cause = "unavailable" if reply.error.code in _UNAVAILABLE else "failed"
+                    self.lost[cause] += len(self._node_users[node])
                 continue
-            node = reply.metadata.src_node_id
+            if node is None:
+                node = reply.metadata.src_node_id
             for key, record in reply.content.array_records.items():
                 if not key.startswith(P.UPDATE_PREFIX):
                     continue
@@ -225,6 +286,12 @@ class DPStrategy(Strategy):
                     updates[user] = torch.from_numpy(array)
                 except Exception as exc:  # hostile bytes: np.load and torch raise many types
                     log(WARNING, "node %s: undecodable update of user %d: %s", node, user, exc)
+        for node, users in self._node_users.items():
+            if node not in answered:
+                self.lost["timed_out"] += len(users)
+                log(WARNING, "node %s sent no reply within %g s", node, self._timeout)
+            elif node not in errored:
+                self.lost["dropped"] += sum(1 for u in users if u not in updates)
         return updates
 
     def aggregate_train(
@@ -247,6 +314,7 @@ class DPStrategy(Strategy):
             log(WARNING, "round %d: rejected the update of user %d: %s", server_round, user, reason)
         result.metrics["node_errors"] = float(self.node_errors)
         result.metrics["unrequested"] = float(self.unrequested)
+        result.metrics.update({k: float(v) for k, v in self.lost.items()})
         metrics = {k: float(v) for k, v in result.metrics.items() if np.isfinite(v)}
         self._last_result = result
         return flat_to_arrays(result.params, self.spec), MetricRecord(metrics)

@@ -8,7 +8,12 @@ from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as opacus_rdp
 
-from fedprivopt.privacy import PrivacyAccountant, SubsampledGaussianEvent, compose_epsilon
+from fedprivopt.privacy import (
+    PrivacyAccountant,
+    SubsampledGaussianEvent,
+    accounting,
+    compose_epsilon,
+)
 
 Poisson = SubsampledGaussianEvent.poisson
 
@@ -184,3 +189,132 @@ def test_invalid_inputs_name_the_parameter():
         PrivacyAccountant().step(Poisson(sample_rate=0.5, noise_multiplier=1.0), count=0)
     with pytest.raises(ValueError, match="target_epsilon"):
         PrivacyAccountant().would_exceed(0.0, 1e-5, Poisson(sample_rate=0.5, noise_multiplier=1.0))
+
+
+# -- the PLD memory guard -------------------------------------------------------------------------
+
+
+def _pld_reference(ledger, delta, interval=1e-4):
+    """ε from dp-accounting's own PLDAccountant (unguarded)."""
+    import dp_accounting as dpa
+    from dp_accounting import pld
+
+    acc = pld.PLDAccountant(value_discretization_interval=interval)
+    acc.compose(
+        dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(e.to_dp_event(), c) for e, c in ledger])
+    )
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize(
+    "ledger",
+    [
+        [(Poisson(sample_rate=0.01, noise_multiplier=1.0), 10_000)],
+        [(Poisson(sample_rate=1.0, noise_multiplier=2.0), 30)],
+        [(Poisson(sample_rate=0.05, noise_multiplier=0.8), 40)],
+        [
+            (Poisson(sample_rate=0.02, noise_multiplier=1.0), 50),
+            (Poisson(sample_rate=0.02, noise_multiplier=2.0), 20),
+        ],
+    ],
+)
+def test_guarded_pld_equals_dp_accounting_pld_accountant(ledger):
+    """The guard changes nothing where it lets the computation run: bit-identical ε."""
+    assert compose_epsilon(ledger, 1e-5, accountant="pld") == _pld_reference(ledger, 1e-5)
+
+
+def test_pld_refuses_a_tiny_sigma_before_allocating():
+    """σ = 0.01, q = 1 once: dp-accounting would build ~1.2e8 points (~22 GiB) through a dict."""
+    import tracemalloc
+
+    ev = Poisson(sample_rate=1.0, noise_multiplier=0.01)
+    assert accounting.pld_grid_points(ev) == pytest.approx(1.19e8, rel=0.01)
+    tracemalloc.start()
+    try:
+        with pytest.raises(accounting.PLDGridTooLargeError) as info:
+            compose_epsilon([(ev, 1)], 1e-5, accountant="pld")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20  # refused before anything large was allocated
+    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    for part in ("noise_multiplier=0.01", "sample_rate=1", "pld_discretization=0.0001", "rdp"):
+        assert part in message
+    assert "GiB" in message and "limit 512 MiB" in message
+    # the same query at a coarser discretization fits and runs
+    assert compose_epsilon([(ev, 1)], 1e-5, accountant="pld", pld_discretization=0.05) > 100
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma", "count", "what"),
+    [
+        (1.0, 1.0, 10_000, "composition over 10000"),  # 1.7e7 FFT points, ~2 GiB
+        (0.01, 1.0, 10**12, "composition over 1000000000000"),  # 3e11 points
+        (1.0, 0.05, 1, "one round"),
+        (0.01, 0.01, 1, "one round"),
+    ],
+)
+def test_pld_refuses_grids_beyond_the_limit(q, sigma, count, what):
+    acc = PrivacyAccountant(accountant="pld")  # the path of simulate and the strategies
+    acc.step(Poisson(sample_rate=q, noise_multiplier=sigma), count=count)
+    with pytest.raises(ValueError, match=what):
+        acc.epsilon(1e-5)
+
+
+def test_pld_grid_estimate_is_what_dp_accounting_builds():
+    from dp_accounting.pld import common
+
+    h = 1e-4
+    for q, sigma in [(1.0, 1.0), (0.01, 1.0), (0.05, 0.8), (1.0, 3.0)]:
+        ev = Poisson(sample_rate=q, noise_multiplier=sigma)
+        accounting._single_pld.cache_clear()
+        built = accounting._single_pld(ev, h)
+        sizes = [pmf.size for pmf in accounting._pmfs(built)]
+        assert accounting.pld_grid_points(ev, h) == max(sizes)
+        for count in (1, 7, 10_000, 10**9):
+            expected = 1
+            for pmf in accounting._pmfs(built):
+                probs = pmf.to_dense_pmf()._probs
+                lo, hi = common.compute_self_convolve_bounds(probs, count, 1e-15)
+                expected = max(expected, hi - lo + 1, len(probs))
+            assert accounting._self_compose_points(ev, h, count) == expected
+
+
+def test_pld_memory_estimate_bounds_the_measured_peak():
+    """Peak traced memory of a fresh PLD computation stays below the estimate the guard uses."""
+    import tracemalloc
+
+    h, count = 1e-4, 2_000
+    ev = Poisson(sample_rate=0.02, noise_multiplier=1.5)
+    accounting._single_pld.cache_clear()
+    accounting._log_mgfs.cache_clear()
+    tracemalloc.start()
+    try:
+        compose_epsilon([(ev, count)], 1e-5, accountant="pld")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    build = accounting._PLD_BUILD_BYTES * accounting.pld_grid_points(ev, h)
+    fft = accounting._PLD_FFT_BYTES * accounting._self_compose_points(ev, h, count)
+    assert peak <= max(build, fft)
+    assert peak >= 0.25 * max(build, fft)  # and the estimate is not wildly pessimistic
+
+
+def test_pld_limit_is_the_module_constant(monkeypatch):
+    ev = Poisson(sample_rate=0.01, noise_multiplier=1.0)
+    monkeypatch.setattr(accounting, "PLD_MAX_BYTES", 2**20)
+    accounting._single_pld.cache_clear()
+    with pytest.raises(ValueError, match="limit 1 MiB"):
+        compose_epsilon([(ev, 10_000)], 1e-5, accountant="pld")
+
+
+def test_pld_huge_count_on_a_sparse_pmf_does_not_exhaust_memory():
+    """q = 1e-300 gives a PLD of a few points; dp-accounting's sparse self-composition would
+    compute size**count (a 10^12-digit integer: MemoryError) or loop 10^12 times."""
+    ev = Poisson(sample_rate=1e-300, noise_multiplier=0.5)
+    assert compose_epsilon([(ev, 10**12)], 1e-5, accountant="pld") == pytest.approx(0.0, abs=1e-3)
+    small = Poisson(sample_rate=0.001, noise_multiplier=30.0)  # sparse, few compositions
+    assert compose_epsilon([(small, 3)], 1e-5, accountant="pld") == _pld_reference(
+        [(small, 3)], 1e-5
+    )

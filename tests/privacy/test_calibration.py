@@ -58,3 +58,35 @@ def test_calibrate_rejects_bad_input():
             cohort_size=2,
             accountant="pld",
         )
+
+
+def test_calibrate_pld_refuses_a_search_that_needs_a_huge_grid():
+    """A huge target ε pushes σ toward 0, where one PLD needs GiBs: a clear ValueError, fast."""
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"target_epsilon=1000.*pld_discretization") as info:
+        calibrate_noise_multiplier(
+            target_epsilon=1000.0, delta=1e-5, rounds=1, sample_rate=1.0, accountant="pld"
+        )
+    assert "rdp" in str(info.value) and "GiB" in str(info.value)
+    assert time.perf_counter() - start < 10
+    # RDP calibrates the same target (no grid)
+    assert (
+        calibrate_noise_multiplier(target_epsilon=1000.0, delta=1e-5, rounds=1, sample_rate=1.0)
+        < 0.1
+    )
+
+
+def test_calibrate_pld_discretization_is_used_and_checked():
+    kw = dict(target_epsilon=4.0, delta=1e-5, rounds=50, sample_rate=0.05, accountant="pld")
+    coarse = calibrate_noise_multiplier(pld_discretization=1e-2, **kw)
+    ev = make_round_event(coarse, sample_rate=0.05)
+    # met at the coarse grid, which is more pessimistic than the default one: had the default
+    # grid been searched, this σ would exceed the target when accounted at 1e-2
+    achieved = compose_epsilon([(ev, 50)], 1e-5, accountant="pld", pld_discretization=1e-2)
+    assert achieved <= 4.0 * (1 + 1e-9)
+    assert achieved == pytest.approx(4.0, rel=0.01)
+    assert compose_epsilon([(ev, 50)], 1e-5, accountant="pld") < achieved
+    with pytest.raises(ValueError, match="pld_discretization"):
+        calibrate_noise_multiplier(pld_discretization=0.0, **kw)

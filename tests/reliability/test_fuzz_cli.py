@@ -5,10 +5,13 @@ Property: :func:`fedprivopt.cli.main` ends with exit code 0 or 2 (returned, or a
 ``SystemExit``); with 2, stderr is exactly one line starting with ``fedprivopt`` and holds no
 traceback. Nothing else escapes.
 
-Kept fast and harmless: the accountant is always ``rdp`` (``pld`` on a tiny sigma needs tens of
-GiB; see the reliability report) or an invalid name; ``simulate`` and ``compare`` always carry a
-last ``--set`` that no other flag can repair (so no training starts), and everything runs in a
-temporary working directory. ``deploy`` and ``data synth`` are not generated.
+Kept fast and harmless: the accountant is ``rdp``, ``pld`` or an invalid name (``prv`` is not
+fuzzed). ``pld`` used to exhaust memory on a tiny sigma; it now refuses a grid beyond
+``accounting.PLD_MAX_BYTES`` before allocating it, and the fuzz lowers that limit to 16 MiB
+(:func:`small_pld_limit`) so that an accepted ``pld`` input costs at most ~0.3 s while the refusal
+path is exercised too. ``simulate`` and ``compare`` always carry a last ``--set`` that no other
+flag can repair (so no training starts), and everything runs in a temporary working directory.
+``deploy`` and ``data synth`` are not generated.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import contextlib
 import io
 from pathlib import Path
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fedprivopt.cli import main
+from fedprivopt.privacy import accounting
 from tests.reliability.conftest import count, fuzz_settings
 
 PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -35,6 +40,12 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 2
     return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def small_pld_limit(monkeypatch):
+    """PLD grids above 16 MiB (estimated) are refused: accepted PLD inputs stay fast."""
+    monkeypatch.setattr(accounting, "PLD_MAX_BYTES", 16 * 2**20)
 
 
 def check(argv: list[str]) -> tuple[int, str, str]:
@@ -77,7 +88,8 @@ def _flag_values(sigma_flag: str) -> dict:
         "--sample-rate": FLOAT_TEXT,
         "--rounds": INT_TEXT,
         "--delta": FLOAT_TEXT,
-        "--accountant": st.sampled_from(["rdp", "rdp", "RDP", "", "gdp", "pld "]),
+        "--accountant": st.sampled_from(["rdp", "rdp", "pld", "pld", "RDP", "", "gdp", "pld "]),
+        "--pld-discretization": st.one_of(FLOAT_TEXT, st.sampled_from(["1e-3", "1e-2", "0.5"])),
         "--sampling": st.sampled_from(["poisson", "fixed", "fixed", "random", ""]),
         "--population": INT_TEXT,
         "--cohort": INT_TEXT,
@@ -107,18 +119,40 @@ def privacy_argv(draw, command: str, sigma_flag: str, forced_bad: bool) -> list[
 EPS = ["epsilon", "--noise-multiplier"]
 
 
+PLD = ["--accountant", "pld"]
+
+
 @fuzz_settings(60)
 @given(argv=privacy_argv("epsilon", "--noise-multiplier", forced_bad=False))
 @example(argv=[*EPS, "1", "--sample-rate", "\n2", "--rounds", "5", "--delta", "1e-5"])
 @example(argv=[*EPS, "1", "--sample-rate", "0.1", "--rounds", " \n0", "--delta", "1e-5"])
 @example(argv=[*EPS, "1e300", "--sample-rate", "1e-300", "--rounds", "50", "--delta", "1e-300"])
-def test_epsilon_flags(argv):
+@example(argv=[*EPS, "0.01", "--sample-rate", "1", "--rounds", "1", "--delta", "1e-5", *PLD])
+@example(
+    argv=[*EPS, "0.5", "--sample-rate", "1e-300", "--rounds", "1" + "0" * 12, "--delta", "1e-5"]
+)
+def test_epsilon_flags(small_pld_limit, argv):
     check(argv)
+
+
+def test_pld_regressions(small_pld_limit):
+    """Inputs that exhausted memory (a ~22 GiB grid, a 10^12-digit integer) or hung in
+    dp-accounting: now one error line, or a result."""
+    code, _, err = check([*EPS, "0.01", "--sample-rate", "1", "--rounds", "1", "--delta", "1e-5",
+                          *PLD])  # fmt: skip
+    assert code == 2 and "noise_multiplier=0.01" in err and "--accountant" not in err
+    assert "rdp" in err and "--pld-discretization" in err
+    code, out, _ = check([*EPS, "0.5", "--sample-rate", "1e-300", "--rounds", str(10**12),
+                          "--delta", "1e-5", *PLD, "--json"])  # fmt: skip
+    assert code == 0 and '"epsilon": 0.0' in out
+    code, _, err = check([*EPS, "3", "--sample-rate", "0.5", "--rounds", "100000", "--delta",
+                          "1e-5", *PLD])  # fmt: skip
+    assert code == 2 and "composition over 100000" in err
 
 
 @fuzz_settings(40)
 @given(argv=privacy_argv("calibrate", "--target-epsilon", forced_bad=True))
-def test_calibrate_flags(argv):
+def test_calibrate_flags(small_pld_limit, argv):
     """Every generated argv ends with a bad ``--delta`` (a full calibration takes up to 5 s)."""
     check(argv)
 
@@ -140,12 +174,35 @@ def in_range_argv(draw, command: str, sigma_flag: str, extremes: bool = True) ->
         argv += ["--events-per-round", str(draw(st.integers(1, 3)))]
     if draw(st.booleans()):
         argv.append("--json")
+    if command == "epsilon" and draw(st.booleans()):
+        argv += ["--accountant", "pld"]
+        if draw(st.booleans()):
+            argv += ["--pld-discretization", draw(_in_range(1e-5, 0.5, ["1e-300", "0.9"]))]
     return argv
 
 
-@fuzz_settings(20)
+@fuzz_settings(30)
 @given(argv=in_range_argv("epsilon", "--noise-multiplier"))
-def test_epsilon_in_range_values(argv):
+def test_epsilon_in_range_values(small_pld_limit, argv):
+    check(argv)
+
+
+@st.composite
+def pld_argv(draw) -> list[str]:
+    """Complete ``epsilon --accountant pld`` commands, mostly with grids that fit (and run)."""
+    sigma = _in_range(0.3, 100.0, ["0.01", "0.05", "1e-300", "1e300"])
+    rate = _in_range(1e-5, 1.0, ["1", "1e-300"])
+    rounds = st.one_of(st.integers(1, 2000), st.sampled_from([10**6, 10**12]))
+    argv = [*EPS, draw(sigma), "--sample-rate", draw(rate), "--rounds", str(draw(rounds))]
+    argv += ["--delta", draw(_in_range(1e-12, 0.5, ["1e-300", "0.9999999"])), *PLD]
+    if draw(st.booleans()):
+        argv += ["--pld-discretization", draw(st.sampled_from(["1e-3", "1e-2", "0.3", "1e-5"]))]
+    return argv
+
+
+@fuzz_settings(15)
+@given(argv=pld_argv())
+def test_epsilon_pld_values(small_pld_limit, argv):
     check(argv)
 
 

@@ -12,6 +12,7 @@ import importlib
 # the accountants, and dp-accounting/Opacus take seconds to import.
 _LAZY = {
     "ACCOUNTANTS": "accounting",
+    "PLDGridTooLargeError": "accounting",
     "PrivacyAccountant": "accounting",
     "compose_epsilon": "accounting",
     "calibrate_noise_multiplier": "calibration",
@@ -48,6 +49,7 @@ __all__ = [
     "ClipResult",
     "FixedSizeSampler",
     "FlatSpec",
+    "PLDGridTooLargeError",
     "PoissonSampler",
     "PrivacyAccountant",
     "RngFactory",

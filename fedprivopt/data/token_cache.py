@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["EncodedUsers", "cache_key_digest", "open_or_build", "stderr_progress"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _ARRAYS = ("users", "token_ptr", "tokens", "labels")
 
 # encode(user) -> (word-id lists, label lists or single labels), as the task encodes a user
@@ -143,11 +143,38 @@ class EncodedUsers:
             raise ValueError(f"user must be in [0, {self.num_users}), got {user!r}")
         e0, e1 = int(self._users[user]), int(self._users[user + 1])
         ptr = np.asarray(self._token_ptr[e0 : e1 + 1])
-        tokens = self._tokens[int(ptr[0]) : int(ptr[-1])]
-        if not self.multi_label:
-            return tokens, np.diff(ptr), self._labels[e0:e1], None
-        lptr = np.asarray(self._label_ptr[e0 : e1 + 1])
-        return tokens, np.diff(ptr), self._labels[int(lptr[0]) : int(lptr[-1])], np.diff(lptr)
+        lengths = np.diff(ptr)
+        tokens = self._tokens[int(ptr[0]) : int(ptr[-1])] if ptr.size else self._tokens[:0]
+        if self.multi_label:
+            lptr = np.asarray(self._label_ptr[e0 : e1 + 1])
+            label_lengths = np.diff(lptr)
+            labels = self._labels[int(lptr[0]) : int(lptr[-1])] if lptr.size else self._labels[:0]
+        else:
+            label_lengths, labels = None, self._labels[e0:e1]
+        self._check_user(user, e1 - e0, lengths, tokens, labels, label_lengths)
+        return tokens, lengths, labels, label_lengths
+
+    def _check_user(self, user, examples, lengths, tokens, labels, label_lengths) -> None:
+        """Cheap structural checks of one user's slices (offsets ordered, ids in range)."""
+        problem = None
+        if examples < 0 or lengths.size != examples or (lengths < 0).any():
+            problem = "its offsets are not ordered"
+        elif label_lengths is not None and (label_lengths < 0).any():
+            problem = "its label offsets are not ordered"
+        elif labels.size != (examples if label_lengths is None else int(label_lengths.sum())):
+            problem = "it has the wrong number of labels"
+        else:
+            for name, ids, bound in (
+                ("word", tokens, self.meta["token_bound"]),
+                ("label", labels, self.meta["label_bound"]),
+            ):
+                if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= bound):
+                    problem = f"a {name} id is outside [0, {bound})"
+        if problem is not None:
+            raise ValueError(
+                f"{self.directory}: damaged encoded-user store: user {user}: {problem} "
+                "(delete the directory to rebuild it)"
+            )
 
     def __getstate__(self) -> dict:
         return {"directory": self.directory}
@@ -279,6 +306,8 @@ def _build(
             "num_examples": int(token_ptr.size - 1),
             "num_tokens": counts["tokens"],
             "num_labels": counts["labels"],
+            "token_bound": int(token_bound),
+            "label_bound": int(label_bound),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         shutil.rmtree(target, ignore_errors=True)  # a damaged store of the same key

@@ -50,6 +50,11 @@ def client_context(context: Context) -> Context:
     )
 
 
+SLOW_FAULT_SECONDS = 120.0
+"""How long a node with a ``slow`` fault user sleeps before replying: longer than the round timeout
+of any test deployment, so its users always time out (``deploy local`` stops it at the end)."""
+
+
 def _inner(context: Context) -> ClientApp:
     spec = str(context.run_config.get("fault-users", ""))
     if not spec:
@@ -59,7 +64,9 @@ def _inner(context: Context) -> ClientApp:
         if faulty is None:
             from fedprivopt.clients.faults import make_faulty_client_app
 
-            faulty = _FAULTY[spec] = make_faulty_client_app(parse_fault_users(spec))
+            faulty = _FAULTY[spec] = make_faulty_client_app(
+                parse_fault_users(spec), sleep_seconds=SLOW_FAULT_SECONDS
+            )
     return faulty
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "PLD_MAX_BYTES",
     "PLDGridTooLargeError",
     "PrivacyAccountant",
+    "check_pld_ledger",
     "compose_epsilon",
     "pld_grid_points",
 ]
@@ -304,6 +305,30 @@ def _pld_epsilon(ledger: Ledger, delta: float, h: float) -> float:
         total = total.compose(composed)
         size = max(pmf.size for pmf in _pmfs(total))
     return float(total.get_epsilon_for_delta(delta))
+
+
+def check_pld_ledger(
+    ledger: Iterable[tuple[SubsampledGaussianEvent, int]], pld_discretization: float = 1e-4
+) -> None:
+    """Refuse, before any large allocation, a ledger whose PLD would exceed :data:`PLD_MAX_BYTES`.
+
+    The size checks of an ε query with ``accountant="pld"`` without the composition: a run calls
+    it with its planned ledger at start, so a noise level the PLD cannot account fails before
+    training rather than at its first ε query. The one-round distribution it builds is cached
+    and reused by the later queries.
+
+    Raises
+    ------
+    PLDGridTooLargeError
+        As :func:`compose_epsilon` would for this ledger.
+    """
+    h = _check_pld_discretization(pld_discretization)
+    for event, count in _merge(ledger):
+        _single_pld(event, h)  # refuses an oversized one-round distribution before building it
+        points = _self_compose_points(event, h, count)
+        if points * _PLD_FFT_BYTES > PLD_MAX_BYTES:
+            what = f"its composition over {count} events (rounds x events per round)"
+            _refuse(event, what, points, points * _PLD_FFT_BYTES, h)
 
 
 def _dpa_accountant(accountant: str, relation: dpa.NeighboringRelation, pld_interval: float):

@@ -77,6 +77,10 @@ class RunConfig:
     fast_actors : int
         Fast engine: shard each cohort over this many Ray actors (each holds the task and trains
         its share of users); ``0`` trains in process.
+    round_timeout : float
+        Flower engine and deployment: seconds the server waits for a cohort's replies, ``> 0``;
+        users whose node has not replied by then are counted in the round metric ``timed_out``
+        and the round goes on without them (their sampling is accounted all the same).
     """
 
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
@@ -93,6 +97,7 @@ class RunConfig:
     vectorize: bool = True
     cohort_chunk: int = 256
     fast_actors: int = 0
+    round_timeout: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -120,6 +125,14 @@ class RunConfig:
                 or not (0 <= value < hi)
             ):
                 raise ValueError(f"{key.replace('_', '-')} must be a number >= 0, got {value!r}")
+        if (
+            not isinstance(self.round_timeout, (int, float))
+            or isinstance(self.round_timeout, bool)
+            or not (0 < self.round_timeout < math.inf)
+        ):
+            raise ValueError(
+                f"round-timeout must be a number of seconds > 0, got {self.round_timeout!r}"
+            )
         if not isinstance(self.vectorize, bool):
             raise ValueError(f"vectorize must be true or false, got {self.vectorize!r}")
         for key, low in (("cohort_chunk", 1), ("fast_actors", 0)):

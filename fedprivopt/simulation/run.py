@@ -404,6 +404,7 @@ def serve_flower(
         grid,
         flat_to_arrays(alg.params, spec),
         num_rounds=config.strategy.num_server_rounds,
+        timeout=float(config.round_timeout),
         evaluate_fn=evaluate_fn,
     )
     return alg.stopped_reason or "rounds"

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fedprivopt import optim
-from fedprivopt.privacy.accounting import PrivacyAccountant
+from fedprivopt.privacy.accounting import PrivacyAccountant, check_pld_ledger
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator, default_min_shares
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.rng import RngFactory, derive_seed
@@ -110,6 +110,10 @@ class ServerAlgorithm:
         )
         self.aggregator = self._make_aggregator()
         self.accountant = PrivacyAccountant(accountant=config.accountant)
+        if config.accountant == "pld" and self.round_events():
+            # a PLD too large for memory fails here, before training, not at the first ε query
+            planned = config.num_server_rounds * self.events_per_round
+            check_pld_ledger([(self.round_event(), planned)], self.accountant.pld_discretization)
         self.side_information = preconditioner
         self.transform = self.make_transform()
         self.opt_state = self.transform.init(self.params) if self.transform is not None else None

@@ -148,7 +148,10 @@ class DPStrategy(Strategy):
                     Message(content=P.users_query(), dst_node_id=n, message_type="query")
                     for n in new
                 ]
-                for reply in grid.send_and_receive(messages, timeout=self._timeout):
+                # a node answers its first message only after starting its ClientApp (seconds on
+                # a busy machine): wait as long as for nodes to connect, not just a round timeout
+                wait = max(self._timeout, self.node_wait)
+                for reply in grid.send_and_receive(messages, timeout=wait):
                     if reply.has_error():
                         self.node_errors += 1
                         log(

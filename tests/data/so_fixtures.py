@@ -8,8 +8,14 @@ they did not produce.
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
 
@@ -153,3 +159,47 @@ def write_tff_sqlite(
             conn.execute("CREATE INDEX idx_client ON examples (client_id, split_name)")
     conn.close()
     return path
+
+
+_CHILD_READ = """
+import sys
+import fedprivopt.data.hdf5 as hdf5
+if sys.argv[2]:
+    hdf5.PROBE_TIMEOUT_S = float(sys.argv[2])
+try:
+    sp = hdf5.HDF5Split(sys.argv[1])
+    for cid in sp.client_ids:
+        sp.client_examples(cid)
+except ValueError as exc:
+    print("ValueError:", exc)
+else:
+    print("read")
+"""
+
+
+def read_hdf5_in_child(path: Path, timeout: float = 60, probe_timeout: float | None = None) -> str:
+    """Read every client of the HDF5 file ``path`` in a child process; its stdout.
+
+    Prints ``read`` or ``ValueError: ...``. The test fails when the child hangs past
+    ``timeout`` (it is killed by its PID, also when the test fails) or dies (a crash).
+    ``probe_timeout`` sets the reader's ``PROBE_TIMEOUT_S`` in the child.
+    """
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    probe = "" if probe_timeout is None else str(probe_timeout)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_READ, str(path), probe],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading {path.name} did not finish within {timeout} s (pid {proc.pid})")
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, f"the reader died with {proc.returncode}: {err[-2000:]}"
+    return out

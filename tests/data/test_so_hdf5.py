@@ -1,13 +1,8 @@
-import os
 import pickle
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from so_fixtures import DATA
+from so_fixtures import DATA, read_hdf5_in_child
 
 from fedprivopt.data.hdf5 import HDF5Split, open_hdf5, write_hdf5
 from fedprivopt.data.stackoverflow import FEATURES
@@ -122,43 +117,6 @@ def test_other_layouts_read_back(tmp_path, layout):
     sp.close()
 
 
-CHILD_READ = """
-import sys
-import fedprivopt.data.hdf5 as hdf5
-hdf5.PROBE_TIMEOUT_S = 2.0
-try:
-    sp = hdf5.HDF5Split(sys.argv[1])
-    for cid in sp.client_ids:
-        sp.client_examples(cid)
-except ValueError as exc:
-    print("ValueError:", exc)
-else:
-    print("read")
-"""
-
-
-def read_in_child(path, timeout=60):
-    """Read every client of ``path`` in a child process (killed by its PID if it hangs)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD_READ, str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"reading {path.name} did not finish within {timeout} s (pid {proc.pid})")
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, err[-2000:]
-    return out
-
-
 def test_probe_stops_a_hang_in_chunked_strings(tmp_path):
     """A heap object with index 0 and size 0 hangs HDF5; with chunked strings the references
     are not checked from the file, so the forked probe must time out and name the file."""
@@ -170,6 +128,6 @@ def test_probe_stops_a_hang_in_chunked_strings(tmp_path):
     data[obj : obj + 2] = bytes(2)  # index 0
     data[obj + 8 : obj + 16] = bytes(8)  # size 0
     path.write_bytes(bytes(data))
-    out = read_in_child(path)
+    out = read_hdf5_in_child(path, probe_timeout=2.0)
     assert out.startswith("ValueError:") and "stackoverflow_train.h5" in out, out
     assert "took more than 2.0 s" in out, out

@@ -144,3 +144,27 @@ def test_pickles_by_path(tmp_path):
             (a is None and b is None) or np.array_equal(a, b)
             for a, b in zip(store.user(u), copy.user(u), strict=True)
         )
+
+
+@pytest.mark.parametrize("damage", ["id", "offsets", "label"])
+def test_damage_inside_the_arrays_is_caught_per_user(tmp_path, damage):
+    data = _users(12, vocab=100)
+    store, _ = _build(tmp_path, data, bound=101)
+    name, value = {"id": ("tokens", 101), "offsets": ("token_ptr", None), "label": ("labels", 30)}[
+        damage
+    ]
+    array = np.load(store.directory / f"{name}.npy")
+    user = 5  # has examples (users 3 and 10 are empty)
+    users = np.load(store.directory / "users.npy")
+    e0, e1 = int(users[user]), int(users[user + 1])
+    if damage == "offsets":
+        array[e0 + 1] = array[e0] - 1  # a negative length
+    else:
+        ptr = np.load(store.directory / ("token_ptr.npy" if name == "tokens" else "label_ptr.npy"))
+        assert ptr[e1] > ptr[e0]  # the user holds ids of this kind
+        array[ptr[e0]] = value
+    np.save(store.directory / f"{name}.npy", array)
+    damaged = EncodedUsers(store.directory)  # sizes and ends still agree
+    with pytest.raises(ValueError, match=f"damaged encoded-user store: user {user}"):
+        damaged.user(user)
+    damaged.user(0)  # the other users still read

@@ -27,13 +27,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
 import re
 import signal
 import sqlite3
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -55,7 +52,13 @@ from fedprivopt.data import (
 )
 from fedprivopt.data.stackoverflow import decode_example
 from fedprivopt.data.vocab import write_tag_counts, write_word_counts
-from tests.data.so_fixtures import _EXAMPLE_CLS, DATA, serialize_reference, write_tff_sqlite
+from tests.data.so_fixtures import (
+    _EXAMPLE_CLS,
+    DATA,
+    read_hdf5_in_child,
+    serialize_reference,
+    write_tff_sqlite,
+)
 from tests.reliability.conftest import count, fuzz_settings
 from tests.reliability.test_fuzz_cli import run_cli
 
@@ -313,41 +316,6 @@ HDF5_CAPTURED = {  # exact damage of the fixture as written by h5py 3.16 / HDF5 
     "vlen-type-2": [("flip", [(13553, 195)])],
 }
 
-CHILD_READ = """
-import sys
-from fedprivopt.data import HDF5Split
-try:
-    sp = HDF5Split(sys.argv[1])
-    for cid in sp.client_ids:
-        sp.client_examples(cid)
-except ValueError as exc:
-    print("ValueError:", exc)
-else:
-    print("read")
-"""
-
-
-def read_in_child(path: Path, timeout: float = 60) -> str:
-    """Read every client of ``path`` in a child process; its stdout. Fails on a hang or crash."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD_READ, str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"reading {path.name} did not finish within {timeout} s (pid {proc.pid})")
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, f"the reader died with {proc.returncode}: {err[-2000:]}"
-    return out
-
 
 def hdf5_damaged(tmp_path: Path, hdf5_bytes: bytes, ops: list[tuple]) -> Path:
     path = tmp_path / "stackoverflow_train.h5"
@@ -367,7 +335,7 @@ def test_hdf5_captured_hangs(tmp_path, hdf5_bytes, name):
     if hashlib.sha256(hdf5_bytes).hexdigest() != HDF5_FIXTURE_SHA256:
         pytest.skip("this h5py/HDF5 writes other fixture bytes; the structural cases still run")
     path = hdf5_damaged(tmp_path, hdf5_bytes, HDF5_CAPTURED[name])
-    out = read_in_child(path)
+    out = read_hdf5_in_child(path)
     assert out.startswith("ValueError:") and path.name in out, out
 
 
@@ -418,13 +386,13 @@ def test_hdf5_heap_damage(tmp_path, hdf5_bytes, damage_of):
     """The captured causes rebuilt from the fixture's structure (any h5py's bytes)."""
     count("readers")
     path = hdf5_damaged(tmp_path, hdf5_bytes, damage_of(hdf5_bytes))
-    out = read_in_child(path)
+    out = read_hdf5_in_child(path)
     assert out.startswith("ValueError:") and path.name in out, out
 
 
 def test_hdf5_reads_undamaged_in_child(tmp_path, hdf5_bytes):
     """The child reader used above does read a valid file (so its errors mean something)."""
-    assert read_in_child(hdf5_damaged(tmp_path, hdf5_bytes, [])) == "read\n"
+    assert read_hdf5_in_child(hdf5_damaged(tmp_path, hdf5_bytes, [])) == "read\n"
 
 
 @pytest.mark.parametrize(

@@ -289,3 +289,15 @@ def test_config_from_mapping_kebab_case_and_unknown_keys():
     assert StrategyConfig.from_mapping(c.to_mapping()) == c
     with pytest.raises(ValueError, match="unknown key 'client-lr'"):
         StrategyConfig.from_mapping({"client-lr": 1.0})
+
+
+def test_a_pld_ledger_too_large_for_memory_is_refused_at_construction():
+    from fedprivopt.privacy import PLDGridTooLargeError
+
+    init = torch.zeros(10)
+    with pytest.raises(PLDGridTooLargeError, match=r"noise_multiplier=0\.01"):
+        build_algorithm(
+            config(accountant="pld", noise_multiplier=0.01, clients_per_round=40), init
+        )  # q = 1: one round's distribution alone would need ~22 GiB
+    ok = build_algorithm(config(accountant="pld"), init)  # sigma 1, q 0.2, 5 rounds
+    assert ok.epsilon() == 0.0

@@ -25,7 +25,6 @@ same store; a store whose files disagree with its ``meta.json`` is rebuilt.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -36,6 +35,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from fedprivopt.data.locks import file_lock
 
 __all__ = ["EncodedUsers", "cache_key_digest", "open_or_build", "stderr_progress"]
 
@@ -317,21 +318,6 @@ def _build(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def open_or_build(
     root: str | os.PathLike,
     key: dict,
@@ -372,7 +358,7 @@ def open_or_build(
     root.mkdir(parents=True, exist_ok=True)
     target = root / cache_key_digest(key)
     workers = int(workers) or (os.cpu_count() or 1)
-    with _lock(root / f"{target.name}.lock"):
+    with file_lock(root / f"{target.name}.lock"):
         if target.is_dir():
             try:
                 store = EncodedUsers(target)

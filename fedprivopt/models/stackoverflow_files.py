@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from fedprivopt.data.locks import file_lock
 from fedprivopt.data.synthetic import SQLITE_FILE, SYNTHETIC_META_FILE, ensure_synthetic
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
@@ -51,18 +52,9 @@ def _directory_lock(root: Path) -> Iterator[None]:
     Several processes (Ray workers, SuperNodes) may build the task at once; only one of them
     generates the synthetic files, the others wait and then find them current.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".stackoverflow.lock", "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    with file_lock(root / ".stackoverflow.lock"):
+        yield
 
 
 class StackOverflowFiles:

@@ -521,6 +521,12 @@ class StackOverflowTagTask(StackOverflowFiles):
         word_index, tag_index = self._indexes()
         return encode_examples(examples, word_index, tag_index, single_label=self.single_label)
 
+    def _train_split(self) -> SQLiteSplit:
+        """The training split, opened on first use (after unpickling too)."""
+        if self._train is None:
+            self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+        return self._train
+
     def _read_train_user(self, client_id: str) -> tuple[list[list[int]], list]:
         """Encoded training examples of ``client_id``: protobuf's C parser, else the exact one.
 
@@ -530,7 +536,7 @@ class StackOverflowTagTask(StackOverflowFiles):
         """
         decode = text_fields_decoder()
         if decode is not None:
-            blobs = self._train.serialized_examples(client_id)
+            blobs = self._train_split().serialized_examples(client_id)
             if self.max_examples_per_user is not None:
                 blobs = blobs[: self.max_examples_per_user]
             try:
@@ -540,7 +546,7 @@ class StackOverflowTagTask(StackOverflowFiles):
             if texts is not None:
                 word_index, tag_index = self._indexes()
                 return encode_texts(texts, word_index, tag_index, single_label=self.single_label)
-        return self._encode(self._train.client_examples(client_id))
+        return self._encode(self._train_split().client_examples(client_id))
 
     # -------------------------------------------------------------------------- data
     def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -565,8 +571,6 @@ class StackOverflowTagTask(StackOverflowFiles):
                 y = _pad_ragged(labels, label_lengths, self.num_tags)
             out = (x, y)
         else:
-            if self._train is None:
-                self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
             words, labels = self._read_train_user(self.client_ids[user_id])
             out = _tensors(words, labels, self.num_features, self.num_tags, self.single_label)
         if self.cache_users:
@@ -603,8 +607,7 @@ class StackOverflowTagTask(StackOverflowFiles):
         if not self.token_cache:
             return None
         if self._store is None:
-            if self._train is None:  # opened before the workers fork
-                self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+            self._train_split()  # opened once, before the encoding workers fork
             self._store = open_or_build(
                 self.cache_dir,
                 self._store_key(),

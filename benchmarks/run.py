@@ -44,6 +44,22 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples)
 
 
+def code_version() -> str:
+    """The commit the benchmarks ran (``git rev-parse --short HEAD``), marked if files differ."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent, capture_output=True,
+            text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE.parent,
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "not recorded (no git)"
+    return f"{head} + uncommitted changes" if dirty else head
+
+
 def machine() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -247,7 +263,7 @@ def bench_engines(rounds: int, flower_clients: list[int], device: str, flower: b
                 name: flower_s / results[name]["seconds_per_round"] for name in B1_VARIANTS
             }
         cases.append(case)
-    return {"device": device, "machine": machine(), "cases": cases}
+    return {"device": device, "machine": machine(), "code": code_version(), "cases": cases}
 
 
 def bench_scaling(rounds: int, clients: list[int], device: str, machine_bw: dict) -> dict:
@@ -265,7 +281,13 @@ def bench_scaling(rounds: int, clients: list[int], device: str, machine_bw: dict
             result["seconds_per_round"] / result["work"]["users_per_round"]
         )
         cases.append(result)
-    return {"device": device, "machine": machine(), "bandwidth": machine_bw, "cases": cases}
+    return {
+        "device": device,
+        "machine": machine(),
+        "code": code_version(),
+        "bandwidth": machine_bw,
+        "cases": cases,
+    }
 
 
 def _machine_line(info: dict) -> str:
@@ -287,6 +309,8 @@ def _b1_lines(block: dict) -> list[str]:
         f"## B1: Flower engine vs fast engine ({block['device']}, population 8,000)",
         "",
         f"Machine: {_machine_line(block['machine'])}",
+        "",
+        f"Code: {block.get('code', 'not recorded')}",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -323,6 +347,8 @@ def _b2_lines(block: dict) -> list[str]:
         f"## B2/B3: fast engine scaling and floor ({block['device']}, population 342,477)",
         "",
         f"Machine: {_machine_line(block['machine'])}",
+        "",
+        f"Code: {block.get('code', 'not recorded')}",
         "",
         f"Memory bandwidth ({block['device']}, 256 MB tensor copy, read + write): "
         f"{bw['bytes_per_second'] / 1e9:.1f} GB/s; drawing {DIM:,} Gaussians: "
@@ -363,12 +389,17 @@ def write(results: dict, root: Path) -> None:
         "",
         f"Machine: {_machine_line(results['machine'])}",
         "",
+        f"Code: {results.get('code', 'not recorded')} (each block below names its own)",
+        "",
         "## Micro-benchmarks",
         "",
-        "| case | device | seconds |",
-        "|---|---|---|",
+        "| case | device | seconds | code |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {r['case']} | {r['device']} | {r['seconds']:.3g} |" for r in results["micro"]]
+    lines += [
+        f"| {r['case']} | {r['device']} | {r['seconds']:.3g} | {r.get('code', 'not recorded')} |"
+        for r in results["micro"]
+    ]
     for block in results["engines"]:
         lines += _b1_lines(block)
     for block in results["scaling"]:
@@ -376,15 +407,17 @@ def write(results: dict, root: Path) -> None:
     (root / "RESULTS.md").write_text("\n".join(lines) + "\n")
 
 
-def merge(results: dict, other: dict) -> dict:
+def merge(results: dict, other: dict, code: str = "") -> dict:
     """``results`` with the rows and blocks of ``other`` (another machine's run) added.
 
-    Per group, ``other``'s entries replace those of ``results`` for the same device.
+    Per group, ``other``'s entries replace those of ``results`` for the same device. Each added
+    block keeps the code it ran (its own record, else ``other``'s, else ``code``).
     """
     out = dict(results)
+    stamp = other.get("code") or code or "not recorded"
     for group in ("micro", "engines", "scaling"):
         devices = {entry["device"] for entry in other.get(group, [])}
-        added = other.get(group, [])
+        added = [dict(e, code=e.get("code") or stamp) for e in other.get(group, [])]
         if group == "micro":
             added = [dict(r, machine=other["machine"]) for r in added]
         out[group] = [e for e in results[group] if e["device"] not in devices] + added
@@ -409,6 +442,10 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--out", default=str(HERE), help="where results.json/RESULTS.md go")
     parser.add_argument(
+        "--code", default="",
+        help="with --merge: the code the merged run used, when its results do not record it",
+    )  # fmt: skip
+    parser.add_argument(
         "--merge", default="",
         help="add the devices of another machine's results.json (e.g. a GPU run) and exit",
     )  # fmt: skip
@@ -421,7 +458,7 @@ def main() -> int:
         loaded = json.loads((out / "results.json").read_text())
         previous = loaded if "micro" in loaded else empty  # older layouts are not reused
     if args.merge:
-        write(merge(previous, json.loads(Path(args.merge).read_text())), out)
+        write(merge(previous, json.loads(Path(args.merge).read_text()), args.code), out)
         print(f"wrote {out / 'RESULTS.md'}")
         return 0
     groups = set(args.only or ["micro", "engines", "scaling"])
@@ -430,7 +467,7 @@ def main() -> int:
     devices = args.devices.split(",") if args.devices else (
         ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     )  # fmt: skip
-    results = dict(previous, machine=machine())
+    results = dict(previous, machine=machine(), code=code_version())
     if "micro" in groups:
         rows = []
         for device in devices:
@@ -439,7 +476,7 @@ def main() -> int:
             rows += bench_accounting(repeat)
         for r in rows:
             print(f"{r['seconds']:9.4f} s  [{r['device']}]  {r['case']}")
-        results["micro"] = rows
+        results["micro"] = [dict(r, code=results["code"]) for r in rows]
     if "engines" in groups:
         flower = not args.no_flower
         results["engines"] = [bench_engines(rounds, [20, 100], d, flower) for d in devices]

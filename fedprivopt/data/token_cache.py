@@ -30,6 +30,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -155,6 +156,82 @@ class EncodedUsers:
         self._check_user(user, e1 - e0, lengths, tokens, labels, label_lengths)
         return tokens, lengths, labels, label_lengths
 
+    def example_counts(self, users: Sequence[int]) -> np.ndarray:
+        """int64: the number of stored examples of each of ``users``."""
+        users = self._users_array(users)
+        counts = np.asarray(self._users[users + 1], dtype=np.int64) - self._users[users]
+        if (counts < 0).any():
+            self._damaged(int(users[np.argmax(counts < 0)]), "its offsets are not ordered")
+        return counts
+
+    def gather(
+        self, users: Sequence[int], picks: Sequence[np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Examples ``picks[i]`` of user ``users[i]``, for every ``i``, concatenated in order.
+
+        What :meth:`user` returns for one user, for many at once and only for the picked
+        examples (positions among each user's examples), with the same checks on what is read.
+
+        Returns
+        -------
+        tokens, lengths, labels, label_lengths : numpy.ndarray
+            As :meth:`user`, over the picked examples (``label_lengths`` ``None`` unless
+            multi-label).
+        """
+        users = self._users_array(users)
+        counts = self.example_counts(users)
+        sizes = np.array([len(p) for p in picks], dtype=np.int64)
+        if sizes.size != users.size:
+            raise ValueError("gather needs one array of picks per user")
+        picks = np.concatenate([np.asarray(p, dtype=np.int64) for p in picks]) if sizes.size else (
+            np.empty(0, dtype=np.int64)
+        )  # fmt: skip
+        owner = np.repeat(np.arange(users.size), sizes)
+        if picks.size and ((picks < 0).any() or (picks >= counts[owner]).any()):
+            raise ValueError("gather: a pick is outside its user's examples")
+        examples = np.asarray(self._users[users], dtype=np.int64)[owner] + picks
+        tokens, lengths = self._ragged(self._token_ptr, self._tokens, examples, users, owner)
+        if self.multi_label:
+            labels, label_lengths = self._ragged(
+                self._label_ptr, self._labels, examples, users, owner
+            )
+        else:
+            labels, label_lengths = np.asarray(self._labels[examples]), None
+        for name, ids, bound in (
+            ("word", tokens, self.meta["token_bound"]),
+            ("label", labels, self.meta["label_bound"]),
+        ):
+            bad = (ids < 0) | (ids >= bound)
+            if bad.any():
+                self._damaged(-1, f"a {name} id is outside [0, {bound})")
+        return tokens, lengths, labels, label_lengths
+
+    def _users_array(self, users: Sequence[int]) -> np.ndarray:
+        users = np.asarray(users, dtype=np.int64).reshape(-1)
+        if users.size and (users.min() < 0 or users.max() >= self.num_users):
+            raise ValueError(f"users must be in [0, {self.num_users})")
+        return users
+
+    def _ragged(
+        self, ptr: np.ndarray, values: np.ndarray, examples: np.ndarray, users, owner
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``values`` of ``examples`` (CSR ``ptr``) concatenated, and their lengths."""
+        starts = np.asarray(ptr[examples], dtype=np.int64)
+        lengths = np.asarray(ptr[examples + 1], dtype=np.int64) - starts
+        if (lengths < 0).any():
+            self._damaged(int(users[owner[np.argmax(lengths < 0)]]), "its offsets are not ordered")
+        total = int(lengths.sum())
+        index = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        index += np.arange(total, dtype=np.int64)
+        return np.asarray(values[index]), lengths
+
+    def _damaged(self, user: int, problem: str) -> None:
+        where = f"user {user}: " if user >= 0 else ""
+        raise ValueError(
+            f"{self.directory}: damaged encoded-user store: {where}{problem} "
+            "(delete the directory to rebuild it)"
+        )
+
     def _check_user(self, user, examples, lengths, tokens, labels, label_lengths) -> None:
         """Cheap structural checks of one user's slices (offsets ordered, ids in range)."""
         problem = None
@@ -226,8 +303,27 @@ def _pieces(num_users: int, workers: int) -> Iterator[dict[str, np.ndarray]]:
     if workers <= 1 or len(ranges) <= 1 or sys.platform != "linux":
         yield from map(_encode_range, ranges)
         return
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    # SIGTERM stays blocked from the fork until each worker has restored its default action
+    # (see _worker_signals); the parent unblocks it as soon as the workers exist
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_signals)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    with pool:
         yield from pool.imap(_encode_range, ranges)
+
+
+def _worker_signals() -> None:
+    """Pool initializer: SIGTERM ends a worker again, SIGINT is left to the parent.
+
+    A forked worker inherits the parent's Python signal handlers. One that does not end the
+    process (Flower's graceful-exit handler stays installed after an in-process simulation)
+    made the pool's ``terminate()`` wait forever for a worker blocked on the task queue.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _ptr(lengths: list[np.ndarray]) -> np.ndarray:

@@ -198,6 +198,18 @@ def _long(values: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.asarray(values, dtype=np.int64))
 
 
+def ragged_take(
+    values: torch.Tensor, lengths: torch.Tensor, take: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ragged rows ``take`` of CSR ``(values, lengths)``, concatenated, and their lengths."""
+    starts = torch.cumsum(lengths, 0) - lengths
+    lens = lengths[take]
+    total = int(lens.sum())
+    index = torch.repeat_interleave(starts[take] - (torch.cumsum(lens, 0) - lens), lens,
+                                    output_size=total)  # fmt: skip
+    return values[index + torch.arange(total)], lens
+
+
 class UserCSR(NamedTuple):
     """One user's examples as ragged int64 tensors (see :meth:`StackOverflowTagTask.user_csr`).
 
@@ -601,6 +613,47 @@ class StackOverflowTagTask(StackOverflowFiles):
             return UserCSR(x[words], words.sum(dim=1), y, None)
         tags = y < self.num_tags
         return UserCSR(x[words], words.sum(dim=1), y[tags], tags.sum(dim=1))
+
+    def user_sizes(self, users: Sequence[int]) -> list[int]:
+        """Number of training examples of each of ``users`` (from the token store if on)."""
+        store = self.encoded_users()
+        if store is not None:
+            return store.example_counts([self._check_user(u) for u in users]).tolist()
+        return [int(self.user_csr(u).lengths.numel()) for u in users]
+
+    def examples_csr(self, users: Sequence[int], picks: Sequence[torch.Tensor]) -> UserCSR:
+        """Examples ``picks[i]`` of user ``users[i]``, for every ``i``, as one ragged batch.
+
+        The examples of :meth:`user_csr` ``(users[i])`` at positions ``picks[i]``, concatenated
+        in order: read from the token store in one pass when it is on.
+        """
+        if len(picks) != len(users):
+            raise ValueError("examples_csr needs one tensor of picks per user")
+        store = self.encoded_users()
+        if store is not None:
+            tokens, lengths, labels, label_lengths = store.gather(
+                [self._check_user(u) for u in users], [p.numpy() for p in picks]
+            )
+            return UserCSR(
+                _long(tokens),
+                _long(lengths),
+                _long(labels),
+                None if label_lengths is None else _long(label_lengths),
+            )
+        parts = []
+        for user, pick in zip(users, picks, strict=True):
+            data = self.user_csr(user)
+            tokens, lengths = ragged_take(data.tokens, data.lengths, pick)
+            if data.label_lengths is None:
+                labels, label_lengths = data.labels[pick], None
+            else:
+                labels, label_lengths = ragged_take(data.labels, data.label_lengths, pick)
+            parts.append((tokens, lengths, labels, label_lengths))
+        if not parts:
+            empty = torch.empty(0, dtype=torch.int64)
+            return UserCSR(empty, empty, empty, None if self.single_label else empty)
+        columns = zip(*parts, strict=True)
+        return UserCSR(*[None if c[0] is None else torch.cat(list(c)) for c in columns])
 
     def encoded_users(self) -> EncodedUsers | None:
         """The memory-mapped token store (built on first use); ``None`` without a token cache."""

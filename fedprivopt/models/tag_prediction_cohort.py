@@ -24,41 +24,41 @@ trains users one at a time with :class:`~fedprivopt.clients.LocalTrainer` then.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from fedprivopt.clients.trainer import LocalConfig, epoch_orders
-from fedprivopt.privacy.clip import clip_l2
+from fedprivopt.privacy.clip import clip_factor
 from fedprivopt.privacy.rng import RngFactory
-from fedprivopt.privacy.sparse import RowSparse
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, segment_norms_checked
 
 __all__ = ["TagCohortTrainer"]
 
+PIECE_BYTES = 16 << 20  # rows of word gradients computed and applied at a time (benchmarks/NOTES)
+
 
 @dataclass
-class _User:
-    user: int
-    rows: torch.Tensor  # sorted word rows the user's examples touch (int64, CPU)
-    visits: torch.Tensor  # the epochs' orders, concatenated: positions among its examples
-    examples: int  # k, examples used this round
-    tokens: torch.Tensor  # its examples' in-vocabulary word ids, concatenated (int64)
-    weights: torch.Tensor  # their bag weights: 1 / words of the example, OOV included (float32)
-    lengths: torch.Tensor  # in-vocabulary words per example (int64, k)
-    labels: torch.Tensor  # (k,) single labels or (k, K) multi-hot float32
+class _Chunk:
+    """A chunk of users' data for this round, laid out for training (all int64 unless noted).
 
+    The stacked rows hold user ``i``'s sorted word rows, then its bias row (``V``), at
+    ``row_ptr[i] ... row_ptr[i + 1] - 1``: exactly the layout of the batch of updates returned.
+    """
 
-def _ragged_take(
-    values: torch.Tensor, lengths: torch.Tensor, take: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ragged rows ``take`` of ``(values, lengths)``, concatenated, and their lengths."""
-    starts = torch.cumsum(lengths, 0) - lengths
-    lens = lengths[take]
-    total = int(lens.sum())
-    index = torch.repeat_interleave(starts[take] - (torch.cumsum(lens, 0) - lens), lens,
-                                    output_size=total)  # fmt: skip
-    return values[index + torch.arange(total)], lens
+    rows: torch.Tensor  # (R,) model row of each stacked row
+    row_ptr: torch.Tensor  # (n + 1,) each user's stacked rows
+    examples: torch.Tensor  # (n,) examples each user uses this round (k)
+    ex_user: torch.Tensor  # (E,) user (position in the chunk) of each example, user-major
+    visits: torch.Tensor  # the users' epoch orders, concatenated: positions among its examples
+    visit_counts: torch.Tensor  # (n,) epochs x k
+    tok_ids: torch.Tensor  # stacked rows of each example's bag: its words, then its bias row
+    tok_w: torch.Tensor  # float32 bag weights: 1 / words of the example (OOV included); bias 1
+    ex_len: torch.Tensor  # (E,) bag length: in-vocabulary words + 1
+    labels: torch.Tensor  # each example's tag ids, concatenated (one each if single-label)
+    label_ptr: torch.Tensor  # (E + 1,) each example's labels
 
 
 class TagCohortTrainer:
@@ -74,13 +74,15 @@ class TagCohortTrainer:
     chunk_users : int
         Users trained together; bounds memory (the stacked rows of a chunk).
     cpu_threads : int or None
-        torch intra-op threads while a cohort is trained on the CPU, ``>= 1`` (restored when
-        :meth:`train`'s iterator ends); ``None`` leaves torch's setting alone. Default 1: the
-        steps are many small gather/scatter operations that gain nothing from a second thread
-        on an idle machine, and every parallel region waits for a descheduled thread when
-        another process is busy (measured on 2 cores: ``index_add_`` of 300 rows 0.04 ms with
-        1 thread, 72 ms with 2 while another process ran; ``benchmarks/NOTES.md``). For more
-        cores, shard the cohort over Ray actors (``fast-actors``).
+        torch intra-op threads while a chunk's data is prepared and its local steps run on the
+        CPU, ``>= 1`` (the caller's setting is restored around everything else: the large
+        streaming passes, zeroing, clipping and the server's sum, use it); ``None`` leaves
+        torch's setting alone. Default 1: the steps are many small gather/scatter operations
+        that gain nothing from a second thread on an idle machine, and every parallel region
+        waits for a descheduled thread when another process is busy (measured on 2 cores:
+        ``index_add_`` of 300 rows 0.04 ms with 1 thread, 72 ms with 2 while another process
+        ran; ``benchmarks/NOTES.md``). For more cores, shard the cohort over Ray actors
+        (``fast-actors``).
     """
 
     def __init__(
@@ -104,7 +106,7 @@ class TagCohortTrainer:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.chunk_users = int(chunk_users)
-        self._workspace: dict[str, torch.Tensor] = {}
+        self._workspace_buffers: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------------ public
     def train(
@@ -121,7 +123,31 @@ class TagCohortTrainer:
         """Yield ``(user, clipped row-sparse update)`` for ``users``, in their order.
 
         Arguments mean what they mean for :meth:`~fedprivopt.clients.LocalTrainer.train`;
-        ``config.noise_std`` must be 0 (no dense noise shares here).
+        ``config.noise_std`` must be 0 (no dense noise shares here). Each update owns its
+        tensors; :meth:`train_batches` gives the same updates a chunk at a time, without copies.
+        """
+        for batch in self.train_batches(
+            global_flat, users, round_num=round_num, config=config, rngs=rngs,
+            preconditioner=preconditioner, stream=stream,
+        ):  # fmt: skip
+            yield from batch.split()
+
+    def train_batches(
+        self,
+        global_flat: torch.Tensor,
+        users: Sequence[int],
+        *,
+        round_num: int,
+        config: LocalConfig,
+        rngs: RngFactory,
+        preconditioner: torch.Tensor | None = None,
+        stream: str = "train",
+    ) -> Iterator[RowSparseBatch]:
+        """Yield the clipped updates of ``users``, a chunk at a time, as row-sparse batches.
+
+        A batch's values live in this trainer's workspace: they are valid until the iterator is
+        advanced (the next chunk trains in the same memory). Keep one longer with
+        :meth:`~fedprivopt.privacy.sparse.RowSparseBatch.clone`.
         """
         if config.noise_std > 0:
             raise ValueError("TagCohortTrainer adds no noise shares: noise_std must be 0")
@@ -141,50 +167,88 @@ class TagCohortTrainer:
                 raise ValueError("preconditioner must be finite and > 0 everywhere")
             precond = precond.view(self.vocab_size + 1, self.num_tags)
         users = [int(u) for u in users]
+        for start in range(0, len(users), self.chunk_users):
+            chunk = users[start : start + self.chunk_users]
+            yield self._train_chunk(model, precond, chunk, round_num, config, rngs, stream)
+
+    @contextmanager
+    def _step_threads(self) -> Iterator[None]:
+        """Run the block with :attr:`cpu_threads` intra-op threads (on the CPU), then restore."""
         threads = torch.get_num_threads()
         if self.cpu_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(self.cpu_threads)
         try:
-            for start in range(0, len(users), self.chunk_users):
-                chunk = users[start : start + self.chunk_users]
-                yield from self._train_chunk(model, precond, chunk, round_num, config, rngs, stream)
+            yield
         finally:
             torch.set_num_threads(threads)
 
     # ----------------------------------------------------------------------------- chunks
     def _prepare(
-        self, user: int, round_num: int, config: LocalConfig, rngs: RngFactory, stream: str
-    ) -> _User:
-        V, K = self.vocab_size, self.num_tags
-        data = self.task.user_csr(user)
-        subset, orders = epoch_orders(
-            int(data.lengths.numel()),
-            epochs=config.epochs,
-            max_examples=config.max_examples,
-            generator=rngs.generator(round_num, "shuffle", stream, user),
+        self, users: list[int], round_num: int, config: LocalConfig, rngs: RngFactory, stream: str
+    ) -> _Chunk:
+        """The chunk's data for this round.
+
+        Each user's example subset and epoch orders come from its own keyed generator, drawn as
+        :class:`~fedprivopt.clients.LocalTrainer` draws them; the rest is done for the chunk at
+        once (one read of the picked examples, one ``unique`` for every user's rows).
+        """
+        V, n = self.vocab_size, len(users)
+        picks, orders = [], []
+        for user, size in zip(users, self.task.user_sizes(users), strict=True):
+            subset, order = epoch_orders(
+                size,
+                epochs=config.epochs,
+                max_examples=config.max_examples,
+                generator=rngs.generator(round_num, "shuffle", stream, user),
+            )
+            picks.append(subset)
+            orders.append(torch.cat(order) if order else torch.empty(0, dtype=torch.int64))
+        data = self.task.examples_csr(users, picks)
+        examples = torch.tensor([int(p.numel()) for p in picks], dtype=torch.int64)
+        n_ex = int(examples.sum())
+        ex_user = torch.repeat_interleave(torch.arange(n), examples, output_size=n_ex)
+        tok_ex = torch.repeat_interleave(
+            torch.arange(n_ex), data.lengths, output_size=int(data.tokens.numel())
         )
-        k = int(subset.numel())
-        tokens, lengths = _ragged_take(data.tokens, data.lengths, subset)
-        owner = torch.repeat_interleave(torch.arange(k), lengths, output_size=int(tokens.numel()))
-        in_vocab = tokens < V
+        in_vocab = data.tokens < V
         # bag weights as bag_of_words: 1 / (words of the example, OOV included), float32
-        weights = (1.0 / lengths.clamp_min(1).to(torch.float32))[owner[in_vocab]]
+        word_w = (1.0 / data.lengths.clamp_min(1).to(torch.float32))[tok_ex[in_vocab]]
+        tok_ex, tokens = tok_ex[in_vocab], data.tokens[in_vocab]
+        tok_user = ex_user[tok_ex]
+        # each user's distinct words, user-major and sorted: its stacked rows
+        words, inverse = torch.unique(tok_user * V + tokens, return_inverse=True)
+        word_user = torch.div(words, V, rounding_mode="floor")
+        row_ptr = torch.zeros(n + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(word_user, minlength=n) + 1, 0, out=row_ptr[1:])
+        rows = torch.full((int(row_ptr[-1]),), V, dtype=torch.int64)
+        rows[torch.arange(words.numel()) + word_user] = words - word_user * V
+        # every example's bag ends with its user's bias row, weight 1: the forward adds the
+        # bias, and the backward sums the bias gradient, with the words (no separate pass)
+        word_ids = inverse + tok_user  # one bias row per earlier user precedes its rows
+        ex_len = torch.bincount(tok_ex, minlength=n_ex) + 1
+        bias_pos = torch.cumsum(ex_len, 0) - 1
+        tok_ids = torch.empty(int(bias_pos[-1]) + 1 if n_ex else 0, dtype=torch.int64)
+        tok_w = torch.empty(tok_ids.numel(), dtype=torch.float32)
+        word_pos = torch.arange(word_ids.numel()) + tok_ex  # one bias token per earlier example
+        tok_ids[word_pos], tok_w[word_pos] = word_ids, word_w
+        tok_ids[bias_pos], tok_w[bias_pos] = row_ptr[1:][ex_user] - 1, 1.0
         if self.task.single_label:
-            labels = data.labels[subset]
+            label_ptr = torch.arange(n_ex + 1)
         else:
-            tags, tag_lengths = _ragged_take(data.labels, data.label_lengths, subset)
-            labels = torch.zeros(k, K, dtype=torch.float32)
-            labels[torch.repeat_interleave(torch.arange(k), tag_lengths), tags] = 1.0
-        tokens = tokens[in_vocab]
-        return _User(
-            user=user,
-            rows=torch.unique(tokens),
+            label_ptr = torch.zeros(n_ex + 1, dtype=torch.int64)
+            torch.cumsum(data.label_lengths, 0, out=label_ptr[1:])
+        return _Chunk(
+            rows=rows,
+            row_ptr=row_ptr,
+            examples=examples,
+            ex_user=ex_user,
             visits=torch.cat(orders) if orders else torch.empty(0, dtype=torch.int64),
-            examples=k,
-            tokens=tokens,
-            weights=weights,
-            lengths=torch.bincount(owner[in_vocab], minlength=k),
-            labels=labels,
+            visit_counts=torch.tensor([int(o.numel()) for o in orders], dtype=torch.int64),
+            tok_ids=tok_ids,
+            tok_w=tok_w,
+            ex_len=ex_len,
+            labels=data.labels,
+            label_ptr=label_ptr,
         )
 
     def _train_chunk(
@@ -196,111 +260,155 @@ class TagCohortTrainer:
         config: LocalConfig,
         rngs: RngFactory,
         stream: str,
-    ) -> Iterator[tuple[int, RowSparse]]:
-        V, K, dev = self.vocab_size, self.num_tags, self.device
-        infos = [self._prepare(u, round_num, config, rngs, stream) for u in users]
+    ) -> RowSparseBatch:
+        dev = self.device
+        with self._step_threads():
+            chunk = self._prepare(users, round_num, config, rngs, stream)
+        rows_dev = chunk.rows.to(dev)
+        # each user's update, trained directly: the model it reads is the global rows + these
+        delta = self._workspace("delta", int(rows_dev.numel()), model).zero_()
+        p_st = precond[rows_dev] if precond is not None else None
+        if chunk.ex_len.numel():
+            with self._step_threads():
+                self._steps(model, delta, rows_dev, p_st, chunk, config)
+        self._clip(delta, chunk.row_ptr, config)
+        return RowSparseBatch(tuple(users), chunk.rows, delta.cpu(), chunk.row_ptr, self.length)
 
-        # stacked rows: user i's words at row_offset[i] + position in its sorted rows
-        row_offset = [0]
-        for info in infos:
-            row_offset.append(row_offset[-1] + int(info.rows.numel()))
-        rows_dev = torch.cat([i.rows for i in infos]).to(dev)
-        weights_st = self._gather("rows", model, rows_dev)
-        start_w = self._gather("start", model, rows_dev)
-        bias_st = model[V].expand(len(users), K).clone()
-        start_b = model[V].clone()
-        if precond is not None:
-            p_rows, p_bias = precond[rows_dev], precond[V]
+    def _steps(
+        self,
+        model: torch.Tensor,
+        delta: torch.Tensor,
+        rows: torch.Tensor,
+        p_st: torch.Tensor | None,
+        chunk: _Chunk,
+        config: LocalConfig,
+    ) -> None:
+        """Every local step of every user of a chunk, in place on the stacked updates ``delta``.
 
-        # every example of the chunk as a bag of its in-vocabulary words (CSR: out-of-vocabulary
-        # words weigh 0 and are left out, so no padding is ever processed): stacked row ids,
-        # bag weights 1 / (words of the example, OOV included), per-example labels and owner
-        ex_offset = [0]
-        tok_parts, w_parts, len_parts, y_parts = [], [], [], []
-        for i, info in enumerate(infos):
-            ex_offset.append(ex_offset[-1] + info.examples)
-            if info.examples == 0:
-                continue
-            tok_parts.append(torch.searchsorted(info.rows, info.tokens) + row_offset[i])
-            w_parts.append(info.weights)
-            len_parts.append(info.lengths)
-            y_parts.append(info.labels)
-        if not y_parts:
-            yield from self._emit(infos, weights_st, start_w, bias_st, start_b, row_offset, config)
-            return
-        tok_ids = torch.cat(tok_parts).to(dev)
-        tok_w = torch.cat(w_parts).to(device=dev, dtype=model.dtype)
-        ex_len = torch.cat(len_parts).to(dev)
-        ex_ptr = torch.cumsum(ex_len, 0) - ex_len
-        y_all = torch.cat(y_parts).to(dev)
-        owner_all = torch.repeat_interleave(
-            torch.arange(len(users)), torch.tensor(ex_offset[1:]) - torch.tensor(ex_offset[:-1])
-        ).to(dev)
+        User ``i``'s model is the global ``model`` plus its rows of ``delta`` (stacked row ``j``
+        is model row ``rows[j]``). The chunk's word visits are laid out once in step order (a
+        "stream" of tokens); step ``t`` is a slice of it. Forward: an ``embedding_bag`` over the
+        global rows plus one over the stacked updates (so no private copy of the rows is ever
+        gathered, or subtracted at the end). Backward:
+        the gradient of a word row is the bag-weighted sum of the logit gradients of the visits
+        that read it, which is itself an ``embedding_bag`` over the logit gradients once the
+        step's tokens are grouped by row (one sort by ``(step, row)`` for the whole chunk).
+        """
+        K, dev, dtype = self.num_tags, self.device, delta.dtype
+        n_rows = int(delta.shape[0])
+        visits, steps_of, scale_of = self._schedule(chunk, config.batch_size)
+        visits, steps_of = visits.to(dev), steps_of.to(dev)
+        scale_of = scale_of.to(device=dev, dtype=dtype)
+        if self.task.single_label:
+            scale_of = scale_of[:, None]
+        else:  # mean binary cross-entropy over the K tags
+            scale_of = (scale_of / K)[:, None]
+        bounds = [0, *torch.cumsum(torch.bincount(steps_of), 0).tolist()]
 
-        visits, steps_of, scale_of = self._schedule(infos, ex_offset, config.batch_size)
-        bounds = torch.cumsum(torch.bincount(steps_of), 0).tolist()
-        visits, owners_all = visits.to(dev), owner_all[visits.to(dev)]
-        scale_of = scale_of.to(device=dev, dtype=model.dtype)
+        # the token stream: visit v's bag at stream positions vstart[v] ... (step t: a slice)
+        s_rows, s_w, s_visit, vstart = self._stream(
+            visits, chunk.ex_len.to(dev), chunk.tok_ids.to(dev),
+            chunk.tok_w.to(device=dev, dtype=dtype),
+        )  # fmt: skip
+        g_rows = rows[s_rows]  # the same bags over the global model's rows
+        # the labels in the same order: visit v's tags at lstart[v] ...
+        s_tags, _, s_lvisit, lstart = self._stream(
+            visits, (chunk.label_ptr[1:] - chunk.label_ptr[:-1]).to(dev), chunk.labels.to(dev)
+        )
+        # the same tokens grouped by (step, row): group g is row touched_all[g] of one step,
+        # its tokens at sorted positions g_start[g] ... g_end[g] (a stable sort: ties in order)
+        key, order = torch.sort(steps_of[s_visit] * n_rows + s_rows, stable=True)
+        groups, g_count = torch.unique_consecutive(key, return_counts=True)
+        g_end = torch.cumsum(g_count, 0)
+        g_start = g_end - g_count
+        touched_all = groups % n_rows
+        g_bounds = [0, *torch.searchsorted(
+            groups // n_rows, torch.arange(len(bounds) - 1, device=dev), right=True
+        ).tolist()]  # fmt: skip
+        o_visit, o_w = s_visit[order], s_w[order]
+        t_bounds = [*vstart[bounds[:-1]].tolist(), int(s_rows.numel())]
+        l_bounds = [*lstart[bounds[:-1]].tolist(), int(s_tags.numel())]
+        piece = max(1, PIECE_BYTES // (K * delta.element_size()))
+
         lr = config.learning_rate
-        for t, stop in enumerate(bounds):
-            begin = bounds[t - 1] if t else 0
-            batch, scale = visits[begin:stop], scale_of[begin:stop]
-            act, owner_pos = torch.unique_consecutive(owners_all[begin:stop], return_inverse=True)
-            lens = ex_len[batch]
-            offsets = torch.cumsum(lens, 0) - lens
-            total = int(lens.sum())
-            where = torch.repeat_interleave(ex_ptr[batch] - offsets, lens, output_size=total)
-            where += torch.arange(total, device=dev)
-            touched, inverse = torch.unique(tok_ids[where], return_inverse=True)
-            w_leaf = self._gather("leaf", weights_st, touched).requires_grad_(True)
-            if total:
-                bags = F.embedding_bag(
-                    inverse, w_leaf, offsets, per_sample_weights=tok_w[where], mode="sum"
-                )
-                logits = bags.detach() + bias_st[act][owner_pos]
-            else:  # no vocabulary word in this step's minibatches: only the biases learn
-                logits = bias_st[act][owner_pos]
-            # d loss / d logits of each user's minibatch-mean loss, in closed form: the loss
-            # values themselves are never needed, only their gradients
+        for t in range(len(bounds) - 1):
+            v0, v1, t0, t1 = bounds[t], bounds[t + 1], t_bounds[t], t_bounds[t + 1]
+            offsets, weights = vstart[v0:v1] - t0, s_w[t0:t1]
+            logits = F.embedding_bag(
+                g_rows[t0:t1], model, offsets, per_sample_weights=weights, mode="sum"
+            )
+            logits += F.embedding_bag(
+                s_rows[t0:t1], delta, offsets, per_sample_weights=weights, mode="sum"
+            )
+            # d loss / d logits of each user's minibatch-mean loss, in closed form (softmax or
+            # sigmoid minus the labels, over the minibatch size): the losses are never needed
             if self.task.single_label:
                 grad = torch.softmax(logits, dim=1)
-                grad[torch.arange(grad.shape[0], device=dev), y_all[batch]] -= 1.0
-                grad.mul_(scale[:, None])
-            else:  # mean binary cross-entropy over the K tags
-                grad = torch.sigmoid(logits).sub_(y_all[batch]).mul_((scale / K)[:, None])
-            grad_b = torch.zeros(act.numel(), K, dtype=model.dtype, device=dev)
-            grad_b.index_add_(0, owner_pos, grad)
-            with torch.no_grad():
-                if precond is not None:
-                    grad_b /= p_bias
-                bias_st.index_add_(0, act, grad_b, alpha=-lr)
-            if total:  # embedding_bag's own backward: each word row += its weight x gradient
-                (grad_w,) = torch.autograd.grad(bags, [w_leaf], grad_outputs=grad)
-                with torch.no_grad():
-                    if precond is not None:
-                        grad_w = grad_w / p_rows[touched]
-                    # the gathered rows are a private copy: step them, then scatter back
-                    weights_st.index_copy_(0, touched, w_leaf.detach().sub_(grad_w, alpha=lr))
-        yield from self._emit(infos, weights_st, start_w, bias_st, start_b, row_offset, config)
+            else:
+                grad = logits.sigmoid_()
+            l0, l1 = l_bounds[t], l_bounds[t + 1]
+            grad[s_lvisit[l0:l1] - v0, s_tags[l0:l1]] -= 1.0
+            grad.mul_(scale_of[v0:v1])
+            # each touched row (words and biases): the sum over its visits of bag weight x
+            # logit gradient, in pieces of at most `piece` rows (a few MB: cache-resident, and
+            # never a fresh allocation large enough to be paged in anew at every step)
+            for a in range(g_bounds[t], g_bounds[t + 1], piece):
+                b = min(a + piece, g_bounds[t + 1])
+                s0, s1 = int(g_start[a]), int(g_end[b - 1])
+                grad_w = F.embedding_bag(
+                    o_visit[s0:s1] - v0, grad, g_start[a:b] - s0,
+                    per_sample_weights=o_w[s0:s1], mode="sum",
+                )  # fmt: skip
+                touched = touched_all[a:b]
+                if p_st is not None:
+                    grad_w /= p_st[touched]
+                delta.index_add_(0, touched, grad_w, alpha=-lr)
 
-    def _gather(self, name: str, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """``source[index]`` written into a reused workspace (a view of it).
+    @staticmethod
+    def _stream(
+        visits: torch.Tensor,
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """The ragged rows ``visits`` of CSR ``(values, lengths)`` laid end to end.
 
-        Large fresh tensors cost more in page faults than in copying (measured: gathering 55,000
-        rows of 500 floats into a new tensor 134 ms, into a reused one 29 ms).
+        Returns the values (and ``weights``) in that order, the visit of each, and where each
+        visit starts.
         """
-        n, width = int(index.numel()), int(source.shape[1])
-        buf = self._workspace.get(name)
-        if buf is None or buf.shape[0] < n or buf.shape[1] != width or buf.device != source.device:
-            buf = torch.empty(
-                max(n, 1) * 5 // 4 + 1, width, dtype=source.dtype, device=source.device
-            )
-            self._workspace[name] = buf
-        return torch.index_select(source, 0, index, out=buf[:n])
+        dev = values.device
+        vlen = lengths[visits]
+        vstart = torch.cumsum(vlen, 0) - vlen
+        total = int(vlen.sum())
+        where = torch.repeat_interleave(
+            (torch.cumsum(lengths, 0) - lengths)[visits] - vstart, vlen, output_size=total
+        )
+        where += torch.arange(total, device=dev)
+        owner = torch.repeat_interleave(
+            torch.arange(visits.numel(), device=dev), vlen, output_size=total
+        )
+        return values[where], None if weights is None else weights[where], owner, vstart
+
+    def _workspace(self, name: str, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """A ``(rows, width of like)`` tensor in reused memory (a view of a workspace).
+
+        Large fresh tensors cost more in page faults than in filling them (measured: gathering
+        55,000 rows of 500 floats into a new tensor 134 ms, into a reused one 29 ms).
+        """
+        width, dtype, device = int(like.shape[1]), like.dtype, like.device
+        buf = self._workspace_buffers.get(name)
+        if (
+            buf is None
+            or buf.shape[0] < rows
+            or (buf.shape[1], buf.dtype, buf.device) != (width, dtype, device)
+        ):
+            buf = torch.empty(max(rows, 1) * 5 // 4 + 1, width, dtype=dtype, device=device)
+            self._workspace_buffers[name] = buf
+        return buf[:rows]
 
     @staticmethod
     def _schedule(
-        infos: list[_User], ex_offset: list[int], batch_size: int
+        chunk: _Chunk, batch_size: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every example visit of the chunk, ordered by local step, then user, then position.
 
@@ -317,45 +425,44 @@ class TagCohortTrainer:
         scale : torch.Tensor
             ``1 / minibatch size`` of each visit.
         """
-        counts = torch.tensor([int(i.visits.numel()) for i in infos])
-        owner = torch.repeat_interleave(torch.arange(len(infos)), counts)
-        k = torch.tensor([i.examples for i in infos])[owner]
+        counts = chunk.visit_counts
+        total = int(counts.sum())
+        owner = torch.repeat_interleave(torch.arange(counts.numel()), counts, output_size=total)
+        k = chunk.examples[owner]
         starts = torch.cumsum(counts, 0) - counts
-        j = torch.arange(int(counts.sum())) - starts[owner]
+        j = torch.arange(total) - starts[owner]
         epoch, pos = j // k.clamp_min(1), j % k.clamp_min(1)
         per_epoch = (k + batch_size - 1) // batch_size
         step = epoch * per_epoch + pos // batch_size
         size = torch.clamp(k - (pos // batch_size) * batch_size, max=batch_size)
-        visits = torch.cat([i.visits for i in infos]) + torch.tensor(ex_offset[:-1])[owner]
+        ex_offset = torch.cumsum(chunk.examples, 0) - chunk.examples
+        visits = chunk.visits + ex_offset[owner]
         order = torch.sort(step, stable=True).indices
         return visits[order], step[order], 1.0 / size[order].to(torch.float64)
 
-    def _emit(
-        self,
-        infos: list[_User],
-        weights_st: torch.Tensor,
-        start_w: torch.Tensor,
-        bias_st: torch.Tensor,
-        start_b: torch.Tensor,
-        row_offset: list[int],
-        config: LocalConfig,
-    ) -> Iterator[tuple[int, RowSparse]]:
-        V = self.vocab_size
-        delta_w = weights_st.sub_(start_w).cpu()  # in place: the chunk's workspace is done
-        delta_b = (bias_st - start_b).cpu()
-        bias_row = torch.tensor([V], dtype=torch.int64)
-        for i, info in enumerate(infos):
-            values = torch.cat([delta_w[row_offset[i] : row_offset[i + 1]], delta_b[i : i + 1]])
-            flat = values.reshape(-1)
-            if config.clip_norm is not None:
-                try:  # one pass: the norm is finite exactly when the update is
-                    flat = clip_l2(flat, config.clip_norm).vector
-                except ValueError:  # diverged (NaN/Inf): the zero update, as LocalTrainer's
-                    flat = torch.zeros_like(flat)
-            elif not bool(torch.isfinite(flat).all()):
-                flat = torch.zeros_like(flat)
-            rows = torch.cat([info.rows, bias_row])
-            yield info.user, RowSparse(rows, flat.view(-1, self.num_tags), self.length)
+    def _clip(self, delta: torch.Tensor, ptr: torch.Tensor, config: LocalConfig) -> None:
+        """Clip each user's rows of ``delta`` in place, as ``clip_l2`` clips a lone update.
+
+        A user whose update is not finite gets the zero update (as
+        :class:`~fedprivopt.clients.LocalTrainer` sends).
+        """
+        factors = []
+        for i, norm in enumerate(segment_norms_checked(delta, ptr)):
+            if norm is None:  # diverged (NaN/Inf)
+                delta[int(ptr[i]) : int(ptr[i + 1])] = 0.0
+                factors.append(1.0)
+            elif config.clip_norm is None:
+                factors.append(1.0)
+            else:
+                factors.append(clip_factor(norm, config.clip_norm, delta.dtype))
+        if any(f != 1.0 for f in factors):
+            # float factors: a Python float multiplies a float32 tensor in float32 too
+            per_row = torch.repeat_interleave(
+                torch.tensor(factors, dtype=delta.dtype),
+                ptr[1:] - ptr[:-1],
+                output_size=int(delta.shape[0]),
+            )
+            delta.mul_(per_row.to(delta.device)[:, None])
 
     def __repr__(self) -> str:
         return (

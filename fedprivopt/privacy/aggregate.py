@@ -34,7 +34,7 @@ import torch
 
 from fedprivopt.privacy.clip import clip_factor, vector_norm_checked
 from fedprivopt.privacy.noise import gaussian_noise
-from fedprivopt.privacy.sparse import RowSparse
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, segment_norms_checked
 
 __all__ = ["AggregationResult", "NoisyMeanAggregator", "default_min_shares"]
 
@@ -68,6 +68,23 @@ def _prescaled(update, values: torch.Tensor, factor: float):
     else:
         scaled = update * scale
     return scaled, factor * math.ldexp(1.0, exponent)
+
+
+def _whole(values: torch.Tensor) -> torch.Tensor:
+    """Row offsets of a single segment covering ``values``."""
+    return torch.tensor([0, int(values.shape[0])], dtype=torch.int64)
+
+
+@dataclass
+class _Tally:
+    """Counts of one aggregation."""
+
+    received: int = 0
+    accepted: int = 0
+    server_clipped: int = 0
+    at_bound: int = 0
+    norm_sum: float = 0.0
+    rejected: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -175,9 +192,77 @@ class NoisyMeanAggregator:
             return f"dtype {update.dtype} != {dtype}"
         return None
 
+    def _factor(self, norm: float, bound: float, dtype: torch.dtype, tally: _Tally) -> float:
+        """The re-clip factor of an accepted update of L2 norm ``norm`` (and count it)."""
+        tally.accepted += 1
+        tally.server_clipped += int(norm > bound * (1 + 1e-5))
+        tally.at_bound += int(self.clip_norm is not None and norm >= self.clip_norm * (1 - 1e-4))
+        tally.norm_sum += norm
+        return clip_factor(norm, bound, dtype) if math.isfinite(bound) else 1.0
+
+    def _add_batch(
+        self,
+        batch: RowSparseBatch,
+        total: torch.Tensor,
+        tally: _Tally,
+        bound: float,
+        dim: int,
+        dtype: torch.dtype,
+    ) -> None:
+        """Check, re-clip and add every user of ``batch``, each exactly as if it came alone.
+
+        Per user: its rows are checked, its norm measured (:func:`segment_norms_checked`, as for
+        a lone :class:`RowSparse`) and its clip factor computed; the accepted users' rows are
+        then added to ``total`` in one ``index_add_``, in user order (the order of the lone
+        path's additions, so the sum is the same to the bit on the CPU).
+        """
+        users = [int(u) for u in batch.users]
+        tally.received += len(users)
+        reason = batch.problem(dim, dtype)
+        if reason is not None:
+            for user in users:
+                tally.rejected[user] = reason
+            return
+        values = batch.values.to(total.device)
+        norms = segment_norms_checked(values, batch.row_ptr)
+        factors, keep = [], True
+        for user, problem, norm in zip(users, batch.user_problems(dim), norms, strict=True):
+            if problem is not None or norm is None:
+                tally.rejected[user] = problem or "contains NaN or Inf"
+                factors.append(None)
+                keep = False
+                continue
+            factor = self._factor(norm, bound, dtype, tally)
+            if factor < torch.finfo(dtype).tiny:  # a hostile norm near the float maximum: alone
+                i = len(factors)
+                update, factor = _prescaled(batch.update(i), batch.update(i).values, factor)
+                update.add_to(total, alpha=factor)
+                factors.append(None)
+                keep = False
+                continue
+            factors.append(factor)
+        rows = batch.rows.to(total.device)
+        if not keep:  # leave out the rows of rejected (and separately added) users
+            counts = (batch.row_ptr[1:] - batch.row_ptr[:-1]).to(total.device)
+            kept = torch.tensor([f is not None for f in factors], device=total.device)
+            mask = torch.repeat_interleave(kept, counts, output_size=rows.numel())
+            rows, values, counts = rows[mask], values[mask], counts[kept]
+            factors = [f for f in factors if f is not None]
+        else:
+            counts = (batch.row_ptr[1:] - batch.row_ptr[:-1]).to(total.device)
+        if any(f != 1.0 for f in factors):
+            # float32 factors: a Python float multiplies a float32 tensor in float32 too
+            per_row = torch.repeat_interleave(
+                torch.tensor(factors, dtype=dtype, device=total.device), counts,
+                output_size=rows.numel(),
+            )  # fmt: skip
+            values = values * per_row[:, None]
+        if rows.numel():
+            total.view(-1, values.shape[1]).index_add_(0, rows, values)
+
     def aggregate(
         self,
-        updates: Iterable[tuple[int, object]],
+        updates: Iterable[tuple[int, object] | RowSparseBatch],
         *,
         dim: int,
         dtype: torch.dtype = torch.float32,
@@ -188,9 +273,12 @@ class NoisyMeanAggregator:
 
         Parameters
         ----------
-        updates : iterable of (int, tensor)
+        updates : iterable of (int, tensor) or RowSparseBatch
             One entry per reply; an entry whose update is malformed (``None``, wrong shape or
-            dtype, non-finite) is rejected with its reason and contributes nothing.
+            dtype, non-finite) is rejected with its reason and contributes nothing. A
+            :class:`~fedprivopt.privacy.sparse.RowSparseBatch` entry stands for the
+            ``(user, update)`` entries of its users, in order, and is treated exactly as they
+            would be.
         dim : int
             Model length.
         dtype : torch.dtype
@@ -201,34 +289,40 @@ class NoisyMeanAggregator:
             Device of the sum.
         """
         total = torch.zeros(dim, dtype=dtype, device=device)
-        accepted = server_clipped = received = at_bound = 0
-        norm_sum = 0.0
-        rejected: dict[int, str] = {}
+        tally = _Tally()
         bound = self.accept_norm(dim)
-        for user, update in updates:
-            received += 1
+        for entry in updates:
+            if isinstance(entry, RowSparseBatch):
+                self._add_batch(entry, total, tally, bound, dim, dtype)
+                continue
+            user, update = entry
+            tally.received += 1
             reason = self._check(update, dim, dtype)
             if reason is not None:
-                rejected[int(user)] = reason
+                tally.rejected[int(user)] = reason
                 continue
             update = update.to(device)
-            values = update.values.reshape(-1) if isinstance(update, RowSparse) else update
-            try:  # one pass: the norm is NaN/Inf exactly when an entry is (or squares overflow)
-                norm = vector_norm_checked(values)
-            except ValueError:
-                rejected[int(user)] = "contains NaN or Inf"
+            if isinstance(update, RowSparse):
+                values = update.values
+                norm = segment_norms_checked(values, _whole(values))[0]
+            else:
+                values = update
+                try:  # one pass: the norm is NaN/Inf exactly when an entry is (or squares overflow)
+                    norm = vector_norm_checked(values)
+                except ValueError:
+                    norm = None
+            if norm is None:
+                tally.rejected[int(user)] = "contains NaN or Inf"
                 continue
-            factor = clip_factor(norm, bound, dtype) if math.isfinite(bound) else 1.0
-            server_clipped += int(norm > bound * (1 + 1e-5))
-            at_bound += int(self.clip_norm is not None and norm >= self.clip_norm * (1 - 1e-4))
-            norm_sum += norm
+            factor = self._factor(norm, bound, dtype, tally)
             if factor < torch.finfo(dtype).tiny:
                 update, factor = _prescaled(update, values, factor)
             if isinstance(update, RowSparse):
                 update.add_to(total, alpha=factor)
             else:
                 total.add_(update, alpha=factor)  # the re-clipped update, without a copy
-            accepted += 1
+        accepted, rejected, norm_sum = tally.accepted, tally.rejected, tally.norm_sum
+        received, server_clipped, at_bound = tally.received, tally.server_clipped, tally.at_bound
 
         topup_var = 0.0
         if self.private:

@@ -14,11 +14,12 @@ exactly like the dense vector it stands for.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RowSparse"]
+__all__ = ["RowSparse", "RowSparseBatch", "segment_norms_checked", "segment_sq_norms"]
 
 
 @dataclass(frozen=True)
@@ -52,18 +53,9 @@ class RowSparse:
     def problem(self, dim: int, dtype: torch.dtype) -> str | None:
         """Why this is not a valid update of a ``dim``-long ``dtype`` model (``None`` if valid)."""
         rows, values = self.rows, self.values
-        if not isinstance(rows, torch.Tensor) or not isinstance(values, torch.Tensor):
-            return "row-sparse update without tensors"
-        if values.dim() != 2 or values.shape[1] < 1:
-            return f"row-sparse values of shape {tuple(values.shape)} (expected (rows, width))"
-        if int(self.length) != dim:
-            return f"row-sparse length {self.length} != {dim}"
-        if dim % values.shape[1]:
-            return f"row width {values.shape[1]} does not divide the model length {dim}"
-        if values.dtype != dtype:
-            return f"dtype {values.dtype} != {dtype}"
-        if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != values.shape[0]:
-            return "row-sparse rows must be int64 (r,) with one row of values each"
+        layout = _layout_problem(rows, values, self.length, dim, dtype)
+        if layout is not None:
+            return layout
         if rows.numel():
             if int(rows[0]) < 0 or int(rows[-1]) >= dim // values.shape[1]:
                 return "row-sparse row index out of range"
@@ -87,3 +79,171 @@ class RowSparse:
     def to(self, device: torch.device | str) -> RowSparse:
         """A copy on ``device``."""
         return RowSparse(self.rows.to(device), self.values.to(device), self.length)
+
+
+def _layout_problem(
+    rows: object, values: object, length: int, dim: int, dtype: torch.dtype
+) -> str | None:
+    """What is wrong with the tensors, shapes and dtypes of row-sparse ``(rows, values)``."""
+    if not isinstance(rows, torch.Tensor) or not isinstance(values, torch.Tensor):
+        return "row-sparse update without tensors"
+    if values.dim() != 2 or values.shape[1] < 1:
+        return f"row-sparse values of shape {tuple(values.shape)} (expected (rows, width))"
+    if int(length) != dim:
+        return f"row-sparse length {length} != {dim}"
+    if dim % values.shape[1]:
+        return f"row width {values.shape[1]} does not divide the model length {dim}"
+    if values.dtype != dtype:
+        return f"dtype {values.dtype} != {dtype}"
+    if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != values.shape[0]:
+        return "row-sparse rows must be int64 (r,) with one row of values each"
+    return None
+
+
+def segment_sq_norms(values: torch.Tensor, row_ptr: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norms of consecutive row segments of ``values``, in float64.
+
+    Segment ``i`` is rows ``row_ptr[i]:row_ptr[i + 1]`` of the ``(R, width)`` matrix ``values``.
+    Each row's norm is taken in the values' precision (at least float32; a row is short, so its
+    blocked sum is accurate to a few units in the last place), squared and summed per segment in
+    float64, so a user's norm is no less accurate than :func:`~fedprivopt.privacy.clip.l2_norm`
+    of its flat values, and the same whichever segments share the call (the sum runs over each
+    segment's rows in order).
+    NaN or Inf entries (or squares that overflow) give a non-finite result for their segment.
+    """
+    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+    rows = int(values.shape[0])
+    counts = (row_ptr[1:] - row_ptr[:-1]).to(values.device)
+    out = torch.zeros(counts.numel(), dtype=torch.float64, device=values.device)
+    if rows:
+        row_sq = torch.linalg.vector_norm(values, dim=1, dtype=dtype).to(torch.float64).square_()
+        owner = torch.repeat_interleave(
+            torch.arange(counts.numel(), device=values.device), counts, output_size=rows
+        )
+        out.index_add_(0, owner, row_sq)
+    return out
+
+
+@dataclass(frozen=True)
+class RowSparseBatch:
+    """The row-sparse updates of several users, stored back to back.
+
+    User ``users[i]``'s update is the :class:`RowSparse` of ``rows[row_ptr[i]:row_ptr[i+1]]`` and
+    the same rows of ``values``. The fast engine hands a chunk of users to the aggregator this
+    way, so that checking, re-clipping and summing them takes a few tensor operations instead of
+    a few per user; the aggregator treats every user of a batch exactly as if its update had come
+    alone (each is checked and re-clipped on its own, and one bad user rejects only itself).
+
+    Attributes
+    ----------
+    users : tuple of int
+        The users, in order.
+    rows : torch.Tensor
+        ``int64`` ``(R,)``: each user's row indices (strictly increasing within a user).
+    values : torch.Tensor
+        ``(R, width)`` floating values of those rows.
+    row_ptr : torch.Tensor
+        ``int64`` ``(len(users) + 1,)`` offsets of each user's rows (``0 ... R``, nondecreasing).
+    length : int
+        Length of each user's dense flat update.
+    """
+
+    users: tuple[int, ...]
+    rows: torch.Tensor
+    values: torch.Tensor
+    row_ptr: torch.Tensor
+    length: int
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def update(self, i: int) -> RowSparse:
+        """User ``users[i]``'s update (views into the batch's tensors)."""
+        a, b = int(self.row_ptr[i]), int(self.row_ptr[i + 1])
+        return RowSparse(self.rows[a:b], self.values[a:b], self.length)
+
+    def split(self) -> list[tuple[int, RowSparse]]:
+        """``(user, update)`` of every user, each update with its own copy of the values."""
+        out = []
+        for i, user in enumerate(self.users):
+            u = self.update(i)
+            out.append((user, RowSparse(u.rows.clone(), u.values.clone(), u.length)))
+        return out
+
+    def clone(self) -> RowSparseBatch:
+        """A copy that owns its tensors (a trainer may reuse the memory of the one it yields)."""
+        return RowSparseBatch(
+            self.users, self.rows.clone(), self.values.clone(), self.row_ptr.clone(), self.length
+        )
+
+    def problem(self, dim: int, dtype: torch.dtype) -> str | None:
+        """Why the batch as a whole is malformed (``None`` if its layout is valid).
+
+        Checks what every user shares (tensors, shapes, dtype, width, offsets). Each user's own
+        rows are checked by :meth:`user_problems`.
+        """
+        rows, values, ptr = self.rows, self.values, self.row_ptr
+        layout = _layout_problem(rows, values, self.length, dim, dtype)
+        if layout is not None:
+            return layout
+        if not isinstance(ptr, torch.Tensor) or ptr.dtype != torch.int64 or ptr.dim() != 1:
+            return "row-sparse batch offsets must be an int64 (users + 1,) tensor"
+        if ptr.numel() != len(self.users) + 1:
+            return "row-sparse batch offsets must be an int64 (users + 1,) tensor"
+        if int(ptr[0]) != 0 or int(ptr[-1]) != rows.numel() or bool((ptr[1:] < ptr[:-1]).any()):
+            return "row-sparse batch offsets must run from 0 to the row count, nondecreasing"
+        return None
+
+    def user_problems(self, dim: int) -> list[str | None]:
+        """Per user: why its rows are invalid (out of range, not strictly increasing) or ``None``.
+
+        Call after :meth:`problem` returned ``None``.
+        """
+        rows, ptr = self.rows, self.row_ptr
+        n = len(self.users)
+        if not rows.numel():
+            return [None] * n
+        owner = torch.repeat_interleave(torch.arange(n), (ptr[1:] - ptr[:-1]).cpu())
+        rows = rows.cpu()
+        out_of_range = (rows < 0) | (rows >= dim // self.values.shape[1])
+        first = torch.zeros(rows.numel(), dtype=torch.bool)
+        first[ptr[:-1][ptr[:-1] < ptr[1:]].cpu()] = True
+        not_increasing = torch.zeros_like(first)
+        not_increasing[1:] = rows[1:] <= rows[:-1]
+        not_increasing &= ~first
+        bad_range = torch.zeros(n, dtype=torch.bool).index_put_(
+            (owner[out_of_range],), torch.tensor(True)
+        )
+        bad_order = torch.zeros(n, dtype=torch.bool).index_put_(
+            (owner[not_increasing],), torch.tensor(True)
+        )
+        return [
+            "row-sparse row index out of range"
+            if r
+            else "row-sparse rows must be strictly increasing"
+            if o
+            else None
+            for r, o in zip(bad_range.tolist(), bad_order.tolist(), strict=True)
+        ]
+
+
+def segment_norms_checked(values: torch.Tensor, row_ptr: torch.Tensor) -> list[float | None]:
+    """L2 norm of each row segment of ``values``; ``None`` for a segment holding NaN or Inf.
+
+    Norms as :func:`segment_sq_norms` measures them. A segment whose squares overflow, or whose
+    float32 norm is tiny (below 1e-15, where squares lose precision), is measured again on its
+    own by :func:`~fedprivopt.privacy.clip.vector_norm_checked`, as a lone update would be.
+    """
+    from fedprivopt.privacy.clip import vector_norm_checked
+
+    norms = segment_sq_norms(values, row_ptr).sqrt_().tolist()
+    tiny = 1e-15 if values.dtype != torch.float64 else 0.0
+    for i, norm in enumerate(norms):
+        if math.isfinite(norm) and not 0.0 < norm < tiny:
+            continue
+        a, b = int(row_ptr[i]), int(row_ptr[i + 1])
+        try:
+            norms[i] = vector_norm_checked(values[a:b])
+        except ValueError:
+            norms[i] = None
+    return norms

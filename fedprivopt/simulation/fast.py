@@ -12,7 +12,8 @@ generators (so the same model, up to float rounding, as the Flower engine):
 ``vectorized`` (default when the task has one)
     The task's cohort trainer (``task.cohort_trainer``), e.g. the row-sparse
     :class:`~fedprivopt.models.tag_prediction_cohort.TagCohortTrainer`: a chunk of users is
-    trained at once and each update is a :class:`~fedprivopt.privacy.RowSparse`.
+    trained at once and its updates reach the aggregator as one
+    :class:`~fedprivopt.privacy.sparse.RowSparseBatch` (checked and re-clipped user by user).
 ``sequential``
     :class:`~fedprivopt.clients.LocalTrainer`, one user at a time (any task; distributed-noise
     mode, whose noise shares are dense).
@@ -32,6 +33,7 @@ import torch
 
 from fedprivopt.clients.trainer import LocalConfig, LocalTrainer
 from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.strategies.core import TrainRequest
 
 __all__ = ["StreamedUpdates", "UserTrainer", "local_config", "make_cohort_train"]
@@ -75,6 +77,23 @@ class StreamedUpdates:
 
     def items(self) -> Iterator[tuple[int, Any]]:
         """Train and yield ``(user, update)`` in user order (once)."""
+        entries = self.entries()
+
+        def pairs() -> Iterator[tuple[int, Any]]:
+            for entry in entries:
+                if isinstance(entry, RowSparseBatch):
+                    yield from entry.split()
+                else:
+                    yield entry
+
+        return pairs()
+
+    def entries(self) -> Iterator[tuple[int, Any] | RowSparseBatch]:
+        """Train and yield ``(user, update)`` pairs or batches of users, in user order (once).
+
+        What :meth:`~fedprivopt.privacy.NoisyMeanAggregator.aggregate` consumes. A batch is
+        valid until the next entry is requested (its trainer reuses the memory).
+        """
         if self._consumed:
             raise RuntimeError("StreamedUpdates can be read once")
         self._consumed = True
@@ -131,8 +150,12 @@ class UserTrainer:
         preconditioner: torch.Tensor | None,
         client_config: dict[str, Any],
         stream: str,
-    ) -> Iterator[tuple[int, Any]]:
-        """Yield ``(user, update)`` for ``users`` in their order."""
+    ) -> Iterator[tuple[int, Any] | RowSparseBatch]:
+        """Yield ``(user, update)`` for ``users`` in their order.
+
+        The cohort trainer yields a whole chunk of users as one batch (valid until the next
+        entry is requested); the sequential trainer yields pairs.
+        """
         cfg = local_config(client_config)
         rngs = (
             RngFactory(seed=None, secure=True)
@@ -141,7 +164,7 @@ class UserTrainer:
         )
         request = TrainRequest(round_num, users, params, preconditioner, client_config, stream)
         if self.mode(request) == "vectorized":
-            yield from self.cohort.train(
+            yield from self.cohort.train_batches(
                 params,
                 users,
                 round_num=round_num,
@@ -163,9 +186,9 @@ class UserTrainer:
             )
             yield u, result.delta
 
-    def train_list(self, *args: Any) -> list[tuple[int, Any]]:
-        """:meth:`train` as a list (what a Ray actor returns)."""
-        return list(self.train(*args))
+    def train_list(self, *args: Any) -> list[tuple[int, Any] | RowSparseBatch]:
+        """:meth:`train` as a list (what a Ray actor returns): batches own their memory."""
+        return [e.clone() if isinstance(e, RowSparseBatch) else e for e in self.train(*args)]
 
 
 def _ray_actors(

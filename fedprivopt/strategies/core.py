@@ -226,10 +226,14 @@ class ServerAlgorithm:
             )
         generator = self.rngs.generator(round_num, "server-noise", stream)
         # a fixed summation order (by user) makes every engine's sum bit-identical; a streamed
-        # cohort (the fast engine's) already comes in that order and is consumed as it is trained
-        ordered = getattr(updates, "sorted_by_user", False)
+        # cohort (the fast engine's) already comes in that order and is consumed as it is trained,
+        # a chunk of users at a time
+        if getattr(updates, "sorted_by_user", False):
+            entries = updates.entries() if hasattr(updates, "entries") else updates.items()
+        else:
+            entries = sorted(updates.items())
         return aggregator.aggregate(
-            updates.items() if ordered else sorted(updates.items()),
+            entries,
             dim=self.params.numel(),
             dtype=self.params.dtype,
             generator=generator,

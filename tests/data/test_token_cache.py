@@ -2,6 +2,7 @@
 
 import json
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,3 +169,82 @@ def test_damage_inside_the_arrays_is_caught_per_user(tmp_path, damage):
     with pytest.raises(ValueError, match=f"damaged encoded-user store: user {user}"):
         damaged.user(user)
     damaged.user(0)  # the other users still read
+    everything = [np.arange(len(data[u][0])) for u in (0, user)]
+    with pytest.raises(ValueError, match="damaged encoded-user store"):
+        damaged.gather([0, user], everything)
+    damaged.gather([0, 1], [np.arange(len(data[u][0])) for u in (0, 1)])
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_gather_reads_the_picked_examples_of_many_users_at_once(tmp_path, single):
+    data = _users(30)
+    store, _ = _build(tmp_path, data, single=single)
+    rng = np.random.default_rng(4)
+    users = [7, 3, 0, 12, 7, 29]  # any order, an empty user (3), a repeated one
+    counts = store.example_counts(users)
+    assert counts.tolist() == [len(data[u][0]) for u in users]
+    picks = [rng.permutation(int(n))[: max(0, int(n) - 1)] for n in counts]
+    tokens, lengths, labels, label_lengths = store.gather(users, picks)
+    want_tokens, want_lengths, want_labels, want_label_lengths = [], [], [], []
+    for user, pick in zip(users, picks, strict=True):
+        t, ln, lab, lab_ln = store.user(user)
+        starts = np.cumsum(ln) - ln
+        for p in pick:
+            want_tokens += t[starts[p] : starts[p] + ln[p]].tolist()
+            want_lengths.append(int(ln[p]))
+            if single:
+                want_labels.append(int(lab[p]))
+            else:
+                lstart = int(np.sum(lab_ln[:p]))
+                want_labels += lab[lstart : lstart + lab_ln[p]].tolist()
+                want_label_lengths.append(int(lab_ln[p]))
+    assert tokens.tolist() == want_tokens and lengths.tolist() == want_lengths
+    assert labels.tolist() == want_labels
+    assert label_lengths is None if single else label_lengths.tolist() == want_label_lengths
+    with pytest.raises(ValueError, match="outside its user's examples"):
+        store.gather([0], [np.array([len(data[0][0])])])
+    with pytest.raises(ValueError, match=r"users must be in \[0, 30\)"):
+        store.gather([30], [np.array([0])])
+    with pytest.raises(ValueError, match="one array of picks per user"):
+        store.gather([0, 1], [np.array([0])])
+
+
+def test_workers_end_even_under_a_sigterm_handler_that_does_not_exit(tmp_path):
+    """Regression: a forked worker inherited such a handler (Flower leaves one installed after an
+    in-process simulation) and the pool's terminate() then waited for it forever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from fedprivopt.data.token_cache import open_or_build
+        signal.signal(signal.SIGTERM, lambda *a: None)  # does not end the process
+
+        def encode(u):
+            time.sleep(0.001)
+            return [[u % 50, 1]], [[0]]
+
+        for key in range(10):  # before the fix, 2 of 3 runs of this loop hung
+            store = open_or_build({str(tmp_path)!r}, {{"k": key}}, 1000, encode,
+                                  multi_label=True, token_bound=51, label_bound=1, workers=2)
+        print(store.num_users)
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        out, _ = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        pytest.fail("building the store with forked workers hung")
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 0 and out.split() == [b"1000"]

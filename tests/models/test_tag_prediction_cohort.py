@@ -174,21 +174,81 @@ def test_token_cache_gives_bit_identical_updates(synth_dir, tmp_path, single_lab
         assert torch.equal(a.rows, b.rows) and torch.equal(a.values, b.values)
 
 
-def test_cpu_threads_are_set_while_training_and_restored(synth_dir):
+def test_cpu_threads_are_set_for_the_steps_and_restored(synth_dir, monkeypatch):
     task = _task(synth_dir)
     w = initial_flat(task)
     cfg = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        seen = []
         trainer = task.cohort_trainer(device="cpu", chunk_users=4)
+        in_steps, steps = [], trainer._steps
+
+        def recording(*args, **kwargs):
+            in_steps.append(torch.get_num_threads())
+            return steps(*args, **kwargs)
+
+        monkeypatch.setattr(trainer, "_steps", recording)
         rngs = RngFactory(seed=1)
-        for _ in trainer.train(w, [0, 1, 2, 3, 4], round_num=1, config=cfg, rngs=rngs):
-            seen.append(torch.get_num_threads())
-        assert seen == [1] * 5
+        at_yield = [
+            torch.get_num_threads()
+            for _ in trainer.train(w, [0, 1, 2, 3, 4], round_num=1, config=cfg, rngs=rngs)
+        ]
+        assert in_steps == [1, 1]  # two chunks, each stepped with one thread
+        assert at_yield == [2] * 5  # the caller's setting everywhere else
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="cpu_threads must be an integer >= 1 or None"):
         task.cohort_trainer(device="cpu").__class__(task, cpu_threads=0)
+
+
+def test_batches_hold_the_updates_of_train_and_live_until_the_next_chunk(synth_dir):
+    task = _task(synth_dir)
+    w = initial_flat(task)
+    cfg = LocalConfig(learning_rate=2.0, epochs=2, batch_size=4, max_examples=9, clip_norm=0.5)
+    users = list(range(0, 40, 3))
+    trainer = task.cohort_trainer(device="cpu", chunk_users=4)
+    pairs = list(trainer.train(w, users, round_num=2, config=cfg, rngs=RngFactory(seed=5)))
+    kept, clones = [], []
+    for batch in trainer.train_batches(w, users, round_num=2, config=cfg, rngs=RngFactory(seed=5)):
+        assert batch.problem(w.numel(), torch.float32) is None
+        kept.append(batch)
+        clones.append(batch.clone())
+    assert [u for b in clones for u in b.users] == users
+    got = [pair for b in clones for pair in b.split()]
+    for (u, a), (v, b) in zip(got, pairs, strict=True):
+        assert u == v and torch.equal(a.rows, b.rows) and torch.equal(a.values, b.values)
+    # the first batch's values were the workspace the later chunks trained in
+    assert not torch.equal(kept[0].values, clones[0].values[: kept[0].values.shape[0]])
+
+
+@pytest.mark.parametrize("single_label", [False, True])
+def test_examples_of_many_users_read_at_once_equal_their_own(synth_dir, tmp_path, single_label):
+    from fedprivopt.models.tag_prediction import ragged_take
+
+    plain = _task(synth_dir, single_label=single_label)
+    cached = _task(synth_dir, single_label=single_label, token_cache=True, cache_dir=str(tmp_path))
+    users = [9, 2, 40, 2, 77]
+    gen = torch.Generator().manual_seed(0)
+    picks = [torch.randperm(plain.user_size(u), generator=gen)[:5] for u in users]
+    sizes = [plain.user_size(u) for u in users]
+    assert plain.user_sizes(users) == cached.user_sizes(users) == sizes
+    for task in (plain, cached):
+        got = task.examples_csr(users, picks)
+        for field in range(4):
+            parts = []
+            for u, p in zip(users, picks, strict=True):
+                data = plain.user_csr(u)
+                if field < 2:
+                    parts.append(ragged_take(data.tokens, data.lengths, p)[field])
+                elif single_label:
+                    parts.append(data.labels[p] if field == 2 else None)
+                else:
+                    parts.append(ragged_take(data.labels, data.label_lengths, p)[field - 2])
+            if parts[0] is None:
+                assert got[field] is None
+            else:
+                assert torch.equal(got[field], torch.cat(parts))
+    with pytest.raises(ValueError, match="one tensor of picks per user"):
+        plain.examples_csr([1, 2], picks[:1])

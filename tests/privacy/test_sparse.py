@@ -82,3 +82,133 @@ def test_a_hostile_row_sparse_update_moves_the_mean_by_at_most_c_over_m(poison):
         assert with_bad.metrics["server_clipped"] == 1.0 and moved > 0.2
     else:
         assert 99 in with_bad.rejected and moved == 0.0
+
+
+# -- batches: a chunk of users handed over at once -------------------------------------------
+
+
+def _batch(updates):
+    """A RowSparseBatch of ``(user, RowSparse)`` pairs (rows back to back)."""
+    from fedprivopt.privacy.sparse import RowSparseBatch
+
+    counts = [u.rows.numel() for _, u in updates]
+    ptr = torch.zeros(len(updates) + 1, dtype=torch.int64)
+    ptr[1:] = torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0)
+    return RowSparseBatch(
+        tuple(user for user, _ in updates),
+        torch.cat([u.rows for _, u in updates]),
+        torch.cat([u.values for _, u in updates]),
+        ptr,
+        DIM,
+    )
+
+
+def _mixed_updates():
+    """Honest users of every size (some above the clip norm), and hostile ones between them."""
+    honest = [
+        (0, _sparse([0, 2], 1)),
+        (1, _sparse([1, 2, 5], 2, scale=0.01)),
+        (2, RowSparse(torch.empty(0, dtype=torch.int64), torch.empty(0, WIDTH), DIM)),
+        (3, _sparse([0, 1, 2, 3, 4, 5], 4, scale=3.0)),
+    ]
+    nan = _sparse([3, 4], 5)
+    nan.values[1, 0] = math.nan
+    inf = _sparse([1], 6)
+    inf.values[0, 3] = -math.inf
+    huge = _sparse([0, 5], 7, scale=1e30)  # squares overflow float32: measured after rescaling
+    hostile = [
+        (4, nan),
+        (5, inf),
+        (6, huge),
+        (7, RowSparse(torch.tensor([2, 2]), torch.ones(2, WIDTH), DIM)),
+        (8, RowSparse(torch.tensor([5, 6]), torch.ones(2, WIDTH), DIM)),
+        (9, RowSparse(torch.tensor([3, 1]), torch.ones(2, WIDTH), DIM)),
+    ]
+    return [*honest[:2], *hostile[:3], *honest[2:], *hostile[3:]]
+
+
+@pytest.mark.parametrize("noise_mode", ["server", "distributed"])
+def test_a_batch_aggregates_exactly_as_its_users_alone(noise_mode):
+    agg = NoisyMeanAggregator(
+        clip_norm=1.0, noise_multiplier=0.7, expected_cohort_size=3.0, noise_mode=noise_mode,
+        min_shares=2 if noise_mode == "distributed" else None,
+    )  # fmt: skip
+    updates = _mixed_updates()
+    gens = [RngFactory(5).generator(1, "server-noise") for _ in range(3)]
+    alone = agg.aggregate(updates, dim=DIM, generator=gens[0])
+    batched = agg.aggregate([_batch(updates[:4]), _batch(updates[4:])], dim=DIM, generator=gens[1])
+    mixed = agg.aggregate([updates[0], _batch(updates[1:7]), *updates[7:]], dim=DIM,
+                          generator=gens[2])  # fmt: skip
+    for result in (batched, mixed):
+        assert torch.equal(result.delta_tilde, alone.delta_tilde)  # the same sum, to the bit
+        assert result.metrics == alone.metrics
+        assert result.rejected == alone.rejected
+    assert set(alone.rejected) == {4, 5, 7, 8, 9}
+    assert "NaN or Inf" in alone.rejected[4] and "NaN or Inf" in alone.rejected[5]
+    assert "strictly increasing" in alone.rejected[7] and "out of range" in alone.rejected[8]
+    assert alone.metrics["accepted"] == 5.0 and alone.metrics["received"] == 10.0
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.3, 1.0, 7.0, 1e6, 1e30, 3e38])
+def test_each_user_of_a_batch_moves_the_sum_by_at_most_the_clip_norm(scale):
+    agg = NoisyMeanAggregator(clip_norm=0.5, noise_multiplier=0.0, expected_cohort_size=1.0)
+    users = [(u, _sparse(sorted({u % ROWS, (3 * u + 1) % ROWS}), u, scale=scale)) for u in range(9)]
+    for user, update in users:
+        alone = agg.aggregate([_batch([(user, update)])], dim=DIM).delta_tilde
+        assert float(alone.double().norm()) <= 0.5  # the re-clipped update, as the sum sees it
+    mean = agg.aggregate([_batch(users)], dim=DIM).delta_tilde  # non-private: the plain mean
+    assert float(mean.double().norm()) <= 0.5 * (1 + 1e-6)
+
+
+def test_a_malformed_batch_rejects_all_its_users_and_only_them():
+    from fedprivopt.privacy.sparse import RowSparseBatch
+
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=1.0, expected_cohort_size=2.0)
+    good = _batch([(1, _sparse([0], 1)), (2, _sparse([3], 2))])
+    bad_ptr = RowSparseBatch((3, 4), good.rows, good.values, torch.tensor([0, 2, 1]), DIM)
+    short_ptr = RowSparseBatch((3, 4), good.rows, good.values, torch.tensor([0, 2]), DIM)
+    bad_dtype = RowSparseBatch((5, 6), good.rows, good.values.double(), good.row_ptr, DIM)
+    lone = (7, _sparse([1], 3))
+    for bad, needle in ((bad_ptr, "nondecreasing"), (short_ptr, "offsets"), (bad_dtype, "dtype")):
+        gens = [RngFactory(5).generator(1, "server-noise") for _ in range(2)]
+        result = agg.aggregate([bad, lone], dim=DIM, generator=gens[0])
+        reference = agg.aggregate([lone], dim=DIM, generator=gens[1])
+        assert set(result.rejected) == set(bad.users)
+        assert all(needle in r for r in result.rejected.values())
+        assert torch.equal(result.delta_tilde, reference.delta_tilde)
+        assert result.metrics["received"] == 3.0 and result.metrics["accepted"] == 1.0
+
+
+def test_segment_norms_agree_with_a_lone_norm_and_flag_nan():
+    from fedprivopt.privacy.clip import vector_norm_checked
+    from fedprivopt.privacy.sparse import segment_norms_checked
+
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(40, 7, generator=gen) * torch.logspace(-20, 30, 40)[:, None]
+    values[11, 2] = math.nan
+    ptr = torch.tensor([0, 3, 3, 10, 12, 20, 21, 40])
+    norms = segment_norms_checked(values, ptr)
+    for i, norm in enumerate(norms):
+        piece = values[int(ptr[i]) : int(ptr[i + 1])]
+        if not torch.isfinite(piece).all():
+            assert norm is None
+            continue
+        exact = float(piece.double().norm())
+        assert norm == pytest.approx(exact, rel=1e-6, abs=0.0)
+        assert norm == pytest.approx(vector_norm_checked(piece), rel=1e-6, abs=0.0)
+    assert norms[1] == 0.0 and norms[3] is None
+
+
+def test_batch_split_clone_and_views():
+    updates = [(3, _sparse([0, 4], 1)), (5, _sparse([], 2)), (9, _sparse([1, 2, 5], 3))]
+    updates[1] = (5, RowSparse(torch.empty(0, dtype=torch.int64), torch.empty(0, WIDTH), DIM))
+    batch = _batch(updates)
+    assert len(batch) == 3 and batch.problem(DIM, torch.float32) is None
+    assert batch.user_problems(DIM) == [None, None, None]
+    split = batch.split()
+    clone = batch.clone()
+    batch.values.zero_()  # the batch's memory reused: the split and the clone keep their values
+    for (u, got), (v, want), i in zip(split, updates, range(3), strict=True):
+        assert u == v and torch.equal(got.rows, want.rows) and torch.equal(got.values, want.values)
+        assert torch.equal(clone.update(i).values, want.values)
+        assert float(batch.update(i).values.abs().sum()) == 0.0

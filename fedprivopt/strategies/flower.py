@@ -133,8 +133,9 @@ class DPStrategy(Strategy):
 
         Nodes may come online one by one (simulated nodes start after the ServerApp), so new
         nodes are queried until every user of the population is found, or ``node_wait`` seconds
-        pass with at least ``min_nodes`` nodes (then the missing users are logged: they are
-        still sampled, and simply never reply).
+        have passed, at least ``min_nodes`` nodes answered and no new node connected since the
+        last query (then the missing users are logged: they are still sampled, and simply never
+        reply).
         """
         population = set(range(self.algorithm.config.population))
         deadline = time.monotonic() + self.node_wait
@@ -167,7 +168,9 @@ class DPStrategy(Strategy):
                         mapping[user] = reply.metadata.src_node_id
             if len(queried) >= self.min_nodes and population <= set(mapping):
                 break
-            if time.monotonic() > deadline:
+            # give up only after a pass that found no new node: nodes that connected while a
+            # long query was out (8,000 simulated nodes take minutes to answer) are asked too
+            if not new and time.monotonic() > deadline:
                 if len(queried) < self.min_nodes:
                     raise RuntimeError(
                         f"only {len(queried)} of min_nodes={self.min_nodes} nodes connected "

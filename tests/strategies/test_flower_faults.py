@@ -7,6 +7,7 @@ cover the causes a simulation cannot produce on demand (the SuperLink's "node un
 reply, users hosted by no node) and to compare ε with and without time-outs.
 """
 
+import time
 import uuid
 
 import numpy as np
@@ -253,3 +254,36 @@ def test_scripted_epsilon_is_identical_with_and_without_time_outs(server_side):
         assert a["timed_out"] == 4 and b["timed_out"] == 0
         assert a["received"] == b["received"] - 4
         assert a["epsilon"] == b["epsilon"] == compose_epsilon([(event, a["round"])], 1e-5)
+
+
+class LateNodesGrid(ScriptedGrid):
+    """Nodes 103-105 connect while the first user query is out, which outlasts ``node_wait``."""
+
+    def __init__(self):
+        super().__init__({})
+        self.queries = 0
+
+    def get_node_ids(self):
+        return list(NODE_USERS) if self.queries else [100, 101, 102]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        if messages and messages[0].metadata.message_type == "query":
+            self.queries += 1
+            if self.queries == 1:
+                time.sleep(0.5)  # past node_wait = 0.3 s
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_nodes_that_connect_during_a_slow_user_query_are_queried_too(server_side):
+    """Regression: discovery gave up at its deadline without asking the nodes that connected
+    while it waited (8,000 simulated nodes: 239 users never reached, a different model)."""
+    config = StrategyConfig(
+        strategy="dp-fedavg", population=POPULATION, clients_per_round=4, num_server_rounds=1,
+        noise_multiplier=0.8, clip_norm=1.0, seed=5,
+    )  # fmt: skip
+    flat, spec = flatten({"w": torch.zeros(DIM)})
+    strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.3)
+    grid = LateNodesGrid()
+    mapping = strategy.discover_users(grid)
+    assert grid.queries == 2
+    assert mapping == {u: n for n, users in NODE_USERS.items() for u in users}  # 12: no node

@@ -7,13 +7,16 @@ minibatches, preconditioned local SGD, whole-update clipping), up to float round
 
 * **row-sparse**: viewed as a ``(V + 1, K)`` matrix, the flat model's row ``j < V`` holds word
   ``j``'s weights and row ``V`` the bias. A user's local SGD only changes the rows of the words it
-  wrote and the bias, so each user trains a copy of just those rows and its update is returned as
-  a :class:`~fedprivopt.privacy.RowSparse` (clipped on those rows: every other entry is exactly
-  zero);
-* **vectorized**: the users of a chunk are stacked into one matrix of rows; local step ``t`` of
-  every user still training is one ``embedding_bag`` forward and backward over the union of their
-  ``t``-th minibatches. Each user's loss is its own minibatch mean, and users' rows are disjoint,
-  so each row receives exactly its user's gradient.
+  wrote and the bias, so each user trains its update on just those rows (its model is the global
+  rows plus that update), and the updates of a chunk are returned as one
+  :class:`~fedprivopt.privacy.sparse.RowSparseBatch` (each user clipped on its rows: every other
+  entry is exactly zero);
+* **vectorized**: the users of a chunk are prepared at once and stacked into one matrix of rows;
+  local step ``t`` of every user still training is one slice of a stream of bags laid out in step
+  order: ``embedding_bag`` forwards over the global rows and the stacked updates, the gradient of
+  the logits in closed form, and the rows' gradients as one more ``embedding_bag`` over it. Each
+  user's loss is its own minibatch mean, and users' rows are disjoint, so each row receives
+  exactly its user's gradient.
 
 Costs per round are proportional to the cohort's words (tokens x K), not to ``users x V x K``.
 
@@ -37,7 +40,8 @@ from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, segment_norms_c
 
 __all__ = ["TagCohortTrainer"]
 
-PIECE_BYTES = 16 << 20  # rows of word gradients computed and applied at a time (benchmarks/NOTES)
+#: Bytes of row gradients computed and applied at a time (``benchmarks/NOTES.md``, entry 12).
+PIECE_BYTES = 16 << 20
 
 
 @dataclass
@@ -350,8 +354,8 @@ class TagCohortTrainer:
             grad[s_lvisit[l0:l1] - v0, s_tags[l0:l1]] -= 1.0
             grad.mul_(scale_of[v0:v1])
             # each touched row (words and biases): the sum over its visits of bag weight x
-            # logit gradient, in pieces of at most `piece` rows (a few MB: cache-resident, and
-            # never a fresh allocation large enough to be paged in anew at every step)
+            # logit gradient, in pieces of at most `piece` rows (PIECE_BYTES: below glibc's mmap
+            # threshold, so their memory is reused instead of paged in anew at every step)
             for a in range(g_bounds[t], g_bounds[t + 1], piece):
                 b = min(a + piece, g_bounds[t + 1])
                 s0, s1 = int(g_start[a]), int(g_end[b - 1])

@@ -242,14 +242,12 @@ class NoisyMeanAggregator:
                 continue
             factors.append(factor)
         rows = batch.rows.to(total.device)
+        counts = (batch.row_ptr[1:] - batch.row_ptr[:-1]).to(total.device)
         if not keep:  # leave out the rows of rejected (and separately added) users
-            counts = (batch.row_ptr[1:] - batch.row_ptr[:-1]).to(total.device)
             kept = torch.tensor([f is not None for f in factors], device=total.device)
             mask = torch.repeat_interleave(kept, counts, output_size=rows.numel())
             rows, values, counts = rows[mask], values[mask], counts[kept]
             factors = [f for f in factors if f is not None]
-        else:
-            counts = (batch.row_ptr[1:] - batch.row_ptr[:-1]).to(total.device)
         if any(f != 1.0 for f in factors):
             # float32 factors: a Python float multiplies a float32 tensor in float32 too
             per_row = torch.repeat_interleave(

@@ -198,16 +198,28 @@ def _long(values: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.asarray(values, dtype=np.int64))
 
 
+def ragged_index(
+    lengths: torch.Tensor, take: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the ragged rows ``take`` of a CSR array with row ``lengths`` are, laid end to end.
+
+    Returns the positions of their values in the CSR values (concatenated in ``take``'s order),
+    their lengths, and where each starts in that concatenation.
+    """
+    starts = torch.cumsum(lengths, 0) - lengths
+    lens = lengths[take]
+    out_starts = torch.cumsum(lens, 0) - lens
+    total = int(lens.sum())
+    index = torch.repeat_interleave(starts[take] - out_starts, lens, output_size=total)
+    return index.add_(torch.arange(total, device=lengths.device)), lens, out_starts
+
+
 def ragged_take(
     values: torch.Tensor, lengths: torch.Tensor, take: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ragged rows ``take`` of CSR ``(values, lengths)``, concatenated, and their lengths."""
-    starts = torch.cumsum(lengths, 0) - lengths
-    lens = lengths[take]
-    total = int(lens.sum())
-    index = torch.repeat_interleave(starts[take] - (torch.cumsum(lens, 0) - lens), lens,
-                                    output_size=total)  # fmt: skip
-    return values[index + torch.arange(total)], lens
+    index, lens, _ = ragged_index(lengths, take)
+    return values[index], lens
 
 
 class UserCSR(NamedTuple):

@@ -34,9 +34,15 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.clients.trainer import LocalConfig, epoch_orders
+from fedprivopt.models.tag_prediction import ragged_index
 from fedprivopt.privacy.clip import clip_factor
 from fedprivopt.privacy.rng import RngFactory
-from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, segment_norms_checked
+from fedprivopt.privacy.sparse import (
+    RowSparse,
+    RowSparseBatch,
+    segment_norms_checked,
+    segment_scale,
+)
 
 __all__ = ["TagCohortTrainer"]
 
@@ -380,16 +386,9 @@ class TagCohortTrainer:
         Returns the values (and ``weights``) in that order, the visit of each, and where each
         visit starts.
         """
-        dev = values.device
-        vlen = lengths[visits]
-        vstart = torch.cumsum(vlen, 0) - vlen
-        total = int(vlen.sum())
-        where = torch.repeat_interleave(
-            (torch.cumsum(lengths, 0) - lengths)[visits] - vstart, vlen, output_size=total
-        )
-        where += torch.arange(total, device=dev)
+        where, vlen, vstart = ragged_index(lengths, visits)
         owner = torch.repeat_interleave(
-            torch.arange(visits.numel(), device=dev), vlen, output_size=total
+            torch.arange(visits.numel(), device=values.device), vlen, output_size=where.numel()
         )
         return values[where], None if weights is None else weights[where], owner, vstart
 
@@ -460,13 +459,7 @@ class TagCohortTrainer:
             else:
                 factors.append(clip_factor(norm, config.clip_norm, delta.dtype))
         if any(f != 1.0 for f in factors):
-            # float factors: a Python float multiplies a float32 tensor in float32 too
-            per_row = torch.repeat_interleave(
-                torch.tensor(factors, dtype=delta.dtype),
-                ptr[1:] - ptr[:-1],
-                output_size=int(delta.shape[0]),
-            )
-            delta.mul_(per_row.to(delta.device)[:, None])
+            delta.mul_(segment_scale(factors, ptr[1:] - ptr[:-1], delta))
 
     def __repr__(self) -> str:
         return (

@@ -34,7 +34,12 @@ import torch
 
 from fedprivopt.privacy.clip import clip_factor, vector_norm_checked
 from fedprivopt.privacy.noise import gaussian_noise
-from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, segment_norms_checked
+from fedprivopt.privacy.sparse import (
+    RowSparse,
+    RowSparseBatch,
+    segment_norms_checked,
+    segment_scale,
+)
 
 __all__ = ["AggregationResult", "NoisyMeanAggregator", "default_min_shares"]
 
@@ -249,12 +254,7 @@ class NoisyMeanAggregator:
             rows, values, counts = rows[mask], values[mask], counts[kept]
             factors = [f for f in factors if f is not None]
         if any(f != 1.0 for f in factors):
-            # float32 factors: a Python float multiplies a float32 tensor in float32 too
-            per_row = torch.repeat_interleave(
-                torch.tensor(factors, dtype=dtype, device=total.device), counts,
-                output_size=rows.numel(),
-            )  # fmt: skip
-            values = values * per_row[:, None]
+            values = values * segment_scale(factors, counts, values)
         if rows.numel():
             total.view(-1, values.shape[1]).index_add_(0, rows, values)
 

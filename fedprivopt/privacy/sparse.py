@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RowSparse", "RowSparseBatch", "segment_norms_checked", "segment_sq_norms"]
+__all__ = [
+    "RowSparse",
+    "RowSparseBatch",
+    "segment_norms_checked",
+    "segment_scale",
+    "segment_sq_norms",
+]
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,18 @@ class RowSparseBatch:
             else None
             for r, o in zip(bad_range.tolist(), bad_order.tolist(), strict=True)
         ]
+
+
+def segment_scale(factors: list[float], counts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Each segment's factor over its ``counts`` rows: a ``(rows, 1)`` column to scale ``like``.
+
+    In ``like``'s dtype: a Python float multiplies a float32 tensor in float32 too, so each
+    segment is scaled exactly as a lone ``update * factor`` would be.
+    """
+    column = torch.repeat_interleave(
+        torch.tensor(factors, dtype=like.dtype), counts.cpu(), output_size=int(like.shape[0])
+    )
+    return column.to(like.device)[:, None]
 
 
 def segment_norms_checked(values: torch.Tensor, row_ptr: torch.Tensor) -> list[float | None]:

@@ -62,12 +62,8 @@ class RowSparse:
         layout = _layout_problem(rows, values, self.length, dim, dtype)
         if layout is not None:
             return layout
-        if rows.numel():
-            if int(rows[0]) < 0 or int(rows[-1]) >= dim // values.shape[1]:
-                return "row-sparse row index out of range"
-            if rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
-                return "row-sparse rows must be strictly increasing"
-        return None
+        alone = torch.tensor([0, rows.numel()], dtype=torch.int64)
+        return RowSparseBatch((0,), rows, values, alone, self.length).user_problems(dim)[0]
 
     def to_dense(self) -> torch.Tensor:
         """The dense flat vector."""
@@ -192,9 +188,12 @@ class RowSparseBatch:
         layout = _layout_problem(rows, values, self.length, dim, dtype)
         if layout is not None:
             return layout
-        if not isinstance(ptr, torch.Tensor) or ptr.dtype != torch.int64 or ptr.dim() != 1:
-            return "row-sparse batch offsets must be an int64 (users + 1,) tensor"
-        if ptr.numel() != len(self.users) + 1:
+        if (
+            not isinstance(ptr, torch.Tensor)
+            or ptr.dtype != torch.int64
+            or ptr.dim() != 1
+            or ptr.numel() != len(self.users) + 1
+        ):
             return "row-sparse batch offsets must be an int64 (users + 1,) tensor"
         if int(ptr[0]) != 0 or int(ptr[-1]) != rows.numel() or bool((ptr[1:] < ptr[:-1]).any()):
             return "row-sparse batch offsets must run from 0 to the row count, nondecreasing"

@@ -37,8 +37,9 @@ def l2_norm(vector: torch.Tensor) -> float:
     """
     dtype = torch.float64 if vector.dtype == torch.float64 else torch.float32
     norm = float(torch.linalg.vector_norm(vector.detach(), dtype=dtype))
-    if dtype == torch.float32 and 0.0 < norm < 1e-15:
-        # squares of tiny float32 entries lose precision (subnormals): measure in float64 (rare)
+    if dtype == torch.float32 and norm < 1e-15 and (norm > 0.0 or bool(vector.detach().any())):
+        # squares of tiny float32 entries lose precision (subnormals) or vanish (below 1e-22 they
+        # underflow to 0, and a nonzero vector measured 0): measure in float64 (rare)
         norm = float(torch.linalg.vector_norm(vector.detach(), dtype=torch.float64))
     return norm
 

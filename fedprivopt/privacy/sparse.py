@@ -248,15 +248,16 @@ def segment_norms_checked(values: torch.Tensor, row_ptr: torch.Tensor) -> list[f
     """L2 norm of each row segment of ``values``; ``None`` for a segment holding NaN or Inf.
 
     Norms as :func:`segment_sq_norms` measures them. A segment whose squares overflow, or whose
-    float32 norm is tiny (below 1e-15, where squares lose precision), is measured again on its
-    own by :func:`~fedprivopt.privacy.clip.vector_norm_checked`, as a lone update would be.
+    float32 norm is below 1e-15 (squares lose precision, or underflow to 0), is measured again
+    on its own by :func:`~fedprivopt.privacy.clip.vector_norm_checked`, as a lone update would
+    be.
     """
     from fedprivopt.privacy.clip import vector_norm_checked
 
     norms = segment_sq_norms(values, row_ptr).sqrt_().tolist()
     tiny = 1e-15 if values.dtype != torch.float64 else 0.0
     for i, norm in enumerate(norms):
-        if math.isfinite(norm) and not 0.0 < norm < tiny:
+        if math.isfinite(norm) and not norm < tiny:
             continue
         a, b = int(row_ptr[i]), int(row_ptr[i + 1])
         try:

@@ -212,3 +212,13 @@ def test_batch_split_clone_and_views():
         assert u == v and torch.equal(got.rows, want.rows) and torch.equal(got.values, want.values)
         assert torch.equal(clone.update(i).values, want.values)
         assert float(batch.update(i).values.abs().sum()) == 0.0
+
+
+def test_segment_norms_of_entries_whose_squares_underflow_are_not_zero():
+    from fedprivopt.privacy.sparse import segment_norms_checked
+
+    values = torch.full((3, WIDTH), 1e-29)
+    values[2] = 0.0
+    norms = segment_norms_checked(values, torch.tensor([0, 2, 3]))
+    assert norms[0] == pytest.approx(float(values[:2].double().norm()), rel=1e-6)
+    assert norms[1] == 0.0

@@ -427,7 +427,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         base = load_config(args.config, _overrides(args))
     except ValueError as exc:
         raise UsageError(f"config: {exc}") from None
-    strategies = args.strategies.split(",") if args.strategies else [base.strategy.strategy]
+    strategies = args.strategies.split(",") if args.strategies else list(STRATEGIES)
     for name in strategies:
         if name not in STRATEGIES:
             raise UsageError(
@@ -460,7 +460,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         else:
             simulate(config, run_dir, progress=not args.quiet)
         runs.append(load_run(run_dir))
-    report = write_report(out, runs, title=f"fedprivopt compare: {args.config}")
+    report = write_report(out, runs, title=f"fedprivopt compare: {args.config}", metric=args.metric)
     print(f"report: {report}")
     return 0
 
@@ -479,7 +479,9 @@ def _add_compare(sub) -> None:
         formatter_class=_HelpFormatter,
     )
     p.add_argument("config", metavar="CONFIG", help="preset TOML file")
-    p.add_argument("--strategies", metavar="A,B,...", help="strategies (default: the preset's)")
+    p.add_argument(
+        "--strategies", metavar="A,B,...", help="strategies (default: every registered one)"
+    )
     p.add_argument(
         "--noise-multipliers",
         type=_float_list,
@@ -496,6 +498,11 @@ def _add_compare(sub) -> None:
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory")
     p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
     p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
+    p.add_argument(
+        "--metric",
+        choices=("eval_accuracy", "eval_recall_at_5", "eval_precision_at_5", "eval_loss"),
+        help="task metric of the report (default: recall@5 where reported, else accuracy)",
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset key")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     p.set_defaults(func=cmd_compare, strategy=None, seed=None)

@@ -5,8 +5,10 @@ into dotted kebab-case keys) holds the same keys as a preset, plus a few keys th
 deployment has (:data:`DEPLOY_KEYS`). Flower's run config cannot hold ``None`` or lists, and an
 override (``flwr run --run-config``) may only name keys the app declares, so:
 
-- ``""`` means "not set" for keys whose default is ``None`` (``target-epsilon``,
-  ``clip-norm-adaptive``);
+- ``""`` means "not set" for keys whose default is ``None`` (``target-epsilon``, ``gamma``,
+  ``adadp-tolerance``, ``clip-norm-adaptive``);
+- the app declares every ``side-information.*`` key of every kind, ``""`` ("not set", the
+  kind's default) unless set; ``side-information.kind = "auto"`` is the default side information;
 - ``task-params-json``, when not empty, is a JSON object that replaces the ``task-params.*`` keys
   (any task, any parameter values);
 - ``engine`` is always ``flower``: a deployment runs the rounds through Flower's grid.
@@ -63,7 +65,8 @@ SIMULATION_ONLY_KEYS = (
 )
 """RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
 
-_NULLABLE = ("target-epsilon", "clip-norm-adaptive")
+SIDE_INFORMATION_PREFIX = "side-information."
+_NULLABLE = ("target-epsilon", "clip-norm-adaptive", "gamma", "adadp-tolerance")
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, De
     for key, value in run_config.items():
         if key in DEPLOY_KEYS or key.startswith("task-params."):
             continue
-        if key in _NULLABLE and value == UNSET:
+        if (key in _NULLABLE or key.startswith(SIDE_INFORMATION_PREFIX)) and value == UNSET:
             continue
         mapping[key] = value
     for key, value in task_params_from_flower(run_config).items():
@@ -196,10 +199,15 @@ def to_flower_overrides(
     """
     mapping = config.to_mapping()
     params = mapping.pop("task-params")
+    side = mapping.pop(SIDE_INFORMATION_PREFIX[:-1])
     for key in SIMULATION_ONLY_KEYS:
         mapping.pop(key, None)
     for key in _NULLABLE:
         mapping.setdefault(key, None)
+    for key in app_keys:  # every declared side-information key: unset unless the config sets it
+        if key.startswith(SIDE_INFORMATION_PREFIX):
+            mapping[key] = None
+    mapping.update({f"{SIDE_INFORMATION_PREFIX}{k}": v for k, v in side.items()})
     overrides = {key: _flower_value(key, value) for key, value in mapping.items()}
     overrides[TASK_PARAMS_JSON] = json.dumps(params, sort_keys=True)
     overrides.update(extra or {})

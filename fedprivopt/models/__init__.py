@@ -6,12 +6,18 @@ ClientApp and the engines; :func:`build_task` rebuilds a registered task from pl
 bag-of-words tag prediction on StackOverflow; ``"stackoverflow-nwp"``:
 :class:`StackOverflowNextWordTask`, next-word prediction with TFF's LSTM). :func:`model_spec`
 and :func:`initial_flat` give the flat layout and initial point of a task's model;
-:func:`token_frequency_preconditioner` is AdaDPS' public side information for the tag task.
+:func:`two_level_preconditioner`, :func:`token_frequency_preconditioner` and
+:func:`public_users_preconditioner` are AdaDPS' public side information
+(:mod:`~fedprivopt.models.side_information`).
 """
 
 from fedprivopt.models.next_word import NextWordLSTM, StackOverflowNextWordTask
 from fedprivopt.models.registry import build_task, register_task, task_names
-from fedprivopt.models.side_information import token_frequency_preconditioner
+from fedprivopt.models.side_information import (
+    public_users_preconditioner,
+    token_frequency_preconditioner,
+    two_level_preconditioner,
+)
 from fedprivopt.models.tag_prediction import BagOfWordsLogisticRegression, StackOverflowTagTask
 from fedprivopt.models.task import Task, initial_flat, model_spec, state_to_flat
 from fedprivopt.models.toy import ToyClassificationTask
@@ -26,8 +32,10 @@ __all__ = [
     "build_task",
     "initial_flat",
     "model_spec",
+    "public_users_preconditioner",
     "register_task",
     "state_to_flat",
     "task_names",
     "token_frequency_preconditioner",
+    "two_level_preconditioner",
 ]

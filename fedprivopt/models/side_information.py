@@ -1,9 +1,32 @@
-r"""Public side information for AdaDPS: a token-frequency preconditioner for bag-of-words models.
+r"""Public side information for AdaDPS: the preconditioner vectors ``A``.
 
 AdaDPS [1]_ replaces Adam's data-dependent denominator :math:`\sqrt{E[g^2]}` by a vector ``A``
 computed from *public* information, and every client divides its local gradients by it before
 clipping (:meth:`fedprivopt.clients.LocalTrainer.precondition`). Because ``A`` does not depend on
-the training users' data, it costs no privacy.
+the private training users' data, it costs no privacy. A run chooses ``A`` with the
+``[side-information]`` table (:mod:`fedprivopt.models.side_information_config`); the kinds:
+
+``two-level`` (:func:`two_level_preconditioner`)
+    What the AdaDPS authors' federated StackOverflow code does
+    (``federated/flearn/models/stackoverflow/lr.py`` of ``litian96/AdaDPS``:
+    ``grads[0][100:] = grads[0][100:] * 200``): the gradient rows of the words beyond the
+    ``top_k = 100`` most frequent are multiplied by ``factor = 200``, the ``top_k`` most frequent
+    words and the bias are left alone; i.e. ``A = 1`` on the top-k word rows and the bias and
+    ``1/factor`` on the other word rows. Assumes public: which words are the most frequent (the
+    word ids are ranks in the published ``stackoverflow.word_count`` file).
+``token-frequency`` (:func:`token_frequency_preconditioner`)
+    A smooth version built here: ``A_j`` grows with the published count of word ``j`` (see
+    below). Assumes public: the counts of the ``word_count`` file.
+``public-users`` (:func:`public_users_preconditioner`)
+    The paper's setting with public data (its Table 3: the first 4 of 400 users opted out of
+    privacy) and what the authors' centralized code (``stackoverflow_centralized``) computes: the
+    square root of the second moment of the public data's gradients, plus ``1e-5``. Here: at the
+    initial model, the mean of ``g²`` over the minibatches of the first ``k`` users, who opted
+    out of privacy; ``A = sqrt(v) / max + eps``. Assumes public: those users' data. They are
+    removed from the private population (never sampled, never accounted, never trained on
+    privately).
+``ones``
+    ``A = 1``: AdaDPS reduces to DP-FedAvg.
 
 Why token frequencies, and which way round
 ------------------------------------------
@@ -15,47 +38,78 @@ most batches), so Adam's denominator is ``\propto f_j^{p}`` with ``p`` between �
 ``A_j \propto (\mathrm{count}_j + \mathrm{floor})^{p}`` hence **shrinks the steps of frequent words
 (stop words, which carry little tag information) and enlarges those of rare words** (the
 informative, tag-specific ones), as Adam does; plain SGD moves rare-word weights almost never.
-AdaDPS' StackOverflow code divides by the normalized frequency itself (``p = 1``), the default
-here.
+The two-level scaling of the authors' federated code is the coarsest form of the same idea (rare
+words get 200 times the step); their centralized code measures ``E[g^2]`` on public data
+instead. ``p = 1`` is the default here.
 
 The bias is a feature present in every example with value 1, whereas even the most frequent
 word has a feature value of about its share of the example's words (5-15 %). The bias gradient
 is therefore several times the most frequent word's, and so is Adam's denominator for it
-(measured at initialization on the synthetic data: 6-7 times). By default the bias entries get
-``bias_scale = 20`` times the largest word value; larger values behave the same (measured: 20,
-50 and 200 alike, 5 somewhat worse), since the bias needs only small steps. This matters: with
-the bias at the largest word value (``bias_scale = 1``, what AdaDPS' code does by leaving the
-bias unpreconditioned), the bias, not the words, limits the stable learning rate and
-preconditioned SGD with a constant learning rate oscillates like plain SGD (see
-``tests/models/test_realism.py``).
+(measured at initialization on the synthetic data: 6-7 times). By default the token-frequency
+bias entries get ``bias_scale = 20`` times the largest word value; larger values behave the same
+(measured: 20, 50 and 200 alike, 5 somewhat worse), since the bias needs only small steps. This
+matters: with the bias at the largest word value (``bias_scale = 1``), the bias, not the words,
+limits the stable learning rate and preconditioned SGD with a constant learning rate oscillates
+like plain SGD (see ``tests/models/test_realism.py``). The two-level scaling leaves the bias at
+the frequent words' value, as the authors' code does.
+
+``max_ratio`` caps the ratio between the largest and the smallest entry of ``A`` (entries are
+raised to ``max(A) / max_ratio``), which bounds how much larger than plain SGD's any step gets.
 
 What counts as non-sensitive
 ----------------------------
 Usable: statistics of public data, e.g. the published ``stackoverflow.word_count`` file (the TFF
 release, fixed before any run; a synthetic dataset's file plays the same role), word frequencies
-of a public corpus, statistics of users who opted out of privacy or of a held-out public split,
-and constants. Not usable: anything computed from this run's training users (their word counts,
-their example counts). Note that the TFF word counts were themselves computed from the training
-split; we treat them, as AdaDPS does, as published public statistics. The run summary states that
-the side information is not covered by the guarantee.
+of a public corpus, data of users who opted out of privacy (removed from the private
+population) or of a held-out public split, and constants. Not usable: anything computed from this
+run's private training users (their word counts, their example counts). Note that the TFF word
+counts were themselves computed from the training split; we treat them, as AdaDPS does, as
+published public statistics. The run summary states that the side information is not covered by
+the guarantee.
 
 References
 ----------
 .. [1] T. Li, M. Zaheer, S. Reddi, V. Smith, "Private adaptive optimization with side
-   information", ICML 2022.
+   information", ICML 2022. Code: https://github.com/litian96/AdaDPS
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fedprivopt.data.vocab import Vocabulary
 
-__all__ = ["NORMALIZATIONS", "token_frequency_preconditioner"]
+if TYPE_CHECKING:  # pragma: no cover
+    from fedprivopt.models.task import Task
+
+__all__ = [
+    "DEFAULT_SIDE_INFORMATION",
+    "KINDS",
+    "NORMALIZATIONS",
+    "gradient_second_moment",
+    "public_users_preconditioner",
+    "token_frequency_preconditioner",
+    "two_level_preconditioner",
+]
+
+#: The kinds of side information, in the order the documentation lists them.
+KINDS = ("two-level", "token-frequency", "public-users", "ones")
+
+#: The default side information (``side-information = "auto"`` or no table) of the bag-of-words
+#: tag task: its kind and parameters, kebab-case as in a preset. The one place to change it.
+#: Chosen by measurement (``experiments/adadps-side-information.sweep.toml``, docs/EXPERIMENTS.md):
+#: at the paper preset's own rates, 3 seeds, test accuracy (tag prior 0.271): public-users capped
+#: at 200 0.357 ± 0.004, token-frequency (p = 1/2, max) 0.317 ± 0.026, two-level 0.299 ± 0.020,
+#: ones 0.270 ± 0.001, token-frequency (p = 1, mean; the previous default) 0.005 ± 0.009.
+DEFAULT_SIDE_INFORMATION: Mapping[str, Any] = MappingProxyType(
+    {"kind": "public-users", "max-ratio": 200.0}
+)
 
 #: Accepted values of ``normalize``.
 NORMALIZATIONS = ("mean", "max", "none")
@@ -72,6 +126,35 @@ def _positive(name: str, value: object, *, allow_zero: bool = False) -> float:
     return out
 
 
+def _max_ratio(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be 0 (no cap) or a number >= 1, got {value!r}")
+    out = float(value)
+    if not (out == 0 or (out >= 1 and math.isfinite(out))):
+        raise ValueError(f"{name} must be 0 (no cap) or a finite number >= 1, got {value!r}")
+    return out
+
+
+def _size(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _cap(values: np.ndarray, max_ratio: float) -> np.ndarray:
+    """Raise every entry to ``max(values) / max_ratio`` (``max_ratio = 0``: unchanged)."""
+    if max_ratio == 0:
+        return values
+    return np.maximum(values, values.max() / max_ratio)
+
+
+def _as_float32(flat: np.ndarray, hint: str) -> torch.Tensor:
+    out = torch.from_numpy(flat.astype(np.float32))
+    if not bool(torch.all(torch.isfinite(out) & (out > 0))):
+        raise ValueError(f"the preconditioner under- or overflows float32; {hint}")
+    return out
+
+
 def token_frequency_preconditioner(
     word_counts: Vocabulary | Sequence[float] | np.ndarray | torch.Tensor,
     *,
@@ -82,8 +165,9 @@ def token_frequency_preconditioner(
     bias: str | float = "max",
     bias_scale: float = 20.0,
     normalize: str = "mean",
+    max_ratio: float = 0.0,
 ) -> torch.Tensor:
-    r"""Return AdaDPS' side information ``A`` for the bag-of-words tag model, as a flat vector.
+    r"""Return a token-frequency side information ``A`` for the bag-of-words tag model.
 
     ``A`` is aligned with the flat layout of
     :class:`~fedprivopt.models.tag_prediction.BagOfWordsLogisticRegression`: the ``(V, K)`` weight
@@ -92,10 +176,12 @@ def token_frequency_preconditioner(
 
     .. math::
 
-        a_j = (\mathrm{count}_j + \mathrm{floor})^{p}, \qquad A = [a_0 1_K, \dots,
-        a_{V-1} 1_K, \beta b 1_K] / s
+        a_j = (\mathrm{count}_j + \mathrm{floor})^{p}, \qquad A = \mathrm{cap}([a_0 1_K, \dots,
+        a_{V-1} 1_K, \beta b 1_K]) / s
 
-    with ``b`` the bias base value, ``\beta`` = ``bias_scale`` and ``s`` the normalization.
+    with ``b`` the bias base value, ``\beta`` = ``bias_scale``, ``cap`` raising every entry to
+    ``max / max_ratio`` and ``s`` the normalization. Where it comes from and what it assumes
+    public: see the module docstring (the published word counts).
 
     Parameters
     ----------
@@ -108,8 +194,8 @@ def token_frequency_preconditioner(
     num_tags : int
         ``K``, ``>= 1``.
     power : float
-        ``p > 0``: 1 follows AdaDPS' code; ½ would be the square root of the counts (see the
-        module docstring for why ``p`` lies between ½ and 1).
+        ``p > 0``; ½ would be the square root of the counts (see the module docstring for why
+        ``p`` lies between ½ and 1).
     floor : float
         ``>= 0`` added to every count, so that unseen words get a finite, positive value;
         ``floor = 0`` requires all counts ``> 0``.
@@ -122,6 +208,9 @@ def token_frequency_preconditioner(
     normalize : {"mean", "max", "none"}
         Divide ``A`` by its mean over all entries (so ``mean(A) = 1``), by its maximum (so
         frequent words keep about plain SGD's step), or not at all.
+    max_ratio : float
+        Cap on ``max(A) / min(A)``: entries (bias included) are raised to ``max(A) / max_ratio``
+        before the normalization. ``0``: no cap; otherwise ``>= 1``.
 
     Returns
     -------
@@ -133,12 +222,11 @@ def token_frequency_preconditioner(
     ValueError
         On invalid parameters, too few or negative counts, or a zero value with ``floor = 0``.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
-    if isinstance(num_tags, bool) or not isinstance(num_tags, int) or num_tags < 1:
-        raise ValueError(f"num_tags must be an integer >= 1, got {num_tags!r}")
+    _size("vocab_size", vocab_size)
+    _size("num_tags", num_tags)
     p = _positive("power", power)
     fl = _positive("floor", floor, allow_zero=True)
+    cap = _max_ratio("max_ratio", max_ratio)
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     raw = word_counts.counts if isinstance(word_counts, Vocabulary) else word_counts
@@ -163,14 +251,154 @@ def token_frequency_preconditioner(
     else:
         b = _positive("bias", bias)
     b *= _positive("bias_scale", bias_scale)
-    flat = np.concatenate([np.repeat(words, num_tags), np.full(num_tags, b)])
+    flat = _cap(np.concatenate([np.repeat(words, num_tags), np.full(num_tags, b)]), cap)
     if normalize == "mean":
         flat = flat / flat.mean()
     elif normalize == "max":
         flat = flat / flat.max()
-    out = torch.from_numpy(flat.astype(np.float32))
+    return _as_float32(flat, "use a smaller power or a larger floor")
+
+
+def two_level_preconditioner(
+    *, vocab_size: int, num_tags: int, top_k: int = 100, factor: float = 200.0
+) -> torch.Tensor:
+    """Return the AdaDPS authors' two-level side information for the bag-of-words tag model.
+
+    ``A = 1`` on the weight rows of the ``top_k`` most frequent words (word ids ``0 .. top_k -
+    1``: ids are ranks in the published word-count file) and on the bias, ``1 / factor`` on the
+    other word rows. Dividing by ``A`` multiplies the gradients of the rarer words by ``factor``,
+    exactly ``grads[0][100:] = grads[0][100:] * 200`` of ``federated/flearn/models/stackoverflow/
+    lr.py`` in ``litian96/AdaDPS`` with the defaults. Assumes public: the frequency ranking of the
+    words.
+
+    Parameters
+    ----------
+    vocab_size, num_tags : int
+        ``V`` and ``K``, ``>= 1``; the layout is that of
+        :func:`token_frequency_preconditioner`.
+    top_k : int
+        Words left at ``A = 1``, in ``[1, V]``.
+    factor : float
+        ``> 0``: the other words' gradients are multiplied by it.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 CPU vector of length ``V K + K``.
+    """
+    v = _size("vocab_size", vocab_size)
+    k = _size("num_tags", num_tags)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= v:
+        raise ValueError(f"top_k must be an integer in [1, V={v}], got {top_k!r}")
+    f = _positive("factor", factor)
+    out = torch.ones(v * k + k, dtype=torch.float32)
+    out[top_k * k : v * k] = 1.0 / f
     if not bool(torch.all(torch.isfinite(out) & (out > 0))):
-        raise ValueError(
-            "the preconditioner under- or overflows float32; use a smaller power or a larger floor"
-        )
+        raise ValueError(f"factor={f} under- or overflows float32")
     return out
+
+
+def gradient_second_moment(
+    task: Task, users: Sequence[int], *, batch_size: int, max_examples: int = 0
+) -> torch.Tensor:
+    """Mean of ``g²`` over the minibatches of ``users`` at the task's initial model.
+
+    For each user (in the given order), its examples in order (the first ``max_examples`` if
+    ``> 0``) are cut into minibatches of ``batch_size`` (the last may be smaller); ``g`` is the
+    gradient of ``task.loss(model, x, y)`` on a minibatch at ``task.build_model()``, laid out like
+    :func:`~fedprivopt.models.task.model_spec` (entries without a gradient, e.g. buffers, are 0).
+    Works for any task.
+
+    Returns
+    -------
+    torch.Tensor
+        float64 CPU vector of the model's flat length.
+
+    Raises
+    ------
+    ValueError
+        If ``users`` have no example at all.
+    """
+    bs = _size("batch_size", batch_size)
+    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 0:
+        raise ValueError(f"max_examples must be an integer >= 0, got {max_examples!r}")
+    model = task.build_model()
+    state = model.state_dict()
+    named = dict(model.named_parameters())
+    total = torch.zeros(sum(t.numel() for t in state.values()), dtype=torch.float64)
+    batches = 0
+    for user in users:
+        x, y = task.user_data(int(user))
+        n = int(x.shape[0]) if max_examples == 0 else min(int(x.shape[0]), max_examples)
+        for start in range(0, n, bs):
+            stop = min(start + bs, n)
+            model.zero_grad(set_to_none=True)
+            task.loss(model, x[start:stop], y[start:stop]).backward()
+            offset = 0
+            for name, tensor in state.items():
+                size = tensor.numel()
+                param = named.get(name)
+                if param is not None and param.grad is not None:
+                    g = param.grad.detach().reshape(-1).to(torch.float64)
+                    total[offset : offset + size] += g * g
+                offset += size
+            batches += 1
+    if batches == 0:
+        raise ValueError(f"the public users {list(users)} have no training example")
+    return total / batches
+
+
+def public_users_preconditioner(
+    task: Task,
+    users: Sequence[int],
+    *,
+    batch_size: int,
+    max_examples: int = 0,
+    eps: float = 1e-5,
+    max_ratio: float = 200.0,
+) -> torch.Tensor:
+    r"""Return AdaDPS' side information from the gradients of users who opted out of privacy.
+
+    .. math::
+
+        v = \mathrm{mean}_{\text{minibatches}}\, g^2, \qquad
+        A = \mathrm{cap}\big(\sqrt{v} / \max\sqrt{v} + \mathrm{eps}\big)
+
+    with ``v`` from :func:`gradient_second_moment` at the initial model and ``cap`` raising every
+    entry to ``max(A) / max_ratio``. This is the paper's public-data setting (Table 3: 4 public
+    users of 400) and the form of the authors' centralized code (``sqrt`` of the second moment of
+    public gradients ``+ 1e-5``); ``eps`` is relative to the largest ``sqrt(v)``. Assumes public:
+    the data of ``users``, who must then be left out of the private population (the caller's job:
+    :func:`fedprivopt.simulation.run.build_run` does it).
+
+    Parameters
+    ----------
+    task : Task
+        Any task (``build_model``, ``user_data``, ``loss``).
+    users : sequence of int
+        The public users' ids.
+    batch_size, max_examples : int
+        Minibatch size (``>= 1``) and examples used per user (``0``: all).
+    eps : float
+        ``> 0``, added after normalizing by the maximum.
+    max_ratio : float
+        ``0`` (no cap) or ``>= 1``; default 200, the range of the two-level scaling (uncapped,
+        the rare words of the paper preset diverged).
+
+    Returns
+    -------
+    torch.Tensor
+        float32 CPU vector of the model's flat length, finite and ``> 0``.
+    """
+    e = _positive("eps", eps)
+    cap = _max_ratio("max_ratio", max_ratio)
+    root = gradient_second_moment(
+        task, users, batch_size=batch_size, max_examples=max_examples
+    ).sqrt()
+    top = float(root.max())
+    if not (top > 0 and math.isfinite(top)):
+        raise ValueError(
+            f"the public users' gradients are all zero or not finite (max sqrt(v) = {top})"
+        )
+    flat = _cap((root / top + e).numpy(), cap)
+    return _as_float32(flat, "use a larger eps")

@@ -753,6 +753,32 @@ class StackOverflowTagTask(StackOverflowFiles):
             model.weight.uniform_(-bound, bound, generator=gen)
         return model
 
+    def reference(self) -> tuple[str, dict[str, float]]:
+        """The tag prior: a bias-only model from the published tag counts, and its metrics.
+
+        Weights 0 and bias ``log(count_k / Σ count)`` from the ``tag_count`` file (public, like
+        the word counts): the model every private method must beat, since learning the tag
+        frequencies needs no user data. For the multi-label task the loss of this bias is not
+        the best constant's (the file does not give tags per example), so only the ranking
+        metrics (accuracy, recall@5, precision@5) are returned.
+
+        Returns
+        -------
+        tuple of (str, dict)
+            ``("tag prior (bias only)", metrics)`` with the keys of :meth:`evaluate`.
+        """
+        counts = read_tag_counts(self.data_dir / TAG_COUNT_FILE).top(self.num_tags).counts
+        # a tag listed with count 0 gets half an occurrence (a finite bias)
+        freq = torch.tensor([float(c) for c in counts], dtype=torch.float64).clamp(min=0.5)
+        model = BagOfWordsLogisticRegression(self.num_features, self.num_tags)
+        with torch.no_grad():
+            model.weight.zero_()
+            model.bias.copy_(torch.log(freq / freq.sum()).float())
+        metrics = self.evaluate(model)
+        if not self.single_label:
+            metrics.pop("loss")
+        return "tag prior (bias only)", metrics
+
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean BCE with logits over ``n x K`` (multi-label) or cross-entropy (single-label)."""
         logits = model(x)

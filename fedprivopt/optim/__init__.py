@@ -12,7 +12,15 @@ from plain dicts for checkpoints (:func:`state_to_dict`, :func:`state_from_dict`
 - :func:`adadp`: ADADP learning-rate control from one full step and two half steps.
 """
 
-from .adadp import ADADPController, ADADPResult, ADADPState, adadp, adadp_error
+from .adadp import (
+    NOISE_MARGIN,
+    ADADPController,
+    ADADPResult,
+    ADADPState,
+    adadp,
+    adadp_error,
+    noise_calibrated_tolerance,
+)
 from .adam import AdamState, adam, flower_fedadam
 from .adam_bc import AdamBCState, adam_bc, noise_corrected_second_moment
 from .base import (
@@ -27,6 +35,7 @@ from .dp2 import DP2State, Phase, dp2, phase, preconditioner
 from .sgd import MomentumState, momentum_sgd
 
 __all__ = [
+    "NOISE_MARGIN",
     "ADADPController",
     "ADADPResult",
     "ADADPState",
@@ -46,6 +55,7 @@ __all__ = [
     "dp2",
     "flower_fedadam",
     "momentum_sgd",
+    "noise_calibrated_tolerance",
     "noise_corrected_second_moment",
     "phase",
     "preconditioner",

@@ -7,6 +7,12 @@ config: every :class:`~fedprivopt.strategies.StrategyConfig` field (``strategy``
 ``[task-params]`` table (in Flower's flattened run config: ``task-params.<key>``). Everything is
 validated before any training; every error names the key.
 
+AdaDPS' side information is a ``[side-information]`` table (``kind`` and the kind's parameters,
+:mod:`fedprivopt.models.side_information_config`); flattened ``side-information.<key>``, also
+with ``--set``. The string form ``side-information = "ones"`` (or ``"auto"``) is its ``kind``. A
+layer (preset < strategy table < ``--set``) that sets another ``kind`` than the layers below
+replaces their table: their parameters belong to the other kind.
+
 Per-strategy hyperparameters go in ``[strategies.<name>]`` tables (e.g. a smaller
 ``server-learning-rate`` for the Adam strategies); they apply when that strategy runs. Precedence:
 preset < its ``[strategies.<name>]`` table < ``--set`` and command-line flags.
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.models.side_information_config import SideInformationSpec
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 
 if sys.version_info >= (3, 11):
@@ -33,7 +40,7 @@ else:  # pragma: no cover
 __all__ = ["ENGINES", "RunConfig", "load_config", "parse_override", "resolve_config"]
 
 ENGINES = ("fast", "flower")
-SIDE_INFORMATION = ("auto", "ones")
+SIDE_INFORMATION = "side-information"
 _STRATEGY_KEYS = {f.name.replace("_", "-") for f in dataclasses.fields(StrategyConfig)}
 _DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z")
 _INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts any size
@@ -58,9 +65,12 @@ class RunConfig:
         Evaluate centrally every this many rounds (and after the last round).
     checkpoint_every : int
         Write a checkpoint every this many rounds (and after the last round).
-    side_information : {"auto", "ones"}
-        AdaDPS' preconditioner: ``auto`` asks the task for its public side information (a task
-        without any gets ones, and the summary says so); ``ones`` is plain DP-FedAvg.
+    side_information : SideInformationSpec
+        AdaDPS' public side information (the ``[side-information]`` table; a kind name or a
+        mapping is converted): ``auto`` is
+        :data:`~fedprivopt.models.side_information.DEFAULT_SIDE_INFORMATION` on a task it applies
+        to and ones otherwise (the summary says so); ``ones`` is plain DP-FedAvg. Used only by
+        ``adadps``.
     client_cpus, client_gpus : float
         Resources of one simulated client on the ``flower`` engine (fractional GPUs allowed).
     ray_cpus : int
@@ -89,7 +99,7 @@ class RunConfig:
     task_params: dict[str, Any] = field(default_factory=dict)
     eval_every: int = 1
     checkpoint_every: int = 1
-    side_information: str = "auto"
+    side_information: SideInformationSpec = field(default_factory=SideInformationSpec)
     client_cpus: float = 1.0
     client_gpus: float = 0.0
     ray_cpus: int = 0
@@ -102,11 +112,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.side_information not in SIDE_INFORMATION:
-            raise ValueError(
-                f"side-information must be one of {', '.join(SIDE_INFORMATION)}, "
-                f"got {self.side_information!r}"
-            )
+        object.__setattr__(
+            self, "side_information", SideInformationSpec.parse(self.side_information)
+        )
         for key in ("eval_every", "checkpoint_every"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -150,9 +158,10 @@ class RunConfig:
         """Nested kebab-case mapping (a preset) of this configuration."""
         out = dict(self.strategy.to_mapping())
         for f in dataclasses.fields(self):
-            if f.name in ("strategy", "task_params"):
+            if f.name in ("strategy", "task_params", "side_information"):
                 continue
             out[f.name.replace("_", "-")] = getattr(self, f.name)
+        out[SIDE_INFORMATION] = self.side_information.to_mapping()
         out["task-params"] = dict(self.task_params)
         return out
 
@@ -191,9 +200,37 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _known_key(key: str) -> bool:
     run_keys = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)}
-    return (key in _STRATEGY_KEYS or key in run_keys - {"strategy", "task-params"}) or (
-        key.startswith("task-params.")
+    return (
+        key in _STRATEGY_KEYS
+        or key in run_keys - {"strategy", "task-params"}
+        or key.startswith(("task-params.", f"{SIDE_INFORMATION}."))
     )
+
+
+def _side_information_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The string form ``side-information = "x"`` as ``side-information.kind = "x"``."""
+    out = dict(flat)
+    if SIDE_INFORMATION in out:
+        kind_key = f"{SIDE_INFORMATION}.kind"
+        if kind_key in out:
+            raise ValueError(f"{SIDE_INFORMATION} and {kind_key} are both given; give one")
+        out[kind_key] = out.pop(SIDE_INFORMATION)
+    return out
+
+
+def _merge(lower: Mapping[str, Any], upper: Mapping[str, Any]) -> dict[str, Any]:
+    """``upper`` over ``lower``.
+
+    An ``upper`` that changes the side-information kind replaces ``lower``'s whole
+    side-information table (its parameters belong to the other kind).
+    """
+    lower, upper = _side_information_keys(lower), _side_information_keys(upper)
+    kind_key, prefix = f"{SIDE_INFORMATION}.kind", f"{SIDE_INFORMATION}."
+    out = dict(lower)
+    if kind_key in upper and upper[kind_key] != lower.get(kind_key, "auto"):
+        out = {k: v for k, v in out.items() if not k.startswith(prefix)}
+    out.update(upper)
+    return out
 
 
 def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]:
@@ -203,6 +240,7 @@ def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]
     real keys other than ``strategy``, so a typo is an error rather than silently ignored.
     """
     out = {k: v for k, v in flat.items() if not k.startswith("strategies.")}
+    table: dict[str, Any] = {}
     prefix = f"strategies.{strategy}."
     for key, value in flat.items():
         if not key.startswith("strategies."):
@@ -218,8 +256,8 @@ def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]
         if rest == "strategy" or not _known_key(rest):
             raise ValueError(f"unknown key {key!r}")
         if key.startswith(prefix):
-            out[key[len(prefix) :]] = value
-    return out
+            table[key[len(prefix) :]] = value
+    return _merge(out, table)
 
 
 def resolve_config(data: Mapping[str, Any]) -> RunConfig:
@@ -229,9 +267,11 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
     strategy: dict[str, Any] = {}
     run: dict[str, Any] = {}
     task_params: dict[str, Any] = {}
+    side: dict[str, Any] = {}
     run_keys = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)} - {
         "strategy",
         "task-params",
+        SIDE_INFORMATION,
     }
     for key, value in flat.items():
         if key.startswith("task-params."):
@@ -243,7 +283,9 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
             and not _INT64[0] <= value < _INT64[1]
         ):
             raise ValueError(f"{key}: integers must fit in 64 bits (as in TOML), got {value}")
-        if key in _STRATEGY_KEYS:
+        if key.startswith(f"{SIDE_INFORMATION}."):
+            side[key.split(".", 1)[1]] = value
+        elif key in _STRATEGY_KEYS:
             strategy[key] = value
         elif key in run_keys:
             run[key.replace("-", "_")] = value
@@ -253,7 +295,12 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         run["client_cpus"] = float(run["client_cpus"])
     if "client_gpus" in run and type(run["client_gpus"]) is int:  # not bool: false is no count
         run["client_gpus"] = float(run["client_gpus"])
-    return RunConfig(strategy=StrategyConfig.from_mapping(strategy), task_params=task_params, **run)
+    return RunConfig(
+        strategy=StrategyConfig.from_mapping(strategy),
+        task_params=task_params,
+        side_information=SideInformationSpec.parse(side),
+        **run,
+    )
 
 
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -266,8 +313,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     flat = _flatten(data)
-    overrides = dict(overrides or {})
+    overrides = _flatten(dict(overrides or {}))
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
     flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides
-    flat.update(overrides)
-    return resolve_config(flat)
+    return resolve_config(_merge(flat, overrides))

@@ -320,9 +320,10 @@ def write_report(
     issues += agg_issues
     _warn(issues)
     write_summary_csv(rows, out / "summary.csv")
-    _plot_metric_vs_round(sel, out / "metric_vs_round.png")
-    _plot_privacy_utility(rows, out / "privacy_utility.png")
-    text = _markdown(title, sel, rows, issues, notes)
+    ref = _reference(sel.runs, sel.metric)
+    _plot_metric_vs_round(sel, out / "metric_vs_round.png", ref)
+    _plot_privacy_utility(rows, out / "privacy_utility.png", ref)
+    text = _markdown(title, sel, rows, issues, notes, ref)
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
     return report
@@ -478,6 +479,32 @@ def _new_axes():
     return fig, ax
 
 
+def _reference(runs: Sequence[RunData], metric: str) -> tuple[str, dict[str, float]] | None:
+    """The task's reference model from the runs' summaries (e.g. the tag prior), if any.
+
+    A run's ``summary.json`` may hold ``"reference": {"name": ..., "metrics": {...}}``: a model
+    built from public information only (no training), evaluated like the runs. Used when every
+    run that has one agrees on it and it reports ``metric``.
+    """
+    found = {json.dumps(r.summary.get("reference"), sort_keys=True) for r in runs}
+    found.discard("null")
+    if len(found) != 1:
+        return None
+    ref = json.loads(found.pop())
+    metrics = {k: _num(v) for k, v in (ref.get("metrics") or {}).items()}
+    if not isinstance(ref.get("name"), str) or metric not in metrics:
+        return None
+    return ref["name"], metrics
+
+
+def _reference_line(ax, ref: tuple[str, dict[str, float]] | None, metric: str) -> int:
+    if ref is None:
+        return 0
+    ax.axhline(ref[1][metric], color="0.35", linestyle=":", linewidth=_LINEWIDTH,
+               label=f"{ref[0]}, no training")  # fmt: skip
+    return 1
+
+
 def _finish(fig, ax, path: str | Path, n_series: int) -> Path:
     if n_series > 6:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
@@ -489,7 +516,9 @@ def _finish(fig, ax, path: str | Path, n_series: int) -> Path:
     return path
 
 
-def _plot_metric_vs_round(sel: _Selection, path: str | Path) -> Path:
+def _plot_metric_vs_round(
+    sel: _Selection, path: str | Path, ref: tuple[str, dict[str, float]] | None = None
+) -> Path:
     fig, ax = _new_axes()
     groups = _groups(sel.runs)
     styles = _styles(list(groups))
@@ -515,10 +544,14 @@ def _plot_metric_vs_round(sel: _Selection, path: str | Path) -> Path:
     ax.set_xlabel("communication round")
     ax.set_ylabel(_pretty(sel.metric))
     ax.set_title(f"{_pretty(sel.metric)} by round (mean ± 1 std over seeds)")
-    return _finish(fig, ax, path, len(groups))
+    return _finish(fig, ax, path, len(groups) + _reference_line(ax, ref, sel.metric))
 
 
-def _plot_privacy_utility(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+def _plot_privacy_utility(
+    rows: Sequence[dict[str, Any]],
+    path: str | Path,
+    ref: tuple[str, dict[str, float]] | None = None,
+) -> Path:
     metric = rows[0]["metric"]
     mean_key, std_key = f"{metric}_mean", f"{metric}_std"
     colors = _strategy_colors([r["strategy"] for r in rows])
@@ -544,6 +577,7 @@ def _plot_privacy_utility(rows: Sequence[dict[str, Any]], path: str | Path) -> P
                 ax.axhspan(r[mean_key] - r[std_key], r[mean_key] + r[std_key], color=color,
                            alpha=0.1, linewidth=0)  # fmt: skip
             n_series += 1
+    n_series += _reference_line(ax, ref, metric)
     eps = [r["epsilon"] for r in private]
     if eps and min(eps) > 0 and max(eps) / min(eps) > 10:
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -594,6 +628,7 @@ def _markdown(
     rows: Sequence[dict[str, Any]],
     issues: Sequence[str],
     notes: str | None,
+    ref: tuple[str, dict[str, float]] | None = None,
 ) -> str:
     m, pretty = sel.metric, _pretty(sel.metric)
     strategies = sorted({r.strategy for r in sel.runs})
@@ -628,6 +663,17 @@ def _markdown(
             _fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n), _fmt(r["seconds_per_round"], 3),
         ]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    ref_text = ""
+    if ref is not None:
+        loss = ref[1].get("loss")
+        lines += [
+            "",
+            f"Reference: {ref[0]}, a model built from public information only and never trained: "
+            f"{pretty} {_fmt(ref[1][m])}"
+            + (f", eval loss {_fmt(loss)}." if loss is not None else ".")
+            + " A strategy that does not beat it has learned nothing about the users.",
+        ]
+        ref_text = f" The dotted grey line is the {ref[0]}."
     lines += [
         "",
         "Full-precision numbers: [summary.csv](summary.csv).",
@@ -636,7 +682,15 @@ def _markdown(
         "",
         f"![{pretty} by round](metric_vs_round.png)",
         "",
+        f"How each strategy's {pretty} evolves over the rounds at each noise multiplier (mean "
+        f"over seeds, ±1 std shaded): the gap between lines is what the method, not the noise, "
+        f"decides.{ref_text}",
+        "",
         "![Privacy–utility trade-off](privacy_utility.png)",
+        "",
+        f"The final {pretty} of each strategy against the ε it spent (one point per noise "
+        f"multiplier; up and to the left is better): the slope of a line is the price of "
+        f"privacy for that method, dashed lines are the non-private baselines.{ref_text}",
         "",
         "## Privacy parameters",
         "",

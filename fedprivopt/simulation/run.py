@@ -5,7 +5,8 @@ A run directory holds
 - ``config.toml``: the resolved configuration (what ``--resume`` reads back);
 - ``metrics.jsonl``: one JSON object per evaluated round (``round``, ``epsilon``, ``delta``,
   ``eval_*`` task metrics, ``cohort_size``, ``seconds`` and the round's mechanism metrics);
-- ``summary.json``: strategy, rounds completed, final metrics, ε, δ, why the run stopped;
+- ``summary.json``: strategy, rounds completed, final metrics, ε, δ, why the run stopped, the
+  threat model and (``adadps``) the side information: kind, parameters, public users;
 - ``checkpoint.pt`` (and the previous one, ``checkpoint.prev.pt``): the server state after the
   last checkpointed round, written atomically (temporary file, fsync, rename).
 
@@ -17,6 +18,7 @@ user), so a resumed run ends with the same model and ε as an uninterrupted one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -33,6 +35,11 @@ import torch
 
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task
+from fedprivopt.models.side_information_config import (
+    ResolvedSideInformation,
+    build_side_information,
+    resolve_side_information,
+)
 from fedprivopt.models.task import Task, initial_flat, model_spec
 from fedprivopt.privacy.flat import unflatten
 from fedprivopt.privacy.rng import RngFactory
@@ -123,10 +130,11 @@ def _toml_key(key: str) -> str:
 def config_to_toml(config: RunConfig) -> str:
     """The resolved configuration as a preset (loadable by :func:`load_config`)."""
     data = config.to_mapping()
-    params = data.pop("task-params")
+    tables = {key: data.pop(key) for key in list(data) if isinstance(data[key], dict)}
     lines = [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in data.items()]
-    lines += ["", "[task-params]"]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in params.items()]
+    for name, table in tables.items():  # side-information, task-params
+        lines += ["", f"[{_toml_key(name)}]"]
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -242,9 +250,18 @@ class RunWriter:
         if r % self.config.checkpoint_every == 0 or r == self.config.strategy.num_server_rounds:
             self.save_checkpoint()
 
+    def _reference(self) -> dict[str, Any] | None:
+        """The task's untrained public reference model and its metrics (e.g. the tag prior)."""
+        make = getattr(self.task, "reference", None)
+        if not callable(make):
+            return None
+        name, metrics = make()
+        return {"name": name, "metrics": {f"eval_{k}": v for k, v in metrics.items()}}
+
     def write_summary(self, stopped_reason: str) -> dict[str, Any]:
         """Write ``summary.json`` for the run as it stands."""
         c = self.config
+        side = side_information_of(c, self.task)
         final = {
             k: v for k, v in (self.rows[-1] if self.rows else {}).items() if k.startswith("eval_")
         }
@@ -261,7 +278,9 @@ class RunWriter:
             "stopped_reason": stopped_reason,
             "final": final,
             "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
-            "threat_model": _threat_model(c),
+            "threat_model": _threat_model(c, side),
+            "side_information": None if side is None else side.summary(),
+            "reference": self._reference(),
             "config": c.to_mapping(),
         }
         _atomic_write_bytes(
@@ -270,7 +289,7 @@ class RunWriter:
         return summary
 
 
-def _threat_model(config: RunConfig) -> str:
+def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None) -> str:
     s = config.strategy
     if not s.private:
         return "not private: updates are neither clipped nor noised"
@@ -283,15 +302,44 @@ def _threat_model(config: RunConfig) -> str:
             "needs min-shares honest shares (the server tops up when fewer arrive)"
         )
     if s.strategy == "adadps":
-        text += "; the side information must be public: it is not covered by the guarantee"
+        kind = f" ({side.kind})" if side is not None else ""
+        text += f"; the side information{kind} must be public: it is not covered by the guarantee"
+        if side is not None and side.public_users:
+            text += "; " + side.exclusion()
     return text
 
 
 # -- building blocks -------------------------------------------------------------------------------
 
 
+def side_information_of(config: RunConfig, task: Task) -> ResolvedSideInformation | None:
+    """The resolved side information of an ``adadps`` run (``None`` for other strategies).
+
+    Cheap (nothing is computed from data); raises ``ValueError`` naming the key on settings that
+    do not fit the task or the population.
+    """
+    s = config.strategy
+    if s.strategy != "adadps":
+        return None
+    return resolve_side_information(
+        config.side_information,
+        task,
+        population=s.population,
+        clients_per_round=s.clients_per_round,
+        batch_size=s.batch_size,
+        max_examples=s.max_examples,
+    )
+
+
 def build_run(config: RunConfig) -> tuple[Task, ServerAlgorithm]:
-    """Build the task and the server algorithm; raises ``ValueError`` on inconsistent settings."""
+    """Build the task and the server algorithm; raises ``ValueError`` on inconsistent settings.
+
+    For ``adadps`` the side information is built here (:func:`side_information_of`). With
+    ``public-users`` the first ``k`` users are public: the algorithm's population is the private
+    ``N - k`` (sampler, sample rate ``m̄/(N - k)``, accountant, minimum shares) and its sampled
+    ids ``0 .. N-k-1`` map to the task's users ``k .. N-1`` (``ServerAlgorithm.user_offset``), so
+    the public users are never sampled, accounted or trained on privately, on every engine.
+    """
     task = build_task(config.task, **config.task_params)
     if task.num_users != config.strategy.population:
         raise ValueError(
@@ -299,14 +347,14 @@ def build_run(config: RunConfig) -> tuple[Task, ServerAlgorithm]:
             f"({task.num_users}), got {config.strategy.population}"
         )
     init = initial_flat(task)
-    side = None
-    if config.strategy.strategy == "adadps":
-        make = getattr(task, "side_information", None)
-        if config.side_information == "auto" and callable(make):
-            side = make()
-        else:
-            side = torch.ones_like(init)
-    return task, build_algorithm(config.strategy, init, preconditioner=side)
+    strategy, side, offset = config.strategy, None, 0
+    resolved = side_information_of(config, task)
+    if resolved is not None:
+        side = build_side_information(resolved, task)
+        if resolved.public_users:
+            offset = len(resolved.public_users)
+            strategy = dataclasses.replace(strategy, population=resolved.private_population)
+    return task, build_algorithm(strategy, init, preconditioner=side, user_offset=offset)
 
 
 def fast_train(trainer: LocalTrainer, secure: bool) -> Callable[[TrainRequest], dict]:

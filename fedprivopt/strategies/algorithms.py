@@ -51,13 +51,20 @@ class DPFedAdam(ServerAlgorithm):
 
 
 class DPFedAdamBC(ServerAlgorithm):
-    """DP-AdamBC: Adam with the known noise variance of Δ̃ removed from its second moment."""
+    """DP-AdamBC: Adam with the known noise variance of Δ̃ removed from its second moment.
+
+    The floor ``γ′`` defaults to ``Φ = (σC/m̄)²``, the noise variance itself: a coordinate whose
+    corrected ``v̂ - Φ`` is below the noise level then takes Adam's pure-noise step
+    (``m̂/√Φ``), never more. The old default ``γ′ = 1e-8`` let such coordinates step by
+    ``m̂/10⁻⁴``; on ``simulations/adadps-paper.toml`` (Φ = 9e-4) that diverged (eval loss 42,
+    accuracy 0.005), while ``γ′ = Φ`` tied DP-FedAdam (``docs/EXPERIMENTS.md``).
+    """
 
     def make_transform(self) -> optim.ServerTransform:
         c = self.config
         return optim.adam_bc(
             learning_rate=c.server_learning_rate,
-            gamma=c.gamma,
+            gamma=c.gamma if c.gamma is not None else self.noise_std_of_mean() ** 2,
             noise_variance=None,  # passed every round: (std of the noise on Δ̃)²
             beta1=c.beta1,
             beta2=c.beta2,
@@ -73,6 +80,7 @@ class AdaDPS(ServerAlgorithm):
         initial_params: torch.Tensor,
         *,
         preconditioner: torch.Tensor | None = None,
+        user_offset: int = 0,
     ) -> None:
         if preconditioner is None:
             raise ValueError("adadps needs side information: a preconditioner vector A")
@@ -83,7 +91,9 @@ class AdaDPS(ServerAlgorithm):
                 "preconditioner must be a finite, positive vector of the model's length "
                 f"{initial_params.numel()}"
             )
-        super().__init__(config, initial_params, preconditioner=preconditioner)
+        super().__init__(
+            config, initial_params, preconditioner=preconditioner, user_offset=user_offset
+        )
 
     def broadcast_preconditioner(self) -> torch.Tensor | None:
         return self.side_information
@@ -150,11 +160,19 @@ class DPFedAvgADADP(ServerAlgorithm):
 
     def make_transform(self) -> None:
         c = self.config
+        tolerance = c.adadp_tolerance
+        if tolerance is None:
+            tolerance = optim.noise_calibrated_tolerance(
+                learning_rate=c.server_learning_rate,
+                noise_std=self.noise_std_of_mean(),
+                dim=self.params.numel(),
+            )
         self.controller = optim.adadp(
             learning_rate=c.server_learning_rate,
-            tolerance=c.adadp_tolerance,
+            tolerance=tolerance,
             alpha_min=c.adadp_alpha_min,
             alpha_max=c.adadp_alpha_max,
+            safety=c.adadp_safety,
         )
         return None
 
@@ -180,7 +198,9 @@ class DPFedAvgADADP(ServerAlgorithm):
         metrics |= {f"{k}_2": v for k, v in agg_2.metrics.items()}
         metrics |= {
             "adadp_step_accepted": float(res.accepted),
+            "adadp_accept_rate": res.state.accepted / (res.state.accepted + res.state.rejected),
             "adadp_error": res.error,
+            "adadp_tolerance": self.controller.tolerance,
             "server_learning_rate": lr,
             "noise_std": agg_1.metrics["noise_std"],
         }
@@ -206,6 +226,13 @@ def build_algorithm(
     initial_params: torch.Tensor,
     *,
     preconditioner: torch.Tensor | None = None,
+    user_offset: int = 0,
 ) -> ServerAlgorithm:
-    """Instantiate the server algorithm named by ``config.strategy``."""
-    return ALGORITHMS[config.strategy](config, initial_params, preconditioner=preconditioner)
+    """Instantiate the server algorithm named by ``config.strategy``.
+
+    ``user_offset`` shifts the sampled ids past the public users (see
+    :class:`~fedprivopt.strategies.core.ServerAlgorithm`).
+    """
+    return ALGORITHMS[config.strategy](
+        config, initial_params, preconditioner=preconditioner, user_offset=user_offset
+    )

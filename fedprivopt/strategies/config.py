@@ -55,6 +55,7 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "adadp_tolerance": (0, math.inf, True, True),
     "adadp_alpha_min": (0, 1, True, False),
     "adadp_alpha_max": (1, math.inf, False, True),
+    "adadp_safety": (0, 1, True, False),
     "local_learning_rate": (0, math.inf, True, True),
     "min_shares_quantile": (0, 1, True, True),
 }
@@ -109,7 +110,8 @@ class StrategyConfig:
         Server step ``η_s`` and momentum ``β`` (dp-fedavg, adadps, fedavg); ``η_s`` is Adam's
         learning rate for the Adam strategies.
     beta1, beta2, tau, bias_correction, gamma : float
-        Adam's moments and ``τ``; DP-AdamBC's floor ``γ′``.
+        Adam's moments and ``τ``; DP-AdamBC's floor ``γ′`` (``None``: the per-coordinate noise
+        variance ``Φ = (σC/m̄)²`` of Δ̃).
     adam_flavor : {"standard", "flower"}
         ``"flower"`` reproduces Flower's ``FedAdam`` exactly (τ added to the uncorrected √v and
         the bias-correction exponent ``round + 1``); ``"standard"`` is Reddi et al.
@@ -118,8 +120,12 @@ class StrategyConfig:
         DP2: SGD and adaptive rounds per cycle, EMA decay, ``ε`` of ``P = √v + ε``, adaptive-phase
         server learning rate (SGD rounds use ``server_learning_rate``), adaptive-phase clip norm
         (``None``: ``clip_norm``), whether to subtract the known noise variance from ``v``.
-    adadp_tolerance, adadp_alpha_min, adadp_alpha_max : float
-        ADADP's ``τ``, ``α_min``, ``α_max``; ``server_learning_rate`` is the initial ``η``.
+    adadp_tolerance, adadp_alpha_min, adadp_alpha_max, adadp_safety : float
+        ADADP's ``τ``, ``α_min``, ``α_max`` and the safety factor ``s`` of its learning-rate
+        rule (1: the authors' rule; 0.9 keeps the settled error below ``τ``, see
+        :class:`fedprivopt.optim.ADADPController`); ``server_learning_rate`` is the initial ``η``.
+        ``adadp_tolerance = None`` calibrates ``τ`` to the noise
+        (:func:`fedprivopt.optim.noise_calibrated_tolerance`).
     local_learning_rate, local_epochs, batch_size, max_examples
         Client training (``max_examples = 0``: all of a user's examples).
     """
@@ -146,7 +152,7 @@ class StrategyConfig:
     tau: float = 1e-3
     bias_correction: bool = True
     adam_flavor: str = "standard"
-    gamma: float = 1e-8
+    gamma: float | None = None
     dp2_s1: int = 5
     dp2_s2: int = 5
     dp2_beta: float = 0.9
@@ -154,9 +160,10 @@ class StrategyConfig:
     dp2_learning_rate: float = 0.1
     clip_norm_adaptive: float | None = None
     subtract_noise_variance: bool = False
-    adadp_tolerance: float = 0.1
+    adadp_tolerance: float | None = None
     adadp_alpha_min: float = 0.9
     adadp_alpha_max: float = 1.1
+    adadp_safety: float = 0.9
     local_learning_rate: float = 0.1
     local_epochs: int = 1
     batch_size: int = 32

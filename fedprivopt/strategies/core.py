@@ -86,6 +86,12 @@ class ServerAlgorithm:
         Flat initial model (its dtype is the model dtype; updates must match it).
     preconditioner : torch.Tensor, optional
         Public side information broadcast every round (AdaDPS); ignored by other strategies.
+    user_offset : int
+        ``>= 0``: the sampled population is ``config.population`` users whose ids are
+        ``user_offset .. user_offset + population - 1`` (the task's users below ``user_offset``
+        are public users who opted out of privacy: never sampled, accounted or trained on
+        privately). The sampler draws ``0 .. population - 1`` and :meth:`sample` adds the offset,
+        so sampling, sample rate and accounting are those of the private population.
     """
 
     def __init__(
@@ -94,9 +100,13 @@ class ServerAlgorithm:
         initial_params: torch.Tensor,
         *,
         preconditioner: torch.Tensor | None = None,
+        user_offset: int = 0,
     ) -> None:
         if initial_params.dim() != 1 or not initial_params.dtype.is_floating_point:
             raise ValueError("initial_params must be a flat floating-point tensor")
+        if isinstance(user_offset, bool) or not isinstance(user_offset, int) or user_offset < 0:
+            raise ValueError(f"user_offset must be an integer >= 0, got {user_offset!r}")
+        self.user_offset = user_offset
         self.config = config
         self.params = initial_params.detach().clone()
         self.round_num = 0
@@ -169,6 +179,13 @@ class ServerAlgorithm:
         event = self.round_event()
         return [] if event is None else [event] * self.events_per_round
 
+    def noise_std_of_mean(self) -> float:
+        """Nominal per-coordinate noise std ``σC/m̄`` of the noised mean Δ̃ (0 if not private)."""
+        c = self.config
+        if not c.private:
+            return 0.0
+        return c.noise_multiplier * c.clip_norm / c.clients_per_round
+
     def epsilon(self) -> float:
         """ε spent so far at the configured δ (``inf`` for non-private strategies)."""
         if not self.config.private:
@@ -207,9 +224,17 @@ class ServerAlgorithm:
         """Preconditioner sent to clients this round (none by default)."""
         return None
 
+    @property
+    def user_ids(self) -> range:
+        """The task's user ids that can be sampled (the private population)."""
+        return range(self.user_offset, self.user_offset + self.config.population)
+
     def sample(self, round_num: int, purpose: str = "sampling") -> list[int]:
-        """Sampled users of ``round_num`` (the second ADADP cohort uses another purpose)."""
-        return [int(u) for u in self.sampler.sample(round_num, purpose)]
+        """Sampled users of ``round_num`` (the second ADADP cohort uses another purpose).
+
+        Task user ids: the sampler's ids plus :attr:`user_offset`.
+        """
+        return [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
 
     def aggregate(
         self, round_num: int, updates: Updates, *, clip_norm: float | None = None, stream: str = ""
@@ -273,16 +298,43 @@ class ServerAlgorithm:
             "opt_state": None if self.opt_state is None else optim.state_to_dict(self.opt_state),
             "accountant": self.accountant.state_dict(),
             "config": self.config.to_mapping(),
+            "user_offset": self.user_offset,
+            **({} if self.side_information is None else {"side_information": self._side_digest()}),
         }
+
+    def _side_digest(self) -> str:
+        """SHA-256 of the side information (a resume must broadcast the same ``A``)."""
+        import hashlib
+
+        if getattr(self, "_side_sha256", None) is None:
+            t = self.side_information.detach().cpu().contiguous()
+            data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            self._side_sha256 = hashlib.sha256(f"{t.dtype}".encode() + data).hexdigest()
+        return self._side_sha256
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`.
 
-        The configuration must be the same, except ``num_server_rounds`` (a run may be extended).
+        The configuration must be the same, except ``num_server_rounds`` (a run may be extended),
+        and so must :attr:`user_offset` and the side information (checkpoints written before
+        these were recorded are not checked for them).
         """
         saved = StrategyConfig.from_mapping(state["config"])
         if replace(saved, num_server_rounds=self.config.num_server_rounds) != self.config:
             raise ValueError("checkpoint was written with a different configuration")
+        if int(state.get("user_offset", 0)) != self.user_offset:
+            raise ValueError(
+                f"checkpoint was written with user_offset={state.get('user_offset', 0)} (public "
+                f"users), this run has {self.user_offset}"
+            )
+        saved_side = state.get("side_information")
+        if saved_side is not None and (
+            self.side_information is None or saved_side != self._side_digest()
+        ):
+            raise ValueError(
+                "checkpoint was written with different side information (the side-information "
+                "table, its default or the public data changed)"
+            )
         self.round_num = int(state["round"])
         self.params = state["params"].detach().clone()
         if self.opt_state is not None:

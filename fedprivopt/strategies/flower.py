@@ -137,7 +137,7 @@ class DPStrategy(Strategy):
         last query (then the missing users are logged: they are still sampled, and simply never
         reply).
         """
-        population = set(range(self.algorithm.config.population))
+        population = set(self.algorithm.user_ids)  # public users (AdaDPS) are never asked
         deadline = time.monotonic() + self.node_wait
         mapping: dict[int, int] = {}
         queried: set[int] = set()

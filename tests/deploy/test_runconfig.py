@@ -22,6 +22,7 @@ from fedprivopt.deploy.runconfig import (
     task_params_from_flower,
     to_flower_overrides,
 )
+from fedprivopt.models.side_information_config import PARAMETERS
 from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.strategies.config import StrategyConfig
 
@@ -38,11 +39,19 @@ def test_the_app_declares_every_preset_key(defaults):
     run_keys = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)} - {
         "strategy",
         "task-params",
+        "side-information",
         *SIMULATION_ONLY_KEYS,
     }
     declared = set(defaults)
     assert strategy_keys <= declared
     assert run_keys <= declared
+    # the side-information table: the kind and every parameter of every kind, unset by default
+    side = {"side-information.kind"} | {
+        f"side-information.{key}" for params in PARAMETERS.values() for key in params
+    }
+    assert {k for k in declared if k.startswith("side-information")} == side
+    assert defaults["side-information.kind"] == "auto"
+    assert all(defaults[k] == "" for k in side - {"side-information.kind"})
     assert set(DEPLOY_KEYS) <= declared
     assert {"task-params.num-users", "task-params.seed"} <= declared
     flwr_app = load_config(TOY)  # the app's defaults are the toy preset

@@ -415,3 +415,33 @@ def test_token_cache_parameters_are_checked(hand_dir):
         _hand_task(hand_dir, token_cache="yes")
     with pytest.raises(ValueError, match="cache_dir must be a non-empty path"):
         _hand_task(hand_dir, cache_dir="")
+
+
+def test_reference_is_the_tag_prior_from_the_public_counts(synth_dir, synth_task):
+    from fedprivopt.data.vocab import read_tag_counts
+
+    single = build_task(
+        "stackoverflow-tp",
+        data_dir=str(synth_dir),
+        vocab_size=500,
+        num_tags=15,
+        eval_users=20,
+        num_users=60,
+        single_label=True,
+        **SYNTH,
+    )
+    name, metrics = single.reference()
+    assert name == "tag prior (bias only)"
+    # single label: the prior predicts the most counted tag, id 0, for every example; its loss is
+    # the cross-entropy of the normalized counts
+    counts = torch.tensor(
+        [float(c) for c in read_tag_counts(synth_dir / "stackoverflow.tag_count").top(15).counts]
+    )
+    logp = torch.log(counts.clamp(min=0.5) / counts.clamp(min=0.5).sum())
+    ys = torch.cat([y for _, y in single.eval_batches()])
+    assert metrics["accuracy"] == pytest.approx(float((ys == 0).double().mean()))
+    assert metrics["loss"] == pytest.approx(float(-logp[ys].double().mean()), rel=1e-5)
+    # multi-label: ranking metrics only (the bias is not the best constant for the BCE loss)
+    _, multi = synth_task.reference()
+    assert "loss" not in multi and set(multi) == {"accuracy", "recall_at_5", "precision_at_5"}
+    assert 0.0 < multi["recall_at_5"] < 1.0

@@ -151,4 +151,5 @@ def test_hparams_record():
         "alpha_min": 0.9,
         "alpha_max": 1.1,
         "error_exponent": 0.5,
+        "safety": 1.0,
     }

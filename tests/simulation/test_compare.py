@@ -77,3 +77,14 @@ def test_compare_rejects_unknown_strategies(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--strategies" in err and "'sgd'" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_compare_without_strategies_runs_every_registered_strategy(tmp_path):
+    from fedprivopt.strategies import STRATEGIES
+
+    out = tmp_path / "all"
+    argv = ["compare", str(PRESET), "--rounds", "1", "--out", str(out), "--quiet", *SMALL]
+    assert main(argv) == 0
+    with open(out / "summary.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted(r["strategy"] for r in rows) == sorted(STRATEGIES)

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from pathlib import Path
 
@@ -22,9 +23,16 @@ def test_every_preset_resolves_for_every_strategy(preset, strategy):
     )
 
 
+def _epsilon_after_all_rounds(s, **kw):
+    alg = build_algorithm(s, torch.zeros(8), preconditioner=torch.ones(8), **kw)
+    for r in range(1, s.num_server_rounds + 1):
+        drive_round(alg, r, lambda req: {u: torch.zeros(8) for u in req.users})
+    return alg.epsilon()
+
+
 def test_adadps_paper_epsilon_equals_the_cli(capsys):
-    config = load_config(PRESETS[0].parent / "adadps-paper.toml")
-    s = config.strategy
+    path = PRESETS[0].parent / "adadps-paper.toml"
+    s = load_config(path, {"strategy": "dp-fedavg"}).strategy
     assert (s.population, s.clients_per_round, s.noise_multiplier, s.clip_norm) == (
         400,
         20,
@@ -32,9 +40,15 @@ def test_adadps_paper_epsilon_equals_the_cli(capsys):
         2.0,
     )
     assert (s.num_server_rounds, s.delta, s.batch_size, s.server_momentum) == (40, 0.0025, 100, 0.9)
-    alg = build_algorithm(s, torch.zeros(8), preconditioner=torch.ones(8))
-    for r in range(1, s.num_server_rounds + 1):
-        drive_round(alg, r, lambda req: {u: torch.zeros(8) for u in req.users})
+    # AdaDPS' default side information makes 4 of the 400 users public: build_run samples the
+    # 396 private ones, and the preset's 19.8 per round keeps q = 0.05 (equal epsilon)
+    a = load_config(path).strategy
+    assert a.strategy == "adadps" and (a.population, a.clients_per_round) == (400, 19.8)
+    private = dataclasses.replace(a, population=396)
+    assert private.sample_rate == pytest.approx(0.05, rel=1e-12)
+    # ADADP: 20 rounds of two events
+    d = load_config(path, {"strategy": "dp-fedavg-adadp"}).strategy
+    assert d.num_server_rounds == 20
     assert (
         main(
             [
@@ -53,5 +67,7 @@ def test_adadps_paper_epsilon_equals_the_cli(capsys):
         == 0
     )
     cli = json.loads(capsys.readouterr().out)["epsilon"]
-    assert alg.epsilon() == cli
+    assert _epsilon_after_all_rounds(s) == cli
+    assert _epsilon_after_all_rounds(private, user_offset=4) == pytest.approx(cli, rel=1e-9)
+    assert _epsilon_after_all_rounds(d) == cli
     assert cli == pytest.approx(38.14, abs=0.01)  # dp-accounting RDP; the paper reports 34

@@ -336,3 +336,18 @@ def test_report_marks_non_finite_seeds(tmp_path):
         text = write_report(tmp_path / "r", runs, title="t").read_text()
     assert "| dp-fedadam | 4 | 3 (1 non-finite) | 2 | 1e-05 | 5 | 0.30 ± 0.14 | 2.0 ± 1.4 |" in text
     assert "seed1: final eval_loss is inf; left out of the mean" in text
+
+
+def test_report_draws_the_reference_model_when_the_runs_agree(tmp_path):
+    runs = grid(tmp_path)
+    ref = {"name": "tag prior (bias only)", "metrics": {"eval_accuracy": 0.31, "eval_loss": 2.5}}
+    for run in runs:
+        run.summary["reference"] = ref
+    report = write_report(tmp_path / "out", runs, title="t").read_text()
+    assert "Reference: tag prior (bias only)" in report and "0.31" in report
+    assert "The dotted grey line is the tag prior (bias only)." in report
+    assert report.count("up and to the left is better") == 1
+    # runs that disagree on the reference get no reference line
+    runs[0].summary["reference"] = {**ref, "metrics": {"eval_accuracy": 0.2}}
+    report = write_report(tmp_path / "out2", runs, title="t").read_text()
+    assert "Reference:" not in report and "dotted grey" not in report

@@ -14,6 +14,7 @@ delayed preconditioner in adaptive rounds, AdaDPS broadcasts the public side inf
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
@@ -304,8 +305,6 @@ class ServerAlgorithm:
 
     def _side_digest(self) -> str:
         """SHA-256 of the side information (a resume must broadcast the same ``A``)."""
-        import hashlib
-
         if getattr(self, "_side_sha256", None) is None:
             t = self.side_information.detach().cpu().contiguous()
             data = t.reshape(-1).view(torch.uint8).numpy().tobytes()

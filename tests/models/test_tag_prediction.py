@@ -89,8 +89,7 @@ def synth_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("synth")
 
 
-@pytest.fixture(scope="module")
-def synth_task(synth_dir):
+def _synth_task(synth_dir, **kw):
     return build_task(
         "stackoverflow-tp",
         data_dir=str(synth_dir),
@@ -99,7 +98,13 @@ def synth_task(synth_dir):
         eval_users=20,
         num_users=60,
         **SYNTH,
+        **kw,
     )
+
+
+@pytest.fixture(scope="module")
+def synth_task(synth_dir):
+    return _synth_task(synth_dir)
 
 
 # ---------------------------------------------------------------------------------- features
@@ -420,16 +425,7 @@ def test_token_cache_parameters_are_checked(hand_dir):
 def test_reference_is_the_tag_prior_from_the_public_counts(synth_dir, synth_task):
     from fedprivopt.data.vocab import read_tag_counts
 
-    single = build_task(
-        "stackoverflow-tp",
-        data_dir=str(synth_dir),
-        vocab_size=500,
-        num_tags=15,
-        eval_users=20,
-        num_users=60,
-        single_label=True,
-        **SYNTH,
-    )
+    single = _synth_task(synth_dir, single_label=True)
     name, metrics = single.reference()
     assert name == "tag prior (bias only)"
     # single label: the prior predicts the most counted tag, id 0, for every example; its loss is

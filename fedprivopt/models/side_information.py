@@ -115,7 +115,8 @@ DEFAULT_SIDE_INFORMATION: Mapping[str, Any] = MappingProxyType(
 NORMALIZATIONS = ("mean", "max", "none")
 
 
-def _positive(name: str, value: object, *, allow_zero: bool = False) -> float:
+def check_positive(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """``value`` as a float, finite and ``> 0`` (``>= 0`` with ``allow_zero``); else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     out = float(value)
@@ -126,7 +127,8 @@ def _positive(name: str, value: object, *, allow_zero: bool = False) -> float:
     return out
 
 
-def _max_ratio(name: str, value: object) -> float:
+def check_max_ratio(name: str, value: object) -> float:
+    """``value`` as a float: 0 (no cap) or finite and ``>= 1``; else ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be 0 (no cap) or a number >= 1, got {value!r}")
     out = float(value)
@@ -224,9 +226,9 @@ def token_frequency_preconditioner(
     """
     _size("vocab_size", vocab_size)
     _size("num_tags", num_tags)
-    p = _positive("power", power)
-    fl = _positive("floor", floor, allow_zero=True)
-    cap = _max_ratio("max_ratio", max_ratio)
+    p = check_positive("power", power)
+    fl = check_positive("floor", floor, allow_zero=True)
+    cap = check_max_ratio("max_ratio", max_ratio)
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     raw = word_counts.counts if isinstance(word_counts, Vocabulary) else word_counts
@@ -249,8 +251,8 @@ def token_frequency_preconditioner(
             raise ValueError(f"bias must be 'max', 'mean' or a number > 0, got {bias!r}")
         b = float(words.max() if bias == "max" else words.mean())
     else:
-        b = _positive("bias", bias)
-    b *= _positive("bias_scale", bias_scale)
+        b = check_positive("bias", bias)
+    b *= check_positive("bias_scale", bias_scale)
     flat = _cap(np.concatenate([np.repeat(words, num_tags), np.full(num_tags, b)]), cap)
     if normalize == "mean":
         flat = flat / flat.mean()
@@ -290,7 +292,7 @@ def two_level_preconditioner(
     k = _size("num_tags", num_tags)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= v:
         raise ValueError(f"top_k must be an integer in [1, V={v}], got {top_k!r}")
-    f = _positive("factor", factor)
+    f = check_positive("factor", factor)
     out = torch.ones(v * k + k, dtype=torch.float32)
     out[top_k * k : v * k] = 1.0 / f
     if not bool(torch.all(torch.isfinite(out) & (out > 0))):
@@ -390,8 +392,8 @@ def public_users_preconditioner(
     torch.Tensor
         float32 CPU vector of the model's flat length, finite and ``> 0``.
     """
-    e = _positive("eps", eps)
-    cap = _max_ratio("max_ratio", max_ratio)
+    e = check_positive("eps", eps)
+    cap = check_max_ratio("max_ratio", max_ratio)
     root = gradient_second_moment(
         task, users, batch_size=batch_size, max_examples=max_examples
     ).sqrt()

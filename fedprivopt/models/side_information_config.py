@@ -33,6 +33,8 @@ from fedprivopt.models.side_information import (
     DEFAULT_SIDE_INFORMATION,
     KINDS,
     NORMALIZATIONS,
+    check_max_ratio,
+    check_positive,
     public_users_preconditioner,
     token_frequency_preconditioner,
     two_level_preconditioner,
@@ -91,30 +93,6 @@ def _name(key: str) -> str:
     return f"{KEY}.{key}"
 
 
-def _number(key: str, value: Any, *, low: float, low_open: bool) -> float:
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (value > low if low_open else value >= low)
-    )
-    if not ok:
-        bound = f"> {low:g}" if low_open else f">= {low:g}"
-        raise ValueError(f"{_name(key)} must be a finite number {bound}, got {value!r}")
-    return float(value)
-
-
-def _max_ratio(key: str, value: Any) -> float:
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and (value == 0 or (value >= 1 and math.isfinite(value)))
-    )
-    if not ok:
-        raise ValueError(f"{_name(key)} must be 0 (no cap) or a finite number >= 1, got {value!r}")
-    return float(value)
-
-
 def _top_k(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{_name(key)} must be an integer in [1, V], got {value!r}")
@@ -146,14 +124,14 @@ def _bias(key: str, value: Any) -> str | float:
 
 _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "top-k": _top_k,
-    "factor": lambda k, v: _number(k, v, low=0, low_open=True),
-    "power": lambda k, v: _number(k, v, low=0, low_open=True),
-    "floor": lambda k, v: _number(k, v, low=0, low_open=False),
-    "bias-scale": lambda k, v: _number(k, v, low=0, low_open=True),
-    "eps": lambda k, v: _number(k, v, low=0, low_open=True),
+    "factor": lambda k, v: check_positive(_name(k), v),
+    "power": lambda k, v: check_positive(_name(k), v),
+    "floor": lambda k, v: check_positive(_name(k), v, allow_zero=True),
+    "bias-scale": lambda k, v: check_positive(_name(k), v),
+    "eps": lambda k, v: check_positive(_name(k), v),
     "normalize": _normalize,
     "bias": _bias,
-    "max-ratio": _max_ratio,
+    "max-ratio": lambda k, v: check_max_ratio(_name(k), v),
     "users": _users,
 }
 

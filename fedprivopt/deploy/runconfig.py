@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.simulation.config import RunConfig, resolve_config
+from fedprivopt.simulation.config import SIDE_INFORMATION, RunConfig, resolve_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,7 +65,7 @@ SIMULATION_ONLY_KEYS = (
 )
 """RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
 
-SIDE_INFORMATION_PREFIX = "side-information."
+SIDE_INFORMATION_PREFIX = f"{SIDE_INFORMATION}."
 _NULLABLE = ("target-epsilon", "clip-norm-adaptive", "gamma", "adadp-tolerance")
 
 

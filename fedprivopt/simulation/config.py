@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
 from fedprivopt.models.side_information_config import SideInformationSpec
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 
@@ -40,7 +41,6 @@ else:  # pragma: no cover
 __all__ = ["ENGINES", "RunConfig", "load_config", "parse_override", "resolve_config"]
 
 ENGINES = ("fast", "flower")
-SIDE_INFORMATION = "side-information"
 _STRATEGY_KEYS = {f.name.replace("_", "-") for f in dataclasses.fields(StrategyConfig)}
 _DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z")
 _INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts any size

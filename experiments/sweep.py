@@ -17,6 +17,9 @@ per strategy::
 A grid named ``"<strategy>:<variant>"`` runs ``<strategy>`` with the grid's ``fixed`` table
 added to the overrides (e.g. ``[grid."adadps:two-level".fixed]`` with
 ``"side-information.kind" = "two-level"``), so that variants of one strategy can be compared.
+With ``select = "strategy"`` (default ``"grid"``) the grids of one strategy are its stages: their
+points are pooled, one point is selected per strategy and equal effort counts a strategy's points
+over all its stages (a strategy may then have stages over different hyperparameters).
 
 Defaults must work beyond the one setting they were tuned in, so a sweep may name
 **conditions**: each adds its own overrides (another noise level, another synthetic dataset), and
@@ -150,7 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     grids: dict[str, dict[str, list]] = spec["grid"]
     if args.strategies:
         grids = {k: v for k, v in grids.items() if k in args.strategies.split(",")}
-    sizes = {name: len(_points(g)) for name, g in spec["grid"].items()}
+    select = spec.get("select", "grid")
+    if select not in ("grid", "strategy"):
+        raise SystemExit(f"select must be 'grid' or 'strategy', got {select!r}")
+
+    def owner(name: str) -> str:
+        return name.split(":")[0] if select == "strategy" else name
+
+    sizes: dict[str, int] = {}
+    for name, g in spec["grid"].items():
+        sizes[owner(name)] = sizes.get(owner(name), 0) + len(_points(g))
     if len(set(sizes.values())) != 1:
         raise SystemExit(f"unequal tuning effort: grid points per strategy {sizes}")
     out = Path(args.out)
@@ -219,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     best = {}
     for row in rows:
-        old = best.get(row["strategy"])
+        old = best.get(owner(row["strategy"]))
         if old is None or row["key"] > old["key"]:
-            best[row["strategy"]] = row
+            best[owner(row["strategy"])] = row
     best_word = "largest" if mode == "max" else "smallest"
     if len(conditions) == 1:
         rule = f"whose mean {metric} over seeds {seeds} is {best_word}"
@@ -247,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for row in rows:
         point = ", ".join(f"{k} = {v}" for k, v in row["point"].items())
-        mark = "**yes**" if best[row["strategy"]] is row else ""
+        mark = "**yes**" if best[owner(row["strategy"])] is row else ""
         for cond, c in row["conditions"].items():
             where = "" if len(conditions) == 1 else f" {cond} |"
             lines.append(

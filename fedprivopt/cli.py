@@ -433,10 +433,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     equals the cell's; otherwise the call is refused before anything runs, or, with
     ``--overwrite``, the cell is rerun (:mod:`fedprivopt.simulation.cells`).
     """
-    from fedprivopt.simulation.cells import plan_cells, run_cell
+    from fedprivopt.simulation.cells import check_compare_dir, plan_cells, run_cell
     from fedprivopt.simulation.report import load_run, write_report
 
     out = check_out_dir(args.out)
+    try:
+        check_compare_dir(out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     base = _load_config(args.config, _overrides(args))
     cells = _compare_cells(args, base)
     try:

@@ -1,6 +1,7 @@
 """The equal-effort sweep's selection rule (experiments/sweep.py, not part of the package)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ _PATH = Path(__file__).resolve().parents[1] / "experiments" / "sweep.py"
 def sweep():
     spec = importlib.util.spec_from_file_location("fedprivopt_sweep", _PATH)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its worker function is pickled by name
     spec.loader.exec_module(module)
-    return module
+    yield module
+    sys.modules.pop(spec.name, None)
 
 
 def _cell(mean, reference, loss):
@@ -49,3 +52,35 @@ def test_min_mode_prefers_the_smaller_metric(sweep):
     low = sweep.rank_key({"": _cell(3.0, 0.0, 0.5)}, "min", "eval_accuracy", None)
     high = sweep.rank_key({"": _cell(3.5, 0.0, 0.5)}, "min", "eval_accuracy", None)
     assert low > high
+
+
+_STAGED = """
+preset = "{preset}"
+seeds = [0]
+metric = "eval_accuracy"
+select = "{select}"
+[set]
+num-server-rounds = 1
+population = 12
+clients-per-round = 4
+"task-params.num-users" = 12
+[grid."dp-fedavg:a"]
+server-learning-rate = [0.5]
+[grid."dp-fedavg:b"]
+server-learning-rate = [1.0]
+[grid.dp-fedadam]
+server-learning-rate = [0.01, 0.05]
+"""
+
+
+def test_stages_of_one_strategy_are_pooled_for_effort_and_selection(sweep, tmp_path):
+    preset = Path(__file__).resolve().parents[1] / "simulations" / "toy.toml"
+    spec = tmp_path / "staged.toml"
+    spec.write_text(_STAGED.format(preset=preset, select="grid"))
+    with pytest.raises(SystemExit, match="unequal tuning effort"):  # 1, 1 and 2 points per grid
+        sweep.main([str(spec), "--out", str(tmp_path / "a"), "--jobs", "1"])
+    spec.write_text(_STAGED.format(preset=preset, select="strategy"))
+    assert sweep.main([str(spec), "--out", str(tmp_path / "b"), "--jobs", "1"]) == 0
+    table = (tmp_path / "b" / "sweep.md").read_text()
+    marked = [line.split("|")[1].strip() for line in table.splitlines() if "**yes**" in line]
+    assert sorted(name.split(":")[0] for name in marked) == ["dp-fedadam", "dp-fedavg"], table

@@ -126,17 +126,27 @@ def calibrate_noise_multiplier(
     probe = event(1.0)  # validates the sampling arguments and the accountant/sampling pairing
     compose_epsilon([(probe, 1)], delta, accountant=accountant)
     if accountant == "prv":
-        from opacus.accountants.utils import get_noise_multiplier
+        from opacus.accountants.utils import MAX_SIGMA, get_noise_multiplier
 
-        return float(
-            get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=delta,
-                sample_rate=probe.sample_rate,
-                steps=steps,
-                accountant="prv",
+        try:
+            return float(
+                get_noise_multiplier(
+                    target_epsilon=target_epsilon,
+                    target_delta=delta,
+                    sample_rate=probe.sample_rate,
+                    steps=steps,
+                    accountant="prv",
+                )
             )
-        )
+        except ValueError as exc:
+            if "budget is too low" not in str(exc):
+                raise
+            raise ValueError(
+                f"target_epsilon={target_epsilon:g} cannot be met by the prv accountant at "
+                f"delta={delta:g}, sample_rate={probe.sample_rate:g} over {steps} events: Opacus' "
+                f"search gives up above noise_multiplier {MAX_SIGMA:g}; raise the target epsilon, "
+                "or lower the rounds or the sample rate"
+            ) from None
 
     def search(kind: str, bracket: dpa.BracketInterval) -> float:
         return float(

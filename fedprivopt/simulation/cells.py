@@ -41,6 +41,7 @@ __all__ = [
     "CellPlan",
     "StaleCellError",
     "cell_label",
+    "check_compare_dir",
     "first_difference",
     "grid",
     "plan_cells",
@@ -178,6 +179,43 @@ def first_difference(stored: RunConfig, wanted: RunConfig) -> tuple[str, Any, An
         if not _same(left, right):
             return key, left, right
     return None
+
+
+#: What ``compare`` writes into its ``--out``: the cells' run directories and the report.
+COMPARE_ENTRIES = frozenset(
+    {"runs", "report.md", "summary.csv", "metric_vs_round.png", "privacy_utility.png"}
+)
+
+
+def check_compare_dir(out: str | Path) -> None:
+    """Refuse an ``--out`` that holds anything but an earlier comparison's files.
+
+    ``compare`` writes ``report.md``, ``summary.csv`` and two plots beside ``runs/``; into a
+    directory that holds other files (a user's notes, a single run's ``config.toml``) it would
+    replace files that are not its own, so such a directory is refused before anything runs,
+    also with ``--overwrite`` (which reruns stale cells of a comparison, nothing else).
+
+    Raises
+    ------
+    ValueError
+        Naming the directory and up to three of the entries that are not a comparison's.
+    """
+    out = Path(out)
+    if not out.is_dir():
+        return
+    names = sorted(p.name for p in out.iterdir())
+    foreign = [n for n in names if n not in COMPARE_ENTRIES]
+    if names and "runs" not in names:
+        foreign = foreign or names
+    if (out / "runs").exists() and not (out / "runs").is_dir():
+        foreign.append("runs")
+    if foreign:
+        shown = ", ".join(repr(n[:60]) for n in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ValueError(
+            f"--out {str(out)!r} holds {shown}, which compare did not write: it writes only into a "
+            "new or empty directory or an earlier comparison's (runs/ and its report); choose "
+            "another --out"
+        )
 
 
 def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> list[CellPlan]:

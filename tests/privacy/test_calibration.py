@@ -90,3 +90,11 @@ def test_calibrate_pld_discretization_is_used_and_checked():
     assert compose_epsilon([(ev, 50)], 1e-5, accountant="pld") < achieved
     with pytest.raises(ValueError, match="pld_discretization"):
         calibrate_noise_multiplier(pld_discretization=0.0, **kw)
+
+
+def test_calibrate_prv_names_the_target_when_no_noise_level_meets_it():
+    """A variant of issue 15's case 9: Opacus' bare "The privacy budget is too low." is replaced."""
+    with pytest.raises(ValueError, match=r"target_epsilon=0\.001 cannot be met by the prv"):
+        calibrate_noise_multiplier(
+            target_epsilon=0.001, delta=1e-5, rounds=100000, sample_rate=0.9, accountant="prv"
+        )

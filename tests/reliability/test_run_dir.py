@@ -231,3 +231,31 @@ def test_a_run_that_fails_after_released_rounds_keeps_them(tmp_path, monkeypatch
     lines = [x for x in read_rows(out / LEDGER_FILE) if x["kind"] == "round"]
     assert [x["round"] for x in lines] == [1, 2]  # released: kept, and resumable
     assert resume(out).rounds_completed == 6
+
+
+@pytest.mark.parametrize("kind", ["notes", "report", "single run"])
+def test_compare_never_writes_into_a_directory_that_is_not_a_comparison(tmp_path, capsys, kind):
+    """Found when variants of case 6 were tried: compare replaced a user's report.md."""
+    out = tmp_path / "mine"
+    if kind == "single run":
+        simulate(small_config(**{"num-server-rounds": 2}), out)
+    else:
+        out.mkdir()
+        name = "notes.txt" if kind == "notes" else "report.md"
+        (out / name).write_text("my own words\n")
+        (out / "summary.csv").write_text("mine,1\n")
+    before = _snapshot(out)
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--rounds", "1", "--quiet"]
+    for extra in ([], ["--overwrite"]):
+        assert main([*argv, "--out", str(out), *SETS, *extra]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "which compare did not write" in err, err
+    assert _snapshot(out) == before
+
+
+def test_compare_continues_in_its_own_directory(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--rounds", "1", "--quiet"]
+    assert main([*argv, "--out", str(out), *SETS]) == 0
+    assert main([*argv, "--out", str(out), *SETS]) == 0
+    assert "1 of 1 runs from an earlier call" in capsys.readouterr().out

@@ -35,7 +35,14 @@ from hypothesis import strategies as st
 
 from fedprivopt.simulation.config import RunConfig, load_config, parse_override, resolve_config
 from fedprivopt.simulation.run import config_to_toml
-from fedprivopt.strategies.config import _CHOICES, _INT_MIN, _RANGES, STRATEGIES, StrategyConfig
+from fedprivopt.strategies.config import (
+    _CHOICES,
+    _INT_MAX,
+    _INT_MIN,
+    _RANGES,
+    STRATEGIES,
+    StrategyConfig,
+)
 from tests.reliability.conftest import count, fuzz_settings
 
 if sys.version_info >= (3, 11):
@@ -325,7 +332,7 @@ def valid_mappings(draw) -> dict:
     for name, choices in _CHOICES.items():
         data[name] = draw(st.sampled_from(choices))
     for name, lo in _INT_MIN.items():
-        data[name] = draw(st.integers(min_value=lo, max_value=2**63 - 1))
+        data[name] = draw(st.integers(min_value=lo, max_value=_INT_MAX.get(name, 2**63 - 1)))
     for name in _RANGES:
         data[name] = draw(_interval(name))
     for name in ("secure", "bias_correction", "subtract_noise_variance"):

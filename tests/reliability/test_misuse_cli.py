@@ -124,6 +124,15 @@ def test_compare_grid_is_bounded(tmp_path):
     assert not Path(out).exists()
 
 
+@pytest.mark.parametrize("rounds", ["1000001", "100000000000000"])
+def test_simulate_rounds_are_bounded(tmp_path, rounds):
+    """Found by a variant of case 8: rounds were accepted without bound (2 KB of memory each)."""
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", rounds, "--out", str(out), *SMALL]
+    usage_error(run_child(argv), "num-server-rounds", "[1, 1000000]")
+    assert not out.exists()
+
+
 def test_data_synth_clients_are_bounded(tmp_path):
     out = tmp_path / "so"
     argv = ["data", "synth", "--out", str(out), "--clients", "99999999999999999999"]

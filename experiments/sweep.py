@@ -41,7 +41,9 @@ strategy is tuned harder than another. Each point runs :func:`fedprivopt.simulat
 once per seed (in parallel worker processes, one CPU thread each), finished runs are reused, and
 the result is
 written as ``OUT/sweep.md`` (mean ± std of the metric and of the reported metric per point, the
-selected point per strategy marked) and ``OUT/sweep.json``.
+selected point per strategy marked) and ``OUT/sweep.json``. A run that fails is reported at once and
+the others finish; the sweep then exits naming the failed runs, without tables (running it again
+reuses every finished run).
 
 Usage::
 
@@ -195,10 +197,16 @@ def main(argv: list[str] | None = None) -> int:
             ): (name, point, cond, seed)
             for name, point, cond, seed in jobs
         }
+        failed = []
         for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
             name, point, cond, seed = futures[fut]
-            fut.result()
             run_dir = out / "runs" / _label(name, point, seed, cond if conditions[cond] else "")
+            try:
+                fut.result()
+            except Exception as exc:  # one failed run must not stop the others
+                failed.append(f"{run_dir.name}: {type(exc).__name__}: {exc}")
+                print(f"[{i}/{len(jobs)}] FAILED {failed[-1]}", file=sys.stderr, flush=True)
+                continue
             summary = json.loads((run_dir / "summary.json").read_text())
             results[(name, json.dumps(point, sort_keys=True), cond, seed)] = summary
             print(
@@ -207,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+    if failed:
+        raise SystemExit(
+            f"{len(failed)} of {len(jobs)} runs failed (the others are kept and reused when the "
+            f"sweep is run again): " + "; ".join(failed[:5])
+        )
     rows = []
     for name, grid in grids.items():
         for point in _points(grid):

@@ -84,3 +84,15 @@ def test_stages_of_one_strategy_are_pooled_for_effort_and_selection(sweep, tmp_p
     table = (tmp_path / "b" / "sweep.md").read_text()
     marked = [line.split("|")[1].strip() for line in table.splitlines() if "**yes**" in line]
     assert sorted(name.split(":")[0] for name in marked) == ["dp-fedadam", "dp-fedavg"], table
+
+
+def test_a_failed_run_does_not_stop_the_others(sweep, tmp_path):
+    """One session's sweep stopped reporting at its first failed run (the pool ran on unseen)."""
+    preset = Path(__file__).resolve().parents[1] / "simulations" / "toy.toml"
+    spec = tmp_path / "failing.toml"
+    text = _STAGED.format(preset=preset, select="strategy")
+    spec.write_text(text.replace("server-learning-rate = [0.01, 0.05]", "tau = [-1.0, 0.001]"))
+    with pytest.raises(SystemExit, match=r"1 of 4 runs failed.*tau=-1\.0.*tau must be"):
+        sweep.main([str(spec), "--out", str(tmp_path / "c"), "--jobs", "1"])
+    done = sorted(p.parent.name for p in (tmp_path / "c" / "runs").glob("*/summary.json"))
+    assert len(done) == 3 and not any("tau=-1.0" in name for name in done)

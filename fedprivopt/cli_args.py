@@ -111,7 +111,8 @@ _UNKNOWN_KWARG = re.compile(r"\(\) got an unexpected keyword argument '(?P<key>.
 def check_out_dir(text: str, flag: str = "--out") -> Path:
     """``text`` as an output directory, checked before anything is computed or written.
 
-    Refused (:class:`UsageError` naming ``flag``): an empty path; a component longer than
+    Refused (:class:`UsageError` naming ``flag``): an empty path or a component that is only
+    blanks (``--out " "``, ``runs/ /x``: a quoting slip, not a name); a component longer than
     :data:`NAME_MAX` bytes; a path that exists and is not a directory, or lies under a regular
     file; a directory (or its nearest existing ancestor, where it would be created) that this
     user cannot write. What cannot be known without writing (``/proc``, ``/sys``) fails when the
@@ -121,6 +122,8 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
         raise UsageError(f"argument {flag}: must be a directory path, got ''")
     path = Path(text).expanduser()
     for part in path.parts:
+        if not part.strip():
+            raise UsageError(f"argument {flag}: a path component is blank: {text!r}")
         size = len(os.fsencode(part))
         if size > NAME_MAX:
             raise UsageError(

@@ -356,6 +356,10 @@ class BagOfWordsLogisticRegression(torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------------- task
+#: Initial biases of :class:`StackOverflowTagTask` (``init-bias``).
+INIT_BIAS = ("zero", "tag-prior")
+
+
 class StackOverflowTagTask(StackOverflowFiles):
     """StackOverflow tag prediction (bag of words to tags, logistic regression) as a Task.
 
@@ -399,6 +403,12 @@ class StackOverflowTagTask(StackOverflowFiles):
         AdaDPS' single-label softmax variant instead of TFF's multi-label task.
     seed : int
         Seed of the model initialization, ``>= 0``.
+    init_bias : {"zero", "tag-prior"}
+        The initial bias: zero, or the log tag prior ``log(count_k / Σ count)`` of the
+        tag-count file, the bias of :meth:`reference`. The tag-count file is published with the
+        dataset like the word counts that choose the vocabulary, so neither costs privacy; with
+        ``"tag-prior"`` a private method starts from the bias-only model instead of spending
+        its first noised rounds on learning the tag frequencies.
     cache_users : int
         Per-user tensors kept in memory (least recently used evicted), ``>= 0``.
     token_cache : bool
@@ -447,6 +457,7 @@ class StackOverflowTagTask(StackOverflowFiles):
         eval_users: int = 200,
         single_label: bool = False,
         seed: int = 0,
+        init_bias: str = "zero",
         cache_users: int = 2048,
         token_cache: bool = False,
         cache_dir: str | os.PathLike | None = None,
@@ -478,6 +489,9 @@ class StackOverflowTagTask(StackOverflowFiles):
         self.eval_users = _check_int("eval_users", eval_users, 1)
         self.single_label = _check_bool("single_label", single_label)
         self.seed = _check_int("seed", seed, 0)
+        if init_bias not in INIT_BIAS:
+            raise ValueError(f"init_bias must be one of {', '.join(INIT_BIAS)}, got {init_bias!r}")
+        self.init_bias = init_bias
         self.cache_users = _check_int("cache_users", cache_users, 0)
         self.token_cache = _check_bool("token_cache", token_cache)
         if cache_dir is not None and (
@@ -495,6 +509,7 @@ class StackOverflowTagTask(StackOverflowFiles):
             raise ValueError(f"{self.data_dir}: the word-count or tag-count file is empty")
         self.words: tuple[str, ...] = words.items
         self.tags: tuple[str, ...] = tags.items
+        self.tag_counts: tuple[int, ...] = tuple(tags.counts.tolist())
         self.num_features = len(self.words)
         self.num_tags = len(self.tags)
         train = SQLiteSplit(self.data_dir / SQLITE_FILE, "train")
@@ -744,14 +759,33 @@ class StackOverflowTagTask(StackOverflowFiles):
 
     # ------------------------------------------------------------------------- model
     def build_model(self) -> BagOfWordsLogisticRegression:
-        """Logistic regression ``(V, K)``: Glorot-uniform weights from the seed, zero bias."""
+        """Logistic regression ``(V, K)``: Glorot-uniform weights (task seed), :attr:`init_bias`."""
         model = BagOfWordsLogisticRegression(self.num_features, self.num_tags)
         gen = torch.Generator()
         gen.manual_seed(derive_seed(self.seed, "stackoverflow-tp", "model-init"))
         bound = math.sqrt(6.0 / (self.num_features + self.num_tags))
         with torch.no_grad():
             model.weight.uniform_(-bound, bound, generator=gen)
+            if self.init_bias == "tag-prior":
+                model.bias.copy_(self.log_tag_prior())
         return model
+
+    @property
+    def initialization(self) -> str:
+        """How :meth:`build_model` initializes, and what public data it uses (run summaries)."""
+        bias = (
+            "the log tag prior of the published tag counts (public, like the word counts)"
+            if self.init_bias == "tag-prior"
+            else "zero"
+        )
+        return f"Glorot-uniform weights from the task seed; bias {bias}"
+
+    def log_tag_prior(self) -> torch.Tensor:
+        """``log(count_k / Σ count)`` over the :attr:`tags` (float32; count 0 counts as 0.5)."""
+        # a tag listed with count 0 gets half an occurrence (a finite bias)
+        freq = torch.tensor([float(c) for c in self.tag_counts], dtype=torch.float64)
+        freq = freq.clamp(min=0.5)
+        return torch.log(freq / freq.sum()).float()
 
     def reference(self) -> tuple[str, dict[str, float]]:
         """The tag prior: a bias-only model from the published tag counts, and its metrics.
@@ -767,13 +801,10 @@ class StackOverflowTagTask(StackOverflowFiles):
         tuple of (str, dict)
             ``("tag prior (bias only)", metrics)`` with the keys of :meth:`evaluate`.
         """
-        counts = read_tag_counts(self.data_dir / TAG_COUNT_FILE).top(self.num_tags).counts
-        # a tag listed with count 0 gets half an occurrence (a finite bias)
-        freq = torch.tensor([float(c) for c in counts], dtype=torch.float64).clamp(min=0.5)
         model = BagOfWordsLogisticRegression(self.num_features, self.num_tags)
         with torch.no_grad():
             model.weight.zero_()
-            model.bias.copy_(torch.log(freq / freq.sum()).float())
+            model.bias.copy_(self.log_tag_prior())
         metrics = self.evaluate(model)
         if not self.single_label:
             metrics.pop("loss")

@@ -60,10 +60,14 @@ _log = logging.getLogger(__name__)
 Ledger = tuple[tuple[SubsampledGaussianEvent, int], ...]
 
 # StrategyConfig keys that may change when a run is resumed: nothing about what was released or
-# how it is accounted depends on them. Execution settings (engine, device, resources, chunking),
-# the evaluation and checkpoint cadence and the task's parameters are not in the header at all; a
-# seeded replay is checked against the released model's digest instead.
+# how it is accounted depends on them. Execution settings (engine, device, resources, chunking)
+# and the evaluation and checkpoint cadence are not in the header at all; a seeded replay is
+# checked against the released model's digest instead.
 RESUMABLE_KEYS = frozenset({"num-server-rounds"})
+# Task parameters that say only where the same data lives or how it is cached (a dataset that
+# moved): a resume may change them. Every other task parameter chooses the users' data, the model
+# or the evaluation, so the header records it (as "task-params") and a resume may not change it.
+RELOCATABLE_TASK_PARAMS = frozenset({"data_dir", "cache_dir", "cache_users", "token_cache"})
 _FIRST_KEYS = ("noise-multiplier", "sampling", "population", "clients-per-round", "accountant",
                "delta", "strategy", "secure", "seed", "target-epsilon", "clip-norm",
                "noise-mode")  # fmt: skip
@@ -83,12 +87,18 @@ def params_sha256(params: torch.Tensor) -> str:
 def privacy_settings(config) -> dict[str, Any]:
     """The privacy-relevant settings of a ``RunConfig``, flat, as the ledger's header holds them.
 
-    Every strategy key except :data:`RESUMABLE_KEYS`, the task and the side-information table.
+    Every strategy key except :data:`RESUMABLE_KEYS`, the task, its parameters except
+    :data:`RELOCATABLE_TASK_PARAMS` (under ``"task-params"``) and the side-information table.
     """
     mapping = config.to_mapping()
     strategy = set(config.strategy.to_mapping())
     out = {k: v for k, v in mapping.items() if k in strategy and k not in RESUMABLE_KEYS}
     out["task"] = mapping["task"]
+    out["task-params"] = {
+        k.replace("_", "-"): v
+        for k, v in sorted(config.task_params.items())
+        if k not in RELOCATABLE_TASK_PARAMS
+    }
     for key, value in mapping.get("side-information", {}).items():
         out[f"side-information.{key}"] = value
     return json.loads(json.dumps(out, allow_nan=True))
@@ -96,6 +106,17 @@ def privacy_settings(config) -> dict[str, Any]:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, allow_nan=True)
+
+
+def _first_difference(old: Any, new: Any) -> tuple[str, Any, Any]:
+    """``("task-params.<key>", old, new)`` of the first differing task parameter (or the whole)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return "task-params", old, new
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "(not set)"), new.get(key, "(not set)")
+        if _canonical(a) != _canonical(b):
+            return f"task-params.{key}", a, b
+    return "task-params", old, new
 
 
 def _released_json(released: Ledger) -> list[dict[str, Any]]:
@@ -383,10 +404,21 @@ class RunLedger:
         current = privacy_settings(config)
         keys = [k for k in _FIRST_KEYS if k in stored or k in current]
         keys += sorted((set(stored) | set(current)) - set(keys))
+        if "task-params" not in stored:  # written before task parameters were recorded
+            current.pop("task-params")
+            keys.remove("task-params")
         for key in keys:
             old, new = stored.get(key, "(not set)"), current.get(key, "(not set)")
+            if key == "task-params":
+                key, old, new = _first_difference(old, new)
             if _canonical(old) != _canonical(new):
-                what = " (different side information)" if key.startswith("side-") else ""
+                what = (
+                    " (different side information)"
+                    if key.startswith("side-")
+                    else " (other data, model or evaluation)"
+                    if key.startswith("task-params")
+                    else ""
+                )
                 raise ValueError(
                     f"{source}: {key} = {_canonical(new)}, but the run's privacy ledger records "
                     f"{key} = {_canonical(old)}: resuming with a different configuration{what} "

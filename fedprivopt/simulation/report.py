@@ -654,6 +654,10 @@ def _markdown(
     ]
     if budget:
         lines.append(f"{budget} runs stopped early at the privacy budget.")
+    for key, what in (("evaluated_model", "Evaluated"), ("initial_model", "Initial model")):
+        found = sorted({str(r.summary[key]) for r in sel.runs if r.summary.get(key)})
+        if found:
+            lines.append(f"{what}: {'; '.join(found)}.")
     if origins:
         earlier = sum(origins.get(r.path.name, "").startswith(_EARLIER) for r in sel.runs)
         lines.append(

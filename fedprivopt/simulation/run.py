@@ -319,6 +319,8 @@ class RunWriter:
             "final": final,
             "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
             "threat_model": _threat_model(c, side),
+            "evaluated_model": _evaluated_model(c),
+            "initial_model": getattr(self.task, "initialization", None),
             "side_information": None if side is None else side.summary(),
             "reference": self._reference(),
             "config": c.to_mapping(),
@@ -327,6 +329,16 @@ class RunWriter:
             self.out / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=True).encode()
         )
         return summary
+
+
+def _evaluated_model(config: RunConfig) -> str:
+    beta = config.strategy.ema_decay
+    if beta <= 0:
+        return "the last iterate"
+    return (
+        f"the exponential moving average (decay {beta:g}) of the released iterates: "
+        "post-processing, no privacy cost"
+    )
 
 
 def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None) -> str:
@@ -455,7 +467,7 @@ def _run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWr
             if not alg.budget_allows_next_round():
                 return "budget"
             result = drive_round(alg, r, train)
-            metrics = writer.evaluate(result.params) if writer.wants_eval(r) else None
+            metrics = writer.evaluate(alg.output_params()) if writer.wants_eval(r) else None
             writer.on_round(result, metrics)
         return "rounds"
     finally:
@@ -486,11 +498,10 @@ def serve_flower(
     spec = model_spec(task)
 
     def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
+        # ``arrays`` is the released iterate, alg.params; with ema-decay the average is evaluated
         if server_round == 0 or not writer.wants_eval(server_round):
             return None
-        model = task.build_model()
-        model.load_state_dict(arrays.to_torch_state_dict())
-        return MetricRecord({f"eval_{k}": float(v) for k, v in task.evaluate(model).items()})
+        return MetricRecord(writer.evaluate(alg.output_params()))
 
     strategy = DPStrategy(alg, spec, min_nodes=min_nodes, on_round=writer.on_round)
     writer.last_time = time.perf_counter()

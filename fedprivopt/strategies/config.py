@@ -58,6 +58,7 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "adadp_safety": (0, 1, True, False),
     "local_learning_rate": (0, math.inf, True, True),
     "min_shares_quantile": (0, 1, True, True),
+    "ema_decay": (0, 1, False, True),
 }
 _INT_MIN = {
     "population": 1,
@@ -133,6 +134,10 @@ class StrategyConfig:
         (:func:`fedprivopt.optim.noise_calibrated_tolerance`).
     local_learning_rate, local_epochs, batch_size, max_examples
         Client training (``max_examples = 0``: all of a user's examples).
+    ema_decay : float
+        ``β`` of the exponential moving average of the released iterates that a run evaluates
+        and reports (``0``: the last iterate). Post-processing of released models: it costs no
+        privacy (see :meth:`fedprivopt.strategies.core.ServerAlgorithm.output_params`).
     """
 
     strategy: str = "dp-fedavg"
@@ -173,6 +178,7 @@ class StrategyConfig:
     local_epochs: int = 1
     batch_size: int = 32
     max_examples: int = 0
+    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -441,3 +441,21 @@ def test_reference_is_the_tag_prior_from_the_public_counts(synth_dir, synth_task
     _, multi = synth_task.reference()
     assert "loss" not in multi and set(multi) == {"accuracy", "recall_at_5", "precision_at_5"}
     assert 0.0 < multi["recall_at_5"] < 1.0
+
+
+def test_init_bias_tag_prior_starts_from_the_published_counts(hand_dir):
+    zero = _hand_task(hand_dir, seed=5)
+    prior = _hand_task(hand_dir, seed=5, init_bias="tag-prior")
+    v, k = zero.num_features, zero.num_tags
+    counts = torch.tensor([float(c) for c in list(TAGS.values())[:k]], dtype=torch.float64)
+    expected = torch.log(counts / counts.sum()).float()
+    a, b = initial_flat(zero), initial_flat(prior)
+    assert torch.equal(a[: v * k], b[: v * k])  # the same weights
+    assert torch.equal(b[v * k :], expected) and torch.all(a[v * k :] == 0)
+    # the reference model's bias is the same prior
+    ref = prior.build_model()
+    torch.testing.assert_close(ref.bias.detach(), expected)
+    assert "log tag prior of the published tag counts" in prior.initialization
+    assert zero.initialization.endswith("bias zero")
+    with pytest.raises(ValueError, match="init_bias must be one of zero, tag-prior"):
+        _hand_task(hand_dir, init_bias="prior")

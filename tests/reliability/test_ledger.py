@@ -266,3 +266,56 @@ def test_an_old_ledger_without_a_checkpoint_is_refused(tmp_path):
     _set(out, "num-server-rounds", "3")
     with pytest.raises(ValueError, match="older fedprivopt"):
         resume(out)
+
+
+# -- the task's parameters choose the data: recorded, and a resume may not change them ----------
+
+
+def _set_task_param(out: Path, key: str, value: str) -> None:
+    head, tail = (out / "config.toml").read_text().split("[task-params]")
+    lines = tail.splitlines()
+    edited = [f"{key} = {value}" if line.startswith(f"{key} =") else line for line in lines]
+    if edited == lines:
+        edited.append(f"{key} = {value}")
+    (out / "config.toml").write_text(head + "[task-params]" + "\n".join(edited) + "\n")
+
+
+def test_resuming_on_other_data_is_refused_naming_the_task_parameter(tmp_path, capsys):
+    # the toy task's seed draws its users' data: resuming with another used to train the
+    # remaining rounds on other users and evaluate them on another test set, with rc 0
+    out = simulate(small_config(**{"num-server-rounds": 3}), tmp_path / "run").out_dir
+    _set(out, "num-server-rounds", "5")
+    _set_task_param(out, "seed", "7")
+    _one_line_exit_2(
+        ["simulate", "--resume", str(out)],
+        capsys,
+        "task-params.seed = 7, but the run's privacy ledger records task-params.seed = 0",
+        "(other data, model or evaluation)",
+    )
+    assert [r["round"] for r in read_rows(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_ledger_written_before_task_parameters_were_recorded_still_resumes(tmp_path):
+    reference = simulate(small_config(), tmp_path / "ref")
+    out = simulate(small_config(**{"num-server-rounds": 3}), tmp_path / "run").out_dir
+    lines = (out / LEDGER_FILE).read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["settings"].pop("task-params") == {"num-users": 12, "seed": 0}
+    (out / LEDGER_FILE).write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    _set(out, "num-server-rounds", "6")
+    outcome = resume(out)
+    assert torch.equal(outcome.params, reference.params)
+
+
+def test_where_the_data_lives_may_change_what_it_is_may_not():
+    from fedprivopt.simulation.config import resolve_config
+    from fedprivopt.simulation.ledger import privacy_settings
+
+    params = {"data-dir": "/a", "cache-dir": "/c", "token-cache": True, "cache-users": 5,
+              "vocab-size": 100, "eval-users": 20, "init-bias": "tag-prior"}  # fmt: skip
+    config = resolve_config({"task": "stackoverflow-tp", "task-params": params})
+    assert privacy_settings(config)["task-params"] == {
+        "eval-users": 20,
+        "init-bias": "tag-prior",
+        "vocab-size": 100,
+    }

@@ -215,10 +215,11 @@ def test_out_with_a_component_over_255_bytes(tmp_path, command):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("out", ["", " ", "\t", "runs/ /x"])
 @pytest.mark.parametrize("command", ["simulate", "compare", "data synth"])
-def test_empty_out_is_an_error(tmp_path, monkeypatch, command):
-    monkeypatch.chdir(tmp_path)  # where an empty --out used to write
-    usage_error(run_cli(COMMANDS[command]("")), "--out")
+def test_empty_or_blank_out_is_an_error(tmp_path, monkeypatch, command, out):
+    monkeypatch.chdir(tmp_path)  # where an empty --out used to write (a blank one: a dir " ")
+    usage_error(run_cli(COMMANDS[command](out)), "--out")
     assert list(tmp_path.iterdir()) == []
 
 

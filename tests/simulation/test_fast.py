@@ -1,5 +1,7 @@
 """The fast engine's vectorized, streamed and Ray-sharded client side give the same model."""
 
+import json
+
 import pytest
 import torch
 
@@ -64,6 +66,18 @@ def test_vectorized_fast_engine_matches_the_flower_engine(tmp_path, so_dir):
     flower = simulate(so_config(so_dir, engine="flower"), tmp_path / "flower")
     torch.testing.assert_close(flower.params, fast.params, rtol=0, atol=1e-5)
     assert flower.epsilon == fast.epsilon
+
+
+def test_tag_prior_initial_bias_is_used_and_named_in_the_summary(tmp_path, so_dir):
+    base = so_config(so_dir)
+    prior = so_config(so_dir, **{"task-params": {**base.task_params, "init-bias": "tag-prior"}})
+    task, alg = build_run(prior)
+    k = task.num_tags
+    assert torch.equal(alg.params[-k:], task.log_tag_prior())
+    assert torch.all(build_run(base)[1].params[-k:] == 0)
+    outcome = simulate(prior, tmp_path / "prior")
+    summary = json.loads((outcome.out_dir / "summary.json").read_text())
+    assert "bias the log tag prior of the published tag counts" in summary["initial_model"]
 
 
 def test_ray_actor_shards_give_the_in_process_model(tmp_path, so_dir):

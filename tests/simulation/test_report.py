@@ -351,3 +351,18 @@ def test_report_draws_the_reference_model_when_the_runs_agree(tmp_path):
     runs[0].summary["reference"] = {**ref, "metrics": {"eval_accuracy": 0.2}}
     report = write_report(tmp_path / "out2", runs, title="t").read_text()
     assert "Reference:" not in report and "dotted grey" not in report
+
+
+def test_report_says_which_model_was_evaluated_and_how_it_started(tmp_path):
+    paths = [write_run(tmp_path, "dp-fedadam", 1.0, s) for s in range(2)]
+    for p in paths:
+        summary = json.loads((p / "summary.json").read_text())
+        summary["evaluated_model"] = "the exponential moving average (decay 0.8) of the iterates"
+        summary["initial_model"] = "bias the log tag prior"
+        (p / "summary.json").write_text(json.dumps(summary))
+    text = write_report(tmp_path / "r", [load_run(p) for p in paths], title="t").read_text()
+    assert "Evaluated: the exponential moving average (decay 0.8) of the iterates." in text
+    assert "Initial model: bias the log tag prior." in text
+    plain = write_run(tmp_path / "plain", "dp-fedadam", 1.0, 0)
+    text = write_report(tmp_path / "p", [load_run(plain)], title="t").read_text()
+    assert "Evaluated:" not in text and "Initial model:" not in text

@@ -105,9 +105,11 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert torch.equal(outcome.params, full.params) and outcome.epsilon == full.epsilon
 
 
-@pytest.mark.parametrize("strategy", ["dp-fedadam", "dp2"])
-def test_fast_and_flower_engines_end_with_the_same_model(tmp_path, strategy):
+@pytest.mark.parametrize(("strategy", "ema"), [("dp-fedadam", 0.0), ("dp2", 0.5)])
+def test_fast_and_flower_engines_end_with_the_same_model(tmp_path, strategy, ema):
+    # with ema-decay both engines evaluate the moving average, not the last iterate
     extra = {
+        "ema-decay": ema,
         "num-server-rounds": 3,
         "strategy": strategy,
         "server-learning-rate": 0.1,

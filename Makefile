@@ -20,6 +20,7 @@ REPRO_CONFIG ?= simulations/adadps-paper.toml
 REPRO_OUT    ?= runs/reproduce
 REPRO_SEEDS  ?= 3
 SWEEP        ?= experiments/adadps-paper.sweep.toml
+SWEEP_EMA    ?= experiments/adadps-paper-ema.sweep.toml
 SWEEP_OUT    ?= runs/sweep
 
 .PHONY: venv demo test lint bench reproduce sweep clean
@@ -46,6 +47,7 @@ reproduce: venv
 
 sweep: venv
 	$(PY) experiments/sweep.py $(SWEEP) --out $(SWEEP_OUT) --jobs 2
+	$(PY) experiments/sweep.py $(SWEEP_EMA) --out $(SWEEP_OUT)-ema --jobs 2
 
 test: venv
 	$(PY) -m ruff check .

@@ -5,7 +5,8 @@ ClientApp and the engines; :func:`build_task` rebuilds a registered task from pl
 (``"toy"``: :class:`ToyClassificationTask`; ``"stackoverflow-tp"``: :class:`StackOverflowTagTask`,
 bag-of-words tag prediction on StackOverflow; ``"stackoverflow-nwp"``:
 :class:`StackOverflowNextWordTask`, next-word prediction with TFF's LSTM). :func:`model_spec`
-and :func:`initial_flat` give the flat layout and initial point of a task's model;
+and :func:`initial_flat` give the flat layout and initial point of a task's model,
+:func:`frozen_mask` its coordinates that never train;
 :func:`two_level_preconditioner`, :func:`token_frequency_preconditioner` and
 :func:`public_users_preconditioner` are AdaDPS' public side information
 (:mod:`~fedprivopt.models.side_information`).
@@ -19,7 +20,7 @@ from fedprivopt.models.side_information import (
     two_level_preconditioner,
 )
 from fedprivopt.models.tag_prediction import BagOfWordsLogisticRegression, StackOverflowTagTask
-from fedprivopt.models.task import Task, initial_flat, model_spec, state_to_flat
+from fedprivopt.models.task import Task, frozen_mask, initial_flat, model_spec, state_to_flat
 from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Task",
     "ToyClassificationTask",
     "build_task",
+    "frozen_mask",
     "initial_flat",
     "model_spec",
     "public_users_preconditioner",

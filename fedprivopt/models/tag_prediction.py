@@ -409,6 +409,14 @@ class StackOverflowTagTask(StackOverflowFiles):
         dataset like the word counts that choose the vocabulary, so neither costs privacy; with
         ``"tag-prior"`` a private method starts from the bias-only model instead of spending
         its first noised rounds on learning the tag frequencies.
+    train_bias : bool
+        Train the bias (default). ``False`` keeps it at its initial value: it is then no
+        trainable parameter (``requires_grad`` off), so clients never change it, and the server
+        drops the noise that the release adds to its coordinates (post-processing; see
+        :func:`~fedprivopt.models.task.frozen_mask`). With ``init_bias = "tag-prior"`` the model
+        is the public bias-only model plus what the words learn: the noise no longer moves the
+        bias, which decides the top-1 tag of every document without strong words
+        (``docs/EXPERIMENTS.md``).
     cache_users : int
         Per-user tensors kept in memory (least recently used evicted), ``>= 0``.
     token_cache : bool
@@ -458,6 +466,7 @@ class StackOverflowTagTask(StackOverflowFiles):
         single_label: bool = False,
         seed: int = 0,
         init_bias: str = "zero",
+        train_bias: bool = True,
         cache_users: int = 2048,
         token_cache: bool = False,
         cache_dir: str | os.PathLike | None = None,
@@ -492,6 +501,7 @@ class StackOverflowTagTask(StackOverflowFiles):
         if init_bias not in INIT_BIAS:
             raise ValueError(f"init_bias must be one of {', '.join(INIT_BIAS)}, got {init_bias!r}")
         self.init_bias = init_bias
+        self.train_bias = _check_bool("train_bias", train_bias)
         self.cache_users = _check_int("cache_users", cache_users, 0)
         self.token_cache = _check_bool("token_cache", token_cache)
         if cache_dir is not None and (
@@ -768,6 +778,7 @@ class StackOverflowTagTask(StackOverflowFiles):
             model.weight.uniform_(-bound, bound, generator=gen)
             if self.init_bias == "tag-prior":
                 model.bias.copy_(self.log_tag_prior())
+        model.bias.requires_grad_(self.train_bias)
         return model
 
     @property
@@ -778,7 +789,8 @@ class StackOverflowTagTask(StackOverflowFiles):
             if self.init_bias == "tag-prior"
             else "zero"
         )
-        return f"Glorot-uniform weights from the task seed; bias {bias}"
+        frozen = "" if self.train_bias else " (fixed: not trained, its noise dropped)"
+        return f"Glorot-uniform weights from the task seed; bias {bias}{frozen}"
 
     def log_tag_prior(self) -> torch.Tensor:
         """``log(count_k / Σ count)`` over the :attr:`tags` (float32; count 0 counts as 0.5)."""

@@ -7,8 +7,9 @@ minibatches, preconditioned local SGD, whole-update clipping), up to float round
 
 * **row-sparse**: viewed as a ``(V + 1, K)`` matrix, the flat model's row ``j < V`` holds word
   ``j``'s weights and row ``V`` the bias. A user's local SGD only changes the rows of the words it
-  wrote and the bias, so each user trains its update on just those rows (its model is the global
-  rows plus that update), and the updates of a chunk are returned as one
+  wrote and the bias (unless the task's ``train_bias`` is off: that row then gets no gradient), so
+  each user trains its update on just those rows (its model is the global rows plus that update),
+  and the updates of a chunk are returned as one
   :class:`~fedprivopt.privacy.sparse.RowSparseBatch` (each user clipped on its rows: every other
   entry is exactly zero);
 * **vectorized**: the users of a chunk are prepared at once and stacked into one matrix of rows;
@@ -112,6 +113,8 @@ class TagCohortTrainer:
         self.vocab_size = int(task.num_features)
         self.num_tags = int(task.num_tags)
         self.length = (self.vocab_size + 1) * self.num_tags
+        # a bias that does not train (``train_bias = False``) keeps its row of every update at 0
+        self.train_bias = bool(getattr(task, "train_bias", True))
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -339,6 +342,8 @@ class TagCohortTrainer:
         t_bounds = [*vstart[bounds[:-1]].tolist(), int(s_rows.numel())]
         l_bounds = [*lstart[bounds[:-1]].tolist(), int(s_tags.numel())]
         piece = max(1, PIECE_BYTES // (K * delta.element_size()))
+        # a frozen bias: its stacked rows get no gradient, so they stay at the global bias
+        keep = None if self.train_bias else (rows != self.vocab_size).to(dtype)[:, None]
 
         lr = config.learning_rate
         for t in range(len(bounds) - 1):
@@ -372,6 +377,8 @@ class TagCohortTrainer:
                 touched = touched_all[a:b]
                 if p_st is not None:
                     grad_w /= p_st[touched]
+                if keep is not None:
+                    grad_w *= keep[touched]
                 delta.index_add_(0, touched, grad_w, alpha=-lr)
 
     @staticmethod

@@ -19,7 +19,7 @@ import torch
 
 from fedprivopt.privacy.flat import FlatSpec, flatten
 
-__all__ = ["Task", "initial_flat", "model_spec", "state_to_flat"]
+__all__ = ["Task", "frozen_mask", "initial_flat", "model_spec", "state_to_flat"]
 
 
 @runtime_checkable
@@ -76,6 +76,37 @@ class Task(Protocol):
 def model_spec(task: Task) -> FlatSpec:
     """Return the flat layout (:class:`~fedprivopt.privacy.FlatSpec`) of ``task``'s model."""
     return flatten(task.build_model().state_dict())[1]
+
+
+def frozen_mask(task: Task) -> torch.Tensor | None:
+    """The coordinates of the flat layout that belong to frozen parameters, or ``None``.
+
+    A parameter whose ``requires_grad`` is off in :meth:`Task.build_model` (e.g.
+    ``stackoverflow-tp``'s bias with ``train-bias = false``) is never changed by a client
+    (:class:`~fedprivopt.clients.LocalTrainer` trains only the others), so its coordinates of
+    every clipped update are zero. The server algorithms set these coordinates of the noised
+    mean to zero before any optimizer sees it: the noise drawn there is dropped, and the
+    parameter keeps its initial value. Zeroing coordinates that are the same for every dataset
+    is post-processing of the release; it costs no privacy. Buffers are not affected.
+
+    Returns
+    -------
+    torch.Tensor or None
+        Boolean vector of the flat length (True: frozen), or ``None`` when every parameter
+        trains.
+    """
+    model = task.build_model()
+    live = model.state_dict(keep_vars=True)
+    parts = [
+        torch.full(
+            (value.numel(),),
+            isinstance(value, torch.nn.Parameter) and not value.requires_grad,
+            dtype=torch.bool,
+        )
+        for value in live.values()
+    ]
+    mask = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
+    return mask if bool(mask.any()) else None
 
 
 def initial_flat(task: Task) -> torch.Tensor:

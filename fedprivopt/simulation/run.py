@@ -46,7 +46,7 @@ from fedprivopt.models.side_information_config import (
     build_side_information,
     resolve_side_information,
 )
-from fedprivopt.models.task import Task, initial_flat, model_spec
+from fedprivopt.models.task import Task, frozen_mask, initial_flat, model_spec
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import unflatten
 from fedprivopt.privacy.rng import RngFactory
@@ -406,7 +406,9 @@ def build_run(config: RunConfig) -> tuple[Task, ServerAlgorithm]:
         if resolved.public_users:
             offset = len(resolved.public_users)
             strategy = dataclasses.replace(strategy, population=resolved.private_population)
-    alg = build_algorithm(strategy, init, preconditioner=side, user_offset=offset)
+    alg = build_algorithm(
+        strategy, init, preconditioner=side, user_offset=offset, frozen=frozen_mask(task)
+    )
     event = alg.round_event()
     if event is not None and strategy.accountant == "prv":
         # a PRV domain too large for memory fails here, before training (PLD: in the algorithm)

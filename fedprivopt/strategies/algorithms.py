@@ -18,6 +18,7 @@ A. Koskela, A. Honkela, "Learning Rate Adaptation for Differentially Private Lea
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import Any
 
 import torch
 
@@ -81,7 +82,7 @@ class AdaDPS(ServerAlgorithm):
         initial_params: torch.Tensor,
         *,
         preconditioner: torch.Tensor | None = None,
-        user_offset: int = 0,
+        **kwargs: Any,
     ) -> None:
         if preconditioner is None:
             raise ValueError("adadps needs side information: a preconditioner vector A")
@@ -92,9 +93,7 @@ class AdaDPS(ServerAlgorithm):
                 "preconditioner must be a finite, positive vector of the model's length "
                 f"{initial_params.numel()}"
             )
-        super().__init__(
-            config, initial_params, preconditioner=preconditioner, user_offset=user_offset
-        )
+        super().__init__(config, initial_params, preconditioner=preconditioner, **kwargs)
 
     def broadcast_preconditioner(self) -> torch.Tensor | None:
         return self.side_information
@@ -228,12 +227,17 @@ def build_algorithm(
     *,
     preconditioner: torch.Tensor | None = None,
     user_offset: int = 0,
+    frozen: torch.Tensor | None = None,
 ) -> ServerAlgorithm:
     """Instantiate the server algorithm named by ``config.strategy``.
 
-    ``user_offset`` shifts the sampled ids past the public users (see
-    :class:`~fedprivopt.strategies.core.ServerAlgorithm`).
+    ``user_offset`` shifts the sampled ids past the public users, ``frozen`` marks the
+    coordinates that never train (see :class:`~fedprivopt.strategies.core.ServerAlgorithm`).
     """
     return ALGORITHMS[config.strategy](
-        config, initial_params, preconditioner=preconditioner, user_offset=user_offset
+        config,
+        initial_params,
+        preconditioner=preconditioner,
+        user_offset=user_offset,
+        frozen=frozen,
     )

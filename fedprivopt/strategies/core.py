@@ -93,6 +93,10 @@ class ServerAlgorithm:
         are public users who opted out of privacy: never sampled, accounted or trained on
         privately). The sampler draws ``0 .. population - 1`` and :meth:`sample` adds the offset,
         so sampling, sample rate and accounting are those of the private population.
+    frozen : torch.Tensor, optional
+        Boolean vector of the model's length: coordinates of parameters that never train
+        (:func:`~fedprivopt.models.task.frozen_mask`). :meth:`aggregate` sets them to zero in
+        the noised mean (post-processing), so they keep their initial values.
     """
 
     def __init__(
@@ -102,9 +106,17 @@ class ServerAlgorithm:
         *,
         preconditioner: torch.Tensor | None = None,
         user_offset: int = 0,
+        frozen: torch.Tensor | None = None,
     ) -> None:
         if initial_params.dim() != 1 or not initial_params.dtype.is_floating_point:
             raise ValueError("initial_params must be a flat floating-point tensor")
+        if frozen is not None and (
+            frozen.dtype != torch.bool or frozen.shape != initial_params.shape
+        ):
+            raise ValueError(
+                f"frozen must be a boolean vector of the model's length {initial_params.numel()}"
+            )
+        self.frozen = None if frozen is None else frozen.to(initial_params.device)
         if isinstance(user_offset, bool) or not isinstance(user_offset, int) or user_offset < 0:
             raise ValueError(f"user_offset must be an integer >= 0, got {user_offset!r}")
         self.user_offset = user_offset
@@ -259,13 +271,18 @@ class ServerAlgorithm:
             entries = updates.entries() if hasattr(updates, "entries") else updates.items()
         else:
             entries = sorted(updates.items())
-        return aggregator.aggregate(
+        agg = aggregator.aggregate(
             entries,
             dim=self.params.numel(),
             dtype=self.params.dtype,
             generator=generator,
             device=self.params.device,
         )
+        if self.frozen is not None:
+            # frozen parameters: their coordinates are zero in every update, so only noise is
+            # there; dropping it (the same coordinates for any data) is post-processing
+            agg.delta_tilde = agg.delta_tilde.masked_fill(self.frozen, 0.0)
+        return agg
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         """One round of a single-cohort strategy (override for other shapes)."""

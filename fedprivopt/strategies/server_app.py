@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedprivopt.models import build_task
-from fedprivopt.models.task import initial_flat, model_spec
+from fedprivopt.models.task import frozen_mask, initial_flat, model_spec
 from fedprivopt.strategies.algorithms import build_algorithm
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.core import RoundResult
@@ -90,7 +90,9 @@ def make_server_app(
             )
         spec = model_spec(the_task)
         init = initial_flat(the_task)
-        algorithm = build_algorithm(config, init, preconditioner=side_information)
+        algorithm = build_algorithm(
+            config, init, preconditioner=side_information, frozen=frozen_mask(the_task)
+        )
         strategy = DPStrategy(algorithm, spec, min_nodes=min_nodes, on_round=recorder)
         strategy.start(
             grid,

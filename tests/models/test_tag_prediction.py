@@ -13,6 +13,7 @@ from fedprivopt.models import (
     StackOverflowTagTask,
     Task,
     build_task,
+    frozen_mask,
     initial_flat,
     model_spec,
 )
@@ -459,3 +460,19 @@ def test_init_bias_tag_prior_starts_from_the_published_counts(hand_dir):
     assert zero.initialization.endswith("bias zero")
     with pytest.raises(ValueError, match="init_bias must be one of zero, tag-prior"):
         _hand_task(hand_dir, init_bias="prior")
+
+
+def test_train_bias_false_freezes_exactly_the_bias(hand_dir):
+    trained = _hand_task(hand_dir, init_bias="tag-prior")
+    frozen = _hand_task(hand_dir, init_bias="tag-prior", train_bias=False)
+    v, k = frozen.num_features, frozen.num_tags
+    assert frozen_mask(trained) is None
+    mask = frozen_mask(frozen)
+    assert mask.dtype == torch.bool and mask.shape == initial_flat(frozen).shape
+    assert not mask[: v * k].any() and mask[v * k :].all()  # the K bias coordinates, no more
+    model = frozen.build_model()
+    assert model.weight.requires_grad and not model.bias.requires_grad
+    assert torch.equal(initial_flat(frozen), initial_flat(trained))  # the same initial point
+    assert frozen.initialization.endswith("(fixed: not trained, its noise dropped)")
+    with pytest.raises(ValueError, match="train_bias"):
+        _hand_task(hand_dir, train_bias="no")

@@ -65,6 +65,32 @@ def test_cohort_updates_equal_local_trainer(synth_dir, single_label, preconditio
             assert float(dense.norm()) <= cfg.clip_norm * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("single_label", [False, True])
+def test_a_frozen_bias_gets_no_update_in_either_trainer(synth_dir, single_label):
+    """train_bias=False: both trainers leave the bias at 0 in every update and agree elsewhere."""
+    task = _task(synth_dir, single_label=single_label, init_bias="tag-prior", train_bias=False)
+    w = initial_flat(task)
+    cfg = LocalConfig(learning_rate=2.0, epochs=2, batch_size=4, clip_norm=0.5)
+    rngs = RngFactory(seed=11)
+    users = list(range(0, 80, 7))
+    ref = _reference(task, w, users, cfg, rngs, None)
+    got = dict(task.cohort_trainer(device="cpu", chunk_users=4).train(
+        w, users, round_num=3, config=cfg, rngs=rngs
+    ))  # fmt: skip
+    K = task.num_tags
+    trained = _task(synth_dir, single_label=single_label, init_bias="tag-prior")
+    free = dict(trained.cohort_trainer(device="cpu", chunk_users=4).train(
+        w, users, round_num=3, config=cfg, rngs=rngs
+    ))  # fmt: skip
+    moved = 0
+    for u in users:
+        dense = got[u].to_dense()
+        torch.testing.assert_close(dense, ref[u], rtol=1e-4, atol=2e-6)
+        assert torch.count_nonzero(dense[-K:]) == 0 and torch.count_nonzero(ref[u][-K:]) == 0
+        moved += int(torch.count_nonzero(free[u].to_dense()[-K:]) > 0)
+    assert moved > 0  # with a trained bias the same users do change it
+
+
 def test_users_without_examples_and_streams(synth_dir):
     task = _task(synth_dir)
     w = initial_flat(task)

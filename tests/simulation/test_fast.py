@@ -80,6 +80,38 @@ def test_tag_prior_initial_bias_is_used_and_named_in_the_summary(tmp_path, so_di
     assert "bias the log tag prior of the published tag counts" in summary["initial_model"]
 
 
+@pytest.mark.parametrize("strategy", ["dp-fedadam-bc", "dp-fedavg-adadp", "dp2"])
+def test_a_frozen_bias_stays_at_the_prior_while_the_weights_learn(tmp_path, so_dir, strategy):
+    """train-bias = false: no strategy moves the bias (its noise is dropped), the weights move."""
+    base = so_config(so_dir, strategy=strategy)
+    params = {**base.task_params, "init-bias": "tag-prior", "train-bias": False}
+    config = so_config(so_dir, strategy=strategy, **{"task-params": params})
+    task, alg = build_run(config)
+    k = task.num_tags
+    assert alg.frozen is not None and int(alg.frozen.sum()) == k and bool(alg.frozen[-k:].all())
+    outcome = simulate(config, tmp_path / "frozen")
+    assert torch.equal(outcome.params[-k:], task.log_tag_prior())
+    assert not torch.equal(outcome.params[:-k], alg.params[:-k])
+    trained = simulate(
+        so_config(so_dir, strategy=strategy, **{"task-params": {**params, "train-bias": True}}),
+        tmp_path / "trained",
+    )
+    assert not torch.equal(trained.params[-k:], task.log_tag_prior())
+    summary = json.loads((outcome.out_dir / "summary.json").read_text())
+    assert summary["initial_model"].endswith("(fixed: not trained, its noise dropped)")
+    assert outcome.epsilon == trained.epsilon  # the release is the same; only its use differs
+
+
+def test_a_frozen_bias_is_the_same_on_the_flower_engine(tmp_path, so_dir):
+    params = {**so_config(so_dir).task_params, "init-bias": "tag-prior", "train-bias": False}
+    fast = simulate(so_config(so_dir, **{"task-params": params}), tmp_path / "fast")
+    flower = simulate(
+        so_config(so_dir, engine="flower", **{"task-params": params}), tmp_path / "flower"
+    )
+    torch.testing.assert_close(flower.params, fast.params, rtol=0, atol=1e-5)
+    assert torch.equal(flower.params[-10:], fast.params[-10:])
+
+
 def test_ray_actor_shards_give_the_in_process_model(tmp_path, so_dir):
     local = simulate(so_config(so_dir, **{"cohort-chunk": 2}), tmp_path / "local")
     sharded = simulate(

@@ -61,6 +61,33 @@ def test_every_strategy_runs_rounds_and_accounts(strategy):
         assert math.isinf(alg.epsilon())
 
 
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s not in ("fedavg", "fedadam")])
+def test_frozen_coordinates_keep_their_value_and_the_rest_is_unchanged(strategy):
+    frozen = torch.zeros(DIM, dtype=torch.bool)
+    frozen[-7:] = True
+    side = torch.full((DIM,), 2.0) if strategy == "adadps" else None
+    init = torch.linspace(-1.0, 1.0, DIM)
+
+    def train(request):  # clients never change frozen parameters (LocalTrainer's rule)
+        return {u: d.masked_fill(frozen, 0.0) for u, d in fixed_updates()(request).items()}
+
+    free = build_algorithm(config(strategy=strategy), init, preconditioner=side)
+    held = build_algorithm(config(strategy=strategy), init, preconditioner=side, frozen=frozen)
+    for r in range(1, 4):
+        a, b = drive_round(free, r, train), drive_round(held, r, train)
+    assert torch.equal(b.params[-7:], init[-7:])  # the noise there was dropped
+    assert not torch.equal(a.params[-7:], init[-7:])  # without the mask it moves them
+    if strategy in ("dp-fedavg", "adadps"):  # coordinate-wise optimizers: the rest is identical
+        torch.testing.assert_close(b.params[:-7], a.params[:-7], rtol=0, atol=0)
+    assert held.epsilon() == free.epsilon()
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(DIM), torch.zeros(DIM + 1, dtype=torch.bool)])
+def test_a_frozen_mask_of_the_wrong_kind_is_refused(bad):
+    with pytest.raises(ValueError, match="frozen must be a boolean vector of the model's length"):
+        build_algorithm(config(), torch.zeros(DIM), frozen=bad)
+
+
 def test_sensitivity_of_the_pre_noise_sum():
     """Adding or removing one user moves the sum by at most C (Poisson, add/remove-one);
     replacing one user's data arbitrarily moves it by at most 2C (fixed-size, replace-one)."""

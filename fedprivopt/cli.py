@@ -36,6 +36,7 @@ from fedprivopt.cli_args import (
     int_at_least,
     int_in,
     is_file_error,
+    name_task_param,
     one_line,
     shown,
     task_param_error,
@@ -49,7 +50,7 @@ def _build_run(config, where: str = "config"):
     try:
         return build_run(config)
     except ValueError as exc:
-        raise UsageError(f"{where}: {exc}") from None
+        raise UsageError(f"{where}: {name_task_param(str(exc), config.task_params)}") from None
     except TypeError as exc:
         message = task_param_error(exc)
         if message is None:

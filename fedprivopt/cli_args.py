@@ -163,6 +163,19 @@ def is_file_error(exc: OSError) -> bool:
     return isinstance(exc, _FILE_ERRORS) or exc.filename is not None
 
 
+def name_task_param(message: str, params: dict) -> str:
+    """Name a task parameter in ``message`` as the user wrote it.
+
+    A task constructor's error starts with its argument's name (``train_bias must ...``,
+    ``examples_per_user=...``); it becomes the key of the config (``task-params.train-bias must
+    ...``). Other messages are returned unchanged.
+    """
+    for key in sorted(params, key=len, reverse=True):
+        if message.startswith((f"{key} ", f"{key}=")):
+            return f"task-params.{key.replace('_', '-')}{message[len(key) :]}"
+    return message
+
+
 def task_param_error(exc: TypeError) -> str | None:
     """The message for a task constructor's unknown keyword argument, else ``None``.
 

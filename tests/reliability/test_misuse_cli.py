@@ -144,7 +144,21 @@ def test_toy_examples_per_user_are_bounded(tmp_path):
     argv = simulate(
         str(tmp_path / "run"), "--set", "task-params.examples-per-user=[1, 100000000000]"
     )
-    usage_error(run_child(argv), "examples_per_user")
+    usage_error(run_child(argv), "task-params.examples-per-user=")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ("task-params.train-bias=maybe", "task-params.train-bias must be true or false"),
+        ("task-params.init-bias='prior'", "task-params.init-bias must be one of zero, tag-prior"),
+        ("task-params.eval-users=0", "task-params.eval-users must be an integer >= 1"),
+    ],
+)
+def test_a_bad_task_parameter_is_named_as_written(tmp_path, setting, needle):
+    argv = ["simulate", str(TAG_MINI), "--out", str(tmp_path / "run"), "--set", setting]
+    usage_error(run_cli(argv), needle)
     assert not (tmp_path / "run").exists()
 
 

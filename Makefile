@@ -21,6 +21,7 @@ REPRO_OUT    ?= runs/reproduce
 REPRO_SEEDS  ?= 3
 SWEEP        ?= experiments/adadps-paper.sweep.toml
 SWEEP_EMA    ?= experiments/adadps-paper-ema.sweep.toml
+SWEEP_FROZEN ?= experiments/adadps-paper-frozen-bias.sweep.toml
 SWEEP_OUT    ?= runs/sweep
 
 .PHONY: venv demo test lint bench reproduce sweep clean
@@ -48,6 +49,7 @@ reproduce: venv
 sweep: venv
 	$(PY) experiments/sweep.py $(SWEEP) --out $(SWEEP_OUT) --jobs 2
 	$(PY) experiments/sweep.py $(SWEEP_EMA) --out $(SWEEP_OUT)-ema --jobs 2
+	$(PY) experiments/sweep.py $(SWEEP_FROZEN) --out $(SWEEP_OUT)-frozen --jobs 2
 
 test: venv
 	$(PY) -m ruff check .

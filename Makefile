@@ -50,6 +50,7 @@ sweep: venv
 	$(PY) experiments/sweep.py $(SWEEP) --out $(SWEEP_OUT) --jobs 2
 	$(PY) experiments/sweep.py $(SWEEP_EMA) --out $(SWEEP_OUT)-ema --jobs 2
 	$(PY) experiments/sweep.py $(SWEEP_FROZEN) --out $(SWEEP_OUT)-frozen --jobs 2
+	$(PY) experiments/sweep.py $(SWEEP_FROZEN:.sweep.toml=-nonprivate.sweep.toml) --out $(SWEEP_OUT)-frozen-nonprivate --jobs 2
 
 test: venv
 	$(PY) -m ruff check .

@@ -114,7 +114,7 @@ class TagCohortTrainer:
         self.num_tags = int(task.num_tags)
         self.length = (self.vocab_size + 1) * self.num_tags
         # a bias that does not train (``train_bias = False``) keeps its row of every update at 0
-        self.train_bias = bool(getattr(task, "train_bias", True))
+        self.train_bias = task.train_bias
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)

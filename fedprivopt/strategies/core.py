@@ -280,8 +280,9 @@ class ServerAlgorithm:
         )
         if self.frozen is not None:
             # frozen parameters: their coordinates are zero in every update, so only noise is
-            # there; dropping it (the same coordinates for any data) is post-processing
-            agg.delta_tilde = agg.delta_tilde.masked_fill(self.frozen, 0.0)
+            # there; dropping it (the same coordinates for any data) is post-processing. In place:
+            # the aggregator returns a fresh tensor, and a copy would cost a model's size a round
+            agg.delta_tilde.masked_fill_(self.frozen, 0.0)
         return agg
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:

@@ -523,6 +523,9 @@ def _run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: Run
     Flower runs the ServerApp in a thread of its own that is not a daemon. If the engine ends
     early (Ctrl-C, an error), that thread is stopped through :func:`interrupt.stoppable_grid`
     at its next call (after the round it is recording) and waited for, so the process can exit.
+    A first signal does only that (:func:`interrupt.signals_stop`): the ServerApp returns and
+    Flower stops its engine and Ray in its own order; then the run raises
+    :class:`interrupt.Interrupted`.
     """
     from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
@@ -548,19 +551,22 @@ def _run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: Run
         "client_resources": {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus},
         "init_args": {"num_cpus": config.ray_cpus or (os.cpu_count() or 1)},
     }
-    try:
-        run_simulation(
-            server_app=app,
-            client_app=make_client_app(
-                task=config.task, task_params=config.task_params, device=config.device
-            ),
-            num_supernodes=task.num_users,
-            backend_config=backend,
-        )
-    finally:
-        stop.set()
-        for thread in server:
-            thread.join(timeout=SERVER_STOP_WAIT)
+    with interrupt.signals_stop(stop) as received:
+        try:
+            run_simulation(
+                server_app=app,
+                client_app=make_client_app(
+                    task=config.task, task_params=config.task_params, device=config.device
+                ),
+                num_supernodes=task.num_users,
+                backend_config=backend,
+            )
+        finally:
+            stop.set()
+            for thread in server:
+                thread.join(timeout=SERVER_STOP_WAIT)
+    if received:
+        raise interrupt.Interrupted(received[0])
     if not done:
         raise RuntimeError("the Flower simulation ended without finishing the run (see its log)")
     return done[0]

@@ -353,9 +353,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _build_run(config)  # validates the task and the population before anything is written
         outcome = simulate(config, out, progress=not args.quiet)
     final = outcome.rows[-1] if outcome.rows else {}
-    metric = next(
-        (k for k in ("eval_recall_at_5", "eval_accuracy", "eval_loss") if k in final), None
-    )
+    metric = next((k for k in (outcome.metric, "eval_loss") if k in final), None)
     shown = f", {metric} = {final[metric]:.4f}" if metric else ""
     print(
         f"{outcome.rounds_completed} rounds ({outcome.stopped_reason}){shown}, "
@@ -513,7 +511,8 @@ def _add_compare(sub) -> None:
     p.add_argument(
         "--metric",
         choices=("eval_accuracy", "eval_recall_at_5", "eval_precision_at_5", "eval_loss"),
-        help="task metric of the report (default: recall@5 where reported, else accuracy)",
+        help="task metric of the report (default: the task's own: accuracy for single-label "
+        "tag prediction and the toy task, recall@5 for multi-label tag prediction)",
     )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset key")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")

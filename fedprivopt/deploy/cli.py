@@ -142,9 +142,8 @@ def run_deploy_command(args: argparse.Namespace) -> int:
 
     summary = json.loads((run_dir / "summary.json").read_text())
     final = summary.get("final", {})
-    metric = next(
-        (k for k in ("eval_recall_at_5", "eval_accuracy", "eval_loss") if k in final), None
-    )
+    leading = summary.get("primary_metric", "eval_accuracy")
+    metric = next((k for k in (leading, "eval_loss") if k in final), None)
     shown = f", {metric} = {final[metric]:.4f}" if metric else ""
     print(
         f"{summary['rounds_completed']} rounds ({summary['stopped_reason']}){shown}, "

@@ -20,7 +20,14 @@ from fedprivopt.models.side_information import (
     two_level_preconditioner,
 )
 from fedprivopt.models.tag_prediction import BagOfWordsLogisticRegression, StackOverflowTagTask
-from fedprivopt.models.task import Task, frozen_mask, initial_flat, model_spec, state_to_flat
+from fedprivopt.models.task import (
+    Task,
+    frozen_mask,
+    initial_flat,
+    model_spec,
+    primary_metric,
+    state_to_flat,
+)
 from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "frozen_mask",
     "initial_flat",
     "model_spec",
+    "primary_metric",
     "public_users_preconditioner",
     "register_task",
     "state_to_flat",

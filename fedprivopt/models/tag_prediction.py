@@ -782,6 +782,15 @@ class StackOverflowTagTask(StackOverflowFiles):
         return model
 
     @property
+    def primary_metric(self) -> str:
+        """The metric reports lead with.
+
+        ``"accuracy"`` for one tag per example (the metric of the AdaDPS paper), else
+        ``"recall_at_5"`` (TFF's StackOverflow tag prediction).
+        """
+        return "accuracy" if self.single_label else "recall_at_5"
+
+    @property
     def initialization(self) -> str:
         """How :meth:`build_model` initializes, and what public data it uses (run summaries)."""
         bias = (

@@ -19,7 +19,14 @@ import torch
 
 from fedprivopt.privacy.flat import FlatSpec, flatten
 
-__all__ = ["Task", "frozen_mask", "initial_flat", "model_spec", "state_to_flat"]
+__all__ = [
+    "Task",
+    "frozen_mask",
+    "initial_flat",
+    "model_spec",
+    "primary_metric",
+    "state_to_flat",
+]
 
 
 @runtime_checkable
@@ -32,6 +39,10 @@ class Task(Protocol):
         Registry name of the task (see :func:`fedprivopt.models.build_task`).
     num_users : int
         Number of training users; user ids are ``0 .. num_users - 1``.
+
+    primary_metric : str, optional
+        The metric of :meth:`evaluate` that reports lead with (e.g. ``"recall_at_5"``); a task
+        without this attribute is reported by its ``"accuracy"`` (:func:`primary_metric`).
 
     Notes
     -----
@@ -71,6 +82,18 @@ class Task(Protocol):
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
         """Evaluate on the task's held-out data: at least ``"loss"`` and ``"accuracy"``."""
         ...
+
+
+def primary_metric(task: Task) -> str:
+    """The round-metric key of ``task``'s headline metric: ``"eval_" + task.primary_metric``.
+
+    Progress lines, the command line's last line, run summaries and reports lead with it.
+    ``"eval_accuracy"`` for a task that does not name one.
+    """
+    name = getattr(task, "primary_metric", "accuracy")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{type(task).__name__}.primary_metric must be a metric name, got {name!r}")
+    return f"eval_{name}"
 
 
 def model_spec(task: Task) -> FlatSpec:

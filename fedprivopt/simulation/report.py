@@ -213,11 +213,19 @@ def load_runs(root: str | Path) -> list[RunData]:
 
 
 def choose_metric(runs: Sequence[RunData]) -> str:
-    """The task metric to report: ``eval_recall_at_5`` if any run has it, else ``eval_accuracy``."""
-    for metric in _METRIC_PREFERENCE:
-        if any(run.has_metric(metric) for run in runs):
+    """The task metric to report: the one the runs' task leads with.
+
+    That is the ``primary_metric`` their summaries name (:func:`fedprivopt.models.primary_metric`)
+    when every run that names one names the same and some run reports it. Runs written before
+    summaries named it (or of several tasks) get ``eval_recall_at_5`` if any run has it, else
+    ``eval_accuracy``.
+    """
+    named = {run.summary.get("primary_metric") for run in runs} - {None}
+    preference = (*named, *_METRIC_PREFERENCE) if len(named) == 1 else _METRIC_PREFERENCE
+    for metric in preference:
+        if isinstance(metric, str) and any(run.has_metric(metric) for run in runs):
             return metric
-    raise ValueError(f"runs: none reports a task metric (one of {list(_METRIC_PREFERENCE)})")
+    raise ValueError(f"runs: none reports a task metric (one of {list(preference)})")
 
 
 def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> list[dict[str, Any]]:

@@ -46,7 +46,7 @@ from fedprivopt.models.side_information_config import (
     build_side_information,
     resolve_side_information,
 )
-from fedprivopt.models.task import Task, frozen_mask, initial_flat, model_spec
+from fedprivopt.models.task import Task, frozen_mask, initial_flat, model_spec, primary_metric
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import unflatten
 from fedprivopt.privacy.rng import RngFactory
@@ -99,6 +99,8 @@ class RunOutcome:
     rounds_completed: int
     stopped_reason: str
     rows: list[dict[str, Any]]
+    metric: str = "eval_accuracy"
+    """The task's headline metric (:func:`~fedprivopt.models.task.primary_metric`)."""
 
 
 # -- files -----------------------------------------------------------------------------------------
@@ -316,6 +318,7 @@ class RunWriter:
             "delta": c.strategy.delta,
             "accountant": c.strategy.accountant,
             "stopped_reason": stopped_reason,
+            "primary_metric": primary_metric(self.task),
             "final": final,
             "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
             "threat_model": _threat_model(c, side),
@@ -582,8 +585,9 @@ SERVER_STOP_WAIT = 60.0
 class _Progress:
     """A progress bar (round, task metric, ε) on a terminal; one line per round otherwise."""
 
-    def __init__(self, total: int, done: int) -> None:
+    def __init__(self, total: int, done: int, metric: str) -> None:
         self.total = total
+        self.metric = metric
         self.bar = None
         if sys.stderr.isatty():
             from rich.console import Console
@@ -604,9 +608,7 @@ class _Progress:
             self.bar.start()
 
     def __call__(self, row: dict[str, Any]) -> None:
-        metric = next(
-            (k for k in ("eval_recall_at_5", "eval_accuracy", "eval_loss") if k in row), None
-        )
+        metric = next((k for k in (self.metric, "eval_loss") if k in row), None)
         shown = f"{metric}={row[metric]:.4f}  " if metric else ""
         shown += f"epsilon={row['epsilon']:.4g}"
         if self.bar is not None:
@@ -632,7 +634,11 @@ def _execute(
     ledger: RunLedger,
 ) -> RunOutcome:
     writer = RunWriter(out, config, alg, task, ledger)
-    bar = _Progress(config.strategy.num_server_rounds, alg.round_num) if progress else None
+    bar = (
+        _Progress(config.strategy.num_server_rounds, alg.round_num, primary_metric(task))
+        if progress
+        else None
+    )
     writer.progress = bar
     uses_ray = config.engine == "flower" or config.fast_actors > 0
     try:
@@ -654,7 +660,9 @@ def _execute(
     if alg.round_num and (alg.round_num % config.checkpoint_every):
         writer.save_checkpoint()
     writer.write_summary(reason)
-    return RunOutcome(out, alg.params, writer.epsilon(), alg.round_num, reason, writer.rows)
+    return RunOutcome(
+        out, alg.params, writer.epsilon(), alg.round_num, reason, writer.rows, primary_metric(task)
+    )
 
 
 def simulate(

@@ -16,6 +16,7 @@ from fedprivopt.models import (
     frozen_mask,
     initial_flat,
     model_spec,
+    primary_metric,
 )
 from fedprivopt.models.tag_prediction import dense_features, multi_hot, tag_metrics
 from fedprivopt.privacy import RngFactory
@@ -207,6 +208,9 @@ def test_losses_match_torch_references(hand_dir):
     xs, ys = single.user_data(0)
     ref = torch.nn.functional.cross_entropy(dense_features(xs, 3) @ model.weight + model.bias, ys)
     assert torch.allclose(single.loss(model, xs, ys), ref)
+    # the paper's single-label setting reports accuracy, TFF's multi-label one recall@5
+    assert (primary_metric(single), primary_metric(multi)) == ("eval_accuracy", "eval_recall_at_5")
+    assert {"eval_" + k for k in single.evaluate(model)} >= {"eval_accuracy", "eval_recall_at_5"}
 
 
 # ----------------------------------------------------------------------------------- metrics

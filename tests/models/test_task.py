@@ -6,6 +6,7 @@ from fedprivopt.models import (
     build_task,
     initial_flat,
     model_spec,
+    primary_metric,
     register_task,
     state_to_flat,
     task_names,
@@ -22,6 +23,18 @@ def test_model_spec_and_initial_flat():
     flat = initial_flat(task)
     assert flat.shape == (spec.numel,) and flat.dtype == torch.float32
     assert torch.equal(flat[:24], task.build_model().weight.detach().reshape(-1))
+
+
+def test_primary_metric_is_the_tasks_own_or_accuracy():
+    assert primary_metric(ToyClassificationTask(dim=3, num_classes=2)) == "eval_accuracy"
+
+    class Named(ToyClassificationTask):
+        primary_metric = "recall_at_5"
+
+    assert primary_metric(Named(dim=3, num_classes=2)) == "eval_recall_at_5"
+    Named.primary_metric = ""
+    with pytest.raises(TypeError, match=r"Named\.primary_metric must be a metric name"):
+        primary_metric(Named(dim=3, num_classes=2))
 
 
 def test_state_to_flat_reorders_and_checks():

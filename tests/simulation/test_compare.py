@@ -191,3 +191,14 @@ def test_a_stored_config_equals_the_config_it_was_written_from(tmp_path):
     other = load_config(PRESET, {"clip-norm": 0.5, "task-params.dim": 3})
     assert first_difference(config, other) == ("clip-norm", 1.0, 0.5)
     assert first_difference(other, config) == ("clip-norm", 0.5, 1.0)
+
+
+def test_the_report_leads_with_the_tasks_own_metric(tmp_path):
+    # issue 16: the AdaDPS preset (single-label) reports accuracy, the mini preset recall@5
+    mini = str(PRESET.with_name("stackoverflow-tp-mini.toml"))
+    for single, shown in (("true", "accuracy (eval)"), ("false", "recall@5 (eval)")):
+        out = tmp_path / single
+        argv = ["compare", mini, "--strategies", "dp-fedavg", "--rounds", "1", "--quiet"]
+        assert main([*argv, "--out", str(out), "--set", f"task-params.single-label={single}"]) == 0
+        header = next(x for x in (out / "report.md").read_text().splitlines() if "| ε |" in x)
+        assert shown in header and header.count("(eval)") == 1, header

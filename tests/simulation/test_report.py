@@ -224,6 +224,27 @@ def test_metric_choice_prefers_recall_and_final_falls_back_to_rows(tmp_path):
     assert aggregate_runs([run], metric="eval_accuracy")[0]["eval_accuracy_mean"] == 0.9
 
 
+def test_the_report_leads_with_the_metric_the_runs_task_names(tmp_path):
+    def run(root, named):
+        p = write_run(root, "dp-fedavg", 1.0, 0, metric="eval_recall_at_5", final=0.3,
+                      extra_final={"eval_accuracy": 0.9})  # fmt: skip
+        summary = json.loads((p / "summary.json").read_text())
+        if named is not None:
+            summary["primary_metric"] = named
+        (p / "summary.json").write_text(json.dumps(summary))
+        return load_run(p)
+
+    single = run(tmp_path / "a", "eval_accuracy")  # a single-label task reports both
+    assert choose_metric([single]) == "eval_accuracy"
+    text = write_report(tmp_path / "ra", [single], title="t").read_text()
+    assert "accuracy (eval)" in text and "recall@5 (eval)" not in text
+    assert choose_metric([run(tmp_path / "b", "eval_recall_at_5")]) == "eval_recall_at_5"
+    # written before summaries named it: the old preference
+    assert choose_metric([run(tmp_path / "c", None)]) == "eval_recall_at_5"
+    # a named metric no run reports falls back too
+    assert choose_metric([run(tmp_path / "d", "eval_precision_at_5")]) == "eval_recall_at_5"
+
+
 def test_runs_lacking_the_metric_are_skipped_with_a_warning(tmp_path):
     a = load_run(write_run(tmp_path, "dp-fedavg", 1.0, 0, metric="eval_recall_at_5"))
     b = load_run(write_run(tmp_path, "dp-fedavg", 1.0, 1, metric="eval_accuracy"))

@@ -42,6 +42,7 @@ def test_simulate_writes_metrics_summary_config_and_checkpoints(tmp_path):
     assert summary["rounds_completed"] == 6 and summary["stopped_reason"] == "rounds"
     assert summary["epsilon"] == rows[-1]["epsilon"] == outcome.epsilon
     assert summary["final"]["eval_accuracy"] == rows[-1]["eval_accuracy"]
+    assert summary["primary_metric"] == outcome.metric == "eval_accuracy"  # the toy task's
     assert load_config(out / "config.toml") == small_config(**{"eval-every": 2})
     assert torch.equal(final_params(out), outcome.params)
     with pytest.raises(ValueError, match="already holds a run"):

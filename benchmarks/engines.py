@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from fedprivopt.clients.trainer import epoch_orders  # noqa: E402
 from fedprivopt.privacy.rng import RngFactory  # noqa: E402
-from fedprivopt.simulation import run as run_module  # noqa: E402
 from fedprivopt.simulation.config import load_config  # noqa: E402
+from fedprivopt.simulation.engines import run_fast, run_flower  # noqa: E402
 from fedprivopt.simulation.run import RunWriter, build_run  # noqa: E402
 
 PRESET = ROOT / "simulations" / "stackoverflow-tp.toml"
@@ -146,9 +146,9 @@ def main() -> int:
     writer = TimedWriter(out, config, alg, task)
     start = time.perf_counter()
     if args.engine == "flower":
-        run_module._run_flower(config, task, alg, writer)
+        run_flower(config, task, alg, writer)
     else:
-        run_module._run_fast(config, task, alg, writer)
+        run_fast(config, task, alg, writer)
     stamps = [start, *writer.stamps]
     seconds = [b - a for a, b in itertools.pairwise(stamps)]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

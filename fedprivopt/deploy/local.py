@@ -51,6 +51,7 @@ from fedprivopt.deploy.tls import make_node_key, make_tls_files
 from fedprivopt.deploy.watchdog import Watchdog
 from fedprivopt.deploy.workdir import make_workdir
 from fedprivopt.simulation.config import RunConfig
+from fedprivopt.simulation.files import to_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -141,21 +142,11 @@ def stage_app(src: str | Path, dst: str | Path) -> Path:
     return dst
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"run config values must be finite, got {value!r}")
-        return repr(value)
-    return json.dumps(str(value))
-
-
 def _write_run_config(path: Path, overrides: Mapping[str, Any]) -> Path:
-    lines = [f"{json.dumps(key)} = {_toml_value(value)}" for key, value in overrides.items()]
-    path.write_text("\n".join(lines) + "\n")
+    for value in overrides.values():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"run config values must be finite, got {value!r}")
+    path.write_text(to_toml(overrides), encoding="utf-8")
     return path
 
 

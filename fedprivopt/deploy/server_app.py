@@ -3,7 +3,7 @@
 ``flwr run . <connection>`` makes the SuperLink start this app with the run config of
 ``pyproject.toml`` (plus the ``--run-config`` overrides). Its main validates the run config
 (:func:`~fedprivopt.deploy.runconfig.run_config_from_flower`), builds the task and the server
-algorithm, and runs the rounds with :func:`~fedprivopt.simulation.run.serve_flower`, so the run
+algorithm, and runs the rounds with :func:`~fedprivopt.simulation.engines.serve_flower`, so the run
 directory (``out``) holds the same ``config.toml``, ``metrics.jsonl``, ``checkpoint.pt`` and
 ``summary.json`` as ``fedprivopt simulate``. The server logs ε after every round.
 
@@ -16,7 +16,6 @@ there; a start that fails before its first round leaves no half-made run.
 
 from __future__ import annotations
 
-import json
 import os
 from logging import INFO
 from pathlib import Path
@@ -27,14 +26,10 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedprivopt.deploy.runconfig import run_config_from_flower
-from fedprivopt.simulation.run import (
-    SUMMARY_FILE,
-    RunWriter,
-    build_run,
-    serve_flower,
-    start_run_files,
-)
+from fedprivopt.simulation.engines import serve_flower
+from fedprivopt.simulation.run import build_run
 from fedprivopt.simulation.rundir import NewRunDir
+from fedprivopt.simulation.writer import RunWriter, start_run_files
 
 __all__ = ["app", "run_deployment"]
 
@@ -76,13 +71,9 @@ def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
         alg.stopped_reason = reason
         if alg.round_num and alg.round_num % config.checkpoint_every:
             writer.save_checkpoint()
-        summary = writer.write_summary(reason)
-        # The summary written by RunWriter describes the engine; add what only a deployment knows.
-        summary["runtime"] = RUNTIME
-        summary["flower_run_id"] = int(context.run_id)
-        tmp = out / (SUMMARY_FILE + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2, allow_nan=True))
-        os.replace(tmp, out / SUMMARY_FILE)
+        # what only a deployment knows, beside what the writer knows of every run
+        extra = {"runtime": RUNTIME, "flower_run_id": int(context.run_id)}
+        summary = writer.write_summary(reason, extra)
     log(
         INFO,
         "[fedprivopt] finished after %d rounds (%s): epsilon=%.6g at delta=%g; results in %s",

@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
-from fedprivopt.models.side_information_config import SideInformationSpec
+from fedprivopt.models.side_information_config import (
+    ResolvedSideInformation,
+    SideInformationSpec,
+    resolve_side_information,
+)
+from fedprivopt.models.task import Task
+from fedprivopt.simulation.files import to_toml
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 
 if sys.version_info >= (3, 11):
@@ -317,3 +323,27 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
     flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides
     return resolve_config(_merge(flat, overrides))
+
+
+def config_to_toml(config: RunConfig) -> str:
+    """The resolved configuration as a preset (loadable by :func:`load_config`)."""
+    return to_toml(config.to_mapping())
+
+
+def side_information_of(config: RunConfig, task: Task) -> ResolvedSideInformation | None:
+    """The resolved side information of an ``adadps`` run (``None`` for other strategies).
+
+    Cheap (nothing is computed from data); raises ``ValueError`` naming the key on settings that
+    do not fit the task or the population.
+    """
+    s = config.strategy
+    if s.strategy != "adadps":
+        return None
+    return resolve_side_information(
+        config.side_information,
+        task,
+        population=s.population,
+        clients_per_round=s.clients_per_round,
+        batch_size=s.batch_size,
+        max_examples=s.max_examples,
+    )

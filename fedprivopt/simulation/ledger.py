@@ -36,22 +36,22 @@ import torch
 from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
 from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.simulation.files import (
+    CONFIG_FILE,
+    LEDGER_FILE,
+    METRICS_FILE,
+    atomic_write,
+    json_line,
+    write_synced,
+)
 
 __all__ = [
-    "CONFIG_FILE",
-    "LEDGER_FILE",
-    "METRICS_FILE",
     "LedgerEntry",
     "OldLedgerError",
     "RunLedger",
     "params_sha256",
 ]
 
-# The files of a run directory that the ledger reads, writes or names in its refusals (the others:
-# fedprivopt.simulation.rundir, which imports these).
-CONFIG_FILE = "config.toml"
-METRICS_FILE = "metrics.jsonl"
-LEDGER_FILE = "privacy_ledger.jsonl"
 LEDGER_VERSION = 2
 OLD_LEDGER_SUFFIX = ".v1"
 
@@ -209,10 +209,7 @@ class RunLedger:
         """Write a new ledger (its header) into ``out``; the file must not exist."""
         header = cls.header_for(config, accountant)
         path = out / LEDGER_FILE
-        with open(path, "x") as fh:
-            fh.write(json.dumps(header, allow_nan=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_synced(path, json_line(header), mode="x")
         return cls(path, header, [])
 
     @classmethod
@@ -223,13 +220,8 @@ class RunLedger:
         path = out / LEDGER_FILE
         if path.exists():
             os.replace(path, out / (LEDGER_FILE + OLD_LEDGER_SUFFIX))
-        tmp = out / (LEDGER_FILE + ".tmp")
-        text = "".join(json.dumps(x, allow_nan=True) + "\n" for x in [header, *lines])
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        text = "".join(json_line(x) for x in [header, *lines])
+        atomic_write(path, text)
         return cls._parse(path, text.splitlines())
 
     @classmethod
@@ -361,10 +353,7 @@ class RunLedger:
             "released": _released_json(released),
             "params_sha256": digest,
         }
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(line, allow_nan=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_synced(self.path, json_line(line), mode="a")
         number = (self.entries[-1].line if self.entries else 1) + 1
         self.entries.append(LedgerEntry(kind, int(round_num), released, events, digest, number))
         self._total = merge_ledger([*self._total, *released])

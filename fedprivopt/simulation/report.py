@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows
+
 __all__ = [
     "RunData",
     "aggregate_runs",
@@ -40,8 +42,6 @@ __all__ = [
     "write_summary_csv",
 ]
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
 _METRIC_PREFERENCE = ("eval_recall_at_5", "eval_accuracy")
 _PRETTY = {
     "eval_recall_at_5": "recall@5 (eval)",
@@ -173,24 +173,8 @@ def load_run(path: str | Path) -> RunData:
     if missing:
         raise ValueError(f"{summary_path}: missing keys {missing}")
 
-    text = metrics_path.read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")  # a complete file ends with "\n", so the last piece is ""
-    rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        is_unterminated = lineno == len(lines)
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if is_unterminated:
-                notes.append(f"{metrics_path}: skipped truncated final line {lineno}")
-                continue
-            raise ValueError(f"{metrics_path}: line {lineno} is not valid JSON ({exc})") from exc
-        if not isinstance(row, dict) or not isinstance(row.get("round"), int):
-            raise ValueError(f"{metrics_path}: line {lineno} is not an object with an int 'round'")
-        rows.append(row)
+    rows = read_rows(metrics_path, skipped=notes)
     return RunData(summary=summary, rows=rows, path=path, warnings=tuple(notes))
 
 

@@ -26,50 +26,44 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
-import re
 import sys
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task
-from fedprivopt.models.side_information_config import (
-    ResolvedSideInformation,
-    build_side_information,
-    resolve_side_information,
-)
-from fedprivopt.models.task import Task, frozen_mask, initial_flat, model_spec, primary_metric
+from fedprivopt.models.side_information_config import build_side_information
+from fedprivopt.models.task import Task, frozen_mask, initial_flat, primary_metric
 from fedprivopt.privacy.accounting import check_ledger
-from fedprivopt.privacy.flat import unflatten
-from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.simulation import interrupt
-from fedprivopt.simulation.config import RunConfig, load_config
-from fedprivopt.simulation.fast import local_config, make_cohort_train
-from fedprivopt.simulation.ledger import (
+from fedprivopt.simulation.checkpoint import load_checkpoint, newest_checkpoint
+from fedprivopt.simulation.config import (
+    RunConfig,
+    config_to_toml,
+    load_config,
+    side_information_of,
+)
+from fedprivopt.simulation.engines import run_fast, run_flower, serve_flower
+from fedprivopt.simulation.files import (
+    CHECKPOINT,
     CONFIG_FILE,
     LEDGER_FILE,
-    METRICS_FILE,
-    OldLedgerError,
-    RunLedger,
-)
-from fedprivopt.simulation.rundir import (
-    CHECKPOINT,
     LOCK_FILE,
+    METRICS_FILE,
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
-    NewRunDir,
-    lock_run_dir,
+    atomic_write,
+    json_line,
+    read_rows,
 )
+from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
+from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
-from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest, drive_round
+from fedprivopt.strategies.core import ServerAlgorithm
 
 __all__ = [
     "CHECKPOINT",
@@ -82,8 +76,12 @@ __all__ = [
     "RunOutcome",
     "RunWriter",
     "build_run",
+    "config_to_toml",
+    "load_checkpoint",
+    "read_rows",
     "resume",
     "serve_flower",
+    "side_information_of",
     "simulate",
     "start_run_files",
 ]
@@ -101,289 +99,6 @@ class RunOutcome:
     rows: list[dict[str, Any]]
     metric: str = "eval_accuracy"
     """The task's headline metric (:func:`~fedprivopt.models.task.primary_metric`)."""
-
-
-# -- files -----------------------------------------------------------------------------------------
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
-
-
-def _toml_string(text: str) -> str:
-    out = []
-    for ch in text:
-        if ch in ('"', "\\"):
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)  # any other character literally (TOML files are UTF-8)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return repr(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return _toml_string(str(value))
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else _toml_string(key)
-
-
-def config_to_toml(config: RunConfig) -> str:
-    """The resolved configuration as a preset (loadable by :func:`load_config`)."""
-    data = config.to_mapping()
-    tables = {key: data.pop(key) for key in list(data) if isinstance(data[key], dict)}
-    lines = [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in data.items()]
-    for name, table in tables.items():  # side-information, task-params
-        lines += ["", f"[{_toml_key(name)}]"]
-        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _json_line(row: dict[str, Any]) -> str:
-    return json.dumps(row, allow_nan=True) + "\n"
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of ``metrics.jsonl``; an incomplete last line (a killed write) is dropped."""
-    if not path.exists():
-        return []
-    rows = []
-    lines = path.read_text().splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
-    return rows
-
-
-def start_run_files(out: Path, config: RunConfig, alg: ServerAlgorithm) -> RunLedger:
-    """Write ``config.toml`` and the privacy ledger's header into a claimed, locked directory.
-
-    ``out`` comes from :class:`~fedprivopt.simulation.rundir.NewRunDir` (new, empty, or a run
-    of ours being overwritten). Returns the new ledger.
-    """
-    _atomic_write_bytes(out / CONFIG_FILE, config_to_toml(config).encode())
-    return RunLedger.create(out, config, alg.accountant)
-
-
-class RunWriter:
-    """Writes the ledger lines, rows, checkpoints and the summary of one run directory.
-
-    With a ``ledger`` (every run of :func:`simulate`, :func:`resume` and a deployment) each round
-    is recorded in it before its row, checkpoint or next broadcast, the accountant is set from
-    it, and the summary's ε is composed from it. Without one (benchmarks) nothing is recorded.
-    """
-
-    def __init__(
-        self,
-        out: Path,
-        config: RunConfig,
-        algorithm: ServerAlgorithm,
-        task: Task,
-        ledger: RunLedger | None = None,
-    ):
-        self.out = out
-        self.config = config
-        self.algorithm = algorithm
-        self.task = task
-        self.ledger = ledger
-        self.rows = read_rows(out / METRICS_FILE)
-        self.last_time = time.perf_counter()
-        self.progress: Callable[[dict[str, Any]], None] | None = None
-
-    def save_checkpoint(self) -> None:
-        """Atomically replace the checkpoint, keeping the previous one.
-
-        Order (each step fsynced): the round was recorded in the privacy ledger by
-        :meth:`on_round` already; (1) the new checkpoint, with a SHA-256 digest of its content, is
-        written to a temporary file; (2) the current checkpoint becomes the previous one and the
-        temporary file the current one (two renames). At every instant a complete checkpoint
-        exists, and a torn or bit-flipped one is recognised by :func:`load_checkpoint`.
-        """
-        import io
-
-        out, ckpt = self.out, self.out / CHECKPOINT
-        state = {"algorithm": self.algorithm.state_dict(), "rows": len(self.rows)}
-        state["sha256"] = _state_digest(state)
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        tmp = ckpt.with_name(ckpt.name + ".tmp")
-        _write_synced(tmp, buf.getvalue())
-        if ckpt.exists():
-            os.replace(ckpt, out / PREVIOUS_CHECKPOINT)
-        os.replace(tmp, ckpt)
-        _fsync_dir(out)
-
-    def evaluate(self, params: torch.Tensor) -> dict[str, float]:
-        """Central evaluation of ``params`` on the task's held-out data."""
-        model = self.task.build_model()
-        model.load_state_dict(unflatten(params.detach().cpu(), model_spec(self.task)))
-        return {f"eval_{k}": float(v) for k, v in self.task.evaluate(model).items()}
-
-    def wants_eval(self, round_num: int) -> bool:
-        """Whether ``round_num`` is evaluated (every ``eval-every`` rounds and the last)."""
-        c = self.config
-        return round_num % c.eval_every == 0 or round_num == c.strategy.num_server_rounds
-
-    def on_round(self, result: RoundResult, eval_metrics: dict[str, float] | None) -> None:
-        """Record one finished round: the ledger line, a metrics row if evaluated, a checkpoint.
-
-        The ledger line (fsynced) comes first, before anything of the round leaves: its row, its
-        checkpoint, the next round's broadcast.
-        """
-        now = time.perf_counter()
-        seconds, self.last_time = now - self.last_time, now
-        r = result.round_num
-        epsilon = result.metrics["epsilon"]
-        if self.ledger is not None:
-            alg = self.algorithm
-            self.ledger.record(r, alg.round_events(), result.params, alg.accountant)
-            epsilon = alg.epsilon()
-        if eval_metrics is not None:
-            row = {
-                "round": r,
-                "epsilon": epsilon,
-                "delta": self.config.strategy.delta,
-                **eval_metrics,
-                "seconds": seconds,
-                **{k: v for k, v in result.metrics.items() if k != "epsilon"},
-            }
-            self.rows.append(row)
-            with open(self.out / METRICS_FILE, "a") as fh:
-                fh.write(_json_line(row))
-                fh.flush()
-                os.fsync(fh.fileno())
-            if self.progress is not None:
-                self.progress(row)
-        if r % self.config.checkpoint_every == 0 or r == self.config.strategy.num_server_rounds:
-            self.save_checkpoint()
-
-    def _reference(self) -> dict[str, Any] | None:
-        """The task's untrained public reference model and its metrics (e.g. the tag prior)."""
-        make = getattr(self.task, "reference", None)
-        if not callable(make):
-            return None
-        name, metrics = make()
-        return {"name": name, "metrics": {f"eval_{k}": v for k, v in metrics.items()}}
-
-    def epsilon(self) -> float:
-        """ε of everything this directory released: from the ledger (the algorithm's without)."""
-        if self.ledger is not None:
-            return self.ledger.epsilon()
-        return self.algorithm.epsilon()
-
-    def write_summary(self, stopped_reason: str) -> dict[str, Any]:
-        """Write ``summary.json`` for the run as it stands."""
-        c = self.config
-        side = side_information_of(c, self.task)
-        final = {
-            k: v for k, v in (self.rows[-1] if self.rows else {}).items() if k.startswith("eval_")
-        }
-        summary = {
-            "strategy": c.strategy.strategy,
-            "engine": c.engine,
-            "task": c.task,
-            "seed": c.strategy.seed,
-            "noise_multiplier": c.strategy.noise_multiplier if c.strategy.private else 0.0,
-            "rounds_completed": self.algorithm.round_num,
-            "epsilon": self.epsilon(),
-            "delta": c.strategy.delta,
-            "accountant": c.strategy.accountant,
-            "stopped_reason": stopped_reason,
-            "primary_metric": primary_metric(self.task),
-            "final": final,
-            "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
-            "threat_model": _threat_model(c, side),
-            "evaluated_model": _evaluated_model(c),
-            "initial_model": getattr(self.task, "initialization", None),
-            "side_information": None if side is None else side.summary(),
-            "reference": self._reference(),
-            "config": c.to_mapping(),
-        }
-        _atomic_write_bytes(
-            self.out / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=True).encode()
-        )
-        return summary
-
-
-def _evaluated_model(config: RunConfig) -> str:
-    beta = config.strategy.ema_decay
-    if beta <= 0:
-        return "the last iterate"
-    return (
-        f"the exponential moving average (decay {beta:g}) of the released iterates: "
-        "post-processing, no privacy cost"
-    )
-
-
-def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None) -> str:
-    s = config.strategy
-    if not s.private:
-        return "not private: updates are neither clipped nor noised"
-    text = "user-level DP of every released model (and of everything computed from them)"
-    if s.noise_mode == "server":
-        text += "; the server is trusted with individual clipped updates"
-    else:
-        text += (
-            "; each update leaves its device carrying a noise share, and the full guarantee "
-            "needs min-shares honest shares (the server tops up when fewer arrive)"
-        )
-    if s.strategy == "adadps":
-        kind = f" ({side.kind})" if side is not None else ""
-        text += f"; the side information{kind} must be public: it is not covered by the guarantee"
-        if side is not None and side.public_users:
-            text += "; " + side.exclusion()
-    return text
-
-
-# -- building blocks -------------------------------------------------------------------------------
-
-
-def side_information_of(config: RunConfig, task: Task) -> ResolvedSideInformation | None:
-    """The resolved side information of an ``adadps`` run (``None`` for other strategies).
-
-    Cheap (nothing is computed from data); raises ``ValueError`` naming the key on settings that
-    do not fit the task or the population.
-    """
-    s = config.strategy
-    if s.strategy != "adadps":
-        return None
-    return resolve_side_information(
-        config.side_information,
-        task,
-        population=s.population,
-        clients_per_round=s.clients_per_round,
-        batch_size=s.batch_size,
-        max_examples=s.max_examples,
-    )
 
 
 def build_run(config: RunConfig) -> tuple[Task, ServerAlgorithm]:
@@ -418,168 +133,6 @@ def build_run(config: RunConfig) -> tuple[Task, ServerAlgorithm]:
         planned = strategy.num_server_rounds * alg.events_per_round
         check_ledger([(event, planned)], strategy.delta, accountant="prv")
     return task, alg
-
-
-def fast_train(trainer: LocalTrainer, secure: bool) -> Callable[[TrainRequest], dict]:
-    """The fast engine's client side: train every requested user in process."""
-
-    def train(request: TrainRequest) -> dict[int, torch.Tensor]:
-        cfg = request.client_config
-        local = local_config(cfg)
-        rngs = RngFactory(seed=None, secure=True) if secure else RngFactory(seed=cfg["seed"])
-        return {
-            u: trainer.train(
-                request.params,
-                user_id=u,
-                round_num=request.round_num,
-                config=local,
-                rngs=rngs,
-                preconditioner=request.preconditioner,
-                stream=request.stream,
-            ).delta
-            for u in request.users
-        }
-
-    return train
-
-
-def _device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-SMALL_MODEL = 200_000  # parameters below which one CPU thread beats several (op overhead)
-
-
-def _run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
-    train = make_cohort_train(
-        task,
-        device=_device(config.device),
-        vectorize=config.vectorize,
-        chunk_users=config.cohort_chunk,
-        secure=config.strategy.secure,
-        actors=config.fast_actors,
-        task_name=config.task,
-        task_params=config.task_params,
-    )
-    threads = torch.get_num_threads()
-    if alg.params.numel() < SMALL_MODEL:
-        # measured on 2 cores: 5.7 ms per toy user with 1 thread, 45 ms with 2 (contention)
-        torch.set_num_threads(1)
-    try:
-        for r in range(alg.round_num + 1, config.strategy.num_server_rounds + 1):
-            if not alg.budget_allows_next_round():
-                return "budget"
-            result = drive_round(alg, r, train)
-            metrics = writer.evaluate(alg.output_params()) if writer.wants_eval(r) else None
-            writer.on_round(result, metrics)
-        return "rounds"
-    finally:
-        torch.set_num_threads(threads)
-        close = getattr(train, "close", None)
-        if close is not None:
-            close()
-
-
-def serve_flower(
-    grid,
-    config: RunConfig,
-    task: Task,
-    alg: ServerAlgorithm,
-    writer: RunWriter,
-    *,
-    min_nodes: int = 1,
-) -> str:
-    """Run the rounds of ``alg`` through a Flower ``grid`` (inside a ServerApp's main).
-
-    Used by the simulation engine and by the deployment ServerApp. Central evaluation follows
-    ``eval-every``; every round reaches ``writer``. Returns why the run stopped.
-    """
-    from flwr.app import MetricRecord
-
-    from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
-
-    spec = model_spec(task)
-
-    def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
-        # ``arrays`` is the released iterate, alg.params; with ema-decay the average is evaluated
-        if server_round == 0 or not writer.wants_eval(server_round):
-            return None
-        return MetricRecord(writer.evaluate(alg.output_params()))
-
-    strategy = DPStrategy(alg, spec, min_nodes=min_nodes, on_round=writer.on_round)
-    writer.last_time = time.perf_counter()
-    strategy.start(
-        grid,
-        flat_to_arrays(alg.params, spec),
-        num_rounds=config.strategy.num_server_rounds,
-        timeout=float(config.round_timeout),
-        evaluate_fn=evaluate_fn,
-    )
-    return alg.stopped_reason or "rounds"
-
-
-def _run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
-    """Run the rounds through Flower's simulation engine (Ray).
-
-    Flower runs the ServerApp in a thread of its own that is not a daemon. If the engine ends
-    early (Ctrl-C, an error), that thread is stopped through :func:`interrupt.stoppable_grid`
-    at its next call (after the round it is recording) and waited for, so the process can exit.
-    A first signal does only that (:func:`interrupt.signals_stop`): the ServerApp returns and
-    Flower stops its engine and Ray in its own order; then the run raises
-    :class:`interrupt.Interrupted`.
-    """
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
-
-    from fedprivopt.clients.client_app import make_client_app
-
-    app = ServerApp()
-    done: list[str] = []
-    stop = threading.Event()
-    server: list[threading.Thread] = []
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        server.append(threading.current_thread())
-        try:
-            stoppable = interrupt.stoppable_grid(grid, stop)
-            done.append(serve_flower(stoppable, config, task, alg, writer))
-        except interrupt.Stopped:
-            pass  # the engine was stopped: the main thread reports why
-
-    backend = {
-        "client_resources": {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus},
-        "init_args": {"num_cpus": config.ray_cpus or (os.cpu_count() or 1)},
-    }
-    with interrupt.signals_stop(stop) as received:
-        try:
-            run_simulation(
-                server_app=app,
-                client_app=make_client_app(
-                    task=config.task, task_params=config.task_params, device=config.device
-                ),
-                num_supernodes=task.num_users,
-                backend_config=backend,
-            )
-        finally:
-            stop.set()
-            for thread in server:
-                thread.join(timeout=SERVER_STOP_WAIT)
-    if received:
-        raise interrupt.Interrupted(received[0])
-    if not done:
-        raise RuntimeError("the Flower simulation ended without finishing the run (see its log)")
-    return done[0]
-
-
-SERVER_STOP_WAIT = 60.0
-"""Seconds an interrupted Flower run waits for its ServerApp thread to finish its step."""
-
-
-# -- entry points ----------------------------------------------------------------------------------
 
 
 class _Progress:
@@ -645,9 +198,9 @@ def _execute(
         with interrupt.signals_raise(), interrupt.own_processes(uses_ray):
             if config.engine == "flower":
                 logging.getLogger("flwr").setLevel(logging.WARNING)
-                reason = _run_flower(config, task, alg, writer)
+                reason = run_flower(config, task, alg, writer)
             else:
-                reason = _run_fast(config, task, alg, writer)
+                reason = run_fast(config, task, alg, writer)
     except BaseException as exc:  # Ctrl-C, SIGTERM, SIGHUP: the checkpoint stays, no summary
         stopped = interrupt.as_interrupt(exc)
         if stopped is None:
@@ -679,89 +232,6 @@ def simulate(
     with NewRunDir(out_dir, overwrite=overwrite) as out:
         ledger = start_run_files(out, config, alg)
         return _execute(out, config, task, alg, progress, ledger)
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _state_digest(state: dict[str, Any]) -> str:
-    """SHA-256 over a canonical walk of a checkpoint (its ``sha256`` entry excluded).
-
-    Tensors contribute dtype, shape and raw bytes; dicts their sorted keys; other leaves their
-    ``repr`` (exact for floats). ``torch.load`` does not check the zip CRCs, so a flipped bit in a
-    tensor would otherwise load silently.
-    """
-    import hashlib
-
-    h = hashlib.sha256()
-
-    def walk(x: Any) -> None:
-        if isinstance(x, torch.Tensor):
-            t = x.detach().cpu().contiguous()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(x, dict):
-            h.update(f"D{len(x)}".encode())
-            for key in sorted(x, key=repr):
-                h.update(repr(key).encode())
-                walk(x[key])
-        elif isinstance(x, (list, tuple)):
-            h.update(f"L{len(x)}".encode())
-            for item in x:
-                walk(item)
-        else:
-            h.update(f"S{x!r}".encode())
-
-    walk({k: v for k, v in state.items() if k != "sha256"})
-    return h.hexdigest()
-
-
-def _check_checkpoint(state: Any) -> None:
-    if not isinstance(state, dict) or not isinstance(state.get("algorithm"), dict):
-        raise ValueError("not a fedprivopt checkpoint (no 'algorithm' state)")
-    missing = {"round", "params", "accountant", "config"} - set(state["algorithm"])
-    if missing:
-        raise ValueError(f"algorithm state lacks {sorted(missing)}")
-    if "sha256" in state and state["sha256"] != _state_digest(state):
-        raise ValueError("content does not match its SHA-256 digest")
-
-
-def load_checkpoint(out: Path) -> dict[str, Any] | None:
-    """The newest readable checkpoint of ``out`` (falls back to the previous one).
-
-    A checkpoint is unreadable when ``torch.load`` fails (torn, truncated), when it is not a
-    checkpoint's structure, or when its content does not match the SHA-256 digest stored in it
-    (a bit flip; checkpoints written before digests existed are accepted without one). Returns
-    ``None`` when no checkpoint is readable; :func:`resume` decides whether that is an error.
-    """
-    return _newest_checkpoint(out)[0]
-
-
-def _newest_checkpoint(out: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """:func:`load_checkpoint` and the name of the file it read."""
-    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
-        path = out / name
-        if not path.exists():
-            continue
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            _check_checkpoint(state)
-            return state, name
-        except Exception as exc:  # a torn or corrupt file: try the previous one
-            logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", path, exc)
-    return None, None
 
 
 def _refuse_restart(out: Path, config: RunConfig, last_released: int) -> None:
@@ -861,7 +331,7 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
             "(truncated or edited); refusing to resume"
         )
     last_released = max(shown, ledger.last_round if ledger else 0, old.max_round if old else 0)
-    state, name = _newest_checkpoint(out)
+    state, name = newest_checkpoint(out)
     compare = name  # the checkpoint whose accountant must match the ledger
     if state is None:
         _refuse_restart(out, config, last_released)
@@ -901,6 +371,5 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
         # the good previous one
         os.replace(out / CHECKPOINT, out / (CHECKPOINT + ".bad"))
     rows = [r for r in rows if r["round"] <= alg.round_num]
-    text = "".join(_json_line(r) for r in rows)
-    _atomic_write_bytes(out / METRICS_FILE, text.encode())
+    atomic_write(out / METRICS_FILE, "".join(json_line(r) for r in rows))
     return _execute(out, config, task, alg, progress, ledger)

@@ -21,27 +21,18 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fedprivopt.data.locks import exclusive_lock
-from fedprivopt.simulation.ledger import (
+from fedprivopt.simulation.files import (
+    CHECKPOINT,
     CONFIG_FILE,
     LEDGER_FILE,
+    LOCK_FILE,
     METRICS_FILE,
-    OLD_LEDGER_SUFFIX,
-    RunLedger,
+    PREVIOUS_CHECKPOINT,
+    SUMMARY_FILE,
 )
+from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 
-__all__ = [
-    "CHECKPOINT",
-    "LOCK_FILE",
-    "PREVIOUS_CHECKPOINT",
-    "SUMMARY_FILE",
-    "NewRunDir",
-    "lock_run_dir",
-]
-
-SUMMARY_FILE = "summary.json"
-CHECKPOINT = "checkpoint.pt"
-PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"
-LOCK_FILE = "run.lock"
+__all__ = ["NewRunDir", "lock_run_dir"]
 
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
 _PARTIAL = (CONFIG_FILE + ".tmp", SUMMARY_FILE + ".tmp", METRICS_FILE + ".tmp",

@@ -23,10 +23,10 @@ from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.rng import RngFactory
-from fedprivopt.simulation.run import fast_train
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from tests.fast_train import fast_train
 
 C = 1.0
 

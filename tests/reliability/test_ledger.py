@@ -20,7 +20,7 @@ import torch
 
 from fedprivopt.cli import main
 from fedprivopt.privacy import SubsampledGaussianEvent, compose_epsilon
-from fedprivopt.simulation import run as run_module
+from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.run import (
     CHECKPOINT,
     LEDGER_FILE,
@@ -208,7 +208,7 @@ def _forge_checkpoint(path: Path, events: int) -> None:
     """Lower the accountant's count in a checkpoint and recompute its digest (our own function)."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     state["algorithm"]["accountant"]["ledger"][0]["count"] = events
-    state["sha256"] = run_module._state_digest(state)
+    state["sha256"] = state_digest(state)
     torch.save(state, path)
 
 
@@ -232,7 +232,7 @@ def test_a_seeded_replay_that_differs_from_its_first_release_is_charged(tmp_path
     (out / CHECKPOINT).unlink()  # resume from round 5's checkpoint: round 6 is redone
     state = torch.load(out / PREVIOUS_CHECKPOINT, map_location="cpu", weights_only=True)
     state["algorithm"]["params"] = state["algorithm"]["params"] + 0.25
-    state["sha256"] = run_module._state_digest(state)
+    state["sha256"] = state_digest(state)
     torch.save(state, out / PREVIOUS_CHECKPOINT)
     outcome = resume(out)
     assert load_checkpoint(out)["algorithm"]["accountant"]["ledger"][0]["count"] == 7

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
-from fedprivopt.simulation import run as run_module
+from fedprivopt.simulation import engines
 from fedprivopt.simulation.run import (
     CHECKPOINT,
     LEDGER_FILE,
@@ -25,6 +25,7 @@ from fedprivopt.simulation.run import (
     simulate,
 )
 from fedprivopt.simulation.rundir import lock_run_dir
+from fedprivopt.simulation.writer import RunWriter
 from tests.simulation.test_run import PRESET, SMALL, small_config
 
 SETS = [f"--set={k}={v}" for k, v in SMALL.items()]
@@ -99,13 +100,13 @@ def test_the_lock_is_held_for_the_whole_run_and_released_after(tmp_path, monkeyp
                 pass
         seen.append(row["round"])
 
-    original = run_module.RunWriter.on_round
+    original = RunWriter.on_round
 
     def on_round(self, result, eval_metrics):
         self.progress = probe
         original(self, result, eval_metrics)
 
-    monkeypatch.setattr(run_module.RunWriter, "on_round", on_round)
+    monkeypatch.setattr(RunWriter, "on_round", on_round)
     simulate(small_config(**{"num-server-rounds": 2}), out)
     assert seen == [1, 2]
     with lock_run_dir(out):  # released when the run ended
@@ -204,7 +205,7 @@ def test_a_start_that_fails_before_any_round_leaves_no_half_made_run(
     out = tmp_path / "a" / "b" / "run"
     if existed:
         out.mkdir(parents=True)
-    monkeypatch.setattr(run_module, "make_cohort_train", _failing_engine)
+    monkeypatch.setattr(engines, "make_cohort_train", _failing_engine)
     with pytest.raises(_DataError):
         simulate(small_config(), out)
     if existed:
@@ -217,14 +218,14 @@ def test_a_start_that_fails_before_any_round_leaves_no_half_made_run(
 
 def test_a_run_that_fails_after_released_rounds_keeps_them(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    original = run_module.RunWriter.on_round
+    original = RunWriter.on_round
 
     def on_round(self, result, eval_metrics):
         original(self, result, eval_metrics)
         if result.round_num == 2:
             raise _DataError("data: a damaged example in round 3's cohort")
 
-    monkeypatch.setattr(run_module.RunWriter, "on_round", on_round)
+    monkeypatch.setattr(RunWriter, "on_round", on_round)
     with pytest.raises(_DataError):
         simulate(small_config(), out)
     monkeypatch.undo()

@@ -16,11 +16,11 @@ from fedprivopt.clients.client_app import make_client_app
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy import compose_epsilon, make_round_event, unflatten
-from fedprivopt.simulation.run import fast_train
 from fedprivopt.strategies import STRATEGIES, StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
 from fedprivopt.strategies.server_app import RunRecorder, _evaluate_fn
+from tests.fast_train import fast_train
 
 USERS = 12
 ROUNDS = 4

@@ -1,0 +1,116 @@
+"""Checkpoints of a run directory: written atomically, read back only when intact.
+
+:func:`save_checkpoint` keeps the previous checkpoint beside the new one; :func:`load_checkpoint`
+returns the newest one whose structure and SHA-256 digest (:func:`state_digest`) check out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedprivopt.simulation.files import CHECKPOINT, PREVIOUS_CHECKPOINT, fsync_dir, write_synced
+
+__all__ = [
+    "check_checkpoint",
+    "load_checkpoint",
+    "newest_checkpoint",
+    "save_checkpoint",
+    "state_digest",
+]
+
+
+def save_checkpoint(out: Path, algorithm_state: dict[str, Any], rows: int) -> None:
+    """Atomically replace the checkpoint of ``out``, keeping the previous one.
+
+    Order (each step fsynced): (1) the new checkpoint, with a SHA-256 digest of its content, is
+    written to a temporary file; (2) the current checkpoint becomes the previous one and the
+    temporary file the current one (two renames). At every instant a complete checkpoint exists,
+    and a torn or bit-flipped one is recognised by :func:`load_checkpoint`. ``rows`` is the number
+    of metrics rows written so far.
+    """
+    ckpt = out / CHECKPOINT
+    state = {"algorithm": algorithm_state, "rows": rows}
+    state["sha256"] = state_digest(state)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    tmp = ckpt.with_name(ckpt.name + ".tmp")
+    write_synced(tmp, buf.getvalue())
+    if ckpt.exists():
+        os.replace(ckpt, out / PREVIOUS_CHECKPOINT)
+    os.replace(tmp, ckpt)
+    fsync_dir(out)
+
+
+def state_digest(state: dict[str, Any]) -> str:
+    """SHA-256 over a canonical walk of a checkpoint (its ``sha256`` entry excluded).
+
+    Tensors contribute dtype, shape and raw bytes; dicts their sorted keys; other leaves their
+    ``repr`` (exact for floats). ``torch.load`` does not check the zip CRCs, so a flipped bit in a
+    tensor would otherwise load silently.
+    """
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, dict):
+            h.update(f"D{len(x)}".encode())
+            for key in sorted(x, key=repr):
+                h.update(repr(key).encode())
+                walk(x[key])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"L{len(x)}".encode())
+            for item in x:
+                walk(item)
+        else:
+            h.update(f"S{x!r}".encode())
+
+    walk({k: v for k, v in state.items() if k != "sha256"})
+    return h.hexdigest()
+
+
+def check_checkpoint(state: Any) -> None:
+    """Raise ``ValueError`` unless ``state`` has a checkpoint's structure and matches its digest."""
+    if not isinstance(state, dict) or not isinstance(state.get("algorithm"), dict):
+        raise ValueError("not a fedprivopt checkpoint (no 'algorithm' state)")
+    missing = {"round", "params", "accountant", "config"} - set(state["algorithm"])
+    if missing:
+        raise ValueError(f"algorithm state lacks {sorted(missing)}")
+    if "sha256" in state and state["sha256"] != state_digest(state):
+        raise ValueError("content does not match its SHA-256 digest")
+
+
+def load_checkpoint(out: Path) -> dict[str, Any] | None:
+    """The newest readable checkpoint of ``out`` (falls back to the previous one).
+
+    A checkpoint is unreadable when ``torch.load`` fails (torn, truncated), when it is not a
+    checkpoint's structure, or when its content does not match the SHA-256 digest stored in it
+    (a bit flip; checkpoints written before digests existed are accepted without one). Returns
+    ``None`` when no checkpoint is readable; :func:`~fedprivopt.simulation.run.resume` decides
+    whether that is an error.
+    """
+    return newest_checkpoint(out)[0]
+
+
+def newest_checkpoint(out: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`load_checkpoint` and the name of the file it read."""
+    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
+        path = out / name
+        if not path.exists():
+            continue
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            check_checkpoint(state)
+            return state, name
+        except Exception as exc:  # a torn or corrupt file: try the previous one
+            logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", path, exc)
+    return None, None

@@ -1,0 +1,168 @@
+"""The files of a run directory, and how each is written and read back.
+
+A run directory holds
+
+- ``config.toml`` (:data:`CONFIG_FILE`): the resolved configuration (what ``--resume`` reads back);
+- ``metrics.jsonl`` (:data:`METRICS_FILE`): one JSON object per evaluated round;
+- ``summary.json`` (:data:`SUMMARY_FILE`): the run's outcome;
+- ``checkpoint.pt`` and ``checkpoint.prev.pt`` (:data:`CHECKPOINT`, :data:`PREVIOUS_CHECKPOINT`):
+  the server state after the last checkpointed round and the one before;
+- ``privacy_ledger.jsonl`` (:data:`LEDGER_FILE`): what every released round released;
+- ``run.lock`` (:data:`LOCK_FILE`): held by the one process writing the directory.
+
+Every write is durable before the caller goes on: :func:`write_synced` (write, flush, fsync),
+:func:`atomic_write` (a temporary file, fsync, rename, fsync of the directory) and
+:func:`fsync_dir`. :func:`read_rows` tolerates the one thing a killed append leaves, an incomplete
+last line. :func:`to_toml` writes the flat-with-tables mappings of presets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CHECKPOINT",
+    "CONFIG_FILE",
+    "LEDGER_FILE",
+    "LOCK_FILE",
+    "METRICS_FILE",
+    "PREVIOUS_CHECKPOINT",
+    "SUMMARY_FILE",
+    "atomic_write",
+    "fsync_dir",
+    "json_line",
+    "read_rows",
+    "to_toml",
+    "toml_value",
+    "write_synced",
+]
+
+CONFIG_FILE = "config.toml"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CHECKPOINT = "checkpoint.pt"
+PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"
+LEDGER_FILE = "privacy_ledger.jsonl"
+LOCK_FILE = "run.lock"
+
+
+# -- durable writes --------------------------------------------------------------------------------
+
+
+def write_synced(path: Path, data: bytes | str, mode: str = "w") -> None:
+    """Write ``data`` to ``path`` (``mode`` ``"w"``, ``"x"`` or ``"a"``) and fsync it."""
+    binary = isinstance(data, bytes)
+    with open(path, mode + ("b" if binary else "")) as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Fsync directory ``path`` (makes the renames and creations inside it durable)."""
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Replace ``path`` by ``data`` atomically: ``path.tmp``, fsync, rename, fsync the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    write_synced(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+# -- JSON lines ------------------------------------------------------------------------------------
+
+
+def json_line(row: Mapping[str, Any]) -> str:
+    """One line of a ``.jsonl`` file (non-finite floats as Python's ``json`` writes them)."""
+    return json.dumps(row, allow_nan=True) + "\n"
+
+
+def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rows of a ``metrics.jsonl`` (``[]`` if it does not exist).
+
+    A final line without a newline that does not parse is the trace of a write killed midway:
+    it is dropped (and, with ``skipped``, noted there). Blank lines are ignored.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and line, for any other line that is not a JSON object with an int
+        ``round``.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    rows = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines):  # a complete file ends with "\n": its last piece is ""
+                if skipped is not None:
+                    skipped.append(f"{path}: skipped truncated final line {lineno}")
+                continue
+            raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc})") from None
+        if not isinstance(row, dict) or type(row.get("round")) is not int:
+            raise ValueError(f"{path}: line {lineno} is not an object with an int 'round'")
+        rows.append(row)
+    return rows
+
+
+# -- TOML ------------------------------------------------------------------------------------------
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def _toml_string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)  # any other character literally (TOML files are UTF-8)
+    return '"' + "".join(out) + '"'
+
+
+def toml_value(value: Any) -> str:
+    """``value`` (bool, int, float including non-finite, list, or text) as a TOML value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return _toml_string(str(value))
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else _toml_string(key)
+
+
+def to_toml(data: Mapping[str, Any]) -> str:
+    """A TOML document of ``data``: its plain keys, then one table per dict value."""
+    tables = {key: value for key, value in data.items() if isinstance(value, Mapping)}
+    lines = [f"{_toml_key(k)} = {toml_value(v)}" for k, v in data.items() if k not in tables]
+    for name, table in tables.items():
+        lines += ["", f"[{_toml_key(name)}]"]
+        lines += [f"{_toml_key(k)} = {toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"

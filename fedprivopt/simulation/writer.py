@@ -1,0 +1,199 @@
+"""Writing one run directory: its configuration, ledger lines, metrics rows, checkpoints, summary.
+
+:func:`start_run_files` writes ``config.toml`` and the privacy ledger's header into a claimed
+directory; :class:`RunWriter` then records every round (the ledger line first, then the metrics
+row and the checkpoint) and finally writes ``summary.json``. The file layout:
+:mod:`fedprivopt.simulation.files`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedprivopt.models.side_information_config import ResolvedSideInformation
+from fedprivopt.models.task import Task, model_spec, primary_metric
+from fedprivopt.privacy.flat import unflatten
+from fedprivopt.simulation.checkpoint import save_checkpoint
+from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
+from fedprivopt.simulation.files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    atomic_write,
+    json_line,
+    read_rows,
+    write_synced,
+)
+from fedprivopt.simulation.ledger import RunLedger
+from fedprivopt.strategies.core import RoundResult, ServerAlgorithm
+
+__all__ = ["RunWriter", "start_run_files"]
+
+
+def start_run_files(out: Path, config: RunConfig, alg: ServerAlgorithm) -> RunLedger:
+    """Write ``config.toml`` and the privacy ledger's header into a claimed, locked directory.
+
+    ``out`` comes from :class:`~fedprivopt.simulation.rundir.NewRunDir` (new, empty, or a run
+    of ours being overwritten). Returns the new ledger.
+    """
+    atomic_write(out / CONFIG_FILE, config_to_toml(config))
+    return RunLedger.create(out, config, alg.accountant)
+
+
+class RunWriter:
+    """Writes the ledger lines, rows, checkpoints and the summary of one run directory.
+
+    With a ``ledger`` (every run of :func:`~fedprivopt.simulation.run.simulate`,
+    :func:`~fedprivopt.simulation.run.resume` and a deployment) each round is recorded in it
+    before its row, checkpoint or next broadcast, the accountant is set from it, and the
+    summary's ε is composed from it. Without one (benchmarks) nothing is recorded.
+    """
+
+    def __init__(
+        self,
+        out: Path,
+        config: RunConfig,
+        algorithm: ServerAlgorithm,
+        task: Task,
+        ledger: RunLedger | None = None,
+    ):
+        self.out = out
+        self.config = config
+        self.algorithm = algorithm
+        self.task = task
+        self.ledger = ledger
+        self.rows = read_rows(out / METRICS_FILE)
+        self.last_time = time.perf_counter()
+        self.progress: Callable[[dict[str, Any]], None] | None = None
+
+    def save_checkpoint(self) -> None:
+        """Checkpoint the algorithm (:func:`~fedprivopt.simulation.checkpoint.save_checkpoint`).
+
+        The round was recorded in the privacy ledger by :meth:`on_round` already.
+        """
+        save_checkpoint(self.out, self.algorithm.state_dict(), len(self.rows))
+
+    def evaluate(self, params: torch.Tensor) -> dict[str, float]:
+        """Central evaluation of ``params`` on the task's held-out data."""
+        model = self.task.build_model()
+        model.load_state_dict(unflatten(params.detach().cpu(), model_spec(self.task)))
+        return {f"eval_{k}": float(v) for k, v in self.task.evaluate(model).items()}
+
+    def wants_eval(self, round_num: int) -> bool:
+        """Whether ``round_num`` is evaluated (every ``eval-every`` rounds and the last)."""
+        c = self.config
+        return round_num % c.eval_every == 0 or round_num == c.strategy.num_server_rounds
+
+    def on_round(self, result: RoundResult, eval_metrics: dict[str, float] | None) -> None:
+        """Record one finished round: the ledger line, a metrics row if evaluated, a checkpoint.
+
+        The ledger line (fsynced) comes first, before anything of the round leaves: its row, its
+        checkpoint, the next round's broadcast.
+        """
+        now = time.perf_counter()
+        seconds, self.last_time = now - self.last_time, now
+        r = result.round_num
+        epsilon = result.metrics["epsilon"]
+        if self.ledger is not None:
+            alg = self.algorithm
+            self.ledger.record(r, alg.round_events(), result.params, alg.accountant)
+            epsilon = alg.epsilon()
+        if eval_metrics is not None:
+            row = {
+                "round": r,
+                "epsilon": epsilon,
+                "delta": self.config.strategy.delta,
+                **eval_metrics,
+                "seconds": seconds,
+                **{k: v for k, v in result.metrics.items() if k != "epsilon"},
+            }
+            self.rows.append(row)
+            write_synced(self.out / METRICS_FILE, json_line(row), mode="a")
+            if self.progress is not None:
+                self.progress(row)
+        if r % self.config.checkpoint_every == 0 or r == self.config.strategy.num_server_rounds:
+            self.save_checkpoint()
+
+    def _reference(self) -> dict[str, Any] | None:
+        """The task's untrained public reference model and its metrics (e.g. the tag prior)."""
+        make = getattr(self.task, "reference", None)
+        if not callable(make):
+            return None
+        name, metrics = make()
+        return {"name": name, "metrics": {f"eval_{k}": v for k, v in metrics.items()}}
+
+    def epsilon(self) -> float:
+        """ε of everything this directory released: from the ledger (the algorithm's without)."""
+        if self.ledger is not None:
+            return self.ledger.epsilon()
+        return self.algorithm.epsilon()
+
+    def write_summary(
+        self, stopped_reason: str, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Write ``summary.json`` for the run as it stands (plus the entries of ``extra``)."""
+        c = self.config
+        side = side_information_of(c, self.task)
+        final = {
+            k: v for k, v in (self.rows[-1] if self.rows else {}).items() if k.startswith("eval_")
+        }
+        summary = {
+            "strategy": c.strategy.strategy,
+            "engine": c.engine,
+            "task": c.task,
+            "seed": c.strategy.seed,
+            "noise_multiplier": c.strategy.noise_multiplier if c.strategy.private else 0.0,
+            "rounds_completed": self.algorithm.round_num,
+            "epsilon": self.epsilon(),
+            "delta": c.strategy.delta,
+            "accountant": c.strategy.accountant,
+            "stopped_reason": stopped_reason,
+            "primary_metric": primary_metric(self.task),
+            "final": final,
+            "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
+            "threat_model": _threat_model(c, side),
+            "evaluated_model": _evaluated_model(c),
+            "initial_model": getattr(self.task, "initialization", None),
+            "side_information": None if side is None else side.summary(),
+            "reference": self._reference(),
+            "config": c.to_mapping(),
+        }
+        summary.update(extra or {})
+        atomic_write(self.out / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=True))
+        return summary
+
+
+def _evaluated_model(config: RunConfig) -> str:
+    beta = config.strategy.ema_decay
+    if beta <= 0:
+        return "the last iterate"
+    return (
+        f"the exponential moving average (decay {beta:g}) of the released iterates: "
+        "post-processing, no privacy cost"
+    )
+
+
+def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None) -> str:
+    s = config.strategy
+    if not s.private:
+        return "not private: updates are neither clipped nor noised"
+    text = "user-level DP of every released model (and of everything computed from them)"
+    if s.noise_mode == "server":
+        text += "; the server is trusted with individual clipped updates"
+    else:
+        text += (
+            "; each update leaves its device carrying a noise share, and the full guarantee "
+            "needs min-shares honest shares (the server tops up when fewer arrive)"
+        )
+    if s.strategy == "adadps":
+        kind = f" ({side.kind})" if side is not None else ""
+        text += f"; the side information{kind} must be public: it is not covered by the guarantee"
+        if side is not None and side.public_users:
+            text += "; " + side.exclusion()
+    return text

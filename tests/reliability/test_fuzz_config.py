@@ -389,7 +389,7 @@ def test_valid_configs_round_trip_through_config_toml(tmp_path, mapping):
     assert config_to_toml(again) == config_to_toml(config)
 
 
-# Round-trip bugs of ``config_to_toml`` found by this fuzz (fixed in fedprivopt/simulation/files.py).
+# Round-trip bugs of ``config_to_toml`` found by this fuzz (fixed in simulation/files.py).
 ROUND_TRIP_BUGS = {
     "non-BMP text is written as a JSON surrogate pair, which TOML rejects": {
         "task": "toy\U0001f600"

@@ -34,7 +34,7 @@ from fedprivopt.privacy import compose_epsilon, make_round_event
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import LOSS_METRICS, DPStrategy, flat_to_arrays
-from fedprivopt.strategies.server_app import RunRecorder
+from tests.strategies.recorder import RunRecorder
 
 USERS, ROUNDS = 12, 4
 TIMEOUT, SLEEP = 4.0, 6.0  # a "slow" node sleeps past the round timeout

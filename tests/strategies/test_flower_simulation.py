@@ -19,8 +19,8 @@ from fedprivopt.privacy import compose_epsilon, make_round_event, unflatten
 from fedprivopt.strategies import STRATEGIES, StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
-from fedprivopt.strategies.server_app import RunRecorder, _evaluate_fn
 from tests.fast_train import fast_train
+from tests.strategies.recorder import RunRecorder, evaluate_fn
 
 USERS = 12
 ROUNDS = 4
@@ -81,7 +81,7 @@ def simulation():
                     grid,
                     flat_to_arrays(init, spec),
                     num_rounds=ROUNDS,
-                    evaluate_fn=_evaluate_fn(task),
+                    evaluate_fn=evaluate_fn(task),
                 )
                 recorders[name].initial_eval = dict(result.evaluate_metrics_serverapp[0])
                 recorders[name].final_params = alg.params.clone()

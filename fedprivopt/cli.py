@@ -43,12 +43,12 @@ from fedprivopt.cli_args import (
 )
 
 
-def _build_run(config, where: str = "config"):
-    """``build_run(config)``; bad settings and unknown task parameters are usage errors."""
+def _build_run(config, where: str = "config", task=None):
+    """``build_run(config, task)``; bad settings and unknown task parameters are usage errors."""
     from fedprivopt.simulation.run import build_run
 
     try:
-        return build_run(config)
+        return build_run(config, task)
     except ValueError as exc:
         raise UsageError(f"{where}: {name_task_param(str(exc), config.task_params)}") from None
     except TypeError as exc:
@@ -350,8 +350,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out = args.out or check_out_dir(
             f"runs/{config.strategy.strategy}-seed{config.strategy.seed}"
         )
-        _build_run(config)  # validates the task and the population before anything is written
-        outcome = simulate(config, out, progress=not args.quiet)
+        task, _ = _build_run(config)  # validates everything before anything is written
+        outcome = simulate(config, out, progress=not args.quiet, task=task)
     final = outcome.rows[-1] if outcome.rows else {}
     metric = next((k for k in (outcome.metric, "eval_loss") if k in final), None)
     shown = f", {metric} = {final[metric]:.4f}" if metric else ""
@@ -413,15 +413,16 @@ def _compare_cells(args: argparse.Namespace, base) -> list:
         points = grid(strategies, sigmas, base.strategy.seed, args.seeds)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cells = []
+    cells, tasks = [], {}  # each distinct task is built (its data read) once
     for name, sigma, seed in points:
         overrides = {**_overrides(args), "strategy": name, "seed": seed}
         if sigma is not None:
             overrides["noise-multiplier"] = sigma
         where = f"config ({name}, sigma {sigma or 0.0:g}, seed {seed})"
         config = _load_config(args.config, overrides, where=where)
-        _build_run(config, where=where)
-        cells.append(Cell(cell_label(name, sigma or 0.0, seed), config))
+        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        tasks[key], _ = _build_run(config, where=where, task=tasks.get(key))
+        cells.append(Cell(cell_label(name, sigma or 0.0, seed), config, tasks[key]))
     return cells
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,8 @@ class Cell:
 
     label: str
     config: RunConfig
+    task: Any = field(default=None, compare=False, repr=False)
+    """The config's task, built once for the cells that share it (``None``: built by the run)."""
 
 
 @dataclass(frozen=True)
@@ -270,9 +272,10 @@ def run_cell(plan: CellPlan, *, progress: bool = False) -> None:
     """Carry out ``plan``: run, resume or rerun the cell's simulation, or nothing (reuse)."""
     from fedprivopt.simulation.run import resume, simulate
 
+    cell = plan.cell
     if plan.action == RUN:
-        simulate(plan.cell.config, plan.run_dir, progress=progress)
+        simulate(cell.config, plan.run_dir, progress=progress, task=cell.task)
     elif plan.action == RESUME:
         resume(plan.run_dir, progress=progress)
     elif plan.action == RERUN:
-        simulate(plan.cell.config, plan.run_dir, progress=progress, overwrite=True)
+        simulate(cell.config, plan.run_dir, progress=progress, overwrite=True, task=cell.task)

@@ -101,8 +101,11 @@ class RunOutcome:
     """The task's headline metric (:func:`~fedprivopt.models.task.primary_metric`)."""
 
 
-def build_run(config: RunConfig) -> tuple[Task, ServerAlgorithm]:
+def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, ServerAlgorithm]:
     """Build the task and the server algorithm; raises ``ValueError`` on inconsistent settings.
+
+    ``task``, if given, is ``config``'s task built before (from the same ``task`` and
+    ``task-params``; data files are then read and generated once for several runs).
 
     For ``adadps`` the side information is built here (:func:`side_information_of`). With
     ``public-users`` the first ``k`` users are public: the algorithm's population is the private
@@ -110,7 +113,10 @@ def build_run(config: RunConfig) -> tuple[Task, ServerAlgorithm]:
     ids ``0 .. N-k-1`` map to the task's users ``k .. N-1`` (``ServerAlgorithm.user_offset``), so
     the public users are never sampled, accounted or trained on privately, on every engine.
     """
-    task = build_task(config.task, **config.task_params)
+    if task is None:
+        task = build_task(config.task, **config.task_params)
+    elif getattr(task, "name", config.task) != config.task:
+        raise ValueError(f"the task given is {task.name!r}, the config's is {config.task!r}")
     if task.num_users != config.strategy.population:
         raise ValueError(
             f"population must equal the number of users of task {config.task!r} "
@@ -219,16 +225,21 @@ def _execute(
 
 
 def simulate(
-    config: RunConfig, out_dir: str | Path, *, progress: bool = False, overwrite: bool = False
+    config: RunConfig,
+    out_dir: str | Path,
+    *,
+    progress: bool = False,
+    overwrite: bool = False,
+    task: Task | None = None,
 ) -> RunOutcome:
-    """Run ``config`` from scratch into ``out_dir``.
+    """Run ``config`` from scratch into ``out_dir`` (``task``: see :func:`build_run`).
 
     ``out_dir`` must be new or empty; with ``overwrite`` it may also hold a run of ours, which
     is replaced. Anything else is refused (``ValueError``) before anything is written. The
     directory is locked for the whole run; a start that fails before its first released round
     leaves nothing behind (see :class:`~fedprivopt.simulation.rundir.NewRunDir`).
     """
-    task, alg = build_run(config)
+    task, alg = build_run(config, task)
     with NewRunDir(out_dir, overwrite=overwrite) as out:
         ledger = start_run_files(out, config, alg)
         return _execute(out, config, task, alg, progress, ledger)

@@ -202,3 +202,18 @@ def test_the_report_leads_with_the_tasks_own_metric(tmp_path):
         assert main([*argv, "--out", str(out), "--set", f"task-params.single-label={single}"]) == 0
         header = next(x for x in (out / "report.md").read_text().splitlines() if "| ε |" in x)
         assert shown in header and header.count("(eval)") == 1, header
+
+
+def test_compare_builds_each_task_once(tmp_path, monkeypatch):
+    # issue 16: the task (its data files) was built once per cell to validate, then again to run
+    from fedprivopt.simulation import run
+
+    calls = []
+    original = run.build_task
+    monkeypatch.setattr(run, "build_task", lambda *a, **k: calls.append(a) or original(*a, **k))
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg,fedavg", "--seeds", "2"]
+    assert main([*argv, "--rounds", "1", "--out", str(tmp_path / "c"), "--quiet", *SMALL]) == 0
+    assert calls == [("toy",)]
+    calls.clear()
+    sim = ["simulate", str(PRESET), "--rounds", "1", "--out", str(tmp_path / "s"), "--quiet"]
+    assert main([*sim, *SMALL]) == 0 and calls == [("toy",)]

@@ -1,12 +1,17 @@
 """fedprivopt: differentially private adaptive federated optimization on Flower.
 
-Layers, top to bottom (nothing imports upward):
+Layers, bottom to top (a module imports only from its own layer or the ones below; the test
+``tests/test_layers.py`` checks it, and that no private name crosses a module):
 
+- :mod:`fedprivopt.core`: local-training settings and epoch orders, parameter checks;
 - :mod:`fedprivopt.privacy`: flat tensors, clipping, noise, samplers, accounting;
-- :mod:`fedprivopt.optim`: server transforms;
-- :mod:`fedprivopt.clients`, :mod:`fedprivopt.strategies`: Flower ClientApp and strategies;
-- :mod:`fedprivopt.data`, :mod:`fedprivopt.models`: StackOverflow data and models;
-- :mod:`fedprivopt.simulation` and the command line in :mod:`fedprivopt.cli`.
+- :mod:`fedprivopt.optim` (server transforms) and :mod:`fedprivopt.data` (StackOverflow files);
+- :mod:`fedprivopt.models`: the Task protocol and the tasks;
+- :mod:`fedprivopt.clients`: the local trainer and the Flower ClientApp;
+- :mod:`fedprivopt.strategies`: the server algorithms and the Flower strategy;
+- :mod:`fedprivopt.simulation`: runs, both engines, reports;
+- :mod:`fedprivopt.deploy`: the Flower app on SuperLink and SuperNodes;
+- the command line: :mod:`fedprivopt.cli`, :mod:`fedprivopt.cli_args`, :mod:`fedprivopt.deploy.cli`.
 """
 
 __version__ = "0.1.0"

@@ -682,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     _add_compare(sub)
     _add_data(sub)
-    from fedprivopt.deploy import add_deploy_subcommand
+    from fedprivopt.deploy.cli import add_deploy_subcommand
 
     add_deploy_subcommand(sub)
     return parser

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from fedprivopt.core.text import SHOWN_CHARS, shown
+
 __all__ = [
     "DELTA",
     "EXIT_USAGE",
@@ -42,7 +44,6 @@ class UsageError(Exception):
     """Bad command-line input: reported on one line, exit code 2."""
 
 
-SHOWN_CHARS = 80  # a value the user typed is echoed with at most this many characters
 _QUOTED = 2 * SHOWN_CHARS  # quoted values this long or longer are shortened
 # a value starts right after its opening quote with a non-blank character: the text between two
 # quoted words (which starts with a blank after the first closing quote) is not taken for one
@@ -50,15 +51,6 @@ _LONG_QUOTED = re.compile(
     rf"'([^'\s][^'\n]{{{_QUOTED - 1},}})'|\"([^\"\s][^\"\n]{{{_QUOTED - 1},}})\""
 )
 _MAX_LINE = 2000
-
-
-def shown(value: object) -> str:
-    """``repr(value)`` cut to :data:`SHOWN_CHARS` characters with an ellipsis (for messages)."""
-    text = repr(value)
-    if len(text) <= SHOWN_CHARS:
-        return text
-    quote = text[-1] if isinstance(value, str) else ""  # keep a string's closing quote
-    return f"{text[: SHOWN_CHARS - 1 - len(quote)]}…{quote}"
 
 
 def _shorten(text: str) -> str:

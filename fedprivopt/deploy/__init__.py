@@ -4,7 +4,8 @@
   Flower app declared in ``pyproject.toml`` (``flwr run . <connection>``);
 - :func:`deploy_local`: one run on a local SuperLink with N SuperNodes (TLS, node keys), stopped
   by PID afterwards;
-- :func:`add_deploy_subcommand`: ``fedprivopt deploy local ...`` for the command line.
+- :mod:`fedprivopt.deploy.cli`: ``fedprivopt deploy local ...``, part of the command line (the
+  layer above this package).
 
 The names are imported lazily, so the ServerApp and ClientApp processes (which import
 ``fedprivopt.deploy.*_app``) do not load the deployment tooling. See ``docs/DEPLOYMENT.md``.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["add_deploy_subcommand", "deploy_local", "run_deploy_command"]
+__all__ = ["deploy_local"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,8 +23,4 @@ def __getattr__(name: str) -> Any:
         from fedprivopt.deploy.local import deploy_local
 
         return deploy_local
-    if name in ("add_deploy_subcommand", "run_deploy_command"):
-        from fedprivopt.deploy import cli
-
-        return getattr(cli, name)
     raise AttributeError(f"module 'fedprivopt.deploy' has no attribute {name!r}")

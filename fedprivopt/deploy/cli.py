@@ -2,7 +2,7 @@
 
 The main command line (``fedprivopt/cli.py``) wires it in with::
 
-    from fedprivopt.deploy import add_deploy_subcommand
+    from fedprivopt.deploy.cli import add_deploy_subcommand
     add_deploy_subcommand(sub)   # sub = parser.add_subparsers(...)
 
 Bad input raises ``ValueError`` naming the flag (the main command line turns it into one line on
@@ -73,10 +73,10 @@ def _checked_out(out: str) -> None:
 
 def _checked_config(config_path: str | None, overrides: dict[str, Any]) -> Any:
     """The run's configuration; an unreadable or too deeply nested preset is a ``ValueError``."""
-    from fedprivopt.deploy.local import REPO_ROOT, _resolve
+    from fedprivopt.deploy.local import REPO_ROOT, resolve_deployment
 
     try:
-        config, _, _ = _resolve(config_path, overrides, REPO_ROOT)
+        config, _, _ = resolve_deployment(config_path, overrides, REPO_ROOT)
     except RecursionError:
         raise ValueError(f"config file {config_path!r} is nested too deeply") from None
     except OSError as exc:

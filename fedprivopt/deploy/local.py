@@ -4,7 +4,7 @@
 chosen at run time, lives in a private working directory (TLS material, Flower's home with the
 connection, a staged copy of the app) and is stopped by PID when the run ends, fails, times out or
 is interrupted. If this process is killed (SIGKILL), its watchdog stops them and removes the
-directory (:mod:`fedprivopt.deploy.watchdog`); should the watchdog be killed too, the next
+directory (:mod:`fedprivopt.simulation.watchdog`); should the watchdog be killed too, the next
 deployment removes a directory whose owner is gone (:mod:`fedprivopt.deploy.workdir`). The run's
 results land in ``out`` exactly as for ``fedprivopt simulate``
 (``config.toml``, ``metrics.jsonl``, ``checkpoint.pt``, ``summary.json``), plus ``out/deploy/``:
@@ -48,10 +48,10 @@ from fedprivopt.deploy.runconfig import (
     to_flower_overrides,
 )
 from fedprivopt.deploy.tls import make_node_key, make_tls_files
-from fedprivopt.deploy.watchdog import Watchdog
 from fedprivopt.deploy.workdir import make_workdir
 from fedprivopt.simulation.config import RunConfig
 from fedprivopt.simulation.files import to_toml
+from fedprivopt.simulation.watchdog import Watchdog
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -348,7 +348,7 @@ def _signals_raise() -> Iterator[None]:
 # -- the entry point -------------------------------------------------------------------------------
 
 
-def _resolve(
+def resolve_deployment(
     config_path: str | None, overrides: Mapping[str, Any], app_dir: Path
 ) -> tuple[RunConfig, dict[str, Any], dict[str, Any]]:
     """The run's config, the app's declared keys, and the deployment keys from ``overrides``."""
@@ -435,7 +435,7 @@ def deploy_local(
     app = Path(app_dir).resolve() if app_dir is not None else REPO_ROOT
     if not (app / "pyproject.toml").is_file():
         raise ValueError(f"{str(app)!r} is not a Flower app (no pyproject.toml)")
-    config, app_keys, deploy = _resolve(config_path, overrides or {}, app)
+    config, app_keys, deploy = resolve_deployment(config_path, overrides or {}, app)
     from fedprivopt.simulation.run import build_run
 
     build_run(config)  # the task and the population, checked before anything starts

@@ -13,7 +13,7 @@ process per message. :class:`ProcessSet` therefore
 - stops everything it started or found: SIGTERM to each process group, a grace period, SIGTERM
   to what is left, then SIGKILL, and waits until every recorded PID is gone.
 
-A killed parent (SIGKILL) runs none of this: :class:`~fedprivopt.deploy.watchdog.Watchdog` then
+A killed parent (SIGKILL) runs none of this: :class:`~fedprivopt.simulation.watchdog.Watchdog` then
 stops the processes of the deployment (by its tag and as the parent's descendants).
 """
 
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from fedprivopt.deploy.watchdog import has_marker as _has_marker
-from fedprivopt.deploy.watchdog import pid_alive
-from fedprivopt.deploy.watchdog import proc_stat as _proc_stat
+from fedprivopt.simulation.watchdog import has_marker as _has_marker
+from fedprivopt.simulation.watchdog import pid_alive
+from fedprivopt.simulation.watchdog import proc_stat as _proc_stat
 
 __all__ = ["MARKER_ENV", "ProcessSet", "pid_alive"]
 

@@ -2,7 +2,7 @@
 
 A deployment keeps its CA, the SuperLink's key, the SuperNodes' keys, Flower's home and the
 staged app in ``<tmp>/fedprivopt-deploy-*`` (mode 0700) and removes it when it ends. If it is
-killed (SIGKILL), its watchdog (:class:`~fedprivopt.deploy.watchdog.Watchdog`) removes it; if
+killed (SIGKILL), its watchdog (:class:`~fedprivopt.simulation.watchdog.Watchdog`) removes it; if
 the watchdog is killed too, the next deployment removes it: the directory names its owner
 (``owner.json``: PID, start time and PID namespace), and one whose owner no longer runs is stale.
 """
@@ -16,7 +16,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from fedprivopt.deploy.watchdog import same_process, start_time
+from fedprivopt.simulation.watchdog import same_process, start_time
 
 __all__ = ["WORKDIR_PREFIX", "make_workdir", "remove_stale_workdirs"]
 

@@ -86,6 +86,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.sqlite import SQLiteSplit
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.data.synthetic import (
@@ -95,12 +96,8 @@ from fedprivopt.data.synthetic import (
 from fedprivopt.data.vocab import WORD_COUNT_FILE, read_word_counts
 
 # Shared with the tag task: both may build from the same directory and take the same lock.
-from fedprivopt.models.stackoverflow_files import (
-    StackOverflowFiles,
-    _check_bool,
-    _check_int,
-    _model_device,
-)
+from fedprivopt.models.stackoverflow_files import StackOverflowFiles
+from fedprivopt.models.task import model_device
 from fedprivopt.privacy.rng import derive_seed
 
 __all__ = [
@@ -138,7 +135,7 @@ class SpecialTokens(NamedTuple):
 
 def special_tokens(vocab_size: int) -> SpecialTokens:
     """The special-token ids for ``vocab_size`` words; the model scores ``vocab_size + 4``."""
-    v = _check_int("vocab_size", vocab_size, 1)
+    v = check_int("vocab_size", vocab_size, 1)
     return SpecialTokens(pad=PAD, oov=v + 1, bos=v + 2, eos=v + 3)
 
 
@@ -159,7 +156,7 @@ def to_ids(tokens: str, word_index: dict[str, int], *, seq_len: int) -> list[int
     -------
     list of int
     """
-    seq_len = _check_int("seq_len", seq_len, 1)
+    seq_len = check_int("seq_len", seq_len, 1)
     specials = special_tokens(len(word_index))
     words = tokens.split()[:seq_len]
     ids = [specials.bos, *(word_index.get(w, specials.oov) for w in words)]
@@ -188,7 +185,7 @@ def encode_sentences(
         ``int64`` ``(n, seq_len)`` each: ``ids[:-1]`` and ``ids[1:]`` of the ids of
         :func:`to_ids` padded with ``0`` to ``seq_len + 1``.
     """
-    seq_len = _check_int("seq_len", seq_len, 1)
+    seq_len = check_int("seq_len", seq_len, 1)
     ids = torch.zeros(len(sentences), seq_len + 1, dtype=torch.int64)
     for i, sentence in enumerate(sentences):
         row = to_ids(sentence, word_index, seq_len=seq_len)
@@ -289,9 +286,9 @@ class NextWordLSTM(torch.nn.Module):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        self.num_tokens = _check_int("num_tokens", num_tokens, 5)
-        self.embedding_dim = _check_int("embedding_dim", embedding_dim, 1)
-        self.hidden_size = _check_int("hidden_size", hidden_size, 1)
+        self.num_tokens = check_int("num_tokens", num_tokens, 5)
+        self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
+        self.hidden_size = check_int("hidden_size", hidden_size, 1)
         meta = torch.device("meta")
         self.embedding = torch.nn.Embedding(self.num_tokens, self.embedding_dim, device=meta)
         self.lstm = torch.nn.LSTM(
@@ -427,32 +424,32 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
             raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
         self.data_dir = Path(data_dir)
-        self.synthetic = _check_bool("synthetic", synthetic)
+        self.synthetic = check_bool("synthetic", synthetic)
         given = {
-            "num_clients": _check_int("synth_clients", synth_clients, 1, none=True),
-            "vocab_size": _check_int("synth_vocab", synth_vocab, 1, none=True),
-            "num_tags": _check_int("synth_tags", synth_tags, 1, none=True),
-            "seed": _check_int("synth_seed", synth_seed, 0, none=True),
+            "num_clients": check_int("synth_clients", synth_clients, 1, none=True),
+            "vocab_size": check_int("synth_vocab", synth_vocab, 1, none=True),
+            "num_tags": check_int("synth_tags", synth_tags, 1, none=True),
+            "seed": check_int("synth_seed", synth_seed, 0, none=True),
         }
         self.synth_params = {k: v for k, v in given.items() if v is not None}
         try:
             self.synth_config = SyntheticConfig(**self.synth_params)
         except ValueError as exc:
             raise ValueError(f"invalid synth_* parameters: {exc}") from None
-        requested_v = _check_int("vocab_size", vocab_size, 1)
-        self.seq_len = _check_int("seq_len", seq_len, 1)
-        _check_int("num_users", num_users, 1, none=True)
-        self.max_examples_per_user = _check_int(
+        requested_v = check_int("vocab_size", vocab_size, 1)
+        self.seq_len = check_int("seq_len", seq_len, 1)
+        check_int("num_users", num_users, 1, none=True)
+        self.max_examples_per_user = check_int(
             "max_examples_per_user", max_examples_per_user, 1, none=True
         )
         if eval_split not in ("test", "heldout"):
             raise ValueError(f"eval_split must be 'test' or 'heldout', got {eval_split!r}")
         self.eval_split = eval_split
-        self.eval_users = _check_int("eval_users", eval_users, 1)
-        self.embedding_dim = _check_int("embedding_dim", embedding_dim, 1)
-        self.hidden_size = _check_int("hidden_size", hidden_size, 1)
-        self.seed = _check_int("seed", seed, 0)
-        self.cache_users = _check_int("cache_users", cache_users, 0)
+        self.eval_users = check_int("eval_users", eval_users, 1)
+        self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
+        self.hidden_size = check_int("hidden_size", hidden_size, 1)
+        self.seed = check_int("seed", seed, 0)
+        self.cache_users = check_int("cache_users", cache_users, 0)
 
         self._ensure_files()
         words = read_word_counts(self.data_dir / WORD_COUNT_FILE).top(requested_v)
@@ -580,7 +577,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
     def _sums(
         self, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[str, float]:
-        device = _model_device(model)
+        device = model_device(model)
         total = {"loss": 0.0}
         was_training = model.training
         model.eval()

@@ -13,8 +13,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
 from fedprivopt.data.locks import file_lock
 from fedprivopt.data.synthetic import SQLITE_FILE, SYNTHETIC_META_FILE, ensure_synthetic
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
@@ -22,27 +20,6 @@ from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 __all__ = ["StackOverflowFiles"]
 
 GENERATED_FILES = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
-def _check_int(name: str, value: object, minimum: int, *, none: bool = False) -> int | None:
-    if none and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        extra = " or None" if none else ""
-        raise ValueError(f"{name} must be an integer >= {minimum}{extra}, got {value!r}")
-    return int(value)
-
-
-def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value
 
 
 @contextlib.contextmanager

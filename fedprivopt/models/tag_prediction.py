@@ -76,6 +76,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.fast_example import text_fields_decoder
 from fedprivopt.data.sqlite import SQLiteSplit
 from fedprivopt.data.stackoverflow import StackOverflowExample
@@ -85,12 +86,8 @@ from fedprivopt.data.synthetic import (
 )
 from fedprivopt.data.token_cache import EncodedUsers, open_or_build, stderr_progress
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_tag_counts, read_word_counts
-from fedprivopt.models.stackoverflow_files import (
-    StackOverflowFiles,
-    _check_bool,
-    _check_int,
-    _model_device,
-)
+from fedprivopt.models.stackoverflow_files import StackOverflowFiles
+from fedprivopt.models.task import model_device
 from fedprivopt.privacy.rng import derive_seed
 
 __all__ = [
@@ -474,36 +471,36 @@ class StackOverflowTagTask(StackOverflowFiles):
         if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
             raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
         self.data_dir = Path(data_dir)
-        self.synthetic = _check_bool("synthetic", synthetic)
+        self.synthetic = check_bool("synthetic", synthetic)
         given = {
-            "num_clients": _check_int("synth_clients", synth_clients, 1, none=True),
-            "vocab_size": _check_int("synth_vocab", synth_vocab, 1, none=True),
-            "num_tags": _check_int("synth_tags", synth_tags, 1, none=True),
-            "seed": _check_int("synth_seed", synth_seed, 0, none=True),
+            "num_clients": check_int("synth_clients", synth_clients, 1, none=True),
+            "vocab_size": check_int("synth_vocab", synth_vocab, 1, none=True),
+            "num_tags": check_int("synth_tags", synth_tags, 1, none=True),
+            "seed": check_int("synth_seed", synth_seed, 0, none=True),
         }
         self.synth_params = {k: v for k, v in given.items() if v is not None}
         try:
             self.synth_config = SyntheticConfig(**self.synth_params)
         except ValueError as exc:
             raise ValueError(f"invalid synth_* parameters: {exc}") from None
-        requested_v = _check_int("vocab_size", vocab_size, 1)
-        requested_k = _check_int("num_tags", num_tags, 1)
-        _check_int("num_users", num_users, 1, none=True)
-        self.max_examples_per_user = _check_int(
+        requested_v = check_int("vocab_size", vocab_size, 1)
+        requested_k = check_int("num_tags", num_tags, 1)
+        check_int("num_users", num_users, 1, none=True)
+        self.max_examples_per_user = check_int(
             "max_examples_per_user", max_examples_per_user, 1, none=True
         )
         if eval_split not in ("test", "heldout"):
             raise ValueError(f"eval_split must be 'test' or 'heldout', got {eval_split!r}")
         self.eval_split = eval_split
-        self.eval_users = _check_int("eval_users", eval_users, 1)
-        self.single_label = _check_bool("single_label", single_label)
-        self.seed = _check_int("seed", seed, 0)
+        self.eval_users = check_int("eval_users", eval_users, 1)
+        self.single_label = check_bool("single_label", single_label)
+        self.seed = check_int("seed", seed, 0)
         if init_bias not in INIT_BIAS:
             raise ValueError(f"init_bias must be one of {', '.join(INIT_BIAS)}, got {init_bias!r}")
         self.init_bias = init_bias
-        self.train_bias = _check_bool("train_bias", train_bias)
-        self.cache_users = _check_int("cache_users", cache_users, 0)
-        self.token_cache = _check_bool("token_cache", token_cache)
+        self.train_bias = check_bool("train_bias", train_bias)
+        self.cache_users = check_int("cache_users", cache_users, 0)
+        self.token_cache = check_bool("token_cache", token_cache)
         if cache_dir is not None and (
             not isinstance(cache_dir, (str, os.PathLike)) or not str(cache_dir)
         ):
@@ -841,7 +838,7 @@ class StackOverflowTagTask(StackOverflowFiles):
     def _sums(
         self, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[str, float]:
-        device = _model_device(model)
+        device = model_device(model)
         total = {"loss": 0.0, "hits": 0.0, "true": 0.0, "top1": 0.0, "n": 0.0, "k": 0.0}
         was_training = model.training
         model.eval()

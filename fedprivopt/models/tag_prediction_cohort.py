@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedprivopt.clients.trainer import LocalConfig, epoch_orders
+from fedprivopt.core.local import LocalConfig, epoch_orders
 from fedprivopt.models.tag_prediction import ragged_index
 from fedprivopt.privacy.clip import clip_factor
 from fedprivopt.privacy.rng import RngFactory

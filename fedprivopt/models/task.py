@@ -23,6 +23,7 @@ __all__ = [
     "Task",
     "frozen_mask",
     "initial_flat",
+    "model_device",
     "model_spec",
     "primary_metric",
     "state_to_flat",
@@ -94,6 +95,13 @@ def primary_metric(task: Task) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(f"{type(task).__name__}.primary_metric must be a metric name, got {name!r}")
     return f"eval_{name}"
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (the CPU for a model without parameters)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
 
 
 def model_spec(task: Task) -> FlatSpec:

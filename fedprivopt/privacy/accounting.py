@@ -333,7 +333,7 @@ def check_ledger(
         check_prv_ledger(merged, check_delta(delta), float(prv_eps_error))
 
 
-def _dpa_accountant(accountant: str, relation: dpa.NeighboringRelation, pld_interval: float):
+def dpa_accountant(accountant: str, relation: dpa.NeighboringRelation, pld_interval: float):
     if accountant == "rdp":
         return rdp.RdpAccountant(neighboring_relation=relation)
     return pld.PLDAccountant(

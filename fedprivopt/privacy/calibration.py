@@ -14,8 +14,8 @@ import dp_accounting as dpa
 from fedprivopt.privacy.accounting import (
     ACCOUNTANTS,
     PLDGridTooLargeError,
-    _dpa_accountant,
     compose_epsilon,
+    dpa_accountant,
 )
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 
@@ -151,7 +151,7 @@ def calibrate_noise_multiplier(
     def search(kind: str, bracket: dpa.BracketInterval) -> float:
         return float(
             dpa.calibrate_dp_mechanism(
-                lambda: _dpa_accountant(kind, probe.neighboring_relation, h),
+                lambda: dpa_accountant(kind, probe.neighboring_relation, h),
                 lambda s: dpa.SelfComposedDpEvent(event(s).to_dp_event(), steps),
                 target_epsilon,
                 delta,

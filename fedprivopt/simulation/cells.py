@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.cli_args import shown as _short
+from fedprivopt.core.text import shown as _short
 from fedprivopt.simulation.config import RunConfig, load_config
 
 __all__ = [

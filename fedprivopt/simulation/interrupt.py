@@ -9,7 +9,7 @@
   recognises that ``SystemExit`` too.
 - :func:`own_processes`: every process the run starts (Ray's GCS, raylet, agents and workers)
   is stopped by PID when the run ends, normally or not, and by a
-  :class:`~fedprivopt.deploy.watchdog.Watchdog` when this process is killed (SIGKILL runs no
+  :class:`~fedprivopt.simulation.watchdog.Watchdog` when this process is killed (SIGKILL runs no
   handler). Ray kills its direct children with the driver (``PR_SET_PDEATHSIG``), but the
   raylet's dashboard and runtime-env agents outlived it by about a minute: they report the
   raylet's death to the dead GCS, with a 60 s timeout, before exiting.
@@ -164,14 +164,14 @@ def own_processes(enabled: bool = True) -> Iterator[str | None]:
     The processes are this process's descendants started inside the block (Ray's GCS, raylet,
     agents and workers) and those whose environment holds the tag ``FEDPRIVOPT_RUN_ID=<fresh
     value>``, set for the block. On exit Ray is shut down (if it was started inside the block),
-    then a :class:`~fedprivopt.deploy.watchdog.Watchdog` stops what is left by PID (SIGTERM,
+    then a :class:`~fedprivopt.simulation.watchdog.Watchdog` stops what is left by PID (SIGTERM,
     3 s, SIGKILL). If this process is killed, the watchdog does the same on its own. Yields the
     tag (``NAME=value``), or None when disabled or not on Linux.
     """
     if not enabled or not sys.platform.startswith("linux"):
         yield None
         return
-    from fedprivopt.deploy.watchdog import Watchdog
+    from fedprivopt.simulation.watchdog import Watchdog
 
     marker = f"{RUN_MARKER_ENV}={uuid.uuid4().hex}"
     ray_before = _ray_running()  # a Ray session of the caller's is left alone

@@ -192,7 +192,7 @@ _ORPHAN = (
 )
 _PARENT = """
 import os, subprocess, sys, time
-from fedprivopt.deploy.watchdog import Watchdog
+from fedprivopt.simulation.watchdog import Watchdog
 
 def spawn():
     return subprocess.Popen(["sleep", "120"], start_new_session=True, stdout=subprocess.DEVNULL).pid
@@ -261,8 +261,8 @@ def describe_pids(processes: dict[int, str]) -> list[str]:
 
 
 def test_stale_working_directories_are_removed_only_when_their_owner_is_gone(tmp_path):
-    from fedprivopt.deploy.watchdog import start_time
     from fedprivopt.deploy.workdir import _pid_namespace, remove_stale_workdirs
+    from fedprivopt.simulation.watchdog import start_time
 
     def workdir(name: str, owner: dict | None) -> Path:
         path = tmp_path / f"fedprivopt-deploy-{name}"

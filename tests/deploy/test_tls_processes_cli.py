@@ -17,7 +17,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
-from fedprivopt.deploy import add_deploy_subcommand, deploy_local, run_deploy_command
+from fedprivopt.deploy import deploy_local
+from fedprivopt.deploy.cli import add_deploy_subcommand, run_deploy_command
 from fedprivopt.deploy.processes import ProcessSet, pid_alive
 from fedprivopt.deploy.tls import make_node_key, make_tls_files
 

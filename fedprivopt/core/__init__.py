@@ -1,0 +1,14 @@
+"""The lowest layer: what every other package shares and nothing here imports from them.
+
+- :mod:`fedprivopt.core.local`: :class:`LocalConfig` (one user's local training settings) and
+  :func:`epoch_orders` (which examples a user trains on, in which order), shared by the client
+  trainers and the vectorized cohort trainers of the tasks;
+- :mod:`fedprivopt.core.checks`: parameter checks whose errors name the parameter and its range;
+- :mod:`fedprivopt.core.text`: values shown in one-line messages.
+"""
+
+from fedprivopt.core.checks import check_bool, check_int
+from fedprivopt.core.local import LocalConfig, epoch_orders
+from fedprivopt.core.text import shown
+
+__all__ = ["LocalConfig", "check_bool", "check_int", "epoch_orders", "shown"]

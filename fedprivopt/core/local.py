@@ -1,0 +1,109 @@
+"""One user's local training: its settings and the order in which it visits its examples.
+
+Both the per-user :class:`~fedprivopt.clients.LocalTrainer` and the tasks' vectorized cohort
+trainers (e.g. :mod:`fedprivopt.models.tag_prediction_cohort`) take a :class:`LocalConfig` and
+replay :func:`epoch_orders` from the same generator, so they visit the same minibatches.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["LocalConfig", "epoch_orders"]
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if (
+        isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum  # type: ignore[arg-type]
+    ):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_float(name: str, value: object, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    out = float(value)
+    ok = (out > 0 if positive else out >= 0) and math.isfinite(out)
+    if not ok:
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {out}")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalConfig:
+    """Hyperparameters of one user's local training.
+
+    Parameters
+    ----------
+    learning_rate : float
+        Local SGD step size, ``> 0``.
+    epochs : int
+        Passes over the user's examples, ``>= 1``.
+    batch_size : int
+        Minibatch size, ``>= 1`` (the last batch of an epoch may be smaller).
+    max_examples : int or None
+        Use at most this many of the user's examples per round (the first ``k`` of a seeded
+        shuffle), ``>= 1``; ``None`` uses all.
+    clip_norm : float or None
+        Clip norm ``C > 0`` of the whole update; ``None`` disables clipping (non-private
+        baselines only).
+    noise_std : float
+        Standard deviation ``>= 0`` of this client's Gaussian noise share, added to its clipped
+        update in distributed-noise mode; ``0`` adds none.
+    """
+
+    learning_rate: float
+    epochs: int = 1
+    batch_size: int = 32
+    max_examples: int | None = None
+    clip_norm: float | None = None
+    noise_std: float = 0.0
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(
+            self, "learning_rate", _check_float("learning_rate", self.learning_rate, positive=True)
+        )
+        _check_int("epochs", self.epochs, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        set_(self, "epochs", int(self.epochs))
+        set_(self, "batch_size", int(self.batch_size))
+        if self.max_examples is not None:
+            _check_int("max_examples", self.max_examples, 1)
+            set_(self, "max_examples", int(self.max_examples))
+        if self.clip_norm is not None:
+            set_(self, "clip_norm", _check_float("clip_norm", self.clip_norm, positive=True))
+        set_(self, "noise_std", _check_float("noise_std", self.noise_std, positive=False))
+
+
+def epoch_orders(
+    num_examples: int,
+    *,
+    epochs: int,
+    max_examples: int | None,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Return which of a user's examples are used and the order of each epoch.
+
+    The draws are, in this order: ``subset = randperm(num_examples)[:max_examples]``, then one
+    ``randperm(k)`` per epoch with ``k = len(subset)``. Epoch ``e`` visits the examples
+    ``subset[orders[e]]`` in minibatches of consecutive positions. Any engine that replays these
+    draws from the same generator visits the same minibatches as :class:`LocalTrainer`.
+
+    Returns
+    -------
+    subset : torch.Tensor
+        int64 CPU indices into the user's examples, length ``k``.
+    orders : list of torch.Tensor
+        ``epochs`` int64 CPU permutations of ``range(k)``.
+    """
+    subset = torch.randperm(int(num_examples), generator=generator)
+    if max_examples is not None:
+        subset = subset[: int(max_examples)]
+    k = int(subset.numel())
+    return subset, [torch.randperm(k, generator=generator) for _ in range(int(epochs))]

@@ -185,6 +185,7 @@ class RunLedger:
         self.entries = entries
         self._total = merge_ledger(p for e in entries for p in e.released)
         self.replay: list[LedgerEntry] = []
+        self._torn_at: int | None = None  # where a torn last line starts; cut at the next append
 
     # -- files ------------------------------------------------------------------------------
 
@@ -206,10 +207,15 @@ class RunLedger:
 
     @classmethod
     def create(cls, out: Path, config, accountant: PrivacyAccountant) -> RunLedger:
-        """Write a new ledger (its header) into ``out``; the file must not exist."""
+        """Write a new ledger (its header) into ``out``.
+
+        The file must not exist, or hold no complete line (a start killed while writing the
+        header, whose debris :meth:`read` reports as no ledger).
+        """
         header = cls.header_for(config, accountant)
         path = out / LEDGER_FILE
-        write_synced(path, json_line(header), mode="x")
+        debris = path.is_file() and b"\n" not in path.read_bytes()
+        write_synced(path, json_line(header), mode="w" if debris else "x")
         return cls(path, header, [])
 
     @classmethod
@@ -228,10 +234,10 @@ class RunLedger:
     def read(cls, out: Path) -> RunLedger | None:
         """The ledger of ``out`` (``None`` if there is none).
 
-        A torn last line (a write killed before its newline) is dropped and cut off the file, so
-        the next line appends cleanly; it was never followed by a release. A file left empty by
-        a start killed while writing the header is removed (``None``). Call it holding the
-        directory's lock.
+        A torn last line (a write killed before its newline) is dropped; it was never followed
+        by a release. It is cut off the file only by the next :meth:`append`, so reading (also
+        for a resume that is then refused, or for a report) changes nothing. A file with no
+        complete line (a start killed while writing the header) is no ledger (``None``).
 
         Raises
         ------
@@ -245,18 +251,14 @@ class RunLedger:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
-        if data and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n") + 1
-            data = data[:cut]
-            with open(path, "r+b") as fh:
-                fh.truncate(cut)
-                fh.flush()
-                os.fsync(fh.fileno())
+        torn = bool(data) and not data.endswith(b"\n")
+        if torn:
+            data = data[: data.rfind(b"\n") + 1]
         if not data:
-            path.unlink()
             return None
-        lines = data.decode("utf-8", errors="replace").splitlines()
-        return cls._parse(path, lines)
+        ledger = cls._parse(path, data.decode("utf-8", errors="replace").splitlines())
+        ledger._torn_at = len(data) if torn else None
+        return ledger
 
     @classmethod
     def _parse(cls, path: Path, lines: list[str]) -> RunLedger:
@@ -353,6 +355,12 @@ class RunLedger:
             "released": _released_json(released),
             "params_sha256": digest,
         }
+        if self._torn_at is not None:  # cut the torn line off first, so this one starts clean
+            with open(self.path, "r+b") as fh:
+                fh.truncate(self._torn_at)
+                fh.flush()
+                os.fsync(fh.fileno())
+            self._torn_at = None
         write_synced(self.path, json_line(line), mode="a")
         number = (self.entries[-1].line if self.entries else 1) + 1
         self.entries.append(LedgerEntry(kind, int(round_num), released, events, digest, number))
@@ -444,6 +452,25 @@ class RunLedger:
                 f"{self.path}: line {entry.line}: round {entry.round} released {field}={old}, "
                 f"but {CONFIG_FILE} makes a round release {field}={new} ({key}); the ledger or "
                 "the configuration was edited: refusing to resume"
+            )
+
+    def check_reported(self, reported: Sequence[tuple[str, float]]) -> None:
+        """Raise unless the ledger's ε covers every ε the run reported before.
+
+        ``reported`` holds ``(where, ε)`` pairs read from ``metrics.jsonl`` rows and
+        ``summary.json``. Every reported ε was composed from the ledger as it then stood, and a
+        ledger only grows, so one that now composes to less was edited (for example its noise
+        multipliers raised, with the configuration to match).
+        """
+        if not self.header["private"] or not reported:
+            return
+        where, most = max(reported, key=lambda item: item[1])
+        have = self.epsilon()
+        if most > have * (1 + 1e-6):
+            raise ValueError(
+                f"{self.path.name} composes to epsilon {have:.6g}, but {where} reported epsilon "
+                f"{most:.6g}: the ledger was edited (what was released cannot have shrunk); "
+                "refusing to resume"
             )
 
     def restore(self, accountant: PrivacyAccountant, round_num: int, checkpoint: str | None,

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows
+from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 
 __all__ = [
     "RunData",
@@ -73,13 +74,17 @@ class RunData:
     path : pathlib.Path
         The run directory.
     warnings : tuple of str
-        What was tolerated while loading (a truncated final line).
+        What was tolerated while loading (a truncated final line, a summary whose ε is not the
+        ledger's).
+    ledger_epsilon : float or None
+        ε composed from the run's ``privacy_ledger.jsonl`` (``None`` without a current one).
     """
 
     summary: dict[str, Any]
     rows: list[dict[str, Any]]
     path: Path
     warnings: tuple[str, ...] = field(default=())
+    ledger_epsilon: float | None = None
 
     @property
     def strategy(self) -> str:
@@ -98,7 +103,9 @@ class RunData:
 
     @property
     def epsilon(self) -> float:
-        """ε spent by the run (``inf`` for a non-private baseline)."""
+        """ε spent by the run: its ledger's, else its summary's (``inf`` if not private)."""
+        if self.ledger_epsilon is not None:
+            return self.ledger_epsilon
         return _num(self.summary["epsilon"])
 
     @property
@@ -119,14 +126,16 @@ class RunData:
         return metric in final or any(metric in r for r in self.rows)
 
     def final_value(self, metric: str) -> float:
-        """``metric`` from the summary's ``final`` block, else from the last row that has it."""
-        final = self.summary.get("final") or {}
-        if metric in final:
-            return _num(final[metric])
+        """``metric`` from the last metrics row that has it, else the summary's ``final`` block.
+
+        The rows are what each round recorded as it happened; ``summary.json`` repeats the last
+        one and is only the fallback.
+        """
         for row in reversed(_dedup_rounds(self.rows)):
             if metric in row:
                 return _num(row[metric])
-        return math.nan
+        final = self.summary.get("final") or {}
+        return _num(final[metric]) if metric in final else math.nan
 
     def curve(self, metric: str) -> dict[int, float]:
         """``{round: value}`` for the rows reporting ``metric`` (a repeated round: last wins)."""
@@ -175,7 +184,26 @@ def load_run(path: str | Path) -> RunData:
 
     notes: list[str] = []
     rows = read_rows(metrics_path, skipped=notes)
-    return RunData(summary=summary, rows=rows, path=path, warnings=tuple(notes))
+    spent = _ledger_epsilon(path)
+    if spent is not None and not math.isclose(spent, _num(summary["epsilon"]), rel_tol=1e-6):
+        notes.append(
+            f"{summary_path}: epsilon {summary['epsilon']!r} is not the {spent:.6g} that the "
+            "run's privacy ledger composes to; the ledger's is reported"
+        )
+    return RunData(summary, rows, path, tuple(notes), spent)
+
+
+def _ledger_epsilon(path: Path) -> float | None:
+    """ε of ``path``'s privacy ledger (``None`` without one, or for an earlier version's).
+
+    A ledger this version cannot read raises ``ValueError`` naming it: a report never falls
+    back to a summary's ε when the ledger that should back it is damaged.
+    """
+    try:
+        ledger = RunLedger.read(path)
+    except OldLedgerError:
+        return None
+    return None if ledger is None else ledger.epsilon()
 
 
 def load_runs(root: str | Path) -> list[RunData]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -272,6 +273,22 @@ def _refuse_restart(out: Path, config: RunConfig, last_released: int) -> None:
         )
 
 
+def _reported_epsilons(out: Path, rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """``(where, ε)`` of every finite ε that the metrics rows and ``summary.json`` report."""
+    found = [(f"{METRICS_FILE} (round {r['round']})", r.get("epsilon")) for r in rows]
+    summary_path = out / SUMMARY_FILE
+    if summary_path.exists():
+        try:
+            found.append((SUMMARY_FILE, json.loads(summary_path.read_text()).get("epsilon")))
+        except (ValueError, AttributeError):
+            pass  # an unreadable summary is refused by _shown_rounds
+    return [
+        (where, float(eps))
+        for where, eps in found
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps)
+    ]
+
+
 def _shown_rounds(out: Path, rows: list[dict[str, Any]]) -> int:
     """The last round the metrics rows and ``summary.json`` show as released (0 if none)."""
     released = [int(r["round"]) for r in rows]
@@ -335,6 +352,8 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
         ledger.check_algorithm(alg)
     rows = read_rows(out / METRICS_FILE)
     shown = _shown_rounds(out, rows)
+    if ledger is not None:
+        ledger.check_reported(_reported_epsilons(out, rows))
     if ledger is not None and shown > ledger.last_round:
         raise ValueError(
             f"{ledger.path} ends at round {ledger.last_round}, but {METRICS_FILE} or "
@@ -348,6 +367,13 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
         _refuse_restart(out, config, last_released)
     else:
         alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
+        least = alg.round_num * alg.events_per_round if config.strategy.private else 0
+        if alg.accountant.num_events < least:
+            raise ValueError(
+                f"{name} is a checkpoint of round {alg.round_num}, but its accountant holds "
+                f"{alg.accountant.num_events} privacy events, fewer than the {least} that "
+                f"{alg.round_num} rounds release: the checkpoint was edited; refusing to resume"
+            )
     if ledger is None and state is None:
         if old is not None:
             raise ValueError(

@@ -224,6 +224,56 @@ def test_a_checkpoint_claiming_fewer_events_than_the_ledger_is_refused(tmp_path,
     assert "5" in str(info.value) and "8" in str(info.value)
 
 
+def test_a_ledger_edited_with_its_config_cannot_lower_the_reported_epsilon(tmp_path):
+    """Found by a later review: σ 0.5 -> 50 in the ledger's events and header *and* in config.toml
+    (no checkpoint yet) resumed with ε 0.06 where metrics.jsonl had shown 19.46."""
+    out = simulate(small_config(**{"checkpoint-every": 100}), tmp_path / "run").out_dir
+    shown = read_rows(out / "metrics.jsonl")[-1]["epsilon"]
+    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, "summary.json"):
+        (out / name).unlink(missing_ok=True)
+    text = (out / LEDGER_FILE).read_text()
+    forged = text.replace('"noise_multiplier": 0.5', '"noise_multiplier": 50.0')
+    forged = forged.replace('"noise-multiplier": 0.5', '"noise-multiplier": 50.0')
+    assert forged != text
+    (out / LEDGER_FILE).write_text(forged)
+    _set(out, "noise-multiplier", "50.0")
+    with pytest.raises(ValueError, match="the ledger was edited") as info:
+        resume(out)
+    assert f"{shown:.6g}" in str(info.value)
+
+
+def test_a_refused_resume_leaves_a_torn_ledger_as_it_was_and_an_accepted_one_cuts_it(tmp_path):
+    """Found by a later review: reading the ledger cut a torn last line off the file (and removed
+    a ledger torn inside its header) even when the resume was then refused."""
+    out = simulate(small_config(**{"num-server-rounds": 4}), tmp_path / "run").out_dir
+    whole = (out / LEDGER_FILE).read_bytes()
+    (out / LEDGER_FILE).write_bytes(whole + b'{"kind": "round", "rou')  # a write killed midway
+    before = (out / LEDGER_FILE).read_bytes()
+    _set(out, "clip-norm", "9.0")
+    with pytest.raises(ValueError, match="clip-norm"):
+        resume(out)
+    assert (out / LEDGER_FILE).read_bytes() == before
+    _set(out, "clip-norm", str(small_config().strategy.clip_norm))
+    _set(out, "num-server-rounds", "6")
+    resume(out)
+    lines = (out / LEDGER_FILE).read_bytes().splitlines(keepends=True)
+    assert b"".join(lines[: len(whole.splitlines())]) == whole and all(
+        json.loads(x)["kind"] == "round" for x in lines[len(whole.splitlines()) :]
+    )
+
+
+def test_a_checkpoint_with_fewer_events_than_its_rounds_release_is_refused(tmp_path):
+    """Found by a later review: with the ledger and the metrics deleted, a checkpoint of round 8
+    forged to hold 4 events was carried over (ε 22.11 for rounds whose true ε is over 29)."""
+    out = simulate(small_config(**{"num-server-rounds": 8}), tmp_path / "run").out_dir
+    _forge_checkpoint(out / CHECKPOINT, 4)
+    for name in (LEDGER_FILE, "metrics.jsonl", "summary.json", PREVIOUS_CHECKPOINT):
+        (out / name).unlink()
+    _set(out, "num-server-rounds", "10")
+    with pytest.raises(ValueError, match="fewer than the 8 that 8 rounds release"):
+        resume(out)
+
+
 def test_a_seeded_replay_that_differs_from_its_first_release_is_charged(tmp_path):
     """A checkpoint whose parameters were changed (digest recomputed) redoes different rounds:
     each is a new release, so it is charged on top of the first one."""

@@ -217,3 +217,22 @@ def test_compare_builds_each_task_once(tmp_path, monkeypatch):
     calls.clear()
     sim = ["simulate", str(PRESET), "--rounds", "1", "--out", str(tmp_path / "s"), "--quiet"]
     assert main([*sim, *SMALL]) == 0 and calls == [("toy",)]
+
+
+def test_a_reused_run_is_reported_with_its_ledgers_epsilon_and_its_rows(tmp_path, capsys):
+    # found by a later review: editing summary.json's epsilon (or final accuracy) of a finished
+    # cell put the forged value in the next report, which reused the cell
+    import json
+
+    out = tmp_path / "cmp"
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--rounds", "2", "--quiet"]
+    assert main([*argv, "--out", str(out), *SMALL]) == 0
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    run = next((out / "runs").iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    summary["epsilon"], summary["final"]["eval_accuracy"] = 0.001, 0.999
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main([*argv, "--out", str(out), *SMALL]) == 0
+    again = list(csv.DictReader((out / "summary.csv").open()))
+    assert again == rows and float(again[0]["epsilon"]) > 1  # the ledger's, not 0.001
+    assert "not the" in (out / "report.md").read_text()  # the mismatch is noted

@@ -433,8 +433,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     equals the cell's; otherwise the call is refused before anything runs, or, with
     ``--overwrite``, the cell is rerun (:mod:`fedprivopt.simulation.cells`).
     """
-    from fedprivopt.simulation.cells import check_compare_dir, plan_cells, run_cell
-    from fedprivopt.simulation.report import load_run, write_report
+    from fedprivopt.simulation.cells import check_compare_dir, lock_compare_dir
 
     out = check_out_dir(args.out)
     try:
@@ -443,11 +442,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     base = _load_config(args.config, _overrides(args))
     cells = _compare_cells(args, base)
+    (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress line
+    locked = contextlib.ExitStack()
+    try:
+        locked.enter_context(lock_compare_dir(out))  # a second compare here: its holder's PID
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with locked:
+        return _compare_locked(args, out, cells)
+
+
+def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
+    """``compare``'s plan, runs and report, holding ``out``'s lock."""
+    from fedprivopt.simulation.cells import plan_cells, run_cell
+    from fedprivopt.simulation.report import load_run, write_report
+
     try:
         plans = plan_cells(out, cells, overwrite=args.overwrite)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress line
     runs, origins = [], {}
     for i, plan in enumerate(plans, 1):
         note = "" if plan.action == "run" else f" ({plan.action})"

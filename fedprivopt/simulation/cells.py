@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.text import shown as _short
+from fedprivopt.data.locks import exclusive_lock
 from fedprivopt.simulation.config import RunConfig, load_config
 
 __all__ = [
@@ -184,9 +185,21 @@ def first_difference(stored: RunConfig, wanted: RunConfig) -> tuple[str, Any, An
 
 
 #: What ``compare`` writes into its ``--out``: the cells' run directories and the report.
+COMPARE_LOCK = "compare.lock"
+"""Held by the one ``compare`` writing a directory, for the whole call."""
+
 COMPARE_ENTRIES = frozenset(
-    {"runs", "report.md", "summary.csv", "metric_vs_round.png", "privacy_utility.png"}
+    {"runs", "report.md", "summary.csv", "metric_vs_round.png", "privacy_utility.png", COMPARE_LOCK}
 )
+
+
+def lock_compare_dir(out: str | Path):
+    """Context manager holding ``out``'s :data:`COMPARE_LOCK` (``out`` must exist).
+
+    A second ``compare`` on the same ``--out`` (whatever its grid) is refused with a
+    ``ValueError`` naming the holder's PID; each cell's run directory has its own lock besides.
+    """
+    return exclusive_lock(Path(out) / COMPARE_LOCK, what=f"comparison {str(out)!r}")
 
 
 def check_compare_dir(out: str | Path) -> None:

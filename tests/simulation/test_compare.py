@@ -1,4 +1,5 @@
 import csv
+import os
 from pathlib import Path
 
 from fedprivopt.cli import main
@@ -236,3 +237,18 @@ def test_a_reused_run_is_reported_with_its_ledgers_epsilon_and_its_rows(tmp_path
     again = list(csv.DictReader((out / "summary.csv").open()))
     assert again == rows and float(again[0]["epsilon"]) > 1  # the ledger's, not 0.001
     assert "not the" in (out / "report.md").read_text()  # the mismatch is noted
+
+
+def test_a_second_compare_on_the_same_out_is_refused_whatever_its_grid(tmp_path, capsys):
+    # found by a later review: two compare calls with different grids both wrote one --out
+    from fedprivopt.simulation.cells import lock_compare_dir
+
+    out = tmp_path / "cmp"
+    argv = ["compare", str(PRESET), "--strategies", "fedavg", "--rounds", "1", "--quiet"]
+    assert main([*argv, "--out", str(out), *SMALL]) == 0
+    capsys.readouterr()
+    with lock_compare_dir(out):  # another compare holds it
+        assert main([*argv, "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "comparison" in err[0] and str(os.getpid()) in err[0], err
+    assert main([*argv, "--out", str(out), *SMALL]) == 0  # released: reused

@@ -703,8 +703,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedprivopt`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # building the parser imports torch and the accountants: seconds, Ctrl-C included
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        if os.environ.get("FEDPRIVOPT_DEBUG"):
+            raise
+        print("fedprivopt: interrupted", file=sys.stderr)
+        return 130
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0

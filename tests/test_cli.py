@@ -203,3 +203,26 @@ def test_installed_console_script_end_to_end():
         [_console_script(), "epsilon", "--help"], capture_output=True, text=True, timeout=120
     )
     assert helped.returncode == 0 and "--noise-multiplier" in helped.stdout
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line(monkeypatch, capsys):
+    # found by a later review: Ctrl-C in the first seconds (building the parser imports torch)
+    # ended with a KeyboardInterrupt traceback
+    import fedprivopt.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["simulate", "x.toml"]) == 130
+    assert capsys.readouterr().err == "fedprivopt: interrupted\n"
+
+
+def test_the_command_line_module_loads_without_torch():
+    # what runs before the parser exists (and before Ctrl-C is caught) stays light
+    import subprocess
+    import sys
+
+    code = "import sys, fedprivopt.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

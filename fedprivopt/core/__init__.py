@@ -5,10 +5,6 @@
   trainers and the vectorized cohort trainers of the tasks;
 - :mod:`fedprivopt.core.checks`: parameter checks whose errors name the parameter and its range;
 - :mod:`fedprivopt.core.text`: values shown in one-line messages.
+
+Nothing is imported here, so the command line can show a message without loading torch.
 """
-
-from fedprivopt.core.checks import check_bool, check_int
-from fedprivopt.core.local import LocalConfig, epoch_orders
-from fedprivopt.core.text import shown
-
-__all__ = ["LocalConfig", "check_bool", "check_int", "epoch_orders", "shown"]

@@ -31,6 +31,7 @@ from fedprivopt.cli_args import (
     Parser,
     UsageError,
     check_out_dir,
+    check_path_text,
     describe_os_error,
     float_range,
     int_at_least,
@@ -337,6 +338,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "argument --resume: give only the run directory (its config.toml "
                 "is the configuration)"
             )
+        check_path_text(args.resume, "--resume")
         stored = Path(args.resume) / CONFIG_FILE
         if stored.is_file():
             _load_config(stored, where="argument --resume")  # unreadable or nested too deeply

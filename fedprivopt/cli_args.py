@@ -100,6 +100,32 @@ _FILE_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirec
 _UNKNOWN_KWARG = re.compile(r"\(\) got an unexpected keyword argument '(?P<key>.+)'\Z")
 
 
+def check_path_text(text: str, flag: str) -> Path:
+    """``text`` as a path, refused (:class:`UsageError` naming ``flag``) when it cannot be one.
+
+    An empty path, a control character (a line break pasted along), a component that is only
+    blanks (``" "``, ``runs/ /x``: a quoting slip, not a name) or one longer than
+    :data:`NAME_MAX` bytes. Nothing is looked up on disk.
+    """
+    if not text:
+        raise UsageError(f"argument {flag}: must be a path, got ''")
+    path = Path(text).expanduser()
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise UsageError(
+            f"argument {flag}: the path holds a control character (a line break?): {shown(text)}"
+        )
+    for part in path.parts:
+        if not part.strip():
+            raise UsageError(f"argument {flag}: a path component is blank: {shown(text)}")
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            raise UsageError(
+                f"argument {flag}: a path component is {size} bytes long, the limit is "
+                f"{NAME_MAX}: {shown(part)}"
+            )
+    return path
+
+
 def check_out_dir(text: str, flag: str = "--out") -> Path:
     """``text`` as an output directory, checked before anything is computed or written.
 
@@ -110,18 +136,9 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
     user cannot write. What cannot be known without writing (``/proc``, ``/sys``) fails when the
     directory is created and is reported by :func:`main` as one line naming the path.
     """
-    if not text:
-        raise UsageError(f"argument {flag}: must be a directory path, got ''")
-    path = Path(text).expanduser()
-    for part in path.parts:
-        if not part.strip():
-            raise UsageError(f"argument {flag}: a path component is blank: {text!r}")
-        size = len(os.fsencode(part))
-        if size > NAME_MAX:
-            raise UsageError(
-                f"argument {flag}: a path component is {size} bytes long, the limit is "
-                f"{NAME_MAX}: {shown(part)}"
-            )
+    path = check_path_text(text, flag)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(f"argument {flag}: {shown(text)} is a symbolic link to nothing")
     probe = path.absolute()
     while True:
         try:
@@ -133,8 +150,10 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
             raise UsageError(f"argument {flag}: cannot use {probe}: {exc.strerror}") from None
     if not stat.S_ISDIR(mode):
         if probe == path.absolute():
-            raise UsageError(f"argument {flag}: {path} exists and is not a directory")
-        raise UsageError(f"argument {flag}: cannot create {path}: {probe} is not a directory")
+            raise UsageError(f"argument {flag}: {shown(text)} exists and is not a directory")
+        raise UsageError(
+            f"argument {flag}: cannot create {shown(text)}: {shown(str(probe))} is not a directory"
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"argument {flag}: cannot write in {probe} (permission denied)")
     return path

@@ -388,3 +388,25 @@ def test_text_between_two_quoted_words_is_not_shortened():
     assert one_line(text) == text  # the advice between 'prv' and 'rdp' is kept whole
     value = "y" * 300
     assert one_line(f"bad name '{value}' given").endswith("…' (300 characters) given")
+
+
+# -- later review ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "data synth"])
+def test_out_with_a_line_break_is_an_error(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)  # it used to create a directory whose name holds the line break
+    usage_error(run_cli(COMMANDS[command]("runs/a\nb")), "--out", "control character")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_that_is_a_dangling_symlink_is_named_as_such(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    usage_error(run_cli(COMMANDS["simulate"](str(tmp_path / "link"))), "--out", "link to nothing")
+
+
+@pytest.mark.parametrize("path", ["", "a" * 300, "run\n"])
+def test_resume_needs_a_path(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)  # an empty --resume used to resume the current directory
+    err = usage_error(run_cli(["simulate", "--resume", path]), "--resume")
+    assert len(err) < 300

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
 from fedprivopt.models.side_information_config import (
     ResolvedSideInformation,
@@ -313,7 +315,8 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     """Read a preset, apply ``overrides`` (kebab-case keys, ``task-params.x`` allowed), validate."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"config file {str(path)!r} does not exist")
+        what = "is not a regular file" if os.path.lexists(path) else "does not exist"
+        raise ValueError(f"config file {shown(str(path))} {what}")
     try:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -410,3 +410,11 @@ def test_resume_needs_a_path(tmp_path, monkeypatch, path):
     monkeypatch.chdir(tmp_path)  # an empty --resume used to resume the current directory
     err = usage_error(run_cli(["simulate", "--resume", path]), "--resume")
     assert len(err) < 300
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_config_that_is_not_a_regular_file_is_named_as_such(tmp_path, kind):
+    path = tmp_path / "preset.toml"
+    path.mkdir() if kind == "directory" else os.mkfifo(path)
+    argv = ["simulate", str(path), "--out", str(tmp_path / "o")]
+    usage_error(run_cli(argv), "not a regular file")

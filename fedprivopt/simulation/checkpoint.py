@@ -101,8 +101,14 @@ def load_checkpoint(out: Path) -> dict[str, Any] | None:
     return newest_checkpoint(out)[0]
 
 
-def newest_checkpoint(out: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """:func:`load_checkpoint` and the name of the file it read."""
+def newest_checkpoint(
+    out: Path, problems: dict[str, str] | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`load_checkpoint` and the name of the file it read.
+
+    Each checkpoint file that exists but is unreadable is logged as a warning, or, with
+    ``problems``, recorded there (file name: reason) for the caller to report.
+    """
     for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
         path = out / name
         if not path.exists():
@@ -112,5 +118,8 @@ def newest_checkpoint(out: Path) -> tuple[dict[str, Any] | None, str | None]:
             check_checkpoint(state)
             return state, name
         except Exception as exc:  # a torn or corrupt file: try the previous one
-            logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", path, exc)
+            if problems is None:
+                logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", path, exc)
+            else:
+                problems[name] = str(exc)
     return None, None

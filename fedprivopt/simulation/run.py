@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.text import shown
 from fedprivopt.models import build_task
 from fedprivopt.models.side_information_config import build_side_information
 from fedprivopt.models.task import Task, frozen_mask, initial_flat, primary_metric
@@ -246,7 +247,9 @@ def simulate(
         return _execute(out, config, task, alg, progress, ledger)
 
 
-def _refuse_restart(out: Path, config: RunConfig, last_released: int) -> None:
+def _refuse_restart(
+    out: Path, config: RunConfig, last_released: int, problems: dict[str, str]
+) -> None:
     """Raise unless restarting from round 0 keeps the privacy ledger intact.
 
     Allowed only when no checkpoint file exists and no round past the first checkpoint is known
@@ -259,8 +262,9 @@ def _refuse_restart(out: Path, config: RunConfig, last_released: int) -> None:
     reset = "restarting from round 0 would reset the privacy accountant"
     if present:
         raise ValueError(
-            f"no readable checkpoint in {str(out)!r}: {' and '.join(present)} "
-            f"{'are' if len(present) > 1 else 'is'} unreadable (see the log); {reset} "
+            f"no readable checkpoint in {str(out)!r}: "
+            + "; ".join(f"{n} is unreadable ({shown(problems.get(n, '?'))})" for n in present)
+            + f"; {reset} "
             f"(rounds up to {last_released} were released). Restore a checkpoint or start a new "
             "run in another directory"
         )
@@ -351,21 +355,24 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
     if ledger is not None:
         ledger.check_algorithm(alg)
     rows = read_rows(out / METRICS_FILE)
-    shown = _shown_rounds(out, rows)
+    last_shown = _shown_rounds(out, rows)
     if ledger is not None:
         ledger.check_reported(_reported_epsilons(out, rows))
-    if ledger is not None and shown > ledger.last_round:
+    if ledger is not None and last_shown > ledger.last_round:
         raise ValueError(
             f"{ledger.path} ends at round {ledger.last_round}, but {METRICS_FILE} or "
-            f"{SUMMARY_FILE} show round {shown} was released: the ledger is incomplete "
+            f"{SUMMARY_FILE} show round {last_shown} was released: the ledger is incomplete "
             "(truncated or edited); refusing to resume"
         )
-    last_released = max(shown, ledger.last_round if ledger else 0, old.max_round if old else 0)
-    state, name = newest_checkpoint(out)
+    last_released = max(last_shown, ledger.last_round if ledger else 0, old.max_round if old else 0)
+    problems: dict[str, str] = {}
+    state, name = newest_checkpoint(out, problems)
     compare = name  # the checkpoint whose accountant must match the ledger
     if state is None:
-        _refuse_restart(out, config, last_released)
+        _refuse_restart(out, config, last_released, problems)
     else:
+        for unreadable, why in problems.items():  # resumed from the previous one
+            logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)
         alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
         least = alg.round_num * alg.events_per_round if config.strategy.private else 0
         if alg.accountant.num_events < least:

@@ -264,7 +264,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, full
     assert torch.equal(outcome.params, full_run.params) and outcome.epsilon == full_run.epsilon
 
 
-def test_both_checkpoints_bad_is_a_clear_error_not_a_restart(tmp_path, capsys):
+def test_both_checkpoints_bad_is_a_clear_error_not_a_restart(tmp_path, capsys, caplog):
     out = simulate(small_config(**{"num-server-rounds": 4}), tmp_path / "b").out_dir
     _truncate(out / CHECKPOINT)
     _flip_a_bit(out / PREVIOUS_CHECKPOINT)
@@ -274,6 +274,8 @@ def test_both_checkpoints_bad_is_a_clear_error_not_a_restart(tmp_path, capsys):
     assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "reset the privacy accountant" in err and len(err.strip().splitlines()) == 1
+    assert "SHA-256" in err  # the reasons are in the line (a later review saw 2 log lines more)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert (out / "metrics.jsonl").read_bytes() == metrics  # nothing was touched
 
 

@@ -1,10 +1,10 @@
-"""Reports over simulation runs: load run directories, aggregate over seeds, plot, write markdown.
+"""Reports over simulation runs: ``summary.csv``, two plots and ``report.md``.
 
 A run directory (written by ``fedprivopt simulate``) holds ``metrics.jsonl`` (one JSON object per
-evaluated round) and ``summary.json``. A ``compare`` grid puts one run directory per
-(strategy, noise multiplier, seed) under ``OUT/runs/``. This module groups runs by
-(strategy, noise multiplier), averages over seeds and writes ``summary.csv``, two plots and
-``report.md``.
+evaluated round), ``summary.json`` and its privacy ledger. A ``compare`` grid puts one run
+directory per (strategy, noise multiplier, seed) under ``OUT/runs/``. Loading and aggregating
+them over seeds is :mod:`fedprivopt.simulation.rundata` (its names are re-exported here); this
+module writes what a reader looks at.
 
 Plots are drawn on :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas: pyplot's
 global state and the interactive backends are never touched.
@@ -20,16 +20,26 @@ from __future__ import annotations
 import csv
 import json
 import math
-import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows
-from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+from fedprivopt.simulation.rundata import (
+    RunData,
+    Selection,
+    aggregate_runs,
+    aggregate_with_notes,
+    choose_metric,
+    group_runs,
+    load_run,
+    load_runs,
+    mean_std,
+    reference_model,
+    select_runs,
+    warn_all,
+)
 
 __all__ = [
     "RunData",
@@ -43,13 +53,11 @@ __all__ = [
     "write_summary_csv",
 ]
 
-_METRIC_PREFERENCE = ("eval_recall_at_5", "eval_accuracy")
 _PRETTY = {
     "eval_recall_at_5": "recall@5 (eval)",
     "eval_accuracy": "accuracy (eval)",
     "eval_loss": "loss (eval)",
 }
-_REQUIRED_SUMMARY_KEYS = ("strategy", "noise_multiplier", "seed", "epsilon", "delta")
 _LINESTYLES = ("-", "--", "-.", ":")
 _PRIVACY_CONFIG_WORDS = (
     "accountant", "clip", "sampling", "cohort", "users", "delta", "epsilon", "target", "secure",
@@ -59,210 +67,6 @@ _EARLIER = ("reused", "resumed")  # origins of runs made by an earlier call
 _FIGSIZE = (8.0, 5.0)
 _DPI = 120
 _LINEWIDTH = 1.8
-
-
-@dataclass(frozen=True)
-class RunData:
-    """One run directory, as loaded by :func:`load_run`.
-
-    Attributes
-    ----------
-    summary : dict
-        Parsed ``summary.json``.
-    rows : list of dict
-        Parsed ``metrics.jsonl`` rows, in file order.
-    path : pathlib.Path
-        The run directory.
-    warnings : tuple of str
-        What was tolerated while loading (a truncated final line, a summary whose ε is not the
-        ledger's).
-    ledger_epsilon : float or None
-        ε composed from the run's ``privacy_ledger.jsonl`` (``None`` without a current one).
-    """
-
-    summary: dict[str, Any]
-    rows: list[dict[str, Any]]
-    path: Path
-    warnings: tuple[str, ...] = field(default=())
-    ledger_epsilon: float | None = None
-
-    @property
-    def strategy(self) -> str:
-        """Strategy name."""
-        return str(self.summary["strategy"])
-
-    @property
-    def noise_multiplier(self) -> float:
-        """Noise multiplier σ."""
-        return _num(self.summary["noise_multiplier"])
-
-    @property
-    def seed(self) -> int:
-        """Seed of the run."""
-        return int(self.summary["seed"])
-
-    @property
-    def epsilon(self) -> float:
-        """ε spent by the run: its ledger's, else its summary's (``inf`` if not private)."""
-        if self.ledger_epsilon is not None:
-            return self.ledger_epsilon
-        return _num(self.summary["epsilon"])
-
-    @property
-    def delta(self) -> float:
-        """δ at which :attr:`epsilon` holds."""
-        return _num(self.summary["delta"])
-
-    @property
-    def rounds_completed(self) -> int:
-        """Completed rounds (the largest round in the metrics if the summary lacks it)."""
-        if "rounds_completed" in self.summary:
-            return int(self.summary["rounds_completed"])
-        return max((int(r["round"]) for r in self.rows), default=0)
-
-    def has_metric(self, metric: str) -> bool:
-        """Whether the final results or any row report ``metric``."""
-        final = self.summary.get("final") or {}
-        return metric in final or any(metric in r for r in self.rows)
-
-    def final_value(self, metric: str) -> float:
-        """``metric`` from the last metrics row that has it, else the summary's ``final`` block.
-
-        The rows are what each round recorded as it happened; ``summary.json`` repeats the last
-        one and is only the fallback.
-        """
-        for row in reversed(_dedup_rounds(self.rows)):
-            if metric in row:
-                return _num(row[metric])
-        final = self.summary.get("final") or {}
-        return _num(final[metric]) if metric in final else math.nan
-
-    def curve(self, metric: str) -> dict[int, float]:
-        """``{round: value}`` for the rows reporting ``metric`` (a repeated round: last wins)."""
-        return {int(r["round"]): _num(r[metric]) for r in self.rows if metric in r}
-
-    def seconds_per_round(self) -> float:
-        """Mean of the finite ``seconds`` of rounds ≥ 1 (round 0 is the initial evaluation)."""
-        secs = [_num(r.get("seconds")) for r in _dedup_rounds(self.rows) if int(r["round"]) >= 1]
-        secs = [s for s in secs if math.isfinite(s)]
-        return float(np.mean(secs)) if secs else math.nan
-
-
-def load_run(path: str | Path) -> RunData:
-    """Load one run directory.
-
-    Parameters
-    ----------
-    path : str or pathlib.Path
-        Directory holding ``metrics.jsonl`` and ``summary.json``.
-
-    Returns
-    -------
-    RunData
-
-    Raises
-    ------
-    ValueError
-        If a file is missing or malformed; the message names the file (and line). A final line of
-        ``metrics.jsonl`` with no newline that does not parse is the trace of a run killed
-        mid-write: it is skipped and noted in :attr:`RunData.warnings`.
-    """
-    path = Path(path)
-    summary_path, metrics_path = path / SUMMARY_FILE, path / METRICS_FILE
-    for p in (summary_path, metrics_path):
-        if not p.is_file():
-            raise ValueError(f"{p}: missing (is {path} a fedprivopt run directory?)")
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{summary_path}: not valid JSON ({exc})") from exc
-    if not isinstance(summary, dict):
-        raise ValueError(f"{summary_path}: expected a JSON object, got {type(summary).__name__}")
-    missing = [k for k in _REQUIRED_SUMMARY_KEYS if k not in summary]
-    if missing:
-        raise ValueError(f"{summary_path}: missing keys {missing}")
-
-    notes: list[str] = []
-    rows = read_rows(metrics_path, skipped=notes)
-    spent = _ledger_epsilon(path)
-    if spent is not None and not math.isclose(spent, _num(summary["epsilon"]), rel_tol=1e-6):
-        notes.append(
-            f"{summary_path}: epsilon {summary['epsilon']!r} is not the {spent:.6g} that the "
-            "run's privacy ledger composes to; the ledger's is reported"
-        )
-    return RunData(summary, rows, path, tuple(notes), spent)
-
-
-def _ledger_epsilon(path: Path) -> float | None:
-    """ε of ``path``'s privacy ledger (``None`` without one, or for an earlier version's).
-
-    A ledger this version cannot read raises ``ValueError`` naming it: a report never falls
-    back to a summary's ε when the ledger that should back it is damaged.
-    """
-    try:
-        ledger = RunLedger.read(path)
-    except OldLedgerError:
-        return None
-    return None if ledger is None else ledger.epsilon()
-
-
-def load_runs(root: str | Path) -> list[RunData]:
-    """Load a run directory, a ``compare`` output (``root/runs/*``) or a folder of runs.
-
-    Raises
-    ------
-    ValueError
-        If no run directory is found, or one of them fails :func:`load_run`.
-    """
-    root = Path(root)
-    if (root / SUMMARY_FILE).exists() or (root / METRICS_FILE).exists():
-        return [load_run(root)]
-    parent = root / "runs" if (root / "runs").is_dir() else root
-    dirs = sorted(p for p in parent.glob("*") if p.is_dir() and (p / SUMMARY_FILE).exists())
-    if not dirs:
-        raise ValueError(f"{root}: no run directories (with {SUMMARY_FILE}) found")
-    return [load_run(d) for d in dirs]
-
-
-def choose_metric(runs: Sequence[RunData]) -> str:
-    """The task metric to report: the one the runs' task leads with.
-
-    That is the ``primary_metric`` their summaries name (:func:`fedprivopt.models.primary_metric`)
-    when every run that names one names the same and some run reports it. Runs written before
-    summaries named it (or of several tasks) get ``eval_recall_at_5`` if any run has it, else
-    ``eval_accuracy``.
-    """
-    named = {run.summary.get("primary_metric") for run in runs} - {None}
-    preference = (*named, *_METRIC_PREFERENCE) if len(named) == 1 else _METRIC_PREFERENCE
-    for metric in preference:
-        if isinstance(metric, str) and any(run.has_metric(metric) for run in runs):
-            return metric
-    raise ValueError(f"runs: none reports a task metric (one of {list(preference)})")
-
-
-def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> list[dict[str, Any]]:
-    """Group runs by (strategy, noise multiplier) and summarize each group over its seeds.
-
-    Parameters
-    ----------
-    runs : sequence of RunData
-    metric : str, optional
-        Task metric; ``None`` picks one with :func:`choose_metric`. Runs lacking it are skipped
-        with a ``UserWarning``.
-
-    Returns
-    -------
-    list of dict
-        One dict per group, sorted by (strategy, σ), with keys ``strategy``, ``noise_multiplier``,
-        ``metric``, ``n_seeds``, ``seeds``, ``n_finite`` (seeds whose final metric is finite),
-        ``epsilon`` and ``delta`` (the largest over seeds; they should agree), ``rounds`` (the
-        fewest completed), ``<metric>_mean``, ``<metric>_std``, ``eval_loss_mean``,
-        ``eval_loss_std`` (over finite values; sample std, 0 for one value),
-        ``seconds_per_round`` (mean over seeds) and ``stopped_reasons``.
-    """
-    rows, notes = _aggregate(runs, metric)
-    _warn(notes)
-    return rows
 
 
 def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
@@ -289,8 +93,8 @@ def plot_metric_vs_round(
     runs: Sequence[RunData], path: str | Path, *, metric: str | None = None
 ) -> Path:
     """Plot the task metric against the round: mean over seeds with a ±1 std band per group."""
-    sel, notes = _select(runs, metric)
-    _warn(notes)
+    sel, notes = select_runs(runs, metric)
+    warn_all(notes)
     return _plot_metric_vs_round(sel, path)
 
 
@@ -302,8 +106,8 @@ def plot_privacy_utility(
     Non-private groups (ε = ∞) are horizontal dashed reference lines. The ε axis is logarithmic
     when the finite ε span more than a decade.
     """
-    rows, notes = _aggregate(runs, metric)
-    _warn(notes)
+    rows, notes = aggregate_with_notes(runs, metric)
+    warn_all(notes)
     return _plot_privacy_utility(rows, path)
 
 
@@ -341,12 +145,12 @@ def write_report(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sel, issues = _select(runs, metric)
-    rows, agg_issues = _aggregate(sel.runs, sel.metric)
+    sel, issues = select_runs(runs, metric)
+    rows, agg_issues = aggregate_with_notes(sel.runs, sel.metric)
     issues += agg_issues
-    _warn(issues)
+    warn_all(issues)
     write_summary_csv(rows, out / "summary.csv")
-    ref = _reference(sel.runs, sel.metric)
+    ref = reference_model(sel.runs, sel.metric)
     _plot_metric_vs_round(sel, out / "metric_vs_round.png", ref)
     _plot_privacy_utility(rows, out / "privacy_utility.png", ref)
     text = _markdown(title, sel, rows, issues, notes, ref, origins)
@@ -357,106 +161,6 @@ def write_report(
 
 # ---------------------------------------------------------------------------------------------
 # internals
-
-
-@dataclass(frozen=True)
-class _Selection:
-    metric: str
-    runs: list[RunData]
-
-
-def _num(value: Any) -> float:
-    """A float from a JSON value; ``None`` and non-numbers become NaN."""
-    if isinstance(value, bool) or value is None:
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _dedup_rounds(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows sorted by round; a round written twice (a resumed run) keeps its last row."""
-    by_round = {int(r["round"]): r for r in rows}
-    return [by_round[k] for k in sorted(by_round)]
-
-
-def _warn(messages: Iterable[str]) -> None:
-    for message in messages:
-        warnings.warn(message, UserWarning, stacklevel=3)
-
-
-def _select(runs: Sequence[RunData], metric: str | None) -> tuple[_Selection, list[str]]:
-    runs = list(runs)
-    if not runs:
-        raise ValueError("runs: empty; need at least one run")
-    notes = [w for run in runs for w in run.warnings]
-    metric = choose_metric(runs) if metric is None else metric
-    kept, skipped = [], []
-    for run in runs:
-        (kept if run.has_metric(metric) else skipped).append(run)
-    notes += [f"{run.path}: no '{metric}'; run skipped" for run in skipped]
-    if not kept:
-        raise ValueError(f"metric: no run reports {metric!r}")
-    return _Selection(metric, kept), notes
-
-
-def _groups(runs: Iterable[RunData]) -> dict[tuple[str, float], list[RunData]]:
-    groups: dict[tuple[str, float], list[RunData]] = {}
-    for run in runs:
-        groups.setdefault((run.strategy, run.noise_multiplier), []).append(run)
-    return {k: sorted(groups[k], key=lambda r: r.seed) for k in sorted(groups)}
-
-
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample std of the finite values (std 0 for one value; NaN for none)."""
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return math.nan, math.nan
-    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
-    return float(np.mean(finite)), std
-
-
-def _aggregate(
-    runs: Sequence[RunData], metric: str | None
-) -> tuple[list[dict[str, Any]], list[str]]:
-    sel, notes = _select(runs, metric)
-    m = sel.metric
-    rows = []
-    for (strategy, sigma), group in _groups(sel.runs).items():
-        finals = [run.final_value(m) for run in group]
-        losses = [run.final_value("eval_loss") for run in group]
-        for run, value, loss in zip(group, finals, losses, strict=True):
-            for name, v in ((m, value), ("eval_loss", loss)):
-                if not math.isfinite(v):
-                    notes.append(f"{run.path}: final {name} is {v}; left out of the mean")
-        epsilons = [run.epsilon for run in group]
-        known_eps = [e for e in epsilons if not math.isnan(e)]
-        if known_eps and max(known_eps) - min(known_eps) > 1e-9 * max(1.0, abs(max(known_eps))):
-            notes.append(
-                f"{strategy}, σ={sigma:g}: ε differs across seeds "
-                f"({min(known_eps):.6g} to {max(known_eps):.6g}); reporting the largest"
-            )
-        metric_mean, metric_std = _mean_std(finals)
-        loss_mean, loss_std = _mean_std(losses)
-        rows.append({
-            "strategy": strategy,
-            "noise_multiplier": sigma,
-            "metric": m,
-            "n_seeds": len(group),
-            "seeds": [run.seed for run in group],
-            "n_finite": sum(math.isfinite(v) for v in finals),
-            "epsilon": max(known_eps) if known_eps else math.nan,
-            "delta": max((run.delta for run in group), default=math.nan),
-            "rounds": min(run.rounds_completed for run in group),
-            f"{m}_mean": metric_mean,
-            f"{m}_std": metric_std,
-            "eval_loss_mean": loss_mean,
-            "eval_loss_std": loss_std,
-            "seconds_per_round": _mean_std([run.seconds_per_round() for run in group])[0],
-            "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
-        })  # fmt: skip
-    return rows, notes
 
 
 def _pretty(metric: str) -> str:
@@ -505,24 +209,6 @@ def _new_axes():
     return fig, ax
 
 
-def _reference(runs: Sequence[RunData], metric: str) -> tuple[str, dict[str, float]] | None:
-    """The task's reference model from the runs' summaries (e.g. the tag prior), if any.
-
-    A run's ``summary.json`` may hold ``"reference": {"name": ..., "metrics": {...}}``: a model
-    built from public information only (no training), evaluated like the runs. Used when every
-    run that has one agrees on it and it reports ``metric``.
-    """
-    found = {json.dumps(r.summary.get("reference"), sort_keys=True) for r in runs}
-    found.discard("null")
-    if len(found) != 1:
-        return None
-    ref = json.loads(found.pop())
-    metrics = {k: _num(v) for k, v in (ref.get("metrics") or {}).items()}
-    if not isinstance(ref.get("name"), str) or metric not in metrics:
-        return None
-    return ref["name"], metrics
-
-
 def _reference_line(ax, ref: tuple[str, dict[str, float]] | None, metric: str) -> int:
     if ref is None:
         return 0
@@ -543,10 +229,10 @@ def _finish(fig, ax, path: str | Path, n_series: int) -> Path:
 
 
 def _plot_metric_vs_round(
-    sel: _Selection, path: str | Path, ref: tuple[str, dict[str, float]] | None = None
+    sel: Selection, path: str | Path, ref: tuple[str, dict[str, float]] | None = None
 ) -> Path:
     fig, ax = _new_axes()
-    groups = _groups(sel.runs)
+    groups = group_runs(sel.runs)
     styles = _styles(list(groups))
     for key, group in groups.items():
         per_round: dict[int, list[float]] = {}
@@ -557,7 +243,7 @@ def _plot_metric_vs_round(
         if not per_round:
             continue
         x = np.array(sorted(per_round))
-        stats = np.array([_mean_std(per_round[r]) for r in x])
+        stats = np.array([mean_std(per_round[r]) for r in x])
         color, style = styles[key]
         label = _label(key[0], key[1], max(run.epsilon for run in group))
         ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
@@ -650,7 +336,7 @@ def _cell(text: Any) -> str:
 
 def _markdown(
     title: str,
-    sel: _Selection,
+    sel: Selection,
     rows: Sequence[dict[str, Any]],
     issues: Sequence[str],
     notes: str | None,

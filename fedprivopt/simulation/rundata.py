@@ -1,0 +1,370 @@
+"""Finished runs as data: load run directories, choose the metric, aggregate over seeds.
+
+:func:`load_run` reads one run directory (ε from its privacy ledger, final metrics from its
+metrics rows, :attr:`RunData.warnings` for what was tolerated); :func:`aggregate_runs` groups runs
+by (strategy, σ) and summarizes each group over its seeds. The report built from them:
+:mod:`fedprivopt.simulation.report`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows
+from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+
+__all__ = [
+    "RunData",
+    "Selection",
+    "aggregate_runs",
+    "aggregate_with_notes",
+    "as_float",
+    "choose_metric",
+    "dedup_rounds",
+    "group_runs",
+    "load_run",
+    "load_runs",
+    "mean_std",
+    "reference_model",
+    "select_runs",
+    "warn_all",
+]
+
+_METRIC_PREFERENCE = ("eval_recall_at_5", "eval_accuracy")
+_REQUIRED_SUMMARY_KEYS = ("strategy", "noise_multiplier", "seed", "epsilon", "delta")
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run directory, as loaded by :func:`load_run`.
+
+    Attributes
+    ----------
+    summary : dict
+        Parsed ``summary.json``.
+    rows : list of dict
+        Parsed ``metrics.jsonl`` rows, in file order.
+    path : pathlib.Path
+        The run directory.
+    warnings : tuple of str
+        What was tolerated while loading (a truncated final line, a summary whose ε is not the
+        ledger's).
+    ledger_epsilon : float or None
+        ε composed from the run's ``privacy_ledger.jsonl`` (``None`` without a current one).
+    """
+
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+    path: Path
+    warnings: tuple[str, ...] = field(default=())
+    ledger_epsilon: float | None = None
+
+    @property
+    def strategy(self) -> str:
+        """Strategy name."""
+        return str(self.summary["strategy"])
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Noise multiplier σ."""
+        return as_float(self.summary["noise_multiplier"])
+
+    @property
+    def seed(self) -> int:
+        """Seed of the run."""
+        return int(self.summary["seed"])
+
+    @property
+    def epsilon(self) -> float:
+        """ε spent by the run: its ledger's, else its summary's (``inf`` if not private)."""
+        if self.ledger_epsilon is not None:
+            return self.ledger_epsilon
+        return as_float(self.summary["epsilon"])
+
+    @property
+    def delta(self) -> float:
+        """δ at which :attr:`epsilon` holds."""
+        return as_float(self.summary["delta"])
+
+    @property
+    def rounds_completed(self) -> int:
+        """Completed rounds (the largest round in the metrics if the summary lacks it)."""
+        if "rounds_completed" in self.summary:
+            return int(self.summary["rounds_completed"])
+        return max((int(r["round"]) for r in self.rows), default=0)
+
+    def has_metric(self, metric: str) -> bool:
+        """Whether the final results or any row report ``metric``."""
+        final = self.summary.get("final") or {}
+        return metric in final or any(metric in r for r in self.rows)
+
+    def final_value(self, metric: str) -> float:
+        """``metric`` from the last metrics row that has it, else the summary's ``final`` block.
+
+        The rows are what each round recorded as it happened; ``summary.json`` repeats the last
+        one and is only the fallback.
+        """
+        for row in reversed(dedup_rounds(self.rows)):
+            if metric in row:
+                return as_float(row[metric])
+        final = self.summary.get("final") or {}
+        return as_float(final[metric]) if metric in final else math.nan
+
+    def curve(self, metric: str) -> dict[int, float]:
+        """``{round: value}`` for the rows reporting ``metric`` (a repeated round: last wins)."""
+        return {int(r["round"]): as_float(r[metric]) for r in self.rows if metric in r}
+
+    def seconds_per_round(self) -> float:
+        """Mean of the finite ``seconds`` of rounds ≥ 1 (round 0 is the initial evaluation)."""
+        secs = [as_float(r.get("seconds")) for r in dedup_rounds(self.rows) if int(r["round"]) >= 1]
+        secs = [s for s in secs if math.isfinite(s)]
+        return float(np.mean(secs)) if secs else math.nan
+
+
+def load_run(path: str | Path) -> RunData:
+    """Load one run directory.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        Directory holding ``metrics.jsonl`` and ``summary.json``.
+
+    Returns
+    -------
+    RunData
+
+    Raises
+    ------
+    ValueError
+        If a file is missing or malformed; the message names the file (and line). A final line of
+        ``metrics.jsonl`` with no newline that does not parse is the trace of a run killed
+        mid-write: it is skipped and noted in :attr:`RunData.warnings`.
+    """
+    path = Path(path)
+    summary_path, metrics_path = path / SUMMARY_FILE, path / METRICS_FILE
+    for p in (summary_path, metrics_path):
+        if not p.is_file():
+            raise ValueError(f"{p}: missing (is {path} a fedprivopt run directory?)")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{summary_path}: not valid JSON ({exc})") from exc
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_path}: expected a JSON object, got {type(summary).__name__}")
+    missing = [k for k in _REQUIRED_SUMMARY_KEYS if k not in summary]
+    if missing:
+        raise ValueError(f"{summary_path}: missing keys {missing}")
+
+    notes: list[str] = []
+    rows = read_rows(metrics_path, skipped=notes)
+    spent = _ledger_epsilon(path)
+    if spent is not None and not math.isclose(spent, as_float(summary["epsilon"]), rel_tol=1e-6):
+        notes.append(
+            f"{summary_path}: epsilon {summary['epsilon']!r} is not the {spent:.6g} that the "
+            "run's privacy ledger composes to; the ledger's is reported"
+        )
+    return RunData(summary, rows, path, tuple(notes), spent)
+
+
+def _ledger_epsilon(path: Path) -> float | None:
+    """ε of ``path``'s privacy ledger (``None`` without one, or for an earlier version's).
+
+    A ledger this version cannot read raises ``ValueError`` naming it: a report never falls
+    back to a summary's ε when the ledger that should back it is damaged.
+    """
+    try:
+        ledger = RunLedger.read(path)
+    except OldLedgerError:
+        return None
+    return None if ledger is None else ledger.epsilon()
+
+
+def load_runs(root: str | Path) -> list[RunData]:
+    """Load a run directory, a ``compare`` output (``root/runs/*``) or a folder of runs.
+
+    Raises
+    ------
+    ValueError
+        If no run directory is found, or one of them fails :func:`load_run`.
+    """
+    root = Path(root)
+    if (root / SUMMARY_FILE).exists() or (root / METRICS_FILE).exists():
+        return [load_run(root)]
+    parent = root / "runs" if (root / "runs").is_dir() else root
+    dirs = sorted(p for p in parent.glob("*") if p.is_dir() and (p / SUMMARY_FILE).exists())
+    if not dirs:
+        raise ValueError(f"{root}: no run directories (with {SUMMARY_FILE}) found")
+    return [load_run(d) for d in dirs]
+
+
+def choose_metric(runs: Sequence[RunData]) -> str:
+    """The task metric to report: the one the runs' task leads with.
+
+    That is the ``primary_metric`` their summaries name (:func:`fedprivopt.models.primary_metric`)
+    when every run that names one names the same and some run reports it. Runs written before
+    summaries named it (or of several tasks) get ``eval_recall_at_5`` if any run has it, else
+    ``eval_accuracy``.
+    """
+    named = {run.summary.get("primary_metric") for run in runs} - {None}
+    preference = (*named, *_METRIC_PREFERENCE) if len(named) == 1 else _METRIC_PREFERENCE
+    for metric in preference:
+        if isinstance(metric, str) and any(run.has_metric(metric) for run in runs):
+            return metric
+    raise ValueError(f"runs: none reports a task metric (one of {list(preference)})")
+
+
+def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> list[dict[str, Any]]:
+    """Group runs by (strategy, noise multiplier) and summarize each group over its seeds.
+
+    Parameters
+    ----------
+    runs : sequence of RunData
+    metric : str, optional
+        Task metric; ``None`` picks one with :func:`choose_metric`. Runs lacking it are skipped
+        with a ``UserWarning``.
+
+    Returns
+    -------
+    list of dict
+        One dict per group, sorted by (strategy, σ), with keys ``strategy``, ``noise_multiplier``,
+        ``metric``, ``n_seeds``, ``seeds``, ``n_finite`` (seeds whose final metric is finite),
+        ``epsilon`` and ``delta`` (the largest over seeds; they should agree), ``rounds`` (the
+        fewest completed), ``<metric>_mean``, ``<metric>_std``, ``eval_loss_mean``,
+        ``eval_loss_std`` (over finite values; sample std, 0 for one value),
+        ``seconds_per_round`` (mean over seeds) and ``stopped_reasons``.
+    """
+    rows, notes = aggregate_with_notes(runs, metric)
+    warn_all(notes)
+    return rows
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The runs a report covers and the metric it reports."""
+
+    metric: str
+    runs: list[RunData]
+
+
+def as_float(value: Any) -> float:
+    """A float from a JSON value; ``None`` and non-numbers become NaN."""
+    if isinstance(value, bool) or value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def dedup_rounds(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows sorted by round; a round written twice (a resumed run) keeps its last row."""
+    by_round = {int(r["round"]): r for r in rows}
+    return [by_round[k] for k in sorted(by_round)]
+
+
+def warn_all(messages: Iterable[str]) -> None:
+    """Issue each message as a ``UserWarning`` (attributed to the caller's caller)."""
+    for message in messages:
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def select_runs(runs: Sequence[RunData], metric: str | None) -> tuple[Selection, list[str]]:
+    """The runs that report ``metric`` (chosen if ``None``), and notes on those left out."""
+    runs = list(runs)
+    if not runs:
+        raise ValueError("runs: empty; need at least one run")
+    notes = [w for run in runs for w in run.warnings]
+    metric = choose_metric(runs) if metric is None else metric
+    kept, skipped = [], []
+    for run in runs:
+        (kept if run.has_metric(metric) else skipped).append(run)
+    notes += [f"{run.path}: no '{metric}'; run skipped" for run in skipped]
+    if not kept:
+        raise ValueError(f"metric: no run reports {metric!r}")
+    return Selection(metric, kept), notes
+
+
+def group_runs(runs: Iterable[RunData]) -> dict[tuple[str, float], list[RunData]]:
+    """Runs by (strategy, σ), sorted, each group sorted by seed."""
+    groups: dict[tuple[str, float], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault((run.strategy, run.noise_multiplier), []).append(run)
+    return {k: sorted(groups[k], key=lambda r: r.seed) for k in sorted(groups)}
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std of the finite values (std 0 for one value; NaN for none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan
+    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
+    return float(np.mean(finite)), std
+
+
+def aggregate_with_notes(
+    runs: Sequence[RunData], metric: str | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`aggregate_runs`' rows, and its notes instead of warnings."""
+    sel, notes = select_runs(runs, metric)
+    m = sel.metric
+    rows = []
+    for (strategy, sigma), group in group_runs(sel.runs).items():
+        finals = [run.final_value(m) for run in group]
+        losses = [run.final_value("eval_loss") for run in group]
+        for run, value, loss in zip(group, finals, losses, strict=True):
+            for name, v in ((m, value), ("eval_loss", loss)):
+                if not math.isfinite(v):
+                    notes.append(f"{run.path}: final {name} is {v}; left out of the mean")
+        epsilons = [run.epsilon for run in group]
+        known_eps = [e for e in epsilons if not math.isnan(e)]
+        if known_eps and max(known_eps) - min(known_eps) > 1e-9 * max(1.0, abs(max(known_eps))):
+            notes.append(
+                f"{strategy}, σ={sigma:g}: ε differs across seeds "
+                f"({min(known_eps):.6g} to {max(known_eps):.6g}); reporting the largest"
+            )
+        metric_mean, metric_std = mean_std(finals)
+        loss_mean, loss_std = mean_std(losses)
+        rows.append({
+            "strategy": strategy,
+            "noise_multiplier": sigma,
+            "metric": m,
+            "n_seeds": len(group),
+            "seeds": [run.seed for run in group],
+            "n_finite": sum(math.isfinite(v) for v in finals),
+            "epsilon": max(known_eps) if known_eps else math.nan,
+            "delta": max((run.delta for run in group), default=math.nan),
+            "rounds": min(run.rounds_completed for run in group),
+            f"{m}_mean": metric_mean,
+            f"{m}_std": metric_std,
+            "eval_loss_mean": loss_mean,
+            "eval_loss_std": loss_std,
+            "seconds_per_round": mean_std([run.seconds_per_round() for run in group])[0],
+            "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
+        })  # fmt: skip
+    return rows, notes
+
+
+def reference_model(runs: Sequence[RunData], metric: str) -> tuple[str, dict[str, float]] | None:
+    """The task's reference model from the runs' summaries (e.g. the tag prior), if any.
+
+    A run's ``summary.json`` may hold ``"reference": {"name": ..., "metrics": {...}}``: a model
+    built from public information only (no training), evaluated like the runs. Used when every
+    run that has one agrees on it and it reports ``metric``.
+    """
+    found = {json.dumps(r.summary.get("reference"), sort_keys=True) for r in runs}
+    found.discard("null")
+    if len(found) != 1:
+        return None
+    ref = json.loads(found.pop())
+    metrics = {k: as_float(v) for k, v in (ref.get("metrics") or {}).items()}
+    if not isinstance(ref.get("name"), str) or metric not in metrics:
+        return None
+    return ref["name"], metrics

@@ -260,12 +260,12 @@ def test_a_bug_raising_type_error_is_not_hidden(monkeypatch, tmp_path):
 
 
 def test_other_os_errors_are_not_hidden(monkeypatch, tmp_path):
-    from fedprivopt import cli
+    from fedprivopt import cli_runs
 
     def refused(args):
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(cli, "cmd_simulate", refused)
+    monkeypatch.setattr(cli_runs, "cmd_simulate", refused)
     with pytest.raises(ConnectionRefusedError):
         main(simulate(str(tmp_path / "out")))
 

@@ -1,0 +1,314 @@
+"""The command line's ``simulate`` and ``compare``: from a preset and flags to runs and a report.
+
+:func:`load_preset` and :func:`build_checked_run` turn a bad preset, ``--set`` or task parameter
+into a :class:`~fedprivopt.cli_args.UsageError` naming it, before anything is written;
+``compare``'s grid (its cells, their reuse and the lock on ``--out``) is orchestrated here, the
+argument parsing in :func:`add_simulate` and :func:`add_compare`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from fedprivopt.cli_args import (
+    POSITIVE,
+    HelpFormatter,
+    UsageError,
+    check_out_dir,
+    check_path_text,
+    int_at_least,
+    int_in,
+    name_task_param,
+    shown,
+    task_param_error,
+)
+
+__all__ = [
+    "add_compare",
+    "add_simulate",
+    "build_checked_run",
+    "cmd_compare",
+    "cmd_simulate",
+    "load_preset",
+    "set_overrides",
+]
+
+
+def build_checked_run(config, where: str = "config", task=None):
+    """``build_run(config, task)``; bad settings and unknown task parameters are usage errors."""
+    from fedprivopt.simulation.run import build_run
+
+    try:
+        return build_run(config, task)
+    except ValueError as exc:
+        raise UsageError(f"{where}: {name_task_param(str(exc), config.task_params)}") from None
+    except TypeError as exc:
+        message = task_param_error(exc)
+        if message is None:
+            raise
+        raise UsageError(f"{where}: {message}") from None
+
+
+def load_preset(path: str | os.PathLike, overrides: dict | None = None, where: str = "config"):
+    """``load_config``; an unreadable or too deeply nested file is a usage error naming it."""
+    from fedprivopt.simulation.config import load_config
+
+    try:
+        return load_config(path, overrides)
+    except ValueError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: config file {str(path)!r} is nested too deeply") from None
+    except OSError as exc:
+        raise UsageError(
+            f"{where}: config file {str(path)!r} cannot be read: {exc.strerror or exc}"
+        ) from None
+
+
+# -- simulate ----------------------------------------------------------------------------------
+
+
+def set_overrides(args: argparse.Namespace) -> dict:
+    """The preset overrides of ``--set KEY=VALUE`` and the shorthand flags (``--rounds``, ...)."""
+    from fedprivopt.simulation.config import parse_override
+
+    out = {}
+    for text in args.set or []:
+        try:
+            key, value = parse_override(text)
+        except ValueError as exc:
+            raise UsageError(f"argument --set: {exc}") from None
+        except RecursionError:
+            raise UsageError(f"argument --set: {shown(text)} is nested too deeply") from None
+        out[key] = value
+    for flag, key in (
+        ("strategy", "strategy"),
+        ("engine", "engine"),
+        ("rounds", "num-server-rounds"),
+        ("seed", "seed"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """``fedprivopt simulate``: one run with metrics, summary and checkpoints."""
+    from fedprivopt.simulation.run import CONFIG_FILE, resume, simulate
+
+    if args.resume is not None:
+        if (
+            args.config is not None
+            or args.set
+            or any(
+                getattr(args, f) is not None
+                for f in ("strategy", "engine", "rounds", "seed", "out")
+            )
+        ):
+            raise UsageError(
+                "argument --resume: give only the run directory (its config.toml "
+                "is the configuration)"
+            )
+        check_path_text(args.resume, "--resume")
+        stored = Path(args.resume) / CONFIG_FILE
+        if stored.is_file():
+            load_preset(stored, where="argument --resume")  # unreadable or nested too deeply
+        outcome = resume(args.resume, progress=not args.quiet)
+    else:
+        if args.config is None:
+            raise UsageError("argument CONFIG: a preset file is required (or --resume DIR)")
+        if args.out is not None:
+            check_out_dir(args.out)
+        config = load_preset(args.config, set_overrides(args))
+        out = args.out or check_out_dir(
+            f"runs/{config.strategy.strategy}-seed{config.strategy.seed}"
+        )
+        task, _ = build_checked_run(config)  # validates everything before anything is written
+        outcome = simulate(config, out, progress=not args.quiet, task=task)
+    final = outcome.rows[-1] if outcome.rows else {}
+    metric = next((k for k in (outcome.metric, "eval_loss") if k in final), None)
+    shown = f", {metric} = {final[metric]:.4f}" if metric else ""
+    print(
+        f"{outcome.rounds_completed} rounds ({outcome.stopped_reason}){shown}, "
+        f"epsilon = {outcome.epsilon:.4g}; results in {outcome.out_dir}"
+    )
+    return 0
+
+
+def add_simulate(sub) -> None:
+    """Add ``simulate`` to the subcommands ``sub``."""
+    from fedprivopt.simulation.config import ENGINES
+    from fedprivopt.strategies.config import STRATEGIES
+
+    p = sub.add_parser(
+        "simulate",
+        help="simulate federated training of one strategy",
+        description="Run one federated simulation from a preset (TOML) and write metrics.jsonl, "
+        "summary.json, config.toml and checkpoints to the output directory.",
+        epilog="examples:\n"
+        "  fedprivopt simulate simulations/toy.toml --strategy dp-fedadam --rounds 20\n"
+        "  fedprivopt simulate simulations/toy.toml --set noise-multiplier=0.8 --out runs/a\n"
+        "  fedprivopt simulate --resume runs/a",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="preset TOML file")
+    p.add_argument("--strategy", choices=STRATEGIES, help="override the preset's strategy")
+    p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
+    p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
+    p.add_argument("--seed", type=int_at_least(0), metavar="S", help="root seed")
+    p.add_argument("--out", metavar="DIR", help="run directory (default runs/<strategy>-seed<S>)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override any preset key, e.g. --set clip-norm=0.5 "
+        "--set task-params.num-users=50 (repeatable)",
+    )
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    p.set_defaults(func=cmd_simulate)
+
+
+def _float_list(text: str) -> list[float]:
+    values = []
+    for part in text.split(","):
+        values.append(POSITIVE(part.strip()))
+    return values
+
+
+def _compare_cells(args: argparse.Namespace, base) -> list:
+    """The grid's cells, each resolved and validated before anything runs."""
+    from fedprivopt.simulation.cells import Cell, cell_label, grid
+    from fedprivopt.strategies.config import STRATEGIES
+
+    strategies = args.strategies.split(",") if args.strategies else list(STRATEGIES)
+    sigmas = args.noise_multipliers or [base.strategy.noise_multiplier]
+    try:
+        points = grid(strategies, sigmas, base.strategy.seed, args.seeds)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cells, tasks = [], {}  # each distinct task is built (its data read) once
+    for name, sigma, seed in points:
+        overrides = {**set_overrides(args), "strategy": name, "seed": seed}
+        if sigma is not None:
+            overrides["noise-multiplier"] = sigma
+        where = f"config ({name}, sigma {sigma or 0.0:g}, seed {seed})"
+        config = load_preset(args.config, overrides, where=where)
+        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        tasks[key], _ = build_checked_run(config, where=where, task=tasks.get(key))
+        cells.append(Cell(cell_label(name, sigma or 0.0, seed), config, tasks[key]))
+    return cells
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``fedprivopt compare``: a grid of strategies x noise multipliers x seeds, and a report.
+
+    A cell's earlier run in ``--out`` is reused (or resumed) only when its stored configuration
+    equals the cell's; otherwise the call is refused before anything runs, or, with
+    ``--overwrite``, the cell is rerun (:mod:`fedprivopt.simulation.cells`).
+    """
+    from fedprivopt.simulation.cells import check_compare_dir, lock_compare_dir
+
+    out = check_out_dir(args.out)
+    try:
+        check_compare_dir(out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    base = load_preset(args.config, set_overrides(args))
+    cells = _compare_cells(args, base)
+    (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress line
+    locked = contextlib.ExitStack()
+    try:
+        locked.enter_context(lock_compare_dir(out))  # a second compare here: its holder's PID
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with locked:
+        return _compare_locked(args, out, cells)
+
+
+def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
+    """``compare``'s plan, runs and report, holding ``out``'s lock."""
+    from fedprivopt.simulation.cells import plan_cells, run_cell
+    from fedprivopt.simulation.report import load_run, write_report
+
+    try:
+        plans = plan_cells(out, cells, overwrite=args.overwrite)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    runs, origins = [], {}
+    for i, plan in enumerate(plans, 1):
+        note = "" if plan.action == "run" else f" ({plan.action})"
+        print(f"[{i}/{len(plans)}] {plan.cell.label}{note}", file=sys.stderr, flush=True)
+        run_cell(plan, progress=not args.quiet)
+        runs.append(load_run(plan.run_dir))
+        origins[plan.cell.label] = plan.describe()
+    report = write_report(
+        out, runs, title=f"fedprivopt compare: {args.config}", metric=args.metric, origins=origins
+    )
+    earlier = sum(plan.action in ("reuse", "resume") for plan in plans)
+    note = f" ({earlier} of {len(plans)} runs from an earlier call)" if earlier else ""
+    print(f"report: {report}{note}")
+    return 0
+
+
+def add_compare(sub) -> None:
+    """Add ``compare`` to the subcommands ``sub``."""
+    from fedprivopt.simulation.cells import MAX_SEEDS
+    from fedprivopt.simulation.config import ENGINES
+
+    p = sub.add_parser(
+        "compare",
+        help="compare strategies over noise levels and seeds, with a report and plots",
+        description="Run every strategy x noise multiplier x seed of a preset (non-private "
+        "baselines once per seed) and write OUT/summary.csv, OUT/report.md, "
+        "OUT/metric_vs_round.png and OUT/privacy_utility.png. A run already in OUT/runs/ is "
+        "reused (or, if unfinished, resumed) only when its stored config.toml equals the "
+        "configuration this call resolves for it; a different one is refused (exit 2, naming "
+        "the run and the first differing key) unless --overwrite is given. report.md lists "
+        "where each run comes from. At most 10,000 runs per grid.",
+        epilog="example:\n  fedprivopt compare simulations/toy.toml "
+        "--strategies dp-fedavg,dp-fedadam,fedavg --noise-multipliers 0.5,1 --seeds 2",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("config", metavar="CONFIG", help="preset TOML file")
+    p.add_argument(
+        "--strategies", metavar="A,B,...", help="strategies (default: every registered one)"
+    )
+    p.add_argument(
+        "--noise-multipliers",
+        type=_float_list,
+        metavar="S1,S2,...",
+        help="noise multipliers (default: the preset's)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int_in(1, MAX_SEEDS),
+        default=1,
+        metavar="K",
+        help=f"seeds per cell (the preset's seed, +1, ...), at most {MAX_SEEDS:,}: every seed is "
+        "a full run of every cell",
+    )
+    p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="rerun (replacing its directory) every run in OUT/runs/ whose stored configuration "
+        "differs from this call's; runs with the same configuration are still reused",
+    )
+    p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
+    p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
+    p.add_argument(
+        "--metric",
+        choices=("eval_accuracy", "eval_recall_at_5", "eval_precision_at_5", "eval_loss"),
+        help="task metric of the report (default: the task's own: accuracy for single-label "
+        "tag prediction and the toy task, recall@5 for multi-label tag prediction)",
+    )
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset key")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    p.set_defaults(func=cmd_compare, strategy=None, seed=None)

@@ -13,14 +13,28 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LocalConfig", "epoch_orders"]
+__all__ = ["MAX_EPOCHS", "MAX_ORDER_ENTRIES", "LocalConfig", "epoch_orders"]
+
+#: Upper bound of :attr:`LocalConfig.epochs`. :func:`epoch_orders` holds one int64 permutation
+#: of the user's examples per epoch (plus a tensor object, ~100 bytes, per epoch), so memory
+#: grows like ``epochs * examples``: 10**13 epochs used to be accepted and grow until killed.
+#: 10,000 passes over a user's data is far beyond any federated setting (1-5 is usual) and keeps
+#: the orders of a user with 10,000 examples at 800 MB.
+MAX_EPOCHS = 10_000
+#: Upper bound of ``epochs * examples`` in :func:`epoch_orders`: 2**27 int64 entries (1 GiB),
+#: checked before any permutation is drawn.
+MAX_ORDER_ENTRIES = 2**27
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
     if (
-        isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum  # type: ignore[arg-type]
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or int(value) < minimum  # type: ignore[arg-type]
+        or (maximum is not None and int(value) > maximum)  # type: ignore[arg-type]
     ):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        where = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an integer {where}, got {value!r}")
 
 
 def _check_float(name: str, value: object, *, positive: bool) -> float:
@@ -43,7 +57,9 @@ class LocalConfig:
     learning_rate : float
         Local SGD step size, ``> 0``.
     epochs : int
-        Passes over the user's examples, ``>= 1``.
+        Passes over the user's examples, in ``[1, MAX_EPOCHS]`` (:data:`MAX_EPOCHS` = 10,000:
+        :func:`epoch_orders` holds one permutation of the examples per epoch, so memory grows
+        like ``epochs * examples``; checked here, before anything is allocated).
     batch_size : int
         Minibatch size, ``>= 1`` (the last batch of an epoch may be smaller).
     max_examples : int or None
@@ -69,7 +85,7 @@ class LocalConfig:
         set_(
             self, "learning_rate", _check_float("learning_rate", self.learning_rate, positive=True)
         )
-        _check_int("epochs", self.epochs, 1)
+        _check_int("epochs", self.epochs, 1, MAX_EPOCHS)
         _check_int("batch_size", self.batch_size, 1)
         set_(self, "epochs", int(self.epochs))
         set_(self, "batch_size", int(self.batch_size))
@@ -101,7 +117,21 @@ def epoch_orders(
         int64 CPU indices into the user's examples, length ``k``.
     orders : list of torch.Tensor
         ``epochs`` int64 CPU permutations of ``range(k)``.
+
+    Raises
+    ------
+    ValueError
+        If ``epochs`` is not in ``[1, MAX_EPOCHS]`` or ``epochs * k`` exceeds
+        :data:`MAX_ORDER_ENTRIES` (2**27 entries, 1 GiB), before anything is drawn.
     """
+    _check_int("epochs", epochs, 1, MAX_EPOCHS)
+    k = int(num_examples) if max_examples is None else min(int(num_examples), int(max_examples))
+    if int(epochs) * k > MAX_ORDER_ENTRIES:
+        raise ValueError(
+            f"epochs * examples must be at most {MAX_ORDER_ENTRIES} (one int64 permutation of "
+            f"the examples per epoch), got {int(epochs)} * {k}; lower local-epochs or set "
+            "max-examples"
+        )
     subset = torch.randperm(int(num_examples), generator=generator)
     if max_examples is not None:
         subset = subset[: int(max_examples)]

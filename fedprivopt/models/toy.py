@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.privacy.rng import derive_seed
+from fedprivopt.privacy.sampling import MAX_POPULATION
 
 __all__ = ["MAX_TENSOR_VALUES", "ToyClassificationTask"]
 
@@ -39,9 +40,15 @@ def _generator(seed: int, *keys: int | str) -> torch.Generator:
     return gen
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        where = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an integer {where}, got {value!r}")
     return value
 
 
@@ -57,7 +64,9 @@ class ToyClassificationTask:
     Parameters
     ----------
     num_users : int
-        Number of training users, ``>= 1``.
+        Number of training users, in ``[1, 10**8]``: a run samples from them, and its sampler
+        draws one value per user a round
+        (:data:`fedprivopt.privacy.sampling.MAX_POPULATION`).
     dim : int
         Feature dimension, ``>= 1``.
     num_classes : int
@@ -108,7 +117,7 @@ class ToyClassificationTask:
         test_examples: int = 300,
         seed: int = 0,
     ) -> None:
-        self.num_users = _check_int("num_users", num_users, 1)
+        self.num_users = _check_int("num_users", num_users, 1, MAX_POPULATION)
         self.dim = _check_int("dim", dim, 1)
         self.num_classes = _check_int("num_classes", num_classes, 2)
         self.test_examples = _check_int("test_examples", test_examples, 1)

@@ -14,12 +14,26 @@ import torch
 
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["FixedSizeSampler", "PoissonSampler", "make_sampler"]
+__all__ = ["MAX_POPULATION", "FixedSizeSampler", "PoissonSampler", "make_sampler"]
+
+#: Upper bound of the number of users ``N`` a sampler draws from. A round draws one value per
+#: user (a float64 uniform and a bool mask for Poisson sampling, an int64 permutation for
+#: fixed-size sampling: 9 or 8 bytes a user), so 10**8 users take about 0.9 GB a round;
+#: 10**9 used to be accepted and fail in the first round with an 8 GB allocation. Real
+#: cross-device populations (StackOverflow: ~380,000 users) are far below it.
+MAX_POPULATION = 100_000_000
 
 
 def _check_population(population: int) -> int:
-    if isinstance(population, bool) or not isinstance(population, int) or population < 1:
-        raise ValueError(f"population must be an integer >= 1, got {population!r}")
+    if (
+        isinstance(population, bool)
+        or not isinstance(population, int)
+        or not (1 <= population <= MAX_POPULATION)
+    ):
+        raise ValueError(
+            f"population must be an integer in [1, {MAX_POPULATION}] (a round draws one value "
+            f"per user), got {population!r}"
+        )
     return population
 
 
@@ -30,7 +44,8 @@ class PoissonSampler:
     Parameters
     ----------
     population : int
-        Number of users ``N``; users are ``0 .. N-1``.
+        Number of users ``N``, in ``[1, MAX_POPULATION]`` (:data:`MAX_POPULATION` = 10**8: a
+        round draws one float64 per user); users are ``0 .. N-1``.
     sample_rate : float
         Inclusion probability ``q`` in ``(0, 1]``.
     rngs : RngFactory
@@ -69,7 +84,8 @@ class FixedSizeSampler:
     Parameters
     ----------
     population : int
-        Number of users ``N``.
+        Number of users ``N``, in ``[1, MAX_POPULATION]`` (a round draws a permutation of the
+        users).
     cohort_size : int
         Users per round ``m``, ``1 <= m <= N``.
     rngs : RngFactory

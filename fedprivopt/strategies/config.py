@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from fedprivopt.core.local import MAX_EPOCHS
+from fedprivopt.privacy.sampling import MAX_POPULATION
+
 __all__ = ["STRATEGIES", "StrategyConfig"]
 
 STRATEGIES = (
@@ -73,9 +76,17 @@ _INT_MIN = {
 }
 #: Upper bounds of integer settings, from memory: a run keeps every round's metrics row and
 #: ledger entry in memory (about 2 KB a round, measured on the toy preset), so 10**6 rounds hold
-#: about 2 GB; ``--rounds 10**14`` used to be accepted and grow until killed.
+#: about 2 GB; ``--rounds 10**14`` used to be accepted and grow until killed. ``population`` is
+#: bounded by the sampler, which draws one value per user each round
+#: (:data:`fedprivopt.privacy.sampling.MAX_POPULATION` = 10**8, about 0.9 GB), and
+#: ``local_epochs`` by the one permutation per epoch a client holds
+#: (:data:`fedprivopt.core.local.MAX_EPOCHS` = 10,000).
 MAX_ROUNDS = 1_000_000
-_INT_MAX = {"num_server_rounds": MAX_ROUNDS}
+_INT_MAX = {
+    "num_server_rounds": MAX_ROUNDS,
+    "population": MAX_POPULATION,
+    "local_epochs": MAX_EPOCHS,
+}
 _CHOICES = {
     "strategy": STRATEGIES,
     "sampling": ("poisson", "fixed"),
@@ -94,11 +105,11 @@ class StrategyConfig:
     strategy : str
         One of :data:`STRATEGIES`.
     population : int
-        Number of users ``N``.
+        Number of users ``N``, in ``[1, 10**8]`` (the sampler draws one value per user a round).
     clients_per_round : float
         Expected cohort size ``m̄``; ``q = m̄/N``. An integer ``m <= N`` for fixed sampling.
     num_server_rounds : int
-        Rounds to run (a privacy budget may stop the run earlier).
+        Rounds to run, in ``[1, 10**6]`` (a privacy budget may stop the run earlier).
     noise_multiplier, clip_norm : float
         ``σ`` (noise std on the clipped sum over ``C``) and ``C``. Ignored by the non-private
         baselines ``fedavg`` and ``fedadam``.
@@ -133,7 +144,8 @@ class StrategyConfig:
         ``adadp_tolerance = None`` calibrates ``τ`` to the noise
         (:func:`fedprivopt.optim.noise_calibrated_tolerance`).
     local_learning_rate, local_epochs, batch_size, max_examples
-        Client training (``max_examples = 0``: all of a user's examples).
+        Client training (``max_examples = 0``: all of a user's examples); ``local_epochs`` is in
+        ``[1, 10000]`` (a client holds one permutation of its examples per epoch).
     ema_decay : float
         ``β`` of the exponential moving average of the released iterates that a run evaluates
         and reports (``0``: the last iterate). Post-processing of released models: it costs no

@@ -379,3 +379,19 @@ def test_load_global(task):
     assert torch.equal(flatten(model.state_dict())[0], flat)
     flat.add_(1)  # the trainer holds its own copy
     assert not torch.equal(flatten(model.state_dict())[0], flat)
+
+
+def test_epochs_are_bounded_before_the_orders_are_drawn():
+    """Issue 15: epochs=10**13 was accepted and epoch_orders grew a list of 10**13 tensors."""
+    from fedprivopt.core.local import MAX_EPOCHS, MAX_ORDER_ENTRIES
+
+    with pytest.raises(ValueError, match=r"epochs must be an integer in \[1, 10000\]"):
+        LocalConfig(learning_rate=0.1, epochs=10**13)
+    assert LocalConfig(learning_rate=0.1, epochs=MAX_EPOCHS).epochs == 10_000
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=r"epochs must be an integer in \[1, 10000\]"):
+        epoch_orders(10, epochs=10**13, max_examples=None, generator=gen)
+    with pytest.raises(ValueError, match=r"epochs \* examples must be at most"):
+        epoch_orders(MAX_ORDER_ENTRIES, epochs=2, max_examples=None, generator=gen)
+    subset, orders = epoch_orders(10, epochs=3, max_examples=4, generator=gen)
+    assert subset.numel() == 4 and len(orders) == 3

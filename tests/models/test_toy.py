@@ -166,3 +166,10 @@ def test_sizes_beyond_the_memory_bound_are_refused_at_construction(kwargs):
 def test_the_largest_sizes_within_the_bound_are_accepted():
     task = ToyClassificationTask(examples_per_user=(0, 2**28 // 13), dim=10, num_classes=3)
     assert task.examples_per_user == (0, 2**28 // 13)
+
+
+def test_num_users_is_bounded_like_the_population():
+    """Issue 15: a run samples the task's users; the sampler bounds their number."""
+    with pytest.raises(ValueError, match=r"num_users must be an integer in \[1, 100000000\]"):
+        ToyClassificationTask(num_users=10**9)
+    assert ToyClassificationTask(num_users=10**8).num_users == 10**8

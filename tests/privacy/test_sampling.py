@@ -63,3 +63,13 @@ def test_invalid_sampler_arguments():
     with pytest.raises(ValueError, match="sampling"):
         make_sampler("uniform", population=10, sample_rate=0.1)
     assert make_sampler("poisson", population=100, cohort_size=10).sample_rate == 0.1
+
+
+@pytest.mark.parametrize("kind", ["poisson", "fixed"])
+def test_population_is_bounded_before_anything_is_drawn(kind):
+    """Issue 15: population 10**9 was accepted and its first round allocated 8 GB."""
+    from fedprivopt.privacy.sampling import MAX_POPULATION
+
+    with pytest.raises(ValueError, match=r"population must be an integer in \[1, 100000000\]"):
+        make_sampler(kind, population=10**9, sample_rate=0.5, cohort_size=5)
+    assert make_sampler(kind, population=MAX_POPULATION, cohort_size=5).population == 10**8

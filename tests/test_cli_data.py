@@ -114,3 +114,32 @@ def test_synthetic_config_bounds_num_clients_before_allocating():
     assert SyntheticConfig(num_clients=MAX_CLIENTS).num_clients == 1_000_000
     with pytest.raises(ValueError, match="num_clients must be at most 1000000"):
         SyntheticConfig(num_clients=10**20)
+
+
+def _usage_line(capsys, argv):
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err.splitlines()[0]
+
+
+def test_synth_bounds_vocab_and_tags_naming_their_flags(tmp_path, capsys):
+    """Issue 15: --vocab 10**9 grew to 6.4 GB; a huge --tags was reported as a --vocab error."""
+    out = str(tmp_path / "y")
+    line = _usage_line(capsys, ["data", "synth", "--clients", "10", "--vocab", "1000000000",
+                                "--out", out])  # fmt: skip
+    assert "--vocab must be at most 10000000" in line
+    line = _usage_line(capsys, ["data", "synth", "--clients", "10", "--tags", "99999999999999",
+                                "--out", out])  # fmt: skip
+    assert "--tags must be at most 10000" in line and "--vocab" not in line
+    assert not (tmp_path / "y").exists() or not any((tmp_path / "y").iterdir())
+
+
+def test_synth_refuses_a_strangers_marker_file_without_overwrite(tmp_path, capsys):
+    """Issue 15: a stackoverflow.synthetic.json that is not ours was silently replaced."""
+    marker = tmp_path / "stackoverflow.synthetic.json"
+    marker.write_text("my notes, not JSON\n")
+    line = _usage_line(capsys, ["data", "synth", "--clients", "10", "--out", str(tmp_path)])
+    assert "stackoverflow.synthetic.json" in line and "--overwrite" in line
+    assert marker.read_text() == "my notes, not JSON\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stackoverflow.synthetic.json"]

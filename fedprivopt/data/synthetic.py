@@ -72,6 +72,8 @@ __all__ = [
     "DATASET_FILES",
     "GENERATOR_VERSION",
     "MAX_CLIENTS",
+    "MAX_TAGS",
+    "MAX_VOCAB",
     "SQLITE_FILE",
     "SYNTHETIC_META_FILE",
     "SyntheticConfig",
@@ -89,6 +91,14 @@ _GENERATOR = "fedprivopt.data.synthetic"  # the marker's "generator": the files 
 # ~2.5x the real dataset's ~380,000 users; per user ~12.5 kB of disk and ~0.4 kB of memory (the
 # client metadata, held until the SQLite file is complete): 10**6 users ~ 12.5 GB, ~400 MB.
 MAX_CLIENTS = 1_000_000
+# Word types: the words, their background distribution and per-chunk counts cost ~95 bytes a
+# word (measured: 10**6 words took 93 MB more than 2 * 10**4), so 10**7 words ~ 1 GB; 10**9 used
+# to be accepted and grow past 6 GB. The real dataset's vocabulary files hold a few million.
+MAX_VOCAB = 10_000_000
+# Tags: every chunk of 2,048 users draws a (users x tags) float64 matrix of favourite-tag keys
+# and sorts it, ~50 kB a tag (measured: 10,000 tags, 2,048 users, 520 MB peak), so 10**4 tags
+# ~ 0.5 GB. The task predicts the 500 most frequent tags; 10**4 covers any realistic setting.
+MAX_TAGS = 10_000
 _CHUNK_USERS = 2048  # part of the output's definition: changing it changes the files
 _SPLITS = ("train", "heldout", "test")
 
@@ -123,11 +133,14 @@ class SyntheticConfig:
         40,000 users took 143 and 156 MB peak, 63 and 493 MB of disk, 3.4 and 21 s), so 10**6
         users take about 12.5 GB of disk, 0.5 GB of memory and 10-20 minutes.
     vocab_size : int, default 20_000
-        Word types; >= 10 and at least ``2 * num_tags * words_per_tag``.
+        Word types; >= 10, at least ``2 * num_tags * words_per_tag`` and at most
+        :data:`MAX_VOCAB` = 10**7 (about 95 bytes of memory a word: 10**7 words ~ 1 GB).
     num_tags : int, default 500
-        Tags; >= 1.
+        Tags; in [1, :data:`MAX_TAGS`] (10,000: each chunk of 2,048 users draws a users x tags
+        float64 matrix, about 50 kB a tag: 10**4 tags ~ 0.5 GB).
     words_per_tag : int, default 10
-        Informative words owned by each tag; >= 1.
+        Informative words owned by each tag; in [1, ``MAX_VOCAB // 2``] (they are distinct
+        words of the rare half of the vocabulary).
     seed : int, default 0
         Seed of every random stream; >= 0.
     word_zipf : float, default 1.1
@@ -200,8 +213,18 @@ class SyntheticConfig:
                 f"SyntheticConfig), got {self.num_clients}"
             )
         _check_int("num_tags", self.num_tags, 1)
-        _check_int("words_per_tag", self.words_per_tag, 1)
+        if self.num_tags > MAX_TAGS:
+            raise ValueError(
+                f"num_tags must be at most {MAX_TAGS} (memory grows with it, about 50 kB a tag; "
+                f"see SyntheticConfig), got {self.num_tags}"
+            )
+        _check_int("words_per_tag", self.words_per_tag, 1, MAX_VOCAB // 2)
         _check_int("vocab_size", self.vocab_size, max(10, 2 * self.num_tags * self.words_per_tag))
+        if self.vocab_size > MAX_VOCAB:
+            raise ValueError(
+                f"vocab_size must be at most {MAX_VOCAB} (memory grows with it, about 95 bytes "
+                f"a word; see SyntheticConfig), got {self.vocab_size}"
+            )
         _check_int("seed", self.seed, 0)
         _check_float("word_zipf", self.word_zipf, 0.0, 5.0, open_low=True)
         _check_float("tag_zipf", self.tag_zipf, 0.0, 5.0)
@@ -350,7 +373,8 @@ def generate(
         The knobs; default ``SyntheticConfig()`` (10,000 users).
     overwrite : bool, default False
         Replace the files of a synthetic dataset (:func:`is_synthetic_dir`); otherwise raise
-        ``FileExistsError`` if the SQLite file exists.
+        ``FileExistsError`` if the SQLite file exists, and ``ValueError`` if a
+        ``stackoverflow.synthetic.json`` that is not this generator's marker exists.
 
     Returns
     -------
@@ -363,12 +387,21 @@ def generate(
         If the SQLite file exists and ``overwrite`` is false, or if any of :data:`DATASET_FILES`
         exists in a directory without our marker (a dataset this module did not write, e.g. the
         real one): it is never replaced.
+    ValueError
+        If ``overwrite`` is false and ``stackoverflow.synthetic.json`` exists but is not this
+        generator's marker (not JSON, or not written by it): someone else's file is replaced
+        only when asked to (CLI: ``--overwrite``).
     """
     config = SyntheticConfig() if config is None else config
     files = SyntheticFiles.at(out_dir)
     files.root.mkdir(parents=True, exist_ok=True)
     if files.sqlite.exists() and not overwrite:
         raise FileExistsError(f"{files.sqlite}: exists (pass overwrite=True to replace it)")
+    if not overwrite and files.meta.exists() and not is_synthetic_dir(files.root):
+        raise ValueError(
+            f"{files.meta} exists and is not a marker of this generator; refusing to replace "
+            "it (use --overwrite to replace it)"
+        )
     present = [name for name in DATASET_FILES if (files.root / name).exists()]
     if present and not is_synthetic_dir(files.root):
         raise FileExistsError(

@@ -43,6 +43,10 @@ def tiny_data(tiny_synthetic):
         ("num_clients", 2.5, r"num_clients must be an integer"),
         ("num_clients", True, r"num_clients must be an integer"),
         ("vocab_size", 100, r"vocab_size must be an integer >= 8000"),  # 2 * 500 tags * 8 words
+        # issue 15: no upper bounds (10**9 words grew to 6.4 GB; huge tags blamed vocab_size)
+        ("vocab_size", 10**9, r"vocab_size must be at most 10000000"),
+        ("num_tags", 10**14, r"num_tags must be at most 10000"),
+        ("words_per_tag", 10**14, r"words_per_tag must be an integer in \[1, 5000000\]"),
         ("seed", -1, r"seed must be an integer >= 0"),
         ("word_zipf", 0.0, r"word_zipf must be a number in \(0.0, 5.0\]"),
         ("tag_zipf", -0.1, r"tag_zipf must be a number in \[0.0, 5.0\]"),
@@ -83,6 +87,18 @@ def test_same_seed_same_bytes(tmp_path, tiny_synthetic):
     assert _digests(again) == _digests(tiny_synthetic)
     other = generate(tmp_path / "other", SyntheticConfig.tiny(seed=1))
     assert _digests(other)[other.sqlite.name] != _digests(tiny_synthetic)[other.sqlite.name]
+
+
+def test_generate_refuses_a_marker_file_it_did_not_write(tmp_path):
+    """Issue 15: a stranger's ``stackoverflow.synthetic.json`` was replaced without overwrite."""
+    marker = tmp_path / "stackoverflow.synthetic.json"
+    for text in ("not JSON\n", '{"generator": "someone else"}\n'):
+        marker.write_text(text)
+        with pytest.raises(ValueError, match=r"stackoverflow\.synthetic\.json.*--overwrite"):
+            generate(tmp_path, SyntheticConfig.tiny(num_clients=5))
+        assert marker.read_text() == text
+    generate(tmp_path, SyntheticConfig.tiny(num_clients=5), overwrite=True)  # asked: replaced
+    assert json.loads(marker.read_text())["generator"] == "fedprivopt.data.synthetic"
 
 
 def test_generate_refuses_to_overwrite_and_ensure_reuses(tmp_path):

@@ -16,10 +16,13 @@ from collections.abc import Iterable
 
 import dp_accounting as dpa
 
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 
 __all__ = [
     "ACCOUNTANTS",
+    "MAX_STATE_COUNT",
+    "MAX_STATE_NOISE_MULTIPLIER",
     "STATE_VERSION",
     "Ledger",
     "check_accountant",
@@ -34,6 +37,15 @@ __all__ = [
 
 ACCOUNTANTS = ("rdp", "pld", "prv")
 STATE_VERSION = 1
+#: Largest count of one ledger entry in a saved state. A run releases at most 10**6 rounds
+#: (``strategies.config.MAX_ROUNDS``) of a few events each (ADADP: 2); 10**9 leaves a factor of
+#: 1,000 and keeps every accountant's arithmetic in float64 (a count of 10**400 made ``epsilon``
+#: raise ``OverflowError``).
+MAX_STATE_COUNT = 10**9
+#: Largest noise multiplier of an event in a saved state: far above any useful noise level (ε is
+#: 0 to double precision long before), while ``σ²`` stays finite in float64 (σ = 1e308 made
+#: ``epsilon`` raise ``OverflowError``). All three accountants were checked up to 1e150.
+MAX_STATE_NOISE_MULTIPLIER = 1e100
 
 Ledger = tuple[tuple[SubsampledGaussianEvent, int], ...]
 
@@ -105,8 +117,12 @@ def _is_real(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _is_noise(x: object) -> bool:
+    return _is_real(x) and 0 <= x <= MAX_STATE_NOISE_MULTIPLIER  # type: ignore[operator]
+
+
 _EVENT_FIELDS = {
-    "noise_multiplier": _is_real,
+    "noise_multiplier": _is_noise,
     "sampling": lambda x: isinstance(x, str),
     "sample_rate": _is_real,
     "population": lambda x: x is None or (isinstance(x, int) and not isinstance(x, bool)),
@@ -121,6 +137,11 @@ def _parse_event(data: object, where: str) -> SubsampledGaussianEvent:
         if key not in _EVENT_FIELDS:
             raise ValueError(f"accountant state: unknown field {where}.event.{key}")
     for key, ok in _EVENT_FIELDS.items():
+        if key == "noise_multiplier" and key in data and not ok(data[key]):
+            raise ValueError(
+                f"accountant state: {where}.event.noise_multiplier must be a finite number in "
+                f"[0, {MAX_STATE_NOISE_MULTIPLIER:g}], got {shown(data[key])}"
+            )
         if key not in data or not ok(data[key]):
             raise ValueError(
                 f"accountant state: {where}.event.{key} is missing or invalid: {data.get(key)!r}"
@@ -132,7 +153,12 @@ def _parse_event(data: object, where: str) -> SubsampledGaussianEvent:
 
 
 def parse_state(state: object) -> tuple[str, float, float, Ledger]:
-    """The validated (accountant, pld_discretization, prv_eps_error, ledger) of a state."""
+    """The validated (accountant, pld_discretization, prv_eps_error, ledger) of a state.
+
+    ``version`` must be the int :data:`STATE_VERSION` (``1.0`` or ``True`` are refused), every
+    count an int in ``[1, MAX_STATE_COUNT]`` and every noise multiplier a finite number in
+    ``[0, MAX_STATE_NOISE_MULTIPLIER]``; anything else raises ``ValueError`` naming the field.
+    """
     fields = ("version", "accountant", "pld_discretization", "prv_eps_error", "ledger")
     if not isinstance(state, dict):
         raise ValueError(f"accountant state must be a mapping, got {type(state).__name__}")
@@ -143,8 +169,10 @@ def parse_state(state: object) -> tuple[str, float, float, Ledger]:
         if key not in state:
             raise ValueError(f"accountant state: field {key!r} is missing")
     version = state["version"]
-    if isinstance(version, bool) or version != STATE_VERSION:
-        raise ValueError(f"accountant state: version must be {STATE_VERSION}, got {version!r}")
+    if type(version) is not int or version != STATE_VERSION:
+        raise ValueError(
+            f"accountant state: version must be the integer {STATE_VERSION}, got {shown(version)}"
+        )
     accountant = state["accountant"]
     if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
         raise ValueError(
@@ -169,9 +197,10 @@ def parse_state(state: object) -> tuple[str, float, float, Ledger]:
             if key not in ("event", "count"):
                 raise ValueError(f"accountant state: unknown field {where}.{key}")
         count = item.get("count")
-        if not is_count(count):
+        if not (is_count(count) and count <= MAX_STATE_COUNT):
             raise ValueError(
-                f"accountant state: {where}.count must be an integer >= 1, got {count!r}"
+                f"accountant state: {where}.count must be an integer in [1, {MAX_STATE_COUNT}], "
+                f"got {shown(count)}"
             )
         pairs.append((_parse_event(item.get("event"), where), count))
     ledger = merge_ledger(pairs)

@@ -1,13 +1,17 @@
 """Calibration: the smallest noise multiplier that meets a target (ε, δ).
 
 The search itself is the libraries' own: ``dp_accounting.calibrate_dp_mechanism`` (Brent's method
-over a fresh accountant per candidate) for RDP and PLD, and Opacus' ``get_noise_multiplier`` for
-PRV. The returned ``σ`` always satisfies the target: ε(σ) ≤ target ε.
+over a fresh accountant per candidate) for RDP and PLD, and Opacus' ``get_noise_multiplier``
+search for PRV, re-run here so that every probe goes through the PRV memory guard of
+:func:`~fedprivopt.privacy.accounting.compose_epsilon` and the search is bounded. The returned
+``σ`` always satisfies the target: ε(σ) ≤ target ε. Numerical failures and targets an accountant
+cannot resolve are ``ValueError`` with advice (another accountant).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import dp_accounting as dpa
 
@@ -20,6 +24,14 @@ from fedprivopt.privacy.accounting import (
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 
 __all__ = ["calibrate_noise_multiplier", "make_round_event"]
+
+_PLD_BRACKET_STEPS = 12  # σ_rdp · 0.75**k, k <= 12: down to ~σ_rdp / 30
+# The PRV search (Opacus' ``get_noise_multiplier``, bounded; see :func:`_calibrate_prv`).
+_PRV_SIGMA_START = 20.0  # Opacus' first upper end (10, doubled once)
+_PRV_EPS_TOLERANCE = 0.01  # Opacus' epsilon_tolerance
+_PRV_EPS_ERROR = 0.01  # the eps_error compose_epsilon gives Opacus' PRV accountant
+_PRV_SIGMA_RTOL = 1e-3  # also stop once the bracket is this narrow, relative to its upper end
+_PRV_MAX_PROBES = 80  # doubling (<= 17 up to MAX_SIGMA) plus bisection (<= ~40)
 
 
 def make_round_event(
@@ -50,6 +62,87 @@ def make_round_event(
             population=population, cohort_size=cohort_size, noise_multiplier=noise_multiplier
         )
     raise ValueError(f"sampling must be 'poisson' or 'fixed', got {sampling!r}")
+
+
+def _calibrate_prv(
+    target_epsilon: float,
+    delta: float,
+    event: Callable[[float], SubsampledGaussianEvent],
+    steps: int,
+) -> float:
+    """Opacus' ``get_noise_multiplier`` search for PRV, with every probe behind the PRV guard.
+
+    The same search as Opacus (double ``σ`` from 20 until ε ≤ target, giving up above
+    ``MAX_SIGMA``; then bisect until ε is within 0.01 below the target), except that every ε goes
+    through :func:`~fedprivopt.privacy.accounting.compose_epsilon`: a σ whose PRV domain would
+    exceed ``PRV_MAX_BYTES`` is refused before anything is allocated, and a numerical failure of
+    Opacus (an error, or an infinite ε at small σ) is a ``ValueError``. A refused σ is taken as
+    a lower end whose ε is unknown. The bisection also stops once the bracket is narrower than
+    0.1 % of its upper end (Opacus' 0.01 absolute tolerance on ε needs ever finer σ at a large
+    target, e.g. 1000, and its probes at tiny σ grow without bound). If the lower end is then a
+    refused σ, the smallest σ cannot be known and a ``ValueError`` advising ``rdp`` is raised.
+    A target at or below the PRV's error bound (0.01) is refused at once.
+    """
+    from opacus.accountants.utils import MAX_SIGMA
+
+    def eps_of(sigma: float) -> tuple[float | None, str]:
+        try:
+            eps = compose_epsilon([(event(sigma), steps)], delta, accountant="prv")
+        except (ValueError, ArithmeticError, MemoryError) as exc:
+            return None, (str(exc).splitlines() or [type(exc).__name__])[0]
+        # Opacus returns inf when the loss does not fit its domain: a failure, not an ε
+        return (eps, "") if math.isfinite(eps) else (None, "Opacus returned an infinite epsilon")
+
+    def refused(sigma: float, why: str) -> ValueError:
+        return ValueError(
+            f"accountant 'prv' cannot calibrate target_epsilon={target_epsilon:g} at "
+            f"delta={delta:g}, sample_rate={event(1.0).sample_rate:g} over {steps} events: it "
+            f"cannot account noise_multiplier={sigma:.4g}, which the search must probe ({why}); "
+            "use --accountant rdp (or pld)"
+        )
+
+    # Opacus reports the upper end of its error bound, estimate + eps_error (0.01): a target at
+    # or below it is met only where the estimated loss is <= 0, i.e. never within MAX_SIGMA for
+    # more than a few events, and the search would first probe ~17 ever larger domains.
+    if target_epsilon <= _PRV_EPS_ERROR:
+        raise ValueError(
+            f"target_epsilon={target_epsilon:g} cannot be met by the prv accountant: its epsilon "
+            f"is an upper bound that includes its error prv_eps_error={_PRV_EPS_ERROR:g}, so "
+            "the target must be larger; use --accountant rdp (or pld)"
+        )
+    probes = 0
+    low, low_why = 0.0, ""  # low_why: why ε(low) is unknown ("" when ε(low) > target is known)
+    high = _PRV_SIGMA_START
+    while True:
+        if high > MAX_SIGMA:
+            if low_why:
+                raise refused(low, low_why)
+            raise ValueError(
+                f"target_epsilon={target_epsilon:g} cannot be met by the prv accountant at "
+                f"delta={delta:g}, sample_rate={event(1.0).sample_rate:g} over {steps} events: "
+                f"Opacus' search gives up above noise_multiplier {MAX_SIGMA:g}; raise the target "
+                "epsilon, lower the rounds or the sample rate, or use --accountant rdp"
+            )
+        eps_high, why = eps_of(high)
+        probes += 1
+        if eps_high is not None and eps_high <= target_epsilon:
+            break
+        low, low_why = high, why
+        high *= 2
+    assert eps_high is not None
+    while target_epsilon - eps_high > _PRV_EPS_TOLERANCE:
+        if high - low <= _PRV_SIGMA_RTOL * high or probes >= _PRV_MAX_PROBES:
+            if low_why:
+                raise refused(low, low_why)
+            break
+        sigma = (low + high) / 2
+        eps, why = eps_of(sigma)
+        probes += 1
+        if eps is not None and eps < target_epsilon:
+            high, eps_high = sigma, eps
+        else:
+            low, low_why = sigma, why
+    return float(high)
 
 
 def calibrate_noise_multiplier(
@@ -83,7 +176,8 @@ def calibrate_noise_multiplier(
     accountant : {"rdp", "pld", "prv"}
         Library used for ε.
     tol : float
-        Tolerance on ``σ`` (RDP, PLD); PRV uses Opacus' ε tolerance of 0.01.
+        Tolerance on ``σ`` (RDP, PLD); PRV uses Opacus' ε tolerance of 0.01, and stops
+        bisecting once its bracket is narrower than 0.1 % of ``σ``.
     pld_discretization : float
         ``value_discretization_interval`` of the PLD accountant, in ``(0, 1)``.
 
@@ -98,6 +192,12 @@ def calibrate_noise_multiplier(
         (a ``ValueError``) with ``accountant="pld"`` when the search would have to account a σ
         whose PLD exceeds ``accounting.PLD_MAX_BYTES`` (see
         :func:`~fedprivopt.privacy.accounting.compose_epsilon`).
+    ValueError
+        With ``accountant="prv"``, when no σ up to Opacus' ``MAX_SIGMA`` meets the target, or
+        when the search must probe a σ that the PRV accountant refuses (domain beyond
+        ``accounting.PRV_MAX_BYTES``, checked before anything is allocated) or fails on
+        numerically; with ``accountant="pld"``, when the PLD grid is too coarse to resolve the
+        target. Each message advises another accountant.
     """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon}")
@@ -126,27 +226,7 @@ def calibrate_noise_multiplier(
     probe = event(1.0)  # validates the sampling arguments and the accountant/sampling pairing
     compose_epsilon([(probe, 1)], delta, accountant=accountant)
     if accountant == "prv":
-        from opacus.accountants.utils import MAX_SIGMA, get_noise_multiplier
-
-        try:
-            return float(
-                get_noise_multiplier(
-                    target_epsilon=target_epsilon,
-                    target_delta=delta,
-                    sample_rate=probe.sample_rate,
-                    steps=steps,
-                    accountant="prv",
-                )
-            )
-        except ValueError as exc:
-            if "budget is too low" not in str(exc):
-                raise
-            raise ValueError(
-                f"target_epsilon={target_epsilon:g} cannot be met by the prv accountant at "
-                f"delta={delta:g}, sample_rate={probe.sample_rate:g} over {steps} events: Opacus' "
-                f"search gives up above noise_multiplier {MAX_SIGMA:g}; raise the target epsilon, "
-                "or lower the rounds or the sample rate"
-            ) from None
+        return _calibrate_prv(target_epsilon, delta, event, steps)
 
     def search(kind: str, bracket: dpa.BracketInterval) -> float:
         return float(
@@ -163,22 +243,55 @@ def calibrate_noise_multiplier(
     sigma_rdp = search("rdp", dpa.LowerEndpointAndGuess(1e-3, 1.0))
     if accountant == "rdp":
         return sigma_rdp
-    # PLD is tighter than RDP, so its σ lies below σ_rdp. Bracket it from there: a PLD of a tiny σ
+
+    # PLD is usually tighter than RDP, so its σ lies below σ_rdp (checked: at a tiny target its
+    # grid can be looser, which is refused with advice). Bracket it from there: a PLD of a tiny σ
     # needs an enormous grid (tens of GiB), so the search must never probe near 0. Each bracket
     # probe goes through compose_epsilon, which refuses a grid beyond PLD_MAX_BYTES before
     # allocating it; the search then only probes σ >= lower, whose grids are smaller.
-    lower = sigma_rdp
-    for _ in range(12):
-        lower *= 0.75
+    def pld_eps(sigma: float) -> float:
         try:
-            eps = compose_epsilon(
-                [(event(lower), steps)], delta, accountant="pld", pld_discretization=h
+            return compose_epsilon(
+                [(event(sigma), steps)], delta, accountant="pld", pld_discretization=h
             )
         except PLDGridTooLargeError as exc:
             raise PLDGridTooLargeError(
                 f"cannot calibrate target_epsilon={target_epsilon:g} over rounds={rounds} with "
                 f"the PLD grid of the noise levels it must probe: {exc}"
             ) from None
-        if eps > target_epsilon:
+
+    eps_rdp_sigma = pld_eps(sigma_rdp)
+    if eps_rdp_sigma > target_epsilon:
+        # The upper end must meet the target; at a tiny target the PLD's discretization
+        # (one grid step of loss a round at least) can be looser than RDP.
+        raise ValueError(
+            f"target_epsilon={target_epsilon:g} is too small for the pld accountant at "
+            f"pld_discretization={h:g} over {steps} events: even at the rdp accountant's "
+            f"noise_multiplier {sigma_rdp:.4g} its epsilon is {eps_rdp_sigma:.4g} (the grid "
+            "is too coarse); use --accountant rdp, or a finer --pld-discretization"
+        )
+    lower = sigma_rdp
+    for _ in range(_PLD_BRACKET_STEPS):
+        lower *= 0.75
+        if pld_eps(lower) > target_epsilon:
             break
-    return search("pld", dpa.ExplicitBracketInterval(lower, sigma_rdp))
+    else:
+        # The PLD's ε stays at or below the target from σ_rdp down to ~σ_rdp/30: its grid is
+        # too coarse for this target (each round's loss range is below one grid step), and
+        # Brent's method would fail on a bracket with no sign change.
+        raise ValueError(
+            f"target_epsilon={target_epsilon:g} is too small for the pld accountant at "
+            f"pld_discretization={h:g} over {steps} events: its epsilon stays at or below the "
+            f"target for every noise_multiplier in [{lower:.4g}, {sigma_rdp:.4g}] (the grid is "
+            "too coarse to resolve it); use --accountant rdp, or a finer --pld-discretization"
+        )
+    try:
+        return search("pld", dpa.ExplicitBracketInterval(lower, sigma_rdp))
+    except ValueError as exc:
+        if isinstance(exc, PLDGridTooLargeError):
+            raise
+        raise ValueError(
+            f"the pld accountant cannot calibrate target_epsilon={target_epsilon:g} over "
+            f"{steps} events ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "use --accountant rdp, or a finer --pld-discretization"
+        ) from None

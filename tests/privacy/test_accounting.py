@@ -355,6 +355,10 @@ _DELETE = object()
         (("ledger", 0, "count"), True, "count"),
         (("ledger", 0, "count"), None, "count"),
         (("ledger", 0, "count"), _DELETE, "count"),
+        (("ledger", 0, "count"), 10**400, "count"),  # issue 15: epsilon() raised OverflowError
+        (("ledger", 0, "count"), 10**9 + 1, "count"),
+        (("ledger", 0, "event", "noise_multiplier"), 1e308, "noise_multiplier"),
+        (("ledger", 0, "event", "noise_multiplier"), 1.1e100, "noise_multiplier"),
         (("ledger", 0, "event", "noise_multiplier"), "1.0", "noise_multiplier"),
         (("ledger", 0, "event", "noise_multiplier"), True, "noise_multiplier"),
         (("ledger", 0, "event", "noise_multiplier"), float("nan"), "noise_multiplier"),
@@ -376,6 +380,7 @@ _DELETE = object()
         (("prv_eps_error",), _DELETE, "prv_eps_error"),
         (("version",), True, "version"),
         (("version",), 2, "version"),
+        (("version",), 1.0, "version"),  # issue 15: a float where the int 1 is written
         (("surplus",), 0, "surplus"),
     ],
 )
@@ -387,6 +392,24 @@ def test_load_state_dict_validates_every_field(path, value, field):
         acc.load_state_dict(_with(path, value))
     assert len(str(info.value).splitlines()) == 1
     assert (acc.accountant, acc.ledger, acc.pld_discretization, acc.prv_eps_error) == before
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_load_state_dict_bounds_are_accepted_and_give_a_finite_epsilon(accountant):
+    from fedprivopt.privacy.accounting_state import MAX_STATE_COUNT, MAX_STATE_NOISE_MULTIPLIER
+
+    for sigma in (1.0, MAX_STATE_NOISE_MULTIPLIER):
+        state = _valid_state()
+        state["accountant"] = accountant
+        state["ledger"] = [
+            {
+                "event": Poisson(sample_rate=0.5, noise_multiplier=sigma).to_dict(),
+                "count": MAX_STATE_COUNT if sigma > 1 else 1,
+            }
+        ]
+        acc = PrivacyAccountant(accountant=accountant)
+        acc.load_state_dict(state)
+        assert math.isfinite(acc.epsilon(1e-5))
 
 
 def test_load_state_dict_refuses_events_its_accountant_cannot_account():

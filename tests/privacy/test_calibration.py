@@ -98,3 +98,60 @@ def test_calibrate_prv_names_the_target_when_no_noise_level_meets_it():
         calibrate_noise_multiplier(
             target_epsilon=0.001, delta=1e-5, rounds=100000, sample_rate=0.9, accountant="prv"
         )
+
+
+def test_calibrate_prv_refuses_a_target_at_its_error_bound_at_once():
+    """Issue 15: target 0.01 over 10**6 rounds grew to 7.3 GB, then an _ArrayMemoryError."""
+    with pytest.raises(ValueError, match=r"target_epsilon=0\.01 cannot be met by the prv.*rdp"):
+        calibrate_noise_multiplier(
+            target_epsilon=0.01, delta=1e-5, rounds=10**6, sample_rate=0.5, accountant="prv"
+        )
+
+
+def test_calibrate_prv_probes_only_through_the_guard_and_ends(monkeypatch):
+    """Issue 15: target 1000 over 10 rounds ran for minutes (Opacus' unguarded search).
+
+    A stand-in ε (1/σ, refused below σ = 0.01 as the guard refuses a large domain) checks that
+    every probe goes through ``compose_epsilon`` (Opacus' own search is never called), that the
+    search is bounded, and that a lower end it cannot account becomes advice to use rdp.
+    """
+    import opacus.accountants.utils as opacus_utils
+
+    from fedprivopt.privacy import calibration
+    from fedprivopt.privacy.accounting import PRVDomainTooLargeError
+
+    def unguarded(**kwargs):
+        raise AssertionError("Opacus' get_noise_multiplier bypasses the PRV guard")
+
+    probes = []
+
+    def fake(ledger, delta, **kwargs):
+        sigma = ledger[0][0].noise_multiplier
+        probes.append(sigma)
+        if sigma < 0.01:
+            raise PRVDomainTooLargeError(f"refused noise_multiplier={sigma:g}")
+        return 1.0 / sigma
+
+    monkeypatch.setattr(opacus_utils, "get_noise_multiplier", unguarded)
+    monkeypatch.setattr(calibration, "compose_epsilon", fake)
+    with pytest.raises(ValueError, match=r"cannot account noise_multiplier=0\.0099.*use --acc"):
+        calibrate_noise_multiplier(
+            target_epsilon=1000, delta=1e-5, rounds=10, sample_rate=0.5, accountant="prv"
+        )
+    assert len(probes) <= 100
+    probes.clear()
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=50, delta=1e-5, rounds=10, sample_rate=0.5, accountant="prv"
+    )
+    assert 1 / sigma <= 50 and sigma == pytest.approx(0.02, rel=1e-3) and len(probes) <= 100
+
+
+def test_calibrate_pld_names_a_target_its_grid_cannot_resolve():
+    """Issue 15: target 0.001 at q = 1 over 10**6 rounds printed a raw ``brentq`` error."""
+    with pytest.raises(ValueError) as info:
+        calibrate_noise_multiplier(
+            target_epsilon=0.001, delta=1e-5, rounds=10**6, sample_rate=1.0, accountant="pld"
+        )
+    message = str(info.value)
+    assert "too small for the pld accountant" in message and "--accountant rdp" in message
+    assert "brentq" not in message and len(message.splitlines()) == 1

@@ -162,8 +162,9 @@ def _exceeds(vector: torch.Tensor, clip_norm: float) -> bool:
 
     After the power-of-two scaling of :func:`_scaled64`, entries of at least ``2^-450`` are
     squared exactly (each square as three float64 terms) and compared with ``C²`` by
-    :func:`math.fsum`, whose correctly rounded result has the sign of the exact sum. Entries
-    below ``2^-450`` (and those rounded by the scaling) count as ``2^-900`` each: an upper bound.
+    :func:`math.fsum`, whose correctly rounded result has the sign of the exact sum. Nonzero
+    entries below ``2^-450`` (and those rounded by the scaling) count as ``2^-900`` each: an upper
+    bound; zeros count as nothing, so a vector of norm exactly ``C`` with zeros is not clipped.
     Vectors of more than :data:`_EXACT_MAX` entries (whose norm lies within ``~n·2^-52`` of ``C``,
     by chance about never) are reported as exceeding: scaling them costs that relative margin.
     """
@@ -181,7 +182,8 @@ def _exceeds(vector: torch.Tensor, clip_norm: float) -> bool:
     if c > 2.0**450:  # ‖y‖ <= √n
         return False
     a = y.abs()
-    small = a < 2.0**-450
+    nonzero = vector.detach().reshape(-1).to(device="cpu", dtype=torch.float64) != 0
+    small = (a < 2.0**-450) & nonzero  # an exact zero adds nothing (it used to add 2^-900)
     terms = _square_terms(a[~small]).tolist()
     terms.append(int(small.sum()) * 2.0**-900)
     terms.extend(-t for t in _square_terms(torch.tensor([c], dtype=torch.float64)).tolist())

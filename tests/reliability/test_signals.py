@@ -103,7 +103,9 @@ class Cli:
         """Record the processes of its session (to check later that they are gone)."""
         found = session_processes(self.proc.pid)
         self.seen.update(found)
-        self.cmds.update({pid: cmd for pid, cmd in describe(found).items() if pid not in self.cmds})
+        # the latest command line seen: a process caught between fork and exec shows its
+        # parent's (a fresh-clone run once saw Ray's raylet only that way)
+        self.cmds.update({pid: cmd for pid, cmd in describe(found).items() if cmd.strip("? ")})
         return self.seen
 
     def stderr(self) -> str:

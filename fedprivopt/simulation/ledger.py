@@ -15,19 +15,17 @@ checkpoint can be read (its accountant, plus the rounds the metrics show after i
 count the old file claims beyond that, all charged), and refused otherwise
 (:meth:`RunLedger.convert`).
 
+What one line holds and how a file's lines are checked: :mod:`fedprivopt.simulation.ledger_lines`.
 Who may write into the directory, and when a failed start removes it:
 :mod:`fedprivopt.simulation.rundir`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,132 +42,33 @@ from fedprivopt.simulation.files import (
     json_line,
     write_synced,
 )
+from fedprivopt.simulation.ledger_lines import (
+    EVENT_KEYS,
+    FIRST_KEYS,
+    LEDGER_VERSION,
+    OLD_LEDGER_SUFFIX,
+    Ledger,
+    LedgerEntry,
+    OldLedgerError,
+    canonical,
+    count_events,
+    first_difference,
+    params_sha256,
+    parse_lines,
+    privacy_settings,
+    released_json,
+    round_released,
+)
 
 __all__ = [
     "LedgerEntry",
     "OldLedgerError",
     "RunLedger",
     "params_sha256",
+    "privacy_settings",
 ]
 
-LEDGER_VERSION = 2
-OLD_LEDGER_SUFFIX = ".v1"
-
 _log = logging.getLogger(__name__)
-
-Ledger = tuple[tuple[SubsampledGaussianEvent, int], ...]
-
-# StrategyConfig keys that may change when a run is resumed: nothing about what was released or
-# how it is accounted depends on them. Execution settings (engine, device, resources, chunking)
-# and the evaluation and checkpoint cadence are not in the header at all; a seeded replay is
-# checked against the released model's digest instead.
-RESUMABLE_KEYS = frozenset({"num-server-rounds"})
-# Task parameters that say only where the same data lives or how it is cached (a dataset that
-# moved): a resume may change them. Every other task parameter chooses the users' data, the model
-# or the evaluation, so the header records it (as "task-params") and a resume may not change it.
-RELOCATABLE_TASK_PARAMS = frozenset({"data_dir", "cache_dir", "cache_users", "token_cache"})
-_FIRST_KEYS = ("noise-multiplier", "sampling", "population", "clients-per-round", "accountant",
-               "delta", "strategy", "secure", "seed", "target-epsilon", "clip-norm",
-               "noise-mode")  # fmt: skip
-_EVENT_KEYS = {"noise_multiplier": "noise-multiplier", "sample_rate": "clients-per-round",
-               "sampling": "sampling", "population": "population",
-               "cohort_size": "clients-per-round"}  # fmt: skip
-
-
-def params_sha256(params: torch.Tensor) -> str:
-    """SHA-256 of a released model (dtype, shape and raw bytes)."""
-    t = params.detach().cpu().contiguous()
-    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
-    return h.hexdigest()
-
-
-def privacy_settings(config) -> dict[str, Any]:
-    """The privacy-relevant settings of a ``RunConfig``, flat, as the ledger's header holds them.
-
-    Every strategy key except :data:`RESUMABLE_KEYS`, the task, its parameters except
-    :data:`RELOCATABLE_TASK_PARAMS` (under ``"task-params"``) and the side-information table.
-    """
-    mapping = config.to_mapping()
-    strategy = set(config.strategy.to_mapping())
-    out = {k: v for k, v in mapping.items() if k in strategy and k not in RESUMABLE_KEYS}
-    out["task"] = mapping["task"]
-    out["task-params"] = {
-        k.replace("_", "-"): v
-        for k, v in sorted(config.task_params.items())
-        if k not in RELOCATABLE_TASK_PARAMS
-    }
-    for key, value in mapping.get("side-information", {}).items():
-        out[f"side-information.{key}"] = value
-    return json.loads(json.dumps(out, allow_nan=True))
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, allow_nan=True)
-
-
-def _first_difference(old: Any, new: Any) -> tuple[str, Any, Any]:
-    """``("task-params.<key>", old, new)`` of the first differing task parameter (or the whole)."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return "task-params", old, new
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key, "(not set)"), new.get(key, "(not set)")
-        if _canonical(a) != _canonical(b):
-            return f"task-params.{key}", a, b
-    return "task-params", old, new
-
-
-def _released_json(released: Ledger) -> list[dict[str, Any]]:
-    return [{"event": e.to_dict(), "count": c} for e, c in released]
-
-
-def round_released(events: Sequence[SubsampledGaussianEvent]) -> Ledger:
-    """The merged ``(event, count)`` pairs of one round's events."""
-    return merge_ledger((e, 1) for e in events)
-
-
-def _count(released: Ledger) -> int:
-    return sum(c for _, c in released)
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One line of the ledger after its header.
-
-    Attributes
-    ----------
-    kind : {"round", "carried"}
-        ``round``: the release of one round; ``carried``: events taken over from a checkpoint or
-        an older ledger when an earlier version's ledger was converted.
-    round : int
-    released : tuple of (SubsampledGaussianEvent, int)
-    events : int
-        Cumulative number of events after this line.
-    params_sha256 : str or None
-        Digest of the released model (``round`` lines written by this version).
-    line : int
-        Line number in the file (1-based).
-    """
-
-    kind: str
-    round: int
-    released: Ledger
-    events: int
-    params_sha256: str | None
-    line: int
-
-
-class OldLedgerError(ValueError):
-    """The ledger was written by an earlier version (event counts only)."""
-
-    def __init__(self, message: str, *, max_events: int, max_round: int) -> None:
-        super().__init__(message)
-        self.max_events = max_events
-        self.max_round = max_round
-
-
-def _is_int(x: object, low: int = 0) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= low
 
 
 class RunLedger:
@@ -262,97 +161,20 @@ class RunLedger:
 
     @classmethod
     def _parse(cls, path: Path, lines: list[str]) -> RunLedger:
-        def bad(i: int, what: str) -> ValueError:
-            return ValueError(
-                f"{path}: line {i}: {what}; the privacy ledger is damaged or was edited, so what "
-                "this run released cannot be established (restore it, or start a new run)"
-            )
-
-        rows = []
-        for i, text in enumerate(lines, 1):
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError:
-                raise bad(i, "not valid JSON") from None
-            if not isinstance(row, dict):
-                raise bad(i, "not a JSON object")
-            rows.append(row)
-        if not rows:
-            raise bad(1, "empty file")
-        header = rows[0]
-        if "ledger" not in header and all(set(r) <= {"round", "events", "kind"} for r in rows):
-            counts = [r.get("events") for r in rows]
-            rounds = [r.get("round") for r in rows]
-            if not all(_is_int(x) for x in counts + rounds):
-                raise bad(1, "an older ledger whose counts are not integers")
-            raise OldLedgerError(
-                f"{path} was written by an older fedprivopt (event counts only, no events), "
-                "so it cannot show what was released",
-                max_events=max(counts),
-                max_round=max(rounds),
-            )
-        if header.get("ledger") != LEDGER_VERSION or header.get("kind") != "header":
-            raise bad(1, f"not a version-{LEDGER_VERSION} ledger header")
-        keys = ("accountant", "pld_discretization", "prv_eps_error", "delta", "private")
-        missing = [k for k in (*keys, "settings") if k not in header]
-        if missing or header.get("events") != 0 or not isinstance(header["settings"], dict):
-            raise bad(1, f"the header lacks {missing or 'its settings'}")
-        for key in ("accountant", "delta"):
-            if _canonical(header[key]) != _canonical(header["settings"].get(key)):
-                raise bad(1, f"the header's {key} is not its settings' {key}")
-        if not isinstance(header["private"], bool):
-            raise bad(1, "private must be true or false")
-        template = {
-            "version": 1,
-            "accountant": header["accountant"],
-            "pld_discretization": header["pld_discretization"],
-            "prv_eps_error": header["prv_eps_error"],
-        }
-        try:
-            PrivacyAccountant().load_state_dict({**template, "ledger": []})
-        except ValueError as exc:
-            raise bad(1, str(exc)) from None
-        entries: list[LedgerEntry] = []
-        total = 0
-        for i, row in enumerate(rows[1:], 2):
-            kind = row.get("kind")
-            if kind not in ("round", "carried"):
-                raise bad(i, f"unknown kind {kind!r}")
-            if not _is_int(row.get("round"), 1) or not _is_int(row.get("events")):
-                raise bad(i, "round and events must be integers")
-            if row.get("accountant") != header["accountant"]:
-                raise bad(i, f"accountant {row.get('accountant')!r} is not the header's")
-            items = row.get("released")
-            if not isinstance(items, list):
-                raise bad(i, "released must be a list")
-            probe = PrivacyAccountant()
-            try:
-                probe.load_state_dict({**template, "ledger": items})
-            except ValueError as exc:
-                raise bad(i, str(exc)) from None
-            released = merge_ledger(
-                (SubsampledGaussianEvent.from_dict(x["event"]), x["count"]) for x in items
-            )
-            total += _count(released)
-            if row["events"] != total:
-                raise bad(i, f"events {row['events']} does not add up (expected {total})")
-            digest = row.get("params_sha256")
-            if digest is not None and not isinstance(digest, str):
-                raise bad(i, "params_sha256 must be a string")
-            entries.append(LedgerEntry(kind, row["round"], released, total, digest, i))
+        header, entries = parse_lines(path, lines)
         return cls(path, header, entries)
 
     def append(
         self, round_num: int, released: Ledger, digest: str | None, *, kind: str = "round"
     ) -> None:
         """Append (and fsync) one released round."""
-        events = (self.entries[-1].events if self.entries else 0) + _count(released)
+        events = (self.entries[-1].events if self.entries else 0) + count_events(released)
         line = {
             "kind": kind,
             "round": int(round_num),
             "events": events,
             "accountant": self.header["accountant"],
-            "released": _released_json(released),
+            "released": released_json(released),
             "params_sha256": digest,
         }
         if self._torn_at is not None:  # cut the torn line off first, so this one starts clean
@@ -399,7 +221,7 @@ class RunLedger:
         """Raise ``ValueError`` naming the first privacy-relevant key where ``config`` differs."""
         stored = self.header["settings"]
         current = privacy_settings(config)
-        keys = [k for k in _FIRST_KEYS if k in stored or k in current]
+        keys = [k for k in FIRST_KEYS if k in stored or k in current]
         keys += sorted((set(stored) | set(current)) - set(keys))
         if "task-params" not in stored:  # written before task parameters were recorded
             current.pop("task-params")
@@ -407,8 +229,8 @@ class RunLedger:
         for key in keys:
             old, new = stored.get(key, "(not set)"), current.get(key, "(not set)")
             if key == "task-params":
-                key, old, new = _first_difference(old, new)
-            if _canonical(old) != _canonical(new):
+                key, old, new = first_difference(old, new)
+            if canonical(old) != canonical(new):
                 what = (
                     " (different side information)"
                     if key.startswith("side-")
@@ -417,8 +239,8 @@ class RunLedger:
                     else ""
                 )
                 raise ValueError(
-                    f"{source}: {key} = {_canonical(new)}, but the run's privacy ledger records "
-                    f"{key} = {_canonical(old)}: resuming with a different configuration{what} "
+                    f"{source}: {key} = {canonical(new)}, but the run's privacy ledger records "
+                    f"{key} = {canonical(old)}: resuming with a different configuration{what} "
                     "is refused, as privacy-relevant settings cannot change within a run (start "
                     "a new run in another directory)"
                 )
@@ -441,13 +263,13 @@ class RunLedger:
         for entry in self.entries:
             if entry.kind != "round" or entry.released == expected:
                 continue
-            field, old, new = "count", _count(entry.released), _count(expected)
+            field, old, new = "count", count_events(entry.released), count_events(expected)
             if entry.released and expected and len(entry.released) == len(expected) == 1:
                 a, b = entry.released[0][0].to_dict(), expected[0][0].to_dict()
                 diff = [k for k in a if a[k] != b[k]]
                 if diff:
                     field, old, new = diff[0], a[diff[0]], b[diff[0]]
-            key = _EVENT_KEYS.get(field, "strategy")
+            key = EVENT_KEYS.get(field, "strategy")
             raise ValueError(
                 f"{self.path}: line {entry.line}: round {entry.round} released {field}={old}, "
                 f"but {CONFIG_FILE} makes a round release {field}={new} ({key}); the ledger or "
@@ -499,7 +321,7 @@ class RunLedger:
             start = anchors[-1] + 1
             expected = self.prefix(start)
             if accountant.ledger != expected:
-                have, want = accountant.num_events, _count(expected)
+                have, want = accountant.num_events, count_events(expected)
                 relation = "fewer than" if have < want else "more than" if have > want else ""
                 raise ValueError(
                     f"{checkpoint} records {have} privacy events at round {round_num}, "
@@ -524,7 +346,7 @@ class RunLedger:
                 _log.warning(
                     "%d privacy events of rounds released after round %d stay accounted; the "
                     "rounds redone from round %d on are new releases",
-                    rest[-1].events - (rest[0].events - _count(rest[0].released)),
+                    rest[-1].events - (rest[0].events - count_events(rest[0].released)),
                     round_num,
                     round_num + 1,
                 )
@@ -610,10 +432,10 @@ class RunLedger:
 
         def add(kind: str, round_: int, released: Ledger, **extra: Any) -> None:
             nonlocal total
-            total += _count(released)
+            total += count_events(released)
             lines.append({"kind": kind, "round": round_, "events": total,
                           "accountant": accountant.accountant,
-                          "released": _released_json(released), **extra})  # fmt: skip
+                          "released": released_json(released), **extra})  # fmt: skip
 
         source = "converted from an earlier version's ledger" if old else "no ledger was found"
         add("carried", round_num, accountant.ledger, source=f"{checkpoint} ({source})")

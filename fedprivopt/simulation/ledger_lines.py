@@ -1,0 +1,256 @@
+"""What one line of the privacy ledger holds, and the settings its header records.
+
+The released events of a round (:func:`round_released`, :func:`released_json`), the digest of the
+released model (:func:`params_sha256`), a parsed line (:class:`LedgerEntry`), the privacy-relevant
+settings of a configuration (:func:`privacy_settings`) and how two of them are compared. The
+ledger file itself: :mod:`fedprivopt.simulation.ledger`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedprivopt.privacy.accounting import PrivacyAccountant
+from fedprivopt.privacy.accounting_state import merge_ledger
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+
+__all__ = [
+    "EVENT_KEYS",
+    "FIRST_KEYS",
+    "LEDGER_VERSION",
+    "OLD_LEDGER_SUFFIX",
+    "RELOCATABLE_TASK_PARAMS",
+    "RESUMABLE_KEYS",
+    "Ledger",
+    "LedgerEntry",
+    "OldLedgerError",
+    "canonical",
+    "count_events",
+    "first_difference",
+    "is_int",
+    "params_sha256",
+    "parse_lines",
+    "privacy_settings",
+    "released_json",
+    "round_released",
+]
+
+LEDGER_VERSION = 2
+OLD_LEDGER_SUFFIX = ".v1"
+
+Ledger = tuple[tuple[SubsampledGaussianEvent, int], ...]
+
+# StrategyConfig keys that may change when a run is resumed: nothing about what was released or
+# how it is accounted depends on them. Execution settings (engine, device, resources, chunking)
+# and the evaluation and checkpoint cadence are not in the header at all; a seeded replay is
+# checked against the released model's digest instead.
+RESUMABLE_KEYS = frozenset({"num-server-rounds"})
+# Task parameters that say only where the same data lives or how it is cached (a dataset that
+# moved): a resume may change them. Every other task parameter chooses the users' data, the model
+# or the evaluation, so the header records it (as "task-params") and a resume may not change it.
+RELOCATABLE_TASK_PARAMS = frozenset({"data_dir", "cache_dir", "cache_users", "token_cache"})
+FIRST_KEYS = ("noise-multiplier", "sampling", "population", "clients-per-round", "accountant",
+               "delta", "strategy", "secure", "seed", "target-epsilon", "clip-norm",
+               "noise-mode")  # fmt: skip
+EVENT_KEYS = {"noise_multiplier": "noise-multiplier", "sample_rate": "clients-per-round",
+               "sampling": "sampling", "population": "population",
+               "cohort_size": "clients-per-round"}  # fmt: skip
+
+
+def params_sha256(params: torch.Tensor) -> str:
+    """SHA-256 of a released model (dtype, shape and raw bytes)."""
+    t = params.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+    return h.hexdigest()
+
+
+def privacy_settings(config) -> dict[str, Any]:
+    """The privacy-relevant settings of a ``RunConfig``, flat, as the ledger's header holds them.
+
+    Every strategy key except :data:`RESUMABLE_KEYS`, the task, its parameters except
+    :data:`RELOCATABLE_TASK_PARAMS` (under ``"task-params"``) and the side-information table.
+    """
+    mapping = config.to_mapping()
+    strategy = set(config.strategy.to_mapping())
+    out = {k: v for k, v in mapping.items() if k in strategy and k not in RESUMABLE_KEYS}
+    out["task"] = mapping["task"]
+    out["task-params"] = {
+        k.replace("_", "-"): v
+        for k, v in sorted(config.task_params.items())
+        if k not in RELOCATABLE_TASK_PARAMS
+    }
+    for key, value in mapping.get("side-information", {}).items():
+        out[f"side-information.{key}"] = value
+    return json.loads(json.dumps(out, allow_nan=True))
+
+
+def canonical(value: Any) -> str:
+    """``value`` as sorted-key JSON: what two settings are compared by."""
+    return json.dumps(value, sort_keys=True, allow_nan=True)
+
+
+def first_difference(old: Any, new: Any) -> tuple[str, Any, Any]:
+    """``("task-params.<key>", old, new)`` of the first differing task parameter (or the whole)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return "task-params", old, new
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "(not set)"), new.get(key, "(not set)")
+        if canonical(a) != canonical(b):
+            return f"task-params.{key}", a, b
+    return "task-params", old, new
+
+
+def released_json(released: Ledger) -> list[dict[str, Any]]:
+    """``released`` as a ledger line's ``"released"`` list."""
+    return [{"event": e.to_dict(), "count": c} for e, c in released]
+
+
+def round_released(events: Sequence[SubsampledGaussianEvent]) -> Ledger:
+    """The merged ``(event, count)`` pairs of one round's events."""
+    return merge_ledger((e, 1) for e in events)
+
+
+def count_events(released: Ledger) -> int:
+    """The number of events in ``released``."""
+    return sum(c for _, c in released)
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One line of the ledger after its header.
+
+    Attributes
+    ----------
+    kind : {"round", "carried"}
+        ``round``: the release of one round; ``carried``: events taken over from a checkpoint or
+        an older ledger when an earlier version's ledger was converted.
+    round : int
+    released : tuple of (SubsampledGaussianEvent, int)
+    events : int
+        Cumulative number of events after this line.
+    params_sha256 : str or None
+        Digest of the released model (``round`` lines written by this version).
+    line : int
+        Line number in the file (1-based).
+    """
+
+    kind: str
+    round: int
+    released: Ledger
+    events: int
+    params_sha256: str | None
+    line: int
+
+
+class OldLedgerError(ValueError):
+    """The ledger was written by an earlier version (event counts only)."""
+
+    def __init__(self, message: str, *, max_events: int, max_round: int) -> None:
+        super().__init__(message)
+        self.max_events = max_events
+        self.max_round = max_round
+
+
+def is_int(x: object, low: int = 0) -> bool:
+    """Whether ``x`` is an int (not a bool) ``>= low``."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[LedgerEntry]]:
+    """The header and entries of a ledger file's complete ``lines``, every field checked.
+
+    Raises
+    ------
+    OldLedgerError
+        For a ledger of an earlier version (event counts only).
+    ValueError
+        Naming ``path`` and the line, for anything this version would not have written.
+    """
+
+    def bad(i: int, what: str) -> ValueError:
+        return ValueError(
+            f"{path}: line {i}: {what}; the privacy ledger is damaged or was edited, so what "
+            "this run released cannot be established (restore it, or start a new run)"
+        )
+
+    rows = []
+    for i, text in enumerate(lines, 1):
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError:
+            raise bad(i, "not valid JSON") from None
+        if not isinstance(row, dict):
+            raise bad(i, "not a JSON object")
+        rows.append(row)
+    if not rows:
+        raise bad(1, "empty file")
+    header = rows[0]
+    if "ledger" not in header and all(set(r) <= {"round", "events", "kind"} for r in rows):
+        counts = [r.get("events") for r in rows]
+        rounds = [r.get("round") for r in rows]
+        if not all(is_int(x) for x in counts + rounds):
+            raise bad(1, "an older ledger whose counts are not integers")
+        raise OldLedgerError(
+            f"{path} was written by an older fedprivopt (event counts only, no events), "
+            "so it cannot show what was released",
+            max_events=max(counts),
+            max_round=max(rounds),
+        )
+    if header.get("ledger") != LEDGER_VERSION or header.get("kind") != "header":
+        raise bad(1, f"not a version-{LEDGER_VERSION} ledger header")
+    keys = ("accountant", "pld_discretization", "prv_eps_error", "delta", "private")
+    missing = [k for k in (*keys, "settings") if k not in header]
+    if missing or header.get("events") != 0 or not isinstance(header["settings"], dict):
+        raise bad(1, f"the header lacks {missing or 'its settings'}")
+    for key in ("accountant", "delta"):
+        if canonical(header[key]) != canonical(header["settings"].get(key)):
+            raise bad(1, f"the header's {key} is not its settings' {key}")
+    if not isinstance(header["private"], bool):
+        raise bad(1, "private must be true or false")
+    template = {
+        "version": 1,
+        "accountant": header["accountant"],
+        "pld_discretization": header["pld_discretization"],
+        "prv_eps_error": header["prv_eps_error"],
+    }
+    try:
+        PrivacyAccountant().load_state_dict({**template, "ledger": []})
+    except ValueError as exc:
+        raise bad(1, str(exc)) from None
+    entries: list[LedgerEntry] = []
+    total = 0
+    for i, row in enumerate(rows[1:], 2):
+        kind = row.get("kind")
+        if kind not in ("round", "carried"):
+            raise bad(i, f"unknown kind {kind!r}")
+        if not is_int(row.get("round"), 1) or not is_int(row.get("events")):
+            raise bad(i, "round and events must be integers")
+        if row.get("accountant") != header["accountant"]:
+            raise bad(i, f"accountant {row.get('accountant')!r} is not the header's")
+        items = row.get("released")
+        if not isinstance(items, list):
+            raise bad(i, "released must be a list")
+        probe = PrivacyAccountant()
+        try:
+            probe.load_state_dict({**template, "ledger": items})
+        except ValueError as exc:
+            raise bad(i, str(exc)) from None
+        released = merge_ledger(
+            (SubsampledGaussianEvent.from_dict(x["event"]), x["count"]) for x in items
+        )
+        total += count_events(released)
+        if row["events"] != total:
+            raise bad(i, f"events {row['events']} does not add up (expected {total})")
+        digest = row.get("params_sha256")
+        if digest is not None and not isinstance(digest, str):
+            raise bad(i, "params_sha256 must be a string")
+        entries.append(LedgerEntry(kind, row["round"], released, total, digest, i))
+    return header, entries

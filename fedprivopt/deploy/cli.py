@@ -132,9 +132,9 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         if message is None:
             raise
         raise ValueError(message) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (interrupt.Interrupted)
         print("fedprivopt deploy: interrupted; every process was stopped", file=sys.stderr)
-        return 130
+        return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
     except (RuntimeError, TimeoutError) as exc:
         print(f"fedprivopt deploy: failed: {exc}", file=sys.stderr)
         return 1

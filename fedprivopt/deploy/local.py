@@ -28,14 +28,12 @@ import json
 import math
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +49,7 @@ from fedprivopt.deploy.tls import make_node_key, make_tls_files
 from fedprivopt.deploy.workdir import make_workdir
 from fedprivopt.simulation.config import RunConfig
 from fedprivopt.simulation.files import to_toml
+from fedprivopt.simulation.interrupt import signals_raise
 from fedprivopt.simulation.watchdog import Watchdog
 
 if sys.version_info >= (3, 11):
@@ -324,27 +323,6 @@ def _follow(dep: _Deployment, out: Path, run_id: str, deadline: float) -> None:
         time.sleep(0.25)
 
 
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """Make SIGTERM/SIGHUP raise KeyboardInterrupt (as Ctrl-C does), so cleanup runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"received signal {signum}")
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError, OSError):
-            previous[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 # -- the entry point -------------------------------------------------------------------------------
 
 
@@ -464,7 +442,7 @@ def deploy_local(
         raise
     atexit.register(dep.procs.stop)
     try:
-        with _signals_raise():
+        with signals_raise():  # SIGTERM/SIGHUP unwind like Ctrl-C, so cleanup runs
             _run(dep, nodes, tls, node_auth, app, flower_overrides, out_dir, deadline)
     finally:
         dep.say("stopping the SuperNodes and the SuperLink")

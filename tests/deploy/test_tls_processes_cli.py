@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import ssl
 import stat
@@ -206,3 +207,21 @@ def test_the_flower_commands_exist():
     # the flags deploy_local relies on
     for flag in ("--ssl-ca-certfile", "--enable-supernode-auth", "--disable-runtime-dependency"):
         assert flag in out
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_deployment_exits_128_plus_the_signal(
+    tmp_path, monkeypatch, capsys, sig, code
+):
+    # deploy's own SIGTERM/SIGHUP handler (a copy of simulate's) made SIGTERM exit 130; it uses
+    # simulate's now, whose exception carries the signal
+    from fedprivopt.deploy import local
+    from fedprivopt.simulation.interrupt import Interrupted
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted(sig)
+
+    monkeypatch.setattr(local, "deploy_local", interrupted)
+    args = _parse(["deploy", "local", "--nodes", "2", "--out", str(tmp_path / "out")])
+    assert run_deploy_command(args) == code
+    assert "interrupted" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from fedprivopt.core.checks import interval
 from fedprivopt.core.text import SHOWN_CHARS, shown
 
 __all__ = [
@@ -219,8 +220,7 @@ def _number(text: str, kind: Callable[[str], float | int]) -> float | int:
 
 def float_range(lo: float, hi: float, *, lo_open: bool, hi_open: bool) -> Callable[[str], float]:
     """Argparse type: a float in an interval, with the interval in the error message."""
-    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-    shown = f"{left}{lo:g}, {'inf' if math.isinf(hi) else f'{hi:g}'}{right}"
+    shown = interval(lo, hi, lo_open, hi_open)
 
     def parse(text: str) -> float:
         value = float(_number(text, float))

@@ -1,17 +1,87 @@
-"""Parameter checks: each returns the value or raises ``ValueError`` naming it and its range."""
+"""Parameter checks: each returns the value or raises ``ValueError`` naming it and its range.
+
+The one place these rules are written (issue 16): the optimizers, the configuration, the local
+trainer and the tasks all call them, so a parameter is refused with the same words everywhere.
+"""
 
 from __future__ import annotations
 
-__all__ = ["check_bool", "check_int"]
+import math
+from numbers import Integral, Real
+
+__all__ = ["check_bool", "check_int", "check_real", "interval"]
 
 
-def check_int(name: str, value: object, minimum: int, *, none: bool = False) -> int | None:
-    """``value`` as an ``int >= minimum`` (``None`` passes when ``none``); bools are refused."""
+def interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    """The interval as a message shows it, e.g. ``(0, 1]`` or ``[1, inf)``."""
+    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def check_real(
+    name: str,
+    value: object,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """Return ``value`` as a finite float inside the interval, or raise ``ValueError``.
+
+    Parameters
+    ----------
+    name : str
+        Parameter name used in the error message.
+    value : object
+        The value to check; ``bool`` is rejected even though it is a number.
+    low, high : float
+        Interval bounds; infinite bounds are always open.
+    low_open, high_open : bool
+        Whether the bounds themselves are excluded.
+
+    Returns
+    -------
+    float
+        The validated value.
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is not a real number, is NaN or infinite, or lies outside the interval.
+    """
+    low_open = low_open or low == -math.inf
+    high_open = high_open or high == math.inf
+    shown = interval(low, high, low_open, high_open)
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a real number in {shown}, got {value!r}")
+    out = float(value)
+    ok = math.isfinite(out)
+    ok = ok and (out > low if low_open else out >= low)
+    ok = ok and (out < high if high_open else out <= high)
+    if not ok:
+        raise ValueError(f"{name} must be a finite number in {shown}, got {value!r}")
+    return out
+
+
+def check_int(
+    name: str, value: object, low: int = 0, high: int | None = None, *, none: bool = False
+) -> int | None:
+    """``value`` as an ``int`` in ``[low, high]`` (no upper bound when ``high`` is None).
+
+    ``None`` passes when ``none``; bools are refused; other integral types (numpy's) are
+    converted.
+    """
     if none and value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, Integral)
+        or int(value) < low
+        or (high is not None and int(value) > high)
+    ):
+        where = f">= {low}" if high is None else f"in [{low}, {high}]"
         extra = " or None" if none else ""
-        raise ValueError(f"{name} must be an integer >= {minimum}{extra}, got {value!r}")
+        raise ValueError(f"{name} must be an integer {where}{extra}, got {value!r}")
     return int(value)
 
 

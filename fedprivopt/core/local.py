@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fedprivopt.core.checks import check_int
+
 __all__ = ["MAX_EPOCHS", "MAX_ORDER_ENTRIES", "LocalConfig", "epoch_orders"]
 
 #: Upper bound of :attr:`LocalConfig.epochs`. :func:`epoch_orders` holds one int64 permutation
@@ -24,17 +26,6 @@ MAX_EPOCHS = 10_000
 #: Upper bound of ``epochs * examples`` in :func:`epoch_orders`: 2**27 int64 entries (1 GiB),
 #: checked before any permutation is drawn.
 MAX_ORDER_ENTRIES = 2**27
-
-
-def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or int(value) < minimum  # type: ignore[arg-type]
-        or (maximum is not None and int(value) > maximum)  # type: ignore[arg-type]
-    ):
-        where = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be an integer {where}, got {value!r}")
 
 
 def _check_float(name: str, value: object, *, positive: bool) -> float:
@@ -85,12 +76,12 @@ class LocalConfig:
         set_(
             self, "learning_rate", _check_float("learning_rate", self.learning_rate, positive=True)
         )
-        _check_int("epochs", self.epochs, 1, MAX_EPOCHS)
-        _check_int("batch_size", self.batch_size, 1)
+        check_int("epochs", self.epochs, 1, MAX_EPOCHS)
+        check_int("batch_size", self.batch_size, 1)
         set_(self, "epochs", int(self.epochs))
         set_(self, "batch_size", int(self.batch_size))
         if self.max_examples is not None:
-            _check_int("max_examples", self.max_examples, 1)
+            check_int("max_examples", self.max_examples, 1)
             set_(self, "max_examples", int(self.max_examples))
         if self.clip_norm is not None:
             set_(self, "clip_norm", _check_float("clip_norm", self.clip_norm, positive=True))
@@ -124,7 +115,7 @@ def epoch_orders(
         If ``epochs`` is not in ``[1, MAX_EPOCHS]`` or ``epochs * k`` exceeds
         :data:`MAX_ORDER_ENTRIES` (2**27 entries, 1 GiB), before anything is drawn.
     """
-    _check_int("epochs", epochs, 1, MAX_EPOCHS)
+    check_int("epochs", epochs, 1, MAX_EPOCHS)
     k = int(num_examples) if max_examples is None else min(int(num_examples), int(max_examples))
     if int(epochs) * k > MAX_ORDER_ENTRIES:
         raise ValueError(

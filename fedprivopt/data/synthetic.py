@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
 from fedprivopt.data.synthetic_model import (
     TRAIN,
@@ -101,13 +102,6 @@ MAX_VOCAB = 10_000_000
 MAX_TAGS = 10_000
 _CHUNK_USERS = 2048  # part of the output's definition: changing it changes the files
 _SPLITS = ("train", "heldout", "test")
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if not ok or value < low or (high is not None and value > high):  # type: ignore[operator]
-        rng = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be an integer {rng}, got {value!r}")
 
 
 def _check_float(
@@ -206,34 +200,34 @@ class SyntheticConfig:
     activity_years: float = 10.0
 
     def __post_init__(self) -> None:
-        _check_int("num_clients", self.num_clients, 1)
+        check_int("num_clients", self.num_clients, 1)
         if self.num_clients > MAX_CLIENTS:
             raise ValueError(
                 f"num_clients must be at most {MAX_CLIENTS} (disk and memory grow with it; see "
                 f"SyntheticConfig), got {self.num_clients}"
             )
-        _check_int("num_tags", self.num_tags, 1)
+        check_int("num_tags", self.num_tags, 1)
         if self.num_tags > MAX_TAGS:
             raise ValueError(
                 f"num_tags must be at most {MAX_TAGS} (memory grows with it, about 50 kB a tag; "
                 f"see SyntheticConfig), got {self.num_tags}"
             )
-        _check_int("words_per_tag", self.words_per_tag, 1, MAX_VOCAB // 2)
-        _check_int("vocab_size", self.vocab_size, max(10, 2 * self.num_tags * self.words_per_tag))
+        check_int("words_per_tag", self.words_per_tag, 1, MAX_VOCAB // 2)
+        check_int("vocab_size", self.vocab_size, max(10, 2 * self.num_tags * self.words_per_tag))
         if self.vocab_size > MAX_VOCAB:
             raise ValueError(
                 f"vocab_size must be at most {MAX_VOCAB} (memory grows with it, about 95 bytes "
                 f"a word; see SyntheticConfig), got {self.vocab_size}"
             )
-        _check_int("seed", self.seed, 0)
+        check_int("seed", self.seed, 0)
         _check_float("word_zipf", self.word_zipf, 0.0, 5.0, open_low=True)
         _check_float("tag_zipf", self.tag_zipf, 0.0, 5.0)
         _check_float("informative_fraction", self.informative_fraction, 0.0, 1.0)
         _check_float("title_informative_fraction", self.title_informative_fraction, 0.0, 1.0)
         _check_float("mean_examples_per_client", self.mean_examples_per_client, 1.0, 1e6)
         _check_float("examples_sigma", self.examples_sigma, 0.0, 4.0)
-        _check_int("min_examples_per_client", self.min_examples_per_client, 1)
-        _check_int(
+        check_int("min_examples_per_client", self.min_examples_per_client, 1)
+        check_int(
             "max_examples_per_client", self.max_examples_per_client, self.min_examples_per_client
         )
         _check_float("mean_tokens_per_example", self.mean_tokens_per_example, 1.0, 1000.0)
@@ -242,7 +236,7 @@ class SyntheticConfig:
         _check_float("question_fraction", self.question_fraction, 0.0, 1.0)
         _check_float("tags_per_client", self.tags_per_client, 1.0, float(self.num_tags))
         _check_float("client_focus", self.client_focus, 0.0, 1.0)
-        _check_int("heldout_modulus", self.heldout_modulus, 0)
+        check_int("heldout_modulus", self.heldout_modulus, 0)
         start = parse_date("start_date", self.start_date)
         cut = parse_date("cut_date", self.cut_date)
         end = parse_date("end_date", self.end_date)

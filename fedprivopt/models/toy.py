@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.rng import derive_seed
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
@@ -38,18 +39,6 @@ def _generator(seed: int, *keys: int | str) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(derive_seed(seed, "toy", *keys))
     return gen
-
-
-def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        where = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be an integer {where}, got {value!r}")
-    return value
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -117,17 +106,17 @@ class ToyClassificationTask:
         test_examples: int = 300,
         seed: int = 0,
     ) -> None:
-        self.num_users = _check_int("num_users", num_users, 1, MAX_POPULATION)
-        self.dim = _check_int("dim", dim, 1)
-        self.num_classes = _check_int("num_classes", num_classes, 2)
-        self.test_examples = _check_int("test_examples", test_examples, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.num_users = check_int("num_users", num_users, 1, MAX_POPULATION)
+        self.dim = check_int("dim", dim, 1)
+        self.num_classes = check_int("num_classes", num_classes, 2)
+        self.test_examples = check_int("test_examples", test_examples, 1)
+        self.seed = check_int("seed", seed, 0)
         heterogeneity = float(heterogeneity)
         if not (0.0 <= heterogeneity < float("inf")):
             raise ValueError(f"heterogeneity must be a finite number >= 0, got {heterogeneity}")
         self.heterogeneity = heterogeneity
         if isinstance(examples_per_user, int) and not isinstance(examples_per_user, bool):
-            _check_int("examples_per_user", examples_per_user, 1)
+            check_int("examples_per_user", examples_per_user, 1)
             self.examples_per_user: int | tuple[int, int] = examples_per_user
         else:
             try:

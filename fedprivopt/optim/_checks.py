@@ -8,11 +8,11 @@ programming error that must not be silently broadcast or cast away.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from numbers import Integral, Real
 
 import torch
+
+from fedprivopt.core.checks import check_bool, check_int, check_real
 
 __all__ = [
     "check_bool",
@@ -23,74 +23,6 @@ __all__ = [
     "check_vector",
     "resolve_noise_variance",
 ]
-
-
-def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
-    left = "(" if low_open else "["
-    right = ")" if high_open else "]"
-    lo = "-inf" if low == -math.inf else f"{low:g}"
-    hi = "inf" if high == math.inf else f"{high:g}"
-    return f"{left}{lo}, {hi}{right}"
-
-
-def check_real(
-    name: str,
-    value: object,
-    *,
-    low: float = -math.inf,
-    high: float = math.inf,
-    low_open: bool = False,
-    high_open: bool = False,
-) -> float:
-    """Return ``value`` as a finite float inside the interval, or raise ``ValueError``.
-
-    Parameters
-    ----------
-    name : str
-        Parameter name used in the error message.
-    value : object
-        The value to check; ``bool`` is rejected even though it is a number.
-    low, high : float
-        Interval bounds; infinite bounds are always open.
-    low_open, high_open : bool
-        Whether the bounds themselves are excluded.
-
-    Returns
-    -------
-    float
-        The validated value.
-
-    Raises
-    ------
-    ValueError
-        If ``value`` is not a real number, is NaN or infinite, or lies outside the interval.
-    """
-    low_open = low_open or low == -math.inf
-    high_open = high_open or high == math.inf
-    interval = _interval(low, high, low_open, high_open)
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{name} must be a real number in {interval}, got {value!r}")
-    out = float(value)
-    ok = math.isfinite(out)
-    ok = ok and (out > low if low_open else out >= low)
-    ok = ok and (out < high if high_open else out <= high)
-    if not ok:
-        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
-    return out
-
-
-def check_int(name: str, value: object, *, low: int = 0) -> int:
-    """Return ``value`` as an int ``>= low``, or raise ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < low:
-        raise ValueError(f"{name} must be an integer in [{low}, inf), got {value!r}")
-    return int(value)
-
-
-def check_bool(name: str, value: object) -> bool:
-    """Return ``value`` if it is a ``bool``, or raise ``ValueError`` naming ``name``."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 def check_params(params: object) -> torch.Tensor:

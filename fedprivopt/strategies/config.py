@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from fedprivopt.core.checks import interval
 from fedprivopt.core.local import MAX_EPOCHS
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
@@ -31,11 +32,6 @@ STRATEGIES = (
     "fedadam",
 )
 NON_PRIVATE = ("fedavg", "fedadam")
-
-
-def _interval(lo: float, hi: float, lo_open: bool, hi_open: bool) -> str:
-    high = "inf" if math.isinf(hi) else f"{hi:g}"
-    return f"{'(' if lo_open else '['}{lo:g}, {high}{')' if hi_open else ']'}"
 
 
 # name -> (low, high, low_open, high_open); None in a field's slot means "not a bounded number"
@@ -228,7 +224,7 @@ class StrategyConfig:
                 )
                 if not ok:
                     raise ValueError(
-                        f"{key} must be a number in {_interval(lo, hi, lo_open, hi_open)}, "
+                        f"{key} must be a number in {interval(lo, hi, lo_open, hi_open)}, "
                         f"got {value!r}"
                     )
             elif f.type in ("bool",) and not isinstance(value, bool):

@@ -30,9 +30,12 @@ from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.rng import derive_seed
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
-__all__ = ["MAX_TENSOR_VALUES", "ToyClassificationTask"]
+__all__ = ["MAX_MODEL_VALUES", "MAX_TENSOR_VALUES", "ToyClassificationTask"]
 
 MAX_TENSOR_VALUES = 2**28  # float32 values of one tensor the task allocates: 1 GiB
+# parameters of the model: a run holds many model-sized tensors (a 2**26-parameter toy model
+# peaked at 3.6 GB in one round), so 2**24 (64 MB each)
+MAX_MODEL_VALUES = 2**24
 
 
 def _generator(seed: int, *keys: int | str) -> torch.Generator:
@@ -142,8 +145,13 @@ class ToyClassificationTask:
         epu = self.examples_per_user
         largest = epu[1] if isinstance(epu, tuple) else 10 * epu
         width = self.dim + self.num_classes
+        if self.dim * self.num_classes > MAX_MODEL_VALUES:
+            raise ValueError(
+                f"dim * num_classes must be at most {MAX_MODEL_VALUES:,} (2**24 parameters: a "
+                "run holds a few dozen model-sized tensors, the cohort's updates among them), "
+                f"got dim={self.dim} * num_classes={self.num_classes}"
+            )
         for name, value, values in (
-            ("dim", self.dim, self.dim * self.num_classes),
             ("examples_per_user", epu, largest * width),
             ("test_examples", self.test_examples, self.test_examples * width),
         ):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
 from fedprivopt.models.side_information_config import (
@@ -53,6 +54,9 @@ _STRATEGY_KEYS = {f.name.replace("_", "-") for f in dataclasses.fields(StrategyC
 _DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z")
 _INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts any size
 
+
+MAX_FAST_ACTORS = 256
+"""Upper bound of ``fast-actors``: processes, each with its own copy of the task."""
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -151,12 +155,9 @@ class RunConfig:
             )
         if not isinstance(self.vectorize, bool):
             raise ValueError(f"vectorize must be true or false, got {self.vectorize!r}")
-        for key, low in (("cohort_chunk", 1), ("fast_actors", 0)):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(
-                    f"{key.replace('_', '-')} must be an integer >= {low}, got {value!r}"
-                )
+        check_int("cohort-chunk", self.cohort_chunk, 1)
+        # each actor is a process (a Ray worker with its own copy of the task)
+        check_int("fast-actors", self.fast_actors, 0, MAX_FAST_ACTORS)
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task must be a task name, got {self.task!r}")
         if not isinstance(self.device, str) or not _DEVICE.match(self.device):

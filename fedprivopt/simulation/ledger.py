@@ -244,6 +244,12 @@ class RunLedger:
                     "is refused, as privacy-relevant settings cannot change within a run (start "
                     "a new run in another directory)"
                 )
+        if self.header["private"] != bool(config.strategy.private):
+            raise ValueError(
+                f"{self.path.name}: its header says private = "
+                f"{str(self.header['private']).lower()}, but {source} runs strategy "
+                f"{config.strategy.strategy!r}: the ledger was edited; refusing to resume"
+            )
 
     def check_algorithm(self, alg) -> None:
         """Raise if the ledger's released events or accountant settings are not ``alg``'s.

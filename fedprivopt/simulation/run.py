@@ -278,7 +278,7 @@ def _refuse_restart(
 
 
 def _reported_epsilons(out: Path, rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """``(where, ε)`` of every finite ε that the metrics rows and ``summary.json`` report."""
+    """``(where, ε)`` of every ε (not NaN) that the metrics rows and ``summary.json`` report."""
     found = [(f"{METRICS_FILE} (round {r['round']})", r.get("epsilon")) for r in rows]
     summary_path = out / SUMMARY_FILE
     if summary_path.exists():
@@ -286,10 +286,10 @@ def _reported_epsilons(out: Path, rows: list[dict[str, Any]]) -> list[tuple[str,
             found.append((SUMMARY_FILE, json.loads(summary_path.read_text()).get("epsilon")))
         except (ValueError, AttributeError):
             pass  # an unreadable summary is refused by _shown_rounds
-    return [
+    return [  # an infinite ε counts: a private ledger never composes to it unless σ is 0
         (where, float(eps))
         for where, eps in found
-        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps)
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and not math.isnan(eps)
     ]
 
 
@@ -375,6 +375,12 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
             logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)
         alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
         least = alg.round_num * alg.events_per_round if config.strategy.private else 0
+        foreign = [e for e, _ in alg.accountant.ledger if e not in alg.round_events()]
+        if foreign:
+            raise ValueError(
+                f"{name} holds a privacy event ({foreign[0].to_dict()}) that no round of "
+                f"{CONFIG_FILE} releases: the checkpoint was edited; refusing to resume"
+            )
         if alg.accountant.num_events < least:
             raise ValueError(
                 f"{name} is a checkpoint of round {alg.round_num}, but its accountant holds "

@@ -58,7 +58,8 @@ class RunData:
         What was tolerated while loading (a truncated final line, a summary whose ε is not the
         ledger's).
     ledger_epsilon : float or None
-        ε composed from the run's ``privacy_ledger.jsonl`` (``None`` without a current one).
+        The largest ε the run's files state: its privacy ledger composed, ``summary.json`` and
+        the metrics rows (an edit of one cannot lower what the report shows).
     """
 
     summary: dict[str, Any]
@@ -84,7 +85,7 @@ class RunData:
 
     @property
     def epsilon(self) -> float:
-        """ε spent by the run: its ledger's, else its summary's (``inf`` if not private)."""
+        """ε spent by the run: the largest its files state (``inf`` if not private)."""
         if self.ledger_epsilon is not None:
             return self.ledger_epsilon
         return as_float(self.summary["epsilon"])
@@ -165,11 +166,17 @@ def load_run(path: str | Path) -> RunData:
 
     notes: list[str] = []
     rows = read_rows(metrics_path, skipped=notes)
-    spent = _ledger_epsilon(path)
-    if spent is not None and not math.isclose(spent, as_float(summary["epsilon"]), rel_tol=1e-6):
+    sources = {  # every ε the run directory states, by file
+        "privacy_ledger.jsonl": _ledger_epsilon(path),
+        SUMMARY_FILE: as_float(summary["epsilon"]),
+        METRICS_FILE: max((as_float(r.get("epsilon")) for r in rows), default=math.nan),
+    }
+    known = {k: v for k, v in sources.items() if v is not None and not math.isnan(v)}
+    spent = max(known.values()) if known else None
+    if known and any(not math.isclose(v, spent, rel_tol=1e-6) for v in known.values()):
+        stated = ", ".join(f"{k} {v:.6g}" for k, v in known.items())
         notes.append(
-            f"{summary_path}: epsilon {summary['epsilon']!r} is not the {spent:.6g} that the "
-            "run's privacy ledger composes to; the ledger's is reported"
+            f"{path}: its files state different epsilons ({stated}); the largest is reported"
         )
     return RunData(summary, rows, path, tuple(notes), spent)
 

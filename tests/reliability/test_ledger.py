@@ -274,6 +274,37 @@ def test_a_checkpoint_with_fewer_events_than_its_rounds_release_is_refused(tmp_p
         resume(out)
 
 
+@pytest.mark.parametrize("strategy", ["fedavg", "dp-fedavg"])
+def test_a_ledger_whose_private_flag_was_flipped_is_refused(tmp_path, strategy):
+    """Found by a third review: a non-private run's header set to private resumed with ε 0."""
+    config = small_config(**{"num-server-rounds": 4, "strategy": strategy})
+    out = simulate(config, tmp_path / "run").out_dir
+    flag = config.strategy.private
+    text = (out / LEDGER_FILE).read_text()
+    old, new = f'"private": {str(flag).lower()}', f'"private": {str(not flag).lower()}'
+    (out / LEDGER_FILE).write_text(text.replace(old, new, 1))
+    _set(out, "num-server-rounds", "6")
+    with pytest.raises(ValueError, match="the ledger was edited"):
+        resume(out)
+
+
+def test_a_checkpoint_whose_events_were_forged_is_refused_without_a_ledger(tmp_path):
+    """Found by a third review: both checkpoints forged to σ 50 (digests recomputed), the ledger
+    and the metrics deleted: the forged events were carried over (ε 179 for 190.8 spent)."""
+    out = simulate(small_config(**{"num-server-rounds": 8}), tmp_path / "run").out_dir
+    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
+        state = torch.load(out / name, map_location="cpu", weights_only=True)
+        for item in state["algorithm"]["accountant"]["ledger"]:
+            item["event"]["noise_multiplier"] = 50.0
+        state["sha256"] = state_digest(state)
+        torch.save(state, out / name)
+    for name in (LEDGER_FILE, "metrics.jsonl", "summary.json"):
+        (out / name).unlink()
+    _set(out, "num-server-rounds", "10")
+    with pytest.raises(ValueError, match=r"no round of config\.toml releases"):
+        resume(out)
+
+
 def test_a_seeded_replay_that_differs_from_its_first_release_is_charged(tmp_path):
     """A checkpoint whose parameters were changed (digest recomputed) redoes different rounds:
     each is a new release, so it is charged on top of the first one."""

@@ -236,7 +236,38 @@ def test_a_reused_run_is_reported_with_its_ledgers_epsilon_and_its_rows(tmp_path
     assert main([*argv, "--out", str(out), *SMALL]) == 0
     again = list(csv.DictReader((out / "summary.csv").open()))
     assert again == rows and float(again[0]["epsilon"]) > 1  # the ledger's, not 0.001
-    assert "not the" in (out / "report.md").read_text()  # the mismatch is noted
+    assert "state different epsilons" in (out / "report.md").read_text()  # noted
+
+
+def test_an_edited_ledger_or_summary_never_lowers_a_reports_epsilon(tmp_path, capsys):
+    # found by a third review: only the ledger edited (sigma 0.5 -> 50) gave epsilon 0.0235 in
+    # summary.csv; a deleted ledger and an edited summary gave 0.001; a non-private run's ledger
+    # flipped to private gave 0.0. The report now shows the largest epsilon any file states.
+    import json
+
+    out = tmp_path / "cmp"
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg,fedavg", "--rounds", "2"]
+    argv += ["--quiet", "--out", str(out), *SMALL]
+    assert main(argv) == 0
+    rows = {r["strategy"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    private = next((out / "runs").glob("dp-fedavg*"))
+    ledger = private / "privacy_ledger.jsonl"
+    ledger.write_text(
+        ledger.read_text().replace('"noise_multiplier": 0.5', '"noise_multiplier": 50.0')
+    )
+    baseline = next((out / "runs").glob("fedavg*")) / "privacy_ledger.jsonl"
+    baseline.write_text(baseline.read_text().replace('"private": false', '"private": true', 1))
+    assert main(argv) == 0
+    again = {r["strategy"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert again["dp-fedavg"]["epsilon"] == rows["dp-fedavg"]["epsilon"]
+    assert again["fedavg"]["epsilon"] == "inf"
+    ledger.unlink()
+    summary = json.loads((private / "summary.json").read_text())
+    summary["epsilon"] = 0.001
+    (private / "summary.json").write_text(json.dumps(summary))
+    assert main(argv) == 0
+    third = {r["strategy"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert third["dp-fedavg"]["epsilon"] == rows["dp-fedavg"]["epsilon"]
 
 
 def test_a_second_compare_on_the_same_out_is_refused_whatever_its_grid(tmp_path, capsys):

@@ -16,6 +16,7 @@ from typing import Any
 
 from fedprivopt.core.checks import interval
 from fedprivopt.core.local import MAX_EPOCHS
+from fedprivopt.privacy.accounting_state import MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
 __all__ = ["STRATEGIES", "StrategyConfig"]
@@ -37,7 +38,8 @@ NON_PRIVATE = ("fedavg", "fedadam")
 # name -> (low, high, low_open, high_open); None in a field's slot means "not a bounded number"
 _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "clients_per_round": (0, math.inf, True, True),
-    "noise_multiplier": (0, math.inf, False, True),
+    # at most what a checkpoint's accountant state may hold (a larger σ could not be resumed)
+    "noise_multiplier": (0, MAX_STATE_NOISE_MULTIPLIER, False, False),
     "clip_norm": (0, math.inf, True, True),
     "delta": (0, 1, True, True),
     "target_epsilon": (0, math.inf, True, True),

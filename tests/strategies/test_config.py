@@ -20,6 +20,8 @@ TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
         ("local-epochs", 10**13, "local-epochs must be an integer in [1, 10000]"),
         ("local-epochs", 0, "local-epochs must be an integer in [1, 10000]"),
         ("population", 10**9, "population must be an integer in [1, 100000000]"),
+        # a later review: sigma 1e300 ran, but its checkpoint's accountant state could not load
+        ("noise-multiplier", 1e300, "noise-multiplier must be a number in [0, 1e+100]"),
     ],
 )
 def test_counts_have_upper_bounds(key, value, message):

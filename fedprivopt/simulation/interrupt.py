@@ -94,23 +94,17 @@ def as_interrupt(exc: BaseException) -> Interrupted | None:
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Make SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (as Ctrl-C does).
+def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
+    """Install ``handler`` for ``signals`` in the main thread; restore the previous ones on exit.
 
-    The previous handlers (also over one Ray installed meanwhile) are restored on exit. Outside
-    the main thread this does nothing.
+    The previous handlers are restored also over one installed meanwhile (``ray.init`` does, for
+    SIGTERM). Outside the main thread nothing is installed.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Interrupted(signum)
-
     previous = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError, OSError):
-            previous[sig] = signal.signal(sig, handler)
+    if threading.current_thread() is threading.main_thread():
+        for sig in signals:
+            with contextlib.suppress(ValueError, OSError):
+                previous[sig] = signal.signal(sig, handler)
     try:
         yield
     finally:
@@ -119,18 +113,28 @@ def signals_raise() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Make SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (as Ctrl-C does).
+
+    The previous handlers are restored on exit. Outside the main thread this does nothing.
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    with _handling((signal.SIGTERM, signal.SIGHUP), handler):
+        yield
+
+
+@contextlib.contextmanager
 def signals_stop(stop: threading.Event) -> Iterator[list[int]]:
     """Make the first SIGINT, SIGTERM or SIGHUP set ``stop``; a second raises :class:`Interrupted`.
 
     Yields the list of signals received (empty if none), for the caller to raise
     :class:`Interrupted` once the stopped work has ended. The previous handlers are restored on
-    exit (also over one installed meanwhile, as ``ray.init`` does for SIGTERM). Outside the main
-    thread this does nothing.
+    exit. Outside the main thread this does nothing.
     """
     received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
 
     def handler(signum: int, frame: object) -> None:
         if received:
@@ -138,15 +142,8 @@ def signals_stop(stop: threading.Event) -> Iterator[list[int]]:
         received.append(signum)
         stop.set()
 
-    previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError, OSError):
-            previous[sig] = signal.signal(sig, handler)
-    try:
+    with _handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), handler):
         yield received
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _ray_running() -> bool:

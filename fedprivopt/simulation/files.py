@@ -38,6 +38,7 @@ __all__ = [
     "fsync_dir",
     "json_line",
     "read_rows",
+    "stated_epsilons",
     "to_toml",
     "toml_value",
     "write_synced",
@@ -120,6 +121,28 @@ def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, An
             raise ValueError(f"{path}: line {lineno} is not an object with an int 'round'")
         rows.append(row)
     return rows
+
+
+def stated_epsilons(
+    rows: list[dict[str, Any]], summary: Mapping[str, Any] | None
+) -> list[tuple[str, float]]:
+    """``(where, ε)``: the largest ε the metrics ``rows`` state and the one ``summary`` states.
+
+    Numbers only, NaN left out and ``inf`` kept (a private ledger composes to it only at σ 0).
+    ``where`` names the file (and the round of the row).
+    """
+
+    def number(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+
+    out = []
+    stating = [r for r in rows if number(r.get("epsilon"))]
+    if stating:
+        top = max(stating, key=lambda r: r["epsilon"])
+        out.append((f"{METRICS_FILE} (round {top['round']})", float(top["epsilon"])))
+    if summary is not None and number(summary.get("epsilon")):
+        out.append((SUMMARY_FILE, float(summary["epsilon"])))
+    return out
 
 
 # -- TOML ------------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ from fedprivopt.simulation.files import (
     atomic_write,
     json_line,
     read_rows,
+    stated_epsilons,
 )
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
@@ -277,31 +277,24 @@ def _refuse_restart(
         )
 
 
-def _reported_epsilons(out: Path, rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """``(where, ε)`` of every ε (not NaN) that the metrics rows and ``summary.json`` report."""
-    found = [(f"{METRICS_FILE} (round {r['round']})", r.get("epsilon")) for r in rows]
-    summary_path = out / SUMMARY_FILE
-    if summary_path.exists():
-        try:
-            found.append((SUMMARY_FILE, json.loads(summary_path.read_text()).get("epsilon")))
-        except (ValueError, AttributeError):
-            pass  # an unreadable summary is refused by _shown_rounds
-    return [  # an infinite ε counts: a private ledger never composes to it unless σ is 0
-        (where, float(eps))
-        for where, eps in found
-        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and not math.isnan(eps)
-    ]
+def _read_summary(out: Path) -> dict[str, Any] | None:
+    """``summary.json`` of ``out`` (``None`` if there is none); unreadable is a ``ValueError``."""
+    path = out / SUMMARY_FILE
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+        int(summary["rounds_completed"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is unreadable ({exc})") from None
+    return summary
 
 
-def _shown_rounds(out: Path, rows: list[dict[str, Any]]) -> int:
-    """The last round the metrics rows and ``summary.json`` show as released (0 if none)."""
+def _shown_rounds(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> int:
+    """The last round the metrics rows and the summary show as released (0 if none)."""
     released = [int(r["round"]) for r in rows]
-    summary_path = out / SUMMARY_FILE
-    if summary_path.exists():
-        try:
-            released.append(int(json.loads(summary_path.read_text())["rounds_completed"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{summary_path} is unreadable ({exc})") from None
+    if summary is not None:
+        released.append(int(summary["rounds_completed"]))
     return max(released, default=0)
 
 
@@ -355,9 +348,10 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
     if ledger is not None:
         ledger.check_algorithm(alg)
     rows = read_rows(out / METRICS_FILE)
-    last_shown = _shown_rounds(out, rows)
+    summary = _read_summary(out)
+    last_shown = _shown_rounds(rows, summary)
     if ledger is not None:
-        ledger.check_reported(_reported_epsilons(out, rows))
+        ledger.check_reported(stated_epsilons(rows, summary))
     if ledger is not None and last_shown > ledger.last_round:
         raise ValueError(
             f"{ledger.path} ends at round {ledger.last_round}, but {METRICS_FILE} or "

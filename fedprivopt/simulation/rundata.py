@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows
+from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows, stated_epsilons
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 
 __all__ = [
@@ -166,15 +166,13 @@ def load_run(path: str | Path) -> RunData:
 
     notes: list[str] = []
     rows = read_rows(metrics_path, skipped=notes)
-    sources = {  # every ε the run directory states, by file
-        "privacy_ledger.jsonl": _ledger_epsilon(path),
-        SUMMARY_FILE: as_float(summary["epsilon"]),
-        METRICS_FILE: max((as_float(r.get("epsilon")) for r in rows), default=math.nan),
-    }
-    known = {k: v for k, v in sources.items() if v is not None and not math.isnan(v)}
-    spent = max(known.values()) if known else None
-    if known and any(not math.isclose(v, spent, rel_tol=1e-6) for v in known.values()):
-        stated = ", ".join(f"{k} {v:.6g}" for k, v in known.items())
+    known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
+    composed = _ledger_epsilon(path)
+    if composed is not None:
+        known.insert(0, ("privacy_ledger.jsonl", composed))
+    spent = max(v for _, v in known) if known else None
+    if known and any(not math.isclose(v, spent, rel_tol=1e-6) for _, v in known):
+        stated = ", ".join(f"{k} {v:.6g}" for k, v in known)
         notes.append(
             f"{path}: its files state different epsilons ({stated}); the largest is reported"
         )

@@ -58,6 +58,7 @@ _INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts a
 MAX_FAST_ACTORS = 256
 """Upper bound of ``fast-actors``: processes, each with its own copy of the task."""
 
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one simulation needs.

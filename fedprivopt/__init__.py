@@ -5,7 +5,8 @@ Layers, bottom to top (a module imports only from its own layer or the ones belo
 
 - :mod:`fedprivopt.core`: local-training settings and epoch orders, parameter checks;
 - :mod:`fedprivopt.privacy`: flat tensors, clipping, noise, samplers, accounting;
-- :mod:`fedprivopt.optim` (server transforms) and :mod:`fedprivopt.data` (StackOverflow files);
+- :mod:`fedprivopt.optim` (server transforms), :mod:`fedprivopt.data` (StackOverflow files) and
+  :mod:`fedprivopt.wire` (the messages between the Flower ServerApp and ClientApp);
 - :mod:`fedprivopt.models`: the Task protocol and the tasks;
 - :mod:`fedprivopt.clients`: the local trainer and the Flower ClientApp;
 - :mod:`fedprivopt.strategies`: the server algorithms and the Flower strategy;

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedprivopt"
 LAYERS = (
     ("core",),
     ("privacy",),
-    ("optim", "data"),
+    ("optim", "data", "wire"),
     ("models",),
     ("clients",),
     ("strategies",),

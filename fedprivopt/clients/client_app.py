@@ -1,7 +1,7 @@
 """The Flower ClientApp: a thin adapter from messages to :class:`~fedprivopt.clients.LocalTrainer`.
 
-The message formats are defined in :mod:`fedprivopt.clients.protocol`. Each node hosts a set of
-users (:func:`~fedprivopt.clients.protocol.hosted_users`); the server asks which (``query``), then
+The message formats are defined in :mod:`fedprivopt.wire`. Each node hosts a set of
+users (:func:`~fedprivopt.wire.hosted_users`); the server asks which (``query``), then
 asks each node to train the sampled users it hosts (``train``) and gets every user's clipped update
 back separately. In DP mode a train reply carries nothing else than the updates and two counts the
 server already knows (users trained, users rejected); the private per-user example counts and
@@ -29,7 +29,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedprivopt.clients import protocol as P
+from fedprivopt import wire as P
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models.registry import build_task, task_names
 from fedprivopt.models.task import Task, state_to_flat

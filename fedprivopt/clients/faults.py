@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from fedprivopt.clients import protocol as P
+from fedprivopt import wire as P
 from fedprivopt.clients.client_app import make_client_app
 
 __all__ = ["FAULTS", "make_faulty_client_app"]

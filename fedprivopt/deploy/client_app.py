@@ -21,7 +21,7 @@ import threading
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedprivopt.clients import protocol as P
+from fedprivopt import wire as P
 from fedprivopt.clients.client_app import app as _plain_app
 from fedprivopt.deploy.runconfig import parse_fault_users, task_params_from_flower
 

@@ -45,7 +45,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedprivopt.clients import protocol as P
+from fedprivopt import wire as P
 from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest
 

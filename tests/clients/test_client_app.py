@@ -16,8 +16,8 @@ from flwr.app import (
     RecordDict,
 )
 
+from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig, LocalTrainer
-from fedprivopt.clients import protocol as P
 from fedprivopt.clients.client_app import app, clear_cache, get_task_and_trainer, make_client_app
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy import RngFactory

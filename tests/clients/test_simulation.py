@@ -7,8 +7,8 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.serverapp import ServerApp
 from flwr.simulation import run_simulation
 
+from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig, LocalTrainer
-from fedprivopt.clients import protocol as P
 from fedprivopt.clients.client_app import make_client_app
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy import RngFactory

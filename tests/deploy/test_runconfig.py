@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Context, RecordDict
 from flwr.common.config import fuse_dicts
 
-from fedprivopt.clients import protocol as P
+from fedprivopt import wire as P
 from fedprivopt.deploy.client_app import client_context
 from fedprivopt.deploy.local import REPO_ROOT
 from fedprivopt.deploy.runconfig import (

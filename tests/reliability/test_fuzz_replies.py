@@ -41,7 +41,7 @@ from flwr.app import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedprivopt.clients import protocol as P
+from fedprivopt import wire as P
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm

@@ -27,7 +27,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from fedprivopt.clients import protocol as P
+from fedprivopt import wire as P
 from fedprivopt.clients.faults import make_faulty_client_app
 from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy import compose_epsilon, make_round_event

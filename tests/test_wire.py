@@ -1,7 +1,7 @@
 import pytest
 
+from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
-from fedprivopt.clients import protocol as P
 
 
 def test_train_config_round_trip():

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
-from fedprivopt.clients.trainer import LocalConfig
+from fedprivopt.core.local import LocalConfig
 
 __all__ = [
     "ARRAYS_RECORD",

@@ -67,7 +67,7 @@ def round_work(task, alg, rounds: int) -> dict:
     c = alg.config
     V = task.num_features
     users = rows = tokens = 0
-    client_seed = alg.client_config()["seed"]
+    client_seed = alg.client_settings().seed
     rngs = RngFactory(seed=client_seed)
     for r in range(1, rounds + 1):
         for u in alg.sampler.sample(r, "sampling"):

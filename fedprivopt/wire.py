@@ -35,11 +35,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-
-import numpy as np
-from flwr.app import ConfigRecord, RecordDict
+from typing import TYPE_CHECKING
 
 from fedprivopt.core.local import LocalConfig
+
+if TYPE_CHECKING:  # Flower is imported where a record is built, so the fast engine never loads it
+    import numpy as np
+    from flwr.app import ConfigRecord, RecordDict
 
 __all__ = [
     "ARRAYS_RECORD",
@@ -79,7 +81,8 @@ __all__ = [
     "USERS_REJECTED",
     "USERS_TRAINED",
     "USER_IDS",
-    "TrainRequest",
+    "ClientSettings",
+    "TrainConfig",
     "decode_train_config",
     "encode_train_config",
     "hosted_users",
@@ -186,6 +189,8 @@ def hosted_users(partition_id: int, num_partitions: int, num_users: int) -> list
 
 def users_query() -> RecordDict:
     """Content of a query message asking a node which users it hosts."""
+    from flwr.app import ConfigRecord, RecordDict
+
     return RecordDict({QUERY_RECORD: ConfigRecord({OP: OP_USERS})})
 
 
@@ -205,35 +210,58 @@ def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class TrainRequest:
-    """A decoded train config: which users to train and how."""
+class ClientSettings:
+    """What the server tells every client of a request about how to train.
+
+    The one typed form of a train message's settings: the server algorithm builds it, the fast
+    engine uses it as is, and :func:`encode_train_config` / :func:`decode_train_config` carry it
+    over Flower's messages.
+
+    Attributes
+    ----------
+    local : LocalConfig
+        Local training (``clip_norm`` ``None``: no clipping; ``noise_std`` 0: no noise share).
+    seed : int
+        Seed of the clients' generators; ignored in secure mode (OS entropy).
+    secure : bool
+        Whether clients draw their noise from OS entropy.
+    report_private_metrics : bool
+        Whether clients return per-user example counts and losses (non-private runs only).
+    """
+
+    local: LocalConfig
+    seed: int
+    secure: bool = False
+    report_private_metrics: bool = False
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A decoded train config: which users to train, in which round and stream, and how."""
 
     users: tuple[int, ...]
     round_num: int
     stream: str
-    local: LocalConfig
-    seed: int
-    secure: bool
-    report_private_metrics: bool
+    settings: ClientSettings
 
 
 def encode_train_config(
     *,
     users: Iterable[int],
     round_num: int,
-    local: LocalConfig,
-    seed: int,
-    secure: bool = False,
+    settings: ClientSettings,
     stream: str = "train",
-    report_private_metrics: bool = False,
 ) -> ConfigRecord:
     """Build the :data:`CONFIG_RECORD` of a train message.
 
-    ``None`` options of ``local`` are sent as ``0`` (``max_examples``, ``clip_norm``). In secure
-    mode the seed is ignored by clients (send any integer).
+    ``None`` options of ``settings.local`` are sent as ``0`` (``max_examples``, ``clip_norm``). In
+    secure mode the seed is ignored by clients.
     """
-    if not isinstance(local, LocalConfig):
-        raise ValueError(f"local must be a LocalConfig, got {type(local).__name__}")
+    if not isinstance(settings, ClientSettings):
+        raise ValueError(f"settings must be a ClientSettings, got {type(settings).__name__}")
+    from flwr.app import ConfigRecord
+
+    local = settings.local
     return ConfigRecord(
         {
             USERS: [int(u) for u in users],
@@ -245,14 +273,14 @@ def encode_train_config(
             MAX_EXAMPLES: int(local.max_examples or 0),
             CLIP_NORM: float(local.clip_norm or 0.0),
             NOISE_STD: float(local.noise_std),
-            SEED: int(seed),
-            SECURE: bool(secure),
-            REPORT_PRIVATE_METRICS: bool(report_private_metrics),
+            SEED: int(settings.seed),
+            SECURE: bool(settings.secure),
+            REPORT_PRIVATE_METRICS: bool(settings.report_private_metrics),
         }
     )
 
 
-def decode_train_config(record: Mapping[str, object]) -> TrainRequest:
+def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
     """Parse and validate a train :data:`CONFIG_RECORD`.
 
     Raises
@@ -282,12 +310,15 @@ def decode_train_config(record: Mapping[str, object]) -> TrainRequest:
         clip_norm=clip_norm or None,
         noise_std=float(record[NOISE_STD]),  # type: ignore[arg-type]
     )
-    return TrainRequest(
-        users=users,
-        round_num=int(record[ROUND]),  # type: ignore[arg-type]
-        stream=str(record[STREAM]),
+    settings = ClientSettings(
         local=local,
         seed=int(record[SEED]),  # type: ignore[arg-type]
         secure=bool(record[SECURE]),
         report_private_metrics=bool(record.get(REPORT_PRIVATE_METRICS, False)),
+    )
+    return TrainConfig(
+        users=users,
+        round_num=int(record[ROUND]),  # type: ignore[arg-type]
+        stream=str(record[STREAM]),
+        settings=settings,
     )

@@ -8,7 +8,6 @@ import torch
 
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.privacy.rng import RngFactory
-from fedprivopt.simulation.fast import local_config
 from fedprivopt.strategies.core import TrainRequest
 
 
@@ -16,15 +15,14 @@ def fast_train(trainer: LocalTrainer, secure: bool) -> Callable[[TrainRequest], 
     """The fast engine's client side: train every requested user in process."""
 
     def train(request: TrainRequest) -> dict[int, torch.Tensor]:
-        cfg = request.client_config
-        local = local_config(cfg)
-        rngs = RngFactory(seed=None, secure=True) if secure else RngFactory(seed=cfg["seed"])
+        settings = request.settings
+        rngs = RngFactory(seed=None, secure=True) if secure else RngFactory(seed=settings.seed)
         return {
             u: trainer.train(
                 request.params,
                 user_id=u,
                 round_num=request.round_num,
-                config=local,
+                config=settings.local,
                 rngs=rngs,
                 preconditioner=request.preconditioner,
                 stream=request.stream,

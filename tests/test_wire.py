@@ -8,14 +8,8 @@ def test_train_config_round_trip():
     local = LocalConfig(
         learning_rate=0.25, epochs=2, batch_size=8, max_examples=16, clip_norm=0.5, noise_std=0.01
     )
-    record = P.encode_train_config(
-        users=[3, 1],
-        round_num=4,
-        local=local,
-        seed=9,
-        stream="cohort-2",
-        report_private_metrics=True,
-    )
+    settings = P.ClientSettings(local=local, seed=9, report_private_metrics=True)
+    record = P.encode_train_config(users=[3, 1], round_num=4, settings=settings, stream="cohort-2")
     assert set(record) == {
         P.USERS,
         P.ROUND,
@@ -31,32 +25,31 @@ def test_train_config_round_trip():
         P.REPORT_PRIVATE_METRICS,
     }
     req = P.decode_train_config(record)
-    assert req == P.TrainRequest(
-        users=(3, 1),
-        round_num=4,
-        stream="cohort-2",
-        local=local,
-        seed=9,
-        secure=False,
-        report_private_metrics=True,
-    )
+    assert req == P.TrainConfig(users=(3, 1), round_num=4, stream="cohort-2", settings=settings)
+    assert not req.settings.secure
 
 
 def test_zero_means_none_and_private_metrics_default_off():
     local = LocalConfig(learning_rate=0.1)
-    record = P.encode_train_config(users=[0], round_num=1, local=local, seed=0)
+    record = P.encode_train_config(
+        users=[0], round_num=1, settings=P.ClientSettings(local=local, seed=0)
+    )
     assert record[P.MAX_EXAMPLES] == 0 and record[P.CLIP_NORM] == 0.0
     del record[P.REPORT_PRIVATE_METRICS]
     req = P.decode_train_config(record)
-    assert req.local == local and not req.report_private_metrics
+    assert req.settings.local == local and not req.settings.report_private_metrics
 
 
 def test_decode_rejects_bad_configs():
     good = dict(
         P.encode_train_config(
-            users=[0, 1], round_num=1, local=LocalConfig(learning_rate=0.1), seed=0
+            users=[0, 1],
+            round_num=1,
+            settings=P.ClientSettings(local=LocalConfig(learning_rate=0.1), seed=0),
         )
     )
+    with pytest.raises(ValueError, match="settings"):
+        P.encode_train_config(users=[0], round_num=1, settings={"seed": 0})
     for key in (P.USERS, P.CLIP_NORM, P.SEED):
         bad = {k: v for k, v in good.items() if k != key}
         with pytest.raises(ValueError, match=key):

@@ -156,10 +156,11 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
     if P.PRECONDITIONER_RECORD in content.array_records:
         array = content.array_records[P.PRECONDITIONER_RECORD][P.PRECONDITIONER_ARRAY]
         preconditioner = torch.from_numpy(array.numpy()).reshape(-1)
-    if request.secure:
+    settings = request.settings
+    if settings.secure:
         rngs = RngFactory(seed=None, secure=True)
     else:
-        rngs = RngFactory(seed=request.seed)
+        rngs = RngFactory(seed=settings.seed)
 
     reply = RecordDict()
     trained, rejected = 0, 0
@@ -173,7 +174,7 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
             global_flat,
             user_id=user,
             round_num=request.round_num,
-            config=request.local,
+            config=settings.local,
             rngs=rngs,
             preconditioner=preconditioner,
             stream=request.stream,
@@ -186,7 +187,7 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
         P.USERS_TRAINED: trained,
         P.USERS_REJECTED: rejected,
     }
-    if request.report_private_metrics:
+    if settings.report_private_metrics:
         metrics[P.NUM_EXAMPLES] = num_examples
         metrics[P.TRAIN_LOSS] = losses
     reply[P.TRAIN_METRICS] = MetricRecord(metrics)

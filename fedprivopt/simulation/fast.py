@@ -31,24 +31,13 @@ from typing import Any
 
 import torch
 
-from fedprivopt.clients.trainer import LocalConfig, LocalTrainer
+from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.strategies.core import TrainRequest
+from fedprivopt.wire import ClientSettings
 
-__all__ = ["StreamedUpdates", "UserTrainer", "local_config", "make_cohort_train"]
-
-
-def local_config(cfg: dict[str, Any]) -> LocalConfig:
-    """The :class:`~fedprivopt.clients.LocalConfig` of a request's ``client_config``."""
-    return LocalConfig(
-        learning_rate=cfg["local-learning-rate"],
-        epochs=cfg["local-epochs"],
-        batch_size=cfg["batch-size"],
-        max_examples=cfg["max-examples"] or None,
-        clip_norm=cfg["clip-norm"] or None,
-        noise_std=cfg["noise-std"],
-    )
+__all__ = ["StreamedUpdates", "UserTrainer", "make_cohort_train"]
 
 
 class StreamedUpdates:
@@ -137,9 +126,9 @@ class UserTrainer:
             self._local = LocalTrainer(self.task, device=self.device)
         return self._local
 
-    def mode(self, request: TrainRequest) -> str:
-        """``"vectorized"`` or ``"sequential"``: how ``request`` is trained."""
-        vectorized = self.cohort is not None and request.client_config["noise-std"] == 0
+    def mode(self, settings: ClientSettings) -> str:
+        """``"vectorized"`` or ``"sequential"``: how a request with ``settings`` is trained."""
+        vectorized = self.cohort is not None and settings.local.noise_std == 0
         return "vectorized" if vectorized else "sequential"
 
     def train(
@@ -148,7 +137,7 @@ class UserTrainer:
         round_num: int,
         params: torch.Tensor,
         preconditioner: torch.Tensor | None,
-        client_config: dict[str, Any],
+        settings: ClientSettings,
         stream: str,
     ) -> Iterator[tuple[int, Any] | RowSparseBatch]:
         """Yield ``(user, update)`` for ``users`` in their order.
@@ -156,14 +145,9 @@ class UserTrainer:
         The cohort trainer yields a whole chunk of users as one batch (valid until the next
         entry is requested); the sequential trainer yields pairs.
         """
-        cfg = local_config(client_config)
-        rngs = (
-            RngFactory(seed=None, secure=True)
-            if self.secure
-            else RngFactory(seed=client_config["seed"])
-        )
-        request = TrainRequest(round_num, users, params, preconditioner, client_config, stream)
-        if self.mode(request) == "vectorized":
+        cfg = settings.local
+        rngs = RngFactory(seed=None, secure=True) if self.secure else RngFactory(seed=settings.seed)
+        if self.mode(settings) == "vectorized":
             yield from self.cohort.train_batches(
                 params,
                 users,
@@ -260,7 +244,7 @@ def make_cohort_train(
                     request.round_num,
                     request.params,
                     request.preconditioner,
-                    request.client_config,
+                    request.settings,
                     request.stream,
                 )
 
@@ -285,7 +269,7 @@ def make_cohort_train(
                     request.round_num,
                     params,
                     precond,
-                    request.client_config,
+                    request.settings,
                     request.stream,
                 )
                 for i, start in enumerate(range(0, len(users), step))

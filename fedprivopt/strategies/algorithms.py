@@ -135,7 +135,7 @@ class DP2(ServerAlgorithm):
             users,
             self.params,
             self.broadcast_preconditioner(),
-            self.client_config(clip_norm=clip),
+            self.client_settings(clip_norm=clip),
         )
         agg = self.aggregate(round_num, updates, clip_norm=clip)
         adaptive = self._adaptive()
@@ -181,7 +181,7 @@ class DPFedAvgADADP(ServerAlgorithm):
         self.opt_state = self.controller.init()
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
-        cfg = self.client_config()
+        cfg = self.client_settings()
         users_1 = self.sample(round_num, "sampling")
         updates_1 = yield TrainRequest(round_num, users_1, self.params, None, cfg, "train")
         agg_1 = self.aggregate(round_num, updates_1, stream="train")

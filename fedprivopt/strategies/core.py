@@ -23,12 +23,14 @@ from typing import Any
 import torch
 
 from fedprivopt import optim
+from fedprivopt.core.local import LocalConfig
 from fedprivopt.privacy.accounting import PrivacyAccountant, check_pld_ledger
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator, default_min_shares
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import make_sampler
 from fedprivopt.strategies.config import StrategyConfig
+from fedprivopt.wire import ClientSettings
 
 __all__ = ["RoundResult", "ServerAlgorithm", "TrainRequest", "Updates", "drive_round"]
 
@@ -49,10 +51,9 @@ class TrainRequest:
         Flat parameters the users start from.
     preconditioner : torch.Tensor or None
         Flat vector the clients divide their gradients by (AdaDPS, DP2 adaptive rounds).
-    client_config : dict
-        Local training settings: ``local-learning-rate``, ``local-epochs``, ``batch-size``,
-        ``max-examples``, ``clip-norm`` (0: none), ``noise-std`` (share std, 0: none), ``seed``,
-        ``secure``, ``report-private-metrics``.
+    settings : ClientSettings
+        How the clients train (:class:`~fedprivopt.wire.ClientSettings`: local training, clip
+        norm, noise-share std, seed, secure mode, whether to report private metrics).
     stream : str
         Name of the cohort inside the round (``"train"``, ADADP's ``"train-2"``); clients key
         their randomness by it.
@@ -62,7 +63,7 @@ class TrainRequest:
     users: list[int]
     params: torch.Tensor
     preconditioner: torch.Tensor | None
-    client_config: dict[str, Any]
+    settings: ClientSettings
     stream: str = "train"
 
 
@@ -216,23 +217,26 @@ class ServerAlgorithm:
 
     # -- one round -----------------------------------------------------------------------------
 
-    def client_config(self, *, clip_norm: float | None = None) -> dict[str, Any]:
-        """Local-training settings broadcast with every request."""
+    def client_settings(self, *, clip_norm: float | None = None) -> ClientSettings:
+        """What every client of a request is told (``clip_norm``: DP2's adaptive-phase norm)."""
         c = self.config
         clip = (clip_norm or c.clip_norm) if c.private else 0.0
-        return {
-            "local-learning-rate": c.local_learning_rate,
-            "local-epochs": c.local_epochs,
-            "batch-size": c.batch_size,
-            "max-examples": c.max_examples,
-            "clip-norm": float(clip),
-            "noise-std": self.aggregator.share_std() * (clip / c.clip_norm if c.private else 0.0),
-            # Clients get a seed derived one-way from the root seed: the root seed keys the
-            # server noise and the sampling, and a client that knew it could subtract the noise.
-            "seed": derive_seed(c.seed, "clients"),
-            "secure": c.secure,
-            "report-private-metrics": not c.private,
-        }
+        local = LocalConfig(
+            learning_rate=c.local_learning_rate,
+            epochs=c.local_epochs,
+            batch_size=c.batch_size,
+            max_examples=c.max_examples or None,
+            clip_norm=float(clip) or None,
+            noise_std=self.aggregator.share_std() * (clip / c.clip_norm if c.private else 0.0),
+        )
+        # Clients get a seed derived one-way from the root seed: the root seed keys the server
+        # noise and the sampling, and a client that knew it could subtract the noise.
+        return ClientSettings(
+            local=local,
+            seed=derive_seed(c.seed, "clients"),
+            secure=c.secure,
+            report_private_metrics=not c.private,
+        )
 
     def broadcast_preconditioner(self) -> torch.Tensor | None:
         """Preconditioner sent to clients this round (none by default)."""
@@ -289,7 +293,7 @@ class ServerAlgorithm:
         """One round of a single-cohort strategy (override for other shapes)."""
         users = self.sample(round_num)
         updates = yield TrainRequest(
-            round_num, users, self.params, self.broadcast_preconditioner(), self.client_config()
+            round_num, users, self.params, self.broadcast_preconditioner(), self.client_settings()
         )
         agg = self.aggregate(round_num, updates)
         step, self.opt_state = self.transform.update(

@@ -74,14 +74,6 @@ def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
     return flatten(record.to_torch_state_dict())
 
 
-def _request_config(request: TrainRequest, users: list[int]) -> ConfigRecord:
-    cfg: dict[str, Any] = dict(request.client_config)
-    cfg.update(
-        {"users": [int(u) for u in users], "round": request.round_num, "stream": request.stream}
-    )
-    return ConfigRecord(cfg)
-
-
 class DPStrategy(Strategy):
     """A fedprivopt server algorithm as a Flower strategy.
 
@@ -203,7 +195,15 @@ class DPStrategy(Strategy):
         messages = []
         for node, users in by_node.items():
             content = RecordDict(
-                {P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: _request_config(request, users)}
+                {
+                    P.ARRAYS_RECORD: arrays,
+                    P.CONFIG_RECORD: P.encode_train_config(
+                        users=users,
+                        round_num=request.round_num,
+                        settings=request.settings,
+                        stream=request.stream,
+                    ),
+                }
             )
             if request.preconditioner is not None:
                 p = request.preconditioner.detach().cpu().numpy().astype(np.float32)

@@ -65,12 +65,10 @@ def _arrays(task, flat=None):
     return ArrayRecord(model.state_dict())
 
 
-def _train_content(task, users, local, **kw):
-    content = {
-        P.ARRAYS_RECORD: _arrays(task),
-        P.CONFIG_RECORD: P.encode_train_config(users=users, round_num=2, local=local, seed=5, **kw),
-    }
-    return content
+def _train_content(task, users, local, *, stream="train", **settings):
+    settings = P.ClientSettings(local=local, seed=5, **settings)
+    config = P.encode_train_config(users=users, round_num=2, settings=settings, stream=stream)
+    return {P.ARRAYS_RECORD: _arrays(task), P.CONFIG_RECORD: config}
 
 
 def test_query_returns_the_hosted_users():

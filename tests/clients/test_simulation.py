@@ -38,7 +38,9 @@ def test_query_and_train_through_run_simulation():
         for node, users in hosted.items():
             foreign = (users[0] + 1) % PARAMS["num_users"]
             config = P.encode_train_config(
-                users=[*users, foreign], round_num=1, local=LOCAL, seed=3
+                users=[*users, foreign],
+                round_num=1,
+                settings=P.ClientSettings(local=LOCAL, seed=3),
             )
             content = RecordDict({P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: config})
             train.append(Message(content, dst_node_id=node, message_type="train"))

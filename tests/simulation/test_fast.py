@@ -1,6 +1,7 @@
 """The fast engine's vectorized, streamed and Ray-sharded client side give the same model."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,7 +9,6 @@ import torch
 from fedprivopt.simulation.config import resolve_config
 from fedprivopt.simulation.fast import StreamedUpdates, UserTrainer
 from fedprivopt.simulation.run import build_run, simulate
-from fedprivopt.strategies.core import TrainRequest
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +140,9 @@ def test_distributed_noise_falls_back_to_sequential_training(so_dir):
     config = so_config(so_dir, **{"noise-mode": "distributed"})
     task, alg = build_run(config)
     trainer = UserTrainer(task, device="cpu", vectorize=True, chunk_users=4, secure=False)
-    noisy = TrainRequest(1, [0, 1], alg.params, None, alg.client_config())
-    assert noisy.client_config["noise-std"] > 0 and trainer.mode(noisy) == "sequential"
-    quiet = TrainRequest(1, [0, 1], alg.params, None, {**alg.client_config(), "noise-std": 0.0})
+    noisy = alg.client_settings()
+    assert noisy.local.noise_std > 0 and trainer.mode(noisy) == "sequential"
+    quiet = replace(noisy, local=replace(noisy.local, noise_std=0.0))
     assert trainer.mode(quiet) == "vectorized"
     off = UserTrainer(task, device="cpu", vectorize=False, chunk_users=4, secure=False)
     assert off.mode(quiet) == "sequential"

@@ -236,7 +236,7 @@ def test_dp2_preconditioner_reaches_clients_only_in_adaptive_rounds(strategy):
     seen = []
 
     def train(request):
-        seen.append((request.preconditioner, request.client_config["clip-norm"]))
+        seen.append((request.preconditioner, request.settings.local.clip_norm))
         return fixed_updates()(request)
 
     for r in range(1, 11):
@@ -274,8 +274,8 @@ def test_adadp_two_cohorts_second_at_the_half_step():
 def test_distributed_mode_sends_the_share_std_to_clients():
     alg = make(noise_mode="distributed", min_shares=4, clip_norm=2.0, noise_multiplier=1.2)
     req = next(alg.run_round(1))
-    assert req.client_config["noise-std"] == pytest.approx(1.2 * 2.0 / 2.0)
-    assert req.client_config["report-private-metrics"] is False
+    assert req.settings.local.noise_std == pytest.approx(1.2 * 2.0 / 2.0)
+    assert req.settings.report_private_metrics is False
     default = make(noise_mode="distributed")
     assert 1 <= default.aggregator.min_shares < 8
 

@@ -3,8 +3,9 @@
 Flatten/unflatten (:mod:`.flat`), whole-update L2 clipping (:mod:`.clip`), Gaussian noise from
 explicit generators (:mod:`.noise`, :mod:`.rng`), cohort samplers (:mod:`.sampling`), privacy
 events (:mod:`.events`), the accountant facade over dp-accounting and Opacus (:mod:`.accounting`,
-with its ledgers and saved states in :mod:`.accounting_state` and Opacus' guarded PRV accountant in
-:mod:`.prv_guard`) and noise calibration (:mod:`.calibration`).
+with its ledgers and saved states in :mod:`.accounting_state`, dp-accounting's guarded PLD in
+:mod:`.pld_guard` and Opacus' guarded PRV accountant in :mod:`.prv_guard`) and noise calibration
+(:mod:`.calibration`).
 """
 
 import importlib
@@ -13,7 +14,7 @@ import importlib
 # the accountants, and dp-accounting/Opacus take seconds to import.
 _LAZY = {
     "ACCOUNTANTS": "accounting_state",
-    "PLDGridTooLargeError": "accounting",
+    "PLDGridTooLargeError": "pld_guard",
     "PRVDomainTooLargeError": "prv_guard",
     "PrivacyAccountant": "accounting",
     "compose_epsilon": "accounting",

@@ -15,13 +15,9 @@ from collections.abc import Callable
 
 import dp_accounting as dpa
 
-from fedprivopt.privacy.accounting import (
-    ACCOUNTANTS,
-    PLDGridTooLargeError,
-    compose_epsilon,
-    dpa_accountant,
-)
+from fedprivopt.privacy.accounting import ACCOUNTANTS, compose_epsilon, dpa_accountant
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.pld_guard import PLDGridTooLargeError
 
 __all__ = ["calibrate_noise_multiplier", "make_round_event"]
 
@@ -190,12 +186,12 @@ def calibrate_noise_multiplier(
     ------
     PLDGridTooLargeError
         (a ``ValueError``) with ``accountant="pld"`` when the search would have to account a σ
-        whose PLD exceeds ``accounting.PLD_MAX_BYTES`` (see
+        whose PLD exceeds ``pld_guard.PLD_MAX_BYTES`` (see
         :func:`~fedprivopt.privacy.accounting.compose_epsilon`).
     ValueError
         With ``accountant="prv"``, when no σ up to Opacus' ``MAX_SIGMA`` meets the target, or
         when the search must probe a σ that the PRV accountant refuses (domain beyond
-        ``accounting.PRV_MAX_BYTES``, checked before anything is allocated) or fails on
+        ``prv_guard.PRV_MAX_BYTES``, checked before anything is allocated) or fails on
         numerically; with ``accountant="pld"``, when the PLD grid is too coarse to resolve the
         target. Each message advises another accountant.
     """

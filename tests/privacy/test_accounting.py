@@ -13,6 +13,7 @@ from fedprivopt.privacy import (
     SubsampledGaussianEvent,
     accounting,
     compose_epsilon,
+    pld_guard,
     prv_guard,
 )
 
@@ -229,10 +230,10 @@ def test_pld_refuses_a_tiny_sigma_before_allocating():
     import tracemalloc
 
     ev = Poisson(sample_rate=1.0, noise_multiplier=0.01)
-    assert accounting.pld_grid_points(ev) == pytest.approx(1.19e8, rel=0.01)
+    assert pld_guard.pld_grid_points(ev) == pytest.approx(1.19e8, rel=0.01)
     tracemalloc.start()
     try:
-        with pytest.raises(accounting.PLDGridTooLargeError) as info:
+        with pytest.raises(pld_guard.PLDGridTooLargeError) as info:
             compose_epsilon([(ev, 1)], 1e-5, accountant="pld")
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -269,17 +270,17 @@ def test_pld_grid_estimate_is_what_dp_accounting_builds():
     h = 1e-4
     for q, sigma in [(1.0, 1.0), (0.01, 1.0), (0.05, 0.8), (1.0, 3.0)]:
         ev = Poisson(sample_rate=q, noise_multiplier=sigma)
-        accounting._single_pld.cache_clear()
-        built = accounting._single_pld(ev, h)
-        sizes = [pmf.size for pmf in accounting._pmfs(built)]
-        assert accounting.pld_grid_points(ev, h) == max(sizes)
+        pld_guard._single_pld.cache_clear()
+        built = pld_guard._single_pld(ev, h)
+        sizes = [pmf.size for pmf in pld_guard._pmfs(built)]
+        assert pld_guard.pld_grid_points(ev, h) == max(sizes)
         for count in (1, 7, 10_000, 10**9):
             expected = 1
-            for pmf in accounting._pmfs(built):
+            for pmf in pld_guard._pmfs(built):
                 probs = pmf.to_dense_pmf()._probs
                 lo, hi = common.compute_self_convolve_bounds(probs, count, 1e-15)
                 expected = max(expected, hi - lo + 1, len(probs))
-            assert accounting._self_compose_points(ev, h, count) == expected
+            assert pld_guard._self_compose_points(ev, h, count) == expected
 
 
 def test_pld_memory_estimate_bounds_the_measured_peak():
@@ -288,24 +289,24 @@ def test_pld_memory_estimate_bounds_the_measured_peak():
 
     h, count = 1e-4, 2_000
     ev = Poisson(sample_rate=0.02, noise_multiplier=1.5)
-    accounting._single_pld.cache_clear()
-    accounting._log_mgfs.cache_clear()
+    pld_guard._single_pld.cache_clear()
+    pld_guard._log_mgfs.cache_clear()
     tracemalloc.start()
     try:
         compose_epsilon([(ev, count)], 1e-5, accountant="pld")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    build = accounting._PLD_BUILD_BYTES * accounting.pld_grid_points(ev, h)
-    fft = accounting._PLD_FFT_BYTES * accounting._self_compose_points(ev, h, count)
+    build = pld_guard._PLD_BUILD_BYTES * pld_guard.pld_grid_points(ev, h)
+    fft = pld_guard._PLD_FFT_BYTES * pld_guard._self_compose_points(ev, h, count)
     assert peak <= max(build, fft)
     assert peak >= 0.25 * max(build, fft)  # and the estimate is not wildly pessimistic
 
 
 def test_pld_limit_is_the_module_constant(monkeypatch):
     ev = Poisson(sample_rate=0.01, noise_multiplier=1.0)
-    monkeypatch.setattr(accounting, "PLD_MAX_BYTES", 2**20)
-    accounting._single_pld.cache_clear()
+    monkeypatch.setattr(pld_guard, "PLD_MAX_BYTES", 2**20)
+    pld_guard._single_pld.cache_clear()
     with pytest.raises(ValueError, match="limit 1 MiB"):
         compose_epsilon([(ev, 10_000)], 1e-5, accountant="pld")
 

@@ -5,7 +5,8 @@ Readers give lazy per-client access through one interface, :class:`ClientSplit`
 
 * :mod:`~fedprivopt.data.tfexample`: ``tf.train.Example`` codec without TensorFlow.
 * :mod:`~fedprivopt.data.stackoverflow`: :class:`StackOverflowExample`, :class:`ClientSplit`.
-* :mod:`~fedprivopt.data.sqlite`: ``stackoverflow.sqlite`` (and its ``.lzma`` download).
+* :mod:`~fedprivopt.data.sqlite`: ``stackoverflow.sqlite``; :mod:`~fedprivopt.data.sqlite_lzma`:
+  its ``.lzma`` download.
 * :mod:`~fedprivopt.data.hdf5`: legacy ``stackoverflow_<split>.h5`` files (needs ``h5py``).
 * :mod:`~fedprivopt.data.vocab`: ``stackoverflow.word_count`` / ``stackoverflow.tag_count``.
 * :mod:`~fedprivopt.data.synthetic`: a StackOverflow-like generator writing the same files
@@ -18,12 +19,11 @@ from fedprivopt.data.loader import open_split
 from fedprivopt.data.sqlite import (
     SQLiteSplit,
     create_client_index,
-    decompress_lzma,
     list_splits,
-    open_sqlite,
     read_example_counts,
     write_sqlite,
 )
+from fedprivopt.data.sqlite_lzma import decompress_lzma, open_sqlite
 from fedprivopt.data.stackoverflow import (
     FEATURES,
     SPLITS,

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from fedprivopt.data.hdf5 import HDF5_FILES, HDF5Split
-from fedprivopt.data.sqlite import SQLiteSplit, open_sqlite
+from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.data.sqlite_lzma import open_sqlite
 from fedprivopt.data.stackoverflow import SPLITS, ClientSplit
 
 __all__ = ["open_split"]
@@ -28,7 +29,7 @@ def open_split(
     ----------
     path : str or os.PathLike
         ``stackoverflow.sqlite``, ``stackoverflow.sqlite.lzma`` (decompressed once to a cache,
-        see :func:`~fedprivopt.data.sqlite.decompress_lzma`), a legacy
+        see :func:`~fedprivopt.data.sqlite_lzma.decompress_lzma`), a legacy
         ``stackoverflow_<split>.h5`` file, or a directory holding one of those (looked for in
         that order).
     split : str, optional

@@ -1,7 +1,7 @@
 """Reader and writer for the TFF StackOverflow SQLite file (``stackoverflow.sqlite``).
 
-The file TFF publishes (``stackoverflow.sqlite.lzma``, decompressed by :func:`decompress_lzma`)
-has two tables::
+The file TFF publishes (``stackoverflow.sqlite.lzma``, decompressed by
+:func:`~fedprivopt.data.sqlite_lzma.decompress_lzma`) has two tables::
 
     examples(split_name TEXT, client_id TEXT, serialized_example_proto BLOB)
     client_metadata(client_id TEXT, split_name TEXT, num_examples INTEGER)
@@ -14,8 +14,9 @@ Cost of a client read: with an index whose leading columns are ``(split_name, cl
 ``client_id`` it is a B-tree lookup plus one page read per few examples (milliseconds). Without
 one, SQLite scans the whole ``examples`` table for every client (about 152 million rows in the
 full file: minutes per client), so :class:`SQLiteSplit` warns. This package never modifies a file
-it did not write: :func:`decompress_lzma` indexes the cache it writes, the synthetic generator
-indexes its output, and :func:`create_client_index` indexes a file you name explicitly.
+it did not write: :func:`~fedprivopt.data.sqlite_lzma.decompress_lzma` indexes the cache it
+writes, the synthetic generator indexes its output (:func:`write_sqlite`), and
+:func:`create_client_index` indexes a file you name explicitly.
 
 References
 ----------
@@ -24,12 +25,11 @@ References
 
 from __future__ import annotations
 
-import lzma
 import os
 import sqlite3
 import warnings
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,11 +39,10 @@ from fedprivopt.data.stackoverflow import ClientSplit, StackOverflowExample, dec
 __all__ = [
     "INDEX_NAME",
     "SQLiteSplit",
+    "check_sqlite_file",
     "create_client_index",
-    "decompress_lzma",
     "has_client_index",
     "list_splits",
-    "open_sqlite",
     "read_example_counts",
     "write_sqlite",
 ]
@@ -51,7 +50,6 @@ __all__ = [
 INDEX_NAME = "examples_split_client"
 # sqlite3 raises UnicodeDecodeError when a damaged schema puts invalid UTF-8 in an error message
 _SQLITE_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
-_MAX_OUT = 16 << 20  # bytes of decompressed output per step
 _HEADER = b"SQLite format 3\x00"
 _SCHEMA = {
     "examples": ("split_name", "client_id", "serialized_example_proto"),
@@ -197,7 +195,8 @@ class SQLiteSplit(ClientSplit):
     Parameters
     ----------
     path : str or os.PathLike
-        The ``.sqlite`` file (see :func:`open_sqlite` for ``.lzma``).
+        The ``.sqlite`` file (see :func:`~fedprivopt.data.sqlite_lzma.open_sqlite` for
+        ``.lzma``).
     split : str, default "train"
         Split name in the file: ``'train'``, ``'heldout'`` or ``'test'``.
     validate : bool, default True
@@ -380,110 +379,6 @@ def create_client_index(path: str | os.PathLike) -> bool:
         raise ValueError(f"{path}: cannot index SQLite database: {exc}") from exc
     finally:
         conn.close()
-
-
-def decompress_lzma(
-    path: str | os.PathLike,
-    *,
-    cache_dir: str | os.PathLike | None = None,
-    chunk_size: int = 1 << 20,
-    overwrite: bool = False,
-    index: bool = True,
-    progress: Callable[[int], None] | None = None,
-) -> Path:
-    """Stream-decompress ``stackoverflow.sqlite.lzma`` to a cached ``stackoverflow.sqlite``.
-
-    Decompression is chunked (memory stays at a few MB whatever the size), writes to a
-    ``.partial`` file and renames it when complete, so an interrupted run leaves no cache.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The compressed file (``.lzma`` or ``.xz``; both container formats are accepted).
-    cache_dir : str or os.PathLike, optional
-        Where to write the result; by default next to ``path``.
-    chunk_size : int, default 1 MiB
-        Bytes read per step; must be positive.
-    overwrite : bool, default False
-        Decompress again even if the cached file exists.
-    index : bool, default True
-        Create the ``(split_name, client_id)`` index on the cache (our own file) when missing.
-    progress : callable, optional
-        Called with the number of compressed bytes read so far after each chunk.
-
-    Returns
-    -------
-    pathlib.Path
-        The decompressed file (the suffix ``.lzma``/``.xz`` removed).
-
-    Raises
-    ------
-    FileNotFoundError
-        If ``path`` does not exist.
-    ValueError
-        If the stream is corrupt or truncated, or does not hold an SQLite database.
-    """
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive number of bytes, got {chunk_size}")
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    name = path.name
-    for suffix in (".lzma", ".xz"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    else:
-        name += ".decompressed"
-    out_dir = Path(cache_dir) if cache_dir is not None else path.parent
-    out = out_dir / name
-    if out.exists() and not overwrite:
-        return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    try:
-        decomp = lzma.LZMADecompressor(format=lzma.FORMAT_AUTO)
-        done = 0
-        with path.open("rb") as src, partial.open("wb") as dst:
-            while not decomp.eof and (chunk := src.read(chunk_size)):
-                done += len(chunk)
-                # Bounded output per call: memory stays O(chunk_size) even for runs of zeros.
-                dst.write(decomp.decompress(chunk, max_length=_MAX_OUT))
-                while not decomp.eof and not decomp.needs_input:
-                    dst.write(decomp.decompress(b"", max_length=_MAX_OUT))
-                if progress is not None:
-                    progress(done)
-        if not decomp.eof:
-            raise ValueError(f"{path}: truncated LZMA stream (ended after {done} bytes)")
-        check_sqlite_file(partial)
-        if index:
-            create_client_index(partial)
-        os.replace(partial, out)
-    except lzma.LZMAError as exc:
-        raise ValueError(f"{path}: corrupt LZMA/XZ stream: {exc}") from exc
-    except ValueError as exc:
-        raise ValueError(f"{path}: decompressed content is unusable: {exc}") from exc
-    finally:
-        partial.unlink(missing_ok=True)
-    return out
-
-
-def open_sqlite(
-    path: str | os.PathLike,
-    split: str = "train",
-    *,
-    cache_dir: str | os.PathLike | None = None,
-    **kwargs: object,
-) -> SQLiteSplit:
-    """Open one split of a ``.sqlite`` file, decompressing a ``.lzma``/``.xz`` one first.
-
-    Extra keyword arguments go to :class:`SQLiteSplit`; ``cache_dir`` to
-    :func:`decompress_lzma`.
-    """
-    p = Path(path)
-    if p.suffix in (".lzma", ".xz"):
-        p = decompress_lzma(p, cache_dir=cache_dir)
-    return SQLiteSplit(p, split, **kwargs)  # type: ignore[arg-type]
 
 
 def write_sqlite(

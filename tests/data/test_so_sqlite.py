@@ -12,13 +12,12 @@ from so_fixtures import DATA, TFF_DDL, ex, write_tff_sqlite
 from fedprivopt.data.sqlite import (
     SQLiteSplit,
     create_client_index,
-    decompress_lzma,
     has_client_index,
     list_splits,
-    open_sqlite,
     read_example_counts,
     write_sqlite,
 )
+from fedprivopt.data.sqlite_lzma import decompress_lzma, open_sqlite
 from fedprivopt.data.stackoverflow import encode_example
 from fedprivopt.data.tfexample import serialize_example
 

@@ -1,0 +1,125 @@
+"""TFF's compressed download, ``stackoverflow.sqlite.lzma``, as a cached ``.sqlite`` file.
+
+:func:`decompress_lzma` streams the download into ``stackoverflow.sqlite`` next to it (or in a
+cache directory) once, in bounded memory, and indexes the cache it writes (see
+:func:`~fedprivopt.data.sqlite.create_client_index`); :func:`open_sqlite` opens one split of a
+``.sqlite`` file, decompressing a ``.lzma``/``.xz`` one first. Reading the database itself is
+:mod:`fedprivopt.data.sqlite`.
+"""
+
+from __future__ import annotations
+
+import lzma
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from fedprivopt.data.sqlite import SQLiteSplit, check_sqlite_file, create_client_index
+
+__all__ = ["decompress_lzma", "open_sqlite"]
+
+_MAX_OUT = 16 << 20  # bytes of decompressed output per step
+
+
+def decompress_lzma(
+    path: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    chunk_size: int = 1 << 20,
+    overwrite: bool = False,
+    index: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> Path:
+    """Stream-decompress ``stackoverflow.sqlite.lzma`` to a cached ``stackoverflow.sqlite``.
+
+    Decompression is chunked (memory stays at a few MB whatever the size), writes to a
+    ``.partial`` file and renames it when complete, so an interrupted run leaves no cache.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The compressed file (``.lzma`` or ``.xz``; both container formats are accepted).
+    cache_dir : str or os.PathLike, optional
+        Where to write the result; by default next to ``path``.
+    chunk_size : int, default 1 MiB
+        Bytes read per step; must be positive.
+    overwrite : bool, default False
+        Decompress again even if the cached file exists.
+    index : bool, default True
+        Create the ``(split_name, client_id)`` index on the cache (our own file) when missing.
+    progress : callable, optional
+        Called with the number of compressed bytes read so far after each chunk.
+
+    Returns
+    -------
+    pathlib.Path
+        The decompressed file (the suffix ``.lzma``/``.xz`` removed).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the stream is corrupt or truncated, or does not hold an SQLite database.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive number of bytes, got {chunk_size}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    name = path.name
+    for suffix in (".lzma", ".xz"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    else:
+        name += ".decompressed"
+    out_dir = Path(cache_dir) if cache_dir is not None else path.parent
+    out = out_dir / name
+    if out.exists() and not overwrite:
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    try:
+        decomp = lzma.LZMADecompressor(format=lzma.FORMAT_AUTO)
+        done = 0
+        with path.open("rb") as src, partial.open("wb") as dst:
+            while not decomp.eof and (chunk := src.read(chunk_size)):
+                done += len(chunk)
+                # Bounded output per call: memory stays O(chunk_size) even for runs of zeros.
+                dst.write(decomp.decompress(chunk, max_length=_MAX_OUT))
+                while not decomp.eof and not decomp.needs_input:
+                    dst.write(decomp.decompress(b"", max_length=_MAX_OUT))
+                if progress is not None:
+                    progress(done)
+        if not decomp.eof:
+            raise ValueError(f"{path}: truncated LZMA stream (ended after {done} bytes)")
+        check_sqlite_file(partial)
+        if index:
+            create_client_index(partial)
+        os.replace(partial, out)
+    except lzma.LZMAError as exc:
+        raise ValueError(f"{path}: corrupt LZMA/XZ stream: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{path}: decompressed content is unusable: {exc}") from exc
+    finally:
+        partial.unlink(missing_ok=True)
+    return out
+
+
+def open_sqlite(
+    path: str | os.PathLike,
+    split: str = "train",
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    **kwargs: object,
+) -> SQLiteSplit:
+    """Open one split of a ``.sqlite`` file, decompressing a ``.lzma``/``.xz`` one first.
+
+    Extra keyword arguments go to :class:`SQLiteSplit`; ``cache_dir`` to
+    :func:`decompress_lzma`.
+    """
+    p = Path(path)
+    if p.suffix in (".lzma", ".xz"):
+        p = decompress_lzma(p, cache_dir=cache_dir)
+    return SQLiteSplit(p, split, **kwargs)  # type: ignore[arg-type]

@@ -3,7 +3,8 @@
 Readers give lazy per-client access through one interface, :class:`ClientSplit`
 (``client_ids``, ``num_examples``, ``client_examples``); nothing loads a whole split.
 
-* :mod:`~fedprivopt.data.tfexample`: ``tf.train.Example`` codec without TensorFlow.
+* :mod:`~fedprivopt.data.tfexample`, :mod:`~fedprivopt.data.tfexample_encode`: ``tf.train.Example``
+  decoder and encoder without TensorFlow.
 * :mod:`~fedprivopt.data.stackoverflow`: :class:`StackOverflowExample`, :class:`ClientSplit`.
 * :mod:`~fedprivopt.data.sqlite`: ``stackoverflow.sqlite``; :mod:`~fedprivopt.data.sqlite_lzma`:
   its ``.lzma`` download.
@@ -44,7 +45,8 @@ from fedprivopt.data.synthetic import (
     ensure_synthetic,
     generate,
 )
-from fedprivopt.data.tfexample import ProtoDecodeError, parse_example, serialize_example
+from fedprivopt.data.tfexample import ProtoDecodeError, parse_example
+from fedprivopt.data.tfexample_encode import serialize_example
 from fedprivopt.data.vocab import Vocabulary, read_tag_counts, read_word_counts
 
 __all__ = [

@@ -31,8 +31,8 @@ from fedprivopt.data.tfexample import (
     bytes_feature,
     int64_feature,
     parse_features_raw,
-    serialize_example,
 )
+from fedprivopt.data.tfexample_encode import serialize_example
 
 __all__ = [
     "FEATURES",

@@ -61,7 +61,7 @@ from fedprivopt.data.synthetic_model import (
     draw_chunk,
     parse_date,
 )
-from fedprivopt.data.tfexample import bytes_entry, feature_entry, wrap_feature_entries
+from fedprivopt.data.tfexample_encode import bytes_entry, feature_entry, wrap_feature_entries
 from fedprivopt.data.vocab import (
     TAG_COUNT_FILE,
     WORD_COUNT_FILE,

@@ -1,4 +1,4 @@
-"""A minimal ``tf.train.Example`` codec in pure Python (no TensorFlow, no protobuf runtime).
+"""A minimal ``tf.train.Example`` decoder in pure Python (no TensorFlow, no protobuf runtime).
 
 The TFF StackOverflow files store every example as a serialized ``tf.train.Example``. Only a
 handful of protobuf messages are involved, so they are decoded here straight from the wire
@@ -18,7 +18,8 @@ replaces the earlier one, a repeated embedded message merges into the earlier on
 ``oneof`` list twice concatenates; an empty second ``Feature`` changes nothing), and int64
 values are two's complement. Malformed input (truncated, a length running past its parent, an
 invalid wire type, an over-long varint, an unmatched group) raises :class:`ProtoDecodeError`, a
-:class:`ValueError`.
+:class:`ValueError`. The encoder (:func:`~fedprivopt.data.tfexample_encode.serialize_example`)
+is :mod:`fedprivopt.data.tfexample_encode`; both share :class:`Feature`.
 
 References
 ----------
@@ -29,32 +30,30 @@ References
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import NamedTuple
 
 __all__ = [
+    "MASK64",
+    "WIRE_LEN",
     "Feature",
     "ProtoDecodeError",
-    "bytes_entry",
     "bytes_feature",
-    "feature_entry",
     "float_feature",
     "int64_feature",
     "parse_example",
     "parse_features_raw",
-    "serialize_example",
-    "wrap_feature_entries",
 ]
 
 BYTES_LIST = "bytes_list"
 FLOAT_LIST = "float_list"
 INT64_LIST = "int64_list"
-_KIND_FIELD = {BYTES_LIST: 1, FLOAT_LIST: 2, INT64_LIST: 3}
 
-_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+# Wire types; WIRE_LEN and MASK64 are also the encoder's (fedprivopt.data.tfexample_encode).
+_WIRE_VARINT, _WIRE_I64, WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
 _WIRE_START_GROUP, _WIRE_END_GROUP = 3, 4
 _MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
-_MASK64 = (1 << 64) - 1
+MASK64 = (1 << 64) - 1
 _SIGN64 = 1 << 63
 
 
@@ -98,11 +97,6 @@ def int64_feature(values: Iterable[int]) -> Feature:
     return Feature(INT64_LIST, out)
 
 
-# --------------------------------------------------------------------------------------------
-# Decoding
-# --------------------------------------------------------------------------------------------
-
-
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     """Decode one varint starting at ``pos``; return ``(value, next_pos)``."""
     result = 0
@@ -114,7 +108,7 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
         pos += 1
         result |= (b & 0x7F) << shift
         if b < 0x80:
-            return result & _MASK64, pos
+            return result & MASK64, pos
         shift += 7
         if shift >= 70:
             raise ProtoDecodeError(f"varint longer than 10 bytes ending at byte {pos}")
@@ -152,7 +146,7 @@ def _skip(buf: bytes, pos: int, end: int, wire: int, field: int = 0, depth: int 
     """Skip the payload of unknown field ``field`` and return the next position."""
     if wire == _WIRE_VARINT:
         return _varint(buf, pos, end)[1]
-    if wire == _WIRE_LEN:
+    if wire == WIRE_LEN:
         return _length(buf, pos, end)[0]
     if wire == _WIRE_START_GROUP:  # deprecated groups: fields up to the matching end tag
         if depth >= _MAX_GROUP_DEPTH:
@@ -190,11 +184,11 @@ def _parse_list(buf: bytes, pos: int, end: int, kind: str) -> tuple:
         field, wire, pos = _tag(buf, pos, end)
         if field != 1:
             pos = _skip(buf, pos, end, wire, field)
-        elif kind == BYTES_LIST and wire == _WIRE_LEN:
+        elif kind == BYTES_LIST and wire == WIRE_LEN:
             stop, pos = _length(buf, pos, end)
             values.append(buf[pos:stop])
             pos = stop
-        elif kind == FLOAT_LIST and wire == _WIRE_LEN:
+        elif kind == FLOAT_LIST and wire == WIRE_LEN:
             stop, pos = _length(buf, pos, end)
             if (stop - pos) % 4:
                 raise ProtoDecodeError(f"packed float list of {stop - pos} bytes at byte {pos}")
@@ -205,7 +199,7 @@ def _parse_list(buf: bytes, pos: int, end: int, kind: str) -> tuple:
                 raise ProtoDecodeError(f"truncated float at byte {pos}")
             values.append(struct.unpack_from("<f", buf, pos)[0])
             pos += 4
-        elif kind == INT64_LIST and wire == _WIRE_LEN:
+        elif kind == INT64_LIST and wire == WIRE_LEN:
             stop, pos = _length(buf, pos, end)
             while pos < stop:
                 v, pos = _varint(buf, pos, stop)
@@ -233,7 +227,7 @@ def _parse_feature(
     while pos < end:
         field, wire, pos = _tag(buf, pos, end)
         kind = _KINDS.get(field)
-        if kind is None or wire != _WIRE_LEN:
+        if kind is None or wire != WIRE_LEN:
             if kind is not None:
                 raise ProtoDecodeError(f"Feature.{kind} has wire type {wire} at byte {pos}")
             pos = _skip(buf, pos, end, wire, field)
@@ -251,7 +245,7 @@ def _parse_entry(buf: bytes, pos: int, end: int) -> tuple[bytes, tuple[str, tupl
     value: tuple[str, tuple] | None = None
     while pos < end:
         field, wire, pos = _tag(buf, pos, end)
-        if field in (1, 2) and wire != _WIRE_LEN:
+        if field in (1, 2) and wire != WIRE_LEN:
             raise ProtoDecodeError(f"map entry field {field} has wire type {wire} at byte {pos}")
         if field == 1:
             stop, pos = _length(buf, pos, end)
@@ -320,7 +314,7 @@ def parse_features_raw(data: bytes) -> dict[bytes, tuple[str, tuple]]:
         if field != 1:
             pos = _skip(data, pos, end, wire, field)
             continue
-        if wire != _WIRE_LEN:
+        if wire != WIRE_LEN:
             raise ProtoDecodeError(f"Example.features has wire type {wire} at byte {pos}")
         fstop, pos = _length(data, pos, end)
         while pos < fstop:  # Features message; repeated occurrences merge
@@ -328,7 +322,7 @@ def parse_features_raw(data: bytes) -> dict[bytes, tuple[str, tuple]]:
             if ffield != 1:
                 pos = _skip(data, pos, fstop, fwire, ffield)
                 continue
-            if fwire != _WIRE_LEN:
+            if fwire != WIRE_LEN:
                 raise ProtoDecodeError(f"Features.feature has wire type {fwire} at byte {pos}")
             estop, pos = _length(data, pos, fstop)
             parsed = _parse_entry_fast(data, pos, estop)
@@ -365,139 +359,3 @@ def parse_example(data: bytes) -> dict[str, Feature]:
             raise ProtoDecodeError(f"feature name {key[:40]!r} is not UTF-8") from exc
         out[name] = Feature(kind, values)
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Encoding
-# --------------------------------------------------------------------------------------------
-
-
-_SMALL = [bytes((i,)) for i in range(0x80)]
-
-
-def _encode_varint(v: int) -> bytes:
-    if 0 <= v < 0x80:
-        return _SMALL[v]
-    v &= _MASK64
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-_VARINTS = [_encode_varint(i) for i in range(1 << 14)]  # lengths below 16 KiB: table lookup
-
-
-def _len_field(field: int, payload: bytes) -> bytes:
-    n = len(payload)
-    prefix = _VARINTS[n] if n < len(_VARINTS) else _encode_varint(n)
-    return b"".join((_encode_varint((field << 3) | _WIRE_LEN), prefix, payload))
-
-
-def _as_feature(name: str, value: object) -> Feature:
-    """Coerce a plain Python value to a :class:`Feature` (see :func:`serialize_example`)."""
-    if isinstance(value, Feature):
-        return value
-    if isinstance(value, (bytes, str)):
-        return bytes_feature([value])
-    if isinstance(value, bool):
-        raise TypeError(f"feature {name!r}: bool values are ambiguous, use int64_feature")
-    if isinstance(value, int):
-        return int64_feature([value])
-    if isinstance(value, float):
-        return float_feature([value])
-    values = list(value)  # type: ignore[call-overload]
-    if not values:
-        raise TypeError(f"feature {name!r}: empty list is ambiguous, use bytes_feature([]) etc.")
-    first = values[0]
-    if isinstance(first, (bytes, str)):
-        return bytes_feature(values)
-    if isinstance(first, float):
-        return float_feature(values)
-    if isinstance(first, int) and not isinstance(first, bool):
-        return int64_feature(values)
-    raise TypeError(f"feature {name!r}: cannot encode values of type {type(first).__name__}")
-
-
-def _encode_feature(feature: Feature) -> bytes:
-    if feature.kind == BYTES_LIST:
-        body = b"".join(_len_field(1, v) for v in feature.values)
-    elif feature.kind == FLOAT_LIST:
-        body = _len_field(1, struct.pack(f"<{len(feature.values)}f", *feature.values))
-    elif feature.kind == INT64_LIST:
-        body = _len_field(1, b"".join(_encode_varint(v) for v in feature.values))
-    else:
-        raise ValueError(f"unknown feature kind {feature.kind!r}")
-    if feature.kind != BYTES_LIST and not feature.values:
-        body = b""  # an empty packed list is not written at all
-    return _len_field(_KIND_FIELD[feature.kind], body)
-
-
-def feature_entry(name: str, value: object) -> bytes:
-    """Return one serialized ``Features.feature`` map entry, field tag included.
-
-    Concatenated entries wrapped by :func:`wrap_feature_entries` form an ``Example``; this lets
-    writers precompute entries shared by many examples (the generator does so).
-
-    Parameters
-    ----------
-    name : str
-        Feature name.
-    value : Feature, bytes, str, int, float or a non-empty list of one of those
-        The feature; plain values are coerced as in :func:`serialize_example`.
-
-    Returns
-    -------
-    bytes
-        The encoded map entry.
-    """
-    entry = _len_field(1, name.encode("utf-8")) + _len_field(
-        2, _encode_feature(_as_feature(name, value))
-    )
-    return _len_field(1, entry)
-
-
-_KEYS: dict[str, bytes] = {}
-
-
-def bytes_entry(name: str, value: bytes) -> bytes:
-    """Fast path of :func:`feature_entry` for a ``bytes_list`` holding the single ``value``."""
-    key = _KEYS.get(name)
-    if key is None:
-        raw = name.encode("utf-8")
-        key = _KEYS.setdefault(name, b"\x0a" + _encode_varint(len(raw)) + raw)
-    n = len(value)
-    table = _VARINTS
-    if n + len(key) + 16 >= len(table):
-        return feature_entry(name, Feature(BYTES_LIST, (value,)))
-    ln = table[n]
-    bl = 1 + len(ln) + n  # BytesList
-    lbl = table[bl]
-    feat = 1 + len(lbl) + bl  # Feature
-    lfeat = table[feat]
-    entry = len(key) + 1 + len(lfeat) + feat
-    return b"".join((b"\x0a", table[entry], key, b"\x12", lfeat, b"\x0a", lbl, b"\x0a", ln, value))
-
-
-def wrap_feature_entries(entries: bytes) -> bytes:
-    """Wrap concatenated :func:`feature_entry` outputs into a serialized ``Example``."""
-    return _len_field(1, entries)
-
-
-def serialize_example(features: Mapping[str, object]) -> bytes:
-    """Serialize a ``tf.train.Example``.
-
-    Parameters
-    ----------
-    features : mapping of str to value
-        Each value is a :class:`Feature`, or is coerced: ``bytes``/``str`` (and lists of them)
-        become ``bytes_list``, ``int`` become ``int64_list``, ``float`` become ``float_list``.
-
-    Returns
-    -------
-    bytes
-        The serialized message (map entries in the mapping's order).
-    """
-    return wrap_feature_entries(b"".join(feature_entry(k, v) for k, v in features.items()))

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from fedprivopt.data.fast_example import text_fields_decoder
 from fedprivopt.data.stackoverflow import StackOverflowExample, decode_example, encode_example
-from fedprivopt.data.tfexample import bytes_entry, serialize_example, wrap_feature_entries
+from fedprivopt.data.tfexample_encode import bytes_entry, serialize_example, wrap_feature_entries
 
 decode = text_fields_decoder()
 pytestmark = pytest.mark.skipif(decode is None, reason="protobuf not installed")

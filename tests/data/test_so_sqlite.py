@@ -19,7 +19,7 @@ from fedprivopt.data.sqlite import (
 )
 from fedprivopt.data.sqlite_lzma import decompress_lzma, open_sqlite
 from fedprivopt.data.stackoverflow import encode_example
-from fedprivopt.data.tfexample import serialize_example
+from fedprivopt.data.tfexample_encode import serialize_example
 
 
 def _digest(path):

@@ -10,12 +10,14 @@ from fedprivopt.data.stackoverflow import decode_example, encode_example
 from fedprivopt.data.tfexample import (
     Feature,
     ProtoDecodeError,
-    bytes_entry,
     bytes_feature,
-    feature_entry,
     float_feature,
     int64_feature,
     parse_example,
+)
+from fedprivopt.data.tfexample_encode import (
+    bytes_entry,
+    feature_entry,
     serialize_example,
     wrap_feature_entries,
 )

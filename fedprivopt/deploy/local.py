@@ -17,7 +17,8 @@ register one key per SuperNode (``flwr supernode register``; node authentication
 start ``flower-supernode`` × N with ``--node-config "partition-id=i num-partitions=N"``; wait
 until ``flwr supernode ls`` shows them online; ``flwr run <app> <connection> --run-config
 <file>``; follow the run with ``flwr log --stream`` (it ends when the run ends) until
-``summary.json`` appears; stop everything.
+``summary.json`` appears; stop everything. How it talks to what it started (the processes'
+environment, the ``flwr`` CLI, the waits) is :mod:`fedprivopt.deploy.session`.
 """
 
 from __future__ import annotations
@@ -28,22 +29,31 @@ import json
 import math
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.deploy.processes import ProcessSet
 from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
     app_config_defaults,
     parse_fault_users,
     run_config_from_flower,
     to_flower_overrides,
+)
+from fedprivopt.deploy.session import (
+    CONNECTION,
+    HOST,
+    Deployment,
+    Progress,
+    executable,
+    follow,
+    free_ports,
+    wait_nodes,
+    wait_port,
+    write_connection,
 )
 from fedprivopt.deploy.tls import make_node_key, make_tls_files
 from fedprivopt.deploy.workdir import make_workdir
@@ -62,38 +72,10 @@ __all__ = ["CONNECTION", "REPO_ROOT", "deploy_local", "stage_app"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The Flower app this package belongs to (the repository root, with ``pyproject.toml``)."""
 
-CONNECTION = "fedprivopt-local"
-HOST = "127.0.0.1"
 _LOG_DIR = "deploy"
-Progress = Callable[[str], None]
 
 
-# -- helpers ---------------------------------------------------------------------------------------
-
-
-def _executable(name: str) -> str:
-    """A Flower command from this interpreter's environment (else from PATH)."""
-    local = Path(sys.executable).parent / name
-    if local.is_file() and os.access(local, os.X_OK):
-        return str(local)
-    found = shutil.which(name)
-    if found is None:
-        raise RuntimeError(f"{name} not found (is flwr installed in this environment?)")
-    return found
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while choosing)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+# -- the app ---------------------------------------------------------------------------------------
 
 
 def _prune(rel_dir: str, name: str, ignore) -> bool:
@@ -147,180 +129,6 @@ def _write_run_config(path: Path, overrides: Mapping[str, Any]) -> Path:
             raise ValueError(f"run config values must be finite, got {value!r}")
     path.write_text(to_toml(overrides), encoding="utf-8")
     return path
-
-
-def _write_connection(flwr_home: Path, port: int, ca_cert: Path | None) -> None:
-    lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]"]
-    lines.append(f'address = "{HOST}:{port}"')
-    if ca_cert is None:
-        lines.append("insecure = true")
-    else:
-        lines.append(f"root-certificates = {json.dumps(str(ca_cert))}")
-    flwr_home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
-
-
-def _json_tail(text: str) -> Any:
-    start = text.find("{")
-    if start < 0:
-        raise ValueError("no JSON object in the output")
-    return json.loads(text[start:])
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-class _Deployment:
-    """State of one :func:`deploy_local` call (kept together for cleanup)."""
-
-    def __init__(self, workdir: Path, log_dir: Path, progress: Progress | None) -> None:
-        self.workdir = workdir
-        self.log_dir = log_dir
-        self.progress = progress
-        self.flwr_home = workdir / "flwr-home"
-        bin_dir = str(Path(sys.executable).parent)
-        env = dict(os.environ)
-        env.update(
-            PATH=bin_dir + os.pathsep + env.get("PATH", ""),
-            FLWR_HOME=str(self.flwr_home),
-            FLWR_TELEMETRY_ENABLED=env.get("FLWR_TELEMETRY_ENABLED", "0"),
-            FLWR_DISABLE_UPDATE_CHECK=env.get("FLWR_DISABLE_UPDATE_CHECK", "1"),
-            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-            PYTHONUNBUFFERED="1",
-        )
-        self.procs = ProcessSet(env, log_dir)
-
-    def say(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress(text)
-
-    def flwr(self, *args: str, timeout: float = 120.0) -> Any:
-        """Run the ``flwr`` CLI with ``--format json``; returns the parsed JSON."""
-        argv = [_executable("flwr"), *args, "--format", "json"]
-        try:
-            done = subprocess.run(
-                argv,
-                env=self.procs.env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(
-                f"`flwr {' '.join(args)}` did not answer within {timeout:g} s"
-            ) from None
-        try:
-            result = _json_tail(done.stdout)
-        except ValueError:
-            result = {"success": False, "error-message": (done.stdout + done.stderr).strip()}
-        if not result.get("success", False):
-            message = result.get("error-message", done.stdout + done.stderr)
-            raise RuntimeError(f"`flwr {' '.join(args)}` failed: {message}")
-        return result
-
-    def check_alive(self) -> None:
-        """Raise if the SuperLink or a SuperNode has exited."""
-        dead = self.procs.dead(("superlink", "supernode"))
-        if dead:
-            role, code, log = dead[0]
-            raise RuntimeError(f"{role} exited with code {code}; its log ({log}):\n{_tail(log)}")
-
-
-def _wait_port(dep: _Deployment, port: int, deadline: float) -> None:
-    while True:
-        dep.check_alive()
-        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1.0):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the SuperLink did not open {HOST}:{port} in time")
-        time.sleep(0.2)
-
-
-def _wait_nodes(dep: _Deployment, nodes: int, deadline: float) -> None:
-    """Wait until ``flwr supernode ls`` shows ``nodes`` SuperNodes online.
-
-    The CLI costs a second or two of CPU per call, so it is asked only once the SuperLink's log
-    shows that many activations (or after 20 s, should that log line ever change).
-    """
-    first_ask = time.monotonic() + 20.0
-    link_log = dep.procs.log_path("superlink")
-    while True:
-        dep.check_alive()
-        try:
-            activated = link_log.read_text(errors="replace").count("Activated node_id")
-        except OSError:
-            activated = 0
-        if activated >= nodes or time.monotonic() > first_ask:
-            remaining = max(5.0, deadline - time.monotonic())
-            listing = dep.flwr("supernode", "ls", CONNECTION, timeout=remaining)
-            online = [n for n in listing.get("nodes", []) if n.get("status") == "online"]
-            if len(online) >= nodes:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(online)} of {nodes} SuperNodes came online in time")
-            time.sleep(1.0)
-        elif time.monotonic() > deadline:
-            raise TimeoutError(f"the {nodes} SuperNodes did not come online in time")
-        else:
-            time.sleep(0.3)
-
-
-def _follow(dep: _Deployment, out: Path, run_id: str, deadline: float) -> None:
-    """Wait for ``summary.json``; report rows; fail early if the run ends without one."""
-    stream = dep.procs.start(
-        "flwr-log",
-        [_executable("flwr"), "log", run_id, CONNECTION, "--stream"],
-        "serverapp",
-    )
-    summary = out / "summary.json"
-    metrics = out / "metrics.jsonl"
-    reported = 0
-    while True:
-        if metrics.exists():
-            lines = metrics.read_text().splitlines(keepends=True)
-            for line in lines[reported:]:
-                if not line.endswith("\n"):
-                    break  # being written
-                reported += 1
-                with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    row = json.loads(line)
-                    shown = ", ".join(
-                        f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row
-                    )
-                    dep.say(f"round {row['round']}: {shown}, epsilon={row['epsilon']:.4g}")
-        if summary.exists():
-            return
-        if stream.poll() is not None:
-            # the log stream ends when the run does: give the summary a moment, then ask
-            time.sleep(1.0)
-            if summary.exists():
-                return
-            runs = dep.flwr("ls", CONNECTION, "--run-id", run_id).get("runs", [])
-            status = runs[0].get("status") if runs else "unknown"
-            details = runs[0].get("status-details") if runs else ""
-            if not str(status).startswith("finished"):
-                stream = dep.procs.start(
-                    "flwr-log",
-                    [_executable("flwr"), "log", run_id, CONNECTION, "--stream"],
-                    "serverapp",
-                )
-            else:
-                raise RuntimeError(
-                    f"run {run_id} ended ({status}: {details}) without writing {summary}; "
-                    f"ServerApp log:\n{_tail(dep.procs.log_path('serverapp'))}"
-                )
-        dep.check_alive()
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"run {run_id} did not finish within the timeout; ServerApp log:\n"
-                f"{_tail(dep.procs.log_path('serverapp'))}"
-            )
-        time.sleep(0.25)
 
 
 # -- the entry point -------------------------------------------------------------------------------
@@ -433,7 +241,7 @@ def deploy_local(
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = make_workdir()
     try:
-        dep = _Deployment(workdir, log_dir, progress)
+        dep = Deployment(workdir, log_dir, progress)
         # if this process is killed, the watchdog stops the deployment's processes (they carry
         # its tag, or are our descendants) and removes the working directory with its keys
         watchdog = Watchdog(marker=dep.procs.marker, paths=[workdir], tree=True)
@@ -458,7 +266,7 @@ def deploy_local(
 
 
 def _run(
-    dep: _Deployment,
+    dep: Deployment,
     nodes: int,
     tls: bool,
     node_auth: bool,
@@ -471,10 +279,10 @@ def _run(
     staged = stage_app(app, workdir / "app" / "fedprivopt")
     run_config = _write_run_config(workdir / "run-config.toml", flower_overrides)
     files = make_tls_files(workdir / "tls") if tls else None
-    link_port, *node_ports = _free_ports(1 + nodes)
-    _write_connection(dep.flwr_home, link_port, files.ca_cert if files else None)
+    link_port, *node_ports = free_ports(1 + nodes)
+    write_connection(dep.flwr_home, link_port, files.ca_cert if files else None)
 
-    link = [_executable("flower-superlink"), "--host", HOST, "--port", str(link_port)]
+    link = [executable("flower-superlink"), "--host", HOST, "--port", str(link_port)]
     link += ["--disable-runtime-dependency-installation"]
     if files is None:
         link += ["--insecure"]
@@ -485,7 +293,7 @@ def _run(
         link += ["--enable-supernode-auth"]
     dep.say(f"starting the SuperLink on {HOST}:{link_port} ({'TLS' if tls else 'insecure'})")
     dep.procs.start("superlink", link, "superlink")
-    _wait_port(dep, link_port, deadline)
+    wait_port(dep, link_port, deadline)
 
     keys = []
     if node_auth:
@@ -494,7 +302,7 @@ def _run(
             dep.flwr("supernode", "register", str(key.public_key), CONNECTION)
             keys.append(key)
     for i, port in enumerate(node_ports):
-        argv = [_executable("flower-supernode"), "--superlink", f"{HOST}:{link_port}"]
+        argv = [executable("flower-supernode"), "--superlink", f"{HOST}:{link_port}"]
         argv += ["--host", HOST, "--port", str(port)]
         argv += ["--node-config", f"partition-id={i} num-partitions={nodes}"]
         if files is None:
@@ -513,13 +321,13 @@ def _run(
             argv += ["--auth-supernode-private-key", str(keys[i].private_key)]
         dep.procs.start("supernode", argv, f"supernode-{i}")
     dep.say(f"started {nodes} SuperNodes; waiting until they are online")
-    _wait_nodes(dep, nodes, deadline)
+    wait_nodes(dep, nodes, deadline)
 
     dep.say("submitting the run (flwr run)")
     started = dep.flwr("run", str(staged), CONNECTION, "--run-config", str(run_config))
     run_id = str(started["run-id"])
     dep.say(f"run {run_id} started; results in {out}")
-    _follow(dep, out, run_id, deadline)
+    follow(dep, out, run_id, deadline)
     # the summary is written last; let the ServerApp finish and its log stream close
     with contextlib.suppress(Exception):
         end = min(deadline, time.monotonic() + 15.0)

@@ -1,0 +1,248 @@
+"""One running local deployment: its processes' environment, the ``flwr`` CLI, and the waits.
+
+:func:`~fedprivopt.deploy.local.deploy_local` decides what runs (the staged app, its run config,
+the order of the steps); this module is how it talks to what it started: a :class:`Deployment`
+holds the environment every Flower process gets (a private ``FLWR_HOME`` with the connection
+that :func:`write_connection` writes, telemetry and update checks off) and their
+:class:`~fedprivopt.deploy.processes.ProcessSet`, runs ``flwr ... --format json``
+(:meth:`Deployment.flwr`), and fails as soon as the SuperLink or a SuperNode exits
+(:meth:`Deployment.check_alive`). :func:`wait_port`, :func:`wait_nodes` and :func:`follow` wait
+for the SuperLink's port, for the SuperNodes to be online and for the run's ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.deploy.processes import ProcessSet
+
+__all__ = [
+    "CONNECTION",
+    "HOST",
+    "Deployment",
+    "Progress",
+    "executable",
+    "follow",
+    "free_ports",
+    "wait_nodes",
+    "wait_port",
+    "write_connection",
+]
+
+CONNECTION = "fedprivopt-local"
+"""The name of the SuperLink connection in the deployment's ``FLWR_HOME/config.toml``."""
+HOST = "127.0.0.1"
+"""Every process of a local deployment binds this address."""
+Progress = Callable[[str], None]
+
+
+def executable(name: str) -> str:
+    """A Flower command from this interpreter's environment (else from PATH)."""
+    local = Path(sys.executable).parent / name
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found (is flwr installed in this environment?)")
+    return found
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while choosing)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def write_connection(flwr_home: Path, port: int, ca_cert: Path | None) -> None:
+    """Write ``flwr_home/config.toml``: the connection :data:`CONNECTION` to the SuperLink."""
+    lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]"]
+    lines.append(f'address = "{HOST}:{port}"')
+    if ca_cert is None:
+        lines.append("insecure = true")
+    else:
+        lines.append(f"root-certificates = {json.dumps(str(ca_cert))}")
+    flwr_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+
+def _json_tail(text: str) -> Any:
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no JSON object in the output")
+    return json.loads(text[start:])
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Deployment:
+    """State of one :func:`~fedprivopt.deploy.local.deploy_local` call, kept for the cleanup."""
+
+    def __init__(self, workdir: Path, log_dir: Path, progress: Progress | None) -> None:
+        self.workdir = workdir
+        self.log_dir = log_dir
+        self.progress = progress
+        self.flwr_home = workdir / "flwr-home"
+        bin_dir = str(Path(sys.executable).parent)
+        env = dict(os.environ)
+        env.update(
+            PATH=bin_dir + os.pathsep + env.get("PATH", ""),
+            FLWR_HOME=str(self.flwr_home),
+            FLWR_TELEMETRY_ENABLED=env.get("FLWR_TELEMETRY_ENABLED", "0"),
+            FLWR_DISABLE_UPDATE_CHECK=env.get("FLWR_DISABLE_UPDATE_CHECK", "1"),
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+            PYTHONUNBUFFERED="1",
+        )
+        self.procs = ProcessSet(env, log_dir)
+
+    def say(self, text: str) -> None:
+        """Report one step to the caller's ``progress`` callback, if any."""
+        if self.progress is not None:
+            self.progress(text)
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> Any:
+        """Run the ``flwr`` CLI with ``--format json``; returns the parsed JSON."""
+        argv = [executable("flwr"), *args, "--format", "json"]
+        try:
+            done = subprocess.run(
+                argv,
+                env=self.procs.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"`flwr {' '.join(args)}` did not answer within {timeout:g} s"
+            ) from None
+        try:
+            result = _json_tail(done.stdout)
+        except ValueError:
+            result = {"success": False, "error-message": (done.stdout + done.stderr).strip()}
+        if not result.get("success", False):
+            message = result.get("error-message", done.stdout + done.stderr)
+            raise RuntimeError(f"`flwr {' '.join(args)}` failed: {message}")
+        return result
+
+    def check_alive(self) -> None:
+        """Raise if the SuperLink or a SuperNode has exited."""
+        dead = self.procs.dead(("superlink", "supernode"))
+        if dead:
+            role, code, log = dead[0]
+            raise RuntimeError(f"{role} exited with code {code}; its log ({log}):\n{_tail(log)}")
+
+
+def wait_port(dep: Deployment, port: int, deadline: float) -> None:
+    """Wait until the SuperLink accepts connections on ``port``."""
+    while True:
+        dep.check_alive()
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1.0):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the SuperLink did not open {HOST}:{port} in time")
+        time.sleep(0.2)
+
+
+def wait_nodes(dep: Deployment, nodes: int, deadline: float) -> None:
+    """Wait until ``flwr supernode ls`` shows ``nodes`` SuperNodes online.
+
+    The CLI costs a second or two of CPU per call, so it is asked only once the SuperLink's log
+    shows that many activations (or after 20 s, should that log line ever change).
+    """
+    first_ask = time.monotonic() + 20.0
+    link_log = dep.procs.log_path("superlink")
+    while True:
+        dep.check_alive()
+        try:
+            activated = link_log.read_text(errors="replace").count("Activated node_id")
+        except OSError:
+            activated = 0
+        if activated >= nodes or time.monotonic() > first_ask:
+            remaining = max(5.0, deadline - time.monotonic())
+            listing = dep.flwr("supernode", "ls", CONNECTION, timeout=remaining)
+            online = [n for n in listing.get("nodes", []) if n.get("status") == "online"]
+            if len(online) >= nodes:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(online)} of {nodes} SuperNodes came online in time")
+            time.sleep(1.0)
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"the {nodes} SuperNodes did not come online in time")
+        else:
+            time.sleep(0.3)
+
+
+def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
+    """Wait for ``summary.json``; report rows; fail early if the run ends without one."""
+    stream = dep.procs.start(
+        "flwr-log",
+        [executable("flwr"), "log", run_id, CONNECTION, "--stream"],
+        "serverapp",
+    )
+    summary = out / "summary.json"
+    metrics = out / "metrics.jsonl"
+    reported = 0
+    while True:
+        if metrics.exists():
+            lines = metrics.read_text().splitlines(keepends=True)
+            for line in lines[reported:]:
+                if not line.endswith("\n"):
+                    break  # being written
+                reported += 1
+                with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    row = json.loads(line)
+                    shown = ", ".join(
+                        f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row
+                    )
+                    dep.say(f"round {row['round']}: {shown}, epsilon={row['epsilon']:.4g}")
+        if summary.exists():
+            return
+        if stream.poll() is not None:
+            # the log stream ends when the run does: give the summary a moment, then ask
+            time.sleep(1.0)
+            if summary.exists():
+                return
+            runs = dep.flwr("ls", CONNECTION, "--run-id", run_id).get("runs", [])
+            status = runs[0].get("status") if runs else "unknown"
+            details = runs[0].get("status-details") if runs else ""
+            if not str(status).startswith("finished"):
+                stream = dep.procs.start(
+                    "flwr-log",
+                    [executable("flwr"), "log", run_id, CONNECTION, "--stream"],
+                    "serverapp",
+                )
+            else:
+                raise RuntimeError(
+                    f"run {run_id} ended ({status}: {details}) without writing {summary}; "
+                    f"ServerApp log:\n{_tail(dep.procs.log_path('serverapp'))}"
+                )
+        dep.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"run {run_id} did not finish within the timeout; ServerApp log:\n"
+                f"{_tail(dep.procs.log_path('serverapp'))}"
+            )
+        time.sleep(0.25)

@@ -12,14 +12,16 @@ and :func:`initial_flat` give the flat layout and initial point of a task's mode
 (:mod:`~fedprivopt.models.side_information`).
 """
 
-from fedprivopt.models.next_word import NextWordLSTM, StackOverflowNextWordTask
+from fedprivopt.models.next_word import StackOverflowNextWordTask
+from fedprivopt.models.next_word_model import NextWordLSTM
 from fedprivopt.models.registry import build_task, register_task, task_names
 from fedprivopt.models.side_information import (
     public_users_preconditioner,
     token_frequency_preconditioner,
     two_level_preconditioner,
 )
-from fedprivopt.models.tag_prediction import BagOfWordsLogisticRegression, StackOverflowTagTask
+from fedprivopt.models.tag_prediction import StackOverflowTagTask
+from fedprivopt.models.tag_prediction_model import BagOfWordsLogisticRegression
 from fedprivopt.models.task import (
     Task,
     frozen_mask,

@@ -5,47 +5,14 @@ task [1]_ used by the adaptive federated optimization papers [2]_ on the TFF Sta
 (real or synthetic, :mod:`fedprivopt.data`): predict every next word of an example's ``tokens``
 (one sentence) from the words before it.
 
-Token ids (TFF's convention)
-----------------------------
-With ``V`` the number of vocabulary words (the top ``V`` of ``stackoverflow.word_count``):
-
-======  ==============  ===============================================
-id      token           note
-======  ==============  ===============================================
-0       pad             fills sequences shorter than ``seq_len + 1``
-1..V    the words       word of popularity rank ``r`` (0-based) is ``r + 1``
-V + 1   oov             every out-of-vocabulary word (one bucket)
-V + 2   bos             beginning of sentence, first input of every example
-V + 3   eos             end of sentence
-======  ==============  ===============================================
-
-so the model scores ``V + 4`` tokens (:func:`special_tokens`). An example's ``tokens`` string is
-split on whitespace, cut to its first ``seq_len`` words and mapped to ids; ``eos`` is appended
-only when fewer than ``seq_len`` words remain, ``bos`` is prepended, and the sequence is padded
-to ``seq_len + 1`` ids. The input is ``x = ids[:-1]`` and the target ``y = ids[1:]`` (both of
-length ``seq_len``, 20 by default): exactly TFF's ``to_ids``, ``padded_batch`` and
-``split_input_target``. ``bos`` never occurs as a target, ``pad`` only after the sentence. Per
-user at most ``max_examples_per_user`` examples are read (the first ones in file order; TFF's
-``max_elements_per_user``, 1,000 in its experiments).
-
-Model
------
-:class:`NextWordLSTM` is TFF's ``create_recurrent_model``: ``Embedding(V + 4, e)`` ->
-``LSTM(h)`` (one layer, all time steps) -> ``Linear(h, e)`` (no activation) ->
-``Linear(e, V + 4)`` logits, with ``e = 96`` and ``h = 670`` by default. Initialization follows
-Keras' defaults, as in TFF, drawn from a generator keyed by the task's seed: embedding
-``U(-0.05, 0.05)``, LSTM input weights Glorot-uniform, recurrent weights orthogonal, forget-gate
-bias 1 and other biases 0, dense weights Glorot-uniform with zero biases.
-
-Parameters (:func:`parameter_count`): with ``W = V + 4``,
-``W e + 4 h (e + h) + 8 h + (h e + e) + (e W + W)``. PyTorch's LSTM has two bias vectors
-(``bias_ih`` and ``bias_hh``) where Keras has one, so the count is ``4 h`` larger than TFF's:
-**4,053,428** at ``V = 10,000`` against TFF's 4,050,748 (``keras=True``). The redundant bias
-(its sum is what matters) is kept because it is PyTorch's (and cuDNN's) layout; only
-``bias_ih`` carries the forget-gate 1. The module has no buffers, so its state dict is its
-parameters: ``embedding.weight``, ``lstm.{weight_ih,weight_hh,bias_ih,bias_hh}_l0``,
-``projection.{weight,bias}``, ``output.{weight,bias}`` in that order (the flat layout of
-:func:`fedprivopt.models.model_spec`).
+This module holds the task: its parameters, per-user data, loss and evaluation. The token ids
+(``pad = 0``, the words ``1..V``, ``oov``, ``bos``, ``eos``) and the encoding of a sentence into
+inputs and next-word targets of length ``seq_len`` are in
+:mod:`~fedprivopt.models.next_word_tokens`; the model (:class:`NextWordLSTM`, TFF's
+``create_recurrent_model`` with Keras' initialization), its parameter count and its hit counts
+are in :mod:`~fedprivopt.models.next_word_model`. Per user at most ``max_examples_per_user``
+examples are read (the first ones in file order; TFF's ``max_elements_per_user``, 1,000 in its
+experiments).
 
 Loss and metrics
 ----------------
@@ -81,7 +48,6 @@ import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -94,103 +60,18 @@ from fedprivopt.data.synthetic import (
     SyntheticConfig,
 )
 from fedprivopt.data.vocab import WORD_COUNT_FILE, read_word_counts
+from fedprivopt.models.next_word_model import NextWordLSTM, next_word_counts, parameter_count
+from fedprivopt.models.next_word_tokens import PAD, encode_sentences, special_tokens
 
 # Shared with the tag task: both may build from the same directory and take the same lock.
 from fedprivopt.models.stackoverflow_files import StackOverflowFiles
 from fedprivopt.models.task import model_device
 from fedprivopt.privacy.rng import derive_seed
 
-__all__ = [
-    "NextWordLSTM",
-    "SpecialTokens",
-    "StackOverflowNextWordTask",
-    "encode_sentences",
-    "next_word_counts",
-    "parameter_count",
-    "special_tokens",
-    "to_ids",
-]
+__all__ = ["StackOverflowNextWordTask"]
 
-PAD = 0
 _EVAL_LOGITS = 1 << 24  # logits per evaluation forward pass (64 MiB of float32)
 _EVAL_MAX_BATCH = 1024
-_EMBEDDING_INIT = 0.05  # Keras' Embedding default: uniform(-0.05, 0.05)
-
-
-# ----------------------------------------------------------------------------- token ids
-class SpecialTokens(NamedTuple):
-    """Ids of the special tokens for a vocabulary of ``V`` words (see the module docstring).
-
-    Attributes
-    ----------
-    pad, oov, bos, eos : int
-        ``0``, ``V + 1``, ``V + 2`` and ``V + 3``.
-    """
-
-    pad: int
-    oov: int
-    bos: int
-    eos: int
-
-
-def special_tokens(vocab_size: int) -> SpecialTokens:
-    """The special-token ids for ``vocab_size`` words; the model scores ``vocab_size + 4``."""
-    v = check_int("vocab_size", vocab_size, 1)
-    return SpecialTokens(pad=PAD, oov=v + 1, bos=v + 2, eos=v + 3)
-
-
-def to_ids(tokens: str, word_index: dict[str, int], *, seq_len: int) -> list[int]:
-    """Ids of one sentence: ``[bos] + words[:seq_len] (+ [eos])``, unpadded.
-
-    Parameters
-    ----------
-    tokens : str
-        The example's space-separated words.
-    word_index : dict of str to int
-        Word to id in ``[1, V]`` with ``V = len(word_index)``; any other word is oov (``V + 1``).
-    seq_len : int
-        Words kept, ``>= 1``; ``eos`` is appended only when the sentence has fewer (TFF's rule),
-        so the result has at most ``seq_len + 1`` ids.
-
-    Returns
-    -------
-    list of int
-    """
-    seq_len = check_int("seq_len", seq_len, 1)
-    specials = special_tokens(len(word_index))
-    words = tokens.split()[:seq_len]
-    ids = [specials.bos, *(word_index.get(w, specials.oov) for w in words)]
-    if len(words) < seq_len:
-        ids.append(specials.eos)
-    return ids
-
-
-def encode_sentences(
-    sentences: Sequence[str], word_index: dict[str, int], *, seq_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encode sentences as padded inputs and next-word targets.
-
-    Parameters
-    ----------
-    sentences : sequence of str
-        The ``tokens`` strings, one per example.
-    word_index : dict of str to int
-        Word to id in ``[1, V]`` (see :func:`to_ids`).
-    seq_len : int
-        Sequence length ``>= 1``.
-
-    Returns
-    -------
-    x, y : torch.Tensor
-        ``int64`` ``(n, seq_len)`` each: ``ids[:-1]`` and ``ids[1:]`` of the ids of
-        :func:`to_ids` padded with ``0`` to ``seq_len + 1``.
-    """
-    seq_len = check_int("seq_len", seq_len, 1)
-    ids = torch.zeros(len(sentences), seq_len + 1, dtype=torch.int64)
-    for i, sentence in enumerate(sentences):
-        row = to_ids(sentence, word_index, seq_len=seq_len)
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
-    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
 def _trim(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,134 +81,6 @@ def _trim(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     cols = torch.nonzero((y != PAD).any(dim=0))
     width = int(cols.max()) + 1 if cols.numel() else 1
     return x[:, :width], y[:, :width]
-
-
-def next_word_counts(logits: torch.Tensor, y: torch.Tensor, *, vocab_size: int) -> dict[str, float]:
-    """Summed (not averaged) top-1 hits and target counts of ``logits`` against targets ``y``.
-
-    Parameters
-    ----------
-    logits : torch.Tensor
-        ``(n, T, V + 4)``.
-    y : torch.Tensor
-        ``int64`` targets ``(n, T)`` with the ids of :func:`special_tokens` ``(vocab_size)``.
-    vocab_size : int
-        ``V``, the number of vocabulary words.
-
-    Returns
-    -------
-    dict
-        ``"tokens"``/``"correct"`` over non-pad targets, ``"tokens_no_oov"``/``"correct_no_oov"``
-        over targets that are neither pad nor oov, ``"tokens_no_oov_eos"``/
-        ``"correct_no_oov_eos"`` over targets that are not pad, oov or eos.
-    """
-    specials = special_tokens(vocab_size)
-    hit = logits.argmax(dim=-1) == y
-    valid = y != specials.pad
-    no_oov = valid & (y != specials.oov)
-    no_oov_eos = no_oov & (y != specials.eos)
-    return {
-        "tokens": float(valid.sum()),
-        "correct": float((hit & valid).sum()),
-        "tokens_no_oov": float(no_oov.sum()),
-        "correct_no_oov": float((hit & no_oov).sum()),
-        "tokens_no_oov_eos": float(no_oov_eos.sum()),
-        "correct_no_oov_eos": float((hit & no_oov_eos).sum()),
-    }
-
-
-def parameter_count(
-    vocab_size: int = 10_000,
-    embedding_dim: int = 96,
-    hidden_size: int = 670,
-    *,
-    keras: bool = False,
-) -> int:
-    """Parameters of :class:`NextWordLSTM` for ``V`` words (``keras=True``: TFF's Keras count).
-
-    ``W e + 4 h (e + h) + 8 h + h e + e + e W + W`` with ``W = V + 4``; Keras' LSTM has one bias
-    vector, ``4 h`` fewer parameters. Defaults: 4,053,428 (Keras: 4,050,748).
-    """
-    w, e, h = vocab_size + 4, embedding_dim, hidden_size
-    lstm_biases = 4 * h if keras else 8 * h
-    return w * e + 4 * h * (e + h) + lstm_biases + h * e + e + e * w + w
-
-
-# --------------------------------------------------------------------------------- model
-class NextWordLSTM(torch.nn.Module):
-    """TFF's StackOverflow next-word model: embedding, LSTM, projection, output logits.
-
-    Parameters
-    ----------
-    num_tokens : int
-        ``V + 4``: the embedding's rows and the number of logits, ``>= 5``.
-    embedding_dim : int
-        ``e``, the embedding and projection width.
-    hidden_size : int
-        ``h``, the LSTM's width.
-    generator : torch.Generator, optional
-        Source of the initial weights (:meth:`reset_parameters`); default: a CPU generator
-        seeded with 0. The global generator is never used.
-
-    Notes
-    -----
-    ``forward`` maps ``int64`` ids ``(n, T)`` to logits ``(n, T, V + 4)``; every time step sees
-    only the ids before and at it. The layers are created on the ``meta`` device and
-    materialized on the CPU, so that PyTorch's default initialization (which draws from the
-    global generator) never runs.
-    """
-
-    def __init__(
-        self,
-        num_tokens: int,
-        embedding_dim: int,
-        hidden_size: int,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> None:
-        super().__init__()
-        self.num_tokens = check_int("num_tokens", num_tokens, 5)
-        self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
-        self.hidden_size = check_int("hidden_size", hidden_size, 1)
-        meta = torch.device("meta")
-        self.embedding = torch.nn.Embedding(self.num_tokens, self.embedding_dim, device=meta)
-        self.lstm = torch.nn.LSTM(
-            self.embedding_dim, self.hidden_size, batch_first=True, device=meta
-        )
-        self.projection = torch.nn.Linear(self.hidden_size, self.embedding_dim, device=meta)
-        self.output = torch.nn.Linear(self.embedding_dim, self.num_tokens, device=meta)
-        self.to_empty(device="cpu")
-        if generator is None:
-            generator = torch.Generator().manual_seed(0)
-        self.reset_parameters(generator)
-
-    def reset_parameters(self, generator: torch.Generator) -> None:
-        """Keras' default initialization (see the module docstring), drawn from ``generator``."""
-        init = torch.nn.init
-        h = self.hidden_size
-        with torch.no_grad():
-            bound = _EMBEDDING_INIT
-            init.uniform_(self.embedding.weight, -bound, bound, generator=generator)
-            init.xavier_uniform_(self.lstm.weight_ih_l0, generator=generator)
-            init.orthogonal_(self.lstm.weight_hh_l0, generator=generator)
-            self.lstm.bias_ih_l0.zero_()
-            self.lstm.bias_ih_l0[h : 2 * h] = 1.0  # gates in order (input, forget, cell, output)
-            self.lstm.bias_hh_l0.zero_()
-            for layer in (self.projection, self.output):
-                init.xavier_uniform_(layer.weight, generator=generator)
-                layer.bias.zero_()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``(n, T, V + 4)`` of the ids ``x`` ``(n, T)``."""
-        hidden, _ = self.lstm(self.embedding(x))
-        return self.output(self.projection(hidden))
-
-    def extra_repr(self) -> str:
-        """Sizes shown by ``repr``."""
-        return (
-            f"num_tokens={self.num_tokens}, embedding_dim={self.embedding_dim}, "
-            f"hidden_size={self.hidden_size}"
-        )
 
 
 # ---------------------------------------------------------------------------------- task
@@ -509,20 +262,13 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         Both are ``int64`` ``(n, seq_len)``: inputs and next-word targets (ids as in
         :func:`special_tokens`, padded with ``0``). ``n`` may be 0.
         """
-        user_id = self._check_user(user_id)
-        hit = self._cache.get(user_id)
-        if hit is not None:
-            self._cache.move_to_end(user_id)
-            return hit
+        return self._cached_user(user_id, self._read_user)
+
+    def _read_user(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._train is None:
             self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
         x, y = self._encode(self._train.client_examples(self.client_ids[user_id]))
-        out = (x, y)
-        if self.cache_users:
-            self._cache[user_id] = out
-            while len(self._cache) > self.cache_users:
-                self._cache.popitem(last=False)
-        return out
+        return x, y
 
     def user_size(self, user_id: int) -> int:
         """Number of training examples (sentences) of ``user_id`` (reads them if not cached)."""

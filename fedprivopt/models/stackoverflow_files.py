@@ -3,15 +3,19 @@
 A task's ``data_dir`` holds ``stackoverflow.sqlite`` and the vocabulary files, real or synthetic.
 :class:`StackOverflowFiles` finds them, generates a synthetic dataset there under a directory
 lock when asked (several processes may build the task at once; all tasks take the same lock), and
-refuses a synthetic dataset generated with other parameters than the task asks for.
+refuses a synthetic dataset generated with other parameters than the task asks for. It also
+checks user ids and keeps the tasks' per-user tensors in a least-recently-used cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import torch
 
 from fedprivopt.data.locks import file_lock
 from fedprivopt.data.synthetic import SQLITE_FILE, SYNTHETIC_META_FILE, ensure_synthetic
@@ -39,14 +43,16 @@ class StackOverflowFiles:
 
     The task sets ``data_dir`` (Path), ``synthetic`` (bool), ``synth_config``
     (:class:`~fedprivopt.data.SyntheticConfig`), ``synth_params`` (the ``synth_*`` values the
-    user gave, keyed by config field) and ``num_users``; :attr:`REQUIRED_FILES` names the files
-    the task reads.
+    user gave, keyed by config field), ``num_users``, ``cache_users`` and ``_cache`` (an empty
+    ``OrderedDict``); :attr:`REQUIRED_FILES` names the files the task reads.
     """
 
     REQUIRED_FILES: tuple[str, ...] = GENERATED_FILES
     data_dir: Path
     synthetic: bool
     num_users: int
+    cache_users: int
+    _cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]]
 
     @property
     def sqlite_path(self) -> Path:
@@ -105,3 +111,19 @@ class StackOverflowFiles:
         if isinstance(user_id, bool) or not 0 <= int(user_id) < self.num_users:
             raise ValueError(f"user_id must be in [0, {self.num_users}), got {user_id!r}")
         return int(user_id)
+
+    def _cached_user(
+        self, user_id: int, read: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``read(user_id)`` (user id checked), kept among the ``cache_users`` most recent."""
+        user_id = self._check_user(user_id)
+        hit = self._cache.get(user_id)
+        if hit is not None:
+            self._cache.move_to_end(user_id)
+            return hit
+        out = read(user_id)
+        if self.cache_users:
+            self._cache[user_id] = out
+            while len(self._cache) > self.cache_users:
+                self._cache.popitem(last=False)
+        return out

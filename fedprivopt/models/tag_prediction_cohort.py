@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.core.local import LocalConfig, epoch_orders
-from fedprivopt.models.tag_prediction import ragged_index
+from fedprivopt.models.tag_prediction_encoding import ragged_index
 from fedprivopt.privacy.clip import clip_factor
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import (

@@ -17,13 +17,8 @@ from fedprivopt.models import (
     model_spec,
     task_names,
 )
-from fedprivopt.models.next_word import (
-    encode_sentences,
-    next_word_counts,
-    parameter_count,
-    special_tokens,
-    to_ids,
-)
+from fedprivopt.models.next_word_model import next_word_counts, parameter_count
+from fedprivopt.models.next_word_tokens import encode_sentences, special_tokens, to_ids
 from fedprivopt.privacy import RngFactory, unflatten
 
 # ------------------------------------------------------------------------ a hand-made dataset

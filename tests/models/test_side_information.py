@@ -17,7 +17,7 @@ from fedprivopt.models.side_information_config import (
     build_side_information,
     resolve_side_information,
 )
-from fedprivopt.models.tag_prediction import multi_hot
+from fedprivopt.models.tag_prediction_encoding import multi_hot
 
 
 def test_layout_values_and_normalizations():

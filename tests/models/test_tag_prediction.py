@@ -18,7 +18,8 @@ from fedprivopt.models import (
     model_spec,
     primary_metric,
 )
-from fedprivopt.models.tag_prediction import dense_features, multi_hot, tag_metrics
+from fedprivopt.models.tag_prediction_encoding import dense_features, multi_hot
+from fedprivopt.models.tag_prediction_model import tag_metrics
 from fedprivopt.privacy import RngFactory
 
 # ------------------------------------------------------------------------ a hand-made dataset

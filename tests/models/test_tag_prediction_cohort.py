@@ -251,7 +251,7 @@ def test_batches_hold_the_updates_of_train_and_live_until_the_next_chunk(synth_d
 
 @pytest.mark.parametrize("single_label", [False, True])
 def test_examples_of_many_users_read_at_once_equal_their_own(synth_dir, tmp_path, single_label):
-    from fedprivopt.models.tag_prediction import ragged_take
+    from fedprivopt.models.tag_prediction_encoding import ragged_take
 
     plain = _task(synth_dir, single_label=single_label)
     cached = _task(synth_dir, single_label=single_label, token_cache=True, cache_dir=str(tmp_path))

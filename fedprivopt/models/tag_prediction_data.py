@@ -1,0 +1,281 @@
+"""The data side of the tag-prediction task: reading, encoding and caching users' examples.
+
+:class:`TagTaskData` is the base of :class:`~fedprivopt.models.tag_prediction.StackOverflowTagTask`
+that reads the TFF StackOverflow SQLite file: a training user's examples, encoded as in
+:mod:`~fedprivopt.models.tag_prediction_encoding`, padded (:meth:`~TagTaskData.user_data`, kept in
+a least-recently-used cache) or ragged (:meth:`~TagTaskData.user_csr`,
+:meth:`~TagTaskData.examples_csr`, what the cohort trainer reads), optionally from a memory-mapped
+token store built once (:mod:`fedprivopt.data.token_cache`), and the pooled evaluation batches.
+The task's constructor sets the attributes it reads and calls ``_init_runtime``; pickling drops
+the open database and the caches, and the copy reopens the file lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedprivopt.data.fast_example import text_fields_decoder
+from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.data.stackoverflow import StackOverflowExample
+from fedprivopt.data.token_cache import EncodedUsers, open_or_build, stderr_progress
+from fedprivopt.models.stackoverflow_files import StackOverflowFiles
+from fedprivopt.models.tag_prediction_encoding import (
+    UserCSR,
+    encode_examples,
+    encode_texts,
+    example_tensors,
+    long_tensor,
+    pad_ragged,
+    ragged_take,
+)
+
+__all__ = ["EVAL_BATCH", "TagTaskData"]
+
+EVAL_BATCH = 2048  # examples per evaluation forward pass
+
+
+class TagTaskData(StackOverflowFiles):
+    """Per-user training data and pooled evaluation batches of the tag task (a base class).
+
+    The task sets ``name``, ``client_ids``, ``words``, ``tags``, ``num_features`` (``V``),
+    ``num_tags`` (``K``), ``single_label``, ``max_examples_per_user``, ``eval_split``,
+    ``eval_users``, ``cache_users``, ``token_cache`` and ``cache_dir`` (see
+    :class:`~fedprivopt.models.tag_prediction.StackOverflowTagTask`), then calls
+    ``_init_runtime``. Not thread-safe.
+    """
+
+    name: str
+    client_ids: tuple[str, ...]
+    words: tuple[str, ...]
+    tags: tuple[str, ...]
+    num_features: int
+    num_tags: int
+    single_label: bool
+    max_examples_per_user: int | None
+    eval_split: str
+    eval_users: int
+    cache_users: int
+    token_cache: bool
+    cache_dir: Path
+
+    def _init_runtime(self) -> None:
+        self._train: SQLiteSplit | None = None
+        self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._word_index: dict[str, int] | None = None
+        self._tag_index: dict[str, int] | None = None
+        self._store: EncodedUsers | None = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for key in ("_train", "_eval", "_word_index", "_tag_index", "_store"):
+            state[key] = None
+        state["_cache"] = OrderedDict()
+        return state
+
+    def _indexes(self) -> tuple[dict[str, int], dict[str, int]]:
+        if self._word_index is None or self._tag_index is None:
+            self._word_index = {w: i for i, w in enumerate(self.words)}
+            self._tag_index = {t: i for i, t in enumerate(self.tags)}
+        return self._word_index, self._tag_index
+
+    def _encode(self, examples: Sequence[StackOverflowExample]) -> tuple[list[list[int]], list]:
+        if self.max_examples_per_user is not None:
+            examples = examples[: self.max_examples_per_user]
+        word_index, tag_index = self._indexes()
+        return encode_examples(examples, word_index, tag_index, single_label=self.single_label)
+
+    def _train_split(self) -> SQLiteSplit:
+        """The training split, opened on first use (after unpickling too)."""
+        if self._train is None:
+            self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+        return self._train
+
+    def _read_train_user(self, client_id: str) -> tuple[list[list[int]], list]:
+        """Encoded training examples of ``client_id``: protobuf's C parser, else the exact one.
+
+        The fast path (:func:`~fedprivopt.data.fast_example.text_fields_decoder`) reads only the
+        text the task needs; on any failure the pure-Python reader decodes the user again and
+        raises its precise error, so both paths accept exactly the same data.
+        """
+        decode = text_fields_decoder()
+        if decode is not None:
+            blobs = self._train_split().serialized_examples(client_id)
+            if self.max_examples_per_user is not None:
+                blobs = blobs[: self.max_examples_per_user]
+            try:
+                texts = [decode(b) for b in blobs]
+            except Exception:  # malformed for the fast path: the exact reader decides
+                texts = None
+            if texts is not None:
+                word_index, tag_index = self._indexes()
+                return encode_texts(texts, word_index, tag_index, single_label=self.single_label)
+        return self._encode(self._train_split().client_examples(client_id))
+
+    # -------------------------------------------------------------------------- data
+    def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(x, y)`` of training user ``user_id`` (CPU tensors; do not modify them).
+
+        ``x`` is ``int64`` ``(n, L)`` word ids (vocabulary ``< V``, OOV ``V``, padding
+        ``V + 1``), ``y`` ``int64`` ``(n, T)`` padded tag ids (padding ``K``) or, single-label,
+        ``(n,)``. ``n`` may be 0.
+        """
+        return self._cached_user(user_id, self._read_user)
+
+    def _read_user(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        store = self.encoded_users()
+        if store is not None:
+            tokens, lengths, labels, label_lengths = store.user(user_id)
+            x = pad_ragged(tokens, lengths, self.num_features + 1)
+            if self.single_label:
+                y = torch.from_numpy(labels.astype(np.int64))
+            else:
+                y = pad_ragged(labels, label_lengths, self.num_tags)
+            return x, y
+        words, labels = self._read_train_user(self.client_ids[user_id])
+        return example_tensors(words, labels, self.num_features, self.num_tags, self.single_label)
+
+    def user_csr(self, user_id: int) -> UserCSR:
+        """The examples of ``user_id`` as ragged arrays (what the cohort trainer consumes).
+
+        The same data as :meth:`user_data` without padding: from the token store when
+        :attr:`token_cache` is on, else converted from :meth:`user_data`.
+        """
+        user_id = self._check_user(user_id)
+        store = self.encoded_users()
+        if store is not None:
+            tokens, lengths, labels, label_lengths = store.user(user_id)
+            return UserCSR(
+                long_tensor(tokens),
+                long_tensor(lengths),
+                long_tensor(labels),
+                None if label_lengths is None else long_tensor(label_lengths),
+            )
+        x, y = self.user_data(user_id)
+        words = x <= self.num_features
+        if self.single_label:
+            return UserCSR(x[words], words.sum(dim=1), y, None)
+        tags = y < self.num_tags
+        return UserCSR(x[words], words.sum(dim=1), y[tags], tags.sum(dim=1))
+
+    def user_sizes(self, users: Sequence[int]) -> list[int]:
+        """Number of training examples of each of ``users`` (from the token store if on)."""
+        store = self.encoded_users()
+        if store is not None:
+            return store.example_counts([self._check_user(u) for u in users]).tolist()
+        return [int(self.user_csr(u).lengths.numel()) for u in users]
+
+    def examples_csr(self, users: Sequence[int], picks: Sequence[torch.Tensor]) -> UserCSR:
+        """Examples ``picks[i]`` of user ``users[i]``, for every ``i``, as one ragged batch.
+
+        The examples of :meth:`user_csr` ``(users[i])`` at positions ``picks[i]``, concatenated
+        in order: read from the token store in one pass when it is on.
+        """
+        if len(picks) != len(users):
+            raise ValueError("examples_csr needs one tensor of picks per user")
+        store = self.encoded_users()
+        if store is not None:
+            tokens, lengths, labels, label_lengths = store.gather(
+                [self._check_user(u) for u in users], [p.numpy() for p in picks]
+            )
+            return UserCSR(
+                long_tensor(tokens),
+                long_tensor(lengths),
+                long_tensor(labels),
+                None if label_lengths is None else long_tensor(label_lengths),
+            )
+        parts = []
+        for user, pick in zip(users, picks, strict=True):
+            data = self.user_csr(user)
+            tokens, lengths = ragged_take(data.tokens, data.lengths, pick)
+            if data.label_lengths is None:
+                labels, label_lengths = data.labels[pick], None
+            else:
+                labels, label_lengths = ragged_take(data.labels, data.label_lengths, pick)
+            parts.append((tokens, lengths, labels, label_lengths))
+        if not parts:
+            empty = torch.empty(0, dtype=torch.int64)
+            return UserCSR(empty, empty, empty, None if self.single_label else empty)
+        columns = zip(*parts, strict=True)
+        return UserCSR(*[None if c[0] is None else torch.cat(list(c)) for c in columns])
+
+    def encoded_users(self) -> EncodedUsers | None:
+        """The memory-mapped token store (built on first use); ``None`` without a token cache."""
+        if not self.token_cache:
+            return None
+        if self._store is None:
+            self._train_split()  # opened once, before the encoding workers fork
+            self._store = open_or_build(
+                self.cache_dir,
+                self._store_key(),
+                self.num_users,
+                lambda u: self._read_train_user(self.client_ids[u]),
+                multi_label=not self.single_label,
+                token_bound=self.num_features + 1,
+                label_bound=self.num_tags,
+                progress=stderr_progress("encoding users (once)", self.num_users)
+                if self.num_users >= 20_000
+                else None,
+            )
+        return self._store
+
+    def _store_key(self) -> dict:
+        """What the token store depends on: the file's identity and the encoding."""
+        stat = self.sqlite_path.stat()
+
+        def digest(items: Sequence[str]) -> str:
+            return hashlib.sha256("\n".join(items).encode("utf-8", "surrogatepass")).hexdigest()
+
+        return {
+            "task": self.name,
+            "file": {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+            "words": digest(self.words),
+            "tags": digest(self.tags),
+            "clients": digest(self.client_ids),
+            "single_label": self.single_label,
+            "max_examples_per_user": self.max_examples_per_user,
+        }
+
+    def user_size(self, user_id: int) -> int:
+        """Number of training examples of ``user_id`` (reads them if not cached)."""
+        return int(self.user_data(user_id)[0].shape[0])
+
+    def eval_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The evaluation examples as batches ``(x, y)`` (built once, then cached).
+
+        The examples of the first :attr:`eval_users` users of :attr:`eval_split` (file order) are
+        pooled, ordered by length (stable) and cut into batches of at most 2048, each padded to
+        its own longest example.
+        """
+        if self._eval is None:
+            split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
+            try:
+                words: list[list[int]] = []
+                labels: list = []
+                for cid in list(split.client_ids)[: self.eval_users]:
+                    w, lab = self._encode(split.client_examples(cid))
+                    words.extend(w)
+                    labels.extend(lab)
+            finally:
+                split.close()
+            order = sorted(range(len(words)), key=lambda i: len(words[i]))
+            batches = []
+            for start in range(0, len(order), EVAL_BATCH):
+                part = order[start : start + EVAL_BATCH]
+                batches.append(
+                    example_tensors(
+                        [words[i] for i in part],
+                        [labels[i] for i in part],
+                        self.num_features,
+                        self.num_tags,
+                        self.single_label,
+                    )
+                )
+            self._eval = batches
+        return self._eval

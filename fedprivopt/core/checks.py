@@ -64,12 +64,19 @@ def check_real(
 
 
 def check_int(
-    name: str, value: object, low: int = 0, high: int | None = None, *, none: bool = False
+    name: str,
+    value: object,
+    low: int = 0,
+    high: int | None = None,
+    *,
+    none: bool = False,
+    high_name: str | None = None,
 ) -> int | None:
     """``value`` as an ``int`` in ``[low, high]`` (no upper bound when ``high`` is None).
 
     ``None`` passes when ``none``; bools are refused; other integral types (numpy's) are
-    converted.
+    converted. ``high_name`` names an upper bound that is another parameter's value: the
+    message then shows ``[1, population=10]`` instead of ``[1, 10]``.
     """
     if none and value is None:
         return None
@@ -79,7 +86,8 @@ def check_int(
         or int(value) < low
         or (high is not None and int(value) > high)
     ):
-        where = f">= {low}" if high is None else f"in [{low}, {high}]"
+        shown_high = high if high_name is None else f"{high_name}={high}"
+        where = f">= {low}" if high is None else f"in [{low}, {shown_high}]"
         extra = " or None" if none else ""
         raise ValueError(f"{name} must be an integer {where}{extra}, got {value!r}")
     return int(value)

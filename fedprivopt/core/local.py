@@ -7,13 +7,11 @@ replay :func:`epoch_orders` from the same generator, so they visit the same mini
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import check_int, check_real
 
 __all__ = ["MAX_EPOCHS", "MAX_ORDER_ENTRIES", "LocalConfig", "epoch_orders"]
 
@@ -26,17 +24,6 @@ MAX_EPOCHS = 10_000
 #: Upper bound of ``epochs * examples`` in :func:`epoch_orders`: 2**27 int64 entries (1 GiB),
 #: checked before any permutation is drawn.
 MAX_ORDER_ENTRIES = 2**27
-
-
-def _check_float(name: str, value: object, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    out = float(value)
-    ok = (out > 0 if positive else out >= 0) and math.isfinite(out)
-    if not ok:
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {out}")
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,9 +60,8 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(
-            self, "learning_rate", _check_float("learning_rate", self.learning_rate, positive=True)
-        )
+        lr = check_real("learning_rate", self.learning_rate, low=0.0, low_open=True)
+        set_(self, "learning_rate", lr)
         check_int("epochs", self.epochs, 1, MAX_EPOCHS)
         check_int("batch_size", self.batch_size, 1)
         set_(self, "epochs", int(self.epochs))
@@ -84,8 +70,8 @@ class LocalConfig:
             check_int("max_examples", self.max_examples, 1)
             set_(self, "max_examples", int(self.max_examples))
         if self.clip_norm is not None:
-            set_(self, "clip_norm", _check_float("clip_norm", self.clip_norm, positive=True))
-        set_(self, "noise_std", _check_float("noise_std", self.noise_std, positive=False))
+            set_(self, "clip_norm", check_real("clip_norm", self.clip_norm, low=0.0, low_open=True))
+        set_(self, "noise_std", check_real("noise_std", self.noise_std, low=0.0))
 
 
 def epoch_orders(

@@ -41,6 +41,7 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting import pld, rdp
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.accounting_state import (
     ACCOUNTANTS,
     STATE_VERSION,
@@ -48,7 +49,6 @@ from fedprivopt.privacy.accounting_state import (
     check_accountant,
     check_delta,
     check_pld_discretization,
-    is_count,
     merge_ledger,
     parse_state,
     relation_of,
@@ -222,11 +222,9 @@ class PrivacyAccountant:
         prv_eps_error: float = 0.01,
     ) -> None:
         self.accountant = check_accountant(accountant)
-        if not (0 < pld_discretization < 1):
-            raise ValueError(f"pld_discretization must be in (0, 1), got {pld_discretization}")
+        self.pld_discretization = check_pld_discretization(pld_discretization)
         if not (0 < prv_eps_error < 1):
             raise ValueError(f"prv_eps_error must be in (0, 1), got {prv_eps_error}")
-        self.pld_discretization = float(pld_discretization)
         self.prv_eps_error = float(prv_eps_error)
         self._ledger: Ledger = ()
         self._cache: dict[tuple[Ledger, float], float] = {}
@@ -256,8 +254,7 @@ class PrivacyAccountant:
         return events
 
     def _extended(self, events: Sequence[SubsampledGaussianEvent], count: int) -> Ledger:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"count must be an integer >= 1, got {count!r}")
+        count = check_int("count", count, 1)
         new = [(e, count) for e in events]
         return merge_ledger([*self._ledger, *new])
 
@@ -360,9 +357,7 @@ class PrivacyAccountant:
             event, count = item
             if not isinstance(event, SubsampledGaussianEvent):
                 raise ValueError(f"ledger[{i}] must hold a SubsampledGaussianEvent")
-            if not is_count(count):
-                raise ValueError(f"ledger[{i}] count must be an integer >= 1, got {count!r}")
-            items.append((event, count))
+            items.append((event, check_int(f"ledger[{i}] count", count, 1)))
         merged = merge_ledger(items)
         if merged:
             relation_of(merged, self.accountant)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.clip import clip_factor, vector_norm_checked
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.sparse import (
@@ -156,8 +157,7 @@ class NoisyMeanAggregator:
         if noise_mode not in NOISE_MODES:
             raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {noise_mode!r}")
         if noise_mode == "distributed":
-            if not isinstance(min_shares, int) or isinstance(min_shares, bool) or min_shares < 1:
-                raise ValueError(f"min_shares must be an integer >= 1, got {min_shares!r}")
+            min_shares = check_int("min_shares", min_shares, 1)
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_cohort_size = float(expected_cohort_size)

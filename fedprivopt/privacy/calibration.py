@@ -15,7 +15,13 @@ from collections.abc import Callable
 
 import dp_accounting as dpa
 
-from fedprivopt.privacy.accounting import ACCOUNTANTS, compose_epsilon, dpa_accountant
+from fedprivopt.core.checks import check_int
+from fedprivopt.privacy.accounting import compose_epsilon, dpa_accountant
+from fedprivopt.privacy.accounting_state import (
+    check_accountant,
+    check_delta,
+    check_pld_discretization,
+)
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import PLDGridTooLargeError
 
@@ -197,17 +203,11 @@ def calibrate_noise_multiplier(
     """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon}")
-    if not (0 < delta < 1):
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-    if not isinstance(events_per_round, int) or events_per_round < 1:
-        raise ValueError(f"events_per_round must be an integer >= 1, got {events_per_round!r}")
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}")
-    if not (0 < pld_discretization < 1):
-        raise ValueError(f"pld_discretization must be in (0, 1), got {pld_discretization}")
-    h = float(pld_discretization)
+    delta = check_delta(delta)
+    rounds = check_int("rounds", rounds, 1)
+    events_per_round = check_int("events_per_round", events_per_round, 1)
+    check_accountant(accountant)
+    h = check_pld_discretization(pld_discretization)
     steps = rounds * events_per_round
 
     def event(sigma: float) -> SubsampledGaussianEvent:

@@ -23,13 +23,11 @@ from typing import Any
 
 import dp_accounting as dpa
 
+from fedprivopt.core.checks import check_int
+
 __all__ = ["SAMPLING_KINDS", "SubsampledGaussianEvent"]
 
 SAMPLING_KINDS = ("poisson", "fixed")
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -64,16 +62,14 @@ class SubsampledGaussianEvent:
             raise ValueError(f"noise_multiplier must be a finite number >= 0, got {sigma!r}")
         if self.sampling not in SAMPLING_KINDS:
             raise ValueError(f"sampling must be one of {SAMPLING_KINDS}, got {self.sampling!r}")
-        if self.population is not None and (not _is_int(self.population) or self.population < 1):
-            raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
+        if self.population is not None:
+            object.__setattr__(self, "population", check_int("population", self.population, 1))
         if self.sampling == "fixed":
             n, m = self.population, self.cohort_size
             if n is None or m is None:
                 raise ValueError("fixed sampling needs population and cohort_size")
-            if not _is_int(m) or not (1 <= m <= n):
-                raise ValueError(
-                    f"cohort_size must be an integer in [1, population={n}], got {m!r}"
-                )
+            m = check_int("cohort_size", m, 1, n, high_name="population")
+            object.__setattr__(self, "cohort_size", m)
             if not math.isclose(self.sample_rate, m / n, rel_tol=1e-12):
                 raise ValueError("sample_rate of a fixed-size event must be cohort_size/population")
         elif self.cohort_size is not None:
@@ -93,8 +89,7 @@ class SubsampledGaussianEvent:
         cls, *, population: int, cohort_size: int, noise_multiplier: float
     ) -> SubsampledGaussianEvent:
         """Gaussian on a cohort of exactly ``cohort_size`` users drawn without replacement."""
-        if not _is_int(population) or population < 1:
-            raise ValueError(f"population must be an integer >= 1, got {population!r}")
+        population = check_int("population", population, 1)
         return cls(
             float(noise_multiplier), "fixed", cohort_size / population, population, cohort_size
         )

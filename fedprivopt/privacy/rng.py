@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fedprivopt.core.checks import check_int
+
 __all__ = ["RngFactory", "SecureGenerator", "derive_seed"]
 
 _MAX_SEED = 2**63 - 1
@@ -40,8 +42,7 @@ def derive_seed(seed: int, *keys: int | str) -> int:
     int
         A seed in ``[0, 2**63 - 1]``.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = check_int("seed", seed, 0)
     text = "\x1f".join([str(seed), *(f"{type(k).__name__}:{k}" for k in keys)])
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") & _MAX_SEED

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = ["MAX_POPULATION", "FixedSizeSampler", "PoissonSampler", "make_sampler"]
@@ -22,19 +23,6 @@ __all__ = ["MAX_POPULATION", "FixedSizeSampler", "PoissonSampler", "make_sampler
 #: 10**9 used to be accepted and fail in the first round with an 8 GB allocation. Real
 #: cross-device populations (StackOverflow: ~380,000 users) are far below it.
 MAX_POPULATION = 100_000_000
-
-
-def _check_population(population: int) -> int:
-    if (
-        isinstance(population, bool)
-        or not isinstance(population, int)
-        or not (1 <= population <= MAX_POPULATION)
-    ):
-        raise ValueError(
-            f"population must be an integer in [1, {MAX_POPULATION}] (a round draws one value "
-            f"per user), got {population!r}"
-        )
-    return population
 
 
 @dataclass(frozen=True)
@@ -58,7 +46,8 @@ class PoissonSampler:
     kind = "poisson"
 
     def __post_init__(self) -> None:
-        _check_population(self.population)
+        n = check_int("population", self.population, 1, MAX_POPULATION)
+        object.__setattr__(self, "population", n)
         if not (0.0 < float(self.sample_rate) <= 1.0):
             raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate}")
 
@@ -98,12 +87,10 @@ class FixedSizeSampler:
     kind = "fixed"
 
     def __post_init__(self) -> None:
-        _check_population(self.population)
-        m = self.cohort_size
-        if isinstance(m, bool) or not isinstance(m, int) or not (1 <= m <= self.population):
-            raise ValueError(
-                f"cohort_size must be an integer in [1, population={self.population}], got {m!r}"
-            )
+        n = check_int("population", self.population, 1, MAX_POPULATION)
+        m = check_int("cohort_size", self.cohort_size, 1, n, high_name="population")
+        object.__setattr__(self, "population", n)
+        object.__setattr__(self, "cohort_size", m)
 
     @property
     def sample_rate(self) -> float:
@@ -136,7 +123,7 @@ def make_sampler(
         if sample_rate is None:
             if cohort_size is None:
                 raise ValueError("poisson sampling needs sample_rate (or cohort_size)")
-            sample_rate = cohort_size / _check_population(population)
+            sample_rate = cohort_size / check_int("population", population, 1, MAX_POPULATION)
         return PoissonSampler(population, sample_rate, rngs)
     if kind == "fixed":
         if cohort_size is None:

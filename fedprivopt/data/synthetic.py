@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
 from fedprivopt.data.synthetic_model import (
     TRAIN,
@@ -102,16 +102,6 @@ MAX_VOCAB = 10_000_000
 MAX_TAGS = 10_000
 _CHUNK_USERS = 2048  # part of the output's definition: changing it changes the files
 _SPLITS = ("train", "heldout", "test")
-
-
-def _check_float(
-    name: str, value: object, low: float, high: float, *, open_low: bool = False
-) -> None:
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    x = float(value) if ok else float("nan")  # type: ignore[arg-type]
-    if not (low < x <= high if open_low else low <= x <= high):
-        left = "(" if open_low else "["
-        raise ValueError(f"{name} must be a number in {left}{low}, {high}], got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,22 +210,22 @@ class SyntheticConfig:
                 f"a word; see SyntheticConfig), got {self.vocab_size}"
             )
         check_int("seed", self.seed, 0)
-        _check_float("word_zipf", self.word_zipf, 0.0, 5.0, open_low=True)
-        _check_float("tag_zipf", self.tag_zipf, 0.0, 5.0)
-        _check_float("informative_fraction", self.informative_fraction, 0.0, 1.0)
-        _check_float("title_informative_fraction", self.title_informative_fraction, 0.0, 1.0)
-        _check_float("mean_examples_per_client", self.mean_examples_per_client, 1.0, 1e6)
-        _check_float("examples_sigma", self.examples_sigma, 0.0, 4.0)
+        check_real("word_zipf", self.word_zipf, low=0.0, high=5.0, low_open=True)
+        check_real("tag_zipf", self.tag_zipf, low=0.0, high=5.0)
+        check_real("informative_fraction", self.informative_fraction, low=0.0, high=1.0)
+        check_real("title_informative_fraction", self.title_informative_fraction, low=0.0, high=1.0)
+        check_real("mean_examples_per_client", self.mean_examples_per_client, low=1.0, high=1e6)
+        check_real("examples_sigma", self.examples_sigma, low=0.0, high=4.0)
         check_int("min_examples_per_client", self.min_examples_per_client, 1)
         check_int(
             "max_examples_per_client", self.max_examples_per_client, self.min_examples_per_client
         )
-        _check_float("mean_tokens_per_example", self.mean_tokens_per_example, 1.0, 1000.0)
-        _check_float("mean_title_tokens", self.mean_title_tokens, 2.0, 1000.0)
-        _check_float("mean_sentences_per_post", self.mean_sentences_per_post, 1.0, 1000.0)
-        _check_float("question_fraction", self.question_fraction, 0.0, 1.0)
-        _check_float("tags_per_client", self.tags_per_client, 1.0, float(self.num_tags))
-        _check_float("client_focus", self.client_focus, 0.0, 1.0)
+        check_real("mean_tokens_per_example", self.mean_tokens_per_example, low=1.0, high=1000.0)
+        check_real("mean_title_tokens", self.mean_title_tokens, low=2.0, high=1000.0)
+        check_real("mean_sentences_per_post", self.mean_sentences_per_post, low=1.0, high=1000.0)
+        check_real("question_fraction", self.question_fraction, low=0.0, high=1.0)
+        check_real("tags_per_client", self.tags_per_client, low=1.0, high=float(self.num_tags))
+        check_real("client_focus", self.client_focus, low=0.0, high=1.0)
         check_int("heldout_modulus", self.heldout_modulus, 0)
         start = parse_date("start_date", self.start_date)
         cut = parse_date("cut_date", self.cut_date)
@@ -249,7 +239,7 @@ class SyntheticConfig:
                 f"cut_date must be in [start_date, end_date] = [{self.start_date!r}, "
                 f"{self.end_date!r}], got {self.cut_date!r}"
             )
-        _check_float("activity_years", self.activity_years, 0.0, 100.0, open_low=True)
+        check_real("activity_years", self.activity_years, low=0.0, high=100.0, low_open=True)
 
     @classmethod
     def tiny(cls, **overrides: object) -> SyntheticConfig:

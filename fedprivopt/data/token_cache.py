@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.data.locks import file_lock
 
 __all__ = ["EncodedUsers", "cache_key_digest", "open_or_build", "stderr_progress"]
@@ -448,8 +449,7 @@ def open_or_build(
     progress : callable, optional
         ``progress(done, total)`` after each encoded piece.
     """
-    if isinstance(num_users, bool) or not isinstance(num_users, int) or num_users < 0:
-        raise ValueError(f"num_users must be an integer >= 0, got {num_users!r}")
+    num_users = check_int("num_users", num_users, 0)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     target = root / cache_key_digest(key)

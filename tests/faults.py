@@ -1,10 +1,15 @@
-"""Fault injection: a ClientApp whose users misbehave, to test that the server copes.
+"""Fault injection (tests only): a ClientApp whose users misbehave, to test that the server copes.
 
 :func:`make_faulty_client_app` wraps the real ClientApp; after it trains, the replies of chosen
 users are corrupted (or the node raises). Use it in simulations to check that a round still
 completes, that malformed updates are rejected and counted, that an oversized update is
 re-clipped, that a node slower than the round timeout only loses its users' updates, and that
-accounting does not change (what is accounted is the sampling, not the arrival).
+accounting does not change (what is accounted is the sampling, not the arrival). A deployment
+runs it through a Flower app of its own, whose ``clientapp`` component wraps the deployment
+ClientApp (:func:`tests.deploy.faulty_app.faulty_app_dir`).
+
+No module of ``fedprivopt`` imports this one (``tests/test_layers.py`` checks): the production
+ClientApp and run config know nothing of faults (issue 16).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from flwr.clientapp import ClientApp
 from fedprivopt import wire as P
 from fedprivopt.clients.client_app import make_client_app
 
-__all__ = ["FAULTS", "make_faulty_client_app"]
+__all__ = ["FAULTS", "make_faulty_client_app", "parse_fault_users"]
 
 FAULTS = {
     "raise": "the node raises while training (Flower returns an error reply)",
@@ -94,18 +99,23 @@ def _forward(message: Message, context: Context, real: ClientApp) -> Message:
 def make_faulty_client_app(
     faults: Mapping[int, str],
     *,
+    app: ClientApp | None = None,
     task: str | None = None,
     task_params: str | Mapping[str, object] | None = None,
     sleep_seconds: float = 10.0,
 ) -> ClientApp:
-    """A ClientApp that behaves like :func:`make_client_app` except for the faulty users.
+    """A ClientApp that behaves like ``app`` except for the faulty users.
 
     Parameters
     ----------
     faults : Mapping[int, str]
         User id → fault name (see :data:`FAULTS`).
+    app : ClientApp, optional
+        The ClientApp to wrap (e.g. the deployment's,
+        :data:`fedprivopt.deploy.client_app.app`); default: :func:`make_client_app` with
+        ``task`` and ``task_params``.
     task, task_params
-        As for :func:`~fedprivopt.clients.client_app.make_client_app`.
+        As for :func:`~fedprivopt.clients.client_app.make_client_app`, without ``app``.
     sleep_seconds : float
         How long a node hosting a ``slow`` user sleeps before replying (``>= 0``); make it longer
         than the strategy's round timeout (``DPStrategy.start(..., timeout=...)``).
@@ -115,12 +125,32 @@ def make_faulty_client_app(
         raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
     if not (float(sleep_seconds) >= 0):
         raise ValueError(f"sleep_seconds must be a number >= 0, got {sleep_seconds!r}")
-    real = make_client_app(task=task, task_params=task_params)
-    app = ClientApp()
+    real = app if app is not None else make_client_app(task=task, task_params=task_params)
+    faulty = ClientApp()
     table = {int(u): str(f) for u, f in faults.items()}
-    app.query()(functools.partial(_forward, real=real))
-    app.evaluate()(functools.partial(_forward, real=real))
-    app.train()(
+    faulty.query()(functools.partial(_forward, real=real))
+    faulty.evaluate()(functools.partial(_forward, real=real))
+    faulty.train()(
         functools.partial(_train, real=real, faults=table, sleep_seconds=float(sleep_seconds))
     )
-    return app
+    return faulty
+
+
+def parse_fault_users(text: str) -> dict[int, str]:
+    """Parse ``"user:fault,user:fault"`` (see :data:`FAULTS`); errors name ``fault-users``."""
+    faults: dict[int, str] = {}
+    for item in str(text).replace(" ", ",").split(","):
+        if not item:
+            continue
+        user, sep, fault = item.partition(":")
+        try:
+            uid = int(user)
+        except ValueError:
+            uid = -1
+        if not sep or uid < 0 or fault not in FAULTS:
+            raise ValueError(
+                f"fault-users must be 'user:fault,...' with a user id >= 0 and a fault in "
+                f"{', '.join(FAULTS)}; got {item!r}"
+            )
+        faults[uid] = fault
+    return faults

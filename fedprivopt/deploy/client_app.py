@@ -5,9 +5,7 @@ It is :data:`fedprivopt.clients.client_app.app` behind a thin adapter for Flower
 - the task parameters arrive flattened (``task-params.<key>``, kebab-case) or as
   ``task-params-json``; the adapter hands the ClientApp the ``task-params`` JSON object it reads
   (:func:`~fedprivopt.deploy.runconfig.task_params_from_flower`, the same rule as the ServerApp);
-- the run config's ``device`` becomes the ClientApp's ``client-device``;
-- ``fault-users`` (tests only; ``""`` in a real run) swaps in
-  :func:`~fedprivopt.clients.faults.make_faulty_client_app` for those users.
+- the run config's ``device`` becomes the ClientApp's ``client-device``.
 
 Everything else (hosted users from the node config ``partition-id``/``num-partitions``, local
 training, clipping, noise shares) is the ClientApp's own behaviour.
@@ -16,19 +14,15 @@ training, clipping, noise shares) is the ClientApp's own behaviour.
 from __future__ import annotations
 
 import json
-import threading
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedprivopt import wire as P
 from fedprivopt.clients.client_app import app as _plain_app
-from fedprivopt.deploy.runconfig import parse_fault_users, task_params_from_flower
+from fedprivopt.deploy.runconfig import task_params_from_flower
 
 __all__ = ["app", "client_context"]
-
-_FAULTY: dict[str, ClientApp] = {}
-_LOCK = threading.Lock()
 
 
 def client_context(context: Context) -> Context:
@@ -50,29 +44,8 @@ def client_context(context: Context) -> Context:
     )
 
 
-SLOW_FAULT_SECONDS = 120.0
-"""How long a node with a ``slow`` fault user sleeps before replying: longer than the round timeout
-of any test deployment, so its users always time out (``deploy local`` stops it at the end)."""
-
-
-def _inner(context: Context) -> ClientApp:
-    spec = str(context.run_config.get("fault-users", ""))
-    if not spec:
-        return _plain_app
-    with _LOCK:
-        faulty = _FAULTY.get(spec)
-        if faulty is None:
-            from fedprivopt.clients.faults import make_faulty_client_app
-
-            faulty = _FAULTY[spec] = make_faulty_client_app(
-                parse_fault_users(spec), sleep_seconds=SLOW_FAULT_SECONDS
-            )
-    return faulty
-
-
 def _handle(message: Message, context: Context) -> Message:
-    ctx = client_context(context)
-    return _inner(ctx)(message, ctx)
+    return _plain_app(message, client_context(context))
 
 
 def _make_app() -> ClientApp:

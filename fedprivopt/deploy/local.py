@@ -39,7 +39,6 @@ from typing import Any
 from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
     app_config_defaults,
-    parse_fault_users,
     run_config_from_flower,
     to_flower_overrides,
 )
@@ -144,7 +143,7 @@ def resolve_deployment(
     overrides = dict(overrides)
     if "out" in overrides:
         raise ValueError("set the results directory with --out, not --set out=...")
-    deploy = {k: overrides.pop(k) for k in ("fault-users", "min-nodes") if k in overrides}
+    deploy = {k: overrides.pop(k) for k in ("min-nodes",) if k in overrides}
     if config_path is not None:
         config = load_config(config_path, overrides)
     else:
@@ -157,8 +156,6 @@ def resolve_deployment(
         flower.update(overrides)
         flower.update(deploy)
         config, _ = run_config_from_flower(flower)
-    if "fault-users" in deploy:
-        parse_fault_users(str(deploy["fault-users"]))
     return config, app_keys, deploy
 
 
@@ -187,8 +184,8 @@ def deploy_local(
         A preset (``simulations/*.toml``); without one the app's run config in
         ``pyproject.toml`` is the base.
     overrides : Mapping, optional
-        ``--set`` values (kebab-case keys, ``task-params.<key>``); also the deployment keys
-        ``fault-users`` (tests) and ``min-nodes`` (default: ``nodes``).
+        ``--set`` values (kebab-case keys, ``task-params.<key>``); also the deployment key
+        ``min-nodes`` (default: ``nodes``).
     out : str
         Results directory (must not hold a run already).
     timeout : float
@@ -229,8 +226,6 @@ def deploy_local(
     if (out_dir / "config.toml").exists():
         raise ValueError(f"--out directory {str(out_dir)!r} already holds a run; choose another")
     extra = {"out": str(out_dir), "min-nodes": int(deploy.get("min-nodes", nodes))}
-    if "fault-users" in deploy:
-        extra["fault-users"] = str(deploy["fault-users"])
     flower_overrides = to_flower_overrides(config, app_keys=app_keys, extra=extra)
     unknown = sorted(set(flower_overrides) - set(app_keys) - set(DEPLOY_KEYS))
     if unknown:  # pragma: no cover - to_flower_overrides already checks

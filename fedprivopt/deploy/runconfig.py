@@ -41,7 +41,6 @@ __all__ = [
     "UNSET",
     "DeployOptions",
     "app_config_defaults",
-    "parse_fault_users",
     "run_config_from_flower",
     "task_params_from_flower",
     "to_flower_overrides",
@@ -51,7 +50,7 @@ UNSET = ""
 """The run-config value meaning "not set" (Flower's run config has no ``None``)."""
 
 TASK_PARAMS_JSON = "task-params-json"
-DEPLOY_KEYS = ("out", "min-nodes", "fault-users", TASK_PARAMS_JSON)
+DEPLOY_KEYS = ("out", "min-nodes", TASK_PARAMS_JSON)
 """Run-config keys of a deployment that are not :class:`RunConfig` keys."""
 
 SIMULATION_ONLY_KEYS = (
@@ -75,7 +74,6 @@ class DeployOptions:
 
     out: str = "runs/deploy/{run_id}"
     min_nodes: int = 1
-    fault_users: str = ""
 
 
 def _int_option(name: str, value: Any, minimum: int) -> int:
@@ -124,34 +122,10 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, De
     options = DeployOptions(
         out=str(run_config.get("out", DeployOptions.out)),
         min_nodes=_int_option("min-nodes", run_config.get("min-nodes", 1), 1),
-        fault_users=str(run_config.get("fault-users", "")),
     )
     if not options.out:
         raise ValueError("out must be a directory path, got ''")
-    parse_fault_users(options.fault_users)
     return config, options
-
-
-def parse_fault_users(text: str) -> dict[int, str]:
-    """Parse ``"user:fault,user:fault"`` (see :data:`fedprivopt.clients.faults.FAULTS`)."""
-    from fedprivopt.clients.faults import FAULTS
-
-    faults: dict[int, str] = {}
-    for item in str(text).replace(" ", ",").split(","):
-        if not item:
-            continue
-        user, sep, fault = item.partition(":")
-        try:
-            uid = int(user)
-        except ValueError:
-            uid = -1
-        if not sep or uid < 0 or fault not in FAULTS:
-            raise ValueError(
-                f"fault-users must be 'user:fault,...' with a user id >= 0 and a fault in "
-                f"{', '.join(FAULTS)}; got {item!r}"
-            )
-        faults[uid] = fault
-    return faults
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

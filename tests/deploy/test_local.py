@@ -25,6 +25,7 @@ from fedprivopt.privacy import compose_epsilon, make_round_event
 from fedprivopt.privacy.flat import unflatten
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run import read_rows, simulate
+from tests.deploy.faulty_app import faulty_app_dir
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(
@@ -134,15 +135,13 @@ def test_crashing_and_slow_nodes_do_not_stop_the_server(tmp_path):
     # crashes when asked to train user 0; node 1 sleeps 120 s before answering (fault "slow"),
     # longer than round-timeout = 20 s (a healthy node's first reply takes several seconds: its
     # ClientApp process starts). The round completes with node 2's two users, the others are
-    # counted by cause, and the accounting of the sampling is unchanged.
-    run = {
-        **RUN,
-        "clients-per-round": USERS,
-        "num-server-rounds": 1,
-        "fault-users": "0:raise,1:slow",
-        "round-timeout": 20.0,
-    }
-    out = deploy_local(nodes=3, tls=False, overrides=run, out=str(tmp_path / "d"), timeout=420)
+    # counted by cause, and the accounting of the sampling is unchanged. The faults come from the
+    # tests' own Flower app, whose ClientApp component wraps the deployment ClientApp.
+    run = {**RUN, "clients-per-round": USERS, "num-server-rounds": 1, "round-timeout": 20.0}
+    app = faulty_app_dir(tmp_path / "app", "0:raise,1:slow")
+    out = deploy_local(
+        nodes=3, tls=False, overrides=run, out=str(tmp_path / "d"), timeout=420, app_dir=app
+    )
     records = _assert_nothing_left(out)
     assert all("--insecure" in r["cmd"] for r in records if r["role"] in ("superlink", "supernode"))
     summary = json.loads((out / "summary.json").read_text())

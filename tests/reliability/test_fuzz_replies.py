@@ -1,6 +1,6 @@
 """Fuzz tests of the server's handling of client replies (hostile or broken clients).
 
-Train replies are built as Flower ``Message``s the way ``fedprivopt/clients/faults.py`` corrupts
+Train replies are built as Flower ``Message``s the way ``tests/faults.py`` corrupts
 them, but with hypothesis choosing the damage: missing ``delta`` arrays, extra arrays, wrong
 shapes, dtypes (float64, float16, ints, bool, complex, big-endian float32), NaN/Inf at random
 positions, huge and subnormal norms, empty arrays, undecodable bytes, foreign or non-canonical

@@ -18,7 +18,6 @@ from flwr.simulation import run_simulation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedprivopt.clients.faults import make_faulty_client_app
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
@@ -27,6 +26,7 @@ from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
 from tests.fast_train import fast_train
+from tests.faults import make_faulty_client_app
 
 C = 1.0
 

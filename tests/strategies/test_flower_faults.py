@@ -28,12 +28,12 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from fedprivopt import wire as P
-from fedprivopt.clients.faults import make_faulty_client_app
 from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy import compose_epsilon, make_round_event
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import LOSS_METRICS, DPStrategy, flat_to_arrays
+from tests.faults import make_faulty_client_app
 from tests.strategies.recorder import RunRecorder
 
 USERS, ROUNDS = 12, 4

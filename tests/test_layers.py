@@ -111,3 +111,40 @@ def test_the_check_finds_what_it_looks_for():
         assert what in text, found
     assert violations("deploy.cli", "from fedprivopt.cli_args import check_out_dir\n") == []
     assert violations("deploy.local", "from fedprivopt.deploy.cli import x\n") != []
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module ``source`` imports, nested too (``from a import b`` gives ``a`` and ``a.b``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def fault_injection_imports(module: str, source: str) -> list[str]:
+    """How ``source`` (the text of ``fedprivopt.<module>``) reaches the tests' fault injection."""
+    out = [
+        f"{module} imports {name}"
+        for name in sorted(imported_modules(source))
+        if name.split(".")[0] == "tests" or "faults" in name.split(".")
+    ]
+    if "make_faulty_client_app" in source:
+        out.append(f"{module} names make_faulty_client_app")
+    return out
+
+
+def test_no_module_imports_the_fault_injection():
+    # fault injection (tests/faults.py) is test scaffolding: no app path can switch it on (issue 16)
+    found = [
+        v
+        for module, source in all_modules().items()
+        for v in fault_injection_imports(module, source)
+    ]
+    assert found == []
+    assert fault_injection_imports("deploy.client_app", "from tests.faults import FAULTS\n")
+    assert fault_injection_imports("x", "def f():\n    import fedprivopt.clients.faults\n")
+    assert fault_injection_imports("x", "from fedprivopt.clients import faults\n")
+    assert fault_injection_imports("x", "app = make_faulty_client_app({})\n")

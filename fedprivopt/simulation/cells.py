@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.text import shown as _short
-from fedprivopt.data.locks import exclusive_lock
 from fedprivopt.simulation.config import RunConfig, load_config
+from fedprivopt.simulation.rundir import lock_directory
 
 __all__ = [
     "MAX_CELLS",
@@ -198,8 +198,10 @@ def lock_compare_dir(out: str | Path):
 
     A second ``compare`` on the same ``--out`` (whatever its grid) is refused with a
     ``ValueError`` naming the holder's PID; each cell's run directory has its own lock besides.
+    The lock is on the directory (:func:`~fedprivopt.simulation.rundir.lock_directory`), so
+    deleting ``compare.lock`` does not release it.
     """
-    return exclusive_lock(Path(out) / COMPARE_LOCK, what=f"comparison {str(out)!r}")
+    return lock_directory(out, COMPARE_LOCK, what=f"comparison {str(out)!r}")
 
 
 def check_compare_dir(out: str | Path) -> None:

@@ -2,9 +2,10 @@
 
 Two rules, for a user who may edit any file of their own run directory:
 
-* **One writer.** A run (fresh or ``--resume``) holds an exclusive ``flock`` on ``run.lock`` in the
-  directory for its whole duration (:func:`lock_run_dir`); the file holds the holder's PID, and a
-  second process is refused with a ``ValueError`` naming it.
+* **One writer.** A run (fresh or ``--resume``) holds an exclusive ``flock`` on the directory
+  itself for its whole duration (:func:`lock_run_dir`), so deleting or replacing a file cannot
+  release it; ``run.lock`` in the directory holds the holder's PID, and a second process is
+  refused with a ``ValueError`` naming it.
 * **Never overwrite.** A fresh run writes only into a new or empty directory, or over a run of its
   own when asked to (``overwrite``); anything else is refused before a byte is written. A start
   that fails before its first released round removes what it created, and nothing else
@@ -16,11 +17,12 @@ The privacy ledger itself (``privacy_ledger.jsonl``, the truth about what was re
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from fedprivopt.data.locks import exclusive_lock
+from fedprivopt.data.locks import LockHeldError, exclusive_lock
 from fedprivopt.simulation.files import (
     CHECKPOINT,
     CONFIG_FILE,
@@ -32,7 +34,7 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 
-__all__ = ["NewRunDir", "lock_run_dir"]
+__all__ = ["NewRunDir", "lock_directory", "lock_run_dir"]
 
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
 _PARTIAL = (CONFIG_FILE + ".tmp", SUMMARY_FILE + ".tmp", METRICS_FILE + ".tmp",
@@ -44,14 +46,60 @@ _DEBRIS = frozenset((LOCK_FILE, CONFIG_FILE + ".tmp"))  # what a start killed ea
 # -- one writer -----------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Iterator[Path]:
+    """Hold an exclusive lock on directory ``out`` (it must exist) for the ``with`` block.
+
+    The lock is a ``flock`` on the directory itself (a descriptor opened on it), which no file
+    operation inside it can take away: a lock on a file alone was bypassed by deleting the file
+    while its holder ran (issue 15), as the next process then locked a new file of the same name.
+    The holder's PID is kept in ``out/pid_file`` (also ``flock``-ed, see
+    :func:`~fedprivopt.data.locks.exclusive_lock`) for the message a second process gets.
+
+    Raises
+    ------
+    LockHeldError
+        (a ``ValueError``) when another process, or another claim in this one, holds the
+        directory; the message names ``what`` and the holder's PID when its file still says it.
+    """
+    out = Path(out)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: the file lock alone
+        with exclusive_lock(out / pid_file, what=what) as path:
+            yield path
+        return
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        with exclusive_lock(out / pid_file, what=what):  # raises naming the holder's PID
+            pass
+        raise LockHeldError(
+            f"{what} is in use by another process (its lock file {pid_file} was removed, so its "
+            "PID is unknown); wait for it to finish or stop it first",
+            None,
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        with exclusive_lock(out / pid_file, what=what) as path:
+            yield path
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def lock_run_dir(out: str | os.PathLike):
     """Context manager holding the exclusive lock of run directory ``out`` (it must exist).
 
     Raises ``ValueError`` naming the holder's PID when another process (or another open of it in
-    this process) holds it.
+    this process) holds it (:func:`lock_directory`; the PID is kept in ``run.lock``).
     """
     out = Path(out)
-    return exclusive_lock(out / LOCK_FILE, what=f"run directory {str(out)!r}")
+    return lock_directory(out, LOCK_FILE, what=f"run directory {str(out)!r}")
 
 
 # -- never overwrite -------------------------------------------------------------------------------

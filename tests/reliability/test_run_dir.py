@@ -137,6 +137,67 @@ def test_resume_refuses_at_once_while_another_process_holds_the_lock(tmp_path):
     assert resume(out).rounds_completed == 2  # the holder is gone: the lock is free
 
 
+def _holding(code: str) -> subprocess.Popen:
+    """A process that runs ``code`` (which prints ``locked`` while it holds a lock) and waits."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "locked", proc.communicate()
+    return proc
+
+
+def test_deleting_the_lock_file_does_not_let_a_second_writer_in(tmp_path, capsys):
+    """Found by a fourth review: the lock was a ``flock`` on ``run.lock``; with the holder
+    suspended, ``rm run.lock`` let a second ``--resume`` lock a new file and run, and both
+    released rounds. The lock is now on the directory itself; the same for ``compare.lock``."""
+    from fedprivopt.simulation.cells import COMPARE_LOCK, lock_compare_dir
+
+    out = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "run").out_dir
+    before = _snapshot(out)
+    holder = _holding(
+        "import time\n"
+        "from fedprivopt.simulation.rundir import lock_run_dir\n"
+        f"with lock_run_dir({str(out)!r}):\n"
+        "    print('locked', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    try:
+        (out / LOCK_FILE).unlink()
+        with pytest.raises(ValueError, match="in use by another process"):
+            resume(out)
+        assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "in use" in err, err
+        (out / LOCK_FILE).write_text(f"{holder.pid}\n")  # a file put back is not the lock either
+        with pytest.raises(ValueError, match="in use"):
+            resume(out)
+    finally:
+        _stop(holder)
+    after = _snapshot(out)
+    after.pop(LOCK_FILE, None)
+    before.pop(LOCK_FILE, None)
+    assert after == before  # the refused resumes wrote nothing
+    assert resume(out).rounds_completed == 2  # the holder is gone: the lock is free
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    holder = _holding(
+        "import time\n"
+        "from fedprivopt.simulation.cells import lock_compare_dir\n"
+        f"with lock_compare_dir({str(cmp)!r}):\n"
+        "    print('locked', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    try:
+        (cmp / COMPARE_LOCK).unlink()
+        with pytest.raises(ValueError, match="in use by another process"):
+            with lock_compare_dir(cmp):
+                pass
+    finally:
+        _stop(holder)
+    with lock_compare_dir(cmp):
+        pass
+
+
 # -- a directory that holds anything is never overwritten ------------------------------------------
 
 

@@ -244,9 +244,12 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
         If a cell's directory holds a run with another configuration and ``overwrite`` is false;
         the message names the cell, the first differing key and both values.
     ValueError
-        If a cell's stored ``config.toml`` cannot be read (and ``overwrite`` is false), or its
-        run directory is not a directory.
+        If a cell's stored ``config.toml`` cannot be read (and ``overwrite`` is false), its
+        run directory is not a directory, or a cell to be run asks the ``flower`` engine for
+        client resources this machine does not have
+        (:func:`~fedprivopt.simulation.engines.check_flower_resources`).
     """
+    from fedprivopt.simulation.engines import check_flower_resources
     from fedprivopt.simulation.run import CONFIG_FILE, SUMMARY_FILE
 
     plans = []
@@ -280,6 +283,12 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
                 f"this call asks for {_short(new)} (the first differing key); {hint}"
             )
         plans.append(CellPlan(cell, run_dir, RERUN, f"{key} = {_short(old)}"))
+    for plan in plans:
+        if plan.action != REUSE:  # a reused run starts no engine
+            try:
+                check_flower_resources(plan.cell.config)
+            except ValueError as exc:
+                raise ValueError(f"cell {plan.cell.label}: {exc}") from None
     return plans
 
 

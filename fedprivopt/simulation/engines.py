@@ -25,7 +25,7 @@ from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.writer import RunWriter
 from fedprivopt.strategies.core import ServerAlgorithm, drive_round
 
-__all__ = ["SERVER_STOP_WAIT", "run_fast", "run_flower", "serve_flower"]
+__all__ = ["SERVER_STOP_WAIT", "check_flower_resources", "run_fast", "run_flower", "serve_flower"]
 
 
 def _device(name: str) -> str:
@@ -106,6 +106,41 @@ def serve_flower(
     return alg.stopped_reason or "rounds"
 
 
+def _ray_cpus(config: RunConfig) -> int:
+    """The CPUs the Flower engine gives Ray: ``ray-cpus``, or every CPU of this machine."""
+    return config.ray_cpus or (os.cpu_count() or 1)
+
+
+def check_flower_resources(config: RunConfig) -> None:
+    """Refuse client resources no Ray actor of the ``flower`` engine could be given.
+
+    Each simulated client is a Ray actor asking for ``client-cpus`` CPUs and ``client-gpus``
+    GPUs; Ray has :func:`_ray_cpus` CPUs and the GPUs torch sees. A request above that leaves the
+    actor pool empty, and Flower then failed after 10-17 s with a traceback ("ActorPool is
+    empty", issue 15). Checked before anything is written or Ray starts; other engines return.
+
+    Raises
+    ------
+    ValueError
+        Naming ``client-cpus`` or ``client-gpus`` and its valid range on this machine.
+    """
+    if config.engine != "flower":
+        return
+    cpus = _ray_cpus(config)
+    if config.client_cpus > cpus:
+        given = f"ray-cpus = {cpus}" if config.ray_cpus else f"this machine's {cpus} CPUs"
+        raise ValueError(
+            f"client-cpus must be a number in [0, {cpus}] (Ray is given {given}), got "
+            f"{config.client_cpus:g}: no client could start"
+        )
+    gpus = torch.cuda.device_count() if config.client_gpus > 0 else 0
+    if config.client_gpus > gpus:
+        raise ValueError(
+            f"client-gpus must be a number in [0, {gpus}] (the GPUs torch finds on this "
+            f"machine), got {config.client_gpus:g}: no client could start"
+        )
+
+
 def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
     """Run the rounds through Flower's simulation engine (Ray).
 
@@ -122,6 +157,7 @@ def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunW
 
     from fedprivopt.clients.client_app import make_client_app
 
+    check_flower_resources(config)
     app = ServerApp()
     done: list[str] = []
     stop = threading.Event()
@@ -138,7 +174,7 @@ def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunW
 
     backend = {
         "client_resources": {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus},
-        "init_args": {"num_cpus": config.ray_cpus or (os.cpu_count() or 1)},
+        "init_args": {"num_cpus": _ray_cpus(config)},
     }
     with interrupt.signals_stop(stop) as received:
         try:

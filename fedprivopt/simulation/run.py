@@ -47,7 +47,12 @@ from fedprivopt.simulation.config import (
     load_config,
     side_information_of,
 )
-from fedprivopt.simulation.engines import run_fast, run_flower, serve_flower
+from fedprivopt.simulation.engines import (
+    check_flower_resources,
+    run_fast,
+    run_flower,
+    serve_flower,
+)
 from fedprivopt.simulation.files import (
     CHECKPOINT,
     CONFIG_FILE,
@@ -242,6 +247,7 @@ def simulate(
     leaves nothing behind (see :class:`~fedprivopt.simulation.rundir.NewRunDir`).
     """
     task, alg = build_run(config, task)
+    check_flower_resources(config)  # before anything is written or Ray starts
     with NewRunDir(out_dir, overwrite=overwrite) as out:
         ledger = start_run_files(out, config, alg)
         return _execute(out, config, task, alg, progress, ledger)
@@ -345,6 +351,7 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
     if ledger is not None:
         ledger.check_config(config, str(out / CONFIG_FILE))
     task, alg = build_run(config)
+    check_flower_resources(config)
     if ledger is not None:
         ledger.check_algorithm(alg)
     rows = read_rows(out / METRICS_FILE)

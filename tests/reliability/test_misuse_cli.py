@@ -431,3 +431,37 @@ def test_sizes_that_would_not_fit_are_refused_before_the_run(tmp_path, sets, nee
     argv = ["simulate", str(TOY), "--out", str(tmp_path / "o"), "--quiet"]
     usage_error(run_cli([*argv, *(f"--set={s}" for s in sets)]), needle)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("case", ["client-cpus", "ray-cpus", "client-gpus"])
+def test_flower_client_resources_beyond_the_machine_are_refused_before_ray(tmp_path, case):
+    # found by a fourth review: client-cpus=64 on 2 cores, or client-gpus=1 with no GPU, ended
+    # after 10-17 s with rc 1 and a 114-line traceback ("ActorPool is empty")
+    import re
+
+    import torch
+
+    cpus, gpus = os.cpu_count() or 1, torch.cuda.device_count()
+    settings, key, valid = {
+        "client-cpus": ({"client-cpus": cpus + 1}, "client-cpus", f"[0, {cpus}]"),
+        "ray-cpus": ({"ray-cpus": 1, "client-cpus": 2}, "client-cpus", "[0, 1]"),
+        "client-gpus": ({"client-gpus": gpus + 0.5}, "client-gpus", f"[0, {gpus}]"),
+    }[case]
+    sets = [f"--set={k}={v}" for k, v in settings.items()]
+    out = tmp_path / "o"
+    usage_error(run_cli(simulate(str(out), "--engine", "flower", *sets)), key, valid)
+    assert not out.exists()
+    line = usage_error(run_cli(compare(str(tmp_path / "c"), "--engine", "flower", *sets)), key)
+    assert "dp-fedavg__sigma0.5__seed0" in line and valid in line
+    assert not list((tmp_path / "c" / "runs").iterdir())
+    # a finished fast run whose config.toml is switched to the flower engine (not a privacy
+    # setting, so a resume may change it): refused before anything of the run changes
+    run = tmp_path / "run"
+    assert run_cli(simulate(str(run)))[0] == 0
+    text = (run / "config.toml").read_text().replace('engine = "fast"', 'engine = "flower"')
+    for name, value in settings.items():
+        text = re.sub(rf"(?m)^{name} = .*$", f"{name} = {value}", text)
+    (run / "config.toml").write_text(text)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.name != "run.lock"}
+    usage_error(run_cli(["simulate", "--resume", str(run), "--quiet"]), key, valid)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != "run.lock"} == before

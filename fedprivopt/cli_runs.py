@@ -126,6 +126,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.out is not None:
             check_out_dir(args.out)
         config = load_preset(args.config, set_overrides(args))
+        if config.strategy.unused:  # knobs of other strategies: a shared preset, or a mistake
+            print(
+                f"note: {config.strategy.strategy} does not use "
+                f"{', '.join(config.strategy.unused)} (other strategies' options)",
+                file=sys.stderr,
+            )
         out = args.out or check_out_dir(
             f"runs/{config.strategy.strategy}-seed{config.strategy.seed}"
         )

@@ -54,13 +54,7 @@ from fedprivopt.privacy.accounting_state import (
     relation_of,
 )
 from fedprivopt.privacy.events import SubsampledGaussianEvent
-
-# PLD_MAX_BYTES stays importable here for callers of the old path (it moved to pld_guard)
-from fedprivopt.privacy.pld_guard import (
-    PLD_MAX_BYTES,  # noqa: F401
-    check_pld_ledger,
-    pld_epsilon,
-)
+from fedprivopt.privacy.pld_guard import check_pld_ledger, pld_epsilon
 from fedprivopt.privacy.prv_guard import (
     PRV_MAX_BYTES,
     PRVDomainTooLargeError,

@@ -50,7 +50,7 @@ else:  # pragma: no cover
 __all__ = ["ENGINES", "RunConfig", "load_config", "parse_override", "resolve_config"]
 
 ENGINES = ("fast", "flower")
-_STRATEGY_KEYS = {f.name.replace("_", "-") for f in dataclasses.fields(StrategyConfig)}
+_STRATEGY_KEYS = StrategyConfig.keys()
 _DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z")
 _INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts any size
 

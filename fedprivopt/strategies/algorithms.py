@@ -18,6 +18,7 @@ A. Koskela, A. Honkela, "Learning Rate Adaptation for Differentially Private Lea
 from __future__ import annotations
 
 from collections.abc import Generator
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -32,22 +33,26 @@ __all__ = ["ALGORITHMS", "build_algorithm"]
 class DPFedAvg(ServerAlgorithm):
     """DP-FedAvg with optional server momentum (also the non-private ``fedavg``)."""
 
+    def make_transform(self) -> optim.ServerTransform:
+        c = self.config
+        return optim.momentum_sgd(
+            learning_rate=c.server_learning_rate, momentum=c.options.server_momentum
+        )
+
 
 class DPFedAdam(ServerAlgorithm):
     """Adam on the noised mean (also the non-private ``fedadam``)."""
 
     def make_transform(self) -> optim.ServerTransform:
-        c = self.config
-        if c.adam_flavor == "flower":
-            return optim.flower_fedadam(
-                eta=c.server_learning_rate, beta_1=c.beta1, beta_2=c.beta2, tau=c.tau
-            )
+        rate, o = self.config.server_learning_rate, self.config.options
+        if o.adam_flavor == "flower":
+            return optim.flower_fedadam(eta=rate, beta_1=o.beta1, beta_2=o.beta2, tau=o.tau)
         return optim.adam(
-            learning_rate=c.server_learning_rate,
-            beta1=c.beta1,
-            beta2=c.beta2,
-            tau=c.tau,
-            bias_correction=c.bias_correction,
+            learning_rate=rate,
+            beta1=o.beta1,
+            beta2=o.beta2,
+            tau=o.tau,
+            bias_correction=o.bias_correction,
         )
 
 
@@ -66,15 +71,15 @@ class DPFedAdamBC(ServerAlgorithm):
         c = self.config
         return optim.adam_bc(
             learning_rate=c.server_learning_rate,
-            gamma=c.gamma if c.gamma is not None else self.noise_std_of_mean() ** 2,
+            gamma=c.options.gamma if c.options.gamma is not None else self.noise_std_of_mean() ** 2,
             noise_variance=None,  # passed every round: (std of the noise on Δ̃)²
-            beta1=c.beta1,
-            beta2=c.beta2,
+            beta1=c.options.beta1,
+            beta2=c.options.beta2,
         )
 
 
-class AdaDPS(ServerAlgorithm):
-    """AdaDPS: clients precondition local gradients by public side information ``A``."""
+class AdaDPS(DPFedAvg):
+    """AdaDPS: DP-FedAvg whose clients precondition local gradients by public side information."""
 
     def __init__(
         self,
@@ -108,15 +113,15 @@ class DP2(ServerAlgorithm):
         c = self.config
         return optim.dp2(
             sgd_learning_rate=c.server_learning_rate,
-            adaptive_learning_rate=c.dp2_learning_rate,
-            s1=c.dp2_s1,
-            s2=c.dp2_s2,
-            epsilon=c.dp2_epsilon,
-            beta=c.dp2_beta,
+            adaptive_learning_rate=c.options.dp2_learning_rate,
+            s1=c.options.dp2_s1,
+            s2=c.options.dp2_s2,
+            epsilon=c.options.dp2_epsilon,
+            beta=c.options.dp2_beta,
             noise_variance=None,
-            subtract_noise_variance=c.subtract_noise_variance,
+            subtract_noise_variance=c.options.subtract_noise_variance,
             noise_first=self.noise_first,
-            clip_norm_adaptive=c.clip_norm_adaptive,
+            clip_norm_adaptive=c.options.clip_norm_adaptive,
         )
 
     def _adaptive(self) -> bool:
@@ -127,24 +132,11 @@ class DP2(ServerAlgorithm):
             return None
         return optim.preconditioner(self.opt_state)
 
-    def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
-        clip = self.config.clip_norm_adaptive if self._adaptive() else None
-        users = self.sample(round_num)
-        updates = yield TrainRequest(
-            round_num,
-            users,
-            self.params,
-            self.broadcast_preconditioner(),
-            self.client_settings(clip_norm=clip),
-        )
-        agg = self.aggregate(round_num, updates, clip_norm=clip)
-        adaptive = self._adaptive()
-        step, self.opt_state = self.transform.update(
-            agg.delta_tilde, self.opt_state, self.params, noise_variance=agg.noise_std**2
-        )
-        self.params = self.params + step
-        metrics = {**agg.metrics, "adaptive_round": float(adaptive)}
-        return self._finish(round_num, users, metrics, agg.rejected)
+    def round_clip_norm(self) -> float | None:
+        return self.config.options.clip_norm_adaptive if self._adaptive() else None
+
+    def round_metrics(self) -> dict[str, float]:
+        return {"adaptive_round": float(self._adaptive())}
 
 
 class DP2NoiseFirst(DP2):
@@ -159,26 +151,29 @@ class DPFedAvgADADP(ServerAlgorithm):
     events_per_round = 2
 
     def make_transform(self) -> None:
-        c = self.config
-        tolerance = c.adadp_tolerance
+        return None  # the controller steps: two half steps against one full step
+
+    @cached_property
+    def controller(self) -> optim.ADADPController:
+        """The learning-rate controller, its tolerance calibrated to the noise unless set."""
+        c, o = self.config, self.config.options
+        tolerance = o.adadp_tolerance
         if tolerance is None:
             tolerance = optim.noise_calibrated_tolerance(
                 learning_rate=c.server_learning_rate,
                 noise_std=self.noise_std_of_mean(),
                 dim=self.params.numel(),
             )
-        self.controller = optim.adadp(
+        return optim.adadp(
             learning_rate=c.server_learning_rate,
             tolerance=tolerance,
-            alpha_min=c.adadp_alpha_min,
-            alpha_max=c.adadp_alpha_max,
-            safety=c.adadp_safety,
+            alpha_min=o.adadp_alpha_min,
+            alpha_max=o.adadp_alpha_max,
+            safety=o.adadp_safety,
         )
-        return None
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.opt_state = self.controller.init()
+    def init_state(self) -> optim.ADADPState:
+        return self.controller.init()
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         cfg = self.client_settings()

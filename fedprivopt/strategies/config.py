@@ -1,77 +1,40 @@
 """Hyperparameters of a federated run, validated once.
 
-:class:`StrategyConfig` holds everything the server side needs (strategy, sampling, privacy,
-server optimizer) and what it broadcasts to clients (local training). Its fields are the
-snake_case forms of the kebab-case keys of presets and of Flower's run config;
-:meth:`StrategyConfig.from_mapping` reads either form and names the key in every error.
+:class:`StrategyConfig` holds what every strategy shares (sampling, privacy, the server learning
+rate, local training) and, in :attr:`StrategyConfig.options`, the strategy's own parameter block
+(:mod:`fedprivopt.strategies.options`). Its keys are the kebab-case keys of presets and of
+Flower's run config; :meth:`StrategyConfig.from_mapping` reads either form, routes each key to
+the shared fields or to the strategy's block, and names the key in every error.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from fedprivopt.core.checks import interval
 from fedprivopt.core.local import MAX_EPOCHS
-from fedprivopt.privacy.accounting_state import MAX_STATE_NOISE_MULTIPLIER
+from fedprivopt.privacy.accounting_state import ACCOUNTANTS, MAX_STATE_NOISE_MULTIPLIER
+from fedprivopt.privacy.aggregate import NOISE_MODES
+from fedprivopt.privacy.events import SAMPLING_KINDS
 from fedprivopt.privacy.sampling import MAX_POPULATION
-
-__all__ = ["STRATEGIES", "StrategyConfig"]
-
-STRATEGIES = (
-    "dp-fedavg",
-    "dp-fedadam",
-    "dp-fedadam-bc",
-    "adadps",
-    "dp2",
-    "dp2-noise-first",
-    "dp-fedavg-adadp",
-    "fedavg",
-    "fedadam",
+from fedprivopt.strategies.options import (
+    BLOCKS,
+    Options,
+    apply_rules,
+    choice,
+    flag,
+    integer,
+    key_of,
+    real,
+    rules_of,
 )
+
+__all__ = ["NON_PRIVATE", "STRATEGIES", "StrategyConfig"]
+
+STRATEGIES = tuple(BLOCKS)
 NON_PRIVATE = ("fedavg", "fedadam")
 
-
-# name -> (low, high, low_open, high_open); None in a field's slot means "not a bounded number"
-_RANGES: dict[str, tuple[float, float, bool, bool]] = {
-    "clients_per_round": (0, math.inf, True, True),
-    # at most what a checkpoint's accountant state may hold (a larger σ could not be resumed)
-    "noise_multiplier": (0, MAX_STATE_NOISE_MULTIPLIER, False, False),
-    "clip_norm": (0, math.inf, True, True),
-    "delta": (0, 1, True, True),
-    "target_epsilon": (0, math.inf, True, True),
-    "server_learning_rate": (0, math.inf, True, True),
-    "server_momentum": (0, 1, False, True),
-    "beta1": (0, 1, False, True),
-    "beta2": (0, 1, False, True),
-    "tau": (0, math.inf, True, True),
-    "gamma": (0, math.inf, True, True),
-    "dp2_beta": (0, 1, False, True),
-    "dp2_epsilon": (0, math.inf, True, True),
-    "dp2_learning_rate": (0, math.inf, True, True),
-    "clip_norm_adaptive": (0, math.inf, True, True),
-    "adadp_tolerance": (0, math.inf, True, True),
-    "adadp_alpha_min": (0, 1, True, False),
-    "adadp_alpha_max": (1, math.inf, False, True),
-    "adadp_safety": (0, 1, True, False),
-    "local_learning_rate": (0, math.inf, True, True),
-    "min_shares_quantile": (0, 1, True, True),
-    "ema_decay": (0, 1, False, True),
-}
-_INT_MIN = {
-    "population": 1,
-    "num_server_rounds": 1,
-    "dp2_s1": 1,
-    "dp2_s2": 1,
-    "local_epochs": 1,
-    "batch_size": 1,
-    "max_examples": 0,
-    "min_shares": 0,
-    "seed": 0,
-}
 #: Upper bounds of integer settings, from memory: a run keeps every round's metrics row and
 #: ledger entry in memory (about 2 KB a round, measured on the toy preset), so 10**6 rounds hold
 #: about 2 GB; ``--rounds 10**14`` used to be accepted and grow until killed. ``population`` is
@@ -80,18 +43,11 @@ _INT_MIN = {
 #: ``local_epochs`` by the one permutation per epoch a client holds
 #: (:data:`fedprivopt.core.local.MAX_EPOCHS` = 10,000).
 MAX_ROUNDS = 1_000_000
-_INT_MAX = {
-    "num_server_rounds": MAX_ROUNDS,
-    "population": MAX_POPULATION,
-    "local_epochs": MAX_EPOCHS,
+_INF = float("inf")
+_BLOCK_RULES = {
+    key_of(name): rule for block in BLOCKS.values() for name, rule in rules_of(block).items()
 }
-_CHOICES = {
-    "strategy": STRATEGIES,
-    "sampling": ("poisson", "fixed"),
-    "noise_mode": ("server", "distributed"),
-    "accountant": ("rdp", "pld", "prv"),
-    "adam_flavor": ("standard", "flower"),
-}
+_EVERY_BLOCK_KEY = frozenset(_BLOCK_RULES)
 
 
 @dataclass(frozen=True)
@@ -121,26 +77,9 @@ class StrategyConfig:
     accountant : {"rdp", "pld", "prv"}
     seed : int
         Root seed of every random stream; ignored in ``secure`` mode (OS entropy).
-    server_learning_rate, server_momentum : float
-        Server step ``η_s`` and momentum ``β`` (dp-fedavg, adadps, fedavg); ``η_s`` is Adam's
-        learning rate for the Adam strategies.
-    beta1, beta2, tau, bias_correction, gamma : float
-        Adam's moments and ``τ``; DP-AdamBC's floor ``γ′`` (``None``: the per-coordinate noise
-        variance ``Φ = (σC/m̄)²`` of Δ̃).
-    adam_flavor : {"standard", "flower"}
-        ``"flower"`` reproduces Flower's ``FedAdam`` exactly (τ added to the uncorrected √v and
-        the bias-correction exponent ``round + 1``); ``"standard"`` is Reddi et al.
-    dp2_s1, dp2_s2, dp2_beta, dp2_epsilon, dp2_learning_rate, clip_norm_adaptive,
-    subtract_noise_variance
-        DP2: SGD and adaptive rounds per cycle, EMA decay, ``ε`` of ``P = √v + ε``, adaptive-phase
-        server learning rate (SGD rounds use ``server_learning_rate``), adaptive-phase clip norm
-        (``None``: ``clip_norm``), whether to subtract the known noise variance from ``v``.
-    adadp_tolerance, adadp_alpha_min, adadp_alpha_max, adadp_safety : float
-        ADADP's ``τ``, ``α_min``, ``α_max`` and the safety factor ``s`` of its learning-rate
-        rule (1: the authors' rule; 0.9 keeps the settled error below ``τ``, see
-        :class:`fedprivopt.optim.ADADPController`); ``server_learning_rate`` is the initial ``η``.
-        ``adadp_tolerance = None`` calibrates ``τ`` to the noise
-        (:func:`fedprivopt.optim.noise_calibrated_tolerance`).
+    server_learning_rate : float
+        Server step ``η_s``: SGD's rate, Adam's rate for the Adam strategies, DP2's rate in its
+        SGD rounds, ADADP's initial rate.
     local_learning_rate, local_epochs, batch_size, max_examples
         Client training (``max_examples = 0``: all of a user's examples); ``local_epochs`` is in
         ``[1, 10000]`` (a client holds one permutation of its examples per epoch).
@@ -148,89 +87,49 @@ class StrategyConfig:
         ``β`` of the exponential moving average of the released iterates that a run evaluates
         and reports (``0``: the last iterate). Post-processing of released models: it costs no
         privacy (see :meth:`fedprivopt.strategies.core.ServerAlgorithm.output_params`).
+    options : Options
+        The strategy's own parameter block (:data:`fedprivopt.strategies.options.BLOCKS`; ``None``
+        when constructing: the block's defaults).
+    unused : tuple of str
+        Keys given to :meth:`from_mapping` that belong to other strategies' blocks (a preset
+        shared by ``compare`` sets knobs of several strategies); not part of the config.
     """
 
-    strategy: str = "dp-fedavg"
-    population: int = 100
-    clients_per_round: float = 10.0
-    num_server_rounds: int = 10
-    noise_multiplier: float = 1.0
-    clip_norm: float = 1.0
-    sampling: str = "poisson"
-    noise_mode: str = "server"
-    min_shares: int = 0
-    min_shares_quantile: float = 0.01
-    delta: float = 1e-5
-    target_epsilon: float | None = None
-    accountant: str = "rdp"
-    seed: int = 0
-    secure: bool = False
-    server_learning_rate: float = 1.0
-    server_momentum: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
-    bias_correction: bool = True
-    adam_flavor: str = "standard"
-    gamma: float | None = None
-    dp2_s1: int = 5
-    dp2_s2: int = 5
-    dp2_beta: float = 0.9
-    dp2_epsilon: float = 1e-3
-    dp2_learning_rate: float = 0.1
-    clip_norm_adaptive: float | None = None
-    subtract_noise_variance: bool = False
-    adadp_tolerance: float | None = None
-    adadp_alpha_min: float = 0.9
-    adadp_alpha_max: float = 1.1
-    adadp_safety: float = 0.9
-    local_learning_rate: float = 0.1
-    local_epochs: int = 1
-    batch_size: int = 32
-    max_examples: int = 0
-    ema_decay: float = 0.0
+    strategy: str = choice("dp-fedavg", STRATEGIES)
+    population: int = integer(100, 1, MAX_POPULATION)
+    clients_per_round: float = real(10.0, 0, _INF, low_open=True)
+    num_server_rounds: int = integer(10, 1, MAX_ROUNDS)
+    # at most what a checkpoint's accountant state may hold (a larger σ could not be resumed)
+    noise_multiplier: float = real(1.0, 0, MAX_STATE_NOISE_MULTIPLIER)
+    clip_norm: float = real(1.0, 0, _INF, low_open=True)
+    sampling: str = choice("poisson", SAMPLING_KINDS)
+    noise_mode: str = choice("server", NOISE_MODES)
+    min_shares: int = integer(0, 0)
+    min_shares_quantile: float = real(0.01, 0, 1, low_open=True, high_open=True)
+    delta: float = real(1e-5, 0, 1, low_open=True, high_open=True)
+    target_epsilon: float | None = real(None, 0, _INF, low_open=True, optional=True)
+    accountant: str = choice("rdp", ACCOUNTANTS)
+    seed: int = integer(0, 0)
+    secure: bool = flag(False)
+    server_learning_rate: float = real(1.0, 0, _INF, low_open=True)
+    local_learning_rate: float = real(0.1, 0, _INF, low_open=True)
+    local_epochs: int = integer(1, 1, MAX_EPOCHS)
+    batch_size: int = integer(32, 1)
+    max_examples: int = integer(0, 0)
+    ema_decay: float = real(0.0, 0, 1, high_open=True)
+    options: Options | None = None
+    unused: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            key = f.name.replace("_", "-")
-            value = getattr(self, f.name)
-            if f.name in _CHOICES:
-                if value not in _CHOICES[f.name]:
-                    raise ValueError(
-                        f"{key} must be one of {', '.join(_CHOICES[f.name])}, got {value!r}"
-                    )
-            elif f.name in _INT_MIN:
-                top = _INT_MAX.get(f.name)
-                if (
-                    isinstance(value, bool)
-                    or not isinstance(value, int)
-                    or value < _INT_MIN[f.name]
-                    or (top is not None and value > top)
-                ):
-                    where = (
-                        f">= {_INT_MIN[f.name]}"
-                        if top is None
-                        else f"in [{_INT_MIN[f.name]}, {top}]"
-                    )
-                    raise ValueError(f"{key} must be an integer {where}, got {value!r}")
-            elif f.name in _RANGES:
-                if value is None and f.default is None:
-                    continue
-                lo, hi, lo_open, hi_open = _RANGES[f.name]
-                ok = (
-                    isinstance(value, (int, float))
-                    and not isinstance(value, bool)
-                    and math.isfinite(value)
-                    and (value > lo if lo_open else value >= lo)
-                    and (value < hi if hi_open else value <= hi)
-                )
-                if not ok:
-                    raise ValueError(
-                        f"{key} must be a number in {interval(lo, hi, lo_open, hi_open)}, "
-                        f"got {value!r}"
-                    )
-            elif f.type in ("bool",) and not isinstance(value, bool):
-                raise ValueError(f"{key} must be true or false, got {value!r}")
+        apply_rules(self)
+        block = BLOCKS[self.strategy]
+        if self.options is None:
+            object.__setattr__(self, "options", block())
+        elif type(self.options) is not block:
+            raise ValueError(
+                f"options of strategy {self.strategy!r} must be a {block.__name__}, "
+                f"got {type(self.options).__name__}"
+            )
         if self.clients_per_round > self.population:
             raise ValueError(
                 f"clients-per-round must be in (0, population={self.population}], "
@@ -257,28 +156,52 @@ class StrategyConfig:
         return self.clients_per_round / self.population
 
     @classmethod
+    def shared_keys(cls) -> frozenset[str]:
+        """Keys every strategy reads (kebab-case)."""
+        return frozenset(key_of(f.name) for f in fields(cls) if f.name not in _NOT_KEYS)
+
+    @classmethod
+    def keys(cls) -> frozenset[str]:
+        """Every key a strategy config may hold: the shared ones and every block's."""
+        return cls.shared_keys() | _EVERY_BLOCK_KEY
+
+    @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> StrategyConfig:
-        """Build from a mapping with kebab-case (or snake_case) keys; unknown keys are errors."""
-        names = {f.name for f in fields(cls)}
+        """Build from kebab-case (or snake_case) keys.
+
+        Shared keys go to the config, the strategy's own keys to its block; keys of other
+        strategies' blocks are set aside in :attr:`unused`; any other key is an error.
+        """
+        shared = cls.shared_keys()
         kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            name = str(key).replace("-", "_")
-            if name not in names:
-                raise ValueError(f"unknown key {key!r}")
-            kwargs[name] = value
-        defaults = {f.name: f.default for f in fields(cls)}
-        for name, value in list(kwargs.items()):
-            default = defaults[name]
-            if (
-                isinstance(default, float)
-                and isinstance(value, int)
-                and not isinstance(value, bool)
-            ):
-                kwargs[name] = float(value)
-        return cls(**kwargs)
+        block_kwargs: dict[str, Any] = {}
+        unused: list[str] = []
+        strategy = data.get("strategy", "dp-fedavg")
+        if strategy not in BLOCKS:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        own = BLOCKS[strategy].keys()
+        for raw, value in data.items():
+            key = key_of(str(raw))
+            if key in shared:
+                kwargs[key.replace("-", "_")] = value
+            elif key in own:
+                block_kwargs[key] = value
+            elif key in _EVERY_BLOCK_KEY:
+                _BLOCK_RULES[key].check(key, value)  # a bad value is an error even if unused
+                unused.append(key)
+            else:
+                raise ValueError(f"unknown key {raw!r}")
+        options = BLOCKS[strategy].from_mapping(block_kwargs)
+        return cls(**kwargs, options=options, unused=tuple(sorted(unused)))
 
     def to_mapping(self) -> dict[str, Any]:
-        """Kebab-case mapping of every field (``None`` values left out)."""
-        return {
-            k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items() if v is not None
+        """Kebab-case mapping of the shared fields and the block (``None`` values left out)."""
+        out = {
+            key_of(f.name): getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in _NOT_KEYS and getattr(self, f.name) is not None
         }
+        return out | self.options.to_mapping()
+
+
+_NOT_KEYS = ("options", "unused")

@@ -24,9 +24,10 @@ import torch
 
 from fedprivopt import optim
 from fedprivopt.core.local import LocalConfig
-from fedprivopt.privacy.accounting import PrivacyAccountant, check_pld_ledger
+from fedprivopt.privacy.accounting import PrivacyAccountant
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator, default_min_shares
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import make_sampler
 from fedprivopt.strategies.config import StrategyConfig
@@ -141,7 +142,7 @@ class ServerAlgorithm:
             check_pld_ledger([(self.round_event(), planned)], self.accountant.pld_discretization)
         self.side_information = preconditioner
         self.transform = self.make_transform()
-        self.opt_state = self.transform.init(self.params) if self.transform is not None else None
+        self.opt_state = self.init_state()
         self.stopped_reason: str | None = None
 
     # -- construction hooks ------------------------------------------------------------------
@@ -166,9 +167,12 @@ class ServerAlgorithm:
         )
 
     def make_transform(self) -> optim.ServerTransform | None:
-        """Server optimizer of this strategy (momentum SGD by default)."""
-        c = self.config
-        return optim.momentum_sgd(learning_rate=c.server_learning_rate, momentum=c.server_momentum)
+        """Server optimizer of this strategy (each named strategy defines its own)."""
+        raise NotImplementedError
+
+    def init_state(self) -> Any:
+        """The server optimizer's initial state."""
+        return None if self.transform is None else self.transform.init(self.params)
 
     # -- privacy -----------------------------------------------------------------------------
 
@@ -289,18 +293,32 @@ class ServerAlgorithm:
             agg.delta_tilde.masked_fill_(self.frozen, 0.0)
         return agg
 
+    def round_clip_norm(self) -> float | None:
+        """The clip norm of this round when it is not ``clip-norm`` (DP2's adaptive rounds)."""
+        return None
+
+    def round_metrics(self) -> dict[str, float]:
+        """Metrics of this round's shape, taken before the server step (DP2's phase)."""
+        return {}
+
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         """One round of a single-cohort strategy (override for other shapes)."""
+        clip = self.round_clip_norm()
         users = self.sample(round_num)
         updates = yield TrainRequest(
-            round_num, users, self.params, self.broadcast_preconditioner(), self.client_settings()
+            round_num,
+            users,
+            self.params,
+            self.broadcast_preconditioner(),
+            self.client_settings(clip_norm=clip),
         )
-        agg = self.aggregate(round_num, updates)
+        agg = self.aggregate(round_num, updates, clip_norm=clip)
+        metrics = {**agg.metrics, **self.round_metrics()}
         step, self.opt_state = self.transform.update(
             agg.delta_tilde, self.opt_state, self.params, noise_variance=agg.noise_std**2
         )
         self.params = self.params + step
-        return self._finish(round_num, users, agg.metrics, agg.rejected)
+        return self._finish(round_num, users, metrics, agg.rejected)
 
     def _finish(
         self, round_num: int, users: list[int], metrics: dict[str, float], rejected: dict

@@ -7,7 +7,7 @@ traceback. Nothing else escapes.
 
 Kept fast and harmless: the accountant is ``rdp``, ``pld`` or an invalid name (``prv`` is not
 fuzzed). ``pld`` used to exhaust memory on a tiny sigma; it now refuses a grid beyond
-``accounting.PLD_MAX_BYTES`` before allocating it, and the fuzz lowers that limit to 16 MiB
+``pld_guard.PLD_MAX_BYTES`` before allocating it, and the fuzz lowers that limit to 16 MiB
 (:func:`small_pld_limit`) so that an accepted ``pld`` input costs at most ~0.3 s while the refusal
 path is exercised too. ``simulate`` and ``compare`` always carry a last ``--set`` that no other
 flag can repair (so no training starts), and everything runs in a temporary working directory.
@@ -25,7 +25,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fedprivopt.cli import main
-from fedprivopt.privacy import accounting
+from fedprivopt.privacy import pld_guard
 from tests.reliability.conftest import count, fuzz_settings
 
 PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -45,7 +45,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
 @pytest.fixture
 def small_pld_limit(monkeypatch):
     """PLD grids above 16 MiB (estimated) are refused: accepted PLD inputs stay fast."""
-    monkeypatch.setattr(accounting, "PLD_MAX_BYTES", 16 * 2**20)
+    monkeypatch.setattr(pld_guard, "PLD_MAX_BYTES", 16 * 2**20)
 
 
 def check(argv: list[str]) -> tuple[int, str, str]:

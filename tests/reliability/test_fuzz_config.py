@@ -35,14 +35,8 @@ from hypothesis import strategies as st
 
 from fedprivopt.simulation.config import RunConfig, load_config, parse_override, resolve_config
 from fedprivopt.simulation.run import config_to_toml
-from fedprivopt.strategies.config import (
-    _CHOICES,
-    _INT_MAX,
-    _INT_MIN,
-    _RANGES,
-    STRATEGIES,
-    StrategyConfig,
-)
+from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
+from fedprivopt.strategies.options import BLOCKS, Rule, rules_of
 from tests.reliability.conftest import count, fuzz_settings
 
 if sys.version_info >= (3, 11):
@@ -52,7 +46,7 @@ else:  # pragma: no cover
 
 PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 BASE = tomllib.loads(PRESET.read_text())
-STRATEGY_KEYS = sorted(f.name.replace("_", "-") for f in dataclasses.fields(StrategyConfig))
+STRATEGY_KEYS = sorted(StrategyConfig.keys())
 RUN_KEYS = sorted(
     f.name.replace("_", "-")
     for f in dataclasses.fields(RunConfig)
@@ -207,6 +201,9 @@ def check_accepted(config: RunConfig, doc: dict, overrides: dict) -> None:
         if key.startswith("task-params."):
             task_params[key.split(".", 1)[1].replace("-", "_")] = value
             continue
+        if key in config.strategy.unused:  # another strategy's option: set aside, not applied
+            assert key not in mapping
+            continue
         assert key in mapping, f"key {key!r} was accepted but is not in the config"
         assert _numbers_equal(mapping[key], value), (key, mapping[key], value)
     assert config.task_params == task_params
@@ -314,13 +311,25 @@ _BMP_TEXT = st.text(
 )
 
 
-def _interval(name: str):
-    lo, hi, lo_open, hi_open = _RANGES[name]
+#: every rule of the shared settings and of every strategy's option block
+RULES = {
+    name: rule for cls in (StrategyConfig, *BLOCKS.values()) for name, rule in rules_of(cls).items()
+}
+
+
+def _valid(rule: Rule):
+    if rule.kind == "choice":
+        return st.sampled_from(rule.choices)
+    if rule.kind == "bool":
+        return st.booleans()
+    if rule.kind == "int":
+        high = 2**63 - 1 if math.isinf(rule.high) else int(rule.high)
+        return st.integers(min_value=int(rule.low), max_value=high)
     return st.floats(
-        min_value=lo,
-        max_value=min(hi, 1e300),
-        exclude_min=lo_open,
-        exclude_max=hi_open and hi < 1e300,
+        min_value=rule.low,
+        max_value=min(rule.high, 1e300),
+        exclude_min=rule.low_open,
+        exclude_max=rule.high_open and rule.high < 1e300,
         allow_nan=False,
         allow_infinity=False,
     )
@@ -329,14 +338,8 @@ def _interval(name: str):
 @st.composite
 def valid_mappings(draw) -> dict:
     data: dict = {}
-    for name, choices in _CHOICES.items():
-        data[name] = draw(st.sampled_from(choices))
-    for name, lo in _INT_MIN.items():
-        data[name] = draw(st.integers(min_value=lo, max_value=_INT_MAX.get(name, 2**63 - 1)))
-    for name in _RANGES:
-        data[name] = draw(_interval(name))
-    for name in ("secure", "bias_correction", "subtract_noise_variance"):
-        data[name] = draw(st.booleans())
+    for name, rule in RULES.items():
+        data[name] = draw(_valid(rule))
     population = data["population"] = draw(st.integers(1, 10**6))
     if data["sampling"] == "fixed":
         data["clients_per_round"] = float(draw(st.integers(1, population)))

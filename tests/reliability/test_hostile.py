@@ -120,7 +120,6 @@ FAST_CONFIG = StrategyConfig(
     clip_norm=C,
     local_learning_rate=0.5,
     server_learning_rate=1.0,
-    server_momentum=0.0,
     seed=7,
 )
 
@@ -186,7 +185,6 @@ CONFIG = StrategyConfig(
     clip_norm=C,
     local_learning_rate=0.5,
     server_learning_rate=1.0,
-    server_momentum=0.0,
     seed=3,
 )
 

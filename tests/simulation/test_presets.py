@@ -41,7 +41,7 @@ def test_adadps_paper_epsilon_equals_the_cli(capsys):
     )
     assert (s.num_server_rounds, s.delta, s.batch_size) == (40, 0.0025, 100)
     # the paper's server momentum is the preset's; DP-FedAvg's own table lowers it (the sweep)
-    assert load_config(path, {"strategy": "fedavg"}).strategy.server_momentum == 0.9
+    assert load_config(path, {"strategy": "fedavg"}).strategy.options.server_momentum == 0.9
     # AdaDPS' default side information makes 4 of the 400 users public: build_run samples the
     # 396 private ones, and the preset's 19.8 per round keeps q = 0.05 (equal epsilon)
     a = load_config(path).strategy

@@ -176,7 +176,7 @@ def test_per_strategy_tables_apply_with_the_right_precedence():
     assert adam.strategy.server_learning_rate == 0.05
     forced = load_config(PRESET, {"strategy": "dp-fedadam", "server-learning-rate": 0.2})
     assert forced.strategy.server_learning_rate == 0.2
-    assert load_config(PRESET, {"strategy": "dp2"}).strategy.dp2_s1 == 2
+    assert load_config(PRESET, {"strategy": "dp2"}).strategy.options.dp2_s1 == 2
 
 
 def test_secure_rounds_are_recorded_in_the_ledger_before_the_next_broadcast(tmp_path):

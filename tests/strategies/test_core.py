@@ -24,7 +24,7 @@ def config(**kw):
         num_server_rounds=5,
     )
     base.update(kw)
-    return StrategyConfig(**base)
+    return StrategyConfig.from_mapping(base)
 
 
 def fixed_updates(scale=0.3):

@@ -10,6 +10,7 @@ from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run import read_rows, simulate
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
+from fedprivopt.strategies.options import ADADPOptions
 
 from .test_core import DIM, fixed_updates
 
@@ -19,20 +20,22 @@ TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 def _alg(strategy, **kw):
     import torch
 
-    cfg = StrategyConfig(
-        strategy=strategy,
-        population=40,
-        clients_per_round=8.0,
-        noise_multiplier=1.5,
-        clip_norm=2.0,
-        **kw,
+    cfg = StrategyConfig.from_mapping(
+        dict(
+            strategy=strategy,
+            population=40,
+            clients_per_round=8.0,
+            noise_multiplier=1.5,
+            clip_norm=2.0,
+            **kw,
+        )
     )
     return build_algorithm(cfg, torch.zeros(DIM))
 
 
 def test_bc_floor_defaults_to_the_noise_variance():
     alg = _alg("dp-fedadam-bc")
-    assert StrategyConfig().gamma is None
+    assert StrategyConfig(strategy="dp-fedadam-bc").options.gamma is None
     assert alg.transform.hparams["gamma"] == pytest.approx((1.5 * 2.0 / 8.0) ** 2)
     assert _alg("dp-fedadam-bc", gamma=1e-3).transform.hparams["gamma"] == 1e-3
 
@@ -41,7 +44,7 @@ def test_adadp_tolerance_defaults_to_the_noise_calibrated_one():
     alg = _alg("dp-fedavg-adadp", server_learning_rate=0.7)
     expected = noise_calibrated_tolerance(learning_rate=0.7, noise_std=1.5 * 2.0 / 8.0, dim=DIM)
     assert alg.controller.tolerance == pytest.approx(expected)
-    assert alg.controller.safety == StrategyConfig().adadp_safety
+    assert alg.controller.safety == ADADPOptions().adadp_safety == 0.9
     fixed = _alg("dp-fedavg-adadp", adadp_tolerance=0.25)
     assert fixed.controller.tolerance == 0.25
     res = drive_round(alg, 1, fixed_updates())
@@ -51,9 +54,8 @@ def test_adadp_tolerance_defaults_to_the_noise_calibrated_one():
 
 def _accept_rates(out, **strategy_kw):
     config = load_config(TOY, {"strategy": "dp-fedavg-adadp", "num-server-rounds": 20})
-    config = dataclasses.replace(
-        config, strategy=dataclasses.replace(config.strategy, **strategy_kw)
-    )
+    strategy = StrategyConfig.from_mapping({**config.strategy.to_mapping(), **strategy_kw})
+    config = dataclasses.replace(config, strategy=strategy)
     simulate(config, out, progress=False)
     rows = read_rows(out / "metrics.jsonl")
     return [r["adadp_step_accepted"] for r in rows]

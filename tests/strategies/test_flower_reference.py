@@ -70,7 +70,9 @@ def _delta(user: int, server_round: int) -> torch.Tensor:
     ],
 )
 def test_non_private_baseline_equals_flower(strategy, flower, extra):
-    cfg = StrategyConfig(strategy=strategy, population=30, clients_per_round=6, seed=2, **extra)
+    cfg = StrategyConfig.from_mapping(
+        dict(strategy=strategy, population=30, clients_per_round=6, seed=2, **extra)
+    )
     w0 = torch.linspace(-1, 1, DIM)
     ours = build_algorithm(cfg, w0)
     reference = flower()

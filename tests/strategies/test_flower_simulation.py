@@ -54,7 +54,7 @@ def config(name):
         return StrategyConfig(
             strategy="dp-fedavg", noise_mode="distributed", min_shares=4, **COMMON
         )
-    return StrategyConfig(strategy=name, **COMMON, **SPECIFIC[name])
+    return StrategyConfig.from_mapping(dict(strategy=name, **COMMON, **SPECIFIC[name]))
 
 
 def side_information(name, init):

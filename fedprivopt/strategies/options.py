@@ -1,0 +1,279 @@
+"""Per-strategy option blocks: each strategy's own knobs, their defaults and valid values.
+
+A strategy's options live in one frozen dataclass, its *block*; each field declares its default
+and its rule (:func:`real`, :func:`integer`, :func:`flag`, :func:`choice`), and the block
+validates itself on construction. :data:`BLOCKS` maps every strategy name to its block. The
+settings every strategy shares (sampling, privacy, server learning rate, local training) are the
+fields of :class:`~fedprivopt.strategies.config.StrategyConfig`, declared with the same rules.
+
+Adding an option to a strategy is one field in its block (and the line of the algorithm that
+uses it): presets, ``--set``, compare grids, checkpoints, the ledger and the Flower run config
+all read the keys from here. Keys are the kebab-case forms of the field names, as in presets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from fedprivopt.core.checks import check_bool, check_int, check_real
+
+__all__ = [
+    "BLOCKS",
+    "ADADPOptions",
+    "AdamBCOptions",
+    "AdamOptions",
+    "DP2Options",
+    "MomentOptions",
+    "MomentumOptions",
+    "Options",
+    "Rule",
+    "apply_rules",
+    "choice",
+    "flag",
+    "integer",
+    "key_of",
+    "real",
+    "rules_of",
+]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What values a setting accepts (``optional``: ``None`` too, meaning "derive it")."""
+
+    kind: str  # "real", "int", "bool" or "choice"
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] = ()
+    optional: bool = False
+
+    def check(self, key: str, value: Any) -> Any:
+        """``value`` normalized (ints of a real setting become floats), or ``ValueError``."""
+        if value is None and self.optional:
+            return None
+        if self.kind == "real":
+            return check_real(
+                key,
+                value,
+                low=self.low,
+                high=self.high,
+                low_open=self.low_open,
+                high_open=self.high_open,
+            )
+        if self.kind == "int":
+            high = None if math.isinf(self.high) else int(self.high)
+            return check_int(key, value, int(self.low), high)
+        if self.kind == "bool":
+            return check_bool(key, value)
+        if value not in self.choices:
+            raise ValueError(f"{key} must be one of {', '.join(self.choices)}, got {value!r}")
+        return value
+
+
+def real(
+    default: float | None,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    optional: bool = False,
+) -> Any:
+    """A real-valued setting in the interval (``optional``: ``None`` allowed)."""
+    rule = Rule("real", low, high, low_open, high_open, optional=optional)
+    return field(default=default, metadata={"rule": rule})
+
+
+def integer(default: int, low: int, high: int | None = None) -> Any:
+    """An integer setting in ``[low, high]``."""
+    rule = Rule("int", low, math.inf if high is None else high)
+    return field(default=default, metadata={"rule": rule})
+
+
+def flag(default: bool) -> Any:
+    """A true/false setting."""
+    return field(default=default, metadata={"rule": Rule("bool")})
+
+
+def choice(default: str, choices: tuple[str, ...]) -> Any:
+    """A setting that is one of ``choices``."""
+    return field(default=default, metadata={"rule": Rule("choice", choices=tuple(choices))})
+
+
+def key_of(name: str) -> str:
+    """The kebab-case key of a field name."""
+    return name.replace("_", "-")
+
+
+def rules_of(cls: Any) -> dict[str, Rule]:
+    """Field name → :class:`Rule` of every ruled field of the dataclass (or instance) ``cls``."""
+    return {f.name: f.metadata["rule"] for f in fields(cls) if "rule" in f.metadata}
+
+
+def apply_rules(obj: Any) -> None:
+    """Check every ruled field of the dataclass ``obj`` and store its normalized value."""
+    for name, rule in rules_of(obj).items():
+        object.__setattr__(obj, name, rule.check(key_of(name), getattr(obj, name)))
+
+
+@dataclass(frozen=True)
+class Options:
+    """Base of the blocks: validated on construction, read from and written to kebab-case keys."""
+
+    def __post_init__(self) -> None:
+        apply_rules(self)
+
+    @classmethod
+    def keys(cls) -> frozenset[str]:
+        """The block's keys (kebab-case)."""
+        return frozenset(key_of(f.name) for f in fields(cls))
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every key of the block with its default value."""
+        return {key_of(f.name): f.default for f in fields(cls) if f.default is not MISSING}
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Options:
+        """The block from kebab-case (or snake_case) keys, all of them the block's own."""
+        return cls(**{str(k).replace("-", "_"): v for k, v in data.items()})
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Kebab-case mapping of the block (``None`` values left out)."""
+        return {
+            key_of(f.name): getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+
+@dataclass(frozen=True)
+class MomentumOptions(Options):
+    """DP-FedAvg, AdaDPS and FedAvg: momentum SGD on the (noised) mean at ``server-learning-rate``.
+
+    Attributes
+    ----------
+    server_momentum : float
+        Heavy-ball momentum ``β`` in ``[0, 1)``.
+    """
+
+    server_momentum: float = real(0.0, 0, 1, high_open=True)
+
+
+@dataclass(frozen=True)
+class MomentOptions(Options):
+    """Adam's moment decays ``beta1``, ``beta2`` in ``[0, 1)``: the base of the Adam blocks."""
+
+    beta1: float = real(0.9, 0, 1, high_open=True)
+    beta2: float = real(0.99, 0, 1, high_open=True)
+
+
+@dataclass(frozen=True)
+class AdamOptions(MomentOptions):
+    """DP-FedAdam and FedAdam: Adam on the (noised) mean; ``server-learning-rate`` is its rate.
+
+    Attributes
+    ----------
+    tau : float
+        Adam's ``τ`` (added to ``√v̂``), ``> 0``.
+    bias_correction : bool
+        Whether the moments are bias-corrected.
+    adam_flavor : {"standard", "flower"}
+        ``"flower"`` reproduces Flower's ``FedAdam`` exactly (τ added to the uncorrected √v and
+        the bias-correction exponent ``round + 1``); ``"standard"`` is Reddi et al.
+    """
+
+    tau: float = real(1e-3, 0, math.inf, low_open=True)
+    bias_correction: bool = flag(True)
+    adam_flavor: str = choice("standard", ("standard", "flower"))
+
+
+@dataclass(frozen=True)
+class AdamBCOptions(MomentOptions):
+    """DP-AdamBC: Adam with the known noise variance ``Φ`` of Δ̃ removed from its second moment.
+
+    Attributes
+    ----------
+    gamma : float or None
+        The floor ``γ′`` of ``v̂ - Φ``. ``None`` (default): ``Φ = (σC/m̄)²`` itself, so a
+        coordinate whose corrected moment is below the noise level takes Adam's pure-noise step
+        ``m̂/√Φ``. The old default 1e-8 let such coordinates step by ``m̂/10⁻⁴``: on
+        ``simulations/adadps-paper.toml`` (Φ = 9e-4, 3 seeds) accuracy 0.004, eval loss 1371,
+        against a tie with DP-FedAdam at ``γ′ = Φ`` (``docs/EXPERIMENTS.md``).
+    """
+
+    gamma: float | None = real(None, 0, math.inf, low_open=True, optional=True)
+
+
+@dataclass(frozen=True)
+class DP2Options(Options):
+    """DP2: SGD rounds (at ``server-learning-rate``) build a delayed preconditioner ``P = √v + ε``.
+
+    Attributes
+    ----------
+    dp2_s1, dp2_s2 : int
+        SGD and adaptive rounds per cycle, ``>= 1``.
+    dp2_beta : float
+        Decay of the EMA ``v`` of the noised means, in ``[0, 1)``.
+    dp2_epsilon : float
+        ``ε`` of ``P = √v + ε``, ``> 0``.
+    dp2_learning_rate : float
+        Server learning rate of the adaptive rounds, ``> 0``.
+    clip_norm_adaptive : float or None
+        Clip norm of the adaptive rounds (``None``: ``clip-norm``).
+    subtract_noise_variance : bool
+        Whether the known noise variance is subtracted from ``v``.
+    """
+
+    dp2_s1: int = integer(5, 1)
+    dp2_s2: int = integer(5, 1)
+    dp2_beta: float = real(0.9, 0, 1, high_open=True)
+    dp2_epsilon: float = real(1e-3, 0, math.inf, low_open=True)
+    dp2_learning_rate: float = real(0.1, 0, math.inf, low_open=True)
+    clip_norm_adaptive: float | None = real(None, 0, math.inf, low_open=True, optional=True)
+    subtract_noise_variance: bool = flag(False)
+
+
+@dataclass(frozen=True)
+class ADADPOptions(Options):
+    """ADADP: two cohorts a round; the server rate (``server-learning-rate`` at the start) adapts.
+
+    The rule is ``η ← η·clip(s·(τ/err)^½, α_min, α_max)`` (:class:`fedprivopt.optim.
+    ADADPController`).
+
+    Attributes
+    ----------
+    adadp_tolerance : float or None
+        ``τ``. ``None`` (default): calibrated to the noise,
+        ``τ = 1.5·η₀·(σC/m̄)·√(d/2)`` (:func:`fedprivopt.optim.noise_calibrated_tolerance`). A
+        fixed τ = 0.1 rejected every step on ``simulations/adadps-paper.toml`` (accuracy 0.003).
+    adadp_alpha_min, adadp_alpha_max : float
+        Bounds of the rate's factor per round, in ``(0, 1]`` and ``[1, inf)``.
+    adadp_safety : float
+        ``s`` in ``(0, 1]``. 0.9 keeps the settled error below ``τ``: on the toy preset 19 of
+        20 rounds were accepted at 0.9, 12 at 1 (the authors' rule; ``docs/EXPERIMENTS.md``).
+    """
+
+    adadp_tolerance: float | None = real(None, 0, math.inf, low_open=True, optional=True)
+    adadp_alpha_min: float = real(0.9, 0, 1, low_open=True)
+    adadp_alpha_max: float = real(1.1, 1, math.inf)
+    adadp_safety: float = real(0.9, 0, 1, low_open=True)
+
+
+#: The parameter block of every strategy; the order is that of ``compare``'s default grid.
+BLOCKS: dict[str, type[Options]] = {
+    "dp-fedavg": MomentumOptions,
+    "dp-fedadam": AdamOptions,
+    "dp-fedadam-bc": AdamBCOptions,
+    "adadps": MomentumOptions,
+    "dp2": DP2Options,
+    "dp2-noise-first": DP2Options,
+    "dp-fedavg-adadp": ADADPOptions,
+    "fedavg": MomentumOptions,
+    "fedadam": AdamOptions,
+}

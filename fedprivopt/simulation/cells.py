@@ -4,11 +4,15 @@ A grid puts one run directory per (strategy, noise multiplier, seed) under ``OUT
 (:func:`cell_label` names it). A later ``compare`` into the same ``OUT`` uses a cell's run again
 only when the configuration stored in it (``config.toml``, written by
 :func:`~fedprivopt.simulation.run.simulate`) is the configuration this call resolves for the
-cell, key for key: a finished run is *reused*, an unfinished one *resumed* from its checkpoint.
-Any difference (more rounds, another clip norm, another task parameter) makes the cell *stale*:
+cell, key for key, and its files pass every check ``--resume`` makes
+(:func:`~fedprivopt.simulation.audit.audit_run_dir`: the configuration against the privacy
+ledger's header, the checkpoint against the ledger, every reported ε against the ledger). A
+finished run (by its checkpoint and ledger, :meth:`~fedprivopt.simulation.audit.RunDirState.
+unfinished`) is *reused*, an unfinished one *resumed* from its checkpoint. Any difference (more
+rounds, another clip norm, another task parameter) or a failed check makes the cell *stale*:
 :func:`plan_cells` refuses the whole grid before anything runs, naming the cell and the first
-differing key, unless ``overwrite`` is set, in which case the stale cell is *rerun* from scratch
-(its directory is replaced). Cells with no run yet are *run*.
+differing key or the check, unless ``overwrite`` is set, in which case the stale cell is *rerun*
+from scratch (its directory is replaced). Cells with no run yet are *run*.
 
 Bounds, checked before anything is allocated: at most :data:`MAX_SEEDS` seeds per cell and
 :data:`MAX_CELLS` cells per grid. Each cell is a full run with its own directory (a checkpoint
@@ -32,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.text import shown as _short
+from fedprivopt.data.locks import LockHeldError
 from fedprivopt.simulation.config import RunConfig, load_config
-from fedprivopt.simulation.rundir import lock_directory
+from fedprivopt.simulation.rundir import lock_directory, lock_run_dir
 
 __all__ = [
     "MAX_CELLS",
@@ -125,7 +130,8 @@ class CellPlan:
         ``OUT/runs/<label>``.
     action : {"run", "resume", "reuse", "rerun"}
     why : str
-        For ``rerun``: the first differing key and both values.
+        For ``rerun``: what made the earlier run stale (the first differing key and its value,
+        or the check it failed); for ``resume``: why it is unfinished.
     """
 
     cell: Cell
@@ -137,10 +143,10 @@ class CellPlan:
         """One phrase for the report: where this cell's run comes from."""
         return {
             RUN: "ran in this call",
-            RESUME: "resumed: unfinished earlier with the same configuration, continued from its "
-            "checkpoint",
+            RESUME: f"resumed: unfinished earlier with the same configuration ({self.why}), "
+            "continued from its checkpoint",
             REUSE: "reused: finished earlier with the same configuration",
-            RERUN: f"rerun (--overwrite): the earlier run had {self.why}",
+            RERUN: f"rerun (--overwrite): {self.why}",
         }[self.action]
 
 
@@ -241,8 +247,9 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
     Raises
     ------
     StaleCellError
-        If a cell's directory holds a run with another configuration and ``overwrite`` is false;
-        the message names the cell, the first differing key and both values.
+        If a cell's directory holds a run with another configuration, or one whose files fail
+        the checks of ``--resume``, and ``overwrite`` is false; the message names the cell and
+        the first differing key and both values, or the check.
     ValueError
         If a cell's stored ``config.toml`` cannot be read (and ``overwrite`` is false), its
         run directory is not a directory, or a cell to be run asks the ``flower`` engine for
@@ -250,7 +257,7 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
         (:func:`~fedprivopt.simulation.engines.check_flower_resources`).
     """
     from fedprivopt.simulation.engines import check_flower_resources
-    from fedprivopt.simulation.run import CONFIG_FILE, SUMMARY_FILE
+    from fedprivopt.simulation.run import CONFIG_FILE
 
     plans = []
     for cell in cells:
@@ -269,12 +276,13 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
                     f"cell {cell.label}: its {CONFIG_FILE} in {run_dir} cannot be read "
                     f"({type(exc).__name__}: {exc}); {hint}"
                 ) from None
-            plans.append(CellPlan(cell, run_dir, RERUN, f"an unreadable {CONFIG_FILE}"))
+            plans.append(
+                CellPlan(cell, run_dir, RERUN, f"the earlier run had an unreadable {CONFIG_FILE}")
+            )
             continue
         diff = first_difference(stored, cell.config)
         if diff is None:
-            finished = (run_dir / SUMMARY_FILE).exists()
-            plans.append(CellPlan(cell, run_dir, REUSE if finished else RESUME))
+            plans.append(_audited(cell, run_dir, overwrite=overwrite, hint=hint))
             continue
         key, old, new = diff
         if not overwrite:
@@ -282,7 +290,7 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
                 f"cell {cell.label}: {run_dir} holds a run made with {key} = {_short(old)}, "
                 f"this call asks for {_short(new)} (the first differing key); {hint}"
             )
-        plans.append(CellPlan(cell, run_dir, RERUN, f"{key} = {_short(old)}"))
+        plans.append(CellPlan(cell, run_dir, RERUN, f"the earlier run had {key} = {_short(old)}"))
     for plan in plans:
         if plan.action != REUSE:  # a reused run starts no engine
             try:
@@ -290,6 +298,30 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
             except ValueError as exc:
                 raise ValueError(f"cell {plan.cell.label}: {exc}") from None
     return plans
+
+
+def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPlan:
+    """Reuse, resume or (``overwrite``) rerun a cell whose stored configuration is its own.
+
+    The run's files get every check of ``--resume``, under the run directory's lock; a run
+    another process is writing is refused, also with ``overwrite``.
+    """
+    from fedprivopt.simulation.audit import audit_run_dir
+
+    try:
+        with lock_run_dir(run_dir):
+            run = audit_run_dir(run_dir, cell.task, engine=False)
+    except LockHeldError as exc:
+        raise ValueError(f"cell {cell.label}: {exc}") from None
+    except ValueError as exc:
+        if not overwrite:
+            raise StaleCellError(
+                f"cell {cell.label}: its earlier run fails the checks of --resume: {exc}; {hint}"
+            ) from None
+        why = f"the earlier run failed the checks of --resume ({exc})"
+        return CellPlan(cell, run_dir, RERUN, why)
+    why = run.unfinished()
+    return CellPlan(cell, run_dir, REUSE if why is None else RESUME, why or "")
 
 
 def run_cell(plan: CellPlan, *, progress: bool = False) -> None:

@@ -394,6 +394,33 @@ class RunLedger:
 
     # -- ledgers of earlier versions --------------------------------------------------------
 
+    @staticmethod
+    def check_carried(
+        config, accountant: PrivacyAccountant, round_num: int, checkpoint: str,
+        rows: Sequence[dict[str, Any]],
+    ) -> None:  # fmt: skip
+        """Raise unless checkpoint ``checkpoint`` accounts every ε its rounds' rows reported.
+
+        ``accountant`` holds the checkpoint's state, ``round_num`` its round: a ledger rebuilt
+        from it (:meth:`convert`) must not compose to less than a row of a round up to it
+        reported, or the checkpoint was edited.
+        """
+        if not config.strategy.private:
+            return
+        claimed = accountant.epsilon(config.strategy.delta)
+        for row in rows:
+            eps = row.get("epsilon")
+            if (
+                isinstance(eps, (int, float))
+                and row.get("round", math.inf) <= round_num
+                and eps > claimed * (1 + 1e-9)
+            ):
+                raise ValueError(
+                    f"{checkpoint} accounts epsilon {claimed:.6g} at round {round_num}, but "
+                    f"{METRICS_FILE} shows epsilon {eps:.6g} at round {row['round']}: the "
+                    "checkpoint was edited; refusing to resume"
+                )
+
     @classmethod
     def convert(
         cls,
@@ -412,26 +439,13 @@ class RunLedger:
 
         Needs a readable checkpoint (``accountant`` holds its state, ``round_num`` its round):
         its events are carried over (checked against the ε the metrics rows of rounds up to it
-        report: a checkpoint claiming less is refused), every round the rows or the summary show
-        after it is charged ``round_events``, and whatever count an older ledger claims beyond
-        that total is charged too. The result replaces the old file, which is kept as
-        ``privacy_ledger.jsonl.v1``; nothing of it can be replayed, so the rounds after the
-        checkpoint are charged again when they are redone.
+        report by :meth:`check_carried`: a checkpoint claiming less is refused), every round the
+        rows or the summary show after it is charged ``round_events``, and whatever count an
+        older ledger claims beyond that total is charged too. The result replaces the old file,
+        which is kept as ``privacy_ledger.jsonl.v1``; nothing of it can be replayed, so the
+        rounds after the checkpoint are charged again when they are redone.
         """
-        if config.strategy.private:
-            claimed = accountant.epsilon(config.strategy.delta)
-            for row in rows:
-                eps = row.get("epsilon")
-                if (
-                    isinstance(eps, (int, float))
-                    and row.get("round", math.inf) <= round_num
-                    and eps > claimed * (1 + 1e-9)
-                ):
-                    raise ValueError(
-                        f"{checkpoint} accounts epsilon {claimed:.6g} at round {round_num}, but "
-                        f"{METRICS_FILE} shows epsilon {eps:.6g} at round {row['round']}: the "
-                        "checkpoint was edited; refusing to resume"
-                    )
+        cls.check_carried(config, accountant, round_num, checkpoint, rows)
         header = cls.header_for(config, accountant)
         lines: list[dict[str, Any]] = []
         total = 0

@@ -24,7 +24,6 @@ user), so a resumed run ends with the same model and ε as an uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -34,17 +33,16 @@ from typing import Any
 
 import torch
 
-from fedprivopt.core.text import shown
 from fedprivopt.models import build_task
 from fedprivopt.models.side_information_config import build_side_information
 from fedprivopt.models.task import Task, frozen_mask, initial_flat, primary_metric
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.simulation import interrupt
-from fedprivopt.simulation.checkpoint import load_checkpoint, newest_checkpoint
+from fedprivopt.simulation.audit import audit_run_dir
+from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import (
     RunConfig,
     config_to_toml,
-    load_config,
     side_information_of,
 )
 from fedprivopt.simulation.engines import (
@@ -64,9 +62,8 @@ from fedprivopt.simulation.files import (
     atomic_write,
     json_line,
     read_rows,
-    stated_epsilons,
 )
-from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
@@ -253,57 +250,6 @@ def simulate(
         return _execute(out, config, task, alg, progress, ledger)
 
 
-def _refuse_restart(
-    out: Path, config: RunConfig, last_released: int, problems: dict[str, str]
-) -> None:
-    """Raise unless restarting from round 0 keeps the privacy ledger intact.
-
-    Allowed only when no checkpoint file exists and no round past the first checkpoint is known
-    to have been released (a crash before the first checkpoint was complete), or nothing was
-    released at all (a run whose budget allowed no round): the restart then redoes those rounds
-    (and, in secure mode, :func:`resume` charges their earlier release). A finished run (it has a
-    summary) that released rounds but lost its checkpoints is refused.
-    """
-    present = [n for n in (CHECKPOINT, PREVIOUS_CHECKPOINT) if (out / n).exists()]
-    reset = "restarting from round 0 would reset the privacy accountant"
-    if present:
-        raise ValueError(
-            f"no readable checkpoint in {str(out)!r}: "
-            + "; ".join(f"{n} is unreadable ({shown(problems.get(n, '?'))})" for n in present)
-            + f"; {reset} "
-            f"(rounds up to {last_released} were released). Restore a checkpoint or start a new "
-            "run in another directory"
-        )
-    first = min(config.checkpoint_every, config.strategy.num_server_rounds)
-    if last_released > first or (last_released and (out / SUMMARY_FILE).exists()):
-        raise ValueError(
-            f"{str(out)!r} has no checkpoint, but its metrics, summary or privacy ledger show "
-            f"rounds up to {last_released} were released; {reset}. Restore a checkpoint or "
-            "start a new run in another directory"
-        )
-
-
-def _read_summary(out: Path) -> dict[str, Any] | None:
-    """``summary.json`` of ``out`` (``None`` if there is none); unreadable is a ``ValueError``."""
-    path = out / SUMMARY_FILE
-    if not path.exists():
-        return None
-    try:
-        summary = json.loads(path.read_text())
-        int(summary["rounds_completed"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is unreadable ({exc})") from None
-    return summary
-
-
-def _shown_rounds(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> int:
-    """The last round the metrics rows and the summary show as released (0 if none)."""
-    released = [int(r["round"]) for r in rows]
-    if summary is not None:
-        released.append(int(summary["rounds_completed"]))
-    return max(released, default=0)
-
-
 def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
     """Continue the run in ``out_dir`` from its last good checkpoint.
 
@@ -340,68 +286,9 @@ def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
 
 
 def _resume_locked(out: Path, progress: bool) -> RunOutcome:
-    if not (out / CONFIG_FILE).is_file():
-        raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
-    config = load_config(out / CONFIG_FILE)
-    old: OldLedgerError | None = None
-    try:
-        ledger = RunLedger.read(out)
-    except OldLedgerError as exc:
-        ledger, old = None, exc
-    if ledger is not None:
-        ledger.check_config(config, str(out / CONFIG_FILE))
-    task, alg = build_run(config)
-    check_flower_resources(config)
-    if ledger is not None:
-        ledger.check_algorithm(alg)
-    rows = read_rows(out / METRICS_FILE)
-    summary = _read_summary(out)
-    last_shown = _shown_rounds(rows, summary)
-    if ledger is not None:
-        ledger.check_reported(stated_epsilons(rows, summary))
-    if ledger is not None and last_shown > ledger.last_round:
-        raise ValueError(
-            f"{ledger.path} ends at round {ledger.last_round}, but {METRICS_FILE} or "
-            f"{SUMMARY_FILE} show round {last_shown} was released: the ledger is incomplete "
-            "(truncated or edited); refusing to resume"
-        )
-    last_released = max(last_shown, ledger.last_round if ledger else 0, old.max_round if old else 0)
-    problems: dict[str, str] = {}
-    state, name = newest_checkpoint(out, problems)
-    compare = name  # the checkpoint whose accountant must match the ledger
-    if state is None:
-        _refuse_restart(out, config, last_released, problems)
-    else:
-        for unreadable, why in problems.items():  # resumed from the previous one
-            logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)
-        alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
-        least = alg.round_num * alg.events_per_round if config.strategy.private else 0
-        foreign = [e for e, _ in alg.accountant.ledger if e not in alg.round_events()]
-        if foreign:
-            raise ValueError(
-                f"{name} holds a privacy event ({foreign[0].to_dict()}) that no round of "
-                f"{CONFIG_FILE} releases: the checkpoint was edited; refusing to resume"
-            )
-        if alg.accountant.num_events < least:
-            raise ValueError(
-                f"{name} is a checkpoint of round {alg.round_num}, but its accountant holds "
-                f"{alg.accountant.num_events} privacy events, fewer than the {least} that "
-                f"{alg.round_num} rounds release: the checkpoint was edited; refusing to resume"
-            )
-    if ledger is None and state is None:
-        if old is not None:
-            raise ValueError(
-                f"{old} and no checkpoint is readable; restarting from round 0 would reset the "
-                "privacy accountant (finish the run with the version that started it, or start "
-                "a new run in another directory)"
-            )
-        if last_released:
-            raise ValueError(
-                f"{str(out)!r} shows rounds up to {last_released} were released, but its "
-                f"{LEDGER_FILE} is missing and no checkpoint is readable: what was released "
-                "cannot be established, and restarting from round 0 would reset the privacy "
-                "accountant; start a new run in another directory"
-            )
+    run = audit_run_dir(out)  # every check, before anything is written
+    config, alg, ledger = run.config, run.alg, run.ledger
+    if ledger is None and run.checkpoint is None:
         ledger = RunLedger.create(out, config, alg.accountant)  # killed before its header
     elif ledger is None:
         ledger = RunLedger.convert(
@@ -409,18 +296,18 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
             config,
             alg.accountant,
             round_num=alg.round_num,
-            checkpoint=name,
-            rows=rows,
-            last_released=last_released,
+            checkpoint=run.checkpoint,
+            rows=run.rows,
+            last_released=run.last_released,
             round_events=alg.round_events(),
-            old=old,
+            old=run.old,
         )
-        compare = None  # the new ledger was built from this checkpoint
-    ledger.restore(alg.accountant, alg.round_num, compare, secure=config.strategy.secure)
-    if name == PREVIOUS_CHECKPOINT and (out / CHECKPOINT).exists():
+    if run.ledger is None:  # the new ledger was built from this checkpoint (or is empty)
+        ledger.restore(alg.accountant, alg.round_num, None, secure=config.strategy.secure)
+    if run.checkpoint == PREVIOUS_CHECKPOINT and (out / CHECKPOINT).exists():
         # set the unreadable newest checkpoint aside, or the next save would rotate it over
         # the good previous one
         os.replace(out / CHECKPOINT, out / (CHECKPOINT + ".bad"))
-    rows = [r for r in rows if r["round"] <= alg.round_num]
+    rows = [r for r in run.rows if r["round"] <= alg.round_num]
     atomic_write(out / METRICS_FILE, "".join(json_line(r) for r in rows))
-    return _execute(out, config, task, alg, progress, ledger)
+    return _execute(out, config, run.task, alg, progress, ledger)

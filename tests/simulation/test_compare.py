@@ -2,6 +2,8 @@ import csv
 import os
 from pathlib import Path
 
+import pytest
+
 from fedprivopt.cli import main
 
 PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -242,32 +244,43 @@ def test_a_reused_run_is_reported_with_its_ledgers_epsilon_and_its_rows(tmp_path
 def test_an_edited_ledger_or_summary_never_lowers_a_reports_epsilon(tmp_path, capsys):
     # found by a third review: only the ledger edited (sigma 0.5 -> 50) gave epsilon 0.0235 in
     # summary.csv; a deleted ledger and an edited summary gave 0.001; a non-private run's ledger
-    # flipped to private gave 0.0. The report now shows the largest epsilon any file states.
+    # flipped to private gave 0.0. A report of the files as they are shows the largest epsilon
+    # any file states; compare itself now refuses such a cell (a fourth review: the checks of
+    # --resume), and rebuilds a deleted ledger from the checkpoint as --resume does.
     import json
+
+    from fedprivopt.simulation.report import load_run
 
     out = tmp_path / "cmp"
     argv = ["compare", str(PRESET), "--strategies", "dp-fedavg,fedavg", "--rounds", "2"]
     argv += ["--quiet", "--out", str(out), *SMALL]
     assert main(argv) == 0
     rows = {r["strategy"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    spent = float(rows["dp-fedavg"]["epsilon"])
     private = next((out / "runs").glob("dp-fedavg*"))
     ledger = private / "privacy_ledger.jsonl"
     ledger.write_text(
         ledger.read_text().replace('"noise_multiplier": 0.5', '"noise_multiplier": 50.0')
     )
     baseline = next((out / "runs").glob("fedavg*")) / "privacy_ledger.jsonl"
-    baseline.write_text(baseline.read_text().replace('"private": false', '"private": true', 1))
-    assert main(argv) == 0
-    again = {r["strategy"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert again["dp-fedavg"]["epsilon"] == rows["dp-fedavg"]["epsilon"]
-    assert again["fedavg"]["epsilon"] == "inf"
+    kept = baseline.read_text()
+    baseline.write_text(kept.replace('"private": false', '"private": true', 1))
+    assert load_run(private).epsilon == spent
+    assert load_run(baseline.parent).epsilon == float("inf")
+    capsys.readouterr()
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert private.name in line and "privacy_ledger.jsonl" in line and "--overwrite" in line
+    baseline.write_text(kept)
     ledger.unlink()
     summary = json.loads((private / "summary.json").read_text())
     summary["epsilon"] = 0.001
     (private / "summary.json").write_text(json.dumps(summary))
-    assert main(argv) == 0
+    assert load_run(private).epsilon == spent  # the metrics rows state it
+    assert main(argv) == 0  # the ledger rebuilt from the checkpoint, as --resume does
     third = {r["strategy"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert third["dp-fedavg"]["epsilon"] == rows["dp-fedavg"]["epsilon"]
+    assert float(third["dp-fedavg"]["epsilon"]) == pytest.approx(spent, rel=1e-9)
+    assert "resumed" in (out / "report.md").read_text()
 
 
 def test_a_second_compare_on_the_same_out_is_refused_whatever_its_grid(tmp_path, capsys):
@@ -283,3 +296,63 @@ def test_a_second_compare_on_the_same_out_is_refused_whatever_its_grid(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "comparison" in err[0] and str(os.getpid()) in err[0], err
     assert main([*argv, "--out", str(out), *SMALL]) == 0  # released: reused
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new))
+
+
+def _files(*dirs):
+    return {p: p.read_bytes() for d in dirs for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_a_cell_is_used_again_only_after_the_checks_of_resume(tmp_path, capsys):
+    # found by a fourth review: compare checked only a cell's config.toml, so a config.toml
+    # edited to match the call reused a 2-round clip-1.0 run as a 4-round clip-0.1 one (rc 0,
+    # epsilon 10.28), and the sigma=1 cell's ledger, checkpoints and metrics copied over the
+    # sigma=0.5 cell were reported as sigma 0.5 with sigma 1's epsilon; simulate --resume on
+    # the same directories refused both
+    out = tmp_path / "cmp"
+    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    assert _compare(out, "--rounds", "2") == 0
+    _edit(cell / "config.toml", "num-server-rounds = 2\n", "num-server-rounds = 4\n")
+    _edit(cell / "config.toml", "clip-norm = 1.0\n", "clip-norm = 0.1\n")
+    capsys.readouterr()
+    before = _files(out)
+    assert _compare(out, "--rounds", "4", "--set", "clip-norm=0.1") == 2
+    line = _one_error_line(capsys)
+    assert cell.name in line and "clip-norm" in line and "--overwrite" in line, line
+    assert _files(out) == before  # nothing written, nothing lost
+    assert main(["simulate", "--resume", str(cell), "--quiet"]) == 2  # the same check
+    assert "clip-norm" in capsys.readouterr().err
+    assert _compare(out, "--rounds", "4", "--set", "clip-norm=0.1", "--overwrite") == 0
+    assert _summary_rows(out)[0]["rounds"] == "4"
+    assert (
+        "rerun (--overwrite): the earlier run failed the checks of --resume"
+        in (out / "report.md").read_text()
+    )
+    # the swap: another cell's files under this cell's config.toml and (edited) summary
+    out = tmp_path / "swap"
+    grid = ("--rounds", "2", "--noise-multipliers", "0.5,1")
+    assert _compare(out, *grid) == 0
+    mine, other = (
+        out / "runs" / "dp-fedavg__sigma0.5__seed0",
+        out / "runs" / "dp-fedavg__sigma1__seed0",
+    )
+    for name in ("privacy_ledger.jsonl", "checkpoint.pt", "checkpoint.prev.pt", "metrics.jsonl"):
+        if (other / name).exists():
+            (mine / name).write_bytes((other / name).read_bytes())
+    summary = (
+        (other / "summary.json")
+        .read_text()
+        .replace('"noise_multiplier": 1.0', '"noise_multiplier": 0.5')
+    )
+    (mine / "summary.json").write_text(summary)
+    capsys.readouterr()
+    before = _files(out)
+    assert _compare(out, *grid) == 2
+    line = _one_error_line(capsys)
+    assert mine.name in line and "noise-multiplier" in line, line
+    assert _files(out) == before

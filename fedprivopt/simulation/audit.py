@@ -1,0 +1,273 @@
+"""What a run directory's files may be used for again: every check ``--resume`` makes, read-only.
+
+:func:`audit_run_dir` reads a run directory (``config.toml``, the privacy ledger, the metrics
+rows, ``summary.json`` and the newest readable checkpoint) and checks them against each other as
+:func:`~fedprivopt.simulation.run.resume` needs them, writing nothing:
+
+* the configuration against the ledger's header and its round events
+  (:meth:`~fedprivopt.simulation.ledger.RunLedger.check_config`, ``check_algorithm``);
+* every ε the rows and the summary reported against the ledger (``check_reported``), and the
+  rounds they show against the ledger's last round (a truncated ledger);
+* the checkpoint's accountant against the ledger (``restore``), or, without a ledger, against
+  the ε the rows reported (``check_carried``); a checkpoint holding events no round of the
+  configuration releases, or fewer than its rounds release, is refused;
+* without a readable checkpoint, whether restarting from round 0 would reset the accountant.
+
+``resume`` continues from what the audit returns (:class:`RunDirState`); ``compare`` audits a
+cell's earlier run before it reuses or resumes it, and reuses it only when
+:meth:`RunDirState.unfinished` finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.core.text import shown
+from fedprivopt.models.task import Task
+from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.config import RunConfig, load_config
+from fedprivopt.simulation.engines import check_flower_resources
+from fedprivopt.simulation.files import (
+    CHECKPOINT,
+    CONFIG_FILE,
+    LEDGER_FILE,
+    METRICS_FILE,
+    PREVIOUS_CHECKPOINT,
+    SUMMARY_FILE,
+    read_rows,
+    stated_epsilons,
+)
+from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+from fedprivopt.strategies.core import ServerAlgorithm
+
+__all__ = ["RunDirState", "audit_run_dir", "read_summary"]
+
+
+@dataclass
+class RunDirState:
+    """A run directory that passed :func:`audit_run_dir`, and what was read from it.
+
+    Attributes
+    ----------
+    out : pathlib.Path
+    config : RunConfig
+        From ``config.toml``.
+    task : Task
+    alg : ServerAlgorithm
+        Restored from :attr:`checkpoint` (round 0 without one); with a ledger, its accountant
+        is already set from the ledger (:meth:`RunLedger.restore`).
+    ledger : RunLedger or None
+        ``None`` when the ledger is missing or of an earlier version (:attr:`old`): a resume
+        rebuilds it from the checkpoint, or creates it for a start killed before its header.
+    old : OldLedgerError or None
+    rows : list of dict
+        The metrics rows.
+    summary : dict or None
+        ``summary.json``.
+    last_released : int
+        The last round any file shows released.
+    checkpoint : str or None
+        The checkpoint file restored (``None``: none readable, a restart from round 0).
+    problems : dict
+        Unreadable checkpoint files and why.
+    """
+
+    out: Path
+    config: RunConfig
+    task: Task
+    alg: ServerAlgorithm
+    ledger: RunLedger | None
+    old: OldLedgerError | None
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    last_released: int
+    checkpoint: str | None
+    problems: dict[str, str] = field(default_factory=dict)
+
+    def unfinished(self) -> str | None:
+        """Why the run is not finished (``None`` when it is, and may be reused as it is).
+
+        Decided from the checkpoint and the ledger, not from the existence of ``summary.json``:
+        a finished run's ledger, checkpoint and summary all end at the same round, which is the
+        configuration's last, or one after which the target ε allows no further round (the run
+        stopped at its budget).
+        """
+        rounds = self.config.strategy.num_server_rounds
+        done = self.alg.round_num
+        if self.ledger is None:
+            what = "of an earlier version" if self.old is not None else "missing"
+            return (
+                f"its {LEDGER_FILE} is {what}: rebuilt from {self.checkpoint or 'nothing'}'s "
+                "accountant and the metrics, as --resume does"
+            )
+        if self.checkpoint is None or self.problems:
+            unreadable = ", ".join(self.problems) or "no checkpoint"
+            return f"{unreadable} unreadable or missing; continued from round {done}"
+        if self.ledger.last_round != done:
+            return (
+                f"its ledger records round {self.ledger.last_round}, its {self.checkpoint} "
+                f"round {done}"
+            )
+        if self.summary is None:
+            return f"no {SUMMARY_FILE}: it stopped at round {done} of {rounds}"
+        stated = int(self.summary["rounds_completed"])
+        if stated != done:
+            return (
+                f"its {SUMMARY_FILE} states round {stated}, but its ledger and {self.checkpoint} "
+                f"end at round {done} of {rounds}"
+            )
+        if done >= rounds:
+            return None
+        if (
+            self.summary.get("stopped_reason") == "budget"
+            and not self.alg.budget_allows_next_round()
+        ):
+            return None
+        return f"it stopped at round {done} of {rounds}"
+
+
+def read_summary(out: Path) -> dict[str, Any] | None:
+    """``summary.json`` of ``out`` (``None`` if there is none); unreadable is a ``ValueError``."""
+    path = out / SUMMARY_FILE
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+        int(summary["rounds_completed"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is unreadable ({exc})") from None
+    return summary
+
+
+def _shown_rounds(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> int:
+    """The last round the metrics rows and the summary show as released (0 if none)."""
+    released = [int(r["round"]) for r in rows]
+    if summary is not None:
+        released.append(int(summary["rounds_completed"]))
+    return max(released, default=0)
+
+
+def _refuse_restart(
+    out: Path, config: RunConfig, last_released: int, problems: dict[str, str]
+) -> None:
+    """Raise unless restarting from round 0 keeps the privacy ledger intact.
+
+    Allowed only when no checkpoint file exists and no round past the first checkpoint is known
+    to have been released (a crash before the first checkpoint was complete), or nothing was
+    released at all (a run whose budget allowed no round): the restart then redoes those rounds
+    (and, in secure mode, the resume charges their earlier release). A finished run (it has a
+    summary) that released rounds but lost its checkpoints is refused.
+    """
+    present = [n for n in (CHECKPOINT, PREVIOUS_CHECKPOINT) if (out / n).exists()]
+    reset = "restarting from round 0 would reset the privacy accountant"
+    if present:
+        raise ValueError(
+            f"no readable checkpoint in {str(out)!r}: "
+            + "; ".join(f"{n} is unreadable ({shown(problems.get(n, '?'))})" for n in present)
+            + f"; {reset} "
+            f"(rounds up to {last_released} were released). Restore a checkpoint or start a new "
+            "run in another directory"
+        )
+    first = min(config.checkpoint_every, config.strategy.num_server_rounds)
+    if last_released > first or (last_released and (out / SUMMARY_FILE).exists()):
+        raise ValueError(
+            f"{str(out)!r} has no checkpoint, but its metrics, summary or privacy ledger show "
+            f"rounds up to {last_released} were released; {reset}. Restore a checkpoint or "
+            "start a new run in another directory"
+        )
+
+
+def _check_restored(alg: ServerAlgorithm, config: RunConfig, name: str) -> None:
+    """Raise if checkpoint ``name`` (restored into ``alg``) holds events it cannot have."""
+    least = alg.round_num * alg.events_per_round if config.strategy.private else 0
+    foreign = [e for e, _ in alg.accountant.ledger if e not in alg.round_events()]
+    if foreign:
+        raise ValueError(
+            f"{name} holds a privacy event ({foreign[0].to_dict()}) that no round of "
+            f"{CONFIG_FILE} releases: the checkpoint was edited; refusing to resume"
+        )
+    if alg.accountant.num_events < least:
+        raise ValueError(
+            f"{name} is a checkpoint of round {alg.round_num}, but its accountant holds "
+            f"{alg.accountant.num_events} privacy events, fewer than the {least} that "
+            f"{alg.round_num} rounds release: the checkpoint was edited; refusing to resume"
+        )
+
+
+def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -> RunDirState:
+    """Every check a resume of ``out`` makes, writing nothing; the caller holds its lock.
+
+    ``task``: ``config.toml``'s task built before (see
+    :func:`~fedprivopt.simulation.run.build_run`). ``engine``: also check that this machine can
+    start the configured engine (:func:`~fedprivopt.simulation.engines.check_flower_resources`;
+    a run that is only reused starts none).
+
+    Raises
+    ------
+    ValueError
+        Naming the file, key or round that makes the directory's files unusable; see the
+        module docstring.
+    """
+    from fedprivopt.simulation.run import build_run  # run.py imports this module
+
+    if not (out / CONFIG_FILE).is_file():
+        raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
+    config = load_config(out / CONFIG_FILE)
+    old: OldLedgerError | None = None
+    try:
+        ledger = RunLedger.read(out)
+    except OldLedgerError as exc:
+        ledger, old = None, exc
+    if ledger is not None:
+        ledger.check_config(config, str(out / CONFIG_FILE))
+    task, alg = build_run(config, task)
+    if engine:
+        check_flower_resources(config)
+    if ledger is not None:
+        ledger.check_algorithm(alg)
+    rows = read_rows(out / METRICS_FILE)
+    summary = read_summary(out)
+    last_shown = _shown_rounds(rows, summary)
+    if ledger is not None:
+        ledger.check_reported(stated_epsilons(rows, summary))
+    if ledger is not None and last_shown > ledger.last_round:
+        raise ValueError(
+            f"{ledger.path} ends at round {ledger.last_round}, but {METRICS_FILE} or "
+            f"{SUMMARY_FILE} show round {last_shown} was released: the ledger is incomplete "
+            "(truncated or edited); refusing to resume"
+        )
+    last_released = max(last_shown, ledger.last_round if ledger else 0, old.max_round if old else 0)
+    problems: dict[str, str] = {}
+    state, name = newest_checkpoint(out, problems)
+    if state is None:
+        _refuse_restart(out, config, last_released, problems)
+    else:
+        for unreadable, why in problems.items():  # resumed from the previous one
+            logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)
+        alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
+        _check_restored(alg, config, name)
+    if ledger is None and state is None:
+        if old is not None:
+            raise ValueError(
+                f"{old} and no checkpoint is readable; restarting from round 0 would reset the "
+                "privacy accountant (finish the run with the version that started it, or start "
+                "a new run in another directory)"
+            )
+        if last_released:
+            raise ValueError(
+                f"{str(out)!r} shows rounds up to {last_released} were released, but its "
+                f"{LEDGER_FILE} is missing and no checkpoint is readable: what was released "
+                "cannot be established, and restarting from round 0 would reset the privacy "
+                "accountant; start a new run in another directory"
+            )
+    elif ledger is None:
+        RunLedger.check_carried(config, alg.accountant, alg.round_num, name, rows)
+    else:
+        ledger.restore(alg.accountant, alg.round_num, name, secure=config.strategy.secure)
+    return RunDirState(
+        out, config, task, alg, ledger, old, rows, summary, last_released, name, problems
+    )

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedprivopt.core.checks import check_int
-from fedprivopt.privacy.clip import clip_factor, vector_norm_checked
+from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.privacy.clip import MIN_CLIP_NORM, clip_factor, vector_norm_checked
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.sparse import (
     RowSparse,
@@ -123,7 +123,8 @@ class NoisyMeanAggregator:
     Parameters
     ----------
     clip_norm : float or None
-        ``C > 0``; ``None`` only for non-private aggregation (``noise_multiplier = 0``).
+        ``C >= 2^-100`` (:data:`~fedprivopt.privacy.clip.MIN_CLIP_NORM`); ``None`` only for
+        non-private aggregation (``noise_multiplier = 0``).
     noise_multiplier : float
         ``σ >= 0``: noise std on the sum over ``C``.
     expected_cohort_size : float
@@ -150,8 +151,8 @@ class NoisyMeanAggregator:
         if clip_norm is None:
             if noise_multiplier > 0:
                 raise ValueError("clip_norm must be a number > 0 when noise_multiplier > 0")
-        elif not (math.isfinite(clip_norm) and clip_norm > 0):
-            raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
+        else:
+            check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
         if not (math.isfinite(expected_cohort_size) and expected_cohort_size > 0):
             raise ValueError(f"expected_cohort_size must be > 0, got {expected_cohort_size}")
         if noise_mode not in NOISE_MODES:

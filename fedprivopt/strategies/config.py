@@ -16,6 +16,7 @@ from typing import Any
 from fedprivopt.core.local import MAX_EPOCHS
 from fedprivopt.privacy.accounting_state import ACCOUNTANTS, MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.aggregate import NOISE_MODES
+from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.events import SAMPLING_KINDS
 from fedprivopt.privacy.sampling import MAX_POPULATION
 from fedprivopt.strategies.options import (
@@ -101,7 +102,7 @@ class StrategyConfig:
     num_server_rounds: int = integer(10, 1, MAX_ROUNDS)
     # at most what a checkpoint's accountant state may hold (a larger σ could not be resumed)
     noise_multiplier: float = real(1.0, 0, MAX_STATE_NOISE_MULTIPLIER)
-    clip_norm: float = real(1.0, 0, _INF, low_open=True)
+    clip_norm: float = real(1.0, MIN_CLIP_NORM, _INF)  # tinier C: subnormal clipping
     sampling: str = choice("poisson", SAMPLING_KINDS)
     noise_mode: str = choice("server", NOISE_MODES)
     min_shares: int = integer(0, 0)

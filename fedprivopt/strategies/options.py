@@ -19,6 +19,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
+from fedprivopt.privacy.clip import MIN_CLIP_NORM
 
 __all__ = [
     "BLOCKS",
@@ -235,7 +236,7 @@ class DP2Options(Options):
     dp2_beta: float = real(0.9, 0, 1, high_open=True)
     dp2_epsilon: float = real(1e-3, 0, math.inf, low_open=True)
     dp2_learning_rate: float = real(0.1, 0, math.inf, low_open=True)
-    clip_norm_adaptive: float | None = real(None, 0, math.inf, low_open=True, optional=True)
+    clip_norm_adaptive: float | None = real(None, MIN_CLIP_NORM, math.inf, optional=True)
     subtract_noise_variance: bool = flag(False)
 
 

@@ -193,3 +193,27 @@ def test_a_large_float32_update_is_clipped_inside_the_ball():
     squares = (out.vector.double() ** 2).tolist()  # exact: float32 entries squared in float64
     assert math.fsum([*squares, -1.0]) <= 0.0
     assert _norm64(out.vector) == pytest.approx(1.0, rel=1e-6)  # and no needless shrinking
+
+
+def test_the_aggregator_refuses_a_clip_norm_whose_clipping_would_be_subnormal():
+    from fedprivopt.privacy.aggregate import NoisyMeanAggregator
+    from fedprivopt.privacy.clip import MIN_CLIP_NORM
+
+    # a review measured a re-clipped update of norm 1.0005·C at C = 1e-42 (float32 subnormals)
+    for tiny in (1e-42, 1e-45, MIN_CLIP_NORM / 2):
+        with pytest.raises(ValueError, match=r"clip_norm must be a finite number in \["):
+            NoisyMeanAggregator(clip_norm=tiny, noise_multiplier=1.0, expected_cohort_size=1)
+    agg = NoisyMeanAggregator(clip_norm=MIN_CLIP_NORM, noise_multiplier=0.0, expected_cohort_size=1)
+    gen = torch.Generator().manual_seed(0)
+    updates = [(0, torch.tensor([1.0])), (1, torch.randn(1000, generator=gen))]
+    for user, update in updates:
+        out = agg.aggregate([(user, update)], dim=update.numel(), dtype=torch.float32)
+        assert l2_norm(out.delta_tilde) <= MIN_CLIP_NORM
+
+
+def test_clip_norms_below_the_minimum_are_refused_from_the_config():
+    from fedprivopt.strategies import StrategyConfig
+
+    for key, extra in (("clip-norm", {}), ("clip-norm-adaptive", {"strategy": "dp2"})):
+        with pytest.raises(ValueError, match=f"{key} must be a finite number in"):
+            StrategyConfig.from_mapping({**extra, key: 1e-42})

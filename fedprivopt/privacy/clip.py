@@ -288,6 +288,8 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
     clip_norm = float(clip_norm)
     if not (clip_norm > 0 and clip_norm < float("inf")):
         raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
+    if not vector.dtype.is_floating_point:  # int and complex tensors have no L2 ball of reals
+        raise ValueError(f"vector must have a real floating dtype, got {vector.dtype}")
     norm = vector_norm_checked(vector)
     err = _error_bound(vector.numel())
     if norm * (1.0 + err) <= clip_norm:

@@ -217,3 +217,9 @@ def test_clip_norms_below_the_minimum_are_refused_from_the_config():
     for key, extra in (("clip-norm", {}), ("clip-norm-adaptive", {"strategy": "dp2"})):
         with pytest.raises(ValueError, match=f"{key} must be a finite number in"):
             StrategyConfig.from_mapping({**extra, key: 1e-42})
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.complex64])
+def test_clip_l2_refuses_non_real_dtypes_with_a_value_error(dtype):
+    with pytest.raises(ValueError, match="real floating dtype"):
+        clip_l2(torch.ones(3, dtype=dtype), 1.0)

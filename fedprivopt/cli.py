@@ -444,7 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     try:
-        return int(args.func(args))
+        with _run_warnings(args.command):
+            return int(args.func(args))
     except (UsageError, ValueError, OSError) as exc:
         # OSError: a path that cannot be read, created or written (not a network failure)
         if isinstance(exc, OSError) and not is_file_error(exc):
@@ -461,6 +462,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(_interrupted(args.command, exc), file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C (SIGINT)
+
+
+@contextlib.contextmanager
+def _run_warnings(command: str) -> Iterator[None]:
+    """Notes on the runs of a report, as one line when the command ends.
+
+    A report lists what it tolerated or found disagreeing in the runs' files under Warnings and
+    issues each as a :class:`~fedprivopt.simulation.rundata.RunWarning`, which Python would
+    print as two lines naming our source line. The command instead ends with one line: the
+    first note and how many there are. Other warnings are shown as Python shows them.
+    """
+    seen: list[str] = []
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        rundata = sys.modules.get("fedprivopt.simulation.rundata")  # None: no RunWarning yet
+        if rundata is not None and issubclass(category, rundata.RunWarning):
+            seen.append(str(message))
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
+    if seen:
+        more = f" (and {len(seen) - 1} more)" if len(seen) > 1 else ""
+        text = f"fedprivopt {command}: warning: {seen[0]}{more}; the report lists them all"
+        print(one_line(text), file=sys.stderr)
 
 
 def _interrupted(command: str, exc: KeyboardInterrupt) -> str:

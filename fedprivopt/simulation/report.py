@@ -147,7 +147,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     sel, issues = select_runs(runs, metric)
     rows, agg_issues = aggregate_with_notes(sel.runs, sel.metric)
-    issues += agg_issues
+    issues = list(dict.fromkeys([*issues, *agg_issues]))  # both hold the runs' own notes
     warn_all(issues)
     write_summary_csv(rows, out / "summary.csv")
     ref = reference_model(sel.runs, sel.metric)

@@ -60,6 +60,7 @@ from fedprivopt.simulation.files import (
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
     atomic_write,
+    fsync_dir,
     json_line,
     read_rows,
 )
@@ -273,8 +274,11 @@ def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
       the run earlier.
 
     A ledger of an earlier version (event counts only), or none, is rebuilt conservatively from
-    a readable checkpoint (:meth:`RunLedger.convert`) and refused without one. Rows after the
-    restored round are dropped (they are recomputed). An unreadable newest checkpoint is renamed
+    a readable checkpoint (:meth:`RunLedger.convert`) and refused without one. Every check is
+    made before anything is written (:func:`~fedprivopt.simulation.audit.audit_run_dir`); the
+    first write removes ``summary.json`` (durably), so from before the first released round
+    until the new summary the directory shows an unfinished run. Rows after the restored round
+    are dropped (they are recomputed). An unreadable newest checkpoint is renamed
     ``checkpoint.pt.bad``, so the good previous one is kept until the next checkpoint replaces
     it.
     """
@@ -288,6 +292,11 @@ def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
 def _resume_locked(out: Path, progress: bool) -> RunOutcome:
     run = audit_run_dir(out)  # every check, before anything is written
     config, alg, ledger = run.config, run.alg, run.ledger
+    if (out / SUMMARY_FILE).exists():
+        # the run is unfinished from here until its new summary: a resume killed at any moment
+        # must not leave the old summary claiming it finished (with the old rounds and epsilon)
+        (out / SUMMARY_FILE).unlink()
+        fsync_dir(out)
     if ledger is None and run.checkpoint is None:
         ledger = RunLedger.create(out, config, alg.accountant)  # killed before its header
     elif ledger is None:

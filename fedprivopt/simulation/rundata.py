@@ -23,6 +23,7 @@ from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 
 __all__ = [
     "RunData",
+    "RunWarning",
     "Selection",
     "aggregate_runs",
     "aggregate_with_notes",
@@ -40,6 +41,10 @@ __all__ = [
 
 _METRIC_PREFERENCE = ("eval_recall_at_5", "eval_accuracy")
 _REQUIRED_SUMMARY_KEYS = ("strategy", "noise_multiplier", "seed", "epsilon", "delta")
+
+
+class RunWarning(UserWarning):
+    """A note on the runs of a report (a file tolerated or disagreeing), also listed in it."""
 
 
 @dataclass(frozen=True)
@@ -276,9 +281,9 @@ def dedup_rounds(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def warn_all(messages: Iterable[str]) -> None:
-    """Issue each message as a ``UserWarning`` (attributed to the caller's caller)."""
+    """Issue each message as a :class:`RunWarning` (attributed to the caller's caller)."""
     for message in messages:
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, RunWarning, stacklevel=3)
 
 
 def select_runs(runs: Sequence[RunData], metric: str | None) -> tuple[Selection, list[str]]:

@@ -356,3 +356,73 @@ def test_a_cell_is_used_again_only_after_the_checks_of_resume(tmp_path, capsys):
     line = _one_error_line(capsys)
     assert mine.name in line and "noise-multiplier" in line, line
     assert _files(out) == before
+
+
+def test_a_killed_resume_leaves_no_finished_summary_and_compare_resumes_the_cell(tmp_path, capsys):
+    # found by a fourth review: a finished 2-round cell's config.toml set to 3000 rounds, then
+    # simulate --resume SIGKILLed after 8 s: its old summary.json stayed (2 rounds, epsilon
+    # 10.28) beside a ledger at round 226 (epsilon 211), and compare --rounds 3000 reused the
+    # cell as "finished earlier" (rc 0; summary.csv: rounds 2 beside epsilon 211)
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fedprivopt.simulation.ledger import RunLedger
+
+    out = tmp_path / "cmp"
+    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    assert _compare(out, "--rounds", "2") == 0
+    stale = (cell / "summary.json").read_bytes()
+    _edit(cell / "config.toml", "num-server-rounds = 2\n", "num-server-rounds = 1000000\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedprivopt.cli", "simulate", "--resume", str(cell), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            ledger = RunLedger.read(cell)
+            if ledger is not None and ledger.last_round >= 6:
+                break  # rounds past the old summary's were released
+            time.sleep(0.01)
+        assert proc.poll() is None
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert not (cell / "summary.json").exists()  # removed before the first round was released
+    released = RunLedger.read(cell).last_round
+    rounds = str(released + 2)
+    _edit(cell / "config.toml", "num-server-rounds = 1000000\n", f"num-server-rounds = {rounds}\n")
+    (cell / "summary.json").write_bytes(stale)  # as an earlier version left it
+    capsys.readouterr()
+    assert _compare(out, "--rounds", rounds) == 0
+    err = capsys.readouterr().err
+    assert f"{cell.name} (resume)" in err and "Warning" not in err, err
+    row = _summary_rows(out)[0]
+    assert row["rounds"] == rounds
+    assert float(row["epsilon"]) == RunLedger.read(cell).epsilon()
+    report = (out / "report.md").read_text()
+    assert f"{cell.name} | resumed: unfinished earlier" in report
+
+
+def test_notes_on_the_runs_are_one_line_on_stderr_and_listed_once(tmp_path, capsys):
+    # found by a fourth review: a note on a run (its files state different epsilons) was a
+    # 2-line Python UserWarning on stderr, and listed twice in report.md
+    import json
+
+    out = tmp_path / "cmp"
+    assert _compare(out, "--rounds", "2") == 0
+    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    summary = json.loads((cell / "summary.json").read_text())
+    summary["epsilon"] = 0.001
+    (cell / "summary.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    assert _compare(out, "--rounds", "2") == 0
+    err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[")]
+    assert len(err) == 1 and "UserWarning" not in err[0], err
+    assert err[0].startswith("fedprivopt compare: warning: ") and "different epsilons" in err[0]
+    report = (out / "report.md").read_text()
+    assert report.count("state different epsilons") == 1

@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows, stated_epsilons
+from fedprivopt.simulation.files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    read_rows,
+    stated_epsilons,
+)
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 
 __all__ = [
@@ -54,7 +60,9 @@ class RunData:
     Attributes
     ----------
     summary : dict
-        Parsed ``summary.json``.
+        Parsed ``summary.json``, its run's identity (``strategy``, ``noise_multiplier``,
+        ``seed``), ``delta`` and ``config`` taken from the run's ``config.toml`` when it has one
+        (the configuration ``--resume`` and ``compare`` check against the privacy ledger).
     rows : list of dict
         Parsed ``metrics.jsonl`` rows, in file order.
     path : pathlib.Path
@@ -170,6 +178,7 @@ def load_run(path: str | Path) -> RunData:
         raise ValueError(f"{summary_path}: missing keys {missing}")
 
     notes: list[str] = []
+    summary = _configured(path, summary, notes)
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
     composed = _ledger_epsilon(path)
@@ -182,6 +191,40 @@ def load_run(path: str | Path) -> RunData:
             f"{path}: its files state different epsilons ({stated}); the largest is reported"
         )
     return RunData(summary, rows, path, tuple(notes), spent)
+
+
+def _configured(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """``summary`` with what the run's ``config.toml`` says it is; a disagreement is noted.
+
+    A report groups runs by strategy and σ: they come from the configuration, not from what
+    ``summary.json`` states (an edited summary moved a run into another cell's row, issue 15).
+    A run without a readable ``config.toml`` keeps its summary's values (noted if unreadable).
+    """
+    from fedprivopt.simulation.config import load_config
+
+    if not (path / CONFIG_FILE).is_file():
+        return summary
+    try:
+        config = load_config(path / CONFIG_FILE)
+    except (ValueError, OSError, RecursionError) as exc:
+        notes.append(f"{path}: its {CONFIG_FILE} cannot be read ({exc}); grouped by {SUMMARY_FILE}")
+        return summary
+    s = config.strategy
+    own = {
+        "strategy": s.strategy,
+        "noise_multiplier": s.noise_multiplier if s.private else 0.0,
+        "seed": s.seed,
+        "delta": s.delta,
+    }
+    differ = [key for key, value in own.items() if summary.get(key) != value]
+    if differ:
+        stated = ", ".join(f"{key} {summary.get(key)!r}" for key in differ)
+        configured = ", ".join(f"{key} {own[key]!r}" for key in differ)
+        notes.append(
+            f"{path}: its {SUMMARY_FILE} states {stated}, but its {CONFIG_FILE} {configured}; "
+            "reported as configured"
+        )
+    return {**summary, **own, "config": config.to_mapping()}
 
 
 def _ledger_epsilon(path: Path) -> float | None:

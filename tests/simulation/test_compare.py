@@ -426,3 +426,29 @@ def test_notes_on_the_runs_are_one_line_on_stderr_and_listed_once(tmp_path, caps
     assert err[0].startswith("fedprivopt compare: warning: ") and "different epsilons" in err[0]
     report = (out / "report.md").read_text()
     assert report.count("state different epsilons") == 1
+
+
+def test_a_run_is_reported_in_its_own_cells_row_whatever_its_summary_states(tmp_path, capsys):
+    # found by a fourth review: "noise_multiplier": 2.0 written into the sigma=0.5 cell's
+    # summary.json (grid sigma 0.5,2) made the sigma=0.5 row disappear and the sigma=2 row
+    # average two runs, rc 0
+    import json
+
+    out = tmp_path / "cmp"
+    grid = ("--rounds", "2", "--noise-multipliers", "0.5,2")
+    assert _compare(out, *grid) == 0
+    rows = _summary_rows(out)
+    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    summary = json.loads((cell / "summary.json").read_text())
+    summary["noise_multiplier"] = 2.0
+    (cell / "summary.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    assert _compare(out, *grid) == 0
+    again = _summary_rows(out)
+    assert [(r["noise_multiplier"], r["seeds"]) for r in again] == [("0.5", "1"), ("2.0", "1")]
+    assert again == rows  # every number as before
+    assert (
+        "noise_multiplier 2.0, but its config.toml noise_multiplier 0.5"
+        in (out / "report.md").read_text()
+    )
+    assert "noise_multiplier 2.0" in capsys.readouterr().err  # the one warning line

@@ -20,6 +20,7 @@ __all__ = [
     "check_noise_variance_spec",
     "check_params",
     "check_real",
+    "check_update_inputs",
     "check_vector",
     "resolve_noise_variance",
 ]
@@ -58,6 +59,20 @@ def check_vector(name: str, value: object, like: torch.Tensor) -> torch.Tensor:
             f"{name} must be on device {like.device} (that of the state), got {value.device}"
         )
     return value
+
+
+def check_update_inputs(
+    delta_tilde: object, params: object | None, like: torch.Tensor
+) -> torch.Tensor:
+    """Check the tensors of an ``update`` call against the state tensor ``like``.
+
+    ``delta_tilde`` and, when given, ``params`` must have the shape, dtype and device of
+    ``like`` (see :func:`check_vector`). Returns ``delta_tilde``.
+    """
+    check_vector("delta_tilde", delta_tilde, like)
+    if params is not None:
+        check_vector("params", params, like)
+    return delta_tilde
 
 
 NoiseVarianceSpec = float | Callable[[int], float] | None

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from ._checks import check_bool, check_int, check_params, check_real, check_vector
+from ._checks import check_bool, check_int, check_params, check_real, check_update_inputs
 from .base import ServerTransform, StateDictMixin, record_hparams
 
 __all__ = ["AdamState", "adam", "flower_fedadam"]
@@ -138,9 +138,7 @@ def adam(
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, AdamState]:
         del noise_variance  # public metadata this transform does not use
-        check_vector("delta_tilde", delta_tilde, state.mu)
-        if params is not None:
-            check_vector("params", params, state.mu)
+        check_update_inputs(delta_tilde, params, state.mu)
         count = state.count + 1
         mu = torch.lerp(state.mu, delta_tilde, 1.0 - b1)
         nu = state.nu.mul(b2).addcmul_(delta_tilde, delta_tilde, value=1.0 - b2)

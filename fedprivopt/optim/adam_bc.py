@@ -12,7 +12,7 @@ from ._checks import (
     check_noise_variance_spec,
     check_params,
     check_real,
-    check_vector,
+    check_update_inputs,
     resolve_noise_variance,
 )
 from .base import ServerTransform, StateDictMixin, record_hparams
@@ -139,9 +139,7 @@ def adam_bc(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, AdamBCState]:
-        check_vector("delta_tilde", delta_tilde, state.mu)
-        if params is not None:
-            check_vector("params", params, state.mu)
+        check_update_inputs(delta_tilde, params, state.mu)
         t = state.count + 1
         phi_t = resolve_noise_variance(phi_spec, noise_variance, t)
         mu = torch.lerp(state.mu, delta_tilde, 1.0 - b1)

@@ -14,7 +14,7 @@ from ._checks import (
     check_noise_variance_spec,
     check_params,
     check_real,
-    check_vector,
+    check_update_inputs,
     resolve_noise_variance,
 )
 from .base import ServerTransform, StateDictMixin, record_hparams
@@ -203,9 +203,7 @@ def dp2(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, DP2State]:
-        check_vector("delta_tilde", delta_tilde, state.accumulator)
-        if params is not None:
-            check_vector("params", params, state.accumulator)
+        check_update_inputs(delta_tilde, params, state.accumulator)
         t = state.count + 1
         if state.adaptive:
             if noise_first:

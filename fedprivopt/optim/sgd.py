@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from ._checks import check_bool, check_params, check_real, check_vector
+from ._checks import check_bool, check_params, check_real, check_update_inputs
 from .base import ServerTransform, StateDictMixin, record_hparams
 
 __all__ = ["MomentumState", "momentum_sgd"]
@@ -92,9 +92,7 @@ def momentum_sgd(
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, MomentumState]:
         del noise_variance  # public metadata this transform does not use
-        check_vector("delta_tilde", delta_tilde, state.momentum)
-        if params is not None:
-            check_vector("params", params, state.momentum)
+        check_update_inputs(delta_tilde, params, state.momentum)
         m = state.momentum.mul(beta).add_(delta_tilde) if beta else delta_tilde.clone()
         direction = m.mul(beta).add_(delta_tilde) if nesterov else m
         step = direction.mul(lr)

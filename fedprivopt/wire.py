@@ -67,9 +67,10 @@ __all__ = [
     "QUERY_RECORD",
     "REPORT_PRIVATE_METRICS",
     "ROUND",
-    "RUN_CLIENT_DEVICE",
+    "RUN_DEVICE",
     "RUN_TASK",
-    "RUN_TASK_PARAMS",
+    "RUN_TASK_PARAMS_JSON",
+    "RUN_TASK_PARAMS_PREFIX",
     "SECURE",
     "SEED",
     "STREAM",
@@ -86,17 +87,23 @@ __all__ = [
     "decode_train_config",
     "encode_train_config",
     "hosted_users",
+    "json_object",
     "parse_update_key",
     "read_updates",
     "read_user_ids",
+    "task_params",
     "update_key",
     "users_query",
 ]
 
 # --- run config (context.run_config, i.e. [tool.flwr.app.config]) --------------------------------
+# The app's own keys ([tool.flwr.app.config] in pyproject.toml), read by ServerApp and ClientApp.
 RUN_TASK = "task"  #: task name for fedprivopt.models.build_task
-RUN_TASK_PARAMS = "task-params"  #: JSON object string of the task's keyword parameters
-RUN_CLIENT_DEVICE = "client-device"  #: optional: "auto" (default), "cpu", "cuda", "cuda:1", ...
+#: prefix of the task's parameters: Flower flattens the app's [task-params] table into these
+RUN_TASK_PARAMS_PREFIX = "task-params."
+#: a JSON object of the task's parameters; when not empty it replaces the task-params.<k> keys
+RUN_TASK_PARAMS_JSON = "task-params-json"
+RUN_DEVICE = "device"  #: optional: "auto" (default), "cpu", "cuda", "cuda:1", ...
 
 # --- node config (set by Flower simulation; --node-config in deployment) -------------------------
 NODE_PARTITION_ID = "partition-id"
@@ -175,6 +182,41 @@ def parse_update_key(key: str) -> int | None:
     if not (rest.isascii() and rest.isdigit()) or (rest[0] == "0" and rest != "0"):
         return None
     return int(rest)
+
+
+def json_object(key: str, raw: object) -> dict:
+    """The JSON object in the run-config value ``raw`` of ``key``, or ``ValueError`` naming it."""
+    import json
+
+    try:
+        value = json.loads(str(raw))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{key} must be a JSON object: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a JSON object, got {raw!r}")
+    return value
+
+
+def task_params(run_config: Mapping[str, object]) -> dict[str, object]:
+    """The task's keyword parameters (snake_case) from a Flower run config.
+
+    :data:`RUN_TASK_PARAMS_JSON` when it is set and not empty, else the
+    :data:`RUN_TASK_PARAMS_PREFIX` keys Flower flattens the app's ``[task-params]`` table into.
+
+    Raises
+    ------
+    ValueError
+        If :data:`RUN_TASK_PARAMS_JSON` is not a JSON object.
+    """
+    raw = run_config.get(RUN_TASK_PARAMS_JSON, "")
+    if raw not in ("", None):
+        params = json_object(RUN_TASK_PARAMS_JSON, raw)
+        return {str(k).replace("-", "_"): v for k, v in params.items()}
+    return {
+        key[len(RUN_TASK_PARAMS_PREFIX) :].replace("-", "_"): value
+        for key, value in run_config.items()
+        if key.startswith(RUN_TASK_PARAMS_PREFIX)
+    }
 
 
 def hosted_users(partition_id: int, num_partitions: int, num_users: int) -> list[int]:

@@ -112,7 +112,7 @@ def make_faulty_client_app(
         User id → fault name (see :data:`FAULTS`).
     app : ClientApp, optional
         The ClientApp to wrap (e.g. the deployment's,
-        :data:`fedprivopt.deploy.client_app.app`); default: :func:`make_client_app` with
+        :data:`fedprivopt.clients.client_app.app`); default: :func:`make_client_app` with
         ``task`` and ``task_params``.
     task, task_params
         As for :func:`~fedprivopt.clients.client_app.make_client_app`, without ``app``.

@@ -144,7 +144,7 @@ def test_no_module_imports_the_fault_injection():
         for v in fault_injection_imports(module, source)
     ]
     assert found == []
-    assert fault_injection_imports("deploy.client_app", "from tests.faults import FAULTS\n")
+    assert fault_injection_imports("clients.client_app", "from tests.faults import FAULTS\n")
     assert fault_injection_imports("x", "def f():\n    import fedprivopt.clients.faults\n")
     assert fault_injection_imports("x", "from fedprivopt.clients import faults\n")
     assert fault_injection_imports("x", "app = make_faulty_client_app({})\n")

@@ -7,10 +7,13 @@ back separately. In DP mode a train reply carries nothing else than the updates 
 server already knows (users trained, users rejected); the private per-user example counts and
 training losses are sent only when the server asks for them (non-private baselines).
 
-The task is rebuilt in every process from the run config (``task``, ``task-params`` as a JSON
-object string, optional ``client-device``) and cached per process together with its trainer, so a
-Ray worker builds it once. :func:`make_client_app` can supply a default task for runs whose run
-config has none (``flwr.simulation.run_simulation`` passes an empty run config).
+The task is rebuilt in every process from the Flower app's run config (``task``, its parameters
+as the ``task-params.<key>`` keys Flower flattens the ``[task-params]`` table into or as
+``task-params-json``, optional ``device``: :func:`fedprivopt.wire.task_params`) and cached per
+process together with its trainer, so a Ray worker builds it once. The same function reads them
+for the ServerApp, so both build the same task. :func:`make_client_app` can supply a default
+task for runs whose run config has none (``flwr.simulation.run_simulation`` passes an empty run
+config).
 
 The ``evaluate`` handler measures the received model on the node's users' *training* data. Its
 reply (losses, accuracies, example counts) is **not** covered by the DP guarantee; the server's
@@ -48,9 +51,9 @@ def _canonical_params(params: str | Mapping[str, object] | None) -> str:
         try:
             params = json.loads(params)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{P.RUN_TASK_PARAMS} must be a JSON object string: {err}") from None
+            raise ValueError(f"task_params must be a JSON object string: {err}") from None
     if not isinstance(params, Mapping):
-        raise ValueError(f"{P.RUN_TASK_PARAMS} must be a JSON object, got {params!r}")
+        raise ValueError(f"task_params must be a JSON object, got {params!r}")
     return json.dumps(dict(params), sort_keys=True)
 
 
@@ -95,7 +98,7 @@ def _task_for(context: Context, defaults: _Defaults) -> tuple[Task, LocalTrainer
     run_config = context.run_config
     if P.RUN_TASK in run_config:
         name = str(run_config[P.RUN_TASK])
-        params = str(run_config.get(P.RUN_TASK_PARAMS, "{}"))
+        params = json.dumps(P.task_params(run_config), sort_keys=True)
     elif defaults.task is not None:
         name, params = defaults.task, defaults.task_params
     else:
@@ -103,7 +106,7 @@ def _task_for(context: Context, defaults: _Defaults) -> tuple[Task, LocalTrainer
             f"the run config has no {P.RUN_TASK!r} key and the ClientApp has no default task "
             "(use make_client_app(task=...))"
         )
-    device = str(run_config.get(P.RUN_CLIENT_DEVICE, defaults.device))
+    device = str(run_config.get(P.RUN_DEVICE, defaults.device))
     return get_task_and_trainer(name, params, device)
 
 

@@ -5,17 +5,19 @@ into dotted kebab-case keys) holds the same keys as a preset, plus a few keys th
 deployment has (:data:`DEPLOY_KEYS`). Flower's run config cannot hold ``None`` or lists, and an
 override (``flwr run --run-config``) may only name keys the app declares, so:
 
-- ``""`` means "not set" for keys whose default is ``None`` (``target-epsilon``, ``gamma``,
-  ``adadp-tolerance``, ``clip-norm-adaptive``);
+- ``""`` means "not set" for keys whose default is ``None`` (their rule is optional:
+  ``target-epsilon``, ``gamma``, ``adadp-tolerance``, ``clip-norm-adaptive``);
 - the app declares every ``side-information.*`` key of every kind, ``""`` ("not set", the
   kind's default) unless set; ``side-information.kind = "auto"`` is the default side information;
 - ``task-params-json``, when not empty, is a JSON object that replaces the ``task-params.*`` keys
   (any task, any parameter values);
+- ``strategy-options-json``, when not empty, is a JSON object of strategy options that replaces
+  the flat keys: an option the app does not declare (a newly added one) travels there;
 - ``engine`` is always ``flower``: a deployment runs the rounds through Flower's grid.
 
-The ServerApp (:mod:`fedprivopt.deploy.server_app`) and the ClientApp
-(:mod:`fedprivopt.deploy.client_app`) both read the run config through this module, so they build
-the same task.
+The ServerApp (:mod:`fedprivopt.deploy.server_app`) reads the run config through this module; it
+and the ClientApp (:mod:`fedprivopt.clients.client_app`) read the task and its parameters with
+:func:`fedprivopt.wire.task_params`, so both build the same task.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedprivopt import wire as P
 from fedprivopt.simulation.config import SIDE_INFORMATION, RunConfig, resolve_config
+from fedprivopt.strategies.config import StrategyConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,15 +46,17 @@ __all__ = [
     "DeployOptions",
     "app_config_defaults",
     "run_config_from_flower",
-    "task_params_from_flower",
     "to_flower_overrides",
 ]
 
 UNSET = ""
 """The run-config value meaning "not set" (Flower's run config has no ``None``)."""
 
-TASK_PARAMS_JSON = "task-params-json"
-DEPLOY_KEYS = ("out", "min-nodes", TASK_PARAMS_JSON)
+TASK_PARAMS_JSON = P.RUN_TASK_PARAMS_JSON
+#: a JSON object of strategy options (keys of the strategies' option blocks); each replaces the
+#: flat key. Options the app does not declare travel here, so a new option needs no new app key.
+STRATEGY_OPTIONS_JSON = "strategy-options-json"
+DEPLOY_KEYS = ("out", "min-nodes", TASK_PARAMS_JSON, STRATEGY_OPTIONS_JSON)
 """Run-config keys of a deployment that are not :class:`RunConfig` keys."""
 
 SIMULATION_ONLY_KEYS = (
@@ -65,7 +71,7 @@ SIMULATION_ONLY_KEYS = (
 """RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
 
 SIDE_INFORMATION_PREFIX = f"{SIDE_INFORMATION}."
-_NULLABLE = ("target-epsilon", "clip-norm-adaptive", "gamma", "adadp-tolerance")
+_NULLABLE = tuple(sorted(k for k, rule in StrategyConfig.rules().items() if rule.optional))
 
 
 @dataclass(frozen=True)
@@ -82,22 +88,15 @@ def _int_option(name: str, value: Any, minimum: int) -> int:
     return value
 
 
-def task_params_from_flower(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The task's keyword parameters (snake_case) from a flattened Flower run config."""
-    raw = run_config.get(TASK_PARAMS_JSON, UNSET)
-    if raw not in (UNSET, None):
-        try:
-            params = json.loads(str(raw))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{TASK_PARAMS_JSON} must be a JSON object: {err}") from None
-        if not isinstance(params, dict):
-            raise ValueError(f"{TASK_PARAMS_JSON} must be a JSON object, got {raw!r}")
-        return {str(k).replace("-", "_"): v for k, v in params.items()}
-    return {
-        key.split(".", 1)[1].replace("-", "_"): value
-        for key, value in run_config.items()
-        if key.startswith("task-params.")
-    }
+def _strategy_options(raw: Any) -> dict[str, Any]:
+    """The options in :data:`STRATEGY_OPTIONS_JSON` (``""``: none)."""
+    if raw in (UNSET, None):
+        return {}
+    options = P.json_object(STRATEGY_OPTIONS_JSON, raw)
+    for key in options:
+        if key not in StrategyConfig.option_keys():
+            raise ValueError(f"{STRATEGY_OPTIONS_JSON}: {key!r} is not a strategy option")
+    return options
 
 
 def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, DeployOptions]:
@@ -115,7 +114,8 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, De
         if (key in _NULLABLE or key.startswith(SIDE_INFORMATION_PREFIX)) and value == UNSET:
             continue
         mapping[key] = value
-    for key, value in task_params_from_flower(run_config).items():
+    mapping.update(_strategy_options(run_config.get(STRATEGY_OPTIONS_JSON, UNSET)))
+    for key, value in P.task_params(run_config).items():
         mapping[f"task-params.{key}"] = value
     mapping["engine"] = "flower"
     config = resolve_config(mapping)
@@ -169,7 +169,8 @@ def to_flower_overrides(
 
     ``app_keys`` are the app's declared keys (:func:`app_config_defaults`); every key sent must be
     one of them. The task parameters travel as ``task-params-json`` (so any task and any value
-    type work); simulation-only keys (:data:`SIMULATION_ONLY_KEYS`) are dropped.
+    type work), strategy options the app does not declare as ``strategy-options-json``;
+    simulation-only keys (:data:`SIMULATION_ONLY_KEYS`) are dropped.
     """
     mapping = config.to_mapping()
     params = mapping.pop("task-params")
@@ -182,8 +183,15 @@ def to_flower_overrides(
         if key.startswith(SIDE_INFORMATION_PREFIX):
             mapping[key] = None
     mapping.update({f"{SIDE_INFORMATION_PREFIX}{k}": v for k, v in side.items()})
+    undeclared = {  # options the app does not declare travel as one JSON object
+        key: mapping.pop(key)
+        for key in sorted(mapping)
+        if key in StrategyConfig.option_keys() and key not in app_keys
+    }
     overrides = {key: _flower_value(key, value) for key, value in mapping.items()}
     overrides[TASK_PARAMS_JSON] = json.dumps(params, sort_keys=True)
+    options = {key: value for key, value in undeclared.items() if value is not None}
+    overrides[STRATEGY_OPTIONS_JSON] = json.dumps(options, sort_keys=True) if options else UNSET
     overrides.update(extra or {})
     missing = sorted(k for k in overrides if k not in app_keys)
     if missing:

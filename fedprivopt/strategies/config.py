@@ -22,6 +22,7 @@ from fedprivopt.privacy.sampling import MAX_POPULATION
 from fedprivopt.strategies.options import (
     BLOCKS,
     Options,
+    Rule,
     apply_rules,
     choice,
     flag,
@@ -162,9 +163,19 @@ class StrategyConfig:
         return frozenset(key_of(f.name) for f in fields(cls) if f.name not in _NOT_KEYS)
 
     @classmethod
+    def option_keys(cls) -> frozenset[str]:
+        """The keys of every strategy's option block."""
+        return _EVERY_BLOCK_KEY
+
+    @classmethod
     def keys(cls) -> frozenset[str]:
         """Every key a strategy config may hold: the shared ones and every block's."""
         return cls.shared_keys() | _EVERY_BLOCK_KEY
+
+    @classmethod
+    def rules(cls) -> dict[str, Rule]:
+        """The :class:`~fedprivopt.strategies.options.Rule` of every key."""
+        return {key_of(name): rule for name, rule in rules_of(cls).items()} | _BLOCK_RULES
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> StrategyConfig:

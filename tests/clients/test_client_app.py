@@ -23,7 +23,7 @@ from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy import RngFactory
 
 PARAMS = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
-RUN_CONFIG = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS: json.dumps(PARAMS), P.RUN_CLIENT_DEVICE: "cpu"}
+RUN_CONFIG = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS_JSON: json.dumps(PARAMS), P.RUN_DEVICE: "cpu"}
 
 
 def _context(partition=1, partitions=3, run_config=RUN_CONFIG):
@@ -212,5 +212,5 @@ def test_task_and_trainer_are_cached_and_the_app_pickles_small():
     b = get_task_and_trainer("toy", dict(reversed(PARAMS.items())), "cpu")
     assert a[0] is b[0] and a[1] is b[1]
     assert len(pickle.dumps(app)) < 10_000  # the handlers do not carry the cache along
-    with pytest.raises(ValueError, match="task-params"):
+    with pytest.raises(ValueError, match="task_params"):
         get_task_and_trainer("toy", "[1, 2]")

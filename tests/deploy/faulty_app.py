@@ -1,6 +1,6 @@
 """A Flower app whose ClientApp injects faults, for the deployment tests.
 
-The repository's app (``pyproject.toml``) names ``fedprivopt.deploy.client_app:app`` as its
+The repository's app (``pyproject.toml``) names ``fedprivopt.clients.client_app:app`` as its
 ClientApp, which knows nothing of faults (issue 16). :func:`faulty_app_dir` writes a copy of that
 app (the files of its FAB, :func:`~fedprivopt.deploy.local.stage_app`) whose ``clientapp``
 component is a module written here: the deployment ClientApp wrapped by
@@ -37,7 +37,7 @@ CLIENT_APP = "tests.faulty_client_app"
 _CARRIED = ("tests/__init__.py", "tests/faults.py")
 _SOURCE = '''"""The deployment ClientApp with faults (written by tests/deploy/faulty_app.py)."""
 
-from fedprivopt.deploy.client_app import app as deployed
+from fedprivopt.clients.client_app import app as deployed
 from tests.faults import make_faulty_client_app
 
 app = make_faulty_client_app({faults!r}, app=deployed, sleep_seconds={sleep!r})

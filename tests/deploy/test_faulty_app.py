@@ -8,7 +8,7 @@ import sys
 import pytest
 from flwr.clientapp import ClientApp
 
-from fedprivopt.deploy import client_app
+from fedprivopt.clients import client_app
 from fedprivopt.deploy.local import REPO_ROOT, stage_app
 from fedprivopt.deploy.runconfig import app_config_defaults
 from tests.deploy.faulty_app import CLIENT_APP, faulty_app_dir
@@ -44,7 +44,7 @@ def test_the_faulty_app_differs_from_the_app_only_in_its_clientapp(tmp_path):
     staged = stage_app(app, tmp_path / "fab")
     files = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
     assert {"tests/__init__.py", "tests/faults.py", module} <= files
-    assert "fedprivopt/deploy/client_app.py" in files
+    assert "fedprivopt/clients/client_app.py" in files
     plain = stage_app(REPO_ROOT, tmp_path / "plain")
     assert not any(p.name == "faults.py" for p in plain.rglob("*.py"))
     # the component wraps the deployment ClientApp with the chosen faults

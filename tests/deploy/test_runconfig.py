@@ -11,14 +11,12 @@ from flwr.app import Context, RecordDict
 from flwr.common.config import fuse_dicts
 
 from fedprivopt import wire as P
-from fedprivopt.deploy.client_app import client_context
 from fedprivopt.deploy.local import REPO_ROOT
 from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
     SIMULATION_ONLY_KEYS,
     app_config_defaults,
     run_config_from_flower,
-    task_params_from_flower,
     to_flower_overrides,
 )
 from fedprivopt.models.side_information_config import PARAMETERS
@@ -34,7 +32,8 @@ def defaults() -> dict:
 
 
 def test_the_app_declares_every_preset_key(defaults):
-    strategy_keys = StrategyConfig.keys()
+    # every shared key; a strategy's options may be declared, and any can go through JSON
+    strategy_keys = StrategyConfig.shared_keys()
     run_keys = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)} - {
         "strategy",
         "task-params",
@@ -44,6 +43,8 @@ def test_the_app_declares_every_preset_key(defaults):
     declared = set(defaults)
     assert strategy_keys <= declared
     assert run_keys <= declared
+    options = {k for k in declared if k in StrategyConfig.option_keys()}
+    assert {"dp2-s1", "beta1", "adadp-safety"} <= options  # those a user sets by hand
     # the side-information table: the kind and every parameter of every kind, unset by default
     side = {"side-information.kind"} | {
         f"side-information.{key}" for params in PARAMETERS.values() for key in params
@@ -75,10 +76,11 @@ def test_components_point_at_module_level_apps():
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
-    from fedprivopt.deploy import client_app, server_app
+    from fedprivopt.clients import client_app
+    from fedprivopt.deploy import server_app
 
     assert app["components"]["serverapp"] == "fedprivopt.deploy.server_app:app"
-    assert app["components"]["clientapp"] == "fedprivopt.deploy.client_app:app"
+    assert app["components"]["clientapp"] == "fedprivopt.clients.client_app:app"
     assert isinstance(server_app.app, ServerApp) and isinstance(client_app.app, ClientApp)
 
 
@@ -97,14 +99,29 @@ def test_overrides_reproduce_the_preset_through_flowers_fusion(defaults, strateg
     assert options.out == "/tmp/x"
 
 
+def test_an_option_the_app_does_not_declare_travels_as_json(defaults):
+    config = load_config(TOY, {"strategy": "dp2", "dp2-s1": 3, "dp2-beta": 0.5})
+    app_keys = {k: v for k, v in defaults.items() if k != "dp2-s1"}  # e.g. a newly added option
+    overrides = to_flower_overrides(config, app_keys=app_keys)
+    assert "dp2-s1" not in overrides and overrides["dp2-beta"] == 0.5
+    assert json.loads(overrides["strategy-options-json"]) == {"dp2-s1": 3}
+    back, _ = run_config_from_flower(fuse_dicts(app_keys, overrides))
+    assert back.strategy == config.strategy and back.strategy.options.dp2_s1 == 3
+    assert to_flower_overrides(config, app_keys=defaults)["strategy-options-json"] == ""
+    with pytest.raises(ValueError, match="strategy-options-json: 'seed' is not a strategy option"):
+        run_config_from_flower({**defaults, "strategy-options-json": '{"seed": 1}'})
+    with pytest.raises(ValueError, match="strategy-options-json must be a JSON object"):
+        run_config_from_flower({**defaults, "strategy-options-json": "[1]"})
+
+
 def test_unset_nullable_keys_and_task_params_json(defaults):
     config, _ = run_config_from_flower({**defaults, "target-epsilon": ""})
     assert config.strategy.target_epsilon is None
     config, _ = run_config_from_flower({**defaults, "target-epsilon": 2.5})
     assert config.strategy.target_epsilon == 2.5
     flat = {**defaults, "task-params-json": json.dumps({"num-users": 40, "seed": 3})}
-    assert task_params_from_flower(flat) == {"num_users": 40, "seed": 3}
-    assert task_params_from_flower(defaults) == {"num_users": 40, "seed": 0}
+    assert P.task_params(flat) == {"num_users": 40, "seed": 3}
+    assert P.task_params(defaults) == {"num_users": 40, "seed": 0}
 
 
 @pytest.mark.parametrize(
@@ -122,20 +139,37 @@ def test_bad_run_config_names_the_key(defaults, change, needle):
         run_config_from_flower({**defaults, **change})
 
 
-def test_client_context_gives_the_clientapp_its_task_params(defaults):
-    ctx = Context(
-        run_id=1,
-        node_id=2,
-        node_config={"partition-id": 0, "num-partitions": 2},
-        state=RecordDict(),
-        run_config={**defaults, "task-params.num-users": 6, "device": "cpu"},
-    )
-    out = client_context(ctx)
-    assert json.loads(out.run_config[P.RUN_TASK_PARAMS]) == {"num_users": 6, "seed": 0}
-    assert not any(k.startswith("task-params.") for k in out.run_config)
-    assert out.run_config[P.RUN_CLIENT_DEVICE] == "cpu"
-    assert out.state is ctx.state and out.node_config is ctx.node_config
-    assert "task-params.num-users" in ctx.run_config  # the original is not modified
+def test_the_clientapp_reads_the_apps_split_task_params_itself(defaults):
+    # Flower flattens [tool.flwr.app.config.task-params] into task-params.<key>: the ClientApp
+    # component (no adapter) reads them, so node 1 of 2 hosts users 1, 3, 5 of num-users = 6
+    from flwr.app import DEFAULT_TTL, Message, Metadata
+
+    from fedprivopt.clients.client_app import app
+
+    def hosted(run_config):
+        ctx = Context(
+            run_id=1,
+            node_id=2,
+            node_config={"partition-id": 1, "num-partitions": 2},
+            state=RecordDict(),
+            run_config=run_config,
+        )
+        metadata = Metadata(
+            run_id=1,
+            message_id="m1",
+            src_node_id=0,
+            dst_node_id=2,
+            reply_to_message_id="",
+            group_id="1",
+            created_at=0.0,
+            ttl=DEFAULT_TTL,
+            message_type="query",
+        )
+        reply = app(Message(content=P.users_query(), metadata=metadata), ctx)
+        return P.read_user_ids(reply.content)
+
+    assert hosted({**defaults, "task-params.num-users": 6, "device": "cpu"}) == [1, 3, 5]
+    assert hosted({**defaults, "task-params-json": '{"num-users": 4}'}) == [1, 3]
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pathspec, inside Flower's FAB build

@@ -100,9 +100,11 @@ class RunDirState:
         done = self.alg.round_num
         if self.ledger is None:
             what = "of an earlier version" if self.old is not None else "missing"
+            if self.checkpoint is None:  # a start killed before the ledger's header
+                return f"its {LEDGER_FILE} is {what} and no round was released"
             return (
-                f"its {LEDGER_FILE} is {what}: rebuilt from {self.checkpoint or 'nothing'}'s "
-                "accountant and the metrics, as --resume does"
+                f"its {LEDGER_FILE} is {what}: rebuilt from {self.checkpoint}'s accountant and "
+                "the metrics rows, as --resume does, and epsilon composed from it"
             )
         if self.checkpoint is None or self.problems:
             unreadable = ", ".join(self.problems) or "no checkpoint"

@@ -143,8 +143,8 @@ class CellPlan:
         """One phrase for the report: where this cell's run comes from."""
         return {
             RUN: "ran in this call",
-            RESUME: f"resumed: unfinished earlier with the same configuration ({self.why}), "
-            "continued from its checkpoint",
+            RESUME: f"resumed with the same configuration: {self.why}; continued from its "
+            "checkpoint",
             REUSE: "reused: finished earlier with the same configuration",
             RERUN: f"rerun (--overwrite): {self.why}",
         }[self.action]

@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.files import (
     CONFIG_FILE,
+    LEDGER_FILE,
     METRICS_FILE,
     SUMMARY_FILE,
     read_rows,
@@ -71,8 +73,9 @@ class RunData:
         What was tolerated while loading (a truncated final line, a summary whose ε is not the
         ledger's).
     ledger_epsilon : float or None
-        The largest ε the run's files state: its privacy ledger composed, ``summary.json`` and
-        the metrics rows (an edit of one cannot lower what the report shows).
+        The largest ε the run's files state: its privacy ledger composed (without a ledger: its
+        newest checkpoint's accountant), ``summary.json`` and the metrics rows (an edit of one
+        cannot lower what the report shows).
     """
 
     summary: dict[str, Any]
@@ -181,9 +184,9 @@ def load_run(path: str | Path) -> RunData:
     summary = _configured(path, summary, notes)
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
-    composed = _ledger_epsilon(path)
-    if composed is not None:
-        known.insert(0, ("privacy_ledger.jsonl", composed))
+    accounted = _accounted_epsilon(path, notes)
+    if accounted is not None:
+        known.insert(0, accounted)
     spent = max(v for _, v in known) if known else None
     if known and any(not math.isclose(v, spent, rel_tol=1e-6) for _, v in known):
         stated = ", ".join(f"{k} {v:.6g}" for k, v in known)
@@ -227,17 +230,41 @@ def _configured(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[s
     return {**summary, **own, "config": config.to_mapping()}
 
 
-def _ledger_epsilon(path: Path) -> float | None:
-    """ε of ``path``'s privacy ledger (``None`` without one, or for an earlier version's).
+def _accounted_epsilon(path: Path, notes: list[str]) -> tuple[str, float] | None:
+    """``(source, ε)``: the run's privacy ledger composed, or its newest checkpoint's accountant.
 
     A ledger this version cannot read raises ``ValueError`` naming it: a report never falls
-    back to a summary's ε when the ledger that should back it is damaged.
+    back to a summary's ε when the ledger that should back it is damaged. Without a ledger (or
+    with an earlier version's), ε is recomputed from the newest readable checkpoint's accountant,
+    as ``--resume`` rebuilds the ledger from it, and that is noted; a deleted ledger beside
+    edited metrics and summary used to lower the reported ε (issue 15). ``None`` when there is
+    neither (the ε the run's files state is then all there is).
     """
+    from fedprivopt.privacy.accounting import PrivacyAccountant
+    from fedprivopt.strategies.config import StrategyConfig
+
     try:
         ledger = RunLedger.read(path)
     except OldLedgerError:
+        ledger = None
+    if ledger is not None:
+        return LEDGER_FILE, ledger.epsilon()
+    state, name = newest_checkpoint(path, problems={})
+    if state is None:
         return None
-    return None if ledger is None else ledger.epsilon()
+    algorithm = state["algorithm"]
+    try:
+        config = StrategyConfig.from_mapping(algorithm["config"])
+        accountant = PrivacyAccountant()
+        accountant.load_state_dict(algorithm["accountant"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{path / name}: its privacy accountant cannot be read ({exc})") from None
+    epsilon = accountant.epsilon(config.delta) if config.private else math.inf
+    notes.append(
+        f"{path}: no {LEDGER_FILE}; epsilon {epsilon:.6g} recomputed from the accountant of "
+        f"{name} (round {algorithm['round']})"
+    )
+    return f"{name} (its accountant)", epsilon
 
 
 def load_runs(root: str | Path) -> list[RunData]:

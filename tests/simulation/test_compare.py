@@ -405,7 +405,7 @@ def test_a_killed_resume_leaves_no_finished_summary_and_compare_resumes_the_cell
     assert row["rounds"] == rounds
     assert float(row["epsilon"]) == RunLedger.read(cell).epsilon()
     report = (out / "report.md").read_text()
-    assert f"{cell.name} | resumed: unfinished earlier" in report
+    assert f"{cell.name} | resumed with the same configuration" in report
 
 
 def test_notes_on_the_runs_are_one_line_on_stderr_and_listed_once(tmp_path, capsys):
@@ -452,3 +452,34 @@ def test_a_run_is_reported_in_its_own_cells_row_whatever_its_summary_states(tmp_
         in (out / "report.md").read_text()
     )
     assert "noise_multiplier 2.0" in capsys.readouterr().err  # the one warning line
+
+
+def test_a_deleted_ledger_is_rebuilt_from_the_checkpoint_and_the_report_says_so(tmp_path, capsys):
+    # found by a fourth review: a finished 5-round cell (epsilon 15.03) with its ledger deleted
+    # and epsilon divided by 100 in metrics.jsonl and summary.json was reported with epsilon
+    # 0.150, rc 0, no note
+    import json
+
+    from fedprivopt.simulation.report import load_run
+
+    out = tmp_path / "cmp"
+    assert _compare(out, "--rounds", "5") == 0
+    spent = float(_summary_rows(out)[0]["epsilon"])
+    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    (cell / "privacy_ledger.jsonl").unlink()
+    rows = [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["epsilon"] /= 100
+    (cell / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((cell / "summary.json").read_text())
+    summary["epsilon"] /= 100
+    (cell / "summary.json").write_text(json.dumps(summary))
+    run = load_run(cell)  # a report of the files as they are: the checkpoint's accountant
+    assert run.epsilon == pytest.approx(spent, rel=1e-9)
+    assert any("recomputed from the accountant of checkpoint.pt" in w for w in run.warnings)
+    capsys.readouterr()
+    assert _compare(out, "--rounds", "5") == 0
+    assert float(_summary_rows(out)[0]["epsilon"]) == pytest.approx(spent, rel=1e-9)
+    assert (cell / "privacy_ledger.jsonl").exists()  # rebuilt, as --resume rebuilds it
+    report = (out / "report.md").read_text()
+    assert "privacy_ledger.jsonl is missing: rebuilt from checkpoint.pt's accountant" in report

@@ -170,6 +170,7 @@ class DPFedAvgADADP(ServerAlgorithm):
             alpha_min=o.adadp_alpha_min,
             alpha_max=o.adadp_alpha_max,
             safety=o.adadp_safety,
+            error_exponent=o.adadp_error_exponent,
         )
 
     def init_state(self) -> optim.ADADPState:

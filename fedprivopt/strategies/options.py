@@ -244,7 +244,7 @@ class DP2Options(Options):
 class ADADPOptions(Options):
     """ADADP: two cohorts a round; the server rate (``server-learning-rate`` at the start) adapts.
 
-    The rule is ``η ← η·clip(s·(τ/err)^½, α_min, α_max)`` (:class:`fedprivopt.optim.
+    The rule is ``η ← η·clip(s·(τ/err)^p, α_min, α_max)`` (:class:`fedprivopt.optim.
     ADADPController`).
 
     Attributes
@@ -258,12 +258,16 @@ class ADADPOptions(Options):
     adadp_safety : float
         ``s`` in ``(0, 1]``. 0.9 keeps the settled error below ``τ``: on the toy preset 19 of
         20 rounds were accepted at 0.9, 12 at 1 (the authors' rule; ``docs/EXPERIMENTS.md``).
+    adadp_error_exponent : float
+        ``p`` in ``(0, 1]``: ½ (default) is the authors' rule (an SGD step's local error is
+        ``O(η²)``), 1 the linear rule ``η·clip(s·τ/err, …)``.
     """
 
     adadp_tolerance: float | None = real(None, 0, math.inf, low_open=True, optional=True)
     adadp_alpha_min: float = real(0.9, 0, 1, low_open=True)
     adadp_alpha_max: float = real(1.1, 1, math.inf)
     adadp_safety: float = real(0.9, 0, 1, low_open=True)
+    adadp_error_exponent: float = real(0.5, 0, 1, low_open=True)
 
 
 #: The parameter block of every strategy; the order is that of ``compare``'s default grid.

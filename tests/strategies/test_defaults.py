@@ -52,6 +52,15 @@ def test_adadp_tolerance_defaults_to_the_noise_calibrated_one():
     assert res.metrics["adadp_accept_rate"] == res.metrics["adadp_step_accepted"]
 
 
+def test_adadp_error_exponent_reaches_the_controller():
+    assert _alg("dp-fedavg-adadp").controller.error_exponent == 0.5  # the authors' rule
+    assert _alg("dp-fedavg-adadp", adadp_error_exponent=1.0).controller.error_exponent == 1.0
+    with pytest.raises(
+        ValueError, match=r"adadp-error-exponent must be a finite number in \(0, 1\]"
+    ):
+        _alg("dp-fedavg-adadp", adadp_error_exponent=2.0)
+
+
 def _accept_rates(out, **strategy_kw):
     config = load_config(TOY, {"strategy": "dp-fedavg-adadp", "num-server-rounds": 20})
     strategy = StrategyConfig.from_mapping({**config.strategy.to_mapping(), **strategy_kw})

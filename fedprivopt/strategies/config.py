@@ -189,7 +189,7 @@ class StrategyConfig:
         block_kwargs: dict[str, Any] = {}
         unused: list[str] = []
         strategy = data.get("strategy", "dp-fedavg")
-        if strategy not in BLOCKS:
+        if not isinstance(strategy, str) or strategy not in BLOCKS:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         own = BLOCKS[strategy].keys()
         for raw, value in data.items():

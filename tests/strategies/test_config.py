@@ -84,6 +84,8 @@ def test_each_key_goes_to_the_shared_settings_or_the_strategys_own_block():
     # a block checks its own keys with their names and ranges
     with pytest.raises(ValueError, match=r"dp2-beta must be a finite number in \[0, 1\)"):
         StrategyConfig.from_mapping({"strategy": "dp2", "dp2-beta": 1.0})
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        StrategyConfig.from_mapping({"strategy": ["dp2"]})
     with pytest.raises(ValueError, match="must be a DP2Options"):
         StrategyConfig(strategy="dp2", options=MomentumOptions())
 

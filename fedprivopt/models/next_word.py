@@ -45,27 +45,21 @@ from __future__ import annotations
 
 import math
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from fedprivopt.core.checks import check_bool, check_int
-from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.core.checks import check_int
 from fedprivopt.data.stackoverflow import StackOverflowExample
-from fedprivopt.data.synthetic import (
-    SQLITE_FILE,
-    SyntheticConfig,
-)
+from fedprivopt.data.synthetic import SQLITE_FILE
 from fedprivopt.data.vocab import WORD_COUNT_FILE, read_word_counts
 from fedprivopt.models.next_word_model import NextWordLSTM, next_word_counts, parameter_count
 from fedprivopt.models.next_word_tokens import PAD, encode_sentences, special_tokens
 
 # Shared with the tag task: both may build from the same directory and take the same lock.
 from fedprivopt.models.stackoverflow_files import StackOverflowFiles
-from fedprivopt.models.task import model_device
+from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
 
 __all__ = ["StackOverflowNextWordTask"]
@@ -174,31 +168,22 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         seed: int = 0,
         cache_users: int = 2048,
     ) -> None:
-        if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
-            raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
-        self.data_dir = Path(data_dir)
-        self.synthetic = check_bool("synthetic", synthetic)
-        given = {
-            "num_clients": check_int("synth_clients", synth_clients, 1, none=True),
-            "vocab_size": check_int("synth_vocab", synth_vocab, 1, none=True),
-            "num_tags": check_int("synth_tags", synth_tags, 1, none=True),
-            "seed": check_int("synth_seed", synth_seed, 0, none=True),
-        }
-        self.synth_params = {k: v for k, v in given.items() if v is not None}
-        try:
-            self.synth_config = SyntheticConfig(**self.synth_params)
-        except ValueError as exc:
-            raise ValueError(f"invalid synth_* parameters: {exc}") from None
+        self._set_data_dir(
+            data_dir,
+            synthetic=synthetic,
+            synth_clients=synth_clients,
+            synth_vocab=synth_vocab,
+            synth_tags=synth_tags,
+            synth_seed=synth_seed,
+        )
         requested_v = check_int("vocab_size", vocab_size, 1)
         self.seq_len = check_int("seq_len", seq_len, 1)
-        check_int("num_users", num_users, 1, none=True)
-        self.max_examples_per_user = check_int(
-            "max_examples_per_user", max_examples_per_user, 1, none=True
+        self._set_selection(
+            num_users=num_users,
+            max_examples_per_user=max_examples_per_user,
+            eval_split=eval_split,
+            eval_users=eval_users,
         )
-        if eval_split not in ("test", "heldout"):
-            raise ValueError(f"eval_split must be 'test' or 'heldout', got {eval_split!r}")
-        self.eval_split = eval_split
-        self.eval_users = check_int("eval_users", eval_users, 1)
         self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
         self.hidden_size = check_int("hidden_size", hidden_size, 1)
         self.seed = check_int("seed", seed, 0)
@@ -212,31 +197,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         self.vocab_size = len(self.words)
         self.num_tokens = self.vocab_size + 4
         self.specials = special_tokens(self.vocab_size)
-        train = SQLiteSplit(self.data_dir / SQLITE_FILE, "train")
-        ids = list(train.client_ids)
-        if num_users is not None and num_users > len(ids):
-            raise ValueError(
-                f"num_users must be <= {len(ids)} (training users in {self.data_dir}), "
-                f"got {num_users}"
-            )
-        self.client_ids: tuple[str, ...] = tuple(ids[:num_users] if num_users else ids)
-        self.num_users = len(self.client_ids)
-        self._init_runtime()
-        self._train = train
-
-    # ------------------------------------------------------------------------- files
-    def _init_runtime(self) -> None:
-        self._train: SQLiteSplit | None = None
-        self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
-        self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._word_index: dict[str, int] | None = None
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        for key in ("_train", "_eval", "_word_index"):
-            state[key] = None
-        state["_cache"] = OrderedDict()
-        return state
+        self._open_users(num_users)
 
     def __repr__(self) -> str:
         return (
@@ -265,9 +226,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         return self._cached_user(user_id, self._read_user)
 
     def _read_user(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._train is None:
-            self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
-        x, y = self._encode(self._train.client_examples(self.client_ids[user_id]))
+        x, y = self._encode(self._train_split().client_examples(self.client_ids[user_id]))
         return x, y
 
     def user_size(self, user_id: int) -> int:
@@ -285,14 +244,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         ``min(1024, 2**24 / (seq_len (V + 4)))`` examples, each cut after its longest target.
         """
         if self._eval is None:
-            split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
-            try:
-                parts = [
-                    self._encode(split.client_examples(cid))
-                    for cid in list(split.client_ids)[: self.eval_users]
-                ]
-            finally:
-                split.close()
+            parts = self._encoded_eval_users()
             x = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, self.seq_len)
             y = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, self.seq_len)
             order = torch.argsort((y != PAD).sum(dim=1), stable=True)
@@ -323,26 +275,20 @@ class StackOverflowNextWordTask(StackOverflowFiles):
     def _sums(
         self, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[str, float]:
-        device = model_device(model)
         total = {"loss": 0.0}
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                for x, y in batches:
-                    if x.shape[0] == 0:
-                        continue
-                    x, y = _trim(x.to(device), y.to(device))
-                    logits = model(x)
-                    loss = F.cross_entropy(
-                        logits.flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum"
-                    )
-                    total["loss"] += float(loss.to(torch.float64))
-                    counts = next_word_counts(logits, y, vocab_size=self.vocab_size)
-                    for key, value in counts.items():
-                        total[key] = total.get(key, 0.0) + value
-        finally:
-            model.train(was_training)
+        with evaluating(model) as device:
+            for x, y in batches:
+                if x.shape[0] == 0:
+                    continue
+                x, y = _trim(x.to(device), y.to(device))
+                logits = model(x)
+                loss = F.cross_entropy(
+                    logits.flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum"
+                )
+                total["loss"] += float(loss.to(torch.float64))
+                counts = next_word_counts(logits, y, vocab_size=self.vocab_size)
+                for key, value in counts.items():
+                    total[key] = total.get(key, 0.0) + value
         return total
 
     @staticmethod

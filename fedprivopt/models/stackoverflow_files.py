@@ -4,21 +4,32 @@ A task's ``data_dir`` holds ``stackoverflow.sqlite`` and the vocabulary files, r
 :class:`StackOverflowFiles` finds them, generates a synthetic dataset there under a directory
 lock when asked (several processes may build the task at once; all tasks take the same lock), and
 refuses a synthetic dataset generated with other parameters than the task asks for. It also
-checks user ids and keeps the tasks' per-user tensors in a least-recently-used cache.
+checks the constructor parameters the tasks share, opens the training split and picks its users,
+checks user ids, keeps the tasks' per-user tensors in a least-recently-used cache, reads the
+evaluation users and drops the open file and the caches when pickled.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.locks import file_lock
-from fedprivopt.data.synthetic import SQLITE_FILE, SYNTHETIC_META_FILE, ensure_synthetic
+from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.data.synthetic import (
+    SQLITE_FILE,
+    SYNTHETIC_META_FILE,
+    SyntheticConfig,
+    ensure_synthetic,
+)
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
 __all__ = ["StackOverflowFiles"]
@@ -41,18 +52,105 @@ def _directory_lock(root: Path) -> Iterator[None]:
 class StackOverflowFiles:
     """Data-directory handling of a StackOverflow task (a mixin).
 
-    The task sets ``data_dir`` (Path), ``synthetic`` (bool), ``synth_config``
-    (:class:`~fedprivopt.data.SyntheticConfig`), ``synth_params`` (the ``synth_*`` values the
-    user gave, keyed by config field), ``num_users``, ``cache_users`` and ``_cache`` (an empty
-    ``OrderedDict``); :attr:`REQUIRED_FILES` names the files the task reads.
+    The task's constructor calls :meth:`_set_data_dir` and :meth:`_set_selection` (which set
+    ``data_dir``, ``synthetic``, ``synth_params``, ``synth_config``, ``max_examples_per_user``,
+    ``eval_split`` and ``eval_users``), sets ``cache_users``, calls :meth:`_ensure_files`, reads
+    its vocabulary and ends with :meth:`_open_users`. :attr:`REQUIRED_FILES` names the files the
+    task reads, :attr:`TRANSIENT` the attributes that pickling drops; the task defines
+    ``_encode`` (a user's examples to what :meth:`_encoded_eval_users` lists).
     """
 
     REQUIRED_FILES: tuple[str, ...] = GENERATED_FILES
+    #: Attributes set to ``None`` by :meth:`_init_runtime` and dropped by pickling (the open
+    #: training split, the evaluation batches, the vocabulary index); rebuilt lazily.
+    TRANSIENT: tuple[str, ...] = ("_train", "_eval", "_word_index")
     data_dir: Path
     synthetic: bool
+    synth_params: dict[str, int]
+    synth_config: SyntheticConfig
+    max_examples_per_user: int | None
+    eval_split: str
+    eval_users: int
+    client_ids: tuple[str, ...]
     num_users: int
     cache_users: int
     _cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]]
+    _train: SQLiteSplit | None
+    _eval: list[tuple[torch.Tensor, torch.Tensor]] | None
+    _word_index: dict[str, int] | None
+
+    # ------------------------------------------------------------ shared parameters
+    def _set_data_dir(
+        self,
+        data_dir: str | os.PathLike,
+        *,
+        synthetic: bool,
+        synth_clients: int | None,
+        synth_vocab: int | None,
+        synth_tags: int | None,
+        synth_seed: int | None,
+    ) -> None:
+        """Check and set ``data_dir``, ``synthetic`` and the ``synth_*`` parameters."""
+        if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
+            raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
+        self.data_dir = Path(data_dir)
+        self.synthetic = check_bool("synthetic", synthetic)
+        given = {
+            "num_clients": check_int("synth_clients", synth_clients, 1, none=True),
+            "vocab_size": check_int("synth_vocab", synth_vocab, 1, none=True),
+            "num_tags": check_int("synth_tags", synth_tags, 1, none=True),
+            "seed": check_int("synth_seed", synth_seed, 0, none=True),
+        }
+        self.synth_params = {k: v for k, v in given.items() if v is not None}
+        try:
+            self.synth_config = SyntheticConfig(**self.synth_params)
+        except ValueError as exc:
+            raise ValueError(f"invalid synth_* parameters: {exc}") from None
+
+    def _set_selection(
+        self,
+        *,
+        num_users: int | None,
+        max_examples_per_user: int | None,
+        eval_split: str,
+        eval_users: int,
+    ) -> None:
+        """Check ``num_users`` (used by :meth:`_open_users`) and set the other three."""
+        check_int("num_users", num_users, 1, none=True)
+        self.max_examples_per_user = check_int(
+            "max_examples_per_user", max_examples_per_user, 1, none=True
+        )
+        if eval_split not in ("test", "heldout"):
+            raise ValueError(f"eval_split must be 'test' or 'heldout', got {eval_split!r}")
+        self.eval_split = eval_split
+        self.eval_users = check_int("eval_users", eval_users, 1)
+
+    def _open_users(self, num_users: int | None) -> None:
+        """Open the training split and keep its first ``num_users`` users (all for ``None``)."""
+        train = SQLiteSplit(self.data_dir / SQLITE_FILE, "train")
+        ids = list(train.client_ids)
+        if num_users is not None and num_users > len(ids):
+            raise ValueError(
+                f"num_users must be <= {len(ids)} (training users in {self.data_dir}), "
+                f"got {num_users}"
+            )
+        self.client_ids = tuple(ids[:num_users] if num_users else ids)
+        self.num_users = len(self.client_ids)
+        self._init_runtime()
+        self._train = train
+
+    # ------------------------------------------------------------------ runtime state
+    def _init_runtime(self) -> None:
+        for key in self.TRANSIENT:
+            setattr(self, key, None)
+        self._cache = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in self.TRANSIENT:
+            state[key] = None
+        state["_cache"] = OrderedDict()
+        return state
 
     @property
     def sqlite_path(self) -> Path:
@@ -111,6 +209,23 @@ class StackOverflowFiles:
         if isinstance(user_id, bool) or not 0 <= int(user_id) < self.num_users:
             raise ValueError(f"user_id must be in [0, {self.num_users}), got {user_id!r}")
         return int(user_id)
+
+    def _train_split(self) -> SQLiteSplit:
+        """The training split, opened on first use (after unpickling too)."""
+        if self._train is None:
+            self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+        return self._train
+
+    def _encoded_eval_users(self) -> list[Any]:
+        """``_encode`` of each of the first :attr:`eval_users` users of :attr:`eval_split`."""
+        split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
+        try:
+            return [
+                self._encode(split.client_examples(cid))
+                for cid in list(split.client_ids)[: self.eval_users]
+            ]
+        finally:
+            split.close()
 
     def _cached_user(
         self, user_id: int, read: Callable[[int], tuple[torch.Tensor, torch.Tensor]]

@@ -45,16 +45,11 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.core.checks import check_bool, check_int
-from fedprivopt.data.sqlite import SQLiteSplit
-from fedprivopt.data.synthetic import (
-    SQLITE_FILE,
-    SyntheticConfig,
-)
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_tag_counts, read_word_counts
 from fedprivopt.models.tag_prediction_data import EVAL_BATCH, TagTaskData
 from fedprivopt.models.tag_prediction_encoding import multi_hot
 from fedprivopt.models.tag_prediction_model import BagOfWordsLogisticRegression, tag_metrics
-from fedprivopt.models.task import model_device
+from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
 
 __all__ = ["INIT_BIAS", "StackOverflowTagTask"]
@@ -174,31 +169,22 @@ class StackOverflowTagTask(TagTaskData):
         token_cache: bool = False,
         cache_dir: str | os.PathLike | None = None,
     ) -> None:
-        if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
-            raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
-        self.data_dir = Path(data_dir)
-        self.synthetic = check_bool("synthetic", synthetic)
-        given = {
-            "num_clients": check_int("synth_clients", synth_clients, 1, none=True),
-            "vocab_size": check_int("synth_vocab", synth_vocab, 1, none=True),
-            "num_tags": check_int("synth_tags", synth_tags, 1, none=True),
-            "seed": check_int("synth_seed", synth_seed, 0, none=True),
-        }
-        self.synth_params = {k: v for k, v in given.items() if v is not None}
-        try:
-            self.synth_config = SyntheticConfig(**self.synth_params)
-        except ValueError as exc:
-            raise ValueError(f"invalid synth_* parameters: {exc}") from None
+        self._set_data_dir(
+            data_dir,
+            synthetic=synthetic,
+            synth_clients=synth_clients,
+            synth_vocab=synth_vocab,
+            synth_tags=synth_tags,
+            synth_seed=synth_seed,
+        )
         requested_v = check_int("vocab_size", vocab_size, 1)
         requested_k = check_int("num_tags", num_tags, 1)
-        check_int("num_users", num_users, 1, none=True)
-        self.max_examples_per_user = check_int(
-            "max_examples_per_user", max_examples_per_user, 1, none=True
+        self._set_selection(
+            num_users=num_users,
+            max_examples_per_user=max_examples_per_user,
+            eval_split=eval_split,
+            eval_users=eval_users,
         )
-        if eval_split not in ("test", "heldout"):
-            raise ValueError(f"eval_split must be 'test' or 'heldout', got {eval_split!r}")
-        self.eval_split = eval_split
-        self.eval_users = check_int("eval_users", eval_users, 1)
         self.single_label = check_bool("single_label", single_label)
         self.seed = check_int("seed", seed, 0)
         if init_bias not in INIT_BIAS:
@@ -225,17 +211,7 @@ class StackOverflowTagTask(TagTaskData):
         self.tag_counts: tuple[int, ...] = tuple(tags.counts.tolist())
         self.num_features = len(self.words)
         self.num_tags = len(self.tags)
-        train = SQLiteSplit(self.data_dir / SQLITE_FILE, "train")
-        ids = list(train.client_ids)
-        if num_users is not None and num_users > len(ids):
-            raise ValueError(
-                f"num_users must be <= {len(ids)} (training users in {self.data_dir}), "
-                f"got {num_users}"
-            )
-        self.client_ids: tuple[str, ...] = tuple(ids[:num_users] if num_users else ids)
-        self.num_users = len(self.client_ids)
-        self._init_runtime()
-        self._train = train
+        self._open_users(num_users)
 
     def __repr__(self) -> str:
         return (
@@ -319,30 +295,24 @@ class StackOverflowTagTask(TagTaskData):
     def _sums(
         self, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[str, float]:
-        device = model_device(model)
         total = {"loss": 0.0, "hits": 0.0, "true": 0.0, "top1": 0.0, "n": 0.0, "k": 0.0}
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                for x, y in batches:
-                    if x.shape[0] == 0:
-                        continue
-                    x, y = x.to(device), y.to(device)
-                    logits = model(x)
-                    if self.single_label:
-                        loss = F.cross_entropy(logits, y, reduction="sum")
-                    else:
-                        target = multi_hot(y, self.num_tags)
-                        loss = (
-                            F.binary_cross_entropy_with_logits(logits, target, reduction="sum")
-                            / self.num_tags
-                        )
-                    total["loss"] += float(loss.to(torch.float64))
-                    for key, value in tag_metrics(logits, y).items():
-                        total[key] = value if key == "k" else total[key] + value
-        finally:
-            model.train(was_training)
+        with evaluating(model) as device:
+            for x, y in batches:
+                if x.shape[0] == 0:
+                    continue
+                x, y = x.to(device), y.to(device)
+                logits = model(x)
+                if self.single_label:
+                    loss = F.cross_entropy(logits, y, reduction="sum")
+                else:
+                    target = multi_hot(y, self.num_tags)
+                    loss = (
+                        F.binary_cross_entropy_with_logits(logits, target, reduction="sum")
+                        / self.num_tags
+                    )
+                total["loss"] += float(loss.to(torch.float64))
+                for key, value in tag_metrics(logits, y).items():
+                    total[key] = value if key == "k" else total[key] + value
         return total
 
     @staticmethod

@@ -6,14 +6,14 @@ that reads the TFF StackOverflow SQLite file: a training user's examples, encode
 a least-recently-used cache) or ragged (:meth:`~TagTaskData.user_csr`,
 :meth:`~TagTaskData.examples_csr`, what the cohort trainer reads), optionally from a memory-mapped
 token store built once (:mod:`fedprivopt.data.token_cache`), and the pooled evaluation batches.
-The task's constructor sets the attributes it reads and calls ``_init_runtime``; pickling drops
-the open database and the caches, and the copy reopens the file lazily.
+The task's constructor sets the attributes it reads and ends with ``_open_users``; pickling drops
+the open database and the caches (:attr:`~TagTaskData.TRANSIENT`), and the copy reopens the file
+lazily.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from fedprivopt.data.fast_example import text_fields_decoder
-from fedprivopt.data.sqlite import SQLiteSplit
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.data.token_cache import EncodedUsers, open_or_build, stderr_progress
 from fedprivopt.models.stackoverflow_files import StackOverflowFiles
@@ -43,11 +42,11 @@ EVAL_BATCH = 2048  # examples per evaluation forward pass
 class TagTaskData(StackOverflowFiles):
     """Per-user training data and pooled evaluation batches of the tag task (a base class).
 
-    The task sets ``name``, ``client_ids``, ``words``, ``tags``, ``num_features`` (``V``),
-    ``num_tags`` (``K``), ``single_label``, ``max_examples_per_user``, ``eval_split``,
-    ``eval_users``, ``cache_users``, ``token_cache`` and ``cache_dir`` (see
+    The task sets ``name``, ``words``, ``tags``, ``num_features`` (``V``), ``num_tags`` (``K``),
+    ``single_label``, ``token_cache``, ``cache_dir`` and what
+    :class:`~fedprivopt.models.stackoverflow_files.StackOverflowFiles` asks for (see
     :class:`~fedprivopt.models.tag_prediction.StackOverflowTagTask`), then calls
-    ``_init_runtime``. Not thread-safe.
+    ``_open_users``. Not thread-safe.
     """
 
     name: str
@@ -63,21 +62,10 @@ class TagTaskData(StackOverflowFiles):
     cache_users: int
     token_cache: bool
     cache_dir: Path
-
-    def _init_runtime(self) -> None:
-        self._train: SQLiteSplit | None = None
-        self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
-        self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._word_index: dict[str, int] | None = None
-        self._tag_index: dict[str, int] | None = None
-        self._store: EncodedUsers | None = None
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        for key in ("_train", "_eval", "_word_index", "_tag_index", "_store"):
-            state[key] = None
-        state["_cache"] = OrderedDict()
-        return state
+    #: Also dropped by pickling: the tag index and the token store (reopened lazily).
+    TRANSIENT = (*StackOverflowFiles.TRANSIENT, "_tag_index", "_store")
+    _tag_index: dict[str, int] | None
+    _store: EncodedUsers | None
 
     def _indexes(self) -> tuple[dict[str, int], dict[str, int]]:
         if self._word_index is None or self._tag_index is None:
@@ -90,12 +78,6 @@ class TagTaskData(StackOverflowFiles):
             examples = examples[: self.max_examples_per_user]
         word_index, tag_index = self._indexes()
         return encode_examples(examples, word_index, tag_index, single_label=self.single_label)
-
-    def _train_split(self) -> SQLiteSplit:
-        """The training split, opened on first use (after unpickling too)."""
-        if self._train is None:
-            self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
-        return self._train
 
     def _read_train_user(self, client_id: str) -> tuple[list[list[int]], list]:
         """Encoded training examples of ``client_id``: protobuf's C parser, else the exact one.
@@ -254,16 +236,11 @@ class TagTaskData(StackOverflowFiles):
         its own longest example.
         """
         if self._eval is None:
-            split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
-            try:
-                words: list[list[int]] = []
-                labels: list = []
-                for cid in list(split.client_ids)[: self.eval_users]:
-                    w, lab = self._encode(split.client_examples(cid))
-                    words.extend(w)
-                    labels.extend(lab)
-            finally:
-                split.close()
+            words: list[list[int]] = []
+            labels: list = []
+            for w, lab in self._encoded_eval_users():
+                words.extend(w)
+                labels.extend(lab)
             order = sorted(range(len(words)), key=lambda i: len(words[i]))
             batches = []
             for start in range(0, len(order), EVAL_BATCH):

@@ -12,7 +12,8 @@ server broadcasts it, clients return flat updates of the same layout. :func:`mod
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -21,6 +22,7 @@ from fedprivopt.privacy.flat import FlatSpec, flatten
 
 __all__ = [
     "Task",
+    "evaluating",
     "frozen_mask",
     "initial_flat",
     "model_device",
@@ -102,6 +104,22 @@ def model_device(model: torch.nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[torch.device]:
+    """Run a block with ``model`` in eval mode and without gradients; yield its device.
+
+    The model's training flag is restored afterwards, also when the block raises.
+    """
+    device = model_device(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield device
+    finally:
+        model.train(was_training)
 
 
 def model_spec(task: Task) -> FlatSpec:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
@@ -42,12 +43,6 @@ def _generator(seed: int, *keys: int | str) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(derive_seed(seed, "toy", *keys))
     return gen
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
 
 
 class ToyClassificationTask:
@@ -237,17 +232,11 @@ class ToyClassificationTask:
         """Mean ``"loss"`` and ``"accuracy"`` on ``(x, y)`` (NaN for zero examples)."""
         if x.shape[0] == 0:
             return {"loss": float("nan"), "accuracy": float("nan")}
-        device = _model_device(model)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                x, y = x.to(device), y.to(device)
-                logits = model(x)
-                loss = F.cross_entropy(logits, y)
-                acc = (logits.argmax(dim=1) == y).to(torch.float64).mean()
-        finally:
-            model.train(was_training)
+        with evaluating(model) as device:
+            x, y = x.to(device), y.to(device)
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            acc = (logits.argmax(dim=1) == y).to(torch.float64).mean()
         return {"loss": float(loss), "accuracy": float(acc)}
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:

@@ -12,6 +12,7 @@ from fedprivopt.models import (
     task_names,
 )
 from fedprivopt.models import registry as registry_module
+from fedprivopt.models.task import evaluating
 from fedprivopt.privacy import flatten
 
 
@@ -71,3 +72,16 @@ def test_register_task(monkeypatch):
         register_task("toy", ToyClassificationTask)
     with pytest.raises(ValueError, match="name"):
         register_task("", ToyClassificationTask)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_evaluating_is_eval_mode_without_grad_and_restores_the_flag(training):
+    model = torch.nn.Linear(3, 2).train(training)
+    with evaluating(model) as device:
+        assert device == torch.device("cpu")
+        assert not model.training and not torch.is_grad_enabled()
+        assert not model(torch.ones(1, 3)).requires_grad
+    assert model.training is training
+    with pytest.raises(RuntimeError, match="boom"), evaluating(model):
+        raise RuntimeError("boom")
+    assert model.training is training and torch.is_grad_enabled()

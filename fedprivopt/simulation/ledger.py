@@ -348,11 +348,12 @@ class RunLedger:
         else:
             accountant.set_ledger(self._total)
             self.replay = []
-            if rest:
+            later = [e for e in rest if e.round > round_num]  # not a rebuilt ledger's carried
+            if later:
                 _log.warning(
                     "%d privacy events of rounds released after round %d stay accounted; the "
                     "rounds redone from round %d on are new releases",
-                    rest[-1].events - (rest[0].events - count_events(rest[0].released)),
+                    sum(count_events(e.released) for e in later),
                     round_num,
                     round_num + 1,
                 )

@@ -454,7 +454,9 @@ def test_a_run_is_reported_in_its_own_cells_row_whatever_its_summary_states(tmp_
     assert "noise_multiplier 2.0" in capsys.readouterr().err  # the one warning line
 
 
-def test_a_deleted_ledger_is_rebuilt_from_the_checkpoint_and_the_report_says_so(tmp_path, capsys):
+def test_a_deleted_ledger_is_rebuilt_from_the_checkpoint_and_the_report_says_so(
+    tmp_path, capsys, caplog
+):
     # found by a fourth review: a finished 5-round cell (epsilon 15.03) with its ledger deleted
     # and epsilon divided by 100 in metrics.jsonl and summary.json was reported with epsilon
     # 0.150, rc 0, no note
@@ -481,5 +483,9 @@ def test_a_deleted_ledger_is_rebuilt_from_the_checkpoint_and_the_report_says_so(
     assert _compare(out, "--rounds", "5") == 0
     assert float(_summary_rows(out)[0]["epsilon"]) == pytest.approx(spent, rel=1e-9)
     assert (cell / "privacy_ledger.jsonl").exists()  # rebuilt, as --resume rebuilds it
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("no ledger was found; rebuilt from checkpoint.pt" in x for x in logged), logged
+    # the rebuilt ledger carries the checkpoint's own events: nothing was released after it
+    assert not any("stay accounted" in x for x in logged), logged
     report = (out / "report.md").read_text()
     assert "privacy_ledger.jsonl is missing: rebuilt from checkpoint.pt's accountant" in report

@@ -34,7 +34,7 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 
-__all__ = ["NewRunDir", "lock_directory", "lock_run_dir"]
+__all__ = ["NewRunDir", "check_held", "lock_directory", "lock_run_dir"]
 
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
 _PARTIAL = (CONFIG_FILE + ".tmp", SUMMARY_FILE + ".tmp", METRICS_FILE + ".tmp",
@@ -44,6 +44,32 @@ _DEBRIS = frozenset((LOCK_FILE, CONFIG_FILE + ".tmp"))  # what a start killed ea
 
 
 # -- one writer -----------------------------------------------------------------------------------
+
+_HELD: dict[str, int] = {}
+"""The directories this process holds (absolute path: the locked descriptor), for check_held."""
+
+
+def check_held(out: str | os.PathLike) -> None:
+    """Raise ``ValueError`` if ``out``, locked by this process, is no longer the directory locked.
+
+    Called before every round is recorded and before the summary
+    (:class:`~fedprivopt.simulation.writer.RunWriter`): a directory moved or replaced while its
+    holder runs (``mv DIR DIR.old; cp -r DIR.old DIR``) is a new directory a second process can
+    lock, while the holder, which writes by path, would write into it too. Directories this
+    process does not hold are not checked.
+    """
+    fd = _HELD.get(os.path.abspath(out))
+    if fd is None:
+        return
+    try:
+        same = os.path.samestat(os.fstat(fd), os.stat(out))
+    except OSError:
+        same = False
+    if not same:
+        raise ValueError(
+            f"run directory {str(out)!r} was moved or replaced while this run held it; stopped "
+            "before releasing another round (resume the directory that holds this run's files)"
+        )
 
 
 @contextlib.contextmanager
@@ -84,10 +110,14 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
     except BaseException:
         os.close(fd)
         raise
+    key = os.path.abspath(out)
     try:
         with exclusive_lock(out / pid_file, what=what) as path:
+            _HELD[key] = fd
+            check_held(out)  # replaced between the open and the lock: the lock is not out's
             yield path
     finally:
+        _HELD.pop(key, None)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 

@@ -31,6 +31,7 @@ from fedprivopt.simulation.files import (
     write_synced,
 )
 from fedprivopt.simulation.ledger import RunLedger
+from fedprivopt.simulation.rundir import check_held
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm
 
 __all__ = ["RunWriter", "start_run_files"]
@@ -96,6 +97,7 @@ class RunWriter:
         The ledger line (fsynced) comes first, before anything of the round leaves: its row, its
         checkpoint, the next round's broadcast.
         """
+        check_held(self.out)  # still the directory this run locked
         now = time.perf_counter()
         seconds, self.last_time = now - self.last_time, now
         r = result.round_num
@@ -138,6 +140,7 @@ class RunWriter:
         self, stopped_reason: str, extra: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """Write ``summary.json`` for the run as it stands (plus the entries of ``extra``)."""
+        check_held(self.out)
         c = self.config
         side = side_information_of(c, self.task)
         final = {

@@ -321,3 +321,28 @@ def test_compare_continues_in_its_own_directory(tmp_path, capsys):
     assert main([*argv, "--out", str(out), *SETS]) == 0
     assert main([*argv, "--out", str(out), *SETS]) == 0
     assert "1 of 1 runs from an earlier call" in capsys.readouterr().out
+
+
+def test_a_run_stops_when_its_directory_is_replaced_under_it(tmp_path, monkeypatch):
+    """A variant of the deleted lock file: the whole directory moved aside and a copy put in
+    its place is a new directory another process can lock, and the holder, which writes by
+    path, would write into the copy too; the holder now stops before the next round."""
+    import shutil
+
+    out = tmp_path / "run"
+    original = RunWriter.on_round
+
+    def on_round(self, result, eval_metrics):
+        original(self, result, eval_metrics)
+        if result.round_num == 2:
+            out.rename(tmp_path / "moved")
+            shutil.copytree(tmp_path / "moved", out)
+
+    monkeypatch.setattr(RunWriter, "on_round", on_round)
+    with pytest.raises(ValueError, match="was moved or replaced while this run held it"):
+        simulate(small_config(), out)
+    lines = [x for x in read_rows(out / LEDGER_FILE) if x["kind"] == "round"]
+    assert [x["round"] for x in lines] == [1, 2]  # nothing released into the copy
+    monkeypatch.undo()
+    with lock_run_dir(out):  # released
+        pass

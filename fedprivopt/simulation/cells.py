@@ -303,14 +303,21 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
 def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPlan:
     """Reuse, resume or (``overwrite``) rerun a cell whose stored configuration is its own.
 
-    The run's files get every check of ``--resume``, under the run directory's lock; a run
-    another process is writing is refused, also with ``overwrite``.
+    The run's files get every check of ``--resume``, under the run directory's lock, and may
+    show no more rounds released than the cell asks for; a run another process is writing is
+    refused, also with ``overwrite``.
     """
     from fedprivopt.simulation.audit import audit_run_dir
 
     try:
         with lock_run_dir(run_dir):
             run = audit_run_dir(run_dir, cell.task, engine=False)
+        rounds = cell.config.strategy.num_server_rounds
+        if max(run.last_released, run.alg.round_num) > rounds:  # config.toml edited down after
+            raise ValueError(
+                f"its files show rounds up to {max(run.last_released, run.alg.round_num)} "
+                f"released, more than the num-server-rounds = {rounds} of this cell"
+            )
     except LockHeldError as exc:
         raise ValueError(f"cell {cell.label}: {exc}") from None
     except ValueError as exc:

@@ -489,3 +489,22 @@ def test_a_deleted_ledger_is_rebuilt_from_the_checkpoint_and_the_report_says_so(
     assert not any("stay accounted" in x for x in logged), logged
     report = (out / "report.md").read_text()
     assert "privacy_ledger.jsonl is missing: rebuilt from checkpoint.pt's accountant" in report
+
+
+def test_a_cell_whose_run_released_more_rounds_than_it_asks_is_not_reused(tmp_path, capsys):
+    # a variant of the killed resume (found while fixing it): a 2-round cell resumed to 4
+    # rounds, then its config.toml set back to 2, was "finished" and reported with 4 rounds
+    out = tmp_path / "cmp"
+    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    assert _compare(out, "--rounds", "2") == 0
+    _edit(cell / "config.toml", "num-server-rounds = 2\n", "num-server-rounds = 4\n")
+    assert main(["simulate", "--resume", str(cell), "--quiet"]) == 0
+    _edit(cell / "config.toml", "num-server-rounds = 4\n", "num-server-rounds = 2\n")
+    capsys.readouterr()
+    before = _files(out)
+    assert _compare(out, "--rounds", "2") == 2
+    line = _one_error_line(capsys)
+    assert cell.name in line and "rounds up to 4" in line and "num-server-rounds = 2" in line
+    assert _files(out) == before
+    assert _compare(out, "--rounds", "2", "--overwrite") == 0
+    assert _summary_rows(out)[0]["rounds"] == "2"

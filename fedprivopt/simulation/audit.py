@@ -94,7 +94,7 @@ class RunDirState:
         Decided from the checkpoint and the ledger, not from the existence of ``summary.json``:
         a finished run's ledger, checkpoint and summary all end at the same round, which is the
         configuration's last, or one after which the target ε allows no further round (the run
-        stopped at its budget).
+        stopped at its budget; when that is round 0 there is no checkpoint).
         """
         rounds = self.config.strategy.num_server_rounds
         done = self.alg.round_num
@@ -106,21 +106,19 @@ class RunDirState:
                 f"its {LEDGER_FILE} is {what}: rebuilt from {self.checkpoint}'s accountant and "
                 "the metrics rows, as --resume does, and epsilon composed from it"
             )
-        if self.checkpoint is None or self.problems:
-            unreadable = ", ".join(self.problems) or "no checkpoint"
-            return f"{unreadable} unreadable or missing; continued from round {done}"
+        if self.problems:
+            return f"{', '.join(self.problems)} unreadable; continued from round {done}"
+        if self.checkpoint is None and self.ledger.last_round:
+            return f"no checkpoint, though its ledger records round {self.ledger.last_round}"
         if self.ledger.last_round != done:
-            return (
-                f"its ledger records round {self.ledger.last_round}, its {self.checkpoint} "
-                f"round {done}"
-            )
+            return f"its ledger records round {self.ledger.last_round}, its checkpoint round {done}"
         if self.summary is None:
             return f"no {SUMMARY_FILE}: it stopped at round {done} of {rounds}"
         stated = int(self.summary["rounds_completed"])
         if stated != done:
             return (
-                f"its {SUMMARY_FILE} states round {stated}, but its ledger and {self.checkpoint} "
-                f"end at round {done} of {rounds}"
+                f"its {SUMMARY_FILE} states round {stated}, but its ledger and checkpoint end at "
+                f"round {done} of {rounds}"
             )
         if done >= rounds:
             return None

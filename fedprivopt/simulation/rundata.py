@@ -168,7 +168,7 @@ def load_run(path: str | Path) -> RunData:
     path = Path(path)
     summary_path, metrics_path = path / SUMMARY_FILE, path / METRICS_FILE
     for p in (summary_path, metrics_path):
-        if not p.is_file():
+        if not p.is_file() and not (p == metrics_path and _no_round(summary_path)):
             raise ValueError(f"{p}: missing (is {path} a fedprivopt run directory?)")
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
@@ -194,6 +194,17 @@ def load_run(path: str | Path) -> RunData:
             f"{path}: its files state different epsilons ({stated}); the largest is reported"
         )
     return RunData(summary, rows, path, tuple(notes), spent)
+
+
+def _no_round(summary_path: Path) -> bool:
+    """Whether ``summary.json`` says the run completed no round (its budget allowed none).
+
+    Such a run writes no metrics row, so it has no ``metrics.jsonl``.
+    """
+    try:
+        return json.loads(summary_path.read_text(encoding="utf-8"))["rounds_completed"] == 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _configured(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[str, Any]:

@@ -508,3 +508,20 @@ def test_a_cell_whose_run_released_more_rounds_than_it_asks_is_not_reused(tmp_pa
     assert _files(out) == before
     assert _compare(out, "--rounds", "2", "--overwrite") == 0
     assert _summary_rows(out)[0]["rounds"] == "2"
+
+
+def test_a_cell_whose_budget_allowed_no_round_is_reported_and_then_reused(tmp_path, capsys):
+    # found while fixing the killed resume: a cell stopped at its budget before round 1 has no
+    # metrics.jsonl, and compare failed on it ("metrics.jsonl: missing", rc 2); it is finished
+    # (round 0 is the last its budget allows), so the next call reuses it
+    out = tmp_path / "cmp"
+    argv = ("--strategies", "dp-fedavg,fedavg", "--rounds", "3", "--set", "target-epsilon=0.5")
+    assert _compare(out, *argv) == 0
+    assert [r["strategy"] for r in _summary_rows(out)] == ["fedavg"]
+    assert (
+        "dp-fedavg__sigma0.5__seed0: no 'eval_accuracy'; run skipped"
+        in (out / "report.md").read_text()
+    )
+    capsys.readouterr()
+    assert _compare(out, *argv) == 0
+    assert "dp-fedavg__sigma0.5__seed0 (reuse)" in capsys.readouterr().err

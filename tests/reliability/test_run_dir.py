@@ -113,37 +113,32 @@ def test_the_lock_is_held_for_the_whole_run_and_released_after(tmp_path, monkeyp
         assert (out / LOCK_FILE).read_text().strip() == str(os.getpid())
 
 
-def test_resume_refuses_at_once_while_another_process_holds_the_lock(tmp_path):
-    out = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "run").out_dir
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time\n"
-            "from fedprivopt.simulation.rundir import lock_run_dir\n"
-            f"with lock_run_dir({str(out)!r}):\n"
-            "    print('locked', flush=True)\n"
-            "    time.sleep(600)\n",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+def _holding(lock: str, path: Path) -> subprocess.Popen:
+    """A process holding ``fedprivopt.simulation.<lock>(path)`` until it is stopped.
+
+    ``lock`` is ``"module.function"`` (``"rundir.lock_run_dir"``); returns once it holds it.
+    """
+    module, name = lock.rsplit(".", 1)
+    code = (
+        f"import time\nfrom fedprivopt.simulation.{module} import {name}\n"
+        f"with {name}({str(path)!r}):\n    print('locked', flush=True)\n    time.sleep(600)\n"
     )
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(ValueError, match=rf"in use by process {holder.pid}"):
-            resume(out)
-    finally:
-        _stop(holder)
-    assert resume(out).rounds_completed == 2  # the holder is gone: the lock is free
-
-
-def _holding(code: str) -> subprocess.Popen:
-    """A process that runs ``code`` (which prints ``locked`` while it holds a lock) and waits."""
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert proc.stdout.readline().strip() == "locked", proc.communicate()
     return proc
+
+
+def test_resume_refuses_at_once_while_another_process_holds_the_lock(tmp_path):
+    out = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "run").out_dir
+    holder = _holding("rundir.lock_run_dir", out)
+    try:
+        with pytest.raises(ValueError, match=rf"in use by process {holder.pid}"):
+            resume(out)
+    finally:
+        _stop(holder)
+    assert resume(out).rounds_completed == 2  # the holder is gone: the lock is free
 
 
 def test_deleting_the_lock_file_does_not_let_a_second_writer_in(tmp_path, capsys):
@@ -154,13 +149,7 @@ def test_deleting_the_lock_file_does_not_let_a_second_writer_in(tmp_path, capsys
 
     out = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "run").out_dir
     before = _snapshot(out)
-    holder = _holding(
-        "import time\n"
-        "from fedprivopt.simulation.rundir import lock_run_dir\n"
-        f"with lock_run_dir({str(out)!r}):\n"
-        "    print('locked', flush=True)\n"
-        "    time.sleep(600)\n"
-    )
+    holder = _holding("rundir.lock_run_dir", out)
     try:
         (out / LOCK_FILE).unlink()
         with pytest.raises(ValueError, match="in use by another process"):
@@ -180,13 +169,7 @@ def test_deleting_the_lock_file_does_not_let_a_second_writer_in(tmp_path, capsys
     assert resume(out).rounds_completed == 2  # the holder is gone: the lock is free
     cmp = tmp_path / "cmp"
     cmp.mkdir()
-    holder = _holding(
-        "import time\n"
-        "from fedprivopt.simulation.cells import lock_compare_dir\n"
-        f"with lock_compare_dir({str(cmp)!r}):\n"
-        "    print('locked', flush=True)\n"
-        "    time.sleep(600)\n"
-    )
+    holder = _holding("cells.lock_compare_dir", cmp)
     try:
         (cmp / COMPARE_LOCK).unlink()
         with pytest.raises(ValueError, match="in use by another process"):

@@ -110,6 +110,16 @@ def _one_error_line(capsys):
     return lines[0]
 
 
+CELL = "dp-fedavg__sigma0.5__seed0"
+
+
+def _one_cell(tmp_path, rounds: int = 2):
+    """A compare of one dp-fedavg cell into ``tmp_path/cmp``: (its --out, the cell's run)."""
+    out = tmp_path / "cmp"
+    assert _compare(out, "--rounds", str(rounds)) == 0
+    return out, out / "runs" / CELL
+
+
 def test_compare_refuses_a_cell_whose_run_has_another_config(tmp_path, capsys):
     out = tmp_path / "cmp"
     cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
@@ -314,9 +324,7 @@ def test_a_cell_is_used_again_only_after_the_checks_of_resume(tmp_path, capsys):
     # epsilon 10.28), and the sigma=1 cell's ledger, checkpoints and metrics copied over the
     # sigma=0.5 cell were reported as sigma 0.5 with sigma 1's epsilon; simulate --resume on
     # the same directories refused both
-    out = tmp_path / "cmp"
-    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
-    assert _compare(out, "--rounds", "2") == 0
+    out, cell = _one_cell(tmp_path)
     _edit(cell / "config.toml", "num-server-rounds = 2\n", "num-server-rounds = 4\n")
     _edit(cell / "config.toml", "clip-norm = 1.0\n", "clip-norm = 0.1\n")
     capsys.readouterr()
@@ -370,9 +378,7 @@ def test_a_killed_resume_leaves_no_finished_summary_and_compare_resumes_the_cell
 
     from fedprivopt.simulation.ledger import RunLedger
 
-    out = tmp_path / "cmp"
-    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
-    assert _compare(out, "--rounds", "2") == 0
+    out, cell = _one_cell(tmp_path)
     stale = (cell / "summary.json").read_bytes()
     _edit(cell / "config.toml", "num-server-rounds = 2\n", "num-server-rounds = 1000000\n")
     proc = subprocess.Popen(
@@ -413,9 +419,7 @@ def test_notes_on_the_runs_are_one_line_on_stderr_and_listed_once(tmp_path, caps
     # 2-line Python UserWarning on stderr, and listed twice in report.md
     import json
 
-    out = tmp_path / "cmp"
-    assert _compare(out, "--rounds", "2") == 0
-    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    out, cell = _one_cell(tmp_path)
     summary = json.loads((cell / "summary.json").read_text())
     summary["epsilon"] = 0.001
     (cell / "summary.json").write_text(json.dumps(summary))
@@ -464,10 +468,8 @@ def test_a_deleted_ledger_is_rebuilt_from_the_checkpoint_and_the_report_says_so(
 
     from fedprivopt.simulation.report import load_run
 
-    out = tmp_path / "cmp"
-    assert _compare(out, "--rounds", "5") == 0
+    out, cell = _one_cell(tmp_path, rounds=5)
     spent = float(_summary_rows(out)[0]["epsilon"])
-    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
     (cell / "privacy_ledger.jsonl").unlink()
     rows = [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
@@ -494,9 +496,7 @@ def test_a_deleted_ledger_is_rebuilt_from_the_checkpoint_and_the_report_says_so(
 def test_a_cell_whose_run_released_more_rounds_than_it_asks_is_not_reused(tmp_path, capsys):
     # a variant of the killed resume (found while fixing it): a 2-round cell resumed to 4
     # rounds, then its config.toml set back to 2, was "finished" and reported with 4 rounds
-    out = tmp_path / "cmp"
-    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
-    assert _compare(out, "--rounds", "2") == 0
+    out, cell = _one_cell(tmp_path)
     _edit(cell / "config.toml", "num-server-rounds = 2\n", "num-server-rounds = 4\n")
     assert main(["simulate", "--resume", str(cell), "--quiet"]) == 0
     _edit(cell / "config.toml", "num-server-rounds = 4\n", "num-server-rounds = 2\n")

@@ -23,6 +23,7 @@ from fedprivopt.privacy.flat import FlatSpec, flatten
 __all__ = [
     "Task",
     "evaluating",
+    "frozen_coordinates",
     "frozen_mask",
     "initial_flat",
     "model_device",
@@ -144,7 +145,11 @@ def frozen_mask(task: Task) -> torch.Tensor | None:
         Boolean vector of the flat length (True: frozen), or ``None`` when every parameter
         trains.
     """
-    model = task.build_model()
+    return frozen_coordinates(task.build_model())
+
+
+def frozen_coordinates(model: torch.nn.Module) -> torch.Tensor | None:
+    """:func:`frozen_mask` of a model already built (the mask of its flat layout, or ``None``)."""
     live = model.state_dict(keep_vars=True)
     parts = [
         torch.full(

@@ -35,8 +35,9 @@ import torch
 
 from fedprivopt.models import build_task
 from fedprivopt.models.side_information_config import build_side_information
-from fedprivopt.models.task import Task, frozen_mask, initial_flat, primary_metric
+from fedprivopt.models.task import Task, frozen_coordinates, primary_metric
 from fedprivopt.privacy.accounting import check_ledger
+from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt
 from fedprivopt.simulation.audit import audit_run_dir
 from fedprivopt.simulation.checkpoint import load_checkpoint
@@ -127,7 +128,8 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
             f"population must equal the number of users of task {config.task!r} "
             f"({task.num_users}), got {config.strategy.population}"
         )
-    init = initial_flat(task)
+    model = task.build_model()  # once: the initial point and the frozen coordinates
+    init = flatten(model.state_dict())[0]
     strategy, side, offset = config.strategy, None, 0
     resolved = side_information_of(config, task)
     if resolved is not None:
@@ -136,7 +138,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
             offset = len(resolved.public_users)
             strategy = dataclasses.replace(strategy, population=resolved.private_population)
     alg = build_algorithm(
-        strategy, init, preconditioner=side, user_offset=offset, frozen=frozen_mask(task)
+        strategy, init, preconditioner=side, user_offset=offset, frozen=frozen_coordinates(model)
     )
     event = alg.round_event()
     if event is not None and strategy.accountant == "prv":

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from fedprivopt.models.side_information_config import ResolvedSideInformation
-from fedprivopt.models.task import Task, model_spec, primary_metric
-from fedprivopt.privacy.flat import unflatten
+from fedprivopt.models.task import Task, primary_metric
+from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import save_checkpoint
 from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
 from fedprivopt.simulation.files import (
@@ -72,6 +72,8 @@ class RunWriter:
         self.rows = read_rows(out / METRICS_FILE)
         self.last_time = time.perf_counter()
         self.progress: Callable[[dict[str, Any]], None] | None = None
+        self._eval_model: torch.nn.Module | None = None
+        self._eval_spec = None
 
     def save_checkpoint(self) -> None:
         """Checkpoint the algorithm (:func:`~fedprivopt.simulation.checkpoint.save_checkpoint`).
@@ -82,8 +84,11 @@ class RunWriter:
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Central evaluation of ``params`` on the task's held-out data."""
-        model = self.task.build_model()
-        model.load_state_dict(unflatten(params.detach().cpu(), model_spec(self.task)))
+        if self._eval_model is None:  # built once; every evaluation loads the whole state
+            self._eval_model = self.task.build_model()
+            self._eval_spec = flatten(self._eval_model.state_dict())[1]
+        model = self._eval_model
+        model.load_state_dict(unflatten(params.detach().cpu(), self._eval_spec))
         return {f"eval_{k}": float(v) for k, v in self.task.evaluate(model).items()}
 
     def wants_eval(self, round_num: int) -> bool:

@@ -34,7 +34,8 @@ from fedprivopt.clients.trainer import epoch_orders  # noqa: E402
 from fedprivopt.privacy.rng import RngFactory  # noqa: E402
 from fedprivopt.simulation.config import load_config  # noqa: E402
 from fedprivopt.simulation.engines import run_fast, run_flower  # noqa: E402
-from fedprivopt.simulation.run import RunWriter, build_run  # noqa: E402
+from fedprivopt.simulation.run import build_run  # noqa: E402
+from fedprivopt.simulation.writer import RunWriter  # noqa: E402
 
 PRESET = ROOT / "simulations" / "stackoverflow-tp.toml"
 

@@ -28,8 +28,9 @@ import tomllib
 import torch
 
 from fedprivopt.privacy.flat import flatten, unflatten
+from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.run import build_run, load_checkpoint, simulate
+from fedprivopt.simulation.run import build_run, simulate
 
 
 def _value(text: str) -> object:

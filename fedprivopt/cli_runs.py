@@ -100,7 +100,8 @@ def set_overrides(args: argparse.Namespace) -> dict:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """``fedprivopt simulate``: one run with metrics, summary and checkpoints."""
-    from fedprivopt.simulation.run import CONFIG_FILE, resume, simulate
+    from fedprivopt.simulation.files import CONFIG_FILE
+    from fedprivopt.simulation.run import resume, simulate
 
     if args.resume is not None:
         if (

@@ -257,7 +257,7 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
         (:func:`~fedprivopt.simulation.engines.check_flower_resources`).
     """
     from fedprivopt.simulation.engines import check_flower_resources
-    from fedprivopt.simulation.run import CONFIG_FILE
+    from fedprivopt.simulation.files import CONFIG_FILE
 
     plans = []
     for cell in cells:

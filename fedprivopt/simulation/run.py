@@ -40,30 +40,24 @@ from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt
 from fedprivopt.simulation.audit import audit_run_dir
-from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import (
     RunConfig,
-    config_to_toml,
     side_information_of,
 )
 from fedprivopt.simulation.engines import (
     check_flower_resources,
     run_fast,
     run_flower,
-    serve_flower,
 )
 from fedprivopt.simulation.files import (
     CHECKPOINT,
     CONFIG_FILE,
-    LEDGER_FILE,
-    LOCK_FILE,
     METRICS_FILE,
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
     atomic_write,
     fsync_dir,
     json_line,
-    read_rows,
 )
 from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
@@ -71,26 +65,7 @@ from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
 from fedprivopt.strategies.core import ServerAlgorithm
 
-__all__ = [
-    "CHECKPOINT",
-    "CONFIG_FILE",
-    "LEDGER_FILE",
-    "LOCK_FILE",
-    "METRICS_FILE",
-    "PREVIOUS_CHECKPOINT",
-    "SUMMARY_FILE",
-    "RunOutcome",
-    "RunWriter",
-    "build_run",
-    "config_to_toml",
-    "load_checkpoint",
-    "read_rows",
-    "resume",
-    "serve_flower",
-    "side_information_of",
-    "simulate",
-    "start_run_files",
-]
+__all__ = ["RunOutcome", "build_run", "resume", "simulate"]
 
 
 @dataclass

@@ -24,7 +24,8 @@ from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy import compose_epsilon, make_round_event
 from fedprivopt.privacy.flat import unflatten
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.run import read_rows, simulate
+from fedprivopt.simulation.files import read_rows
+from fedprivopt.simulation.run import simulate
 from tests.deploy.faulty_app import faulty_app_dir
 
 BIN = Path(sys.executable).parent

@@ -33,8 +33,13 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fedprivopt.simulation.config import RunConfig, load_config, parse_override, resolve_config
-from fedprivopt.simulation.run import config_to_toml
+from fedprivopt.simulation.config import (
+    RunConfig,
+    config_to_toml,
+    load_config,
+    parse_override,
+    resolve_config,
+)
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 from fedprivopt.strategies.options import BLOCKS, Rule, rules_of
 from tests.reliability.conftest import count, fuzz_settings

@@ -20,16 +20,9 @@ import torch
 
 from fedprivopt.cli import main
 from fedprivopt.privacy import SubsampledGaussianEvent, compose_epsilon
-from fedprivopt.simulation.checkpoint import state_digest
-from fedprivopt.simulation.run import (
-    CHECKPOINT,
-    LEDGER_FILE,
-    PREVIOUS_CHECKPOINT,
-    load_checkpoint,
-    read_rows,
-    resume,
-    simulate,
-)
+from fedprivopt.simulation.checkpoint import load_checkpoint, state_digest
+from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
+from fedprivopt.simulation.run import resume, simulate
 from tests.simulation.test_run import PRESET, SMALL, small_config
 
 

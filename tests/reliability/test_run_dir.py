@@ -15,15 +15,14 @@ import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.simulation import engines
-from fedprivopt.simulation.run import (
+from fedprivopt.simulation.files import (
     CHECKPOINT,
     LEDGER_FILE,
     LOCK_FILE,
     PREVIOUS_CHECKPOINT,
     read_rows,
-    resume,
-    simulate,
 )
+from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundir import lock_run_dir
 from fedprivopt.simulation.writer import RunWriter
 from tests.simulation.test_run import PRESET, SMALL, small_config

@@ -31,8 +31,10 @@ import pytest
 import torch
 
 from fedprivopt.simulation import interrupt
+from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.run import load_checkpoint, read_rows, simulate
+from fedprivopt.simulation.files import read_rows
+from fedprivopt.simulation.run import simulate
 from tests.procs import alive, cmdline, kill_all, proc_stat
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")

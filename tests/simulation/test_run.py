@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from fedprivopt.cli import main
+from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import load_config, parse_override, resolve_config
-from fedprivopt.simulation.run import CHECKPOINT, load_checkpoint, read_rows, resume, simulate
+from fedprivopt.simulation.files import CHECKPOINT, read_rows
+from fedprivopt.simulation.run import resume, simulate
 
 PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 SMALL = {
@@ -180,7 +182,7 @@ def test_per_strategy_tables_apply_with_the_right_precedence():
 
 
 def test_secure_rounds_are_recorded_in_the_ledger_before_the_next_broadcast(tmp_path):
-    from fedprivopt.simulation.run import LEDGER_FILE
+    from fedprivopt.simulation.files import LEDGER_FILE
 
     config = small_config(**{"secure": True, "checkpoint-every": 3, "eval-every": 3})
     outcome = simulate(config, tmp_path / "s")

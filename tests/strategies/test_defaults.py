@@ -7,7 +7,8 @@ import pytest
 
 from fedprivopt.optim import noise_calibrated_tolerance
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.run import read_rows, simulate
+from fedprivopt.simulation.files import read_rows
+from fedprivopt.simulation.run import simulate
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 from fedprivopt.strategies.options import ADADPOptions

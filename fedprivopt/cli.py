@@ -192,20 +192,26 @@ def _accountant_numerics(sigma_flag: str) -> Iterator[None]:
             ) from None
 
 
+def _epsilon(args: argparse.Namespace, event) -> float:
+    """ε of ``--rounds`` x ``--events-per-round`` releases of ``event`` at ``--delta``."""
+    from fedprivopt.privacy.accounting import compose_epsilon
+
+    return compose_epsilon(
+        [(event, args.rounds * args.events_per_round)],
+        args.delta,
+        accountant=args.accountant,
+        pld_discretization=args.pld_discretization,
+    )
+
+
 def cmd_epsilon(args: argparse.Namespace) -> int:
     """``fedprivopt epsilon``: ε after T rounds."""
-    from fedprivopt.privacy.accounting import compose_epsilon
     from fedprivopt.privacy.calibration import make_round_event
 
     sampling = _resolve_sampling(args)
     event = make_round_event(args.noise_multiplier, **sampling)
     with _accountant_numerics("--noise-multiplier"):
-        eps = compose_epsilon(
-            [(event, args.rounds * args.events_per_round)],
-            args.delta,
-            accountant=args.accountant,
-            pld_discretization=args.pld_discretization,
-        )
+        eps = _epsilon(args, event)
     out = {
         "epsilon": eps,
         "noise_multiplier": args.noise_multiplier,
@@ -220,7 +226,6 @@ def cmd_epsilon(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``fedprivopt calibrate``: the smallest σ that meets a target ε."""
-    from fedprivopt.privacy.accounting import compose_epsilon
     from fedprivopt.privacy.calibration import calibrate_noise_multiplier, make_round_event
 
     sampling = _resolve_sampling(args)
@@ -235,12 +240,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             **sampling,
         )
         event = make_round_event(sigma, **sampling)
-        eps = compose_epsilon(
-            [(event, args.rounds * args.events_per_round)],
-            args.delta,
-            accountant=args.accountant,
-            pld_discretization=args.pld_discretization,
-        )
+        eps = _epsilon(args, event)
     out = {
         "noise_multiplier": sigma,
         "epsilon": eps,

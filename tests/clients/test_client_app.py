@@ -1,18 +1,14 @@
 import json
 import pickle
-import time
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import (
-    DEFAULT_TTL,
     Array,
     ArrayRecord,
     ConfigRecord,
     Context,
-    Message,
-    Metadata,
     RecordDict,
 )
 
@@ -21,6 +17,7 @@ from fedprivopt.clients import LocalConfig, LocalTrainer
 from fedprivopt.clients.client_app import app, clear_cache, get_task_and_trainer, make_client_app
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy import RngFactory
+from tests.messages import delivered
 
 PARAMS = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
 RUN_CONFIG = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS_JSON: json.dumps(PARAMS), P.RUN_DEVICE: "cpu"}
@@ -35,23 +32,6 @@ def _context(partition=1, partitions=3, run_config=RUN_CONFIG):
         state=RecordDict(),
         run_config=dict(run_config),
     )
-
-
-def _message(content, message_type):
-    # A message as the SuperLink delivers it (``Message(content, dst_node_id, message_type)``
-    # needs a running ServerApp's TaskIdentity, so the metadata is given explicitly).
-    metadata = Metadata(
-        run_id=1,
-        message_id="m1",
-        src_node_id=0,
-        dst_node_id=11,
-        reply_to_message_id="",
-        group_id="2",
-        created_at=time.time(),
-        ttl=DEFAULT_TTL,
-        message_type=message_type,
-    )
-    return Message(content=RecordDict(content), metadata=metadata)
 
 
 def _task():
@@ -72,23 +52,23 @@ def _train_content(task, users, local, *, stream="train", **settings):
 
 
 def test_query_returns_the_hosted_users():
-    reply = app(_message(P.users_query(), "query"), _context(partition=1, partitions=3))
+    reply = app(delivered(P.users_query(), "query"), _context(partition=1, partitions=3))
     assert not reply.has_error()
     assert P.read_user_ids(reply.content) == [1, 4, 7]
-    reply = app(_message(P.users_query(), "query"), _context(partition=2, partitions=10))
+    reply = app(delivered(P.users_query(), "query"), _context(partition=2, partitions=10))
     assert P.read_user_ids(reply.content) == [2]
 
 
 def test_unknown_query_fails():
     content = {P.QUERY_RECORD: ConfigRecord({P.OP: "secrets"})}
     with pytest.raises(ValueError, match="unknown query"):
-        app(_message(content, "query"), _context())
+        app(delivered(content, "query"), _context())
 
 
 def test_train_reply_carries_one_clipped_update_per_user_and_nothing_private():
     task = _task()
     local = LocalConfig(learning_rate=0.5, epochs=2, batch_size=4, clip_norm=0.1, noise_std=0.01)
-    msg = _message(_train_content(task, [4, 1, 2], local), "train")
+    msg = delivered(_train_content(task, [4, 1, 2], local), "train")
     reply = app(msg, _context(partition=1, partitions=3))
     content = reply.content
     assert set(content.array_records) == {"update/4", "update/1"}
@@ -115,7 +95,7 @@ def test_train_reply_carries_one_clipped_update_per_user_and_nothing_private():
 def test_private_metrics_only_when_asked():
     task = _task()
     local = LocalConfig(learning_rate=0.1)
-    msg = _message(_train_content(task, [1, 7], local, report_private_metrics=True), "train")
+    msg = delivered(_train_content(task, [1, 7], local, report_private_metrics=True), "train")
     reply = app(msg, _context())
     metrics = reply.content[P.TRAIN_METRICS]
     assert metrics[P.USERS_TRAINED] == 2
@@ -125,7 +105,7 @@ def test_private_metrics_only_when_asked():
 
 def test_foreign_users_are_skipped():
     task = _task()
-    msg = _message(_train_content(task, [0, 2, 3], LocalConfig(learning_rate=0.1)), "train")
+    msg = delivered(_train_content(task, [0, 2, 3], LocalConfig(learning_rate=0.1)), "train")
     reply = app(msg, _context(partition=1, partitions=3))
     assert not P.read_updates(reply.content)
     assert dict(reply.content[P.TRAIN_METRICS]) == {P.USERS_TRAINED: 0, P.USERS_REJECTED: 3}
@@ -139,7 +119,7 @@ def test_preconditioner_record_and_stream_are_used():
     content[P.PRECONDITIONER_RECORD] = ArrayRecord(
         {P.PRECONDITIONER_ARRAY: Array(np.full(flat.numel(), 2.0, dtype=np.float32))}
     )
-    delta = P.read_updates(app(_message(content, "train"), _context()).content)[1]
+    delta = P.read_updates(app(delivered(content, "train"), _context()).content)[1]
     half = LocalConfig(learning_rate=0.2, batch_size=4)
     want = LocalTrainer(task, device="cpu").train(
         flat, user_id=1, round_num=2, config=half, rngs=RngFactory(seed=5), stream="cohort-2"
@@ -150,7 +130,7 @@ def test_preconditioner_record_and_stream_are_used():
 def test_secure_mode_noise_is_fresh():
     task = _task()
     local = LocalConfig(learning_rate=0.1, clip_norm=1.0, noise_std=0.5)
-    msg = _message(_train_content(task, [1], local, secure=True), "train")
+    msg = delivered(_train_content(task, [1], local, secure=True), "train")
     a = P.read_updates(app(msg, _context()).content)[1]
     b = P.read_updates(app(msg, _context()).content)[1]
     assert not np.array_equal(a, b)
@@ -163,7 +143,7 @@ def test_train_with_a_broadcast_model_of_float64_numpy_arrays():
     arrays = ArrayRecord({k: Array(v.double().numpy()) for k, v in reversed(state.items())})
     content = _train_content(task, [1], LocalConfig(learning_rate=0.1))
     content[P.ARRAYS_RECORD] = arrays
-    delta = P.read_updates(app(_message(content, "train"), _context()).content)[1]
+    delta = P.read_updates(app(delivered(content, "train"), _context()).content)[1]
     want = LocalTrainer(task, device="cpu").train(
         flat, user_id=1, round_num=2, config=LocalConfig(learning_rate=0.1), rngs=RngFactory(seed=5)
     )
@@ -172,7 +152,7 @@ def test_train_with_a_broadcast_model_of_float64_numpy_arrays():
 
 def test_evaluate_on_the_nodes_users():
     task = _task()
-    reply = app(_message({P.ARRAYS_RECORD: _arrays(task)}, "evaluate"), _context())
+    reply = app(delivered({P.ARRAYS_RECORD: _arrays(task)}, "evaluate"), _context())
     metrics = reply.content[P.EVAL_METRICS]
     model = task.build_model()
     xs, ys = zip(*(task.user_data(u) for u in (1, 4, 7)), strict=True)
@@ -181,19 +161,19 @@ def test_evaluate_on_the_nodes_users():
     assert metrics[P.EVAL_LOSS] == pytest.approx(want["loss"], rel=1e-5)
     assert metrics[P.EVAL_ACCURACY] == pytest.approx(want["accuracy"], rel=1e-9)
     only = {P.ARRAYS_RECORD: _arrays(task), P.CONFIG_RECORD: ConfigRecord({P.USERS: [4, 5]})}
-    metrics = app(_message(only, "evaluate"), _context()).content[P.EVAL_METRICS]
+    metrics = app(delivered(only, "evaluate"), _context()).content[P.EVAL_METRICS]
     assert metrics[P.EVAL_NUM_EXAMPLES] == task.user_size(4)
 
 
 def test_task_comes_from_run_config_or_factory_default():
     with pytest.raises(ValueError, match="no 'task'"):
-        app(_message(P.users_query(), "query"), _context(run_config={}))
+        app(delivered(P.users_query(), "query"), _context(run_config={}))
     custom = make_client_app(task="toy", task_params={"num_users": 4}, device="cpu")
     reply = custom(
-        _message(P.users_query(), "query"), _context(partition=0, partitions=2, run_config={})
+        delivered(P.users_query(), "query"), _context(partition=0, partitions=2, run_config={})
     )
     assert P.read_user_ids(reply.content) == [0, 2]
-    reply = custom(_message(P.users_query(), "query"), _context(partition=0, partitions=2))
+    reply = custom(delivered(P.users_query(), "query"), _context(partition=0, partitions=2))
     assert P.read_user_ids(reply.content) == [0, 2, 4, 6, 8]  # the run config wins
     with pytest.raises(ValueError, match="unknown task"):
         make_client_app(task="nope")
@@ -203,7 +183,7 @@ def test_node_config_is_required():
     ctx = _context()
     ctx.node_config = {}
     with pytest.raises(ValueError, match="partition-id"):
-        app(_message(P.users_query(), "query"), ctx)
+        app(delivered(P.users_query(), "query"), ctx)
 
 
 def test_task_and_trainer_are_cached_and_the_app_pickles_small():

@@ -22,6 +22,7 @@ from fedprivopt.deploy.runconfig import (
 from fedprivopt.models.side_information_config import PARAMETERS
 from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.strategies.config import StrategyConfig
+from tests.messages import delivered
 
 TOY = REPO_ROOT / "simulations" / "toy.toml"
 
@@ -142,8 +143,6 @@ def test_bad_run_config_names_the_key(defaults, change, needle):
 def test_the_clientapp_reads_the_apps_split_task_params_itself(defaults):
     # Flower flattens [tool.flwr.app.config.task-params] into task-params.<key>: the ClientApp
     # component (no adapter) reads them, so node 1 of 2 hosts users 1, 3, 5 of num-users = 6
-    from flwr.app import DEFAULT_TTL, Message, Metadata
-
     from fedprivopt.clients.client_app import app
 
     def hosted(run_config):
@@ -154,18 +153,7 @@ def test_the_clientapp_reads_the_apps_split_task_params_itself(defaults):
             state=RecordDict(),
             run_config=run_config,
         )
-        metadata = Metadata(
-            run_id=1,
-            message_id="m1",
-            src_node_id=0,
-            dst_node_id=2,
-            reply_to_message_id="",
-            group_id="1",
-            created_at=0.0,
-            ttl=DEFAULT_TTL,
-            message_type="query",
-        )
-        reply = app(Message(content=P.users_query(), metadata=metadata), ctx)
+        reply = app(delivered(P.users_query(), "query", dst_node_id=2), ctx)
         return P.read_user_ids(reply.content)
 
     assert hosted({**defaults, "task-params.num-users": 6, "device": "cpu"}) == [1, 3, 5]

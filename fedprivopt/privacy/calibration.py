@@ -24,6 +24,7 @@ from fedprivopt.privacy.accounting_state import (
 )
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import PLDGridTooLargeError
+from fedprivopt.privacy.sampling import SamplingSpec
 
 __all__ = ["calibrate_noise_multiplier", "make_round_event"]
 
@@ -44,26 +45,13 @@ def make_round_event(
     population: int | None = None,
     cohort_size: int | None = None,
 ) -> SubsampledGaussianEvent:
-    """Build the event of one round from the sampling parameters.
+    """Build the event of one round from the sampling parameters (:class:`SamplingSpec`).
 
     Poisson sampling takes ``sample_rate`` (or ``cohort_size / population``); fixed-size sampling
     takes ``population`` and ``cohort_size``.
     """
-    if sampling == "poisson":
-        if sample_rate is None:
-            if population is None or cohort_size is None:
-                raise ValueError("poisson sampling needs sample_rate (or population and cohort)")
-            sample_rate = cohort_size / population
-        return SubsampledGaussianEvent.poisson(
-            sample_rate=sample_rate, noise_multiplier=noise_multiplier, population=population
-        )
-    if sampling == "fixed":
-        if population is None or cohort_size is None:
-            raise ValueError("fixed sampling needs population and cohort_size")
-        return SubsampledGaussianEvent.fixed(
-            population=population, cohort_size=cohort_size, noise_multiplier=noise_multiplier
-        )
-    raise ValueError(f"sampling must be 'poisson' or 'fixed', got {sampling!r}")
+    spec = SamplingSpec(sampling, population, sample_rate=sample_rate, cohort_size=cohort_size)
+    return spec.event(noise_multiplier)
 
 
 def _calibrate_prv(

@@ -15,7 +15,13 @@ import torch
 from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["MAX_POPULATION", "FixedSizeSampler", "PoissonSampler", "make_sampler"]
+__all__ = [
+    "MAX_POPULATION",
+    "FixedSizeSampler",
+    "PoissonSampler",
+    "SamplingSpec",
+    "make_sampler",
+]
 
 #: Upper bound of the number of users ``N`` a sampler draws from. A round draws one value per
 #: user (a float64 uniform and a bool mask for Poisson sampling, an int64 permutation for
@@ -109,6 +115,73 @@ class FixedSizeSampler:
         return torch.sort(perm[: self.cohort_size]).values
 
 
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How a round picks its users: one value that builds the sampler and its privacy event.
+
+    The one place where "Poisson sampling takes a rate, or a cohort and a population; fixed-size
+    sampling takes a population and a cohort" is decided: the server algorithm, the
+    ``epsilon``/``calibrate`` commands and the calibration all go through it, so the users a
+    run samples and the event it accounts come from the same numbers.
+
+    Parameters
+    ----------
+    kind : {"poisson", "fixed"}
+    population : int, optional
+        ``N``; required for fixed-size sampling and to build a sampler.
+    sample_rate : float, optional
+        Poisson's ``q``; defaults to ``cohort_size / population``.
+    cohort_size : int, optional
+        Fixed-size sampling's ``m`` (or, for Poisson, the expected cohort that gives ``q``).
+    """
+
+    kind: str
+    population: int | None = None
+    sample_rate: float | None = None
+    cohort_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "poisson":
+            if self.sample_rate is None:
+                if self.population is None or self.cohort_size is None:
+                    raise ValueError(
+                        "poisson sampling needs sample_rate (or population and cohort_size)"
+                    )
+                population = check_int("population", self.population, 1, MAX_POPULATION)
+                object.__setattr__(self, "sample_rate", self.cohort_size / population)
+        elif self.kind == "fixed":
+            if self.population is None or self.cohort_size is None:
+                raise ValueError("fixed sampling needs population and cohort_size")
+        else:
+            raise ValueError(f"sampling must be 'poisson' or 'fixed', got {self.kind!r}")
+
+    def sampler(self, rngs: RngFactory | None = None) -> PoissonSampler | FixedSizeSampler:
+        """The sampler of these users (``rngs``: its per-round generators)."""
+        rngs = RngFactory() if rngs is None else rngs
+        if self.population is None:
+            raise ValueError(f"{self.kind} sampling needs population to build a sampler")
+        if self.kind == "poisson":
+            return PoissonSampler(self.population, self.sample_rate, rngs)
+        return FixedSizeSampler(self.population, self.cohort_size, rngs)
+
+    def event(self, noise_multiplier: float):
+        """The privacy event of one round that samples this way and adds noise ``σ``."""
+        # imported here: events loads dp-accounting, which a sampler alone does not need
+        from fedprivopt.privacy.events import SubsampledGaussianEvent
+
+        if self.kind == "poisson":
+            return SubsampledGaussianEvent.poisson(
+                sample_rate=self.sample_rate,
+                noise_multiplier=noise_multiplier,
+                population=self.population,
+            )
+        return SubsampledGaussianEvent.fixed(
+            population=self.population,
+            cohort_size=self.cohort_size,
+            noise_multiplier=noise_multiplier,
+        )
+
+
 def make_sampler(
     kind: str,
     *,
@@ -117,16 +190,6 @@ def make_sampler(
     cohort_size: int | None = None,
     rngs: RngFactory | None = None,
 ) -> PoissonSampler | FixedSizeSampler:
-    """Build a sampler by name (``"poisson"`` or ``"fixed"``)."""
-    rngs = RngFactory() if rngs is None else rngs
-    if kind == "poisson":
-        if sample_rate is None:
-            if cohort_size is None:
-                raise ValueError("poisson sampling needs sample_rate (or cohort_size)")
-            sample_rate = cohort_size / check_int("population", population, 1, MAX_POPULATION)
-        return PoissonSampler(population, sample_rate, rngs)
-    if kind == "fixed":
-        if cohort_size is None:
-            raise ValueError("fixed sampling needs cohort_size")
-        return FixedSizeSampler(population, cohort_size, rngs)
-    raise ValueError(f"sampling must be 'poisson' or 'fixed', got {kind!r}")
+    """Build a sampler by name (``"poisson"`` or ``"fixed"``): :meth:`SamplingSpec.sampler`."""
+    spec = SamplingSpec(kind, population, sample_rate=sample_rate, cohort_size=cohort_size)
+    return spec.sampler(rngs)

@@ -29,7 +29,7 @@ from fedprivopt.privacy.aggregate import NoisyMeanAggregator, default_min_shares
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
-from fedprivopt.privacy.sampling import make_sampler
+from fedprivopt.privacy.sampling import SamplingSpec
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.wire import ClientSettings
 
@@ -127,13 +127,13 @@ class ServerAlgorithm:
         self.averaged: torch.Tensor | None = None
         self.round_num = 0
         self.rngs = RngFactory(seed=None, secure=True) if config.secure else RngFactory(config.seed)
-        self.sampler = make_sampler(
+        self.sampling = SamplingSpec(
             config.sampling,
-            population=config.population,
+            config.population,
             sample_rate=config.sample_rate if config.sampling == "poisson" else None,
             cohort_size=int(config.clients_per_round) if config.sampling == "fixed" else None,
-            rngs=self.rngs,
         )
+        self.sampler = self.sampling.sampler(self.rngs)
         self.aggregator = self._make_aggregator()
         self.accountant = PrivacyAccountant(accountant=config.accountant)
         if config.accountant == "pld" and self.round_events():
@@ -181,17 +181,7 @@ class ServerAlgorithm:
     def round_event(self) -> SubsampledGaussianEvent | None:
         """The privacy event of one data access (``None`` for non-private strategies)."""
         c = self.config
-        if not c.private:
-            return None
-        if c.sampling == "fixed":
-            return SubsampledGaussianEvent.fixed(
-                population=c.population,
-                cohort_size=int(c.clients_per_round),
-                noise_multiplier=c.noise_multiplier,
-            )
-        return SubsampledGaussianEvent.poisson(
-            sample_rate=c.sample_rate, noise_multiplier=c.noise_multiplier, population=c.population
-        )
+        return self.sampling.event(c.noise_multiplier) if c.private else None
 
     def round_events(self) -> list[SubsampledGaussianEvent]:
         """Events one round releases (``events_per_round`` copies of :meth:`round_event`)."""

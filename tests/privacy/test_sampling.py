@@ -73,3 +73,21 @@ def test_population_is_bounded_before_anything_is_drawn(kind):
     with pytest.raises(ValueError, match=r"population must be an integer in \[1, 100000000\]"):
         make_sampler(kind, population=10**9, sample_rate=0.5, cohort_size=5)
     assert make_sampler(kind, population=MAX_POPULATION, cohort_size=5).population == 10**8
+
+
+def test_one_sampling_spec_builds_the_sampler_and_its_event():
+    from fedprivopt.privacy.sampling import SamplingSpec
+
+    poisson = SamplingSpec("poisson", 200, cohort_size=10)
+    assert poisson.sample_rate == 0.05
+    assert poisson.sampler().sample_rate == poisson.event(1.0).sample_rate == 0.05
+    fixed = SamplingSpec("fixed", 200, cohort_size=10)
+    assert fixed.sampler().cohort_size == fixed.event(1.0).cohort_size == 10
+    assert fixed.event(1.0).sampling == "fixed" and poisson.event(2.0).noise_multiplier == 2.0
+    assert SamplingSpec("poisson", sample_rate=0.1).event(1.0).sample_rate == 0.1  # no N needed
+    with pytest.raises(ValueError, match="needs population to build a sampler"):
+        SamplingSpec("poisson", sample_rate=0.1).sampler()
+    with pytest.raises(ValueError, match="poisson sampling needs sample_rate"):
+        SamplingSpec("poisson", cohort_size=10)
+    with pytest.raises(ValueError, match="fixed sampling needs population and cohort_size"):
+        SamplingSpec("fixed", 200)

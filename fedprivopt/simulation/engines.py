@@ -20,7 +20,7 @@ import torch
 
 from fedprivopt.models.task import Task, model_spec
 from fedprivopt.simulation import interrupt
-from fedprivopt.simulation.config import RunConfig
+from fedprivopt.simulation.config import MAX_FAST_ACTORS, RunConfig
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.writer import RunWriter
 from fedprivopt.strategies.core import ServerAlgorithm, drive_round
@@ -126,12 +126,19 @@ def check_flower_resources(config: RunConfig) -> None:
     """
     if config.engine != "flower":
         return
+    machine = os.cpu_count() or 1
+    if config.ray_cpus > machine:  # Ray would start a pool sized for CPUs that are not there
+        raise ValueError(
+            f"ray-cpus must be an integer in [0, {machine}] (0: all of this machine's "
+            f"{machine} CPUs), got {config.ray_cpus}"
+        )
     cpus = _ray_cpus(config)
-    if config.client_cpus > cpus:
+    low = cpus / MAX_FAST_ACTORS  # Flower starts cpus / client-cpus actors, each with the task
+    if not low <= config.client_cpus <= cpus:
         given = f"ray-cpus = {cpus}" if config.ray_cpus else f"this machine's {cpus} CPUs"
         raise ValueError(
-            f"client-cpus must be a number in [0, {cpus}] (Ray is given {given}), got "
-            f"{config.client_cpus:g}: no client could start"
+            f"client-cpus must be a number in [{low:g}, {cpus}] (Ray is given {given}; at "
+            f"most {MAX_FAST_ACTORS} clients at once), got {config.client_cpus:g}"
         )
     gpus = torch.cuda.device_count() if config.client_gpus > 0 else 0
     if config.client_gpus > gpus:

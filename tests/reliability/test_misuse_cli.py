@@ -433,19 +433,27 @@ def test_sizes_that_would_not_fit_are_refused_before_the_run(tmp_path, sets, nee
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("case", ["client-cpus", "ray-cpus", "client-gpus"])
+@pytest.mark.parametrize(
+    "case",
+    ["client-cpus", "ray-cpus", "client-gpus", "client-cpus-zero", "client-cpus-tiny", "ray-big"],
+)
 def test_flower_client_resources_beyond_the_machine_are_refused_before_ray(tmp_path, case):
     # found by a fourth review: client-cpus=64 on 2 cores, or client-gpus=1 with no GPU, ended
-    # after 10-17 s with rc 1 and a 114-line traceback ("ActorPool is empty")
+    # after 10-17 s with rc 1 and a 114-line traceback ("ActorPool is empty"); a fifth: client-cpus
+    # 0 (ZeroDivisionError traceback), 0.001 (2,000 actors, still starting after 80 s) and
+    # ray-cpus=100000 (a pool for CPUs that are not there, still running after 150 s)
     import re
 
     import torch
 
     cpus, gpus = os.cpu_count() or 1, torch.cuda.device_count()
     settings, key, valid = {
-        "client-cpus": ({"client-cpus": cpus + 1}, "client-cpus", f"[0, {cpus}]"),
-        "ray-cpus": ({"ray-cpus": 1, "client-cpus": 2}, "client-cpus", "[0, 1]"),
+        "client-cpus": ({"client-cpus": cpus + 1}, "client-cpus", f"[{cpus / 256:g}, {cpus}]"),
+        "ray-cpus": ({"ray-cpus": 1, "client-cpus": 2}, "client-cpus", f"[{1 / 256:g}, 1]"),
         "client-gpus": ({"client-gpus": gpus + 0.5}, "client-gpus", f"[0, {gpus}]"),
+        "client-cpus-zero": ({"client-cpus": 0}, "client-cpus", f"[{cpus / 256:g}, {cpus}]"),
+        "client-cpus-tiny": ({"client-cpus": 0.001}, "client-cpus", f"[{cpus / 256:g}, {cpus}]"),
+        "ray-big": ({"ray-cpus": 100000}, "ray-cpus", f"[0, {cpus}]"),
     }[case]
     sets = [f"--set={k}={v}" for k, v in settings.items()]
     out = tmp_path / "o"

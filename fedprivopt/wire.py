@@ -185,13 +185,26 @@ def parse_update_key(key: str) -> int | None:
 
 
 def json_object(key: str, raw: object) -> dict:
-    """The JSON object in the run-config value ``raw`` of ``key``, or ``ValueError`` naming it."""
+    """The JSON object in the run-config value ``raw`` of ``key``, or ``ValueError`` naming it.
+
+    A repeated key is an error (as in TOML), and so is nesting too deep for the parser.
+    """
     import json
 
+    def unique(pairs: list[tuple[str, object]]) -> dict:
+        out: dict = {}
+        for name, value in pairs:
+            if name in out:
+                raise ValueError(f"{key} repeats the key {name!r}")
+            out[name] = value
+        return out
+
     try:
-        value = json.loads(str(raw))
+        value = json.loads(str(raw), object_pairs_hook=unique)
     except json.JSONDecodeError as err:
         raise ValueError(f"{key} must be a JSON object: {err}") from None
+    except RecursionError:
+        raise ValueError(f"{key} must be a JSON object, nested too deeply to read") from None
     if not isinstance(value, dict):
         raise ValueError(f"{key} must be a JSON object, got {raw!r}")
     return value

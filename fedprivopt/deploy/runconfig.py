@@ -93,9 +93,14 @@ def _strategy_options(raw: Any) -> dict[str, Any]:
     if raw in (UNSET, None):
         return {}
     options = P.json_object(STRATEGY_OPTIONS_JSON, raw)
-    for key in options:
+    for key, value in options.items():
         if key not in StrategyConfig.option_keys():
             raise ValueError(f"{STRATEGY_OPTIONS_JSON}: {key!r} is not a strategy option")
+        if isinstance(value, (dict, list)):
+            raise ValueError(
+                f"{STRATEGY_OPTIONS_JSON}: {key} must be a number, true/false or a string, "
+                f"got {value!r}"
+            )
     return options
 
 

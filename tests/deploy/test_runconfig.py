@@ -113,6 +113,18 @@ def test_an_option_the_app_does_not_declare_travels_as_json(defaults):
         run_config_from_flower({**defaults, "strategy-options-json": '{"seed": 1}'})
     with pytest.raises(ValueError, match="strategy-options-json must be a JSON object"):
         run_config_from_flower({**defaults, "strategy-options-json": "[1]"})
+    # a fifth review: a RecursionError escaped, a repeated key was taken silently (last one
+    # won), and a nested value was named 'server-momentum.x'
+    for raw, needle in (
+        ("[" * 100000 + "]" * 100000, "nested too deeply"),
+        ('{"a":' * 100000 + "1" + "}" * 100000, "nested too deeply"),
+        ('{"server-momentum": 0.5, "server-momentum": 0.9}', "repeats the key 'server-momentum'"),
+        ('{"server-momentum": {"x": 1}}', "server-momentum must be a number"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            run_config_from_flower({**defaults, "strategy-options-json": raw})
+    with pytest.raises(ValueError, match="task-params-json repeats the key 'seed'"):
+        run_config_from_flower({**defaults, "task-params-json": '{"seed": 1, "seed": 2}'})
 
 
 def test_unset_nullable_keys_and_task_params_json(defaults):

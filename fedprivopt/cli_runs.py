@@ -241,8 +241,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
     """``compare``'s plan, runs and report, holding ``out``'s lock."""
-    from fedprivopt.simulation.cells import plan_cells, run_cell
-    from fedprivopt.simulation.report import load_run, write_report
+    from fedprivopt.simulation.cells import load_cell, plan_cells, run_cell
+    from fedprivopt.simulation.report import write_report
 
     try:
         plans = plan_cells(out, cells, overwrite=args.overwrite)
@@ -253,7 +253,11 @@ def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
         note = "" if plan.action == "run" else f" ({plan.action})"
         print(f"[{i}/{len(plans)}] {plan.cell.label}{note}", file=sys.stderr, flush=True)
         run_cell(plan, progress=not args.quiet)
-        runs.append(load_run(plan.run_dir))
+    for plan in plans:  # each read under its lock, checked again: nothing changed meanwhile
+        try:
+            runs.append(load_cell(plan))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         origins[plan.cell.label] = plan.describe()
     report = write_report(
         out, runs, title=f"fedprivopt compare: {args.config}", metric=args.metric, origins=origins

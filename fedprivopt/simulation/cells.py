@@ -312,12 +312,7 @@ def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPl
     try:
         with lock_run_dir(run_dir):
             run = audit_run_dir(run_dir, cell.task, engine=False)
-        rounds = cell.config.strategy.num_server_rounds
-        if max(run.last_released, run.alg.round_num) > rounds:  # config.toml edited down after
-            raise ValueError(
-                f"its files show rounds up to {max(run.last_released, run.alg.round_num)} "
-                f"released, more than the num-server-rounds = {rounds} of this cell"
-            )
+        _check_rounds(run, cell)
     except LockHeldError as exc:
         raise ValueError(f"cell {cell.label}: {exc}") from None
     except ValueError as exc:
@@ -329,6 +324,55 @@ def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPl
         return CellPlan(cell, run_dir, RERUN, why)
     why = run.unfinished()
     return CellPlan(cell, run_dir, REUSE if why is None else RESUME, why or "")
+
+
+def _check_rounds(run, cell: Cell) -> None:
+    """Refuse a run whose files show more rounds released than ``cell`` asks for."""
+    rounds = cell.config.strategy.num_server_rounds
+    released = max(run.last_released, run.alg.round_num)
+    if released > rounds:  # config.toml edited down after
+        raise ValueError(
+            f"its files show rounds up to {released} released, more than the "
+            f"num-server-rounds = {rounds} of this cell"
+        )
+
+
+def load_cell(plan: CellPlan):
+    """The finished run of ``plan``'s cell, checked again under its lock as it is read.
+
+    The plan checked a reused cell before the grid ran, and other cells ran since: a run
+    directory replaced or resumed meanwhile (by another terminal, or while ``compare`` was
+    suspended) must not be reported as the cell's. So every cell, reused or just run, is read
+    holding its lock, after its configuration is compared with the cell's again and its files
+    pass every check of ``--resume`` and show a finished run.
+
+    Raises
+    ------
+    ValueError
+        Naming the cell and what changed.
+    """
+    from fedprivopt.simulation.audit import audit_run_dir
+    from fedprivopt.simulation.files import CONFIG_FILE
+    from fedprivopt.simulation.rundata import load_run
+
+    cell = plan.cell
+    try:
+        with lock_run_dir(plan.run_dir):
+            diff = first_difference(load_config(plan.run_dir / CONFIG_FILE), cell.config)
+            if diff is not None:
+                key, old, new = diff
+                raise ValueError(f"its run has {key} = {_short(old)}, the cell {_short(new)}")
+            run = audit_run_dir(plan.run_dir, cell.task, engine=False)
+            _check_rounds(run, cell)
+            why = run.unfinished()
+            if why is not None:
+                raise ValueError(f"it is not finished: {why}")
+            return load_run(plan.run_dir)
+    except (LockHeldError, ValueError, OSError, RecursionError) as exc:
+        raise ValueError(
+            f"cell {cell.label}: its run directory changed while this comparison ran ({exc}); "
+            "run compare again"
+        ) from None
 
 
 def run_cell(plan: CellPlan, *, progress: bool = False) -> None:

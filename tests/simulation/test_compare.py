@@ -524,3 +524,38 @@ def test_a_cell_whose_budget_allowed_no_round_is_reported_and_then_reused(tmp_pa
     capsys.readouterr()
     assert _compare(out, *argv) == 0
     assert "dp-fedavg__sigma0.5__seed0 (reuse)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", ["replaced", "resumed-longer"])
+def test_a_cell_changed_while_the_grid_runs_is_not_reported(tmp_path, capsys, monkeypatch, change):
+    # a fifth review: compare checked a reused cell when it planned the grid, and read it only
+    # after the other cells had run; a run directory replaced by a 2-round run meanwhile (or
+    # resumed to more rounds) was reported as the reused cell, rc 0 (epsilon 10.28 in a grid of
+    # 4-round runs)
+    import shutil
+
+    from fedprivopt.simulation import cells
+
+    out, cell = _one_cell(tmp_path, rounds=4)
+    original = cells.run_cell
+
+    def run_cell(plan, **kwargs):
+        original(plan, **kwargs)
+        if plan.action != "run":
+            return
+        if change == "replaced":  # another terminal: a different run under the cell's name
+            shutil.rmtree(cell)
+            argv = ["simulate", str(PRESET), "--quiet", "--rounds", "2", "--out", str(cell)]
+            assert main([*argv, *SMALL]) == 0
+        else:  # its config.toml asks for more rounds, and a resume runs them
+            _edit(cell / "config.toml", "num-server-rounds = 4", "num-server-rounds = 6")
+            assert main(["simulate", "--resume", str(cell), "--quiet"]) == 0
+
+    monkeypatch.setattr(cells, "run_cell", run_cell)
+    before = (out / "summary.csv").read_bytes()
+    capsys.readouterr()
+    argv = ["--rounds", "4", "--strategies", "dp-fedavg,fedavg"]
+    assert main(["compare", str(PRESET), "--out", str(out), "--quiet", *SMALL, *argv]) == 2
+    line = _one_error_line(capsys)
+    assert CELL in line and "changed while this comparison ran" in line, line
+    assert (out / "summary.csv").read_bytes() == before  # no report of the changed cell

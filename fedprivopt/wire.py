@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedprivopt.core.checks import refuse_repeated_keys
 from fedprivopt.core.local import LocalConfig
 
 if TYPE_CHECKING:  # Flower is imported where a record is built, so the fast engine never loads it
@@ -191,14 +192,7 @@ def json_object(key: str, raw: object) -> dict:
     """
     import json
 
-    def unique(pairs: list[tuple[str, object]]) -> dict:
-        out: dict = {}
-        for name, value in pairs:
-            if name in out:
-                raise ValueError(f"{key} repeats the key {name!r}")
-            out[name] = value
-        return out
-
+    unique = refuse_repeated_keys(lambda name: f"{key} repeats the key {name!r}")
     try:
         value = json.loads(str(raw), object_pairs_hook=unique)
     except json.JSONDecodeError as err:

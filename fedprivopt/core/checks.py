@@ -7,9 +7,10 @@ trainer and the tasks all call them, so a parameter is refused with the same wor
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from numbers import Integral, Real
 
-__all__ = ["check_bool", "check_int", "check_real", "interval"]
+__all__ = ["check_bool", "check_int", "check_real", "interval", "refuse_repeated_keys"]
 
 
 def interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
@@ -98,3 +99,21 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be true or false, got {value!r}")
     return value
+
+
+def refuse_repeated_keys(message: Callable[[str], str]) -> Callable[[list], dict]:
+    """An ``object_pairs_hook`` for :func:`json.loads` that refuses a repeated key.
+
+    JSON keeps the last of two equal keys silently (TOML refuses them); the hook raises
+    ``ValueError(message(key))`` instead.
+    """
+
+    def unique(pairs: list[tuple[str, object]]) -> dict:
+        out: dict = {}
+        for key, value in pairs:
+            if key in out:
+                raise ValueError(message(key))
+            out[key] = value
+        return out
+
+    return unique

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedprivopt.core.checks import refuse_repeated_keys
+
 __all__ = [
     "TAG_COUNT_FILE",
     "WORD_COUNT_FILE",
@@ -179,14 +181,7 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     p = _existing(path)
 
-    def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
-        out: dict[str, object] = {}
-        for key, value in pairs:
-            if key in out:
-                raise ValueError(f"{p}: tag {key!r} appears twice")
-            out[key] = value
-        return out
-
+    unique = refuse_repeated_keys(lambda key: f"{p}: tag {key!r} appears twice")
     try:
         data = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=unique)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:

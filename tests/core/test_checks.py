@@ -3,7 +3,13 @@ import math
 import numpy as np
 import pytest
 
-from fedprivopt.core.checks import check_bool, check_int, check_real, interval
+from fedprivopt.core.checks import (
+    check_bool,
+    check_int,
+    check_real,
+    interval,
+    refuse_repeated_keys,
+)
 
 
 def test_interval_shows_open_and_closed_ends():
@@ -61,3 +67,12 @@ def test_check_bool_accepts_only_bools():
     for bad in (0, 1, "true", None):
         with pytest.raises(ValueError, match=r"flag must be true or false, got"):
             check_bool("flag", bad)
+
+
+def test_refuse_repeated_keys_names_the_key():
+    import json
+
+    hook = refuse_repeated_keys(lambda key: f"repeats {key!r}")
+    assert json.loads('{"a": 1, "b": 2}', object_pairs_hook=hook) == {"a": 1, "b": 2}
+    with pytest.raises(ValueError, match="repeats 'a'"):
+        json.loads('{"a": 1, "a": 2}', object_pairs_hook=hook)

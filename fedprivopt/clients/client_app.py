@@ -98,7 +98,7 @@ def _task_for(context: Context, defaults: _Defaults) -> tuple[Task, LocalTrainer
     run_config = context.run_config
     if P.RUN_TASK in run_config:
         name = str(run_config[P.RUN_TASK])
-        params = json.dumps(P.task_params(run_config), sort_keys=True)
+        params: str | Mapping[str, object] = P.task_params(run_config)
     elif defaults.task is not None:
         name, params = defaults.task, defaults.task_params
     else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
@@ -133,11 +133,6 @@ class Options:
     def keys(cls) -> frozenset[str]:
         """The block's keys (kebab-case)."""
         return frozenset(key_of(f.name) for f in fields(cls))
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        """Every key of the block with its default value."""
-        return {key_of(f.name): f.default for f in fields(cls) if f.default is not MISSING}
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Options:

@@ -5,7 +5,8 @@ with consecutive identical events merged into a count. ε is always computed fro
 by a well-kept library, never by formulas written here (:func:`compose_epsilon`):
 
 * ``"rdp"`` (default): ``dp_accounting.rdp.RdpAccountant``; supports Poisson sampling
-  (add/remove-one) and fixed-size sampling without replacement (replace-one).
+  (add/remove-one) and fixed-size sampling without replacement (replace-one). An adaptive-clipping
+  round is given to it as the sampled ``ComposedDpEvent`` of its two Gaussians (sum and count).
 * ``"pld"``: dp-accounting's privacy loss distributions (what ``dp_accounting.pld.PLDAccountant``
   composes, step for step), tighter; Poisson sampling only. A ledger whose grid would need more
   than ``PLD_MAX_BYTES`` is refused with ``PLDGridTooLargeError`` before anything is allocated:
@@ -15,6 +16,10 @@ by a well-kept library, never by formulas written here (:func:`compose_epsilon`)
   :data:`PRV_MAX_BYTES` is refused with :class:`PRVDomainTooLargeError` (see
   :func:`prv_domain_points`); Opacus' numerical failures become ``ValueError``. That guard is
   :mod:`fedprivopt.privacy.prv_guard`.
+
+PLD and PRV take one Gaussian per sampled event: an adaptive-clipping round is given to them as
+the single Gaussian it exactly is (:func:`single_gaussians`; the tests compare it with
+dp-accounting's RDP of the composed event).
 
 The ledger type, the checks of the settings and the validation of a saved state are
 :mod:`fedprivopt.privacy.accounting_state`.
@@ -71,6 +76,7 @@ __all__ = [
     "check_ledger",
     "compose_epsilon",
     "prv_domain_points",
+    "single_gaussians",
 ]
 
 _RDP_ORDERS = np.asarray(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
@@ -112,10 +118,21 @@ def check_ledger(
     if not merged or any(e.noise_multiplier == 0 for e, _ in merged):
         return
     relation_of(merged, accountant)
+    merged = single_gaussians(merged) if accountant != "rdp" else merged
     if accountant == "pld":
         check_pld_ledger(merged, pld_discretization)
     elif accountant == "prv":
         check_prv_ledger(merged, check_delta(delta), float(prv_eps_error))
+
+
+def single_gaussians(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> Ledger:
+    """``ledger`` with every event as the one subsampled Gaussian it is, merged.
+
+    The PLD and PRV paths take one Gaussian per sampled event; an adaptive-clipping round (sum
+    and count) is exactly the Gaussian of :meth:`SubsampledGaussianEvent.single_gaussian`
+    (Andrew et al. 2021, Theorem 1). The RDP path gives dp-accounting the composed event itself.
+    """
+    return merge_ledger((event.single_gaussian(), count) for event, count in ledger)
 
 
 def dpa_accountant(accountant: str, relation: dpa.NeighboringRelation, pld_interval: float):
@@ -177,14 +194,16 @@ def compose_epsilon(
         return math.inf
     relation_of(ledger, accountant)
     if accountant == "prv":
-        return prv_epsilon(ledger, delta, float(prv_eps_error))
+        return prv_epsilon(single_gaussians(ledger), delta, float(prv_eps_error))
     if accountant == "rdp":
         # The RDP of a composition is the count-weighted sum of each event's RDP curve, exactly
         # what RdpAccountant.compose accumulates; computing each distinct curve once (cached)
         # makes a per-round epsilon cost a dot product instead of a series evaluation.
         total = sum(count * _rdp_curve(event) for event, count in ledger)
         return float(rdp.rdp_privacy_accountant.compute_epsilon(_RDP_ORDERS, total, delta)[0])
-    return pld_epsilon(ledger, delta, check_pld_discretization(pld_discretization))
+    return pld_epsilon(
+        single_gaussians(ledger), delta, check_pld_discretization(pld_discretization)
+    )
 
 
 class PrivacyAccountant:

@@ -127,7 +127,9 @@ _EVENT_FIELDS = {
     "sample_rate": _is_real,
     "population": lambda x: x is None or (isinstance(x, int) and not isinstance(x, bool)),
     "cohort_size": lambda x: x is None or (isinstance(x, int) and not isinstance(x, bool)),
+    "count_noise_multiplier": lambda x: x is None or (_is_noise(x) and x > 0),
 }
+_OPTIONAL_EVENT_FIELDS = frozenset({"count_noise_multiplier"})
 
 
 def _parse_event(data: object, where: str) -> SubsampledGaussianEvent:
@@ -142,6 +144,8 @@ def _parse_event(data: object, where: str) -> SubsampledGaussianEvent:
                 f"accountant state: {where}.event.noise_multiplier must be a finite number in "
                 f"[0, {MAX_STATE_NOISE_MULTIPLIER:g}], got {shown(data[key])}"
             )
+        if key in _OPTIONAL_EVENT_FIELDS and key not in data:
+            continue
         if key not in data or not ok(data[key]):
             raise ValueError(
                 f"accountant state: {where}.event.{key} is missing or invalid: {data.get(key)!r}"

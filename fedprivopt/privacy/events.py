@@ -13,6 +13,20 @@ divided by the L2 sensitivity under the neighbouring relation that the sampling 
 * Poisson sampling, add/remove-one adjacency: sensitivity ``C``, accountant multiplier ``σ``;
 * fixed-size sampling without replacement, replace-one adjacency: replacing one user's update
   moves the sum by up to ``2C``, so the accountant multiplier is ``σ / 2``.
+
+With adaptive clipping (:mod:`fedprivopt.privacy.adaptive_clip`) a round also releases the noised
+count of users whose update was not clipped. Its *count noise multiplier* ``2σ_b`` is, in the same
+units, the noise std ``σ_b`` over the add/remove sensitivity ``1/2`` of the centred count
+``Σ (b_i − 1/2)``; under replace-one the sensitivity is ``1`` and the accountant multiplier is
+``σ_b``, again half. The event's inner mechanism is then dp-accounting's
+``ComposedDpEvent([GaussianDpEvent(σ_Δ), GaussianDpEvent(2σ_b)])`` (scaled by the sampling's
+factor), which is exactly one Gaussian of multiplier ``(σ_Δ⁻² + (2σ_b)⁻²)^(-1/2)``
+(:meth:`SubsampledGaussianEvent.single_gaussian`; Andrew et al. 2021, Theorem 1).
+
+References
+----------
+G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, "Differentially Private Learning with Adaptive
+Clipping", NeurIPS 2021.
 """
 
 from __future__ import annotations
@@ -48,6 +62,10 @@ class SubsampledGaussianEvent:
         Number of users ``N`` (required for fixed-size sampling).
     cohort_size : int or None
         Users per round ``m`` (fixed-size sampling only).
+    count_noise_multiplier : float or None
+        ``2σ_b`` when the round also released the noised count of unclipped users (adaptive
+        clipping): its noise std over the add/remove sensitivity ``1/2`` of the centred count.
+        ``None``: the round released the sum only.
     """
 
     noise_multiplier: float
@@ -55,11 +73,26 @@ class SubsampledGaussianEvent:
     sample_rate: float
     population: int | None = None
     cohort_size: int | None = None
+    count_noise_multiplier: float | None = None
 
     def __post_init__(self) -> None:
         sigma = self.noise_multiplier
         if not (isinstance(sigma, (int, float)) and sigma >= 0 and math.isfinite(sigma)):
             raise ValueError(f"noise_multiplier must be a finite number >= 0, got {sigma!r}")
+        count = self.count_noise_multiplier
+        if count is not None:
+            if not (
+                isinstance(count, (int, float))
+                and not isinstance(count, bool)
+                and count > 0
+                and math.isfinite(count)
+            ):
+                raise ValueError(
+                    f"count_noise_multiplier must be a finite number > 0, got {count!r}"
+                )
+            if sigma == 0:
+                raise ValueError("count_noise_multiplier needs a noised sum (noise_multiplier > 0)")
+            object.__setattr__(self, "count_noise_multiplier", float(count))
         if self.sampling not in SAMPLING_KINDS:
             raise ValueError(f"sampling must be one of {SAMPLING_KINDS}, got {self.sampling!r}")
         if self.population is not None:
@@ -79,19 +112,70 @@ class SubsampledGaussianEvent:
 
     @classmethod
     def poisson(
-        cls, *, sample_rate: float, noise_multiplier: float, population: int | None = None
+        cls,
+        *,
+        sample_rate: float,
+        noise_multiplier: float,
+        population: int | None = None,
+        count_noise_multiplier: float | None = None,
     ) -> SubsampledGaussianEvent:
         """Poisson-subsampled Gaussian with inclusion probability ``sample_rate``."""
-        return cls(float(noise_multiplier), "poisson", float(sample_rate), population, None)
+        return cls(
+            float(noise_multiplier),
+            "poisson",
+            float(sample_rate),
+            population,
+            None,
+            count_noise_multiplier,
+        )
 
     @classmethod
     def fixed(
-        cls, *, population: int, cohort_size: int, noise_multiplier: float
+        cls,
+        *,
+        population: int,
+        cohort_size: int,
+        noise_multiplier: float,
+        count_noise_multiplier: float | None = None,
     ) -> SubsampledGaussianEvent:
         """Gaussian on a cohort of exactly ``cohort_size`` users drawn without replacement."""
         population = check_int("population", population, 1)
         return cls(
-            float(noise_multiplier), "fixed", cohort_size / population, population, cohort_size
+            float(noise_multiplier),
+            "fixed",
+            cohort_size / population,
+            population,
+            cohort_size,
+            count_noise_multiplier,
+        )
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """``σ`` of the one Gaussian the round is: ``(σ_Δ⁻² + (2σ_b)⁻²)^(-1/2)`` with a count."""
+        if self.count_noise_multiplier is None or self.noise_multiplier == 0:
+            return self.noise_multiplier
+        return (self.noise_multiplier**-2 + self.count_noise_multiplier**-2) ** -0.5
+
+    def single_gaussian(self) -> SubsampledGaussianEvent:
+        """The same release as one subsampled Gaussian (itself when there is no count).
+
+        Two Gaussian queries of one dataset, of multipliers ``σ_1`` and ``σ_2`` (noise over
+        sensitivity), are together the Gaussian mechanism of multiplier
+        ``(σ_1⁻² + σ_2⁻²)^(-1/2)``: scale each query by its multiplier and the pair is one
+        query with isotropic unit noise whose sensitivity is ``√(σ_1⁻² + σ_2⁻²)`` (Andrew et
+        al. 2021, Theorem 1). Sampling acts on the pair, so the subsampled events are the same
+        too. dp-accounting's RDP accountant reduces ``ComposedDpEvent`` of Gaussians inside a
+        sampled event the same way; its PLD accountant and Opacus' PRV accountant take only a
+        single Gaussian, and are given this one.
+        """
+        if self.count_noise_multiplier is None:
+            return self
+        return SubsampledGaussianEvent(
+            self.effective_noise_multiplier,
+            self.sampling,
+            self.sample_rate,
+            self.population,
+            self.cohort_size,
         )
 
     @property
@@ -107,20 +191,39 @@ class SubsampledGaussianEvent:
         return self.noise_multiplier / 2.0 if self.sampling == "fixed" else self.noise_multiplier
 
     def to_dp_event(self) -> dpa.DpEvent:
-        """Return the equivalent ``dp_accounting`` event."""
+        """Return the equivalent ``dp_accounting`` event.
+
+        With a count: the sampled event's inner mechanism is
+        ``ComposedDpEvent([GaussianDpEvent(sum), GaussianDpEvent(count)])``, both multipliers in
+        the units of :attr:`neighboring_relation`.
+        """
         gaussian = dpa.GaussianDpEvent(self.accountant_noise_multiplier)
+        if self.count_noise_multiplier is not None:
+            scale = 0.5 if self.sampling == "fixed" else 1.0
+            count = dpa.GaussianDpEvent(self.count_noise_multiplier * scale)
+            gaussian = dpa.ComposedDpEvent([gaussian, count])
         if self.sampling == "fixed":
             return dpa.SampledWithoutReplacementDpEvent(self.population, self.cohort_size, gaussian)
         return dpa.PoissonSampledDpEvent(self.sample_rate, gaussian)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON-serialisable)."""
-        return asdict(self)
+        """Plain-data form (JSON-serialisable); ``count_noise_multiplier`` only when set."""
+        out = asdict(self)
+        if out["count_noise_multiplier"] is None:
+            del out["count_noise_multiplier"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SubsampledGaussianEvent:
         """Inverse of :meth:`to_dict`."""
-        keys = {"noise_multiplier", "sampling", "sample_rate", "population", "cohort_size"}
+        keys = {
+            "noise_multiplier",
+            "sampling",
+            "sample_rate",
+            "population",
+            "cohort_size",
+            "count_noise_multiplier",
+        }
         unknown = set(data) - keys
         if unknown:
             raise ValueError(f"unknown privacy event fields: {sorted(unknown)}")

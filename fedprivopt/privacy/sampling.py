@@ -164,8 +164,12 @@ class SamplingSpec:
             return PoissonSampler(self.population, self.sample_rate, rngs)
         return FixedSizeSampler(self.population, self.cohort_size, rngs)
 
-    def event(self, noise_multiplier: float):
-        """The privacy event of one round that samples this way and adds noise ``σ``."""
+    def event(self, noise_multiplier: float, count_noise_multiplier: float | None = None):
+        """The privacy event of one round that samples this way and adds noise ``σ``.
+
+        ``count_noise_multiplier``: ``2σ_b`` when the round also releases the noised count of
+        adaptive clipping (:mod:`fedprivopt.privacy.adaptive_clip`).
+        """
         # imported here: events loads dp-accounting, which a sampler alone does not need
         from fedprivopt.privacy.events import SubsampledGaussianEvent
 
@@ -174,11 +178,13 @@ class SamplingSpec:
                 sample_rate=self.sample_rate,
                 noise_multiplier=noise_multiplier,
                 population=self.population,
+                count_noise_multiplier=count_noise_multiplier,
             )
         return SubsampledGaussianEvent.fixed(
             population=self.population,
             cohort_size=self.cohort_size,
             noise_multiplier=noise_multiplier,
+            count_noise_multiplier=count_noise_multiplier,
         )
 
 

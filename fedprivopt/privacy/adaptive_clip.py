@@ -1,0 +1,319 @@
+"""Quantile-based adaptive clipping (Andrew et al. 2021): the clip norm follows a target quantile.
+
+Each round every sampled user also reports the bit ``b_i = [‖Δ_i‖ ≤ C]`` of its *unclipped*
+update. The server releases the noised fraction of unclipped users
+
+    ``b̄ = (Σ (b_i − 1/2) + N(0, σ_b²)) / m̄ + 1/2``
+
+(``m̄`` the expected cohort size) and moves the clip norm geometrically toward the
+``γ``-quantile of the users' update norms,
+
+    ``C ← C · exp(−η_C (b̄ − γ))``.
+
+The bits are *centred* (``b_i − 1/2``), as in the paper and TFF's ``QuantileEstimatorQuery``:
+adding or removing one user then moves the count by at most ``1/2``, so the count's noise
+multiplier (std over sensitivity) is ``2σ_b``. (The uncentred ``Σ b_i`` moves by ``1``; with a
+realized cohort equal to ``m̄`` both forms give the same ``b̄``.) The update's noise multiplier
+``σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2)`` makes the sum and the count together exactly one Gaussian
+mechanism with the user's ``σ`` (the paper's Theorem 1), so ``fedprivopt epsilon`` for ``σ``
+gives the run's ε. That needs ``2σ_b > σ``: :func:`update_noise_multiplier` refuses
+``σ_b ≤ σ/2``.
+
+This module is framework-free: :func:`adaptive_clip` is an optax-style ``(init, update)`` pair
+over :class:`ClipState`, :class:`NoisyCountAggregator` releases the noised fraction (server or
+distributed noise, as :class:`~fedprivopt.privacy.aggregate.NoisyMeanAggregator` releases the
+sum), and :func:`clip_bit` / :func:`count_share` are what a client reports.
+
+References
+----------
+G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, "Differentially Private Learning with Adaptive
+Clipping", NeurIPS 2021.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.privacy.clip import MIN_CLIP_NORM
+
+__all__ = [
+    "MAX_CLIP_NORM",
+    "AdaptiveClip",
+    "ClipState",
+    "CountResult",
+    "NoisyCountAggregator",
+    "adaptive_clip",
+    "clip_bit",
+    "count_share",
+    "default_count_stddev",
+    "update_noise_multiplier",
+]
+
+#: Upper bound of the adaptive clip norm: ``C`` is kept in ``[MIN_CLIP_NORM, MAX_CLIP_NORM]`` so
+#: that a long run of noisy counts can neither underflow it nor overflow the noise std ``σ_Δ·C``.
+MAX_CLIP_NORM = 1e30
+
+
+def default_count_stddev(expected_cohort_size: float) -> float:
+    """``σ_b = m̄ / 20``, the paper's default noise on the count."""
+    return float(expected_cohort_size) / 20.0
+
+
+def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
+    """``σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2)``: the sum's multiplier that keeps the round at ``σ``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``clip-count-stddev`` when ``σ_b ≤ σ/2`` (the count alone would spend more than
+        the round's budget).
+    """
+    sigma = check_real("noise-multiplier", noise_multiplier, low=0.0, low_open=True)
+    sigma_b = check_real("clip-count-stddev", count_stddev, low=0.0, low_open=True)
+    if not 2.0 * sigma_b > sigma:
+        raise ValueError(
+            f"clip-count-stddev must be > noise-multiplier/2 = {sigma / 2:g} (the count's noise "
+            f"multiplier 2*clip-count-stddev must exceed the round's {sigma:g}), got {sigma_b:g}"
+        )
+    rest = sigma**-2 - (2.0 * sigma_b) ** -2
+    if not rest > 0:  # 2σ_b so close to σ that the difference rounds to 0
+        raise ValueError(
+            f"clip-count-stddev = {sigma_b:g} is too close to noise-multiplier/2 = {sigma / 2:g}"
+        )
+    return rest**-0.5
+
+
+@dataclass(frozen=True)
+class ClipState:
+    """The clip norm of the next round.
+
+    Attributes
+    ----------
+    clip_norm : float
+        ``C`` in ``[MIN_CLIP_NORM, MAX_CLIP_NORM]``.
+    """
+
+    clip_norm: float
+
+    def __post_init__(self) -> None:
+        c = check_real("clip_norm", self.clip_norm, low=MIN_CLIP_NORM, high=MAX_CLIP_NORM)
+        object.__setattr__(self, "clip_norm", c)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form for checkpoints."""
+        return {"clip_norm": self.clip_norm}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClipState:
+        """Inverse of :meth:`to_dict` (``ValueError`` on anything else)."""
+        if not isinstance(data, dict) or set(data) != {"clip_norm"}:
+            raise ValueError(f"clip state must be {{'clip_norm': float}}, got {data!r}")
+        return cls(data["clip_norm"])
+
+
+class AdaptiveClip(NamedTuple):
+    """``init() -> ClipState`` and ``update(fraction, state) -> ClipState``."""
+
+    init: Callable[[], ClipState]
+    update: Callable[[float, ClipState], ClipState]
+    hparams: dict[str, float]
+
+
+def adaptive_clip(
+    *, initial_clip_norm: float, quantile: float = 0.5, learning_rate: float = 0.2
+) -> AdaptiveClip:
+    """The geometric update of the clip norm toward the ``quantile`` of the update norms.
+
+    Parameters
+    ----------
+    initial_clip_norm : float
+        ``C_0`` in ``[MIN_CLIP_NORM, MAX_CLIP_NORM]``.
+    quantile : float
+        Target ``γ`` in ``(0, 1)``: the fraction of users whose update should not be clipped.
+    learning_rate : float
+        ``η_C > 0``.
+
+    Returns
+    -------
+    AdaptiveClip
+        ``update(b̄, state)`` returns ``C·exp(−η_C(b̄ − γ))``, kept in
+        ``[MIN_CLIP_NORM, MAX_CLIP_NORM]``. ``b̄`` is the released (noised) fraction; the update
+        is post-processing of it.
+    """
+    c0 = check_real("clip-norm", initial_clip_norm, low=MIN_CLIP_NORM, high=MAX_CLIP_NORM)
+    gamma = check_real("clip-quantile", quantile, low=0.0, high=1.0, low_open=True, high_open=True)
+    eta = check_real("clip-learning-rate", learning_rate, low=0.0, low_open=True)
+
+    def init() -> ClipState:
+        return ClipState(c0)
+
+    def update(fraction: float, state: ClipState) -> ClipState:
+        fraction = float(fraction)
+        if not math.isfinite(fraction):
+            raise ValueError(f"the released fraction must be finite, got {fraction}")
+        log_c = math.log(state.clip_norm) - eta * (fraction - gamma)
+        log_c = min(max(log_c, math.log(MIN_CLIP_NORM)), math.log(MAX_CLIP_NORM))
+        return ClipState(min(max(math.exp(log_c), MIN_CLIP_NORM), MAX_CLIP_NORM))
+
+    return AdaptiveClip(init, update, {"quantile": gamma, "learning_rate": eta})
+
+
+# -- what a client reports ------------------------------------------------------------------
+
+
+def clip_bit(norm: float, clip_norm: float) -> float:
+    """``1.0`` when an update of L2 norm ``norm`` is not clipped at ``clip_norm``, else ``0.0``.
+
+    A diverged update (``norm`` NaN or Inf) counts as clipped.
+    """
+    return 1.0 if math.isfinite(norm) and norm <= clip_norm else 0.0
+
+
+def count_share(bit: float, std: float, generator: torch.Generator) -> float:
+    """A client's distributed-noise report: ``(bit − 1/2) + N(0, std²)`` (``std = 0``: none)."""
+    value = float(bit) - 0.5
+    if std > 0:
+        draw = torch.randn((), generator=generator, dtype=torch.float64)
+        value += float(std) * float(draw)
+    return value
+
+
+# -- what the server releases ---------------------------------------------------------------
+
+
+@dataclass
+class CountResult:
+    """The released fraction of one cohort.
+
+    Attributes
+    ----------
+    fraction : float
+        ``b̄``, the noised fraction of users whose update was not clipped.
+    noise_std : float
+        Std of the noise on ``b̄`` (``σ_b/m̄``, more with distributed top-ups).
+    counted : int
+        Reports that entered the count.
+    rejected : dict
+        Reason of every rejected report, by user id.
+    """
+
+    fraction: float
+    noise_std: float
+    counted: int
+    rejected: dict[int, str] = field(default_factory=dict)
+
+
+class NoisyCountAggregator:
+    """The noised count of unclipped users, over the fixed expected cohort size.
+
+    Parameters
+    ----------
+    count_stddev : float
+        ``σ_b > 0``, the std of the noise on the count.
+    expected_cohort_size : float
+        ``m̄ > 0``.
+    noise_mode : {"server", "distributed"}
+        ``"server"``: reports are bits, exactly ``0`` or ``1`` (anything else is rejected), and
+        the server adds ``N(0, σ_b²)``. ``"distributed"``: reports are shares
+        ``(b − 1/2) + N(0, σ_b²/m_min)``; the server tops up ``N(0, σ_b²(m_min − n)/m_min)`` when
+        only ``n < m_min`` arrived, and rejects a share outside ``±(1/2 + 11·σ_b/√m_min)``, a
+        bound an honest share exceeds with probability below ``e^{-50}``.
+    min_shares : int, optional
+        ``m_min`` (distributed mode only).
+    """
+
+    def __init__(
+        self,
+        *,
+        count_stddev: float,
+        expected_cohort_size: float,
+        noise_mode: str = "server",
+        min_shares: int | None = None,
+    ) -> None:
+        self.count_stddev = check_real("clip-count-stddev", count_stddev, low=0.0, low_open=True)
+        self.expected_cohort_size = check_real(
+            "expected_cohort_size", expected_cohort_size, low=0.0, low_open=True
+        )
+        if noise_mode not in ("server", "distributed"):
+            raise ValueError(f"noise_mode must be server or distributed, got {noise_mode!r}")
+        self.noise_mode = noise_mode
+        distributed = noise_mode == "distributed"
+        self.min_shares = check_int("min_shares", min_shares, 1) if distributed else None
+
+    def share_std(self) -> float:
+        """Std of one client's count-noise share (``σ_b/√m_min``; 0 in server mode)."""
+        if self.noise_mode != "distributed":
+            return 0.0
+        return self.count_stddev / math.sqrt(self.min_shares)
+
+    def accept_bound(self) -> float:
+        """Largest ``|share|`` accepted in distributed mode."""
+        return 0.5 + 11.0 * self.share_std()
+
+    def check(self, report: object) -> tuple[float | None, str | None]:
+        """``(centred value, None)`` for a valid report, ``(None, reason)`` otherwise."""
+        value = _scalar(report)
+        if value is None:
+            return None, "clip bit must be one finite number"
+        if self.noise_mode == "server":
+            if value not in (0.0, 1.0):
+                return None, f"clip bit must be 0 or 1, got {value!r}"
+            return value - 0.5, None
+        if abs(value) > self.accept_bound():
+            return None, f"clip-bit share {value!r} outside ±{self.accept_bound():g}"
+        return value, None
+
+    def aggregate(
+        self, reports: Iterable[tuple[int, object]], *, generator: torch.Generator | None
+    ) -> CountResult:
+        """Release ``b̄`` from ``(user, report)`` pairs (see the class docstring).
+
+        The noise is one float64 draw from ``generator`` (required).
+        """
+        total, counted, rejected = 0.0, 0, {}
+        for user, report in reports:
+            value, reason = self.check(report)
+            if reason is not None:
+                rejected[int(user)] = reason
+                continue
+            total += value
+            counted += 1
+        var = self.count_stddev**2
+        if self.noise_mode == "server":
+            topup, sum_var = var, var
+        else:
+            topup = var * max(0, self.min_shares - counted) / self.min_shares
+            sum_var = var * max(counted, self.min_shares) / self.min_shares
+        if topup > 0:
+            if generator is None:
+                raise ValueError("generator is required for the noised count")
+            draw = torch.randn((), generator=generator, dtype=torch.float64)
+            total += math.sqrt(topup) * float(draw)
+        m = self.expected_cohort_size
+        return CountResult(total / m + 0.5, math.sqrt(sum_var) / m, counted, rejected)
+
+
+def _scalar(report: object) -> float | None:
+    """The one finite float a report holds (a number or a one-element float array), or ``None``."""
+    if isinstance(report, bool):
+        return None
+    if isinstance(report, (int, float)):
+        value = float(report)
+    elif isinstance(report, np.ndarray):
+        if tuple(report.shape) not in ((), (1,)) or report.dtype.kind != "f":
+            return None
+        value = float(report.reshape(()).item())
+    elif isinstance(report, torch.Tensor):
+        if tuple(report.shape) not in ((), (1,)) or not report.dtype.is_floating_point:
+            return None
+        value = float(report.reshape(()).item())
+    else:
+        return None
+    return value if math.isfinite(value) else None

@@ -1,11 +1,21 @@
-"""Registry of tasks by name, so that every process can rebuild a task from plain parameters.
+"""Tasks by name: the registry, and tasks by reference (``"package.module:factory"``).
 
 The Flower ClientApp reads ``task`` and ``task-params`` (JSON) from the run config and calls
-:func:`build_task`; simulation presets use the same names.
+:func:`build_task`; simulation presets use the same names. A name with a colon is a *reference*,
+the way Flower names its apps (``serverapp = "module:app"``): ``"my_project.task:make_task"``
+imports ``my_project.task`` and calls its ``make_task`` with the ``[task-params]`` as keywords.
+Every process that builds the task imports the module itself (a Ray worker of either engine, the
+ServerApp and every ClientApp of a deployment), so the module must be importable there: installed
+in that environment, under the working directory the run was started from, or, in a deployment,
+inside the app's FAB (``fab-include`` in ``[tool.flwr.app]``; ``docs/TASKS.md``).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import re
+import sys
 from collections.abc import Callable
 
 from fedprivopt.models.next_word import StackOverflowNextWordTask
@@ -13,13 +23,39 @@ from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from fedprivopt.models.task import Task
 from fedprivopt.models.toy import ToyClassificationTask
 
-__all__ = ["build_task", "register_task", "task_names"]
+__all__ = [
+    "TASK_MEMBERS",
+    "build_task",
+    "check_task_name",
+    "is_reference",
+    "register_task",
+    "resolve_task",
+    "task_names",
+]
 
 _REGISTRY: dict[str, Callable[..., Task]] = {
     "stackoverflow-nwp": StackOverflowNextWordTask,
     "stackoverflow-tp": StackOverflowTagTask,
     "toy": ToyClassificationTask,
 }
+
+TASK_MEMBERS = (
+    "name",
+    "num_users",
+    "build_model",
+    "user_data",
+    "loss",
+    "evaluate_data",
+    "evaluate",
+)
+"""What :class:`~fedprivopt.models.task.Task` requires (everything else is optional)."""
+
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def is_reference(name: object) -> bool:
+    """Whether ``name`` is a task reference ``"module:factory"`` rather than a registered name."""
+    return isinstance(name, str) and ":" in name
 
 
 def register_task(name: str, factory: Callable[..., Task], *, replace: bool = False) -> None:
@@ -28,10 +64,11 @@ def register_task(name: str, factory: Callable[..., Task], *, replace: bool = Fa
     Raises
     ------
     ValueError
-        If ``name`` is empty or already registered and ``replace`` is false.
+        If ``name`` is empty, contains a colon (the mark of a reference) or is already
+        registered and ``replace`` is false.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"name must be a non-empty string without ':', got {name!r}")
     if name in _REGISTRY and not replace:
         raise ValueError(f"task {name!r} is already registered (pass replace=True to replace it)")
     _REGISTRY[name] = factory
@@ -42,24 +79,95 @@ def task_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def build_task(name: str, **params: object) -> Task:
-    """Build the task registered as ``name`` with keyword ``params``.
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _import(module_name: str) -> object:
+    """Import ``module_name``; the working directory is searched last (as ``python -m`` does)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # console scripts (fedprivopt, Ray workers) do not search it
+    return importlib.import_module(module_name)
+
+
+def resolve_task(name: str) -> Callable[..., Task]:
+    """The factory of ``name``: a registered task's, or the object a reference names.
 
     Parameters
     ----------
     name : str
-        A registered name (see :func:`task_names`), e.g. ``"toy"`` or ``"stackoverflow-tp"``.
-    **params
-        Keyword parameters of the task's constructor.
+        A registered name (:func:`task_names`) or a reference ``"package.module:factory"``
+        (``factory`` may be dotted, e.g. ``"pkg.mod:Class.make"``), called with the task's
+        parameters as keywords.
 
     Raises
     ------
     ValueError
-        If ``name`` is not registered (the message lists the known names), or a parameter is
-        invalid.
+        One line naming ``task``: an unknown name, a malformed reference, a module that does not
+        import (any exception while importing it), a missing or non-callable object.
     """
+    if not is_reference(name):
+        try:
+            return _REGISTRY[name]
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"unknown task {name!r}; known tasks: {', '.join(task_names())}, or a "
+                "reference 'package.module:factory'"
+            ) from None
+    module_name, _, attr = name.partition(":")
+    if not _DOTTED.match(module_name) or not _DOTTED.match(attr):
+        raise ValueError(
+            f"task {name!r} is not a reference 'package.module:factory' (dotted Python names)"
+        )
     try:
-        factory = _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}") from None
-    return factory(**params)
+        obj: object = _import(module_name)
+    except Exception as exc:  # a user's module may fail in any way while importing
+        raise ValueError(
+            f"task {name!r}: module {module_name!r} does not import ({_one_line(exc)})"
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"task {name!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(
+            f"task {name!r}: {attr!r} is not callable ({type(obj).__name__}); it must be a "
+            "class or function returning a Task"
+        )
+    return obj  # type: ignore[return-value]
+
+
+def check_task_name(name: str) -> None:
+    """Raise ``ValueError`` (naming ``task``) unless ``name`` resolves (:func:`resolve_task`)."""
+    resolve_task(name)
+
+
+def build_task(name: str, **params: object) -> Task:
+    """Build the task ``name`` with keyword ``params``.
+
+    Parameters
+    ----------
+    name : str
+        A registered name (see :func:`task_names`), e.g. ``"toy"`` or ``"stackoverflow-tp"``, or
+        a reference ``"package.module:factory"`` (:func:`resolve_task`).
+    **params
+        Keyword parameters of the task's constructor or factory.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` does not resolve (:func:`resolve_task`), a parameter is invalid, or a
+        reference's factory returns something that is not a
+        :class:`~fedprivopt.models.task.Task` (the message names ``task`` and what is missing).
+    """
+    task = resolve_task(name)(**params)
+    if is_reference(name) and not isinstance(task, Task):
+        missing = [m for m in TASK_MEMBERS if not hasattr(task, m)]
+        what = f"it lacks {', '.join(missing)}" if missing else "it is not one"
+        raise ValueError(
+            f"task {name!r}: the factory returned {type(task).__name__!r}, not a Task ({what}; see "
+            "fedprivopt.models.task.Task)"
+        )
+    return task

@@ -2,8 +2,29 @@
 
 A *task* bundles a model architecture, the per-user training data and the held-out evaluation of
 one learning problem. It has no Flower in it. Tasks are built from plain keyword parameters through
-:func:`fedprivopt.models.build_task`, so every process (every Ray worker of a simulation, every
-SuperNode of a deployment) can rebuild the same task cheaply; they are also picklable.
+:func:`fedprivopt.models.build_task`, by a registered name or by a reference
+``"package.module:factory"``, so every process (every Ray worker of a simulation, every SuperNode
+of a deployment) can rebuild the same task cheaply; they are also picklable.
+
+A class with the seven members of :class:`Task` runs on every engine and in a deployment; nothing
+else is required. The optional members below only improve what a run reports or how fast the
+fast engine trains, and each has a fallback:
+
+``primary_metric`` (str)
+    The metric reports lead with; without it, ``"accuracy"``.
+``cohort_trainer(*, device, chunk_users)``
+    The fast engine's vectorized trainer of a whole chunk of users (e.g.
+    :class:`~fedprivopt.models.tag_prediction_cohort.TagCohortTrainer`); without it, or with
+    ``vectorize = false``, the fast engine trains one user at a time with
+    :class:`~fedprivopt.clients.LocalTrainer`, exactly as a ClientApp does.
+``reference()``
+    ``(name, metrics)`` of an untrained public reference model, written to ``summary.json``;
+    without it, ``null``.
+``initialization`` (str)
+    How :meth:`Task.build_model` initializes, for ``summary.json``; without it, ``null``.
+``word_count_path``, ``num_features``, ``num_tags``
+    What AdaDPS' bag-of-words side-information kinds need; without them ``auto`` side
+    information is ``ones`` (``public-users`` works on any task).
 
 The model's state dict is handled as one flat vector (:func:`fedprivopt.privacy.flatten`): the
 server broadcasts it, clients return flat updates of the same layout. :func:`model_spec` and
@@ -40,13 +61,16 @@ class Task(Protocol):
     Attributes
     ----------
     name : str
-        Registry name of the task (see :func:`fedprivopt.models.build_task`).
+        Short name of the task: its registry name (see :func:`fedprivopt.models.build_task`);
+        for a task built by reference, any name (the run records the reference).
     num_users : int
         Number of training users; user ids are ``0 .. num_users - 1``.
 
     primary_metric : str, optional
         The metric of :meth:`evaluate` that reports lead with (e.g. ``"recall_at_5"``); a task
-        without this attribute is reported by its ``"accuracy"`` (:func:`primary_metric`).
+        without this attribute is reported by its ``"accuracy"`` (:func:`primary_metric`). Not
+        part of the protocol's check; the other optional members are listed in the module's
+        documentation.
 
     Notes
     -----

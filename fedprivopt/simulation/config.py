@@ -71,7 +71,8 @@ class RunConfig:
         ``fast``: in process, the same core and LocalTrainer; ``flower``: Flower's simulation
         engine on Ray.
     task : str
-        Registered task name (:func:`fedprivopt.models.build_task`).
+        Registered task name, or a reference ``"package.module:factory"``
+        (:func:`fedprivopt.models.build_task`).
     task_params : dict
         The task's keyword parameters.
     eval_every : int

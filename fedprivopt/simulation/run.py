@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from fedprivopt.models import build_task
+from fedprivopt.models.registry import is_reference
 from fedprivopt.models.side_information_config import build_side_information
 from fedprivopt.models.task import Task, frozen_coordinates, primary_metric
 from fedprivopt.privacy.accounting import check_ledger
@@ -96,7 +97,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
     """
     if task is None:
         task = build_task(config.task, **config.task_params)
-    elif getattr(task, "name", config.task) != config.task:
+    elif not is_reference(config.task) and getattr(task, "name", config.task) != config.task:
         raise ValueError(f"the task given is {task.name!r}, the config's is {config.task!r}")
     if task.num_users != config.strategy.population:
         raise ValueError(

@@ -20,7 +20,9 @@ Messages
     :data:`PRECONDITIONER_ARRAY`, ``ConfigRecord`` :data:`CONFIG_RECORD`
     (:func:`encode_train_config`) →
     reply: per trained user ``u`` an ``ArrayRecord`` ``update_key(u)`` with one flat float32
-    array :data:`DELTA_ARRAY`, and ``MetricRecord`` :data:`TRAIN_METRICS` with
+    array :data:`DELTA_ARRAY` (and, when :data:`CLIP_BIT` was true, a one-element float64
+    array :data:`CLIP_BIT_ARRAY`: the user's clip bit, or in distributed-noise mode its noised
+    centred share), and ``MetricRecord`` :data:`TRAIN_METRICS` with
     :data:`USERS_TRAINED` and :data:`USERS_REJECTED` (users not hosted by the node) and, only if
     :data:`REPORT_PRIVATE_METRICS` was true, the per-user lists :data:`NUM_EXAMPLES` and
     :data:`TRAIN_LOSS` (in the order of the trained users in the request).
@@ -47,8 +49,11 @@ if TYPE_CHECKING:  # Flower is imported where a record is built, so the fast eng
 __all__ = [
     "ARRAYS_RECORD",
     "BATCH_SIZE",
+    "CLIP_BIT",
+    "CLIP_BIT_ARRAY",
     "CLIP_NORM",
     "CONFIG_RECORD",
+    "COUNT_NOISE_STD",
     "DELTA_ARRAY",
     "EVAL_ACCURACY",
     "EVAL_LOSS",
@@ -134,10 +139,13 @@ NOISE_STD = "noise-std"  #: std of each client's noise share; 0 = none
 SEED = "seed"
 SECURE = "secure"
 REPORT_PRIVATE_METRICS = "report-private-metrics"  #: optional, default false
+CLIP_BIT = "clip-bit"  #: optional, default false: report the clip bit (adaptive clipping)
+COUNT_NOISE_STD = "count-noise-std"  #: optional, default 0: std of the count-noise share
 
 # --- train reply ---------------------------------------------------------------------------------
 UPDATE_PREFIX = "update/"
 DELTA_ARRAY = "delta"
+CLIP_BIT_ARRAY = "clip-bit"  #: one float64: the bit [‖Δ‖ ≤ C], or its noised centred share
 TRAIN_METRICS = "train-metrics"
 USERS_TRAINED = "users-trained"
 USERS_REJECTED = "users-rejected"
@@ -304,13 +312,15 @@ def encode_train_config(
     """Build the :data:`CONFIG_RECORD` of a train message.
 
     ``None`` options of ``settings.local`` are sent as ``0`` (``max_examples``, ``clip_norm``). In
-    secure mode the seed is ignored by clients.
+    secure mode the seed is ignored by clients. :data:`CLIP_BIT` and :data:`COUNT_NOISE_STD` are
+    sent only with adaptive clipping (``settings.local.clip_bit``).
     """
     if not isinstance(settings, ClientSettings):
         raise ValueError(f"settings must be a ClientSettings, got {type(settings).__name__}")
     from flwr.app import ConfigRecord
 
     local = settings.local
+    adaptive = {CLIP_BIT: True, COUNT_NOISE_STD: float(local.count_noise_std)}
     return ConfigRecord(
         {
             USERS: [int(u) for u in users],
@@ -325,6 +335,7 @@ def encode_train_config(
             SEED: int(settings.seed),
             SECURE: bool(settings.secure),
             REPORT_PRIVATE_METRICS: bool(settings.report_private_metrics),
+            **(adaptive if local.clip_bit else {}),
         }
     )
 
@@ -358,6 +369,8 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
         max_examples=max_examples or None,
         clip_norm=clip_norm or None,
         noise_std=float(record[NOISE_STD]),  # type: ignore[arg-type]
+        clip_bit=bool(record.get(CLIP_BIT, False)),
+        count_noise_std=float(record.get(COUNT_NOISE_STD, 0.0)),  # type: ignore[arg-type]
     )
     settings = ClientSettings(
         local=local,

@@ -78,3 +78,18 @@ def test_hosted_users_partition_the_users():
         P.hosted_users(3, 3, 10)
     with pytest.raises(ValueError, match=P.NODE_NUM_PARTITIONS):
         P.hosted_users(0, 0, 10)
+
+
+def test_adaptive_clipping_settings_round_trip_and_default_off():
+    local = LocalConfig(learning_rate=0.1, clip_norm=0.5, clip_bit=True, count_noise_std=0.25)
+    settings = P.ClientSettings(local=local, seed=3)
+    record = P.encode_train_config(users=[0], round_num=1, settings=settings)
+    assert record[P.CLIP_BIT] is True and record[P.COUNT_NOISE_STD] == 0.25
+    assert P.decode_train_config(record).settings == settings
+    plain = P.encode_train_config(
+        users=[0],
+        round_num=1,
+        settings=P.ClientSettings(local=LocalConfig(learning_rate=0.1), seed=0),
+    )
+    assert P.CLIP_BIT not in plain and P.COUNT_NOISE_STD not in plain
+    assert not P.decode_train_config(plain).settings.local.clip_bit

@@ -28,13 +28,14 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedprivopt import wire as P
 from fedprivopt.clients.trainer import LocalTrainer
-from fedprivopt.models.registry import build_task, task_names
+from fedprivopt.models.registry import build_task, check_task_name
 from fedprivopt.models.task import Task, state_to_flat
 from fedprivopt.privacy.rng import RngFactory
 
@@ -182,7 +183,10 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
             preconditioner=preconditioner,
             stream=request.stream,
         )
-        reply[P.update_key(user)] = ArrayRecord({P.DELTA_ARRAY: Array(result.delta.numpy())})
+        arrays = {P.DELTA_ARRAY: Array(result.delta.numpy())}
+        if result.clip_bit is not None:
+            arrays[P.CLIP_BIT_ARRAY] = Array(np.array([result.clip_bit], dtype=np.float64))
+        reply[P.update_key(user)] = ArrayRecord(arrays)
         trained += 1
         num_examples.append(result.num_examples)
         losses.append(result.loss)
@@ -251,8 +255,8 @@ def make_client_app(
     The handlers are module-level functions bound with :func:`functools.partial`, so pickling the
     app (Ray does, for every message) does not copy this process's task cache.
     """
-    if task is not None and task not in task_names():
-        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(task_names())}")
+    if task is not None:
+        check_task_name(task)  # a registered name or a reference "package.module:factory"
     defaults = _Defaults(task, _canonical_params(task_params), str(device))
     client_app = ClientApp()
     client_app.query()(functools.partial(_query, defaults=defaults))

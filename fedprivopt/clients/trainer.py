@@ -47,12 +47,20 @@ import torch
 
 from fedprivopt.core.local import LocalConfig, epoch_orders
 from fedprivopt.models.task import Task
+from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
 from fedprivopt.privacy.flat import FlatSpec, flatten
 from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["LocalConfig", "LocalResult", "LocalTrainer", "default_device", "epoch_orders"]
+__all__ = [
+    "LocalConfig",
+    "LocalResult",
+    "LocalTrainer",
+    "clip_report",
+    "default_device",
+    "epoch_orders",
+]
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,11 @@ class LocalResult:
     loss : float
         Mean training loss over the first epoch (``0.0`` for a user without examples).
         **Private** likewise.
+    clip_bit : float or None
+        With ``config.clip_bit`` (adaptive clipping): the bit ``[norm ≤ C]`` (:func:`~fedprivopt.
+        privacy.adaptive_clip.clip_bit`), or with ``config.count_noise_std > 0`` its noised
+        centred share ``(bit − 1/2) + N(0, std²)`` from the ``"client-count-noise"`` generator;
+        ``None`` otherwise.
     """
 
     delta: torch.Tensor
@@ -80,6 +93,23 @@ class LocalResult:
     clipped: bool
     num_examples: int
     loss: float
+    clip_bit: float | None = None
+
+
+def clip_report(
+    norm: float, config: LocalConfig, rngs: RngFactory, round_num: int, keys: tuple
+) -> float:
+    """What a user with unclipped update norm ``norm`` reports for adaptive clipping.
+
+    The bit ``[norm ≤ C]``; with ``config.count_noise_std > 0`` (distributed noise) its centred
+    share ``(bit − 1/2) + N(0, std²)``, the noise drawn from the generator
+    ``(round_num, "client-count-noise", *keys)``. Both engines call this.
+    """
+    bit = clip_bit(norm, config.clip_norm) if config.clip_norm is not None else 1.0
+    if config.count_noise_std <= 0:
+        return bit
+    generator = rngs.generator(round_num, "client-count-noise", *keys)
+    return count_share(bit, config.count_noise_std, generator)
 
 
 def default_device() -> torch.device:
@@ -327,10 +357,14 @@ class LocalTrainer:
                 gen = rngs.generator(round_num, "client-noise", *keys, device=self.device)
                 vector = self.add_noise(vector, config.noise_std, gen)
             out = vector.detach().to(device="cpu", dtype=torch.float32)
+        report = None
+        if config.clip_bit:
+            report = clip_report(float(norm), config, rngs, round_num, keys)
         return LocalResult(
             delta=out,
             norm=float(norm),
             clipped=bool(was_clipped),
             num_examples=num_examples,
             loss=mean_loss,
+            clip_bit=report,
         )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.checks import check_bool, check_int, check_real
 
 __all__ = ["MAX_EPOCHS", "MAX_ORDER_ENTRIES", "LocalConfig", "epoch_orders"]
 
@@ -49,6 +49,12 @@ class LocalConfig:
     noise_std : float
         Standard deviation ``>= 0`` of this client's Gaussian noise share, added to its clipped
         update in distributed-noise mode; ``0`` adds none.
+    clip_bit : bool
+        Whether the client reports its clip bit ``[‖Δ‖ ≤ C]`` (adaptive clipping).
+    count_noise_std : float
+        Std ``>= 0`` of this client's share of the count noise (adaptive clipping in
+        distributed-noise mode): the client then reports ``(bit − 1/2) + N(0, count_noise_std²)``
+        instead of the bit.
     """
 
     learning_rate: float
@@ -57,6 +63,8 @@ class LocalConfig:
     max_examples: int | None = None
     clip_norm: float | None = None
     noise_std: float = 0.0
+    clip_bit: bool = False
+    count_noise_std: float = 0.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -72,6 +80,8 @@ class LocalConfig:
         if self.clip_norm is not None:
             set_(self, "clip_norm", check_real("clip_norm", self.clip_norm, low=0.0, low_open=True))
         set_(self, "noise_std", check_real("noise_std", self.noise_std, low=0.0))
+        set_(self, "clip_bit", check_bool("clip_bit", self.clip_bit))
+        set_(self, "count_noise_std", check_real("count_noise_std", self.count_noise_std, low=0.0))
 
 
 def epoch_orders(

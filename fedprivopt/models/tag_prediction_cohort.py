@@ -27,6 +27,7 @@ trains users one at a time with :class:`~fedprivopt.clients.LocalTrainer` then.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -284,8 +285,10 @@ class TagCohortTrainer:
         if chunk.ex_len.numel():
             with self._step_threads():
                 self._steps(model, delta, rows_dev, p_st, chunk, config)
-        self._clip(delta, chunk.row_ptr, config)
-        return RowSparseBatch(tuple(users), chunk.rows, delta.cpu(), chunk.row_ptr, self.length)
+        norms = self._clip(delta, chunk.row_ptr, config)
+        return RowSparseBatch(
+            tuple(users), chunk.rows, delta.cpu(), chunk.row_ptr, self.length, tuple(norms)
+        )
 
     def _steps(
         self,
@@ -450,14 +453,16 @@ class TagCohortTrainer:
         order = torch.sort(step, stable=True).indices
         return visits[order], step[order], 1.0 / size[order].to(torch.float64)
 
-    def _clip(self, delta: torch.Tensor, ptr: torch.Tensor, config: LocalConfig) -> None:
+    def _clip(self, delta: torch.Tensor, ptr: torch.Tensor, config: LocalConfig) -> list[float]:
         """Clip each user's rows of ``delta`` in place, as ``clip_l2`` clips a lone update.
 
         A user whose update is not finite gets the zero update (as
-        :class:`~fedprivopt.clients.LocalTrainer` sends).
+        :class:`~fedprivopt.clients.LocalTrainer` sends). Returns each user's norm before
+        clipping (``inf`` for a diverged one), as ``LocalTrainer`` reports it.
         """
-        factors = []
+        factors, before = [], []
         for i, norm in enumerate(segment_norms_checked(delta, ptr)):
+            before.append(math.inf if norm is None else norm)
             if norm is None:  # diverged (NaN/Inf)
                 delta[int(ptr[i]) : int(ptr[i + 1])] = 0.0
                 factors.append(1.0)
@@ -467,6 +472,7 @@ class TagCohortTrainer:
                 factors.append(clip_factor(norm, config.clip_norm, delta.dtype))
         if any(f != 1.0 for f in factors):
             delta.mul_(segment_scale(factors, ptr[1:] - ptr[:-1], delta))
+        return before
 
     def __repr__(self) -> str:
         return (

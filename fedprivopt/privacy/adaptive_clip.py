@@ -33,6 +33,7 @@ Clipping", NeurIPS 2021.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -56,9 +57,9 @@ __all__ = [
     "update_noise_multiplier",
 ]
 
-#: Upper bound of the adaptive clip norm: ``C`` is kept in ``[MIN_CLIP_NORM, MAX_CLIP_NORM]`` so
-#: that a long run of noisy counts can neither underflow it nor overflow the noise std ``σ_Δ·C``.
-MAX_CLIP_NORM = 1e30
+#: Upper bound of the adaptive clip norm: ``C`` is kept in ``[MIN_CLIP_NORM, MAX_CLIP_NORM]`` (the
+#: largest float) so that a long run of noisy counts can neither underflow nor overflow it.
+MAX_CLIP_NORM = sys.float_info.max
 
 
 def default_count_stddev(expected_cohort_size: float) -> float:
@@ -82,12 +83,14 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> flo
             f"clip-count-stddev must be > noise-multiplier/2 = {sigma / 2:g} (the count's noise "
             f"multiplier 2*clip-count-stddev must exceed the round's {sigma:g}), got {sigma_b:g}"
         )
-    rest = sigma**-2 - (2.0 * sigma_b) ** -2
+    # σ_Δ = σ (1 − r²)^(-1/2) with r = σ/(2σ_b) < 1: the same number as (σ⁻² − (2σ_b)⁻²)^(-1/2)
+    # without σ⁻², which overflows for a tiny σ
+    rest = 1.0 - (sigma / (2.0 * sigma_b)) ** 2
     if not rest > 0:  # 2σ_b so close to σ that the difference rounds to 0
         raise ValueError(
             f"clip-count-stddev = {sigma_b:g} is too close to noise-multiplier/2 = {sigma / 2:g}"
         )
-    return rest**-0.5
+    return sigma / math.sqrt(rest)
 
 
 @dataclass(frozen=True)
@@ -158,9 +161,9 @@ def adaptive_clip(
         fraction = float(fraction)
         if not math.isfinite(fraction):
             raise ValueError(f"the released fraction must be finite, got {fraction}")
-        log_c = math.log(state.clip_norm) - eta * (fraction - gamma)
-        log_c = min(max(log_c, math.log(MIN_CLIP_NORM)), math.log(MAX_CLIP_NORM))
-        return ClipState(min(max(math.exp(log_c), MIN_CLIP_NORM), MAX_CLIP_NORM))
+        exponent = min(max(-eta * (fraction - gamma), -700.0), 700.0)  # math.exp's range
+        c = state.clip_norm * math.exp(exponent)
+        return ClipState(min(max(c, MIN_CLIP_NORM), MAX_CLIP_NORM))  # inf becomes the maximum
 
     return AdaptiveClip(init, update, {"quantile": gamma, "learning_rate": eta})
 

@@ -154,7 +154,10 @@ class SubsampledGaussianEvent:
         """``σ`` of the one Gaussian the round is: ``(σ_Δ⁻² + (2σ_b)⁻²)^(-1/2)`` with a count."""
         if self.count_noise_multiplier is None or self.noise_multiplier == 0:
             return self.noise_multiplier
-        return (self.noise_multiplier**-2 + self.count_noise_multiplier**-2) ** -0.5
+        # σ_Δ (1 + (σ_Δ/c)²)^(-1/2): no overflow of σ⁻² for a tiny σ
+        return self.noise_multiplier / math.hypot(
+            1.0, self.noise_multiplier / self.count_noise_multiplier
+        )
 
     def single_gaussian(self) -> SubsampledGaussianEvent:
         """The same release as one subsampled Gaussian (itself when there is no count).

@@ -148,6 +148,9 @@ class RowSparseBatch:
         ``int64`` ``(len(users) + 1,)`` offsets of each user's rows (``0 ... R``, nondecreasing).
     length : int
         Length of each user's dense flat update.
+    norms : tuple of float, optional
+        Each user's update norm *before* the trainer clipped it (``inf`` if it diverged), from
+        which adaptive clipping's bits are computed; the aggregator does not read it.
     """
 
     users: tuple[int, ...]
@@ -155,6 +158,7 @@ class RowSparseBatch:
     values: torch.Tensor
     row_ptr: torch.Tensor
     length: int
+    norms: tuple[float, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.users)
@@ -175,7 +179,12 @@ class RowSparseBatch:
     def clone(self) -> RowSparseBatch:
         """A copy that owns its tensors (a trainer may reuse the memory of the one it yields)."""
         return RowSparseBatch(
-            self.users, self.rows.clone(), self.values.clone(), self.row_ptr.clone(), self.length
+            self.users,
+            self.rows.clone(),
+            self.values.clone(),
+            self.row_ptr.clone(),
+            self.length,
+            self.norms,
         )
 
     def problem(self, dim: int, dtype: torch.dtype) -> str | None:

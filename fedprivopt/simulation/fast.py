@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from fedprivopt.clients.trainer import LocalTrainer
+from fedprivopt.clients.trainer import LocalTrainer, clip_report
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.strategies.core import TrainRequest
@@ -44,15 +44,23 @@ class StreamedUpdates:
     """The updates of one request, trained on demand in increasing user order.
 
     A read-once mapping for :meth:`~fedprivopt.strategies.ServerAlgorithm.aggregate`:
-    ``items()`` trains and yields ``(user, update)`` pairs one chunk at a time.
+    ``items()`` trains and yields ``(user, update)`` pairs one chunk at a time. With adaptive
+    clipping :attr:`clip_bits` fills with each trained user's clip report as it is trained.
     """
 
     sorted_by_user = True
 
-    def __init__(self, users: list[int], produce: Callable[[list[int]], Iterator[tuple[int, Any]]]):
+    def __init__(
+        self,
+        users: list[int],
+        produce: Callable[[list[int]], Iterator[tuple[int, Any]]],
+        *,
+        clip_bits: dict[int, float] | None = None,
+    ):
         self.users = sorted(int(u) for u in users)
         self._produce = produce
         self._consumed = False
+        self.clip_bits: dict[int, float] = {} if clip_bits is None else clip_bits
 
     def __len__(self) -> int:
         return len(self.users)
@@ -128,7 +136,8 @@ class UserTrainer:
 
     def mode(self, settings: ClientSettings) -> str:
         """``"vectorized"`` or ``"sequential"``: how a request with ``settings`` is trained."""
-        vectorized = self.cohort is not None and settings.local.noise_std == 0
+        local = settings.local
+        vectorized = self.cohort is not None and local.noise_std == 0 == local.count_noise_std
         return "vectorized" if vectorized else "sequential"
 
     def train(
@@ -139,16 +148,20 @@ class UserTrainer:
         preconditioner: torch.Tensor | None,
         settings: ClientSettings,
         stream: str,
+        bits: dict[int, float] | None = None,
     ) -> Iterator[tuple[int, Any] | RowSparseBatch]:
         """Yield ``(user, update)`` for ``users`` in their order.
 
         The cohort trainer yields a whole chunk of users as one batch (valid until the next
-        entry is requested); the sequential trainer yields pairs.
+        entry is requested); the sequential trainer yields pairs. With ``settings.local.
+        clip_bit`` each user's clip report (:func:`~fedprivopt.clients.trainer.clip_report`) is
+        put into ``bits`` before its update is yielded.
         """
         cfg = settings.local
         rngs = RngFactory(seed=None, secure=True) if self.secure else RngFactory(seed=settings.seed)
+        report = cfg.clip_bit and bits is not None
         if self.mode(settings) == "vectorized":
-            yield from self.cohort.train_batches(
+            for batch in self.cohort.train_batches(
                 params,
                 users,
                 round_num=round_num,
@@ -156,7 +169,11 @@ class UserTrainer:
                 rngs=rngs,
                 preconditioner=preconditioner,
                 stream=stream,
-            )
+            ):
+                if report:
+                    for u, norm in zip(batch.users, batch.norms, strict=True):
+                        bits[u] = clip_report(norm, cfg, rngs, round_num, (stream, u))
+                yield batch
             return
         for u in users:
             result = self.local.train(
@@ -168,11 +185,20 @@ class UserTrainer:
                 preconditioner=preconditioner,
                 stream=stream,
             )
+            if report:
+                bits[u] = result.clip_bit
             yield u, result.delta
 
-    def train_list(self, *args: Any) -> list[tuple[int, Any] | RowSparseBatch]:
-        """:meth:`train` as a list (what a Ray actor returns): batches own their memory."""
-        return [e.clone() if isinstance(e, RowSparseBatch) else e for e in self.train(*args)]
+    def train_list(self, *args: Any) -> tuple[list[tuple[int, Any] | RowSparseBatch], dict]:
+        """:meth:`train` as a list and the clip reports (what a Ray actor returns).
+
+        Batches own their memory.
+        """
+        bits: dict[int, float] = {}
+        entries = [
+            e.clone() if isinstance(e, RowSparseBatch) else e for e in self.train(*args, bits)
+        ]
+        return entries, bits
 
 
 def _ray_actors(
@@ -238,6 +264,8 @@ def make_cohort_train(
     if actors <= 0:
 
         def train(request: TrainRequest) -> StreamedUpdates:
+            bits: dict[int, float] = {}
+
             def produce(users: list[int]) -> Iterator[tuple[int, Any]]:
                 return local.train(
                     users,
@@ -246,9 +274,10 @@ def make_cohort_train(
                     request.preconditioner,
                     request.settings,
                     request.stream,
+                    bits,
                 )
 
-            return StreamedUpdates(request.users, produce)
+            return StreamedUpdates(request.users, produce, clip_bits=bits)
 
         return train
 
@@ -259,6 +288,8 @@ def make_cohort_train(
     shards, started = _ray_actors(actors, task_name, dict(task_params), kwargs)
 
     def train_ray(request: TrainRequest) -> StreamedUpdates:
+        bits: dict[int, float] = {}
+
         def produce(users: list[int]) -> Iterator[tuple[int, Any]]:
             params = ray.put(request.params)
             precond = None if request.preconditioner is None else ray.put(request.preconditioner)
@@ -275,9 +306,11 @@ def make_cohort_train(
                 for i, start in enumerate(range(0, len(users), step))
             ]
             for future in futures:
-                yield from ray.get(future)
+                entries, reported = ray.get(future)
+                bits.update(reported)
+                yield from entries
 
-        return StreamedUpdates(request.users, produce)
+        return StreamedUpdates(request.users, produce, clip_bits=bits)
 
     def close() -> None:
         for shard in shards:

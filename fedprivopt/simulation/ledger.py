@@ -272,9 +272,9 @@ class RunLedger:
             field, old, new = "count", count_events(entry.released), count_events(expected)
             if entry.released and expected and len(entry.released) == len(expected) == 1:
                 a, b = entry.released[0][0].to_dict(), expected[0][0].to_dict()
-                diff = [k for k in a if a[k] != b[k]]
+                diff = [k for k in {**a, **b} if a.get(k) != b.get(k)]
                 if diff:
-                    field, old, new = diff[0], a[diff[0]], b[diff[0]]
+                    field, old, new = diff[0], a.get(diff[0]), b.get(diff[0])
             key = EVENT_KEYS.get(field, "strategy")
             raise ValueError(
                 f"{self.path}: line {entry.line}: round {entry.round} released {field}={old}, "

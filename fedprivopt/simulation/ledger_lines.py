@@ -61,7 +61,8 @@ FIRST_KEYS = ("noise-multiplier", "sampling", "population", "clients-per-round",
                "noise-mode")  # fmt: skip
 EVENT_KEYS = {"noise_multiplier": "noise-multiplier", "sample_rate": "clients-per-round",
                "sampling": "sampling", "population": "population",
-               "cohort_size": "clients-per-round"}  # fmt: skip
+               "cohort_size": "clients-per-round",
+               "count_noise_multiplier": "clip-count-stddev"}  # fmt: skip
 
 
 def params_sha256(params: torch.Tensor) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fedprivopt.core.local import MAX_EPOCHS
 from fedprivopt.privacy.accounting_state import ACCOUNTANTS, MAX_STATE_NOISE_MULTIPLIER
+from fedprivopt.privacy.adaptive_clip import default_count_stddev, update_noise_multiplier
 from fedprivopt.privacy.aggregate import NOISE_MODES
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.events import SAMPLING_KINDS
@@ -89,6 +90,12 @@ class StrategyConfig:
         ``β`` of the exponential moving average of the released iterates that a run evaluates
         and reports (``0``: the last iterate). Post-processing of released models: it costs no
         privacy (see :meth:`fedprivopt.strategies.core.ServerAlgorithm.output_params`).
+    adaptive_clipping : bool
+        Quantile-based adaptive clipping (Andrew et al. 2021, :mod:`fedprivopt.privacy.
+        adaptive_clip`) for a DP strategy: ``clip_norm`` is then the initial ``C``,
+        ``clip_quantile`` the target ``γ`` in ``(0, 1)``, ``clip_learning_rate`` ``η_C >
+        0`` and ``clip_count_stddev`` the noise ``σ_b`` on the count (``None``: ``m̄/20``), which
+        must exceed ``noise_multiplier/2``. Ignored by the non-private baselines.
     options : Options
         The strategy's own parameter block (:data:`fedprivopt.strategies.options.BLOCKS`; ``None``
         when constructing: the block's defaults).
@@ -119,6 +126,10 @@ class StrategyConfig:
     batch_size: int = integer(32, 1)
     max_examples: int = integer(0, 0)
     ema_decay: float = real(0.0, 0, 1, high_open=True)
+    adaptive_clipping: bool = flag(False)
+    clip_quantile: float = real(0.5, 0, 1, low_open=True, high_open=True)
+    clip_learning_rate: float = real(0.2, 0, _INF, low_open=True)
+    clip_count_stddev: float | None = real(None, 0, _INF, low_open=True, optional=True)
     options: Options | None = None
     unused: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
@@ -146,6 +157,34 @@ class StrategyConfig:
                 f"noise-multiplier must be > 0 for strategy {self.strategy!r} "
                 "(use 'fedavg' or 'fedadam' for non-private training)"
             )
+        if self.adaptive:
+            try:
+                update_noise_multiplier(self.noise_multiplier, self.count_stddev)
+            except ValueError as exc:
+                if self.clip_count_stddev is not None:
+                    raise
+                raise ValueError(
+                    f"{exc} (its default clients-per-round/20); set clip-count-stddev"
+                ) from None
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the run clips adaptively (a DP strategy with ``adaptive-clipping``)."""
+        return self.private and self.adaptive_clipping
+
+    @property
+    def count_stddev(self) -> float:
+        """``σ_b``: ``clip-count-stddev``, or ``m̄/20`` when it is not set."""
+        if self.clip_count_stddev is not None:
+            return self.clip_count_stddev
+        return default_count_stddev(self.clients_per_round)
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        """Noise multiplier of the sum: ``σ_Δ`` with adaptive clipping, else ``σ``."""
+        if not self.adaptive:
+            return self.noise_multiplier
+        return update_noise_multiplier(self.noise_multiplier, self.count_stddev)
 
     @property
     def private(self) -> bool:
@@ -207,13 +246,20 @@ class StrategyConfig:
         return cls(**kwargs, options=options, unused=tuple(sorted(unused)))
 
     def to_mapping(self) -> dict[str, Any]:
-        """Kebab-case mapping of the shared fields and the block (``None`` values left out)."""
+        """Kebab-case mapping of the shared fields and the block (``None`` values left out).
+
+        The adaptive-clipping keys are left out at their defaults, so that the configuration
+        (and the ledger header) of a run without adaptive clipping is what it was before them.
+        """
         out = {
             key_of(f.name): getattr(self, f.name)
             for f in fields(self)
-            if f.name not in _NOT_KEYS and getattr(self, f.name) is not None
+            if f.name not in _NOT_KEYS
+            and getattr(self, f.name) is not None
+            and not (f.name in _ADAPTIVE_KEYS and getattr(self, f.name) == f.default)
         }
         return out | self.options.to_mapping()
 
 
 _NOT_KEYS = ("options", "unused")
+_ADAPTIVE_KEYS = ("adaptive_clipping", "clip_quantile", "clip_learning_rate")

@@ -30,12 +30,33 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import SamplingSpec
+from fedprivopt.strategies.clipping import AdaptiveClipping
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.wire import ClientSettings
 
-__all__ = ["RoundResult", "ServerAlgorithm", "TrainRequest", "Updates", "drive_round"]
+__all__ = [
+    "ReportedUpdates",
+    "RoundResult",
+    "ServerAlgorithm",
+    "TrainRequest",
+    "Updates",
+    "drive_round",
+]
 
 Updates = Mapping[int, Any]
+
+
+class ReportedUpdates(dict):
+    """``{user: update}`` and, in :attr:`clip_bits`, each user's clip-bit report.
+
+    With adaptive clipping every user's reply carries the bit ``[‖Δ‖ ≤ C]`` (or, in
+    distributed-noise mode, its noised share); an engine hands the round the updates in this
+    form. A reply without a valid report is rejected as a whole (the update is not summed).
+    """
+
+    def __init__(self, updates: Mapping[int, Any] = (), *, clip_bits: Mapping[int, Any] = ()):
+        super().__init__(updates)
+        self.clip_bits: dict[int, Any] = dict(clip_bits)
 
 
 @dataclass(frozen=True)
@@ -135,11 +156,15 @@ class ServerAlgorithm:
         )
         self.sampler = self.sampling.sampler(self.rngs)
         self.aggregator = self._make_aggregator()
+        self.clipping = (
+            AdaptiveClipping(config, self.aggregator.min_shares) if config.adaptive else None
+        )
         self.accountant = PrivacyAccountant(accountant=config.accountant)
         if config.accountant == "pld" and self.round_events():
             # a PLD too large for memory fails here, before training, not at the first ε query
             planned = config.num_server_rounds * self.events_per_round
-            check_pld_ledger([(self.round_event(), planned)], self.accountant.pld_discretization)
+            event = self.round_event().single_gaussian()
+            check_pld_ledger([(event, planned)], self.accountant.pld_discretization)
         self.side_information = preconditioner
         self.transform = self.make_transform()
         self.opt_state = self.init_state()
@@ -160,7 +185,7 @@ class ServerAlgorithm:
             )
         return NoisyMeanAggregator(
             clip_norm=c.clip_norm,
-            noise_multiplier=c.noise_multiplier,
+            noise_multiplier=c.update_noise_multiplier,  # σ_Δ with adaptive clipping
             expected_cohort_size=c.clients_per_round,
             noise_mode=c.noise_mode,
             min_shares=min_shares,
@@ -179,9 +204,16 @@ class ServerAlgorithm:
     events_per_round = 1
 
     def round_event(self) -> SubsampledGaussianEvent | None:
-        """The privacy event of one data access (``None`` for non-private strategies)."""
+        """The privacy event of one data access (``None`` for non-private strategies).
+
+        With adaptive clipping the sum's multiplier is ``σ_Δ`` and the event carries the count's
+        ``2σ_b``: together one Gaussian of the configured ``σ``.
+        """
         c = self.config
-        return self.sampling.event(c.noise_multiplier) if c.private else None
+        if not c.private:
+            return None
+        count = 2.0 * c.count_stddev if c.adaptive else None
+        return self.sampling.event(c.update_noise_multiplier, count)
 
     def round_events(self) -> list[SubsampledGaussianEvent]:
         """Events one round releases (``events_per_round`` copies of :meth:`round_event`)."""
@@ -189,11 +221,14 @@ class ServerAlgorithm:
         return [] if event is None else [event] * self.events_per_round
 
     def noise_std_of_mean(self) -> float:
-        """Nominal per-coordinate noise std ``σC/m̄`` of the noised mean Δ̃ (0 if not private)."""
+        """Nominal per-coordinate noise std ``σC/m̄`` of the noised mean Δ̃ (0 if not private).
+
+        With adaptive clipping ``σ_Δ C_0/m̄`` (the initial clip norm).
+        """
         c = self.config
         if not c.private:
             return 0.0
-        return c.noise_multiplier * c.clip_norm / c.clients_per_round
+        return c.update_noise_multiplier * c.clip_norm / c.clients_per_round
 
     def epsilon(self) -> float:
         """ε spent so far at the configured δ (``inf`` for non-private strategies)."""
@@ -212,8 +247,14 @@ class ServerAlgorithm:
     # -- one round -----------------------------------------------------------------------------
 
     def client_settings(self, *, clip_norm: float | None = None) -> ClientSettings:
-        """What every client of a request is told (``clip_norm``: DP2's adaptive-phase norm)."""
+        """What every client of a request is told (``clip_norm``: DP2's adaptive-phase norm).
+
+        With adaptive clipping the clip norm is the round's ``C`` and clients report their bit
+        (and, in distributed mode, add their share of the count noise).
+        """
         c = self.config
+        if clip_norm is None and c.adaptive:
+            clip_norm = self.current_clip_norm()
         clip = (clip_norm or c.clip_norm) if c.private else 0.0
         local = LocalConfig(
             learning_rate=c.local_learning_rate,
@@ -222,6 +263,8 @@ class ServerAlgorithm:
             max_examples=c.max_examples or None,
             clip_norm=float(clip) or None,
             noise_std=self.aggregator.share_std() * (clip / c.clip_norm if c.private else 0.0),
+            clip_bit=c.adaptive,
+            count_noise_std=self.clipping.share_std() if self.clipping is not None else 0.0,
         )
         # Clients get a seed derived one-way from the root seed: the root seed keys the server
         # noise and the sampling, and a client that knew it could subtract the noise.
@@ -251,7 +294,14 @@ class ServerAlgorithm:
     def aggregate(
         self, round_num: int, updates: Updates, *, clip_norm: float | None = None, stream: str = ""
     ):
-        """Noised mean of the updates of one cohort (server noise keyed by round and stream)."""
+        """Noised mean of the updates of one cohort (server noise keyed by round and stream).
+
+        With adaptive clipping the clip norm is the round's ``C``, a reply without a valid clip
+        bit is rejected as a whole, and the cohort's noised count is kept for :meth:`_finish`
+        (:meth:`_count`).
+        """
+        if clip_norm is None and self.config.adaptive:
+            clip_norm = self.current_clip_norm()
         aggregator = self.aggregator
         if clip_norm is not None and aggregator.private and clip_norm != aggregator.clip_norm:
             aggregator = NoisyMeanAggregator(
@@ -269,6 +319,10 @@ class ServerAlgorithm:
             entries = updates.entries() if hasattr(updates, "entries") else updates.items()
         else:
             entries = sorted(updates.items())
+        bad_bits: dict[int, str] = {}
+        if self.clipping is not None and not getattr(updates, "sorted_by_user", False):
+            # replies decoded from messages: one whose clip bit is invalid is not summed
+            entries, bad_bits = self.clipping.screen(entries, getattr(updates, "clip_bits", {}))
         agg = aggregator.aggregate(
             entries,
             dim=self.params.numel(),
@@ -281,7 +335,21 @@ class ServerAlgorithm:
             # there; dropping it (the same coordinates for any data) is post-processing. In place:
             # the aggregator returns a fresh tensor, and a copy would cost a model's size a round
             agg.delta_tilde.masked_fill_(self.frozen, 0.0)
+        if self.clipping is not None:
+            self.clipping.count(round_num, self.rngs, updates, agg, bad_bits, stream)
         return agg
+
+    # -- adaptive clipping ---------------------------------------------------------------------
+
+    def current_clip_norm(self) -> float | None:
+        """The clip norm of this round (``None``: ``clip-norm``).
+
+        With adaptive clipping the adaptive ``C`` of the round's phase
+        (:class:`~fedprivopt.strategies.clipping.AdaptiveClipping`), else
+        :meth:`round_clip_norm`.
+        """
+        fixed = self.round_clip_norm()
+        return fixed if self.clipping is None else self.clipping.clip_norm(fixed)
 
     def round_clip_norm(self) -> float | None:
         """The clip norm of this round when it is not ``clip-norm`` (DP2's adaptive rounds)."""
@@ -293,7 +361,7 @@ class ServerAlgorithm:
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         """One round of a single-cohort strategy (override for other shapes)."""
-        clip = self.round_clip_norm()
+        clip = self.current_clip_norm()
         users = self.sample(round_num)
         updates = yield TrainRequest(
             round_num,
@@ -318,6 +386,7 @@ class ServerAlgorithm:
             self.accountant.step(events)
         self.round_num = round_num
         self._average()
+        metrics = {**metrics, **(self.clipping.step() if self.clipping is not None else {})}
         out = {"cohort_size": float(len(users)), **metrics, "epsilon": self.epsilon()}
         return RoundResult(round_num, self.params, out, dict(rejected))
 
@@ -355,6 +424,7 @@ class ServerAlgorithm:
             "config": self.config.to_mapping(),
             "user_offset": self.user_offset,
             **({} if self.averaged is None else {"averaged": self.averaged}),
+            **({} if self.clipping is None else {"clip_states": self.clipping.state_dict()}),
             **({} if self.side_information is None else {"side_information": self._side_digest()}),
         }
 
@@ -404,6 +474,8 @@ class ServerAlgorithm:
             self.averaged = averaged.detach().clone()
         if self.opt_state is not None:
             self.opt_state = type(self.opt_state).from_dict(state["opt_state"])
+        if self.clipping is not None:
+            self.clipping.load_state_dict(state.get("clip_states"))
         self.accountant.load_state_dict(state["accountant"])
 
 

@@ -47,7 +47,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedprivopt import wire as P
 from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
-from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest
+from fedprivopt.strategies.core import ReportedUpdates, RoundResult, ServerAlgorithm, TrainRequest
 
 __all__ = ["LOSS_METRICS", "DPStrategy", "arrays_to_flat", "flat_to_arrays"]
 
@@ -259,7 +259,7 @@ class DPStrategy(Strategy):
         sent.pop("", None)
         answered: set[int] = set()
         errored: set[int] = set()
-        updates: dict[int, Any] = {}
+        updates = ReportedUpdates()
         for reply in replies:
             node = self._reply_node(reply, sent)
             if node is not None and node in answered:
@@ -292,6 +292,13 @@ class DPStrategy(Strategy):
                     updates[user] = torch.from_numpy(array)
                 except Exception as exc:  # hostile bytes: np.load and torch raise many types
                     log(WARNING, "node %s: undecodable update of user %d: %s", node, user, exc)
+                if P.CLIP_BIT_ARRAY in record:  # checked by the round (adaptive clipping)
+                    try:
+                        updates.clip_bits[user] = np.array(
+                            record[P.CLIP_BIT_ARRAY].numpy(), copy=True
+                        )
+                    except Exception:  # undecodable: the round rejects the reply
+                        updates.clip_bits[user] = "undecodable"
         for node, users in self._node_users.items():
             if node not in answered:
                 self.lost["timed_out"] += len(users)

@@ -33,6 +33,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from fedprivopt.privacy.adaptive_clip import update_noise_multiplier
 from fedprivopt.simulation.config import (
     RunConfig,
     config_to_toml,
@@ -354,6 +355,12 @@ def valid_mappings(draw) -> dict:
         )
     if data["strategy"] not in ("fedavg", "fedadam") and data["noise_multiplier"] == 0:
         data["noise_multiplier"] = 1.0
+    if data["adaptive_clipping"]:  # σ_b must exceed σ/2 (and σ_Δ must be a float)
+        sigma_b = data["clip_count_stddev"] or data["clients_per_round"] / 20
+        try:
+            update_noise_multiplier(data["noise_multiplier"], sigma_b)
+        except ValueError:
+            data["adaptive_clipping"] = False
     mapping = {k.replace("_", "-"): v for k, v in data.items()}
     mapping.update(
         {

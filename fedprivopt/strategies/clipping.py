@@ -1,0 +1,146 @@
+"""The server side of adaptive clipping (Andrew et al. 2021) for every DP strategy.
+
+:class:`AdaptiveClipping` is what a :class:`~fedprivopt.strategies.core.ServerAlgorithm` with
+``adaptive-clipping = true`` holds: the clip state (:mod:`fedprivopt.privacy.adaptive_clip`), the
+noised count of each cohort and the step of ``C`` at the end of the round. The round's privacy
+event (sum with ``σ_Δ``, count with ``2σ_b``) is built by the algorithm from its config.
+
+A round's clip norm is read once per cohort (:meth:`AdaptiveClipping.clip_norm`); every cohort
+releases its noised fraction ``b̄`` (:meth:`AdaptiveClipping.count`); :meth:`AdaptiveClipping.step`
+moves ``C`` with their mean (ADADP's two cohorts share one ``C`` and one step). DP2's adaptive
+rounds clip at their own fixed norm (``clip-norm-adaptive``); with adaptive clipping they get a
+second state started there and stepped only in those rounds.
+
+References
+----------
+G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, "Differentially Private Learning with Adaptive
+Clipping", NeurIPS 2021.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fedprivopt.privacy.adaptive_clip import ClipState, NoisyCountAggregator, adaptive_clip
+from fedprivopt.privacy.rng import RngFactory
+
+__all__ = ["CLIP_KEYS", "AdaptiveClipping"]
+
+#: The clip states a run may hold: the one started at ``clip-norm`` and, for a strategy whose
+#: rounds clip at another fixed norm (DP2's adaptive phase), the one started at that norm.
+CLIP_KEYS = ("clip-norm", "round-clip-norm")
+
+
+class AdaptiveClipping:
+    """Clip states, the noised count of each cohort and the step of ``C``.
+
+    Parameters
+    ----------
+    config : StrategyConfig
+        A configuration with ``config.adaptive`` true.
+    min_shares : int or None
+        ``m_min`` of distributed noise (the sum's), ``None`` in server mode.
+    """
+
+    def __init__(self, config, min_shares: int | None) -> None:
+        if not config.adaptive:
+            raise ValueError("AdaptiveClipping needs a DP strategy with adaptive-clipping = true")
+        self.config = config
+        self.counter = NoisyCountAggregator(
+            count_stddev=config.count_stddev,
+            expected_cohort_size=config.clients_per_round,
+            noise_mode=config.noise_mode,
+            min_shares=min_shares,
+        )
+        self.states: dict[str, ClipState] = {}
+        self.key = CLIP_KEYS[0]
+        self._fractions: list[float] = []
+
+    def clip_norm(self, fixed: float | None) -> float:
+        """``C`` of this round; ``fixed`` is the strategy's own fixed norm of the round, if any."""
+        self.key = CLIP_KEYS[0] if fixed is None else CLIP_KEYS[1]
+        if self.key not in self.states:
+            self.states[self.key] = ClipState(self.config.clip_norm if fixed is None else fixed)
+        return self.states[self.key].clip_norm
+
+    def share_std(self) -> float:
+        """Std of a client's count-noise share (distributed mode; 0 in server mode)."""
+        return self.counter.share_std()
+
+    def screen(
+        self, entries: Iterable[tuple[int, Any]], bits: Mapping[int, Any]
+    ) -> tuple[list[tuple[int, Any]], dict[int, str]]:
+        """Leave out of the sum every reply whose clip report is missing or invalid.
+
+        Returns the remaining ``(user, update)`` entries and the reason of each left out (a
+        reply without an update is left to the aggregator, which rejects it).
+        """
+        kept, bad = [], {}
+        for user, update in entries:
+            reason = self.counter.check(bits[user])[1] if user in bits else "no clip bit"
+            if update is not None and reason is not None:
+                bad[int(user)] = reason
+            else:
+                kept.append((user, update))
+        return kept, bad
+
+    def count(
+        self,
+        round_num: int,
+        rngs: RngFactory,
+        updates: Mapping[int, Any],
+        agg,
+        bad: Mapping[int, str],
+        stream: str,
+    ) -> None:
+        """Release the noised fraction of one cohort's accepted users; update ``agg``.
+
+        Only users whose update was accepted are counted; ``bad`` (left out by :meth:`screen`)
+        and reports the counter rejects join ``agg.rejected``, and ``agg.metrics`` get
+        ``clip_count_noise_std``. The count noise comes from the generator
+        ``(round_num, "count-noise", stream)``.
+        """
+        bits = getattr(updates, "clip_bits", {})
+        users = sorted(int(u) for u in updates.keys())
+        counted = [u for u in users if u not in agg.rejected and u not in bad]
+        result = self.counter.aggregate(
+            [(u, bits.get(u, "missing")) for u in counted],
+            generator=rngs.generator(round_num, "count-noise", stream),
+        )
+        agg.rejected.update({**bad, **result.rejected})
+        agg.metrics["received"] += float(len(bad))
+        agg.metrics["rejected"] = float(len(agg.rejected))
+        agg.metrics["accepted"] -= float(len(result.rejected))
+        agg.metrics["clip_count_noise_std"] = result.noise_std
+        self._fractions.append(result.fraction)
+
+    def step(self) -> dict[str, float]:
+        """Move ``C`` with the mean released fraction of the round; the round's metrics."""
+        if not self._fractions:
+            return {}
+        fraction = sum(self._fractions) / len(self._fractions)
+        self._fractions = []
+        state = self.states[self.key]
+        rule = adaptive_clip(
+            initial_clip_norm=state.clip_norm,
+            quantile=self.config.clip_quantile,
+            learning_rate=self.config.clip_learning_rate,
+        )
+        self.states[self.key] = rule.update(fraction, state)
+        return {
+            "clip_norm": state.clip_norm,
+            "clip_count_fraction": fraction,
+            "update_noise_multiplier": self.config.update_noise_multiplier,
+            "next_clip_norm": self.states[self.key].clip_norm,
+        }
+
+    def state_dict(self) -> dict[str, dict[str, float]]:
+        """The clip states (plain data) for a checkpoint."""
+        return {k: v.to_dict() for k, v in self.states.items()}
+
+    def load_state_dict(self, saved: object) -> None:
+        """Restore :meth:`state_dict` (``ValueError`` for anything it would not have written)."""
+        if not isinstance(saved, dict) or not set(saved) <= set(CLIP_KEYS):
+            raise ValueError("checkpoint has no adaptive clip state (adaptive-clipping)")
+        self.states = {k: ClipState.from_dict(v) for k, v in saved.items()}

@@ -91,8 +91,9 @@ def set_overrides(args: argparse.Namespace) -> dict:
         ("engine", "engine"),
         ("rounds", "num-server-rounds"),
         ("seed", "seed"),
+        ("tensorboard", "tensorboard"),
     ):
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is not None:
             out[key] = value
     return out
@@ -109,7 +110,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             or args.set
             or any(
                 getattr(args, f) is not None
-                for f in ("strategy", "engine", "rounds", "seed", "out")
+                for f in ("strategy", "engine", "rounds", "seed", "out", "tensorboard")
             )
         ):
             raise UsageError(
@@ -178,6 +179,12 @@ def add_simulate(sub) -> None:
         "--set task-params.num-users=50 (repeatable)",
     )
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        default=None,
+        help="also write TensorBoard event files next to metrics.jsonl (tensorboard = true)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     p.set_defaults(func=cmd_simulate)
 
@@ -321,5 +328,11 @@ def add_compare(sub) -> None:
         "tag prediction and the toy task, recall@5 for multi-label tag prediction)",
     )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset key")
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        default=None,
+        help="also write TensorBoard event files next to metrics.jsonl (tensorboard = true)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     p.set_defaults(func=cmd_compare, strategy=None, seed=None)

@@ -105,6 +105,9 @@ class RunConfig:
         Flower engine and deployment: seconds the server waits for a cohort's replies, ``> 0``;
         users whose node has not replied by then are counted in the round metric ``timed_out``
         and the round goes on without them (their sampling is accounted all the same).
+    tensorboard : bool
+        Also write every metrics row as TensorBoard scalars into the run directory
+        (:mod:`fedprivopt.simulation.tensorboard`).
     """
 
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
@@ -122,6 +125,7 @@ class RunConfig:
     cohort_chunk: int = 256
     fast_actors: int = 0
     round_timeout: float = 3600.0
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -155,8 +159,9 @@ class RunConfig:
             raise ValueError(
                 f"round-timeout must be a number of seconds > 0, got {self.round_timeout!r}"
             )
-        if not isinstance(self.vectorize, bool):
-            raise ValueError(f"vectorize must be true or false, got {self.vectorize!r}")
+        for key in ("vectorize", "tensorboard"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
         check_int("cohort-chunk", self.cohort_chunk, 1)
         # each actor is a process (a Ray worker with its own copy of the task)
         check_int("fast-actors", self.fast_actors, 0, MAX_FAST_ACTORS)

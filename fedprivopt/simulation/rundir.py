@@ -41,6 +41,12 @@ _PARTIAL = (CONFIG_FILE + ".tmp", SUMMARY_FILE + ".tmp", METRICS_FILE + ".tmp",
             CHECKPOINT + ".tmp", CHECKPOINT + ".bad", LEDGER_FILE + ".tmp")  # fmt: skip
 _OURS = frozenset((*RUN_FILES, *_PARTIAL, LOCK_FILE, LEDGER_FILE + OLD_LEDGER_SUFFIX))
 _DEBRIS = frozenset((LOCK_FILE, CONFIG_FILE + ".tmp"))  # what a start killed early leaves
+EVENTS_PREFIX = "events.out.tfevents."
+"""TensorBoard's event files (``tensorboard = true``): part of a run, removed with it."""
+
+
+def _ours(name: str) -> bool:
+    return name in _OURS or name.startswith(EVENTS_PREFIX)
 
 
 # -- one writer -----------------------------------------------------------------------------------
@@ -148,7 +154,7 @@ def _check_claimable(out: Path, *, overwrite: bool, allowed: Iterable[str]) -> N
     names = [n for n in _listing(out, allowed) if n not in _DEBRIS]
     if not names:
         return
-    ours = CONFIG_FILE in names and all(n in _OURS for n in names)
+    ours = CONFIG_FILE in names and all(_ours(n) for n in names)
     if ours and overwrite:
         return
     if ours:
@@ -157,7 +163,7 @@ def _check_claimable(out: Path, *, overwrite: bool, allowed: Iterable[str]) -> N
             "it, or choose another --out)"
         )
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    foreign = [n for n in names if n not in _OURS]
+    foreign = [n for n in names if not _ours(n)]
     why = (
         f"it holds files that are not part of a fedprivopt run ({', '.join(foreign[:5])})"
         if foreign
@@ -172,6 +178,9 @@ def _check_claimable(out: Path, *, overwrite: bool, allowed: Iterable[str]) -> N
 def _remove_run_files(out: Path) -> None:
     for name in (*RUN_FILES, *_PARTIAL):
         (out / name).unlink(missing_ok=True)
+    for name in os.listdir(out):
+        if name.startswith(EVENTS_PREFIX):
+            (out / name).unlink(missing_ok=True)
 
 
 def _released_anything(out: Path) -> bool:

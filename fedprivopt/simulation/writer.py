@@ -32,6 +32,7 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.rundir import check_held
+from fedprivopt.simulation.tensorboard import TensorBoardLog
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm
 
 __all__ = ["RunWriter", "start_run_files"]
@@ -74,6 +75,9 @@ class RunWriter:
         self.progress: Callable[[dict[str, Any]], None] | None = None
         self._eval_model: torch.nn.Module | None = None
         self._eval_spec = None
+        self.tensorboard = (
+            TensorBoardLog(out, first_round=algorithm.round_num + 1) if config.tensorboard else None
+        )
 
     def save_checkpoint(self) -> None:
         """Checkpoint the algorithm (:func:`~fedprivopt.simulation.checkpoint.save_checkpoint`).
@@ -122,6 +126,8 @@ class RunWriter:
             }
             self.rows.append(row)
             write_synced(self.out / METRICS_FILE, json_line(row), mode="a")
+            if self.tensorboard is not None:
+                self.tensorboard.add_row(row)
             if self.progress is not None:
                 self.progress(row)
         if r % self.config.checkpoint_every == 0 or r == self.config.strategy.num_server_rounds:
@@ -174,7 +180,14 @@ class RunWriter:
         }
         summary.update(extra or {})
         atomic_write(self.out / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=True))
+        self.close()
         return summary
+
+    def close(self) -> None:
+        """Close the TensorBoard event file, if any (the rows are flushed as they are written)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
 
 
 def _evaluated_model(config: RunConfig) -> str:

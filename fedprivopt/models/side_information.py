@@ -19,12 +19,14 @@ the private training users' data, it costs no privacy. A run chooses ``A`` with 
     below). Assumes public: the counts of the ``word_count`` file.
 ``public-users`` (:func:`public_users_preconditioner`)
     The paper's setting with public data (its Table 3: the first 4 of 400 users opted out of
-    privacy) and what the authors' centralized code (``stackoverflow_centralized``) computes: the
-    square root of the second moment of the public data's gradients, plus ``1e-5``. Here: at the
-    initial model, the mean of ``g²`` over the minibatches of the first ``k`` users, who opted
-    out of privacy; ``A = sqrt(v) / max + eps``. Assumes public: those users' data. They are
-    removed from the private population (never sampled, never accounted, never trained on
-    privately).
+    privacy), in the form of the authors' centralized code (``stackoverflow_centralized``,
+    ``estimate_preconditioner``: ``A = sqrt(v + 1e-5)``, ``v`` the mean ``g²`` of public
+    minibatches, re-estimated at the current model every epoch). Here: once, at the initial
+    model, the mean of ``g²`` over the minibatches of the first ``k`` users, who opted out of
+    privacy; ``A = sqrt(v) / max + eps``, capped (``max_ratio``). Assumes public: those users'
+    data. They are removed from the private population (never sampled, never accounted, never
+    trained on privately). Re-estimating at every round's model did not help on the paper preset
+    (``docs/EXPERIMENTS.md``, "AdaDPS' side information").
 ``ones``
     ``A = 1``: AdaDPS reduces to DP-FedAvg.
 
@@ -368,8 +370,10 @@ def public_users_preconditioner(
 
     with ``v`` from :func:`gradient_second_moment` at the initial model and ``cap`` raising every
     entry to ``max(A) / max_ratio``. This is the paper's public-data setting (Table 3: 4 public
-    users of 400) and the form of the authors' centralized code (``sqrt`` of the second moment of
-    public gradients ``+ 1e-5``); ``eps`` is relative to the largest ``sqrt(v)``. Assumes public:
+    users of 400) and, up to scale, the form of the authors' centralized code
+    (``sqrt(v + 1e-5)``, whose absolute floor ``sqrt(1e-5)`` bounds their ratio at
+    ``max sqrt(v) / 0.0032``: 16-20 on the paper preset's data); ``eps`` is relative to the
+    largest ``sqrt(v)``. Assumes public:
     the data of ``users``, who must then be left out of the private population (the caller's job:
     :func:`fedprivopt.simulation.run.build_run` does it).
 

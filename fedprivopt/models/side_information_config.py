@@ -66,8 +66,9 @@ PARAMETERS: Mapping[str, Mapping[str, Any]] = {
         "bias-scale": 20.0,
         "max-ratio": 0.0,
     },
-    # uncapped (eps 1e-5 alone) the rare words' steps are 1e5 times the bias': it diverged on the
-    # paper preset (held-out accuracy 0.13, loss 9.9); 200 is the range of the authors' two-level
+    # uncapped (eps 1e-5 relative to the largest sqrt(v) alone) the rare words' steps are 1e5 times
+    # the largest: it diverged on the paper preset (held-out accuracy 0.13, loss 9.9). The authors'
+    # absolute floor, sqrt(v + 1e-5), gives a range of 16-20 there; 200 is their two-level range
     "public-users": {"users": None, "eps": 1e-5, "max-ratio": 200.0},
     "ones": {},
 }

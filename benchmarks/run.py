@@ -22,6 +22,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from data_generation import bench_data_generation, data_lines  # noqa: E402
+
 from fedprivopt.privacy import (  # noqa: E402
     PrivacyAccountant,
     RngFactory,
@@ -411,6 +413,8 @@ def write(results: dict, root: Path) -> None:
         lines += _b1_lines(block)
     for block in results["scaling"]:
         lines += _b2_lines(block)
+    for block in results.get("data", []):
+        lines += data_lines(block)
     (root / "RESULTS.md").write_text("\n".join(lines) + "\n")
 
 
@@ -422,12 +426,13 @@ def merge(results: dict, other: dict, code: str = "") -> dict:
     """
     out = dict(results)
     stamp = other.get("code") or code or "not recorded"
-    for group in ("micro", "engines", "scaling"):
+    for group in ("micro", "engines", "scaling", "data"):
         devices = {entry["device"] for entry in other.get(group, [])}
         added = [dict(e, code=e.get("code") or stamp) for e in other.get(group, [])]
         if group == "micro":
             added = [dict(r, machine=other["machine"]) for r in added]
-        out[group] = [e for e in results[group] if e["device"] not in devices] + added
+        kept = [e for e in results.get(group, []) if e["device"] not in devices]
+        out[group] = kept + added
     return out
 
 
@@ -435,7 +440,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and rounds")
     parser.add_argument(
-        "--only", choices=["micro", "engines", "scaling"], action="append",
+        "--only", choices=["micro", "engines", "scaling", "data"], action="append",
         help="run only these groups (repeatable; default: all; the others are kept from the "
         "previous results.json)",
     )  # fmt: skip
@@ -459,7 +464,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    empty = {"machine": machine(), "micro": [], "engines": [], "scaling": []}
+    empty = {"machine": machine(), "micro": [], "engines": [], "scaling": [], "data": []}
     previous = empty
     if (out / "results.json").exists():
         loaded = json.loads((out / "results.json").read_text())
@@ -468,7 +473,7 @@ def main() -> int:
         write(merge(previous, json.loads(Path(args.merge).read_text()), args.code), out)
         print(f"wrote {out / 'RESULTS.md'}")
         return 0
-    groups = set(args.only or ["micro", "engines", "scaling"])
+    groups = set(args.only or ["micro", "engines", "scaling", "data"])
     repeat = 3 if args.quick else 7
     rounds = 3 if args.quick else 5
     devices = args.devices.split(",") if args.devices else (
@@ -493,6 +498,8 @@ def main() -> int:
         results["scaling"] = [
             bench_scaling(2 * rounds, [10, 100, 1000], d, bandwidth(d)) for d in devices
         ]
+    if "data" in groups:
+        results["data"] = [dict(bench_data_generation(), code=results["code"])]
     write(results, out)
     print(f"wrote {out / 'RESULTS.md'}")
     return 0

@@ -143,3 +143,24 @@ def test_synth_refuses_a_strangers_marker_file_without_overwrite(tmp_path, capsy
     assert "stackoverflow.synthetic.json" in line and "--overwrite" in line
     assert marker.read_text() == "my notes, not JSON\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stackoverflow.synthetic.json"]
+
+
+def test_synth_real_user_sizes_and_workers(tmp_path, capsys):
+    """Issue 19: --user-sizes real gives users of the real size; --workers is checked."""
+    out = tmp_path / "real"
+    assert main(["data", "synth", "--out", str(out), "--clients", "40", "--vocab", "1000",
+                 "--tags", "20", "--user-sizes", "real", "--workers", "2"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "40 users" in printed and "examples/s" in printed
+    with sqlite3.connect(out / "stackoverflow.sqlite") as conn:
+        heldout = [n for (n,) in conn.execute(
+            "select num_examples from client_metadata where split_name = 'heldout'")]  # fmt: skip
+    assert heldout and min(heldout) >= 100
+    for flag, value, text in (
+        ("--user-sizes", "huge", "invalid choice: 'huge'"),
+        ("--workers", "0", "--workers: must be an integer in [1, 1024]"),
+    ):
+        line = _usage_line(capsys, ["data", "synth", "--clients", "10", flag, value,
+                                    "--out", str(tmp_path / "bad")])  # fmt: skip
+        assert text in line
+    assert not (tmp_path / "bad").exists()

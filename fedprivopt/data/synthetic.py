@@ -33,8 +33,11 @@ The generative model (knobs in :class:`SyntheticConfig`):
 
 Generation is vectorized in chunks of users with a fixed chunk size, all randomness drawn from
 ``numpy.random.Generator`` streams spawned from ``seed``: the same configuration gives
-byte-identical files. At the defaults it takes about 1 s and 12.5 MB of disk per 1,000 users
-(10,000 users: about 10 s, 125 MB, 408,000 examples), with memory bounded by one chunk.
+byte-identical files, for any number of worker processes drawing the chunks
+(:mod:`fedprivopt.data.synthetic_rows`; only the SQLite writer is serial). At the defaults it
+takes about 1 s and 12.5 MB of disk per 1,000 users (10,000 users: about 10 s, 125 MB, 408,000
+examples), with memory bounded by ``workers + 1`` chunks; real-size users
+(:data:`USER_SIZES`) are about 11 times as many examples (``make bench``, D1).
 
 References
 ----------
@@ -45,23 +48,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
-from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
-from fedprivopt.data.synthetic_model import (
-    TRAIN,
-    ChunkDraws,
-    WordTagModel,
-    build_model,
-    draw_chunk,
-    parse_date,
-)
-from fedprivopt.data.tfexample_encode import bytes_entry, feature_entry, wrap_feature_entries
+from fedprivopt.data.synthetic_model import build_model, parse_date
+from fedprivopt.data.synthetic_rows import CHUNK_USERS, SPLITS, chunk_rows, default_workers
 from fedprivopt.data.vocab import (
     TAG_COUNT_FILE,
     WORD_COUNT_FILE,
@@ -100,8 +95,32 @@ MAX_VOCAB = 10_000_000
 # and sorts it, ~50 kB a tag (measured: 10,000 tags, 2,048 users, 520 MB peak), so 10**4 tags
 # ~ 0.5 GB. The task predicts the 500 most frequent tags; 10**4 covers any realistic setting.
 MAX_TAGS = 10_000
-_CHUNK_USERS = 2048  # part of the output's definition: changing it changes the files
-_SPLITS = ("train", "heldout", "test")
+
+#: Named shapes of the examples-per-user distribution (``fedprivopt data synth --user-sizes``,
+#: task parameter ``synth-user-sizes``), applied over the other knobs.
+#:
+#: ``small``: the defaults, a lognormal of mean 40 (sigma 1, at least 1): a tenth of the real
+#: size, so that the demo and the tests stay fast.
+#:
+#: ``real``: the published sizes of TFF's StackOverflow. Its documentation says that users with
+#: fewer than 100 sentences (examples) were expunged, and gives the split totals: train
+#: 135,818,730 examples over 342,477 users (397 a user), held-out 16,491,230 over 38,758 (425),
+#: test 16,586,035 over 204,088 (81). Held-out users keep all their examples, so over all
+#: 381,235 users a user has (135.8 M + 16.6 M + 16.5 M) / 381,235 = 443 examples. The shape is a
+#: lognormal conditioned on >= 100: multiplicative activity gives a lognormal, and the floor is
+#: the documented filter. No per-user quantile is published; sigma = 1.2 puts the largest of
+#: 381,235 users near 36,000 examples, matching TFF's note that a small set of clients has "tens
+#: of thousands of examples" (sigma 1.0: about 21,000; 1.4: 57,000). Train and test means then
+#: follow from the date split of the activity model (measured: docs/EXPERIMENTS.md).
+USER_SIZES: dict[str, dict[str, object]] = {
+    "small": {},
+    "real": {
+        "mean_examples_per_client": 443.0,
+        "examples_sigma": 1.2,
+        "min_examples_per_client": 100,
+        "truncate_below_min": True,
+    },
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +162,11 @@ class SyntheticConfig:
         Floor on examples per user; >= 1.
     max_examples_per_client : int, default 100_000
         Cap on examples per user; >= ``min_examples_per_client``.
+    truncate_below_min : bool, default False
+        Condition the lognormal on ``>= min_examples_per_client`` (users below it do not exist,
+        as in the real data, which expunged users with fewer than 100 sentences) instead of
+        raising smaller draws to it; ``mean_examples_per_client`` is then the mean of the
+        conditioned distribution and must exceed the minimum. :data:`USER_SIZES` ``"real"``.
     mean_tokens_per_example : float, default 14.0
         Mean sentence length in tokens, in [1, 1000].
     mean_title_tokens : float, default 8.0
@@ -177,6 +201,7 @@ class SyntheticConfig:
     examples_sigma: float = 1.0
     min_examples_per_client: int = 1
     max_examples_per_client: int = 100_000
+    truncate_below_min: bool = False
     mean_tokens_per_example: float = 14.0
     mean_title_tokens: float = 8.0
     mean_sentences_per_post: float = 4.0
@@ -220,6 +245,17 @@ class SyntheticConfig:
         check_int(
             "max_examples_per_client", self.max_examples_per_client, self.min_examples_per_client
         )
+        if check_bool("truncate_below_min", self.truncate_below_min) and not (
+            self.min_examples_per_client
+            < self.mean_examples_per_client
+            < self.max_examples_per_client
+        ):
+            raise ValueError(
+                "mean_examples_per_client must be in (min_examples_per_client, "
+                f"max_examples_per_client) = ({self.min_examples_per_client}, "
+                f"{self.max_examples_per_client}) with truncate_below_min, got "
+                f"{self.mean_examples_per_client}"
+            )
         check_real("mean_tokens_per_example", self.mean_tokens_per_example, low=1.0, high=1000.0)
         check_real("mean_title_tokens", self.mean_title_tokens, low=2.0, high=1000.0)
         check_real("mean_sentences_per_post", self.mean_sentences_per_post, low=1.0, high=1000.0)
@@ -242,6 +278,11 @@ class SyntheticConfig:
         check_real("activity_years", self.activity_years, low=0.0, high=100.0, low_open=True)
 
     @classmethod
+    def sized(cls, user_sizes: str = "small", **knobs: object) -> SyntheticConfig:
+        """``SyntheticConfig(**knobs)`` with the :data:`USER_SIZES` shape ``user_sizes`` applied."""
+        return cls(**{**knobs, **user_size_knobs(user_sizes)})  # type: ignore[arg-type]
+
+    @classmethod
     def tiny(cls, **overrides: object) -> SyntheticConfig:
         """Return a 300-user configuration for tests and demos (generates in under a second)."""
         base = dict(
@@ -253,6 +294,14 @@ class SyntheticConfig:
         )
         base.update(overrides)
         return cls(**base)  # type: ignore[arg-type]
+
+
+def user_size_knobs(user_sizes: str, name: str = "user_sizes") -> dict[str, object]:
+    """The four size knobs of the :data:`USER_SIZES` shape ``user_sizes`` (defaults filled in)."""
+    if user_sizes not in USER_SIZES:
+        raise ValueError(f"{name} must be one of {', '.join(USER_SIZES)}, got {user_sizes!r}")
+    defaults = {f.name: f.default for f in fields(SyntheticConfig)}
+    return {k: USER_SIZES[user_sizes].get(k, defaults[k]) for k in USER_SIZES["real"]}
 
 
 @dataclass(frozen=True)
@@ -285,67 +334,17 @@ class SyntheticFiles:
         return SQLiteSplit(self.sqlite, split)
 
 
-def _serialize(draws: ChunkDraws, model: WordTagModel) -> Iterator[tuple[str, str, bytes]]:
-    """Yield ``examples`` rows of a chunk by split, then client (chronological within)."""
-    dates = np.datetime_as_string(draws.times.astype("datetime64[s]"), unit="s").tolist()
-    post_blob = []  # a post's shared features, serialized once
-    for i, (tag_row, n) in enumerate(zip(draws.tags.tolist(), draws.ntags.tolist(), strict=True)):
-        tag_str = "|".join(model.tag_names[j] for j in tag_row[:n])
-        post_blob.append(
-            bytes_entry("creation_date", (dates[i].replace("T", " ") + " UTC").encode())
-            + feature_entry("score", int(draws.score[i]))
-            + bytes_entry("tags", tag_str.encode())
-            + bytes_entry("title", draws.titles[i].encode())
-        )
-    types = [bytes_entry("type", s) for s in (b"answer", b"question")]
-    ids = _client_ids(draws.users)
-    order = np.lexsort((np.arange(len(draws.ex_user)), draws.ex_user, draws.ex_split))
-    ex_post, ex_user = draws.ex_post.tolist(), draws.ex_user.tolist()
-    ex_split, question = draws.ex_split.tolist(), draws.is_question.tolist()
-    for e in order.tolist():
-        p = ex_post[e]
-        entries = (
-            post_blob[p] + bytes_entry("tokens", draws.tokens[e].encode()) + types[question[p]]
-        )
-        yield _SPLITS[ex_split[e]], ids[ex_user[e]], wrap_feature_entries(entries)
-
-
-def _client_ids(users: np.ndarray) -> list[str]:
-    return [f"{u:08d}" for u in users.tolist()]
-
-
-def _metadata(draws: ChunkDraws) -> list[tuple[str, str, int]]:
-    """``client_metadata`` rows of a chunk."""
-    nu = len(draws.users)
-    counts = np.bincount(draws.ex_split * nu + draws.ex_user, minlength=3 * nu).reshape(3, nu)
-    ids = _client_ids(draws.users)
-    return [
-        (ids[u], _SPLITS[s], int(counts[s, u]))
-        for s in range(3)
-        for u in np.flatnonzero(counts[s]).tolist()
-    ]
-
-
-def _train_user_counts(draws: ChunkDraws, config: SyntheticConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct training users per word (in ``tokens``) and per tag."""
-    v, t = config.vocab_size, config.num_tags
-    tok_user = np.repeat(draws.ex_user, draws.ex_len)
-    tok_train = np.repeat(draws.ex_split == TRAIN, draws.ex_len)
-    pairs = np.unique(tok_user[tok_train] * v + draws.tok_words[tok_train])
-    word_users = np.bincount(pairs % v, minlength=v)
-    posts = np.flatnonzero(draws.post_split == TRAIN)
-    tags = draws.tags[posts]
-    pairs = np.unique((draws.post_user[posts][:, None] * t + tags)[tags >= 0])
-    return word_users, np.bincount(pairs % t, minlength=t)
-
-
 # --------------------------------------------------------------------------------------------
 # Public entry points
 # --------------------------------------------------------------------------------------------
 
 
 def generate(
-    out_dir: str | os.PathLike, config: SyntheticConfig | None = None, *, overwrite: bool = False
+    out_dir: str | os.PathLike,
+    config: SyntheticConfig | None = None,
+    *,
+    overwrite: bool = False,
+    workers: int | None = None,
 ) -> SyntheticFiles:
     """Generate a synthetic StackOverflow dataset under ``out_dir``.
 
@@ -375,8 +374,12 @@ def generate(
         If ``overwrite`` is false and ``stackoverflow.synthetic.json`` exists but is not this
         generator's marker (not JSON, or not written by it): someone else's file is replaced
         only when asked to (CLI: ``--overwrite``).
+    workers : int, optional
+        Processes drawing chunks of 2,048 users in parallel (``>= 1``; default
+        :func:`default_workers`); the files are byte-identical for any number.
     """
     config = SyntheticConfig() if config is None else config
+    workers = default_workers() if workers is None else check_int("workers", workers, 1)
     files = SyntheticFiles.at(out_dir)
     files.root.mkdir(parents=True, exist_ok=True)
     if files.sqlite.exists() and not overwrite:
@@ -397,21 +400,19 @@ def generate(
     files.meta.write_text(json.dumps({"generator": _GENERATOR, "complete": False}) + "\n")
     seeds = np.random.SeedSequence(config.seed).spawn(2)
     model = build_model(config, np.random.default_rng(seeds[0]))
-    chunk_seeds = seeds[1].spawn((config.num_clients + _CHUNK_USERS - 1) // _CHUNK_USERS)
+    chunk_seeds = seeds[1].spawn((config.num_clients + CHUNK_USERS - 1) // CHUNK_USERS)
     word_users = np.zeros(config.vocab_size, dtype=np.int64)
     tag_users = np.zeros(config.num_tags, dtype=np.int64)
     meta: list[tuple[str, str, int]] = []
-    totals = dict.fromkeys(_SPLITS, 0)
+    totals = dict.fromkeys(SPLITS, 0)
 
     def rows():
-        for i, seed in enumerate(chunk_seeds):
-            users = np.arange(i * _CHUNK_USERS, min((i + 1) * _CHUNK_USERS, config.num_clients))
-            draws = draw_chunk(config, model, users, np.random.default_rng(seed))
-            meta.extend(_metadata(draws))
-            wu, tu = _train_user_counts(draws, config)
+        chunks = chunk_rows(config, model, seeds[0], chunk_seeds, workers)
+        for rows_of_chunk, chunk_meta, wu, tu in chunks:
+            meta.extend(chunk_meta)
             word_users[:] += wu
             tag_users[:] += tu
-            yield from _serialize(draws, model)
+            yield from rows_of_chunk
 
     # ``meta`` is complete once ``rows()`` is exhausted, before write_sqlite reads it.
     write_sqlite(files.sqlite, rows(), meta, index=True, overwrite=True)
@@ -428,7 +429,7 @@ def generate(
                 "version": GENERATOR_VERSION,
                 "config": asdict(config),
                 "examples": totals,
-                "clients": {s: sum(1 for _, sp, _ in meta if sp == s) for s in _SPLITS},
+                "clients": {s: sum(1 for _, sp, _ in meta if sp == s) for s in SPLITS},
             },
             indent=2,
         )

@@ -200,15 +200,44 @@ class ChunkDraws:
     titles: list[str]
 
 
+def truncated_lognormal_mu(mean: float, sigma: float, low: float) -> float:
+    r"""``mu`` of the lognormal whose part above ``low`` has mean ``mean`` (``mean > low``).
+
+    :math:`E[X \mid X \ge L] = e^{\mu + \sigma^2/2}\,\bar\Phi(a - \sigma)/\bar\Phi(a)`,
+    :math:`a = (\ln L - \mu)/\sigma`, increasing in ``mu``; solved by bisection (scipy's
+    ``brentq``) in log space.
+    """
+    from scipy.optimize import brentq
+    from scipy.special import log_ndtr
+
+    log_low = np.log(low)
+
+    def gap(mu: float) -> float:
+        a = (log_low - mu) / sigma
+        return mu + sigma**2 / 2 + log_ndtr(sigma - a) - log_ndtr(-a) - np.log(mean)
+
+    return float(brentq(gap, log_low - 40.0 * sigma - 40.0, np.log(mean), xtol=1e-12))
+
+
 def _examples_per_user(config: SyntheticConfig, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Lognormal counts with the configured mean, clipped to [min, max]."""
-    sigma = config.examples_sigma
-    mu = np.log(config.mean_examples_per_client) - sigma**2 / 2
-    return np.clip(
-        np.rint(np.exp(rng.normal(mu, sigma, n))),
-        config.min_examples_per_client,
-        config.max_examples_per_client,
-    ).astype(np.int64)
+    """Lognormal counts with the configured mean, clipped to [min, max].
+
+    With ``truncate_below_min`` the lognormal is conditioned on ``>= min`` instead (users below it
+    do not exist, as the real data expunged users with fewer than 100 sentences) and its ``mu``
+    is chosen so that the conditioned mean is ``mean_examples_per_client``; drawn by the inverse
+    CDF from one uniform per user.
+    """
+    sigma, low = config.examples_sigma, config.min_examples_per_client
+    if config.truncate_below_min and sigma > 0:
+        from scipy.special import ndtr, ndtri
+
+        mu = truncated_lognormal_mu(config.mean_examples_per_client, sigma, low)
+        tail = ndtr(-(np.log(low) - mu) / sigma)  # P(X >= low) of the untruncated lognormal
+        draws = np.exp(mu - sigma * ndtri(tail * (1.0 - rng.random(n))))
+    else:
+        mu = np.log(config.mean_examples_per_client) - sigma**2 / 2
+        draws = np.exp(rng.normal(mu, sigma, n))
+    return np.clip(np.rint(draws), low, config.max_examples_per_client).astype(np.int64)
 
 
 def _post_times(

@@ -99,6 +99,10 @@ class StackOverflowNextWordTask(StackOverflowFiles):
     synth_clients, synth_vocab, synth_tags, synth_seed : int or None
         ``num_clients``, ``vocab_size``, ``num_tags`` and ``seed`` of the
         :class:`~fedprivopt.data.SyntheticConfig` used to generate; ``None``: the default.
+    synth_user_sizes : str or None
+        The examples-per-user shape of the generator
+        (:data:`~fedprivopt.data.synthetic.USER_SIZES`): ``"small"`` (the default, a tenth of
+        the real size) or ``"real"`` (the real splits' published sizes).
     vocab_size : int
         ``V``: the top ``V`` words of the word-count file (fewer if the file has fewer; see
         :attr:`vocab_size`), ``>= 1``. The model scores ``V + 4`` tokens.
@@ -157,6 +161,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         synth_vocab: int | None = None,
         synth_tags: int | None = None,
         synth_seed: int | None = None,
+        synth_user_sizes: str | None = None,
         vocab_size: int = 10_000,
         seq_len: int = 20,
         num_users: int | None = None,
@@ -175,6 +180,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
             synth_vocab=synth_vocab,
             synth_tags=synth_tags,
             synth_seed=synth_seed,
+            synth_user_sizes=synth_user_sizes,
         )
         requested_v = check_int("vocab_size", vocab_size, 1)
         self.seq_len = check_int("seq_len", seq_len, 1)

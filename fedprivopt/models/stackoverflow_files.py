@@ -29,6 +29,7 @@ from fedprivopt.data.synthetic import (
     SYNTHETIC_META_FILE,
     SyntheticConfig,
     ensure_synthetic,
+    user_size_knobs,
 )
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
@@ -89,6 +90,7 @@ class StackOverflowFiles:
         synth_vocab: int | None,
         synth_tags: int | None,
         synth_seed: int | None,
+        synth_user_sizes: str | None = None,
     ) -> None:
         """Check and set ``data_dir``, ``synthetic`` and the ``synth_*`` parameters."""
         if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
@@ -102,6 +104,9 @@ class StackOverflowFiles:
             "seed": check_int("synth_seed", synth_seed, 0, none=True),
         }
         self.synth_params = {k: v for k, v in given.items() if v is not None}
+        if synth_user_sizes is not None:
+            # the shape's knobs are checked against the dataset's record like the others
+            self.synth_params.update(user_size_knobs(synth_user_sizes, "synth_user_sizes"))
         try:
             self.synth_config = SyntheticConfig(**self.synth_params)
         except ValueError as exc:
@@ -197,10 +202,14 @@ class StackOverflowFiles:
             return  # not a sidecar we understand: the files are used as they are
         names = {"num_clients": "synth_clients", "vocab_size": "synth_vocab"}
         names.update(num_tags="synth_tags", seed="synth_seed")
+        names.update(dict.fromkeys(user_size_knobs("small"), "synth_user_sizes"))
         for key, value in self.synth_params.items():
             if isinstance(recorded, dict) and key in recorded and recorded[key] != value:
+                given = f"{names[key]}={value}"
+                if names[key] == "synth_user_sizes":
+                    given = f"synth_user_sizes (its {key}={value})"
                 raise ValueError(
-                    f"{names[key]}={value}, but {self.data_dir} holds a synthetic dataset "
+                    f"{given}, but {self.data_dir} holds a synthetic dataset "
                     f"generated with {key}={recorded[key]}; use another data_dir (files that "
                     "exist are never overwritten)"
                 )

@@ -80,6 +80,10 @@ class StackOverflowTagTask(TagTaskData):
         ``num_clients``, ``vocab_size``, ``num_tags`` and ``seed`` of the
         :class:`~fedprivopt.data.SyntheticConfig` used to generate; ``None`` (omitted): the
         config's default.
+    synth_user_sizes : str or None
+        The examples-per-user shape of the generator
+        (:data:`~fedprivopt.data.synthetic.USER_SIZES`): ``"small"`` (the default, a tenth of
+        the real size) or ``"real"`` (the real splits' published sizes).
     vocab_size : int
         ``V``: the top ``V`` words of the word-count file (fewer if the file has fewer; see
         :attr:`num_features`), ``>= 1``.
@@ -155,6 +159,7 @@ class StackOverflowTagTask(TagTaskData):
         synth_vocab: int | None = None,
         synth_tags: int | None = None,
         synth_seed: int | None = None,
+        synth_user_sizes: str | None = None,
         vocab_size: int = 10_000,
         num_tags: int = 500,
         num_users: int | None = None,
@@ -176,6 +181,7 @@ class StackOverflowTagTask(TagTaskData):
             synth_vocab=synth_vocab,
             synth_tags=synth_tags,
             synth_seed=synth_seed,
+            synth_user_sizes=synth_user_sizes,
         )
         requested_v = check_int("vocab_size", vocab_size, 1)
         requested_k = check_int("num_tags", num_tags, 1)

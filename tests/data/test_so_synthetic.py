@@ -12,7 +12,9 @@ from fedprivopt.data.synthetic import (
     SyntheticFiles,
     ensure_synthetic,
     generate,
+    user_size_knobs,
 )
+from fedprivopt.data.synthetic_model import _examples_per_user, truncated_lognormal_mu
 from fedprivopt.data.vocab import read_tag_counts, read_word_counts
 
 
@@ -199,3 +201,75 @@ def test_several_generator_chunks(tmp_path):
     assert sum(meta["examples"].values()) == sum(
         int(c.sum()) for c in read_example_counts(files.sqlite).values()
     )
+
+
+# ---- issue 19: users of real size, parallel generation ----
+
+
+def test_same_bytes_for_any_number_of_workers(tmp_path):
+    cfg = SyntheticConfig.tiny(num_clients=4500, mean_examples_per_client=2.0)  # 3 chunks
+    one = generate(tmp_path / "one", cfg, workers=1)
+    three = generate(tmp_path / "three", cfg, workers=3)
+    assert _digests(one) == _digests(three)
+    with pytest.raises(ValueError, match=r"workers must be an integer >= 1"):
+        generate(tmp_path / "zero", cfg, workers=0)
+    # inside a daemonic process (a multiprocessing.Pool worker, as in sweeps) it runs serially
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        pool.apply(_generate_digests, (tmp_path / "daemon", cfg, 3))
+    assert _digests(SyntheticFiles.at(tmp_path / "daemon")) == _digests(one)
+
+
+def _generate_digests(out, cfg, workers):
+    generate(out, cfg, workers=workers)
+
+
+def test_real_user_sizes_follow_the_published_shape():
+    """Conditioned on >= 100 (the real data's filter), mean 443 over all users, heavy-tailed."""
+    cfg = SyntheticConfig.sized("real", num_clients=10)
+    assert (cfg.mean_examples_per_client, cfg.min_examples_per_client) == (443.0, 100)
+    n = _examples_per_user(cfg, 200_000, np.random.default_rng(5))
+    assert n.min() == 100  # no user below the floor, and no pile-up of raised users at it
+    assert (n == 100).mean() < 0.01
+    assert abs(n.mean() - 443) < 5  # standard error about 1.3
+    assert 240 < np.median(n) < 280 and n.max() > 10_000  # tail: TFF's "tens of thousands"
+    small = _examples_per_user(SyntheticConfig(), 200_000, np.random.default_rng(5))
+    assert abs(small.mean() - 40) < 1  # the default shape is unchanged
+
+
+def test_truncated_mean_is_solved_exactly():
+    for mean, sigma, low in ((443.0, 1.2, 100), (300.0, 1.0, 100), (5.0, 0.5, 1)):
+        mu = truncated_lognormal_mu(mean, sigma, low)
+        x = np.exp(np.random.default_rng(0).normal(mu, sigma, 2_000_000))
+        kept = x[x >= low]
+        assert abs(kept.mean() / mean - 1) < 0.02
+
+
+@pytest.mark.parametrize(
+    "knobs, match",
+    [
+        ({"truncate_below_min": 1}, r"truncate_below_min must be true or false"),
+        (
+            {"truncate_below_min": True, "min_examples_per_client": 50},
+            r"mean_examples_per_client must be in \(min_examples_per_client",
+        ),
+    ],
+)
+def test_truncation_validation(knobs, match):
+    with pytest.raises(ValueError, match=match):
+        SyntheticConfig(**knobs)
+    with pytest.raises(ValueError, match=r"user_sizes must be one of small, real, got 'huge'"):
+        SyntheticConfig.sized("huge")
+
+
+def test_real_sizes_in_a_generated_dataset(tmp_path):
+    files = generate(tmp_path, SyntheticConfig.tiny(num_clients=60, **user_size_knobs("real")))
+    counts = read_example_counts(files.sqlite)
+    totals = collections.Counter()
+    for split in ("train", "test"):
+        for cid, n in zip(SQLiteSplit(files.sqlite, split).client_ids, counts[split], strict=True):
+            totals[cid] += int(n)
+    assert min(totals.values()) >= 100  # train + test of a user: at least the floor
+    assert counts["heldout"].min() >= 100
+    assert json.loads(files.meta.read_text())["config"]["truncate_below_min"] is True

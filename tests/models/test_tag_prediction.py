@@ -348,6 +348,20 @@ def test_existing_files_are_never_overwritten(synth_task, synth_dir, tmp_path):
     assert written == ["stackoverflow.word_count"]
 
 
+def test_synth_user_sizes_task_parameter(synth_dir, tmp_path):
+    """Issue 19: ``synth_user_sizes`` generates real-size users and is checked like the others."""
+    args = dict(synth_clients=30, synth_vocab=100, synth_tags=5, num_tags=5)
+    real = StackOverflowTagTask(data_dir=str(tmp_path / "real"), synth_user_sizes="real", **args)
+    sizes = [int(real.user_data(u)[0].shape[0]) for u in range(real.num_users)]
+    small = StackOverflowTagTask(data_dir=str(tmp_path / "small"), **args)
+    small_sizes = [int(small.user_data(u)[0].shape[0]) for u in range(small.num_users)]
+    assert sum(sizes) / len(sizes) > 5 * sum(small_sizes) / len(small_sizes)
+    with pytest.raises(ValueError, match=r"synth_user_sizes \(its mean_examples_per_client=40.0\)"):
+        StackOverflowTagTask(data_dir=str(tmp_path / "real"), synth_user_sizes="small", **args)
+    with pytest.raises(ValueError, match=r"synth_user_sizes must be one of small, real"):
+        StackOverflowTagTask(data_dir=str(tmp_path / "x"), synth_user_sizes="big", **args)
+
+
 def test_concurrent_construction_generates_once(tmp_path):
     import threading
 

@@ -117,3 +117,16 @@ def test_the_minimal_task_runs_on_the_fast_engine(tmp_path, vectorize):
     assert summary["primary_metric"] == "eval_accuracy" and summary["reference"] is None
     assert [r["round"] for r in out.rows] == [1, 2, 3]
     assert all(torch.isfinite(torch.tensor(r["eval_loss"])) for r in out.rows)
+
+
+def test_the_minimal_task_runs_on_the_flower_engine_and_matches_the_fast_one(tmp_path):
+    # Flower's Ray workers rebuild the task from the reference: they import tests.models.minimal_task
+    fast = simulate(_preset(tmp_path, **{"num-server-rounds": 2}), tmp_path / "fast")
+    flower = simulate(
+        _preset(tmp_path, engine="flower", **{"num-server-rounds": 2, "client-cpus": 1}),
+        tmp_path / "flower",
+    )
+    assert [r["round"] for r in flower.rows] == [1, 2]
+    assert all(r["node_errors"] == 0 and r["accepted"] == r["cohort_size"] for r in flower.rows)
+    torch.testing.assert_close(flower.params, fast.params, rtol=0, atol=1e-6)
+    assert flower.epsilon == pytest.approx(fast.epsilon, rel=1e-12)

@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedprivopt-installed
-# torch first, pinned to the CPU wheel this machine has; then the package with its dev extras.
+# torch first, pinned to the CPU wheel this machine has; then the package with its dev and
+# examples extras (scikit-learn for examples/digits).
 TORCH  ?= torch==2.13.0
 
 export FLWR_TELEMETRY_ENABLED = 0
@@ -31,7 +32,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,examples]'
 	touch $(STAMP)
 
 demo: venv

@@ -67,7 +67,6 @@ SIMULATION_ONLY_KEYS = (
     "vectorize",
     "cohort-chunk",
     "fast-actors",
-    "tensorboard",
 )
 """RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
 

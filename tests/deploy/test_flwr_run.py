@@ -1,0 +1,113 @@
+"""``flwr run .`` as a Flower user types it (issue 18): Flower's default local SuperLink.
+
+In a fresh ``FLWR_HOME``, ``flwr run .`` writes Flower's default configuration (the ``local``
+connection), starts a local SuperLink in simulation mode (detached: it keeps running afterwards)
+and runs the app. That SuperLink installs the app's dependencies with ``uv sync`` into a fresh
+runtime environment; ``[tool.uv] exclude-dependencies`` in ``pyproject.toml`` makes that resolve
+offline and install nothing, so the app runs in the installed environment. The test gives the
+SuperLink free ports and a private home, runs 2 rounds, and stops the SuperLink (and whatever it
+started) by PID, also when the run fails.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.deploy.local import REPO_ROOT
+from fedprivopt.deploy.session import free_ports
+from fedprivopt.simulation.files import read_rows
+from tests.procs import alive, kill_all, proc_stat
+
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.skipif(
+    not (BIN / "flwr").exists() or not (BIN / "flower-superlink").exists(),
+    reason="Flower's commands are not installed next to this interpreter",
+)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _tree(marker: str) -> dict[int, str]:
+    """The processes whose command line holds ``marker``, and all their descendants."""
+    parents: dict[int, int] = {}
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = proc_stat(int(entry.name))
+        if stat is None:
+            continue
+        parents[int(entry.name)] = int(stat[1])
+        if marker in _cmdline(int(entry.name)):
+            found[int(entry.name)] = stat[19]
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                stat = proc_stat(pid)
+                if stat is not None:
+                    found[pid] = stat[19]
+                    grew = True
+    return found
+
+
+def _stop(processes: dict[int, str]) -> None:
+    for pid in alive(processes):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 20
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kill_all(processes)
+
+
+def test_flwr_run_dot_runs_two_rounds_on_the_local_superlink(tmp_path):
+    home, out = tmp_path / "flwr-home", tmp_path / "out"
+    http_port, control_port = free_ports(2)
+    env = dict(os.environ)
+    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)  # Flower's default: install
+    env.update(
+        FLWR_HOME=str(home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
+        FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",  # as an activated environment has it
+        OMP_NUM_THREADS="1",
+    )
+    marker = str(home / "local-superlink")  # in the SuperLink's --log-file and --database
+    overrides = f'num-server-rounds=2 out="{out}"'
+    try:
+        done = subprocess.run(
+            [str(BIN / "flwr"), "run", ".", "--run-config", overrides, "--stream"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=480,
+        )
+        started = _tree(marker)
+        assert started, "flwr run started no local SuperLink"
+    finally:
+        _stop(_tree(marker))
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert "No additional application dependencies needed installation" in log
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2 and summary["stopped_reason"] == "rounds"
+    assert [r["round"] for r in read_rows(out / "metrics.jsonl")] == [1, 2]
+    assert not alive(started), "the local SuperLink or its children are still running"

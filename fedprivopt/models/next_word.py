@@ -272,6 +272,15 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         """Parameters of :meth:`build_model`'s model (:func:`parameter_count`)."""
         return parameter_count(self.vocab_size, self.embedding_dim, self.hidden_size)
 
+    def cohort_trainer(self, *, device=None, chunk_users: int = 256):
+        """A :class:`~fedprivopt.models.next_word_cohort.NextWordCohortTrainer` for this task.
+
+        The fast engine uses it (``vectorize = true``) to train a cohort's users together.
+        """
+        from fedprivopt.models.next_word_cohort import NextWordCohortTrainer
+
+        return NextWordCohortTrainer(self, device=device, chunk_users=chunk_users)
+
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Cross-entropy averaged over the non-pad targets of the batch."""
         x, y = _trim(x, y)

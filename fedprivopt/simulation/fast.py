@@ -13,7 +13,9 @@ generators (so the same model, up to float rounding, as the Flower engine):
     The task's cohort trainer (``task.cohort_trainer``), e.g. the row-sparse
     :class:`~fedprivopt.models.tag_prediction_cohort.TagCohortTrainer`: a chunk of users is
     trained at once and its updates reach the aggregator as one
-    :class:`~fedprivopt.privacy.sparse.RowSparseBatch` (checked and re-clipped user by user).
+    :class:`~fedprivopt.privacy.sparse.RowSparseBatch` (checked and re-clipped user by user);
+    or :class:`~fedprivopt.models.next_word_cohort.NextWordCohortTrainer`, whose dense updates
+    reach it as ``(user, update)`` pairs (it adds distributed-noise shares too: ``noise_shares``).
 ``sequential``
     :class:`~fedprivopt.clients.LocalTrainer`, one user at a time (any task; distributed-noise
     mode, whose noise shares are dense).
@@ -137,7 +139,11 @@ class UserTrainer:
     def mode(self, settings: ClientSettings) -> str:
         """``"vectorized"`` or ``"sequential"``: how a request with ``settings`` is trained."""
         local = settings.local
-        vectorized = self.cohort is not None and local.noise_std == 0 == local.count_noise_std
+        # a cohort trainer with ``noise_shares`` adds distributed-noise shares itself
+        quiet = local.noise_std == 0 == local.count_noise_std
+        vectorized = self.cohort is not None and (
+            quiet or getattr(self.cohort, "noise_shares", False)
+        )
         return "vectorized" if vectorized else "sequential"
 
     def train(
@@ -173,7 +179,10 @@ class UserTrainer:
                 if report:
                     for u, norm in zip(batch.users, batch.norms, strict=True):
                         bits[u] = clip_report(norm, cfg, rngs, round_num, (stream, u))
-                yield batch
+                if isinstance(batch, RowSparseBatch):
+                    yield batch
+                else:  # dense updates (e.g. next-word prediction's): (user, update) pairs
+                    yield from batch.split()
             return
         for u in users:
             result = self.local.train(

@@ -39,6 +39,8 @@ FAULTS = {
     "drop": "the node leaves the user's update out of its reply (the user dropped out)",
     "slow": "the node sleeps sleep_seconds before replying (set it above the round timeout: the "
     "reply arrives too late and is ignored)",
+    "bad-bit": "the update's clip bit is 2 (adaptive clipping: only 0 or 1 are valid)",
+    "no-bit": "the update has no clip bit (adaptive clipping)",
 }
 
 
@@ -69,6 +71,10 @@ def _corrupt(reply: Message, user: int, fault: str) -> None:
         return
     elif fault == "slow":
         return  # the delay is applied once per message, in _train
+    elif fault == "bad-bit":
+        bit = Array(np.array([2.0]))
+        reply.content[key] = ArrayRecord({P.DELTA_ARRAY: Array(delta), P.CLIP_BIT_ARRAY: bit})
+        return
     reply.content[key] = ArrayRecord({P.DELTA_ARRAY: Array(delta)})
 
 

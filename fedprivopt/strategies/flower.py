@@ -358,6 +358,17 @@ class DPStrategy(Strategy):
                 c.sampling,
                 c.delta,
             )
+            if c.adaptive:
+                log(
+                    INFO,
+                    "\t├── adaptive clipping: C starts at %g, quantile %g, rate %g, count noise "
+                    "%g; update noise multiplier %g (sum and count together: sigma)",
+                    c.clip_norm,
+                    c.clip_quantile,
+                    c.clip_learning_rate,
+                    c.count_stddev,
+                    c.update_noise_multiplier,
+                )
             log(
                 INFO,
                 "\t└── noise: %s",

@@ -120,7 +120,7 @@ def test_the_minimal_task_runs_on_the_fast_engine(tmp_path, vectorize):
 
 
 def test_the_minimal_task_runs_on_the_flower_engine_and_matches_the_fast_one(tmp_path):
-    # Flower's Ray workers rebuild the task from the reference: they import tests.models.minimal_task
+    # Flower's Ray workers rebuild the task from the reference: they import the module
     fast = simulate(_preset(tmp_path, **{"num-server-rounds": 2}), tmp_path / "fast")
     flower = simulate(
         _preset(tmp_path, engine="flower", **{"num-server-rounds": 2, "client-cpus": 1}),

@@ -158,5 +158,5 @@ def test_an_edited_count_noise_in_the_ledger_is_refused(tmp_path):
     path.write_text(
         path.read_text().replace('"count_noise_multiplier": 2.0', '"count_noise_multiplier": 9.0')
     )
-    with pytest.raises(ValueError, match="count_noise_multiplier=9.0.*clip-count-stddev"):
+    with pytest.raises(ValueError, match=r"count_noise_multiplier=9\.0.*clip-count-stddev"):
         resume(outcome.out_dir)

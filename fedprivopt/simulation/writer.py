@@ -212,6 +212,18 @@ def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None
             "; each update leaves its device carrying a noise share, and the full guarantee "
             "needs min-shares honest shares (the server tops up when fewer arrive)"
         )
+    if s.adaptive:
+        text += (
+            "; adaptive clipping: each user also reports whether its update was clipped, and the "
+            "noised count is part of every round's privacy event (sum and count together have "
+            f"noise multiplier {s.noise_multiplier:g}); the clip norm is computed from released "
+            "counts only"
+        )
+        if s.noise_mode == "distributed":
+            text += (
+                "; a report is then a noised share the server cannot check for being 0 or 1, so "
+                "a hostile client can move the count by up to 1/2 + 11 times the share's std"
+            )
     if s.strategy == "adadps":
         kind = f" ({side.kind})" if side is not None else ""
         text += f"; the side information{kind} must be public: it is not covered by the guarantee"

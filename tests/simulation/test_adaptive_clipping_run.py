@@ -160,3 +160,10 @@ def test_an_edited_count_noise_in_the_ledger_is_refused(tmp_path):
     )
     with pytest.raises(ValueError, match=r"count_noise_multiplier=9\.0.*clip-count-stddev"):
         resume(outcome.out_dir)
+
+
+def test_summary_states_the_adaptive_clipping_threat_model(tmp_path):
+    outcome = simulate(adaptive_config(**{"num-server-rounds": 1}), tmp_path / "s")
+    summary = json.loads((outcome.out_dir / "summary.json").read_text())
+    assert "adaptive clipping" in summary["threat_model"]
+    assert summary["config"]["adaptive-clipping"] is True

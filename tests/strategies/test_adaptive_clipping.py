@@ -212,3 +212,18 @@ def test_non_private_baselines_ignore_it_and_defaults_leave_the_mapping_unchange
     plain = StrategyConfig()
     assert "adaptive-clipping" not in plain.to_mapping()
     assert StrategyConfig.from_mapping(config().to_mapping()) == config()
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_calibrated_sigma_gives_the_adaptive_run_its_target(sampling):
+    from fedprivopt.privacy import calibrate_noise_multiplier
+
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=4.0, delta=1e-5, rounds=6, sampling=sampling, sample_rate=8 / 40,
+        population=40, cohort_size=8,
+    )  # fmt: skip
+    alg = make(config(**{"noise-multiplier": sigma, "sampling": sampling}))
+    for r in range(1, 7):
+        drive_round(alg, r, reporting())
+    assert alg.epsilon() <= 4.0 * (1 + 1e-9)
+    assert alg.epsilon() == pytest.approx(4.0, rel=1e-3)

@@ -50,7 +50,7 @@ class AdamBCState(StateDictMixin):
 def adam_bc(
     *,
     learning_rate: float,
-    gamma: float,
+    gamma: float | None,
     noise_variance: float | Callable[[int], float] | None,
     beta1: float = 0.9,
     beta2: float = 0.99,
@@ -91,8 +91,12 @@ def adam_bc(
     ----------
     learning_rate : float
         Server learning rate ``η`` in ``(0, inf)``.
-    gamma : float
+    gamma : float or None
         Floor ``γ′`` of the corrected second moment, in ``(0, inf)``; on the scale of ``Φ``.
+        ``None``: the floor follows the noise, ``γ′_t = Φ̂_t`` (then ``Φ_t > 0`` is required):
+        with a constant ``Φ`` this is ``γ′ = Φ``; when ``Φ_t`` moves (adaptive clipping moves
+        ``C``) a fixed ``γ′`` chosen for the first round would be off by the square of ``C``'s
+        change (measured: ``C`` 0.2 → 3.6 made ``Φ`` 300 times larger and DP-AdamBC diverged).
     noise_variance : float or callable or None
         Per-coordinate noise variance ``Φ`` of Δ̃: a float in ``[0, inf)``; a callable
         ``t -> Φ_t`` of the 1-based update index; or ``None``, in which case every call must
@@ -121,7 +125,8 @@ def adam_bc(
     .. [2] D. P. Kingma, J. Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015.
     """
     lr = check_real("learning_rate", learning_rate, low=0.0, low_open=True)
-    gamma = check_real("gamma", gamma, low=0.0, low_open=True)
+    if gamma is not None:
+        gamma = check_real("gamma", gamma, low=0.0, low_open=True)
     phi_spec = check_noise_variance_spec(noise_variance, allow_none=True)
     b1 = check_real("beta1", beta1, low=0.0, high=1.0, high_open=True)
     b2 = check_real("beta2", beta2, low=0.0, high=1.0, high_open=True)
@@ -149,7 +154,10 @@ def adam_bc(
         bc2 = 1.0 - b2**t
         # v_hat - Phi_hat = (v - e) / b_2 and the floor gamma on it is gamma * b_2 on v - e, so
         # step = lr * (sqrt(b_2) / b_1) * m / sqrt(max(v - e, gamma * b_2)): one temporary.
-        floor = gamma * bc2
+        # Following the noise (gamma None), gamma_t = Phi_hat_t = e / b_2: the floor is e itself.
+        if gamma is None and not noise_ema > 0.0:
+            raise ValueError("gamma = None (the floor follows the noise) needs noise variance > 0")
+        floor = noise_ema if gamma is None else gamma * bc2
         denom = nu.sub(noise_ema)
         floor_count = int(torch.count_nonzero(denom < floor))
         denom.clamp_(min=floor).sqrt_()

@@ -59,7 +59,9 @@ class DPFedAdam(ServerAlgorithm):
 class DPFedAdamBC(ServerAlgorithm):
     """DP-AdamBC: Adam with the known noise variance of Δ̃ removed from its second moment.
 
-    The floor ``γ′`` defaults to ``Φ = (σC/m̄)²``, the noise variance itself: a coordinate whose
+    The floor ``γ′`` defaults to ``Φ = (σC/m̄)²``, the noise variance itself, and follows it
+    round by round (``Φ̂_t``, the bias-corrected average of the rounds' noise variances, which
+    adaptive clipping moves with ``C``): a coordinate whose
     corrected ``v̂ - Φ`` is below the noise level then takes Adam's pure-noise step
     (``m̂/√Φ``), never more. The old default ``γ′ = 1e-8`` let such coordinates step by
     ``m̂/10⁻⁴``; on ``simulations/adadps-paper.toml`` (Φ = 9e-4, 3 seeds) that diverged (accuracy
@@ -71,7 +73,7 @@ class DPFedAdamBC(ServerAlgorithm):
         c = self.config
         return optim.adam_bc(
             learning_rate=c.server_learning_rate,
-            gamma=c.options.gamma if c.options.gamma is not None else self.noise_std_of_mean() ** 2,
+            gamma=c.options.gamma,  # None: the floor follows the round's noise variance
             noise_variance=None,  # passed every round: (std of the noise on Δ̃)²
             beta1=c.options.beta1,
             beta2=c.options.beta2,

@@ -196,7 +196,8 @@ class AdamBCOptions(MomentOptions):
     Attributes
     ----------
     gamma : float or None
-        The floor ``γ′`` of ``v̂ - Φ``. ``None`` (default): ``Φ = (σC/m̄)²`` itself, so a
+        The floor ``γ′`` of ``v̂ - Φ``. ``None`` (default): ``Φ = (σC/m̄)²`` itself, followed
+        round by round when the noise moves (adaptive clipping), so a
         coordinate whose corrected moment is below the noise level takes Adam's pure-noise step
         ``m̂/√Φ``. The old default 1e-8 let such coordinates step by ``m̂/10⁻⁴``: on
         ``simulations/adadps-paper.toml`` (Φ = 9e-4, 3 seeds) accuracy 0.004, eval loss 1371,

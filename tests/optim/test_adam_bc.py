@@ -26,7 +26,10 @@ def test_first_step_hand_computed():
 
 
 def _reference(deltas, phis, lr, b1, b2, gamma):
-    """The DP-AdamBC update written out in float64 numpy, independently of the module."""
+    """The DP-AdamBC update written out in float64 numpy, independently of the module.
+
+    ``gamma=None``: the floor is the bias-corrected noise variance of that step.
+    """
     m = np.zeros_like(deltas[0])
     v = np.zeros_like(deltas[0])
     e = 0.0
@@ -35,9 +38,28 @@ def _reference(deltas, phis, lr, b1, b2, gamma):
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g**2
         e = b2 * e + (1 - b2) * phi
-        denom = np.sqrt(np.maximum(v / (1 - b2**t) - e / (1 - b2**t), gamma))
+        floor = e / (1 - b2**t) if gamma is None else gamma
+        denom = np.sqrt(np.maximum(v / (1 - b2**t) - e / (1 - b2**t), floor))
         steps.append(lr * (m / (1 - b1**t)) / denom)
     return steps
+
+
+def test_floor_follows_a_moving_noise_variance(gen):
+    """gamma=None: the floor is Phi_hat_t, so it moves when the noise does (adaptive clipping)."""
+    deltas = [randn(40, gen, std=0.1, dtype=torch.float64) for _ in range(8)]
+    phis = [0.004 * 1.5**t for t in range(1, 9)]  # the clip norm growing by 1.22 a round
+    tx = adam_bc(learning_rate=0.05, gamma=None, noise_variance=lambda t: 0.004 * 1.5**t)
+    steps, _ = run(tx, deltas)
+    expected = _reference([d.numpy() for d in deltas], phis, 0.05, 0.9, 0.99, None)
+    for ours, ref in zip(steps, expected, strict=True):
+        np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-10, atol=1e-14)
+    # with a constant Phi it is the fixed floor gamma = Phi
+    fixed, _ = run(adam_bc(learning_rate=0.05, gamma=0.004, noise_variance=0.004), deltas)
+    follow, _ = run(adam_bc(learning_rate=0.05, gamma=None, noise_variance=0.004), deltas)
+    for a, b in zip(fixed, follow, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=0.0)
+    with pytest.raises(ValueError, match=r"gamma = None .* needs noise variance > 0"):
+        run(adam_bc(learning_rate=0.05, gamma=None, noise_variance=0.0), deltas[:1])
 
 
 def test_two_steps_hand_computed():

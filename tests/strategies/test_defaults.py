@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedprivopt.optim import noise_calibrated_tolerance
 from fedprivopt.simulation.config import load_config
@@ -37,8 +38,13 @@ def _alg(strategy, **kw):
 def test_bc_floor_defaults_to_the_noise_variance():
     alg = _alg("dp-fedadam-bc")
     assert StrategyConfig(strategy="dp-fedadam-bc").options.gamma is None
-    assert alg.transform.hparams["gamma"] == pytest.approx((1.5 * 2.0 / 8.0) ** 2)
+    assert alg.transform.hparams["gamma"] is None  # the floor follows the round's Phi
     assert _alg("dp-fedadam-bc", gamma=1e-3).transform.hparams["gamma"] == 1e-3
+    # with a fixed clip norm the floor is Phi = (sigma C / m)^2: the same model as gamma = Phi
+    explicit = _alg("dp-fedadam-bc", gamma=(1.5 * 2.0 / 8.0) ** 2)
+    for a in (alg, explicit):
+        drive_round(a, 1, fixed_updates())
+    torch.testing.assert_close(alg.params, explicit.params, rtol=1e-12, atol=0.0)
 
 
 def test_adadp_tolerance_defaults_to_the_noise_calibrated_one():

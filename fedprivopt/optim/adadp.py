@@ -234,6 +234,8 @@ class ADADPController:
         params: torch.Tensor,
         delta_1: torch.Tensor,
         delta_2: torch.Tensor,
+        *,
+        tolerance: float | None = None,
     ) -> ADADPResult:
         """Accept or reject the round and adapt ``η``.
 
@@ -247,6 +249,9 @@ class ADADPController:
             Noised mean update of cohort 1, trained at ``w``.
         delta_2 : torch.Tensor
             Noised mean update of cohort 2, trained at :meth:`half_step`.
+        tolerance : float, optional
+            This round's ``τ`` instead of :attr:`tolerance` (``> 0``): a tolerance calibrated to
+            a noise level that moves by round (adaptive clipping moves ``C``).
 
         Returns
         -------
@@ -259,6 +264,11 @@ class ADADPController:
             If the tensors disagree in shape, dtype or device, or the error is not finite.
         """
         _check_inputs(params, delta_1=delta_1, delta_2=delta_2)
+        tau = (
+            self.tolerance
+            if tolerance is None
+            else check_real("tolerance", tolerance, low=0.0, low_open=True)
+        )
         lr = state.learning_rate
         full = params + lr * delta_1
         two_half = self.half_step(state, params, delta_1).add_(delta_2, alpha=0.5 * lr)
@@ -268,9 +278,9 @@ class ADADPController:
         if error == 0.0:
             factor = self.alpha_max
         else:
-            raw = self.safety * (self.tolerance / error) ** self.error_exponent
+            raw = self.safety * (tau / error) ** self.error_exponent
             factor = min(max(raw, self.alpha_min), self.alpha_max)
-        accepted = error <= self.tolerance
+        accepted = error <= tau
         new_state = ADADPState(
             learning_rate=lr * factor,
             accepted=state.accepted + int(accepted),

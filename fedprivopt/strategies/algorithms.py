@@ -17,6 +17,7 @@ A. Koskela, A. Honkela, "Learning Rate Adaptation for Differentially Private Lea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from functools import cached_property
 from typing import Any
@@ -178,6 +179,23 @@ class DPFedAvgADADP(ServerAlgorithm):
     def init_state(self) -> optim.ADADPState:
         return self.controller.init()
 
+    def round_tolerance(self, noise_std_1: float, noise_std_2: float) -> float | None:
+        """The tolerance of a round whose noise moved (adaptive clipping, no tolerance set).
+
+        The noise of ``(η/2)(Δ̃₁ - Δ̃₂)`` has per-coordinate std ``(η/2)√(s₁² + s₂²)``, so the
+        calibration of :func:`~fedprivopt.optim.noise_calibrated_tolerance` uses
+        ``s = √((s₁² + s₂²)/2)``; with a fixed clip norm the controller's own ``τ`` (``None``).
+        Measured before: from C₀ = 0.2 adaptive clipping grew C to 1.4 and, with τ fixed at
+        C₀'s noise, ADADP rejected its rounds and stayed at the prior (0.271, 3 seeds).
+        """
+        if not self.config.adaptive or self.config.options.adadp_tolerance is not None:
+            return None
+        return optim.noise_calibrated_tolerance(
+            learning_rate=self.config.server_learning_rate,
+            noise_std=math.sqrt((noise_std_1**2 + noise_std_2**2) / 2.0),
+            dim=self.params.numel(),
+        )
+
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         cfg = self.client_settings()
         users_1 = self.sample(round_num, "sampling")
@@ -188,8 +206,9 @@ class DPFedAvgADADP(ServerAlgorithm):
         updates_2 = yield TrainRequest(round_num, users_2, half, None, cfg, "train-2")
         agg_2 = self.aggregate(round_num, updates_2, stream="train-2")
         lr = self.opt_state.learning_rate
+        tolerance = self.round_tolerance(agg_1.noise_std, agg_2.noise_std)
         res = self.controller.update(
-            self.opt_state, self.params, agg_1.delta_tilde, agg_2.delta_tilde
+            self.opt_state, self.params, agg_1.delta_tilde, agg_2.delta_tilde, tolerance=tolerance
         )
         self.params, self.opt_state = res.params, res.state
         metrics = {f"{k}_1": v for k, v in agg_1.metrics.items()}
@@ -198,7 +217,7 @@ class DPFedAvgADADP(ServerAlgorithm):
             "adadp_step_accepted": float(res.accepted),
             "adadp_accept_rate": res.state.accepted / (res.state.accepted + res.state.rejected),
             "adadp_error": res.error,
-            "adadp_tolerance": self.controller.tolerance,
+            "adadp_tolerance": self.controller.tolerance if tolerance is None else tolerance,
             "server_learning_rate": lr,
             "noise_std": agg_1.metrics["noise_std"],
         }

@@ -59,6 +59,28 @@ def test_adadp_tolerance_defaults_to_the_noise_calibrated_one():
     assert res.metrics["adadp_accept_rate"] == res.metrics["adadp_step_accepted"]
 
 
+def test_adadp_tolerance_follows_the_noise_under_adaptive_clipping():
+    """The noise moves with C: the default tolerance is recalibrated every round."""
+    import math
+
+    alg = _alg(
+        "dp-fedavg-adadp", server_learning_rate=0.7, adaptive_clipping=True, clip_count_stddev=2.0
+    )
+    tolerances = []
+    for r in (1, 2, 3):
+        m = drive_round(alg, r, fixed_updates()).metrics
+        s = math.sqrt((m["noise_std_1"] ** 2 + m["noise_std_2"] ** 2) / 2)
+        expected = noise_calibrated_tolerance(learning_rate=0.7, noise_std=s, dim=DIM)
+        assert m["adadp_tolerance"] == pytest.approx(expected, rel=1e-12)
+        tolerances.append(m["adadp_tolerance"])
+    assert len(set(tolerances)) == 3  # C, hence the noise and the tolerance, moved
+    # a tolerance that was set stays as set
+    fixed = _alg(
+        "dp-fedavg-adadp", adaptive_clipping=True, clip_count_stddev=2.0, adadp_tolerance=0.25
+    )
+    assert drive_round(fixed, 1, fixed_updates()).metrics["adadp_tolerance"] == 0.25
+
+
 def test_adadp_error_exponent_reaches_the_controller():
     assert _alg("dp-fedavg-adadp").controller.error_exponent == 0.5  # the authors' rule
     assert _alg("dp-fedavg-adadp", adadp_error_exponent=1.0).controller.error_exponent == 1.0

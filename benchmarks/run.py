@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from data_generation import bench_data_generation, data_lines  # noqa: E402
+from next_word import bench_next_word, next_word_lines  # noqa: E402
 
 from fedprivopt.privacy import (  # noqa: E402
     PrivacyAccountant,
@@ -415,6 +416,8 @@ def write(results: dict, root: Path) -> None:
         lines += _b2_lines(block)
     for block in results.get("data", []):
         lines += data_lines(block)
+    for block in results.get("nextword", []):
+        lines += next_word_lines(block)
     (root / "RESULTS.md").write_text("\n".join(lines) + "\n")
 
 
@@ -426,7 +429,7 @@ def merge(results: dict, other: dict, code: str = "") -> dict:
     """
     out = dict(results)
     stamp = other.get("code") or code or "not recorded"
-    for group in ("micro", "engines", "scaling", "data"):
+    for group in ("micro", "engines", "scaling", "data", "nextword"):
         devices = {entry["device"] for entry in other.get(group, [])}
         added = [dict(e, code=e.get("code") or stamp) for e in other.get(group, [])]
         if group == "micro":
@@ -440,7 +443,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and rounds")
     parser.add_argument(
-        "--only", choices=["micro", "engines", "scaling", "data"], action="append",
+        "--only", choices=["micro", "engines", "scaling", "data", "nextword"], action="append",
         help="run only these groups (repeatable; default: all; the others are kept from the "
         "previous results.json)",
     )  # fmt: skip
@@ -464,7 +467,9 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    empty = {"machine": machine(), "micro": [], "engines": [], "scaling": [], "data": []}
+    empty = {
+        "machine": machine(), "micro": [], "engines": [], "scaling": [], "data": [], "nextword": []
+    }  # fmt: skip
     previous = empty
     if (out / "results.json").exists():
         loaded = json.loads((out / "results.json").read_text())
@@ -473,7 +478,7 @@ def main() -> int:
         write(merge(previous, json.loads(Path(args.merge).read_text()), args.code), out)
         print(f"wrote {out / 'RESULTS.md'}")
         return 0
-    groups = set(args.only or ["micro", "engines", "scaling", "data"])
+    groups = set(args.only or ["micro", "engines", "scaling", "data", "nextword"])
     repeat = 3 if args.quick else 7
     rounds = 3 if args.quick else 5
     devices = args.devices.split(",") if args.devices else (
@@ -500,6 +505,11 @@ def main() -> int:
         ]
     if "data" in groups:
         results["data"] = [dict(bench_data_generation(), code=results["code"])]
+    if "nextword" in groups:
+        # compute-bound: one round of 50 real-size users is minutes on 2 cores
+        results["nextword"] = [
+            dict(bench_next_word(rounds=1, device=d), code=results["code"]) for d in devices
+        ]
     write(results, out)
     print(f"wrote {out / 'RESULTS.md'}")
     return 0

@@ -8,18 +8,17 @@ the noise share of distributed-noise mode), up to float rounding:
 
 * **stacked**: a chunk's ``U`` users each hold a copy of the flat model, one row of a ``(U, N)``
   matrix; every parameter is a strided ``(U, ...)`` view of it;
-* **batched**: local step ``t`` of every user still training is one pass of the
-  embedding-LSTM-projection-output model (:class:`~fedprivopt.models.next_word_model.
-  NextWordLSTM`) written with batched matmuls (``torch.baddbmm``) over the users, and one
-  hand-written backward pass (the LSTM's cell by cell, its weight gradients as one matmul over all
-  time steps), so that no autograd graph is built and no per-time-step weight gradient is ever
-  summed;
+* **batched**: local step ``t`` of every user still training is one call of
+  :func:`~fedprivopt.models.next_word_cohort_step.sgd_step`: the embedding-LSTM-projection-output
+  model (:class:`~fedprivopt.models.next_word_model.NextWordLSTM`) written with batched matmuls
+  over the users and a hand-written backward pass over a minibatch packed by time step (no
+  autograd graph, no gradient buffer, almost no work on padding);
 * **prefix-active**: users are ordered by their number of local steps, longest first, so the
   users still training at step ``t`` are always a leading slice of the stack (finished users cost
   nothing, and no copy is made to drop them).
 
-A minibatch is padded to the longest of the step (rows and time steps): padded targets weigh 0,
-and since padding only follows a sentence and the LSTM is causal, no real target's loss changes.
+Users' minibatches are padded to the largest of the step: padded targets weigh 0, and since
+padding only follows a sentence and the LSTM is causal, no real target's loss changes.
 Each user's loss is its own minibatch mean over its non-pad targets (the task's loss), and users'
 weights are disjoint, so the gradient of the sum is every user's own gradient.
 
@@ -31,11 +30,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from fedprivopt.core.local import LocalConfig, epoch_orders
+from fedprivopt.models.next_word_cohort_step import sgd_step
 from fedprivopt.models.next_word_tokens import PAD
 from fedprivopt.privacy.clip import clip_l2, l2_norm
 from fedprivopt.privacy.noise import add_gaussian_noise
@@ -110,6 +111,13 @@ class NextWordCohortTrainer:
     chunk_users : int
         At most this many users are trained together, ``>= 1``; fewer if a step's logits of that
         many users would exceed :data:`LOGIT_BYTES`.
+    cpu_threads : int or None
+        torch intra-op threads while the local steps run on the CPU, ``>= 1`` (restored
+        afterwards); ``None`` leaves torch's setting alone. Default 1: on a busy 2-core machine
+        each of the many small parallel regions of a step waits for a descheduled thread
+        (measured: 4 users of 64 examples at the full model, 11 GFLOP/s with 1 thread, 2.3 with
+        2; ``benchmarks/NOTES.md`` entry 9). For more cores, shard over Ray actors
+        (``fast-actors``).
 
     Attributes
     ----------
@@ -119,9 +127,19 @@ class NextWordCohortTrainer:
 
     noise_shares = True
 
-    def __init__(self, task, *, device: str | torch.device | None = None, chunk_users: int = 256):
+    def __init__(
+        self,
+        task,
+        *,
+        device: str | torch.device | None = None,
+        chunk_users: int = 256,
+        cpu_threads: int | None = 1,
+    ):
         if isinstance(chunk_users, bool) or int(chunk_users) < 1:
             raise ValueError(f"chunk_users must be an integer >= 1, got {chunk_users!r}")
+        if cpu_threads is not None and (isinstance(cpu_threads, bool) or int(cpu_threads) < 1):
+            raise ValueError(f"cpu_threads must be an integer >= 1 or None, got {cpu_threads!r}")
+        self.cpu_threads = None if cpu_threads is None else int(cpu_threads)
         self.task = task
         self.W = int(task.num_tokens)
         self.e = int(task.embedding_dim)
@@ -148,6 +166,17 @@ class NextWordCohortTrainer:
             f"NextWordCohortTrainer(W={self.W}, e={self.e}, h={self.h}, device={self.device}, "
             f"chunk_users={self.chunk_users})"
         )
+
+    @contextmanager
+    def _step_threads(self) -> Iterator[None]:
+        """Run the block with :attr:`cpu_threads` intra-op threads (on the CPU), then restore."""
+        threads = torch.get_num_threads()
+        if self.cpu_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
     def _views(self, stack: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each parameter of the ``(U, N)`` stack as a ``(U, *shape)`` view."""
@@ -242,18 +271,21 @@ class NextWordCohortTrainer:
         data = [data[i] for i in order]
         n = len(users)
         stack = w0.expand(n, -1).clone()
-        grad = torch.empty_like(stack)
-        params, grads = self._views(stack), self._views(grad)
+        params = self._views(stack)
+        pc = None if precond is None else self._views(precond[None])
         steps = len(data[0].batches) if data else 0
-        for t in range(steps):
-            active = sum(1 for d in data if len(d.batches) > t)
-            x, y = self._step_batch([d for d in data[:active]], t)
-            p = {k: v[:active] for k, v in params.items()}
-            g = {k: v[:active] for k, v in grads.items()}
-            self._gradients(p, g, x, y)
-            if precond is not None:
-                grad[:active].div_(precond)
-            stack[:active].sub_(grad[:active], alpha=config.learning_rate)
+        with self._step_threads():
+            for t in range(steps):
+                active = sum(1 for d in data if len(d.batches) > t)
+                x, y, sizes = self._step_batch(data[:active], t)
+                sgd_step(
+                    {k: v[:active] for k, v in params.items()},
+                    pc,
+                    x,
+                    y,
+                    sizes,
+                    config.learning_rate,
+                )
         stack.sub_(w0)
         deltas = torch.empty(n, self.length, dtype=torch.float32)
         norms = [0.0] * n
@@ -286,114 +318,33 @@ class NextWordCohortTrainer:
             vector = add_gaussian_noise(vector, config.noise_std, generator=gen)
         return vector.to(device="cpu", dtype=torch.float32), float(norm)
 
-    def _step_batch(self, data: list[_User], t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step ``t``'s minibatches of the active users, padded: ids ``(a, T, B)``, time-major.
+    def _step_batch(
+        self, data: list[_User], t: int
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Step ``t``'s minibatches of the active users, packed by time step.
 
-        ``T`` is the last column holding a non-pad target of any of them, ``B`` the largest
-        minibatch.
+        Each user's minibatch is ordered by length (non-pad targets), longest first (the order
+        of a minibatch's examples does not change its mean loss), so at time ``j`` the examples
+        still running are a leading slice of each; ``sizes[j]`` is the longest such slice over
+        the users. Returns ``(a, P)`` ids ``x`` and targets ``y``, time step ``j`` at columns
+        ``sum(sizes[:j]) ...`` (``P = sum(sizes)``; columns past a user's examples hold pad),
+        and ``sizes``.
         """
         rows = max(int(d.batches[t].numel()) for d in data)
         seq = int(data[0].x.shape[1])
         x = torch.full((len(data), rows, seq), PAD, dtype=torch.int64)
         y = torch.full_like(x, PAD)
+        lengths = torch.zeros(len(data), rows, dtype=torch.int64)
         for i, d in enumerate(data):
             pos = d.batches[t]
-            x[i, : pos.numel()] = d.x[pos]
-            y[i, : pos.numel()] = d.y[pos]
-        cols = torch.nonzero((y != PAD).flatten(0, 1).any(dim=0))
-        width = int(cols.max()) + 1 if cols.numel() else 1
-        x = x[:, :, :width].transpose(1, 2).contiguous().to(self.device)
-        y = y[:, :, :width].transpose(1, 2).contiguous().to(self.device)
-        return x, y
-
-    # --------------------------------------------------------------------- forward/backward
-    def _gradients(
-        self,
-        p: dict[str, torch.Tensor],
-        g: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-    ) -> None:
-        """Write into ``g`` the gradient of every active user's mean minibatch loss.
-
-        ``p`` and ``g`` hold ``(a, *shape)`` views of the parameters and of their gradients; ``x``
-        and ``y`` are ``(a, T, B)`` ids. The forward pass keeps the gate activations and cell
-        states; the backward pass is the LSTM's, written out (PyTorch's gate order: input,
-        forget, cell, output).
-        """
-        a, T, B = x.shape
-        h = self.h
-        dtype = p["emb"].dtype
-        users = torch.arange(a, device=x.device)[:, None, None]
-        # -------- forward
-        xe = p["emb"][users, x].reshape(a, T * B, self.e)  # (a, TB, e)
-        bias = (p["b_ih"] + p["b_hh"])[:, None, :]
-        acts = torch.baddbmm(bias, xe, p["w_ih"].transpose(1, 2))  # (a, TB, 4h) pre-activations
-        w_hh_t = p["w_hh"].transpose(1, 2)
-        hs = torch.zeros(a, (T + 1) * B, h, dtype=dtype, device=x.device)  # h_0 = 0, then h_t
-        cs = torch.zeros(a, (T + 1) * B, h, dtype=dtype, device=x.device)
-        tcs = torch.empty(a, T * B, h, dtype=dtype, device=x.device)
-        for t in range(T):
-            cur = slice(t * B, (t + 1) * B)
-            nxt = slice((t + 1) * B, (t + 2) * B)
-            gates = acts[:, cur]
-            gates.baddbmm_(hs[:, cur], w_hh_t)
-            gates[..., : 2 * h].sigmoid_()
-            gates[..., 2 * h : 3 * h].tanh_()
-            gates[..., 3 * h :].sigmoid_()
-            i, f, c_in, o = gates.split(h, dim=2)
-            c = torch.addcmul(f * cs[:, cur], i, c_in, out=cs[:, nxt])
-            tc = torch.tanh(c, out=tcs[:, cur])
-            torch.mul(o, tc, out=hs[:, nxt])
-        out_h = hs[:, B:]
-        proj = torch.baddbmm(p["b_p"][:, None, :], out_h, p["w_p"].transpose(1, 2))  # (a, TB, e)
-        logits = torch.baddbmm(p["b_o"][:, None, :], proj, p["w_o"].transpose(1, 2))
-        # -------- d (sum over users of each one's mean loss) / d logits: softmax - one-hot
-        target = y.reshape(a, T * B)
-        valid = target != PAD
-        count = valid.sum(dim=1, keepdim=True).clamp_min(1).to(dtype)
-        weight = valid.to(dtype) / count  # (a, TB)
-        dlogits = logits.softmax(dim=2)
-        del logits
-        dlogits.scatter_add_(2, target[..., None], -torch.ones_like(weight)[..., None])
-        dlogits.mul_(weight[..., None])
-        # -------- output and projection layers
-        g["w_o"].copy_(torch.bmm(dlogits.transpose(1, 2), proj))
-        g["b_o"].copy_(dlogits.sum(dim=1))
-        dproj = torch.bmm(dlogits, p["w_o"])  # (a, TB, e)
-        del dlogits
-        g["w_p"].copy_(torch.bmm(dproj.transpose(1, 2), out_h))
-        g["b_p"].copy_(dproj.sum(dim=1))
-        dh_all = torch.bmm(dproj, p["w_p"])  # (a, TB, h): d loss / d h_t from the outputs
-        # -------- LSTM, backwards through time
-        dgates = torch.empty_like(acts)
-        dh = torch.zeros(a, B, h, dtype=dtype, device=x.device)
-        dc = torch.zeros_like(dh)
-        w_hh = p["w_hh"]
-        for t in reversed(range(T)):
-            cur = slice(t * B, (t + 1) * B)
-            i, f, c_in, o = acts[:, cur].split(h, dim=2)
-            di, df, dc_in, do = dgates[:, cur].split(h, dim=2)
-            tc = tcs[:, cur]
-            dh += dh_all[:, cur]
-            torch.mul(dh, tc, out=do)
-            dc.addcmul_(dh * o, 1.0 - tc * tc)
-            torch.mul(dc, c_in, out=di)
-            torch.mul(dc, i, out=dc_in)
-            torch.mul(dc, cs[:, cur], out=df)
-            dc.mul_(f)
-            # through the activations: sigmoid' = s (1 - s), tanh' = 1 - t^2
-            di.mul_(i * (1.0 - i))
-            df.mul_(f * (1.0 - f))
-            dc_in.mul_(1.0 - c_in * c_in)
-            do.mul_(o * (1.0 - o))
-            torch.bmm(dgates[:, cur], w_hh, out=dh)
-        dgates_t = dgates.transpose(1, 2)
-        g["w_hh"].copy_(torch.bmm(dgates_t, hs[:, : T * B]))
-        g["w_ih"].copy_(torch.bmm(dgates_t, xe))
-        g["b_ih"].copy_(dgates.sum(dim=1))
-        g["b_hh"].copy_(g["b_ih"])
-        dxe = torch.bmm(dgates, p["w_ih"])  # (a, TB, e)
-        g["emb"].zero_()
-        g["emb"].index_put_((users.reshape(a, 1).expand(a, T * B), x.reshape(a, T * B)), dxe,
-                            accumulate=True)  # fmt: skip
+            yi = d.y[pos]
+            # length: one past the last non-pad target (padding only follows a sentence)
+            last = torch.where(yi != PAD, torch.arange(1, seq + 1), 0).amax(dim=1)
+            order = torch.sort(last, descending=True, stable=True).indices
+            x[i, : pos.numel()], y[i, : pos.numel()] = d.x[pos][order], yi[order]
+            lengths[i, : pos.numel()] = last[order]
+        width = max(1, int(lengths.max()))
+        sizes = [max(1, int((lengths > j).sum(dim=1).max())) for j in range(width)]
+        x = torch.cat([x[:, : sizes[j], j] for j in range(width)], dim=1)
+        y = torch.cat([y[:, : sizes[j], j] for j in range(width)], dim=1)
+        return x.to(self.device), y.to(self.device), sizes

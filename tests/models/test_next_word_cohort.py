@@ -111,6 +111,8 @@ def test_bad_arguments_and_flops(task):
     assert cohort.length == w.numel() == task.parameter_count()
     with pytest.raises(ValueError, match="chunk_users"):
         NextWordCohortTrainer(task, chunk_users=0)
+    with pytest.raises(ValueError, match="cpu_threads"):
+        NextWordCohortTrainer(task, cpu_threads=0)
     with pytest.raises(ValueError, match="flat vector"):
         next(cohort.train_batches(w[:-1], [0], round_num=1, config=cfg, rngs=RngFactory(seed=1)))
     with pytest.raises(ValueError, match="preconditioner"):
@@ -181,3 +183,26 @@ def test_the_engine_trains_next_word_cohorts_vectorized(task):
     trainer = UserTrainer(task, device="cpu", vectorize=True, chunk_users=4, secure=False)
     assert settings.local.noise_std > 0 and trainer.mode(settings) == "vectorized"
     assert isinstance(trainer.cohort, NextWordCohortTrainer)
+
+
+def test_steps_run_on_cpu_threads_and_restore_them(task, monkeypatch):
+    from fedprivopt.models import next_word_cohort
+
+    seen = []
+    step = next_word_cohort.sgd_step
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return step(*args)
+
+    monkeypatch.setattr(next_word_cohort, "sgd_step", spy)
+    w = initial_flat(task)
+    cfg = LocalConfig(learning_rate=0.5, batch_size=8, max_examples=16)
+    torch.set_num_threads(2)
+    trainer = NextWordCohortTrainer(task, device="cpu", cpu_threads=1)
+    list(trainer.train(w, [0, 1], round_num=1, config=cfg, rngs=RngFactory(seed=1)))
+    assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    seen.clear()
+    unset = NextWordCohortTrainer(task, device="cpu", cpu_threads=None)
+    list(unset.train(w, [0], round_num=1, config=cfg, rngs=RngFactory(seed=1)))
+    assert set(seen) == {2}

@@ -25,6 +25,7 @@ __all__ = ["main"]
 from fedprivopt.cli_args import (
     DELTA,
     EXIT_USAGE,
+    NOISE_MULTIPLIER,
     POSITIVE,
     RATE,
     HelpFormatter,
@@ -49,10 +50,10 @@ def _add_sampling_args(p: argparse.ArgumentParser, *, needs_sigma: bool) -> None
     if needs_sigma:
         p.add_argument(
             "--noise-multiplier",
-            type=POSITIVE,
+            type=NOISE_MULTIPLIER,
             required=True,
             metavar="S",
-            help="noise std on the clipped sum divided by the clip norm C (> 0)",
+            help="noise std on the clipped sum divided by the clip norm C (>= 1e-100)",
         )
     p.add_argument(
         "--sample-rate",

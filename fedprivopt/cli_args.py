@@ -263,3 +263,6 @@ def int_at_least(lo: int) -> Callable[[str], int]:
 POSITIVE = float_range(0.0, math.inf, lo_open=True, hi_open=True)
 RATE = float_range(0.0, 1.0, lo_open=True, hi_open=False)
 DELTA = float_range(0.0, 1.0, lo_open=True, hi_open=True)
+#: ``--noise-multiplier``: at least ``privacy.events.MIN_NOISE_MULTIPLIER`` (1e-100; not imported,
+#: to keep dp-accounting out of the parser), below which the accountants are not reliable.
+NOISE_MULTIPLIER = float_range(1e-100, math.inf, lo_open=False, hi_open=True)

@@ -128,8 +128,8 @@ def test_calibrate_round_trips_through_epsilon(capsys):
 
 
 BAD = [
-    (["--noise-multiplier", "0"], "--noise-multiplier", "(0, inf)"),
-    (["--noise-multiplier", "-1"], "--noise-multiplier", "(0, inf)"),
+    (["--noise-multiplier", "0"], "--noise-multiplier", "[1e-100, inf)"),
+    (["--noise-multiplier", "-1"], "--noise-multiplier", "[1e-100, inf)"),
     (["--sample-rate", "0"], "--sample-rate", "(0, 1]"),
     (["--sample-rate", "1.5"], "--sample-rate", "(0, 1]"),
     (["--delta", "0"], "--delta", "(0, 1)"),

@@ -89,7 +89,8 @@ def _rdp_curve(event: SubsampledGaussianEvent) -> np.ndarray:
         orders=list(_RDP_ORDERS), neighboring_relation=event.neighboring_relation
     )
     acc.compose(event.to_dp_event())
-    curve = acc.rdp
+    # an order whose RDP is NaN is unbounded, not absent (dp-accounting would drop it)
+    curve = np.where(np.isnan(acc.rdp), np.inf, acc.rdp)
     curve.setflags(write=False)
     return curve
 
@@ -200,10 +201,21 @@ def compose_epsilon(
         # what RdpAccountant.compose accumulates; computing each distinct curve once (cached)
         # makes a per-round epsilon cost a dot product instead of a series evaluation.
         total = sum(count * _rdp_curve(event) for event, count in ledger)
-        return float(rdp.rdp_privacy_accountant.compute_epsilon(_RDP_ORDERS, total, delta)[0])
-    return pld_epsilon(
-        single_gaussians(ledger), delta, check_pld_discretization(pld_discretization)
+        return _spent(rdp.rdp_privacy_accountant.compute_epsilon(_RDP_ORDERS, total, delta)[0])
+    return _spent(
+        pld_epsilon(single_gaussians(ledger), delta, check_pld_discretization(pld_discretization))
     )
+
+
+def _spent(eps: float) -> float:
+    """``eps`` as a float, a NaN as ``inf``: a failed computation never reports less spent.
+
+    (dp-accounting drops orders whose RDP is NaN and returns 0 when none is left; events below
+    ``MIN_NOISE_MULTIPLIER``, where that happened, are refused when they are built.) A 0 itself
+    can be right: at a large σ the round is (0, δ)-DP for the δ asked.
+    """
+    eps = float(eps)
+    return math.inf if math.isnan(eps) else eps
 
 
 class PrivacyAccountant:

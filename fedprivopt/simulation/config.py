@@ -39,6 +39,7 @@ from fedprivopt.models.side_information_config import (
     resolve_side_information,
 )
 from fedprivopt.models.task import Task
+from fedprivopt.privacy.events import MIN_NOISE_MULTIPLIER
 from fedprivopt.simulation.files import to_toml
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 
@@ -311,8 +312,15 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         run["client_cpus"] = float(run["client_cpus"])
     if "client_gpus" in run and type(run["client_gpus"]) is int:  # not bool: false is no count
         run["client_gpus"] = float(run["client_gpus"])
+    strategy_config = StrategyConfig.from_mapping(strategy)
+    if 0 < strategy_config.noise_multiplier < MIN_NOISE_MULTIPLIER:
+        raise ValueError(
+            f"noise-multiplier must be 0 (no privacy) or at least {MIN_NOISE_MULTIPLIER:g} "
+            "(below it the accountants are not numerically reliable), got "
+            f"{strategy_config.noise_multiplier:g}"
+        )
     return RunConfig(
-        strategy=StrategyConfig.from_mapping(strategy),
+        strategy=strategy_config,
         task_params=task_params,
         side_information=SideInformationSpec.parse(side),
         **run,

@@ -492,3 +492,54 @@ def test_prv_limit_is_the_module_constant(monkeypatch):
     monkeypatch.setattr(prv_guard, "PRV_MAX_BYTES", 2**20)
     with pytest.raises(ValueError, match="limit 1 MiB"):
         compose_epsilon([(ev, 10_000)], 1e-5, accountant="prv")
+
+
+# -- sixth review: tiny noise multipliers -----------------------------------------------------
+
+
+@pytest.mark.parametrize("sigma", [1e-101, 4.7e-152, 1e-155, 1e-160, 1e-300, 5e-324])
+def test_a_noise_multiplier_below_the_floor_is_refused(sigma):
+    """σ 1e-155 at q 0.25 composed to ε 0 (dp-accounting's RDP was NaN); 1e-300 divided by 0."""
+    from fedprivopt.privacy.events import MIN_NOISE_MULTIPLIER
+
+    assert sigma < MIN_NOISE_MULTIPLIER == 1e-100
+    with pytest.raises(ValueError, match=r"noise_multiplier must be 0.*at least 1e-100"):
+        Poisson(sample_rate=0.25, noise_multiplier=sigma)
+    with pytest.raises(ValueError, match="count_noise_multiplier must be at least 1e-100"):
+        Poisson(sample_rate=0.25, noise_multiplier=1.0, count_noise_multiplier=sigma)
+
+
+def test_cli_floor_is_the_event_floor():
+    from fedprivopt.cli_args import NOISE_MULTIPLIER
+    from fedprivopt.privacy.events import MIN_NOISE_MULTIPLIER
+
+    assert NOISE_MULTIPLIER(repr(MIN_NOISE_MULTIPLIER)) == MIN_NOISE_MULTIPLIER
+
+
+@pytest.mark.parametrize("q", [0.01, 0.25, 1.0])
+def test_epsilon_never_falls_as_sigma_shrinks_to_the_floor(q):
+    """From σ 1 down to the floor the ε of one round is positive and grows: nothing lost to NaN."""
+    sigmas = [10.0**-k for k in range(0, 101, 4)] + [1e-100]
+    eps = [compose_epsilon([(Poisson(sample_rate=q, noise_multiplier=s), 3)], 1e-4) for s in sigmas]
+    assert all(e > 0 for e in eps), eps
+    assert all(b >= a for a, b in itertools.pairwise(eps)), eps
+
+
+def test_a_nan_rdp_counts_as_unbounded(monkeypatch):
+    """An order dp-accounting cannot compute (NaN) is infinite for ε, not left out (ε was 0)."""
+    import numpy as np
+
+    real = accounting.rdp.RdpAccountant
+
+    class NanRdp(real):
+        @property
+        def rdp(self):
+            return np.full_like(super().rdp, np.nan)
+
+    accounting._rdp_curve.cache_clear()
+    monkeypatch.setattr(accounting.rdp, "RdpAccountant", NanRdp)
+    try:
+        ev = Poisson(sample_rate=0.25, noise_multiplier=0.7)
+        assert compose_epsilon([(ev, 1)], 1e-4) == math.inf
+    finally:
+        accounting._rdp_curve.cache_clear()

@@ -43,10 +43,11 @@ def test_update_noise_multiplier_refuses_count_noise_at_most_half_sigma(sigma_b)
 def test_tiny_and_huge_sigmas_do_not_overflow():
     assert update_noise_multiplier(1e-200, 1.0) == 1e-200
     assert update_noise_multiplier(1e200, 1e201) == pytest.approx(1e200 / math.sqrt(1 - 0.0025))
+    # events stop at MIN_NOISE_MULTIPLIER (1e-100), where sigma**-2 still fits a float
     event = SubsampledGaussianEvent.poisson(
-        sample_rate=0.5, noise_multiplier=1e-200, count_noise_multiplier=1e-199
+        sample_rate=0.5, noise_multiplier=1e-100, count_noise_multiplier=1e-99
     )
-    assert event.effective_noise_multiplier == pytest.approx(1e-200 / math.sqrt(1.01))
+    assert event.effective_noise_multiplier == pytest.approx(1e-100 / math.sqrt(1.01))
 
 
 def test_default_count_stddev_is_the_papers():

@@ -473,3 +473,26 @@ def test_flower_client_resources_beyond_the_machine_are_refused_before_ray(tmp_p
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.name != "run.lock"}
     usage_error(run_cli(["simulate", "--resume", str(run), "--quiet"]), key, valid)
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != "run.lock"} == before
+
+
+# -- sixth review ------------------------------------------------------------------------------
+
+
+def test_epsilon_at_a_noise_multiplier_below_the_floor(tmp_path):
+    """σ 1e-155 printed epsilon 0.0000 (dp-accounting's NaN RDP); 1e-300 a ZeroDivisionError."""
+    for sigma in ("1e-155", "1e-300"):
+        argv = ["epsilon", "--noise-multiplier", sigma, "--sample-rate", "0.25", "--rounds", "1"]
+        usage_error(run_cli([*argv, "--delta", "1e-4"]), "--noise-multiplier", "1e-100")
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_runs_at_a_noise_multiplier_below_the_floor_write_nothing(tmp_path, command):
+    """simulate at σ 1e-160 reported ε 0 and skipped the budget stop; compare at 1e-300 left a
+    traceback, ``compare.lock`` and an empty ``runs/``."""
+    out = tmp_path / "R"
+    if command == "simulate":
+        argv = simulate(str(out), "--set", "noise-multiplier=1e-160", "--set", "target-epsilon=1")
+    else:
+        argv = compare(str(out), "--noise-multipliers", "1e-300")
+    usage_error(run_cli(argv), "noise-multiplier", "1e-100")
+    assert not out.exists()

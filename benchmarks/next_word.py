@@ -117,11 +117,18 @@ def bench_next_word(
                 first = (users, updates)
         users, updates = first
         local = LocalTrainer(task, device=device)
-        seq_tokens, seq_seconds, diff = 0, 0.0, 0.0
+        seq_tokens, seq_seconds, seq_one, diff = 0, 0.0, 0.0, 0.0
+        threads = torch.get_num_threads()
         for u in users[:seq_users]:
             start = time.perf_counter()
             ref = local.train(w, user_id=u, round_num=1, config=config, rngs=rngs)
             seq_seconds += time.perf_counter() - start
+            if device == "cpu":  # and on one thread, as the cohort's steps run
+                torch.set_num_threads(1)
+                start = time.perf_counter()
+                local.train(w, user_id=u, round_num=1, config=config, rngs=rngs)
+                seq_one += time.perf_counter() - start
+                torch.set_num_threads(threads)
             seq_tokens += _tokens(task, [u], config, rngs, 1)
             diff = max(diff, float((ref.delta - updates[u]).abs().max()))
         peak += matmul_flops(device)
@@ -153,6 +160,7 @@ def bench_next_word(
             "rate": seq_rate,
             "share": seq_rate / matmul,
             "seconds_per_round_estimate": round_flops / seq_rate,
+            "one_thread_rate": seq_flops / seq_one if seq_one else None,
         },
         "max_abs_update_diff": diff,
     }
@@ -160,7 +168,8 @@ def bench_next_word(
         print(f"N1 matmul at one thread {statistics.median(one) / 1e9:.1f} GFLOP/s")
     print(f"N1 matmul {matmul / 1e9:.1f} GFLOP/s (median of {len(peak)}); cohort "
           f"{cohort_rate / 1e9:.1f} GFLOP/s ({100 * out['cohort_share']:.0f}%), LocalTrainer "
-          f"{seq_rate / 1e9:.1f} GFLOP/s ({100 * out['sequential']['share']:.0f}%); "
+          f"{seq_rate / 1e9:.1f} GFLOP/s ({100 * out['sequential']['share']:.0f}%; one thread "
+          f"{(seq_flops / seq_one if seq_one else 0) / 1e9:.1f}); "
           f"max |update difference| {diff:.1e}")  # fmt: skip
     return out
 
@@ -170,7 +179,7 @@ def next_word_lines(block: dict) -> list[str]:
     s = block["sequential"]
     single = block.get("matmul_flops_one_thread")
     one = f"; one thread: {single / 1e9:.1f} GFLOP/s" if single else ""
-    return [
+    lines = [
         "",
         f"## N1: next-word prediction at the Reddi setting ({block['device']}, "
         f"{block['threads']} threads)",
@@ -188,8 +197,18 @@ def next_word_lines(block: dict) -> list[str]:
         f"| LocalTrainer ({s['users']} users, round estimated) | "
         f"{s['seconds_per_round_estimate']:.1f} | {block['flops_per_round'] / 1e12:.2f} | "
         f"{s['rate'] / 1e9:.1f} | {100 * s['share']:.0f}% |",
+    ]
+    if s.get("one_thread_rate"):
+        r = s["one_thread_rate"]
+        lines.append(
+            f"| LocalTrainer, one thread | {block['flops_per_round'] / r:.1f} | "
+            f"{block['flops_per_round'] / 1e12:.2f} | {r / 1e9:.1f} | "
+            f"{100 * r / block['matmul_flops_median']:.0f}% |"
+        )
+    lines += [
         "",
         f"Dense float32 matmul: {block['matmul_flops_median'] / 1e9:.1f} GFLOP/s (median of "
         f"{len(block['matmul_flops'])}, before and after the rounds){one}. Largest difference "
         f"between the two trainers' updates: {block['max_abs_update_diff']:.1e}.",
     ]
+    return lines

@@ -14,8 +14,10 @@ matmuls and the backward pass written out, so no autograd graph is built:
   read, so no gradient buffer is kept; the embedding's rows by ``index_put_`` with
   accumulation.
 
-Matmuls by a transposed batch of per-user weights run as one ``addmm`` per user: ``bmm`` was
-measured at 21 GFLOP/s for the output layer's, against 47 for the loop (one thread).
+Matmuls of many rows by the per-user weights (strided views of the stack) run as one ``mm`` per
+user: ``bmm`` was measured at 21 GFLOP/s for the output layer's, against 47 for the loop, and at
+14 against 40 for the projection's backward (one thread). The recurrent matmuls (a few rows
+each) and the weight gradients (fresh operands) are ``bmm``'s.
 """
 
 from __future__ import annotations
@@ -25,6 +27,17 @@ import torch
 from fedprivopt.models.next_word_tokens import PAD
 
 __all__ = ["sgd_step"]
+
+
+def _by_user(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[i] @ w[i] (+ bias[i])`` for every user ``i``, one ``mm`` each: ``(a, m, n)``."""
+    out = torch.empty(x.shape[0], x.shape[1], w.shape[2], dtype=x.dtype, device=x.device)
+    for i in range(x.shape[0]):
+        if bias is None:
+            torch.mm(x[i], w[i], out=out[i])
+        else:
+            torch.addmm(bias[i], x[i], w[i], out=out[i])
+    return out
 
 
 def sgd_step(
@@ -48,9 +61,6 @@ def sgd_step(
     a, P = x.shape
     h = p["w_hh"].shape[2]
     dtype, dev = p["emb"].dtype, x.device
-    starts = [0]
-    for size in sizes:
-        starts.append(starts[-1] + size)
 
     def apply(name: str, grad: torch.Tensor) -> None:  # w <- w - lr grad / P
         if pc is None:
@@ -62,20 +72,65 @@ def sgd_step(
     # -------- forward
     xe = p["emb"][users, x]  # (a, P, e)
     bias = p["b_ih"] + p["b_hh"]
-    acts = torch.empty(a, P, 4 * h, dtype=dtype, device=dev)  # gate activations
-    for i in range(a):  # (a matmul by a transposed batch of weights is slow in bmm)
-        torch.addmm(bias[i], xe[i], p["w_ih"][i].t(), out=acts[i])
+    acts = _by_user(xe, p["w_ih"].transpose(1, 2), bias)  # gate pre-activations, then values
     w_hh_t = p["w_hh"].transpose(1, 2)
     h_prev = torch.zeros(a, P, h, dtype=dtype, device=dev)  # h_{j-1} of each position
     c_prev = torch.zeros(a, P, h, dtype=dtype, device=dev)
     out_h = torch.empty(a, P, h, dtype=dtype, device=dev)  # h_j
     tcs = torch.empty(a, P, h, dtype=dtype, device=dev)  # tanh(c_j)
-    c = None
+    for u in range(a):  # user by user: its recurrent weights stay in cache through time
+        s_u = slice(u, u + 1)
+        _forward(acts[s_u], w_hh_t[s_u], h_prev[s_u], c_prev[s_u], out_h[s_u], tcs[s_u], sizes)
+    proj = _by_user(out_h, p["w_p"].transpose(1, 2), p["b_p"])  # (a, P, e)
+    logits = _by_user(proj, p["w_o"].transpose(1, 2), p["b_o"])
+    # -------- d (sum over users of each one's mean loss) / d logits: softmax - one-hot
+    valid = y != PAD
+    count = valid.sum(dim=1, keepdim=True).clamp_min(1).to(dtype)
+    weight = valid.to(dtype) / count  # (a, P)
+    dlogits = logits.softmax(dim=2)
+    del logits
+    dlogits.scatter_add_(2, y[..., None], -torch.ones_like(weight)[..., None])
+    dlogits.mul_(weight[..., None])
+    # -------- output and projection layers
+    dproj = _by_user(dlogits, p["w_o"])  # (a, P, e)
+    apply("w_o", torch.bmm(dlogits.transpose(1, 2), proj))
+    apply("b_o", dlogits.sum(dim=1))
+    del dlogits
+    dh_all = _by_user(dproj, p["w_p"])  # (a, P, h): d loss / d h_j from the outputs
+    apply("w_p", torch.bmm(dproj.transpose(1, 2), out_h))
+    apply("b_p", dproj.sum(dim=1))
+    # -------- LSTM, backwards through time (rows past a step's size stay 0 in dh and dc)
+    dgates = torch.empty_like(acts)
+    for u in range(a):
+        s_u = slice(u, u + 1)
+        _backward(acts[s_u], p["w_hh"][s_u], c_prev[s_u], tcs[s_u], dh_all[s_u], dgates[s_u], sizes)
+    dxe = _by_user(dgates, p["w_ih"])  # (a, P, e)
+    dgates_t = dgates.transpose(1, 2)
+    apply("w_hh", torch.bmm(dgates_t, h_prev))
+    apply("w_ih", torch.bmm(dgates_t, xe))
+    db = dgates.sum(dim=1)
+    apply("b_ih", db)
+    apply("b_hh", db)
+    # the embedding rows read: each row's update is the sum of its tokens' (P is per row)
+    if pc is not None:
+        dxe.div_(pc["emb"][0][x])
+    p["emb"].index_put_((users.expand(a, P), x), dxe.mul_(-lr), accumulate=True)
+
+
+def _forward(acts, w_hh_t, h_prev, c_prev, out_h, tcs, sizes: list[int]) -> None:
+    """The LSTM's recurrence over the packed time steps (``(a, P, ...)`` tensors, in place).
+
+    ``acts`` holds the gates' input parts on entry and their activations on return; ``h_prev``
+    and ``c_prev`` (zeros on entry) get each position's previous state, ``out_h`` its output
+    and ``tcs`` ``tanh`` of its cell.
+    """
+    h = out_h.shape[2]
+    c, start = None, 0
     for j, size in enumerate(sizes):
-        cur = slice(starts[j], starts[j + 1])
+        cur = slice(start, start + size)
         gates = acts[:, cur]
         if j:
-            prev = slice(starts[j - 1], starts[j - 1] + size)
+            prev = slice(start - sizes[j - 1], start - sizes[j - 1] + size)
             h_prev[:, cur] = out_h[:, prev]
             c_prev[:, cur] = c[:, :size]
             gates.baddbmm_(h_prev[:, cur], w_hh_t)
@@ -87,33 +142,23 @@ def sgd_step(
         tc = torch.tanh(c)
         tcs[:, cur] = tc
         out_h[:, cur] = o * tc
-    proj = torch.baddbmm(p["b_p"][:, None, :], out_h, p["w_p"].transpose(1, 2))  # (a, P, e)
-    logits = torch.empty(a, P, p["w_o"].shape[1], dtype=dtype, device=dev)
-    for i in range(a):
-        torch.addmm(p["b_o"][i], proj[i], p["w_o"][i].t(), out=logits[i])
-    # -------- d (sum over users of each one's mean loss) / d logits: softmax - one-hot
-    valid = y != PAD
-    count = valid.sum(dim=1, keepdim=True).clamp_min(1).to(dtype)
-    weight = valid.to(dtype) / count  # (a, P)
-    dlogits = logits.softmax(dim=2)
-    del logits
-    dlogits.scatter_add_(2, y[..., None], -torch.ones_like(weight)[..., None])
-    dlogits.mul_(weight[..., None])
-    # -------- output and projection layers
-    dproj = torch.bmm(dlogits, p["w_o"])  # (a, P, e)
-    apply("w_o", torch.bmm(dlogits.transpose(1, 2), proj))
-    apply("b_o", dlogits.sum(dim=1))
-    del dlogits
-    dh_all = torch.bmm(dproj, p["w_p"])  # (a, P, h): d loss / d h_j from the outputs
-    apply("w_p", torch.bmm(dproj.transpose(1, 2), out_h))
-    apply("b_p", dproj.sum(dim=1))
-    # -------- LSTM, backwards through time (rows past a step's size stay 0 in dh and dc)
-    dgates = torch.empty_like(acts)
-    dh = torch.zeros(a, sizes[0], h, dtype=dtype, device=dev)
+        start += size
+
+
+def _backward(acts, w_hh, c_prev, tcs, dh_all, dgates, sizes: list[int]) -> None:
+    """Back through the recurrence: the gates' pre-activation gradients into ``dgates``.
+
+    ``dh_all`` is the loss's gradient w.r.t. each output; rows past a step's size stay 0 in the
+    carried ``dh`` and ``dc`` (the examples still running are a leading slice).
+    """
+    a, h = acts.shape[0], tcs.shape[2]
+    dh = torch.zeros(a, sizes[0], h, dtype=acts.dtype, device=acts.device)
     dc = torch.zeros_like(dh)
-    w_hh = p["w_hh"]
+    end = sum(sizes)
     for j in reversed(range(len(sizes))):
-        size, cur = sizes[j], slice(starts[j], starts[j + 1])
+        size = sizes[j]
+        cur = slice(end - size, end)
+        end -= size
         i, f, c_in, o = acts[:, cur].split(h, dim=2)
         tc = tcs[:, cur]
         dh_j, dc_j = dh[:, :size], dc[:, :size]
@@ -132,14 +177,3 @@ def sgd_step(
         dc_j.mul_(f)
         if j:
             torch.bmm(dgates[:, cur], w_hh, out=dh_j)
-    dxe = torch.bmm(dgates, p["w_ih"])  # (a, P, e)
-    dgates_t = dgates.transpose(1, 2)
-    apply("w_hh", torch.bmm(dgates_t, h_prev))
-    apply("w_ih", torch.bmm(dgates_t, xe))
-    db = dgates.sum(dim=1)
-    apply("b_ih", db)
-    apply("b_hh", db)
-    # the embedding rows read: each row's update is the sum of its tokens' (P is per row)
-    if pc is not None:
-        dxe.div_(pc["emb"][0][x])
-    p["emb"].index_put_((users.expand(a, P), x), dxe.mul_(-lr), accumulate=True)

@@ -248,11 +248,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
     """``compare``'s plan, runs and report, holding ``out``'s lock."""
-    from fedprivopt.simulation.cells import load_cell, plan_cells, run_cell
+    from fedprivopt.simulation.cells import load_cell, plan_cells, remove_report, run_cell
     from fedprivopt.simulation.report import write_report
 
     try:
         plans = plan_cells(out, cells, overwrite=args.overwrite)
+        remove_report(out)  # before a cell changes: a stopped call leaves no stale report
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     runs, origins = [], {}

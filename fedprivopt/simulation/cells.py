@@ -51,6 +51,7 @@ __all__ = [
     "first_difference",
     "grid",
     "plan_cells",
+    "remove_report",
     "run_cell",
 ]
 
@@ -194,9 +195,30 @@ def first_difference(stored: RunConfig, wanted: RunConfig) -> tuple[str, Any, An
 COMPARE_LOCK = "compare.lock"
 """Held by the one ``compare`` writing a directory, for the whole call."""
 
-COMPARE_ENTRIES = frozenset(
-    {"runs", "report.md", "summary.csv", "metric_vs_round.png", "privacy_utility.png", COMPARE_LOCK}
-)
+REPORT_FILES = ("summary.csv", "report.md", "metric_vs_round.png", "privacy_utility.png")
+"""What :func:`~fedprivopt.simulation.report.write_report` writes beside ``runs/``."""
+
+COMPARE_ENTRIES = frozenset({"runs", *REPORT_FILES, COMPARE_LOCK})
+
+
+def remove_report(out: str | Path) -> None:
+    """Remove an earlier comparison's report from ``out`` before any cell changes.
+
+    A call that changes a cell and then stops (a signal, a cell locked by another process, a
+    failing run) would otherwise leave the old ``summary.csv`` and ``report.md`` describing runs
+    that are no longer there; as ``--resume`` removes ``summary.json``, the report goes first
+    and is written again at the end. A symlink is removed, never its target.
+
+    Raises
+    ------
+    ValueError
+        If one of :data:`REPORT_FILES` is a directory.
+    """
+    for name in REPORT_FILES:
+        path = Path(out) / name
+        if path.is_dir() and not path.is_symlink():
+            raise ValueError(f"{path} is a directory, not a report file compare wrote")
+        path.unlink(missing_ok=True)
 
 
 def lock_compare_dir(out: str | Path):

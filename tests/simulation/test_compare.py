@@ -558,4 +558,36 @@ def test_a_cell_changed_while_the_grid_runs_is_not_reported(tmp_path, capsys, mo
     assert main(["compare", str(PRESET), "--out", str(out), "--quiet", *SMALL, *argv]) == 2
     line = _one_error_line(capsys)
     assert CELL in line and "changed while this comparison ran" in line, line
-    assert (out / "summary.csv").read_bytes() == before  # no report of the changed cell
+    # no report of the changed cell; nor the earlier grid's, removed before this call ran its
+    # new fedavg cell (sixth review: a stopped call left a report of runs no longer there)
+    assert before and not (out / "summary.csv").exists()
+
+
+def test_a_call_stopped_after_changing_a_cell_leaves_no_stale_report(tmp_path, monkeypatch):
+    """A 2-round grid, then ``--rounds 3 --overwrite`` stopped during cell 2 (SIGTERM, or cell 2
+    locked by another process): ``summary.csv`` and ``report.md`` still showed the 2-round runs
+    while cell 1 held a 3-round run (sixth review)."""
+    from fedprivopt.simulation import cells
+    from fedprivopt.simulation.cells import REPORT_FILES
+
+    out = tmp_path / "st"
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--noise-multipliers", "0.5,1"]
+    argv += ["--out", str(out), "--quiet", *SMALL]
+    assert main([*argv, "--rounds", "2"]) == 0
+    assert all((out / name).is_file() for name in REPORT_FILES)
+    real, calls = cells.run_cell, []
+
+    def stopped_in_cell_2(plan, **kwargs):
+        calls.append(plan.cell.label)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what the CLI's SIGTERM handler raises, in effect
+        real(plan, **kwargs)
+
+    monkeypatch.setattr(cells, "run_cell", stopped_in_cell_2)
+    assert main([*argv, "--rounds", "3", "--overwrite"]) == 130
+    assert len(calls) == 2
+    assert not any((out / name).exists() for name in REPORT_FILES)
+    monkeypatch.setattr(cells, "run_cell", real)
+    assert main([*argv, "--rounds", "3", "--overwrite"]) == 0
+    with open(out / "summary.csv") as fh:
+        assert {r["rounds"] for r in csv.DictReader(fh)} == {"3"}

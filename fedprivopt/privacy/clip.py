@@ -30,6 +30,7 @@ __all__ = [
     "clip_factor",
     "clip_l2",
     "l2_norm",
+    "norm_error_bound",
     "vector_norm_checked",
 ]
 
@@ -109,9 +110,16 @@ def _finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
 
 
-def _error_bound(numel: int) -> float:
-    """A bound on the relative error of :func:`l2_norm` (and the rescaling) for ``numel``."""
+def norm_error_bound(numel: int) -> float:
+    """A bound on the relative error of :func:`l2_norm` (and the rescaling) for ``numel``.
+
+    Also of :func:`~fedprivopt.privacy.sparse.segment_sq_norms`' square root: both accumulate
+    squares in float64, whose sum of ``n`` non-negative terms is within ``(n-1)·2^-53``.
+    """
     return (numel + 16) * 2.0**-52
+
+
+_error_bound = norm_error_bound
 
 
 def clip_factor(norm: float, clip_norm: float, dtype: torch.dtype = torch.float32) -> float:

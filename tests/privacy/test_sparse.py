@@ -7,7 +7,7 @@ import torch
 
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
-from fedprivopt.privacy.sparse import RowSparse
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 
 WIDTH, ROWS = 4, 6
 DIM = WIDTH * ROWS
@@ -222,3 +222,67 @@ def test_segment_norms_of_entries_whose_squares_underflow_are_not_zero():
     norms = segment_norms_checked(values, torch.tensor([0, 2, 3]))
     assert norms[0] == pytest.approx(float(values[:2].double().norm()), rel=1e-6)
     assert norms[1] == 0.0
+
+
+# -- sixth review: the server's re-clip is within C for every dtype and layout -----------------
+
+
+def _exact_sq(t: torch.Tensor):
+    """Exact squared L2 norm (a Fraction) of a float32 or float64 tensor."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    a = np.abs(t.detach().reshape(-1).cpu().numpy())
+    vals, counts = np.unique(a, return_counts=True)
+    if len(vals) < 1000:  # few distinct values (the crafted cases): count them
+        return sum(int(c) * Fraction(float(v)) ** 2 for v, c in zip(vals, counts, strict=True))
+    assert a.dtype == np.float32  # many: 24-bit integer mantissas, summed per exponent
+    mant, exp = np.frexp(a.astype(np.float64))
+    m = (mant * 2.0**24).astype(np.int64)
+    exp = exp.astype(np.int64) - 24
+    hi, lo = m >> 12, m & 4095  # m² = hi²·2^24 + 2·hi·lo·2^12 + lo², each sum fits int64
+    total = Fraction(0)
+    for e in np.unique(exp):
+        h, low = hi[exp == e], lo[exp == e]
+        s = (int((h * h).sum()) << 24) + (int((2 * h * low).sum()) << 12) + int((low * low).sum())
+        total += s * Fraction(2) ** int(2 * e)
+    return total
+
+
+def _one_row(x: torch.Tensor) -> RowSparse:
+    return RowSparse(torch.tensor([0]), x.view(1, -1), x.numel())
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("case", ["randn-2M", "crafted-65536"])
+def test_server_reclip_of_a_row_sparse_update_is_within_c(case, batched):
+    """Row norms were taken in float32 (torch's vector_norm), off by more than clip_factor's
+    4-ulp margin: 1.0000283·C for randn(2M), 1.0000128·C for 64 entries 1.0 and the rest
+    2^-12.6 at width 65,536 (sixth review)."""
+    if case == "randn-2M":
+        x = torch.randn(2_000_000, generator=torch.Generator().manual_seed(0))
+    else:
+        x = torch.full((65_536,), 2.0**-12.6)
+        x[:64] = 1.0
+    n = x.numel()
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=0.0, expected_cohort_size=1.0)
+    if batched:
+        ptr = torch.tensor([0, 1])
+        entry = RowSparseBatch((0,), torch.tensor([0]), x.view(1, -1), ptr, n)
+    else:
+        entry = (0, _one_row(x))
+    out = agg.aggregate([entry], dim=n).delta_tilde
+    assert _exact_sq(out) <= 1
+    assert float(_exact_sq(out)) > 0.99999  # clipped, not zeroed
+
+
+def test_server_reclip_of_a_float64_update_is_within_c():
+    """n = 10^6 float64 (256 entries 1.0, the rest 2^-27.6): exact norm² 1 + 9.3e-14; the 4-ulp
+    margin did not cover float64's norm error over a million entries (sixth review)."""
+    x = torch.full((10**6,), 2.0**-27.6, dtype=torch.float64)
+    x[:256] = 1.0
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=0.0, expected_cohort_size=1.0)
+    for update in (x, _one_row(x)):
+        out = agg.aggregate([(0, update)], dim=x.numel(), dtype=torch.float64).delta_tilde
+        assert 1 - 1e-9 < _exact_sq(out) <= 1

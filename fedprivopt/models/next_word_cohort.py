@@ -13,6 +13,9 @@ the noise share of distributed-noise mode), up to float rounding:
   model (:class:`~fedprivopt.models.next_word_model.NextWordLSTM`) written with batched matmuls
   over the users and a hand-written backward pass over a minibatch packed by time step (no
   autograd graph, no gradient buffer, almost no work on padding);
+* **on the CPU, user by user**: stacking does not raise a user's arithmetic intensity (each has
+  its own weights) and spills the caches, so there each user runs alone through the same step,
+  ``cpu_workers`` users at a time on Python threads (``stacked`` selects the stack anywhere);
 * **prefix-active**: users are ordered by their number of local steps, longest first, so the
   users still training at step ``t`` are always a leading slice of the stack (finished users cost
   nothing, and no copy is made to drop them).
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -81,8 +85,11 @@ class DenseUpdates:
         return len(self.users)
 
     def split(self) -> list[tuple[int, torch.Tensor]]:
-        """``(user, update)`` of every user (rows of :attr:`deltas`, disjoint memory)."""
-        return [(u, self.deltas[i]) for i, u in enumerate(self.users)]
+        """``(user, update)`` of every user, each update with its own copy of its row.
+
+        (A view would pickle, e.g. to the driver from a Ray actor, with the whole matrix.)
+        """
+        return [(u, self.deltas[i].clone()) for i, u in enumerate(self.users)]
 
     def clone(self) -> DenseUpdates:
         """A copy that owns its tensors."""
@@ -118,6 +125,15 @@ class NextWordCohortTrainer:
         (measured: 4 users of 64 examples at the full model, 11 GFLOP/s with 1 thread, 2.3 with
         2; ``benchmarks/NOTES.md`` entry 9). For more cores, shard over Ray actors
         (``fast-actors``).
+    cpu_workers : int or None
+        On the CPU, users are trained one at a time (the same step, on one user's weights, kept
+        in cache: measured 49 GFLOP/s against 40 for 4 users stacked, one thread) by this many
+        Python threads at once, ``>= 1``; ``None``: torch's thread count when :meth:`train` is
+        called (85 GFLOP/s with 2 workers on 2 idle cores, against 68 for one user on 2 torch
+        threads).
+    stacked : bool or None
+        Train the whole chunk as one stack (each step batched over its users); ``None``: on a
+        GPU only (where the batch is what fills the device). Tests set it on the CPU.
 
     Attributes
     ----------
@@ -134,12 +150,17 @@ class NextWordCohortTrainer:
         device: str | torch.device | None = None,
         chunk_users: int = 256,
         cpu_threads: int | None = 1,
+        cpu_workers: int | None = None,
+        stacked: bool | None = None,
     ):
         if isinstance(chunk_users, bool) or int(chunk_users) < 1:
             raise ValueError(f"chunk_users must be an integer >= 1, got {chunk_users!r}")
         if cpu_threads is not None and (isinstance(cpu_threads, bool) or int(cpu_threads) < 1):
             raise ValueError(f"cpu_threads must be an integer >= 1 or None, got {cpu_threads!r}")
         self.cpu_threads = None if cpu_threads is None else int(cpu_threads)
+        if cpu_workers is not None and (isinstance(cpu_workers, bool) or int(cpu_workers) < 1):
+            raise ValueError(f"cpu_workers must be an integer >= 1 or None, got {cpu_workers!r}")
+        self.cpu_workers = None if cpu_workers is None else int(cpu_workers)
         self.task = task
         self.W = int(task.num_tokens)
         self.e = int(task.embedding_dim)
@@ -148,6 +169,7 @@ class NextWordCohortTrainer:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.chunk_users = int(chunk_users)
+        self.stacked = self.device.type != "cpu" if stacked is None else bool(stacked)
         W, e, h = self.W, self.e, self.h
         shapes = [
             ("emb", (W, e)), ("w_ih", (4 * h, e)), ("w_hh", (4 * h, h)), ("b_ih", (4 * h,)),
@@ -271,21 +293,22 @@ class NextWordCohortTrainer:
         data = [data[i] for i in order]
         n = len(users)
         stack = w0.expand(n, -1).clone()
-        params = self._views(stack)
         pc = None if precond is None else self._views(precond[None])
-        steps = len(data[0].batches) if data else 0
+        workers = max(1, torch.get_num_threads() if self.cpu_workers is None else self.cpu_workers)
         with self._step_threads():
-            for t in range(steps):
-                active = sum(1 for d in data if len(d.batches) > t)
-                x, y, sizes = self._step_batch(data[:active], t)
-                sgd_step(
-                    {k: v[:active] for k, v in params.items()},
-                    pc,
-                    x,
-                    y,
-                    sizes,
-                    config.learning_rate,
-                )
+            if self.stacked:  # the whole chunk at once: the batch a GPU needs
+                self._train_slots(stack, data, 0, n, pc, config)
+            elif workers == 1 or n == 1:
+                for k in range(n):
+                    self._train_slots(stack, data, k, k + 1, pc, config)
+            else:  # one user at a time per worker, longest first (torch ops release the GIL)
+                with ThreadPoolExecutor(min(workers, n)) as pool:
+                    jobs = [
+                        pool.submit(self._train_slots, stack, data, k, k + 1, pc, config)
+                        for k in range(n)
+                    ]
+                    for job in jobs:
+                        job.result()
         stack.sub_(w0)
         deltas = torch.empty(n, self.length, dtype=torch.float32)
         norms = [0.0] * n
@@ -294,6 +317,23 @@ class NextWordCohortTrainer:
                 stack[slot], users[i], round_num, config, rngs, stream
             )
         return DenseUpdates(tuple(users), deltas, tuple(norms))
+
+    def _train_slots(
+        self,
+        stack: torch.Tensor,
+        data: list[_User],
+        a: int,
+        b: int,
+        pc: dict[str, torch.Tensor] | None,
+        config: LocalConfig,
+    ) -> None:
+        """Every local step of the users in rows ``a ... b - 1`` of ``stack`` (longest first)."""
+        params, data = self._views(stack[a:b]), data[a:b]
+        for t in range(len(data[0].batches)):
+            active = sum(1 for d in data if len(d.batches) > t)
+            x, y, sizes = self._step_batch(data[:active], t)
+            p = {k: v[:active] for k, v in params.items()}
+            sgd_step(p, pc, x, y, sizes, config.learning_rate)
 
     def _finish(
         self,

@@ -43,9 +43,11 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "user-by-user"])
 @pytest.mark.parametrize("preconditioned", [False, True])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["clip-small", "epochs-cap", "no-clip", "noise"])
-def test_cohort_updates_equal_local_trainer(task, preconditioned, cfg):
+def test_cohort_updates_equal_local_trainer(task, preconditioned, cfg, stacked):
+    """Stacked (the GPU's path, run here on the CPU) and user by user on 2 worker threads."""
     w = initial_flat(task)
     gen = torch.Generator().manual_seed(1)
     precond = torch.rand(w.shape, generator=gen) + 0.5 if preconditioned else None
@@ -54,7 +56,10 @@ def test_cohort_updates_equal_local_trainer(task, preconditioned, cfg):
     sizes = {task.user_size(u) for u in users}
     assert len(sizes) > 3  # users of different sizes: some finish early
     ref = _reference(task, w, users, cfg, rngs, precond)
-    cohort = task.cohort_trainer(device="cpu", chunk_users=5)  # several chunks, a partial one
+    # several chunks, a partial one
+    cohort = NextWordCohortTrainer(
+        task, device="cpu", chunk_users=5, cpu_workers=2, stacked=stacked
+    )
     batches = list(
         cohort.train_batches(w, users, round_num=3, config=cfg, rngs=rngs, preconditioner=precond)
     )
@@ -113,6 +118,9 @@ def test_bad_arguments_and_flops(task):
         NextWordCohortTrainer(task, chunk_users=0)
     with pytest.raises(ValueError, match="cpu_threads"):
         NextWordCohortTrainer(task, cpu_threads=0)
+    with pytest.raises(ValueError, match="cpu_workers"):
+        NextWordCohortTrainer(task, cpu_workers=0)
+    assert not cohort.stacked and NextWordCohortTrainer(task, device="meta").stacked
     with pytest.raises(ValueError, match="flat vector"):
         next(cohort.train_batches(w[:-1], [0], round_num=1, config=cfg, rngs=RngFactory(seed=1)))
     with pytest.raises(ValueError, match="preconditioner"):
@@ -125,6 +133,8 @@ def test_bad_arguments_and_flops(task):
     assert model_flops(1, 10_000, 96, 670) == 6 * (4 * 670 * 766 + 670 * 96 + 96 * 10_004)
     batch = DenseUpdates((3,), torch.ones(1, 4), (2.0,))
     assert batch.clone().deltas.data_ptr() != batch.deltas.data_ptr()
+    ((user, update),) = batch.split()  # its own memory: pickles alone (Ray actors)
+    assert user == 3 and update.untyped_storage().nbytes() == 4 * 4
 
 
 def _run_config(data_dir, **extra):

@@ -109,6 +109,13 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     if out is None:
         out = f"runs/deploy-{config.strategy.strategy}-seed{config.strategy.seed}"
         _checked_out(out)
+    # the ServerApp refuses a directory that is not a new run's only after the deployment has
+    # written its logs (and processes.json) there and started SuperLink and SuperNodes: refuse
+    # it here, before anything is created
+    from fedprivopt.deploy.server_app import DEPLOY_LOGS
+    from fedprivopt.simulation.rundir import check_claimable
+
+    check_claimable(out, allowed=(DEPLOY_LOGS,))
 
     def progress(line: str) -> None:
         if not args.quiet:

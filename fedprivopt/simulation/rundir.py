@@ -34,7 +34,7 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 
-__all__ = ["NewRunDir", "check_held", "lock_directory", "lock_run_dir"]
+__all__ = ["NewRunDir", "check_claimable", "check_held", "lock_directory", "lock_run_dir"]
 
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
 _PARTIAL = (CONFIG_FILE + ".tmp", SUMMARY_FILE + ".tmp", METRICS_FILE + ".tmp",
@@ -173,6 +173,18 @@ def _check_claimable(out: Path, *, overwrite: bool, allowed: Iterable[str]) -> N
         f"out directory {str(out)!r} is not empty: {why}; a run is written only into a new or "
         "empty directory (or over a run of its own with overwrite); choose another --out"
     )
+
+
+def check_claimable(
+    out: str | Path, *, overwrite: bool = False, allowed: Iterable[str] = ()
+) -> None:
+    """Raise ``ValueError`` unless a fresh run may write into ``out``, as :class:`NewRunDir`.
+
+    For a caller that must refuse before it creates anything (``deploy local`` writes its logs
+    and starts processes before its ServerApp claims the directory); the claim itself checks
+    again under its lock.
+    """
+    _check_claimable(Path(out), overwrite=overwrite, allowed=allowed)
 
 
 def _remove_run_files(out: Path) -> None:

@@ -162,6 +162,35 @@ def test_a_bad_task_parameter_is_named_as_written(tmp_path, setting, needle):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        # sixth review of issue 15: each was a traceback with exit code 1
+        ("task-params.heterogeneity=[1]", "task-params.heterogeneity must be a real number"),
+        ("task-params.heterogeneity=1e308", "task-params.heterogeneity must be a finite number"),
+        ("clients-per-round=1e-200", "clients-per-round must have a finite square"),
+        ("clip-norm=1e300", "lower clip-norm or raise clients-per-round"),
+        ("local-learning-rate=1e39", "local-learning-rate must be a finite number in (0, 3.4"),
+    ],
+)
+def test_values_that_overflowed_are_refused(tmp_path, setting, needle):
+    usage_error(run_cli(simulate(str(tmp_path / "run"), "--set", setting)), needle)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="a machine with CUDA has a cuda device"
+)
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+@pytest.mark.parametrize("device", ["cuda", "cuda:7"])
+def test_cuda_device_on_a_machine_without_one(tmp_path, command, device):
+    """Sixth review of issue 15: torch's 'not compiled with CUDA' traceback, exit code 1."""
+    build = simulate if command == "simulate" else compare
+    argv = build(str(tmp_path / "run"), "--set", f'device="{device}"')
+    usage_error(run_cli(argv), "device must be auto or cpu on this machine", repr(device))
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run" / "runs").glob("*/*"))
+
+
 # -- 3. file-system failures: one line naming the path ------------------------------------------
 
 
@@ -496,3 +525,13 @@ def test_runs_at_a_noise_multiplier_below_the_floor_write_nothing(tmp_path, comm
         argv = compare(str(out), "--noise-multipliers", "1e-300")
     usage_error(run_cli(argv), "noise-multiplier", "1e-100")
     assert not out.exists()
+
+
+def test_deploy_local_into_a_directory_that_is_not_a_run_writes_nothing(tmp_path):
+    """It wrote deploy/processes.json and logs and started SuperLink and a SuperNode before the
+    ServerApp refused the directory: rc 1 with a traceback (sixth review)."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("a user's file\n")
+    usage_error(run_cli(deploy(str(out))), str(out), "notes.txt")
+    assert sorted(os.listdir(out)) == ["notes.txt"]

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
 from fedprivopt.privacy.sampling import MAX_POPULATION
@@ -65,8 +65,8 @@ class ToyClassificationTask:
         ``m >= 1`` is a mean: sizes are log-normal with mean ``m`` (log-std 1), rounded and clipped
         to ``[1, 10 m]``.
     heterogeneity : float
-        Scale ``h >= 0`` of the per-user feature shift (std ``h``) and label bias (std ``2h``);
-        ``0`` makes the users IID.
+        Scale ``h`` in ``[0, 1e6]`` of the per-user feature shift (std ``h``) and label bias
+        (std ``2h``); ``0`` makes the users IID.
     test_examples : int
         Size of the held-out test set, ``>= 1``.
     seed : int
@@ -109,10 +109,8 @@ class ToyClassificationTask:
         self.num_classes = check_int("num_classes", num_classes, 2)
         self.test_examples = check_int("test_examples", test_examples, 1)
         self.seed = check_int("seed", seed, 0)
-        heterogeneity = float(heterogeneity)
-        if not (0.0 <= heterogeneity < float("inf")):
-            raise ValueError(f"heterogeneity must be a finite number >= 0, got {heterogeneity}")
-        self.heterogeneity = heterogeneity
+        # features are float32: a larger shift overflows them (1e308 made the labels' softmax NaN)
+        self.heterogeneity = check_real("heterogeneity", heterogeneity, low=0.0, high=1e6)
         if isinstance(examples_per_user, int) and not isinstance(examples_per_user, bool):
             check_int("examples_per_user", examples_per_user, 1)
             self.examples_per_user: int | tuple[int, int] = examples_per_user

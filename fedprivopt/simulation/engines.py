@@ -112,18 +112,34 @@ def _ray_cpus(config: RunConfig) -> int:
 
 
 def check_flower_resources(config: RunConfig) -> None:
-    """Refuse client resources no Ray actor of the ``flower`` engine could be given.
+    """Refuse a ``device`` this machine lacks, and client resources no Ray actor could get.
 
-    Each simulated client is a Ray actor asking for ``client-cpus`` CPUs and ``client-gpus``
-    GPUs; Ray has :func:`_ray_cpus` CPUs and the GPUs torch sees. A request above that leaves the
-    actor pool empty, and Flower then failed after 10-17 s with a traceback ("ActorPool is
-    empty", issue 15). Checked before anything is written or Ray starts; other engines return.
+    ``device = "cuda[:i]"`` needs torch to see a CUDA device ``i`` (any engine; otherwise a
+    traceback from torch's lazy CUDA init, sixth review of issue 15). Each simulated client of the
+    ``flower`` engine is a Ray actor asking for ``client-cpus`` CPUs and ``client-gpus`` GPUs; Ray
+    has :func:`_ray_cpus` CPUs and the GPUs torch sees. A request above that leaves the actor pool
+    empty, and Flower then failed after 10-17 s with a traceback ("ActorPool is empty", issue
+    15). Checked before anything is written or Ray starts.
 
     Raises
     ------
     ValueError
-        Naming ``client-cpus`` or ``client-gpus`` and its valid range on this machine.
+        Naming ``device``, ``client-cpus`` or ``client-gpus`` and its valid range on this
+        machine.
     """
+    if config.device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(config.device.partition(":")[2] or 0)
+        if count == 0:
+            raise ValueError(
+                f"device must be auto or cpu on this machine (torch finds no CUDA device), "
+                f"got {config.device!r}"
+            )
+        if index >= count:
+            raise ValueError(
+                f"device must be auto, cpu or cuda[:i] with i < {count} (the CUDA devices torch "
+                f"finds on this machine), got {config.device!r}"
+            )
     if config.engine != "flower":
         return
     machine = os.cpu_count() or 1

@@ -47,6 +47,7 @@ NON_PRIVATE = ("fedavg", "fedadam")
 #: (:data:`fedprivopt.core.local.MAX_EPOCHS` = 10,000).
 MAX_ROUNDS = 1_000_000
 _INF = float("inf")
+_F32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 _BLOCK_RULES = {
     key_of(name): rule for block in BLOCKS.values() for name, rule in rules_of(block).items()
 }
@@ -121,7 +122,8 @@ class StrategyConfig:
     seed: int = integer(0, 0)
     secure: bool = flag(False)
     server_learning_rate: float = real(1.0, 0, _INF, low_open=True)
-    local_learning_rate: float = real(0.1, 0, _INF, low_open=True)
+    # at most float32's largest value: clients step float32 weights by it
+    local_learning_rate: float = real(0.1, 0, _F32_MAX, low_open=True)
     local_epochs: int = integer(1, 1, MAX_EPOCHS)
     batch_size: int = integer(32, 1)
     max_examples: int = integer(0, 0)
@@ -152,6 +154,19 @@ class StrategyConfig:
             self.clients_per_round
         ):
             raise ValueError("clients-per-round must be an integer with sampling 'fixed'")
+        # the noise of the mean, (sigma C / m)^2, must be a float (sixth review of issue 15:
+        # clients-per-round 1e-200 or clip-norm 1e300 overflowed in the first round)
+        try:
+            variance = (self.noise_multiplier * self.clip_norm / self.clients_per_round) ** 2
+        except OverflowError:
+            variance = _INF
+        if variance == _INF:
+            raise ValueError(
+                "noise-multiplier * clip-norm / clients-per-round must have a finite square "
+                f"(the noise variance of the mean), got {self.noise_multiplier} * "
+                f"{self.clip_norm} / {self.clients_per_round}; lower clip-norm or raise "
+                "clients-per-round"
+            )
         if self.private and self.noise_multiplier == 0:
             raise ValueError(
                 f"noise-multiplier must be > 0 for strategy {self.strategy!r} "

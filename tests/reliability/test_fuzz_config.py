@@ -341,6 +341,15 @@ def _valid(rule: Rule):
     )
 
 
+def _finite_variance(data: dict) -> bool:
+    try:
+        return math.isfinite(
+            (data["noise_multiplier"] * data["clip_norm"] / data["clients_per_round"]) ** 2
+        )
+    except OverflowError:
+        return False
+
+
 @st.composite
 def valid_mappings(draw) -> dict:
     data: dict = {}
@@ -355,6 +364,10 @@ def valid_mappings(draw) -> dict:
         )
     if data["strategy"] not in ("fedavg", "fedadam") and data["noise_multiplier"] == 0:
         data["noise_multiplier"] = 1.0
+    if 0 < data["noise_multiplier"] < 1e-100:  # below it the accountants are not reliable
+        data["noise_multiplier"] = 1e-100
+    if not _finite_variance(data):  # the noise variance of the mean must be a float
+        data["clip_norm"], data["clients_per_round"] = 1.0, 1.0
     if data["adaptive_clipping"]:  # σ_b must exceed σ/2 (and σ_Δ must be a float)
         sigma_b = data["clip_count_stddev"] or data["clients_per_round"] / 20
         try:

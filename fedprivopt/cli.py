@@ -225,6 +225,15 @@ def cmd_epsilon(args: argparse.Namespace) -> int:
     return 0
 
 
+def _round_up(value: float, digits: int = 5) -> float:
+    """``value`` rounded up to ``digits`` significant digits (exactly, in decimal)."""
+    from decimal import ROUND_CEILING, Decimal
+
+    exact = Decimal(value)
+    step = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    return float(exact.quantize(step, rounding=ROUND_CEILING))
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``fedprivopt calibrate``: the smallest σ that meets a target ε."""
     from fedprivopt.privacy.calibration import calibrate_noise_multiplier, make_round_event
@@ -240,10 +249,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             pld_discretization=args.pld_discretization,
             **sampling,
         )
-        event = make_round_event(sigma, **sampling)
+        # the text shows sigma rounded UP to 5 significant digits, and the epsilon of that value
+        # (rounded to nearest, 1.2910 gave 5.0002 > target 5; sixth review of issue 15); --json
+        # carries the exact sigma
+        shown = sigma if args.json else _round_up(sigma)
+        event = make_round_event(shown, **sampling)
         eps = _epsilon(args, event)
     out = {
-        "noise_multiplier": sigma,
+        "noise_multiplier": shown,
         "epsilon": eps,
         "target_epsilon": args.target_epsilon,
         **_echo(args, sampling, event),
@@ -252,7 +265,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print(
-            f"noise multiplier = {sigma:.4f} gives epsilon = {eps:.4f} "
+            f"noise multiplier = {shown:.5g} gives epsilon = {eps:.4f} "
             f"(target {args.target_epsilon:g}) at delta = {args.delta:g} after {_describe(out)}"
         )
     return 0

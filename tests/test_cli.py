@@ -167,6 +167,18 @@ def test_bad_input_exits_2_with_one_line_naming_the_flag(capsys, change, flag, h
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("target", "rate", "rounds"), [("5", "0.1", "100"), ("3", "0.1", "500"), ("1", "0.01", "1000")]
+)
+def test_calibrate_prints_a_sigma_that_meets_the_target(capsys, target, rate, rounds):
+    """Sixth review of issue 15: the printed 1.2910 gave epsilon 5.0002 > 5 (rounded to nearest)."""
+    flags = ["--sample-rate", rate, "--rounds", rounds, "--delta", "1e-5"]
+    code, out, _ = run(capsys, "calibrate", "--target-epsilon", target, *flags)
+    printed = out.split("noise multiplier = ")[1].split()[0]
+    _, again, _ = run(capsys, "epsilon", "--noise-multiplier", printed, *flags, "--json")
+    assert code == 0 and json.loads(again)["epsilon"] <= float(target)
+
+
 def test_calibrate_bad_target(capsys):
     argv = ["calibrate", "--target-epsilon", "0", "--delta", "1e-5", "--sample-rate", "0.1"]
     assert exit_code([*argv, "--rounds", "10"]) == 2

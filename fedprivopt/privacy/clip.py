@@ -298,6 +298,12 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
         raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
     if not vector.dtype.is_floating_point:  # int and complex tensors have no L2 ball of reals
         raise ValueError(f"vector must have a real floating dtype, got {vector.dtype}")
+    if vector.layout is not torch.strided:  # sixth review of issue 15: torch's RuntimeError
+        raise ValueError(f"vector must be a dense (strided) tensor, got layout {vector.layout}")
+    if vector.dtype.itemsize < 2:  # float8: torch has no norm for it
+        raise ValueError(
+            f"vector must be float16, bfloat16, float32 or float64, got {vector.dtype}"
+        )
     norm = vector_norm_checked(vector)
     err = _error_bound(vector.numel())
     if norm * (1.0 + err) <= clip_norm:

@@ -228,3 +228,11 @@ def test_clip_norms_below_the_minimum_are_refused_from_the_config():
 def test_clip_l2_refuses_non_real_dtypes_with_a_value_error(dtype):
     with pytest.raises(ValueError, match="real floating dtype"):
         clip_l2(torch.ones(3, dtype=dtype), 1.0)
+
+
+def test_clip_l2_refuses_float8_and_sparse_with_a_value_error():
+    """Sixth review of issue 15: both raised torch's RuntimeError."""
+    with pytest.raises(ValueError, match=r"float16, bfloat16, float32 or float64, got .*float8"):
+        clip_l2(torch.ones(3, dtype=torch.float8_e4m3fn), 1.0)
+    with pytest.raises(ValueError, match=r"dense \(strided\) tensor, got layout torch\.sparse_coo"):
+        clip_l2(torch.ones(3).to_sparse(), 1.0)

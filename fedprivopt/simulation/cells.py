@@ -30,6 +30,7 @@ Examples
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -314,6 +315,14 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
             )
         plans.append(CellPlan(cell, run_dir, RERUN, f"the earlier run had {key} = {_short(old)}"))
     for plan in plans:
+        if plan.action != REUSE and plan.run_dir.is_symlink():
+            # sixth review of issue 15: --overwrite replaced a run the link pointed at, outside
+            # --out; a linked finished run may still be reused (read only)
+            raise ValueError(
+                f"cell {plan.cell.label}: {plan.run_dir} is a symbolic link (to "
+                f"{os.readlink(plan.run_dir)}); a compare writes only inside --out: remove the "
+                "link or choose another --out"
+            )
         if plan.action != REUSE:  # a reused run starts no engine
             try:
                 check_flower_resources(plan.cell.config)

@@ -591,3 +591,18 @@ def test_a_call_stopped_after_changing_a_cell_leaves_no_stale_report(tmp_path, m
     assert main([*argv, "--rounds", "3", "--overwrite"]) == 0
     with open(out / "summary.csv") as fh:
         assert {r["rounds"] for r in csv.DictReader(fh)} == {"3"}
+
+
+def test_a_symlinked_cell_is_reused_but_never_written(tmp_path, capsys):
+    """Sixth review of issue 15: --overwrite replaced the run a cell's link pointed at."""
+    elsewhere, _ = _one_cell(tmp_path / "a", rounds=3)
+    target = elsewhere / "runs" / CELL
+    before = (target / "metrics.jsonl").read_bytes()
+    out = tmp_path / "cmp"
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / CELL).symlink_to(target)
+    assert _compare(out, "--rounds", "3") == 0  # the same config: reused, read only
+    capsys.readouterr()
+    assert _compare(out, "--rounds", "2", "--overwrite") == 2
+    assert "is a symbolic link" in _one_error_line(capsys)
+    assert (target / "metrics.jsonl").read_bytes() == before

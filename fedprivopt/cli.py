@@ -39,6 +39,7 @@ from fedprivopt.cli_args import (
 )
 from fedprivopt.cli_data import add_data
 from fedprivopt.cli_runs import add_compare, add_simulate
+from fedprivopt.cli_tune import add_tune
 
 # ---------------------------------------------------------------------------------------------
 # privacy commands
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_calibrate)
     add_simulate(sub)
     add_compare(sub)
+    add_tune(sub)
     add_data(sub)
     from fedprivopt.deploy.cli import add_deploy_subcommand
 

@@ -1,0 +1,334 @@
+"""The command line's ``tune`` and ``compare-tuned``: private hyperparameter tuning.
+
+``fedprivopt tune PRESET --strategy S --grid KEY=V1,V2,... --mean-trials K --out DIR`` runs a
+random number of trials (Papernot & Steinke 2022), releases the best and writes
+``OUT/summary.json`` with the ε of the whole procedure beside one run's
+(:mod:`fedprivopt.simulation.tune`, :mod:`fedprivopt.simulation.tune_report`).
+``fedprivopt compare-tuned TUNED... [--untuned DIR...] --out DIR`` writes ``compare``'s report
+over tuned strategies at the ε that includes their tuning, optionally beside untuned runs.
+
+Every flag and every grid point is checked before anything is written (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any
+
+from fedprivopt.cli_args import (
+    HelpFormatter,
+    UsageError,
+    check_out_dir,
+    check_path_text,
+    float_range,
+    int_at_least,
+)
+from fedprivopt.cli_runs import build_checked_run, load_preset, set_overrides
+
+__all__ = ["add_tune", "cmd_compare_tuned", "cmd_tune"]
+
+_METRICS = ("eval_accuracy", "eval_recall_at_5", "eval_precision_at_5", "eval_loss")
+
+
+class _TrialProgress:
+    """A rich progress bar over the trials on a terminal; one line per trial otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.bar, self.enabled = total, None, enabled
+        if enabled and sys.stderr.isatty() and total:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.bar = Progress(
+                TextColumn("trial"), MofNCompleteColumn(), BarColumn(),
+                TextColumn("{task.fields[shown]}"), console=Console(stderr=True),
+            )  # fmt: skip
+            self.task = self.bar.add_task("tune", total=total, shown="")
+            self.bar.start()
+
+    def start(self, trial, action: str) -> None:
+        point = " ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
+        note = "" if action == "run" else f" ({action})"
+        if self.bar is not None:
+            self.bar.update(self.task, shown=f"{trial.label} {point}{note}")
+        elif self.enabled:
+            print(f"[{trial.index}/{self.total}] {trial.label} {point}{note}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+
+    def done(self, result) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        elif self.enabled:
+            print(f"  {result.trial.label}: {result.status}, score {result.score:.4g}"
+                  + (f" ({result.error})" if result.error else ""), file=sys.stderr,
+                  flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _trial_count(args: argparse.Namespace):
+    from fedprivopt.privacy.tuning import TrialCount
+
+    if args.distribution == "poisson":
+        if args.nb_shape is not None:
+            raise UsageError(
+                "argument --nb-shape: applies only to --distribution truncated-negative-binomial"
+            )
+        return TrialCount("poisson", args.mean_trials)
+    shape = 1.0 if args.nb_shape is None else args.nb_shape
+    return TrialCount("truncated-negative-binomial", args.mean_trials, shape=shape)
+
+
+def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
+    """Every grid point built and checked; the single run's privacy bound; the tasks."""
+    from fedprivopt.models.task import primary_metric
+    from fedprivopt.simulation.tune import (
+        PrivacyPlan,
+        dominating_plan,
+        grid_points,
+        planned_ledger,
+    )
+
+    tasks: dict[tuple, Any] = {}
+    plans, deltas, first = [], set(), None
+    for point in grid_points(grid):
+        where = f"config (grid point {', '.join(f'{k}={v!r}' for k, v in point.items())})"
+        config = load_preset(args.config, {**overrides, **point}, where=where)
+        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        task, alg = build_checked_run(config, where=where, task=tasks.get(key))
+        tasks[key] = task
+        plans.append((point, planned_ledger(config, alg)))
+        deltas.add(config.strategy.delta)
+        first = first or (config, task, alg)
+    if len(deltas) > 1:
+        raise UsageError("argument --grid: its points have different delta; tune at one delta")
+    try:
+        point, ledger = dominating_plan(plans)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    config, task, alg = first
+    acc = alg.accountant
+    plan = PrivacyPlan(
+        ledger, point, config.strategy.delta, acc.accountant,
+        {"pld_discretization": acc.pld_discretization, "prv_eps_error": acc.prv_eps_error},
+        config.strategy.target_epsilon,
+    )  # fmt: skip
+    metric = args.metric or primary_metric(task)
+    return plan, tasks, metric
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``fedprivopt tune``: the best of a random number of trials, with the tuning's ε."""
+    from fedprivopt.simulation.cells import Cell
+    from fedprivopt.simulation.ledger import RunLedger
+    from fedprivopt.simulation.rundir import lock_directory
+    from fedprivopt.simulation.tune import (
+        TUNE_LOCK,
+        check_leftover_trials,
+        check_released,
+        check_tune_dir,
+        draw_trials,
+        parse_grid,
+        remove_outputs,
+        run_trials,
+        select_best,
+    )
+    from fedprivopt.simulation.tune_report import summary_of, write_tune_outputs
+
+    trial_count = _trial_count(args)
+    out = check_out_dir(args.out)
+    try:
+        check_tune_dir(out)
+        grid = parse_grid(args.grid)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    overrides = set_overrides(args)
+    for key in grid:
+        if key in overrides:
+            raise UsageError(f"argument --grid: {key} is also set by --set or a flag; give one")
+    base = load_preset(args.config, overrides)
+    plan, tasks, metric = _plan(args, overrides, grid)
+    seed = base.strategy.seed if args.tune_seed is None else args.tune_seed
+    trials = draw_trials(grid, trial_count, seed)
+    cells = []
+    for trial in trials:
+        config = load_preset(args.config, {**overrides, **trial.hyperparameters,
+                                           "seed": trial.seed}, where=trial.label)  # fmt: skip
+        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        cells.append(Cell(trial.label, config, tasks[key]))
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    locked = contextlib.ExitStack()
+    try:
+        locked.enter_context(lock_directory(out, TUNE_LOCK, what=f"tuning {str(out)!r}"))
+        check_leftover_trials(out, [t.label for t in trials])
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with locked:
+        progress = _TrialProgress(len(trials), enabled=not args.quiet)
+        try:
+            remove_outputs(out)
+            results = run_trials(out, cells, trials, overwrite=args.overwrite, metric=metric,
+                                 on_start=progress.start, on_done=progress.done)  # fmt: skip
+        except ValueError as exc:  # a stale trial run (compare's rules), a locked run
+            raise UsageError(str(exc)) from None
+        finally:
+            progress.close()
+        released = {}
+        for trial in trials:
+            ledger = RunLedger.read(out / "runs" / trial.label)
+            if ledger is not None:
+                released[trial.label] = ledger.total()
+        plan, notes = check_released(plan, released)
+        maximize = metric != "eval_loss"
+        best = select_best(results, maximize=maximize)
+        summary = summary_of(
+            preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
+            maximize=maximize, grid=grid, overrides=overrides, trials=trial_count, seed=seed,
+            plan=plan, results=results, best=best, notes=notes,
+        )  # fmt: skip
+        report = write_tune_outputs(out, summary)
+    shown = (
+        "no trial released"
+        if best is None
+        else f"best {best.trial.label} ("
+        + ", ".join(f"{k}={v}" for k, v in best.trial.hyperparameters.items())
+        + f") {metric} = {best.score:.4f}"
+    )
+    print(
+        f"{len(trials)} trials, {shown}; epsilon = {summary['epsilon']:.4g} for the tuning "
+        f"(one run: {summary['epsilon_single_run']:.4g}) at delta = {summary['delta']:g}; "
+        f"report: {report}"
+    )
+    return 0
+
+
+def cmd_compare_tuned(args: argparse.Namespace) -> int:
+    """``fedprivopt compare-tuned``: compare's report at the ε that includes the tuning."""
+    from fedprivopt.simulation.cells import REPORT_FILES
+    from fedprivopt.simulation.report import write_report
+    from fedprivopt.simulation.rundata import load_runs
+    from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned
+
+    out = check_out_dir(args.out)
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_FILES)
+        if foreign:
+            raise UsageError(
+                f"argument --out: {str(out)!r} holds {foreign[0]!r}, which compare-tuned did not "
+                "write; choose a new or empty directory"
+            )
+    runs = []
+    try:
+        for text in args.tuned:
+            runs.append(load_tuned(check_path_text(text, "TUNED")))
+        for text in args.untuned or []:
+            runs.extend(load_runs(check_path_text(text, "--untuned")))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    notes = (
+        f"Rows whose strategy ends in '{TUNED_SUFFIX.strip()}' are the released (best) trial of "
+        "a `fedprivopt tune`, one per tuning (several tunings of a strategy, e.g. with other "
+        "--seed, are its seeds), and their epsilon is that of the **whole tuning procedure** "
+        "(RDP, RepeatAndSelectDpEvent), not of the run alone. The other rows are untuned runs "
+        "at their own run's epsilon; the hyperparameters they use were not chosen on private "
+        "data by this procedure (if they were tuned on the same private data elsewhere, their "
+        "epsilon understates what was spent)."
+    )
+    report = write_report(out, runs, title="fedprivopt compare-tuned", metric=args.metric,
+                          notes=notes)  # fmt: skip
+    print(f"report: {report}")
+    return 0
+
+
+def add_tune(sub) -> None:
+    """Add ``tune`` and ``compare-tuned`` to the subcommands ``sub``."""
+    from fedprivopt.privacy.tuning import MAX_MEAN_TRIALS, MAX_SHAPE, TRIAL_DISTRIBUTIONS
+    from fedprivopt.simulation.config import ENGINES
+    from fedprivopt.strategies.config import STRATEGIES
+
+    p = sub.add_parser(
+        "tune",
+        help="private hyperparameter tuning: the best of a random number of trials",
+        description="Run a random number K of trials (Papernot & Steinke, ICLR 2022: K from a "
+        "truncated negative binomial or a Poisson distribution with mean --mean-trials), each a "
+        "simulation of --strategy with hyperparameters drawn uniformly from the --grid, and "
+        "release the best by the task metric of its final evaluation (a failed or diverged "
+        "trial counts and loses). OUT/summary.json has 'epsilon' for the whole procedure "
+        "(dp-accounting's RDP accountant on RepeatAndSelectDpEvent around one run's events) and "
+        "'epsilon_single_run' beside it; a preset's target epsilon applies to each single run. "
+        "Trials are OUT/runs/trial-NNN; an earlier call's run is reused (or resumed) only when "
+        "its configuration is the trial's, as compare does.",
+        epilog="example:\n  fedprivopt tune simulations/toy.toml --strategy dp-fedadam "
+        "--grid server-learning-rate=0.01,0.03,0.1 --grid local-learning-rate=0.1,0.5 "
+        "--mean-trials 5 --out runs/tune-fedadam",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("config", metavar="PRESET", help="preset TOML file")
+    p.add_argument(
+        "--strategy", choices=STRATEGIES, help="strategy to tune (default: the preset's)"
+    )
+    p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", required=True,
+                   help="a preset key and its values (repeatable; each trial draws every key "
+                   "uniformly)")  # fmt: skip
+    p.add_argument(
+        "--mean-trials",
+        type=float_range(1.0, MAX_MEAN_TRIALS, lo_open=False, hi_open=False),
+        required=True,
+        metavar="K",
+        help=f"mean number of trials, in [1, {MAX_MEAN_TRIALS:g}]",
+    )
+    p.add_argument("--distribution", choices=TRIAL_DISTRIBUTIONS,
+                   default="truncated-negative-binomial",
+                   help="distribution of the number of trials")  # fmt: skip
+    p.add_argument(
+        "--nb-shape",
+        type=float_range(0.0, MAX_SHAPE, lo_open=False, hi_open=False),
+        metavar="ETA",
+        help=f"shape eta of the truncated negative binomial, in [0, {MAX_SHAPE:g}] (0: "
+        "logarithmic, 1: geometric; default 1)",
+    )
+    p.add_argument("--out", default="runs/tune", metavar="DIR", help="output directory")
+    p.add_argument("--seed", dest="tune_seed", type=int_at_least(0), metavar="N",
+                   help="tuning seed: the number of trials, their hyperparameters and run seeds "
+                   "(default: the preset's seed)")  # fmt: skip
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="rerun a trial whose earlier run in OUT/runs has another configuration",
+    )
+    p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
+    p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
+    p.add_argument(
+        "--metric",
+        choices=_METRICS,
+        help="selection metric (default: the task's own; eval_loss is minimized)",
+    )
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset key")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_tune, seed=None, tensorboard=None)
+
+    p = sub.add_parser(
+        "compare-tuned",
+        help="compare tuned strategies at the epsilon that includes their tuning",
+        description="Write compare's report (summary.csv, report.md, plots) over the released "
+        "trial of each tuning directory, at the epsilon of its whole tuning, optionally beside "
+        "untuned runs (a compare output or run directories) at their own epsilon.",
+        epilog="example:\n  fedprivopt compare-tuned runs/tune-fedavg runs/tune-fedadam "
+        "--untuned runs/compare --out runs/tuned-report",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("tuned", nargs="+", metavar="TUNED", help="directories written by tune")
+    p.add_argument(
+        "--untuned",
+        action="append",
+        metavar="DIR",
+        help="a compare output or run directory to show beside (repeatable)",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="report directory")
+    p.add_argument("--metric", choices=_METRICS, help="task metric of the report")
+    p.set_defaults(func=cmd_compare_tuned)

@@ -1,0 +1,278 @@
+"""Private hyperparameter tuning: a random number of trials, the best one released.
+
+Papernot and Steinke (2022) run a training procedure ``K`` times, ``K`` drawn from a known
+distribution, each run with hyperparameters drawn independently, and release only the best run
+(by a score the run outputs). If one run is ``(λ, ε(λ))``-RDP, the whole procedure is RDP with a
+bound that grows with ``log E[K]`` instead of ``K``. dp-accounting computes that bound:
+``RepeatAndSelectDpEvent(event, mean, shape)`` interpreted by its RDP accountant (its PLD
+accountant does not support it).
+
+:class:`TrialCount` is the distribution of ``K`` (its sampler and pmf):
+
+* ``"truncated-negative-binomial"`` with shape ``η >= 0`` (``η = 0``: logarithmic, ``η = 1``:
+  geometric): ``P[K = k] = Γ(k + η) / (Γ(η + 1) k!) · (1 − γ)^k / Z`` for ``k >= 1``, with
+  ``Z = (γ^(−η) − 1) / η`` (``−log γ`` at ``η = 0``) and ``γ`` set by the mean
+  ``E[K] = η (1 − γ) / (γ (1 − γ^η))`` (``(1 − γ) / (γ log(1/γ))`` at ``η = 0``);
+  dp-accounting's ``shape = η``;
+* ``"poisson"``: ``K ~ Poisson(mean)`` (``K = 0`` is possible: nothing is released);
+  dp-accounting's ``shape = ∞``.
+
+:func:`tuning_epsilon` is ε of the whole procedure around one run's ledger, always from
+dp-accounting's RDP accountant.
+
+References
+----------
+N. Papernot, T. Steinke, "Hyperparameter Tuning with Renyi Differential Privacy", ICLR 2022
+(arXiv:2110.03620), Definition 1, Theorems 2 and 6.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting import dp_event, rdp
+
+from fedprivopt.privacy.accounting_state import Ledger, check_delta, merge_ledger
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+
+__all__ = [
+    "MAX_MEAN_TRIALS",
+    "TRIAL_DISTRIBUTIONS",
+    "TrialCount",
+    "ledger_rdp",
+    "run_dp_event",
+    "tuning_dp_event",
+    "tuning_epsilon",
+]
+
+TRIAL_DISTRIBUTIONS = ("truncated-negative-binomial", "poisson")
+MAX_MEAN_TRIALS = 10_000.0
+"""Largest mean number of trials: each trial is a full run."""
+MAX_SHAPE = 1e6
+"""Largest truncated-negative-binomial shape ``η`` (beyond it, use the Poisson limit)."""
+
+
+def _tnb_mean(gamma: float, shape: float) -> float:
+    """``E[K]`` of the truncated negative binomial with halting probability ``gamma``."""
+    if gamma >= 1.0:
+        return 1.0
+    log_gamma = math.log(gamma)
+    if shape == 0.0:
+        return (1.0 - gamma) / (gamma * -log_gamma)
+    # η (1 − γ) / (γ (1 − γ^η)) with 1 − γ^η = −expm1(η log γ)
+    return shape * (1.0 - gamma) / (gamma * -math.expm1(shape * log_gamma))
+
+
+def _tnb_gamma(shape: float, mean: float) -> float:
+    """The ``γ`` whose mean is at most ``mean``, within a relative 1e-12 of it.
+
+    The mean falls as ``γ`` grows; bisection keeps ``mean(hi) <= mean`` and returns ``hi``.
+    Drawing with it is conservative for dp-accounting's bound, which uses ``log(mean)`` and
+    ``log(1/γ)`` with its own (lower end) ``γ``: both terms are at least the sampler's.
+    """
+    if mean == 1.0:
+        return 1.0
+    lo, hi = 0.0, min(1.0, 2.0 * (shape + 1.0) / mean)
+    while _tnb_mean(hi, shape) > mean:  # pragma: no cover - the bound above holds
+        hi = min(1.0, hi * 2.0)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if _tnb_mean(mid, shape) > mean:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return hi
+
+
+@dataclass(frozen=True)
+class TrialCount:
+    """The distribution of the number of trials ``K``.
+
+    Parameters
+    ----------
+    distribution : {"truncated-negative-binomial", "poisson"}
+    mean : float
+        ``E[K]``, in ``[1, MAX_MEAN_TRIALS]``.
+    shape : float, optional
+        ``η >= 0`` of the truncated negative binomial (required for it, absent for Poisson).
+
+    Examples
+    --------
+    >>> TrialCount("poisson", 10.0).dp_shape
+    inf
+    >>> TrialCount("truncated-negative-binomial", 1.0, shape=1.0).pmf(np.array([1, 2])).tolist()
+    [1.0, 0.0]
+    """
+
+    distribution: str
+    mean: float
+    shape: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.distribution not in TRIAL_DISTRIBUTIONS:
+            raise ValueError(
+                f"distribution must be one of {', '.join(TRIAL_DISTRIBUTIONS)}, "
+                f"got {self.distribution!r}"
+            )
+        mean = self.mean
+        if isinstance(mean, bool) or not isinstance(mean, (int, float)):
+            raise ValueError(f"mean must be a number in [1, {MAX_MEAN_TRIALS:g}], got {mean!r}")
+        if not (1.0 <= mean <= MAX_MEAN_TRIALS):
+            raise ValueError(f"mean must be in [1, {MAX_MEAN_TRIALS:g}], got {mean!r}")
+        object.__setattr__(self, "mean", float(mean))
+        if self.distribution == "poisson":
+            if self.shape is not None:
+                raise ValueError("shape applies only to the truncated-negative-binomial")
+            return
+        shape = 1.0 if self.shape is None else self.shape
+        if isinstance(shape, bool) or not isinstance(shape, (int, float)):
+            raise ValueError(f"shape must be a number in [0, {MAX_SHAPE:g}], got {shape!r}")
+        if not (0.0 <= shape <= MAX_SHAPE):
+            raise ValueError(f"shape must be in [0, {MAX_SHAPE:g}], got {shape!r}")
+        object.__setattr__(self, "shape", float(shape))
+
+    @property
+    def dp_shape(self) -> float:
+        """dp-accounting's ``shape``: ``η``, or ``inf`` for Poisson."""
+        return math.inf if self.distribution == "poisson" else float(self.shape)
+
+    @property
+    def gamma(self) -> float | None:
+        """The truncated negative binomial's ``γ`` for :attr:`mean` (``None`` for Poisson)."""
+        if self.distribution == "poisson":
+            return None
+        return _tnb_gamma(float(self.shape), self.mean)
+
+    def describe(self) -> str:
+        """One phrase, e.g. ``truncated negative binomial (eta 1, gamma 0.1), mean 10``."""
+        if self.distribution == "poisson":
+            return f"Poisson, mean {self.mean:g}"
+        return (
+            f"truncated negative binomial (eta {self.shape:g}, gamma {self.gamma:.6g}), "
+            f"mean {self.mean:g}"
+        )
+
+    def to_dict(self) -> dict:
+        """Plain data: distribution, mean, shape (``η``; ``None`` for Poisson), gamma."""
+        return {
+            "distribution": self.distribution,
+            "mean": self.mean,
+            "shape": self.shape,
+            "gamma": self.gamma,
+            "dp_accounting_shape": "inf" if self.distribution == "poisson" else self.shape,
+        }
+
+    def pmf(self, k: np.ndarray) -> np.ndarray:
+        """``P[K = k]`` for integer ``k`` (array), exactly the distribution :meth:`sample` draws."""
+        k = np.asarray(k, dtype=np.float64)
+        if self.distribution == "poisson":
+            from scipy.special import gammaln
+
+            with np.errstate(divide="ignore"):
+                logp = k * math.log(self.mean) - self.mean - gammaln(k + 1.0)
+            return np.where(k >= 0, np.exp(logp), 0.0)
+        gamma, shape = self.gamma, float(self.shape)
+        if gamma >= 1.0:
+            return np.where(k == 1, 1.0, 0.0)
+        from scipy.special import gammaln
+
+        log_gamma = math.log(gamma)
+        log_z = (
+            math.log(-log_gamma) if shape == 0 else math.log(math.expm1(-shape * log_gamma) / shape)
+        )
+        kk = np.maximum(k, 1.0)
+        logp = (
+            gammaln(kk + shape) - gammaln(shape + 1.0) - gammaln(kk + 1.0)
+            + kk * math.log1p(-gamma) - log_z
+        )  # fmt: skip
+        return np.where(k >= 1, np.exp(logp), 0.0)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        """One draw of ``K`` from ``rng`` (an explicit, seeded ``numpy.random.Generator``).
+
+        Poisson: ``rng.poisson``. Truncated negative binomial: inversion of the CDF with one
+        uniform, walking ``p_{k+1} = p_k (1 − γ)(k + η)/(k + 1)`` from ``p_1 = (1 − γ)/Z``.
+        """
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError("rng must be a numpy.random.Generator")
+        if self.distribution == "poisson":
+            return int(rng.poisson(self.mean))
+        gamma, shape = self.gamma, float(self.shape)
+        if gamma >= 1.0:
+            return 1
+        log_gamma = math.log(gamma)
+        z = -log_gamma if shape == 0 else math.expm1(-shape * log_gamma) / shape
+        u = rng.random()
+        k, p = 1, (1.0 - gamma) / z
+        cumulative = p
+        while cumulative < u and p > 0.0:
+            p *= (1.0 - gamma) * (k + shape) / (k + 1)
+            k += 1
+            cumulative += p
+        return k
+
+
+def run_dp_event(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> dpa.DpEvent:
+    """One run's ledger as one dp-accounting event (a composition of self-compositions)."""
+    merged = merge_ledger(ledger)
+    return dpa.ComposedDpEvent(
+        [dpa.SelfComposedDpEvent(event.to_dp_event(), count) for event, count in merged]
+    )
+
+
+def _relation(ledger: Ledger) -> dpa.NeighboringRelation:
+    relations = {event.neighboring_relation for event, _ in ledger}
+    if len(relations) > 1:
+        raise ValueError("a run's ledger mixes neighbouring relations (Poisson and fixed-size)")
+    return relations.pop() if relations else dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
+def tuning_dp_event(
+    ledger: Iterable[tuple[SubsampledGaussianEvent, int]], trials: TrialCount
+) -> dp_event.RepeatAndSelectDpEvent:
+    """``RepeatAndSelectDpEvent`` of one run's ledger under the trial count ``trials``."""
+    return dp_event.RepeatAndSelectDpEvent(run_dp_event(ledger), trials.mean, trials.dp_shape)
+
+
+def tuning_epsilon(
+    ledger: Iterable[tuple[SubsampledGaussianEvent, int]], delta: float, trials: TrialCount
+) -> float:
+    """ε at ``delta`` of releasing the best of ``K ~ trials`` runs, each within ``ledger``.
+
+    dp-accounting's ``RdpAccountant`` (default orders, the ledger's neighbouring relation)
+    composes :func:`tuning_dp_event`. ``inf`` when an event has no noise (a non-private run);
+    a NaN from the library is reported as ``inf`` (never less spent).
+    """
+    delta = check_delta(delta)
+    merged = merge_ledger(ledger)
+    if any(event.noise_multiplier == 0 for event, _ in merged):
+        return math.inf
+    accountant = rdp.RdpAccountant(neighboring_relation=_relation(merged))
+    accountant.compose(tuning_dp_event(merged, trials))
+    eps = float(accountant.get_epsilon(delta))
+    return math.inf if math.isnan(eps) else eps
+
+
+def ledger_rdp(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> np.ndarray:
+    """RDP curve of a whole run (dp-accounting's default orders); NaN orders count as ``inf``.
+
+    Used to check that one run's privacy bounds every other's at every order (a valid input to
+    the repeat-and-select bound for a mixture of hyperparameter settings).
+    """
+    from fedprivopt.privacy.accounting import _RDP_ORDERS, _rdp_curve
+
+    merged = merge_ledger(ledger)
+    total = np.zeros_like(_RDP_ORDERS)
+    for event, count in merged:
+        if event.noise_multiplier == 0:
+            return np.full_like(_RDP_ORDERS, np.inf)
+        total = total + count * _rdp_curve(event)
+    return total

@@ -1,0 +1,454 @@
+"""Private hyperparameter tuning (``fedprivopt tune``): draw the trials, run them, pick the best.
+
+The procedure of Papernot and Steinke (2022): draw the number of trials ``K`` from a known
+distribution (:class:`~fedprivopt.privacy.tuning.TrialCount`), run ``K`` independent trials, each
+a normal simulation whose hyperparameters are drawn uniformly from the grid, and release only the
+best trial by the task metric of its final evaluation. A trial that fails (raises) or diverges (a
+non-finite metric or evaluation loss) counts as a trial and loses.
+
+Privacy. Every trial is accounted by its own run (its privacy ledger). The tuning bound needs one
+run's RDP curve that holds for *every* trial: :func:`planned_ledger` is what a grid point's run
+may release at most (its rounds, or fewer where the target ε of the preset stops it; the target
+applies to each single run), and :func:`dominating_plan` picks the grid point whose RDP curve is
+at least every other's at every order (a run with hyperparameters drawn at random is a mixture,
+whose Rényi divergence is at most the largest of its components'). The whole procedure's ε is
+then :func:`~fedprivopt.privacy.tuning.tuning_epsilon` of that ledger. After the trials,
+:func:`check_released` makes sure no trial's ledger exceeds the bound (a resumed secure-mode run
+charges redone rounds again).
+
+Randomness. All draws come from explicit generators keyed by the tuning seed
+(:func:`~fedprivopt.privacy.rng.derive_seed`): ``K`` from ``("tune", "count")``, trial ``i``'s
+hyperparameters from ``("tune", "trial", i)`` and its run seed from ``("tune", "run", i)``, so
+trial ``i`` is the same whatever ``K`` is, and every trial has its own seed (independent runs).
+
+Trials are run as ``compare`` runs its cells (:mod:`fedprivopt.simulation.cells`): one run
+directory per trial under ``OUT/runs/``, an earlier call's run reused (or resumed) only when its
+stored configuration equals the trial's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedprivopt.core.text import shown
+from fedprivopt.privacy.accounting import compose_epsilon
+from fedprivopt.privacy.accounting_state import Ledger, merge_ledger
+from fedprivopt.privacy.rng import derive_seed
+from fedprivopt.privacy.tuning import TrialCount, ledger_rdp, tuning_epsilon
+
+__all__ = [
+    "FORBIDDEN_GRID_KEYS",
+    "MAX_GRID_POINTS",
+    "PrivacyPlan",
+    "Trial",
+    "TrialResult",
+    "check_released",
+    "check_tune_dir",
+    "dominating_plan",
+    "draw_trials",
+    "grid_points",
+    "parse_grid",
+    "planned_ledger",
+    "select_best",
+]
+
+FORBIDDEN_GRID_KEYS = frozenset({"strategy", "seed"})
+"""Set by ``--strategy`` and by the tuning seed (every trial has its own run seed)."""
+MAX_GRID_POINTS = 10_000
+TUNE_LOCK = "tune.lock"
+TUNE_FILES = ("summary.json", "report.md", "trials.csv", "trials.png")
+TUNE_ENTRIES = frozenset({"runs", *TUNE_FILES, TUNE_LOCK})
+_RUN_SEED_MODULUS = 2**31
+
+
+# -- the grid ----------------------------------------------------------------------------------
+
+
+def parse_grid(texts: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+    """``--grid KEY=V1,V2,...`` flags as ``{key: values}`` (values typed as ``--set`` types them).
+
+    Raises
+    ------
+    ValueError
+        Naming ``--grid``: no ``=``, an empty key or value, a key given twice or reserved
+        (:data:`FORBIDDEN_GRID_KEYS`), a value given twice, or more than
+        :data:`MAX_GRID_POINTS` points in all.
+    """
+    from fedprivopt.simulation.config import parse_override
+
+    if not texts:
+        raise ValueError("argument --grid: give at least one KEY=V1,V2,... to tune over")
+    grid: dict[str, tuple[Any, ...]] = {}
+    for text in texts:
+        key, sep, values = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"argument --grid: expected KEY=V1,V2,..., got {shown(text)}")
+        if key in FORBIDDEN_GRID_KEYS:
+            why = "--strategy sets it" if key == "strategy" else "every trial gets its own seed"
+            raise ValueError(f"argument --grid: {shown(key)} cannot be tuned ({why})")
+        if key in grid:
+            raise ValueError(f"argument --grid: {shown(key)} is given twice")
+        parsed = []
+        for part in values.split(","):
+            if not part.strip():
+                raise ValueError(
+                    f"argument --grid: {shown(key)} has an empty value in {shown(text)}"
+                )
+            try:
+                _, value = parse_override(f"{key}={part.strip()}")
+            except (ValueError, RecursionError) as exc:
+                raise ValueError(f"argument --grid: {exc}") from None
+            if any(type(v) is type(value) and v == value for v in parsed):
+                raise ValueError(f"argument --grid: {shown(key)} lists {shown(part.strip())} twice")
+            parsed.append(value)
+        grid[key] = tuple(parsed)
+    size = math.prod(len(v) for v in grid.values())
+    if size > MAX_GRID_POINTS:
+        raise ValueError(
+            f"argument --grid: {size:,} grid points, more than the limit of {MAX_GRID_POINTS:,}"
+        )
+    return grid
+
+
+def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every point of the grid (the Cartesian product), in flag order."""
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+# -- the trials --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial: its number (from 1), run directory name, hyperparameters and run seed."""
+
+    index: int
+    label: str
+    hyperparameters: dict[str, Any]
+    seed: int
+
+
+def draw_trials(grid: Mapping[str, Sequence[Any]], trials: TrialCount, seed: int) -> list[Trial]:
+    """Draw ``K ~ trials`` and each trial's hyperparameters (uniform per key) and run seed.
+
+    Each key's value is drawn uniformly and independently, so a trial's point is uniform over
+    the grid. See the module docstring for the generators.
+    """
+    count = trials.sample(np.random.default_rng(derive_seed(seed, "tune", "count")))
+    width = max(3, len(str(count)))
+    out = []
+    for i in range(1, count + 1):
+        rng = np.random.default_rng(derive_seed(seed, "tune", "trial", i))
+        point = {key: values[int(rng.integers(len(values)))] for key, values in grid.items()}
+        run_seed = derive_seed(seed, "tune", "run", i) % _RUN_SEED_MODULUS
+        out.append(Trial(i, f"trial-{i:0{width}d}", point, run_seed))
+    return out
+
+
+# -- privacy -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """The single run's privacy bound behind the tuning ε.
+
+    Attributes
+    ----------
+    ledger : tuple of (SubsampledGaussianEvent, int) or None
+        What one run may release at most (``None``: the strategy is not private).
+    point : dict
+        The grid point whose run it is.
+    delta : float
+    accountant : str
+        The runs' own accountant (the tuning ε is always RDP).
+    accountant_settings : dict
+        ``pld_discretization`` and ``prv_eps_error`` of the runs' accountant.
+    target_epsilon : float or None
+        The preset's target ε, which applies to each single run.
+    """
+
+    ledger: Ledger | None
+    point: dict[str, Any]
+    delta: float
+    accountant: str
+    accountant_settings: dict[str, float] = field(default_factory=dict)
+    target_epsilon: float | None = None
+
+    def epsilon_single_run(self, accountant: str = "rdp") -> float:
+        """ε of one run that releases :attr:`ledger`, by ``accountant``."""
+        if self.ledger is None:
+            return math.inf
+        kwargs = self.accountant_settings if accountant == self.accountant else {}
+        return compose_epsilon(self.ledger, self.delta, accountant=accountant, **kwargs)
+
+    def epsilon(self, trials: TrialCount) -> float:
+        """ε of the whole tuning (RDP, ``RepeatAndSelectDpEvent``)."""
+        if self.ledger is None:
+            return math.inf
+        return tuning_epsilon(self.ledger, self.delta, trials)
+
+
+def planned_ledger(config, alg) -> Ledger | None:
+    """The most a run of ``config`` releases (``None`` when the strategy is not private).
+
+    ``num-server-rounds`` rounds of its events, or as many as its target ε allows: the largest
+    ``n`` whose ε stays within it, by the run's own accountant (a run stops before the round
+    that would exceed the target).
+    """
+    events = alg.round_events()
+    if not events:
+        return None
+    per_round = merge_ledger((event, 1) for event in events)
+
+    def rounds(n: int) -> Ledger:
+        return merge_ledger((event, count * n) for event, count in per_round)
+
+    s = config.strategy
+    total = s.num_server_rounds
+    if s.target_epsilon is None:
+        return rounds(total)
+    acc = alg.accountant
+    kwargs = {"pld_discretization": acc.pld_discretization, "prv_eps_error": acc.prv_eps_error}
+
+    def within(n: int) -> bool:
+        return compose_epsilon(rounds(n), s.delta, accountant=acc.accountant, **kwargs) <= (
+            s.target_epsilon
+        )
+
+    lo, hi = 0, total  # within(lo) holds (nothing released); find the largest n within
+    if within(hi):
+        return rounds(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if within(mid) else (lo, mid)
+    return rounds(lo)
+
+
+def _dominates(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.all((a >= b) | np.isclose(a, b, rtol=1e-12, atol=0.0)))
+
+
+def dominating_plan(
+    plans: Sequence[tuple[dict[str, Any], Ledger | None]],
+) -> tuple[dict[str, Any], Ledger | None]:
+    """The ``(point, ledger)`` whose RDP curve is at least every other's at every order.
+
+    A non-private point makes the whole tuning non-private (its ledger ``None``).
+
+    Raises
+    ------
+    ValueError
+        Naming ``--grid``, when the points mix Poisson and fixed-size sampling, or no point's
+        curve bounds all the others (e.g. fewer rounds at a smaller noise multiplier).
+    """
+    for point, ledger in plans:
+        if ledger is None:
+            return point, None
+    relations = {e.neighboring_relation for _, ledger in plans for e, _ in ledger}
+    if len(relations) > 1:
+        raise ValueError("argument --grid: its points mix Poisson and fixed-size sampling")
+    distinct: dict[Ledger, dict[str, Any]] = {}
+    for point, ledger in plans:
+        distinct.setdefault(ledger, point)
+    curves = {ledger: ledger_rdp(ledger) for ledger in distinct}
+    for ledger, curve in curves.items():
+        if all(_dominates(curve, other) for other in curves.values()):
+            return distinct[ledger], ledger
+    first, second = list(distinct.values())[:2]
+    raise ValueError(
+        f"argument --grid: its points spend privacy differently and none spends at least as "
+        f"much as every other at every RDP order (e.g. {shown(first)} and {shown(second)}); "
+        "tune over keys that leave the privacy events alone, or make one point the costliest"
+    )
+
+
+def _dominated_by(ledger: Ledger, bound: Ledger) -> bool:
+    """Whether ``ledger`` releases no event more often than ``bound`` does (count by count)."""
+    allowed: dict[Any, int] = {}
+    for event, count in bound:
+        allowed[event] = allowed.get(event, 0) + count
+    for event, count in ledger:
+        allowed[event] = allowed.get(event, 0) - count
+        if allowed[event] < 0:
+            return False
+    return True
+
+
+def check_released(
+    plan: PrivacyPlan, released: Mapping[str, Ledger]
+) -> tuple[PrivacyPlan, list[str]]:
+    """``plan``, raised to a trial's ledger where one released more than it; and notes.
+
+    A trial normally releases at most :attr:`PrivacyPlan.ledger` (fewer rounds when it fails).
+    A secure-mode run resumed after an interruption is charged its redone rounds again and can
+    release more; the bound then becomes that trial's ledger if it dominates every other.
+
+    Raises
+    ------
+    ValueError
+        When some trial released more than the plan and no ledger bounds all the others.
+    """
+    if plan.ledger is None:
+        return plan, []
+    over = {label: led for label, led in released.items() if not _dominated_by(led, plan.ledger)}
+    if not over:
+        return plan, []
+    candidates = [(plan.point, plan.ledger)] + [({"trial": k}, v) for k, v in over.items()]
+    try:
+        point, ledger = dominating_plan(candidates)
+    except ValueError as exc:
+        raise ValueError(
+            f"trials {', '.join(over)} released more than the planned single run, and "
+            f"{str(exc).removeprefix('argument --grid: ')}"
+        ) from None
+    notes = [
+        f"{label} released more than a run of its configuration plans (a resumed secure-mode "
+        "run is charged its redone rounds again); the tuning epsilon uses the largest ledger"
+        for label in over
+    ]
+    return PrivacyPlan(ledger, point, plan.delta, plan.accountant, plan.accountant_settings,
+                       plan.target_epsilon), notes  # fmt: skip
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@dataclass
+class TrialResult:
+    """What one trial gave.
+
+    Attributes
+    ----------
+    trial : Trial
+    status : {"finished", "diverged", "failed"}
+        ``diverged``: finished with a non-finite metric or evaluation loss (its model
+        overflowed; it loses whatever its metric); ``failed``: the run raised.
+    score : float
+        The final task metric (``nan`` unless finished).
+    run : RunData or None
+        The loaded run (finished and diverged trials).
+    error : str
+        Why a failed trial failed.
+    origin : str
+        Where its run comes from (``compare``'s phrases: ran, reused, resumed, rerun).
+    """
+
+    trial: Trial
+    status: str
+    score: float = math.nan
+    run: Any = None
+    error: str = ""
+    origin: str = ""
+
+
+def select_best(results: Sequence[TrialResult], *, maximize: bool) -> TrialResult | None:
+    """The finished trial with the best finite score (ties: the lowest number); ``None`` if none."""
+    ok = [r for r in results if r.status == "finished" and math.isfinite(r.score)]
+    if not ok:
+        return None
+    sign = 1.0 if maximize else -1.0
+    return max(ok, key=lambda r: (sign * r.score, -r.trial.index))
+
+
+def check_tune_dir(out: str | Path) -> None:
+    """Refuse an ``--out`` that holds anything but an earlier tuning's files.
+
+    ``tune`` writes ``runs/`` (one directory per trial), ``summary.json``, ``report.md``,
+    ``trials.csv`` and ``trials.png``; a directory with other entries is refused before
+    anything runs, as ``compare`` refuses one (also with ``--overwrite``).
+
+    Raises
+    ------
+    ValueError
+        Naming the directory and up to three foreign entries.
+    """
+    out = Path(out)
+    if not out.is_dir():
+        return
+    names = sorted(p.name for p in out.iterdir())
+    foreign = [n for n in names if n not in TUNE_ENTRIES]
+    if names and "runs" not in names:
+        foreign = foreign or names
+    if foreign:
+        listed = ", ".join(repr(n[:60]) for n in foreign[:3]) + (
+            ", ..." if len(foreign) > 3 else ""
+        )
+        raise ValueError(
+            f"--out {str(out)!r} holds {listed}, which tune did not write: it writes only into a "
+            "new or empty directory or an earlier tuning's; choose another --out"
+        )
+
+
+def check_leftover_trials(out: str | Path, labels: Sequence[str]) -> None:
+    """Refuse an ``OUT/runs/`` that holds runs that are not trials of this call.
+
+    An earlier call with another seed or mean may have drawn more trials; reporting this call
+    beside them would mix two tunings, and deleting them would lose results.
+    """
+    runs = Path(out) / "runs"
+    if not runs.is_dir():
+        return
+    extra = sorted(p.name for p in runs.iterdir() if p.name not in set(labels))
+    if extra:
+        listed = ", ".join(repr(n[:60]) for n in extra[:3]) + (", ..." if len(extra) > 3 else "")
+        raise ValueError(
+            f"--out {str(out)!r}: runs/ holds {listed}, not a trial of this call (an earlier "
+            f"tuning drew other trials); choose another --out"
+        )
+
+
+def remove_outputs(out: str | Path) -> None:
+    """Remove an earlier call's summary and report before any trial changes."""
+    for name in TUNE_FILES:
+        path = Path(out) / name
+        if path.is_dir() and not path.is_symlink():
+            raise ValueError(f"{path} is a directory, not a file tune wrote")
+        path.unlink(missing_ok=True)
+
+
+def run_trials(
+    out: Path,
+    cells: Sequence[Any],
+    trials: Sequence[Trial],
+    *,
+    overwrite: bool,
+    metric: str,
+    on_start: Callable[[Trial, str], None] | None = None,
+    on_done: Callable[[TrialResult], None] | None = None,
+) -> list[TrialResult]:
+    """Run (or reuse) every trial's cell under ``out/runs/`` and load its result.
+
+    An exception of a trial's run (not an interrupt) makes it ``failed``; the others go on.
+    """
+    from fedprivopt.simulation.cells import load_cell, plan_cells, run_cell
+
+    plans = plan_cells(out, cells, overwrite=overwrite)
+    results = []
+    for trial, plan in zip(trials, plans, strict=True):
+        if on_start is not None:
+            on_start(trial, plan.action)
+        result = TrialResult(trial, "failed", origin=plan.describe())
+        try:
+            run_cell(plan, progress=False)
+            result.run = load_cell(plan)
+        except Exception as exc:  # a failed trial counts as a trial
+            result.error = f"{type(exc).__name__}: {exc}"
+        else:
+            result.score = result.run.final_value(metric)
+            run = result.run
+            loss_ok = not run.has_metric("eval_loss") or math.isfinite(run.final_value("eval_loss"))
+            finite = math.isfinite(result.score) and loss_ok
+            result.status = "finished" if finite else "diverged"
+        results.append(result)
+        if on_done is not None:
+            on_done(result)
+    return results

@@ -1,0 +1,311 @@
+"""What ``fedprivopt tune`` writes, and the tuned comparison of ``fedprivopt compare-tuned``.
+
+A tuning directory holds ``summary.json``, ``trials.csv``, ``trials.png`` and ``report.md``
+beside ``runs/`` (one run directory per trial).
+
+``summary.json`` states two numbers side by side: ``epsilon``, the whole tuning procedure's ε
+(dp-accounting's RDP accountant on ``RepeatAndSelectDpEvent``), and ``epsilon_single_run``, one
+run's ε by the same accountant (and, when the runs use PLD or PRV, by theirs as well). Only the
+best trial is the release those numbers cover.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.tuning import TrialCount, ledger_rdp, tuning_epsilon
+from fedprivopt.simulation.files import atomic_write
+from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
+
+__all__ = ["TUNED_SUFFIX", "load_tuned", "privacy_note", "summary_of", "write_tune_outputs"]
+
+SUMMARY_VERSION = 1
+TUNED_SUFFIX = " (tuned)"
+
+
+def privacy_note(plan: PrivacyPlan) -> str:
+    """What the two ε cover, in words (summary and report)."""
+    runs_acc = plan.accountant
+    text = (
+        "epsilon covers the whole tuning procedure: a random number of trials drawn from the "
+        "stated distribution, each within the single run's ledger, and the release of the best "
+        "trial only (its model, hyperparameters and score), computed by dp-accounting's RDP "
+        "accountant on RepeatAndSelectDpEvent (Papernot & Steinke, ICLR 2022). It does not cover "
+        "publishing the other trials, their number or the tuning seed (anyone who knows the "
+        "seed knows the number of trials): those stay with the operator. epsilon_single_run is "
+        "one run's epsilon by the same RDP accountant. The selection score is the task's final "
+        "evaluation, on the task's evaluation data, which is not accounted."
+    )
+    if runs_acc != "rdp":
+        text += (
+            f" The runs account with {runs_acc}; dp-accounting supports RepeatAndSelectDpEvent "
+            f"only under RDP, so the tuning epsilon is RDP (single_run.epsilon gives the run's "
+            f"own {runs_acc} value)."
+        )
+    if plan.target_epsilon is not None:
+        text += (
+            f" The preset's target epsilon {plan.target_epsilon:g} applies to each single run "
+            "(which stops before exceeding it), not to the whole tuning."
+        )
+    return text
+
+
+def _trial_row(result: TrialResult, metric: str) -> dict[str, Any]:
+    run = result.run
+    row: dict[str, Any] = {
+        "trial": result.trial.label,
+        "hyperparameters": result.trial.hyperparameters,
+        "seed": result.trial.seed,
+        "status": result.status,
+        metric: result.score,
+        "origin": result.origin,
+    }
+    if run is not None:
+        row.update(
+            epsilon=run.epsilon,
+            rounds_completed=run.rounds_completed,
+            stopped_reason=run.summary.get("stopped_reason"),
+            eval_loss=run.final_value("eval_loss"),
+        )
+    if result.error:
+        row["error"] = result.error
+    return row
+
+
+def summary_of(
+    *,
+    preset: str,
+    strategy: str,
+    metric: str,
+    maximize: bool,
+    grid: Mapping[str, Sequence[Any]],
+    overrides: Mapping[str, Any],
+    trials: TrialCount,
+    seed: int,
+    plan: PrivacyPlan,
+    results: Sequence[TrialResult],
+    best: TrialResult | None,
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The content of ``summary.json``."""
+    eps_rdp = plan.epsilon_single_run("rdp")
+    single: dict[str, Any] = {
+        "accountant": plan.accountant,
+        "epsilon": plan.epsilon_single_run(plan.accountant),
+        "epsilon_rdp": eps_rdp,
+        "target_epsilon": plan.target_epsilon,
+        "grid_point": plan.point,
+        "ledger": None
+        if plan.ledger is None
+        else [{"event": e.to_dict(), "count": c} for e, c in plan.ledger],
+    }
+    best_out = None
+    if best is not None:
+        best_out = {**_trial_row(best, metric), "run_dir": f"runs/{best.trial.label}"}
+    return {
+        "kind": "fedprivopt-tune",
+        "version": SUMMARY_VERSION,
+        "preset": preset,
+        "strategy": strategy,
+        "metric": metric,
+        "mode": "max" if maximize else "min",
+        "grid": {k: list(v) for k, v in grid.items()},
+        "overrides": dict(overrides),
+        "trial_count": trials.to_dict(),
+        "seed": seed,
+        "trials_run": len(results),
+        "best": best_out,
+        "epsilon": plan.epsilon(trials),
+        "epsilon_single_run": eps_rdp,
+        "delta": plan.delta,
+        "accountant": "rdp",
+        "single_run": single,
+        "privacy": privacy_note(plan),
+        "notes": list(notes),
+        "trials": [_trial_row(r, metric) for r in results],
+    }
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if isinstance(x, float):
+        return "∞" if math.isinf(x) else f"{x:.{digits}g}" if math.isfinite(x) else "nan"
+    return str(x)
+
+
+def _write_csv(path: Path, summary: dict[str, Any]) -> None:
+    keys = list(summary["grid"])
+    metric = summary["metric"]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["trial", *keys, "seed", "status", metric, "eval_loss", "epsilon",
+                    "rounds_completed", "stopped_reason", "error"])  # fmt: skip
+        for row in summary["trials"]:
+            hp = row["hyperparameters"]
+            w.writerow([row["trial"], *(hp[k] for k in keys), row["seed"], row["status"],
+                        row[metric], row.get("eval_loss", ""), row.get("epsilon", ""),
+                        row.get("rounds_completed", ""), row.get("stopped_reason", ""),
+                        row.get("error", "")])  # fmt: skip
+
+
+def _plot(path: Path, summary: dict[str, Any]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    metric, rows = summary["metric"], summary["trials"]
+    fig = Figure(figsize=(8.0, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    xs = [i + 1 for i, r in enumerate(rows) if math.isfinite(r[metric])]
+    ys = [r[metric] for r in rows if math.isfinite(r[metric])]
+    ax.plot(xs, ys, "o", color="tab:blue", label="trial")
+    bad = [i + 1 for i, r in enumerate(rows) if not math.isfinite(r[metric])]
+    if bad:
+        y0 = min(ys) if ys else 0.0
+        ax.plot(bad, [y0] * len(bad), "x", color="tab:red", label="failed / diverged")
+    best = summary["best"]
+    if best is not None:
+        i = next(i for i, r in enumerate(rows) if r["trial"] == best["trial"])
+        ax.plot([i + 1], [best[metric]], "*", ms=16, color="tab:orange", label="released (best)")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(metric)
+    ax.set_title(
+        f"{summary['strategy']}: {len(rows)} trials; epsilon {_fmt(summary['epsilon'])} "
+        f"(one run {_fmt(summary['epsilon_single_run'])})"
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _markdown(summary: dict[str, Any]) -> str:
+    metric, best, single = summary["metric"], summary["best"], summary["single_run"]
+    keys = list(summary["grid"])
+    tc = summary["trial_count"]
+    dist = (
+        f"Poisson with mean {tc['mean']:g}"
+        if tc["distribution"] == "poisson"
+        else f"truncated negative binomial, eta {tc['shape']:g}, gamma {tc['gamma']:.6g}, "
+        f"mean {tc['mean']:g}"
+    )
+    lines = [
+        f"# fedprivopt tune: {summary['strategy']} on {summary['preset']}",
+        "",
+        f"- **epsilon of the tuning: {_fmt(summary['epsilon'])}** at delta "
+        f"{summary['delta']:g} (RDP, RepeatAndSelectDpEvent)",
+        f"- epsilon of one run: {_fmt(summary['epsilon_single_run'])} (RDP)"
+        + (
+            f", {_fmt(single['epsilon'])} by the runs' own accountant ({single['accountant']})"
+            if single["accountant"] != "rdp"
+            else ""
+        ),
+        f"- number of trials: drawn from the {dist}; this call ran {summary['trials_run']}",
+        f"- grid: {', '.join(f'{k} in {v}' for k, v in summary['grid'].items())} "
+        "(each trial draws each key uniformly)",
+        f"- selection: {summary['mode']} of `{metric}` at the final evaluation",
+    ]
+    if single["target_epsilon"] is not None:
+        lines.append(f"- target epsilon {single['target_epsilon']:g} per single run")
+    lines += ["", "## Released", ""]
+    if best is None:
+        lines.append("Nothing: no trial finished with a finite metric (or none was drawn).")
+    else:
+        hp = ", ".join(f"{k} = {best['hyperparameters'][k]!r}" for k in keys)
+        lines.append(
+            f"{best['trial']} ({hp}): {metric} {_fmt(best[metric])}, run in "
+            f"[{best['run_dir']}]({best['run_dir']})."
+        )
+    lines += ["", "## Trials", "", "![trials](trials.png)", "",
+              f"| trial | {' | '.join(keys)} | status | {metric} | epsilon (run) |",
+              "|---|" + "---|" * len(keys) + "---|---:|---:|"]  # fmt: skip
+    for row in summary["trials"]:
+        hp = [repr(row["hyperparameters"][k]) for k in keys]
+        lines.append(
+            f"| {row['trial']} | {' | '.join(hp)} | {row['status']} | {_fmt(row[metric])} | "
+            f"{_fmt(row.get('epsilon', math.nan))} |"
+        )
+    lines += ["", "Full numbers: [trials.csv](trials.csv), [summary.json](summary.json).", "",
+              "## Privacy", "", summary["privacy"]]  # fmt: skip
+    if summary["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in summary["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_tune_outputs(out: Path, summary: dict[str, Any]) -> Path:
+    """Write ``trials.csv``, ``trials.png`` and ``report.md``, then ``summary.json`` (last)."""
+    _write_csv(out / "trials.csv", summary)
+    if summary["trials"]:
+        _plot(out / "trials.png", summary)
+    report = out / "report.md"
+    report.write_text(_markdown(summary), encoding="utf-8")
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2, allow_nan=True) + "\n")
+    return report
+
+
+# -- tuned comparison --------------------------------------------------------------------------
+
+
+def load_tuned(path: str | Path):
+    """The released (best) run of a tuning directory, as ``RunData`` carrying the tuning ε.
+
+    The tuning ε is recomputed from the summary's single-run ledger and trial distribution, and
+    every trial's privacy ledger is checked to be within that single-run bound; the larger of
+    the stated and the recomputed ε is used (an edited summary cannot lower it). The run's
+    strategy is renamed ``"<strategy> (tuned)"`` so that it sits beside untuned runs.
+
+    Raises
+    ------
+    ValueError
+        Naming the directory: not a finished tuning, no released trial, or a trial beyond the
+        bound.
+    """
+    from fedprivopt.simulation.ledger import RunLedger
+    from fedprivopt.simulation.rundata import load_run
+
+    path = Path(path)
+    try:
+        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a finished tuning ({exc})") from None
+    if not isinstance(summary, dict) or summary.get("kind") != "fedprivopt-tune":
+        raise ValueError(f"{path}: its summary.json is not a tuning's (fedprivopt tune)")
+    best = summary.get("best")
+    if not best:
+        raise ValueError(f"{path}: the tuning released no trial")
+    try:
+        tc = summary["trial_count"]
+        trials = TrialCount(tc["distribution"], tc["mean"], tc["shape"])
+        led = summary["single_run"]["ledger"]
+        ledger = (
+            None
+            if led is None
+            else tuple(
+                (SubsampledGaussianEvent.from_dict(x["event"]), int(x["count"])) for x in led
+            )
+        )
+        delta = float(summary["delta"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: its summary.json cannot be read ({exc})") from None
+    eps = math.inf if ledger is None else tuning_epsilon(ledger, delta, trials)
+    if ledger is not None:
+        bound = ledger_rdp(ledger)
+        for run_dir in sorted((path / "runs").iterdir()):
+            released = RunLedger.read(run_dir)
+            if released is None:
+                continue
+            if not bool((ledger_rdp(released.total()) <= bound * (1 + 1e-12)).all()):
+                raise ValueError(
+                    f"{run_dir}: its privacy ledger exceeds the single run the tuning epsilon "
+                    "was computed for"
+                )
+    eps = max(eps, float(summary.get("epsilon", 0.0)))
+    run = load_run(path / best["run_dir"])
+    tuned = {**run.summary, "strategy": run.strategy + TUNED_SUFFIX, "epsilon": eps}
+    return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps)

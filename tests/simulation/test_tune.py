@@ -1,0 +1,264 @@
+"""``fedprivopt tune`` and ``compare-tuned``: trials, selection, the tuning ε, the error path."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import dp_accounting as dpa
+import pytest
+from dp_accounting import dp_event, rdp
+
+from fedprivopt.cli import main
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.tuning import TrialCount
+from fedprivopt.simulation.ledger import RunLedger
+from fedprivopt.simulation.rundata import load_run
+from fedprivopt.simulation.tune import (
+    dominating_plan,
+    draw_trials,
+    parse_grid,
+    planned_ledger,
+)
+
+PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+SMALL = ["--set", "population=12", "--set", "clients-per-round=4",
+         "--set", "task-params.num-users=12", "--rounds", "2", "--quiet"]  # fmt: skip
+GRID = ["--grid", "server-learning-rate=0.3,1.0", "--grid", "local-learning-rate=0.1,0.5"]
+TNB = "truncated-negative-binomial"
+
+
+def _exit_code(argv):
+    """``main``'s exit code; argparse's own errors exit through ``SystemExit``."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _tune(out, *extra):
+    return ["tune", str(PRESET), "--strategy", "dp-fedavg", *GRID, "--out", str(out),
+            *SMALL, *extra]  # fmt: skip
+
+
+# -- the grid and the draws ---------------------------------------------------------------------
+
+
+def test_parse_grid_types_values_as_set_does():
+    grid = parse_grid(["server-learning-rate=0.1,1", "local-epochs=1,2", "sampling=poisson,fixed"])
+    assert grid == {
+        "server-learning-rate": (0.1, 1),
+        "local-epochs": (1, 2),
+        "sampling": ("poisson", "fixed"),
+    }
+
+
+@pytest.mark.parametrize(
+    "texts, match",
+    [
+        (["server-learning-rate"], "KEY=V1"),
+        (["=1,2"], "KEY=V1"),
+        (["seed=1,2"], "own seed"),
+        (["strategy=dp-fedavg"], "--strategy"),
+        (["clip-norm=1,,2"], "empty value"),
+        (["clip-norm=1,1"], "twice"),
+        (["clip-norm=1", "clip-norm=2"], "twice"),
+        ([], "at least one"),
+    ],
+)
+def test_parse_grid_refuses_bad_flags(texts, match):
+    with pytest.raises(ValueError, match=match):
+        parse_grid(texts)
+
+
+def test_draws_are_seeded_and_a_trial_does_not_depend_on_the_count():
+    grid = {"a": (1, 2, 3), "b": ("x", "y")}
+    one = draw_trials(grid, TrialCount(TNB, 6.0, shape=1.0), seed=5)
+    assert one == draw_trials(grid, TrialCount(TNB, 6.0, shape=1.0), seed=5)
+    other = draw_trials(grid, TrialCount("poisson", 30.0), seed=5)
+    n = min(len(one), len(other))
+    assert n >= 1 and one[:n] == other[:n]
+    assert len({t.seed for t in other}) == len(other)  # every trial its own run seed
+    # hyperparameters are drawn uniformly: every value of a appears over many trials
+    many = draw_trials(grid, TrialCount("poisson", 300.0), seed=1)
+    counts = {v: sum(t.hyperparameters["a"] == v for t in many) for v in (1, 2, 3)}
+    assert all(abs(c / len(many) - 1 / 3) < 0.1 for c in counts.values())
+
+
+# -- the single run's bound ---------------------------------------------------------------------
+
+
+def _event(sigma, q=0.1):
+    return SubsampledGaussianEvent.poisson(sample_rate=q, noise_multiplier=sigma)
+
+
+def test_dominating_plan_picks_the_costliest_point():
+    small, large = ((_event(0.5), 10),), ((_event(2.0), 10),)
+    assert dominating_plan([({"s": 2.0}, large), ({"s": 0.5}, small)]) == ({"s": 0.5}, small)
+    more = ((_event(0.5), 20),)
+    assert dominating_plan([({"r": 10}, small), ({"r": 20}, more)])[1] == more
+    assert dominating_plan([({"x": 1}, small), ({"x": 2}, None)]) == ({"x": 2}, None)
+
+
+def test_dominating_plan_refuses_incomparable_points():
+    few_noisy, many_quiet = ((_event(0.3), 1),), ((_event(3.0), 500),)
+    with pytest.raises(ValueError, match="none spends at least as much"):
+        dominating_plan([({"a": 1}, few_noisy), ({"a": 2}, many_quiet)])
+
+
+def test_planned_ledger_stops_where_the_run_stops_at_its_target(tmp_path):
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import build_run, simulate
+
+    overrides = {"population": 12, "clients-per-round": 4, "task-params.num-users": 12,
+                 "num-server-rounds": 50, "target-epsilon": 8.0}  # fmt: skip
+    config = load_config(PRESET, overrides)
+    _, alg = build_run(config)
+    plan = planned_ledger(config, alg)
+    outcome = simulate(config, tmp_path / "run")
+    assert outcome.stopped_reason == "budget"
+    released = RunLedger.read(tmp_path / "run").total()
+    assert released == plan
+    assert sum(c for _, c in plan) == outcome.rounds_completed < 50
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+
+def _independent_tuning_epsilon(ledger, mean, shape, delta):
+    (event, count), = ledger  # fmt: skip
+    inner = dpa.PoissonSampledDpEvent(
+        event.sample_rate, dpa.GaussianDpEvent(event.noise_multiplier)
+    )
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_event.RepeatAndSelectDpEvent(dpa.SelfComposedDpEvent(inner, count), mean, shape))
+    return acc.get_epsilon(delta)
+
+
+def test_tune_end_to_end_writes_both_epsilons_and_the_best_trial(tmp_path, capsys):
+    out = tmp_path / "tune"
+    argv = _tune(out, "--mean-trials", "3", "--nb-shape", "0.5", "--seed", "7")
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "for the tuning" in printed and "report:" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    trials = summary["trials"]
+    assert summary["trials_run"] == len(trials) >= 1
+    assert len(list((out / "runs").iterdir())) == len(trials)
+    # the reported epsilon is dp-accounting's RepeatAndSelect around the run's own ledger
+    ledger = RunLedger.read(out / "runs" / trials[0]["trial"]).total()
+    expected = _independent_tuning_epsilon(ledger, 3.0, 0.5, summary["delta"])
+    assert summary["epsilon"] == pytest.approx(expected, rel=1e-12)
+    single = load_run(out / "runs" / trials[0]["trial"]).epsilon
+    assert summary["epsilon_single_run"] == pytest.approx(single, rel=1e-12)
+    assert summary["epsilon"] > summary["epsilon_single_run"]
+    # the best trial has the largest final accuracy of the trials
+    best = summary["best"]
+    scores = {t["trial"]: t["eval_accuracy"] for t in trials}
+    assert best["eval_accuracy"] == max(scores.values())
+    assert best["eval_accuracy"] == load_run(out / best["run_dir"]).final_value("eval_accuracy")
+    assert best["hyperparameters"]["server-learning-rate"] in (0.3, 1.0)
+    for name in ("report.md", "trials.csv", "trials.png"):
+        assert (out / name).is_file()
+    assert "epsilon of the tuning" in (out / "report.md").read_text()
+    # a second call reuses every trial and writes the same summary
+    stamp = (out / "runs" / best["trial"] / "summary.json").stat().st_mtime_ns
+    assert main(argv) == 0
+    assert (out / "runs" / best["trial"] / "summary.json").stat().st_mtime_ns == stamp
+    again = json.loads((out / "summary.json").read_text())
+    assert again["epsilon"] == summary["epsilon"] and again["best"]["trial"] == best["trial"]
+
+
+def test_a_failed_trial_counts_and_loses(tmp_path, monkeypatch):
+    import fedprivopt.simulation.cells as cells
+
+    real = cells.run_cell
+
+    def flaky(plan, progress=False):
+        if plan.cell.label == "trial-001":
+            raise RuntimeError("injected failure")
+        return real(plan, progress=progress)
+
+    monkeypatch.setattr(cells, "run_cell", flaky)
+    out = tmp_path / "tune"
+    count = TrialCount("poisson", 3.0)
+    seed = next(s for s in range(100) if len(draw_trials({"x": (1,)}, count, s)) >= 2)
+    argv = _tune(out, "--mean-trials", "3", "--distribution", "poisson", "--seed", str(seed))
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    first = summary["trials"][0]
+    assert first["status"] == "failed" and "injected failure" in first["error"]
+    assert summary["trials_run"] >= 2
+    assert summary["best"] is None or summary["best"]["trial"] != "trial-001"
+    with open(out / "trials.csv") as fh:
+        assert next(csv.DictReader(fh))["status"] == "failed"
+
+
+def test_poisson_can_draw_no_trial(tmp_path):
+    seed = next(
+        s for s in range(100) if not draw_trials({"x": (1,)}, TrialCount("poisson", 1.0), s)
+    )
+    out = tmp_path / "tune"
+    argv = _tune(out, "--mean-trials", "1", "--distribution", "poisson", "--seed", str(seed))
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trials_run"] == 0 and summary["best"] is None
+    assert math.isfinite(summary["epsilon"]) and summary["epsilon"] > 0
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--mean-trials", "0.5"], "--mean-trials"),
+        (["--mean-trials", "3", "--nb-shape", "-1"], "--nb-shape"),
+        (["--mean-trials", "3", "--distribution", "poisson", "--nb-shape", "1"], "--nb-shape"),
+        (["--mean-trials", "3", "--distribution", "binomial"], "--distribution"),
+        (["--mean-trials", "3", "--grid", "seed=1,2"], "--grid"),
+        (["--mean-trials", "3", "--grid", "clip-norm=-1,1"], "clip-norm"),
+        (["--mean-trials", "3", "--set", "server-learning-rate=2"], "--grid"),
+        (["--mean-trials", "3", "--grid", "noise-multiplier=0.3,3", "--grid",
+          "num-server-rounds=1,40"], "--grid"),
+    ],
+)  # fmt: skip
+def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, extra, flag):
+    out = tmp_path / "tune"
+    assert _exit_code(_tune(out, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_an_out_with_foreign_files_is_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "tune"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(_tune(out, "--mean-trials", "2")) == 2
+    err = capsys.readouterr().err
+    assert "notes.txt" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_compare_tuned_reports_the_tuning_epsilon(tmp_path, capsys):
+    tuned = tmp_path / "tune"
+    assert main(_tune(tuned, "--mean-trials", "2", "--seed", "1")) == 0
+    untuned = tmp_path / "plain"
+    assert main(["simulate", str(PRESET), "--out", str(untuned), *SMALL]) == 0
+    report = tmp_path / "report"
+    capsys.readouterr()
+    assert main(["compare-tuned", str(tuned), "--untuned", str(untuned),
+                 "--out", str(report)]) == 0  # fmt: skip
+    summary = json.loads((tuned / "summary.json").read_text())
+    with open(report / "summary.csv") as fh:
+        rows = {r["strategy"]: r for r in csv.DictReader(fh)}
+    assert float(rows["dp-fedavg (tuned)"]["epsilon"]) == pytest.approx(summary["epsilon"])
+    assert float(rows["dp-fedavg"]["epsilon"]) == pytest.approx(load_run(untuned).epsilon)
+    assert float(rows["dp-fedavg (tuned)"]["epsilon"]) > float(rows["dp-fedavg"]["epsilon"])
+    assert "whole tuning procedure" in (report / "report.md").read_text()
+    # a summary edited to state a lower epsilon does not lower the report's
+    summary["epsilon"] = 0.01
+    (tuned / "summary.json").write_text(json.dumps(summary))
+    assert main(["compare-tuned", str(tuned), "--out", str(report)]) == 0
+    with open(report / "summary.csv") as fh:
+        row = next(csv.DictReader(fh))
+    assert float(row["epsilon"]) > 1.0

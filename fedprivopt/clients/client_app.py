@@ -28,12 +28,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedprivopt import wire as P
+from fedprivopt.clients.messages import TrainMessage, hosted_users, reply_updates, reply_users
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models.registry import build_task, check_task_name
 from fedprivopt.models.task import Task, state_to_flat
@@ -112,62 +112,27 @@ def _task_for(context: Context, defaults: _Defaults) -> tuple[Task, LocalTrainer
 
 
 def _hosted(context: Context, task: Task) -> list[int]:
-    node_config = context.node_config
-    for key in (P.NODE_PARTITION_ID, P.NODE_NUM_PARTITIONS):
-        if key not in node_config:
-            raise ValueError(
-                f"node config has no {key!r}; start the SuperNode with --node-config "
-                f'"{P.NODE_PARTITION_ID}=<p> {P.NODE_NUM_PARTITIONS}=<P>"'
-            )
-    return P.hosted_users(
-        int(node_config[P.NODE_PARTITION_ID]),
-        int(node_config[P.NODE_NUM_PARTITIONS]),
-        task.num_users,
-    )
-
-
-def _global_flat(content: RecordDict, trainer: LocalTrainer) -> torch.Tensor:
-    if P.ARRAYS_RECORD not in content.array_records:
-        raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
-    state = content.array_records[P.ARRAYS_RECORD].to_torch_state_dict()
-    return state_to_flat(state, trainer.spec)
+    return hosted_users(context, task.num_users)
 
 
 def _query(message: Message, context: Context, defaults: _Defaults) -> Message:
     task, _ = _task_for(context, defaults)
-    record = message.content.config_records.get(P.QUERY_RECORD)
-    op = None if record is None else record.get(P.OP)
-    if op != P.OP_USERS:
-        raise ValueError(
-            f"unknown query: expected ConfigRecord {P.QUERY_RECORD!r} with "
-            f"{P.OP!r}={P.OP_USERS!r}, got {op!r}"
-        )
-    users = _hosted(context, task)
-    return Message(
-        RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: users})}), reply_to=message
-    )
+    return reply_users(message, _hosted(context, task))
 
 
 def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
     task, trainer = _task_for(context, defaults)
     hosted = set(_hosted(context, task))
-    content = message.content
-    if P.CONFIG_RECORD not in content.config_records:
-        raise ValueError(f"train message has no ConfigRecord {P.CONFIG_RECORD!r}")
-    request = P.decode_train_config(content.config_records[P.CONFIG_RECORD])
-    global_flat = _global_flat(content, trainer)
-    preconditioner = None
-    if P.PRECONDITIONER_RECORD in content.array_records:
-        array = content.array_records[P.PRECONDITIONER_RECORD][P.PRECONDITIONER_ARRAY]
-        preconditioner = torch.from_numpy(array.numpy()).reshape(-1)
-    settings = request.settings
-    if settings.secure:
+    request = TrainMessage.read(message)
+    global_flat = state_to_flat(request.state, trainer.spec)
+    if request.secure:
         rngs = RngFactory(seed=None, secure=True)
     else:
-        rngs = RngFactory(seed=settings.seed)
+        rngs = RngFactory(seed=request.seed)
 
-    reply = RecordDict()
-    trained, rejected = 0, 0
+    updates: dict[int, torch.Tensor] = {}
+    clip_bits: dict[int, float] = {}
+    rejected = 0
     num_examples: list[int] = []
     losses: list[float] = []
     for user in request.users:
@@ -178,27 +143,24 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
             global_flat,
             user_id=user,
             round_num=request.round_num,
-            config=settings.local,
+            config=request.local,
             rngs=rngs,
-            preconditioner=preconditioner,
+            preconditioner=request.preconditioner,
             stream=request.stream,
         )
-        arrays = {P.DELTA_ARRAY: Array(result.delta.numpy())}
+        updates[user] = result.delta
         if result.clip_bit is not None:
-            arrays[P.CLIP_BIT_ARRAY] = Array(np.array([result.clip_bit], dtype=np.float64))
-        reply[P.update_key(user)] = ArrayRecord(arrays)
-        trained += 1
+            clip_bits[user] = result.clip_bit
         num_examples.append(result.num_examples)
         losses.append(result.loss)
-    metrics: dict[str, int | float | list[int] | list[float]] = {
-        P.USERS_TRAINED: trained,
-        P.USERS_REJECTED: rejected,
-    }
-    if settings.report_private_metrics:
-        metrics[P.NUM_EXAMPLES] = num_examples
-        metrics[P.TRAIN_LOSS] = losses
-    reply[P.TRAIN_METRICS] = MetricRecord(metrics)
-    return Message(reply, reply_to=message)
+    return reply_updates(
+        message,
+        updates,
+        rejected=rejected,
+        clip_bits=clip_bits,
+        num_examples=num_examples,
+        losses=losses,
+    )
 
 
 def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Message:
@@ -210,7 +172,10 @@ def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Messag
     if config is not None and P.USERS in config:
         allowed = set(hosted)
         users = [int(u) for u in config[P.USERS] if int(u) in allowed]  # type: ignore[union-attr]
-    model = trainer.load_global(_global_flat(content, trainer))
+    if P.ARRAYS_RECORD not in content.array_records:
+        raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
+    state = content.array_records[P.ARRAYS_RECORD].to_torch_state_dict()
+    model = trainer.load_global(state_to_flat(state, trainer.spec))
     loss_sum, acc_sum, total = 0.0, 0.0, 0
     for user in users:
         x, y = task.user_data(user)

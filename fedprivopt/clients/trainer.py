@@ -13,6 +13,9 @@ Opacus' optimizers):
 5. **noise share**: add ``N(0, noise_std² I)`` (:meth:`~LocalTrainer.add_noise`) in
    distributed-noise mode.
 
+Steps 4 and 5 are :func:`~fedprivopt.clients.privatize_update`, the public function a user's own
+ClientApp calls after its own training loop (given this trainer's two methods).
+
 Randomness comes only from generators keyed by ``(seed, round, purpose, stream, user)``
 (:class:`~fedprivopt.privacy.RngFactory`), so the same call gives bit-identical results whatever
 was called before and whatever the global random states are.
@@ -38,13 +41,13 @@ ICML 2022.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from fedprivopt.clients.privatize import NOISE_PURPOSE, privatize_update
 from fedprivopt.core.local import LocalConfig, epoch_orders
 from fedprivopt.models.task import Task
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
@@ -347,15 +350,17 @@ class LocalTrainer:
         mean_loss = float(loss_sum) / num_examples if num_examples else 0.0
 
         with torch.no_grad():
-            delta = w - w0
-            if bool(torch.isfinite(delta).all()):
-                clipped = self.clip(delta, config.clip_norm)
-                vector, norm, was_clipped = clipped.vector, clipped.norm, clipped.clipped
-            else:
-                vector, norm, was_clipped = torch.zeros_like(delta), math.inf, True
+            gen = None
             if config.noise_std > 0:
-                gen = rngs.generator(round_num, "client-noise", *keys, device=self.device)
-                vector = self.add_noise(vector, config.noise_std, gen)
+                gen = rngs.generator(round_num, NOISE_PURPOSE, *keys, device=self.device)
+            vector, norm, was_clipped = privatize_update(
+                w - w0,
+                clip_norm=config.clip_norm,
+                noise_std=config.noise_std,
+                generator=gen,
+                clip=self.clip,
+                add_noise=self.add_noise,
+            )
             out = vector.detach().to(device="cpu", dtype=torch.float32)
         report = None
         if config.clip_bit:

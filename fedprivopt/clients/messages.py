@@ -1,0 +1,264 @@
+"""Flower messages for a ClientApp of one's own: read what fedprivopt's server sends, build replies.
+
+fedprivopt's strategies (:class:`~fedprivopt.strategies.flower.DPStrategy`) sample **users**, not
+nodes, and talk to every node with two message types (:mod:`fedprivopt.wire`):
+
+``query``
+    "which users do you host?" — answer with :func:`reply_users` (:func:`hosted_users` gives the
+    users of a node from its ``partition-id`` and ``num-partitions``).
+``train``
+    the global model, the sampled users this node hosts and how to train them —
+    :meth:`TrainMessage.read` decodes it; after local training, each user's update goes through
+    :meth:`TrainMessage.privatize` (:func:`~fedprivopt.clients.privatize_update` with the
+    message's clip norm, noise share and generator) and :func:`reply_updates` sends them back,
+    one ``ArrayRecord`` per user and nothing private.
+
+fedprivopt's own ClientApp (:mod:`fedprivopt.clients.client_app`) uses these same functions, so a
+user's ClientApp that uses them speaks exactly its protocol. This module imports Flower; import
+it where Flower is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from fedprivopt import wire as P
+from fedprivopt.clients.privatize import PrivateUpdate, noise_generator, privatize_update
+from fedprivopt.clients.trainer import clip_report
+from fedprivopt.core.local import LocalConfig
+from fedprivopt.models.task import state_to_flat
+from fedprivopt.privacy.flat import FlatSpec, flatten
+from fedprivopt.privacy.rng import RngFactory
+
+__all__ = ["TrainMessage", "hosted_users", "reply_updates", "reply_users"]
+
+
+def hosted_users(context: Context, num_users: int) -> list[int]:
+    """The users a node hosts: ``range(partition-id, num_users, num-partitions)``.
+
+    Parameters
+    ----------
+    context : flwr.app.Context
+        The node's context; its ``node_config`` must hold ``partition-id`` and
+        ``num-partitions`` (Flower's simulation sets both; a SuperNode gets them with
+        ``--node-config``).
+    num_users : int
+        The population ``N`` (the run config's ``population``).
+
+    Raises
+    ------
+    ValueError
+        If a key is missing or out of range.
+    """
+    node_config = context.node_config
+    for key in (P.NODE_PARTITION_ID, P.NODE_NUM_PARTITIONS):
+        if key not in node_config:
+            raise ValueError(
+                f"node config has no {key!r}; start the SuperNode with --node-config "
+                f'"{P.NODE_PARTITION_ID}=<p> {P.NODE_NUM_PARTITIONS}=<P>"'
+            )
+    return P.hosted_users(
+        int(node_config[P.NODE_PARTITION_ID]), int(node_config[P.NODE_NUM_PARTITIONS]), num_users
+    )
+
+
+def reply_users(message: Message, users: Iterable[int]) -> Message:
+    """The reply to a ``query`` message: the ids of the users this node hosts.
+
+    Raises
+    ------
+    ValueError
+        If ``message`` is not fedprivopt's users query.
+    """
+    record = message.content.config_records.get(P.QUERY_RECORD)
+    op = None if record is None else record.get(P.OP)
+    if op != P.OP_USERS:
+        raise ValueError(
+            f"unknown query: expected ConfigRecord {P.QUERY_RECORD!r} with "
+            f"{P.OP!r}={P.OP_USERS!r}, got {op!r}"
+        )
+    ids = [int(u) for u in users]
+    return Message(RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: ids})}), reply_to=message)
+
+
+@dataclass(frozen=True)
+class TrainMessage:
+    """A decoded ``train`` message of fedprivopt's server.
+
+    Attributes
+    ----------
+    users : tuple of int
+        The sampled users to train (all hosted by this node unless the server erred).
+    round_num : int
+        Server round (``round``).
+    stream : str
+        ``stream``: ``"train"``, or ADADP's second cohort.
+    local : LocalConfig
+        ``local-learning-rate``, ``local-epochs``, ``batch-size``, ``max-examples`` (``None``:
+        all), ``clip-norm`` (``None``: no clipping) and ``noise-std``.
+    seed : int
+        ``seed``: the clients' seed (derived one-way from the run's root seed).
+    secure : bool
+        ``secure``: draw noise shares from the operating system's entropy.
+    report_private_metrics : bool
+        Whether the server asks for example counts and losses (non-private baselines only).
+    state : dict of str to torch.Tensor
+        The global model's state dict (``arrays``), in the server's key order.
+    preconditioner : torch.Tensor or None
+        Flat ``P > 0`` (AdaDPS, DP2's adaptive rounds): divide every local gradient by it.
+    """
+
+    users: tuple[int, ...]
+    round_num: int
+    stream: str
+    local: LocalConfig
+    seed: int
+    secure: bool
+    report_private_metrics: bool
+    state: dict[str, torch.Tensor]
+    preconditioner: torch.Tensor | None = None
+
+    @classmethod
+    def read(cls, message: Message) -> TrainMessage:
+        """Decode and check a ``train`` message.
+
+        Raises
+        ------
+        ValueError
+            If a record or a key is missing or has the wrong type or range.
+        """
+        content = message.content
+        if P.CONFIG_RECORD not in content.config_records:
+            raise ValueError(f"train message has no ConfigRecord {P.CONFIG_RECORD!r}")
+        if P.ARRAYS_RECORD not in content.array_records:
+            raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
+        request = P.decode_train_config(content.config_records[P.CONFIG_RECORD])
+        preconditioner = None
+        if P.PRECONDITIONER_RECORD in content.array_records:
+            array = content.array_records[P.PRECONDITIONER_RECORD][P.PRECONDITIONER_ARRAY]
+            preconditioner = torch.from_numpy(array.numpy()).reshape(-1)
+        settings = request.settings
+        return cls(
+            users=request.users,
+            round_num=request.round_num,
+            stream=request.stream,
+            local=settings.local,
+            seed=settings.seed,
+            secure=settings.secure,
+            report_private_metrics=settings.report_private_metrics,
+            state=content.array_records[P.ARRAYS_RECORD].to_torch_state_dict(),
+            preconditioner=preconditioner,
+        )
+
+    @cached_property
+    def spec(self) -> FlatSpec:
+        """The flat layout of the global model (the server's: its state dict's key order)."""
+        return flatten(self.state)[1]
+
+    @cached_property
+    def global_flat(self) -> torch.Tensor:
+        """The global model as one flat vector in the layout :attr:`spec`."""
+        return flatten(self.state)[0]
+
+    def flatten(self, state: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """A state dict with the global model's keys as one flat vector in the server's layout.
+
+        ``flatten(model.state_dict()) - global_flat`` is the update the server expects.
+        """
+        return state_to_flat({k: v.detach() for k, v in state.items()}, self.spec)
+
+    def noise_generator(self, user_id: int, device: torch.device | str = "cpu") -> torch.Generator:
+        """The generator of ``user_id``'s noise share.
+
+        :func:`~fedprivopt.clients.noise_generator` keyed by this message's seed, secure mode,
+        round and stream, on ``device`` (the update's).
+        """
+        return noise_generator(
+            seed=self.seed,
+            secure=self.secure,
+            round_num=self.round_num,
+            user_id=user_id,
+            stream=self.stream,
+            device=device,
+        )
+
+    def privatize(self, update: torch.Tensor, user_id: int) -> PrivateUpdate:
+        """Clip ``update`` and add its noise share as this message asks.
+
+        :func:`~fedprivopt.clients.privatize_update` with the message's ``clip-norm`` and
+        ``noise-std`` and :meth:`noise_generator` of ``user_id`` (made only when the share is
+        not zero). The result's ``vector`` is what :func:`reply_updates` sends.
+        """
+        std = self.local.noise_std
+        return privatize_update(
+            update,
+            clip_norm=self.local.clip_norm,
+            noise_std=std,
+            generator=self.noise_generator(user_id, update.device) if std > 0 else None,
+        )
+
+    def clip_bit(self, private: PrivateUpdate, user_id: int) -> float | None:
+        """What ``user_id`` reports for adaptive clipping, or ``None`` when the server did not ask.
+
+        With ``clip-bit`` in the message (adaptive clipping): the bit ``[norm ≤ C]`` of the
+        update's pre-clip norm, or in distributed-noise mode (``count-noise-std > 0``) its
+        noised centred share, exactly as :class:`~fedprivopt.clients.LocalTrainer` reports it.
+        Pass it to :func:`reply_updates` as ``clip_bits``.
+        """
+        if not self.local.clip_bit:
+            return None
+        rngs = RngFactory(seed=None, secure=True) if self.secure else RngFactory(seed=self.seed)
+        keys = (self.stream, int(user_id))
+        return clip_report(float(private.norm), self.local, rngs, self.round_num, keys)
+
+
+def reply_updates(
+    message: Message,
+    updates: Mapping[int, torch.Tensor],
+    *,
+    rejected: int = 0,
+    clip_bits: Mapping[int, float] | None = None,
+    num_examples: list[int] | None = None,
+    losses: list[float] | None = None,
+) -> Message:
+    """The reply to a ``train`` message: every user's flat update, as float32, and two counts.
+
+    Parameters
+    ----------
+    message : flwr.app.Message
+        The train message.
+    updates : Mapping[int, torch.Tensor]
+        User id → the privatized flat update (:attr:`PrivateUpdate.vector`).
+    rejected : int
+        Requested users this node does not host (``users-rejected``).
+    clip_bits : Mapping[int, float], optional
+        Adaptive clipping: user id → its clip bit (or noised share).
+    num_examples, losses : list, optional
+        Per-user example counts and training losses, in the order of ``updates``; sent only
+        when the server asked for them (non-private baselines). **Private**: a DP run never
+        sends them.
+    """
+    reply = RecordDict()
+    bits = {} if clip_bits is None else clip_bits
+    for user, vector in updates.items():
+        delta = vector.detach().to(device="cpu", dtype=torch.float32)
+        arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
+        if user in bits:
+            arrays[P.CLIP_BIT_ARRAY] = Array(np.array([bits[user]], dtype=np.float64))
+        reply[P.update_key(user)] = ArrayRecord(arrays)
+    metrics: dict[str, int | float | list[int] | list[float]] = {
+        P.USERS_TRAINED: len(updates),
+        P.USERS_REJECTED: int(rejected),
+    }
+    record = message.content.config_records.get(P.CONFIG_RECORD)
+    if record is not None and bool(record.get(P.REPORT_PRIVATE_METRICS, False)):
+        metrics[P.NUM_EXAMPLES] = list(num_examples or [])
+        metrics[P.TRAIN_LOSS] = list(losses or [])
+    reply[P.TRAIN_METRICS] = MetricRecord(metrics)
+    return Message(reply, reply_to=message)

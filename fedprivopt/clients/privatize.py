@@ -1,0 +1,180 @@
+"""The client's privacy step, as a public function: clip the whole update, then add its noise share.
+
+Whatever trains the model (fedprivopt's :class:`~fedprivopt.clients.LocalTrainer` or a user's
+own training loop in their own Flower ClientApp), the update that leaves the device in DP mode
+goes through :func:`privatize_update`:
+
+1. an update with a NaN or Inf entry (local training diverged) becomes the zero vector, reported
+   with norm ``inf`` and as clipped: it has no direction to keep, and a zero contribution is
+   always within the clip norm;
+2. **clip** the whole flat update to L2 norm ``C`` (:func:`~fedprivopt.privacy.clip_l2`; ``C =
+   None`` does not clip: non-private baselines only);
+3. **noise share**: in distributed-noise mode add ``N(0, noise_std² I)`` drawn from an explicit
+   generator, :func:`noise_generator` (keyed by ``(seed, round, "client-noise", stream, user)``,
+   or seeded from the operating system's entropy in secure mode).
+
+The server sends ``C``, ``noise_std``, the seed, secure mode, the round and the stream in every
+train message (:mod:`fedprivopt.wire`; :class:`~fedprivopt.clients.messages.TrainMessage` reads
+them), so a user's ClientApp gets exactly the update LocalTrainer would send for the same local
+model. The server never trusts this step: it measures and re-clips every update it receives.
+
+References
+----------
+H. B. McMahan, D. Ramage, K. Talwar, L. Zhang, "Learning differentially private recurrent language
+models", ICLR 2018.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
+from fedprivopt.privacy.noise import add_gaussian_noise
+from fedprivopt.privacy.rng import RngFactory
+
+__all__ = ["NOISE_PURPOSE", "PrivateUpdate", "noise_generator", "privatize_update"]
+
+#: The purpose key of the clients' noise-share generators (:meth:`RngFactory.generator`).
+NOISE_PURPOSE = "client-noise"
+
+
+class PrivateUpdate(NamedTuple):
+    """What :func:`privatize_update` returns.
+
+    Attributes
+    ----------
+    vector : torch.Tensor
+        The clipped update plus its noise share: what the client sends. Same shape, dtype and
+        device as the input.
+    norm : float
+        L2 norm of the update before clipping; ``inf`` for an update with a NaN or Inf entry.
+        **Private**: never sent in DP mode.
+    clipped : bool
+        Whether the update was scaled down (always true for a non-finite update).
+    """
+
+    vector: torch.Tensor
+    norm: float
+    clipped: bool
+
+
+def _clip(delta: torch.Tensor, clip_norm: float | None) -> ClipResult:
+    if clip_norm is None:
+        return ClipResult(delta, l2_norm(delta), False)
+    return clip_l2(delta, clip_norm)
+
+
+def privatize_update(
+    update: torch.Tensor,
+    *,
+    clip_norm: float | None,
+    noise_std: float = 0.0,
+    generator: torch.Generator | None = None,
+    clip: Callable[[torch.Tensor, float | None], ClipResult] | None = None,
+    add_noise: Callable[[torch.Tensor, float, torch.Generator], torch.Tensor] | None = None,
+) -> PrivateUpdate:
+    """Clip a user's whole update to L2 norm ``clip_norm`` and add its noise share.
+
+    Parameters
+    ----------
+    update : torch.Tensor
+        The user's update ``Δ = w_local − w_global`` as one flat floating-point vector, in the
+        layout of the global model the server sent (:meth:`fedprivopt.clients.messages.
+        TrainMessage.flatten` makes it from a state dict).
+    clip_norm : float or None
+        The clip norm ``C > 0`` (the message's ``clip-norm``); ``None`` does not clip
+        (non-private baselines, whose messages carry ``clip-norm = 0``).
+    noise_std : float
+        Standard deviation ``>= 0`` of the noise share (the message's ``noise-std``); ``0``
+        (server-noise mode) adds none.
+    generator : torch.Generator, optional
+        Source of the noise share, on ``update``'s device; required when ``noise_std > 0``.
+        :func:`noise_generator` gives the one fedprivopt's clients use.
+    clip, add_noise : callable, optional
+        Replacements of the two steps (``clip(delta, clip_norm) -> ClipResult`` and
+        ``add_noise(vector, std, generator) -> tensor``); :class:`~fedprivopt.clients.
+        LocalTrainer` passes its overridable methods. By default
+        :func:`~fedprivopt.privacy.clip_l2` and :func:`~fedprivopt.privacy.add_gaussian_noise`.
+
+    Returns
+    -------
+    PrivateUpdate
+        The vector to send, the pre-clip norm and whether it was clipped.
+
+    Raises
+    ------
+    ValueError
+        If ``update`` is not a floating-point tensor, ``clip_norm`` is not ``None`` or a finite
+        number ``> 0``, ``noise_std`` is negative or not finite, or ``noise_std > 0`` comes
+        without a generator.
+
+    Examples
+    --------
+    >>> import torch
+    >>> out = privatize_update(torch.tensor([3.0, 4.0]), clip_norm=1.0)
+    >>> out.norm, out.clipped, round(float(out.vector.norm()), 6)
+    (5.0, True, 1.0)
+    """
+    if not isinstance(update, torch.Tensor) or not update.is_floating_point():
+        raise ValueError(f"update must be a floating-point torch.Tensor, got {update!r:.80}")
+    if clip_norm is not None and not (0 < float(clip_norm) < math.inf):
+        raise ValueError(f"clip_norm must be None or a finite number > 0, got {clip_norm!r}")
+    if not 0 <= float(noise_std) < math.inf:
+        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    if noise_std > 0 and not isinstance(generator, torch.Generator):
+        raise ValueError(
+            f"generator must be a torch.Generator when noise_std > 0, got {generator!r}"
+        )
+    clip = _clip if clip is None else clip
+    with torch.no_grad():
+        if bool(torch.isfinite(update).all()):
+            result = clip(update, clip_norm)
+            vector, norm, clipped = result.vector, result.norm, result.clipped
+        else:
+            vector, norm, clipped = torch.zeros_like(update), math.inf, True
+        if noise_std > 0:
+            if add_noise is None:
+                vector = add_gaussian_noise(vector, noise_std, generator=generator)
+            else:
+                vector = add_noise(vector, noise_std, generator)
+    return PrivateUpdate(vector, float(norm), bool(clipped))
+
+
+def noise_generator(
+    *,
+    seed: int | None,
+    secure: bool,
+    round_num: int,
+    user_id: int,
+    stream: str = "train",
+    device: torch.device | str = "cpu",
+) -> torch.Generator:
+    """The generator of user ``user_id``'s noise share in round ``round_num``.
+
+    Keyed by ``(seed, round_num, "client-noise", stream, user_id)`` (:class:`~fedprivopt.privacy.
+    RngFactory`), so the share does not depend on call order and a seeded run is reproducible;
+    in secure mode (``secure=True``, ``seed`` ignored) seeded from the operating system's
+    entropy. ``seed``, ``secure``, ``round_num`` and ``stream`` are the train message's
+    ``seed``, ``secure``, ``round`` and ``stream``.
+
+    Parameters
+    ----------
+    seed : int or None
+        The clients' seed the server sent (derived one-way from the run's root seed).
+    secure : bool
+        Draw from OS entropy instead (deployments).
+    round_num : int
+        Server round.
+    user_id : int
+        The user whose update is noised.
+    stream : str
+        The request's stream (ADADP trains a user twice a round, as ``"train"`` and another).
+    device : torch.device or str
+        Device of the update (a CUDA update needs a CUDA generator).
+    """
+    rngs = RngFactory(seed=None, secure=True) if secure else RngFactory(seed=seed)
+    return rngs.generator(int(round_num), NOISE_PURPOSE, str(stream), int(user_id), device=device)

@@ -13,7 +13,7 @@ Layers, bottom to top (a module imports only from its own layer or the ones belo
 - :mod:`fedprivopt.simulation`: runs, both engines, reports;
 - :mod:`fedprivopt.deploy`: the Flower app on SuperLink and SuperNodes;
 - the command line: :mod:`fedprivopt.cli`, :mod:`fedprivopt.cli_args`, :mod:`fedprivopt.cli_data`,
-  :mod:`fedprivopt.cli_runs`, :mod:`fedprivopt.deploy.cli`.
+  :mod:`fedprivopt.cli_runs`, :mod:`fedprivopt.cli_tune`, :mod:`fedprivopt.deploy.cli`.
 """
 
 __version__ = "0.1.0"

@@ -95,7 +95,7 @@ def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
     )
 
     tasks: dict[tuple, Any] = {}
-    plans, deltas, first = [], set(), None
+    plans, deltas, accountants, first = [], set(), set(), None
     for point in grid_points(grid):
         where = f"config (grid point {', '.join(f'{k}={v!r}' for k, v in point.items())})"
         config = load_preset(args.config, {**overrides, **point}, where=where)
@@ -104,9 +104,14 @@ def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
         tasks[key] = task
         plans.append((point, planned_ledger(config, alg)))
         deltas.add(config.strategy.delta)
+        accountants.add(config.strategy.accountant)
         first = first or (config, task, alg)
     if len(deltas) > 1:
         raise UsageError("argument --grid: its points have different delta; tune at one delta")
+    if len(accountants) > 1:
+        raise UsageError(
+            "argument --grid: its points use different accountants; tune with one accountant"
+        )
     try:
         point, ledger = dominating_plan(plans)
     except ValueError as exc:
@@ -124,7 +129,7 @@ def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """``fedprivopt tune``: the best of a random number of trials, with the tuning's ε."""
-    from fedprivopt.simulation.cells import Cell
+    from fedprivopt.simulation.cells import Cell, plan_cells
     from fedprivopt.simulation.ledger import RunLedger
     from fedprivopt.simulation.rundir import lock_directory
     from fedprivopt.simulation.tune import (
@@ -169,13 +174,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     with locked:
-        progress = _TrialProgress(len(trials), enabled=not args.quiet)
         try:
-            remove_outputs(out)
-            results = run_trials(out, cells, trials, overwrite=args.overwrite, metric=metric,
-                                 on_start=progress.start, on_done=progress.done)  # fmt: skip
+            plans = plan_cells(out, cells, overwrite=args.overwrite)
+            remove_outputs(out)  # before a trial changes: a stopped call leaves no stale report
         except ValueError as exc:  # a stale trial run (compare's rules), a locked run
             raise UsageError(str(exc)) from None
+        progress = _TrialProgress(len(trials), enabled=not args.quiet)
+        try:
+            results = run_trials(plans, trials, metric=metric, on_start=progress.start,
+                                 on_done=progress.done)  # fmt: skip
         finally:
             progress.close()
         released = {}

@@ -267,12 +267,10 @@ def ledger_rdp(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> np.ndar
     Used to check that one run's privacy bounds every other's at every order (a valid input to
     the repeat-and-select bound for a mixture of hyperparameter settings).
     """
-    from fedprivopt.privacy.accounting import _RDP_ORDERS, _rdp_curve
-
     merged = merge_ledger(ledger)
-    total = np.zeros_like(_RDP_ORDERS)
-    for event, count in merged:
-        if event.noise_multiplier == 0:
-            return np.full_like(_RDP_ORDERS, np.inf)
-        total = total + count * _rdp_curve(event)
-    return total
+    if any(event.noise_multiplier == 0 for event, _ in merged):
+        return np.full(len(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS), np.inf)
+    accountant = rdp.RdpAccountant(neighboring_relation=_relation(merged))
+    accountant.compose(run_dp_event(merged))
+    curve = np.asarray(accountant.rdp, dtype=np.float64)
+    return np.where(np.isnan(curve), np.inf, curve)

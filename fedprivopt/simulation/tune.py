@@ -416,30 +416,29 @@ def remove_outputs(out: str | Path) -> None:
 
 
 def run_trials(
-    out: Path,
-    cells: Sequence[Any],
+    plans: Sequence[Any],
     trials: Sequence[Trial],
     *,
-    overwrite: bool,
     metric: str,
     on_start: Callable[[Trial, str], None] | None = None,
     on_done: Callable[[TrialResult], None] | None = None,
 ) -> list[TrialResult]:
-    """Run (or reuse) every trial's cell under ``out/runs/`` and load its result.
+    """Carry out every trial's :class:`~fedprivopt.simulation.cells.CellPlan` and load its result.
 
-    An exception of a trial's run (not an interrupt) makes it ``failed``; the others go on.
+    ``plans`` come from :func:`~fedprivopt.simulation.cells.plan_cells` over the trials' cells
+    (run, reuse, resume or rerun under ``OUT/runs/``). An exception of a trial's run (not an
+    interrupt) makes it ``failed``; the others go on.
     """
-    from fedprivopt.simulation.cells import load_cell, plan_cells, run_cell
+    from fedprivopt.simulation import cells
 
-    plans = plan_cells(out, cells, overwrite=overwrite)
     results = []
     for trial, plan in zip(trials, plans, strict=True):
         if on_start is not None:
             on_start(trial, plan.action)
         result = TrialResult(trial, "failed", origin=plan.describe())
         try:
-            run_cell(plan, progress=False)
-            result.run = load_cell(plan)
+            cells.run_cell(plan, progress=False)
+            result.run = cells.load_cell(plan)
         except Exception as exc:  # a failed trial counts as a trial
             result.error = f"{type(exc).__name__}: {exc}"
         else:

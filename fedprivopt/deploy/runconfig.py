@@ -64,6 +64,7 @@ SIMULATION_ONLY_KEYS = (
     "client-cpus",
     "client-gpus",
     "ray-cpus",
+    "ray-address",
     "vectorize",
     "cohort-chunk",
     "fast-actors",

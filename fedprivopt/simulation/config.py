@@ -40,6 +40,7 @@ from fedprivopt.models.side_information_config import (
 )
 from fedprivopt.models.task import Task
 from fedprivopt.privacy.events import MIN_NOISE_MULTIPLIER
+from fedprivopt.simulation.cluster_config import check_address
 from fedprivopt.simulation.files import to_toml
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 
@@ -89,7 +90,13 @@ class RunConfig:
     client_cpus, client_gpus : float
         Resources of one simulated client on the ``flower`` engine (fractional GPUs allowed).
     ray_cpus : int
-        CPUs Ray may use (0: all).
+        CPUs Ray may use (0: all); must be 0 when joining a cluster (its nodes declare theirs).
+    ray_address : str
+        Join the Ray cluster at this address (``host:port`` of its head, as ``ray start --head``
+        prints it, or ``auto``: the cluster this machine is a node of) instead of starting a
+        private Ray instance; ``local`` always starts one. Unset (``""``): the environment
+        variable ``RAY_ADDRESS`` when set, else ``local``. Used by the ``flower`` engine and by
+        ``fast-actors`` (:mod:`fedprivopt.simulation.cluster`, ``docs/SCALING.md``).
     device : str
         Training device of the fast engine and of each client: ``auto`` (cuda if present),
         ``cpu`` or ``cuda[:i]``.
@@ -121,6 +128,7 @@ class RunConfig:
     client_cpus: float = 1.0
     client_gpus: float = 0.0
     ray_cpus: int = 0
+    ray_address: str = ""
     device: str = "auto"
     vectorize: bool = True
     cohort_chunk: int = 256
@@ -164,6 +172,7 @@ class RunConfig:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
         check_int("cohort-chunk", self.cohort_chunk, 1)
+        check_address(self.ray_address)
         # each actor is a process (a Ray worker with its own copy of the task)
         check_int("fast-actors", self.fast_actors, 0, MAX_FAST_ACTORS)
         if not isinstance(self.task, str) or not self.task:

@@ -20,12 +20,21 @@ import torch
 
 from fedprivopt.models.task import Task, model_spec
 from fedprivopt.simulation import interrupt
+from fedprivopt.simulation.cluster import Cluster, join_cluster
+from fedprivopt.simulation.cluster_config import check_cluster_config
 from fedprivopt.simulation.config import MAX_FAST_ACTORS, RunConfig
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.writer import RunWriter
 from fedprivopt.strategies.core import ServerAlgorithm, drive_round
 
-__all__ = ["SERVER_STOP_WAIT", "check_flower_resources", "run_fast", "run_flower", "serve_flower"]
+__all__ = [
+    "SERVER_STOP_WAIT",
+    "check_flower_cluster",
+    "check_flower_resources",
+    "run_fast",
+    "run_flower",
+    "serve_flower",
+]
 
 
 def _device(name: str) -> str:
@@ -38,7 +47,18 @@ SMALL_MODEL = 200_000  # parameters below which one CPU thread beats several (op
 
 
 def run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
-    """Run the rounds in process (the ``fast`` engine); returns why the run stopped."""
+    """Run the rounds in process (the ``fast`` engine); returns why the run stopped.
+
+    With ``fast-actors`` in a Ray cluster (``ray-address``) the shards are spread over its nodes
+    (:func:`~fedprivopt.simulation.cluster.join_cluster` checks them first).
+    """
+    with join_cluster(config) as cluster:
+        return _run_fast(config, task, alg, writer, cluster)
+
+
+def _run_fast(
+    config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter, cluster: Cluster | None
+) -> str:
     train = make_cohort_train(
         task,
         device=_device(config.device),
@@ -48,6 +68,7 @@ def run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWri
         actors=config.fast_actors,
         task_name=config.task,
         task_params=config.task_params,
+        cluster=cluster,
     )
     threads = torch.get_num_threads()
     if alg.params.numel() < SMALL_MODEL:
@@ -121,12 +142,19 @@ def check_flower_resources(config: RunConfig) -> None:
     empty, and Flower then failed after 10-17 s with a traceback ("ActorPool is empty", issue
     15). Checked before anything is written or Ray starts.
 
+    A run that joins a Ray cluster (``ray-address``) trains on the cluster's nodes, not here:
+    only :func:`~fedprivopt.simulation.cluster_config.check_cluster_config` is made here, and the
+    resources are checked against the nodes when the run joins
+    (:func:`~fedprivopt.simulation.cluster.join_cluster`, :func:`check_flower_cluster`).
+
     Raises
     ------
     ValueError
         Naming ``device``, ``client-cpus`` or ``client-gpus`` and its valid range on this
         machine.
     """
+    if check_cluster_config(config) is not None:
+        return
     if config.device.startswith("cuda"):
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(config.device.partition(":")[2] or 0)
@@ -164,6 +192,34 @@ def check_flower_resources(config: RunConfig) -> None:
         )
 
 
+def check_flower_cluster(config: RunConfig, cluster: Cluster) -> None:
+    """Refuse client resources that no node of ``cluster`` has (Flower's pool would be empty).
+
+    Flower sizes its actor pool node by node: ``floor(node CPUs / client-cpus)`` actors on each
+    node, bounded by ``node GPUs / client-gpus`` when ``client-gpus > 0``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``client-cpus`` or ``client-gpus`` and what the largest node has.
+    """
+    cpus = max(n["cpus"] for n in cluster.nodes.values())
+    where = f"one node of the Ray cluster at {cluster.address}"
+    if not 0 < config.client_cpus <= cpus:
+        raise ValueError(
+            f"client-cpus must be a number in (0, {cpus:g}] (the most CPUs of {where}), got "
+            f"{config.client_cpus:g}"
+        )
+    if config.client_gpus > 0:
+        fits = [n for n in cluster.nodes.values() if n["cpus"] >= config.client_cpus]
+        gpus = max(n["gpus"] for n in fits)
+        if config.client_gpus > gpus:
+            raise ValueError(
+                f"client-gpus must be a number in [0, {gpus:g}] (the most GPUs of {where} "
+                f"with client-cpus = {config.client_cpus:g}), got {config.client_gpus:g}"
+            )
+
+
 def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWriter) -> str:
     """Run the rounds through Flower's simulation engine (Ray).
 
@@ -173,12 +229,16 @@ def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunW
     A first signal does only that (:func:`interrupt.signals_stop`): the ServerApp returns and
     Flower stops its engine and Ray in its own order; then the run raises
     :class:`interrupt.Interrupted`.
+
+    With ``ray-address`` the run joins that cluster first (:func:`~fedprivopt.simulation.
+    cluster.join_cluster`); Flower then finds Ray initialized and uses it (Flower 1.41's
+    ``RayBackend.init_ray`` calls ``ray.init(**init_args)`` only when Ray is not initialized,
+    and its ``terminate`` calls ``ray.shutdown()``, which in a driver that joined a cluster only
+    disconnects). Otherwise Flower starts a private instance (``address = "local"``, so a
+    ``RAY_ADDRESS`` is not joined by accident).
     """
     from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
-
-    from fedprivopt.clients.client_app import make_client_app
 
     check_flower_resources(config)
     app = ServerApp()
@@ -195,9 +255,27 @@ def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunW
         except interrupt.Stopped:
             pass  # the engine was stopped: the main thread reports why
 
+    with join_cluster(config) as cluster:
+        if cluster is None:
+            init = {"address": "local", "num_cpus": _ray_cpus(config)}
+        else:
+            check_flower_cluster(config, cluster)
+            init = {"address": cluster.address}
+        _simulate(config, task, app, init, stop, server)
+    if not done:
+        raise RuntimeError("the Flower simulation ended without finishing the run (see its log)")
+    return done[0]
+
+
+def _simulate(config: RunConfig, task: Task, app, init: dict, stop, server: list) -> None:
+    """Flower's ``run_simulation`` of ``app``; a signal stops it (then raises Interrupted)."""
+    from flwr.simulation import run_simulation
+
+    from fedprivopt.clients.client_app import make_client_app
+
     backend = {
         "client_resources": {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus},
-        "init_args": {"num_cpus": _ray_cpus(config)},
+        "init_args": init,
     }
     with interrupt.signals_stop(stop) as received:
         try:
@@ -215,9 +293,6 @@ def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunW
                 thread.join(timeout=SERVER_STOP_WAIT)
     if received:
         raise interrupt.Interrupted(received[0])
-    if not done:
-        raise RuntimeError("the Flower simulation ended without finishing the run (see its log)")
-    return done[0]
 
 
 SERVER_STOP_WAIT = 60.0

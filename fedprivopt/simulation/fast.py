@@ -22,12 +22,16 @@ generators (so the same model, up to float rounding, as the Flower engine):
 ``ray``
     Either of the above inside ``fast-actors`` Ray actors, each holding its own copy of the task;
     the cohort is cut into chunks that the actors train in parallel and the driver consumes in
-    user order.
+    user order. In a Ray cluster the run joined (``ray-address``) the actors are spread over its
+    nodes, a GPU each where the device asks for one (:mod:`fedprivopt.simulation.cluster`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,6 +44,8 @@ from fedprivopt.strategies.core import TrainRequest
 from fedprivopt.wire import ClientSettings
 
 __all__ = ["StreamedUpdates", "UserTrainer", "make_cohort_train"]
+
+_log = logging.getLogger(__name__)
 
 
 class StreamedUpdates:
@@ -211,32 +217,58 @@ class UserTrainer:
 
 
 def _ray_actors(
-    count: int, task_name: str, task_params: dict, trainer_kwargs: dict
-) -> tuple[list, bool]:
-    """``count`` shard actors, and whether Ray was started here (then the caller shuts it down)."""
+    count: int, task_name: str, task_params: dict, trainer_kwargs: dict, cluster=None
+) -> tuple[list, bool, Any]:
+    """``count`` shard actors, whether Ray was started here, and their placement.
+
+    In a joined cluster (``cluster``, :class:`~fedprivopt.simulation.cluster.Cluster`) the
+    shards are spread over its nodes (:func:`~fedprivopt.simulation.cluster.place_shards`);
+    otherwise a private Ray instance with ``count`` CPUs is started unless this process has one
+    (then the caller shuts it down).
+    """
     import ray
 
-    started = not ray.is_initialized()
+    placement = None
+    started = cluster is None and not ray.is_initialized()
     if started:
         ray.init(
+            address="local",  # never a cluster that RAY_ADDRESS names: ray-address joins one
             num_cpus=max(count, 1),
             include_dashboard=False,
             log_to_driver=False,
             configure_logging=False,
         )
+    if cluster is not None:
+        from fedprivopt.simulation.cluster import place_shards
+
+        placement = place_shards(cluster, count, trainer_kwargs["device"])
+        trainer_kwargs = {**trainer_kwargs, "device": placement.device}
 
     @ray.remote(num_cpus=1)
     class _Shard:
-        def __init__(self) -> None:
+        def __init__(self, threads: int) -> None:
             from fedprivopt.models import build_task
 
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // count))
+            torch.set_num_threads(threads)
             self.trainer = UserTrainer(build_task(task_name, **task_params), **trainer_kwargs)
+            self.chunks = 0
 
         def train(self, *args: Any) -> list[tuple[int, Any]]:
+            self.chunks += 1
             return self.trainer.train_list(*args)
 
-    return [_Shard.remote() for _ in range(count)], started
+        def stats(self) -> tuple[str, int]:
+            """The node id of this shard and the chunks it trained."""
+            return ray.get_runtime_context().get_node_id(), self.chunks
+
+    if placement is None:
+        shards = [_Shard.remote(max(1, (os.cpu_count() or 1) // count)) for _ in range(count)]
+    else:
+        shards = [
+            _Shard.options(**options).remote(threads)
+            for options, threads in zip(placement.options, placement.threads, strict=True)
+        ]
+    return shards, started, placement
 
 
 def make_cohort_train(
@@ -249,6 +281,7 @@ def make_cohort_train(
     actors: int = 0,
     task_name: str | None = None,
     task_params: dict | None = None,
+    cluster=None,
 ) -> Callable[[TrainRequest], StreamedUpdates]:
     """The fast engine's ``train`` callable for :func:`~fedprivopt.strategies.core.drive_round`.
 
@@ -262,6 +295,11 @@ def make_cohort_train(
         Ray actors to shard over (``0``: in process).
     task_name, task_params : optional
         How actors build the task (required when ``actors > 0``).
+    cluster : Cluster, optional
+        The Ray cluster the run joined (:func:`~fedprivopt.simulation.cluster.join_cluster`):
+        the actors are spread over its nodes, with a GPU each where ``device`` asks for one.
+        When the run ends, the callable's ``close()`` logs the chunks each node trained and
+        keeps them in its ``shard_stats`` (node id, chunks).
     """
     kwargs = {
         "device": device,
@@ -269,8 +307,8 @@ def make_cohort_train(
         "chunk_users": chunk_users,
         "secure": secure,
     }
-    local = UserTrainer(task, **kwargs)
     if actors <= 0:
+        local = UserTrainer(task, **kwargs)
 
         def train(request: TrainRequest) -> StreamedUpdates:
             bits: dict[int, float] = {}
@@ -294,7 +332,9 @@ def make_cohort_train(
         raise ValueError("task_name and task_params are required when actors > 0")
     import ray
 
-    shards, started = _ray_actors(actors, task_name, dict(task_params), kwargs)
+    shards, started, placement = _ray_actors(
+        actors, task_name, dict(task_params), kwargs, cluster
+    )
 
     def train_ray(request: TrainRequest) -> StreamedUpdates:
         bits: dict[int, float] = {}
@@ -322,10 +362,25 @@ def make_cohort_train(
         return StreamedUpdates(request.users, produce, clip_bits=bits)
 
     def close() -> None:
+        if cluster is not None:
+            with contextlib.suppress(Exception):  # a record: a dead shard must not fail the run
+                train_ray.shard_stats = ray.get([s.stats.remote() for s in shards], timeout=60)
+                chunks = Counter()
+                for node, count in train_ray.shard_stats:
+                    chunks[node[:8]] += count
+                _log.info(
+                    "fast-actors: %d shards on %d nodes of the cluster, chunks per node: %s",
+                    len(shards),
+                    len(chunks),
+                    dict(chunks),
+                )
         for shard in shards:
             ray.kill(shard)
+        if placement is not None:
+            placement.remove()
         if started:  # leave no Ray behind (a later Flower simulation starts its own)
             ray.shutdown()
 
     train_ray.close = close  # type: ignore[attr-defined]
+    train_ray.shard_stats = []  # type: ignore[attr-defined]
     return train_ray

@@ -41,6 +41,8 @@ from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt
 from fedprivopt.simulation.audit import audit_run_dir
+from fedprivopt.simulation.cluster_config import cluster_address
+from fedprivopt.simulation.cluster_config import uses_ray as uses_ray_here
 from fedprivopt.simulation.config import (
     RunConfig,
     side_information_of,
@@ -182,7 +184,8 @@ def _execute(
         else None
     )
     writer.progress = bar
-    uses_ray = config.engine == "flower" or config.fast_actors > 0
+    # a joined cluster's processes are not this run's (on a node, the driver starts none)
+    uses_ray = uses_ray_here(config) and cluster_address(config) is None
     try:
         with interrupt.signals_raise(), interrupt.own_processes(uses_ray):
             if config.engine == "flower":

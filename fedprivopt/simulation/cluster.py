@@ -1,0 +1,361 @@
+"""Joining an existing Ray cluster: the start checks, the nodes, where the fast engine's shards go.
+
+:func:`join_cluster` connects this process (the driver) to the cluster that
+:func:`~fedprivopt.simulation.cluster_config.cluster_address` names and, before any round:
+
+- refuses an address where nothing answers within :data:`CONNECT_TIMEOUT` seconds (``ray.init``
+  itself retries for minutes), naming the key;
+- runs :func:`node_report` on every node with CPUs (a task pinned to the node): the node's
+  fedprivopt, torch and Python versions, and the fingerprint of the data directory
+  (:func:`data_fingerprint`) as that node sees it. A node that cannot import fedprivopt, runs
+  other versions, or sees no or another data directory is refused naming ``ray-address`` or
+  ``task-params.data-dir``;
+- when the run ends, only disconnects (``ray.shutdown`` in a driver that joined a cluster leaves
+  the cluster running).
+
+:func:`place_shards` spreads the fast engine's ``fast-actors`` shards over the nodes (a placement
+group with the ``SPREAD`` strategy, one CPU per shard, and one GPU per shard when the device asks
+for it). ``docs/SCALING.md`` is the user's guide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import platform
+import socket
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.simulation.cluster_config import check_cluster_config
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "Cluster",
+    "check_reports",
+    "data_fingerprint",
+    "join_cluster",
+    "node_report",
+    "place_shards",
+]
+
+_log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for the head node's port to accept a connection."""
+
+START_TIMEOUT = 300.0
+"""Seconds to wait for the nodes' start checks and for the shards' placement."""
+
+FINGERPRINT_BYTES = 1 << 20
+"""Bytes of each data file that :func:`data_fingerprint` hashes (with its size)."""
+
+
+def data_fingerprint(path: str | os.PathLike) -> dict[str, Any] | None:
+    """What a node sees at ``path``: ``None`` if it is not a directory, else a fingerprint.
+
+    The fingerprint covers the directory's regular files whose names do not start with a dot
+    (caches and locks do): their names, their sizes and a SHA-256 of each file's first
+    :data:`FINGERPRINT_BYTES` bytes. Each file is opened before its size is read, so a network
+    file system revalidates what it cached (NFS's close-to-open consistency).
+
+    Returns
+    -------
+    dict or None
+        ``{"files": count, "bytes": total size, "sha256": hex digest}``.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    digest = hashlib.sha256()
+    files = total = 0
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or not entry.is_file():
+            continue
+        with open(entry, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(FINGERPRINT_BYTES)
+        digest.update(f"{entry.name}\0{size}\0".encode())
+        digest.update(hashlib.sha256(head).digest())
+        files, total = files + 1, total + size
+    return {"files": files, "bytes": total, "sha256": digest.hexdigest()}
+
+
+def node_report(data_dir: str | None) -> dict[str, Any]:
+    """What one node runs and sees (the task :func:`join_cluster` runs on every node)."""
+    import torch
+
+    from fedprivopt import __version__
+
+    python = ".".join(platform.python_version_tuple()[:2])
+    return {
+        "host": socket.gethostname(),
+        "versions": f"fedprivopt {__version__}, torch {torch.__version__}, Python {python}",
+        "data": None if data_dir is None else data_fingerprint(data_dir),
+    }
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def check_reports(
+    local: dict[str, Any], reports: dict[str, dict[str, Any]], data_dir: str | None, key: str
+) -> None:
+    """Refuse nodes whose :func:`node_report` differs from this machine's.
+
+    Parameters
+    ----------
+    local : dict
+        This machine's report.
+    reports : dict
+        Each node's report by a name of the node (its address and id).
+    data_dir : str or None
+        The task's data directory, if it has one.
+    key : str
+        The key that set the address (named by version errors).
+
+    Raises
+    ------
+    ValueError
+        Naming ``key`` (other versions) or ``task-params.data-dir`` (no or other data).
+    """
+    guide = "(docs/SCALING.md)"
+    for node, report in reports.items():
+        if report["versions"] != local["versions"]:
+            raise ValueError(
+                f"{key}: the node {node} runs {report['versions']}, this machine "
+                f"{local['versions']}: install the same versions on every node {guide}"
+            )
+        if data_dir is None:
+            continue
+        theirs, ours = report["data"], local["data"]
+        if theirs is None:
+            raise ValueError(
+                f"task-params.data-dir: the node {node} sees no directory {data_dir}; every "
+                f"node must read the data directory at the same path (e.g. on NFS) {guide}"
+            )
+        if theirs != ours:
+            raise ValueError(
+                f"task-params.data-dir: the node {node} sees other data at {data_dir} "
+                f"({theirs['files']} files, {_size(theirs['bytes'])}) than this machine "
+                f"({ours['files']} files, {_size(ours['bytes'])}); every node must read the "
+                f"same data directory {guide}"
+            )
+
+
+@dataclass
+class Cluster:
+    """The Ray cluster a run joined.
+
+    Attributes
+    ----------
+    address : str
+        Its address.
+    key : str
+        The key that named it (``ray-address`` or ``RAY_ADDRESS``).
+    nodes : dict
+        The alive nodes with CPUs: node id to ``{"ip", "cpus", "gpus"}``.
+    """
+
+    address: str
+    key: str
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def cpus(self) -> float:
+        """The CPUs of all nodes."""
+        return sum(n["cpus"] for n in self.nodes.values())
+
+    @property
+    def gpus(self) -> float:
+        """The GPUs of all nodes."""
+        return sum(n["gpus"] for n in self.nodes.values())
+
+
+def _reachable(address: str, key: str) -> None:
+    """Refuse a ``host:port`` whose port accepts no connection (``ray.init`` would hang)."""
+    if address == "auto":
+        return  # Ray reads the address from this machine's session file, or fails at once
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"{key}: no Ray cluster answers at {address} ({exc.strerror or exc}); start its "
+            f"head with `ray start --head` (docs/SCALING.md)"
+        ) from None
+
+
+def _probe(cluster: Cluster, data_dir: str | None) -> None:
+    """Run :func:`node_report` on every node and compare with this machine's."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0, max_retries=0)(node_report)
+    refs = {
+        f"{info['ip']} ({node[:8]})": remote.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        ).remote(data_dir)
+        for node, info in cluster.nodes.items()
+    }
+    reports = {}
+    for name, ref in refs.items():
+        try:
+            reports[name] = ray.get(ref, timeout=START_TIMEOUT)
+        except Exception as exc:  # an import error there, a timeout, a node that died
+            first = str(exc).strip().splitlines()[-1:] or [type(exc).__name__]
+            raise ValueError(
+                f"{cluster.key}: the node {name} could not run fedprivopt's start check "
+                f"(is the same fedprivopt installed in the Python that runs `ray start` "
+                f"there?): {first[0]}"
+            ) from None
+    check_reports(node_report(data_dir), reports, data_dir, cluster.key)
+
+
+@contextlib.contextmanager
+def join_cluster(config: Any) -> Iterator[Cluster | None]:
+    """Connect to the cluster of ``config``'s run, check its nodes, disconnect at the end.
+
+    Yields ``None`` (and does nothing) when the run starts a private Ray instance. A Ray
+    session this process already has is used as it is and left connected.
+
+    Raises
+    ------
+    ValueError
+        Naming the key: nothing answers at the address, no node has CPUs, or a node fails
+        the start check (:func:`check_reports`).
+    """
+    joined = check_cluster_config(config)
+    if joined is None:
+        yield None
+        return
+    address, key = joined
+    import ray
+
+    connected = ray.is_initialized()
+    if not connected:
+        _reachable(address, key)
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ValueError(f"{key}: cannot join the Ray cluster at {address}: {exc}") from None
+    try:
+        cluster = Cluster(address, key)
+        for node in ray.nodes():
+            res = node.get("Resources") or {}
+            if node.get("Alive") and res.get("CPU", 0) > 0:
+                cluster.nodes[node["NodeID"]] = {
+                    "ip": node.get("NodeManagerAddress", "?"),
+                    "cpus": res["CPU"],
+                    "gpus": res.get("GPU", 0),
+                }
+        if not cluster.nodes:
+            raise ValueError(f"{key}: the Ray cluster at {address} has no node with CPUs")
+        data_dir = config.task_params.get("data_dir")
+        _probe(cluster, None if data_dir is None else str(data_dir))
+        _log.info(
+            "joined the Ray cluster at %s: %d nodes, %g CPUs, %g GPUs",
+            address,
+            len(cluster.nodes),
+            cluster.cpus,
+            cluster.gpus,
+        )
+        yield cluster
+    finally:
+        if not connected:
+            ray.shutdown()  # a driver that joined only disconnects: the cluster keeps running
+
+
+@dataclass
+class ShardPlacement:
+    """Where each shard of the fast engine runs (:func:`place_shards`).
+
+    Attributes
+    ----------
+    options : list of dict
+        Per shard: the ``.options()`` of its actor (scheduling strategy, GPUs).
+    threads : list of int
+        Per shard: torch threads (its node's CPUs over the shards on that node).
+    device : str
+        The shards' training device, ``"cuda"`` (one GPU each) or ``"cpu"``.
+    group : object
+        The placement group (removed by :meth:`remove`).
+    """
+
+    options: list[dict[str, Any]]
+    threads: list[int]
+    device: str
+    group: Any
+
+    def remove(self) -> None:
+        """Release the placement group's resources."""
+        from ray.util import remove_placement_group
+
+        with contextlib.suppress(Exception):
+            remove_placement_group(self.group)
+
+
+def place_shards(cluster: Cluster, count: int, device: str) -> ShardPlacement:
+    """Reserve one CPU (and a GPU, see below) for each of ``count`` shards, spread over nodes.
+
+    The shards get a GPU each when ``device`` is ``cuda[:i]``, or ``auto`` and the cluster has
+    at least ``count`` GPUs; otherwise they train on CPUs.
+
+    Raises
+    ------
+    ValueError
+        Naming ``fast-actors`` (or ``device``) when the cluster has fewer free CPUs (GPUs) than
+        shards, or the placement is not ready within :data:`START_TIMEOUT` seconds.
+    """
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    free = ray.available_resources()
+    where = f"the Ray cluster at {cluster.address}"
+    gpu = device.startswith("cuda") or (device == "auto" and cluster.gpus >= count)
+    if gpu and free.get("GPU", 0) < count:
+        raise ValueError(
+            f"device = {device} gives each of fast-actors = {count} shards a GPU, but {where} "
+            f"has {free.get('GPU', 0):g} free GPUs (device = cpu trains the shards on CPUs)"
+        )
+    if free.get("CPU", 0) < count:
+        raise ValueError(
+            f"fast-actors must be at most the free CPUs of {where} ({free.get('CPU', 0):g}, "
+            f"one per shard), got {count}"
+        )
+    bundle = {"CPU": 1.0, **({"GPU": 1.0} if gpu else {})}
+    group = placement_group([dict(bundle) for _ in range(count)], strategy="SPREAD")
+    try:
+        ray.get(group.ready(), timeout=START_TIMEOUT)
+    except Exception:
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(group)
+        raise ValueError(
+            f"fast-actors: {where} could not place {count} shards ({bundle} each) within "
+            f"{START_TIMEOUT:g} s"
+        ) from None
+    nodes = placement_group_table(group)["bundles_to_node_id"]
+    per_node = Counter(nodes.values())
+    threads = []
+    for i in range(count):
+        node = nodes[i]
+        cpus = cluster.nodes.get(node, {}).get("cpus", 1)
+        threads.append(max(1, int(cpus // per_node[node])))
+    options = [
+        {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=i
+            ),
+            "num_gpus": 1 if gpu else 0,
+        }
+        for i in range(count)
+    ]
+    return ShardPlacement(options, threads, "cuda" if gpu else "cpu", group)

@@ -1,0 +1,143 @@
+"""Both engines join an existing Ray cluster: three nodes simulated on this machine.
+
+``ray.cluster_utils.Cluster`` starts a head and two more nodes (each a raylet of its own, one CPU
+and a custom resource apiece) that share this machine's file system. The fast engine's three
+shards must land on three nodes and give the in-process model bit for bit: every user's update
+is computed from the same inputs and keys, with one torch thread as in process (one CPU per
+node), and the driver consumes the updates in user order whatever the chunking. The Flower
+engine joins the same cluster (through ``RAY_ADDRESS``). The cluster is shut down when the
+module ends, failed or not; the runs themselves only disconnect from it.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from fedprivopt.simulation import cluster as cluster_module
+from fedprivopt.simulation.run import simulate
+from tests.simulation.test_fast import so_config
+
+NODES = 3
+
+
+@pytest.fixture(scope="module")
+def so_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("so-cluster")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():  # pragma: no cover - a leftover session would be used instead
+        ray.shutdown()
+    store = 80 * 2**20  # bytes of object store per node (Ray's minimum is 75 MiB)
+    cluster = Cluster()
+    try:
+        for i in range(NODES):
+            cluster.add_node(
+                num_cpus=1,
+                resources={f"node{i}": 1},
+                object_store_memory=store,
+                include_dashboard=False,
+            )
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+def _config(so_dir, **extra):
+    base = {"ray-cpus": 0, "num-server-rounds": 2, "cohort-chunk": 2}
+    return so_config(so_dir, **{**base, **extra})
+
+
+@pytest.fixture(scope="module")
+def local(so_dir, tmp_path_factory):
+    """The in-process run (no Ray) that both engines must reproduce."""
+    return simulate(_config(so_dir), tmp_path_factory.mktemp("local") / "run")
+
+
+def _node_ids(ray_cluster) -> set[str]:
+    return {node.node_id for node in ray_cluster.list_all_nodes()}
+
+
+def test_fast_engine_shards_run_on_every_node_and_give_the_in_process_model(
+    tmp_path, so_dir, local, ray_cluster, caplog, monkeypatch
+):
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    stats = []
+    real_place = cluster_module.place_shards
+
+    def place(cluster, count, device):
+        placement = real_place(cluster, count, device)
+        stats.append(placement)
+        return placement
+
+    monkeypatch.setattr(cluster_module, "place_shards", place)
+    caplog.set_level(logging.INFO, logger="fedprivopt.simulation")
+    joined = _config(so_dir, **{"fast-actors": NODES, "ray-address": ray_cluster.address})
+    sharded = simulate(joined, tmp_path / "sharded")
+    assert torch.equal(sharded.params, local.params)
+    assert sharded.epsilon == local.epsilon
+    assert [r["accepted"] for r in sharded.rows] == [r["accepted"] for r in local.rows]
+    # every shard on its own node, each having trained chunks (read from the shard actors)
+    assert len(stats) == 1 and stats[0].threads == [1] * NODES and stats[0].device == "cpu"
+    record = [r for r in caplog.records if "chunks per node" in r.getMessage()]
+    assert len(record) == 1
+    per_node = record[0].args[2]
+    assert len(per_node) == NODES and all(c >= 1 for c in per_node.values())
+    assert {n[:8] for n in _node_ids(ray_cluster)} == set(per_node)
+    assert any(
+        f"joined the Ray cluster at {ray_cluster.address}: 3 nodes" in r.getMessage()
+        for r in caplog.records
+    )
+    # the run disconnected and left the cluster running
+    assert not ray.is_initialized()
+    assert all(node.remaining_processes_alive() for node in ray_cluster.list_all_nodes())
+
+
+def test_flower_engine_joins_the_cluster_through_ray_address(
+    tmp_path, so_dir, local, ray_cluster, caplog, monkeypatch
+):
+    import ray
+
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
+    caplog.set_level(logging.INFO, logger="fedprivopt.simulation")
+    flower = simulate(_config(so_dir, engine="flower"), tmp_path / "flower")
+    assert flower.rounds_completed == 2
+    # the Flower engine's model equals the fast engine's to float rounding (tests/simulation/
+    # test_fast.py: the same tolerance on a private Ray instance)
+    torch.testing.assert_close(flower.params, local.params, rtol=0, atol=1e-5)
+    assert flower.epsilon == local.epsilon
+    assert any(
+        f"joined the Ray cluster at {ray_cluster.address}" in r.getMessage() for r in caplog.records
+    )
+    assert not ray.is_initialized()
+    assert all(node.remaining_processes_alive() for node in ray_cluster.list_all_nodes())
+
+
+def test_a_node_that_sees_other_data_is_refused_before_any_round(
+    tmp_path, so_dir, ray_cluster, monkeypatch
+):
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    real = cluster_module.data_fingerprint
+
+    def this_machine(path):  # the driver's view differs; the nodes run the real function
+        seen = real(path)
+        return None if seen is None else {**seen, "sha256": "0" * 64}
+
+    monkeypatch.setattr(cluster_module, "data_fingerprint", this_machine)
+    joined = _config(so_dir, **{"fast-actors": 2, "ray-address": ray_cluster.address})
+    with pytest.raises(ValueError, match=r"task-params\.data-dir: the node .* sees other data"):
+        simulate(joined, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    assert not ray.is_initialized()

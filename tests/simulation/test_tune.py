@@ -167,6 +167,12 @@ def test_tune_end_to_end_writes_both_epsilons_and_the_best_trial(tmp_path, capsy
     assert (out / "runs" / best["trial"] / "summary.json").stat().st_mtime_ns == stamp
     again = json.loads((out / "summary.json").read_text())
     assert again["epsilon"] == summary["epsilon"] and again["best"]["trial"] == best["trial"]
+    # another tuning seed draws other trials: refused (exit 2), the earlier results kept
+    other = _tune(out, "--mean-trials", "3", "--nb-shape", "0.5", "--seed", "8")
+    capsys.readouterr()
+    assert _exit_code(other) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert json.loads((out / "summary.json").read_text()) == again
 
 
 def test_a_failed_trial_counts_and_loses(tmp_path, monkeypatch):

@@ -209,6 +209,8 @@ def task_param_error(exc: TypeError) -> str | None:
 
 
 def _number(text: str, kind: Callable[[str], float | int]) -> float | int:
+    if not text.isascii():  # int() and float() read "٣" or "３" as 3: refuse, as TOML does
+        raise argparse.ArgumentTypeError(f"expected {kind.__name__} in ASCII digits, got {text!r}")
     try:
         value = kind(text)
     except ValueError:

@@ -94,8 +94,14 @@ def set_overrides(args: argparse.Namespace) -> dict:
         ("tensorboard", "tensorboard"),
     ):
         value = getattr(args, flag, None)
-        if value is not None:
-            out[key] = value
+        if value is None:
+            continue
+        if key in out and out[key] != value:  # the shorthand would silently win
+            raise UsageError(
+                f"argument --{flag}: {value!r} contradicts --set {key}={out[key]!r}; "
+                "give one of them"
+            )
+        out[key] = value
     return out
 
 
@@ -201,7 +207,15 @@ def _compare_cells(args: argparse.Namespace, base) -> list:
     from fedprivopt.simulation.cells import Cell, cell_label, grid
     from fedprivopt.strategies.config import STRATEGIES
 
-    strategies = args.strategies.split(",") if args.strategies else list(STRATEGIES)
+    if args.strategies is None:
+        strategies = list(STRATEGIES)
+    else:
+        strategies = [name.strip() for name in args.strategies.split(",")]
+        if not all(strategies):
+            raise UsageError(
+                f"argument --strategies: expected names separated by commas (of "
+                f"{', '.join(STRATEGIES)}), got {args.strategies!r}"
+            )
     sigmas = args.noise_multipliers or [base.strategy.noise_multiplier]
     try:
         points = grid(strategies, sigmas, base.strategy.seed, args.seeds)

@@ -63,7 +63,7 @@ def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
     config, options = run_config_from_flower(context.run_config)
     task, alg = build_run(config)
     with NewRunDir(_out_dir(options.out, context.run_id), allowed=(DEPLOY_LOGS,)) as out:
-        ledger = start_run_files(out, config, alg)
+        ledger = start_run_files(out, config, alg, task)
         log(INFO, "[fedprivopt] run %s writes to %s", context.run_id, out)
         writer = RunWriter(out, config, alg, task, ledger)
         writer.progress = _log_row(config.strategy.num_server_rounds)

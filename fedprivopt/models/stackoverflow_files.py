@@ -12,6 +12,7 @@ evaluation users and drops the open file and the caches when pickled.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections import OrderedDict
@@ -23,7 +24,7 @@ import torch
 
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.locks import file_lock
-from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
 from fedprivopt.data.synthetic import (
     SQLITE_FILE,
     SYNTHETIC_META_FILE,
@@ -166,6 +167,31 @@ class StackOverflowFiles:
     def word_count_path(self) -> Path:
         """The ``stackoverflow.word_count`` file (public statistics)."""
         return self.data_dir / WORD_COUNT_FILE
+
+    def data_identity(self) -> dict[str, Any]:
+        """What identifies the data a run reads (recorded in its ledger, checked on resume).
+
+        The SQLite file's size, a SHA-256 of the selected training users' ids and of every
+        split's per-client example counts (``client_metadata``, read in about a second for the
+        full file), and a SHA-256 of each count file the task reads. Another dataset put at the
+        same ``data_dir`` (a different download, a synthetic one of another seed) differs in at
+        least one of them; no example is read.
+        """
+        clients = hashlib.sha256()
+        clients.update("\n".join(self.client_ids).encode("utf-8", "surrogatepass"))
+        for split, counts in sorted(read_example_counts(self.sqlite_path).items()):
+            clients.update(f"\n{split}:".encode())
+            clients.update(counts.astype("<i8").tobytes())
+        identity: dict[str, Any] = {
+            "sqlite_bytes": self.sqlite_path.stat().st_size,
+            "users_sha256": clients.hexdigest(),
+        }
+        for name in self.REQUIRED_FILES:
+            if name != SQLITE_FILE:
+                identity[f"{name}_sha256"] = hashlib.sha256(
+                    (self.data_dir / name).read_bytes()
+                ).hexdigest()
+        return identity
 
     def _missing(self, names: tuple[str, ...]) -> list[str]:
         return [n for n in names if not (self.data_dir / n).is_file()]

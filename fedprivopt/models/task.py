@@ -22,6 +22,10 @@ fast engine trains, and each has a fallback:
     without it, ``null``.
 ``initialization`` (str)
     How :meth:`Task.build_model` initializes, for ``summary.json``; without it, ``null``.
+``data_identity()``
+    A JSON-able mapping that identifies the data the task reads (file sizes, digests), recorded
+    in the run's privacy ledger and compared when the run is resumed or reused, so that other
+    data put at the same path is refused; without it, no such check.
 ``word_count_path``, ``num_features``, ``num_tags``
     What AdaDPS' bag-of-words side-information kinds need; without them ``auto`` side
     information is ``ones`` (``public-users`` works on any task).
@@ -43,6 +47,7 @@ from fedprivopt.privacy.flat import FlatSpec, flatten
 
 __all__ = [
     "Task",
+    "data_identity",
     "evaluating",
     "frozen_coordinates",
     "frozen_mask",
@@ -122,6 +127,26 @@ def primary_metric(task: Task) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(f"{type(task).__name__}.primary_metric must be a metric name, got {name!r}")
     return f"eval_{name}"
+
+
+def data_identity(task: Task) -> dict | None:
+    """``task.data_identity()`` as a plain dict (computed once per task object); ``None`` without.
+
+    Raises ``TypeError`` when the method returns something other than a mapping.
+    """
+    cached = getattr(task, "__dict__", {}).get("_fedprivopt_data_identity")
+    if cached is not None:
+        return dict(cached)
+    method = getattr(task, "data_identity", None)
+    if not callable(method):
+        return None
+    value = method()
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{type(task).__name__}.data_identity() must return a mapping")
+    value = {str(k): v for k, v in value.items()}
+    with contextlib.suppress(AttributeError):  # a task with __slots__ is asked again next time
+        task._fedprivopt_data_identity = value
+    return dict(value)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

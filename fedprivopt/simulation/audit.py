@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.text import shown
-from fedprivopt.models.task import Task
+from fedprivopt.models.task import Task, data_identity
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.simulation.engines import check_flower_resources
@@ -225,6 +225,8 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
     if ledger is not None:
         ledger.check_config(config, str(out / CONFIG_FILE))
     task, alg = build_run(config, task)
+    if ledger is not None:
+        ledger.check_data(data_identity(task), str(out / CONFIG_FILE))
     if engine:
         check_flower_resources(config)
     if ledger is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +89,14 @@ class RunLedger:
     # -- files ------------------------------------------------------------------------------
 
     @staticmethod
-    def header_for(config, accountant: PrivacyAccountant) -> dict[str, Any]:
-        """The header line of a new ledger for ``config`` and its algorithm's accountant."""
-        return {
+    def header_for(
+        config, accountant: PrivacyAccountant, data: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The header line of a new ledger for ``config`` and its algorithm's accountant.
+
+        ``data``: the task's :func:`~fedprivopt.models.task.data_identity`, if it has one.
+        """
+        header = {
             "ledger": LEDGER_VERSION,
             "kind": "header",
             "round": 0,
@@ -103,15 +108,24 @@ class RunLedger:
             "private": bool(config.strategy.private),
             "settings": privacy_settings(config),
         }
+        if data is not None:
+            header["data"] = dict(data)
+        return header
 
     @classmethod
-    def create(cls, out: Path, config, accountant: PrivacyAccountant) -> RunLedger:
+    def create(
+        cls,
+        out: Path,
+        config,
+        accountant: PrivacyAccountant,
+        data: Mapping[str, Any] | None = None,
+    ) -> RunLedger:
         """Write a new ledger (its header) into ``out``.
 
         The file must not exist, or hold no complete line (a start killed while writing the
         header, whose debris :meth:`read` reports as no ledger).
         """
-        header = cls.header_for(config, accountant)
+        header = cls.header_for(config, accountant, data)
         path = out / LEDGER_FILE
         debris = path.is_file() and b"\n" not in path.read_bytes()
         write_synced(path, json_line(header), mode="w" if debris else "x")
@@ -250,6 +264,26 @@ class RunLedger:
                 f"{str(self.header['private']).lower()}, but {source} runs strategy "
                 f"{config.strategy.strategy!r}: the ledger was edited; refusing to resume"
             )
+
+    def check_data(self, data: Mapping[str, Any] | None, source: str = CONFIG_FILE) -> None:
+        """Raise ``ValueError`` when the task's data is not the data the run was started on.
+
+        ``data`` is the rebuilt task's :func:`~fedprivopt.models.task.data_identity`. A ledger
+        written before data was recorded, or a task without an identity, is not checked.
+        """
+        stored = self.header.get("data")
+        if stored is None or data is None:
+            return
+        if not isinstance(stored, dict):
+            raise ValueError(f"{self.path}: its header's data is not a mapping (edited?)")
+        for key in sorted(set(stored) | set(data)):
+            if canonical(stored.get(key)) != canonical(data.get(key)):
+                raise ValueError(
+                    f"{source}: task-params.data-dir holds other data than the run was started "
+                    f"on ({key} is {canonical(data.get(key))}, the run's privacy ledger records "
+                    f"{canonical(stored.get(key))}): resuming or reusing a run on other data is "
+                    "refused (start a new run in another directory)"
+                )
 
     def check_algorithm(self, alg) -> None:
         """Raise if the ledger's released events or accountant settings are not ``alg``'s.
@@ -435,6 +469,7 @@ class RunLedger:
         last_released: int,
         round_events: Sequence[SubsampledGaussianEvent],
         old: OldLedgerError | None,
+        data: Mapping[str, Any] | None = None,
     ) -> RunLedger:
         """A ledger for a run whose ledger is missing or of an earlier version, conservatively.
 
@@ -447,7 +482,7 @@ class RunLedger:
         rounds after the checkpoint are charged again when they are redone.
         """
         cls.check_carried(config, accountant, round_num, checkpoint, rows)
-        header = cls.header_for(config, accountant)
+        header = cls.header_for(config, accountant, data)
         lines: list[dict[str, Any]] = []
         total = 0
 

@@ -36,7 +36,7 @@ import torch
 from fedprivopt.models import build_task
 from fedprivopt.models.registry import is_reference
 from fedprivopt.models.side_information_config import build_side_information
-from fedprivopt.models.task import Task, frozen_coordinates, primary_metric
+from fedprivopt.models.task import Task, data_identity, frozen_coordinates, primary_metric
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt
@@ -228,7 +228,7 @@ def simulate(
     task, alg = build_run(config, task)
     check_flower_resources(config)  # before anything is written or Ray starts
     with NewRunDir(out_dir, overwrite=overwrite) as out:
-        ledger = start_run_files(out, config, alg)
+        ledger = start_run_files(out, config, alg, task)
         return _execute(out, config, task, alg, progress, ledger)
 
 
@@ -279,7 +279,8 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
         (out / SUMMARY_FILE).unlink()
         fsync_dir(out)
     if ledger is None and run.checkpoint is None:
-        ledger = RunLedger.create(out, config, alg.accountant)  # killed before its header
+        # killed before its header
+        ledger = RunLedger.create(out, config, alg.accountant, data_identity(run.task))
     elif ledger is None:
         ledger = RunLedger.convert(
             out,
@@ -291,6 +292,7 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
             last_released=run.last_released,
             round_events=alg.round_events(),
             old=run.old,
+            data=data_identity(run.task),
         )
     if run.ledger is None:  # the new ledger was built from this checkpoint (or is empty)
         ledger.restore(alg.accountant, alg.round_num, None, secure=config.strategy.secure)

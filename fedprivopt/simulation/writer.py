@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fedprivopt.models.side_information_config import ResolvedSideInformation
-from fedprivopt.models.task import Task, primary_metric
+from fedprivopt.models.task import Task, data_identity, primary_metric
 from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import save_checkpoint
 from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
@@ -38,14 +38,18 @@ from fedprivopt.strategies.core import RoundResult, ServerAlgorithm
 __all__ = ["RunWriter", "start_run_files"]
 
 
-def start_run_files(out: Path, config: RunConfig, alg: ServerAlgorithm) -> RunLedger:
+def start_run_files(
+    out: Path, config: RunConfig, alg: ServerAlgorithm, task: Task | None = None
+) -> RunLedger:
     """Write ``config.toml`` and the privacy ledger's header into a claimed, locked directory.
 
     ``out`` comes from :class:`~fedprivopt.simulation.rundir.NewRunDir` (new, empty, or a run
-    of ours being overwritten). Returns the new ledger.
+    of ours being overwritten). The ledger records ``task``'s
+    :func:`~fedprivopt.models.task.data_identity`, checked on resume. Returns the new ledger.
     """
+    data = None if task is None else data_identity(task)
     atomic_write(out / CONFIG_FILE, config_to_toml(config))
-    return RunLedger.create(out, config, alg.accountant)
+    return RunLedger.create(out, config, alg.accountant, data)
 
 
 class RunWriter:

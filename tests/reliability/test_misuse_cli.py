@@ -535,3 +535,83 @@ def test_deploy_local_into_a_directory_that_is_not_a_run_writes_nothing(tmp_path
     (out / "notes.txt").write_text("a user's file\n")
     usage_error(run_cli(deploy(str(out))), str(out), "notes.txt")
     assert sorted(os.listdir(out)) == ["notes.txt"]
+
+
+# -- seventh round: a flag and ``--set`` of the same key, empty lists, non-ASCII digits ----------
+
+
+@pytest.mark.parametrize(
+    ("flag", "setting"),
+    [(["--rounds", "2"], "num-server-rounds=3"), (["--seed", "4"], "seed=5")],
+)
+def test_a_flag_that_contradicts_set_is_refused(tmp_path, flag, setting):
+    """``--rounds 2 --set num-server-rounds=3`` ran 2 rounds and said nothing of the 3."""
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--out", str(out), *SMALL, *flag, "--set", setting]
+    usage_error(run_cli(argv), flag[0], setting.split("=")[0])
+    assert not out.exists()
+
+
+def test_a_flag_that_repeats_set_is_accepted(tmp_path):
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--out", str(out), *SMALL, "--rounds", "1"]
+    assert run_cli([*argv, "--set", "num-server-rounds=1"])[0] == 0
+    assert (out / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("names", ["", " ", ",", "dp-fedavg,"])
+def test_compare_strategies_empty_names_are_refused(tmp_path, names):
+    """``--strategies ""`` ran every registered strategy: the empty list read as no flag."""
+    out = tmp_path / "cmp"
+    argv = ["compare", str(TOY), "--strategies", names, "--rounds", "1", "--out", str(out)]
+    usage_error(run_cli([*argv, *SMALL]), "--strategies")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("flag", "text"), [("--rounds", "\u0663"), ("--seed", "\uff11")])
+def test_non_ascii_digits_are_refused(tmp_path, flag, text):
+    """``int("٣")`` is 3: the flag took Arabic-Indic and full-width digits as numbers."""
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--out", str(out), *SMALL, flag, text]
+    usage_error(run_cli(argv), flag, "ASCII")
+    assert not out.exists()
+
+
+def _tag_run(tmp_path: Path, data_dir: Path, out: Path, synth_seed: int) -> list[str]:
+    """A 1-round tag-prediction run on a tiny synthetic dataset generated into ``data_dir``."""
+    sets = {
+        "data-dir": str(data_dir), "synth-clients": 30, "synth-vocab": 300, "synth-tags": 10,
+        "synth-seed": synth_seed, "vocab-size": 200, "num-tags": 8, "num-users": 24,
+        "eval-users": 4,
+    }
+    argv = ["simulate", str(TAG_MINI), "--rounds", "1", "--out", str(out), "--quiet"]
+    argv += ["--set", "population=24", "--set", "clients-per-round=4"]
+    for key, value in sets.items():
+        argv += ["--set", f"task-params.{key}={value}"]
+    return argv
+
+
+def test_resume_on_other_data_at_the_same_path_is_refused(tmp_path):
+    """Finding 8 of the sixth review: another dataset moved to ``data-dir`` was resumed on.
+
+    The ledger's header records the task's data identity; ``--resume`` (and a compare that
+    would reuse the run) rebuilds the task and compares before anything is written.
+    """
+    import shutil
+
+    data, out = tmp_path / "data", tmp_path / "run"
+    assert run_cli(_tag_run(tmp_path, data, out, synth_seed=0))[0] == 0
+    ledger = (out / "privacy_ledger.jsonl").read_text()
+    assert '"users_sha256"' in ledger.splitlines()[0]
+    # the same data: resuming a finished run is accepted
+    assert run_cli(["simulate", "--resume", str(out), "--quiet"])[0] == 0
+    # another synthetic dataset (another seed, same sizes) generated elsewhere, moved in
+    other = tmp_path / "other"
+    assert run_cli(_tag_run(tmp_path, other, tmp_path / "run2", synth_seed=1))[0] == 0
+    shutil.rmtree(data)
+    shutil.copytree(other, data)
+    (data / "stackoverflow.synthetic.json").unlink()  # as a real download has no sidecar
+    before = {p: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    line = usage_error(run_cli(["simulate", "--resume", str(out), "--quiet"]), "data-dir")
+    assert "other data" in line
+    assert {p: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

@@ -28,6 +28,7 @@ from fedprivopt.simulation.writer import RunWriter
 from tests.simulation.test_run import PRESET, SMALL, small_config
 
 SETS = [f"--set={k}={v}" for k, v in SMALL.items()]
+SETS_1 = [*SETS, "--set=num-server-rounds=1"]  # one round (--rounds 1 would contradict SMALL)
 
 
 def _cli(*args: str) -> subprocess.Popen:
@@ -289,9 +290,9 @@ def test_compare_never_writes_into_a_directory_that_is_not_a_comparison(tmp_path
         (out / name).write_text("my own words\n")
         (out / "summary.csv").write_text("mine,1\n")
     before = _snapshot(out)
-    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--rounds", "1", "--quiet"]
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--quiet"]
     for extra in ([], ["--overwrite"]):
-        assert main([*argv, "--out", str(out), *SETS, *extra]) == 2
+        assert main([*argv, "--out", str(out), *SETS_1, *extra]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "which compare did not write" in err, err
     assert _snapshot(out) == before
@@ -299,9 +300,9 @@ def test_compare_never_writes_into_a_directory_that_is_not_a_comparison(tmp_path
 
 def test_compare_continues_in_its_own_directory(tmp_path, capsys):
     out = tmp_path / "cmp"
-    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--rounds", "1", "--quiet"]
-    assert main([*argv, "--out", str(out), *SETS]) == 0
-    assert main([*argv, "--out", str(out), *SETS]) == 0
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--quiet"]
+    assert main([*argv, "--out", str(out), *SETS_1]) == 0
+    assert main([*argv, "--out", str(out), *SETS_1]) == 0
     assert "1 of 1 runs from an earlier call" in capsys.readouterr().out
 
 

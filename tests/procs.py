@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 
@@ -45,3 +46,46 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return "?"
+
+
+def process_tree(marker: str) -> dict[int, str]:
+    """The processes whose command line holds ``marker``, and all their descendants.
+
+    ``{pid: start time}``, for :func:`stop_processes`; e.g. the local SuperLink that ``flwr
+    run`` starts detached (its ``--database`` and ``--log-file`` lie in ``FLWR_HOME``) and what
+    it started.
+    """
+    parents: dict[int, int] = {}
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = proc_stat(int(entry.name))
+        if stat is None:
+            continue
+        parents[int(entry.name)] = int(stat[1])
+        if marker in cmdline(int(entry.name)):
+            found[int(entry.name)] = stat[19]
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                stat = proc_stat(pid)
+                if stat is not None:
+                    found[pid] = stat[19]
+                    grew = True
+    return found
+
+
+def stop_processes(processes: dict[int, str], *, grace: float = 20.0) -> None:
+    """SIGTERM each of ``processes`` still running, wait up to ``grace`` seconds, then SIGKILL."""
+    for pid in alive(processes):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kill_all(processes)

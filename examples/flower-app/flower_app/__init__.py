@@ -1,0 +1,1 @@
+"""A Flower app whose own ServerApp and ClientApp use fedprivopt's DP strategies."""

@@ -90,8 +90,16 @@ def relation_of(ledger: Ledger, accountant: str) -> dpa.NeighboringRelation:
     """Return the one neighbouring relation of a ledger; raise if ``accountant`` can't use it."""
     relations = {event.neighboring_relation for event, _ in ledger}
     if len(relations) > 1:
-        raise ValueError("cannot compose Poisson and fixed-size events in one ledger")
+        raise ValueError(
+            "cannot compose Poisson and fixed-size events (or tree events with either) in one "
+            "ledger"
+        )
     relation = relations.pop()
+    if accountant != "rdp" and relation is dpa.NeighboringRelation.REPLACE_SPECIAL:
+        raise ValueError(
+            f"accountant {accountant!r} cannot account tree aggregation (dp-accounting's "
+            "SingleEpochTreeAggregationDpEvent has RDP only); use accountant 'rdp'"
+        )
     if accountant != "rdp" and relation is not dpa.NeighboringRelation.ADD_OR_REMOVE_ONE:
         raise ValueError(
             f"accountant {accountant!r} supports only Poisson sampling; fixed-size sampling "
@@ -128,8 +136,9 @@ _EVENT_FIELDS = {
     "population": lambda x: x is None or (isinstance(x, int) and not isinstance(x, bool)),
     "cohort_size": lambda x: x is None or (isinstance(x, int) and not isinstance(x, bool)),
     "count_noise_multiplier": lambda x: x is None or (_is_noise(x) and x > 0),
+    "tree_steps": lambda x: x is None or (is_count(x) and x <= MAX_STATE_COUNT),
 }
-_OPTIONAL_EVENT_FIELDS = frozenset({"count_noise_multiplier"})
+_OPTIONAL_EVENT_FIELDS = frozenset({"count_noise_multiplier", "tree_steps"})
 
 
 def _parse_event(data: object, where: str) -> SubsampledGaussianEvent:

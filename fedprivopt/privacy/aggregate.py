@@ -290,6 +290,7 @@ class NoisyMeanAggregator:
         dtype: torch.dtype = torch.float32,
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
+        sum_noise: tuple[torch.Tensor, float] | None = None,
     ) -> AggregationResult:
         """Aggregate ``(user_id, update)`` pairs into the noised mean Δ̃.
 
@@ -309,7 +310,13 @@ class NoisyMeanAggregator:
             Source of the server noise (required when private).
         device : torch.device or str
             Device of the sum.
+        sum_noise : (torch.Tensor, float), optional
+            Server mode only: the noise to add to the sum instead of a fresh ``N(0, σ²C²I)``
+            draw, and its per-coordinate variance (tree aggregation,
+            :class:`~fedprivopt.privacy.tree.TreeNoise`).
         """
+        if sum_noise is not None and (self.noise_mode != "server" or not self.private):
+            raise ValueError("sum_noise replaces the server noise of a private aggregation only")
         total = torch.zeros(dim, dtype=dtype, device=device)
         tally = _Tally()
         bound = self.accept_norm(dim)
@@ -348,7 +355,10 @@ class NoisyMeanAggregator:
 
         topup_var = 0.0
         if self.private:
-            if self.noise_mode == "server":
+            if sum_noise is not None:
+                total += sum_noise[0].to(device=device, dtype=dtype)
+                sum_var = float(sum_noise[1])
+            elif self.noise_mode == "server":
                 topup_var = self.sum_noise_std**2
                 sum_var = topup_var
             else:
@@ -374,7 +384,7 @@ class NoisyMeanAggregator:
             "rejected": float(len(rejected)),
             "server_clipped": float(server_clipped),
             "shares": float(accepted if self.noise_mode == "distributed" else 0),
-            "topup_std": math.sqrt(topup_var),
+            "topup_std": math.sqrt(topup_var if sum_noise is None else sum_var),
             "noise_std": noise_std,
             "mean_norm": norm_sum / accepted if accepted else 0.0,
         }

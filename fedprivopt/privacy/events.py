@@ -23,6 +23,13 @@ units, the noise std ``σ_b`` over the add/remove sensitivity ``1/2`` of the cen
 factor), which is exactly one Gaussian of multiplier ``(σ_Δ⁻² + (2σ_b)⁻²)^(-1/2)``
 (:meth:`SubsampledGaussianEvent.single_gaussian`; Andrew et al. 2021, Theorem 1).
 
+Under tree aggregation (``noise-mechanism = "tree"``, :mod:`fedprivopt.privacy.tree`) nothing is
+sampled: one event, :meth:`SubsampledGaussianEvent.tree` (``sampling = "tree"``), stands for a
+whole restart period of ``T`` rounds in which every user joins at most one round. dp-accounting
+accounts it as ``SingleEpochTreeAggregationDpEvent(σ, T)`` under
+``NeighboringRelation.REPLACE_SPECIAL`` (a user's clipped update replaced by the zero update
+moves every node by at most ``C``, so the multiplier is ``σ``); RDP only.
+
 References
 ----------
 G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, "Differentially Private Learning with Adaptive
@@ -39,9 +46,12 @@ import dp_accounting as dpa
 
 from fedprivopt.core.checks import check_int
 
-__all__ = ["MIN_NOISE_MULTIPLIER", "SAMPLING_KINDS", "SubsampledGaussianEvent"]
+__all__ = ["EVENT_KINDS", "MIN_NOISE_MULTIPLIER", "SAMPLING_KINDS", "SubsampledGaussianEvent"]
 
 SAMPLING_KINDS = ("poisson", "fixed")
+#: Kinds of events: the sampling kinds, and ``"tree"`` (one restart period of tree aggregation,
+#: no sampling: :mod:`fedprivopt.privacy.tree`).
+EVENT_KINDS = (*SAMPLING_KINDS, "tree")
 
 #: Smallest positive noise multiplier an event may have. dp-accounting's RDP of a subsampled
 #: Gaussian squares ``σ``: below ~1.5e-154 ``σ**2`` is subnormal and ``inf - inf`` makes the RDP
@@ -74,6 +84,8 @@ class SubsampledGaussianEvent:
         ``2σ_b`` when the round also released the noised count of unclipped users (adaptive
         clipping): its noise std over the add/remove sensitivity ``1/2`` of the centred count.
         ``None``: the round released the sum only.
+    tree_steps : int or None
+        Rounds of the restart period a ``"tree"`` event stands for (``None`` otherwise).
     """
 
     noise_multiplier: float
@@ -82,6 +94,7 @@ class SubsampledGaussianEvent:
     population: int | None = None
     cohort_size: int | None = None
     count_noise_multiplier: float | None = None
+    tree_steps: int | None = None
 
     def __post_init__(self) -> None:
         sigma = self.noise_multiplier
@@ -111,18 +124,27 @@ class SubsampledGaussianEvent:
             if sigma == 0:
                 raise ValueError("count_noise_multiplier needs a noised sum (noise_multiplier > 0)")
             object.__setattr__(self, "count_noise_multiplier", float(count))
-        if self.sampling not in SAMPLING_KINDS:
-            raise ValueError(f"sampling must be one of {SAMPLING_KINDS}, got {self.sampling!r}")
+        if self.sampling not in EVENT_KINDS:
+            raise ValueError(f"sampling must be one of {EVENT_KINDS}, got {self.sampling!r}")
         if self.population is not None:
             object.__setattr__(self, "population", check_int("population", self.population, 1))
-        if self.sampling == "fixed":
+        if (self.sampling == "tree") != (self.tree_steps is not None):
+            raise ValueError("tree_steps is given exactly for a tree event")
+        if self.sampling == "tree":
+            steps = check_int("tree_steps", self.tree_steps, 1)
+            object.__setattr__(self, "tree_steps", steps)
+            if self.count_noise_multiplier is not None:
+                raise ValueError("a tree event has no count_noise_multiplier")
+        if self.sampling in ("fixed", "tree"):
             n, m = self.population, self.cohort_size
             if n is None or m is None:
                 raise ValueError("fixed sampling needs population and cohort_size")
             m = check_int("cohort_size", m, 1, n, high_name="population")
             object.__setattr__(self, "cohort_size", m)
             if not math.isclose(self.sample_rate, m / n, rel_tol=1e-12):
-                raise ValueError("sample_rate of a fixed-size event must be cohort_size/population")
+                raise ValueError(
+                    f"sample_rate of a {self.sampling} event must be cohort_size/population"
+                )
         elif self.cohort_size is not None:
             raise ValueError("cohort_size is only meaningful for fixed sampling")
         if not (0.0 < self.sample_rate <= 1.0):
@@ -167,6 +189,26 @@ class SubsampledGaussianEvent:
             count_noise_multiplier,
         )
 
+    @classmethod
+    def tree(
+        cls, *, population: int, cohort_size: int, noise_multiplier: float, restart_rounds: int
+    ) -> SubsampledGaussianEvent:
+        """One restart period of tree aggregation: ``restart_rounds`` rounds of ``cohort_size``.
+
+        Each user joins at most one round of the period; every tree node carries noise of std
+        ``σC``. ``sample_rate`` is the share ``m/N`` of users a round holds (nothing is sampled).
+        """
+        population = check_int("population", population, 1)
+        return cls(
+            float(noise_multiplier),
+            "tree",
+            cohort_size / population,
+            population,
+            cohort_size,
+            None,
+            restart_rounds,
+        )
+
     @property
     def effective_noise_multiplier(self) -> float:
         """``σ`` of the one Gaussian the round is: ``(σ_Δ⁻² + (2σ_b)⁻²)^(-1/2)`` with a count."""
@@ -202,6 +244,8 @@ class SubsampledGaussianEvent:
     @property
     def neighboring_relation(self) -> dpa.NeighboringRelation:
         """Adjacency under which the event is accounted."""
+        if self.sampling == "tree":
+            return dpa.NeighboringRelation.REPLACE_SPECIAL
         if self.sampling == "fixed":
             return dpa.NeighboringRelation.REPLACE_ONE
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -216,8 +260,11 @@ class SubsampledGaussianEvent:
 
         With a count: the sampled event's inner mechanism is
         ``ComposedDpEvent([GaussianDpEvent(sum), GaussianDpEvent(count)])``, both multipliers in
-        the units of :attr:`neighboring_relation`.
+        the units of :attr:`neighboring_relation`. A tree event is
+        ``SingleEpochTreeAggregationDpEvent(σ, tree_steps)``.
         """
+        if self.sampling == "tree":
+            return dpa.SingleEpochTreeAggregationDpEvent(self.noise_multiplier, self.tree_steps)
         gaussian = dpa.GaussianDpEvent(self.accountant_noise_multiplier)
         if self.count_noise_multiplier is not None:
             scale = 0.5 if self.sampling == "fixed" else 1.0
@@ -228,10 +275,11 @@ class SubsampledGaussianEvent:
         return dpa.PoissonSampledDpEvent(self.sample_rate, gaussian)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON-serialisable); ``count_noise_multiplier`` only when set."""
+        """Plain-data form (JSON-serialisable); the optional fields only when set."""
         out = asdict(self)
-        if out["count_noise_multiplier"] is None:
-            del out["count_noise_multiplier"]
+        for key in ("count_noise_multiplier", "tree_steps"):
+            if out[key] is None:
+                del out[key]
         return out
 
     @classmethod
@@ -244,6 +292,7 @@ class SubsampledGaussianEvent:
             "population",
             "cohort_size",
             "count_noise_multiplier",
+            "tree_steps",
         }
         unknown = set(data) - keys
         if unknown:

@@ -183,7 +183,7 @@ def _refuse_restart(
 
 def _check_restored(alg: ServerAlgorithm, config: RunConfig, name: str) -> None:
     """Raise if checkpoint ``name`` (restored into ``alg``) holds events it cannot have."""
-    least = alg.round_num * alg.events_per_round if config.strategy.private else 0
+    least = alg.events_through(alg.round_num)
     foreign = [e for e, _ in alg.accountant.ledger if e not in alg.round_events()]
     if foreign:
         raise ValueError(

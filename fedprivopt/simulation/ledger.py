@@ -299,8 +299,8 @@ class RunLedger:
                     f"{self.path}: the header's {key} = {self.header[key]!r} is not the "
                     f"accountant's {getattr(acc, key)!r}; the ledger was edited: refusing to resume"
                 )
-        expected = round_released(alg.round_events())
         for entry in self.entries:
+            expected = round_released(alg.round_events(entry.round))
             if entry.kind != "round" or entry.released == expected:
                 continue
             field, old, new = "count", count_events(entry.released), count_events(expected)

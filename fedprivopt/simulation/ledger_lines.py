@@ -62,7 +62,8 @@ FIRST_KEYS = ("noise-multiplier", "sampling", "population", "clients-per-round",
 EVENT_KEYS = {"noise_multiplier": "noise-multiplier", "sample_rate": "clients-per-round",
                "sampling": "sampling", "population": "population",
                "cohort_size": "clients-per-round",
-               "count_noise_multiplier": "clip-count-stddev"}  # fmt: skip
+               "count_noise_multiplier": "clip-count-stddev",
+               "tree_steps": "tree-restart-rounds"}  # fmt: skip
 
 
 def params_sha256(params: torch.Tensor) -> str:

@@ -117,7 +117,7 @@ class RunWriter:
         epsilon = result.metrics["epsilon"]
         if self.ledger is not None:
             alg = self.algorithm
-            self.ledger.record(r, alg.round_events(), result.params, alg.accountant)
+            self.ledger.record(r, alg.round_events(r), result.params, alg.accountant)
             epsilon = alg.epsilon()
         if eval_metrics is not None:
             row = {
@@ -175,6 +175,7 @@ class RunWriter:
             "primary_metric": primary_metric(self.task),
             "final": final,
             "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
+            **_mechanism(self.algorithm.config),  # the sampled population's (public users out)
             "threat_model": _threat_model(c, side),
             "evaluated_model": _evaluated_model(c),
             "initial_model": getattr(self.task, "initialization", None),
@@ -192,6 +193,15 @@ class RunWriter:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+
+
+def _mechanism(s) -> dict[str, Any]:
+    """The summary's noise mechanism (and, for tree aggregation, its restart period)."""
+    if not s.private:
+        return {"noise_mechanism": "none"}
+    if not s.tree:
+        return {"noise_mechanism": "gaussian"}
+    return {"noise_mechanism": "tree", "tree_restart_rounds": s.restart_rounds}
 
 
 def _evaluated_model(config: RunConfig) -> str:
@@ -215,6 +225,12 @@ def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None
         text += (
             "; each update leaves its device carrying a noise share, and the full guarantee "
             "needs min-shares honest shares (the server tops up when fewer arrive)"
+        )
+    if s.tree:
+        text += (
+            "; tree aggregation (DP-FTRL, no sampling): fixed cohorts, each user at most once per "
+            "restart period (tree_restart_rounds); epsilon assumes the cohort choice does not "
+            "depend on the users' data"
         )
     if s.adaptive:
         text += (

@@ -20,6 +20,7 @@ from fedprivopt.privacy.aggregate import NOISE_MODES
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.events import SAMPLING_KINDS
 from fedprivopt.privacy.sampling import MAX_POPULATION
+from fedprivopt.privacy.tree import NOISE_MECHANISMS
 from fedprivopt.strategies.options import (
     BLOCKS,
     Options,
@@ -97,6 +98,15 @@ class StrategyConfig:
         ``clip_quantile`` the target ``γ`` in ``(0, 1)``, ``clip_learning_rate`` ``η_C >
         0`` and ``clip_count_stddev`` the noise ``σ_b`` on the count (``None``: ``m̄/20``), which
         must exceed ``noise_multiplier/2``. Ignored by the non-private baselines.
+    noise_mechanism : {"gaussian", "tree"}
+        ``"tree"``: tree aggregation (DP-FTRL, :mod:`fedprivopt.privacy.tree`) instead of a fresh
+        Gaussian on every round's sum. No sampling then (``sampling`` is ignored): each restart
+        period shuffles the users and a round takes the next ``clients_per_round`` (an integer)
+        of them, each user at most once a period. Needs the ``rdp`` accountant, server noise,
+        a fixed clip norm and one cohort a round (not ``dp-fedavg-adadp``).
+    tree_restart_rounds : int
+        Rounds per restart period ``T`` under tree aggregation; ``0`` (default):
+        ``population // clients_per_round`` (one pass over the users). ``T·m <= N``.
     options : Options
         The strategy's own parameter block (:data:`fedprivopt.strategies.options.BLOCKS`; ``None``
         when constructing: the block's defaults).
@@ -132,6 +142,8 @@ class StrategyConfig:
     clip_quantile: float = real(0.5, 0, 1, low_open=True, high_open=True)
     clip_learning_rate: float = real(0.2, 0, _INF, low_open=True)
     clip_count_stddev: float | None = real(None, 0, _INF, low_open=True, optional=True)
+    noise_mechanism: str = choice("gaussian", NOISE_MECHANISMS)
+    tree_restart_rounds: int = integer(0, 0, MAX_ROUNDS)
     options: Options | None = None
     unused: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
@@ -172,6 +184,8 @@ class StrategyConfig:
                 f"noise-multiplier must be > 0 for strategy {self.strategy!r} "
                 "(use 'fedavg' or 'fedadam' for non-private training)"
             )
+        if self.tree:
+            self._check_tree()
         if self.adaptive:
             try:
                 update_noise_multiplier(self.noise_multiplier, self.count_stddev)
@@ -181,6 +195,52 @@ class StrategyConfig:
                 raise ValueError(
                     f"{exc} (its default clients-per-round/20); set clip-count-stddev"
                 ) from None
+
+    def _check_tree(self) -> None:
+        """Refuse, naming the key, what tree aggregation cannot do."""
+        why = "with noise-mechanism 'tree'"
+        m = self.clients_per_round
+        if float(m) != int(m):
+            raise ValueError(
+                f"clients-per-round must be an integer {why} (a fixed cohort a round), got {m}"
+            )
+        most = self.population // int(m)
+        if self.tree_restart_rounds > most:
+            raise ValueError(
+                f"tree-restart-rounds must be in [0, population // clients-per-round = {most}] "
+                f"{why} (each user joins at most one round of a period; 0: {most}), got "
+                f"{self.tree_restart_rounds}"
+            )
+        if self.noise_mode != "server":
+            raise ValueError(
+                f"noise-mode must be 'server' {why}: the tree's nodes are noised partial sums "
+                "over several rounds, which per-client shares of one round cannot form"
+            )
+        if self.adaptive_clipping:
+            raise ValueError(
+                f"adaptive-clipping must be false {why}: its noised count would be a second "
+                "release per round outside the tree (not accounted)"
+            )
+        if self.accountant != "rdp":
+            raise ValueError(
+                f"accountant must be 'rdp' {why} (dp-accounting accounts "
+                f"SingleEpochTreeAggregationDpEvent with RDP only), got {self.accountant!r}"
+            )
+        if self.strategy == "dp-fedavg-adadp":
+            raise ValueError(
+                f"strategy 'dp-fedavg-adadp' cannot run {why}: it releases two cohorts' sums a "
+                "round"
+            )
+
+    @property
+    def tree(self) -> bool:
+        """Whether the run uses tree aggregation (a DP strategy with ``noise-mechanism`` tree)."""
+        return self.private and self.noise_mechanism == "tree"
+
+    @property
+    def restart_rounds(self) -> int:
+        """``T``: ``tree-restart-rounds``, or ``population // clients-per-round`` when 0."""
+        return self.tree_restart_rounds or self.population // int(self.clients_per_round)
 
     @property
     def adaptive(self) -> bool:
@@ -263,18 +323,24 @@ class StrategyConfig:
     def to_mapping(self) -> dict[str, Any]:
         """Kebab-case mapping of the shared fields and the block (``None`` values left out).
 
-        The adaptive-clipping keys are left out at their defaults, so that the configuration
-        (and the ledger header) of a run without adaptive clipping is what it was before them.
+        The adaptive-clipping and tree keys are left out at their defaults, so that the
+        configuration (and the ledger header) of a run without them is what it was before them.
         """
         out = {
             key_of(f.name): getattr(self, f.name)
             for f in fields(self)
             if f.name not in _NOT_KEYS
             and getattr(self, f.name) is not None
-            and not (f.name in _ADAPTIVE_KEYS and getattr(self, f.name) == f.default)
+            and not (f.name in _OMITTED_AT_DEFAULT and getattr(self, f.name) == f.default)
         }
         return out | self.options.to_mapping()
 
 
 _NOT_KEYS = ("options", "unused")
-_ADAPTIVE_KEYS = ("adaptive_clipping", "clip_quantile", "clip_learning_rate")
+_OMITTED_AT_DEFAULT = (
+    "adaptive_clipping",
+    "clip_quantile",
+    "clip_learning_rate",
+    "noise_mechanism",
+    "tree_restart_rounds",
+)

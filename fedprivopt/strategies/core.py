@@ -30,6 +30,7 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import SamplingSpec
+from fedprivopt.privacy.tree import TreeCohorts, TreeNoise, tree_position
 from fedprivopt.strategies.clipping import AdaptiveClipping
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.wire import ClientSettings
@@ -155,6 +156,10 @@ class ServerAlgorithm:
             cohort_size=int(config.clients_per_round) if config.sampling == "fixed" else None,
         )
         self.sampler = self.sampling.sampler(self.rngs)
+        self.tree_cohorts, self.tree_noise = self._make_tree(initial_params)
+        #: Task user ids that can be reached this round (deployment under tree aggregation;
+        #: ``None``: all). Set by the engine before a round; ignored by sampled mechanisms.
+        self.available_users: set[int] | None = None
         self.aggregator = self._make_aggregator()
         self.clipping = (
             AdaptiveClipping(config, self.aggregator.min_shares) if config.adaptive else None
@@ -171,6 +176,27 @@ class ServerAlgorithm:
         self.stopped_reason: str | None = None
 
     # -- construction hooks ------------------------------------------------------------------
+
+    def _make_tree(self, params: torch.Tensor) -> tuple[TreeCohorts | None, TreeNoise | None]:
+        """The cohorts and noise of tree aggregation (``None, None`` for the Gaussian)."""
+        c = self.config
+        if not c.tree:
+            return None, None
+        cohorts = TreeCohorts(
+            population=c.population,
+            cohort_size=int(c.clients_per_round),
+            restart_rounds=c.restart_rounds,
+            rngs=self.rngs,
+        )
+        noise = TreeNoise(
+            std=c.noise_multiplier * c.clip_norm,
+            restart_rounds=c.restart_rounds,
+            rngs=self.rngs,
+            dim=params.numel(),
+            dtype=params.dtype,
+            device=params.device,
+        )
+        return cohorts, noise
 
     def _make_aggregator(self) -> NoisyMeanAggregator:
         c = self.config
@@ -207,18 +233,44 @@ class ServerAlgorithm:
         """The privacy event of one data access (``None`` for non-private strategies).
 
         With adaptive clipping the sum's multiplier is ``σ_Δ`` and the event carries the count's
-        ``2σ_b``: together one Gaussian of the configured ``σ``.
+        ``2σ_b``: together one Gaussian of the configured ``σ``. Under tree aggregation the
+        event of a whole restart period (:meth:`SubsampledGaussianEvent.tree`).
         """
         c = self.config
         if not c.private:
             return None
+        if c.tree:
+            return SubsampledGaussianEvent.tree(
+                population=c.population,
+                cohort_size=int(c.clients_per_round),
+                noise_multiplier=c.noise_multiplier,
+                restart_rounds=c.restart_rounds,
+            )
         count = 2.0 * c.count_stddev if c.adaptive else None
         return self.sampling.event(c.update_noise_multiplier, count)
 
-    def round_events(self) -> list[SubsampledGaussianEvent]:
-        """Events one round releases (``events_per_round`` copies of :meth:`round_event`)."""
+    def round_events(self, round_num: int | None = None) -> list[SubsampledGaussianEvent]:
+        """Events round ``round_num`` releases (``events_per_round`` copies of :meth:`round_event`).
+
+        Under tree aggregation a period's event is charged whole at its first round, and the
+        other rounds of the period release none. ``round_num=None``: the events of a round
+        that charges (every round of a sampled mechanism).
+        """
         event = self.round_event()
-        return [] if event is None else [event] * self.events_per_round
+        if event is None:
+            return []
+        if self.tree_noise is not None and round_num is not None:
+            if tree_position(round_num, self.config.restart_rounds)[1] != 1:
+                return []
+        return [event] * self.events_per_round
+
+    def events_through(self, round_num: int) -> int:
+        """How many events rounds ``1 .. round_num`` release together."""
+        if not self.config.private:
+            return 0
+        if self.tree_noise is not None:
+            return -(-round_num // self.config.restart_rounds)
+        return round_num * self.events_per_round
 
     def noise_std_of_mean(self) -> float:
         """Nominal per-coordinate noise std ``σC/m̄`` of the noised mean Δ̃ (0 if not private).
@@ -239,7 +291,7 @@ class ServerAlgorithm:
     def budget_allows_next_round(self) -> bool:
         """False when the next round would push ε above the target (the run must stop)."""
         target = self.config.target_epsilon
-        events = self.round_events()
+        events = self.round_events(self.round_num + 1)
         if target is None or not events:
             return True
         return not self.accountant.would_exceed(target, self.config.delta, events)
@@ -287,8 +339,18 @@ class ServerAlgorithm:
     def sample(self, round_num: int, purpose: str = "sampling") -> list[int]:
         """Sampled users of ``round_num`` (the second ADADP cohort uses another purpose).
 
-        Task user ids: the sampler's ids plus :attr:`user_offset`.
+        Task user ids: the sampler's ids plus :attr:`user_offset`. Under tree aggregation the
+        round's cohort of the period's shuffle, among :attr:`available_users`, checked in to
+        the participation ledger (:class:`~fedprivopt.privacy.tree.TreeCohorts`).
         """
+        if self.tree_cohorts is not None:
+            available = None
+            if self.available_users is not None:
+                available = torch.zeros(self.config.population, dtype=torch.bool)
+                ids = [u - self.user_offset for u in self.available_users if u in self.user_ids]
+                available[torch.as_tensor(ids, dtype=torch.int64)] = True
+            cohort = self.tree_cohorts.cohort(round_num, available)
+            return [u + self.user_offset for u in cohort]
         return [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
 
     def aggregate(
@@ -323,13 +385,20 @@ class ServerAlgorithm:
         if self.clipping is not None and not getattr(updates, "sorted_by_user", False):
             # replies decoded from messages: one whose clip bit is invalid is not summed
             entries, bad_bits = self.clipping.screen(entries, getattr(updates, "clip_bits", {}))
+        sum_noise = None
+        if self.tree_noise is not None:
+            noise, nodes = self.tree_noise.release(round_num)
+            sum_noise = (noise, nodes * self.tree_noise.std**2)
         agg = aggregator.aggregate(
             entries,
             dim=self.params.numel(),
             dtype=self.params.dtype,
             generator=generator,
             device=self.params.device,
+            sum_noise=sum_noise,
         )
+        if sum_noise is not None:
+            agg.metrics["tree_nodes"] = float(nodes)
         if self.frozen is not None:
             # frozen parameters: their coordinates are zero in every update, so only noise is
             # there; dropping it (the same coordinates for any data) is post-processing. In place:
@@ -381,7 +450,7 @@ class ServerAlgorithm:
     def _finish(
         self, round_num: int, users: list[int], metrics: dict[str, float], rejected: dict
     ) -> RoundResult:
-        events = self.round_events()
+        events = self.round_events(round_num)
         if events:
             self.accountant.step(events)
         self.round_num = round_num
@@ -425,8 +494,12 @@ class ServerAlgorithm:
             "user_offset": self.user_offset,
             **({} if self.averaged is None else {"averaged": self.averaged}),
             **({} if self.clipping is None else {"clip_states": self.clipping.state_dict()}),
+            **({} if self.tree_noise is None else {"tree": self._tree_state()}),
             **({} if self.side_information is None else {"side_information": self._side_digest()}),
         }
+
+    def _tree_state(self) -> dict[str, Any]:
+        return {"noise": self.tree_noise.state_dict(), "cohorts": self.tree_cohorts.state_dict()}
 
     def _side_digest(self) -> str:
         """SHA-256 of the side information (a resume must broadcast the same ``A``)."""
@@ -476,6 +549,17 @@ class ServerAlgorithm:
             self.opt_state = type(self.opt_state).from_dict(state["opt_state"])
         if self.clipping is not None:
             self.clipping.load_state_dict(state.get("clip_states"))
+        if self.tree_noise is not None:
+            tree = state.get("tree")
+            if not isinstance(tree, Mapping):
+                raise ValueError("checkpoint has no tree-aggregation state (noise-mechanism tree)")
+            self.tree_noise.load_state_dict(tree["noise"])
+            self.tree_cohorts.load_state_dict(tree["cohorts"])
+            if self.tree_noise.round_num != self.round_num:
+                raise ValueError(
+                    f"checkpoint's tree state is at round {self.tree_noise.round_num}, its model "
+                    f"at round {self.round_num}"
+                )
         self.accountant.load_state_dict(state["accountant"])
 
 

@@ -229,6 +229,13 @@ class DPStrategy(Strategy):
         self.node_errors = 0
         self.unrequested = 0
         self.lost = dict.fromkeys(LOSS_METRICS, 0)
+        if self.algorithm.tree_cohorts is not None:
+            # tree aggregation: the round's cohort comes from users on connected nodes who have
+            # not taken part in this restart period (the algorithm's participation ledger)
+            connected = set(grid.get_node_ids())
+            self.algorithm.available_users = {
+                user for user, node in self.user_nodes.items() if node in connected
+            }
         self._round = self.algorithm.run_round(server_round)
         self._request = next(self._round)
         return self._messages(self._request)
@@ -348,7 +355,18 @@ class DPStrategy(Strategy):
         """Log the configuration and the threat model."""
         c = self.algorithm.config
         log(INFO, "\t├── fedprivopt strategy: %s", c.strategy)
-        if c.private:
+        if c.tree:
+            log(
+                INFO,
+                "\t├── user-level DP: sigma=%g, C=%g, tree aggregation (no sampling): %d users a "
+                "round, each at most once per restart period of %d rounds, delta=%g",
+                c.noise_multiplier,
+                c.clip_norm,
+                int(c.clients_per_round),
+                c.restart_rounds,
+                c.delta,
+            )
+        elif c.private:
             log(
                 INFO,
                 "\t├── user-level DP: sigma=%g, C=%g, q=%g (%s sampling), delta=%g",

@@ -374,6 +374,15 @@ def valid_mappings(draw) -> dict:
             update_noise_multiplier(data["noise_multiplier"], sigma_b)
         except ValueError:
             data["adaptive_clipping"] = False
+    if data["noise_mechanism"] == "tree" and data["strategy"] == "dp-fedavg-adadp":
+        data["noise_mechanism"] = "gaussian"
+    if data["noise_mechanism"] == "tree" and data["strategy"] not in ("fedavg", "fedadam"):
+        # tree aggregation: an integer cohort m, T·m <= N, server noise, fixed C, RDP
+        m = data["clients_per_round"] = float(max(1, int(data["clients_per_round"])))
+        data["tree_restart_rounds"] = draw(st.integers(0, population // int(m)))
+        data.update(noise_mode="server", adaptive_clipping=False, accountant="rdp")
+        if not _finite_variance(data):
+            data["clip_norm"] = 1.0
     mapping = {k.replace("_", "-"): v for k, v in data.items()}
     mapping.update(
         {

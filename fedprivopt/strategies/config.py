@@ -226,6 +226,12 @@ class StrategyConfig:
                 f"accountant must be 'rdp' {why} (dp-accounting accounts "
                 f"SingleEpochTreeAggregationDpEvent with RDP only), got {self.accountant!r}"
             )
+        adaptive_c = getattr(self.options, "clip_norm_adaptive", None)
+        if adaptive_c is not None and adaptive_c != self.clip_norm:
+            raise ValueError(
+                f"clip-norm-adaptive must be unset (or clip-norm) {why}: a tree node sums rounds "
+                "of both DP2 phases, and its noise is sized for one clip norm"
+            )
         if self.strategy == "dp-fedavg-adadp":
             raise ValueError(
                 f"strategy 'dp-fedavg-adadp' cannot run {why}: it releases two cohorts' sums a "

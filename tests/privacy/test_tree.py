@@ -194,6 +194,7 @@ def test_cohorts_of_a_period_are_disjoint_and_skip_unavailable_users():
         ({"adaptive-clipping": True}, "adaptive-clipping"),
         ({"accountant": "pld"}, "accountant"),
         ({"strategy": "dp-fedavg-adadp"}, "strategy 'dp-fedavg-adadp'"),
+        ({"strategy": "dp2", "clip-norm-adaptive": 2.0}, "clip-norm-adaptive"),
         ({"noise-mechanism": "matrix"}, "noise-mechanism"),
     ],
 )

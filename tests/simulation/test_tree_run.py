@@ -10,7 +10,7 @@ from dp_accounting import rdp
 
 from fedprivopt.cli import main
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.files import read_rows
+from fedprivopt.simulation.files import CHECKPOINT, read_rows
 from fedprivopt.simulation.run import resume, simulate
 
 PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -110,3 +110,21 @@ def test_bad_tree_settings_exit_2_in_one_line(tmp_path, capsys, sets, needle):
     assert code == 2, err
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_redone_first_round_of_a_period_is_replayed_not_charged_twice(tmp_path):
+    """The newest checkpoint (round 5, the first of period 2) lost: resumed from round 4.
+
+    Round 5 is redone from the previous checkpoint; it releases the same model (same digest),
+    so its period's event, in the ledger already, is not charged again.
+    """
+    extra = {"tree-restart-rounds": 4, "checkpoint-every": 2}
+    full = simulate(tree_config(**extra), tmp_path / "full")
+    part = simulate(tree_config(**extra, **{"num-server-rounds": 5}), tmp_path / "part")
+    (part.out_dir / CHECKPOINT).write_bytes(b"torn write")
+    cfg = part.out_dir / "config.toml"
+    cfg.write_text(cfg.read_text().replace("num-server-rounds = 5", "num-server-rounds = 7"))
+    outcome = resume(part.out_dir)
+    assert outcome.rounds_completed == 7
+    assert torch.equal(outcome.params, full.params)
+    assert outcome.epsilon == full.epsilon == pytest.approx(dp_accounting_epsilon(1.0, 4, 2, 1e-4))

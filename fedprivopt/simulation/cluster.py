@@ -26,6 +26,7 @@ import logging
 import os
 import platform
 import socket
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -243,7 +244,9 @@ def join_cluster(config: Any) -> Iterator[Cluster | None]:
     if not connected:
         _reachable(address, key)
         try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            with warnings.catch_warnings():  # a tip about Ray's future defaults, on every init
+                warnings.filterwarnings("ignore", "Tip: In future versions", FutureWarning)
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError) as exc:
             raise ValueError(f"{key}: cannot join the Ray cluster at {address}: {exc}") from None
     try:

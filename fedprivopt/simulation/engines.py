@@ -61,7 +61,8 @@ def _run_fast(
 ) -> str:
     train = make_cohort_train(
         task,
-        device=_device(config.device),
+        # in a cluster the shards' nodes decide what "auto" means (place_shards), not this one
+        device=_device(config.device) if cluster is None else config.device,
         vectorize=config.vectorize,
         chunk_users=config.cohort_chunk,
         secure=config.strategy.secure,

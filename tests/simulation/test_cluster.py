@@ -39,6 +39,7 @@ def ray_cluster():
         for i in range(NODES):
             cluster.add_node(
                 num_cpus=1,
+                num_gpus=1,  # declared only: Ray counts GPUs, the shards here train on the CPU
                 resources={f"node{i}": 1},
                 object_store_memory=store,
                 include_dashboard=False,
@@ -52,7 +53,7 @@ def ray_cluster():
 
 
 def _config(so_dir, **extra):
-    base = {"ray-cpus": 0, "num-server-rounds": 2, "cohort-chunk": 2}
+    base = {"ray-cpus": 0, "num-server-rounds": 2, "cohort-chunk": 2, "device": "cpu"}
     return so_config(so_dir, **{**base, **extra})
 
 
@@ -140,4 +141,37 @@ def test_a_node_that_sees_other_data_is_refused_before_any_round(
     with pytest.raises(ValueError, match=r"task-params\.data-dir: the node .* sees other data"):
         simulate(joined, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
+    assert not ray.is_initialized()
+
+
+def test_shards_get_a_gpu_each_where_the_nodes_have_them(so_dir, ray_cluster, monkeypatch):
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    joined = _config(so_dir, **{"fast-actors": NODES, "ray-address": ray_cluster.address})
+
+    @ray.remote(num_cpus=1)
+    class Where:
+        def where(self):
+            return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
+
+    with cluster_module.join_cluster(joined) as cluster:
+        assert cluster.gpus == NODES
+        for device, gpus in (("auto", 1), ("cpu", 0)):
+            placement = cluster_module.place_shards(cluster, NODES, device)
+            try:
+                assert placement.device == ("cuda" if gpus else "cpu")
+                actors = [Where.options(**o).remote() for o in placement.options]
+                seen = ray.get([a.where.remote() for a in actors], timeout=120)
+                assert len({node for node, _ in seen}) == NODES  # one shard on each node
+                assert all(len(ids) == gpus for _, ids in seen)
+                for actor in actors:
+                    ray.kill(actor)
+            finally:
+                placement.remove()
+        # more shards than GPUs: "auto" trains on CPUs, and then the CPUs are too few
+        with pytest.raises(ValueError, match="fast-actors must be at most the free CPUs"):
+            cluster_module.place_shards(cluster, NODES + 1, "auto")
+        with pytest.raises(ValueError, match="device = cuda gives each of fast-actors = 4"):
+            cluster_module.place_shards(cluster, NODES + 1, "cuda")
     assert not ray.is_initialized()

@@ -268,3 +268,28 @@ def test_compare_tuned_reports_the_tuning_epsilon(tmp_path, capsys):
     with open(report / "summary.csv") as fh:
         row = next(csv.DictReader(fh))
     assert float(row["epsilon"]) > 1.0
+
+
+def test_a_pld_preset_with_a_target_gets_an_rdp_tuning_epsilon_and_both_numbers(tmp_path):
+    from fedprivopt.privacy.accounting import compose_epsilon
+
+    out = tmp_path / "tune"
+    argv = ["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid", "server-learning-rate=0.5,1",
+            "--out", str(out), "--mean-trials", "1", *SMALL[:6], "--rounds", "40", "--quiet",
+            "--set", "accountant=pld", "--set", "target-epsilon=3",
+            "--set", "noise-multiplier=2"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    single = summary["single_run"]
+    assert summary["accountant"] == "rdp" and single["accountant"] == "pld"
+    assert single["target_epsilon"] == 3.0
+    ledger = RunLedger.read(out / "runs" / "trial-001").total()
+    assert ledger == tuple(
+        (SubsampledGaussianEvent.from_dict(x["event"]), x["count"]) for x in single["ledger"]
+    )
+    (_, rounds), = ledger  # fmt: skip
+    assert 1 < rounds < 40  # the target stopped the single run
+    assert single["epsilon"] == pytest.approx(compose_epsilon(ledger, 1e-4, accountant="pld"))
+    assert single["epsilon"] <= 3.0 < summary["epsilon_single_run"] < summary["epsilon"]
+    assert summary["epsilon_single_run"] == pytest.approx(compose_epsilon(ledger, 1e-4))
+    assert "pld" in summary["privacy"] and "target epsilon 3" in summary["privacy"]

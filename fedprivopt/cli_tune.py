@@ -280,8 +280,9 @@ def add_tune(sub) -> None:
         "--strategy", choices=STRATEGIES, help="strategy to tune (default: the preset's)"
     )
     p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", required=True,
-                   help="a preset key and its values (repeatable; each trial draws every key "
-                   "uniformly)")  # fmt: skip
+                   help="a preset key and its values, typed as --set types them and "
+                   "separated by commas (repeatable; each trial draws every key uniformly)",
+                   )  # fmt: skip
     p.add_argument(
         "--mean-trials",
         type=float_range(1.0, MAX_MEAN_TRIALS, lo_open=False, hi_open=False),

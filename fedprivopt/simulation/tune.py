@@ -200,19 +200,27 @@ class PrivacyPlan:
 def planned_ledger(config, alg) -> Ledger | None:
     """The most a run of ``config`` releases (``None`` when the strategy is not private).
 
-    ``num-server-rounds`` rounds of its events, or as many as its target ε allows: the largest
-    ``n`` whose ε stays within it, by the run's own accountant (a run stops before the round
-    that would exceed the target).
+    The events of rounds ``1 .. num-server-rounds`` (``alg.round_events(r)``: under tree
+    aggregation a period's event at its first round only), or of as many rounds as its target ε
+    allows: the largest ``n`` whose ε stays within it, by the run's own accountant (a run stops
+    before the round that would exceed the target; ε grows with ``n``, so bisection finds it).
     """
-    events = alg.round_events()
-    if not events:
+    if not alg.round_events():
         return None
-    per_round = merge_ledger((event, 1) for event in events)
+    s = config.strategy
+    every = alg.round_events()  # what a charging round releases
+    # tree aggregation: a period's first round releases its event, the other rounds nothing
+    uniform = all(alg.round_events(r) == every for r in range(1, s.num_server_rounds + 1))
 
     def rounds(n: int) -> Ledger:
-        return merge_ledger((event, count * n) for event, count in per_round)
+        if uniform:
+            return merge_ledger((event, n) for event in every)
+        counts: dict[Any, int] = {}
+        for r in range(1, n + 1):
+            for event in alg.round_events(r):
+                counts[event] = counts.get(event, 0) + 1
+        return merge_ledger(counts.items())
 
-    s = config.strategy
     total = s.num_server_rounds
     if s.target_epsilon is None:
         return rounds(total)

@@ -293,3 +293,23 @@ def test_a_pld_preset_with_a_target_gets_an_rdp_tuning_epsilon_and_both_numbers(
     assert single["epsilon"] <= 3.0 < summary["epsilon_single_run"] < summary["epsilon"]
     assert summary["epsilon_single_run"] == pytest.approx(compose_epsilon(ledger, 1e-4))
     assert "pld" in summary["privacy"] and "target epsilon 3" in summary["privacy"]
+
+
+def test_a_tree_aggregation_tuning_repeats_the_runs_tree_events(tmp_path):
+    """Tree noise: one event per restart period, REPLACE_SPECIAL, wrapped in RepeatAndSelect."""
+    out = tmp_path / "tune"
+    argv = ["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid", "server-learning-rate=0.5,1",
+            "--out", str(out), "--mean-trials", "2", *SMALL[:6], "--rounds", "5", "--quiet",
+            "--set", "noise-mechanism=tree", "--seed", "1"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    (event, periods), = RunLedger.read(out / "runs" / "trial-001").total()  # fmt: skip
+    assert periods == 2  # rounds 1-3 and 4-5 with the default restart of 12 // 4 rounds
+    assert event.to_dict()["tree_steps"] == 3
+    tree = dpa.SingleEpochTreeAggregationDpEvent(0.5, 3)
+    acc = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_SPECIAL)
+    acc.compose(dp_event.RepeatAndSelectDpEvent(dpa.SelfComposedDpEvent(tree, 2), 2.0, 1.0))
+    assert summary["epsilon"] == pytest.approx(acc.get_epsilon(1e-4), rel=1e-12)
+    assert summary["epsilon_single_run"] == pytest.approx(
+        load_run(out / "runs" / "trial-001").epsilon
+    )

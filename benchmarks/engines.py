@@ -24,11 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+
+from fedprivopt.core.threads import passive_openmp_wait  # noqa: E402
+
+passive_openmp_wait()  # as the command line does, before torch loads (NOTES.md, entry 13)
+
+import torch  # noqa: E402
 
 from fedprivopt.clients.trainer import epoch_orders  # noqa: E402
 from fedprivopt.privacy.rng import RngFactory  # noqa: E402

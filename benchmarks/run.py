@@ -17,13 +17,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from fedprivopt.core.threads import passive_openmp_wait  # noqa: E402
+
+passive_openmp_wait()  # as the command line does, before torch loads (NOTES.md, entry 13)
+
+import torch  # noqa: E402
 from data_generation import bench_data_generation, data_lines  # noqa: E402
 from next_word import bench_next_word, next_word_lines  # noqa: E402
+from simulate import bench_simulate, simulate_lines  # noqa: E402
 
 from fedprivopt.privacy import (  # noqa: E402
     PrivacyAccountant,
@@ -418,6 +422,8 @@ def write(results: dict, root: Path) -> None:
         lines += data_lines(block)
     for block in results.get("nextword", []):
         lines += next_word_lines(block)
+    for block in results.get("simulate", []):
+        lines += simulate_lines(block)
     (root / "RESULTS.md").write_text("\n".join(lines) + "\n")
 
 
@@ -429,7 +435,7 @@ def merge(results: dict, other: dict, code: str = "") -> dict:
     """
     out = dict(results)
     stamp = other.get("code") or code or "not recorded"
-    for group in ("micro", "engines", "scaling", "data", "nextword"):
+    for group in ("micro", "engines", "scaling", "data", "nextword", "simulate"):
         devices = {entry["device"] for entry in other.get(group, [])}
         added = [dict(e, code=e.get("code") or stamp) for e in other.get(group, [])]
         if group == "micro":
@@ -443,7 +449,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and rounds")
     parser.add_argument(
-        "--only", choices=["micro", "engines", "scaling", "data", "nextword"], action="append",
+        "--only", action="append",
+        choices=["micro", "engines", "scaling", "data", "nextword", "simulate"],
         help="run only these groups (repeatable; default: all; the others are kept from the "
         "previous results.json)",
     )  # fmt: skip
@@ -468,7 +475,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     empty = {
-        "machine": machine(), "micro": [], "engines": [], "scaling": [], "data": [], "nextword": []
+        "machine": machine(), "micro": [], "engines": [], "scaling": [], "data": [],
+        "nextword": [], "simulate": [],
     }  # fmt: skip
     previous = empty
     if (out / "results.json").exists():
@@ -478,7 +486,7 @@ def main() -> int:
         write(merge(previous, json.loads(Path(args.merge).read_text()), args.code), out)
         print(f"wrote {out / 'RESULTS.md'}")
         return 0
-    groups = set(args.only or ["micro", "engines", "scaling", "data", "nextword"])
+    groups = set(args.only or ["micro", "engines", "scaling", "data", "nextword", "simulate"])
     repeat = 3 if args.quick else 7
     rounds = 3 if args.quick else 5
     devices = args.devices.split(",") if args.devices else (
@@ -510,6 +518,10 @@ def main() -> int:
         results["nextword"] = [
             dict(bench_next_word(rounds=1, device=d), code=results["code"]) for d in devices
         ]
+    if "simulate" in groups:
+        # S1: the command a user runs, end to end, beside the harness's round (CPU only)
+        ensure_data(FULL_DATA)
+        results["simulate"] = [dict(bench_simulate(2 * rounds + 2), code=results["code"])]
     write(results, out)
     print(f"wrote {out / 'RESULTS.md'}")
     return 0

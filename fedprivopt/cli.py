@@ -40,6 +40,7 @@ from fedprivopt.cli_args import (
 from fedprivopt.cli_data import add_data
 from fedprivopt.cli_runs import add_compare, add_simulate
 from fedprivopt.cli_tune import add_tune
+from fedprivopt.core.threads import passive_openmp_wait
 
 # ---------------------------------------------------------------------------------------------
 # privacy commands
@@ -327,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedprivopt`` console script."""
+    # before torch loads: OpenMP threads that sleep rather than spin while they wait, so a round
+    # does not stall when another process holds a core (fedprivopt.core.threads)
+    passive_openmp_wait()
     try:  # building the parser imports torch and the accountants: seconds, Ctrl-C included
         parser = build_parser()
         args = parser.parse_args(argv)

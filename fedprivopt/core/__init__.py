@@ -5,6 +5,7 @@
   trainers and the vectorized cohort trainers of the tasks;
 - :mod:`fedprivopt.core.checks`: parameter checks whose errors name the parameter and its range;
 - :mod:`fedprivopt.core.text`: values shown in one-line messages.
+- :mod:`fedprivopt.core.threads`: OpenMP threads that wait passively (set before torch loads).
 
 Nothing is imported here, so the command line can show a message without loading torch.
 """

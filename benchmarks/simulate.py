@@ -66,11 +66,12 @@ def _run_harness(rounds: int, target: Path) -> dict:
     return {k: result[k] for k in ("round_seconds", "cohort_sizes")}
 
 
-def bench_simulate(rounds: int, repeat: int = 3) -> dict:
+def bench_simulate(rounds: int, machine: dict, repeat: int = 3) -> dict:
     """``fedprivopt simulate`` and the B1 harness, ``rounds`` rounds each, ``repeat`` times.
 
-    Each side's seconds per round is the median of rounds 2..``rounds`` over all its runs (the
-    runs alternate, so a stretch of load from another process falls on both sides).
+    ``machine`` describes this machine (recorded with the block). Each side's seconds per round
+    is the median of rounds 2..``rounds`` over all its runs (the runs alternate, so a stretch of
+    load from another process falls on both sides).
     """
     cases = HERE / "cases"
     cases.mkdir(exist_ok=True)
@@ -99,6 +100,7 @@ def bench_simulate(rounds: int, repeat: int = 3) -> dict:
         "clients_per_round": CLIENTS,
         "eval_users": EVAL_USERS,
         "load_average": [load, os.getloadavg()[0]],
+        "machine": machine,
         "simulate": simulate,
         "harness": {"runs": harnesses, "seconds_per_round": har_s},
     }
@@ -125,6 +127,8 @@ def simulate_lines(block: dict) -> list[str]:
         f"{block['repeat']} times. End to end and outside the rounds: the median run. Load "
         f"average (1 min) before and after: {_load(block)}. "
         f"Code: {block.get('code', 'not recorded')}.",
+        "",
+        f"Machine: {', '.join(f'{k} = {v}' for k, v in block.get('machine', {}).items())}",
         "",
         "| what | s/round | end to end s | outside the rounds s |",
         "|---|---:|---:|---:|",

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -231,13 +232,15 @@ def _ray_actors(
     placement = None
     started = cluster is None and not ray.is_initialized()
     if started:
-        ray.init(
-            address="local",  # never a cluster that RAY_ADDRESS names: ray-address joins one
-            num_cpus=max(count, 1),
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        with warnings.catch_warnings():  # a tip about Ray's future defaults, on every init
+            warnings.filterwarnings("ignore", "Tip: In future versions", FutureWarning)
+            ray.init(
+                address="local",  # never a cluster that RAY_ADDRESS names: ray-address joins one
+                num_cpus=max(count, 1),
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
     if cluster is not None:
         from fedprivopt.simulation.cluster import place_shards
 
@@ -332,9 +335,7 @@ def make_cohort_train(
         raise ValueError("task_name and task_params are required when actors > 0")
     import ray
 
-    shards, started, placement = _ray_actors(
-        actors, task_name, dict(task_params), kwargs, cluster
-    )
+    shards, started, placement = _ray_actors(actors, task_name, dict(task_params), kwargs, cluster)
 
     def train_ray(request: TrainRequest) -> StreamedUpdates:
         bits: dict[int, float] = {}

@@ -220,3 +220,28 @@ def test_calibrated_sigma_meets_the_target_tightly(target, restart, rounds):
     periods = -(-rounds // restart)
     eps = _dp_accounting_epsilon(sigma, restart, periods, 1e-5)
     assert eps <= target and eps == pytest.approx(target, rel=1e-4)
+
+
+def test_a_secure_tree_resumed_from_its_state_continues_the_same_prefix():
+    """Secure mode: nodes cannot be regenerated, so the checkpointed ones must be used.
+
+    After round 3 the state is restored into a fresh tree; its round-4 release must cancel
+    exactly the live nodes of round 3, so that the prefix of the four releases is the one node
+    covering leaves 1-4 (the noise of a prefix stays popcount(t) nodes across the resume).
+    """
+    tree = TreeNoise(std=1.0, restart_rounds=8, rngs=RngFactory(None, secure=True), dim=50,
+                     dtype=torch.float64)  # fmt: skip
+    prefix = sum(tree.release(r)[0] for r in (1, 2, 3))
+    resumed = TreeNoise(std=1.0, restart_rounds=8, rngs=RngFactory(None, secure=True), dim=50,
+                        dtype=torch.float64)  # fmt: skip
+    resumed.load_state_dict(tree.state_dict())
+    noise, nodes = resumed.release(4)
+    assert nodes == 3
+    (live,) = resumed.state_dict()["nodes"]
+    assert live[:2] == [2, 0]
+    torch.testing.assert_close(prefix + noise, live[2], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="round by round"):
+        resumed.release(6)
+    bad = tree.state_dict() | {"round": 4}
+    with pytest.raises(ValueError, match="prefix nodes"):
+        resumed.load_state_dict(bad)

@@ -11,6 +11,10 @@ _FLWR_HOME = tempfile.mkdtemp(prefix="fedprivopt-flwr-home-")
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
 os.environ["FLWR_HOME"] = _FLWR_HOME
+# Ray's own default (no address) joins a cluster `ray start` left on the machine: Flower's
+# run_simulation and `flwr run` then fail (or report a pool of another machine's size). Tests
+# start private instances; the cluster tests set RAY_ADDRESS themselves.
+os.environ["RAY_ADDRESS"] = "local"
 # dp-accounting logs (through absl) every RDP order it drops; the bound stays valid.
 logging.getLogger("absl").setLevel(logging.ERROR)
 

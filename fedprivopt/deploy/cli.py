@@ -17,7 +17,11 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["add_deploy_subcommand", "run_deploy_command"]
+__all__ = ["MAX_LOCAL_NODES", "add_deploy_subcommand", "run_deploy_command"]
+
+# SuperNodes one machine runs for a local deployment: each is a process (~200 MB) with its log
+# and pipes; 100,000 ended in EMFILE with a traceback (seventh review of issue 15, F8).
+MAX_LOCAL_NODES = 64
 
 _EXAMPLES = """examples:
   fedprivopt deploy local --nodes 3
@@ -26,11 +30,13 @@ _EXAMPLES = """examples:
   fedprivopt deploy local --nodes 2 --insecure --set population=6 --set task-params.num-users=6"""
 
 
-def _int_flag(flag: str, text: Any, minimum: int) -> int:
+def _int_flag(flag: str, text: Any, minimum: int, maximum: int | None = None) -> int:
     try:
-        value = int(str(text))
+        value = int(str(text)) if str(text).isascii() else None
     except ValueError:
         value = None
+    if maximum is not None and (value is None or not minimum <= value <= maximum):
+        raise ValueError(f"{flag} must be an integer in [{minimum}, {maximum}], got {text!r}")
     if value is None or value < minimum:
         raise ValueError(f"{flag} must be an integer >= {minimum}, got {text!r}")
     return value
@@ -93,7 +99,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
 
     if getattr(args, "deploy_command", None) != "local":
         raise ValueError("deploy: choose a target, e.g. `fedprivopt deploy local --nodes 2`")
-    nodes = _int_flag("--nodes", args.nodes, 1)
+    nodes = _int_flag("--nodes", args.nodes, 1, MAX_LOCAL_NODES)
     timeout = _float_flag("--timeout", args.timeout)
     overrides = _overrides(args.set)
     for flag, key in (("--strategy", "strategy"), ("--rounds", "num-server-rounds")):
@@ -105,6 +111,11 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     if args.out is not None:
         _checked_out(args.out)
     config = _checked_config(args.config, overrides)
+    if nodes > config.strategy.population:
+        raise ValueError(
+            f"--nodes must be at most the population ({config.strategy.population} users: a node "
+            f"without users would only wait), got {nodes}"
+        )
     out = args.out
     if out is None:
         out = f"runs/deploy-{config.strategy.strategy}-seed{config.strategy.seed}"
@@ -184,7 +195,12 @@ def add_deploy_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("config", nargs="?", metavar="CONFIG", help="preset TOML file (optional)")
-    p.add_argument("--nodes", required=True, metavar="N", help="number of SuperNodes (>= 1)")
+    p.add_argument(
+        "--nodes",
+        required=True,
+        metavar="N",
+        help=f"number of SuperNodes, in [1, {MAX_LOCAL_NODES}] and at most the population",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--tls", action="store_true", help="encrypt every connection (default)")
     mode.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")

@@ -198,6 +198,25 @@ def _check_restored(alg: ServerAlgorithm, config: RunConfig, name: str) -> None:
         )
 
 
+def _refuse_secure_tree_redo(config: RunConfig, last_released: int, restored: int) -> None:
+    """Tree aggregation in secure mode cannot redo released rounds (seventh review, F1).
+
+    A redone round draws a new shuffle and new noise from OS entropy, but the users of the lost
+    rounds are not in the restored participation ledger: some take part twice in the period,
+    and the lost leaves' noise is drawn again, which one tree event per period does not cover.
+    Seeded mode replays the same cohorts and noise, so it resumes.
+    """
+    s = config.strategy
+    if s.private and s.tree and s.secure and last_released > restored:
+        raise ValueError(
+            f"noise-mechanism = tree with secure = true: rounds {restored + 1}-{last_released} "
+            f"were released after the {'checkpoint' if restored else 'start'} this resume "
+            "would restart from; redoing them draws new cohorts and noise, so users of the lost "
+            "rounds could take part twice in a restart period, which the accounting does not "
+            "cover: refusing to resume (start a new run in another directory)"
+        )
+
+
 def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -> RunDirState:
     """Every check a resume of ``out`` makes, writing nothing; the caller holds its lock.
 
@@ -252,6 +271,7 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
             logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)
         alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
         _check_restored(alg, config, name)
+    _refuse_secure_tree_redo(config, last_released, alg.round_num if state else 0)
     if ledger is None and state is None:
         if old is not None:
             raise ValueError(

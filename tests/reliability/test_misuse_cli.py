@@ -615,3 +615,36 @@ def test_resume_on_other_data_at_the_same_path_is_refused(tmp_path):
     line = usage_error(run_cli(["simulate", "--resume", str(out), "--quiet"]), "data-dir")
     assert "other data" in line
     assert {p: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_a_secure_tree_run_does_not_redo_released_rounds(tmp_path, secure):
+    """Seventh review, F1: a secure tree run resumed from an older checkpoint redid rounds 3-4
+    with a new shuffle and new noise, uncharged, and users of the lost rounds took part twice
+    in the period. Refused now; seeded mode replays the same releases and resumes."""
+    from fedprivopt.simulation.files import CHECKPOINT
+
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "4", "--out", str(out), "--quiet"]
+    argv += ["--set", "population=16", "--set", "clients-per-round=4"]
+    argv += ["--set", "task-params.num-users=16", "--set", "checkpoint-every=2"]
+    argv += ["--set", 'noise-mechanism="tree"', "--set", f"secure={str(secure).lower()}"]
+    assert run_cli(argv)[0] == 0
+    (out / CHECKPOINT).unlink()  # the round-4 checkpoint lost: the round-2 one is restored
+    ledger = (out / "privacy_ledger.jsonl").read_bytes()
+    resumed = run_cli(["simulate", "--resume", str(out), "--quiet"])
+    if secure:
+        usage_error(resumed, "noise-mechanism = tree", "secure", "rounds 3-4")
+        assert (out / "privacy_ledger.jsonl").read_bytes() == ledger
+    else:
+        assert resumed[0] == 0, resumed[2][-2000:]
+
+
+@pytest.mark.parametrize(("nodes", "needle"), [("100000", "[1, 64]"), ("13", "population (12")])
+def test_deploy_local_nodes_are_bounded(tmp_path, nodes, needle):
+    """Seventh review, F8: --nodes 100000 ended in EMFILE with a traceback, leaving deploy/;
+    more nodes than users waited for nodes that could have no users."""
+    out = tmp_path / "dep"
+    argv = ["deploy", "local", "--nodes", nodes, "--insecure", str(TOY), "--out", str(out)]
+    usage_error(run_child([*argv, *SMALL]), "--nodes", needle)
+    assert not out.exists()

@@ -248,7 +248,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_compare_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    base = load_preset(args.config, set_overrides(args))
+    sets = set_overrides(args)
+    if "strategy" in sets:  # every cell sets its own: the --set would be silently ignored
+        raise UsageError("argument --set: strategy is the grid's (use --strategies)")
+    if args.noise_multipliers and "noise-multiplier" in sets:
+        raise UsageError(
+            "argument --noise-multipliers: it contradicts --set noise-multiplier; give one of them"
+        )
+    base = load_preset(args.config, sets)
     cells = _compare_cells(args, base)
     (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress line
     locked = contextlib.ExitStack()

@@ -648,3 +648,17 @@ def test_deploy_local_nodes_are_bounded(tmp_path, nodes, needle):
     argv = ["deploy", "local", "--nodes", nodes, "--insecure", str(TOY), "--out", str(out)]
     usage_error(run_child([*argv, *SMALL]), "--nodes", needle)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--set", 'strategy="dp-fedadam"'], "--strategies"),
+        (["--noise-multipliers", "0.5", "--set", "noise-multiplier=50"], "--noise-multipliers"),
+    ],
+)
+def test_compare_grid_flags_are_not_contradicted_by_set(tmp_path, extra, needle):
+    """Seventh review, minor 1: the grid silently won over ``--set strategy`` or the σ."""
+    out = tmp_path / "cmp"
+    usage_error(run_cli([*compare(str(out)), *extra]), needle)
+    assert not out.exists()

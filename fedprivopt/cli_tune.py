@@ -130,6 +130,8 @@ def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
 def cmd_tune(args: argparse.Namespace) -> int:
     """``fedprivopt tune``: the best of a random number of trials, with the tuning's ε."""
     from fedprivopt.simulation.cells import Cell, plan_cells
+    from fedprivopt.simulation.config import config_to_toml
+    from fedprivopt.simulation.files import atomic_write
     from fedprivopt.simulation.ledger import RunLedger
     from fedprivopt.simulation.rundir import lock_directory
     from fedprivopt.simulation.tune import (
@@ -143,6 +145,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         run_trials,
         select_best,
     )
+    from fedprivopt.simulation.tune_check import PLAN_FILE, plan_document
     from fedprivopt.simulation.tune_report import summary_of, write_tune_outputs
 
     trial_count = _trial_count(args)
@@ -177,6 +180,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         try:
             plans = plan_cells(out, cells, overwrite=args.overwrite)
             remove_outputs(out)  # before a trial changes: a stopped call leaves no stale report
+            atomic_write(out / PLAN_FILE, json.dumps(plan_document(
+                preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
+                base_config_toml=config_to_toml(base), grid=grid, overrides=overrides,
+                trials=trial_count, seed=seed, delta=plan.delta, drawn=trials,
+            ), indent=2) + "\n")  # fmt: skip
         except ValueError as exc:  # a stale trial run (compare's rules), a locked run
             raise UsageError(str(exc)) from None
         progress = _TrialProgress(len(trials), enabled=not args.quiet)
@@ -219,6 +227,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.cells import REPORT_FILES
     from fedprivopt.simulation.report import write_report
     from fedprivopt.simulation.rundata import load_runs
+    from fedprivopt.simulation.tune_check import check_tunings
     from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned
 
     out = check_out_dir(args.out)
@@ -231,8 +240,8 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
             )
     runs = []
     try:
-        for text in args.tuned:
-            runs.append(load_tuned(check_path_text(text, "TUNED")))
+        for checked in check_tunings([check_path_text(t, "TUNED") for t in args.tuned]):
+            runs.append(load_tuned(checked.path, checked))
         for text in args.untuned or []:
             runs.extend(load_runs(check_path_text(text, "--untuned")))
     except ValueError as exc:

@@ -64,7 +64,7 @@ FORBIDDEN_GRID_KEYS = frozenset({"strategy", "seed"})
 MAX_GRID_POINTS = 10_000
 TUNE_LOCK = "tune.lock"
 TUNE_FILES = ("summary.json", "report.md", "trials.csv", "trials.png")
-TUNE_ENTRIES = frozenset({"runs", *TUNE_FILES, TUNE_LOCK})
+TUNE_ENTRIES = frozenset({"runs", *TUNE_FILES, TUNE_LOCK, "tune.json"})
 _RUN_SEED_MODULUS = 2**31
 
 

@@ -19,8 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.privacy.events import SubsampledGaussianEvent
-from fedprivopt.privacy.tuning import TrialCount, ledger_rdp, tuning_epsilon
+from fedprivopt.privacy.tuning import TrialCount
 from fedprivopt.simulation.files import atomic_write
 from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
 
@@ -252,60 +251,23 @@ def write_tune_outputs(out: Path, summary: dict[str, Any]) -> Path:
 # -- tuned comparison --------------------------------------------------------------------------
 
 
-def load_tuned(path: str | Path):
+def load_tuned(path: str | Path, checked=None):
     """The released (best) run of a tuning directory, as ``RunData`` carrying the tuning ε.
 
-    The tuning ε is recomputed from the summary's single-run ledger and trial distribution, and
-    every trial's privacy ledger is checked to be within that single-run bound; the larger of
-    the stated and the recomputed ε is used (an edited summary cannot lower it). The run's
-    strategy is renamed ``"<strategy> (tuned)"`` so that it sits beside untuned runs.
+    The directory is checked and its ε recomputed from the trials' own files by
+    :func:`~fedprivopt.simulation.tune_check.check_tuning` (``checked``: its result, when the
+    caller has it). The run's strategy is renamed ``"<strategy> (tuned)"`` so that it sits beside
+    untuned runs.
 
     Raises
     ------
     ValueError
-        Naming the directory: not a finished tuning, no released trial, or a trial beyond the
-        bound.
+        Naming the directory or file: not a finished tuning, no released trial, or files that
+        disagree (see :mod:`fedprivopt.simulation.tune_check`).
     """
-    from fedprivopt.simulation.ledger import RunLedger
-    from fedprivopt.simulation.rundata import load_run
+    from fedprivopt.simulation.tune_check import check_tuning
 
-    path = Path(path)
-    try:
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a finished tuning ({exc})") from None
-    if not isinstance(summary, dict) or summary.get("kind") != "fedprivopt-tune":
-        raise ValueError(f"{path}: its summary.json is not a tuning's (fedprivopt tune)")
-    best = summary.get("best")
-    if not best:
-        raise ValueError(f"{path}: the tuning released no trial")
-    try:
-        tc = summary["trial_count"]
-        trials = TrialCount(tc["distribution"], tc["mean"], tc["shape"])
-        led = summary["single_run"]["ledger"]
-        ledger = (
-            None
-            if led is None
-            else tuple(
-                (SubsampledGaussianEvent.from_dict(x["event"]), int(x["count"])) for x in led
-            )
-        )
-        delta = float(summary["delta"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: its summary.json cannot be read ({exc})") from None
-    eps = math.inf if ledger is None else tuning_epsilon(ledger, delta, trials)
-    if ledger is not None:
-        bound = ledger_rdp(ledger)
-        for run_dir in sorted((path / "runs").iterdir()):
-            released = RunLedger.read(run_dir)
-            if released is None:
-                continue
-            if not bool((ledger_rdp(released.total()) <= bound * (1 + 1e-12)).all()):
-                raise ValueError(
-                    f"{run_dir}: its privacy ledger exceeds the single run the tuning epsilon "
-                    "was computed for"
-                )
-    eps = max(eps, float(summary.get("epsilon", 0.0)))
-    run = load_run(path / best["run_dir"])
+    checked = check_tuning(path) if checked is None else checked
+    run, eps = checked.run, checked.epsilon
     tuned = {**run.summary, "strategy": run.strategy + TUNED_SUFFIX, "epsilon": eps}
     return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps)

@@ -1,0 +1,393 @@
+"""What ``fedprivopt compare-tuned`` checks before it reports a tuning's released trial.
+
+``fedprivopt tune`` writes ``tune.json`` (:func:`plan_document`) before any trial runs: the base
+configuration (the preset with the call's overrides), the grid, the distribution of the number of
+trials, the tuning seed, δ and the drawn trials (label, hyperparameters, run seed).
+:func:`check_tuning` then recomputes the tuning's ε from what the files show, never trusting one
+file alone:
+
+* ``summary.json`` must agree with ``tune.json`` (distribution, seed, δ, grid, metric,
+  strategy, trials), and ``tune.json``'s trials must be those its seed draws;
+* every trial's ``config.toml`` must be the base configuration with the trial's hyperparameters
+  and seed, its privacy ledger must match that configuration
+  (:meth:`~fedprivopt.simulation.ledger.RunLedger.check_config`) and state the same δ;
+* the single run's bound is recomputed from the base configuration over every grid point
+  (:func:`~fedprivopt.simulation.tune.planned_ledger`,
+  :func:`~fedprivopt.simulation.tune.dominating_plan`), raised to any trial ledger beyond it;
+* the released run must be the best trial's directory inside ``runs/``, and pass the audit a
+  resume makes (:func:`~fedprivopt.simulation.audit.audit_run_dir`).
+
+The ε used is the largest of the recomputed one and those the summary states.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.core.text import shown
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.tuning import TrialCount, ledger_rdp, tuning_epsilon
+
+__all__ = ["PLAN_FILE", "TunedCheck", "check_tuning", "check_tunings", "plan_document"]
+
+PLAN_FILE = "tune.json"
+PLAN_VERSION = 1
+
+
+def plan_document(
+    *,
+    preset: str,
+    strategy: str,
+    metric: str,
+    base_config_toml: str,
+    grid: Mapping[str, Sequence[Any]],
+    overrides: Mapping[str, Any],
+    trials: TrialCount,
+    seed: int,
+    delta: float,
+    drawn: Sequence[Any],
+) -> dict[str, Any]:
+    """The content of ``tune.json``, written before any trial runs."""
+    return {
+        "kind": "fedprivopt-tune-plan",
+        "version": PLAN_VERSION,
+        "preset": preset,
+        "strategy": strategy,
+        "metric": metric,
+        "base_config": base_config_toml,
+        "grid": {k: list(v) for k, v in grid.items()},
+        "overrides": dict(overrides),
+        "trial_count": trials.to_dict(),
+        "seed": seed,
+        "delta": delta,
+        "trials": [
+            {"trial": t.label, "hyperparameters": t.hyperparameters, "seed": t.seed} for t in drawn
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class TunedCheck:
+    """A tuning directory that passed :func:`check_tuning`.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+    epsilon : float
+        The tuning's ε: the largest of the recomputed one and those the summary states.
+    best_dir : pathlib.Path
+        The released trial's run directory (inside ``runs/``).
+    base_config : RunConfig
+        The base configuration (the preset with the call's overrides).
+    plan : dict
+        ``tune.json``.
+    run : RunData
+        The released run, read while its directory was locked.
+    """
+
+    path: Path
+    epsilon: float
+    best_dir: Path
+    base_config: Any
+    plan: dict[str, Any]
+    run: Any
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {what} cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not {what}")
+    return data
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality that tells ``1`` from ``1.0`` and ``true`` from ``1``."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _trial_count(data: Any) -> TrialCount:
+    dist = data["distribution"]
+    return TrialCount(dist, data["mean"], None if dist == "poisson" else data["shape"])
+
+
+def _cross_check(path: Path, summary: dict[str, Any], plan: dict[str, Any]) -> None:
+    """``summary.json`` against ``tune.json``: any disagreement is refused, naming the key."""
+    for key in ("strategy", "metric", "grid", "overrides", "trial_count", "seed", "delta"):
+        if not _same(summary.get(key), plan.get(key)):
+            raise ValueError(
+                f"{path / 'summary.json'}: its {key} {shown(summary.get(key))} disagrees with "
+                f"{PLAN_FILE}'s {shown(plan.get(key))}; the tuning's files were edited"
+            )
+    stated = [(r.get("trial"), r.get("hyperparameters"), r.get("seed")) for r in summary["trials"]]
+    planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
+    if not _same(stated, planned):
+        raise ValueError(
+            f"{path / 'summary.json'}: its trials disagree with {PLAN_FILE}'s; the tuning's files "
+            "were edited"
+        )
+
+
+def _check_draws(path: Path, plan: dict[str, Any], trials: TrialCount) -> None:
+    from fedprivopt.simulation.tune import draw_trials
+
+    grid = {k: tuple(v) for k, v in plan["grid"].items()}
+    drawn = [
+        (t.label, t.hyperparameters, t.seed) for t in draw_trials(grid, trials, int(plan["seed"]))
+    ]
+    planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
+    if not _same(drawn, planned):
+        raise ValueError(
+            f"{path / PLAN_FILE}: its trials are not those its seed, grid and trial count draw; "
+            "the tuning's files were edited"
+        )
+    runs = path / "runs"
+    labels = {t["trial"] for t in plan["trials"]}
+    extra = sorted(p.name for p in runs.iterdir() if p.name not in labels) if runs.is_dir() else []
+    if extra:
+        raise ValueError(f"{runs}: holds {shown(extra[0])}, not a trial of {path / PLAN_FILE}")
+
+
+class _Builder:
+    """Configurations from the base configuration with overrides, and their built runs."""
+
+    def __init__(self, base_toml: str, tmp: Path) -> None:
+        self.base = tmp / "base.toml"
+        self.base.write_text(base_toml, encoding="utf-8")
+        self.tasks: dict[tuple, Any] = {}
+
+    def config(self, overrides: Mapping[str, Any]):
+        from fedprivopt.simulation.config import load_config
+
+        return load_config(self.base, overrides)
+
+    def build(self, config):
+        from fedprivopt.simulation.run import build_run
+
+        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        task, alg = build_run(config, self.tasks.get(key))
+        self.tasks[key] = task
+        return task, alg
+
+
+def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: float):
+    """A trial's ``config.toml`` and ledger; its ledger's total (``None``: no ledger)."""
+    from fedprivopt.simulation.cells import first_difference
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE
+    from fedprivopt.simulation.ledger import RunLedger
+
+    run_dir = path / "runs" / trial["trial"]
+    if not run_dir.is_dir():
+        return None
+    expected = builder.config({**trial["hyperparameters"], "seed": trial["seed"]})
+    stored = load_config(run_dir / CONFIG_FILE)
+    diff = first_difference(stored, expected)
+    if diff is not None:
+        key, old, new = diff
+        raise ValueError(
+            f"{run_dir / CONFIG_FILE}: has {key} = {shown(old)}, but {trial['trial']} of "
+            f"{PLAN_FILE} runs {key} = {shown(new)}; not this tuning's trial"
+        )
+    ledger = RunLedger.read(run_dir)
+    if ledger is None:
+        return None
+    ledger.check_config(stored, source=str(run_dir / CONFIG_FILE))
+    stated = ledger.header.get("delta")
+    if not _same(stated, delta):
+        raise ValueError(
+            f"{run_dir / LEDGER_FILE}: its header's delta {shown(stated)} disagrees with the "
+            f"tuning's {shown(delta)}"
+        )
+    return ledger.total()
+
+
+def _recomputed_ledger(path: Path, builder: _Builder, plan: dict[str, Any], released):
+    """The single run's bound over every grid point, raised to a trial's ledger beyond it."""
+    from fedprivopt.simulation.tune import dominating_plan, grid_points, planned_ledger
+
+    plans = []
+    for point in grid_points(plan["grid"]):
+        config = builder.config(point)
+        _, alg = builder.build(config)
+        plans.append((point, planned_ledger(config, alg)))
+    point, ledger = dominating_plan(plans)
+    if ledger is None:
+        return None
+    bound = ledger_rdp(ledger)
+    over = [
+        ({"trial": label}, led)
+        for label, led in released.items()
+        if not bool((ledger_rdp(led) <= bound * (1 + 1e-12)).all())
+    ]
+    if over:
+        try:
+            point, ledger = dominating_plan([(point, ledger), *over])
+        except ValueError:
+            raise ValueError(
+                f"{path / 'runs'}: a trial's privacy ledger exceeds the single run its "
+                "configuration plans, and no ledger bounds the others"
+            ) from None
+    return ledger
+
+
+def _stated_ledger(summary: dict[str, Any]):
+    led = summary["single_run"]["ledger"]
+    if led is None:
+        return None
+    return tuple((SubsampledGaussianEvent.from_dict(x["event"]), int(x["count"])) for x in led)
+
+
+def _best_dir(path: Path, summary: dict[str, Any], plan: dict[str, Any]) -> Path:
+    best = summary["best"]
+    label = best.get("trial")
+    if label not in {t["trial"] for t in plan["trials"]}:
+        raise ValueError(f"{path / 'summary.json'}: its best trial {shown(label)} is no trial")
+    runs = (path / "runs").resolve()
+    wanted = runs / str(label)
+    stated = best.get("run_dir")
+    if not isinstance(stated, str) or (path / stated).resolve() != wanted:
+        raise ValueError(
+            f"{path / 'summary.json'}: best.run_dir {shown(stated)} is not the best trial's "
+            f"directory inside {runs}; refusing to report another run"
+        )
+    return wanted
+
+
+def check_tuning(path: str | Path) -> TunedCheck:
+    """Check a tuning directory and recompute its ε (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        Naming the file whose content disagrees, or the directory when it is no finished
+        tuning or released no trial.
+    """
+    from fedprivopt.simulation.audit import audit_run_dir
+    from fedprivopt.simulation.rundata import load_run
+    from fedprivopt.simulation.rundir import lock_run_dir
+
+    path = Path(path)
+    if not (path / "summary.json").is_file():
+        raise ValueError(f"{path}: not a finished tuning (no summary.json)")
+    summary = _read_json(path / "summary.json", "a tuning's summary")
+    if summary.get("kind") != "fedprivopt-tune":
+        raise ValueError(f"{path}: its summary.json is not a tuning's (fedprivopt tune)")
+    if not summary.get("best"):
+        raise ValueError(f"{path}: the tuning released no trial")
+    if not (path / PLAN_FILE).is_file():
+        raise ValueError(
+            f"{path}: no {PLAN_FILE} (written by tune before its trials), so its epsilon "
+            "cannot be checked; run the tuning again with this version"
+        )
+    plan = _read_json(path / PLAN_FILE, "a tuning's plan")
+    try:
+        if plan.get("kind") != "fedprivopt-tune-plan":
+            raise ValueError(f"{path / PLAN_FILE}: not a tuning's plan")
+        _cross_check(path, summary, plan)
+        trials = _trial_count(plan["trial_count"])
+        _check_draws(path, plan, trials)
+        best_dir = _best_dir(path, summary, plan)
+        delta = float(plan["delta"])
+        stated_ledger = _stated_ledger(summary)
+        stated_eps = float(summary["epsilon"])
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f"{path}: its summary.json or {PLAN_FILE} cannot be read ({shown(str(exc))})"
+        ) from None
+    with tempfile.TemporaryDirectory() as tmp:
+        builder = _Builder(str(plan["base_config"]), Path(tmp))
+        try:
+            base = builder.config({})
+        except ValueError as exc:
+            raise ValueError(f"{path / PLAN_FILE}: its base_config: {exc}") from None
+        if not _same(base.strategy.delta, delta):
+            raise ValueError(f"{path / PLAN_FILE}: its delta disagrees with its base_config")
+        released = {}
+        for trial in plan["trials"]:
+            led = _check_trial(path, builder, trial, delta)
+            if led is not None:
+                released[trial["trial"]] = led
+        ledger = _recomputed_ledger(path, builder, plan, released)
+        with lock_run_dir(best_dir):
+            task, _ = builder.build(builder.config({}))
+            try:
+                state = audit_run_dir(best_dir, task, engine=False)
+            except ValueError as exc:
+                raise ValueError(f"{best_dir}: {exc}") from None
+            why = state.unfinished()
+            if why is not None:
+                raise ValueError(f"{best_dir}: the released trial is not finished ({why})")
+            run = load_run(best_dir)
+    candidates = [stated_eps]
+    candidates.append(math.inf if ledger is None else tuning_epsilon(ledger, delta, trials))
+    if stated_ledger is not None:
+        candidates.append(tuning_epsilon(stated_ledger, delta, trials))
+    return TunedCheck(path, max(candidates), best_dir, base, plan, run)
+
+
+def check_tunings(paths: Sequence[str | Path]) -> list[TunedCheck]:
+    """:func:`check_tuning` of each path; refuse one given twice or tunings that are not seeds.
+
+    Tunings of one strategy make one row of the report, their tunings its seeds: they must be
+    different directories, with different tuning seeds, of one base configuration (but its
+    seed), grid, trial distribution and metric.
+
+    Raises
+    ------
+    ValueError
+        Naming the second directory and what it repeats or changes.
+    """
+    from fedprivopt.simulation.cells import first_difference
+
+    checked: list[TunedCheck] = []
+    seen: dict[Path, str] = {}
+    for text in paths:
+        resolved = Path(text).resolve()
+        if resolved in seen:
+            raise ValueError(
+                f"TUNED: {shown(str(text))} is {shown(seen[resolved])} again; a tuning counts once"
+            )
+        seen[resolved] = str(text)
+        one = check_tuning(text)
+        for other in checked:
+            if other.plan["strategy"] != one.plan["strategy"]:
+                continue
+            for key in ("grid", "trial_count", "metric"):
+                if not _same(other.plan[key], one.plan[key]):
+                    raise ValueError(
+                        f"TUNED: {shown(str(text))} has another {key} than "
+                        f"{shown(str(other.path))}; tunings of one strategy are its seeds only "
+                        "when they differ in the seed alone"
+                    )
+            diff = first_difference(
+                _without_seed(other.base_config), _without_seed(one.base_config)
+            )
+            if diff is not None:
+                key, old, new = diff
+                raise ValueError(
+                    f"TUNED: {shown(str(text))} has {key} = {shown(new)}, "
+                    f"{shown(str(other.path))} {shown(old)}; tunings of one strategy are its "
+                    "seeds only when their configurations differ in the seed alone"
+                )
+            if other.plan["seed"] == one.plan["seed"]:
+                raise ValueError(
+                    f"TUNED: {shown(str(text))} has the tuning seed of {shown(str(other.path))}; "
+                    "the same tuning cannot be two of its seeds"
+                )
+        checked.append(one)
+    return checked
+
+
+def _without_seed(config):
+    import dataclasses
+
+    return dataclasses.replace(config, strategy=dataclasses.replace(config.strategy, seed=0))

@@ -1,0 +1,149 @@
+"""``compare-tuned`` checks a tuning's files before it reports it (seventh review: F2, F3, F4)."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli import main
+
+PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+SMALL = ["--set", "population=12", "--set", "clients-per-round=4",
+         "--set", "task-params.num-users=12", "--quiet"]  # fmt: skip
+
+
+def _tune(out, *extra, rounds="2", seed="3"):
+    argv = ["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid",
+            "noise-multiplier=0.5,50", "--mean-trials", "2", "--out", str(out),
+            "--rounds", rounds, "--seed", seed, *SMALL, *extra]  # fmt: skip
+    assert main(argv) == 0
+
+
+@pytest.fixture(scope="module")
+def tunings(tmp_path_factory):
+    """Two tunings of one configuration (seeds 3 and 4) and one with another round count."""
+    root = tmp_path_factory.mktemp("tunings")
+    _tune(root / "a")
+    _tune(root / "b", seed="4")
+    _tune(root / "rounds", rounds="3")
+    return root
+
+
+def _copy(tunings, tmp_path, name="a"):
+    out = tmp_path / name
+    shutil.copytree(tunings / name, out)
+    return out
+
+
+def _edit(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _compare(capsys, *tuned, out):
+    capsys.readouterr()
+    rc = main(["compare-tuned", *map(str, tuned), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    if rc == 2:
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+    return rc, err
+
+
+def _reported(out):
+    with open(out / "summary.csv") as fh:
+        return [r for r in csv.DictReader(fh)]
+
+
+def test_an_untouched_tuning_is_reported_at_its_epsilon(tunings, tmp_path, capsys):
+    rc, _ = _compare(capsys, tunings / "a", out=tmp_path / "r")
+    assert rc == 0
+    stated = json.loads((tunings / "a" / "summary.json").read_text())["epsilon"]
+    (row,) = _reported(tmp_path / "r")
+    assert float(row["epsilon"]) == pytest.approx(stated, rel=1e-12)
+
+
+def test_an_edited_single_run_ledger_does_not_lower_epsilon(tunings, tmp_path, capsys):
+    """F2: the single run's noise multiplier and the stated epsilon edited down."""
+    tuned = _copy(tunings, tmp_path)
+    stated = json.loads((tuned / "summary.json").read_text())["epsilon"]
+
+    def lower(s):
+        s["single_run"]["ledger"][0]["event"]["noise_multiplier"] = 50.0
+        s["epsilon"] = 0.01
+
+    _edit(tuned / "summary.json", lower)
+    rc, _ = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 0
+    (row,) = _reported(tmp_path / "r")
+    assert float(row["epsilon"]) == pytest.approx(stated, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "files, change, named",
+    [
+        (["summary.json"], lambda s: s["trial_count"].update(mean=1.0), "summary.json"),
+        (["summary.json"], lambda s: s.update(delta=0.5), "summary.json"),
+        (["summary.json", "tune.json"], lambda s: s.update(delta=0.5), "tune.json"),
+        (["summary.json", "tune.json"], lambda s: s.update(seed=5), "tune.json"),
+        (["tune.json"], lambda s: s.update(base_config=s["base_config"].replace(
+            "num-server-rounds = 2", "num-server-rounds = 1")), "config.toml"),
+    ],
+)  # fmt: skip
+def test_edited_distribution_or_delta_is_refused(tunings, tmp_path, capsys, files, change, named):
+    """F2: the trial distribution, delta or seed edited in one file or both."""
+    tuned = _copy(tunings, tmp_path)
+    for name in files:
+        _edit(tuned / name, change)
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2 and named in err
+
+
+def test_a_tuning_without_its_plan_is_refused(tunings, tmp_path, capsys):
+    tuned = _copy(tunings, tmp_path)
+    (tuned / "tune.json").unlink()
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2 and "tune.json" in err
+
+
+@pytest.mark.parametrize("where", ["absolute", "relative"])
+def test_best_run_dir_outside_the_tunings_runs_is_refused(tunings, tmp_path, capsys, where):
+    """F2: best.run_dir pointing at another tuning's run."""
+    tuned = _copy(tunings, tmp_path)
+    other = tunings / "rounds" / "runs" / "trial-001"
+    target = str(other) if where == "absolute" else f"../../{other.relative_to(tunings.parent)}"
+    _edit(tuned / "summary.json", lambda s: s["best"].update(run_dir=target))
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2 and "best.run_dir" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_another_run_in_the_best_trials_directory_is_refused(tunings, tmp_path, capsys):
+    """F3: the best trial's directory replaced by a run of another configuration."""
+    tuned = _copy(tunings, tmp_path)
+    best = json.loads((tuned / "summary.json").read_text())["best"]["trial"]
+    shutil.rmtree(tuned / "runs" / best)
+    shutil.copytree(tunings / "b" / "runs" / "trial-001", tuned / "runs" / best)
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2 and "config.toml" in err
+
+
+def test_one_tuning_given_twice_is_refused(tunings, tmp_path, capsys):
+    """F4: ``t`` and ``t/`` are one tuning, not two seeds."""
+    rc, err = _compare(capsys, tunings / "a", f"{tunings / 'a'}/", out=tmp_path / "r")
+    assert rc == 2 and "once" in err
+    copy = _copy(tunings, tmp_path)  # a copy has the same tuning seed
+    rc, err = _compare(capsys, tunings / "a", copy, out=tmp_path / "r")
+    assert rc == 2 and "seed" in err
+
+
+def test_tunings_of_other_configurations_are_not_seeds(tunings, tmp_path, capsys):
+    """F4: two tunings that differ in rounds would be merged into one row."""
+    rc, err = _compare(capsys, tunings / "a", tunings / "rounds", out=tmp_path / "r")
+    assert rc == 2 and "num-server-rounds" in err
+    rc, _ = _compare(capsys, tunings / "a", tunings / "b", out=tmp_path / "r")
+    assert rc == 0
+    rows = _reported(tmp_path / "r")  # grouped by the released noise multiplier
+    assert sum(int(r["seeds"]) for r in rows) == 2

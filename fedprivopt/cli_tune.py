@@ -81,7 +81,10 @@ def _trial_count(args: argparse.Namespace):
             )
         return TrialCount("poisson", args.mean_trials)
     shape = 1.0 if args.nb_shape is None else args.nb_shape
-    return TrialCount("truncated-negative-binomial", args.mean_trials, shape=shape)
+    try:
+        return TrialCount("truncated-negative-binomial", args.mean_trials, shape=shape)
+    except ValueError as exc:
+        raise UsageError(f"argument --nb-shape/--mean-trials: {exc}") from None
 
 
 def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
@@ -89,6 +92,7 @@ def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
     from fedprivopt.models.task import primary_metric
     from fedprivopt.simulation.tune import (
         PrivacyPlan,
+        check_metric,
         dominating_plan,
         grid_points,
         planned_ledger,
@@ -124,6 +128,11 @@ def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
         config.strategy.target_epsilon,
     )  # fmt: skip
     metric = args.metric or primary_metric(task)
+    if args.metric is not None:
+        try:
+            check_metric(args.metric, list(tasks.values()))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     return plan, tasks, metric
 
 

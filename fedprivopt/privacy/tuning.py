@@ -40,6 +40,7 @@ from fedprivopt.privacy.accounting_state import Ledger, check_delta, merge_ledge
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 
 __all__ = [
+    "MAX_LOG_Z",
     "MAX_MEAN_TRIALS",
     "TRIAL_DISTRIBUTIONS",
     "TrialCount",
@@ -54,6 +55,26 @@ MAX_MEAN_TRIALS = 10_000.0
 """Largest mean number of trials: each trial is a full run."""
 MAX_SHAPE = 1e6
 """Largest truncated-negative-binomial shape ``η`` (beyond it, use the Poisson limit)."""
+MAX_LOG_Z = 700.0
+"""Largest ``η log(1/γ)``: beyond it ``P[K = 1] = (1 − γ) η / (γ^(−η) − 1)`` underflows in
+double precision (and ``γ^(−η)`` overflows past 709.8), so the sampler cannot draw ``K``."""
+
+
+def _log_z_exponent(shape: float, mean: float) -> float:
+    """``η log(1/γ)`` of the truncated negative binomial with this shape and mean."""
+    gamma = _tnb_gamma(shape, mean)
+    return 0.0 if gamma >= 1.0 else -shape * math.log(gamma)
+
+
+def _largest_shape(mean: float) -> float:
+    """The largest ``η`` (within 0.1 %) whose ``η log(1/γ)`` at ``mean`` is within the limit."""
+    lo, hi = 0.0, MAX_SHAPE
+    if _log_z_exponent(hi, mean) <= MAX_LOG_Z:
+        return hi
+    while hi - lo > 1e-3 * max(lo, 1e-3):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _log_z_exponent(mid, mean) <= MAX_LOG_Z else (lo, mid)
+    return lo
 
 
 def _tnb_mean(gamma: float, shape: float) -> float:
@@ -138,6 +159,14 @@ class TrialCount:
         if not (0.0 <= shape <= MAX_SHAPE):
             raise ValueError(f"shape must be in [0, {MAX_SHAPE:g}], got {shape!r}")
         object.__setattr__(self, "shape", float(shape))
+        exponent = _log_z_exponent(float(shape), float(mean))
+        if exponent > MAX_LOG_Z:
+            raise ValueError(
+                f"shape {shape:g} with mean {mean:g} is out of range: eta*log(1/gamma) = "
+                f"{exponent:.4g} > {MAX_LOG_Z:g}, where the probability of each number of trials "
+                f"underflows; at mean {mean:g} the shape must be in [0, "
+                f"{_largest_shape(float(mean)):.4g}] (or use the Poisson distribution)"
+            )
 
     @property
     def dp_shape(self) -> float:

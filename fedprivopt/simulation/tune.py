@@ -49,6 +49,7 @@ __all__ = [
     "PrivacyPlan",
     "Trial",
     "TrialResult",
+    "check_metric",
     "check_released",
     "check_tune_dir",
     "dominating_plan",
@@ -307,7 +308,12 @@ def check_released(
     """
     if plan.ledger is None:
         return plan, []
-    over = {label: led for label, led in released.items() if not _dominated_by(led, plan.ledger)}
+    bound = ledger_rdp(plan.ledger)
+    over = {
+        label: led
+        for label, led in released.items()
+        if not _dominated_by(led, plan.ledger) and not _dominates(bound, ledger_rdp(led))
+    }  # a trial at another grid point releases other events, but less at every order
     if not over:
         return plan, []
     candidates = [(plan.point, plan.ledger)] + [({"trial": k}, v) for k, v in over.items()]
@@ -319,8 +325,9 @@ def check_released(
             f"{str(exc).removeprefix('argument --grid: ')}"
         ) from None
     notes = [
-        f"{label} released more than a run of its configuration plans (a resumed secure-mode "
-        "run is charged its redone rounds again); the tuning epsilon uses the largest ledger"
+        f"{label} released more than the planned single run at some RDP order (a resumed "
+        "secure-mode run is charged its redone rounds again); the tuning epsilon uses the "
+        "largest ledger"
         for label in over
     ]
     return PrivacyPlan(ledger, point, plan.delta, plan.accountant, plan.accountant_settings,
@@ -356,6 +363,31 @@ class TrialResult:
     run: Any = None
     error: str = ""
     origin: str = ""
+
+
+def check_metric(metric: str, tasks: Sequence[Any]) -> None:
+    """Refuse a selection ``metric`` that a task's evaluation does not report.
+
+    Each task's initial model (:meth:`~fedprivopt.models.task.Task.build_model`) is evaluated
+    once and its metric names (``eval_`` + the keys of :meth:`evaluate`) are compared with
+    ``metric``, before any trial runs: a metric no trial reports would make every trial
+    ``diverged``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--metric``, the task and the metrics it reports.
+    """
+    import torch
+
+    for task in tasks:
+        with torch.no_grad():
+            names = sorted(f"eval_{k}" for k in task.evaluate(task.build_model()))
+        if metric not in names:
+            raise ValueError(
+                f"argument --metric: task {shown(getattr(task, 'name', '?'))} does not report "
+                f"{shown(metric)} (it reports {', '.join(names)})"
+            )
 
 
 def select_best(results: Sequence[TrialResult], *, maximize: bool) -> TrialResult | None:

@@ -185,3 +185,15 @@ def test_ledger_rdp_adds_the_events_curves():
         ledger_rdp([(a, 3), (b, 2)]), 3 * ledger_rdp([(a, 1)]) + 2 * ledger_rdp([(b, 1)])
     )
     assert np.all(ledger_rdp([(a, 1)]) > ledger_rdp([(b, 1)]))
+
+
+def test_a_shape_too_large_for_its_mean_is_refused_not_an_overflow():
+    """Seventh review F6: eta 1e6 at mean 1e4 overflowed ``expm1`` in the sampler."""
+    with pytest.raises(ValueError, match=r"shape 1e\+06 with mean 10000 is out of range.*171"):
+        TrialCount("truncated-negative-binomial", 10_000.0, shape=1e6)
+    # the largest valid shape still draws and sums to one
+    edge = TrialCount("truncated-negative-binomial", 10_000.0, shape=171.0)
+    assert edge.sample(np.random.default_rng(0)) >= 1
+    assert edge.pmf(np.arange(0, 40_000)).sum() == pytest.approx(1.0, abs=1e-9)
+    # at a small mean every shape up to the limit is fine
+    TrialCount("truncated-negative-binomial", 2.0, shape=1e6)

@@ -313,3 +313,33 @@ def test_a_tree_aggregation_tuning_repeats_the_runs_tree_events(tmp_path):
     assert summary["epsilon_single_run"] == pytest.approx(
         load_run(out / "runs" / "trial-001").epsilon
     )
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--metric", "eval_recall_at_5"], "--metric"),  # seventh review F7: toy has no recall
+        (["--nb-shape", "1000000", "--mean-trials", "10000"], "--nb-shape"),  # F6: an overflow
+    ],
+)
+def test_seventh_review_flags_exit_2_before_any_trial(tmp_path, capsys, extra, flag):
+    out = tmp_path / "tune"
+    argv = _tune(out, *extra)
+    if "--mean-trials" not in extra:
+        argv += ["--mean-trials", "2"]
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_trial_that_released_less_gets_no_note():
+    """Seventh review minor 2: a trial at a noisier grid point was noted as releasing more."""
+    from fedprivopt.simulation.tune import PrivacyPlan, check_released
+
+    plan = PrivacyPlan(((_event(0.5), 2),), {"noise-multiplier": 0.5}, 1e-4, "rdp")
+    same, notes = check_released(plan, {"trial-001": ((_event(50.0), 2),)})
+    assert same == plan and notes == []
+    more = ((_event(0.5), 3),)  # a resumed secure-mode run charged a redone round
+    raised, notes = check_released(plan, {"trial-001": ((_event(50.0), 2),), "trial-002": more})
+    assert raised.ledger == more and len(notes) == 1 and notes[0].startswith("trial-002 released")

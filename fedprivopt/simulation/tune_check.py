@@ -188,6 +188,8 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
     run_dir = path / "runs" / trial["trial"]
     if not run_dir.is_dir():
         return None
+    if not (run_dir / CONFIG_FILE).exists() and not (run_dir / LEDGER_FILE).exists():
+        return None  # a trial that failed before its run started released nothing
     expected = builder.config({**trial["hyperparameters"], "seed": trial["seed"]})
     stored = load_config(run_dir / CONFIG_FILE)
     diff = first_difference(stored, expected)
@@ -316,7 +318,10 @@ def check_tuning(path: str | Path) -> TunedCheck:
             led = _check_trial(path, builder, trial, delta)
             if led is not None:
                 released[trial["trial"]] = led
-        ledger = _recomputed_ledger(path, builder, plan, released)
+        try:
+            ledger = _recomputed_ledger(path, builder, plan, released)
+        except ValueError as exc:
+            raise ValueError(f"{path / PLAN_FILE}: {exc}") from None
         with lock_run_dir(best_dir):
             task, _ = builder.build(builder.config({}))
             try:
@@ -354,7 +359,8 @@ def check_tunings(paths: Sequence[str | Path]) -> list[TunedCheck]:
         resolved = Path(text).resolve()
         if resolved in seen:
             raise ValueError(
-                f"TUNED: {shown(str(text))} is {shown(seen[resolved])} again; a tuning counts once"
+                f"TUNED: {shown(str(text))} names the directory of {shown(seen[resolved])} "
+                "again; a tuning counts once, not as two seeds"
             )
         seen[resolved] = str(text)
         one = check_tuning(text)

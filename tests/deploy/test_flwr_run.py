@@ -11,10 +11,8 @@ started) by PID, also when the run fails.
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,57 +20,15 @@ import pytest
 from fedprivopt.deploy.local import REPO_ROOT
 from fedprivopt.deploy.session import free_ports
 from fedprivopt.simulation.files import read_rows
-from tests.procs import alive, kill_all, proc_stat
+from tests.procs import alive
+from tests.procs import process_tree as _tree
+from tests.procs import stop_processes as _stop
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(
     not (BIN / "flwr").exists() or not (BIN / "flower-superlink").exists(),
     reason="Flower's commands are not installed next to this interpreter",
 )
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _tree(marker: str) -> dict[int, str]:
-    """The processes whose command line holds ``marker``, and all their descendants."""
-    parents: dict[int, int] = {}
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = proc_stat(int(entry.name))
-        if stat is None:
-            continue
-        parents[int(entry.name)] = int(stat[1])
-        if marker in _cmdline(int(entry.name)):
-            found[int(entry.name)] = stat[19]
-    grew = True
-    while grew:
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in found and pid not in found:
-                stat = proc_stat(pid)
-                if stat is not None:
-                    found[pid] = stat[19]
-                    grew = True
-    return found
-
-
-def _stop(processes: dict[int, str]) -> None:
-    for pid in alive(processes):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 20
-    while alive(processes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    kill_all(processes)
 
 
 def test_flwr_run_dot_runs_two_rounds_on_the_local_superlink(tmp_path):
@@ -107,6 +63,7 @@ def test_flwr_run_dot_runs_two_rounds_on_the_local_superlink(tmp_path):
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
     assert "No additional application dependencies needed installation" in log
+    assert (out / "summary.json").is_file(), log[-3000:]  # flwr run exits 0 on a failed run
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == 2 and summary["stopped_reason"] == "rounds"
     assert [r["round"] for r in read_rows(out / "metrics.jsonl")] == [1, 2]

@@ -255,6 +255,8 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
             runs.extend(load_runs(check_path_text(text, "--untuned")))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.metric is not None and not any(run.has_metric(args.metric) for run in runs):
+        raise UsageError(f"argument --metric: no run reports {args.metric!r}")
     notes = (
         f"Rows whose strategy ends in '{TUNED_SUFFIX.strip()}' are the released (best) trial of "
         "a `fedprivopt tune`, one per tuning (several tunings of a strategy, e.g. with other "

@@ -241,11 +241,32 @@ def _recomputed_ledger(path: Path, builder: _Builder, plan: dict[str, Any], rele
     return ledger
 
 
-def _stated_ledger(summary: dict[str, Any]):
+def _stated_ledger(path: Path, summary: dict[str, Any]):
     led = summary["single_run"]["ledger"]
     if led is None:
         return None
-    return tuple((SubsampledGaussianEvent.from_dict(x["event"]), int(x["count"])) for x in led)
+    try:
+        return tuple(
+            (SubsampledGaussianEvent.from_dict(x["event"]), int(x["count"])) for x in led
+        )
+    except ValueError as exc:
+        raise ValueError(f"{path / 'summary.json'}: its single_run.ledger: {exc}") from None
+
+
+def _stated_epsilon(path: Path, summary: dict[str, Any]) -> float:
+    """The summary's ``epsilon``: a number >= 0 (``inf``: a non-private tuning), never NaN."""
+    value = summary["epsilon"]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or value < 0
+    ):
+        raise ValueError(
+            f"{path / 'summary.json'}: its epsilon {shown(value)} is not a number >= 0; the "
+            "tuning's files were edited"
+        )
+    return float(value)
 
 
 def _best_dir(path: Path, summary: dict[str, Any], plan: dict[str, Any]) -> Path:
@@ -299,8 +320,8 @@ def check_tuning(path: str | Path) -> TunedCheck:
         _check_draws(path, plan, trials)
         best_dir = _best_dir(path, summary, plan)
         delta = float(plan["delta"])
-        stated_ledger = _stated_ledger(summary)
-        stated_eps = float(summary["epsilon"])
+        stated_ledger = _stated_ledger(path, summary)
+        stated_eps = _stated_epsilon(path, summary)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(
             f"{path}: its summary.json or {PLAN_FILE} cannot be read ({shown(str(exc))})"

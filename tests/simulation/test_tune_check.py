@@ -147,3 +147,33 @@ def test_tunings_of_other_configurations_are_not_seeds(tunings, tmp_path, capsys
     assert rc == 0
     rows = _reported(tmp_path / "r")  # grouped by the released noise multiplier
     assert sum(int(r["seeds"]) for r in rows) == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s: s.update(epsilon=float("nan")),
+        lambda s: s.update(epsilon="16.6 approx"),
+        lambda s: s.update(epsilon=-1.0),
+        lambda s: s["single_run"]["ledger"][0]["event"].update(noise_multiplier=float("nan")),
+    ],
+    ids=["nan", "text", "negative", "ledger-nan"],
+)
+def test_a_malformed_stated_epsilon_is_refused_naming_the_summary(tunings, tmp_path, capsys,
+                                                                   change):  # fmt: skip
+    """Eighth review F3: a NaN epsilon was reported as 'nan'; text lost the file's name."""
+    tuned = _copy(tunings, tmp_path)
+    _edit(tuned / "summary.json", change)
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2 and "summary.json" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_metric_no_run_reports_names_the_flag(tunings, tmp_path, capsys):
+    """Eighth review F3 (m2): the error named 'metric', not ``--metric``, and made --out."""
+    capsys.readouterr()
+    rc = main(["compare-tuned", str(tunings / "a"), "--metric", "eval_recall_at_5",
+               "--out", str(tmp_path / "r")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--metric" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()

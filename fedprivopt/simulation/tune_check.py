@@ -297,6 +297,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
     from fedprivopt.simulation.audit import audit_run_dir
     from fedprivopt.simulation.rundata import load_run
     from fedprivopt.simulation.rundir import lock_run_dir
+    from fedprivopt.simulation.tune_best import check_best, recompute_best
 
     path = Path(path)
     if not (path / "summary.json").is_file():
@@ -343,6 +344,11 @@ def check_tuning(path: str | Path) -> TunedCheck:
             ledger = _recomputed_ledger(path, builder, plan, released)
         except ValueError as exc:
             raise ValueError(f"{path / PLAN_FILE}: {exc}") from None
+        def task_of(entry):
+            return builder.build(builder.config({**entry["hyperparameters"],
+                                                 "seed": entry["seed"]}))[0]  # fmt: skip
+
+        check_best(path, best_dir.name, recompute_best(path, plan, task_of))
         with lock_run_dir(best_dir):
             task, _ = builder.build(builder.config({}))
             try:

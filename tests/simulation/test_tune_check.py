@@ -177,3 +177,16 @@ def test_a_metric_no_run_reports_names_the_flag(tunings, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "--metric" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_best_that_is_not_the_runs_argmax_is_refused(tunings, tmp_path, capsys):
+    """Eighth review F4: ``best`` edited to a worse trial was reported as the tuned release."""
+    tuned = _copy(tunings, tmp_path, "b")  # two trials
+    summary = json.loads((tuned / "summary.json").read_text())
+    others = [t["trial"] for t in summary["trials"] if t["trial"] != summary["best"]["trial"]]
+    assert others, "the fixture tuning needs two trials"
+    _edit(tuned / "summary.json",
+          lambda s: s["best"].update(trial=others[0], run_dir=f"runs/{others[0]}"))  # fmt: skip
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2 and "summary.json" in err and summary["best"]["trial"] in err
+    assert not (tmp_path / "r").exists()

@@ -238,8 +238,17 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.rundata import load_runs
     from fedprivopt.simulation.tune_check import check_tunings
     from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned
+    from fedprivopt.simulation.tune_untuned import (
+        check_out_outside,
+        check_untuned_path,
+        check_untuned_seeds,
+    )
 
     out = check_out_dir(args.out)
+    try:
+        check_out_outside(out, args.tuned)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if out.is_dir():
         foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_FILES)
         if foreign:
@@ -251,8 +260,14 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     try:
         for checked in check_tunings([check_path_text(t, "TUNED") for t in args.tuned]):
             runs.append(load_tuned(checked.path, checked))
+        untuned = []
         for text in args.untuned or []:
-            runs.extend(load_runs(check_path_text(text, "--untuned")))
+            check_untuned_path(check_path_text(text, "--untuned"))
+            loaded = load_runs(text)
+            check_untuned_path(text, loaded)
+            untuned.extend(loaded)
+        check_untuned_seeds(untuned)
+        runs.extend(untuned)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.metric is not None and not any(run.has_metric(args.metric) for run in runs):

@@ -190,3 +190,37 @@ def test_a_best_that_is_not_the_runs_argmax_is_refused(tunings, tmp_path, capsys
     rc, err = _compare(capsys, tuned, out=tmp_path / "r")
     assert rc == 2 and "summary.json" in err and summary["best"]["trial"] in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("inside", ["runs", "runs/trial-001", "."])
+def test_a_tunings_trial_is_not_an_untuned_run(tunings, tmp_path, capsys, inside):
+    """Eighth review F2: a tuning's own trials were shown as untuned rows at one run's ε."""
+    capsys.readouterr()
+    rc = main(["compare-tuned", str(tunings / "a"), "--untuned", str(tunings / "b" / inside),
+               "--out", str(tmp_path / "r")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--untuned" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_untuned_runs_that_differ_beyond_the_seed_are_not_seeds(tunings, tmp_path, capsys):
+    """Eighth review F2: untuned runs of one strategy and σ with other rounds were merged."""
+    base = ["simulate", str(PRESET), "--strategy", "dp-fedavg", "--set", "noise-multiplier=1.0",
+            *SMALL[:-1]]  # fmt: skip
+    assert main([*base, "--rounds", "1", "--seed", "1", "--out", str(tmp_path / "u" / "a")]) == 0
+    assert main([*base, "--rounds", "2", "--seed", "2", "--out", str(tmp_path / "u" / "b")]) == 0
+    capsys.readouterr()
+    rc = main(["compare-tuned", str(tunings / "a"), "--untuned", str(tmp_path / "u"),
+               "--out", str(tmp_path / "r")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "num-server-rounds" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("where", [".", "runs", "runs/rep"])
+def test_out_inside_a_tuning_is_refused(tunings, tmp_path, capsys, where):
+    """Eighth review m1: --out inside a tuning's runs/ broke the tuning."""
+    tuned = _copy(tunings, tmp_path)
+    before = sorted(p.name for p in (tuned / "runs").iterdir())
+    rc, err = _compare(capsys, tuned, out=tuned / where)
+    assert rc == 2 and "--out" in err
+    assert sorted(p.name for p in (tuned / "runs").iterdir()) == before

@@ -90,6 +90,7 @@ def _trial_count(args: argparse.Namespace):
 def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
     """Every grid point built and checked; the single run's privacy bound; the tasks."""
     from fedprivopt.models.task import primary_metric
+    from fedprivopt.privacy.tuning import finite_orders
     from fedprivopt.simulation.tune import (
         PrivacyPlan,
         check_metric,
@@ -118,14 +119,16 @@ def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
         )
     try:
         point, ledger = dominating_plan(plans)
+        orders = None if ledger is None else finite_orders(led for _, led in plans)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"argument --grid: {str(exc).removeprefix('argument --grid: ')}") from None
     config, task, alg = first
     acc = alg.accountant
     plan = PrivacyPlan(
         ledger, point, config.strategy.delta, acc.accountant,
         {"pld_discretization": acc.pld_discretization, "prv_eps_error": acc.prv_eps_error},
         config.strategy.target_epsilon,
+        orders,
     )  # fmt: skip
     metric = args.metric or primary_metric(task)
     if args.metric is not None:

@@ -44,6 +44,7 @@ __all__ = [
     "MAX_MEAN_TRIALS",
     "TRIAL_DISTRIBUTIONS",
     "TrialCount",
+    "finite_orders",
     "ledger_rdp",
     "run_dp_event",
     "tuning_dp_event",
@@ -272,34 +273,83 @@ def tuning_dp_event(
 
 
 def tuning_epsilon(
-    ledger: Iterable[tuple[SubsampledGaussianEvent, int]], delta: float, trials: TrialCount
+    ledger: Iterable[tuple[SubsampledGaussianEvent, int]],
+    delta: float,
+    trials: TrialCount,
+    orders: tuple[float, ...] | None = None,
 ) -> float:
     """ε at ``delta`` of releasing the best of ``K ~ trials`` runs, each within ``ledger``.
 
-    dp-accounting's ``RdpAccountant`` (default orders, the ledger's neighbouring relation)
-    composes :func:`tuning_dp_event`. ``inf`` when an event has no noise (a non-private run);
-    a NaN from the library is reported as ``inf`` (never less spent).
+    dp-accounting's ``RdpAccountant`` (its default orders, or ``orders``: see
+    :func:`finite_orders`; the ledger's neighbouring relation) composes
+    :func:`tuning_dp_event`. ``inf`` when an event has no noise (a non-private run); a NaN from
+    the library is reported as ``inf`` (never less spent).
     """
     delta = check_delta(delta)
     merged = merge_ledger(ledger)
     if any(event.noise_multiplier == 0 for event, _ in merged):
         return math.inf
-    accountant = rdp.RdpAccountant(neighboring_relation=_relation(merged))
+    accountant = _accountant(merged, orders)
     accountant.compose(tuning_dp_event(merged, trials))
     eps = float(accountant.get_epsilon(delta))
     return math.inf if math.isnan(eps) else eps
 
 
-def ledger_rdp(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> np.ndarray:
-    """RDP curve of a whole run (dp-accounting's default orders); NaN orders count as ``inf``.
+def _accountant(merged: Ledger, orders: tuple[float, ...] | None) -> rdp.RdpAccountant:
+    if orders is None:
+        return rdp.RdpAccountant(neighboring_relation=_relation(merged))
+    return rdp.RdpAccountant(list(orders), neighboring_relation=_relation(merged))
 
-    Used to check that one run's privacy bounds every other's at every order (a valid input to
-    the repeat-and-select bound for a mixture of hyperparameter settings).
+
+def ledger_rdp(
+    ledger: Iterable[tuple[SubsampledGaussianEvent, int]],
+    orders: tuple[float, ...] | None = None,
+) -> np.ndarray:
+    """RDP curve of a whole run (dp-accounting's default orders, or ``orders``).
+
+    NaN orders count as ``inf``. Used to check that one run's privacy bounds every other's at
+    every order (a valid input to the repeat-and-select bound for a mixture of hyperparameter
+    settings).
     """
     merged = merge_ledger(ledger)
+    size = len(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS if orders is None else orders)
     if any(event.noise_multiplier == 0 for event, _ in merged):
-        return np.full(len(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS), np.inf)
-    accountant = rdp.RdpAccountant(neighboring_relation=_relation(merged))
+        return np.full(size, np.inf)
+    accountant = _accountant(merged, orders)
     accountant.compose(run_dp_event(merged))
     curve = np.asarray(accountant.rdp, dtype=np.float64)
     return np.where(np.isnan(curve), np.inf, curve)
+
+
+def finite_orders(
+    ledgers: Iterable[Iterable[tuple[SubsampledGaussianEvent, int]]],
+    orders: tuple[float, ...] | None = None,
+) -> tuple[float, ...] | None:
+    """The RDP orders (of ``orders``, default dp-accounting's) where every ledger's RDP is finite.
+
+    dp-accounting fails to converge at some orders for some events (an RDP of ``inf`` or NaN
+    where the true value is finite). The tuning compares runs and bounds the tuning only at the
+    orders every run has: RDP's ε is a minimum over orders, so dropping orders can only raise it
+    (the bound stays valid). Orders infinite for every ledger are kept (they change no ε);
+    ``orders`` (``None``: the accountant's default list) when no order is dropped; a
+    non-private ledger (infinite everywhere) drops nothing.
+
+    Raises
+    ------
+    ValueError
+        When no order is left.
+    """
+    full = tuple(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS) if orders is None else orders
+    finite = [np.isfinite(ledger_rdp(ledger, orders)) for ledger in ledgers]
+    finite = [f for f in finite if f.any()]  # a non-private run is infinite at every order
+    if not finite:
+        return orders
+    every, some = np.logical_and.reduce(finite), np.logical_or.reduce(finite)
+    # an order infinite for every run adds nothing to the bound (ε is a minimum over orders)
+    # and is kept, so that the default list stays when nothing else is dropped
+    keep = every | ~some
+    if keep.all():
+        return orders
+    if not (keep & every).any():
+        raise ValueError("no RDP order at which every run's privacy is finite")
+    return tuple(float(x) for x, k in zip(full, keep, strict=True) if k)

@@ -28,6 +28,7 @@ stored configuration equals the trial's.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.accounting_state import Ledger, merge_ledger
 from fedprivopt.privacy.rng import derive_seed
-from fedprivopt.privacy.tuning import TrialCount, ledger_rdp, tuning_epsilon
+from fedprivopt.privacy.tuning import TrialCount, finite_orders, ledger_rdp, tuning_epsilon
 
 __all__ = [
     "FORBIDDEN_GRID_KEYS",
@@ -175,6 +176,10 @@ class PrivacyPlan:
         ``pld_discretization`` and ``prv_eps_error`` of the runs' accountant.
     target_epsilon : float or None
         The preset's target ε, which applies to each single run.
+    orders : tuple of float or None
+        The RDP orders of the tuning bound (``None``: dp-accounting's default list); orders at
+        which dp-accounting gives some run a non-finite RDP are left out
+        (:func:`~fedprivopt.privacy.tuning.finite_orders`).
     """
 
     ledger: Ledger | None
@@ -183,6 +188,7 @@ class PrivacyPlan:
     accountant: str
     accountant_settings: dict[str, float] = field(default_factory=dict)
     target_epsilon: float | None = None
+    orders: tuple[float, ...] | None = None
 
     def epsilon_single_run(self, accountant: str = "rdp") -> float:
         """ε of one run that releases :attr:`ledger`, by ``accountant``."""
@@ -195,7 +201,7 @@ class PrivacyPlan:
         """ε of the whole tuning (RDP, ``RepeatAndSelectDpEvent``)."""
         if self.ledger is None:
             return math.inf
-        return tuning_epsilon(self.ledger, self.delta, trials)
+        return tuning_epsilon(self.ledger, self.delta, trials, self.orders)
 
 
 def planned_ledger(config, alg) -> Ledger | None:
@@ -248,10 +254,14 @@ def _dominates(a: np.ndarray, b: np.ndarray) -> bool:
 
 def dominating_plan(
     plans: Sequence[tuple[dict[str, Any], Ledger | None]],
+    orders: tuple[float, ...] | None = None,
 ) -> tuple[dict[str, Any], Ledger | None]:
     """The ``(point, ledger)`` whose RDP curve is at least every other's at every order.
 
-    A non-private point makes the whole tuning non-private (its ledger ``None``).
+    A non-private point makes the whole tuning non-private (its ledger ``None``). Curves are
+    compared at ``orders`` (default: dp-accounting's), leaving out every order where some
+    point's RDP is not finite (dp-accounting failed there): the tuning bound is computed at
+    :func:`~fedprivopt.privacy.tuning.finite_orders` of the same ledgers, the same orders.
 
     Raises
     ------
@@ -268,7 +278,9 @@ def dominating_plan(
     distinct: dict[Ledger, dict[str, Any]] = {}
     for point, ledger in plans:
         distinct.setdefault(ledger, point)
-    curves = {ledger: ledger_rdp(ledger) for ledger in distinct}
+    curves = {ledger: ledger_rdp(ledger, orders) for ledger in distinct}
+    finite = np.logical_and.reduce([np.isfinite(c) for c in curves.values()])
+    curves = {ledger: curve[finite] for ledger, curve in curves.items()}
     for ledger, curve in curves.items():
         if all(_dominates(curve, other) for other in curves.values()):
             return distinct[ledger], ledger
@@ -308,17 +320,18 @@ def check_released(
     """
     if plan.ledger is None:
         return plan, []
-    bound = ledger_rdp(plan.ledger)
+    orders = finite_orders([plan.ledger, *released.values()], plan.orders)
+    bound = ledger_rdp(plan.ledger, orders)
     over = {
         label: led
         for label, led in released.items()
-        if not _dominated_by(led, plan.ledger) and not _dominates(bound, ledger_rdp(led))
+        if not _dominated_by(led, plan.ledger) and not _dominates(bound, ledger_rdp(led, orders))
     }  # a trial at another grid point releases other events, but less at every order
     if not over:
-        return plan, []
+        return dataclasses.replace(plan, orders=orders), []
     candidates = [(plan.point, plan.ledger)] + [({"trial": k}, v) for k, v in over.items()]
     try:
-        point, ledger = dominating_plan(candidates)
+        point, ledger = dominating_plan(candidates, orders)
     except ValueError as exc:
         raise ValueError(
             f"trials {', '.join(over)} released more than the planned single run, and "
@@ -331,7 +344,7 @@ def check_released(
         for label in over
     ]
     return PrivacyPlan(ledger, point, plan.delta, plan.accountant, plan.accountant_settings,
-                       plan.target_epsilon), notes  # fmt: skip
+                       plan.target_epsilon, orders), notes  # fmt: skip
 
 
 # -- results -----------------------------------------------------------------------------------

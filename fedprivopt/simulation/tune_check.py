@@ -32,7 +32,7 @@ from typing import Any
 
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.events import SubsampledGaussianEvent
-from fedprivopt.privacy.tuning import TrialCount, ledger_rdp, tuning_epsilon
+from fedprivopt.privacy.tuning import TrialCount, finite_orders, ledger_rdp, tuning_epsilon
 
 __all__ = ["PLAN_FILE", "TunedCheck", "check_tuning", "check_tunings", "plan_document"]
 
@@ -223,22 +223,24 @@ def _recomputed_ledger(path: Path, builder: _Builder, plan: dict[str, Any], rele
         plans.append((point, planned_ledger(config, alg)))
     point, ledger = dominating_plan(plans)
     if ledger is None:
-        return None
-    bound = ledger_rdp(ledger)
+        return None, None
+    orders = finite_orders(led for _, led in plans)
+    orders = finite_orders([ledger, *released.values()], orders)
+    bound = ledger_rdp(ledger, orders)
     over = [
         ({"trial": label}, led)
         for label, led in released.items()
-        if not bool((ledger_rdp(led) <= bound * (1 + 1e-12)).all())
+        if not bool((ledger_rdp(led, orders) <= bound * (1 + 1e-12)).all())
     ]
     if over:
         try:
-            point, ledger = dominating_plan([(point, ledger), *over])
+            point, ledger = dominating_plan([(point, ledger), *over], orders)
         except ValueError:
             raise ValueError(
                 f"{path / 'runs'}: a trial's privacy ledger exceeds the single run its "
                 "configuration plans, and no ledger bounds the others"
             ) from None
-    return ledger
+    return ledger, orders
 
 
 def _stated_ledger(path: Path, summary: dict[str, Any]):
@@ -341,7 +343,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
             if led is not None:
                 released[trial["trial"]] = led
         try:
-            ledger = _recomputed_ledger(path, builder, plan, released)
+            ledger, orders = _recomputed_ledger(path, builder, plan, released)
         except ValueError as exc:
             raise ValueError(f"{path / PLAN_FILE}: {exc}") from None
         def task_of(entry):
@@ -360,9 +362,11 @@ def check_tuning(path: str | Path) -> TunedCheck:
                 raise ValueError(f"{best_dir}: the released trial is not finished ({why})")
             run = load_run(best_dir)
     candidates = [stated_eps]
-    candidates.append(math.inf if ledger is None else tuning_epsilon(ledger, delta, trials))
+    candidates.append(
+        math.inf if ledger is None else tuning_epsilon(ledger, delta, trials, orders)
+    )
     if stated_ledger is not None:
-        candidates.append(tuning_epsilon(stated_ledger, delta, trials))
+        candidates.append(tuning_epsilon(stated_ledger, delta, trials, orders))
     return TunedCheck(path, max(candidates), best_dir, base, plan, run)
 
 

@@ -197,3 +197,36 @@ def test_a_shape_too_large_for_its_mean_is_refused_not_an_overflow():
     assert edge.pmf(np.arange(0, 40_000)).sum() == pytest.approx(1.0, abs=1e-9)
     # at a small mean every shape up to the limit is fine
     TrialCount("truncated-negative-binomial", 2.0, shape=1e6)
+
+
+def _toy_ledger(sigma):
+    from fedprivopt.privacy.events import SubsampledGaussianEvent
+
+    event = SubsampledGaussianEvent.from_dict({"noise_multiplier": sigma, "sampling": "poisson",
+                                               "sample_rate": 0.25, "population": 16,
+                                               "cohort_size": None})  # fmt: skip
+    return ((event, 3),)
+
+
+def test_orders_where_dp_accounting_fails_are_dropped_consistently():
+    """Eighth review F1: σ = 1.0 has RDP inf at order 1.7 (dp-accounting does not converge), so
+    no grid point dominated σ = 0.5 and tune refused the grid."""
+    from dp_accounting import dp_event, rdp
+
+    from fedprivopt.privacy.tuning import finite_orders, ledger_rdp, run_dp_event
+    from fedprivopt.simulation.tune import dominating_plan
+
+    low, high = _toy_ledger(0.5), _toy_ledger(1.0)
+    assert np.isfinite(ledger_rdp(high)).sum() < np.isfinite(ledger_rdp(low)).sum()
+    point, ledger = dominating_plan([({"s": 0.5}, low), ({"s": 1.0}, high)])
+    assert point == {"s": 0.5} and ledger == low
+    orders = finite_orders([low, high])
+    assert orders is not None and 1.7 not in orders
+    # left: orders where both are finite, or both not (no ε comes from those)
+    assert (np.isfinite(ledger_rdp(high, orders)) == np.isfinite(ledger_rdp(low, orders))).all()
+    trials = TrialCount("truncated-negative-binomial", 3.0, shape=1.0)
+    eps = tuning_epsilon(low, 1e-4, trials, orders)
+    accountant = rdp.RdpAccountant(list(orders))
+    accountant.compose(dp_event.RepeatAndSelectDpEvent(run_dp_event(low), 3.0, 1.0))
+    assert eps == pytest.approx(accountant.get_epsilon(1e-4), rel=1e-12)
+    assert eps >= tuning_epsilon(low, 1e-4, trials)  # fewer orders: never a smaller epsilon

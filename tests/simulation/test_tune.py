@@ -339,7 +339,26 @@ def test_a_trial_that_released_less_gets_no_note():
 
     plan = PrivacyPlan(((_event(0.5), 2),), {"noise-multiplier": 0.5}, 1e-4, "rdp")
     same, notes = check_released(plan, {"trial-001": ((_event(50.0), 2),)})
-    assert same == plan and notes == []
+    # orders where dp-accounting fails for one ledger only are left out (eighth review F1)
+    assert same.ledger == plan.ledger and same.point == plan.point and notes == []
     more = ((_event(0.5), 3),)  # a resumed secure-mode run charged a redone round
     raised, notes = check_released(plan, {"trial-001": ((_event(50.0), 2),), "trial-002": more})
     assert raised.ledger == more and len(notes) == 1 and notes[0].startswith("trial-002 released")
+
+
+def test_a_grid_where_dp_accounting_fails_at_an_order_is_tuned(tmp_path, capsys):
+    """Eighth review F1: σ = 1.0 is inf at RDP order 1.7 (dp-accounting fails), σ = 0.5 is not;
+    the grid was refused as having no dominating point."""
+    T16 = ["--set", "population=16", "--set", "clients-per-round=4",
+           "--set", "task-params.num-users=16", "--quiet"]  # fmt: skip
+    out = tmp_path / "t"
+    assert main(["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid",
+                 "noise-multiplier=0.5,1.0", "--mean-trials", "2", "--rounds", "3", "--out",
+                 str(out), "--seed", "1", *T16]) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["single_run"]["grid_point"] == {"noise-multiplier": 0.5}
+    assert math.isfinite(summary["epsilon"]) and summary["epsilon"] > summary["epsilon_single_run"]
+    assert main(["compare-tuned", str(out), "--out", str(tmp_path / "r")]) == 0
+    with open(tmp_path / "r" / "summary.csv") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert float(row["epsilon"]) == pytest.approx(summary["epsilon"], rel=1e-12)

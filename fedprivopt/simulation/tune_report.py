@@ -141,14 +141,15 @@ def _fmt(x: Any, digits: int = 4) -> str:
 def _write_csv(path: Path, summary: dict[str, Any]) -> None:
     keys = list(summary["grid"])
     metric = summary["metric"]
+    loss = [] if metric == "eval_loss" else ["eval_loss"]  # one column when tuned on it
     with path.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(["trial", *keys, "seed", "status", metric, "eval_loss", "epsilon",
+        w.writerow(["trial", *keys, "seed", "status", metric, *loss, "epsilon",
                     "rounds_completed", "stopped_reason", "error"])  # fmt: skip
         for row in summary["trials"]:
             hp = row["hyperparameters"]
             w.writerow([row["trial"], *(hp[k] for k in keys), row["seed"], row["status"],
-                        row[metric], row.get("eval_loss", ""), row.get("epsilon", ""),
+                        row[metric], *(row.get(k, "") for k in loss), row.get("epsilon", ""),
                         row.get("rounds_completed", ""), row.get("stopped_reason", ""),
                         row.get("error", "")])  # fmt: skip
 

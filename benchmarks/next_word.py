@@ -167,8 +167,8 @@ def bench_next_word(
     if one:
         print(f"N1 matmul at one thread {statistics.median(one) / 1e9:.1f} GFLOP/s")
     print(f"N1 matmul {matmul / 1e9:.1f} GFLOP/s (median of {len(peak)}); cohort "
-          f"{cohort_rate / 1e9:.1f} GFLOP/s ({100 * out['cohort_share']:.0f}%), LocalTrainer "
-          f"{seq_rate / 1e9:.1f} GFLOP/s ({100 * out['sequential']['share']:.0f}%; one thread "
+          f"{cohort_rate / 1e9:.1f} GFLOP/s ({100 * out['cohort_share']:.1f}%), LocalTrainer "
+          f"{seq_rate / 1e9:.1f} GFLOP/s ({100 * out['sequential']['share']:.1f}%; one thread "
           f"{(seq_flops / seq_one if seq_one else 0) / 1e9:.1f}); "
           f"max |update difference| {diff:.1e}")  # fmt: skip
     return out
@@ -193,17 +193,17 @@ def next_word_lines(block: dict) -> list[str]:
         "|---|---:|---:|---:|---:|",
         f"| cohort (vectorize = true) | {block['seconds_per_round']:.1f} | "
         f"{block['flops_per_round'] / 1e12:.2f} | {block['cohort_flops'] / 1e9:.1f} | "
-        f"{100 * block['cohort_share']:.0f}% |",
+        f"{100 * block['cohort_share']:.1f}% |",
         f"| LocalTrainer ({s['users']} users, round estimated) | "
         f"{s['seconds_per_round_estimate']:.1f} | {block['flops_per_round'] / 1e12:.2f} | "
-        f"{s['rate'] / 1e9:.1f} | {100 * s['share']:.0f}% |",
+        f"{s['rate'] / 1e9:.1f} | {100 * s['share']:.1f}% |",
     ]
     if s.get("one_thread_rate"):
         r = s["one_thread_rate"]
         lines.append(
             f"| LocalTrainer, one thread | {block['flops_per_round'] / r:.1f} | "
             f"{block['flops_per_round'] / 1e12:.2f} | {r / 1e9:.1f} | "
-            f"{100 * r / block['matmul_flops_median']:.0f}% |"
+            f"{100 * r / block['matmul_flops_median']:.1f}% |"
         )
     lines += [
         "",

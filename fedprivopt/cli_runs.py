@@ -257,6 +257,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     base = load_preset(args.config, sets)
     cells = _compare_cells(args, base)
+    if args.metric is not None:  # before any run: a metric no run reports failed only at the end
+        from fedprivopt.simulation.tune import check_metric
+
+        tasks = {id(c.task): c.task for c in cells if c.task is not None}
+        try:
+            check_metric(args.metric, list(tasks.values()))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress line
     locked = contextlib.ExitStack()
     try:

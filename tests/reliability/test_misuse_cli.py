@@ -662,3 +662,11 @@ def test_compare_grid_flags_are_not_contradicted_by_set(tmp_path, extra, needle)
     out = tmp_path / "cmp"
     usage_error(run_cli([*compare(str(out)), *extra]), needle)
     assert not out.exists()
+
+
+def test_compare_metric_the_task_does_not_report_is_refused_before_any_run(tmp_path):
+    """Sixth review, finding 10: ``--metric eval_recall_at_5`` on the toy task ran every cell
+    and failed only when the report was written."""
+    out = tmp_path / "cmp"
+    usage_error(run_cli([*compare(str(out)), "--metric", "eval_recall_at_5"]), "--metric")
+    assert not out.exists()

@@ -89,3 +89,30 @@ def stop_processes(processes: dict[int, str], *, grace: float = 20.0) -> None:
     while alive(processes) and time.monotonic() < deadline:
         time.sleep(0.2)
     kill_all(processes)
+
+
+def flwr_run_env(home: Path, bin_dir: Path) -> tuple[dict[str, str], str]:
+    """The environment of a ``flwr run`` on Flower's default local SuperLink, and its marker.
+
+    A private ``FLWR_HOME`` (``home``), free ports for the SuperLink's HTTP and control APIs,
+    Flower's default runtime install (offline: ``[tool.uv] exclude-dependencies``), ``bin_dir``
+    first on ``PATH`` as an activated environment has it, and a Ray of its own: without it,
+    ``ray.init()`` joins a cluster that ``ray start`` left on the machine. The marker is in the
+    SuperLink's ``--log-file`` and ``--database``, for :func:`process_tree`.
+    """
+    from fedprivopt.deploy.session import free_ports
+
+    http_port, control_port = free_ports(2)
+    env = dict(os.environ)
+    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)  # Flower's default: install
+    env.update(
+        FLWR_HOME=str(home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
+        FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        OMP_NUM_THREADS="1",
+        RAY_ADDRESS="local",
+    )
+    return env, str(home / "local-superlink")

@@ -10,7 +10,6 @@ started) by PID, also when the run fails.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.deploy.local import REPO_ROOT
-from fedprivopt.deploy.session import free_ports
 from fedprivopt.simulation.files import read_rows
-from tests.procs import alive
+from tests.procs import alive, flwr_run_env
 from tests.procs import process_tree as _tree
 from tests.procs import stop_processes as _stop
 
@@ -33,19 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 def test_flwr_run_dot_runs_two_rounds_on_the_local_superlink(tmp_path):
     home, out = tmp_path / "flwr-home", tmp_path / "out"
-    http_port, control_port = free_ports(2)
-    env = dict(os.environ)
-    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)  # Flower's default: install
-    env.update(
-        FLWR_HOME=str(home),
-        FLWR_TELEMETRY_ENABLED="0",
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
-        FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",  # as an activated environment has it
-        OMP_NUM_THREADS="1",
-    )
-    marker = str(home / "local-superlink")  # in the SuperLink's --log-file and --database
+    env, marker = flwr_run_env(home, BIN)
     overrides = f'num-server-rounds=2 out="{out}"'
     try:
         done = subprocess.run(

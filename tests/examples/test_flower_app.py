@@ -9,16 +9,14 @@ and everything it started are stopped by PID, also when the run fails.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fedprivopt.deploy.session import free_ports
 from fedprivopt.privacy import PrivacyAccountant, make_round_event
-from tests.procs import alive, process_tree, stop_processes
+from tests.procs import alive, flwr_run_env, process_tree, stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "flower-app"
@@ -46,22 +44,7 @@ def test_flwr_run_of_the_example_app_reports_epsilon_and_stops_at_the_budget(tmp
     home, metrics = tmp_path / "flwr-home", tmp_path / "metrics.jsonl"
     expected = _epsilons(3)
     target = (expected[1] + expected[2]) / 2  # admits rounds 1 and 2, not round 3
-    http_port, control_port = free_ports(2)
-    env = dict(os.environ)
-    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)  # Flower's default: install
-    env.update(
-        FLWR_HOME=str(home),
-        FLWR_TELEMETRY_ENABLED="0",
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
-        FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",  # as an activated environment has it
-        OMP_NUM_THREADS="1",
-        # a Ray of its own: without it, ray.init() joins a cluster that `ray start` left on this
-        # machine (/tmp/ray/ray_current_cluster), whose free CPUs may not fit a ClientApp actor
-        RAY_ADDRESS="local",
-    )
-    marker = str(home / "local-superlink")  # in the SuperLink's --log-file and --database
+    env, marker = flwr_run_env(home, BIN)
     overrides = f'num-server-rounds=3 target-epsilon={target!r} metrics-file="{metrics}"'
     started: dict[int, str] = {}
     try:

@@ -37,6 +37,7 @@ from fedprivopt.cli_args import (
     is_file_error,
     one_line,
 )
+from fedprivopt.cli_compare_tune import add_compare_tune
 from fedprivopt.cli_data import add_data
 from fedprivopt.cli_runs import add_compare, add_simulate
 from fedprivopt.cli_tune import add_tune
@@ -318,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_calibrate)
     add_simulate(sub)
     add_compare(sub)
+    add_compare_tune(sub)  # compare --tune-grid: every cell a private tuning
     add_tune(sub)
     add_data(sub)
     from fedprivopt.deploy.cli import add_deploy_subcommand

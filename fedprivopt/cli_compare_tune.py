@@ -1,0 +1,396 @@
+"""``fedprivopt compare --tune-grid``: a comparison of privately tuned strategies.
+
+With ``--tune-grid [STRATEGY:]KEY=V1,V2,...`` (repeatable) and ``--mean-trials K``, every cell
+of ``compare``'s grid (strategy x noise multiplier x seed) is one private tuning
+(Papernot & Steinke 2022): the ``fedprivopt tune`` of that strategy at that noise multiplier,
+with the cell's seed as its tuning seed, written into ``OUT/tune/<cell>/`` by ``tune`` itself
+(:func:`~fedprivopt.cli_tune.cmd_tune`), so each directory is exactly what the equivalent
+``fedprivopt tune`` command writes and ``compare-tuned`` can read it. The report (``summary.csv``,
+``report.md``, the two plots) is ``compare``'s, over each tuning's released trial at the ε of the
+whole tuning (:func:`~fedprivopt.simulation.tune_report.load_tuned`, which checks the tuning and
+recomputes that ε), with ``epsilon_single_run`` beside it.
+
+A key without a ``STRATEGY:`` prefix is tuned for every strategy; a prefixed key for that
+strategy only, in place of an unprefixed one of the same name. Every strategy compared must have
+a key to tune: a tuned comparison has no untuned rows (show those beside with ``compare-tuned
+OUT/tune/* --untuned``). ``noise-multiplier`` is the comparison's own axis
+(``--noise-multipliers``) and cannot be tuned here.
+
+Every flag, and every cell's tuning (its grid points, privacy bound and earlier trials: reused
+only when identical, otherwise refused unless ``--overwrite``), is checked before anything is
+written (exit 2, one line naming the flag). ``--mean-trials``, ``--distribution`` and
+``--nb-shape`` without ``--tune-grid`` are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.cli_args import Parser, UsageError, check_out_dir, float_range
+
+__all__ = ["TUNE_DIR", "add_compare_tune", "cmd_compare"]
+
+TUNE_DIR = "tune"
+"""``OUT/tune/<cell>/``: one ``fedprivopt tune`` directory per cell."""
+_TUNE_FLAGS = (("mean_trials", "--mean-trials"), ("distribution", "--distribution"),
+               ("nb_shape", "--nb-shape"))  # fmt: skip
+_TNB = "truncated-negative-binomial"
+
+
+def _usage(exc: Exception, where: str = "") -> UsageError:
+    """``exc`` as a usage error naming ``--tune-grid`` where ``tune`` named its ``--grid``."""
+    text = str(exc).replace("argument --grid", "argument --tune-grid")
+    return UsageError(text + (f" ({where})" if where else ""))
+
+
+def _split_grid(texts: list[str], strategies: list[str]) -> dict[str, list[str]]:
+    """``--tune-grid`` texts per strategy: ``S:KEY=...`` for ``S``, unprefixed keys for all.
+
+    A prefixed key replaces the unprefixed one of the same name for its strategy.
+    """
+    from fedprivopt.core.text import shown
+    from fedprivopt.simulation.tune import parse_grid
+
+    shared: list[str] = []
+    own: dict[str, list[str]] = {name: [] for name in strategies}
+    for text in texts:
+        key, sep, _ = text.partition("=")
+        prefix, colon, bare = key.partition(":")
+        if not sep or not colon:
+            shared.append(text)
+            continue
+        prefix = prefix.strip()
+        if prefix not in own:
+            raise UsageError(
+                f"argument --tune-grid: {shown(text)} names {shown(prefix)}, which is not a "
+                f"compared strategy ({', '.join(strategies)})"
+            )
+        own[prefix].append(f"{bare}{text[len(key) :]}")
+    out: dict[str, list[str]] = {}
+    for name in strategies:
+        mine = {t.partition("=")[0].strip() for t in own[name]}
+        out[name] = [t for t in shared if t.partition("=")[0].strip() not in mine] + own[name]
+    for name, grid_texts in out.items():
+        if not grid_texts:
+            raise UsageError(
+                f"argument --tune-grid: no key to tune for {name}; give one for every strategy "
+                f"(e.g. --tune-grid {name}:server-learning-rate=0.1,1) or leave it out of "
+                "--strategies (a tuned comparison has no untuned rows)"
+            )
+        try:
+            grid = parse_grid(grid_texts)
+        except ValueError as exc:
+            raise _usage(exc, f"for {name}") from None
+        if "noise-multiplier" in grid:
+            raise UsageError(
+                "argument --tune-grid: noise-multiplier is the comparison's axis "
+                "(--noise-multipliers); tune it with fedprivopt tune"
+            )
+    return out
+
+
+def _tune_argv(args: argparse.Namespace, out: Path, cell, grid: list[str], sets: dict) -> list:
+    """The ``fedprivopt tune`` command line (without the program name) of one cell."""
+    from fedprivopt.strategies.config import NON_PRIVATE
+
+    s = cell.config.strategy
+    argv = ["tune", str(args.config), "--strategy", s.strategy]
+    argv += [f"--grid={text}" for text in grid]
+    argv += ["--mean-trials", repr(args.mean_trials), "--distribution", args.distribution or _TNB]
+    if args.nb_shape is not None:
+        argv += ["--nb-shape", repr(args.nb_shape)]
+    argv += ["--seed", str(s.seed), "--out", str(out / TUNE_DIR / cell.label)]
+    argv += [f"--set={text}" for text in args.set or []]
+    if s.strategy not in NON_PRIVATE and "noise-multiplier" not in sets:
+        argv.append(f"--set=noise-multiplier={s.noise_multiplier!r}")
+    if args.tensorboard:
+        argv.append("--set=tensorboard=true")
+    for flag, value in (("--engine", args.engine), ("--rounds", args.rounds),
+                        ("--metric", args.metric)):  # fmt: skip
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + ["--overwrite"] * bool(args.overwrite) + ["--quiet"] * bool(args.quiet)
+
+
+def _tune_namespace(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed by ``tune``'s own parser (its flags, types and defaults)."""
+    from fedprivopt.cli_tune import add_tune
+
+    parser = Parser(prog="fedprivopt")
+    add_tune(parser.add_subparsers(dest="command", parser_class=Parser))
+    return parser.parse_args(argv)
+
+
+def _check_tuning(ns: argparse.Namespace) -> None:
+    """Every check ``fedprivopt tune`` makes before it writes, without writing (as its order)."""
+    from fedprivopt.cli_runs import load_preset, set_overrides
+    from fedprivopt.cli_tune import _plan, _trial_count
+    from fedprivopt.simulation.cells import Cell, plan_cells
+    from fedprivopt.simulation.tune import (
+        check_leftover_trials,
+        check_tune_dir,
+        draw_trials,
+        parse_grid,
+    )
+
+    count = _trial_count(ns)
+    out = check_out_dir(ns.out)
+    check_tune_dir(out)
+    grid = parse_grid(ns.grid)
+    overrides = set_overrides(ns)
+    for key in grid:
+        if key in overrides:
+            raise UsageError(f"argument --grid: {key} is also set by --set or a flag; give one")
+    _, tasks, _ = _plan(ns, overrides, grid)
+    cells = []
+    for trial in draw_trials(grid, count, ns.tune_seed):
+        config = load_preset(ns.config, {**overrides, **trial.hyperparameters,
+                                         "seed": trial.seed}, where=trial.label)  # fmt: skip
+        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        cells.append(Cell(trial.label, config, tasks[key]))
+    check_leftover_trials(out, [c.label for c in cells])
+    plan_cells(out, cells, overwrite=ns.overwrite)  # an earlier trial: reused only if identical
+
+
+def check_tuned_compare_dir(out: Path) -> None:
+    """Refuse an ``--out`` holding anything but an earlier tuned comparison's files.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--out`` and the first foreign entry (an untuned comparison's ``runs/`` too).
+    """
+    from fedprivopt.simulation.cells import COMPARE_LOCK, REPORT_FILES
+
+    if not out.is_dir():
+        return
+    allowed = {TUNE_DIR, COMPARE_LOCK, *REPORT_FILES}
+    names = sorted(p.name for p in out.iterdir())
+    foreign = [n for n in names if n not in allowed] or (
+        [] if not names or (out / TUNE_DIR).is_dir() else names
+    )
+    if foreign:
+        raise ValueError(
+            f"argument --out: {str(out)!r} holds {foreign[0][:60]!r}, which compare --tune-grid "
+            "did not write (it writes tune/ and the report; an untuned comparison's runs/ "
+            "cannot share it); choose a new or empty directory"
+        )
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``fedprivopt compare``: untuned (:func:`~fedprivopt.cli_runs.cmd_compare`) or tuned."""
+    from fedprivopt.cli_runs import cmd_compare as untuned
+
+    if not args.tune_grid:
+        for name, flag in _TUNE_FLAGS:
+            if getattr(args, name) is not None:
+                raise UsageError(f"argument {flag}: applies only with --tune-grid")
+        return untuned(args)
+    if args.mean_trials is None:
+        raise UsageError("argument --mean-trials: required with --tune-grid")
+    return _compare_tuned(args)
+
+
+def _compare_tuned(args: argparse.Namespace) -> int:
+    """Check every cell's tuning, run them under ``OUT``'s lock, write the report."""
+    from fedprivopt.cli_runs import _compare_cells, load_preset, set_overrides
+    from fedprivopt.cli_tune import cmd_tune
+    from fedprivopt.simulation.cells import lock_compare_dir, remove_report
+
+    out = check_out_dir(args.out)
+    try:
+        check_tuned_compare_dir(out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    sets = set_overrides(args)
+    if "strategy" in sets:
+        raise UsageError("argument --set: strategy is the grid's (use --strategies)")
+    if args.noise_multipliers and "noise-multiplier" in sets:
+        raise UsageError(
+            "argument --noise-multipliers: it contradicts --set noise-multiplier; give one of them"
+        )
+    cells = _compare_cells(args, load_preset(args.config, sets))
+    grids = _split_grid(args.tune_grid, list(dict.fromkeys(c.config.strategy.strategy
+                                                           for c in cells)))  # fmt: skip
+    tunings = []
+    for cell in cells:
+        argv = _tune_argv(args, out, cell, grids[cell.config.strategy.strategy], sets)
+        ns = _tune_namespace(argv)
+        try:
+            _check_tuning(ns)
+        except (UsageError, ValueError) as exc:
+            raise _usage(exc, f"tuning of cell {cell.label}") from None
+        tunings.append((cell, ns, argv))
+    (out / TUNE_DIR).mkdir(parents=True, exist_ok=True)
+    locked = contextlib.ExitStack()
+    try:
+        locked.enter_context(lock_compare_dir(out))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with locked:
+        try:
+            remove_report(out)  # before a tuning changes: no stale report is left behind
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        for i, (cell, ns, _) in enumerate(tunings, 1):
+            print(f"[{i}/{len(tunings)}] {cell.label} (tuning)", file=sys.stderr, flush=True)
+            with contextlib.redirect_stdout(sys.stderr):  # tune's line; stdout: the report
+                try:
+                    cmd_tune(ns)
+                except (UsageError, ValueError) as exc:  # changed since the check
+                    raise _usage(exc, f"tuning of cell {cell.label}") from None
+        return _report(args, out, tunings)
+
+
+def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
+    """``compare``'s report over the released trials, at the ε that includes their tuning."""
+    from fedprivopt.simulation.report import write_report
+    from fedprivopt.simulation.tune_check import check_tunings
+    from fedprivopt.simulation.tune_report import load_tuned
+
+    groups: dict[tuple, list] = {}  # the seeds of one strategy and sigma: tunings of one base
+    summaries, empty = {}, []
+    for cell, ns, argv in tunings:
+        summary = json.loads((Path(ns.out) / "summary.json").read_text(encoding="utf-8"))
+        summaries[cell.label] = (summary, argv)
+        if summary["best"] is None:
+            empty.append(cell.label)
+            continue
+        s = cell.config.strategy
+        groups.setdefault((s.strategy, s.noise_multiplier), []).append(ns.out)
+    runs, single = [], {}
+    try:
+        for paths in groups.values():
+            for checked in check_tunings(paths):
+                run = load_tuned(checked.path, checked)
+                runs.append(run)
+                eps1 = summaries[checked.path.name][0]["epsilon_single_run"]
+                single[(run.strategy, run.noise_multiplier)] = eps1
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not runs:
+        print(f"no tuning released a trial ({', '.join(empty)}); no report", file=sys.stderr)
+        return 0
+    notes = _notes(summaries, empty)
+    report = write_report(out, runs, title=f"fedprivopt compare: {args.config} (tuned)",
+                          metric=args.metric, notes=notes)  # fmt: skip
+    _add_single_run_column(out / "summary.csv", single)
+    reused = sum(t.get("origin", "").startswith("reused") for s, _ in summaries.values()
+                 for t in s["trials"])  # fmt: skip
+    note = f" ({reused} trials from an earlier call)" if reused else ""
+    print(f"report: {report}{note}")
+    return 0
+
+
+def _fmt(x: Any) -> str:
+    return "∞" if isinstance(x, float) and math.isinf(x) else f"{x:.4g}"
+
+
+def _notes(summaries: dict[str, tuple[dict, list]], empty: list[str]) -> str:
+    """The report's notes: what ε means here, one row per tuning, the equivalent commands."""
+    first = next(iter(summaries.values()))[0]
+    tc = first["trial_count"]
+    dist = (
+        f"Poisson with mean {tc['mean']:g}"
+        if tc["distribution"] == "poisson"
+        else f"truncated negative binomial with mean {tc['mean']:g} (eta {tc['shape']:g})"
+    )
+    lines = [
+        "**Every row is tuned, and its epsilon includes the tuning.** Each cell (strategy, "
+        "noise multiplier, seed) is one private tuning (`fedprivopt tune`, Papernot & Steinke, "
+        f"ICLR 2022; its directory `tune/<cell>/`, the cell's seed its tuning seed): K trials "
+        f"with K drawn from the {dist}, hyperparameters drawn from the grid, only the best trial "
+        "released. A row's runs are those released trials, one per cell seed (the seeds listed "
+        "above are the trials' own run seeds, drawn from the tuning seed), and the epsilon in "
+        "the summary is that of the **whole tuning procedure** (RDP, RepeatAndSelectDpEvent), "
+        "not of the run alone; `epsilon_single_run` (one run's epsilon, RDP) stands beside it "
+        "below and in summary.csv. Strategies are named '<strategy> (tuned)'.",
+        "",
+        "| cell | trials run | released trial | hyperparameters | epsilon (tuning) | "
+        "epsilon_single_run | trials reused |",
+        "|---|---:|---|---|---:|---:|---:|",
+    ]
+    for label, (s, _) in summaries.items():
+        best = s["best"]
+        hp = (
+            ""
+            if best is None
+            else ", ".join(f"{k} = {v!r}" for k, v in best["hyperparameters"].items())
+        )
+        reused = sum(t.get("origin", "").startswith("reused") for t in s["trials"])
+        lines.append(
+            f"| [{label}](tune/{label}/report.md) | {s['trials_run']} | "
+            f"{'none' if best is None else best['trial']} | {hp} | {_fmt(s['epsilon'])} | "
+            f"{_fmt(s['epsilon_single_run'])} | {reused} |"
+        )  # fmt: skip
+    if empty:
+        lines += ["", f"Released nothing (no trial finished), left out: {', '.join(empty)}."]
+    lines += [
+        "",
+        "Each tuning is the output of (the same files, `compare-tuned` reads them):",
+        "",
+        "```",
+    ] + [shlex.join(["fedprivopt", *argv]) for _, argv in summaries.values()]
+    return "\n".join([*lines, "```"])  # fmt: skip
+
+
+def _add_single_run_column(path: Path, single: dict[tuple, float]) -> None:
+    """``epsilon_single_run`` after ``epsilon`` in ``summary.csv`` (by strategy and σ)."""
+    with path.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    head = rows[0]
+    i, s, n = head.index("epsilon") + 1, head.index("strategy"), head.index("noise_multiplier")
+    rows[0] = [*head[:i], "epsilon_single_run", *head[i:]]
+    for row in rows[1:]:
+        value = single.get((row[s], float(row[n])), math.nan)
+        row[i:i] = [repr(value)]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows(rows)
+
+
+def add_compare_tune(sub) -> None:
+    """Add ``--tune-grid`` and the trial-count flags to the ``compare`` subcommand of ``sub``."""
+    from fedprivopt.privacy.tuning import MAX_MEAN_TRIALS, MAX_SHAPE, TRIAL_DISTRIBUTIONS
+
+    p = sub.choices["compare"]
+    p.description += (
+        " With --tune-grid, every cell is instead a private tuning (fedprivopt tune, the "
+        "cell's seed its tuning seed) in OUT/tune/<cell>/, and the report is over each "
+        "tuning's released trial at the epsilon that includes the tuning, with "
+        "epsilon_single_run beside it."
+    )
+    p.epilog = p.epilog.replace("example:", "examples:", 1) + (
+        "\n  fedprivopt compare simulations/toy.toml --strategies dp-fedavg,dp-fedadam "
+        "--tune-grid server-learning-rate=0.3,1 --tune-grid dp-fedadam:server-learning-rate="
+        "0.01,0.05 --mean-trials 3 --seeds 2"
+    )
+    p.add_argument("--tune-grid", action="append", metavar="[STRATEGY:]KEY=V1,V2,...",
+                   help="tune every cell privately over this preset key (repeatable; with a "
+                   "STRATEGY: prefix for that strategy only, replacing an unprefixed KEY; "
+                   "every strategy needs a key)",
+                   )  # fmt: skip
+    p.add_argument(
+        "--mean-trials",
+        type=float_range(1.0, MAX_MEAN_TRIALS, lo_open=False, hi_open=False),
+        metavar="K",
+        help=f"with --tune-grid: mean number of trials per tuning, in [1, {MAX_MEAN_TRIALS:g}]",
+    )
+    p.add_argument("--distribution", choices=TRIAL_DISTRIBUTIONS,
+                   help=f"with --tune-grid: distribution of the number of trials ({_TNB} "
+                   "unless given)")  # fmt: skip
+    p.add_argument(
+        "--nb-shape",
+        type=float_range(0.0, MAX_SHAPE, lo_open=False, hi_open=False),
+        metavar="ETA",
+        help=f"with --tune-grid: shape of the truncated negative binomial, in [0, {MAX_SHAPE:g}]"
+        " (default 1)",
+    )
+    p.set_defaults(func=cmd_compare)

@@ -332,7 +332,11 @@ def _notes(summaries: dict[str, tuple[dict, list]], empty: list[str]) -> str:
             f"{_fmt(s['epsilon_single_run'])} | {reused} |"
         )  # fmt: skip
     if empty:
-        lines += ["", f"Released nothing (no trial finished), left out: {', '.join(empty)}."]
+        lines += [
+            "",
+            f"Released nothing (no trial drawn, or none finished), so left out of the means "
+            f"(over fewer seeds): {', '.join(empty)}.",
+        ]
     lines += [
         "",
         "Each tuning is the output of (the same files, `compare-tuned` reads them):",

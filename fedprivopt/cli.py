@@ -413,6 +413,8 @@ def _interrupted(command: str, exc: KeyboardInterrupt) -> str:
             text += " before it released a round; nothing was kept"
     elif command == "compare":
         text += "; the same command continues it (finished runs are reused, others resumed)"
+    elif command == "tune":
+        text += "; the same command continues it (finished trials are reused, others resumed)"
     return text
 
 

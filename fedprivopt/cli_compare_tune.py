@@ -132,7 +132,7 @@ def _tune_namespace(argv: list[str]) -> argparse.Namespace:
 def _check_tuning(ns: argparse.Namespace) -> None:
     """Every check ``fedprivopt tune`` makes before it writes, without writing (as its order)."""
     from fedprivopt.cli_runs import load_preset, set_overrides
-    from fedprivopt.cli_tune import _plan, _trial_count
+    from fedprivopt.cli_tune import plan_tuning, trial_count_of
     from fedprivopt.simulation.cells import Cell, plan_cells
     from fedprivopt.simulation.tune import (
         check_leftover_trials,
@@ -141,7 +141,7 @@ def _check_tuning(ns: argparse.Namespace) -> None:
         parse_grid,
     )
 
-    count = _trial_count(ns)
+    count = trial_count_of(ns)
     out = check_out_dir(ns.out)
     check_tune_dir(out)
     grid = parse_grid(ns.grid)
@@ -149,7 +149,7 @@ def _check_tuning(ns: argparse.Namespace) -> None:
     for key in grid:
         if key in overrides:
             raise UsageError(f"argument --grid: {key} is also set by --set or a flag; give one")
-    _, tasks, _ = _plan(ns, overrides, grid)
+    _, tasks, _ = plan_tuning(ns, overrides, grid)
     cells = []
     for trial in draw_trials(grid, count, ns.tune_seed):
         config = load_preset(ns.config, {**overrides, **trial.hyperparameters,
@@ -201,7 +201,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_tuned(args: argparse.Namespace) -> int:
     """Check every cell's tuning, run them under ``OUT``'s lock, write the report."""
-    from fedprivopt.cli_runs import _compare_cells, load_preset, set_overrides
+    from fedprivopt.cli_runs import compare_cells, load_preset, set_overrides
     from fedprivopt.cli_tune import cmd_tune
     from fedprivopt.simulation.cells import lock_compare_dir, remove_report
 
@@ -217,7 +217,7 @@ def _compare_tuned(args: argparse.Namespace) -> int:
         raise UsageError(
             "argument --noise-multipliers: it contradicts --set noise-multiplier; give one of them"
         )
-    cells = _compare_cells(args, load_preset(args.config, sets))
+    cells = compare_cells(args, load_preset(args.config, sets))
     grids = _split_grid(args.tune_grid, list(dict.fromkeys(c.config.strategy.strategy
                                                            for c in cells)))  # fmt: skip
     tunings = []

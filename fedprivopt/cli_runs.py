@@ -34,6 +34,7 @@ __all__ = [
     "build_checked_run",
     "cmd_compare",
     "cmd_simulate",
+    "compare_cells",
     "load_preset",
     "set_overrides",
 ]
@@ -85,6 +86,11 @@ def set_overrides(args: argparse.Namespace) -> dict:
             raise UsageError(f"argument --set: {exc}") from None
         except RecursionError:
             raise UsageError(f"argument --set: {shown(text)} is nested too deeply") from None
+        if key in out and out[key] != value:  # the last would silently win
+            raise UsageError(
+                f"argument --set: {key}={value!r} contradicts an earlier --set {key}="
+                f"{out[key]!r}; give one of them"
+            )
         out[key] = value
     for flag, key in (
         ("strategy", "strategy"),
@@ -202,7 +208,7 @@ def _float_list(text: str) -> list[float]:
     return values
 
 
-def _compare_cells(args: argparse.Namespace, base) -> list:
+def compare_cells(args: argparse.Namespace, base) -> list:
     """The grid's cells, each resolved and validated before anything runs."""
     from fedprivopt.simulation.cells import Cell, cell_label, grid
     from fedprivopt.strategies.config import STRATEGIES
@@ -256,7 +262,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             "argument --noise-multipliers: it contradicts --set noise-multiplier; give one of them"
         )
     base = load_preset(args.config, sets)
-    cells = _compare_cells(args, base)
+    cells = compare_cells(args, base)
     if args.metric is not None:  # before any run: a metric no run reports failed only at the end
         from fedprivopt.simulation.tune import check_metric
 

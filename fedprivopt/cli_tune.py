@@ -28,7 +28,7 @@ from fedprivopt.cli_args import (
 )
 from fedprivopt.cli_runs import build_checked_run, load_preset, set_overrides
 
-__all__ = ["add_tune", "cmd_compare_tuned", "cmd_tune"]
+__all__ = ["add_tune", "cmd_compare_tuned", "cmd_tune", "plan_tuning", "trial_count_of"]
 
 _METRICS = ("eval_accuracy", "eval_recall_at_5", "eval_precision_at_5", "eval_loss")
 
@@ -71,7 +71,8 @@ class _TrialProgress:
             self.bar.stop()
 
 
-def _trial_count(args: argparse.Namespace):
+def trial_count_of(args: argparse.Namespace):
+    """The trial-count distribution of ``--distribution``, ``--mean-trials``, ``--nb-shape``."""
     from fedprivopt.privacy.tuning import TrialCount
 
     if args.distribution == "poisson":
@@ -87,7 +88,7 @@ def _trial_count(args: argparse.Namespace):
         raise UsageError(f"argument --nb-shape/--mean-trials: {exc}") from None
 
 
-def _plan(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
+def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
     """Every grid point built and checked; the single run's privacy bound; the tasks."""
     from fedprivopt.models.task import primary_metric
     from fedprivopt.privacy.tuning import finite_orders
@@ -160,7 +161,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.tune_check import PLAN_FILE, plan_document
     from fedprivopt.simulation.tune_report import summary_of, write_tune_outputs
 
-    trial_count = _trial_count(args)
+    trial_count = trial_count_of(args)
     out = check_out_dir(args.out)
     try:
         check_tune_dir(out)
@@ -172,7 +173,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if key in overrides:
             raise UsageError(f"argument --grid: {key} is also set by --set or a flag; give one")
     base = load_preset(args.config, overrides)
-    plan, tasks, metric = _plan(args, overrides, grid)
+    plan, tasks, metric = plan_tuning(args, overrides, grid)
     seed = base.strategy.seed if args.tune_seed is None else args.tune_seed
     trials = draw_trials(grid, trial_count, seed)
     cells = []

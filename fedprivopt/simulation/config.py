@@ -173,6 +173,12 @@ class RunConfig:
                 raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
         check_int("cohort-chunk", self.cohort_chunk, 1)
         check_address(self.ray_address)
+        if self.ray_address not in ("", "local") and self.engine == "fast" and not self.fast_actors:
+            raise ValueError(
+                f"ray-address {self.ray_address!r} is used only by the flower engine and by "
+                "fast-actors >= 1; the fast engine with fast-actors = 0 trains in process "
+                "(set fast-actors, or leave ray-address unset)"
+            )
         # each actor is a process (a Ray worker with its own copy of the task)
         check_int("fast-actors", self.fast_actors, 0, MAX_FAST_ACTORS)
         if not isinstance(self.task, str) or not self.task:

@@ -186,6 +186,11 @@ class StrategyConfig:
             )
         if self.tree:
             self._check_tree()
+        elif self.tree_restart_rounds and self.noise_mechanism != "tree":
+            raise ValueError(
+                "tree-restart-rounds applies only with noise-mechanism 'tree', got "
+                f"{self.tree_restart_rounds} with noise-mechanism {self.noise_mechanism!r}"
+            )
         if self.adaptive:
             try:
                 update_noise_multiplier(self.noise_multiplier, self.count_stddev)

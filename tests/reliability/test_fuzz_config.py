@@ -384,6 +384,8 @@ def valid_mappings(draw) -> dict:
         data["clip_norm_adaptive"] = None  # DP2's second clip norm: one norm under the tree
         if not _finite_variance(data):
             data["clip_norm"] = 1.0
+    elif data["noise_mechanism"] != "tree":  # a restart period without the tree is refused
+        data["tree_restart_rounds"] = 0
     mapping = {k.replace("_", "-"): v for k, v in data.items()}
     mapping.update(
         {

@@ -174,7 +174,11 @@ def test_a_bad_task_parameter_is_named_as_written(tmp_path, setting, needle):
     ],
 )
 def test_values_that_overflowed_are_refused(tmp_path, setting, needle):
-    usage_error(run_cli(simulate(str(tmp_path / "run"), "--set", setting)), needle)
+    argv = ["simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "run"), "--quiet"]
+    for small in ("population=12", "clients-per-round=4", "task-params.num-users=12"):
+        if small.split("=")[0] != setting.split("=")[0]:  # a key set twice is refused
+            argv += ["--set", small]
+    usage_error(run_cli([*argv, "--set", setting]), needle)
     assert not (tmp_path / "run").exists()
 
 
@@ -670,3 +674,37 @@ def test_compare_metric_the_task_does_not_report_is_refused_before_any_run(tmp_p
     out = tmp_path / "cmp"
     usage_error(run_cli([*compare(str(out)), "--metric", "eval_recall_at_5"]), "--metric")
     assert not out.exists()
+
+
+# -- eighth review's minors: a key set twice, keys that do nothing in this run ----------------
+
+
+def test_a_key_set_twice_with_two_values_is_refused(tmp_path):
+    """``--set noise-multiplier=0.5 --set noise-multiplier=50`` ran at 50: the last won."""
+    out = tmp_path / "run"
+    argv = simulate(str(out), "--set", "noise-multiplier=0.5", "--set", "noise-multiplier=50")
+    usage_error(run_cli(argv), "--set", "noise-multiplier=50", "noise-multiplier=0.5")
+    assert not out.exists()
+    # the same value twice says the same thing, and runs
+    argv = simulate(str(out), "--set", "noise-multiplier=0.5", "--set", "noise-multiplier=0.5")
+    assert run_cli(argv)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ('ray-address="127.0.0.1:6379"', "fast-actors"),  # was ignored: trained in process
+        ("tree-restart-rounds=2", "noise-mechanism 'tree'"),  # was ignored: Gaussian noise
+    ],
+)
+def test_a_key_that_this_run_would_ignore_is_refused(tmp_path, setting, needle):
+    out = tmp_path / "run"
+    usage_error(run_cli(simulate(str(out), "--set", setting)), setting.split("=")[0], needle)
+    assert not out.exists()
+
+
+def test_an_interrupted_tuning_says_how_to_continue():
+    """Ctrl-C of ``tune`` printed only ``interrupted``; the same command reuses its trials."""
+    from fedprivopt.cli import _interrupted
+
+    assert "the same command continues it" in _interrupted("tune", KeyboardInterrupt())

@@ -28,7 +28,7 @@ from fedprivopt.simulation.writer import RunWriter
 from tests.simulation.test_run import PRESET, SMALL, small_config
 
 SETS = [f"--set={k}={v}" for k, v in SMALL.items()]
-SETS_1 = [*SETS, "--set=num-server-rounds=1"]  # one round (--rounds 1 would contradict SMALL)
+SETS_1 = [f"--set={k}={v}" for k, v in {**SMALL, "num-server-rounds": 1}.items()]  # one round
 
 
 def _cli(*args: str) -> subprocess.Popen:

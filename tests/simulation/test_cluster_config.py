@@ -24,7 +24,7 @@ def config(**extra):
 )
 def test_valid_addresses(value):
     assert check_address(value) == value
-    assert config(**{"ray-address": value}).ray_address == value
+    assert config(**{"ray-address": value, "engine": "flower"}).ray_address == value
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,7 @@ def test_valid_addresses(value):
 )
 def test_a_bad_address_is_refused_naming_the_key(value):
     with pytest.raises(ValueError, match="ray-address must be"):
-        config(**{"ray-address": value})
+        config(**{"ray-address": value, "engine": "flower"})
 
 
 def test_ray_client_addresses_are_refused_with_the_reason():
@@ -45,8 +45,13 @@ def test_which_runs_join(monkeypatch):
     flower = {"engine": "flower"}
     assert cluster_address(config(**flower)) is None
     assert cluster_address(config(**flower, **{"ray-address": "h:1"})) == ("h:1", "ray-address")
-    # a run that uses no Ray joins nothing
-    assert cluster_address(config(**{"ray-address": "h:1"})) is None
+    # a run that uses no Ray joins nothing: RAY_ADDRESS is ignored, ray-address refused
+    monkeypatch.setenv("RAY_ADDRESS", "envhost:2")
+    assert cluster_address(config()) is None
+    with pytest.raises(ValueError, match="ray-address 'h:1' is used only by the flower engine"):
+        config(**{"ray-address": "h:1"})
+    assert cluster_address(config(**{"ray-address": "local"})) is None
+    monkeypatch.delenv("RAY_ADDRESS")
     assert cluster_address(config(**{"ray-address": "h:1", "fast-actors": 2}))[0] == "h:1"
     monkeypatch.setenv("RAY_ADDRESS", "envhost:2")
     address, key = cluster_address(config(**flower))

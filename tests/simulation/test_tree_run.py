@@ -100,8 +100,8 @@ def test_fast_and_flower_engines_end_with_the_same_model(tmp_path, strategy):
 )
 def test_bad_tree_settings_exit_2_in_one_line(tmp_path, capsys, sets, needle):
     out = tmp_path / "never"
-    base = [f"--set={k}={v}" for k, v in TREE.items() if k != "noise-mechanism"]
-    argv = ["--set=noise-mechanism=tree", *base, *(f"--set={s}" for s in sets)]
+    settings = {**TREE, "noise-mechanism": "tree"} | dict(s.split("=", 1) for s in sets)
+    argv = [f"--set={k}={v}" for k, v in settings.items()]
     try:
         code = main(["simulate", str(PRESET), "--out", str(out), "--quiet", *argv])
     except SystemExit as exc:

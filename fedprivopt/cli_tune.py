@@ -159,6 +159,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         select_best,
     )
     from fedprivopt.simulation.tune_check import PLAN_FILE, plan_document
+    from fedprivopt.simulation.tune_replan import check_plan, discard_tuning
     from fedprivopt.simulation.tune_report import summary_of, write_tune_outputs
 
     trial_count = trial_count_of(args)
@@ -182,22 +183,28 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                            "seed": trial.seed}, where=trial.label)  # fmt: skip
         key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
         cells.append(Cell(trial.label, config, tasks[key]))
+    document = plan_document(
+        preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
+        base_config_toml=config_to_toml(base), grid=grid, overrides=overrides,
+        trials=trial_count, seed=seed, delta=plan.delta, drawn=trials,
+    )  # fmt: skip
     (out / "runs").mkdir(parents=True, exist_ok=True)
     locked = contextlib.ExitStack()
     try:
         locked.enter_context(lock_directory(out, TUNE_LOCK, what=f"tuning {str(out)!r}"))
+        # ninth review of issue 15 (N5): a tuning's trials are reused only under its own plan
+        if check_plan(out, document, overwrite=args.overwrite):
+            discard_tuning(out)
+            (out / "runs").mkdir(exist_ok=True)
         check_leftover_trials(out, [t.label for t in trials])
     except ValueError as exc:
+        locked.close()
         raise UsageError(str(exc)) from None
     with locked:
         try:
             plans = plan_cells(out, cells, overwrite=args.overwrite)
             remove_outputs(out)  # before a trial changes: a stopped call leaves no stale report
-            atomic_write(out / PLAN_FILE, json.dumps(plan_document(
-                preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
-                base_config_toml=config_to_toml(base), grid=grid, overrides=overrides,
-                trials=trial_count, seed=seed, delta=plan.delta, drawn=trials,
-            ), indent=2) + "\n")  # fmt: skip
+            atomic_write(out / PLAN_FILE, json.dumps(document, indent=2) + "\n")
         except ValueError as exc:  # a stale trial run (compare's rules), a locked run
             raise UsageError(str(exc)) from None
         progress = _TrialProgress(len(trials), enabled=not args.quiet)

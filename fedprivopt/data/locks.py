@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,8 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
     LockHeldError
         (a ``ValueError``) when another open file holds the lock; the message names the
         holder's PID.
+    ValueError
+        When ``path`` is not a regular file (a FIFO, a device), naming it.
     """
     path = Path(path)
     what = what or f"{str(path.parent)!r}"
@@ -88,7 +91,12 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
         yield path
         return
     for _ in range(100):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device (issue 15, ninth review)
+            os.close(fd)
+            raise ValueError(
+                f"lock file {path} is not a regular file; remove it (it holds no run data)"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,0 +1,167 @@
+"""An existing tuning directory and a call with another plan (issue 15, ninth review, N5).
+
+``tune`` reuses a tuning's trials (a stopped call continues) only when the whole plan is the one
+its ``tune.json`` records: base configuration, strategy, grid, trial distribution (distribution,
+mean, shape), seed and metric. A call with another plan is refused naming the first flag that
+differs; with ``--overwrite`` the earlier tuning is removed (every trial's run files, its
+``tune.json`` and report) and the tuning starts over, so the trials of two plans never mix and
+the ε of a released model is always that of the plan that drew it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["check_plan", "discard_tuning", "plan_difference"]
+
+_FLAGS = (
+    ("strategy", "--strategy"),
+    ("grid", "--grid"),
+    ("trial_count.distribution", "--distribution"),
+    ("trial_count.mean", "--mean-trials"),
+    ("trial_count.shape", "--nb-shape"),
+    ("seed", "--seed"),
+    ("metric", "--metric"),
+)
+
+
+def _get(doc: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = doc
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _base_difference(old_toml: Any, new_toml: str) -> str:
+    """The first differing key of two base configurations, as one phrase."""
+    from fedprivopt.simulation.cells import first_difference
+    from fedprivopt.simulation.config import load_config
+
+    if not isinstance(old_toml, str):
+        return "its base configuration is missing"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            old_path, new_path = Path(tmp) / "old.toml", Path(tmp) / "new.toml"
+            old_path.write_text(old_toml, encoding="utf-8")
+            new_path.write_text(new_toml, encoding="utf-8")
+            diff = first_difference(load_config(old_path), load_config(new_path))
+    except (ValueError, OSError, RecursionError):
+        diff = None
+    if diff is None:
+        return "its base configuration differs"
+    key, old, new = diff
+    return f"its base configuration has {key} = {_short(old)}, this call {_short(new)}"
+
+
+def plan_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
+    """The first difference between two ``tune.json`` plans, naming its flag; ``None``: same.
+
+    Parameters
+    ----------
+    stored, wanted : mapping
+        Plan documents (:func:`~fedprivopt.simulation.tune_check.plan_document`): the one in
+        the directory and the one of this call.
+    """
+    if not _same(stored.get("base_config"), wanted.get("base_config")):
+        why = _base_difference(stored.get("base_config"), wanted["base_config"])
+        return f"CONFIG, --set or a flag such as --rounds differs: {why}"
+    for key, flag in _FLAGS:
+        old, new = _get(stored, key), _get(wanted, key)
+        if not _same(old, new):
+            return f"{flag} differs: the earlier tuning has {_short(old)}, this call {_short(new)}"
+    if not _same(stored.get("trials"), wanted.get("trials")):
+        return "the drawn trials differ (the tuning was made by another version)"
+    return None
+
+
+def check_plan(out: str | Path, wanted: Mapping[str, Any], *, overwrite: bool) -> bool:
+    """Whether ``out`` holds a tuning of another plan that ``overwrite`` lets this call replace.
+
+    Call it with the tuning's lock held. ``False``: no earlier plan, or the same one (its trials
+    may be reused).
+
+    Raises
+    ------
+    ValueError
+        Without ``overwrite``, when ``out/tune.json`` records another plan or cannot be read:
+        one line naming the first differing flag and ``--overwrite``.
+    """
+    from fedprivopt.simulation.tune_check import PLAN_FILE
+
+    path = Path(out) / PLAN_FILE
+    if not os.path.lexists(path):
+        return False
+    hint = "pass --overwrite to discard it and start over, or choose another --out"
+    try:
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        if path.stat().st_size > 64 << 20:
+            raise ValueError("larger than 64 MiB")
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(stored, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, RecursionError) as exc:
+        if overwrite:
+            return True
+        raise ValueError(f"{path} cannot be read ({exc}); {hint}") from None
+    why = plan_difference(stored, wanted)
+    if why is None:
+        return False
+    if overwrite:
+        return True
+    raise ValueError(
+        f"--out {str(out)!r} holds a tuning of another plan ({why}); its trials are not reused "
+        f"for another plan: {hint}"
+    )
+
+
+def discard_tuning(out: str | Path) -> None:
+    """Remove an earlier tuning in ``out``: every trial's run files, ``tune.json`` and report.
+
+    Every entry of ``out/runs`` is checked first (a directory holding only a run's files), so a
+    refusal removes nothing.
+
+    Raises
+    ------
+    ValueError
+        Naming an entry of ``runs/`` that is not a run, or a trial another process holds.
+    """
+    from fedprivopt.simulation.rundir import _remove_run_files, check_claimable, lock_run_dir
+    from fedprivopt.simulation.tune import TUNE_FILES
+    from fedprivopt.simulation.tune_check import PLAN_FILE
+
+    out = Path(out)
+    runs = out / "runs"
+    entries = sorted(runs.iterdir()) if runs.is_dir() else []
+    for entry in entries:
+        if entry.is_symlink() or not entry.is_dir():
+            raise ValueError(
+                f"{entry} is not a trial's run directory; --overwrite removes only an earlier "
+                "tuning's runs: remove it or choose another --out"
+            )
+        check_claimable(entry, overwrite=True)
+    for entry in entries:
+        with lock_run_dir(entry):
+            _remove_run_files(entry)
+            for name in os.listdir(entry):  # only debris is left: run.lock, config.toml.tmp
+                (entry / name).unlink(missing_ok=True)
+        entry.rmdir()
+    for name in (*TUNE_FILES, PLAN_FILE):
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            raise ValueError(f"{path} is a directory, not a file tune wrote")
+        path.unlink(missing_ok=True)

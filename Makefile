@@ -53,9 +53,14 @@ sweep: venv
 	$(PY) experiments/sweep.py $(SWEEP_FROZEN) --out $(SWEEP_OUT)-frozen --jobs 2
 	$(PY) experiments/sweep.py $(SWEEP_FROZEN:.sweep.toml=-nonprivate.sweep.toml) --out $(SWEEP_OUT)-frozen-nonprivate --jobs 2
 
+# Two pytest-xdist workers, whole files to one worker (module fixtures are built once): most of
+# the suite's slow tests wait on processes (Flower's SuperLink, SuperNodes and ClientApps poll
+# every 3 s; Ray starts), so on the 2-core CI machine the two overlap. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
+
 test: venv
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: venv
 	$(PY) -m ruff check .

@@ -17,6 +17,7 @@ there; a start that fails before its first round leaves no half-made run.
 from __future__ import annotations
 
 import os
+import threading
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedprivopt.deploy.runconfig import run_config_from_flower
 from fedprivopt.simulation.engines import serve_flower
+from fedprivopt.simulation.interrupt import stoppable_grid
 from fedprivopt.simulation.run import build_run
 from fedprivopt.simulation.rundir import NewRunDir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
@@ -67,7 +69,9 @@ def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
         log(INFO, "[fedprivopt] run %s writes to %s", context.run_id, out)
         writer = RunWriter(out, config, alg, task, ledger)
         writer.progress = _log_row(config.strategy.num_server_rounds)
-        reason = serve_flower(grid, config, task, alg, writer, min_nodes=options.min_nodes)
+        # Flower's deployment grid pulls for replies every 3 s; this one at most every second
+        prompt = stoppable_grid(grid, threading.Event())  # never stopped: signals end the process
+        reason = serve_flower(prompt, config, task, alg, writer, min_nodes=options.min_nodes)
         alg.stopped_reason = reason
         if alg.round_num and alg.round_num % config.checkpoint_every:
             writer.save_checkpoint()

@@ -48,6 +48,11 @@ __all__ = [
     "stoppable_grid",
 ]
 
+FIRST_PULL_WAIT = 0.05
+"""Seconds before the second pull for replies on a grid without ``pull_interval``."""
+MAX_PULL_WAIT = 1.0
+"""Longest wait between two pulls for replies on a grid without ``pull_interval``."""
+
 RUN_MARKER_ENV = "FEDPRIVOPT_RUN_ID"
 """Environment variable that tags the processes started during a run."""
 
@@ -195,12 +200,17 @@ def own_processes(enabled: bool = True) -> Iterator[str | None]:
 def stoppable_grid(grid: Any, stop: threading.Event) -> Any:
     """``grid`` (a Flower ``Grid``) whose calls raise :class:`Stopped` once ``stop`` is set.
 
-    ``send_and_receive`` is Flower's (push, then pull every ``pull_interval`` until every reply
-    arrived or ``timeout`` passed), with ``stop`` checked between pulls.
+    ``send_and_receive`` is Flower's (push, then pull until every reply arrived or ``timeout``
+    passed), with ``stop`` checked between pulls. A grid with a ``pull_interval`` (Flower's
+    simulation grid, 0.1 s) is pulled at that interval. Flower's deployment grid has none and
+    sleeps 3 s between pulls, which a round's latency pays on every cohort; here the wait starts
+    at :data:`FIRST_PULL_WAIT` and doubles while nothing arrives, up to :data:`MAX_PULL_WAIT`
+    (a pull request a second at most from the one ServerApp).
     """
     from flwr.serverapp import Grid
 
-    interval = float(getattr(grid, "pull_interval", 0.1))
+    interval = getattr(grid, "pull_interval", None)
+    first, most = (FIRST_PULL_WAIT, MAX_PULL_WAIT) if interval is None else (interval, interval)
 
     class StoppableGrid(Grid):
         def _check(self) -> None:
@@ -239,13 +249,15 @@ def stoppable_grid(grid: Any, stop: threading.Event) -> Any:
             pending = set(self.push_messages(messages))
             end = None if timeout is None else time.monotonic() + timeout
             replies: list[Any] = []
+            wait = first
             while end is None or time.monotonic() < end:
                 got = list(self.pull_messages(pending))
                 replies.extend(got)
                 pending.difference_update(m.metadata.reply_to_message_id for m in got)
                 if not pending:
                     break
-                stop.wait(interval)
+                wait = first if got else min(2 * wait, most)
+                stop.wait(wait)
             return replies
 
     return StoppableGrid()

@@ -153,6 +153,20 @@ def start_simulate(tmp_path: Path, engine: str, settings: dict) -> tuple[Cli, Pa
     return Cli(args, tmp_path, "run"), out
 
 
+# the Flower engine's rounds take longer: fewer of them are left to resume after the signal
+ENGINE_ROUNDS = {"fast": ROUNDS, "flower": 15}
+_REFERENCE: dict = {}
+
+
+def _uninterrupted(tmp_path_factory, rounds: int):
+    """The fast engine's uninterrupted run of ``SETTINGS`` for ``rounds`` (each once: ~6 s)."""
+    if rounds not in _REFERENCE:
+        settings = {**SETTINGS, "num-server-rounds": rounds, "engine": "fast"}
+        out = tmp_path_factory.mktemp("reference") / "run"
+        _REFERENCE[rounds] = simulate(load_config(TOY, settings), out)
+    return _REFERENCE[rounds]
+
+
 @pytest.mark.parametrize(
     "engine, sig",
     [
@@ -161,8 +175,11 @@ def start_simulate(tmp_path: Path, engine: str, settings: dict) -> tuple[Cli, Pa
         pytest.param("flower", signal.SIGINT, id="flower-SIGINT"),
     ],
 )
-def test_a_signal_ends_every_engine_quickly_and_the_run_resumes(tmp_path, engine, sig):
-    run, out = start_simulate(tmp_path, engine, SETTINGS)
+def test_a_signal_ends_every_engine_quickly_and_the_run_resumes(
+    tmp_path, tmp_path_factory, engine, sig
+):
+    rounds = ENGINE_ROUNDS[engine]
+    run, out = start_simulate(tmp_path, engine, {**SETTINGS, "num-server-rounds": rounds})
     try:
         # a checkpoint exists: at least one round was released and recorded
         wait_for(lambda: (out / "checkpoint.pt").exists(), 240, "the first checkpoint", run.proc)
@@ -189,7 +206,7 @@ def test_a_signal_ends_every_engine_quickly_and_the_run_resumes(tmp_path, engine
         assert lines == [line]  # --quiet: nothing else
     assert (out / "checkpoint.pt").exists() and not (out / "summary.json").exists()
     done = len(read_rows(out / "metrics.jsonl"))
-    assert 0 < done < ROUNDS
+    assert 0 < done < rounds
 
     again = Cli(["simulate", "--resume", str(out), "--quiet"], tmp_path, "resume")
     try:
@@ -198,10 +215,10 @@ def test_a_signal_ends_every_engine_quickly_and_the_run_resumes(tmp_path, engine
         again.cleanup()
     assert code == 0, again.stderr()[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds_completed"] == ROUNDS and summary["stopped_reason"] == "rounds"
-    assert [r["round"] for r in read_rows(out / "metrics.jsonl")] == list(range(1, ROUNDS + 1))
+    assert summary["rounds_completed"] == rounds and summary["stopped_reason"] == "rounds"
+    assert [r["round"] for r in read_rows(out / "metrics.jsonl")] == list(range(1, rounds + 1))
     # seeded: the model and epsilon of an uninterrupted run (the engines agree to float tolerance)
-    reference = simulate(load_config(TOY, {**SETTINGS, "engine": "fast"}), tmp_path / "reference")
+    reference = _uninterrupted(tmp_path_factory, rounds)
     params = load_checkpoint(out)["algorithm"]["params"]
     if engine == "fast":
         assert torch.equal(params, reference.params)
@@ -276,9 +293,10 @@ def test_own_processes_stops_what_the_block_started_also_on_an_exception():
 
 
 class _FakeGrid:
-    """Replies to every message after ``delay`` pulls; records what was pushed."""
+    """Replies to every message after ``delay`` pulls; records what was pushed.
 
-    pull_interval = 0.01
+    Like Flower's deployment grid it has no ``pull_interval`` (that one sleeps 3 s).
+    """
 
     def __init__(self, delay: int) -> None:
         self.delay = delay
@@ -302,17 +320,23 @@ class _FakeGrid:
         return [1, 2]
 
 
+class _SimulationGrid(_FakeGrid):
+    """Like Flower's simulation grid, pulled every ``pull_interval`` seconds."""
+
+    pull_interval = 0.01
+
+
 def test_the_stoppable_grid_is_flowers_send_and_receive_until_stopped():
     import threading
 
     stop = threading.Event()
-    grid = interrupt.stoppable_grid(_FakeGrid(delay=3), stop)
+    grid = interrupt.stoppable_grid(_SimulationGrid(delay=3), stop)
     replies = list(grid.send_and_receive(["a", "b"], timeout=10))
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]
     assert list(grid.get_node_ids()) == [1, 2]
     assert list(grid.send_and_receive(["a"], timeout=0)) == []  # a zero timeout never pulls
 
-    slow = interrupt.stoppable_grid(_FakeGrid(delay=10**9), stop)
+    slow = interrupt.stoppable_grid(_SimulationGrid(delay=10**9), stop)
     threading.Timer(0.2, stop.set).start()
     started = time.monotonic()
     with pytest.raises(interrupt.Stopped):
@@ -320,6 +344,34 @@ def test_the_stoppable_grid_is_flowers_send_and_receive_until_stopped():
     assert time.monotonic() - started < 5
     with pytest.raises(interrupt.Stopped):
         grid.get_node_ids()
+
+
+class _RecordingStop:
+    """A stop event that is never set and records how long each wait asked for."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(seconds)
+        return False
+
+
+def test_a_grid_without_pull_interval_is_pulled_with_a_capped_backoff():
+    """The deployment ServerApp waited up to Flower's 3 s for replies that had arrived."""
+    stop = _RecordingStop()
+    grid = interrupt.stoppable_grid(_FakeGrid(delay=12), stop)
+    assert len(grid.send_and_receive(["a", "b"], timeout=60)) == 2
+    first, most = interrupt.FIRST_PULL_WAIT, interrupt.MAX_PULL_WAIT
+    expected = [min(first * 2**k, most) for k in range(1, 12)]
+    assert stop.waits == pytest.approx(expected) and max(stop.waits) == most <= 1.0
+    # a grid with a pull interval (Flower's simulation grid) keeps it
+    stop = _RecordingStop()
+    interrupt.stoppable_grid(_SimulationGrid(delay=4), stop).send_and_receive(["a"], timeout=60)
+    assert stop.waits == [_SimulationGrid.pull_interval] * 3
 
 
 def test_sigterm_and_rays_exit_are_interruptions():

@@ -358,7 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("FEDPRIVOPT_DEBUG"):
             raise
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
-        print(one_line(f"fedprivopt {args.command}: error: {message}"), file=sys.stderr)
+        action = getattr(args, "data_command", None) or getattr(args, "deploy_command", None)
+        command = f"{args.command} {action}" if action else args.command  # `data synth`
+        print(one_line(f"fedprivopt {command}: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         # Ctrl-C, or SIGTERM/SIGHUP during a run (simulation.interrupt.Interrupted): every

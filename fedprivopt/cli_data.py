@@ -36,6 +36,10 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         knobs["vocab_size"] = args.vocab
     if args.tags is not None:
         knobs["num_tags"] = args.tags
+        # ninth review of issue 15 (N8): fewer tags than the default mean per user was refused
+        # naming the internal tags_per_client; each user then has up to --tags tags
+        default = SyntheticConfig.__dataclass_fields__["tags_per_client"].default
+        knobs["tags_per_client"] = min(default, float(args.tags))
     try:
         config = SyntheticConfig(**knobs)
     except ValueError as exc:
@@ -70,10 +74,14 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     from fedprivopt.data import format_summary, open_split, summarize_split, summarize_sqlite
 
     path = Path(args.path)
-    if path.is_dir():
+    if path.is_dir():  # ninth review of issue 15 (N7): each case says what is wrong
         path = path / "stackoverflow.sqlite"
+        if not path.exists():
+            raise UsageError(f"argument PATH: directory {args.path} holds no {path.name}")
     if not path.exists():
         raise UsageError(f"argument PATH: {args.path} does not exist")
+    if not path.is_file():
+        raise UsageError(f"argument PATH: {path} is not a regular file")
     try:
         if path.suffix in (".h5", ".hdf5"):
             summaries = [summarize_split(open_split(path))]

@@ -42,13 +42,17 @@ def _int_flag(flag: str, text: Any, minimum: int, maximum: int | None = None) ->
     return value
 
 
-def _float_flag(flag: str, text: Any) -> float:
+MAX_TIMEOUT = 30 * 24 * 3600.0
+"""The longest ``--timeout`` (30 days): above it, millisecond waits overflow (issue 15, N4)."""
+
+
+def _float_flag(flag: str, text: Any, high: float = MAX_TIMEOUT) -> float:
     try:
         value = float(str(text))
     except ValueError:
         value = None
-    if value is None or not (0 < value < float("inf")):
-        raise ValueError(f"{flag} must be a number of seconds > 0, got {text!r}")
+    if value is None or not (0 < value <= high):
+        raise ValueError(f"{flag} must be a number of seconds in (0, {high:g}], got {text!r}")
     return value
 
 
@@ -219,7 +223,8 @@ def add_deploy_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--out", metavar="DIR", help="results directory (default runs/deploy-<strategy>-seed<S>)"
     )
-    p.add_argument("--timeout", default="900", metavar="S", help="seconds for the whole deployment")
+    p.add_argument("--timeout", default="900", metavar="S",
+                   help="seconds for the whole deployment (at most 30 days)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_deploy_command)
     deploy.set_defaults(func=run_deploy_command, deploy_command=None)

@@ -19,9 +19,11 @@ finite float32 or float64 input and any ``C > 0``. Three facts make that hold:
 from __future__ import annotations
 
 import math
+import numbers
 import sys
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -265,6 +267,18 @@ def _scaled_fast(vector: torch.Tensor, norm: float, clip_norm: float) -> torch.T
     return vector * factor
 
 
+def _real_clip_norm(clip_norm: Any) -> float:
+    """``clip_norm`` as a float: a real number or a one-element real tensor, not str or bool."""
+    if isinstance(clip_norm, torch.Tensor):
+        ok = clip_norm.numel() == 1 and clip_norm.dtype != torch.bool
+        ok = ok and not clip_norm.dtype.is_complex and clip_norm.device.type != "meta"
+        if ok:
+            return float(clip_norm)
+    elif isinstance(clip_norm, numbers.Real) and not isinstance(clip_norm, (bool, np.bool_)):
+        return float(clip_norm)
+    raise TypeError(f"clip_norm must be a real number, got {type(clip_norm).__name__}")
+
+
 def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
     """Scale ``vector`` so that its L2 norm is at most ``clip_norm``.
 
@@ -289,13 +303,17 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
 
     Raises
     ------
+    TypeError
+        If ``clip_norm`` is not a real number (a ``str``, a ``bool``).
     ValueError
-        If ``clip_norm`` is not a positive finite number, or ``vector`` contains NaN or Inf (such
-        an update has no direction to keep; callers reject it).
+        If ``clip_norm`` is not a positive finite number, ``vector`` is on the meta device, or
+        it contains NaN or Inf (such an update has no direction to keep; callers reject it).
     """
-    clip_norm = float(clip_norm)
+    clip_norm = _real_clip_norm(clip_norm)
     if not (clip_norm > 0 and clip_norm < float("inf")):
         raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
+    if vector.device.type == "meta":  # ninth review of issue 15: torch's RuntimeError
+        raise ValueError("vector must hold data, got a tensor on the meta device")
     if not vector.dtype.is_floating_point:  # int and complex tensors have no L2 ball of reals
         raise ValueError(f"vector must have a real floating dtype, got {vector.dtype}")
     if vector.layout is not torch.strided:  # sixth review of issue 15: torch's RuntimeError

@@ -37,7 +37,10 @@ from fedprivopt.simulation.files import (
     LEDGER_FILE,
     METRICS_FILE,
     PREVIOUS_CHECKPOINT,
+    SMALL_FILE_LIMIT,
     SUMMARY_FILE,
+    check_regular,
+    check_run_files,
     read_rows,
     stated_epsilons,
 )
@@ -133,7 +136,7 @@ class RunDirState:
 def read_summary(out: Path) -> dict[str, Any] | None:
     """``summary.json`` of ``out`` (``None`` if there is none); unreadable is a ``ValueError``."""
     path = out / SUMMARY_FILE
-    if not path.exists():
+    if not check_regular(path, limit=SMALL_FILE_LIMIT):
         return None
     try:
         summary = json.loads(path.read_text())
@@ -233,6 +236,7 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
     """
     from fedprivopt.simulation.run import build_run  # run.py imports this module
 
+    check_run_files(out)
     if not (out / CONFIG_FILE).is_file():
         raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
     config = load_config(out / CONFIG_FILE)
@@ -272,6 +276,15 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
         alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
         _check_restored(alg, config, name)
     _refuse_secure_tree_redo(config, last_released, alg.round_num if state else 0)
+    released, rounds = (
+        max(last_released, alg.round_num if state else 0),
+        config.strategy.num_server_rounds,
+    )
+    if released > rounds:  # config.toml edited down (issue 15, ninth review, N10)
+        raise ValueError(
+            f"{out / CONFIG_FILE}: its files show rounds up to {released} released, more than the "
+            f"num-server-rounds = {rounds} of its {CONFIG_FILE}; set it to at least {released}"
+        )
     if ledger is None and state is None:
         if old is not None:
             raise ValueError(

@@ -280,13 +280,18 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
         (:func:`~fedprivopt.simulation.engines.check_flower_resources`).
     """
     from fedprivopt.simulation.engines import check_flower_resources
-    from fedprivopt.simulation.files import CONFIG_FILE
+    from fedprivopt.simulation.files import CONFIG_FILE, check_run_files
+    from fedprivopt.simulation.rundir import check_claimable
 
     plans = []
     for cell in cells:
         run_dir = Path(out) / "runs" / cell.label
         if run_dir.exists() and not run_dir.is_dir():
             raise ValueError(f"cell {cell.label}: {run_dir} exists and is not a directory")
+        try:
+            check_run_files(run_dir)  # a FIFO would hang the checks, a device fill memory
+        except ValueError as exc:
+            raise ValueError(f"cell {cell.label}: {exc}") from None
         if not (run_dir / CONFIG_FILE).exists():
             plans.append(CellPlan(cell, run_dir, RUN))
             continue
@@ -299,6 +304,7 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
                     f"cell {cell.label}: its {CONFIG_FILE} in {run_dir} cannot be read "
                     f"({type(exc).__name__}: {exc}); {hint}"
                 ) from None
+            _check_recognisable(cell, run_dir)
             plans.append(
                 CellPlan(cell, run_dir, RERUN, f"the earlier run had an unreadable {CONFIG_FILE}")
             )
@@ -323,12 +329,45 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
                 f"{os.readlink(plan.run_dir)}); a compare writes only inside --out: remove the "
                 "link or choose another --out"
             )
+        if plan.action in (RUN, RERUN) and plan.run_dir.is_dir():
+            # ninth review of issue 15 (N9): a stranger's file in a cell was found only when
+            # its run started, after the progress line of the cell was printed
+            try:
+                check_claimable(plan.run_dir, overwrite=plan.action == RERUN)
+            except ValueError as exc:
+                raise ValueError(f"cell {plan.cell.label}: {exc}") from None
         if plan.action != REUSE:  # a reused run starts no engine
             try:
                 check_flower_resources(plan.cell.config)
             except ValueError as exc:
                 raise ValueError(f"cell {plan.cell.label}: {exc}") from None
     return plans
+
+
+def _check_recognisable(cell: Cell, run_dir: Path) -> None:
+    """Refuse to rerun a cell whose unreadable ``config.toml`` sits beside files of no run.
+
+    File names alone do not make a directory a run (issue 15, ninth review, N11): beside an
+    unreadable ``config.toml``, other files are replaced only when a ledger or a checkpoint
+    shows that a run wrote there.
+    """
+    from fedprivopt.simulation.files import (
+        CHECKPOINT,
+        CONFIG_FILE,
+        LEDGER_FILE,
+        LOCK_FILE,
+        PREVIOUS_CHECKPOINT,
+    )
+
+    others = set(os.listdir(run_dir)) - {CONFIG_FILE, CONFIG_FILE + ".tmp", LOCK_FILE}
+    if others and not any(
+        (run_dir / name).is_file() for name in (LEDGER_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT)
+    ):
+        raise ValueError(
+            f"cell {cell.label}: {run_dir} holds an unreadable {CONFIG_FILE} and "
+            f"{', '.join(sorted(others)[:3])} but no ledger or checkpoint: not recognisably a "
+            "run, so --overwrite does not replace it; remove it or choose another --out"
+        )
 
 
 def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPlan:

@@ -230,6 +230,35 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _task_param_spellings(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` with each task parameter spelled in kebab case (``task-params.num-classes``).
+
+    ``num-classes`` and ``num_classes`` name one task parameter; both in one layer (a preset,
+    one of its strategy tables, or the overrides) was a silent choice of the last line
+    (issue 15, ninth review, N6) and is refused. Across layers the upper one still wins.
+
+    Raises
+    ------
+    ValueError
+        Naming both spellings.
+    """
+    out: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    for key, value in flat.items():
+        head, sep, name = key.partition("task-params.")
+        if sep and (not head or (head.startswith("strategies.") and head.count(".") == 2)):
+            canon = f"{head}{sep}{name.replace('_', '-')}"
+            if canon in seen:
+                raise ValueError(
+                    f"{seen[canon]} and {key} are both given: one task parameter in two "
+                    "spellings; give one"
+                )
+            seen[canon] = key
+            key = canon
+        out[key] = value
+    return out
+
+
 def _known_key(key: str) -> bool:
     run_keys = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)}
     return (
@@ -294,7 +323,7 @@ def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]
 
 def resolve_config(data: Mapping[str, Any]) -> RunConfig:
     """Build a validated :class:`RunConfig` from a (nested or flattened) kebab-case mapping."""
-    flat = _flatten(data)
+    flat = _task_param_spellings(_flatten(data))
     flat = _apply_strategy_table(flat, str(flat.get("strategy", "dp-fedavg")))
     strategy: dict[str, Any] = {}
     run: dict[str, Any] = {}
@@ -352,8 +381,8 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-    flat = _flatten(data)
-    overrides = _flatten(dict(overrides or {}))
+    flat = _task_param_spellings(_flatten(data))
+    overrides = _task_param_spellings(_flatten(dict(overrides or {})))
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
     flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides
     return resolve_config(_merge(flat, overrides))

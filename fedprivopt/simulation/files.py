@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = [
     "PREVIOUS_CHECKPOINT",
     "SUMMARY_FILE",
     "atomic_write",
+    "check_regular",
+    "check_run_files",
     "fsync_dir",
     "json_line",
     "read_rows",
@@ -51,6 +54,54 @@ CHECKPOINT = "checkpoint.pt"
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"
 LEDGER_FILE = "privacy_ledger.jsonl"
 LOCK_FILE = "run.lock"
+
+
+SMALL_FILE_LIMIT = 64 << 20
+"""The most bytes ``config.toml`` or ``summary.json`` may hold (read whole into memory)."""
+
+
+# -- what may be read ------------------------------------------------------------------------------
+
+
+def check_regular(path: Path, *, limit: int | None = None) -> bool:
+    """Whether ``path`` exists; raise if it is there but may not be read as a run's file.
+
+    A FIFO would block the reader forever and a device (a link to ``/dev/zero``) would be read
+    until memory runs out (issue 15, ninth review): both are refused before anything opens
+    them. A directory passes (its reader fails with ``IsADirectoryError``), as does a missing
+    path or a dangling link (``False``).
+
+    Raises
+    ------
+    ValueError
+        Naming ``path``: not a regular file, or more than ``limit`` bytes.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        return True
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(
+            f"{path}: not a regular file (a FIFO, device or socket); a run's files are regular "
+            "files: remove or replace it"
+        )
+    if limit is not None and st.st_size > limit:
+        raise ValueError(f"{path}: {st.st_size} bytes, more than the {limit} a run writes there")
+    return True
+
+
+def check_run_files(out: Path) -> None:
+    """:func:`check_regular` for every file of run directory ``out`` that exists.
+
+    ``config.toml`` and ``summary.json`` may hold at most :data:`SMALL_FILE_LIMIT` bytes.
+    """
+    out = Path(out)
+    for name in (CONFIG_FILE, SUMMARY_FILE):
+        check_regular(out / name, limit=SMALL_FILE_LIMIT)
+    for name in (METRICS_FILE, LEDGER_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT):
+        check_regular(out / name)
 
 
 # -- durable writes --------------------------------------------------------------------------------
@@ -102,7 +153,7 @@ def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, An
         Naming the file and line, for any other line that is not a JSON object with an int
         ``round``.
     """
-    if not path.exists():
+    if not check_regular(path):
         return []
     lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
     rows = []

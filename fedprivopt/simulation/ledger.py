@@ -39,6 +39,7 @@ from fedprivopt.simulation.files import (
     LEDGER_FILE,
     METRICS_FILE,
     atomic_write,
+    check_regular,
     json_line,
     write_synced,
 )
@@ -160,6 +161,7 @@ class RunLedger:
             Naming the file and line, for anything this version would not have written.
         """
         path = out / LEDGER_FILE
+        check_regular(path)  # a FIFO or a link to a device (issue 15, ninth review)
         try:
             data = path.read_bytes()
         except FileNotFoundError:

@@ -59,6 +59,7 @@ from fedprivopt.simulation.files import (
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
     atomic_write,
+    check_run_files,
     fsync_dir,
     json_line,
 )
@@ -264,6 +265,7 @@ def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
     it.
     """
     out = Path(out_dir)
+    check_run_files(out)  # a FIFO or device would hang or be read until memory runs out
     if not (out / CONFIG_FILE).is_file():
         raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
     with lock_run_dir(out):

@@ -24,6 +24,7 @@ from fedprivopt.simulation.files import (
     LEDGER_FILE,
     METRICS_FILE,
     SUMMARY_FILE,
+    check_run_files,
     read_rows,
     stated_epsilons,
 )
@@ -166,6 +167,7 @@ def load_run(path: str | Path) -> RunData:
         mid-write: it is skipped and noted in :attr:`RunData.warnings`.
     """
     path = Path(path)
+    check_run_files(path)  # a FIFO or a link to a device (issue 15, ninth review)
     summary_path, metrics_path = path / SUMMARY_FILE, path / METRICS_FILE
     for p in (summary_path, metrics_path):
         if not p.is_file() and not (p == metrics_path and _no_round(summary_path)):

@@ -185,6 +185,10 @@ def _plot(path: Path, summary: dict[str, Any]) -> None:
     fig.savefig(path, dpi=110)
 
 
+RAN = "ran in this call"
+"""A trial's origin when this call ran it (see ``cells.CellPlan.describe``)."""
+
+
 def _markdown(summary: dict[str, Any]) -> str:
     metric, best, single = summary["metric"], summary["best"], summary["single_run"]
     keys = list(summary["grid"])
@@ -231,6 +235,10 @@ def _markdown(summary: dict[str, Any]) -> str:
             f"| {row['trial']} | {' | '.join(hp)} | {row['status']} | {_fmt(row[metric])} | "
             f"{_fmt(row.get('epsilon', math.nan))} |"
         )
+    earlier = [r for r in summary["trials"] if r.get("origin", RAN) != RAN]
+    if earlier:  # ninth review of issue 15 (N5): reuse only under the same plan, and shown
+        lines += ["", "From an earlier call of this same plan (`tune.json`): " + "; ".join(
+            f"{r['trial']}: {r['origin']}" for r in earlier) + "."]  # fmt: skip
     lines += ["", "Full numbers: [trials.csv](trials.csv), [summary.json](summary.json).", "",
               "## Privacy", "", summary["privacy"]]  # fmt: skip
     if summary["notes"]:

@@ -106,6 +106,7 @@ def test_tune_with_the_same_plan_still_reuses(tuning, tmp_path):
     assert code == 0, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials"][0]["origin"].startswith("reused")
+    assert "trial-001: reused" in (out / "report.md").read_text()
 
 
 # -- N3: lock files that are FIFOs ----------------------------------------------------------------
@@ -305,10 +306,14 @@ def test_data_synth_with_one_tag(tmp_path):
     assert (out / "stackoverflow.sqlite").is_file()
 
 
-def test_data_synth_errors_name_the_action(tmp_path):
-    argv = ["data", "synth", "--out", str(tmp_path / "SY"), "--clients", "20", "--tags", "2",
-            "--vocab", "1"]  # fmt: skip
-    assert usage_error(run_cli(argv), "--vocab").startswith("fedprivopt data synth: error:")
+def test_data_errors_name_the_action(tmp_path):
+    line = usage_error(run_cli(["data", "info", str(tmp_path / "nope")]), "does not exist")
+    assert line.startswith("fedprivopt data info: error:")
+    out = tmp_path / "SY"
+    out.mkdir()
+    (out / "stackoverflow.word_count").write_text("a stranger's\n")
+    line = usage_error(run_cli(["data", "synth", "--out", str(out), "--clients", "20"]), "--out")
+    assert line.startswith("fedprivopt data synth: error:")
 
 
 # -- N11: a cell is not recognised as a run by its file names alone -------------------------------

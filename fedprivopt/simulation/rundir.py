@@ -34,7 +34,14 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 
-__all__ = ["NewRunDir", "check_claimable", "check_held", "lock_directory", "lock_run_dir"]
+__all__ = [
+    "NewRunDir",
+    "check_claimable",
+    "check_held",
+    "lock_directory",
+    "lock_run_dir",
+    "remove_run_files",
+]
 
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
 _PARTIAL = (CONFIG_FILE + ".tmp", SUMMARY_FILE + ".tmp", METRICS_FILE + ".tmp",
@@ -187,7 +194,8 @@ def check_claimable(
     _check_claimable(Path(out), overwrite=overwrite, allowed=allowed)
 
 
-def _remove_run_files(out: Path) -> None:
+def remove_run_files(out: Path) -> None:
+    """Remove a run's files (and partial files, TensorBoard events) from ``out``; keep the rest."""
     for name in (*RUN_FILES, *_PARTIAL):
         (out / name).unlink(missing_ok=True)
     for name in os.listdir(out):
@@ -265,7 +273,7 @@ class NewRunDir:
             self._remove_dirs()
             raise
         if self.overwrite:
-            _remove_run_files(out)
+            remove_run_files(out)
         return out
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -276,7 +284,7 @@ class NewRunDir:
         return False
 
     def _discard(self) -> None:
-        _remove_run_files(self.path)  # all of them were written by this start
+        remove_run_files(self.path)  # all of them were written by this start
         self._release()
         self._remove_dirs()
 

@@ -140,7 +140,7 @@ def discard_tuning(out: str | Path) -> None:
     ValueError
         Naming an entry of ``runs/`` that is not a run, or a trial another process holds.
     """
-    from fedprivopt.simulation.rundir import _remove_run_files, check_claimable, lock_run_dir
+    from fedprivopt.simulation.rundir import check_claimable, lock_run_dir, remove_run_files
     from fedprivopt.simulation.tune import TUNE_FILES
     from fedprivopt.simulation.tune_check import PLAN_FILE
 
@@ -156,7 +156,7 @@ def discard_tuning(out: str | Path) -> None:
         check_claimable(entry, overwrite=True)
     for entry in entries:
         with lock_run_dir(entry):
-            _remove_run_files(entry)
+            remove_run_files(entry)
             for name in os.listdir(entry):  # only debris is left: run.lock, config.toml.tmp
                 (entry / name).unlink(missing_ok=True)
         entry.rmdir()

@@ -409,8 +409,15 @@ def _interrupted(command: str, exc: KeyboardInterrupt) -> str:
     text = f"fedprivopt {command}: interrupted"
     if command == "simulate" and out is not None:
         if (Path(out) / "config.toml").is_file():
+            from fedprivopt.simulation.audit import secure_tree_redo
+
             where = shlex.quote(str(out)).replace("\n", "\\n")
-            text += f"; the run can be continued with --resume {where}"
+            refused = secure_tree_redo(Path(out))
+            if refused is None:
+                text += f"; the run can be continued with --resume {where}"
+            else:  # what --resume would refuse, said now (issue 20 review, finding 7)
+                why = refused.split(": refusing")[0]
+                text += f"; it cannot be resumed ({why}): start a new run in another directory"
         else:
             text += " before it released a round; nothing was kept"
     elif command == "compare":

@@ -47,7 +47,7 @@ from fedprivopt.simulation.files import (
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 from fedprivopt.strategies.core import ServerAlgorithm
 
-__all__ = ["RunDirState", "audit_run_dir", "read_summary"]
+__all__ = ["RunDirState", "audit_run_dir", "read_summary", "secure_tree_redo"]
 
 
 @dataclass
@@ -218,6 +218,31 @@ def _refuse_secure_tree_redo(config: RunConfig, last_released: int, restored: in
             "rounds could take part twice in a restart period, which the accounting does not "
             "cover: refusing to resume (start a new run in another directory)"
         )
+
+
+def secure_tree_redo(out: Path) -> str | None:
+    """Why ``--resume`` of an interrupted ``out`` will be refused for redoing secure tree rounds.
+
+    The check of :func:`audit_run_dir` that an interrupted run can trip by itself (released
+    rounds beyond its newest checkpoint), made from ``config.toml``, the ledger and the
+    checkpoint alone (no task is built), for the line that reports the interruption. ``None``
+    when that resume is not refused for this reason, or when the files cannot tell.
+    """
+    try:
+        config = load_config(out / CONFIG_FILE)
+        s = config.strategy
+        if not (s.private and s.tree and s.secure):
+            return None
+        last_released = RunLedger.read(out).last_round
+        state, _ = newest_checkpoint(out, {})
+        _refuse_secure_tree_redo(
+            config, last_released, int(state["algorithm"]["round"]) if state else 0
+        )
+    except ValueError as exc:
+        return str(exc)
+    except Exception:  # unreadable files: --resume itself says what is wrong
+        return None
+    return None
 
 
 def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -> RunDirState:

@@ -418,7 +418,8 @@ def _markdown(
         "## Privacy parameters",
         "",
         "ε is the accountant's value after each run's last completed round, at the δ shown; "
-        "non-private baselines have ε = ∞. The unit of privacy is the user.",
+        "non-private baselines have ε = ∞. The unit of privacy is the user"
+        + _relations(sel.runs),
         "",
     ]
     deltas = sorted({r.delta for r in sel.runs if math.isfinite(r.epsilon)})
@@ -438,9 +439,44 @@ def _markdown(
     return "\n".join(lines) + "\n"
 
 
+_TREE_SAMPLING = "none (tree: cohorts from a seeded shuffle per restart period)"
+_RELATIONS = {
+    "poisson": "added or removed (Poisson sampling)",
+    "fixed": "replaced (fixed-size sampling)",
+    "tree": "replaced, dp-accounting's replace-special relation (tree aggregation)",
+}
+
+
+def _mechanism(config: dict) -> str | None:
+    """``poisson``, ``fixed`` or ``tree`` for a private run's config; ``None`` otherwise."""
+    from fedprivopt.strategies.config import NON_PRIVATE
+
+    if config.get("strategy") in NON_PRIVATE or not config.get("noise-multiplier"):
+        return None
+    if config.get("noise-mechanism") == "tree":
+        return "tree"
+    return "fixed" if config.get("sampling") == "fixed" else "poisson"
+
+
+def _relations(runs: Sequence[RunData]) -> str:
+    """``": neighbouring datasets differ in one user, <how>."`` for the runs' mechanisms."""
+    found = {_mechanism(r.summary.get("config") or {}) for r in runs} - {None}
+    if not found:
+        return "."
+    hows = [_RELATIONS[m] for m in ("poisson", "fixed", "tree") if m in found]
+    return "; neighbouring datasets differ in one user, " + "; or ".join(hows) + "."
+
+
 def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:
-    """Privacy-related config keys, with their value when all runs agree, else "varies"."""
-    configs = [r.summary.get("config") or {} for r in runs]
+    """Privacy-related config keys, with their value when all runs agree, else "varies".
+
+    A tree run does not sample (its ``sampling`` key is ignored): it shows as
+    :data:`_TREE_SAMPLING` (issue 20 review, finding 5).
+    """
+    configs = [dict(r.summary.get("config") or {}) for r in runs]
+    for c in configs:
+        if c.get("noise-mechanism") == "tree" and "sampling" in c:
+            c["sampling"] = _TREE_SAMPLING
     keys = sorted({k for c in configs for k in c if any(w in k for w in _PRIVACY_CONFIG_WORDS)})
     out = []
     for key in keys:

@@ -387,3 +387,24 @@ def test_report_says_which_model_was_evaluated_and_how_it_started(tmp_path):
     plain = write_run(tmp_path / "plain", "dp-fedadam", 1.0, 0)
     text = write_report(tmp_path / "p", [load_run(plain)], title="t").read_text()
     assert "Evaluated:" not in text and "Initial model:" not in text
+
+
+def test_tree_runs_show_no_sampling_and_the_report_names_each_relation(tmp_path):
+    """Review of issue 20, finding 5: a tree run showed 'sampling: poisson' and the report named
+    no neighbouring relation, which differs between Poisson and tree rows."""
+    runs = []
+    for seed in range(2):
+        path = write_run(tmp_path / "g", "dp-fedavg", 1.0, seed)
+        summary = json.loads((path / "summary.json").read_text())
+        summary["config"].update({"sampling": "poisson", "noise-mechanism": "tree"})
+        (path / "summary.json").write_text(json.dumps(summary))
+        runs.append(load_run(path))
+    text = write_report(tmp_path / "tree", runs, title="t", metric="eval_accuracy").read_text()
+    assert "- sampling: none (tree: cohorts from a seeded shuffle per restart period)" in text
+    assert "sampling: poisson" not in text
+    assert "differ in one user, replaced, dp-accounting's replace-special relation" in text
+    assert "added or removed" not in text
+    runs.append(load_run(write_run(tmp_path / "g", "dp-fedadam", 1.0, 0)))  # Poisson by default
+    text = write_report(tmp_path / "both", runs, title="t", metric="eval_accuracy").read_text()
+    assert "added or removed (Poisson sampling); or replaced, dp-accounting's" in text
+    assert "- sampling: varies" in text

@@ -128,3 +128,21 @@ def test_a_redone_first_round_of_a_period_is_replayed_not_charged_twice(tmp_path
     assert outcome.rounds_completed == 7
     assert torch.equal(outcome.params, full.params)
     assert outcome.epsilon == full.epsilon == pytest.approx(dp_accounting_epsilon(1.0, 4, 2, 1e-4))
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_an_interrupted_secure_tree_run_is_not_told_to_resume(tmp_path, secure):
+    """Review of issue 20, finding 7: an interrupted secure tree run was told it could continue
+    with --resume, which then refused (rounds released after the newest checkpoint)."""
+    from fedprivopt.cli import _interrupted
+    from fedprivopt.simulation.interrupt import Interrupted
+
+    extra = {"checkpoint-every": 2, "num-server-rounds": 4, "secure": secure}
+    out = simulate(tree_config(**extra), tmp_path / "run").out_dir
+    (out / CHECKPOINT).unlink()  # as if interrupted after round 4: the newest is round 2's
+    line = _interrupted("simulate", Interrupted(2, out))
+    if secure:
+        assert "cannot be resumed (noise-mechanism = tree with secure = true: rounds 3-4" in line
+        assert "--resume" not in line
+    else:
+        assert line.endswith(f"--resume {out}")

@@ -117,6 +117,8 @@ def _tune_argv(args: argparse.Namespace, out: Path, cell, grid: list[str], sets:
                         ("--metric", args.metric)):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
+    argv += ["--selection-on-private-users"] * bool(getattr(args, "selection_on_private_users",
+                                                            False))  # fmt: skip
     return argv + ["--overwrite"] * bool(args.overwrite) + ["--quiet"] * bool(args.quiet)
 
 
@@ -132,7 +134,7 @@ def _tune_namespace(argv: list[str]) -> argparse.Namespace:
 def _check_tuning(ns: argparse.Namespace) -> None:
     """Every check ``fedprivopt tune`` makes before it writes, without writing (as its order)."""
     from fedprivopt.cli_runs import load_preset, set_overrides
-    from fedprivopt.cli_tune import plan_tuning, trial_count_of
+    from fedprivopt.cli_tune import check_selection, plan_tuning, trial_count_of
     from fedprivopt.simulation.cells import Cell, plan_cells
     from fedprivopt.simulation.tune import (
         check_leftover_trials,
@@ -150,6 +152,7 @@ def _check_tuning(ns: argparse.Namespace) -> None:
         if key in overrides:
             raise UsageError(f"argument --grid: {key} is also set by --set or a flag; give one")
     _, tasks, _ = plan_tuning(ns, overrides, grid)
+    check_selection(ns, tasks.values())
     cells = []
     for trial in draw_trials(grid, count, ns.tune_seed):
         config = load_preset(ns.config, {**overrides, **trial.hyperparameters,
@@ -397,4 +400,7 @@ def add_compare_tune(sub) -> None:
         help=f"with --tune-grid: shape of the truncated negative binomial, in [0, {MAX_SHAPE:g}]"
         " (default 1)",
     )
+    p.add_argument("--selection-on-private-users", action="store_true",
+                   help="with --tune-grid: tune although the task's evaluation users are in the "
+                   "private population; the selection is then NOT covered by epsilon")  # fmt: skip
     p.set_defaults(func=cmd_compare)

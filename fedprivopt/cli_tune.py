@@ -28,7 +28,15 @@ from fedprivopt.cli_args import (
 )
 from fedprivopt.cli_runs import build_checked_run, load_preset, set_overrides
 
-__all__ = ["add_tune", "cmd_compare_tuned", "cmd_tune", "plan_tuning", "trial_count_of"]
+__all__ = [
+    "add_tune",
+    "check_selection",
+    "cmd_compare_tuned",
+    "cmd_tune",
+    "plan_tuning",
+    "trial_count_of",
+    "tuning_seed",
+]
 
 _METRICS = ("eval_accuracy", "eval_recall_at_5", "eval_precision_at_5", "eval_loss")
 
@@ -140,6 +148,69 @@ def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
     return plan, tasks, metric
 
 
+def check_selection(args: argparse.Namespace, tasks) -> dict | None:
+    """Whether the selection reads private users' data; refuse it unless the flag allows.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``tune``'s arguments (``selection_on_private_users``).
+    tasks : iterable of Task
+        The tasks of every grid point.
+
+    Returns
+    -------
+    dict or None
+        ``{"private": k, "evaluated": n}`` (the largest overlap over the tasks), or ``None`` when
+        a task does not say (not checked).
+
+    Raises
+    ------
+    UsageError
+        When ``k > 0`` without ``--selection-on-private-users``.
+    """
+    from fedprivopt.models.task import private_evaluation_users
+
+    worst: dict | None = {"private": 0, "evaluated": 0}
+    for task in tasks:
+        found = private_evaluation_users(task)
+        if found is None:
+            return None
+        if worst is not None and (found[0], found[1]) > (worst["private"], worst["evaluated"]):
+            worst = {"private": found[0], "evaluated": found[1]}
+    if worst["private"] and not getattr(args, "selection_on_private_users", False):
+        raise UsageError(
+            f"argument --set task-params.eval-split: {worst['private']} of the task's "
+            f"{worst['evaluated']} evaluation users are in the private population, so selecting "
+            "on them is not covered by the tuning's epsilon; use task-params.eval-split=heldout, "
+            "or pass --selection-on-private-users to tune anyway (the report says so)"
+        )
+    return worst
+
+
+def tuning_seed(args: argparse.Namespace, out) -> tuple[int, bool]:
+    """The tuning seed and whether it is secret (drawn from OS entropy, never printed).
+
+    ``--seed`` is used as given. Without it, the seed of an earlier call into ``out`` that drew
+    its own (``out/tune.json``, the operator's file) is reused, so an interrupted tuning goes on
+    with its trials; otherwise a 63-bit seed comes from :mod:`secrets`.
+    """
+    import secrets
+
+    from fedprivopt.simulation.tune_check import PLAN_FILE
+
+    if args.tune_seed is not None:
+        return args.tune_seed, False
+    path = out / PLAN_FILE
+    with contextlib.suppress(OSError, ValueError, RecursionError):
+        if path.is_file() and path.stat().st_size <= 64 << 20:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            seed = stored.get("seed") if isinstance(stored, dict) else None
+            if stored.get("seed_source") == "os-entropy" and type(seed) is int and seed >= 0:
+                return seed, True
+    return secrets.randbits(63), True
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     """``fedprivopt tune``: the best of a random number of trials, with the tuning's ε."""
     from fedprivopt.simulation.cells import Cell, plan_cells
@@ -175,7 +246,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise UsageError(f"argument --grid: {key} is also set by --set or a flag; give one")
     base = load_preset(args.config, overrides)
     plan, tasks, metric = plan_tuning(args, overrides, grid)
-    seed = base.strategy.seed if args.tune_seed is None else args.tune_seed
+    selection = check_selection(args, tasks.values())
+    seed, secret = tuning_seed(args, out)
     trials = draw_trials(grid, trial_count, seed)
     cells = []
     for trial in trials:
@@ -186,7 +258,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     document = plan_document(
         preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
         base_config_toml=config_to_toml(base), grid=grid, overrides=overrides,
-        trials=trial_count, seed=seed, delta=plan.delta, drawn=trials,
+        trials=trial_count, seed=seed, delta=plan.delta, drawn=trials, seed_secret=secret,
     )  # fmt: skip
     (out / "runs").mkdir(parents=True, exist_ok=True)
     locked = contextlib.ExitStack()
@@ -224,7 +296,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         summary = summary_of(
             preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
             maximize=maximize, grid=grid, overrides=overrides, trials=trial_count, seed=seed,
-            plan=plan, results=results, best=best, notes=notes,
+            plan=plan, results=results, best=best, notes=notes, selection=selection,
+            seed_secret=secret,
         )  # fmt: skip
         report = write_tune_outputs(out, summary)
     shown = (
@@ -348,8 +421,13 @@ def add_tune(sub) -> None:
     )
     p.add_argument("--out", default="runs/tune", metavar="DIR", help="output directory")
     p.add_argument("--seed", dest="tune_seed", type=int_at_least(0), metavar="N",
-                   help="tuning seed: the number of trials, their hyperparameters and run seeds "
-                   "(default: the preset's seed)")  # fmt: skip
+                   help="tuning seed: the number of trials, their hyperparameters and run seeds; "
+                   "epsilon assumes it stays secret (default: drawn from OS entropy, kept only "
+                   "in OUT/tune.json)")  # fmt: skip
+    p.add_argument("--selection-on-private-users", action="store_true",
+                   help="tune although the task's evaluation users are in the private "
+                   "population (e.g. StackOverflow's eval-split test); the selection is then "
+                   "NOT covered by epsilon, and the summary says so")  # fmt: skip
     p.add_argument(
         "--overwrite",
         action="store_true",

@@ -262,6 +262,21 @@ class StackOverflowFiles:
         finally:
             split.close()
 
+    def private_evaluation_users(self) -> tuple[int, int]:
+        """``(private, evaluated)``: evaluation users among the training users, and their number.
+
+        The evaluation users are the first :attr:`eval_users` users of :attr:`eval_split`,
+        compared with the training users (:attr:`client_ids`) by client id. ``test`` holds later
+        posts of the training users (mostly private), ``heldout`` other users (none private).
+        """
+        split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
+        try:
+            ids = list(split.client_ids)[: self.eval_users]
+        finally:
+            split.close()
+        population = set(self.client_ids)
+        return sum(cid in population for cid in ids), len(ids)
+
     def _cached_user(
         self, user_id: int, read: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[torch.Tensor, torch.Tensor]:

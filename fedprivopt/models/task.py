@@ -26,6 +26,12 @@ fast engine trains, and each has a fallback:
     A JSON-able mapping that identifies the data the task reads (file sizes, digests), recorded
     in the run's privacy ledger and compared when the run is resumed or reused, so that other
     data put at the same path is refused; without it, no such check.
+``private_evaluation_users()``
+    ``(private, evaluated)``: how many of the users whose data :meth:`Task.evaluate` reads are
+    training users (the private population), and how many users it reads; ``(0, 0)`` for an
+    evaluation drawn apart from every user. ``fedprivopt tune`` selects on that evaluation, so it
+    refuses a selection on private users (:func:`private_evaluation_users`); without it, the
+    overlap is unknown and reported as not checked.
 ``word_count_path``, ``num_features``, ``num_tags``
     What AdaDPS' bag-of-words side-information kinds need; without them ``auto`` side
     information is ``ones`` (``public-users`` works on any task).
@@ -55,6 +61,7 @@ __all__ = [
     "model_device",
     "model_spec",
     "primary_metric",
+    "private_evaluation_users",
     "state_to_flat",
 ]
 
@@ -127,6 +134,34 @@ def primary_metric(task: Task) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(f"{type(task).__name__}.primary_metric must be a metric name, got {name!r}")
     return f"eval_{name}"
+
+
+def private_evaluation_users(task: Task) -> tuple[int, int] | None:
+    """``task.private_evaluation_users()`` checked; ``None`` for a task without it (unknown).
+
+    Returns
+    -------
+    tuple of int or None
+        ``(private, evaluated)``: the evaluation users who are also training users, and the
+        evaluation users; ``None`` when the task does not say.
+
+    Raises
+    ------
+    TypeError
+        When the method returns anything but two integers ``0 <= private <= evaluated``.
+    """
+    method = getattr(task, "private_evaluation_users", None)
+    if not callable(method):
+        return None
+    value = method()
+    ok = isinstance(value, tuple) and len(value) == 2
+    ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if not ok or not 0 <= value[0] <= value[1]:
+        raise TypeError(
+            f"{type(task).__name__}.private_evaluation_users() must return (private, evaluated) "
+            f"with 0 <= private <= evaluated, got {value!r}"
+        )
+    return value
 
 
 def data_identity(task: Task) -> dict | None:

@@ -187,6 +187,10 @@ class ToyClassificationTask:
         x = shift + torch.randn(n, self.dim, generator=gen)
         return x, self._labels(x, label_bias, gen)
 
+    def private_evaluation_users(self) -> tuple[int, int]:
+        """``(0, 0)``: the test set is drawn apart from every user, so no user is evaluated."""
+        return 0, 0
+
     def user_size(self, user_id: int) -> int:
         """Number of training examples of ``user_id`` (without generating them)."""
         return self._size(_generator(self.seed, "user", self._check_user(user_id)))

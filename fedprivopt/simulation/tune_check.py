@@ -52,8 +52,13 @@ def plan_document(
     seed: int,
     delta: float,
     drawn: Sequence[Any],
+    seed_secret: bool = False,
 ) -> dict[str, Any]:
-    """The content of ``tune.json``, written before any trial runs."""
+    """The content of ``tune.json``, written before any trial runs.
+
+    ``seed_secret``: the seed was drawn from OS entropy (``seed_source`` ``"os-entropy"``); this
+    file, the operator's, is then the only one that records it.
+    """
     return {
         "kind": "fedprivopt-tune-plan",
         "version": PLAN_VERSION,
@@ -65,6 +70,7 @@ def plan_document(
         "overrides": dict(overrides),
         "trial_count": trials.to_dict(),
         "seed": seed,
+        "seed_source": "os-entropy" if seed_secret else "--seed",
         "delta": delta,
         "trials": [
             {"trial": t.label, "hyperparameters": t.hyperparameters, "seed": t.seed} for t in drawn
@@ -122,6 +128,8 @@ def _trial_count(data: Any) -> TrialCount:
 def _cross_check(path: Path, summary: dict[str, Any], plan: dict[str, Any]) -> None:
     """``summary.json`` against ``tune.json``: any disagreement is refused, naming the key."""
     for key in ("strategy", "metric", "grid", "overrides", "trial_count", "seed", "delta"):
+        if key == "seed" and summary.get(key) is None and plan.get("seed_source") == "os-entropy":
+            continue  # a secret seed is kept out of summary.json
         if not _same(summary.get(key), plan.get(key)):
             raise ValueError(
                 f"{path / 'summary.json'}: its {key} {shown(summary.get(key))} disagrees with "

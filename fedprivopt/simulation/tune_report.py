@@ -23,7 +23,14 @@ from fedprivopt.privacy.tuning import TrialCount
 from fedprivopt.simulation.files import atomic_write
 from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
 
-__all__ = ["TUNED_SUFFIX", "load_tuned", "privacy_note", "summary_of", "write_tune_outputs"]
+__all__ = [
+    "TUNED_SUFFIX",
+    "load_tuned",
+    "privacy_note",
+    "selection_note",
+    "summary_of",
+    "write_tune_outputs",
+]
 
 SUMMARY_VERSION = 1
 TUNED_SUFFIX = " (tuned)"
@@ -54,6 +61,47 @@ def privacy_note(plan: PrivacyPlan) -> str:
             "(which stops before exceeding it), not to the whole tuning."
         )
     return text
+
+
+def selection_note(selection: Mapping[str, Any] | None) -> str:
+    """Whether the selection (on the task's evaluation) is covered by the tuning's ε, in words.
+
+    Parameters
+    ----------
+    selection : Mapping or None
+        ``{"private": k, "evaluated": n}`` (``k`` of the ``n`` evaluation users are training
+        users), or ``None`` when the task does not say (not checked).
+    """
+    if selection is None or selection.get("private") is None:
+        return (
+            "Selection: not checked. The task does not say whether its evaluation users are in "
+            "the private population; if they are, the selection is not covered by epsilon."
+        )
+    k, n = selection["private"], selection["evaluated"]
+    if k == 0:
+        return (
+            f"Selection: covered. None of the task's {n} evaluation users is in the private "
+            "population (checked by client id), so the selection reads no private user's data."
+        )
+    return (
+        f"Selection: NOT covered by epsilon. {k} of the task's {n} evaluation users are in the "
+        "private population (given --selection-on-private-users): the choice of the released "
+        "trial and its score depend, without noise, on their data, so epsilon does not bound "
+        "what the release says about them (select on eval-split heldout instead)."
+    )
+
+
+def seed_note(secret: bool) -> str:
+    """What the ε assumes of the tuning seed, in words."""
+    if secret:
+        return (
+            "Tuning seed: drawn from OS entropy and recorded only in the operator's tune.json; "
+            "epsilon assumes it, the number of trials and the other trials stay secret."
+        )
+    return (
+        "Tuning seed: given with --seed. epsilon assumes that seed stays secret: anyone who knows "
+        "it knows the number of trials, and then the Papernot-Steinke bound does not apply."
+    )
 
 
 def _trial_row(result: TrialResult, metric: str) -> dict[str, Any]:
@@ -92,8 +140,14 @@ def summary_of(
     results: Sequence[TrialResult],
     best: TrialResult | None,
     notes: Sequence[str] = (),
+    selection: Mapping[str, Any] | None = None,
+    seed_secret: bool = False,
 ) -> dict[str, Any]:
-    """The content of ``summary.json``."""
+    """The content of ``summary.json``.
+
+    ``selection`` is :func:`selection_note`'s (``None``: not checked); with ``seed_secret`` (a
+    seed drawn from OS entropy) ``seed`` is written as ``null`` (``tune.json`` keeps it).
+    """
     eps_rdp = plan.epsilon_single_run("rdp")
     single: dict[str, Any] = {
         "accountant": plan.accountant,
@@ -118,7 +172,8 @@ def summary_of(
         "grid": {k: list(v) for k, v in grid.items()},
         "overrides": dict(overrides),
         "trial_count": trials.to_dict(),
-        "seed": seed,
+        "seed": None if seed_secret else seed,
+        "seed_source": "os-entropy" if seed_secret else "--seed",
         "trials_run": len(results),
         "best": best_out,
         "epsilon": plan.epsilon(trials),
@@ -126,7 +181,11 @@ def summary_of(
         "delta": plan.delta,
         "accountant": "rdp",
         "single_run": single,
-        "privacy": privacy_note(plan),
+        "selection_users": None if selection is None else dict(selection),
+        "selection_covered": None if selection is None else selection["private"] == 0,
+        "privacy": " ".join(
+            [privacy_note(plan), selection_note(selection), seed_note(seed_secret)]
+        ),
         "notes": list(notes),
         "trials": [_trial_row(r, metric) for r in results],
     }
@@ -214,6 +273,8 @@ def _markdown(summary: dict[str, Any]) -> str:
         f"- grid: {', '.join(f'{k} in {v}' for k, v in summary['grid'].items())} "
         "(each trial draws each key uniformly)",
         f"- selection: {summary['mode']} of `{metric}` at the final evaluation",
+        "- " + selection_note(summary.get("selection_users")),
+        "- " + seed_note(summary.get("seed_source") == "os-entropy"),
     ]
     if single["target_epsilon"] is not None:
         lines.append(f"- target epsilon {single['target_epsilon']:g} per single run")

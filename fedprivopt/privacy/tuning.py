@@ -46,6 +46,7 @@ __all__ = [
     "TrialCount",
     "finite_orders",
     "ledger_rdp",
+    "rdp_dominates",
     "run_dp_event",
     "tuning_dp_event",
     "tuning_epsilon",
@@ -319,6 +320,19 @@ def ledger_rdp(
     accountant.compose(run_dp_event(merged))
     curve = np.asarray(accountant.rdp, dtype=np.float64)
     return np.where(np.isnan(curve), np.inf, curve)
+
+
+def rdp_dominates(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the RDP curve ``a`` is at least ``b`` at every order where ``b`` is finite.
+
+    An order where ``b`` is not finite is one where dp-accounting did not converge for ``b``
+    (its true RDP is finite); for runs that differ in σ, the sampling rate or the number of
+    rounds, RDP is monotone in each, so ``a``'s finite value still bounds ``b`` there whenever
+    ``a`` bounds it at the orders where both are finite. An infinite ``a`` bounds everything.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    ok = ~np.isfinite(b) | (a >= b) | np.isclose(a, b, rtol=1e-12, atol=0.0)
+    return bool(np.all(ok))
 
 
 def finite_orders(

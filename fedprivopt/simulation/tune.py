@@ -42,7 +42,13 @@ from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.accounting_state import Ledger, merge_ledger
 from fedprivopt.privacy.rng import derive_seed
-from fedprivopt.privacy.tuning import TrialCount, finite_orders, ledger_rdp, tuning_epsilon
+from fedprivopt.privacy.tuning import (
+    TrialCount,
+    finite_orders,
+    ledger_rdp,
+    rdp_dominates,
+    tuning_epsilon,
+)
 
 __all__ = [
     "FORBIDDEN_GRID_KEYS",
@@ -178,8 +184,9 @@ class PrivacyPlan:
         The preset's target ε, which applies to each single run.
     orders : tuple of float or None
         The RDP orders of the tuning bound (``None``: dp-accounting's default list); orders at
-        which dp-accounting gives some run a non-finite RDP are left out
-        (:func:`~fedprivopt.privacy.tuning.finite_orders`).
+        which dp-accounting gives :attr:`ledger` itself a non-finite RDP are left out
+        (:func:`~fedprivopt.privacy.tuning.finite_orders` of that ledger alone), as
+        ``RepeatAndSelectDpEvent`` of that run does.
     """
 
     ledger: Ledger | None
@@ -249,7 +256,7 @@ def planned_ledger(config, alg) -> Ledger | None:
 
 
 def _dominates(a: np.ndarray, b: np.ndarray) -> bool:
-    return bool(np.all((a >= b) | np.isclose(a, b, rtol=1e-12, atol=0.0)))
+    return rdp_dominates(a, b)
 
 
 def dominating_plan(
@@ -260,8 +267,10 @@ def dominating_plan(
 
     A non-private point makes the whole tuning non-private (its ledger ``None``). Curves are
     compared at ``orders`` (default: dp-accounting's), leaving out every order where some
-    point's RDP is not finite (dp-accounting failed there): the tuning bound is computed at
-    :func:`~fedprivopt.privacy.tuning.finite_orders` of the same ledgers, the same orders.
+    point's RDP is not finite (dp-accounting failed there). The tuning bound is computed at the
+    orders where the chosen ledger alone is finite (``finite_orders([ledger])``): RDP is
+    monotone in σ, the sampling rate and the rounds, so its value bounds the others there too
+    (issue 20 review, finding 3: dropping a cheaper point's failed orders raised ε).
 
     Raises
     ------
@@ -320,7 +329,7 @@ def check_released(
     """
     if plan.ledger is None:
         return plan, []
-    orders = finite_orders([plan.ledger, *released.values()], plan.orders)
+    orders = plan.orders  # the bound's own finite orders; a cheaper trial's failures drop none
     bound = ledger_rdp(plan.ledger, orders)
     over = {
         label: led
@@ -337,6 +346,7 @@ def check_released(
             f"trials {', '.join(over)} released more than the planned single run, and "
             f"{str(exc).removeprefix('argument --grid: ')}"
         ) from None
+    orders = finite_orders([ledger], orders)
     notes = [
         f"{label} released more than the planned single run at some RDP order (a resumed "
         "secure-mode run is charged its redone rounds again); the tuning epsilon uses the "

@@ -119,3 +119,37 @@ def test_default_tuning_seed_is_secret(tmp_path, capsys):
     assert _exit_code(_toy_tune(given, "--seed", "7")) == 0
     summary = json.loads((given / "summary.json").read_text())
     assert summary["seed"] == 7 and "stays secret" in summary["privacy"]
+
+
+def test_tuning_epsilon_is_repeat_and_select_of_the_costliest_run(tmp_path):
+    """Finding 3: a cheaper grid point's failed RDP orders were dropped, raising ε 15.796 to 16.383.
+
+    The tuning ε is now dp-accounting's RepeatAndSelectDpEvent of the costliest run (σ 0.5), the
+    same as the single-σ grid's, and compare-tuned's recomputation agrees.
+    """
+    import dp_accounting as dpa
+    from dp_accounting import dp_event, rdp
+
+    from fedprivopt.privacy.events import SubsampledGaussianEvent
+    from fedprivopt.privacy.tuning import run_dp_event
+
+    def tune(out, grid):
+        argv = ["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid", grid, "--mean-trials",
+                "2", "--rounds", "3", "--seed", "0", "--out", str(out), *SMALL]  # fmt: skip
+        assert _exit_code(argv) == 0
+        return json.loads((out / "summary.json").read_text())
+
+    mixed = tune(tmp_path / "mixed", "noise-multiplier=0.5,1")
+    single = tune(tmp_path / "single", "server-learning-rate=0.5,1")
+    assert mixed["single_run"]["grid_point"] == {"noise-multiplier": 0.5}
+    ledger = [(SubsampledGaussianEvent.from_dict(e["event"]), e["count"])
+              for e in mixed["single_run"]["ledger"]]  # fmt: skip
+    accountant = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    accountant.compose(dp_event.RepeatAndSelectDpEvent(run_dp_event(ledger), 2.0, 1.0))
+    expected = accountant.get_epsilon(mixed["delta"])
+    assert mixed["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert mixed["epsilon"] == pytest.approx(15.796, abs=1e-3)
+    assert mixed["epsilon"] == pytest.approx(single["epsilon"], rel=1e-12)
+    from fedprivopt.simulation.tune_check import check_tuning
+
+    assert check_tuning(tmp_path / "mixed").epsilon == pytest.approx(expected, rel=1e-9)

@@ -282,9 +282,14 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     if not runs:
         print(f"no tuning released a trial ({', '.join(empty)}); no report", file=sys.stderr)
         return 0
-    notes = _notes(summaries, empty)
+    rows = {}  # a row publishes its tunings together: their composition (finding 4)
+    for (strategy, sigma), paths in groups.items():
+        costliest = max((summaries[Path(p).name][0] for p in paths), key=lambda x: x["epsilon"])
+        rows[(strategy, sigma)] = (len(paths), _row_epsilon(costliest, len(paths)))
+    notes = _notes(summaries, empty, rows)
     report = write_report(out, runs, title=f"fedprivopt compare: {args.config} (tuned)",
                           metric=args.metric, notes=notes)  # fmt: skip
+    _tuned_privacy_line(report)
     _add_single_run_column(out / "summary.csv", single)
     reused = sum(t.get("origin", "").startswith("reused") for s, _ in summaries.values()
                  for t in s["trials"])  # fmt: skip
@@ -297,8 +302,45 @@ def _fmt(x: Any) -> str:
     return "∞" if isinstance(x, float) and math.isinf(x) else f"{x:.4g}"
 
 
-def _notes(summaries: dict[str, tuple[dict, list]], empty: list[str]) -> str:
-    """The report's notes: what ε means here, one row per tuning, the equivalent commands."""
+def _row_epsilon(summary: dict, count: int) -> float:
+    """ε of publishing ``count`` tunings of ``summary``'s plan on the same users (composed)."""
+    from fedprivopt.privacy.events import SubsampledGaussianEvent
+    from fedprivopt.privacy.tuning import TrialCount, composed_tuning_epsilon
+
+    stated = summary["single_run"]["ledger"]
+    if stated is None:
+        return math.inf
+    ledger = [(SubsampledGaussianEvent.from_dict(e["event"]), int(e["count"])) for e in stated]
+    tc = summary["trial_count"]
+    shape = None if tc["distribution"] == "poisson" else tc["shape"]
+    trials = TrialCount(tc["distribution"], tc["mean"], shape)
+    return composed_tuning_epsilon(ledger, summary["delta"], trials, count)
+
+
+_RUN_EPSILON = "ε is the accountant's value after each run's last completed round, at the δ shown; "
+
+
+def _tuned_privacy_line(report: Path) -> None:
+    """report.md's "Privacy parameters" line as it holds for tuned rows (finding 4)."""
+    text = report.read_text(encoding="utf-8")
+    tuned = (
+        "ε of every row here is its tuning's (the whole tuning procedure: RDP, "
+        "RepeatAndSelectDpEvent; one run's ε is epsilon_single_run), for one tuning, at the δ "
+        "shown; a row over n seeds is n tunings on the same users, whose publication costs their "
+        "composition (see Notes); "
+    )
+    report.write_text(text.replace(_RUN_EPSILON, tuned, 1), encoding="utf-8")
+
+
+def _notes(
+    summaries: dict[str, tuple[dict, list]],
+    empty: list[str],
+    rows: dict[tuple, tuple[int, float]] | None = None,
+) -> str:
+    """The report's notes: what ε means here, one row per tuning, the equivalent commands.
+
+    ``rows`` maps (strategy, σ) to the number of tunings in its row and their composed ε.
+    """
     first = next(iter(summaries.values()))[0]
     tc = first["trial_count"]
     dist = (
@@ -317,6 +359,14 @@ def _notes(summaries: dict[str, tuple[dict, list]], empty: list[str]) -> str:
         "not of the run alone; `epsilon_single_run` (one run's epsilon, RDP) stands beside it "
         "below and in summary.csv. Strategies are named '<strategy> (tuned)'.",
         "",
+        "**This report is the operator's view, not a release.** It shows each tuning's number "
+        "of trials K, its tuning seed (the cell seed, in the commands below; public, since "
+        "compare numbers its seeds) and the trials' run seeds. The tuning epsilon assumes K, the "
+        "tuning seed and the other trials stay secret: publishing this report, summary.csv or "
+        "tune/ is NOT covered by it. Publish only each tuning's released trial (its model, "
+        "hyperparameters and score); for a secret tuning seed, run `fedprivopt tune` without "
+        "--seed.",
+        "",
         "| cell | trials run | released trial | hyperparameters | epsilon (tuning) | "
         "epsilon_single_run | trials reused |",
         "|---|---:|---|---|---:|---:|---:|",
@@ -334,6 +384,19 @@ def _notes(summaries: dict[str, tuple[dict, list]], empty: list[str]) -> str:
             f"{'none' if best is None else best['trial']} | {hp} | {_fmt(s['epsilon'])} | "
             f"{_fmt(s['epsilon_single_run'])} | {reused} |"
         )  # fmt: skip
+    if rows:
+        lines += [
+            "",
+            "A row's mean and std are over several tunings (one per seed) on the **same "
+            "users**; publishing a row releases all of them, which costs their composition "
+            "(RDP, the costliest tuning's RepeatAndSelectDpEvent self-composed n times), not "
+            "one tuning's epsilon:",
+            "",
+            "| strategy | noise multiplier | tunings n | epsilon (row: n tunings composed) |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [f"| {st} | {sigma:g} | {n} | {_fmt(eps)} |"
+                  for (st, sigma), (n, eps) in rows.items()]  # fmt: skip
     if empty:
         lines += [
             "",

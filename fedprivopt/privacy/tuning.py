@@ -44,6 +44,7 @@ __all__ = [
     "MAX_MEAN_TRIALS",
     "TRIAL_DISTRIBUTIONS",
     "TrialCount",
+    "composed_tuning_epsilon",
     "finite_orders",
     "ledger_rdp",
     "rdp_dominates",
@@ -292,6 +293,28 @@ def tuning_epsilon(
         return math.inf
     accountant = _accountant(merged, orders)
     accountant.compose(tuning_dp_event(merged, trials))
+    eps = float(accountant.get_epsilon(delta))
+    return math.inf if math.isnan(eps) else eps
+
+
+def composed_tuning_epsilon(
+    ledger: Iterable[tuple[SubsampledGaussianEvent, int]],
+    delta: float,
+    trials: TrialCount,
+    count: int,
+) -> float:
+    """ε at ``delta`` of ``count`` tunings on the same users, each :func:`tuning_epsilon`'s.
+
+    Publishing a row of a tuned comparison (one tuning per seed) releases them all: their
+    ``RepeatAndSelectDpEvent`` self-composed ``count`` times, at the orders where the run's RDP
+    is finite (:func:`finite_orders` of ``ledger`` alone), by dp-accounting's RDP accountant.
+    """
+    delta = check_delta(delta)
+    merged = merge_ledger(ledger)
+    if any(event.noise_multiplier == 0 for event, _ in merged) or not merged:
+        return math.inf if merged else 0.0
+    accountant = _accountant(merged, finite_orders([merged]))
+    accountant.compose(dpa.SelfComposedDpEvent(tuning_dp_event(merged, trials), int(count)))
     eps = float(accountant.get_epsilon(delta))
     return math.inf if math.isnan(eps) else eps
 

@@ -153,3 +153,29 @@ def test_tuning_epsilon_is_repeat_and_select_of_the_costliest_run(tmp_path):
     from fedprivopt.simulation.tune_check import check_tuning
 
     assert check_tuning(tmp_path / "mixed").epsilon == pytest.approx(expected, rel=1e-9)
+
+
+def test_tuned_compare_report_is_the_operators_view_and_composes_a_row(tmp_path):
+    """Findings 1c and 4: the report said ε was each run's, hid the composition of a row's
+    tunings, and showed K and the seeds beside the tuning ε without saying that publishing
+    them is not covered."""
+    from fedprivopt.privacy.events import SubsampledGaussianEvent
+    from fedprivopt.privacy.tuning import TrialCount, composed_tuning_epsilon, tuning_epsilon
+
+    out = tmp_path / "cmp"
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--seeds", "2",
+            "--tune-grid", "server-learning-rate=0.5,1", "--mean-trials", "1.5", "--rounds", "1",
+            "--out", str(out), *SMALL]  # fmt: skip
+    assert _exit_code(argv) == 0
+    text = (out / "report.md").read_text()
+    assert "after each run's last completed round" not in text
+    assert "ε of every row here is its tuning's" in text
+    assert "operator's view" in text and "NOT covered" in text
+    summary = json.loads(next((out / "tune").glob("*/summary.json")).read_text())
+    ledger = [(SubsampledGaussianEvent.from_dict(e["event"]), e["count"])
+              for e in summary["single_run"]["ledger"]]  # fmt: skip
+    trials = TrialCount("truncated-negative-binomial", 1.5, shape=1.0)
+    one = tuning_epsilon(ledger, summary["delta"], trials)
+    two = composed_tuning_epsilon(ledger, summary["delta"], trials, 2)
+    assert one < two <= 2 * one + 1e-9
+    assert f"| dp-fedavg (tuned) | 0.5 | 2 | {two:.4g} |" in text or f"| 2 | {two:.4g} |" in text

@@ -42,11 +42,13 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 __all__ = [
     "MAX_LOG_Z",
     "MAX_MEAN_TRIALS",
+    "MECHANISM_OF_RELATION",
     "TRIAL_DISTRIBUTIONS",
     "TrialCount",
     "composed_tuning_epsilon",
     "finite_orders",
     "ledger_rdp",
+    "mechanisms_of",
     "rdp_dominates",
     "run_dp_event",
     "tuning_dp_event",
@@ -260,10 +262,26 @@ def run_dp_event(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> dpa.D
     )
 
 
+MECHANISM_OF_RELATION = {
+    dpa.NeighboringRelation.ADD_OR_REMOVE_ONE: "Poisson sampling",
+    dpa.NeighboringRelation.REPLACE_ONE: "fixed-size sampling",
+    dpa.NeighboringRelation.REPLACE_SPECIAL: "tree aggregation",
+}
+"""The mechanism each neighbouring relation comes from, as refusals name it."""
+
+
+def mechanisms_of(relations: Iterable[dpa.NeighboringRelation]) -> str:
+    """The mechanisms of ``relations`` in words, sorted: e.g. "Poisson sampling and tree ..."."""
+    names = sorted({MECHANISM_OF_RELATION.get(r, str(r)) for r in relations})
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+
+
 def _relation(ledger: Ledger) -> dpa.NeighboringRelation:
     relations = {event.neighboring_relation for event, _ in ledger}
     if len(relations) > 1:
-        raise ValueError("a run's ledger mixes neighbouring relations (Poisson and fixed-size)")
+        raise ValueError(
+            f"a run's ledger mixes neighbouring relations ({mechanisms_of(relations)})"
+        )
     return relations.pop() if relations else dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 

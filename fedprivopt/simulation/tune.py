@@ -46,6 +46,7 @@ from fedprivopt.privacy.tuning import (
     TrialCount,
     finite_orders,
     ledger_rdp,
+    mechanisms_of,
     rdp_dominates,
     tuning_epsilon,
 )
@@ -275,7 +276,8 @@ def dominating_plan(
     Raises
     ------
     ValueError
-        Naming ``--grid``, when the points mix Poisson and fixed-size sampling, or no point's
+        Naming ``--grid``, when the points mix mechanisms of different neighbouring relations
+        (Poisson sampling, fixed-size sampling, tree aggregation; named), or no point's
         curve bounds all the others (e.g. fewer rounds at a smaller noise multiplier).
     """
     for point, ledger in plans:
@@ -283,7 +285,7 @@ def dominating_plan(
             return point, None
     relations = {e.neighboring_relation for _, ledger in plans for e, _ in ledger}
     if len(relations) > 1:
-        raise ValueError("argument --grid: its points mix Poisson and fixed-size sampling")
+        raise ValueError(f"argument --grid: its points mix {mechanisms_of(relations)}")
     distinct: dict[Ledger, dict[str, Any]] = {}
     for point, ledger in plans:
         distinct.setdefault(ledger, point)

@@ -179,3 +179,14 @@ def test_tuned_compare_report_is_the_operators_view_and_composes_a_row(tmp_path)
     two = composed_tuning_epsilon(ledger, summary["delta"], trials, 2)
     assert one < two <= 2 * one + 1e-9
     assert f"| dp-fedavg (tuned) | 0.5 | 2 | {two:.4g} |" in text or f"| 2 | {two:.4g} |" in text
+
+
+def test_mixed_mechanism_refusal_names_tree(tmp_path, capsys):
+    """Finding 6: a Gaussian/tree grid was refused as a mix of Poisson and fixed-size sampling."""
+    argv = ["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid",
+            "noise-mechanism=gaussian,tree", "--mean-trials", "1", "--rounds", "2", "--out",
+            str(tmp_path / "t"), *SMALL]  # fmt: skip
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--grid" in err
+    assert "Poisson sampling and tree aggregation" in err and "fixed" not in err

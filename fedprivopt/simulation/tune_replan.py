@@ -82,6 +82,10 @@ def plan_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> str
     for key, flag in _FLAGS:
         old, new = _get(stored, key), _get(wanted, key)
         if not _same(old, new):
+            if key == "seed" and "os-entropy" in (stored.get("seed_source"),
+                                                  wanted.get("seed_source")):  # fmt: skip
+                # a secret seed is never printed (issue 20 review, finding 1)
+                return f"{flag} differs: one of the two tunings drew a secret seed"
             return f"{flag} differs: the earlier tuning has {_short(old)}, this call {_short(new)}"
     if not _same(stored.get("trials"), wanted.get("trials")):
         return "the drawn trials differ (the tuning was made by another version)"

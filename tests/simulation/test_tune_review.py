@@ -190,3 +190,14 @@ def test_mixed_mechanism_refusal_names_tree(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--grid" in err
     assert "Poisson sampling and tree aggregation" in err and "fixed" not in err
+
+
+def test_a_refusal_does_not_print_the_secret_seed(tmp_path, capsys):
+    """Finding 1: a second call with --seed into a directory of a secret seed named it."""
+    out = tmp_path / "t"
+    assert _exit_code(_toy_tune(out)) == 0
+    secret = json.loads((out / "tune.json").read_text())["seed"]
+    capsys.readouterr()
+    assert _exit_code(_toy_tune(out, "--seed", "3")) == 2
+    err = capsys.readouterr().err
+    assert "--seed" in err and "secret" in err and str(secret) not in err

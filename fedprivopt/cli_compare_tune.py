@@ -204,7 +204,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_tuned(args: argparse.Namespace) -> int:
     """Check every cell's tuning, run them under ``OUT``'s lock, write the report."""
-    from fedprivopt.cli_runs import compare_cells, load_preset, set_overrides
+    from fedprivopt.cli_runs import compare_cells, compare_overrides, load_preset
     from fedprivopt.cli_tune import cmd_tune
     from fedprivopt.simulation.cells import lock_compare_dir, remove_report
 
@@ -213,13 +213,7 @@ def _compare_tuned(args: argparse.Namespace) -> int:
         check_tuned_compare_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    sets = set_overrides(args)
-    if "strategy" in sets:
-        raise UsageError("argument --set: strategy is the grid's (use --strategies)")
-    if args.noise_multipliers and "noise-multiplier" in sets:
-        raise UsageError(
-            "argument --noise-multipliers: it contradicts --set noise-multiplier; give one of them"
-        )
+    sets = compare_overrides(args)
     cells = compare_cells(args, load_preset(args.config, sets))
     grids = _split_grid(args.tune_grid, list(dict.fromkeys(c.config.strategy.strategy
                                                            for c in cells)))  # fmt: skip
@@ -288,8 +282,8 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
         rows[(strategy, sigma)] = (len(paths), _row_epsilon(costliest, len(paths)))
     notes = _notes(summaries, empty, rows)
     report = write_report(out, runs, title=f"fedprivopt compare: {args.config} (tuned)",
-                          metric=args.metric, notes=notes)  # fmt: skip
-    _tuned_privacy_line(report)
+                          metric=args.metric, notes=notes,
+                          epsilon_text=_TUNED_EPSILON)  # fmt: skip
     _add_single_run_column(out / "summary.csv", single)
     reused = sum(t.get("origin", "").startswith("reused") for s, _ in summaries.values()
                  for t in s["trials"])  # fmt: skip
@@ -317,19 +311,13 @@ def _row_epsilon(summary: dict, count: int) -> float:
     return composed_tuning_epsilon(ledger, summary["delta"], trials, count)
 
 
-_RUN_EPSILON = "ε is the accountant's value after each run's last completed round, at the δ shown; "
-
-
-def _tuned_privacy_line(report: Path) -> None:
-    """report.md's "Privacy parameters" line as it holds for tuned rows (finding 4)."""
-    text = report.read_text(encoding="utf-8")
-    tuned = (
-        "ε of every row here is its tuning's (the whole tuning procedure: RDP, "
-        "RepeatAndSelectDpEvent; one run's ε is epsilon_single_run), for one tuning, at the δ "
-        "shown; a row over n seeds is n tunings on the same users, whose publication costs their "
-        "composition (see Notes); "
-    )
-    report.write_text(text.replace(_RUN_EPSILON, tuned, 1), encoding="utf-8")
+_TUNED_EPSILON = (
+    "ε of every row here is its tuning's (the whole tuning procedure: RDP, "
+    "RepeatAndSelectDpEvent; one run's ε is epsilon_single_run), for one tuning, at the δ "
+    "shown; a row over n seeds is n tunings on the same users, whose publication costs their "
+    "composition (see Notes); "
+)
+"""report.md's "Privacy parameters" sentence as it holds for tuned rows (finding 4)."""
 
 
 def _notes(

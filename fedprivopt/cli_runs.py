@@ -35,6 +35,7 @@ __all__ = [
     "cmd_compare",
     "cmd_simulate",
     "compare_cells",
+    "compare_overrides",
     "load_preset",
     "set_overrides",
 ]
@@ -72,6 +73,18 @@ def load_preset(path: str | os.PathLike, overrides: dict | None = None, where: s
 
 
 # -- simulate ----------------------------------------------------------------------------------
+
+
+def compare_overrides(args: argparse.Namespace) -> dict:
+    """``compare``'s :func:`set_overrides`, refusing the keys its grid sets for every cell."""
+    sets = set_overrides(args)
+    if "strategy" in sets:  # every cell sets its own: the --set would be silently ignored
+        raise UsageError("argument --set: strategy is the grid's (use --strategies)")
+    if args.noise_multipliers and "noise-multiplier" in sets:
+        raise UsageError(
+            "argument --noise-multipliers: it contradicts --set noise-multiplier; give one of them"
+        )
+    return sets
 
 
 def set_overrides(args: argparse.Namespace) -> dict:
@@ -254,14 +267,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_compare_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    sets = set_overrides(args)
-    if "strategy" in sets:  # every cell sets its own: the --set would be silently ignored
-        raise UsageError("argument --set: strategy is the grid's (use --strategies)")
-    if args.noise_multipliers and "noise-multiplier" in sets:
-        raise UsageError(
-            "argument --noise-multipliers: it contradicts --set noise-multiplier; give one of them"
-        )
-    base = load_preset(args.config, sets)
+    base = load_preset(args.config, compare_overrides(args))
     cells = compare_cells(args, base)
     if args.metric is not None:  # before any run: a metric no run reports failed only at the end
         from fedprivopt.simulation.tune import check_metric

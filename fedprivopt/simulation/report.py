@@ -63,6 +63,8 @@ _PRIVACY_CONFIG_WORDS = (
     "accountant", "clip", "sampling", "cohort", "users", "delta", "epsilon", "target", "secure",
     "noise", "rounds",
 )  # fmt: skip
+RUN_EPSILON = "ε is the accountant's value after each run's last completed round, at the δ shown; "
+"""What ε means in a report of runs (the start of its "Privacy parameters")."""
 _EARLIER = ("reused", "resumed")  # origins of runs made by an earlier call
 _FIGSIZE = (8.0, 5.0)
 _DPI = 120
@@ -119,6 +121,7 @@ def write_report(
     metric: str | None = None,
     notes: str | None = None,
     origins: Mapping[str, str] | None = None,
+    epsilon_text: str = RUN_EPSILON,
 ) -> Path:
     """Write ``summary.csv``, ``metric_vs_round.png``, ``privacy_utility.png`` and ``report.md``.
 
@@ -137,6 +140,9 @@ def write_report(
         Where each run comes from, keyed by run directory name (e.g. ``compare``'s "reused:
         finished earlier with the same configuration"); listed under "Runs", with the number of
         runs reused from earlier calls in the first paragraph.
+    epsilon_text : str, optional
+        What ε means, the start of "Privacy parameters" (default :data:`RUN_EPSILON`; a tuned
+        comparison states its tunings' ε).
 
     Returns
     -------
@@ -153,7 +159,7 @@ def write_report(
     ref = reference_model(sel.runs, sel.metric)
     _plot_metric_vs_round(sel, out / "metric_vs_round.png", ref)
     _plot_privacy_utility(rows, out / "privacy_utility.png", ref)
-    text = _markdown(title, sel, rows, issues, notes, ref, origins)
+    text = _markdown(title, sel, rows, issues, notes, ref, origins, epsilon_text)
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
     return report
@@ -342,6 +348,7 @@ def _markdown(
     notes: str | None,
     ref: tuple[str, dict[str, float]] | None = None,
     origins: Mapping[str, str] | None = None,
+    epsilon_text: str = "",
 ) -> str:
     m, pretty = sel.metric, _pretty(sel.metric)
     strategies = sorted({r.strategy for r in sel.runs})
@@ -417,8 +424,7 @@ def _markdown(
         "",
         "## Privacy parameters",
         "",
-        "ε is the accountant's value after each run's last completed round, at the δ shown; "
-        "non-private baselines have ε = ∞. The unit of privacy is the user"
+        epsilon_text + "non-private baselines have ε = ∞. The unit of privacy is the user"
         + _relations(sel.runs),
         "",
     ]

@@ -28,7 +28,6 @@ stored configuration equals the trial's.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -256,10 +255,6 @@ def planned_ledger(config, alg) -> Ledger | None:
     return rounds(lo)
 
 
-def _dominates(a: np.ndarray, b: np.ndarray) -> bool:
-    return rdp_dominates(a, b)
-
-
 def dominating_plan(
     plans: Sequence[tuple[dict[str, Any], Ledger | None]],
     orders: tuple[float, ...] | None = None,
@@ -267,11 +262,12 @@ def dominating_plan(
     """The ``(point, ledger)`` whose RDP curve is at least every other's at every order.
 
     A non-private point makes the whole tuning non-private (its ledger ``None``). Curves are
-    compared at ``orders`` (default: dp-accounting's), leaving out every order where some
-    point's RDP is not finite (dp-accounting failed there). The tuning bound is computed at the
-    orders where the chosen ledger alone is finite (``finite_orders([ledger])``): RDP is
-    monotone in σ, the sampling rate and the rounds, so its value bounds the others there too
-    (issue 20 review, finding 3: dropping a cheaper point's failed orders raised ε).
+    compared at ``orders`` (default: dp-accounting's), leaving out the orders where the curve
+    compared against is not finite (dp-accounting failed there: ``rdp_dominates``). The
+    tuning bound is computed at the orders where the chosen ledger alone is finite
+    (``finite_orders([ledger])``): RDP is monotone in σ, the sampling rate and the rounds, so
+    its value bounds the others there too (issue 20 review, finding 3: dropping a cheaper
+    point's failed orders raised ε).
 
     Raises
     ------
@@ -290,10 +286,8 @@ def dominating_plan(
     for point, ledger in plans:
         distinct.setdefault(ledger, point)
     curves = {ledger: ledger_rdp(ledger, orders) for ledger in distinct}
-    finite = np.logical_and.reduce([np.isfinite(c) for c in curves.values()])
-    curves = {ledger: curve[finite] for ledger, curve in curves.items()}
     for ledger, curve in curves.items():
-        if all(_dominates(curve, other) for other in curves.values()):
+        if all(rdp_dominates(curve, other) for other in curves.values()):
             return distinct[ledger], ledger
     first, second = list(distinct.values())[:2]
     raise ValueError(
@@ -336,10 +330,11 @@ def check_released(
     over = {
         label: led
         for label, led in released.items()
-        if not _dominated_by(led, plan.ledger) and not _dominates(bound, ledger_rdp(led, orders))
+        if not _dominated_by(led, plan.ledger)
+        and not rdp_dominates(bound, ledger_rdp(led, orders))
     }  # a trial at another grid point releases other events, but less at every order
     if not over:
-        return dataclasses.replace(plan, orders=orders), []
+        return plan, []
     candidates = [(plan.point, plan.ledger)] + [({"trial": k}, v) for k, v in over.items()]
     try:
         point, ledger = dominating_plan(candidates, orders)

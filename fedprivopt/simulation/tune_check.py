@@ -35,8 +35,6 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.tuning import (
     TrialCount,
     finite_orders,
-    ledger_rdp,
-    rdp_dominates,
     tuning_epsilon,
 )
 
@@ -227,8 +225,18 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
 
 
 def _recomputed_ledger(path: Path, builder: _Builder, plan: dict[str, Any], released):
-    """The single run's bound over every grid point, raised to a trial's ledger beyond it."""
-    from fedprivopt.simulation.tune import dominating_plan, grid_points, planned_ledger
+    """The single run's bound over every grid point, raised to a trial's ledger beyond it.
+
+    As ``tune`` computes it (:func:`~fedprivopt.simulation.tune.check_released` of the
+    dominating grid point, at that run's own finite orders); returns the ledger and the orders.
+    """
+    from fedprivopt.simulation.tune import (
+        PrivacyPlan,
+        check_released,
+        dominating_plan,
+        grid_points,
+        planned_ledger,
+    )
 
     plans = []
     for point in grid_points(plan["grid"]):
@@ -238,23 +246,17 @@ def _recomputed_ledger(path: Path, builder: _Builder, plan: dict[str, Any], rele
     point, ledger = dominating_plan(plans)
     if ledger is None:
         return None, None
-    orders = finite_orders([ledger])  # the costliest run's own (as tune: finding 3)
-    bound = ledger_rdp(ledger, orders)
-    over = [
-        ({"trial": label}, led)
-        for label, led in released.items()
-        if not rdp_dominates(bound * (1 + 1e-12), ledger_rdp(led, orders))
-    ]
-    if over:
-        try:
-            point, ledger = dominating_plan([(point, ledger), *over], orders)
-        except ValueError:
-            raise ValueError(
-                f"{path / 'runs'}: a trial's privacy ledger exceeds the single run its "
-                "configuration plans, and no ledger bounds the others"
-            ) from None
-        orders = finite_orders([ledger], orders)
-    return ledger, orders
+    single = PrivacyPlan(
+        ledger, point, float(plan["delta"]), "rdp", orders=finite_orders([ledger])
+    )  # the costliest run's own orders (as tune: issue 20 review, finding 3)
+    try:
+        bound, _ = check_released(single, released)
+    except ValueError:
+        raise ValueError(
+            f"{path / 'runs'}: a trial's privacy ledger exceeds the single run its "
+            "configuration plans, and no ledger bounds the others"
+        ) from None
+    return bound.ledger, bound.orders
 
 
 def _stated_ledger(path: Path, summary: dict[str, Any]):

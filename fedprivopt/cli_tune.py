@@ -198,17 +198,15 @@ def tuning_seed(args: argparse.Namespace, out) -> tuple[int, bool]:
     """
     import secrets
 
-    from fedprivopt.simulation.tune_check import PLAN_FILE
+    from fedprivopt.simulation.tune_replan import read_plan
 
     if args.tune_seed is not None:
         return args.tune_seed, False
-    path = out / PLAN_FILE
     with contextlib.suppress(OSError, ValueError, RecursionError):
-        if path.is_file() and path.stat().st_size <= 64 << 20:
-            stored = json.loads(path.read_text(encoding="utf-8"))
-            seed = stored.get("seed") if isinstance(stored, dict) else None
-            if stored.get("seed_source") == "os-entropy" and type(seed) is int and seed >= 0:
-                return seed, True
+        stored = read_plan(out) or {}
+        seed = stored.get("seed")
+        if stored.get("seed_source") == "os-entropy" and type(seed) is int and seed >= 0:
+            return seed, True
     return secrets.randbits(63), True
 
 

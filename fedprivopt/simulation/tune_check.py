@@ -38,7 +38,14 @@ from fedprivopt.privacy.tuning import (
     tuning_epsilon,
 )
 
-__all__ = ["PLAN_FILE", "TunedCheck", "check_tuning", "check_tunings", "plan_document"]
+__all__ = [
+    "PLAN_FILE",
+    "TunedCheck",
+    "check_tuning",
+    "check_tunings",
+    "plan_document",
+    "same_json",
+]
 
 PLAN_FILE = "tune.json"
 PLAN_VERSION = 1
@@ -119,7 +126,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_json(a: Any, b: Any) -> bool:
     """JSON equality that tells ``1`` from ``1.0`` and ``true`` from ``1``."""
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
@@ -134,14 +141,14 @@ def _cross_check(path: Path, summary: dict[str, Any], plan: dict[str, Any]) -> N
     for key in ("strategy", "metric", "grid", "overrides", "trial_count", "seed", "delta"):
         if key == "seed" and summary.get(key) is None and plan.get("seed_source") == "os-entropy":
             continue  # a secret seed is kept out of summary.json
-        if not _same(summary.get(key), plan.get(key)):
+        if not same_json(summary.get(key), plan.get(key)):
             raise ValueError(
                 f"{path / 'summary.json'}: its {key} {shown(summary.get(key))} disagrees with "
                 f"{PLAN_FILE}'s {shown(plan.get(key))}; the tuning's files were edited"
             )
     stated = [(r.get("trial"), r.get("hyperparameters"), r.get("seed")) for r in summary["trials"]]
     planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
-    if not _same(stated, planned):
+    if not same_json(stated, planned):
         raise ValueError(
             f"{path / 'summary.json'}: its trials disagree with {PLAN_FILE}'s; the tuning's files "
             "were edited"
@@ -156,7 +163,7 @@ def _check_draws(path: Path, plan: dict[str, Any], trials: TrialCount) -> None:
         (t.label, t.hyperparameters, t.seed) for t in draw_trials(grid, trials, int(plan["seed"]))
     ]
     planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
-    if not _same(drawn, planned):
+    if not same_json(drawn, planned):
         raise ValueError(
             f"{path / PLAN_FILE}: its trials are not those its seed, grid and trial count draw; "
             "the tuning's files were edited"
@@ -216,7 +223,7 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
         return None
     ledger.check_config(stored, source=str(run_dir / CONFIG_FILE))
     stated = ledger.header.get("delta")
-    if not _same(stated, delta):
+    if not same_json(stated, delta):
         raise ValueError(
             f"{run_dir / LEDGER_FILE}: its header's delta {shown(stated)} disagrees with the "
             f"tuning's {shown(delta)}"
@@ -351,7 +358,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
             base = builder.config({})
         except ValueError as exc:
             raise ValueError(f"{path / PLAN_FILE}: its base_config: {exc}") from None
-        if not _same(base.strategy.delta, delta):
+        if not same_json(base.strategy.delta, delta):
             raise ValueError(f"{path / PLAN_FILE}: its delta disagrees with its base_config")
         released = {}
         for trial in plan["trials"]:
@@ -415,7 +422,7 @@ def check_tunings(paths: Sequence[str | Path]) -> list[TunedCheck]:
             if other.plan["strategy"] != one.plan["strategy"]:
                 continue
             for key in ("grid", "trial_count", "metric"):
-                if not _same(other.plan[key], one.plan[key]):
+                if not same_json(other.plan[key], one.plan[key]):
                     raise ValueError(
                         f"TUNED: {shown(str(text))} has another {key} than "
                         f"{shown(str(other.path))}; tunings of one strategy are its seeds only "

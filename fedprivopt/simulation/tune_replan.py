@@ -17,7 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_plan", "discard_tuning", "plan_difference"]
+from fedprivopt.simulation.files import SMALL_FILE_LIMIT
+from fedprivopt.simulation.tune_check import PLAN_FILE, same_json
+
+__all__ = ["check_plan", "discard_tuning", "plan_difference", "read_plan"]
 
 _FLAGS = (
     ("strategy", "--strategy"),
@@ -35,10 +38,6 @@ def _get(doc: Mapping[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         value = value.get(part) if isinstance(value, Mapping) else None
     return value
-
-
-def _same(a: Any, b: Any) -> bool:
-    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
 
 def _short(value: Any) -> str:
@@ -67,6 +66,30 @@ def _base_difference(old_toml: Any, new_toml: str) -> str:
     return f"its base configuration has {key} = {_short(old)}, this call {_short(new)}"
 
 
+def read_plan(out: str | Path) -> dict[str, Any] | None:
+    """``out/tune.json``, the plan of an earlier tuning in ``out``; ``None`` when there is none.
+
+    Raises
+    ------
+    ValueError
+        Saying why the file cannot be a plan: not a regular file, larger than
+        :data:`~fedprivopt.simulation.files.SMALL_FILE_LIMIT`, not a JSON object (or not JSON).
+    OSError, RecursionError
+        From reading or parsing it.
+    """
+    path = Path(out) / PLAN_FILE
+    if not os.path.lexists(path):
+        return None
+    if not path.is_file():
+        raise ValueError("not a regular file")
+    if path.stat().st_size > SMALL_FILE_LIMIT:
+        raise ValueError("larger than 64 MiB")
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(stored, dict):
+        raise ValueError("not a JSON object")
+    return stored
+
+
 def plan_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
     """The first difference between two ``tune.json`` plans, naming its flag; ``None``: same.
 
@@ -76,18 +99,18 @@ def plan_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> str
         Plan documents (:func:`~fedprivopt.simulation.tune_check.plan_document`): the one in
         the directory and the one of this call.
     """
-    if not _same(stored.get("base_config"), wanted.get("base_config")):
+    if not same_json(stored.get("base_config"), wanted.get("base_config")):
         why = _base_difference(stored.get("base_config"), wanted["base_config"])
         return f"CONFIG, --set or a flag such as --rounds differs: {why}"
     for key, flag in _FLAGS:
         old, new = _get(stored, key), _get(wanted, key)
-        if not _same(old, new):
+        if not same_json(old, new):
             if key == "seed" and "os-entropy" in (stored.get("seed_source"),
                                                   wanted.get("seed_source")):  # fmt: skip
                 # a secret seed is never printed (issue 20 review, finding 1)
                 return f"{flag} differs: one of the two tunings drew a secret seed"
             return f"{flag} differs: the earlier tuning has {_short(old)}, this call {_short(new)}"
-    if not _same(stored.get("trials"), wanted.get("trials")):
+    if not same_json(stored.get("trials"), wanted.get("trials")):
         return "the drawn trials differ (the tuning was made by another version)"
     return None
 
@@ -104,24 +127,15 @@ def check_plan(out: str | Path, wanted: Mapping[str, Any], *, overwrite: bool) -
         Without ``overwrite``, when ``out/tune.json`` records another plan or cannot be read:
         one line naming the first differing flag and ``--overwrite``.
     """
-    from fedprivopt.simulation.tune_check import PLAN_FILE
-
-    path = Path(out) / PLAN_FILE
-    if not os.path.lexists(path):
-        return False
     hint = "pass --overwrite to discard it and start over, or choose another --out"
     try:
-        if not path.is_file():
-            raise ValueError("not a regular file")
-        if path.stat().st_size > 64 << 20:
-            raise ValueError("larger than 64 MiB")
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(stored, dict):
-            raise ValueError("not a JSON object")
+        stored = read_plan(out)
     except (OSError, ValueError, RecursionError) as exc:
         if overwrite:
             return True
-        raise ValueError(f"{path} cannot be read ({exc}); {hint}") from None
+        raise ValueError(f"{Path(out) / PLAN_FILE} cannot be read ({exc}); {hint}") from None
+    if stored is None:
+        return False
     why = plan_difference(stored, wanted)
     if why is None:
         return False
@@ -146,7 +160,6 @@ def discard_tuning(out: str | Path) -> None:
     """
     from fedprivopt.simulation.rundir import check_claimable, lock_run_dir, remove_run_files
     from fedprivopt.simulation.tune import TUNE_FILES
-    from fedprivopt.simulation.tune_check import PLAN_FILE
 
     out = Path(out)
     runs = out / "runs"

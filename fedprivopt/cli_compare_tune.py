@@ -133,34 +133,13 @@ def _tune_namespace(argv: list[str]) -> argparse.Namespace:
 
 def _check_tuning(ns: argparse.Namespace) -> None:
     """Every check ``fedprivopt tune`` makes before it writes, without writing (as its order)."""
-    from fedprivopt.cli_runs import load_preset, set_overrides
-    from fedprivopt.cli_tune import check_selection, plan_tuning, trial_count_of
-    from fedprivopt.simulation.cells import Cell, plan_cells
-    from fedprivopt.simulation.tune import (
-        check_leftover_trials,
-        check_tune_dir,
-        draw_trials,
-        parse_grid,
-    )
+    from fedprivopt.cli_tune import prepare_tuning
+    from fedprivopt.simulation.cells import plan_cells
+    from fedprivopt.simulation.tune import check_leftover_trials
 
-    count = trial_count_of(ns)
-    out = check_out_dir(ns.out)
-    check_tune_dir(out)
-    grid = parse_grid(ns.grid)
-    overrides = set_overrides(ns)
-    for key in grid:
-        if key in overrides:
-            raise UsageError(f"argument --grid: {key} is also set by --set or a flag; give one")
-    _, tasks, _ = plan_tuning(ns, overrides, grid)
-    check_selection(ns, tasks.values())
-    cells = []
-    for trial in draw_trials(grid, count, ns.tune_seed):
-        config = load_preset(ns.config, {**overrides, **trial.hyperparameters,
-                                         "seed": trial.seed}, where=trial.label)  # fmt: skip
-        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
-        cells.append(Cell(trial.label, config, tasks[key]))
-    check_leftover_trials(out, [c.label for c in cells])
-    plan_cells(out, cells, overwrite=ns.overwrite)  # an earlier trial: reused only if identical
+    setup = prepare_tuning(ns)
+    check_leftover_trials(setup.out, [c.label for c in setup.cells])
+    plan_cells(setup.out, setup.cells, overwrite=ns.overwrite)  # earlier trials: if identical
 
 
 def check_tuned_compare_dir(out: Path) -> None:

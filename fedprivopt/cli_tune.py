@@ -16,6 +16,8 @@ import argparse
 import contextlib
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fedprivopt.cli_args import (
@@ -29,11 +31,13 @@ from fedprivopt.cli_args import (
 from fedprivopt.cli_runs import build_checked_run, load_preset, set_overrides
 
 __all__ = [
+    "TuningSetup",
     "add_tune",
     "check_selection",
     "cmd_compare_tuned",
     "cmd_tune",
     "plan_tuning",
+    "prepare_tuning",
     "trial_count_of",
     "tuning_seed",
 ]
@@ -210,27 +214,38 @@ def tuning_seed(args: argparse.Namespace, out) -> tuple[int, bool]:
     return secrets.randbits(63), True
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    """``fedprivopt tune``: the best of a random number of trials, with the tuning's ε."""
-    from fedprivopt.simulation.cells import Cell, plan_cells
-    from fedprivopt.simulation.config import config_to_toml
-    from fedprivopt.simulation.files import atomic_write
-    from fedprivopt.simulation.ledger import RunLedger
-    from fedprivopt.simulation.rundir import lock_directory
-    from fedprivopt.simulation.tune import (
-        TUNE_LOCK,
-        check_leftover_trials,
-        check_released,
-        check_tune_dir,
-        draw_trials,
-        parse_grid,
-        remove_outputs,
-        run_trials,
-        select_best,
-    )
-    from fedprivopt.simulation.tune_check import PLAN_FILE, plan_document
-    from fedprivopt.simulation.tune_replan import check_plan, discard_tuning
-    from fedprivopt.simulation.tune_report import summary_of, write_tune_outputs
+@dataclass
+class TuningSetup:
+    """What ``tune`` checks and derives from its flags before it writes anything.
+
+    Built by :func:`prepare_tuning`; ``compare --tune-grid`` makes the same checks for every
+    cell before its first tuning runs.
+    """
+
+    out: Path
+    grid: dict
+    overrides: dict
+    base: Any
+    plan: Any
+    metric: str
+    selection: dict | None
+    seed: int
+    secret: bool
+    trial_count: Any
+    trials: list
+    cells: list
+
+
+def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
+    """Every check ``tune`` makes of its flags and grid points, writing nothing.
+
+    Raises
+    ------
+    UsageError
+        Naming the flag (``--grid``, ``--out``, ``--set``, ...).
+    """
+    from fedprivopt.simulation.cells import Cell
+    from fedprivopt.simulation.tune import check_tune_dir, draw_trials, parse_grid
 
     trial_count = trial_count_of(args)
     out = check_out_dir(args.out)
@@ -254,10 +269,37 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                            "seed": trial.seed}, where=trial.label)  # fmt: skip
         key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
         cells.append(Cell(trial.label, config, tasks[key]))
+    return TuningSetup(out, grid, overrides, base, plan, metric, selection, seed, secret,
+                       trial_count, trials, cells)  # fmt: skip
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``fedprivopt tune``: the best of a random number of trials, with the tuning's ε."""
+    from fedprivopt.simulation.cells import plan_cells
+    from fedprivopt.simulation.config import config_to_toml
+    from fedprivopt.simulation.files import atomic_write
+    from fedprivopt.simulation.ledger import RunLedger
+    from fedprivopt.simulation.rundir import lock_directory
+    from fedprivopt.simulation.tune import (
+        TUNE_LOCK,
+        check_leftover_trials,
+        check_released,
+        remove_outputs,
+        run_trials,
+        select_best,
+    )
+    from fedprivopt.simulation.tune_check import PLAN_FILE, plan_document
+    from fedprivopt.simulation.tune_replan import check_plan, discard_tuning
+    from fedprivopt.simulation.tune_report import summary_of, write_tune_outputs
+
+    setup = prepare_tuning(args)
+    out, trials, metric = setup.out, setup.trials, setup.metric
+    strategy = setup.base.strategy.strategy
     document = plan_document(
-        preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
-        base_config_toml=config_to_toml(base), grid=grid, overrides=overrides,
-        trials=trial_count, seed=seed, delta=plan.delta, drawn=trials, seed_secret=secret,
+        preset=str(args.config), strategy=strategy, metric=metric,
+        base_config_toml=config_to_toml(setup.base), grid=setup.grid, overrides=setup.overrides,
+        trials=setup.trial_count, seed=setup.seed, delta=setup.plan.delta, drawn=trials,
+        seed_secret=setup.secret,
     )  # fmt: skip
     (out / "runs").mkdir(parents=True, exist_ok=True)
     locked = contextlib.ExitStack()
@@ -273,7 +315,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     with locked:
         try:
-            plans = plan_cells(out, cells, overwrite=args.overwrite)
+            plans = plan_cells(out, setup.cells, overwrite=args.overwrite)
             remove_outputs(out)  # before a trial changes: a stopped call leaves no stale report
             atomic_write(out / PLAN_FILE, json.dumps(document, indent=2) + "\n")
         except ValueError as exc:  # a stale trial run (compare's rules), a locked run
@@ -289,14 +331,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
             ledger = RunLedger.read(out / "runs" / trial.label)
             if ledger is not None:
                 released[trial.label] = ledger.total()
-        plan, notes = check_released(plan, released)
+        plan, notes = check_released(setup.plan, released)
         maximize = metric != "eval_loss"
         best = select_best(results, maximize=maximize)
         summary = summary_of(
-            preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
-            maximize=maximize, grid=grid, overrides=overrides, trials=trial_count, seed=seed,
-            plan=plan, results=results, best=best, notes=notes, selection=selection,
-            seed_secret=secret,
+            preset=str(args.config), strategy=strategy, metric=metric, maximize=maximize,
+            grid=setup.grid, overrides=setup.overrides, trials=setup.trial_count,
+            seed=setup.seed, plan=plan, results=results, best=best, notes=notes,
+            selection=setup.selection, seed_secret=setup.secret,
         )  # fmt: skip
         report = write_tune_outputs(out, summary)
     shown = (

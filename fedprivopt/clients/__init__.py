@@ -11,51 +11,29 @@ which a user's own ClientApp calls after its own training loop (``docs/FLOWER.md
 imported only when named (``from fedprivopt.clients import TrainMessage`` works too).
 """
 
-import importlib
+from fedprivopt.core.lazy import lazy_package
 
-from fedprivopt.clients.privatize import (
-    NOISE_PURPOSE,
-    PrivateUpdate,
-    noise_generator,
-    privatize_update,
+__all__ = lazy_package(
+    __name__,
+    {
+        "privatize": (
+            "NOISE_PURPOSE",
+            "PrivateUpdate",
+            "noise_generator",
+            "privatize_update",
+        ),
+        "trainer": (
+            "LocalConfig",
+            "LocalResult",
+            "LocalTrainer",
+            "default_device",
+            "epoch_orders",
+        ),
+        "messages": (
+            "TrainMessage",
+            "hosted_users",
+            "reply_updates",
+            "reply_users",
+        ),
+    },
 )
-from fedprivopt.clients.trainer import (
-    LocalConfig,
-    LocalResult,
-    LocalTrainer,
-    default_device,
-    epoch_orders,
-)
-
-# Flower is imported on first use of these names (PEP 562): the fast engine never loads it.
-_LAZY = {
-    "TrainMessage": "messages",
-    "hosted_users": "messages",
-    "reply_updates": "messages",
-    "reply_users": "messages",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"fedprivopt.clients.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fedprivopt.clients' has no attribute {name!r}")
-
-
-__all__ = [
-    "NOISE_PURPOSE",
-    "LocalConfig",
-    "LocalResult",
-    "LocalTrainer",
-    "PrivateUpdate",
-    "TrainMessage",
-    "default_device",
-    "epoch_orders",
-    "hosted_users",
-    "noise_generator",
-    "privatize_update",
-    "reply_updates",
-    "reply_users",
-]

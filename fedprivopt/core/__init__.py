@@ -4,8 +4,10 @@
   :func:`epoch_orders` (which examples a user trains on, in which order), shared by the client
   trainers and the vectorized cohort trainers of the tasks;
 - :mod:`fedprivopt.core.checks`: parameter checks whose errors name the parameter and its range;
-- :mod:`fedprivopt.core.text`: values shown in one-line messages.
-- :mod:`fedprivopt.core.threads`: OpenMP threads that wait passively (set before torch loads).
+- :mod:`fedprivopt.core.text`: values shown in one-line messages;
+- :mod:`fedprivopt.core.threads`: OpenMP threads that wait passively (set before torch loads);
+- :mod:`fedprivopt.core.lazy`: package namespaces that import a name's submodule on first use, so
+  threads importing modules at once never deadlock.
 
 Nothing is imported here, so the command line can show a message without loading torch.
 """

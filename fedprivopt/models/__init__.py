@@ -12,42 +12,33 @@ and :func:`initial_flat` give the flat layout and initial point of a task's mode
 (:mod:`~fedprivopt.models.side_information`).
 """
 
-from fedprivopt.models.next_word import StackOverflowNextWordTask
-from fedprivopt.models.next_word_model import NextWordLSTM
-from fedprivopt.models.registry import build_task, register_task, task_names
-from fedprivopt.models.side_information import (
-    public_users_preconditioner,
-    token_frequency_preconditioner,
-    two_level_preconditioner,
-)
-from fedprivopt.models.tag_prediction import StackOverflowTagTask
-from fedprivopt.models.tag_prediction_model import BagOfWordsLogisticRegression
-from fedprivopt.models.task import (
-    Task,
-    frozen_mask,
-    initial_flat,
-    model_spec,
-    primary_metric,
-    state_to_flat,
-)
-from fedprivopt.models.toy import ToyClassificationTask
+from fedprivopt.core.lazy import lazy_package
 
-__all__ = [
-    "BagOfWordsLogisticRegression",
-    "NextWordLSTM",
-    "StackOverflowNextWordTask",
-    "StackOverflowTagTask",
-    "Task",
-    "ToyClassificationTask",
-    "build_task",
-    "frozen_mask",
-    "initial_flat",
-    "model_spec",
-    "primary_metric",
-    "public_users_preconditioner",
-    "register_task",
-    "state_to_flat",
-    "task_names",
-    "token_frequency_preconditioner",
-    "two_level_preconditioner",
-]
+__all__ = lazy_package(
+    __name__,
+    {
+        "next_word": ("StackOverflowNextWordTask",),
+        "next_word_model": ("NextWordLSTM",),
+        "registry": (
+            "build_task",
+            "register_task",
+            "task_names",
+        ),
+        "side_information": (
+            "public_users_preconditioner",
+            "token_frequency_preconditioner",
+            "two_level_preconditioner",
+        ),
+        "tag_prediction": ("StackOverflowTagTask",),
+        "tag_prediction_model": ("BagOfWordsLogisticRegression",),
+        "task": (
+            "Task",
+            "frozen_mask",
+            "initial_flat",
+            "model_spec",
+            "primary_metric",
+            "state_to_flat",
+        ),
+        "toy": ("ToyClassificationTask",),
+    },
+)

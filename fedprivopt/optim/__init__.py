@@ -12,53 +12,48 @@ from plain dicts for checkpoints (:func:`state_to_dict`, :func:`state_from_dict`
 - :func:`adadp`: ADADP learning-rate control from one full step and two half steps.
 """
 
-from .adadp import (
-    NOISE_MARGIN,
-    ADADPController,
-    ADADPResult,
-    ADADPState,
-    adadp,
-    adadp_error,
-    noise_calibrated_tolerance,
-)
-from .adam import AdamState, adam, flower_fedadam
-from .adam_bc import AdamBCState, adam_bc, noise_corrected_second_moment
-from .base import (
-    ServerTransform,
-    StateDictMixin,
-    UpdateFn,
-    apply_step,
-    state_from_dict,
-    state_to_dict,
-)
-from .dp2 import DP2State, Phase, dp2, phase, preconditioner
-from .sgd import MomentumState, momentum_sgd
+from fedprivopt.core.lazy import lazy_package
 
-__all__ = [
-    "NOISE_MARGIN",
-    "ADADPController",
-    "ADADPResult",
-    "ADADPState",
-    "AdamBCState",
-    "AdamState",
-    "DP2State",
-    "MomentumState",
-    "Phase",
-    "ServerTransform",
-    "StateDictMixin",
-    "UpdateFn",
-    "adadp",
-    "adadp_error",
-    "adam",
-    "adam_bc",
-    "apply_step",
-    "dp2",
-    "flower_fedadam",
-    "momentum_sgd",
-    "noise_calibrated_tolerance",
-    "noise_corrected_second_moment",
-    "phase",
-    "preconditioner",
-    "state_from_dict",
-    "state_to_dict",
-]
+__all__ = lazy_package(
+    __name__,
+    {
+        "adadp": (
+            "NOISE_MARGIN",
+            "ADADPController",
+            "ADADPResult",
+            "ADADPState",
+            "adadp",
+            "adadp_error",
+            "noise_calibrated_tolerance",
+        ),
+        "adam": (
+            "AdamState",
+            "adam",
+            "flower_fedadam",
+        ),
+        "adam_bc": (
+            "AdamBCState",
+            "adam_bc",
+            "noise_corrected_second_moment",
+        ),
+        "base": (
+            "ServerTransform",
+            "StateDictMixin",
+            "UpdateFn",
+            "apply_step",
+            "state_from_dict",
+            "state_to_dict",
+        ),
+        "dp2": (
+            "DP2State",
+            "Phase",
+            "dp2",
+            "phase",
+            "preconditioner",
+        ),
+        "sgd": (
+            "MomentumState",
+            "momentum_sgd",
+        ),
+    },
+)

@@ -7,16 +7,23 @@
   strategy (imported lazily so the core does not need Flower).
 """
 
-from fedprivopt.strategies.algorithms import ALGORITHMS, build_algorithm
-from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
-from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest
+from fedprivopt.core.lazy import lazy_package
 
-__all__ = [
-    "ALGORITHMS",
-    "STRATEGIES",
-    "RoundResult",
-    "ServerAlgorithm",
-    "StrategyConfig",
-    "TrainRequest",
-    "build_algorithm",
-]
+__all__ = lazy_package(
+    __name__,
+    {
+        "algorithms": (
+            "ALGORITHMS",
+            "build_algorithm",
+        ),
+        "config": (
+            "STRATEGIES",
+            "StrategyConfig",
+        ),
+        "core": (
+            "RoundResult",
+            "ServerAlgorithm",
+            "TrainRequest",
+        ),
+    },
+)

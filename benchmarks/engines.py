@@ -105,6 +105,9 @@ def main() -> int:
     parser.add_argument("--population", type=int, default=8000)
     parser.add_argument("--data", default="data/stackoverflow-synthetic")
     parser.add_argument("--synth-clients", type=int, default=10000)
+    parser.add_argument(
+        "--synth-user-sizes", default="small", help="task parameter synth-user-sizes (small, real)"
+    )
     parser.add_argument("--vectorize", type=int, default=1)
     parser.add_argument("--actors", type=int, default=0)
     parser.add_argument("--device", default="cpu")
@@ -132,6 +135,7 @@ def main() -> int:
         "ray-cpus": args.ray_cpus,
         "task-params.data-dir": args.data,
         "task-params.synth-clients": args.synth_clients,
+        "task-params.synth-user-sizes": args.synth_user_sizes,
         "task-params.num-users": args.population,
         "task-params.cache-users": args.population if args.preload else 0,
         "task-params.token-cache": bool(args.token_cache),
@@ -168,6 +172,7 @@ def main() -> int:
         "device": args.device,
         "clients_per_round": args.clients,
         "population": args.population,
+        "synth_user_sizes": args.synth_user_sizes,
         "rounds": args.rounds,
         "setup_seconds": setup,
         "round_seconds": seconds,

@@ -145,6 +145,9 @@ def bench_accounting(repeat: int) -> list[dict]:
 
 FULL_DATA = ("data/stackoverflow-synthetic", 10_000, 8_000)  # dir, synth clients, population
 SO_DATA = ("data/stackoverflow-synthetic-342k", 393_000, 342_477)  # 343,095 training users
+# B1 on users of real size (data synth --user-sizes real: at least 100 examples, mean 443)
+REAL_DATA = ("data/stackoverflow-synthetic-real", 10_000, 8_000)
+USER_SIZES = {FULL_DATA: "small", SO_DATA: "small", REAL_DATA: "real"}
 
 
 def bandwidth(device: str = "cpu") -> dict:
@@ -229,7 +232,7 @@ def ensure_data(data: tuple[str, int, int]) -> None:
         print(f"[bench] generating {root} ({clients:,} synthetic users, once)", flush=True)
         subprocess.run(
             [sys.executable, "-m", "fedprivopt.cli", "data", "synth", "--out", root,
-             "--clients", str(clients), "--seed", "0"],
+             "--clients", str(clients), "--seed", "0", "--user-sizes", USER_SIZES[data]],
             check=True, cwd=HERE.parent,
         )  # fmt: skip
 
@@ -243,11 +246,18 @@ B1_VARIANTS = {
 }
 
 
-def bench_engines(rounds: int, flower_clients: list[int], device: str, flower: bool) -> dict:
+def bench_engines(
+    rounds: int, flower_clients: list[int], device: str, flower: bool, data=FULL_DATA
+) -> dict:
     """B1: the Flower engine and the fast engine on the same runs; the same final model."""
-    ensure_data(FULL_DATA)
-    root, synth, population = FULL_DATA
-    common = dict(rounds=rounds, population=population, data=root, synth_clients=synth)
+    ensure_data(data)
+    root, synth, population = data
+    sizes = USER_SIZES[data]
+    common = dict(
+        rounds=rounds, population=population, data=root, synth_clients=synth,
+        synth_user_sizes=sizes,
+    )  # fmt: skip
+    tag = "b1" if sizes == "small" else f"b1-{sizes}"
     cases = []
     for clients in flower_clients:
         results = {}
@@ -256,10 +266,10 @@ def bench_engines(rounds: int, flower_clients: list[int], device: str, flower: b
             extra = B1_VARIANTS.get(name, ("", {}))[1]
             engine = "flower" if name == "flower" else "fast"
             if name in ("flower", "fast"):
-                params[name] = HERE / "cases" / f"b1-{name}-{clients}-{device}.pt"
+                params[name] = HERE / "cases" / f"{tag}-{name}-{clients}-{device}.pt"
                 extra = {**extra, "save_params": params[name]}
             results[name] = run_case(
-                f"b1-{name}-{clients}-{device}", engine=engine, clients=clients, device=device,
+                f"{tag}-{name}-{clients}-{device}", engine=engine, clients=clients, device=device,
                 **common, **extra,
             )  # fmt: skip
         case = {"clients": clients, **results}
@@ -271,7 +281,10 @@ def bench_engines(rounds: int, flower_clients: list[int], device: str, flower: b
                 name: flower_s / results[name]["seconds_per_round"] for name in B1_VARIANTS
             }
         cases.append(case)
-    return {"device": device, "machine": machine(), "code": code_version(), "cases": cases}
+    return {
+        "device": device, "machine": machine(), "code": code_version(), "cases": cases,
+        "user_sizes": sizes,
+    }  # fmt: skip
 
 
 def bench_scaling(rounds: int, clients: list[int], device: str, machine_bw: dict) -> dict:
@@ -314,7 +327,8 @@ def _b1_lines(block: dict) -> list[str]:
         head.append("max abs difference of final models (flower vs fast)")
     lines = [
         "",
-        f"## B1: Flower engine vs fast engine ({block['device']}, population 8,000)",
+        f"## B1: Flower engine vs fast engine ({block['device']}, population 8,000"
+        + (", users of real size)" if block.get("user_sizes") == "real" else ")"),
         "",
         f"Machine: {_machine_line(block['machine'])}",
         "",
@@ -414,7 +428,7 @@ def write(results: dict, root: Path) -> None:
         f"| {r['case']} | {r['device']} | {r['seconds']:.3g} | {r.get('code', 'not recorded')} |"
         for r in results["micro"]
     ]
-    for block in results["engines"]:
+    for block in results["engines"] + results.get("engines_real", []):
         lines += _b1_lines(block)
     for block in results["scaling"]:
         lines += _b2_lines(block)
@@ -435,7 +449,7 @@ def merge(results: dict, other: dict, code: str = "") -> dict:
     """
     out = dict(results)
     stamp = other.get("code") or code or "not recorded"
-    for group in ("micro", "engines", "scaling", "data", "nextword", "simulate"):
+    for group in ("micro", "engines", "engines_real", "scaling", "data", "nextword", "simulate"):
         devices = {entry["device"] for entry in other.get(group, [])}
         added = [dict(e, code=e.get("code") or stamp) for e in other.get(group, [])]
         if group == "micro":
@@ -476,7 +490,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     empty = {
         "machine": machine(), "micro": [], "engines": [], "scaling": [], "data": [],
-        "nextword": [], "simulate": [],
+        "nextword": [], "simulate": [], "engines_real": [],
     }  # fmt: skip
     previous = empty
     if (out / "results.json").exists():
@@ -486,7 +500,9 @@ def main() -> int:
         write(merge(previous, json.loads(Path(args.merge).read_text()), args.code), out)
         print(f"wrote {out / 'RESULTS.md'}")
         return 0
-    groups = set(args.only or ["micro", "engines", "scaling", "data", "nextword", "simulate"])
+    groups = set(
+        args.only or ["micro", "engines", "engines-real", "scaling", "data", "nextword", "simulate"]
+    )
     repeat = 3 if args.quick else 7
     rounds = 3 if args.quick else 5
     devices = args.devices.split(",") if args.devices else (
@@ -507,6 +523,12 @@ def main() -> int:
     if "engines" in groups:
         flower = not args.no_flower
         results["engines"] = [bench_engines(rounds, [20, 100], d, flower) for d in devices]
+    if "engines-real" in groups:
+        # issue 19: the engines at 100 clients on users of real size (rounds of tens of seconds
+        # in the Flower engine on 2 cores)
+        results["engines_real"] = [
+            bench_engines(rounds, [100], d, not args.no_flower, REAL_DATA) for d in devices
+        ]
     if "scaling" in groups:
         # B2 rounds are short (the Flower engine is not run): twice as many, so that a stretch
         # of noise from the machine (seconds long, measured here) moves the median less

@@ -464,7 +464,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and rounds")
     parser.add_argument(
         "--only", action="append",
-        choices=["micro", "engines", "scaling", "data", "nextword", "simulate"],
+        choices=["micro", "engines", "engines-real", "scaling", "data", "nextword", "simulate"],
         help="run only these groups (repeatable; default: all; the others are kept from the "
         "previous results.json)",
     )  # fmt: skip

@@ -34,12 +34,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from fedprivopt.core.local import LocalConfig, epoch_orders
+from fedprivopt.models.cohort import CohortTrainer
 from fedprivopt.models.next_word_cohort_step import sgd_step
 from fedprivopt.models.next_word_tokens import PAD
 from fedprivopt.privacy.clip import clip_l2, l2_norm
@@ -105,7 +105,7 @@ class _User:
     batches: list[torch.Tensor]  # positions into x of each local step's minibatch
 
 
-class NextWordCohortTrainer:
+class NextWordCohortTrainer(CohortTrainer):
     """Vectorized local training of many next-word-prediction users (see the module docstring).
 
     Parameters
@@ -153,22 +153,13 @@ class NextWordCohortTrainer:
         cpu_workers: int | None = None,
         stacked: bool | None = None,
     ):
-        if isinstance(chunk_users, bool) or int(chunk_users) < 1:
-            raise ValueError(f"chunk_users must be an integer >= 1, got {chunk_users!r}")
-        if cpu_threads is not None and (isinstance(cpu_threads, bool) or int(cpu_threads) < 1):
-            raise ValueError(f"cpu_threads must be an integer >= 1 or None, got {cpu_threads!r}")
-        self.cpu_threads = None if cpu_threads is None else int(cpu_threads)
+        super().__init__(task, device=device, chunk_users=chunk_users, cpu_threads=cpu_threads)
         if cpu_workers is not None and (isinstance(cpu_workers, bool) or int(cpu_workers) < 1):
             raise ValueError(f"cpu_workers must be an integer >= 1 or None, got {cpu_workers!r}")
         self.cpu_workers = None if cpu_workers is None else int(cpu_workers)
-        self.task = task
         self.W = int(task.num_tokens)
         self.e = int(task.embedding_dim)
         self.h = int(task.hidden_size)
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.chunk_users = int(chunk_users)
         self.stacked = self.device.type != "cpu" if stacked is None else bool(stacked)
         W, e, h = self.W, self.e, self.h
         shapes = [
@@ -189,17 +180,6 @@ class NextWordCohortTrainer:
             f"chunk_users={self.chunk_users})"
         )
 
-    @contextmanager
-    def _step_threads(self) -> Iterator[None]:
-        """Run the block with :attr:`cpu_threads` intra-op threads (on the CPU), then restore."""
-        threads = torch.get_num_threads()
-        if self.cpu_threads is not None and self.device.type == "cpu":
-            torch.set_num_threads(self.cpu_threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(threads)
-
     def _views(self, stack: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each parameter of the ``(U, N)`` stack as a ``(U, *shape)`` view."""
         return {
@@ -208,27 +188,6 @@ class NextWordCohortTrainer:
         }
 
     # ------------------------------------------------------------------------------ public
-    def train(
-        self,
-        global_flat: torch.Tensor,
-        users: Sequence[int],
-        *,
-        round_num: int,
-        config: LocalConfig,
-        rngs: RngFactory,
-        preconditioner: torch.Tensor | None = None,
-        stream: str = "train",
-    ) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield ``(user, clipped update)`` for ``users``, in their order.
-
-        Arguments mean what they mean for :meth:`~fedprivopt.clients.LocalTrainer.train`.
-        """
-        for batch in self.train_batches(
-            global_flat, users, round_num=round_num, config=config, rngs=rngs,
-            preconditioner=preconditioner, stream=stream,
-        ):  # fmt: skip
-            yield from batch.split()
-
     def train_batches(
         self,
         global_flat: torch.Tensor,
@@ -241,19 +200,7 @@ class NextWordCohortTrainer:
         stream: str = "train",
     ) -> Iterator[DenseUpdates]:
         """Yield the clipped (noised) updates of ``users``, a chunk at a time."""
-        if global_flat.dim() != 1 or global_flat.numel() != self.length:
-            raise ValueError(
-                f"global_flat must be a flat vector of {self.length} entries, got shape "
-                f"{tuple(global_flat.shape)}"
-            )
-        w0 = global_flat.detach().to(self.device)
-        precond = None
-        if preconditioner is not None:
-            if preconditioner.shape != global_flat.shape:
-                raise ValueError("preconditioner must have the layout of global_flat")
-            precond = preconditioner.detach().to(device=self.device, dtype=w0.dtype)
-            if not bool(torch.all(torch.isfinite(precond) & (precond > 0))):
-                raise ValueError("preconditioner must be finite and > 0 everywhere")
+        w0, precond = self.checked_inputs(global_flat, preconditioner)
         users = [int(u) for u in users]
         per_user = self.task.seq_len * config.batch_size * self.W * w0.element_size()
         size = max(1, min(self.chunk_users, LOGIT_BYTES // max(per_user, 1)))

@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from fedprivopt.core.local import LocalConfig, epoch_orders
+from fedprivopt.models.cohort import CohortTrainer
 from fedprivopt.models.tag_prediction_encoding import ragged_index
 from fedprivopt.privacy.clip import clip_factor
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import (
-    RowSparse,
     RowSparseBatch,
     segment_norms_checked,
     segment_scale,
@@ -73,7 +72,7 @@ class _Chunk:
     label_ptr: torch.Tensor  # (E + 1,) each example's labels
 
 
-class TagCohortTrainer:
+class TagCohortTrainer(CohortTrainer):
     """Vectorized, row-sparse local training of many tag-prediction users.
 
     Parameters
@@ -105,47 +104,15 @@ class TagCohortTrainer:
         chunk_users: int = 256,
         cpu_threads: int | None = 1,
     ):
-        if int(chunk_users) < 1:
-            raise ValueError(f"chunk_users must be an integer >= 1, got {chunk_users!r}")
-        if cpu_threads is not None and (isinstance(cpu_threads, bool) or int(cpu_threads) < 1):
-            raise ValueError(f"cpu_threads must be an integer >= 1 or None, got {cpu_threads!r}")
-        self.cpu_threads = None if cpu_threads is None else int(cpu_threads)
-        self.task = task
+        super().__init__(task, device=device, chunk_users=chunk_users, cpu_threads=cpu_threads)
         self.vocab_size = int(task.num_features)
         self.num_tags = int(task.num_tags)
         self.length = (self.vocab_size + 1) * self.num_tags
         # a bias that does not train (``train_bias = False``) keeps its row of every update at 0
         self.train_bias = task.train_bias
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.chunk_users = int(chunk_users)
         self._workspace_buffers: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------------ public
-    def train(
-        self,
-        global_flat: torch.Tensor,
-        users: Sequence[int],
-        *,
-        round_num: int,
-        config: LocalConfig,
-        rngs: RngFactory,
-        preconditioner: torch.Tensor | None = None,
-        stream: str = "train",
-    ) -> Iterator[tuple[int, RowSparse]]:
-        """Yield ``(user, clipped row-sparse update)`` for ``users``, in their order.
-
-        Arguments mean what they mean for :meth:`~fedprivopt.clients.LocalTrainer.train`;
-        ``config.noise_std`` must be 0 (no dense noise shares here). Each update owns its
-        tensors; :meth:`train_batches` gives the same updates a chunk at a time, without copies.
-        """
-        for batch in self.train_batches(
-            global_flat, users, round_num=round_num, config=config, rngs=rngs,
-            preconditioner=preconditioner, stream=stream,
-        ):  # fmt: skip
-            yield from batch.split()
-
     def train_batches(
         self,
         global_flat: torch.Tensor,
@@ -165,36 +132,14 @@ class TagCohortTrainer:
         """
         if config.noise_std > 0:
             raise ValueError("TagCohortTrainer adds no noise shares: noise_std must be 0")
-        if global_flat.dim() != 1 or global_flat.numel() != self.length:
-            raise ValueError(
-                f"global_flat must be a flat vector of {self.length} entries, got shape "
-                f"{tuple(global_flat.shape)}"
-            )
-        dtype = global_flat.dtype
-        model = global_flat.detach().to(self.device).view(self.vocab_size + 1, self.num_tags)
-        precond = None
-        if preconditioner is not None:
-            if preconditioner.shape != global_flat.shape:
-                raise ValueError("preconditioner must have the layout of global_flat")
-            precond = preconditioner.detach().to(device=self.device, dtype=dtype)
-            if not bool(torch.all(torch.isfinite(precond) & (precond > 0))):
-                raise ValueError("preconditioner must be finite and > 0 everywhere")
+        model, precond = self.checked_inputs(global_flat, preconditioner)
+        model = model.view(self.vocab_size + 1, self.num_tags)
+        if precond is not None:
             precond = precond.view(self.vocab_size + 1, self.num_tags)
         users = [int(u) for u in users]
         for start in range(0, len(users), self.chunk_users):
             chunk = users[start : start + self.chunk_users]
             yield self._train_chunk(model, precond, chunk, round_num, config, rngs, stream)
-
-    @contextmanager
-    def _step_threads(self) -> Iterator[None]:
-        """Run the block with :attr:`cpu_threads` intra-op threads (on the CPU), then restore."""
-        threads = torch.get_num_threads()
-        if self.cpu_threads is not None and self.device.type == "cpu":
-            torch.set_num_threads(self.cpu_threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(threads)
 
     # ----------------------------------------------------------------------------- chunks
     def _prepare(

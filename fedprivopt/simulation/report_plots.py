@@ -1,0 +1,217 @@
+"""The two plots of a report: the task metric by round, and the privacy–utility trade-off.
+
+Plots are drawn on :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas: pyplot's
+global state and the interactive backends are never touched. :mod:`fedprivopt.simulation.report`
+writes them with the rest of a report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedprivopt.simulation.rundata import (
+    RunData,
+    Selection,
+    aggregate_with_notes,
+    group_runs,
+    mean_std,
+    select_runs,
+    warn_all,
+)
+
+__all__ = [
+    "draw_metric_vs_round",
+    "draw_privacy_utility",
+    "plot_metric_vs_round",
+    "plot_privacy_utility",
+    "pretty_metric",
+]
+
+_PRETTY = {
+    "eval_recall_at_5": "recall@5 (eval)",
+    "eval_accuracy": "accuracy (eval)",
+    "eval_loss": "loss (eval)",
+}
+_LINESTYLES = ("-", "--", "-.", ":")
+_FIGSIZE = (8.0, 5.0)
+_DPI = 120
+_LINEWIDTH = 1.8
+
+
+def plot_metric_vs_round(
+    runs: Sequence[RunData], path: str | Path, *, metric: str | None = None
+) -> Path:
+    """Plot the task metric against the round: mean over seeds with a ±1 std band per group."""
+    sel, notes = select_runs(runs, metric)
+    warn_all(notes)
+    return draw_metric_vs_round(sel, path)
+
+
+def plot_privacy_utility(
+    runs: Sequence[RunData], path: str | Path, *, metric: str | None = None
+) -> Path:
+    """Plot the final task metric against ε, one line per strategy, error bars over seeds.
+
+    Non-private groups (ε = ∞) are horizontal dashed reference lines. The ε axis is logarithmic
+    when the finite ε span more than a decade.
+    """
+    rows, notes = aggregate_with_notes(runs, metric)
+    warn_all(notes)
+    return draw_privacy_utility(rows, path)
+
+
+def pretty_metric(metric: str) -> str:
+    """How ``metric`` is named on an axis or in a report."""
+    return _PRETTY.get(metric, metric)
+
+
+def _label(strategy: str, sigma: float, epsilon: float) -> str:
+    return f"{strategy} (non-private)" if math.isinf(epsilon) else f"{strategy}, σ={sigma:g}"
+
+
+def _styles(keys: Sequence[tuple[str, float]]) -> dict[tuple[str, float], tuple[Any, str]]:
+    """(color, linestyle) per series.
+
+    Color by strategy and line style by σ when that fits (≤ 10 strategies, ≤ 4 σ each); else
+    10 colors × 4 styles by position, so that up to 40 series stay distinct.
+    """
+    from matplotlib import colormaps
+
+    colors = colormaps["tab10"].colors
+    strategies = sorted({s for s, _ in keys})
+    per_strategy = max(sum(1 for s, _ in keys if s == name) for name in strategies)
+    if len(strategies) <= len(colors) and per_strategy <= len(_LINESTYLES):
+        out = {}
+        for s, sigma in keys:
+            sigmas = sorted(x for t, x in keys if t == s)
+            out[(s, sigma)] = (colors[strategies.index(s)], _LINESTYLES[sigmas.index(sigma)])
+        return out
+    n, n_styles = len(colors), len(_LINESTYLES)
+    return {k: (colors[i % n], _LINESTYLES[(i // n) % n_styles]) for i, k in enumerate(keys)}
+
+
+def _strategy_colors(strategies: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    colors = colormaps["tab10"].colors
+    names = sorted(set(strategies))
+    return {s: colors[i % len(colors)] for i, s in enumerate(names)}
+
+
+def _new_axes():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=_FIGSIZE, dpi=_DPI)
+    ax = fig.add_subplot()
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _reference_line(ax, ref: tuple[str, dict[str, float]] | None, metric: str) -> int:
+    if ref is None:
+        return 0
+    ax.axhline(ref[1][metric], color="0.35", linestyle=":", linewidth=_LINEWIDTH,
+               label=f"{ref[0]}, no training")  # fmt: skip
+    return 1
+
+
+def _finish(fig, ax, path: str | Path, n_series: int) -> Path:
+    if n_series > 6:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
+                  ncol=2 if n_series > 20 else 1, frameon=False)  # fmt: skip
+    elif n_series:
+        ax.legend(loc="best", fontsize="small")
+    path = Path(path)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path
+
+
+def draw_metric_vs_round(
+    sel: Selection, path: str | Path, ref: tuple[str, dict[str, float]] | None = None
+) -> Path:
+    """:func:`plot_metric_vs_round` of selected runs, with the untrained model's line ``ref``."""
+    fig, ax = _new_axes()
+    groups = group_runs(sel.runs)
+    styles = _styles(list(groups))
+    for key, group in groups.items():
+        per_round: dict[int, list[float]] = {}
+        for run in group:
+            for rnd, value in run.curve(sel.metric).items():
+                if math.isfinite(value):
+                    per_round.setdefault(rnd, []).append(value)
+        if not per_round:
+            continue
+        x = np.array(sorted(per_round))
+        stats = np.array([mean_std(per_round[r]) for r in x])
+        color, style = styles[key]
+        label = _label(key[0], key[1], max(run.epsilon for run in group))
+        ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
+                marker="o" if len(x) == 1 else None)  # fmt: skip
+        ax.fill_between(x, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=color,
+                        alpha=0.15, linewidth=0)  # fmt: skip
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("communication round")
+    ax.set_ylabel(pretty_metric(sel.metric))
+    ax.set_title(f"{pretty_metric(sel.metric)} by round (mean ± 1 std over seeds)")
+    return _finish(fig, ax, path, len(groups) + _reference_line(ax, ref, sel.metric))
+
+
+def draw_privacy_utility(
+    rows: Sequence[dict[str, Any]],
+    path: str | Path,
+    ref: tuple[str, dict[str, float]] | None = None,
+) -> Path:
+    """:func:`plot_privacy_utility` of aggregated rows, with the untrained model's line ``ref``."""
+    metric = rows[0]["metric"]
+    mean_key, std_key = f"{metric}_mean", f"{metric}_std"
+    colors = _strategy_colors([r["strategy"] for r in rows])
+    fig, ax = _new_axes()
+    n_series = 0
+    private = [r for r in rows if math.isfinite(r["epsilon"]) and math.isfinite(r[mean_key])]
+    for strategy in sorted({r["strategy"] for r in private}):
+        pts = sorted((r for r in private if r["strategy"] == strategy), key=lambda r: r["epsilon"])
+        ax.errorbar([r["epsilon"] for r in pts], [r[mean_key] for r in pts],
+                    yerr=[r[std_key] for r in pts], color=colors[strategy], marker="o",
+                    linewidth=_LINEWIDTH, capsize=3, label=strategy)  # fmt: skip
+        for r in pts:
+            ax.annotate(f"σ={r['noise_multiplier']:g}", (r["epsilon"], r[mean_key]),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=colors[strategy])  # fmt: skip
+        n_series += 1
+    for r in rows:
+        if math.isinf(r["epsilon"]) and math.isfinite(r[mean_key]):
+            color = colors[r["strategy"]]
+            ax.axhline(r[mean_key], color=color, linestyle="--", linewidth=_LINEWIDTH,
+                       label=f"{r['strategy']} (non-private)")  # fmt: skip
+            if r[std_key] > 0:
+                ax.axhspan(r[mean_key] - r[std_key], r[mean_key] + r[std_key], color=color,
+                           alpha=0.1, linewidth=0)  # fmt: skip
+            n_series += 1
+    n_series += _reference_line(ax, ref, metric)
+    eps = [r["epsilon"] for r in private]
+    if eps and min(eps) > 0 and max(eps) / min(eps) > 10:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.margins(x=0.08)
+    if not eps:
+        ax.set_xlim(0.0, 1.0)
+        ax.text(0.5, 0.05, "no private runs", transform=ax.transAxes, ha="center", alpha=0.6)
+    deltas = sorted({r["delta"] for r in private})
+    at = f"at δ={deltas[0]:g}" if len(deltas) == 1 else "δ differs between runs; see the table"
+    ax.set_xlabel(f"ε ({at})")
+    ax.set_ylabel(f"final {pretty_metric(metric)}")
+    ax.set_title(
+        f"Privacy–utility trade-off: final {pretty_metric(metric)} (mean ± 1 std over seeds)"
+    )
+    return _finish(fig, ax, path, n_series)

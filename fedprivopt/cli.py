@@ -330,17 +330,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedprivopt`` console script."""
+    from fedprivopt.simulation.interrupt import signals_raise
+
     # before torch loads: OpenMP threads that sleep rather than spin while they wait, so a round
     # does not stall when another process holds a core (fedprivopt.core.threads)
     passive_openmp_wait()
+    # SIGTERM and SIGHUP raise as Ctrl-C does from the start: during start-up and planning they
+    # ended the process with no line (tenth review of issue 15, finding 5); a run installs its
+    # own handlers over these and restores them
+    with signals_raise():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """:func:`main` with SIGTERM and SIGHUP raising ``Interrupted``."""
     try:  # building the parser imports torch and the accountants: seconds, Ctrl-C included
         parser = build_parser()
         args = parser.parse_args(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if os.environ.get("FEDPRIVOPT_DEBUG"):
             raise
         print("fedprivopt: interrupted", file=sys.stderr)
-        return 130
+        return 128 + int(getattr(exc, "signum", 2))
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0

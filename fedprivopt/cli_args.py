@@ -24,6 +24,7 @@ __all__ = [
     "EXIT_USAGE",
     "POSITIVE",
     "RATE",
+    "SEED",
     "HelpFormatter",
     "Parser",
     "UsageError",
@@ -52,6 +53,7 @@ _LONG_QUOTED = re.compile(
     rf"'([^'\s][^'\n]{{{_QUOTED - 1},}})'|\"([^\"\s][^\"\n]{{{_QUOTED - 1},}})\""
 )
 _MAX_LINE = 2000
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 def _shorten(text: str) -> str:
@@ -80,8 +82,45 @@ def one_line(text: str) -> str:
     return _shorten("\\n".join(text.splitlines()))
 
 
+class _StoreOnce(argparse._StoreAction):
+    """argparse's ``store``, refusing a flag given again with another value.
+
+    ``--mean-trials 2 --mean-trials 9`` silently took the last value (tenth review of issue 15,
+    finding 5), as ``--set`` did before the eighth review; the same value twice is harmless.
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        given = getattr(parser, "_given", None)
+        if option_string is not None and given is not None:
+            if self.dest in given and given[self.dest] != values:
+                raise argparse.ArgumentError(
+                    self,
+                    f"given twice ({shown(given[self.dest])}, then {shown(values)}); give it once",
+                )
+            given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
 class Parser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are one line on stderr and exit code 2."""
+    """ArgumentParser whose errors are one line on stderr and exit code 2.
+
+    A flag that stores one value may be given once (again only with the same value): its
+    ``store`` action is :class:`_StoreOnce`. Numbers such as ``-1e-300`` are read as values,
+    not as unknown flags, so their type names the valid range.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+        # argparse takes "-1" and "-.5" for numbers but "-1e-300" for a flag ("expected one
+        # argument"); this parser has no flag that looks like a number
+        self._negative_number_matcher = _NEGATIVE_NUMBER
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, remembering the flags of this parse for :class:`_StoreOnce`."""
+        self._given: dict[str, object] = {}
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         """Print ``message`` as one line and exit with :data:`EXIT_USAGE`."""
@@ -263,6 +302,10 @@ def int_at_least(lo: int) -> Callable[[str], int]:
 
 
 POSITIVE = float_range(0.0, math.inf, lo_open=True, hi_open=True)
+MAX_SEED = 2**63 - 1
+#: ``--seed``: what a preset's ``seed`` may hold (TOML's int64), 0 to 2**63 - 1; a 4,001-digit
+#: ``--seed`` was stored as given (tenth review of issue 15, finding 5)
+SEED = int_in(0, MAX_SEED)
 RATE = float_range(0.0, 1.0, lo_open=True, hi_open=False)
 DELTA = float_range(0.0, 1.0, lo_open=True, hi_open=True)
 #: ``--noise-multiplier``: at least ``privacy.events.MIN_NOISE_MULTIPLIER`` (1e-100; not imported,

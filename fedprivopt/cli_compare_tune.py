@@ -3,9 +3,12 @@
 With ``--tune-grid [STRATEGY:]KEY=V1,V2,...`` (repeatable) and ``--mean-trials K``, every cell
 of ``compare``'s grid (strategy x noise multiplier x seed) is one private tuning
 (Papernot & Steinke 2022): the ``fedprivopt tune`` of that strategy at that noise multiplier,
-with the cell's seed as its tuning seed, written into ``OUT/tune/<cell>/`` by ``tune`` itself
-(:func:`~fedprivopt.cli_tune.cmd_tune`), so each directory is exactly what the equivalent
-``fedprivopt tune`` command writes and ``compare-tuned`` can read it. The report (``summary.csv``,
+written into ``OUT/tune/<cell>/`` by ``tune`` itself (:func:`~fedprivopt.cli_tune.cmd_tune`), so
+each directory is exactly what the equivalent ``fedprivopt tune`` command writes and
+``compare-tuned`` can read it. Each tuning's seed is secret, as ``tune`` without ``--seed``
+draws it: from OS entropy, kept only in the cell's ``tune.json`` (and reused from there by a
+later call), so a cell's K and draws are not those of the public cell seed (tenth review of
+issue 15, finding 2; the cell seed only names the cell). The report (``summary.csv``,
 ``report.md``, the two plots) is ``compare``'s, over each tuning's released trial at the ε of the
 whole tuning (:func:`~fedprivopt.simulation.tune_report.load_tuned`, which checks the tuning and
 recomputes that ε), with ``epsilon_single_run`` beside it.
@@ -17,9 +20,12 @@ OUT/tune/* --untuned``). ``noise-multiplier`` is the comparison's own axis
 (``--noise-multipliers``) and cannot be tuned here.
 
 Every flag, and every cell's tuning (its grid points, privacy bound and earlier trials: reused
-only when identical, otherwise refused unless ``--overwrite``), is checked before anything is
-written (exit 2, one line naming the flag). ``--mean-trials``, ``--distribution`` and
-``--nb-shape`` without ``--tune-grid`` are refused.
+only under the same plan and when identical, otherwise refused unless ``--overwrite``, which
+starts a cell of another plan over as ``tune`` does), is checked before anything is written
+(exit 2, one line naming the flag), with a progress bar unless ``--quiet``. The grid holds at
+most 10,000 trials on average (tunings x ``--mean-trials``), checked before any tuning is
+planned. ``--mean-trials``, ``--distribution`` and ``--nb-shape`` without ``--tune-grid`` are
+refused.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import json
 import math
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +48,8 @@ __all__ = ["TUNE_DIR", "add_compare_tune", "cmd_compare"]
 
 TUNE_DIR = "tune"
 """``OUT/tune/<cell>/``: one ``fedprivopt tune`` directory per cell."""
+PLANNING_EVERY_S = 2.0
+"""Seconds between the lines that show the cells' checks on a stream that is not a terminal."""
 _TUNE_FLAGS = (("mean_trials", "--mean-trials"), ("distribution", "--distribution"),
                ("nb_shape", "--nb-shape"))  # fmt: skip
 _TNB = "truncated-negative-binomial"
@@ -107,7 +117,7 @@ def _tune_argv(args: argparse.Namespace, out: Path, cell, grid: list[str], sets:
     argv += ["--mean-trials", repr(args.mean_trials), "--distribution", args.distribution or _TNB]
     if args.nb_shape is not None:
         argv += ["--nb-shape", repr(args.nb_shape)]
-    argv += ["--seed", str(s.seed), "--out", str(out / TUNE_DIR / cell.label)]
+    argv += ["--out", str(out / TUNE_DIR / cell.label)]  # no --seed: a secret one (finding 2)
     argv += [f"--set={text}" for text in args.set or []]
     if s.strategy not in NON_PRIVATE and "noise-multiplier" not in sets:
         argv.append(f"--set=noise-multiplier={s.noise_multiplier!r}")
@@ -132,14 +142,62 @@ def _tune_namespace(argv: list[str]) -> argparse.Namespace:
 
 
 def _check_tuning(ns: argparse.Namespace) -> None:
-    """Every check ``fedprivopt tune`` makes before it writes, without writing (as its order)."""
+    """Every check ``fedprivopt tune`` makes before it writes, without writing (in its order).
+
+    The tuning seed is the one ``tune`` without ``--seed`` takes (the cell's ``tune.json``, or
+    OS entropy); it is kept in ``ns.secret_seed``, so the tuning run later is the one checked.
+    A cell of another plan is refused naming the flag, or with ``--overwrite`` only checked to
+    be removable (tenth review of issue 15, finding 3).
+    """
     from fedprivopt.cli_tune import prepare_tuning
     from fedprivopt.simulation.cells import plan_cells
     from fedprivopt.simulation.tune import check_leftover_trials
+    from fedprivopt.simulation.tune_replan import check_discardable, check_plan
 
     setup = prepare_tuning(ns)
+    ns.secret_seed = setup.seed if setup.secret else None
+    if check_plan(setup.out, setup.document, overwrite=ns.overwrite):
+        check_discardable(setup.out)  # tune discards it and starts over
+        return
     check_leftover_trials(setup.out, [c.label for c in setup.cells])
     plan_cells(setup.out, setup.cells, overwrite=ns.overwrite)  # earlier trials: if identical
+
+
+class _Planning:
+    """Progress of the checks before the first tuning (tenth review of issue 15, finding 4).
+
+    A transient rich bar on a terminal; elsewhere a line ``checking tuning i/n: CELL`` once
+    planning has taken :data:`PLANNING_EVERY_S` and at most that often (a refusal of a quick
+    plan stays one line); nothing with ``--quiet``.
+    """
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.bar = total, enabled, None
+        self.next_line = time.monotonic() + PLANNING_EVERY_S
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.bar = Progress(
+                TextColumn("checking tunings"), MofNCompleteColumn(), BarColumn(),
+                TextColumn("{task.fields[cell]}"), console=Console(stderr=True),
+                transient=True,
+            )  # fmt: skip
+            self.task = self.bar.add_task("plan", total=total, cell="")
+            self.bar.start()
+
+    def step(self, index: int, label: str) -> None:
+        """Cell ``index`` (from 1) is being checked."""
+        if self.bar is not None:
+            self.bar.update(self.task, completed=index - 1, cell=label)
+        elif self.enabled and time.monotonic() >= self.next_line:
+            print(f"checking tuning {index}/{self.total}: {label}", file=sys.stderr, flush=True)
+            self.next_line = time.monotonic() + PLANNING_EVERY_S
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def check_tuned_compare_dir(out: Path) -> None:
@@ -197,14 +255,19 @@ def _compare_tuned(args: argparse.Namespace) -> int:
     grids = _split_grid(args.tune_grid, list(dict.fromkeys(c.config.strategy.strategy
                                                            for c in cells)))  # fmt: skip
     tunings = []
-    for cell in cells:
-        argv = _tune_argv(args, out, cell, grids[cell.config.strategy.strategy], sets)
-        ns = _tune_namespace(argv)
-        try:
-            _check_tuning(ns)
-        except (UsageError, ValueError) as exc:
-            raise _usage(exc, f"tuning of cell {cell.label}") from None
-        tunings.append((cell, ns, argv))
+    progress = _Planning(len(cells), enabled=not args.quiet)
+    try:
+        for i, cell in enumerate(cells, 1):
+            progress.step(i, cell.label)
+            argv = _tune_argv(args, out, cell, grids[cell.config.strategy.strategy], sets)
+            ns = _tune_namespace(argv)
+            try:
+                _check_tuning(ns)
+            except (UsageError, ValueError) as exc:
+                raise _usage(exc, f"tuning of cell {cell.label}") from None
+            tunings.append((cell, ns, argv))
+    finally:
+        progress.close()
     (out / TUNE_DIR).mkdir(parents=True, exist_ok=True)
     locked = contextlib.ExitStack()
     try:
@@ -217,8 +280,10 @@ def _compare_tuned(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         for i, (cell, ns, _) in enumerate(tunings, 1):
-            print(f"[{i}/{len(tunings)}] {cell.label} (tuning)", file=sys.stderr, flush=True)
-            with contextlib.redirect_stdout(sys.stderr):  # tune's line; stdout: the report
+            if not args.quiet:  # --quiet: only the report line, or one line on error
+                print(f"[{i}/{len(tunings)}] {cell.label} (tuning)", file=sys.stderr, flush=True)
+            # tune's line to stderr (stdout: the report), or nowhere with --quiet
+            with contextlib.redirect_stdout(io.StringIO() if args.quiet else sys.stderr):
                 try:
                     cmd_tune(ns)
                 except (UsageError, ValueError) as exc:  # changed since the check
@@ -318,21 +383,22 @@ def _notes(
     lines = [
         "**Every row is tuned, and its epsilon includes the tuning.** Each cell (strategy, "
         "noise multiplier, seed) is one private tuning (`fedprivopt tune`, Papernot & Steinke, "
-        f"ICLR 2022; its directory `tune/<cell>/`, the cell's seed its tuning seed): K trials "
-        f"with K drawn from the {dist}, hyperparameters drawn from the grid, only the best trial "
-        "released. A row's runs are those released trials, one per cell seed (the seeds listed "
-        "above are the trials' own run seeds, drawn from the tuning seed), and the epsilon in "
-        "the summary is that of the **whole tuning procedure** (RDP, RepeatAndSelectDpEvent), "
+        "ICLR 2022; its directory `tune/<cell>/`, its tuning seed drawn from OS entropy): K "
+        f"trials with K drawn from the {dist}, hyperparameters drawn from the grid, only the best "
+        "trial released. A row's runs are those released trials, one per cell seed (the cell "
+        "seed only names the cell; the seeds listed above are the trials' own run seeds, drawn "
+        "from the tuning seed), and the epsilon in the summary is that of the **whole tuning "
+        "procedure** (RDP, RepeatAndSelectDpEvent), "
         "not of the run alone; `epsilon_single_run` (one run's epsilon, RDP) stands beside it "
         "below and in summary.csv. Strategies are named '<strategy> (tuned)'.",
         "",
         "**This report is the operator's view, not a release.** It shows each tuning's number "
-        "of trials K, its tuning seed (the cell seed, in the commands below; public, since "
-        "compare numbers its seeds) and the trials' run seeds. The tuning epsilon assumes K, the "
+        "of trials K and the trials' run seeds; each tuning seed is secret, drawn from OS "
+        "entropy as `fedprivopt tune` without --seed draws it and kept only in "
+        "`tune/<cell>/tune.json` (a later call reuses it). The tuning epsilon assumes K, the "
         "tuning seed and the other trials stay secret: publishing this report, summary.csv or "
         "tune/ is NOT covered by it. Publish only each tuning's released trial (its model, "
-        "hyperparameters and score); for a secret tuning seed, run `fedprivopt tune` without "
-        "--seed.",
+        "hyperparameters and score).",
         "",
         "| cell | trials run | released trial | hyperparameters | epsilon (tuning) | "
         "epsilon_single_run | trials reused |",
@@ -372,7 +438,8 @@ def _notes(
         ]
     lines += [
         "",
-        "Each tuning is the output of (the same files, `compare-tuned` reads them):",
+        "Each tuning is the output of (the same files, `compare-tuned` reads them; run in its "
+        "directory, the command continues that tuning with the secret seed of its tune.json):",
         "",
         "```",
     ] + [shlex.join(["fedprivopt", *argv]) for _, argv in summaries.values()]
@@ -399,10 +466,11 @@ def add_compare_tune(sub) -> None:
 
     p = sub.choices["compare"]
     p.description += (
-        " With --tune-grid, every cell is instead a private tuning (fedprivopt tune, the "
-        "cell's seed its tuning seed) in OUT/tune/<cell>/, and the report is over each "
-        "tuning's released trial at the epsilon that includes the tuning, with "
-        "epsilon_single_run beside it."
+        " With --tune-grid, every cell is instead a private tuning (fedprivopt tune without "
+        "--seed: its tuning seed drawn from OS entropy and kept in its tune.json) in "
+        "OUT/tune/<cell>/, and the report is over each tuning's released trial at the epsilon "
+        "that includes the tuning, with epsilon_single_run beside it; the grid then runs at "
+        "most 10,000 trials on average (tunings x --mean-trials)."
     )
     p.epilog = p.epilog.replace("example:", "examples:", 1) + (
         "\n  fedprivopt compare simulations/toy.toml --strategies dp-fedavg,dp-fedadam "

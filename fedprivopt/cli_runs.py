@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 from fedprivopt.cli_args import (
+    MAX_SEED,
     POSITIVE,
+    SEED,
     HelpFormatter,
     UsageError,
     check_out_dir,
@@ -194,7 +196,7 @@ def add_simulate(sub) -> None:
     p.add_argument("--strategy", choices=STRATEGIES, help="override the preset's strategy")
     p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
     p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
-    p.add_argument("--seed", type=int_at_least(0), metavar="S", help="root seed")
+    p.add_argument("--seed", type=SEED, metavar="S", help=f"root seed, in [0, {MAX_SEED}]")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<strategy>-seed<S>)")
     p.add_argument(
         "--set",
@@ -237,7 +239,8 @@ def compare_cells(args: argparse.Namespace, base) -> list:
             )
     sigmas = args.noise_multipliers or [base.strategy.noise_multiplier]
     try:
-        points = grid(strategies, sigmas, base.strategy.seed, args.seeds)
+        mean = getattr(args, "mean_trials", None) if getattr(args, "tune_grid", None) else None
+        points = grid(strategies, sigmas, base.strategy.seed, args.seeds, mean)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     cells, tasks = [], {}  # each distinct task is built (its data read) once

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.cli_args import (
+    MAX_SEED,
+    SEED,
     HelpFormatter,
     UsageError,
     check_out_dir,
@@ -196,9 +198,11 @@ def check_selection(args: argparse.Namespace, tasks) -> dict | None:
 def tuning_seed(args: argparse.Namespace, out) -> tuple[int, bool]:
     """The tuning seed and whether it is secret (drawn from OS entropy, never printed).
 
-    ``--seed`` is used as given. Without it, the seed of an earlier call into ``out`` that drew
-    its own (``out/tune.json``, the operator's file) is reused, so an interrupted tuning goes on
-    with its trials; otherwise a 63-bit seed comes from :mod:`secrets`.
+    ``--seed`` is used as given. Without it, ``args.secret_seed`` when set (``compare
+    --tune-grid`` checks a cell's tuning with the seed this function drew, then runs it with that
+    seed), else the seed of an earlier call into ``out`` that drew its own (``out/tune.json``, the
+    operator's file), so an interrupted tuning goes on with its trials; otherwise a 63-bit seed
+    comes from :mod:`secrets`.
     """
     import secrets
 
@@ -206,6 +210,8 @@ def tuning_seed(args: argparse.Namespace, out) -> tuple[int, bool]:
 
     if args.tune_seed is not None:
         return args.tune_seed, False
+    if getattr(args, "secret_seed", None) is not None:
+        return args.secret_seed, True
     with contextlib.suppress(OSError, ValueError, RecursionError):
         stored = read_plan(out) or {}
         seed = stored.get("seed")
@@ -234,6 +240,8 @@ class TuningSetup:
     trial_count: Any
     trials: list
     cells: list
+    document: dict
+    """The plan ``tune.json`` records (:func:`~fedprivopt.simulation.tune_check.plan_document`)."""
 
 
 def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
@@ -245,7 +253,9 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
         Naming the flag (``--grid``, ``--out``, ``--set``, ...).
     """
     from fedprivopt.simulation.cells import Cell
+    from fedprivopt.simulation.config import config_to_toml
     from fedprivopt.simulation.tune import check_tune_dir, draw_trials, parse_grid
+    from fedprivopt.simulation.tune_check import plan_document
 
     trial_count = trial_count_of(args)
     out = check_out_dir(args.out)
@@ -269,14 +279,18 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
                                            "seed": trial.seed}, where=trial.label)  # fmt: skip
         key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
         cells.append(Cell(trial.label, config, tasks[key]))
+    document = plan_document(
+        preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
+        base_config_toml=config_to_toml(base), grid=grid, overrides=overrides,
+        trials=trial_count, seed=seed, delta=plan.delta, drawn=trials, seed_secret=secret,
+    )  # fmt: skip
     return TuningSetup(out, grid, overrides, base, plan, metric, selection, seed, secret,
-                       trial_count, trials, cells)  # fmt: skip
+                       trial_count, trials, cells, document)  # fmt: skip
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """``fedprivopt tune``: the best of a random number of trials, with the tuning's ε."""
     from fedprivopt.simulation.cells import plan_cells
-    from fedprivopt.simulation.config import config_to_toml
     from fedprivopt.simulation.files import atomic_write
     from fedprivopt.simulation.ledger import RunLedger
     from fedprivopt.simulation.rundir import lock_directory
@@ -288,19 +302,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         run_trials,
         select_best,
     )
-    from fedprivopt.simulation.tune_check import PLAN_FILE, plan_document
+    from fedprivopt.simulation.tune_check import PLAN_FILE
     from fedprivopt.simulation.tune_replan import check_plan, discard_tuning
     from fedprivopt.simulation.tune_report import summary_of, write_tune_outputs
 
     setup = prepare_tuning(args)
-    out, trials, metric = setup.out, setup.trials, setup.metric
+    out, trials, metric, document = setup.out, setup.trials, setup.metric, setup.document
     strategy = setup.base.strategy.strategy
-    document = plan_document(
-        preset=str(args.config), strategy=strategy, metric=metric,
-        base_config_toml=config_to_toml(setup.base), grid=setup.grid, overrides=setup.overrides,
-        trials=setup.trial_count, seed=setup.seed, delta=setup.plan.delta, drawn=trials,
-        seed_secret=setup.secret,
-    )  # fmt: skip
     (out / "runs").mkdir(parents=True, exist_ok=True)
     locked = contextlib.ExitStack()
     try:
@@ -461,10 +469,10 @@ def add_tune(sub) -> None:
         "logarithmic, 1: geometric; default 1)",
     )
     p.add_argument("--out", default="runs/tune", metavar="DIR", help="output directory")
-    p.add_argument("--seed", dest="tune_seed", type=int_at_least(0), metavar="N",
-                   help="tuning seed: the number of trials, their hyperparameters and run seeds; "
-                   "epsilon assumes it stays secret (default: drawn from OS entropy, kept only "
-                   "in OUT/tune.json)")  # fmt: skip
+    p.add_argument("--seed", dest="tune_seed", type=SEED, metavar="N",
+                   help=f"tuning seed, in [0, {MAX_SEED}]: the number of trials, their "
+                   "hyperparameters and run seeds; epsilon assumes it stays secret (default: "
+                   "drawn from OS entropy, kept only in OUT/tune.json)")  # fmt: skip
     p.add_argument("--selection-on-private-users", action="store_true",
                    help="tune although the task's evaluation users are in the private "
                    "population (e.g. StackOverflow's eval-split test); the selection is then "

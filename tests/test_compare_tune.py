@@ -4,7 +4,9 @@ The report reads each tuning with ``compare-tuned``'s own checks (``check_tuning
 """
 
 import csv
+import itertools
 import json
+import secrets
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,13 @@ GRID = ["--tune-grid", "server-learning-rate=0.3,1",
         "--tune-grid", "dp-fedadam:server-learning-rate=0.05,0.1",
         "--tune-grid", "dp-fedadam:local-learning-rate=0.1,0.5"]  # fmt: skip
 CELLS = ("dp-fedavg__sigma0.5__seed2", "dp-fedadam__sigma0.5__seed2")
+
+
+@pytest.fixture(autouse=True)
+def tuning_seeds(monkeypatch):
+    """Each cell's secret tuning seed (``secrets.randbits``) as 2, 3, ...: known trial counts."""
+    seeds = itertools.count(2)
+    monkeypatch.setattr(secrets, "randbits", lambda bits: next(seeds))
 
 
 def _exit_code(argv):
@@ -49,7 +58,9 @@ def test_compare_tune_reports_the_tunings_epsilon_and_reuses(tmp_path, capsys):
     assert plans[CELLS[0]]["grid"] == {"server-learning-rate": [0.3, 1]}
     assert plans[CELLS[1]]["grid"] == {"server-learning-rate": [0.05, 0.1],
                                        "local-learning-rate": [0.1, 0.5]}  # fmt: skip
-    assert all(p["seed"] == 2 for p in plans.values())  # the cell's seed is the tuning seed
+    # each tuning seed is secret, drawn as tune without --seed draws it (here 2, then 3)
+    assert [p["seed"] for p in plans.values()] == [2, 3]
+    assert all(p["seed_source"] == "os-entropy" for p in plans.values())
     rows = _rows(out)
     assert set(rows) == {"dp-fedavg (tuned)", "dp-fedadam (tuned)"}
     # the same cell tuned by `fedprivopt tune` states the same epsilon as the report

@@ -62,14 +62,20 @@ RUN, RESUME, REUSE, RERUN = "run", "resume", "reuse", "rerun"
 
 
 def grid(
-    strategies: Sequence[str], sigmas: Sequence[float], first_seed: int, seeds: int
+    strategies: Sequence[str],
+    sigmas: Sequence[float],
+    first_seed: int,
+    seeds: int,
+    mean_trials: float | None = None,
 ) -> list[tuple[str, float | None, int]]:
     """The (strategy, noise multiplier, seed) points of a grid; ``None`` for a non-private one.
 
     Non-private strategies run once per seed, the others at every noise multiplier. Checked
     before anything is built: every strategy registered and given once, every noise multiplier
     given once and naming its own run directory, ``1 <= seeds <=`` :data:`MAX_SEEDS` and at most
-    :data:`MAX_CELLS` points. Errors are ``ValueError`` naming the command-line flag.
+    :data:`MAX_CELLS` runs: points, or with ``mean_trials`` (``compare --tune-grid``, every
+    point a tuning of that many trials on average) points times ``mean_trials``. Errors are
+    ``ValueError`` naming the command-line flag.
     """
     from fedprivopt.strategies.config import NON_PRIVATE, STRATEGIES
 
@@ -97,6 +103,14 @@ def grid(
         raise ValueError(
             f"argument --seeds: the grid would hold {size:,} runs (strategies x noise "
             f"multipliers x seeds), more than the limit of {MAX_CELLS:,}"
+        )
+    if mean_trials is not None and size * mean_trials > MAX_CELLS:
+        # tenth review of issue 15, finding 4: checked before any tuning is planned
+        raise ValueError(
+            f"argument --mean-trials/--seeds: the tuned grid would run about "
+            f"{size * mean_trials:,.0f} trials ({size:,} tunings, strategies x noise multipliers "
+            f"x seeds, of --mean-trials {mean_trials:g} each), more than the limit of "
+            f"{MAX_CELLS:,} runs per grid"
         )
     return [
         (name, sigma, seed)

@@ -28,7 +28,6 @@ stored configuration equals the trial's.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,9 +48,17 @@ from fedprivopt.privacy.tuning import (
     rdp_dominates,
     tuning_epsilon,
 )
+from fedprivopt.simulation.tune_grid import (
+    FORBIDDEN_GRID_KEYS,
+    FORBIDDEN_GRID_PREFIXES,
+    MAX_GRID_POINTS,
+    grid_points,
+    parse_grid,
+)
 
 __all__ = [
     "FORBIDDEN_GRID_KEYS",
+    "FORBIDDEN_GRID_PREFIXES",
     "MAX_GRID_POINTS",
     "PrivacyPlan",
     "Trial",
@@ -67,69 +74,10 @@ __all__ = [
     "select_best",
 ]
 
-FORBIDDEN_GRID_KEYS = frozenset({"strategy", "seed"})
-"""Set by ``--strategy`` and by the tuning seed (every trial has its own run seed)."""
-MAX_GRID_POINTS = 10_000
 TUNE_LOCK = "tune.lock"
 TUNE_FILES = ("summary.json", "report.md", "trials.csv", "trials.png")
 TUNE_ENTRIES = frozenset({"runs", *TUNE_FILES, TUNE_LOCK, "tune.json"})
 _RUN_SEED_MODULUS = 2**31
-
-
-# -- the grid ----------------------------------------------------------------------------------
-
-
-def parse_grid(texts: Sequence[str]) -> dict[str, tuple[Any, ...]]:
-    """``--grid KEY=V1,V2,...`` flags as ``{key: values}`` (values typed as ``--set`` types them).
-
-    Raises
-    ------
-    ValueError
-        Naming ``--grid``: no ``=``, an empty key or value, a key given twice or reserved
-        (:data:`FORBIDDEN_GRID_KEYS`), a value given twice, or more than
-        :data:`MAX_GRID_POINTS` points in all.
-    """
-    from fedprivopt.simulation.config import parse_override
-
-    if not texts:
-        raise ValueError("argument --grid: give at least one KEY=V1,V2,... to tune over")
-    grid: dict[str, tuple[Any, ...]] = {}
-    for text in texts:
-        key, sep, values = text.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"argument --grid: expected KEY=V1,V2,..., got {shown(text)}")
-        if key in FORBIDDEN_GRID_KEYS:
-            why = "--strategy sets it" if key == "strategy" else "every trial gets its own seed"
-            raise ValueError(f"argument --grid: {shown(key)} cannot be tuned ({why})")
-        if key in grid:
-            raise ValueError(f"argument --grid: {shown(key)} is given twice")
-        parsed = []
-        for part in values.split(","):
-            if not part.strip():
-                raise ValueError(
-                    f"argument --grid: {shown(key)} has an empty value in {shown(text)}"
-                )
-            try:
-                _, value = parse_override(f"{key}={part.strip()}")
-            except (ValueError, RecursionError) as exc:
-                raise ValueError(f"argument --grid: {exc}") from None
-            if any(type(v) is type(value) and v == value for v in parsed):
-                raise ValueError(f"argument --grid: {shown(key)} lists {shown(part.strip())} twice")
-            parsed.append(value)
-        grid[key] = tuple(parsed)
-    size = math.prod(len(v) for v in grid.values())
-    if size > MAX_GRID_POINTS:
-        raise ValueError(
-            f"argument --grid: {size:,} grid points, more than the limit of {MAX_GRID_POINTS:,}"
-        )
-    return grid
-
-
-def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every point of the grid (the Cartesian product), in flag order."""
-    keys = list(grid)
-    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
 # -- the trials --------------------------------------------------------------------------------
@@ -330,8 +278,7 @@ def check_released(
     over = {
         label: led
         for label, led in released.items()
-        if not _dominated_by(led, plan.ledger)
-        and not rdp_dominates(bound, ledger_rdp(led, orders))
+        if not _dominated_by(led, plan.ledger) and not rdp_dominates(bound, ledger_rdp(led, orders))
     }  # a trial at another grid point releases other events, but less at every order
     if not over:
         return plan, []
@@ -451,18 +398,24 @@ def check_tune_dir(out: str | Path) -> None:
 def check_leftover_trials(out: str | Path, labels: Sequence[str]) -> None:
     """Refuse an ``OUT/runs/`` that holds runs that are not trials of this call.
 
-    An earlier call with another seed or mean may have drawn more trials; reporting this call
-    beside them would mix two tunings, and deleting them would lose results.
+    Called after the plan check (:func:`~fedprivopt.simulation.tune_replan.check_plan`): what
+    is left is a run that no plan of this directory drew (e.g. a ``simulate`` into
+    ``runs/trial-009``) or a tuning's that ``tune.json`` no longer records. Reporting this call
+    beside them would mix two tunings, and deleting them would lose results, so the message
+    names the entries to remove (tenth review of issue 15, finding 3).
     """
     runs = Path(out) / "runs"
     if not runs.is_dir():
         return
     extra = sorted(p.name for p in runs.iterdir() if p.name not in set(labels))
     if extra:
-        listed = ", ".join(repr(n[:60]) for n in extra[:3]) + (", ..." if len(extra) > 3 else "")
+        listed = ", ".join(repr(str(runs / n[:60])) for n in extra[:3])
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        one = len(extra) == 1
         raise ValueError(
-            f"--out {str(out)!r}: runs/ holds {listed}, not a trial of this call (an earlier "
-            f"tuning drew other trials); choose another --out"
+            f"--out {str(out)!r}: runs/ holds {len(extra)} {'entry' if one else 'entries'} that "
+            f"{'is' if one else 'are'} not a trial of this tuning's plan; remove "
+            f"{listed}{more} to continue it, or choose another --out"
         )
 
 

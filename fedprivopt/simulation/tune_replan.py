@@ -20,7 +20,7 @@ from typing import Any
 from fedprivopt.simulation.files import SMALL_FILE_LIMIT
 from fedprivopt.simulation.tune_check import PLAN_FILE, same_json
 
-__all__ = ["check_plan", "discard_tuning", "plan_difference", "read_plan"]
+__all__ = ["check_discardable", "check_plan", "discard_tuning", "plan_difference", "read_plan"]
 
 _FLAGS = (
     ("strategy", "--strategy"),
@@ -147,18 +147,18 @@ def check_plan(out: str | Path, wanted: Mapping[str, Any], *, overwrite: bool) -
     )
 
 
-def discard_tuning(out: str | Path) -> None:
-    """Remove an earlier tuning in ``out``: every trial's run files, ``tune.json`` and report.
+def check_discardable(out: str | Path) -> list[Path]:
+    """What :func:`discard_tuning` would remove from ``out/runs``, checked; nothing is removed.
 
-    Every entry of ``out/runs`` is checked first (a directory holding only a run's files), so a
-    refusal removes nothing.
+    ``compare --tune-grid`` checks every cell this way before its first tuning runs.
 
     Raises
     ------
     ValueError
-        Naming an entry of ``runs/`` that is not a run, or a trial another process holds.
+        Naming an entry of ``runs/`` that is not a run, a trial another process holds, or a
+        report file that is a directory.
     """
-    from fedprivopt.simulation.rundir import check_claimable, lock_run_dir, remove_run_files
+    from fedprivopt.simulation.rundir import check_claimable
     from fedprivopt.simulation.tune import TUNE_FILES
 
     out = Path(out)
@@ -171,6 +171,28 @@ def discard_tuning(out: str | Path) -> None:
                 "tuning's runs: remove it or choose another --out"
             )
         check_claimable(entry, overwrite=True)
+    for name in (*TUNE_FILES, PLAN_FILE):
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            raise ValueError(f"{path} is a directory, not a file tune wrote")
+    return entries
+
+
+def discard_tuning(out: str | Path) -> None:
+    """Remove an earlier tuning in ``out``: every trial's run files, ``tune.json`` and report.
+
+    Everything is checked first (:func:`check_discardable`), so a refusal removes nothing.
+
+    Raises
+    ------
+    ValueError
+        Naming an entry of ``runs/`` that is not a run, or a trial another process holds.
+    """
+    from fedprivopt.simulation.rundir import lock_run_dir, remove_run_files
+    from fedprivopt.simulation.tune import TUNE_FILES
+
+    out = Path(out)
+    entries = check_discardable(out)
     for entry in entries:
         with lock_run_dir(entry):
             remove_run_files(entry)
@@ -178,7 +200,4 @@ def discard_tuning(out: str | Path) -> None:
                 (entry / name).unlink(missing_ok=True)
         entry.rmdir()
     for name in (*TUNE_FILES, PLAN_FILE):
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            raise ValueError(f"{path} is a directory, not a file tune wrote")
-        path.unlink(missing_ok=True)
+        (out / name).unlink(missing_ok=True)

@@ -244,7 +244,7 @@ def test_compare_quiet_refusal_is_one_line(tmp_path):
 
 def test_resume_refuses_fewer_rounds_than_released(tmp_path):
     out = tmp_path / "E1"
-    code, _, err = run_cli(simulate(str(out), "--rounds", "2"))
+    code, _, err = run_cli(["simulate", str(TOY), "--rounds", "2", "--out", str(out), *SMALL])
     assert code == 0, err
     config = out / "config.toml"
     config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 1"))

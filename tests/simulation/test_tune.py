@@ -367,8 +367,7 @@ def test_a_grid_where_dp_accounting_fails_at_an_order_is_tuned(tmp_path, capsys)
 def test_trials_csv_has_one_eval_loss_column_when_tuned_on_it(tmp_path):
     """Eighth review m4: ``--metric eval_loss`` wrote two eval_loss columns."""
     out = tmp_path / "tune"
-    assert _exit_code(_tune(out, "--metric", "eval_loss", "--mean-trials", "1", "--rounds",
-                            "1", "--quiet")) == 0  # fmt: skip
+    assert _exit_code(_tune(out, "--metric", "eval_loss", "--mean-trials", "1")) == 0
     with open(out / "trials.csv") as fh:
         header = next(csv.reader(fh))
     assert header.count("eval_loss") == 1

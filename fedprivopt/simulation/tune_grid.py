@@ -1,0 +1,140 @@
+"""The grid of a private tuning (``tune --grid``, ``compare --tune-grid``): keys and values.
+
+``--grid KEY=V1,V2,...`` names a preset key and its values, typed as ``--set`` types them. A grid
+may not vary a key of :data:`FORBIDDEN_GRID_KEYS`: one ε of the tuning must hold for every user
+of every trial, so the keys that choose which users are private or what the data is are fixed,
+as are those set by ``--strategy``, the tuning seed and the accounting (issue 15, tenth review,
+finding 1: a grid over ``side-information.users`` made users private in some trials and public
+in the released one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from fedprivopt.core.text import shown
+
+__all__ = [
+    "FORBIDDEN_GRID_KEYS",
+    "FORBIDDEN_GRID_PREFIXES",
+    "MAX_GRID_POINTS",
+    "grid_points",
+    "parse_grid",
+]
+
+_USERS = "it chooses which users are private"
+_PUBLIC = f"{_USERS} (public-users side information takes users out of the private population)"
+_DATA = "it defines the task's data or users, so the trials would not train and score alike"
+_SCORED = "it chooses the evaluation users the selection is scored on"
+FORBIDDEN_GRID_KEYS: Mapping[str, str] = MappingProxyType({
+    "strategy": "--strategy sets it",
+    "seed": "every trial gets its own seed",
+    "delta": "a tuning is accounted at one delta",
+    "accountant": "a tuning is accounted with one accountant",
+    "population": _USERS,
+    "side-information": _PUBLIC,
+    "side-information.kind": _PUBLIC,
+    "side-information.users": _USERS,
+    "secure": "it would mix secure trials with seeded ones, whose noise their run seeds predict",
+    "task": _DATA,
+    "task-params.num-users": _USERS,
+    "task-params.eval-split": _SCORED,
+    "task-params.eval-users": _SCORED,
+    **{f"task-params.{key}": _DATA for key in (
+        "data-dir", "synthetic", "seed", "max-examples-per-user", "vocab-size", "seq-len",
+        "num-tags", "single-label", "dim", "num-classes", "examples-per-user", "heterogeneity",
+        "test-examples",
+    )},
+})  # fmt: skip
+"""Preset keys a grid may not vary, and why (tenth review of issue 15, finding 1).
+
+Set by ``--strategy`` or the tuning seed, fixed by the accounting, or keys that change which
+users are private (the population, public-users side information) or what the data is (the
+task and the built-in tasks' data, user and evaluation parameters; ``task-params.synth-*`` too,
+:data:`FORBIDDEN_GRID_PREFIXES`): trials over them would each be private for other users, so one
+ε would not cover every user, or be scored on other data. ``secure`` would mix seeded trials in.
+"""
+FORBIDDEN_GRID_PREFIXES: Mapping[str, str] = MappingProxyType({"task-params.synth-": _DATA})
+MAX_GRID_POINTS = 10_000
+
+
+def parse_grid(texts: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+    """``--grid KEY=V1,V2,...`` flags as ``{key: values}`` (values typed as ``--set`` types them).
+
+    Raises
+    ------
+    ValueError
+        Naming ``--grid``: no ``=``, an empty key or value, a key given twice or one that sets
+        a reserved key (:data:`FORBIDDEN_GRID_KEYS`), a value given twice, or more than
+        :data:`MAX_GRID_POINTS` points in all.
+    """
+    from fedprivopt.simulation.config import parse_override
+
+    if not texts:
+        raise ValueError("argument --grid: give at least one KEY=V1,V2,... to tune over")
+    grid: dict[str, tuple[Any, ...]] = {}
+    for text in texts:
+        key, sep, values = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"argument --grid: expected KEY=V1,V2,..., got {shown(text)}")
+        if key in grid:
+            raise ValueError(f"argument --grid: {shown(key)} is given twice")
+        parsed = []
+        for part in values.split(","):
+            if not part.strip():
+                raise ValueError(
+                    f"argument --grid: {shown(key)} has an empty value in {shown(text)}"
+                )
+            try:
+                _, value = parse_override(f"{key}={part.strip()}")
+            except (ValueError, RecursionError) as exc:
+                raise ValueError(f"argument --grid: {exc}") from None
+            if any(type(v) is type(value) and v == value for v in parsed):
+                raise ValueError(f"argument --grid: {shown(key)} lists {shown(part.strip())} twice")
+            parsed.append(value)
+            _refuse_forbidden(key, value)
+        grid[key] = tuple(parsed)
+    size = math.prod(len(v) for v in grid.values())
+    if size > MAX_GRID_POINTS:
+        raise ValueError(
+            f"argument --grid: {size:,} grid points, more than the limit of {MAX_GRID_POINTS:,}"
+        )
+    return grid
+
+
+def _keys_set(key: str, value: Any) -> list[str]:
+    """The preset keys that ``key=value`` sets, spelled as :data:`FORBIDDEN_GRID_KEYS` spells them.
+
+    A table value sets its dotted keys, a per-strategy key (``strategies.S.KEY``) sets ``KEY``
+    for that strategy and a task parameter may be written in snake case.
+    """
+    if isinstance(value, Mapping) and value:
+        return [k for sub, v in value.items() for k in _keys_set(f"{key}.{sub}", v)]
+    parts = key.split(".", 2)
+    if parts[0] == "strategies" and len(parts) == 3:
+        key = parts[2]
+    if key.startswith("task-params."):
+        key = "task-params." + key.split(".", 1)[1].replace("_", "-")
+    return [key]
+
+
+def _refuse_forbidden(key: str, value: Any) -> None:
+    """Refuse a grid key that sets a key of :data:`FORBIDDEN_GRID_KEYS` (or of its prefixes)."""
+    for name in _keys_set(key, value):
+        why = FORBIDDEN_GRID_KEYS.get(name) or next(
+            (w for p, w in FORBIDDEN_GRID_PREFIXES.items() if name.startswith(p)), None
+        )
+        if why is not None:
+            via = "" if name == key else f" (it sets {shown(name)})"
+            raise ValueError(f"argument --grid: {shown(key)} cannot be tuned{via}: {why}")
+
+
+def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every point of the grid (the Cartesian product), in flag order."""
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]

@@ -271,9 +271,7 @@ def _stated_ledger(path: Path, summary: dict[str, Any]):
     if led is None:
         return None
     try:
-        return tuple(
-            (SubsampledGaussianEvent.from_dict(x["event"]), int(x["count"])) for x in led
-        )
+        return tuple((SubsampledGaussianEvent.from_dict(x["event"]), int(x["count"])) for x in led)
     except ValueError as exc:
         raise ValueError(f"{path / 'summary.json'}: its single_run.ledger: {exc}") from None
 
@@ -369,6 +367,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
             ledger, orders = _recomputed_ledger(path, builder, plan, released)
         except ValueError as exc:
             raise ValueError(f"{path / PLAN_FILE}: {exc}") from None
+
         def task_of(entry):
             return builder.build(builder.config({**entry["hyperparameters"],
                                                  "seed": entry["seed"]}))[0]  # fmt: skip
@@ -385,9 +384,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
                 raise ValueError(f"{best_dir}: the released trial is not finished ({why})")
             run = load_run(best_dir)
     candidates = [stated_eps]
-    candidates.append(
-        math.inf if ledger is None else tuning_epsilon(ledger, delta, trials, orders)
-    )
+    candidates.append(math.inf if ledger is None else tuning_epsilon(ledger, delta, trials, orders))
     if stated_ledger is not None:
         candidates.append(tuning_epsilon(stated_ledger, delta, trials, orders))
     return TunedCheck(path, max(candidates), best_dir, base, plan, run)

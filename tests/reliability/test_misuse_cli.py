@@ -586,8 +586,14 @@ def test_non_ascii_digits_are_refused(tmp_path, flag, text):
 def _tag_run(tmp_path: Path, data_dir: Path, out: Path, synth_seed: int) -> list[str]:
     """A 1-round tag-prediction run on a tiny synthetic dataset generated into ``data_dir``."""
     sets = {
-        "data-dir": str(data_dir), "synth-clients": 30, "synth-vocab": 300, "synth-tags": 10,
-        "synth-seed": synth_seed, "vocab-size": 200, "num-tags": 8, "num-users": 24,
+        "data-dir": str(data_dir),
+        "synth-clients": 30,
+        "synth-vocab": 300,
+        "synth-tags": 10,
+        "synth-seed": synth_seed,
+        "vocab-size": 200,
+        "num-tags": 8,
+        "num-users": 24,
         "eval-users": 4,
     }
     argv = ["simulate", str(TAG_MINI), "--rounds", "1", "--out", str(out), "--quiet"]

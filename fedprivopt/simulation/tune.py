@@ -50,16 +50,16 @@ from fedprivopt.privacy.tuning import (
 )
 from fedprivopt.simulation.tune_grid import (
     FORBIDDEN_GRID_KEYS,
-    FORBIDDEN_GRID_PREFIXES,
     MAX_GRID_POINTS,
+    TUNABLE_TASK_PARAMS,
     grid_points,
     parse_grid,
 )
 
 __all__ = [
     "FORBIDDEN_GRID_KEYS",
-    "FORBIDDEN_GRID_PREFIXES",
     "MAX_GRID_POINTS",
+    "TUNABLE_TASK_PARAMS",
     "PrivacyPlan",
     "Trial",
     "TrialResult",

@@ -20,8 +20,8 @@ from fedprivopt.core.text import shown
 
 __all__ = [
     "FORBIDDEN_GRID_KEYS",
-    "FORBIDDEN_GRID_PREFIXES",
     "MAX_GRID_POINTS",
+    "TUNABLE_TASK_PARAMS",
     "grid_points",
     "parse_grid",
 ]
@@ -44,21 +44,22 @@ FORBIDDEN_GRID_KEYS: Mapping[str, str] = MappingProxyType({
     "task-params.num-users": _USERS,
     "task-params.eval-split": _SCORED,
     "task-params.eval-users": _SCORED,
-    **{f"task-params.{key}": _DATA for key in (
-        "data-dir", "synthetic", "seed", "max-examples-per-user", "vocab-size", "seq-len",
-        "num-tags", "single-label", "dim", "num-classes", "examples-per-user", "heterogeneity",
-        "test-examples",
-    )},
 })  # fmt: skip
 """Preset keys a grid may not vary, and why (tenth review of issue 15, finding 1).
 
 Set by ``--strategy`` or the tuning seed, fixed by the accounting, or keys that change which
 users are private (the population, public-users side information) or what the data is (the
-task and the built-in tasks' data, user and evaluation parameters; ``task-params.synth-*`` too,
-:data:`FORBIDDEN_GRID_PREFIXES`): trials over them would each be private for other users, so one
-ε would not cover every user, or be scored on other data. ``secure`` would mix seeded trials in.
+task; task parameters other than :data:`TUNABLE_TASK_PARAMS`): trials over them would each be
+private for other users, so one ε would not cover every user, or be scored on other data.
+``secure`` would mix seeded trials in.
 """
-FORBIDDEN_GRID_PREFIXES: Mapping[str, str] = MappingProxyType({"task-params.synth-": _DATA})
+TUNABLE_TASK_PARAMS = frozenset({"embedding-dim", "hidden-size", "init-bias", "train-bias"})
+"""The only task parameters a grid may vary: the built-in tasks' model shape and bias handling.
+
+Every other task parameter, of a built-in task or a user's own, may define the data, the users
+or the evaluation (``data-dir``, ``seed``, ``synth-*``, ``num-users``, ``examples-per-user``,
+...), so it is refused in a grid (a task the project does not know cannot say which are safe).
+"""
 MAX_GRID_POINTS = 10_000
 
 
@@ -124,11 +125,13 @@ def _keys_set(key: str, value: Any) -> list[str]:
 
 
 def _refuse_forbidden(key: str, value: Any) -> None:
-    """Refuse a grid key that sets a key of :data:`FORBIDDEN_GRID_KEYS` (or of its prefixes)."""
+    """Refuse a key of :data:`FORBIDDEN_GRID_KEYS` or a task parameter not tunable here."""
     for name in _keys_set(key, value):
-        why = FORBIDDEN_GRID_KEYS.get(name) or next(
-            (w for p, w in FORBIDDEN_GRID_PREFIXES.items() if name.startswith(p)), None
-        )
+        why = FORBIDDEN_GRID_KEYS.get(name)
+        param = name.removeprefix("task-params.")
+        if why is None and param != name and param not in TUNABLE_TASK_PARAMS:
+            tunable = ", ".join(sorted(TUNABLE_TASK_PARAMS))
+            why = f"{_DATA} (of the task parameters only {tunable} can be tuned)"
         if why is not None:
             via = "" if name == key else f" (it sets {shown(name)})"
             raise ValueError(f"argument --grid: {shown(key)} cannot be tuned{via}: {why}")

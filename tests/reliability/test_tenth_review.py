@@ -66,6 +66,8 @@ def entropy(monkeypatch):
         ("task-params.synth-seed=1,2", []),
         ("task-params.eval-split=heldout,test", []),
         ("task-params={seed=1},{seed=2}", []),
+        ("task-params.examples-per-user=5,9", []),
+        ("task-params.my-own-data-file=a,b", []),
         ("secure=true,false", []),
     ],
 )
@@ -77,7 +79,18 @@ def test_tune_refuses_a_grid_over_the_private_users_or_the_data(tmp_path, grid, 
     assert "--set" not in line
     if "users" in key or key in ("population", "side-information.kind", "side-information"):
         assert "chooses which users are private" in line
+    if key in ("task-params.examples-per-user", "task-params.my-own-data-file"):
+        # of a task's parameters only an allowlist may vary (a user's task cannot say which
+        # of its own are safe)
+        assert "only embedding-dim, hidden-size, init-bias, train-bias can be tuned" in line
     assert not out.exists()
+
+
+def test_a_model_parameter_of_the_task_may_be_tuned():
+    from fedprivopt.simulation.tune_grid import parse_grid
+
+    grid = parse_grid(["task-params.hidden-size=8,16", "strategies.adadps.local-learning-rate=1,2"])
+    assert grid["task-params.hidden-size"] == (8, 16)
 
 
 def test_compare_refuses_a_tune_grid_over_the_public_users(tmp_path):

@@ -68,6 +68,7 @@ def _split_grid(texts: list[str], strategies: list[str]) -> dict[str, list[str]]
     """
     from fedprivopt.core.text import shown
     from fedprivopt.simulation.tune import parse_grid
+    from fedprivopt.simulation.tune_grid import keys_set_for
 
     shared: list[str] = []
     own: dict[str, list[str]] = {name: [] for name in strategies}
@@ -99,7 +100,7 @@ def _split_grid(texts: list[str], strategies: list[str]) -> dict[str, list[str]]
             grid = parse_grid(grid_texts)
         except ValueError as exc:
             raise _usage(exc, f"for {name}") from None
-        if "noise-multiplier" in grid:
+        if any("noise-multiplier" in keys_set_for(k, v, name) for k, v in grid.items()):
             raise UsageError(
                 "argument --tune-grid: noise-multiplier is the comparison's axis "
                 "(--noise-multipliers); tune it with fedprivopt tune"

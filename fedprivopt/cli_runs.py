@@ -77,9 +77,22 @@ def load_preset(path: str | os.PathLike, overrides: dict | None = None, where: s
 # -- simulate ----------------------------------------------------------------------------------
 
 
+_CELL_KEYS = {
+    "strategy": "every cell sets its own (--strategies)",
+    "seed": "every cell sets its own (the preset's seed, +1, ...: --seeds)",
+    "noise-multiplier": "every cell sets its own (--noise-multipliers, or --set noise-multiplier)",
+}
+
+
 def compare_overrides(args: argparse.Namespace) -> dict:
     """``compare``'s :func:`set_overrides`, refusing the keys its grid sets for every cell."""
+    from fedprivopt.simulation.tune_grid import refuse_table_spellings
+
     sets = set_overrides(args)
+    try:
+        refuse_table_spellings(sets, _CELL_KEYS)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if "strategy" in sets:  # every cell sets its own: the --set would be silently ignored
         raise UsageError("argument --set: strategy is the grid's (use --strategies)")
     if args.noise_multipliers and "noise-multiplier" in sets:

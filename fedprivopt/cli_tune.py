@@ -244,6 +244,9 @@ class TuningSetup:
     """The plan ``tune.json`` records (:func:`~fedprivopt.simulation.tune_check.plan_document`)."""
 
 
+_TRIAL_KEYS = {"seed": "every trial runs its own seed, drawn from the tuning seed (--seed)"}
+
+
 def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     """Every check ``tune`` makes of its flags and grid points, writing nothing.
 
@@ -256,6 +259,7 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     from fedprivopt.simulation.config import config_to_toml
     from fedprivopt.simulation.tune import check_tune_dir, draw_trials, parse_grid
     from fedprivopt.simulation.tune_check import plan_document
+    from fedprivopt.simulation.tune_grid import check_grid_overrides, refuse_table_spellings
 
     trial_count = trial_count_of(args)
     out = check_out_dir(args.out)
@@ -265,10 +269,12 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     overrides = set_overrides(args)
-    for key in grid:
-        if key in overrides:
-            raise UsageError(f"argument --grid: {key} is also set by --set or a flag; give one")
     base = load_preset(args.config, overrides)
+    try:
+        check_grid_overrides(grid, overrides, base.strategy.strategy)
+        refuse_table_spellings(overrides, _TRIAL_KEYS)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     plan, tasks, metric = plan_tuning(args, overrides, grid)
     selection = check_selection(args, tasks.values())
     seed, secret = tuning_seed(args, out)

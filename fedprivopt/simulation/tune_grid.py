@@ -22,8 +22,11 @@ __all__ = [
     "FORBIDDEN_GRID_KEYS",
     "MAX_GRID_POINTS",
     "TUNABLE_TASK_PARAMS",
+    "check_grid_overrides",
     "grid_points",
+    "keys_set_for",
     "parse_grid",
+    "refuse_table_spellings",
 ]
 
 _USERS = "it chooses which users are private"
@@ -122,6 +125,86 @@ def _keys_set(key: str, value: Any) -> list[str]:
     if key.startswith("task-params."):
         key = "task-params." + key.split(".", 1)[1].replace("_", "-")
     return [key]
+
+
+def keys_set_for(key: str, values: Sequence[Any], strategy: str) -> frozenset[str]:
+    """The preset keys ``key`` set to any of ``values`` sets in a run of ``strategy``.
+
+    Spelled as :data:`FORBIDDEN_GRID_KEYS` spells them (a table value sets its dotted keys, a
+    task parameter in kebab case); ``strategies.S.KEY`` sets ``KEY`` when ``S`` is ``strategy``
+    and nothing otherwise. Two layers that set one key are compared by these: a grid's
+    ``strategies.dp-fedavg.noise-multiplier`` sets ``noise-multiplier`` as much as the bare key
+    (eleventh review of issue 15, finding 2).
+    """
+    return frozenset(name for value in values for name in _keys_for(key, value, strategy))
+
+
+def check_grid_overrides(
+    grid: Mapping[str, Sequence[Any]], overrides: Mapping[str, Any], strategy: str
+) -> None:
+    """Refuse a grid key that sets a key ``--set`` (or a flag) sets too, in any spelling.
+
+    Either may spell it as a table or as ``strategies.S.KEY``: one of them would win silently
+    and the trials would not run what they are labelled with (eleventh review of issue 15,
+    finding 2: ``--set strategies.dp-fedavg.server-learning-rate=1 --grid
+    server-learning-rate=0.1,0.3`` ran every trial at 1).
+
+    A grid key that sets nothing for ``strategy`` (another strategy's ``[strategies.S]`` table)
+    is refused too: its trials would be labelled by values that changed nothing.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--grid``, the grid key and the key it sets.
+    """
+    fixed = {name: key for key, value in overrides.items()
+             for name in keys_set_for(key, [value], strategy)}  # fmt: skip
+    for key, values in grid.items():
+        if not keys_set_for(key, values, strategy):  # trials labelled by a key that did nothing
+            raise ValueError(
+                f"argument --grid: {key} sets nothing for {strategy} (it is another strategy's "
+                "table); tune a key of the tuned strategy"
+            )
+        for name in sorted(keys_set_for(key, values, strategy) & fixed.keys()):
+            via = "" if name == key else f" (it sets {shown(name)})"
+            also = "" if fixed[name] == name else f" (as {shown(fixed[name])})"
+            raise ValueError(
+                f"argument --grid: {key}{via} is also set by --set or a flag{also}; give one"
+            )
+
+
+def refuse_table_spellings(overrides: Mapping[str, Any], keys: Mapping[str, str]) -> None:
+    """Refuse an override that sets one of ``keys`` through a ``[strategies.S]`` table.
+
+    ``compare`` sets every cell's ``strategy``, ``seed`` and ``noise-multiplier`` and ``tune``
+    every trial's ``seed`` as overrides; ``--set strategies.S.seed=7`` is a strategy table, which
+    wins over them, so every cell or trial silently ran it (eleventh review of issue 15, finding
+    4: two seeds of a compare cell ran seed 7; every trial of a tuning ran seed 7, not its
+    drawn run seed). ``keys`` maps each key to why it cannot be set.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--set``, the override and the key it sets.
+    """
+    for key, value in overrides.items():
+        if not key.startswith("strategies"):
+            continue
+        for name in _keys_set(key, value):
+            if name in keys:
+                raise ValueError(
+                    f"argument --set: {key} sets {name} for a strategy, but {keys[name]}"
+                )
+
+
+def _keys_for(key: str, value: Any, strategy: str) -> list[str]:
+    """:func:`_keys_set` of ``key=value`` without the keys of other strategies' tables."""
+    if isinstance(value, Mapping) and value:
+        return [k for sub, v in value.items() for k in _keys_for(f"{key}.{sub}", v, strategy)]
+    parts = key.split(".", 2)
+    if parts[0] == "strategies" and len(parts) == 3 and parts[1] != strategy:
+        return []
+    return _keys_set(key, value)
 
 
 def _refuse_forbidden(key: str, value: Any) -> None:

@@ -127,7 +127,10 @@ class AdaptiveClipping:
             quantile=self.config.clip_quantile,
             learning_rate=self.config.clip_learning_rate,
         )
-        self.states[self.key] = rule.update(fraction, state)
+        stepped = rule.update(fraction, state)
+        # at most the norm whose noise std is a float's (eleventh review of issue 15, finding 1:
+        # C grew until sum_noise_std**2 overflowed mid-run)
+        self.states[self.key] = ClipState(min(stepped.clip_norm, self.config.max_clip_norm))
         return {
             "clip_norm": state.clip_norm,
             "clip_count_fraction": fraction,
@@ -143,4 +146,12 @@ class AdaptiveClipping:
         """Restore :meth:`state_dict` (``ValueError`` for anything it would not have written)."""
         if not isinstance(saved, dict) or not set(saved) <= set(CLIP_KEYS):
             raise ValueError("checkpoint has no adaptive clip state (adaptive-clipping)")
-        self.states = {k: ClipState.from_dict(v) for k, v in saved.items()}
+        states = {k: ClipState.from_dict(v) for k, v in saved.items()}
+        limit = self.config.max_clip_norm
+        for key, state in states.items():
+            if not state.clip_norm <= limit:
+                raise ValueError(
+                    f"checkpoint's adaptive clip norm ({key}) {state.clip_norm:g} is above "
+                    f"{limit:g}, the most this run's noise allows (adaptive-clipping)"
+                )
+        self.states = states

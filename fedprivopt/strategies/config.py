@@ -9,6 +9,7 @@ the shared fields or to the strategy's block, and names the key in every error.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -34,7 +35,7 @@ from fedprivopt.strategies.options import (
     rules_of,
 )
 
-__all__ = ["NON_PRIVATE", "STRATEGIES", "StrategyConfig"]
+__all__ = ["MAX_SUM_NOISE_STD", "NON_PRIVATE", "STRATEGIES", "StrategyConfig"]
 
 STRATEGIES = tuple(BLOCKS)
 NON_PRIVATE = ("fedavg", "fedadam")
@@ -53,6 +54,11 @@ _BLOCK_RULES = {
     key_of(name): rule for block in BLOCKS.values() for name, rule in rules_of(block).items()
 }
 _EVERY_BLOCK_KEY = frozenset(_BLOCK_RULES)
+#: Largest noise std ``σ_Δ C max(1, 1/m̄)`` of a round's sum (and mean): its square times the
+#: population (at most :data:`~fedprivopt.privacy.sampling.MAX_POPULATION` = 10**8; distributed
+#: noise scales the sum's variance by the accepted shares) or the 64 nodes of a tree release
+#: stays a float (1e300 * 1e8 < 1.8e308). Eleventh review of issue 15, finding 1.
+MAX_SUM_NOISE_STD = 1e150
 
 
 @dataclass(frozen=True)
@@ -166,19 +172,6 @@ class StrategyConfig:
             self.clients_per_round
         ):
             raise ValueError("clients-per-round must be an integer with sampling 'fixed'")
-        # the noise of the mean, (sigma C / m)^2, must be a float (sixth review of issue 15:
-        # clients-per-round 1e-200 or clip-norm 1e300 overflowed in the first round)
-        try:
-            variance = (self.noise_multiplier * self.clip_norm / self.clients_per_round) ** 2
-        except OverflowError:
-            variance = _INF
-        if variance == _INF:
-            raise ValueError(
-                "noise-multiplier * clip-norm / clients-per-round must have a finite square "
-                f"(the noise variance of the mean), got {self.noise_multiplier} * "
-                f"{self.clip_norm} / {self.clients_per_round}; lower clip-norm or raise "
-                "clients-per-round"
-            )
         if self.private and self.noise_multiplier == 0:
             raise ValueError(
                 f"noise-multiplier must be > 0 for strategy {self.strategy!r} "
@@ -200,6 +193,7 @@ class StrategyConfig:
                 raise ValueError(
                     f"{exc} (its default clients-per-round/20); set clip-count-stddev"
                 ) from None
+        self._check_noise_std()
 
     def _check_tree(self) -> None:
         """Refuse, naming the key, what tree aggregation cannot do."""
@@ -243,6 +237,26 @@ class StrategyConfig:
                 "round"
             )
 
+    def _check_noise_std(self) -> None:
+        """Refuse a clip norm whose noise std exceeds :data:`MAX_SUM_NOISE_STD` (naming it).
+
+        Sixth review of issue 15: ``clients-per-round=1e-200`` or ``clip-norm=1e300`` overflowed
+        in the first round; eleventh review, finding 1: so did ``σ C`` itself when only
+        ``(σC/m̄)²`` was checked, and ``σ_Δ C`` with adaptive clipping (``σ_Δ > σ``).
+        """
+        limit = self.max_clip_norm
+        sigma = "sigma_Delta" if self.adaptive else "noise-multiplier"  # the sum's multiplier
+        adaptive_c = getattr(self.options, "clip_norm_adaptive", None)  # DP2's second norm
+        for key, c in (("clip-norm", self.clip_norm), ("clip-norm-adaptive", adaptive_c)):
+            if c is not None and not c <= limit:
+                raise ValueError(
+                    f"{sigma} * {key} / min(1, clients-per-round) must be at most "
+                    f"{MAX_SUM_NOISE_STD:g} (the noise std of a round's sum and mean; its square, "
+                    f"times up to the population, must be a float), got "
+                    f"{self.update_noise_multiplier:g} * {c:g} / min(1, {self.clients_per_round:g})"
+                    f"; lower {key} or raise clients-per-round ({key} at most {limit:.6g} here)"
+                )
+
     @property
     def tree(self) -> bool:
         """Whether the run uses tree aggregation (a DP strategy with ``noise-mechanism`` tree)."""
@@ -271,6 +285,19 @@ class StrategyConfig:
         if not self.adaptive:
             return self.noise_multiplier
         return update_noise_multiplier(self.noise_multiplier, self.count_stddev)
+
+    @property
+    def max_clip_norm(self) -> float:
+        """Largest clip norm whose noise std stays within :data:`MAX_SUM_NOISE_STD`.
+
+        ``MAX_SUM_NOISE_STD / (σ_Δ max(1, 1/m̄))`` (``σ_Δ``: :attr:`update_noise_multiplier`),
+        at most the largest float; the largest float when not private. The adaptive clip norm
+        is kept at most this (:class:`~fedprivopt.strategies.clipping.AdaptiveClipping`).
+        """
+        if not self.private or self.noise_multiplier == 0:
+            return sys.float_info.max
+        scale = self.update_noise_multiplier * max(1.0, 1.0 / self.clients_per_round)
+        return min(MAX_SUM_NOISE_STD / scale, sys.float_info.max)
 
     @property
     def private(self) -> bool:

@@ -41,7 +41,12 @@ from fedprivopt.simulation.config import (
     parse_override,
     resolve_config,
 )
-from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
+from fedprivopt.strategies.config import (
+    MAX_SUM_NOISE_STD,
+    NON_PRIVATE,
+    STRATEGIES,
+    StrategyConfig,
+)
 from fedprivopt.strategies.options import BLOCKS, Rule, rules_of
 from tests.reliability.conftest import count, fuzz_settings
 
@@ -350,6 +355,18 @@ def _finite_variance(data: dict) -> bool:
         return False
 
 
+def _noise_std_ok(data: dict) -> bool:
+    """σ_Δ C max(1, 1/m̄) at most ``MAX_SUM_NOISE_STD`` for each clip norm (eleventh review)."""
+    if data["strategy"] in NON_PRIVATE or data["noise_multiplier"] == 0:
+        return True
+    sigma, m = data["noise_multiplier"], data["clients_per_round"]
+    if data["adaptive_clipping"]:
+        sigma = update_noise_multiplier(sigma, data["clip_count_stddev"] or m / 20)
+    scale = sigma * max(1.0, 1.0 / m)
+    norms = (data["clip_norm"], data.get("clip_norm_adaptive"))
+    return all(c is None or c <= MAX_SUM_NOISE_STD / scale for c in norms)
+
+
 @st.composite
 def valid_mappings(draw) -> dict:
     data: dict = {}
@@ -386,6 +403,10 @@ def valid_mappings(draw) -> dict:
             data["clip_norm"] = 1.0
     elif data["noise_mechanism"] != "tree":  # a restart period without the tree is refused
         data["tree_restart_rounds"] = 0
+    if not _noise_std_ok(data):  # the noise std of a round's sum must square to a float
+        data["clip_norm"], data["clip_norm_adaptive"] = 1.0, None
+        if not _noise_std_ok(data):  # a tiny clients-per-round (never under the tree)
+            data.update(clients_per_round=1.0, adaptive_clipping=False)
     mapping = {k.replace("_", "-"): v for k, v in data.items()}
     mapping.update(
         {

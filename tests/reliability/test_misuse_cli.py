@@ -169,7 +169,7 @@ def test_a_bad_task_parameter_is_named_as_written(tmp_path, setting, needle):
         # sixth review of issue 15: each was a traceback with exit code 1
         ("task-params.heterogeneity=[1]", "task-params.heterogeneity must be a real number"),
         ("task-params.heterogeneity=1e308", "task-params.heterogeneity must be a finite number"),
-        ("clients-per-round=1e-200", "clients-per-round must have a finite square"),
+        ("clients-per-round=1e-200", "/ min(1, clients-per-round) must be at most 1e+150"),
         ("clip-norm=1e300", "lower clip-norm or raise clients-per-round"),
         ("local-learning-rate=1e39", "local-learning-rate must be a finite number in (0, 3.4"),
     ],

@@ -1,0 +1,221 @@
+"""Issue 15, eleventh hostile review (findings 1, 2, 4 and 5): each case failed before its fix.
+
+Finding 1: a clip norm whose noise std overflowed mid-run (the adaptive ``C`` grew until
+``sum_noise_std**2`` raised ``OverflowError``; ``σ C`` itself and ``σ_Δ C`` were not checked, only
+``(σC/m̄)²``). Finding 2: a grid key spelled as a strategy table escaped the checks against
+``--set`` and compare's noise-multiplier axis, so trials ran other values than their labels.
+Finding 4: ``--set strategies.S.seed`` (or ``.noise-multiplier``) replaced every compare cell's
+and every tuning trial's own value. Finding 5: a grid key of another strategy's table set nothing,
+and its trials were labelled by it. (Finding 3, adaptive keys ignored without adaptive
+clipping, is open: ``docs/RELIABILITY.md``.)
+
+Run against the code before the fixes (``git stash`` of the changed modules, 2026-11-25): every
+test failed there (``OverflowError`` tracebacks with rc 1, no ``ValueError`` from the config,
+rc 0 where one line with rc 2 is expected) except three that passed before and after: the sixth
+review's ``clients-per-round=1e-200`` case and the two controls that another strategy's table
+still applies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.strategies.clipping import AdaptiveClipping
+from fedprivopt.strategies.config import MAX_SUM_NOISE_STD, StrategyConfig
+from tests.reliability.test_fuzz_cli import run_cli
+from tests.reliability.test_misuse_cli import SMALL, TOY, usage_error
+
+# -- finding 1: the noise std of a round's sum stays a float -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"noise-multiplier": 1.0, "clip-norm": 5e154}, "clip-norm"),  # (σC/m̄)² was finite
+        ({"noise-multiplier": 1.0, "clip-norm": 1e152, "noise-mode": "distributed"}, "clip-norm"),
+        (  # σ_Δ ≈ 1.8e4 σ: the sum's multiplier, not σ, sizes the noise
+            {"adaptive-clipping": True, "clip-count-stddev": 0.2500000001, "clip-norm": 1e152},
+            "clip-norm",
+        ),
+        (
+            {"strategy": "dp2", "noise-multiplier": 1.0, "clip-norm-adaptive": 5e154},
+            "clip-norm-adaptive",
+        ),
+        ({"clients-per-round": 1e-200}, "clip-norm"),  # the sixth review's case still holds
+    ],
+)
+def test_a_clip_norm_whose_noise_overflows_is_refused(settings, key):
+    base = {"population": 40, "clients-per-round": 10.0, "noise-multiplier": 0.5}
+    with pytest.raises(ValueError, match=f"lower {key} or raise clients-per-round"):
+        StrategyConfig.from_mapping({**base, **settings})
+
+
+def test_the_largest_accepted_clip_norm_noises_without_overflow():
+    config = StrategyConfig(population=40, clients_per_round=10.0, noise_multiplier=1.0)
+    limit = config.max_clip_norm
+    assert limit == MAX_SUM_NOISE_STD
+    StrategyConfig(population=40, clients_per_round=10.0, noise_multiplier=1.0, clip_norm=limit)
+    # the aggregator's variances: the sum's, times up to the population (distributed shares)
+    assert math.isfinite((limit * 1.0) ** 2 * 10**8)
+    assert StrategyConfig(strategy="fedavg", clip_norm=1e300).max_clip_norm == sys.float_info.max
+
+
+def test_the_adaptive_clip_norm_stops_where_its_noise_would_overflow():
+    config = StrategyConfig(
+        population=40, clients_per_round=10.0, noise_multiplier=0.5, adaptive_clipping=True,
+        clip_quantile=0.9999, clip_learning_rate=1000.0,
+    )  # fmt: skip
+    clipping = AdaptiveClipping(config, None)
+    clipping.clip_norm(None)
+    for _ in range(5):  # every user clipped: C grows by e^999.9 a round (capped at e^700)
+        clipping._fractions.append(0.0)
+        metrics = clipping.step()
+        assert metrics["next_clip_norm"] <= config.max_clip_norm
+    assert clipping.clip_norm(None) == config.max_clip_norm
+    assert math.isfinite((config.update_noise_multiplier * clipping.clip_norm(None)) ** 2)
+    with pytest.raises(ValueError, match="adaptive clip norm"):
+        clipping.load_state_dict({"clip-norm": {"clip_norm": config.max_clip_norm * 4}})
+
+
+def test_an_adaptive_run_whose_clip_norm_explodes_finishes(tmp_path):
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "4", "--out", str(out), *SMALL,
+            "--set", "adaptive-clipping=true", "--set", "clip-quantile=0.9999",
+            "--set", "clip-learning-rate=1000", "--set", "clip-count-stddev=1"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 0, err[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    limit = StrategyConfig(
+        population=12, clients_per_round=4.0, noise_multiplier=0.5, adaptive_clipping=True,
+        clip_count_stddev=1.0,
+    ).max_clip_norm  # fmt: skip
+    assert all(row["clip_norm"] <= limit for row in rows)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["--set", "noise-multiplier=1", "--set", "clip-norm=5e154"],
+        [
+            "--set",
+            "noise-multiplier=1",
+            "--set",
+            "clip-norm=5e154",
+            "--set",
+            "noise-mechanism=tree",
+        ],
+    ],
+)
+def test_simulate_refuses_the_clip_norm_in_one_line(tmp_path, settings):
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--out", str(out), *SMALL, *settings]
+    usage_error(run_cli(argv), "clip-norm", "1e+150")
+    assert not out.exists()
+
+
+# -- finding 2: a grid key in any spelling meets the checks of its bare key --------------------
+
+
+def _tune(out: Path, *extra: str) -> list[str]:
+    return ["tune", str(TOY), "--rounds", "1", "--mean-trials", "1", "--seed", "3",
+            "--out", str(out), *SMALL, *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, needles",
+    [
+        (["--set", "strategies.dp-fedavg.server-learning-rate=1",
+          "--grid", "server-learning-rate=0.1,0.3"],
+         ["server-learning-rate", "strategies.dp-fedavg.server-learning-rate"]),
+        (["--set", "noise-multiplier=0.5", "--grid", "strategies.dp-fedavg.noise-multiplier=1,2"],
+         ["strategies.dp-fedavg.noise-multiplier", "'noise-multiplier'"]),
+        (["--grid", "strategies.dp-fedavg={num-server-rounds=3}"], ["num-server-rounds"]),
+    ],
+)  # fmt: skip
+def test_tune_refuses_a_grid_key_that_set_sets_in_another_spelling(tmp_path, extra, needles):
+    out = tmp_path / "t"
+    usage_error(run_cli(_tune(out, *extra)), "argument --grid", *needles)
+    assert not out.exists()
+
+
+def test_another_strategys_table_is_not_the_tuned_key(tmp_path):
+    out = tmp_path / "t"
+    code, _, err = run_cli(_tune(out, "--set", "strategies.dp-fedadam.server-learning-rate=1",
+                                 "--grid", "server-learning-rate=0.1,0.3"))  # fmt: skip
+    assert code == 0, err[-2000:]
+    (trial,) = (out / "runs").iterdir()
+    hyper = json.loads((out / "tune.json").read_text())["trials"][0]["hyperparameters"]
+    assert f"server-learning-rate = {float(hyper['server-learning-rate'])}" in (
+        (trial / "config.toml").read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    "grid",
+    ["strategies.dp-fedavg.noise-multiplier=1,2", "strategies={dp-fedavg={noise-multiplier=2}}",
+     "strategies.dp-fedavg={noise-multiplier=2}"],
+)  # fmt: skip
+def test_compare_refuses_the_noise_axis_as_a_strategy_table(tmp_path, grid):
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--noise-multipliers", "0.5",
+            "--tune-grid", grid, "--mean-trials", "1", "--rounds", "1", "--out", str(out),
+            *SMALL]  # fmt: skip
+    usage_error(run_cli(argv), "argument --tune-grid", "noise-multiplier is the comparison's axis")
+    assert not out.exists()
+
+
+# -- finding 4: a strategy table in --set does not replace a cell's or a trial's own value -----
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        (["--seeds", "2", "--set", "strategies.dp-fedavg.seed=7"], "seed"),
+        (["--noise-multipliers", "0.5,1", "--set", "strategies.dp-fedavg.noise-multiplier=50"],
+         "noise-multiplier"),
+        (["--set", "strategies={dp-fedavg={noise-multiplier=50}}"], "noise-multiplier"),
+        (["--tune-grid", "server-learning-rate=0.3,1", "--mean-trials", "1",
+          "--set", "strategies.dp-fedavg.seed=7"], "seed"),
+    ],
+)  # fmt: skip
+def test_compare_refuses_a_strategy_table_over_the_cells_own_keys(tmp_path, extra, key):
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "1", "--out", str(out),
+            *SMALL, *extra]  # fmt: skip
+    usage_error(run_cli(argv), "argument --set", f"sets {key} for a strategy")
+    assert not out.exists()
+
+
+def test_tune_refuses_a_strategy_table_over_the_trials_seeds(tmp_path):
+    out = tmp_path / "t"
+    argv = _tune(out, "--grid", "server-learning-rate=0.3,1",
+                 "--set", "strategies.dp-fedavg.seed=7")  # fmt: skip
+    usage_error(run_cli(argv), "argument --set", "every trial runs its own seed")
+    assert not out.exists()
+
+
+def test_another_strategys_table_still_applies_in_compare(tmp_path):
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg,dp-fedadam", "--rounds", "1",
+            "--out", str(out), *SMALL,
+            "--set", "strategies.dp-fedadam.server-learning-rate=0.05"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 0, err[-2000:]
+    fedadam = next((out / "runs").glob("dp-fedadam__*")) / "config.toml"
+    assert "server-learning-rate = 0.05" in fedadam.read_text()
+
+
+# -- finding 5: a grid key that sets nothing for the tuned strategy ----------------------------
+
+
+def test_tune_refuses_a_grid_key_of_another_strategys_table(tmp_path):
+    out = tmp_path / "t"
+    argv = _tune(out, "--grid", "strategies.dp-fedadam.noise-multiplier=1,2")
+    usage_error(run_cli(argv), "argument --grid", "sets nothing for dp-fedavg")
+    assert not out.exists()

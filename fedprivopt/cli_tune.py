@@ -372,13 +372,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_compare_tuned(args: argparse.Namespace) -> int:
     """``fedprivopt compare-tuned``: compare's report at the ε that includes the tuning."""
-    from fedprivopt.simulation.cells import REPORT_FILES
     from fedprivopt.simulation.report import write_report
     from fedprivopt.simulation.rundata import load_runs
     from fedprivopt.simulation.tune_check import check_tunings
     from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned
     from fedprivopt.simulation.tune_untuned import (
+        REPORT_TITLE,
         check_out_outside,
+        check_report_dir,
         check_untuned_path,
         check_untuned_seeds,
     )
@@ -386,15 +387,9 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     try:
         check_out_outside(out, args.tuned)
+        check_report_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_FILES)
-        if foreign:
-            raise UsageError(
-                f"argument --out: {str(out)!r} holds {foreign[0]!r}, which compare-tuned did not "
-                "write; choose a new or empty directory"
-            )
     runs = []
     try:
         for checked in check_tunings([check_path_text(t, "TUNED") for t in args.tuned]):
@@ -420,7 +415,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         "data by this procedure (if they were tuned on the same private data elsewhere, their "
         "epsilon understates what was spent)."
     )
-    report = write_report(out, runs, title="fedprivopt compare-tuned", metric=args.metric,
+    report = write_report(out, runs, title=REPORT_TITLE, metric=args.metric,
                           notes=notes)  # fmt: skip
     print(f"report: {report}")
     return 0

@@ -6,7 +6,8 @@ as an untuned row it would be reported at its single run's ε, below what its tu
 :func:`check_untuned_path` refuses it. Untuned runs of one strategy and noise multiplier make one
 row whose runs are its seeds: :func:`check_untuned_seeds` refuses runs that differ in another
 hyperparameter, as :func:`~fedprivopt.simulation.tune_check.check_tunings` does for tunings.
-:func:`check_out_outside` keeps the report out of every tuning given.
+:func:`check_out_outside` keeps the report out of every tuning given, and
+:func:`check_report_dir` out of a directory that holds anything but its own earlier report.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 
 from fedprivopt.core.text import shown
 
-__all__ = ["check_out_outside", "check_untuned_path", "check_untuned_seeds"]
+__all__ = [
+    "REPORT_TITLE",
+    "check_out_outside",
+    "check_report_dir",
+    "check_untuned_path",
+    "check_untuned_seeds",
+]
 
 
 def _tuning_of(path: Path) -> Path | None:
@@ -110,3 +117,47 @@ def check_out_outside(out: Path, tuned: Sequence[str]) -> None:
                 f"argument --out: {shown(str(out))} is inside the tuning {shown(text)}; writing "
                 "there would change the tuning; choose a directory outside it"
             )
+
+
+REPORT_TITLE = "fedprivopt compare-tuned"
+"""The title of ``compare-tuned``'s report: the first line of its ``report.md`` is ``# `` and it."""
+
+
+def check_report_dir(out: Path) -> None:
+    """Refuse an ``--out`` that holds anything but an earlier ``compare-tuned`` report.
+
+    The report's file names alone do not make a directory ours: a user's own ``report.md`` or
+    ``summary.csv`` there was replaced (eleventh review of issue 15, finding 6). Its files are
+    ours when its ``report.md`` is a regular file whose first line is ``# compare-tuned``'s
+    title.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--out`` and the first entry compare-tuned did not write.
+    """
+    from fedprivopt.simulation.cells import REPORT_FILES
+
+    if not out.is_dir():
+        return
+    names = sorted(p.name for p in out.iterdir())
+    foreign = [name for name in names if name not in REPORT_FILES]
+    if names and not foreign and not _own_report(out / "report.md"):
+        foreign = names
+    if foreign:
+        raise ValueError(
+            f"argument --out: {str(out)!r} holds {foreign[0]!r}, which compare-tuned did not "
+            "write; choose a new or empty directory"
+        )
+
+
+def _own_report(path: Path) -> bool:
+    """Whether ``path`` is a regular file that starts with compare-tuned's title line."""
+    try:
+        if not path.is_file():  # a FIFO or device is never read
+            return False
+        with open(path, "rb") as handle:
+            first = handle.readline(200)
+    except OSError:
+        return False
+    return first.rstrip(b"\r\n") == f"# {REPORT_TITLE}".encode()

@@ -1,4 +1,4 @@
-"""Issue 15, eleventh hostile review (findings 1, 2, 4 and 5): each case failed before its fix.
+"""Issue 15, eleventh hostile review (findings 1, 2, 4, 5, 6): each case failed before its fix.
 
 Finding 1: a clip norm whose noise std overflowed mid-run (the adaptive ``C`` grew until
 ``sum_noise_std**2`` raised ``OverflowError``; ``σ C`` itself and ``σ_Δ C`` were not checked, only
@@ -6,14 +6,15 @@ Finding 1: a clip norm whose noise std overflowed mid-run (the adaptive ``C`` gr
 ``--set`` and compare's noise-multiplier axis, so trials ran other values than their labels.
 Finding 4: ``--set strategies.S.seed`` (or ``.noise-multiplier``) replaced every compare cell's
 and every tuning trial's own value. Finding 5: a grid key of another strategy's table set nothing,
-and its trials were labelled by it. (Finding 3, adaptive keys ignored without adaptive
-clipping, is open: ``docs/RELIABILITY.md``.)
+and its trials were labelled by it. Finding 6: ``compare-tuned --out`` replaced a user's own
+``report.md`` or ``summary.csv`` (the report's file names made the directory "ours").
+(Finding 3, adaptive keys ignored without adaptive clipping, is open: ``docs/RELIABILITY.md``.)
 
 Run against the code before the fixes (``git stash`` of the changed modules, 2026-11-25): every
 test failed there (``OverflowError`` tracebacks with rc 1, no ``ValueError`` from the config,
-rc 0 where one line with rc 2 is expected) except three that passed before and after: the sixth
-review's ``clients-per-round=1e-200`` case and the two controls that another strategy's table
-still applies.
+rc 0 where one line with rc 2 is expected, a user's file replaced) except four that passed
+before and after: the sixth review's ``clients-per-round=1e-200`` case and three controls (another
+strategy's table still applies, in tune and in compare; compare-tuned replaces its own report).
 """
 
 from __future__ import annotations
@@ -219,3 +220,34 @@ def test_tune_refuses_a_grid_key_of_another_strategys_table(tmp_path):
     argv = _tune(out, "--grid", "strategies.dp-fedadam.noise-multiplier=1,2")
     usage_error(run_cli(argv), "argument --grid", "sets nothing for dp-fedavg")
     assert not out.exists()
+
+
+# -- finding 6: compare-tuned replaces only its own earlier report -----------------------------
+
+
+@pytest.fixture(scope="module")
+def tuning(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tuning") / "t"
+    code, _, err = run_cli(_tune(out, "--grid", "server-learning-rate=0.3,1"))
+    assert code == 0, err[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("name", ["report.md", "summary.csv"])
+def test_compare_tuned_keeps_a_users_file_of_a_report_name(tmp_path, tuning, name):
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / name).write_text("mine\n")
+    argv = ["compare-tuned", str(tuning), "--out", str(out)]
+    usage_error(run_cli(argv), "argument --out", f"holds '{name}', which compare-tuned did not")
+    assert (out / name).read_text() == "mine\n"
+    assert sorted(p.name for p in out.iterdir()) == [name]
+
+
+def test_compare_tuned_replaces_its_own_report(tmp_path, tuning):
+    out = tmp_path / "rep"
+    argv = ["compare-tuned", str(tuning), "--out", str(out)]
+    for _ in range(2):
+        code, _, err = run_cli(argv)
+        assert code == 0, err[-2000:]
+    assert (out / "report.md").read_text().startswith("# fedprivopt compare-tuned\n")

@@ -109,9 +109,9 @@ KINDS = ("two-level", "token-frequency", "public-users", "ones")
 #: at the paper preset's own rates, 3 seeds, test accuracy (tag prior 0.271): public-users capped
 #: at 200 0.357 ± 0.004, token-frequency (p = 1/2, max) 0.317 ± 0.026, two-level 0.299 ± 0.020,
 #: ones 0.270 ± 0.001, token-frequency (p = 1, mean; the previous default) 0.005 ± 0.009.
-#: Re-measured once the preset froze the bias (2026-11-25): token-frequency (½, max) 0.326, two-level
-#: 0.326, public-users 0.276 at those rates; but over AdaDPS' rate grid public-users' worst margin
-#: over the prior in six conditions stays the best (+2.0 points against +1.6), so it stays.
+#: Re-measured once the preset froze the bias (2026-11-25): token-frequency (1/2, max) 0.326,
+#: two-level 0.326, public-users 0.276 at those rates; over AdaDPS' rate grid (6 conditions) the
+#: preset's public-users (max-ratio 50) kept the better worst margin (+2.0 points against +1.6).
 DEFAULT_SIDE_INFORMATION: Mapping[str, Any] = MappingProxyType(
     {"kind": "public-users", "max-ratio": 200.0}
 )

@@ -23,6 +23,7 @@ REPRO_SEEDS  ?= 3
 SWEEP        ?= experiments/adadps-paper.sweep.toml
 SWEEP_EMA    ?= experiments/adadps-paper-ema.sweep.toml
 SWEEP_FROZEN ?= experiments/adadps-paper-frozen-bias.sweep.toml
+SWEEP_STAGE7 ?= experiments/adadps-paper-stage7.sweep.toml
 SWEEP_OUT    ?= runs/sweep
 
 .PHONY: venv demo test lint bench reproduce sweep clean
@@ -52,6 +53,7 @@ sweep: venv
 	$(PY) experiments/sweep.py $(SWEEP_EMA) --out $(SWEEP_OUT)-ema --jobs 2
 	$(PY) experiments/sweep.py $(SWEEP_FROZEN) --out $(SWEEP_OUT)-frozen --jobs 2
 	$(PY) experiments/sweep.py $(SWEEP_FROZEN:.sweep.toml=-nonprivate.sweep.toml) --out $(SWEEP_OUT)-frozen-nonprivate --jobs 2
+	$(PY) experiments/sweep.py $(SWEEP_STAGE7) --out $(SWEEP_OUT)-stage7 --jobs 2
 
 # Two pytest-xdist workers, whole files to one worker (module fixtures are built once): most of
 # the suite's slow tests wait on processes (Flower's SuperLink, SuperNodes and ClientApps poll

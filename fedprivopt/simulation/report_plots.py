@@ -121,6 +121,8 @@ def _reference_line(ax, ref: tuple[str, dict[str, float]] | None, metric: str) -
 
 
 def _finish(fig, ax, path: str | Path, n_series: int) -> Path:
+    if not ax.get_legend_handles_labels()[0]:  # nothing drawn with a label (e.g. no values yet)
+        n_series = 0
     if n_series > 6:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
                   ncol=2 if n_series > 20 else 1, frameon=False)  # fmt: skip

@@ -111,16 +111,19 @@ def parse_grid(texts: Sequence[str]) -> dict[str, tuple[Any, ...]]:
     return grid
 
 
-def _keys_set(key: str, value: Any) -> list[str]:
+def _keys_set(key: str, value: Any, strategy: str | None = None) -> list[str]:
     """The preset keys that ``key=value`` sets, spelled as :data:`FORBIDDEN_GRID_KEYS` spells them.
 
     A table value sets its dotted keys, a per-strategy key (``strategies.S.KEY``) sets ``KEY``
-    for that strategy and a task parameter may be written in snake case.
+    for that strategy (nothing when ``strategy`` is given and ``S`` is another) and a task
+    parameter may be written in snake case.
     """
     if isinstance(value, Mapping) and value:
-        return [k for sub, v in value.items() for k in _keys_set(f"{key}.{sub}", v)]
+        return [k for sub, v in value.items() for k in _keys_set(f"{key}.{sub}", v, strategy)]
     parts = key.split(".", 2)
     if parts[0] == "strategies" and len(parts) == 3:
+        if strategy is not None and parts[1] != strategy:
+            return []
         key = parts[2]
     if key.startswith("task-params."):
         key = "task-params." + key.split(".", 1)[1].replace("_", "-")
@@ -136,7 +139,7 @@ def keys_set_for(key: str, values: Sequence[Any], strategy: str) -> frozenset[st
     ``strategies.dp-fedavg.noise-multiplier`` sets ``noise-multiplier`` as much as the bare key
     (eleventh review of issue 15, finding 2).
     """
-    return frozenset(name for value in values for name in _keys_for(key, value, strategy))
+    return frozenset(name for value in values for name in _keys_set(key, value, strategy))
 
 
 def check_grid_overrides(
@@ -195,16 +198,6 @@ def refuse_table_spellings(overrides: Mapping[str, Any], keys: Mapping[str, str]
                 raise ValueError(
                     f"argument --set: {key} sets {name} for a strategy, but {keys[name]}"
                 )
-
-
-def _keys_for(key: str, value: Any, strategy: str) -> list[str]:
-    """:func:`_keys_set` of ``key=value`` without the keys of other strategies' tables."""
-    if isinstance(value, Mapping) and value:
-        return [k for sub, v in value.items() for k in _keys_for(f"{key}.{sub}", v, strategy)]
-    parts = key.split(".", 2)
-    if parts[0] == "strategies" and len(parts) == 3 and parts[1] != strategy:
-        return []
-    return _keys_set(key, value)
 
 
 def _refuse_forbidden(key: str, value: Any) -> None:

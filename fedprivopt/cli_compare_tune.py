@@ -176,16 +176,11 @@ class _Planning:
         self.total, self.enabled, self.bar = total, enabled, None
         self.next_line = time.monotonic() + PLANNING_EVERY_S
         if enabled and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            from fedprivopt.core.progress import stderr_bar
 
-            self.bar = Progress(
-                TextColumn("checking tunings"), MofNCompleteColumn(), BarColumn(),
-                TextColumn("{task.fields[cell]}"), console=Console(stderr=True),
-                transient=True,
-            )  # fmt: skip
-            self.task = self.bar.add_task("plan", total=total, cell="")
-            self.bar.start()
+            self.bar, self.task = stderr_bar(
+                "checking tunings", total, field="cell", transient=True
+            )
 
     def step(self, index: int, label: str) -> None:
         """Cell ``index`` (from 1) is being checked."""

@@ -53,15 +53,9 @@ class _TrialProgress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.bar, self.enabled = total, None, enabled
         if enabled and sys.stderr.isatty() and total:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            from fedprivopt.core.progress import stderr_bar
 
-            self.bar = Progress(
-                TextColumn("trial"), MofNCompleteColumn(), BarColumn(),
-                TextColumn("{task.fields[shown]}"), console=Console(stderr=True),
-            )  # fmt: skip
-            self.task = self.bar.add_task("tune", total=total, shown="")
-            self.bar.start()
+            self.bar, self.task = stderr_bar("trial", total, field="shown")
 
     def start(self, trial, action: str) -> None:
         point = " ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())

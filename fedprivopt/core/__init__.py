@@ -6,6 +6,7 @@
 - :mod:`fedprivopt.core.checks`: parameter checks whose errors name the parameter and its range;
 - :mod:`fedprivopt.core.text`: values shown in one-line messages;
 - :mod:`fedprivopt.core.threads`: OpenMP threads that wait passively (set before torch loads);
+- :mod:`fedprivopt.core.progress`: the rich progress bar on stderr that long work shows;
 - :mod:`fedprivopt.core.lazy`: package namespaces that import a name's submodule on first use, so
   threads importing modules at once never deadlock.
 

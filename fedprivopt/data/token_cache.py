@@ -472,14 +472,9 @@ def open_or_build(
 def stderr_progress(label: str, total: int) -> Callable[[int, int], None]:
     """A ``progress(done, total)`` callback: a rich bar on a terminal, else a line per 10 %."""
     if sys.stderr.isatty():
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from fedprivopt.core.progress import stderr_bar
 
-        bar = Progress(
-            TextColumn(label), MofNCompleteColumn(), BarColumn(), console=Console(stderr=True)
-        )
-        task = bar.add_task(label, total=total)
-        bar.start()
+        bar, task = stderr_bar(label, total)
 
         def update(done: int, _total: int) -> None:
             bar.update(task, completed=done)

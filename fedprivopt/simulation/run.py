@@ -135,22 +135,11 @@ class _Progress:
         self.metric = metric
         self.bar = None
         if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-            )
+            from fedprivopt.core.progress import stderr_bar
 
-            self.bar = Progress(
-                TextColumn("round"), MofNCompleteColumn(), BarColumn(),
-                TextColumn("{task.fields[shown]}"), TimeRemainingColumn(),
-                console=Console(stderr=True), transient=False,
-            )  # fmt: skip
-            self.task = self.bar.add_task("run", total=total, completed=done, shown="")
-            self.bar.start()
+            self.bar, self.task = stderr_bar(
+                "round", total, field="shown", completed=done, time_remaining=True
+            )
 
     def __call__(self, row: dict[str, Any]) -> None:
         metric = next((k for k in (self.metric, "eval_loss") if k in row), None)

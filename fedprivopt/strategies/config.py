@@ -103,7 +103,9 @@ class StrategyConfig:
         adaptive_clip`) for a DP strategy: ``clip_norm`` is then the initial ``C``,
         ``clip_quantile`` the target ``γ`` in ``(0, 1)``, ``clip_learning_rate`` ``η_C >
         0`` and ``clip_count_stddev`` the noise ``σ_b`` on the count (``None``: ``m̄/20``), which
-        must exceed ``noise_multiplier/2``. Ignored by the non-private baselines.
+        must exceed ``noise_multiplier/2``. Ignored by the non-private baselines. With
+        ``adaptive_clipping`` false, those three must be at their defaults (a value that would
+        be ignored is refused, naming the key).
     noise_mechanism : {"gaussian", "tree"}
         ``"tree"``: tree aggregation (DP-FTRL, :mod:`fedprivopt.privacy.tree`) instead of a fresh
         Gaussian on every round's sum. No sampling then (``sampling`` is ignored): each restart
@@ -184,6 +186,8 @@ class StrategyConfig:
                 "tree-restart-rounds applies only with noise-mechanism 'tree', got "
                 f"{self.tree_restart_rounds} with noise-mechanism {self.noise_mechanism!r}"
             )
+        if not self.adaptive_clipping:
+            self._check_adaptive_keys()
         if self.adaptive:
             try:
                 update_noise_multiplier(self.noise_multiplier, self.count_stddev)
@@ -236,6 +240,26 @@ class StrategyConfig:
                 f"strategy 'dp-fedavg-adadp' cannot run {why}: it releases two cohorts' sums a "
                 "round"
             )
+
+    def _check_adaptive_keys(self) -> None:
+        """Refuse an adaptive-clipping key set away from its default without adaptive clipping.
+
+        Eleventh review of issue 15, finding 3: ``clip-quantile``, ``clip-learning-rate`` and
+        ``clip-count-stddev`` were silently ignored (a tuning grid over them labelled trials by
+        a key that changed nothing). Their defaults stay accepted, as a stored configuration
+        may carry them.
+        """
+        for name in _ADAPTIVE_KEYS:
+            value = getattr(self, name)
+            default = _DEFAULTS[name]
+            if value != default:
+                key = key_of(name)
+                allowed = "unset" if default is None else f"unset or its default {default:g}"
+                raise ValueError(
+                    f"{key} applies only with adaptive-clipping = true; with adaptive-clipping "
+                    f"false it must be {allowed}, got {value:g} (set adaptive-clipping = true, "
+                    f"or remove {key})"
+                )
 
     def _check_noise_std(self) -> None:
         """Refuse a clip norm whose noise std exceeds :data:`MAX_SUM_NOISE_STD` (naming it).
@@ -375,6 +399,9 @@ class StrategyConfig:
 
 
 _NOT_KEYS = ("options", "unused")
+#: Keys that only adaptive clipping reads (refused away from their defaults without it).
+_ADAPTIVE_KEYS = ("clip_quantile", "clip_learning_rate", "clip_count_stddev")
+_DEFAULTS = {f.name: f.default for f in fields(StrategyConfig) if f.name in _ADAPTIVE_KEYS}
 _OMITTED_AT_DEFAULT = (
     "adaptive_clipping",
     "clip_quantile",

@@ -8,7 +8,9 @@ Finding 4: ``--set strategies.S.seed`` (or ``.noise-multiplier``) replaced every
 and every tuning trial's own value. Finding 5: a grid key of another strategy's table set nothing,
 and its trials were labelled by it. Finding 6: ``compare-tuned --out`` replaced a user's own
 ``report.md`` or ``summary.csv`` (the report's file names made the directory "ours").
-(Finding 3, adaptive keys ignored without adaptive clipping, is open: ``docs/RELIABILITY.md``.)
+Finding 3 (fixed after the review): ``clip-quantile``, ``clip-learning-rate`` and
+``clip-count-stddev`` were silently ignored without adaptive clipping; a value other than the
+key's default is now refused naming it and ``adaptive-clipping``.
 
 Run against the code before the fixes (``git stash`` of the changed modules, 2026-11-25): every
 test failed there (``OverflowError`` tracebacks with rc 1, no ``ValueError`` from the config,
@@ -251,3 +253,60 @@ def test_compare_tuned_replaces_its_own_report(tmp_path, tuning):
         code, _, err = run_cli(argv)
         assert code == 0, err[-2000:]
     assert (out / "report.md").read_text().startswith("# fedprivopt compare-tuned\n")
+
+
+# -- finding 3: an adaptive-clipping key without adaptive clipping -----------------------------
+
+ADAPTIVE_KEYS = {"clip-quantile": 0.9, "clip-learning-rate": 0.5, "clip-count-stddev": 0.3}
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "fedavg"])
+@pytest.mark.parametrize("key", sorted(ADAPTIVE_KEYS))
+def test_an_adaptive_key_without_adaptive_clipping_is_refused(strategy, key):
+    with pytest.raises(ValueError, match=f"{key} applies only with adaptive-clipping = true"):
+        StrategyConfig.from_mapping({"strategy": strategy, key: ADAPTIVE_KEYS[key]})
+    with pytest.raises(ValueError, match=key):  # explicitly off alike
+        StrategyConfig.from_mapping({key: ADAPTIVE_KEYS[key], "adaptive-clipping": False})
+
+
+def test_adaptive_keys_at_their_defaults_or_with_adaptive_clipping_are_accepted():
+    StrategyConfig.from_mapping({"clip-quantile": 0.5, "clip-learning-rate": 0.2})
+    config = StrategyConfig.from_mapping(
+        {"adaptive-clipping": True, **ADAPTIVE_KEYS, "clip-count-stddev": 1.0}
+    )
+    assert (config.clip_quantile, config.clip_learning_rate) == (0.9, 0.5)
+    # a non-private baseline ignores adaptive clipping itself, so a shared preset still runs
+    StrategyConfig.from_mapping({"strategy": "fedavg", "adaptive-clipping": True, **ADAPTIVE_KEYS})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--set", "clip-count-stddev=0.3"], ["--set", "clip-learning-rate=1"]],
+)
+def test_simulate_refuses_an_adaptive_key_in_one_line(tmp_path, extra):
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--out", str(out), *SMALL, *extra]
+    key = extra[1].split("=")[0]
+    usage_error(run_cli(argv), key, "adaptive-clipping = true")
+    assert not out.exists()
+
+
+def test_tune_refuses_a_grid_of_an_adaptive_key_without_adaptive_clipping(tmp_path):
+    out = tmp_path / "t"
+    argv = _tune(out, "--grid", "clip-count-stddev=0.3,1")
+    usage_error(run_cli(argv), "grid point", "clip-count-stddev applies only with adaptive")
+    assert not out.exists()
+
+
+def test_a_stored_config_with_the_defaults_still_resumes(tmp_path):
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "2", "--out", str(out), *SMALL]
+    code, _, err = run_cli(argv)
+    assert code == 0, err[-2000:]
+    path = out / "config.toml"
+    text = path.read_text()
+    path.write_text("clip-quantile = 0.5\nclip-learning-rate = 0.2\n" + text)
+    code, _, err = run_cli(["simulate", "--resume", str(out), "--quiet"])
+    assert code == 0, err[-2000:]
+    path.write_text("clip-quantile = 0.7\n" + text)  # an edit that would have been ignored
+    usage_error(run_cli(["simulate", "--resume", str(out), "--quiet"]), "clip-quantile")

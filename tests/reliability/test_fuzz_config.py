@@ -322,6 +322,12 @@ _BMP_TEXT = st.text(
 )
 
 
+#: the keys only adaptive clipping reads, at their defaults (F3 of the eleventh review)
+ADAPTIVE_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(StrategyConfig)
+    if f.name in ("clip_quantile", "clip_learning_rate", "clip_count_stddev")
+}
 #: every rule of the shared settings and of every strategy's option block
 RULES = {
     name: rule for cls in (StrategyConfig, *BLOCKS.values()) for name, rule in rules_of(cls).items()
@@ -407,6 +413,8 @@ def valid_mappings(draw) -> dict:
         data["clip_norm"], data["clip_norm_adaptive"] = 1.0, None
         if not _noise_std_ok(data):  # a tiny clients-per-round (never under the tree)
             data.update(clients_per_round=1.0, adaptive_clipping=False)
+    if not data["adaptive_clipping"]:  # its keys away from their defaults are refused without it
+        data.update(ADAPTIVE_DEFAULTS)
     mapping = {k.replace("_", "-"): v for k, v in data.items()}
     mapping.update(
         {

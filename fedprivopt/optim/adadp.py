@@ -92,7 +92,12 @@ def adadp_error(full_step_point: torch.Tensor, two_half_step_point: torch.Tensor
 
 
 def noise_calibrated_tolerance(
-    *, learning_rate: float, noise_std: float, dim: int, margin: float = NOISE_MARGIN
+    *,
+    learning_rate: float,
+    noise_std: float,
+    dim: int,
+    margin: float = NOISE_MARGIN,
+    full_step_point: torch.Tensor | None = None,
 ) -> float:
     r"""ADADP's default tolerance: ``margin`` times the error the noise alone makes at ``η₀``.
 
@@ -102,8 +107,10 @@ def noise_calibrated_tolerance(
 
     .. math::  e_{\mathrm{noise}}(\eta) = \eta\, s \sqrt{d/2}
 
-    (a norm of ``d`` Gaussians concentrates: its relative spread is about ``1/√(2d)``; the
-    division by ``max(1, |w₁|)`` only lowers it). With ``d`` in the millions this dwarfs the
+    (a norm of ``d`` Gaussians concentrates: its relative spread is about ``1/√(2d)``). The
+    error divides elementwise by ``max(1, |w₁|)`` (:func:`adadp_error`), so given the round's
+    full-step point the noise-only error is ``η s √(d_eff/2)`` with
+    ``d_eff = Σᵢ 1/max(1, w₁ᵢ²) ≤ d``. With ``d`` in the millions this dwarfs the
     signal part (``(η/2)‖Δ₁ - Δ₂‖ ≤ η C`` for the clipped means), so a fixed tolerance such as
     0.1 is met only once ``η`` has shrunk to ``τ/(s√(d/2))``: at ``d = 5·10⁶``, ``s = 0.03`` that
     is ``η ≈ 0.002``, and every round until then is rejected. In this regime the controller
@@ -117,6 +124,13 @@ def noise_calibrated_tolerance(
     half), not the result of a sweep over margins; with it and the safety factor 0.9 the paper
     preset accepted every round and the toy preset 19 of 20 (``docs/EXPERIMENTS.md``).
 
+    Pass ``full_step_point`` every round. Calibrated with ``d`` alone, the tolerance ignores the
+    division: once the noise the steps add has carried many ``|w|`` past 1, ``err`` falls below
+    ``e_noise(η)`` and ``η`` grows past ``margin · η₀`` with the noise that made the weights
+    large, the opposite of control (``simulations/adadps-paper.toml`` at σ = 1.5: η grew from
+    10 to 46.5 in 20 rounds, with ``err/τ`` at 0.56 by round 5, and the model fell below the
+    tag prior; ``docs/EXPERIMENTS.md``).
+
     Parameters
     ----------
     learning_rate : float
@@ -127,6 +141,8 @@ def noise_calibrated_tolerance(
         Number of parameters ``d``, ``>= 1``.
     margin : float
         ``τ / e_noise(η₀)`` in ``(0, inf)``.
+    full_step_point : torch.Tensor, optional
+        The round's ``w₁`` (``dim`` elements): calibrate to ``d_eff`` instead of ``dim``.
 
     Returns
     -------
@@ -138,7 +154,17 @@ def noise_calibrated_tolerance(
     m = check_real("margin", margin, low=0.0, low_open=True)
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"dim must be an integer in [1, inf), got {dim!r}")
-    return m * lr * s * math.sqrt(dim / 2.0)
+    effective = float(dim)
+    if full_step_point is not None:
+        ok = isinstance(full_step_point, torch.Tensor) and full_step_point.is_floating_point()
+        if not ok or full_step_point.ndim != 1 or full_step_point.numel() != dim:
+            raise ValueError(
+                f"full_step_point must be a flat floating tensor of dim = {dim} elements, got "
+                f"{getattr(full_step_point, 'shape', type(full_step_point).__name__)}"
+            )
+        scale = full_step_point.abs().clamp(min=1.0)
+        effective = float(scale.reciprocal_().square_().sum(dtype=torch.float64))
+    return m * lr * s * math.sqrt(effective / 2.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,21 +179,26 @@ class DPFedAvgADADP(ServerAlgorithm):
     def init_state(self) -> optim.ADADPState:
         return self.controller.init()
 
-    def round_tolerance(self, noise_std_1: float, noise_std_2: float) -> float | None:
-        """The tolerance of a round whose noise moved (adaptive clipping, no tolerance set).
+    def round_tolerance(
+        self, noise_std_1: float, noise_std_2: float, full_step_point: torch.Tensor
+    ) -> float | None:
+        """The round's noise-calibrated tolerance; ``None`` where ``adadp-tolerance`` is set.
 
         The noise of ``(η/2)(Δ̃₁ - Δ̃₂)`` has per-coordinate std ``(η/2)√(s₁² + s₂²)``, so the
         calibration of :func:`~fedprivopt.optim.noise_calibrated_tolerance` uses
-        ``s = √((s₁² + s₂²)/2)``; with a fixed clip norm the controller's own ``τ`` (``None``).
-        Measured before: from C₀ = 0.2 adaptive clipping grew C to 1.4 and, with τ fixed at
-        C₀'s noise, ADADP rejected its rounds and stayed at the prior (0.271, 3 seeds).
+        ``s = √((s₁² + s₂²)/2)`` (adaptive clipping moves it: from C₀ = 0.2 it grew C to 1.4
+        and, with τ fixed at C₀'s noise, ADADP rejected its rounds and stayed at the prior,
+        0.271 over 3 seeds), and the round's full-step point, whose ``max(1, |w₁|)`` divides
+        the error (calibrated to ``d`` alone, η grew with the noise in the weights: 10 → 46.5
+        at σ 1.5 on the paper preset).
         """
-        if not self.config.adaptive or self.config.options.adadp_tolerance is not None:
+        if self.config.options.adadp_tolerance is not None:
             return None
         return optim.noise_calibrated_tolerance(
             learning_rate=self.config.server_learning_rate,
             noise_std=math.sqrt((noise_std_1**2 + noise_std_2**2) / 2.0),
             dim=self.params.numel(),
+            full_step_point=full_step_point,
         )
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
@@ -206,7 +211,9 @@ class DPFedAvgADADP(ServerAlgorithm):
         updates_2 = yield TrainRequest(round_num, users_2, half, None, cfg, "train-2")
         agg_2 = self.aggregate(round_num, updates_2, stream="train-2")
         lr = self.opt_state.learning_rate
-        tolerance = self.round_tolerance(agg_1.noise_std, agg_2.noise_std)
+        full = self.controller.full_step(self.opt_state, self.params, agg_1.delta_tilde)
+        tolerance = self.round_tolerance(agg_1.noise_std, agg_2.noise_std, full)
+        del full
         res = self.controller.update(
             self.opt_state, self.params, agg_1.delta_tilde, agg_2.delta_tilde, tolerance=tolerance
         )

@@ -247,7 +247,8 @@ class ADADPOptions(Options):
     ----------
     adadp_tolerance : float or None
         ``τ``. ``None`` (default): calibrated to the noise,
-        ``τ = 1.5·η₀·(σC/m̄)·√(d/2)`` (:func:`fedprivopt.optim.noise_calibrated_tolerance`). A
+        ``τ = 1.5·η₀·(σC/m̄)·√(d_eff/2)`` every round, ``d_eff = Σ 1/max(1, w₁ᵢ²)`` over
+        the round's full-step point (:func:`fedprivopt.optim.noise_calibrated_tolerance`). A
         fixed τ = 0.1 rejected every step on ``simulations/adadps-paper.toml`` (accuracy 0.003).
     adadp_alpha_min, adadp_alpha_max : float
         Bounds of the rate's factor per round, in ``(0, 1]`` and ``[1, inf)``.

@@ -81,3 +81,63 @@ def test_settled_error_stays_below_tolerance_with_safety():
     for _ in range(200):
         state = plain.update(state, w, d1, d2).state
     assert state.learning_rate == pytest.approx(0.2, rel=1e-3)  # err -> tau itself
+
+
+def test_tolerance_on_the_full_step_point_counts_the_error_scale():
+    # adadp_error divides by max(1, |w1|): d_eff = 1 + 1/4 + 1/16 + 1
+    w1 = torch.tensor([0.5, 2.0, -4.0, 0.0])
+    tol = noise_calibrated_tolerance(
+        learning_rate=1.0, noise_std=0.1, dim=4, margin=2.0, full_step_point=w1
+    )
+    assert tol == pytest.approx(2.0 * 0.1 * math.sqrt((1 + 0.25 + 0.0625 + 1) / 2))
+    small = torch.full((4,), 0.3)  # every |w1| <= 1: the plain calibration
+    assert noise_calibrated_tolerance(
+        learning_rate=1.0, noise_std=0.1, dim=4, full_step_point=small
+    ) == pytest.approx(noise_calibrated_tolerance(learning_rate=1.0, noise_std=0.1, dim=4))
+    for bad in (torch.zeros(3), torch.zeros(2, 2), torch.zeros(4, dtype=torch.int64), [0.0] * 4):
+        with pytest.raises(ValueError, match="full_step_point"):
+            noise_calibrated_tolerance(learning_rate=1.0, noise_std=0.1, dim=4, full_step_point=bad)
+
+
+def test_pure_noise_error_on_large_weights_is_the_predicted_one():
+    # weights the noise has carried past 1: the d-based prediction is far off, d_eff's is not
+    d, s, lr = 200_000, 0.05, 0.7
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(d, generator=g) * 3.0
+    d1 = torch.randn(d, generator=g) * s
+    d2 = torch.randn(d, generator=g) * s
+    full = w + lr * d1
+    err = adadp_error(full, w + 0.5 * lr * d1 + 0.5 * lr * d2)
+    plain = noise_calibrated_tolerance(learning_rate=lr, noise_std=s, dim=d, margin=1.0)
+    scaled = noise_calibrated_tolerance(
+        learning_rate=lr, noise_std=s, dim=d, margin=1.0, full_step_point=full
+    )
+    assert err == pytest.approx(scaled, rel=0.01)
+    assert err < 0.7 * plain
+
+
+def _run_on_noise(per_round_tolerance: bool, rounds: int = 60) -> float:
+    """Drive ADADP on pure noise whose steps accumulate in w; return the final rate."""
+    d, s, lr0 = 50_000, 0.05, 10.0
+    g = torch.Generator().manual_seed(2)
+    tau0 = noise_calibrated_tolerance(learning_rate=lr0, noise_std=s, dim=d)
+    ctl = adadp(learning_rate=lr0, tolerance=tau0, safety=0.9)
+    state, w = ctl.init(), torch.zeros(d)
+    for _ in range(rounds):
+        d1 = torch.randn(d, generator=g) * s
+        d2 = torch.randn(d, generator=g) * s
+        tau = None
+        if per_round_tolerance:
+            tau = noise_calibrated_tolerance(
+                learning_rate=lr0, noise_std=s, dim=d, full_step_point=ctl.full_step(state, w, d1)
+            )
+        res = ctl.update(state, w, d1, d2, tolerance=tau)
+        w, state = res.params, res.state
+    return state.learning_rate
+
+
+def test_rate_does_not_grow_with_the_noise_in_the_weights():
+    # the noise carries |w| past 1 within a few rounds; calibrated on d alone the shrinking
+    # relative error lets eta run away with it (measured: 12.3 against 23.5 after 60 rounds)
+    assert _run_on_noise(per_round_tolerance=True) <= NOISE_MARGIN * 10.0
+    assert _run_on_noise(per_round_tolerance=False) > 1.5 * NOISE_MARGIN * 10.0

@@ -20,7 +20,6 @@ cell's earlier run before it reuses or resumes it, and reuses it only when
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from fedprivopt.simulation.files import (
     SUMMARY_FILE,
     check_regular,
     check_run_files,
+    parse_json,
     read_rows,
     stated_epsilons,
 )
@@ -139,7 +139,7 @@ def read_summary(out: Path) -> dict[str, Any] | None:
     if not check_regular(path, limit=SMALL_FILE_LIMIT):
         return None
     try:
-        summary = json.loads(path.read_text())
+        summary = parse_json(path.read_text())
         int(summary["rounds_completed"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is unreadable ({exc})") from None

@@ -212,7 +212,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ValueError(f"--set expects key=value, got {text!r}")
     try:
         parsed = tomllib.loads(f"v = {raw}")
-    except tomllib.TOMLDecodeError:
+    except ValueError:  # not TOML, or an integer too long to read: the text, which the key checks
         parsed = {}
     value = parsed["v"] if list(parsed) == ["v"] else raw.strip()
     return key, value
@@ -379,7 +379,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         raise ValueError(f"config file {shown(str(path))} {what}")
     try:
         data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # also an integer too long to read (twelfth review of issue 15)
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     flat = _task_param_spellings(_flatten(data))
     overrides = _task_param_spellings(_flatten(dict(overrides or {})))

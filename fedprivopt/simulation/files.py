@@ -40,6 +40,8 @@ __all__ = [
     "check_run_files",
     "fsync_dir",
     "json_line",
+    "parse_json",
+    "read_lines",
     "read_rows",
     "stated_epsilons",
     "to_toml",
@@ -58,6 +60,14 @@ LOCK_FILE = "run.lock"
 
 SMALL_FILE_LIMIT = 64 << 20
 """The most bytes ``config.toml`` or ``summary.json`` may hold (read whole into memory)."""
+
+LINE_LIMIT = 1 << 20
+"""The most bytes one line of ``metrics.jsonl`` or ``privacy_ledger.jsonl`` may hold.
+
+A row is about 0.5-2 KB (the Flower engine's and ADADP's the longest). Twelfth review of issue
+15: a file whose damage holds no newline (a 3 GB hole of zero bytes) was read whole, then
+decoded and split, and ended in a ``MemoryError`` traceback.
+"""
 
 
 # -- what may be read ------------------------------------------------------------------------------
@@ -141,6 +151,50 @@ def json_line(row: Mapping[str, Any]) -> str:
     return json.dumps(row, allow_nan=True) + "\n"
 
 
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads(text)``; its every failure is a ``ValueError`` (the caller names the file).
+
+    Twelfth review of issue 15: a run file nested 100,000 deep raised ``RecursionError`` (a
+    traceback, rc 1), and an integer of more than 4,300 digits Python's ``ValueError`` about
+    ``sys.set_int_max_str_digits``, which no reader named the file for. Truncated text still
+    raises ``json.JSONDecodeError`` (a ``ValueError``), which :func:`read_rows` tells apart.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to read (not written by fedprivopt)") from None
+
+
+def read_lines(path: Path) -> tuple[list[str], int | None]:
+    """The lines of a run's ``.jsonl`` file, and the byte offset of a torn last line.
+
+    The offset is ``None`` unless the last line has no newline (a killed append).
+
+    Read a line at a time, each at most :data:`LINE_LIMIT` bytes (decoded as UTF-8, invalid
+    bytes replaced). A missing file has no lines.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and line, for a line longer than :data:`LINE_LIMIT` bytes.
+    """
+    if not check_regular(path):
+        return [], None
+    lines: list[str] = []
+    offset, torn_at = 0, None
+    with open(path, "rb") as fh:
+        while chunk := fh.readline(LINE_LIMIT + 1):
+            if len(chunk) > LINE_LIMIT:
+                raise ValueError(
+                    f"{path}: line {len(lines) + 1} is longer than {LINE_LIMIT} bytes, which "
+                    "no line fedprivopt writes is (the file is damaged): restore or remove it"
+                )
+            torn_at = None if chunk.endswith(b"\n") else offset
+            offset += len(chunk)
+            lines.append(chunk.decode("utf-8", errors="replace").removesuffix("\n"))
+    return lines, torn_at
+
+
 def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
     """Rows of a ``metrics.jsonl`` (``[]`` if it does not exist).
 
@@ -153,21 +207,21 @@ def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, An
         Naming the file and line, for any other line that is not a JSON object with an int
         ``round``.
     """
-    if not check_regular(path):
-        return []
-    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    lines, torn_at = read_lines(path)
     rows = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line)
         except json.JSONDecodeError as exc:
-            if lineno == len(lines):  # a complete file ends with "\n": its last piece is ""
+            if torn_at is not None and lineno == len(lines):  # a killed append: no "\n"
                 if skipped is not None:
                     skipped.append(f"{path}: skipped truncated final line {lineno}")
                 continue
             raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc})") from None
+        except ValueError as exc:  # nested too deeply, or an integer too long to read
+            raise ValueError(f"{path}: line {lineno} cannot be read ({exc})") from None
         if not isinstance(row, dict) or type(row.get("round")) is not int:
             raise ValueError(f"{path}: line {lineno} is not an object with an int 'round'")
         rows.append(row)

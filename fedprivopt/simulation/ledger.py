@@ -39,8 +39,8 @@ from fedprivopt.simulation.files import (
     LEDGER_FILE,
     METRICS_FILE,
     atomic_write,
-    check_regular,
     json_line,
+    read_lines,
     write_synced,
 )
 from fedprivopt.simulation.ledger_lines import (
@@ -161,18 +161,14 @@ class RunLedger:
             Naming the file and line, for anything this version would not have written.
         """
         path = out / LEDGER_FILE
-        check_regular(path)  # a FIFO or a link to a device (issue 15, ninth review)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        # a FIFO or a link to a device (ninth review); lines of at most LINE_LIMIT (twelfth)
+        lines, torn_at = read_lines(path)
+        if torn_at is not None:
+            lines.pop()
+        if not lines:
             return None
-        torn = bool(data) and not data.endswith(b"\n")
-        if torn:
-            data = data[: data.rfind(b"\n") + 1]
-        if not data:
-            return None
-        ledger = cls._parse(path, data.decode("utf-8", errors="replace").splitlines())
-        ledger._torn_at = len(data) if torn else None
+        ledger = cls._parse(path, lines)
+        ledger._torn_at = torn_at
         return ledger
 
     @classmethod

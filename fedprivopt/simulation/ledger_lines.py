@@ -20,6 +20,7 @@ import torch
 from fedprivopt.privacy.accounting import PrivacyAccountant
 from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.simulation.files import parse_json
 
 __all__ = [
     "EVENT_KEYS",
@@ -186,9 +187,9 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
     rows = []
     for i, text in enumerate(lines, 1):
         try:
-            row = json.loads(text)
-        except json.JSONDecodeError:
-            raise bad(i, "not valid JSON") from None
+            row = parse_json(text)
+        except ValueError as exc:  # also nested too deeply, or an integer too long to read
+            raise bad(i, f"not valid JSON ({exc})") from None
         if not isinstance(row, dict):
             raise bad(i, "not a JSON object")
         rows.append(row)

@@ -25,6 +25,7 @@ from fedprivopt.simulation.files import (
     METRICS_FILE,
     SUMMARY_FILE,
     check_run_files,
+    parse_json,
     read_rows,
     stated_epsilons,
 )
@@ -173,8 +174,8 @@ def load_run(path: str | Path) -> RunData:
         if not p.is_file() and not (p == metrics_path and _no_round(summary_path)):
             raise ValueError(f"{p}: missing (is {path} a fedprivopt run directory?)")
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        summary = parse_json(summary_path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # also nested too deeply, or an integer too long to read
         raise ValueError(f"{summary_path}: not valid JSON ({exc})") from exc
     if not isinstance(summary, dict):
         raise ValueError(f"{summary_path}: expected a JSON object, got {type(summary).__name__}")
@@ -204,7 +205,7 @@ def _no_round(summary_path: Path) -> bool:
     Such a run writes no metrics row, so it has no ``metrics.jsonl``.
     """
     try:
-        return json.loads(summary_path.read_text(encoding="utf-8"))["rounds_completed"] == 0
+        return parse_json(summary_path.read_text(encoding="utf-8"))["rounds_completed"] == 0
     except (OSError, ValueError, KeyError, TypeError):
         return False
 

@@ -37,6 +37,7 @@ from fedprivopt.privacy.tuning import (
     finite_orders,
     tuning_epsilon,
 )
+from fedprivopt.simulation.files import parse_json
 
 __all__ = [
     "PLAN_FILE",
@@ -118,7 +119,7 @@ class TunedCheck:
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: {what} cannot be read ({exc})") from None
     if not isinstance(data, dict):

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.simulation.files import SMALL_FILE_LIMIT
+from fedprivopt.simulation.files import SMALL_FILE_LIMIT, parse_json
 from fedprivopt.simulation.tune_check import PLAN_FILE, same_json
 
 __all__ = ["check_discardable", "check_plan", "discard_tuning", "plan_difference", "read_plan"]
@@ -84,7 +84,7 @@ def read_plan(out: str | Path) -> dict[str, Any] | None:
         raise ValueError("not a regular file")
     if path.stat().st_size > SMALL_FILE_LIMIT:
         raise ValueError("larger than 64 MiB")
-    stored = json.loads(path.read_text(encoding="utf-8"))
+    stored = parse_json(path.read_text(encoding="utf-8"))
     if not isinstance(stored, dict):
         raise ValueError("not a JSON object")
     return stored

@@ -177,6 +177,7 @@ class RunWriter:
             "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
             **_mechanism(self.algorithm.config),  # the sampled population's (public users out)
             "threat_model": _threat_model(c, side),
+            "not_covered": _not_covered(c),
             "evaluated_model": _evaluated_model(c),
             "initial_model": getattr(self.task, "initialization", None),
             "side_information": None if side is None else side.summary(),
@@ -211,6 +212,31 @@ def _evaluated_model(config: RunConfig) -> str:
     return (
         f"the exponential moving average (decay {beta:g}) of the released iterates: "
         "post-processing, no privacy cost"
+    )
+
+
+#: Round metrics the server computes from the users' individual updates, without noise.
+SERVER_VIEW_METRICS = (
+    "cohort_size", "received", "accepted", "rejected", "server_clipped", "clipped_fraction",
+    "mean_norm", "shares",
+)  # fmt: skip
+
+
+def _not_covered(config: RunConfig) -> str | None:
+    """What a private run's files hold beyond its guarantee (rule 9 of the privacy contract).
+
+    Twelfth review of issue 15: ``threat_model`` says "every released model (and everything
+    computed from them)", while ``metrics.jsonl`` also holds exact counts and norms of the
+    sampled users' updates, with nothing saying they are outside ε.
+    """
+    if not config.strategy.private:
+        return None
+    names = ", ".join(SERVER_VIEW_METRICS)
+    return (
+        f"the round metrics {names} (and their ADADP _1/_2 forms, the Flower engine's counts of "
+        "missing users and node errors) in metrics.jsonl and TensorBoard are the server's exact "
+        "view of the sampled users and their updates, without noise: epsilon does not cover "
+        "them, so publish the models, epsilon and evaluations, not these rows"
     )
 
 

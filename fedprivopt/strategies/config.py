@@ -81,8 +81,9 @@ class StrategyConfig:
     sampling : {"poisson", "fixed"}
     noise_mode : {"server", "distributed"}
     min_shares : int
-        ``m_min`` for distributed noise; 0 means the ``min_shares_quantile`` quantile of
-        ``Binomial(N, q)``.
+        ``m_min`` for distributed noise, in ``[0, population]``; 0 means the
+        ``min_shares_quantile`` quantile of ``Binomial(N, q)``. With server noise both keys
+        must be at their defaults (a value that would be ignored is refused).
     delta, target_epsilon : float
         δ of the reported ε; optional budget ε (``None``: no budget).
     accountant : {"rdp", "pld", "prv"}
@@ -188,6 +189,7 @@ class StrategyConfig:
             )
         if not self.adaptive_clipping:
             self._check_adaptive_keys()
+        self._check_min_shares()
         if self.adaptive:
             try:
                 update_noise_multiplier(self.noise_multiplier, self.count_stddev)
@@ -260,6 +262,30 @@ class StrategyConfig:
                     f"false it must be {allowed}, got {value:g} (set adaptive-clipping = true, "
                     f"or remove {key})"
                 )
+
+    def _check_min_shares(self) -> None:
+        """``min-shares`` at most the population, and both share keys only with distributed noise.
+
+        Twelfth review of issue 15: ``min-shares = 10**11`` among 12 users was accepted, a
+        guarantee against the server that needs more honest shares than there are users (the
+        server tops up every round, so the shares protect nothing); and both keys were silently
+        ignored with server noise.
+        """
+        if self.noise_mode != "distributed":
+            for name, default in (("min_shares", 0), ("min_shares_quantile", 0.01)):
+                value = getattr(self, name)
+                if value != default:
+                    raise ValueError(
+                        f"{key_of(name)} applies only with noise-mode 'distributed'; with "
+                        f"noise-mode {self.noise_mode!r} it must be unset or its default "
+                        f"{default:g}, got {value:g}"
+                    )
+        elif self.min_shares > self.population:
+            raise ValueError(
+                f"min-shares must be in [0, population = {self.population}] (0: the "
+                "min-shares-quantile quantile of the cohort size): the guarantee against the "
+                f"server needs min-shares honest shares in a round, got {self.min_shares}"
+            )
 
     def _check_noise_std(self) -> None:
         """Refuse a clip norm whose noise std exceeds :data:`MAX_SUM_NOISE_STD` (naming it).

@@ -415,6 +415,9 @@ def valid_mappings(draw) -> dict:
             data.update(clients_per_round=1.0, adaptive_clipping=False)
     if not data["adaptive_clipping"]:  # its keys away from their defaults are refused without it
         data.update(ADAPTIVE_DEFAULTS)
+    if data["noise_mode"] != "distributed":  # the share keys alike without distributed noise
+        data.update(min_shares=0, min_shares_quantile=0.01)
+    data["min_shares"] = min(data["min_shares"], population)  # twelfth review
     mapping = {k.replace("_", "-"): v for k, v in data.items()}
     mapping.update(
         {

@@ -186,6 +186,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"{outcome.rounds_completed} rounds ({outcome.stopped_reason}){shown}, "
         f"epsilon = {outcome.epsilon:.4g}; results in {outcome.out_dir}"
     )
+    if outcome.diverged is not None:  # its final metrics describe an overflowed model
+        from fedprivopt.simulation.divergence import warning_line
+
+        print(warning_line(outcome.diverged, metric), file=sys.stderr)
     return 0
 
 

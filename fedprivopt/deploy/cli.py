@@ -171,6 +171,11 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         f"{summary['rounds_completed']} rounds ({summary['stopped_reason']}){shown}, "
         f"epsilon = {summary['epsilon']:.4g}; results in {run_dir}"
     )
+    from fedprivopt.simulation.divergence import DIVERGED_KEY, checked_round, warning_line
+
+    diverged = checked_round(summary.get(DIVERGED_KEY))
+    if diverged is not None:  # its final metrics describe an overflowed model
+        print(warning_line(diverged, metric), file=sys.stderr)
     return 0
 
 

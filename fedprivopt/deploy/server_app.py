@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedprivopt.deploy.runconfig import run_config_from_flower
+from fedprivopt.simulation.divergence import warning_line
 from fedprivopt.simulation.engines import serve_flower
 from fedprivopt.simulation.interrupt import stoppable_grid
 from fedprivopt.simulation.run import build_run
@@ -87,6 +88,8 @@ def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
         config.strategy.delta,
         out,
     )
+    if writer.diverged is not None:
+        log(WARNING, "[fedprivopt] %s", warning_line(writer.diverged))
     return summary
 
 

@@ -29,6 +29,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.models.task import Task, data_identity
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import RunConfig, load_config
+from fedprivopt.simulation.divergence import checked_round
 from fedprivopt.simulation.engines import check_flower_resources
 from fedprivopt.simulation.files import (
     CHECKPOINT,
@@ -38,6 +39,7 @@ from fedprivopt.simulation.files import (
     PREVIOUS_CHECKPOINT,
     SMALL_FILE_LIMIT,
     SUMMARY_FILE,
+    check_config_not_empty,
     check_regular,
     check_run_files,
     parse_json,
@@ -77,6 +79,9 @@ class RunDirState:
         The checkpoint file restored (``None``: none readable, a restart from round 0).
     problems : dict
         Unreadable checkpoint files and why.
+    diverged : int or None
+        The first diverged round the restored checkpoint records
+        (:mod:`~fedprivopt.simulation.divergence`); ``None``: none, or no checkpoint.
     """
 
     out: Path
@@ -90,6 +95,7 @@ class RunDirState:
     last_released: int
     checkpoint: str | None
     problems: dict[str, str] = field(default_factory=dict)
+    diverged: int | None = None
 
     def unfinished(self) -> str | None:
         """Why the run is not finished (``None`` when it is, and may be reused as it is).
@@ -264,6 +270,7 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
     check_run_files(out)
     if not (out / CONFIG_FILE).is_file():
         raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
+    check_config_not_empty(out / CONFIG_FILE)
     config = load_config(out / CONFIG_FILE)
     old: OldLedgerError | None = None
     try:
@@ -328,6 +335,7 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
         RunLedger.check_carried(config, alg.accountant, alg.round_num, name, rows)
     else:
         ledger.restore(alg.accountant, alg.round_num, name, secure=config.strategy.secure)
+    diverged = checked_round(state.get("diverged"), alg.round_num) if state else None
     return RunDirState(
-        out, config, task, alg, ledger, old, rows, summary, last_released, name, problems
+        out, config, task, alg, ledger, old, rows, summary, last_released, name, problems, diverged
     )

@@ -294,7 +294,7 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
         (:func:`~fedprivopt.simulation.engines.check_flower_resources`).
     """
     from fedprivopt.simulation.engines import check_flower_resources
-    from fedprivopt.simulation.files import CONFIG_FILE, check_run_files
+    from fedprivopt.simulation.files import CONFIG_FILE, check_config_not_empty, check_run_files
     from fedprivopt.simulation.rundir import check_claimable
 
     plans = []
@@ -311,6 +311,7 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
             continue
         hint = "pass --overwrite to rerun it, or choose another --out"
         try:
+            check_config_not_empty(run_dir / CONFIG_FILE)  # not "every key its default"
             stored = load_config(run_dir / CONFIG_FILE)
         except (ValueError, OSError, RecursionError) as exc:
             if not overwrite:

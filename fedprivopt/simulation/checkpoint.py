@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.text import shown
+from fedprivopt.simulation.divergence import checked_round
 from fedprivopt.simulation.files import CHECKPOINT, PREVIOUS_CHECKPOINT, fsync_dir, write_synced
 
 __all__ = [
@@ -26,17 +28,23 @@ __all__ = [
 ]
 
 
-def save_checkpoint(out: Path, algorithm_state: dict[str, Any], rows: int) -> None:
+def save_checkpoint(
+    out: Path, algorithm_state: dict[str, Any], rows: int, diverged: int | None = None
+) -> None:
     """Atomically replace the checkpoint of ``out``, keeping the previous one.
 
     Order (each step fsynced): (1) the new checkpoint, with a SHA-256 digest of its content, is
     written to a temporary file; (2) the current checkpoint becomes the previous one and the
     temporary file the current one (two renames). At every instant a complete checkpoint exists,
     and a torn or bit-flipped one is recognised by :func:`load_checkpoint`. ``rows`` is the number
-    of metrics rows written so far.
+    of metrics rows written so far; ``diverged``, the first round whose model or evaluation was
+    not finite (:mod:`~fedprivopt.simulation.divergence`), is stored only when there is one, so
+    that a resumed run's summary names the same round as an uninterrupted run's.
     """
     ckpt = out / CHECKPOINT
-    state = {"algorithm": algorithm_state, "rows": rows}
+    state: dict[str, Any] = {"algorithm": algorithm_state, "rows": rows}
+    if diverged is not None:
+        state["diverged"] = diverged
     state["sha256"] = state_digest(state)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -85,6 +93,11 @@ def check_checkpoint(state: Any) -> None:
     missing = {"round", "params", "accountant", "config"} - set(state["algorithm"])
     if missing:
         raise ValueError(f"algorithm state lacks {sorted(missing)}")
+    if "diverged" in state:
+        rounds = state["algorithm"]["round"]
+        if checked_round(state["diverged"], rounds if isinstance(rounds, int) else None) is None:
+            got = shown(state["diverged"])
+            raise ValueError(f"diverged must be a round in [1, {shown(rounds)}], got {got}")
     if "sha256" in state and state["sha256"] != state_digest(state):
         raise ValueError("content does not match its SHA-256 digest")
 

@@ -36,6 +36,7 @@ __all__ = [
     "PREVIOUS_CHECKPOINT",
     "SUMMARY_FILE",
     "atomic_write",
+    "check_config_not_empty",
     "check_regular",
     "check_run_files",
     "fsync_dir",
@@ -112,6 +113,31 @@ def check_run_files(out: Path) -> None:
         check_regular(out / name, limit=SMALL_FILE_LIMIT)
     for name in (METRICS_FILE, LEDGER_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT):
         check_regular(out / name)
+
+
+def check_config_not_empty(path: Path) -> None:
+    """Refuse a run's ``config.toml`` that is empty, blank or only comments (``ValueError``).
+
+    fedprivopt writes the file whole (:func:`atomic_write`), so such a file was emptied by hand.
+    TOML reads it as no settings, and every key would then take its default: ``--resume``
+    refused it naming the first privacy-relevant default that differs from the ledger (issue
+    15, twelfth review, minor), not the file. Call it before the run directory is locked, so
+    that nothing there is touched. A file that does not exist is left to the caller.
+    """
+    if not path.is_file():
+        return
+    text = path.read_bytes()
+    if not text.strip():
+        what = "" if not text else " (only whitespace)"
+    elif all(not line.strip() or line.lstrip().startswith(b"#") for line in text.splitlines()):
+        what = " (only comments)"
+    else:
+        return
+    raise ValueError(
+        f"{path}: the file is empty{what}; a run's {path.name} holds its resolved configuration, "
+        "which fedprivopt writes whole, so it was emptied outside fedprivopt: restore it (its "
+        "summary.json's config holds the same keys) and try again"
+    )
 
 
 # -- durable writes --------------------------------------------------------------------------------

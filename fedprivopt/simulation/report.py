@@ -157,6 +157,15 @@ def _fmt_pm(mean: float, std: float, n: int) -> str:
     return f"{mean:.{places}f} ± {std:.{places}f}"
 
 
+def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]]) -> str:
+    """``3``, or ``3 (1 non-finite; 2 diverged: seed 0 from round 1, seed 2 from round 4)``."""
+    marks = [f"{n - n_finite} non-finite"] if n_finite != n else []
+    if diverged:
+        which = ", ".join(f"seed {seed} from round {first}" for seed, first in diverged)
+        marks.append(f"{len(diverged)} diverged: {which}")
+    return f"{n} ({'; '.join(marks)})" if marks else str(n)
+
+
 def _fmt_eps(eps: float) -> str:
     return "∞ (non-private)" if math.isinf(eps) else _fmt(eps)
 
@@ -192,6 +201,13 @@ def _markdown(
     ]
     if budget:
         lines.append(f"{budget} runs stopped early at the privacy budget.")
+    diverged = sum(len(r["diverged"]) for r in rows)
+    if diverged:
+        lines.append(
+            f"{diverged} of {len(sel.runs)} runs diverged (an evaluation loss or the task metric, "
+            "or the model, became non-finite): their final values describe an overflowed model, "
+            "and the seeds column names the round each diverged from."
+        )
     for key, what in (("evaluated_model", "Evaluated"), ("initial_model", "Initial model")):
         found = sorted({str(r.summary[key]) for r in sel.runs if r.summary.get(key)})
         if found:
@@ -211,7 +227,7 @@ def _markdown(
     ]
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
-        seeds_cell = str(n) if n_ok == n else f"{n} ({n - n_ok} non-finite)"
+        seeds_cell = _seeds_cell(n, n_ok, r["diverged"])
         cells = [
             r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, _fmt_eps(r["epsilon"]),
             _fmt(r["delta"], 3), r["rounds"], _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),

@@ -59,6 +59,7 @@ from fedprivopt.simulation.files import (
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
     atomic_write,
+    check_config_not_empty,
     check_run_files,
     fsync_dir,
     json_line,
@@ -84,6 +85,8 @@ class RunOutcome:
     rows: list[dict[str, Any]]
     metric: str = "eval_accuracy"
     """The task's headline metric (:func:`~fedprivopt.models.task.primary_metric`)."""
+    diverged: int | None = None
+    """The first round whose evaluation or model was not finite (``summary.json``'s key)."""
 
 
 def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, ServerAlgorithm]:
@@ -166,8 +169,9 @@ def _execute(
     alg: ServerAlgorithm,
     progress: bool,
     ledger: RunLedger,
+    diverged: int | None = None,
 ) -> RunOutcome:
-    writer = RunWriter(out, config, alg, task, ledger)
+    writer = RunWriter(out, config, alg, task, ledger, diverged=diverged)
     bar = (
         _Progress(config.strategy.num_server_rounds, alg.round_num, primary_metric(task))
         if progress
@@ -196,7 +200,14 @@ def _execute(
         writer.save_checkpoint()
     writer.write_summary(reason)
     return RunOutcome(
-        out, alg.params, writer.epsilon(), alg.round_num, reason, writer.rows, primary_metric(task)
+        out,
+        alg.params,
+        writer.epsilon(),
+        alg.round_num,
+        reason,
+        writer.rows,
+        primary_metric(task),
+        writer.diverged,
     )
 
 
@@ -257,6 +268,7 @@ def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
     check_run_files(out)  # a FIFO or device would hang or be read until memory runs out
     if not (out / CONFIG_FILE).is_file():
         raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
+    check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     with lock_run_dir(out):
         return _resume_locked(out, progress)
 
@@ -293,4 +305,4 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
         os.replace(out / CHECKPOINT, out / (CHECKPOINT + ".bad"))
     rows = [r for r in run.rows if r["round"] <= alg.round_num]
     atomic_write(out / METRICS_FILE, "".join(json_line(r) for r in rows))
-    return _execute(out, config, run.task, alg, progress, ledger)
+    return _execute(out, config, run.task, alg, progress, ledger, run.diverged)

@@ -19,6 +19,12 @@ from typing import Any
 import numpy as np
 
 from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.divergence import (
+    DIVERGED_KEY,
+    checked_round,
+    earliest,
+    first_diverged,
+)
 from fedprivopt.simulation.files import (
     CONFIG_FILE,
     LEDGER_FILE,
@@ -136,6 +142,17 @@ class RunData:
                 return as_float(row[metric])
         final = self.summary.get("final") or {}
         return as_float(final[metric]) if metric in final else math.nan
+
+    def diverged(self, metric: str) -> int | None:
+        """The first round whose model or evaluation was not finite (``None``: none shown).
+
+        The earliest of ``summary.json``'s ``diverged`` and the first round whose row has a
+        non-finite ``eval_loss`` or ``metric`` (:mod:`~fedprivopt.simulation.divergence`): an
+        edited summary cannot hide what the rows show, and a run written before summaries had
+        the key is read from its rows.
+        """
+        stated = checked_round(self.summary.get(DIVERGED_KEY))
+        return earliest(stated, first_diverged(self.rows, metric))
 
     def curve(self, metric: str) -> dict[int, float]:
         """``{round: value}`` for the rows reporting ``metric`` (a repeated round: last wins)."""
@@ -333,7 +350,9 @@ def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> lis
         ``epsilon`` and ``delta`` (the largest over seeds; they should agree), ``rounds`` (the
         fewest completed), ``<metric>_mean``, ``<metric>_std``, ``eval_loss_mean``,
         ``eval_loss_std`` (over finite values; sample std, 0 for one value),
-        ``seconds_per_round`` (mean over seeds) and ``stopped_reasons``.
+        ``seconds_per_round`` (mean over seeds), ``stopped_reasons`` and ``diverged``: the
+        ``(seed, round)`` of each seed whose model or an evaluation became non-finite
+        (:meth:`RunData.diverged`; its final values describe an overflowed model).
     """
     rows, notes = aggregate_with_notes(runs, metric)
     warn_all(notes)
@@ -411,6 +430,15 @@ def aggregate_with_notes(
     m = sel.metric
     rows = []
     for (strategy, sigma), group in group_runs(sel.runs).items():
+        diverged = []  # (seed, first non-finite round); noted first: stderr shows the first note
+        for run in group:
+            first = run.diverged(m)
+            if first is not None:
+                diverged.append((run.seed, first))
+                notes.append(
+                    f"{run.path}: diverged at round {first} (an evaluation loss or {m}, or the "
+                    "model, became non-finite); its final values describe an overflowed model"
+                )
         finals = [run.final_value(m) for run in group]
         losses = [run.final_value("eval_loss") for run in group]
         for run, value, loss in zip(group, finals, losses, strict=True):
@@ -442,6 +470,7 @@ def aggregate_with_notes(
             "eval_loss_std": loss_std,
             "seconds_per_round": mean_std([run.seconds_per_round() for run in group])[0],
             "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
+            "diverged": diverged,
         })  # fmt: skip
     return rows, notes
 

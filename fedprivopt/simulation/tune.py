@@ -443,6 +443,7 @@ def run_trials(
     interrupt) makes it ``failed``; the others go on.
     """
     from fedprivopt.simulation import cells
+    from fedprivopt.simulation.divergence import final_status
 
     results = []
     for trial, plan in zip(trials, plans, strict=True):
@@ -455,11 +456,7 @@ def run_trials(
         except Exception as exc:  # a failed trial counts as a trial
             result.error = f"{type(exc).__name__}: {exc}"
         else:
-            result.score = result.run.final_value(metric)
-            run = result.run
-            loss_ok = not run.has_metric("eval_loss") or math.isfinite(run.final_value("eval_loss"))
-            finite = math.isfinite(result.score) and loss_ok
-            result.status = "finished" if finite else "diverged"
+            result.status, result.score = final_status(result.run, metric)
         results.append(result)
         if on_done is not None:
             on_done(result)

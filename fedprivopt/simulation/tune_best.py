@@ -24,6 +24,7 @@ __all__ = ["check_best", "recompute_best"]
 def _score(run_dir: Path, task: Any, metric: str) -> tuple[str, float]:
     """``(status, score)`` of one trial's run directory, as ``tune`` scored it."""
     from fedprivopt.simulation.audit import audit_run_dir
+    from fedprivopt.simulation.divergence import final_status
     from fedprivopt.simulation.rundata import load_run
     from fedprivopt.simulation.rundir import lock_run_dir
 
@@ -36,9 +37,7 @@ def _score(run_dir: Path, task: Any, metric: str) -> tuple[str, float]:
             run = load_run(run_dir)
     except (ValueError, OSError):
         return "failed", math.nan
-    score = run.final_value(metric)
-    loss_ok = not run.has_metric("eval_loss") or math.isfinite(run.final_value("eval_loss"))
-    return ("finished" if math.isfinite(score) and loss_ok else "diverged"), score
+    return final_status(run, metric)
 
 
 def recompute_best(

@@ -21,6 +21,13 @@ from fedprivopt.models.task import Task, data_identity, primary_metric
 from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import save_checkpoint
 from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
+from fedprivopt.simulation.divergence import (
+    DIVERGED_KEY,
+    checked_round,
+    earliest,
+    first_diverged,
+    row_diverged,
+)
 from fedprivopt.simulation.files import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -59,6 +66,11 @@ class RunWriter:
     :func:`~fedprivopt.simulation.run.resume` and a deployment) each round is recorded in it
     before its row, checkpoint or next broadcast, the accountant is set from it, and the
     summary's ε is composed from it. Without one (benchmarks) nothing is recorded.
+
+    :attr:`diverged` is the first round whose released model or evaluation was not finite
+    (:mod:`~fedprivopt.simulation.divergence`), ``None`` while there is none: on a resume the
+    earliest of the checkpoint's ``diverged`` (given), the kept rows' and, when the restored
+    model is not finite, its round. It goes into every checkpoint and the summary.
     """
 
     def __init__(
@@ -68,6 +80,8 @@ class RunWriter:
         algorithm: ServerAlgorithm,
         task: Task,
         ledger: RunLedger | None = None,
+        *,
+        diverged: int | None = None,
     ):
         self.out = out
         self.config = config
@@ -75,6 +89,11 @@ class RunWriter:
         self.task = task
         self.ledger = ledger
         self.rows = read_rows(out / METRICS_FILE)
+        self.metric = primary_metric(task)
+        restored = algorithm.round_num if not _finite(algorithm.params) else None
+        self.diverged = earliest(
+            checked_round(diverged), first_diverged(self.rows, self.metric), checked_round(restored)
+        )
         self.last_time = time.perf_counter()
         self.progress: Callable[[dict[str, Any]], None] | None = None
         self._eval_model: torch.nn.Module | None = None
@@ -88,7 +107,7 @@ class RunWriter:
 
         The round was recorded in the privacy ledger by :meth:`on_round` already.
         """
-        save_checkpoint(self.out, self.algorithm.state_dict(), len(self.rows))
+        save_checkpoint(self.out, self.algorithm.state_dict(), len(self.rows), self.diverged)
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Central evaluation of ``params`` on the task's held-out data."""
@@ -119,6 +138,11 @@ class RunWriter:
             alg = self.algorithm
             self.ledger.record(r, alg.round_events(r), result.params, alg.accountant)
             epsilon = alg.epsilon()
+        if self.diverged is None and (
+            not _finite(result.params)
+            or (eval_metrics is not None and row_diverged(eval_metrics, self.metric))
+        ):
+            self.diverged = r  # released and charged all the same; the summary says so
         if eval_metrics is not None:
             row = {
                 "round": r,
@@ -172,8 +196,9 @@ class RunWriter:
             "delta": c.strategy.delta,
             "accountant": c.strategy.accountant,
             "stopped_reason": stopped_reason,
-            "primary_metric": primary_metric(self.task),
+            "primary_metric": self.metric,
             "final": final,
+            DIVERGED_KEY: self.diverged,
             "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
             **_mechanism(self.algorithm.config),  # the sampled population's (public users out)
             "threat_model": _threat_model(c, side),
@@ -194,6 +219,11 @@ class RunWriter:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+
+
+def _finite(params: torch.Tensor) -> bool:
+    """Whether every coordinate of a model is finite."""
+    return bool(torch.isfinite(params).all())
 
 
 def _mechanism(s) -> dict[str, Any]:

@@ -262,8 +262,9 @@ def test_nan_finals_are_left_out_and_counted(tmp_path):
     with pytest.warns(UserWarning) as record:
         row = aggregate_runs(runs)[0]
     messages = [str(w.message) for w in record]
-    assert len(messages) == 2 and all("seed1: final eval_" in m for m in messages)
-    assert "final eval_accuracy is nan; left out of the mean" in messages[0]
+    assert len(messages) == 3 and all("seed1: " in m for m in messages)
+    assert "seed1: diverged at round 1" in messages[0]  # twelfth review of issue 15, follow-up
+    assert "final eval_accuracy is nan; left out of the mean" in messages[1]
     assert row["n_seeds"] == 3 and row["n_finite"] == 2
     assert row["eval_accuracy_mean"] == pytest.approx(0.3)
     assert row["eval_loss_mean"] == pytest.approx(2.0)
@@ -355,7 +356,8 @@ def test_report_marks_non_finite_seeds(tmp_path):
             for s, (acc, loss) in enumerate(values)]  # fmt: skip
     with pytest.warns(UserWarning):
         text = write_report(tmp_path / "r", runs, title="t").read_text()
-    assert "| dp-fedadam | 4 | 3 (1 non-finite) | 2 | 1e-05 | 5 | 0.30 ± 0.14 | 2.0 ± 1.4 |" in text
+    seeds = "3 (1 non-finite; 1 diverged: seed 1 from round 1)"  # twelfth review, follow-up
+    assert f"| dp-fedadam | 4 | {seeds} | 2 | 1e-05 | 5 | 0.30 ± 0.14 | 2.0 ± 1.4 |" in text
     assert "seed1: final eval_loss is inf; left out of the mean" in text
 
 

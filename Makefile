@@ -54,6 +54,7 @@ sweep: venv
 	$(PY) experiments/sweep.py $(SWEEP_FROZEN) --out $(SWEEP_OUT)-frozen --jobs 2
 	$(PY) experiments/sweep.py $(SWEEP_FROZEN:.sweep.toml=-nonprivate.sweep.toml) --out $(SWEEP_OUT)-frozen-nonprivate --jobs 2
 	$(PY) experiments/sweep.py $(SWEEP_STAGE7) --out $(SWEEP_OUT)-stage7 --jobs 2
+	$(PY) experiments/sweep.py $(SWEEP_STAGE7:stage7.sweep.toml=stage8.sweep.toml) --out $(SWEEP_OUT)-stage8 --jobs 2
 
 # Two pytest-xdist workers, whole files to one worker (module fixtures are built once): most of
 # the suite's slow tests wait on processes (Flower's SuperLink, SuperNodes and ClientApps poll

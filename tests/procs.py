@@ -12,6 +12,17 @@ import time
 from pathlib import Path
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` of a child a test will interrupt: SIGINT at its default action.
+
+    A test runner started as a non-interactive shell's background job (``make test &``) inherits
+    SIGINT ignored, and Python keeps an ignored SIGINT ignored, so the child never saw the Ctrl-C
+    the test sent: three signal tests failed that way in a backgrounded fresh-clone
+    ``make test`` (the run finished with 0, or deployments outlived the test's timeout).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def proc_stat(pid: int) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` after the command name (state first), or ``None``."""
     try:

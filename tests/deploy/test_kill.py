@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.deploy.local import REPO_ROOT
-from tests.procs import alive, cmdline, kill_all, proc_stat
+from tests.procs import alive, cmdline, default_sigint, kill_all, proc_stat
 
 BIN = Path(sys.executable).parent
 pytestmark = [
@@ -88,6 +88,7 @@ class Deployment:
                 env=env,
                 cwd=REPO_ROOT,
                 start_new_session=True,
+                preexec_fn=default_sigint,
             )
         self.seen: dict[int, str] = {}
 

@@ -27,6 +27,7 @@ from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import read_rows
 from fedprivopt.simulation.run import simulate
 from tests.deploy.faulty_app import faulty_app_dir
+from tests.procs import default_sigint
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(
@@ -176,6 +177,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
         cwd=REPO_ROOT,
+        preexec_fn=default_sigint,
     )
     try:
         lines = []

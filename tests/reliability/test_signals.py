@@ -35,7 +35,7 @@ from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import read_rows
 from fedprivopt.simulation.run import simulate
-from tests.procs import alive, cmdline, kill_all, proc_stat
+from tests.procs import alive, cmdline, default_sigint, kill_all, proc_stat
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 
@@ -97,6 +97,7 @@ class Cli:
                 env=_env(tmp_path),
                 cwd=ROOT,
                 start_new_session=True,
+                preexec_fn=default_sigint,
             )
         self.seen: dict[int, str] = {}
         self.cmds: dict[int, str] = {}

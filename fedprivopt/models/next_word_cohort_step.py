@@ -17,12 +17,12 @@ matmuls and the backward pass written out, so no autograd graph is built:
 Matmuls of many rows by the per-user weights (strided views of the stack) run as one ``mm`` per
 user: ``bmm`` was measured at 21 GFLOP/s for the output layer's, against 47 for the loop, and at
 14 against 40 for the projection's backward (one thread). The recurrent matmuls (a few rows
-each) and the weight gradients (fresh operands) are ``bmm``'s. The output layer works on the
-logits transposed, ``(a, W, P)``, and the recurrent weight's gradient is computed as
-``(h_prev^T dgates)^T``: MKL wrote ``w_o proj^T`` in 7.3-7.9 ms against 11-12 ms for
-``proj w_o^T`` (P = 320 rows, one thread), and the whole output layer's forward and backward took
-28-29 ms against 30-32 ms; the gradient of ``w_hh`` with its update 15.0-15.6 ms against
-17.2-18.1 ms (``benchmarks/NOTES.md``, entry 15).
+each) and the weight gradients (fresh operands) are ``bmm``'s. The output layer's logits are
+``(a, P, W)``, so that the softmax runs along the contiguous dimension: over ``W`` with stride
+``P`` (the transposed logits ``(a, W, P)`` of entry 15) it took 8.9 ms against 1.9 ms (P = 300,
+one thread), and the layer's forward, softmax and backward 35.6 against 27.1 ms (medians of 8;
+``benchmarks/NOTES.md``, entry 16). The recurrent weight's gradient is computed as
+``(h_prev^T dgates)^T``: with its update 15.0-15.6 ms against 17.2-18.1 ms (entry 15).
 """
 
 from __future__ import annotations
@@ -73,6 +73,13 @@ def sgd_step(
         else:
             p[name].addcdiv_(grad, pc[name], value=-lr)
 
+    def apply_product(name: str, left: torch.Tensor, right: torch.Tensor) -> None:
+        """``apply(name, left @ right)``; without a preconditioner fused into the weight."""
+        if pc is None:  # no gradient buffer: 7.3 ms against 8.1 for w_o's (entry 16)
+            p[name].baddbmm_(left, right, alpha=-lr)
+        else:
+            apply(name, torch.bmm(left, right))
+
     users = torch.arange(a, device=dev)[:, None]
     # -------- forward
     xe = p["emb"][users, x]  # (a, P, e)
@@ -87,23 +94,23 @@ def sgd_step(
         s_u = slice(u, u + 1)
         _forward(acts[s_u], w_hh_t[s_u], h_prev[s_u], c_prev[s_u], out_h[s_u], tcs[s_u], sizes)
     proj = _by_user(out_h, p["w_p"].transpose(1, 2), p["b_p"])  # (a, P, e)
-    # the logits transposed, (a, W, P): w_o @ proj^T writes its output faster than proj @ w_o^T
-    logits_t = _by_user(p["w_o"], proj.transpose(1, 2), p["b_o"][..., None])
+    # the logits (a, P, W), so that the softmax runs along the contiguous dimension
+    logits = _by_user(proj, p["w_o"].transpose(1, 2), p["b_o"])
     # -------- d (sum over users of each one's mean loss) / d logits: softmax - one-hot
     valid = y != PAD
     count = valid.sum(dim=1, keepdim=True).clamp_min(1).to(dtype)
     weight = valid.to(dtype) / count  # (a, P)
-    dlogits_t = logits_t.softmax(dim=1)
-    del logits_t
-    dlogits_t.scatter_add_(1, y[:, None, :], -torch.ones_like(weight)[:, None, :])
-    dlogits_t.mul_(weight[:, None, :])
+    dlogits = logits.softmax(dim=2)
+    del logits
+    dlogits.scatter_add_(2, y[:, :, None], -torch.ones_like(weight)[:, :, None])
+    dlogits.mul_(weight[:, :, None])
     # -------- output and projection layers
-    dproj = _by_user(dlogits_t.transpose(1, 2), p["w_o"])  # (a, P, e)
-    apply("w_o", torch.bmm(dlogits_t, proj))
-    apply("b_o", dlogits_t.sum(dim=2))
-    del dlogits_t
+    dproj = _by_user(dlogits, p["w_o"])  # (a, P, e)
+    apply_product("w_o", dlogits.transpose(1, 2), proj)
+    apply("b_o", dlogits.sum(dim=1))
+    del dlogits
     dh_all = _by_user(dproj, p["w_p"])  # (a, P, h): d loss / d h_j from the outputs
-    apply("w_p", torch.bmm(dproj.transpose(1, 2), out_h))
+    apply_product("w_p", dproj.transpose(1, 2), out_h)
     apply("b_p", dproj.sum(dim=1))
     # -------- LSTM, backwards through time (rows past a step's size stay 0 in dh and dc)
     dgates = torch.empty_like(acts)
@@ -113,7 +120,7 @@ def sgd_step(
     dxe = _by_user(dgates, p["w_ih"])  # (a, P, e)
     # (h_prev^T dgates)^T: faster than dgates^T h_prev with a transposed left operand
     apply("w_hh", torch.bmm(h_prev.transpose(1, 2), dgates).transpose(1, 2))
-    apply("w_ih", torch.bmm(dgates.transpose(1, 2), xe))
+    apply_product("w_ih", dgates.transpose(1, 2), xe)
     db = dgates.sum(dim=1)
     apply("b_ih", db)
     apply("b_hh", db)

@@ -113,10 +113,24 @@ def sgd_step(
     apply_product("w_p", dproj.transpose(1, 2), out_h)
     apply("b_p", dproj.sum(dim=1))
     # -------- LSTM, backwards through time (rows past a step's size stay 0 in dh and dc)
+    # the activations' derivatives, in bulk: s (1 - s) of the sigmoid gates, 1 - t^2 of the
+    # cell input; and o (1 - tanh(c)^2), the cell's share of d loss / d h
+    dacts = torch.addcmul(acts, acts, acts, value=-1.0)
+    dacts[..., 2 * h : 3 * h].sub_(acts[..., 2 * h : 3 * h]).add_(1.0)
+    kc = torch.mul(tcs, tcs).neg_().add_(1.0).mul_(acts[..., 3 * h :])
     dgates = torch.empty_like(acts)
     for u in range(a):
         s_u = slice(u, u + 1)
-        _backward(acts[s_u], p["w_hh"][s_u], c_prev[s_u], tcs[s_u], dh_all[s_u], dgates[s_u], sizes)
+        _backward(
+            (acts[s_u], dacts[s_u], kc[s_u]),
+            p["w_hh"][s_u],
+            c_prev[s_u],
+            tcs[s_u],
+            dh_all[s_u],
+            dgates[s_u],
+            sizes,
+        )
+    del dacts, kc
     dxe = _by_user(dgates, p["w_ih"])  # (a, P, e)
     # (h_prev^T dgates)^T: faster than dgates^T h_prev with a transposed left operand
     apply("w_hh", torch.bmm(h_prev.transpose(1, 2), dgates).transpose(1, 2))
@@ -151,19 +165,22 @@ def _forward(acts, w_hh_t, h_prev, c_prev, out_h, tcs, sizes: list[int]) -> None
         gates[..., 2 * h : 3 * h].tanh_()
         gates[..., 3 * h :].sigmoid_()
         i, f, c_in, o = gates.split(h, dim=2)
-        c = torch.addcmul(f * c_prev[:, cur], i, c_in)
-        tc = torch.tanh(c)
-        tcs[:, cur] = tc
-        out_h[:, cur] = o * tc
+        c = torch.mul(f, c_prev[:, cur]).addcmul_(i, c_in)
+        torch.tanh(c, out=tcs[:, cur])
+        torch.mul(o, tcs[:, cur], out=out_h[:, cur])
         start += size
 
 
-def _backward(acts, w_hh, c_prev, tcs, dh_all, dgates, sizes: list[int]) -> None:
+def _backward(forward, w_hh, c_prev, tcs, dh_all, dgates, sizes: list[int]) -> None:
     """Back through the recurrence: the gates' pre-activation gradients into ``dgates``.
 
-    ``dh_all`` is the loss's gradient w.r.t. each output; rows past a step's size stay 0 in the
-    carried ``dh`` and ``dc`` (the examples still running are a leading slice).
+    ``forward`` is ``(acts, dacts, kc)``: the gates' activations, their derivatives and
+    ``o (1 - tanh(c)^2)``, computed in bulk after the forward pass, so that a time step is a
+    handful of in-place operations. ``dh_all`` is the loss's gradient w.r.t. each output; rows
+    past a step's size stay 0 in the carried ``dh`` and ``dc`` (the examples still running are a
+    leading slice).
     """
+    acts, dacts, kc = forward
     a, h = acts.shape[0], tcs.shape[2]
     dh = torch.zeros(a, sizes[0], h, dtype=acts.dtype, device=acts.device)
     dc = torch.zeros_like(dh)
@@ -172,21 +189,18 @@ def _backward(acts, w_hh, c_prev, tcs, dh_all, dgates, sizes: list[int]) -> None
         size = sizes[j]
         cur = slice(end - size, end)
         end -= size
-        i, f, c_in, o = acts[:, cur].split(h, dim=2)
-        tc = tcs[:, cur]
+        i, f, c_in, _ = acts[:, cur].split(h, dim=2)
+        dg = dgates[:, cur]
+        dg_i, dg_f, dg_c, dg_o = dg.split(h, dim=2)
         dh_j, dc_j = dh[:, :size], dc[:, :size]
         dh_j += dh_all[:, cur]
-        dc_j.addcmul_(dh_j * o, 1.0 - tc * tc)
-        # through the activations: sigmoid' = s (1 - s), tanh' = 1 - t^2
-        dgates[:, cur] = torch.cat(
-            [
-                dc_j * c_in * i * (1.0 - i),
-                dc_j * c_prev[:, cur] * f * (1.0 - f),
-                dc_j * i * (1.0 - c_in * c_in),
-                dh_j * tc * o * (1.0 - o),
-            ],
-            dim=2,
-        )
+        dc_j.addcmul_(dh_j, kc[:, cur])
+        # d loss / d (i, f, g, o) times the activations' derivatives
+        torch.mul(dc_j, c_in, out=dg_i)
+        torch.mul(dc_j, c_prev[:, cur], out=dg_f)
+        torch.mul(dc_j, i, out=dg_c)
+        torch.mul(dh_j, tcs[:, cur], out=dg_o)
+        dg.mul_(dacts[:, cur])
         dc_j.mul_(f)
         if j:
-            torch.bmm(dgates[:, cur], w_hh, out=dh_j)
+            torch.bmm(dg, w_hh, out=dh_j)

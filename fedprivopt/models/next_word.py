@@ -58,11 +58,19 @@ from fedprivopt.models.next_word_model import NextWordLSTM, next_word_counts, pa
 from fedprivopt.models.next_word_tokens import PAD, encode_sentences, special_tokens
 
 # Shared with the tag task: both may build from the same directory and take the same lock.
-from fedprivopt.models.stackoverflow_files import StackOverflowFiles
+from fedprivopt.models.stackoverflow_files import (
+    StackOverflowFiles,
+    check_model_parameters,
+)
 from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
 
-__all__ = ["StackOverflowNextWordTask"]
+__all__ = ["MAX_SEQ_LEN", "StackOverflowNextWordTask"]
+
+MAX_SEQ_LEN = 1024
+"""Largest ``seq_len``: every example is padded to it (``int64`` inputs and targets).
+
+TFF's task uses 20; a user of 1,000 examples at 1,024 holds 16 MiB of tensors."""
 
 _EVAL_LOGITS = 1 << 24  # logits per evaluation forward pass (64 MiB of float32)
 _EVAL_MAX_BATCH = 1024
@@ -107,7 +115,8 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         ``V``: the top ``V`` words of the word-count file (fewer if the file has fewer; see
         :attr:`vocab_size`), ``>= 1``. The model scores ``V + 4`` tokens.
     seq_len : int
-        Sequence length of inputs and targets (TFF: 20), ``>= 1``.
+        Sequence length of inputs and targets (TFF: 20), in ``[1, MAX_SEQ_LEN]`` (1024: every
+        example is padded to it, 16 bytes a position).
     num_users : int or None
         Use the first ``num_users`` training users in the file's order (client ids sorted);
         ``None`` uses all. Must not exceed the number of training users.
@@ -122,7 +131,9 @@ class StackOverflowNextWordTask(StackOverflowFiles):
     embedding_dim : int
         ``e``, embedding and projection width (TFF: 96), ``>= 1``.
     hidden_size : int
-        ``h``, LSTM width (TFF: 670), ``>= 1``.
+        ``h``, LSTM width (TFF: 670), ``>= 1``. With ``embedding_dim`` and the effective
+        ``vocab_size`` the model may have at most :data:`MAX_MODEL_PARAMETERS` = 2**26
+        parameters (:func:`parameter_count`), checked before anything is allocated.
     seed : int
         Seed of the model initialization, ``>= 0``.
     cache_users : int
@@ -183,7 +194,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
             synth_user_sizes=synth_user_sizes,
         )
         requested_v = check_int("vocab_size", vocab_size, 1)
-        self.seq_len = check_int("seq_len", seq_len, 1)
+        self.seq_len = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
         self._set_selection(
             num_users=num_users,
             max_examples_per_user=max_examples_per_user,
@@ -194,6 +205,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         self.hidden_size = check_int("hidden_size", hidden_size, 1)
         self.seed = check_int("seed", seed, 0)
         self.cache_users = check_int("cache_users", cache_users, 0)
+        self._check_model_size(1)  # the LSTM alone, before any file is read or generated
 
         self._ensure_files()
         words = read_word_counts(self.data_dir / WORD_COUNT_FILE).top(requested_v)
@@ -201,9 +213,17 @@ class StackOverflowNextWordTask(StackOverflowFiles):
             raise ValueError(f"{self.data_dir}: the word-count file is empty")
         self.words: tuple[str, ...] = words.items
         self.vocab_size = len(self.words)
+        self._check_model_size(self.vocab_size)
         self.num_tokens = self.vocab_size + 4
         self.specials = special_tokens(self.vocab_size)
         self._open_users(num_users)
+
+    def _check_model_size(self, vocab_size: int) -> None:
+        """Refuse a model above :data:`MAX_MODEL_PARAMETERS` for ``vocab_size`` words."""
+        count = parameter_count(vocab_size, self.embedding_dim, self.hidden_size)
+        sizes = f"hidden_size={self.hidden_size}, embedding_dim={self.embedding_dim}"
+        words = "with any vocabulary" if vocab_size == 1 else f"vocab_size={vocab_size}"
+        check_model_parameters(count, f"{sizes} ({words})")
 
     def __repr__(self) -> str:
         return (

@@ -34,9 +34,38 @@ from fedprivopt.data.synthetic import (
 )
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
-__all__ = ["StackOverflowFiles"]
+__all__ = ["MAX_MODEL_PARAMETERS", "StackOverflowFiles", "check_model_parameters"]
 
 GENERATED_FILES = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
+
+MAX_MODEL_PARAMETERS = 2**26
+"""Largest model of a StackOverflow task: 256 MiB a float32 copy, and a run holds a few dozen
+copies (the cohort's updates, the optimizer's moments, checkpoints). The real tasks' models have
+4,053,428 (next-word, TFF's shape) and 5,000,500 (tag prediction) parameters."""
+
+
+def check_model_parameters(count: int, sizes: str) -> None:
+    """Refuse a model of more than :data:`MAX_MODEL_PARAMETERS` parameters, before it is built.
+
+    Parameters
+    ----------
+    count : int
+        The model's parameters.
+    sizes : str
+        The task parameters that give ``count``, as ``name=value`` text beginning with the one
+        to name (the CLI turns a leading argument name into its ``task-params`` key).
+
+    Raises
+    ------
+    ValueError
+        Naming ``sizes``, ``count`` and the limit.
+    """
+    if count > MAX_MODEL_PARAMETERS:
+        raise ValueError(
+            f"{sizes} give a model of {count:,} parameters; at most {MAX_MODEL_PARAMETERS:,} "
+            f"(2**26: {MAX_MODEL_PARAMETERS * 4 // 2**20} MiB a float32 copy, and a run holds a "
+            "few dozen copies)"
+        )
 
 
 @contextlib.contextmanager

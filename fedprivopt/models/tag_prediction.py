@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_tag_counts, read_word_counts
+from fedprivopt.models.stackoverflow_files import check_model_parameters
 from fedprivopt.models.tag_prediction_data import EVAL_BATCH, TagTaskData
 from fedprivopt.models.tag_prediction_encoding import multi_hot
 from fedprivopt.models.tag_prediction_model import BagOfWordsLogisticRegression, tag_metrics
@@ -89,7 +90,9 @@ class StackOverflowTagTask(TagTaskData):
         :attr:`num_features`), ``>= 1``.
     num_tags : int
         ``K``: the top ``K`` tags of the tag-count file (fewer if the file has fewer; see
-        :attr:`num_tags`), ``>= 1``.
+        :attr:`num_tags`), ``>= 1``. The model's ``(V + 1) K`` parameters (effective sizes)
+        may be at most
+        :data:`~fedprivopt.models.stackoverflow_files.MAX_MODEL_PARAMETERS` = 2**26.
     num_users : int or None
         Use the first ``num_users`` training users in the file's order (client ids sorted);
         ``None`` uses all. Must not exceed the number of training users.
@@ -217,6 +220,10 @@ class StackOverflowTagTask(TagTaskData):
         self.tag_counts: tuple[int, ...] = tuple(tags.counts.tolist())
         self.num_features = len(self.words)
         self.num_tags = len(self.tags)
+        check_model_parameters(  # before a user is read or the model built
+            (self.num_features + 1) * self.num_tags,
+            f"vocab_size={self.num_features} and num_tags={self.num_tags}",
+        )
         self._open_users(num_users)
 
     def __repr__(self) -> str:

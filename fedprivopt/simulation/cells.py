@@ -86,13 +86,15 @@ def grid(
             )
         if name in strategies[:i]:
             raise ValueError(f"argument --strategies: {_short(name)} is given twice")
+    seen: dict[str, int] = {}  # run directory name -> the first index naming it (linear time)
     for i, sigma in enumerate(sigmas):
-        same = [s for s in sigmas[:i] if f"{s:g}" == f"{sigma:g}"]
-        if same and same[0] == sigma:
+        first = seen.setdefault(f"{sigma:g}", i)
+        same = sigmas[first]
+        if first != i and same == sigma:
             raise ValueError(f"argument --noise-multipliers: {sigma!r} is given twice")
-        if same:
+        if first != i:
             raise ValueError(
-                f"argument --noise-multipliers: {same[0]!r} and {sigma!r} name the same run "
+                f"argument --noise-multipliers: {same!r} and {sigma!r} name the same run "
                 f"directories (sigma{sigma:g}); give values that differ in 6 significant digits"
             )
     if not 1 <= seeds <= MAX_SEEDS:
@@ -100,8 +102,11 @@ def grid(
     private = [name for name in strategies if name not in NON_PRIVATE]
     size = (len(private) * len(sigmas) + len(strategies) - len(private)) * seeds
     if size > MAX_CELLS:
+        # thirteenth review: name the flags that multiply the grid, not always --seeds
+        counts = (("--strategies", len(strategies)), ("--noise-multipliers", len(sigmas)))
+        flags = [flag for flag, n in (*counts, ("--seeds", seeds)) if n > 1] or ["--seeds"]
         raise ValueError(
-            f"argument --seeds: the grid would hold {size:,} runs (strategies x noise "
+            f"argument {'/'.join(flags)}: the grid would hold {size:,} runs (strategies x noise "
             f"multipliers x seeds), more than the limit of {MAX_CELLS:,}"
         )
     if mean_trials is not None and size * mean_trials > MAX_CELLS:

@@ -543,3 +543,25 @@ def test_a_nan_rdp_counts_as_unbounded(monkeypatch):
         assert compose_epsilon([(ev, 1)], 1e-4) == math.inf
     finally:
         accounting._rdp_curve.cache_clear()
+
+
+def test_rdp_within_rounding_of_zero_is_dropped_not_composed():
+    """Thirteenth review of issue 15: the RDP of a round at σ = 1.6357e7, q = 0.1 (about 1e-17)
+    cancelled to 0 in dp-accounting, and 10**21 rounds reported ε = 0 (true: about 3.7e4)."""
+    huge = SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.6357e7)
+    assert compose_epsilon([(huge, 10**21)], 1e-5) > 3.7e4  # an upper bound, never 0
+    import numpy as np
+
+    from fedprivopt.privacy.accounting import _RDP_ORDERS, MIN_LOG_A, _rdp_curve
+
+    curve = _rdp_curve(huge)
+    kept = np.isfinite(curve)
+    assert kept.any() and not kept.all()  # the low orders were rounding, the high ones are kept
+    assert ((_RDP_ORDERS[kept] - 1) * curve[kept] >= MIN_LOG_A).all()
+    # an ordinary event keeps every order: dp-accounting's value, unchanged
+    ev = SubsampledGaussianEvent.poisson(sample_rate=0.01, noise_multiplier=1.0)
+    acc = dpa_rdp.RdpAccountant(orders=list(_RDP_ORDERS))
+    acc.compose(ev.to_dp_event(), 10_000)
+    reference = dpa_rdp.compute_epsilon(_RDP_ORDERS, acc.rdp, 1e-5)[0]
+    assert np.isfinite(_rdp_curve(ev)).all()
+    assert compose_epsilon([(ev, 10_000)], 1e-5) == pytest.approx(reference, rel=1e-12)

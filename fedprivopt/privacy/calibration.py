@@ -226,6 +226,16 @@ def calibrate_noise_multiplier(
 
     sigma_rdp = search("rdp", dpa.LowerEndpointAndGuess(1e-3, 1.0))
     if accountant == "rdp":
+        # dp-accounting's search composes its own RDP, whose value for a round at a huge σ
+        # cancels to 0; compose_epsilon drops such orders (an upper bound), so check the result
+        spent = compose_epsilon([(event(sigma_rdp), steps)], delta)
+        if not spent <= target_epsilon:
+            raise ValueError(
+                f"target_epsilon={target_epsilon:g} is not reached: at the noise_multiplier "
+                f"{sigma_rdp:.5g} dp-accounting's search found, the RDP of a round is within "
+                f"rounding of 0 and the epsilon that can be shown is {spent:.4g}; raise "
+                "target_epsilon or delta, or use fewer rounds"
+            )
         return sigma_rdp
 
     # PLD is usually tighter than RDP, so its σ lies below σ_rdp (checked: at a tiny target its

@@ -155,3 +155,14 @@ def test_calibrate_pld_names_a_target_its_grid_cannot_resolve():
     message = str(info.value)
     assert "too small for the pld accountant" in message and "--accountant rdp" in message
     assert "brentq" not in message and len(message.splitlines()) == 1
+
+
+def test_a_target_only_the_rounding_meets_is_refused():
+    """dp-accounting's search met ε 0.001 (q 0.05, 40 rounds, δ 1e-5) at σ 31,623, where its RDP
+    of a round cancels to 0; compose_epsilon's bound there is 0.0035: refused, not printed."""
+    with pytest.raises(ValueError, match=r"target_epsilon=0\.001 is not reached"):
+        calibrate_noise_multiplier(target_epsilon=0.001, delta=1e-5, sample_rate=0.05, rounds=40)
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=0.1, delta=1e-6, sample_rate=0.0003, rounds=1500
+    )
+    assert sigma == pytest.approx(2.8058, rel=1e-3)  # ordinary targets are unchanged

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -60,6 +60,8 @@ class ADADPResult(NamedTuple):
         The scaled distance between the full-step and the two-half-step points.
     factor : float
         The learning-rate multiplier applied, in ``[alpha_min, alpha_max]``.
+    tolerance : float
+        The ``τ`` the error was compared with.
     """
 
     params: torch.Tensor
@@ -67,6 +69,7 @@ class ADADPResult(NamedTuple):
     accepted: bool
     error: float
     factor: float
+    tolerance: float
 
 
 def adadp_error(full_step_point: torch.Tensor, two_half_step_point: torch.Tensor) -> float:
@@ -261,7 +264,7 @@ class ADADPController:
         delta_1: torch.Tensor,
         delta_2: torch.Tensor,
         *,
-        tolerance: float | None = None,
+        tolerance: float | Callable[[torch.Tensor], float] | None = None,
     ) -> ADADPResult:
         """Accept or reject the round and adapt ``η``.
 
@@ -275,9 +278,11 @@ class ADADPController:
             Noised mean update of cohort 1, trained at ``w``.
         delta_2 : torch.Tensor
             Noised mean update of cohort 2, trained at :meth:`half_step`.
-        tolerance : float, optional
+        tolerance : float or callable, optional
             This round's ``τ`` instead of :attr:`tolerance` (``> 0``): a tolerance calibrated to
-            a noise level that moves by round (adaptive clipping moves ``C``).
+            a noise level that moves by round (adaptive clipping moves ``C``), or a function of
+            the round's full-step point ``w₁`` that returns it (the calibration that counts the
+            error's ``max(1, |w₁|)``, :func:`noise_calibrated_tolerance`).
 
         Returns
         -------
@@ -290,13 +295,15 @@ class ADADPController:
             If the tensors disagree in shape, dtype or device, or the error is not finite.
         """
         _check_inputs(params, delta_1=delta_1, delta_2=delta_2)
+        lr = state.learning_rate
+        full = params + lr * delta_1
+        if callable(tolerance):
+            tolerance = tolerance(full)
         tau = (
             self.tolerance
             if tolerance is None
             else check_real("tolerance", tolerance, low=0.0, low_open=True)
         )
-        lr = state.learning_rate
-        full = params + lr * delta_1
         two_half = self.half_step(state, params, delta_1).add_(delta_2, alpha=0.5 * lr)
         error = adadp_error(full, two_half)
         if not math.isfinite(error):
@@ -312,7 +319,9 @@ class ADADPController:
             accepted=state.accepted + int(accepted),
             rejected=state.rejected + int(not accepted),
         )
-        return ADADPResult(two_half if accepted else params, new_state, accepted, error, factor)
+        return ADADPResult(
+            two_half if accepted else params, new_state, accepted, error, factor, tau
+        )
 
 
 def _check_inputs(params: torch.Tensor, **deltas: torch.Tensor) -> None:

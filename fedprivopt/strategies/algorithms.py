@@ -211,11 +211,14 @@ class DPFedAvgADADP(ServerAlgorithm):
         updates_2 = yield TrainRequest(round_num, users_2, half, None, cfg, "train-2")
         agg_2 = self.aggregate(round_num, updates_2, stream="train-2")
         lr = self.opt_state.learning_rate
-        full = self.controller.full_step(self.opt_state, self.params, agg_1.delta_tilde)
-        tolerance = self.round_tolerance(agg_1.noise_std, agg_2.noise_std, full)
-        del full
+        s_1, s_2 = agg_1.noise_std, agg_2.noise_std
+        set_tolerance = self.config.options.adadp_tolerance is not None
         res = self.controller.update(
-            self.opt_state, self.params, agg_1.delta_tilde, agg_2.delta_tilde, tolerance=tolerance
+            self.opt_state,
+            self.params,
+            agg_1.delta_tilde,
+            agg_2.delta_tilde,
+            tolerance=None if set_tolerance else (lambda w_1: self.round_tolerance(s_1, s_2, w_1)),
         )
         self.params, self.opt_state = res.params, res.state
         metrics = {f"{k}_1": v for k, v in agg_1.metrics.items()}
@@ -224,7 +227,7 @@ class DPFedAvgADADP(ServerAlgorithm):
             "adadp_step_accepted": float(res.accepted),
             "adadp_accept_rate": res.state.accepted / (res.state.accepted + res.state.rejected),
             "adadp_error": res.error,
-            "adadp_tolerance": self.controller.tolerance if tolerance is None else tolerance,
+            "adadp_tolerance": res.tolerance,
             "server_learning_rate": lr,
             "noise_std": agg_1.metrics["noise_std"],
         }

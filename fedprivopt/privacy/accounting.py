@@ -75,6 +75,7 @@ __all__ = [
     "PrivacyAccountant",
     "check_ledger",
     "compose_epsilon",
+    "event_rdp",
     "prv_domain_points",
     "single_gaussians",
 ]
@@ -89,23 +90,30 @@ _RDP_ORDERS = np.asarray(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np
 MIN_LOG_A = 1e-10
 
 
-@functools.lru_cache(maxsize=256)
 def _rdp_curve(event: SubsampledGaussianEvent) -> np.ndarray:
-    """RDP (at ``_RDP_ORDERS``) of one occurrence of ``event``, from dp-accounting.
+    """RDP of one occurrence of ``event`` at ``_RDP_ORDERS``: :func:`event_rdp`'s."""
+    return event_rdp(event, None)
+
+
+@functools.lru_cache(maxsize=256)
+def event_rdp(
+    event: SubsampledGaussianEvent, orders: tuple[float, ...] | None = None
+) -> np.ndarray:
+    """RDP of one occurrence of ``event`` at ``orders`` (default dp-accounting's), read-only.
 
     An order whose value is NaN is unbounded, not absent (dp-accounting would drop it), and an
     order whose value is within rounding of 0 (``(α - 1) RDP < MIN_LOG_A``) is dropped as
     ``inf``: ε takes the minimum over orders, so fewer orders only raise it. Thirteenth review of
     issue 15: at σ = 1.6357e7, q = 0.1 the RDP of a round (about 1e-17) cancelled to 0, and
     ``epsilon --rounds 10**21`` printed 0.0000 for a true ε of about 3.7e4; such a ledger now
-    reports ``inf``, never less than was spent.
+    reports ``inf``, never less than was spent. A run's curve is the count-weighted sum of its
+    events' (what ``RdpAccountant.compose`` accumulates), so the guard holds for any count.
     """
-    acc = rdp.RdpAccountant(
-        orders=list(_RDP_ORDERS), neighboring_relation=event.neighboring_relation
-    )
+    grid = _RDP_ORDERS if orders is None else np.asarray(orders, dtype=np.float64)
+    acc = rdp.RdpAccountant(orders=list(grid), neighboring_relation=event.neighboring_relation)
     acc.compose(event.to_dp_event())
     curve = np.asarray(acc.rdp, dtype=np.float64)
-    imprecise = np.isnan(curve) | ((_RDP_ORDERS - 1.0) * curve < MIN_LOG_A)
+    imprecise = np.isnan(curve) | ((grid - 1.0) * curve < MIN_LOG_A)
     curve = np.where(imprecise, np.inf, curve)
     curve.setflags(write=False)
     return curve

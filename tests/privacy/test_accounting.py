@@ -536,13 +536,13 @@ def test_a_nan_rdp_counts_as_unbounded(monkeypatch):
         def rdp(self):
             return np.full_like(super().rdp, np.nan)
 
-    accounting._rdp_curve.cache_clear()
+    accounting.event_rdp.cache_clear()
     monkeypatch.setattr(accounting.rdp, "RdpAccountant", NanRdp)
     try:
         ev = Poisson(sample_rate=0.25, noise_multiplier=0.7)
         assert compose_epsilon([(ev, 1)], 1e-4) == math.inf
     finally:
-        accounting._rdp_curve.cache_clear()
+        accounting.event_rdp.cache_clear()
 
 
 def test_rdp_within_rounding_of_zero_is_dropped_not_composed():

@@ -230,3 +230,28 @@ def test_orders_where_dp_accounting_fails_are_dropped_consistently():
     accountant.compose(dp_event.RepeatAndSelectDpEvent(run_dp_event(low), 3.0, 1.0))
     assert eps == pytest.approx(accountant.get_epsilon(1e-4), rel=1e-12)
     assert eps >= tuning_epsilon(low, 1e-4, trials)  # fewer orders: never a smaller epsilon
+
+
+@pytest.mark.parametrize(
+    "trials", [TrialCount(TNB, 5.0, shape=1.0), TrialCount("poisson", 5.0)],
+    ids=lambda t: t.distribution,
+)  # fmt: skip
+def test_rdp_within_rounding_of_zero_never_reaches_the_tuning_bound(trials):
+    """Fourteenth review of issue 15: the run's curve was dp-accounting's composition, so at
+    σ = 1.6357e7, q = 0.1 (a round's RDP about 1e-17, cancelled to 0) a tuning of 10**21 rounds
+    reported ε = 0; the orders within rounding of 0 are now dropped, as a run's ε drops them."""
+    from fedprivopt.privacy.tuning import composed_tuning_epsilon
+
+    huge = SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.6357e7)
+    ledger = [(huge, 10**21)]
+    accountant = rdp.RdpAccountant()
+    run = dpa.SelfComposedDpEvent(huge.to_dp_event(), 10**21)
+    accountant.compose(dp_event.RepeatAndSelectDpEvent(run, trials.mean, trials.dp_shape))
+    assert accountant.get_epsilon(1e-5) == 0  # what dp-accounting alone reports
+    curve = ledger_rdp(ledger)
+    assert np.isfinite(curve).any() and not np.isfinite(curve).all()
+    single = compose_epsilon(ledger, 1e-5)
+    assert single > 3.7e4  # the run's own bound, the thirteenth review's fix
+    eps = tuning_epsilon(ledger, 1e-5, trials)
+    assert eps >= single  # the best of several runs costs at least one run
+    assert composed_tuning_epsilon(ledger, 1e-5, trials, 3) >= eps

@@ -201,8 +201,9 @@ def test_one_runs_rdp_curve_is_computed_once(monkeypatch):
     from fedprivopt.privacy.events import SubsampledGaussianEvent
 
     calls = []
-    real = tuning.run_dp_event
-    monkeypatch.setattr(tuning, "run_dp_event", lambda led: calls.append(led) or real(led))
+    real = tuning.event_rdp
+    monkeypatch.setattr(tuning, "event_rdp", lambda *args: calls.append(args) or real(*args))
+    tuning._rdp_curve.cache_clear()
     ledger = [(SubsampledGaussianEvent.poisson(sample_rate=0.25, noise_multiplier=0.5123), 7)]
     first = tuning.ledger_rdp(ledger)
     first[:] = 0.0  # a caller's copy: the remembered curve stays

@@ -232,6 +232,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return untuned(args)
     if args.mean_trials is None:
         raise UsageError("argument --mean-trials: required with --tune-grid")
+    if args.jobs != 1:
+        raise UsageError("argument --jobs: applies only without --tune-grid")
     return _compare_tuned(args)
 
 

@@ -1,0 +1,221 @@
+"""The cells of a ``compare`` grid, run several at a time in worker processes (``--jobs``).
+
+Each cell is a full run of the fast engine, and a run of a small model uses one core at most
+(the cohort trainer steps on one thread, ``benchmarks/NOTES.md`` entry 9), so a grid of such runs
+on a machine with ``J`` cores finishes up to ``J`` times sooner when ``J`` cells run at once.
+:func:`run_plans` runs them in ``J`` worker processes, each with one intra-op thread:
+
+- **The same runs.** A worker runs the cell's plan exactly as ``compare`` does in process
+  (:func:`~fedprivopt.simulation.cells.run_cell`: run, resume or rerun; a reused cell needs no
+  worker), from the cell's resolved configuration; each worker builds a task once per distinct
+  task configuration. Every run is seeded by its configuration alone, so what it releases does
+  not depend on which worker runs it or what runs beside it.
+- **Started processes** are ``spawn``-ed (a fresh interpreter: the parent's OpenMP threads and
+  locks are not copied into a forked child), ignore Ctrl-C (the parent decides), and get SIGTERM
+  when the parent dies (Linux ``PR_SET_PDEATHSIG``), which stops their run as Ctrl-C would.
+- **Stopping.** On Ctrl-C, SIGTERM or a failed cell the parent cancels the cells not started and
+  sends SIGTERM to every worker: a run stops after its current round with what it released kept
+  (:class:`~fedprivopt.simulation.interrupt.Interrupted`), so the same command continues it.
+  The parent waits for them before it reports the interruption or the failure.
+- **Only the fast engine in process.** The Flower engine and ``fast-actors`` start a Ray
+  instance per run; several at once would compete for the same cores and ports, so
+  :func:`check_parallel` refuses such a grid with ``jobs > 1``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.simulation.cells import REUSE, Cell, CellPlan, run_cell
+
+__all__ = ["MAX_JOBS", "check_parallel", "run_plans"]
+
+MAX_JOBS = 256
+"""Upper bound of ``--jobs``: worker processes, each holding its own copy of its tasks."""
+
+STOP_WAIT = 60.0
+"""Seconds the parent waits for stopped workers to end before it kills them."""
+
+_TASKS: dict[tuple[str, str], Any] = {}  # a worker's tasks, by task and parameters
+
+
+def check_parallel(plans: Sequence[CellPlan], jobs: int) -> None:
+    """Refuse ``jobs > 1`` for cells that do not run in process on the fast engine.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--jobs`` and the first such cell.
+    """
+    if jobs <= 1:
+        return
+    for plan in plans:
+        config = plan.cell.config
+        if plan.action == REUSE:
+            continue
+        if config.engine != "fast" or config.fast_actors or config.ray_address not in ("", "local"):
+            raise ValueError(
+                f"argument --jobs: {jobs} runs cells in parallel on the fast engine in process; "
+                f"cell {plan.cell.label} uses "
+                + (f"the {config.engine} engine" if config.engine != "fast" else "Ray actors")
+                + ", which spread one run over the cores already: use --jobs 1"
+            )
+
+
+def run_plans(
+    plans: Sequence[CellPlan], jobs: int, announce: Callable[[int, CellPlan], None]
+) -> None:
+    """Carry out ``plans`` with at most ``jobs`` running at once, in order of submission.
+
+    ``announce(i, plan)`` is called (1-based ``i``) when cell ``i`` is started or, if reused,
+    passed over. The first exception of a worker is raised here once every worker has stopped;
+    so is ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM / SIGHUP through the command line's
+    handlers).
+    """
+    work = [(i, plan) for i, plan in enumerate(plans, 1)]
+    todo = [(i, plan) for i, plan in work if plan.action != REUSE]
+    if not todo:
+        for i, plan in work:
+            announce(i, plan)
+        return
+    context = multiprocessing.get_context("spawn")
+    pool = cf.ProcessPoolExecutor(
+        min(jobs, len(todo)), mp_context=context, initializer=_start_worker
+    )
+    running: dict[cf.Future, CellPlan] = {}
+    queue = iter(work)
+    try:
+        _fill(pool, queue, running, jobs, announce)
+        while running:
+            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                plan = running.pop(future)
+                try:
+                    stopped = future.result()
+                except cf.process.BrokenProcessPool:
+                    raise ValueError(
+                        f"cell {plan.cell.label}: its worker process ended without a result "
+                        "(killed, or out of memory); the same command continues the comparison"
+                    ) from None
+                if stopped is not None:  # a worker stopped by a signal
+                    raise KeyboardInterrupt
+            _fill(pool, queue, running, jobs, announce)
+    except BaseException:
+        _stop(pool, running)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _fill(pool, queue, running: dict, jobs: int, announce) -> None:
+    """Submit the next cells until ``jobs`` run (reused cells are only announced)."""
+    while len(running) < jobs:
+        item = next(queue, None)
+        if item is None:
+            return
+        i, plan = item
+        announce(i, plan)
+        if plan.action == REUSE:
+            continue
+        cell = plan.cell
+        future = pool.submit(
+            _run, cell.label, cell.config, str(plan.run_dir), plan.action, plan.why
+        )
+        running[future] = plan
+
+
+def _stop(pool: cf.ProcessPoolExecutor, running: dict) -> None:
+    """Cancel what has not started, stop the running cells (SIGTERM), end the workers.
+
+    A worker turns SIGTERM into :class:`~fedprivopt.simulation.interrupt.Interrupted` inside a
+    run (its files kept) and returns; the pool's shutdown then ends every worker. One still
+    alive after :data:`STOP_WAIT` seconds is killed.
+    """
+    for future in running:
+        future.cancel()
+    processes = multiprocessing.active_children()  # the pool's workers: compare starts no other
+    with _ignoring_signals():
+        for process in processes:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                process.terminate()
+        cf.wait(running, timeout=STOP_WAIT)
+        pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + STOP_WAIT
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+@contextlib.contextmanager
+def _ignoring_signals():
+    """A second Ctrl-C while the workers stop must not leave them running."""
+    kinds = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    try:
+        previous = [signal.signal(kind, signal.SIG_IGN) for kind in kinds]
+    except ValueError:  # not the main thread: nothing to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        for kind, handler in zip(kinds, previous, strict=True):
+            signal.signal(kind, handler)
+
+
+# -- in the worker ---------------------------------------------------------------------------
+
+
+def _start_worker() -> None:
+    """Set up a worker: one intra-op thread, and the command line's logging.
+
+    Ctrl-C is the parent's to handle (ignored here); the worker gets SIGTERM when the parent
+    dies (Linux).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            if os.getppid() == 1:  # the parent died before the call
+                os.kill(os.getpid(), signal.SIGTERM)
+    import logging
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(1)
+    # as the command line does (fedprivopt.cli): dp-accounting's notes on orders it drops
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+
+
+def _run(label: str, config, run_dir: str, action: str, why: str) -> str | None:
+    """Run one cell's plan; ``"interrupted"`` when a signal stopped it, else ``None``."""
+    import json
+
+    from fedprivopt.simulation.interrupt import signals_raise
+    from fedprivopt.simulation.run import build_run
+
+    with signals_raise():  # SIGTERM from the parent: Interrupted, the run's files kept
+        try:
+            key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+            if key not in _TASKS:
+                _TASKS[key] = build_run(config)[0]
+            run_cell(CellPlan(Cell(label, config, _TASKS[key]), Path(run_dir), action, why))
+        except KeyboardInterrupt:
+            return "interrupted"
+        except ValueError as exc:  # a subclass may not survive pickling: its message does
+            raise ValueError(str(exc)) from None
+    return None

@@ -22,6 +22,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     import time
 
     from fedprivopt.data import SyntheticConfig, generate
+    from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock
     from fedprivopt.data.sqlite import read_example_counts
     from fedprivopt.data.synthetic import (
         DATASET_FILES,
@@ -57,9 +58,28 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         )
     if present and not args.overwrite:
         raise UsageError(f"argument --out: {out} already holds a dataset (use --overwrite)")
-    start = time.perf_counter()
-    files = generate(out, config, overwrite=args.overwrite, workers=args.workers)
-    seconds = time.perf_counter() - start
+    marker = out / SYNTHETIC_META_FILE
+    if not args.overwrite and marker.exists() and not is_synthetic_dir(out):
+        raise UsageError(
+            f"argument --out: {marker} exists and is not a marker of this generator; refusing "
+            "to replace it (use --overwrite to replace it)"
+        )
+    # Fourteenth review of issue 15: two `data synth --out D` at once both wrote D (one
+    # sqlite.partial path): one failed, the other reported 8,000 users of seed 1 over a
+    # stackoverflow.sqlite of 10,507 clients. One writer: the lock a task takes to generate
+    # its files (.stackoverflow.lock), here without waiting; the checks above run again under it.
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = exclusive_lock(out / DATA_LOCK, what=f"argument --out: dataset directory {out}")
+        with lock:
+            present = [name for name in DATASET_FILES if (out / name).exists()]
+            if present and not args.overwrite:
+                raise UsageError(f"argument --out: {out} already holds a dataset (use --overwrite)")
+            start = time.perf_counter()
+            files = generate(out, config, overwrite=args.overwrite, workers=args.workers)
+            seconds = time.perf_counter() - start
+    except LockHeldError as exc:
+        raise UsageError(str(exc)) from None
     examples = sum(int(c.sum()) for c in read_example_counts(files.sqlite).values())
     print(
         f"wrote {files.sqlite}, {files.word_count.name}, {files.tag_count.name} "

@@ -14,7 +14,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LockHeldError", "exclusive_lock", "file_lock"]
+__all__ = ["DATA_LOCK", "LockHeldError", "exclusive_lock", "file_lock"]
+
+#: The lock file of a StackOverflow data directory: held by a task while it generates its
+#: synthetic files (waiting) and by ``fedprivopt data synth`` (refusing to wait for another).
+DATA_LOCK = ".stackoverflow.lock"
 
 
 @contextlib.contextmanager

@@ -130,7 +130,9 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     from fedprivopt.deploy.server_app import DEPLOY_LOGS
     from fedprivopt.simulation.rundir import check_claimable
 
-    check_claimable(out, allowed=(DEPLOY_LOGS,))
+    # fourteenth review of issue 15: the refusal advised "--resume DIR", which deploy local
+    # does not accept (rc 2, "unrecognized arguments"); simulate continues such a run
+    check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
 
     def progress(line: str) -> None:
         if not args.quiet:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from fedprivopt.core.checks import check_bool, check_int
-from fedprivopt.data.locks import file_lock
+from fedprivopt.data.locks import DATA_LOCK, file_lock
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
 from fedprivopt.data.synthetic import (
     SQLITE_FILE,
@@ -76,7 +76,7 @@ def _directory_lock(root: Path) -> Iterator[None]:
     generates the synthetic files, the others wait and then find them current.
     """
     root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / ".stackoverflow.lock"):
+    with file_lock(root / DATA_LOCK):
         yield
 
 

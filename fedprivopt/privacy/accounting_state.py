@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 import dp_accounting as dpa
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 
@@ -74,10 +75,23 @@ def check_pld_discretization(interval: float) -> float:
 
 
 def merge_ledger(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> Ledger:
-    """Merge consecutive identical events (composition is order-independent anyway)."""
+    """Merge consecutive identical events (composition is order-independent anyway).
+
+    Every count must be an integer ``>= 0`` (a 0 is dropped) and every event a
+    :class:`SubsampledGaussianEvent`; anything else is a ``ValueError`` naming the item.
+    Fourteenth review of issue 15: ``compose_epsilon([(event, nan)], δ)`` returned ε 0.0 and a
+    count of 9.5 or 0.5 composed 9.5 or no releases, where every other entry point (``step``,
+    ``set_ledger``, a saved state) refuses a count that is not an integer.
+    """
     out: list[tuple[SubsampledGaussianEvent, int]] = []
-    for event, count in ledger:
-        if count < 1:
+    for i, (event, count) in enumerate(ledger):
+        if not isinstance(event, SubsampledGaussianEvent):
+            raise ValueError(
+                f"ledger[{i}] must pair a SubsampledGaussianEvent with its count, got "
+                f"{type(event).__name__}"
+            )
+        count = check_int(f"ledger[{i}] count", count, 0)
+        if count == 0:
             continue
         if out and out[-1][0] == event:
             out[-1] = (event, out[-1][1] + count)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from numbers import Real
 
 import dp_accounting as dpa
 
@@ -194,6 +195,11 @@ def calibrate_noise_multiplier(
     delta = check_delta(delta)
     rounds = check_int("rounds", rounds, 1)
     events_per_round = check_int("events_per_round", events_per_round, 1)
+    if isinstance(tol, bool) or not (isinstance(tol, Real) and 0 < tol <= 1):
+        # fourteenth review of issue 15: tol=nan ended in brentq's "did not bracket a
+        # solution" naming no parameter; tol=1e9 in an error blaming target_epsilon; tol=10
+        # returned sigma 13.0 as "the smallest" for a target that sigma 3.03 meets
+        raise ValueError(f"tol must be a number in (0, 1] (a tolerance on sigma), got {tol!r}")
     check_accountant(accountant)
     h = check_pld_discretization(pld_discretization)
     steps = rounds * events_per_round

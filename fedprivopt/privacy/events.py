@@ -39,6 +39,7 @@ Clipping", NeurIPS 2021.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -98,7 +99,12 @@ class SubsampledGaussianEvent:
 
     def __post_init__(self) -> None:
         sigma = self.noise_multiplier
-        if not (isinstance(sigma, (int, float)) and sigma >= 0 and math.isfinite(sigma)):
+        if not (
+            isinstance(sigma, (int, float))
+            and not isinstance(sigma, bool)
+            and sigma >= 0
+            and math.isfinite(sigma)
+        ):
             raise ValueError(f"noise_multiplier must be a finite number >= 0, got {sigma!r}")
         if 0 < sigma < MIN_NOISE_MULTIPLIER:
             raise ValueError(
@@ -147,7 +153,8 @@ class SubsampledGaussianEvent:
                 )
         elif self.cohort_size is not None:
             raise ValueError("cohort_size is only meaningful for fixed sampling")
-        if not (0.0 < self.sample_rate <= 1.0):
+        rate = self.sample_rate
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 < rate <= 1.0:
             raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
 
     @classmethod

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.rng import SecureGenerator
 
 __all__ = ["add_gaussian_noise", "gaussian_noise", "secure_gaussian_noise"]
@@ -123,8 +124,14 @@ def gaussian_noise(
     """
     if not isinstance(generator, torch.Generator):
         raise ValueError("generator must be a torch.Generator (global RNGs are never used)")
-    if int(numel) < 0:
-        raise ValueError(f"numel must be >= 0, got {numel}")
+    numel = check_int("numel", numel, 0)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize >= 2):
+        # fourteenth review of issue 15: an int64 vector ended in torch's NotImplementedError
+        # ("normal_kernel_cpu" not implemented for 'Long'); a 2.5 numel was read as 2
+        raise ValueError(
+            f"dtype must be float16, bfloat16, float32 or float64 (Gaussian noise is real), "
+            f"got {dtype}"
+        )
     std = _check_std(std)
     if secure is None:
         secure = isinstance(generator, SecureGenerator)

@@ -8,6 +8,7 @@ users uniformly without replacement and is accounted for as such (replace-one ad
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -141,6 +142,23 @@ class SamplingSpec:
     cohort_size: int | None = None
 
     def __post_init__(self) -> None:
+        given = self.sample_rate is not None and self.cohort_size is not None
+        if self.kind in ("poisson", "fixed") and given and self.population is not None:
+            # fourteenth review of issue 15: one of two disagreeing rates silently won
+            # (calibrate_noise_multiplier(sample_rate=0.5, population=100, cohort_size=10)
+            # calibrated q = 0.5; with sampling "fixed" the sample_rate was ignored)
+            population = check_int("population", self.population, 1, MAX_POPULATION)
+            implied = self.cohort_size / population
+            if not math.isclose(float(self.sample_rate), implied, rel_tol=1e-12):
+                raise ValueError(
+                    f"sample_rate={self.sample_rate!r} disagrees with cohort_size/population = "
+                    f"{self.cohort_size}/{population} = {implied:g}; give one of them"
+                )
+        elif self.kind == "poisson" and given:
+            raise ValueError(
+                "cohort_size without population does not define a sample rate; give "
+                "sample_rate alone, or population and cohort_size"
+            )
         if self.kind == "poisson":
             if self.sample_rate is None:
                 if self.population is None or self.cohort_size is None:

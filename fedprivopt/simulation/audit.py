@@ -27,6 +27,7 @@ from typing import Any
 
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import Task, data_identity
+from fedprivopt.privacy.tree import tree_position
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.simulation.divergence import checked_round
@@ -207,6 +208,40 @@ def _check_restored(alg: ServerAlgorithm, config: RunConfig, name: str) -> None:
         )
 
 
+def _check_participants(alg: ServerAlgorithm, rows: list[dict[str, Any]], name: str) -> None:
+    """Raise if checkpoint ``name``'s tree participation ledger is not what its rounds drew.
+
+    Fourteenth review of issue 15: a checkpoint whose participants were emptied (digest
+    recomputed) resumed and drew users of the period again. Each round's ``cohort_size`` row
+    is the number of users it checked in, so the restored period must hold their sum over the
+    period's rounds up to the checkpoint (in secure mode too, where the shuffle cannot be
+    replayed, and in a deployment whose cohorts came short); rows missing for one of those
+    rounds leave ``step·m``, what every simulated round draws.
+    """
+    cohorts = alg.tree_cohorts
+    if cohorts is None or alg.round_num == 0:
+        return
+    period, step = tree_position(alg.round_num, alg.config.restart_rounds)
+    first = alg.round_num - step + 1
+    sizes = {
+        row["round"]: row["cohort_size"]
+        for row in rows
+        if first <= row["round"] <= alg.round_num and "cohort_size" in row
+    }
+    expected = step * cohorts.cohort_size
+    source = f"{cohorts.cohort_size} a round"
+    if len(sizes) == step and all(isinstance(v, (int, float)) for v in sizes.values()):
+        expected, source = int(sum(sizes.values())), f"{METRICS_FILE}'s cohort_size"
+    held = len(cohorts.ledger.state_dict()["users"])
+    if held != expected:
+        raise ValueError(
+            f"{name}'s tree participation ledger holds {held} users of restart period {period}, "
+            f"but its rounds {first}-{alg.round_num} drew {expected} ({source}): the checkpoint "
+            "was edited (resuming it would let users of the period take part again); refusing "
+            "to resume"
+        )
+
+
 def _refuse_secure_tree_redo(config: RunConfig, last_released: int, restored: int) -> None:
     """Tree aggregation in secure mode cannot redo released rounds (seventh review, F1).
 
@@ -307,6 +342,7 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
             logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)
         alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
         _check_restored(alg, config, name)
+        _check_participants(alg, rows, name)
     _refuse_secure_tree_redo(config, last_released, alg.round_num if state else 0)
     released, rounds = (
         max(last_released, alg.round_num if state else 0),

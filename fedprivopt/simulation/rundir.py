@@ -152,7 +152,9 @@ def _listing(out: Path, allowed: Iterable[str]) -> list[str]:
     return sorted(set(os.listdir(out)) - set(allowed))
 
 
-def _check_claimable(out: Path, *, overwrite: bool, allowed: Iterable[str]) -> None:
+def _check_claimable(
+    out: Path, *, overwrite: bool, allowed: Iterable[str], resume: str | None = None
+) -> None:
     """Raise unless a fresh run may write into ``out`` (see :class:`NewRunDir`)."""
     if not out.exists():
         return
@@ -166,8 +168,8 @@ def _check_claimable(out: Path, *, overwrite: bool, allowed: Iterable[str]) -> N
         return
     if ours:
         raise ValueError(
-            f"out directory {str(out)!r} already holds a run (use --resume {out} to continue "
-            "it, or choose another --out)"
+            f"out directory {str(out)!r} already holds a run (use "
+            f"{resume or f'--resume {out}'} to continue it, or choose another --out)"
         )
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     foreign = [n for n in names if not _ours(n)]
@@ -183,15 +185,20 @@ def _check_claimable(out: Path, *, overwrite: bool, allowed: Iterable[str]) -> N
 
 
 def check_claimable(
-    out: str | Path, *, overwrite: bool = False, allowed: Iterable[str] = ()
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    allowed: Iterable[str] = (),
+    resume: str | None = None,
 ) -> None:
     """Raise ``ValueError`` unless a fresh run may write into ``out``, as :class:`NewRunDir`.
 
     For a caller that must refuse before it creates anything (``deploy local`` writes its logs
     and starts processes before its ServerApp claims the directory); the claim itself checks
-    again under its lock.
+    again under its lock. ``resume``: the command that continues a run found there, when it
+    is not the caller's own ``--resume`` (``deploy local`` has none).
     """
-    _check_claimable(Path(out), overwrite=overwrite, allowed=allowed)
+    _check_claimable(Path(out), overwrite=overwrite, allowed=allowed, resume=resume)
 
 
 def remove_run_files(out: Path) -> None:

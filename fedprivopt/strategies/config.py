@@ -216,6 +216,14 @@ class StrategyConfig:
                 f"{why} (each user joins at most one round of a period; 0: {most}), got "
                 f"{self.tree_restart_rounds}"
             )
+        if self.sampling != "poisson":
+            # fourteenth review of issue 15: sampling = "fixed" was accepted and ignored (the
+            # tree draws its cohorts from a shuffle per period; same epsilon, same cohorts)
+            raise ValueError(
+                f"sampling applies only with noise-mechanism 'gaussian' ({why} the cohorts are "
+                f"the next clients-per-round users of a shuffle per restart period): it must be "
+                f"unset or its default 'poisson', got {self.sampling!r}"
+            )
         if self.noise_mode != "server":
             raise ValueError(
                 f"noise-mode must be 'server' {why}: the tree's nodes are noised partial sums "

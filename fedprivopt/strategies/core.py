@@ -560,7 +560,31 @@ class ServerAlgorithm:
                     f"checkpoint's tree state is at round {self.tree_noise.round_num}, its model "
                     f"at round {self.round_num}"
                 )
+            self._check_participation()
         self.accountant.load_state_dict(state["accountant"])
+
+    def _check_participation(self) -> None:
+        """Refuse a restored participation ledger that its round cannot have left.
+
+        Fourteenth review of issue 15: a tree run's checkpoint whose participants were edited
+        (digest recomputed) resumed and drew users of the period again. The ledger must be of
+        the checkpoint round's restart period and hold at most ``step·m`` users (fewer when a
+        deployment's cohorts came short); the resume's audit also compares it with the
+        rounds' cohort sizes (:func:`~fedprivopt.simulation.audit.audit_run_dir`).
+        """
+        cohorts, c = self.tree_cohorts, self.config
+        assert cohorts is not None
+        period, step = (0, 0)
+        if self.round_num:
+            period, step = tree_position(self.round_num, c.restart_rounds)
+        held = len(cohorts.ledger.state_dict()["users"])
+        if cohorts.ledger.period != period or held > step * cohorts.cohort_size:
+            raise ValueError(
+                f"checkpoint's tree participation ledger holds {held} users of restart period "
+                f"{cohorts.ledger.period}, but its round {self.round_num} is step {step} of "
+                f"period {period} (at most {step * cohorts.cohort_size} users): the checkpoint "
+                "was edited"
+            )
 
 
 def drive_round(

@@ -1,0 +1,280 @@
+"""Issue 15, fourteenth hostile review: variants of the ten case classes not tried before.
+
+Finding 1 (a reported ε smaller than what was spent): a tree-aggregation run's checkpoint with
+its participation ledger emptied (or cut) and its digest recomputed with the project's own
+``state_digest`` resumed with rc 0 and drew the users of rounds 1-2 again in rounds 3-4 of the
+same restart period, while one tree event (each user in at most one round a period) was
+charged: ε 19.61 reported for users who took part twice. Now refused in seeded and secure mode:
+the restored period must hold the users its rounds drew (``metrics.jsonl``'s ``cohort_size``,
+else ``clients-per-round`` a round) and at most ``step·m``.
+
+Finding 2: ``compose_epsilon([(event, nan)], δ)`` returned ε 0.0 (a count of 0.5 too; 9.5
+composed 9.5 releases), where every other entry point refuses a count that is not an integer.
+
+Finding 3: ``SamplingSpec`` (so ``calibrate_noise_multiplier`` and ``make_round_event``)
+silently took ``sample_rate`` over a disagreeing ``population``/``cohort_size`` (Poisson), or
+ignored ``sample_rate`` (fixed): the API variant of the ``calibrate`` flags of case 10.
+
+Finding 4: ``deploy local --out D`` over a run advised ``use --resume D``, which ``deploy local``
+does not accept (``unrecognized arguments``); it now names ``fedprivopt simulate --resume D``.
+
+Finding 5: ``noise-mechanism = "tree"`` with ``sampling = "fixed"`` was accepted and ignored
+(same cohorts and ε as Poisson; ``tune --grid sampling=poisson,fixed`` labelled trials by it).
+
+Finding 6: ``calibrate_noise_multiplier(tol=nan)`` ended in brentq's bracket error naming no
+parameter, ``tol=1e9`` in an error blaming ``target_epsilon``, and ``tol=10`` returned σ 13.0 as
+"the smallest" σ for a target σ 3.03 meets. A raw ``SubsampledGaussianEvent`` took ``True`` as
+its noise multiplier or sample rate (a state it then could not reload).
+
+Finding 7: ``add_gaussian_noise`` of an int64 vector ended in torch's ``NotImplementedError``
+(``"normal_kernel_cpu" not implemented for 'Long'``), and ``gaussian_noise(2.5, …)`` drew 2
+entries; now a ``ValueError`` naming ``dtype`` or ``numel``, as ``clip_l2`` does.
+
+Finding 8 (two writers): two ``data synth --out D`` at once (no lock; one ``….partial`` path)
+left a ``stackoverflow.sqlite`` of 10,507 clients beside a marker and a success line saying
+8,000 users of seed 1, while the other call failed. ``data synth`` now holds the data
+directory's lock (``.stackoverflow.lock``, the one a task takes to generate its files) without
+waiting: the second exits 2 naming the holder's PID.
+
+Run against the code before the fixes (a worktree of 0cceb59, 2026-11-25) every test here fails
+except those named as controls.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedprivopt.privacy import calibrate_noise_multiplier, compose_epsilon, make_round_event
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.simulation.checkpoint import state_digest
+from tests.reliability.test_fuzz_cli import run_cli
+from tests.reliability.test_misuse_cli import TOY, usage_error
+
+TREE = ["--set", "noise-mechanism=tree", "--set", "tree-restart-rounds=4", "--quiet"]
+
+
+# -- finding 1: a tree run's participation ledger in an edited checkpoint ------------------------
+@pytest.fixture(scope="module")
+def tree_runs(tmp_path_factory):
+    """Two finished 2-round tree runs (toy: 40 users, 10 a round, periods of 4): seeded, secure."""
+    root = tmp_path_factory.mktemp("tree")
+    runs = {}
+    for mode in ("seeded", "secure"):
+        out = root / mode
+        extra = ["--set", "secure=true"] if mode == "secure" else []
+        code, _, err = run_cli(["simulate", str(TOY), "--rounds", "2", "--out", str(out), *TREE,
+                                *extra])  # fmt: skip
+        assert code == 0, err
+        runs[mode] = out
+    return runs
+
+
+def _extended(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    config = dst / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 4"))
+    return dst
+
+
+def _forge_participants(run: Path, keep: int) -> None:
+    """Keep the first ``keep`` participants of the checkpoint's period; recompute its digest."""
+    path = run / "checkpoint.pt"
+    state = torch.load(path, weights_only=False)
+    cohorts = state["algorithm"]["tree"]["cohorts"]
+    assert cohorts["period"] == 0 and cohorts["users"].numel() == 20  # rounds 1-2 drew 20
+    cohorts["users"] = cohorts["users"][:keep]
+    del state["sha256"]
+    state["sha256"] = state_digest(state)
+    torch.save(state, path)
+
+
+@pytest.mark.parametrize("mode", ["seeded", "secure"])
+@pytest.mark.parametrize("keep", [0, 15])
+def test_a_checkpoint_with_participants_removed_is_refused(tree_runs, tmp_path, mode, keep):
+    run = _extended(tree_runs[mode], tmp_path / "run")
+    _forge_participants(run, keep)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "run.lock"}
+    line = usage_error(run_cli(["simulate", "--resume", str(run), "--quiet"]),
+                       "tree participation ledger", f"holds {keep} users", "drew 20")  # fmt: skip
+    assert "edited" in line, line
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "run.lock"}
+    assert after == before  # nothing written
+
+
+def test_the_check_holds_without_metrics_rows(tree_runs, tmp_path):
+    run = _extended(tree_runs["secure"], tmp_path / "run")
+    _forge_participants(run, 0)
+    (run / "metrics.jsonl").unlink()  # then every simulated round drew clients-per-round
+    usage_error(run_cli(["simulate", "--resume", str(run), "--quiet"]),
+                "holds 0 users", "drew 20 (10 a round)")  # fmt: skip
+
+
+def test_control_a_participation_ledger_of_another_period_is_refused(tree_runs, tmp_path):
+    """Held before (rc 2: ``period 0 is over (the ledger is at restart period 1)``)."""
+    run = _extended(tree_runs["seeded"], tmp_path / "run")
+    path = run / "checkpoint.pt"
+    state = torch.load(path, weights_only=False)
+    state["algorithm"]["tree"]["cohorts"]["period"] = 1  # its next rounds would start afresh
+    del state["sha256"]
+    state["sha256"] = state_digest(state)
+    torch.save(state, path)
+    # now: "… but its round 2 is step 2 of period 0 (at most 20 users): the checkpoint was edited"
+    usage_error(run_cli(["simulate", "--resume", str(run), "--quiet"]), "restart period 1")
+
+
+@pytest.mark.parametrize("mode", ["seeded", "secure"])
+def test_control_an_unedited_tree_run_resumes_with_every_user_once(tree_runs, tmp_path, mode):
+    run = _extended(tree_runs[mode], tmp_path / "run")
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    assert code == 0, err
+    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert state["algorithm"]["tree"]["cohorts"]["users"].numel() == 40  # 4 rounds x 10
+
+
+def test_compare_refuses_to_reuse_such_a_cell(tmp_path):
+    out = tmp_path / "cmp"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--noise-multipliers", "0.5",
+            "--rounds", "2", "--out", str(out), *TREE]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    (cell,) = (out / "runs").iterdir()
+    _forge_participants(cell, 0)
+    usage_error(run_cli(argv), cell.name, "tree participation ledger")
+
+
+# -- finding 2: compose_epsilon's counts ----------------------------------------------------------
+EVENT = SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.0)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld", "prv"])
+@pytest.mark.parametrize("count", [math.nan, 0.5, 9.5, -5, math.inf, "10", True])
+def test_compose_epsilon_refuses_a_count_that_is_not_an_integer(accountant, count):
+    with pytest.raises(ValueError, match=r"^ledger\[0\] count must be an integer >= 0"):
+        compose_epsilon([(EVENT, count)], 1e-5, accountant=accountant)
+
+
+def test_compose_epsilon_names_the_item_and_refuses_a_non_event():
+    with pytest.raises(ValueError, match=r"^ledger\[1\] count must be an integer >= 0, got -5"):
+        compose_epsilon([(EVENT, 10), (EVENT, -5)], 1e-5)  # was 3.44: the -5 dropped
+    with pytest.raises(ValueError, match=r"^ledger\[0\] must pair a SubsampledGaussianEvent"):
+        compose_epsilon([("dp-fedavg", 3)], 1e-5)
+
+
+def test_control_integer_counts_compose_as_before():
+    eps = compose_epsilon([(EVENT, 10)], 1e-5)
+    assert eps == pytest.approx(3.4416, abs=1e-4)
+    assert compose_epsilon([(EVENT, 10), (EVENT, 0)], 1e-5) == eps  # a 0 is no release
+    assert compose_epsilon([(EVENT, np.int64(10))], 1e-5) == eps  # numpy integers
+
+
+# -- finding 3: disagreeing sampling arguments ---------------------------------------------------
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_calibrate_refuses_a_sample_rate_that_disagrees_with_the_cohort(sampling):
+    with pytest.raises(ValueError, match=r"sample_rate=0.5 disagrees with cohort_size/population"):
+        calibrate_noise_multiplier(target_epsilon=5, delta=1e-5, rounds=10, sampling=sampling,
+                                   sample_rate=0.5, population=100, cohort_size=10)  # fmt: skip
+
+
+def test_a_cohort_without_a_population_does_not_define_a_rate():
+    with pytest.raises(ValueError, match="cohort_size without population"):
+        make_round_event(1.0, sample_rate=0.1, cohort_size=10)
+
+
+def test_control_agreeing_sampling_arguments_are_accepted():
+    poisson = make_round_event(1.0, sample_rate=0.1, population=100, cohort_size=10)
+    assert poisson.sample_rate == 0.1 and poisson.sampling == "poisson"
+    fixed = make_round_event(1.0, sampling="fixed", sample_rate=0.1, population=100, cohort_size=10)
+    assert fixed.cohort_size == 10
+
+
+# -- finding 4: deploy local's advice -------------------------------------------------------------
+def test_deploy_local_over_a_run_names_a_command_that_continues_it(tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli(["simulate", str(TOY), "--rounds", "1", "--out", str(run), "--quiet"])
+    assert code == 0, err
+    line = usage_error(run_cli(["deploy", "local", str(TOY), "--nodes", "2", "--rounds", "1",
+                                "--out", str(run), "--insecure", "--quiet"]),
+                       f"use fedprivopt simulate --resume {run} to continue it")  # fmt: skip
+    assert not (run / "deploy").exists(), line  # refused before anything was written
+    # control: simulate's own refusal still names its own flag
+    usage_error(run_cli(["simulate", str(TOY), "--rounds", "1", "--out", str(run), "--quiet"]),
+                f"(use --resume {run} to continue")  # fmt: skip
+
+
+# -- finding 5: sampling under tree aggregation ----------------------------------------------------
+def test_tree_aggregation_refuses_fixed_sampling_it_would_ignore(tmp_path):
+    out = tmp_path / "run"
+    usage_error(run_cli(["simulate", str(TOY), "--rounds", "1", "--out", str(out), *TREE,
+                         "--set", "sampling=fixed"]),
+                "sampling applies only with noise-mechanism 'gaussian'", "got 'fixed'")  # fmt: skip
+    assert not out.exists()
+
+
+def test_tune_names_the_grid_point_of_fixed_sampling_under_the_tree(tmp_path):
+    usage_error(run_cli(["tune", str(TOY), "--grid", "sampling=poisson,fixed", "--mean-trials",
+                         "1", "--rounds", "1", "--out", str(tmp_path / "t"), *TREE]),
+                "grid point sampling='fixed'", "sampling applies only")  # fmt: skip
+
+
+# -- finding 6: calibrate's tol, and the raw event's bools ---------------------------------------
+@pytest.mark.parametrize("tol", [math.nan, math.inf, 0, -1, 10, 1e9, True, "0.1"])
+def test_calibrate_refuses_a_tolerance_outside_its_range(tol):
+    with pytest.raises(ValueError, match=r"^tol must be a number in \(0, 1\]"):
+        calibrate_noise_multiplier(target_epsilon=5, delta=1e-5, rounds=10, sample_rate=0.1,
+                                   tol=tol)  # fmt: skip
+
+
+def test_control_a_coarse_tolerance_still_meets_the_target():
+    sigma = calibrate_noise_multiplier(target_epsilon=2, delta=1e-5, rounds=10, sample_rate=0.1,
+                                       tol=1.0)  # fmt: skip
+    assert compose_epsilon([(make_round_event(sigma, sample_rate=0.1), 10)], 1e-5) <= 2
+
+
+@pytest.mark.parametrize("field", ["noise_multiplier", "sample_rate"])
+def test_a_raw_event_refuses_a_bool(field):
+    values = {"noise_multiplier": 1.0, "sampling": "poisson", "sample_rate": 0.1, field: True}
+    with pytest.raises(ValueError, match=field):
+        SubsampledGaussianEvent(**values)
+
+
+# -- finding 7: the public noise functions' dtype and length ---------------------------------------
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_add_gaussian_noise_refuses_a_vector_that_is_not_real(dtype):
+    from fedprivopt.privacy import add_gaussian_noise
+
+    with pytest.raises(ValueError, match=r"^dtype must be float16, bfloat16, float32 or float64"):
+        add_gaussian_noise(torch.zeros(3, dtype=dtype), 1.0, generator=torch.Generator())
+
+
+def test_gaussian_noise_refuses_a_fractional_length():
+    from fedprivopt.privacy import gaussian_noise
+
+    with pytest.raises(ValueError, match=r"^numel must be an integer >= 0, got 2.5"):
+        gaussian_noise(2.5, 1.0, generator=torch.Generator())  # was 2 entries
+    assert gaussian_noise(3, 1.0, generator=torch.Generator()).shape == (3,)  # control
+
+
+# -- finding 8: two writers of one data directory --------------------------------------------------
+def test_data_synth_refuses_a_directory_another_writer_holds(tmp_path):
+    """Two ``data synth --out D`` at once: one failed (``….partial -> …: No such file``), the
+    other reported 8,000 users of seed 1 over a ``stackoverflow.sqlite`` of 10,507 clients."""
+    import os
+
+    from fedprivopt.data.locks import exclusive_lock
+
+    lock = ".stackoverflow.lock"  # data.locks.DATA_LOCK
+    out = tmp_path / "data"
+    out.mkdir()
+    synth = ["data", "synth", "--clients", "20", "--workers", "1", "--out", str(out)]
+    with exclusive_lock(out / lock):  # as another `data synth`, or a task generating
+        line = usage_error(run_cli(synth), f"dataset directory {out} is in use by process "
+                                           f"{os.getpid()}")  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == [lock], line  # nothing written
+    code, _, err = run_cli(synth)
+    assert code == 0, err  # control: once released, it writes

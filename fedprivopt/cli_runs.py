@@ -284,6 +284,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     out = check_out_dir(args.out)
     try:
+        if args.jobs > 1:
+            from fedprivopt.simulation.parallel import check_jobs
+
+            check_jobs(args.jobs)
         check_compare_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -319,6 +323,7 @@ def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
         remove_report(out)  # before a cell changes: a stopped call leaves no stale report
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
     def announce(i: int, plan) -> None:
         note = "" if plan.action == "run" else f" ({plan.action})"
         print(f"[{i}/{len(plans)}] {plan.cell.label}{note}", file=sys.stderr, flush=True)

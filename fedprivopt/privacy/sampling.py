@@ -9,6 +9,7 @@ users uniformly without replacement and is accounted for as such (replace-one ad
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -55,8 +56,12 @@ class PoissonSampler:
     def __post_init__(self) -> None:
         n = check_int("population", self.population, 1, MAX_POPULATION)
         object.__setattr__(self, "population", n)
-        if not (0.0 < float(self.sample_rate) <= 1.0):
-            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate}")
+        q = self.sample_rate
+        # fourteenth review of issue 15: True was kept as the rate and "0.5" passed the check
+        # (then failed inside the draw), as a raw event's rate was
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 < q <= 1.0:
+            raise ValueError(f"sample_rate must be a number in (0, 1], got {q!r}")
+        object.__setattr__(self, "sample_rate", float(q))
 
     @property
     def expected_cohort_size(self) -> float:

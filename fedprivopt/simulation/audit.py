@@ -214,9 +214,11 @@ def _check_participants(alg: ServerAlgorithm, rows: list[dict[str, Any]], name: 
     Fourteenth review of issue 15: a checkpoint whose participants were emptied (digest
     recomputed) resumed and drew users of the period again. Each round's ``cohort_size`` row
     is the number of users it checked in, so the restored period must hold their sum over the
-    period's rounds up to the checkpoint (in secure mode too, where the shuffle cannot be
-    replayed, and in a deployment whose cohorts came short); rows missing for one of those
-    rounds leave ``step·m``, what every simulated round draws.
+    period's rounds up to the checkpoint (in secure mode too, and in a deployment whose
+    cohorts came short); rows missing for one of those rounds leave ``step·m``, what every
+    simulated round draws. In seeded mode full cohorts must also be the users the seed's
+    shuffle gives; in secure mode the shuffle cannot be replayed, so users exchanged for as
+    many others are not found (the files carry no secret).
     """
     cohorts = alg.tree_cohorts
     if cohorts is None or alg.round_num == 0:
@@ -240,6 +242,19 @@ def _check_participants(alg: ServerAlgorithm, rows: list[dict[str, Any]], name: 
             "was edited (resuming it would let users of the period take part again); refusing "
             "to resume"
         )
+    full = step * cohorts.cohort_size
+    if not alg.config.secure and held == full:
+        # seeded: full cohorts are the first step·m users of the period's shuffle, so users
+        # exchanged for as many others are found too (a deployment whose cohorts were full
+        # while some nodes were missing drew others, and is refused as well)
+        drawn = sorted(int(u) for u in cohorts.order(period)[:full])
+        if sorted(int(u) for u in cohorts.ledger.state_dict()["users"]) != drawn:
+            raise ValueError(
+                f"{name}'s tree participation ledger holds other users than the {full} that "
+                f"the seed's shuffle gives rounds {first}-{alg.round_num} of restart period "
+                f"{period}: the checkpoint was edited (resuming it would let users of the "
+                "period take part again); refusing to resume"
+            )
 
 
 def _refuse_secure_tree_redo(config: RunConfig, last_released: int, restored: int) -> None:

@@ -8,6 +8,11 @@ charged: ε 19.61 reported for users who took part twice. Now refused in seeded 
 the restored period must hold the users its rounds drew (``metrics.jsonl``'s ``cohort_size``,
 else ``clients-per-round`` a round) and at most ``step·m``.
 
+A variant found while fixing: the 20 participants exchanged for the 20 users who had not taken
+part (the count unchanged) is refused in seeded mode (full cohorts are the first users of the
+seed's shuffle), not in secure mode (recorded, not fixed: the files carry no secret, and the
+shuffle is redrawn from OS entropy).
+
 Finding 2: ``compose_epsilon([(event, nan)], δ)`` returned ε 0.0 (a count of 0.5 too; 9.5
 composed 9.5 releases), where every other entry point refuses a count that is not an integer.
 
@@ -24,7 +29,8 @@ Finding 5: ``noise-mechanism = "tree"`` with ``sampling = "fixed"`` was accepted
 Finding 6: ``calibrate_noise_multiplier(tol=nan)`` ended in brentq's bracket error naming no
 parameter, ``tol=1e9`` in an error blaming ``target_epsilon``, and ``tol=10`` returned σ 13.0 as
 "the smallest" σ for a target σ 3.03 meets. A raw ``SubsampledGaussianEvent`` took ``True`` as
-its noise multiplier or sample rate (a state it then could not reload).
+its noise multiplier or sample rate (a state it then could not reload), and ``PoissonSampler``
+``True`` or ``"0.5"`` as its rate.
 
 Finding 7: ``add_gaussian_noise`` of an int64 vector ended in torch's ``NotImplementedError``
 (``"normal_kernel_cpu" not implemented for 'Long'``), and ``gaussian_noise(2.5, …)`` drew 2
@@ -36,8 +42,13 @@ left a ``stackoverflow.sqlite`` of 10,507 clients beside a marker and a success 
 directory's lock (``.stackoverflow.lock``, the one a task takes to generate its files) without
 waiting: the second exits 2 naming the holder's PID.
 
-Run against the code before the fixes (a worktree of 0cceb59, 2026-11-25) every test here fails
-except those named as controls.
+Finding 9: ``compare --jobs`` was bounded only by 256: on this 2-CPU machine of 23 GB, 256
+workers of a 256-cell grid (about 220 MB each on the toy task) ask for about 56 GB. Now at most
+the physical memory over 256 MiB (94 here), checked before anything is written.
+
+Run against the code before the fixes (findings 1-8: a worktree of 8356a8e; finding 9: of
+a5fe982, which added ``--jobs``; 2026-11-25) every test here fails except those named as
+controls.
 """
 
 from __future__ import annotations
@@ -105,6 +116,33 @@ def test_a_checkpoint_with_participants_removed_is_refused(tree_runs, tmp_path, 
     assert "edited" in line, line
     after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "run.lock"}
     assert after == before  # nothing written
+
+
+def _swap_participants(run: Path) -> None:
+    """Exchange the checkpoint's 20 participants for the 20 users who did not take part."""
+    path = run / "checkpoint.pt"
+    state = torch.load(path, weights_only=False)
+    cohorts = state["algorithm"]["tree"]["cohorts"]
+    others = sorted(set(range(40)) - {int(u) for u in cohorts["users"]})
+    cohorts["users"] = torch.tensor(others, dtype=torch.int64)
+    del state["sha256"]
+    state["sha256"] = state_digest(state)
+    torch.save(state, path)
+
+
+def test_seeded_participants_exchanged_for_others_are_refused(tree_runs, tmp_path):
+    run = _extended(tree_runs["seeded"], tmp_path / "run")
+    _swap_participants(run)
+    usage_error(run_cli(["simulate", "--resume", str(run), "--quiet"]),
+                "holds other users than the 20 that the seed's shuffle gives")  # fmt: skip
+
+
+def test_not_fixed_secure_participants_exchanged_for_as_many_others_resume(tree_runs, tmp_path):
+    """Recorded, not fixed: secure mode redraws the shuffle, so only the count is checked."""
+    run = _extended(tree_runs["secure"], tmp_path / "run")
+    _swap_participants(run)
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    assert code == 0, err
 
 
 def test_the_check_holds_without_metrics_rows(tree_runs, tmp_path):
@@ -243,6 +281,14 @@ def test_a_raw_event_refuses_a_bool(field):
         SubsampledGaussianEvent(**values)
 
 
+@pytest.mark.parametrize("rate", [True, "0.5"])
+def test_a_poisson_sampler_refuses_a_rate_that_is_not_a_number(rate):
+    from fedprivopt.privacy import PoissonSampler
+
+    with pytest.raises(ValueError, match=r"^sample_rate must be a number in \(0, 1\]"):
+        PoissonSampler(10, rate)  # True was kept as the rate; "0.5" failed inside the draw
+
+
 # -- finding 7: the public noise functions' dtype and length ---------------------------------------
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
 def test_add_gaussian_noise_refuses_a_vector_that_is_not_real(dtype):
@@ -278,3 +324,17 @@ def test_data_synth_refuses_a_directory_another_writer_holds(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [lock], line  # nothing written
     code, _, err = run_cli(synth)
     assert code == 0, err  # control: once released, it writes
+
+
+# -- finding 9: compare --jobs beyond what memory holds --------------------------------------------
+def test_compare_jobs_is_bounded_by_the_machines_memory(tmp_path, monkeypatch):
+    """``--jobs 256`` was accepted on a 23 GB machine: 256 workers of about 220 MB each."""
+    from fedprivopt.simulation import parallel
+
+    monkeypatch.setattr(parallel, "physical_memory", lambda: 2**30, raising=False)  # 1 GiB: 4
+    out = tmp_path / "cmp"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--noise-multipliers", "0.5",
+            "--rounds", "1", "--out", str(out), "--quiet"]  # fmt: skip
+    line = usage_error(run_cli([*argv, "--jobs", "5"]), "argument --jobs: must be an integer "
+                                                        "in [1, 4] on this machine")  # fmt: skip
+    assert "1.0 GiB of memory" in line and not out.exists()

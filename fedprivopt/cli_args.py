@@ -8,6 +8,7 @@ user typed are echoed shortened (:func:`shown`).
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import re
@@ -209,9 +210,15 @@ def describe_os_error(exc: OSError) -> str:
     return f"{names}: {exc.strerror or exc}"
 
 
+#: errnos of a file system that cannot take more data, whatever the call (a ``flush`` or
+#: ``os.pwrite`` carries no file name): fourteenth review of issue 15, a full disk mid-run
+#: ended in a 40-line traceback (rc 1).
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
 def is_file_error(exc: OSError) -> bool:
     """A file-system failure (reported as one line), not a network or other OS failure."""
-    return isinstance(exc, _FILE_ERRORS) or exc.filename is not None
+    return isinstance(exc, _FILE_ERRORS) or exc.filename is not None or exc.errno in _FULL_ERRNOS
 
 
 def name_task_param(message: str, params: dict) -> str:

@@ -19,6 +19,7 @@ __all__ = ["add_data", "cmd_data_info", "cmd_data_synth"]
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
     """``fedprivopt data synth``: write a synthetic StackOverflow-format dataset."""
+    import shutil
     import time
 
     from fedprivopt.data import SyntheticConfig, generate
@@ -26,6 +27,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     from fedprivopt.data.sqlite import read_example_counts
     from fedprivopt.data.synthetic import (
         DATASET_FILES,
+        DISK_PER_USER,
         SYNTHETIC_META_FILE,
         is_synthetic_dir,
         user_size_knobs,
@@ -58,6 +60,15 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         )
     if present and not args.overwrite:
         raise UsageError(f"argument --out: {out} already holds a dataset (use --overwrite)")
+    per_user = DISK_PER_USER[args.user_sizes]
+    base = next(p for p in (out, *out.absolute().parents) if p.exists())
+    free = shutil.disk_usage(base).free
+    if args.clients * per_user > free:
+        raise UsageError(
+            f"argument --clients: {args.clients:,} users of --user-sizes {args.user_sizes} need "
+            f"about {args.clients * per_user / 1e9:.3g} GB of disk ({per_user / 1e3:g} kB a "
+            f"user), and {base} has {free / 1e9:.3g} GB free"
+        )
     marker = out / SYNTHETIC_META_FILE
     if not args.overwrite and marker.exists() and not is_synthetic_dir(out):
         raise UsageError(

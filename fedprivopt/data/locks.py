@@ -125,8 +125,11 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
     else:  # pragma: no cover - a file replaced 100 times in a row
         raise LockHeldError(f"{what}: lock file {path} keeps being replaced", None)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # a full disk (fourteenth review of issue 15): name the file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         yield path
     finally:
         try:

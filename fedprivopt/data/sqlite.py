@@ -25,6 +25,7 @@ References
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import warnings
@@ -427,6 +428,11 @@ def write_sqlite(
                 conn.execute(f"CREATE INDEX {INDEX_NAME} ON examples (split_name, client_id)")
         conn.close()
         os.replace(partial, path)
+    except sqlite3.OperationalError as exc:
+        if "full" not in str(exc):
+            raise
+        # fourteenth review of issue 15: `data synth` on a full disk ended in this traceback
+        raise OSError(errno.ENOSPC, f"No space left on device ({exc})", str(partial)) from None
     finally:
         conn.close()
         partial.unlink(missing_ok=True)

@@ -146,10 +146,16 @@ def check_config_not_empty(path: Path) -> None:
 def write_synced(path: Path, data: bytes | str, mode: str = "w") -> None:
     """Write ``data`` to ``path`` (``mode`` ``"w"``, ``"x"`` or ``"a"``) and fsync it."""
     binary = isinstance(data, bytes)
-    with open(path, mode + ("b" if binary else "")) as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(path, mode + ("b" if binary else "")) as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        # a full disk fails in flush or close, whose errors name no file (fourteenth review)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
 
 
 def fsync_dir(path: Path) -> None:

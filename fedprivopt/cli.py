@@ -369,6 +369,13 @@ def _main(argv: Sequence[str] | None) -> int:
         if os.environ.get("FEDPRIVOPT_DEBUG"):
             raise
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        if isinstance(exc, OSError) and exc.filename is None and is_file_error(exc):
+            # a full disk while a report, CSV or plot was flushed (no file name): name where
+            # the command was writing (fourteenth review of issue 15)
+            for flag in ("out", "resume"):
+                if getattr(args, flag, None):
+                    message = f"argument --{flag}: {getattr(args, flag)}: {message}"
+                    break
         action = getattr(args, "data_command", None) or getattr(args, "deploy_command", None)
         command = f"{args.command} {action}" if action else args.command  # `data synth`
         print(one_line(f"fedprivopt {command}: error: {message}"), file=sys.stderr)

@@ -14,7 +14,10 @@ that fails prints one line and returns 1; Ctrl-C stops every process and returns
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["MAX_LOCAL_NODES", "add_deploy_subcommand", "run_deploy_command"]
@@ -97,6 +100,40 @@ def _checked_config(config_path: str | None, overrides: dict[str, Any]) -> Any:
     return config
 
 
+_OUR_LOGS = re.compile(r"(processes\.json|superlink\.log|serverapp\.log|supernode-\d+\.log)")
+
+
+def _check_log_dir(logs: Path) -> None:
+    """Refuse a ``deploy/`` in ``--out`` that holds anything but an earlier deployment's logs.
+
+    Fourteenth review of issue 15: the claim of ``--out`` lets its ``deploy/`` through (a
+    deployment that failed leaves its logs there), so an ``--out`` holding only a user's own
+    ``deploy/`` (scripts, a ``processes.json``) was written into, and its ``processes.json``
+    replaced by the deployment's.
+    """
+    if not (logs.exists() or logs.is_symlink()):
+        return
+    if logs.is_symlink() or not logs.is_dir():
+        raise ValueError(f"argument --out: {logs} is not a directory of deploy local's logs")
+    foreign = sorted(p.name for p in logs.iterdir() if not _OUR_LOGS.fullmatch(p.name))
+    record = logs / "processes.json"
+    if not foreign and record.exists():
+        try:
+            items = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+        except (OSError, ValueError):
+            items = None
+        ours = isinstance(items, list) and all(  # ProcessTable.records(): ours and Flower's
+            isinstance(i, dict) and {"role", "pid", "started_by"} <= set(i) for i in items
+        )
+        if not ours:
+            foreign = ["processes.json"]
+    if foreign:
+        raise ValueError(
+            f"argument --out: {logs} holds {', '.join(foreign[:5])}, which deploy local did not "
+            "write (it writes its logs and processes.json there); choose another --out"
+        )
+
+
 def run_deploy_command(args: argparse.Namespace) -> int:
     """Handler of ``fedprivopt deploy local``; returns the exit code."""
     from fedprivopt.deploy.local import deploy_local
@@ -133,6 +170,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     # fourteenth review of issue 15: the refusal advised "--resume DIR", which deploy local
     # does not accept (rc 2, "unrecognized arguments"); simulate continues such a run
     check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
+    _check_log_dir(Path(out) / DEPLOY_LOGS)
 
     def progress(line: str) -> None:
         if not args.quiet:

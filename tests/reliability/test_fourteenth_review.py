@@ -55,6 +55,11 @@ no file, so the CLI did not take it for a file error), at the start in one from 
 ``--resume D`` continues once space is freed: 200 rounds, ε 188.2 and accuracy 0.7467 as
 uninterrupted), and ``data synth`` refuses a request its disk cannot hold, before writing.
 
+Finding 11: ``deploy local --out D`` where D holds only the user's own ``deploy/`` (scripts, a
+``processes.json``) passed the claim of D (a failed deployment leaves its logs there): the run
+was written into D and ``deploy/processes.json`` replaced by the deployment's. Now ``deploy/``
+must hold only its logs and a ``processes.json`` of its records.
+
 Run against the code before the fixes (findings 1-8: a worktree of 8356a8e; finding 9: of
 a5fe982, which added ``--jobs``; 2026-11-25) every test here fails except those named as
 controls.
@@ -427,3 +432,38 @@ def test_data_synth_refuses_more_users_than_the_disk_holds(tmp_path, monkeypatch
     code, _, err = run_cli(["data", "synth", "--clients", "20", "--workers", "1",
                             "--out", str(out)])  # fmt: skip
     assert code == 0, err  # control: 20 small users (250 kB) fit in 1 MB
+
+
+def test_a_full_disk_while_writing_a_report_names_the_out_directory(tmp_path, monkeypatch):
+    """`tune`/`compare-tuned` on a full disk: ``[Errno 28]`` from a CSV or a plot, no file."""
+    import fedprivopt.data
+
+    monkeypatch.setattr(fedprivopt.data, "generate", _no_space)
+    out = tmp_path / "data"
+    usage_error(run_cli(["data", "synth", "--clients", "20", "--workers", "1", "--out", str(out)]),
+                f"argument --out: {out}: [Errno 28] No space left on device")  # fmt: skip
+
+
+# -- finding 11: deploy local into a user's own deploy/ -------------------------------------------
+USER_DEPLOY = [{"deploy.sh": "./run-prod\n"}, {"processes.json": '{"mine": 1}'}]
+
+
+@pytest.mark.parametrize("files", USER_DEPLOY)
+def test_deploy_local_refuses_an_out_whose_deploy_dir_is_not_its_logs(tmp_path, monkeypatch, files):
+    """An ``--out`` holding only the user's ``deploy/`` passed the claim (a failed deployment
+    leaves its logs there): the run was written into it and ``processes.json`` replaced."""
+    from fedprivopt.deploy import local
+
+    def started(**_kwargs):
+        raise AssertionError("the deployment started")
+
+    monkeypatch.setattr(local, "deploy_local", started)
+    out = tmp_path / "project"
+    (out / "deploy").mkdir(parents=True)
+    for name, text in files.items():
+        (out / "deploy" / name).write_text(text)
+    usage_error(run_cli(["deploy", "local", str(TOY), "--nodes", "2", "--rounds", "1",
+                         "--out", str(out), "--insecure", "--quiet"]),
+                f"argument --out: {out / 'deploy'} holds {next(iter(files))}, which deploy "
+                "local did not write")  # fmt: skip
+    assert sorted(p.name for p in out.rglob("*")) == sorted(["deploy", *files])

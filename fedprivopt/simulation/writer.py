@@ -119,9 +119,20 @@ class RunWriter:
         return {f"eval_{k}": float(v) for k, v in self.task.evaluate(model).items()}
 
     def wants_eval(self, round_num: int) -> bool:
-        """Whether ``round_num`` is evaluated (every ``eval-every`` rounds and the last)."""
+        """Whether ``round_num`` is evaluated (every ``eval-every`` rounds and the last).
+
+        The last is also the round after which the budget stops the run (called once the round
+        is released). Fourteenth review of issue 15: with ``eval-every = 3`` and a target ε that
+        allowed 4 rounds, ``summary.json`` gave round 3's ``eval_loss`` 0.7999 as the final one
+        beside ``rounds_completed`` 4 and the ε of 4 rounds (round 4's model: 0.7660), and
+        with ``eval-every = 5`` no metric at all.
+        """
         c = self.config
-        return round_num % c.eval_every == 0 or round_num == c.strategy.num_server_rounds
+        if round_num % c.eval_every == 0 or round_num == c.strategy.num_server_rounds:
+            return True
+        return (
+            self.algorithm.round_num == round_num and not self.algorithm.budget_allows_next_round()
+        )
 
     def on_round(self, result: RoundResult, eval_metrics: dict[str, float] | None) -> None:
         """Record one finished round: the ledger line, a metrics row if evaluated, a checkpoint.

@@ -60,6 +60,12 @@ Finding 11: ``deploy local --out D`` where D holds only the user's own ``deploy/
 was written into D and ``deploy/processes.json`` replaced by the deployment's. Now ``deploy/``
 must hold only its logs and a ``processes.json`` of its records.
 
+Finding 12 (a stale number in a summary): a run the budget stopped between evaluations
+(``eval-every = 3``, target ε 15: 4 rounds) reported round 3's metrics as final (``eval_loss``
+0.7999, accuracy line included) beside ``rounds_completed`` 4 and the ε of 4 rounds; round 4's
+model, the one released, has 0.7660. With ``eval-every = 5`` its summary had no metric. The
+round after which the budget stops a run is now evaluated, as the last round is.
+
 Run against the code before the fixes (findings 1-8: a worktree of 8356a8e; finding 9: of
 a5fe982, which added ``--jobs``; 2026-11-25) every test here fails except those named as
 controls.
@@ -467,3 +473,22 @@ def test_deploy_local_refuses_an_out_whose_deploy_dir_is_not_its_logs(tmp_path, 
                 f"argument --out: {out / 'deploy'} holds {next(iter(files))}, which deploy "
                 "local did not write")  # fmt: skip
     assert sorted(p.name for p in out.rglob("*")) == sorted(["deploy", *files])
+
+
+# -- finding 12: the final metrics of a run the budget stopped between evaluations ----------------
+@pytest.mark.parametrize("every", [3, 5])
+def test_a_budget_stop_evaluates_the_last_released_model(tmp_path, every):
+    """Target ε 15 allows 4 rounds: with eval-every 3 the summary gave round 3's eval_loss
+    0.7999 as final beside rounds_completed 4 (round 4's model: 0.7660); with 5, nothing."""
+    import json
+
+    out = tmp_path / "run"
+    budget = ["--set", f"eval-every={every}", "--set", "target-epsilon=15"]
+    code, _, err = run_cli(["simulate", str(TOY), "--rounds", "20", "--out", str(out), "--quiet",
+                            *budget])  # fmt: skip
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["stopped_reason"], summary["rounds_completed"]) == ("budget", 4)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["round"] == 4
+    assert summary["final"]["eval_loss"] == rows[-1]["eval_loss"] == pytest.approx(0.7660, abs=1e-4)

@@ -48,6 +48,7 @@ from fedprivopt.simulation.files import (
     stated_epsilons,
 )
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+from fedprivopt.simulation.ledger_lines import tree_participants
 from fedprivopt.strategies.core import ServerAlgorithm
 
 __all__ = ["RunDirState", "audit_run_dir", "read_summary", "secure_tree_redo"]
@@ -358,6 +359,8 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
         alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
         _check_restored(alg, config, name)
         _check_participants(alg, rows, name)
+        if ledger is not None:
+            ledger.check_participants(alg.round_num, tree_participants(alg), name)
     _refuse_secure_tree_redo(config, last_released, alg.round_num if state else 0)
     released, rounds = (
         max(last_released, alg.round_num if state else 0),

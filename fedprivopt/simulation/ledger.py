@@ -177,9 +177,15 @@ class RunLedger:
         return cls(path, header, entries)
 
     def append(
-        self, round_num: int, released: Ledger, digest: str | None, *, kind: str = "round"
+        self,
+        round_num: int,
+        released: Ledger,
+        digest: str | None,
+        *,
+        kind: str = "round",
+        participants: str | None = None,
     ) -> None:
-        """Append (and fsync) one released round."""
+        """Append (and fsync) one released round (``participants``: a tree run's digest)."""
         events = (self.entries[-1].events if self.entries else 0) + count_events(released)
         line = {
             "kind": kind,
@@ -189,6 +195,8 @@ class RunLedger:
             "released": released_json(released),
             "params_sha256": digest,
         }
+        if participants is not None:
+            line["participants_sha256"] = participants
         if self._torn_at is not None:  # cut the torn line off first, so this one starts clean
             with open(self.path, "r+b") as fh:
                 fh.truncate(self._torn_at)
@@ -197,7 +205,9 @@ class RunLedger:
             self._torn_at = None
         write_synced(self.path, json_line(line), mode="a")
         number = (self.entries[-1].line if self.entries else 1) + 1
-        self.entries.append(LedgerEntry(kind, int(round_num), released, events, digest, number))
+        self.entries.append(
+            LedgerEntry(kind, int(round_num), released, events, digest, number, participants)
+        )
         self._total = merge_ledger([*self._total, *released])
 
     # -- what was released ------------------------------------------------------------------
@@ -228,6 +238,21 @@ class RunLedger:
         )
 
     # -- checks on resume -------------------------------------------------------------------
+
+    def check_participants(self, round_num: int, digest: str | None, name: str) -> None:
+        """Refuse a checkpoint of ``round_num`` whose tree participants are not its line's.
+
+        ``digest``: :func:`participants_sha256` of the checkpoint's participation ledger. Lines
+        without one (Gaussian runs, earlier versions) are not checked.
+        """
+        lines = [e for e in self.entries if e.round == round_num and e.kind == "round"]
+        recorded = lines[-1].participants_sha256 if lines else None
+        if recorded is not None and digest != recorded:
+            raise ValueError(
+                f"{name}'s tree participation ledger is not the one {self.path.name} recorded "
+                f"for round {round_num} (line {lines[-1].line}): the checkpoint was edited "
+                "(resuming it would let users of the period take part again); refusing to resume"
+            )
 
     def check_config(self, config, source: str = CONFIG_FILE) -> None:
         """Raise ``ValueError`` naming the first privacy-relevant key where ``config`` differs."""
@@ -398,6 +423,7 @@ class RunLedger:
         events: Sequence[SubsampledGaussianEvent],
         params: torch.Tensor,
         accountant: PrivacyAccountant,
+        participants: str | None = None,
     ) -> None:
         """Record round ``round_num`` before anything of it is released; set ``accountant``.
 
@@ -422,7 +448,7 @@ class RunLedger:
                 self.path.name,
             )
             self.replay = []
-        self.append(round_num, released, digest)
+        self.append(round_num, released, digest, participants=participants)
         accountant.set_ledger(self._total)
 
     # -- ledgers of earlier versions --------------------------------------------------------

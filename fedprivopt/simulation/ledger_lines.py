@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +38,11 @@ __all__ = [
     "is_int",
     "params_sha256",
     "parse_lines",
+    "participants_sha256",
     "privacy_settings",
     "released_json",
     "round_released",
+    "tree_participants",
 ]
 
 LEDGER_VERSION = 2
@@ -65,6 +67,26 @@ EVENT_KEYS = {"noise_multiplier": "noise-multiplier", "sample_rate": "clients-pe
                "cohort_size": "clients-per-round",
                "count_noise_multiplier": "clip-count-stddev",
                "tree_steps": "tree-restart-rounds"}  # fmt: skip
+
+
+def participants_sha256(period: int, users: Iterable[int]) -> str:
+    """SHA-256 of a tree restart period's participants (sorted user ids) and its number.
+
+    Written into each round's ledger line of a tree run (fourteenth review of issue 15): a
+    checkpoint's participation ledger must match the line of its round, so users exchanged
+    for others in the checkpoint alone are found in secure mode too.
+    """
+    text = f"{int(period)}:" + ",".join(str(int(u)) for u in sorted(int(u) for u in users))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tree_participants(algorithm: Any) -> str | None:
+    """:func:`participants_sha256` of ``algorithm``'s tree participation ledger (else ``None``)."""
+    cohorts = getattr(algorithm, "tree_cohorts", None)
+    if cohorts is None:
+        return None
+    state = cohorts.ledger.state_dict()
+    return participants_sha256(state["period"], state["users"].tolist())
 
 
 def params_sha256(params: torch.Tensor) -> str:
@@ -143,6 +165,9 @@ class LedgerEntry:
         Digest of the released model (``round`` lines written by this version).
     line : int
         Line number in the file (1-based).
+    participants_sha256 : str or None
+        Under tree aggregation, the digest of the restart period's participants after the round
+        (:func:`participants_sha256`); ``None`` otherwise and in lines written before it.
     """
 
     kind: str
@@ -151,6 +176,7 @@ class LedgerEntry:
     events: int
     params_sha256: str | None
     line: int
+    participants_sha256: str | None = None
 
 
 class OldLedgerError(ValueError):
@@ -255,5 +281,8 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
         digest = row.get("params_sha256")
         if digest is not None and not isinstance(digest, str):
             raise bad(i, "params_sha256 must be a string")
-        entries.append(LedgerEntry(kind, row["round"], released, total, digest, i))
+        users = row.get("participants_sha256")
+        if users is not None and not isinstance(users, str):
+            raise bad(i, "participants_sha256 must be a string")
+        entries.append(LedgerEntry(kind, row["round"], released, total, digest, i, users))
     return header, entries

@@ -38,6 +38,7 @@ from fedprivopt.simulation.files import (
     write_synced,
 )
 from fedprivopt.simulation.ledger import RunLedger
+from fedprivopt.simulation.ledger_lines import tree_participants
 from fedprivopt.simulation.rundir import check_held
 from fedprivopt.simulation.tensorboard import TensorBoardLog
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm
@@ -147,7 +148,8 @@ class RunWriter:
         epsilon = result.metrics["epsilon"]
         if self.ledger is not None:
             alg = self.algorithm
-            self.ledger.record(r, alg.round_events(r), result.params, alg.accountant)
+            participants = tree_participants(alg)  # tree runs: checked against a checkpoint
+            self.ledger.record(r, alg.round_events(r), result.params, alg.accountant, participants)
             epsilon = alg.epsilon()
         if self.diverged is None and (
             not _finite(result.params)

@@ -10,8 +10,9 @@ else ``clients-per-round`` a round) and at most ``step·m``.
 
 A variant found while fixing: the 20 participants exchanged for the 20 users who had not taken
 part (the count unchanged) is refused in seeded mode (full cohorts are the first users of the
-seed's shuffle), not in secure mode (recorded, not fixed: the files carry no secret, and the
-shuffle is redrawn from OS entropy).
+seed's shuffle) and, since each round's ledger line of a tree run holds the SHA-256 of the
+period's participants, in secure mode too; not with the ledger deleted as well (secure mode,
+recorded, not fixed: the files carry no secret and the shuffle is redrawn from OS entropy).
 
 Finding 2: ``compose_epsilon([(event, nan)], δ)`` returned ε 0.0 (a count of 0.5 too; 9.5
 composed 9.5 releases), where every other entry point refuses a count that is not an integer.
@@ -68,7 +69,8 @@ round after which the budget stops a run is now evaluated, as the last round is.
 
 Run against the code before the fixes (findings 1-8: a worktree of 8356a8e; finding 9: of
 a5fe982, which added ``--jobs``; 2026-11-25) every test here fails except those named as
-controls.
+controls or as not fixed (64 failed, 7 passed there; the control of a ledger without participant
+digests fails too, as it first asserts that this version writes them).
 """
 
 from __future__ import annotations
@@ -158,10 +160,35 @@ def test_seeded_participants_exchanged_for_others_are_refused(tree_runs, tmp_pat
                 "holds other users than the 20 that the seed's shuffle gives")  # fmt: skip
 
 
-def test_not_fixed_secure_participants_exchanged_for_as_many_others_resume(tree_runs, tmp_path):
-    """Recorded, not fixed: secure mode redraws the shuffle, so only the count is checked."""
+def test_secure_participants_exchanged_for_others_are_refused_by_the_ledger(tree_runs, tmp_path):
+    """Secure mode redraws the shuffle: each round's ledger line holds the period's digest."""
     run = _extended(tree_runs["secure"], tmp_path / "run")
     _swap_participants(run)
+    usage_error(run_cli(["simulate", "--resume", str(run), "--quiet"]),
+                "is not the one privacy_ledger.jsonl recorded for round 2")  # fmt: skip
+
+
+def test_not_fixed_secure_participants_exchanged_with_the_ledger_deleted(tree_runs, tmp_path):
+    """Recorded, not fixed: with the ledger gone (rebuilt from the checkpoint) only the count
+    is left to check in secure mode; the files carry no secret."""
+    run = _extended(tree_runs["secure"], tmp_path / "run")
+    _swap_participants(run)
+    (run / "privacy_ledger.jsonl").unlink()
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    assert code == 0, err
+
+
+def test_control_a_ledger_without_participant_digests_still_resumes(tree_runs, tmp_path):
+    """Lines written before the digest existed are not checked (an earlier version's run)."""
+    import json
+
+    run = _extended(tree_runs["secure"], tmp_path / "run")
+    path = run / "privacy_ledger.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all("participants_sha256" in line for line in lines[1:])
+    for line in lines:
+        line.pop("participants_sha256", None)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
     assert code == 0, err
 

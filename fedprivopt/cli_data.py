@@ -160,7 +160,8 @@ def add_data(sub) -> None:
         choices=("small", "real"),
         default="small",
         help="examples per user: small (mean 40, fast) or real (the real splits' published "
-        "sizes: at least 100, mean 443; about 11 times the data and time)",
+        "sizes: at least 100, mean 443; about 11 times the data and time: about 140 kB of disk "
+        "a user; a request the disk of --out cannot hold is refused)",
     )
     s.add_argument(
         "--workers",

@@ -16,6 +16,16 @@ from fedprivopt.cli_args import (
 
 __all__ = ["add_data", "cmd_data_info", "cmd_data_synth"]
 
+#: Files only fedprivopt's runs, comparisons and tunings write (``data synth`` refuses them).
+_OUTPUT_FILES = (
+    "privacy_ledger.jsonl",
+    "checkpoint.pt",
+    "run.lock",
+    "compare.lock",
+    "tune.json",
+    "tune.lock",
+)
+
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
     """``fedprivopt data synth``: write a synthetic StackOverflow-format dataset."""
@@ -52,6 +62,14 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
             .replace("vocab_size", "--vocab")
             .replace("num_tags", "--tags")
         ) from None
+    # fourteenth review of issue 15: --out a run, a comparison or a tuning wrote the dataset
+    # among its files (rc 0), after which `compare` refused that --out for holding them
+    ours = [name for name in _OUTPUT_FILES if (out / name).exists()]
+    if ours:
+        raise UsageError(
+            f"argument --out: {out} holds {', '.join(ours)}: it is a fedprivopt run, comparison "
+            "or tuning, not a data directory; write the dataset into another directory"
+        )
     present = [name for name in DATASET_FILES if (out / name).exists()]
     if present and not is_synthetic_dir(out):
         raise UsageError(

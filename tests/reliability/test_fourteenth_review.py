@@ -67,6 +67,9 @@ Finding 12 (a stale number in a summary): a run the budget stopped between evalu
 model, the one released, has 0.7660. With ``eval-every = 5`` its summary had no metric. The
 round after which the budget stops a run is now evaluated, as the last round is.
 
+Finding 13: ``data synth --out D`` where D is a run, a comparison or a tuning wrote the dataset
+among its files (rc 0); ``compare … --out D`` then refused D for holding them. Refused now.
+
 Run against the code before the fixes (findings 1-8: a worktree of 8356a8e; finding 9: of
 a5fe982, which added ``--jobs``; 2026-11-25) every test here fails except those named as
 controls or as not fixed (64 failed, 7 passed there; the control of a ledger without participant
@@ -519,3 +522,20 @@ def test_a_budget_stop_evaluates_the_last_released_model(tmp_path, every):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["round"] == 4
     assert summary["final"]["eval_loss"] == rows[-1]["eval_loss"] == pytest.approx(0.7660, abs=1e-4)
+
+
+# -- finding 13: data synth into a run, a comparison or a tuning ----------------------------------
+def test_data_synth_refuses_an_out_that_is_a_run_or_a_comparison(tmp_path):
+    """``data synth --out C`` into a comparison wrote the dataset among its files (rc 0), after
+    which ``compare … --out C`` refused C for holding them."""
+    out = tmp_path / "cmp"
+    code, _, err = run_cli(["compare", str(TOY), "--strategies", "dp-fedavg",
+                            "--noise-multipliers", "0.5", "--rounds", "1", "--out", str(out),
+                            "--quiet"])  # fmt: skip
+    assert code == 0, err
+    (cell,) = (out / "runs").iterdir()
+    for target, needle in ((out, "holds compare.lock"), (cell, "holds privacy_ledger.jsonl")):
+        before = sorted(p.name for p in target.iterdir())
+        usage_error(run_cli(["data", "synth", "--clients", "10", "--workers", "1", "--out",
+                             str(target)]), needle, "not a data directory")  # fmt: skip
+        assert sorted(p.name for p in target.iterdir()) == before

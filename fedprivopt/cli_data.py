@@ -16,16 +16,6 @@ from fedprivopt.cli_args import (
 
 __all__ = ["add_data", "cmd_data_info", "cmd_data_synth"]
 
-#: Files only fedprivopt's runs, comparisons and tunings write (``data synth`` refuses them).
-_OUTPUT_FILES = (
-    "privacy_ledger.jsonl",
-    "checkpoint.pt",
-    "run.lock",
-    "compare.lock",
-    "tune.json",
-    "tune.lock",
-)
-
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
     """``fedprivopt data synth``: write a synthetic StackOverflow-format dataset."""
@@ -38,6 +28,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     from fedprivopt.data.synthetic import (
         DATASET_FILES,
         DISK_PER_USER,
+        OUTPUT_FILES,
         SYNTHETIC_META_FILE,
         is_synthetic_dir,
         user_size_knobs,
@@ -64,7 +55,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         ) from None
     # fourteenth review of issue 15: --out a run, a comparison or a tuning wrote the dataset
     # among its files (rc 0), after which `compare` refused that --out for holding them
-    ours = [name for name in _OUTPUT_FILES if (out / name).exists()]
+    ours = [name for name in OUTPUT_FILES if (out / name).exists()]
     if ours:
         raise UsageError(
             f"argument --out: {out} holds {', '.join(ours)}: it is a fedprivopt run, comparison "

@@ -122,6 +122,18 @@ USER_SIZES: dict[str, dict[str, object]] = {
     },
 }
 
+#: Files only fedprivopt's runs, comparisons and tunings write: a directory holding one is no
+#: data directory, and neither ``data synth`` nor a task's synthetic generation writes into it
+#: (fourteenth review of issue 15).
+OUTPUT_FILES = (
+    "privacy_ledger.jsonl",
+    "checkpoint.pt",
+    "run.lock",
+    "compare.lock",
+    "tune.json",
+    "tune.lock",
+)
+
 #: Disk a user of each :data:`USER_SIZES` shape takes (the SQLite file and its index; measured:
 #: 20,000 small users 246 MB, 20 real ones 2.77 MB): ``fedprivopt data synth`` checks the free
 #: space before writing (fourteenth review of issue 15: ``--clients 1000000 --user-sizes real``

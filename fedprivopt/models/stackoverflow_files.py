@@ -26,6 +26,7 @@ from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.locks import DATA_LOCK, file_lock
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
 from fedprivopt.data.synthetic import (
+    OUTPUT_FILES,
     SQLITE_FILE,
     SYNTHETIC_META_FILE,
     SyntheticConfig,
@@ -229,6 +230,13 @@ class StackOverflowFiles:
         """Generate the synthetic files if asked and none exist; raise if required ones lack."""
         required = self.REQUIRED_FILES
         if self.synthetic and self._missing(required):
+            ours = [n for n in OUTPUT_FILES if (self.data_dir / n).exists()]
+            if ours:  # fourteenth review of issue 15: generated into a comparison, rc 0
+                raise ValueError(
+                    f"data_dir {str(self.data_dir)!r} holds {', '.join(ours)}: it is a fedprivopt "
+                    "run, comparison or tuning, not a data directory; no synthetic dataset is "
+                    "generated into it"
+                )
             # Under the lock: another process may be writing the files right now.
             with _directory_lock(self.data_dir):
                 # not generated meanwhile by another process, and never over existing files

@@ -68,7 +68,8 @@ model, the one released, has 0.7660. With ``eval-every = 5`` its summary had no 
 round after which the budget stops a run is now evaluated, as the last round is.
 
 Finding 13: ``data synth --out D`` where D is a run, a comparison or a tuning wrote the dataset
-among its files (rc 0); ``compare … --out D`` then refused D for holding them. Refused now.
+among its files (rc 0); ``compare … --out D`` then refused D for holding them. Refused now, and
+so is a task's synthetic generation into such a ``task-params.data-dir`` (it did the same).
 
 Run against the code before the fixes (findings 1-8: a worktree of 8356a8e; finding 9: of
 a5fe982, which added ``--jobs``; 2026-11-25) every test here fails except those named as
@@ -539,3 +540,21 @@ def test_data_synth_refuses_an_out_that_is_a_run_or_a_comparison(tmp_path):
         usage_error(run_cli(["data", "synth", "--clients", "10", "--workers", "1", "--out",
                              str(target)]), needle, "not a data directory")  # fmt: skip
         assert sorted(p.name for p in target.iterdir()) == before
+
+
+def test_a_task_does_not_generate_its_dataset_into_a_comparison(tmp_path):
+    """``--set task-params.data-dir=C`` (a comparison) with ``synthetic = true``: the task
+    generated its dataset among C's files (rc 0)."""
+    from tests.reliability.test_misuse_cli import TAG_MINI
+
+    cmp_dir = tmp_path / "cmp"
+    code, _, err = run_cli(["compare", str(TOY), "--strategies", "dp-fedavg",
+                            "--noise-multipliers", "0.5", "--rounds", "1", "--out", str(cmp_dir),
+                            "--quiet"])  # fmt: skip
+    assert code == 0, err
+    before = sorted(p.name for p in cmp_dir.iterdir())
+    out = tmp_path / "run"
+    usage_error(run_cli(["simulate", str(TAG_MINI), "--rounds", "1", "--out", str(out), "--quiet",
+                         "--set", f"task-params.data-dir={cmp_dir}"]),
+                "task-params.data-dir", "holds compare.lock", "not a data directory")  # fmt: skip
+    assert sorted(p.name for p in cmp_dir.iterdir()) == before and not out.exists()

@@ -34,8 +34,19 @@ from fedprivopt.models.next_word_tokens import PAD
 __all__ = ["sgd_step"]
 
 
+def _batched(device: torch.device) -> bool:
+    """Whether every user's products run as one batched call: anywhere but on the CPU."""
+    return device.type != "cpu"
+
+
 def _by_user(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x[i] @ w[i] (+ bias[i])`` for every user ``i``, one ``mm`` each: ``(a, m, n)``."""
+    """``x[i] @ w[i] (+ bias[i])`` for every user ``i``: ``(a, m, n)``.
+
+    On the CPU one ``mm`` per user (each user's weights stay in cache); elsewhere one batched
+    product for all users (a GPU would otherwise run ``a`` small kernels, each launched apart).
+    """
+    if _batched(x.device):
+        return torch.bmm(x, w) if bias is None else torch.baddbmm(bias[:, None, :], x, w)
     out = torch.empty(x.shape[0], x.shape[1], w.shape[2], dtype=x.dtype, device=x.device)
     for i in range(x.shape[0]):
         if bias is None:
@@ -90,8 +101,10 @@ def sgd_step(
     c_prev = torch.zeros(a, P, h, dtype=dtype, device=dev)
     out_h = torch.empty(a, P, h, dtype=dtype, device=dev)  # h_j
     tcs = torch.empty(a, P, h, dtype=dtype, device=dev)  # tanh(c_j)
-    for u in range(a):  # user by user: its recurrent weights stay in cache through time
-        s_u = slice(u, u + 1)
+    # on the CPU user by user (its recurrent weights stay in cache through time); elsewhere every
+    # user at once, a batched product per time step instead of one per user and time step
+    groups = [slice(0, a)] if _batched(dev) else [slice(u, u + 1) for u in range(a)]
+    for s_u in groups:
         _forward(acts[s_u], w_hh_t[s_u], h_prev[s_u], c_prev[s_u], out_h[s_u], tcs[s_u], sizes)
     proj = _by_user(out_h, p["w_p"].transpose(1, 2), p["b_p"])  # (a, P, e)
     # the logits (a, P, W), so that the softmax runs along the contiguous dimension
@@ -119,8 +132,7 @@ def sgd_step(
     dacts[..., 2 * h : 3 * h].sub_(acts[..., 2 * h : 3 * h]).add_(1.0)
     kc = torch.mul(tcs, tcs).neg_().add_(1.0).mul_(acts[..., 3 * h :])
     dgates = torch.empty_like(acts)
-    for u in range(a):
-        s_u = slice(u, u + 1)
+    for s_u in groups:
         _backward(
             (acts[s_u], dacts[s_u], kc[s_u]),
             p["w_hh"][s_u],

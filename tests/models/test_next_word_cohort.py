@@ -216,3 +216,29 @@ def test_steps_run_on_cpu_threads_and_restore_them(task, monkeypatch):
     unset = NextWordCohortTrainer(task, device="cpu", cpu_threads=None)
     list(unset.train(w, [0], round_num=1, config=cfg, rngs=RngFactory(seed=1)))
     assert set(seen) == {2}
+
+
+def test_the_gpus_batched_products_equal_the_cpus_per_user_ones(task, monkeypatch):
+    """Off the CPU every user's products and recurrence run as one batched call per step (one
+    kernel instead of one per user); run here on the CPU, that path gives LocalTrainer's
+    updates too."""
+    from fedprivopt.models import next_word_cohort_step
+
+    calls = []
+    real = torch.baddbmm
+    monkeypatch.setattr(next_word_cohort_step, "_batched", lambda device: True)
+    monkeypatch.setattr(
+        next_word_cohort_step.torch, "baddbmm", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    cfg = CONFIGS[0]
+    w = initial_flat(task)
+    rngs = RngFactory(seed=11)
+    users = list(range(0, 60, 5))
+    ref = _reference(task, w, users, cfg, rngs)
+    cohort = NextWordCohortTrainer(task, device="cpu", chunk_users=6, stacked=True)
+    got = [pair for b in cohort.train_batches(w, users, round_num=3, config=cfg, rngs=rngs)
+           for pair in b.split()]  # fmt: skip
+    assert calls  # the batched path ran
+    assert [u for u, _ in got] == users
+    for u, delta in got:
+        torch.testing.assert_close(delta, ref[u].delta, rtol=1e-4, atol=2e-6)

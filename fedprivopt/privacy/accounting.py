@@ -95,6 +95,27 @@ def _rdp_curve(event: SubsampledGaussianEvent) -> np.ndarray:
     return event_rdp(event, None)
 
 
+def _check_orders(orders) -> np.ndarray:
+    """``orders`` as float64, each a finite real number > 1 (RDP is defined there).
+
+    Fifteenth review of issue 15: ``ledger_rdp(ledger, (0.5,))`` returned an RDP of ``-inf``, and
+    orders of NaN, inf or below 1 were turned into ``inf`` silently.
+    """
+    items = list(orders)
+    if any(
+        isinstance(o, bool) or not isinstance(o, (int, float, np.integer, np.floating))
+        for o in items
+    ):
+        raise ValueError(f"orders must be real numbers > 1 (RDP orders), got {orders!r}"[:200])
+    grid = np.asarray(items, dtype=np.float64)
+    bad = ~np.isfinite(grid) | (grid <= 1.0)
+    if bad.any():
+        raise ValueError(
+            f"orders must be finite numbers > 1 (RDP orders), got {float(grid[bad][0])!r}"
+        )
+    return grid
+
+
 @functools.lru_cache(maxsize=256)
 def event_rdp(
     event: SubsampledGaussianEvent, orders: tuple[float, ...] | None = None
@@ -109,7 +130,7 @@ def event_rdp(
     reports ``inf``, never less than was spent. A run's curve is the count-weighted sum of its
     events' (what ``RdpAccountant.compose`` accumulates), so the guard holds for any count.
     """
-    grid = _RDP_ORDERS if orders is None else np.asarray(orders, dtype=np.float64)
+    grid = _RDP_ORDERS if orders is None else _check_orders(orders)
     acc = rdp.RdpAccountant(orders=list(grid), neighboring_relation=event.neighboring_relation)
     acc.compose(event.to_dp_event())
     curve = np.asarray(acc.rdp, dtype=np.float64)

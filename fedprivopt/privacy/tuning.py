@@ -333,6 +333,10 @@ def composed_tuning_epsilon(
     is finite (:func:`finite_orders` of ``ledger`` alone), by dp-accounting's RDP accountant.
     """
     delta = check_delta(delta)
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        # fifteenth review of issue 15: 2.5 tunings were charged as 2 (int()), "3" and True
+        # were accepted, NaN failed naming no parameter
+        raise ValueError(f"count must be an integer >= 1 (tunings composed), got {count!r}")
     merged = merge_ledger(ledger)
     if any(event.noise_multiplier == 0 for event, _ in merged) or not merged:
         return math.inf if merged else 0.0

@@ -45,6 +45,9 @@ MAX_JOBS = 256
 STOP_WAIT = 60.0
 """Seconds the parent waits for stopped workers to end before it kills them."""
 
+POLL = 0.5
+"""Seconds between checks that every worker is alive (:func:`_check_workers`)."""
+
 _TASKS: dict[tuple[str, str], Any] = {}  # a worker's tasks, by task and parameters
 
 
@@ -128,7 +131,10 @@ def run_plans(
     try:
         _fill(pool, queue, running, jobs, announce)
         while running:
-            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            done, _ = cf.wait(running, timeout=POLL, return_when=cf.FIRST_COMPLETED)
+            if not done:
+                _check_workers(pool, running)
+                continue
             for future in done:
                 plan = running.pop(future)
                 try:
@@ -145,6 +151,26 @@ def run_plans(
         _stop(pool, running)
         raise
     pool.shutdown(wait=True)
+
+
+def _check_workers(pool: cf.ProcessPoolExecutor, running: dict) -> None:
+    """Raise when a worker of ``pool`` has ended while cells run (killed, out of memory).
+
+    Fifteenth review of issue 15: the pool (CPython 3.11) watches only the workers that existed
+    when it last began to wait, and it begins before a newly submitted cell's worker is spawned;
+    so when that worker was killed (SIGKILL, the kernel's out-of-memory killer) nothing noticed,
+    and the other workers ran their cells to the end (a 4,000-round cell: 2,000 more rounds
+    released after the kill, about 45 s) before ``compare`` reported the failure.
+    """
+    processes = getattr(pool, "_processes", None) or {}
+    dead = [p for p in list(processes.values()) if p.exitcode is not None]
+    if dead:
+        cells = ", ".join(sorted(plan.cell.label for plan in running.values()))
+        raise ValueError(
+            f"a worker process (PID {dead[0].pid}) ended without a result (killed, or out of "
+            f"memory, exit {dead[0].exitcode}) while cells {cells} ran; the same command "
+            "continues the comparison"
+        )
 
 
 def _fill(pool, queue, running: dict, jobs: int, announce) -> None:

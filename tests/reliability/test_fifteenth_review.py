@@ -9,11 +9,23 @@ Finding 2 (an RDP smaller than what was spent, API): ``ledger_rdp(ledger, (0.5,)
 RDP curve of ``-inf``; orders of NaN, inf, 1 or below were silently turned into ``inf``. Now
 ``event_rdp`` (and so ``ledger_rdp``, ``finite_orders``, ``tuning_epsilon``) refuses orders that
 are not finite numbers > 1, naming ``orders``.
+
+Finding 3 (a failing cell under ``compare --jobs``): SIGKILL of the second worker (as the
+kernel's out-of-memory killer does) went unnoticed: CPython 3.11's pool watches only the workers
+it had when it began to wait, and a newly submitted cell's worker is spawned after it is woken.
+The other worker ran its cell to the end (2,000 more rounds of a 4,000-round cell, about 45 s)
+before ``compare`` reported the failure. ``run_plans`` now checks its workers every 0.5 s.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +37,9 @@ from fedprivopt.privacy.tuning import (
     ledger_rdp,
     tuning_epsilon,
 )
+from tests.reliability.test_signals import Cli, wait_for, wait_gone
+
+TOY = str(Path(__file__).resolve().parents[2] / "simulations" / "toy.toml")
 
 EVENT = SubsampledGaussianEvent(1.0, "poisson", 0.1)
 LEDGER = [(EVENT, 10)]
@@ -71,3 +86,53 @@ def test_valid_orders_still_give_the_same_curve():
     assert tuning_epsilon(LEDGER, 1e-5, TRIALS, (2.0, 8.0, 32.0)) >= tuning_epsilon(
         LEDGER, 1e-5, TRIALS
     )
+
+
+def _workers(pid: int) -> list[int]:
+    """The ``compare`` process's spawned workers, oldest first (by start time)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and b"spawn_main" in cmd:
+            found.append((int(fields[19]), int(entry.name)))
+    return [p for _, p in sorted(found)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+def test_a_killed_worker_stops_the_comparison_at_once(tmp_path):
+    """Finding 3: ``compare --jobs 2`` whose second worker is SIGKILLed (as the kernel's
+    out-of-memory killer does) went on running the other cell to its end (about 45 s and 2,000
+    rounds of a 4,000-round cell) before it reported the failure; now within a second or two,
+    with the other worker stopped by SIGTERM."""
+    out = tmp_path / "C"
+    argv = ["compare", TOY, "--strategies", "dp-fedavg", "--noise-multipliers", "0.5,1",
+            "--rounds", "100000", "--set", "checkpoint-every=1000000", "--out", str(out),
+            "--jobs", "2"]  # fmt: skip
+    run = Cli(argv, tmp_path, "compare")
+    runs = out / "runs"
+    try:
+        wait_for(lambda: len(list(runs.glob("*/metrics.jsonl"))) >= 2, 240, "two runs", run.proc)
+        wait_for(lambda: len(_workers(run.proc.pid)) >= 2, 60, "two workers", run.proc)
+        run.remember()
+        os.kill(_workers(run.proc.pid)[-1], signal.SIGKILL)
+        started = time.monotonic()
+        try:
+            code = run.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("still running 30 s after a worker was killed") from None
+        seconds = time.monotonic() - started
+        wait_gone(run.seen, 15)  # the other worker too
+    finally:
+        run.cleanup()
+    err = run.stderr()
+    assert code == 2 and seconds < 20, (code, seconds, err[-3000:])
+    assert "Traceback" not in err, err[-3000:]
+    assert "ended without a result" in err.strip().splitlines()[-1], err[-3000:]
+    assert not list(runs.glob("*/summary.json")), "a cell ran to its end after the kill"

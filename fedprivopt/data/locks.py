@@ -8,6 +8,7 @@ that holds it (its PID is written into the lock file).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import time
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["DATA_LOCK", "LockHeldError", "exclusive_lock", "file_lock"]
+
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
 
 #: The lock file of a StackOverflow data directory: held by a task while it generates its
 #: synthetic files (waiting) and by ``fedprivopt data synth`` (refusing to wait for another).
@@ -95,7 +98,18 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
         yield path
         return
     for _ in range(100):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        try:
+            # O_NOFOLLOW: a lock file that is a symbolic link would have the linked file emptied
+            # and a PID written into it (fifteenth review of issue 15: a user's file, emptied)
+            fd = os.open(path, _LOCK_FLAGS, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or path.is_symlink():
+                raise ValueError(
+                    f"lock file {path} is a symbolic link (to {os.readlink(path)!r}"[:300]
+                    + "); remove the link (it holds no run data): fedprivopt writes its PID "
+                    "into a lock file and empties it, and must not do so to the linked file"
+                ) from None
+            raise
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device (issue 15, ninth review)
             os.close(fd)
             raise ValueError(

@@ -15,6 +15,12 @@ kernel's out-of-memory killer does) went unnoticed: CPython 3.11's pool watches 
 it had when it began to wait, and a newly submitted cell's worker is spawned after it is woken.
 The other worker ran its cell to the end (2,000 more rounds of a 4,000-round cell, about 45 s)
 before ``compare`` reported the failure. ``run_plans`` now checks its workers every 0.5 s.
+
+Finding 4 (a user's file overwritten): a lock file that is a symbolic link
+(``D/.stackoverflow.lock`` for ``data synth``, a run's ``run.lock`` for ``--resume``; also
+``compare.lock``, ``tune.lock``) was opened through the link: the linked file got the PID and
+was emptied on release (rc 0).
+Now refused (``O_NOFOLLOW``), one line naming the lock file, the linked file unchanged.
 """
 
 from __future__ import annotations
@@ -136,3 +142,50 @@ def test_a_killed_worker_stops_the_comparison_at_once(tmp_path):
     assert "Traceback" not in err, err[-3000:]
     assert "ended without a result" in err.strip().splitlines()[-1], err[-3000:]
     assert not list(runs.glob("*/summary.json")), "a cell ran to its end after the kill"
+
+
+def test_a_lock_file_that_is_a_symbolic_link_is_refused_and_its_target_kept(tmp_path):
+    """Finding 4: ``exclusive_lock`` opened a lock file through a symbolic link, wrote its PID
+    into the linked file and emptied it on release (``data synth --out D`` with
+    ``D/.stackoverflow.lock -> notes.txt``: rc 0, notes.txt empty)."""
+    from fedprivopt.data.locks import exclusive_lock
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious notes\n")
+    link = tmp_path / "x.lock"
+    link.symlink_to(notes)
+    with pytest.raises(ValueError, match=r"x\.lock is a symbolic link"):
+        with exclusive_lock(link):
+            pass
+    dangling = tmp_path / "y.lock"
+    dangling.symlink_to(tmp_path / "absent")
+    with pytest.raises(ValueError, match=r"y\.lock is a symbolic link"):
+        with exclusive_lock(dangling):
+            pass
+    assert notes.read_text() == "precious notes\n"
+    assert not (tmp_path / "absent").exists()
+
+
+def test_data_synth_and_resume_refuse_a_linked_lock_file_in_one_line(tmp_path):
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious notes\n")
+    data = tmp_path / "D"
+    data.mkdir()
+    (data / ".stackoverflow.lock").symlink_to(notes)
+    code, _, err = run_cli(["data", "synth", "--out", str(data), "--clients", "5"])
+    assert code == 2, err
+    assert err.strip().count("\n") == 0 and ".stackoverflow.lock is a symbolic link" in err, err
+    assert notes.read_text() == "precious notes\n"
+    assert not (data / "stackoverflow.sqlite").exists()
+
+    run = tmp_path / "R"
+    code, _, err = run_cli(["simulate", TOY, "--rounds", "1", "--out", str(run), "--quiet"])
+    assert code == 0, err
+    (run / "run.lock").unlink()
+    (run / "run.lock").symlink_to(notes)
+    code, _, err = run_cli(["simulate", "--resume", str(run)])
+    assert code == 2, err
+    assert err.strip().count("\n") == 0 and "run.lock is a symbolic link" in err, err
+    assert notes.read_text() == "precious notes\n"

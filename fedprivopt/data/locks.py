@@ -36,12 +36,32 @@ def file_lock(path: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    with open(path, "a+b") as handle:
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or Path(path).is_symlink():
+            _refuse_link(Path(path))
+        raise
+    with open(fd, "r+b") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _refuse_link(path: Path) -> None:
+    """Refuse a lock file that is a symbolic link (fifteenth review of issue 15).
+
+    Opened through the link, the linked file would get a PID and be emptied on release
+    (:func:`exclusive_lock`), or be created where the link points (:func:`file_lock`).
+    """
+    raise ValueError(
+        f"lock file {path} is a symbolic link (to {os.readlink(path)!r}"[:300]
+        + "); remove the link (it holds no run data): fedprivopt writes its PID "
+        "into a lock file and empties it, and must not do so to the linked file"
+    ) from None
 
 
 class LockHeldError(ValueError):
@@ -104,11 +124,7 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
             fd = os.open(path, _LOCK_FLAGS, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP or path.is_symlink():
-                raise ValueError(
-                    f"lock file {path} is a symbolic link (to {os.readlink(path)!r}"[:300]
-                    + "); remove the link (it holds no run data): fedprivopt writes its PID "
-                    "into a lock file and empties it, and must not do so to the linked file"
-                ) from None
+                _refuse_link(path)
             raise
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device (issue 15, ninth review)
             os.close(fd)

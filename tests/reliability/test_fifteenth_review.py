@@ -189,3 +189,19 @@ def test_data_synth_and_resume_refuse_a_linked_lock_file_in_one_line(tmp_path):
     assert code == 2, err
     assert err.strip().count("\n") == 0 and "run.lock is a symbolic link" in err, err
     assert notes.read_text() == "precious notes\n"
+
+
+def test_the_waiting_lock_refuses_a_link_too(tmp_path):
+    """Finding 4, the waiting lock a task takes to generate its files (``file_lock``): through a
+    dangling link it created the link's target (an empty file anywhere the link pointed)."""
+    from fedprivopt.data.locks import file_lock
+
+    link = tmp_path / ".stackoverflow.lock"
+    link.symlink_to(tmp_path / "target")
+    with pytest.raises(ValueError, match=r"\.stackoverflow\.lock is a symbolic link"):
+        with file_lock(link):
+            pass
+    assert not (tmp_path / "target").exists()
+    with file_lock(tmp_path / "plain.lock"):  # control: a plain lock file still locks
+        pass
+    assert (tmp_path / "plain.lock").is_file()

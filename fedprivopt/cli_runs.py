@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -242,7 +241,7 @@ def _float_list(text: str) -> list[float]:
 
 def compare_cells(args: argparse.Namespace, base) -> list:
     """The grid's cells, each resolved and validated before anything runs."""
-    from fedprivopt.simulation.cells import Cell, cell_label, grid
+    from fedprivopt.simulation.cells import Cell, cell_label, grid, task_key
     from fedprivopt.strategies.config import STRATEGIES
 
     if args.strategies is None:
@@ -267,7 +266,7 @@ def compare_cells(args: argparse.Namespace, base) -> list:
             overrides["noise-multiplier"] = sigma
         where = f"config ({name}, sigma {sigma or 0.0:g}, seed {seed})"
         config = load_preset(args.config, overrides, where=where)
-        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        key = task_key(config)
         tasks[key], _ = build_checked_run(config, where=where, task=tasks.get(key))
         cells.append(Cell(cell_label(name, sigma or 0.0, seed), config, tasks[key]))
     return cells

@@ -100,6 +100,7 @@ def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
     """Every grid point built and checked; the single run's privacy bound; the tasks."""
     from fedprivopt.models.task import primary_metric
     from fedprivopt.privacy.tuning import finite_orders
+    from fedprivopt.simulation.cells import task_key
     from fedprivopt.simulation.tune import (
         PrivacyPlan,
         check_metric,
@@ -113,7 +114,7 @@ def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
     for point in grid_points(grid):
         where = f"config (grid point {', '.join(f'{k}={v!r}' for k, v in point.items())})"
         config = load_preset(args.config, {**overrides, **point}, where=where)
-        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        key = task_key(config)
         task, alg = build_checked_run(config, where=where, task=tasks.get(key))
         tasks[key] = task
         plans.append((point, planned_ledger(config, alg)))
@@ -249,7 +250,7 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     UsageError
         Naming the flag (``--grid``, ``--out``, ``--set``, ...).
     """
-    from fedprivopt.simulation.cells import Cell
+    from fedprivopt.simulation.cells import Cell, task_key
     from fedprivopt.simulation.config import config_to_toml
     from fedprivopt.simulation.tune import check_tune_dir, draw_trials, parse_grid
     from fedprivopt.simulation.tune_check import plan_document
@@ -277,7 +278,7 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     for trial in trials:
         config = load_preset(args.config, {**overrides, **trial.hyperparameters,
                                            "seed": trial.seed}, where=trial.label)  # fmt: skip
-        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        key = task_key(config)
         cells.append(Cell(trial.label, config, tasks[key]))
     document = plan_document(
         preset=str(args.config), strategy=base.strategy.strategy, metric=metric,

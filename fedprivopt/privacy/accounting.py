@@ -90,11 +90,6 @@ _RDP_ORDERS = np.asarray(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np
 MIN_LOG_A = 1e-10
 
 
-def _rdp_curve(event: SubsampledGaussianEvent) -> np.ndarray:
-    """RDP of one occurrence of ``event`` at ``_RDP_ORDERS``: :func:`event_rdp`'s."""
-    return event_rdp(event, None)
-
-
 def _check_orders(orders) -> np.ndarray:
     """``orders`` as float64, each a finite real number > 1 (RDP is defined there).
 
@@ -245,7 +240,7 @@ def compose_epsilon(
         # The RDP of a composition is the count-weighted sum of each event's RDP curve, exactly
         # what RdpAccountant.compose accumulates; computing each distinct curve once (cached)
         # makes a per-round epsilon cost a dot product instead of a series evaluation.
-        total = sum(count * _rdp_curve(event) for event, count in ledger)
+        total = sum(count * event_rdp(event) for event, count in ledger)
         return _spent(rdp.rdp_privacy_accountant.compute_epsilon(_RDP_ORDERS, total, delta)[0])
     return _spent(
         pld_epsilon(single_gaussians(ledger), delta, check_pld_discretization(pld_discretization))

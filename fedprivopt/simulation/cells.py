@@ -29,6 +29,7 @@ Examples
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,7 @@ __all__ = [
     "plan_cells",
     "remove_report",
     "run_cell",
+    "task_key",
 ]
 
 MAX_SEEDS = 1_000
@@ -123,6 +125,14 @@ def grid(
         for sigma in (sigmas if name in private else [None])
         for seed in range(first_seed, first_seed + seeds)
     ]
+
+
+def task_key(config: RunConfig) -> tuple[str, str]:
+    """What identifies ``config``'s task: its name and its parameters.
+
+    The cells (or trials) that share a task build it, and read its data, once.
+    """
+    return config.task, json.dumps(config.task_params, sort_keys=True, default=str)
 
 
 def cell_label(strategy: str, noise_multiplier: float, seed: int) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.simulation.cells import REUSE, Cell, CellPlan, run_cell
+from fedprivopt.simulation.cells import REUSE, Cell, CellPlan, run_cell, task_key
 
 __all__ = ["JOB_MEMORY", "MAX_JOBS", "check_jobs", "check_parallel", "physical_memory", "run_plans"]
 
@@ -261,16 +261,14 @@ def _start_worker() -> None:
 
 def _run(label: str, config, run_dir: str, action: str, why: str) -> str | None:
     """Run one cell's plan; ``"interrupted"`` when a signal stopped it, else ``None``."""
-    import json
-
+    from fedprivopt.models import build_task
     from fedprivopt.simulation.interrupt import signals_raise
-    from fedprivopt.simulation.run import build_run
 
     with signals_raise():  # SIGTERM from the parent: Interrupted, the run's files kept
         try:
-            key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+            key = task_key(config)
             if key not in _TASKS:
-                _TASKS[key] = build_run(config)[0]
+                _TASKS[key] = build_task(config.task, **config.task_params)  # as build_run
             run_cell(CellPlan(Cell(label, config, _TASKS[key]), Path(run_dir), action, why))
         except KeyboardInterrupt:
             return "interrupted"

@@ -190,9 +190,10 @@ class _Builder:
         return load_config(self.base, overrides)
 
     def build(self, config):
+        from fedprivopt.simulation.cells import task_key
         from fedprivopt.simulation.run import build_run
 
-        key = (config.task, json.dumps(config.task_params, sort_keys=True, default=str))
+        key = task_key(config)
         task, alg = build_run(config, self.tasks.get(key))
         self.tasks[key] = task
         return task, alg

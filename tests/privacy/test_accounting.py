@@ -552,9 +552,9 @@ def test_rdp_within_rounding_of_zero_is_dropped_not_composed():
     assert compose_epsilon([(huge, 10**21)], 1e-5) > 3.7e4  # an upper bound, never 0
     import numpy as np
 
-    from fedprivopt.privacy.accounting import _RDP_ORDERS, MIN_LOG_A, _rdp_curve
+    from fedprivopt.privacy.accounting import _RDP_ORDERS, MIN_LOG_A, event_rdp
 
-    curve = _rdp_curve(huge)
+    curve = event_rdp(huge)
     kept = np.isfinite(curve)
     assert kept.any() and not kept.all()  # the low orders were rounding, the high ones are kept
     assert ((_RDP_ORDERS[kept] - 1) * curve[kept] >= MIN_LOG_A).all()
@@ -563,5 +563,5 @@ def test_rdp_within_rounding_of_zero_is_dropped_not_composed():
     acc = dpa_rdp.RdpAccountant(orders=list(_RDP_ORDERS))
     acc.compose(ev.to_dp_event(), 10_000)
     reference = dpa_rdp.compute_epsilon(_RDP_ORDERS, acc.rdp, 1e-5)[0]
-    assert np.isfinite(_rdp_curve(ev)).all()
+    assert np.isfinite(event_rdp(ev)).all()
     assert compose_epsilon([(ev, 10_000)], 1e-5) == pytest.approx(reference, rel=1e-12)

@@ -109,6 +109,14 @@ def _add_sampling_args(p: argparse.ArgumentParser, *, needs_sigma: bool) -> None
 
 def _resolve_sampling(args: argparse.Namespace) -> dict:
     """Cross-flag checks; returns keyword arguments for ``make_round_event``."""
+    # sixteenth review of issue 15: --rounds 10**400 ended in "OverflowError: int too large to
+    # convert to float"; the accountants compose at most MAX_LEDGER_COUNT events (float64)
+    if args.rounds * args.events_per_round > 10**300:
+        digits = len(str(args.rounds * args.events_per_round))
+        raise UsageError(
+            "argument --rounds/--events-per-round: rounds x events per round must be at most "
+            f"10**300 (the accountants compose in float64), got a number of {digits:,} digits"
+        )
     if args.population is not None and args.cohort is not None and args.cohort > args.population:
         raise UsageError(
             f"argument --cohort: must be in [1, --population={args.population}], got {args.cohort}"
@@ -360,7 +368,7 @@ def _main(argv: Sequence[str] | None) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     try:
-        with _run_warnings(args.command):
+        with _run_warnings(_command(args)):
             return int(args.func(args))
     except (UsageError, ValueError, OSError) as exc:
         # OSError: a path that cannot be read, created or written (not a network failure)
@@ -376,17 +384,22 @@ def _main(argv: Sequence[str] | None) -> int:
                 if getattr(args, flag, None):
                     message = f"argument --{flag}: {getattr(args, flag)}: {message}"
                     break
-        action = getattr(args, "data_command", None) or getattr(args, "deploy_command", None)
-        command = f"{args.command} {action}" if action else args.command  # `data synth`
-        print(one_line(f"fedprivopt {command}: error: {message}"), file=sys.stderr)
+        print(one_line(f"fedprivopt {_command(args)}: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         # Ctrl-C, or SIGTERM/SIGHUP during a run (simulation.interrupt.Interrupted): every
         # process it started is stopped and what it released is kept; exit code 128 + signal
         if os.environ.get("FEDPRIVOPT_DEBUG"):
             raise
-        print(_interrupted(args.command, exc), file=sys.stderr)
+        # sixteenth review of issue 15: Ctrl-C of `data synth` said "fedprivopt data: ..."
+        print(_interrupted(_command(args), exc), file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C (SIGINT)
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command as typed, with its action: ``simulate``, ``data synth``, ``deploy local``."""
+    action = getattr(args, "data_command", None) or getattr(args, "deploy_command", None)
+    return f"{args.command} {action}" if action else args.command
 
 
 @contextlib.contextmanager

@@ -186,6 +186,11 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
             mode = probe.stat().st_mode
             break
         except (FileNotFoundError, NotADirectoryError):
+            if probe.is_symlink():  # sixteenth review of issue 15: "L: exists and is not a ..."
+                raise UsageError(
+                    f"argument {flag}: cannot create {shown(text)}: {shown(str(probe))} is a "
+                    f"symbolic link to nothing ({shown(os.readlink(probe))})"
+                ) from None
             probe = probe.parent  # "/" always exists: the loop ends
         except OSError as exc:
             raise UsageError(f"argument {flag}: cannot use {probe}: {exc.strerror}") from None
@@ -196,8 +201,19 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
             f"argument {flag}: cannot create {shown(text)}: {shown(str(probe))} is not a directory"
         )
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"argument {flag}: cannot write in {probe} (permission denied)")
+        # sixteenth review of issue 15: a read-only file system was reported as "permission
+        # denied" (access() fails with EROFS, for root too)
+        why = "read-only file system" if _read_only(probe) else "permission denied"
+        raise UsageError(f"argument {flag}: cannot write in {probe} ({why})")
     return path
+
+
+def _read_only(path: Path) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows): say "permission denied"
+        return False
 
 
 def describe_os_error(exc: OSError) -> str:

@@ -28,9 +28,9 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     from fedprivopt.data.synthetic import (
         DATASET_FILES,
         DISK_PER_USER,
-        OUTPUT_FILES,
         SYNTHETIC_META_FILE,
         is_synthetic_dir,
+        run_files_around,
         user_size_knobs,
     )
 
@@ -54,11 +54,16 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
             .replace("num_tags", "--tags")
         ) from None
     # fourteenth review of issue 15: --out a run, a comparison or a tuning wrote the dataset
-    # among its files (rc 0), after which `compare` refused that --out for holding them
-    ours = [name for name in OUTPUT_FILES if (out / name).exists()]
-    if ours:
+    # among its files (rc 0), after which `compare` refused that --out for holding them;
+    # sixteenth: --out inside one (a comparison's runs/, a directory in a run) did too
+    around = run_files_around(out)
+    if around is not None:
+        place, ours = around
+        where = f"{out} holds"
+        if place != out.resolve():
+            where = f"{out} is inside {place}, which holds"
         raise UsageError(
-            f"argument --out: {out} holds {', '.join(ours)}: it is a fedprivopt run, comparison "
+            f"argument --out: {where} {', '.join(ours)}: it is a fedprivopt run, comparison "
             "or tuning, not a data directory; write the dataset into another directory"
         )
     present = [name for name in DATASET_FILES if (out / name).exists()]

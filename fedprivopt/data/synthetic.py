@@ -77,6 +77,7 @@ __all__ = [
     "ensure_synthetic",
     "generate",
     "is_synthetic_dir",
+    "run_files_around",
 ]
 
 GENERATOR_VERSION = 1
@@ -455,6 +456,23 @@ def generate(
         encoding="utf-8",
     )
     return files
+
+
+def run_files_around(directory: str | os.PathLike) -> tuple[Path, list[str]] | None:
+    """The run, comparison or tuning ``directory`` is, or lies inside, and the files showing it.
+
+    ``directory`` (resolved) and each of its ancestors is looked at for :data:`OUTPUT_FILES`;
+    the nearest that holds any is returned with their names, ``None`` when none does. Sixteenth
+    review of issue 15: ``data synth --out C/runs`` (a comparison's ``runs/``, also
+    ``C/runs/new`` or a directory inside a run) wrote the dataset there, rc 0, as only
+    ``directory`` itself was looked at.
+    """
+    real = Path(directory).resolve()  # where the files would go: links and ".." followed
+    for place in (real, *real.parents):
+        ours = [name for name in OUTPUT_FILES if os.path.lexists(place / name)]
+        if ours:
+            return place, ours
+    return None
 
 
 def is_synthetic_dir(root: str | os.PathLike) -> bool:

@@ -195,10 +195,10 @@ def run_deploy_command(args: argparse.Namespace) -> int:
             raise
         raise ValueError(message) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (interrupt.Interrupted)
-        print("fedprivopt deploy: interrupted; every process was stopped", file=sys.stderr)
+        print("fedprivopt deploy local: interrupted; every process was stopped", file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
     except (RuntimeError, TimeoutError) as exc:
-        print(f"fedprivopt deploy: failed: {exc}", file=sys.stderr)
+        print(f"fedprivopt deploy local: failed: {exc}", file=sys.stderr)
         return 1
     import json
 

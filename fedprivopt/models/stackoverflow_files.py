@@ -26,11 +26,11 @@ from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.locks import DATA_LOCK, file_lock
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
 from fedprivopt.data.synthetic import (
-    OUTPUT_FILES,
     SQLITE_FILE,
     SYNTHETIC_META_FILE,
     SyntheticConfig,
     ensure_synthetic,
+    run_files_around,
     user_size_knobs,
 )
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
@@ -230,12 +230,18 @@ class StackOverflowFiles:
         """Generate the synthetic files if asked and none exist; raise if required ones lack."""
         required = self.REQUIRED_FILES
         if self.synthetic and self._missing(required):
-            ours = [n for n in OUTPUT_FILES if (self.data_dir / n).exists()]
-            if ours:  # fourteenth review of issue 15: generated into a comparison, rc 0
+            # fourteenth review of issue 15: generated into a comparison, rc 0; sixteenth:
+            # into a directory inside one (a comparison's runs/)
+            around = run_files_around(self.data_dir)
+            if around is not None:
+                place, ours = around
+                where = "holds"
+                if place != self.data_dir.resolve():
+                    where = f"is inside {place}, which holds"
                 raise ValueError(
-                    f"data_dir {str(self.data_dir)!r} holds {', '.join(ours)}: it is a fedprivopt "
-                    "run, comparison or tuning, not a data directory; no synthetic dataset is "
-                    "generated into it"
+                    f"data_dir {str(self.data_dir)!r} {where} {', '.join(ours)}: it is a "
+                    "fedprivopt run, comparison or tuning, not a data directory; no synthetic "
+                    "dataset is generated into it"
                 )
             # Under the lock: another process may be writing the files right now.
             with _directory_lock(self.data_dir):

@@ -22,6 +22,7 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 
 __all__ = [
     "ACCOUNTANTS",
+    "MAX_LEDGER_COUNT",
     "MAX_STATE_COUNT",
     "MAX_STATE_NOISE_MULTIPLIER",
     "STATE_VERSION",
@@ -47,6 +48,14 @@ MAX_STATE_COUNT = 10**9
 #: 0 to double precision long before), while ``σ²`` stays finite in float64 (σ = 1e308 made
 #: ``epsilon`` raise ``OverflowError``). All three accountants were checked up to 1e150.
 MAX_STATE_NOISE_MULTIPLIER = 1e100
+#: Largest count of one ledger entry, and of equal events merged, that :func:`merge_ledger`
+#: takes (an API ledger, not a saved state, whose bound is :data:`MAX_STATE_COUNT`). Every
+#: accountant computes with the count as a float64; 10**400 made ``compose_epsilon`` raise
+#: ``OverflowError`` (sixteenth review of issue 15). Below it a count stays finite in float64
+#: (the RDP path composes 10**300 events of σ 1, q 0.1 to ε 1.5e298; PLD and PRV refuse such
+#: counts by their memory guards), and it is far above ``epsilon``'s ``--rounds`` x
+#: ``--events-per-round`` of any meaning.
+MAX_LEDGER_COUNT = 10**300
 
 Ledger = tuple[tuple[SubsampledGaussianEvent, int], ...]
 
@@ -91,13 +100,30 @@ def merge_ledger(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> Ledge
                 f"{type(event).__name__}"
             )
         count = check_int(f"ledger[{i}] count", count, 0)
+        if count > MAX_LEDGER_COUNT:
+            raise ValueError(
+                f"ledger[{i}] count must be an integer in [0, 10**300] (events composed; "
+                f"float64 holds no more), got {_digits(count)}"
+            )
         if count == 0:
             continue
         if out and out[-1][0] == event:
             out[-1] = (event, out[-1][1] + count)
+            if out[-1][1] > MAX_LEDGER_COUNT:
+                raise ValueError(
+                    f"ledger[{i}] count: merged with the equal events before it, the count is "
+                    f"{_digits(out[-1][1])}, more than 10**300 (events composed; float64 holds no "
+                    "more)"
+                )
         else:
             out.append((event, count))
     return tuple(out)
+
+
+def _digits(count: int) -> str:
+    """``count`` for a message: in full up to 30 digits, else its number of digits."""
+    text = str(count)
+    return text if len(text) <= 30 else f"an integer of {len(text):,} digits"
 
 
 def relation_of(ledger: Ledger, accountant: str) -> dpa.NeighboringRelation:

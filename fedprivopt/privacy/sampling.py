@@ -22,6 +22,7 @@ __all__ = [
     "FixedSizeSampler",
     "PoissonSampler",
     "SamplingSpec",
+    "check_round",
     "make_sampler",
 ]
 
@@ -31,6 +32,16 @@ __all__ = [
 #: 10**9 used to be accepted and fail in the first round with an 8 GB allocation. Real
 #: cross-device populations (StackOverflow: ~380,000 users) are far below it.
 MAX_POPULATION = 100_000_000
+
+
+def check_round(round_num: object) -> int:
+    """``round_num`` as an ``int``; ``ValueError`` naming it unless it is an integer ``>= 0``.
+
+    The engines sample rounds from 1 (0 is a valid step counter). Sixteenth review of issue 15:
+    ``PoissonSampler.sample(-1)`` and ``sample(2.5)`` drew a cohort (the round's text keys its
+    generator), so a caller's off-by-one or a float round passed unnoticed.
+    """
+    return check_int("round_num", round_num, 0)
 
 
 @dataclass(frozen=True)
@@ -72,8 +83,9 @@ class PoissonSampler:
         """Return the sorted user ids sampled in ``round_num`` (an ``int64`` tensor).
 
         ``purpose`` separates independent cohorts of the same round (ADADP draws two).
+        ``round_num`` is an integer ``>= 0`` (:func:`check_round`).
         """
-        gen = self.rngs.generator(round_num, purpose)
+        gen = self.rngs.generator(check_round(round_num), purpose)
         mask = torch.rand(self.population, generator=gen, dtype=torch.float64) < self.sample_rate
         return torch.nonzero(mask, as_tuple=False).flatten()
 
@@ -115,8 +127,11 @@ class FixedSizeSampler:
         return float(self.cohort_size)
 
     def sample(self, round_num: int, purpose: str = "sampling") -> torch.Tensor:
-        """Return the sorted user ids sampled in ``round_num`` (an ``int64`` tensor)."""
-        gen = self.rngs.generator(round_num, purpose)
+        """Return the sorted user ids sampled in ``round_num`` (an ``int64`` tensor).
+
+        ``round_num`` is an integer ``>= 0`` (:func:`check_round`).
+        """
+        gen = self.rngs.generator(check_round(round_num), purpose)
         perm = torch.randperm(self.population, generator=gen)
         return torch.sort(perm[: self.cohort_size]).values
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -151,9 +152,11 @@ class TrialCount:
                 f"got {self.distribution!r}"
             )
         mean = self.mean
-        if isinstance(mean, bool) or not isinstance(mean, (int, float)):
+        # sixteenth review of issue 15: a numpy.float32 mean (a valid number) was refused;
+        # every real scalar is taken (numpy's too), bools and strings are not
+        if isinstance(mean, (bool, np.bool_)) or not isinstance(mean, numbers.Real):
             raise ValueError(f"mean must be a number in [1, {MAX_MEAN_TRIALS:g}], got {mean!r}")
-        if not (1.0 <= mean <= MAX_MEAN_TRIALS):
+        if not (1.0 <= float(mean) <= MAX_MEAN_TRIALS):
             raise ValueError(f"mean must be in [1, {MAX_MEAN_TRIALS:g}], got {mean!r}")
         object.__setattr__(self, "mean", float(mean))
         if self.distribution == "poisson":
@@ -161,9 +164,9 @@ class TrialCount:
                 raise ValueError("shape applies only to the truncated-negative-binomial")
             return
         shape = 1.0 if self.shape is None else self.shape
-        if isinstance(shape, bool) or not isinstance(shape, (int, float)):
+        if isinstance(shape, (bool, np.bool_)) or not isinstance(shape, numbers.Real):
             raise ValueError(f"shape must be a number in [0, {MAX_SHAPE:g}], got {shape!r}")
-        if not (0.0 <= shape <= MAX_SHAPE):
+        if not (0.0 <= float(shape) <= MAX_SHAPE):
             raise ValueError(f"shape must be in [0, {MAX_SHAPE:g}], got {shape!r}")
         object.__setattr__(self, "shape", float(shape))
         exponent = _log_z_exponent(float(shape), float(mean))

@@ -1,0 +1,178 @@
+"""Issue 15, sixteenth hostile review: the minor findings the fifteenth left, and new variants.
+
+Known findings of the fifteenth review, fixed here:
+
+a. ``data synth --out C/runs`` (a comparison's ``runs/``, ``C/runs/new``, a directory inside a
+   run) wrote the dataset there (rc 0): only ``--out`` itself was looked at for a run's files.
+   Now refused, rc 2, one line naming ``--out`` and the run, comparison or tuning it is inside;
+   a task's synthetic generation (``task-params.data-dir``) alike.
+b. ``data synth --out L/sub`` with ``L`` a dangling symbolic link said ``L: exists and is not a
+   directory``; now ``'L' is a symbolic link to nothing ('target')`` (every ``--out``).
+c. ``TrialCount("poisson", numpy.float32(3.0))`` was refused (``float64`` was accepted); every
+   real scalar is accepted now, bools, strings, NaN and out-of-range means are still refused.
+d. ``PoissonSampler.sample(-1)`` (and ``2.5``, ``True``; ``FixedSizeSampler`` alike) drew a
+   cohort; now ``ValueError`` naming ``round_num``.
+e. ``compose_epsilon([(event, 10**400)], δ)`` raised ``OverflowError``; now ``ValueError``
+   naming the count and its range [0, 10**300] (``epsilon``/``calibrate``: one line naming
+   ``--rounds/--events-per-round``).
+f. Ctrl-C of ``data synth`` printed ``fedprivopt data: interrupted`` (``deploy local``:
+   ``fedprivopt deploy: interrupted``); now the command as typed.
+g. ``--out`` on a read-only file system said ``(permission denied)``; now
+   ``(read-only file system)``, naming the directory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedprivopt.privacy.accounting import SubsampledGaussianEvent, compose_epsilon
+from fedprivopt.privacy.sampling import FixedSizeSampler, PoissonSampler
+from fedprivopt.privacy.tuning import TrialCount
+from tests.reliability.test_fuzz_cli import run_cli
+
+TOY = str(Path(__file__).resolve().parents[2] / "simulations" / "toy.toml")
+EVENT = SubsampledGaussianEvent(1.0, "poisson", 0.1)
+
+
+def one_line_error(code: int, err: str, *parts: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and err.endswith("\n") and len(err.splitlines()) == 1, err
+    for part in parts:
+        assert part in err, err
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory) -> Path:
+    """A finished one-cell, one-round comparison ``C``."""
+    out = tmp_path_factory.mktemp("cmp") / "C"
+    code, _, err = run_cli(
+        ["compare", TOY, "--strategies", "dp-fedavg", "--rounds", "1", "--out", str(out), "--quiet"]
+    )
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("inside", ["runs", "runs/new", "runs/dp-fedavg__sigma0.5__seed0/x"])
+def test_a_data_synth_refuses_a_directory_inside_a_comparison_or_run(comparison, inside):
+    target = comparison / inside
+    before = sorted(p.name for p in (comparison / "runs").iterdir())
+    code, _, err = run_cli(["data", "synth", "--out", str(target), "--clients", "5"])
+    one_line_error(code, err, "argument --out:", "is inside", "not a data directory")
+    assert sorted(p.name for p in (comparison / "runs").iterdir()) == before
+    assert not (target / "stackoverflow.sqlite").exists()
+
+
+def test_a_data_synth_beside_a_comparison_is_still_written(comparison, tmp_path):
+    # control: `..` leads out of the comparison (the path is resolved, not read lexically)
+    target = comparison / "runs" / ".." / ".." / "D"
+    code, _, err = run_cli(["data", "synth", "--out", str(target), "--clients", "5"])
+    assert code == 0, err
+    assert (comparison.parent / "D" / "stackoverflow.sqlite").is_file()
+
+
+def test_a_task_generates_no_dataset_inside_a_comparison(comparison):
+    preset = str(Path(TOY).parent / "stackoverflow-tp-mini.toml")
+    target = comparison / "runs" / "data"
+    argv = ["simulate", preset, "--rounds", "1", "--set", f"task-params.data-dir={target}",
+            "--out", str(comparison.parent / "R"), "--quiet"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "task-params.data-dir", "is inside", "no synthetic dataset")
+    assert not target.exists() or not (target / "stackoverflow.sqlite").exists()
+
+
+def test_b_a_dangling_link_as_a_parent_of_out_is_named(tmp_path):
+    link = tmp_path / "L"
+    link.symlink_to(tmp_path / "nowhere")
+    for argv in (
+        ["data", "synth", "--out", str(link / "sub"), "--clients", "5"],
+        ["simulate", TOY, "--rounds", "1", "--out", str(link / "a" / "b")],
+    ):
+        code, _, err = run_cli(argv)
+        one_line_error(code, err, "argument --out:", f"'{link}' is a symbolic link to nothing")
+        assert "nowhere" in err and "exists and is not a directory" not in err, err
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("mean", [np.float32(3.0), np.float16(2.0), np.int64(4), 3, 2.5])
+def test_c_trial_count_takes_any_real_scalar(mean):
+    trials = TrialCount("poisson", mean)
+    assert trials.mean == float(mean) and type(trials.mean) is float
+    tnb = TrialCount("truncated-negative-binomial", mean, shape=np.float32(0.5))
+    assert tnb.shape == 0.5 and type(tnb.shape) is float
+
+
+@pytest.mark.parametrize(
+    "mean", [True, np.bool_(True), "3", None, math.nan, np.float32("nan"), -1.0, np.float32(0.5)]
+)
+def test_c_trial_count_still_refuses_what_is_not_a_valid_mean(mean):
+    with pytest.raises(ValueError, match=r"mean must be"):
+        TrialCount("poisson", mean)
+
+
+@pytest.mark.parametrize("round_num", [-1, -(2**70), 2.5, True, "3", None, np.float64(1.0)])
+def test_d_samplers_refuse_a_round_that_is_not_an_integer_at_least_zero(round_num):
+    for sampler in (PoissonSampler(10, 0.5), FixedSizeSampler(10, 3)):
+        with pytest.raises(ValueError, match=r"round_num must be an integer >= 0"):
+            sampler.sample(round_num)
+
+
+def test_d_samplers_still_draw_rounds_zero_and_up():
+    sampler = PoissonSampler(10, 0.5)
+    assert sampler.sample(np.int64(3)).tolist() == sampler.sample(3).tolist()
+    assert PoissonSampler(7, 1.0).sample(0).tolist() == list(range(7))
+    assert len(FixedSizeSampler(10, 3).sample(10**30)) == 3
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld", "prv"])
+def test_e_a_count_beyond_float64_is_a_value_error_naming_it(accountant):
+    range_ = r"ledger\[0\] count must be an integer in \[0, 10\*\*300\]"
+    with pytest.raises(ValueError, match=range_):
+        compose_epsilon([(EVENT, 10**400)], 1e-5, accountant=accountant)
+    with pytest.raises(ValueError, match=r"ledger\[1\] count: merged .* more than 10\*\*300"):
+        compose_epsilon([(EVENT, 10**300), (EVENT, 10**300)], 1e-5, accountant=accountant)
+
+
+def test_e_counts_up_to_the_bound_still_compose():
+    eps = compose_epsilon([(EVENT, 10**300)], 1e-5)
+    assert math.isfinite(eps) and eps > 1e297  # never less than what 10**300 releases spend
+    assert compose_epsilon([(EVENT, 10)], 1e-5) == pytest.approx(3.442, abs=1e-3)
+
+
+@pytest.mark.parametrize("command", ["epsilon", "calibrate"])
+def test_e_the_cli_names_its_flags(command):
+    first = ["--noise-multiplier", "1"] if command == "epsilon" else ["--target-epsilon", "1"]
+    argv = [command, *first, "--sample-rate", "0.1", "--rounds", str(10**400), "--delta", "1e-5"]
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "argument --rounds/--events-per-round", "10**300")
+    assert "OverflowError" not in err
+
+
+def test_f_ctrl_c_of_data_synth_names_the_subcommand(tmp_path, monkeypatch):
+    import fedprivopt.data as data
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data, "generate", interrupted)
+    code, _, err = run_cli(["data", "synth", "--out", str(tmp_path / "D"), "--clients", "5"])
+    assert code == 130 and err == "fedprivopt data synth: interrupted\n", (code, err)
+
+
+def test_g_a_read_only_file_system_is_named_as_such(tmp_path, monkeypatch):
+    import fedprivopt.cli_args as cli_args
+
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    monkeypatch.setattr(cli_args.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(cli_args.os, "statvfs", lambda path: ReadOnly())
+    code, _, err = run_cli(["data", "synth", "--out", str(tmp_path / "x"), "--clients", "5"])
+    one_line_error(code, err, f"cannot write in {tmp_path} (read-only file system)")
+    monkeypatch.setattr(cli_args.os, "statvfs", lambda path: type("Rw", (), {"f_flag": 0})())
+    code, _, err = run_cli(["data", "synth", "--out", str(tmp_path / "x"), "--clients", "5"])
+    one_line_error(code, err, f"cannot write in {tmp_path} (permission denied)")

@@ -230,11 +230,20 @@ def describe_os_error(exc: OSError) -> str:
 #: ``os.pwrite`` carries no file name): fourteenth review of issue 15, a full disk mid-run
 #: ended in a 40-line traceback (rc 1).
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+#: errnos of a file that cannot be read or written whatever the call: EIO (a failing disk or
+#: file server, also ``/proc/self/mem`` given as a file) ended in a traceback, rc 1 (sixteenth
+#: review of issue 15)
+_IO_ERRNOS = frozenset({errno.EIO})
 
 
 def is_file_error(exc: OSError) -> bool:
     """A file-system failure (reported as one line), not a network or other OS failure."""
-    return isinstance(exc, _FILE_ERRORS) or exc.filename is not None or exc.errno in _FULL_ERRNOS
+    return (
+        isinstance(exc, _FILE_ERRORS)
+        or exc.filename is not None
+        or exc.errno in _FULL_ERRNOS
+        or exc.errno in _IO_ERRNOS
+    )
 
 
 def name_task_param(message: str, params: dict) -> str:

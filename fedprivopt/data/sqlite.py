@@ -78,8 +78,13 @@ def check_sqlite_file(path: str | os.PathLike) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     size = path.stat().st_size
-    with path.open("rb") as f:
-        header = f.read(100)
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+    except OSError as exc:  # EIO (/proc/self/mem): sixteenth review of issue 15, rc 1
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
     if len(header) < 100 or not header.startswith(_HEADER):
         raise ValueError(f"{path}: not an SQLite database (bad or missing header)")
     page_size = int.from_bytes(header[16:18], "big")

@@ -43,6 +43,7 @@ from fedprivopt.simulation.files import (
     check_config_not_empty,
     check_regular,
     check_run_files,
+    naming,
     parse_json,
     read_rows,
     stated_epsilons,
@@ -147,7 +148,9 @@ def read_summary(out: Path) -> dict[str, Any] | None:
     if not check_regular(path, limit=SMALL_FILE_LIMIT):
         return None
     try:
-        summary = parse_json(path.read_text())
+        with naming(path):
+            text = path.read_text()
+        summary = parse_json(text)
         int(summary["rounds_completed"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is unreadable ({exc})") from None

@@ -18,12 +18,13 @@ last line. :func:`to_toml` writes the flat-with-tables mappings of presets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ __all__ = [
     "check_run_files",
     "fsync_dir",
     "json_line",
+    "naming",
     "parse_json",
     "read_lines",
     "read_rows",
@@ -197,6 +199,21 @@ def parse_json(text: str | bytes) -> Any:
         raise ValueError("nested too deeply to read (not written by fedprivopt)") from None
 
 
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Give an ``OSError`` raised inside without a file name (a failed ``read``) ``path``'s.
+
+    Sixteenth review of issue 15: a run file on which ``read`` fails (EIO: a failing disk, or a
+    link to ``/proc/self/mem``) ended ``--resume`` in a traceback naming no file (rc 1).
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+
 def read_lines(path: Path) -> tuple[list[str], int | None]:
     """The lines of a run's ``.jsonl`` file, and the byte offset of a torn last line.
 
@@ -214,7 +231,7 @@ def read_lines(path: Path) -> tuple[list[str], int | None]:
         return [], None
     lines: list[str] = []
     offset, torn_at = 0, None
-    with open(path, "rb") as fh:
+    with open(path, "rb") as fh, naming(path):
         while chunk := fh.readline(LINE_LIMIT + 1):
             if len(chunk) > LINE_LIMIT:
                 raise ValueError(

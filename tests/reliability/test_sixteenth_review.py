@@ -176,3 +176,54 @@ def test_g_a_read_only_file_system_is_named_as_such(tmp_path, monkeypatch):
     monkeypatch.setattr(cli_args.os, "statvfs", lambda path: type("Rw", (), {"f_flag": 0})())
     code, _, err = run_cli(["data", "synth", "--out", str(tmp_path / "x"), "--clients", "5"])
     one_line_error(code, err, f"cannot write in {tmp_path} (permission denied)")
+
+
+# -- the review's own findings ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished 2-round toy run ``A``."""
+    out = tmp_path_factory.mktemp("run") / "A"
+    code, _, err = run_cli(["simulate", TOY, "--rounds", "2", "--out", str(out), "--quiet"])
+    assert code == 0, err
+    return out
+
+
+def _copy_run(run: Path, to: Path, rounds: int) -> Path:
+    import shutil
+
+    shutil.copytree(run, to)
+    config = to / "config.toml"
+    config.write_text(
+        config.read_text().replace("num-server-rounds = 2", f"num-server-rounds = {rounds}")
+    )
+    return to
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs /proc/self/mem (EIO)")
+@pytest.mark.parametrize("name", ["metrics.jsonl", "privacy_ledger.jsonl", "summary.json"])
+def test_1_a_run_file_that_fails_to_read_is_one_line_naming_it(finished_run, tmp_path, name):
+    """Finding 1: a run file whose ``read`` fails with EIO (a failing disk; here a link to
+    ``/proc/self/mem``, a regular file that cannot be read) ended ``--resume`` in a traceback,
+    rc 1 (an ``OSError`` naming no file was taken for a bug)."""
+    run = _copy_run(finished_run, tmp_path / "B", 3)
+    (run / name).unlink()
+    (run / name).symlink_to("/proc/self/mem")
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    one_line_error(code, err, f"{run / name}: Input/output error")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs /proc/self/mem (EIO)")
+def test_1_data_info_of_a_file_that_fails_to_read_is_one_line():
+    code, _, err = run_cli(["data", "info", "/proc/self/mem"])
+    one_line_error(code, err, "/proc/self/mem: Input/output error")
+
+
+def test_1_an_eio_naming_no_file_is_a_file_error():
+    import errno
+
+    from fedprivopt.cli_args import is_file_error
+
+    assert is_file_error(OSError(errno.EIO, "Input/output error"))
+    assert not is_file_error(OSError(errno.ECONNREFUSED, "Connection refused"))

@@ -19,6 +19,7 @@ import dp_accounting as dpa
 from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.accounting import compose_epsilon, dpa_accountant
 from fedprivopt.privacy.accounting_state import (
+    MAX_LEDGER_COUNT,
     check_accountant,
     check_delta,
     check_pld_discretization,
@@ -190,11 +191,23 @@ def calibrate_noise_multiplier(
         numerically; with ``accountant="pld"``, when the PLD grid is too coarse to resolve the
         target. Each message advises another accountant.
     """
-    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
-        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon}")
+    # sixteenth review of issue 15: True was taken as a target of 1 and "5" failed with a
+    # TypeError; rounds=10**400 raised OverflowError from dp-accounting's composition
+    if (
+        isinstance(target_epsilon, bool)
+        or not isinstance(target_epsilon, Real)
+        or not (target_epsilon > 0 and math.isfinite(target_epsilon))
+    ):
+        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
+    target_epsilon = float(target_epsilon)
     delta = check_delta(delta)
     rounds = check_int("rounds", rounds, 1)
     events_per_round = check_int("events_per_round", events_per_round, 1)
+    if rounds * events_per_round > MAX_LEDGER_COUNT:
+        raise ValueError(
+            "rounds x events_per_round must be at most 10**300 (events composed; float64 holds "
+            f"no more), got an integer of {len(str(rounds * events_per_round)):,} digits"
+        )
     if isinstance(tol, bool) or not (isinstance(tol, Real) and 0 < tol <= 1):
         # fourteenth review of issue 15: tol=nan ended in brentq's "did not bracket a
         # solution" naming no parameter; tol=1e9 in an error blaming target_epsilon; tol=10

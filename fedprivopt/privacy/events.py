@@ -99,13 +99,19 @@ class SubsampledGaussianEvent:
 
     def __post_init__(self) -> None:
         sigma = self.noise_multiplier
+        # sixteenth review of issue 15: a numpy.float32 sigma was refused while a float32 rate
+        # was kept unconverted (its event then could not be written as JSON), and the
+        # constructors poisson()/fixed() took True and "0.5" through float(): every real
+        # scalar but a bool is taken, as a float
         if not (
-            isinstance(sigma, (int, float))
+            isinstance(sigma, numbers.Real)
             and not isinstance(sigma, bool)
             and sigma >= 0
             and math.isfinite(sigma)
         ):
             raise ValueError(f"noise_multiplier must be a finite number >= 0, got {sigma!r}")
+        sigma = float(sigma)
+        object.__setattr__(self, "noise_multiplier", sigma)
         if 0 < sigma < MIN_NOISE_MULTIPLIER:
             raise ValueError(
                 f"noise_multiplier must be 0 (no privacy) or at least {MIN_NOISE_MULTIPLIER:g} "
@@ -114,7 +120,7 @@ class SubsampledGaussianEvent:
         count = self.count_noise_multiplier
         if count is not None:
             if not (
-                isinstance(count, (int, float))
+                isinstance(count, numbers.Real)
                 and not isinstance(count, bool)
                 and count > 0
                 and math.isfinite(count)
@@ -156,6 +162,7 @@ class SubsampledGaussianEvent:
         rate = self.sample_rate
         if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 < rate <= 1.0:
             raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
+        object.__setattr__(self, "sample_rate", float(rate))
 
     @classmethod
     def poisson(
@@ -168,9 +175,9 @@ class SubsampledGaussianEvent:
     ) -> SubsampledGaussianEvent:
         """Poisson-subsampled Gaussian with inclusion probability ``sample_rate``."""
         return cls(
-            float(noise_multiplier),
+            noise_multiplier,
             "poisson",
-            float(sample_rate),
+            sample_rate,
             population,
             None,
             count_noise_multiplier,
@@ -188,7 +195,7 @@ class SubsampledGaussianEvent:
         """Gaussian on a cohort of exactly ``cohort_size`` users drawn without replacement."""
         population = check_int("population", population, 1)
         return cls(
-            float(noise_multiplier),
+            noise_multiplier,
             "fixed",
             cohort_size / population,
             population,
@@ -207,7 +214,7 @@ class SubsampledGaussianEvent:
         """
         population = check_int("population", population, 1)
         return cls(
-            float(noise_multiplier),
+            noise_multiplier,
             "tree",
             cohort_size / population,
             population,

@@ -227,3 +227,44 @@ def test_1_an_eio_naming_no_file_is_a_file_error():
 
     assert is_file_error(OSError(errno.EIO, "Input/output error"))
     assert not is_file_error(OSError(errno.ECONNREFUSED, "Connection refused"))
+
+
+def test_2_calibration_refuses_what_it_cannot_compose_and_a_bool_target():
+    """Finding 2: ``calibrate_noise_multiplier(rounds=10**400)`` raised ``OverflowError``
+    (finding e through dp-accounting's composition); ``target_epsilon=True`` was taken as a
+    target of 1 and ``"5"`` failed with a ``TypeError``."""
+    from fedprivopt.privacy.calibration import calibrate_noise_multiplier
+
+    base = {"target_epsilon": 5.0, "delta": 1e-5, "rounds": 100, "sample_rate": 0.1}
+    with pytest.raises(ValueError, match=r"rounds x events_per_round must be at most 10\*\*300"):
+        calibrate_noise_multiplier(**{**base, "rounds": 10**400})
+    for target in (True, "5", math.nan, math.inf, 0.0):
+        with pytest.raises(ValueError, match=r"target_epsilon must be a finite number > 0"):
+            calibrate_noise_multiplier(**{**base, "target_epsilon": target})
+    sigma = calibrate_noise_multiplier(**{**base, "target_epsilon": np.float32(5.0)})
+    assert sigma == calibrate_noise_multiplier(**base)
+    assert compose_epsilon([(SubsampledGaussianEvent(sigma, "poisson", 0.1), 100)], 1e-5) <= 5.0
+
+
+def test_2_events_take_real_scalars_as_floats_and_refuse_bools_and_strings():
+    """Finding 2: ``SubsampledGaussianEvent(numpy.float32(1.0), ...)`` was refused while a
+    ``float32`` rate was kept unconverted (its ``to_dict`` then failed as JSON);
+    ``SubsampledGaussianEvent.poisson(sample_rate=True, noise_multiplier="1")`` was accepted
+    (through ``float()``) as q = 1, σ = 1."""
+    import json
+
+    event = SubsampledGaussianEvent(np.float32(1.0), "poisson", np.float32(0.5))
+    assert type(event.noise_multiplier) is float and type(event.sample_rate) is float
+    json.dumps(event.to_dict())
+    assert event == SubsampledGaussianEvent(1.0, "poisson", 0.5)
+    bad = [
+        {"sample_rate": True, "noise_multiplier": 1.0},
+        {"sample_rate": 0.1, "noise_multiplier": True},
+        {"sample_rate": "0.1", "noise_multiplier": 1.0},
+        {"sample_rate": 0.1, "noise_multiplier": "1"},
+    ]
+    for kwargs in bad:
+        with pytest.raises(ValueError, match=r"(sample_rate|noise_multiplier) must be"):
+            SubsampledGaussianEvent.poisson(**kwargs)
+    with pytest.raises(ValueError, match=r"noise_multiplier must be"):
+        SubsampledGaussianEvent.fixed(population=10, cohort_size=2, noise_multiplier=True)

@@ -40,7 +40,7 @@ def adam(
     learning_rate: float,
     beta1: float = 0.9,
     beta2: float = 0.99,
-    tau: float = 1e-3,
+    tau: float | None = 1e-3,
     bias_correction: bool = True,
     tau_placement: TauPlacement = "corrected",
     count_offset: int = 0,
@@ -87,8 +87,12 @@ def adam(
         First-moment decay in ``[0, 1)``.
     beta2 : float, default 0.99
         Second-moment decay in ``[0, 1)``.
-    tau : float, default 1e-3
-        Adaptivity constant ``τ`` (Adam's ε) in ``(0, inf)``.
+    tau : float or None, default 1e-3
+        Adaptivity constant ``τ`` (Adam's ε) in ``(0, inf)``. ``None``: ``τ_t = √Φ_t``, the
+        per-coordinate noise std of the round's Δ̃, passed every round as
+        ``update(..., noise_variance=Φ_t)``. A coordinate whose second moment is the noise
+        alone then steps by ``m̂/(2√Φ)`` whatever σ is, the scale DP-AdamBC's floor ``γ′ = Φ``
+        also sets (its pure-noise step is ``m̂/√Φ``).
     bias_correction : bool, default True
         Apply Adam's bias correction.
     tau_placement : {"corrected", "raw"}, default "corrected"
@@ -102,8 +106,8 @@ def adam(
     -------
     ServerTransform
         ``init(params) -> AdamState`` and ``update(delta_tilde, state, params=None, *,
-        noise_variance=None) -> (step, state)``; ``noise_variance`` is ignored (see
-        :func:`~fedprivopt.optim.adam_bc` for the DP-corrected variant).
+        noise_variance=None) -> (step, state)``; ``noise_variance`` is used only when ``tau``
+        is ``None`` (see :func:`~fedprivopt.optim.adam_bc` for the DP-corrected variant).
 
     Raises
     ------
@@ -119,7 +123,8 @@ def adam(
     lr = check_real("learning_rate", learning_rate, low=0.0, low_open=True)
     b1 = check_real("beta1", beta1, low=0.0, high=1.0, high_open=True)
     b2 = check_real("beta2", beta2, low=0.0, high=1.0, high_open=True)
-    tau = check_real("tau", tau, low=0.0, low_open=True)
+    if tau is not None:
+        tau = check_real("tau", tau, low=0.0, low_open=True)
     bias_correction = check_bool("bias_correction", bias_correction)
     if tau_placement not in ("corrected", "raw"):
         raise ValueError(f"tau_placement must be 'corrected' or 'raw', got {tau_placement!r}")
@@ -137,20 +142,20 @@ def adam(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, AdamState]:
-        del noise_variance  # public metadata this transform does not use
         check_update_inputs(delta_tilde, params, state.mu)
+        tau_t = tau if tau is not None else _noise_tau(noise_variance)
         count = state.count + 1
         mu = torch.lerp(state.mu, delta_tilde, 1.0 - b1)
         nu = state.nu.mul(b2).addcmul_(delta_tilde, delta_tilde, value=1.0 - b2)
         # Every convention is scale * m / (sqrt(v) + tau_eff), which needs one temporary:
         # m_hat / (sqrt(v_hat) + tau) = (sqrt(b_2) / b_1) * m / (sqrt(v) + tau * sqrt(b_2)).
-        scale, tau_eff = lr, tau
+        scale, tau_eff = lr, tau_t
         if bias_correction:
             t = count + count_offset
             sqrt_bc2 = math.sqrt(1.0 - b2**t)
             scale = lr * sqrt_bc2 / (1.0 - b1**t)
             if tau_placement == "corrected":
-                tau_eff = tau * sqrt_bc2
+                tau_eff = tau_t * sqrt_bc2
         denom = nu.sqrt().add_(tau_eff)
         step = torch.div(mu, denom, out=denom).mul_(scale)
         return step, AdamState(count=count, mu=mu, nu=nu)
@@ -166,6 +171,16 @@ def adam(
         count_offset=count_offset,
     )
     return ServerTransform(init, update, hparams)
+
+
+def _noise_tau(noise_variance: float | None) -> float:
+    """``√Φ_t`` for ``tau=None``: the round's per-coordinate noise std of Δ̃ (public metadata)."""
+    if noise_variance is None:
+        raise ValueError(
+            "tau = None (tau follows the noise std) needs update(..., noise_variance=Phi_t)"
+        )
+    phi = check_real("noise_variance", noise_variance, low=0.0, low_open=True)
+    return math.sqrt(phi)
 
 
 def flower_fedadam(

@@ -42,17 +42,23 @@ class DPFedAvg(ServerAlgorithm):
 
 
 class DPFedAdam(ServerAlgorithm):
-    """Adam on the noised mean (also the non-private ``fedadam``)."""
+    """Adam on the noised mean (also the non-private ``fedadam``).
+
+    ``tau`` unset follows the noise: ``τ_t = √Φ_t = σC_t/m̄`` (1e-3 when not private).
+    """
 
     def make_transform(self) -> optim.ServerTransform:
-        rate, o = self.config.server_learning_rate, self.config.options
+        c = self.config
+        rate, o = c.server_learning_rate, c.options
+        # tau None follows the noise (sqrt(Phi_t), passed every round) in a private run.
+        tau = o.tau if o.tau is not None or (c.private and o.adam_flavor != "flower") else 1e-3
         if o.adam_flavor == "flower":
-            return optim.flower_fedadam(eta=rate, beta_1=o.beta1, beta_2=o.beta2, tau=o.tau)
+            return optim.flower_fedadam(eta=rate, beta_1=o.beta1, beta_2=o.beta2, tau=tau)
         return optim.adam(
             learning_rate=rate,
             beta1=o.beta1,
             beta2=o.beta2,
-            tau=o.tau,
+            tau=tau,
             bias_correction=o.bias_correction,
         )
 

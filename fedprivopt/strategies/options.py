@@ -175,8 +175,13 @@ class AdamOptions(MomentOptions):
 
     Attributes
     ----------
-    tau : float
-        Adam's ``τ`` (added to ``√v̂``), ``> 0``.
+    tau : float or None
+        Adam's ``τ`` (added to ``√v̂``), ``> 0``. ``None`` (default): follows the noise,
+        ``τ_t = σC_t/m̄`` (``√Φ_t``, the per-coordinate noise std of the round's Δ̃; 1e-3 in
+        a non-private run, and with ``adam-flavor = "flower"``, Flower's default). A fixed τ
+        is right at one σ only: on ``simulations/adadps-paper.toml`` (tuning seeds 10-12)
+        τ = 0.033 led at σ 0.3 (0.374 against 0.345 at 0.1) and τ = 0.1 at σ 1.5 (0.291
+        against 0.284); ``σC/m̄`` is 0.03 and 0.15 there (``docs/EXPERIMENTS.md``).
     bias_correction : bool
         Whether the moments are bias-corrected.
     adam_flavor : {"standard", "flower"}
@@ -184,7 +189,7 @@ class AdamOptions(MomentOptions):
         the bias-correction exponent ``round + 1``); ``"standard"`` is Reddi et al.
     """
 
-    tau: float = real(1e-3, 0, math.inf, low_open=True)
+    tau: float | None = real(None, 0, math.inf, low_open=True, optional=True)
     bias_correction: bool = flag(True)
     adam_flavor: str = choice("standard", ("standard", "flower"))
 

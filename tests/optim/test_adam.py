@@ -38,6 +38,29 @@ def test_bias_corrected_first_step_hand_computed():
     torch.testing.assert_close(step, t64(0.1 * 0.1 / 0.101, -0.1 * 0.2 / 0.201, 0.0))
 
 
+def test_tau_none_follows_the_noise_std_passed_each_round():
+    # tau None: tau_t = sqrt(Phi_t). t = 1: step = 0.1 * delta / (|delta| + sqrt(Phi_t)), and the
+    # second round uses its own Phi: the same steps as fixed taus 0.03 then 0.5.
+    tx = adam(learning_rate=0.1, tau=None)
+    state = tx.init(t64(0, 0, 0))
+    step, state = tx.update(t64(*DELTA), state, noise_variance=0.03**2)
+    torch.testing.assert_close(step, t64(0.1 * 0.1 / 0.13, -0.1 * 0.2 / 0.23, 0.0))
+    step2, _ = tx.update(t64(*DELTA), state, noise_variance=0.25)
+    fixed = [adam(learning_rate=0.1, tau=tau) for tau in (0.03, 0.5)]
+    s1 = fixed[0].init(t64(0, 0, 0))
+    _, s1 = fixed[0].update(t64(*DELTA), s1)
+    expected, _ = fixed[1].update(t64(*DELTA), s1)
+    torch.testing.assert_close(step2, expected)
+    assert tx.hparams["tau"] is None
+
+
+@pytest.mark.parametrize("noise_variance", [None, 0.0, -1.0, float("nan")])
+def test_tau_none_needs_a_positive_noise_variance(noise_variance):
+    tx = adam(learning_rate=0.1, tau=None)
+    with pytest.raises(ValueError, match="noise_variance"):
+        tx.update(t64(*DELTA), tx.init(t64(0, 0, 0)), noise_variance=noise_variance)
+
+
 def test_raw_tau_first_step_hand_computed():
     # t = 1, tau on the raw sqrt(v): 0.1 * (sqrt(0.01) / 0.1) * m / (sqrt(v) + 1e-3), which at
     # t = 1 equals the uncorrected step because sqrt(1 - 0.99) / (1 - 0.9) = 1.

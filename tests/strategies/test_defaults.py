@@ -1,4 +1,4 @@
-"""The defaults that depend on the noise: DP-AdamBC's floor and ADADP's tolerance."""
+"""The defaults that depend on the noise: DP-FedAdam's τ, DP-AdamBC's floor, ADADP's tolerance."""
 
 import dataclasses
 from pathlib import Path
@@ -45,6 +45,22 @@ def test_bc_floor_defaults_to_the_noise_variance():
     for a in (alg, explicit):
         drive_round(a, 1, fixed_updates())
     torch.testing.assert_close(alg.params, explicit.params, rtol=1e-12, atol=0.0)
+
+
+def test_fedadam_tau_defaults_to_the_noise_std():
+    assert StrategyConfig(strategy="dp-fedadam").options.tau is None
+    alg = _alg("dp-fedadam")
+    assert alg.transform.hparams["tau"] is None  # follows the round's sqrt(Phi)
+    # with a fixed clip norm tau is sigma C / m = 1.5 * 2 / 8: the same model as that fixed tau
+    explicit = _alg("dp-fedadam", tau=1.5 * 2.0 / 8.0)
+    small = _alg("dp-fedadam", tau=1e-3)
+    for a in (alg, explicit, small):
+        drive_round(a, 1, fixed_updates())
+    torch.testing.assert_close(alg.params, explicit.params, rtol=1e-12, atol=0.0)
+    assert not torch.allclose(alg.params, small.params)
+    # without noise (non-private fedadam) and in Flower's flavour: Flower's 1e-3
+    for name, kw in (("fedadam", {}), ("dp-fedadam", {"adam_flavor": "flower"})):
+        assert _alg(name, **kw).transform.hparams["tau"] == 1e-3
 
 
 def test_adadp_tolerance_defaults_to_the_noise_calibrated_one():

@@ -54,6 +54,7 @@ from fedprivopt.privacy.accounting_state import (
     check_accountant,
     check_delta,
     check_pld_discretization,
+    check_prv_eps_error,
     merge_ledger,
     parse_state,
     relation_of,
@@ -163,7 +164,7 @@ def check_ledger(
     if accountant == "pld":
         check_pld_ledger(merged, pld_discretization)
     elif accountant == "prv":
-        check_prv_ledger(merged, check_delta(delta), float(prv_eps_error))
+        check_prv_ledger(merged, check_delta(delta), check_prv_eps_error(prv_eps_error))
 
 
 def single_gaussians(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> Ledger:
@@ -235,7 +236,7 @@ def compose_epsilon(
         return math.inf
     relation_of(ledger, accountant)
     if accountant == "prv":
-        return prv_epsilon(single_gaussians(ledger), delta, float(prv_eps_error))
+        return prv_epsilon(single_gaussians(ledger), delta, check_prv_eps_error(prv_eps_error))
     if accountant == "rdp":
         # The RDP of a composition is the count-weighted sum of each event's RDP curve, exactly
         # what RdpAccountant.compose accumulates; computing each distinct curve once (cached)
@@ -288,9 +289,7 @@ class PrivacyAccountant:
     ) -> None:
         self.accountant = check_accountant(accountant)
         self.pld_discretization = check_pld_discretization(pld_discretization)
-        if not (0 < prv_eps_error < 1):
-            raise ValueError(f"prv_eps_error must be in (0, 1), got {prv_eps_error}")
-        self.prv_eps_error = float(prv_eps_error)
+        self.prv_eps_error = check_prv_eps_error(prv_eps_error)
         self._ledger: Ledger = ()
         self._cache: dict[tuple[Ledger, float], float] = {}
 

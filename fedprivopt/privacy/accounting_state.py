@@ -12,6 +12,7 @@ refused with a ``ValueError`` naming it.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 
 import dp_accounting as dpa
@@ -30,6 +31,7 @@ __all__ = [
     "check_accountant",
     "check_delta",
     "check_pld_discretization",
+    "check_prv_eps_error",
     "gib",
     "is_count",
     "merge_ledger",
@@ -60,12 +62,33 @@ MAX_LEDGER_COUNT = 10**300
 Ledger = tuple[tuple[SubsampledGaussianEvent, int], ...]
 
 
+def _real(name: str, value: object, shown_range: str) -> float:
+    """``value`` as a float; ``ValueError`` naming ``name`` unless it is a real number.
+
+    Sixteenth review of issue 15: ``compose_epsilon(ledger, "1e-5")`` and
+    ``PrivacyAccountant(pld_discretization="0.5")`` were taken through ``float()``, and
+    ``PrivacyAccountant(prv_eps_error="0.5")`` raised a ``TypeError``; bools and strings are
+    refused, as for every other parameter of the accountants.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number in {shown_range}, got {value!r}")
+    return float(value)
+
+
 def check_delta(delta: float) -> float:
-    """``delta`` as a float; ``ValueError`` unless it is in (0, 1)."""
-    delta = float(delta)
+    """``delta`` as a float; ``ValueError`` unless it is a number in (0, 1)."""
+    delta = _real("delta", delta, "(0, 1)")
     if not (0.0 < delta < 1.0):
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     return delta
+
+
+def check_prv_eps_error(eps_error: float) -> float:
+    """``eps_error`` as a float; ``ValueError`` unless it is a number in (0, 1)."""
+    eps_error = _real("prv_eps_error", eps_error, "(0, 1)")
+    if not (0.0 < eps_error < 1.0):
+        raise ValueError(f"prv_eps_error must be in (0, 1), got {eps_error}")
+    return eps_error
 
 
 def check_accountant(accountant: str) -> str:
@@ -76,8 +99,8 @@ def check_accountant(accountant: str) -> str:
 
 
 def check_pld_discretization(interval: float) -> float:
-    """``interval`` as a float; ``ValueError`` unless it is in (0, 1)."""
-    interval = float(interval)
+    """``interval`` as a float; ``ValueError`` unless it is a number in (0, 1)."""
+    interval = _real("pld_discretization", interval, "(0, 1)")
     if not (0 < interval < 1):
         raise ValueError(f"pld_discretization must be in (0, 1), got {interval}")
     return interval

@@ -268,3 +268,27 @@ def test_2_events_take_real_scalars_as_floats_and_refuse_bools_and_strings():
             SubsampledGaussianEvent.poisson(**kwargs)
     with pytest.raises(ValueError, match=r"noise_multiplier must be"):
         SubsampledGaussianEvent.fixed(population=10, cohort_size=2, noise_multiplier=True)
+
+
+def test_3_accountant_settings_must_be_numbers_in_range():
+    """Finding 3: ``compose_epsilon(ledger, "1e-5")`` and ``PrivacyAccountant(
+    pld_discretization="0.5")`` were taken through ``float()``; ``PrivacyAccountant(
+    prv_eps_error="0.5")`` raised a ``TypeError``; ``compose_epsilon(..., accountant="prv",
+    prv_eps_error=-1)`` (or NaN) was refused as a domain of ``inf`` points, and 5 accepted."""
+    from fedprivopt.privacy.accounting import PrivacyAccountant
+
+    ledger = [(EVENT, 10)]
+    for delta in ("1e-5", True, None):
+        with pytest.raises(ValueError, match=r"delta must be a number in \(0, 1\)"):
+            compose_epsilon(ledger, delta)
+    for value in (-1.0, math.nan, 5.0, "0.01", True):
+        with pytest.raises(ValueError, match=r"prv_eps_error must be"):
+            compose_epsilon(ledger, 1e-5, accountant="prv", prv_eps_error=value)
+    for kwargs in (
+        {"prv_eps_error": "0.5"},
+        {"pld_discretization": "0.5"},
+        {"prv_eps_error": True},
+    ):
+        with pytest.raises(ValueError, match=r"(prv_eps_error|pld_discretization) must be"):
+            PrivacyAccountant(**kwargs)
+    assert compose_epsilon(ledger, np.float32(1e-5)) == pytest.approx(3.4416, abs=1e-3)

@@ -72,6 +72,16 @@ A row is about 0.5-2 KB (the Flower engine's and ADADP's the longest). Twelfth r
 decoded and split, and ended in a ``MemoryError`` traceback.
 """
 
+LINES_LIMIT = 2_000_064
+"""The most lines ``metrics.jsonl`` or ``privacy_ledger.jsonl`` may hold.
+
+A run releases at most ``strategies.config.MAX_ROUNDS`` = 10**6 rounds: one metrics row and one
+ledger line each (a resume rewrites the rows after its checkpoint away; a redone round may add
+a ledger line), so twice that and a header leave room. Sixteenth review of issue 15: 5 million
+lines ``{"round": 1}`` appended to ``metrics.jsonl`` (65 MB) made ``--resume`` hold 3.3 GB
+(about 650 bytes a short row), and a larger file grew until killed.
+"""
+
 
 # -- what may be read ------------------------------------------------------------------------------
 
@@ -237,6 +247,12 @@ def read_lines(path: Path) -> tuple[list[str], int | None]:
                 raise ValueError(
                     f"{path}: line {len(lines) + 1} is longer than {LINE_LIMIT} bytes, which "
                     "no line fedprivopt writes is (the file is damaged): restore or remove it"
+                )
+            if len(lines) == LINES_LIMIT:
+                raise ValueError(
+                    f"{path}: holds more than {LINES_LIMIT:,} lines, more than a run of at most "
+                    "10**6 rounds writes (one a round): the file is damaged or was extended "
+                    "outside fedprivopt; restore or remove it"
                 )
             torn_at = None if chunk.endswith(b"\n") else offset
             offset += len(chunk)

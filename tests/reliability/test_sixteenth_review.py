@@ -292,3 +292,27 @@ def test_3_accountant_settings_must_be_numbers_in_range():
         with pytest.raises(ValueError, match=r"(prv_eps_error|pld_discretization) must be"):
             PrivacyAccountant(**kwargs)
     assert compose_epsilon(ledger, np.float32(1e-5)) == pytest.approx(3.4416, abs=1e-3)
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "privacy_ledger.jsonl"])
+def test_4_a_run_file_of_more_lines_than_any_run_writes_is_refused(
+    finished_run, tmp_path, monkeypatch, name
+):
+    """Finding 4: 5 million lines ``{"round": 1}`` appended to ``metrics.jsonl`` (65 MB) made
+    ``--resume`` hold 3.3 GB for 33 s (and resume, rc 0); a larger file grew until killed.
+    Now at most ``files.LINES_LIMIT`` lines (twice 10**6 rounds); lowered here to keep it fast."""
+    from fedprivopt.simulation import files
+
+    monkeypatch.setattr(files, "LINES_LIMIT", 50)
+    run = _copy_run(finished_run, tmp_path / "B", 3)
+    with open(run / name, "a") as fh:
+        fh.write('{"round": 1}\n' * 60)
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    one_line_error(code, err, f"{run / name}: holds more than 50 lines")
+
+
+def test_4_the_line_limit_covers_the_longest_run():
+    from fedprivopt.simulation import files
+    from fedprivopt.strategies.config import MAX_ROUNDS
+
+    assert files.LINES_LIMIT >= 2 * MAX_ROUNDS + 2

@@ -316,3 +316,30 @@ def test_4_the_line_limit_covers_the_longest_run():
     from fedprivopt.strategies.config import MAX_ROUNDS
 
     assert files.LINES_LIMIT >= 2 * MAX_ROUNDS + 2
+
+
+def test_5_data_synth_overwrite_never_writes_through_a_linked_file(tmp_path):
+    """Finding 5: ``data synth --out D --overwrite`` over a synthetic ``D`` whose
+    ``stackoverflow.word_count`` (or ``tag_count``, ``sqlite``, the marker) was a symbolic link
+    to another dataset's file wrote the synthetic counts through the link (rc 0): the other,
+    real dataset's vocabulary was replaced. Now the links are removed, their targets kept."""
+    real = tmp_path / "R"
+    real.mkdir()
+    names = ["stackoverflow.word_count", "stackoverflow.tag_count", "stackoverflow.sqlite"]
+    for name in names:
+        (real / name).write_text(f"the real {name}\n")
+    data = tmp_path / "D"
+    code, _, err = run_cli(["data", "synth", "--out", str(data), "--clients", "5"])
+    assert code == 0, err
+    for name in names:
+        (data / name).unlink()
+        (data / name).symlink_to(real / name)
+    (data / "stackoverflow.synthetic.json").rename(tmp_path / "marker.json")
+    (data / "stackoverflow.synthetic.json").symlink_to(tmp_path / "marker.json")
+    code, _, err = run_cli(["data", "synth", "--out", str(data), "--clients", "7", "--overwrite"])
+    assert code == 0, err
+    for name in names:
+        assert (real / name).read_text() == f"the real {name}\n", name
+        assert not (data / name).is_symlink()
+    assert '"num_clients": 5,' in (tmp_path / "marker.json").read_text()  # the old marker
+    assert '"num_clients": 7,' in (data / "stackoverflow.synthetic.json").read_text()

@@ -37,6 +37,7 @@ __all__ = [
     "PREVIOUS_CHECKPOINT",
     "SUMMARY_FILE",
     "atomic_write",
+    "check_appended_not_linked",
     "check_config_not_empty",
     "check_regular",
     "check_run_files",
@@ -125,6 +126,25 @@ def check_run_files(out: Path) -> None:
         check_regular(out / name, limit=SMALL_FILE_LIMIT)
     for name in (METRICS_FILE, LEDGER_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT):
         check_regular(out / name)
+
+
+def check_appended_not_linked(out: Path) -> None:
+    """Refuse a run whose ``privacy_ledger.jsonl`` or ``metrics.jsonl`` is a symbolic link.
+
+    A resume appends to both, which through a link changes the linked file. Sixteenth review
+    of issue 15: run ``B`` made as a linked copy of run ``A`` (``cp -rs A B``), then
+    ``simulate --resume B`` with more rounds, appended ``B``'s rounds to ``A``'s ledger (rc 0):
+    ``A`` then showed rounds it never released, and its own resume was refused. Reading
+    through a link (a report, a reused cell) stays allowed.
+    """
+    for name in (LEDGER_FILE, METRICS_FILE):
+        path = Path(out) / name
+        if path.is_symlink():
+            raise ValueError(
+                f"{path} is a symbolic link (to {os.readlink(path)!r}): a resume appends to it, "
+                "which would change the linked file; put a copy of the file in place of the "
+                "link to continue this run"
+            )
 
 
 def check_config_not_empty(path: Path) -> None:

@@ -59,6 +59,7 @@ from fedprivopt.simulation.files import (
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
     atomic_write,
+    check_appended_not_linked,
     check_config_not_empty,
     check_run_files,
     fsync_dir,
@@ -269,6 +270,7 @@ def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
     if not (out / CONFIG_FILE).is_file():
         raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
+    check_appended_not_linked(out)
     with lock_run_dir(out):
         return _resume_locked(out, progress)
 

@@ -343,3 +343,20 @@ def test_5_data_synth_overwrite_never_writes_through_a_linked_file(tmp_path):
         assert not (data / name).is_symlink()
     assert '"num_clients": 5,' in (tmp_path / "marker.json").read_text()  # the old marker
     assert '"num_clients": 7,' in (data / "stackoverflow.synthetic.json").read_text()
+
+
+@pytest.mark.parametrize("name", ["privacy_ledger.jsonl", "metrics.jsonl"])
+def test_6_a_resume_never_appends_through_a_linked_ledger_or_metrics(finished_run, tmp_path, name):
+    """Finding 6: run ``B`` made as a linked copy of run ``A`` (``cp -rs A B``, config.toml
+    copied and raised to more rounds), then ``simulate --resume B``: rc 0, ``B``'s rounds were
+    appended to ``A``'s ledger through the link (``A`` then showed rounds it never released).
+    Now refused before anything is written, naming the link; the linked file unchanged."""
+    other = _copy_run(finished_run, tmp_path / "A", 2)
+    run = _copy_run(finished_run, tmp_path / "B", 3)
+    (run / name).unlink()
+    (run / name).symlink_to(other / name)
+    before = (other / name).read_bytes()
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    one_line_error(code, err, f"{run / name} is a symbolic link", "a resume appends to it")
+    assert (other / name).read_bytes() == before
+    assert (run / "summary.json").is_file()  # nothing of B touched either

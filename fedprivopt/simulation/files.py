@@ -41,6 +41,7 @@ __all__ = [
     "check_config_not_empty",
     "check_regular",
     "check_run_files",
+    "detach_appended",
     "fsync_dir",
     "json_line",
     "naming",
@@ -145,6 +146,32 @@ def check_appended_not_linked(out: Path) -> None:
                 "which would change the linked file; put a copy of the file in place of the "
                 "link to continue this run"
             )
+
+
+def detach_appended(out: Path) -> None:
+    """Give ``privacy_ledger.jsonl`` and ``metrics.jsonl`` of ``out`` their own copies.
+
+    A file with other hard links (``cp -al A B``, a snapshot backup) is copied and the copy
+    renamed over it, so that the appends of a resume change this run's file alone. Sixteenth
+    review of issue 15: ``simulate --resume B`` of such a copy appended ``B``'s rounds to
+    ``A``'s ledger too (rc 0), after which ``A`` showed rounds it never released and its own
+    resume was refused.
+    """
+    import shutil
+
+    for name in (LEDGER_FILE, METRICS_FILE):
+        path = Path(out) / name
+        try:
+            links = path.stat().st_nlink
+        except FileNotFoundError:
+            continue
+        if links > 1:
+            tmp = path.with_name(path.name + ".tmp")
+            shutil.copyfile(path, tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
 
 
 def check_config_not_empty(path: Path) -> None:

@@ -62,6 +62,7 @@ from fedprivopt.simulation.files import (
     check_appended_not_linked,
     check_config_not_empty,
     check_run_files,
+    detach_appended,
     fsync_dir,
     json_line,
 )
@@ -283,6 +284,7 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
         # must not leave the old summary claiming it finished (with the old rounds and epsilon)
         (out / SUMMARY_FILE).unlink()
         fsync_dir(out)
+    detach_appended(out)  # a hard-linked ledger or metrics file: appends change this run's only
     if ledger is None and run.checkpoint is None:
         # killed before its header
         ledger = RunLedger.create(out, config, alg.accountant, data_identity(run.task))

@@ -360,3 +360,32 @@ def test_6_a_resume_never_appends_through_a_linked_ledger_or_metrics(finished_ru
     one_line_error(code, err, f"{run / name} is a symbolic link", "a resume appends to it")
     assert (other / name).read_bytes() == before
     assert (run / "summary.json").is_file()  # nothing of B touched either
+
+
+def test_7_a_resume_of_a_hard_linked_copy_leaves_the_original_unchanged(finished_run, tmp_path):
+    """Finding 7: run ``B`` made as a hard-linked copy of run ``A`` (``cp -al A B``, a snapshot
+    backup), ``config.toml`` raised to 3 rounds, ``simulate --resume B``: rc 0, and ``B``'s
+    round 3 appended to ``A``'s ledger too (one inode), after which ``A`` showed a round it
+    never released and its own resume was refused. Now the resume copies the two files it
+    appends to before its first write."""
+    import shutil
+
+    original = tmp_path / "A"
+    shutil.copytree(finished_run, original)
+    copy = tmp_path / "B"
+    shutil.copytree(original, copy, copy_function=os.link)
+    (copy / "config.toml").unlink()
+    shutil.copy(original / "config.toml", copy / "config.toml")
+    config = copy / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3"))
+    before = {n: (original / n).read_bytes() for n in ("privacy_ledger.jsonl", "metrics.jsonl")}
+    code, _, err = run_cli(["simulate", "--resume", str(copy), "--quiet"])
+    assert code == 0, err
+    for name, data in before.items():
+        assert (original / name).read_bytes() == data, name
+        assert (copy / name).stat().st_nlink == 1
+    assert b'"round": 3' in (copy / "privacy_ledger.jsonl").read_bytes()
+    config = original / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3"))
+    code, _, err = run_cli(["simulate", "--resume", str(original), "--quiet"])
+    assert code == 0, err

@@ -115,7 +115,14 @@ def _check_log_dir(logs: Path) -> None:
         return
     if logs.is_symlink() or not logs.is_dir():
         raise ValueError(f"argument --out: {logs} is not a directory of deploy local's logs")
-    foreign = sorted(p.name for p in logs.iterdir() if not _OUR_LOGS.fullmatch(p.name))
+    # sixteenth review of issue 15: a superlink.log that is a symbolic link (to a user's file)
+    # was taken for an earlier log and appended to through the link; only regular files are
+    # an earlier deployment's
+    foreign = sorted(
+        p.name
+        for p in logs.iterdir()
+        if not _OUR_LOGS.fullmatch(p.name) or p.is_symlink() or not p.is_file()
+    )
     record = logs / "processes.json"
     if not foreign and record.exists():
         try:

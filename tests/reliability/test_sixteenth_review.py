@@ -389,3 +389,26 @@ def test_7_a_resume_of_a_hard_linked_copy_leaves_the_original_unchanged(finished
     config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3"))
     code, _, err = run_cli(["simulate", "--resume", str(original), "--quiet"])
     assert code == 0, err
+
+
+def test_8_deploy_local_refuses_a_log_that_is_a_symbolic_link(tmp_path):
+    """Finding 8: ``deploy local toy.toml --nodes 2 --out DL`` with ``DL/deploy/superlink.log`` a
+    symbolic link to a user's ``notes.txt``: rc 0, and 62 lines of SuperLink's log appended to
+    ``notes.txt`` (the name looked like an earlier deployment's log). Now refused before
+    anything is written or started."""
+    from fedprivopt.deploy.cli import _check_log_dir
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("user notes\n")
+    out = tmp_path / "DL"
+    (out / "deploy").mkdir(parents=True)
+    (out / "deploy" / "superlink.log").symlink_to(notes)
+    with pytest.raises(ValueError, match=r"holds superlink\.log, which deploy local did not"):
+        _check_log_dir(out / "deploy")
+    code, _, err = run_cli(["deploy", "local", TOY, "--nodes", "2", "--out", str(out), "--quiet"])
+    one_line_error(code, err, "argument --out:", "superlink.log")
+    assert notes.read_text() == "user notes\n"
+    assert sorted(p.name for p in out.iterdir()) == ["deploy"]
+    (out / "deploy" / "superlink.log").unlink()
+    (out / "deploy" / "superlink.log").write_text("an earlier log\n")
+    _check_log_dir(out / "deploy")  # control: a regular log of an earlier deployment

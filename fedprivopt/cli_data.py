@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from fedprivopt.cli_args import (
     HelpFormatter,
     Parser,
     UsageError,
     check_out_dir,
+    check_path_text,
     int_at_least,
     int_in,
 )
@@ -118,7 +118,9 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     """``fedprivopt data info``: users and examples per split, and their size distribution."""
     from fedprivopt.data import format_summary, open_split, summarize_split, summarize_sqlite
 
-    path = Path(args.path)
+    # sixteenth review of issue 15: `data info ""` summarized the current directory, and a
+    # control character in PATH was echoed raw to the terminal
+    path = check_path_text(args.path, "PATH")
     if path.is_dir():  # ninth review of issue 15 (N7): each case says what is wrong
         path = path / "stackoverflow.sqlite"
         if not path.exists():

@@ -379,6 +379,9 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         check_untuned_seeds,
     )
 
+    # sixteenth review of issue 15: an empty TUNED ("") was taken for the current directory
+    # and the refusal named --out ("'X' is inside the tuning ''")
+    tuned = [check_path_text(t, "TUNED") for t in args.tuned]
     out = check_out_dir(args.out)
     try:
         check_out_outside(out, args.tuned)
@@ -387,7 +390,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     runs = []
     try:
-        for checked in check_tunings([check_path_text(t, "TUNED") for t in args.tuned]):
+        for checked in check_tunings(tuned):
             runs.append(load_tuned(checked.path, checked))
         untuned = []
         for text in args.untuned or []:

@@ -373,6 +373,8 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
 
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """Read a preset, apply ``overrides`` (kebab-case keys, ``task-params.x`` allowed), validate."""
+    if isinstance(path, str) and not path.strip():  # Path("") is "." (sixteenth review)
+        raise ValueError(f"config file must be a path, got {path!r}")
     path = Path(path)
     if not path.is_file():
         what = "is not a regular file" if os.path.lexists(path) else "does not exist"

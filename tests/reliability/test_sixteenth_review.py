@@ -412,3 +412,25 @@ def test_8_deploy_local_refuses_a_log_that_is_a_symbolic_link(tmp_path):
     (out / "deploy" / "superlink.log").unlink()
     (out / "deploy" / "superlink.log").write_text("an earlier log\n")
     _check_log_dir(out / "deploy")  # control: a regular log of an earlier deployment
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["data", "info", ""], "argument PATH: must be a path, got ''"),
+        (["data", "info", "/nowhere\x1b[31m"], "argument PATH: the path holds a control character"),
+        (["compare-tuned", "", "--out", "OUT"], "argument TUNED: must be a path, got ''"),
+        (["simulate", "", "--rounds", "1", "--out", "OUT"], "config file must be a path, got ''"),
+        (["compare", " ", "--rounds", "1", "--out", "OUT"], "config file must be a path, got ' '"),
+    ],
+)
+def test_9_an_empty_path_is_refused_as_such(tmp_path, monkeypatch, argv, expected):
+    """Finding 9: ``data info ""`` summarized the current directory (``directory  holds no
+    stackoverflow.sqlite``), and echoed an escape sequence in PATH raw to the terminal;
+    ``compare-tuned "" --out X`` said ``'X' is inside the tuning ''``; ``simulate ""`` said
+    ``config file '.' is not a regular file``."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, expected)
+    assert "\x1b" not in err
+    assert not (tmp_path / "OUT").exists()

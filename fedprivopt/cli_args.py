@@ -200,12 +200,37 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
         raise UsageError(
             f"argument {flag}: cannot create {shown(text)}: {shown(str(probe))} is not a directory"
         )
+    _refuse_inside_a_run(path, flag)
     if not os.access(probe, os.W_OK | os.X_OK):
         # sixteenth review of issue 15: a read-only file system was reported as "permission
         # denied" (access() fails with EROFS, for root too)
         why = "read-only file system" if _read_only(probe) else "permission denied"
         raise UsageError(f"argument {flag}: cannot write in {probe} ({why})")
     return path
+
+
+#: Files that show a directory is a run of ours: its ledger, or its lock beside its config
+#: (a start killed early). A ``checkpoint.pt`` alone is not: any PyTorch project may hold one.
+_RUN_MARKERS = ("privacy_ledger.jsonl", "run.lock", "config.toml")
+
+
+def _refuse_inside_a_run(path: Path, flag: str) -> None:
+    """Refuse an output directory strictly inside a run directory (one holding its files).
+
+    Sixteenth review of issue 15: ``simulate --out RUN/sub`` (also ``compare``, ``tune``,
+    ``deploy local``; ``C/runs/CELL/x`` inside a comparison's cell) wrote a run among another
+    run's files (rc 0), after which ``compare --overwrite`` refused that cell for holding it.
+    A comparison's or tuning's own directory may still hold other directories.
+    """
+    real = path.resolve()
+    for place in real.parents:
+        found = [name for name in _RUN_MARKERS if os.path.lexists(place / name)]
+        if "privacy_ledger.jsonl" in found or {"run.lock", "config.toml"} <= set(found):
+            raise UsageError(
+                f"argument {flag}: {shown(str(path))} is inside the run directory "
+                f"{shown(str(place))} (it holds {', '.join(found)}): a run's directory holds "
+                "its own files only; choose a directory outside it"
+            )
 
 
 def _read_only(path: Path) -> bool:

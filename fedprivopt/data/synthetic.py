@@ -135,6 +135,9 @@ OUTPUT_FILES = (
     "tune.lock",
 )
 
+#: Of :data:`OUTPUT_FILES`, the names no other tool is likely to write.
+_DISTINCTIVE_OUTPUT_FILES = ("privacy_ledger.jsonl", "compare.lock", "tune.lock")
+
 #: Disk a user of each :data:`USER_SIZES` shape takes (the SQLite file and its index; measured:
 #: 20,000 small users 246 MB, 20 real ones 2.77 MB): ``fedprivopt data synth`` checks the free
 #: space before writing (fourteenth review of issue 15: ``--clients 1000000 --user-sizes real``
@@ -468,15 +471,19 @@ def generate(
 def run_files_around(directory: str | os.PathLike) -> tuple[Path, list[str]] | None:
     """The run, comparison or tuning ``directory`` is, or lies inside, and the files showing it.
 
-    ``directory`` (resolved) and each of its ancestors is looked at for :data:`OUTPUT_FILES`;
-    the nearest that holds any is returned with their names, ``None`` when none does. Sixteenth
+    ``directory`` (resolved) is looked at for :data:`OUTPUT_FILES` and each of its ancestors
+    for the distinctive ones (a ledger, ``compare.lock``, ``tune.lock``); the nearest that holds
+    any is returned with their names, ``None`` when none does. Sixteenth
     review of issue 15: ``data synth --out C/runs`` (a comparison's ``runs/``, also
     ``C/runs/new`` or a directory inside a run) wrote the dataset there, rc 0, as only
     ``directory`` itself was looked at.
     """
     real = Path(directory).resolve()  # where the files would go: links and ".." followed
     for place in (real, *real.parents):
-        ours = [name for name in OUTPUT_FILES if os.path.lexists(place / name)]
+        # an ancestor by the names only ours write (a checkpoint.pt or tune.json alone may be
+        # any project's)
+        names = OUTPUT_FILES if place == real else _DISTINCTIVE_OUTPUT_FILES
+        ours = [name for name in names if os.path.lexists(place / name)]
         if ours:
             return place, ours
     return None

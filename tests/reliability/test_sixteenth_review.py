@@ -62,7 +62,8 @@ def test_a_data_synth_refuses_a_directory_inside_a_comparison_or_run(comparison,
     target = comparison / inside
     before = sorted(p.name for p in (comparison / "runs").iterdir())
     code, _, err = run_cli(["data", "synth", "--out", str(target), "--clients", "5"])
-    one_line_error(code, err, "argument --out:", "is inside", "not a data directory")
+    one_line_error(code, err, "argument --out:", "is inside")
+    assert "not a data directory" in err or "a run's directory holds its own files" in err
     assert sorted(p.name for p in (comparison / "runs").iterdir()) == before
     assert not (target / "stackoverflow.sqlite").exists()
 
@@ -203,15 +204,30 @@ def _copy_run(run: Path, to: Path, rounds: int) -> Path:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs /proc/self/mem (EIO)")
 @pytest.mark.parametrize("name", ["metrics.jsonl", "privacy_ledger.jsonl", "summary.json"])
-def test_1_a_run_file_that_fails_to_read_is_one_line_naming_it(finished_run, tmp_path, name):
+def test_1_a_run_file_that_fails_to_read_is_one_line_naming_it(comparison, tmp_path, name):
     """Finding 1: a run file whose ``read`` fails with EIO (a failing disk; here a link to
-    ``/proc/self/mem``, a regular file that cannot be read) ended ``--resume`` in a traceback,
-    rc 1 (an ``OSError`` naming no file was taken for a bug)."""
+    ``/proc/self/mem``, a regular file that cannot be read) ended ``--resume`` (before finding
+    6 refused such links there) and ``compare`` in a traceback, rc 1 (an ``OSError`` naming no
+    file was taken for a bug)."""
+    import shutil
+
+    out = tmp_path / "C"
+    shutil.copytree(comparison, out)
+    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    (cell / name).unlink()
+    (cell / name).symlink_to("/proc/self/mem")
+    argv = ["compare", TOY, "--strategies", "dp-fedavg", "--rounds", "1", "--out", str(out)]
+    code, _, err = run_cli([*argv, "--quiet"])
+    one_line_error(code, err, f"{cell / name}: Input/output error")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs /proc/self/mem (EIO)")
+def test_1_resume_of_a_summary_that_fails_to_read_is_one_line(finished_run, tmp_path):
     run = _copy_run(finished_run, tmp_path / "B", 3)
-    (run / name).unlink()
-    (run / name).symlink_to("/proc/self/mem")
+    (run / "summary.json").unlink()
+    (run / "summary.json").symlink_to("/proc/self/mem")
     code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
-    one_line_error(code, err, f"{run / name}: Input/output error")
+    one_line_error(code, err, f"{run / 'summary.json'}: Input/output error")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs /proc/self/mem (EIO)")
@@ -434,3 +450,39 @@ def test_9_an_empty_path_is_refused_as_such(tmp_path, monkeypatch, argv, expecte
     one_line_error(code, err, expected)
     assert "\x1b" not in err
     assert not (tmp_path / "OUT").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["simulate", TOY, "--rounds", "1"],
+        ["compare", TOY, "--strategies", "dp-fedavg", "--rounds", "1"],
+        ["tune", TOY, "--grid", "local-learning-rate=0.1,0.5", "--mean-trials", "1"],
+        ["deploy", "local", TOY, "--nodes", "2"],
+    ],
+)
+def test_10_no_output_directory_inside_a_run(comparison, command):
+    """Finding 10: ``simulate --out RUN/sub`` (also ``compare``, ``tune``, ``deploy local``; and
+    ``C/runs/CELL/x``) wrote a run among another run's files, rc 0; ``compare --overwrite`` then
+    refused that cell for holding it. Now rc 2 naming --out and the run directory."""
+    cell = comparison / "runs" / "dp-fedavg__sigma0.5__seed0"
+    before = sorted(p.name for p in cell.iterdir())
+    code, _, err = run_cli([*command, "--out", str(cell / "x"), "--quiet"])
+    one_line_error(code, err, "argument --out:", "is inside the run directory")
+    assert sorted(p.name for p in cell.iterdir()) == before
+
+
+def test_10_a_projects_own_checkpoint_does_not_make_it_a_run(tmp_path, monkeypatch):
+    """Control for findings a and 10: an ancestor is a run, comparison or tuning only by the
+    names fedprivopt alone writes (a ledger, ``run.lock`` beside ``config.toml``,
+    ``compare.lock``, ``tune.lock``), not by a project's own ``checkpoint.pt`` or ``tune.json``."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "checkpoint.pt").write_bytes(b"a model of the user's")
+    (project / "tune.json").write_text("{}\n")
+    (project / "run.lock").write_text("")
+    monkeypatch.chdir(project)
+    code, _, err = run_cli(["data", "synth", "--out", "data/so", "--clients", "5"])
+    assert code == 0, err
+    code, _, err = run_cli(["simulate", TOY, "--rounds", "1", "--out", "runs/r", "--quiet"])
+    assert code == 0, err

@@ -85,6 +85,7 @@ def dp2(
     subtract_noise_variance: bool = False,
     noise_first: bool = False,
     clip_norm_adaptive: float | None = None,
+    scale_by_preconditioner: bool = False,
 ) -> ServerTransform:
     r"""DP² (DP²-RMSProp) of Li et al. (2023): alternate SGD and delayed-preconditioner rounds.
 
@@ -102,7 +103,11 @@ def dp2(
       and noising, so Δ̃ is already preconditioned and ``step = η_adaptive · Δ̃``. With
       ``noise_first=True`` (the paper's noise-before-preconditioning ablation, strategy
       ``dp2-noise-first``) clients are plain and the server applies ``P`` after noising:
-      ``step = η_adaptive · Δ̃ / P``.
+      ``step = η_adaptive · Δ̃ / P``. With ``scale_by_preconditioner=True`` (not in the paper)
+      the precondition-first step is ``η_adaptive · Δ̃ / mean(P)``: when every client's
+      preconditioned update is clipped, the clip removes the ``1/P`` scale that noise-first
+      keeps, and ``mean(P)`` (the noise's magnitude where ``v`` is noise, so ``∝ σ``) puts it
+      back, making the adaptive rate's noise step ``η·σC/(m̄·mean P)`` independent of σ.
 
     ``v`` is updated only from SGD-phase aggregates: adaptive-round inputs never touch ``v`` or
     ``G``. Use :func:`phase` and :func:`preconditioner` on the current state to configure the
@@ -134,6 +139,9 @@ def dp2(
         Apply ``P`` on the server after noising instead of on the clients before clipping.
     clip_norm_adaptive : float or None, default None
         Clip norm of adaptive rounds in ``(0, inf)``, recorded in ``hparams`` for the strategy.
+    scale_by_preconditioner : bool, default False
+        Divide the precondition-first adaptive step by the mean of ``P`` (ignored with
+        ``noise_first``, whose step already divides by ``P``).
 
     Returns
     -------
@@ -161,6 +169,7 @@ def dp2(
     phi_spec = check_noise_variance_spec(noise_variance, allow_none=True)
     subtract = check_bool("subtract_noise_variance", subtract_noise_variance)
     noise_first = check_bool("noise_first", noise_first)
+    rescale = check_bool("scale_by_preconditioner", scale_by_preconditioner) and not noise_first
     if clip_norm_adaptive is not None:
         clip_norm_adaptive = check_real(
             "clip_norm_adaptive", clip_norm_adaptive, low=0.0, low_open=True
@@ -208,6 +217,8 @@ def dp2(
         if state.adaptive:
             if noise_first:
                 step = delta_tilde.div(state.preconditioner).mul_(lr_ada)
+            elif rescale:
+                step = delta_tilde.mul(lr_ada / float(state.preconditioner.mean()))
             else:
                 step = delta_tilde.mul(lr_ada)
             done = state.phase_step + 1 == s2
@@ -243,5 +254,6 @@ def dp2(
         subtract_noise_variance=subtract,
         noise_first=noise_first,
         clip_norm_adaptive=clip_norm_adaptive,
+        scale_by_preconditioner=rescale,
     )
     return ServerTransform(init, update, hparams)

@@ -131,6 +131,7 @@ class DP2(ServerAlgorithm):
             subtract_noise_variance=c.options.subtract_noise_variance,
             noise_first=self.noise_first,
             clip_norm_adaptive=c.options.clip_norm_adaptive,
+            scale_by_preconditioner=c.options.dp2_scale_by_preconditioner,
         )
 
     def _adaptive(self) -> bool:
@@ -145,7 +146,8 @@ class DP2(ServerAlgorithm):
         return self.config.options.clip_norm_adaptive if self._adaptive() else None
 
     def round_metrics(self) -> dict[str, float]:
-        return {"adaptive_round": float(self._adaptive())}
+        mean_p = float(self.opt_state.preconditioner.mean())  # the P this round used (adaptive)
+        return {"adaptive_round": float(self._adaptive()), "dp2_preconditioner_mean": mean_p}
 
 
 class DP2NoiseFirst(DP2):

@@ -230,6 +230,12 @@ class DP2Options(Options):
         Clip norm of the adaptive rounds (``None``: ``clip-norm``).
     subtract_noise_variance : bool
         Whether the known noise variance is subtracted from ``v``.
+    dp2_scale_by_preconditioner : bool
+        Divide ``dp2``'s adaptive step by the mean of ``P`` (not in the paper;
+        :func:`fedprivopt.optim.dp2`): every client's preconditioned update is clipped, which
+        drops the ``1/P`` scale, so at a fixed adaptive rate the adaptive rounds' noise step
+        grows with σ. Off by default (the paper's step); ``dp2-noise-first`` ignores it (its
+        step already divides by ``P``).
     """
 
     dp2_s1: int = integer(5, 1)
@@ -239,6 +245,7 @@ class DP2Options(Options):
     dp2_learning_rate: float = real(0.1, 0, math.inf, low_open=True)
     clip_norm_adaptive: float | None = real(None, MIN_CLIP_NORM, math.inf, optional=True)
     subtract_noise_variance: bool = flag(False)
+    dp2_scale_by_preconditioner: bool = flag(False)
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,29 @@ def test_noise_first_applies_preconditioner_on_server():
     assert tx.hparams["noise_first"] is True
 
 
+def test_scale_by_preconditioner_divides_the_adaptive_step_by_mean_p():
+    tx = make(s1=1, s2=2, scale_by_preconditioner=True)
+    plain = make(s1=1, s2=2)
+    states = [t.init(torch.zeros(2, dtype=torch.float64)) for t in (tx, plain)]
+    steps = []
+    for t, state in zip((tx, plain), states, strict=True):
+        sgd_step, state = t.update(t64(0.3, -0.1), state)
+        torch.testing.assert_close(sgd_step, 0.5 * t64(0.3, -0.1))  # SGD rounds unchanged
+        p = preconditioner(state)
+        step, _ = t.update(t64(0.5, 0.5), state)
+        steps.append(step)
+    mean_p = (math.sqrt(0.1 * 0.09) + math.sqrt(0.1 * 0.01)) / 2 + 1e-3
+    torch.testing.assert_close(p.mean().item(), mean_p)
+    torch.testing.assert_close(steps[0], steps[1] / mean_p)
+    torch.testing.assert_close(steps[1], 0.1 * t64(0.5, 0.5))
+    assert tx.hparams["scale_by_preconditioner"] is True
+    # noise-first already divides by P: the option is off there
+    assert (
+        make(noise_first=True, scale_by_preconditioner=True).hparams["scale_by_preconditioner"]
+        is False
+    )
+
+
 def test_noise_variance_subtraction_floors_at_zero():
     # Phi = 1 per round, s1 = 2: the noise variance of G/s1 is Phi/s1 = 0.5.
     tx = make(s1=2, s2=1, noise_variance=1.0, subtract_noise_variance=True)

@@ -251,6 +251,24 @@ def test_dp2_preconditioner_reaches_clients_only_in_adaptive_rounds(strategy):
             assert p is None
 
 
+def test_dp2_scale_by_preconditioner_reaches_the_transform_and_metrics():
+    plain = make("dp2", dp2_s1=1, dp2_s2=2)
+    scaled = make("dp2", dp2_s1=1, dp2_s2=2, dp2_scale_by_preconditioner=True)
+    assert scaled.transform.hparams["scale_by_preconditioner"] is True
+    assert plain.transform.hparams["scale_by_preconditioner"] is False
+    steps = []
+    for alg in (plain, scaled):
+        drive_round(alg, 1, fixed_updates())
+        before = alg.params.clone()
+        res = drive_round(alg, 2, fixed_updates())  # the first adaptive round
+        assert res.metrics["adaptive_round"] == 1.0
+        mean_p = res.metrics["dp2_preconditioner_mean"]
+        steps.append(alg.params - before)
+    assert mean_p == pytest.approx(float(scaled.opt_state.preconditioner.mean()))
+    # same seeds, same noise: the scaled step is the plain one divided by mean(P)
+    torch.testing.assert_close(steps[1], steps[0] / mean_p)
+
+
 def test_adadp_two_cohorts_second_at_the_half_step():
     alg = make("dp-fedavg-adadp", server_learning_rate=0.5)
     requests = []

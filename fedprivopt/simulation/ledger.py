@@ -225,13 +225,17 @@ class RunLedger:
         """The events of the first ``n`` entries, merged."""
         return merge_ledger(p for e in self.entries[:n] for p in e.released)
 
-    def epsilon(self) -> float:
-        """ε of everything released, at the header's δ (``inf`` for a non-private run)."""
+    def epsilon(self, delta: float | None = None) -> float:
+        """ε of everything released at ``delta``, by default the header's (``inf`` if not private).
+
+        A report passes the δ it shows beside ε (the run's ``config.toml``'s), so that the pair
+        holds whatever the header says.
+        """
         if not self.header["private"]:
             return math.inf
         return compose_epsilon(
             self._total,
-            self.header["delta"],
+            self.header["delta"] if delta is None else delta,
             accountant=self.header["accountant"],
             pld_discretization=self.header["pld_discretization"],
             prv_eps_error=self.header["prv_eps_error"],

@@ -204,7 +204,7 @@ def load_run(path: str | Path) -> RunData:
     summary = _configured(path, summary, notes)
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
-    accounted = _accounted_epsilon(path, notes)
+    accounted = _accounted_epsilon(path, notes, summary.get("delta"))
     if accounted is not None:
         known.insert(0, accounted)
     spent = max(v for _, v in known) if known else None
@@ -261,7 +261,9 @@ def _configured(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[s
     return {**summary, **own, "config": config.to_mapping()}
 
 
-def _accounted_epsilon(path: Path, notes: list[str]) -> tuple[str, float] | None:
+def _accounted_epsilon(
+    path: Path, notes: list[str], delta: object = None
+) -> tuple[str, float] | None:
     """``(source, ε)``: the run's privacy ledger composed, or its newest checkpoint's accountant.
 
     A ledger this version cannot read raises ``ValueError`` naming it: a report never falls
@@ -270,7 +272,16 @@ def _accounted_epsilon(path: Path, notes: list[str]) -> tuple[str, float] | None
     as ``--resume`` rebuilds the ledger from it, and that is noted; a deleted ledger beside
     edited metrics and summary used to lower the reported ε (issue 15). ``None`` when there is
     neither (the ε the run's files state is then all there is).
+
+    ``delta``: the δ the report shows beside ε (the configuration's). ε is composed at it; a
+    ledger or checkpoint of another δ is noted. Sixteenth review of issue 15: a ledger whose
+    header and settings said δ 0.5 (the rows' and summary's ε lowered to match, ``config.toml``
+    kept at 1e-4) was reported by ``compare-tuned --untuned`` as ε 2.88 beside δ 1e-4, where
+    the run spent 13.70 at 1e-4.
     """
+    shown_delta = None
+    if isinstance(delta, float) and 0.0 < delta < 1.0:
+        shown_delta = delta
     from fedprivopt.privacy.accounting import PrivacyAccountant
     from fedprivopt.strategies.config import StrategyConfig
 
@@ -279,7 +290,12 @@ def _accounted_epsilon(path: Path, notes: list[str]) -> tuple[str, float] | None
     except OldLedgerError:
         ledger = None
     if ledger is not None:
-        return LEDGER_FILE, ledger.epsilon()
+        if shown_delta is not None and ledger.header["delta"] != shown_delta:
+            notes.append(
+                f"{path}: its {LEDGER_FILE} states delta {ledger.header['delta']:g}, its "
+                f"{CONFIG_FILE} {shown_delta:g}; epsilon is composed at {shown_delta:g}"
+            )
+        return LEDGER_FILE, ledger.epsilon(shown_delta)
     state, name = newest_checkpoint(path, problems={})
     if state is None:
         return None
@@ -290,7 +306,8 @@ def _accounted_epsilon(path: Path, notes: list[str]) -> tuple[str, float] | None
         accountant.load_state_dict(algorithm["accountant"])
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{path / name}: its privacy accountant cannot be read ({exc})") from None
-    epsilon = accountant.epsilon(config.delta) if config.private else math.inf
+    at = config.delta if shown_delta is None else shown_delta
+    epsilon = accountant.epsilon(at) if config.private else math.inf
     notes.append(
         f"{path}: no {LEDGER_FILE}; epsilon {epsilon:.6g} recomputed from the accountant of "
         f"{name} (round {algorithm['round']})"

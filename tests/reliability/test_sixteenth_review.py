@@ -486,3 +486,45 @@ def test_10_a_projects_own_checkpoint_does_not_make_it_a_run(tmp_path, monkeypat
     assert code == 0, err
     code, _, err = run_cli(["simulate", TOY, "--rounds", "1", "--out", "runs/r", "--quiet"])
     assert code == 0, err
+
+
+def _rewrite_delta(run: Path, delta: float, epsilon: float) -> None:
+    """The ledger's header and settings at ``delta``; every ε the rows and summary state lowered
+    to ``epsilon`` (three files; ``config.toml`` and the checkpoints kept)."""
+    import json
+
+    ledger = run / "privacy_ledger.jsonl"
+    lines = ledger.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["delta"] = header["settings"]["delta"] = delta
+    ledger.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["epsilon"] = min(row["epsilon"], epsilon)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["epsilon"] = epsilon
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_11_a_report_composes_epsilon_at_the_delta_it_shows(finished_run, tmp_path):
+    """Finding 11: the ledger's header and settings set to δ 0.5, the rows' and summary's ε
+    lowered to the ledger's ε at 0.5, ``config.toml`` kept at δ 1e-4: a report of the run as it
+    is (``compare-tuned --untuned R``) showed ε 2.88 beside δ 1e-4 for a run (of 4 rounds) that
+    spent 13.70 at 1e-4. Now ε is composed at the δ the report shows, and the disagreement is
+    noted. (``--resume`` and ``compare`` refuse such a run: its config differs from the
+    ledger.)"""
+    import shutil
+
+    from fedprivopt.simulation.ledger import RunLedger
+    from fedprivopt.simulation.rundata import load_run
+
+    run = tmp_path / "R"
+    shutil.copytree(finished_run, run)
+    spent = load_run(run).epsilon
+    _rewrite_delta(run, 0.5, 0.0)
+    assert RunLedger.read(run).epsilon() < spent  # the edited ledger at its own δ: less
+    data = load_run(run)
+    assert data.delta == 1e-4
+    assert data.epsilon == pytest.approx(spent, rel=1e-12)
+    assert any("states delta 0.5" in note for note in data.warnings), data.warnings

@@ -6,6 +6,7 @@ as an untuned row it would be reported at its single run's ε, below what its tu
 :func:`check_untuned_path` refuses it. Untuned runs of one strategy and noise multiplier make one
 row whose runs are its seeds: :func:`check_untuned_seeds` refuses runs that differ in another
 hyperparameter, as :func:`~fedprivopt.simulation.tune_check.check_tunings` does for tunings.
+:func:`check_untuned_files` gives each untuned run the checks of ``--resume``.
 :func:`check_out_outside` keeps the report out of every tuning given, and
 :func:`check_report_dir` out of a directory that holds anything but its own earlier report.
 """
@@ -22,6 +23,7 @@ __all__ = [
     "REPORT_TITLE",
     "check_out_outside",
     "check_report_dir",
+    "check_untuned_files",
     "check_untuned_path",
     "check_untuned_seeds",
 ]
@@ -69,6 +71,27 @@ def _config(run: Any):
     import dataclasses
 
     return dataclasses.replace(config, strategy=dataclasses.replace(config.strategy, seed=0))
+
+
+def check_untuned_files(runs: Sequence[Any]) -> None:
+    """Every check ``--resume`` makes, for each untuned run's files (``ValueError`` naming it).
+
+    Sixteenth review of issue 15: a run whose ledger was edited to σ 50 (header and lines), with
+    the rows' and summary's ε lowered to match and ``config.toml`` and the checkpoints kept, was
+    reported as an untuned row of σ 0.5 at ε 0.0235, where it spent 13.70; ``--resume`` and
+    ``compare`` refuse it (its configuration is not its ledger's), ``compare-tuned`` did not
+    check. The run is read, not locked (an archive on a read-only disk is compared too).
+    """
+    from fedprivopt.simulation.audit import audit_run_dir
+
+    for run in runs:
+        try:
+            audit_run_dir(Path(run.path), engine=False)
+        except ValueError as exc:
+            raise ValueError(
+                f"argument --untuned: {run.path} fails the checks of --resume ({exc}); it "
+                "cannot be reported"
+            ) from None
 
 
 def check_untuned_seeds(runs: Sequence[Any]) -> None:

@@ -528,3 +528,61 @@ def test_11_a_report_composes_epsilon_at_the_delta_it_shows(finished_run, tmp_pa
     assert data.delta == 1e-4
     assert data.epsilon == pytest.approx(spent, rel=1e-12)
     assert any("states delta 0.5" in note for note in data.warnings), data.warnings
+
+
+@pytest.fixture(scope="module")
+def tuning(tmp_path_factory) -> Path:
+    """A finished one-round tuning of dp-fedavg on the toy task."""
+    out = tmp_path_factory.mktemp("tune") / "T"
+    argv = ["tune", TOY, "--strategy", "dp-fedavg", "--grid", "local-learning-rate=0.1,0.5",
+            "--mean-trials", "1", "--rounds", "1", "--out", str(out), "--quiet"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    return out
+
+
+def _rewrite_sigma(run: Path, sigma: float) -> None:
+    """Every noise multiplier of the ledger (header and lines) set to ``sigma``; every ε the rows
+    and the summary state lowered to the edited ledger's (three files; ``config.toml`` and the
+    checkpoints kept)."""
+    import json
+
+    from fedprivopt.simulation.ledger import RunLedger
+
+    def edit(item):
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key in ("noise_multiplier", "noise-multiplier") and value == 0.5:
+                    item[key] = sigma
+                else:
+                    edit(value)
+        elif isinstance(item, list):
+            for value in item:
+                edit(value)
+
+    ledger = run / "privacy_ledger.jsonl"
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    edit(lines)
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    _rewrite_delta(run, 1e-4, RunLedger.read(run).epsilon())
+
+
+def test_12_compare_tuned_checks_an_untuned_runs_files(finished_run, tuning, tmp_path):
+    """Finding 12: an untuned run whose ledger was edited to σ 50 (header and lines), with the
+    rows' and summary's ε lowered to the edited ledger's and ``config.toml`` and the checkpoints
+    kept: ``compare-tuned T --untuned R`` reported it as σ 0.5 at ε 0.0235 (a 4-round run that
+    spent 13.70; here 2 rounds), rc 0. ``--resume`` and ``compare`` refuse such a run. Now
+    ``compare-tuned`` gives every untuned run the checks of ``--resume``: rc 2, one line."""
+    import shutil
+
+    run = tmp_path / "R"
+    shutil.copytree(finished_run, run)
+    _rewrite_sigma(run, 50.0)
+    out = tmp_path / "O"
+    code, _, err = run_cli(["compare-tuned", str(tuning), "--untuned", str(run), "--out", str(out)])
+    one_line_error(code, err, "argument --untuned:", "fails the checks of --resume", "50")
+    assert not (out / "summary.csv").exists()
+    code, _, err = run_cli(
+        ["compare-tuned", str(tuning), "--untuned", str(finished_run), "--out", str(out)]
+    )
+    assert code == 0, err  # control: the unedited run is reported

@@ -340,6 +340,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedprivopt`` console script."""
     from fedprivopt.simulation.interrupt import signals_raise
 
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        # sixteenth review of issue 15: from a directory that was removed, every command ended
+        # with MKL's "FATAL ERROR: Cannot load .../libtorch_cpu.so" (rc 2), naming no cause
+        print(
+            "fedprivopt: error: the current directory no longer exists (it was removed); "
+            "change to an existing directory and run the command again",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
     # before torch loads: OpenMP threads that sleep rather than spin while they wait, so a round
     # does not stall when another process holds a core (fedprivopt.core.threads)
     passive_openmp_wait()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -586,3 +587,23 @@ def test_12_compare_tuned_checks_an_untuned_runs_files(finished_run, tuning, tmp
         ["compare-tuned", str(tuning), "--untuned", str(finished_run), "--out", str(out)]
     )
     assert code == 0, err  # control: the unedited run is reported
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="removes its working directory")
+def test_13_a_removed_working_directory_is_named(tmp_path):
+    """Finding 13: from a directory that was removed (a shell left in it), every command ended
+    with ``Intel oneMKL FATAL ERROR: Cannot load .../libtorch_cpu.so.`` (rc 2), naming no cause.
+    Now one line saying the current directory no longer exists."""
+    import subprocess
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = (
+        f'cd "{gone}" && rmdir "{gone}" && exec "{sys.executable}" -m fedprivopt.cli epsilon '
+        "--noise-multiplier 1 --sample-rate 0.1 --rounds 10 --delta 1e-5"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        ["sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    one_line_error(done.returncode, done.stderr, "the current directory no longer exists")

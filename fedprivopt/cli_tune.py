@@ -375,6 +375,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         REPORT_TITLE,
         check_out_outside,
         check_report_dir,
+        check_untuned_copies,
         check_untuned_files,
         check_untuned_path,
         check_untuned_seeds,
@@ -400,6 +401,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
             check_untuned_path(text, loaded)
             untuned.extend(loaded)
         check_untuned_seeds(untuned)
+        check_untuned_copies(tuned, untuned)
         check_untuned_files(untuned)
         runs.extend(untuned)
     except ValueError as exc:

@@ -23,6 +23,7 @@ __all__ = [
     "REPORT_TITLE",
     "check_out_outside",
     "check_report_dir",
+    "check_untuned_copies",
     "check_untuned_files",
     "check_untuned_path",
     "check_untuned_seeds",
@@ -92,6 +93,46 @@ def check_untuned_files(runs: Sequence[Any]) -> None:
                 f"argument --untuned: {run.path} fails the checks of --resume ({exc}); it "
                 "cannot be reported"
             ) from None
+
+
+def _released_digests(run_dir: Path) -> set[str]:
+    """The digests of the models ``run_dir``'s privacy ledger records as released."""
+    from fedprivopt.simulation.ledger import RunLedger
+
+    try:
+        ledger = RunLedger.read(run_dir)
+    except (ValueError, OSError):
+        return set()
+    if ledger is None:
+        return set()
+    return {e.params_sha256 for e in ledger.entries if e.params_sha256}
+
+
+def check_untuned_copies(tuned: Sequence[Path], runs: Sequence[Any]) -> None:
+    """Refuse an untuned run that released a model a trial of a given tuning released.
+
+    Sixteenth review of issue 15: a trial's directory copied out of the tuning (``cp -r
+    T/runs/trial-001 R``) was reported by ``compare-tuned T --untuned R`` as an untuned row at
+    its single run's ε, below its tuning's; a path inside the tuning was already refused. A
+    released model's digest (``params_sha256`` of the ledger's round lines) is shared only by
+    the same computation: the same hyperparameters and run seed, which a trial draws from its
+    tuning's seed.
+    """
+    trials: dict[str, Path] = {}
+    for tuning in tuned:
+        root = Path(tuning) / "runs"
+        for trial in sorted(root.iterdir()) if root.is_dir() else ():
+            for digest in _released_digests(trial):
+                trials.setdefault(digest, trial)
+    for run in runs:
+        shared = sorted(_released_digests(Path(run.path)) & trials.keys())
+        if shared:
+            raise ValueError(
+                f"argument --untuned: {shown(str(run.path))} released the models of "
+                f"{shown(str(trials[shared[0]]))} (the same digests in their privacy ledgers): "
+                "it is a copy of a trial, whose hyperparameters were chosen on the private "
+                "data, so it cannot be an untuned run (give the tuning as TUNED)"
+            )
 
 
 def check_untuned_seeds(runs: Sequence[Any]) -> None:

@@ -607,3 +607,20 @@ def test_13_a_removed_working_directory_is_named(tmp_path):
         ["sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
     )
     one_line_error(done.returncode, done.stderr, "the current directory no longer exists")
+
+
+def test_14_a_trial_copied_out_of_its_tuning_is_not_an_untuned_run(tuning, tmp_path):
+    """Finding 14: ``cp -r T/runs/trial-001 R`` then ``compare-tuned T --untuned R``: rc 0, the
+    trial reported as an untuned row at its single run's ε (a path inside the tuning was
+    refused, a copy was not). Now refused: R released the models trial-001 released."""
+    import shutil
+
+    trial = sorted((tuning / "runs").iterdir())[0]
+    copy = tmp_path / "R"
+    shutil.copytree(trial, copy)
+    out = tmp_path / "O"
+    code, _, err = run_cli(
+        ["compare-tuned", str(tuning), "--untuned", str(copy), "--out", str(out)]
+    )
+    one_line_error(code, err, "argument --untuned:", f"released the models of '{trial}'")
+    assert not out.exists() or not (out / "summary.csv").exists()

@@ -94,6 +94,7 @@ def l2_norm(vector: torch.Tensor) -> float:
     rescaled by a power of two when their squares would under- or overflow. Returns ``inf`` for
     finite float64 entries whose norm exceeds the float range, and NaN/Inf for such entries.
     """
+    _check_tensor(vector)
     flat = vector.detach().reshape(-1)
     if flat.dtype == torch.float64:
         norm = float(torch.linalg.vector_norm(flat))
@@ -267,6 +268,16 @@ def _scaled_fast(vector: torch.Tensor, norm: float, clip_norm: float) -> torch.T
     return vector * factor
 
 
+def _check_tensor(vector: Any) -> None:
+    """``ValueError`` unless ``vector`` is a ``torch.Tensor``.
+
+    Sixteenth review of issue 15: a NumPy array or a list ended in ``AttributeError: 'str'
+    object has no attribute 'type'``.
+    """
+    if not isinstance(vector, torch.Tensor):
+        raise ValueError(f"vector must be a torch.Tensor, got {type(vector).__name__}")
+
+
 def _real_clip_norm(clip_norm: Any) -> float:
     """``clip_norm`` as a float: a real number or a one-element real tensor, not str or bool."""
     if isinstance(clip_norm, torch.Tensor):
@@ -309,6 +320,7 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
         If ``clip_norm`` is not a positive finite number, ``vector`` is on the meta device, or
         it contains NaN or Inf (such an update has no direction to keep; callers reject it).
     """
+    _check_tensor(vector)
     clip_norm = _real_clip_norm(clip_norm)
     if not (clip_norm > 0 and clip_norm < float("inf")):
         raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")

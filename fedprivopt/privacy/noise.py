@@ -35,6 +35,9 @@ Opacus, ``opacus/optimizers/optimizer.py``, ``_generate_noise`` (secure_mode).
 
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import torch
 
 from fedprivopt.core.checks import check_int
@@ -44,6 +47,17 @@ __all__ = ["add_gaussian_noise", "gaussian_noise", "secure_gaussian_noise"]
 
 
 def _check_std(std: float) -> float:
+    """``std`` as a float: a real number (or one-element real tensor) in ``[0, inf)``.
+
+    Sixteenth review of issue 15: ``add_gaussian_noise(v, "1", ...)`` and ``std=True`` were
+    taken through ``float()``; strings and bools are refused naming ``std``.
+    """
+    if isinstance(std, torch.Tensor):
+        ok = std.numel() == 1 and std.dtype != torch.bool and not std.dtype.is_complex
+    else:
+        ok = isinstance(std, numbers.Real) and not isinstance(std, (bool, np.bool_))
+    if not ok:
+        raise ValueError(f"std must be a finite number >= 0, got {std!r}")
     std = float(std)
     if not (std >= 0 and std < float("inf")):
         raise ValueError(f"std must be a finite number >= 0, got {std}")

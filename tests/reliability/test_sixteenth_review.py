@@ -624,3 +624,26 @@ def test_14_a_trial_copied_out_of_its_tuning_is_not_an_untuned_run(tuning, tmp_p
     )
     one_line_error(code, err, "argument --untuned:", f"released the models of '{trial}'")
     assert not out.exists() or not (out / "summary.csv").exists()
+
+
+def test_15_noise_and_clipping_name_a_wrong_argument():
+    """Finding 15: ``add_gaussian_noise(v, "1", ...)`` (also ``std=True``) drew noise of std 1
+    (``float()``); ``clip_l2(numpy.ones(3), 1.0)`` and ``l2_norm([1.0, 2.0])`` ended in an
+    ``AttributeError`` (``'str' object has no attribute 'type'``)."""
+    import torch
+
+    from fedprivopt.privacy.clip import clip_l2, l2_norm
+    from fedprivopt.privacy.noise import add_gaussian_noise, gaussian_noise
+
+    for std in ("1", True, np.bool_(True), None, torch.tensor([1.0, 2.0])):
+        with pytest.raises(ValueError, match=r"std must be a finite number >= 0"):
+            add_gaussian_noise(torch.zeros(3), std, generator=torch.Generator())
+        with pytest.raises(ValueError, match=r"std must be a finite number >= 0"):
+            gaussian_noise(3, std, generator=torch.Generator())
+    for std in (1, np.float32(0.5), torch.tensor(0.5)):  # real scalars still taken
+        assert add_gaussian_noise(torch.zeros(3), std, generator=torch.Generator()).shape == (3,)
+    for vector in (np.ones(3), [1.0, 2.0], 3.0):
+        with pytest.raises(ValueError, match=r"vector must be a torch.Tensor"):
+            clip_l2(vector, 1.0)
+        with pytest.raises(ValueError, match=r"vector must be a torch.Tensor"):
+            l2_norm(vector)

@@ -40,6 +40,7 @@ __all__ = [
     "check_held",
     "lock_directory",
     "lock_run_dir",
+    "reading_lock",
     "remove_run_files",
 ]
 
@@ -143,6 +144,27 @@ def lock_run_dir(out: str | os.PathLike):
     """
     out = Path(out)
     return lock_directory(out, LOCK_FILE, what=f"run directory {str(out)!r}")
+
+
+@contextlib.contextmanager
+def reading_lock(out: str | os.PathLike) -> Iterator[Path]:
+    """:func:`lock_run_dir` for a reader, or no lock on a read-only file system.
+
+    No process can write a run on a file system mounted read-only, and the lock cannot be taken
+    there (``run.lock`` is opened for writing). Sixteenth review of issue 15: ``compare-tuned``
+    of a tuning on a read-only disk scored every trial as failed and said ``its best trial
+    'trial-001' is not the one its runs select (none …); the tuning's files were edited``.
+    """
+    out = Path(out)
+    try:
+        read_only = bool(os.statvfs(out).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        read_only = False
+    if read_only:
+        yield out
+        return
+    with lock_run_dir(out):
+        yield out
 
 
 # -- never overwrite -------------------------------------------------------------------------------

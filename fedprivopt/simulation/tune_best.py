@@ -23,18 +23,21 @@ __all__ = ["check_best", "recompute_best"]
 
 def _score(run_dir: Path, task: Any, metric: str) -> tuple[str, float]:
     """``(status, score)`` of one trial's run directory, as ``tune`` scored it."""
+    from fedprivopt.data.locks import LockHeldError
     from fedprivopt.simulation.audit import audit_run_dir
     from fedprivopt.simulation.divergence import final_status
     from fedprivopt.simulation.rundata import load_run
-    from fedprivopt.simulation.rundir import lock_run_dir
+    from fedprivopt.simulation.rundir import reading_lock
 
     if not run_dir.is_dir():
         return "failed", math.nan
     try:
-        with lock_run_dir(run_dir):
+        with reading_lock(run_dir):
             if audit_run_dir(run_dir, task, engine=False).unfinished() is not None:
                 return "failed", math.nan
             run = load_run(run_dir)
+    except LockHeldError as exc:  # running now: its score is not known yet, nothing was edited
+        raise ValueError(f"{run_dir}: {exc}; try again once it has finished") from None
     except (ValueError, OSError):
         return "failed", math.nan
     return final_status(run, metric)

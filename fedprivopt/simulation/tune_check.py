@@ -321,7 +321,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
     """
     from fedprivopt.simulation.audit import audit_run_dir
     from fedprivopt.simulation.rundata import load_run
-    from fedprivopt.simulation.rundir import lock_run_dir
+    from fedprivopt.simulation.rundir import reading_lock
     from fedprivopt.simulation.tune_best import check_best, recompute_best
 
     path = Path(path)
@@ -375,7 +375,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
                                                  "seed": entry["seed"]}))[0]  # fmt: skip
 
         check_best(path, best_dir.name, recompute_best(path, plan, task_of))
-        with lock_run_dir(best_dir):
+        with reading_lock(best_dir):
             task, _ = builder.build(builder.config({}))
             try:
                 state = audit_run_dir(best_dir, task, engine=False)

@@ -647,3 +647,42 @@ def test_15_noise_and_clipping_name_a_wrong_argument():
             clip_l2(vector, 1.0)
         with pytest.raises(ValueError, match=r"vector must be a torch.Tensor"):
             l2_norm(vector)
+
+
+def test_16_compare_tuned_reads_a_tuning_on_a_read_only_disk(tuning, tmp_path, monkeypatch):
+    """Finding 16: ``compare-tuned T`` with ``T`` on a read-only file system (checked on a tmpfs
+    remounted read-only) scored every trial as failed (``run.lock`` cannot be opened for
+    writing there) and said ``its best trial 'trial-001' is not the one its runs select (none
+    …); the tuning's files were edited``. Now a read-only file system is read without the lock
+    (nobody can write it). Simulated here: the lock fails with EROFS, statvfs says read-only."""
+    import errno
+
+    from fedprivopt.simulation import rundir
+
+    def read_only_lock(out):
+        raise OSError(errno.EROFS, "Read-only file system", str(Path(out) / "run.lock"))
+
+    real_statvfs = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, path):
+            self.f_flag = real_statvfs(path).f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(rundir, "lock_run_dir", read_only_lock)
+    monkeypatch.setattr(rundir.os, "statvfs", ReadOnly)
+    code, _, err = run_cli(["compare-tuned", str(tuning), "--out", str(tmp_path / "O")])
+    assert code == 0, err
+    assert (tmp_path / "O" / "summary.csv").is_file()
+
+
+def test_16_a_trial_in_use_is_named_not_called_edited(tuning, tmp_path):
+    """Finding 16, the other cause of the same false line: a trial locked by a running process
+    (a tuning continued by ``tune`` while ``compare-tuned`` reads it) was scored as failed and
+    the tuning called edited. Now one line naming the trial in use."""
+    from fedprivopt.simulation.rundir import lock_run_dir
+
+    trial = sorted((tuning / "runs").iterdir())[0]
+    with lock_run_dir(trial):
+        code, _, err = run_cli(["compare-tuned", str(tuning), "--out", str(tmp_path / "O")])
+    one_line_error(code, err, str(trial), "try again once it has finished")
+    assert "were edited" not in err

@@ -686,3 +686,15 @@ def test_16_a_trial_in_use_is_named_not_called_edited(tuning, tmp_path):
         code, _, err = run_cli(["compare-tuned", str(tuning), "--out", str(tmp_path / "O")])
     one_line_error(code, err, str(trial), "try again once it has finished")
     assert "were edited" not in err
+
+
+def test_17_composed_tuning_epsilon_bounds_its_count():
+    """Finding 17 (finding e in the tuning module): ``composed_tuning_epsilon(ledger, δ,
+    trials, 10**400)`` raised ``OverflowError``; now a ``ValueError`` naming ``count`` and
+    [1, 10**300]. 10**300 still composes (ε 1.7e300)."""
+    from fedprivopt.privacy.tuning import TrialCount, composed_tuning_epsilon
+
+    trials = TrialCount("poisson", 5)
+    with pytest.raises(ValueError, match=r"count must be an integer in \[1, 10\*\*300\]"):
+        composed_tuning_epsilon([(EVENT, 10)], 1e-5, trials, 10**400)
+    assert math.isfinite(composed_tuning_epsilon([(EVENT, 10)], 1e-5, trials, 10**300))

@@ -698,3 +698,16 @@ def test_17_composed_tuning_epsilon_bounds_its_count():
     with pytest.raises(ValueError, match=r"count must be an integer in \[1, 10\*\*300\]"):
         composed_tuning_epsilon([(EVENT, 10)], 1e-5, trials, 10**400)
     assert math.isfinite(composed_tuning_epsilon([(EVENT, 10)], 1e-5, trials, 10**300))
+
+
+def test_18_calibrate_tree_checks_delta_and_its_periods():
+    """Finding 18: ``calibrate_tree(5, "1e-5", restart_rounds=10, rounds=100)`` raised a
+    ``TypeError`` inside dp-accounting, and ``rounds=10**400`` an ``OverflowError``."""
+    from fedprivopt.privacy.tree import calibrate_tree
+
+    with pytest.raises(ValueError, match=r"delta must be a number in \(0, 1\)"):
+        calibrate_tree(5.0, "1e-5", restart_rounds=10, rounds=100)
+    with pytest.raises(ValueError, match=r"at most 10\*\*300 periods"):
+        calibrate_tree(5.0, 1e-5, restart_rounds=10, rounds=10**400)
+    sigma = calibrate_tree(5.0, 1e-5, restart_rounds=10, rounds=100)
+    assert sigma == pytest.approx(6.025, abs=1e-3)

@@ -417,12 +417,12 @@ def generate(
             f"{files.root}: holds {', '.join(present)} but no {SYNTHETIC_META_FILE} of this "
             "generator: a dataset it did not write is never replaced"
         )
-    # Sixteenth review of issue 15: a file of the directory that is a symbolic link (a
+    # Sixteenth review of issue 15: a file of the directory that is a symbolic or hard link (a
     # vocabulary linked from another, real dataset) was written through, replacing the linked
     # file (rc 0). The links themselves are removed (as the .partial link is): what they point
     # to is never written.
     for path in (files.meta, files.sqlite, files.word_count, files.tag_count):
-        if path.is_symlink():
+        if path.is_symlink() or (path.is_file() and path.stat().st_nlink > 1):
             path.unlink()
     # Our marker before the first byte of data: an interrupted generation leaves a directory
     # that is still recognized as ours (and, lacking a configuration, is never taken as current).

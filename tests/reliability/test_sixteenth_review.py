@@ -711,3 +711,25 @@ def test_18_calibrate_tree_checks_delta_and_its_periods():
         calibrate_tree(5.0, 1e-5, restart_rounds=10, rounds=10**400)
     sigma = calibrate_tree(5.0, 1e-5, restart_rounds=10, rounds=100)
     assert sigma == pytest.approx(6.025, abs=1e-3)
+
+
+def test_19_data_synth_overwrite_never_writes_through_a_hard_link(tmp_path):
+    """Finding 19 (finding 5 with hard links): ``data synth --out D --overwrite`` over a
+    synthetic ``D`` whose vocabularies were hard links of another, real dataset's files
+    (``ln R/stackoverflow.word_count D/``) truncated and rewrote the shared files (rc 0)."""
+    real = tmp_path / "R"
+    real.mkdir()
+    names = ["stackoverflow.word_count", "stackoverflow.tag_count"]
+    for name in names:
+        (real / name).write_text(f"the real {name}\n")
+    data = tmp_path / "D"
+    code, _, err = run_cli(["data", "synth", "--out", str(data), "--clients", "5"])
+    assert code == 0, err
+    for name in names:
+        (data / name).unlink()
+        os.link(real / name, data / name)
+    code, _, err = run_cli(["data", "synth", "--out", str(data), "--clients", "7", "--overwrite"])
+    assert code == 0, err
+    for name in names:
+        assert (real / name).read_text() == f"the real {name}\n", name
+        assert (data / name).stat().st_nlink == 1

@@ -51,6 +51,7 @@ __all__ = [
     "stated_epsilons",
     "to_toml",
     "toml_value",
+    "unlink_links",
     "write_synced",
 ]
 
@@ -146,6 +147,24 @@ def check_appended_not_linked(out: Path) -> None:
                 "which would change the linked file; put a copy of the file in place of the "
                 "link to continue this run"
             )
+
+
+def unlink_links(directory: Path, names: tuple[str, ...] | list[str]) -> None:
+    """Remove each of ``names`` in ``directory`` that is a symbolic link or has other hard links.
+
+    Call it before rewriting those files in place: the link goes, what it pointed to is kept.
+    Sixteenth review of issue 15: ``compare-tuned T --out O`` over its own earlier report whose
+    ``summary.csv`` was a symbolic link to a user's file wrote the new CSV through the link
+    (rc 0, the user's file replaced); ``tune``'s report files alike.
+    """
+    for name in names:
+        path = Path(directory) / name
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
+            path.unlink()
 
 
 def detach_appended(out: Path) -> None:

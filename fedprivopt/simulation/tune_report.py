@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.privacy.tuning import TrialCount
-from fedprivopt.simulation.files import atomic_write
+from fedprivopt.simulation.files import atomic_write, unlink_links
 from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
 
 __all__ = [
@@ -309,6 +309,7 @@ def _markdown(summary: dict[str, Any]) -> str:
 
 def write_tune_outputs(out: Path, summary: dict[str, Any]) -> Path:
     """Write ``trials.csv``, ``trials.png`` and ``report.md``, then ``summary.json`` (last)."""
+    unlink_links(out, ("trials.csv", "trials.png", "report.md"))  # never written through a link
     _write_csv(out / "trials.csv", summary)
     if summary["trials"]:
         _plot(out / "trials.png", summary)

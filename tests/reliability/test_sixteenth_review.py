@@ -733,3 +733,25 @@ def test_19_data_synth_overwrite_never_writes_through_a_hard_link(tmp_path):
     for name in names:
         assert (real / name).read_text() == f"the real {name}\n", name
         assert (data / name).stat().st_nlink == 1
+
+
+def test_20_a_report_is_never_written_through_a_link(tuning, tmp_path):
+    """Finding 20: ``compare-tuned T --out O`` over its own earlier report whose ``summary.csv``
+    was a symbolic link to a user's file (``report.md`` its own: the directory passed the check
+    of ``--out``) wrote the new CSV into the user's file (rc 0); a hard link alike. Now the link
+    is removed and a new file written."""
+    out = tmp_path / "O"
+    code, _, err = run_cli(["compare-tuned", str(tuning), "--out", str(out)])
+    assert code == 0, err
+    notes = tmp_path / "notes.csv"
+    notes.write_text("precious\n")
+    (out / "summary.csv").unlink()
+    (out / "summary.csv").symlink_to(notes)
+    shared = tmp_path / "shared.png"
+    os.link(out / "privacy_utility.png", shared)
+    before = shared.read_bytes()
+    code, _, err = run_cli(["compare-tuned", str(tuning), "--out", str(out)])
+    assert code == 0, err
+    assert notes.read_text() == "precious\n"
+    assert not (out / "summary.csv").is_symlink() and (out / "summary.csv").stat().st_size > 0
+    assert shared.read_bytes() == before and shared.stat().st_nlink == 1

@@ -40,6 +40,7 @@ from typing import Any
 from fedprivopt.core.text import shown as _short
 from fedprivopt.data.locks import LockHeldError
 from fedprivopt.simulation.config import RunConfig, load_config
+from fedprivopt.simulation.files import check_appended_not_linked
 from fedprivopt.simulation.rundir import lock_directory, lock_run_dir
 
 __all__ = [
@@ -413,6 +414,8 @@ def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPl
         with lock_run_dir(run_dir):
             run = audit_run_dir(run_dir, cell.task, engine=False)
         _check_rounds(run, cell)
+        if run.unfinished() is not None:  # to be resumed: refused when planned, not when run
+            check_appended_not_linked(run_dir)
     except LockHeldError as exc:
         raise ValueError(f"cell {cell.label}: {exc}") from None
     except ValueError as exc:

@@ -755,3 +755,27 @@ def test_20_a_report_is_never_written_through_a_link(tuning, tmp_path):
     assert notes.read_text() == "precious\n"
     assert not (out / "summary.csv").is_symlink() and (out / "summary.csv").stat().st_size > 0
     assert shared.read_bytes() == before and shared.stat().st_nlink == 1
+
+
+def test_6_compare_refuses_a_linked_ledger_of_a_cell_to_resume_when_it_plans(tmp_path):
+    """Finding 6 in ``compare``: a cell to be resumed (its ``summary.json`` gone) whose ledger is
+    a symbolic link was refused only when its turn came, after the other cells' ``[i/n]`` lines
+    (three lines on stderr); now when the grid is planned, in one line naming the cell, and
+    ``--overwrite`` reruns the cell without touching the linked file."""
+    out = tmp_path / "C"
+    argv = ["compare", TOY, "--strategies", "dp-fedavg", "--noise-multipliers", "0.5,1",
+            "--rounds", "1", "--out", str(out), "--quiet"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    cell = out / "runs" / "dp-fedavg__sigma1__seed0"
+    shared = tmp_path / "shared.jsonl"
+    (cell / "privacy_ledger.jsonl").rename(shared)
+    (cell / "privacy_ledger.jsonl").symlink_to(shared)
+    (cell / "summary.json").unlink()
+    before = shared.read_bytes()
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "cell dp-fedavg__sigma1__seed0:", "is a symbolic link")
+    code, _, err = run_cli([*argv, "--overwrite"])
+    assert code == 0, err
+    assert shared.read_bytes() == before
+    assert not (cell / "privacy_ledger.jsonl").is_symlink()

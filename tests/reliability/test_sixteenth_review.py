@@ -336,19 +336,25 @@ def test_4_the_line_limit_covers_the_longest_run():
     assert files.LINES_LIMIT >= 2 * MAX_ROUNDS + 2
 
 
-def test_5_data_synth_overwrite_never_writes_through_a_linked_file(tmp_path):
-    """Finding 5: ``data synth --out D --overwrite`` over a synthetic ``D`` whose
-    ``stackoverflow.word_count`` (or ``tag_count``, ``sqlite``, the marker) was a symbolic link
-    to another dataset's file wrote the synthetic counts through the link (rc 0): the other,
-    real dataset's vocabulary was replaced. Now the links are removed, their targets kept."""
+def _synthetic_beside_real(tmp_path: Path, names: list[str]) -> tuple[Path, Path]:
+    """A "real" dataset R holding ``names`` and a fresh synthetic dataset D (5 clients)."""
     real = tmp_path / "R"
     real.mkdir()
-    names = ["stackoverflow.word_count", "stackoverflow.tag_count", "stackoverflow.sqlite"]
     for name in names:
         (real / name).write_text(f"the real {name}\n")
     data = tmp_path / "D"
     code, _, err = run_cli(["data", "synth", "--out", str(data), "--clients", "5"])
     assert code == 0, err
+    return real, data
+
+
+def test_5_data_synth_overwrite_never_writes_through_a_linked_file(tmp_path):
+    """Finding 5: ``data synth --out D --overwrite`` over a synthetic ``D`` whose
+    ``stackoverflow.word_count`` (or ``tag_count``, ``sqlite``, the marker) was a symbolic link
+    to another dataset's file wrote the synthetic counts through the link (rc 0): the other,
+    real dataset's vocabulary was replaced. Now the links are removed, their targets kept."""
+    names = ["stackoverflow.word_count", "stackoverflow.tag_count", "stackoverflow.sqlite"]
+    real, data = _synthetic_beside_real(tmp_path, names)
     for name in names:
         (data / name).unlink()
         (data / name).symlink_to(real / name)
@@ -720,14 +726,8 @@ def test_19_data_synth_overwrite_never_writes_through_a_hard_link(tmp_path):
     """Finding 19 (finding 5 with hard links): ``data synth --out D --overwrite`` over a
     synthetic ``D`` whose vocabularies were hard links of another, real dataset's files
     (``ln R/stackoverflow.word_count D/``) truncated and rewrote the shared files (rc 0)."""
-    real = tmp_path / "R"
-    real.mkdir()
     names = ["stackoverflow.word_count", "stackoverflow.tag_count"]
-    for name in names:
-        (real / name).write_text(f"the real {name}\n")
-    data = tmp_path / "D"
-    code, _, err = run_cli(["data", "synth", "--out", str(data), "--clients", "5"])
-    assert code == 0, err
+    real, data = _synthetic_beside_real(tmp_path, names)
     for name in names:
         (data / name).unlink()
         os.link(real / name, data / name)

@@ -167,10 +167,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.out is not None:
             check_out_dir(args.out)
         config = load_preset(args.config, set_overrides(args))
-        if config.strategy.unused:  # knobs of other strategies: a shared preset, or a mistake
+        from fedprivopt.simulation.tune_grid import keys_without_effect
+
+        unused = sorted(keys_without_effect(config.strategy))
+        if unused:  # knobs of other strategies (a shared preset, or a mistake), or ignored ones
             print(
-                f"note: {config.strategy.strategy} does not use "
-                f"{', '.join(config.strategy.unused)} (other strategies' options)",
+                f"note: {config.strategy.strategy} does not use {', '.join(unused)} "
+                "(other strategies' options, or ones it ignores)",
                 file=sys.stderr,
             )
         out = args.out or check_out_dir(

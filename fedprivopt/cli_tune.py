@@ -108,12 +108,17 @@ def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
         grid_points,
         planned_ledger,
     )
+    from fedprivopt.simulation.tune_grid import check_point_effect
 
     tasks: dict[tuple, Any] = {}
     plans, deltas, accountants, first = [], set(), set(), None
     for point in grid_points(grid):
         where = f"config (grid point {', '.join(f'{k}={v!r}' for k, v in point.items())})"
         config = load_preset(args.config, {**overrides, **point}, where=where)
+        try:
+            check_point_effect(point, config.strategy)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         key = task_key(config)
         task, alg = build_checked_run(config, where=where, task=tasks.get(key))
         tasks[key] = task

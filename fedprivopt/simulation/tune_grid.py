@@ -23,6 +23,7 @@ __all__ = [
     "MAX_GRID_POINTS",
     "TUNABLE_TASK_PARAMS",
     "check_grid_overrides",
+    "check_point_effect",
     "grid_points",
     "keys_set_for",
     "parse_grid",
@@ -173,6 +174,54 @@ def check_grid_overrides(
             also = "" if fixed[name] == name else f" (as {shown(fixed[name])})"
             raise ValueError(
                 f"argument --grid: {key}{via} is also set by --set or a flag{also}; give one"
+            )
+
+
+# Options a strategy holds but ignores (its block is shared with a strategy that uses them).
+_IGNORED_BY = {"dp2-noise-first": frozenset({"dp2-scale-by-preconditioner"})}
+
+
+def keys_without_effect(strategy_config: Any) -> frozenset[str]:
+    """The keys set in ``strategy_config`` that change nothing in a run of its strategy.
+
+    Parameters
+    ----------
+    strategy_config : StrategyConfig
+        A built strategy configuration.
+
+    Returns
+    -------
+    frozenset of str
+        Other strategies' options (:attr:`unused`) and options the strategy's block holds but
+        ignores, when turned on (``dp2-noise-first``'s ``dp2-scale-by-preconditioner``, whose
+        step already divides by ``P``).
+    """
+    options = strategy_config.options
+    ignored = {key for key in _IGNORED_BY.get(strategy_config.strategy, ())
+               if getattr(options, key.replace("-", "_"), False)}  # fmt: skip
+    return frozenset(strategy_config.unused) | ignored
+
+
+def check_point_effect(point: Mapping[str, Any], strategy_config: Any) -> None:
+    """Refuse a grid point whose key sets only options its strategy does not use.
+
+    Its trials would be labelled, and the best chosen, by values that changed nothing
+    (seventeenth review of issue 15, finding 1: ``tune toy.toml --strategy dp-fedavg --grid
+    tau=0.1,1`` released "best trial (tau=1)").
+
+    Raises
+    ------
+    ValueError
+        Naming ``--grid``, the key and the strategy.
+    """
+    ignored = keys_without_effect(strategy_config)
+    strategy = strategy_config.strategy
+    for key, value in point.items():
+        names = keys_set_for(key, [value], strategy)
+        if names and names <= ignored:
+            raise ValueError(
+                f"argument --grid: {shown(key)} changes nothing in a run of {strategy} (it "
+                "does not use that option); tune a key the tuned strategy uses"
             )
 
 

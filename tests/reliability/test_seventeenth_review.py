@@ -1,0 +1,74 @@
+"""Issue 15, seventeenth hostile review: regression tests of its findings.
+
+1. ``tune toy.toml --strategy dp-fedavg --grid tau=0.1,1`` (a key of another strategy) ran
+   three trials and released "best trial-001 (tau=1)", a value that changed nothing (rc 0);
+   ``compare --strategies dp-fedavg,dp-fedadam --tune-grid tau=0.1,1`` alike for the
+   dp-fedavg cell, and ``--strategy dp2-noise-first --grid dp2-scale-by-preconditioner=true,
+   false`` (an option that strategy ignores). Now rc 2 before anything is written, one line
+   naming the key and the strategy; ``simulate`` notes the ignored option.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.test_fuzz_cli import run_cli
+
+TOY = str(Path(__file__).resolve().parents[2] / "simulations" / "toy.toml")
+
+
+def one_line_error(code: int, err: str, *parts: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and err.endswith("\n") and len(err.splitlines()) == 1, err
+    for part in parts:
+        assert part in err, err
+
+
+TUNE = ["--mean-trials", "2", "--seed", "1", "--rounds", "1", "--quiet"]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "grid", "key"),
+    [
+        ("dp-fedavg", "tau=0.1,1", "'tau'"),
+        ("dp-fedavg", "strategies.dp-fedavg.tau=0.1,1", "tau"),
+        ("dp2-noise-first", "dp2-scale-by-preconditioner=true,false", "dp2-scale-by-precond"),
+    ],
+)
+def test_1_tune_grid_key_without_effect_is_refused(tmp_path, strategy, grid, key):
+    out = tmp_path / "T"
+    args = ["tune", TOY, "--strategy", strategy, "--grid", grid, "--out", str(out), *TUNE]
+    code, _, err = run_cli(args)
+    one_line_error(code, err, "--grid", key, strategy, "changes nothing")
+    assert not out.exists()
+
+
+def test_1_tune_grid_key_with_effect_still_runs(tmp_path):
+    out = tmp_path / "T"
+    grid = "dp2-scale-by-preconditioner=true,false"
+    code, _, err = run_cli(
+        ["tune", TOY, "--strategy", "dp2", "--grid", grid, "--out", str(out), *TUNE]
+    )
+    assert code == 0, err
+
+
+def test_1_compare_tune_grid_key_without_effect_is_refused(tmp_path):
+    out = tmp_path / "C"
+    code, _, err = run_cli(
+        ["compare", TOY, "--strategies", "dp-fedavg,dp-fedadam", "--tune-grid", "tau=0.1,1",
+         "--mean-trials", "1", "--rounds", "1", "--out", str(out), "--quiet"]
+    )  # fmt: skip
+    one_line_error(code, err, "--tune-grid", "'tau'", "dp-fedavg")
+    assert not out.exists()
+
+
+def test_1_simulate_notes_an_ignored_option(tmp_path):
+    args = ["simulate", TOY, "--strategy", "dp2-noise-first", "--rounds", "1", "--quiet"]
+    code, _, err = run_cli([*args, "--out", str(tmp_path / "a")])
+    assert code == 0 and err == "", err
+    on = ["--set", "dp2-scale-by-preconditioner=true"]
+    code, _, err = run_cli([*args, "--out", str(tmp_path / "b"), *on])
+    assert code == 0, err
+    assert "does not use dp2-scale-by-preconditioner" in err, err

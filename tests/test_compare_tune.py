@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt import cli_tune
 from fedprivopt.cli import main
 
 PRESET = Path(__file__).resolve().parents[1] / "simulations" / "toy.toml"
@@ -26,9 +27,21 @@ CELLS = ("dp-fedavg__sigma0.5__seed2", "dp-fedadam__sigma0.5__seed2")
 
 @pytest.fixture(autouse=True)
 def tuning_seeds(monkeypatch):
-    """Each cell's secret tuning seed (``secrets.randbits``) as 2, 3, ...: known trial counts."""
+    """Each cell's secret tuning seed (``secrets.randbits``) as 2, 3, ...: known trial counts.
+
+    Only inside :func:`fedprivopt.cli_tune.tuning_seed`: numpy's ``default_rng()`` also draws
+    from ``secrets``, e.g. when scipy.stats is first imported during the test, which took seeds
+    2-6 when this file ran alone.
+    """
     seeds = itertools.count(2)
-    monkeypatch.setattr(secrets, "randbits", lambda bits: next(seeds))
+    drawn = cli_tune.tuning_seed
+
+    def tuning_seed(args, out):
+        with monkeypatch.context() as patch:
+            patch.setattr(secrets, "randbits", lambda bits: next(seeds))
+            return drawn(args, out)
+
+    monkeypatch.setattr(cli_tune, "tuning_seed", tuning_seed)
 
 
 def _exit_code(argv):

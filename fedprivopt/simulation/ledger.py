@@ -44,6 +44,7 @@ from fedprivopt.simulation.files import (
     write_synced,
 )
 from fedprivopt.simulation.ledger_lines import (
+    ADDED_SETTINGS,
     EVENT_KEYS,
     FIRST_KEYS,
     LEDGER_VERSION,
@@ -262,6 +263,13 @@ class RunLedger:
         """Raise ``ValueError`` naming the first privacy-relevant key where ``config`` differs."""
         stored = self.header["settings"]
         current = privacy_settings(config)
+        for key, before in ADDED_SETTINGS.items():  # a header written before the key existed
+            if (
+                key not in stored
+                and key in current
+                and canonical(current[key]) == canonical(before)
+            ):
+                del current[key]
         keys = [k for k in FIRST_KEYS if k in stored or k in current]
         keys += sorted((set(stored) | set(current)) - set(keys))
         if "task-params" not in stored:  # written before task parameters were recorded

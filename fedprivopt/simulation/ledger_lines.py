@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.simulation.files import parse_json
 
 __all__ = [
+    "ADDED_SETTINGS",
     "EVENT_KEYS",
     "FIRST_KEYS",
     "LEDGER_VERSION",
@@ -59,6 +61,11 @@ RESUMABLE_KEYS = frozenset({"num-server-rounds"})
 # moved): a resume may change them. Every other task parameter chooses the users' data, the model
 # or the evaluation, so the header records it (as "task-params") and a resume may not change it.
 RELOCATABLE_TASK_PARAMS = frozenset({"data_dir", "cache_dir", "cache_users", "token_cache"})
+# Settings added after ledgers were first written, with the value that does what every run did
+# before the key existed: a header without the key records that value (seventeenth review of
+# issue 15, finding 3: every DP2 run started before dp2-scale-by-preconditioner was refused on
+# --resume, and its comparison cells on compare, as "(not set)" against false).
+ADDED_SETTINGS = MappingProxyType({"dp2-scale-by-preconditioner": False})
 FIRST_KEYS = ("noise-multiplier", "sampling", "population", "clients-per-round", "accountant",
                "delta", "strategy", "secure", "seed", "target-epsilon", "clip-norm",
                "noise-mode")  # fmt: skip

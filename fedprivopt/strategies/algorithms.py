@@ -219,7 +219,7 @@ class DPFedAvgADADP(ServerAlgorithm):
         updates_2 = yield TrainRequest(round_num, users_2, half, None, cfg, "train-2")
         agg_2 = self.aggregate(round_num, updates_2, stream="train-2")
         lr = self.opt_state.learning_rate
-        s_1, s_2 = agg_1.noise_std, agg_2.noise_std
+        s_1, s_2 = self.optimizer_noise_std(agg_1), self.optimizer_noise_std(agg_2)
         set_tolerance = self.config.options.adadp_tolerance is not None
         res = self.controller.update(
             self.opt_state,

@@ -408,6 +408,26 @@ class ServerAlgorithm:
             self.clipping.count(round_num, self.rngs, updates, agg, bad_bits, stream)
         return agg
 
+    def optimizer_noise_std(self, agg: Any, clip_norm: float | None = None) -> float:
+        """The per-coordinate noise std of Δ̃ that a server optimizer may use: public.
+
+        The aggregate's ``noise_std``, except with distributed noise (and no tree), where that
+        grows with the number of shares accepted above ``min-shares``: there the accounted
+        ``σ·C_t/m̄`` of the round's clip norm ``clip_norm`` (``None``: this round's, as
+        :meth:`aggregate` takes it). Seventeenth review of issue 15 (an observation): DP-FedAdam's
+        τ, DP-AdamBC's Φ and ADADP's tolerance followed the accepted count (noise std 0.032856
+        with 19 shares, 0.034542 with 21). Δ̃'s own noise carries that count, so this leaked
+        nothing new, but the contract is that Δ̃ is the only data-dependent input of the server
+        optimizer; the rest is public configuration.
+        """
+        if self.tree_noise is not None or self.config.noise_mode != "distributed":
+            return agg.noise_std
+        if not self.aggregator.private:
+            return 0.0
+        clip = clip_norm if clip_norm is not None else self.current_clip_norm()
+        a = self.aggregator
+        return a.noise_multiplier * (clip or a.clip_norm) / a.expected_cohort_size
+
     # -- adaptive clipping ---------------------------------------------------------------------
 
     def current_clip_norm(self) -> float | None:
@@ -442,7 +462,10 @@ class ServerAlgorithm:
         agg = self.aggregate(round_num, updates, clip_norm=clip)
         metrics = {**agg.metrics, **self.round_metrics()}
         step, self.opt_state = self.transform.update(
-            agg.delta_tilde, self.opt_state, self.params, noise_variance=agg.noise_std**2
+            agg.delta_tilde,
+            self.opt_state,
+            self.params,
+            noise_variance=self.optimizer_noise_std(agg, clip) ** 2,
         )
         self.params = self.params + step
         return self._finish(round_num, users, metrics, agg.rejected)

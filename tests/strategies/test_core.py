@@ -298,6 +298,36 @@ def test_distributed_mode_sends_the_share_std_to_clients():
     assert 1 <= default.aggregator.min_shares < 8
 
 
+@pytest.mark.parametrize("strategy", ["dp-fedadam", "dp-fedadam-bc", "dp-fedavg-adadp"])
+def test_the_optimizer_sees_the_accounted_noise_not_the_accepted_count(strategy):
+    # seventeenth review of issue 15: with distributed noise the aggregate's noise std grows with
+    # the shares accepted above min-shares; DP-FedAdam's tau, DP-AdamBC's Phi and ADADP's
+    # tolerance take the accounted sigma C / m instead (the noised mean is their only data input)
+    alg = make(strategy, noise_mode="distributed", min_shares=2, clip_norm=2.0)
+    accounted = 1.0 * 2.0 / 8
+    seen = []
+    update = alg.transform.update if strategy != "dp-fedavg-adadp" else None
+
+    def spy(*args, noise_variance=None, **kw):
+        seen.append(noise_variance)
+        return update(*args, noise_variance=noise_variance, **kw)
+
+    if update is not None:
+        alg.transform = alg.transform._replace(update=spy)
+    res = drive_round(alg, 1, fixed_updates())
+    shares = res.metrics["accepted" if update is not None else "accepted_1"]
+    realized = res.metrics["noise_std" if update is not None else "noise_std_1"]
+    assert shares > 2 and realized == pytest.approx(accounted * math.sqrt(shares / 2))
+    if update is not None:
+        assert seen == [pytest.approx(accounted**2)]
+    else:
+        tol = alg.round_tolerance(accounted, accounted, alg.params)
+        assert res.metrics["adadp_tolerance"] == pytest.approx(tol)
+    server = make(strategy, clip_norm=2.0)
+    agg = server.aggregate(1, fixed_updates()(next(server.run_round(1))))
+    assert server.optimizer_noise_std(agg) == agg.noise_std == pytest.approx(accounted)
+
+
 def test_checkpoint_round_trip_continues_identically():
     a = make("dp-fedadam-bc")
     for r in (1, 2):

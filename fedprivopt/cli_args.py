@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from fedprivopt.core.checks import interval
+from fedprivopt.core.files import on_read_only_fs
 from fedprivopt.core.text import SHOWN_CHARS, shown
 
 __all__ = [
@@ -204,7 +205,7 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
     if not os.access(probe, os.W_OK | os.X_OK):
         # sixteenth review of issue 15: a read-only file system was reported as "permission
         # denied" (access() fails with EROFS, for root too)
-        why = "read-only file system" if _read_only(probe) else "permission denied"
+        why = "read-only file system" if on_read_only_fs(probe) else "permission denied"
         raise UsageError(f"argument {flag}: cannot write in {probe} ({why})")
     return path
 
@@ -231,14 +232,6 @@ def _refuse_inside_a_run(path: Path, flag: str) -> None:
                 f"{shown(str(place))} (it holds {', '.join(found)}): a run's directory holds "
                 "its own files only; choose a directory outside it"
             )
-
-
-def _read_only(path: Path) -> bool:
-    """Whether ``path`` lies on a file system mounted read-only."""
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):  # no statvfs (Windows): say "permission denied"
-        return False
 
 
 def describe_os_error(exc: OSError) -> str:

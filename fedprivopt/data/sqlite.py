@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedprivopt.core.files import naming
 from fedprivopt.data.stackoverflow import ClientSplit, StackOverflowExample, decode_example
 
 __all__ = [
@@ -78,13 +79,8 @@ def check_sqlite_file(path: str | os.PathLike) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            header = f.read(100)
-    except OSError as exc:  # EIO (/proc/self/mem): sixteenth review of issue 15, rc 1
-        if exc.filename is not None:
-            raise
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+    with naming(path), path.open("rb") as f:  # EIO (/proc/self/mem): sixteenth review, rc 1
+        header = f.read(100)
     if len(header) < 100 or not header.startswith(_HEADER):
         raise ValueError(f"{path}: not an SQLite database (bad or missing header)")
     page_size = int.from_bytes(header[16:18], "big")

@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
+from fedprivopt.core.files import unlink_links
 from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
 from fedprivopt.data.synthetic_model import build_model, parse_date
 from fedprivopt.data.synthetic_rows import CHUNK_USERS, SPLITS, chunk_rows, default_workers
@@ -421,9 +422,8 @@ def generate(
     # vocabulary linked from another, real dataset) was written through, replacing the linked
     # file (rc 0). The links themselves are removed (as the .partial link is): what they point
     # to is never written.
-    for path in (files.meta, files.sqlite, files.word_count, files.tag_count):
-        if path.is_symlink() or (path.is_file() and path.stat().st_nlink > 1):
-            path.unlink()
+    unlink_links(files.root, [p.name for p in (files.meta, files.sqlite, files.word_count,
+                                               files.tag_count)])  # fmt: skip
     # Our marker before the first byte of data: an interrupted generation leaves a directory
     # that is still recognized as ours (and, lacking a configuration, is never taken as current).
     files.meta.write_text(json.dumps({"generator": _GENERATOR, "complete": False}) + "\n")

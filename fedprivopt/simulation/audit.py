@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.files import naming
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import Task, data_identity
 from fedprivopt.privacy.tree import tree_position
@@ -43,7 +44,6 @@ from fedprivopt.simulation.files import (
     check_config_not_empty,
     check_regular,
     check_run_files,
-    naming,
     parse_json,
     read_rows,
     stated_epsilons,

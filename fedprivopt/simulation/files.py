@@ -18,15 +18,16 @@ last line. :func:`to_toml` writes the flat-with-tables mappings of presets.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from fedprivopt.core.files import naming
 
 __all__ = [
     "CHECKPOINT",
@@ -44,14 +45,12 @@ __all__ = [
     "detach_appended",
     "fsync_dir",
     "json_line",
-    "naming",
     "parse_json",
     "read_lines",
     "read_rows",
     "stated_epsilons",
     "to_toml",
     "toml_value",
-    "unlink_links",
     "write_synced",
 ]
 
@@ -149,24 +148,6 @@ def check_appended_not_linked(out: Path) -> None:
             )
 
 
-def unlink_links(directory: Path, names: tuple[str, ...] | list[str]) -> None:
-    """Remove each of ``names`` in ``directory`` that is a symbolic link or has other hard links.
-
-    Call it before rewriting those files in place: the link goes, what it pointed to is kept.
-    Sixteenth review of issue 15: ``compare-tuned T --out O`` over its own earlier report whose
-    ``summary.csv`` was a symbolic link to a user's file wrote the new CSV through the link
-    (rc 0, the user's file replaced); ``tune``'s report files alike.
-    """
-    for name in names:
-        path = Path(directory) / name
-        try:
-            st = path.lstat()
-        except FileNotFoundError:
-            continue
-        if stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
-            path.unlink()
-
-
 def detach_appended(out: Path) -> None:
     """Give ``privacy_ledger.jsonl`` and ``metrics.jsonl`` of ``out`` their own copies.
 
@@ -224,16 +205,10 @@ def check_config_not_empty(path: Path) -> None:
 def write_synced(path: Path, data: bytes | str, mode: str = "w") -> None:
     """Write ``data`` to ``path`` (``mode`` ``"w"``, ``"x"`` or ``"a"``) and fsync it."""
     binary = isinstance(data, bytes)
-    try:
-        with open(path, mode + ("b" if binary else "")) as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        if exc.filename is not None:
-            raise
-        # a full disk fails in flush or close, whose errors name no file (fourteenth review)
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+    with naming(path), open(path, mode + ("b" if binary else "")) as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def fsync_dir(path: Path) -> None:
@@ -273,21 +248,6 @@ def parse_json(text: str | bytes) -> Any:
         return json.loads(text)
     except RecursionError:
         raise ValueError("nested too deeply to read (not written by fedprivopt)") from None
-
-
-@contextlib.contextmanager
-def naming(path: Path) -> Iterator[None]:
-    """Give an ``OSError`` raised inside without a file name (a failed ``read``) ``path``'s.
-
-    Sixteenth review of issue 15: a run file on which ``read`` fails (EIO: a failing disk, or a
-    link to ``/proc/self/mem``) ended ``--resume`` in a traceback naming no file (rc 1).
-    """
-    try:
-        yield
-    except OSError as exc:
-        if exc.filename is not None:
-            raise
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
 
 
 def read_lines(path: Path) -> tuple[list[str], int | None]:

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.simulation.files import unlink_links
+from fedprivopt.core.files import unlink_links
 from fedprivopt.simulation.report_plots import (
     draw_metric_vs_round,
     draw_privacy_utility,

@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from fedprivopt.core.files import on_read_only_fs
 from fedprivopt.data.locks import LockHeldError, exclusive_lock
 from fedprivopt.simulation.files import (
     CHECKPOINT,
@@ -156,11 +157,7 @@ def reading_lock(out: str | os.PathLike) -> Iterator[Path]:
     'trial-001' is not the one its runs select (none …); the tuning's files were edited``.
     """
     out = Path(out)
-    try:
-        read_only = bool(os.statvfs(out).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):
-        read_only = False
-    if read_only:
+    if on_read_only_fs(out):
         yield out
         return
     with lock_run_dir(out):

@@ -19,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.files import unlink_links
 from fedprivopt.privacy.tuning import TrialCount
-from fedprivopt.simulation.files import atomic_write, unlink_links
+from fedprivopt.simulation.files import atomic_write
 from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
 
 __all__ = [

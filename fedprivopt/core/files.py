@@ -1,0 +1,65 @@
+"""File-system helpers that the data layer, the runs and the command line share.
+
+- :func:`naming`: an ``OSError`` that names no file (a failed ``read``, ``flush`` or ``close``)
+  re-raised naming the path, so the command line reports it as one line;
+- :func:`unlink_links`: files that are links removed before they are rewritten in place;
+- :func:`on_read_only_fs`: whether a path lies on a file system mounted read-only.
+
+Only the standard library is imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+__all__ = ["naming", "on_read_only_fs", "unlink_links"]
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Give an ``OSError`` raised inside without a file name ``path``'s.
+
+    Fourteenth review of issue 15: a full disk fails in ``flush`` or ``close``, whose errors name
+    no file; sixteenth: a file on which ``read`` fails (EIO: a failing disk, or a link to
+    ``/proc/self/mem``) ended ``--resume`` and ``data info`` in a traceback naming no file (rc 1).
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+
+def unlink_links(directory: str | os.PathLike, names: Iterable[str]) -> None:
+    """Remove each of ``names`` in ``directory`` that is a symbolic link or has other hard links.
+
+    Call it before rewriting those files in place: the link goes, what it pointed to is kept.
+    Sixteenth review of issue 15: ``compare-tuned T --out O`` over its own earlier report whose
+    ``summary.csv`` was a symbolic link to a user's file wrote the new CSV through the link
+    (rc 0, the user's file replaced); ``tune``'s report files, and ``data synth --overwrite``
+    over a dataset whose vocabulary was linked from another one, alike.
+    """
+    for name in names:
+        path = Path(directory) / name
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
+            path.unlink()
+
+
+def on_read_only_fs(path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only (``False`` if it cannot be told).
+
+    There ``os.access`` fails with EROFS and no file can be created, not even a lock file.
+    """
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        return False

@@ -109,14 +109,18 @@ def _add_sampling_args(p: argparse.ArgumentParser, *, needs_sigma: bool) -> None
 
 def _resolve_sampling(args: argparse.Namespace) -> dict:
     """Cross-flag checks; returns keyword arguments for ``make_round_event``."""
+    from fedprivopt.privacy.accounting_state import check_ledger_count
+
     # sixteenth review of issue 15: --rounds 10**400 ended in "OverflowError: int too large to
     # convert to float"; the accountants compose at most MAX_LEDGER_COUNT events (float64)
-    if args.rounds * args.events_per_round > 10**300:
-        digits = len(str(args.rounds * args.events_per_round))
-        raise UsageError(
-            "argument --rounds/--events-per-round: rounds x events per round must be at most "
-            f"10**300 (the accountants compose in float64), got a number of {digits:,} digits"
+    try:
+        check_ledger_count(
+            args.rounds * args.events_per_round,
+            "rounds x events per round must be at most 10**300 (the accountants compose in "
+            "float64)",
         )
+    except ValueError as exc:
+        raise UsageError(f"argument --rounds/--events-per-round: {exc}") from None
     if args.population is not None and args.cohort is not None and args.cohort > args.population:
         raise UsageError(
             f"argument --cohort: must be in [1, --population={args.population}], got {args.cohort}"

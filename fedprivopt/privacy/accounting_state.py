@@ -30,6 +30,7 @@ __all__ = [
     "Ledger",
     "check_accountant",
     "check_delta",
+    "check_ledger_count",
     "check_pld_discretization",
     "check_prv_eps_error",
     "gib",
@@ -123,11 +124,11 @@ def merge_ledger(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> Ledge
                 f"{type(event).__name__}"
             )
         count = check_int(f"ledger[{i}] count", count, 0)
-        if count > MAX_LEDGER_COUNT:
-            raise ValueError(
-                f"ledger[{i}] count must be an integer in [0, 10**300] (events composed; "
-                f"float64 holds no more), got {_digits(count)}"
-            )
+        check_ledger_count(
+            count,
+            f"ledger[{i}] count must be an integer in [0, 10**300] (events composed; float64 "
+            "holds no more)",
+        )
         if count == 0:
             continue
         if out and out[-1][0] == event:
@@ -141,6 +142,18 @@ def merge_ledger(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> Ledge
         else:
             out.append((event, count))
     return tuple(out)
+
+
+def check_ledger_count(count: int, rule: str) -> int:
+    """``count`` unless it exceeds :data:`MAX_LEDGER_COUNT`: ``ValueError(f"{rule}, got …")``.
+
+    ``rule`` names the count and its bound; the count is shown by its number of digits.
+    Sixteenth review of issue 15: counts of 10**400 (events, rounds, tree periods, tunings)
+    ended in ``OverflowError`` where the accountants compose in float64.
+    """
+    if count > MAX_LEDGER_COUNT:
+        raise ValueError(f"{rule}, got {_digits(count)}")
+    return count
 
 
 def _digits(count: int) -> str:

@@ -19,9 +19,9 @@ import dp_accounting as dpa
 from fedprivopt.core.checks import check_int
 from fedprivopt.privacy.accounting import compose_epsilon, dpa_accountant
 from fedprivopt.privacy.accounting_state import (
-    MAX_LEDGER_COUNT,
     check_accountant,
     check_delta,
+    check_ledger_count,
     check_pld_discretization,
 )
 from fedprivopt.privacy.events import SubsampledGaussianEvent
@@ -203,11 +203,11 @@ def calibrate_noise_multiplier(
     delta = check_delta(delta)
     rounds = check_int("rounds", rounds, 1)
     events_per_round = check_int("events_per_round", events_per_round, 1)
-    if rounds * events_per_round > MAX_LEDGER_COUNT:
-        raise ValueError(
-            "rounds x events_per_round must be at most 10**300 (events composed; float64 holds "
-            f"no more), got an integer of {len(str(rounds * events_per_round)):,} digits"
-        )
+    check_ledger_count(
+        rounds * events_per_round,
+        "rounds x events_per_round must be at most 10**300 (events composed; float64 holds no "
+        "more)",
+    )
     if isinstance(tol, bool) or not (isinstance(tol, Real) and 0 < tol <= 1):
         # fourteenth review of issue 15: tol=nan ended in brentq's "did not bracket a
         # solution" naming no parameter; tol=1e9 in an error blaming target_epsilon; tol=10

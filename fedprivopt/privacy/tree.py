@@ -119,7 +119,7 @@ def calibrate_tree(
     from dp_accounting import rdp
 
     from fedprivopt.privacy.accounting import compose_epsilon
-    from fedprivopt.privacy.accounting_state import MAX_LEDGER_COUNT, check_delta
+    from fedprivopt.privacy.accounting_state import check_delta, check_ledger_count
     from fedprivopt.privacy.events import SubsampledGaussianEvent
 
     target_epsilon = check_real("target_epsilon", target_epsilon, low=0.0, low_open=True)
@@ -127,11 +127,9 @@ def calibrate_tree(
     # rounds=10**400 an OverflowError
     delta = check_delta(delta)
     periods = -(-check_int("rounds", rounds, 1) // check_int("restart_rounds", restart_rounds, 1))
-    if periods > MAX_LEDGER_COUNT:
-        raise ValueError(
-            "rounds / restart_rounds must be at most 10**300 periods (float64 holds no more), "
-            f"got an integer of {len(str(periods)):,} digits"
-        )
+    check_ledger_count(
+        periods, "rounds / restart_rounds must be at most 10**300 periods (float64 holds no more)"
+    )
 
     def event(sigma: float) -> SubsampledGaussianEvent:
         return SubsampledGaussianEvent.tree(

@@ -40,9 +40,9 @@ from dp_accounting import dp_event, rdp
 
 from fedprivopt.privacy.accounting import event_rdp
 from fedprivopt.privacy.accounting_state import (
-    MAX_LEDGER_COUNT,
     Ledger,
     check_delta,
+    check_ledger_count,
     merge_ledger,
 )
 from fedprivopt.privacy.events import SubsampledGaussianEvent
@@ -345,11 +345,10 @@ def composed_tuning_epsilon(
         # fifteenth review of issue 15: 2.5 tunings were charged as 2 (int()), "3" and True
         # were accepted, NaN failed naming no parameter
         raise ValueError(f"count must be an integer >= 1 (tunings composed), got {count!r}")
-    if count > MAX_LEDGER_COUNT:  # sixteenth review of issue 15: 10**400 raised OverflowError
-        raise ValueError(
-            "count must be an integer in [1, 10**300] (tunings composed; float64 holds no "
-            f"more), got an integer of {len(str(int(count))):,} digits"
-        )
+    check_ledger_count(
+        int(count),
+        "count must be an integer in [1, 10**300] (tunings composed; float64 holds no more)",
+    )
     merged = merge_ledger(ledger)
     if any(event.noise_multiplier == 0 for event, _ in merged) or not merged:
         return math.inf if merged else 0.0

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.files import unlink_links
+from fedprivopt.simulation.cells import REPORT_FILES
 from fedprivopt.simulation.report_plots import (
     draw_metric_vs_round,
     draw_privacy_utility,
@@ -44,9 +45,6 @@ from fedprivopt.simulation.rundata import (
     select_runs,
     warn_all,
 )
-
-#: What :func:`write_report` writes (``cells.REPORT_FILES``, not imported: cells imports this).
-_REPORT_NAMES = ("summary.csv", "report.md", "metric_vs_round.png", "privacy_utility.png")
 
 __all__ = [
     "RunData",
@@ -131,7 +129,7 @@ def write_report(
     rows, agg_issues = aggregate_with_notes(sel.runs, sel.metric)
     issues = list(dict.fromkeys([*issues, *agg_issues]))  # both hold the runs' own notes
     warn_all(issues)
-    unlink_links(out, _REPORT_NAMES)  # never written through a link (sixteenth review)
+    unlink_links(out, REPORT_FILES)  # never written through a link (sixteenth review)
     write_summary_csv(rows, out / "summary.csv")
     ref = reference_model(sel.runs, sel.metric)
     draw_metric_vs_round(sel, out / "metric_vs_round.png", ref)

@@ -30,7 +30,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         DISK_PER_USER,
         SYNTHETIC_META_FILE,
         is_synthetic_dir,
-        run_files_around,
+        run_files_note,
         user_size_knobs,
     )
 
@@ -56,15 +56,11 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     # fourteenth review of issue 15: --out a run, a comparison or a tuning wrote the dataset
     # among its files (rc 0), after which `compare` refused that --out for holding them;
     # sixteenth: --out inside one (a comparison's runs/, a directory in a run) did too
-    around = run_files_around(out)
-    if around is not None:
-        place, ours = around
-        where = f"{out} holds"
-        if place != out.resolve():
-            where = f"{out} is inside {place}, which holds"
+    note = run_files_note(out)
+    if note is not None:
         raise UsageError(
-            f"argument --out: {where} {', '.join(ours)}: it is a fedprivopt run, comparison "
-            "or tuning, not a data directory; write the dataset into another directory"
+            f"argument --out: {out} {note}: it is a fedprivopt run, comparison or tuning, not "
+            "a data directory; write the dataset into another directory"
         )
     present = [name for name in DATASET_FILES if (out / name).exists()]
     if present and not is_synthetic_dir(out):

@@ -79,6 +79,7 @@ __all__ = [
     "generate",
     "is_synthetic_dir",
     "run_files_around",
+    "run_files_note",
 ]
 
 GENERATOR_VERSION = 1
@@ -487,6 +488,20 @@ def run_files_around(directory: str | os.PathLike) -> tuple[Path, list[str]] | N
         if ours:
             return place, ours
     return None
+
+
+def run_files_note(directory: str | os.PathLike) -> str | None:
+    """What shows ``directory`` is, or lies inside, a run, comparison or tuning (else ``None``).
+
+    ``"holds F, G"`` or ``"is inside P, which holds F"`` (:func:`run_files_around`), for the
+    one-line refusals of ``data synth --out`` and of a task's synthetic generation.
+    """
+    around = run_files_around(directory)
+    if around is None:
+        return None
+    place, ours = around
+    where = "holds" if place == Path(directory).resolve() else f"is inside {place}, which holds"
+    return f"{where} {', '.join(ours)}"
 
 
 def is_synthetic_dir(root: str | os.PathLike) -> bool:

@@ -30,7 +30,7 @@ from fedprivopt.data.synthetic import (
     SYNTHETIC_META_FILE,
     SyntheticConfig,
     ensure_synthetic,
-    run_files_around,
+    run_files_note,
     user_size_knobs,
 )
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
@@ -232,16 +232,11 @@ class StackOverflowFiles:
         if self.synthetic and self._missing(required):
             # fourteenth review of issue 15: generated into a comparison, rc 0; sixteenth:
             # into a directory inside one (a comparison's runs/)
-            around = run_files_around(self.data_dir)
-            if around is not None:
-                place, ours = around
-                where = "holds"
-                if place != self.data_dir.resolve():
-                    where = f"is inside {place}, which holds"
+            note = run_files_note(self.data_dir)
+            if note is not None:
                 raise ValueError(
-                    f"data_dir {str(self.data_dir)!r} {where} {', '.join(ours)}: it is a "
-                    "fedprivopt run, comparison or tuning, not a data directory; no synthetic "
-                    "dataset is generated into it"
+                    f"data_dir {str(self.data_dir)!r} {note}: it is a fedprivopt run, comparison "
+                    "or tuning, not a data directory; no synthetic dataset is generated into it"
                 )
             # Under the lock: another process may be writing the files right now.
             with _directory_lock(self.data_dir):

@@ -33,12 +33,10 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
-import numpy as np
 import tomllib
 import torch
 
-from fedprivopt.data.synthetic import SyntheticConfig
-from fedprivopt.data.synthetic_model import build_model
+from fedprivopt.data.synthetic import SyntheticConfig, word_tag_model
 from fedprivopt.simulation import run as run_module
 from fedprivopt.simulation.config import load_config
 
@@ -54,8 +52,7 @@ def oracle_preconditioner(task, data_dir: Path, kind: str, factor: float) -> tor
     """``A`` of ``kind`` over the task's ``V K + K`` layout (word rows, then the bias)."""
     marker = json.loads((data_dir / "stackoverflow.synthetic.json").read_text())
     config = SyntheticConfig(**marker["config"])
-    seeds = np.random.SeedSequence(config.seed).spawn(2)  # as generate() draws its model
-    model = build_model(config, np.random.default_rng(seeds[0]))
+    model = word_tag_model(config)
     word_index = {w: i for i, w in enumerate(task.words)}
     tag_index = {t: i for i, t in enumerate(task.tags)}
     v, k = len(task.words), len(task.tags)

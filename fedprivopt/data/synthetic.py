@@ -56,7 +56,7 @@ import numpy as np
 from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.core.files import unlink_links
 from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
-from fedprivopt.data.synthetic_model import build_model, parse_date
+from fedprivopt.data.synthetic_model import WordTagModel, build_model, parse_date
 from fedprivopt.data.synthetic_rows import CHUNK_USERS, SPLITS, chunk_rows, default_workers
 from fedprivopt.data.vocab import (
     TAG_COUNT_FILE,
@@ -80,6 +80,7 @@ __all__ = [
     "is_synthetic_dir",
     "run_files_around",
     "run_files_note",
+    "word_tag_model",
 ]
 
 GENERATOR_VERSION = 1
@@ -428,7 +429,7 @@ def generate(
     # Our marker before the first byte of data: an interrupted generation leaves a directory
     # that is still recognized as ours (and, lacking a configuration, is never taken as current).
     files.meta.write_text(json.dumps({"generator": _GENERATOR, "complete": False}) + "\n")
-    seeds = np.random.SeedSequence(config.seed).spawn(2)
+    seeds = _seed_streams(config)
     model = build_model(config, np.random.default_rng(seeds[0]))
     chunk_seeds = seeds[1].spawn((config.num_clients + CHUNK_USERS - 1) // CHUNK_USERS)
     word_users = np.zeros(config.vocab_size, dtype=np.int64)
@@ -467,6 +468,20 @@ def generate(
         encoding="utf-8",
     )
     return files
+
+
+def _seed_streams(config: SyntheticConfig) -> list[np.random.SeedSequence]:
+    """The generator's two seed streams: its global model's, and its chunks' parent."""
+    return np.random.SeedSequence(config.seed).spawn(2)
+
+
+def word_tag_model(config: SyntheticConfig) -> WordTagModel:
+    """The global model :func:`generate` draws for ``config``: words, tags, each tag's words.
+
+    For analyses that need the generator's ground truth (which words carry which tag), e.g.
+    ``experiments/oracle_side_information.py``; it is not public information of a dataset.
+    """
+    return build_model(config, np.random.default_rng(_seed_streams(config)[0]))
 
 
 def run_files_around(directory: str | os.PathLike) -> tuple[Path, list[str]] | None:

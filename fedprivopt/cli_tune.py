@@ -258,7 +258,7 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     from fedprivopt.simulation.cells import Cell, task_key
     from fedprivopt.simulation.config import config_to_toml
     from fedprivopt.simulation.tune import check_tune_dir, draw_trials, parse_grid
-    from fedprivopt.simulation.tune_check import plan_document
+    from fedprivopt.simulation.tune_check import plan_digest, plan_document
     from fedprivopt.simulation.tune_grid import check_grid_overrides, refuse_table_spellings
 
     trial_count = trial_count_of(args)
@@ -279,17 +279,18 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     selection = check_selection(args, tasks.values())
     seed, secret = tuning_seed(args, out)
     trials = draw_trials(grid, trial_count, seed)
-    cells = []
-    for trial in trials:
-        config = load_preset(args.config, {**overrides, **trial.hyperparameters,
-                                           "seed": trial.seed}, where=trial.label)  # fmt: skip
-        key = task_key(config)
-        cells.append(Cell(trial.label, config, tasks[key]))
     document = plan_document(
         preset=str(args.config), strategy=base.strategy.strategy, metric=metric,
         base_config_toml=config_to_toml(base), grid=grid, overrides=overrides,
         trials=trial_count, seed=seed, delta=plan.delta, drawn=trials, seed_secret=secret,
     )  # fmt: skip
+    digest = plan_digest(json.loads(json.dumps(document)))  # as tune.json will read back
+    cells = []
+    for trial in trials:
+        config = load_preset(args.config, {**overrides, **trial.hyperparameters,
+                                           "seed": trial.seed}, where=trial.label)  # fmt: skip
+        key = task_key(config)
+        cells.append(Cell(trial.label, config, tasks[key], tuning_plan=digest))
     return TuningSetup(out, grid, overrides, base, plan, metric, selection, seed, secret,
                        trial_count, trials, cells, document)  # fmt: skip
 

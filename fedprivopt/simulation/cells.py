@@ -149,6 +149,10 @@ class Cell:
     config: RunConfig
     task: Any = field(default=None, compare=False, repr=False)
     """The config's task, built once for the cells that share it (``None``: built by the run)."""
+    tuning_plan: str | None = None
+    """For a trial of ``fedprivopt tune``: the digest of its plan, which the run's ledger header
+    records (:meth:`~fedprivopt.simulation.ledger.RunLedger.check_tuning_plan`); an earlier run
+    whose ledger names another plan is stale."""
 
 
 @dataclass(frozen=True)
@@ -414,6 +418,7 @@ def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPl
         with lock_run_dir(run_dir):
             run = audit_run_dir(run_dir, cell.task, engine=False)
         _check_rounds(run, cell)
+        _check_tuning_plan(run, cell)
         if run.unfinished() is not None:  # to be resumed: refused when planned, not when run
             check_appended_not_linked(run_dir)
     except LockHeldError as exc:
@@ -438,6 +443,12 @@ def _check_rounds(run, cell: Cell) -> None:
             f"its files show rounds up to {released} released, more than the "
             f"num-server-rounds = {rounds} of this cell"
         )
+
+
+def _check_tuning_plan(run, cell: Cell) -> None:
+    """Refuse a tuning's trial whose ledger names another plan than the cell's (or none)."""
+    if cell.tuning_plan is not None and run.ledger is not None:
+        run.ledger.check_tuning_plan(cell.tuning_plan)
 
 
 def load_cell(plan: CellPlan):
@@ -467,6 +478,7 @@ def load_cell(plan: CellPlan):
                 raise ValueError(f"its run has {key} = {_short(old)}, the cell {_short(new)}")
             run = audit_run_dir(plan.run_dir, cell.task, engine=False)
             _check_rounds(run, cell)
+            _check_tuning_plan(run, cell)
             why = run.unfinished()
             if why is not None:
                 raise ValueError(f"it is not finished: {why}")
@@ -484,8 +496,10 @@ def run_cell(plan: CellPlan, *, progress: bool = False) -> None:
 
     cell = plan.cell
     if plan.action == RUN:
-        simulate(cell.config, plan.run_dir, progress=progress, task=cell.task)
+        simulate(cell.config, plan.run_dir, progress=progress, task=cell.task,
+                 tuning_plan=cell.tuning_plan)  # fmt: skip
     elif plan.action == RESUME:
-        resume(plan.run_dir, progress=progress)
+        resume(plan.run_dir, progress=progress, tuning_plan=cell.tuning_plan)
     elif plan.action == RERUN:
-        simulate(cell.config, plan.run_dir, progress=progress, overwrite=True, task=cell.task)
+        simulate(cell.config, plan.run_dir, progress=progress, overwrite=True, task=cell.task,
+                 tuning_plan=cell.tuning_plan)  # fmt: skip

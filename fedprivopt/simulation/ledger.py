@@ -92,11 +92,17 @@ class RunLedger:
 
     @staticmethod
     def header_for(
-        config, accountant: PrivacyAccountant, data: Mapping[str, Any] | None = None
+        config,
+        accountant: PrivacyAccountant,
+        data: Mapping[str, Any] | None = None,
+        tuning_plan: str | None = None,
     ) -> dict[str, Any]:
         """The header line of a new ledger for ``config`` and its algorithm's accountant.
 
         ``data``: the task's :func:`~fedprivopt.models.task.data_identity`, if it has one.
+        ``tuning_plan``: for a trial of ``fedprivopt tune``, the digest of the plan that drew it
+        (:func:`~fedprivopt.simulation.tune_check.plan_digest`), which ``compare-tuned`` checks
+        against ``tune.json``.
         """
         header = {
             "ledger": LEDGER_VERSION,
@@ -112,6 +118,8 @@ class RunLedger:
         }
         if data is not None:
             header["data"] = dict(data)
+        if tuning_plan is not None:
+            header["tuning_plan"] = tuning_plan
         return header
 
     @classmethod
@@ -121,13 +129,15 @@ class RunLedger:
         config,
         accountant: PrivacyAccountant,
         data: Mapping[str, Any] | None = None,
+        tuning_plan: str | None = None,
     ) -> RunLedger:
         """Write a new ledger (its header) into ``out``.
 
         The file must not exist, or hold no complete line (a start killed while writing the
-        header, whose debris :meth:`read` reports as no ledger).
+        header, whose debris :meth:`read` reports as no ledger). ``data``, ``tuning_plan``: as
+        in :meth:`header_for`.
         """
-        header = cls.header_for(config, accountant, data)
+        header = cls.header_for(config, accountant, data, tuning_plan)
         path = out / LEDGER_FILE
         debris = path.is_file() and b"\n" not in path.read_bytes()
         write_synced(path, json_line(header), mode="w" if debris else "x")
@@ -258,6 +268,28 @@ class RunLedger:
                 f"for round {round_num} (line {lines[-1].line}): the checkpoint was edited "
                 "(resuming it would let users of the period take part again); refusing to resume"
             )
+
+    def check_tuning_plan(self, digest: str) -> None:
+        """Raise ``ValueError`` unless the header names the tuning plan ``digest``.
+
+        A trial of ``fedprivopt tune`` records the digest of the plan that drew it
+        (:meth:`header_for`); a plan rewritten afterwards (its grid or trial count edited in
+        ``tune.json`` and ``summary.json`` alike) no longer matches the trials' ledgers
+        (seventeenth review of issue 15, finding 2).
+        """
+        stated = self.header.get("tuning_plan")
+        if stated == digest:
+            return
+        if stated is None:
+            raise ValueError(
+                f"{self.path}: its header names no tuning plan: not a trial that tune ran under "
+                "this plan (or one of a version before the plan's digest was recorded)"
+            )
+        raise ValueError(
+            f"{self.path}: its header names the tuning plan {str(stated)[:16]!r}..., not "
+            f"{digest[:16]!r}... of this tuning: the trial was run under another plan, or the "
+            "plan was edited after it ran"
+        )
 
     def check_config(self, config, source: str = CONFIG_FILE) -> None:
         """Raise ``ValueError`` naming the first privacy-relevant key where ``config`` differs."""

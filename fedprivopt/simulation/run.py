@@ -220,8 +220,12 @@ def simulate(
     progress: bool = False,
     overwrite: bool = False,
     task: Task | None = None,
+    tuning_plan: str | None = None,
 ) -> RunOutcome:
     """Run ``config`` from scratch into ``out_dir`` (``task``: see :func:`build_run`).
+
+    ``tuning_plan``: for a trial of ``fedprivopt tune``, the digest of its plan, recorded in the
+    ledger's header (:meth:`~fedprivopt.simulation.ledger.RunLedger.header_for`).
 
     ``out_dir`` must be new or empty; with ``overwrite`` it may also hold a run of ours, which
     is replaced. Anything else is refused (``ValueError``) before anything is written. The
@@ -231,12 +235,17 @@ def simulate(
     task, alg = build_run(config, task)
     check_flower_resources(config)  # before anything is written or Ray starts
     with NewRunDir(out_dir, overwrite=overwrite) as out:
-        ledger = start_run_files(out, config, alg, task)
+        ledger = start_run_files(out, config, alg, task, tuning_plan)
         return _execute(out, config, task, alg, progress, ledger)
 
 
-def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
+def resume(
+    out_dir: str | Path, *, progress: bool = False, tuning_plan: str | None = None
+) -> RunOutcome:
     """Continue the run in ``out_dir`` from its last good checkpoint.
+
+    ``tuning_plan``: for a trial of ``fedprivopt tune``, the digest of its plan; a ledger that
+    names another is refused, and a ledger started here records it.
 
     The directory is locked for the whole run (a second process is refused, naming this one's
     PID). What was released is what ``privacy_ledger.jsonl`` records, and ε is always composed
@@ -273,12 +282,14 @@ def resume(out_dir: str | Path, *, progress: bool = False) -> RunOutcome:
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     check_appended_not_linked(out)
     with lock_run_dir(out):
-        return _resume_locked(out, progress)
+        return _resume_locked(out, progress, tuning_plan)
 
 
-def _resume_locked(out: Path, progress: bool) -> RunOutcome:
+def _resume_locked(out: Path, progress: bool, tuning_plan: str | None) -> RunOutcome:
     run = audit_run_dir(out)  # every check, before anything is written
     config, alg, ledger = run.config, run.alg, run.ledger
+    if tuning_plan is not None and ledger is not None:
+        ledger.check_tuning_plan(tuning_plan)
     if (out / SUMMARY_FILE).exists():
         # the run is unfinished from here until its new summary: a resume killed at any moment
         # must not leave the old summary claiming it finished (with the old rounds and epsilon)
@@ -287,7 +298,7 @@ def _resume_locked(out: Path, progress: bool) -> RunOutcome:
     detach_appended(out)  # a hard-linked ledger or metrics file: appends change this run's only
     if ledger is None and run.checkpoint is None:
         # killed before its header
-        ledger = RunLedger.create(out, config, alg.accountant, data_identity(run.task))
+        ledger = RunLedger.create(out, config, alg.accountant, data_identity(run.task), tuning_plan)
     elif ledger is None:
         ledger = RunLedger.convert(
             out,

@@ -10,7 +10,10 @@ file alone:
   strategy, trials), and ``tune.json``'s trials must be those its seed draws;
 * every trial's ``config.toml`` must be the base configuration with the trial's hyperparameters
   and seed, its privacy ledger must match that configuration
-  (:meth:`~fedprivopt.simulation.ledger.RunLedger.check_config`) and state the same δ;
+  (:meth:`~fedprivopt.simulation.ledger.RunLedger.check_config`), state the same δ and name
+  ``tune.json``'s plan by its digest (:func:`plan_digest`, recorded when the trial started), so
+  that a grid or trial count rewritten in ``tune.json`` and ``summary.json`` alike is refused
+  unless every trial's ledger is rewritten too;
 * the single run's bound is recomputed from the base configuration over every grid point
   (:func:`~fedprivopt.simulation.tune.planned_ledger`,
   :func:`~fedprivopt.simulation.tune.dominating_plan`), raised to any trial ledger beyond it;
@@ -22,6 +25,7 @@ The ε used is the largest of the recomputed one and those the summary states.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import tempfile
@@ -44,6 +48,7 @@ __all__ = [
     "TunedCheck",
     "check_tuning",
     "check_tunings",
+    "plan_digest",
     "plan_document",
     "same_json",
 ]
@@ -88,6 +93,23 @@ def plan_document(
             {"trial": t.label, "hyperparameters": t.hyperparameters, "seed": t.seed} for t in drawn
         ],
     }
+
+
+PLAN_IDENTITY = ("base_config", "strategy", "metric", "grid", "trial_count", "seed", "delta",
+                 "trials")  # fmt: skip
+"""The keys of ``tune.json`` that make a plan (what ``tune`` compares before reusing trials)."""
+
+
+def plan_digest(plan: Mapping[str, Any]) -> str:
+    """SHA-256 of a plan's :data:`PLAN_IDENTITY` keys, as canonical JSON.
+
+    Every trial's ledger header records it (``tuning_plan``) when the trial starts; the
+    preset's path and the seed's source are not part of it (a call from another directory
+    continues the same plan).
+    """
+    identity = {key: plan.get(key) for key in PLAN_IDENTITY}
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -199,7 +221,7 @@ class _Builder:
         return task, alg
 
 
-def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: float):
+def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: float, digest: str):
     """A trial's ``config.toml`` and ledger; its ledger's total (``None``: no ledger)."""
     from fedprivopt.simulation.cells import first_difference
     from fedprivopt.simulation.config import load_config
@@ -230,6 +252,10 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
             f"{run_dir / LEDGER_FILE}: its header's delta {shown(stated)} disagrees with the "
             f"tuning's {shown(delta)}"
         )
+    try:
+        ledger.check_tuning_plan(digest)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {PLAN_FILE} or the trial's files were edited") from None
     return ledger.total()
 
 
@@ -361,10 +387,15 @@ def check_tuning(path: str | Path) -> TunedCheck:
         if not same_json(base.strategy.delta, delta):
             raise ValueError(f"{path / PLAN_FILE}: its delta disagrees with its base_config")
         released = {}
+        digest = plan_digest(plan)
         for trial in plan["trials"]:
-            led = _check_trial(path, builder, trial, delta)
+            led = _check_trial(path, builder, trial, delta, digest)
             if led is not None:
                 released[trial["trial"]] = led
+        if best_dir.name not in released:
+            raise ValueError(
+                f"{best_dir}: the released trial has no privacy ledger naming {PLAN_FILE}'s plan"
+            )
         try:
             ledger, orders = _recomputed_ledger(path, builder, plan, released)
         except ValueError as exc:

@@ -47,17 +47,22 @@ __all__ = ["RunWriter", "start_run_files"]
 
 
 def start_run_files(
-    out: Path, config: RunConfig, alg: ServerAlgorithm, task: Task | None = None
+    out: Path,
+    config: RunConfig,
+    alg: ServerAlgorithm,
+    task: Task | None = None,
+    tuning_plan: str | None = None,
 ) -> RunLedger:
     """Write ``config.toml`` and the privacy ledger's header into a claimed, locked directory.
 
     ``out`` comes from :class:`~fedprivopt.simulation.rundir.NewRunDir` (new, empty, or a run
     of ours being overwritten). The ledger records ``task``'s
-    :func:`~fedprivopt.models.task.data_identity`, checked on resume. Returns the new ledger.
+    :func:`~fedprivopt.models.task.data_identity`, checked on resume, and for a tuning's trial
+    the digest of its plan (``tuning_plan``). Returns the new ledger.
     """
     data = None if task is None else data_identity(task)
     atomic_write(out / CONFIG_FILE, config_to_toml(config))
-    return RunLedger.create(out, config, alg.accountant, data)
+    return RunLedger.create(out, config, alg.accountant, data, tuning_plan)
 
 
 class RunWriter:

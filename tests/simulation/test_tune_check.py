@@ -224,3 +224,109 @@ def test_out_inside_a_tuning_is_refused(tunings, tmp_path, capsys, where):
     rc, err = _compare(capsys, tuned, out=tuned / where)
     assert rc == 2 and "--out" in err
     assert sorted(p.name for p in (tuned / "runs").iterdir()) == before
+
+
+# -- the plan's digest in every trial's ledger (seventeenth review of issue 15, findings 2, 2b) --
+
+
+def _both(tuned, change):
+    for name in ("tune.json", "summary.json"):
+        _edit(tuned / name, change)
+
+
+def _draws(plan, trial_count):
+    from fedprivopt.simulation.tune import draw_trials
+
+    grid = {k: tuple(v) for k, v in plan["grid"].items()}
+    drawn = draw_trials(grid, trial_count, plan["seed"])
+    return [(t.label, t.hyperparameters, t.seed) for t in drawn]
+
+
+def test_every_trials_ledger_names_the_plan_of_tune_json(tunings):
+    from fedprivopt.simulation.ledger import RunLedger
+    from fedprivopt.simulation.tune_check import plan_digest
+
+    plan = json.loads((tunings / "a" / "tune.json").read_text())
+    labels = [t["trial"] for t in plan["trials"]]
+    assert labels
+    for label in labels:
+        header = RunLedger.read(tunings / "a" / "runs" / label).header
+        assert header["tuning_plan"] == plan_digest(plan)
+
+
+def test_a_trial_count_rewritten_in_both_files_is_refused(tunings, tmp_path, capsys):
+    """Finding 2: a mean that still draws the same trials, edited in tune.json and summary.json."""
+    from fedprivopt.privacy.tuning import TrialCount
+
+    tuned = _copy(tunings, tmp_path)
+    plan = json.loads((tuned / "tune.json").read_text())
+    stated = plan["trial_count"]
+    original = TrialCount(stated["distribution"], stated["mean"], stated["shape"])
+    planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
+    means = [m / 100 for m in range(101, 400) if m / 100 != original.mean]
+    same = [
+        m
+        for m in means
+        if _draws(plan, TrialCount(original.distribution, m, original.shape)) == planned
+    ]
+    assert same, "no other mean draws these trials; the edit this test makes would be refused"
+    lower = min(same)  # a smaller mean composes to a smaller epsilon
+    edited = TrialCount(original.distribution, lower, original.shape).to_dict()
+    _both(tuned, lambda d: d.update(trial_count=edited))
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2
+    assert "privacy_ledger.jsonl: its header names the tuning plan" in err
+    assert not (tmp_path / "r" / "summary.csv").exists()
+
+
+def test_a_grid_rewritten_in_both_files_is_refused(tmp_path, capsys):
+    """Finding 2b: σ 0.5 dropped from the grid, so the single run's bound is the drawn σ 5's."""
+    tuned = tmp_path / "t"
+    argv = ["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid", "noise-multiplier=0.5,5",
+            "--mean-trials", "1.5", "--seed", "3", "--rounds", "2", "--out", str(tuned),
+            *SMALL]  # fmt: skip
+    assert main(argv) == 0
+    plan = json.loads((tuned / "tune.json").read_text())
+    one = {"noise-multiplier": [5]}
+    from fedprivopt.privacy.tuning import TrialCount
+
+    count = TrialCount(**{k: plan["trial_count"][k] for k in ("distribution", "mean", "shape")})
+    planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
+    assert _draws({**plan, "grid": one}, count) == planned  # the edit is consistent
+
+    def drop(d):
+        d["grid"] = one
+        for x in (d.get("single_run") or {}).get("ledger") or []:
+            x["event"]["noise_multiplier"] = 5.0
+
+    _both(tuned, drop)
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2
+    assert "its header names the tuning plan" in err and "tune.json or the trial's" in err
+
+
+def test_a_trial_without_the_plan_in_its_ledger_is_refused(tunings, tmp_path, capsys):
+    """A header without the digest (removed, or written by an earlier version) is refused."""
+    from fedprivopt.simulation.tune_check import PLAN_FILE
+
+    tuned = _copy(tunings, tmp_path)
+    best = json.loads((tuned / "summary.json").read_text())["best"]["trial"]
+    ledger = tuned / "runs" / best / "privacy_ledger.jsonl"
+    lines = ledger.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    del header["tuning_plan"]
+    ledger.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    rc, err = _compare(capsys, tuned, out=tmp_path / "r")
+    assert rc == 2 and "names no tuning plan" in err
+    # tune again into it: the trial is not this plan's, so it is not reused without --overwrite
+    capsys.readouterr()
+    assert main(["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid",
+                 "noise-multiplier=0.5,50", "--mean-trials", "2", "--out", str(tuned),
+                 "--rounds", "2", "--seed", "3", *SMALL]) == 2  # fmt: skip
+    assert "names no tuning plan" in capsys.readouterr().err
+    assert main(["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid",
+                 "noise-multiplier=0.5,50", "--mean-trials", "2", "--out", str(tuned),
+                 "--rounds", "2", "--seed", "3", "--overwrite", *SMALL]) == 0  # fmt: skip
+    rc, _ = _compare(capsys, tuned, out=tmp_path / "r2")
+    assert rc == 0
+    assert (tuned / PLAN_FILE).is_file()

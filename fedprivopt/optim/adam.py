@@ -88,7 +88,9 @@ def adam(
     beta2 : float, default 0.99
         Second-moment decay in ``[0, 1)``.
     tau : float or None, default 1e-3
-        Adaptivity constant ``τ`` (Adam's ε) in ``(0, inf)``. ``None``: ``τ_t = √Φ_t``, the
+        Adaptivity constant ``τ`` (Adam's ε) in ``(0, inf)``; below the smallest normal number
+        of the parameters' dtype (``torch.finfo(dtype).tiny``, 1.2e-38 in float32), which it
+        would round to 0 in, that number is used. ``None``: ``τ_t = √Φ_t``, the
         per-coordinate noise std of the round's Δ̃, passed every round as
         ``update(..., noise_variance=Φ_t)``. A coordinate whose second moment is the noise
         alone then steps by ``m̂/(2√Φ)`` whatever σ is, the scale DP-AdamBC's floor ``γ′ = Φ``
@@ -156,7 +158,10 @@ def adam(
             scale = lr * sqrt_bc2 / (1.0 - b1**t)
             if tau_placement == "corrected":
                 tau_eff = tau_t * sqrt_bc2
-        denom = nu.sqrt().add_(tau_eff)
+        # A tau below the dtype's smallest normal number rounds to 0 in it (tau None follows
+        # sigma C/m, 1e-50 at sigma 1e-48): 0/0 where m and v are 0 made the model NaN
+        # (eighteenth review of issue 15, finding 1); the smallest normal number is tau's floor.
+        denom = nu.sqrt().add_(max(tau_eff, torch.finfo(nu.dtype).tiny))
         step = torch.div(mu, denom, out=denom).mul_(scale)
         return step, AdamState(count=count, mu=mu, nu=nu)
 

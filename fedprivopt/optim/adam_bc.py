@@ -97,6 +97,8 @@ def adam_bc(
         with a constant ``Φ`` this is ``γ′ = Φ``; when ``Φ_t`` moves (adaptive clipping moves
         ``C``) a fixed ``γ′`` chosen for the first round would be off by the square of ``C``'s
         change (measured: ``C`` 0.2 → 3.6 made ``Φ`` 300 times larger and DP-AdamBC diverged).
+        A floor below the smallest normal number of the parameters' dtype
+        (``torch.finfo(dtype).tiny``), which it would round to 0 in, is raised to that number.
     noise_variance : float or callable or None
         Per-coordinate noise variance ``Φ`` of Δ̃: a float in ``[0, inf)``; a callable
         ``t -> Φ_t`` of the 1-based update index; or ``None``, in which case every call must
@@ -157,7 +159,10 @@ def adam_bc(
         # Following the noise (gamma None), gamma_t = Phi_hat_t = e / b_2: the floor is e itself.
         if gamma is None and not noise_ema > 0.0:
             raise ValueError("gamma = None (the floor follows the noise) needs noise variance > 0")
-        floor = noise_ema if gamma is None else gamma * bc2
+        # A floor below the dtype's smallest normal number rounds to 0 in it (gamma None
+        # follows Phi, 1e-62 at sigma 1e-30): 0/0 where m and v are 0 made the model NaN
+        # (eighteenth review of issue 15, finding 1); the smallest normal number is its floor.
+        floor = max(noise_ema if gamma is None else gamma * bc2, torch.finfo(nu.dtype).tiny)
         denom = nu.sub(noise_ema)
         floor_count = int(torch.count_nonzero(denom < floor))
         denom.clamp_(min=floor).sqrt_()

@@ -1,0 +1,80 @@
+"""Issue 15, eighteenth hostile review: regression tests of its findings.
+
+1. DP-FedAdam with ``tau`` unset (τ_t = σC/m̄, d7b59c2) and DP-AdamBC with ``gamma`` unset
+   (γ′ = Φ) at a noise multiplier the config accepts (``simulate stackoverflow-tp-mini.toml
+   --strategy dp-fedadam --set noise-multiplier=1e-60``; DP-AdamBC from 1e-30): the model was
+   NaN after round 1 ("diverged ... lower the learning rates"), because τ (Φ) below float32's
+   smallest normal number rounds to 0 and the coordinates no client moved stepped by 0/0. Now
+   τ and the floor are at least ``torch.finfo(dtype).tiny``; fixed values alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedprivopt import optim
+from tests.reliability.test_fuzz_cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = str(ROOT / "simulations" / "toy.toml")
+TAG_MINI = str(ROOT / "simulations" / "stackoverflow-tp-mini.toml")
+MINI = ROOT / "data" / "stackoverflow-synthetic-mini"
+
+
+def one_line_error(code: int, err: str, *parts: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and err.endswith("\n") and len(err.splitlines()) == 1, err
+    for part in parts:
+        assert part in err, err
+
+
+# -- finding 1: a noise-following tau or floor below float32's smallest normal number ------------
+DELTA = torch.tensor([0.5, -0.25, 0.0])  # the last coordinate: no client moved it
+
+
+@pytest.mark.parametrize(
+    ("transform", "variance"),
+    [
+        (optim.adam(learning_rate=0.1, tau=None), 1e-100),  # tau_t = 1e-50
+        (optim.adam(learning_rate=0.1, tau=1e-50), None),
+        (optim.flower_fedadam(tau=1e-50), None),
+        (optim.adam_bc(learning_rate=0.1, gamma=None, noise_variance=None), 1e-62),
+        (optim.adam_bc(learning_rate=0.1, gamma=1e-60, noise_variance=None), 1e-62),
+    ],
+)
+def test_1_a_tau_or_floor_below_the_dtypes_normal_numbers_gives_a_finite_step(transform, variance):
+    params = torch.zeros(3)
+    state = transform.init(params)
+    for _ in range(3):
+        step, state = transform.update(DELTA, state, params, noise_variance=variance)
+        assert torch.isfinite(step).all(), step
+        assert step[2] == 0.0, step
+        params = params + step
+
+
+def test_1_a_representable_tau_is_unchanged():
+    params = torch.zeros(3, dtype=torch.float64)
+    a = optim.adam(learning_rate=0.1, tau=1e-3, bias_correction=False)
+    step, _ = a.update(DELTA.double(), a.init(params), params)
+    expected = 0.1 * 0.1 * 0.5 / (math.sqrt(0.01 * 0.25) + 1e-3)
+    assert step[0].item() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.skipif(not MINI.is_dir(), reason="needs data/stackoverflow-synthetic-mini")
+@pytest.mark.parametrize(
+    ("strategy", "sigma"), [("dp-fedadam", "1e-60"), ("dp-fedadam-bc", "1e-30")]
+)
+def test_1_a_tiny_noise_multiplier_does_not_make_the_model_nan(tmp_path, strategy, sigma):
+    out = tmp_path / "run"
+    argv = ["simulate", TAG_MINI, "--strategy", strategy, "--rounds", "2", "--out", str(out)]
+    argv += ["--set", f"noise-multiplier={sigma}", "--set", f"task-params.data-dir={MINI}"]
+    code, _, err = run_cli([*argv, "--quiet"])
+    assert code == 0, err
+    assert "diverged" not in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary.get("diverged") is None, summary

@@ -183,7 +183,8 @@ class AdamOptions(MomentOptions):
         τ = 0.033 led at σ 0.3 (0.374 against 0.345 at 0.1) and τ = 0.1 at σ 1.5 (0.291
         against 0.284); ``σC/m̄`` is 0.03 and 0.15 there (``docs/EXPERIMENTS.md``).
     bias_correction : bool
-        Whether the moments are bias-corrected.
+        Whether the moments are bias-corrected (``adam-flavor = "standard"`` only: Flower's
+        ``FedAdam`` always corrects, so ``false`` with ``"flower"`` is refused).
     adam_flavor : {"standard", "flower"}
         ``"flower"`` reproduces Flower's ``FedAdam`` exactly (τ added to the uncorrected √v and
         the bias-correction exponent ``round + 1``); ``"standard"`` is Reddi et al.
@@ -192,6 +193,17 @@ class AdamOptions(MomentOptions):
     tau: float | None = real(None, 0, math.inf, low_open=True, optional=True)
     bias_correction: bool = flag(True)
     adam_flavor: str = choice("standard", ("standard", "flower"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Eighteenth review of issue 15, finding 2: the flower flavor ignored bias-correction =
+        # false (a tuning grid over it released "best (bias-correction=True)" of identical runs).
+        if self.adam_flavor == "flower" and not self.bias_correction:
+            raise ValueError(
+                "bias-correction applies only with adam-flavor 'standard' (Flower's FedAdam "
+                "always corrects); with adam-flavor 'flower' it must be unset or its default "
+                "true, got false"
+            )
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@
    NaN after round 1 ("diverged ... lower the learning rates"), because τ (Φ) below float32's
    smallest normal number rounds to 0 and the coordinates no client moved stepped by 0/0. Now
    τ and the floor are at least ``torch.finfo(dtype).tiny``; fixed values alike.
+2. ``tune toy.toml --strategy dp-fedadam --set adam-flavor=flower --grid
+   bias-correction=true,false`` ran 5 trials and released "best trial-003
+   (bias-correction=True)": Flower's FedAdam always corrects, so the value changed nothing
+   (``simulate --set adam-flavor=flower --set bias-correction=false`` said nothing). Now the
+   config refuses ``bias-correction = false`` with the flower flavor, naming both keys.
 """
 
 from __future__ import annotations
@@ -78,3 +83,39 @@ def test_1_a_tiny_noise_multiplier_does_not_make_the_model_nan(tmp_path, strateg
     assert "diverged" not in err, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary.get("diverged") is None, summary
+
+
+# -- finding 2: bias-correction = false with adam-flavor = "flower" ------------------------------
+FLOWER = ["--strategy", "dp-fedadam", "--set", "adam-flavor=flower", "--rounds", "1"]
+
+
+def test_2_a_tuning_grid_over_an_option_the_flavor_ignores_is_refused(tmp_path):
+    out = tmp_path / "tuning"
+    argv = ["tune", TOY, *FLOWER, "--grid", "bias-correction=true,false", "--out", str(out)]
+    code, _, err = run_cli([*argv, "--mean-trials", "2", "--seed", "1", "--quiet"])
+    one_line_error(code, err, "bias-correction", "adam-flavor 'flower'")
+    assert not out.exists()
+
+
+def test_2_simulate_refuses_the_flavor_with_bias_correction_off(tmp_path):
+    out = tmp_path / "run"
+    argv = ["simulate", TOY, *FLOWER, "--set", "bias-correction=false", "--out", str(out)]
+    code, _, err = run_cli([*argv, "--quiet"])
+    one_line_error(code, err, "bias-correction", "adam-flavor 'flower'")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--set", "bias-correction=true"]])
+def test_2_the_flavor_with_its_default_still_runs(tmp_path, extra):
+    out = tmp_path / "run"
+    code, _, err = run_cli(["simulate", TOY, *FLOWER, *extra, "--out", str(out), "--quiet"])
+    assert code == 0, err
+    assert (out / "summary.json").is_file()
+
+
+def test_2_the_options_block_refuses_it_by_itself():
+    from fedprivopt.strategies.options import AdamOptions
+
+    with pytest.raises(ValueError, match="bias-correction applies only with adam-flavor"):
+        AdamOptions(adam_flavor="flower", bias_correction=False)
+    assert AdamOptions(adam_flavor="standard", bias_correction=False).bias_correction is False

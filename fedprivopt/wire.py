@@ -200,15 +200,23 @@ def json_object(key: str, raw: object) -> dict:
     """
     import json
 
-    unique = refuse_repeated_keys(lambda name: f"{key} repeats the key {name!r}")
+    from fedprivopt.core.text import shown
+
+    unique = refuse_repeated_keys(lambda name: f"{key} repeats the key {shown(name)}")
     try:
         value = json.loads(str(raw), object_pairs_hook=unique)
     except json.JSONDecodeError as err:
         raise ValueError(f"{key} must be a JSON object: {err}") from None
     except RecursionError:
         raise ValueError(f"{key} must be a JSON object, nested too deeply to read") from None
+    except ValueError as err:
+        if str(err).startswith(f"{key} repeats"):
+            raise
+        # eighteenth review of issue 15, finding 3: an integer of over 4,300 digits raised
+        # Python's own ValueError ("Exceeds the limit ..."), which named no key
+        raise ValueError(f"{key} must be a JSON object of readable values: {err}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{key} must be a JSON object, got {raw!r}")
+        raise ValueError(f"{key} must be a JSON object, got {shown(str(raw))}")
     return value
 
 

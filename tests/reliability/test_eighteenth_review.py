@@ -11,6 +11,10 @@
    (bias-correction=True)": Flower's FedAdam always corrects, so the value changed nothing
    (``simulate --set adam-flavor=flower --set bias-correction=false`` said nothing). Now the
    config refuses ``bias-correction = false`` with the flower flavor, naming both keys.
+3. A Flower run config whose ``strategy-options-json`` (or ``task-params-json``) held an
+   integer of over 4,300 digits was refused with Python's own "Exceeds the limit (4300 digits)
+   for integer string conversion", naming no key; a JSON value that is not an object was
+   echoed whole (a 1 MB string). Now the message names the key and cuts the value.
 """
 
 from __future__ import annotations
@@ -119,3 +123,24 @@ def test_2_the_options_block_refuses_it_by_itself():
     with pytest.raises(ValueError, match="bias-correction applies only with adam-flavor"):
         AdamOptions(adam_flavor="flower", bias_correction=False)
     assert AdamOptions(adam_flavor="standard", bias_correction=False).bias_correction is False
+
+
+# -- finding 3: the Flower run config's JSON values ----------------------------------------------
+def test_3_an_unreadable_json_number_names_the_run_config_key():
+    from fedprivopt.deploy.runconfig import app_config_defaults, run_config_from_flower
+
+    config = app_config_defaults(ROOT)
+    for key, raw in [
+        ("strategy-options-json", '{"tau": ' + "9" * 5000 + "}"),
+        ("task-params-json", '{"seed": ' + "9" * 5000 + "}"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{key} must be a JSON object"):
+            run_config_from_flower({**config, "strategy": "dp-fedadam", key: raw})
+
+
+def test_3_a_json_value_that_is_not_an_object_is_cut():
+    from fedprivopt.wire import json_object
+
+    with pytest.raises(ValueError, match="must be a JSON object, got") as info:
+        json_object("task-params-json", '"' + "y" * 1_000_000 + '"')
+    assert len(str(info.value)) < 200

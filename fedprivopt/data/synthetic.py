@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -525,11 +526,22 @@ def is_synthetic_dir(root: str | os.PathLike) -> bool:
     :func:`generate` writes the marker before any data (``"complete": false``) and rewrites it
     with the configuration at the end, so a directory it was interrupted in is recognized too.
     """
-    try:
-        meta = json.loads((Path(root) / SYNTHETIC_META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    meta = _read_marker(Path(root) / SYNTHETIC_META_FILE)
     return isinstance(meta, dict) and meta.get("generator") == _GENERATOR
+
+
+def _read_marker(path: Path) -> object:
+    """The JSON in the marker ``path``; ``None`` if it is missing, unreadable or not a file.
+
+    Only a regular file is read (eighteenth review of issue 15, finding 4: a marker that was a
+    FIFO hung ``data synth`` and a task's synthetic generation in ``read``).
+    """
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def ensure_synthetic(
@@ -543,10 +555,11 @@ def ensure_synthetic(
     """
     config = SyntheticConfig() if config is None else config
     files = SyntheticFiles.at(out_dir)
+    meta = _read_marker(files.meta)
     try:
-        meta = json.loads(files.meta.read_text(encoding="utf-8"))
         current = (
-            meta.get("version") == GENERATOR_VERSION
+            isinstance(meta, dict)
+            and meta.get("version") == GENERATOR_VERSION
             and meta.get("config") == asdict(config)
             and files.sqlite.is_file()
             and files.word_count.is_file()

@@ -15,12 +15,20 @@
    integer of over 4,300 digits was refused with Python's own "Exceeds the limit (4300 digits)
    for integer string conversion", naming no key; a JSON value that is not an object was
    echoed whole (a 1 MB string). Now the message names the key and cuts the value.
+4. ``data synth --out D --overwrite`` over a synthetic dataset whose
+   ``stackoverflow.word_count`` (``tag_count``, or the marker ``stackoverflow.synthetic.json``)
+   was a FIFO hung in ``open`` until killed (also without ``--overwrite`` for the marker, and
+   a task's synthetic generation into such a directory). Now special files are removed before
+   writing, as links are, and a marker is read only when it is a regular file.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +152,75 @@ def test_3_a_json_value_that_is_not_an_object_is_cut():
     with pytest.raises(ValueError, match="must be a JSON object, got") as info:
         json_object("task-params-json", '"' + "y" * 1_000_000 + '"')
     assert len(str(info.value)) < 200
+
+
+# -- finding 4: a FIFO among a dataset's files ----------------------------------------------------
+def _cli(argv: list[str], tmp_path: Path, timeout: float = 90) -> tuple[int, str]:
+    """``fedprivopt ARGV`` in a subprocess, stopped (by its PID) if it outlives ``timeout``."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONWARNINGS": "ignore",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+    }
+    cmd = [sys.executable, "-m", "fedprivopt.cli", *argv]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"{argv[:2]} still running after {timeout} s (hung)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("name", ["stackoverflow.word_count", "stackoverflow.synthetic.json"])
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_4_data_synth_never_hangs_on_a_fifo_among_the_dataset(tmp_path, name, overwrite):
+    out = tmp_path / "data"
+    code, _, err = run_cli(["data", "synth", "--out", str(out), "--clients", "5"])
+    assert code == 0, err
+    (out / name).unlink()
+    os.mkfifo(out / name)
+    argv = ["data", "synth", "--out", str(out), "--clients", "5"]
+    code, err = _cli([*argv, *(["--overwrite"] if overwrite else [])], tmp_path)
+    if name.endswith("word_count") and overwrite:
+        assert code == 0, err
+        assert (out / name).is_file() and (out / name).stat().st_size > 0
+    elif name.endswith("word_count"):
+        one_line_error(code, err, "already holds a dataset (use --overwrite)")
+    else:  # a marker that is not a file is not ours: the dataset is refused as a stranger's
+        one_line_error(code, err, "stackoverflow.synthetic.json")
+        assert (out / "stackoverflow.sqlite").is_file()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_4_a_fifo_marker_alone_is_replaced_by_a_generation(tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    os.mkfifo(out / "stackoverflow.synthetic.json")
+    code, err = _cli(
+        ["data", "synth", "--out", str(out), "--clients", "5", "--overwrite"], tmp_path
+    )
+    assert code == 0, err
+    marker = json.loads((out / "stackoverflow.synthetic.json").read_text())
+    assert marker["generator"] == "fedprivopt.data.synthetic"
+
+
+def test_4_unlink_links_keeps_regular_files_and_directories(tmp_path):
+    from fedprivopt.core.files import unlink_links
+
+    (tmp_path / "plain").write_text("kept")
+    (tmp_path / "dir").mkdir()
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo")
+    unlink_links(tmp_path, ["plain", "dir", "fifo", "absent"])
+    assert (tmp_path / "plain").read_text() == "kept" and (tmp_path / "dir").is_dir()
+    assert not os.path.lexists(tmp_path / "fifo")

@@ -419,6 +419,8 @@ def valid_mappings(draw) -> dict:
     if data["noise_mode"] != "distributed":  # the share keys alike without distributed noise
         data.update(min_shares=0, min_shares_quantile=0.01)
     data["min_shares"] = min(data["min_shares"], population)  # twelfth review
+    if data.get("adam_flavor") == "flower":  # Flower's FedAdam always corrects (eighteenth review)
+        data["bias_correction"] = True
     mapping = {k.replace("_", "-"): v for k, v in data.items()}
     mapping.update(
         {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -29,7 +30,11 @@ class MomentumState(StateDictMixin):
 
 
 def momentum_sgd(
-    *, learning_rate: float, momentum: float = 0.0, nesterov: bool = False
+    *,
+    learning_rate: float,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    max_noise_step: float | None = None,
 ) -> ServerTransform:
     r"""Server SGD with heavy-ball or Nesterov momentum on the noised mean update.
 
@@ -46,6 +51,14 @@ def momentum_sgd(
     DP-FedAvg with server momentum. The Nesterov form is the one PyTorch's ``SGD`` and optax's
     ``trace`` use.
 
+    With ``max_noise_step = κ`` the round's rate is ``η_t = min(η_s, κ/√Φ_t)``, where ``√Φ_t``
+    is the per-coordinate std of the noise on Δ̃ (``update(..., noise_variance=Φ_t)``, public:
+    σC_t/m̄): the noise a step adds to a coordinate, ``η_t√Φ_t``, is at most κ. At a fixed rate
+    that noise grows with σ, while the signal does not; bounding it keeps the *total amount of
+    noise* of the run's steps in check, the quantity that predicts DP training's outcome at a
+    given rate (Sander, Stock and Sablayrolles, "TAN without a burn", ICML 2023). Rounds whose
+    ``η_s√Φ_t ≤ κ`` (small σ) are unchanged.
+
     Parameters
     ----------
     learning_rate : float
@@ -54,12 +67,16 @@ def momentum_sgd(
         Momentum ``β`` in ``[0, 1)``.
     nesterov : bool, default False
         Use Nesterov momentum; requires ``momentum > 0``.
+    max_noise_step : float or None, default None
+        κ in ``(0, inf)``: the largest per-coordinate noise std a step may take (see above);
+        ``None``: the rate is ``η_s`` in every round.
 
     Returns
     -------
     ServerTransform
         ``init(params) -> MomentumState`` and ``update(delta_tilde, state, params=None, *,
-        noise_variance=None) -> (step, state)``; ``noise_variance`` is ignored.
+        noise_variance=None) -> (step, state)``; ``noise_variance`` is used only with
+        ``max_noise_step`` (``None`` or 0 there: no noise, the rate is ``η_s``).
 
     Raises
     ------
@@ -76,6 +93,9 @@ def momentum_sgd(
     lr = check_real("learning_rate", learning_rate, low=0.0, low_open=True)
     beta = check_real("momentum", momentum, low=0.0, high=1.0, high_open=True)
     nesterov = check_bool("nesterov", nesterov)
+    kappa = None
+    if max_noise_step is not None:
+        kappa = check_real("max_noise_step", max_noise_step, low=0.0, low_open=True)
     if nesterov and beta == 0.0:
         raise ValueError("momentum must be in (0, 1) when nesterov=True, got 0.0")
 
@@ -91,12 +111,23 @@ def momentum_sgd(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, MomentumState]:
-        del noise_variance  # public metadata this transform does not use
+        rate = lr if kappa is None else _capped_rate(lr, kappa, noise_variance)
         check_update_inputs(delta_tilde, params, state.momentum)
         m = state.momentum.mul(beta).add_(delta_tilde) if beta else delta_tilde.clone()
         direction = m.mul(beta).add_(delta_tilde) if nesterov else m
-        step = direction.mul(lr)
+        step = direction.mul(rate)
         return step, MomentumState(count=state.count + 1, momentum=m)
 
-    hparams = record_hparams("momentum_sgd", learning_rate=lr, momentum=beta, nesterov=nesterov)
+    capped = {} if kappa is None else {"max_noise_step": kappa}
+    hparams = record_hparams(
+        "momentum_sgd", learning_rate=lr, momentum=beta, nesterov=nesterov, **capped
+    )
     return ServerTransform(init, update, hparams)
+
+
+def _capped_rate(lr: float, kappa: float, noise_variance: float | None) -> float:
+    """``min(lr, κ/√Φ)``; ``lr`` when there is no noise (``Φ`` None or 0)."""
+    if noise_variance is None:
+        return lr
+    phi = check_real("noise_variance", noise_variance, low=0.0)
+    return lr if phi == 0.0 else min(lr, kappa / math.sqrt(phi))

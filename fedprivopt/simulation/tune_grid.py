@@ -178,7 +178,10 @@ def check_grid_overrides(
 
 
 # Options a strategy holds but ignores (its block is shared with a strategy that uses them).
-_IGNORED_BY = {"dp2-noise-first": frozenset({"dp2-scale-by-preconditioner"})}
+_IGNORED_BY = {
+    "dp2-noise-first": frozenset({"dp2-scale-by-preconditioner"}),
+    "fedavg": frozenset({"max-noise-step"}),  # no noise: the rate is never lowered
+}
 
 
 def keys_without_effect(strategy_config: Any) -> frozenset[str]:
@@ -194,7 +197,7 @@ def keys_without_effect(strategy_config: Any) -> frozenset[str]:
     frozenset of str
         Other strategies' options (:attr:`unused`) and options the strategy's block holds but
         ignores, when turned on (``dp2-noise-first``'s ``dp2-scale-by-preconditioner``, whose
-        step already divides by ``P``).
+        step already divides by ``P``; non-private ``fedavg``'s ``max-noise-step``).
     """
     options = strategy_config.options
     ignored = {key for key in _IGNORED_BY.get(strategy_config.strategy, ())

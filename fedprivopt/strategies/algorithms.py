@@ -37,8 +37,17 @@ class DPFedAvg(ServerAlgorithm):
     def make_transform(self) -> optim.ServerTransform:
         c = self.config
         return optim.momentum_sgd(
-            learning_rate=c.server_learning_rate, momentum=c.options.server_momentum
+            learning_rate=c.server_learning_rate,
+            momentum=c.options.server_momentum,
+            max_noise_step=c.options.max_noise_step,  # rounds pass noise_variance = Φ_t
         )
+
+    def step_metrics(self, noise_std: float) -> dict[str, float]:
+        """With ``max-noise-step`` κ: the round's ``server_learning_rate``, min(η, κ/√Φ_t)."""
+        kappa, rate = self.config.options.max_noise_step, self.config.server_learning_rate
+        if kappa is None:
+            return {}
+        return {"server_learning_rate": rate if noise_std <= 0 else min(rate, kappa / noise_std)}
 
 
 class DPFedAdam(ServerAlgorithm):

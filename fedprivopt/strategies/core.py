@@ -448,6 +448,11 @@ class ServerAlgorithm:
         """Metrics of this round's shape, taken before the server step (DP2's phase)."""
         return {}
 
+    def step_metrics(self, noise_std: float) -> dict[str, float]:
+        """Metrics of the server step given the noise std it is passed (DP-FedAvg's rate)."""
+        del noise_std
+        return {}
+
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         """One round of a single-cohort strategy (override for other shapes)."""
         clip = self.current_clip_norm()
@@ -460,12 +465,10 @@ class ServerAlgorithm:
             self.client_settings(clip_norm=clip),
         )
         agg = self.aggregate(round_num, updates, clip_norm=clip)
-        metrics = {**agg.metrics, **self.round_metrics()}
+        noise_std = self.optimizer_noise_std(agg, clip)
+        metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
         step, self.opt_state = self.transform.update(
-            agg.delta_tilde,
-            self.opt_state,
-            self.params,
-            noise_variance=self.optimizer_noise_std(agg, clip) ** 2,
+            agg.delta_tilde, self.opt_state, self.params, noise_variance=noise_std**2
         )
         self.params = self.params + step
         return self._finish(round_num, users, metrics, agg.rejected)

@@ -105,3 +105,44 @@ def test_state_type():
         "momentum": 0.0,
         "nesterov": False,
     }
+
+
+# -- max_noise_step: the step's noise per coordinate is at most kappa (stage 10 of issue 14) --
+
+
+@pytest.mark.parametrize(
+    ("phi", "rate"),
+    [(0.04, 2.5), (0.0025, 10.0), (1e-4, 10.0), (0.0, 10.0), (None, 10.0), (4.0, 0.25)],
+)
+def test_max_noise_step_lowers_the_rate_to_kappa_over_the_noise_std(phi, rate):
+    # lr 10, kappa 0.5: sqrt(phi) 0.2 -> 0.5 / 0.2 = 2.5; 0.05 -> 10 (lr, equal); 0.01 -> 50 > lr
+    tx = momentum_sgd(learning_rate=10.0, max_noise_step=0.5)
+    delta = t32(1.0, -2.0)
+    step, _ = tx.update(delta, tx.init(t32(0.0, 0.0)), noise_variance=phi)
+    torch.testing.assert_close(step, delta * rate)
+    if phi:
+        noise_step = rate * math.sqrt(phi)  # what a coordinate's noise moves by
+        assert noise_step <= 0.5 + 1e-12
+
+
+def test_max_noise_step_applies_to_the_momentum_step_of_each_round():
+    tx = momentum_sgd(learning_rate=1.0, momentum=0.5, max_noise_step=0.1)
+    state = tx.init(t32(0.0))
+    s1, state = tx.update(t32(1.0), state, noise_variance=0.25)  # rate 0.1 / 0.5 = 0.2
+    s2, state = tx.update(t32(1.0), state, noise_variance=0.0)  # no noise: rate 1
+    torch.testing.assert_close(s1, t32(0.2))
+    torch.testing.assert_close(s2, t32(1.5))  # m = 0.5 * 1 + 1
+    assert tx.hparams["max_noise_step"] == 0.1
+    assert "max_noise_step" not in momentum_sgd(learning_rate=1.0).hparams
+
+
+@pytest.mark.parametrize("kappa", [0.0, -1.0, math.nan, math.inf, "0.5", True])
+def test_max_noise_step_is_validated(kappa):
+    with pytest.raises(ValueError, match="max_noise_step"):
+        momentum_sgd(learning_rate=1.0, max_noise_step=kappa)
+
+
+def test_a_bad_noise_variance_is_named():
+    tx = momentum_sgd(learning_rate=1.0, max_noise_step=0.5)
+    with pytest.raises(ValueError, match="noise_variance"):
+        tx.update(t32(1.0), tx.init(t32(0.0)), noise_variance=-1.0)

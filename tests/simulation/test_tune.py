@@ -371,3 +371,13 @@ def test_trials_csv_has_one_eval_loss_column_when_tuned_on_it(tmp_path):
     with open(out / "trials.csv") as fh:
         header = next(csv.reader(fh))
     assert header.count("eval_loss") == 1
+
+
+def test_max_noise_step_is_no_key_to_tune_for_non_private_fedavg(tmp_path, capsys):
+    """Without noise the rate is never lowered: its trials would differ in their seeds only."""
+    argv = ["tune", str(PRESET), "--strategy", "fedavg", "--grid", "max-noise-step=0.5,1",
+            "--mean-trials", "2", "--rounds", "1", "--out", str(tmp_path / "t")]  # fmt: skip
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert "'max-noise-step' changes nothing in a run of fedavg" in err
+    assert not (tmp_path / "t" / "runs").exists()

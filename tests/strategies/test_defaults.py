@@ -127,3 +127,26 @@ def test_adadp_at_its_default_tolerance_accepts_most_rounds(tmp_path):
     # the old fixed default (0.1) is far below the noise-only error of this preset
     fixed = _accept_rates(tmp_path / "fixed", adadp_tolerance=0.1, adadp_safety=1.0)
     assert sum(fixed[5:]) < 0.5 * len(fixed[5:])
+
+
+def test_dp_fedavg_max_noise_step_caps_the_server_rate():
+    """σC/m̄ = 1.5 · 2 / 8 = 0.375: lr 4 with κ 0.75 steps at 0.75 / 0.375 = 2, as lr 2 does."""
+    assert StrategyConfig(strategy="dp-fedavg").options.max_noise_step is None  # off in code
+    capped = _alg("dp-fedavg", server_learning_rate=4.0, max_noise_step=0.75)
+    same = _alg("dp-fedavg", server_learning_rate=2.0)
+    loose = _alg("dp-fedavg", server_learning_rate=4.0, max_noise_step=10.0)  # 4·0.375 < 10
+    plain = _alg("dp-fedavg", server_learning_rate=4.0)
+    results = [drive_round(a, 1, fixed_updates()) for a in (capped, same, loose, plain)]
+    assert results[0].metrics["server_learning_rate"] == pytest.approx(2.0)
+    assert results[2].metrics["server_learning_rate"] == 4.0
+    assert "server_learning_rate" not in results[1].metrics  # no bound: the rate is the setting
+    torch.testing.assert_close(capped.params, same.params, rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(loose.params, plain.params, rtol=0.0, atol=0.0)
+    assert not torch.allclose(capped.params, plain.params)
+
+
+def test_the_paper_preset_caps_only_dp_fedavg():
+    preset = Path(__file__).resolve().parents[2] / "simulations" / "adadps-paper.toml"
+    assert load_config(preset, {"strategy": "dp-fedavg"}).strategy.options.max_noise_step == 0.5
+    for name in ("adadps", "fedavg"):
+        assert load_config(preset, {"strategy": name}).strategy.options.max_noise_step is None

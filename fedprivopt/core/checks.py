@@ -10,6 +10,8 @@ import math
 from collections.abc import Callable
 from numbers import Integral, Real
 
+from fedprivopt.core.text import shown as shown_value
+
 __all__ = ["check_bool", "check_int", "check_real", "interval", "refuse_repeated_keys"]
 
 
@@ -54,13 +56,16 @@ def check_real(
     high_open = high_open or high == math.inf
     shown = interval(low, high, low_open, high_open)
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{name} must be a real number in {shown}, got {value!r}")
-    out = float(value)
+        raise ValueError(f"{name} must be a real number in {shown}, got {shown_value(value)}")
+    try:
+        out = float(value)
+    except OverflowError:  # an integer beyond float64 (10**400): eighteenth review, finding 5
+        out = math.inf
     ok = math.isfinite(out)
     ok = ok and (out > low if low_open else out >= low)
     ok = ok and (out < high if high_open else out <= high)
     if not ok:
-        raise ValueError(f"{name} must be a finite number in {shown}, got {value!r}")
+        raise ValueError(f"{name} must be a finite number in {shown}, got {shown_value(value)}")
     return out
 
 
@@ -90,14 +95,14 @@ def check_int(
         shown_high = high if high_name is None else f"{high_name}={high}"
         where = f">= {low}" if high is None else f"in [{low}, {shown_high}]"
         extra = " or None" if none else ""
-        raise ValueError(f"{name} must be an integer {where}{extra}, got {value!r}")
+        raise ValueError(f"{name} must be an integer {where}{extra}, got {shown_value(value)}")
     return int(value)
 
 
 def check_bool(name: str, value: object) -> bool:
     """``value`` if it is a ``bool`` (not 0/1, not a string)."""
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
+        raise ValueError(f"{name} must be true or false, got {shown_value(value)}")
     return value
 
 

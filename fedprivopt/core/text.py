@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["SHOWN_CHARS", "shown"]
 
 SHOWN_CHARS = 80
@@ -9,8 +11,18 @@ SHOWN_CHARS = 80
 
 
 def shown(value: object) -> str:
-    """``repr(value)`` cut to :data:`SHOWN_CHARS` characters with an ellipsis (for messages)."""
-    text = repr(value)
+    """``repr(value)`` cut to :data:`SHOWN_CHARS` characters with an ellipsis (for messages).
+
+    An integer beyond Python's limit for converting it to text (4,300 digits), whose ``repr``
+    raises ``ValueError``, is shown by its number of digits (eighteenth review of issue 15,
+    finding 5: the messages refusing it were that ``ValueError``, naming no argument).
+    """
+    try:
+        text = repr(value)
+    except ValueError:
+        if not isinstance(value, int):
+            raise
+        return f"an integer of about {int(abs(value).bit_length() * math.log10(2)) + 1:,} digits"
     if len(text) <= SHOWN_CHARS:
         return text
     quote = text[-1] if isinstance(value, str) else ""  # keep a string's closing quote

@@ -158,7 +158,10 @@ def check_ledger_count(count: int, rule: str) -> int:
 
 def _digits(count: int) -> str:
     """``count`` for a message: in full up to 30 digits, else its number of digits."""
-    text = str(count)
+    try:
+        text = str(count)
+    except ValueError:  # beyond Python's 4,300 digits (eighteenth review, finding 5)
+        return shown(count)
     return text if len(text) <= 30 else f"an integer of {len(text):,} digits"
 
 

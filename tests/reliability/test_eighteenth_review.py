@@ -20,6 +20,14 @@
    was a FIFO hung in ``open`` until killed (also without ``--overwrite`` for the marker, and
    a task's synthetic generation into such a directory). Now special files are removed before
    writing, as links are, and a marker is read only when it is a regular file.
+5. At the Python API an integer beyond Python's 4,300-digit limit for text
+   (``compose_epsilon([(event, 10**5000)], 1e-5)``, ``calibrate_noise_multiplier(...,
+   rounds=10**5000)``, ``calibrate_tree``, ``composed_tuning_epsilon``,
+   ``PrivacyAccountant.load_state_dict`` with such a count) was refused with Python's own
+   "Exceeds the limit (4300 digits) for integer string conversion", naming no argument, and a
+   real parameter of 10**400 (``optim.adam(learning_rate=10**400)``, ``tau``, ...) raised
+   ``OverflowError``; a non-number was echoed whole (1 MB). Now ``ValueError`` naming the
+   argument, with the number's digit count or the value cut at 80 characters.
 """
 
 from __future__ import annotations
@@ -224,3 +232,78 @@ def test_4_unlink_links_keeps_regular_files_and_directories(tmp_path):
     unlink_links(tmp_path, ["plain", "dir", "fifo", "absent"])
     assert (tmp_path / "plain").read_text() == "kept" and (tmp_path / "dir").is_dir()
     assert not os.path.lexists(tmp_path / "fifo")
+
+
+# -- finding 5: integers beyond float64 and beyond Python's 4,300-digit text limit -------------
+HUGE = 10**5000
+
+
+def _event():
+    from fedprivopt.privacy import SubsampledGaussianEvent
+
+    return SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.0)
+
+
+def _huge_counts():
+    from fedprivopt.privacy import calibrate_noise_multiplier, compose_epsilon
+    from fedprivopt.privacy.tree import calibrate_tree
+    from fedprivopt.privacy.tuning import TrialCount, composed_tuning_epsilon
+
+    trials = TrialCount("poisson", 5)
+    return {
+        "compose_epsilon": (lambda: compose_epsilon([(_event(), HUGE)], 1e-5), "count"),
+        "calibrate_noise_multiplier": (
+            lambda: calibrate_noise_multiplier(
+                target_epsilon=5, delta=1e-5, rounds=HUGE, sample_rate=0.1
+            ),
+            "rounds",
+        ),
+        "calibrate_tree": (
+            lambda: calibrate_tree(5, 1e-5, restart_rounds=10, rounds=HUGE),
+            "restart_rounds",
+        ),
+        "composed_tuning_epsilon": (
+            lambda: composed_tuning_epsilon([(_event(), 10)], 1e-5, trials, HUGE),
+            "count",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "function",
+    ["compose_epsilon", "calibrate_noise_multiplier", "calibrate_tree", "composed_tuning_epsilon"],
+)
+def test_5_a_count_beyond_the_text_limit_is_named(function):
+    call, name = _huge_counts()[function]
+    with pytest.raises(ValueError) as info:
+        call()
+    message = str(info.value)
+    assert name in message and "digits" in message and "4300" not in message, message
+
+
+@pytest.mark.parametrize("count", [HUGE, -HUGE], ids=["huge", "minus-huge"])
+def test_5_an_accountant_state_with_such_a_count_names_the_field(count):
+    from fedprivopt.privacy import PrivacyAccountant
+
+    accountant = PrivacyAccountant(accountant="rdp")
+    accountant.step(_event())
+    state = accountant.state_dict()
+    state["ledger"][0]["count"] = count
+    with pytest.raises(ValueError, match=r"ledger\[0\]\.count must be an integer .* digits"):
+        PrivacyAccountant(accountant="rdp").load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"learning_rate": 10**400}, "learning_rate"),
+        ({"learning_rate": 0.1, "tau": 10**400}, "tau"),
+        ({"learning_rate": 0.1, "tau": -HUGE}, "tau"),
+        ({"learning_rate": 0.1, "tau": "x" * 1_000_000}, "tau"),
+    ],
+    ids=["rate-1e400", "tau-1e400", "tau-minus-huge", "tau-1MB-text"],
+)
+def test_5_a_real_parameter_beyond_float64_is_a_value_error_naming_it(kwargs, name):
+    with pytest.raises(ValueError, match=f"^{name} must be a") as info:
+        optim.adam(**kwargs)
+    assert len(str(info.value)) < 200

@@ -53,6 +53,7 @@ __all__ = lazy_package(
         ),
         "sgd": (
             "MomentumState",
+            "capped_rate",
             "momentum_sgd",
         ),
     },

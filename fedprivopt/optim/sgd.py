@@ -10,7 +10,7 @@ import torch
 from ._checks import check_bool, check_params, check_real, check_update_inputs
 from .base import ServerTransform, StateDictMixin, record_hparams
 
-__all__ = ["MomentumState", "momentum_sgd"]
+__all__ = ["MomentumState", "capped_rate", "momentum_sgd"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -51,13 +51,14 @@ def momentum_sgd(
     DP-FedAvg with server momentum. The Nesterov form is the one PyTorch's ``SGD`` and optax's
     ``trace`` use.
 
-    With ``max_noise_step = κ`` the round's rate is ``η_t = min(η_s, κ/√Φ_t)``, where ``√Φ_t``
-    is the per-coordinate std of the noise on Δ̃ (``update(..., noise_variance=Φ_t)``, public:
-    σC_t/m̄): the noise a step adds to a coordinate, ``η_t√Φ_t``, is at most κ. At a fixed rate
-    that noise grows with σ, while the signal does not; bounding it keeps the *total amount of
-    noise* of the run's steps in check, the quantity that predicts DP training's outcome at a
-    given rate (Sander, Stock and Sablayrolles, "TAN without a burn", ICML 2023). Rounds whose
-    ``η_s√Φ_t ≤ κ`` (small σ) are unchanged.
+    With ``max_noise_step = κ`` the round's rate is ``η_t = min(η_s, κ(1 - β)/√Φ_t)``, where
+    ``√Φ_t`` is the per-coordinate std of the noise on Δ̃ (``update(..., noise_variance=Φ_t)``,
+    public: σC_t/m̄): the whole move one round's noise makes in a coordinate, over this step and
+    the momentum's later ones (``η_t√Φ_t(1 + β + β² + …) = η_t√Φ_t/(1 - β)``), is at most κ. At a
+    fixed rate that move grows with σ while the signal does not; bounding it keeps the *total
+    amount of noise* of the run's steps in check, the quantity that predicts DP training's
+    outcome at a given rate (Sander, Stock and Sablayrolles, "TAN without a burn", ICML 2023).
+    Rounds whose ``η_s√Φ_t/(1 - β) ≤ κ`` (small σ) are unchanged.
 
     Parameters
     ----------
@@ -68,8 +69,8 @@ def momentum_sgd(
     nesterov : bool, default False
         Use Nesterov momentum; requires ``momentum > 0``.
     max_noise_step : float or None, default None
-        κ in ``(0, inf)``: the largest per-coordinate noise std a step may take (see above);
-        ``None``: the rate is ``η_s`` in every round.
+        κ in ``(0, inf)``: the largest move one round's noise may make in a coordinate, in
+        std (see above); ``None``: the rate is ``η_s`` in every round.
 
     Returns
     -------
@@ -111,7 +112,7 @@ def momentum_sgd(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, MomentumState]:
-        rate = lr if kappa is None else _capped_rate(lr, kappa, noise_variance)
+        rate = lr if kappa is None else capped_rate(lr, kappa * (1.0 - beta), noise_variance)
         check_update_inputs(delta_tilde, params, state.momentum)
         m = state.momentum.mul(beta).add_(delta_tilde) if beta else delta_tilde.clone()
         direction = m.mul(beta).add_(delta_tilde) if nesterov else m
@@ -125,9 +126,9 @@ def momentum_sgd(
     return ServerTransform(init, update, hparams)
 
 
-def _capped_rate(lr: float, kappa: float, noise_variance: float | None) -> float:
-    """``min(lr, κ/√Φ)``; ``lr`` when there is no noise (``Φ`` None or 0)."""
+def capped_rate(lr: float, bound: float, noise_variance: float | None) -> float:
+    """``min(lr, bound/√Φ)``; ``lr`` when there is no noise (``Φ`` None or 0)."""
     if noise_variance is None:
         return lr
     phi = check_real("noise_variance", noise_variance, low=0.0)
-    return lr if phi == 0.0 else min(lr, kappa / math.sqrt(phi))
+    return lr if phi == 0.0 else min(lr, bound / math.sqrt(phi))

@@ -43,11 +43,13 @@ class DPFedAvg(ServerAlgorithm):
         )
 
     def step_metrics(self, noise_std: float) -> dict[str, float]:
-        """With ``max-noise-step`` κ: the round's ``server_learning_rate``, min(η, κ/√Φ_t)."""
-        kappa, rate = self.config.options.max_noise_step, self.config.server_learning_rate
-        if kappa is None:
+        """With ``max-noise-step`` κ: the round's ``server_learning_rate``, min(η, κ(1-β)/√Φ_t)."""
+        o = self.config.options
+        if o.max_noise_step is None:
             return {}
-        return {"server_learning_rate": rate if noise_std <= 0 else min(rate, kappa / noise_std)}
+        bound = o.max_noise_step * (1.0 - o.server_momentum)
+        rate = optim.capped_rate(self.config.server_learning_rate, bound, noise_std**2)
+        return {"server_learning_rate": rate}
 
 
 class DPFedAdam(ServerAlgorithm):

@@ -125,14 +125,17 @@ def test_max_noise_step_lowers_the_rate_to_kappa_over_the_noise_std(phi, rate):
         assert noise_step <= 0.5 + 1e-12
 
 
-def test_max_noise_step_applies_to_the_momentum_step_of_each_round():
-    tx = momentum_sgd(learning_rate=1.0, momentum=0.5, max_noise_step=0.1)
+def test_max_noise_step_counts_the_momentums_later_steps():
+    # beta 0.5: one round's noise moves a coordinate by rate * sqrt(phi) / (1 - beta) in all,
+    # so kappa 0.2 at sqrt(phi) 0.5 gives rate 0.2 * 0.5 / 0.5 = 0.2
+    tx = momentum_sgd(learning_rate=1.0, momentum=0.5, max_noise_step=0.2)
     state = tx.init(t32(0.0))
-    s1, state = tx.update(t32(1.0), state, noise_variance=0.25)  # rate 0.1 / 0.5 = 0.2
+    s1, state = tx.update(t32(1.0), state, noise_variance=0.25)
     s2, state = tx.update(t32(1.0), state, noise_variance=0.0)  # no noise: rate 1
     torch.testing.assert_close(s1, t32(0.2))
     torch.testing.assert_close(s2, t32(1.5))  # m = 0.5 * 1 + 1
-    assert tx.hparams["max_noise_step"] == 0.1
+    assert 0.2 * 0.5 / (1 - 0.5) <= 0.2 + 1e-12
+    assert tx.hparams["max_noise_step"] == 0.2
     assert "max_noise_step" not in momentum_sgd(learning_rate=1.0).hparams
 
 

@@ -150,3 +150,10 @@ def test_the_paper_preset_caps_only_dp_fedavg():
     assert load_config(preset, {"strategy": "dp-fedavg"}).strategy.options.max_noise_step == 0.5
     for name in ("adadps", "fedavg"):
         assert load_config(preset, {"strategy": name}).strategy.options.max_noise_step is None
+
+
+def test_max_noise_step_with_server_momentum_reports_the_lowered_rate():
+    """β 0.5: κ 0.75 bounds rate·σC/m̄/(1 - β), so the rate is 0.75 · 0.5 / 0.375 = 1."""
+    alg = _alg("dp-fedavg", server_learning_rate=4.0, server_momentum=0.5, max_noise_step=0.75)
+    result = drive_round(alg, 1, fixed_updates())
+    assert result.metrics["server_learning_rate"] == pytest.approx(1.0)

@@ -157,8 +157,9 @@ class MomentumOptions(Options):
     server_momentum : float
         Heavy-ball momentum ``β`` in ``[0, 1)``.
     max_noise_step : float or None
-        κ in ``(0, inf)``: the server rate of a round is lowered to ``κ/√Φ_t`` when
-        ``server-learning-rate · √Φ_t`` exceeds it (``√Φ_t = σC_t/m̄``, the noise std of a
+        κ in ``(0, inf)``: the server rate of a round is lowered to ``κ(1 - β)/√Φ_t`` when
+        ``server-learning-rate · √Φ_t/(1 - β)``, the move one round's noise makes in a
+        coordinate over the momentum's steps, exceeds it (``√Φ_t = σC_t/m̄``, the noise std of a
         coordinate of Δ̃; :func:`~fedprivopt.optim.momentum_sgd`). ``None`` (the default): no
         bound. Presets set it where it was measured (``simulations/adadps-paper.toml``).
     """

@@ -43,6 +43,12 @@ def file_lock(path: Path) -> Iterator[None]:
         if exc.errno == errno.ELOOP or Path(path).is_symlink():
             _refuse_link(Path(path))
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        # eighteenth review of issue 15, finding 6: a FIFO ended a task's data generation with
+        # "File or stream is not seekable." (rc 2, naming no file) and a token cache's build in
+        # a traceback (rc 1)
+        os.close(fd)
+        raise ValueError(f"lock file {path} is not a regular file; remove it (it holds no data)")
     with open(fd, "r+b") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:

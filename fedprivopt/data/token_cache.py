@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -59,6 +60,16 @@ def _int_dtype(bound: int) -> np.dtype:
     return np.dtype(np.int16) if bound < np.iinfo(np.int16).max else np.dtype(np.int32)
 
 
+def _check_regular(path: Path) -> None:
+    """Raise ``ValueError`` if ``path`` exists and is not a regular file (a FIFO, a device)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return  # a missing array is named by its reader
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path.name} is not a regular file")
+
+
 class EncodedUsers:
     """Read access to a built store (memory-mapped; cheap to open, safe to pickle).
 
@@ -76,6 +87,10 @@ class EncodedUsers:
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = Path(directory)
         try:
+            # only regular files are read: a FIFO hung the run in read (eighteenth review of
+            # issue 15, finding 6); a store that holds one is damaged, and rebuilt
+            for name in ("meta.json", *(f"{a}.npy" for a in (*_ARRAYS, "label_ptr"))):
+                _check_regular(self.directory / name)
             self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
             arrays = {
                 name: np.load(self.directory / f"{name}.npy", mmap_mode="r", allow_pickle=False)

@@ -28,6 +28,12 @@
    real parameter of 10**400 (``optim.adam(learning_rate=10**400)``, ``tau``, ...) raised
    ``OverflowError``; a non-number was echoed whole (1 MB). Now ``ValueError`` naming the
    argument, with the number's digit count or the value cut at 80 characters.
+6. A token cache (``task-params.token-cache = true``) whose store held a FIFO as
+   ``meta.json`` or ``tokens.npy`` hung the run in ``read`` before its first round; its lock
+   file a FIFO ended the run in a traceback (``io.UnsupportedOperation: File or stream is not
+   seekable``, rc 1), and a data directory's ``.stackoverflow.lock`` a FIFO in ``config: File
+   or stream is not seekable.`` (rc 2, naming no file). Now a store holding a special file is
+   damaged and rebuilt, and a lock file that is not a regular file is one line naming it.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -307,3 +314,78 @@ def test_5_a_real_parameter_beyond_float64_is_a_value_error_naming_it(kwargs, na
     with pytest.raises(ValueError, match=f"^{name} must be a") as info:
         optim.adam(**kwargs)
     assert len(str(info.value)) < 200
+
+
+# -- finding 6: special files in a token cache and as a waiting lock ------------------------------
+def _blocked_on_fifo(call, fifo: Path, timeout: float = 30):
+    """``call()``'s result; fails (releasing the reader by opening ``fifo``) if it hangs."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # reported below
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        try:  # a writer's open and close gives the blocked reader its end of file
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        thread.join(10)
+        pytest.fail(f"blocked reading the FIFO {fifo.name}")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _store(root: Path):
+    from fedprivopt.data.token_cache import open_or_build
+
+    def encode(user):
+        return [[user, user + 1], [2]], [1, 0]
+
+    return open_or_build(
+        root, {"k": 1}, 4, encode, multi_label=False, token_bound=10, label_bound=3, workers=1
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("name", ["meta.json", "tokens.npy"])
+def test_6_a_token_store_holding_a_fifo_is_rebuilt_not_read(tmp_path, name):
+    first = _store(tmp_path)
+    fifo = first.directory / name
+    fifo.unlink()
+    os.mkfifo(fifo)
+    store = _blocked_on_fifo(lambda: _store(tmp_path), fifo)
+    assert fifo.is_file() and store.num_users == 4
+    assert store.user(2)[0].tolist() == [2, 3, 2]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_6_a_waiting_lock_that_is_a_fifo_is_named(tmp_path):
+    from fedprivopt.data.locks import file_lock
+
+    os.mkfifo(tmp_path / "x.lock")
+    with pytest.raises(ValueError, match=r"x\.lock is not a regular file"):
+        with file_lock(tmp_path / "x.lock"):
+            pass
+    with file_lock(tmp_path / "y.lock"):  # a regular (new) one is still taken
+        assert (tmp_path / "y.lock").is_file()
+
+
+@pytest.mark.skipif(not (hasattr(os, "mkfifo") and MINI.is_dir()), reason="needs FIFOs, data")
+def test_6_a_data_directorys_lock_that_is_a_fifo_is_one_line_naming_it(tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(MINI, data, ignore=shutil.ignore_patterns("stackoverflow.sqlite", ".*"))
+    os.mkfifo(data / ".stackoverflow.lock")  # the sqlite file is missing: generation locks it
+    out = tmp_path / "run"
+    argv = ["simulate", TAG_MINI, "--rounds", "1", "--out", str(out), "--quiet"]
+    code, _, err = run_cli([*argv, "--set", f"task-params.data-dir={data}"])
+    one_line_error(code, err, ".stackoverflow.lock is not a regular file")
+    assert not out.exists()

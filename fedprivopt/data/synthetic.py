@@ -79,6 +79,7 @@ __all__ = [
     "ensure_synthetic",
     "generate",
     "is_synthetic_dir",
+    "read_marker",
     "run_files_around",
     "run_files_note",
     "word_tag_model",
@@ -88,6 +89,7 @@ GENERATOR_VERSION = 1
 SQLITE_FILE = "stackoverflow.sqlite"
 SYNTHETIC_META_FILE = "stackoverflow.synthetic.json"
 DATASET_FILES = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
+_MARKER_LIMIT = 1 << 20  # bytes: the marker is about 1 kB; a larger file is not ours
 _GENERATOR = "fedprivopt.data.synthetic"  # the marker's "generator": the files are ours
 # ~2.5x the real dataset's ~380,000 users; per user ~12.5 kB of disk and ~0.4 kB of memory (the
 # client metadata, held until the SQLite file is complete): 10**6 users ~ 12.5 GB, ~400 MB.
@@ -526,20 +528,26 @@ def is_synthetic_dir(root: str | os.PathLike) -> bool:
     :func:`generate` writes the marker before any data (``"complete": false``) and rewrites it
     with the configuration at the end, so a directory it was interrupted in is recognized too.
     """
-    meta = _read_marker(Path(root) / SYNTHETIC_META_FILE)
+    meta = read_marker(Path(root) / SYNTHETIC_META_FILE)
     return isinstance(meta, dict) and meta.get("generator") == _GENERATOR
 
 
-def _read_marker(path: Path) -> object:
+def read_marker(path: str | os.PathLike) -> object:
     """The JSON in the marker ``path``; ``None`` if it is missing, unreadable or not a file.
 
-    Only a regular file is read (eighteenth review of issue 15, finding 4: a marker that was a
-    FIFO hung ``data synth`` and a task's synthetic generation in ``read``).
+    Only a regular file of at most 1 MiB is read (eighteenth review of issue 15, finding 4: a
+    marker that was a FIFO hung ``data synth`` and a task's synthetic generation in ``read``;
+    finding 7: one of 20 GB ended in ``MemoryError``).
     """
+    path = Path(path)
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return None
-        return json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as fh:
+            raw = fh.read(_MARKER_LIMIT + 1)  # finding 7: a sparse 20 GB marker, MemoryError
+        if len(raw) > _MARKER_LIMIT:
+            return None
+        return json.loads(raw.decode("utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -555,7 +563,7 @@ def ensure_synthetic(
     """
     config = SyntheticConfig() if config is None else config
     files = SyntheticFiles.at(out_dir)
-    meta = _read_marker(files.meta)
+    meta = read_marker(files.meta)
     try:
         current = (
             isinstance(meta, dict)

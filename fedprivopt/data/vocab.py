@@ -28,7 +28,9 @@ import numpy as np
 from fedprivopt.core.checks import refuse_repeated_keys
 
 __all__ = [
+    "MAX_LINE",
     "TAG_COUNT_FILE",
+    "TAG_FILE_LIMIT",
     "WORD_COUNT_FILE",
     "Vocabulary",
     "read_tag_counts",
@@ -41,6 +43,10 @@ WORD_COUNT_FILE = "stackoverflow.word_count"
 TAG_COUNT_FILE = "stackoverflow.tag_count"
 _COUNT = re.compile(r"-?[0-9]+\Z")  # ASCII digits: str.isdigit() also accepts '²', int() not
 _MAX_COUNT = 2**63 - 1  # counts are stored as int64
+MAX_LINE = 1 << 20
+"""Characters of a word-count line at most (``word count``: no word is a MiB long)."""
+TAG_FILE_LIMIT = 256 << 20
+"""Bytes of a tag-count file at most (the real one's 50,000 tags take about 1 MB)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +137,14 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
     seen: set[str] = set()
     try:
         with p.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+            # lines of at most MAX_LINE characters: a sparse file of 20 GB without a line break
+            # was read as one line, MemoryError (eighteenth review of issue 15, finding 7)
+            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), ""), 1):
+                if len(line) > MAX_LINE:
+                    raise ValueError(
+                        f"{p}:{lineno}: a line of more than {MAX_LINE:,} characters, which no "
+                        "word-count file holds (the file is damaged)"
+                    )
                 parts = line.split()
                 if not parts:
                     continue
@@ -182,8 +195,15 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
     p = _existing(path)
 
     unique = refuse_repeated_keys(lambda key: f"{p}: tag {key!r} appears twice")
+    with p.open("rb") as fh:  # at most TAG_FILE_LIMIT bytes (finding 7, as for word counts)
+        raw = fh.read(TAG_FILE_LIMIT + 1)
+    if len(raw) > TAG_FILE_LIMIT:
+        raise ValueError(
+            f"{p}: more than {TAG_FILE_LIMIT:,} bytes, which no tag-count file holds (the file "
+            "is damaged)"
+        )
     try:
-        data = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=unique)
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=unique)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{p}: not a JSON tag-count file: {exc}") from exc
     if not isinstance(data, dict):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from fedprivopt.data.synthetic import (
     SYNTHETIC_META_FILE,
     SyntheticConfig,
     ensure_synthetic,
+    read_marker,
     run_files_note,
     user_size_knobs,
 )
@@ -260,9 +260,9 @@ class StackOverflowFiles:
         meta_path = self.data_dir / SYNTHETIC_META_FILE
         if not self.synth_params or not meta_path.is_file():
             return
-        try:
-            recorded = json.loads(meta_path.read_text(encoding="utf-8"))["config"]
-        except (OSError, ValueError, KeyError, TypeError):
+        try:  # at most 1 MiB of it (eighteenth review of issue 15, finding 7: 20 GB, MemoryError)
+            recorded = read_marker(meta_path)["config"]  # type: ignore[index]
+        except (KeyError, TypeError):
             return  # not a sidecar we understand: the files are used as they are
         names = {"num_clients": "synth_clients", "vocab_size": "synth_vocab"}
         names.update(num_tags="synth_tags", seed="synth_seed")

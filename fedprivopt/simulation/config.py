@@ -41,7 +41,7 @@ from fedprivopt.models.side_information_config import (
 from fedprivopt.models.task import Task
 from fedprivopt.privacy.events import MIN_NOISE_MULTIPLIER
 from fedprivopt.simulation.cluster_config import check_address
-from fedprivopt.simulation.files import to_toml
+from fedprivopt.simulation.files import SMALL_FILE_LIMIT, to_toml
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 
 if sys.version_info >= (3, 11):
@@ -379,8 +379,9 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     if not path.is_file():
         what = "is not a regular file" if os.path.lexists(path) else "does not exist"
         raise ValueError(f"config file {shown(str(path))} {what}")
+    text = _preset_text(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(text)
     except ValueError as exc:  # also an integer too long to read (twelfth review of issue 15)
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     flat = _task_param_spellings(_flatten(data))
@@ -388,6 +389,27 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
     flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides
     return resolve_config(_merge(flat, overrides))
+
+
+def _preset_text(path: Path) -> str:
+    """The text of the preset ``path``, refused above :data:`SMALL_FILE_LIMIT` (64 MiB).
+
+    Eighteenth review of issue 15, finding 7: ``simulate X.toml`` (and ``--resume R`` whose
+    ``config.toml`` had grown) read the whole file first; a sparse file of 20 GB (``truncate -s
+    20G``) ended in a ``MemoryError`` traceback (rc 1) or grew until the kernel killed it. A
+    preset is a few kB; at most the limit plus one byte is read.
+    """
+    with path.open("rb") as fh:
+        raw = fh.read(SMALL_FILE_LIMIT + 1)
+    if len(raw) > SMALL_FILE_LIMIT:
+        raise ValueError(
+            f"config file {shown(str(path))} holds more than {SMALL_FILE_LIMIT:,} bytes, which "
+            "no preset does (a preset is a few kB)"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
 
 
 def config_to_toml(config: RunConfig) -> str:

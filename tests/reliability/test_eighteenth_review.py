@@ -34,6 +34,13 @@
    seekable``, rc 1), and a data directory's ``.stackoverflow.lock`` a FIFO in ``config: File
    or stream is not seekable.`` (rc 2, naming no file). Now a store holding a special file is
    damaged and rebuilt, and a lock file that is not a regular file is one line naming it.
+7. A preset (``simulate X.toml``; also ``compare``, ``tune``, ``deploy local``), a run's
+   ``config.toml`` on ``--resume``, or a dataset's ``stackoverflow.word_count``,
+   ``stackoverflow.tag_count`` or marker that is a sparse file of 20 GB (``truncate -s 20G``)
+   was read whole: ``MemoryError`` traceback (rc 1) under a memory limit, else growth until the
+   kernel kills it. Now a preset is read up to 64 MiB, a word-count line up to 1 MiB, a tag-count
+   file up to 256 MiB and the marker up to 1 MiB: rc 2, one line naming the file (a marker
+   larger than that is not ours).
 """
 
 from __future__ import annotations
@@ -389,3 +396,86 @@ def test_6_a_data_directorys_lock_that_is_a_fifo_is_one_line_naming_it(tmp_path)
     code, _, err = run_cli([*argv, "--set", f"task-params.data-dir={data}"])
     one_line_error(code, err, ".stackoverflow.lock is not a regular file")
     assert not out.exists()
+
+
+# -- finding 7: sparse files of 20 GB read whole ---------------------------------------------------
+def _cli_under_memory_limit(argv: list[str], tmp_path: Path) -> tuple[int, str]:
+    """``fedprivopt ARGV`` in a subprocess whose address space is limited to 6 GiB."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONWARNINGS": "ignore",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+    }
+    cmd = [sys.executable, "-m", "fedprivopt.cli", *argv]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit
+    )
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+def _sparse(path: Path, size: int = 20 << 30) -> None:
+    with path.open("wb") as fh:
+        fh.truncate(size)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sparse files, RLIMIT_AS")
+def test_7_a_preset_of_20_gb_is_refused_without_reading_it(tmp_path):
+    preset = tmp_path / "big.toml"
+    _sparse(preset)
+    out = tmp_path / "run"
+    code, err = _cli_under_memory_limit(["simulate", str(preset), "--out", str(out)], tmp_path)
+    one_line_error(code, err, "big.toml", "holds more than 67,108,864 bytes")
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sparse files, RLIMIT_AS")
+def test_7_a_runs_config_of_20_gb_is_refused_on_resume(tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli(["simulate", TOY, "--rounds", "1", "--out", str(run), "--quiet"])
+    assert code == 0, err
+    (run / "config.toml").unlink()
+    _sparse(run / "config.toml")
+    code, err = _cli_under_memory_limit(["simulate", "--resume", str(run)], tmp_path)
+    one_line_error(code, err, "config.toml", "holds more than")
+
+
+@pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and MINI.is_dir()), reason="sparse files, data"
+)
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("stackoverflow.word_count", "a line of more than 1,048,576 characters"),
+        ("stackoverflow.tag_count", "more than 268,435,456 bytes"),
+        ("stackoverflow.synthetic.json", None),  # not a marker of ours: the files are used
+    ],
+)
+def test_7_a_dataset_file_of_20_gb_is_not_read_whole(tmp_path, name, expected):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(MINI, data, ignore=shutil.ignore_patterns(".*"))
+    (data / name).unlink()
+    _sparse(data / name)
+    out = tmp_path / "run"
+    argv = ["simulate", TAG_MINI, "--rounds", "1", "--out", str(out), "--quiet"]
+    code, err = _cli_under_memory_limit([*argv, "--set", f"task-params.data-dir={data}"], tmp_path)
+    if expected is None:
+        assert code == 0, err
+    else:
+        one_line_error(code, err, name, expected)
+        assert not out.exists()

@@ -438,7 +438,8 @@ def test_7_a_preset_of_20_gb_is_refused_without_reading_it(tmp_path):
     _sparse(preset)
     out = tmp_path / "run"
     code, err = _cli_under_memory_limit(["simulate", str(preset), "--out", str(out)], tmp_path)
-    one_line_error(code, err, "big.toml", "holds more than 67,108,864 bytes")
+    # the path may be cut at 80 characters (shown()): the file is named by the message's start
+    one_line_error(code, err, "config: config file '", "holds more than 67,108,864 bytes")
     assert not out.exists()
 
 
@@ -450,7 +451,7 @@ def test_7_a_runs_config_of_20_gb_is_refused_on_resume(tmp_path):
     (run / "config.toml").unlink()
     _sparse(run / "config.toml")
     code, err = _cli_under_memory_limit(["simulate", "--resume", str(run)], tmp_path)
-    one_line_error(code, err, "config.toml", "holds more than")
+    one_line_error(code, err, "argument --resume: config file '", "holds more than 67,108,864")
 
 
 @pytest.mark.skipif(

@@ -18,6 +18,7 @@ from ._checks import (
     resolve_noise_variance,
 )
 from .base import ServerTransform, StateDictMixin, record_hparams
+from .sgd import capped_rate
 
 __all__ = ["DP2State", "Phase", "dp2", "phase", "preconditioner"]
 
@@ -86,6 +87,7 @@ def dp2(
     noise_first: bool = False,
     clip_norm_adaptive: float | None = None,
     scale_by_preconditioner: bool = False,
+    max_noise_step: float | None = None,
 ) -> ServerTransform:
     r"""DP² (DP²-RMSProp) of Li et al. (2023): alternate SGD and delayed-preconditioner rounds.
 
@@ -108,6 +110,14 @@ def dp2(
       preconditioned update is clipped, the clip removes the ``1/P`` scale that noise-first
       keeps, and ``mean(P)`` (the noise's magnitude where ``v`` is noise, so ``∝ σ``) puts it
       back, making the adaptive rate's noise step ``η·σC/(m̄·mean P)`` independent of σ.
+
+    With ``max_noise_step = κ`` (as in :func:`~fedprivopt.optim.momentum_sgd`) a round whose step
+    is a rate ``r`` times Δ̃ (SGD rounds; precondition-first adaptive rounds, where ``r`` is
+    ``η_adaptive``, or ``η_adaptive/mean(P)`` when scaled) takes ``min(r, κ/√Φ_t)``, so the
+    noise it adds to a coordinate, ``r√Φ_t``, is at most κ (``√Φ_t``: the per-coordinate noise
+    std of the round's Δ̃, passed as ``update(..., noise_variance=Φ_t)``; no bound without it).
+    Noise-first adaptive rounds are left alone: dividing by ``P``, which is of the noise's scale
+    where ``v`` is noise, already keeps their noise step near ``η_adaptive``.
 
     ``v`` is updated only from SGD-phase aggregates: adaptive-round inputs never touch ``v`` or
     ``G``. Use :func:`phase` and :func:`preconditioner` on the current state to configure the
@@ -142,6 +152,9 @@ def dp2(
     scale_by_preconditioner : bool, default False
         Divide the precondition-first adaptive step by the mean of ``P`` (ignored with
         ``noise_first``, whose step already divides by ``P``).
+    max_noise_step : float or None, default None
+        κ in ``(0, inf)``: the largest noise std a step may add to a coordinate (see above);
+        ``None``: no bound.
 
     Returns
     -------
@@ -170,10 +183,16 @@ def dp2(
     subtract = check_bool("subtract_noise_variance", subtract_noise_variance)
     noise_first = check_bool("noise_first", noise_first)
     rescale = check_bool("scale_by_preconditioner", scale_by_preconditioner) and not noise_first
+    kappa = None
+    if max_noise_step is not None:
+        kappa = check_real("max_noise_step", max_noise_step, low=0.0, low_open=True)
     if clip_norm_adaptive is not None:
         clip_norm_adaptive = check_real(
             "clip_norm_adaptive", clip_norm_adaptive, low=0.0, low_open=True
         )
+
+    def bounded(rate: float, noise_variance: float | None) -> float:
+        return rate if kappa is None else capped_rate(rate, kappa, noise_variance)
 
     def init(params: torch.Tensor) -> DP2State:
         params = check_params(params)
@@ -217,16 +236,15 @@ def dp2(
         if state.adaptive:
             if noise_first:
                 step = delta_tilde.div(state.preconditioner).mul_(lr_ada)
-            elif rescale:
-                step = delta_tilde.mul(lr_ada / float(state.preconditioner.mean()))
             else:
-                step = delta_tilde.mul(lr_ada)
+                rate = lr_ada / float(state.preconditioner.mean()) if rescale else lr_ada
+                step = delta_tilde.mul(bounded(rate, noise_variance))
             done = state.phase_step + 1 == s2
             new_state = dataclasses.replace(
                 state, count=t, adaptive=not done, phase_step=0 if done else state.phase_step + 1
             )
             return step, new_state
-        step = delta_tilde.mul(lr_sgd)
+        step = delta_tilde.mul(bounded(lr_sgd, noise_variance))
         accumulator = state.accumulator.add(delta_tilde)
         noise_sum = state.accumulator_noise_variance
         if subtract:
@@ -255,5 +273,6 @@ def dp2(
         noise_first=noise_first,
         clip_norm_adaptive=clip_norm_adaptive,
         scale_by_preconditioner=rescale,
+        **({} if kappa is None else {"max_noise_step": kappa}),
     )
     return ServerTransform(init, update, hparams)

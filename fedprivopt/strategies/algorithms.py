@@ -143,7 +143,27 @@ class DP2(ServerAlgorithm):
             noise_first=self.noise_first,
             clip_norm_adaptive=c.options.clip_norm_adaptive,
             scale_by_preconditioner=c.options.dp2_scale_by_preconditioner,
+            max_noise_step=c.options.max_noise_step,  # rounds pass noise_variance = Φ_t
         )
+
+    def step_metrics(self, noise_std: float) -> dict[str, float]:
+        """With ``max-noise-step``: the rate of this round's step (``server_learning_rate``).
+
+        Noise-first adaptive rounds are not bounded (their step divides Δ̃ by ``P``) and report
+        nothing.
+        """
+        o = self.config.options
+        if o.max_noise_step is None:
+            return {}
+        if not self._adaptive():
+            rate = self.config.server_learning_rate
+        elif self.noise_first:
+            return {}
+        elif o.dp2_scale_by_preconditioner:
+            rate = o.dp2_learning_rate / float(self.opt_state.preconditioner.mean())
+        else:
+            rate = o.dp2_learning_rate
+        return {"server_learning_rate": optim.capped_rate(rate, o.max_noise_step, noise_std**2)}
 
     def _adaptive(self) -> bool:
         return optim.phase(self.opt_state) == "adaptive"

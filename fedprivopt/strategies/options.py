@@ -255,6 +255,11 @@ class DP2Options(Options):
         drops the ``1/P`` scale, so at a fixed adaptive rate the adaptive rounds' noise step
         grows with σ. Off by default (the paper's step); ``dp2-noise-first`` ignores it (its
         step already divides by ``P``).
+    max_noise_step : float or None
+        κ in ``(0, inf)``: a round whose step is a rate times Δ̃ (SGD rounds, and ``dp2``'s
+        adaptive rounds) takes at most ``κ/√Φ_t`` as its rate, so its step's noise per
+        coordinate is at most κ (:func:`fedprivopt.optim.dp2`). ``None`` (the default): no
+        bound.
     """
 
     dp2_s1: int = integer(5, 1)
@@ -265,6 +270,7 @@ class DP2Options(Options):
     clip_norm_adaptive: float | None = real(None, MIN_CLIP_NORM, math.inf, optional=True)
     subtract_noise_variance: bool = flag(False)
     dp2_scale_by_preconditioner: bool = flag(False)
+    max_noise_step: float | None = real(None, 0, math.inf, low_open=True, optional=True)
 
 
 @dataclass(frozen=True)

@@ -195,3 +195,58 @@ def test_clip_norm_adaptive_is_recorded():
 def test_validation_names_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         make(**kwargs)
+
+
+# -- max_noise_step: a step's noise per coordinate is at most kappa (stage 10c/10d of issue 14) --
+
+
+def test_max_noise_step_bounds_the_sgd_and_the_adaptive_rate():
+    # sqrt(phi) 0.1; rates sgd 0.5, adaptive 0.1. kappa 0.02: the SGD rate becomes 0.2, the
+    # adaptive one (noise 0.1 x 0.1 = 0.01 <= 0.02) is kept; kappa 0.005: adaptive 0.05
+    d = t64(1.0, -1.0)
+    tx = make(s1=1, s2=1, max_noise_step=0.02)
+    sgd_step, _ = tx.update(d, tx.init(torch.zeros(2, dtype=torch.float64)), noise_variance=0.01)
+    torch.testing.assert_close(sgd_step, 0.2 * d)
+    ada_step, _ = tx.update(d, _after_one_sgd_round(tx), noise_variance=0.01)
+    torch.testing.assert_close(ada_step, 0.1 * d)
+    tight = make(s1=1, s2=1, max_noise_step=0.005)
+    ada_step, _ = tight.update(d, _after_one_sgd_round(tight), noise_variance=0.01)
+    torch.testing.assert_close(ada_step, 0.05 * d)
+    assert tx.hparams["max_noise_step"] == 0.02
+    assert "max_noise_step" not in make().hparams
+
+
+def _after_one_sgd_round(tx):
+    state = tx.init(torch.zeros(2, dtype=torch.float64))
+    _, state = tx.update(t64(0.3, -0.1), state, noise_variance=0.0)
+    assert phase(state) == "adaptive"
+    return state
+
+
+def test_max_noise_step_bounds_the_scaled_rate_and_spares_noise_first():
+    d = t64(0.5, 0.5)
+    scaled = make(s1=1, s2=2, scale_by_preconditioner=True, max_noise_step=0.01)
+    state = _after_one_sgd_round(scaled)
+    mean_p = float(preconditioner(state).mean())  # rate 0.1 / mean_p is about 3.7 > 0.01 / 0.1
+    step, _ = scaled.update(d, state, noise_variance=0.01)
+    torch.testing.assert_close(step, 0.1 * d)  # kappa / sqrt(phi) = 0.1
+    assert 0.1 / mean_p > 0.1
+    first = make(s1=1, s2=2, noise_first=True, max_noise_step=1e-6)
+    state = _after_one_sgd_round(first)
+    step, _ = first.update(d, state, noise_variance=0.01)
+    torch.testing.assert_close(step, 0.1 * d / preconditioner(state))  # not bounded
+
+
+def test_without_noise_the_rates_are_kept():
+    tx = make(s1=1, s2=1, max_noise_step=1e-9)
+    state = tx.init(torch.zeros(2, dtype=torch.float64))
+    step, state = tx.update(t64(1.0, 1.0), state)  # no noise_variance passed: no bound
+    torch.testing.assert_close(step, 0.5 * t64(1.0, 1.0))
+    step, _ = tx.update(t64(1.0, 1.0), state, noise_variance=0.0)
+    torch.testing.assert_close(step, 0.1 * t64(1.0, 1.0))
+
+
+@pytest.mark.parametrize("kappa", [0.0, -1.0, math.nan, math.inf, "1", True])
+def test_max_noise_step_is_validated(kappa):
+    with pytest.raises(ValueError, match="max_noise_step"):
+        make(max_noise_step=kappa)

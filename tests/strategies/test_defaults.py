@@ -157,3 +157,18 @@ def test_max_noise_step_with_server_momentum_reports_the_lowered_rate():
     alg = _alg("dp-fedavg", server_learning_rate=4.0, server_momentum=0.5, max_noise_step=0.75)
     result = drive_round(alg, 1, fixed_updates())
     assert result.metrics["server_learning_rate"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("strategy", ["dp2", "dp2-noise-first"])
+def test_dp2_max_noise_step_reports_each_rounds_bounded_rate(strategy):
+    """σC/m̄ = 0.375; κ 0.75 bounds a rate at 2: the SGD round's 4 and dp2's adaptive 3."""
+    alg = _alg(strategy, server_learning_rate=4.0, dp2_learning_rate=3.0, dp2_s1=1, dp2_s2=1,
+               max_noise_step=0.75)  # fmt: skip
+    sgd = drive_round(alg, 1, fixed_updates())
+    adaptive = drive_round(alg, 2, fixed_updates())
+    assert sgd.metrics["adaptive_round"] == 0.0 and adaptive.metrics["adaptive_round"] == 1.0
+    assert sgd.metrics["server_learning_rate"] == pytest.approx(2.0)
+    if strategy == "dp2":
+        assert adaptive.metrics["server_learning_rate"] == pytest.approx(2.0)
+    else:  # noise-first adaptive rounds divide by P and are not bounded
+        assert "server_learning_rate" not in adaptive.metrics

@@ -41,7 +41,7 @@ from fedprivopt.privacy.tuning import (
     finite_orders,
     tuning_epsilon,
 )
-from fedprivopt.simulation.files import parse_json
+from fedprivopt.simulation.files import SMALL_FILE_LIMIT, check_regular, parse_json
 
 __all__ = [
     "PLAN_FILE",
@@ -351,6 +351,8 @@ def check_tuning(path: str | Path) -> TunedCheck:
     from fedprivopt.simulation.tune_best import check_best, recompute_best
 
     path = Path(path)
+    for name in ("summary.json", PLAN_FILE):  # a FIFO would block, a 20 GB file fill memory
+        check_regular(path / name, limit=SMALL_FILE_LIMIT)  # eighteenth review of issue 15
     if not (path / "summary.json").is_file():
         raise ValueError(f"{path}: not a finished tuning (no summary.json)")
     summary = _read_json(path / "summary.json", "a tuning's summary")

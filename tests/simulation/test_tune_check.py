@@ -330,3 +330,23 @@ def test_a_trial_without_the_plan_in_its_ledger_is_refused(tunings, tmp_path, ca
     rc, _ = _compare(capsys, tuned, out=tmp_path / "r2")
     assert rc == 0
     assert (tuned / PLAN_FILE).is_file()
+
+
+# -- eighteenth review of issue 15, A and B: the tuning's files are checked before they are read --
+
+
+@pytest.mark.parametrize("name", ["tune.json", "summary.json"])
+def test_a_fifo_or_an_oversized_tuning_file_is_named(tunings, tmp_path, capsys, name):
+    import os
+
+    fifo = _copy(tunings, tmp_path, "a")
+    (fifo / name).unlink()
+    os.mkfifo(fifo / name)  # reading it would block forever
+    rc, err = _compare(capsys, fifo, out=tmp_path / "r")
+    assert rc == 2 and f"{name}: not a regular file" in err
+    big = tmp_path / "big"
+    shutil.copytree(tunings / "a", big)
+    with open(big / name, "r+b") as fh:
+        fh.truncate(20 << 30)  # sparse: 20 GB that reading whole would allocate
+    rc, err = _compare(capsys, big, out=tmp_path / "r2")
+    assert rc == 2 and f"{name}: 21474836480 bytes, more than" in err

@@ -187,7 +187,7 @@ def test_3_a_json_value_that_is_not_an_object_is_cut():
 
 
 # -- finding 4: a FIFO among a dataset's files ----------------------------------------------------
-def _cli(argv: list[str], tmp_path: Path, timeout: float = 90) -> tuple[int, str]:
+def _cli(argv: list[str], tmp_path: Path, timeout: float = 90, preexec_fn=None) -> tuple[int, str]:
     """``fedprivopt ARGV`` in a subprocess, stopped (by its PID) if it outlives ``timeout``."""
     env = {
         **os.environ,
@@ -198,7 +198,10 @@ def _cli(argv: list[str], tmp_path: Path, timeout: float = 90) -> tuple[int, str
         "FLWR_HOME": str(tmp_path / "flwr-home"),
     }
     cmd = [sys.executable, "-m", "fedprivopt.cli", *argv]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=preexec_fn,
+    )  # fmt: skip
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -416,25 +419,7 @@ def _cli_under_memory_limit(argv: list[str], tmp_path: Path) -> tuple[int, str]:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "PYTHONWARNINGS": "ignore",
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-    }
-    cmd = [sys.executable, "-m", "fedprivopt.cli", *argv]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit
-    )
-    try:
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, err
+    return _cli(argv, tmp_path, timeout=180, preexec_fn=limit)
 
 
 def _sparse(path: Path, size: int = 20 << 30) -> None:

@@ -50,6 +50,7 @@ __all__ = lazy_package(
             "dp2",
             "phase",
             "preconditioner",
+            "preconditioner_mean",
         ),
         "sgd": (
             "MomentumState",

@@ -20,7 +20,7 @@ from ._checks import (
 from .base import ServerTransform, StateDictMixin, record_hparams
 from .sgd import capped_rate
 
-__all__ = ["DP2State", "Phase", "dp2", "phase", "preconditioner"]
+__all__ = ["DP2State", "Phase", "dp2", "phase", "preconditioner", "preconditioner_mean"]
 
 Phase = Literal["sgd", "adaptive"]
 
@@ -237,7 +237,7 @@ def dp2(
             if noise_first:
                 step = delta_tilde.div(state.preconditioner).mul_(lr_ada)
             else:
-                rate = lr_ada / float(state.preconditioner.mean()) if rescale else lr_ada
+                rate = lr_ada / preconditioner_mean(state) if rescale else lr_ada
                 step = delta_tilde.mul(bounded(rate, noise_variance))
             done = state.phase_step + 1 == s2
             new_state = dataclasses.replace(
@@ -276,3 +276,13 @@ def dp2(
         **({} if kappa is None else {"max_noise_step": kappa}),
     )
     return ServerTransform(init, update, hparams)
+
+
+def preconditioner_mean(state: DP2State) -> float:
+    """The mean of ``P``, summed in float64.
+
+    A float32 mean of entries near float32's largest value (``dp2-epsilon`` at 1e38) overflows
+    to ``inf`` though every entry is finite (eighteenth review of issue 15, an observation): the
+    scaled adaptive step was then 0 and the round metric ``Infinity``.
+    """
+    return float(state.preconditioner.mean(dtype=torch.float64))

@@ -160,7 +160,7 @@ class DP2(ServerAlgorithm):
         elif self.noise_first:
             return {}
         elif o.dp2_scale_by_preconditioner:
-            rate = o.dp2_learning_rate / float(self.opt_state.preconditioner.mean())
+            rate = o.dp2_learning_rate / optim.preconditioner_mean(self.opt_state)
         else:
             rate = o.dp2_learning_rate
         return {"server_learning_rate": optim.capped_rate(rate, o.max_noise_step, noise_std**2)}
@@ -177,7 +177,7 @@ class DP2(ServerAlgorithm):
         return self.config.options.clip_norm_adaptive if self._adaptive() else None
 
     def round_metrics(self) -> dict[str, float]:
-        mean_p = float(self.opt_state.preconditioner.mean())  # the P this round used (adaptive)
+        mean_p = optim.preconditioner_mean(self.opt_state)  # the P this round used (adaptive)
         return {"adaptive_round": float(self._adaptive()), "dp2_preconditioner_mean": mean_p}
 
 

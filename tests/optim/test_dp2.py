@@ -250,3 +250,16 @@ def test_without_noise_the_rates_are_kept():
 def test_max_noise_step_is_validated(kappa):
     with pytest.raises(ValueError, match="max_noise_step"):
         make(max_noise_step=kappa)
+
+
+def test_the_mean_of_p_does_not_overflow_where_every_entry_is_finite():
+    """dp2-epsilon 1e38: a float32 mean of P overflowed to inf (eighteenth review, observation)."""
+    from fedprivopt.optim import preconditioner_mean
+
+    tx = make(s1=1, s2=2, epsilon=1e38, scale_by_preconditioner=True)
+    state = tx.init(torch.zeros(1000, dtype=torch.float32))
+    _, state = tx.update(torch.zeros(1000, dtype=torch.float32), state)
+    assert float(preconditioner(state).mean()) == math.inf  # what the float32 mean gives
+    assert preconditioner_mean(state) == pytest.approx(1e38, rel=1e-6)
+    step, _ = tx.update(torch.ones(1000, dtype=torch.float32), state)
+    assert float(step[0]) == pytest.approx(0.1 / 1e38, rel=1e-5) and float(step[0]) > 0

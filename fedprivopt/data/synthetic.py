@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
-from fedprivopt.core.files import unlink_links
+from fedprivopt.core.files import read_at_most, unlink_links
 from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
 from fedprivopt.data.synthetic_model import WordTagModel, build_model, parse_date
 from fedprivopt.data.synthetic_rows import CHUNK_USERS, SPLITS, chunk_rows, default_workers
@@ -543,11 +543,8 @@ def read_marker(path: str | os.PathLike) -> object:
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return None
-        with path.open("rb") as fh:
-            raw = fh.read(_MARKER_LIMIT + 1)  # finding 7: a sparse 20 GB marker, MemoryError
-        if len(raw) > _MARKER_LIMIT:
-            return None
-        return json.loads(raw.decode("utf-8"))
+        raw = read_at_most(path, _MARKER_LIMIT)  # finding 7: a sparse 20 GB marker
+        return None if raw is None else json.loads(raw.decode("utf-8"))
     except (OSError, ValueError):
         return None
 

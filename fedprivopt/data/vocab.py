@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import refuse_repeated_keys
+from fedprivopt.core.files import read_at_most
 
 __all__ = [
     "MAX_LINE",
@@ -195,9 +196,8 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
     p = _existing(path)
 
     unique = refuse_repeated_keys(lambda key: f"{p}: tag {key!r} appears twice")
-    with p.open("rb") as fh:  # at most TAG_FILE_LIMIT bytes (finding 7, as for word counts)
-        raw = fh.read(TAG_FILE_LIMIT + 1)
-    if len(raw) > TAG_FILE_LIMIT:
+    raw = read_at_most(p, TAG_FILE_LIMIT)  # finding 7, as for word counts
+    if raw is None:
         raise ValueError(
             f"{p}: more than {TAG_FILE_LIMIT:,} bytes, which no tag-count file holds (the file "
             "is damaged)"

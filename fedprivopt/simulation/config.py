@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.core.files import read_at_most
 from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
 from fedprivopt.models.side_information_config import (
@@ -399,9 +400,8 @@ def _preset_text(path: Path) -> str:
     20G``) ended in a ``MemoryError`` traceback (rc 1) or grew until the kernel killed it. A
     preset is a few kB; at most the limit plus one byte is read.
     """
-    with path.open("rb") as fh:
-        raw = fh.read(SMALL_FILE_LIMIT + 1)
-    if len(raw) > SMALL_FILE_LIMIT:
+    raw = read_at_most(path, SMALL_FILE_LIMIT)
+    if raw is None:
         raise ValueError(
             f"config file {shown(str(path))} holds more than {SMALL_FILE_LIMIT:,} bytes, which "
             "no preset does (a preset is a few kB)"

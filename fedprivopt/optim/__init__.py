@@ -48,6 +48,7 @@ __all__ = lazy_package(
             "DP2State",
             "Phase",
             "dp2",
+            "dp2_rate",
             "phase",
             "preconditioner",
             "preconditioner_mean",
@@ -56,6 +57,7 @@ __all__ = lazy_package(
             "MomentumState",
             "capped_rate",
             "momentum_sgd",
+            "momentum_sgd_rate",
         ),
     },
 )

@@ -20,7 +20,7 @@ from ._checks import (
 from .base import ServerTransform, StateDictMixin, record_hparams
 from .sgd import capped_rate
 
-__all__ = ["DP2State", "Phase", "dp2", "phase", "preconditioner", "preconditioner_mean"]
+__all__ = ["DP2State", "Phase", "dp2", "dp2_rate", "phase", "preconditioner", "preconditioner_mean"]
 
 Phase = Literal["sgd", "adaptive"]
 
@@ -191,9 +191,6 @@ def dp2(
             "clip_norm_adaptive", clip_norm_adaptive, low=0.0, low_open=True
         )
 
-    def bounded(rate: float, noise_variance: float | None) -> float:
-        return rate if kappa is None else capped_rate(rate, kappa, noise_variance)
-
     def init(params: torch.Tensor) -> DP2State:
         params = check_params(params)
         zeros = torch.zeros_like(params)
@@ -237,14 +234,13 @@ def dp2(
             if noise_first:
                 step = delta_tilde.div(state.preconditioner).mul_(lr_ada)
             else:
-                rate = lr_ada / preconditioner_mean(state) if rescale else lr_ada
-                step = delta_tilde.mul(bounded(rate, noise_variance))
+                step = delta_tilde.mul(dp2_rate(hparams, state, noise_variance))
             done = state.phase_step + 1 == s2
             new_state = dataclasses.replace(
                 state, count=t, adaptive=not done, phase_step=0 if done else state.phase_step + 1
             )
             return step, new_state
-        step = delta_tilde.mul(bounded(lr_sgd, noise_variance))
+        step = delta_tilde.mul(dp2_rate(hparams, state, noise_variance))
         accumulator = state.accumulator.add(delta_tilde)
         noise_sum = state.accumulator_noise_variance
         if subtract:
@@ -276,6 +272,25 @@ def dp2(
         **({} if kappa is None else {"max_noise_step": kappa}),
     )
     return ServerTransform(init, update, hparams)
+
+
+def dp2_rate(hparams, state: DP2State, noise_variance: float | None) -> float | None:
+    """The rate a :func:`dp2` step with ``hparams`` multiplies Δ̃ by in the round ``state`` is in.
+
+    ``η_sgd`` in an SGD round, ``η_adaptive`` (over ``mean(P)`` when scaled) in an adaptive one,
+    each bounded by ``max_noise_step`` when set; ``None`` in a noise-first adaptive round, whose
+    step is ``η_adaptive · Δ̃ / P``. What ``update`` uses and a strategy reports.
+    """
+    if not state.adaptive:
+        rate = hparams["sgd_learning_rate"]
+    elif hparams["noise_first"]:
+        return None
+    else:
+        rate = hparams["adaptive_learning_rate"]
+        if hparams["scale_by_preconditioner"]:
+            rate /= preconditioner_mean(state)
+    kappa = hparams.get("max_noise_step")
+    return rate if kappa is None else capped_rate(rate, kappa, noise_variance)
 
 
 def preconditioner_mean(state: DP2State) -> float:

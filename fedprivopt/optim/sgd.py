@@ -10,7 +10,7 @@ import torch
 from ._checks import check_bool, check_params, check_real, check_update_inputs
 from .base import ServerTransform, StateDictMixin, record_hparams
 
-__all__ = ["MomentumState", "capped_rate", "momentum_sgd"]
+__all__ = ["MomentumState", "capped_rate", "momentum_sgd", "momentum_sgd_rate"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -112,7 +112,7 @@ def momentum_sgd(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, MomentumState]:
-        rate = lr if kappa is None else capped_rate(lr, kappa * (1.0 - beta), noise_variance)
+        rate = momentum_sgd_rate(hparams, noise_variance)
         check_update_inputs(delta_tilde, params, state.momentum)
         m = state.momentum.mul(beta).add_(delta_tilde) if beta else delta_tilde.clone()
         direction = m.mul(beta).add_(delta_tilde) if nesterov else m
@@ -124,6 +124,18 @@ def momentum_sgd(
         "momentum_sgd", learning_rate=lr, momentum=beta, nesterov=nesterov, **capped
     )
     return ServerTransform(init, update, hparams)
+
+
+def momentum_sgd_rate(hparams, noise_variance: float | None) -> float:
+    """The rate a :func:`momentum_sgd` step with ``hparams`` takes at noise variance ``Φ_t``.
+
+    ``η_s``, or with ``max_noise_step`` κ, ``min(η_s, κ(1 - β)/√Φ_t)``: what ``update`` uses and
+    what a strategy reports as ``server_learning_rate``.
+    """
+    lr, kappa = hparams["learning_rate"], hparams.get("max_noise_step")
+    if kappa is None:
+        return lr
+    return capped_rate(lr, kappa * (1.0 - hparams["momentum"]), noise_variance)
 
 
 def capped_rate(lr: float, bound: float, noise_variance: float | None) -> float:

@@ -44,12 +44,10 @@ class DPFedAvg(ServerAlgorithm):
 
     def step_metrics(self, noise_std: float) -> dict[str, float]:
         """With ``max-noise-step`` κ: the round's ``server_learning_rate``, min(η, κ(1-β)/√Φ_t)."""
-        o = self.config.options
-        if o.max_noise_step is None:
+        if self.config.options.max_noise_step is None:
             return {}
-        bound = o.max_noise_step * (1.0 - o.server_momentum)
-        rate = optim.capped_rate(self.config.server_learning_rate, bound, noise_std**2)
-        return {"server_learning_rate": rate}
+        return {"server_learning_rate": optim.momentum_sgd_rate(self.transform.hparams,
+                                                                noise_std**2)}  # fmt: skip
 
 
 class DPFedAdam(ServerAlgorithm):
@@ -152,18 +150,10 @@ class DP2(ServerAlgorithm):
         Noise-first adaptive rounds are not bounded (their step divides Δ̃ by ``P``) and report
         nothing.
         """
-        o = self.config.options
-        if o.max_noise_step is None:
+        if self.config.options.max_noise_step is None:
             return {}
-        if not self._adaptive():
-            rate = self.config.server_learning_rate
-        elif self.noise_first:
-            return {}
-        elif o.dp2_scale_by_preconditioner:
-            rate = o.dp2_learning_rate / optim.preconditioner_mean(self.opt_state)
-        else:
-            rate = o.dp2_learning_rate
-        return {"server_learning_rate": optim.capped_rate(rate, o.max_noise_step, noise_std**2)}
+        rate = optim.dp2_rate(self.transform.hparams, self.opt_state, noise_std**2)
+        return {} if rate is None else {"server_learning_rate": rate}
 
     def _adaptive(self) -> bool:
         return optim.phase(self.opt_state) == "adaptive"

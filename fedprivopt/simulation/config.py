@@ -54,6 +54,9 @@ __all__ = ["ENGINES", "RunConfig", "load_config", "parse_override", "resolve_con
 
 ENGINES = ("fast", "flower")
 _STRATEGY_KEYS = StrategyConfig.keys()
+#: Strategy keys whose default is ``None`` ("derive it"): ``""`` unsets them (``--set tau=``), as
+#: in the Flower run config, so that a preset's pinned value can be given back to the code.
+UNSETTABLE = frozenset(k for k, rule in StrategyConfig.rules().items() if rule.optional)
 _DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z")
 _INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts any size
 
@@ -348,7 +351,7 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         if key.startswith(f"{SIDE_INFORMATION}."):
             side[key.split(".", 1)[1]] = value
         elif key in _STRATEGY_KEYS:
-            strategy[key] = value
+            strategy[key] = None if key in UNSETTABLE and value == "" else value
         elif key in run_keys:
             run[key.replace("-", "_")] = value
         else:

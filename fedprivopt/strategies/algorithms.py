@@ -188,22 +188,29 @@ class DPFedAvgADADP(ServerAlgorithm):
     @cached_property
     def controller(self) -> optim.ADADPController:
         """The learning-rate controller, its tolerance calibrated to the noise unless set."""
-        c, o = self.config, self.config.options
+        o = self.config.options
         tolerance = o.adadp_tolerance
         if tolerance is None:
             tolerance = optim.noise_calibrated_tolerance(
-                learning_rate=c.server_learning_rate,
+                learning_rate=self.initial_rate(),
                 noise_std=self.noise_std_of_mean(),
                 dim=self.params.numel(),
             )
         return optim.adadp(
-            learning_rate=c.server_learning_rate,
+            learning_rate=self.initial_rate(),
             tolerance=tolerance,
             alpha_min=o.adadp_alpha_min,
             alpha_max=o.adadp_alpha_max,
             safety=o.adadp_safety,
             error_exponent=o.adadp_error_exponent,
         )
+
+    def initial_rate(self) -> float:
+        """η₀: ``server-learning-rate``, lowered to κ/(σC/m̄) with ``max-noise-step`` κ."""
+        rate, kappa = self.config.server_learning_rate, self.config.options.max_noise_step
+        if kappa is None:
+            return rate
+        return optim.capped_rate(rate, kappa, self.noise_std_of_mean() ** 2)
 
     def init_state(self) -> optim.ADADPState:
         return self.controller.init()
@@ -224,7 +231,7 @@ class DPFedAvgADADP(ServerAlgorithm):
         if self.config.options.adadp_tolerance is not None:
             return None
         return optim.noise_calibrated_tolerance(
-            learning_rate=self.config.server_learning_rate,
+            learning_rate=self.initial_rate(),
             noise_std=math.sqrt((noise_std_1**2 + noise_std_2**2) / 2.0),
             dim=self.params.numel(),
             full_step_point=full_step_point,

@@ -295,6 +295,12 @@ class ADADPOptions(Options):
     adadp_error_exponent : float
         ``p`` in ``(0, 1]``: ½ (default) is the authors' rule (an SGD step's local error is
         ``O(η²)``), 1 the linear rule ``η·clip(s·τ/err, …)``.
+    max_noise_step : float or None
+        κ in ``(0, inf)``: the initial rate η₀, and with it the calibrated tolerance, is
+        lowered to ``κ/(σC/m̄)`` where ``server-learning-rate·σC/m̄``, the noise a step adds to a
+        coordinate, exceeds it. ADADP's rate is its error control's, so the bound is on where it
+        starts and on the scale it settles at (about 1.5·η₀), not a cap on every round as for
+        :class:`MomentumOptions`. ``None`` (the default): no bound.
     """
 
     adadp_tolerance: float | None = real(None, 0, math.inf, low_open=True, optional=True)
@@ -302,6 +308,7 @@ class ADADPOptions(Options):
     adadp_alpha_max: float = real(1.1, 1, math.inf)
     adadp_safety: float = real(0.9, 0, 1, low_open=True)
     adadp_error_exponent: float = real(0.5, 0, 1, low_open=True)
+    max_noise_step: float | None = real(None, 0, math.inf, low_open=True, optional=True)
 
 
 #: The parameter block of every strategy; the order is that of ``compare``'s default grid.

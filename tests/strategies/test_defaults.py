@@ -63,6 +63,18 @@ def test_fedadam_tau_defaults_to_the_noise_std():
         assert _alg(name, **kw).transform.hparams["tau"] == 1e-3
 
 
+@pytest.mark.parametrize("unset", ["", "strategies.dp-fedadam."])
+def test_an_empty_value_gives_a_pinned_option_back_to_its_default(unset):
+    # toy.toml pins tau = 0.001; `--set tau=` (or its strategy table's key) unsets it, so the
+    # code default (tau following the noise) can be had without editing the preset. A key with
+    # a real default keeps refusing "" (naming the key).
+    assert load_config(TOY, {"strategy": "dp-fedadam"}).strategy.options.tau == 1e-3
+    config = load_config(TOY, {"strategy": "dp-fedadam", f"{unset}tau": ""})
+    assert config.strategy.options.tau is None
+    with pytest.raises(ValueError, match="clip-norm must be a real number"):
+        load_config(TOY, {"strategy": "dp-fedadam", "clip-norm": ""})
+
+
 def test_adadp_tolerance_defaults_to_the_noise_calibrated_one():
     alg = _alg("dp-fedavg-adadp", server_learning_rate=0.7)
     expected = noise_calibrated_tolerance(learning_rate=0.7, noise_std=1.5 * 2.0 / 8.0, dim=DIM)
@@ -145,11 +157,30 @@ def test_dp_fedavg_max_noise_step_caps_the_server_rate():
     assert not torch.allclose(capped.params, plain.params)
 
 
-def test_the_paper_preset_caps_only_dp_fedavg():
+def test_the_paper_preset_caps_the_strategies_stage_11_selected():
+    """Stages 10 and 11: κ 0.5 for DP-FedAvg, AdaDPS and DP2; DP2-noise-first and the rest none."""
     preset = Path(__file__).resolve().parents[2] / "simulations" / "adadps-paper.toml"
-    assert load_config(preset, {"strategy": "dp-fedavg"}).strategy.options.max_noise_step == 0.5
-    for name in ("adadps", "fedavg"):
+    for name in ("dp-fedavg", "adadps", "dp2"):
+        assert load_config(preset, {"strategy": name}).strategy.options.max_noise_step == 0.5
+    for name in ("dp2-noise-first", "fedavg"):
         assert load_config(preset, {"strategy": name}).strategy.options.max_noise_step is None
+    unset = {"strategy": "dp2", "strategies.dp2.max-noise-step": ""}
+    assert load_config(preset, unset).strategy.options.max_noise_step is None
+
+
+def test_adadp_max_noise_step_lowers_the_initial_rate_and_its_tolerance():
+    """σC/m̄ = 0.375: κ 0.75 lowers η₀ 4 to 2, and the calibrated τ is that of η₀ = 2."""
+    alg = _alg("dp-fedavg-adadp", server_learning_rate=4.0, max_noise_step=0.75)
+    assert alg.initial_rate() == pytest.approx(2.0)
+    assert alg.opt_state.learning_rate == pytest.approx(2.0)
+    expected = noise_calibrated_tolerance(learning_rate=2.0, noise_std=0.375, dim=DIM)
+    assert alg.controller.tolerance == pytest.approx(expected)
+    assert (
+        _alg("dp-fedavg-adadp", server_learning_rate=1.0, max_noise_step=0.75).initial_rate() == 1.0
+    )
+    assert _alg("dp-fedavg-adadp", server_learning_rate=4.0).initial_rate() == 4.0
+    res = drive_round(alg, 1, fixed_updates())
+    assert res.metrics["server_learning_rate"] == pytest.approx(2.0)
 
 
 def test_max_noise_step_with_server_momentum_reports_the_lowered_rate():

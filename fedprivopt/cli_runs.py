@@ -104,6 +104,7 @@ def compare_overrides(args: argparse.Namespace) -> dict:
 def set_overrides(args: argparse.Namespace) -> dict:
     """The preset overrides of ``--set KEY=VALUE`` and the shorthand flags (``--rounds``, ...)."""
     from fedprivopt.simulation.config import parse_override
+    from fedprivopt.simulation.tune_grid import empty_table_error, sets_nothing
 
     out = {}
     for text in args.set or []:
@@ -113,6 +114,8 @@ def set_overrides(args: argparse.Namespace) -> dict:
             raise UsageError(f"argument --set: {exc}") from None
         except RecursionError:
             raise UsageError(f"argument --set: {shown(text)} is nested too deeply") from None
+        if sets_nothing(value):  # silently dropped (nineteenth review of issue 15, finding 1)
+            raise UsageError(empty_table_error("--set", key, value))
         if key in out and out[key] != value:  # the last would silently win
             raise UsageError(
                 f"argument --set: {key}={value!r} contradicts an earlier --set {key}="

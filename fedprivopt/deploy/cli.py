@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.text import shown
+
 __all__ = ["MAX_LOCAL_NODES", "add_deploy_subcommand", "run_deploy_command"]
 
 # SuperNodes one machine runs for a local deployment: each is a process (~200 MB) with its log
@@ -61,6 +63,7 @@ def _float_flag(flag: str, text: Any, high: float = MAX_TIMEOUT) -> float:
 
 def _overrides(items: list[str] | None) -> dict[str, Any]:
     from fedprivopt.simulation.config import parse_override
+    from fedprivopt.simulation.tune_grid import empty_table_error, sets_nothing
 
     out: dict[str, Any] = {}
     for text in items or []:
@@ -70,6 +73,13 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
             raise ValueError(f"--set: {exc}") from None
         except RecursionError:
             raise ValueError("--set: a value is nested too deeply") from None
+        if sets_nothing(value):  # nineteenth review of issue 15, finding 1
+            raise ValueError(empty_table_error("--set", key, value))
+        if key in out and out[key] != value:  # the last silently won (finding 4)
+            raise ValueError(
+                f"argument --set: {key}={shown(value)} contradicts an earlier --set "
+                f"{key}={shown(out[key])}; give one of them"
+            )
         out[key] = value
     return out
 
@@ -150,12 +160,22 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     nodes = _int_flag("--nodes", args.nodes, 1, MAX_LOCAL_NODES)
     timeout = _float_flag("--timeout", args.timeout)
     overrides = _overrides(args.set)
+    flags = {}
     for flag, key in (("--strategy", "strategy"), ("--rounds", "num-server-rounds")):
         value = getattr(args, flag.lstrip("-"), None)
         if value is not None:
-            overrides[key] = _int_flag(flag, value, 1) if key == "num-server-rounds" else str(value)
+            flags[flag, key] = (
+                _int_flag(flag, value, 1) if key == "num-server-rounds" else str(value)
+            )
     if args.seed is not None:
-        overrides["seed"] = _int_flag("--seed", args.seed, 0)
+        flags["--seed", "seed"] = _int_flag("--seed", args.seed, 0)
+    for (flag, key), value in flags.items():
+        if key in overrides and overrides[key] != value:  # the flag silently won (finding 4)
+            raise ValueError(
+                f"argument {flag}: {shown(value)} contradicts --set {key}="
+                f"{shown(overrides[key])}; give one of them"
+            )
+        overrides[key] = value
     if args.out is not None:
         _checked_out(args.out)
     config = _checked_config(args.config, overrides)
@@ -213,9 +233,9 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     final = summary.get("final", {})
     leading = summary.get("primary_metric", "eval_accuracy")
     metric = next((k for k in (leading, "eval_loss") if k in final), None)
-    shown = f", {metric} = {final[metric]:.4f}" if metric else ""
+    shown_metric = f", {metric} = {final[metric]:.4f}" if metric else ""
     print(
-        f"{summary['rounds_completed']} rounds ({summary['stopped_reason']}){shown}, "
+        f"{summary['rounds_completed']} rounds ({summary['stopped_reason']}){shown_metric}, "
         f"epsilon = {summary['epsilon']:.4g}; results in {run_dir}"
     )
     from fedprivopt.simulation.divergence import DIVERGED_KEY, checked_round, warning_line

@@ -154,9 +154,12 @@ def same_json(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def _trial_count(data: Any) -> TrialCount:
+def _trial_count(path: Path, data: Any) -> TrialCount:
     dist = data["distribution"]
-    return TrialCount(dist, data["mean"], None if dist == "poisson" else data["shape"])
+    try:
+        return TrialCount(dist, data["mean"], None if dist == "poisson" else data["shape"])
+    except ValueError as exc:  # nineteenth review of issue 15: the message named no file
+        raise ValueError(f"{path / PLAN_FILE}: its trial_count: {exc}") from None
 
 
 def _cross_check(path: Path, summary: dict[str, Any], plan: dict[str, Any]) -> None:
@@ -182,9 +185,11 @@ def _check_draws(path: Path, plan: dict[str, Any], trials: TrialCount) -> None:
     from fedprivopt.simulation.tune import draw_trials
 
     grid = {k: tuple(v) for k, v in plan["grid"].items()}
-    drawn = [
-        (t.label, t.hyperparameters, t.seed) for t in draw_trials(grid, trials, int(plan["seed"]))
-    ]
+    try:
+        drawn = [(t.label, t.hyperparameters, t.seed)
+                 for t in draw_trials(grid, trials, int(plan["seed"]))]  # fmt: skip
+    except ValueError as exc:  # nineteenth review of issue 15: the message named no file
+        raise ValueError(f"{path / PLAN_FILE}: its seed, grid or trial count: {exc}") from None
     planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
     if not same_json(drawn, planned):
         raise ValueError(
@@ -198,6 +203,21 @@ def _check_draws(path: Path, plan: dict[str, Any], trials: TrialCount) -> None:
         raise ValueError(f"{runs}: holds {shown(extra[0])}, not a trial of {path / PLAN_FILE}")
 
 
+def _load_config(path: Path, overrides: Mapping[str, Any] | None = None):
+    """``load_config``; a file nested too deeply for the TOML parser is a ``ValueError``.
+
+    Nineteenth review of issue 15: a ``tune.json`` whose ``base_config`` (or a trial's
+    ``config.toml``) nested 100,000 arrays ended ``compare-tuned`` in a ``RecursionError``
+    traceback.
+    """
+    from fedprivopt.simulation.config import load_config
+
+    try:
+        return load_config(path, overrides)
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to read (not written by fedprivopt)") from None
+
+
 class _Builder:
     """Configurations from the base configuration with overrides, and their built runs."""
 
@@ -207,9 +227,7 @@ class _Builder:
         self.tasks: dict[tuple, Any] = {}
 
     def config(self, overrides: Mapping[str, Any]):
-        from fedprivopt.simulation.config import load_config
-
-        return load_config(self.base, overrides)
+        return _load_config(self.base, overrides)
 
     def build(self, config):
         from fedprivopt.simulation.cells import task_key
@@ -224,7 +242,6 @@ class _Builder:
 def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: float, digest: str):
     """A trial's ``config.toml`` and ledger; its ledger's total (``None``: no ledger)."""
     from fedprivopt.simulation.cells import first_difference
-    from fedprivopt.simulation.config import load_config
     from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE
     from fedprivopt.simulation.ledger import RunLedger
 
@@ -234,7 +251,7 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
     if not (run_dir / CONFIG_FILE).exists() and not (run_dir / LEDGER_FILE).exists():
         return None  # a trial that failed before its run started released nothing
     expected = builder.config({**trial["hyperparameters"], "seed": trial["seed"]})
-    stored = load_config(run_dir / CONFIG_FILE)
+    stored = _load_config(run_dir / CONFIG_FILE)
     diff = first_difference(stored, expected)
     if diff is not None:
         key, old, new = diff
@@ -370,7 +387,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
         if plan.get("kind") != "fedprivopt-tune-plan":
             raise ValueError(f"{path / PLAN_FILE}: not a tuning's plan")
         _cross_check(path, summary, plan)
-        trials = _trial_count(plan["trial_count"])
+        trials = _trial_count(path, plan["trial_count"])
         _check_draws(path, plan, trials)
         best_dir = _best_dir(path, summary, plan)
         delta = float(plan["delta"])

@@ -24,10 +24,12 @@ __all__ = [
     "TUNABLE_TASK_PARAMS",
     "check_grid_overrides",
     "check_point_effect",
+    "empty_table_error",
     "grid_points",
     "keys_set_for",
     "parse_grid",
     "refuse_table_spellings",
+    "sets_nothing",
 ]
 
 _USERS = "it chooses which users are private"
@@ -67,6 +69,24 @@ or the evaluation (``data-dir``, ``seed``, ``synth-*``, ``num-users``, ``example
 MAX_GRID_POINTS = 10_000
 
 
+def sets_nothing(value: Any) -> bool:
+    """Whether ``value`` is a table without a value in it (``{}``, ``{a = {}}``).
+
+    Nineteenth review of issue 15: such a ``--set`` or ``--grid`` value was dropped while the
+    configuration was flattened, so ``--set noise-multiplier={}`` ran the preset's σ and
+    ``--grid max-noise-step=0.5,{}`` released a "best" trial labelled ``{}`` that ran unbounded.
+    """
+    return isinstance(value, Mapping) and all(sets_nothing(v) for v in value.values())
+
+
+def empty_table_error(flag: str, key: str, value: Any) -> str:
+    """The one line refusing ``key={}`` (:func:`sets_nothing`) given to ``flag``."""
+    return (
+        f"argument {flag}: {key}={shown(value)} is a table without a value, which sets "
+        "nothing (the preset's value would be used); give a value"
+    )
+
+
 def parse_grid(texts: Sequence[str]) -> dict[str, tuple[Any, ...]]:
     """``--grid KEY=V1,V2,...`` flags as ``{key: values}`` (values typed as ``--set`` types them).
 
@@ -74,7 +94,8 @@ def parse_grid(texts: Sequence[str]) -> dict[str, tuple[Any, ...]]:
     ------
     ValueError
         Naming ``--grid``: no ``=``, an empty key or value, a key given twice or one that sets
-        a reserved key (:data:`FORBIDDEN_GRID_KEYS`), a value given twice, or more than
+        a reserved key (:data:`FORBIDDEN_GRID_KEYS`), a value given twice or that sets nothing
+        (:func:`sets_nothing`), or more than
         :data:`MAX_GRID_POINTS` points in all.
     """
     from fedprivopt.simulation.config import parse_override
@@ -99,6 +120,8 @@ def parse_grid(texts: Sequence[str]) -> dict[str, tuple[Any, ...]]:
                 _, value = parse_override(f"{key}={part.strip()}")
             except (ValueError, RecursionError) as exc:
                 raise ValueError(f"argument --grid: {exc}") from None
+            if sets_nothing(value):
+                raise ValueError(empty_table_error("--grid", key, value))
             if any(type(v) is type(value) and v == value for v in parsed):
                 raise ValueError(f"argument --grid: {shown(key)} lists {shown(part.strip())} twice")
             parsed.append(value)

@@ -1,0 +1,157 @@
+"""Issue 15, nineteenth hostile review: regression tests of its findings.
+
+1. A ``--set`` or ``--grid`` value that is a table without a value (``{}``, ``{x = {}}``) was
+   dropped while the configuration was flattened: ``simulate toy.toml --set
+   noise-multiplier={}`` (any key; also ``compare``, ``tune --set`` and ``deploy local``) ran
+   with the preset's value and rc 0, and ``tune --grid max-noise-step=0.5,{}`` ran the ``{}``
+   trials without the bound and released "best trial-001 (max-noise-step={})". Now rc 2, one
+   line naming the flag and the key, before anything is written.
+2. ``compare-tuned T`` with ``T/tune.json``'s ``base_config`` (or a trial's ``config.toml``)
+   nested 100,000 arrays deep ended in a ``RecursionError`` traceback (rc 1). Now rc 2, one line
+   naming the file.
+3. ``compare-tuned T`` with a ``trial_count`` edited to a value out of range in ``tune.json``
+   and ``summary.json`` (``"mean": "2"``, ``"distribution": "foo"``), or a negative ``seed``,
+   was refused with ``mean must be a number in [1, 10000], got '2'``, naming no file. Now the
+   line names ``T/tune.json`` and the field.
+4. ``deploy local toy.toml --nodes 1 --set seed=1 --set seed=2`` ran with seed 2, and
+   ``--rounds 1 --set num-server-rounds=3`` (also ``--seed``, ``--strategy``) with the flag's
+   value: the last silently won, where ``simulate``, ``compare`` and ``tune`` refuse both.
+   Now rc 2, one line naming both.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.test_fuzz_cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = str(ROOT / "simulations" / "toy.toml")
+
+
+def one_line_error(code: int, err: str, *parts: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and err.endswith("\n") and len(err.splitlines()) == 1, err
+    for part in parts:
+        assert part in err, err
+
+
+# -- finding 1: a --set or --grid value that is a table without a value ------------------------
+@pytest.mark.parametrize("value", ["{}", "{x = {}}"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["simulate", TOY, "--rounds", "1"],
+        ["compare", TOY, "--rounds", "1", "--strategies", "dp-fedavg"],
+        ["tune", TOY, "--rounds", "1", "--mean-trials", "2", "--seed", "1", "--grid", "x=1,2"],
+        ["deploy", "local", TOY, "--rounds", "1", "--nodes", "1"],
+    ],
+)
+def test_1_a_set_value_that_sets_nothing_is_refused(tmp_path, command, value):
+    out = tmp_path / "out"
+    code, _, err = run_cli([*command, "--out", str(out), "--set", f"noise-multiplier={value}"])
+    one_line_error(code, err, "--set", "noise-multiplier", "sets nothing")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("grid", ["max-noise-step=0.5,{}", "max-noise-step={}", "seed={x={}}"])
+def test_1_a_grid_value_that_sets_nothing_is_refused(tmp_path, grid):
+    out = tmp_path / "tuning"
+    argv = ["tune", TOY, "--rounds", "1", "--mean-trials", "2", "--seed", "1", "--grid", grid]
+    code, _, err = run_cli([*argv, "--out", str(out), "--quiet"])
+    one_line_error(code, err, "--grid", grid.split("=")[0], "sets nothing")
+    assert not out.exists()
+
+
+def test_1_compare_tune_grid_refuses_it_too(tmp_path):
+    out = tmp_path / "cmp"
+    argv = ["compare", TOY, "--rounds", "1", "--strategies", "dp-fedavg", "--mean-trials", "2"]
+    code, _, err = run_cli([*argv, "--tune-grid", "max-noise-step=1,{}", "--out", str(out)])
+    one_line_error(code, err, "--tune-grid", "max-noise-step", "sets nothing")
+    assert not out.exists()
+
+
+def test_1_a_table_with_a_value_is_still_read_as_dotted_keys(tmp_path):
+    out = tmp_path / "run"
+    argv = ["simulate", TOY, "--rounds", "1", "--out", str(out), "--quiet"]
+    code, _, err = run_cli([*argv, "--set", "strategies={dp-fedavg={max-noise-step=0.25}}"])
+    assert code == 0, err
+    assert "max-noise-step = 0.25" in (out / "config.toml").read_text()
+
+
+# -- findings 2 and 3: a tuning's plan that cannot be read names its file ----------------------
+@pytest.fixture(scope="module")
+def tuning(tmp_path_factory):
+    """A finished 2-round tuning of toy's DP-FedAvg over max-noise-step (3 trials)."""
+    out = tmp_path_factory.mktemp("tuning") / "T"
+    argv = ["tune", TOY, "--strategy", "dp-fedavg", "--grid", "max-noise-step=0.05,5"]
+    argv += ["--rounds", "2", "--mean-trials", "2", "--seed", "1", "--out", str(out), "--quiet"]
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    return out
+
+
+def _copy(tuning: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "T"
+    shutil.copytree(tuning, copy)
+    return copy
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def test_2_a_base_config_nested_too_deeply_is_one_line(tmp_path, tuning):
+    copy = _copy(tuning, tmp_path)
+    deep = "x = " + "[" * 100_000 + "]" * 100_000
+    _edit_json(copy / "tune.json", lambda d: d.update(base_config=deep))
+    code, _, err = run_cli(["compare-tuned", str(copy), "--out", str(tmp_path / "O")])
+    one_line_error(code, err, str(copy / "tune.json"), "nested too deeply")
+
+
+def test_2_a_trials_config_nested_too_deeply_is_one_line(tmp_path, tuning):
+    copy = _copy(tuning, tmp_path)
+    config = copy / "runs" / "trial-002" / "config.toml"
+    config.write_text("x = " + "[" * 100_000 + "]" * 100_000)
+    code, _, err = run_cli(["compare-tuned", str(copy), "--out", str(tmp_path / "O")])
+    one_line_error(code, err, str(config), "nested too deeply")
+
+
+@pytest.mark.parametrize(
+    ("edit", "part"),
+    [
+        (lambda d: d["trial_count"].update(mean="2"), "mean"),
+        (lambda d: d["trial_count"].update(distribution="foo"), "distribution"),
+        (lambda d: d["trial_count"].update(mean=0), "mean"),
+        (lambda d: d.update(seed=-1), "seed"),
+    ],
+)
+def test_3_a_bad_trial_count_or_seed_names_tune_json(tmp_path, tuning, edit, part):
+    copy = _copy(tuning, tmp_path)
+    for name in ("tune.json", "summary.json"):  # edited alike, so they agree
+        _edit_json(copy / name, edit)
+    code, _, err = run_cli(["compare-tuned", str(copy), "--out", str(tmp_path / "O")])
+    one_line_error(code, err, f"{copy / 'tune.json'}: its", part)
+
+
+# -- finding 4: deploy local's --set and flags that contradict each other ---------------------
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--set", "seed=1", "--set", "seed=2"], "--set"),
+        (["--rounds", "1", "--set", "num-server-rounds=3"], "--rounds"),
+        (["--seed", "1", "--set", "seed=3"], "--seed"),
+        (["--strategy", "fedavg", "--set", "strategy=dp2"], "--strategy"),
+    ],
+)
+def test_4_deploy_local_refuses_contradicting_values(tmp_path, extra, flag):
+    out = tmp_path / "deploy"
+    code, _, err = run_cli(["deploy", "local", TOY, "--nodes", "1", "--out", str(out), *extra])
+    one_line_error(code, err, f"argument {flag}", "contradicts")
+    assert not out.exists()

@@ -60,15 +60,18 @@ class SplitSummary:
             return cls(split, 0, 0, 0, 0.0, 0.0, 0, 0.0)
         if np.any(c < 0):
             raise ValueError(f"split {split!r}: example counts must be >= 0")
+        # summed as Python integers: int64 wrapped around (nineteenth review of issue 15: counts
+        # near 2**63 in client_metadata gave a negative number of examples)
+        total = sum(c.tolist())
         return cls(
             split,
             int(c.size),
-            int(c.sum()),
+            total,
             int(c.min()),
             float(np.median(c)),
             float(np.percentile(c, 90)),
             int(c.max()),
-            float(c.mean()),
+            total / c.size,
         )
 
 

@@ -17,12 +17,16 @@
    ``--rounds 1 --set num-server-rounds=3`` (also ``--seed``, ``--strategy``) with the flag's
    value: the last silently won, where ``simulate``, ``compare`` and ``tune`` refuse both.
    Now rc 2, one line naming both.
+5. ``data info D`` with ``client_metadata`` counts near 2**63 (each a valid SQLite integer)
+   summed them in int64: rc 0 with a negative number of examples per split and in total
+   (``-9,223,372,036,854,775,806``). Now they are summed as Python integers.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -155,3 +159,26 @@ def test_4_deploy_local_refuses_contradicting_values(tmp_path, extra, flag):
     code, _, err = run_cli(["deploy", "local", TOY, "--nodes", "1", "--out", str(out), *extra])
     one_line_error(code, err, f"argument {flag}", "contradicts")
     assert not out.exists()
+
+
+# -- finding 5: data info summed the example counts in int64 -----------------------------------
+def test_5_data_info_sums_huge_counts_exactly(tmp_path):
+    data = tmp_path / "data"
+    code, _, err = run_cli(["data", "synth", "--out", str(data), "--clients", "5"])
+    assert code == 0, err
+    with sqlite3.connect(data / "stackoverflow.sqlite") as db:
+        db.execute("UPDATE client_metadata SET num_examples = ?", (2**63 - 1,))
+        (users,) = db.execute("SELECT COUNT(*) FROM client_metadata").fetchone()
+    code, out, err = run_cli(["data", "info", str(data)])
+    assert code == 0, err
+    total = out.strip().splitlines()[-1].split()
+    assert total[0] == "total" and int(total[2].replace(",", "")) == users * (2**63 - 1), out
+    assert "-" not in out.replace("--", ""), out
+
+
+def test_5_a_split_summary_is_exact_beyond_int64():
+    from fedprivopt.data.summary import SplitSummary
+
+    summary = SplitSummary.from_counts("train", [2**62, 2**62, 2**62])
+    assert summary.num_examples == 3 * 2**62
+    assert summary.mean == float(2**62)

@@ -393,9 +393,11 @@ def _main(argv: Sequence[str] | None) -> int:
         if os.environ.get("FEDPRIVOPT_DEBUG"):
             raise
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
-        if isinstance(exc, OSError) and exc.filename is None and is_file_error(exc):
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
             # a full disk while a report, CSV or plot was flushed (no file name): name where
-            # the command was writing (fourteenth review of issue 15)
+            # the command was writing (fourteenth review of issue 15); not one raised with a
+            # message of ours (no errno), which names its own file (nineteenth review, finding 6:
+            # a data directory's missing file was blamed on --out)
             for flag in ("out", "resume"):
                 if getattr(args, flag, None):
                     message = f"argument --{flag}: {getattr(args, flag)}: {message}"

@@ -250,6 +250,12 @@ class StackOverflowFiles:
                 if len(self._missing(GENERATED_FILES)) < len(GENERATED_FILES)
                 else "pass synthetic=True to generate a synthetic dataset"
             )
+            odd = [n for n in absent if (self.data_dir / n).exists()]  # a FIFO, a directory
+            if odd:  # nineteenth review of issue 15, finding 6: reported as missing
+                raise FileNotFoundError(
+                    f"{self.data_dir / odd[0]}: not a regular file (a directory, FIFO, device or "
+                    "socket); a dataset's files are regular files: remove or replace it"
+                )
             raise FileNotFoundError(
                 f"{self.data_dir}: missing {', '.join(absent)} (decompress and index the TFF "
                 f"download there; {hint})"

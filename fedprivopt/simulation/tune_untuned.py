@@ -69,6 +69,11 @@ def _config(run: Any):
         config = load_config(Path(run.path) / CONFIG_FILE)
     except (OSError, ValueError):
         return None
+    except RecursionError:  # nineteenth review of issue 15, finding 7: a traceback
+        raise ValueError(
+            f"argument --untuned: {shown(str(Path(run.path) / CONFIG_FILE))} is nested too deeply "
+            "to read (not written by fedprivopt)"
+        ) from None
     import dataclasses
 
     return dataclasses.replace(config, strategy=dataclasses.replace(config.strategy, seed=0))
@@ -135,8 +140,35 @@ def check_untuned_copies(tuned: Sequence[Path], runs: Sequence[Any]) -> None:
             )
 
 
+def _refuse_repeated_runs(runs: Sequence[Any]) -> None:
+    """Refuse one run given twice, or a copy of another: it would count as two seeds.
+
+    Nineteenth review of issue 15, finding 8: ``compare-tuned T --untuned R --untuned R`` (also
+    ``R/../R``, or ``R`` and ``cp -r R R2``) reported the untuned row with 2 seeds and a std of
+    0, where a tuning given twice is refused. A copy is told by the released models' digests
+    (shared only by the same computation; two secure runs of one seed differ).
+    """
+    seen: dict[Path, Any] = {}
+    released: dict[str, Any] = {}
+    for run in runs:
+        path = Path(run.path).resolve()
+        other = seen.get(path)
+        if other is None:
+            shared = sorted(_released_digests(path) & released.keys())
+            other = released[shared[0]] if shared else None
+        if other is not None:
+            raise ValueError(
+                f"argument --untuned: {shown(str(run.path))} is {shown(str(other.path))} again, "
+                "or a copy of it (the same released models); a run counts once, not as two seeds"
+            )
+        seen[path] = run
+        released.update(dict.fromkeys(_released_digests(path), run))
+
+
 def check_untuned_seeds(runs: Sequence[Any]) -> None:
     """Refuse untuned runs of one strategy and σ whose configurations differ beyond the seed.
+
+    Also one run given twice, or a copy of one (:func:`_refuse_repeated_runs`).
 
     Raises
     ------
@@ -145,6 +177,7 @@ def check_untuned_seeds(runs: Sequence[Any]) -> None:
     """
     from fedprivopt.simulation.cells import first_difference
 
+    _refuse_repeated_runs(runs)
     first: dict[tuple, tuple[Any, Any]] = {}
     for run in runs:
         config = _config(run)

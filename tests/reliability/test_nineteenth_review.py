@@ -25,6 +25,11 @@
    --out: R: D: missing stackoverflow.tag_count``: the data directory's file blamed on ``--out``
    (also for a file truly missing) and a file that is there called missing. Now ``D/...: not a
    regular file ...`` (or ``D: missing ...``), without ``--out``.
+7. ``compare-tuned T --untuned U`` with ``U/config.toml`` nested 100,000 arrays deep ended in a
+   ``RecursionError`` traceback (rc 1). Now rc 2, one line naming the file.
+8. ``compare-tuned T --untuned R --untuned R`` (also ``R/../R``, or ``R`` and a copy ``cp -r R
+   R2``) reported the untuned row with 2 seeds, its std 0: one run counted as two seeds, where
+   a tuning given twice is refused. Now rc 2, one line: a run counts once.
 """
 
 from __future__ import annotations
@@ -224,3 +229,48 @@ def test_6_a_data_file_that_is_not_regular_is_named_not_out(tmp_path, mini, name
         one_line_error(code, err, f"{data / name}: not a regular file")
     assert "--out" not in err, err
     assert not out.exists()
+
+
+# -- findings 7 and 8: compare-tuned's untuned runs --------------------------------------------
+@pytest.fixture(scope="module")
+def untuned(tmp_path_factory):
+    """A finished 2-round untuned run of the tuning's base configuration."""
+    out = tmp_path_factory.mktemp("untuned") / "R"
+    argv = ["simulate", TOY, "--rounds", "2", "--out", str(out), "--quiet"]
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    return out
+
+
+def test_7_an_untuned_config_nested_too_deeply_is_one_line(tmp_path, tuning, untuned):
+    copy = tmp_path / "U"
+    shutil.copytree(untuned, copy)
+    (copy / "config.toml").write_text("x = " + "[" * 100_000 + "]" * 100_000)
+    argv = ["compare-tuned", str(tuning), "--untuned", str(copy), "--out", str(tmp_path / "O")]
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "--untuned", "config.toml", "nested too deeply")
+
+
+@pytest.mark.parametrize("second", ["same", "dotdot", "copy"])
+def test_8_an_untuned_run_given_twice_or_copied_is_refused(tmp_path, tuning, untuned, second):
+    other = {"same": untuned, "dotdot": untuned / ".." / untuned.name, "copy": tmp_path / "R2"}
+    if second == "copy":
+        shutil.copytree(untuned, other["copy"])
+    out = tmp_path / "O"
+    argv = ["compare-tuned", str(tuning), "--untuned", str(untuned), "--untuned"]
+    code, _, err = run_cli([*argv, str(other[second]), "--out", str(out)])
+    one_line_error(code, err, "--untuned", "a run counts once")
+    assert not out.exists()
+
+
+def test_8_untuned_runs_of_two_seeds_are_still_one_row(tmp_path, tuning, untuned):
+    seed1 = tmp_path / "R1"
+    code, _, err = run_cli(["simulate", TOY, "--rounds", "2", "--seed", "1", "--out", str(seed1),
+                            "--quiet"])  # fmt: skip
+    assert code == 0, err
+    out = tmp_path / "O"
+    argv = ["compare-tuned", str(tuning), "--untuned", str(untuned), "--untuned", str(seed1)]
+    code, _, err = run_cli([*argv, "--out", str(out)])
+    assert code == 0, err
+    rows = (out / "summary.csv").read_text().splitlines()
+    assert any(r.startswith("dp-fedavg,0.5,2,") for r in rows), rows

@@ -538,6 +538,7 @@ class RunLedger:
         round_events: Sequence[SubsampledGaussianEvent],
         old: OldLedgerError | None,
         data: Mapping[str, Any] | None = None,
+        tuning_plan: str | None = None,
     ) -> RunLedger:
         """A ledger for a run whose ledger is missing or of an earlier version, conservatively.
 
@@ -547,10 +548,12 @@ class RunLedger:
         rows or the summary show after it is charged ``round_events``, and whatever count an
         older ledger claims beyond that total is charged too. The result replaces the old file,
         which is kept as ``privacy_ledger.jsonl.v1``; nothing of it can be replayed, so the
-        rounds after the checkpoint are charged again when they are redone.
+        rounds after the checkpoint are charged again when they are redone. ``tuning_plan``: a
+        trial's, resumed by ``tune`` under that plan, recorded as :meth:`create` records it
+        (nineteenth review of issue 15, finding 9).
         """
         cls.check_carried(config, accountant, round_num, checkpoint, rows)
-        header = cls.header_for(config, accountant, data)
+        header = cls.header_for(config, accountant, data, tuning_plan)
         lines: list[dict[str, Any]] = []
         total = 0
 

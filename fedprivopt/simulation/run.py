@@ -311,6 +311,7 @@ def _resume_locked(out: Path, progress: bool, tuning_plan: str | None) -> RunOut
             round_events=alg.round_events(),
             old=run.old,
             data=data_identity(run.task),
+            tuning_plan=tuning_plan,  # a trial's ledger rebuilt by tune names its plan
         )
     if run.ledger is None:  # the new ledger was built from this checkpoint (or is empty)
         ledger.restore(alg.accountant, alg.round_num, None, secure=config.strategy.secure)

@@ -30,6 +30,11 @@
 8. ``compare-tuned T --untuned R --untuned R`` (also ``R/../R``, or ``R`` and a copy ``cp -r R
    R2``) reported the untuned row with 2 seeds, its std 0: one run counted as two seeds, where
    a tuning given twice is refused. Now rc 2, one line: a run counts once.
+9. A finished tuning one of whose trials lost its ``privacy_ledger.jsonl``, then the same
+   ``tune`` command again: rc 0, the trial resumed and its ledger rebuilt from the checkpoint,
+   but without the plan's digest, so ``compare-tuned T`` refused the tuning ever after ("its
+   header names no tuning plan ... the trial's files were edited"). The rebuilt ledger now
+   names the plan ``tune`` resumed it under.
 """
 
 from __future__ import annotations
@@ -274,3 +279,21 @@ def test_8_untuned_runs_of_two_seeds_are_still_one_row(tmp_path, tuning, untuned
     assert code == 0, err
     rows = (out / "summary.csv").read_text().splitlines()
     assert any(r.startswith("dp-fedavg,0.5,2,") for r in rows), rows
+
+
+# -- finding 9: a trial's ledger rebuilt by tune named no plan ---------------------------------
+@pytest.mark.parametrize("trial", ["trial-001", "trial-002"])  # the released one, another
+def test_9_a_trial_ledger_rebuilt_by_tune_names_its_plan(tmp_path, tuning, trial):
+    copy = _copy(tuning, tmp_path)
+    (copy / "runs" / trial / "privacy_ledger.jsonl").unlink()
+    argv = ["tune", TOY, "--strategy", "dp-fedavg", "--grid", "max-noise-step=0.05,5"]
+    argv += ["--rounds", "2", "--mean-trials", "2", "--seed", "1", "--out", str(copy), "--quiet"]
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    header = json.loads((copy / "runs" / trial / "privacy_ledger.jsonl").read_text().split("\n")[0])
+    assert header.get("tuning_plan"), header
+    code, _, err = run_cli(["compare-tuned", str(copy), "--out", str(tmp_path / "O")])
+    assert code == 0, err
+    stated = json.loads((tuning / "summary.json").read_text())["epsilon"]
+    report = (tmp_path / "O" / "summary.csv").read_text().splitlines()[1].split(",")
+    assert float(report[3]) >= stated, report

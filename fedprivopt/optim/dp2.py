@@ -299,5 +299,12 @@ def preconditioner_mean(state: DP2State) -> float:
     A float32 mean of entries near float32's largest value (``dp2-epsilon`` at 1e38) overflows
     to ``inf`` though every entry is finite (eighteenth review of issue 15, an observation): the
     scaled adaptive step was then 0 and the round metric ``Infinity``.
+
+    Raises
+    ------
+    TypeError
+        If ``state`` is not a :class:`DP2State`.
     """
+    if not isinstance(state, DP2State):
+        raise TypeError(f"state must be a DP2State, got {type(state).__name__}")
     return float(state.preconditioner.mean(dtype=torch.float64))

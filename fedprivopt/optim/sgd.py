@@ -139,7 +139,17 @@ def momentum_sgd_rate(hparams, noise_variance: float | None) -> float:
 
 
 def capped_rate(lr: float, bound: float, noise_variance: float | None) -> float:
-    """``min(lr, bound/√Φ)``; ``lr`` when there is no noise (``Φ`` None or 0)."""
+    """``min(lr, bound/√Φ)``; ``lr`` when there is no noise (``Φ`` None or 0).
+
+    Raises
+    ------
+    ValueError
+        For a rate or bound that is negative or not a finite number (a NaN bound made ``min``
+        return ``lr``, a negative one a negative rate: nineteenth review of issue 15), or a
+        negative ``Φ``.
+    """
+    lr = check_real("lr", lr, low=0.0)  # 0 where a rate or κ(1 - β) underflowed: a zero step
+    bound = check_real("bound", bound, low=0.0)
     if noise_variance is None:
         return lr
     phi = check_real("noise_variance", noise_variance, low=0.0)

@@ -223,15 +223,38 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested tables become dotted keys, as in Flower's flattened run config."""
+    """Nested tables become dotted keys, as in Flower's flattened run config.
+
+    Raises
+    ------
+    ValueError
+        For an empty table where a value belongs (``noise-multiplier = {}``): flattening drops
+        it, so the code's default ran where the preset said ``{}`` (nineteenth review of issue
+        15). The tables themselves (``[strategies.X]``, ``task-params``, ``side-information``)
+        may be empty.
+    """
     flat: dict[str, Any] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
+            if not value and not _is_table(name):
+                raise ValueError(
+                    f"{name} = {{}} is a table without a value, which sets nothing (the "
+                    "default would be used); give a value"
+                )
             flat.update(_flatten(value, f"{name}."))
         else:
             flat[name] = value
     return flat
+
+
+def _is_table(name: str) -> bool:
+    """Whether the dotted ``name`` is one of a preset's tables (which may be empty)."""
+    head, _, rest = name.partition(".")
+    if head != "strategies":
+        return name in ("task-params", SIDE_INFORMATION)
+    strategy_key = rest.partition(".")[2]
+    return strategy_key in ("", "task-params", SIDE_INFORMATION)
 
 
 def _task_param_spellings(flat: Mapping[str, Any]) -> dict[str, Any]:

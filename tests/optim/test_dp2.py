@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from fedprivopt import optim
 from fedprivopt.optim import DP2State, dp2, phase, preconditioner
 
 from ._helpers import randn
@@ -263,3 +264,18 @@ def test_the_mean_of_p_does_not_overflow_where_every_entry_is_finite():
     assert preconditioner_mean(state) == pytest.approx(1e38, rel=1e-6)
     step, _ = tx.update(torch.ones(1000, dtype=torch.float32), state)
     assert float(step[0]) == pytest.approx(0.1 / 1e38, rel=1e-5) and float(step[0]) > 0
+
+
+@pytest.mark.parametrize(
+    "args", [(1.0, -1.0, 1.0), (float("nan"), 0.5, 1.0), (1.0, float("nan"), 1.0), (-1.0, 0.5, 1.0)]
+)
+def test_capped_rate_refuses_a_negative_or_nan_rate_or_bound(args):
+    """Nineteenth review of issue 15: -1.0 (a negative rate) and NaN came back unchecked."""
+    with pytest.raises(ValueError, match="must be a finite number"):
+        optim.capped_rate(*args)
+    assert optim.capped_rate(2.0, 0.5, 1.0) == 0.5 and optim.capped_rate(2.0, 0.0, 1.0) == 0.0
+
+
+def test_preconditioner_mean_names_a_state_that_is_not_dp2s():
+    with pytest.raises(TypeError, match="DP2State"):
+        optim.preconditioner_mean(None)

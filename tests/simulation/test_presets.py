@@ -89,3 +89,26 @@ def test_fedsgd_preset_spends_the_demo_epsilon_in_every_strategy():
     a = load_config(path, {"strategy": "adadps"}).strategy
     private = dataclasses.replace(a, population=396)
     assert _epsilon_after_all_rounds(private, user_offset=4) == pytest.approx(eps, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        ("noise-multiplier = {}", "noise-multiplier"),
+        ("[strategies.dp-fedavg]\nmax-noise-step = {}", "strategies.dp-fedavg.max-noise-step"),
+        ("[task-params]\nnum-users = {}", "task-params.num-users"),
+        ("clip-norm = {a = {}}", "clip-norm.a"),
+    ],
+)
+def test_an_empty_table_where_a_value_belongs_is_refused(tmp_path, line, key):
+    """Nineteenth review of issue 15: flattening dropped it and the default ran (σ 1.0)."""
+    preset = tmp_path / "p.toml"
+    preset.write_text(f'task = "toy"\nstrategy = "dp-fedavg"\n{line}\n')
+    with pytest.raises(ValueError, match=f"{key} = {{}} is a table without a value"):
+        load_config(preset)
+    # the tables themselves may be empty
+    preset.write_text(
+        'task = "toy"\npopulation = 20\nclients-per-round = 5.0\ntask-params = {}\n'
+        "side-information = {}\n[strategies.dp-fedavg]\n[strategies.adadps.task-params]\n"
+    )
+    assert load_config(preset).strategy.population == 20

@@ -158,7 +158,7 @@ def test_dp_fedavg_max_noise_step_caps_the_server_rate():
 
 
 def test_the_paper_preset_caps_the_strategies_stage_11_selected():
-    """Stages 10-11b: κ 0.5 for DP-FedAvg, AdaDPS, DP2 and ADADP; DP2-noise-first and the rest none."""
+    """Stages 10-11b: κ 0.5 for DP-FedAvg, AdaDPS, DP2 and ADADP; none for the rest."""
     preset = Path(__file__).resolve().parents[2] / "simulations" / "adadps-paper.toml"
     for name in ("dp-fedavg", "adadps", "dp2", "dp-fedavg-adadp"):
         assert load_config(preset, {"strategy": name}).strategy.options.max_noise_step == 0.5

@@ -159,8 +159,10 @@ class MomentumOptions(Options):
     max_noise_step : float or None
         κ in ``(0, inf)``: the server rate of a round is lowered to ``κ(1 - β)/√Φ_t`` when
         ``server-learning-rate · √Φ_t/(1 - β)``, the move one round's noise makes in a
-        coordinate over the momentum's steps, exceeds it (``√Φ_t = σC_t/m̄``, the noise std of a
-        coordinate of Δ̃; :func:`~fedprivopt.optim.momentum_sgd`). ``None`` (the default): no
+        coordinate over the momentum's steps, exceeds it (``√Φ_t = σC_t/m̄``, the accounted noise
+        std of a coordinate of Δ̃; :func:`~fedprivopt.optim.momentum_sgd`). In distributed-noise
+        mode Δ̃'s noise also grows with the number of accepted shares, which the bound does not
+        see: that count is data-dependent and no optimizer reads it. ``None`` (the default): no
         bound. Presets set it where it was measured (``simulations/adadps-paper.toml``).
     """
 
@@ -257,9 +259,10 @@ class DP2Options(Options):
         step already divides by ``P``).
     max_noise_step : float or None
         κ in ``(0, inf)``: a round whose step is a rate times Δ̃ (SGD rounds, and ``dp2``'s
-        adaptive rounds) takes at most ``κ/√Φ_t`` as its rate, so its step's noise per
-        coordinate is at most κ (:func:`fedprivopt.optim.dp2`). ``None`` (the default): no
-        bound.
+        adaptive rounds) takes at most ``κ/√Φ_t`` as its rate, so its step's accounted noise per
+        coordinate is at most κ (:func:`fedprivopt.optim.dp2`; as for
+        :class:`MomentumOptions`, distributed noise's accepted shares are not seen). ``None``
+        (the default): no bound.
     """
 
     dp2_s1: int = integer(5, 1)

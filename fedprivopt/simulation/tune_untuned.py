@@ -71,7 +71,7 @@ def _config(run: Any):
         return None
     except RecursionError:  # nineteenth review of issue 15, finding 7: a traceback
         raise ValueError(
-            f"argument --untuned: {shown(str(Path(run.path) / CONFIG_FILE))} is nested too deeply "
+            f"argument --untuned: {shown(str(run.path))}: its {CONFIG_FILE} is nested too deeply "
             "to read (not written by fedprivopt)"
         ) from None
     import dataclasses

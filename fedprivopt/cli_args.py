@@ -59,7 +59,10 @@ _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 def _shorten(text: str) -> str:
-    """``text`` with each quoted value of 160+ characters cut to 80, an ellipsis and its length.
+    """``text`` with each quoted value of 160+ characters cut to 80 and its length.
+
+    As :func:`~fedprivopt.core.text.shown` does, both ends are kept and the middle is cut: a
+    path's tail names its file.
 
     A line still longer than 2,000 characters (a long value with quotes inside) keeps its first
     1,500 and last 400 characters.
@@ -68,7 +71,11 @@ def _shorten(text: str) -> str:
     def cut(match: re.Match) -> str:
         value = match.group(1) if match.group(1) is not None else match.group(2)
         quote = match.group(0)[0]
-        return f"{quote}{value[: SHOWN_CHARS - 1]}…{quote} ({len(value):,} characters)"
+        head = (SHOWN_CHARS - 1) // 2
+        return (
+            f"{quote}{value[:head]}…{value[head - SHOWN_CHARS + 1 :]}{quote} "
+            f"({len(value):,} characters)"
+        )
 
     text = _LONG_QUOTED.sub(cut, text)
     if len(text) > _MAX_LINE:

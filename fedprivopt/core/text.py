@@ -13,6 +13,10 @@ SHOWN_CHARS = 80
 def shown(value: object) -> str:
     """``repr(value)`` cut to :data:`SHOWN_CHARS` characters with an ellipsis (for messages).
 
+    A string keeps both ends, its middle cut: a long path's tail names the file a message is
+    about (a path cut after 80 characters lost it: ``cannot create '/home/…': '/home/…' is not a
+    directory``).
+
     An integer beyond Python's limit for converting it to text (4,300 digits), whose ``repr``
     raises ``ValueError``, is shown by its number of digits (eighteenth review of issue 15,
     finding 5: the messages refusing it were that ``ValueError``, naming no argument).
@@ -25,5 +29,7 @@ def shown(value: object) -> str:
         return f"an integer of about {int(abs(value).bit_length() * math.log10(2)) + 1:,} digits"
     if len(text) <= SHOWN_CHARS:
         return text
-    quote = text[-1] if isinstance(value, str) else ""  # keep a string's closing quote
-    return f"{text[: SHOWN_CHARS - 1 - len(quote)]}…{quote}"
+    if isinstance(value, str):  # both ends: a path's tail names its file (nineteenth review)
+        head = (SHOWN_CHARS - 1) // 2
+        return f"{text[:head]}…{text[head - SHOWN_CHARS + 1 :]}"
+    return f"{text[: SHOWN_CHARS - 1]}…"

@@ -234,7 +234,8 @@ def test_out_is_an_existing_regular_file(tmp_path, command):
 def test_out_under_a_regular_file(tmp_path, command):
     parent = tmp_path / "file"
     parent.write_text("keep me\n")
-    usage_error(run_cli(COMMANDS[command](str(parent / "sub"))), "--out", str(parent))
+    # shown(): a long temporary path is cut in the middle, its tail (the file) kept
+    usage_error(run_cli(COMMANDS[command](str(parent / "sub"))), "--out", shown(str(parent)))
     assert parent.read_text() == "keep me\n"
 
 
@@ -422,7 +423,8 @@ def test_text_between_two_quoted_words_is_not_shortened():
     text = f"accountant 'prv' cannot bound this: {advice}use 'rdp' instead"
     assert one_line(text) == text  # the advice between 'prv' and 'rdp' is kept whole
     value = "y" * 300
-    assert one_line(f"bad name '{value}' given").endswith("…' (300 characters) given")
+    shortened = one_line(f"bad name '{value}' given")  # both ends kept: a path's tail is its file
+    assert shortened == f"bad name '{'y' * 39}…{'y' * 40}' (300 characters) given"
 
 
 # -- later review ---------------------------------------------------------------------------------

@@ -629,8 +629,8 @@ def test_14_a_trial_copied_out_of_its_tuning_is_not_an_untuned_run(tuning, tmp_p
     code, _, err = run_cli(
         ["compare-tuned", str(tuning), "--untuned", str(copy), "--out", str(out)]
     )
-    # the paths may be shortened (shown()) on a long temporary path: the trial's start is kept
-    one_line_error(code, err, "argument --untuned:", f"released the models of '{str(trial)[:40]}")
+    # the paths may be shortened (shown()) on a long temporary path: both ends are kept
+    one_line_error(code, err, "argument --untuned:", f"released the models of '{str(trial)[:30]}")
     assert "(the same digests in their privacy ledgers)" in err, err
     assert not out.exists() or not (out / "summary.csv").exists()
 

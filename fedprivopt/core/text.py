@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 
-__all__ = ["SHOWN_CHARS", "shown"]
+__all__ = ["SHOWN_CHARS", "shown", "shown_key"]
 
 SHOWN_CHARS = 80
 """Characters of a value that a message shows (:func:`shown`)."""
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\Z")
 
 
 def shown(value: object) -> str:
@@ -33,3 +36,18 @@ def shown(value: object) -> str:
         head = (SHOWN_CHARS - 1) // 2
         return f"{text[:head]}…{text[head - SHOWN_CHARS + 1 :]}"
     return f"{text[: SHOWN_CHARS - 1]}…"
+
+
+def shown_key(key: str) -> str:
+    """A configuration key for a message: as written if plain, else as :func:`shown` writes it.
+
+    Plain: a dotted key of at most :data:`SHOWN_CHARS` characters (``strategies.dp2.tau``);
+    any other (empty, with a space or a quote, huge) is quoted and its middle cut.
+
+    Twentieth review of issue 15: the refusal of ``KEY = {}`` wrote the key as it came, so a
+    preset's ``'' = {}`` read ``config:  = {} is a table ...`` and a key of 1,000,000
+    characters filled a line of 1,900.
+    """
+    if isinstance(key, str) and len(key) <= SHOWN_CHARS and _PLAIN_KEY.match(key):
+        return key
+    return shown(key)

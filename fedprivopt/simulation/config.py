@@ -32,7 +32,7 @@ from typing import Any
 
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import read_at_most
-from fedprivopt.core.text import shown
+from fedprivopt.core.text import shown, shown_key
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
 from fedprivopt.models.side_information_config import (
     ResolvedSideInformation,
@@ -239,7 +239,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(value, Mapping):
             if not value and not _is_table(name):
                 raise ValueError(
-                    f"{name} = {{}} is a table without a value, which sets nothing (the "
+                    f"{shown_key(name)} = {{}} is a table without a value, which sets nothing (the "
                     "default would be used); give a value"
                 )
             flat.update(_flatten(value, f"{name}."))

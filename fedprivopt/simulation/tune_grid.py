@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from fedprivopt.core.text import shown
+from fedprivopt.core.text import shown, shown_key
 
 __all__ = [
     "FORBIDDEN_GRID_KEYS",
@@ -82,7 +82,7 @@ def sets_nothing(value: Any) -> bool:
 def empty_table_error(flag: str, key: str, value: Any) -> str:
     """The one line refusing ``key={}`` (:func:`sets_nothing`) given to ``flag``."""
     return (
-        f"argument {flag}: {key}={shown(value)} is a table without a value, which sets "
+        f"argument {flag}: {shown_key(key)}={shown(value)} is a table without a value, which sets "
         "nothing (the preset's value would be used); give a value"
     )
 

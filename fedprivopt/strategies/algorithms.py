@@ -210,7 +210,15 @@ class DPFedAvgADADP(ServerAlgorithm):
         rate, kappa = self.config.server_learning_rate, self.config.options.max_noise_step
         if kappa is None:
             return rate
-        return optim.capped_rate(rate, kappa, self.noise_std_of_mean() ** 2)
+        std = self.noise_std_of_mean()
+        capped = optim.capped_rate(rate, kappa, std**2)
+        if capped == 0.0 < rate:  # κ/(σC/m̄) underflowed (twentieth review of issue 15)
+            raise ValueError(
+                f"max-noise-step must be in (0, inf) and leave dp-fedavg-adadp a positive "
+                f"initial rate max-noise-step/(sigma C/m) = {kappa!r}/{std:.6g}, which is 0 in "
+                "floating point (ADADP cannot start from a zero rate); give a larger value"
+            )
+        return capped
 
     def init_state(self) -> optim.ADADPState:
         return self.controller.init()
@@ -230,12 +238,16 @@ class DPFedAvgADADP(ServerAlgorithm):
         """
         if self.config.options.adadp_tolerance is not None:
             return None
-        return optim.noise_calibrated_tolerance(
+        tolerance = optim.noise_calibrated_tolerance(
             learning_rate=self.initial_rate(),
             noise_std=math.sqrt((noise_std_1**2 + noise_std_2**2) / 2.0),
             dim=self.params.numel(),
             full_step_point=full_step_point,
         )
+        # at least the smallest positive float: a tiny η₀ (max-noise-step 5e-324) whose clip
+        # norm adaptive clipping shrank underflowed it to 0, and the run stopped after round 1
+        # ("tolerance must be ... got 0.0"; twentieth review of issue 15)
+        return max(tolerance, math.ulp(0.0))
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         cfg = self.client_settings()

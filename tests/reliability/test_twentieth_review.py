@@ -1,4 +1,4 @@
-"""Issue 15, twentieth hostile review: regression tests of its finding.
+"""Issue 15, twentieth hostile review: regression tests of its findings.
 
 1. The refusals of a table without a value (the nineteenth review's finding 1 and the preset
    rule after it) wrote the key as it came, not as every other key message shows one: a preset
@@ -7,7 +7,7 @@
    --tune-grid``, ``deploy local --set``) gave a line of 1,904 characters, 1,800 of them the
    key, where ``unknown key`` and ``--grid``'s other refusals cut it to 80 with its length.
    Now the key is written as is when it is a plain dotted key of at most 80 characters, else
-   quoted and cut in the middle (``core.text.shown``), and the line stays short.
+   quoted and cut in the middle (``core.text.shown_key``), and the line stays short.
 2. ADADP's new ``max-noise-step`` κ small enough that its initial rate κ/(σC/m̄) underflows to
    0 (``simulate toy.toml --strategy dp-fedavg-adadp --set max-noise-step=5e-324 --set
    noise-multiplier=100``; κ 1e-310 at σC/m̄ 1e15; also a ``tune`` grid point or a ``compare``
@@ -19,9 +19,9 @@
    σ 0.5) and adaptive clipping whose clip norm shrinks (``clip-quantile=0.01
    clip-learning-rate=5``): the per-round calibrated tolerance, about η₀·σC_t/m̄, underflowed
    to 0 once C_t fell from 1 to 0.02, and the run stopped after round 1 with rc 2 and
-   ``tolerance must be a finite number in (0, inf), got 0.0`` (a name no configuration has;
-   ``--resume`` met it again). The round's tolerance is now at least the smallest positive
-   float: the 10 rounds run (rc 0), every one accepted as before the underflow.
+   ``tolerance must be a finite number in (0, inf), got 0.0`` (a name no configuration has).
+   The round's tolerance is now at least the smallest positive float: every round runs (rc 0)
+   and is accepted, as before the underflow.
 """
 
 from __future__ import annotations

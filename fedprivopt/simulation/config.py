@@ -237,15 +237,31 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            if not value and not _is_table(name):
-                raise ValueError(
-                    f"{shown_key(name)} = {{}} is a table without a value, which sets nothing (the "
-                    "default would be used); give a value"
-                )
+            if not value:
+                _check_empty_table(name)
             flat.update(_flatten(value, f"{name}."))
         else:
             flat[name] = value
     return flat
+
+
+def _check_empty_table(name: str) -> None:
+    """Refuse ``name = {}`` where a value belongs, and an empty table of an unknown strategy.
+
+    A non-empty ``[strategies.zzz]`` is refused by :func:`_apply_strategy_table`; an empty one
+    reached no key, so it was accepted (twentieth review of issue 15).
+    """
+    head, _, rest = name.partition(".")
+    strategy, _, key = rest.partition(".")
+    if head == "strategies" and strategy and not key and strategy not in STRATEGIES:
+        raise ValueError(
+            f"unknown key {shown(name)}: the table name must be one of {', '.join(STRATEGIES)}"
+        )
+    if not _is_table(name):
+        raise ValueError(
+            f"{shown_key(name)} = {{}} is a table without a value, which sets nothing (the "
+            "default would be used); give a value"
+        )
 
 
 def _is_table(name: str) -> bool:

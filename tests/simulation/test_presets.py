@@ -112,3 +112,11 @@ def test_an_empty_table_where_a_value_belongs_is_refused(tmp_path, line, key):
         "side-information = {}\n[strategies.dp-fedavg]\n[strategies.adadps.task-params]\n"
     )
     assert load_config(preset).strategy.population == 20
+
+
+def test_an_empty_table_of_an_unknown_strategy_is_refused(tmp_path):
+    """Twentieth review of issue 15: a non-empty one was refused, an empty one accepted."""
+    preset = tmp_path / "p.toml"
+    preset.write_text('task = "toy"\n[strategies.zzz]\n')
+    with pytest.raises(ValueError, match=r"unknown key 'strategies\.zzz': the table name must be"):
+        load_config(preset)

@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from fedprivopt.core.checks import interval
 from fedprivopt.core.files import on_read_only_fs
-from fedprivopt.core.text import SHOWN_CHARS, shown
+from fedprivopt.core.text import SHOWN_CHARS, cut_middle, shown
 
 __all__ = [
     "DELTA",
@@ -71,11 +71,7 @@ def _shorten(text: str) -> str:
     def cut(match: re.Match) -> str:
         value = match.group(1) if match.group(1) is not None else match.group(2)
         quote = match.group(0)[0]
-        head = (SHOWN_CHARS - 1) // 2
-        return (
-            f"{quote}{value[:head]}…{value[head - SHOWN_CHARS + 1 :]}{quote} "
-            f"({len(value):,} characters)"
-        )
+        return f"{quote}{cut_middle(value)}{quote} ({len(value):,} characters)"
 
     text = _LONG_QUOTED.sub(cut, text)
     if len(text) > _MAX_LINE:

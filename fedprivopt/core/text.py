@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["SHOWN_CHARS", "shown", "shown_key"]
+__all__ = ["SHOWN_CHARS", "cut_middle", "shown", "shown_key"]
 
 SHOWN_CHARS = 80
 """Characters of a value that a message shows (:func:`shown`)."""
@@ -33,9 +33,20 @@ def shown(value: object) -> str:
     if len(text) <= SHOWN_CHARS:
         return text
     if isinstance(value, str):  # both ends: a path's tail names its file (nineteenth review)
-        head = (SHOWN_CHARS - 1) // 2
-        return f"{text[:head]}…{text[head - SHOWN_CHARS + 1 :]}"
+        return cut_middle(text)
     return f"{text[: SHOWN_CHARS - 1]}…"
+
+
+def cut_middle(text: str) -> str:
+    """``text`` of more than :data:`SHOWN_CHARS` characters as its two ends around an ellipsis.
+
+    :data:`SHOWN_CHARS` characters in all; used by :func:`shown` and by the command line's
+    shortening of long quoted values.
+    """
+    if len(text) <= SHOWN_CHARS:
+        return text
+    head = (SHOWN_CHARS - 1) // 2
+    return f"{text[:head]}…{text[head - SHOWN_CHARS + 1 :]}"
 
 
 def shown_key(key: str) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt import wire as P
-from fedprivopt.simulation.config import SIDE_INFORMATION, RunConfig, resolve_config
+from fedprivopt.simulation.config import SIDE_INFORMATION, UNSETTABLE, RunConfig, resolve_config
 from fedprivopt.strategies.config import StrategyConfig
 
 if sys.version_info >= (3, 11):
@@ -72,7 +72,7 @@ SIMULATION_ONLY_KEYS = (
 """RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
 
 SIDE_INFORMATION_PREFIX = f"{SIDE_INFORMATION}."
-_NULLABLE = tuple(sorted(k for k, rule in StrategyConfig.rules().items() if rule.optional))
+_NULLABLE = tuple(sorted(UNSETTABLE))
 
 
 @dataclass(frozen=True)

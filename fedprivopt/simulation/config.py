@@ -254,14 +254,19 @@ def _check_empty_table(name: str) -> None:
     head, _, rest = name.partition(".")
     strategy, _, key = rest.partition(".")
     if head == "strategies" and strategy and not key and strategy not in STRATEGIES:
-        raise ValueError(
-            f"unknown key {shown(name)}: the table name must be one of {', '.join(STRATEGIES)}"
-        )
+        raise _unknown_strategy_table(name)
     if not _is_table(name):
         raise ValueError(
             f"{shown_key(name)} = {{}} is a table without a value, which sets nothing (the "
             "default would be used); give a value"
         )
+
+
+def _unknown_strategy_table(table: str) -> ValueError:
+    """The error naming a ``[strategies.<name>]`` table whose name is no strategy's."""
+    return ValueError(
+        f"unknown key {shown(table)}: the table name must be one of {', '.join(STRATEGIES)}"
+    )
 
 
 def _is_table(name: str) -> bool:
@@ -353,10 +358,7 @@ def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]
         if not rest:
             raise ValueError(f"unknown key {key!r} (expected [strategies.<name>] tables)")
         if name not in STRATEGIES:
-            raise ValueError(
-                f"unknown key {f'strategies.{name}'!r}: the table name must be one of "
-                f"{', '.join(STRATEGIES)}"
-            )
+            raise _unknown_strategy_table(f"strategies.{name}")
         if rest == "strategy" or not _known_key(rest):
             raise ValueError(f"unknown key {key!r}")
         if key.startswith(prefix):

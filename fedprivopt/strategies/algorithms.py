@@ -192,12 +192,12 @@ class DPFedAvgADADP(ServerAlgorithm):
         tolerance = o.adadp_tolerance
         if tolerance is None:
             tolerance = optim.noise_calibrated_tolerance(
-                learning_rate=self.initial_rate(),
+                learning_rate=self.initial_rate,
                 noise_std=self.noise_std_of_mean(),
                 dim=self.params.numel(),
             )
         return optim.adadp(
-            learning_rate=self.initial_rate(),
+            learning_rate=self.initial_rate,
             tolerance=tolerance,
             alpha_min=o.adadp_alpha_min,
             alpha_max=o.adadp_alpha_max,
@@ -205,8 +205,13 @@ class DPFedAvgADADP(ServerAlgorithm):
             error_exponent=o.adadp_error_exponent,
         )
 
+    @cached_property
     def initial_rate(self) -> float:
-        """η₀: ``server-learning-rate``, lowered to κ/(σC/m̄) with ``max-noise-step`` κ."""
+        """η₀: ``server-learning-rate``, lowered to κ/(σC/m̄) with ``max-noise-step`` κ.
+
+        Fixed by the configuration (σC/m̄ is the nominal noise std, with C₀ under adaptive
+        clipping), so it is computed once, not every round.
+        """
         rate, kappa = self.config.server_learning_rate, self.config.options.max_noise_step
         if kappa is None:
             return rate
@@ -239,7 +244,7 @@ class DPFedAvgADADP(ServerAlgorithm):
         if self.config.options.adadp_tolerance is not None:
             return None
         tolerance = optim.noise_calibrated_tolerance(
-            learning_rate=self.initial_rate(),
+            learning_rate=self.initial_rate,
             noise_std=math.sqrt((noise_std_1**2 + noise_std_2**2) / 2.0),
             dim=self.params.numel(),
             full_step_point=full_step_point,

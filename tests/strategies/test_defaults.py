@@ -171,14 +171,14 @@ def test_the_paper_preset_caps_the_strategies_stage_11_selected():
 def test_adadp_max_noise_step_lowers_the_initial_rate_and_its_tolerance():
     """σC/m̄ = 0.375: κ 0.75 lowers η₀ 4 to 2, and the calibrated τ is that of η₀ = 2."""
     alg = _alg("dp-fedavg-adadp", server_learning_rate=4.0, max_noise_step=0.75)
-    assert alg.initial_rate() == pytest.approx(2.0)
+    assert alg.initial_rate == pytest.approx(2.0)
     assert alg.opt_state.learning_rate == pytest.approx(2.0)
     expected = noise_calibrated_tolerance(learning_rate=2.0, noise_std=0.375, dim=DIM)
     assert alg.controller.tolerance == pytest.approx(expected)
     assert (
-        _alg("dp-fedavg-adadp", server_learning_rate=1.0, max_noise_step=0.75).initial_rate() == 1.0
+        _alg("dp-fedavg-adadp", server_learning_rate=1.0, max_noise_step=0.75).initial_rate == 1.0
     )
-    assert _alg("dp-fedavg-adadp", server_learning_rate=4.0).initial_rate() == 4.0
+    assert _alg("dp-fedavg-adadp", server_learning_rate=4.0).initial_rate == 4.0
     res = drive_round(alg, 1, fixed_updates())
     assert res.metrics["server_learning_rate"] == pytest.approx(2.0)
 

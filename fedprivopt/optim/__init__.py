@@ -48,6 +48,7 @@ __all__ = lazy_package(
             "DP2State",
             "Phase",
             "dp2",
+            "dp2_capped_fraction",
             "dp2_rate",
             "phase",
             "preconditioner",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -20,7 +21,16 @@ from ._checks import (
 from .base import ServerTransform, StateDictMixin, record_hparams
 from .sgd import capped_rate
 
-__all__ = ["DP2State", "Phase", "dp2", "dp2_rate", "phase", "preconditioner", "preconditioner_mean"]
+__all__ = [
+    "DP2State",
+    "Phase",
+    "dp2",
+    "dp2_capped_fraction",
+    "dp2_rate",
+    "phase",
+    "preconditioner",
+    "preconditioner_mean",
+]
 
 Phase = Literal["sgd", "adaptive"]
 
@@ -116,8 +126,12 @@ def dp2(
     ``η_adaptive``, or ``η_adaptive/mean(P)`` when scaled) takes ``min(r, κ/√Φ_t)``, so the
     noise it adds to a coordinate, ``r√Φ_t``, is at most κ (``√Φ_t``: the per-coordinate noise
     std of the round's Δ̃, passed as ``update(..., noise_variance=Φ_t)``; no bound without it).
-    Noise-first adaptive rounds are left alone: dividing by ``P``, which is of the noise's scale
-    where ``v`` is noise, already keeps their noise step near ``η_adaptive``.
+    A noise-first adaptive round, whose rate differs by coordinate, takes
+    ``min(η_adaptive/P_i, κ/√Φ_t)`` in coordinate ``i``. Where ``v`` is noise ``P_i`` is about
+    ``0.22 |z_i| √Φ + ε`` (``z_i`` standard normal, ``β = 0.9`` after one switch), so without the
+    bound the noise step ``η_adaptive √Φ_t / P_i`` is heavy-tailed: its mean square grows like
+    ``η_adaptive² √Φ / ε``, with the noise, bounded only by the fixed ``ε`` (stage 12 of
+    ``docs/EXPERIMENTS.md``).
 
     ``v`` is updated only from SGD-phase aggregates: adaptive-round inputs never touch ``v`` or
     ``G``. Use :func:`phase` and :func:`preconditioner` on the current state to configure the
@@ -232,7 +246,7 @@ def dp2(
         t = state.count + 1
         if state.adaptive:
             if noise_first:
-                step = delta_tilde.div(state.preconditioner).mul_(lr_ada)
+                step = _noise_first_step(delta_tilde, state.preconditioner, noise_variance)
             else:
                 step = delta_tilde.mul(dp2_rate(hparams, state, noise_variance))
             done = state.phase_step + 1 == s2
@@ -255,6 +269,18 @@ def dp2(
             accumulator_noise_variance=noise_sum,
         )
         return step, new_state
+
+    def _noise_first_step(
+        delta_tilde: torch.Tensor, p: torch.Tensor, noise_variance: float | None
+    ) -> torch.Tensor:
+        """``η_adaptive Δ̃ / P``, each coordinate's rate at most ``κ/√Φ_t`` when bounded."""
+        phi = 0.0
+        if kappa is not None and noise_variance is not None:
+            phi = check_real("noise_variance", noise_variance, low=0.0)
+        cap = kappa / math.sqrt(phi) if phi > 0.0 else math.inf
+        if cap >= lr_ada / eps:  # no bound, no noise, or a bound no coordinate reaches
+            return delta_tilde.div(p).mul_(lr_ada)
+        return p.reciprocal().mul_(lr_ada).clamp_(max=cap).mul_(delta_tilde)
 
     hparams = record_hparams(
         "dp2",
@@ -279,7 +305,8 @@ def dp2_rate(hparams, state: DP2State, noise_variance: float | None) -> float | 
 
     ``η_sgd`` in an SGD round, ``η_adaptive`` (over ``mean(P)`` when scaled) in an adaptive one,
     each bounded by ``max_noise_step`` when set; ``None`` in a noise-first adaptive round, whose
-    step is ``η_adaptive · Δ̃ / P``. What ``update`` uses and a strategy reports.
+    step is ``η_adaptive · Δ̃ / P`` (bounded by coordinate: :func:`dp2_capped_fraction`). What
+    ``update`` uses and a strategy reports.
     """
     if not state.adaptive:
         rate = hparams["sgd_learning_rate"]
@@ -291,6 +318,19 @@ def dp2_rate(hparams, state: DP2State, noise_variance: float | None) -> float | 
             rate /= preconditioner_mean(state)
     kappa = hparams.get("max_noise_step")
     return rate if kappa is None else capped_rate(rate, kappa, noise_variance)
+
+
+def dp2_capped_fraction(hparams, state: DP2State, noise_variance: float | None) -> float | None:
+    """The share of coordinates whose noise-first adaptive rate ``η_adaptive/P_i`` is capped.
+
+    ``None`` outside a noise-first adaptive round of a bounded :func:`dp2` with noise (the
+    coordinates with ``P_i < η_adaptive √Φ_t / κ`` take ``κ/√Φ_t``; see :func:`dp2`).
+    """
+    kappa = hparams.get("max_noise_step")
+    if not (state.adaptive and hparams["noise_first"]) or kappa is None or not noise_variance:
+        return None
+    floor = hparams["adaptive_learning_rate"] * math.sqrt(noise_variance) / kappa
+    return float((state.preconditioner < floor).sum()) / max(state.preconditioner.numel(), 1)
 
 
 def preconditioner_mean(state: DP2State) -> float:

@@ -147,13 +147,17 @@ class DP2(ServerAlgorithm):
     def step_metrics(self, noise_std: float) -> dict[str, float]:
         """With ``max-noise-step``: the rate of this round's step (``server_learning_rate``).
 
-        Noise-first adaptive rounds are not bounded (their step divides Δ̃ by ``P``) and report
-        nothing.
+        A noise-first adaptive round, whose rate ``η/P_i`` differs by coordinate, reports the
+        share of coordinates the bound caps (``dp2_capped_fraction``) instead.
         """
         if self.config.options.max_noise_step is None:
             return {}
-        rate = optim.dp2_rate(self.transform.hparams, self.opt_state, noise_std**2)
-        return {} if rate is None else {"server_learning_rate": rate}
+        hparams, state, phi = self.transform.hparams, self.opt_state, noise_std**2
+        rate = optim.dp2_rate(hparams, state, phi)
+        if rate is not None:
+            return {"server_learning_rate": rate}
+        share = optim.dp2_capped_fraction(hparams, state, phi)
+        return {} if share is None else {"dp2_capped_fraction": share}
 
     def _adaptive(self) -> bool:
         return optim.phase(self.opt_state) == "adaptive"

@@ -259,10 +259,11 @@ class DP2Options(Options):
         step already divides by ``P``).
     max_noise_step : float or None
         κ in ``(0, inf)``: a round whose step is a rate times Δ̃ (SGD rounds, and ``dp2``'s
-        adaptive rounds) takes at most ``κ/√Φ_t`` as its rate, so its step's accounted noise per
-        coordinate is at most κ (:func:`fedprivopt.optim.dp2`; as for
-        :class:`MomentumOptions`, distributed noise's accepted shares are not seen). ``None``
-        (the default): no bound.
+        adaptive rounds) takes at most ``κ/√Φ_t`` as its rate, and a ``dp2-noise-first``
+        adaptive round at most ``κ/√Φ_t`` in each coordinate (its rate ``η/P_i`` differs by
+        coordinate), so its step's accounted noise per coordinate is at most κ
+        (:func:`fedprivopt.optim.dp2`; as for :class:`MomentumOptions`, distributed noise's
+        accepted shares are not seen). ``None`` (the default): no bound.
     """
 
     dp2_s1: int = integer(5, 1)

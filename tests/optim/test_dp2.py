@@ -224,7 +224,7 @@ def _after_one_sgd_round(tx):
     return state
 
 
-def test_max_noise_step_bounds_the_scaled_rate_and_spares_noise_first():
+def test_max_noise_step_bounds_the_scaled_rate():
     d = t64(0.5, 0.5)
     scaled = make(s1=1, s2=2, scale_by_preconditioner=True, max_noise_step=0.01)
     state = _after_one_sgd_round(scaled)
@@ -232,10 +232,30 @@ def test_max_noise_step_bounds_the_scaled_rate_and_spares_noise_first():
     step, _ = scaled.update(d, state, noise_variance=0.01)
     torch.testing.assert_close(step, 0.1 * d)  # kappa / sqrt(phi) = 0.1
     assert 0.1 / mean_p > 0.1
-    first = make(s1=1, s2=2, noise_first=True, max_noise_step=1e-6)
+
+
+def test_max_noise_step_bounds_each_coordinate_of_a_noise_first_adaptive_round():
+    """Stage 12: the noise a noise-first step adds to a coordinate, eta sqrt(phi)/P_i, is <= kappa.
+
+    After one SGD round of (0.3, -0.1), P = (0.0959, 0.0326) and eta/P = (1.04, 3.07); at
+    sqrt(phi) = 0.1 and kappa = 0.2 the cap is 2: the first coordinate keeps its rate, the second
+    is bounded. Before, noise-first adaptive rounds ignored the bound (step 0.1 d / P).
+    """
+    d = t64(0.5, 0.5)
+    first = make(s1=1, s2=2, noise_first=True, max_noise_step=0.2)
     state = _after_one_sgd_round(first)
+    p = preconditioner(state)
     step, _ = first.update(d, state, noise_variance=0.01)
-    torch.testing.assert_close(step, 0.1 * d / preconditioner(state))  # not bounded
+    torch.testing.assert_close(step, t64(0.1 * 0.5 / float(p[0]), 2.0 * 0.5))
+    assert 0.1 / float(p[1]) > 2.0  # the second coordinate's own rate was above the cap
+    loose = make(s1=1, s2=2, noise_first=True, max_noise_step=1.0)  # cap 10: reached nowhere
+    step, _ = loose.update(d, _after_one_sgd_round(loose), noise_variance=0.01)
+    torch.testing.assert_close(step, 0.1 * d / p)
+    unbounded = make(s1=1, s2=2, noise_first=True)
+    step, _ = unbounded.update(d, _after_one_sgd_round(unbounded), noise_variance=0.01)
+    torch.testing.assert_close(step, 0.1 * d / p)
+    step, _ = first.update(d, _after_one_sgd_round(first), noise_variance=0.0)  # no noise
+    torch.testing.assert_close(step, 0.1 * d / p)
 
 
 def test_without_noise_the_rates_are_kept():

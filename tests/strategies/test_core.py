@@ -269,6 +269,34 @@ def test_dp2_scale_by_preconditioner_reaches_the_transform_and_metrics():
     torch.testing.assert_close(steps[1], steps[0] / mean_p)
 
 
+def test_dp2_noise_first_reports_the_share_of_coordinates_its_bound_caps():
+    """Stage 12: a noise-first adaptive round with max-noise-step caps eta/P_i at kappa/std.
+
+    A twin without the bound sees the same noised means (the updates do not depend on the
+    model, the noise on the seed), so its step divided by eta/P is the noised mean.
+    """
+    kappa, std = 0.4, 1.0 * 1.0 / 8  # sigma C / m: the noise std of the noised mean
+    bounded = make("dp2-noise-first", dp2_s1=1, dp2_s2=2, max_noise_step=kappa)
+    free = make("dp2-noise-first", dp2_s1=1, dp2_s2=2)
+    steps = []
+    for alg in (bounded, free):
+        res = drive_round(alg, 1, fixed_updates())  # the SGD round
+        assert "dp2_capped_fraction" not in res.metrics
+        p, before = alg.opt_state.preconditioner.clone(), alg.params.clone()
+        res = drive_round(alg, 2, fixed_updates())  # the first adaptive round
+        assert "server_learning_rate" not in res.metrics
+        steps.append((alg.params - before, res.metrics))
+    lr = bounded.config.options.dp2_learning_rate
+    capped = p < lr * std / kappa
+    assert 0 < int(capped.sum()) < DIM  # the case has coordinates of both kinds
+    assert steps[0][1]["dp2_capped_fraction"] == pytest.approx(float(capped.float().mean()))
+    assert "dp2_capped_fraction" not in steps[1][1]
+    noised_mean = steps[1][0] / (lr / p)
+    expected = noised_mean * (lr / p).clamp(max=kappa / std)
+    torch.testing.assert_close(steps[0][0], expected, rtol=1e-4, atol=1e-6)
+    assert float((steps[0][0] / noised_mean).abs().max()) <= kappa / std * (1 + 1e-5)
+
+
 def test_adadp_two_cohorts_second_at_the_half_step():
     alg = make("dp-fedavg-adadp", server_learning_rate=0.5)
     requests = []

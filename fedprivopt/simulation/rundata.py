@@ -346,7 +346,8 @@ def choose_metric(runs: Sequence[RunData]) -> str:
     for metric in preference:
         if isinstance(metric, str) and any(run.has_metric(metric) for run in runs):
             return metric
-    raise ValueError(f"runs: none reports a task metric (one of {list(preference)})")
+    shown = list(dict.fromkeys(preference))  # the named metric is also a preferred one
+    raise ValueError(f"runs: none reports a task metric (one of {shown})")
 
 
 def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> list[dict[str, Any]]:
@@ -412,6 +413,7 @@ def select_runs(runs: Sequence[RunData], metric: str | None) -> tuple[Selection,
     if not runs:
         raise ValueError("runs: empty; need at least one run")
     notes = [w for run in runs for w in run.warnings]
+    _check_some_round(runs)
     metric = choose_metric(runs) if metric is None else metric
     kept, skipped = [], []
     for run in runs:
@@ -420,6 +422,24 @@ def select_runs(runs: Sequence[RunData], metric: str | None) -> tuple[Selection,
     if not kept:
         raise ValueError(f"metric: no run reports {metric!r}")
     return Selection(metric, kept), notes
+
+
+def _check_some_round(runs: Sequence[RunData]) -> None:
+    """Refuse runs none of which completed a round, naming why (twenty-first review).
+
+    A report of them has no value to show; when each stopped at its privacy budget before its
+    first round, the cause is ``target-epsilon`` below one round's ε, which the line names
+    (instead of ``none reports a task metric``, which sent the user looking at the metric).
+    """
+    if any(run.rounds_completed > 0 or run.rows for run in runs):
+        return
+    if all(run.summary.get("stopped_reason") == "budget" for run in runs):
+        raise ValueError(
+            f"no results to report: every run ({len(runs)}) stopped at its privacy budget before "
+            "its first round (target-epsilon is below the epsilon of one round); raise "
+            "target-epsilon or the noise multiplier"
+        )
+    raise ValueError(f"no results to report: none of the {len(runs)} runs completed a round")
 
 
 def group_runs(runs: Iterable[RunData]) -> dict[tuple[str, float], list[RunData]]:

@@ -157,13 +157,15 @@ def test_dp_fedavg_max_noise_step_caps_the_server_rate():
     assert not torch.allclose(capped.params, plain.params)
 
 
-def test_the_paper_preset_caps_the_strategies_stage_11_selected():
-    """Stages 10-11b: κ 0.5 for DP-FedAvg, AdaDPS, DP2 and ADADP; none for the rest."""
+def test_the_paper_preset_caps_the_strategies_stages_11_and_12_selected():
+    """Stages 10-11b: κ 0.5 for DP-FedAvg, AdaDPS, DP2 and ADADP; stage 12: 0.6 for
+    DP2-noise-first; none for FedAvg (the Adam flavors have no such option)."""
     preset = Path(__file__).resolve().parents[2] / "simulations" / "adadps-paper.toml"
     for name in ("dp-fedavg", "adadps", "dp2", "dp-fedavg-adadp"):
         assert load_config(preset, {"strategy": name}).strategy.options.max_noise_step == 0.5
-    for name in ("dp2-noise-first", "fedavg"):
-        assert load_config(preset, {"strategy": name}).strategy.options.max_noise_step is None
+    kappa = load_config(preset, {"strategy": "dp2-noise-first"}).strategy.options.max_noise_step
+    assert kappa == 0.6
+    assert load_config(preset, {"strategy": "fedavg"}).strategy.options.max_noise_step is None
     unset = {"strategy": "dp2", "strategies.dp2.max-noise-step": ""}
     assert load_config(preset, unset).strategy.options.max_noise_step is None
 

@@ -148,8 +148,8 @@ def capped_rate(lr: float, bound: float, noise_variance: float | None) -> float:
         return ``lr``, a negative one a negative rate: nineteenth review of issue 15), or a
         negative ``Φ``.
     """
-    lr = check_real("lr", lr, low=0.0)  # 0 where a rate or κ(1 - β) underflowed: a zero step
-    bound = check_real("bound", bound, low=0.0)
+    lr = check_real("lr", lr, low=0.0) + 0.0  # 0 where a rate or κ(1 - β) underflowed
+    bound = check_real("bound", bound, low=0.0) + 0.0  # + 0.0: -0.0 is 0.0, a rate not below 0
     if noise_variance is None:
         return lr
     phi = check_real("noise_variance", noise_variance, low=0.0)

@@ -294,6 +294,8 @@ def test_capped_rate_refuses_a_negative_or_nan_rate_or_bound(args):
     with pytest.raises(ValueError, match="must be a finite number"):
         optim.capped_rate(*args)
     assert optim.capped_rate(2.0, 0.5, 1.0) == 0.5 and optim.capped_rate(2.0, 0.0, 1.0) == 0.0
+    for args in ((1.0, -0.0, 1.0), (-0.0, 1.0, 1.0), (-0.0, 1.0, None)):  # no negative zero
+        assert math.copysign(1.0, optim.capped_rate(*args)) == 1.0
 
 
 def test_preconditioner_mean_names_a_state_that_is_not_dp2s():

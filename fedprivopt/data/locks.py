@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,11 +51,36 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
         raise ValueError(f"lock file {path} is not a regular file; remove it (it holds no data)")
     with open(fd, "r+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say_waiting(Path(path), handle.fileno())
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _say_waiting(path: Path, fd: int) -> None:
+    """Say on stderr, once, that the lock ``path`` is held and this process waits for it.
+
+    Twenty-first review of issue 15: a run whose task generates its synthetic dataset waited
+    for ``data synth`` writing the same directory without a word, for as long as that took, and
+    forever when it was suspended (Ctrl-Z). The holder's PID is named when its lock file holds
+    one (:func:`exclusive_lock` writes it; at most 32 bytes are read).
+    """
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    holder = f"process {text}" if text.isdigit() else "another process"
+    print(
+        f"fedprivopt: waiting for {holder}, which holds {path} while it writes the files there "
+        "(a suspended process must be resumed or stopped first)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _refuse_link(path: Path) -> None:

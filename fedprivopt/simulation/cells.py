@@ -376,7 +376,29 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
                 check_flower_resources(plan.cell.config)
             except ValueError as exc:
                 raise ValueError(f"cell {plan.cell.label}: {exc}") from None
+    _check_clusters([plan.cell for plan in plans if plan.action != REUSE])
     return plans
+
+
+def _check_clusters(cells: Sequence[Cell]) -> None:
+    """Refuse cells that would join a Ray cluster where no head answers (each address once).
+
+    Twenty-first review of issue 15: the check was made only when a cell's run joined, so a
+    tuning's every trial "failed" on it and ``tune`` ended with rc 0 and an ε for a tuning that
+    trained nothing, and ``compare`` stopped after its first cell's progress line.
+    """
+    from fedprivopt.simulation.cluster import check_reachable
+    from fedprivopt.simulation.cluster_config import check_cluster_config
+
+    seen: set[tuple[str, str]] = set()
+    for cell in cells:
+        try:
+            joined = check_cluster_config(cell.config)
+            if joined is not None and joined not in seen:
+                seen.add(joined)
+                check_reachable(*joined)
+        except ValueError as exc:
+            raise ValueError(f"cell {cell.label}: {exc}") from None
 
 
 def _check_recognisable(cell: Cell, run_dir: Path) -> None:

@@ -3,7 +3,8 @@
 :func:`join_cluster` connects this process (the driver) to the cluster that
 :func:`~fedprivopt.simulation.cluster_config.cluster_address` names and, before any round:
 
-- refuses an address where nothing answers within :data:`CONNECT_TIMEOUT` seconds (``ray.init``
+- refuses an address where nothing answers within :data:`CONNECT_TIMEOUT` seconds, or whose
+  port does not answer as a head's GCS (gRPC) within :data:`HANDSHAKE_TIMEOUT` (``ray.init``
   itself retries for minutes), naming the key;
 - runs :func:`node_report` on every node with CPUs (a task pinned to the node): the node's
   fedprivopt, torch and Python versions, and the fingerprint of the data directory
@@ -38,6 +39,7 @@ from fedprivopt.simulation.cluster_config import check_cluster_config
 __all__ = [
     "CONNECT_TIMEOUT",
     "Cluster",
+    "check_reachable",
     "check_reports",
     "data_fingerprint",
     "join_cluster",
@@ -179,19 +181,64 @@ class Cluster:
         return sum(n["gpus"] for n in self.nodes.values())
 
 
-def _reachable(address: str, key: str) -> None:
-    """Refuse a ``host:port`` whose port accepts no connection (``ray.init`` would hang)."""
+def check_reachable(address: str, key: str) -> None:
+    """Refuse a ``host:port`` where no Ray head answers (``ray.init`` would hang for minutes).
+
+    The port must accept a connection within :data:`CONNECT_TIMEOUT` seconds and answer as a
+    gRPC server (a head's GCS) within :data:`HANDSHAKE_TIMEOUT`: :func:`_speaks_grpc`. A port
+    that accepts but never answers, or answers as something else (the dashboard's HTTP on
+    8265, a web server), made ``ray.init`` retry for about ten minutes without a word
+    (twenty-first review of issue 15).
+    """
     if address == "auto":
         return  # Ray reads the address from this machine's session file, or fails at once
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT):
-            pass
+        with socket.create_connection(
+            (host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT
+        ) as conn:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return  # the GCS speaks TLS first: no plain HTTP/2 answer to expect
+            grpc = _speaks_grpc(conn)
     except OSError as exc:
         raise ValueError(
             f"{key}: no Ray cluster answers at {address} ({exc.strerror or exc}); start its "
             f"head with `ray start --head` (docs/SCALING.md)"
         ) from None
+    if not grpc:
+        raise ValueError(
+            f"{key}: {address} accepts connections but does not answer as a Ray head's GCS "
+            f"(gRPC) within {HANDSHAKE_TIMEOUT:g} s: give the head's GCS port (`ray start "
+            "--head --port`, 6379 by default), not the dashboard's or another service's "
+            "(docs/SCALING.md)"
+        )
+
+
+HANDSHAKE_TIMEOUT = 5.0
+"""Seconds to wait for the head's GCS to answer the HTTP/2 preface (it answers in ms)."""
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5)
+
+
+def _speaks_grpc(conn: socket.socket) -> bool:
+    """Whether the server of ``conn`` answers an HTTP/2 preface with a SETTINGS frame.
+
+    A gRPC server (a Ray head's GCS) does at once: the first 9 bytes are a frame header of
+    type 4 (SETTINGS) on stream 0. A silent server, or an HTTP/1 one (``HTTP/1.1 400 ...``),
+    does not. Reads at most 9 bytes, for at most :data:`HANDSHAKE_TIMEOUT` seconds.
+    """
+    conn.settimeout(HANDSHAKE_TIMEOUT)
+    try:
+        conn.sendall(_H2_PREFACE)
+        header = b""
+        while len(header) < 9:
+            chunk = conn.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:  # a timeout, or a reset
+        return False
+    return header[3] == 4 and header[5:9] == bytes(4)
 
 
 def _probe(cluster: Cluster, data_dir: str | None) -> None:
@@ -242,7 +289,7 @@ def join_cluster(config: Any) -> Iterator[Cluster | None]:
 
     connected = ray.is_initialized()
     if not connected:
-        _reachable(address, key)
+        check_reachable(address, key)
         try:
             with warnings.catch_warnings():  # a tip about Ray's future defaults, on every init
                 warnings.filterwarnings("ignore", "Tip: In future versions", FutureWarning)

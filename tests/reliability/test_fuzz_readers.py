@@ -13,7 +13,9 @@ flipped, runs zeroed or junk appended, at positions hypothesis picks. Properties
   (HDF5), vocabularies are distinct items with non-increasing, non-negative counts;
 * ``fedprivopt data info`` on the damaged file exits 0 or 2 with one line on stderr;
 * ``parse_example`` agrees with the protobuf runtime wherever the runtime accepts the bytes
-  (except that upb drops a map entry holding an unknown field, which we keep).
+  (except that upb drops a map entry holding an unknown field, which we keep, and that a known
+  field with another wire type, which upb skips as an unknown one, is refused by design:
+  ``tests/data/test_tfexample.py::test_malformed_messages``).
 
 What a byte flip can do undetected (accepted here, counted as ``*-undetected`` in the summary
 line): change characters inside a text field or a tag (a tf.Example blob, an HDF5 string, a
@@ -506,6 +508,10 @@ def _protobuf(blob: bytes):
     return out
 
 
+#: The reader's refusals of a known field with another wire type (see the module docstring).
+_STRICT_WIRE = re.compile(r"(has|unexpected) wire type")
+
+
 def _same(a: tuple, b: tuple) -> bool:
     if a[0] != b[0] or len(a[1]) != len(b[1]):
         return False
@@ -533,10 +539,11 @@ def test_tf_example_damage(data):
         original = data.draw(st.sampled_from(BLOBS))
         blob = apply(original, data.draw(damage(len(original))))
     with alarm():
+        refused = ""
         try:
             ours = parse_example(blob)
-        except ProtoDecodeError:
-            ours = None
+        except ProtoDecodeError as exc:
+            ours, refused = None, str(exc)
         try:
             decoded = decode_example(blob)
         except ProtoDecodeError:
@@ -546,6 +553,11 @@ def test_tf_example_damage(data):
     if _EXAMPLE_CLS is None:
         return
     reference = _protobuf(blob)
+    if reference is not None and _STRICT_WIRE.search(refused):
+        # upb skips a known field of another wire type as unknown; the reader refuses it (its
+        # unit tests' design). First generated when new source constants changed hypothesis'
+        # draws (twenty-first review of issue 15): valid bytes + b"\r\x00\x00\x00\x00"
+        return
     if reference is not None:
         assert ours is not None, "the protobuf runtime parses bytes that parse_example rejects"
         # upb drops a map entry holding an unknown field; we keep it (so extra names are allowed)

@@ -8,6 +8,7 @@
 - :mod:`fedprivopt.core.files`: OS errors named by their file, links removed before a rewrite,
   read-only file systems (shared by the data layer, the runs and the command line);
 - :mod:`fedprivopt.core.threads`: OpenMP threads that wait passively (set before torch loads);
+- :mod:`fedprivopt.core.orphans`: forked pool workers killed with their parent (Linux);
 - :mod:`fedprivopt.core.progress`: the rich progress bar on stderr that long work shows;
 - :mod:`fedprivopt.core.lazy`: package namespaces that import a name's submodule on first use, so
   threads importing modules at once never deadlock.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.data.synthetic_model import (
     TRAIN,
     ChunkDraws,
@@ -99,7 +100,8 @@ def draw_rows(
 _WORKER: dict[str, object] = {}
 
 
-def _worker_init(config: SyntheticConfig, model_seed: np.random.SeedSequence) -> None:
+def _worker_init(config: SyntheticConfig, model_seed: np.random.SeedSequence, parent: int) -> None:
+    die_with_parent(parent)  # a killed data synth left its workers blocked for ever
     # each worker rebuilds the (deterministic) word/tag model instead of receiving it pickled
     _WORKER["config"] = config
     _WORKER["model"] = build_model(config, np.random.default_rng(model_seed))
@@ -139,7 +141,7 @@ def chunk_rows(
         max_workers=min(workers, len(chunk_seeds)),
         mp_context=multiprocessing.get_context(method),
         initializer=_worker_init,
-        initargs=(config, model_seed),
+        initargs=(config, model_seed, os.getpid()),
     ) as pool:
         pending = []
         for i, seed in enumerate(chunk_seeds):

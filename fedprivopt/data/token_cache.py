@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.data.locks import file_lock
 
 __all__ = ["EncodedUsers", "cache_key_digest", "open_or_build", "stderr_progress"]
@@ -323,20 +324,24 @@ def _pieces(num_users: int, workers: int) -> Iterator[dict[str, np.ndarray]]:
     # (see _worker_signals); the parent unblocks it as soon as the workers exist
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_signals)
+        pool = multiprocessing.get_context("fork").Pool(
+            workers, initializer=_worker_signals, initargs=(os.getpid(),)
+        )
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     with pool:
         yield from pool.imap(_encode_range, ranges)
 
 
-def _worker_signals() -> None:
+def _worker_signals(parent: int) -> None:
     """Pool initializer: SIGTERM ends a worker again, SIGINT is left to the parent.
 
     A forked worker inherits the parent's Python signal handlers. One that does not end the
     process (Flower's graceful-exit handler stays installed after an in-process simulation)
-    made the pool's ``terminate()`` wait forever for a worker blocked on the task queue.
+    made the pool's ``terminate()`` wait forever for a worker blocked on the task queue. The
+    worker dies with its parent ``parent`` (:func:`~fedprivopt.core.orphans.die_with_parent`).
     """
+    die_with_parent(parent)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

@@ -31,6 +31,13 @@
    as long as the writer took, and forever for a suspended one (killed after 30 s, nothing on
    stderr). Now ``data.locks.file_lock`` says once on stderr that it waits, naming the holder's
    PID and the lock file, before it waits.
+5. ``data synth --out D --clients 600000 --workers 2`` whose parent is killed with SIGKILL (the
+   out-of-memory killer, ``kill -9``): its two forked workers (300 MB each) lived on for ever,
+   blocked writing into a pipe whose read end they hold themselves, and kept the inherited
+   descriptor of ``D/.stackoverflow.lock``: the next ``data synth --out D --overwrite`` was
+   refused "in use by process N" (the dead parent), and a task generating into D waited for
+   ever. Now such pool workers (the generator's and the token cache's) are killed by the
+   kernel when their parent dies (``core.orphans.die_with_parent``, ``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -219,3 +227,58 @@ def test_4_a_wait_for_a_held_data_lock_is_said_once_naming_the_holder(tmp_path, 
     assert entered.is_set()
     assert f"waiting for process {os.getpid()}" in err and DATA_LOCK in err, err
     assert len(err.splitlines()) == 1, err
+
+
+# -- finding 5: data synth's workers outliving a killed parent --------------------------------
+def _children(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_5_data_synth_workers_die_with_their_killed_parent(tmp_path):
+    import signal
+
+    from fedprivopt.data.locks import DATA_LOCK, exclusive_lock
+
+    out = tmp_path / "d"
+    argv = [sys.executable, "-m", "fedprivopt.cli", "data", "synth", "--out", str(out),
+            "--clients", "600000", "--workers", "2"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+            workers = _children(proc.pid)
+        assert len(workers) == 2, "the workers did not start"
+        time.sleep(0.5)  # past the pool's initializer
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers), "workers outlived their killed parent"
+        with exclusive_lock(out / DATA_LOCK):  # nobody holds the directory's lock any more
+            pass
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,40 @@
+"""Worker processes that do not outlive the process that forked them (Linux).
+
+A pool of forked workers (``data synth``'s generators, the token cache's encoders) outlived a
+parent killed by SIGKILL (the out-of-memory killer, ``kill -9``): each worker blocked for ever
+writing its result into a pipe whose read end it holds itself, kept its memory (300 MB each at
+300,000 users) and kept the descriptor of the data directory's lock it inherited, so the next
+``data synth`` into that directory was refused "in use by process N" (a dead PID) and a task
+waited for the lock for ever (twenty-first review of issue 15). :func:`die_with_parent` asks
+the kernel to kill the worker when its parent dies (``PR_SET_PDEATHSIG``); such workers compute
+only, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+__all__ = ["die_with_parent"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Have this (forked) process killed with SIGKILL when its parent ``parent`` dies.
+
+    Call it first in a pool's initializer, with the PID the parent had when it forked (passed
+    in the initializer's arguments): if the parent died before the call, this process ends at
+    once. A no-op where ``prctl`` is missing (not Linux).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died between the fork and the call
+        os.kill(os.getpid(), signal.SIGKILL)

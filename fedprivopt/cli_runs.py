@@ -296,8 +296,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_compare_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    base = load_preset(args.config, compare_overrides(args))
+    sets = compare_overrides(args)
+    base = load_preset(args.config, sets)
     cells = compare_cells(args, base)
+    _note_unused(cells, sets)
     if args.metric is not None:  # before any run: a metric no run reports failed only at the end
         from fedprivopt.simulation.tune import check_metric
 
@@ -314,6 +316,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     with locked:
         return _compare_locked(args, out, cells)
+
+
+def _note_unused(cells: list, sets: dict) -> None:
+    """Say which compared strategies do not use a ``--set`` key (as ``simulate`` says).
+
+    Only the command line's keys are named: a preset shared by several strategies holds
+    options some of them ignore by design. One line per set of keys, naming its strategies.
+    """
+    from fedprivopt.simulation.tune_grid import keys_without_effect
+
+    by_keys: dict[tuple, list[str]] = {}
+    for cell in cells:
+        strategy = cell.config.strategy
+        unused = tuple(sorted(keys_without_effect(strategy) & set(sets)))
+        names = by_keys.setdefault(unused, []) if unused else []
+        if unused and strategy.strategy not in names:
+            names.append(strategy.strategy)
+    for unused, names in by_keys.items():
+        verb, pronoun = ("does", "it ignores") if len(names) == 1 else ("do", "they ignore")
+        print(
+            f"note: {', '.join(names)} {verb} not use {', '.join(unused)} "
+            f"(other strategies' options, or ones {pronoun})",
+            file=sys.stderr,
+        )
 
 
 def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:

@@ -608,3 +608,22 @@ def test_a_symlinked_cell_is_reused_but_never_written(tmp_path, capsys):
     assert _compare(out, "--rounds", "2", "--overwrite") == 2
     assert "is a symbolic link" in _one_error_line(capsys)
     assert (target / "metrics.jsonl").read_bytes() == before
+
+
+def test_compare_notes_once_the_set_keys_a_compared_strategy_does_not_use(tmp_path, capsys):
+    """As ``simulate`` does: ``--set dp2-s1=3`` changes nothing in a DP-FedAdam run.
+
+    Before, ``compare`` ran such cells without a word. One line per set of unused keys, naming
+    its strategies once whatever the seeds; a strategy that uses every key is not named.
+    """
+    strategies = "dp-fedadam,dp-fedadam-bc,dp-fedavg,dp2"
+    argv = ["--strategies", strategies, "--rounds", "1", "--seeds", "2"]
+    assert _compare(tmp_path / "a", *argv, "--set", "dp2-s1=3", "--set", "max-noise-step=0.5") == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if x.startswith("note:")]
+    assert notes == [
+        "note: dp-fedadam, dp-fedadam-bc do not use dp2-s1, max-noise-step (other strategies' "
+        "options, or ones they ignore)",
+        "note: dp-fedavg does not use dp2-s1 (other strategies' options, or ones it ignores)",
+    ]
+    assert _compare(tmp_path / "b", "--strategies", "dp2", "--rounds", "1") == 0
+    assert "note:" not in capsys.readouterr().err

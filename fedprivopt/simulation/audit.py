@@ -359,7 +359,10 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
     else:
         for unreadable, why in problems.items():  # resumed from the previous one
             logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)
-        alg.load_state_dict(state["algorithm"])  # the config and every accountant field checked
+        try:  # the config and every accountant field checked
+            alg.load_state_dict(state["algorithm"])
+        except ValueError as exc:  # twenty-first review of issue 15: the file was not named
+            raise ValueError(f"{out / name}: {exc}; refusing to resume") from None
         _check_restored(alg, config, name)
         _check_participants(alg, rows, name)
         if ledger is not None:

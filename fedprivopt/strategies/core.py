@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 
 from fedprivopt import optim
 from fedprivopt.core.local import LocalConfig
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator, default_min_shares
 from fedprivopt.privacy.events import SubsampledGaussianEvent
@@ -543,8 +544,23 @@ class ServerAlgorithm:
         these were recorded are not checked for them).
         """
         saved = StrategyConfig.from_mapping(state["config"])
-        if replace(saved, num_server_rounds=self.config.num_server_rounds) != self.config:
-            raise ValueError("checkpoint was written with a different configuration")
+        saved = replace(saved, num_server_rounds=self.config.num_server_rounds)
+        if saved != self.config:
+            # twenty-first review of issue 15: the line named no key (a checkpoint copied from
+            # another run)
+            name = next(
+                (
+                    f.name
+                    for f in fields(saved)
+                    if getattr(saved, f.name) != getattr(self.config, f.name)
+                ),
+                "?",
+            )
+            raise ValueError(
+                f"checkpoint was written with a different configuration ({name.replace('_', '-')} "
+                f"= {shown(getattr(saved, name, '?'))}, this run has "
+                f"{shown(getattr(self.config, name, '?'))})"
+            )
         if int(state.get("user_offset", 0)) != self.user_offset:
             raise ValueError(
                 f"checkpoint was written with user_offset={state.get('user_offset', 0)} (public "

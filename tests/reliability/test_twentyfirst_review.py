@@ -38,6 +38,13 @@
    refused "in use by process N" (the dead parent), and a task generating into D waited for
    ever. Now such pool workers (the generator's and the token cache's) are killed by the
    kernel when their parent dies (``core.orphans.die_with_parent``, ``PR_SET_PDEATHSIG``).
+6. A run's ``checkpoint.pt`` and ``checkpoint.prev.pt`` replaced by those of a run of another
+   configuration (``local-learning-rate`` 0.4 against 0.5; a copy of the wrong directory's
+   files), then ``simulate --resume``: rc 2, but ``checkpoint was written with a different
+   configuration``, naming neither the file nor the key. Now ``R/checkpoint.pt: checkpoint was
+   written with a different configuration (local-learning-rate = 0.4, this run has 0.5);
+   refusing to resume`` (``ServerAlgorithm.load_state_dict`` names the first differing key,
+   ``audit`` the file).
 """
 
 from __future__ import annotations
@@ -282,3 +289,24 @@ def test_5_data_synth_workers_die_with_their_killed_parent(tmp_path):
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# -- finding 6: a checkpoint of another configuration, named -----------------------------------
+def test_6_a_checkpoint_of_another_run_is_refused_naming_file_and_key(tmp_path):
+    import shutil
+
+    runs = {}
+    for name, rate in (("a", "0.5"), ("b", "0.4")):
+        runs[name] = tmp_path / name
+        argv = ["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(runs[name]),
+                "--set", f"local-learning-rate={rate}"]  # fmt: skip
+        code, _, err = run_cli(argv)
+        assert code == 0, err
+    for file in ("checkpoint.pt", "checkpoint.prev.pt"):
+        shutil.copyfile(runs["b"] / file, runs["a"] / file)
+    config = runs["a"] / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3"))
+    code, _, err = run_cli(["simulate", "--resume", str(runs["a"]), "--quiet"])
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "checkpoint.pt" in err and "local-learning-rate = 0.4" in err, err

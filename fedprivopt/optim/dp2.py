@@ -274,10 +274,7 @@ def dp2(
         delta_tilde: torch.Tensor, p: torch.Tensor, noise_variance: float | None
     ) -> torch.Tensor:
         """``η_adaptive Δ̃ / P``, each coordinate's rate at most ``κ/√Φ_t`` when bounded."""
-        phi = 0.0
-        if kappa is not None and noise_variance is not None:
-            phi = check_real("noise_variance", noise_variance, low=0.0)
-        cap = kappa / math.sqrt(phi) if phi > 0.0 else math.inf
+        cap = _coordinate_cap(kappa, noise_variance)
         if cap >= lr_ada / eps:  # no bound, no noise, or a bound no coordinate reaches
             return delta_tilde.div(p).mul_(lr_ada)
         return p.reciprocal().mul_(lr_ada).clamp_(max=cap).mul_(delta_tilde)
@@ -326,11 +323,23 @@ def dp2_capped_fraction(hparams, state: DP2State, noise_variance: float | None) 
     ``None`` outside a noise-first adaptive round of a bounded :func:`dp2` with noise (the
     coordinates with ``P_i < η_adaptive √Φ_t / κ`` take ``κ/√Φ_t``; see :func:`dp2`).
     """
-    kappa = hparams.get("max_noise_step")
-    if not (state.adaptive and hparams["noise_first"]) or kappa is None or not noise_variance:
+    cap = _coordinate_cap(hparams.get("max_noise_step"), noise_variance)
+    if not (state.adaptive and hparams["noise_first"]) or cap == math.inf:
         return None
-    floor = hparams["adaptive_learning_rate"] * math.sqrt(noise_variance) / kappa
+    floor = hparams["adaptive_learning_rate"] / cap if cap > 0.0 else math.inf  # κ/√Φ_t underflow
     return float((state.preconditioner < floor).sum()) / max(state.preconditioner.numel(), 1)
+
+
+def _coordinate_cap(kappa: float | None, noise_variance: float | None) -> float:
+    """``κ/√Φ_t``, the largest rate a coordinate of a noise-first adaptive step may take.
+
+    ``inf`` without a bound or without noise (``Φ_t`` None or 0). What :func:`dp2`'s step
+    clamps at and :func:`dp2_capped_fraction` counts against.
+    """
+    if kappa is None or noise_variance is None:
+        return math.inf
+    phi = check_real("noise_variance", noise_variance, low=0.0)
+    return kappa / math.sqrt(phi) if phi > 0.0 else math.inf
 
 
 def preconditioner_mean(state: DP2State) -> float:

@@ -170,15 +170,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.out is not None:
             check_out_dir(args.out)
         config = load_preset(args.config, set_overrides(args))
-        from fedprivopt.simulation.tune_grid import keys_without_effect
-
-        unused = sorted(keys_without_effect(config.strategy))
-        if unused:  # knobs of other strategies (a shared preset, or a mistake), or ignored ones
-            print(
-                f"note: {config.strategy.strategy} does not use {', '.join(unused)} "
-                "(other strategies' options, or ones it ignores)",
-                file=sys.stderr,
-            )
+        _note_unused([config.strategy])  # a shared preset's other knobs, or a mistake
         out = args.out or check_out_dir(
             f"runs/{config.strategy.strategy}-seed{config.strategy.seed}"
         )
@@ -299,7 +291,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     sets = compare_overrides(args)
     base = load_preset(args.config, sets)
     cells = compare_cells(args, base)
-    _note_unused(cells, sets)
+    _note_unused([cell.config.strategy for cell in cells], sets)
     if args.metric is not None:  # before any run: a metric no run reports failed only at the end
         from fedprivopt.simulation.tune import check_metric
 
@@ -318,21 +310,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _compare_locked(args, out, cells)
 
 
-def _note_unused(cells: list, sets: dict) -> None:
-    """Say which compared strategies do not use a ``--set`` key (as ``simulate`` says).
+def _note_unused(strategies: list, only: dict | None = None) -> None:
+    """Say on stderr which strategies do not use keys that are set, one line per set of keys.
 
-    Only the command line's keys are named: a preset shared by several strategies holds
-    options some of them ignore by design. One line per set of keys, naming its strategies.
+    ``simulate`` names every such key of its one strategy; ``compare`` only the keys of
+    ``only`` (its ``--set``s): a preset shared by several strategies holds options some of
+    them ignore by design.
     """
     from fedprivopt.simulation.tune_grid import keys_without_effect
 
     by_keys: dict[tuple, list[str]] = {}
-    for cell in cells:
-        strategy = cell.config.strategy
-        unused = tuple(sorted(keys_without_effect(strategy) & set(sets)))
-        names = by_keys.setdefault(unused, []) if unused else []
-        if unused and strategy.strategy not in names:
-            names.append(strategy.strategy)
+    for strategy in strategies:
+        unused = keys_without_effect(strategy)
+        if only is not None:
+            unused = unused & set(only)
+        if unused:
+            names = by_keys.setdefault(tuple(sorted(unused)), [])
+            if strategy.strategy not in names:
+                names.append(strategy.strategy)
     for unused, names in by_keys.items():
         verb, pronoun = ("does", "it ignores") if len(names) == 1 else ("do", "they ignore")
         print(

@@ -10,15 +10,26 @@ passes in, and gives :meth:`~CohortTrainer.train` (one update at a time) on top 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["CohortTrainer"]
+__all__ = ["CPU_CHUNKS", "CohortTrainer"]
+
+T = TypeVar("T")
+
+#: Chunks a cohort is cut into at least on the CPU, whatever the number of workers: with 2
+#: workers, 4 balanced the 2-core round best (users of real size, 100 a round: 0.19-0.20 s
+#: against 0.21-0.22 s with 2 chunks and 0.20-0.21 s with 8; ``benchmarks/NOTES.md``, entry 18).
+CPU_CHUNKS = 4
 
 
 class CohortTrainer:
@@ -35,6 +46,13 @@ class CohortTrainer:
     cpu_threads : int or None
         torch intra-op threads while the local steps run on the CPU, ``>= 1`` (restored
         afterwards); ``None`` leaves torch's setting alone.
+    cpu_workers : int or None
+        Python threads that train at once on the CPU, each with one intra-op thread, ``>= 1``;
+        ``None``: torch's thread count when a round is trained (1 in a Ray shard given one
+        CPU). On 2 idle cores two workers kept both cores busy where one chunk stepped with one
+        thread could not, and unlike a 2-thread OpenMP region neither waits for the other when
+        a core is taken (``benchmarks/NOTES.md``, entries 16 and 18). The updates are the same
+        to the bit for any number.
 
     Subclasses set :attr:`length` (entries of the flat model) and define :meth:`train_batches`.
 
@@ -56,6 +74,7 @@ class CohortTrainer:
         device: str | torch.device | None = None,
         chunk_users: int = 256,
         cpu_threads: int | None = 1,
+        cpu_workers: int | None = None,
     ):
         if isinstance(chunk_users, bool) or int(chunk_users) < 1:
             raise ValueError(f"chunk_users must be an integer >= 1, got {chunk_users!r}")
@@ -64,6 +83,9 @@ class CohortTrainer:
         self.task = task
         self.chunk_users = int(chunk_users)
         self.cpu_threads = None if cpu_threads is None else int(cpu_threads)
+        if cpu_workers is not None and (isinstance(cpu_workers, bool) or int(cpu_workers) < 1):
+            raise ValueError(f"cpu_workers must be an integer >= 1 or None, got {cpu_workers!r}")
+        self.cpu_workers = None if cpu_workers is None else int(cpu_workers)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -129,6 +151,69 @@ class CohortTrainer:
         if not bool(torch.all(torch.isfinite(precond) & (precond > 0))):
             raise ValueError("preconditioner must be finite and > 0 everywhere")
         return model, precond
+
+    def chunks(self, users: Sequence[int]) -> list[list[int]]:
+        """``users`` cut into consecutive chunks for :meth:`run_chunks`.
+
+        At most :attr:`chunk_users` each and, on the CPU, at least :data:`CPU_CHUNKS` of about
+        equal size (as many as there are users, if fewer), so that the workers
+        (``cpu_workers``) can share a round. The cut does not depend on the number of workers:
+        where a user's rows sit in its chunk can change its update in the last bits (seen with
+        15 tags; not with 455), so the same cut gives the same updates to the bit with any.
+        """
+        users = [int(u) for u in users]
+        size = self.chunk_users
+        if self.device.type == "cpu":
+            size = min(size, max(1, math.ceil(len(users) / CPU_CHUNKS)))
+        return [users[a : a + size] for a in range(0, len(users), size)]
+
+    def workers(self) -> int:
+        """Threads that train at once now: ``cpu_workers``, or torch's thread count (CPU)."""
+        if self.device.type != "cpu":
+            return 1
+        return max(1, torch.get_num_threads() if self.cpu_workers is None else self.cpu_workers)
+
+    def run_chunks(
+        self, chunks: Sequence[T], train: Callable[[T, int], object]
+    ) -> Iterator[object]:
+        """Yield ``train(chunk, slot)`` for every chunk, in order, :meth:`workers` at once.
+
+        ``slot`` (``0 ... workers - 1``) names the memory a chunk may train in: the chunk ``i +
+        workers`` reuses chunk ``i``'s slot and starts only after chunk ``i``'s result has been
+        consumed (the caller asked for the next one), so a result stays valid until then, as
+        with one worker. Each worker thread runs torch with one intra-op thread, and so does
+        the caller's thread while results are pending (its own parallel regions would wait for
+        the workers' cores); its thread count is restored afterwards.
+        """
+        workers = min(self.workers(), len(chunks))
+        if workers <= 1:
+            for chunk in chunks:
+                yield train(chunk, 0)
+            return
+        threads = torch.get_num_threads()
+
+        def work(chunk: T, slot: int) -> object:
+            torch.set_num_threads(1)  # this thread's own OpenMP setting
+            return train(chunk, slot)
+
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="fedprivopt-chunk")
+        pending: deque[Future] = deque()
+        try:
+            torch.set_num_threads(1)
+            for i in range(workers):
+                pending.append(pool.submit(work, chunks[i], i))
+            following = workers
+            while pending:
+                result = pending.popleft().result()
+                yield result
+                if following < len(chunks):
+                    pending.append(pool.submit(work, chunks[following], following % workers))
+                    following += 1
+        finally:
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True)
+            torch.set_num_threads(threads)
 
     @contextmanager
     def _step_threads(self) -> Iterator[None]:

@@ -153,10 +153,10 @@ class NextWordCohortTrainer(CohortTrainer):
         cpu_workers: int | None = None,
         stacked: bool | None = None,
     ):
-        super().__init__(task, device=device, chunk_users=chunk_users, cpu_threads=cpu_threads)
-        if cpu_workers is not None and (isinstance(cpu_workers, bool) or int(cpu_workers) < 1):
-            raise ValueError(f"cpu_workers must be an integer >= 1 or None, got {cpu_workers!r}")
-        self.cpu_workers = None if cpu_workers is None else int(cpu_workers)
+        super().__init__(
+            task, device=device, chunk_users=chunk_users, cpu_threads=cpu_threads,
+            cpu_workers=cpu_workers,
+        )  # fmt: skip
         self.W = int(task.num_tokens)
         self.e = int(task.embedding_dim)
         self.h = int(task.hidden_size)
@@ -241,7 +241,7 @@ class NextWordCohortTrainer(CohortTrainer):
         n = len(users)
         stack = w0.expand(n, -1).clone()
         pc = None if precond is None else self._views(precond[None])
-        workers = max(1, torch.get_num_threads() if self.cpu_workers is None else self.cpu_workers)
+        workers = self.workers()
         with self._step_threads():
             if self.stacked:  # the whole chunk at once: the batch a GPU needs
                 self._train_slots(stack, data, 0, n, pc, config)

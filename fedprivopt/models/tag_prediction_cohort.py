@@ -94,6 +94,11 @@ class TagCohortTrainer(CohortTrainer):
         ``index_add_`` of 300 rows 0.04 ms with 1 thread, 72 ms with 2 while another process
         ran; ``benchmarks/NOTES.md``). For more cores, shard the cohort over Ray actors
         (``fast-actors``).
+    cpu_workers : int or None
+        Chunks trained at once on the CPU, each in its own thread with one intra-op thread (see
+        :class:`~fedprivopt.models.cohort.CohortTrainer`; ``None``: torch's thread count). The
+        cohort is cut into at least :data:`~fedprivopt.models.cohort.CPU_CHUNKS` chunks on the
+        CPU, whatever the number, so the updates are the same to the bit with any.
     """
 
     def __init__(
@@ -103,8 +108,12 @@ class TagCohortTrainer(CohortTrainer):
         device: str | torch.device | None = None,
         chunk_users: int = 256,
         cpu_threads: int | None = 1,
+        cpu_workers: int | None = None,
     ):
-        super().__init__(task, device=device, chunk_users=chunk_users, cpu_threads=cpu_threads)
+        super().__init__(
+            task, device=device, chunk_users=chunk_users, cpu_threads=cpu_threads,
+            cpu_workers=cpu_workers,
+        )  # fmt: skip
         self.vocab_size = int(task.num_features)
         self.num_tags = int(task.num_tags)
         self.length = (self.vocab_size + 1) * self.num_tags
@@ -136,10 +145,11 @@ class TagCohortTrainer(CohortTrainer):
         model = model.view(self.vocab_size + 1, self.num_tags)
         if precond is not None:
             precond = precond.view(self.vocab_size + 1, self.num_tags)
-        users = [int(u) for u in users]
-        for start in range(0, len(users), self.chunk_users):
-            chunk = users[start : start + self.chunk_users]
-            yield self._train_chunk(model, precond, chunk, round_num, config, rngs, stream)
+
+        def train(chunk: list[int], slot: int) -> RowSparseBatch:
+            return self._train_chunk(model, precond, chunk, round_num, config, rngs, stream, slot)
+
+        yield from self.run_chunks(self.chunks(users), train)
 
     # ----------------------------------------------------------------------------- chunks
     def _prepare(
@@ -219,13 +229,14 @@ class TagCohortTrainer(CohortTrainer):
         config: LocalConfig,
         rngs: RngFactory,
         stream: str,
+        slot: int = 0,
     ) -> RowSparseBatch:
         dev = self.device
         with self._step_threads():
             chunk = self._prepare(users, round_num, config, rngs, stream)
         rows_dev = chunk.rows.to(dev)
         # each user's update, trained directly: the model it reads is the global rows + these
-        delta = self._workspace("delta", int(rows_dev.numel()), model).zero_()
+        delta = self._workspace(f"delta{slot}", int(rows_dev.numel()), model).zero_()
         p_st = precond[rows_dev] if precond is not None else None
         if chunk.ex_len.numel():
             with self._step_threads():
@@ -259,11 +270,13 @@ class TagCohortTrainer(CohortTrainer):
         n_rows = int(delta.shape[0])
         visits, steps_of, scale_of = self._schedule(chunk, config.batch_size)
         visits, steps_of = visits.to(dev), steps_of.to(dev)
-        scale_of = scale_of.to(device=dev, dtype=dtype)
-        if self.task.single_label:
-            scale_of = scale_of[:, None]
-        else:  # mean binary cross-entropy over the K tags
-            scale_of = (scale_of / K)[:, None]
+        # the step's -lr goes into each visit's scale (in float64, then cast), so the gradient
+        # rows are added to the updates as they are: ``index_add_`` with an ``alpha`` took 1.5x
+        # as long (benchmarks/NOTES.md, entry 18)
+        scale_of = scale_of * -config.learning_rate
+        if not self.task.single_label:  # mean binary cross-entropy over the K tags
+            scale_of = scale_of / K
+        scale_of = scale_of.to(device=dev, dtype=dtype)[:, None]
         bounds = [0, *torch.cumsum(torch.bincount(steps_of), 0).tolist()]
 
         # the token stream: visit v's bag at stream positions vstart[v] ... (step t: a slice)
@@ -293,7 +306,6 @@ class TagCohortTrainer(CohortTrainer):
         # a frozen bias: its stacked rows get no gradient, so they stay at the global bias
         keep = None if self.train_bias else (rows != self.vocab_size).to(dtype)[:, None]
 
-        lr = config.learning_rate
         for t in range(len(bounds) - 1):
             v0, v1, t0, t1 = bounds[t], bounds[t + 1], t_bounds[t], t_bounds[t + 1]
             offsets, weights = vstart[v0:v1] - t0, s_w[t0:t1]
@@ -327,7 +339,7 @@ class TagCohortTrainer(CohortTrainer):
                     grad_w /= p_st[touched]
                 if keep is not None:
                     grad_w *= keep[touched]
-                delta.index_add_(0, touched, grad_w, alpha=-lr)
+                delta.index_add_(0, touched, grad_w)
 
     @staticmethod
     def _stream(

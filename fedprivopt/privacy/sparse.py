@@ -102,24 +102,35 @@ def _layout_problem(
     return None
 
 
-_ROW_CHUNK = 1 << 15  # float32 entries cast to float64 at a time on the CPU (stays in cache)
+#: float32 entries copied to float64 at a time on the CPU (2 MB of float64): 45,000 rows of 500,
+#: one thread, 8.7 ms against 12.4 ms for blocks of 2^15 entries (``benchmarks/NOTES.md``, 18)
+_ROW_CHUNK = 1 << 18
 
 
-def _row_norms64(values: torch.Tensor) -> torch.Tensor:
-    """Float64 L2 norm of each row of ``values`` (squares and sums in float64).
+def _row_sq64(values: torch.Tensor) -> torch.Tensor:
+    """Float64 squared L2 norm of each row of ``values`` (squares and sums in float64).
 
-    On the CPU a float32 matrix is measured a block of about ``2^15`` entries at a time: one
-    call over the whole matrix casts it at once and took 55 ms instead of 7 ms for 20,000 rows
-    of 500 (float32 row norms: 1 ms, not accurate enough; see :func:`segment_sq_norms`).
+    On the CPU a float32 matrix is copied to float64 a block of about ``2^18`` entries at a
+    time into one reused buffer, squared there (exactly: a float32's square fits a float64) and
+    summed along the rows; one cast of the whole matrix took 55 ms instead of 7 ms for 20,000
+    rows of 500 (float32 row norms: 1 ms, not accurate enough; see :func:`segment_sq_norms`).
     """
     if values.dtype == torch.float64 or values.device.type != "cpu":
-        return torch.linalg.vector_norm(values, dim=1, dtype=torch.float64)
-    per = max(1, _ROW_CHUNK // max(1, int(values.shape[1])))
-    if values.shape[0] <= per:
-        return torch.linalg.vector_norm(values, dim=1, dtype=torch.float64)
-    return torch.cat(
-        [torch.linalg.vector_norm(c, dim=1, dtype=torch.float64) for c in values.split(per)]
-    )
+        wide = values.to(torch.float64)
+        return (wide * wide).sum(dim=1)
+    rows, width = int(values.shape[0]), int(values.shape[1])
+    out = torch.empty(rows, dtype=torch.float64)
+    per = max(1, _ROW_CHUNK // max(1, width))
+    buf = torch.empty(min(per, rows), width, dtype=torch.float64)
+    start = 0
+    for block in values.split(per):
+        n = int(block.shape[0])
+        wide = buf[:n]
+        wide.copy_(block)
+        wide.mul_(wide)
+        torch.sum(wide, dim=1, out=out[start : start + n])
+        start += n
+    return out
 
 
 def segment_sq_norms(values: torch.Tensor, row_ptr: torch.Tensor) -> torch.Tensor:
@@ -138,7 +149,7 @@ def segment_sq_norms(values: torch.Tensor, row_ptr: torch.Tensor) -> torch.Tenso
     counts = (row_ptr[1:] - row_ptr[:-1]).to(values.device)
     out = torch.zeros(counts.numel(), dtype=torch.float64, device=values.device)
     if rows:
-        row_sq = _row_norms64(values).square_()
+        row_sq = _row_sq64(values)
         owner = torch.repeat_interleave(
             torch.arange(counts.numel(), device=values.device), counts, output_size=rows
         )

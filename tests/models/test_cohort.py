@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -68,6 +71,8 @@ def test_checked_inputs_refuses_a_wrong_model_or_preconditioner(flat, precond, m
         ({"chunk_users": True}, "chunk_users must be an integer >= 1"),
         ({"cpu_threads": 0}, "cpu_threads must be an integer >= 1 or None"),
         ({"cpu_threads": False}, "cpu_threads must be an integer >= 1 or None"),
+        ({"cpu_workers": 0}, "cpu_workers must be an integer >= 1 or None"),
+        ({"cpu_workers": True}, "cpu_workers must be an integer >= 1 or None"),
     ],
 )
 def test_settings_are_checked(kwargs, message):
@@ -81,3 +86,74 @@ def test_step_threads_sets_and_restores_torch_threads_on_the_cpu():
     with trainer._step_threads():
         inside = torch.get_num_threads()
     assert inside == 1 and torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    ("users", "chunk_users", "device", "sizes"),
+    [
+        (list(range(10)), 256, "cpu", [3, 3, 3, 1]),  # at least CPU_CHUNKS on the CPU
+        (list(range(3)), 256, "cpu", [1, 1, 1]),
+        (list(range(20)), 3, "cpu", [3, 3, 3, 3, 3, 3, 2]),  # chunk_users still bounds them
+        (list(range(10)), 256, "meta", [10]),  # elsewhere: chunk_users only
+        ([], 256, "cpu", []),
+    ],
+)
+def test_chunks_cut_the_cohort_the_same_way_for_any_number_of_workers(
+    users, chunk_users, device, sizes
+):
+    for workers in (1, 2, 5):
+        trainer = _Doubling(task=None, device=device, chunk_users=chunk_users, cpu_workers=workers)
+        chunks = trainer.chunks(users)
+        assert [len(c) for c in chunks] == sizes
+        assert [u for c in chunks for u in c] == users
+
+
+def test_run_chunks_yields_in_order_and_reuses_a_slot_only_after_its_result_was_taken():
+    trainer = _Doubling(task=None, device="cpu", cpu_workers=2)
+    taken: set[int] = set()
+    log = []
+
+    def train(chunk, slot):
+        # the chunk that used this slot before (two chunks back) must have been taken
+        assert chunk < 2 or chunk - 2 in taken
+        log.append((chunk, slot, threading.current_thread().name))
+        time.sleep(0.01 * (chunk % 3))  # finish out of order
+        return chunk
+
+    got = []
+    for result in trainer.run_chunks(list(range(7)), train):
+        got.append(result)
+        taken.add(result)
+    assert got == list(range(7))
+    assert sorted((c, s) for c, s, _ in log) == [(c, c % 2) for c in range(7)]
+    assert all(name.startswith("fedprivopt-chunk") for _, _, name in log)
+
+
+def test_run_chunks_passes_a_workers_error_on_and_restores_the_threads():
+    before = torch.get_num_threads()
+    trainer = _Doubling(task=None, device="cpu", cpu_workers=2)
+
+    def train(chunk, slot):
+        if chunk == 3:
+            raise RuntimeError("chunk 3 failed")
+        return chunk
+
+    got = []
+    with pytest.raises(RuntimeError, match="chunk 3 failed"):
+        for result in trainer.run_chunks(list(range(6)), train):
+            got.append(result)
+    assert got == [0, 1, 2] and torch.get_num_threads() == before
+    # a consumer that stops early: the pending chunks end, the setting comes back
+    results = trainer.run_chunks(list(range(6)), lambda chunk, slot: chunk)
+    assert next(results) == 0
+    results.close()
+    assert torch.get_num_threads() == before
+
+
+def test_one_worker_trains_in_the_callers_thread():
+    trainer = _Doubling(task=None, device="cpu", cpu_workers=1)
+    names = []
+    out = list(
+        trainer.run_chunks([0, 1], lambda c, s: names.append(threading.current_thread().name))
+    )
+    assert len(out) == 2 and set(names) == {threading.current_thread().name}

@@ -1,10 +1,13 @@
 """The vectorized row-sparse cohort trainer computes LocalTrainer's updates."""
 
+import threading
+
 import pytest
 import torch
 
 from fedprivopt.clients import LocalConfig, LocalTrainer
 from fedprivopt.models import StackOverflowTagTask, initial_flat
+from fedprivopt.models.tag_prediction_cohort import TagCohortTrainer
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.sparse import RowSparse
 
@@ -207,7 +210,7 @@ def test_cpu_threads_are_set_for_the_steps_and_restored(synth_dir, monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        trainer = task.cohort_trainer(device="cpu", chunk_users=4)
+        trainer = TagCohortTrainer(task, device="cpu", chunk_users=4, cpu_workers=1)
         in_steps, steps = [], trainer._steps
 
         def recording(*args, **kwargs):
@@ -220,7 +223,7 @@ def test_cpu_threads_are_set_for_the_steps_and_restored(synth_dir, monkeypatch):
             torch.get_num_threads()
             for _ in trainer.train(w, [0, 1, 2, 3, 4], round_num=1, config=cfg, rngs=rngs)
         ]
-        assert in_steps == [1, 1]  # two chunks, each stepped with one thread
+        assert in_steps == [1, 1, 1]  # chunks of 2, 2 and 1 (CPU_CHUNKS), one thread each
         assert at_yield == [2] * 5  # the caller's setting everywhere else
         assert torch.get_num_threads() == 2
     finally:
@@ -278,3 +281,61 @@ def test_examples_of_many_users_read_at_once_equal_their_own(synth_dir, tmp_path
                 assert torch.equal(got[field], torch.cat(parts))
     with pytest.raises(ValueError, match="one tensor of picks per user"):
         plain.examples_csr([1, 2], picks[:1])
+
+
+@pytest.mark.parametrize("single_label", [False, True])
+@pytest.mark.parametrize("preconditioned", [False, True])
+def test_chunks_trained_at_once_give_the_same_updates_to_the_bit(
+    synth_dir, single_label, preconditioned
+):
+    task = _task(synth_dir, single_label=single_label)
+    w = initial_flat(task)
+    gen = torch.Generator().manual_seed(4)
+    w = w + 0.01 * torch.randn(w.numel(), generator=gen)
+    precond = torch.rand(w.numel(), generator=gen) + 0.5 if preconditioned else None
+    cfg = LocalConfig(learning_rate=1.5, epochs=2, batch_size=3, max_examples=11, clip_norm=0.3)
+    users = [0, 3, 4, 9, 17, 18, 30, 41, 55, 56, 70, 79]
+
+    def run(workers, chunk_users):
+        trainer = TagCohortTrainer(task, device="cpu", chunk_users=chunk_users, cpu_workers=workers)
+        return list(trainer.train(
+            w, users, round_num=4, config=cfg, rngs=RngFactory(seed=9), preconditioner=precond
+        ))  # fmt: skip
+
+    for chunk_users in (256, 2):
+        alone = run(1, chunk_users)
+        for workers in (2, 3):
+            got = run(workers, chunk_users)
+            assert [u for u, _ in got] == users
+            for (u, a), (v, b) in zip(got, alone, strict=True):
+                assert u == v and torch.equal(a.rows, b.rows)
+                assert torch.equal(a.values, b.values)
+
+
+def test_workers_step_with_one_thread_and_the_callers_setting_is_restored(synth_dir):
+    task = _task(synth_dir)
+    w = initial_flat(task)
+    cfg = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        trainer = TagCohortTrainer(task, device="cpu", chunk_users=256, cpu_workers=2)
+        threads, steps = [], trainer._steps
+
+        def recording(*args, **kwargs):
+            threads.append((torch.get_num_threads(), threading.current_thread().name))
+            return steps(*args, **kwargs)
+
+        trainer._steps = recording
+        batches = list(
+            b.clone()
+            for b in trainer.train_batches(w, list(range(10)), round_num=1, config=cfg,
+                                           rngs=RngFactory(seed=1))
+        )  # fmt: skip
+        assert len(batches) == 4  # CPU_CHUNKS, of 3, 3, 3 and 1 users
+        assert [u for b in batches for u in b.users] == list(range(10))
+        assert {n for n, _ in threads} == {1}
+        assert all(name.startswith("fedprivopt-chunk") for _, name in threads)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -31,6 +31,10 @@ T = TypeVar("T")
 #: against 0.21-0.22 s with 2 chunks and 0.20-0.21 s with 8; ``benchmarks/NOTES.md``, entry 18).
 CPU_CHUNKS = 4
 
+#: Workspaces ("slots") per worker: with one, a worker that finished its chunk before the one
+#: ahead of it idled until both were consumed (40 ms of a 166 ms round, measured; NOTES 18).
+SLOTS_PER_WORKER = 2
+
 
 class CohortTrainer:
     """Base of the cohort trainers: settings, input checks, thread scope and :meth:`train`.
@@ -178,12 +182,14 @@ class CohortTrainer:
     ) -> Iterator[object]:
         """Yield ``train(chunk, slot)`` for every chunk, in order, :meth:`workers` at once.
 
-        ``slot`` (``0 ... workers - 1``) names the memory a chunk may train in: the chunk ``i +
-        workers`` reuses chunk ``i``'s slot and starts only after chunk ``i``'s result has been
-        consumed (the caller asked for the next one), so a result stays valid until then, as
-        with one worker. Each worker thread runs torch with one intra-op thread, and so does
-        the caller's thread while results are pending (its own parallel regions would wait for
-        the workers' cores); its thread count is restored afterwards.
+        ``slot`` names the memory a chunk may train in: there are :data:`SLOTS_PER_WORKER` per
+        worker, so a worker whose chunk is done can start the next while the caller still
+        waits for an earlier one; chunk ``i + slots`` reuses chunk ``i``'s slot and starts only
+        after chunk ``i``'s result has been consumed (the caller asked for the next one), so a
+        result stays valid until then, as with one worker. Each worker thread runs torch with
+        one intra-op thread, and so does the caller's thread while results are pending (its
+        own parallel regions would wait for the workers' cores); its thread count is restored
+        afterwards.
         """
         workers = min(self.workers(), len(chunks))
         if workers <= 1:
@@ -191,6 +197,7 @@ class CohortTrainer:
                 yield train(chunk, 0)
             return
         threads = torch.get_num_threads()
+        slots = min(len(chunks), SLOTS_PER_WORKER * workers)
 
         def work(chunk: T, slot: int) -> object:
             torch.set_num_threads(1)  # this thread's own OpenMP setting
@@ -200,14 +207,14 @@ class CohortTrainer:
         pending: deque[Future] = deque()
         try:
             torch.set_num_threads(1)
-            for i in range(workers):
+            for i in range(slots):
                 pending.append(pool.submit(work, chunks[i], i))
-            following = workers
+            following = slots
             while pending:
                 result = pending.popleft().result()
                 yield result
                 if following < len(chunks):
-                    pending.append(pool.submit(work, chunks[following], following % workers))
+                    pending.append(pool.submit(work, chunks[following], following % slots))
                     following += 1
         finally:
             for future in pending:

@@ -114,18 +114,19 @@ def test_run_chunks_yields_in_order_and_reuses_a_slot_only_after_its_result_was_
     log = []
 
     def train(chunk, slot):
-        # the chunk that used this slot before (two chunks back) must have been taken
-        assert chunk < 2 or chunk - 2 in taken
+        # the chunk that used this slot before (four chunks back: 2 slots a worker) was taken
+        assert chunk < 4 or chunk - 4 in taken
         log.append((chunk, slot, threading.current_thread().name))
         time.sleep(0.01 * (chunk % 3))  # finish out of order
         return chunk
 
     got = []
-    for result in trainer.run_chunks(list(range(7)), train):
+    for result in trainer.run_chunks(list(range(9)), train):
         got.append(result)
         taken.add(result)
-    assert got == list(range(7))
-    assert sorted((c, s) for c, s, _ in log) == [(c, c % 2) for c in range(7)]
+    assert got == list(range(9))
+    assert sorted((c, s) for c, s, _ in log) == [(c, c % 4) for c in range(9)]
+    assert len({name for _, _, name in log}) == 2
     assert all(name.startswith("fedprivopt-chunk") for _, _, name in log)
 
 

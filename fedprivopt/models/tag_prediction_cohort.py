@@ -86,13 +86,14 @@ class TagCohortTrainer(CohortTrainer):
         Users trained together; bounds memory (the stacked rows of a chunk).
     cpu_threads : int or None
         torch intra-op threads while a chunk's data is prepared and its local steps run on the
-        CPU, ``>= 1`` (the caller's setting is restored around everything else: the large
-        streaming passes, zeroing, clipping and the server's sum, use it); ``None`` leaves
-        torch's setting alone. Default 1: the steps are many small gather/scatter operations
-        that gain nothing from a second thread on an idle machine, and every parallel region
-        waits for a descheduled thread when another process is busy (measured on 2 cores:
-        ``index_add_`` of 300 rows 0.04 ms with 1 thread, 72 ms with 2 while another process
-        ran; ``benchmarks/NOTES.md``). For more cores, shard the cohort over Ray actors
+        CPU, ``>= 1`` (with one worker the caller's setting is restored around the chunk's
+        zeroing and clipping; with several, each worker runs everything with one thread);
+        ``None`` leaves torch's setting alone. Default 1: the steps are many small
+        gather/scatter operations that gain nothing from a second thread on an idle machine,
+        and every parallel region waits for a descheduled thread when another process is busy
+        (measured on 2 cores: ``index_add_`` of 300 rows 0.04 ms with 1 thread, 72 ms with 2
+        while another process ran; ``benchmarks/NOTES.md``). The cores are used by
+        ``cpu_workers`` instead; beyond one machine, shard the cohort over Ray actors
         (``fast-actors``).
     cpu_workers : int or None
         Chunks trained at once on the CPU, each in its own thread with one intra-op thread (see

@@ -116,8 +116,7 @@ def _row_sq64(values: torch.Tensor) -> torch.Tensor:
     rows of 500 (float32 row norms: 1 ms, not accurate enough; see :func:`segment_sq_norms`).
     """
     if values.dtype == torch.float64 or values.device.type != "cpu":
-        wide = values.to(torch.float64)
-        return (wide * wide).sum(dim=1)
+        return torch.linalg.vector_norm(values, dim=1, dtype=torch.float64).square_()
     rows, width = int(values.shape[0]), int(values.shape[1])
     out = torch.empty(rows, dtype=torch.float64)
     per = max(1, _ROW_CHUNK // max(1, width))

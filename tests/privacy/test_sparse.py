@@ -286,3 +286,24 @@ def test_server_reclip_of_a_float64_update_is_within_c():
     for update in (x, _one_row(x)):
         out = agg.aggregate([(0, update)], dim=x.numel(), dtype=torch.float64).delta_tilde
         assert 1 - 1e-9 < _exact_sq(out) <= 1
+
+
+@pytest.mark.parametrize(
+    ("rows", "width"),
+    [(1, 1), (3, 7), (1000, 500), (7, (1 << 18) + 3)],  # one block, several, a row wider than one
+)
+def test_float64_row_squares_are_exact_squares_summed_in_float64(rows, width):
+    from fedprivopt.privacy.sparse import _row_sq64
+
+    gen = torch.Generator().manual_seed(rows + width)
+    values = torch.randn(rows, width, generator=gen)
+    values[0, 0] = 3.4e38  # the largest float32s square exactly in float64
+    if width > 1:
+        values[-1, -1] = 1e-45  # a float32 subnormal
+    got = _row_sq64(values)
+    assert got.dtype == torch.float64 and got.shape == (rows,)
+    for i in range(rows):
+        exact = math.fsum(float(x) * float(x) for x in values[i].tolist())  # exact squares
+        assert abs(got[i].item() - exact) <= width * 2.0**-53 * exact
+    values[rows // 2, 0] = float("nan")
+    assert math.isnan(_row_sq64(values)[rows // 2].item())

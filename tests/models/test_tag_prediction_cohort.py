@@ -203,18 +203,19 @@ def test_token_cache_gives_bit_identical_updates(synth_dir, tmp_path, single_lab
         assert torch.equal(a.rows, b.rows) and torch.equal(a.values, b.values)
 
 
-def test_cpu_threads_are_set_for_the_steps_and_restored(synth_dir, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_cpu_threads_are_set_for_the_steps_and_restored(synth_dir, monkeypatch, workers):
     task = _task(synth_dir)
     w = initial_flat(task)
     cfg = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        trainer = TagCohortTrainer(task, device="cpu", chunk_users=4, cpu_workers=1)
+        trainer = TagCohortTrainer(task, device="cpu", chunk_users=4, cpu_workers=workers)
         in_steps, steps = [], trainer._steps
 
         def recording(*args, **kwargs):
-            in_steps.append(torch.get_num_threads())
+            in_steps.append((torch.get_num_threads(), threading.current_thread().name))
             return steps(*args, **kwargs)
 
         monkeypatch.setattr(trainer, "_steps", recording)
@@ -223,8 +224,13 @@ def test_cpu_threads_are_set_for_the_steps_and_restored(synth_dir, monkeypatch):
             torch.get_num_threads()
             for _ in trainer.train(w, [0, 1, 2, 3, 4], round_num=1, config=cfg, rngs=rngs)
         ]
-        assert in_steps == [1, 1, 1]  # chunks of 2, 2 and 1 (CPU_CHUNKS), one thread each
-        assert at_yield == [2] * 5  # the caller's setting everywhere else
+        # chunks of 2, 2 and 1 users (CPU_CHUNKS), each stepped with one thread
+        assert [n for n, _ in in_steps] == [1, 1, 1]
+        names = {name for _, name in in_steps}
+        if workers == 1:  # in the caller's thread, whose setting holds everywhere else
+            assert names == {threading.current_thread().name} and at_yield == [2] * 5
+        else:  # in the workers' threads; the caller runs with one while chunks are pending
+            assert all(n.startswith("fedprivopt-chunk") for n in names) and at_yield == [1] * 5
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -310,32 +316,3 @@ def test_chunks_trained_at_once_give_the_same_updates_to_the_bit(
             for (u, a), (v, b) in zip(got, alone, strict=True):
                 assert u == v and torch.equal(a.rows, b.rows)
                 assert torch.equal(a.values, b.values)
-
-
-def test_workers_step_with_one_thread_and_the_callers_setting_is_restored(synth_dir):
-    task = _task(synth_dir)
-    w = initial_flat(task)
-    cfg = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        trainer = TagCohortTrainer(task, device="cpu", chunk_users=256, cpu_workers=2)
-        threads, steps = [], trainer._steps
-
-        def recording(*args, **kwargs):
-            threads.append((torch.get_num_threads(), threading.current_thread().name))
-            return steps(*args, **kwargs)
-
-        trainer._steps = recording
-        batches = list(
-            b.clone()
-            for b in trainer.train_batches(w, list(range(10)), round_num=1, config=cfg,
-                                           rngs=RngFactory(seed=1))
-        )  # fmt: skip
-        assert len(batches) == 4  # CPU_CHUNKS, of 3, 3, 3 and 1 users
-        assert [u for b in batches for u in b.users] == list(range(10))
-        assert {n for n, _ in threads} == {1}
-        assert all(name.startswith("fedprivopt-chunk") for _, name in threads)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)

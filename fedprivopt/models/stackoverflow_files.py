@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,6 +37,14 @@ from fedprivopt.data.synthetic import (
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
 __all__ = ["MAX_MODEL_PARAMETERS", "StackOverflowFiles", "check_model_parameters"]
+
+#: Guards a task's lazily built state (the user cache, the training split, the token store)
+#: when the cohort trainer's workers read users from threads (``CohortTrainer.run_chunks``).
+#: Twenty-second review of issue 15: two workers opened the token store at once (the second
+#: waited for the first's lock and said on stderr that it waited for "another process"), and a
+#: user found in the cache could be evicted by the other worker before ``move_to_end``
+#: (``KeyError``). One lock for the process: tasks are pickled for Ray, a lock is not.
+STATE_LOCK = threading.RLock()
 
 GENERATED_FILES = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
 
@@ -291,9 +300,10 @@ class StackOverflowFiles:
 
     def _train_split(self) -> SQLiteSplit:
         """The training split, opened on first use (after unpickling too)."""
-        if self._train is None:
-            self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
-        return self._train
+        with STATE_LOCK:
+            if self._train is None:
+                self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+            return self._train
 
     def _encoded_eval_users(self) -> list[Any]:
         """``_encode`` of each of the first :attr:`eval_users` users of :attr:`eval_split`."""
@@ -326,13 +336,16 @@ class StackOverflowFiles:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``read(user_id)`` (user id checked), kept among the ``cache_users`` most recent."""
         user_id = self._check_user(user_id)
-        hit = self._cache.get(user_id)
-        if hit is not None:
-            self._cache.move_to_end(user_id)
-            return hit
-        out = read(user_id)
+        with STATE_LOCK:  # the cohort trainer's workers read users at once
+            hit = self._cache.get(user_id)
+            if hit is not None:
+                self._cache.move_to_end(user_id)
+                return hit
+        out = read(user_id)  # outside the lock: workers read different users in parallel
         if self.cache_users:
-            self._cache[user_id] = out
-            while len(self._cache) > self.cache_users:
-                self._cache.popitem(last=False)
+            with STATE_LOCK:
+                self._cache[user_id] = out
+                self._cache.move_to_end(user_id)
+                while len(self._cache) > self.cache_users:
+                    self._cache.popitem(last=False)
         return out

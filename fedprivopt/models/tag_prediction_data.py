@@ -23,7 +23,7 @@ import torch
 from fedprivopt.data.fast_example import text_fields_decoder
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.data.token_cache import EncodedUsers, open_or_build, stderr_progress
-from fedprivopt.models.stackoverflow_files import StackOverflowFiles
+from fedprivopt.models.stackoverflow_files import STATE_LOCK, StackOverflowFiles
 from fedprivopt.models.tag_prediction_encoding import (
     UserCSR,
     encode_examples,
@@ -191,7 +191,11 @@ class TagTaskData(StackOverflowFiles):
         """The memory-mapped token store (built on first use); ``None`` without a token cache."""
         if not self.token_cache:
             return None
-        if self._store is None:
+        if self._store is not None:
+            return self._store
+        with STATE_LOCK:  # once, though the cohort trainer's workers ask at once
+            if self._store is not None:
+                return self._store
             self._train_split()  # opened once, before the encoding workers fork
             self._store = open_or_build(
                 self.cache_dir,
@@ -205,7 +209,7 @@ class TagTaskData(StackOverflowFiles):
                 if self.num_users >= 20_000
                 else None,
             )
-        return self._store
+            return self._store
 
     def _store_key(self) -> dict:
         """What the token store depends on: the file's identity and the encoding."""

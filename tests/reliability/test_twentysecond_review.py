@@ -1,0 +1,121 @@
+"""Issue 15, twenty-second hostile review: regression tests of its findings.
+
+1. The fast engine's tag task with the token cache (``simulate stackoverflow-tp.toml``, the
+   preset's default; also a first run that builds the store): the cohort's chunks now train in
+   worker threads (``CohortTrainer.run_chunks``), and both workers found the task's token store
+   not yet open and opened it at once. The second waited for the first's file lock and printed
+   ``fedprivopt: waiting for another process, which holds …/.fedprivopt-cache/….lock while it
+   writes the files there (a suspended process must be resumed or stopped first)``: a false
+   line on stderr about a process that does not exist, in 18 of 20 first rounds (4 of 7 runs
+   of the preset). Now the task's lazy state is opened under one lock
+   (``stackoverflow_files.STATE_LOCK``): one open, no line.
+1b. The same threads with the token cache off and ``task-params.cache-users`` about the
+   cohort's size: a user found in the task's cache could be evicted by the other worker before
+   ``move_to_end`` (``KeyError: 9`` out of a round when a thread switch falls between the two).
+   The cache's reads and writes are now under the same lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from fedprivopt.clients import LocalConfig
+from fedprivopt.models import StackOverflowTagTask, initial_flat
+from fedprivopt.models.tag_prediction_cohort import TagCohortTrainer
+from fedprivopt.privacy import RngFactory
+
+SYNTH = dict(synth_clients=300, synth_vocab=600, synth_tags=20, synth_seed=3)
+CONFIG = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("review22-synth")
+    StackOverflowTagTask(data_dir=str(root), vocab_size=500, num_tags=15, **SYNTH)
+    return root
+
+
+def _task(root, **kw):
+    args = dict(data_dir=str(root), vocab_size=500, num_tags=15, num_users=80, eval_users=5)
+    return StackOverflowTagTask(**{**args, **SYNTH, **kw})
+
+
+def _round(task, workers, round_num=1, users=range(40)):
+    """Every user's update of one round, trained by ``workers`` threads (copies)."""
+    trainer = TagCohortTrainer(task, device="cpu", chunk_users=256, cpu_workers=workers)
+    w = initial_flat(task)
+    out = []
+    batches = trainer.train_batches(
+        w, list(users), round_num=round_num, config=CONFIG, rngs=RngFactory(seed=1)
+    )
+    for batch in batches:
+        out.append(batch.clone())
+    return out
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.users == y.users
+        assert torch.equal(x.rows, y.rows) and torch.equal(x.row_ptr, y.row_ptr)
+        assert torch.equal(x.values.view(torch.int32), y.values.view(torch.int32))
+
+
+# -- finding 1: two workers opened the token store at once, one "waiting for another process" ---
+def test_1_the_token_store_is_opened_once_by_workers_without_a_waiting_line(
+    synth_dir, monkeypatch, capfd
+):
+    import fedprivopt.data.token_cache as token_cache
+    import fedprivopt.models.tag_prediction_data as tpd
+
+    _task(synth_dir, token_cache=True).encoded_users()  # built; the test is about opening it
+    reference = _round(_task(synth_dir, token_cache=True), workers=1)
+    capfd.readouterr()
+    calls = []
+    real = tpd.open_or_build
+
+    def counted(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    class SlowStore(token_cache.EncodedUsers):  # an open under the lock that takes a moment
+        def __init__(self, *args, **kwargs):
+            time.sleep(0.3)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(tpd, "open_or_build", counted)
+    monkeypatch.setattr(token_cache, "EncodedUsers", SlowStore)
+    got = _round(_task(synth_dir, token_cache=True), workers=2)
+    err = capfd.readouterr().err
+    assert "waiting for" not in err, err
+    assert len(calls) == 1, calls
+    _same(got, reference)
+
+
+# -- finding 1b: a cached user evicted by the other worker between get and move_to_end ----------
+def test_1b_the_user_cache_is_safe_under_the_workers(synth_dir):
+    class Switching(OrderedDict):
+        """A thread switch right after a hit (what the GIL may do between two calls)."""
+
+        hits = 0
+
+        def get(self, key, default=None):
+            value = super().get(key, default)
+            if value is not None:
+                Switching.hits += 1
+                time.sleep(0.02)
+            return value
+
+    reference = [_round(_task(synth_dir, cache_users=25), 1, r) for r in range(5)]
+    task = _task(synth_dir, cache_users=25)
+    task._cache = Switching()
+    for r in range(5):  # rounds of 40 users; the cache holds 25: hits and evictions at once
+        _same(_round(task, 2, r), reference[r])
+    assert Switching.hits > 0
+    assert len(task._cache) == 25
+    assert torch.get_num_threads() >= 1

@@ -150,6 +150,12 @@ class TagCohortTrainer(CohortTrainer):
         def train(chunk: list[int], slot: int) -> RowSparseBatch:
             return self._train_chunk(model, precond, chunk, round_num, config, rngs, stream, slot)
 
+        # the token store is opened (built, the first time) in this thread, before the workers
+        # start: a signal then interrupts a build of minutes at once (twenty-second review of
+        # issue 15, finding 2: Ctrl-C waited for the build to end in a worker)
+        encoded_users = getattr(self.task, "encoded_users", None)
+        if encoded_users is not None:
+            encoded_users()
         yield from self.run_chunks(self.chunks(users), train)
 
     # ----------------------------------------------------------------------------- chunks
@@ -235,6 +241,7 @@ class TagCohortTrainer(CohortTrainer):
         dev = self.device
         with self._step_threads():
             chunk = self._prepare(users, round_num, config, rngs, stream)
+        self.check_stopped()
         rows_dev = chunk.rows.to(dev)
         # each user's update, trained directly: the model it reads is the global rows + these
         delta = self._workspace(f"delta{slot}", int(rows_dev.numel()), model).zero_()
@@ -308,6 +315,7 @@ class TagCohortTrainer(CohortTrainer):
         keep = None if self.train_bias else (rows != self.vocab_size).to(dtype)[:, None]
 
         for t in range(len(bounds) - 1):
+            self.check_stopped()  # a worker whose round was stopped ends here
             v0, v1, t0, t1 = bounds[t], bounds[t + 1], t_bounds[t], t_bounds[t + 1]
             offsets, weights = vstart[v0:v1] - t0, s_w[t0:t1]
             logits = F.embedding_bag(

@@ -21,6 +21,12 @@
    with one worker; 41 s for 342,477). Now the workers stop at their next step
    (``CohortTrainer.check_stopped``) and the store is opened in the caller's thread: 0.5-0.9 s
    (a single long tensor operation of a chunk's setup still ends first, as with one worker).
+3. SIGKILL (``kill -9``, the out-of-memory killer) of a first run while it builds the token
+   store (``stackoverflow-tp.toml`` on the 342k dataset with a fresh ``task-params.cache-dir``):
+   the build's partial directory ``<digest>.tmp-<pid>`` (42 MB at 20% of 80,000 users) stayed
+   in the cache directory for ever next to the store the next run built; each kill added one.
+   Now a build removes its key's partial directories first (under the store's lock, no other
+   process builds that key).
 """
 
 from __future__ import annotations
@@ -186,3 +192,51 @@ def test_2b_the_token_store_is_opened_in_the_callers_thread(synth_dir, monkeypat
     monkeypatch.setattr(tpd, "open_or_build", record)
     _round(_task(synth_dir, token_cache=True), workers=2)
     assert opened == [threading.current_thread().name]  # a signal interrupts a build here
+
+
+# -- finding 3: a killed build of the token store left its partial directory for ever -----------
+def test_3_a_killed_builds_partial_store_is_removed_by_the_next_build(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from fedprivopt.data.token_cache import cache_key_digest, open_or_build
+
+    root = tmp_path / "cache"
+    key = {"k": 1}
+    digest = cache_key_digest(key)
+    # a build in another process, killed with SIGKILL while it encodes (the OOM killer, kill -9)
+    script = (
+        "import sys, time\n"
+        "from fedprivopt.data.token_cache import open_or_build\n"
+        "def slow(u):\n"
+        "    if u == 50:\n"
+        "        print('encoding', flush=True); time.sleep(60)\n"
+        "    return [[1, 2, 3]] * 20, [[0]] * 20\n"
+        f"open_or_build({str(root)!r}, {key!r}, 100_000, slow, multi_label=True,\n"
+        "              token_bound=5, label_bound=5, workers=1)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "encoding"
+        partial = list(root.glob(f"{digest}.tmp-*"))
+        assert partial, os.listdir(root)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    store = open_or_build(
+        root, key, 10, lambda u: ([[1]], [[0]]), multi_label=True, token_bound=5,
+        label_bound=5, workers=1,
+    )  # fmt: skip
+    assert store.meta["num_users"] == 10
+    assert not list(root.glob("*.tmp-*")), os.listdir(root)
+    # another key's build in progress is not this key's leftover: it stays
+    other = root / f"{cache_key_digest({'k': 2})}.tmp-1"
+    other.mkdir()
+    open_or_build(
+        root, {"k": 3}, 10, lambda u: ([[1]], [[0]]), multi_label=True, token_bound=5,
+        label_bound=5, workers=1,
+    )  # fmt: skip
+    assert other.is_dir()

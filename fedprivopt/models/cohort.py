@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import torch
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.privacy.rng import RngFactory
 
@@ -88,16 +89,12 @@ class CohortTrainer:
         cpu_threads: int | None = 1,
         cpu_workers: int | None = None,
     ):
-        if isinstance(chunk_users, bool) or int(chunk_users) < 1:
-            raise ValueError(f"chunk_users must be an integer >= 1, got {chunk_users!r}")
-        if cpu_threads is not None and (isinstance(cpu_threads, bool) or int(cpu_threads) < 1):
-            raise ValueError(f"cpu_threads must be an integer >= 1 or None, got {cpu_threads!r}")
+        # integers only (twenty-second review of issue 15, 4: 1.5 and "2" were truncated or
+        # parsed, NaN and inf raised int()'s errors naming no parameter)
+        self.chunk_users = check_int("chunk_users", chunk_users, 1)
+        self.cpu_threads = check_int("cpu_threads", cpu_threads, 1, none=True)
+        self.cpu_workers = check_int("cpu_workers", cpu_workers, 1, none=True)
         self.task = task
-        self.chunk_users = int(chunk_users)
-        self.cpu_threads = None if cpu_threads is None else int(cpu_threads)
-        if cpu_workers is not None and (isinstance(cpu_workers, bool) or int(cpu_workers) < 1):
-            raise ValueError(f"cpu_workers must be an integer >= 1 or None, got {cpu_workers!r}")
-        self.cpu_workers = None if cpu_workers is None else int(cpu_workers)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)

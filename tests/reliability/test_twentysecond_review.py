@@ -27,6 +27,11 @@
    in the cache directory for ever next to the store the next run built; each kill added one.
    Now a build removes its key's partial directories first (under the store's lock, no other
    process builds that key).
+4. The cohort trainers' ``chunk_users``, ``cpu_threads`` and ``cpu_workers`` (Python API;
+   ``cpu_workers`` moved to ``CohortTrainer`` today): ``1.5`` was truncated to 1, ``"2"``
+   parsed, and NaN, inf or a list raised ``int()``'s own errors naming no parameter
+   (``cannot convert float NaN to integer``). Now ``core.checks.check_int``: ``ValueError``
+   ``cpu_workers must be an integer >= 1 or None, got nan``.
 """
 
 from __future__ import annotations
@@ -240,3 +245,13 @@ def test_3_a_killed_builds_partial_store_is_removed_by_the_next_build(tmp_path):
         label_bound=5, workers=1,
     )  # fmt: skip
     assert other.is_dir()
+
+
+# -- finding 4: the cohort trainers' thread and chunk settings took floats and strings ----------
+@pytest.mark.parametrize("name", ["chunk_users", "cpu_threads", "cpu_workers"])
+@pytest.mark.parametrize("value", [1.5, "2", float("nan"), float("inf"), 0, True, [2]])
+def test_4_cohort_trainer_settings_are_integers_named_in_the_error(synth_dir, name, value):
+    task = _task(synth_dir)
+    with pytest.raises(ValueError, match=f"^{name} must be an integer >= 1"):
+        TagCohortTrainer(task, device="cpu", **{name: value})
+    assert TagCohortTrainer(task, device="cpu", **{name: 3}).__dict__[name] == 3

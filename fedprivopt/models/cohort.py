@@ -24,7 +24,7 @@ from fedprivopt.core.checks import check_int
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["CPU_CHUNKS", "ChunkStopped", "CohortTrainer"]
+__all__ = ["CPU_CHUNKS", "MIN_PARALLEL_USERS", "ChunkStopped", "CohortTrainer"]
 
 T = TypeVar("T")
 
@@ -36,6 +36,13 @@ CPU_CHUNKS = 4
 #: Workspaces ("slots") per worker: with one, a worker that finished its chunk before the one
 #: ahead of it idled until both were consumed (40 ms of a 166 ms round, measured; NOTES 18).
 SLOTS_PER_WORKER = 2
+
+#: Users a round needs before its chunks train in threads. Light users (about 37 examples), 2
+#: cores, medians of rounds 2-12 of three runs each: 20 users 0.046-0.049 s with two workers
+#: against 0.040-0.042 s with one, 50 users 0.055-0.058 against 0.050-0.054 s; 100 users
+#: 0.069-0.073 against 0.076-0.081 s; users of real size, 100: 0.15-0.17 against 0.27 s
+#: (``benchmarks/NOTES.md``, entry 18).
+MIN_PARALLEL_USERS = 64
 
 #: The stop event of the chunks a worker thread trains (set when their caller stops asking).
 _WORKER = threading.local()
@@ -79,6 +86,8 @@ class CohortTrainer:
 
     length: int
     noise_shares = False
+    #: users a round needs before its chunks train in threads (:data:`MIN_PARALLEL_USERS`)
+    min_parallel_users = MIN_PARALLEL_USERS
 
     def __init__(
         self,
@@ -183,7 +192,7 @@ class CohortTrainer:
         return max(1, torch.get_num_threads() if self.cpu_workers is None else self.cpu_workers)
 
     def run_chunks(
-        self, chunks: Sequence[T], train: Callable[[T, int], object]
+        self, chunks: Sequence[T], train: Callable[[T, int], object], *, parallel: bool = True
     ) -> Iterator[object]:
         """Yield ``train(chunk, slot)`` for every chunk, in order, :meth:`workers` at once.
 
@@ -194,9 +203,10 @@ class CohortTrainer:
         result stays valid until then, as with one worker. Each worker thread runs torch with
         one intra-op thread, and so does the caller's thread while results are pending (its
         own parallel regions would wait for the workers' cores); its thread count is restored
-        afterwards.
+        afterwards. ``parallel = False``: one chunk at a time in the caller's thread (where the
+        threads would cost more than they give; the results are the same).
         """
-        workers = min(self.workers(), len(chunks))
+        workers = min(self.workers(), len(chunks)) if parallel else 1
         if workers <= 1:
             for chunk in chunks:
                 yield train(chunk, 0)

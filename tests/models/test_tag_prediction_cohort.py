@@ -212,6 +212,7 @@ def test_cpu_threads_are_set_for_the_steps_and_restored(synth_dir, monkeypatch, 
     torch.set_num_threads(2)
     try:
         trainer = TagCohortTrainer(task, device="cpu", chunk_users=4, cpu_workers=workers)
+        trainer.min_parallel_users = 1  # threads for these 5 users too
         in_steps, steps = [], trainer._steps
 
         def recording(*args, **kwargs):
@@ -304,6 +305,7 @@ def test_chunks_trained_at_once_give_the_same_updates_to_the_bit(
 
     def run(workers, chunk_users):
         trainer = TagCohortTrainer(task, device="cpu", chunk_users=chunk_users, cpu_workers=workers)
+        trainer.min_parallel_users = 1
         return list(trainer.train(
             w, users, round_num=4, config=cfg, rngs=RngFactory(seed=9), preconditioner=precond
         ))  # fmt: skip
@@ -316,3 +318,26 @@ def test_chunks_trained_at_once_give_the_same_updates_to_the_bit(
             for (u, a), (v, b) in zip(got, alone, strict=True):
                 assert u == v and torch.equal(a.rows, b.rows)
                 assert torch.equal(a.values, b.values)
+
+
+def test_a_round_of_few_users_trains_in_the_callers_thread(synth_dir):
+    task = _task(synth_dir)
+    w = initial_flat(task)
+    cfg = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
+    trainer = TagCohortTrainer(task, device="cpu", cpu_workers=2)
+    names, steps = [], trainer._steps
+
+    def recording(*args, **kwargs):
+        names.append(threading.current_thread().name)
+        return steps(*args, **kwargs)
+
+    trainer._steps = recording
+    few = list(range(trainer.min_parallel_users - 1))
+    got = dict(trainer.train(w, few, round_num=1, config=cfg, rngs=RngFactory(seed=3)))
+    assert set(names) == {threading.current_thread().name} and len(names) == 4  # CPU_CHUNKS
+    trainer.min_parallel_users = 1  # the same users in the workers' threads: the same updates
+    names.clear()
+    threaded = dict(trainer.train(w, few, round_num=1, config=cfg, rngs=RngFactory(seed=3)))
+    assert all(n.startswith("fedprivopt-chunk") for n in names)
+    for u in few:
+        assert torch.equal(got[u].values, threaded[u].values)

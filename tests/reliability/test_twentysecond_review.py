@@ -67,6 +67,7 @@ def _task(root, **kw):
 def _round(task, workers, round_num=1, users=range(40)):
     """Every user's update of one round, trained by ``workers`` threads (copies)."""
     trainer = TagCohortTrainer(task, device="cpu", chunk_users=256, cpu_workers=workers)
+    trainer.min_parallel_users = 1  # threads for these few users too
     w = initial_flat(task)
     out = []
     batches = trainer.train_batches(
@@ -150,6 +151,7 @@ def test_2_a_signal_in_the_caller_stops_the_workers_within_a_step(synth_dir):
 
     task = _task(synth_dir)
     trainer = TagCohortTrainer(task, device="cpu", chunk_users=256, cpu_workers=2)
+    trainer.min_parallel_users = 1  # threads for these few users too
     long = LocalConfig(learning_rate=0.1, epochs=400, batch_size=1, clip_norm=1.0)
     w = initial_flat(task)
     start = time.perf_counter()

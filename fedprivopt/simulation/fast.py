@@ -250,8 +250,10 @@ def _ray_actors(
     @ray.remote(num_cpus=1)
     class _Shard:
         def __init__(self, threads: int) -> None:
+            from fedprivopt.core.memory import keep_freed_memory
             from fedprivopt.models import build_task
 
+            keep_freed_memory()  # as the in-process engine (core/memory.py)
             torch.set_num_threads(threads)
             self.trainer = UserTrainer(build_task(task_name, **task_params), **trainer_kwargs)
             self.chunks = 0

@@ -1,0 +1,54 @@
+"""glibc's malloc: keep freed memory in the process for the next round.
+
+A round of the fast engine allocates and frees the same large temporaries again and again (a
+chunk's logits, gradient rows, streams: megabytes each). glibc's default adjusts its thresholds
+as it goes, and still returns freed memory to the kernel at the top of the heap and serves some
+of these from fresh ``mmap``s, so the next round pages the same memory in again. With the
+threshold for ``mmap`` at its largest (32 MB on 64-bit) and heap trimming above 1 GB only, the
+real-size tag round at 100 clients on 2 cores took 0.155-0.167 s against 0.175-0.188 s
+(``benchmarks/NOTES.md``, entry 18); either setting alone made it slower (0.23 and 0.31 s), since
+setting one turns off glibc's adjustment of both. The price: the process keeps up to its peak
+heap instead of returning it between rounds. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_freed_memory"]
+
+_M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
+#: glibc's largest accepted ``mmap`` threshold on 64-bit (HEAP_MAX_SIZE / 2)
+MMAP_THRESHOLD = 32 << 20
+#: free memory at the top of the heap kept up to this size
+TRIM_THRESHOLD = 1 << 30
+_DONE: list[bool] = []
+
+
+def keep_freed_memory() -> bool:
+    """Set glibc's ``mmap`` and trim thresholds for this process (once); whether they are set.
+
+    Only on Linux with glibc's ``mallopt``, and only when the user set neither
+    ``MALLOC_MMAP_THRESHOLD_`` nor ``MALLOC_TRIM_THRESHOLD_`` (their values are kept). Allocation
+    only: results are the same to the bit.
+    """
+    if _DONE:
+        return _DONE[0]
+    ok = False
+    user_set = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"} & set(os.environ)
+    if sys.platform.startswith("linux") and not user_set:
+        try:
+            mallopt = ctypes.CDLL(None).mallopt
+        except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+            mallopt = None
+        if mallopt is not None:
+            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+            mallopt.restype = ctypes.c_int
+            ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+                mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+            )
+    _DONE.append(ok)
+    return ok

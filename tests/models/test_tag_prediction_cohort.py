@@ -10,20 +10,15 @@ from fedprivopt.models import StackOverflowTagTask, initial_flat
 from fedprivopt.models.tag_prediction_cohort import TagCohortTrainer
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.sparse import RowSparse
-
-SYNTH = dict(synth_clients=300, synth_vocab=600, synth_tags=20, synth_seed=3)
+from tests.tag_synth import make_synth_dir, tag_task
 
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cohort-synth")
-    StackOverflowTagTask(data_dir=str(root), vocab_size=500, num_tags=15, **SYNTH)
-    return root
+    return make_synth_dir(tmp_path_factory, "cohort-synth")
 
 
-def _task(root, **kw):
-    args = dict(data_dir=str(root), vocab_size=500, num_tags=15, num_users=80, eval_users=5)
-    return StackOverflowTagTask(**{**args, **SYNTH, **kw})
+_task = tag_task
 
 
 def _reference(task, w, users, cfg, rngs, precond, stream="train"):

@@ -44,24 +44,20 @@ import pytest
 import torch
 
 from fedprivopt.clients import LocalConfig
-from fedprivopt.models import StackOverflowTagTask, initial_flat
+from fedprivopt.models import initial_flat
 from fedprivopt.models.tag_prediction_cohort import TagCohortTrainer
 from fedprivopt.privacy import RngFactory
+from tests.tag_synth import make_synth_dir, tag_task
 
-SYNTH = dict(synth_clients=300, synth_vocab=600, synth_tags=20, synth_seed=3)
 CONFIG = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
 
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("review22-synth")
-    StackOverflowTagTask(data_dir=str(root), vocab_size=500, num_tags=15, **SYNTH)
-    return root
+    return make_synth_dir(tmp_path_factory, "review22-synth")
 
 
-def _task(root, **kw):
-    args = dict(data_dir=str(root), vocab_size=500, num_tags=15, num_users=80, eval_users=5)
-    return StackOverflowTagTask(**{**args, **SYNTH, **kw})
+_task = tag_task
 
 
 def _round(task, workers, round_num=1, users=range(40)):

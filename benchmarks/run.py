@@ -441,6 +441,13 @@ def write(results: dict, root: Path) -> None:
     (root / "RESULTS.md").write_text("\n".join(lines) + "\n")
 
 
+def _replace_devices(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old``'s entries of the devices ``new`` has none of, then ``new``'s; the CPU's first."""
+    ran = {e.get("device", "cpu") for e in new}
+    out = [e for e in old if e.get("device", "cpu") not in ran] + list(new)
+    return sorted(out, key=lambda e: e.get("device", "cpu") != "cpu")  # stable
+
+
 def merge(results: dict, other: dict, code: str = "") -> dict:
     """``results`` with the rows and blocks of ``other`` (another machine's run) added.
 
@@ -450,12 +457,10 @@ def merge(results: dict, other: dict, code: str = "") -> dict:
     out = dict(results)
     stamp = other.get("code") or code or "not recorded"
     for group in ("micro", "engines", "engines_real", "scaling", "data", "nextword", "simulate"):
-        devices = {entry["device"] for entry in other.get(group, [])}
         added = [dict(e, code=e.get("code") or stamp) for e in other.get(group, [])]
         if group == "micro":
             added = [dict(r, machine=other["machine"]) for r in added]
-        kept = [e for e in results.get(group, []) if e["device"] not in devices]
-        out[group] = kept + added
+        out[group] = _replace_devices(results.get(group, []), added)
     return out
 
 
@@ -549,9 +554,7 @@ def main() -> int:
         results["simulate"] = [dict(block, code=results["code"])]
     for group in groups:  # a group run on some devices keeps the other devices' blocks
         key = group.replace("-", "_")
-        ran = {e.get("device", "cpu") for e in results[key]}
-        kept = [e for e in previous.get(key, []) if e.get("device", "cpu") not in ran]
-        results[key] = results[key] + kept
+        results[key] = _replace_devices(previous.get(key, []), results[key])
     write(results, out)
     print(f"wrote {out / 'RESULTS.md'}")
     return 0

@@ -14,6 +14,7 @@ heap instead of returning it between rounds. Nothing here imports torch.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -25,9 +26,9 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20
 #: free memory at the top of the heap kept up to this size
 TRIM_THRESHOLD = 1 << 30
-_DONE: list[bool] = []
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """Set glibc's ``mmap`` and trim thresholds for this process (once); whether they are set.
 
@@ -35,20 +36,15 @@ def keep_freed_memory() -> bool:
     ``MALLOC_MMAP_THRESHOLD_`` nor ``MALLOC_TRIM_THRESHOLD_`` (their values are kept). Allocation
     only: results are the same to the bit.
     """
-    if _DONE:
-        return _DONE[0]
-    ok = False
     user_set = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"} & set(os.environ)
-    if sys.platform.startswith("linux") and not user_set:
-        try:
-            mallopt = ctypes.CDLL(None).mallopt
-        except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-            mallopt = None
-        if mallopt is not None:
-            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-            mallopt.restype = ctypes.c_int
-            ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-                mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-            )
-    _DONE.append(ok)
-    return ok
+    if not sys.platform.startswith("linux") or user_set:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )

@@ -156,7 +156,6 @@ class TagCohortTrainer(CohortTrainer):
         encoded_users = getattr(self.task, "encoded_users", None)
         if encoded_users is not None:
             encoded_users()
-        users = [int(u) for u in users]
         parallel = len(users) >= self.min_parallel_users
         yield from self.run_chunks(self.chunks(users), train, parallel=parallel)
 

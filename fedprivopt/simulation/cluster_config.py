@@ -40,13 +40,26 @@ _HOST = r"([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
 _ADDRESS = re.compile(rf"(auto|local|{_HOST}:(?P<port>[0-9]{{1,5}}))\Z")
 
 
+def _resolvable(host: str) -> bool:
+    """Whether ``host`` (a bracketed IPv6 address or a name) has labels of 1 to 63 characters.
+
+    The resolver's IDNA encoding refuses an empty label (``head..lan``) or one over 63
+    characters, and a name over 253: twenty-third review of issue 15, where such an address
+    passed this check and ended in ``encoding with 'idna' codec failed``, naming no key.
+    """
+    if host.startswith("["):
+        return True
+    return len(host) <= 253 and all(1 <= len(label) <= 63 for label in host.split("."))
+
+
 def check_address(value: object, key: str = "ray-address") -> str:
     """Return ``value`` if it is a valid ``ray-address`` (``""`` means unset), else raise.
 
     Parameters
     ----------
     value : object
-        ``""``, ``"local"``, ``"auto"`` or ``host:port`` with a port in [1, 65535].
+        ``""``, ``"local"``, ``"auto"`` or ``host:port`` with a port in [1, 65535] and a host
+        name whose dot-separated labels have 1 to 63 characters (253 in all).
     key : str
         What the error names (``RAY_ADDRESS`` when the value comes from the environment).
 
@@ -59,7 +72,11 @@ def check_address(value: object, key: str = "ray-address") -> str:
         return value
     match = _ADDRESS.match(value) if isinstance(value, str) else None
     port = match and match.group("port")
-    if match is None or (port is not None and not 1 <= int(port) <= 65535):
+    if (
+        match is None
+        or (port is not None and not 1 <= int(port) <= 65535)
+        or (port is not None and not _resolvable(value.rpartition(":")[0]))
+    ):
         client = isinstance(value, str) and value.startswith("ray://")
         why = " (Ray Client is not supported: run on a node of the cluster)" if client else ""
         raise ValueError(

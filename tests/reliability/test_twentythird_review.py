@@ -1,0 +1,68 @@
+"""Issue 15, twenty-third hostile review: regression tests of its findings.
+
+1. ``simulate toy.toml --set engine=flower --set ray-address="head..lan:6379"`` (a doubled dot,
+   or a host label over 63 characters; also through ``RAY_ADDRESS``, ``compare`` and ``tune``)
+   passed the address check and ended in ``error: encoding with 'idna' codec failed
+   (UnicodeError: label empty or too long)``: rc 2 and one line, but naming neither
+   ``ray-address`` nor the address. Now the check refuses a host name whose labels are not 1 to
+   63 characters (or which is longer than 253), naming the key, before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.test_fuzz_cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "simulations" / "toy.toml"
+
+
+def one_line_error(code: int, err: str, *parts: str) -> str:
+    """rc 2, no traceback, one stderr line holding every one of ``parts``."""
+    assert code == 2, err
+    assert "Traceback" not in err and err.endswith("\n"), err
+    assert len(err.splitlines()) == 1, err
+    for part in parts:
+        assert part in err, err
+    return err
+
+
+# -- finding 1: a host name no resolver takes ------------------------------------------------------
+BAD_HOSTS = ["a..b", "head." + "x" * 64, "x" * 64, ".".join(["abcdefgh"] * 29)]
+
+
+@pytest.mark.parametrize("host", BAD_HOSTS, ids=["empty-label", "long-label", "one-long", "long"])
+def test_1_a_host_name_with_an_empty_or_long_label_is_refused_naming_ray_address(host):
+    from fedprivopt.simulation.cluster_config import check_address
+
+    with pytest.raises(ValueError, match="ray-address must be"):
+        check_address(f"{host}:6379")
+
+
+def test_1_valid_host_names_still_pass():
+    from fedprivopt.simulation.cluster_config import check_address
+
+    for address in ["head-1.lan:6379", "x" * 63 + ".y:1", "10.0.0.1:6379", "[::1]:6379", "auto"]:
+        assert check_address(address) == address
+
+
+def test_1_simulate_with_such_a_ray_address_names_the_key(tmp_path):
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+            "--set", "engine=flower", "--set", 'ray-address="head..lan:6379"']  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "ray-address", "head..lan:6379")
+    assert "idna" not in err
+    assert not out.exists()
+
+
+def test_1_the_same_from_ray_address_in_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "head..lan:6379")
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+            "--set", "engine=flower"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "RAY_ADDRESS", "head..lan:6379")

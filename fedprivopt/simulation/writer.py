@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import ResolvedSideInformation
 from fedprivopt.models.task import Task, data_identity, primary_metric
 from fedprivopt.privacy.flat import flatten, unflatten
@@ -122,7 +123,14 @@ class RunWriter:
             self._eval_spec = flatten(self._eval_model.state_dict())[1]
         model = self._eval_model
         model.load_state_dict(unflatten(params.detach().cpu(), self._eval_spec))
-        return {f"eval_{k}": float(v) for k, v in self.task.evaluate(model).items()}
+        metrics = self.task.evaluate(model)
+        name = self.config.task
+        if not isinstance(metrics, Mapping):
+            raise ValueError(
+                f"task {shown(name)}: evaluate() returned {type(metrics).__name__!r}, not a "
+                "mapping of metric names to numbers"
+            )
+        return {f"eval_{k}": _metric_value(name, k, v) for k, v in metrics.items()}
 
     def wants_eval(self, round_num: int) -> bool:
         """Whether ``round_num`` is evaluated (every ``eval-every`` rounds and the last).
@@ -237,6 +245,22 @@ class RunWriter:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+
+
+def _metric_value(task: str, key: object, value: object) -> float:
+    """``float(value)`` of the task's metric ``key``, or a ``ValueError`` naming both.
+
+    Twenty-third review of issue 15: a task by reference whose ``evaluate`` returned
+    ``{"accuracy": "high"}`` (or ``None``) ended in ``error: could not convert string to float:
+    'high'``, naming neither the task nor the metric.
+    """
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # RuntimeError: a tensor
+        raise ValueError(
+            f"task {shown(task)}: evaluate() returned {shown(value)} for the metric {shown(key)}, "
+            "not a number"
+        ) from None
 
 
 def _finite(params: torch.Tensor) -> bool:

@@ -6,6 +6,11 @@
    (UnicodeError: label empty or too long)``: rc 2 and one line, but naming neither
    ``ray-address`` nor the address. Now the check refuses a host name whose labels are not 1 to
    63 characters (or which is longer than 253), naming the key, before anything is written.
+2. A task by reference (``task = "mytask:Task"``) whose ``evaluate`` returned ``{"accuracy":
+   "high"}`` or ``None`` ended in ``error: could not convert string to float: 'high'`` (rc 2,
+   naming neither the task nor the metric), and one returning a list in an ``AttributeError``
+   traceback (rc 1). Now ``task 'mytask:Task': evaluate() returned 'high' for the metric
+   'accuracy', not a number`` (or ``returned 'list', not a mapping ...``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.models.toy import ToyClassificationTask
 from tests.reliability.test_fuzz_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +72,37 @@ def test_1_the_same_from_ray_address_in_the_environment(tmp_path, monkeypatch):
             "--set", "engine=flower"]  # fmt: skip
     code, _, err = run_cli(argv)
     one_line_error(code, err, "RAY_ADDRESS", "head..lan:6379")
+
+
+# -- finding 2: a task by reference whose evaluate() returns what is not a number ----------------
+class _WordMetric(ToyClassificationTask):
+    """The toy task, its accuracy said in words."""
+
+    def evaluate(self, model):
+        return {"accuracy": "high", "loss": 0.5}
+
+
+class _NoneMetric(ToyClassificationTask):
+    def evaluate(self, model):
+        return {"accuracy": None}
+
+
+class _ListMetrics(ToyClassificationTask):
+    def evaluate(self, model):
+        return [("accuracy", 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [("_WordMetric", "'high' for the metric 'accuracy'"),
+     ("_NoneMetric", "None for the metric 'accuracy'"),
+     ("_ListMetrics", "returned 'list'")],
+)  # fmt: skip
+def test_2_a_task_metric_that_is_no_number_is_named_with_the_task(tmp_path, factory, said):
+    out = tmp_path / "r"
+    task = f"tests.reliability.test_twentythird_review:{factory}"
+    argv = ["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(out),
+            "--set", f'task="{task}"']  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, f"task '{task}'", "evaluate()", said)
+    assert not out.exists()  # the first evaluation precedes round 1's ledger line

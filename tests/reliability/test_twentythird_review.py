@@ -11,6 +11,11 @@
    naming neither the task nor the metric), and one returning a list in an ``AttributeError``
    traceback (rc 1). Now ``task 'mytask:Task': evaluate() returned 'high' for the metric
    'accuracy', not a number`` (or ``returned 'list', not a mapping ...``).
+3. ``tune toy.toml --grid server-learning-rate=1.0,1`` (also ``compare --tune-grid``) was accepted
+   with the grid ``[1.0, 1]``, one configuration drawn twice as often as the others, where
+   ``5e-1,0.5`` and ``compare --noise-multipliers 1,1.0`` were refused as given twice: the
+   check compared the values' types, and ``int`` is not ``float``. Now ``argument --grid:
+   'server-learning-rate' lists '1' twice`` (``true`` and ``1`` stay distinct).
 """
 
 from __future__ import annotations
@@ -106,3 +111,29 @@ def test_2_a_task_metric_that_is_no_number_is_named_with_the_task(tmp_path, fact
     code, _, err = run_cli(argv)
     one_line_error(code, err, f"task '{task}'", "evaluate()", said)
     assert not out.exists()  # the first evaluation precedes round 1's ledger line
+
+
+# -- finding 3: a grid value given twice, once as an integer and once as a float ----------------
+@pytest.mark.parametrize("values", ["1.0,1", "1,1.0", "2,0.5,2.0", "1e0,1"])
+def test_3_a_grid_listing_one_number_as_integer_and_float_is_refused(values):
+    from fedprivopt.simulation.tune_grid import parse_grid
+
+    with pytest.raises(ValueError, match=r"argument --grid: 'server-learning-rate' lists .* twice"):
+        parse_grid([f"server-learning-rate={values}"])
+
+
+def test_3_values_of_other_types_stay_distinct():
+    from fedprivopt.simulation.tune_grid import parse_grid
+
+    grid = parse_grid(["server-momentum=0,0.5", "bias-correction=true,false", "tau=1,2"])
+    assert grid["bias-correction"] == (True, False)
+    assert grid["server-momentum"] == (0, 0.5)
+
+
+def test_3_tune_with_such_a_grid_writes_nothing(tmp_path):
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=1.0,1", "--mean-trials", "1",
+            "--rounds", "1", "--seed", "1", "--quiet", "--out", str(out)]  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "--grid", "twice")
+    assert not out.exists()

@@ -44,6 +44,7 @@ server broadcasts it, clients return flat updates of the same layout. :func:`mod
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
@@ -53,6 +54,7 @@ from fedprivopt.privacy.flat import FlatSpec, flatten
 
 __all__ = [
     "Task",
+    "TaskError",
     "data_identity",
     "evaluating",
     "frozen_coordinates",
@@ -64,6 +66,18 @@ __all__ = [
     "private_evaluation_users",
     "state_to_flat",
 ]
+
+
+class TaskError(TypeError, ValueError):
+    """A task's optional member breaks the protocol (a wrong type or shape of what it returns).
+
+    A ``TypeError`` for callers of the Python API, and a ``ValueError`` so that the command line
+    says it in one line with exit 2, as it says a bad task parameter: twenty-third review of
+    issue 15, where a task by reference whose ``data_identity()`` returned a list (or a set
+    inside its mapping), whose ``primary_metric`` was ``5``, whose ``private_evaluation_users()``
+    returned a list, or whose ``reference()`` returned a string ended in a traceback (rc 1), or in
+    ``error: too many values to unpack (expected 2)`` after the run's last round.
+    """
 
 
 @runtime_checkable
@@ -132,7 +146,7 @@ def primary_metric(task: Task) -> str:
     """
     name = getattr(task, "primary_metric", "accuracy")
     if not isinstance(name, str) or not name:
-        raise TypeError(f"{type(task).__name__}.primary_metric must be a metric name, got {name!r}")
+        raise TaskError(f"{type(task).__name__}.primary_metric must be a metric name, got {name!r}")
     return f"eval_{name}"
 
 
@@ -147,7 +161,7 @@ def private_evaluation_users(task: Task) -> tuple[int, int] | None:
 
     Raises
     ------
-    TypeError
+    TaskError
         When the method returns anything but two integers ``0 <= private <= evaluated``.
     """
     method = getattr(task, "private_evaluation_users", None)
@@ -157,7 +171,7 @@ def private_evaluation_users(task: Task) -> tuple[int, int] | None:
     ok = isinstance(value, tuple) and len(value) == 2
     ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     if not ok or not 0 <= value[0] <= value[1]:
-        raise TypeError(
+        raise TaskError(
             f"{type(task).__name__}.private_evaluation_users() must return (private, evaluated) "
             f"with 0 <= private <= evaluated, got {value!r}"
         )
@@ -167,7 +181,8 @@ def private_evaluation_users(task: Task) -> tuple[int, int] | None:
 def data_identity(task: Task) -> dict | None:
     """``task.data_identity()`` as a plain dict (computed once per task object); ``None`` without.
 
-    Raises ``TypeError`` when the method returns something other than a mapping.
+    Raises :class:`TaskError` when the method returns something other than a mapping of JSON
+    values (strings, numbers, booleans, ``None``, and lists and mappings of them).
     """
     cached = getattr(task, "__dict__", {}).get("_fedprivopt_data_identity")
     if cached is not None:
@@ -177,8 +192,18 @@ def data_identity(task: Task) -> dict | None:
         return None
     value = method()
     if not isinstance(value, Mapping):
-        raise TypeError(f"{type(task).__name__}.data_identity() must return a mapping")
+        raise TaskError(
+            f"{type(task).__name__}.data_identity() must return a mapping, got "
+            f"{type(value).__name__!r}"
+        )
     value = {str(k): v for k, v in value.items()}
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:  # a set, a tensor, a cycle
+        raise TaskError(
+            f"{type(task).__name__}.data_identity() must return a mapping of JSON values "
+            f"(strings, numbers, booleans, None, lists and mappings of them): {exc}"
+        ) from None
     with contextlib.suppress(AttributeError):  # a task with __slots__ is asked again next time
         task._fedprivopt_data_identity = value
     return dict(value)

@@ -18,7 +18,7 @@ import torch
 
 from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import ResolvedSideInformation
-from fedprivopt.models.task import Task, data_identity, primary_metric
+from fedprivopt.models.task import Task, TaskError, data_identity, primary_metric
 from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import save_checkpoint
 from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
@@ -192,8 +192,25 @@ class RunWriter:
         make = getattr(self.task, "reference", None)
         if not callable(make):
             return None
-        name, metrics = make()
-        return {"name": name, "metrics": {f"eval_{k}": v for k, v in metrics.items()}}
+        value = make()
+        if not (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and isinstance(value[0], str)
+            and isinstance(value[1], Mapping)
+        ):
+            raise TaskError(
+                f"{type(self.task).__name__}.reference() must return (name, metrics): a string "
+                f"and a mapping of metric names to numbers, got {shown(value)}"
+            )
+        name, metrics = value
+        task = self.config.task
+        return {
+            "name": name,
+            "metrics": {
+                f"eval_{k}": _metric_value(task, k, v, "reference()") for k, v in metrics.items()
+            },
+        }
 
     def epsilon(self) -> float:
         """ε of everything this directory released: from the ledger (the algorithm's without)."""
@@ -247,8 +264,8 @@ class RunWriter:
             self.tensorboard = None
 
 
-def _metric_value(task: str, key: object, value: object) -> float:
-    """``float(value)`` of the task's metric ``key``, or a ``ValueError`` naming both.
+def _metric_value(task: str, key: object, value: object, method: str = "evaluate()") -> float:
+    """``float(value)`` of the metric ``key`` the task's ``method`` returned, else a ``ValueError``.
 
     Twenty-third review of issue 15: a task by reference whose ``evaluate`` returned
     ``{"accuracy": "high"}`` (or ``None``) ended in ``error: could not convert string to float:
@@ -258,7 +275,7 @@ def _metric_value(task: str, key: object, value: object) -> float:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError, RuntimeError):  # RuntimeError: a tensor
         raise ValueError(
-            f"task {shown(task)}: evaluate() returned {shown(value)} for the metric {shown(key)}, "
+            f"task {shown(task)}: {method} returned {shown(value)} for the metric {shown(key)}, "
             "not a number"
         ) from None
 

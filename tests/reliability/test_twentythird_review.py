@@ -16,6 +16,12 @@
    ``5e-1,0.5`` and ``compare --noise-multipliers 1,1.0`` were refused as given twice: the
    check compared the values' types, and ``int`` is not ``float``. Now ``argument --grid:
    'server-learning-rate' lists '1' twice`` (``true`` and ``1`` stay distinct).
+4. A task by reference whose optional members return the wrong thing: ``data_identity()`` a
+   list, or a mapping holding a set; ``primary_metric = 5``; ``private_evaluation_users()`` a
+   list (``tune``): a ``TypeError`` traceback with rc 1 (the messages were good, but the command
+   line says only ``ValueError``s in one line); ``reference()`` a string: ``error: too many
+   values to unpack (expected 2)`` after the run's last round. Now ``models.task.TaskError``
+   (a ``TypeError`` and a ``ValueError``): rc 2, one line naming the member.
 """
 
 from __future__ import annotations
@@ -137,3 +143,73 @@ def test_3_tune_with_such_a_grid_writes_nothing(tmp_path):
     code, _, err = run_cli(argv)
     one_line_error(code, err, "--grid", "twice")
     assert not out.exists()
+
+
+# -- finding 4: a task by reference whose optional members return the wrong thing --------------
+class _ListIdentity(ToyClassificationTask):
+    def data_identity(self):
+        return ["data.sqlite"]
+
+
+class _SetIdentity(ToyClassificationTask):
+    def data_identity(self):
+        return {"files": {"a", "b"}}
+
+
+class _IntMetricName(ToyClassificationTask):
+    primary_metric = 5
+
+
+class _ListEvaluationUsers(ToyClassificationTask):
+    def private_evaluation_users(self):
+        return [0, 10]
+
+
+class _StringReference(ToyClassificationTask):
+    def reference(self):
+        return "prior"
+
+
+def _ref(name: str) -> str:
+    return f'task="tests.reliability.test_twentythird_review:{name}"'
+
+
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [("_ListIdentity", "_ListIdentity.data_identity() must return a mapping, got 'list'"),
+     ("_SetIdentity", "_SetIdentity.data_identity() must return a mapping of JSON values"),
+     ("_IntMetricName", "_IntMetricName.primary_metric must be a metric name, got 5")],
+)  # fmt: skip
+def test_4_simulate_refuses_such_a_task_in_one_line_before_a_round(tmp_path, factory, said):
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(out),
+            "--set", _ref(factory)]  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, said)
+    assert not out.exists()
+
+
+def test_4_tune_refuses_evaluation_users_that_are_no_pair(tmp_path):
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+            "--rounds", "1", "--seed", "1", "--quiet", "--out", str(out),
+            "--set", _ref("_ListEvaluationUsers")]  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "private_evaluation_users() must return (private, evaluated)")
+
+
+def test_4_a_reference_that_is_no_pair_is_named_and_the_rounds_are_kept(tmp_path):
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(out),
+            "--set", _ref("_StringReference")]  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "_StringReference.reference() must return (name, metrics)", "'prior'")
+    assert len((out / "privacy_ledger.jsonl").read_text().splitlines()) == 3  # header, 2 rounds
+
+
+def test_4_the_api_still_raises_a_type_error():
+    from fedprivopt.models.task import TaskError, data_identity
+
+    with pytest.raises(TypeError, match="must return a mapping"):
+        data_identity(_ListIdentity(num_users=4))
+    assert issubclass(TaskError, ValueError)

@@ -21,7 +21,13 @@
   event, so Flower and Ray end in their own order (the ServerApp returns, Flower sets its stop
   event, the workers finish their client jobs, Ray shuts down). A ``KeyboardInterrupt`` raised
   at an arbitrary point of Flower's thread joins or of ``ray.shutdown`` can leave the process
-  running (seen once in CI, still running 60 s after Ctrl-C). A second signal raises at once.
+  running (seen once in CI, still running 60 s after Ctrl-C).
+- A second signal ends the process at once (:func:`end_now`), wherever the first one left it:
+  with one line and exit code ``128 +`` the first signal, as a kill would (``--resume`` and the
+  watchdogs already handle a killed run). Raised again during the unwinding or the interpreter's
+  shutdown, it printed tracebacks from ``atexit`` callbacks and ``__del__`` methods, or aborted
+  the process (rc -6; twenty-second review of issue 15). :func:`handle_until_exit` keeps this
+  for the rest of a program's life, after the command has returned.
 """
 
 from __future__ import annotations
@@ -38,11 +44,17 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ENDING_SIGNALS",
     "RUN_MARKER_ENV",
     "Interrupted",
     "Stopped",
     "as_interrupt",
+    "begin",
+    "end_now",
+    "finished",
+    "handle_until_exit",
     "own_processes",
+    "reported",
     "signals_raise",
     "signals_stop",
     "stoppable_grid",
@@ -55,6 +67,91 @@ MAX_PULL_WAIT = 1.0
 
 RUN_MARKER_ENV = "FEDPRIVOPT_RUN_ID"
 """Environment variable that tags the processes started during a run."""
+
+
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that end a command: Ctrl-C, ``kill`` and a closed terminal."""
+
+
+class _Signals:
+    """What this process has received, shared by every handler of this module.
+
+    ``received``: the ending signals so far, in order. ``line``: what :func:`end_now` prints (the
+    command's one line), ``None`` once the command has printed its own. ``code``: the exit code of
+    a command that has returned, else ``None``. ``program``: set by :func:`handle_until_exit`;
+    otherwise (a caller of the Python API) what was received is forgotten when the outermost
+    handling block ends, so the caller's next run starts afresh. ``depth``: blocks open.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.line: str | None = "fedprivopt: interrupted again; ended at once"
+        self.code: int | None = None
+        self.program = False
+        self.depth = 0
+
+
+_SIGNALS = _Signals()
+
+
+def begin(line: str) -> None:
+    """A command starts: nothing received yet; ``line`` is what a second signal prints."""
+    _SIGNALS.received = []
+    _SIGNALS.line = line
+    _SIGNALS.code = None
+
+
+def reported() -> None:
+    """The command has printed its own line about the interruption: a second signal adds none."""
+    _SIGNALS.line = None
+
+
+def finished(code: int) -> None:
+    """The command returned ``code``: a signal from now on ends the process with it, silently."""
+    _SIGNALS.line = None
+    _SIGNALS.code = int(code)
+
+
+def end_now(signum: int) -> None:
+    """End the process at once, as a kill would: one line (unless said), no cleanup handlers.
+
+    The exit code is the finished command's, else ``128 +`` the first signal received. What a run
+    wrote stays as a kill leaves it: the ledger, the last checkpoint and the lock are safe against
+    a kill, and the :class:`~fedprivopt.simulation.watchdog.Watchdog` processes and
+    ``PR_SET_PDEATHSIG`` stop the processes the run started.
+    """
+    first = _SIGNALS.received[0] if _SIGNALS.received else signum
+    code = _SIGNALS.code if _SIGNALS.code is not None else 128 + first
+    if _SIGNALS.line is not None:
+        with contextlib.suppress(OSError):
+            os.write(2, (_SIGNALS.line + "\n").encode("utf-8", "backslashreplace"))
+    os._exit(code)
+
+
+def _record(signum: int) -> None:
+    """Note an ending signal; if one came before (or the command has returned), end now."""
+    if _SIGNALS.received or _SIGNALS.code is not None:
+        end_now(signum)
+    _SIGNALS.received.append(int(signum))
+
+
+def _raise(signum: int, frame: object) -> None:
+    _record(signum)
+    raise Interrupted(signum)
+
+
+def handle_until_exit() -> None:
+    """For a program's life: a first ending signal raises :class:`Interrupted`, a second ends it.
+
+    Nothing restores the previous handlers: after :func:`finished`, a signal during the
+    interpreter's shutdown ends the process at once with the command's exit code. Only in the
+    main thread; for the ``fedprivopt`` program, not for a caller of its ``main``.
+    """
+    if threading.current_thread() is threading.main_thread():
+        _SIGNALS.program = True
+        for sig in ENDING_SIGNALS:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, _raise)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -106,34 +203,39 @@ def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
     SIGTERM). Outside the main thread nothing is installed.
     """
     previous = {}
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _SIGNALS.depth += 1
+    try:
         for sig in signals:
             with contextlib.suppress(ValueError, OSError):
                 previous[sig] = signal.signal(sig, handler)
-    try:
         yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        _SIGNALS.depth -= 1
+        if _SIGNALS.depth == 0 and not _SIGNALS.program:
+            _SIGNALS.received = []
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Make SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (as Ctrl-C does).
+def signals_raise(
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP),
+) -> Iterator[None]:
+    """Make ``signals`` (SIGTERM and SIGHUP) raise :class:`Interrupted`, as Ctrl-C does.
 
-    The previous handlers are restored on exit. Outside the main thread this does nothing.
+    A second ending signal ends the process at once (:func:`end_now`). The previous handlers
+    are restored on exit. Outside the main thread this does nothing.
     """
-
-    def handler(signum: int, frame: object) -> None:
-        raise Interrupted(signum)
-
-    with _handling((signal.SIGTERM, signal.SIGHUP), handler):
+    with _handling(signals, _raise):
         yield
 
 
 @contextlib.contextmanager
 def signals_stop(stop: threading.Event) -> Iterator[list[int]]:
-    """Make the first SIGINT, SIGTERM or SIGHUP set ``stop``; a second raises :class:`Interrupted`.
+    """Make the first SIGINT, SIGTERM or SIGHUP set ``stop``; a second ends the process at once.
 
     Yields the list of signals received (empty if none), for the caller to raise
     :class:`Interrupted` once the stopped work has ended. The previous handlers are restored on
@@ -142,12 +244,11 @@ def signals_stop(stop: threading.Event) -> Iterator[list[int]]:
     received: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
-        if received:
-            raise Interrupted(signum)
+        _record(signum)
         received.append(signum)
         stop.set()
 
-    with _handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), handler):
+    with _handling(ENDING_SIGNALS, handler):
         yield received
 
 

@@ -1,0 +1,226 @@
+"""Issue 15: what the twenty-second review observed and left, now fixed.
+
+1. **A second Ctrl-C** 0.005-0.08 s after the first (``simulate stackoverflow-tp.toml``, fast
+   engine) printed tracebacks after the run's one line in 3 of 8 runs: ``Exception ignored in
+   atexit callback`` (``weakref.finalize``, ``multiprocessing.util._exit_function``) and a
+   ``KeyboardInterrupt`` raised in ``main``'s own ``with signals_raise()`` as it restored the
+   handlers; the review also saw an abort (rc -6). During a Flower simulation a second signal
+   raised ``KeyboardInterrupt`` at an arbitrary point of Flower's and Ray's shutdown. Now a
+   second ending signal ends the process at once, wherever the first left it
+   (``interrupt.end_now``): one line, exit code 130, as a kill would (``--resume`` and the
+   watchdogs already handle a killed run); the ``fedprivopt`` program keeps this through the
+   interpreter's shutdown (``cli.console``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "simulations" / "toy.toml"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return dict(
+        os.environ,
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_HOME=str(tmp_path / "flwr-home"),
+        PYTHONPATH=str(ROOT),
+    )
+
+
+def _script(tmp_path: Path, code: str, timeout: float = 60.0) -> tuple[int, str, float]:
+    """Run ``code`` in a fresh interpreter: exit code, stderr, seconds."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err, time.monotonic() - start
+
+
+def _lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.strip()]
+
+
+# -- 1. a second signal ends the process at once ------------------------------------------------
+
+# The first Ctrl-C comes from a timer while the toy run trains; the second from an atexit
+# callback, which runs during the interpreter's shutdown and then sleeps: before the fix Python
+# printed "Exception ignored in atexit callback ... KeyboardInterrupt" and slept on.
+SHUTDOWN = """
+import atexit, os, signal, sys, threading, time
+
+def second():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+
+atexit.register(second)  # registered first: it runs last
+threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+sys.argv = ["fedprivopt", "simulate", {toy!r}, "--out", {out!r}, "--quiet",
+            "--set", "num-server-rounds=100000", "--set", "checkpoint-every=5"]
+from fedprivopt.cli import console
+console()
+"""
+
+
+def test_1_a_second_ctrl_c_during_shutdown_ends_it_at_once_with_one_line(tmp_path):
+    out = tmp_path / "run"
+    code = SHUTDOWN.format(toy=str(TOY), out=str(out))
+    rc, err, seconds = _script(tmp_path, code)
+    assert rc == 130, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert _lines(err) == [
+        f"fedprivopt simulate: interrupted; the run can be continued with --resume {out}"
+    ], err
+    assert seconds < 25, seconds  # the callback's 30 s sleep was cut short
+
+
+# A second signal while the first one's exception unwinds (a cleanup that takes a while): before
+# the fix it raised KeyboardInterrupt from the cleanup (a traceback, the cleanup cut in two).
+UNWINDING = """
+import os, signal, time
+from fedprivopt.simulation import interrupt
+interrupt.begin("fedprivopt simulate: interrupted twice; ended at once")
+with interrupt.signals_raise(interrupt.ENDING_SIGNALS):
+    try:
+        os.kill(os.getpid(), signal.{first})
+        time.sleep(30)
+    finally:
+        os.kill(os.getpid(), signal.{second})  # the second, during the cleanup
+        time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "code"),
+    [("SIGINT", "SIGINT", 130), ("SIGTERM", "SIGINT", 143), ("SIGINT", "SIGHUP", 130)],
+)
+def test_1_a_second_signal_during_the_unwinding_ends_it_at_once(tmp_path, first, second, code):
+    rc, err, seconds = _script(tmp_path, UNWINDING.format(first=first, second=second))
+    assert rc == code, err
+    assert _lines(err) == ["fedprivopt simulate: interrupted twice; ended at once"], err
+    assert seconds < 25, seconds
+
+
+# During a Flower simulation the first signal only sets the stop event (signals_stop): before
+# the fix the second raised KeyboardInterrupt wherever Flower's and Ray's shutdown was.
+STOPPING = """
+import os, signal, threading, time
+from fedprivopt.simulation import interrupt
+interrupt.begin("fedprivopt simulate: interrupted twice; ended at once")
+stop = threading.Event()
+with interrupt.signals_stop(stop) as received:
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.is_set() and received == [signal.SIGTERM]
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+    except BaseException as exc:
+        print("raised", type(exc).__name__, flush=True)
+"""
+
+
+def test_1_a_second_signal_while_flower_stops_ends_it_at_once(tmp_path):
+    rc, err, seconds = _script(tmp_path, STOPPING)
+    assert rc == 143, err  # 128 + the first signal (SIGTERM)
+    assert _lines(err) == ["fedprivopt simulate: interrupted twice; ended at once"], err
+    assert seconds < 25, seconds
+
+
+# A caller of the Python API who catches the interruption and runs again: its next first signal
+# is a first one again (what was received is forgotten when the outermost block ends).
+AGAIN = """
+import os, signal
+from fedprivopt.simulation import interrupt
+for attempt in range(3):
+    try:
+        with interrupt.signals_raise():
+            os.kill(os.getpid(), signal.SIGTERM)
+    except interrupt.Interrupted as exc:
+        print("interrupted", attempt, exc.signum)
+    else:
+        raise SystemExit("not interrupted")
+print("done")
+"""
+
+
+def test_1_an_api_caller_s_next_run_starts_afresh(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", AGAIN],
+        cwd=ROOT,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [
+        *("interrupted 0 15 interrupted 1 15 interrupted 2 15".split()),
+        "done",
+    ]
+
+
+def test_1_a_run_ended_by_two_ctrl_c_resumes_to_the_uninterrupted_result(tmp_path):
+    """The command line end to end: rc 130, one line, and ``--resume`` finishes the run."""
+    env = _env(tmp_path)
+    cli = [sys.executable, "-m", "fedprivopt.cli", "simulate"]
+    args = [str(TOY), "--quiet", "--set", "num-server-rounds=600", "--set", "checkpoint-every=7"]
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [*cli, *args, "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "checkpoint.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (130, -signal.SIGINT), err  # -2: killed in Python's last steps
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert len(_lines(err)) == 1 and "interrupted" in err, err
+    done = subprocess.run(
+        [*cli, "--resume", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    whole = subprocess.run(
+        [*cli, *args, "--out", str(tmp_path / "whole")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert whole.returncode == 0, whole.stderr
+    resumed = json.loads((out / "summary.json").read_text())
+    uninterrupted = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert resumed["rounds_completed"] == uninterrupted["rounds_completed"] == 600
+    assert resumed["epsilon"] == uninterrupted["epsilon"]

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 
 from fedprivopt.clients.trainer import LocalTrainer, clip_report
+from fedprivopt.core.text import shown
+from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.strategies.core import TrainRequest
@@ -134,6 +136,11 @@ class UserTrainer:
         self.cohort = (
             make(device=device, chunk_users=chunk_users) if vectorize and callable(make) else None
         )
+        if self.cohort is not None and not callable(getattr(self.cohort, "train_batches", None)):
+            raise TaskError(
+                f"{type(task).__name__}.cohort_trainer() must return a cohort trainer (with "
+                f"train_batches) or None, got {shown(self.cohort)}"
+            )
         self._local: LocalTrainer | None = None
 
     @property

@@ -97,6 +97,12 @@ class RunWriter:
         self.ledger = ledger
         self.rows = read_rows(out / METRICS_FILE)
         self.metric = primary_metric(task)
+        self.initialization = getattr(task, "initialization", None)
+        if self.initialization is not None and not isinstance(self.initialization, str):
+            raise TaskError(
+                f"{type(task).__name__}.initialization must be a string (how build_model "
+                f"initializes) or None, got {shown(self.initialization)}"
+            )
         restored = algorithm.round_num if not _finite(algorithm.params) else None
         self.diverged = earliest(
             checked_round(diverged), first_diverged(self.rows, self.metric), checked_round(restored)
@@ -247,7 +253,7 @@ class RunWriter:
             "threat_model": _threat_model(c, side),
             "not_covered": _not_covered(c),
             "evaluated_model": _evaluated_model(c),
-            "initial_model": getattr(self.task, "initialization", None),
+            "initial_model": self.initialization,
             "side_information": None if side is None else side.summary(),
             "reference": self._reference(),
             "config": c.to_mapping(),

@@ -22,6 +22,9 @@
    line says only ``ValueError``s in one line); ``reference()`` a string: ``error: too many
    values to unpack (expected 2)`` after the run's last round. Now ``models.task.TaskError``
    (a ``TypeError`` and a ``ValueError``): rc 2, one line naming the member.
+4b. The same for ``initialization = object()`` (a ``TypeError`` traceback from ``summary.json``'s
+   JSON after the last round) and a ``cohort_trainer()`` returning a string (an
+   ``AttributeError`` traceback in round 1): now refused before round 1, naming the member.
 """
 
 from __future__ import annotations
@@ -213,3 +216,26 @@ def test_4_the_api_still_raises_a_type_error():
     with pytest.raises(TypeError, match="must return a mapping"):
         data_identity(_ListIdentity(num_users=4))
     assert issubclass(TaskError, ValueError)
+
+
+class _ObjectInitialization(ToyClassificationTask):
+    initialization = object()
+
+
+class _StringCohortTrainer(ToyClassificationTask):
+    def cohort_trainer(self, *, device, chunk_users):
+        return "fast"
+
+
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [("_ObjectInitialization", "_ObjectInitialization.initialization must be a string"),
+     ("_StringCohortTrainer", "_StringCohortTrainer.cohort_trainer() must return a cohort")],
+)  # fmt: skip
+def test_4b_an_initialization_or_cohort_trainer_of_another_type_is_named(tmp_path, factory, said):
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(out),
+            "--set", _ref(factory)]  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, said)
+    assert not out.exists()  # refused before round 1 (the summary came after the last before)

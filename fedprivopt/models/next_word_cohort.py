@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -241,21 +240,23 @@ class NextWordCohortTrainer(CohortTrainer):
         n = len(users)
         stack = w0.expand(n, -1).clone()
         pc = None if precond is None else self._views(precond[None])
-        workers = self.workers()
-        with self._step_threads():
-            if self.stacked:  # the whole chunk at once: the batch a GPU needs
+
+        def train(k: int, slot: int) -> None:
+            self._train_slots(stack, data, k, k + 1, pc, config)
+
+        if self.stacked:  # the whole chunk at once: the batch a GPU needs
+            with self._step_threads():
                 self._train_slots(stack, data, 0, n, pc, config)
-            elif workers == 1 or n == 1:
+        elif self.workers() == 1 or n == 1:
+            with self._step_threads():
                 for k in range(n):
-                    self._train_slots(stack, data, k, k + 1, pc, config)
-            else:  # one user at a time per worker, longest first (torch ops release the GIL)
-                with ThreadPoolExecutor(min(workers, n)) as pool:
-                    jobs = [
-                        pool.submit(self._train_slots, stack, data, k, k + 1, pc, config)
-                        for k in range(n)
-                    ]
-                    for job in jobs:
-                        job.result()
+                    train(k, 0)
+        else:  # one user at a time per worker, longest first (torch ops release the GIL)
+            # run_chunks: each worker with one torch thread (with a thread's default count, the
+            # updates depended on the machine's cores), stopped at its next step by Ctrl-C (a
+            # pool's join waited for every running user; twenty-second review of issue 15)
+            for _ in self.run_chunks(range(n), train):
+                pass
         stack.sub_(w0)
         deltas = torch.empty(n, self.length, dtype=torch.float32)
         norms = [0.0] * n
@@ -277,6 +278,7 @@ class NextWordCohortTrainer(CohortTrainer):
         """Every local step of the users in rows ``a ... b - 1`` of ``stack`` (longest first)."""
         params, data = self._views(stack[a:b]), data[a:b]
         for t in range(len(data[0].batches)):
+            self.check_stopped()
             active = sum(1 for d in data if len(d.batches) > t)
             x, y, sizes = self._step_batch(data[:active], t)
             p = {k: v[:active] for k, v in params.items()}

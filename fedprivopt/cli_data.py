@@ -33,6 +33,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         run_files_note,
         user_size_knobs,
     )
+    from fedprivopt.data.token_cache import CACHE_DIR, remove_stores
 
     out = check_out_dir(args.out)
     knobs = {"num_clients": args.clients, "seed": args.seed, **user_size_knobs(args.user_sizes)}
@@ -99,13 +100,18 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
             start = time.perf_counter()
             files = generate(out, config, overwrite=args.overwrite, workers=args.workers)
             seconds = time.perf_counter() - start
+            # the token stores of the replaced files are never used again (their key holds the
+            # file's size and time) and kept tens of MB to GBs each for ever (twenty-second
+            # review of issue 15); stores in a task's own cache-dir elsewhere are the user's
+            stale = remove_stores(out / CACHE_DIR) if present else 0
     except LockHeldError as exc:
         raise UsageError(str(exc)) from None
     examples = sum(int(c.sum()) for c in read_example_counts(files.sqlite).values())
+    removed = f"; removed {stale} token store(s) of the replaced files" if stale else ""
     print(
         f"wrote {files.sqlite}, {files.word_count.name}, {files.tag_count.name} "
         f"({args.clients:,} users, {examples:,} examples) in {seconds:.1f} s "
-        f"({examples / seconds:,.0f} examples/s)"
+        f"({examples / seconds:,.0f} examples/s){removed}"
     )
     return 0
 

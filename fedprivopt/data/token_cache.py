@@ -42,9 +42,19 @@ from fedprivopt.core.checks import check_int
 from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.data.locks import file_lock
 
-__all__ = ["EncodedUsers", "cache_key_digest", "open_or_build", "stderr_progress"]
+__all__ = [
+    "CACHE_DIR",
+    "EncodedUsers",
+    "cache_key_digest",
+    "open_or_build",
+    "remove_stores",
+    "stderr_progress",
+]
 
 FORMAT_VERSION = 2
+
+#: Where a data directory's stores live by default (``<data-dir>/.fedprivopt-cache``).
+CACHE_DIR = ".fedprivopt-cache"
 _ARRAYS = ("users", "token_ptr", "tokens", "labels")
 
 # encode(user) -> (word-id lists, label lists or single labels), as the task encodes a user
@@ -492,6 +502,42 @@ def open_or_build(
             label_bound=label_bound, workers=workers, progress=progress,
         )  # fmt: skip
         return EncodedUsers(target)
+
+
+def remove_stores(root: str | os.PathLike) -> int:
+    """Remove every store under ``root`` that no process is building; return how many.
+
+    For the stores of files that were replaced (``fedprivopt data synth --overwrite`` of their
+    data directory): a store's key holds its file's size and modification time, so it is never
+    used again, and each kept tens of MB to GBs for ever (twenty-second review of issue 15). A
+    store is removed under its key's lock, taken without waiting: one being built is left alone.
+    A process still reading a removed store keeps its memory-mapped files until it closes them.
+    """
+    from fedprivopt.data.locks import LockHeldError, exclusive_lock
+
+    root = Path(root)
+    if not root.is_dir():
+        return 0
+    removed = 0
+    for meta in sorted(root.glob("*/meta.json")):
+        store = meta.parent
+        if store.is_symlink() or not _is_digest(store.name):
+            continue
+        lock = root / f"{store.name}.lock"
+        try:
+            with exclusive_lock(lock, what=f"token store {store}"):
+                shutil.rmtree(store, ignore_errors=True)
+                for partial in root.glob(f"{store.name}.tmp-*"):
+                    shutil.rmtree(partial, ignore_errors=True)
+                lock.unlink(missing_ok=True)
+        except LockHeldError:
+            continue
+        removed += 1
+    return removed
+
+
+def _is_digest(name: str) -> bool:
+    return len(name) == 20 and all(c in "0123456789abcdef" for c in name)
 
 
 def stderr_progress(label: str, total: int) -> Callable[[int, int], None]:

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.core.checks import check_bool, check_int
+from fedprivopt.data.token_cache import CACHE_DIR
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_tag_counts, read_word_counts
 from fedprivopt.models.stackoverflow_files import check_model_parameters
 from fedprivopt.models.tag_prediction_data import EVAL_BATCH, TagTaskData
@@ -206,9 +207,7 @@ class StackOverflowTagTask(TagTaskData):
             not isinstance(cache_dir, (str, os.PathLike)) or not str(cache_dir)
         ):
             raise ValueError(f"cache_dir must be a non-empty path or None, got {cache_dir!r}")
-        self.cache_dir = (
-            Path(cache_dir) if cache_dir is not None else self.data_dir / ".fedprivopt-cache"
-        )
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else self.data_dir / CACHE_DIR
 
         self._ensure_files()
         words = read_word_counts(self.data_dir / WORD_COUNT_FILE).top(requested_v)

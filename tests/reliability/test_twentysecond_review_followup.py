@@ -301,3 +301,62 @@ def test_2_a_signal_stops_the_next_word_workers_within_a_step(nwp_task):
     assert waited < max(2.5, 3 * per_user), (waited, per_user)
     assert not [t for t in threading.enumerate() if t.name.startswith("fedprivopt-chunk")]
     assert torch.get_num_threads() >= 1
+
+
+# -- 3. data synth --overwrite removes the token stores of the files it replaced ----------------
+
+
+def _synth(out: Path, seed: int, *extra: str) -> str:
+    import contextlib
+    import io
+
+    from fedprivopt.cli import main
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        rc = main(["data", "synth", "--out", str(out), "--clients", "120", "--seed", str(seed),
+                   *extra])  # fmt: skip
+    assert rc == 0
+    return buffer.getvalue()
+
+
+def _store(data: Path):
+    from fedprivopt.models import build_task
+
+    task = build_task(
+        "stackoverflow-tp", data_dir=str(data), synthetic=False, vocab_size=300, num_tags=20,
+        num_users=60, eval_users=5, token_cache=True,
+    )  # fmt: skip
+    return task.encoded_users()
+
+
+def test_3_an_overwritten_dataset_loses_its_stale_token_stores(tmp_path):
+    from fedprivopt.data.token_cache import CACHE_DIR
+
+    data = tmp_path / "data"
+    _synth(data, 1)
+    old = _store(data)
+    cache = data / CACHE_DIR
+    keep = cache / "notes.txt"  # not a store: left alone
+    keep.write_text("mine")
+    assert (cache / old.directory.name / "meta.json").is_file()
+    said = _synth(data, 2, "--overwrite")
+    assert "removed 1 token store(s) of the replaced files" in said
+    assert not old.directory.exists() and not (cache / f"{old.directory.name}.lock").exists()
+    assert keep.read_text() == "mine"
+    new = _store(data)  # the new files get their store
+    assert new.directory != old.directory and (new.directory / "meta.json").is_file()
+
+
+def test_3_a_store_being_built_is_left_alone(tmp_path):
+    from fedprivopt.data.locks import file_lock
+    from fedprivopt.data.token_cache import remove_stores
+
+    data = tmp_path / "data"
+    _synth(data, 1)
+    store = _store(data)
+    with file_lock(store.directory.parent / f"{store.directory.name}.lock"):  # a builder
+        assert remove_stores(store.directory.parent) == 0
+    assert (store.directory / "meta.json").is_file()
+    assert remove_stores(store.directory.parent) == 1
+    assert not store.directory.exists()

@@ -42,11 +42,17 @@ __all__ = [
 ]
 
 
-def build_checked_run(config, where: str = "config", task=None):
-    """``build_run(config, task)``; bad settings and unknown task parameters are usage errors."""
-    from fedprivopt.simulation.run import build_run
+def build_checked_run(config, where: str = "config", task=None, out=None):
+    """``build_run(config, task)``; bad settings and unknown task parameters are usage errors.
+
+    ``out``: the command's ``--out``; a task ``data-dir`` or ``cache-dir`` inside it is refused
+    before the task is built (which may generate data there).
+    """
+    from fedprivopt.simulation.run import build_run, check_task_dirs_outside
 
     try:
+        if out is not None:
+            check_task_dirs_outside(config, out)
         return build_run(config, task)
     except ValueError as exc:
         raise UsageError(f"{where}: {name_task_param(str(exc), config.task_params)}") from None
@@ -174,7 +180,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out = args.out or check_out_dir(
             f"runs/{config.strategy.strategy}-seed{config.strategy.seed}"
         )
-        task, _ = build_checked_run(config)  # validates everything before anything is written
+        # validates everything before anything is written
+        task, _ = build_checked_run(config, out=out)
         outcome = simulate(config, out, progress=not args.quiet, task=task)
     final = outcome.rows[-1] if outcome.rows else {}
     metric = next((k for k in (outcome.metric, "eval_loss") if k in final), None)
@@ -265,7 +272,7 @@ def compare_cells(args: argparse.Namespace, base) -> list:
         where = f"config ({name}, sigma {sigma or 0.0:g}, seed {seed})"
         config = load_preset(args.config, overrides, where=where)
         key = task_key(config)
-        tasks[key], _ = build_checked_run(config, where=where, task=tasks.get(key))
+        tasks[key], _ = build_checked_run(config, where=where, task=tasks.get(key), out=args.out)
         cells.append(Cell(cell_label(name, sigma or 0.0, seed), config, tasks[key]))
     return cells
 

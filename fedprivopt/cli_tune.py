@@ -120,7 +120,7 @@ def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         key = task_key(config)
-        task, alg = build_checked_run(config, where=where, task=tasks.get(key))
+        task, alg = build_checked_run(config, where=where, task=tasks.get(key), out=args.out)
         tasks[key] = task
         plans.append((point, planned_ledger(config, alg)))
         deltas.add(config.strategy.delta)

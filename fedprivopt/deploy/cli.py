@@ -198,6 +198,9 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     # does not accept (rc 2, "unrecognized arguments"); simulate continues such a run
     check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
     _check_log_dir(Path(out) / DEPLOY_LOGS)
+    from fedprivopt.simulation.run import check_task_dirs_outside
+
+    check_task_dirs_outside(config, out)  # the SuperNodes would write their data there
 
     def progress(line: str) -> None:
         if not args.quiet:

@@ -232,11 +232,35 @@ def simulate(
     directory is locked for the whole run; a start that fails before its first released round
     leaves nothing behind (see :class:`~fedprivopt.simulation.rundir.NewRunDir`).
     """
+    check_task_dirs_outside(config, out_dir)
     task, alg = build_run(config, task)
     check_flower_resources(config)  # before anything is written or Ray starts
     with NewRunDir(out_dir, overwrite=overwrite) as out:
         ledger = start_run_files(out, config, alg, task, tuning_plan)
         return _execute(out, config, task, alg, progress, ledger)
+
+
+def check_task_dirs_outside(config: RunConfig, out_dir: str | Path) -> None:
+    """Refuse a task whose ``data-dir`` or ``cache-dir`` is the run directory or inside it.
+
+    A run's directory holds its own files only. Twenty-second review of issue 15: a token store
+    in ``cache-dir = <out>/cache`` was written into the run (rc 0), and its ``--overwrite`` was
+    then refused for holding files that are not the run's; a ``data-dir`` there was generated
+    first, then refused as "not empty". ``ValueError`` naming the key, before anything is
+    written.
+    """
+    run = Path(out_dir).absolute().resolve()
+    for key in ("data_dir", "cache_dir"):
+        value = config.task_params.get(key)
+        if not isinstance(value, (str, os.PathLike)) or not str(value):
+            continue
+        where = Path(value).absolute().resolve()
+        if where == run or where.is_relative_to(run):
+            raise ValueError(
+                f"task-params.{key.replace('_', '-')} = {str(value)!r} is inside "
+                f"{str(out_dir)!r}, the directory the run writes (--out), which holds only its "
+                "own files; choose a directory outside it"
+            )
 
 
 def resume(

@@ -17,6 +17,15 @@
    next-word model depends on the core count was not reproduced: updates for 1, 2 and 3
    workers under 1 or 2 torch threads, and 4 rounds of ``stackoverflow-nwp.toml`` under
    ``taskset -c 0`` and ``0,1``, were bit-identical before and after.
+3. **Stale token stores**: every ``data synth --overwrite`` left the stores built from the files
+   it replaced in ``<out>/.fedprivopt-cache`` for ever (their key holds the file's size and
+   time, so they are never used again). Now it removes them, each under its key's lock taken
+   without waiting (a store being built is left alone), and says how many.
+4. **A task's ``cache-dir`` inside ``--out``** was accepted: the token store was written into
+   the run (rc 0), whose ``--overwrite`` was then refused for holding files that are not the
+   run's; a ``data-dir`` there was generated first, then refused as "not empty". Now
+   ``simulate``, ``compare``, ``tune`` and ``deploy local`` refuse either before anything is
+   written: rc 2, one line naming the key.
 """
 
 from __future__ import annotations
@@ -71,9 +80,9 @@ def _lines(err: str) -> list[str]:
 
 # -- 1. a second signal ends the process at once ------------------------------------------------
 
-# The first Ctrl-C comes from a timer while the toy run trains; the second from an atexit
-# callback, which runs during the interpreter's shutdown and then sleeps: before the fix Python
-# printed "Exception ignored in atexit callback ... KeyboardInterrupt" and slept on.
+# The first Ctrl-C comes from a thread once the toy run has released a round; the second from an
+# atexit callback, which runs during the interpreter's shutdown and then sleeps: before the fix
+# Python printed "Exception ignored in atexit callback ... KeyboardInterrupt" and slept on.
 SHUTDOWN = """
 import atexit, os, signal, sys, threading, time
 
@@ -82,7 +91,12 @@ def second():
     time.sleep(30)
 
 atexit.register(second)  # registered first: it runs last
-threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+def first():  # once a round was released (its checkpoint written)
+    while not os.path.exists(os.path.join({out!r}, "checkpoint.pt")):
+        time.sleep(0.02)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=first, daemon=True).start()
 sys.argv = ["fedprivopt", "simulate", {toy!r}, "--out", {out!r}, "--quiet",
             "--set", "num-server-rounds=100000", "--set", "checkpoint-every=5"]
 from fedprivopt.cli import console
@@ -360,3 +374,60 @@ def test_3_a_store_being_built_is_left_alone(tmp_path):
     assert (store.directory / "meta.json").is_file()
     assert remove_stores(store.directory.parent) == 1
     assert not store.directory.exists()
+
+
+# -- 4. a task's data-dir or cache-dir inside --out -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tp_config(tmp_path_factory):
+    data = tmp_path_factory.mktemp("review22-tp") / "data"
+    _synth(data, 1)
+    config = tmp_path_factory.mktemp("review22-cfg") / "tp.toml"
+    config.write_text(
+        'strategy = "dp-fedavg"\nengine = "fast"\ntask = "stackoverflow-tp"\npopulation = 60\n'
+        "clients-per-round = 10\nnum-server-rounds = 2\nnoise-multiplier = 1.0\n"
+        "clip-norm = 1.0\ndelta = 1e-5\n\n[task-params]\n"
+        f"data-dir = {str(data)!r}\nsynthetic = false\nvocab-size = 300\nnum-tags = 20\n"
+        "num-users = 60\neval-users = 5\ntoken-cache = true\n"
+    )
+    return config
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "tune", "deploy"])
+@pytest.mark.parametrize("key", ["cache-dir", "data-dir"])
+def test_4_a_task_directory_inside_out_is_refused_before_anything_is_written(
+    tmp_path, tp_config, command, key
+):
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    out = tmp_path / "out"
+    inside = out / "sub"
+    argv = {
+        "simulate": ["simulate", str(tp_config)],
+        "compare": ["compare", str(tp_config), "--strategies", "dp-fedavg"],
+        "tune": ["tune", str(tp_config), "--grid", "server-learning-rate=1.0,0.5",
+                 "--mean-trials", "2"],
+        "deploy": ["deploy", "local", str(tp_config), "--nodes", "1"],
+    }[command]  # fmt: skip
+    sets = ["--set", f"task-params.{key}={inside}"]
+    if key == "data-dir":
+        sets += ["--set", "task-params.synthetic=true"]
+    rc, _, stderr = run_cli([*argv, "--out", str(out), "--quiet", *sets])
+    assert rc == 2, stderr
+    assert stderr.count("\n") == 1 and f"task-params.{key} = " in stderr, stderr
+    assert "is inside" in stderr and "choose a directory outside it" in stderr
+    assert not out.exists()  # before the fix: the run (or the data) was written there
+
+
+def test_4_a_task_directory_beside_out_is_fine(tmp_path, tp_config):
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    out = tmp_path / "out"
+    cache = tmp_path / "out-cache"  # a sibling whose name starts like --out
+    rc, _, stderr = run_cli(
+        ["simulate", str(tp_config), "--out", str(out), "--quiet",
+         "--set", f"task-params.cache-dir={cache}"]
+    )  # fmt: skip
+    assert rc == 0, stderr
+    assert (out / "summary.json").is_file() and any(cache.glob("*/meta.json"))

@@ -192,7 +192,12 @@ class CohortTrainer:
         return max(1, torch.get_num_threads() if self.cpu_workers is None else self.cpu_workers)
 
     def run_chunks(
-        self, chunks: Sequence[T], train: Callable[[T, int], object], *, parallel: bool = True
+        self,
+        chunks: Sequence[T],
+        train: Callable[[T, int], object],
+        *,
+        parallel: bool = True,
+        ahead: int | None = None,
     ) -> Iterator[object]:
         """Yield ``train(chunk, slot)`` for every chunk, in order, :meth:`workers` at once.
 
@@ -204,7 +209,11 @@ class CohortTrainer:
         one intra-op thread, and so does the caller's thread while results are pending (its
         own parallel regions would wait for the workers' cores); its thread count is restored
         afterwards. ``parallel = False``: one chunk at a time in the caller's thread (where the
-        threads would cost more than they give; the results are the same).
+        threads would cost more than they give; the results are the same). ``ahead``: the
+        number of slots (chunks queued or training before the caller consumes the first), by
+        default :data:`SLOTS_PER_WORKER` per worker; a caller whose results need no workspace
+        of their own (the next-word trainer writes into one stack) queues every chunk at once,
+        so a long chunk never holds up the workers.
         """
         workers = min(self.workers(), len(chunks)) if parallel else 1
         if workers <= 1:
@@ -212,7 +221,7 @@ class CohortTrainer:
                 yield train(chunk, 0)
             return
         threads = torch.get_num_threads()
-        slots = min(len(chunks), SLOTS_PER_WORKER * workers)
+        slots = min(len(chunks), SLOTS_PER_WORKER * workers if ahead is None else max(1, ahead))
         stop = threading.Event()
 
         def work(chunk: T, slot: int) -> object:

@@ -255,7 +255,7 @@ class NextWordCohortTrainer(CohortTrainer):
             # run_chunks: each worker with one torch thread (with a thread's default count, the
             # updates depended on the machine's cores), stopped at its next step by Ctrl-C (a
             # pool's join waited for every running user; twenty-second review of issue 15)
-            for _ in self.run_chunks(range(n), train):
+            for _ in self.run_chunks(range(n), train, ahead=n):
                 pass
         stack.sub_(w0)
         deltas = torch.empty(n, self.length, dtype=torch.float32)

@@ -130,6 +130,22 @@ def test_run_chunks_yields_in_order_and_reuses_a_slot_only_after_its_result_was_
     assert all(name.startswith("fedprivopt-chunk") for _, _, name in log)
 
 
+def test_run_chunks_ahead_queues_every_chunk_before_the_first_is_taken():
+    """``ahead = len(chunks)``: the other worker goes on while chunk 0 trains (next-word)."""
+    trainer = _Doubling(task=None, device="cpu", cpu_workers=2)
+    last_started = threading.Event()
+
+    def train(chunk, slot):
+        if chunk == 7:
+            last_started.set()
+        if chunk == 0:  # the long first chunk: ends only once the last one has started
+            assert last_started.wait(10), "chunk 7 did not start while chunk 0 trained"
+        return slot
+
+    slots = list(trainer.run_chunks(list(range(8)), train, ahead=8))
+    assert slots == list(range(8))  # a slot of its own each
+
+
 def test_run_chunks_passes_a_workers_error_on_and_restores_the_threads():
     before = torch.get_num_threads()
     trainer = _Doubling(task=None, device="cpu", cpu_workers=2)

@@ -150,7 +150,12 @@ class StrategyConfig:
     adaptive_clipping: bool = flag(False)
     clip_quantile: float = real(0.5, 0, 1, low_open=True, high_open=True)
     clip_learning_rate: float = real(0.2, 0, _INF, low_open=True)
-    clip_count_stddev: float | None = real(None, 0, _INF, low_open=True, optional=True)
+    # at most half the largest noise multiplier an accountant state holds: the count's
+    # multiplier 2σ_b is in every ledger event (twenty-third review of issue 15: above it a run
+    # could not be resumed, its ledger called damaged; from ~1.4e154 σ_b² overflowed in round 1)
+    clip_count_stddev: float | None = real(
+        None, 0, MAX_STATE_NOISE_MULTIPLIER / 2, low_open=True, optional=True
+    )
     noise_mechanism: str = choice("gaussian", NOISE_MECHANISMS)
     tree_restart_rounds: int = integer(0, 0, MAX_ROUNDS)
     options: Options | None = None

@@ -25,6 +25,12 @@
 4b. The same for ``initialization = object()`` (a ``TypeError`` traceback from ``summary.json``'s
    JSON after the last round) and a ``cohort_trainer()`` returning a string (an
    ``AttributeError`` traceback in round 1): now refused before round 1, naming the member.
+5. ``simulate toy.toml --set adaptive-clipping=true --set clip-count-stddev=1e155`` (any value
+   from about 1.4e154) ended in an ``OverflowError`` traceback (rc 1) in round 1 (``σ_b²``);
+   from ``5e99`` to there the run ended rc 0, but its ledger's count noise multiplier ``2σ_b``
+   was above what an accountant state holds (1e100), so ``--resume`` was refused for ever as
+   ``the privacy ledger is damaged or was edited``. Now the key is at most 5e99: rc 2, one line,
+   before anything is written; a run at 5e99 resumes.
 """
 
 from __future__ import annotations
@@ -239,3 +245,26 @@ def test_4b_an_initialization_or_cohort_trainer_of_another_type_is_named(tmp_pat
     code, _, err = run_cli(argv)
     one_line_error(code, err, said)
     assert not out.exists()  # refused before round 1 (the summary came after the last before)
+
+
+# -- finding 5: clip-count-stddev without an upper bound ----------------------------------------
+@pytest.mark.parametrize("value", ["1e300", "1e155", "6e99"])
+def test_5_a_count_noise_no_ledger_can_hold_is_refused_before_the_run(tmp_path, value):
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+            "--set", "adaptive-clipping=true", "--set", f"clip-count-stddev={value}"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "clip-count-stddev", "5e+99")
+    assert not out.exists()
+
+
+def test_5_a_run_at_the_bound_resumes(tmp_path):
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+            "--set", "adaptive-clipping=true", "--set", "clip-count-stddev=5e99"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    config = out / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2"))
+    code, _, err = run_cli(["simulate", "--resume", str(out), "--quiet"])
+    assert code == 0, err

@@ -47,6 +47,7 @@ from fedprivopt.clients import LocalConfig
 from fedprivopt.models import initial_flat
 from fedprivopt.models.tag_prediction_cohort import TagCohortTrainer
 from fedprivopt.privacy import RngFactory
+from tests.interrupting import seconds_to_stop
 from tests.tag_synth import make_synth_dir, tag_task
 
 CONFIG = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=1.0)
@@ -138,13 +139,7 @@ def test_1b_the_user_cache_is_safe_under_the_workers(synth_dir):
 
 
 # -- finding 2: Ctrl-C waited for the workers' chunks (and for a token store's build) -----------
-class _Alarm(Exception):
-    pass
-
-
 def test_2_a_signal_in_the_caller_stops_the_workers_within_a_step(synth_dir):
-    import signal
-
     task = _task(synth_dir)
     trainer = TagCohortTrainer(task, device="cpu", chunk_users=256, cpu_workers=2)
     trainer.min_parallel_users = 1  # threads for these few users too
@@ -155,26 +150,10 @@ def test_2_a_signal_in_the_caller_stops_the_workers_within_a_step(synth_dir):
     per_user = time.perf_counter() - start
     assert len(one) == 1 and per_user > 0.05  # a user's chunk takes a while
 
-    fired = []
-
-    def alarm(signum, frame):
-        fired.append(time.perf_counter())
-        raise _Alarm
-
-    previous = signal.signal(signal.SIGALRM, alarm)
     batches = trainer.train_batches(
         w, list(range(40)), round_num=1, config=long, rngs=RngFactory(seed=1)
     )
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)  # Ctrl-C while every chunk trains
-        with pytest.raises(_Alarm):
-            for _ in batches:
-                pass
-        batches.close()
-        waited = time.perf_counter() - fired[0]
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    waited = seconds_to_stop(batches)  # Ctrl-C while every chunk trains
     # 40 users of about per_user each in 4 chunks: the running ones stop at their next step,
     # once a chunk's setup (one long sort at 400 epochs) is done. Waiting for the running chunks
     # took 5.3 s on a quiet machine; the bound leaves room for a loaded one (1.1 s was seen

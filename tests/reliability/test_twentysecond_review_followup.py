@@ -250,27 +250,14 @@ def test_1_a_run_ended_by_two_ctrl_c_resumes_to_the_uninterrupted_result(tmp_pat
 # -- 2. the next-word cohort's workers: one torch thread each, stopped by Ctrl-C within a step ---
 
 
-class _Alarm(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def nwp_task(tmp_path_factory):
     from fedprivopt.models import build_task
+    from tests.models.test_next_word_cohort import SYNTH, TINY
 
     root = tmp_path_factory.mktemp("review22-nwp")
     return build_task(
-        "stackoverflow-nwp",
-        data_dir=str(root),
-        num_users=40,
-        eval_users=5,
-        vocab_size=500,
-        embedding_dim=16,
-        hidden_size=32,
-        synth_clients=200,
-        synth_vocab=600,
-        synth_tags=20,
-        synth_seed=3,
+        "stackoverflow-nwp", data_dir=str(root), num_users=40, eval_users=5, **TINY, **SYNTH
     )
 
 
@@ -283,6 +270,7 @@ def test_2_a_signal_stops_the_next_word_workers_within_a_step(nwp_task):
     from fedprivopt.models import initial_flat
     from fedprivopt.models.next_word_cohort import NextWordCohortTrainer
     from fedprivopt.privacy import RngFactory
+    from tests.interrupting import seconds_to_stop
 
     trainer = NextWordCohortTrainer(nwp_task, device="cpu", cpu_workers=2)
     long = LocalConfig(learning_rate=0.1, epochs=30, batch_size=4, clip_norm=1.0)
@@ -292,25 +280,10 @@ def test_2_a_signal_stops_the_next_word_workers_within_a_step(nwp_task):
     per_user = time.perf_counter() - start
     assert per_user > 0.05  # a user takes a while
 
-    fired = []
-
-    def alarm(signum, frame):
-        fired.append(time.perf_counter())
-        raise _Alarm
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    users = list(range(24))
-    batches = trainer.train_batches(w, users, round_num=1, config=long, rngs=RngFactory(seed=1))
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)  # Ctrl-C while the users train
-        with pytest.raises(_Alarm):
-            for _ in batches:
-                pass
-        batches.close()
-        waited = time.perf_counter() - fired[0]
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    batches = trainer.train_batches(
+        w, list(range(24)), round_num=1, config=long, rngs=RngFactory(seed=1)
+    )
+    waited = seconds_to_stop(batches)  # Ctrl-C while the users train
     # before: the pool's join ran every submitted user to its end (24 users on 2 workers)
     assert waited < max(2.5, 3 * per_user), (waited, per_user)
     assert not [t for t in threading.enumerate() if t.name.startswith("fedprivopt-chunk")]

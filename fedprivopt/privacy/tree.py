@@ -40,12 +40,13 @@ T.-H. H. Chan, E. Shi, D. Song, "Private and Continual Release of Statistics", A
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
 
@@ -313,8 +314,32 @@ class ParticipationLedger:
         return {"period": self.period, "users": self._seen.nonzero().flatten()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        users = torch.as_tensor(state["users"], dtype=torch.int64)
+        """Restore :meth:`state_dict`.
+
+        Raises
+        ------
+        ValueError
+            Unless ``state`` holds ``period`` and ``users``, a 1-D tensor of integer ids in the
+            population (twenty-third review of issue 15: a checkpoint whose ``users`` was
+            deleted, ``None`` or a string, its digest recomputed, raised ``KeyError`` or
+            ``TypeError`` out of ``--resume``, rc 1).
+        """
+        if not isinstance(state, Mapping) or not {"period", "users"} <= set(state):
+            raise ValueError("participation state must hold 'period' and 'users'")
+        users = state["users"]
+        integral = isinstance(users, torch.Tensor) and not (
+            users.is_floating_point() or users.is_complex() or users.dtype == torch.bool
+        )
+        if not integral or users.dim() != 1:
+            got = (
+                f"a {users.dtype} tensor of shape {tuple(users.shape)}"
+                if isinstance(users, torch.Tensor)
+                else shown(users)
+            )
+            raise ValueError(
+                f"participation state: users must be a 1-D tensor of user ids, got {got}"
+            )
+        users = users.to(torch.int64)
         if users.numel() and (users.min() < 0 or users.max() >= self.population):
             raise ValueError("participation state: a user id is outside the population")
         self.period = check_int("participation state period", state["period"], 0)

@@ -31,6 +31,12 @@
    was above what an accountant state holds (1e100), so ``--resume`` was refused for ever as
    ``the privacy ledger is damaged or was edited``. Now the key is at most 5e99: rc 2, one line,
    before anything is written; a run at 5e99 resumes.
+6. A tree run's (``noise-mechanism = "tree"``) checkpoints whose participation state lost its
+   ``users``, or had it set to ``None`` or a string, with the digest recomputed by the project's
+   own ``state_digest``: ``simulate --resume`` ended in a ``KeyError`` or ``TypeError``
+   traceback (rc 1). ``ParticipationLedger.load_state_dict`` now checks the state's fields (a
+   1-D integer tensor of users): rc 2, ``R/checkpoint.pt: participation state: ...; refusing to
+   resume``.
 """
 
 from __future__ import annotations
@@ -268,3 +274,61 @@ def test_5_a_run_at_the_bound_resumes(tmp_path):
     config.write_text(config.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2"))
     code, _, err = run_cli(["simulate", "--resume", str(out), "--quiet"])
     assert code == 0, err
+
+
+# -- finding 6: a tree run's checkpoint whose participation state lacks its users --------------
+def _participation(state):
+    """The dict of a checkpoint's algorithm state that holds the tree's participation ledger."""
+    if isinstance(state, dict):
+        if "period" in state and "users" in state:
+            return state
+        for value in state.values():
+            found = _participation(value)
+            if found is not None:
+                return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def tree_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tree") / "r"
+    argv = ["simulate", str(TOY), "--rounds", "6", "--quiet", "--out", str(out),
+            "--set", "noise-mechanism=tree", "--set", "tree-restart-rounds=4",
+            "--set", "checkpoint-every=2"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    config = out / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 6", "num-server-rounds = 8"))
+    return out
+
+
+@pytest.mark.parametrize("users", ["deleted", None, "abc"])
+def test_6_a_forged_participation_state_is_refused_in_one_line(tmp_path, tree_run, users):
+    import shutil
+
+    import torch
+
+    from fedprivopt.simulation.checkpoint import state_digest
+
+    run = tmp_path / "r"
+    shutil.copytree(tree_run, run)
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        state = torch.load(run / name, weights_only=False)
+        part = _participation(state["algorithm"])
+        assert part is not None
+        if users == "deleted":
+            del part["users"]
+        else:
+            part["users"] = users
+        state["sha256"] = state_digest(state)  # the project's own digest, recomputed
+        torch.save(state, run / name)
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    one_line_error(code, err, "participation state", "refusing to resume")
+
+
+def test_6_the_participation_ledger_names_what_is_missing():
+    from fedprivopt.privacy.tree import ParticipationLedger
+
+    for state in ({}, None, {"period": 1}, {"period": 1, "users": "abc"}):
+        with pytest.raises(ValueError, match="participation state"):
+            ParticipationLedger(5).load_state_dict(state)

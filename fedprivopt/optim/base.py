@@ -28,6 +28,8 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
+from fedprivopt.core.text import shown
+
 __all__ = [
     "ServerTransform",
     "StateDictMixin",
@@ -123,13 +125,18 @@ def _convert(state_type: type, name: str, kind: Any, value: object) -> StateValu
         if not isinstance(value, (bool, int)) or isinstance(value, float):
             raise ValueError(f"{where} must be a bool, got {value!r}")
         return bool(value)
+    # every state's ints and floats are counts, rates and variances: never negative (twenty-
+    # third review of issue 15: a checkpoint's count or accepted of -1 made --resume end in a
+    # ZeroDivisionError, an ADADP learning rate of -1 ran)
     if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where} must be an int, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{where} must be an int >= 0, got {shown(value)}")
         return value
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where} must be a float, got {value!r}")
+            raise ValueError(f"{where} must be a float, got {shown(value)}")
+        if value < 0:  # NaN and inf pass: a diverged run's state is resumed as it is
+            raise ValueError(f"{where} must be a float >= 0, got {shown(value)}")
         return float(value)
     raise ValueError(f"{where} has unsupported field type {kind!r}")  # pragma: no cover
 

@@ -233,17 +233,27 @@ class TreeNoise:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; ``ValueError`` for nodes that cannot be this tree's."""
+        if not isinstance(state, Mapping):
+            raise ValueError("tree state must be a mapping of round and nodes")
         round_num = check_int("tree state round", state.get("round"), 0)
         nodes: dict[tuple[int, int], torch.Tensor] = {}
-        for item in state.get("nodes", []):
+        items = state.get("nodes", [])
+        shape = "tree state: nodes must be a list of [level, index, vector]"
+        if not isinstance(items, list | tuple):  # None, a string: TypeError before (issue 15)
+            raise ValueError(f"{shape}, got {shown(items)}")
+        for item in items:
+            if not isinstance(item, list | tuple) or len(item) != 3:
+                raise ValueError(f"{shape}, got an item {shown(item)}")
             level, index, tensor = item
+            if any(isinstance(v, bool) or not isinstance(v, int) for v in (level, index)):
+                raise ValueError(f"{shape}, got a level and index {shown(level)}, {shown(index)}")
             if (
                 not isinstance(tensor, torch.Tensor)
                 or tensor.shape != (self.dim,)
                 or tensor.dtype != self.dtype
             ):
                 raise ValueError("tree state: a node is not a vector of the model's length/dtype")
-            nodes[(int(level), int(index))] = tensor.to(self.device)
+            nodes[(level, index)] = tensor.to(self.device)
         step = tree_position(round_num, self.restart_rounds)[1] if round_num else 0
         expected = prefix_nodes(step)
         if sorted(nodes) != sorted(expected):

@@ -561,7 +561,8 @@ class ServerAlgorithm:
                 f"= {shown(getattr(saved, name, '?'))}, this run has "
                 f"{shown(getattr(self.config, name, '?'))})"
             )
-        if int(state.get("user_offset", 0)) != self.user_offset:
+        offset = state.get("user_offset", 0)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset != self.user_offset:
             raise ValueError(
                 f"checkpoint was written with user_offset={state.get('user_offset', 0)} (public "
                 f"users), this run has {self.user_offset}"
@@ -574,8 +575,19 @@ class ServerAlgorithm:
                 "checkpoint was written with different side information (the side-information "
                 "table, its default or the public data changed)"
             )
-        self.round_num = int(state["round"])
-        self.params = state["params"].detach().clone()
+        # twenty-third review of issue 15: a checkpoint whose round, params or user_offset was
+        # None or a string (digest recomputed) raised TypeError/AttributeError out of --resume
+        rounds, params = state["round"], state["params"]
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"checkpoint's round must be an integer >= 0, got {shown(rounds)}")
+        if (
+            not isinstance(params, torch.Tensor)
+            or params.shape != self.params.shape
+            or params.dtype != self.params.dtype
+        ):
+            raise ValueError("checkpoint has no model parameters of the model's shape and dtype")
+        self.round_num = rounds
+        self.params = params.detach().clone()
         averaged = state.get("averaged")
         if self.config.ema_decay > 0 and self.round_num > 0:
             if (
@@ -589,6 +601,12 @@ class ServerAlgorithm:
             self.averaged = averaged.detach().clone()
         if self.opt_state is not None:
             self.opt_state = type(self.opt_state).from_dict(state["opt_state"])
+            for name, value in self.opt_state.to_dict().items():  # every moment is model-sized
+                if isinstance(value, torch.Tensor) and value.shape != self.params.shape:
+                    raise ValueError(
+                        f"checkpoint's optimizer state {name} has shape {tuple(value.shape)}, the "
+                        f"model {tuple(self.params.shape)}"
+                    )
         if self.clipping is not None:
             self.clipping.load_state_dict(state.get("clip_states"))
         if self.tree_noise is not None:

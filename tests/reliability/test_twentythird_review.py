@@ -37,6 +37,17 @@
    traceback (rc 1). ``ParticipationLedger.load_state_dict`` now checks the state's fields (a
    1-D integer tensor of users): rc 2, ``R/checkpoint.pt: participation state: ...; refusing to
    resume``.
+7. The same kind of forgery of the rest of the algorithm state (every leaf of dp-fedadam,
+   dp-fedavg-adadp, dp2 and tree checkpoints deleted, ``None``, a string, or -1 / cut to 3
+   entries; 148 forgeries): ``round``, ``params`` or ``user_offset`` ``None`` or a string, and
+   the tree's ``nodes`` ``None`` raised ``TypeError``/``AttributeError`` out of ``--resume``
+   (rc 1); an optimizer count of -1 (Adam ``count``, ADADP ``accepted``) a
+   ``ZeroDivisionError`` in the first resumed round, and an Adam ``nu`` or DP2
+   ``second_moment`` of 3 entries a size-mismatch ``RuntimeError``; an ADADP learning rate of -1
+   and a DP2 ``phase_step`` of -1 ran (rc 0). Now ``ServerAlgorithm.load_state_dict`` checks
+   the round, the parameters' shape and dtype, the offset and the optimizer moments' shapes,
+   ``optim.base.state_from_dict`` refuses negative counts and scalars, and
+   ``TreeNoise.load_state_dict`` its nodes' form: rc 2, one line each.
 """
 
 from __future__ import annotations
@@ -332,3 +343,70 @@ def test_6_the_participation_ledger_names_what_is_missing():
     for state in ({}, None, {"period": 1}, {"period": 1, "users": "abc"}):
         with pytest.raises(ValueError, match="participation state"):
             ParticipationLedger(5).load_state_dict(state)
+
+
+# -- finding 7: other fields of a checkpoint's algorithm state, forged with the digest ------------
+def _forge(run: Path, path: tuple, value) -> None:
+    """Set ``path`` of both checkpoints' algorithm state to ``value``, digest recomputed."""
+    import torch
+
+    from fedprivopt.simulation.checkpoint import state_digest
+
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        state = torch.load(run / name, weights_only=False)
+        node = state["algorithm"]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value(node[path[-1]]) if callable(value) else value
+        state["sha256"] = state_digest(state)
+        torch.save(state, run / name)
+
+
+def _four_rounds(tmp_path_factory, name: str, *sets: str) -> Path:
+    out = tmp_path_factory.mktemp(name) / "r"
+    argv = ["simulate", str(TOY), "--rounds", "4", "--quiet", "--out", str(out),
+            "--set", "checkpoint-every=2"]  # fmt: skip
+    for item in sets:
+        argv += ["--set", item]
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    config = out / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 4", "num-server-rounds = 6"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs_to_forge(tmp_path_factory):
+    return {
+        "adam": _four_rounds(tmp_path_factory, "adam", "strategy=dp-fedadam"),
+        "adadp": _four_rounds(tmp_path_factory, "adadp", "strategy=dp-fedavg-adadp"),
+        "dp2": _four_rounds(tmp_path_factory, "dp2", "strategy=dp2"),
+        "tree": _four_rounds(tmp_path_factory, "tree", "noise-mechanism=tree"),
+    }
+
+
+FORGED = [
+    ("adam", ("round",), None, "round must be an integer"),
+    ("adam", ("params",), "abc", "no model parameters"),
+    ("adam", ("user_offset",), None, "user_offset"),
+    ("adam", ("opt_state", "count"), -1, "AdamState.count must be an int >= 0"),
+    ("adam", ("opt_state", "nu"), lambda t: t[:3].clone(), "optimizer state nu has shape (3,)"),
+    ("adadp", ("opt_state", "accepted"), -1, "ADADPState.accepted must be an int >= 0"),
+    ("adadp", ("opt_state", "learning_rate"), -1.0, "learning_rate must be a float >= 0"),
+    ("dp2", ("opt_state", "phase_step"), -1, "DP2State.phase_step must be an int >= 0"),
+    ("dp2", ("opt_state", "second_moment"), lambda t: t[:3].clone(), "second_moment"),
+    ("tree", ("tree", "noise", "nodes"), None, "tree state: nodes must be a list"),
+]
+
+
+@pytest.mark.parametrize(("run", "path", "value", "said"), FORGED, ids=lambda v: str(v)[:20])
+def test_7_a_forged_algorithm_state_is_refused_in_one_line(
+    tmp_path, runs_to_forge, run, path, value, said
+):
+    import shutil
+
+    forged = tmp_path / "r"
+    shutil.copytree(runs_to_forge[run], forged)
+    _forge(forged, path, value)
+    code, _, err = run_cli(["simulate", "--resume", str(forged), "--quiet"])
+    one_line_error(code, err, said, "refusing to resume")

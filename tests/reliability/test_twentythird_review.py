@@ -39,7 +39,7 @@
    resume``.
 7. The same kind of forgery of the rest of the algorithm state (every leaf of dp-fedadam,
    dp-fedavg-adadp, dp2 and tree checkpoints deleted, ``None``, a string, or -1 / cut to 3
-   entries; 148 forgeries): ``round``, ``params`` or ``user_offset`` ``None`` or a string, and
+   entries; 132 forgeries): ``round``, ``params`` or ``user_offset`` ``None`` or a string, and
    the tree's ``nodes`` ``None`` raised ``TypeError``/``AttributeError`` out of ``--resume``
    (rc 1); an optimizer count of -1 (Adam ``count``, ADADP ``accepted``) a
    ``ZeroDivisionError`` in the first resumed round, and an Adam ``nu`` or DP2

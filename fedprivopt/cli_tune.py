@@ -147,11 +147,10 @@ def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
         orders,
     )  # fmt: skip
     metric = args.metric or primary_metric(task)
-    if args.metric is not None:
-        try:
-            check_metric(args.metric, list(tasks.values()))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    try:  # without --metric, only that every metric is a number
+        check_metric(args.metric, list(tasks.values()))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return plan, tasks, metric
 
 

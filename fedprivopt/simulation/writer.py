@@ -44,7 +44,7 @@ from fedprivopt.simulation.rundir import check_held
 from fedprivopt.simulation.tensorboard import TensorBoardLog
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm
 
-__all__ = ["RunWriter", "start_run_files"]
+__all__ = ["RunWriter", "checked_metrics", "start_run_files"]
 
 
 def start_run_files(
@@ -129,14 +129,7 @@ class RunWriter:
             self._eval_spec = flatten(self._eval_model.state_dict())[1]
         model = self._eval_model
         model.load_state_dict(unflatten(params.detach().cpu(), self._eval_spec))
-        metrics = self.task.evaluate(model)
-        name = self.config.task
-        if not isinstance(metrics, Mapping):
-            raise ValueError(
-                f"task {shown(name)}: evaluate() returned {type(metrics).__name__!r}, not a "
-                "mapping of metric names to numbers"
-            )
-        return {f"eval_{k}": _metric_value(name, k, v) for k, v in metrics.items()}
+        return checked_metrics(self.config.task, self.task.evaluate(model))
 
     def wants_eval(self, round_num: int) -> bool:
         """Whether ``round_num`` is evaluated (every ``eval-every`` rounds and the last).
@@ -268,6 +261,23 @@ class RunWriter:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+
+
+def checked_metrics(task: str, metrics: object) -> dict[str, float]:
+    """``{"eval_" + name: value}`` of what the task's ``evaluate()`` returned, every value a float.
+
+    Raises
+    ------
+    ValueError
+        Naming ``task`` and the metric: ``metrics`` is not a mapping, or a value is not a number
+        (twenty-third review of issue 15: ``could not convert string to float: 'high'``).
+    """
+    if not isinstance(metrics, Mapping):
+        raise ValueError(
+            f"task {shown(task)}: evaluate() returned {type(metrics).__name__!r}, not a "
+            "mapping of metric names to numbers"
+        )
+    return {f"eval_{k}": _metric_value(task, k, v) for k, v in metrics.items()}
 
 
 def _metric_value(task: str, key: object, value: object, method: str = "evaluate()") -> float:

@@ -48,6 +48,12 @@
    the round, the parameters' shape and dtype, the offset and the optimizer moments' shapes,
    ``optim.base.state_from_dict`` refuses negative counts and scalars, and
    ``TreeNoise.load_state_dict`` its nodes' form: rc 2, one line each.
+8. ``tune`` of a task whose ``evaluate()`` returns a string (finding 2's task; no ``--metric``):
+   every trial failed at its first evaluation, before its first release, and the tuning ended
+   rc 0 with ``1 trials, no trial released; epsilon = 13.08 for the tuning`` (as the
+   twenty-first review's unreachable cluster did). The initial evaluation that checks
+   ``--metric`` now runs without it too and checks every metric is a number: rc 2, one line,
+   before a trial.
 """
 
 from __future__ import annotations
@@ -410,3 +416,15 @@ def test_7_a_forged_algorithm_state_is_refused_in_one_line(
     _forge(forged, path, value)
     code, _, err = run_cli(["simulate", "--resume", str(forged), "--quiet"])
     one_line_error(code, err, said, "refusing to resume")
+
+
+# -- finding 8: a tuning whose every trial fails at its first evaluation ------------------------
+def test_8_tune_refuses_a_task_whose_metric_is_no_number_before_a_trial(tmp_path):
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
+            "--rounds", "2", "--seed", "3", "--quiet", "--out", str(out),
+            "--set", _ref("_WordMetric")]  # fmt: skip
+    code, stdout, err = run_cli(argv)
+    one_line_error(code, err, "_WordMetric", "'high' for the metric 'accuracy'")
+    assert "no trial released" not in stdout
+    assert not (out / "summary.json").exists()

@@ -329,8 +329,9 @@ def _note_unused(strategies: list, only: dict | None = None) -> None:
     by_keys: dict[tuple, list[str]] = {}
     for strategy in strategies:
         unused = keys_without_effect(strategy)
-        if only is not None:
-            unused = unused & set(only)
+        if only is not None:  # --set strategies.<this strategy>.KEY sets KEY for it
+            own = f"strategies.{strategy.strategy}."
+            unused = unused & {key.removeprefix(own) for key in only}
         if unused:
             names = by_keys.setdefault(tuple(sorted(unused)), [])
             if strategy.strategy not in names:

@@ -54,6 +54,10 @@
    twenty-first review's unreachable cluster did). The initial evaluation that checks
    ``--metric`` now runs without it too and checks every metric is a number: rc 2, one line,
    before a trial.
+9. ``compare toy.toml --strategies dp-fedavg --set strategies.dp-fedavg.tau=0.1`` ran without a
+   word, where ``--set tau=0.1`` and ``simulate --set strategies.dp-fedavg.tau=0.1`` say ``note:
+   dp-fedavg does not use tau``: compare's note compared the strategy's unused keys with the
+   ``--set`` keys as written. Now a strategy's own table prefix is taken off first.
 """
 
 from __future__ import annotations
@@ -428,3 +432,13 @@ def test_8_tune_refuses_a_task_whose_metric_is_no_number_before_a_trial(tmp_path
     one_line_error(code, err, "_WordMetric", "'high' for the metric 'accuracy'")
     assert "no trial released" not in stdout
     assert not (out / "summary.json").exists()
+
+
+# -- finding 9: compare's note on a strategy-table --set ----------------------------------------
+def test_9_compare_notes_an_unused_key_set_through_the_strategy_table(tmp_path):
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "1", "--quiet",
+            "--out", str(out), "--set", "strategies.dp-fedavg.tau=0.1"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    assert "note: dp-fedavg does not use tau" in err, err

@@ -423,6 +423,13 @@ def _main(argv: Sequence[str] | None) -> int:
                 if getattr(args, flag, None):
                     message = f"argument --{flag}: {getattr(args, flag)}: {message}"
                     break
+        elif isinstance(exc, OSError) and exc.filename is not None:
+            # a path in --out that cannot be made (`--out /proc/t`: "/proc/t: No such file or
+            # directory", naming no flag; twenty-third review of issue 15)
+            for flag in ("out", "resume"):
+                if _within(exc.filename, getattr(args, flag, None)):
+                    message = f"argument --{flag}: {message}"
+                    break
         print(one_line(f"fedprivopt {_command(args)}: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
@@ -434,6 +441,17 @@ def _main(argv: Sequence[str] | None) -> int:
         print(_interrupted(_command(args), exc), file=sys.stderr)
         interrupt.reported()  # a second signal from now on ends the process without a line
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C (SIGINT)
+
+
+def _within(path: object, directory: object) -> bool:
+    """Whether ``path`` is ``directory`` or inside it (both as given, made absolute)."""
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(directory, (str, os.PathLike)):
+        return False
+    try:
+        inner, outer = Path(os.path.abspath(path)), Path(os.path.abspath(directory))
+    except (ValueError, OSError):
+        return False
+    return inner == outer or outer in inner.parents
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -284,7 +284,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     equals the cell's; otherwise the call is refused before anything runs, or, with
     ``--overwrite``, the cell is rerun (:mod:`fedprivopt.simulation.cells`).
     """
-    from fedprivopt.simulation.cells import check_compare_dir, lock_compare_dir
+    from fedprivopt.simulation.cells import COMPARE_LOCK, check_compare_dir, lock_compare_dir
+    from fedprivopt.simulation.rundir import removed_if_unused
 
     out = check_out_dir(args.out)
     try:
@@ -307,14 +308,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
             check_metric(args.metric, list(tasks.values()))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress line
-    locked = contextlib.ExitStack()
-    try:
-        locked.enter_context(lock_compare_dir(out))  # a second compare here: its holder's PID
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    with locked:
-        return _compare_locked(args, out, cells)
+    with removed_if_unused(out, COMPARE_LOCK):  # a failure before any cell: nothing left
+        (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress
+        locked = contextlib.ExitStack()
+        try:
+            locked.enter_context(lock_compare_dir(out))  # a second compare here: its holder
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        with locked:
+            return _compare_locked(args, out, cells)
 
 
 def _note_unused(strategies: list, only: dict | None = None) -> None:

@@ -299,7 +299,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.cells import plan_cells
     from fedprivopt.simulation.files import atomic_write
     from fedprivopt.simulation.ledger import RunLedger
-    from fedprivopt.simulation.rundir import lock_directory
+    from fedprivopt.simulation.rundir import lock_directory, removed_if_unused
     from fedprivopt.simulation.tune import (
         TUNE_LOCK,
         check_leftover_trials,
@@ -315,59 +315,60 @@ def cmd_tune(args: argparse.Namespace) -> int:
     setup = prepare_tuning(args)
     out, trials, metric, document = setup.out, setup.trials, setup.metric, setup.document
     strategy = setup.base.strategy.strategy
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    locked = contextlib.ExitStack()
-    try:
-        locked.enter_context(lock_directory(out, TUNE_LOCK, what=f"tuning {str(out)!r}"))
-        # ninth review of issue 15 (N5): a tuning's trials are reused only under its own plan
-        if check_plan(out, document, overwrite=args.overwrite):
-            discard_tuning(out)
-            (out / "runs").mkdir(exist_ok=True)
-        check_leftover_trials(out, [t.label for t in trials])
-    except ValueError as exc:
-        locked.close()
-        raise UsageError(str(exc)) from None
-    with locked:
+    with removed_if_unused(out, TUNE_LOCK):  # a failure before any trial: nothing left
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+        locked = contextlib.ExitStack()
         try:
-            plans = plan_cells(out, setup.cells, overwrite=args.overwrite)
-            remove_outputs(out)  # before a trial changes: a stopped call leaves no stale report
-            atomic_write(out / PLAN_FILE, json.dumps(document, indent=2) + "\n")
-        except ValueError as exc:  # a stale trial run (compare's rules), a locked run
+            locked.enter_context(lock_directory(out, TUNE_LOCK, what=f"tuning {str(out)!r}"))
+            # ninth review of issue 15 (N5): a tuning's trials are reused only under its own plan
+            if check_plan(out, document, overwrite=args.overwrite):
+                discard_tuning(out)
+                (out / "runs").mkdir(exist_ok=True)
+            check_leftover_trials(out, [t.label for t in trials])
+        except ValueError as exc:
+            locked.close()
             raise UsageError(str(exc)) from None
-        progress = _TrialProgress(len(trials), enabled=not args.quiet)
-        try:
-            results = run_trials(plans, trials, metric=metric, on_start=progress.start,
-                                 on_done=progress.done)  # fmt: skip
-        finally:
-            progress.close()
-        released = {}
-        for trial in trials:
-            ledger = RunLedger.read(out / "runs" / trial.label)
-            if ledger is not None:
-                released[trial.label] = ledger.total()
-        plan, notes = check_released(setup.plan, released)
-        maximize = metric != "eval_loss"
-        best = select_best(results, maximize=maximize)
-        summary = summary_of(
-            preset=str(args.config), strategy=strategy, metric=metric, maximize=maximize,
-            grid=setup.grid, overrides=setup.overrides, trials=setup.trial_count,
-            seed=setup.seed, plan=plan, results=results, best=best, notes=notes,
-            selection=setup.selection, seed_secret=setup.secret,
-        )  # fmt: skip
-        report = write_tune_outputs(out, summary)
-    shown = (
-        "no trial released"
-        if best is None
-        else f"best {best.trial.label} ("
-        + ", ".join(f"{k}={v}" for k, v in best.trial.hyperparameters.items())
-        + f") {metric} = {best.score:.4f}"
-    )
-    print(
-        f"{len(trials)} trials, {shown}; epsilon = {summary['epsilon']:.4g} for the tuning "
-        f"(one run: {summary['epsilon_single_run']:.4g}) at delta = {summary['delta']:g}; "
-        f"report: {report}"
-    )
-    return 0
+        with locked:
+            try:
+                plans = plan_cells(out, setup.cells, overwrite=args.overwrite)
+                remove_outputs(out)  # before a trial changes: a stopped call leaves no stale report
+                atomic_write(out / PLAN_FILE, json.dumps(document, indent=2) + "\n")
+            except ValueError as exc:  # a stale trial run (compare's rules), a locked run
+                raise UsageError(str(exc)) from None
+            progress = _TrialProgress(len(trials), enabled=not args.quiet)
+            try:
+                results = run_trials(plans, trials, metric=metric, on_start=progress.start,
+                                     on_done=progress.done)  # fmt: skip
+            finally:
+                progress.close()
+            released = {}
+            for trial in trials:
+                ledger = RunLedger.read(out / "runs" / trial.label)
+                if ledger is not None:
+                    released[trial.label] = ledger.total()
+            plan, notes = check_released(setup.plan, released)
+            maximize = metric != "eval_loss"
+            best = select_best(results, maximize=maximize)
+            summary = summary_of(
+                preset=str(args.config), strategy=strategy, metric=metric, maximize=maximize,
+                grid=setup.grid, overrides=setup.overrides, trials=setup.trial_count,
+                seed=setup.seed, plan=plan, results=results, best=best, notes=notes,
+                selection=setup.selection, seed_secret=setup.secret,
+            )  # fmt: skip
+            report = write_tune_outputs(out, summary)
+        shown = (
+            "no trial released"
+            if best is None
+            else f"best {best.trial.label} ("
+            + ", ".join(f"{k}={v}" for k, v in best.trial.hyperparameters.items())
+            + f") {metric} = {best.score:.4f}"
+        )
+        print(
+            f"{len(trials)} trials, {shown}; epsilon = {summary['epsilon']:.4g} for the tuning "
+            f"(one run: {summary['epsilon_single_run']:.4g}) at delta = {summary['delta']:g}; "
+            f"report: {report}"
+        )
+        return 0
 
 
 def cmd_compare_tuned(args: argparse.Namespace) -> int:

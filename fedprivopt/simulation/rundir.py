@@ -43,6 +43,7 @@ __all__ = [
     "lock_run_dir",
     "reading_lock",
     "remove_run_files",
+    "removed_if_unused",
 ]
 
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
@@ -218,6 +219,34 @@ def check_claimable(
     is not the caller's own ``--resume`` (``deploy local`` has none).
     """
     _check_claimable(Path(out), overwrite=overwrite, allowed=allowed, resume=resume)
+
+
+@contextlib.contextmanager
+def removed_if_unused(out: str | Path, lock: str) -> Iterator[Path]:
+    """For a comparison or tuning directory ``out`` the block creates: gone again on failure.
+
+    If ``out`` did not exist and the block fails or is interrupted while ``out`` still holds
+    nothing but an empty ``runs/`` and the lock file ``lock``, those are removed and ``out``
+    with them. Twenty-third review of issue 15: a ``compare`` or ``tune`` refused after it had
+    created its ``--out`` (an unreachable ``ray-address``) left ``compare.lock`` and an empty
+    ``runs/``, which ``simulate --out`` then refused as not empty. Anything more (a cell's run,
+    a user's file) is kept.
+    """
+    out = Path(out)
+    created = not os.path.lexists(out)
+    try:
+        yield out
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                names = set(os.listdir(out))
+                runs = out / "runs"
+                if names <= {"runs", lock} and (not runs.is_dir() or not os.listdir(runs)):
+                    if runs.is_dir():
+                        runs.rmdir()
+                    (out / lock).unlink(missing_ok=True)
+                    out.rmdir()
+        raise
 
 
 def remove_run_files(out: Path) -> None:

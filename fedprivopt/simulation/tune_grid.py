@@ -219,7 +219,10 @@ def check_grid_overrides(
 # Options a strategy holds but ignores (its block is shared with a strategy that uses them).
 _IGNORED_BY = {
     "dp2-noise-first": frozenset({"dp2-scale-by-preconditioner"}),
-    "fedavg": frozenset({"max-noise-step"}),  # no noise: the rate is never lowered
+    # no noise: the rate is never lowered, and the clip norm is not adapted (twenty-third review
+    # of issue 15: --set adaptive-clipping=true on fedavg ran without a note, epsilon inf)
+    "fedavg": frozenset({"max-noise-step", "adaptive-clipping"}),
+    "fedadam": frozenset({"adaptive-clipping"}),
 }
 
 
@@ -236,11 +239,16 @@ def keys_without_effect(strategy_config: Any) -> frozenset[str]:
     frozenset of str
         Other strategies' options (:attr:`unused`) and options the strategy's block holds but
         ignores, when turned on (``dp2-noise-first``'s ``dp2-scale-by-preconditioner``, whose
-        step already divides by ``P``; non-private ``fedavg``'s ``max-noise-step``).
+        step already divides by ``P``; non-private ``fedavg``'s ``max-noise-step``, and the
+        non-private baselines' ``adaptive-clipping``).
     """
     options = strategy_config.options
-    ignored = {key for key in _IGNORED_BY.get(strategy_config.strategy, ())
-               if getattr(options, key.replace("-", "_"), False)}  # fmt: skip
+
+    def turned_on(key: str) -> bool:  # a block's option, or a strategy-wide one
+        name = key.replace("-", "_")
+        return bool(getattr(options, name, False) or getattr(strategy_config, name, False))
+
+    ignored = {key for key in _IGNORED_BY.get(strategy_config.strategy, ()) if turned_on(key)}
     return frozenset(strategy_config.unused) | ignored
 
 

@@ -442,3 +442,61 @@ def test_9_compare_notes_an_unused_key_set_through_the_strategy_table(tmp_path):
     code, _, err = run_cli(argv)
     assert code == 0, err
     assert "note: dp-fedavg does not use tau" in err, err
+
+
+# -- noticed by the review, fixed after it --------------------------------------------------------
+def test_10_the_baselines_note_that_they_ignore_adaptive_clipping(tmp_path):
+    """Before: ``--set adaptive-clipping=true`` on ``fedavg`` ran without a word (ε inf)."""
+    code, _, err = run_cli(["simulate", str(TOY), "--strategy", "fedavg", "--rounds", "1",
+                            "--quiet", "--out", str(tmp_path / "r"),
+                            "--set", "adaptive-clipping=true"])  # fmt: skip
+    assert code == 0, err
+    assert "note: fedavg does not use adaptive-clipping" in err, err
+    code, _, err = run_cli(["tune", str(TOY), "--strategy", "fedadam", "--mean-trials", "2",
+                            "--grid", "adaptive-clipping=true,false", "--rounds", "1",
+                            "--quiet", "--out", str(tmp_path / "t")])  # fmt: skip
+    one_line_error(code, err, "--grid", "adaptive-clipping", "changes nothing in a run of fedadam")
+
+
+@pytest.mark.parametrize("command", ["compare", "tune"])
+def test_11_a_refused_comparison_or_tuning_leaves_no_directory_it_created(tmp_path, command):
+    """Before: refused after creating ``--out`` (a Ray address nothing answers), ``compare`` and
+    ``tune`` left their lock file and an empty ``runs/``, which ``simulate --out`` refused."""
+    out = tmp_path / "new"
+    argv = {
+        "compare": ["compare", str(TOY), "--strategies", "dp-fedavg"],
+        "tune": ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2"],
+    }[command]
+    code, _, err = run_cli([*argv, "--rounds", "1", "--quiet", "--out", str(out), "--set",
+                            "engine=flower", "--set", "ray-address=127.0.0.1:1"])  # fmt: skip
+    one_line_error(code, err, "127.0.0.1:1")
+    assert not out.exists()
+
+
+def test_11_what_a_failed_comparison_leaves_beside_its_scaffold_is_kept(tmp_path):
+    from fedprivopt.simulation.rundir import removed_if_unused
+
+    new, kept, before = tmp_path / "new", tmp_path / "kept", tmp_path / "before"
+    before.mkdir()
+    for out, extra in ((new, None), (kept, "notes.txt"), (before, None)):
+        with pytest.raises(ValueError), removed_if_unused(out, "compare.lock"):
+            (out / "runs").mkdir(parents=True, exist_ok=True)
+            (out / "compare.lock").write_text("123")
+            if extra:
+                (out / extra).write_text("mine")
+            raise ValueError("refused")
+    assert not new.exists()
+    assert (kept / "notes.txt").read_text() == "mine" and (kept / "runs").is_dir()
+    assert (before / "runs").is_dir()  # a directory it did not create is left as it is
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "tune"])
+def test_12_an_out_that_cannot_be_made_is_named_as_out(command):
+    """Before: ``fedprivopt tune: error: /proc/t: No such file or directory`` (no flag)."""
+    extra = {
+        "simulate": [],
+        "compare": ["--strategies", "dp-fedavg"],
+        "tune": ["--grid", "server-learning-rate=0.5,1", "--mean-trials", "2"],
+    }[command]
+    code, _, err = run_cli([command, str(TOY), *extra, "--out", "/proc/t", "--quiet"])
+    one_line_error(code, err, "argument --out: /proc/t: No such file or directory")

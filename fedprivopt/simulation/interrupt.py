@@ -85,7 +85,7 @@ class _Signals:
 
     def __init__(self) -> None:
         self.received: list[int] = []
-        self.line: str | None = "fedprivopt: interrupted again; ended at once"
+        self.line: str | None = "fedprivopt: interrupted twice; ended at once"
         self.code: int | None = None
         self.program = False
         self.depth = 0

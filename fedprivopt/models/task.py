@@ -25,7 +25,9 @@ fast engine trains, and each has a fallback:
 ``data_identity()``
     A JSON-able mapping that identifies the data the task reads (file sizes, digests), recorded
     in the run's privacy ledger and compared when the run is resumed or reused, so that other
-    data put at the same path is refused; without it, no such check.
+    data put at the same path is refused; without it, no such check. A task class defined
+    outside this package has the digest of its module's source recorded too (an edited task
+    module is refused in the same way).
 ``private_evaluation_users()``
     ``(private, evaluated)``: how many of the users whose data :meth:`Task.evaluate` reads are
     training users (the private population), and how many users it reads; ``(0, 0)`` for an
@@ -44,8 +46,11 @@ server broadcasts it, clients return flat updates of the same layout. :func:`mod
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -53,6 +58,7 @@ import torch
 from fedprivopt.privacy.flat import FlatSpec, flatten
 
 __all__ = [
+    "TASK_SOURCE",
     "Task",
     "TaskError",
     "data_identity",
@@ -178,8 +184,19 @@ def private_evaluation_users(task: Task) -> tuple[int, int] | None:
     return value
 
 
+TASK_SOURCE = "task_source"
+"""The key of :func:`data_identity` that holds the digest of a user's task module."""
+
+
 def data_identity(task: Task) -> dict | None:
-    """``task.data_identity()`` as a plain dict (computed once per task object); ``None`` without.
+    """What identifies ``task``'s data and code, as a plain dict (once per task object).
+
+    ``task.data_identity()`` (a mapping of JSON values), and for a task class defined outside
+    this package (a task by reference) :data:`TASK_SOURCE`: its module's name and the SHA-256
+    of its source file. A task module edited after its runs (say, its data seed) then makes
+    ``--resume`` and ``compare``'s reuse refuse the run instead of continuing or reporting it
+    on other data (twenty-third review of issue 15). ``None`` for a package task without the
+    method.
 
     Raises :class:`TaskError` when the method returns something other than a mapping of JSON
     values (strings, numbers, booleans, ``None``, and lists and mappings of them).
@@ -188,8 +205,9 @@ def data_identity(task: Task) -> dict | None:
     if cached is not None:
         return dict(cached)
     method = getattr(task, "data_identity", None)
+    source = _task_source(task)
     if not callable(method):
-        return None
+        return None if source is None else {TASK_SOURCE: source}
     value = method()
     if not isinstance(value, Mapping):
         raise TaskError(
@@ -204,9 +222,26 @@ def data_identity(task: Task) -> dict | None:
             f"{type(task).__name__}.data_identity() must return a mapping of JSON values "
             f"(strings, numbers, booleans, None, lists and mappings of them): {exc}"
         ) from None
+    if source is not None:
+        value[TASK_SOURCE] = source
     with contextlib.suppress(AttributeError):  # a task with __slots__ is asked again next time
         task._fedprivopt_data_identity = value
     return dict(value)
+
+
+def _task_source(task: Task) -> dict | None:
+    """``{"module", "sha256"}`` of the source file of ``task``'s class, if not this package's."""
+    module = type(task).__module__
+    if module == "fedprivopt" or module.startswith("fedprivopt."):
+        return None
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if not path:
+        return None
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+    return {"module": module, "sha256": digest}
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

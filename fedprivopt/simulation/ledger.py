@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.models.task import TASK_SOURCE
 from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
 from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
@@ -343,7 +344,21 @@ class RunLedger:
             return
         if not isinstance(stored, dict):
             raise ValueError(f"{self.path}: its header's data is not a mapping (edited?)")
-        for key in sorted(set(stored) | set(data)):
+        keys = set(stored) | set(data)
+        if TASK_SOURCE not in stored:  # a ledger written before the task's code was recorded
+            keys.discard(TASK_SOURCE)
+        for key in sorted(keys):
+            if key == TASK_SOURCE and canonical(stored.get(key)) != canonical(data.get(key)):
+                now, then = data.get(key) or {}, stored.get(key) or {}
+                raise ValueError(
+                    f"{source}: the task's code changed since the run started (module "
+                    f"{canonical(now.get('module'))}, source SHA-256 "
+                    f"{str(now.get('sha256'))[:12]}…; the run's privacy ledger records "
+                    f"{canonical(then.get('module') if isinstance(then, dict) else then)}, "
+                    f"{str(then.get('sha256') if isinstance(then, dict) else '')[:12]}…): "
+                    "resuming or reusing a run with other task code is refused (start a new run "
+                    "in another directory)"
+                )
             if canonical(stored.get(key)) != canonical(data.get(key)):
                 raise ValueError(
                     f"{source}: task-params.data-dir holds other data than the run was started "

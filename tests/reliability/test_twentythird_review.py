@@ -489,3 +489,72 @@ def test_12_an_out_that_cannot_be_made_is_named_as_out(command):
     }[command]
     code, _, err = run_cli([command, str(TOY), *extra, "--out", "/proc/t", "--quiet"])
     one_line_error(code, err, "argument --out: /proc/t: No such file or directory")
+
+
+# -- noticed: a task module edited after its runs ----------------------------------------------
+TASK_MODULE = """
+from fedprivopt.models.toy import ToyClassificationTask
+
+SEED = 1
+
+
+class EditedTask(ToyClassificationTask):
+    def __init__(self, **kw):
+        kw["seed"] = SEED
+        super().__init__(**kw)
+"""
+
+
+@pytest.fixture
+def edited_task_module(tmp_path, monkeypatch):
+    """A task module ``r23_edited_task`` in ``tmp_path`` (importable); yields its path."""
+    import sys
+
+    path = tmp_path / "r23_edited_task.py"
+    path.write_text(TASK_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield path
+    sys.modules.pop("r23_edited_task", None)
+
+
+def test_13_an_edited_task_module_is_refused_by_resume_and_by_compare_s_reuse(
+    tmp_path, edited_task_module
+):
+    """Before: ``compare`` reused the cell run on the old code (marked reused) and ``--resume``
+    continued a run on other data; now both refuse, naming the module."""
+    ref = ["--set", 'task="r23_edited_task:EditedTask"']
+    run, cmp = tmp_path / "r", tmp_path / "c"
+    code, _, err = run_cli(["simulate", str(TOY), "--rounds", "4", "--quiet", "--out", str(run),
+                            "--set", "checkpoint-every=2", *ref])  # fmt: skip
+    assert code == 0, err
+    compare = ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "2", "--quiet",
+               "--out", str(cmp), *ref]  # fmt: skip
+    code, _, err = run_cli(compare)
+    assert code == 0, err
+    edited_task_module.write_text(TASK_MODULE.replace("SEED = 1", "SEED = 2"))
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    one_line_error(code, err, "the task's code changed since the run started", "r23_edited_task")
+    code, _, err = run_cli(compare)
+    one_line_error(code, err, "the task's code changed", "--overwrite")
+    code, _, err = run_cli([*compare, "--overwrite"])
+    assert code == 0, err  # rerun on the new code
+
+
+def test_13_a_ledger_from_before_the_task_code_was_recorded_is_not_refused(
+    tmp_path, edited_task_module
+):
+    from fedprivopt.models.task import TASK_SOURCE
+    from fedprivopt.simulation.ledger import RunLedger
+
+    run = tmp_path / "r"
+    code, _, err = run_cli(["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(run),
+                            "--set", 'task="r23_edited_task:EditedTask"'])  # fmt: skip
+    assert code == 0, err
+    ledger = RunLedger.read(run)
+    recorded = ledger.header["data"]
+    assert recorded[TASK_SOURCE]["module"] == "r23_edited_task"
+    other = {TASK_SOURCE: {"module": "r23_edited_task", "sha256": "0" * 64}}
+    with pytest.raises(ValueError, match="the task's code changed"):
+        ledger.check_data(other)
+    ledger.header["data"] = {k: v for k, v in recorded.items() if k != TASK_SOURCE}
+    ledger.check_data(other)  # an older ledger: not checked for the code

@@ -16,6 +16,7 @@ import importlib
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 
 from fedprivopt.models.next_word import StackOverflowNextWordTask
@@ -144,6 +145,14 @@ def check_task_name(name: str) -> None:
     resolve_task(name)
 
 
+_BUILDING = threading.local()
+"""The task names whose factory this thread is running (:func:`build_task`)."""
+
+
+class _Recursion(Exception):
+    """A factory building its own task again; not a ValueError, so no handler on the way says it."""
+
+
 def build_task(name: str, **params: object) -> Task:
     """Build the task ``name`` with keyword ``params``.
 
@@ -162,7 +171,22 @@ def build_task(name: str, **params: object) -> Task:
         reference's factory returns something that is not a
         :class:`~fedprivopt.models.task.Task` (the message names ``task`` and what is missing).
     """
-    task = resolve_task(name)(**params)
+    factory = resolve_task(name)
+    building = _BUILDING.__dict__.setdefault("names", set())
+    if name in building:  # the factory builds its own task again: passes its callers' handlers
+        raise _Recursion(name)
+    building.add(name)
+    try:
+        task = factory(**params)
+    except (_Recursion, RecursionError):
+        # twenty-third review of issue 15: task = "fedprivopt.cli:main" ran the command again
+        # from within itself, a RecursionError traceback of 2,991 lines (rc 1)
+        raise ValueError(
+            f"task {name!r}: the factory builds the task {name!r} again, without end (is it a "
+            "task factory? it must return a Task, see fedprivopt.models.task.Task)"
+        ) from None
+    finally:
+        building.discard(name)
     if is_reference(name) and not isinstance(task, Task):
         missing = [m for m in TASK_MEMBERS if not hasattr(task, m)]
         what = f"it lacks {', '.join(missing)}" if missing else "it is not one"

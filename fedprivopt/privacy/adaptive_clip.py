@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.privacy.accounting_state import MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 
 __all__ = [
@@ -240,7 +241,12 @@ class NoisyCountAggregator:
         noise_mode: str = "server",
         min_shares: int | None = None,
     ) -> None:
-        self.count_stddev = check_real("clip-count-stddev", count_stddev, low=0.0, low_open=True)
+        # as the run configuration bounds it (the count's multiplier 2σ_b must fit an accountant
+        # state; 1e300 raised OverflowError from σ_b², twenty-third review of issue 15)
+        self.count_stddev = check_real(
+            "clip-count-stddev", count_stddev, low=0.0, high=MAX_STATE_NOISE_MULTIPLIER / 2,
+            low_open=True,
+        )  # fmt: skip
         self.expected_cohort_size = check_real(
             "expected_cohort_size", expected_cohort_size, low=0.0, low_open=True
         )

@@ -49,6 +49,7 @@ from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.sampling import MAX_POPULATION
 
 __all__ = [
     "NOISE_MECHANISMS",
@@ -278,7 +279,9 @@ class ParticipationLedger:
     """
 
     def __init__(self, population: int) -> None:
-        self.population = check_int("population", population, 1)
+        # the run configuration's bound (10**12 raised an allocation RuntimeError; twenty-third
+        # review of issue 15)
+        self.population = check_int("population", population, 1, MAX_POPULATION)
         self.period = 0
         self._seen = torch.zeros(self.population, dtype=torch.bool)
 
@@ -375,7 +378,9 @@ class TreeCohorts:
     def __init__(
         self, *, population: int, cohort_size: int, restart_rounds: int, rngs: RngFactory
     ) -> None:
-        self.population = check_int("population", population, 1)
+        # the run configuration's bound (10**12 raised an allocation RuntimeError; twenty-third
+        # review of issue 15)
+        self.population = check_int("population", population, 1, MAX_POPULATION)
         self.restart_rounds = check_int("restart_rounds", restart_rounds, 1)
         self.cohort_size = check_int(
             "cohort_size", cohort_size, 1, self.population // self.restart_rounds

@@ -558,3 +558,36 @@ def test_13_a_ledger_from_before_the_task_code_was_recorded_is_not_refused(
         ledger.check_data(other)
     ledger.header["data"] = {k: v for k, v in recorded.items() if k != TASK_SOURCE}
     ledger.check_data(other)  # an older ledger: not checked for the code
+
+
+# -- noticed: a factory that runs the command again; the Python API's unbounded counts ----------
+def test_14_a_factory_that_builds_its_own_task_again_is_one_line(tmp_path):
+    """Before: ``task = "fedprivopt.cli:main"`` ran the command within itself until Python's
+    recursion limit: a ``RecursionError`` traceback of 2,991 lines, rc 1."""
+    import subprocess
+    import sys
+
+    preset = tmp_path / "p.toml"
+    preset.write_text(
+        'strategy = "dp-fedavg"\ntask = "fedprivopt.cli:main"\npopulation = 40\n'
+        "clients-per-round = 10\nnum-server-rounds = 2\nnoise-multiplier = 0.5\n"
+    )
+    out = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedprivopt.cli", "simulate", str(preset), "--out", str(out),
+         "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    one_line_error(proc.returncode, proc.stderr, "task 'fedprivopt.cli:main'", "again")
+    assert not out.exists()
+
+
+def test_14_the_api_bounds_the_count_noise_and_the_tree_population():
+    from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
+    from fedprivopt.privacy.tree import ParticipationLedger
+
+    with pytest.raises(ValueError, match="clip-count-stddev"):
+        NoisyCountAggregator(count_stddev=1e300, expected_cohort_size=10)  # OverflowError before
+    with pytest.raises(ValueError, match=r"population must be an integer in \[1, 100000000\]"):
+        ParticipationLedger(10**12)  # an allocation RuntimeError before
+    NoisyCountAggregator(count_stddev=5e99, expected_cohort_size=10)  # the largest a run takes

@@ -249,18 +249,26 @@ def check_task_dirs_outside(config: RunConfig, out_dir: str | Path) -> None:
     first, then refused as "not empty". ``ValueError`` naming the key, before anything is
     written.
     """
-    run = Path(out_dir).absolute().resolve()
+    run = _resolved(out_dir)
     for key in ("data_dir", "cache_dir"):
         value = config.task_params.get(key)
         if not isinstance(value, (str, os.PathLike)) or not str(value):
             continue
-        where = Path(value).absolute().resolve()
+        where = _resolved(value)
         if where == run or where.is_relative_to(run):
             raise ValueError(
                 f"task-params.{key.replace('_', '-')} = {str(value)!r} is inside "
                 f"{str(out_dir)!r}, the directory the run writes (--out), which holds only its "
                 "own files; choose a directory outside it"
             )
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    """``path`` absolute, its links resolved where they can be (a loop: as written)."""
+    try:
+        return Path(path).absolute().resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symbolic-link loop (Python 3.11)
+        return Path(os.path.abspath(path))
 
 
 def resume(

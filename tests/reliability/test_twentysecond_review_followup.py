@@ -404,3 +404,15 @@ def test_4_a_task_directory_beside_out_is_fine(tmp_path, tp_config):
     )  # fmt: skip
     assert rc == 0, stderr
     assert (out / "summary.json").is_file() and any(cache.glob("*/meta.json"))
+
+
+def test_4_a_task_directory_through_a_link_loop_is_checked_as_written(tmp_path, tp_config):
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import check_task_dirs_outside
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    config = load_config(tp_config, {"task-params.cache-dir": str(tmp_path / "a" / "c")})
+    check_task_dirs_outside(config, tmp_path / "out")  # before: RuntimeError (Symlink loop)
+    with pytest.raises(ValueError, match=r"task-params\.cache-dir"):
+        check_task_dirs_outside(config, tmp_path / "a")

@@ -346,13 +346,18 @@ def console() -> None:
     Its signal handlers stay until the process has ended (:func:`~fedprivopt.simulation.
     interrupt.handle_until_exit`): a second Ctrl-C, SIGTERM or SIGHUP ends it at once, with one
     line and exit code 130 (128 + the first signal), and a signal after :func:`main` returned
-    ends the interpreter's shutdown with ``main``'s code. Twenty-second review of issue 15: a
-    second Ctrl-C 0.005-0.08 s after the first printed tracebacks from ``atexit`` callbacks and
-    from ``main``'s own ``with`` block (3 of 8 runs).
+    ends the interpreter's shutdown with ``main``'s code; an interrupted command's process ends
+    after the ``atexit`` callbacks, without Python's module teardown
+    (:func:`~fedprivopt.simulation.interrupt.end_interrupted`). Twenty-second review of issue
+    15: a second Ctrl-C 0.005-0.08 s after the first printed tracebacks from ``atexit`` callbacks
+    and from ``main``'s own ``with`` block (3 of 8 runs).
     """
+    import atexit
+
     from fedprivopt.simulation import interrupt
 
     interrupt.handle_until_exit()
+    atexit.register(interrupt.end_interrupted)  # registered first: runs after every other
     code = main()
     interrupt.finished(code)
     sys.exit(code)

@@ -83,6 +83,11 @@ def prv_domain_points(
     if not ledger:
         return 0.0
     delta_error = check_delta(delta) / 1000
+    if delta_error == 0:  # 5e-324: Opacus' mesh divides by it (ZeroDivisionError before)
+        raise ValueError(
+            f"delta must be at least {1000 * 5e-324:g} for the prv accountant (its error budget "
+            f"delta/1000 must be a positive float), got {delta!r}; use the rdp accountant (or pld)"
+        )
     counts = [int(c) for _, c in ledger]
     prvs = [PoissonSubsampledGaussianPRV(e.sample_rate, e.noise_multiplier) for e, _ in ledger]
     try:
@@ -131,4 +136,7 @@ def prv_epsilon(ledger: Ledger, delta: float, eps_error: float) -> float:
         raise _prv_failure(ledger, str(exc).strip().rstrip(".") or type(exc).__name__) from None
     if math.isnan(eps):
         raise _prv_failure(ledger, "Opacus returned NaN")
-    return eps
+    # ε(δ) is the least ε >= 0 with δ(ε) <= δ. Opacus solves δ(ε) = δ over every real ε and
+    # returns a negative root when already δ(0) < δ (a large δ): the answer is then 0 (a short
+    # API review of issue 15: `epsilon --accountant prv --delta 0.1` printed epsilon = -0.0953)
+    return max(eps, 0.0)

@@ -1,0 +1,58 @@
+"""Issue 15, a short review of the Python API (report only; the two privacy-accounting findings
+fixed in the same session; the rest are listed in ``docs/RELIABILITY.md`` §7).
+
+1. ``fedprivopt epsilon --noise-multiplier 1 --sample-rate 0.1 --rounds 1 --delta 0.1
+   --accountant prv`` printed ``epsilon = -0.0953`` (rc 0); ``compose_epsilon`` and
+   ``PrivacyAccountant("prv").epsilon`` gave -0.095 to -2.28 for δ from 0.1 to 0.9. Opacus
+   solves δ(ε) = δ over every real ε; ε(δ) is the least ε >= 0 with δ(ε) <= δ, so a negative
+   root means ε = 0 (rdp and pld say 0 at δ 0.9 too).
+2. The ``prv`` accountant at δ = 5e-324 (which ``check_delta`` accepts) raised
+   ``ZeroDivisionError`` (its error budget δ/1000 underflows to 0). Now a ``ValueError`` naming
+   ``delta``: rc 2, one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from tests.reliability.test_fuzz_cli import run_cli
+
+EVENT = SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.0)
+
+
+@pytest.mark.parametrize("delta", [0.1, 0.3, 0.5, 0.9])
+@pytest.mark.parametrize(("q", "sigma"), [(0.1, 1.0), (0.5, 2.0), (1.0, 4.0)])
+def test_1_prv_never_reports_a_negative_epsilon(delta, q, sigma):
+    event = SubsampledGaussianEvent.poisson(sample_rate=q, noise_multiplier=sigma)
+    eps = compose_epsilon([(event, 1)], delta, accountant="prv")
+    assert eps >= 0.0
+    assert eps <= compose_epsilon([(event, 1)], delta, accountant="rdp") + 1e-9
+    accountant = PrivacyAccountant(accountant="prv")
+    accountant.step(event)
+    assert accountant.epsilon(delta) >= 0.0
+
+
+def test_1_the_command_line_prints_zero_not_a_negative_epsilon():
+    argv = ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "1",
+            "--delta", "0.1", "--accountant", "prv"]  # fmt: skip
+    code, out, err = run_cli(argv)
+    assert code == 0, err
+    assert out.startswith("epsilon = 0.0000 at delta = 0.1"), out
+
+
+def test_1_a_positive_prv_epsilon_is_unchanged():
+    eps = compose_epsilon([(EVENT, 100)], 1e-5, accountant="prv")
+    assert eps == pytest.approx(7.057, abs=0.01)  # Opacus' own value (fedprivopt epsilon)
+
+
+def test_2_prv_at_a_delta_whose_budget_underflows_is_refused_naming_delta():
+    accountant = PrivacyAccountant(accountant="prv")
+    accountant.step(EVENT)
+    with pytest.raises(ValueError, match=r"delta must be at least .* for the prv accountant"):
+        accountant.epsilon(5e-324)  # ZeroDivisionError before
+    argv = ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "1",
+            "--delta", "5e-324", "--accountant", "prv"]  # fmt: skip
+    code, _, err = run_cli(argv)
+    assert code == 2 and len(err.splitlines()) == 1 and "delta" in err, err

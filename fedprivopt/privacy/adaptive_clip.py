@@ -64,8 +64,9 @@ MAX_CLIP_NORM = sys.float_info.max
 
 
 def default_count_stddev(expected_cohort_size: float) -> float:
-    """``σ_b = m̄ / 20``, the paper's default noise on the count."""
-    return float(expected_cohort_size) / 20.0
+    """``σ_b = m̄ / 20``, the paper's default noise on the count (``m̄`` finite and ``> 0``)."""
+    size = check_real("expected_cohort_size", expected_cohort_size, low=0.0, low_open=True)
+    return size / 20.0
 
 
 def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
@@ -181,7 +182,15 @@ def clip_bit(norm: float, clip_norm: float) -> float:
 
 
 def count_share(bit: float, std: float, generator: torch.Generator) -> float:
-    """A client's distributed-noise report: ``(bit − 1/2) + N(0, std²)`` (``std = 0``: none)."""
+    """A client's distributed-noise report: ``(bit − 1/2) + N(0, std²)`` (``std = 0``: none).
+
+    Raises ``ValueError`` for a ``std`` that is not finite and ``>= 0`` and ``TypeError`` for a
+    missing generator: a negative or NaN std added no noise, and ``None`` drew from the global
+    RNG (a short review of the Python API, issue 15).
+    """
+    std = check_real("std", std, low=0.0, high=MAX_STATE_NOISE_MULTIPLIER)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     value = float(bit) - 0.5
     if std > 0:
         draw = torch.randn((), generator=generator, dtype=torch.float64)

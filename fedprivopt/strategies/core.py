@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from fedprivopt import optim
+from fedprivopt.core.checks import check_real
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant
@@ -306,6 +307,9 @@ class ServerAlgorithm:
         (and, in distributed mode, add their share of the count noise).
         """
         c = self.config
+        if clip_norm is not None:  # 0, True or False silently became the configured C (a
+            # short review of the Python API, issue 15)
+            clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)
         if clip_norm is None and c.adaptive:
             clip_norm = self.current_clip_norm()
         clip = (clip_norm or c.clip_norm) if c.private else 0.0

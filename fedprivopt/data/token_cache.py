@@ -64,7 +64,20 @@ Encoder = Callable[[int], tuple[Sequence[Sequence[int]], Sequence]]
 def cache_key_digest(key: dict) -> str:
     """The directory name of the store built for ``key`` (a digest of its canonical JSON)."""
     text = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()[:20]
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:_DIGEST_CHARS]
+
+
+_DIGEST_CHARS = 20
+"""Hex characters of a store's directory name (:func:`cache_key_digest`)."""
+
+
+def _remove_partial_builds(store: Path) -> None:
+    """Remove the partial directories a killed build of ``store`` left (``<name>.tmp-<pid>``).
+
+    Call it holding the store's lock: no other process then builds that store.
+    """
+    for partial in store.parent.glob(f"{store.name}.tmp-*"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _int_dtype(bound: int) -> np.dtype:
@@ -405,8 +418,7 @@ def _build(
     # directory of this key is what a killed build left (twenty-second review of issue 15,
     # finding 3: each SIGKILL of a first run's build left its part, 42 MB of 80,000 users at
     # 20%, for ever, next to the store the next run built)
-    for stale in target.parent.glob(f"{target.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    _remove_partial_builds(target)
     tmp.mkdir(parents=True)
     lengths: dict[str, list[np.ndarray]] = {"users": [], "lengths": [], "label_lengths": []}
     counts = dict.fromkeys(dtypes, 0)
@@ -527,8 +539,7 @@ def remove_stores(root: str | os.PathLike) -> int:
         try:
             with exclusive_lock(lock, what=f"token store {store}"):
                 shutil.rmtree(store, ignore_errors=True)
-                for partial in root.glob(f"{store.name}.tmp-*"):
-                    shutil.rmtree(partial, ignore_errors=True)
+                _remove_partial_builds(store)
                 lock.unlink(missing_ok=True)
         except LockHeldError:
             continue
@@ -537,7 +548,7 @@ def remove_stores(root: str | os.PathLike) -> int:
 
 
 def _is_digest(name: str) -> bool:
-    return len(name) == 20 and all(c in "0123456789abcdef" for c in name)
+    return len(name) == _DIGEST_CHARS and all(c in "0123456789abcdef" for c in name)
 
 
 def stderr_progress(label: str, total: int) -> Callable[[int, int], None]:

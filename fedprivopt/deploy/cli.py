@@ -178,6 +178,9 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         overrides[key] = value
     if args.out is not None:
         _checked_out(args.out)
+    from fedprivopt.deploy.local import check_min_nodes
+
+    check_min_nodes(overrides, nodes)
     config = _checked_config(args.config, overrides)
     if nodes > config.strategy.population:
         raise ValueError(

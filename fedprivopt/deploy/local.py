@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
     app_config_defaults,
@@ -66,7 +67,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["CONNECTION", "REPO_ROOT", "deploy_local", "stage_app"]
+__all__ = ["CONNECTION", "REPO_ROOT", "check_min_nodes", "deploy_local", "stage_app"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The Flower app this package belongs to (the repository root, with ``pyproject.toml``)."""
@@ -159,6 +160,23 @@ def resolve_deployment(
     return config, app_keys, deploy
 
 
+def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:
+    """The deployment key ``min-nodes`` of ``overrides`` (default ``nodes``), checked.
+
+    Twenty-fifth review of issue 15, finding 1: it was converted with ``int()`` unchecked, so
+    1.5 and ``true`` ran, ``inf`` and a list were tracebacks, 0, -3 and 1e300 failed in the
+    ServerApp after every process had started, and more than ``nodes`` waited for nodes that
+    never come until ``--timeout``.
+
+    Raises
+    ------
+    ValueError
+        Unless it is an integer in ``[1, nodes]``.
+    """
+    value = overrides.get("min-nodes", nodes)
+    return check_int("--set min-nodes", value, 1, nodes, high_name="--nodes")
+
+
 def deploy_local(
     *,
     nodes: int,
@@ -185,7 +203,7 @@ def deploy_local(
         ``pyproject.toml`` is the base.
     overrides : Mapping, optional
         ``--set`` values (kebab-case keys, ``task-params.<key>``); also the deployment key
-        ``min-nodes`` (default: ``nodes``).
+        ``min-nodes``, an integer in ``[1, nodes]`` (default: ``nodes``).
     out : str
         Results directory (must not hold a run already).
     timeout : float
@@ -218,14 +236,15 @@ def deploy_local(
     app = Path(app_dir).resolve() if app_dir is not None else REPO_ROOT
     if not (app / "pyproject.toml").is_file():
         raise ValueError(f"{str(app)!r} is not a Flower app (no pyproject.toml)")
-    config, app_keys, deploy = resolve_deployment(config_path, overrides or {}, app)
+    min_nodes = check_min_nodes(overrides or {}, nodes)
+    config, app_keys, _ = resolve_deployment(config_path, overrides or {}, app)
     from fedprivopt.simulation.run import build_run
 
     build_run(config)  # the task and the population, checked before anything starts
     out_dir = Path(out).expanduser().resolve()
     if (out_dir / "config.toml").exists():
         raise ValueError(f"--out directory {str(out_dir)!r} already holds a run; choose another")
-    extra = {"out": str(out_dir), "min-nodes": int(deploy.get("min-nodes", nodes))}
+    extra = {"out": str(out_dir), "min-nodes": min_nodes}
     flower_overrides = to_flower_overrides(config, app_keys=app_keys, extra=extra)
     unknown = sorted(set(flower_overrides) - set(app_keys) - set(DEPLOY_KEYS))
     if unknown:  # pragma: no cover - to_flower_overrides already checks

@@ -46,7 +46,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedprivopt import wire as P
+from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
+from fedprivopt.strategies.config import MAX_ROUNDS
 from fedprivopt.strategies.core import ReportedUpdates, RoundResult, ServerAlgorithm, TrainRequest
 
 __all__ = ["LOSS_METRICS", "DPStrategy", "arrays_to_flat", "flat_to_arrays"]
@@ -84,11 +87,19 @@ class DPStrategy(Strategy):
     spec : FlatSpec
         Layout of the model's state dict (names, shapes, dtypes) for ``ArrayRecord`` conversion.
     min_nodes : int
-        Nodes that must be connected before user discovery.
+        Nodes that must be connected before user discovery, ``>= 1``.
     node_wait : float
-        Seconds to wait for ``min_nodes`` before giving up.
+        Seconds to wait for ``min_nodes`` before giving up, finite and ``>= 0``.
     on_round : callable, optional
         Called as ``on_round(result, eval_metrics)`` after every round (progress, metrics files).
+
+    Raises
+    ------
+    ValueError
+        Naming the parameter, for a value of the wrong type or outside its range (twenty-fifth
+        review of issue 15: ``node_wait`` NaN or inf waited for ever for a user on no node,
+        ``min_nodes`` 1.5, 0, -5, ``"2"`` or ``True`` and ``node_wait`` ``"3"`` were taken, and an
+        ``on_round`` that is not callable failed after the first round).
     """
 
     def __init__(
@@ -100,10 +111,16 @@ class DPStrategy(Strategy):
         node_wait: float = 120.0,
         on_round: Callable[[RoundResult, dict[str, float] | None], None] | None = None,
     ) -> None:
+        if not isinstance(algorithm, ServerAlgorithm):
+            raise ValueError(f"algorithm must be a ServerAlgorithm, got {shown(algorithm)}")
+        if not isinstance(spec, FlatSpec):
+            raise ValueError(f"spec must be a FlatSpec, got {shown(spec)}")
+        if on_round is not None and not callable(on_round):
+            raise ValueError(f"on_round must be callable or None, got {shown(on_round)}")
         self.algorithm = algorithm
         self.spec = spec
-        self.min_nodes = int(min_nodes)
-        self.node_wait = float(node_wait)
+        self.min_nodes = check_int("min_nodes", min_nodes, 1)
+        self.node_wait = check_real("node_wait", node_wait, low=0.0)
         self.on_round = on_round
         self.user_nodes: dict[int, int] = {}
         self._discovered = False
@@ -412,10 +429,17 @@ class DPStrategy(Strategy):
         """Run ``num_rounds`` rounds (fewer if the privacy budget stops the run).
 
         ``initial_arrays`` must match the algorithm's parameters (they are used as given).
-        ``train_config`` and ``evaluate_config`` are ignored: client settings come from the
-        algorithm's configuration.
+        ``num_rounds`` is an integer in ``[1, MAX_ROUNDS]`` and ``timeout`` a finite number of
+        seconds ``> 0`` (twenty-fifth review of issue 15: -1 rounds ran none and said the rounds
+        were done; a timeout of NaN, 0 or -1 was taken, and Flower's grid then waits for no
+        reply, so every update of the round is lost). ``train_config`` and ``evaluate_config``
+        are ignored: client settings come from the algorithm's configuration.
         """
-        self._timeout = float(timeout)
+        num_rounds = check_int("num_rounds", num_rounds, 1, MAX_ROUNDS)
+        timeout = check_real("timeout", timeout, low=0.0, low_open=True)
+        if evaluate_fn is not None and not callable(evaluate_fn):
+            raise ValueError(f"evaluate_fn must be callable or None, got {shown(evaluate_fn)}")
+        self._timeout = timeout
         self._grid = grid
         alg = self.algorithm
         flat, _ = arrays_to_flat(initial_arrays)

@@ -8,6 +8,15 @@
    ServerApp (rc 1, Flower's lines, ``OUT/deploy`` left behind); ``5`` (more than ``--nodes``)
    waited for nodes that never come until ``--timeout``. Now ``--set min-nodes must be an integer
    in [1, --nodes=2], got ...``: rc 2, one line, before anything is written or started.
+2. ``fedprivopt.strategies.flower.DPStrategy`` (Python API) took any value: ``node_wait`` NaN (or
+   inf) waited for ever for a user on no node (``time.monotonic() > nan`` is never true; a hang
+   seen with 5 s limits); ``min_nodes`` 1.5, 0, -5, ``"2"`` and ``True`` and ``node_wait`` ``"3"``
+   were converted; ``min_nodes`` NaN raised ``int()``'s message naming nothing; an ``on_round``
+   of 5 failed after the first round was released; ``start(num_rounds=-1)`` ran no round and
+   said the rounds were done (1.5 and ``"2"`` were ``TypeError``s); ``start(timeout=nan)``, 0 or
+   -1 were taken, and Flower's grids then wait for no reply (``time.time() < end_time`` is
+   false at once), so every update of every round is lost and counted as timed out. Now each is
+   a ``ValueError`` naming the parameter and its range, before anything is sent.
 """
 
 from __future__ import annotations
@@ -15,8 +24,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from fedprivopt.privacy.flat import flatten
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
 from tests.reliability.test_fuzz_cli import run_cli
+from tests.strategies.test_flower_faults import DIM, POPULATION, ScriptedGrid
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
@@ -54,3 +68,77 @@ def test_1_deploy_min_nodes_checked(tmp_path, no_deployment, value, preset):
     code, _, err = run_cli([*argv, "--set", f"min-nodes={value}", "--quiet"])
     one_line_error(code, err, "min-nodes", "[1, --nodes=2]")
     assert not out.exists()
+
+
+@pytest.fixture
+def server_side(monkeypatch):
+    """The identity of a ServerApp task (building a Message reads it), restored afterwards."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+
+
+def flower_strategy(**kwargs) -> tuple[DPStrategy, torch.Tensor, object]:
+    """A DPStrategy of dp-fedavg over the scripted grid's users (every user every round)."""
+    config = StrategyConfig(
+        strategy="dp-fedavg",
+        population=POPULATION,
+        clients_per_round=POPULATION,
+        num_server_rounds=3,
+        noise_multiplier=0.8,
+        clip_norm=1.0,
+        seed=5,
+    )
+    flat, spec = flatten({"w": torch.zeros(DIM)})
+    return DPStrategy(build_algorithm(config, flat), spec, **kwargs), flat, spec
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("node_wait", float("nan")),
+        ("node_wait", float("inf")),
+        ("node_wait", -1.0),
+        ("node_wait", "3"),
+        ("min_nodes", 1.5),
+        ("min_nodes", 0),
+        ("min_nodes", -5),
+        ("min_nodes", "2"),
+        ("min_nodes", True),
+        ("min_nodes", float("nan")),
+        ("on_round", 5),
+    ],
+)
+def test_2_flower_strategy_arguments_checked(name, value):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        flower_strategy(**{name: value})
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("num_rounds", -1),
+        ("num_rounds", 0),
+        ("num_rounds", 1.5),
+        ("num_rounds", "2"),
+        ("num_rounds", True),
+        ("timeout", float("nan")),
+        ("timeout", 0),
+        ("timeout", -1),
+        ("timeout", "1"),
+    ],
+)
+def test_2_flower_strategy_start_checked(server_side, name, value):
+    strategy, flat, spec = flower_strategy(node_wait=0.3)
+    arguments = {"num_rounds": 2, "timeout": 1.0, name: value}
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        strategy.start(ScriptedGrid({}), flat_to_arrays(flat, spec), **arguments)
+    assert strategy.algorithm.round_num == 0  # nothing was released
+
+
+def test_2_flower_strategy_still_runs(server_side):
+    strategy, flat, spec = flower_strategy(node_wait=0.3, min_nodes=6)
+    strategy.start(ScriptedGrid({}), flat_to_arrays(flat, spec), 2, timeout=1.0)
+    assert strategy.algorithm.round_num == 2

@@ -48,7 +48,7 @@ from typing import NamedTuple
 import torch
 
 from fedprivopt.clients.privatize import NOISE_PURPOSE, privatize_update
-from fedprivopt.core.local import LocalConfig, epoch_orders
+from fedprivopt.core.local import LocalConfig, check_train_call, epoch_orders
 from fedprivopt.models.task import Task
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
@@ -303,14 +303,16 @@ class LocalTrainer:
         -------
         LocalResult
         """
-        if not isinstance(config, LocalConfig):
-            raise ValueError(f"config must be a LocalConfig, got {type(config).__name__}")
-        if not isinstance(rngs, RngFactory):
-            raise ValueError(f"rngs must be a RngFactory, got {type(rngs).__name__}")
-        if not isinstance(stream, str) or not stream:
-            raise ValueError(f"stream must be a non-empty string, got {stream!r}")
+        # user ids and rounds are integers (twenty-fifth review of issue 15: 1.5, True and "3"
+        # were taken as users 1, 1 and 3), and so is the model (an int64 one was converted)
+        (user_id,), round_num = check_train_call(
+            [user_id], round_num=round_num, config=config, rngs=rngs, stream=stream
+        )
         self.spec.check(global_flat, name="global_flat")
-        user_id, round_num = int(user_id), int(round_num)
+        if not global_flat.is_floating_point():
+            raise ValueError(
+                f"global_flat must be a floating-point tensor, got {global_flat.dtype}"
+            )
         keys = (stream, user_id)
         precond = self._check_preconditioner(preconditioner)
 

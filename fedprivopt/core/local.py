@@ -7,13 +7,14 @@ replay :func:`epoch_orders` from the same generator, so they visit the same mini
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
 
-__all__ = ["MAX_EPOCHS", "MAX_ORDER_ENTRIES", "LocalConfig", "epoch_orders"]
+__all__ = ["MAX_EPOCHS", "MAX_ORDER_ENTRIES", "LocalConfig", "check_train_call", "epoch_orders"]
 
 #: Upper bound of :attr:`LocalConfig.epochs`. :func:`epoch_orders` holds one int64 permutation
 #: of the user's examples per epoch (plus a tensor object, ~100 bytes, per epoch), so memory
@@ -124,3 +125,60 @@ def epoch_orders(
         subset = subset[: int(max_examples)]
     k = int(subset.numel())
     return subset, [torch.randperm(k, generator=generator) for _ in range(int(epochs))]
+
+
+def check_train_call(
+    users: Iterable[int], *, round_num: int, config: LocalConfig, rngs: object, stream: str
+) -> tuple[list[int], int]:
+    """The arguments of a local training call, checked; returns the users and the round as ints.
+
+    What :class:`~fedprivopt.clients.LocalTrainer` and the tasks' cohort trainers
+    (:class:`~fedprivopt.models.cohort.CohortTrainer`) check before they train. Twenty-fifth
+    review of issue 15: both took a user id of 1.5, ``True`` or ``"3"`` as user 1, 1 and 3 (and
+    a round of 1.5 as round 1), and the cohort trainers took a ``stream`` of ``None`` or ``""``
+    and failed on a ``config`` or ``rngs`` of another type with an ``AttributeError``.
+
+    Parameters
+    ----------
+    users : iterable of int
+        User ids, each an integer ``>= 0`` (numpy's integers, an integer tensor); the task
+        checks the upper bound.
+    round_num : int
+        Server round, an integer ``>= 0``.
+    config : LocalConfig
+    rngs : RngFactory
+    stream : str
+        A non-empty string.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument.
+    """
+    from fedprivopt.privacy.rng import RngFactory
+
+    if not isinstance(config, LocalConfig):
+        raise ValueError(f"config must be a LocalConfig, got {type(config).__name__}")
+    if not isinstance(rngs, RngFactory):
+        raise ValueError(f"rngs must be a RngFactory, got {type(rngs).__name__}")
+    if not isinstance(stream, str) or not stream:
+        raise ValueError(f"stream must be a non-empty string, got {stream!r}"[:200])
+    round_num = check_int("round_num", round_num, 0)
+    if isinstance(users, torch.Tensor):
+        if users.is_floating_point() or users.is_complex() or users.dtype == torch.bool:
+            raise ValueError(f"users must hold integer user ids, got a {users.dtype} tensor")
+        users = users.reshape(-1).tolist()
+    if isinstance(users, (str, bytes)):
+        raise ValueError(f"users must be a sequence of user ids, got {users!r}"[:200])
+    return [check_int("user id", _integer_item(u), 0) for u in users], round_num
+
+
+def _integer_item(value: object) -> object:
+    """A 0-d integer tensor as its int (as ``int()`` took it); anything else unchanged."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+    ):
+        return value.item()
+    return value

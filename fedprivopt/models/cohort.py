@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 
 from fedprivopt.core.checks import check_int
-from fedprivopt.core.local import LocalConfig
+from fedprivopt.core.local import LocalConfig, check_train_call
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = ["CPU_CHUNKS", "MIN_PARALLEL_USERS", "ChunkStopped", "CohortTrainer"]
@@ -155,6 +155,11 @@ class CohortTrainer:
             If ``global_flat`` is not a flat vector of :attr:`length` entries, or the
             preconditioner has another shape or is not finite and > 0 everywhere.
         """
+        if not isinstance(global_flat, torch.Tensor) or not global_flat.is_floating_point():
+            raise ValueError(
+                "global_flat must be a floating-point tensor, got "
+                f"{getattr(global_flat, 'dtype', type(global_flat).__name__)}"
+            )
         if global_flat.dim() != 1 or global_flat.numel() != self.length:
             raise ValueError(
                 f"global_flat must be a flat vector of {self.length} entries, got shape "
@@ -169,6 +174,36 @@ class CohortTrainer:
         if not bool(torch.all(torch.isfinite(precond) & (precond > 0))):
             raise ValueError("preconditioner must be finite and > 0 everywhere")
         return model, precond
+
+    def checked_call(
+        self,
+        global_flat: torch.Tensor,
+        users: Sequence[int],
+        *,
+        round_num: int,
+        config: LocalConfig,
+        rngs: RngFactory,
+        preconditioner: torch.Tensor | None,
+        stream: str,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[int], int]:
+        """:meth:`checked_inputs` and the other arguments of :meth:`train_batches`, checked.
+
+        Returns the model, the preconditioner, the users and the round (as ints). Twenty-fifth
+        review of issue 15: the trainers took a user id of 1.5, ``True`` or ``"3"`` (as users 1,
+        1 and 3), a round of 1.5 and a stream of ``None`` or ``""``, and an int64 model, a
+        ``config`` or ``rngs`` of another type failed inside with ``RuntimeError`` or
+        ``AttributeError``.
+
+        Raises
+        ------
+        ValueError
+            Naming the argument (:func:`~fedprivopt.core.local.check_train_call`).
+        """
+        users, round_num = check_train_call(
+            users, round_num=round_num, config=config, rngs=rngs, stream=stream
+        )
+        model, precond = self.checked_inputs(global_flat, preconditioner)
+        return model, precond, users, round_num
 
     def chunks(self, users: Sequence[int]) -> list[list[int]]:
         """``users`` cut into consecutive chunks for :meth:`run_chunks`.

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedprivopt.core.checks import check_bool
 from fedprivopt.core.local import LocalConfig, epoch_orders
 from fedprivopt.models.cohort import CohortTrainer
 from fedprivopt.models.next_word_cohort_step import sgd_step
@@ -159,7 +160,9 @@ class NextWordCohortTrainer(CohortTrainer):
         self.W = int(task.num_tokens)
         self.e = int(task.embedding_dim)
         self.h = int(task.hidden_size)
-        self.stacked = self.device.type != "cpu" if stacked is None else bool(stacked)
+        # a bool or None (twenty-fifth review of issue 15: "no" was true)
+        stacked = check_bool("stacked", stacked) if stacked is not None else None
+        self.stacked = self.device.type != "cpu" if stacked is None else stacked
         W, e, h = self.W, self.e, self.h
         shapes = [
             ("emb", (W, e)), ("w_ih", (4 * h, e)), ("w_hh", (4 * h, h)), ("b_ih", (4 * h,)),
@@ -199,8 +202,10 @@ class NextWordCohortTrainer(CohortTrainer):
         stream: str = "train",
     ) -> Iterator[DenseUpdates]:
         """Yield the clipped (noised) updates of ``users``, a chunk at a time."""
-        w0, precond = self.checked_inputs(global_flat, preconditioner)
-        users = [int(u) for u in users]
+        w0, precond, users, round_num = self.checked_call(
+            global_flat, users, round_num=round_num, config=config, rngs=rngs,
+            preconditioner=preconditioner, stream=stream,
+        )  # fmt: skip
         per_user = self.task.seq_len * config.batch_size * self.W * w0.element_size()
         size = max(1, min(self.chunk_users, LOGIT_BYTES // max(per_user, 1)))
         for start in range(0, len(users), size):

@@ -140,9 +140,12 @@ class TagCohortTrainer(CohortTrainer):
         advanced (the next chunk trains in the same memory). Keep one longer with
         :meth:`~fedprivopt.privacy.sparse.RowSparseBatch.clone`.
         """
+        model, precond, users, round_num = self.checked_call(
+            global_flat, users, round_num=round_num, config=config, rngs=rngs,
+            preconditioner=preconditioner, stream=stream,
+        )  # fmt: skip
         if config.noise_std > 0:
             raise ValueError("TagCohortTrainer adds no noise shares: noise_std must be 0")
-        model, precond = self.checked_inputs(global_flat, preconditioner)
         model = model.view(self.vocab_size + 1, self.num_tags)
         if precond is not None:
             precond = precond.view(self.vocab_size + 1, self.num_tags)

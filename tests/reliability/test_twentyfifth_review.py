@@ -17,6 +17,18 @@
    -1 were taken, and Flower's grids then wait for no reply (``time.time() < end_time`` is
    false at once), so every update of every round is lost and counted as timed out. Now each is
    a ``ValueError`` naming the parameter and its range, before anything is sent.
+3. The local trainers (Python API: ``LocalTrainer.train``, ``TagCohortTrainer`` and
+   ``NextWordCohortTrainer``'s ``train``/``train_batches``) took a user id of 1.5, ``True`` or
+   ``"3"`` as users 1, 1 and 3, and a round of 1.5 as round 1 (``int()``); a user NaN raised
+   ``int()``'s message naming nothing; the cohort trainers took a ``stream`` of ``None`` or
+   ``""`` (``LocalTrainer`` refused them), failed on a ``config`` dict or ``rngs=None`` with
+   ``AttributeError`` and on an int64 model with torch's ``RuntimeError`` (``LocalTrainer``
+   converted the int64 model silently), and ``NextWordCohortTrainer(stacked="no")`` stacked.
+   Now ``core.local.check_train_call`` (and ``CohortTrainer.checked_call``) refuse each with a
+   ``ValueError`` naming the argument, before anything is trained. (``LocalTrainer``'s checks of
+   ``stream``, ``config`` and ``rngs``, and the integer ids of numpy and torch, held before and
+   are kept here as guards; so did a cohort round of 1.5 in this working tree, refused by the
+   generators of the privacy package.)
 """
 
 from __future__ import annotations
@@ -26,11 +38,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedprivopt.clients import LocalConfig, LocalTrainer
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.models.next_word_cohort import NextWordCohortTrainer
+from fedprivopt.models.tag_prediction_cohort import TagCohortTrainer
+from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
 from tests.reliability.test_fuzz_cli import run_cli
 from tests.strategies.test_flower_faults import DIM, POPULATION, ScriptedGrid
+from tests.tag_synth import SYNTH, make_synth_dir, tag_task
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
@@ -142,3 +160,84 @@ def test_2_flower_strategy_still_runs(server_side):
     strategy, flat, spec = flower_strategy(node_wait=0.3, min_nodes=6)
     strategy.start(ScriptedGrid({}), flat_to_arrays(flat, spec), 2, timeout=1.0)
     assert strategy.algorithm.round_num == 2
+
+
+@pytest.fixture(scope="module")
+def trainers(tmp_path_factory):
+    """``name: (train(users, **overrides), the model)`` of the three local trainers."""
+    tag = tag_task(make_synth_dir(tmp_path_factory, "r25-tag"))
+    nwp = build_task(
+        "stackoverflow-nwp", data_dir=str(tmp_path_factory.mktemp("r25-nwp")), num_users=20,
+        eval_users=5, vocab_size=500, embedding_dim=8, hidden_size=8, **SYNTH,
+    )  # fmt: skip
+    local = LocalTrainer(tag, device="cpu")
+
+    def call(trainer, model):
+        def train(users, **overrides):
+            config = LocalConfig(learning_rate=1.0, batch_size=4, clip_norm=0.5)
+            args = dict(round_num=3, config=config, rngs=RngFactory(seed=11), stream="train")
+            args.update(overrides)
+            model_ = args.pop("model", model)
+            if trainer is local:
+                return [local.train(model_, user_id=users[0], **args).delta]
+            return [d for _, d in trainer.train(model_, users, **args)]
+
+        return train, model, trainer.task
+
+    return {
+        "local": call(local, initial_flat(tag)),
+        "tag-cohort": call(TagCohortTrainer(tag, device="cpu"), initial_flat(tag)),
+        "next-word-cohort": call(NextWordCohortTrainer(nwp, device="cpu"), initial_flat(nwp)),
+    }
+
+
+BAD_CALLS = [
+    ("user id", {"users": [1.5]}),
+    ("user id", {"users": [True]}),
+    ("user id", {"users": ["3"]}),
+    ("user id", {"users": [float("nan")]}),
+    ("round_num", {"round_num": 1.5}),
+    ("round_num", {"round_num": None}),
+    ("stream", {"stream": None}),
+    ("stream", {"stream": ""}),
+    ("config", {"config": {"learning_rate": 1.0}}),
+    ("rngs", {"rngs": None}),
+    ("global_flat", {"model": "int64"}),
+]
+
+
+@pytest.mark.parametrize("kind", ["local", "tag-cohort", "next-word-cohort"])
+@pytest.mark.parametrize(
+    "name, bad", BAD_CALLS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_CALLS)]
+)
+def test_3_local_trainers_check_their_call(trainers, kind, name, bad):
+    train, model, _ = trainers[kind]
+    bad = dict(bad)
+    users = bad.pop("users", [1])
+    if bad.get("model") == "int64":
+        bad["model"] = model.long()
+    with pytest.raises(ValueError, match=f"^{name} must"):
+        train(users, **bad)
+
+
+@pytest.mark.parametrize("kind", ["local", "tag-cohort", "next-word-cohort"])
+def test_3_local_trainers_take_integer_ids(trainers, kind):
+    """numpy's integers and an integer tensor are user ids; the update equals the int's."""
+    import numpy as np
+
+    train, _, _ = trainers[kind]
+    (want,) = train([2])
+    for users in ([np.int64(2)], torch.tensor([2])):
+        (got,) = train(users, round_num=np.int64(3))
+        torch.testing.assert_close(dense(got), dense(want), rtol=0, atol=0)
+
+
+def dense(update) -> torch.Tensor:
+    """A dense update as it is; a row-sparse one made dense."""
+    return update.to_dense() if hasattr(update, "to_dense") else update
+
+
+def test_3_stacked_is_a_bool(trainers):
+    task = trainers["next-word-cohort"][2]
+    with pytest.raises(ValueError, match=r"^stacked must be true or false"):
+        NextWordCohortTrainer(task, device="cpu", stacked="no")

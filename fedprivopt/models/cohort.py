@@ -24,7 +24,7 @@ from fedprivopt.core.checks import check_int
 from fedprivopt.core.local import LocalConfig, check_train_call
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["CPU_CHUNKS", "MIN_PARALLEL_USERS", "ChunkStopped", "CohortTrainer"]
+__all__ = ["CPU_CHUNKS", "MAX_THREADS", "MIN_PARALLEL_USERS", "ChunkStopped", "CohortTrainer"]
 
 T = TypeVar("T")
 
@@ -43,6 +43,13 @@ SLOTS_PER_WORKER = 2
 #: 0.069-0.073 against 0.076-0.081 s; users of real size, 100: 0.15-0.17 against 0.27 s
 #: (``benchmarks/NOTES.md``, entry 18).
 MIN_PARALLEL_USERS = 64
+
+#: Upper bound of ``cpu_threads`` and ``cpu_workers``: each is a thread (an OpenMP thread of
+#: torch, or a Python worker with its workspaces). Twenty-fifth review of issue 15, finding 4:
+#: ``cpu_threads=10**5`` started 100,000 OpenMP threads at the first local step (a
+#: ``SystemError`` under a 8 GiB address-space limit) and ``10**9`` ended in libgomp's
+#: ``std::bad_alloc``; 1,024 is the bound of ``data synth --workers``.
+MAX_THREADS = 1024
 
 #: The stop event of the chunks a worker thread trains (set when their caller stops asking).
 _WORKER = threading.local()
@@ -64,13 +71,13 @@ class CohortTrainer:
     chunk_users : int
         At most this many users are trained together, ``>= 1``.
     cpu_threads : int or None
-        torch intra-op threads while the local steps run on the CPU, ``>= 1`` (restored
-        afterwards); ``None`` leaves torch's setting alone.
+        torch intra-op threads while the local steps run on the CPU, in ``[1, MAX_THREADS]``
+        (restored afterwards); ``None`` leaves torch's setting alone.
     cpu_workers : int or None
-        Python threads that train at once on the CPU, each with one intra-op thread, ``>= 1``;
-        ``None``: torch's thread count when a round is trained (1 in a Ray shard given one
-        CPU). On 2 idle cores two workers kept both cores busy where one chunk stepped with one
-        thread could not, and unlike a 2-thread OpenMP region neither waits for the other when
+        Python threads that train at once on the CPU, each with one intra-op thread, in
+        ``[1, MAX_THREADS]``; ``None``: torch's thread count when a round is trained (1 in a
+        Ray shard given one CPU). On 2 idle cores two workers kept both cores busy where one
+        chunk stepped with one thread could not, and unlike a 2-thread OpenMP region neither waits for the other when
         a core is taken (``benchmarks/NOTES.md``, entries 16 and 18). The updates are the same
         to the bit for any number.
 
@@ -101,8 +108,8 @@ class CohortTrainer:
         # integers only (twenty-second review of issue 15, 4: 1.5 and "2" were truncated or
         # parsed, NaN and inf raised int()'s errors naming no parameter)
         self.chunk_users = check_int("chunk_users", chunk_users, 1)
-        self.cpu_threads = check_int("cpu_threads", cpu_threads, 1, none=True)
-        self.cpu_workers = check_int("cpu_workers", cpu_workers, 1, none=True)
+        self.cpu_threads = check_int("cpu_threads", cpu_threads, 1, MAX_THREADS, none=True)
+        self.cpu_workers = check_int("cpu_workers", cpu_workers, 1, MAX_THREADS, none=True)
         self.task = task
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -29,6 +29,11 @@
    ``stream``, ``config`` and ``rngs``, and the integer ids of numpy and torch, held before and
    are kept here as guards; so did a cohort round of 1.5 in this working tree, refused by the
    generators of the privacy package.)
+4. ``TagCohortTrainer(task, cpu_threads=10**5)`` (also ``NextWordCohortTrainer``; Python API) was
+   accepted, and the first local step set torch's intra-op threads to 100,000: OpenMP started
+   them (``SystemError: error return without exception set`` under an 8 GiB address-space
+   limit; ``10**9``: ``RuntimeError: std::bad_alloc``). ``cpu_threads`` and ``cpu_workers`` are
+   now at most ``models.cohort.MAX_THREADS`` (1,024), refused when the trainer is built.
 """
 
 from __future__ import annotations
@@ -241,3 +246,13 @@ def test_3_stacked_is_a_bool(trainers):
     task = trainers["next-word-cohort"][2]
     with pytest.raises(ValueError, match=r"^stacked must be true or false"):
         NextWordCohortTrainer(task, device="cpu", stacked="no")
+
+
+@pytest.mark.parametrize("name", ["cpu_threads", "cpu_workers"])
+@pytest.mark.parametrize("kind", [TagCohortTrainer, NextWordCohortTrainer])
+def test_4_cohort_trainer_threads_bounded(trainers, kind, name):
+    task = trainers["tag-cohort" if kind is TagCohortTrainer else "next-word-cohort"][2]
+    for value in (1025, 10**5, 10**9):
+        with pytest.raises(ValueError, match=rf"^{name} must be an integer in \[1, 1024\]"):
+            kind(task, device="cpu", **{name: value})
+    assert getattr(kind(task, device="cpu", **{name: 1024}), name) == 1024

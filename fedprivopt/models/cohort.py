@@ -77,9 +77,9 @@ class CohortTrainer:
         Python threads that train at once on the CPU, each with one intra-op thread, in
         ``[1, MAX_THREADS]``; ``None``: torch's thread count when a round is trained (1 in a
         Ray shard given one CPU). On 2 idle cores two workers kept both cores busy where one
-        chunk stepped with one thread could not, and unlike a 2-thread OpenMP region neither waits for the other when
-        a core is taken (``benchmarks/NOTES.md``, entries 16 and 18). The updates are the same
-        to the bit for any number.
+        chunk stepped with one thread could not, and unlike a 2-thread OpenMP region neither
+        waits for the other when a core is taken (``benchmarks/NOTES.md``, entries 16 and 18).
+        The updates are the same to the bit for any number.
 
     Subclasses set :attr:`length` (entries of the flat model) and define :meth:`train_batches`.
 

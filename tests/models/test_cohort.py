@@ -69,10 +69,10 @@ def test_checked_inputs_refuses_a_wrong_model_or_preconditioner(flat, precond, m
     [
         ({"chunk_users": 0}, "chunk_users must be an integer >= 1"),
         ({"chunk_users": True}, "chunk_users must be an integer >= 1"),
-        ({"cpu_threads": 0}, "cpu_threads must be an integer >= 1 or None"),
-        ({"cpu_threads": False}, "cpu_threads must be an integer >= 1 or None"),
-        ({"cpu_workers": 0}, "cpu_workers must be an integer >= 1 or None"),
-        ({"cpu_workers": True}, "cpu_workers must be an integer >= 1 or None"),
+        ({"cpu_threads": 0}, "cpu_threads must be an integer in \\[1, 1024\\] or None"),
+        ({"cpu_threads": False}, "cpu_threads must be an integer in \\[1, 1024\\] or None"),
+        ({"cpu_workers": 0}, "cpu_workers must be an integer in \\[1, 1024\\] or None"),
+        ({"cpu_workers": True}, "cpu_workers must be an integer in \\[1, 1024\\] or None"),
     ],
 )
 def test_settings_are_checked(kwargs, message):

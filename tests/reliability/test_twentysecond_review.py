@@ -232,6 +232,7 @@ def test_3_a_killed_builds_partial_store_is_removed_by_the_next_build(tmp_path):
 @pytest.mark.parametrize("value", [1.5, "2", float("nan"), float("inf"), 0, True, [2]])
 def test_4_cohort_trainer_settings_are_integers_named_in_the_error(synth_dir, name, value):
     task = _task(synth_dir)
-    with pytest.raises(ValueError, match=f"^{name} must be an integer >= 1"):
+    # chunk_users: >= 1; the thread counts are bounded since the twenty-fifth review (4)
+    with pytest.raises(ValueError, match=rf"^{name} must be an integer (>= 1|in \[1, 1024\])"):
         TagCohortTrainer(task, device="cpu", **{name: value})
     assert TagCohortTrainer(task, device="cpu", **{name: 3}).__dict__[name] == 3

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -76,6 +77,7 @@ __all__ = [
     "SYNTHETIC_META_FILE",
     "SyntheticConfig",
     "SyntheticFiles",
+    "check_free_disk",
     "ensure_synthetic",
     "generate",
     "is_synthetic_dir",
@@ -149,6 +151,14 @@ _DISTINCTIVE_OUTPUT_FILES = ("privacy_ledger.jsonl", "compare.lock", "tune.lock"
 #: space before writing (fourteenth review of issue 15: ``--clients 1000000 --user-sizes real``
 #: asked for about 140 GB, and a full disk ended in a traceback).
 DISK_PER_USER: dict[str, int] = {"small": 12_500, "real": 140_000}
+
+#: Disk an example takes at least, at the default sentence lengths (the measurements above: 307
+#: and 312 bytes an example; 265 for 500 users of seed 0), for :func:`generate`'s own check of
+#: the free space. Twenty-fifth review of issue 15, finding 5: a task's generation (``simulate``
+#: with ``task-params.synth-clients`` and ``synth-user-sizes = "real"``) had no such check and
+#: wrote until the disk was full (a 20 MB disk: rc 2 once it was full; 10**6 real users ask for
+#: about 140 GB).
+DISK_PER_EXAMPLE = 200
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,6 +377,29 @@ class SyntheticFiles:
 # --------------------------------------------------------------------------------------------
 
 
+def check_free_disk(out_dir: str | os.PathLike, config: SyntheticConfig) -> None:
+    """Refuse a dataset that the disk of ``out_dir`` cannot hold, before anything is written.
+
+    The estimate is a lower bound: ``num_clients * mean_examples_per_client *``
+    :data:`DISK_PER_EXAMPLE` bytes, less for sentences shorter than the default 14 tokens.
+
+    Raises
+    ------
+    ValueError
+        Naming the directory, the estimate and the free space.
+    """
+    base = next(p for p in (Path(out_dir), *Path(out_dir).absolute().parents) if p.exists())
+    free = shutil.disk_usage(base).free
+    per_example = DISK_PER_EXAMPLE * min(1.0, config.mean_tokens_per_example / 14.0)
+    need = config.num_clients * config.mean_examples_per_client * per_example
+    if need > free:
+        raise ValueError(
+            f"{out_dir}: a synthetic dataset of {config.num_clients:,} users of "
+            f"{config.mean_examples_per_client:g} examples on average needs at least "
+            f"{need / 1e9:.3g} GB of disk, and {base} has {free / 1e9:.3g} GB free"
+        )
+
+
 def generate(
     out_dir: str | os.PathLike,
     config: SyntheticConfig | None = None,
@@ -409,6 +442,7 @@ def generate(
     config = SyntheticConfig() if config is None else config
     workers = default_workers() if workers is None else check_int("workers", workers, 1)
     files = SyntheticFiles.at(out_dir)
+    check_free_disk(files.root, config)
     files.root.mkdir(parents=True, exist_ok=True)
     if files.sqlite.exists() and not overwrite:
         raise FileExistsError(f"{files.sqlite}: exists (pass overwrite=True to replace it)")

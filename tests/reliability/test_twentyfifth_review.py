@@ -34,6 +34,13 @@
    them (``SystemError: error return without exception set`` under an 8 GiB address-space
    limit; ``10**9``: ``RuntimeError: std::bad_alloc``). ``cpu_threads`` and ``cpu_workers`` are
    now at most ``models.cohort.MAX_THREADS`` (1,024), refused when the trainer is built.
+5. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=D --set
+   task-params.synth-clients=5000`` with ``D`` on a 20 MB file system wrote until the disk was
+   full and then ended rc 2 (``No space left on device``), where ``data synth`` refuses before
+   writing (fourteenth review); a task's generation had no check, so 10**6 users of
+   ``synth-user-sizes = "real"`` (about 140 GB) would fill a shared disk for half an hour first.
+   ``data.synthetic.generate`` now checks the free space itself (a lower bound of 200 bytes an
+   example): rc 2, one line naming the directory, the need and the free space, nothing written.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from tests.tag_synth import SYNTH, make_synth_dir, tag_task
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
+MINI = ROOT / "simulations" / "stackoverflow-tp-mini.toml"
 
 
 def one_line_error(code: int, err: str, *parts: str) -> str:
@@ -256,3 +264,22 @@ def test_4_cohort_trainer_threads_bounded(trainers, kind, name):
         with pytest.raises(ValueError, match=rf"^{name} must be an integer in \[1, 1024\]"):
             kind(task, device="cpu", **{name: value})
     assert getattr(kind(task, device="cpu", **{name: 1024}), name) == 1024
+
+
+def test_5_task_generation_checks_the_free_disk(tmp_path, monkeypatch):
+    import shutil
+
+    disk_usage = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: disk_usage(p)._replace(free=2_000_000))
+    data, out = tmp_path / "data", tmp_path / "run"
+    argv = ["simulate", str(MINI), "--rounds", "1", "--out", str(out), "--quiet"]
+    for key, value in (("data-dir", data), ("synth-clients", 500), ("num-users", 400)):
+        argv += ["--set", f"task-params.{key}={value}"]
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, str(data), "500 users", "0.002 GB free")
+    assert not (data / "stackoverflow.sqlite").exists() and not out.exists()
+    from fedprivopt.data.synthetic import SyntheticConfig, check_free_disk
+
+    free = 500 * 40 * 200  # the bound: 200 bytes an example
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: disk_usage(p)._replace(free=free))
+    check_free_disk(data, SyntheticConfig(num_clients=500, vocab_size=600, num_tags=20))

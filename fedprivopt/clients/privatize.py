@@ -32,6 +32,8 @@ from typing import NamedTuple
 
 import torch
 
+from fedprivopt.core.checks import check_real
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
 from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
@@ -108,9 +110,10 @@ def privatize_update(
     Raises
     ------
     ValueError
-        If ``update`` is not a floating-point tensor, ``clip_norm`` is not ``None`` or a finite
-        number ``> 0``, ``noise_std`` is negative or not finite, or ``noise_std > 0`` comes
-        without a generator.
+        If ``update`` is not a dense floating-point tensor, ``clip_norm`` is not ``None`` or a
+        finite real number ``> 0``, ``noise_std`` is not a finite real number ``>= 0``,
+        ``noise_std > 0`` comes without a generator, or ``clip`` or ``add_noise`` is not
+        callable.
 
     Examples
     --------
@@ -119,12 +122,24 @@ def privatize_update(
     >>> out.norm, out.clipped, round(float(out.vector.norm()), 6)
     (5.0, True, 1.0)
     """
+    # twenty-fifth review of issue 15, finding 6: a clip_norm of 1+0j or [1] and a noise_std
+    # of "1" or None raised TypeErrors naming nothing (float(), '>'), True a TypeError, a sparse
+    # update NotImplementedError, and clip=5 failed inside; a 0-d tensor noise_std was taken
     if not isinstance(update, torch.Tensor) or not update.is_floating_point():
         raise ValueError(f"update must be a floating-point torch.Tensor, got {update!r:.80}")
-    if clip_norm is not None and not (0 < float(clip_norm) < math.inf):
-        raise ValueError(f"clip_norm must be None or a finite number > 0, got {clip_norm!r}")
-    if not 0 <= float(noise_std) < math.inf:
-        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    if update.layout != torch.strided:
+        raise ValueError(f"update must be a dense (strided) tensor, got layout {update.layout}")
+    if clip_norm is not None:
+        try:
+            clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)
+        except ValueError:
+            raise ValueError(
+                f"clip_norm must be None or a finite number > 0, got {shown(clip_norm)}"
+            ) from None
+    noise_std = check_real("noise_std", noise_std, low=0.0)
+    for name, step in (("clip", clip), ("add_noise", add_noise)):
+        if step is not None and not callable(step):
+            raise ValueError(f"{name} must be callable or None, got {shown(step)}")
     if noise_std > 0 and not isinstance(generator, torch.Generator):
         raise ValueError(
             f"generator must be a torch.Generator when noise_std > 0, got {generator!r}"

@@ -41,6 +41,12 @@
    ``synth-user-sizes = "real"`` (about 140 GB) would fill a shared disk for half an hour first.
    ``data.synthetic.generate`` now checks the free space itself (a lower bound of 200 bytes an
    example): rc 2, one line naming the directory, the need and the free space, nothing written.
+6. ``clients.privatize_update`` (the public privacy step of a user's own ClientApp), documented
+   to raise ``ValueError``: ``clip_norm=1+0j`` or ``[1]`` and ``noise_std="1"`` or ``None`` raised
+   ``TypeError``s naming nothing (``float()``'s, ``'>' not supported``), ``clip_norm=True`` a
+   ``TypeError``, ``noise_std=True`` a message naming ``std``; a 0-d tensor ``noise_std`` was
+   taken; a sparse update ended in torch's ``NotImplementedError`` and ``clip=5`` in ``'int'
+   object is not callable``. Now a ``ValueError`` naming the parameter, before anything runs.
 """
 
 from __future__ import annotations
@@ -283,3 +289,32 @@ def test_5_task_generation_checks_the_free_disk(tmp_path, monkeypatch):
     free = 500 * 40 * 200  # the bound: 200 bytes an example
     monkeypatch.setattr(shutil, "disk_usage", lambda p: disk_usage(p)._replace(free=free))
     check_free_disk(data, SyntheticConfig(num_clients=500, vocab_size=600, num_tags=20))
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("clip_norm", 1 + 0j),
+        ("clip_norm", [1]),
+        ("clip_norm", True),
+        ("clip_norm", "1"),
+        ("noise_std", "1"),
+        ("noise_std", None),
+        ("noise_std", True),
+        ("noise_std", torch.tensor(0.5)),
+        ("clip", 5),
+        ("add_noise", 5),
+        ("update", "sparse"),
+    ],
+)
+def test_6_privatize_update_arguments(name, value):
+    from fedprivopt.clients import privatize_update
+
+    update = torch.tensor([3.0, 4.0])
+    kwargs = {"clip_norm": 1.0, "noise_std": 0.5, "generator": torch.Generator().manual_seed(0)}
+    if name == "update":
+        update = update.to_sparse()
+    else:
+        kwargs[name] = value
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        privatize_update(update, **kwargs)

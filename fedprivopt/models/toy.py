@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 import torch.nn.functional as F
 
 from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.text import shown
 from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
 from fedprivopt.privacy.sampling import MAX_POPULATION
@@ -43,6 +45,30 @@ def _generator(seed: int, *keys: int | str) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(derive_seed(seed, "toy", *keys))
     return gen
+
+
+def _size_pair(value: object) -> tuple[int, int]:
+    """``examples_per_user`` given as a pair: two integers ``0 <= lo <= hi``.
+
+    Twenty-fifth review of issue 15, finding 7: the pair's entries went through ``int()``, so
+    ``[1.5, 40.9]``, ``[true, 5]``, ``["3", "5"]`` and ``[-0.5, 3]`` ran as ``(1, 40)``,
+    ``(1, 5)``, ``(3, 5)`` and ``(0, 3)`` while ``config.toml`` and the ledger recorded what was
+    written, and ``[3, 1e300]`` was refused with a 301-digit number.
+    """
+    pair = tuple(value) if isinstance(value, (list, tuple)) else None
+    if (
+        pair is None
+        or len(pair) != 2
+        or any(isinstance(v, bool) or not isinstance(v, Integral) for v in pair)
+    ):
+        raise ValueError(
+            "examples_per_user must be an integer mean >= 1 or a pair (lo, hi) of integers with "
+            f"0 <= lo <= hi, got {shown(value)}"
+        )
+    lo, hi = (int(v) for v in pair)
+    if not 0 <= lo <= hi:
+        raise ValueError(f"examples_per_user must satisfy 0 <= lo <= hi, got ({lo}, {hi})")
+    return lo, hi
 
 
 class ToyClassificationTask:
@@ -111,20 +137,11 @@ class ToyClassificationTask:
         self.seed = check_int("seed", seed, 0)
         # features are float32: a larger shift overflows them (1e308 made the labels' softmax NaN)
         self.heterogeneity = check_real("heterogeneity", heterogeneity, low=0.0, high=1e6)
-        if isinstance(examples_per_user, int) and not isinstance(examples_per_user, bool):
+        if isinstance(examples_per_user, Integral) and not isinstance(examples_per_user, bool):
             check_int("examples_per_user", examples_per_user, 1)
-            self.examples_per_user: int | tuple[int, int] = examples_per_user
+            self.examples_per_user: int | tuple[int, int] = int(examples_per_user)
         else:
-            try:
-                lo, hi = (int(v) for v in examples_per_user)  # type: ignore[union-attr]
-            except (TypeError, ValueError):
-                raise ValueError(
-                    "examples_per_user must be an integer mean >= 1 or a pair (lo, hi) with "
-                    f"0 <= lo <= hi, got {examples_per_user!r}"
-                ) from None
-            if not 0 <= lo <= hi:
-                raise ValueError(f"examples_per_user must satisfy 0 <= lo <= hi, got ({lo}, {hi})")
-            self.examples_per_user = (lo, hi)
+            self.examples_per_user = _size_pair(examples_per_user)
         self._check_memory()
 
         gen = _generator(self.seed, "true-model")

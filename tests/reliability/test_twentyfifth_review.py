@@ -47,6 +47,11 @@
    ``TypeError``, ``noise_std=True`` a message naming ``std``; a 0-d tensor ``noise_std`` was
    taken; a sparse update ended in torch's ``NotImplementedError`` and ``clip=5`` in ``'int'
    object is not callable``. Now a ``ValueError`` naming the parameter, before anything runs.
+7. ``simulate toy.toml --set 'task-params.examples-per-user=[1.5,40.9]'`` (also ``[true,5]``,
+   ``["3","5"]``, ``[-0.5,3]``) ran rc 0 with users of ``(1, 40)``, ``(1, 5)``, ``(3, 5)`` and
+   ``(0, 3)`` examples (``int()`` of each entry), while ``config.toml`` and the ledger recorded
+   the values as written; ``[3,1e300]`` was refused with a 301-digit number. Now the pair's
+   entries must be integers: rc 2, one line naming ``task-params.examples-per-user``.
 """
 
 from __future__ import annotations
@@ -318,3 +323,24 @@ def test_6_privatize_update_arguments(name, value):
         kwargs[name] = value
     with pytest.raises(ValueError, match=f"^{name} must be"):
         privatize_update(update, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "value", ["[1.5,40.9]", "[true,5]", '["3","5"]', "[-0.5,3]", "[3,1e300]", "[1,2,3]"]
+)
+def test_7_toy_examples_per_user_pair_of_integers(tmp_path, value):
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--out", str(out), "--quiet"]
+    code, _, err = run_cli([*argv, "--set", f"task-params.examples-per-user={value}"])
+    err = one_line_error(code, err, "task-params.examples-per-user", "pair (lo, hi) of integers")
+    assert len(err) < 300 and not out.exists()
+
+
+def test_7_toy_examples_per_user_integers_still_taken():
+    import numpy as np
+
+    from fedprivopt.models.toy import ToyClassificationTask
+
+    for value, want in (((0, 0), (0, 0)), ([5, 40], (5, 40)), ((np.int64(2), 9), (2, 9))):
+        assert ToyClassificationTask(num_users=3, examples_per_user=value).examples_per_user == want
+    assert ToyClassificationTask(num_users=3, examples_per_user=np.int64(7)).examples_per_user == 7

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from numbers import Integral
 
 import torch
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
+from fedprivopt.core.text import shown
 
-__all__ = ["MAX_EPOCHS", "MAX_ORDER_ENTRIES", "LocalConfig", "check_train_call", "epoch_orders"]
+__all__ = [
+    "MAX_EPOCHS",
+    "MAX_ORDER_ENTRIES",
+    "LocalConfig",
+    "check_train_call",
+    "check_user_id",
+    "epoch_orders",
+]
 
 #: Upper bound of :attr:`LocalConfig.epochs`. :func:`epoch_orders` holds one int64 permutation
 #: of the user's examples per epoch (plus a tensor object, ~100 bytes, per epoch), so memory
@@ -171,6 +180,19 @@ def check_train_call(
     if isinstance(users, (str, bytes)):
         raise ValueError(f"users must be a sequence of user ids, got {users!r}"[:200])
     return [check_int("user id", _integer_item(u), 0) for u in users], round_num
+
+
+def check_user_id(value: object, num_users: int) -> int:
+    """A task's user id as an ``int`` in ``[0, num_users)``, else ``ValueError`` naming it.
+
+    Integers of any kind (numpy's, a 0-d integer tensor) are ids; ``True``, ``1.5``, ``2.0``
+    and ``"3"`` are not (twenty-fifth review of issue 15, finding 8: the tasks' ``user_data``
+    and ``user_size`` took them through ``int()`` as users 1, 2 and 3).
+    """
+    item = _integer_item(value)
+    if isinstance(item, bool) or not isinstance(item, Integral) or not 0 <= item < num_users:
+        raise ValueError(f"user_id must be an integer in [0, {num_users}), got {shown(value)}")
+    return int(item)
 
 
 def _integer_item(value: object) -> object:

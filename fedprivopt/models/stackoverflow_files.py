@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from fedprivopt.core.checks import check_bool, check_int
+from fedprivopt.core.local import check_user_id
 from fedprivopt.data.locks import DATA_LOCK, file_lock
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
 from fedprivopt.data.synthetic import (
@@ -294,9 +295,7 @@ class StackOverflowFiles:
                 )
 
     def _check_user(self, user_id: int) -> int:
-        if isinstance(user_id, bool) or not 0 <= int(user_id) < self.num_users:
-            raise ValueError(f"user_id must be in [0, {self.num_users}), got {user_id!r}")
-        return int(user_id)
+        return check_user_id(user_id, self.num_users)
 
     def _train_split(self) -> SQLiteSplit:
         """The training split, opened on first use (after unpickling too)."""

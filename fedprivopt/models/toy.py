@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.local import check_user_id
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
@@ -213,9 +214,7 @@ class ToyClassificationTask:
         return self._size(_generator(self.seed, "user", self._check_user(user_id)))
 
     def _check_user(self, user_id: int) -> int:
-        if isinstance(user_id, bool) or not 0 <= int(user_id) < self.num_users:
-            raise ValueError(f"user_id must be in [0, {self.num_users}), got {user_id!r}")
-        return int(user_id)
+        return check_user_id(user_id, self.num_users)
 
     def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, y)``: float32 features ``(n, dim)`` and int64 labels ``(n,)``."""

@@ -52,6 +52,11 @@
    ``(0, 3)`` examples (``int()`` of each entry), while ``config.toml`` and the ledger recorded
    the values as written; ``[3,1e300]`` was refused with a 301-digit number. Now the pair's
    entries must be integers: rc 2, one line naming ``task-params.examples-per-user``.
+8. The tasks' ``user_data`` and ``user_size`` (toy, tag prediction, next-word prediction; Python
+   API) took a user id of 1.5, 2.0 or ``"3"`` through ``int()`` as users 1, 2 and 3, and NaN
+   raised ``cannot convert float NaN to integer``. Now ``core.local.check_user_id``: an integer
+   of any kind (numpy's, a 0-d integer tensor) in ``[0, num_users)``, else a ``ValueError``
+   naming ``user_id`` and its range.
 """
 
 from __future__ import annotations
@@ -344,3 +349,17 @@ def test_7_toy_examples_per_user_integers_still_taken():
     for value, want in (((0, 0), (0, 0)), ([5, 40], (5, 40)), ((np.int64(2), 9), (2, 9))):
         assert ToyClassificationTask(num_users=3, examples_per_user=value).examples_per_user == want
     assert ToyClassificationTask(num_users=3, examples_per_user=np.int64(7)).examples_per_user == 7
+
+
+@pytest.mark.parametrize("value", [1.5, 2.0, "3", True, float("nan")])
+@pytest.mark.parametrize("kind", ["toy", "tag-cohort", "next-word-cohort"])
+def test_8_task_user_ids_are_integers(trainers, kind, value):
+    import numpy as np
+
+    from fedprivopt.models.toy import ToyClassificationTask
+
+    task = ToyClassificationTask(num_users=5) if kind == "toy" else trainers[kind][2]
+    for read in (task.user_data, task.user_size):
+        with pytest.raises(ValueError, match=r"^user_id must be an integer in \[0, "):
+            read(value)
+        assert read(np.int64(2)) is not None and read(torch.tensor(2)) is not None

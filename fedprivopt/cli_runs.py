@@ -165,21 +165,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "argument --resume: give only the run directory (its config.toml "
                 "is the configuration)"
             )
-        check_path_text(args.resume, "--resume")
-        stored = Path(args.resume) / CONFIG_FILE
+        # the paths as checked, "~" expanded (twenty-fifth review of issue 15, finding 9:
+        # simulate --out "~/x" created a directory named "~" where compare, tune and data
+        # synth wrote into the home directory, and --resume "~/x" looked for "./~/x")
+        run_dir = check_path_text(args.resume, "--resume")
+        stored = run_dir / CONFIG_FILE
         if stored.is_file():
             load_preset(stored, where="argument --resume")  # unreadable or nested too deeply
-        outcome = resume(args.resume, progress=not args.quiet)
+        outcome = resume(run_dir, progress=not args.quiet)
     else:
         if args.config is None:
             raise UsageError("argument CONFIG: a preset file is required (or --resume DIR)")
-        if args.out is not None:
-            check_out_dir(args.out)
+        out = check_out_dir(args.out) if args.out is not None else None
         config = load_preset(args.config, set_overrides(args))
         _note_unused([config.strategy])  # a shared preset's other knobs, or a mistake
-        out = args.out or check_out_dir(
-            f"runs/{config.strategy.strategy}-seed{config.strategy.seed}"
-        )
+        out = out or check_out_dir(f"runs/{config.strategy.strategy}-seed{config.strategy.seed}")
         # validates everything before anything is written
         task, _ = build_checked_run(config, out=out)
         outcome = simulate(config, out, progress=not args.quiet, task=task)

@@ -57,6 +57,12 @@
    raised ``cannot convert float NaN to integer``. Now ``core.local.check_user_id``: an integer
    of any kind (numpy's, a 0-d integer tensor) in ``[0, num_users)``, else a ``ValueError``
    naming ``user_id`` and its range.
+9. ``simulate toy.toml --out "~/runs/a"`` (the tilde quoted, as in a script or a notes file)
+   created a directory named ``~`` in the working directory, where ``compare``, ``tune``,
+   ``data synth`` and ``deploy local`` write into the home directory (the check of ``--out``
+   expanded it, and the run then used the text as given); ``simulate --resume "~/runs/a"``
+   looked for ``./~/runs/a``. A user cleaning up the stray ``~`` with ``rm -rf ~`` deletes
+   their home. Now both use the checked, expanded path, as the other commands do.
 """
 
 from __future__ import annotations
@@ -363,3 +369,20 @@ def test_8_task_user_ids_are_integers(trainers, kind, value):
         with pytest.raises(ValueError, match=r"^user_id must be an integer in \[0, "):
             read(value)
         assert read(np.int64(2)) is not None and read(torch.tensor(2)) is not None
+
+
+def test_9_simulate_expands_a_tilde_as_the_other_commands_do(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    argv = ["simulate", str(TOY), "--rounds", "1", "--out", "~/runs/a", "--quiet"]
+    code, out, err = run_cli(argv)
+    assert code == 0, err
+    assert not (tmp_path / "~").exists()
+    assert (home / "runs" / "a" / "config.toml").is_file() and str(home) in out
+    config = home / "runs" / "a" / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2"))
+    code, out, err = run_cli(["simulate", "--resume", "~/runs/a", "--quiet"])
+    assert code == 0, err
+    assert out.startswith("2 rounds") and not (tmp_path / "~").exists()

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fedprivopt.core.text import shown
 from fedprivopt.data.stackoverflow import FEATURES, ClientSplit, StackOverflowExample
 
 __all__ = ["HDF5_FILES", "HDF5Split", "open_hdf5", "write_hdf5"]
@@ -330,7 +331,7 @@ class HDF5Split(ClientSplit):
         if group is None and client_id in self._client_ids:
             raise ValueError(f"{self.path}: client {client_id!r} is listed but cannot be opened")
         if group is None:
-            raise KeyError(f"client {client_id!r} is not in split {self.split!r}")
+            raise KeyError(f"client {shown(client_id)} is not in split {self.split!r}")
         if not is_group:
             raise ValueError(f"{self.path}: /examples/{client_id} is not a group of features")
         return group

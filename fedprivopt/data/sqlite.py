@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.files import naming
+from fedprivopt.core.text import shown
 from fedprivopt.data.stackoverflow import ClientSplit, StackOverflowExample, decode_example
 
 __all__ = [
@@ -305,7 +306,7 @@ class SQLiteSplit(ClientSplit):
         try:
             return self._counts[client_id]
         except KeyError:
-            raise KeyError(f"client {client_id!r} is not in split {self.split!r}") from None
+            raise KeyError(f"client {shown(client_id)} is not in split {self.split!r}") from None
 
     def serialized_examples(self, client_id: str) -> list[bytes]:
         """Return the raw ``tf.train.Example`` blobs of ``client_id``, in file order.

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedprivopt.core.checks import refuse_repeated_keys
+from fedprivopt.core.checks import check_int, refuse_repeated_keys
 from fedprivopt.core.files import read_at_most
 
 __all__ = [
@@ -84,9 +84,12 @@ class Vocabulary:
         return len(self.items)
 
     def top(self, k: int) -> Vocabulary:
-        """Return the ``k`` most frequent items (all of them if there are fewer)."""
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
+        """Return the ``k`` most frequent items (all of them if there are fewer).
+
+        ``k`` is an integer ``>= 0`` (twenty-fifth review of issue 15, finding 10: ``True`` was
+        taken as 1, and 1.5, NaN, ``"5"`` and ``None`` raised ``TypeError``s naming nothing).
+        """
+        k = check_int("k", k, 0)
         return Vocabulary(self.items[:k], self.counts[:k])
 
     def index(self) -> dict[str, int]:
@@ -130,8 +133,7 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
         On a malformed line (with its number), a count outside ``[0, 2**63)`` or a repeated
         word.
     """
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    limit = check_int("limit", limit, 0, none=True)
     p = _existing(path)
     words: list[str] = []
     counts: list[int] = []
@@ -191,8 +193,7 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
     ValueError
         If it is not a JSON object of integer counts in ``[0, 2**63)`` with distinct tags.
     """
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    limit = check_int("limit", limit, 0, none=True)
     p = _existing(path)
 
     unique = refuse_repeated_keys(lambda key: f"{p}: tag {key!r} appears twice")

@@ -22,7 +22,7 @@ def test_word_count_file(tmp_path):
     top = read_word_counts(path, limit=3)
     assert top.items == ("the", ".", "to")
     assert vocab.top(10).items == vocab.items and vocab.top(0).items == ()
-    with pytest.raises(ValueError, match="k must be >= 0"):
+    with pytest.raises(ValueError, match="k must be an integer >= 0"):
         vocab.top(-1)
 
 

@@ -63,6 +63,11 @@
    expanded it, and the run then used the text as given); ``simulate --resume "~/runs/a"``
    looked for ``./~/runs/a``. A user cleaning up the stray ``~`` with ``rm -rf ~`` deletes
    their home. Now both use the checked, expanded path, as the other commands do.
+10. ``data.Vocabulary.top(k)`` and ``read_word_counts``/``read_tag_counts(limit=...)`` (Python
+   API) took ``True`` as 1 and raised ``TypeError``s naming nothing for 1.5, NaN, ``"5"`` and
+   ``None``; ``SQLiteSplit``/``HDF5Split`` echoed a 1 MB client id whole in their ``KeyError``.
+   Now a ``ValueError`` naming ``k`` or ``limit``, and the id cut as every other message cuts
+   values.
 """
 
 from __future__ import annotations
@@ -386,3 +391,31 @@ def test_9_simulate_expands_a_tilde_as_the_other_commands_do(tmp_path, monkeypat
     code, out, err = run_cli(["simulate", "--resume", "~/runs/a", "--quiet"])
     assert code == 0, err
     assert out.startswith("2 rounds") and not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("value", [1.5, float("nan"), "5", None, True, -1])
+def test_10_vocabulary_sizes_are_integers(tmp_path, value):
+    """``k`` is an integer; ``limit`` too, or None (every word)."""
+    from fedprivopt.data import read_word_counts
+
+    path = tmp_path / "stackoverflow.word_count"
+    path.write_text("the 30\nof 20\nto 10\n")
+    vocab = read_word_counts(path)
+    with pytest.raises(ValueError, match=r"^k must be an integer >= 0"):
+        vocab.top(value)
+    if value is not None:
+        with pytest.raises(ValueError, match=r"^limit must be an integer >= 0 or None"):
+            read_word_counts(path, limit=value)
+    assert read_word_counts(path, limit=2).items == ("the", "of")
+    assert len(read_word_counts(path, limit=None)) == 3
+
+
+def test_10_unknown_client_id_is_cut(tmp_path):
+    from fedprivopt.data import SQLiteSplit, generate
+    from fedprivopt.data.synthetic import SyntheticConfig
+
+    files = generate(tmp_path, SyntheticConfig(num_clients=20, vocab_size=200, num_tags=5))
+    split = SQLiteSplit(files.sqlite, "train")
+    with pytest.raises(KeyError) as info:
+        split.num_examples("x" * 1_000_000)
+    assert len(str(info.value)) < 300

@@ -19,6 +19,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from fedprivopt.core.checks import check_bool
+from fedprivopt.core.text import shown
 from fedprivopt.models.next_word import StackOverflowNextWordTask
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from fedprivopt.models.task import Task
@@ -66,10 +68,15 @@ def register_task(name: str, factory: Callable[..., Task], *, replace: bool = Fa
     ------
     ValueError
         If ``name`` is empty, contains a colon (the mark of a reference) or is already
-        registered and ``replace`` is false.
+        registered and ``replace`` is false, or ``factory`` is not callable.
     """
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"name must be a non-empty string without ':', got {name!r}")
+    # twenty-fifth review of issue 15, finding 11: a factory of 5 was registered, and the task
+    # then failed when built ('int' object is not callable)
+    if not callable(factory):
+        raise ValueError(f"factory must be callable, got {shown(factory)}")
+    replace = check_bool("replace", replace)
     if name in _REGISTRY and not replace:
         raise ValueError(f"task {name!r} is already registered (pass replace=True to replace it)")
     _REGISTRY[name] = factory

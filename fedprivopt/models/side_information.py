@@ -148,6 +148,20 @@ def _size(name: str, value: object) -> int:
     return value
 
 
+def _layout(vocab_size: object, num_tags: object) -> tuple[int, int]:
+    """``V`` and ``K``, each ``>= 1``, with ``V K + K`` at most the tag model's largest size.
+
+    Twenty-fifth review of issue 15, finding 11: ``two_level_preconditioner(vocab_size=10**9,
+    num_tags=10**9)`` asked torch for 4 EB (a ``RuntimeError`` from the allocator); the layout
+    is the bag-of-words tag model's, which holds at most ``MAX_MODEL_PARAMETERS`` values.
+    """
+    from fedprivopt.models.stackoverflow_files import check_model_parameters
+
+    v, k = _size("vocab_size", vocab_size), _size("num_tags", num_tags)
+    check_model_parameters(v * k + k, f"vocab_size={v}, num_tags={k}")
+    return v, k
+
+
 def _cap(values: np.ndarray, max_ratio: float) -> np.ndarray:
     """Raise every entry to ``max(values) / max_ratio`` (``max_ratio = 0``: unchanged)."""
     if max_ratio == 0:
@@ -229,8 +243,7 @@ def token_frequency_preconditioner(
     ValueError
         On invalid parameters, too few or negative counts, or a zero value with ``floor = 0``.
     """
-    _size("vocab_size", vocab_size)
-    _size("num_tags", num_tags)
+    _layout(vocab_size, num_tags)
     p = check_positive("power", power)
     fl = check_positive("floor", floor, allow_zero=True)
     cap = check_max_ratio("max_ratio", max_ratio)
@@ -293,8 +306,7 @@ def two_level_preconditioner(
     torch.Tensor
         float32 CPU vector of length ``V K + K``.
     """
-    v = _size("vocab_size", vocab_size)
-    k = _size("num_tags", num_tags)
+    v, k = _layout(vocab_size, num_tags)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= v:
         raise ValueError(f"top_k must be an integer in [1, V={v}], got {top_k!r}")
     f = check_positive("factor", factor)

@@ -68,6 +68,11 @@
    ``None``; ``SQLiteSplit``/``HDF5Split`` echoed a 1 MB client id whole in their ``KeyError``.
    Now a ``ValueError`` naming ``k`` or ``limit``, and the id cut as every other message cuts
    values.
+11. ``models.side_information.two_level_preconditioner(vocab_size=10**9, num_tags=10**9)``
+   (also ``token_frequency_preconditioner``; Python API) asked torch's allocator for 4 EB (a
+   ``RuntimeError``): the layout, the tag model's, is now bounded as that model is (2**26
+   values), before anything is allocated. ``models.register_task("t", 5)`` registered a
+   factory that is not callable, which failed only when the task was built.
 """
 
 from __future__ import annotations
@@ -419,3 +424,25 @@ def test_10_unknown_client_id_is_cut(tmp_path):
     with pytest.raises(KeyError) as info:
         split.num_examples("x" * 1_000_000)
     assert len(str(info.value)) < 300
+
+
+def test_11_side_information_layout_bounded():
+    from fedprivopt.models.side_information import (
+        token_frequency_preconditioner,
+        two_level_preconditioner,
+    )
+
+    with pytest.raises(ValueError, match="vocab_size=1000000000, num_tags=1000000000 give"):
+        two_level_preconditioner(vocab_size=10**9, num_tags=10**9, top_k=2)
+    with pytest.raises(ValueError, match="vocab_size=100000000, num_tags=100 give"):
+        token_frequency_preconditioner([1.0] * 10, vocab_size=10**8, num_tags=100)
+    assert two_level_preconditioner(vocab_size=5, num_tags=2, top_k=2).shape == (12,)
+
+
+def test_11_register_task_needs_a_callable(monkeypatch):
+    from fedprivopt.models import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    with pytest.raises(ValueError, match=r"^factory must be callable, got 5"):
+        registry.register_task("r25", 5)
+    assert "r25" not in registry.task_names()

@@ -17,7 +17,9 @@ from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.core.text import shown
 
 __all__ = [
+    "MAX_COUNT_NOISE_STD",
     "MAX_EPOCHS",
+    "MAX_LEARNING_RATE",
     "MAX_ORDER_ENTRIES",
     "LocalConfig",
     "check_train_call",
@@ -31,6 +33,16 @@ __all__ = [
 #: 10,000 passes over a user's data is far beyond any federated setting (1-5 is usual) and keeps
 #: the orders of a user with 10,000 examples at 800 MB.
 MAX_EPOCHS = 10_000
+#: Upper bound of :attr:`LocalConfig.learning_rate`: float32's largest value, the command line's
+#: bound of ``local-learning-rate``. Twenty-fifth review of issue 15, finding 12: a larger rate
+#: was accepted, and ``LocalTrainer`` then failed with torch's ``RuntimeError: value cannot be
+#: converted to type float without overflow`` while the cohort trainers returned zero updates.
+MAX_LEARNING_RATE = float(torch.finfo(torch.float32).max)
+#: Upper bound of :attr:`LocalConfig.count_noise_std`, the accountant's largest noise multiplier
+#: (what ``privacy.adaptive_clip.count_share`` accepts): a larger one was accepted here and
+#: refused only when the first clip bit was noised, by the fast engine after the round trained.
+MAX_COUNT_NOISE_STD = 1e100
+
 #: Upper bound of ``epochs * examples`` in :func:`epoch_orders`: 2**27 int64 entries (1 GiB),
 #: checked before any permutation is drawn.
 MAX_ORDER_ENTRIES = 2**27
@@ -43,7 +55,7 @@ class LocalConfig:
     Parameters
     ----------
     learning_rate : float
-        Local SGD step size, ``> 0``.
+        Local SGD step size, in ``(0, MAX_LEARNING_RATE]`` (float32's largest value).
     epochs : int
         Passes over the user's examples, in ``[1, MAX_EPOCHS]`` (:data:`MAX_EPOCHS` = 10,000:
         :func:`epoch_orders` holds one permutation of the examples per epoch, so memory grows
@@ -62,9 +74,9 @@ class LocalConfig:
     clip_bit : bool
         Whether the client reports its clip bit ``[‖Δ‖ ≤ C]`` (adaptive clipping).
     count_noise_std : float
-        Std ``>= 0`` of this client's share of the count noise (adaptive clipping in
-        distributed-noise mode): the client then reports ``(bit − 1/2) + N(0, count_noise_std²)``
-        instead of the bit.
+        Std in ``[0, MAX_COUNT_NOISE_STD]`` (1e100) of this client's share of the count noise
+        (adaptive clipping in distributed-noise mode): the client then reports ``(bit − 1/2) +
+        N(0, count_noise_std²)`` instead of the bit.
     """
 
     learning_rate: float
@@ -78,7 +90,9 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        lr = check_real("learning_rate", self.learning_rate, low=0.0, low_open=True)
+        lr = check_real(
+            "learning_rate", self.learning_rate, low=0.0, high=MAX_LEARNING_RATE, low_open=True
+        )
         set_(self, "learning_rate", lr)
         check_int("epochs", self.epochs, 1, MAX_EPOCHS)
         check_int("batch_size", self.batch_size, 1)
@@ -91,7 +105,10 @@ class LocalConfig:
             set_(self, "clip_norm", check_real("clip_norm", self.clip_norm, low=0.0, low_open=True))
         set_(self, "noise_std", check_real("noise_std", self.noise_std, low=0.0))
         set_(self, "clip_bit", check_bool("clip_bit", self.clip_bit))
-        set_(self, "count_noise_std", check_real("count_noise_std", self.count_noise_std, low=0.0))
+        count_std = check_real(
+            "count_noise_std", self.count_noise_std, low=0.0, high=MAX_COUNT_NOISE_STD
+        )
+        set_(self, "count_noise_std", count_std)
 
 
 def epoch_orders(

@@ -73,6 +73,12 @@
    ``RuntimeError``): the layout, the tag model's, is now bounded as that model is (2**26
    values), before anything is allocated. ``models.register_task("t", 5)`` registered a
    factory that is not callable, which failed only when the task was built.
+12. ``LocalConfig(learning_rate=1e300)`` (Python API) was accepted: ``LocalTrainer.train`` then
+   failed with torch's ``RuntimeError: value cannot be converted to type float without
+   overflow`` and the tag cohort trainer returned zero updates (diverged); the command line
+   bounds ``local-learning-rate`` at float32's largest value. ``count_noise_std=1e101`` was
+   accepted and refused by ``count_share`` only after the round had trained. Now both are
+   bounded when the ``LocalConfig`` is made (float32's largest value; 1e100).
 """
 
 from __future__ import annotations
@@ -446,3 +452,14 @@ def test_11_register_task_needs_a_callable(monkeypatch):
     with pytest.raises(ValueError, match=r"^factory must be callable, got 5"):
         registry.register_task("r25", 5)
     assert "r25" not in registry.task_names()
+
+
+def test_12_local_config_bounds(trainers):
+    with pytest.raises(ValueError, match=r"^learning_rate must be a finite number in"):
+        LocalConfig(learning_rate=1e300, clip_norm=1.0)
+    with pytest.raises(ValueError, match=r"^count_noise_std must be a finite number in"):
+        LocalConfig(learning_rate=1.0, clip_norm=1.0, clip_bit=True, count_noise_std=1e101)
+    top = LocalConfig(learning_rate=float(torch.finfo(torch.float32).max), count_noise_std=1e100)
+    train, _, _ = trainers["local"]
+    (update,) = train([1], config=top)  # the largest rate trains (and diverges), no error
+    assert update.shape[0] > 0

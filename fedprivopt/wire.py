@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fedprivopt.core.checks import refuse_repeated_keys
+from fedprivopt.core.checks import check_int, refuse_repeated_keys
 from fedprivopt.core.local import LocalConfig
 
 if TYPE_CHECKING:  # Flower is imported where a record is built, so the fast engine never loads it
@@ -243,13 +243,15 @@ def task_params(run_config: Mapping[str, object]) -> dict[str, object]:
 
 
 def hosted_users(partition_id: int, num_partitions: int, num_users: int) -> list[int]:
-    """Users hosted by node ``partition_id`` of ``num_partitions``: ``range(p, N, P)``."""
-    p, n_parts = int(partition_id), int(num_partitions)
-    if n_parts < 1:
-        raise ValueError(f"{NODE_NUM_PARTITIONS} must be >= 1, got {n_parts}")
-    if not 0 <= p < n_parts:
-        raise ValueError(f"{NODE_PARTITION_ID} must be in [0, {n_parts}), got {p}")
-    return list(range(p, int(num_users), n_parts))
+    """Users hosted by node ``partition_id`` of ``num_partitions``: ``range(p, N, P)``.
+
+    Both are integers (twenty-fifth review of issue 15, finding 13: a SuperNode started with
+    ``--node-config "partition-id=1.9 num-partitions=2.5"`` hosted partition 1 of 2, through
+    ``int()``, and ``"1"`` was parsed).
+    """
+    n_parts = check_int(NODE_NUM_PARTITIONS, num_partitions, 1)
+    p = check_int(NODE_PARTITION_ID, partition_id, 0, n_parts - 1)
+    return list(range(p, check_int("num_users", num_users, 0), n_parts))
 
 
 def users_query() -> RecordDict:

@@ -64,7 +64,7 @@ def hosted_users(context: Context, num_users: int) -> list[int]:
                 f'"{P.NODE_PARTITION_ID}=<p> {P.NODE_NUM_PARTITIONS}=<P>"'
             )
     return P.hosted_users(
-        int(node_config[P.NODE_PARTITION_ID]), int(node_config[P.NODE_NUM_PARTITIONS]), num_users
+        node_config[P.NODE_PARTITION_ID], node_config[P.NODE_NUM_PARTITIONS], num_users
     )
 
 

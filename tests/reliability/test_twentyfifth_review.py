@@ -79,6 +79,9 @@
    bounds ``local-learning-rate`` at float32's largest value. ``count_noise_std=1e101`` was
    accepted and refused by ``count_share`` only after the round had trained. Now both are
    bounded when the ``LocalConfig`` is made (float32's largest value; 1e100).
+13. A SuperNode's ``--node-config "partition-id=1.9 num-partitions=2.5"`` (also ``"1"``, ``true``)
+   went through ``int()``: the node hosted partition 1 of 2 without a word
+   (``clients.hosted_users``, ``wire.hosted_users``). Now a ``ValueError`` naming the key.
 """
 
 from __future__ import annotations
@@ -463,3 +466,14 @@ def test_12_local_config_bounds(trainers):
     train, _, _ = trainers["local"]
     (update,) = train([1], config=top)  # the largest rate trains (and diverges), no error
     assert update.shape[0] > 0
+
+
+@pytest.mark.parametrize(
+    "partition, parts", [(1.9, 2), (1, 2.5), ("1", 2), (True, 2), (0, float("nan")), (2, 2)]
+)
+def test_13_node_partition_keys_are_integers(partition, parts):
+    from fedprivopt import wire
+
+    with pytest.raises(ValueError, match=r"^(partition-id|num-partitions) must be an integer"):
+        wire.hosted_users(partition, parts, 10)
+    assert wire.hosted_users(1, 3, 10) == [1, 4, 7]

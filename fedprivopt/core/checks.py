@@ -12,12 +12,24 @@ from numbers import Integral, Real
 
 from fedprivopt.core.text import shown as shown_value
 
-__all__ = ["check_bool", "check_int", "check_real", "interval", "refuse_repeated_keys"]
+__all__ = ["as_float", "check_bool", "check_int", "check_real", "interval", "refuse_repeated_keys"]
 
 
 def interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
     """The interval as a message shows it, e.g. ``(0, 1]`` or ``[1, inf)``."""
     return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def as_float(value: object) -> float:
+    """``float(value)``, with ``inf`` (of its sign) for an integer beyond float64 (10**400).
+
+    Eighteenth review of issue 15, finding 5, and a short API review: ``float()`` of such an
+    integer raises ``OverflowError``; as ``inf`` it fails every range check that follows.
+    """
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def check_real(
@@ -57,10 +69,7 @@ def check_real(
     shown = interval(low, high, low_open, high_open)
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(f"{name} must be a real number in {shown}, got {shown_value(value)}")
-    try:
-        out = float(value)
-    except OverflowError:  # an integer beyond float64 (10**400): eighteenth review, finding 5
-        out = math.inf
+    out = as_float(value)
     ok = math.isfinite(out)
     ok = ok and (out > low if low_open else out >= low)
     ok = ok and (out < high if high_open else out <= high)

@@ -8,7 +8,11 @@ threshold for ``mmap`` at its largest (32 MB on 64-bit) and heap trimming above 
 real-size tag round at 100 clients on 2 cores took 0.155-0.167 s against 0.175-0.188 s
 (``benchmarks/NOTES.md``, entry 18); either setting alone made it slower (0.23 and 0.31 s), since
 setting one turns off glibc's adjustment of both. The price: the process keeps up to its peak
-heap instead of returning it between rounds. Nothing here imports torch.
+heap instead of returning it between rounds.
+
+Also the memory a tensor may take (:func:`check_fits`): a length that cannot fit in the device's
+memory is refused naming the parameter before torch's allocator sees it. Nothing here imports
+torch at import time.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ import functools
 import os
 import sys
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_freed_memory"]
+__all__ = [
+    "MMAP_THRESHOLD",
+    "TRIM_THRESHOLD",
+    "check_fits",
+    "device_memory",
+    "keep_freed_memory",
+    "physical_memory",
+]
 
 _M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -48,3 +59,46 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (``0`` where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return 0
+
+
+def device_memory(device: object) -> int:
+    """Bytes of memory of ``device`` (a ``torch.device``); ``0`` where it is not known.
+
+    The machine's physical memory on the CPU, the GPU's total on CUDA, 0 on other devices.
+    """
+    kind = getattr(device, "type", None)
+    if kind == "cpu":
+        return physical_memory()
+    if kind == "cuda":
+        import torch
+
+        try:
+            return int(torch.cuda.get_device_properties(device).total_memory)
+        except (RuntimeError, AssertionError, ValueError):  # no such GPU: torch says so later
+            return 0
+    return 0
+
+
+def check_fits(name: str, count: int, itemsize: int, device: object) -> int:
+    """``count`` unless ``count`` entries of ``itemsize`` bytes exceed ``device``'s memory.
+
+    A short API review of issue 15: a ``numel`` or ``dim`` of 10**12 reached torch's allocator
+    (a ``RuntimeError``, or, below the overcommit limit, the kernel's OOM killer at the first
+    write). Raises ``ValueError`` naming ``name`` and the largest count that fits.
+    """
+    memory = device_memory(device)
+    if memory > 0 and count * itemsize > memory:
+        raise ValueError(
+            f"{name} must be at most {memory // itemsize:,} on this {getattr(device, 'type', '')} "
+            f"device ({itemsize}-byte entries in {memory / 2**30:.3g} GiB of memory), got "
+            f"{count:,}"
+        )
+    return count

@@ -16,6 +16,7 @@ from fedprivopt.core.checks import check_bool, check_int, check_real
 
 __all__ = [
     "check_bool",
+    "check_in_dtype",
     "check_int",
     "check_noise_variance_spec",
     "check_params",
@@ -35,6 +36,20 @@ def check_params(params: object) -> torch.Tensor:
     if not params.is_floating_point():
         raise ValueError(f"params must have a floating dtype, got {params.dtype}")
     return params
+
+
+def check_in_dtype(name: str, value: float | None, params: torch.Tensor) -> None:
+    """Refuse a hyperparameter held in the parameters' dtype that the dtype cannot hold.
+
+    A short API review of issue 15: ``adam_bc(gamma=1e300)`` and ``dp2(epsilon=1e300)`` were
+    accepted and then raised torch's ``RuntimeError`` (overflow) on float32 parameters, at the
+    first update or at ``init``. Checked at ``init``, where the dtype is known.
+    """
+    if value is not None and value > torch.finfo(params.dtype).max:
+        raise ValueError(
+            f"{name} must be at most {torch.finfo(params.dtype).max:g} for {params.dtype} "
+            f"parameters (it is held in their dtype), got {value:g}"
+        )
 
 
 def check_vector(name: str, value: object, like: torch.Tensor) -> torch.Tensor:

@@ -155,8 +155,10 @@ def noise_calibrated_tolerance(
     lr = check_real("learning_rate", learning_rate, low=0.0, low_open=True)
     s = check_real("noise_std", noise_std, low=0.0, low_open=True)
     m = check_real("margin", margin, low=0.0, low_open=True)
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise ValueError(f"dim must be an integer in [1, inf), got {dim!r}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 2**63 - 1:
+        # a short API review of issue 15: 10**400 raised OverflowError (no tensor has more
+        # entries than torch's int64 sizes hold)
+        raise ValueError(f"dim must be an integer in [1, 2**63 - 1], got {dim!r}")
     effective = float(dim)
     if full_step_point is not None:
         ok = isinstance(full_step_point, torch.Tensor) and full_step_point.is_floating_point()
@@ -307,7 +309,11 @@ class ADADPController:
         two_half = self.half_step(state, params, delta_1).add_(delta_2, alpha=0.5 * lr)
         error = adadp_error(full, two_half)
         if not math.isfinite(error):
-            raise ValueError(f"ADADP error must be finite, got {error} (non-finite update?)")
+            raise ValueError(
+                f"ADADP error must be finite, got {error}: the noised updates or the parameters "
+                "are not finite (the model or its noise overflowed; lower clip-norm, "
+                "noise-multiplier or the learning rates)"
+            )
         if error == 0.0:
             factor = self.alpha_max
         else:

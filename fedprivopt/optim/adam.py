@@ -130,7 +130,8 @@ def adam(
     bias_correction = check_bool("bias_correction", bias_correction)
     if tau_placement not in ("corrected", "raw"):
         raise ValueError(f"tau_placement must be 'corrected' or 'raw', got {tau_placement!r}")
-    count_offset = check_int("count_offset", count_offset, low=0)
+    # at most int64's largest: 10**400 raised OverflowError in beta**t (a short API review)
+    count_offset = check_int("count_offset", count_offset, low=0, high=2**63 - 1)
 
     def init(params: torch.Tensor) -> AdamState:
         params = check_params(params)

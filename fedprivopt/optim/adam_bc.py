@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ._checks import (
+    check_in_dtype,
     check_noise_variance_spec,
     check_params,
     check_real,
@@ -135,6 +136,7 @@ def adam_bc(
 
     def init(params: torch.Tensor) -> AdamBCState:
         params = check_params(params)
+        check_in_dtype("gamma", gamma, params)
         zeros = torch.zeros_like(params)
         return AdamBCState(count=0, mu=zeros, nu=zeros.clone(), noise_ema=0.0, floor_fraction=0.0)
 
@@ -162,7 +164,11 @@ def adam_bc(
         # A floor below the dtype's smallest normal number rounds to 0 in it (gamma None
         # follows Phi, 1e-62 at sigma 1e-30): 0/0 where m and v are 0 made the model NaN
         # (eighteenth review of issue 15, finding 1); the smallest normal number is its floor.
-        floor = max(noise_ema if gamma is None else gamma * bc2, torch.finfo(nu.dtype).tiny)
+        # A floor beyond the dtype's largest number (Φ = (σC/m̄)² of 1e200 at clip-norm 1e100
+        # on float32; a short API review of issue 15) made clamp_ raise; the largest number is
+        # its ceiling (Δ̃ itself has overflowed there: the run reports divergence).
+        info = torch.finfo(nu.dtype)
+        floor = min(max(noise_ema if gamma is None else gamma * bc2, info.tiny), info.max)
         denom = nu.sub(noise_ema)
         floor_count = int(torch.count_nonzero(denom < floor))
         denom.clamp_(min=floor).sqrt_()

@@ -11,6 +11,7 @@ import torch
 
 from ._checks import (
     check_bool,
+    check_in_dtype,
     check_int,
     check_noise_variance_spec,
     check_params,
@@ -207,6 +208,7 @@ def dp2(
 
     def init(params: torch.Tensor) -> DP2State:
         params = check_params(params)
+        check_in_dtype("epsilon", eps, params)
         zeros = torch.zeros_like(params)
         return DP2State(
             count=0,

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import dp_accounting as dpa
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 
@@ -73,7 +73,7 @@ def _real(name: str, value: object, shown_range: str) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number in {shown_range}, got {value!r}")
-    return float(value)
+    return as_float(value)
 
 
 def check_delta(delta: float) -> float:
@@ -117,7 +117,20 @@ def merge_ledger(ledger: Iterable[tuple[SubsampledGaussianEvent, int]]) -> Ledge
     ``set_ledger``, a saved state) refuses a count that is not an integer.
     """
     out: list[tuple[SubsampledGaussianEvent, int]] = []
-    for i, (event, count) in enumerate(ledger):
+    if not isinstance(ledger, Iterable) or isinstance(ledger, (str, bytes)):
+        raise ValueError(
+            f"ledger must be a sequence of (SubsampledGaussianEvent, count) pairs, got "
+            f"{type(ledger).__name__}"
+        )
+    for i, item in enumerate(ledger):
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            # a short API review of issue 15: a string ledger ended in "not enough values to
+            # unpack", naming nothing
+            raise ValueError(
+                f"ledger[{i}] must be a (SubsampledGaussianEvent, count) pair, got "
+                f"{type(item).__name__}"
+            )
+        event, count = item
         if not isinstance(event, SubsampledGaussianEvent):
             raise ValueError(
                 f"ledger[{i}] must pair a SubsampledGaussianEvent with its count, got "
@@ -151,9 +164,12 @@ def check_ledger_count(count: int, rule: str) -> int:
     Sixteenth review of issue 15: counts of 10**400 (events, rounds, tree periods, tunings)
     ended in ``OverflowError`` where the accountants compose in float64.
     """
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+        # a short API review of issue 15: NaN, -1 and 2.5 were returned unchanged
+        raise ValueError(f"{rule}, got {shown(count)}")
     if count > MAX_LEDGER_COUNT:
         raise ValueError(f"{rule}, got {_digits(count)}")
-    return count
+    return int(count)
 
 
 def _digits(count: int) -> str:

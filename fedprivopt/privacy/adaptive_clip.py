@@ -33,6 +33,7 @@ Clipping", NeurIPS 2021.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.checks import as_float, check_int, check_real
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting_state import MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 
@@ -160,9 +162,12 @@ def adaptive_clip(
         return ClipState(c0)
 
     def update(fraction: float, state: ClipState) -> ClipState:
-        fraction = float(fraction)
-        if not math.isfinite(fraction):
-            raise ValueError(f"the released fraction must be finite, got {fraction}")
+        # a short API review of issue 15: "1", True and a tensor were read as 1, 10**400 raised
+        # OverflowError and a state that is no ClipState an AttributeError; the released
+        # fraction is noised, so any finite number is one
+        fraction = check_real("the released fraction", fraction)
+        if not isinstance(state, ClipState):
+            raise ValueError(f"state must be a ClipState, got {type(state).__name__}")
         exponent = min(max(-eta * (fraction - gamma), -700.0), 700.0)  # math.exp's range
         c = state.clip_norm * math.exp(exponent)
         return ClipState(min(max(c, MIN_CLIP_NORM), MAX_CLIP_NORM))  # inf becomes the maximum
@@ -176,8 +181,14 @@ def adaptive_clip(
 def clip_bit(norm: float, clip_norm: float) -> float:
     """``1.0`` when an update of L2 norm ``norm`` is not clipped at ``clip_norm``, else ``0.0``.
 
-    A diverged update (``norm`` NaN or Inf) counts as clipped.
+    A diverged update (``norm`` NaN or Inf) counts as clipped. A short API review of issue 15:
+    a negative norm counted as unclipped, a NaN, negative or zero ``clip_norm`` gave a bit, and
+    10**400 or a tensor raised ``OverflowError``/``RuntimeError``; ``ValueError`` now.
     """
+    clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)
+    if isinstance(norm, bool) or not isinstance(norm, numbers.Real) or norm < 0:
+        raise ValueError(f"norm must be a number >= 0 (NaN or inf: diverged), got {shown(norm)}")
+    norm = as_float(norm)
     return 1.0 if math.isfinite(norm) and norm <= clip_norm else 0.0
 
 

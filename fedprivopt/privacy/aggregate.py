@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import torch
 
 from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.devices import check_device
+from fedprivopt.core.memory import check_fits
 from fedprivopt.privacy.clip import (
     MIN_CLIP_NORM,
     clip_factor,
@@ -40,6 +42,7 @@ from fedprivopt.privacy.clip import (
     vector_norm_checked,
 )
 from fedprivopt.privacy.noise import gaussian_noise
+from fedprivopt.privacy.sampling import MAX_POPULATION
 from fedprivopt.privacy.sparse import (
     RowSparse,
     RowSparseBatch,
@@ -47,9 +50,16 @@ from fedprivopt.privacy.sparse import (
     segment_scale,
 )
 
-__all__ = ["AggregationResult", "NoisyMeanAggregator", "default_min_shares"]
+__all__ = ["MAX_SUM_NOISE_STD", "AggregationResult", "NoisyMeanAggregator", "default_min_shares"]
 
 NOISE_MODES = ("server", "distributed")
+
+#: Largest noise std ``σC`` on a round's sum (and ``σC/m̄`` on its mean; with adaptive clipping
+#: ``σ_Δ C``, checked by the strategy's configuration): its square, times up to the population
+#: (at most :data:`~fedprivopt.privacy.sampling.MAX_POPULATION` = 10**8; distributed noise
+#: scales the sum's variance by the accepted shares) or the 64 nodes of a tree release stays a
+#: float (1e300 * 1e8 < 1.8e308). Eleventh review of issue 15, finding 1.
+MAX_SUM_NOISE_STD = 1e150
 
 
 def default_min_shares(population: int, sample_rate: float, quantile: float = 0.01) -> int:
@@ -60,6 +70,11 @@ def default_min_shares(population: int, sample_rate: float, quantile: float = 0.
     """
     from scipy.stats import binom
 
+    # a short API review of issue 15: a population of 0 or True, a rate of True and a quantile
+    # of 1+0j or 0 were taken
+    population = check_int("population", population, 1, MAX_POPULATION)
+    sample_rate = check_real("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
+    quantile = check_real("quantile", quantile, low=0.0, high=1.0, low_open=True, high_open=True)
     return max(1, int(binom.ppf(quantile, population, sample_rate)))
 
 
@@ -79,6 +94,37 @@ def _prescaled(update, values: torch.Tensor, factor: float):
     else:
         scaled = update * scale
     return scaled, factor * math.ldexp(1.0, exponent)
+
+
+def _check_sum_noise(sum_noise: object, allowed: bool) -> None:
+    """``sum_noise`` as :meth:`NoisyMeanAggregator.aggregate` takes it: ``(tensor, variance)``.
+
+    A short API review of issue 15: a string, a list or a scalar tensor ended in
+    ``AttributeError`` or ``IndexError``.
+    """
+    if not allowed:
+        raise ValueError("sum_noise replaces the server noise of a private aggregation only")
+    ok = isinstance(sum_noise, tuple) and len(sum_noise) == 2
+    ok = ok and isinstance(sum_noise[0], torch.Tensor) and sum_noise[0].is_floating_point()
+    if not ok:
+        raise ValueError(
+            f"sum_noise must be a (floating tensor, variance) pair, got {type(sum_noise).__name__}"
+        )
+    check_real("sum_noise variance", sum_noise[1], low=0.0)
+
+
+def _pair(i: int, entry: object) -> tuple[int, object]:
+    """``(user, update)`` of ``updates[i]``, or ``ValueError``.
+
+    A short API review of issue 15: a bare tensor ended in "too many values to unpack", and a
+    user id of "u" was accepted (or raised from ``int()`` when its update was rejected).
+    """
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+        raise ValueError(
+            f"updates[{i}] must be a (user_id, update) pair or a RowSparseBatch, got "
+            f"{type(entry).__name__}"
+        )
+    return check_int(f"updates[{i}] user_id", entry[0]), entry[1]
 
 
 def _whole(values: torch.Tensor) -> torch.Tensor:
@@ -149,21 +195,28 @@ class NoisyMeanAggregator:
         noise_mode: str = "server",
         min_shares: int | None = None,
     ) -> None:
-        if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
-            raise ValueError(
-                f"noise_multiplier must be a finite number >= 0, got {noise_multiplier}"
-            )
+        noise_multiplier = check_real("noise_multiplier", noise_multiplier, low=0.0)
         if clip_norm is None:
             if noise_multiplier > 0:
                 raise ValueError("clip_norm must be a number > 0 when noise_multiplier > 0")
         else:
-            check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
-        if not (math.isfinite(expected_cohort_size) and expected_cohort_size > 0):
-            raise ValueError(f"expected_cohort_size must be > 0, got {expected_cohort_size}")
+            clip_norm = check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
+        expected_cohort_size = check_real(
+            "expected_cohort_size", expected_cohort_size, low=0.0, low_open=True
+        )
+        scale = noise_multiplier * max(1.0, 1.0 / expected_cohort_size)
+        if clip_norm is not None and scale > 0 and not clip_norm * scale <= MAX_SUM_NOISE_STD:
+            # a short API review of issue 15: clip_norm=1e300 overflowed squaring σC
+            raise ValueError(
+                f"clip_norm must be at most {MAX_SUM_NOISE_STD / scale:.6g} here: noise_multiplier"
+                f" * clip_norm / min(1, expected_cohort_size) must be at most "
+                f"{MAX_SUM_NOISE_STD:g} (the noise std of a sum and a mean), got "
+                f"{noise_multiplier:g} * {clip_norm:g} / min(1, {expected_cohort_size:g})"
+            )
         if noise_mode not in NOISE_MODES:
             raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {noise_mode!r}")
-        if noise_mode == "distributed":
-            min_shares = check_int("min_shares", min_shares, 1)
+        if noise_mode == "distributed":  # at most the largest population (a short API review)
+            min_shares = check_int("min_shares", min_shares, 1, MAX_POPULATION)
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_cohort_size = float(expected_cohort_size)
@@ -315,16 +368,22 @@ class NoisyMeanAggregator:
             draw, and its per-coordinate variance (tree aggregation,
             :class:`~fedprivopt.privacy.tree.TreeNoise`).
         """
-        if sum_noise is not None and (self.noise_mode != "server" or not self.private):
-            raise ValueError("sum_noise replaces the server noise of a private aggregation only")
+        if sum_noise is not None:
+            _check_sum_noise(sum_noise, self.noise_mode == "server" and self.private)
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        device = check_device(device)
+        dim = check_fits("dim", check_int("dim", dim, 1), dtype.itemsize, device)
         total = torch.zeros(dim, dtype=dtype, device=device)
         tally = _Tally()
         bound = self.accept_norm(dim)
-        for entry in updates:
+        if not isinstance(updates, Iterable):
+            raise ValueError(f"updates must be an iterable, got {type(updates).__name__}")
+        for i, entry in enumerate(updates):
             if isinstance(entry, RowSparseBatch):
                 self._add_batch(entry, total, tally, bound, dim, dtype)
                 continue
-            user, update = entry
+            user, update = _pair(i, entry)
             tally.received += 1
             reason = self._check(update, dim, dtype)
             if reason is not None:

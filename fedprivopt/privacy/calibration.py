@@ -16,7 +16,7 @@ from numbers import Real
 
 import dp_accounting as dpa
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.privacy.accounting import compose_epsilon, dpa_accountant
 from fedprivopt.privacy.accounting_state import (
     check_accountant,
@@ -29,6 +29,9 @@ from fedprivopt.privacy.pld_guard import PLDGridTooLargeError
 from fedprivopt.privacy.sampling import SamplingSpec
 
 __all__ = ["calibrate_noise_multiplier", "make_round_event"]
+
+#: The lower end of dp-accounting's bracket search (``LowerEndpointAndGuess(1e-3, 1.0)``).
+SEARCH_LOWEST_SIGMA = 1e-3
 
 _PLD_BRACKET_STEPS = 12  # σ_rdp · 0.75**k, k <= 12: down to ~σ_rdp / 30
 # The PRV search (Opacus' ``get_noise_multiplier``, bounded; see :func:`_calibrate_prv`).
@@ -54,6 +57,39 @@ def make_round_event(
     """
     spec = SamplingSpec(sampling, population, sample_rate=sample_rate, cohort_size=cohort_size)
     return spec.event(noise_multiplier)
+
+
+def bracketed_search(
+    search: Callable[[], float], eps_at: Callable[[float], float], target_epsilon: float
+) -> float:
+    """``search()``, a dp-accounting bracket search from :data:`SEARCH_LOWEST_SIGMA`, checked.
+
+    Where it finds no bracket, a ``ValueError`` naming ``target_epsilon``. dp-accounting raises
+    ``NoBracketIntervalFoundError`` (no ``ValueError``) when the target is met already at the
+    search's lowest σ, or by no σ within 2**30 of its guess. A short API review of issue 15:
+    ``calibrate_noise_multiplier`` and ``calibrate_tree`` at a target ε of 1e300 let it through.
+    ``eps_at(σ)`` says which of the two it was.
+    """
+    from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+
+    try:
+        return float(search())
+    except NoBracketIntervalFoundError:
+        pass
+    try:
+        lowest = eps_at(SEARCH_LOWEST_SIGMA)
+    except (ValueError, ArithmeticError):
+        lowest = math.inf
+    if lowest <= target_epsilon:
+        raise ValueError(
+            f"target_epsilon={target_epsilon:g} is met even at noise_multiplier="
+            f"{SEARCH_LOWEST_SIGMA:g}, the smallest the calibration searches (epsilon "
+            f"{lowest:.4g} there): no noise level is calibrated for it; lower target_epsilon"
+        ) from None
+    raise ValueError(
+        f"target_epsilon={target_epsilon:g} is not met by any noise_multiplier the calibration "
+        "searches (up to 2**30): raise target_epsilon or delta, or use fewer rounds"
+    ) from None
 
 
 def _calibrate_prv(
@@ -196,7 +232,7 @@ def calibrate_noise_multiplier(
     if (
         isinstance(target_epsilon, bool)
         or not isinstance(target_epsilon, Real)
-        or not (target_epsilon > 0 and math.isfinite(target_epsilon))
+        or not (target_epsilon > 0 and math.isfinite(as_float(target_epsilon)))
     ):
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
     target_epsilon = float(target_epsilon)
@@ -243,7 +279,11 @@ def calibrate_noise_multiplier(
             )
         )
 
-    sigma_rdp = search("rdp", dpa.LowerEndpointAndGuess(1e-3, 1.0))
+    sigma_rdp = bracketed_search(
+        lambda: search("rdp", dpa.LowerEndpointAndGuess(SEARCH_LOWEST_SIGMA, 1.0)),
+        lambda sigma: compose_epsilon([(event(sigma), steps)], delta),
+        target_epsilon,
+    )
     if accountant == "rdp":
         # dp-accounting's search composes its own RDP, whose value for a round at a huge σ
         # cancels to 0; compose_epsilon drops such orders (an upper bound), so check the result

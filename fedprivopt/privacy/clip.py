@@ -26,6 +26,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from fedprivopt.core.checks import as_float, check_int, check_real
+from fedprivopt.core.text import shown
+
 __all__ = [
     "MIN_CLIP_NORM",
     "ClipResult",
@@ -95,6 +98,7 @@ def l2_norm(vector: torch.Tensor) -> float:
     finite float64 entries whose norm exceeds the float range, and NaN/Inf for such entries.
     """
     _check_tensor(vector)
+    _check_real_data(vector)
     flat = vector.detach().reshape(-1)
     if flat.dtype == torch.float64:
         norm = float(torch.linalg.vector_norm(flat))
@@ -119,7 +123,8 @@ def norm_error_bound(numel: int) -> float:
     Also of :func:`~fedprivopt.privacy.sparse.segment_sq_norms`' square root: both accumulate
     squares in float64, whose sum of ``n`` non-negative terms is within ``(n-1)·2^-53``.
     """
-    return (numel + 16) * 2.0**-52
+    # a short API review of issue 15: NaN and -1 gave a NaN or negative bound
+    return (check_int("numel", numel, 0) + 16) * 2.0**-52
 
 
 _error_bound = norm_error_bound
@@ -137,6 +142,14 @@ def clip_factor(norm: float, clip_norm: float, dtype: torch.dtype = torch.float3
     float maximum, or a tiny ``C``) must be applied to an update first divided by a power of two
     (as the aggregator does), or use :func:`clip_l2`, which is exact at every magnitude.
     """
+    # a short API review of issue 15: a NaN norm gave a NaN factor, a negative one 1.0, a NaN
+    # or negative clip_norm a NaN or negative factor (a reflected update)
+    if not isinstance(norm, numbers.Real) or isinstance(norm, bool) or not norm >= 0:
+        raise ValueError(f"norm must be a number in [0, inf], got {shown(norm)}")
+    norm = as_float(norm)
+    clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype, got {shown(dtype)}")
     if norm <= clip_norm:
         return 1.0
     margin = 1.0 - 4.0 * torch.finfo(dtype).eps if dtype.is_floating_point else 1.0
@@ -278,6 +291,24 @@ def _check_tensor(vector: Any) -> None:
         raise ValueError(f"vector must be a torch.Tensor, got {type(vector).__name__}")
 
 
+def _check_real_data(vector: torch.Tensor) -> None:
+    """``ValueError`` unless ``vector`` holds real floating-point data (not on the meta device).
+
+    A short API review of issue 15: :func:`l2_norm` of an int, bool or complex tensor ended in
+    torch's ``RuntimeError``; int and complex tensors have no L2 ball of reals.
+    """
+    if vector.device.type == "meta":  # ninth review of issue 15: torch's RuntimeError
+        raise ValueError("vector must hold data, got a tensor on the meta device")
+    if not vector.dtype.is_floating_point:
+        raise ValueError(f"vector must have a real floating dtype, got {vector.dtype}")
+    if vector.layout is not torch.strided:  # sixth review of issue 15: torch's RuntimeError
+        raise ValueError(f"vector must be a dense (strided) tensor, got layout {vector.layout}")
+    if vector.dtype.itemsize < 2:  # float8: torch has no norm for it
+        raise ValueError(
+            f"vector must be float16, bfloat16, float32 or float64, got {vector.dtype}"
+        )
+
+
 def _real_clip_norm(clip_norm: Any) -> float:
     """``clip_norm`` as a float: a real number or a one-element real tensor, not str or bool."""
     if isinstance(clip_norm, torch.Tensor):
@@ -286,7 +317,7 @@ def _real_clip_norm(clip_norm: Any) -> float:
         if ok:
             return float(clip_norm)
     elif isinstance(clip_norm, numbers.Real) and not isinstance(clip_norm, (bool, np.bool_)):
-        return float(clip_norm)
+        return as_float(clip_norm)
     raise TypeError(f"clip_norm must be a real number, got {type(clip_norm).__name__}")
 
 
@@ -324,16 +355,7 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
     clip_norm = _real_clip_norm(clip_norm)
     if not (clip_norm > 0 and clip_norm < float("inf")):
         raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
-    if vector.device.type == "meta":  # ninth review of issue 15: torch's RuntimeError
-        raise ValueError("vector must hold data, got a tensor on the meta device")
-    if not vector.dtype.is_floating_point:  # int and complex tensors have no L2 ball of reals
-        raise ValueError(f"vector must have a real floating dtype, got {vector.dtype}")
-    if vector.layout is not torch.strided:  # sixth review of issue 15: torch's RuntimeError
-        raise ValueError(f"vector must be a dense (strided) tensor, got layout {vector.layout}")
-    if vector.dtype.itemsize < 2:  # float8: torch has no norm for it
-        raise ValueError(
-            f"vector must be float16, bfloat16, float32 or float64, got {vector.dtype}"
-        )
+    _check_real_data(vector)
     norm = vector_norm_checked(vector)
     err = _error_bound(vector.numel())
     if norm * (1.0 + err) <= clip_norm:

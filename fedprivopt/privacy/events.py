@@ -63,6 +63,20 @@ EVENT_KINDS = (*SAMPLING_KINDS, "tree")
 MIN_NOISE_MULTIPLIER = 1e-100
 
 
+def _finite(value: object) -> bool:
+    """Whether ``value`` is a real number (not a bool) that is a finite float.
+
+    A short API review of issue 15: an integer beyond float64 (10**400) raised
+    ``OverflowError`` from ``math.isfinite``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True)
 class SubsampledGaussianEvent:
     """One subsampled Gaussian release of the clipped sum of user updates.
@@ -103,12 +117,7 @@ class SubsampledGaussianEvent:
         # was kept unconverted (its event then could not be written as JSON), and the
         # constructors poisson()/fixed() took True and "0.5" through float(): every real
         # scalar but a bool is taken, as a float
-        if not (
-            isinstance(sigma, numbers.Real)
-            and not isinstance(sigma, bool)
-            and sigma >= 0
-            and math.isfinite(sigma)
-        ):
+        if not (_finite(sigma) and sigma >= 0):
             raise ValueError(f"noise_multiplier must be a finite number >= 0, got {sigma!r}")
         sigma = float(sigma)
         object.__setattr__(self, "noise_multiplier", sigma)
@@ -119,12 +128,7 @@ class SubsampledGaussianEvent:
             )
         count = self.count_noise_multiplier
         if count is not None:
-            if not (
-                isinstance(count, numbers.Real)
-                and not isinstance(count, bool)
-                and count > 0
-                and math.isfinite(count)
-            ):
+            if not (_finite(count) and count > 0):
                 raise ValueError(
                     f"count_noise_multiplier must be a finite number > 0, got {count!r}"
                 )
@@ -194,6 +198,7 @@ class SubsampledGaussianEvent:
     ) -> SubsampledGaussianEvent:
         """Gaussian on a cohort of exactly ``cohort_size`` users drawn without replacement."""
         population = check_int("population", population, 1)
+        cohort_size = check_int("cohort_size", cohort_size, 1, population, high_name="population")
         return cls(
             noise_multiplier,
             "fixed",
@@ -213,6 +218,7 @@ class SubsampledGaussianEvent:
         ``σC``. ``sample_rate`` is the share ``m/N`` of users a round holds (nothing is sampled).
         """
         population = check_int("population", population, 1)
+        cohort_size = check_int("cohort_size", cohort_size, 1, population, high_name="population")
         return cls(
             noise_multiplier,
             "tree",

@@ -37,6 +37,21 @@ class FlatSpec:
     dtypes: tuple[torch.dtype, ...]
     dtype: torch.dtype
 
+    def __post_init__(self) -> None:
+        # a short API review of issue 15: FlatSpec("a", 3, None, None) ended in a TypeError
+        # from unflatten; every field is checked when the spec is made
+        n = len(self.names) if isinstance(self.names, tuple) else -1
+        ok = n >= 0 and all(isinstance(name, str) for name in self.names)
+        ok = ok and isinstance(self.shapes, tuple) and len(self.shapes) == n
+        ok = ok and all(_is_shape(shape) for shape in self.shapes)
+        ok = ok and isinstance(self.dtypes, tuple) and len(self.dtypes) == n
+        ok = ok and all(isinstance(dt, torch.dtype) for dt in self.dtypes)
+        if not (ok and isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
+            raise ValueError(
+                "FlatSpec needs names (a tuple of str), shapes (a tuple of int tuples >= 0) and "
+                "dtypes (a tuple of torch.dtype) of one length, and a floating dtype"
+            )
+
     @property
     def sizes(self) -> tuple[int, ...]:
         """Number of elements of each tensor."""
@@ -57,6 +72,12 @@ class FlatSpec:
             )
 
 
+def _is_shape(shape: object) -> bool:
+    return isinstance(shape, tuple) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    )
+
+
 def flatten(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FlatSpec]:
     """Concatenate the tensors of ``state`` into one 1-D vector.
 
@@ -73,6 +94,8 @@ def flatten(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FlatSpec]:
     spec : FlatSpec
         What :func:`unflatten` needs to restore ``state``.
     """
+    if not isinstance(state, Mapping):  # an AttributeError before (a short API review)
+        raise ValueError(f"state must be a mapping of names to tensors, got {type(state).__name__}")
     if len(state) == 0:
         raise ValueError("state must contain at least one tensor")
     names, shapes, dtypes, parts = [], [], [], []
@@ -97,6 +120,8 @@ def unflatten(flat: torch.Tensor, spec: FlatSpec) -> dict[str, torch.Tensor]:
 
     Each tensor gets its original shape and dtype (integer entries are rounded to nearest).
     """
+    if not isinstance(spec, FlatSpec):  # an AttributeError before (a short API review)
+        raise ValueError(f"spec must be a FlatSpec, got {type(spec).__name__}")
     spec.check(flat)
     out: dict[str, torch.Tensor] = {}
     for name, shape, dt, chunk in zip(

@@ -40,7 +40,9 @@ import numbers
 import numpy as np
 import torch
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import as_float, check_int
+from fedprivopt.core.devices import check_device
+from fedprivopt.core.memory import check_fits
 from fedprivopt.privacy.rng import SecureGenerator
 
 __all__ = ["add_gaussian_noise", "gaussian_noise", "secure_gaussian_noise"]
@@ -58,10 +60,33 @@ def _check_std(std: float) -> float:
         ok = isinstance(std, numbers.Real) and not isinstance(std, (bool, np.bool_))
     if not ok:
         raise ValueError(f"std must be a finite number >= 0, got {std!r}")
-    std = float(std)
+    std = as_float(std)
     if not (std >= 0 and std < float("inf")):
         raise ValueError(f"std must be a finite number >= 0, got {std}")
     return std
+
+
+def _checked(
+    numel: object, std: object, generator: object, dtype: object, device: object
+) -> tuple[int, float, torch.device]:
+    """``(numel, std, device)`` of a noise draw, checked; ``ValueError`` naming what is wrong.
+
+    Fourteenth review of issue 15: an int64 vector ended in torch's NotImplementedError
+    ("normal_kernel_cpu" not implemented for 'Long') and a 2.5 ``numel`` was read as 2. A short
+    API review: :func:`secure_gaussian_noise` checked neither ``std`` (a negative one raised
+    torch's error, a NaN one drew NaN noise) nor ``numel``, and a ``numel`` of 10**12 reached
+    the allocator.
+    """
+    if not isinstance(generator, torch.Generator):
+        raise ValueError("generator must be a torch.Generator (global RNGs are never used)")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize >= 2):
+        raise ValueError(
+            f"dtype must be float16, bfloat16, float32 or float64 (Gaussian noise is real), "
+            f"got {dtype}"
+        )
+    device = generator.device if device is None else check_device(device)
+    numel = check_fits("numel", check_int("numel", numel, 0), dtype.itemsize, device)
+    return numel, _check_std(std), device
 
 
 def secure_gaussian_noise(
@@ -95,8 +120,8 @@ def secure_gaussian_noise(
     device : torch.device or str, optional
         Device of the result; defaults to the generator's device.
     """
-    device = generator.device if device is None else torch.device(device)
-    total = torch.zeros(int(numel), dtype=dtype, device=device)
+    numel, std, device = _checked(numel, std, generator, dtype, device)
+    total = torch.zeros(numel, dtype=dtype, device=device)
     if std == 0.0:
         return total
     torch.normal(0.0, std, size=(1, 1), generator=generator, dtype=dtype, device=device)
@@ -136,23 +161,14 @@ def gaussian_noise(
         :class:`~fedprivopt.privacy.rng.RngFactory`), so seeded runs keep their one-draw,
         bit-reproducible noise.
     """
-    if not isinstance(generator, torch.Generator):
-        raise ValueError("generator must be a torch.Generator (global RNGs are never used)")
-    numel = check_int("numel", numel, 0)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize >= 2):
-        # fourteenth review of issue 15: an int64 vector ended in torch's NotImplementedError
-        # ("normal_kernel_cpu" not implemented for 'Long'); a 2.5 numel was read as 2
-        raise ValueError(
-            f"dtype must be float16, bfloat16, float32 or float64 (Gaussian noise is real), "
-            f"got {dtype}"
-        )
-    std = _check_std(std)
     if secure is None:
         secure = isinstance(generator, SecureGenerator)
+    elif not isinstance(secure, bool):  # a short API review of issue 15: any object was taken
+        raise ValueError(f"secure must be true, false or None, got {secure!r}")
     if secure:
         return secure_gaussian_noise(numel, std, generator=generator, dtype=dtype, device=device)
-    device = generator.device if device is None else torch.device(device)
-    out = torch.empty(int(numel), dtype=dtype, device=device)
+    numel, std, device = _checked(numel, std, generator, dtype, device)
+    out = torch.empty(numel, dtype=dtype, device=device)
     if std == 0.0:
         return out.zero_()
     return out.normal_(0.0, std, generator=generator)
@@ -165,6 +181,8 @@ def add_gaussian_noise(
 
     ``secure`` is as for :func:`gaussian_noise`.
     """
+    if not isinstance(vector, torch.Tensor):  # an AttributeError before (a short API review)
+        raise ValueError(f"vector must be a torch.Tensor, got {type(vector).__name__}")
     noise = gaussian_noise(
         vector.numel(),
         std,

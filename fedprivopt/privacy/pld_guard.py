@@ -29,6 +29,7 @@ from scipy import special
 
 from fedprivopt.privacy.accounting_state import (
     Ledger,
+    check_delta,
     check_pld_discretization,
     gib,
     merge_ledger,
@@ -211,8 +212,12 @@ def pld_epsilon(ledger: Ledger, delta: float, h: float) -> float:
 
     Composes exactly as ``PLDAccountant`` does (identity, then for every ``(event, count)``
     ``from_gaussian_mechanism(...).self_compose(count)`` composed in), with a size check before
-    each allocation.
+    each allocation. ``delta`` and ``h`` are checked as :func:`compose_epsilon` checks them (a
+    short API review of issue 15: δ of inf, 2 or NaN gave ε 0 or NaN, and ``h`` of inf or 1e300
+    an ``IndexError`` or ``OverflowError``).
     """
+    delta = check_delta(delta)
+    h = check_pld_discretization(h)
     total = pld_dist.identity(value_discretization_interval=h)
     size = 1
     for event, count in ledger:

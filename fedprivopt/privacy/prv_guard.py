@@ -19,7 +19,13 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from fedprivopt.privacy.accounting_state import Ledger, check_delta, gib, merge_ledger
+from fedprivopt.privacy.accounting_state import (
+    Ledger,
+    check_delta,
+    check_prv_eps_error,
+    gib,
+    merge_ledger,
+)
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 
 __all__ = [
@@ -79,10 +85,11 @@ def prv_domain_points(
         compute_safe_domain_size,
     )
 
+    eps_error = check_prv_eps_error(eps_error)  # 5.0 was taken (short API review of issue 15)
+    delta_error = check_delta(delta) / 1000
     ledger = merge_ledger(ledger)
     if not ledger:
         return 0.0
-    delta_error = check_delta(delta) / 1000
     if delta_error == 0:  # 5e-324: Opacus' mesh divides by it (ZeroDivisionError before)
         raise ValueError(
             f"delta must be at least {1000 * 5e-324:g} for the prv accountant (its error budget "
@@ -125,6 +132,7 @@ def prv_epsilon(ledger: Ledger, delta: float, eps_error: float) -> float:
 
     from opacus.accountants import PRVAccountant
 
+    delta, eps_error = check_delta(delta), check_prv_eps_error(eps_error)
     check_prv_ledger(ledger, delta, eps_error)
     acc = PRVAccountant()
     acc.history = _prv_history(ledger)

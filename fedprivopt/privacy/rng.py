@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import check_bool, check_int
+from fedprivopt.core.devices import check_device
 
 __all__ = ["RngFactory", "SecureGenerator", "derive_seed"]
 
@@ -85,6 +86,7 @@ class RngFactory:
     secure: bool = False
 
     def __post_init__(self) -> None:
+        check_bool("secure", self.secure)  # a tensor raised torch's RuntimeError (API review)
         if self.secure:
             if self.seed is not None:
                 raise ValueError(
@@ -100,9 +102,14 @@ class RngFactory:
 
         In secure mode a fresh seed is drawn from the operating system on every call.
         """
+        # a short API review of issue 15: inf raised OverflowError, NaN a ValueError naming
+        # nothing, and 1.5 or True gave round 1's stream
+        round_num = check_int("round_num", round_num, 0)
+        if not isinstance(purpose, str):  # None, [1] or 1.5 were keyed as their text
+            raise ValueError(f"purpose must be a str, got {type(purpose).__name__}")
         if self.secure:
             return secrets.randbits(63)
-        return derive_seed(int(self.seed or 0), int(round_num), str(purpose), *extra)
+        return derive_seed(int(self.seed or 0), round_num, str(purpose), *extra)
 
     def generator(
         self,
@@ -126,6 +133,6 @@ class RngFactory:
             different streams on different device types.
         """
         kind = SecureGenerator if self.secure else torch.Generator
-        gen = kind(device=torch.device(device))
+        gen = kind(device=check_device(device))
         gen.manual_seed(self.seed_for(round_num, purpose, *extra))
         return gen

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = [
@@ -136,6 +136,15 @@ class FixedSizeSampler:
         return torch.sort(perm[: self.cohort_size]).values
 
 
+def _cohort(cohort_size: object, population: int) -> int:
+    """``cohort_size`` checked against ``population`` before a rate is computed from it.
+
+    A short API review of issue 15: ``cohort_size=10**400`` raised "integer division result
+    too large for a float".
+    """
+    return check_int("cohort_size", cohort_size, 1, population, high_name="population")
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     """How a round picks its users: one value that builds the sampler and its privacy event.
@@ -168,8 +177,8 @@ class SamplingSpec:
             # (calibrate_noise_multiplier(sample_rate=0.5, population=100, cohort_size=10)
             # calibrated q = 0.5; with sampling "fixed" the sample_rate was ignored)
             population = check_int("population", self.population, 1, MAX_POPULATION)
-            implied = self.cohort_size / population
-            if not math.isclose(float(self.sample_rate), implied, rel_tol=1e-12):
+            implied = _cohort(self.cohort_size, population) / population
+            if not math.isclose(as_float(self.sample_rate), implied, rel_tol=1e-12):
                 raise ValueError(
                     f"sample_rate={self.sample_rate!r} disagrees with cohort_size/population = "
                     f"{self.cohort_size}/{population} = {implied:g}; give one of them"
@@ -186,7 +195,8 @@ class SamplingSpec:
                         "poisson sampling needs sample_rate (or population and cohort_size)"
                     )
                 population = check_int("population", self.population, 1, MAX_POPULATION)
-                object.__setattr__(self, "sample_rate", self.cohort_size / population)
+                cohort = _cohort(self.cohort_size, population)
+                object.__setattr__(self, "sample_rate", cohort / population)
         elif self.kind == "fixed":
             if self.population is None or self.cohort_size is None:
                 raise ValueError("fixed sampling needs population and cohort_size")

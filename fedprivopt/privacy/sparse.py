@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fedprivopt.core.checks import check_int
+
 __all__ = [
     "RowSparse",
     "RowSparseBatch",
@@ -45,6 +47,13 @@ class RowSparse:
     rows: torch.Tensor
     values: torch.Tensor
     length: int
+
+    def __post_init__(self) -> None:
+        # a short API review of issue 15: a length of "6" or 6.5 was read as 6 and None or NaN
+        # raised from int() inside the aggregator; a layout that does not fit the model is the
+        # aggregator's to reject (:meth:`problem`)
+        _check_tensors(rows=self.rows, values=self.values)
+        object.__setattr__(self, "length", check_int("length", self.length, 0))
 
     @property
     def width(self) -> int:
@@ -83,6 +92,42 @@ class RowSparse:
         return RowSparse(self.rows.to(device), self.values.to(device), self.length)
 
 
+def _check_tensors(**tensors: object) -> None:
+    """``ValueError`` naming the first argument that is not a ``torch.Tensor``."""
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def _check_segments(values: object, row_ptr: object) -> None:
+    """``ValueError`` unless ``row_ptr`` cuts the rows of the 2-D float ``values`` in segments.
+
+    A short API review of issue 15: a list ended in ``AttributeError``, and offsets past the
+    rows in torch's ``RuntimeError`` ("allocated size does not match required size").
+    """
+    _check_tensors(values=values, row_ptr=row_ptr)
+    if values.dim() != 2 or not values.dtype.is_floating_point:
+        raise ValueError(
+            f"values must be a floating (rows, width) tensor, got {values.dtype} of shape "
+            f"{tuple(values.shape)}"
+        )
+    _check_counts("row_ptr", row_ptr, int(values.shape[0]), offsets=True)
+
+
+def _check_counts(name: str, counts: torch.Tensor, rows: int, *, offsets: bool) -> None:
+    """``counts`` (or, with ``offsets``, the offsets ``0 … rows``) of segments of ``rows`` rows."""
+    ok = counts.dtype == torch.int64 and counts.dim() == 1
+    if ok and offsets:
+        ok = counts.numel() >= 1 and int(counts[0]) == 0 and int(counts[-1]) == rows
+        steps = counts[1:] - counts[:-1]
+    else:
+        steps = counts
+        ok = ok and int(counts.sum()) == rows
+    if not (ok and not bool((steps < 0).any())):
+        what = "offsets from 0 to" if offsets else "non-negative counts summing to"
+        raise ValueError(f"{name} must be an int64 1-D tensor of {what} the {rows} rows")
+
+
 def _layout_problem(
     rows: object, values: object, length: int, dim: int, dtype: torch.dtype
 ) -> str | None:
@@ -91,7 +136,7 @@ def _layout_problem(
         return "row-sparse update without tensors"
     if values.dim() != 2 or values.shape[1] < 1:
         return f"row-sparse values of shape {tuple(values.shape)} (expected (rows, width))"
-    if int(length) != dim:
+    if length != dim:
         return f"row-sparse length {length} != {dim}"
     if dim % values.shape[1]:
         return f"row width {values.shape[1]} does not divide the model length {dim}"
@@ -144,6 +189,7 @@ def segment_sq_norms(values: torch.Tensor, row_ptr: torch.Tensor) -> torch.Tenso
     2.8e-5 relative on a 2M-wide row, more than the margin: a re-clipped update exceeded ``C``.)
     NaN or Inf entries (or squares that overflow) give a non-finite result for their segment.
     """
+    _check_segments(values, row_ptr)
     rows = int(values.shape[0])
     counts = (row_ptr[1:] - row_ptr[:-1]).to(values.device)
     out = torch.zeros(counts.numel(), dtype=torch.float64, device=values.device)
@@ -190,11 +236,22 @@ class RowSparseBatch:
     length: int
     norms: tuple[float, ...] | None = None
 
+    def __post_init__(self) -> None:
+        # a short API review of issue 15: users of None or "ab" raised from int() inside the
+        # aggregator; offsets that do not fit are the aggregator's to reject (:meth:`problem`)
+        _check_tensors(rows=self.rows, values=self.values, row_ptr=self.row_ptr)
+        if not isinstance(self.users, (tuple, list)):
+            raise ValueError(f"users must be a tuple of int, got {type(self.users).__name__}")
+        users = tuple(check_int(f"users[{i}]", u) for i, u in enumerate(self.users))
+        object.__setattr__(self, "users", users)
+        object.__setattr__(self, "length", check_int("length", self.length, 0))
+
     def __len__(self) -> int:
         return len(self.users)
 
     def update(self, i: int) -> RowSparse:
         """User ``users[i]``'s update (views into the batch's tensors)."""
+        i = check_int("i", i, 0, len(self.users) - 1)  # an IndexError before (API review)
         a, b = int(self.row_ptr[i]), int(self.row_ptr[i + 1])
         return RowSparse(self.rows[a:b], self.values[a:b], self.length)
 
@@ -277,6 +334,10 @@ def segment_scale(factors: list[float], counts: torch.Tensor, like: torch.Tensor
     In ``like``'s dtype: a Python float multiplies a float32 tensor in float32 too, so each
     segment is scaled exactly as a lone ``update * factor`` would be.
     """
+    _check_tensors(counts=counts, like=like)
+    _check_counts("counts", counts, int(like.shape[0]) if like.dim() else -1, offsets=False)
+    if len(factors) != counts.numel():
+        raise ValueError(f"factors must hold one factor per segment ({counts.numel()})")
     column = torch.repeat_interleave(
         torch.tensor(factors, dtype=like.dtype), counts.cpu(), output_size=int(like.shape[0])
     )

@@ -46,6 +46,8 @@ from typing import Any
 import torch
 
 from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.devices import check_device
+from fedprivopt.core.memory import check_fits
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
@@ -66,6 +68,9 @@ __all__ = [
 
 #: Values of ``noise-mechanism``: a fresh Gaussian on every round's sum, or tree aggregation.
 NOISE_MECHANISMS = ("gaussian", "tree")
+
+#: Nudges of :func:`calibrate_tree` (relative steps 1e-9 · 2**k: the last multiplies σ by ~10**4).
+_NUDGES = 44
 
 
 def tree_position(round_num: int, restart_rounds: int) -> tuple[int, int]:
@@ -122,6 +127,7 @@ def calibrate_tree(
 
     from fedprivopt.privacy.accounting import compose_epsilon
     from fedprivopt.privacy.accounting_state import check_delta, check_ledger_count
+    from fedprivopt.privacy.calibration import SEARCH_LOWEST_SIGMA, bracketed_search
     from fedprivopt.privacy.events import SubsampledGaussianEvent
 
     target_epsilon = check_real("target_epsilon", target_epsilon, low=0.0, low_open=True)
@@ -141,19 +147,36 @@ def calibrate_tree(
             restart_rounds=restart_rounds,
         )
 
-    sigma = float(
-        dpa.calibrate_dp_mechanism(
+    def eps_at(sigma: float) -> float:
+        return compose_epsilon([(event(sigma), periods)], delta)
+
+    sigma = bracketed_search(
+        lambda: dpa.calibrate_dp_mechanism(
             lambda: rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_SPECIAL),
             lambda s: dpa.SelfComposedDpEvent(event(s).to_dp_event(), periods),
             target_epsilon,
             delta,
-            bracket_interval=dpa.LowerEndpointAndGuess(1e-3, 1.0),
+            bracket_interval=dpa.LowerEndpointAndGuess(SEARCH_LOWEST_SIGMA, 1.0),
             tol=1e-7,
-        )
+        ),
+        eps_at,
+        target_epsilon,
     )
-    while compose_epsilon([(event(sigma), periods)], delta) > target_epsilon:
-        sigma *= 1 + 1e-9
-    return sigma
+    # Nudge up by steps that double from 1e-9 (relative): a short API review of issue 15 found
+    # steps of a fixed 1e-9 running on for minutes (rounds=10**12 with restart_rounds=1), and
+    # forever where compose_epsilon's ε stays above the target at every σ (a target of 1e-300,
+    # below what RDP of a round within rounding of 0 shows).
+    step = 1e-9
+    for _ in range(_NUDGES):
+        spent = eps_at(sigma)
+        if spent <= target_epsilon:
+            return sigma
+        sigma, step = sigma * (1 + step), step * 2
+    raise ValueError(
+        f"target_epsilon={target_epsilon:g} is not reached: at the noise_multiplier {sigma:.5g} "
+        f"the epsilon that can be shown is {spent:.4g} (the RDP of a period is within rounding "
+        "of 0); raise target_epsilon or delta, or use fewer rounds"
+    )
 
 
 class TreeNoise:
@@ -188,9 +211,11 @@ class TreeNoise:
         self.std = check_real("std", std, low=0.0, low_open=True)
         self.restart_rounds = check_int("restart_rounds", restart_rounds, 1)
         self.rngs = rngs
-        self.dim = check_int("dim", dim, 1)
         self.dtype = dtype
-        self.device = torch.device(device)
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"dtype must be a floating torch.dtype, got {shown(dtype)}")
+        self.device = check_device(device)
+        self.dim = check_fits("dim", check_int("dim", dim, 1), dtype.itemsize, self.device)
         self.round_num = 0
         self._nodes: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -407,7 +432,15 @@ class TreeCohorts:
         order = self.order(period)
         ok = self.ledger.eligible(period)
         if available is not None:
-            ok = ok & available
+            # a short API review of issue 15: a float tensor or a number ended in torch's
+            # NotImplementedError, and True was taken as every user
+            shape_ok = isinstance(available, torch.Tensor) and available.shape == ok.shape
+            if not (shape_ok and available.dtype == torch.bool):
+                raise ValueError(
+                    f"available must be a bool tensor with one entry per user ({ok.numel()}), "
+                    f"got {shown(available)}"
+                )
+            ok = ok & available.to(ok.device)
         chosen = order[ok[order]][: self.cohort_size]
         users = sorted(int(u) for u in chosen)
         self.ledger.check_in(period, users)

@@ -38,6 +38,7 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting import dp_event, rdp
 
+from fedprivopt.core.checks import as_float
 from fedprivopt.privacy.accounting import event_rdp
 from fedprivopt.privacy.accounting_state import (
     Ledger,
@@ -95,7 +96,9 @@ def _tnb_mean(gamma: float, shape: float) -> float:
     if gamma >= 1.0:
         return 1.0
     log_gamma = math.log(gamma)
-    if shape == 0.0:
+    if abs(shape * log_gamma) < 1e-300:
+        # η = 0, or an η so small that 1 − γ^η underflows (η = 5e-324 divided by zero: a short
+        # API review of issue 15); its limit (1 − γ^η)/η → −log γ is then exact to ~1e-300
         return (1.0 - gamma) / (gamma * -log_gamma)
     # η (1 − γ) / (γ (1 − γ^η)) with 1 − γ^η = −expm1(η log γ)
     return shape * (1.0 - gamma) / (gamma * -math.expm1(shape * log_gamma))
@@ -161,7 +164,7 @@ class TrialCount:
         # every real scalar is taken (numpy's too), bools and strings are not
         if isinstance(mean, (bool, np.bool_)) or not isinstance(mean, numbers.Real):
             raise ValueError(f"mean must be a number in [1, {MAX_MEAN_TRIALS:g}], got {mean!r}")
-        if not (1.0 <= float(mean) <= MAX_MEAN_TRIALS):
+        if not (1.0 <= as_float(mean) <= MAX_MEAN_TRIALS):
             raise ValueError(f"mean must be in [1, {MAX_MEAN_TRIALS:g}], got {mean!r}")
         object.__setattr__(self, "mean", float(mean))
         if self.distribution == "poisson":
@@ -171,7 +174,7 @@ class TrialCount:
         shape = 1.0 if self.shape is None else self.shape
         if isinstance(shape, (bool, np.bool_)) or not isinstance(shape, numbers.Real):
             raise ValueError(f"shape must be a number in [0, {MAX_SHAPE:g}], got {shape!r}")
-        if not (0.0 <= float(shape) <= MAX_SHAPE):
+        if not (0.0 <= as_float(shape) <= MAX_SHAPE):
             raise ValueError(f"shape must be in [0, {MAX_SHAPE:g}], got {shape!r}")
         object.__setattr__(self, "shape", float(shape))
         exponent = _log_z_exponent(float(shape), float(mean))
@@ -299,6 +302,8 @@ def tuning_dp_event(
     ledger: Iterable[tuple[SubsampledGaussianEvent, int]], trials: TrialCount
 ) -> dp_event.RepeatAndSelectDpEvent:
     """``RepeatAndSelectDpEvent`` of one run's ledger under the trial count ``trials``."""
+    if not isinstance(trials, TrialCount):  # an AttributeError before (a short API review)
+        raise ValueError(f"trials must be a TrialCount, got {type(trials).__name__}")
     return dp_event.RepeatAndSelectDpEvent(run_dp_event(ledger), trials.mean, trials.dp_shape)
 
 
@@ -317,6 +322,7 @@ def tuning_epsilon(
     """
     delta = check_delta(delta)
     merged = merge_ledger(ledger)
+    tuning_dp_event(merged, trials)  # checks trials before any early return
     if any(event.noise_multiplier == 0 for event, _ in merged):
         return math.inf
     orders = _precise_orders(merged, orders)

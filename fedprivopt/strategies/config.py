@@ -15,9 +15,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fedprivopt.core.local import MAX_EPOCHS
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting_state import ACCOUNTANTS, MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.adaptive_clip import default_count_stddev, update_noise_multiplier
-from fedprivopt.privacy.aggregate import NOISE_MODES
+from fedprivopt.privacy.aggregate import MAX_SUM_NOISE_STD, NOISE_MODES
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.events import SAMPLING_KINDS
 from fedprivopt.privacy.sampling import MAX_POPULATION
@@ -54,11 +55,6 @@ _BLOCK_RULES = {
     key_of(name): rule for block in BLOCKS.values() for name, rule in rules_of(block).items()
 }
 _EVERY_BLOCK_KEY = frozenset(_BLOCK_RULES)
-#: Largest noise std ``σ_Δ C max(1, 1/m̄)`` of a round's sum (and mean): its square times the
-#: population (at most :data:`~fedprivopt.privacy.sampling.MAX_POPULATION` = 10**8; distributed
-#: noise scales the sum's variance by the accepted shares) or the 64 nodes of a tree release
-#: stays a float (1e300 * 1e8 < 1.8e308). Eleventh review of issue 15, finding 1.
-MAX_SUM_NOISE_STD = 1e150
 
 
 @dataclass(frozen=True)
@@ -291,7 +287,7 @@ class StrategyConfig:
                     raise ValueError(
                         f"{key_of(name)} applies only with noise-mode 'distributed'; with "
                         f"noise-mode {self.noise_mode!r} it must be unset or its default "
-                        f"{default:g}, got {value:g}"
+                        f"{default:g}, got {shown(value)}"
                     )
         elif self.min_shares > self.population:
             raise ValueError(

@@ -23,11 +23,16 @@ from typing import Any
 import torch
 
 from fedprivopt import optim
-from fedprivopt.core.checks import check_real
+from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant
-from fedprivopt.privacy.aggregate import NoisyMeanAggregator, default_min_shares
+from fedprivopt.privacy.aggregate import (
+    AggregationResult,
+    NoisyMeanAggregator,
+    default_min_shares,
+)
+from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
@@ -261,6 +266,8 @@ class ServerAlgorithm:
         event = self.round_event()
         if event is None:
             return []
+        if round_num is not None:  # NaN and -1 were taken (a short API review of issue 15)
+            round_num = check_int("round_num", round_num, 1)
         if self.tree_noise is not None and round_num is not None:
             if tree_position(round_num, self.config.restart_rounds)[1] != 1:
                 return []
@@ -268,6 +275,7 @@ class ServerAlgorithm:
 
     def events_through(self, round_num: int) -> int:
         """How many events rounds ``1 .. round_num`` release together."""
+        round_num = check_int("round_num", round_num, 0)  # -1 and NaN were taken (API review)
         if not self.config.private:
             return 0
         if self.tree_noise is not None:
@@ -367,7 +375,11 @@ class ServerAlgorithm:
         bit is rejected as a whole, and the cohort's noised count is kept for :meth:`_finish`
         (:meth:`_count`).
         """
-        if clip_norm is None and self.config.adaptive:
+        if clip_norm is not None:
+            # a short API review of issue 15: True and 1+0j equal a configured C of 1 and were
+            # taken; 1e300 overflowed squaring the noise std (now refused by the aggregator)
+            clip_norm = check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
+        elif self.config.adaptive:
             clip_norm = self.current_clip_norm()
         aggregator = self.aggregator
         if clip_norm is not None and aggregator.private and clip_norm != aggregator.clip_norm:
@@ -425,6 +437,8 @@ class ServerAlgorithm:
         nothing new, but the contract is that Δ̃ is the only data-dependent input of the server
         optimizer; the rest is public configuration.
         """
+        if not isinstance(agg, AggregationResult):  # an AttributeError before (API review)
+            raise ValueError(f"agg must be an AggregationResult, got {type(agg).__name__}")
         if self.tree_noise is not None or self.config.noise_mode != "distributed":
             return agg.noise_std
         if not self.aggregator.private:
@@ -547,6 +561,12 @@ class ServerAlgorithm:
         and so must :attr:`user_offset` and the side information (checkpoints written before
         these were recorded are not checked for them).
         """
+        if not (isinstance(state, Mapping) and isinstance(state.get("config"), Mapping)):
+            # a short API review of issue 15: a scalar or a tensor ended in IndexError
+            raise ValueError(
+                f"state must be a mapping made by state_dict() (with its 'config'), got "
+                f"{type(state).__name__}"
+            )
         saved = StrategyConfig.from_mapping(state["config"])
         saved = replace(saved, num_server_rounds=self.config.num_server_rounds)
         if saved != self.config:

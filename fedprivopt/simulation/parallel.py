@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.memory import physical_memory
 from fedprivopt.simulation.cells import REUSE, Cell, CellPlan, run_cell, task_key
 
 __all__ = ["JOB_MEMORY", "MAX_JOBS", "check_jobs", "check_parallel", "physical_memory", "run_plans"]
@@ -54,14 +55,6 @@ _TASKS: dict[tuple[str, str], Any] = {}  # a worker's tasks, by task and paramet
 JOB_MEMORY = 256 * 2**20
 """Memory a ``--jobs`` worker holds at least: a process with torch and its own tasks (220 MB
 measured for the toy task; StackOverflow tasks hold more)."""
-
-
-def physical_memory() -> int:
-    """Bytes of physical memory of this machine (``0`` where it cannot be read)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):  # pragma: no cover - not POSIX
-        return 0
 
 
 def check_jobs(jobs: int) -> None:

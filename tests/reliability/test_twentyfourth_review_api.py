@@ -60,33 +60,16 @@ samplers, adaptive clipping, the transforms' ``update``, the server algorithm) f
 from __future__ import annotations
 
 import math
-import signal
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from tests.reliability.test_fuzz_readers import alarm
 
 EVENT = SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.0)
 NAN, INF = float("nan"), float("inf")
-
-
-@contextmanager
-def ends_within(seconds: int):
-    """Fail (instead of hanging the suite) if the block runs longer than ``seconds``."""
-
-    def expired(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("delta", [INF, 2.0, NAN, 0.0])
@@ -134,7 +117,7 @@ def test_6_calibrate_tree_refuses_1e300_and_ends_on_extreme_rounds_and_targets()
     with pytest.raises(ValueError, match=r"target_epsilon=1e\+300 is met even at"):
         calibrate_tree(1e300, 1e-5, restart_rounds=10, rounds=10)
     for target, restart, rounds in [(8.0, 1, 10**12), (1e-300, 10, 10)]:
-        with ends_within(60):  # before: ran on (a fixed nudge of 1e-9 per step)
+        with alarm(60):  # before: ran on (a fixed nudge of 1e-9 per step)
             sigma = calibrate_tree(target, 1e-5, restart_rounds=restart, rounds=rounds)
         event = SubsampledGaussianEvent.tree(
             population=1, cohort_size=1, noise_multiplier=sigma, restart_rounds=restart

@@ -91,6 +91,27 @@ class RunOutcome:
     """The first round whose evaluation or model was not finite (``summary.json``'s key)."""
 
 
+def _run_dir_argument(name: str, value: object) -> Path:
+    """A run directory given to :func:`simulate` or :func:`resume`, as a ``Path``.
+
+    Twenty-fifth review of issue 15, finding 14: ``simulate(config, "")`` wrote the run into the
+    working directory and ``resume("")`` resumed it (the command line refuses ``--out ""`` and
+    ``--resume ""``; the functions did not), and ``None`` or ``5`` raised ``os.fspath``'s
+    ``TypeError`` naming nothing.
+    """
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ValueError(f"{name} must be a non-empty path, got {value!r}"[:200])
+    return Path(value)
+
+
+def _check_config(config: object) -> None:
+    if not isinstance(config, RunConfig):
+        raise ValueError(
+            f"config must be a RunConfig (simulation.config.load_config), got "
+            f"{type(config).__name__}"
+        )
+
+
 def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, ServerAlgorithm]:
     """Build the task and the server algorithm; raises ``ValueError`` on inconsistent settings.
 
@@ -103,6 +124,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
     ids ``0 .. N-k-1`` map to the task's users ``k .. N-1`` (``ServerAlgorithm.user_offset``), so
     the public users are never sampled, accounted or trained on privately, on every engine.
     """
+    _check_config(config)
     if task is None:
         task = build_task(config.task, **config.task_params)
     elif not is_reference(config.task) and getattr(task, "name", config.task) != config.task:
@@ -232,6 +254,8 @@ def simulate(
     directory is locked for the whole run; a start that fails before its first released round
     leaves nothing behind (see :class:`~fedprivopt.simulation.rundir.NewRunDir`).
     """
+    out_dir = _run_dir_argument("out_dir", out_dir)
+    _check_config(config)
     check_task_dirs_outside(config, out_dir)
     task, alg = build_run(config, task)
     check_flower_resources(config)  # before anything is written or Ray starts
@@ -307,7 +331,7 @@ def resume(
     ``checkpoint.pt.bad``, so the good previous one is kept until the next checkpoint replaces
     it.
     """
-    out = Path(out_dir)
+    out = _run_dir_argument("out_dir", out_dir)
     check_run_files(out)  # a FIFO or device would hang or be read until memory runs out
     if not (out / CONFIG_FILE).is_file():
         raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")

@@ -82,6 +82,11 @@
 13. A SuperNode's ``--node-config "partition-id=1.9 num-partitions=2.5"`` (also ``"1"``, ``true``)
    went through ``int()``: the node hosted partition 1 of 2 without a word
    (``clients.hosted_users``, ``wire.hosted_users``). Now a ``ValueError`` naming the key.
+14. ``simulation.run.simulate(config, "")`` (Python API) wrote the run into the working
+   directory and ``resume("")`` resumed whatever run was there (the command line refuses
+   ``--out ""`` and ``--resume ""`` since the first reviews; the functions did not); ``None``
+   or ``5`` raised ``os.fspath``'s ``TypeError`` and a config dict an ``AttributeError``. Now a
+   ``ValueError`` naming ``out_dir`` or ``config``, before anything is written.
 """
 
 from __future__ import annotations
@@ -477,3 +482,21 @@ def test_13_node_partition_keys_are_integers(partition, parts):
     with pytest.raises(ValueError, match=r"^(partition-id|num-partitions) must be an integer"):
         wire.hosted_users(partition, parts, 10)
     assert wire.hosted_users(1, 3, 10) == [1, 4, 7]
+
+
+@pytest.mark.parametrize("out", ["", None, 5])
+def test_14_simulate_and_resume_need_a_path(tmp_path, monkeypatch, out):
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import resume, simulate
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(str(TOY), {"num-server-rounds": 1})
+    with pytest.raises(ValueError, match=r"^out_dir must be a non-empty path"):
+        simulate(config, out)
+    assert list(tmp_path.iterdir()) == []
+    simulate(config, tmp_path / "run")
+    monkeypatch.chdir(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"^out_dir must be a non-empty path"):
+        resume(out)
+    with pytest.raises(ValueError, match=r"^config must be a RunConfig"):
+        simulate({"task": "toy"}, tmp_path / "other")

@@ -439,6 +439,8 @@ class ServerAlgorithm:
         """
         if not isinstance(agg, AggregationResult):  # an AttributeError before (API review)
             raise ValueError(f"agg must be an AggregationResult, got {type(agg).__name__}")
+        if clip_norm is not None:  # ignored unchecked in server mode before (API review)
+            clip_norm = check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
         if self.tree_noise is not None or self.config.noise_mode != "distributed":
             return agg.noise_std
         if not self.aggregator.private:

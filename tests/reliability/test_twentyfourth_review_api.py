@@ -514,6 +514,11 @@ def test_22_adaptive_updates_and_server_methods_check_what_they_are_given():
     algorithm = _algorithm()
     with pytest.raises(ValueError, match=r"agg must be an AggregationResult"):
         algorithm.optimizer_noise_std(0.5)  # before: AttributeError
+    agg = algorithm.aggregate(1, {0: torch.ones(4)})
+    for clip_norm in ("1", NAN, torch.tensor(True)):
+        with pytest.raises(ValueError, match=r"clip_norm must be"):
+            algorithm.optimizer_noise_std(agg, clip_norm)  # before: ignored in server mode
+    assert algorithm.optimizer_noise_std(agg) == agg.noise_std
     for state in (torch.ones(3), 1.0, {"x": 1}):
         with pytest.raises(ValueError, match=r"state must be a mapping made by state_dict"):
             algorithm.load_state_dict(state)  # before: IndexError / KeyError

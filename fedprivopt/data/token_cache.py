@@ -39,7 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.core.local import check_user_id
 from fedprivopt.core.orphans import die_with_parent
+from fedprivopt.core.text import shown
 from fedprivopt.data.locks import file_lock
 
 __all__ = [
@@ -181,8 +183,7 @@ class EncodedUsers:
         label_lengths : numpy.ndarray or None
             int64 ``(n,)`` tags per example (multi-label), else ``None``.
         """
-        if not 0 <= user < self.num_users:
-            raise ValueError(f"user must be in [0, {self.num_users}), got {user!r}")
+        user = check_user_id(user, self.num_users)
         e0, e1 = int(self._users[user]), int(self._users[user + 1])
         ptr = np.asarray(self._token_ptr[e0 : e1 + 1])
         lengths = np.diff(ptr)
@@ -223,7 +224,7 @@ class EncodedUsers:
         sizes = np.array([len(p) for p in picks], dtype=np.int64)
         if sizes.size != users.size:
             raise ValueError("gather needs one array of picks per user")
-        picks = np.concatenate([np.asarray(p, dtype=np.int64) for p in picks]) if sizes.size else (
+        picks = np.concatenate([_integer_ids("picks", p) for p in picks]) if sizes.size else (
             np.empty(0, dtype=np.int64)
         )  # fmt: skip
         owner = np.repeat(np.arange(users.size), sizes)
@@ -247,10 +248,7 @@ class EncodedUsers:
         return tokens, lengths, labels, label_lengths
 
     def _users_array(self, users: Sequence[int]) -> np.ndarray:
-        users = np.asarray(users, dtype=np.int64).reshape(-1)
-        if users.size and (users.min() < 0 or users.max() >= self.num_users):
-            raise ValueError(f"users must be in [0, {self.num_users})")
-        return users
+        return _integer_ids("users", users, self.num_users)
 
     def _ragged(
         self, ptr: np.ndarray, values: np.ndarray, examples: np.ndarray, users, owner
@@ -460,6 +458,23 @@ def _build(
     finally:
         _WORKER = None
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _integer_ids(name: str, values: object, bound: int | None = None) -> np.ndarray:
+    """``values`` as a flat int64 array of integers (in ``[0, bound)`` when given).
+
+    Twenty-fifth review of issue 15, finding 15: ``EncodedUsers.example_counts([1.5])`` and
+    ``gather``'s picks went through ``np.asarray(..., dtype=int64)`` (1.5 read user 1, a pick
+    of 0.7 example 0) and ``user(1.5)`` raised numpy's ``IndexError`` (now
+    :func:`~fedprivopt.core.local.check_user_id`).
+    """
+    array = np.asarray(values).reshape(-1)
+    if array.size and (array.dtype == np.bool_ or array.dtype.kind not in "iu"):
+        raise ValueError(f"{name} must be integers, got {shown(values)}")
+    array = array.astype(np.int64, copy=False)
+    if bound is not None and array.size and (array.min() < 0 or array.max() >= bound):
+        raise ValueError(f"{name} must be in [0, {bound}), got {shown(values)}")
+    return array
 
 
 def open_or_build(

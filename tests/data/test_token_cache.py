@@ -125,7 +125,7 @@ def test_an_encoder_error_propagates_and_writes_nothing(tmp_path):
 
 def test_bad_arguments_and_users(tmp_path):
     store, _ = _build(tmp_path, _users(3))
-    with pytest.raises(ValueError, match=r"user must be in \[0, 3\)"):
+    with pytest.raises(ValueError, match=r"user_id must be an integer in \[0, 3\)"):
         store.user(3)
     with pytest.raises(ValueError, match="num_users must be an integer >= 0"):
         open_or_build(tmp_path, {}, -1, len, multi_label=True, token_bound=2, label_bound=2)

@@ -87,6 +87,10 @@
    ``--out ""`` and ``--resume ""`` since the first reviews; the functions did not); ``None``
    or ``5`` raised ``os.fspath``'s ``TypeError`` and a config dict an ``AttributeError``. Now a
    ``ValueError`` naming ``out_dir`` or ``config``, before anything is written.
+15. The tag task's token store (``data.token_cache.EncodedUsers``, Python API):
+   ``example_counts([1.5])`` read user 1 and ``gather``'s pick 0.7 example 0 (``np.asarray(...,
+   dtype=int64)``), ``user(1.5)`` raised numpy's ``IndexError``. Now ``ValueError``s naming
+   ``users``, ``picks`` or ``user_id``.
 """
 
 from __future__ import annotations
@@ -500,3 +504,18 @@ def test_14_simulate_and_resume_need_a_path(tmp_path, monkeypatch, out):
         resume(out)
     with pytest.raises(ValueError, match=r"^config must be a RunConfig"):
         simulate({"task": "toy"}, tmp_path / "other")
+
+
+def test_15_token_store_ids_are_integers(tmp_path_factory):
+    import numpy as np
+
+    task = tag_task(make_synth_dir(tmp_path_factory, "r25-store"), token_cache=True)
+    store = task.encoded_users()
+    with pytest.raises(ValueError, match=r"^users must be integers"):
+        store.example_counts([1.5])
+    with pytest.raises(ValueError, match=r"^picks must be integers"):
+        store.gather([1], [np.array([0.7])])
+    with pytest.raises(ValueError, match=r"^user_id must be an integer in \[0, 80\)"):
+        store.user(1.5)
+    assert store.example_counts([np.int64(1)]).tolist() == [len(store.user(1)[1])]
+    assert len(store.gather([1], [[]])[1]) == 0

@@ -294,11 +294,16 @@ class ADADPController:
         Raises
         ------
         ValueError
-            If the tensors disagree in shape, dtype or device, or the error is not finite.
+            If the tensors disagree in shape, dtype or device. A round whose error is not
+            finite is a failed step (the model then diverges if the error is NaN).
         """
         _check_inputs(params, delta_1=delta_1, delta_2=delta_2)
         lr = state.learning_rate
         full = params + lr * delta_1
+        two_half = self.half_step(state, params, delta_1).add_(delta_2, alpha=0.5 * lr)
+        error = adadp_error(full, two_half)
+        if not math.isfinite(error):
+            return self._failed(state, params, two_half, error)
         if callable(tolerance):
             tolerance = tolerance(full)
         tau = (
@@ -306,14 +311,6 @@ class ADADPController:
             if tolerance is None
             else check_real("tolerance", tolerance, low=0.0, low_open=True)
         )
-        two_half = self.half_step(state, params, delta_1).add_(delta_2, alpha=0.5 * lr)
-        error = adadp_error(full, two_half)
-        if not math.isfinite(error):
-            raise ValueError(
-                f"ADADP error must be finite, got {error}: the noised updates or the parameters "
-                "are not finite (the model or its noise overflowed; lower clip-norm, "
-                "noise-multiplier or the learning rates)"
-            )
         if error == 0.0:
             factor = self.alpha_max
         else:
@@ -328,6 +325,26 @@ class ADADPController:
         return ADADPResult(
             two_half if accepted else params, new_state, accepted, error, factor, tau
         )
+
+    def _failed(
+        self, state: ADADPState, params: torch.Tensor, two_half: torch.Tensor, error: float
+    ) -> ADADPResult:
+        """A round whose error is not finite: a failed step, as in the authors' code.
+
+        Their ``step2`` (``DPBayes/ADADP``, ``adadp.py``) restores the parameters when
+        ``err > tol``: an infinite error is rejected, while a NaN one (the comparison is false)
+        keeps the step, so the model diverges as it would under any other optimizer and the run
+        reports it; both count as failed. The rate shrinks by ``alpha_min`` (theirs became NaN).
+        Before, a ``ValueError`` stopped the run (rc 2), and ``compare`` with it, where the other
+        strategies report the divergence (a short API review of issue 15).
+        """
+        new_state = ADADPState(
+            learning_rate=state.learning_rate * self.alpha_min,
+            accepted=state.accepted,
+            rejected=state.rejected + 1,
+        )
+        kept = two_half if math.isnan(error) else params
+        return ADADPResult(kept, new_state, False, error, self.alpha_min, self.tolerance)
 
 
 def _check_inputs(params: torch.Tensor, **deltas: torch.Tensor) -> None:

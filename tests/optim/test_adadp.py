@@ -94,10 +94,12 @@ def test_float32_kept():
         ctl.update(ctl.init(), w, torch.zeros(2), torch.zeros(2, dtype=torch.float64))
 
 
-def test_non_finite_error_is_rejected():
+def test_non_finite_error_is_a_failed_step():
+    # as in the authors' code: a NaN error keeps the (diverged) step, both count as failed
     ctl = adadp(learning_rate=0.1, tolerance=1.0)
-    with pytest.raises(ValueError, match="finite"):
-        ctl.update(ctl.init(), torch.zeros(2), torch.tensor([math.nan, 0.0]), torch.zeros(2))
+    res = ctl.update(ctl.init(), torch.zeros(2), torch.tensor([math.nan, 0.0]), torch.zeros(2))
+    assert math.isnan(res.error) and not res.accepted and res.state.rejected == 1
+    assert bool(res.params.isnan().any()) and res.state.learning_rate == pytest.approx(0.09)
 
 
 @settings(max_examples=60, deadline=None)

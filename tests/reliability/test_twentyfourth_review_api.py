@@ -529,3 +529,24 @@ def test_22_adaptive_updates_and_server_methods_check_what_they_are_given():
     for purpose in (None, [1], 1.5):
         with pytest.raises(ValueError, match=r"purpose must be a str"):
             RngFactory(seed=0).seed_for(1, purpose)  # before: keyed as str(purpose)
+
+
+def test_11_an_adadp_round_whose_error_is_not_finite_is_a_failed_step(tmp_path):
+    from fedprivopt.optim import adadp
+    from tests.reliability.test_fuzz_cli import PRESET, run_cli
+
+    controller = adadp(learning_rate=1.0, tolerance=0.1)
+    state, params = controller.init(), torch.zeros(3)
+    nan = controller.update(state, params, torch.full((3,), NAN), torch.ones(3))
+    assert not nan.accepted and bool(nan.params.isnan().all())  # the authors' code keeps it
+    zeros = torch.zeros(3, dtype=torch.float64)
+    inf = controller.update(state, zeros, zeros, torch.full((3,), 1e308, dtype=torch.float64))
+    assert inf.error == INF and not inf.accepted  # the error's square sum overflows
+    assert torch.equal(inf.params, zeros)  # and restores this one
+    for result in (nan, inf):  # before: ValueError ("ADADP error must be finite")
+        assert result.state.learning_rate == 0.9 and result.state.rejected == 1
+    argv = ["simulate", str(PRESET), "--out", str(tmp_path / "r"), "--rounds", "2",
+            "--set", "strategy=dp-fedavg-adadp", "--set", "clip-norm=1e100"]  # fmt: skip
+    code, _, err = run_cli(argv)  # before: rc 2 (and compare stopped with it)
+    assert code == 0, err
+    assert "the model diverged at round 1" in err

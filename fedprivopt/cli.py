@@ -409,9 +409,15 @@ def _main(argv: Sequence[str] | None) -> int:
     # returns stays valid, so keep the command's output to its one line.
     logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+    from fedprivopt.cli_stdout import StdoutError, guarded_stdout, stdout_failed
+
     try:
-        with _run_warnings(_command(args)):
+        with _run_warnings(_command(args)), guarded_stdout():
             return int(args.func(args))
+    except StdoutError as exc:  # a closed pipe or a full disk under the redirected output
+        if os.environ.get("FEDPRIVOPT_DEBUG"):
+            raise
+        return stdout_failed(_command(args), exc)
     except (UsageError, ValueError, OSError) as exc:
         # OSError: a path that cannot be read, created or written (not a network failure)
         if isinstance(exc, OSError) and not is_file_error(exc):

@@ -19,7 +19,16 @@ LAYERS = (
     ("strategies",),
     ("simulation",),
     ("deploy",),
-    ("cli", "cli_args", "cli_data", "cli_runs", "cli_tune", "cli_compare_tune", "deploy.cli"),
+    (
+        "cli",
+        "cli_args",
+        "cli_data",
+        "cli_runs",
+        "cli_tune",
+        "cli_compare_tune",
+        "cli_stdout",
+        "deploy.cli",
+    ),
 )
 
 

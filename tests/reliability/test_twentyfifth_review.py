@@ -91,6 +91,13 @@
    ``example_counts([1.5])`` read user 1 and ``gather``'s pick 0.7 example 0 (``np.asarray(...,
    dtype=int64)``), ``user(1.5)`` raised numpy's ``IndexError``. Now ``ValueError``s naming
    ``users``, ``picks`` or ``user_id``.
+16. ``fedprivopt data info D | true`` (a pipe whose reader has left: ``| head -0``, ``| grep -q``;
+   also ``epsilon`` and ``simulate``) ended in a ``BrokenPipeError`` traceback, rc 1, after the
+   command's work was done; ``fedprivopt simulate … --out R > /dev/full`` (a full disk under the
+   redirected output) said ``error: argument --out: R: [Errno 28] No space left on device``
+   of a run written completely (an error without a file name was taken for one of ``--out``).
+   Now (``cli_stdout``) a closed pipe ends the command quietly with 141 (128 + SIGPIPE) and any
+   other failure of standard output is one line naming it, rc 2.
 """
 
 from __future__ import annotations
@@ -519,3 +526,48 @@ def test_15_token_store_ids_are_integers(tmp_path_factory):
         store.user(1.5)
     assert store.example_counts([np.int64(1)]).tolist() == [len(store.user(1)[1])]
     assert len(store.gather([1], [[]])[1]) == 0
+
+
+def _console(argv: list[str], tmp_path, stdout) -> tuple[int, str]:
+    """Run the ``fedprivopt`` program in a child with ``stdout``; its code and its stderr."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
+    env["FLWR_HOME"] = str(tmp_path / "flwr")
+    err_path = tmp_path / "stderr.txt"
+    code = "from fedprivopt.cli import console; console()"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *argv], stdout=stdout, stderr=err, env=env, cwd=ROOT
+        )
+        try:
+            if stdout == subprocess.PIPE:
+                proc.stdout.close()  # the reader leaves before the command writes
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # by its PID, even when the test fails
+                proc.wait()
+    return rc, err_path.read_text()
+
+
+EPSILON = ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "10",
+           "--delta", "1e-5"]  # fmt: skip
+
+
+def test_16_closed_pipe_ends_quietly(tmp_path):
+    import subprocess
+
+    rc, err = _console(EPSILON, tmp_path, subprocess.PIPE)
+    assert rc == 141 and err == "", err
+
+
+def test_16_full_standard_output_is_not_blamed_on_out(tmp_path):
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--out", str(out), "--quiet"]
+    with open("/dev/full", "w") as full:
+        rc, err = _console(argv, tmp_path, full)
+    one_line_error(rc, err, "cannot write standard output: No space left on device")
+    assert "--out" not in err and (out / "summary.json").is_file()

@@ -1,0 +1,90 @@
+"""Standard output of a command: its failures told apart from those of the files it writes.
+
+Twenty-fifth review of issue 15, finding 16: ``fedprivopt data info D | head -0`` (a pipe whose
+reader left: also ``| true``, ``| grep -q``) ended in a ``BrokenPipeError`` traceback with rc 1
+after the command's work was done, and ``fedprivopt simulate … > /dev/full`` (a full disk under
+the redirected output) reported ``error: argument --out: OUT: [Errno 28] No space left on
+device`` for a run that had been written completely: an error without a file name was taken for
+one of ``--out``. :func:`guarded_stdout` marks the errors of writing standard output
+(:class:`StdoutError`), and :func:`stdout_failed` reports them: a closed pipe ends the command
+quietly with 141 (128 + SIGPIPE, as a process killed by the signal), any other failure is one
+line naming standard output, rc 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+from collections.abc import Iterator
+
+__all__ = ["EXIT_BROKEN_PIPE", "StdoutError", "guarded_stdout", "stdout_failed"]
+
+#: Exit code of a command whose standard output's reader left: 128 + SIGPIPE (13).
+EXIT_BROKEN_PIPE = 141
+
+
+class StdoutError(Exception):
+    """Writing standard output failed; ``error`` is the ``OSError``."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Guarded:
+    """``stream`` whose ``write`` and ``flush`` raise :class:`StdoutError` for an ``OSError``."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise StdoutError(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutError(exc) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def guarded_stdout() -> Iterator[None]:
+    """Within the block, a failure to write ``sys.stdout`` raises :class:`StdoutError`.
+
+    The output is flushed at the end of the block, so that a failure of buffered output is
+    raised there too rather than by the interpreter at exit.
+    """
+    previous = sys.stdout
+    guarded = _Guarded(previous)
+    sys.stdout = guarded
+    try:
+        yield
+        guarded.flush()
+    finally:
+        if sys.stdout is guarded:
+            sys.stdout = previous
+
+
+def stdout_failed(command: str, exc: StdoutError) -> int:
+    """Report ``exc`` (see the module docstring) and return the exit code.
+
+    Standard output is then pointed at the null device, so that the interpreter's own flush of
+    what is still buffered at exit does not fail again.
+    """
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    if exc.error.errno == errno.EPIPE:
+        return EXIT_BROKEN_PIPE
+    reason = exc.error.strerror or str(exc.error)
+    print(f"fedprivopt {command}: error: cannot write standard output: {reason}", file=sys.stderr)
+    return 2

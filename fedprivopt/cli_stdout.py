@@ -9,6 +9,12 @@ one of ``--out``. :func:`guarded_stdout` marks the errors of writing standard ou
 (:class:`StdoutError`), and :func:`stdout_failed` reports them: a closed pipe ends the command
 quietly with 141 (128 + SIGPIPE, as a process killed by the signal), any other failure is one
 line naming standard output, rc 2.
+
+Finding 17 of the same review: ``fedprivopt simulate … 2> LOG`` with ``LOG`` on a full disk, or
+``2>&1 | head`` once ``head`` has left, stopped the run at its first progress line (rc 1, a
+traceback nobody could read, no checkpoint or summary yet) although its files were being
+written elsewhere. Progress lines, notes and errors on standard error are diagnostics:
+:func:`stderr_failures_dropped` drops a write there that fails, and the command goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +25,13 @@ import os
 import sys
 from collections.abc import Iterator
 
-__all__ = ["EXIT_BROKEN_PIPE", "StdoutError", "guarded_stdout", "stdout_failed"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "StdoutError",
+    "guarded_stdout",
+    "stderr_failures_dropped",
+    "stdout_failed",
+]
 
 #: Exit code of a command whose standard output's reader left: 128 + SIGPIPE (13).
 EXIT_BROKEN_PIPE = 141
@@ -88,3 +100,36 @@ def stdout_failed(command: str, exc: StdoutError) -> int:
     reason = exc.error.strerror or str(exc.error)
     print(f"fedprivopt {command}: error: cannot write standard output: {reason}", file=sys.stderr)
     return 2
+
+
+class _Dropping:
+    """``stream`` whose failed writes and flushes are dropped (diagnostics with nowhere to go)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def stderr_failures_dropped() -> Iterator[None]:
+    """Within the block, a write to ``sys.stderr`` that fails is dropped (see finding 17)."""
+    previous = sys.stderr
+    dropping = _Dropping(previous)
+    sys.stderr = dropping
+    try:
+        yield
+    finally:
+        if sys.stderr is dropping:
+            sys.stderr = previous

@@ -98,6 +98,12 @@
    of a run written completely (an error without a file name was taken for one of ``--out``).
    Now (``cli_stdout``) a closed pipe ends the command quietly with 141 (128 + SIGPIPE) and any
    other failure of standard output is one line naming it, rc 2.
+17. ``fedprivopt simulate toy.toml --rounds 3 --out R 2> LOG`` with ``LOG`` on a full disk
+   (``2>/dev/full``), or ``2>&1 | head -1`` once ``head`` has left, stopped the run at its first
+   progress line: rc 1, a traceback nobody could read, no checkpoint and no ``summary.json``
+   (resumable). Progress lines, notes and errors are diagnostics: a write to standard error that
+   fails is now dropped, and the run completes (rc 0; 141 when standard output is the closed
+   pipe too).
 """
 
 from __future__ import annotations
@@ -528,8 +534,11 @@ def test_15_token_store_ids_are_integers(tmp_path_factory):
     assert len(store.gather([1], [[]])[1]) == 0
 
 
-def _console(argv: list[str], tmp_path, stdout) -> tuple[int, str]:
-    """Run the ``fedprivopt`` program in a child with ``stdout``; its code and its stderr."""
+def _console(argv: list[str], tmp_path, stdout, stderr=None) -> tuple[int, str]:
+    """Run the ``fedprivopt`` program in a child with ``stdout``; its code and its stderr.
+
+    ``stderr``: an open file for the child's standard error instead of the one read back.
+    """
     import os
     import subprocess
     import sys
@@ -540,8 +549,9 @@ def _console(argv: list[str], tmp_path, stdout) -> tuple[int, str]:
     code = "from fedprivopt.cli import console; console()"
     with open(err_path, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, *argv], stdout=stdout, stderr=err, env=env, cwd=ROOT
-        )
+            [sys.executable, "-c", code, *argv], stdout=stdout, stderr=stderr or err, env=env,
+            cwd=ROOT,
+        )  # fmt: skip
         try:
             if stdout == subprocess.PIPE:
                 proc.stdout.close()  # the reader leaves before the command writes
@@ -571,3 +581,15 @@ def test_16_full_standard_output_is_not_blamed_on_out(tmp_path):
         rc, err = _console(argv, tmp_path, full)
     one_line_error(rc, err, "cannot write standard output: No space left on device")
     assert "--out" not in err and (out / "summary.json").is_file()
+
+
+def test_17_a_full_standard_error_does_not_stop_the_run(tmp_path):
+    import json
+    import subprocess
+
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "3", "--out", str(out)]  # progress lines on
+    with open("/dev/full", "w") as full:
+        rc, _ = _console(argv, tmp_path, subprocess.DEVNULL, stderr=full)
+    assert rc == 0
+    assert json.loads((out / "summary.json").read_text())["rounds_completed"] == 3

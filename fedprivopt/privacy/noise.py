@@ -148,7 +148,9 @@ def gaussian_noise(
     numel : int
         Length of the vector.
     std : float
-        Standard deviation, ``>= 0``.
+        Standard deviation, ``>= 0``. Beyond the largest number of ``dtype`` every draw is
+        ``±inf`` (float32 ends at 3.4e38); a strategy refuses a configured ``σC`` beyond its
+        model's dtype before the run (``ServerAlgorithm``).
     generator : torch.Generator
         Source of randomness (required; its device decides the default device).
     dtype : torch.dtype

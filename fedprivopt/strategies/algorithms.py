@@ -262,11 +262,11 @@ class DPFedAvgADADP(ServerAlgorithm):
         cfg = self.client_settings()
         users_1 = self.sample(round_num, "sampling")
         updates_1 = yield TrainRequest(round_num, users_1, self.params, None, cfg, "train")
-        agg_1 = self.aggregate(round_num, updates_1, stream="train")
+        agg_1 = self.aggregate(round_num, updates_1, stream="train", cohort=users_1)
         half = self.controller.half_step(self.opt_state, self.params, agg_1.delta_tilde)
         users_2 = self.sample(round_num, "sampling-2")
         updates_2 = yield TrainRequest(round_num, users_2, half, None, cfg, "train-2")
-        agg_2 = self.aggregate(round_num, updates_2, stream="train-2")
+        agg_2 = self.aggregate(round_num, updates_2, stream="train-2", cohort=users_2)
         lr = self.opt_state.learning_rate
         s_1, s_2 = self.optimizer_noise_std(agg_1), self.optimizer_noise_std(agg_2)
         set_tolerance = self.config.options.adadp_tolerance is not None

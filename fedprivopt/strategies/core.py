@@ -167,6 +167,7 @@ class ServerAlgorithm:
         #: Task user ids that can be reached this round (deployment under tree aggregation;
         #: ``None``: all). Set by the engine before a round; ignored by sampled mechanisms.
         self.available_users: set[int] | None = None
+        self._check_noise_fits(initial_params.dtype)
         self.aggregator = self._make_aggregator()
         self.clipping = (
             AdaptiveClipping(config, self.aggregator.min_shares) if config.adaptive else None
@@ -183,6 +184,24 @@ class ServerAlgorithm:
         self.stopped_reason: str | None = None
 
     # -- construction hooks ------------------------------------------------------------------
+
+    def _check_noise_fits(self, dtype: torch.dtype) -> None:
+        """Refuse a sum noise std ``σ_Δ C`` beyond the largest number of the model's dtype.
+
+        Twenty-fifth review of issue 15: ``simulate toy.toml --set noise-multiplier=1e39``
+        drew infinite noise (float32 ends at 3.4e38) and ended rc 0 as a divergence whose
+        advice named the learning rates.
+        """
+        c = self.config
+        largest = torch.finfo(dtype).max if dtype.is_floating_point else math.inf
+        if c.private and not c.update_noise_multiplier * c.clip_norm <= largest:
+            sigma = "sigma_Delta" if c.adaptive else "noise-multiplier"
+            raise ValueError(
+                f"{sigma} * clip-norm must be at most {largest:.6g} for a {dtype} model (the "
+                f"noise std of a round's sum; beyond it every noise draw is infinite), got "
+                f"{c.update_noise_multiplier:g} * {c.clip_norm:g}; lower noise-multiplier or "
+                "clip-norm"
+            )
 
     def _make_tree(self, params: torch.Tensor) -> tuple[TreeCohorts | None, TreeNoise | None]:
         """The cohorts and noise of tree aggregation (``None, None`` for the Gaussian)."""
@@ -367,13 +386,22 @@ class ServerAlgorithm:
         return [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
 
     def aggregate(
-        self, round_num: int, updates: Updates, *, clip_norm: float | None = None, stream: str = ""
+        self,
+        round_num: int,
+        updates: Updates,
+        *,
+        clip_norm: float | None = None,
+        stream: str = "",
+        cohort: list[int] | None = None,
     ):
         """Noised mean of the updates of one cohort (server noise keyed by round and stream).
 
         With adaptive clipping the clip norm is the round's ``C``, a reply without a valid clip
         bit is rejected as a whole, and the cohort's noised count is kept for :meth:`_finish`
-        (:meth:`_count`).
+        (:meth:`_count`). ``cohort``: the users the round asked; a reply from anyone else is
+        rejected (twenty-fifth review of issue 15: an update sent to :meth:`run_round` for a
+        user who was not sampled was summed, releasing that user without the subsampling the
+        accountant assumes; the engines and the Flower strategy never send one).
         """
         if clip_norm is not None:
             # a short API review of issue 15: True and 1+0j equal a configured C of 1 and were
@@ -398,6 +426,11 @@ class ServerAlgorithm:
             entries = updates.entries() if hasattr(updates, "entries") else updates.items()
         else:
             entries = sorted(updates.items())
+        unasked: dict[int, str] = {}
+        if cohort is not None and not getattr(updates, "sorted_by_user", False):
+            asked = set(cohort)
+            unasked = {int(u): "not in the round's cohort" for u, _ in entries if u not in asked}
+            entries = [(u, update) for u, update in entries if u in asked]
         bad_bits: dict[int, str] = {}
         if self.clipping is not None and not getattr(updates, "sorted_by_user", False):
             # replies decoded from messages: one whose clip bit is invalid is not summed
@@ -416,6 +449,10 @@ class ServerAlgorithm:
         )
         if sum_noise is not None:
             agg.metrics["tree_nodes"] = float(nodes)
+        if unasked:
+            agg.rejected.update(unasked)
+            agg.metrics["received"] += float(len(unasked))
+            agg.metrics["rejected"] = float(len(agg.rejected))
         if self.frozen is not None:
             # frozen parameters: their coordinates are zero in every update, so only noise is
             # there; dropping it (the same coordinates for any data) is post-processing. In place:
@@ -485,7 +522,7 @@ class ServerAlgorithm:
             self.broadcast_preconditioner(),
             self.client_settings(clip_norm=clip),
         )
-        agg = self.aggregate(round_num, updates, clip_norm=clip)
+        agg = self.aggregate(round_num, updates, clip_norm=clip, cohort=users)
         noise_std = self.optimizer_noise_std(agg, clip)
         metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
         step, self.opt_state = self.transform.update(

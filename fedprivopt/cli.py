@@ -41,6 +41,7 @@ from fedprivopt.cli_compare_tune import add_compare_tune
 from fedprivopt.cli_data import add_data
 from fedprivopt.cli_runs import add_compare, add_simulate
 from fedprivopt.cli_tune import add_tune
+from fedprivopt.core.logs import log_warnings_to_stderr
 from fedprivopt.core.threads import passive_openmp_wait
 
 # ---------------------------------------------------------------------------------------------
@@ -412,6 +413,7 @@ def _main(argv: Sequence[str] | None) -> int:
     # dp-accounting logs (via absl) when it drops RDP orders that do not converge; the bound it
     # returns stays valid, so keep the command's output to its one line.
     logging.getLogger("absl").setLevel(logging.ERROR)
+    log_warnings_to_stderr()  # or absl's first note doubles every Flower log line
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     from fedprivopt.cli_stdout import StdoutError, guarded_stdout, stdout_failed
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.logs import log_warnings_to_stderr
 from fedprivopt.core.memory import physical_memory
 from fedprivopt.simulation.cells import REUSE, Cell, CellPlan, run_cell, task_key
 
@@ -249,6 +250,7 @@ def _start_worker() -> None:
     torch.set_num_threads(1)
     # as the command line does (fedprivopt.cli): dp-accounting's notes on orders it drops
     logging.getLogger("absl").setLevel(logging.ERROR)
+    log_warnings_to_stderr()
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
 
 

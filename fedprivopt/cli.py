@@ -386,11 +386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM and SIGHUP raise as Ctrl-C does from the start: during start-up and planning they
     # ended the process with no line (tenth review of issue 15, finding 5); a run installs its
     # own handlers over these and restores them. A second signal ends the process at once.
-    from fedprivopt.cli_stdout import stderr_failures_dropped
+    from fedprivopt.cli_stdout import closed_streams_filled, stderr_failures_dropped
 
     # a progress line that cannot be written (a full disk under `2> log`, `2>&1 | head` after
-    # head left) stopped the run (twenty-fifth review of issue 15, finding 17): dropped instead
-    with signals_raise(ENDING_SIGNALS), stderr_failures_dropped():
+    # head left) stopped the run (twenty-fifth review of issue 15, finding 17): dropped instead;
+    # a closed stdout or stderr (`>&-`) was None: a traceback (twenty-sixth review, finding 1)
+    with signals_raise(ENDING_SIGNALS), closed_streams_filled(), stderr_failures_dropped():
         return _main(argv)
 
 

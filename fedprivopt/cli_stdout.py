@@ -15,6 +15,16 @@ Finding 17 of the same review: ``fedprivopt simulate … 2> LOG`` with ``LOG`` o
 traceback nobody could read, no checkpoint or summary yet) although its files were being
 written elsewhere. Progress lines, notes and errors on standard error are diagnostics:
 :func:`stderr_failures_dropped` drops a write there that fails, and the command goes on.
+
+Twenty-sixth review, finding 1: a command started with standard output or error closed
+(``>&-``, ``2>&-``, as a daemon or a cron line may start it) has ``sys.stdout`` or
+``sys.stderr`` ``None``: ``fedprivopt epsilon … >&-`` ended in an ``AttributeError`` traceback
+(rc 1) and ``simulate … 2>&-`` stopped at its first progress line (rc 1, no run). The free
+descriptor was also the first one the run's files would take, so a child's output (Ray,
+Flower, a SuperNode) could land in them. :func:`closed_streams_filled` puts the null device on
+a closed descriptor and a stream on a closed standard stream whose writes fail as a closed
+descriptor's do (``EBADF``): standard output reports it (rc 2, one line), standard error drops
+it.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from collections.abc import Iterator
 __all__ = [
     "EXIT_BROKEN_PIPE",
     "StdoutError",
+    "closed_streams_filled",
     "guarded_stdout",
     "stderr_failures_dropped",
     "stdout_failed",
@@ -100,6 +111,55 @@ def stdout_failed(command: str, exc: StdoutError) -> int:
     reason = exc.error.strerror or str(exc.error)
     print(f"fedprivopt {command}: error: cannot write standard output: {reason}", file=sys.stderr)
     return 2
+
+
+class _Closed:
+    """A standard stream whose descriptor was closed: every non-empty write fails (``EBADF``)."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def write(self, text: str) -> int:
+        if text:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return 0
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+
+@contextlib.contextmanager
+def closed_streams_filled() -> Iterator[None]:
+    """Within the block, closed standard descriptors and streams are filled (module docstring).
+
+    Descriptors 0, 1 and 2 that are closed get the null device for the whole process (a file
+    opened later must not take one); ``sys.stdout`` or ``sys.stderr`` that are ``None`` are a
+    :class:`_Closed` stream until the block ends.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    previous = sys.stdout, sys.stderr
+    if sys.stdout is None:
+        sys.stdout = _Closed()
+    if sys.stderr is None:
+        sys.stderr = _Closed()
+    try:
+        yield
+    finally:
+        sys.stdout = previous[0] if isinstance(sys.stdout, _Closed) else sys.stdout
+        sys.stderr = previous[1] if isinstance(sys.stderr, _Closed) else sys.stderr
 
 
 class _Dropping:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.simulation import interrupt
 from fedprivopt.simulation.cluster_config import check_cluster_config
 
 __all__ = [
@@ -291,7 +292,9 @@ def join_cluster(config: Any) -> Iterator[Cluster | None]:
     if not connected:
         check_reachable(address, key)
         try:
-            with warnings.catch_warnings():  # a tip about Ray's future defaults, on every init
+            # the command's SIGTERM handler stays (interrupt.ray_keeps_handlers)
+            with warnings.catch_warnings(), interrupt.ray_keeps_handlers():
+                # a tip about Ray's future defaults, on every init
                 warnings.filterwarnings("ignore", "Tip: In future versions", FutureWarning)
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError) as exc:

@@ -280,7 +280,9 @@ def _simulate(config: RunConfig, task: Task, app, init: dict, stop, server: list
         "client_resources": {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus},
         "init_args": init,
     }
-    with interrupt.signals_stop(stop) as received:
+    # ray.init would replace the SIGTERM handler of signals_stop (twenty-sixth review of issue
+    # 15: a SIGTERM then raised SystemExit inside logging and the run hung)
+    with interrupt.signals_stop(stop) as received, interrupt.ray_keeps_handlers():
         try:
             run_simulation(
                 server_app=app,

@@ -22,6 +22,18 @@
   event, the workers finish their client jobs, Ray shuts down). A ``KeyboardInterrupt`` raised
   at an arbitrary point of Flower's thread joins or of ``ray.shutdown`` can leave the process
   running (seen once in CI, still running 60 s after Ctrl-C).
+- :func:`ray_keeps_handlers`: ``ray.init`` replaces the SIGTERM handler in the main thread
+  (``sys.exit(15)`` for the driver; the head node's kills Ray's processes and exits 1), so a
+  SIGTERM during a Flower simulation raised ``SystemExit`` wherever the main thread was instead
+  of setting the stop event. Twenty-sixth review of issue 15: sent 4 s into ``simulate
+  stackoverflow-tp-mini.toml --set engine=flower``, it was raised inside ``logging``'s
+  ``_releaseLock`` ("Exception ignored"), which left logging's lock held: the next log line of
+  any thread waited for ever and the run hung (still running 10 minutes later, no round
+  written). Later in a run, Ray's core worker's failure-signal handler (absl's, installed
+  over the process's SIGTERM handler when the driver connects) caught a SIGTERM, printed a
+  stack dump and aborted the process: rc 134 and Flower's tracebacks of dead actors instead of
+  143. Inside the block, Ray's calls to install a SIGTERM handler do nothing and the
+  driver's failure-signal handler is off (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1``).
 - A second signal ends the process at once (:func:`end_now`), wherever the first one left it:
   with one line and exit code ``128 +`` the first signal, as a kill would (``--resume`` and the
   watchdogs already handle a killed run). Raised again during the unwinding or the interpreter's
@@ -55,6 +67,7 @@ __all__ = [
     "finished",
     "handle_until_exit",
     "own_processes",
+    "ray_keeps_handlers",
     "reported",
     "signals_raise",
     "signals_stop",
@@ -65,6 +78,9 @@ FIRST_PULL_WAIT = 0.05
 """Seconds before the second pull for replies on a grid without ``pull_interval``."""
 MAX_PULL_WAIT = 1.0
 """Longest wait between two pulls for replies on a grid without ``pull_interval``."""
+
+_NO_FAILURE_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+"""Environment variable that keeps Ray's core worker from installing absl's signal handler."""
 
 RUN_MARKER_ENV = "FEDPRIVOPT_RUN_ID"
 """Environment variable that tags the processes started during a run."""
@@ -270,6 +286,46 @@ def signals_stop(stop: threading.Event) -> Iterator[list[int]]:
 
     with _handling(ENDING_SIGNALS, handler):
         yield received
+
+
+@contextlib.contextmanager
+def ray_keeps_handlers() -> Iterator[None]:
+    """Within the block, Ray does not replace the SIGTERM handler (see the module docstring).
+
+    Ray installs its handlers through ``ray._private.utils.set_sigterm_handler`` (the driver's
+    ``ray.init``, the head node it starts); that function does nothing inside the block, so the
+    handler of :func:`signals_stop` or :func:`signals_raise` stays. The failure-signal handler
+    of the driver's core worker (absl's: SIGTERM printed as a crash, then abort) is turned off
+    for Ray sessions started or joined inside the block, unless the environment sets
+    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` itself. Ray's processes are still stopped at the end
+    of a run, by :func:`own_processes`.
+    """
+    try:
+        import ray._private.ray_constants as ray_constants
+        import ray._private.utils as ray_utils
+    except ImportError:  # pragma: no cover - Ray is a dependency
+        yield
+        return
+    original = ray_utils.set_sigterm_handler
+    # read when ray is imported (the driver's core worker looks the constant up when it starts;
+    # the processes Ray starts read the environment)
+    disabled = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+
+    def kept(handler: Any) -> None:
+        """Ray's handler is not installed: the one in place stays."""
+
+    ray_utils.set_sigterm_handler = kept
+    unset = _NO_FAILURE_HANDLER not in os.environ
+    if unset:
+        os.environ[_NO_FAILURE_HANDLER] = "1"
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
+        if unset:
+            os.environ.pop(_NO_FAILURE_HANDLER, None)
+            ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = disabled
 
 
 def _ray_running() -> bool:

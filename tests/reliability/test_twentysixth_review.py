@@ -10,6 +10,22 @@
    device (a file the run opens cannot take them) and a closed standard output is reported as
    any failure of standard output (rc 2, one line naming it, the run kept); a closed standard
    error drops the diagnostics and the command completes (rc 0).
+2. ``simulate stackoverflow-tp-mini.toml --rounds 20 --set engine=flower --set
+   clients-per-round=3``, SIGTERM 4 s after the start (while Ray was starting): still running
+   10 minutes later, no round written, killed by SIGKILL. ``ray.init`` replaces the SIGTERM
+   handler in the main thread (``sys.exit(15)``), so the signal did not set the engine's stop
+   event: it raised ``SystemExit`` where the main thread was, here inside ``logging``'s
+   ``_releaseLock`` ("Exception ignored ... SystemExit: 15"), which left logging's lock held,
+   and the next log line of any thread waited for ever. Now Ray's calls to install a SIGTERM
+   handler do nothing during the Flower simulation (and when joining a ``ray-address``
+   cluster): the first SIGTERM sets the stop event, as SIGINT did, and the run ends with 143.
+   Once the rounds ran, a SIGTERM of the Flower engine (toy preset, any moment after the first
+   checkpoint, 3 of 3 tries) ended with rc 134: Ray's core worker installs absl's
+   failure-signal handler over the driver's SIGTERM handler when it connects, which printed
+   ``*** SIGTERM received ...`` with a stack dump, Flower's tracebacks of dead actors, and
+   aborted (the interruption line was printed before the abort). The driver's failure-signal
+   handler is now off during the simulation (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``): rc 143,
+   the one line, the run resumable, Ray's processes gone.
 """
 
 from __future__ import annotations
@@ -95,3 +111,61 @@ def test_1_closed_stderr_completes(tmp_path, argv):
     if argv[0] == "simulate":
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["rounds_completed"] == 2
+
+
+def test_2_ray_does_not_replace_the_sigterm_handler(monkeypatch):
+    """What ``ray.init`` does in the driver, then a SIGTERM: the engine stops, no SystemExit."""
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    import flwr.simulation
+    import ray._private.utils as ray_utils
+
+    import fedprivopt.clients.client_app as client_app
+    from fedprivopt.simulation import engines, interrupt
+
+    def fake_run_simulation(**kwargs):
+        ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # as ray.init
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", fake_run_simulation)
+    monkeypatch.setattr(client_app, "make_client_app", lambda **kwargs: None)
+    config = SimpleNamespace(client_cpus=1.0, client_gpus=0.0, task="toy", task_params={},
+                             device="cpu")  # fmt: skip
+    stop = threading.Event()
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        engines._simulate(config, SimpleNamespace(num_users=4), None, {}, stop, [])
+    except BaseException as exc:  # SystemExit before the fix
+        raised = exc
+    else:
+        raised = None
+    assert isinstance(raised, interrupt.Interrupted), repr(raised)
+    assert raised.signum == signal.SIGTERM and stop.is_set()
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert ray_utils.set_sigterm_handler.__name__ == "set_sigterm_handler"
+
+
+def test_2_sigterm_of_the_flower_engine_is_143(tmp_path):
+    import signal
+    import time
+
+    from tests.reliability.test_signals import SETTINGS, start_simulate, wait_for, wait_gone
+
+    run, out = start_simulate(tmp_path, "flower", {**SETTINGS, "num-server-rounds": 15})
+    try:
+        wait_for(lambda: (out / "checkpoint.pt").exists(), 240, "the first checkpoint", run.proc)
+        run.remember()
+        time.sleep(0.5)  # the rounds are running
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.proc.wait(timeout=60)
+        wait_gone(run.seen, 15)
+    finally:
+        run.cleanup()
+    err = run.stderr()
+    assert code == 143, err[-3000:]
+    assert "SIGTERM received" not in err and "Traceback" not in err, err[-3000:]
+    line = f"fedprivopt simulate: interrupted; the run can be continued with --resume {out}"
+    assert err.strip().splitlines()[-1] == line, err[-3000:]
+    assert (out / "checkpoint.pt").exists() and not (out / "summary.json").exists()

@@ -26,6 +26,13 @@
    aborted (the interruption line was printed before the abort). The driver's failure-signal
    handler is now off during the simulation (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``): rc 143,
    the one line, the run resumable, Ray's processes gone.
+3. ``simulate toy.toml --set noise-multiplier=1e38`` (also ``4e37``, or ``clip-norm=1e38``)
+   drew infinite noise and ended rc 0 as a divergence advising lower learning rates, the case
+   the twenty-fifth review refused only above float32's largest number (3.4e38): a Gaussian
+   draw reaches 4-6 standard deviations (78 of 100,000 float32 draws of std 1e38 are
+   infinite), secure mode sums four draws before halving, and a tree sums up to ~20 nodes. The
+   noise std ``sigma * C`` of a round's sum is now at most the dtype's largest number over 64
+   (5.3e36 for float32): rc 2, one line naming noise-multiplier and clip-norm, nothing written.
 """
 
 from __future__ import annotations
@@ -169,3 +176,28 @@ def test_2_sigterm_of_the_flower_engine_is_143(tmp_path):
     line = f"fedprivopt simulate: interrupted; the run can be continued with --resume {out}"
     assert err.strip().splitlines()[-1] == line, err[-3000:]
     assert (out / "checkpoint.pt").exists() and not (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize("setting", ["noise-multiplier=1e38", "noise-multiplier=4e37",
+                                     "clip-norm=1e38"])  # fmt: skip
+def test_3_a_noise_std_whose_draws_overflow_is_refused(tmp_path, setting):
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    out = tmp_path / "r"
+    code, _, err = run_cli(["simulate", str(TOY), "--out", str(out), "--rounds", "1",
+                            "--set", setting])  # fmt: skip
+    one_line_error(code, err, "noise-multiplier * clip-norm must be at most 5.31691e+36")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_3_draws_at_the_bound_are_finite(secure):
+    import torch
+
+    from fedprivopt.privacy.noise import gaussian_noise
+    from fedprivopt.strategies.core import NOISE_HEADROOM
+
+    std = torch.finfo(torch.float32).max / NOISE_HEADROOM
+    gen = torch.Generator().manual_seed(3)
+    draws = gaussian_noise(2_000_000, std, generator=gen, secure=secure)
+    assert bool(torch.isfinite(draws).all())

@@ -305,6 +305,32 @@ def secure_tree_redo(out: Path) -> str | None:
     return None
 
 
+def _check_rows_kept(
+    out: Path, state: dict[str, Any], round_num: int, rows: list[dict[str, Any]], name: str
+) -> None:
+    """Refuse metrics rows fewer than the checkpoint's count of those written before it.
+
+    Twenty-sixth review of issue 15: a finished run of ``adadps-paper.toml`` whose
+    ``metrics.jsonl`` had lost its last 3 rows resumed with rc 0, and its new ``summary.json``
+    (and any report) gave round 37's metrics as the final ones of 40 rounds. A row is written
+    before the checkpoint that counts it, so fewer rows up to the checkpoint's round were
+    removed afterwards. Checked for a checkpoint of the run's last round only: a resume of an
+    unfinished run redoes rounds and writes their rows (the final metrics are then right; a
+    crash's evidence may be an emptied ``metrics.jsonl``, ``tests/reliability/test_crash.py``).
+    """
+    saved = state.get("rows")
+    if isinstance(saved, bool) or not isinstance(saved, int):
+        return  # a checkpoint of an earlier version: nothing recorded
+    kept = sum(1 for r in rows if isinstance(r.get("round"), int) and r["round"] <= round_num)
+    if kept < saved:
+        raise ValueError(
+            f"{out / METRICS_FILE} holds {kept} rows up to round {round_num}, but {name} was "
+            f"written after {saved}: rows were removed (the run's results would be reported "
+            f"from an earlier round); restore {METRICS_FILE} or start a new run in another "
+            "directory"
+        )
+
+
 def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -> RunDirState:
     """Every check a resume of ``out`` makes, writing nothing; the caller holds its lock.
 
@@ -365,6 +391,8 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
             raise ValueError(f"{out / name}: {exc}; refusing to resume") from None
         _check_restored(alg, config, name)
         _check_participants(alg, rows, name)
+        if alg.round_num >= config.strategy.num_server_rounds:  # nothing will be redone
+            _check_rows_kept(out, state, alg.round_num, rows, name)
         if ledger is not None:
             ledger.check_participants(alg.round_num, tree_participants(alg), name)
     _refuse_secure_tree_redo(config, last_released, alg.round_num if state else 0)

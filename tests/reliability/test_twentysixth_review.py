@@ -33,6 +33,18 @@
    infinite), secure mode sums four draws before halving, and a tree sums up to ~20 nodes. The
    noise std ``sigma * C`` of a round's sum is now at most the dtype's largest number over 64
    (5.3e36 for float32): rc 2, one line naming noise-multiplier and clip-norm, nothing written.
+4. ``simulate adadps-paper.toml --out R --set clients-per-round=3`` (40 rounds, finished), then
+   ``metrics.jsonl`` cut to its first 37 rows and ``--resume R``: rc 0, and the new
+   ``summary.json`` (and any report of the run) gave round 37's metrics as the final ones of
+   the 40 rounds (eval_accuracy 0.2821 for 0.2836); ``compare`` reused such a cell. The
+   checkpoint records how many rows were written before it; fewer rows up to its round are now
+   refused: rc 2, one line naming ``metrics.jsonl``, the counts and the checkpoint.
+5. ``ServerAlgorithm.run_round`` (Python API) sent a ``simulation.fast.StreamedUpdates`` of 5
+   users the round did not sample (cohort of 3): accepted 5, none rejected, every one summed
+   without the subsampling the accountant assumes. The twenty-fifth review's check of the
+   cohort (``aggregate(cohort=)``) skipped streamed updates. Their users are known before
+   anything trains: a stream holding a user outside the cohort is now a ``ValueError`` naming
+   the users (the fast engine streams exactly the cohort and still runs).
 """
 
 from __future__ import annotations
@@ -201,3 +213,51 @@ def test_3_draws_at_the_bound_are_finite(secure):
     gen = torch.Generator().manual_seed(3)
     draws = gaussian_noise(2_000_000, std, generator=gen, secure=secure)
     assert bool(torch.isfinite(draws).all())
+
+
+def test_4_resume_refuses_removed_metrics_rows(tmp_path):
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    out = tmp_path / "r"
+    code, _, err = run_cli(["simulate", str(TOY), "--out", str(out), "--rounds", "4", "--quiet"])
+    assert code == 0, err
+    metrics = out / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    assert len(lines) == 4
+    metrics.write_text("".join(lines[:2]))
+    summary = (out / "summary.json").read_text()
+    code, _, err = run_cli(["simulate", "--resume", str(out), "--quiet"])
+    one_line_error(code, err, "metrics.jsonl holds 2 rows up to round 4", "checkpoint.pt")
+    assert (out / "summary.json").read_text() == summary  # nothing changed
+    metrics.write_text("".join(lines))  # restored: the finished run is taken as it is
+    code, _, err = run_cli(["simulate", "--resume", str(out), "--quiet"])
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["rounds_completed"] == 4
+
+
+def test_5_streamed_updates_outside_the_cohort_are_refused():
+    import torch
+
+    from fedprivopt.simulation.fast import StreamedUpdates
+    from fedprivopt.strategies import StrategyConfig, build_algorithm
+
+    config = StrategyConfig(population=20, clients_per_round=3.0, noise_multiplier=0.5,
+                            clip_norm=1.0, seed=1)  # fmt: skip
+    alg = build_algorithm(config, torch.zeros(4))
+    rounds = alg.run_round(1)
+    request = next(rounds)
+    others = [u for u in range(20) if u not in request.users][:5]
+    stream = StreamedUpdates(
+        others, lambda users: iter([(u, torch.full((4,), 0.1)) for u in users])
+    )
+    with pytest.raises(ValueError, match="not in round 1's cohort"):
+        rounds.send(stream)
+    alg = build_algorithm(config, torch.zeros(4))  # the cohort itself is still summed
+    rounds = alg.run_round(1)
+    request = next(rounds)
+    cohort = StreamedUpdates(
+        request.users, lambda users: iter([(u, torch.full((4,), 0.1)) for u in users])
+    )
+    with pytest.raises(StopIteration) as done:
+        rounds.send(cohort)
+    assert done.value.value.metrics["accepted"] == len(request.users)

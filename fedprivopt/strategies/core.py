@@ -441,6 +441,15 @@ class ServerAlgorithm:
         else:
             entries = sorted(updates.items())
         unasked: dict[int, str] = {}
+        if cohort is not None and getattr(updates, "sorted_by_user", False):
+            # twenty-sixth review of issue 15: a streamed cohort (simulation.fast's
+            # StreamedUpdates, trained as it is read) of users the round did not ask was summed
+            # whole; its users are known before anything is trained, so it is refused
+            extra = sorted(set(int(u) for u in updates.keys()) - set(cohort))
+            if extra:
+                raise ValueError(
+                    f"updates hold users not in round {round_num}'s cohort: {shown(extra)}"
+                )
         if cohort is not None and not getattr(updates, "sorted_by_user", False):
             asked = set(cohort)
             unasked = {int(u): "not in the round's cohort" for u, _ in entries if u not in asked}

@@ -122,22 +122,13 @@ from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
 from tests.reliability.test_fuzz_cli import run_cli
+from tests.reliability.test_twentythird_review import one_line_error
 from tests.strategies.test_flower_faults import DIM, POPULATION, ScriptedGrid
 from tests.tag_synth import SYNTH, make_synth_dir, tag_task
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
 MINI = ROOT / "simulations" / "stackoverflow-tp-mini.toml"
-
-
-def one_line_error(code: int, err: str, *parts: str) -> str:
-    """rc 2, no traceback, one stderr line holding every one of ``parts``."""
-    assert code == 2, err
-    assert "Traceback" not in err and err.endswith("\n"), err
-    assert len(err.splitlines()) == 1, err
-    for part in parts:
-        assert part in err, (part, err)
-    return err
 
 
 @pytest.fixture

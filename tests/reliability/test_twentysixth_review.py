@@ -57,20 +57,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability.test_twentythird_review import one_line_error
+
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
 EPSILON = ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "10",
            "--delta", "1e-5"]  # fmt: skip
-
-
-def one_line_error(code: int, err: str, *parts: str) -> str:
-    """rc 2, no traceback, one stderr line holding every one of ``parts``."""
-    assert code == 2, err
-    assert "Traceback" not in err and err.endswith("\n"), err
-    assert len(err.splitlines()) == 1, err
-    for part in parts:
-        assert part in err, (part, err)
-    return err
 
 
 def _env(tmp_path) -> dict[str, str]:

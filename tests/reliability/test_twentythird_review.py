@@ -79,7 +79,7 @@ def one_line_error(code: int, err: str, *parts: str) -> str:
     assert "Traceback" not in err and err.endswith("\n"), err
     assert len(err.splitlines()) == 1, err
     for part in parts:
-        assert part in err, err
+        assert part in err, (part, err)
     return err
 
 

@@ -374,11 +374,11 @@ class NoisyMeanAggregator:
             raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         device = check_device(device)
         dim = check_fits("dim", check_int("dim", dim, 1), dtype.itemsize, device)
+        if not isinstance(updates, Iterable):
+            raise ValueError(f"updates must be an iterable, got {type(updates).__name__}")
         total = torch.zeros(dim, dtype=dtype, device=device)
         tally = _Tally()
         bound = self.accept_norm(dim)
-        if not isinstance(updates, Iterable):
-            raise ValueError(f"updates must be an iterable, got {type(updates).__name__}")
         for i, entry in enumerate(updates):
             if isinstance(entry, RowSparseBatch):
                 self._add_batch(entry, total, tally, bound, dim, dtype)

@@ -45,7 +45,7 @@ from typing import Any
 
 import dp_accounting as dpa
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import as_float, check_int
 
 __all__ = ["EVENT_KINDS", "MIN_NOISE_MULTIPLIER", "SAMPLING_KINDS", "SubsampledGaussianEvent"]
 
@@ -67,14 +67,12 @@ def _finite(value: object) -> bool:
     """Whether ``value`` is a real number (not a bool) that is a finite float.
 
     A short API review of issue 15: an integer beyond float64 (10**400) raised
-    ``OverflowError`` from ``math.isfinite``.
+    ``OverflowError`` from ``math.isfinite`` (:func:`~fedprivopt.core.checks.as_float` makes
+    it ``inf``).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
+    return math.isfinite(as_float(value))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,12 @@ process per message. :class:`ProcessSet` therefore
 
 - starts each process in its own session (so a terminal's Ctrl-C reaches only us, and we stop
   them in order), with its output in a log file and, on Linux, ``PR_SET_PDEATHSIG`` so that a
-  killed parent takes its direct children along;
+  killed parent takes its direct children along. The signal is SIGKILL: with SIGTERM the
+  SuperLink (uvicorn) began a graceful shutdown that waits, without a limit, for open HTTP
+  requests to close, and a deployment whose parent and watchdog were both killed left its
+  SuperLink and SuperExec running for over 20 s on a loaded 2-core machine (CI). With no parent
+  left there is nothing a graceful shutdown could hand over; Flower's own children follow
+  through their ``--parent-pid`` monitors;
 - tags every process with a per-deployment environment variable, which Flower's children
   inherit, and on Linux finds them in ``/proc`` (descendants by parent id and by tag), recording
   ``(pid, start time)`` so a recycled PID is never signalled;
@@ -20,6 +25,7 @@ stops the processes of the deployment (by its tag and as the parent's descendant
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.simulation.watchdog import has_marker as _has_marker
 from fedprivopt.simulation.watchdog import pid_alive
 from fedprivopt.simulation.watchdog import proc_stat as _proc_stat
@@ -47,16 +54,6 @@ def _cmdline(pid: int) -> str:
     except OSError:
         return ""
     return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-
-
-def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
 
 
 @dataclass
@@ -110,7 +107,11 @@ class ProcessSet:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+                preexec_fn=(
+                    functools.partial(die_with_parent, os.getpid())
+                    if sys.platform.startswith("linux")
+                    else None
+                ),
             )
         except BaseException:
             log.close()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.deploy.processes import ProcessSet
+from fedprivopt.deploy.workdir import FLWR_HOME_NAME
 
 __all__ = [
     "CONNECTION",
@@ -104,7 +105,7 @@ class Deployment:
         self.workdir = workdir
         self.log_dir = log_dir
         self.progress = progress
-        self.flwr_home = workdir / "flwr-home"
+        self.flwr_home = workdir / FLWR_HOME_NAME
         bin_dir = str(Path(sys.executable).parent)
         env = dict(os.environ)
         env.update(

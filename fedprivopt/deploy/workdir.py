@@ -5,6 +5,10 @@ staged app in ``<tmp>/fedprivopt-deploy-*`` (mode 0700) and removes it when it e
 killed (SIGKILL), its watchdog (:class:`~fedprivopt.simulation.watchdog.Watchdog`) removes it; if
 the watchdog is killed too, the next deployment removes it: the directory names its owner
 (``owner.json``: PID, start time and PID namespace), and one whose owner no longer runs is stale.
+The next deployment also stops, by PID, the processes still running with the stale directory's
+``FLWR_HOME`` in their environment (every Flower process of the deployment inherits it): the
+kernel kills the SuperLink and the SuperNodes with their parent, but Flower's own children
+(SuperExecs, the ServerApp) leave only through their ``--parent-pid`` monitors, in seconds.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import stat
 import tempfile
 from pathlib import Path
 
-from fedprivopt.simulation.watchdog import same_process, start_time
+from fedprivopt.simulation.watchdog import same_process, start_time, stop_marked
 
-__all__ = ["WORKDIR_PREFIX", "make_workdir", "remove_stale_workdirs"]
+__all__ = ["FLWR_HOME_NAME", "WORKDIR_PREFIX", "make_workdir", "remove_stale_workdirs"]
 
 WORKDIR_PREFIX = "fedprivopt-deploy-"
 """Prefix of a deployment's working directory in the temporary directory."""
+FLWR_HOME_NAME = "flwr-home"
+"""The deployment's ``FLWR_HOME``, inside its working directory."""
 _OWNER = "owner.json"
 
 
@@ -50,7 +56,9 @@ def remove_stale_workdirs(parent: str | Path | None = None) -> list[Path]:
     A deployment killed with SIGKILL cannot remove its directory (its watchdog normally does).
     Only directories named ``fedprivopt-deploy-*``, owned by this user, not symbolic links, and
     with an ``owner.json`` naming a process (PID and start time, in this PID namespace) that no
-    longer runs are removed; anything else is left alone.
+    longer runs are removed; anything else is left alone. The processes still running with the
+    directory's ``FLWR_HOME`` are stopped first (SIGTERM, a second, then SIGKILL): their owner is
+    gone, so there is nothing a graceful shutdown could hand over.
     """
     parent = Path(parent) if parent is not None else Path(tempfile.gettempdir())
     removed = []
@@ -66,6 +74,7 @@ def remove_stale_workdirs(parent: str | Path | None = None) -> list[Path]:
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             continue
         if _owner_alive(path) is False:
+            stop_marked(f"FLWR_HOME={path / FLWR_HOME_NAME}", grace=1.0)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

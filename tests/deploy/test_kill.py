@@ -75,7 +75,8 @@ class Deployment:
             "OMP_NUM_THREADS": "1",
         }
         args = [sys.executable, "-m", "fedprivopt.cli", "deploy", "local", "--nodes", "1"]
-        args += ["--out", str(tmp_path / name), "--rounds", "200", "--timeout", "300"]
+        self.out = tmp_path / name
+        args += ["--out", str(self.out), "--rounds", "200", "--timeout", "300"]
         settings = {"population": 6, "task-params.num-users": 6, "clients-per-round": 3}
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
@@ -117,6 +118,13 @@ class Deployment:
         wait_until(ready, timeout, lambda: self.err.read_text()[-2000:])
         return mine()[0]
 
+    def left(self) -> str:
+        """What is still running, with the end of the SuperLink's log (for a failure message)."""
+        running = [cmdline(p) for p in alive(self.seen)]
+        log = self.out / "deploy" / "superlink.log"
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no SuperLink log)"
+        return f"processes left: {running}\nend of {log.name}:\n{tail}"
+
     def cleanup(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -148,37 +156,47 @@ def test_sigkill_of_deploy_local_leaves_no_keys_and_no_process(tmp_path):
 
 
 def test_the_next_deployment_removes_what_a_killed_one_left(tmp_path):
+    """Parent and watchdog both SIGKILLed: the kernel takes the SuperLink and SuperNodes along at
+    once; Flower's own children (SuperExecs, the ServerApp) follow through their ``--parent-pid``
+    monitors in seconds, and the next deployment stops, by PID, whatever is still running and
+    removes the directory with the keys.
+
+    Before: the SuperLink got SIGTERM from the kernel, and uvicorn's graceful shutdown, which
+    waits without a limit for open HTTP requests, kept it and its SuperExec running past 20 s
+    on a loaded 2-core machine (CI); nothing stopped them.
+    """
     first = Deployment(tmp_path, "first")
     try:
         old = first.wait_for_nodes()
-        # kill the watchdog first (if there is one), then the deployment: nothing cleans up
-        watchdogs = [p for p in first.processes() if "--watchdog" in cmdline(p)]
+        running = first.processes()
+        direct = [p for p in running if int((proc_stat(p) or ["", "0"])[1]) == first.proc.pid]
+        assert any("flower-superlink" in cmdline(p) for p in direct), [cmdline(p) for p in direct]
+        # kill the watchdog first (if there is one), then the deployment: none of our code runs
+        watchdogs = [p for p in running if "--watchdog" in cmdline(p)]
         for pid in watchdogs:
             os.kill(pid, signal.SIGKILL)
         first.proc.kill()
         first.proc.wait(timeout=30)
-        wait_until(
-            lambda: not alive(first.seen),
-            20,
-            lambda: f"processes left: {[cmdline(p) for p in alive(first.seen)]}",
-        )
+        mine = {p: running[p] for p in direct if p not in watchdogs}
+        wait_until(lambda: not alive(mine), 5, first.left)  # PR_SET_PDEATHSIG: SIGKILL
+        assert old.exists() and (old / "tls" / "server.key").exists()  # left behind
+
+        second = Deployment(tmp_path, "second")
+        try:
+            second.wait_for_nodes(earlier=old)
+            assert not old.exists(), "the stale working directory (with its keys) is still there"
+            assert not alive(first.seen), first.left()
+            second.proc.send_signal(signal.SIGINT)
+            code = second.proc.wait(timeout=60)
+            wait_until(
+                lambda: not alive(second.seen),
+                15,
+                lambda: f"processes left: {[cmdline(p) for p in alive(second.seen)]}",
+            )
+        finally:
+            second.cleanup()
     finally:
         first.cleanup()
-    assert old.exists() and (old / "tls" / "server.key").exists()  # left behind
-
-    second = Deployment(tmp_path, "second")
-    try:
-        second.wait_for_nodes(earlier=old)
-        assert not old.exists(), "the stale working directory (with its keys) is still there"
-        second.proc.send_signal(signal.SIGINT)
-        code = second.proc.wait(timeout=60)
-        wait_until(
-            lambda: not alive(second.seen),
-            15,
-            lambda: f"processes left: {[cmdline(p) for p in alive(second.seen)]}",
-        )
-    finally:
-        second.cleanup()
     assert code == 130, second.err.read_text()[-2000:]
     assert second.workdirs() == []
 
@@ -289,3 +307,69 @@ def test_stale_working_directories_are_removed_only_when_their_owner_is_gone(tmp
     assert not dead.exists() and not recycled.exists()
     assert live.exists() and other_ns.exists() and unknown.exists()
     assert (tmp_path / "fedprivopt-deploy-link").is_symlink()
+
+
+def test_the_sweep_stops_what_still_runs_in_a_stale_working_directory(tmp_path):
+    """A stale directory's processes (its ``FLWR_HOME`` in their environment) are stopped by PID,
+    also one that ignores SIGTERM (as uvicorn's graceful shutdown may, waiting on open requests);
+    a live deployment's processes are left alone. Before, only the directory was removed."""
+    from fedprivopt.deploy.workdir import FLWR_HOME_NAME, _pid_namespace, remove_stale_workdirs
+    from fedprivopt.simulation.watchdog import start_time
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True, check=True)  # fmt: skip
+    namespace = _pid_namespace()
+    owners = {
+        "dead": {"pid": int(done.stdout), "start": 1, "pidns": namespace},
+        "live": {"pid": os.getpid(), "start": start_time(os.getpid()), "pidns": namespace},
+    }
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    procs, pids = {}, {}
+    try:
+        for name, owner in owners.items():
+            path = tmp_path / f"fedprivopt-deploy-{name}"
+            (path / FLWR_HOME_NAME).mkdir(parents=True)
+            (path / "owner.json").write_text(json.dumps(owner))
+            env = {**os.environ, "FLWR_HOME": str(path / FLWR_HOME_NAME)}
+            procs[name] = subprocess.Popen([sys.executable, "-c", stubborn], env=env)
+            wait_until(lambda p=procs[name]: proc_stat(p.pid) is not None, 10, lambda: "no start")
+            pids[procs[name].pid] = proc_stat(procs[name].pid)[19]
+        time.sleep(0.3)  # SIGTERM is ignored from here on
+        assert remove_stale_workdirs(tmp_path) == [tmp_path / "fedprivopt-deploy-dead"]
+        assert procs["dead"].wait(timeout=10) == -signal.SIGKILL
+        assert procs["live"].poll() is None
+        assert (tmp_path / "fedprivopt-deploy-live").exists()
+    finally:
+        kill_all(pids)
+        for proc in procs.values():
+            proc.wait(timeout=30)
+
+
+def test_a_started_process_dies_with_its_killed_parent_even_if_it_ignores_sigterm(tmp_path):
+    """``ProcessSet.start`` asks the kernel for SIGKILL when the parent dies (``PR_SET_PDEATHSIG``).
+    Before it asked for SIGTERM, which a process in a graceful shutdown (uvicorn waiting on open
+    requests) may sit on indefinitely."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    parent = (
+        "import sys, time\n"
+        "from fedprivopt.deploy.processes import ProcessSet\n"
+        f"procs = ProcessSet({{}}, {str(tmp_path)!r})\n"
+        f"child = procs.start('stubborn', [sys.executable, '-c', {stubborn!r}], 'stubborn')\n"
+        "time.sleep(0.5)\n"  # SIGTERM is ignored from here on
+        "print(child.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)  # fmt: skip
+    pids: dict[int, str] = {}
+    try:
+        child = int(proc.stdout.readline())
+        pids[child] = proc_stat(child)[19]
+        proc.kill()
+        proc.wait(timeout=30)
+        wait_until(lambda: not alive(pids), 5, lambda: f"left: {describe_pids(alive(pids))}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        kill_all(pids)

@@ -64,6 +64,15 @@ _INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts a
 MAX_FAST_ACTORS = 256
 """Upper bound of ``fast-actors``: processes, each with its own copy of the task."""
 
+MAX_CLIENT_RESOURCES = 1e6
+"""Upper bound of ``client-cpus`` and ``client-gpus``, on every engine (no Ray node declares more;
+the ``fast`` engine ignores both, so a larger value is a slip, not a request)."""
+
+MIN_ROUND_TIMEOUT = 1.0
+"""Lower bound of ``round-timeout`` in seconds: below it no node's reply arrives in time, so every
+update of every round is lost while each round is charged to the budget all the same (a toy
+round on the ``flower`` engine takes 0.1-0.2 s, its first about 9 s, measured)."""
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -92,7 +101,9 @@ class RunConfig:
         to and ones otherwise (the summary says so); ``ones`` is plain DP-FedAvg. Used only by
         ``adadps``.
     client_cpus, client_gpus : float
-        Resources of one simulated client on the ``flower`` engine (fractional GPUs allowed).
+        Resources of one simulated client on the ``flower`` engine (fractional GPUs allowed), in
+        ``[0, MAX_CLIENT_RESOURCES]`` on every engine (the ``fast`` engine ignores them); the
+        ``flower`` engine also checks them against the machine or cluster.
     ray_cpus : int
         CPUs Ray may use (0: all); must be 0 when joining a cluster (its nodes declare theirs).
     ray_address : str
@@ -114,9 +125,11 @@ class RunConfig:
         Fast engine: shard each cohort over this many Ray actors (each holds the task and trains
         its share of users); ``0`` trains in process.
     round_timeout : float
-        Flower engine and deployment: seconds the server waits for a cohort's replies, ``> 0``;
-        users whose node has not replied by then are counted in the round metric ``timed_out``
-        and the round goes on without them (their sampling is accounted all the same).
+        Flower engine and deployment: seconds the server waits for a cohort's replies, at least
+        :data:`MIN_ROUND_TIMEOUT` (1 s; below it every update is lost while every round is
+        charged) and finite; users whose node has not replied by then are counted in the round
+        metric ``timed_out`` and the round goes on without them (their sampling is accounted
+        all the same).
     tensorboard : bool
         Also write every metrics row as TensorBoard scalars into the run directory
         (:mod:`fedprivopt.simulation.tensorboard`).
@@ -156,21 +169,26 @@ class RunConfig:
             or self.ray_cpus < 0
         ):
             raise ValueError(f"ray-cpus must be an integer >= 0, got {self.ray_cpus!r}")
-        for key, hi in (("client_cpus", math.inf), ("client_gpus", math.inf)):
+        for key in ("client_cpus", "client_gpus"):
             value = getattr(self, key)
             if (
                 not isinstance(value, (int, float))
                 or isinstance(value, bool)
-                or not (0 <= value < hi)
+                or not (0 <= value <= MAX_CLIENT_RESOURCES)
             ):
-                raise ValueError(f"{key.replace('_', '-')} must be a number >= 0, got {value!r}")
+                raise ValueError(
+                    f"{key.replace('_', '-')} must be a number in [0, {MAX_CLIENT_RESOURCES:g}], "
+                    f"got {shown(value)}"
+                )
         if (
             not isinstance(self.round_timeout, (int, float))
             or isinstance(self.round_timeout, bool)
-            or not (0 < self.round_timeout < math.inf)
+            or not (MIN_ROUND_TIMEOUT <= self.round_timeout < math.inf)
         ):
             raise ValueError(
-                f"round-timeout must be a number of seconds > 0, got {self.round_timeout!r}"
+                f"round-timeout must be a number of seconds >= {MIN_ROUND_TIMEOUT:g} (below it "
+                f"no reply arrives in time and every update is lost), got "
+                f"{shown(self.round_timeout)}"
             )
         for key in ("vectorize", "tensorboard"):
             if not isinstance(getattr(self, key), bool):

@@ -136,7 +136,7 @@ def test_fast_and_flower_engines_end_with_the_same_model(tmp_path, strategy, ema
         (["--set", "noise-multiplier=abc"], "noise-multiplier"),
         (["--set", "local-epochs=0"], "local-epochs"),
         (["--set", "engine=spark"], "engine"),
-        (["--set", "round-timeout=0"], "round-timeout must be a number of seconds > 0"),
+        (["--set", "round-timeout=0"], "round-timeout must be a number of seconds >= 1"),
         (["--set", "population=13"], "population"),
         (["--set", "task=nope"], "unknown task 'nope'"),
         (["--set", "oops"], "--set"),

@@ -341,25 +341,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_COMMAND: dict[str, str] = {}
+"""For :func:`console`'s line: ``name``, the command :func:`main` parsed (``data synth``);
+``finished``, set once the command has returned."""
+
+
 def console() -> None:
     """The ``fedprivopt`` program: :func:`main`, then exit with its code.
 
     Its signal handlers stay until the process has ended (:func:`~fedprivopt.simulation.
     interrupt.handle_until_exit`): a second Ctrl-C, SIGTERM or SIGHUP ends it at once, with one
     line and exit code 130 (128 + the first signal), and a signal after :func:`main` returned
-    ends the interpreter's shutdown with ``main``'s code; an interrupted command's process ends
+    ends it with the one line of a command interrupted after it finished and ``128 + signal``
+    (:mod:`fedprivopt.cli_exit`; before the twenty-eighth review of issue 15 it ended silently
+    with ``main``'s code, or was killed by SIGINT in Python's module teardown); the process ends
     after the ``atexit`` callbacks, without Python's module teardown
-    (:func:`~fedprivopt.simulation.interrupt.end_interrupted`). Twenty-second review of issue
+    (:func:`~fedprivopt.cli_exit.end_program`). Twenty-second review of issue
     15: a second Ctrl-C 0.005-0.08 s after the first printed tracebacks from ``atexit`` callbacks
     and from ``main``'s own ``with`` block (3 of 8 runs).
     """
     import atexit
 
+    from fedprivopt.cli_exit import after_finish, end_program, exit_code, finished_line
     from fedprivopt.simulation import interrupt
 
     interrupt.handle_until_exit()
-    atexit.register(interrupt.end_interrupted)  # registered first: runs after every other
-    code = main()
+    atexit.register(end_program)  # registered first: runs after every other
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse's --help, --version and usage errors
+        code = exit_code(exc)
+        if code is None:
+            raise
+    except KeyboardInterrupt as exc:  # at start-up, or as main's blocks ended after the result
+        name = _COMMAND.get("name")
+        if _COMMAND.get("finished"):
+            print(finished_line(name), file=sys.stderr)
+        else:
+            print(f"fedprivopt{f' {name}' if name else ''}: interrupted", file=sys.stderr)
+        code = 128 + int(getattr(exc, "signum", 2))
+    # a signal from now on: one line and 128 + signal (twenty-eighth review of issue 15)
+    after_finish(_COMMAND.get("name"), code)
     interrupt.finished(code)
     sys.exit(code)
 
@@ -392,7 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # head left) stopped the run (twenty-fifth review of issue 15, finding 17): dropped instead;
     # a closed stdout or stderr (`>&-`) was None: a traceback (twenty-sixth review, finding 1)
     with signals_raise(ENDING_SIGNALS), closed_streams_filled(), stderr_failures_dropped():
-        return _main(argv)
+        code = _main(argv)
+        _COMMAND["finished"] = "yes"  # a signal from here on comes after the result
+        return code
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -408,6 +432,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0
+    _COMMAND["name"] = _command(args)
     from fedprivopt.simulation import interrupt
 
     interrupt.begin(_interrupted_twice(_command(args)))

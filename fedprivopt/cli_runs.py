@@ -25,6 +25,7 @@ from fedprivopt.cli_args import (
     int_at_least,
     int_in,
     name_task_param,
+    preset_path,
     shown,
     task_param_error,
 )
@@ -213,7 +214,7 @@ def add_simulate(sub) -> None:
         "  fedprivopt simulate --resume runs/a",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("config", nargs="?", metavar="CONFIG", help="preset TOML file")
+    p.add_argument("config", nargs="?", type=preset_path, metavar="CONFIG", help="preset TOML file")
     p.add_argument("--strategy", choices=STRATEGIES, help="override the preset's strategy")
     p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
     p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
@@ -361,6 +362,10 @@ def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
         raise UsageError(str(exc)) from None
 
     def announce(i: int, plan) -> None:
+        # --quiet: no progress at all, the cells' lines included (twenty-eighth review of issue
+        # 15: `compare --quiet` still printed "[i/n] cell" for every cell)
+        if args.quiet:
+            return
         note = "" if plan.action == "run" else f" ({plan.action})"
         print(f"[{i}/{len(plans)}] {plan.cell.label}{note}", file=sys.stderr, flush=True)
 
@@ -408,7 +413,7 @@ def add_compare(sub) -> None:
         "--strategies dp-fedavg,dp-fedadam,fedavg --noise-multipliers 0.5,1 --seeds 2",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("config", metavar="CONFIG", help="preset TOML file")
+    p.add_argument("config", type=preset_path, metavar="CONFIG", help="preset TOML file")
     p.add_argument(
         "--strategies", metavar="A,B,...", help="strategies (default: every registered one)"
     )
@@ -458,5 +463,10 @@ def add_compare(sub) -> None:
         "progress is off with J > 1; at most this machine's memory over 256 MiB (a worker holds "
         "its own tasks)",
     )
-    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (neither each cell's line nor its rounds): only the report "
+        "line, notes, warnings and errors",
+    )
     p.set_defaults(func=cmd_compare, strategy=None, seed=None)

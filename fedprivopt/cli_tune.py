@@ -29,6 +29,7 @@ from fedprivopt.cli_args import (
     check_path_text,
     float_range,
     int_at_least,
+    preset_path,
 )
 from fedprivopt.cli_runs import build_checked_run, load_preset, set_overrides
 
@@ -452,7 +453,7 @@ def add_tune(sub) -> None:
         "--mean-trials 5 --out runs/tune-fedadam",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("config", metavar="PRESET", help="preset TOML file")
+    p.add_argument("config", type=preset_path, metavar="PRESET", help="preset TOML file")
     p.add_argument(
         "--strategy", choices=STRATEGIES, help="strategy to tune (default: the preset's)"
     )

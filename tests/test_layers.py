@@ -27,6 +27,7 @@ LAYERS = (
         "cli_tune",
         "cli_compare_tune",
         "cli_stdout",
+        "cli_exit",
         "deploy.cli",
     ),
 )

@@ -276,7 +276,11 @@ def add_deploy_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("config", nargs="?", metavar="CONFIG", help="preset TOML file (optional)")
+    from fedprivopt.cli_args import preset_path  # "~/x.toml" expanded, as --out's "~"
+
+    p.add_argument(
+        "config", nargs="?", type=preset_path, metavar="CONFIG", help="preset TOML file (optional)"
+    )
     p.add_argument(
         "--nodes",
         required=True,

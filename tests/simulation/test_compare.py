@@ -93,10 +93,12 @@ def test_compare_without_strategies_runs_every_registered_strategy(tmp_path):
     assert sorted(r["strategy"] for r in rows) == sorted(STRATEGIES)
 
 
-def _compare(out, *extra):
-    # a flag is given once (tenth review of issue 15): --strategies of extra replaces the default
+def _compare(out, *extra, quiet=True):
+    # a flag is given once (tenth review of issue 15): --strategies of extra replaces the default;
+    # quiet=False keeps the cells' "[i/n] cell (reuse)" lines, which --quiet omits (since the
+    # twenty-eighth review)
     strategies = [] if "--strategies" in extra else ["--strategies", "dp-fedavg"]
-    argv = ["compare", str(PRESET), *strategies, "--out", str(out), "--quiet"]
+    argv = ["compare", str(PRESET), *strategies, "--out", str(out), *(["--quiet"] * quiet)]
     return main([*argv, *SMALL, *extra])
 
 
@@ -405,7 +407,7 @@ def test_a_killed_resume_leaves_no_finished_summary_and_compare_resumes_the_cell
     _edit(cell / "config.toml", "num-server-rounds = 1000000\n", f"num-server-rounds = {rounds}\n")
     (cell / "summary.json").write_bytes(stale)  # as an earlier version left it
     capsys.readouterr()
-    assert _compare(out, "--rounds", rounds) == 0
+    assert _compare(out, "--rounds", rounds, quiet=False) == 0
     err = capsys.readouterr().err
     assert f"{cell.name} (resume)" in err and "Warning" not in err, err
     row = _summary_rows(out)[0]
@@ -524,7 +526,7 @@ def test_a_cell_whose_budget_allowed_no_round_is_reported_and_then_reused(tmp_pa
         in (out / "report.md").read_text()
     )
     capsys.readouterr()
-    assert _compare(out, *argv) == 0
+    assert _compare(out, *argv, quiet=False) == 0
     assert "dp-fedavg__sigma0.5__seed0 (reuse)" in capsys.readouterr().err
 
 

@@ -30,8 +30,9 @@ SMALL = ["--set", "num-server-rounds=4", "--set", "population=6",
 
 
 def _compare(out: Path, *extra: str) -> list[str]:
+    # not --quiet: the tests read the cells' "[i/n] cell" lines, which --quiet omits
     grid = ["--strategies", "dp-fedavg,fedavg", "--seeds", "2", "--noise-multipliers", "0.7,1.3"]
-    return ["compare", TOY, *grid, "--out", str(out), "--quiet", *SMALL, *extra]
+    return ["compare", TOY, *grid, "--out", str(out), *SMALL, *extra]
 
 
 def _rows(summary_csv: Path) -> list[list[str]]:
@@ -87,8 +88,9 @@ def test_jobs_out_of_range_or_beside_ray_is_refused_in_one_line(tmp_path, extra,
 def test_ctrl_c_stops_every_worker_and_the_same_command_continues(tmp_path):
     out = tmp_path / "C"
     sets = [f"--set={k}={v}" for k, v in SETTINGS.items() if k != "ray-cpus"]
+    # not --quiet: the cells' lines are read
     argv = ["compare", TOY, "--strategies", "dp-fedavg", "--seeds", "3", "--out", str(out),
-            "--quiet", "--jobs", "2", *sets]  # fmt: skip
+            "--jobs", "2", *sets]  # fmt: skip
     run = Cli(argv, tmp_path, "compare")
     runs = out / "runs"
     try:

@@ -1,0 +1,191 @@
+"""Issue 15, twenty-eighth hostile review: regression tests of its findings.
+
+1. ``compare toy.toml --strategies dp-fedavg,fedavg --quiet`` printed ``[1/2] dp-fedavg__...``
+   and ``[2/2] fedavg__...`` on stderr (also with ``--jobs 2``, and for reused cells): its
+   ``--quiet`` silenced only the rounds, where ``tune``'s, ``deploy local``'s and ``compare
+   --tune-grid``'s print no progress at all. Now nothing but the report line (and notes,
+   warnings or an error).
+2. A Ctrl-C right after a command printed its result (``fedprivopt epsilon …`` at a
+   terminal): 0.01-0.2 s after the line the process was killed by SIGINT with no line (the
+   shell's 130; Python resets the signal handlers after the ``atexit`` callbacks, and its
+   module teardown takes that long), and before that it ended silently with rc 0. Now the
+   process ends after the ``atexit`` callbacks without the teardown, and a signal after the
+   result prints the one line of an interrupted command (saying the output is complete) with
+   exit code 130.
+3. A preset given as ``"~/x.toml"`` (quoted: the shell leaves the ``~``) to ``simulate``,
+   ``compare``, ``tune`` or ``deploy local`` was refused as ``config file '~/x.toml' does not
+   exist``, while ``--out "~/x"`` (twenty-fifth review) and ``data info "~/x"`` expand it. Now
+   the preset's ``~`` is expanded too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "simulations" / "toy.toml"
+EPSILON = ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "10",
+           "--delta", "1e-5"]  # fmt: skip
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
+    env["FLWR_HOME"] = str(tmp_path / "flwr")
+    env["HOME"] = str(tmp_path / "home")
+    env["PYTHONPATH"] = str(ROOT)
+    env.pop("FEDPRIVOPT_DEBUG", None)
+    return env
+
+
+def _cli(tmp_path: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fedprivopt.cli", *argv],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# -- finding 1: compare --quiet prints no progress -------------------------------------------------
+
+
+def test_1_compare_quiet_prints_only_the_report_line(tmp_path):
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--rounds", "1"]
+    first = _cli(tmp_path, *argv, "--out", str(out), "--quiet")
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == "", first.stderr  # was "[1/2] dp-fedavg__sigma0.5__seed0" ...
+    assert first.stdout.startswith("report: "), first.stdout
+    # every cell reused, through --jobs 2's path (no worker is started for reused cells)
+    again = _cli(tmp_path, *argv, "--out", str(out), "--quiet", "--jobs", "2")
+    assert again.returncode == 0, again.stderr
+    assert again.stderr == "", again.stderr
+    assert "2 of 2 runs from an earlier call" in again.stdout, again.stdout
+
+
+def test_1_compare_without_quiet_still_announces_each_cell(tmp_path):
+    argv = ["compare", str(TOY), "--strategies", "fedavg", "--rounds", "1"]
+    proc = _cli(tmp_path, *argv, "--out", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stderr
+    assert "[1/1] fedavg__sigma0__seed0" in proc.stderr, proc.stderr
+
+
+# -- finding 2: a signal after the command's result ------------------------------------------------
+
+AFTER_RESULT = """
+import atexit, os, signal, sys
+import fedprivopt.cli as cli
+
+command = cli.cmd_epsilon
+
+
+def cmd_epsilon(args):
+    code = command(args)
+    sys.stdout.flush()
+    # runs among the atexit callbacks, after main returned: a Ctrl-C just after the result
+    atexit.register(os.kill, os.getpid(), signal.SIGINT)
+    return code
+
+
+cli.cmd_epsilon = cmd_epsilon
+sys.argv = ["fedprivopt", *sys.argv[1:]]
+cli.console()
+"""
+
+IN_TEARDOWN = """
+import os, signal, sys, time
+import fedprivopt.cli as cli
+
+command = cli.cmd_epsilon
+
+
+class LateCtrlC:
+    def __del__(self):  # Python's module teardown: its signal handlers are reset by then
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+
+
+def cmd_epsilon(args):
+    sys.modules["__main__"].late = LateCtrlC()
+    return command(args)
+
+
+cli.cmd_epsilon = cmd_epsilon
+sys.argv = ["fedprivopt", *sys.argv[1:]]
+cli.console()
+"""
+
+
+def _script(tmp_path: Path, code: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_2_ctrl_c_after_the_result_exits_130_with_one_line(tmp_path):
+    proc = _script(tmp_path, AFTER_RESULT, *EPSILON)
+    assert proc.stdout.startswith("epsilon = "), proc.stdout  # the result is complete
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)  # was 0, silently
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "fedprivopt epsilon: interrupted as it exited, after it had finished "
+        "(its output is complete)"
+    ], proc.stderr
+
+
+def test_2_no_module_teardown_where_ctrl_c_killed_the_process_silently(tmp_path):
+    proc = _script(tmp_path, IN_TEARDOWN, *EPSILON)
+    assert proc.stdout.startswith("epsilon = "), proc.stdout
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)  # was -2 (SIGINT), no line
+    assert proc.stderr == "", proc.stderr
+
+
+def test_2_an_error_and_help_still_exit_with_their_codes(tmp_path):
+    bad = _cli(tmp_path, "epsilon", "--noise-multiplier", "0", "--rounds", "1", "--delta", "0.1")
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
+    shown = _cli(tmp_path, "epsilon", "--help")
+    assert shown.returncode == 0 and "--noise-multiplier" in shown.stdout, shown.stderr
+    none = _cli(tmp_path)
+    assert none.returncode == 0 and "COMMAND" in none.stdout, none.stderr
+
+
+# -- finding 3: a preset path "~/x.toml" -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "~/x.toml"],
+        ["compare", "~/x.toml"],
+        ["tune", "~/x.toml", "--grid", "seed=1,2", "--mean-trials", "1"],
+        ["deploy", "local", "--nodes", "1", "~/x.toml"],
+    ],
+    ids=["simulate", "compare", "tune", "deploy-local"],
+)
+def test_3_the_preset_s_tilde_is_expanded(argv, monkeypatch, tmp_path):
+    from fedprivopt.cli import build_parser
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = build_parser().parse_args(argv)
+    assert args.config == str(tmp_path / "x.toml")
+
+
+def test_3_simulate_reads_a_preset_under_tilde(tmp_path):
+    (tmp_path / "home").mkdir()
+    shutil.copy(TOY, tmp_path / "home" / "x.toml")
+    proc = _cli(tmp_path, "simulate", "~/x.toml", "--rounds", "1", "--out", "~/r", "--quiet")
+    assert proc.returncode == 0, proc.stderr  # was 2: config file '~/x.toml' does not exist
+    assert (tmp_path / "home" / "r" / "summary.json").is_file()

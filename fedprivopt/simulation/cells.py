@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,6 +268,26 @@ def lock_compare_dir(out: str | Path):
     return lock_directory(out, COMPARE_LOCK, what=f"comparison {str(out)!r}")
 
 
+_CELL_NAME = re.compile(r"[a-z0-9-]+__sigma[^/]+__seed[0-9]+\Z")
+"""What :func:`cell_label` names a cell's run directory."""
+
+
+def _foreign_runs(runs: Path, reports: list[str]) -> list[str]:
+    """The entries that make ``runs`` (and the ``reports`` beside it) not a comparison's.
+
+    Twenty-seventh review of issue 15: ``compare --out P``, where ``P`` held a ``runs/`` of
+    another tool's (PyTorch's TensorBoard writes ``runs/<date>_<host>/`` by default) and the
+    user's own ``report.md`` and ``summary.csv``, replaced both (rc 0). ``runs/`` of a
+    comparison holds only cells' run directories (:func:`cell_label`), and a report beside it
+    was written after at least one cell.
+    """
+    cells = sorted(p.name for p in runs.iterdir())
+    foreign = [f"runs/{n}" for n in cells if not _CELL_NAME.match(n)]
+    if not foreign and reports and not cells:
+        foreign = reports  # a report with no run beside it: not one compare wrote
+    return foreign
+
+
 def check_compare_dir(out: str | Path) -> None:
     """Refuse an ``--out`` that holds anything but an earlier comparison's files.
 
@@ -287,8 +308,11 @@ def check_compare_dir(out: str | Path) -> None:
     foreign = [n for n in names if n not in COMPARE_ENTRIES]
     if names and "runs" not in names:
         foreign = foreign or names
-    if (out / "runs").exists() and not (out / "runs").is_dir():
+    runs = out / "runs"
+    if runs.exists() and not runs.is_dir():
         foreign.append("runs")
+    elif runs.is_dir() and not foreign:
+        foreign = _foreign_runs(runs, [n for n in names if n in REPORT_FILES])
     if foreign:
         shown = ", ".join(repr(n[:60]) for n in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise ValueError(

@@ -50,13 +50,42 @@ RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECK
 _PARTIAL = (CONFIG_FILE + ".tmp", SUMMARY_FILE + ".tmp", METRICS_FILE + ".tmp",
             CHECKPOINT + ".tmp", CHECKPOINT + ".bad", LEDGER_FILE + ".tmp")  # fmt: skip
 _OURS = frozenset((*RUN_FILES, *_PARTIAL, LOCK_FILE, LEDGER_FILE + OLD_LEDGER_SUFFIX))
-_DEBRIS = frozenset((LOCK_FILE, CONFIG_FILE + ".tmp"))  # what a start killed early leaves
 EVENTS_PREFIX = "events.out.tfevents."
 """TensorBoard's event files (``tensorboard = true``): part of a run, removed with it."""
 
 
 def _ours(name: str) -> bool:
     return name in _OURS or name.startswith(EVENTS_PREFIX)
+
+
+def _our_lock_file(path: Path) -> bool:
+    """Whether ``path`` may be a lock file of ours: empty or a PID (a link is judged by its lock).
+
+    Twenty-seventh review of issue 15: a directory holding only a user's ``run.lock`` (their own
+    notes, 17 bytes) was taken for the debris of a killed start, and the run emptied the file.
+    """
+    try:
+        if not path.is_file() or path.is_symlink():
+            return True  # a link, FIFO or directory: refused by the lock itself, naming it
+        with open(path, "rb") as f:
+            text = f.read(33)
+    except OSError:
+        return False
+    return len(text) <= 32 and (not text.strip() or text.strip().isdigit())
+
+
+def _debris(out: Path, names: list[str]) -> set[str]:
+    """The names in ``names`` that a start killed before ``config.toml`` leaves in ``out``.
+
+    ``run.lock`` holding nothing or a PID, and ``config.toml.tmp`` beside such a lock (a start
+    takes its lock before it writes ``config.toml``); a file of these names with anything else
+    in it is a user's, and the directory is not empty.
+    """
+    lock = LOCK_FILE in names and _our_lock_file(out / LOCK_FILE)
+    found = {LOCK_FILE} if lock else set()
+    if lock and CONFIG_FILE + ".tmp" in names:
+        found.add(CONFIG_FILE + ".tmp")
+    return found
 
 
 # -- one writer -----------------------------------------------------------------------------------
@@ -180,7 +209,9 @@ def _check_claimable(
         return
     if not out.is_dir():
         raise ValueError(f"out directory {str(out)!r} exists and is not a directory")
-    names = [n for n in _listing(out, allowed) if n not in _DEBRIS]
+    names = _listing(out, allowed)
+    debris = _debris(out, names)
+    names = [n for n in names if n not in debris]
     if not names:
         return
     ours = CONFIG_FILE in names and all(_ours(n) for n in names)

@@ -10,6 +10,16 @@ b. ``simulate toy.toml --set client-cpus=1e300`` (also ``client-gpus``) was acce
    silently ignored on the fast engine (the Flower engine's check against the machine runs
    only for that engine). Both are now in ``[0, 1e6]`` on every engine: rc 2, one line naming
    the key and its range.
+1. ``simulate toy.toml --out D`` where ``D`` held only the user's own ``run.lock`` (17 bytes of
+   notes) or ``config.toml.tmp``: both taken for the debris of a start killed before its
+   ``config.toml``; the run emptied ``run.lock`` and deleted ``config.toml.tmp`` (rc 0). Debris
+   is now a ``run.lock`` that is empty or holds a PID, and a ``config.toml.tmp`` beside one:
+   anything else is refused as a directory that is not empty, naming the file.
+2. ``compare toy.toml --out P`` where ``P`` held a ``runs/`` of another tool (PyTorch's
+   TensorBoard writes ``runs/<date>_<host>/``) and the user's ``report.md`` and ``summary.csv``:
+   rc 0, both replaced by the comparison's report. ``runs/`` is now a comparison's only when
+   it holds cells' run directories (``strategy__sigmaS__seedN``), and a report beside a
+   ``runs/`` holding none is not one compare wrote: rc 2 naming the entry, nothing changed.
 """
 
 from __future__ import annotations
@@ -77,3 +87,70 @@ def test_b_client_resources_in_range_are_taken():
     for value in (0, 0.5, 1, 64.0, 1e6):
         config = resolve_config({"client-cpus": value, "client-gpus": value})
         assert config.client_cpus == config.client_gpus == value
+
+
+# -- 1: a user's file named like the debris of a killed start ------------------------------------
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [("run.lock", "my precious data\n"), ("config.toml.tmp", "my draft\n"), ("run.lock", "x" * 40)],
+    ids=["lock-notes", "config-tmp-alone", "lock-long"],
+)
+def test_1_a_users_file_named_like_debris_is_not_overwritten(tmp_path, capsys, name, content):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / name).write_text(content)
+    code, err = _simulate(tmp_path, capsys, str(TOY), "--rounds", "1", "--out", str(out))
+    one_line_error(code, err, "not empty", name)
+    assert sorted(p.name for p in out.iterdir()) == [name]
+    assert (out / name).read_text() == content
+
+
+@pytest.mark.parametrize("lock", ["", "12345\n", "4194304"], ids=["empty", "pid-nl", "pid"])
+def test_1_the_debris_of_a_killed_start_still_does_not_block(tmp_path, capsys, lock):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "run.lock").write_text(lock)
+    (out / "config.toml.tmp").write_text("strategy = ")  # a torn atomic write
+    code, err = _simulate(tmp_path, capsys, str(TOY), "--rounds", "1", "--out", str(out))
+    assert code == 0, err
+    assert (out / "summary.json").is_file() and not (out / "config.toml.tmp").exists()
+
+
+# -- 2: compare over a runs/ and a report that are not a comparison's ----------------------------
+def _compare(capsys, out, *extra: str, strategies: str = "dp-fedavg") -> tuple[int, str]:
+    capsys.readouterr()
+    argv = ["compare", str(TOY), "--strategies", strategies, "--rounds", "1", "--quiet"]
+    try:
+        code = main([*argv, "--out", str(out), *extra])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout", ["tensorboard-runs", "empty-runs", "runs-file"])
+def test_2_compare_keeps_a_users_report_beside_a_runs_dir_not_its_own(tmp_path, capsys, layout):
+    out = tmp_path / "proj"
+    (out / "runs").mkdir(parents=True)
+    if layout == "tensorboard-runs":
+        (out / "runs" / "Nov29_07-30-00_host").mkdir()
+        (out / "runs" / "Nov29_07-30-00_host" / "events.out.tfevents.1.host").write_text("tb")
+    elif layout == "runs-file":
+        (out / "runs" / "notes.txt").write_text("mine")
+    (out / "report.md").write_text("# My thesis notes\n")
+    (out / "summary.csv").write_text("a,b\n")
+    code, err = _compare(capsys, out)
+    one_line_error(code, err, str(out), "compare did not write")
+    assert (out / "report.md").read_text() == "# My thesis notes\n"
+    assert (out / "summary.csv").read_text() == "a,b\n"
+    assert not (out / "runs" / "dp-fedavg__sigma0.5__seed0").exists()
+
+
+def test_2_an_earlier_comparison_is_still_reused(tmp_path, capsys):
+    out = tmp_path / "c"
+    assert _compare(capsys, out)[0] == 0
+    code, err = _compare(capsys, out)
+    assert code == 0, err
+    code, err = _compare(capsys, out, strategies="dp-fedavg,fedavg")
+    assert code == 0, err
+    names = sorted(p.name for p in (out / "runs").iterdir())
+    assert names == ["dp-fedavg__sigma0.5__seed0", "fedavg__sigma0__seed0"]

@@ -93,6 +93,11 @@ def check_checkpoint(state: Any) -> None:
     missing = {"round", "params", "accountant", "config"} - set(state["algorithm"])
     if missing:
         raise ValueError(f"algorithm state lacks {sorted(missing)}")
+    rows = state.get("rows", 0)  # absent in a checkpoint of an earlier version
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        # twenty-seventh review of issue 15: "4", NaN, None or -1 (digest recomputed) skipped
+        # the check of the rows kept as "an earlier version" (a stale final row was reported)
+        raise ValueError(f"rows must be an integer >= 0, got {shown(rows)}")
     if "diverged" in state:
         rounds = state["algorithm"]["round"]
         if checked_round(state["diverged"], rounds if isinstance(rounds, int) else None) is None:

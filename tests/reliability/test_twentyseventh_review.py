@@ -20,6 +20,13 @@ b. ``simulate toy.toml --set client-cpus=1e300`` (also ``client-gpus``) was acce
    rc 0, both replaced by the comparison's report. ``runs/`` is now a comparison's only when
    it holds cells' run directories (``strategy__sigmaS__seedN``), and a report beside a
    ``runs/`` holding none is not one compare wrote: rc 2 naming the entry, nothing changed.
+3. A finished run whose checkpoint's ``rows`` (the metrics rows written before it, the
+   twenty-sixth review's check) was set to ``"3"``, ``None``, NaN, ``True`` or -1 with the
+   digest recomputed, and whose last metrics row was deleted: ``--resume`` took the checkpoint
+   for one of an earlier version (nothing recorded), skipped the check, and the new summary
+   gave round 2's metrics as the final ones of 3 rounds (rc 0). Such a checkpoint is now
+   unreadable (``rows must be an integer >= 0``): the previous one is used and the lost round
+   redone, or, without one, the resume is refused naming the file.
 """
 
 from __future__ import annotations
@@ -154,3 +161,37 @@ def test_2_an_earlier_comparison_is_still_reused(tmp_path, capsys):
     assert code == 0, err
     names = sorted(p.name for p in (out / "runs").iterdir())
     assert names == ["dp-fedavg__sigma0.5__seed0", "fedavg__sigma0__seed0"]
+
+
+# -- 3: a checkpoint's row count of the wrong form -------------------------------------------------
+@pytest.mark.parametrize("rows", ["3", None, float("nan"), True, -1, 3.0])
+def test_3_a_checkpoint_whose_row_count_is_not_a_count_is_not_trusted(
+    tmp_path, capsys, caplog, rows
+):
+    import json
+
+    import torch
+
+    from fedprivopt.simulation.checkpoint import state_digest
+
+    out = tmp_path / "r"
+    code, err = _simulate(tmp_path, capsys, str(TOY), "--rounds", "3", "--out", str(out))
+    assert code == 0, err
+    final = json.loads((out / "summary.json").read_text())["final"]["eval_accuracy"]
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    state["rows"] = rows
+    state["sha256"] = state_digest(state)
+    torch.save(state, out / "checkpoint.pt")
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    stale = json.loads(lines[-2])["eval_accuracy"]
+    assert stale != final
+    (out / "metrics.jsonl").write_text("".join(lines[:-1]))  # round 3's row lost
+    code, err = _simulate(tmp_path, capsys, "--resume", str(out))
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final"]["eval_accuracy"] == final  # round 3 redone, not round 2 reported
+    assert "rows must be an integer >= 0" in caplog.text  # the warning: the previous one used
+    (out / "checkpoint.prev.pt").unlink()
+    torch.save(state, out / "checkpoint.pt")
+    code, err = _simulate(tmp_path, capsys, "--resume", str(out))
+    one_line_error(code, err, "checkpoint.pt", "rows must be an integer >= 0")

@@ -64,7 +64,10 @@ class _Guarded:
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
+            try:
+                return self._stream.write(text)
+            except UnicodeEncodeError:  # a path or value the output's encoding cannot show
+                return self._stream.write(_escaped(text, self._stream))
         except OSError as exc:
             raise StdoutError(exc) from exc
 
@@ -73,6 +76,20 @@ class _Guarded:
             self._stream.flush()
         except OSError as exc:
             raise StdoutError(exc) from exc
+
+
+def _escaped(text: str, stream) -> str:
+    r"""``text`` with what ``stream``'s encoding cannot encode written as ``\xfc``, ``\u4e2d``.
+
+    Twenty-eighth review of issue 15: ``simulate toy.toml --out R_ü`` with an ASCII or Latin-1
+    standard output (``PYTHONIOENCODING=ascii``, ``LANG=en_US.ISO-8859-1``, ``LC_ALL=C`` with
+    ``PYTHONUTF8=0``) wrote its run completely, then ended rc 2 with ``error: 'ascii' codec
+    can't encode character '\xfc' …``, naming nothing, where its result line was due. Standard
+    error already escapes such characters (Python's ``backslashreplace``); standard output now
+    does too, for the characters it cannot encode only.
+    """
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding, "replace")
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)

@@ -157,6 +157,13 @@ def run_deploy_command(args: argparse.Namespace) -> int:
 
     if getattr(args, "deploy_command", None) != "local":
         raise ValueError("deploy: choose a target, e.g. `fedprivopt deploy local --nodes 2`")
+    if args.insecure and args.no_node_auth:
+        # twenty-eighth review of issue 15: accepted, the deployment ran without TLS although
+        # --no-node-auth asks for TLS (without SuperNode authentication)
+        raise ValueError(
+            "argument --no-node-auth: not allowed with argument --insecure (--no-node-auth is "
+            "TLS without SuperNode authentication, --insecure is neither); give one of them"
+        )
     nodes = _int_flag("--nodes", args.nodes, 1, MAX_LOCAL_NODES)
     timeout = _float_flag("--timeout", args.timeout)
     overrides = _overrides(args.set)

@@ -16,6 +16,15 @@
    ``compare``, ``tune`` or ``deploy local`` was refused as ``config file '~/x.toml' does not
    exist``, while ``--out "~/x"`` (twenty-fifth review) and ``data info "~/x"`` expand it. Now
    the preset's ``~`` is expanded too.
+4. ``simulate toy.toml --out R_ü`` with an ASCII or Latin-1 standard output
+   (``PYTHONIOENCODING=ascii``; a Latin-1 locale with a CJK path) wrote the whole run, then
+   ended rc 2 with ``error: 'ascii' codec can't encode character '\\xfc' …``, naming nothing,
+   instead of its result line (also ``compare``'s report line, ``tune``'s, ``deploy local``'s).
+   Standard output now escapes what its encoding cannot show (``\\xfc``), as standard error
+   does: rc 0 and the line.
+5. ``deploy local --insecure --no-node-auth`` was accepted and deployed without TLS, although
+   ``--no-node-auth`` means TLS without SuperNode authentication: now rc 2, one line naming
+   both flags, before any process starts.
 """
 
 from __future__ import annotations
@@ -189,3 +198,37 @@ def test_3_simulate_reads_a_preset_under_tilde(tmp_path):
     proc = _cli(tmp_path, "simulate", "~/x.toml", "--rounds", "1", "--out", "~/r", "--quiet")
     assert proc.returncode == 0, proc.stderr  # was 2: config file '~/x.toml' does not exist
     assert (tmp_path / "home" / "r" / "summary.json").is_file()
+
+
+# -- finding 4: a result line the output's encoding cannot show --------------------------------
+
+
+def test_4_a_path_an_ascii_stdout_cannot_show_is_escaped_not_an_error(tmp_path):
+    env = {**_env(tmp_path), "PYTHONIOENCODING": "ascii"}
+    out = tmp_path / "r_\u00fc"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--out", str(out), "--quiet"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedprivopt.cli", *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr  # was 2: 'ascii' codec can't encode ...
+    assert proc.stderr == "", proc.stderr
+    assert proc.stdout.rstrip().endswith("r_\\xfc"), proc.stdout
+    assert (out / "summary.json").is_file()
+
+
+# -- finding 5: deploy local --insecure --no-node-auth ---------------------------------------------
+
+
+def test_5_deploy_local_insecure_with_no_node_auth_is_refused(tmp_path):
+    out = tmp_path / "d"
+    argv = ["deploy", "local", "--nodes", "1", str(TOY), "--rounds", "1", "--out", str(out)]
+    proc = _cli(tmp_path, *argv, "--insecure", "--no-node-auth")
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "--no-node-auth" in proc.stderr and "--insecure" in proc.stderr, proc.stderr
+    assert not out.exists()

@@ -329,6 +329,14 @@ def _check_rows_kept(
             f"from an earlier round); restore {METRICS_FILE} or start a new run in another "
             "directory"
         )
+    if saved and not any(r.get("round") == round_num for r in rows):
+        # twenty-seventh review: the last round's row deleted and an earlier one duplicated in
+        # its place kept the count, and round 2's metrics were reported as the final ones
+        raise ValueError(
+            f"{out / METRICS_FILE} holds no row of round {round_num}, the last round {name} "
+            f"was written after: it was removed (the run's results would be reported from an "
+            f"earlier round); restore {METRICS_FILE} or start a new run in another directory"
+        )
 
 
 def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -> RunDirState:

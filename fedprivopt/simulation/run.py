@@ -375,6 +375,10 @@ def _resume_locked(out: Path, progress: bool, tuning_plan: str | None) -> RunOut
         # set the unreadable newest checkpoint aside, or the next save would rotate it over
         # the good previous one
         os.replace(out / CHECKPOINT, out / (CHECKPOINT + ".bad"))
-    rows = [r for r in run.rows if r["round"] <= alg.round_num]
+    # one row a round, in round order (a round written twice keeps its last row, as reports
+    # read it): twenty-seventh review of issue 15, a finished run whose rows were reordered or
+    # had an earlier round's row appended again resumed with that round's metrics as final
+    kept = {r["round"]: r for r in run.rows if r["round"] <= alg.round_num}
+    rows = [kept[k] for k in sorted(kept)]
     atomic_write(out / METRICS_FILE, "".join(json_line(r) for r in rows))
     return _execute(out, config, run.task, alg, progress, ledger, run.diverged)

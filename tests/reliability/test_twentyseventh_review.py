@@ -27,10 +27,20 @@ b. ``simulate toy.toml --set client-cpus=1e300`` (also ``client-gpus``) was acce
    gave round 2's metrics as the final ones of 3 rounds (rc 0). Such a checkpoint is now
    unreadable (``rows must be an integer >= 0``): the previous one is used and the lost round
    redone, or, without one, the resume is refused naming the file.
+4. A finished run (toy, 12 rounds) whose ``metrics.jsonl`` rows were reordered (the last
+   moved first, or the file ``sort``ed as text: round 9 last) or had an earlier round's row
+   appended again: ``--resume`` rc 0, and the new ``summary.json`` and the printed line gave
+   that row's metrics as the final ones (0.6133 or 0.7400 for 0.7433; reports sort rows by
+   round, the summary took the file's last line). With the last round's row replaced by a copy
+   of an earlier one, the row count of the twenty-sixth review's check still held. Now a resume
+   rewrites the rows one a round in round order (a round written twice keeps its last row, as
+   reports read it), and a finished run with no row of its last round is refused, rc 2 naming
+   ``metrics.jsonl`` and the round.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -49,7 +59,9 @@ def _simulate(tmp_path, capsys, *argv: str) -> tuple[int, str]:
         code = main(["simulate", *argv, "--quiet"])
     except SystemExit as exc:
         code = exc.code
-    return code, capsys.readouterr().err
+    captured = capsys.readouterr()
+    _simulate.out = captured.out  # type: ignore[attr-defined]
+    return code, captured.err
 
 
 # -- a: a round timeout no reply can meet ---------------------------------------------------------
@@ -195,3 +207,48 @@ def test_3_a_checkpoint_whose_row_count_is_not_a_count_is_not_trusted(
     torch.save(state, out / "checkpoint.pt")
     code, err = _simulate(tmp_path, capsys, "--resume", str(out))
     one_line_error(code, err, "checkpoint.pt", "rows must be an integer >= 0")
+
+
+# -- 4: the rows of a finished run reordered or duplicated -----------------------------------------
+def _final(out) -> float:
+    import json
+
+    return json.loads((out / "summary.json").read_text())["final"]["eval_accuracy"]
+
+
+@pytest.fixture(scope="module")
+def twelve_rounds(tmp_path_factory):
+    out = tmp_path_factory.mktemp("r27") / "base"
+    assert main(["simulate", str(TOY), "--rounds", "12", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("edit", ["last-first", "sorted-as-text", "row-2-again"])
+def test_4_reordered_or_duplicated_rows_do_not_change_the_final_metrics(
+    tmp_path, capsys, twelve_rounds, edit
+):
+    out = tmp_path / "r"
+    shutil.copytree(twelve_rounds, out)
+    final = _final(out)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines = {
+        "last-first": lambda: [lines[-1], *lines[:-1]],
+        "sorted-as-text": lambda: sorted(lines),
+        "row-2-again": lambda: [*lines, lines[1]],
+    }[edit]()
+    (out / "metrics.jsonl").write_text("".join(lines))
+    code, err = _simulate(tmp_path, capsys, "--resume", str(out))
+    assert code == 0, err
+    assert _final(out) == final
+    assert f"eval_accuracy = {final:.4f}" in _simulate.out  # type: ignore[attr-defined]
+
+
+def test_4_the_last_rounds_row_replaced_by_an_earlier_one_is_refused(
+    tmp_path, capsys, twelve_rounds
+):
+    out = tmp_path / "r"
+    shutil.copytree(twelve_rounds, out)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text("".join([*lines[:-1], lines[-2]]))
+    code, err = _simulate(tmp_path, capsys, "--resume", str(out))
+    one_line_error(code, err, "metrics.jsonl", "no row of round 12")

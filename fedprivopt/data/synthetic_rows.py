@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedprivopt.core.orphans import die_with_parent
+from fedprivopt.data.ordered_workers import in_order
 from fedprivopt.data.synthetic_model import (
     TRAIN,
     ChunkDraws,
@@ -123,7 +124,9 @@ def chunk_rows(
     """Yield :func:`draw_rows` of every chunk in order, computed by ``workers`` processes.
 
     At most ``workers + 1`` chunks are in flight, so memory stays bounded; the output does not
-    depend on ``workers`` (each chunk has its own seed and they are consumed in order).
+    depend on ``workers`` (each chunk has its own seed and they are consumed in order). The
+    workers are :mod:`fedprivopt.data.ordered_workers`' (killed at once when the caller is
+    interrupted).
     """
     import multiprocessing
 
@@ -132,24 +135,10 @@ def chunk_rows(
         for i, seed in enumerate(chunk_seeds):
             yield draw_rows(config, model, i, seed)
         return
-    from concurrent.futures import ProcessPoolExecutor
-
-    # fork where there is one: spawn and forkserver re-run the caller's __main__ in every
-    # worker (a script without a main guard would run again; code from stdin cannot be found)
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(
-        max_workers=min(workers, len(chunk_seeds)),
-        mp_context=multiprocessing.get_context(method),
-        initializer=_worker_init,
-        initargs=(config, model_seed, os.getpid()),
-    ) as pool:
-        pending = []
-        for i, seed in enumerate(chunk_seeds):
-            pending.append(pool.submit(_worker_chunk, i, seed))
-            if len(pending) > workers:
-                yield pending.pop(0).result()
-        for future in pending:
-            yield future.result()
+    jobs = list(enumerate(chunk_seeds))
+    yield from in_order(
+        _worker_chunk, jobs, workers, _worker_init, (config, model_seed, os.getpid())
+    )
 
 
 def default_workers() -> int:

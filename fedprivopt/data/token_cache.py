@@ -341,31 +341,39 @@ def _pieces(num_users: int, workers: int) -> Iterator[dict[str, np.ndarray]]:
     if workers <= 1 or len(ranges) <= 1 or sys.platform != "linux":
         yield from map(_encode_range, ranges)
         return
-    # SIGTERM stays blocked from the fork until each worker has restored its default action
-    # (see _worker_signals); the parent unblocks it as soon as the workers exist
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # the ending signals stay blocked from the fork until each worker has set their actions
+    # (see _worker_signals); the parent unblocks them as soon as the workers exist
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS)
     try:
         pool = multiprocessing.get_context("fork").Pool(
             workers, initializer=_worker_signals, initargs=(os.getpid(),)
         )
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     with pool:
         yield from pool.imap(_encode_range, ranges)
 
 
+#: Signals blocked from the fork of the encoders until :func:`_worker_signals` set them.
+_WORKER_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
 def _worker_signals(parent: int) -> None:
-    """Pool initializer: SIGTERM ends a worker again, SIGINT is left to the parent.
+    """Pool initializer: SIGTERM ends a worker again, SIGINT and SIGHUP are left to the parent.
 
     A forked worker inherits the parent's Python signal handlers. One that does not end the
     process (Flower's graceful-exit handler stays installed after an in-process simulation)
     made the pool's ``terminate()`` wait forever for a worker blocked on the task queue. The
     worker dies with its parent ``parent`` (:func:`~fedprivopt.core.orphans.die_with_parent`).
+    Twenty-eighth review of issue 15: SIGHUP (a closed terminal signals the process group)
+    during a first token-store build ran the parent's handler in every worker, each printing
+    an ``Interrupted`` traceback (28 lines) before the command's one line.
     """
     die_with_parent(parent)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_SIGNALS)
 
 
 def _ptr(lengths: list[np.ndarray]) -> np.ndarray:

@@ -300,7 +300,13 @@ class ADADPController:
         _check_inputs(params, delta_1=delta_1, delta_2=delta_2)
         lr = state.learning_rate
         full = params + lr * delta_1
-        two_half = self.half_step(state, params, delta_1).add_(delta_2, alpha=0.5 * lr)
+        two_half = self.half_step(state, params, delta_1)
+        if abs(0.5 * lr) <= torch.finfo(params.dtype).max:
+            two_half.add_(delta_2, alpha=0.5 * lr)
+        else:  # twenty-seventh review of issue 15: torch cannot take such an alpha (a
+            # RuntimeError traceback at server-learning-rate 1e39); the product overflows as
+            # in the full step, and the round fails as any diverging one
+            two_half.add_((0.5 * lr) * delta_2)
         error = adadp_error(full, two_half)
         if not math.isfinite(error):
             return self._failed(state, params, two_half, error)

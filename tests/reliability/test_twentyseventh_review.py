@@ -36,6 +36,12 @@ b. ``simulate toy.toml --set client-cpus=1e300`` (also ``client-gpus``) was acce
    rewrites the rows one a round in round order (a round written twice keeps its last row, as
    reports read it), and a finished run with no row of its last round is refused, rc 2 naming
    ``metrics.jsonl`` and the round.
+5. ``simulate toy.toml --strategy dp-fedavg-adadp --set server-learning-rate=1e39`` (any rate
+   whose half, ADADP's half step, is beyond float32's largest number; also a checkpoint's ADADP
+   rate set to 1e308): a ``RuntimeError`` traceback in round 1, rc 1 (torch cannot take such an
+   ``alpha``), where every other strategy reports the divergence. The two-half-step point is
+   now computed without the ``alpha`` argument at such a rate (the same arithmetic as the full
+   step; results at every representable rate unchanged): rc 0, the divergence reported.
 """
 
 from __future__ import annotations
@@ -252,3 +258,35 @@ def test_4_the_last_rounds_row_replaced_by_an_earlier_one_is_refused(
     (out / "metrics.jsonl").write_text("".join([*lines[:-1], lines[-2]]))
     code, err = _simulate(tmp_path, capsys, "--resume", str(out))
     one_line_error(code, err, "metrics.jsonl", "no row of round 12")
+
+
+# -- 5: ADADP at a learning rate beyond float32 ----------------------------------------------------
+@pytest.mark.parametrize("rate", ["1e39", "1e308"])
+def test_5_adadp_at_a_rate_beyond_float32_reports_the_divergence(tmp_path, capsys, rate):
+    import json
+
+    out = tmp_path / "r"
+    code, err = _simulate(
+        tmp_path, capsys, str(TOY), "--strategy", "dp-fedavg-adadp", "--rounds", "2",
+        "--out", str(out), "--set", f"server-learning-rate={rate}",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "Traceback" not in err and "diverged" in err
+    assert json.loads((out / "summary.json").read_text())["diverged"] == 1
+
+
+def test_5_adadp_update_takes_any_rate_and_is_unchanged_where_it_fits():
+    import torch
+
+    from fedprivopt.optim.adadp import ADADPController, ADADPState
+
+    gen = torch.Generator().manual_seed(0)
+    params, d1, d2 = (torch.randn(50, generator=gen) for _ in range(3))
+    control = ADADPController(learning_rate=1.0, tolerance=1.0)
+    for rate in (1e39, 1e300):
+        result = control.update(ADADPState(rate, 0, 0), params, d1 * 1e-30, d2 * 1e-30)
+        assert not result.accepted
+    loose = ADADPController(learning_rate=1.0, tolerance=1e9)
+    result = loose.update(ADADPState(0.7, 0, 0), params, d1, d2)
+    assert result.accepted
+    assert torch.equal(result.params, (params + 0.35 * d1).add_(d2, alpha=0.35))

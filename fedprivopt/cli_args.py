@@ -143,7 +143,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 NAME_MAX = 255  # bytes in one path component (Linux, macOS and Windows file systems)
 _FILE_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
                 PermissionError)  # fmt: skip
-_UNKNOWN_KWARG = re.compile(r"\(\) got an unexpected keyword argument '(?P<key>.+)'\Z")
+# ".*": an empty key (`--set task-params.=1`, `"" = 1` in [task-params]) ended in the task's
+# TypeError traceback, rc 1 (twenty-eighth review of issue 15)
+_UNKNOWN_KWARG = re.compile(r"\(\) got an unexpected keyword argument '(?P<key>.*)'\Z")
 
 
 def check_path_text(text: str, flag: str) -> Path:

@@ -43,6 +43,11 @@
    ``task-params.cache-dir``, 3 s and 4.5 s in): 28 lines of the encoder workers' tracebacks
    (each ran the parent's handler) before the command's one line. The encoders ignore SIGHUP
    as they ignore SIGINT (blocked from the fork until then); rc 129, one line.
+9. An empty task-parameter key, ``--set task-params.=1`` or ``"" = 1`` under ``[task-params]``
+   of a preset (``simulate``, ``compare``, ``tune``, ``deploy local``): the task's
+   ``TypeError: ... got an unexpected keyword argument ''`` traceback, rc 1 (the message's
+   pattern wanted a key of one character or more). Now rc 2, one line naming
+   ``task-params.``.
 """
 
 from __future__ import annotations
@@ -358,3 +363,22 @@ def test_8_token_store_encoders_leave_sighup_to_the_parent(monkeypatch):
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert len(got) > 1 and set(got) == {"ignored"}, got  # was "handled": a traceback each
+
+
+# -- finding 9: an empty task-parameter key ------------------------------------------------------
+
+
+def test_9_an_empty_task_parameter_key_is_one_line(tmp_path):
+    proc = _cli(tmp_path, "simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r"),
+                "--set", "task-params.=1")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr  # was 1: TypeError traceback
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "unknown key 'task-params.'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_9_the_message_of_an_empty_keyword(tmp_path):
+    from fedprivopt.cli_args import task_param_error
+
+    error = TypeError("ToyClassificationTask.__init__() got an unexpected keyword argument ''")
+    assert "unknown key 'task-params.'" in (task_param_error(error) or ""), error

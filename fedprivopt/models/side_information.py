@@ -132,6 +132,20 @@ def check_positive(name: str, value: object, *, allow_zero: bool = False) -> flo
     return out
 
 
+MAX_EPS = 1e38
+"""Largest ``eps`` of :func:`public_users_preconditioner`: its entries ``sqrt(v)/max + eps`` are
+at most ``1 + eps`` and must fit float32 (twenty-seventh review of issue 15: ``eps = 1e308``
+was refused as "under- or overflows float32; use a larger eps", naming no key)."""
+
+
+def check_eps(name: str, value: object) -> float:
+    """``value`` as a float in ``(0, MAX_EPS]``; else ``ValueError`` naming ``name``."""
+    out = check_positive(name, value)
+    if out > MAX_EPS:
+        raise ValueError(f"{name} must be a number in (0, {MAX_EPS:g}], got {out:g}")
+    return out
+
+
 def check_max_ratio(name: str, value: object) -> float:
     """``value`` as a float: 0 (no cap) or finite and ``>= 1``; else ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -401,7 +415,8 @@ def public_users_preconditioner(
     batch_size, max_examples : int
         Minibatch size (``>= 1``) and examples used per user (``0``: all).
     eps : float
-        ``> 0``, added after normalizing by the maximum.
+        In ``(0, MAX_EPS]`` (1e38: the entries must fit float32), added after normalizing by
+        the maximum.
     max_ratio : float
         ``0`` (no cap) or ``>= 1``; default 200, the range of the two-level scaling (uncapped,
         the rare words of the paper preset diverged).
@@ -411,7 +426,7 @@ def public_users_preconditioner(
     torch.Tensor
         float32 CPU vector of the model's flat length, finite and ``> 0``.
     """
-    e = check_positive("eps", eps)
+    e = check_eps("eps", eps)
     cap = check_max_ratio("max_ratio", max_ratio)
     root = gradient_second_moment(
         task, users, batch_size=batch_size, max_examples=max_examples
@@ -422,4 +437,4 @@ def public_users_preconditioner(
             f"the public users' gradients are all zero or not finite (max sqrt(v) = {top})"
         )
     flat = _cap((root / top + e).numpy(), cap)
-    return _as_float32(flat, "use a larger eps")
+    return _as_float32(flat, "use a larger eps")  # underflow: eps is at most MAX_EPS

@@ -42,6 +42,11 @@ b. ``simulate toy.toml --set client-cpus=1e300`` (also ``client-gpus``) was acce
    ``alpha``), where every other strategy reports the divergence. The two-half-step point is
    now computed without the ``alpha`` argument at such a rate (the same arithmetic as the full
    step; results at every representable rate unchanged): rc 0, the divergence reported.
+6. ``simulate adadps-paper.toml --set side-information.kind=public-users --set
+   side-information.eps=1e308`` (also 1e39): rc 2 with ``config: the preconditioner under- or
+   overflows float32; use a larger eps``, naming no key and advising the wrong direction.
+   ``eps`` is now in ``(0, 1e38]`` (the entries ``sqrt(v)/max + eps`` must fit float32),
+   checked with the table: the line names ``side-information.eps`` and the range.
 """
 
 from __future__ import annotations
@@ -290,3 +295,23 @@ def test_5_adadp_update_takes_any_rate_and_is_unchanged_where_it_fits():
     result = loose.update(ADADPState(0.7, 0, 0), params, d1, d2)
     assert result.accepted
     assert torch.equal(result.params, (params + 0.35 * d1).add_(d2, alpha=0.35))
+
+
+# -- 6: public users' eps beyond float32 -----------------------------------------------------------
+@pytest.mark.parametrize("eps", ["1e308", "1e39"])
+def test_6_a_public_users_eps_beyond_float32_names_the_key(tmp_path, capsys, eps):
+    out = tmp_path / "r"
+    code, err = _simulate(
+        tmp_path, capsys, str(ROOT / "simulations" / "adadps-paper.toml"), "--rounds", "1",
+        "--out", str(out), "--set", "side-information.kind=public-users",
+        "--set", f"side-information.eps={eps}",
+    )  # fmt: skip
+    one_line_error(code, err, "side-information.eps", "(0, 1e+38]")
+    assert not out.exists()
+
+
+def test_6_public_users_preconditioner_refuses_such_an_eps_by_name():
+    from fedprivopt.models.side_information import public_users_preconditioner
+
+    with pytest.raises(ValueError, match=r"^eps must be a number in \(0, 1e\+38\]"):
+        public_users_preconditioner(None, [0], batch_size=1, eps=1e308)

@@ -295,12 +295,24 @@ def name_task_param(message: str, params: dict) -> str:
 
 
 def task_param_error(exc: TypeError) -> str | None:
-    """The message for a task constructor's unknown keyword argument, else ``None``.
+    """The message for a task constructor's unknown or missing keyword argument, else ``None``.
 
     An unknown or nested ``task-params`` key reaches the constructor as a keyword it does not
-    take; any other ``TypeError`` is a bug and gives ``None`` (the caller re-raises it).
+    take; any other ``TypeError`` is a bug and gives ``None`` (the caller re-raises it). Raised
+    while the task is built (:func:`~fedprivopt.models.registry.build_task`), also a key named
+    ``self`` (``got multiple values``) or one the task takes only by position, and a parameter
+    the task requires that the config does not give (a task by reference's factory
+    ``make(foo)``): these ended in a traceback, rc 1 (twenty-eighth review of issue 15).
     """
-    match = _UNKNOWN_KWARG.search(str(exc))
+    text = str(exc)
+    match = _UNKNOWN_KWARG.search(text)
+    if match is None and _while_building_a_task(exc):
+        match = _TWICE_KWARG.search(text) or _POSITIONAL_ONLY.search(text)
+        missing = _MISSING_ARGS.search(text)
+        if missing is not None:
+            keys = [key.replace("_", "-") for key in re.findall(r"'([^']*)'", missing["keys"])]
+            named = ", ".join(shown(f"task-params.{key}") for key in keys)
+            return f"the task requires {named}, which the config does not give"
     if match is None:
         return None
     key = match.group("key").replace("_", "-")
@@ -308,6 +320,28 @@ def task_param_error(exc: TypeError) -> str | None:
         f"unknown key {shown(f'task-params.{key}')}: not a parameter of the task "
         "(task parameters are plain values, not tables)"
     )
+
+
+_TWICE_KWARG = re.compile(r"\(\) got multiple values for argument '(?P<key>.*)'\Z")
+_POSITIONAL_ONLY = re.compile(
+    r"\(\) got some positional-only arguments passed as keyword arguments: '(?P<key>[^']*)'"
+)
+_MISSING_ARGS = re.compile(
+    r"\(\) missing \d+ required (?:positional|keyword-only) arguments?: (?P<keys>.*)\Z"
+)
+
+
+def _while_building_a_task(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised within ``models.registry.build_task`` (the task's factory)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "build_task" and code.co_filename.endswith(
+            os.path.join("models", "registry.py")
+        ):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,6 +48,14 @@
    ``TypeError: ... got an unexpected keyword argument ''`` traceback, rc 1 (the message's
    pattern wanted a key of one character or more). Now rc 2, one line naming
    ``task-params.``.
+10. ``--set task-params.self=1`` (``got multiple values for argument 'self'``), and a task by
+    reference whose class takes a parameter only by position: ``TypeError`` tracebacks, rc 1.
+    Now rc 2, one line naming the key.
+11. A task by reference whose factory requires a parameter the preset does not give
+    (``task = "mytask:make"`` with ``def make(foo, ...)``): ``TypeError: make() missing 1
+    required positional argument: 'foo'`` traceback, rc 1 (``simulate``, ``compare``,
+    ``deploy local``). Now rc 2, one line naming ``task-params.foo``. Both only for errors
+    raised while the task is built: other ``TypeError``s remain bugs with their traceback.
 """
 
 from __future__ import annotations
@@ -382,3 +390,69 @@ def test_9_the_message_of_an_empty_keyword(tmp_path):
 
     error = TypeError("ToyClassificationTask.__init__() got an unexpected keyword argument ''")
     assert "unknown key 'task-params.'" in (task_param_error(error) or ""), error
+
+
+# -- findings 10 and 11: other task-parameter TypeErrors ------------------------------------------
+
+TASK_MODULE = """
+from fedprivopt.models import build_task
+
+
+def make(foo, num_users=40, seed=0):
+    return build_task("toy", num_users=num_users, seed=seed)
+
+
+class ByPosition:
+    def __init__(self, a, /, num_users=40, seed=0):
+        raise AssertionError("not reached")
+"""
+
+
+def _reference_preset(tmp_path: Path, factory: str) -> Path:
+    (tmp_path / "mytask28.py").write_text(TASK_MODULE)
+    text = TOY.read_text()
+    preset = tmp_path / f"{factory}.toml"
+    preset.write_text(text.replace('task = "toy"', f'task = "mytask28:{factory}"'))
+    assert preset.read_text() != text
+    return preset
+
+
+def test_10_a_task_parameter_named_self_is_one_line(tmp_path):
+    proc = _cli(tmp_path, "simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r"),
+                "--set", "task-params.self=1")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr  # was 1: got multiple values for argument 'self'
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "unknown key 'task-params.self'" in proc.stderr, proc.stderr
+
+
+def test_10_a_parameter_the_task_takes_only_by_position_is_one_line(tmp_path):
+    preset = _reference_preset(tmp_path, "ByPosition")
+    proc = _cli(tmp_path, "simulate", str(preset), "--rounds", "1", "--out", str(tmp_path / "r"),
+                "--set", "task-params.a=1")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "task-params.a" in proc.stderr, proc.stderr
+
+
+def test_11_a_parameter_the_task_requires_is_named(tmp_path):
+    preset = _reference_preset(tmp_path, "make")
+    proc = _cli(tmp_path, "simulate", str(preset), "--rounds", "1", "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stderr  # was 1: missing 1 required positional argument
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "requires 'task-params.foo'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
+    given = _cli(tmp_path, "simulate", str(preset), "--rounds", "1", "--out", str(tmp_path / "g"),
+                 "--set", "task-params.foo=1", "--quiet")  # fmt: skip
+    assert given.returncode == 0, given.stderr
+
+
+def test_11_other_type_errors_are_still_bugs():
+    from fedprivopt.cli_args import task_param_error
+
+    def elsewhere():
+        raise TypeError("f() missing 1 required positional argument: 'x'")
+
+    try:
+        elsewhere()
+    except TypeError as exc:
+        assert task_param_error(exc) is None

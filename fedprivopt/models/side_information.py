@@ -277,19 +277,23 @@ def token_frequency_preconditioner(
     base = counts + fl
     if np.any(base <= 0):
         raise ValueError("floor must be > 0 when some word count is 0")
-    words = base**p
     if isinstance(bias, str):
         if bias not in ("max", "mean"):
             raise ValueError(f"bias must be 'max', 'mean' or a number > 0, got {bias!r}")
-        b = float(words.max() if bias == "max" else words.mean())
     else:
-        b = check_positive("bias", bias)
-    b *= check_positive("bias_scale", bias_scale)
-    flat = _cap(np.concatenate([np.repeat(words, num_tags), np.full(num_tags, b)]), cap)
-    if normalize == "mean":
-        flat = flat / flat.mean()
-    elif normalize == "max":
-        flat = flat / flat.max()
+        check_positive("bias", bias)
+    scale = check_positive("bias_scale", bias_scale)
+    # an overflow is refused by _as_float32 in one line; numpy's RuntimeWarning lines before it
+    # broke the command's one-line error (twenty-seventh review of issue 15, power = 1e300)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        words = base**p
+        b = float(words.max() if bias == "max" else words.mean() if bias == "mean" else bias)
+        b *= scale
+        flat = _cap(np.concatenate([np.repeat(words, num_tags), np.full(num_tags, b)]), cap)
+        if normalize == "mean":
+            flat = flat / flat.mean()
+        elif normalize == "max":
+            flat = flat / flat.max()
     return _as_float32(flat, "use a smaller power or a larger floor")
 
 

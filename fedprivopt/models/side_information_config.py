@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.text import shown
 from fedprivopt.models.side_information import (
     DEFAULT_SIDE_INFORMATION,
     KINDS,
@@ -376,7 +377,25 @@ def resolve_side_information(
 
 
 def build_side_information(resolved: ResolvedSideInformation, task: Task) -> torch.Tensor:
-    """The vector ``A`` (float32, the model's flat length) of ``resolved`` for ``task``."""
+    """The vector ``A`` (float32, the model's flat length) of ``resolved`` for ``task``.
+
+    Raises
+    ------
+    ValueError
+        Naming the table's keys and values: twenty-seventh review of issue 15, a vector that
+        under- or overflows float32 (``factor = 1e308``, ``power = 1e300``, ``bias = 1e308``)
+        was refused naming no key (``the preconditioner under- or overflows float32``).
+    """
+    try:
+        return _build(resolved, task)
+    except ValueError as exc:
+        given = ", ".join(
+            f"{_name(k)} = {shown(v)}" for k, v in resolved.params.items() if v is not None
+        )
+        raise ValueError(f"{KEY}.kind = {resolved.kind!r} with {given}: {exc}") from None
+
+
+def _build(resolved: ResolvedSideInformation, task: Task) -> torch.Tensor:
     p = resolved.params
     if resolved.kind == "ones":
         return torch.ones(model_spec(task).numel, dtype=torch.float32)

@@ -46,7 +46,11 @@ b. ``simulate toy.toml --set client-cpus=1e300`` (also ``client-gpus``) was acce
    side-information.eps=1e308`` (also 1e39): rc 2 with ``config: the preconditioner under- or
    overflows float32; use a larger eps``, naming no key and advising the wrong direction.
    ``eps`` is now in ``(0, 1e38]`` (the entries ``sqrt(v)/max + eps`` must fit float32),
-   checked with the table: the line names ``side-information.eps`` and the range.
+   checked with the table: the line names ``side-information.eps`` and the range. Likewise
+   ``kind = "two-level"`` with ``factor = 1e308`` (``factor=1e+308 under- or overflows
+   float32``) and ``kind = "token-frequency"`` with ``power = 1e300`` or ``bias = 1e308`` (the
+   preconditioner line, advising a smaller power, after two lines of numpy's RuntimeWarning):
+   the line now names the table's keys and values before the reason, and is the only one.
 """
 
 from __future__ import annotations
@@ -315,3 +319,21 @@ def test_6_public_users_preconditioner_refuses_such_an_eps_by_name():
 
     with pytest.raises(ValueError, match=r"^eps must be a number in \(0, 1e\+38\]"):
         public_users_preconditioner(None, [0], batch_size=1, eps=1e308)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # numpy's overflow lines before the error
+@pytest.mark.parametrize(
+    ("kind", "setting"),
+    [("two-level", "factor=1e308"), ("token-frequency", "power=1e300"),
+     ("token-frequency", "bias=1e308")],
+)  # fmt: skip
+def test_6_a_side_information_beyond_float32_names_its_keys(tmp_path, capsys, kind, setting):
+    out = tmp_path / "r"
+    code, err = _simulate(
+        tmp_path, capsys, str(ROOT / "simulations" / "adadps-paper.toml"), "--rounds", "1",
+        "--out", str(out), "--set", f"side-information.kind={kind}",
+        "--set", f"side-information.{setting}",
+    )  # fmt: skip
+    key = setting.split("=")[0]
+    one_line_error(code, err, f"side-information.{key} = 1e+", "float32")
+    assert not out.exists()

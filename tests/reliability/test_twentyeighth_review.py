@@ -56,6 +56,11 @@
     required positional argument: 'foo'`` traceback, rc 1 (``simulate``, ``compare``,
     ``deploy local``). Now rc 2, one line naming ``task-params.foo``. Both only for errors
     raised while the task is built: other ``TypeError``s remain bugs with their traceback.
+12. Ctrl-C while ``compare-tuned`` wrote its report (2.8 s into a 3.3 s call) left
+    ``summary.csv`` and ``metric_vs_round.png`` without ``report.md``, and the same command was
+    then refused ("holds 'metric_vs_round.png', which compare-tuned did not write"). Now a
+    stopped report removes what it wrote (and ``--out`` if the call created it), and an
+    earlier report of ours is removed before the new one is written.
 """
 
 from __future__ import annotations
@@ -456,3 +461,33 @@ def test_11_other_type_errors_are_still_bugs():
         elsewhere()
     except TypeError as exc:
         assert task_param_error(exc) is None
+
+
+# -- finding 12: compare-tuned stopped while writing its report ----------------------------------
+
+
+def test_12_compare_tuned_stopped_mid_report_can_be_run_again(tmp_path, monkeypatch, capsys):
+    from fedprivopt.cli import main
+    from fedprivopt.simulation import report
+
+    tuned = tmp_path / "tune"
+    code = main(["tune", str(TOY), "--grid", "server-learning-rate=0.1,1", "--mean-trials", "1",
+                 "--rounds", "1", "--seed", "3", "--out", str(tuned), "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    out = tmp_path / "report"
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "draw_privacy_utility", stopped)  # after summary.csv, one plot
+        assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 130
+    assert not out.exists(), sorted(p.name for p in out.iterdir())  # was 2 of the 4 files
+    capsys.readouterr()
+    assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 0, capsys.readouterr().err
+    written = sorted(p.name for p in out.iterdir())
+    with monkeypatch.context() as patched:  # over an earlier report: none of its files is left
+        patched.setattr(report, "draw_privacy_utility", stopped)
+        assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 130
+    assert sorted(p.name for p in out.iterdir()) == [], written
+    assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 0, capsys.readouterr().err

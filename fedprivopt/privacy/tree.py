@@ -287,7 +287,11 @@ class TreeNoise:
                 f"tree state: nodes {sorted(nodes)} are not the prefix nodes {expected} of round "
                 f"{round_num}"
             )
-        self.round_num, self._nodes = round_num, nodes
+        # in release order (prefix_nodes' order, as a running tree holds them): release()
+        # subtracts the dropped nodes in this order, and another order rounds differently
+        # (twenty-seventh review of issue 15: a seeded tree run resumed from a mid-period
+        # checkpoint replayed round 4 with a model differing in its last bits)
+        self.round_num, self._nodes = round_num, {node: nodes[node] for node in expected}
 
 
 class ParticipationError(ValueError):

@@ -51,6 +51,16 @@ b. ``simulate toy.toml --set client-cpus=1e300`` (also ``client-gpus``) was acce
    float32``) and ``kind = "token-frequency"`` with ``power = 1e300`` or ``bias = 1e308`` (the
    preconditioner line, advising a smaller power, after two lines of numpy's RuntimeWarning):
    the line now names the table's keys and values before the reason, and is the only one.
+7. A seeded tree run (``toy.toml`` or ``stackoverflow-tp-mini.toml``, ``noise-mechanism = tree``,
+   ``tree-restart-rounds = 5``, ``checkpoint-every = 3``) SIGKILLed after round 4 or 5 was
+   released, then ``--resume``: the replay of round 4 from the round-3 checkpoint gave another
+   model (last bits) than its first release, the run logged "round 4 differs from its first
+   release ...: both are charged", appended round 4 to the ledger again and charged nothing
+   (a tree round inside a period releases no event; ε unchanged), and the final model was
+   not the uninterrupted run's. The checkpoint keeps the live nodes sorted, and
+   ``TreeNoise.release`` subtracts the dropped ones in dict order, which the restore did not
+   give back (floating-point subtraction is not associative). The restore now keeps the
+   running tree's order: the replay is bit-identical, recorded once.
 """
 
 from __future__ import annotations
@@ -337,3 +347,47 @@ def test_6_a_side_information_beyond_float32_names_its_keys(tmp_path, capsys, ki
     key = setting.split("=")[0]
     one_line_error(code, err, f"side-information.{key} = 1e+", "float32")
     assert not out.exists()
+
+
+# -- 7: a seeded tree run resumed from a checkpoint inside a period --------------------------------
+def test_7_tree_noise_restored_releases_what_the_running_tree_releases():
+    import torch
+
+    from fedprivopt.privacy.rng import RngFactory
+    from fedprivopt.privacy.tree import TreeNoise
+
+    def tree():
+        return TreeNoise(std=0.7, restart_rounds=16, rngs=RngFactory(seed=3), dim=1000)
+
+    running = tree()
+    running.release(1)
+    for r in range(2, 17):
+        restored = tree()
+        restored.load_state_dict(running.state_dict())
+        ahead, again = running.release(r), restored.release(r)
+        assert torch.equal(ahead[0], again[0]), r
+
+
+def test_7_a_seeded_tree_run_resumed_inside_a_period_replays_bit_identically(tmp_path, capsys):
+    import torch
+
+    tree = ["--set", "noise-mechanism=tree", "--set", "tree-restart-rounds=5",
+            "--set", "clients-per-round=5", "--set", "checkpoint-every=3"]  # fmt: skip
+    ref = tmp_path / "ref"
+    code, err = _simulate(tmp_path, capsys, str(TOY), "--rounds", "6", "--out", str(ref), *tree)
+    assert code == 0, err
+    killed = tmp_path / "killed"  # as SIGKILLed after round 5 was released: checkpoint of round 3
+    shutil.copytree(ref, killed)
+    (killed / "checkpoint.pt").unlink()
+    (killed / "checkpoint.prev.pt").rename(killed / "checkpoint.pt")
+    (killed / "summary.json").unlink()
+    ledger = (killed / "privacy_ledger.jsonl").read_text().splitlines(keepends=True)
+    (killed / "privacy_ledger.jsonl").write_text("".join(ledger[:6]))  # header, rounds 1-5
+    rows = (killed / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (killed / "metrics.jsonl").write_text("".join(rows[:5]))
+    code, err = _simulate(tmp_path, capsys, "--resume", str(killed))
+    assert code == 0, err
+    assert (killed / "privacy_ledger.jsonl").read_text() == "".join(ledger)  # each round once
+    params = [torch.load(d / "checkpoint.pt", weights_only=True)["algorithm"]["params"]
+              for d in (ref, killed)]  # fmt: skip
+    assert torch.equal(*params)

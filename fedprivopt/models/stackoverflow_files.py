@@ -24,11 +24,13 @@ import torch
 
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.local import check_user_id
+from fedprivopt.core.text import shown
 from fedprivopt.data.locks import DATA_LOCK, file_lock
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
 from fedprivopt.data.synthetic import (
     SQLITE_FILE,
     SYNTHETIC_META_FILE,
+    USER_SIZES,
     SyntheticConfig,
     ensure_synthetic,
     read_marker,
@@ -146,6 +148,12 @@ class StackOverflowFiles:
         }
         self.synth_params = {k: v for k, v in given.items() if v is not None}
         if synth_user_sizes is not None:
+            if not isinstance(synth_user_sizes, str):  # a list or table: a TypeError traceback
+                # (unhashable) out of the lookup before (twenty-seventh review of issue 15)
+                raise ValueError(
+                    f"synth_user_sizes must be one of {', '.join(USER_SIZES)}, got "
+                    f"{shown(synth_user_sizes)}"
+                )
             # the shape's knobs are checked against the dataset's record like the others
             self.synth_params.update(user_size_knobs(synth_user_sizes, "synth_user_sizes"))
         try:

@@ -61,6 +61,10 @@ b. ``simulate toy.toml --set client-cpus=1e300`` (also ``client-gpus``) was acce
    ``TreeNoise.release`` subtracts the dropped ones in dict order, which the restore did not
    give back (floating-point subtraction is not associative). The restore now keeps the
    running tree's order: the replay is bit-identical, recorded once.
+8. ``simulate stackoverflow-nwp.toml --set 'task-params.synth-user-sizes=[1]'`` (also the tag
+   presets, or ``["small"]``): a ``TypeError: unhashable type: 'list'`` traceback, rc 1 (the
+   other bad values of the key were one line). Now one line naming
+   ``task-params.synth-user-sizes`` and its choices.
 """
 
 from __future__ import annotations
@@ -391,3 +395,16 @@ def test_7_a_seeded_tree_run_resumed_inside_a_period_replays_bit_identically(tmp
     params = [torch.load(d / "checkpoint.pt", weights_only=True)["algorithm"]["params"]
               for d in (ref, killed)]  # fmt: skip
     assert torch.equal(*params)
+
+
+# -- 8: a list as synth-user-sizes -----------------------------------------------------------------
+@pytest.mark.parametrize("preset", ["stackoverflow-nwp.toml", "stackoverflow-tp-mini.toml"])
+@pytest.mark.parametrize("value", ["[1]", '["small"]'])
+def test_8_a_list_as_synth_user_sizes_is_one_line_naming_the_key(tmp_path, capsys, preset, value):
+    out = tmp_path / "r"
+    code, err = _simulate(
+        tmp_path, capsys, str(ROOT / "simulations" / preset), "--rounds", "1", "--out", str(out),
+        "--set", f"task-params.synth-user-sizes={value}",
+    )  # fmt: skip
+    one_line_error(code, err, "task-params.synth-user-sizes must be one of small, real")
+    assert not out.exists()

@@ -336,7 +336,7 @@ class SyntheticConfig:
 
 def user_size_knobs(user_sizes: str, name: str = "user_sizes") -> dict[str, object]:
     """The four size knobs of the :data:`USER_SIZES` shape ``user_sizes`` (defaults filled in)."""
-    if user_sizes not in USER_SIZES:
+    if not isinstance(user_sizes, str) or user_sizes not in USER_SIZES:
         raise ValueError(f"{name} must be one of {', '.join(USER_SIZES)}, got {user_sizes!r}")
     defaults = {f.name: f.default for f in fields(SyntheticConfig)}
     return {k: USER_SIZES[user_sizes].get(k, defaults[k]) for k in USER_SIZES["real"]}

@@ -138,7 +138,7 @@ class StackOverflowFiles:
         """Check and set ``data_dir``, ``synthetic`` and the ``synth_*`` parameters."""
         if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
             raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).expanduser()  # "~/so" as --out's (28th review)
         self.synthetic = check_bool("synthetic", synthetic)
         given = {
             "num_clients": check_int("synth_clients", synth_clients, 1, none=True),

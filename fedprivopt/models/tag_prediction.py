@@ -207,7 +207,9 @@ class StackOverflowTagTask(TagTaskData):
             not isinstance(cache_dir, (str, os.PathLike)) or not str(cache_dir)
         ):
             raise ValueError(f"cache_dir must be a non-empty path or None, got {cache_dir!r}")
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else self.data_dir / CACHE_DIR
+        self.cache_dir = (
+            Path(cache_dir).expanduser() if cache_dir is not None else self.data_dir / CACHE_DIR
+        )
 
         self._ensure_files()
         words = read_word_counts(self.data_dir / WORD_COUNT_FILE).top(requested_v)

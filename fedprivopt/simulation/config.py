@@ -384,6 +384,23 @@ def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]
     return _merge(out, table)
 
 
+_TASK_PATHS = frozenset({"data_dir", "cache_dir"})
+"""Task parameters that are directories: a leading ``~`` is expanded (:func:`_expand_home`)."""
+
+
+def _expand_home(value: Any) -> Any:
+    """``value`` with a leading ``~`` or ``~user`` expanded, when it is such a string.
+
+    Twenty-eighth review of issue 15: ``--set task-params.data-dir=~/sodata`` (quoted, so the
+    shell left the ``~``) generated the dataset into ``./~/sodata``, a directory named ``~``,
+    where ``--out "~/x"`` and a preset ``"~/x.toml"`` are expanded. Anything else is unchanged
+    (the task checks it).
+    """
+    if isinstance(value, str) and value.startswith("~"):
+        return os.path.expanduser(value)
+    return value
+
+
 def resolve_config(data: Mapping[str, Any]) -> RunConfig:
     """Build a validated :class:`RunConfig` from a (nested or flattened) kebab-case mapping."""
     flat = _task_param_spellings(_flatten(data))
@@ -399,7 +416,8 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
     }
     for key, value in flat.items():
         if key.startswith("task-params."):
-            task_params[key.split(".", 1)[1].replace("-", "_")] = value
+            name = key.split(".", 1)[1].replace("-", "_")
+            task_params[name] = _expand_home(value) if name in _TASK_PATHS else value
             continue
         if (
             isinstance(value, int)

@@ -1,14 +1,88 @@
 """Issue 15, twenty-eighth hostile review, follow-up: regression tests of its findings.
 
+3. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=~/sodata`` (quoted: the
+   shell leaves the ``~``) ended rc 0 after generating the dataset into ``./~/sodata``, a
+   directory named ``~`` in the current directory, where ``--out "~/x"`` and a preset
+   ``"~/x.toml"`` are expanded. A leading ``~`` of ``task-params.data-dir`` and
+   ``task-params.cache-dir`` is now expanded where the configuration is read (simulate,
+   compare, tune, deploy, ``--resume``) and by the tasks themselves (Python API).
 4. ``data.synthetic.user_size_knobs([1])`` raised ``TypeError: unhashable type: 'list'``
    rather than a ``ValueError`` naming the parameter.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fedprivopt.data.synthetic import user_size_knobs
+from fedprivopt.simulation.config import load_config
+from tests.reliability.test_twentyeighth_review import _cli
+
+ROOT = Path(__file__).resolve().parents[2]
+MINI = ROOT / "simulations" / "stackoverflow-tp-mini.toml"
+# a dataset small enough to generate and train on in about a second
+SMALL = {
+    "task-params.synth-clients": 40,
+    "task-params.num-users": 30,
+    "task-params.eval-users": 5,
+    "population": 30,
+    "clients-per-round": 5,
+    "task-params.synth-vocab": 400,
+    "task-params.vocab-size": 200,
+    "task-params.synth-tags": 20,
+    "task-params.num-tags": 10,
+    "num-server-rounds": 2,
+}
+
+
+# -- finding 3: task-params.data-dir / cache-dir given with a leading ~ ---------------------------
+
+
+def test_3_the_task_directories_tilde_is_expanded_in_the_configuration(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    overrides = {"task-params.data-dir": "~/sodata", "task-params.cache-dir": "~/cache"}
+    config = load_config(MINI, overrides)
+    assert config.task_params["data_dir"] == str(tmp_path / "sodata")
+    assert config.task_params["cache_dir"] == str(tmp_path / "cache")
+    # anything else is left as given (a relative path stays relative)
+    assert load_config(MINI).task_params["data_dir"] == "data/stackoverflow-synthetic-mini"
+
+
+def test_3_the_task_expands_a_tilde_itself(monkeypatch, tmp_path):
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # before the fix, ./~ was made here
+    task = StackOverflowTagTask(
+        data_dir="~/sodata",
+        synthetic=True,
+        synth_clients=40,
+        synth_vocab=400,
+        synth_tags=20,
+        vocab_size=200,
+        num_tags=10,
+        num_users=30,
+        eval_users=5,
+        cache_dir="~/cache",
+    )
+    assert task.data_dir == tmp_path / "home" / "sodata"
+    assert task.cache_dir == tmp_path / "home" / "cache"
+    assert (tmp_path / "home" / "sodata").is_dir() and not (tmp_path / "~").exists()
+
+
+def test_3_simulate_generates_the_dataset_under_home_and_resumes(tmp_path):
+    sets = [f"--set={k}={v}" for k, v in SMALL.items()]
+    argv = ["simulate", str(MINI), "--out", "run", "--quiet", *sets]
+    done = _cli(tmp_path, *argv, "--set=task-params.data-dir=~/sodata")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "~").exists()
+    assert (tmp_path / "home" / "sodata" / "stackoverflow.sqlite").is_file()
+    again = _cli(tmp_path, "simulate", "--resume", "run")
+    assert again.returncode == 0, again.stderr
+    assert not (tmp_path / "~").exists()
+
 
 # -- finding 4: user_size_knobs of a non-string ----------------------------------------------------
 

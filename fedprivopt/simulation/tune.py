@@ -28,7 +28,9 @@ stored configuration equals the trial's.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -373,6 +375,55 @@ def select_best(results: Sequence[TrialResult], *, maximize: bool) -> TrialResul
     return max(ok, key=lambda r: (sign * r.score, -r.trial.index))
 
 
+_TRIAL_NAME = re.compile(r"trial-[0-9]+\Z")
+"""What :func:`draw_trials` names a trial's run directory."""
+
+
+def _is_ours(path: Path, kind: str) -> bool:
+    """Whether ``path`` is a small regular JSON file whose ``"kind"`` is ``kind``."""
+    from fedprivopt.simulation.files import SMALL_FILE_LIMIT
+
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > SMALL_FILE_LIMIT:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == kind
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory and no link."""
+    return path.is_dir() and not path.is_symlink()
+
+
+def _foreign_beside_runs(out: Path, names: list[str]) -> list[str]:
+    """The entries that make ``out`` (holding ``runs`` and only tune's names) not a tuning's.
+
+    Twenty-seventh review of issue 15: ``tune --out P``, where ``P`` held an empty ``runs/``
+    and the user's ``report.md``, ``summary.json`` and ``trials.csv``, replaced all three
+    (rc 0). ``runs/`` of a tuning holds only trials' run directories (``trial-NNN``), a report
+    stands beside at least one trial or tune's own ``tune.json`` (written before the first
+    trial), and ``summary.json`` is tune's (``"kind": "fedprivopt-tune"``). Beside tune's own
+    ``tune.json`` a stray entry of ``runs/`` is left to :func:`check_leftover_trials`, which
+    names it to remove, and a damaged ``tune.json`` beside a trial to the plan check.
+    """
+    runs = out / "runs"
+    if not _is_dir(runs):
+        return ["runs"]
+    if "summary.json" in names and not _is_ours(out / "summary.json", "fedprivopt-tune"):
+        return ["summary.json"]
+    trials = sorted(p.name for p in runs.iterdir())
+    if "tune.json" in names:  # beside trials, a damaged plan is named by the plan check
+        ours = trials or _is_ours(out / "tune.json", "fedprivopt-tune-plan")
+        return [] if ours else ["tune.json"]
+    foreign = [f"runs/{n}" for n in trials if not _TRIAL_NAME.match(n) or not _is_dir(runs / n)]
+    reports = [n for n in names if n in TUNE_FILES]
+    if not foreign and reports and not trials:
+        foreign = reports  # a report with no trial and no plan beside it: not one tune wrote
+    return foreign
+
+
 def check_tune_dir(out: str | Path) -> None:
     """Refuse an ``--out`` that holds anything but an earlier tuning's files.
 
@@ -392,6 +443,8 @@ def check_tune_dir(out: str | Path) -> None:
     foreign = [n for n in names if n not in TUNE_ENTRIES]
     if names and "runs" not in names:
         foreign = foreign or names
+    if not foreign:
+        foreign = _foreign_beside_runs(out, names)
     if foreign:
         listed = ", ".join(repr(n[:60]) for n in foreign[:3]) + (
             ", ..." if len(foreign) > 3 else ""

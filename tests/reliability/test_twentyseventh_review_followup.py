@@ -1,0 +1,90 @@
+"""Twenty-seventh review of issue 15, follow-up: the rule of 3eaeeff for tune and resume.
+
+Issue 15: a directory that holds anything is never overwritten unless it is recognisably a run
+of ours, and every bad input ends with rc 2 and one line naming the flag, key or file.
+
+1. ``tune --out P``, ``P`` holding an empty ``runs/`` and the user's ``report.md``,
+   ``summary.json`` and ``trials.csv``, replaced all three (rc 0). ``runs/`` must hold only
+   ``trial-NNN`` directories, a report stand beside a trial or tune's own ``tune.json``, and
+   ``summary.json`` be tune's.
+2. ``compare --tune-grid ... --out P``, ``P`` holding an empty ``tune/`` and the user's
+   ``report.md`` and ``summary.csv``, replaced both (rc 0): the same rule for ``tune/``.
+3. ``simulate --resume R`` after ``cache_dir = "/x"`` (or ``token_cache = true``) was added
+   under ``[task-params]`` of ``R/config.toml`` ended in the task's ``TypeError`` traceback,
+   rc 1; ``data_dir = 5`` there was one line naming neither the file nor the key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.test_fuzz_cli import run_cli
+from tests.reliability.test_twentythird_review import one_line_error
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "simulations" / "toy.toml"
+NWP = ROOT / "simulations" / "stackoverflow-nwp.toml"
+TUNE = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2"]
+TUNED_COMPARE = ["compare", str(TOY), "--strategies", "dp-fedavg", "--tune-grid",
+                 "server-learning-rate=0.5,1", "--mean-trials", "2"]  # fmt: skip
+
+
+def _snapshot(path: Path) -> dict[str, bytes | None]:
+    """Every entry under ``path``: a file's bytes, a directory's ``None``."""
+    return {
+        str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(path.rglob("*"))
+    }
+
+
+def _user_files(out: Path, *names: str) -> dict[str, bytes | None]:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (out / name).write_text("the user's own\n")
+    return _snapshot(out)
+
+
+# -- finding 1: tune's runs/ and its reports -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layout, named",
+    [
+        ({"runs/": None, "report.md": "x", "summary.json": "x", "trials.csv": "x"}, "summary.json"),
+        ({"runs/": None, "report.md": "x", "trials.csv": "x"}, "report.md"),
+        ({"runs/": None, "trials.png": "x"}, "trials.png"),
+        ({"runs/": None, "summary.json": '{"kind": "other"}'}, "summary.json"),
+        ({"runs/trial-001": "a file", "report.md": "x"}, "runs/trial-001"),
+        ({"runs": "a file", "report.md": "x"}, "runs"),
+        ({"runs/": None, "tune.json": "not json"}, "tune.json"),
+    ],
+)
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_1_tune_refuses_reports_that_are_not_a_tunings(tmp_path, layout, named, overwrite):
+    out = tmp_path / "p"
+    out.mkdir()
+    for name, text in layout.items():
+        if name.endswith("/"):
+            (out / name).mkdir()
+            continue
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    before = _snapshot(out)
+    code, _, err = run_cli([*TUNE, "--rounds", "1", "--out", str(out), *overwrite])
+    one_line_error(code, err, repr(named), "which tune did not write")
+    assert _snapshot(out) == before
+
+
+def test_1_an_earlier_tuning_and_an_empty_runs_still_pass(tmp_path):
+    out = tmp_path / "p"
+    (out / "runs").mkdir(parents=True)
+    assert run_cli([*TUNE, "--rounds", "1", "--out", str(out)])[0] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kind"] == "fedprivopt-tune"
+    code, _, err = run_cli([*TUNE, "--rounds", "1", "--out", str(out)])
+    assert code == 0, err
+    code, _, err = run_cli([*TUNE, "--rounds", "1", "--out", str(out), "--overwrite"])
+    assert code == 0, err

@@ -36,6 +36,7 @@ import csv
 import io
 import json
 import math
+import re
 import shlex
 import sys
 import time
@@ -196,6 +197,34 @@ class _Planning:
             self.bar.stop()
 
 
+_CELL_DIR = re.compile(r"[a-z0-9-]+__sigma[^/]+__seed[0-9]+\Z")
+"""What :func:`~fedprivopt.simulation.cells.cell_label` names a cell (its tuning's directory)."""
+
+
+def _foreign_beside_tune(out: Path, reports: list[str]) -> list[str]:
+    """The entries that make ``out`` (holding ``tune/`` and reports) not a tuned comparison's.
+
+    Twenty-seventh review of issue 15: ``compare --tune-grid ... --out P``, where ``P`` held
+    an empty ``tune/`` and the user's ``report.md`` and ``summary.csv``, replaced both (rc 0).
+    ``tune/`` of a tuned comparison holds only cells' tuning directories (named as
+    :func:`~fedprivopt.simulation.cells.cell_label` names a cell), and a report stands beside
+    at least one (as :func:`~fedprivopt.simulation.cells.check_compare_dir` requires of
+    ``runs/``).
+    """
+    tune = out / TUNE_DIR
+    if tune.is_symlink() or not tune.is_dir():
+        return [TUNE_DIR]
+    cells = sorted(tune.iterdir())
+    foreign = [
+        f"{TUNE_DIR}/{p.name}"
+        for p in cells
+        if not _CELL_DIR.match(p.name) or p.is_symlink() or not p.is_dir()
+    ]
+    if not foreign and reports and not cells:
+        foreign = reports  # a report with no tuning beside it: not one compare wrote
+    return foreign
+
+
 def check_tuned_compare_dir(out: Path) -> None:
     """Refuse an ``--out`` holding anything but an earlier tuned comparison's files.
 
@@ -213,6 +242,8 @@ def check_tuned_compare_dir(out: Path) -> None:
     foreign = [n for n in names if n not in allowed] or (
         [] if not names or (out / TUNE_DIR).is_dir() else names
     )
+    if not foreign and names:
+        foreign = _foreign_beside_tune(out, [n for n in names if n in REPORT_FILES])
     if foreign:
         raise ValueError(
             f"argument --out: {str(out)!r} holds {foreign[0][:60]!r}, which compare --tune-grid "

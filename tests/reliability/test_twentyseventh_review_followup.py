@@ -88,3 +88,36 @@ def test_1_an_earlier_tuning_and_an_empty_runs_still_pass(tmp_path):
     assert code == 0, err
     code, _, err = run_cli([*TUNE, "--rounds", "1", "--out", str(out), "--overwrite"])
     assert code == 0, err
+
+
+# -- finding 2: compare --tune-grid's tune/ and its reports ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "entry, named",
+    [
+        (None, "report.md"),
+        ("whatever", "tune/whatever"),
+        ("dp-fedavg__sigma1__seed0", "tune/dp-fedavg__sigma1__seed0"),  # a file, not a tuning
+    ],
+)
+def test_2_a_tuned_compare_refuses_reports_beside_no_tuning(tmp_path, entry, named):
+    out = tmp_path / "p"
+    (out / "tune").mkdir(parents=True)
+    if entry == "whatever":
+        (out / "tune" / entry).mkdir()
+    elif entry is not None:
+        (out / "tune" / entry).write_text("x")
+    before = _user_files(out, "report.md", "summary.csv")
+    code, _, err = run_cli([*TUNED_COMPARE, "--rounds", "1", "--out", str(out)])
+    one_line_error(code, err, "argument --out", repr(named), "compare --tune-grid did not write")
+    assert _snapshot(out) == before
+
+
+def test_2_an_earlier_tuned_comparison_still_passes(tmp_path):
+    out = tmp_path / "p"
+    (out / "tune").mkdir(parents=True)
+    for _ in range(2):
+        code, _, err = run_cli([*TUNED_COMPARE, "--rounds", "1", "--out", str(out)])
+        assert code == 0, err
+    assert (out / "report.md").is_file()

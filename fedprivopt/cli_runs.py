@@ -171,9 +171,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         # synth wrote into the home directory, and --resume "~/x" looked for "./~/x")
         run_dir = check_path_text(args.resume, "--resume")
         stored = run_dir / CONFIG_FILE
-        if stored.is_file():
-            load_preset(stored, where="argument --resume")  # unreadable or nested too deeply
-        outcome = resume(run_dir, progress=not args.quiet)
+        params = {}
+        if stored.is_file():  # unreadable or nested too deeply
+            params = load_preset(stored, where="argument --resume").task_params
+        outcome = _resume_checked(resume, run_dir, stored, params, progress=not args.quiet)
     else:
         if args.config is None:
             raise UsageError("argument CONFIG: a preset file is required (or --resume DIR)")
@@ -196,6 +197,31 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         print(warning_line(outcome.diverged, metric), file=sys.stderr)
     return 0
+
+
+def _resume_checked(resume, run_dir, stored, params: dict, *, progress: bool):
+    """``resume(run_dir)``; a bad task parameter in ``stored`` is a usage error naming it.
+
+    Twenty-seventh review of issue 15: ``cache_dir = "/x"`` (or ``token_cache = true``) added
+    under ``[task-params]`` of a run's ``config.toml`` passes the ledger check (a key that only
+    says where data lives is not privacy-relevant), and ``simulate --resume`` ended in the
+    task's ``TypeError: ... unexpected keyword argument 'cache_dir'`` traceback, rc 1; a bad
+    value of such a key (``data_dir = 5``) was one line that named neither the file nor the
+    key (``data_dir must be a non-empty path, got 5``). As :func:`build_checked_run` does, the
+    message names the key (``params``: the stored ``[task-params]``), prefixed with the file.
+    """
+    try:
+        return resume(run_dir, progress=progress)
+    except ValueError as exc:
+        named = name_task_param(str(exc), params)
+        if named == str(exc):
+            raise
+        raise UsageError(f"{stored}: {named}") from None
+    except TypeError as exc:
+        message = task_param_error(exc)
+        if message is None:
+            raise
+        raise UsageError(f"{stored}: {message}") from None
 
 
 def add_simulate(sub) -> None:

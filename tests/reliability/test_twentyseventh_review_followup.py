@@ -17,6 +17,7 @@ of ours, and every bad input ends with rc 2 and one line naming the flag, key or
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,62 @@ def test_2_an_earlier_tuned_comparison_still_passes(tmp_path):
         code, _, err = run_cli([*TUNED_COMPARE, "--rounds", "1", "--out", str(out)])
         assert code == 0, err
     assert (out / "report.md").is_file()
+
+
+# -- finding 3: a task parameter edited into a run's config.toml before --resume -------------------
+
+
+def _two_rounds(tmp_path: Path, preset: Path, *sets: str) -> Path:
+    run = tmp_path / "r"
+    code, _, err = run_cli(["simulate", str(preset), "--rounds", "2", "--out", str(run),
+                            "--quiet", *[f"--set={s}" for s in sets]])  # fmt: skip
+    assert code == 0, err
+    return run
+
+
+def _edit(run: Path, key: str, value: str) -> None:
+    """Put ``key = value`` first under ``[task-params]`` and ask for a third round."""
+    path = run / "config.toml"
+    text = re.sub(rf"(?m)^{re.escape(key)} = .*\n", "", path.read_text())
+    text = text.replace("[task-params]\n", f"[task-params]\n{key} = {value}\n", 1)
+    path.write_text(re.sub(r"num-server-rounds = \d+", "num-server-rounds = 3", text))
+
+
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("cache_dir", '"/x"', "unknown key 'task-params.cache-dir'"),
+        ("token_cache", "true", "unknown key 'task-params.token-cache'"),
+        ("data_dir", '"/x"', "unknown key 'task-params.data-dir'"),
+    ],
+)
+def test_3_resume_names_a_task_parameter_the_task_does_not_take(tmp_path, key, value, said):
+    run = _two_rounds(tmp_path, TOY)
+    _edit(run, key, value)
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    one_line_error(code, err, f"{run / 'config.toml'}: {said}")
+
+
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("cache_dir", '"/x"', "unknown key 'task-params.cache-dir'"),
+        ("data_dir", "5", "task-params.data-dir must be a non-empty path, got 5"),
+        ("data_dir", '""', "task-params.data-dir must be a non-empty path"),
+    ],
+)
+def test_3_the_same_for_stackoverflow_nwp(tmp_path, key, value, said):
+    data = tmp_path / "data"
+    run = _two_rounds(tmp_path, NWP, f"task-params.data-dir={data}", "task-params.synth-clients=60",
+                      "task-params.num-users=40", "task-params.eval-users=10",
+                      "population=40")  # fmt: skip
+    _edit(run, key, value)
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    one_line_error(code, err, f"{run / 'config.toml'}: {said}")
+
+
+def test_3_a_privacy_relevant_edit_is_still_refused_by_the_ledger(tmp_path):
+    run = _two_rounds(tmp_path, TOY)
+    _edit(run, "num_users", "41")
+    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
+    one_line_error(code, err, "task-params.num-users = 41", "privacy ledger")

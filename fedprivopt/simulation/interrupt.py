@@ -236,7 +236,10 @@ def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
     """Install ``handler`` for ``signals`` in the main thread; restore the previous ones on exit.
 
     The previous handlers are restored also over one installed meanwhile (``ray.init`` does, for
-    SIGTERM). Outside the main thread nothing is installed.
+    SIGTERM). Outside the main thread nothing is installed. A signal ignored when the block
+    starts stays ignored: a ``compare --jobs`` worker leaves SIGHUP (and Ctrl-C) to its parent,
+    and its run's :func:`signals_raise` made each worker print "interrupted twice; ended at
+    once" when a closed terminal signalled the process group (twenty-eighth review of issue 15).
     """
     previous = {}
     if threading.current_thread() is not threading.main_thread():
@@ -246,7 +249,8 @@ def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
     try:
         for sig in signals:
             with contextlib.suppress(ValueError, OSError):
-                previous[sig] = signal.signal(sig, handler)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    previous[sig] = signal.signal(sig, handler)
         yield
     finally:
         for sig, old in previous.items():

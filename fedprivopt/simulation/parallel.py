@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,6 +50,9 @@ STOP_WAIT = 60.0
 
 POLL = 0.5
 """Seconds between checks that every worker is alive (:func:`_check_workers`)."""
+
+ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that end a command (held back while workers start, see ``_signals_blocked``)."""
 
 _TASKS: dict[tuple[str, str], Any] = {}  # a worker's tasks, by task and parameters
 
@@ -117,13 +121,16 @@ def run_plans(
             announce(i, plan)
         return
     context = multiprocessing.get_context("spawn")
-    pool = cf.ProcessPoolExecutor(
-        min(jobs, len(todo)), mp_context=context, initializer=_start_worker
-    )
+    _start_resource_tracker()
     running: dict[cf.Future, CellPlan] = {}
     queue = iter(work)
+    pool = None
     try:
-        _fill(pool, queue, running, jobs, announce)
+        with _signals_blocked():  # the pool's workers start shielded
+            pool = cf.ProcessPoolExecutor(
+                min(jobs, len(todo)), mp_context=context, initializer=_start_worker
+            )
+            _fill(pool, queue, running, jobs, announce)
         while running:
             done, _ = cf.wait(running, timeout=POLL, return_when=cf.FIRST_COMPLETED)
             if not done:
@@ -140,9 +147,11 @@ def run_plans(
                     ) from None
                 if stopped is not None:  # a worker stopped by a signal
                     raise KeyboardInterrupt
-            _fill(pool, queue, running, jobs, announce)
+            with _signals_blocked():
+                _fill(pool, queue, running, jobs, announce)
     except BaseException:
-        _stop(pool, running)
+        if pool is not None:
+            _stop(pool, running)
         raise
     pool.shutdown(wait=True)
 
@@ -208,6 +217,46 @@ def _stop(pool: cf.ProcessPoolExecutor, running: dict) -> None:
                 process.join()
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker, if it is not running, with SIGHUP ignored.
+
+    The tracker (one process the pool's queues register their semaphores with) ignores
+    SIGINT and SIGTERM but not SIGHUP: a closed terminal (SIGHUP to the process group) killed
+    it, and the stopping pool printed Python's "process died unexpectedly, relaunching"
+    warning and one ``KeyError: '/mp-...'`` traceback of the relaunched tracker per semaphore
+    (twenty-eighth review of issue 15). An ignored signal stays ignored in the started
+    process; the command's handler is restored at once.
+    """
+    from multiprocessing import resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():
+        resource_tracker.ensure_running()
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+@contextlib.contextmanager
+def _signals_blocked():
+    """Hold the ending signals back while worker processes may be started (main thread).
+
+    A started process inherits the blocked set: a worker gets them only once
+    :func:`_start_worker` has set SIGINT and SIGHUP to be ignored (the parent's to handle)
+    and unblocked them. In the parent they are delivered when the block ends.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 @contextlib.contextmanager
 def _ignoring_signals():
     """A second Ctrl-C while the workers stop must not leave them running."""
@@ -230,10 +279,20 @@ def _ignoring_signals():
 def _start_worker() -> None:
     """Set up a worker: one intra-op thread, and the command line's logging.
 
-    Ctrl-C is the parent's to handle (ignored here); the worker gets SIGTERM when the parent
-    dies (Linux).
+    Ctrl-C and SIGHUP (a closed terminal signals the whole process group) are the parent's to
+    handle (ignored here; each worker ran the parent's handler and printed its own line before
+    the twenty-eighth review of issue 15); the parent stops the workers with SIGTERM, and a
+    worker gets SIGTERM when the parent dies (Linux). The signals the parent held back while
+    starting the worker (:func:`_signals_blocked`) are let through once these are set.
     """
+    from fedprivopt.simulation import interrupt
+
+    # the parent prints the command's line: a worker's second SIGTERM (the group's, then the
+    # parent's stop) ends it at once without "interrupted twice; ended at once"
+    interrupt.reported()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             import ctypes
@@ -259,7 +318,8 @@ def _run(label: str, config, run_dir: str, action: str, why: str) -> str | None:
     from fedprivopt.models import build_task
     from fedprivopt.simulation.interrupt import signals_raise
 
-    with signals_raise():  # SIGTERM from the parent: Interrupted, the run's files kept
+    # SIGTERM from the parent: Interrupted, the run's files kept; SIGHUP stays ignored
+    with signals_raise((signal.SIGTERM,)):
         try:
             key = task_key(config)
             if key not in _TASKS:

@@ -1,5 +1,12 @@
 """Issue 15, twenty-eighth hostile review, follow-up: regression tests of its findings.
 
+1. SIGHUP to the process group (the terminal closed) of ``compare stackoverflow-tp-mini.toml
+   --strategies dp-fedavg,dp-fedadam --rounds 400 --jobs 2`` a few seconds in: rc 129, but
+   stderr also carried the workers' "interrupted twice; ended at once" lines, multiprocessing's
+   "resource_tracker: process died unexpectedly, relaunching" warning and five ``KeyError:
+   '/mp-...'`` tracebacks (the resource tracker ignores SIGINT and SIGTERM but died of SIGHUP;
+   the workers ran the parent's handler). SIGINT and SIGTERM of the group gave one line.
+
 3. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=~/sodata`` (quoted: the
    shell leaves the ``~``) ended rc 0 after generating the dataset into ``./~/sodata``, a
    directory named ``~`` in the current directory, where ``--out "~/x"`` and a preset
@@ -12,13 +19,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fedprivopt.data.synthetic import user_size_knobs
 from fedprivopt.simulation.config import load_config
-from tests.reliability.test_twentyeighth_review import _cli
+from tests.reliability.test_twentyeighth_review import _cli, _env
 
 ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT / "simulations" / "stackoverflow-tp-mini.toml"
@@ -35,6 +47,55 @@ SMALL = {
     "task-params.num-tags": 10,
     "num-server-rounds": 2,
 }
+
+
+# -- finding 1: compare --jobs 2 and SIGHUP of the process group ---------------------------------
+
+
+def _rows(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups, /proc")
+@pytest.mark.parametrize("name", ["SIGHUP"])
+def test_1_compare_jobs_signalled_as_a_group_is_one_line_and_continues(name, tmp_path):
+    sets = [f"--set={k}={v}" for k, v in SMALL.items() if k != "num-server-rounds"]
+    sets.append(f"--set=task-params.data-dir={tmp_path / 'data'}")
+    argv = ["compare", str(MINI), "--strategies", "dp-fedavg,dp-fedadam", "--rounds", "120",
+            "--jobs", "2", "--out", "cmp", "--quiet", *sets]  # fmt: skip
+    runs = tmp_path / "cmp" / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedprivopt.cli", *argv],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = list(runs.glob("*/metrics.jsonl"))
+            if len(metrics) == 2 and all(_rows(m) >= 2 for m in metrics):
+                break  # both workers are running their cells
+            time.sleep(0.05)
+        assert proc.poll() is None, "compare ended before the signal"
+        os.killpg(proc.pid, getattr(signal, name))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + getattr(signal, name), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted; the same command continues it" in lines[0], err
+    again = _cli(tmp_path, *argv, timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert "report" in again.stdout + again.stderr
 
 
 # -- finding 3: task-params.data-dir / cache-dir given with a leading ~ ---------------------------

@@ -443,7 +443,7 @@ def check_tune_dir(out: str | Path) -> None:
     foreign = [n for n in names if n not in TUNE_ENTRIES]
     if names and "runs" not in names:
         foreign = foreign or names
-    if not foreign:
+    if names and not foreign:
         foreign = _foreign_beside_runs(out, names)
     if foreign:
         listed = ", ".join(repr(n[:60]) for n in foreign[:3]) + (

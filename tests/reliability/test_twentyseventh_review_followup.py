@@ -79,6 +79,14 @@ def test_1_tune_refuses_reports_that_are_not_a_tunings(tmp_path, layout, named, 
     assert _snapshot(out) == before
 
 
+@pytest.mark.parametrize("command", [TUNE, TUNED_COMPARE])
+def test_1_an_empty_out_still_passes(tmp_path, command):
+    out = tmp_path / "p"
+    out.mkdir()
+    code, _, err = run_cli([*command, "--rounds", "1", "--out", str(out)])
+    assert code == 0, err
+
+
 def test_1_an_earlier_tuning_and_an_empty_runs_still_pass(tmp_path):
     out = tmp_path / "p"
     (out / "runs").mkdir(parents=True)

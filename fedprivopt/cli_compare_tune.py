@@ -36,7 +36,6 @@ import csv
 import io
 import json
 import math
-import re
 import shlex
 import sys
 import time
@@ -197,10 +196,6 @@ class _Planning:
             self.bar.stop()
 
 
-_CELL_DIR = re.compile(r"[a-z0-9-]+__sigma[^/]+__seed[0-9]+\Z")
-"""What :func:`~fedprivopt.simulation.cells.cell_label` names a cell (its tuning's directory)."""
-
-
 def _foreign_beside_tune(out: Path, reports: list[str]) -> list[str]:
     """The entries that make ``out`` (holding ``tune/`` and reports) not a tuned comparison's.
 
@@ -211,6 +206,8 @@ def _foreign_beside_tune(out: Path, reports: list[str]) -> list[str]:
     at least one (as :func:`~fedprivopt.simulation.cells.check_compare_dir` requires of
     ``runs/``).
     """
+    from fedprivopt.simulation.cells import CELL_NAME
+
     tune = out / TUNE_DIR
     if tune.is_symlink() or not tune.is_dir():
         return [TUNE_DIR]
@@ -218,7 +215,7 @@ def _foreign_beside_tune(out: Path, reports: list[str]) -> list[str]:
     foreign = [
         f"{TUNE_DIR}/{p.name}"
         for p in cells
-        if not _CELL_DIR.match(p.name) or p.is_symlink() or not p.is_dir()
+        if not CELL_NAME.match(p.name) or p.is_symlink() or not p.is_dir()
     ]
     if not foreign and reports and not cells:
         foreign = reports  # a report with no tuning beside it: not one compare wrote

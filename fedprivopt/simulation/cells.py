@@ -45,6 +45,7 @@ from fedprivopt.simulation.files import check_appended_not_linked
 from fedprivopt.simulation.rundir import lock_directory, lock_run_dir
 
 __all__ = [
+    "CELL_NAME",
     "MAX_CELLS",
     "MAX_SEEDS",
     "Cell",
@@ -268,8 +269,8 @@ def lock_compare_dir(out: str | Path):
     return lock_directory(out, COMPARE_LOCK, what=f"comparison {str(out)!r}")
 
 
-_CELL_NAME = re.compile(r"[a-z0-9-]+__sigma[^/]+__seed[0-9]+\Z")
-"""What :func:`cell_label` names a cell's run directory."""
+CELL_NAME = re.compile(r"[a-z0-9-]+__sigma[^/]+__seed[0-9]+\Z")
+"""What :func:`cell_label` names a cell's run directory (and a tuned cell's tuning)."""
 
 
 def _foreign_runs(runs: Path, reports: list[str]) -> list[str]:
@@ -282,7 +283,7 @@ def _foreign_runs(runs: Path, reports: list[str]) -> list[str]:
     was written after at least one cell.
     """
     cells = sorted(p.name for p in runs.iterdir())
-    foreign = [f"runs/{n}" for n in cells if not _CELL_NAME.match(n)]
+    foreign = [f"runs/{n}" for n in cells if not CELL_NAME.match(n)]
     if not foreign and reports and not cells:
         foreign = reports  # a report with no run beside it: not one compare wrote
     return foreign

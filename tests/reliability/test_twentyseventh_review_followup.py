@@ -1,4 +1,4 @@
-"""Twenty-seventh review of issue 15, follow-up: the rule of 3eaeeff for tune and resume.
+"""Twenty-seventh review of issue 15, follow-up: the rule of 12538c5 for tune and resume.
 
 Issue 15: a directory that holds anything is never overwritten unless it is recognisably a run
 of ours, and every bad input ends with rc 2 and one line naming the flag, key or file.

@@ -77,6 +77,9 @@ class _Guarded:
         except OSError as exc:
             raise StdoutError(exc) from exc
 
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
 
 def _escaped(text: str, stream) -> str:
     r"""``text`` with what ``stream``'s encoding cannot encode written as ``\xfc``, ``\u4e2d``.
@@ -90,9 +93,6 @@ def _escaped(text: str, stream) -> str:
     """
     encoding = getattr(stream, "encoding", None) or "utf-8"
     return text.encode(encoding, "backslashreplace").decode(encoding, "replace")
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
 
 
 @contextlib.contextmanager

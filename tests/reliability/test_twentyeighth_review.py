@@ -491,3 +491,19 @@ def test_12_compare_tuned_stopped_mid_report_can_be_run_again(tmp_path, monkeypa
         assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 130
     assert sorted(p.name for p in out.iterdir()) == [], written
     assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 0, capsys.readouterr().err
+
+
+def test_4_the_guarded_stdout_still_forwards_every_other_attribute():
+    """Finding 4's fix had put ``_Guarded.__getattr__`` after a new module-level function, as dead
+    code: inside every command the guarded stdout had no ``encoding``, ``isatty`` or
+    ``fileno`` (an ``AttributeError``; found by the session's final read)."""
+    import sys
+
+    from fedprivopt.cli_stdout import guarded_stdout
+
+    real = sys.stdout
+    with guarded_stdout():
+        assert sys.stdout is not real
+        assert sys.stdout.encoding == real.encoding
+        assert sys.stdout.isatty() == real.isatty()
+        assert sys.stdout.errors == real.errors

@@ -273,10 +273,8 @@ def test_5_deploy_local_insecure_with_no_node_auth_is_refused(tmp_path):
 # -- finding 6: data synth's workers and a signal to the process group ----------------------------
 
 
-def _signal_synth(tmp_path: Path, signum: int) -> tuple[int | None, str]:
-    """``data synth --workers 2`` signalled as a group once it writes: exit code (None: still
-    running 30 s later, then killed) and stderr."""
-    import signal
+def _start_synth(tmp_path: Path) -> subprocess.Popen:
+    """``data synth --clients 200000 --workers 2`` in its own session, once its workers draw."""
     import time
 
     out = tmp_path / "d"
@@ -295,6 +293,20 @@ def _signal_synth(tmp_path: Path, signum: int) -> tuple[int | None, str]:
         while not (out / "stackoverflow.synthetic.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.5)  # the workers are drawing chunks
+    except BaseException:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise
+    return proc
+
+
+def _signal_synth(tmp_path: Path, signum: int) -> tuple[int | None, str]:
+    """``data synth --workers 2`` signalled as a group once it writes: exit code (None: still
+    running 30 s later, then killed) and stderr."""
+    import signal
+
+    proc = _start_synth(tmp_path)
+    try:
         os.killpg(proc.pid, signum)
         try:
             _, err = proc.communicate(timeout=30)
@@ -323,24 +335,9 @@ def test_6_data_synth_with_workers_signalled_as_a_group_ends_with_one_line(name,
 
 def test_7_a_killed_data_synth_worker_is_one_line(tmp_path):
     import signal
-    import time
 
-    out = tmp_path / "d"
-    argv = ["data", "synth", "--out", str(out), "--clients", "200000", "--workers", "2"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fedprivopt.cli", *argv],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _start_synth(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not (out / "stackoverflow.synthetic.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.5)
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
         assert children, "no worker process"
         os.kill(int(children[0]), signal.SIGKILL)

@@ -273,13 +273,9 @@ def test_5_deploy_local_insecure_with_no_node_auth_is_refused(tmp_path):
 # -- finding 6: data synth's workers and a signal to the process group ----------------------------
 
 
-def _start_synth(tmp_path: Path) -> subprocess.Popen:
-    """``data synth --clients 200000 --workers 2`` in its own session, once its workers draw."""
-    import time
-
-    out = tmp_path / "d"
-    argv = ["data", "synth", "--out", str(out), "--clients", "200000", "--workers", "2"]
-    proc = subprocess.Popen(
+def _started(tmp_path: Path, *argv: str) -> subprocess.Popen:
+    """``fedprivopt ARGV`` started in its own session (a process group to signal), stderr piped."""
+    return subprocess.Popen(
         [sys.executable, "-m", "fedprivopt.cli", *argv],
         cwd=tmp_path,
         env=_env(tmp_path),
@@ -288,6 +284,15 @@ def _start_synth(tmp_path: Path) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+
+
+def _start_synth(tmp_path: Path) -> subprocess.Popen:
+    """``data synth --clients 200000 --workers 2`` in its own session, once its workers draw."""
+    import time
+
+    out = tmp_path / "d"
+    argv = ["data", "synth", "--out", str(out), "--clients", "200000", "--workers", "2"]
+    proc = _started(tmp_path, *argv)
     try:
         deadline = time.monotonic() + 60
         while not (out / "stackoverflow.synthetic.json").exists() and time.monotonic() < deadline:

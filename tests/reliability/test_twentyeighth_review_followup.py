@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import pytest
 
 from fedprivopt.data.synthetic import user_size_knobs
 from fedprivopt.simulation.config import load_config
-from tests.reliability.test_twentyeighth_review import _cli, _env
+from tests.reliability.test_twentyeighth_review import _cli, _started
 
 ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT / "simulations" / "stackoverflow-tp-mini.toml"
@@ -67,15 +66,7 @@ def test_1_compare_jobs_signalled_as_a_group_is_one_line_and_continues(name, tmp
     argv = ["compare", str(MINI), "--strategies", "dp-fedavg,dp-fedadam", "--rounds", "120",
             "--jobs", "2", "--out", "cmp", "--quiet", *sets]  # fmt: skip
     runs = tmp_path / "cmp" / "runs"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fedprivopt.cli", *argv],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _started(tmp_path, *argv)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:

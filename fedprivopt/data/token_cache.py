@@ -43,6 +43,7 @@ from fedprivopt.core.local import check_user_id
 from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.core.text import shown
 from fedprivopt.data.locks import file_lock
+from fedprivopt.data.ordered_workers import ENDING_SIGNALS
 
 __all__ = [
     "CACHE_DIR",
@@ -343,7 +344,7 @@ def _pieces(num_users: int, workers: int) -> Iterator[dict[str, np.ndarray]]:
         return
     # the ending signals stay blocked from the fork until each worker has set their actions
     # (see _worker_signals); the parent unblocks them as soon as the workers exist
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
     try:
         pool = multiprocessing.get_context("fork").Pool(
             workers, initializer=_worker_signals, initargs=(os.getpid(),)
@@ -352,10 +353,6 @@ def _pieces(num_users: int, workers: int) -> Iterator[dict[str, np.ndarray]]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     with pool:
         yield from pool.imap(_encode_range, ranges)
-
-
-#: Signals blocked from the fork of the encoders until :func:`_worker_signals` set them.
-_WORKER_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 def _worker_signals(parent: int) -> None:
@@ -373,7 +370,7 @@ def _worker_signals(parent: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING_SIGNALS)
 
 
 def _ptr(lengths: list[np.ndarray]) -> np.ndarray:

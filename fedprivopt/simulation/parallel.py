@@ -39,6 +39,7 @@ from typing import Any
 from fedprivopt.core.logs import log_warnings_to_stderr
 from fedprivopt.core.memory import physical_memory
 from fedprivopt.simulation.cells import REUSE, Cell, CellPlan, run_cell, task_key
+from fedprivopt.simulation.interrupt import ENDING_SIGNALS
 
 __all__ = ["JOB_MEMORY", "MAX_JOBS", "check_jobs", "check_parallel", "physical_memory", "run_plans"]
 
@@ -50,9 +51,6 @@ STOP_WAIT = 60.0
 
 POLL = 0.5
 """Seconds between checks that every worker is alive (:func:`_check_workers`)."""
-
-ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""The signals that end a command (held back while workers start, see ``_signals_blocked``)."""
 
 _TASKS: dict[tuple[str, str], Any] = {}  # a worker's tasks, by task and parameters
 
@@ -250,7 +248,7 @@ def _signals_blocked():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
     try:
         yield
     finally:
@@ -292,7 +290,7 @@ def _start_worker() -> None:
     interrupt.reported()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING_SIGNALS)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             import ctypes

@@ -207,6 +207,7 @@ def _foreign_beside_tune(out: Path, reports: list[str]) -> list[str]:
     ``runs/``).
     """
     from fedprivopt.simulation.cells import CELL_NAME
+    from fedprivopt.simulation.tune_check import PLAN_FILE
 
     tune = out / TUNE_DIR
     if tune.is_symlink() or not tune.is_dir():
@@ -217,7 +218,9 @@ def _foreign_beside_tune(out: Path, reports: list[str]) -> list[str]:
         for p in cells
         if not CELL_NAME.match(p.name) or p.is_symlink() or not p.is_dir()
     ]
-    if not foreign and reports and not cells:
+    # a cell counts only when it holds its tuning's plan (twenty-ninth review: an empty
+    # tune/<cell>/ beside the user's report let it be replaced)
+    if not foreign and reports and not any((p / PLAN_FILE).is_file() for p in cells):
         foreign = reports  # a report with no tuning beside it: not one compare wrote
     return foreign
 

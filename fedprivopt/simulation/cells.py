@@ -41,7 +41,7 @@ from typing import Any
 from fedprivopt.core.text import shown as _short
 from fedprivopt.data.locks import LockHeldError
 from fedprivopt.simulation.config import RunConfig, load_config
-from fedprivopt.simulation.files import check_appended_not_linked
+from fedprivopt.simulation.files import CONFIG_FILE, check_appended_not_linked
 from fedprivopt.simulation.rundir import lock_directory, lock_run_dir
 
 __all__ = [
@@ -280,11 +280,15 @@ def _foreign_runs(runs: Path, reports: list[str]) -> list[str]:
     another tool's (PyTorch's TensorBoard writes ``runs/<date>_<host>/`` by default) and the
     user's own ``report.md`` and ``summary.csv``, replaced both (rc 0). ``runs/`` of a
     comparison holds only cells' run directories (:func:`cell_label`), and a report beside it
-    was written after at least one cell.
+    was written after at least one cell. A cell counts only when it holds a run's
+    ``config.toml`` (twenty-ninth review): an empty ``runs/<cell>/`` (``mkdir -p`` of a name
+    that looks like a cell, or a cell whose files were deleted) beside the user's ``report.md``
+    let it be replaced, and no report of ours stands beside cells that are all empty (the
+    report is removed before the first cell changes and written after the last).
     """
     cells = sorted(p.name for p in runs.iterdir())
     foreign = [f"runs/{n}" for n in cells if not CELL_NAME.match(n)]
-    if not foreign and reports and not cells:
+    if not foreign and reports and not any((runs / n / CONFIG_FILE).is_file() for n in cells):
         foreign = reports  # a report with no run beside it: not one compare wrote
     return foreign
 

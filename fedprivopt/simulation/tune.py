@@ -50,6 +50,7 @@ from fedprivopt.privacy.tuning import (
     rdp_dominates,
     tuning_epsilon,
 )
+from fedprivopt.simulation.files import CONFIG_FILE
 from fedprivopt.simulation.tune_grid import (
     FORBIDDEN_GRID_KEYS,
     MAX_GRID_POINTS,
@@ -414,12 +415,15 @@ def _foreign_beside_runs(out: Path, names: list[str]) -> list[str]:
     if "summary.json" in names and not _is_ours(out / "summary.json", "fedprivopt-tune"):
         return ["summary.json"]
     trials = sorted(p.name for p in runs.iterdir())
+    # a trial counts only when it holds a run (twenty-ninth review: an empty runs/trial-001/
+    # beside the user's report let it be replaced)
+    ran = any((runs / n / CONFIG_FILE).is_file() for n in trials)
     if "tune.json" in names:  # beside trials, a damaged plan is named by the plan check
-        ours = trials or _is_ours(out / "tune.json", "fedprivopt-tune-plan")
+        ours = ran or _is_ours(out / "tune.json", "fedprivopt-tune-plan")
         return [] if ours else ["tune.json"]
     foreign = [f"runs/{n}" for n in trials if not _TRIAL_NAME.match(n) or not _is_dir(runs / n)]
     reports = [n for n in names if n in TUNE_FILES]
-    if not foreign and reports and not trials:
+    if not foreign and reports and not ran:
         foreign = reports  # a report with no trial and no plan beside it: not one tune wrote
     return foreign
 

@@ -403,6 +403,7 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
             _check_rows_kept(out, state, alg.round_num, rows, name)
         if ledger is not None:
             ledger.check_participants(alg.round_num, tree_participants(alg), name)
+            ledger.check_model(alg.round_num, alg.params, name)
     _refuse_secure_tree_redo(config, last_released, alg.round_num if state else 0)
     released, rounds = (
         max(last_released, alg.round_num if state else 0),

@@ -255,19 +255,40 @@ class RunLedger:
 
     # -- checks on resume -------------------------------------------------------------------
 
+    def _last_release(self, round_num: int) -> LedgerEntry | None:
+        """The ledger's last ``round`` line of round ``round_num`` (its latest release), if any."""
+        lines = [e for e in self.entries if e.round == round_num and e.kind == "round"]
+        return lines[-1] if lines else None
+
     def check_participants(self, round_num: int, digest: str | None, name: str) -> None:
         """Refuse a checkpoint of ``round_num`` whose tree participants are not its line's.
 
         ``digest``: :func:`participants_sha256` of the checkpoint's participation ledger. Lines
         without one (Gaussian runs, earlier versions) are not checked.
         """
-        lines = [e for e in self.entries if e.round == round_num and e.kind == "round"]
-        recorded = lines[-1].participants_sha256 if lines else None
-        if recorded is not None and digest != recorded:
+        line = self._last_release(round_num)
+        if line is not None and line.participants_sha256 not in (None, digest):
             raise ValueError(
                 f"{name}'s tree participation ledger is not the one {self.path.name} recorded "
-                f"for round {round_num} (line {lines[-1].line}): the checkpoint was edited "
+                f"for round {round_num} (line {line.line}): the checkpoint was edited "
                 "(resuming it would let users of the period take part again); refusing to resume"
+            )
+
+    def check_model(self, round_num: int, params: torch.Tensor, name: str) -> None:
+        """Refuse a checkpoint of ``round_num`` whose model is not the one its line released.
+
+        A checkpoint holds the model its round released, whose :func:`params_sha256` the line
+        records (lines of earlier versions hold none and are not checked). Twenty-ninth review
+        of issue 15: a checkpoint whose parameters were edited (its digest recomputed) was
+        resumed; the rounds it redid were new releases, and a tree run's, inside a restart
+        period, were charged nothing.
+        """
+        line = self._last_release(round_num)
+        if line is not None and line.params_sha256 not in (None, params_sha256(params)):
+            raise ValueError(
+                f"{name}'s model is not the one {self.path.name} recorded as released by round "
+                f"{round_num} (line {line.line}): the checkpoint or the ledger was edited; "
+                "refusing to resume"
             )
 
     def check_tuning_plan(self, digest: str) -> None:
@@ -483,13 +504,17 @@ class RunLedger:
         params: torch.Tensor,
         accountant: PrivacyAccountant,
         participants: str | None = None,
+        redo_events: Sequence[SubsampledGaussianEvent] = (),
     ) -> None:
         """Record round ``round_num`` before anything of it is released; set ``accountant``.
 
         ``events`` are what the round released and ``params`` the released model. A replayed
         round identical to its first release adds nothing (the accountant, which has just
         counted the round, then equals the ledger up to that line); anything else is appended
-        (fsynced) and the accountant becomes the whole ledger.
+        (fsynced) and the accountant becomes the whole ledger. ``redo_events`` are what a
+        replayed round that differs from its first release is charged when ``events`` is empty:
+        a tree round inside its restart period, whose period's event covered the first release
+        only, is charged a period's event (the rest of the period is one more tree release).
         """
         released = round_released(events)
         digest = params_sha256(params)
@@ -500,6 +525,8 @@ class RunLedger:
                 if accountant.num_events != head.events:
                     accountant.set_ledger(self.prefix(self.entries.index(head) + 1))
                 return
+            if not released:  # twenty-ninth review of issue 15: it was charged nothing
+                released = round_released(redo_events)
             _log.warning(
                 "round %d differs from its first release (line %d of %s): both are charged",
                 round_num,

@@ -22,6 +22,7 @@ from fedprivopt.cli import main
 from fedprivopt.privacy import SubsampledGaussianEvent, compose_epsilon
 from fedprivopt.simulation.checkpoint import load_checkpoint, state_digest
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
+from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.run import resume, simulate
 from tests.simulation.test_run import PRESET, SMALL, small_config
 
@@ -298,17 +299,31 @@ def test_a_checkpoint_whose_events_were_forged_is_refused_without_a_ledger(tmp_p
         resume(out)
 
 
-def test_a_seeded_replay_that_differs_from_its_first_release_is_charged(tmp_path):
-    """A checkpoint whose parameters were changed (digest recomputed) redoes different rounds:
-    each is a new release, so it is charged on top of the first one."""
+def differing_replays(monkeypatch) -> list[int]:
+    """Make every replayed round's released model differ from its first release, as another
+    engine's summation order or a GPU would; returns the rounds so made to differ."""
+    record, changed = RunLedger.record, []
+
+    def differing(self, round_num, events, params, *args, **kwargs):
+        if self.replay:
+            changed.append(round_num)
+            params = params + 1e-6
+        return record(self, round_num, events, params, *args, **kwargs)
+
+    monkeypatch.setattr(RunLedger, "record", differing)
+    return changed
+
+
+def test_a_seeded_replay_that_differs_from_its_first_release_is_charged(tmp_path, monkeypatch):
+    """A redone round whose model differs from its first release is a new release, charged on
+    top of the first one. (A checkpoint whose parameters were edited used to make one; it is
+    refused since the twenty-ninth review of issue 15.)"""
     reference = simulate(small_config(), tmp_path / "ref")
     out = simulate(small_config(), tmp_path / "run").out_dir
     (out / CHECKPOINT).unlink()  # resume from round 5's checkpoint: round 6 is redone
-    state = torch.load(out / PREVIOUS_CHECKPOINT, map_location="cpu", weights_only=True)
-    state["algorithm"]["params"] = state["algorithm"]["params"] + 0.25
-    state["sha256"] = state_digest(state)
-    torch.save(state, out / PREVIOUS_CHECKPOINT)
+    changed = differing_replays(monkeypatch)
     outcome = resume(out)
+    assert changed == [6]
     assert load_checkpoint(out)["algorithm"]["accountant"]["ledger"][0]["count"] == 7
     assert outcome.epsilon > reference.epsilon
     assert outcome.epsilon == _ledger_epsilon(out, 1e-4)

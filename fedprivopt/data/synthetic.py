@@ -61,6 +61,7 @@ from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
 from fedprivopt.data.synthetic_model import WordTagModel, build_model, parse_date
 from fedprivopt.data.synthetic_rows import CHUNK_USERS, SPLITS, chunk_rows, default_workers
 from fedprivopt.data.vocab import (
+    MAX_WORDS,
     TAG_COUNT_FILE,
     WORD_COUNT_FILE,
     write_tag_counts,
@@ -99,7 +100,7 @@ MAX_CLIENTS = 1_000_000
 # Word types: the words, their background distribution and per-chunk counts cost ~95 bytes a
 # word (measured: 10**6 words took 93 MB more than 2 * 10**4), so 10**7 words ~ 1 GB; 10**9 used
 # to be accepted and grow past 6 GB. The real dataset's vocabulary files hold a few million.
-MAX_VOCAB = 10_000_000
+MAX_VOCAB = MAX_WORDS  # 10**7: the words a word-count file may hold (its readers refuse more)
 # Tags: every chunk of 2,048 users draws a (users x tags) float64 matrix of favourite-tag keys
 # and sorts it, ~50 kB a tag (measured: 10,000 tags, 2,048 users, 520 MB peak), so 10**4 tags
 # ~ 0.5 GB. The task predicts the 500 most frequent tags; 10**4 covers any realistic setting.

@@ -16,10 +16,11 @@ References
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from fedprivopt.core.files import read_at_most
 
 __all__ = [
     "MAX_LINE",
+    "MAX_WORDS",
     "TAG_COUNT_FILE",
     "TAG_FILE_LIMIT",
     "WORD_COUNT_FILE",
@@ -46,6 +48,11 @@ _COUNT = re.compile(r"-?[0-9]+\Z")  # ASCII digits: str.isdigit() also accepts '
 _MAX_COUNT = 2**63 - 1  # counts are stored as int64
 MAX_LINE = 1 << 20
 """Characters of a word-count line at most (``word count``: no word is a MiB long)."""
+MAX_WORDS = 10_000_000
+"""Words of a word-count file at most (the real one holds a few million; the synthetic generator
+writes at most as many). Twenty-ninth review of issue 15: a file of 10**7 words took 1.97 GB to
+read whole and 10**8 grew until the kernel killed the run; a task now reads only the words it
+keeps (``limit``), and a longer file is refused as it is read."""
 TAG_FILE_LIMIT = 256 << 20
 """Bytes of a tag-count file at most (the real one's 50,000 tags take about 1 MB)."""
 
@@ -116,9 +123,11 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
     Parameters
     ----------
     path : str or os.PathLike
-        The file: lines ``word count``; blank lines are ignored.
+        The file: lines ``word count``, at most :data:`MAX_WORDS`; blank lines are ignored.
     limit : int, optional
-        Keep only the ``limit`` most frequent words.
+        Keep only the ``limit`` most frequent words (ties in file order). Every line is still
+        checked, but only the kept words are held in memory, and a repeated word is found when
+        one of its lines is among them; without ``limit`` every word is kept and checked.
 
     Returns
     -------
@@ -130,45 +139,61 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
     FileNotFoundError
         If the file does not exist.
     ValueError
-        On a malformed line (with its number), a count outside ``[0, 2**63)`` or a repeated
-        word.
+        On a malformed line (with its number), a count outside ``[0, 2**63)``, a repeated word
+        or more than :data:`MAX_WORDS` words.
     """
     limit = check_int("limit", limit, 0, none=True)
     p = _existing(path)
-    words: list[str] = []
-    counts: list[int] = []
-    seen: set[str] = set()
+    # (count, -line, word): heap[0] is the kept word that the next better line replaces
+    heap: list[tuple[int, int, str]] = []
+    kept: set[str] = set()
     try:
         with p.open(encoding="utf-8") as f:
-            # lines of at most MAX_LINE characters: a sparse file of 20 GB without a line break
-            # was read as one line, MemoryError (eighteenth review of issue 15, finding 7)
-            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), ""), 1):
-                if len(line) > MAX_LINE:
-                    raise ValueError(
-                        f"{p}:{lineno}: a line of more than {MAX_LINE:,} characters, which no "
-                        "word-count file holds (the file is damaged)"
-                    )
-                parts = line.split()
-                if not parts:
-                    continue
-                if len(parts) != 2 or not _COUNT.match(parts[1]):
-                    raise ValueError(
-                        f"{p}:{lineno}: expected 'word count', found {line.strip()[:80]!r}"
-                    )
-                word, count = parts[0], int(parts[1])
-                if count < 0:
-                    raise ValueError(f"{p}:{lineno}: negative count {count}")
-                if count > _MAX_COUNT:
-                    raise ValueError(f"{p}:{lineno}: count {count} does not fit in int64")
-                if word in seen:
+            for lineno, word, count in _word_lines(p, f):
+                if word in kept:
                     raise ValueError(f"{p}:{lineno}: word {word!r} appears twice")
-                seen.add(word)
-                words.append(word)
-                counts.append(count)
+                entry = (count, -lineno, word)
+                if limit is None or len(heap) < limit:
+                    heapq.heappush(heap, entry)
+                elif limit and entry[:2] > heap[0][:2]:
+                    kept.discard(heapq.heapreplace(heap, entry)[2])
+                else:
+                    continue
+                kept.add(word)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not a UTF-8 text file: {exc}") from exc
-    vocab = Vocabulary(tuple(words), np.asarray(counts, dtype=np.int64))
-    return vocab if limit is None else vocab.top(limit)
+    heap.sort(key=lambda e: (-e[0], -e[1]))
+    return Vocabulary(tuple(e[2] for e in heap), np.asarray([e[0] for e in heap], dtype=np.int64))
+
+
+def _word_lines(p: Path, f) -> Iterator[tuple[int, str, int]]:
+    """``(line number, word, count)`` of each non-blank line of the open word-count file."""
+    words = 0
+    # lines of at most MAX_LINE characters: a sparse file of 20 GB without a line break was read
+    # as one line, MemoryError (eighteenth review of issue 15, finding 7)
+    for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), ""), 1):
+        if len(line) > MAX_LINE:
+            raise ValueError(
+                f"{p}:{lineno}: a line of more than {MAX_LINE:,} characters, which no "
+                "word-count file holds (the file is damaged)"
+            )
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2 or not _COUNT.match(parts[1]):
+            raise ValueError(f"{p}:{lineno}: expected 'word count', found {line.strip()[:80]!r}")
+        count = int(parts[1])
+        if count < 0:
+            raise ValueError(f"{p}:{lineno}: negative count {count}")
+        if count > _MAX_COUNT:
+            raise ValueError(f"{p}:{lineno}: count {count} does not fit in int64")
+        words += 1
+        if words > MAX_WORDS:
+            raise ValueError(
+                f"{p}:{lineno}: more than {MAX_WORDS:,} words, which no word-count file holds "
+                "(the real one holds a few million; the file is damaged or not a word count)"
+            )
+        yield lineno, parts[0], count
 
 
 def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vocabulary:

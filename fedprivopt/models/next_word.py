@@ -59,8 +59,10 @@ from fedprivopt.models.next_word_tokens import PAD, encode_sentences, special_to
 
 # Shared with the tag task: both may build from the same directory and take the same lock.
 from fedprivopt.models.stackoverflow_files import (
+    MAX_USERS,
     StackOverflowFiles,
     check_model_parameters,
+    check_vocab_size,
 )
 from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
@@ -113,21 +115,22 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         the real size) or ``"real"`` (the real splits' published sizes).
     vocab_size : int
         ``V``: the top ``V`` words of the word-count file (fewer if the file has fewer; see
-        :attr:`vocab_size`), ``>= 1``. The model scores ``V + 4`` tokens.
+        :attr:`vocab_size`), in ``[1, 10**7]`` (a word-count file holds at most
+        :data:`~fedprivopt.data.vocab.MAX_WORDS`). The model scores ``V + 4`` tokens.
     seq_len : int
         Sequence length of inputs and targets (TFF: 20), in ``[1, MAX_SEQ_LEN]`` (1024: every
         example is padded to it, 16 bytes a position).
     num_users : int or None
         Use the first ``num_users`` training users in the file's order (client ids sorted);
-        ``None`` uses all. Must not exceed the number of training users.
+        ``None`` uses all. Must not exceed the number of training users (nor 10**8).
     max_examples_per_user : int or None
         Read at most this many examples per user (the first ones, in file order), training and
-        evaluation alike (TFF's ``max_elements_per_user``); ``None``: all.
+        evaluation alike (TFF's ``max_elements_per_user``), in ``[1, 10**8]``; ``None``: all.
     eval_split : {"test", "heldout"}
         Split used by :meth:`evaluate`.
     eval_users : int
         :meth:`evaluate` pools the first ``eval_users`` users of ``eval_split`` (fixed, cheap,
-        deterministic), ``>= 1``; fewer if the split has fewer.
+        deterministic), in ``[1, 10**8]``; fewer if the split has fewer.
     embedding_dim : int
         ``e``, embedding and projection width (TFF: 96), ``>= 1``.
     hidden_size : int
@@ -137,7 +140,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
     seed : int
         Seed of the model initialization, ``>= 0``.
     cache_users : int
-        Per-user tensors kept in memory (least recently used evicted), ``>= 0``.
+        Per-user tensors kept in memory (least recently used evicted), in ``[0, 10**8]``.
 
     Attributes
     ----------
@@ -193,7 +196,7 @@ class StackOverflowNextWordTask(StackOverflowFiles):
             synth_seed=synth_seed,
             synth_user_sizes=synth_user_sizes,
         )
-        requested_v = check_int("vocab_size", vocab_size, 1)
+        requested_v = check_vocab_size(vocab_size)
         self.seq_len = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
         self._set_selection(
             num_users=num_users,
@@ -204,11 +207,11 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
         self.hidden_size = check_int("hidden_size", hidden_size, 1)
         self.seed = check_int("seed", seed, 0)
-        self.cache_users = check_int("cache_users", cache_users, 0)
+        self.cache_users = check_int("cache_users", cache_users, 0, MAX_USERS)
         self._check_model_size(1)  # the LSTM alone, before any file is read or generated
 
         self._ensure_files()
-        words = read_word_counts(self.data_dir / WORD_COUNT_FILE).top(requested_v)
+        words = read_word_counts(self.data_dir / WORD_COUNT_FILE, limit=requested_v)
         if len(words) == 0:
             raise ValueError(f"{self.data_dir}: the word-count file is empty")
         self.words: tuple[str, ...] = words.items

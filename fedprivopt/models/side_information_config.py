@@ -415,7 +415,7 @@ def _build(resolved: ResolvedSideInformation, task: Task) -> torch.Tensor:
         )
     from fedprivopt.data.vocab import read_word_counts
 
-    counts = read_word_counts(task.word_count_path).top(v)  # type: ignore[attr-defined]
+    counts = read_word_counts(task.word_count_path, limit=v)  # type: ignore[attr-defined]
     return token_frequency_preconditioner(
         counts,
         vocab_size=v,

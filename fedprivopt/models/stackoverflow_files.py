@@ -37,9 +37,18 @@ from fedprivopt.data.synthetic import (
     run_files_note,
     user_size_knobs,
 )
-from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
+from fedprivopt.data.vocab import MAX_WORDS, TAG_COUNT_FILE, WORD_COUNT_FILE
+from fedprivopt.privacy.sampling import MAX_POPULATION
 
-__all__ = ["MAX_MODEL_PARAMETERS", "StackOverflowFiles", "check_model_parameters"]
+__all__ = [
+    "MAX_EXAMPLES_PER_USER",
+    "MAX_MODEL_PARAMETERS",
+    "MAX_TAGS",
+    "MAX_USERS",
+    "StackOverflowFiles",
+    "check_model_parameters",
+    "check_vocab_size",
+]
 
 #: Guards a task's lazily built state (the user cache, the training split, the token store)
 #: when the cohort trainer's workers read users from threads (``CohortTrainer.run_chunks``).
@@ -55,6 +64,26 @@ MAX_MODEL_PARAMETERS = 2**26
 """Largest model of a StackOverflow task: 256 MiB a float32 copy, and a run holds a few dozen
 copies (the cohort's updates, the optimizer's moments, checkpoints). The real tasks' models have
 4,053,428 (next-word, TFF's shape) and 5,000,500 (tag prediction) parameters."""
+
+MAX_USERS = MAX_POPULATION
+"""Largest ``num_users``, ``eval_users`` and ``cache_users`` (10**8, the population's bound).
+
+Twenty-ninth review of issue 15: 10**20 was accepted and silently capped at the file's users
+while the run's ``config.toml`` and ledger recorded 10**20."""
+
+MAX_EXAMPLES_PER_USER = 10**8
+"""Largest ``max_examples_per_user``: the real training split holds about 1.4 * 10**8 examples
+of 342,477 users in all, so no user reaches it."""
+
+MAX_TAGS = MAX_MODEL_PARAMETERS // 2
+"""Largest ``num_tags`` (2**25): the tag model's ``(V + 1) K`` parameters are at most
+:data:`MAX_MODEL_PARAMETERS` with ``V >= 1``. ``vocab_size`` is at most
+:data:`~fedprivopt.data.vocab.MAX_WORDS` (10**7), the words a word-count file may hold."""
+
+
+def check_vocab_size(value: object) -> int:
+    """``vocab_size`` in ``[1, MAX_WORDS]`` (a task keeps the file's top ``vocab_size`` words)."""
+    return check_int("vocab_size", value, 1, MAX_WORDS)
 
 
 def check_model_parameters(count: int, sizes: str) -> None:
@@ -170,14 +199,16 @@ class StackOverflowFiles:
         eval_users: int,
     ) -> None:
         """Check ``num_users`` (used by :meth:`_open_users`) and set the other three."""
-        check_int("num_users", num_users, 1, none=True)
+        # bounded before a file is read or generated (twenty-ninth review of issue 15: 10**20
+        # accepted, then silently capped by the files while the run recorded 10**20)
+        check_int("num_users", num_users, 1, MAX_USERS, none=True)
         self.max_examples_per_user = check_int(
-            "max_examples_per_user", max_examples_per_user, 1, none=True
+            "max_examples_per_user", max_examples_per_user, 1, MAX_EXAMPLES_PER_USER, none=True
         )
         if eval_split not in ("test", "heldout"):
             raise ValueError(f"eval_split must be 'test' or 'heldout', got {eval_split!r}")
         self.eval_split = eval_split
-        self.eval_users = check_int("eval_users", eval_users, 1)
+        self.eval_users = check_int("eval_users", eval_users, 1, MAX_USERS)
 
     def _open_users(self, num_users: int | None) -> None:
         """Open the training split and keep its first ``num_users`` users (all for ``None``)."""
@@ -235,10 +266,9 @@ class StackOverflowFiles:
             "users_sha256": clients.hexdigest(),
         }
         for name in self.REQUIRED_FILES:
-            if name != SQLITE_FILE:
-                identity[f"{name}_sha256"] = hashlib.sha256(
-                    (self.data_dir / name).read_bytes()
-                ).hexdigest()
+            if name != SQLITE_FILE:  # streamed: a word-count file may hold 10**7 words
+                with (self.data_dir / name).open("rb") as f:
+                    identity[f"{name}_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
         return identity
 
     def _missing(self, names: tuple[str, ...]) -> list[str]:

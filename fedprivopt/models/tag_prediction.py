@@ -47,7 +47,12 @@ import torch.nn.functional as F
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.token_cache import CACHE_DIR
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_tag_counts, read_word_counts
-from fedprivopt.models.stackoverflow_files import check_model_parameters
+from fedprivopt.models.stackoverflow_files import (
+    MAX_TAGS,
+    MAX_USERS,
+    check_model_parameters,
+    check_vocab_size,
+)
 from fedprivopt.models.tag_prediction_data import EVAL_BATCH, TagTaskData
 from fedprivopt.models.tag_prediction_encoding import multi_hot
 from fedprivopt.models.tag_prediction_model import BagOfWordsLogisticRegression, tag_metrics
@@ -88,23 +93,24 @@ class StackOverflowTagTask(TagTaskData):
         the real size) or ``"real"`` (the real splits' published sizes).
     vocab_size : int
         ``V``: the top ``V`` words of the word-count file (fewer if the file has fewer; see
-        :attr:`num_features`), ``>= 1``.
+        :attr:`num_features`), in ``[1, 10**7]`` (a word-count file holds at most
+        :data:`~fedprivopt.data.vocab.MAX_WORDS`).
     num_tags : int
         ``K``: the top ``K`` tags of the tag-count file (fewer if the file has fewer; see
-        :attr:`num_tags`), ``>= 1``. The model's ``(V + 1) K`` parameters (effective sizes)
+        :attr:`num_tags`), in ``[1, 2**25]``. The model's ``(V + 1) K`` parameters (effective sizes)
         may be at most
         :data:`~fedprivopt.models.stackoverflow_files.MAX_MODEL_PARAMETERS` = 2**26.
     num_users : int or None
         Use the first ``num_users`` training users in the file's order (client ids sorted);
-        ``None`` uses all. Must not exceed the number of training users.
+        ``None`` uses all. Must not exceed the number of training users (nor 10**8).
     max_examples_per_user : int or None
         Read at most this many examples per user (the first ones, in file order), training and
-        evaluation alike; applied before single-label dropping. ``None``: all.
+        evaluation alike; applied before single-label dropping; in ``[1, 10**8]``. ``None``: all.
     eval_split : {"test", "heldout"}
         Split used by :meth:`evaluate`.
     eval_users : int
         :meth:`evaluate` pools the first ``eval_users`` users of ``eval_split`` (fixed, cheap,
-        deterministic), ``>= 1``; fewer if the split has fewer.
+        deterministic), in ``[1, 10**8]``; fewer if the split has fewer.
     single_label : bool
         AdaDPS' single-label softmax variant instead of TFF's multi-label task.
     seed : int
@@ -124,7 +130,7 @@ class StackOverflowTagTask(TagTaskData):
         bias, which decides the top-1 tag of every document without strong words
         (``docs/EXPERIMENTS.md``).
     cache_users : int
-        Per-user tensors kept in memory (least recently used evicted), ``>= 0``.
+        Per-user tensors kept in memory (least recently used evicted), in ``[0, 10**8]``.
     token_cache : bool
         Encode every training user once into a memory-mapped store of word and tag ids
         (:mod:`fedprivopt.data.token_cache`; about 1 ms of Python per user, parallel over the CPU
@@ -187,8 +193,8 @@ class StackOverflowTagTask(TagTaskData):
             synth_seed=synth_seed,
             synth_user_sizes=synth_user_sizes,
         )
-        requested_v = check_int("vocab_size", vocab_size, 1)
-        requested_k = check_int("num_tags", num_tags, 1)
+        requested_v = check_vocab_size(vocab_size)
+        requested_k = check_int("num_tags", num_tags, 1, MAX_TAGS)
         self._set_selection(
             num_users=num_users,
             max_examples_per_user=max_examples_per_user,
@@ -201,7 +207,7 @@ class StackOverflowTagTask(TagTaskData):
             raise ValueError(f"init_bias must be one of {', '.join(INIT_BIAS)}, got {init_bias!r}")
         self.init_bias = init_bias
         self.train_bias = check_bool("train_bias", train_bias)
-        self.cache_users = check_int("cache_users", cache_users, 0)
+        self.cache_users = check_int("cache_users", cache_users, 0, MAX_USERS)
         self.token_cache = check_bool("token_cache", token_cache)
         if cache_dir is not None and (
             not isinstance(cache_dir, (str, os.PathLike)) or not str(cache_dir)
@@ -212,8 +218,8 @@ class StackOverflowTagTask(TagTaskData):
         )
 
         self._ensure_files()
-        words = read_word_counts(self.data_dir / WORD_COUNT_FILE).top(requested_v)
-        tags = read_tag_counts(self.data_dir / TAG_COUNT_FILE).top(requested_k)
+        words = read_word_counts(self.data_dir / WORD_COUNT_FILE, limit=requested_v)
+        tags = read_tag_counts(self.data_dir / TAG_COUNT_FILE, limit=requested_k)
         if len(words) == 0 or len(tags) == 0:
             raise ValueError(f"{self.data_dir}: the word-count or tag-count file is empty")
         self.words: tuple[str, ...] = words.items
@@ -370,7 +376,7 @@ class StackOverflowTagTask(TagTaskData):
         """
         from fedprivopt.models.side_information import token_frequency_preconditioner
 
-        counts = read_word_counts(self.word_count_path).top(self.num_features)
+        counts = read_word_counts(self.word_count_path, limit=self.num_features)
         return token_frequency_preconditioner(
             counts, vocab_size=self.num_features, num_tags=self.num_tags, **kwargs
         )

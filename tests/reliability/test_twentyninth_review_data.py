@@ -1,0 +1,123 @@
+"""Issue 15, twenty-ninth hostile review, data area: regression tests of its findings.
+
+1. ``simulate stackoverflow-nwp.toml --set task-params.eval-users=100000000000000000000``
+   (also ``vocab-size``, ``max-examples-per-user``, ``cache-users``; the tag task's
+   ``num-tags`` and ``vocab-size``): rc 0, the values silently capped by the files (50
+   evaluation users, the file's 4,000 words) while the run's ``config.toml`` and its ledger's
+   header recorded 10**20. Now rc 2 before a file is read or generated, one line naming the
+   key and its range: users (``num-users``, ``eval-users``, ``cache-users``) at most 10**8
+   (the population's bound), ``max-examples-per-user`` at most 10**8, ``vocab-size`` at most
+   10**7 (the words a word-count file may hold, finding 2), ``num-tags`` at most 2**25 (the
+   tag model's ``(V + 1) K <= 2**26``).
+2. A ``stackoverflow.word_count`` of 10**7 words (189 MB; the synthetic generator's largest
+   vocabulary) took 1.97 GB and 37 s to build a task that keeps its top 2,000 words (measured
+   with ``/usr/bin/time -v``): every word was held, with a set of them, before ``top``; a file
+   of 10**8 words grew until the kernel killed the run, and the run's data identity read the
+   whole file into memory to hash it. Now a task reads with ``limit`` (only the kept words
+   are held: 28 MB and 13.5 s for the same file), a file of more than ``MAX_WORDS`` = 10**7 words
+   is refused as it is read (one line naming the file and line), and the identity is hashed
+   streaming.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.data import vocab
+from fedprivopt.data.vocab import read_word_counts
+from tests.reliability.test_fuzz_cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+NWP = ROOT / "simulations" / "stackoverflow-nwp.toml"
+TP = ROOT / "simulations" / "stackoverflow-tp-mini.toml"
+HUGE = 10**20
+
+
+def _refused(argv: list[str]) -> str:
+    """Run the CLI in-process; assert rc 2 with one line and no traceback; return the line."""
+    code, _, err = run_cli(argv)
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+# -- finding 1: task parameters beyond their bound are refused, not silently capped ------------
+
+
+@pytest.mark.parametrize(
+    ("preset", "key", "value", "bound"),
+    [
+        (NWP, "eval-users", HUGE, "[1, 100000000]"),
+        (NWP, "vocab-size", HUGE, "[1, 10000000]"),
+        (NWP, "max-examples-per-user", HUGE, "[1, 100000000]"),
+        (NWP, "cache-users", HUGE, "[0, 100000000]"),
+        (NWP, "num-users", HUGE, "[1, 100000000]"),
+        (TP, "num-tags", HUGE, "[1, 33554432]"),
+        (TP, "vocab-size", 10**7 + 1, "[1, 10000000]"),
+        (TP, "eval-users", 10**8 + 1, "[1, 100000000]"),
+    ],
+)
+def test_1_task_parameter_above_its_bound_is_refused(tmp_path, preset, key, value, bound):
+    data, out = tmp_path / "data", tmp_path / "run"
+    err = _refused(["simulate", str(preset), "--rounds", "1", "--out", str(out),
+                    "--set", f"task-params.data-dir={data}",
+                    "--set", f"task-params.{key}={value}"])  # fmt: skip
+    assert f"task-params.{key} must be an integer in {bound}" in err, err
+    # refused before the run directory or the synthetic dataset was written
+    assert not out.exists() and not data.exists()
+
+
+def test_1_the_bounds_are_the_documented_ones():
+    from fedprivopt.models.stackoverflow_files import (
+        MAX_EXAMPLES_PER_USER,
+        MAX_MODEL_PARAMETERS,
+        MAX_TAGS,
+        MAX_USERS,
+    )
+
+    assert MAX_USERS == 10**8 and MAX_EXAMPLES_PER_USER == 10**8
+    assert vocab.MAX_WORDS == 10**7 and MAX_TAGS == MAX_MODEL_PARAMETERS // 2 == 2**25
+
+
+# -- finding 2: a word-count file is read within bounded memory --------------------------------
+
+
+def _word_file(path: Path, words: int) -> Path:
+    path.write_text("".join(f"w{i} {words - i}\n" for i in range(words)), encoding="utf-8")
+    return path
+
+
+def test_2_a_limited_read_holds_only_the_kept_words(tmp_path):
+    path = _word_file(tmp_path / "stackoverflow.word_count", 200_000)
+    tracemalloc.start()
+    try:
+        top = read_word_counts(path, limit=10)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert top.items == tuple(f"w{i}" for i in range(10))
+    assert peak < 4 * 2**20, peak  # every word held before: about 40 MB for 200,000 words
+
+
+def test_2_a_limited_read_keeps_the_order_of_an_unsorted_file(tmp_path):
+    path = tmp_path / "wc"
+    path.write_text("a 1\nb 5\nc 5\nd 9\ne 1\nf 5\n", encoding="utf-8")
+    assert read_word_counts(path, limit=3).items == ("d", "b", "c")
+    assert read_word_counts(path, limit=4).counts.tolist() == [9, 5, 5, 5]
+    assert read_word_counts(path, limit=0).items == ()
+    assert read_word_counts(path).items == ("d", "b", "c", "f", "a", "e")
+    with pytest.raises(ValueError, match="word 'b' appears twice"):
+        (tmp_path / "dup").write_text("a 9\nb 5\nb 4\n", encoding="utf-8")
+        read_word_counts(tmp_path / "dup", limit=2)
+
+
+def test_2_a_word_count_file_of_more_than_max_words_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(vocab, "MAX_WORDS", 5)
+    path = _word_file(tmp_path / "wc", 6)
+    for limit in (None, 2):
+        with pytest.raises(ValueError, match=r"wc:6: more than 5 words, which no word-count"):
+            read_word_counts(path, limit=limit)
+    assert len(read_word_counts(_word_file(tmp_path / "ok", 5))) == 5

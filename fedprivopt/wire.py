@@ -262,8 +262,31 @@ def users_query() -> RecordDict:
 
 
 def read_user_ids(content: RecordDict) -> list[int]:
-    """User ids from the content of a reply to :func:`users_query`."""
-    return [int(u) for u in content[USERS_RECORD][USER_IDS]]  # type: ignore[union-attr]
+    """User ids from the content of a reply to :func:`users_query`.
+
+    Raises
+    ------
+    ValueError
+        Unless the content holds a record :data:`USERS_RECORD` with :data:`USER_IDS`, a list of
+        distinct integers ``>= 0`` (twenty-ninth review of issue 15: a reply without the record
+        raised ``KeyError`` out of the strategy's user discovery, NaN and ``"a"`` a
+        ``ValueError`` from ``int()``, a repeated id "user 0 is hosted by two nodes", while
+        ``[0.5, 1.7]``, ``[True, False]``, ``["3"]`` and ``b"abc"`` (users 97, 98, 99) were
+        taken as user ids).
+    """
+    record = content.get(USERS_RECORD) if hasattr(content, "get") else None
+    if record is None or not hasattr(record, "get"):
+        raise ValueError(f"the reply has no record {USERS_RECORD!r}")
+    ids = record.get(USER_IDS)
+    if not isinstance(ids, list) or any(
+        isinstance(u, bool) or not isinstance(u, int) or u < 0 for u in ids
+    ):
+        raise ValueError(
+            f"{USERS_RECORD}.{USER_IDS} must be a list of integers >= 0, got {repr(ids)[:80]}"
+        )
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{USERS_RECORD}.{USER_IDS} repeats a user id")
+    return list(ids)
 
 
 def read_updates(content: RecordDict) -> dict[int, np.ndarray]:

@@ -171,7 +171,19 @@ class DPStrategy(Strategy):
                             reply.error.reason,
                         )
                         continue
-                    for user in P.read_user_ids(reply.content):
+                    try:
+                        users = P.read_user_ids(reply.content)
+                    except ValueError as exc:
+                        # malformed: as an error reply, its users stay on no node (unhosted)
+                        self.node_errors += 1
+                        log(
+                            WARNING,
+                            "node %s answered the user query malformed: %s",
+                            reply.metadata.src_node_id,
+                            exc,
+                        )
+                        continue
+                    for user in users:
                         if user in mapping:
                             raise RuntimeError(f"user {user} is hosted by two nodes")
                         mapping[user] = reply.metadata.src_node_id

@@ -13,6 +13,15 @@
    larger than that takes it too: ε is finite, still an upper bound (checked against the exact
    ε of the Gaussian mechanism), and never larger for more noise in these cases. The tuning
    bound, which dp-accounting composes from the run's event, keeps its orders.
+2. The Flower strategy's user discovery (``DPStrategy.discover_users``, also the first thing
+   ``start`` does) trusted each node's answer to the user query: a reply without the ``users``
+   record raised ``KeyError`` out of the ServerApp, user ids ``[nan]`` or ``["a"]`` a
+   ``ValueError`` from ``int()``, a scalar a ``TypeError``, and a reply naming one user twice
+   ``RuntimeError: user 0 is hosted by two nodes``; ``[0.5, 1.7]``, ``[True, False]``, ``["3"]``,
+   ``[-1, 10**18]`` and ``b"abc"`` were taken as the user ids 0, 1 (and 3, -1, 10**18, and 97,
+   98, 99). ``wire.read_user_ids`` now requires a list of distinct integers ``>= 0``, and the
+   strategy treats a malformed answer as an error reply: one warning naming the node, its users
+   on no node (unhosted, never sampled differently: the accounting follows the sampling).
 """
 
 from __future__ import annotations
@@ -23,12 +32,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, MetricRecord, RecordDict
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from fedprivopt import wire as P
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.flat import flatten
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.flower import DPStrategy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,3 +118,79 @@ def test_1_epsilon_command_prints_a_finite_epsilon(tmp_path):
                 "--rounds", "1", "--delta", "1e-5")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("epsilon = 0.0000 "), proc.stdout  # was 14.8017
+
+
+# -- finding 2: a malformed answer to the user query --------------------------------------------
+
+NODES = {100: [0, 1], 101: [2, 3]}
+
+
+class QueryGrid:
+    """Answers the user query: node 100 with ``hostile``, node 101 as fedprivopt's ClientApp."""
+
+    def __init__(self, hostile: RecordDict):
+        self.hostile = hostile
+
+    def get_node_ids(self):
+        return list(NODES)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for i, msg in enumerate(messages):
+            node = msg.metadata.dst_node_id
+            honest = RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: NODES[node]})})
+            metadata = Metadata(
+                run_id=1, message_id=f"r{i}", src_node_id=node, dst_node_id=0,
+                reply_to_message_id=msg.metadata.message_id, group_id="", created_at=0.0,
+                ttl=60.0, message_type="query",
+            )  # fmt: skip
+            replies.append(Message(self.hostile if node == 100 else honest, metadata=metadata))
+        return replies
+
+
+@pytest.fixture
+def server_side(monkeypatch):
+    """The identity of a ServerApp task (building a Message reads it), restored afterwards."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+
+
+def _ids(value) -> RecordDict:
+    return RecordDict({P.USERS_RECORD: ConfigRecord({P.USER_IDS: value})})
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        RecordDict(),
+        RecordDict({P.USERS_RECORD: ConfigRecord({"x": 1})}),
+        RecordDict({P.USERS_RECORD: ArrayRecord({"a": Array(np.zeros(2))})}),
+        _ids([float("nan")]), _ids(["a"]), _ids(5), _ids([0, 0]), _ids([0.5, 1.7]),
+        _ids([True, False]), _ids(["3"]), _ids([-1, 10**18]), _ids(b"abc"),
+    ],
+    ids=["no-record", "no-key", "array-record", "nan", "text", "scalar", "repeat", "floats",
+         "bools", "digits", "negative", "bytes"],
+)  # fmt: skip
+def test_2_a_malformed_user_query_answer_is_a_node_error(server_side, hostile, caplog):
+    config = StrategyConfig(
+        strategy="dp-fedavg", population=4, clients_per_round=2, num_server_rounds=1,
+        noise_multiplier=0.8, clip_norm=1.0, seed=5,
+    )  # fmt: skip
+    flat, spec = flatten({"w": torch.zeros(3)})
+    strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0)
+    mapping = strategy.discover_users(QueryGrid(hostile))  # raised, or took bogus user ids
+    assert mapping == {2: 101, 3: 101}
+    assert strategy.node_errors == 1
+
+
+def test_2_read_user_ids_keeps_an_honest_answer():
+    assert P.read_user_ids(RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: [4, 1]})})) == [
+        4,
+        1,
+    ]
+    assert P.read_user_ids(_ids([])) == []
+    with pytest.raises(ValueError, match="user-ids must be a list of integers >= 0"):
+        P.read_user_ids(_ids([1.0]))

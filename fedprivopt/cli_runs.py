@@ -39,6 +39,7 @@ __all__ = [
     "compare_cells",
     "compare_overrides",
     "load_preset",
+    "refuse_table_against_flags",
     "set_overrides",
 ]
 
@@ -108,6 +109,16 @@ def compare_overrides(args: argparse.Namespace) -> dict:
     return sets
 
 
+_FLAG_KEYS = (
+    ("strategy", "strategy"),
+    ("engine", "engine"),
+    ("rounds", "num-server-rounds"),
+    ("seed", "seed"),
+    ("tensorboard", "tensorboard"),
+)
+"""The shorthand flags and the preset key each sets."""
+
+
 def set_overrides(args: argparse.Namespace) -> dict:
     """The preset overrides of ``--set KEY=VALUE`` and the shorthand flags (``--rounds``, ...)."""
     from fedprivopt.simulation.config import parse_override
@@ -129,13 +140,7 @@ def set_overrides(args: argparse.Namespace) -> dict:
                 f"{out[key]!r}; give one of them"
             )
         out[key] = value
-    for flag, key in (
-        ("strategy", "strategy"),
-        ("engine", "engine"),
-        ("rounds", "num-server-rounds"),
-        ("seed", "seed"),
-        ("tensorboard", "tensorboard"),
-    ):
+    for flag, key in _FLAG_KEYS:
         value = getattr(args, flag, None)
         if value is None:
             continue
@@ -146,6 +151,37 @@ def set_overrides(args: argparse.Namespace) -> dict:
             )
         out[key] = value
     return out
+
+
+def refuse_table_against_flags(args: argparse.Namespace, sets: dict, strategy: str) -> None:
+    """Refuse ``--set strategies.S.KEY=V`` of the run's strategy ``S`` beside ``KEY``'s flag.
+
+    Twenty-ninth review of issue 15: ``simulate toy.toml --strategy fedavg --rounds 1 --set
+    strategies.fedavg.num-server-rounds=3`` (also ``--set num-server-rounds=1``, ``--engine``,
+    ``--seed``; and in ``tune``) ran 3 rounds: the strategy's table is applied over the other
+    overrides, so the flag, the one run's setting, silently lost where ``--set
+    num-server-rounds=3`` beside it is refused. ``compare`` is left alone: there a table of
+    one strategy beside a flag or ``--set`` for all is an exception for that strategy (as
+    ``--tune-grid S:KEY`` replaces an unprefixed ``KEY``), and each row shows its settings.
+    """
+    from fedprivopt.simulation.config import flat_overrides
+
+    flags = {key: f"--{flag}" for flag, key in _FLAG_KEYS if getattr(args, flag, None) is not None}
+    try:
+        flat = flat_overrides(sets)
+    except ValueError as exc:
+        raise UsageError(f"argument --set: {exc}") from None
+    prefix = f"strategies.{strategy}."
+    for key, value in flat.items():
+        name = key.removeprefix(prefix)
+        if name == key or name not in flat or flat[name] == value:
+            continue
+        other = flat[name]
+        source = f"{flags[name]} {other!r}" if name in flags else f"--set {name}={other!r}"
+        raise UsageError(
+            f"argument --set: {key}={value!r} contradicts {source}, which it would silently "
+            f"override for {strategy}; give one of them"
+        )
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -179,7 +215,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.config is None:
             raise UsageError("argument CONFIG: a preset file is required (or --resume DIR)")
         out = check_out_dir(args.out) if args.out is not None else None
-        config = load_preset(args.config, set_overrides(args))
+        sets = set_overrides(args)
+        config = load_preset(args.config, sets)
+        refuse_table_against_flags(args, sets, config.strategy.strategy)
         _note_unused([config.strategy])  # a shared preset's other knobs, or a mistake
         out = out or check_out_dir(f"runs/{config.strategy.strategy}-seed{config.strategy.seed}")
         # validates everything before anything is written

@@ -31,7 +31,12 @@ from fedprivopt.cli_args import (
     int_at_least,
     preset_path,
 )
-from fedprivopt.cli_runs import build_checked_run, load_preset, set_overrides
+from fedprivopt.cli_runs import (
+    build_checked_run,
+    load_preset,
+    refuse_table_against_flags,
+    set_overrides,
+)
 
 __all__ = [
     "TuningSetup",
@@ -270,6 +275,7 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
         raise UsageError(str(exc)) from None
     overrides = set_overrides(args)
     base = load_preset(args.config, overrides)
+    refuse_table_against_flags(args, overrides, base.strategy.strategy)
     try:
         check_grid_overrides(grid, overrides, base.strategy.strategy)
         refuse_table_spellings(overrides, _TRIAL_KEYS)

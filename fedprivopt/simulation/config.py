@@ -50,7 +50,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["ENGINES", "RunConfig", "load_config", "parse_override", "resolve_config"]
+__all__ = [
+    "ENGINES",
+    "RunConfig",
+    "flat_overrides",
+    "load_config",
+    "parse_override",
+    "resolve_config",
+]
 
 ENGINES = ("fast", "flower")
 _STRATEGY_KEYS = StrategyConfig.keys()
@@ -466,10 +473,21 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     except ValueError as exc:  # also an integer too long to read (twelfth review of issue 15)
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     flat = _task_param_spellings(_flatten(data))
-    overrides = _task_param_spellings(_flatten(dict(overrides or {})))
+    overrides = flat_overrides(overrides or {})
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
     flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides
     return resolve_config(_merge(flat, overrides))
+
+
+def flat_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` as :func:`load_config` applies them: dotted keys, task parameters kebab-cased.
+
+    Raises
+    ------
+    ValueError
+        For an empty table where a value belongs, or one task parameter in two spellings.
+    """
+    return _task_param_spellings(_flatten(dict(overrides)))
 
 
 def _preset_text(path: Path) -> str:

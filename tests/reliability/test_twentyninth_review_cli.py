@@ -10,6 +10,14 @@
    after the last), so a cell, trial or tuned cell now counts only when it holds a run's
    ``config.toml`` (a tuning's ``tune.json``): rc 2, one line naming ``report.md``, nothing
    changed.
+2. ``simulate toy.toml --strategy fedavg --rounds 1 --set
+   strategies.fedavg.num-server-rounds=3`` ran 3 rounds (rc 0; also ``--set
+   num-server-rounds=1`` beside ``--set 'strategies.fedavg={num-server-rounds=3}'``,
+   ``--engine``, a task parameter, and ``tune --strategy fedavg``): the run's strategy's table
+   is applied over the other overrides, so the flag silently lost, where ``--set
+   num-server-rounds=3`` beside ``--rounds 1`` is refused. Now rc 2, one line naming both;
+   equal values, and another strategy's table, are still accepted (``compare`` keeps a table
+   of one strategy as that strategy's exception, as ``--tune-grid S:KEY``).
 """
 
 from __future__ import annotations
@@ -88,3 +96,37 @@ def test_1_a_report_beside_a_run_cell_is_still_replaced(tmp_path):
     again = _cli(tmp_path, *argv)
     assert again.returncode == 0, again.stderr
     assert "1 of 1 runs from an earlier call" in again.stdout, again.stdout
+
+
+# -- finding 2: a strategy's --set table against a flag of the one run --------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["simulate", "--strategy", "fedavg", "--rounds", "1",
+          "--set", "strategies.fedavg.num-server-rounds=3"], "contradicts --rounds 1"),
+        (["simulate", "--strategy", "fedavg", "--set", "num-server-rounds=1",
+          "--set", "strategies.fedavg={num-server-rounds=3}"],
+         "contradicts --set num-server-rounds=1"),
+        (["simulate", "--rounds", "1", "--set", "task-params.seed=1",
+          "--set", "strategies.dp-fedavg.task-params.seed=2"], "task-params.seed=1"),
+        (["tune", "--strategy", "fedavg", *TUNE, "--set", "strategies.fedavg.num-server-rounds=3"],
+         "contradicts --rounds 1"),
+    ],
+)  # fmt: skip
+def test_2_a_strategy_table_set_contradicting_a_flag_is_refused(tmp_path, argv, needle):
+    out = tmp_path / "R"
+    proc = _cli(tmp_path, argv[0], str(TOY), *argv[1:], "--out", str(out))
+    line = _one_line(proc)  # was rc 0: 3 rounds (task seed 2) where the flag said 1
+    assert needle in line, line
+    assert not out.exists()
+
+
+def test_2_equal_values_and_other_strategies_tables_still_run(tmp_path):
+    argv = ["simulate", str(TOY), "--strategy", "fedavg", "--rounds", "1", "--quiet",
+            "--set", "strategies.fedavg.num-server-rounds=1",
+            "--set", "strategies.dp-fedavg.num-server-rounds=3"]  # fmt: skip
+    proc = _cli(tmp_path, *argv, "--out", str(tmp_path / "R"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("1 rounds"), proc.stdout

@@ -134,7 +134,20 @@ class Parser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Help text as written, with every flag's default."""
+    """Help text as written, with every flag's default that is a value.
+
+    Twenty-ninth review of issue 15: argparse appended ``(default: None)`` to 48 flags, where
+    the default is decided later (``--out DIR  run directory (default
+    runs/<strategy>-seed<S>) (default: None)``, ``--nb-shape … (default 1) (default: None)``,
+    a required ``CONFIG``) and ``(default: False)`` to switches. A help that states its own
+    default, and a default of ``None`` or ``False``, get no second one.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return action.help
+        return super()._get_help_string(action)
 
 
 # ---------------------------------------------------------------------------------------------

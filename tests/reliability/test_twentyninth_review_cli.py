@@ -18,6 +18,12 @@
    num-server-rounds=3`` beside ``--rounds 1`` is refused. Now rc 2, one line naming both;
    equal values, and another strategy's table, are still accepted (``compare`` keeps a table
    of one strategy as that strategy's exception, as ``--tune-grid S:KEY``).
+3. Every command's ``--help`` appended argparse's ``(default: None)`` to 48 flags and
+   ``(default: False)`` to switches: ``--out DIR  run directory (default
+   runs/<strategy>-seed<S>) (default: None)``, ``--nb-shape … (default 1) (default: None)``,
+   the required ``CONFIG  preset TOML file (default: None)``. A help that states its own
+   default, and a default of ``None`` or ``False``, now get no second one; real defaults
+   (``--seeds K … (default: 1)``, ``data synth --seed S  seed (default: 0)``) stay.
 """
 
 from __future__ import annotations
@@ -130,3 +136,23 @@ def test_2_equal_values_and_other_strategies_tables_still_run(tmp_path):
     proc = _cli(tmp_path, *argv, "--out", str(tmp_path / "R"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("1 rounds"), proc.stdout
+
+
+# -- finding 3: help texts state a default only where there is one ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", ["simulate", "compare", "compare-tuned", "tune", "epsilon", "data synth"]
+)
+def test_3_help_has_no_none_or_false_default(tmp_path, command):
+    proc = _cli(tmp_path, *command.split(), "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "(default: None)" not in text, text  # was 48 of them
+    assert "(default: False)" not in text, text
+    if command == "simulate":
+        assert "run directory (default runs/<strategy>-seed<S>) --set" in text, text
+    if command == "compare":
+        assert "(default: 1)" in text, text  # a real default stays (--seeds, --jobs)
+    if command == "data synth":
+        assert "--seed S seed (default: 0)" in text, text

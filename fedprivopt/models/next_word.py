@@ -255,7 +255,8 @@ class StackOverflowNextWordTask(StackOverflowFiles):
         return self._cached_user(user_id, self._read_user)
 
     def _read_user(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self._encode(self._train_split().client_examples(self.client_ids[user_id]))
+        split, limit = self._train_split(), self.max_examples_per_user
+        x, y = self._encode(split.client_examples(self.client_ids[user_id], limit=limit))
         return x, y
 
     def user_size(self, user_id: int) -> int:

@@ -347,7 +347,7 @@ class StackOverflowFiles:
         split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
         try:
             return [
-                self._encode(split.client_examples(cid))
+                self._encode(split.client_examples(cid, limit=self.max_examples_per_user))
                 for cid in list(split.client_ids)[: self.eval_users]
             ]
         finally:

@@ -88,9 +88,9 @@ class TagTaskData(StackOverflowFiles):
         """
         decode = text_fields_decoder()
         if decode is not None:
-            blobs = self._train_split().serialized_examples(client_id)
-            if self.max_examples_per_user is not None:
-                blobs = blobs[: self.max_examples_per_user]
+            blobs = self._train_split().serialized_examples(
+                client_id, limit=self.max_examples_per_user
+            )
             try:
                 texts = [decode(b) for b in blobs]
             except Exception:  # malformed for the fast path: the exact reader decides
@@ -98,7 +98,8 @@ class TagTaskData(StackOverflowFiles):
             if texts is not None:
                 word_index, tag_index = self._indexes()
                 return encode_texts(texts, word_index, tag_index, single_label=self.single_label)
-        return self._encode(self._train_split().client_examples(client_id))
+        split = self._train_split()
+        return self._encode(split.client_examples(client_id, limit=self.max_examples_per_user))
 
     # -------------------------------------------------------------------------- data
     def user_data(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,13 @@
    are held: 28 MB and 13.5 s for the same file), a file of more than ``MAX_WORDS`` = 10**7 words
    is refused as it is read (one line naming the file and line), and the identity is hashed
    streaming.
+3. A ``stackoverflow.sqlite`` whose ``examples`` hold 400,000 more rows of a training client
+   than ``client_metadata`` declares (37), ``simulate stackoverflow-nwp.toml`` on it: rc 2 with
+   one line, but only after every row of the client was read (513 MB peak against 399 MB):
+   the surplus was read whole before the count was compared, so a larger file grew without
+   bound; a task also read all of a user's rows before keeping ``max-examples-per-user``. Now
+   at most ``num_examples + 1`` rows are read (the line says ``has more than 37 examples``),
+   and a task reads at most ``max-examples-per-user`` rows of a user.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.data import vocab
+from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
+from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
 from fedprivopt.data.vocab import read_word_counts
 from tests.reliability.test_fuzz_cli import run_cli
 
@@ -121,3 +130,43 @@ def test_2_a_word_count_file_of_more_than_max_words_is_refused(tmp_path, monkeyp
         with pytest.raises(ValueError, match=r"wc:6: more than 5 words, which no word-count"):
             read_word_counts(path, limit=limit)
     assert len(read_word_counts(_word_file(tmp_path / "ok", 5))) == 5
+
+
+# -- finding 3: a client's rows are read up to what client_metadata declares --------------------
+
+
+def _example(i: int) -> bytes:
+    text = f"word{i} " * 100
+    return encode_example(
+        StackOverflowExample(text, "title", "python", "2010-01-08", 1, "question")
+    )
+
+
+def _surplus_sqlite(path: Path, declared: int, rows: int) -> Path:
+    examples = [("train", "a", _example(i)) for i in range(rows)]
+    return write_sqlite(path, examples, [("a", "train", declared)])
+
+
+def test_3_rows_beyond_the_declared_count_are_not_read(tmp_path):
+    split = SQLiteSplit(_surplus_sqlite(tmp_path / "s.sqlite", 3, 20_000), "train")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"'a' of split 'train' has more than 3 examples, "
+                                             r"client_metadata.num_examples says 3"):  # fmt: skip
+            split.serialized_examples("a")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak  # the 20,000 rows (15 MB) were read first
+
+
+def test_3_a_limited_read_reads_the_first_rows(tmp_path):
+    split = SQLiteSplit(_surplus_sqlite(tmp_path / "s.sqlite", 5, 5), "train")
+    assert split.serialized_examples("a", limit=2) == [_example(0), _example(1)]
+    tokens = [e.tokens for e in split.client_examples("a", limit=9)]
+    assert tokens == [f"word{i} " * 100 for i in range(5)]
+    short = SQLiteSplit(_surplus_sqlite(tmp_path / "t.sqlite", 5, 1), "train")
+    with pytest.raises(ValueError, match=r"has 1 examples, client_metadata\.num_examples says 5"):
+        short.serialized_examples("a", limit=2)
+    with pytest.raises(ValueError, match="limit must be an integer >= 0"):
+        split.serialized_examples("a", limit=1.5)

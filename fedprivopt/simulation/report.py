@@ -127,7 +127,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     sel, issues = select_runs(runs, metric)
     rows, agg_issues = aggregate_with_notes(sel.runs, sel.metric)
-    issues = list(dict.fromkeys([*issues, *agg_issues]))  # both hold the runs' own notes
+    issues = list(dict.fromkeys([*issues, *agg_issues, *_task_differences(sel.runs)]))
     warn_all(issues)
     unlink_links(out, REPORT_FILES)  # never written through a link (sixteenth review)
     write_summary_csv(rows, out / "summary.csv")
@@ -160,10 +160,43 @@ def _fmt_pm(mean: float, std: float, n: int) -> str:
     return f"{mean:.{places}f} ± {std:.{places}f}"
 
 
+_LISTED = 10
+"""Up to this many seeds are listed one by one; more are written as ranges (``0-299``)."""
+
+
+def _seed_list(seeds: Sequence[int]) -> str:
+    """``0, 1, 2`` or, above :data:`_LISTED` seeds, their ranges: ``0-299, 301``.
+
+    Twenty-ninth review of issue 15: ``compare --seeds 300`` wrote every seed number into the
+    report's first paragraph, and a row whose 300 seeds diverged a table cell of 6,893
+    characters (``seed 0 from round 1, seed 1 from round 1, ...``).
+    """
+    ordered = sorted(set(seeds))
+    if len(ordered) <= _LISTED:
+        return ", ".join(map(str, ordered))
+    spans: list[list[int]] = []
+    for seed in ordered:
+        if spans and seed == spans[-1][1] + 1:
+            spans[-1][1] = seed
+        else:
+            spans.append([seed, seed])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]]) -> str:
-    """``3``, or ``3 (1 non-finite; 2 diverged: seed 0 from round 1, seed 2 from round 4)``."""
+    """``3``, or ``3 (1 non-finite; 2 diverged: seed 0 from round 1, seed 2 from round 4)``.
+
+    Above :data:`_LISTED` diverged seeds they are grouped by round: ``seeds 0-299 from round 1``.
+    """
     marks = [f"{n - n_finite} non-finite"] if n_finite != n else []
-    if diverged:
+    if len(diverged) > _LISTED:
+        rounds = sorted({first for _, first in diverged})
+        which = ", ".join(
+            f"seeds {_seed_list([s for s, f in diverged if f == first])} from round {first}"
+            for first in rounds
+        )
+        marks.append(f"{len(diverged)} diverged: {which}")
+    elif diverged:
         which = ", ".join(f"seed {seed} from round {first}" for seed, first in diverged)
         marks.append(f"{len(diverged)} diverged: {which}")
     return f"{n} ({'; '.join(marks)})" if marks else str(n)
@@ -199,7 +232,7 @@ def _markdown(
         f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
         f"({', '.join(strategies)}) × {len(sigmas)} noise multipliers "
         f"({', '.join(f'{s:g}' for s in sigmas)}) × {len(seeds)} seeds "
-        f"({', '.join(map(str, seeds))}); engine {', '.join(engines)}. "
+        f"({_seed_list(seeds)}); engine {', '.join(engines)}. "
         f"Task metric: `{m}`. Values are the final evaluation, mean ± sample std over seeds.",
     ]
     if budget:
@@ -281,13 +314,58 @@ def _markdown(
         lines += ["", "## Runs", "", "| run | origin |", "|---|---|"]
         lines += [
             f"| {_cell(r.path.name)} | {_cell(origins.get(r.path.name, 'not recorded'))} |"
-            for r in sorted(sel.runs, key=lambda r: r.path.name)
+            for r in sorted(sel.runs, key=lambda r: (r.strategy, r.noise_multiplier, r.seed))
         ]
     if issues:
         lines += ["", "## Warnings", ""] + [f"- {_cell(i)}" for i in issues]
     if notes:
         lines += ["", "## Notes", "", notes.strip()]
     return "\n".join(lines) + "\n"
+
+
+def _task_differences(runs: Sequence[RunData]) -> list[str]:
+    """A warning naming the task settings that differ between ``runs`` (none if they agree).
+
+    Twenty-ninth review of issue 15: a preset's ``[strategies.fedavg.task-params]`` (or ``--set
+    strategies.fedavg.task-params.seed=3``) made ``compare`` train and evaluate fedavg on other
+    users and another test set than dp-fedavg, and the report set their accuracies side by
+    side without a word (its task parameters are in no column).
+    """
+    from fedprivopt.simulation.tune_grid import TUNABLE_TASK_PARAMS
+
+    kept = [  # a tuning's model shape is a hyperparameter; a token store only a cache
+        {k: v for k, v in _params(r.summary.get("config") or {}).items()
+         if k not in TUNABLE_TASK_PARAMS and k not in ("cache-dir", "token-cache")}
+        for r in runs
+    ]  # fmt: skip
+    flat = [
+        {"task": (r.summary.get("config") or {}).get("task"),
+         **{f"task-params.{k}": v for k, v in params.items()}}
+        for r, params in zip(runs, kept, strict=True)
+    ]  # fmt: skip
+    differing = []
+    for key in sorted({k for f in flat for k in f}):
+        values = sorted({json.dumps(f.get(key), sort_keys=True, default=str) for f in flat})
+        if len(values) > 1:
+            differing.append(f"{key} ({', '.join(v[:40] for v in values[:3])}"
+                             + (", ...)" if len(values) > 3 else ")"))  # fmt: skip
+    if not differing:
+        return []
+    return [
+        f"the runs differ in their task settings: {'; '.join(differing[:3])}"
+        + ("; ..." if len(differing) > 3 else "")
+        + ": their metrics are not over the same data (see each run's config.toml)"
+    ]
+
+
+def _params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's task parameters (nested ``task-params`` or flattened ``task-params.x``)."""
+    nested = config.get("task-params")
+    params = dict(nested) if isinstance(nested, Mapping) else {}
+    for key, value in config.items():
+        if key.startswith("task-params."):
+            params[key.split(".", 1)[1]] = value
+    return {k.replace("_", "-"): v for k, v in params.items()}
 
 
 _TREE_SAMPLING = "none (tree: cohorts from a seeded shuffle per restart period)"

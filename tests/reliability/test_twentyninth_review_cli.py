@@ -24,6 +24,18 @@
    the required ``CONFIG  preset TOML file (default: None)``. A help that states its own
    default, and a default of ``None`` or ``False``, now get no second one; real defaults
    (``--seeds K … (default: 1)``, ``data synth --seed S  seed (default: 0)``) stay.
+4. ``compare toy.toml --strategies dp-fedavg,fedavg --set
+   strategies.fedavg.task-params.seed=3`` (or a preset's ``[strategies.fedavg.task-params]``)
+   trained and evaluated fedavg on other users and another test set than dp-fedavg, and the
+   report set the two accuracies side by side without a word (rc 0). Now the report's
+   warnings (and stderr) name the differing task settings, ``task-params.seed (0, 3)``; a
+   tuning's model shape (a tunable hyperparameter) and the token store's location are not
+   counted.
+5. ``compare … --seeds 300`` wrote all 300 seed numbers into the report's first paragraph and,
+   when they diverged (``--set server-learning-rate=1e308``), a seeds cell of 6,893 characters
+   (``seed 0 from round 1, seed 1 from round 1, …``); the "Runs" table was sorted as text
+   (``seed0, seed1, seed10, seed100``). Above 10 seeds they are now ranges (``0-299``,
+   ``300 diverged: seeds 0-299 from round 1``), and runs are listed by strategy, σ and seed.
 """
 
 from __future__ import annotations
@@ -156,3 +168,41 @@ def test_3_help_has_no_none_or_false_default(tmp_path, command):
         assert "(default: 1)" in text, text  # a real default stays (--seeds, --jobs)
     if command == "data synth":
         assert "--seed S seed (default: 0)" in text, text
+
+
+# -- finding 4: a report over runs of other task settings says so ---------------------------------
+
+
+def test_4_a_report_names_task_settings_that_differ_between_runs(tmp_path):
+    out = tmp_path / "C"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--rounds", "1", "--quiet",
+            "--set", "strategies.fedavg.task-params.seed=3", "--out", str(out)]  # fmt: skip
+    proc = _cli(tmp_path, *argv)
+    assert proc.returncode == 0, proc.stderr
+    warning = "the runs differ in their task settings: task-params.seed (0, 3)"
+    assert warning in proc.stderr, proc.stderr  # was silent
+    assert warning in (out / "report.md").read_text()
+
+
+def test_4_one_task_gives_no_such_warning(tmp_path):
+    out = tmp_path / "C"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--rounds", "1", "--quiet"]
+    proc = _cli(tmp_path, *argv, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "task settings" not in (out / "report.md").read_text()
+
+
+# -- finding 5: many seeds are written as ranges ---------------------------------------------------
+
+
+def test_5_many_seeds_are_ranges_and_runs_are_in_seed_order(tmp_path):
+    out = tmp_path / "C"
+    argv = ["compare", str(TOY), "--strategies", "fedavg", "--rounds", "1", "--seeds", "12",
+            "--quiet", "--set", "server-learning-rate=1e308", "--out", str(out)]  # fmt: skip
+    proc = _cli(tmp_path, *argv)
+    assert proc.returncode == 0, proc.stderr
+    report = (out / "report.md").read_text()
+    assert "× 12 seeds (0-11)" in report, report  # was 0, 1, 2, ..., 11
+    assert "| 12 (12 diverged: seeds 0-11 from round 1) |" in report, report
+    runs = [line.split(" | ")[0][2:] for line in report.splitlines() if "fedavg__sigma0__" in line]
+    assert runs[:3] == [f"fedavg__sigma0__seed{s}" for s in (0, 1, 2)], runs  # was 0, 1, 10

@@ -277,6 +277,9 @@ class StackOverflowNextWordTask(StackOverflowFiles):
             parts = self._encoded_eval_users()
             x = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, self.seq_len)
             y = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, self.seq_len)
+            sp = self.specials
+            counted = (y != PAD) & (y != sp.oov) & (y != sp.eos)  # what "accuracy" counts
+            self._check_evaluated(int(counted.sum()), "word in the vocabulary to predict")
             order = torch.argsort((y != PAD).sum(dim=1), stable=True)
             x, y = x[order].long(), y[order].long()
             size = self._eval_batch_size()

@@ -353,6 +353,20 @@ class StackOverflowFiles:
         finally:
             split.close()
 
+    def _check_evaluated(self, counted: int, what: str) -> None:
+        """Refuse an evaluation set in which the task's metrics count nothing.
+
+        Twenty-ninth review of issue 15: evaluation users without examples (a damaged or
+        hand-built file) made every metric NaN, which the run reported as a diverged model
+        ("lower the learning rates").
+        """
+        if counted == 0:
+            raise ValueError(
+                f"eval_users={self.eval_users}: the first {self.eval_users} users of split "
+                f"{self.eval_split!r} in {self.data_dir} hold no {what}, so every evaluation "
+                "would be NaN; raise it or choose another eval_split"
+            )
+
     def private_evaluation_users(self) -> tuple[int, int]:
         """``(private, evaluated)``: evaluation users among the training users, and their number.
 

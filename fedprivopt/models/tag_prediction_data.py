@@ -246,6 +246,8 @@ class TagTaskData(StackOverflowFiles):
             for w, lab in self._encoded_eval_users():
                 words.extend(w)
                 labels.extend(lab)
+            true = len(labels) if self.single_label else sum(len(tags) for tags in labels)
+            self._check_evaluated(true, f"example with one of the {self.num_tags} tags")
             order = sorted(range(len(words)), key=lambda i: len(words[i]))
             batches = []
             for start in range(0, len(order), EVAL_BATCH):

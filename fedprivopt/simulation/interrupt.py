@@ -12,7 +12,10 @@
   :class:`~fedprivopt.simulation.watchdog.Watchdog` when this process is killed (SIGKILL runs no
   handler). Ray kills its direct children with the driver (``PR_SET_PDEATHSIG``), but the
   raylet's dashboard and runtime-env agents outlived it by about a minute: they report the
-  raylet's death to the dead GCS, with a 60 s timeout, before exiting.
+  raylet's death to the dead GCS, with a 60 s timeout, before exiting. Ray's processes start in a
+  process group of their own (:func:`ray_processes_apart`), so a signal to the command's process
+  group (a closed terminal, ``kill -TERM -PGID``) reaches this process only, which stops them in
+  order.
 - :func:`stoppable_grid`: Flower's simulation runs the ServerApp in a thread that is not a
   daemon; after Ctrl-C it would wait for replies from the stopped Ray backend for up to
   ``round-timeout`` and keep the interpreter from exiting. Through this grid it stops at its next
@@ -68,6 +71,7 @@ __all__ = [
     "handle_until_exit",
     "own_processes",
     "ray_keeps_handlers",
+    "ray_processes_apart",
     "reported",
     "signals_raise",
     "signals_stop",
@@ -332,6 +336,39 @@ def ray_keeps_handlers() -> Iterator[None]:
             ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = disabled
 
 
+@contextlib.contextmanager
+def ray_processes_apart() -> Iterator[None]:
+    """Within the block, the processes Ray starts here lead a process group of their own.
+
+    Ray starts its GCS, raylet and the processes the raylet starts (agents, workers) in the
+    command's process group, and blocks only SIGINT in them. A SIGHUP of that group (the terminal
+    closed) or a SIGTERM of it (``kill -TERM -PGID``) killed them while the command itself only
+    began to stop (twenty-ninth review of issue 15): while Ray started, the driver waited 60 s for
+    the dead GCS, then Ray aborted it (SIGHUP), or Flower logged 166 lines of ``RaySystemError``
+    tracebacks and the command ended with rc 1 (SIGTERM); later in a run Flower logged
+    ``ActorUnavailableError`` tracebacks before the one line. In a group of their own they get no
+    signal sent to the command's group; this process gets it, and Ray's processes are stopped
+    by PID (``ray.shutdown``, :func:`own_processes`, ``PR_SET_PDEATHSIG``, the watchdog).
+    """
+    try:
+        import ray._private.services as services
+    except ImportError:  # pragma: no cover - Ray is a dependency
+        yield
+        return
+    original = services.ConsolePopen
+
+    class Apart(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["process_group"] = 0
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = Apart
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original
+
+
 def _ray_running() -> bool:
     ray = sys.modules.get("ray")
     try:
@@ -348,8 +385,9 @@ def own_processes(enabled: bool = True) -> Iterator[str | None]:
     agents and workers) and those whose environment holds the tag ``FEDPRIVOPT_RUN_ID=<fresh
     value>``, set for the block. On exit Ray is shut down (if it was started inside the block),
     then a :class:`~fedprivopt.simulation.watchdog.Watchdog` stops what is left by PID (SIGTERM,
-    3 s, SIGKILL). If this process is killed, the watchdog does the same on its own. Yields the
-    tag (``NAME=value``), or None when disabled or not on Linux.
+    3 s, SIGKILL). If this process is killed, the watchdog does the same on its own. Ray's
+    processes lead a process group of their own (:func:`ray_processes_apart`). Yields the tag
+    (``NAME=value``), or None when disabled or not on Linux.
     """
     if not enabled or not sys.platform.startswith("linux"):
         yield None
@@ -362,7 +400,8 @@ def own_processes(enabled: bool = True) -> Iterator[str | None]:
     previous = os.environ.get(RUN_MARKER_ENV)
     os.environ[RUN_MARKER_ENV] = marker.partition("=")[2]
     try:
-        yield marker
+        with ray_processes_apart():
+            yield marker
     finally:
         if previous is None:
             os.environ.pop(RUN_MARKER_ENV, None)

@@ -216,43 +216,73 @@ def _stop(pool: cf.ProcessPoolExecutor, running: dict) -> None:
 
 
 def _start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker, if it is not running, with SIGHUP ignored.
+    """Start multiprocessing's resource tracker, if it is not running, shielded from SIGHUP.
 
     The tracker (one process the pool's queues register their semaphores with) ignores
     SIGINT and SIGTERM but not SIGHUP: a closed terminal (SIGHUP to the process group) killed
     it, and the stopping pool printed Python's "process died unexpectedly, relaunching"
     warning and one ``KeyError: '/mp-...'`` traceback of the relaunched tracker per semaphore
-    (twenty-eighth review of issue 15). An ignored signal stays ignored in the started
-    process; the command's handler is restored at once.
+    (twenty-eighth review of issue 15). It starts with the ending signals blocked
+    (:func:`_signals_blocked`) and unblocks only SIGINT and SIGTERM, so SIGHUP stays blocked in
+    it. Until the twenty-ninth review SIGHUP was ignored in this process while the tracker
+    started, and a closed terminal then went unnoticed: the command ran on.
     """
     from multiprocessing import resource_tracker
 
-    if threading.current_thread() is not threading.main_thread():
+    with _signals_blocked():
         resource_tracker.ensure_running()
-        return
-    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        signal.signal(signal.SIGHUP, previous)
 
 
 @contextlib.contextmanager
 def _signals_blocked():
-    """Hold the ending signals back while worker processes may be started (main thread).
+    """Hold the ending signals back while processes may be started (main thread).
 
     A started process inherits the blocked set: a worker gets them only once
     :func:`_start_worker` has set SIGINT and SIGHUP to be ignored (the parent's to handle)
-    and unblocked them. In the parent they are delivered when the block ends.
+    and unblocked them. Blocking them in the main thread does not hold them back from this
+    process: the kernel gives them to another thread (OpenBLAS's, the pool's), and Python runs
+    the handler in the main thread at once. So the handlers only note them here, and the first
+    one noted is raised again when the block ends, with the previous handlers back. Twenty-ninth
+    review of issue 15: a signal to ``compare --jobs 2``'s process group raised ``Interrupted``
+    inside the pool's start of a worker, between its spawn and the write of its start-up data;
+    the worker, given nothing, printed ``EOFError: Ran out of input`` after the command's line
+    (2 of 51 tries under heavy load; every time when the signal is sent at that point).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    noted: list[int] = []
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
+    handlers = {}
     try:
+        for sig in ENDING_SIGNALS:
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                handlers[sig] = signal.signal(sig, lambda signum, frame: noted.append(signum))
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # what is pending is noted
+        _restore(handlers)
+    if noted:
+        signal.raise_signal(noted[0])
+
+
+def _restore(handlers: dict) -> None:
+    """Put ``handlers`` back, every one, even when a restored one raises meanwhile.
+
+    ``signal.signal`` first runs the handlers of signals that have arrived: one put back
+    already (``Interrupted`` for a signal that came as they were put back) must not leave the
+    others unrestored. Its exception is raised once all are back.
+    """
+    raised: BaseException | None = None
+    for sig, handler in handlers.items():
+        while True:
+            try:
+                signal.signal(sig, handler)
+                break
+            except BaseException as exc:  # re-raised below
+                raised = raised or exc
+    if raised is not None:
+        raise raised
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ __all__ = [
     "SQLiteSplit",
     "check_sqlite_file",
     "create_client_index",
+    "declared_size",
     "has_client_index",
     "list_splits",
     "read_example_counts",
@@ -83,18 +84,26 @@ def check_sqlite_file(path: str | os.PathLike) -> Path:
     size = path.stat().st_size
     with naming(path), path.open("rb") as f:  # EIO (/proc/self/mem): sixteenth review, rc 1
         header = f.read(100)
+    declared = declared_size(header, path)
+    if declared is not None and size < declared:
+        raise ValueError(
+            f"{path}: truncated SQLite database: header says {declared} bytes, file has {size}"
+        )
+    return path
+
+
+def declared_size(header: bytes, path: str | os.PathLike) -> int | None:
+    """The database size an SQLite file's first 100 bytes declare (``None``: not recorded).
+
+    Raises ``ValueError`` naming ``path`` when they are not an SQLite header.
+    """
     if len(header) < 100 or not header.startswith(_HEADER):
         raise ValueError(f"{path}: not an SQLite database (bad or missing header)")
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(header[28:32], "big")
-    header_count_valid = header[24:28] == header[92:96] and pages > 0
-    if header_count_valid and size < page_size * pages:
-        raise ValueError(
-            f"{path}: truncated SQLite database: header says {page_size * pages} bytes, "
-            f"file has {size}"
-        )
-    return path
+    # the count is valid when written by the SQLite version that last changed the file
+    return page_size * pages if header[24:28] == header[92:96] and pages > 0 else None
 
 
 def _connect(path: Path, *, readonly: bool = True) -> sqlite3.Connection:

@@ -13,8 +13,14 @@ import lzma
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
-from fedprivopt.data.sqlite import SQLiteSplit, check_sqlite_file, create_client_index
+from fedprivopt.data.sqlite import (
+    SQLiteSplit,
+    check_sqlite_file,
+    create_client_index,
+    declared_size,
+)
 
 __all__ = ["decompress_lzma", "open_sqlite"]
 
@@ -84,12 +90,13 @@ def decompress_lzma(
         decomp = lzma.LZMADecompressor(format=lzma.FORMAT_AUTO)
         done = 0
         with path.open("rb") as src, partial.open("wb") as dst:
+            output = _BoundedOutput(dst)
             while not decomp.eof and (chunk := src.read(chunk_size)):
                 done += len(chunk)
                 # Bounded output per call: memory stays O(chunk_size) even for runs of zeros.
-                dst.write(decomp.decompress(chunk, max_length=_MAX_OUT))
+                output.write(decomp.decompress(chunk, max_length=_MAX_OUT))
                 while not decomp.eof and not decomp.needs_input:
-                    dst.write(decomp.decompress(b"", max_length=_MAX_OUT))
+                    output.write(decomp.decompress(b"", max_length=_MAX_OUT))
                 if progress is not None:
                     progress(done)
         if not decomp.eof:
@@ -105,6 +112,33 @@ def decompress_lzma(
     finally:
         partial.unlink(missing_ok=True)
     return out
+
+
+class _BoundedOutput:
+    """The decompressed stream's file, refused as soon as it cannot be an SQLite database.
+
+    Twenty-ninth review of issue 15: 360 kB of ``xz`` (2 GB of zeros) wrote 2 GB in 37 s before
+    the header was read (a few MB of such a stream fill any disk). Its first 100 bytes must be
+    an SQLite header, and it may not grow past the size that header declares.
+    """
+
+    def __init__(self, dst: BinaryIO) -> None:
+        self.dst = dst
+        self.head = b""
+        self.written = 0
+        self.limit: int | None = None
+
+    def write(self, data: bytes) -> None:
+        if len(self.head) < 100:
+            self.head += data[: 100 - len(self.head)]
+            if len(self.head) == 100:
+                self.limit = declared_size(self.head, "its first 100 bytes")
+        self.written += len(data)
+        if self.limit is not None and self.written > self.limit:
+            raise ValueError(
+                f"it decompresses to more than the {self.limit:,} bytes its SQLite header declares"
+            )
+        self.dst.write(data)
 
 
 def open_sqlite(

@@ -34,10 +34,16 @@
    whose 1-example client has a gzip-compressed ``score`` of 10**9 zeros (within the reader's
    1,032x expansion bound): 7.9 GB and 94 s, then ``has features of unequal lengths``. The
    lengths are now compared before a dataset is read: the same line in 0.7 s and 42 MB.
+6. ``decompress_lzma("zeros.sqlite.xz")`` (``open_sqlite`` alike) of 360 kB of ``xz`` holding
+   2 GB of zeros: 2 GB written and 37 s before ``not an SQLite database`` (a few MB of such a
+   stream fill any disk); a valid database followed by 50 MB of zeros was written whole. Now
+   the output's first 100 bytes must be an SQLite header (refused in 1.2 s, nothing kept) and
+   it may not grow past the size that header declares.
 """
 
 from __future__ import annotations
 
+import lzma
 import tracemalloc
 from pathlib import Path
 
@@ -283,3 +289,39 @@ def test_5_a_group_in_place_of_a_feature_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"client 'c1': 'title' is not a dataset"):
         split.client_examples("c1")
     split.close()
+
+
+# -- finding 6: a decompressed download is bounded by its SQLite header ------------------------
+
+
+def _decompress_steps(src: Path) -> tuple[str, int]:
+    """``decompress_lzma`` in 256-byte steps: its error and the compressed bytes it read."""
+    from fedprivopt.data.sqlite_lzma import decompress_lzma
+
+    read: list[int] = []
+    with pytest.raises(ValueError) as info:
+        decompress_lzma(src, chunk_size=256, index=False, progress=read.append)
+    return str(info.value), max(read, default=0)
+
+
+def test_6_a_stream_that_is_no_database_is_refused_at_its_header(tmp_path):
+    src = tmp_path / "zeros.sqlite.xz"
+    src.write_bytes(lzma.compress(bytes(64 << 20), format=lzma.FORMAT_XZ))  # 64 MiB of zeros
+    message, read = _decompress_steps(src)
+    assert read < src.stat().st_size // 2, (read, src.stat().st_size)  # read (and written) whole
+    assert "its first 100 bytes: not an SQLite database" in message, message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zeros.sqlite.xz"]
+
+
+def test_6_a_database_with_more_bytes_than_its_header_declares_is_refused(tmp_path):
+    db = _surplus_sqlite(tmp_path / "db.sqlite", 1, 1)
+    src = tmp_path / "padded.sqlite.xz"
+    src.write_bytes(lzma.compress(db.read_bytes() + bytes(64 << 20), format=lzma.FORMAT_XZ))
+    message, read = _decompress_steps(src)
+    assert f"more than the {db.stat().st_size:,} bytes its SQLite header declares" in message
+    assert read < src.stat().st_size // 2, (read, src.stat().st_size)
+    # the database alone decompresses as before
+    from fedprivopt.data.sqlite_lzma import open_sqlite
+
+    (tmp_path / "ok.sqlite.xz").write_bytes(lzma.compress(db.read_bytes(), format=lzma.FORMAT_XZ))
+    assert list(open_sqlite(tmp_path / "ok.sqlite.xz").client_ids) == ["a"]

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.core.files import read_at_most
 from fedprivopt.core.local import check_user_id
 from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.core.text import shown
@@ -71,6 +72,8 @@ def cache_key_digest(key: dict) -> str:
 
 
 _DIGEST_CHARS = 20
+META_LIMIT = 1 << 20
+"""Bytes of a store's ``meta.json`` at most (it holds a few hundred); a larger one is damaged."""
 """Hex characters of a store's directory name (:func:`cache_key_digest`)."""
 
 
@@ -118,7 +121,12 @@ class EncodedUsers:
             # issue 15, finding 6); a store that holds one is damaged, and rebuilt
             for name in ("meta.json", *(f"{a}.npy" for a in (*_ARRAYS, "label_ptr"))):
                 _check_regular(self.directory / name)
-            self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
+            # at most META_LIMIT bytes (twenty-ninth review of issue 15: a sparse 3 GB
+            # meta.json took 6.6 GB and 109 s before the store was rebuilt; 20 GB: killed)
+            raw = read_at_most(self.directory / "meta.json", META_LIMIT)
+            if raw is None:
+                raise ValueError(f"meta.json holds more than {META_LIMIT:,} bytes")
+            self.meta = json.loads(raw.decode("utf-8"))
             arrays = {
                 name: np.load(self.directory / f"{name}.npy", mmap_mode="r", allow_pickle=False)
                 for name in (*_ARRAYS, "label_ptr")
@@ -132,7 +140,11 @@ class EncodedUsers:
         self._tokens = arrays["tokens"]
         self._labels = arrays["labels"]
         self._label_ptr = arrays.get("label_ptr")
-        self._check()
+        try:
+            self._check()
+        except (KeyError, TypeError) as exc:  # a size missing, null or a list (twenty-ninth
+            # review of issue 15: "num_users": null was a TypeError traceback, rc 1)
+            raise ValueError(f"{self.directory}: damaged encoded-user store: {exc!r}") from exc
 
     def _check(self) -> None:
         m = self.meta

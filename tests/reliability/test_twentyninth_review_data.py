@@ -39,11 +39,18 @@
    stream fill any disk); a valid database followed by 50 MB of zeros was written whole. Now
    the output's first 100 bytes must be an SQLite header (refused in 1.2 s, nothing kept) and
    it may not grow past the size that header declares.
+7. The tag task's token store (``task-params.token-cache = true``) whose ``meta.json`` was made
+   a sparse 3 GB file (``truncate -s 3G``): 6.6 GB and 109 s before the store was found damaged
+   and rebuilt (20 GB: killed); one whose ``"num_users"`` is ``null`` (or a size a list or an
+   object): a ``TypeError`` traceback, rc 1. Now ``meta.json`` is read up to 1 MiB, and both are
+   a damaged store, rebuilt (rc 0, 7.7 s and 330 MB for the first).
 """
 
 from __future__ import annotations
 
+import json
 import lzma
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -325,3 +332,47 @@ def test_6_a_database_with_more_bytes_than_its_header_declares_is_refused(tmp_pa
 
     (tmp_path / "ok.sqlite.xz").write_bytes(lzma.compress(db.read_bytes(), format=lzma.FORMAT_XZ))
     assert list(open_sqlite(tmp_path / "ok.sqlite.xz").client_ids) == ["a"]
+
+
+# -- finding 7: a token store's meta.json is read bounded and checked as data -------------------
+
+
+def _store(root: Path):
+    from fedprivopt.data.token_cache import open_or_build
+
+    def encode(user: int):
+        return [[user, 1], [2]], [[0], [1]]
+
+    return open_or_build(
+        root, {"k": 1}, 3, encode, multi_label=True, token_bound=5, label_bound=2, workers=1
+    )
+
+
+def test_7_a_huge_store_meta_is_damage_read_in_bounded_memory(tmp_path):
+    from fedprivopt.data.token_cache import EncodedUsers
+
+    meta = _store(tmp_path).directory / "meta.json"
+    os.truncate(meta, 64 << 20)  # sparse: `truncate -s`
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as info:
+            EncodedUsers(meta.parent)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, peak  # the whole file was read (and decoded) first
+    assert "meta.json holds more than 1,048,576 bytes" in str(info.value)
+    assert _store(tmp_path).num_users == 3  # rebuilt
+
+
+@pytest.mark.parametrize("value", [None, [1], {}])
+def test_7_a_store_meta_size_of_another_type_is_damage(tmp_path, value):
+    from fedprivopt.data.token_cache import EncodedUsers
+
+    meta = _store(tmp_path).directory / "meta.json"
+    data = json.loads(meta.read_text(encoding="utf-8"))
+    data["num_users"] = value
+    meta.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match="damaged encoded-user store"):  # was a TypeError
+        EncodedUsers(meta.parent)
+    assert _store(tmp_path).num_users == 3  # rebuilt

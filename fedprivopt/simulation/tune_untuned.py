@@ -101,7 +101,14 @@ def check_untuned_files(runs: Sequence[Any]) -> None:
 
 
 def _released_digests(run_dir: Path) -> set[str]:
-    """The digests of the models ``run_dir``'s privacy ledger records as released."""
+    """The digests of the models ``run_dir``'s privacy ledger records as released, with its seed.
+
+    Each is ``"<seed>:<digest>"``, the seed the ledger's header records. Twenty-ninth review
+    of issue 15: ``compare toy.toml --strategies fedavg --seeds 3 --set
+    server-learning-rate=1e39`` then ``compare-tuned T --untuned C`` was refused as "one run
+    given twice, or a copy": seeds that diverge release the same overflowed model, so their
+    digests alone matched. A copy keeps its seed; runs of other seeds are other computations.
+    """
     from fedprivopt.simulation.ledger import RunLedger
 
     try:
@@ -110,7 +117,9 @@ def _released_digests(run_dir: Path) -> set[str]:
         return set()
     if ledger is None:
         return set()
-    return {e.params_sha256 for e in ledger.entries if e.params_sha256}
+    settings = ledger.header.get("settings")
+    seed = settings.get("seed") if isinstance(settings, dict) else None
+    return {f"{seed}:{e.params_sha256}" for e in ledger.entries if e.params_sha256}
 
 
 def check_untuned_copies(tuned: Sequence[Path], runs: Sequence[Any]) -> None:

@@ -36,11 +36,18 @@
    (``seed 0 from round 1, seed 1 from round 1, …``); the "Runs" table was sorted as text
    (``seed0, seed1, seed10, seed100``). Above 10 seeds they are now ranges (``0-299``,
    ``300 diverged: seeds 0-299 from round 1``), and runs are listed by strategy, σ and seed.
+6. ``compare toy.toml --strategies fedavg --seeds 2 --set server-learning-rate=1e39`` (a
+   baseline whose rate is too high: every seed diverges), then ``compare-tuned T --untuned C``:
+   refused, ``'C/runs/fedavg__sigma0__seed1' is 'C/runs/fedavg__sigma0__seed0' again, or a
+   copy of it``: the seeds released the same overflowed model, so their ledgers' digests
+   matched. A released model now counts as a copy's only with the same seed (the ledger
+   header's): rc 0 with the report; a copied run, or a copied trial, is still refused.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +213,27 @@ def test_5_many_seeds_are_ranges_and_runs_are_in_seed_order(tmp_path):
     assert "| 12 (12 diverged: seeds 0-11 from round 1) |" in report, report
     runs = [line.split(" | ")[0][2:] for line in report.splitlines() if "fedavg__sigma0__" in line]
     assert runs[:3] == [f"fedavg__sigma0__seed{s}" for s in (0, 1, 2)], runs  # was 0, 1, 10
+
+
+# -- finding 6: diverged seeds are not copies of each other ----------------------------------------
+
+
+def test_6_diverged_seeds_are_not_taken_for_copies(tmp_path):
+    tuning, runs = tmp_path / "T", tmp_path / "C"
+    tuned = _cli(tmp_path, "tune", str(TOY), *TUNE, "--seed", "1", "--quiet", "--out", str(tuning))
+    assert tuned.returncode == 0, tuned.stderr
+    argv = ["compare", str(TOY), "--strategies", "fedavg", "--seeds", "2", "--rounds", "3",
+            "--quiet", "--set", "server-learning-rate=1e39", "--out", str(runs)]  # fmt: skip
+    assert _cli(tmp_path, *argv).returncode == 0
+    report = tmp_path / "R"
+    proc = _cli(
+        tmp_path, "compare-tuned", str(tuning), "--untuned", str(runs), "--out", str(report)
+    )
+    assert proc.returncode == 0, proc.stderr  # was rc 2: "... again, or a copy of it"
+    assert (report / "report.md").is_file()
+    # a copy (same seed, same released models) is still refused
+    seed0 = runs / "runs" / "fedavg__sigma0__seed0"
+    shutil.copytree(seed0, tmp_path / "copy")
+    again = _cli(tmp_path, "compare-tuned", str(tuning), "--untuned", str(seed0),
+                 "--untuned", str(tmp_path / "copy"), "--out", str(tmp_path / "R2"))  # fmt: skip
+    assert "again, or a copy of it" in _one_line(again)

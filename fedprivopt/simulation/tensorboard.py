@@ -6,8 +6,8 @@ other mechanism metrics) as a scalar whose tag is the row's key and whose step i
 ``torch.utils.tensorboard``. The rows stay the record: the events are a view of them for the tool
 people already watch. Files land in the run directory (``events.out.tfevents.*``, their names
 ending with the directory's name), so ``tensorboard --logdir OUT`` shows every run of a
-``compare`` grid as its own run, named by its cell (``runs/dp-fedadam-sigma0.5-seed0``), with the
-same tags side by side.
+``compare`` grid as its own run, named by its cell (``runs/dp-fedadam__sigma0.5__seed0``), with
+the same tags side by side. The name is cut to fit a file name of 255 bytes.
 
 A resumed run starts a new event file whose first event purges the steps from its first round
 on (TensorBoard's ``purge_step``), so rounds that were redone after a kill are shown once.
@@ -15,12 +15,32 @@ on (TensorBoard's ``purge_step``), so rounds that were redone after a kill are s
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
 from numbers import Real
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TensorBoardLog", "scalars"]
+__all__ = ["TensorBoardLog", "event_file_suffix", "scalars"]
+
+NAME_MAX = 255
+"""Bytes in one path component (Linux, macOS and Windows file systems)."""
+
+
+def event_file_suffix(out: Path) -> str:
+    """``"." + out``'s name, cut so that TensorBoard's event file name fits :data:`NAME_MAX`.
+
+    TensorBoard names the file ``events.out.tfevents.<10-digit time>.<host>.<pid>.<n>`` plus
+    this suffix. Twenty-ninth review of issue 15: ``simulate toy.toml --tensorboard --out``
+    a directory of 230 characters ended in a writer thread's traceback and ``File name too
+    long`` (rc 2, the run not started), although the directory itself was a valid name.
+    """
+    name = Path(out).resolve().name
+    head = f"events.out.tfevents.{0:010d}.{socket.gethostname()}.{os.getpid()}.{0:06d}."
+    room = NAME_MAX - len(head.encode())
+    cut = name.encode()[: max(room, 0)].decode("utf-8", errors="ignore")
+    return f".{cut}" if cut else ""
 
 
 def scalars(row: Mapping[str, Any]) -> dict[str, float]:
@@ -59,7 +79,7 @@ class TensorBoardLog:
         self._writer = SummaryWriter(
             log_dir=str(out),
             purge_step=int(first_round) if first_round > 1 else None,
-            filename_suffix=f".{Path(out).name}",
+            filename_suffix=event_file_suffix(out),
         )
 
     def add_row(self, row: Mapping[str, Any]) -> None:

@@ -42,6 +42,11 @@
    copy of it``: the seeds released the same overflowed model, so their ledgers' digests
    matched. A released model now counts as a copy's only with the same seed (the ledger
    header's): rc 0 with the report; a copied run, or a copied trial, is still refused.
+7. ``simulate toy.toml --tensorboard --out`` a directory whose name has 230 characters (a
+   valid name; generated names with hyperparameters get long): a TensorBoard writer thread's
+   traceback, then ``error: b'aaa…' (503 characters): File name too long``, rc 2: the event
+   file's name is TensorBoard's ~45 characters plus the directory's name. The name in the
+   suffix is now cut to fit 255 bytes (whole UTF-8 characters): rc 0, the events written.
 """
 
 from __future__ import annotations
@@ -237,3 +242,18 @@ def test_6_diverged_seeds_are_not_taken_for_copies(tmp_path):
     again = _cli(tmp_path, "compare-tuned", str(tuning), "--untuned", str(seed0),
                  "--untuned", str(tmp_path / "copy"), "--out", str(tmp_path / "R2"))  # fmt: skip
     assert "again, or a copy of it" in _one_line(again)
+
+
+# -- finding 7: TensorBoard's event file fits a file name ------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a" * 230, "é" * 127])
+def test_7_tensorboard_beside_a_long_directory_name(tmp_path, name):
+    out = tmp_path / name
+    argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--tensorboard", "--out", str(out)]
+    proc = _cli(tmp_path, *argv)
+    assert proc.returncode == 0, proc.stderr  # was rc 2 after a thread's traceback
+    assert proc.stderr == "", proc.stderr
+    (events,) = (p.name for p in out.iterdir() if p.name.startswith("events.out.tfevents."))
+    assert len(events.encode()) <= 255
+    assert "." + name[:20] in events  # named by its directory, cut

@@ -37,6 +37,8 @@
   stack dump and aborted the process: rc 134 and Flower's tracebacks of dead actors instead of
   143. Inside the block, Ray's calls to install a SIGTERM handler do nothing and the
   driver's failure-signal handler is off (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1``).
+- A first signal while torch loads (every command imports it as it builds its parser) is raised
+  once torch has loaded: raised inside torch's C++ start-up, it aborted the process (rc 134).
 - A second signal ends the process at once (:func:`end_now`), wherever the first one left it:
   with one line and exit code ``128 +`` the first signal, as a kill would (``--resume`` and the
   watchdogs already handle a killed run). Raised again during the unwinding or the interpreter's
@@ -157,8 +159,53 @@ def _record(signum: int) -> None:
 
 
 def _raise(signum: int, frame: object) -> None:
+    if not (_SIGNALS.received or _SIGNALS.code is not None) and _torch_loading():
+        _defer(signum)
+        return
     _record(signum)
     raise Interrupted(signum)
+
+
+_DEFERRED: list[int] = []
+"""A first signal that came while torch was loading, to be raised once it has loaded."""
+
+REPLAY_POLL = 0.01
+"""Seconds between two checks whether torch has loaded, with a signal waiting."""
+
+
+def _torch_loading() -> bool:
+    """Whether ``import torch`` is under way (its module runs, in this or another thread).
+
+    torch's start-up runs Python code from C++ (``torch._C._c10d_init`` among others): an
+    exception raised there cannot pass the C++ frames, and the process aborts (``terminate
+    called after throwing an instance of 'python_error'`` or ``'pybind11::error_already_set'``,
+    rc 134, 89 lines of stack). Twenty-ninth review of issue 15: SIGTERM 4.5 s into ``compare``
+    under heavy load (every command imports torch as it builds its parser), 1 of 20 tries; every
+    time when the signal comes from a Python function that ``_c10d_init`` calls.
+    """
+    spec = getattr(sys.modules.get("torch"), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _defer(signum: int) -> None:
+    """Hold a first signal back until torch has loaded, then send it again (:func:`_replay`).
+
+    A second signal meanwhile ends the process at once, as after any first one.
+    """
+    if _DEFERRED:
+        _SIGNALS.received.append(_DEFERRED[0])
+        end_now(signum)
+    _DEFERRED.append(int(signum))
+    threading.Thread(target=_replay, name="fedprivopt-signal", daemon=True).start()
+
+
+def _replay() -> None:
+    """Once torch has loaded, the signal held back reaches the main thread again."""
+    while _torch_loading():
+        time.sleep(REPLAY_POLL)
+    if _DEFERRED:
+        signum = _DEFERRED.pop()
+        signal.pthread_kill(threading.main_thread().ident, signum)
 
 
 def end_interrupted() -> None:

@@ -24,16 +24,26 @@
    inside that block; the first is raised again when it ends. The resource tracker's start no
    longer ignores SIGHUP in the command itself (a closed terminal in that window was lost: the
    command ran on); the tracker inherits SIGHUP blocked instead.
+3. SIGTERM 4.5 s into ``compare stackoverflow-tp-mini.toml ... --jobs 2`` under heavy load
+   (every command imports torch as it builds its parser): ``terminate called after throwing an
+   instance of 'pybind11::error_already_set' what(): Interrupted: interrupted by signal 15``,
+   89 lines of stack and rc -6 (134 in a shell), 1 of 20 tries. The handler raised
+   ``Interrupted`` inside Python code that torch's C++ start-up (``torch._C._c10d_init``) runs,
+   where no exception can pass. Reproduced every time by sending the signal from a Python
+   function that ``_c10d_init`` calls. A first signal while torch loads is now raised once it
+   has loaded (a second one still ends the process at once).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +187,69 @@ def test_2_the_resource_tracker_starts_with_sighup_blocked(tmp_path):
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+# -- finding 3: a signal while torch loads ---------------------------------------------------------
+
+# a first signal sent from a Python function that torch's C++ c10d start-up calls
+_FROM_CPP = """
+import os, signal, sys, time
+from fedprivopt.simulation import interrupt
+
+INIT, LINE = sys.argv[1], int(sys.argv[2])
+sent = []
+
+def profile(frame, event, arg):
+    back = frame.f_back
+    if event == "call" and back is not None and back.f_code.co_filename == INIT:
+        if back.f_lineno == LINE and frame.f_code.co_name != "is_available":
+            sys.setprofile(None)
+            sent.append(frame.f_code.co_name)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+interrupt.handle_until_exit()
+try:
+    sys.setprofile(profile)
+    import torch
+    sys.setprofile(None)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+except KeyboardInterrupt as exc:
+    loaded = not interrupt._torch_loading()
+    sys.stderr.write(f"interrupted by {exc.signum}; torch loaded: {loaded}\\n")
+    sys.exit(exc.exit_code)
+sys.stderr.write(f"not interrupted; sent from {sent}\\n")
+"""
+
+
+def test_3_a_signal_while_torch_loads_is_raised_once_it_has_loaded(tmp_path):
+    torch_dir = importlib.util.find_spec("torch").submodule_search_locations[0]
+    init = Path(torch_dir, "distributed", "__init__.py").resolve()
+    lines = init.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "_c10d_init()" in text)
+    program = tmp_path / "prog.py"
+    program.write_text(_FROM_CPP)
+    done = subprocess.run(
+        [sys.executable, str(program), str(init), str(line)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    # before the fix: rc -6, "terminate called after throwing an instance of 'python_error'"
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    assert done.stderr == "interrupted by 15; torch loaded: True\n", done.stderr[-3000:]
+
+
+def test_3_a_second_signal_while_torch_loads_ends_at_once(monkeypatch):
+    ended: list[int] = []
+    monkeypatch.setattr(interrupt, "_torch_loading", lambda: True)
+    monkeypatch.setattr(interrupt, "end_now", lambda signum: ended.append(signum))
+    monkeypatch.setattr(interrupt, "_replay", lambda: None)
+    monkeypatch.setattr(interrupt._SIGNALS, "received", [])
+    monkeypatch.setattr(interrupt, "_DEFERRED", [])
+    interrupt._raise(signal.SIGINT, None)  # held back: nothing raised
+    assert interrupt._DEFERRED == [signal.SIGINT] and not ended
+    interrupt._raise(signal.SIGTERM, None)
+    assert ended == [signal.SIGTERM] and interrupt._SIGNALS.received == [signal.SIGINT]

@@ -178,17 +178,25 @@ def update_key(user_id: int) -> str:
     return f"{UPDATE_PREFIX}{int(user_id)}"
 
 
+#: Most digits of a user id in an update key (a task's ids are below 2**63).
+MAX_USER_DIGITS = 19
+
+
 def parse_update_key(key: str) -> int | None:
     """Return the user id of an update key, or ``None`` if ``key`` is not one.
 
     Only the canonical form :func:`update_key` writes is one: ASCII digits without leading
     zeros, so no two keys of a reply name the same user (``update/01`` and ``update/²`` are not
-    update keys).
+    update keys), and at most :data:`MAX_USER_DIGITS` of them (twenty-ninth review of issue 15:
+    a reply's key of 4,301 digits or more raised ``int()``'s "Exceeds the limit (4300 digits)"
+    ``ValueError`` out of the strategy's ``aggregate_train``, ending the ServerApp).
     """
     if not key.startswith(UPDATE_PREFIX):
         return None
     rest = key[len(UPDATE_PREFIX) :]
     if not (rest.isascii() and rest.isdigit()) or (rest[0] == "0" and rest != "0"):
+        return None
+    if len(rest) > MAX_USER_DIGITS:  # no user id of a task is this long
         return None
     return int(rest)
 

@@ -318,7 +318,12 @@ class DPStrategy(Strategy):
                 user = P.parse_update_key(key)
                 if user is None or user not in self._node_users.get(node, []):
                     self.unrequested += 1
-                    log(WARNING, "node %s sent an update under an unrequested key %r", node, key)
+                    log(
+                        WARNING,
+                        "node %s sent an update under an unrequested key %s",
+                        node,
+                        shown(key),
+                    )
                     continue
                 updates[user] = None  # unless decoded below; the aggregator rejects and counts it
                 if P.DELTA_ARRAY not in record:

@@ -22,6 +22,12 @@
    98, 99). ``wire.read_user_ids`` now requires a list of distinct integers ``>= 0``, and the
    strategy treats a malformed answer as an error reply: one warning naming the node, its users
    on no node (unhosted, never sampled differently: the accounting follows the sampling).
+3. A train reply holding an update under the key ``update/`` followed by 4,301 digits or more
+   (a hostile or broken ClientApp) raised ``ValueError: Exceeds the limit (4300 digits) for
+   integer string conversion`` out of ``DPStrategy.aggregate_train``, ending the ServerApp (its
+   docstring: nothing a client sends can raise there), and each unrequested key was logged
+   whole (a 100,000-character key in a 100,000-character line). Such a key is now no update key
+   (``wire.parse_update_key``: at most 19 digits): counted in ``unrequested``, logged cut.
 """
 
 from __future__ import annotations
@@ -194,3 +200,23 @@ def test_2_read_user_ids_keeps_an_honest_answer():
     assert P.read_user_ids(_ids([])) == []
     with pytest.raises(ValueError, match="user-ids must be a list of integers >= 0"):
         P.read_user_ids(_ids([1.0]))
+
+
+# -- finding 3: an update key of thousands of digits ---------------------------------------------
+
+
+def test_3_a_huge_update_key_is_unrequested_not_a_crash(server_side, caplog):
+    from tests.reliability.test_fuzz_replies import honest, make_strategy, reply
+
+    strategy = make_strategy()
+    list(strategy.configure_train(1, None, None, None))
+    content = RecordDict()
+    for user in (0, 1):  # node 100's users
+        content[P.update_key(user)] = ArrayRecord({P.DELTA_ARRAY: Array(honest(user))})
+    content["update/" + "9" * 100_000] = ArrayRecord({P.DELTA_ARRAY: Array(honest(0))})
+    with caplog.at_level("WARNING", logger="flwr"):
+        _, metrics = strategy.aggregate_train(1, [reply(100, content)])  # raised ValueError
+    assert metrics["unrequested"] == 1 and metrics["accepted"] == 2
+    assert max(len(r.getMessage()) for r in caplog.records) < 300
+    assert P.parse_update_key("update/" + "9" * 19) == 10**19 - 1
+    assert P.parse_update_key("update/" + "9" * 20) is None

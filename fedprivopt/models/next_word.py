@@ -140,7 +140,8 @@ class StackOverflowNextWordTask(StackOverflowFiles):
     seed : int
         Seed of the model initialization, ``>= 0``.
     cache_users : int
-        Per-user tensors kept in memory (least recently used evicted), in ``[0, 10**8]``.
+        Per-user tensors kept in memory (least recently used evicted), in ``[0, 10**8]``;
+        at most :data:`~fedprivopt.models.stackoverflow_files.CACHE_BYTES` (1 GiB) of them.
 
     Attributes
     ----------

@@ -41,6 +41,7 @@ from fedprivopt.data.vocab import MAX_WORDS, TAG_COUNT_FILE, WORD_COUNT_FILE
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
 __all__ = [
+    "CACHE_BYTES",
     "MAX_EXAMPLES_PER_USER",
     "MAX_MODEL_PARAMETERS",
     "MAX_TAGS",
@@ -79,6 +80,19 @@ MAX_TAGS = MAX_MODEL_PARAMETERS // 2
 """Largest ``num_tags`` (2**25): the tag model's ``(V + 1) K`` parameters are at most
 :data:`MAX_MODEL_PARAMETERS` with ``V >= 1``. ``vocab_size`` is at most
 :data:`~fedprivopt.data.vocab.MAX_WORDS` (10**7), the words a word-count file may hold."""
+
+
+CACHE_BYTES = 1 << 30
+"""Bytes of per-user tensors a task keeps (besides at most ``cache_users`` users): 1 GiB.
+
+Twenty-ninth review of issue 15: the cache was bounded by its count alone; next-word users of
+the real sizes at ``seq_len = 1024`` hold about 6 MB each, so 300 of them took 1.8 GB and the
+default 2,048 about 12 GB. The least recently used users are evicted past either bound (the
+newest is always kept)."""
+
+
+def _nbytes(tensors: tuple[Any, ...]) -> int:
+    return sum(int(getattr(t, "nbytes", 0)) for t in tensors)
 
 
 def check_vocab_size(value: object) -> int:
@@ -148,6 +162,7 @@ class StackOverflowFiles:
     num_users: int
     cache_users: int
     _cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]]
+    _cache_bytes: int
     _train: SQLiteSplit | None
     _eval: list[tuple[torch.Tensor, torch.Tensor]] | None
     _word_index: dict[str, int] | None
@@ -229,12 +244,14 @@ class StackOverflowFiles:
         for key in self.TRANSIENT:
             setattr(self, key, None)
         self._cache = OrderedDict()
+        self._cache_bytes = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         for key in self.TRANSIENT:
             state[key] = None
         state["_cache"] = OrderedDict()
+        state["_cache_bytes"] = 0
         return state
 
     @property
@@ -395,8 +412,12 @@ class StackOverflowFiles:
         out = read(user_id)  # outside the lock: workers read different users in parallel
         if self.cache_users:
             with STATE_LOCK:
+                old = self._cache.pop(user_id, None)  # another worker read it meanwhile
+                self._cache_bytes -= 0 if old is None else _nbytes(old)
                 self._cache[user_id] = out
-                self._cache.move_to_end(user_id)
-                while len(self._cache) > self.cache_users:
-                    self._cache.popitem(last=False)
+                self._cache_bytes += _nbytes(out)
+                while len(self._cache) > 1 and (
+                    len(self._cache) > self.cache_users or self._cache_bytes > CACHE_BYTES
+                ):
+                    self._cache_bytes -= _nbytes(self._cache.popitem(last=False)[1])
         return out

@@ -130,7 +130,8 @@ class StackOverflowTagTask(TagTaskData):
         bias, which decides the top-1 tag of every document without strong words
         (``docs/EXPERIMENTS.md``).
     cache_users : int
-        Per-user tensors kept in memory (least recently used evicted), in ``[0, 10**8]``.
+        Per-user tensors kept in memory (least recently used evicted), in ``[0, 10**8]``;
+        at most :data:`~fedprivopt.models.stackoverflow_files.CACHE_BYTES` (1 GiB) of them.
     token_cache : bool
         Encode every training user once into a memory-mapped store of word and tag ids
         (:mod:`fedprivopt.data.token_cache`; about 1 ms of Python per user, parallel over the CPU

@@ -44,6 +44,11 @@
    and rebuilt (20 GB: killed); one whose ``"num_users"`` is ``null`` (or a size a list or an
    object): a ``TypeError`` traceback, rc 1. Now ``meta.json`` is read up to 1 MiB, and both are
    a damaged store, rebuilt (rc 0, 7.7 s and 330 MB for the first).
+8. The tasks' per-user tensor cache was bounded by its count (``cache-users``, 2,048) alone:
+   next-word users of the real sizes (``data synth --user-sizes real``) at ``seq-len = 1024``
+   hold about 6 MB each; reading 300 of them took 1.84 GB, so a run touching 2,048 users holds
+   about 12 GB. The cache now also keeps at most ``CACHE_BYTES`` = 1 GiB of tensors (least
+   recently used evicted, the newest kept): 1.33 GB for the same 300 users, and no more for 800.
 """
 
 from __future__ import annotations
@@ -376,3 +381,39 @@ def test_7_a_store_meta_size_of_another_type_is_damage(tmp_path, value):
     with pytest.raises(ValueError, match="damaged encoded-user store"):  # was a TypeError
         EncodedUsers(meta.parent)
     assert _store(tmp_path).num_users == 3  # rebuilt
+
+
+# -- finding 8: the per-user cache is bounded in bytes -----------------------------------------
+
+
+def _users_dataset(root: Path, users: int) -> Path:
+    root.mkdir()
+    post = StackOverflowExample("a b c", "t", "python", "2010-01-08", 1, "question")
+    rows = [("train", f"u{u}", encode_example(post)) for u in range(users) for _ in range(u + 1)]
+    rows.append(("test", "v1", encode_example(post)))
+    meta = [(f"u{u}", "train", u + 1) for u in range(users)] + [("v1", "test", 1)]
+    write_sqlite(root / "stackoverflow.sqlite", rows, meta)
+    write_word_counts(root / "stackoverflow.word_count", ["a", "b", "c"], [2, 2, 2])
+    write_tag_counts(root / "stackoverflow.tag_count", ["python", "java"], [2, 1])
+    return root
+
+
+@pytest.mark.parametrize("task_name", ["stackoverflow-nwp", "stackoverflow-tp"])
+def test_8_the_user_cache_keeps_at_most_cache_bytes(tmp_path, monkeypatch, task_name):
+    from fedprivopt.models import stackoverflow_files
+    from fedprivopt.models.registry import build_task
+
+    data = _users_dataset(tmp_path / "d", 6)
+    task = build_task(task_name, data_dir=str(data), synthetic=False)
+    sizes = [sum(t.nbytes for t in task.user_data(u)) for u in range(6)]
+    assert len(task._cache) == 6  # control: 2,048 users and 1 GiB hold them all
+    task = build_task(task_name, data_dir=str(data), synthetic=False)
+    monkeypatch.setattr(stackoverflow_files, "CACHE_BYTES", sizes[4] + sizes[5])
+    for u in range(6):
+        task.user_data(u)
+    assert list(task._cache) == [4, 5] and task._cache_bytes == sizes[4] + sizes[5]
+    task.user_data(0)  # user 0 is the smallest: user 4 goes
+    assert list(task._cache) == [5, 0] and task._cache_bytes == sizes[5] + sizes[0]
+    monkeypatch.setattr(stackoverflow_files, "CACHE_BYTES", 1)
+    task.user_data(3)  # the newest is kept, alone, above the bound
+    assert list(task._cache) == [3] and task._cache_bytes == sizes[3]

@@ -288,8 +288,10 @@ def add_simulate(sub) -> None:
         "--set",
         action="append",
         metavar="KEY=VALUE",
+        # twenty-ninth review of issue 15: the example was --set task-params.num-users=50,
+        # which every preset refuses alone (population must equal the task's users)
         help="override any preset key, e.g. --set clip-norm=0.5 "
-        "--set task-params.num-users=50 (repeatable)",
+        "--set task-params.num-users=50 --set population=50 (repeatable)",
     )
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
     p.add_argument(

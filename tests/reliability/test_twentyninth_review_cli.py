@@ -47,6 +47,9 @@
    traceback, then ``error: b'aaa…' (503 characters): File name too long``, rc 2: the event
    file's name is TensorBoard's ~45 characters plus the directory's name. The name in the
    suffix is now cut to fit 255 bytes (whole UTF-8 characters): rc 0, the events written.
+8. ``fedprivopt simulate --help`` gave ``--set`` the example ``--set clip-norm=0.5 --set
+   task-params.num-users=50``, which every preset refuses (``population must equal the number
+   of users of task 'toy' (50), got 40``). The example now sets ``population`` too, and runs.
 """
 
 from __future__ import annotations
@@ -257,3 +260,15 @@ def test_7_tensorboard_beside_a_long_directory_name(tmp_path, name):
     (events,) = (p.name for p in out.iterdir() if p.name.startswith("events.out.tfevents."))
     assert len(events.encode()) <= 255
     assert "." + name[:20] in events  # named by its directory, cut
+
+
+# -- finding 8: the --set example of simulate's help runs ------------------------------------------
+
+
+def test_8_simulates_help_example_of_set_runs(tmp_path):
+    text = " ".join(_cli(tmp_path, "simulate", "--help").stdout.split())
+    example = text.split("override any preset key, e.g. ")[1].split(" (repeatable)")[0]
+    assert "population=50" in example, example
+    argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", *example.split()]
+    proc = _cli(tmp_path, *argv, "--out", str(tmp_path / "R"))
+    assert proc.returncode == 0, proc.stderr  # was rc 2: population must equal ... (50), got 40

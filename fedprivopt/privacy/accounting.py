@@ -143,15 +143,14 @@ def bounded_event_rdp(event: SubsampledGaussianEvent) -> np.ndarray:
     """An upper bound on the RDP of one ``event`` at dp-accounting's default orders, read-only.
 
     :func:`event_rdp`, except at an order where that is ``inf`` (dp-accounting's value was NaN,
-    did not converge, or was within rounding of 0) or larger than the RDP of the event's
-    mechanism without sampling: there the RDP dp-accounting gives that mechanism (the Gaussian,
-    or the sum and count pair, of ``to_dp_event().event``; under fixed-size sampling in the
-    units of replace-one), a closed form ``α/(2σ'^2)`` with no cancellation. Sampling never
-    raises a Rényi divergence (the sampled pair is a mixture of unsampled pairs and
-    ``exp((α - 1) D_α)`` is jointly convex), so that is an upper bound too. A tree event's RDP
-    is such a closed form already: its own value is taken at every order. ε of the ``rdp``
-    accountant comes from this curve; the tuning bound (which dp-accounting composes from the
-    run's own event) keeps :func:`event_rdp`'s orders.
+    did not converge, or was within rounding of 0): there the RDP dp-accounting gives the
+    event's mechanism without sampling (the Gaussian, or the sum and count pair, of
+    ``to_dp_event().event``; under fixed-size sampling in the units of replace-one), a closed
+    form ``α/(2σ'^2)`` with no cancellation. Sampling never raises a Rényi divergence (the
+    sampled pair is a mixture of unsampled pairs and ``exp((α - 1) D_α)`` is jointly convex), so
+    that is an upper bound too. A tree event's RDP is such a closed form already: its own value
+    is taken at every order. ε of the ``rdp`` accountant comes from this curve; the tuning bound
+    (which dp-accounting composes from the run's own event) keeps :func:`event_rdp`'s orders.
 
     Twenty-ninth review of issue 15: with those orders dropped, every order was ``inf`` from
     σ ≈ 1e8 at q = 1 and from σ = 1000 at q = 1e-5 (ε ``inf`` for one round, so a run with a
@@ -168,7 +167,10 @@ def bounded_event_rdp(event: SubsampledGaussianEvent) -> np.ndarray:
     acc.compose(mechanism)
     bound = np.asarray(acc.rdp, dtype=np.float64)
     bound = np.where(np.isnan(bound), np.inf, bound)
-    curve = np.fmin(curve, bound)
+    # only where dp-accounting gave nothing usable: a finite value it gave stays (it may be
+    # looser than the bound, e.g. sampling without replacement at a large ε, but a lower ε for
+    # a ledger than it composed to before would read as an edited ledger on --resume)
+    curve = np.where(np.isinf(curve), bound, curve)
     curve.setflags(write=False)
     return curve
 

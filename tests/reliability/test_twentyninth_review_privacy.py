@@ -9,10 +9,12 @@
    absolute error near 1e-10 (1.7e-10 at order 1.7 for a true 8.5e-17). Both were upper bounds,
    but useless ones: a run with a target ε at such a σ stopped before its first round. Now
    those orders take the RDP dp-accounting gives the event's mechanism without sampling (a
-   closed form; sampling never raises a Rényi divergence), and an order whose sampled value is
-   larger than that takes it too: ε is finite, still an upper bound (checked against the exact
-   ε of the Gaussian mechanism), and never larger for more noise in these cases. The tuning
-   bound, which dp-accounting composes from the run's event, keeps its orders.
+   closed form; sampling never raises a Rényi divergence): ε is finite, still an upper bound
+   (checked against the exact ε of the Gaussian mechanism), and never larger for more noise in
+   these cases. Every finite value dp-accounting gives is kept (880 Poisson and 126 fixed-size,
+   adaptive and tree ledgers of ordinary σ compose to the same ε as before, so no earlier run's
+   ledger reads as edited). The tuning bound, which dp-accounting composes from the run's event,
+   keeps its orders.
 2. The Flower strategy's user discovery (``DPStrategy.discover_users``, also the first thing
    ``start`` does) trusted each node's answer to the user query: a reply without the ``users``
    record raised ``KeyError`` out of the ServerApp, user ids ``[nan]`` or ``["a"]`` a

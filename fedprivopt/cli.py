@@ -47,6 +47,9 @@ from fedprivopt.core.threads import passive_openmp_wait
 # ---------------------------------------------------------------------------------------------
 # privacy commands
 
+PLD_DISCRETIZATION = 1e-4
+"""``--pld-discretization`` when it is not given (the accountants' own default)."""
+
 
 def _add_sampling_args(p: argparse.ArgumentParser, *, needs_sigma: bool) -> None:
     from fedprivopt.privacy.accounting import ACCOUNTANTS
@@ -82,10 +85,10 @@ def _add_sampling_args(p: argparse.ArgumentParser, *, needs_sigma: bool) -> None
     p.add_argument(
         "--pld-discretization",
         type=float_range(0.0, 1.0, lo_open=True, hi_open=True),
-        default=1e-4,
         metavar="H",
         help="value discretization interval of --accountant pld, in (0, 1); coarser is faster, "
-        "uses less memory and gives a slightly larger (still valid) epsilon",
+        f"uses less memory and gives a slightly larger (still valid) epsilon (default: "
+        f"{PLD_DISCRETIZATION:g})",
     )
     p.add_argument(
         "--sampling",
@@ -109,8 +112,21 @@ def _add_sampling_args(p: argparse.ArgumentParser, *, needs_sigma: bool) -> None
 
 
 def _resolve_sampling(args: argparse.Namespace) -> dict:
-    """Cross-flag checks; returns keyword arguments for ``make_round_event``."""
+    """Cross-flag checks; returns keyword arguments for ``make_round_event``.
+
+    Also sets ``args.pld_discretization``: twenty-ninth review of issue 15, ``epsilon …
+    --pld-discretization 0.5`` with the ``rdp`` (or ``prv``) accountant was silently ignored,
+    where ``compare --mean-trials`` without ``--tune-grid`` is refused.
+    """
     from fedprivopt.privacy.accounting_state import check_ledger_count
+
+    if args.pld_discretization is None:
+        args.pld_discretization = PLD_DISCRETIZATION
+    elif args.accountant != "pld":
+        raise UsageError(
+            f"argument --pld-discretization: applies only with --accountant pld (got "
+            f"--accountant {args.accountant})"
+        )
 
     # sixteenth review of issue 15: --rounds 10**400 ended in "OverflowError: int too large to
     # convert to float"; the accountants compose at most MAX_LEDGER_COUNT events (float64)

@@ -50,10 +50,16 @@
 8. ``fedprivopt simulate --help`` gave ``--set`` the example ``--set clip-norm=0.5 --set
    task-params.num-users=50``, which every preset refuses (``population must equal the number
    of users of task 'toy' (50), got 40``). The example now sets ``population`` too, and runs.
+9. ``epsilon --noise-multiplier 1 --sample-rate 0.1 --rounds 10 --delta 1e-5
+   --pld-discretization 0.5`` (also ``--accountant prv``, and ``calibrate``): rc 0, the flag
+   silently ignored by the ``rdp`` accountant, where ``compare --mean-trials`` without
+   ``--tune-grid`` is refused. Now rc 2, ``argument --pld-discretization: applies only with
+   --accountant pld``; with ``pld`` it works as before (default 1e-4).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -272,3 +278,29 @@ def test_8_simulates_help_example_of_set_runs(tmp_path):
     argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", *example.split()]
     proc = _cli(tmp_path, *argv, "--out", str(tmp_path / "R"))
     assert proc.returncode == 0, proc.stderr  # was rc 2: population must equal ... (50), got 40
+
+
+# -- finding 9: --pld-discretization only with --accountant pld ------------------------------------
+
+RATE = ["--sample-rate", "0.1", "--rounds", "10", "--delta", "1e-5"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["epsilon", "--noise-multiplier", "1", *RATE, "--pld-discretization", "0.5"],
+        ["epsilon", "--noise-multiplier", "1", *RATE, "--accountant", "prv",
+         "--pld-discretization", "0.5"],
+        ["calibrate", "--target-epsilon", "5", *RATE, "--pld-discretization", "0.5"],
+    ],
+)  # fmt: skip
+def test_9_pld_discretization_without_pld_is_refused(tmp_path, argv):
+    line = _one_line(_cli(tmp_path, *argv))  # was rc 0, the flag ignored
+    assert "argument --pld-discretization: applies only with --accountant pld" in line, line
+
+
+def test_9_pld_discretization_with_pld_still_applies(tmp_path):
+    argv = ["epsilon", "--noise-multiplier", "1", *RATE, "--accountant", "pld", "--json"]
+    fine = json.loads(_cli(tmp_path, *argv).stdout)["epsilon"]
+    coarse = json.loads(_cli(tmp_path, *argv, "--pld-discretization", "0.1").stdout)["epsilon"]
+    assert coarse > fine  # coarser: a larger, still valid epsilon

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedprivopt.core.checks import check_bool, check_int
@@ -42,6 +43,7 @@ from fedprivopt.privacy.sampling import MAX_POPULATION
 
 __all__ = [
     "CACHE_BYTES",
+    "EVAL_BYTES",
     "MAX_EXAMPLES_PER_USER",
     "MAX_MODEL_PARAMETERS",
     "MAX_TAGS",
@@ -89,6 +91,10 @@ Twenty-ninth review of issue 15: the cache was bounded by its count alone; next-
 the real sizes at ``seq_len = 1024`` hold about 6 MB each, so 300 of them took 1.8 GB and the
 default 2,048 about 12 GB. The least recently used users are evicted past either bound (the
 newest is always kept)."""
+
+
+EVAL_BYTES = 2 << 30
+"""Bytes of memory a task's evaluation set may take (2 GiB: about 2 million examples)."""
 
 
 def _nbytes(tensors: tuple[Any, ...]) -> int:
@@ -238,6 +244,43 @@ class StackOverflowFiles:
         self.num_users = len(self.client_ids)
         self._init_runtime()
         self._train = train
+        self._check_evaluation_size()
+
+    def _eval_example_bytes(self) -> int:
+        """Memory of one example while the evaluation set is built (tag task: 0.6 kB measured)."""
+        return 1024
+
+    def _check_evaluation_size(self) -> None:
+        """Refuse evaluation users whose examples would take more than :data:`EVAL_BYTES`.
+
+        Counted from ``client_metadata`` (capped at ``max_examples_per_user``) before any is
+        read. Twenty-ninth review of issue 15: the evaluation set is built in memory, about
+        1 kB an example (next-word, ``seq_len = 20``) or 0.6 kB (tag), so ``eval_users`` of
+        the real test split's 204,088 users (16.6 million examples) would take 10-17 GB.
+        """
+        if not self.sqlite_path.is_file():
+            return
+        try:  # the training split has warned of a missing index already
+            split = SQLiteSplit(
+                self.sqlite_path, self.eval_split, validate=False, warn_unindexed=False
+            )
+        except ValueError:
+            return  # no such split: the first evaluation says so
+        try:
+            counts = [split.num_examples(c) for c in list(split.client_ids)[: self.eval_users]]
+        finally:
+            split.close()
+        cap = self.max_examples_per_user
+        sizes = np.minimum(np.asarray(counts, dtype=np.float64), cap if cap else np.inf)
+        used = np.cumsum(sizes * self._eval_example_bytes())
+        if used.size and used[-1] > EVAL_BYTES:
+            fit = int(np.searchsorted(used, EVAL_BYTES, side="right"))
+            raise ValueError(
+                f"eval_users={self.eval_users}: the first {len(counts):,} users of split "
+                f"{self.eval_split!r} hold {int(sizes.sum()):,} examples to evaluate, about "
+                f"{used[-1] / 2**30:,.1f} GiB in memory; at most {EVAL_BYTES / 2**30:g} GiB: "
+                f"lower it (the first {fit:,} users fit) or max_examples_per_user"
+            )
 
     # ------------------------------------------------------------------ runtime state
     def _init_runtime(self) -> None:

@@ -49,6 +49,15 @@
    hold about 6 MB each; reading 300 of them took 1.84 GB, so a run touching 2,048 users holds
    about 12 GB. The cache now also keeps at most ``CACHE_BYTES`` = 1 GiB of tensors (least
    recently used evicted, the newest kept): 1.33 GB for the same 300 users, and no more for 800.
+9. The evaluation set is built in memory (about 1-1.5 kB an example for next-word at
+   ``seq-len`` 20, 0.6-0.7 kB for the tag task, measured), with no bound: ``eval-users`` of a
+   whole test split (the real one: 204,088 users, 16.6 million examples) would take 10-20 GB
+   at the first evaluation; on the 342k synthetic dataset (1.68 million test examples)
+   next-word's evaluation set alone took 2.0 GB and 122 s (measured). Now the task counts the
+   examples from ``client_metadata`` when it is built and refuses more than ``EVAL_BYTES`` =
+   2 GiB: rc 2 in 3.8 s, one line ``task-params.eval-users=100000000: the first 132,086 users
+   of split 'test' hold 1,678,411 examples to evaluate, about 2.0 GiB in memory; at most
+   2 GiB: lower it (the first 132,024 users fit) or max_examples_per_user``.
 """
 
 from __future__ import annotations
@@ -417,3 +426,42 @@ def test_8_the_user_cache_keeps_at_most_cache_bytes(tmp_path, monkeypatch, task_
     monkeypatch.setattr(stackoverflow_files, "CACHE_BYTES", 1)
     task.user_data(3)  # the newest is kept, alone, above the bound
     assert list(task._cache) == [3] and task._cache_bytes == sizes[3]
+
+
+# -- finding 9: the evaluation set is bounded in memory before it is read ----------------------
+
+
+def _eval_dataset(root: Path) -> Path:
+    """Two training users; test users ``t0 .. t5`` with 1 .. 6 examples."""
+    root.mkdir()
+    post = StackOverflowExample("a b c", "t", "python", "2010-01-08", 1, "question")
+    train = [("train", u, encode_example(post)) for u in ("u1", "u2")]
+    test = [("test", f"t{u}", encode_example(post)) for u in range(6) for _ in range(u + 1)]
+    meta = [("u1", "train", 1), ("u2", "train", 1)] + [(f"t{u}", "test", u + 1) for u in range(6)]
+    write_sqlite(root / "stackoverflow.sqlite", train + test, meta)
+    write_word_counts(root / "stackoverflow.word_count", ["a", "b", "c"], [2, 2, 2])
+    write_tag_counts(root / "stackoverflow.tag_count", ["python", "java"], [2, 1])
+    return root
+
+
+def test_9_evaluation_users_beyond_eval_bytes_are_refused(tmp_path, monkeypatch):
+    from fedprivopt.models import stackoverflow_files
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    data = _eval_dataset(tmp_path / "d")
+    monkeypatch.setattr(stackoverflow_files, "EVAL_BYTES", 6 * 1024)  # 6 tag examples
+    StackOverflowTagTask(data_dir=data, synthetic=False, eval_users=3)  # 1 + 2 + 3: fits
+    refused = r"^eval_users=4: the first 4 users of split 'test' hold 10 examples .* \(the first 3"
+    with pytest.raises(ValueError, match=refused):
+        StackOverflowTagTask(data_dir=data, synthetic=False, eval_users=4)
+    capped = {"data_dir": data, "synthetic": False, "max_examples_per_user": 1}
+    StackOverflowTagTask(**capped, eval_users=6)  # 6 examples once capped at 1 a user
+    monkeypatch.setattr(stackoverflow_files, "EVAL_BYTES", 10 * 64)  # next-word: 64 B at seq 1
+    sets = [f"task-params.data-dir={data}", "population=2", "clients-per-round=1",
+            "task-params.num-users=2", "task-params.seq-len=1",
+            "task-params.eval-users=5"]  # fmt: skip
+    argv = ["simulate", str(NWP), "--rounds", "1", "--out", str(tmp_path / "r")]
+    err = _refused(argv + [x for kv in sets for x in ("--set", kv)])
+    assert "task-params.eval-users=5: the first 5 users of split 'test' hold 15 examples" in err
+    assert "(the first 4 users fit)" in err, err
+    assert not (tmp_path / "r").exists()

@@ -416,7 +416,21 @@ class ServerAlgorithm:
         rejected (twenty-fifth review of issue 15: an update sent to :meth:`run_round` for a
         user who was not sampled was summed, releasing that user without the subsampling the
         accountant assumes; the engines and the Flower strategy never send one).
+
+        ``round_num`` must be after the last round released (:attr:`round_num`): the server
+        noise of a seeded run is keyed by round, so a round run again drew the same noise, and
+        the difference of its two releases was the difference of the clipped sums without any
+        noise (twenty-ninth review of issue 15: ``drive_round(alg, 1, train)`` twice, a user
+        dropped the second time, gave that user's clipped update exactly, while the accountant
+        charged two independent releases).
         """
+        round_num = check_int("round_num", round_num, 1)
+        if round_num <= self.round_num:
+            raise ValueError(
+                f"round {round_num} was released already (the last released round is "
+                f"{self.round_num}): a round runs once, after the rounds before it (run again, its "
+                "seeded noise would repeat)"
+            )
         if clip_norm is not None:
             # a short API review of issue 15: True and 1+0j equal a configured C of 1 and were
             # taken; 1e300 overflowed squaring the noise std (now refused by the aggregator)

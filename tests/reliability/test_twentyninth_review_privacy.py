@@ -30,6 +30,14 @@
    docstring: nothing a client sends can raise there), and each unrequested key was logged
    whole (a 100,000-character key in a 100,000-character line). Such a key is now no update key
    (``wire.parse_update_key``: at most 19 digits): counted in ``unrequested``, logged cut.
+4. A round run twice through the Python API (``drive_round(alg, 1, train)`` twice,
+   ``alg.run_round(1)`` again, or ``DPStrategy.configure_train`` with a server round already
+   released) was released again with the same seeded server noise (and the same cohort): with
+   one user's update missing the second time (a dropout), the difference of the two released
+   models times ``m̄`` was exactly that user's clipped update, while the accountant charged two
+   independent releases (ε 5.60). ``ServerAlgorithm.aggregate``, where every round's noised
+   mean is made, now refuses a round at or before the last released one, before any noise is
+   drawn.
 """
 
 from __future__ import annotations
@@ -222,3 +230,30 @@ def test_3_a_huge_update_key_is_unrequested_not_a_crash(server_side, caplog):
     assert max(len(r.getMessage()) for r in caplog.records) < 300
     assert P.parse_update_key("update/" + "9" * 19) == 10**19 - 1
     assert P.parse_update_key("update/" + "9" * 20) is None
+
+
+# -- finding 4: a round run twice repeats its seeded noise ---------------------------------------
+
+
+def test_4_a_released_round_cannot_run_again():
+    from fedprivopt.strategies.core import drive_round
+
+    config = StrategyConfig(
+        strategy="dp-fedavg", population=20, clients_per_round=5, num_server_rounds=3,
+        noise_multiplier=0.8, clip_norm=1.0, seed=5,
+    )  # fmt: skip
+    alg = build_algorithm(config, torch.zeros(4))
+
+    def train(request):
+        return {u: torch.full((4,), 0.1) for u in request.users}
+
+    first = drive_round(alg, 1, train)
+    released = first.params.clone()
+    events = alg.accountant.num_events
+    for again in (1, 0):
+        with pytest.raises(ValueError, match=r"round 1 was released already|round_num"):
+            drive_round(alg, again, lambda r: {u: torch.full((4,), 0.1) for u in r.users[1:]})
+    assert torch.equal(alg.params, released) and alg.accountant.num_events == events
+    drive_round(alg, 2, train)  # the next round still runs (and a skipped round number too)
+    drive_round(alg, 4, train)
+    assert alg.round_num == 4 and alg.accountant.num_events == 3

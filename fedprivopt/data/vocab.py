@@ -20,6 +20,7 @@ import heapq
 import json
 import os
 import re
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,26 +145,42 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
     """
     limit = check_int("limit", limit, 0, none=True)
     p = _existing(path)
-    # (count, -line, word): heap[0] is the kept word that the next better line replaces
-    heap: list[tuple[int, int, str]] = []
+    words: list[str] = []  # the kept words, with their counts and line numbers
+    counts, lines = array("q"), array("q")
     kept: set[str] = set()
+    heap: list[tuple[int, int, int]] | None = None  # (count, -line, slot): heap[0] goes next
     try:
         with p.open(encoding="utf-8") as f:
             for lineno, word, count in _word_lines(p, f):
                 if word in kept:
                     raise ValueError(f"{p}:{lineno}: word {word!r} appears twice")
-                entry = (count, -lineno, word)
-                if limit is None or len(heap) < limit:
-                    heapq.heappush(heap, entry)
-                elif limit and entry[:2] > heap[0][:2]:
-                    kept.discard(heapq.heapreplace(heap, entry)[2])
-                else:
+                if limit is None or len(words) < limit:
+                    words.append(word)
+                    counts.append(count)
+                    lines.append(lineno)
+                elif limit == 0:
                     continue
+                else:  # full: a line replaces the least kept word if it ranks above it
+                    if heap is None:
+                        pairs = enumerate(zip(counts, lines, strict=True))
+                        heap = [(c, -n, i) for i, (c, n) in pairs]
+                        heapq.heapify(heap)
+                    if (count, -lineno) <= heap[0][:2]:
+                        continue
+                    slot = heapq.heapreplace(heap, (count, -lineno, heap[0][2]))[2]
+                    kept.discard(words[slot])
+                    words[slot], counts[slot], lines[slot] = word, count, lineno
                 kept.add(word)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not a UTF-8 text file: {exc}") from exc
-    heap.sort(key=lambda e: (-e[0], -e[1]))
-    return Vocabulary(tuple(e[2] for e in heap), np.asarray([e[0] for e in heap], dtype=np.int64))
+    del kept
+    sizes = np.frombuffer(counts, dtype=np.int64) if counts else np.zeros(0, dtype=np.int64)
+    if heap is None and bool(np.all(sizes[:-1] >= sizes[1:])):  # in file order: sorted
+        return Vocabulary(tuple(words), sizes.copy())
+    order = sorted(range(len(words)), key=lambda i: (-counts[i], lines[i]))
+    return Vocabulary(
+        tuple(words[i] for i in order), np.asarray([counts[i] for i in order], dtype=np.int64)
+    )
 
 
 def _word_lines(p: Path, f) -> Iterator[tuple[int, str, int]]:

@@ -32,6 +32,7 @@ from fedprivopt import wire as P
 from fedprivopt.clients.privatize import PrivateUpdate, noise_generator, privatize_update
 from fedprivopt.clients.trainer import clip_report
 from fedprivopt.core.local import LocalConfig
+from fedprivopt.core.text import shown
 from fedprivopt.models.task import state_to_flat
 from fedprivopt.privacy.flat import FlatSpec, flatten
 from fedprivopt.privacy.rng import RngFactory
@@ -74,7 +75,9 @@ def reply_users(message: Message, users: Iterable[int]) -> Message:
     Raises
     ------
     ValueError
-        If ``message`` is not fedprivopt's users query.
+        If ``message`` is not fedprivopt's users query, or ``users`` are not distinct integers
+        ``>= 0`` (twenty-ninth review of issue 15: ``[0.5, 1.7]``, ``[True]`` and ``["3"]`` were
+        sent as users 0, 1, 1 and 3; the server now takes such an answer as a node error).
     """
     record = message.content.config_records.get(P.QUERY_RECORD)
     op = None if record is None else record.get(P.OP)
@@ -83,7 +86,13 @@ def reply_users(message: Message, users: Iterable[int]) -> Message:
             f"unknown query: expected ConfigRecord {P.QUERY_RECORD!r} with "
             f"{P.OP!r}={P.OP_USERS!r}, got {op!r}"
         )
-    ids = [int(u) for u in users]
+    ids = list(users)
+    bad = [u for u in ids if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or u < 0]
+    if bad:
+        raise ValueError(f"users must be integers >= 0 (user ids), got {shown(bad[0])}")
+    ids = [int(u) for u in ids]
+    if len(set(ids)) != len(ids):
+        raise ValueError("users repeats a user id")
     return Message(RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: ids})}), reply_to=message)
 
 

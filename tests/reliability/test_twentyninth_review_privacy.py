@@ -24,6 +24,8 @@
    98, 99). ``wire.read_user_ids`` now requires a list of distinct integers ``>= 0``, and the
    strategy treats a malformed answer as an error reply: one warning naming the node, its users
    on no node (unhosted, never sampled differently: the accounting follows the sampling).
+   ``clients.reply_users`` (a user's own ClientApp) sent ``[0.5, 1.7]``, ``[True]``, ``["3"]``
+   as users 0, 1, 1 and 3; it now refuses what the server refuses (``ValueError``).
 3. A train reply holding an update under the key ``update/`` followed by 4,301 digits or more
    (a hostile or broken ClientApp) raised ``ValueError: Exceeds the limit (4300 digits) for
    integer string conversion`` out of ``DPStrategy.aggregate_train``, ending the ServerApp (its
@@ -257,3 +259,14 @@ def test_4_a_released_round_cannot_run_again():
     drive_round(alg, 2, train)  # the next round still runs (and a skipped round number too)
     drive_round(alg, 4, train)
     assert alg.round_num == 4 and alg.accountant.num_events == 3
+
+
+def test_2_reply_users_refuses_what_the_server_would_refuse(server_side):
+    from fedprivopt.clients.messages import reply_users
+
+    query = Message(P.users_query(), dst_node_id=5, message_type="query")
+    for users in ([0.5, 1.7], [True], ["3"], [-1], [2, 2]):
+        with pytest.raises(ValueError, match="users"):
+            reply_users(query, users)  # were sent as users 0, 1 / 1 / 3 / -1 / 2, 2
+    reply = reply_users(query, [np.int64(4), 1])
+    assert P.read_user_ids(reply.content) == [4, 1]

@@ -58,6 +58,11 @@
    2 GiB: rc 2 in 3.8 s, one line ``task-params.eval-users=100000000: the first 132,086 users
    of split 'test' hold 1,678,411 examples to evaluate, about 2.0 GiB in memory; at most
    2 GiB: lower it (the first 132,024 users fit) or max_examples_per_user``.
+10. A ``stackoverflow.sqlite`` whose ``client_metadata`` lists 2 million training clients
+    (50 MB) took 0.63 GB to build a task (every id and count held, about 175 bytes a client);
+    the 10**8 the population's bound admits would take 17 GB. A split may now list at most
+    ``MAX_SPLIT_CLIENTS`` = 10**7 clients (the real dataset's largest holds 342,477), counted
+    before any id is read: rc 2, one line naming the file, the split and the bound.
 """
 
 from __future__ import annotations
@@ -465,3 +470,21 @@ def test_9_evaluation_users_beyond_eval_bytes_are_refused(tmp_path, monkeypatch)
     assert "task-params.eval-users=5: the first 5 users of split 'test' hold 15 examples" in err
     assert "(the first 4 users fit)" in err, err
     assert not (tmp_path / "r").exists()
+
+
+# -- finding 10: the clients of a split are counted before their ids are held ------------------
+
+
+def test_10_a_split_of_more_than_max_split_clients_is_refused(tmp_path, monkeypatch):
+    from fedprivopt.data import sqlite
+
+    data = _users_dataset(tmp_path / "d", 3)
+    monkeypatch.setattr(sqlite, "MAX_SPLIT_CLIENTS", 2)
+    with pytest.raises(ValueError, match=r"split 'train' lists 3 clients in client_metadata, "
+                                         r"more than 2 \(the real"):  # fmt: skip
+        SQLiteSplit(data / "stackoverflow.sqlite", "train")
+    assert len(SQLiteSplit(data / "stackoverflow.sqlite", "test").client_ids) == 1  # control
+    out = tmp_path / "r"
+    err = _refused(["simulate", str(TP), "--rounds", "1", "--out", str(out),
+                    "--set", f"task-params.data-dir={data}"])  # fmt: skip
+    assert "stackoverflow.sqlite: split 'train' lists 3 clients" in err and not out.exists()

@@ -271,12 +271,15 @@ def as_interrupt(exc: BaseException) -> Interrupted | None:
     """The interruption ``exc`` stands for, or None.
 
     ``KeyboardInterrupt`` (Ctrl-C, or :func:`signals_raise`), and ``SystemExit(15)``: the SIGTERM
-    handler ``ray.init`` installs in the driver.
+    handler ``ray.init`` installs in the driver. A plain ``KeyboardInterrupt`` stands for the first
+    signal received, if one was: Ray's core worker turns any exception of a signal handler that
+    runs while it waits into one (twenty-ninth review of issue 15: SIGHUP or SIGTERM while the
+    fast engine's actors started ended with 130, Ctrl-C's code).
     """
     if isinstance(exc, Interrupted):
         return exc
     if isinstance(exc, KeyboardInterrupt):
-        return Interrupted(signal.SIGINT)
+        return Interrupted(_SIGNALS.received[0] if _SIGNALS.received else signal.SIGINT)
     if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
         return Interrupted(signal.SIGTERM)
     return None
@@ -433,8 +436,11 @@ def own_processes(enabled: bool = True) -> Iterator[str | None]:
     value>``, set for the block. On exit Ray is shut down (if it was started inside the block),
     then a :class:`~fedprivopt.simulation.watchdog.Watchdog` stops what is left by PID (SIGTERM,
     3 s, SIGKILL). If this process is killed, the watchdog does the same on its own. Ray's
-    processes lead a process group of their own (:func:`ray_processes_apart`). Yields the tag
-    (``NAME=value``), or None when disabled or not on Linux.
+    processes lead a process group of their own (:func:`ray_processes_apart`), and Ray keeps the
+    signal handlers in place (:func:`ray_keeps_handlers`: before the twenty-ninth review of issue
+    15, ``kill PID`` of a run with ``fast-actors`` printed 22 lines of absl's "*** SIGTERM
+    received" stack before the one line). Yields the tag (``NAME=value``), or None when disabled
+    or not on Linux.
     """
     if not enabled or not sys.platform.startswith("linux"):
         yield None
@@ -447,7 +453,9 @@ def own_processes(enabled: bool = True) -> Iterator[str | None]:
     previous = os.environ.get(RUN_MARKER_ENV)
     os.environ[RUN_MARKER_ENV] = marker.partition("=")[2]
     try:
-        with ray_processes_apart():
+        # the fast engine's actors start Ray here too: as for the Flower engine, its SIGTERM
+        # handler and the core worker's failure-signal handler stay off (twenty-ninth review)
+        with ray_processes_apart(), ray_keeps_handlers():
             yield marker
     finally:
         if previous is None:

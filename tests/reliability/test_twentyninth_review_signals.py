@@ -32,6 +32,16 @@
    where no exception can pass. Reproduced every time by sending the signal from a Python
    function that ``_c10d_init`` calls. A first signal while torch loads is now raised once it
    has loaded (a second one still ends the process at once).
+4. ``kill -TERM PID`` of ``simulate toy.toml --set fast-actors=2`` after its first checkpoint:
+   rc 143 and the one line, but after 22 lines of absl's "*** SIGTERM received at time=..."
+   stack dump: the fast engine's ``ray.init`` installed Ray's handlers (the core worker's
+   failure-signal handler), which the twenty-sixth review turned off for the Flower engine only.
+   A SIGTERM of the group while its Ray started: rc 1 with absl's dump, or Ray's "Failed to
+   register worker to Raylet" and rc 1 with no line of ours (before finding 1); a SIGHUP then
+   ended with 130, Ctrl-C's code (Ray's core worker turns the handler's ``Interrupted`` into a
+   plain ``KeyboardInterrupt``). ``own_processes`` keeps the handlers for every run that starts
+   Ray (``ray_keeps_handlers``), and a plain ``KeyboardInterrupt`` stands for the first signal
+   received.
 """
 
 from __future__ import annotations
@@ -253,3 +263,33 @@ def test_3_a_second_signal_while_torch_loads_ends_at_once(monkeypatch):
     assert interrupt._DEFERRED == [signal.SIGINT] and not ended
     interrupt._raise(signal.SIGTERM, None)
     assert ended == [signal.SIGTERM] and interrupt._SIGNALS.received == [signal.SIGINT]
+
+
+# -- finding 4: the fast engine's Ray actors and SIGTERM ----------------------------------------
+
+
+def test_4_sigterm_of_a_run_with_fast_actors_is_one_line(tmp_path):
+    settings = {**SETTINGS, "fast-actors": 2}
+    run, out = start_simulate(tmp_path, "fast", settings)
+    try:
+        wait_for(lambda: (out / "checkpoint.pt").exists(), 240, "the first checkpoint", run.proc)
+        assert _ray_seen(run), "Ray was not seen running"
+        run.proc.send_signal(signal.SIGTERM)
+        try:
+            code = run.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("still running 60 s after SIGTERM") from None
+        wait_gone(run.seen, 15)
+    finally:
+        run.cleanup()
+    err = run.stderr()
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    line = f"fedprivopt simulate: interrupted; the run can be continued with --resume {out}"
+    assert err.strip().splitlines() == [line], err[-3000:]  # was 22 lines of absl's stack first
+
+
+def test_4_a_plain_keyboard_interrupt_stands_for_the_first_signal(monkeypatch):
+    monkeypatch.setattr(interrupt._SIGNALS, "received", [signal.SIGHUP])
+    assert interrupt.as_interrupt(KeyboardInterrupt()).signum == signal.SIGHUP
+    monkeypatch.setattr(interrupt._SIGNALS, "received", [])
+    assert interrupt.as_interrupt(KeyboardInterrupt()).signum == signal.SIGINT

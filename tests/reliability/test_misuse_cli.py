@@ -154,7 +154,7 @@ def test_toy_examples_per_user_are_bounded(tmp_path):
     [
         ("task-params.train-bias=maybe", "task-params.train-bias must be true or false"),
         ("task-params.init-bias='prior'", "task-params.init-bias must be one of zero, tag-prior"),
-        ("task-params.eval-users=0", "task-params.eval-users must be an integer >= 1"),
+        ("task-params.eval-users=0", "task-params.eval-users must be an integer in [1, 100000000]"),
     ],
 )
 def test_a_bad_task_parameter_is_named_as_written(tmp_path, setting, needle):

@@ -504,17 +504,22 @@ class RunLedger:
         params: torch.Tensor,
         accountant: PrivacyAccountant,
         participants: str | None = None,
-        redo_events: Sequence[SubsampledGaussianEvent] = (),
     ) -> None:
         """Record round ``round_num`` before anything of it is released; set ``accountant``.
 
         ``events`` are what the round released and ``params`` the released model. A replayed
         round identical to its first release adds nothing (the accountant, which has just
         counted the round, then equals the ledger up to that line); anything else is appended
-        (fsynced) and the accountant becomes the whole ledger. ``redo_events`` are what a
-        replayed round that differs from its first release is charged when ``events`` is empty:
-        a tree round inside its restart period, whose period's event covered the first release
-        only, is charged a period's event (the rest of the period is one more tree release).
+        (fsynced) and the accountant becomes the whole ledger.
+
+        Raises
+        ------
+        ValueError
+            A replayed round (seeded mode) that differs from its first release. It drew the
+            same cohort and noise as that release (the seed's), so releasing it too would
+            reveal the difference of the two without noise, which no charge covers: nothing of
+            it is released or written (twenty-ninth review of issue 15; it used to be charged
+            as a second release, and under tree aggregation inside a restart period not at all).
         """
         released = round_released(events)
         digest = params_sha256(params)
@@ -525,15 +530,14 @@ class RunLedger:
                 if accountant.num_events != head.events:
                     accountant.set_ledger(self.prefix(self.entries.index(head) + 1))
                 return
-            if not released:  # twenty-ninth review of issue 15: it was charged nothing
-                released = round_released(redo_events)
-            _log.warning(
-                "round %d differs from its first release (line %d of %s): both are charged",
-                round_num,
-                head.line,
-                self.path.name,
+            raise ValueError(
+                f"round {round_num}, redone from the checkpoint, came out other than its first "
+                f"release (line {head.line} of {self.path.name}): with the seed's noise again, "
+                "releasing it would reveal the difference of the two without noise, so nothing "
+                "of it was released; a client that failed or answered differently, another "
+                "device or edited code changes a redone round: resume where those are as they "
+                "were, or start a new run"
             )
-            self.replay = []
         self.append(round_num, released, digest, participants=participants)
         accountant.set_ledger(self._total)
 

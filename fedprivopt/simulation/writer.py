@@ -161,10 +161,7 @@ class RunWriter:
         if self.ledger is not None:
             alg = self.algorithm
             participants = tree_participants(alg)  # tree runs: checked against a checkpoint
-            self.ledger.record(
-                r, alg.round_events(r), result.params, alg.accountant, participants,
-                redo_events=alg.round_events(),
-            )  # fmt: skip
+            self.ledger.record(r, alg.round_events(r), result.params, alg.accountant, participants)
             epsilon = alg.epsilon()
         if self.diverged is None and (
             not _finite(result.params)

@@ -299,6 +299,14 @@ def test_a_checkpoint_whose_events_were_forged_is_refused_without_a_ledger(tmp_p
         resume(out)
 
 
+def kept_files(out: Path) -> dict[str, bytes]:
+    """The run's files but its rows and lock: what a refused resume leaves as they were (the
+    rows are cut back to the checkpoint's round as a resume starts)."""
+    return {
+        p.name: p.read_bytes() for p in out.iterdir() if p.name not in ("metrics.jsonl", "run.lock")
+    }
+
+
 def differing_replays(monkeypatch) -> list[int]:
     """Make every replayed round's released model differ from its first release, as another
     engine's summation order or a GPU would; returns the rounds so made to differ."""
@@ -314,19 +322,27 @@ def differing_replays(monkeypatch) -> list[int]:
     return changed
 
 
-def test_a_seeded_replay_that_differs_from_its_first_release_is_charged(tmp_path, monkeypatch):
-    """A redone round whose model differs from its first release is a new release, charged on
-    top of the first one. (A checkpoint whose parameters were edited used to make one; it is
-    refused since the twenty-ninth review of issue 15.)"""
+def test_a_seeded_replay_that_differs_from_its_first_release_is_refused(tmp_path, monkeypatch):
+    """A redone round draws its first release's cohort and noise (the seed's): released again
+    with another model, the two would reveal their difference without noise. Nothing of it is
+    released; the run stays resumable. (It used to be charged as a second release, which does
+    not cover the pair: twenty-ninth review of issue 15. A checkpoint whose parameters were
+    edited used to make one; it is refused since, in ``test_twentyninth_review_ledger``.)"""
     reference = simulate(small_config(), tmp_path / "ref")
     out = simulate(small_config(), tmp_path / "run").out_dir
     (out / CHECKPOINT).unlink()  # resume from round 5's checkpoint: round 6 is redone
-    changed = differing_replays(monkeypatch)
-    outcome = resume(out)
+    (out / "summary.json").unlink()
+    files = kept_files(out)
+    with monkeypatch.context() as patch:
+        changed = differing_replays(patch)
+        with pytest.raises(ValueError, match=r"round 6, redone from the checkpoint, came out"):
+            resume(out)
     assert changed == [6]
-    assert load_checkpoint(out)["algorithm"]["accountant"]["ledger"][0]["count"] == 7
-    assert outcome.epsilon > reference.epsilon
-    assert outcome.epsilon == _ledger_epsilon(out, 1e-4)
+    assert kept_files(out) == files  # the rows are cut back to the checkpoint
+    assert max(row["round"] for row in read_rows(out / "metrics.jsonl")) < 6
+    outcome = resume(out)  # the replay as it was: identical, not charged again
+    assert torch.equal(outcome.params, reference.params)
+    assert outcome.epsilon == reference.epsilon == _ledger_epsilon(out, 1e-4)
 
 
 # -- ledgers of earlier versions (event counts only) -------------------------------------------

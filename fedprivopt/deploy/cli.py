@@ -32,7 +32,8 @@ _EXAMPLES = """examples:
   fedprivopt deploy local --nodes 3
   fedprivopt deploy local --nodes 2 simulations/toy.toml --set strategy=dp-fedadam \\
       --set num-server-rounds=5 --out runs/deploy-a
-  fedprivopt deploy local --nodes 2 --insecure --set population=6 --set task-params.num-users=6"""
+  fedprivopt deploy local --nodes 2 --insecure --set population=6 --set task-params.num-users=6 \\
+      --set clients-per-round=3"""
 
 
 def _int_flag(flag: str, text: Any, minimum: int, maximum: int | None = None) -> int:
@@ -189,6 +190,13 @@ def run_deploy_command(args: argparse.Namespace) -> int:
 
     check_min_nodes(overrides, nodes)
     config = _checked_config(args.config, overrides)
+    from fedprivopt.cli_args import UsageError
+    from fedprivopt.cli_runs import refuse_table_against_flags
+
+    try:  # twenty-ninth review of issue 15 (as for simulate): the strategy's table won silently
+        refuse_table_against_flags(args, overrides, config.strategy.strategy)
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
     if nodes > config.strategy.population:
         raise ValueError(
             f"--nodes must be at most the population ({config.strategy.population} users: a node "
@@ -307,7 +315,7 @@ def add_deploy_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "--set",
         action="append",
         metavar="KEY=VALUE",
-        help="override a run-config key, e.g. --set clip-norm=0.5 --set task-params.num-users=6",
+        help="override a run-config key, e.g. --set clip-norm=0.5 --set noise-multiplier=0.8",
     )
     p.add_argument(
         "--out", metavar="DIR", help="results directory (default runs/deploy-<strategy>-seed<S>)"

@@ -112,8 +112,21 @@ def prv_domain_points(
 def check_prv_ledger(ledger: Ledger, delta: float, eps_error: float) -> None:
     """Refuse a merged Poisson ``ledger`` whose PRV domain would exceed :data:`PRV_MAX_BYTES`.
 
-    Raises :class:`PRVDomainTooLargeError` before anything large is allocated.
+    Raises :class:`PRVDomainTooLargeError` before anything large is allocated, and a
+    ``ValueError`` for a noise multiplier above Opacus' ``MAX_SIGMA`` (1e6, where its own search
+    gives up): Opacus sizes the domain with its RDP accountant, which there fails (σ 1e8 at
+    q = 0.1: an infinite domain, refused) or takes many seconds (σ 1e10 at q = 0.5: ~28 s for
+    ε = 0.01, its error bound); thirtieth review of issue 15, privacy-report finding 1.
     """
+    from opacus.accountants.utils import MAX_SIGMA
+
+    for event, count in ledger:
+        if event.noise_multiplier > MAX_SIGMA:
+            raise ValueError(
+                f"accountant 'prv' cannot account noise_multiplier={event.noise_multiplier:g} "
+                f"(sample_rate={event.sample_rate:g}, {count} events): Opacus' PRV takes "
+                f"noise_multiplier <= {MAX_SIGMA:g}; use the rdp accountant (or pld)"
+            )
     points = prv_domain_points(ledger, delta, eps_error)
     nbytes = points * _PRV_BYTES * len(ledger)
     if nbytes > PRV_MAX_BYTES:

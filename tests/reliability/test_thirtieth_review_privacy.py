@@ -1,0 +1,65 @@
+"""Issue 15, thirtieth hostile review (privacy-report area): regression tests of its findings.
+
+1. ``fedprivopt epsilon --accountant prv --noise-multiplier 1e10 --sample-rate 0.5 --rounds 1``
+   took ~19-28 s (Opacus sizes the PRV's domain with its own RDP accountant, which at q = 0.5
+   and such σ takes seconds per call, three calls) to print ε = 0.0100 (its error bound), while
+   σ 1e8 at q = 0.1 was refused (Opacus' RDP fails there: an infinite domain) and σ 1e10 at
+   q = 0.1 accepted. The prv accountant now refuses, at once and for every q, a noise
+   multiplier above Opacus' ``MAX_SIGMA`` (1e6, where Opacus' own search gives up): rc 2, one
+   line advising rdp (or pld). The prv calibration never probed above it.
+2. The Flower strategy logged a node's error reason whole (``node %s failed: %s`` and ``node %s
+   failed the user query: %s``): a ClientApp's 1 MB reason was a 1 MB log line. Both are now
+   cut as other echoed values are (``core.text.shown``).
+3. ``summary.csv`` wrote std 0.0 for a group with one finite seed (the other diverged) beside
+   ``seeds`` 2: a reader takes 0.0 for a measured std. ``rundata.mean_std`` now gives NaN for
+   one value (no spread), written ``nan`` in the CSV (documented in ``write_summary_csv``);
+   report.md shows the mean alone (the eval-loss cell, counted over all seeds, showed ``± 0``),
+   and the plots draw no spread there.
+4. report.md's "Privacy parameters" listed ``delta: varies (see the runs)`` (a non-private
+   baseline's configured δ counted) beside a "δ" line of the private runs' one δ, and
+   ``cohort-chunk`` (a simulation's batching of a cohort) as a privacy parameter because its
+   name holds "cohort". The listed settings are now those of the private runs (when any), the
+   ``delta`` key is left to the "δ" line, ``cohort-chunk`` is not listed, and ``population`` and
+   ``clients-per-round`` (the sample rate) are.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.privacy.accounting import compose_epsilon
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- finding 1: prv at a noise multiplier above Opacus' MAX_SIGMA ----------------------------------
+
+
+@pytest.mark.parametrize(("sigma", "q"), [(1e10, 0.5), (1e8, 0.1), (1e10, 0.1), (2e6, 1e-3)])
+def test_1_prv_refuses_a_noise_multiplier_above_opacus_max_sigma(sigma, q):
+    event = SubsampledGaussianEvent(noise_multiplier=sigma, sample_rate=q, sampling="poisson")
+    with pytest.raises(ValueError, match=r"noise_multiplier <= 1e\+06; use the rdp"):
+        compose_epsilon([(event, 1)], 1e-5, accountant="prv")  # 1e10 at 0.5: ~19 s, 0.01
+    # rdp (and pld) account it: ~0
+    assert compose_epsilon([(event, 1)], 1e-5, accountant="rdp") < 1e-3
+
+
+def test_1_prv_still_accounts_max_sigma_and_the_cli_refuses_in_one_line(tmp_path):
+    event = SubsampledGaussianEvent(noise_multiplier=1e6, sample_rate=0.1, sampling="poisson")
+    assert 0 <= compose_epsilon([(event, 1)], 1e-5, accountant="prv") <= 0.011
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", PYTHONPATH=str(ROOT), HOME=str(tmp_path))
+    argv = ["epsilon", "--accountant", "prv", "--noise-multiplier", "1e10", "--sample-rate", "0.5",
+            "--rounds", "1", "--delta", "1e-5"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedprivopt.cli", *argv], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "noise_multiplier <= 1e+06" in proc.stderr and "Traceback" not in proc.stderr

@@ -168,7 +168,7 @@ class DPStrategy(Strategy):
                             WARNING,
                             "node %s failed the user query: %s",
                             reply.metadata.src_node_id,
-                            reply.error.reason,
+                            shown(reply.error.reason),
                         )
                         continue
                     try:
@@ -304,7 +304,7 @@ class DPStrategy(Strategy):
                 answered.add(node)
             if reply.has_error():
                 self.node_errors += 1
-                log(WARNING, "node %s failed: %s", node, reply.error.reason)
+                log(WARNING, "node %s failed: %s", node, shown(reply.error.reason))
                 if node is not None:
                     errored.add(node)
                     cause = "unavailable" if reply.error.code in _UNAVAILABLE else "failed"

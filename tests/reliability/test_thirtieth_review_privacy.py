@@ -25,15 +25,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from flwr.app import Error, Message, Metadata, RecordDict
 
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.flat import flatten
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.flower import DPStrategy
+from tests.reliability.test_twentyninth_review_privacy import QueryGrid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,3 +70,54 @@ def test_1_prv_still_accounts_max_sigma_and_the_cli_refuses_in_one_line(tmp_path
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "noise_multiplier <= 1e+06" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- finding 2: a node's error reason logged whole -------------------------------------------------
+
+HUGE = "x" * 1_000_000
+
+
+@pytest.fixture
+def server_side(monkeypatch):
+    """The identity of a ServerApp task (building a Message reads it), restored afterwards."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+
+
+class FailingGrid(QueryGrid):
+    """Node 100 answers the user query with an error whose reason is 1 MB."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = super().send_and_receive(messages, timeout=timeout)
+        for i, r in enumerate(replies):
+            if r.metadata.src_node_id == 100:
+                m = r.metadata
+                metadata = Metadata(
+                    run_id=1, message_id=m.message_id, src_node_id=100, dst_node_id=0,
+                    reply_to_message_id=m.reply_to_message_id, group_id="", created_at=0.0,
+                    ttl=60.0, message_type="query",
+                )  # fmt: skip
+                replies[i] = Message(Error(code=0, reason=HUGE), metadata=metadata)
+        return replies
+
+
+def test_2_a_node_error_reason_is_logged_cut(server_side, caplog):
+    from tests.reliability.test_fuzz_replies import make_strategy, reply
+
+    config = StrategyConfig(
+        strategy="dp-fedavg", population=4, clients_per_round=2, num_server_rounds=1,
+        noise_multiplier=0.8, clip_norm=1.0, seed=5,
+    )  # fmt: skip
+    flat, spec = flatten({"w": torch.zeros(3)})
+    strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert strategy.discover_users(FailingGrid(RecordDict())) == {2: 101, 3: 101}
+        train = make_strategy()
+        list(train.configure_train(1, None, None, None))
+        train.aggregate_train(1, [reply(100, error=HUGE)])
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 2  # the query's and the round's
+    assert max(len(m) for m in failed) < 300  # were 1,000,000 characters and more

@@ -60,15 +60,22 @@ __all__ = [
 
 _PRIVACY_CONFIG_WORDS = (
     "accountant", "clip", "sampling", "cohort", "users", "delta", "epsilon", "target", "secure",
-    "noise", "rounds",
+    "noise", "rounds", "population", "clients-per-round",
 )  # fmt: skip
+# Keys the words above match that mean nothing to privacy (a simulation's batching of a cohort),
+# and ``delta``, which the "δ" line shows (thirtieth review of issue 15, privacy-report finding 4)
+_NOT_PRIVACY_CONFIG = ("cohort-chunk", "delta")
 RUN_EPSILON = "ε is the accountant's value after each run's last completed round, at the δ shown; "
 """What ε means in a report of runs (the start of its "Privacy parameters")."""
 _EARLIER = ("reused", "resumed")  # origins of runs made by an earlier call
 
 
 def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Write :func:`aggregate_runs` rows as CSV (floats in full precision; ``inf`` for ∞ ε)."""
+    """Write :func:`aggregate_runs` rows as CSV (floats in full precision; ``inf`` for ∞ ε).
+
+    A ``*_std`` is ``nan`` where fewer than two seeds have a finite value (no spread measured;
+    ``seeds`` counts them all), a ``*_mean`` ``nan`` where none has.
+    """
     if not rows:
         raise ValueError("rows: empty; nothing to write")
     metrics = {r["metric"] for r in rows}
@@ -152,7 +159,7 @@ def _fmt_pm(mean: float, std: float, n: int) -> str:
     """``mean ± std`` with the std to two significant digits and the mean to the same place."""
     if not math.isfinite(mean):
         return "n/a" if math.isnan(mean) else str(mean)
-    if n <= 1:
+    if n <= 1 or math.isnan(std):  # NaN: fewer than two finite values (no spread)
         return _fmt(mean)
     if not (math.isfinite(std) and std > 0):
         return f"{_fmt(mean)} ± {_fmt(std)}"
@@ -399,14 +406,21 @@ def _relations(runs: Sequence[RunData]) -> str:
 def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:
     """Privacy-related config keys, with their value when all runs agree, else "varies".
 
-    A tree run does not sample (its ``sampling`` key is ignored): it shows as
-    :data:`_TREE_SAMPLING` (issue 20 review, finding 5).
+    The runs are the private ones (finite ε) when there are any, as for the "δ" line: a
+    non-private baseline's settings made ``delta: varies`` stand beside one δ (thirtieth review
+    of issue 15, privacy-report finding 4). A tree run does not sample (its ``sampling`` key
+    is ignored): it shows as :data:`_TREE_SAMPLING` (issue 20 review, finding 5).
     """
+    runs = [r for r in runs if math.isfinite(r.epsilon)] or list(runs)
     configs = [dict(r.summary.get("config") or {}) for r in runs]
     for c in configs:
         if c.get("noise-mechanism") == "tree" and "sampling" in c:
             c["sampling"] = _TREE_SAMPLING
-    keys = sorted({k for c in configs for k in c if any(w in k for w in _PRIVACY_CONFIG_WORDS)})
+    keys = sorted(
+        k
+        for k in {k for c in configs for k in c}
+        if any(w in k for w in _PRIVACY_CONFIG_WORDS) and k not in _NOT_PRIVACY_CONFIG
+    )
     out = []
     for key in keys:
         values = {json.dumps(c.get(key), sort_keys=True) for c in configs}

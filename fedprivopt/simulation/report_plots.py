@@ -150,6 +150,7 @@ def draw_metric_vs_round(
             continue
         x = np.array(sorted(per_round))
         stats = np.array([mean_std(per_round[r]) for r in x])
+        stats[:, 1] = [_spread(s) for s in stats[:, 1]]
         color, style = styles[key]
         label = _label(key[0], key[1], max(run.epsilon for run in group))
         ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
@@ -163,6 +164,11 @@ def draw_metric_vs_round(
     ax.set_ylabel(pretty_metric(sel.metric))
     ax.set_title(f"{pretty_metric(sel.metric)} by round (mean ± 1 std over seeds)")
     return _finish(fig, ax, path, len(groups) + _reference_line(ax, ref, sel.metric))
+
+
+def _spread(std: float) -> float:
+    """A std to draw: NaN (fewer than two finite values, :func:`mean_std`) draws no spread."""
+    return 0.0 if math.isnan(std) else float(std)
 
 
 def draw_privacy_utility(
@@ -180,7 +186,7 @@ def draw_privacy_utility(
     for strategy in sorted({r["strategy"] for r in private}):
         pts = sorted((r for r in private if r["strategy"] == strategy), key=lambda r: r["epsilon"])
         ax.errorbar([r["epsilon"] for r in pts], [r[mean_key] for r in pts],
-                    yerr=[r[std_key] for r in pts], color=colors[strategy], marker="o",
+                    yerr=[_spread(r[std_key]) for r in pts], color=colors[strategy], marker="o",
                     linewidth=_LINEWIDTH, capsize=3, label=strategy)  # fmt: skip
         for r in pts:
             ax.annotate(f"σ={r['noise_multiplier']:g}", (r["epsilon"], r[mean_key]),

@@ -451,11 +451,16 @@ def group_runs(runs: Iterable[RunData]) -> dict[tuple[str, float], list[RunData]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample std of the finite values (std 0 for one value; NaN for none)."""
+    """Mean and sample std of the finite values (NaN for none).
+
+    The std of one value is NaN: there is no spread to measure (thirtieth review of issue 15,
+    privacy-report finding 3: it was 0.0, which ``summary.csv`` wrote beside ``seeds`` 2 when one
+    seed diverged, and a reader took it for a measured std).
+    """
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return math.nan, math.nan
-    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
+    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else math.nan
     return float(np.mean(finite)), std
 
 

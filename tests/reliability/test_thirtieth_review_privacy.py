@@ -25,7 +25,10 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -38,9 +41,12 @@ from flwr.app import Error, Message, Metadata, RecordDict
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten
+from fedprivopt.simulation.report import load_run, write_report
+from fedprivopt.simulation.rundata import mean_std
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy
 from tests.reliability.test_twentyninth_review_privacy import QueryGrid
+from tests.simulation.test_report import write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,3 +127,48 @@ def test_2_a_node_error_reason_is_logged_cut(server_side, caplog):
     failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
     assert len(failed) == 2  # the query's and the round's
     assert max(len(m) for m in failed) < 300  # were 1,000,000 characters and more
+
+
+# -- finding 3: one finite seed's std written 0.0 -----------------------------------------------
+
+
+def test_3_one_finite_seed_has_no_std(tmp_path):
+    assert math.isnan(mean_std([0.4, math.nan])[1]) and mean_std([0.4, 0.4])[1] == 0.0
+    runs = [
+        load_run(write_run(tmp_path, "dp-fedavg", 1.0, 0, final=0.5, final_loss=1.2)),
+        load_run(write_run(tmp_path, "dp-fedavg", 1.0, 1, final=math.nan, final_loss=math.nan)),
+    ]
+    with pytest.warns(UserWarning):
+        report = write_report(tmp_path / "out", runs, title="t", metric="eval_accuracy")
+    with (tmp_path / "out" / "summary.csv").open() as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert row["seeds"] == "2"
+    assert row["eval_accuracy_std"] == "nan" and row["eval_loss_std"] == "nan"  # were 0.0
+    assert "± 0" not in report.read_text() and "± n/a" not in report.read_text()
+
+
+# -- finding 4: the privacy parameters of report.md ---------------------------------------------
+
+
+def _set_config(path: Path, **config) -> Path:
+    summary = json.loads((path / "summary.json").read_text())
+    summary["config"].update(config)
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def test_4_privacy_parameters_are_the_private_runs_and_no_cohort_chunk(tmp_path):
+    common = {"cohort-chunk": 4, "population": 100, "clients-per-round": 10}
+    runs = [
+        _set_config(write_run(tmp_path, "dp-fedavg", 1.0, s, epsilon=3.0), delta=1e-5, **common)
+        for s in (0, 1)
+    ]
+    runs.append(
+        _set_config(write_run(tmp_path, "fedavg", 0.0, 0, epsilon=math.inf), delta=1e-6, **common)
+    )
+    report = write_report(tmp_path / "out", [load_run(p) for p in runs], title="t")
+    text = report.read_text().split("## Privacy parameters")[1]
+    assert "- δ: 1e-05" in text
+    assert "varies" not in text  # was "- delta: varies (see the runs)"
+    assert "cohort-chunk" not in text
+    assert "- population: 100" in text and "- clients-per-round: 10" in text

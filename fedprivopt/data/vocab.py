@@ -17,6 +17,7 @@ References
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedprivopt.core.checks import check_int, refuse_repeated_keys
+from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import read_at_most
 
 __all__ = [
@@ -145,41 +146,54 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
     """
     limit = check_int("limit", limit, 0, none=True)
     p = _existing(path)
-    words: list[str] = []  # the kept words, with their counts and line numbers
-    counts, lines = array("q"), array("q")
-    kept: set[str] = set()
-    heap: list[tuple[int, int, int]] | None = None  # (count, -line, slot): heap[0] goes next
     try:
         with p.open(encoding="utf-8") as f:
-            for lineno, word, count in _word_lines(p, f):
-                if word in kept:
-                    raise ValueError(f"{p}:{lineno}: word {word!r} appears twice")
-                if limit is None or len(words) < limit:
-                    words.append(word)
-                    counts.append(count)
-                    lines.append(lineno)
-                elif limit == 0:
-                    continue
-                else:  # full: a line replaces the least kept word if it ranks above it
-                    if heap is None:
-                        pairs = enumerate(zip(counts, lines, strict=True))
-                        heap = [(c, -n, i) for i, (c, n) in pairs]
-                        heapq.heapify(heap)
-                    if (count, -lineno) <= heap[0][:2]:
-                        continue
-                    slot = heapq.heapreplace(heap, (count, -lineno, heap[0][2]))[2]
-                    kept.discard(words[slot])
-                    words[slot], counts[slot], lines[slot] = word, count, lineno
-                kept.add(word)
+            return _keep_top(
+                _word_lines(p, f),
+                limit,
+                lambda word, lineno: f"{p}:{lineno}: word {word!r} appears twice",
+            )
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not a UTF-8 text file: {exc}") from exc
+
+
+def _keep_top(entries: Iterable[tuple[int, str, int]], limit: int | None, repeated) -> Vocabulary:
+    """The ``limit`` (all if None) highest-count items of ``(position, item, count)`` entries.
+
+    Ties keep the earlier position; only the kept items are held, so a repeated item is found
+    (``ValueError(repeated(item, position))``) when one of its entries is among them.
+    """
+    items: list[str] = []  # the kept items, with their counts and positions
+    counts, lines = array("q"), array("q")
+    kept: set[str] = set()
+    heap: list[tuple[int, int, int]] | None = None  # (count, -position, slot): heap[0] goes next
+    for lineno, word, count in entries:
+        if word in kept:
+            raise ValueError(repeated(word, lineno))
+        if limit is None or len(items) < limit:
+            items.append(word)
+            counts.append(count)
+            lines.append(lineno)
+        elif limit == 0:
+            continue
+        else:  # full: an entry replaces the least kept item if it ranks above it
+            if heap is None:
+                pairs = enumerate(zip(counts, lines, strict=True))
+                heap = [(c, -n, i) for i, (c, n) in pairs]
+                heapq.heapify(heap)
+            if (count, -lineno) <= heap[0][:2]:
+                continue
+            slot = heapq.heapreplace(heap, (count, -lineno, heap[0][2]))[2]
+            kept.discard(items[slot])
+            items[slot], counts[slot], lines[slot] = word, count, lineno
+        kept.add(word)
     del kept
     sizes = np.frombuffer(counts, dtype=np.int64) if counts else np.zeros(0, dtype=np.int64)
     if heap is None and bool(np.all(sizes[:-1] >= sizes[1:])):  # in file order: sorted
-        return Vocabulary(tuple(words), sizes.copy())
-    order = sorted(range(len(words)), key=lambda i: (-counts[i], lines[i]))
+        return Vocabulary(tuple(items), sizes.copy())
+    order = sorted(range(len(items)), key=lambda i: (-counts[i], lines[i]))
     return Vocabulary(
-        tuple(words[i] for i in order), np.asarray([counts[i] for i in order], dtype=np.int64)
+        tuple(items[i] for i in order), np.asarray([counts[i] for i in order], dtype=np.int64)
     )
 
 
@@ -237,8 +251,6 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
     """
     limit = check_int("limit", limit, 0, none=True)
     p = _existing(path)
-
-    unique = refuse_repeated_keys(lambda key: f"{p}: tag {key!r} appears twice")
     raw = read_at_most(p, TAG_FILE_LIMIT)  # finding 7, as for word counts
     if raw is None:
         raise ValueError(
@@ -246,18 +258,64 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
             "is damaged)"
         )
     try:
-        data = json.loads(raw.decode("utf-8"), object_pairs_hook=unique)
+        text = raw.decode("utf-8")
+        del raw
+        return _keep_top(
+            _tag_entries(p, text), limit, lambda tag, _: f"{p}: tag {tag!r} appears twice"
+        )
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{p}: not a JSON tag-count file: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{p}: expected a JSON object tag -> count, found {type(data).__name__}")
-    for tag, count in data.items():
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_COUNT:
-            raise ValueError(
-                f"{p}: tag {tag!r} has count {count!r}, expected an integer in [0, 2**63)"
-            )
-    vocab = Vocabulary(tuple(data), np.asarray(list(data.values()), dtype=np.int64))
-    return vocab if limit is None else vocab.top(limit)
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DIGITS = frozenset("-0123456789")
+_KINDS = {"[": "list", '"': "str", "t": "bool", "f": "bool", "n": "NoneType"}
+
+
+def _tag_entries(p: Path, text: str) -> Iterator[tuple[int, str, int]]:
+    """``(position, tag, count)`` of each pair of the JSON object ``text``, as it is parsed.
+
+    Thirtieth review of issue 15 (data, finding 1): ``json.loads`` of a tag-count file held
+    every tag and its pair at once, about 17 bytes of memory a byte of file (a 151 MB file took
+    2.3 GB; one at the 256 MiB limit about 4.4 GB); the pairs are now read one at a time and
+    only the kept tags held.
+    """
+    decoder = json.JSONDecoder()
+    pos = _WS.match(text, 0).end()
+    if text[pos : pos + 1] != "{":
+        found = _KINDS.get(text[pos : pos + 1], "number" if text[pos : pos + 1] in _DIGITS else "")
+        if not found:
+            raise json.JSONDecodeError("Expecting value", text, pos)
+        raise ValueError(f"{p}: expected a JSON object tag -> count, found {found}")
+    pos = _WS.match(text, pos + 1).end()
+    if text[pos : pos + 1] == "}":
+        pos += 1
+    else:
+        for n in itertools.count(1):
+            if text[pos : pos + 1] != '"':
+                raise json.JSONDecodeError(
+                    "Expecting property name enclosed in double quotes", text, pos
+                )
+            tag, pos = json.decoder.scanstring(text, pos + 1)
+            pos = _WS.match(text, pos).end()
+            if text[pos : pos + 1] != ":":
+                raise json.JSONDecodeError("Expecting ':' delimiter", text, pos)
+            count, pos = decoder.raw_decode(text, _WS.match(text, pos + 1).end())
+            bad = isinstance(count, bool) or not isinstance(count, int)
+            if bad or not 0 <= count <= _MAX_COUNT:
+                raise ValueError(
+                    f"{p}: tag {tag!r} has count {count!r}, expected an integer in [0, 2**63)"
+                )
+            yield n, tag, count
+            pos = _WS.match(text, pos).end()
+            if text[pos : pos + 1] == "}":
+                pos += 1
+                break
+            if text[pos : pos + 1] != ",":
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
+            pos = _WS.match(text, pos + 1).end()
+    if _WS.match(text, pos).end() != len(text):
+        raise json.JSONDecodeError("Extra data", text, pos)
 
 
 def _pairs(items: Iterable[str], counts: Iterable[int]) -> Vocabulary:

@@ -162,16 +162,42 @@ class ToyClassificationTask:
                 "run holds a few dozen model-sized tensors, the cohort's updates among them), "
                 f"got dim={self.dim} * num_classes={self.num_classes}"
             )
-        for name, value, values in (
-            ("examples_per_user", epu, largest * width),
-            ("test_examples", self.test_examples, self.test_examples * width),
+        for name, value, rows in (
+            ("examples_per_user", epu, largest),
+            ("test_examples", self.test_examples, self.test_examples),
         ):
-            if values > MAX_TENSOR_VALUES:
-                raise ValueError(
-                    f"{name}={value!r} needs a tensor of {values:,} float32 values (about "
-                    f"{values * 4 / 2**30:,.1f} GiB, with dim={self.dim} and "
-                    f"num_classes={self.num_classes}); the limit is 2**28 values (1 GiB)"
-                )
+            if rows * width > MAX_TENSOR_VALUES:
+                raise ValueError(self._size_message(name, value, rows))
+
+    def _size_message(self, name: str, value: object, rows: int) -> str:
+        """Why ``rows * (dim + num_classes)`` values are refused, led by the key to change.
+
+        Thirtieth review of issue 15 (data, finding 2): ``num_classes=8388608, dim=2`` was
+        refused with a line led by the default ``examples_per_user=(5, 40)``, which the user never
+        set. When ``name`` keeps its default, the larger of ``dim`` and ``num_classes`` leads,
+        with the largest value it may take here.
+        """
+        values = rows * (self.dim + self.num_classes)
+        size = f"a tensor of {values:,} float32 values (about {values * 4 / 2**30:,.1f} GiB"
+        limit = "the limit is 2**28 values (1 GiB)"
+        default = type(self).__init__.__kwdefaults__[name]
+        if value != default or rows == 0:
+            return (
+                f"{name}={value!r} needs {size} with dim={self.dim} and "
+                f"num_classes={self.num_classes}); {limit}"
+            )
+        lead, other = (
+            ("num_classes", "dim") if self.num_classes >= self.dim else ("dim", "num_classes")
+        )
+        epu = self.examples_per_user  # the largest it may take for every tensor, model included
+        rows = max(epu[1] if isinstance(epu, tuple) else 10 * epu, self.test_examples)
+        other_value = getattr(self, other)
+        most = max(min(MAX_TENSOR_VALUES // rows - other_value, MAX_MODEL_VALUES // other_value), 0)
+        return (
+            f"{lead}={getattr(self, lead)} must be at most {most:,} with {other}={other_value}, "
+            f"examples_per_user={epu!r} and test_examples={self.test_examples}: {name}="
+            f"{value!r} needs {size}); {limit}"
+        )
 
     # ----------------------------------------------------------------------------- data
     def __repr__(self) -> str:

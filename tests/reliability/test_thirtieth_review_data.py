@@ -7,6 +7,11 @@
    only the kept tags held: 92 MB for the 32 MiB file with ``limit=500``, 551 MB for one of
    256 MiB (23.9 million tags); ``limit=None`` keeps all (609 MB for 32 MiB). As for word
    counts, a repeated tag is found when one of its entries is kept.
+2. ``simulate toy.toml --set task-params.num-classes=8388608 --set task-params.dim=2``:
+   ``config: examples_per_user=(5, 40) needs a tensor of ...``, led by a default the user never
+   set. When that parameter keeps its default, the line now leads with the larger of
+   ``task-params.num-classes`` and ``task-params.dim`` and the largest value it may take
+   (``must be at most 894,782 with dim=2, examples_per_user=(5, 40) and test_examples=300``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.data.vocab import read_tag_counts
+from fedprivopt.models.toy import ToyClassificationTask
 
 
 def _usage_line(capsys, argv: list[str]) -> str:
@@ -69,3 +75,25 @@ def test_1_a_tag_count_file_keeps_its_checks(tmp_path):
     assert read_tag_counts(path, limit=2).items == ("b", "a")
     path.write_text("{}")
     assert len(read_tag_counts(path)) == 0
+
+
+def test_2_the_toy_size_refusal_names_the_key_the_user_set():
+    with pytest.raises(
+        ValueError, match=r"^num_classes=8388608 must be at most 894,782 with dim=2"
+    ):
+        ToyClassificationTask(num_classes=8388608, dim=2)
+    with pytest.raises(
+        ValueError, match=r"^dim=8000000 must be at most 894,782 with num_classes=2"
+    ):
+        ToyClassificationTask(num_classes=2, dim=8_000_000)
+    with pytest.raises(ValueError, match=r"^examples_per_user=\(1, 100000000\) needs"):
+        ToyClassificationTask(examples_per_user=(1, 10**8))
+
+
+def test_2_the_simulate_line_leads_with_task_params_num_classes(tmp_path, capsys):
+    from tests.reliability.test_misuse_cli import TOY
+
+    argv = ["simulate", str(TOY), "--out", str(tmp_path / "r")]
+    sets = ["--set", "task-params.num-classes=8388608", "--set", "task-params.dim=2"]
+    line = _usage_line(capsys, [*argv, *sets])
+    assert "error: config: task-params.num-classes=8388608 must be at most 894,782" in line

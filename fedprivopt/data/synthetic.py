@@ -267,7 +267,14 @@ class SyntheticConfig:
                 f"see SyntheticConfig), got {self.num_tags}"
             )
         check_int("words_per_tag", self.words_per_tag, 1, MAX_VOCAB // 2)
-        check_int("vocab_size", self.vocab_size, max(10, 2 * self.num_tags * self.words_per_tag))
+        # thirtieth review of issue 15 (data, finding 3): the one check of vocab_size, with why
+        least, tagged = 10, 2 * self.num_tags * self.words_per_tag
+        why = f" (2 x num_tags={self.num_tags} x {self.words_per_tag} informative words a tag)"
+        try:
+            check_int("vocab_size", self.vocab_size, max(least, tagged))
+        except ValueError as exc:
+            line = str(exc).replace(", got", f"{why if tagged > least else ''}, got", 1)
+            raise ValueError(line) from None
         if self.vocab_size > MAX_VOCAB:
             raise ValueError(
                 f"vocab_size must be at most {MAX_VOCAB} (memory grows with it, about 95 bytes "

@@ -12,6 +12,11 @@
    set. When that parameter keeps its default, the line now leads with the larger of
    ``task-params.num-classes`` and ``task-params.dim`` and the largest value it may take
    (``must be at most 894,782 with dim=2, examples_per_user=(5, 40) and test_examples=300``).
+3. ``data synth --vocab 10 --tags 1`` passed the argument check (``>= 10``) and was then
+   refused by the config's (``--vocab must be an integer >= 20, got 10``), with no reason; and
+   ``--tags 2000`` alone blamed ``--vocab`` (``>= 40000, got 20000``), which was not given.
+   One check now (the config's), whose line gives the reason (``2 x --tags=1 x 10
+   informative words a tag``) and says when ``--vocab`` is the default.
 """
 
 from __future__ import annotations
@@ -97,3 +102,19 @@ def test_2_the_simulate_line_leads_with_task_params_num_classes(tmp_path, capsys
     sets = ["--set", "task-params.num-classes=8388608", "--set", "task-params.dim=2"]
     line = _usage_line(capsys, [*argv, *sets])
     assert "error: config: task-params.num-classes=8388608 must be at most 894,782" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--vocab", "10", "--tags", "1"], "--vocab must be an integer >= 20 (2 x --tags=1 x 10 "),
+        (["--vocab", "5", "--tags", "1"], "--vocab must be an integer >= 20 (2 x --tags=1 x 10 "),
+        (["--vocab", "5", "--tags", "1"], "informative words a tag), got 5"),
+        (["--tags", "2000"], "got 20000 (the default: pass a larger --vocab or fewer --tags)"),
+    ],
+)
+def test_3_synth_vocab_has_one_check_with_its_reason(tmp_path, capsys, flags, expected):
+    out = tmp_path / "d"
+    line = _usage_line(capsys, ["data", "synth", "--out", str(out), "--clients", "5", *flags])
+    assert expected in line, line
+    assert not out.exists() or not any(out.iterdir())

@@ -38,7 +38,13 @@ import numpy as np
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import naming
 from fedprivopt.core.text import shown
-from fedprivopt.data.stackoverflow import ClientSplit, StackOverflowExample, decode_example
+from fedprivopt.data.stackoverflow import (
+    MAX_EXAMPLE_BYTES,
+    ClientSplit,
+    StackOverflowExample,
+    decode_example,
+    too_large,
+)
 
 __all__ = [
     "INDEX_NAME",
@@ -71,6 +77,25 @@ _CREATE = (
     "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
     "num_examples INTEGER NOT NULL)",
 )
+
+
+# a blob is read only when it holds at most MAX_EXAMPLE_BYTES (thirtieth review of issue 15,
+# data finding 4: SQLite holds blobs of up to 1 GB, and decoding one expands it ~17 times)
+_BLOB = (
+    "CASE WHEN length(serialized_example_proto) <= ? THEN serialized_example_proto END, "
+    "length(serialized_example_proto)"
+)
+_LIMIT = (MAX_EXAMPLE_BYTES,)
+
+
+def _bounded(row: tuple, path: Path, client_id: str, split: str, i: int) -> object:
+    """The blob of a ``_BLOB`` row; ``ValueError`` naming the example if it was too large."""
+    blob, size = row
+    if blob is None and isinstance(size, int) and size > MAX_EXAMPLE_BYTES:
+        raise ValueError(
+            f"{path}: client {client_id!r} of split {split!r}, example {i}: {too_large(size)}"
+        )
+    return blob
 
 
 def check_sqlite_file(path: str | os.PathLike) -> Path:
@@ -274,7 +299,7 @@ class SQLiteSplit(ClientSplit):
                     f"{self.path}: no split {split!r} in client_metadata (splits present: {splits})"
                 )
             self.indexed = has_client_index(conn)
-            first = conn.execute("SELECT serialized_example_proto FROM examples LIMIT 1").fetchone()
+            first = conn.execute(f"SELECT {_BLOB} FROM examples LIMIT 1", _LIMIT).fetchone()
         except _SQLITE_ERRORS as exc:
             raise ValueError(f"{self.path}: unreadable SQLite database: {exc}") from exc
         self._client_ids = _text_values(
@@ -290,7 +315,7 @@ class SQLiteSplit(ClientSplit):
         if validate:
             if first is None:
                 raise ValueError(f"{self.path}: the examples table is empty")
-            self._decode(first[0], "<first row>", 0)
+            self._decode(_bounded(first, self.path, "<first row>", self.split, 0), "<first row>", 0)
         if warn_unindexed and not self.indexed:
             warnings.warn(
                 f"{self.path}: table 'examples' has no index on (split_name, client_id); every "
@@ -352,9 +377,9 @@ class SQLiteSplit(ClientSplit):
             rows = (
                 self._connection()
                 .execute(
-                    "SELECT serialized_example_proto FROM examples "
+                    f"SELECT {_BLOB} FROM examples "
                     "WHERE split_name = ? AND client_id = ? ORDER BY rowid LIMIT ?",
-                    (self.split, client_id, read),
+                    (*_LIMIT, self.split, client_id, read),
                 )
                 .fetchall()
             )
@@ -366,7 +391,7 @@ class SQLiteSplit(ClientSplit):
                 f"{self.path}: client {client_id!r} of split {self.split!r} has {found} "
                 f"examples, client_metadata.num_examples says {expected}"
             )
-        return [r[0] for r in rows]
+        return [_bounded(r, self.path, client_id, self.split, i) for i, r in enumerate(rows)]
 
     def client_examples(
         self, client_id: str, *, limit: int | None = None

@@ -36,11 +36,13 @@ from fedprivopt.data.tfexample_encode import serialize_example
 
 __all__ = [
     "FEATURES",
+    "MAX_EXAMPLE_BYTES",
     "SPLITS",
     "ClientSplit",
     "StackOverflowExample",
     "decode_example",
     "encode_example",
+    "too_large",
 ]
 
 #: Feature names of a StackOverflow ``tf.train.Example``.
@@ -49,6 +51,11 @@ _TEXT_FEATURES = ("creation_date", "tags", "title", "tokens", "type")
 _SCHEMA = tuple(
     (name, name.encode(), INT64_LIST if name == "score" else BYTES_LIST) for name in FEATURES
 )
+MAX_EXAMPLE_BYTES = 1 << 20
+"""Bytes of one serialized example at most (a StackOverflow post holds at most 30,000
+characters; its title 150). Thirtieth review of issue 15 (data, finding 4): decoding expands a
+blob up to about 17 times (a 50 MB blob of packed ``score`` values peaked at 862 MB before its
+refusal; SQLite holds blobs of up to 1 GB), so a larger one is refused before it is decoded."""
 #: Split names of the TFF SQLite file (the legacy HDF5 files name the middle one ``held_out``).
 SPLITS = ("train", "heldout", "test")
 
@@ -91,6 +98,14 @@ class StackOverflowExample:
         return self.tags.split("|") if self.tags else []
 
 
+def too_large(size: int) -> str:
+    """The refusal of an example of ``size`` bytes, more than :data:`MAX_EXAMPLE_BYTES`."""
+    return (
+        f"an example of {size:,} bytes, more than {MAX_EXAMPLE_BYTES:,}, which no StackOverflow "
+        "example holds (a post is at most 30,000 characters)"
+    )
+
+
 def decode_example(data: bytes) -> StackOverflowExample:
     """Decode a serialized StackOverflow ``tf.train.Example``.
 
@@ -107,8 +122,11 @@ def decode_example(data: bytes) -> StackOverflowExample:
     Raises
     ------
     ProtoDecodeError
-        If ``data`` is malformed or lacks a StackOverflow feature (a ``ValueError``).
+        If ``data`` is malformed, lacks a StackOverflow feature or holds more than
+        :data:`MAX_EXAMPLE_BYTES` (a ``ValueError``).
     """
+    if len(data) > MAX_EXAMPLE_BYTES:
+        raise ProtoDecodeError(too_large(len(data)))
     features = parse_features_raw(data)
     fields: dict[str, object] = {}
     for name, key, kind in _SCHEMA:

@@ -17,6 +17,11 @@
    ``--tags 2000`` alone blamed ``--vocab`` (``>= 40000, got 20000``), which was not given.
    One check now (the config's), whose line gives the reason (``2 x --tags=1 x 10
    informative words a tag``) and says when ``--vocab`` is the default.
+4. A ``tf.Example`` blob of a user's SQLite rows had no size bound (SQLite holds blobs of up to
+   1 GB), and decoding expands one about 17 times before the schema check refuses it: a 50 MB
+   blob of packed ``score`` values peaked at 862 MB (16.7 s), 1 GB would take some 17 GB. A
+   blob over ``MAX_EXAMPLE_BYTES`` (1 MiB; a post holds at most 30,000 characters) is now not
+   even read (SQLite's ``length()``): one line naming the client and example, 30 MB, 0.5 s.
 """
 
 from __future__ import annotations
@@ -118,3 +123,35 @@ def test_3_synth_vocab_has_one_check_with_its_reason(tmp_path, capsys, flags, ex
     line = _usage_line(capsys, ["data", "synth", "--out", str(out), "--clients", "5", *flags])
     assert expected in line, line
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_4_an_oversized_example_blob_is_refused_before_it_is_read(tmp_path):
+    import sqlite3
+
+    from fedprivopt.data.sqlite import SQLiteSplit
+    from fedprivopt.data.stackoverflow import decode_example
+    from fedprivopt.data.tfexample_encode import bytes_feature, int64_feature, serialize_example
+
+    out = tmp_path / "d"
+    assert main(["data", "synth", "--out", str(out), "--clients", "5", "--vocab", "200",
+                 "--tags", "5"]) == 0  # fmt: skip
+    features = {n: bytes_feature([b"x"]) for n in ("creation_date", "tags", "title", "tokens")}
+    features["type"] = bytes_feature([b"question"])
+    features["score"] = int64_feature([1] * ((1 << 20) + 1))
+    blob = serialize_example(features)
+    with pytest.raises(ValueError, match=r"^an example of 1,048,\d+ bytes, more than 1,048,576"):
+        decode_example(blob)
+    db = out / "stackoverflow.sqlite"
+    with sqlite3.connect(db) as conn:
+        client, rowid = conn.execute(
+            "SELECT client_id, rowid FROM examples WHERE split_name = 'train' LIMIT 1 OFFSET 1"
+        ).fetchone()
+        conn.execute(
+            "UPDATE examples SET serialized_example_proto = ? WHERE rowid = ?", (blob, rowid)
+        )
+    conn.close()
+    split = SQLiteSplit(db, "train")
+    with pytest.raises(ValueError, match=f"client '{client}' of split 'train', example 1: an ex"):
+        split.serialized_examples(client)
+    with pytest.raises(ValueError, match="more than 1,048,576, which no StackOverflow example"):
+        split.client_examples(client)

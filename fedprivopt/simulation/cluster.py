@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.simulation import interrupt
+from fedprivopt.simulation import ray_processes
 from fedprivopt.simulation.cluster_config import check_cluster_config
 
 __all__ = [
@@ -292,8 +292,8 @@ def join_cluster(config: Any) -> Iterator[Cluster | None]:
     if not connected:
         check_reachable(address, key)
         try:
-            # the command's SIGTERM handler stays (interrupt.ray_keeps_handlers)
-            with warnings.catch_warnings(), interrupt.ray_keeps_handlers():
+            # the command's SIGTERM handler stays (ray_processes.ray_keeps_handlers)
+            with warnings.catch_warnings(), ray_processes.ray_keeps_handlers():
                 # a tip about Ray's future defaults, on every init
                 warnings.filterwarnings("ignore", "Tip: In future versions", FutureWarning)
                 ray.init(address=address, log_to_driver=False, configure_logging=False)

@@ -20,7 +20,7 @@ import torch
 
 from fedprivopt.core.memory import keep_freed_memory
 from fedprivopt.models.task import Task, model_spec
-from fedprivopt.simulation import interrupt
+from fedprivopt.simulation import interrupt, ray_processes
 from fedprivopt.simulation.cluster import Cluster, join_cluster
 from fedprivopt.simulation.cluster_config import check_cluster_config
 from fedprivopt.simulation.config import MAX_FAST_ACTORS, RunConfig
@@ -282,7 +282,7 @@ def _simulate(config: RunConfig, task: Task, app, init: dict, stop, server: list
     }
     # ray.init would replace the SIGTERM handler of signals_stop (twenty-sixth review of issue
     # 15: a SIGTERM then raised SystemExit inside logging and the run hung)
-    with interrupt.signals_stop(stop) as received, interrupt.ray_keeps_handlers():
+    with interrupt.signals_stop(stop) as received, ray_processes.ray_keeps_handlers():
         try:
             run_simulation(
                 server_app=app,

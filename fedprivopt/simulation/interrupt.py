@@ -7,15 +7,6 @@
 - :func:`signals_raise`: SIGTERM and SIGHUP raise it, as Ctrl-C raises ``KeyboardInterrupt``.
   ``ray.init`` replaces the SIGTERM handler with ``sys.exit(15)``; :func:`as_interrupt`
   recognises that ``SystemExit`` too.
-- :func:`own_processes`: every process the run starts (Ray's GCS, raylet, agents and workers)
-  is stopped by PID when the run ends, normally or not, and by a
-  :class:`~fedprivopt.simulation.watchdog.Watchdog` when this process is killed (SIGKILL runs no
-  handler). Ray kills its direct children with the driver (``PR_SET_PDEATHSIG``), but the
-  raylet's dashboard and runtime-env agents outlived it by about a minute: they report the
-  raylet's death to the dead GCS, with a 60 s timeout, before exiting. Ray's processes start in a
-  process group of their own (:func:`ray_processes_apart`), so a signal to the command's process
-  group (a closed terminal, ``kill -TERM -PGID``) reaches this process only, which stops them in
-  order.
 - :func:`stoppable_grid`: Flower's simulation runs the ServerApp in a thread that is not a
   daemon; after Ctrl-C it would wait for replies from the stopped Ray backend for up to
   ``round-timeout`` and keep the interpreter from exiting. Through this grid it stops at its next
@@ -25,18 +16,6 @@
   event, the workers finish their client jobs, Ray shuts down). A ``KeyboardInterrupt`` raised
   at an arbitrary point of Flower's thread joins or of ``ray.shutdown`` can leave the process
   running (seen once in CI, still running 60 s after Ctrl-C).
-- :func:`ray_keeps_handlers`: ``ray.init`` replaces the SIGTERM handler in the main thread
-  (``sys.exit(15)`` for the driver; the head node's kills Ray's processes and exits 1), so a
-  SIGTERM during a Flower simulation raised ``SystemExit`` wherever the main thread was instead
-  of setting the stop event. Twenty-sixth review of issue 15: sent 4 s into ``simulate
-  stackoverflow-tp-mini.toml --set engine=flower``, it was raised inside ``logging``'s
-  ``_releaseLock`` ("Exception ignored"), which left logging's lock held: the next log line of
-  any thread waited for ever and the run hung (still running 10 minutes later, no round
-  written). Later in a run, Ray's core worker's failure-signal handler (absl's, installed
-  over the process's SIGTERM handler when the driver connects) caught a SIGTERM, printed a
-  stack dump and aborted the process: rc 134 and Flower's tracebacks of dead actors instead of
-  143. Inside the block, Ray's calls to install a SIGTERM handler do nothing and the
-  driver's failure-signal handler is off (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1``).
 - A first signal while torch loads (every command imports it as it builds its parser) is raised
   once torch has loaded: raised inside torch's C++ start-up, it aborted the process (rc 134).
 - A second signal ends the process at once (:func:`end_now`), wherever the first one left it:
@@ -55,14 +34,12 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "ENDING_SIGNALS",
-    "RUN_MARKER_ENV",
     "Interrupted",
     "Stopped",
     "as_interrupt",
@@ -71,9 +48,6 @@ __all__ = [
     "end_now",
     "finished",
     "handle_until_exit",
-    "own_processes",
-    "ray_keeps_handlers",
-    "ray_processes_apart",
     "reported",
     "signals_raise",
     "signals_stop",
@@ -84,12 +58,6 @@ FIRST_PULL_WAIT = 0.05
 """Seconds before the second pull for replies on a grid without ``pull_interval``."""
 MAX_PULL_WAIT = 1.0
 """Longest wait between two pulls for replies on a grid without ``pull_interval``."""
-
-_NO_FAILURE_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
-"""Environment variable that keeps Ray's core worker from installing absl's signal handler."""
-
-RUN_MARKER_ENV = "FEDPRIVOPT_RUN_ID"
-"""Environment variable that tags the processes started during a run."""
 
 
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -344,132 +312,6 @@ def signals_stop(stop: threading.Event) -> Iterator[list[int]]:
 
     with _handling(ENDING_SIGNALS, handler):
         yield received
-
-
-@contextlib.contextmanager
-def ray_keeps_handlers() -> Iterator[None]:
-    """Within the block, Ray does not replace the SIGTERM handler (see the module docstring).
-
-    Ray installs its handlers through ``ray._private.utils.set_sigterm_handler`` (the driver's
-    ``ray.init``, the head node it starts); that function does nothing inside the block, so the
-    handler of :func:`signals_stop` or :func:`signals_raise` stays. The failure-signal handler
-    of the driver's core worker (absl's: SIGTERM printed as a crash, then abort) is turned off
-    for Ray sessions started or joined inside the block, unless the environment sets
-    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` itself. Ray's processes are still stopped at the end
-    of a run, by :func:`own_processes`.
-    """
-    try:
-        import ray._private.ray_constants as ray_constants
-        import ray._private.utils as ray_utils
-    except ImportError:  # pragma: no cover - Ray is a dependency
-        yield
-        return
-    original = ray_utils.set_sigterm_handler
-    # read when ray is imported (the driver's core worker looks the constant up when it starts;
-    # the processes Ray starts read the environment)
-    disabled = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
-
-    def kept(handler: Any) -> None:
-        """Ray's handler is not installed: the one in place stays."""
-
-    ray_utils.set_sigterm_handler = kept
-    unset = _NO_FAILURE_HANDLER not in os.environ
-    if unset:
-        os.environ[_NO_FAILURE_HANDLER] = "1"
-        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
-    try:
-        yield
-    finally:
-        ray_utils.set_sigterm_handler = original
-        if unset:
-            os.environ.pop(_NO_FAILURE_HANDLER, None)
-            ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = disabled
-
-
-@contextlib.contextmanager
-def ray_processes_apart() -> Iterator[None]:
-    """Within the block, the processes Ray starts here lead a process group of their own.
-
-    Ray starts its GCS, raylet and the processes the raylet starts (agents, workers) in the
-    command's process group, and blocks only SIGINT in them. A SIGHUP of that group (the terminal
-    closed) or a SIGTERM of it (``kill -TERM -PGID``) killed them while the command itself only
-    began to stop (twenty-ninth review of issue 15): while Ray started, the driver waited 60 s for
-    the dead GCS, then Ray aborted it (SIGHUP), or Flower logged 166 lines of ``RaySystemError``
-    tracebacks and the command ended with rc 1 (SIGTERM); later in a run Flower logged
-    ``ActorUnavailableError`` tracebacks before the one line. In a group of their own they get no
-    signal sent to the command's group; this process gets it, and Ray's processes are stopped
-    by PID (``ray.shutdown``, :func:`own_processes`, ``PR_SET_PDEATHSIG``, the watchdog).
-    """
-    try:
-        import ray._private.services as services
-    except ImportError:  # pragma: no cover - Ray is a dependency
-        yield
-        return
-    original = services.ConsolePopen
-
-    class Apart(original):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["process_group"] = 0
-            super().__init__(*args, **kwargs)
-
-    services.ConsolePopen = Apart
-    try:
-        yield
-    finally:
-        services.ConsolePopen = original
-
-
-def _ray_running() -> bool:
-    ray = sys.modules.get("ray")
-    try:
-        return ray is not None and bool(ray.is_initialized())
-    except Exception:
-        return False
-
-
-@contextlib.contextmanager
-def own_processes(enabled: bool = True) -> Iterator[str | None]:
-    """Stop every process started inside the block when it ends: return, exception or signal.
-
-    The processes are this process's descendants started inside the block (Ray's GCS, raylet,
-    agents and workers) and those whose environment holds the tag ``FEDPRIVOPT_RUN_ID=<fresh
-    value>``, set for the block. On exit Ray is shut down (if it was started inside the block),
-    then a :class:`~fedprivopt.simulation.watchdog.Watchdog` stops what is left by PID (SIGTERM,
-    3 s, SIGKILL). If this process is killed, the watchdog does the same on its own. Ray's
-    processes lead a process group of their own (:func:`ray_processes_apart`), and Ray keeps the
-    signal handlers in place (:func:`ray_keeps_handlers`: before the twenty-ninth review of issue
-    15, ``kill PID`` of a run with ``fast-actors`` printed 22 lines of absl's "*** SIGTERM
-    received" stack before the one line). Yields the tag (``NAME=value``), or None when disabled
-    or not on Linux.
-    """
-    if not enabled or not sys.platform.startswith("linux"):
-        yield None
-        return
-    from fedprivopt.simulation.watchdog import Watchdog
-
-    marker = f"{RUN_MARKER_ENV}={uuid.uuid4().hex}"
-    ray_before = _ray_running()  # a Ray session of the caller's is left alone
-    watchdog = Watchdog(marker=marker, tree=True)  # started before the tag: it does not carry it
-    previous = os.environ.get(RUN_MARKER_ENV)
-    os.environ[RUN_MARKER_ENV] = marker.partition("=")[2]
-    try:
-        # the fast engine's actors start Ray here too: as for the Flower engine, its SIGTERM
-        # handler and the core worker's failure-signal handler stay off (twenty-ninth review)
-        with ray_processes_apart(), ray_keeps_handlers():
-            yield marker
-    finally:
-        if previous is None:
-            os.environ.pop(RUN_MARKER_ENV, None)
-        else:
-            os.environ[RUN_MARKER_ENV] = previous
-        try:
-            if not ray_before and _ray_running():
-                import ray
-
-                with contextlib.suppress(Exception):
-                    ray.shutdown()
-        finally:
-            watchdog.close()  # stops what is left of the block's processes, and waits
 
 
 def stoppable_grid(grid: Any, stop: threading.Event) -> Any:

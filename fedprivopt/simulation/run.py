@@ -39,7 +39,7 @@ from fedprivopt.models.side_information_config import build_side_information
 from fedprivopt.models.task import Task, data_identity, frozen_coordinates, primary_metric
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
-from fedprivopt.simulation import interrupt
+from fedprivopt.simulation import interrupt, ray_processes
 from fedprivopt.simulation.audit import audit_run_dir
 from fedprivopt.simulation.cluster_config import cluster_address
 from fedprivopt.simulation.cluster_config import uses_ray as uses_ray_here
@@ -205,7 +205,7 @@ def _execute(
     # a joined cluster's processes are not this run's (on a node, the driver starts none)
     uses_ray = uses_ray_here(config) and cluster_address(config) is None
     try:
-        with interrupt.signals_raise(), interrupt.own_processes(uses_ray):
+        with interrupt.signals_raise(), ray_processes.own_processes(uses_ray):
             if config.engine == "flower":
                 logging.getLogger("flwr").setLevel(logging.WARNING)
                 reason = run_flower(config, task, alg, writer)

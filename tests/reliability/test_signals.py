@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedprivopt.simulation import interrupt
+from fedprivopt.simulation import interrupt, ray_processes
 from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import read_rows
@@ -270,8 +270,8 @@ def test_own_processes_stops_what_the_block_started_also_on_an_exception():
     started: dict[int, str] = {}
     try:
         time.sleep(0.05)  # start times count clock ticks (10 ms)
-        with pytest.raises(RuntimeError, match="boom"), interrupt.own_processes() as marker:
-            assert marker is not None and os.environ[interrupt.RUN_MARKER_ENV] in marker
+        with pytest.raises(RuntimeError, match="boom"), ray_processes.own_processes() as marker:
+            assert marker is not None and os.environ[ray_processes.RUN_MARKER_ENV] in marker
             time.sleep(0.05)
             child = subprocess.Popen(["sleep", "60"], start_new_session=True)
             # an orphan (its parent exited) that carries the tag, like Ray's agents may
@@ -284,7 +284,7 @@ def test_own_processes_stops_what_the_block_started_also_on_an_exception():
             for pid in (child.pid, orphan):
                 started[pid] = proc_stat(pid)[19]
             raise RuntimeError("boom")
-        assert interrupt.RUN_MARKER_ENV not in os.environ
+        assert ray_processes.RUN_MARKER_ENV not in os.environ
         assert not alive(started), describe(alive(started))
         assert older.poll() is None  # started before the block: left alone
     finally:

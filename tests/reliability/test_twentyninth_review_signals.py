@@ -8,7 +8,7 @@
    166 lines of Flower's ``RaySystemError`` tracebacks and rc 1 (1 of 1). Later in a run the
    same signal killed Ray's workers, and Flower logged ``ActorUnavailableError`` tracebacks
    before the one line (twenty-eighth review: 3 of 5 SIGHUPs). Ray's processes now lead a
-   process group of their own (``interrupt.ray_processes_apart``, inside ``own_processes``):
+   process group of their own (``ray_processes.ray_processes_apart``, inside ``own_processes``):
    only the command gets the group's signal, stops the run in order and stops Ray by PID; rc
    129/143 with the one line, nothing left running (SIGHUP, SIGTERM and SIGINT from Ray's start
    to after the first checkpoint: 12 of 12 tries). The SIGHUP is not lost, as ignoring it around
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import pytest
 
-from fedprivopt.simulation import interrupt, parallel
+from fedprivopt.simulation import interrupt, parallel, ray_processes
 from tests.reliability.test_signals import SETTINGS, start_simulate, wait_for, wait_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
@@ -97,7 +97,7 @@ def test_1_ray_processes_lead_a_process_group_of_their_own():
     import ray._private.services as services
 
     command = [sys.executable, "-c", "import os; print(os.getpgid(0), os.getpid())"]
-    with interrupt.ray_processes_apart():
+    with ray_processes.ray_processes_apart():
         child = services.ConsolePopen(command, stdout=subprocess.PIPE, text=True)
     out, _ = child.communicate(timeout=60)
     group, pid = map(int, out.split())

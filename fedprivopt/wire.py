@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from fedprivopt.core.checks import check_int, refuse_repeated_keys
 from fedprivopt.core.local import LocalConfig
+from fedprivopt.core.text import shown
 
 if TYPE_CHECKING:  # Flower is imported where a record is built, so the fast engine never loads it
     import numpy as np
@@ -395,7 +396,7 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
         raise ValueError(f"train config is missing keys {missing}")
     raw_users = record[USERS]
     if not isinstance(raw_users, list):
-        raise ValueError(f"train config {USERS!r} must be a list of ints, got {raw_users!r}")
+        raise ValueError(f"train config {USERS!r} must be a list of ints, got {shown(raw_users)}")
     users = tuple(int(u) for u in raw_users)
     if len(set(users)) != len(users):
         raise ValueError(f"train config {USERS!r} repeats a user id: {list(users)}")

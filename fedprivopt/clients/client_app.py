@@ -35,6 +35,7 @@ from flwr.clientapp import ClientApp
 from fedprivopt import wire as P
 from fedprivopt.clients.messages import TrainMessage, hosted_users, reply_updates, reply_users
 from fedprivopt.clients.trainer import LocalTrainer
+from fedprivopt.core.text import shown
 from fedprivopt.models.registry import build_task, check_task_name
 from fedprivopt.models.task import Task, state_to_flat
 from fedprivopt.privacy.rng import RngFactory
@@ -54,7 +55,7 @@ def _canonical_params(params: str | Mapping[str, object] | None) -> str:
         except json.JSONDecodeError as err:
             raise ValueError(f"task_params must be a JSON object string: {err}") from None
     if not isinstance(params, Mapping):
-        raise ValueError(f"task_params must be a JSON object, got {params!r}")
+        raise ValueError(f"task_params must be a JSON object, got {shown(params)}")
     return json.dumps(dict(params), sort_keys=True)
 
 

@@ -61,7 +61,7 @@ def hosted_users(context: Context, num_users: int) -> list[int]:
     for key in (P.NODE_PARTITION_ID, P.NODE_NUM_PARTITIONS):
         if key not in node_config:
             raise ValueError(
-                f"node config has no {key!r}; start the SuperNode with --node-config "
+                f"node config has no {shown(key)}; start the SuperNode with --node-config "
                 f'"{P.NODE_PARTITION_ID}=<p> {P.NODE_NUM_PARTITIONS}=<P>"'
             )
     return P.hosted_users(
@@ -84,7 +84,7 @@ def reply_users(message: Message, users: Iterable[int]) -> Message:
     if op != P.OP_USERS:
         raise ValueError(
             f"unknown query: expected ConfigRecord {P.QUERY_RECORD!r} with "
-            f"{P.OP!r}={P.OP_USERS!r}, got {op!r}"
+            f"{P.OP!r}={P.OP_USERS!r}, got {shown(op)}"
         )
     ids = list(users)
     bad = [u for u in ids if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or u < 0]

@@ -142,7 +142,7 @@ def privatize_update(
             raise ValueError(f"{name} must be callable or None, got {shown(step)}")
     if noise_std > 0 and not isinstance(generator, torch.Generator):
         raise ValueError(
-            f"generator must be a torch.Generator when noise_std > 0, got {generator!r}"
+            f"generator must be a torch.Generator when noise_std > 0, got {shown(generator)}"
         )
     clip = _clip if clip is None else clip
     with torch.no_grad():

@@ -9,6 +9,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fedprivopt.core.text import shown
+
 from ._checks import check_params, check_real, check_vector
 from .base import StateDictMixin, record_hparams
 
@@ -158,7 +160,7 @@ def noise_calibrated_tolerance(
     if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 2**63 - 1:
         # a short API review of issue 15: 10**400 raised OverflowError (no tensor has more
         # entries than torch's int64 sizes hold)
-        raise ValueError(f"dim must be an integer in [1, 2**63 - 1], got {dim!r}")
+        raise ValueError(f"dim must be an integer in [1, 2**63 - 1], got {shown(dim)}")
     effective = float(dim)
     if full_step_point is not None:
         ok = isinstance(full_step_point, torch.Tensor) and full_step_point.is_floating_point()

@@ -8,6 +8,8 @@ from typing import Literal
 
 import torch
 
+from fedprivopt.core.text import shown
+
 from ._checks import check_bool, check_int, check_params, check_real, check_update_inputs
 from .base import ServerTransform, StateDictMixin, record_hparams
 
@@ -129,7 +131,7 @@ def adam(
         tau = check_real("tau", tau, low=0.0, low_open=True)
     bias_correction = check_bool("bias_correction", bias_correction)
     if tau_placement not in ("corrected", "raw"):
-        raise ValueError(f"tau_placement must be 'corrected' or 'raw', got {tau_placement!r}")
+        raise ValueError(f"tau_placement must be 'corrected' or 'raw', got {shown(tau_placement)}")
     # at most int64's largest: 10**400 raised OverflowError in beta**t (a short API review)
     count_offset = check_int("count_offset", count_offset, low=0, high=2**63 - 1)
 

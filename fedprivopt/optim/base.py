@@ -90,7 +90,7 @@ def apply_step(params: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
 
 def _field_types(state_type: type) -> dict[str, Any]:
     if not (isinstance(state_type, type) and dataclasses.is_dataclass(state_type)):
-        raise ValueError(f"state_type must be a dataclass type, got {state_type!r}")
+        raise ValueError(f"state_type must be a dataclass type, got {shown(state_type)}")
     hints = typing.get_type_hints(state_type)
     return {f.name: hints[f.name] for f in dataclasses.fields(state_type)}
 
@@ -123,7 +123,7 @@ def _convert(state_type: type, name: str, kind: Any, value: object) -> StateValu
         return value
     if kind is bool:
         if not isinstance(value, (bool, int)) or isinstance(value, float):
-            raise ValueError(f"{where} must be a bool, got {value!r}")
+            raise ValueError(f"{where} must be a bool, got {shown(value)}")
         return bool(value)
     # every state's ints and floats are counts, rates and variances: never negative (twenty-
     # third review of issue 15: a checkpoint's count or accepted of -1 made --resume end in a
@@ -138,7 +138,7 @@ def _convert(state_type: type, name: str, kind: Any, value: object) -> StateValu
         if value < 0:  # NaN and inf pass: a diverged run's state is resumed as it is
             raise ValueError(f"{where} must be a float >= 0, got {shown(value)}")
         return float(value)
-    raise ValueError(f"{where} has unsupported field type {kind!r}")  # pragma: no cover
+    raise ValueError(f"{where} has unsupported field type {shown(kind)}")  # pragma: no cover
 
 
 def state_from_dict(state_type: type[S], data: Mapping[str, object]) -> S:

@@ -47,6 +47,7 @@ import numpy as np
 from dp_accounting import pld, rdp
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting_state import (
     ACCOUNTANTS,
     STATE_VERSION,
@@ -104,12 +105,12 @@ def _check_orders(orders) -> np.ndarray:
         isinstance(o, bool) or not isinstance(o, (int, float, np.integer, np.floating))
         for o in items
     ):
-        raise ValueError(f"orders must be real numbers > 1 (RDP orders), got {orders!r}"[:200])
+        raise ValueError(f"orders must be real numbers > 1 (RDP orders), got {shown(orders)}"[:200])
     grid = np.asarray(items, dtype=np.float64)
     bad = ~np.isfinite(grid) | (grid <= 1.0)
     if bad.any():
         raise ValueError(
-            f"orders must be finite numbers > 1 (RDP orders), got {float(grid[bad][0])!r}"
+            f"orders must be finite numbers > 1 (RDP orders), got {shown(float(grid[bad][0]))}"
         )
     return grid
 
@@ -467,4 +468,4 @@ class PrivacyAccountant:
         self._ledger = merged
 
     def __repr__(self) -> str:
-        return f"PrivacyAccountant(accountant={self.accountant!r}, events={self.num_events})"
+        return f"PrivacyAccountant(accountant={shown(self.accountant)}, events={self.num_events})"

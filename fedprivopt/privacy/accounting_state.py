@@ -72,7 +72,7 @@ def _real(name: str, value: object, shown_range: str) -> float:
     refused, as for every other parameter of the accountants.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number in {shown_range}, got {value!r}")
+        raise ValueError(f"{name} must be a number in {shown_range}, got {shown(value)}")
     return as_float(value)
 
 
@@ -95,7 +95,9 @@ def check_prv_eps_error(eps_error: float) -> float:
 def check_accountant(accountant: str) -> str:
     """``accountant``; ``ValueError`` unless it is one of :data:`ACCOUNTANTS`."""
     if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}")
+        raise ValueError(
+            f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {shown(accountant)}"
+        )
     return accountant
 
 
@@ -192,12 +194,12 @@ def relation_of(ledger: Ledger, accountant: str) -> dpa.NeighboringRelation:
     relation = relations.pop()
     if accountant != "rdp" and relation is dpa.NeighboringRelation.REPLACE_SPECIAL:
         raise ValueError(
-            f"accountant {accountant!r} cannot account tree aggregation (dp-accounting's "
+            f"accountant {shown(accountant)} cannot account tree aggregation (dp-accounting's "
             "SingleEpochTreeAggregationDpEvent has RDP only); use accountant 'rdp'"
         )
     if accountant != "rdp" and relation is not dpa.NeighboringRelation.ADD_OR_REMOVE_ONE:
         raise ValueError(
-            f"accountant {accountant!r} supports only Poisson sampling; fixed-size sampling "
+            f"accountant {shown(accountant)} supports only Poisson sampling; fixed-size sampling "
             "(without replacement, replace-one adjacency) needs accountant 'rdp'"
         )
     return relation
@@ -238,7 +240,7 @@ _OPTIONAL_EVENT_FIELDS = frozenset({"count_noise_multiplier", "tree_steps"})
 
 def _parse_event(data: object, where: str) -> SubsampledGaussianEvent:
     if not isinstance(data, dict):
-        raise ValueError(f"accountant state: {where}.event must be a mapping, got {data!r}")
+        raise ValueError(f"accountant state: {where}.event must be a mapping, got {shown(data)}")
     for key in data:
         if key not in _EVENT_FIELDS:
             raise ValueError(f"accountant state: unknown field {where}.event.{key}")
@@ -252,7 +254,8 @@ def _parse_event(data: object, where: str) -> SubsampledGaussianEvent:
             continue
         if key not in data or not ok(data[key]):
             raise ValueError(
-                f"accountant state: {where}.event.{key} is missing or invalid: {data.get(key)!r}"
+                f"accountant state: {where}.event.{key} is missing or invalid: "
+                f"{shown(data.get(key))}"
             )
     try:
         return SubsampledGaussianEvent.from_dict(data)
@@ -272,10 +275,10 @@ def parse_state(state: object) -> tuple[str, float, float, Ledger]:
         raise ValueError(f"accountant state must be a mapping, got {type(state).__name__}")
     for key in state:
         if key not in fields:
-            raise ValueError(f"accountant state: unknown field {key!r}")
+            raise ValueError(f"accountant state: unknown field {shown(key)}")
     for key in fields:
         if key not in state:
-            raise ValueError(f"accountant state: field {key!r} is missing")
+            raise ValueError(f"accountant state: field {shown(key)} is missing")
     version = state["version"]
     if type(version) is not int or version != STATE_VERSION:
         raise ValueError(
@@ -285,13 +288,15 @@ def parse_state(state: object) -> tuple[str, float, float, Ledger]:
     if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
         raise ValueError(
             f"accountant state: accountant must be one of {', '.join(ACCOUNTANTS)}, "
-            f"got {accountant!r}"
+            f"got {shown(accountant)}"
         )
     numbers = []
     for key in ("pld_discretization", "prv_eps_error"):
         value = state[key]
         if not (_is_real(value) and 0 < value < 1):
-            raise ValueError(f"accountant state: {key} must be a number in (0, 1), got {value!r}")
+            raise ValueError(
+                f"accountant state: {key} must be a number in (0, 1), got {shown(value)}"
+            )
         numbers.append(float(value))
     items = state["ledger"]
     if not isinstance(items, list):

@@ -121,7 +121,7 @@ class ClipState:
     def from_dict(cls, data: dict[str, Any]) -> ClipState:
         """Inverse of :meth:`to_dict` (``ValueError`` on anything else)."""
         if not isinstance(data, dict) or set(data) != {"clip_norm"}:
-            raise ValueError(f"clip state must be {{'clip_norm': float}}, got {data!r}")
+            raise ValueError(f"clip state must be {{'clip_norm': float}}, got {shown(data)}")
         return cls(data["clip_norm"])
 
 
@@ -271,7 +271,7 @@ class NoisyCountAggregator:
             "expected_cohort_size", expected_cohort_size, low=0.0, low_open=True
         )
         if noise_mode not in ("server", "distributed"):
-            raise ValueError(f"noise_mode must be server or distributed, got {noise_mode!r}")
+            raise ValueError(f"noise_mode must be server or distributed, got {shown(noise_mode)}")
         self.noise_mode = noise_mode
         distributed = noise_mode == "distributed"
         self.min_shares = check_int("min_shares", min_shares, 1) if distributed else None
@@ -293,10 +293,10 @@ class NoisyCountAggregator:
             return None, "clip bit must be one finite number"
         if self.noise_mode == "server":
             if value not in (0.0, 1.0):
-                return None, f"clip bit must be 0 or 1, got {value!r}"
+                return None, f"clip bit must be 0 or 1, got {shown(value)}"
             return value - 0.5, None
         if abs(value) > self.accept_bound():
-            return None, f"clip-bit share {value!r} outside ±{self.accept_bound():g}"
+            return None, f"clip-bit share {shown(value)} outside ±{self.accept_bound():g}"
         return value, None
 
     def aggregate(

@@ -35,6 +35,7 @@ import torch
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.devices import check_device
 from fedprivopt.core.memory import check_fits
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.clip import (
     MIN_CLIP_NORM,
     clip_factor,
@@ -214,7 +215,7 @@ class NoisyMeanAggregator:
                 f"{noise_multiplier:g} * {clip_norm:g} / min(1, {expected_cohort_size:g})"
             )
         if noise_mode not in NOISE_MODES:
-            raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {noise_mode!r}")
+            raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {shown(noise_mode)}")
         if noise_mode == "distributed":  # at most the largest population (a short API review)
             min_shares = check_int("min_shares", min_shares, 1, MAX_POPULATION)
         self.clip_norm = None if clip_norm is None else float(clip_norm)
@@ -371,7 +372,7 @@ class NoisyMeanAggregator:
         if sum_noise is not None:
             _check_sum_noise(sum_noise, self.noise_mode == "server" and self.private)
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+            raise ValueError(f"dtype must be a floating torch.dtype, got {shown(dtype)}")
         device = check_device(device)
         dim = check_fits("dim", check_int("dim", dim, 1), dtype.itemsize, device)
         if not isinstance(updates, Iterable):

@@ -17,6 +17,7 @@ from numbers import Real
 import dp_accounting as dpa
 
 from fedprivopt.core.checks import as_float, check_int
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import compose_epsilon, dpa_accountant
 from fedprivopt.privacy.accounting_state import (
     check_accountant,
@@ -234,7 +235,7 @@ def calibrate_noise_multiplier(
         or not isinstance(target_epsilon, Real)
         or not (target_epsilon > 0 and math.isfinite(as_float(target_epsilon)))
     ):
-        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
+        raise ValueError(f"target_epsilon must be a finite number > 0, got {shown(target_epsilon)}")
     target_epsilon = float(target_epsilon)
     delta = check_delta(delta)
     rounds = check_int("rounds", rounds, 1)
@@ -248,7 +249,7 @@ def calibrate_noise_multiplier(
         # fourteenth review of issue 15: tol=nan ended in brentq's "did not bracket a
         # solution" naming no parameter; tol=1e9 in an error blaming target_epsilon; tol=10
         # returned sigma 13.0 as "the smallest" for a target that sigma 3.03 meets
-        raise ValueError(f"tol must be a number in (0, 1] (a tolerance on sigma), got {tol!r}")
+        raise ValueError(f"tol must be a number in (0, 1] (a tolerance on sigma), got {shown(tol)}")
     check_accountant(accountant)
     h = check_pld_discretization(pld_discretization)
     steps = rounds * events_per_round

@@ -46,6 +46,7 @@ from typing import Any
 import dp_accounting as dpa
 
 from fedprivopt.core.checks import as_float, check_int
+from fedprivopt.core.text import shown
 
 __all__ = ["EVENT_KINDS", "MIN_NOISE_MULTIPLIER", "SAMPLING_KINDS", "SubsampledGaussianEvent"]
 
@@ -116,30 +117,30 @@ class SubsampledGaussianEvent:
         # constructors poisson()/fixed() took True and "0.5" through float(): every real
         # scalar but a bool is taken, as a float
         if not (_finite(sigma) and sigma >= 0):
-            raise ValueError(f"noise_multiplier must be a finite number >= 0, got {sigma!r}")
+            raise ValueError(f"noise_multiplier must be a finite number >= 0, got {shown(sigma)}")
         sigma = float(sigma)
         object.__setattr__(self, "noise_multiplier", sigma)
         if 0 < sigma < MIN_NOISE_MULTIPLIER:
             raise ValueError(
                 f"noise_multiplier must be 0 (no privacy) or at least {MIN_NOISE_MULTIPLIER:g} "
-                f"(below it the accountants are not numerically reliable), got {sigma!r}"
+                f"(below it the accountants are not numerically reliable), got {shown(sigma)}"
             )
         count = self.count_noise_multiplier
         if count is not None:
             if not (_finite(count) and count > 0):
                 raise ValueError(
-                    f"count_noise_multiplier must be a finite number > 0, got {count!r}"
+                    f"count_noise_multiplier must be a finite number > 0, got {shown(count)}"
                 )
             if count < MIN_NOISE_MULTIPLIER:
                 raise ValueError(
                     f"count_noise_multiplier must be at least {MIN_NOISE_MULTIPLIER:g} (below it "
-                    f"the accountants are not numerically reliable), got {count!r}"
+                    f"the accountants are not numerically reliable), got {shown(count)}"
                 )
             if sigma == 0:
                 raise ValueError("count_noise_multiplier needs a noised sum (noise_multiplier > 0)")
             object.__setattr__(self, "count_noise_multiplier", float(count))
         if self.sampling not in EVENT_KINDS:
-            raise ValueError(f"sampling must be one of {EVENT_KINDS}, got {self.sampling!r}")
+            raise ValueError(f"sampling must be one of {EVENT_KINDS}, got {shown(self.sampling)}")
         if self.population is not None:
             object.__setattr__(self, "population", check_int("population", self.population, 1))
         if (self.sampling == "tree") != (self.tree_steps is not None):
@@ -163,7 +164,7 @@ class SubsampledGaussianEvent:
             raise ValueError("cohort_size is only meaningful for fixed sampling")
         rate = self.sample_rate
         if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 < rate <= 1.0:
-            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
+            raise ValueError(f"sample_rate must be in (0, 1], got {shown(self.sample_rate)}")
         object.__setattr__(self, "sample_rate", float(rate))
 
     @classmethod

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fedprivopt.core.text import shown
+
 __all__ = ["FlatSpec", "flatten", "unflatten"]
 
 
@@ -102,7 +104,9 @@ def flatten(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FlatSpec]:
     dtype = torch.float32
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
-            raise ValueError(f"state[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+            raise ValueError(
+                f"state[{shown(key)}] must be a torch.Tensor, got {type(value).__name__}"
+            )
         names.append(str(key))
         shapes.append(tuple(value.shape))
         dtypes.append(value.dtype)

@@ -43,6 +43,7 @@ import torch
 from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.core.devices import check_device
 from fedprivopt.core.memory import check_fits
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.rng import SecureGenerator
 
 __all__ = ["add_gaussian_noise", "gaussian_noise", "secure_gaussian_noise"]
@@ -59,7 +60,7 @@ def _check_std(std: float) -> float:
     else:
         ok = isinstance(std, numbers.Real) and not isinstance(std, (bool, np.bool_))
     if not ok:
-        raise ValueError(f"std must be a finite number >= 0, got {std!r}")
+        raise ValueError(f"std must be a finite number >= 0, got {shown(std)}")
     std = as_float(std)
     if not (std >= 0 and std < float("inf")):
         raise ValueError(f"std must be a finite number >= 0, got {std}")
@@ -166,7 +167,7 @@ def gaussian_noise(
     if secure is None:
         secure = isinstance(generator, SecureGenerator)
     elif not isinstance(secure, bool):  # a short API review of issue 15: any object was taken
-        raise ValueError(f"secure must be true, false or None, got {secure!r}")
+        raise ValueError(f"secure must be true, false or None, got {shown(secure)}")
     if secure:
         return secure_gaussian_noise(numel, std, generator=generator, dtype=dtype, device=device)
     numel, std, device = _checked(numel, std, generator, dtype, device)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting_state import (
     Ledger,
     check_delta,
@@ -93,7 +94,8 @@ def prv_domain_points(
     if delta_error == 0:  # 5e-324: Opacus' mesh divides by it (ZeroDivisionError before)
         raise ValueError(
             f"delta must be at least {1000 * 5e-324:g} for the prv accountant (its error budget "
-            f"delta/1000 must be a positive float), got {delta!r}; use the rdp accountant (or pld)"
+            f"delta/1000 must be a positive float), got {shown(delta)}; use the rdp accountant "
+            "(or pld)"
         )
     counts = [int(c) for _, c in ledger]
     prvs = [PoissonSubsampledGaussianPRV(e.sample_rate, e.noise_multiplier) for e, _ in ledger]

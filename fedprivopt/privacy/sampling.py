@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedprivopt.core.checks import as_float, check_int
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = [
@@ -71,7 +72,7 @@ class PoissonSampler:
         # fourteenth review of issue 15: True was kept as the rate and "0.5" passed the check
         # (then failed inside the draw), as a raw event's rate was
         if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 < q <= 1.0:
-            raise ValueError(f"sample_rate must be a number in (0, 1], got {q!r}")
+            raise ValueError(f"sample_rate must be a number in (0, 1], got {shown(q)}")
         object.__setattr__(self, "sample_rate", float(q))
 
     @property
@@ -180,7 +181,8 @@ class SamplingSpec:
             implied = _cohort(self.cohort_size, population) / population
             if not math.isclose(as_float(self.sample_rate), implied, rel_tol=1e-12):
                 raise ValueError(
-                    f"sample_rate={self.sample_rate!r} disagrees with cohort_size/population = "
+                    f"sample_rate={shown(self.sample_rate)} disagrees with "
+                    "cohort_size/population = "
                     f"{self.cohort_size}/{population} = {implied:g}; give one of them"
                 )
         elif self.kind == "poisson" and given:
@@ -201,7 +203,7 @@ class SamplingSpec:
             if self.population is None or self.cohort_size is None:
                 raise ValueError("fixed sampling needs population and cohort_size")
         else:
-            raise ValueError(f"sampling must be 'poisson' or 'fixed', got {self.kind!r}")
+            raise ValueError(f"sampling must be 'poisson' or 'fixed', got {shown(self.kind)}")
 
     def sampler(self, rngs: RngFactory | None = None) -> PoissonSampler | FixedSizeSampler:
         """The sampler of these users (``rngs``: its per-round generators)."""

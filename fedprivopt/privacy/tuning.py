@@ -39,6 +39,7 @@ import numpy as np
 from dp_accounting import dp_event, rdp
 
 from fedprivopt.core.checks import as_float
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import event_rdp
 from fedprivopt.privacy.accounting_state import (
     Ledger,
@@ -157,15 +158,17 @@ class TrialCount:
         if self.distribution not in TRIAL_DISTRIBUTIONS:
             raise ValueError(
                 f"distribution must be one of {', '.join(TRIAL_DISTRIBUTIONS)}, "
-                f"got {self.distribution!r}"
+                f"got {shown(self.distribution)}"
             )
         mean = self.mean
         # sixteenth review of issue 15: a numpy.float32 mean (a valid number) was refused;
         # every real scalar is taken (numpy's too), bools and strings are not
         if isinstance(mean, (bool, np.bool_)) or not isinstance(mean, numbers.Real):
-            raise ValueError(f"mean must be a number in [1, {MAX_MEAN_TRIALS:g}], got {mean!r}")
+            raise ValueError(
+                f"mean must be a number in [1, {MAX_MEAN_TRIALS:g}], got {shown(mean)}"
+            )
         if not (1.0 <= as_float(mean) <= MAX_MEAN_TRIALS):
-            raise ValueError(f"mean must be in [1, {MAX_MEAN_TRIALS:g}], got {mean!r}")
+            raise ValueError(f"mean must be in [1, {MAX_MEAN_TRIALS:g}], got {shown(mean)}")
         object.__setattr__(self, "mean", float(mean))
         if self.distribution == "poisson":
             if self.shape is not None:
@@ -173,9 +176,9 @@ class TrialCount:
             return
         shape = 1.0 if self.shape is None else self.shape
         if isinstance(shape, (bool, np.bool_)) or not isinstance(shape, numbers.Real):
-            raise ValueError(f"shape must be a number in [0, {MAX_SHAPE:g}], got {shape!r}")
+            raise ValueError(f"shape must be a number in [0, {MAX_SHAPE:g}], got {shown(shape)}")
         if not (0.0 <= as_float(shape) <= MAX_SHAPE):
-            raise ValueError(f"shape must be in [0, {MAX_SHAPE:g}], got {shape!r}")
+            raise ValueError(f"shape must be in [0, {MAX_SHAPE:g}], got {shown(shape)}")
         object.__setattr__(self, "shape", float(shape))
         exponent = _log_z_exponent(float(shape), float(mean))
         if exponent > MAX_LOG_Z:
@@ -350,7 +353,7 @@ def composed_tuning_epsilon(
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
         # fifteenth review of issue 15: 2.5 tunings were charged as 2 (int()), "3" and True
         # were accepted, NaN failed naming no parameter
-        raise ValueError(f"count must be an integer >= 1 (tunings composed), got {count!r}")
+        raise ValueError(f"count must be an integer >= 1 (tunings composed), got {shown(count)}")
     check_ledger_count(
         int(count),
         "count must be an integer in [1, 10**300] (tunings composed; float64 holds no more)",

@@ -164,7 +164,7 @@ class StrategyConfig:
             object.__setattr__(self, "options", block())
         elif type(self.options) is not block:
             raise ValueError(
-                f"options of strategy {self.strategy!r} must be a {block.__name__}, "
+                f"options of strategy {shown(self.strategy)} must be a {block.__name__}, "
                 f"got {type(self.options).__name__}"
             )
         if self.clients_per_round > self.population:
@@ -178,7 +178,7 @@ class StrategyConfig:
             raise ValueError("clients-per-round must be an integer with sampling 'fixed'")
         if self.private and self.noise_multiplier == 0:
             raise ValueError(
-                f"noise-multiplier must be > 0 for strategy {self.strategy!r} "
+                f"noise-multiplier must be > 0 for strategy {shown(self.strategy)} "
                 "(use 'fedavg' or 'fedadam' for non-private training)"
             )
         if self.tree:
@@ -186,7 +186,7 @@ class StrategyConfig:
         elif self.tree_restart_rounds and self.noise_mechanism != "tree":
             raise ValueError(
                 "tree-restart-rounds applies only with noise-mechanism 'tree', got "
-                f"{self.tree_restart_rounds} with noise-mechanism {self.noise_mechanism!r}"
+                f"{self.tree_restart_rounds} with noise-mechanism {shown(self.noise_mechanism)}"
             )
         if not self.adaptive_clipping:
             self._check_adaptive_keys()
@@ -223,7 +223,7 @@ class StrategyConfig:
             raise ValueError(
                 f"sampling applies only with noise-mechanism 'gaussian' ({why} the cohorts are "
                 f"the next clients-per-round users of a shuffle per restart period): it must be "
-                f"unset or its default 'poisson', got {self.sampling!r}"
+                f"unset or its default 'poisson', got {shown(self.sampling)}"
             )
         if self.noise_mode != "server":
             raise ValueError(
@@ -238,7 +238,7 @@ class StrategyConfig:
         if self.accountant != "rdp":
             raise ValueError(
                 f"accountant must be 'rdp' {why} (dp-accounting accounts "
-                f"SingleEpochTreeAggregationDpEvent with RDP only), got {self.accountant!r}"
+                f"SingleEpochTreeAggregationDpEvent with RDP only), got {shown(self.accountant)}"
             )
         adaptive_c = getattr(self.options, "clip_norm_adaptive", None)
         if adaptive_c is not None and adaptive_c != self.clip_norm:
@@ -286,7 +286,7 @@ class StrategyConfig:
                 if value != default:
                     raise ValueError(
                         f"{key_of(name)} applies only with noise-mode 'distributed'; with "
-                        f"noise-mode {self.noise_mode!r} it must be unset or its default "
+                        f"noise-mode {shown(self.noise_mode)} it must be unset or its default "
                         f"{default:g}, got {shown(value)}"
                     )
         elif self.min_shares > self.population:
@@ -401,7 +401,9 @@ class StrategyConfig:
         unused: list[str] = []
         strategy = data.get("strategy", "dp-fedavg")
         if not isinstance(strategy, str) or strategy not in BLOCKS:
-            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+            raise ValueError(
+                f"strategy must be one of {', '.join(STRATEGIES)}, got {shown(strategy)}"
+            )
         own = BLOCKS[strategy].keys()
         for raw, value in data.items():
             key = key_of(str(raw))
@@ -413,7 +415,7 @@ class StrategyConfig:
                 _BLOCK_RULES[key].check(key, value)  # a bad value is an error even if unused
                 unused.append(key)
             else:
-                raise ValueError(f"unknown key {raw!r}")
+                raise ValueError(f"unknown key {shown(raw)}")
         options = BLOCKS[strategy].from_mapping(block_kwargs)
         return cls(**kwargs, options=options, unused=tuple(sorted(unused)))
 

@@ -158,7 +158,7 @@ class ServerAlgorithm:
             )
         self.frozen = None if frozen is None else frozen.to(initial_params.device)
         if isinstance(user_offset, bool) or not isinstance(user_offset, int) or user_offset < 0:
-            raise ValueError(f"user_offset must be an integer >= 0, got {user_offset!r}")
+            raise ValueError(f"user_offset must be an integer >= 0, got {shown(user_offset)}")
         self.user_offset = user_offset
         self.config = config
         self.params = initial_params.detach().clone()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 
 __all__ = [
@@ -72,7 +73,7 @@ class Rule:
         if self.kind == "bool":
             return check_bool(key, value)
         if value not in self.choices:
-            raise ValueError(f"{key} must be one of {', '.join(self.choices)}, got {value!r}")
+            raise ValueError(f"{key} must be one of {', '.join(self.choices)}, got {shown(value)}")
         return value
 
 

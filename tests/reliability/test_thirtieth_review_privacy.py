@@ -21,6 +21,16 @@
    name holds "cohort". The listed settings are now those of the private runs (when any), the
    ``delta`` key is left to the "δ" line, ``cohort-chunk`` is not listed, and ``population`` and
    ``clients-per-round`` (the sample rate) are.
+5. (further variants of case 2: forged state and values at the Python API) A forged accountant
+   state (``PrivacyAccountant.load_state_dict``) whose ``accountant``, ``prv_eps_error``,
+   ``pld_discretization``, ledger event or ``sampling`` is a 100,000-character string or a
+   100,000-element list was refused with a message holding it whole (100 KB to 689 KB), and so
+   were ``ClipState.from_dict`` (an adaptive-clipping checkpoint's clip state),
+   ``SubsampledGaussianEvent``, ``PrivacyAccountant(accountant=...)``, ``compose_epsilon``'s
+   ``accountant``/``delta`` and ``calibrate_noise_multiplier``'s ``target_epsilon``/``tol``
+   (57 of 57 cases), and likewise the refusals of ``privacy/``, ``strategies/``, ``clients/``,
+   ``optim/`` and ``wire`` that wrote a value with ``!r``. They now show it as
+   ``core.text.shown`` does (at most 80 characters); a short value reads as before.
 """
 
 from __future__ import annotations
@@ -172,3 +182,48 @@ def test_4_privacy_parameters_are_the_private_runs_and_no_cohort_chunk(tmp_path)
     assert "varies" not in text  # was "- delta: varies (see the runs)"
     assert "cohort-chunk" not in text
     assert "- population: 100" in text and "- clients-per-round: 10" in text
+
+
+# -- finding 5: refusals of forged state echo the value whole --------------------------------------
+
+LONG = "x" * 100_000
+WIDE = list(range(100_000))
+
+
+def _forged(**fields):
+    from fedprivopt.privacy.accounting import PrivacyAccountant
+
+    acc = PrivacyAccountant()
+    acc.step(SubsampledGaussianEvent(noise_multiplier=1.0, sample_rate=0.1, sampling="poisson"))
+    state = acc.state_dict()
+    event = fields.pop("event", None)
+    state.update(fields)
+    if event is not None:
+        state["ledger"][0]["event"].update(event)
+    return lambda: PrivacyAccountant().load_state_dict(state)
+
+
+@pytest.mark.parametrize("value", [LONG, WIDE], ids=["string", "list"])
+def test_5_a_refused_forged_value_is_shown_cut(value):
+    from fedprivopt.privacy.accounting import PrivacyAccountant
+    from fedprivopt.privacy.adaptive_clip import ClipState
+    from fedprivopt.privacy.calibration import calibrate_noise_multiplier
+
+    event = SubsampledGaussianEvent(noise_multiplier=1.0, sample_rate=0.1, sampling="poisson")
+    calls = [
+        _forged(accountant=value), _forged(prv_eps_error=value), _forged(pld_discretization=value),
+        _forged(event={"sampling": value}), _forged(event={"noise_multiplier": value}),
+        _forged(ledger=[{"event": value, "count": 1}]),
+        lambda: ClipState.from_dict(value),
+        lambda: SubsampledGaussianEvent(noise_multiplier=1, sample_rate=value, sampling="poisson"),
+        lambda: SubsampledGaussianEvent(noise_multiplier=1.0, sample_rate=0.1, sampling=value),
+        lambda: PrivacyAccountant(accountant=value),
+        lambda: compose_epsilon([(event, 1)], value),
+        lambda: calibrate_noise_multiplier(
+            target_epsilon=value, delta=1e-5, rounds=10, sample_rate=0.1
+        ),
+    ]  # fmt: skip
+    for call in calls:
+        with pytest.raises(ValueError) as info:
+            call()
+        assert len(str(info.value)) < 400  # were 100,000 to 689,000 characters

@@ -399,7 +399,7 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
         raise ValueError(f"train config {USERS!r} must be a list of ints, got {shown(raw_users)}")
     users = tuple(int(u) for u in raw_users)
     if len(set(users)) != len(users):
-        raise ValueError(f"train config {USERS!r} repeats a user id: {list(users)}")
+        raise ValueError(f"train config {USERS!r} repeats a user id: {shown(list(users))}")
     max_examples = int(record[MAX_EXAMPLES])  # type: ignore[arg-type]
     clip_norm = float(record[CLIP_NORM])  # type: ignore[arg-type]
     if max_examples < 0 or clip_norm < 0:

@@ -164,11 +164,11 @@ def state_from_dict(state_type: type[S], data: Mapping[str, object]) -> S:
     """
     types = _field_types(state_type)
     missing = sorted(set(types) - set(data))
-    extra = sorted(set(data) - set(types))
+    extra = sorted(set(data) - set(types), key=repr)
     if missing or extra:
         raise ValueError(
             f"data for {state_type.__name__} must have exactly the keys {sorted(types)}; "
-            f"missing {missing}, unexpected {extra}"
+            f"missing {missing}, unexpected {shown(extra)}"
         )
     kwargs = {name: _convert(state_type, name, kind, data[name]) for name, kind in types.items()}
     return state_type(**kwargs)

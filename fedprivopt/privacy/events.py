@@ -315,5 +315,5 @@ class SubsampledGaussianEvent:
         }
         unknown = set(data) - keys
         if unknown:
-            raise ValueError(f"unknown privacy event fields: {sorted(unknown)}")
+            raise ValueError(f"unknown privacy event fields: {shown(sorted(unknown, key=repr))}")
         return cls(**{k: data.get(k) for k in keys})

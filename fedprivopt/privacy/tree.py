@@ -284,8 +284,8 @@ class TreeNoise:
         expected = prefix_nodes(step)
         if sorted(nodes) != sorted(expected):
             raise ValueError(
-                f"tree state: nodes {sorted(nodes)} are not the prefix nodes {expected} of round "
-                f"{round_num}"
+                f"tree state: nodes {shown(sorted(nodes))} are not the prefix nodes {expected} of "
+                f"round {round_num}"
             )
         # in release order (prefix_nodes' order, as a running tree holds them): release()
         # subtracts the dropped nodes in this order, and another order rounds differently

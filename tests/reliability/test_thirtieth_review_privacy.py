@@ -31,6 +31,13 @@
    (57 of 57 cases), and likewise the refusals of ``privacy/``, ``strategies/``, ``clients/``,
    ``optim/`` and ``wire`` that wrote a value with ``!r``. They now show it as
    ``core.text.shown`` does (at most 80 characters); a short value reads as before.
+6. The same for collections written whole: a forged tree state of 100,000 nodes
+   (``TreeNoise.load_state_dict``: a 1.19 MB message listing them), an event dict with 100,000
+   unknown fields (``SubsampledGaussianEvent.from_dict``), an optimizer state with 100,000
+   unexpected keys (``optim.base.state_from_dict``), and a train config naming 100,000 users
+   with a repeat (``wire.decode_train_config``, a hostile server to a ClientApp). An event or
+   optimizer state whose unknown keys mixed integers and strings raised ``TypeError`` from
+   ``sorted`` instead of the ``ValueError``. All are now shown cut, sorted by ``repr``.
 """
 
 from __future__ import annotations
@@ -227,3 +234,38 @@ def test_5_a_refused_forged_value_is_shown_cut(value):
         with pytest.raises(ValueError) as info:
             call()
         assert len(str(info.value)) < 400  # were 100,000 to 689,000 characters
+
+
+# -- finding 6: collections written whole ---------------------------------------------------------
+
+
+def test_6_forged_collections_are_shown_cut():
+    from fedprivopt.optim.adam import AdamState
+    from fedprivopt.optim.base import state_from_dict
+    from fedprivopt.privacy.rng import RngFactory
+    from fedprivopt.privacy.tree import TreeNoise
+
+    tree = TreeNoise(std=1.0, restart_rounds=8, rngs=RngFactory(seed=1), dim=1)
+    zero = torch.zeros(1)
+    event = {"noise_multiplier": 1.0, "sample_rate": 0.1, "sampling": "poisson"}
+    calls = [
+        lambda: tree.load_state_dict({"round": 1, "nodes": [[0, i, zero] for i in range(10**5)]}),
+        lambda: SubsampledGaussianEvent.from_dict({**event, **{f"k{i}": 0 for i in range(10**5)}}),
+        lambda: SubsampledGaussianEvent.from_dict({**event, 1: 0, "x": 0}),  # TypeError before
+        lambda: state_from_dict(AdamState, {f"k{i}": 0 for i in range(10**5)}),
+        lambda: state_from_dict(AdamState, {1: 0, "x": 0}),  # TypeError before
+    ]
+    for call in calls:
+        with pytest.raises(ValueError) as info:
+            call()
+        assert len(str(info.value)) < 400  # the first: 1,188,953 characters
+
+
+def test_6_a_train_config_repeating_users_is_refused_cut():
+    from fedprivopt import wire as P
+
+    record = {key: 1 for key in P._REQUIRED_TRAIN_KEYS}
+    record[P.USERS] = [*range(10**5), 0]
+    with pytest.raises(ValueError, match="repeats a user id") as info:
+        P.decode_train_config(record)
+    assert len(str(info.value)) < 400

@@ -32,6 +32,7 @@ from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import read_at_most
 
 __all__ = [
+    "MAX_KEPT_CHARS",
     "MAX_LINE",
     "MAX_WORDS",
     "TAG_COUNT_FILE",
@@ -55,6 +56,11 @@ MAX_WORDS = 10_000_000
 writes at most as many). Twenty-ninth review of issue 15: a file of 10**7 words took 1.97 GB to
 read whole and 10**8 grew until the kernel killed the run; a task now reads only the words it
 keeps (``limit``), and a longer file is refused as it is read."""
+MAX_KEPT_CHARS = 1 << 28
+"""Characters of the kept words (or tags) together at most (256 Mi; the real 10,000 most
+frequent words hold about 70,000). Thirtieth review of issue 15 (data, finding 5): lines of up
+to :data:`MAX_LINE` characters, one a MiB, made 600 kept words hold 644 MB (a sparse 10 GB
+word-count file, 2.5 MB of disk, would have taken ~10 GB at the default 10,000 words)."""
 TAG_FILE_LIMIT = 256 << 20
 """Bytes of a tag-count file at most (the real one's 50,000 tags take about 1 MB)."""
 
@@ -152,21 +158,34 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
                 _word_lines(p, f),
                 limit,
                 lambda word, lineno: f"{p}:{lineno}: word {word!r} appears twice",
+                lambda lineno: f"{p}:{lineno}",
             )
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not a UTF-8 text file: {exc}") from exc
 
 
-def _keep_top(entries: Iterable[tuple[int, str, int]], limit: int | None, repeated) -> Vocabulary:
+def _keep_top(
+    entries: Iterable[tuple[int, str, int]], limit: int | None, repeated, where
+) -> Vocabulary:
     """The ``limit`` (all if None) highest-count items of ``(position, item, count)`` entries.
 
     Ties keep the earlier position; only the kept items are held, so a repeated item is found
-    (``ValueError(repeated(item, position))``) when one of its entries is among them.
+    (``ValueError(repeated(item, position))``) when one of its entries is among them. Kept
+    items of more than :data:`MAX_KEPT_CHARS` characters together are refused, the message led
+    by ``where(position)``.
     """
+
+    def too_long(position: int) -> str:
+        return (
+            f"{where(position)}: the kept items hold more than {MAX_KEPT_CHARS:,} characters, "
+            "which no vocabulary file's do (the file is damaged)"
+        )
+
     items: list[str] = []  # the kept items, with their counts and positions
     counts, lines = array("q"), array("q")
     kept: set[str] = set()
     heap: list[tuple[int, int, int]] | None = None  # (count, -position, slot): heap[0] goes next
+    chars = 0  # of the kept items, at most MAX_KEPT_CHARS
     for lineno, word, count in entries:
         if word in kept:
             raise ValueError(repeated(word, lineno))
@@ -185,8 +204,12 @@ def _keep_top(entries: Iterable[tuple[int, str, int]], limit: int | None, repeat
                 continue
             slot = heapq.heapreplace(heap, (count, -lineno, heap[0][2]))[2]
             kept.discard(items[slot])
+            chars -= len(items[slot])
             items[slot], counts[slot], lines[slot] = word, count, lineno
         kept.add(word)
+        chars += len(word)
+        if chars > MAX_KEPT_CHARS:
+            raise ValueError(too_long(lineno))
     del kept
     sizes = np.frombuffer(counts, dtype=np.int64) if counts else np.zeros(0, dtype=np.int64)
     if heap is None and bool(np.all(sizes[:-1] >= sizes[1:])):  # in file order: sorted
@@ -261,7 +284,10 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
         text = raw.decode("utf-8")
         del raw
         return _keep_top(
-            _tag_entries(p, text), limit, lambda tag, _: f"{p}: tag {tag!r} appears twice"
+            _tag_entries(p, text),
+            limit,
+            lambda tag, _: f"{p}: tag {tag!r} appears twice",
+            lambda _: str(p),
         )
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{p}: not a JSON tag-count file: {exc}") from exc

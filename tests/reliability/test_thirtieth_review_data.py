@@ -22,6 +22,12 @@
    blob of packed ``score`` values peaked at 862 MB (16.7 s), 1 GB would take some 17 GB. A
    blob over ``MAX_EXAMPLE_BYTES`` (1 MiB; a post holds at most 30,000 characters) is now not
    even read (SQLite's ``length()``): one line naming the client and example, 30 MB, 0.5 s.
+5. A word-count file's lines may hold up to 1 MiB each, and the kept words had no bound
+   together: 600 lines of 1 MiB words (a sparse 629 MB file on 2.5 MB of disk) held 644 MB,
+   and at the tag task's 10,000 words such a 10 GB file would take about 10 GB. The kept
+   words (or tags) now hold at most ``MAX_KEPT_CHARS`` = 2**28 characters together (the real
+   10,000 most frequent words about 70,000): one line naming the file and line, 566 MB peak
+   for ``simulate stackoverflow-tp-mini.toml`` on that file.
 """
 
 from __future__ import annotations
@@ -155,3 +161,18 @@ def test_4_an_oversized_example_blob_is_refused_before_it_is_read(tmp_path):
         split.serialized_examples(client)
     with pytest.raises(ValueError, match="more than 1,048,576, which no StackOverflow example"):
         split.client_examples(client)
+
+
+def test_5_the_kept_words_are_bounded_together(tmp_path, monkeypatch):
+    from fedprivopt.data import vocab
+
+    monkeypatch.setattr(vocab, "MAX_KEPT_CHARS", 50_000, raising=False)
+    path = tmp_path / "stackoverflow.word_count"
+    with path.open("wb") as f:
+        for i in range(20):  # lines of 10,000 NULs: a sparse file of 1 MiB lines reads the same
+            f.write(b"\0" * 10_000 + f"{i} {100 - i}\n".encode())
+    with pytest.raises(ValueError, match=r"word_count:5: the kept items hold more than 50,000"):
+        vocab.read_word_counts(path, limit=1000)
+    assert len(vocab.read_word_counts(path, limit=4)) == 4  # within the bound: read
+    monkeypatch.undo()
+    assert vocab.MAX_KEPT_CHARS == 1 << 28

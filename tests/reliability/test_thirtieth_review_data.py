@@ -28,6 +28,10 @@
    words (or tags) now hold at most ``MAX_KEPT_CHARS`` = 2**28 characters together (the real
    10,000 most frequent words about 70,000): one line naming the file and line, 566 MB peak
    for ``simulate stackoverflow-tp-mini.toml`` on that file.
+6. A count of 5,000 digits in a word-count line or a tag-count file: ``Exceeds the limit (4300
+   digits) for integer string conversion ...`` (Python's), naming neither the file nor the
+   line, also through ``simulate`` (``config: Exceeds ...``). Now the file, the line or tag
+   and the count's first 40 digits, as for a count beyond int64.
 """
 
 from __future__ import annotations
@@ -176,3 +180,21 @@ def test_5_the_kept_words_are_bounded_together(tmp_path, monkeypatch):
     assert len(vocab.read_word_counts(path, limit=4)) == 4  # within the bound: read
     monkeypatch.undo()
     assert vocab.MAX_KEPT_CHARS == 1 << 28
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("wc", "the 1%s\n", r"wc:1: count 1{40}\.\.\. does not fit in int64"),
+        ("wc", "the -1%s\n", r"wc:1: negative count -1{39}\.\.\."),
+        ("tc", '{"a": 1%s}', r"tc: tag 'a' has count '1{40}\.\.\.', expected an integer"),
+    ],
+)
+def test_6_a_count_of_5000_digits_names_the_file(tmp_path, name, text, expected):
+    from fedprivopt.data.vocab import read_word_counts
+
+    path = tmp_path / name
+    path.write_text(text % ("1" * 4999))
+    reader = read_word_counts if name == "wc" else read_tag_counts
+    with pytest.raises(ValueError, match=expected):
+        reader(path)

@@ -35,6 +35,7 @@ Messages
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -395,8 +396,14 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
     if missing:
         raise ValueError(f"train config is missing keys {missing}")
     raw_users = record[USERS]
-    if not isinstance(raw_users, list):
-        raise ValueError(f"train config {USERS!r} must be a list of ints, got {shown(raw_users)}")
+    # ints >= 0 as read_user_ids takes them (thirtieth review of issue 15: [0.5], [True] and
+    # ["3"] were trained as users 0, 1 and 3, ["a"] raised int()'s message naming no key)
+    if not isinstance(raw_users, list) or any(
+        isinstance(u, bool) or not isinstance(u, numbers.Integral) or u < 0 for u in raw_users
+    ):
+        raise ValueError(
+            f"train config {USERS!r} must be a list of ints >= 0, got {shown(raw_users)}"
+        )
     users = tuple(int(u) for u in raw_users)
     if len(set(users)) != len(users):
         raise ValueError(f"train config {USERS!r} repeats a user id: {shown(list(users))}")

@@ -38,6 +38,11 @@
    with a repeat (``wire.decode_train_config``, a hostile server to a ClientApp). An event or
    optimizer state whose unknown keys mixed integers and strings raised ``TypeError`` from
    ``sorted`` instead of the ``ValueError``. All are now shown cut, sorted by ``repr``.
+7. (the other direction of the twenty-ninth review's finding 2) A train config from a server
+   (``wire.decode_train_config``, what a ClientApp trains from) with users ``[0.5]``,
+   ``[True]`` or ``["3"]`` was read as users 0, 1 and 3, and ``["a"]``/``[-1]`` gave int()'s
+   message or user -1. The users must now be integers ``>= 0``, as ``read_user_ids`` takes them
+   (``ValueError`` naming the key; numpy integers still taken).
 """
 
 from __future__ import annotations
@@ -269,3 +274,16 @@ def test_6_a_train_config_repeating_users_is_refused_cut():
     with pytest.raises(ValueError, match="repeats a user id") as info:
         P.decode_train_config(record)
     assert len(str(info.value)) < 400
+
+
+# -- finding 7: a train config's users -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("users", [[0.5], [True], ["3"], ["a"], [-1], [None]])
+def test_7_a_train_config_with_users_that_are_no_ids_is_refused(users):
+    from fedprivopt import wire as P
+
+    record = {key: 1 for key in P._REQUIRED_TRAIN_KEYS}
+    record[P.USERS] = users
+    with pytest.raises(ValueError, match="must be a list of ints >= 0"):
+        P.decode_train_config(record)  # [0.5], [True], ["3"], [-1]: users 0, 1, 3, -1

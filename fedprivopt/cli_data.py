@@ -68,9 +68,14 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         )
     present = [name for name in DATASET_FILES if (out / name).exists()]
     if present and not is_synthetic_dir(out):
+        # thirtieth review of issue 15 (data, finding 7): a marker there that is not ours (not
+        # JSON, another generator's, damaged) was reported as no marker at all
+        marker = (out / SYNTHETIC_META_FILE).exists() or (out / SYNTHETIC_META_FILE).is_symlink()
+        which = f"a {SYNTHETIC_META_FILE} fedprivopt did not write" if marker else "no "
+        which += "" if marker else SYNTHETIC_META_FILE
         raise UsageError(
-            f"argument --out: {out} holds {', '.join(present)} but no {SYNTHETIC_META_FILE}: "
-            "a dataset fedprivopt did not generate; --overwrite replaces only synthetic datasets"
+            f"argument --out: {out} holds {', '.join(present)} but {which}: a dataset "
+            "fedprivopt did not generate; --overwrite replaces only synthetic datasets"
         )
     if present and not args.overwrite:
         raise UsageError(f"argument --out: {out} already holds a dataset (use --overwrite)")

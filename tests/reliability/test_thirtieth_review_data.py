@@ -32,6 +32,11 @@
    digits) for integer string conversion ...`` (Python's), naming neither the file nor the
    line, also through ``simulate`` (``config: Exceeds ...``). Now the file, the line or tag
    and the count's first 40 digits, as for a count beyond int64.
+7. ``data synth --out D --overwrite`` where ``D`` holds a dataset whose
+   ``stackoverflow.synthetic.json`` is not ours (not JSON, a count of 5,000 digits, another
+   generator's): refused, rightly, but as ``holds ... but no stackoverflow.synthetic.json``
+   although the file is there. Now ``but a stackoverflow.synthetic.json fedprivopt did not
+   write``.
 """
 
 from __future__ import annotations
@@ -198,3 +203,17 @@ def test_6_a_count_of_5000_digits_names_the_file(tmp_path, name, text, expected)
     reader = read_word_counts if name == "wc" else read_tag_counts
     with pytest.raises(ValueError, match=expected):
         reader(path)
+
+
+@pytest.mark.parametrize("marker", ["{not json", '{"generator": "someone-else"}', None])
+def test_7_a_strangers_marker_is_not_called_missing(tmp_path, capsys, marker):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "stackoverflow.sqlite").write_bytes(b"theirs")
+    if marker is not None:
+        (out / "stackoverflow.synthetic.json").write_text(marker)
+    line = _usage_line(capsys, ["data", "synth", "--out", str(out), "--clients", "5",
+                                "--overwrite"])  # fmt: skip
+    which = "no " if marker is None else "a "
+    assert f"holds stackoverflow.sqlite but {which}stackoverflow.synthetic.json" in line, line
+    assert (out / "stackoverflow.sqlite").read_bytes() == b"theirs"

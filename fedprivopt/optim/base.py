@@ -162,6 +162,10 @@ def state_from_dict(state_type: type[S], data: Mapping[str, object]) -> S:
     ValueError
         If a key is missing or unexpected, or a value has the wrong kind.
     """
+    if not isinstance(data, Mapping):  # None: TypeError before (thirtieth review of issue 15)
+        raise ValueError(
+            f"data for {state_type.__name__} must be a mapping of its fields, got {shown(data)}"
+        )
     types = _field_types(state_type)
     missing = sorted(set(types) - set(data))
     extra = sorted(set(data) - set(types), key=repr)

@@ -664,7 +664,7 @@ class ServerAlgorithm:
         offset = state.get("user_offset", 0)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset != self.user_offset:
             raise ValueError(
-                f"checkpoint was written with user_offset={state.get('user_offset', 0)} (public "
+                f"checkpoint was written with user_offset={shown(offset)} (public "
                 f"users), this run has {self.user_offset}"
             )
         saved_side = state.get("side_information")
@@ -677,7 +677,9 @@ class ServerAlgorithm:
             )
         # twenty-third review of issue 15: a checkpoint whose round, params or user_offset was
         # None or a string (digest recomputed) raised TypeError/AttributeError out of --resume
-        rounds, params = state["round"], state["params"]
+        # (thirtieth review: a state without round, params, opt_state, accountant or the tree's
+        # noise or cohorts raised KeyError)
+        rounds, params = state.get("round"), state.get("params")
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"checkpoint's round must be an integer >= 0, got {shown(rounds)}")
         if (
@@ -700,7 +702,7 @@ class ServerAlgorithm:
                 )
             self.averaged = averaged.detach().clone()
         if self.opt_state is not None:
-            self.opt_state = type(self.opt_state).from_dict(state["opt_state"])
+            self.opt_state = type(self.opt_state).from_dict(state.get("opt_state"))
             for name, value in self.opt_state.to_dict().items():  # every moment is model-sized
                 if isinstance(value, torch.Tensor) and value.shape != self.params.shape:
                     raise ValueError(
@@ -713,15 +715,15 @@ class ServerAlgorithm:
             tree = state.get("tree")
             if not isinstance(tree, Mapping):
                 raise ValueError("checkpoint has no tree-aggregation state (noise-mechanism tree)")
-            self.tree_noise.load_state_dict(tree["noise"])
-            self.tree_cohorts.load_state_dict(tree["cohorts"])
+            self.tree_noise.load_state_dict(tree.get("noise"))
+            self.tree_cohorts.load_state_dict(tree.get("cohorts"))
             if self.tree_noise.round_num != self.round_num:
                 raise ValueError(
                     f"checkpoint's tree state is at round {self.tree_noise.round_num}, its model "
                     f"at round {self.round_num}"
                 )
             self._check_participation()
-        self.accountant.load_state_dict(state["accountant"])
+        self.accountant.load_state_dict(state.get("accountant"))
 
     def _check_participation(self) -> None:
         """Refuse a restored participation ledger that its round cannot have left.

@@ -43,6 +43,11 @@
    ``[True]`` or ``["3"]`` was read as users 0, 1 and 3, and ``["a"]``/``[-1]`` gave int()'s
    message or user -1. The users must now be integers ``>= 0``, as ``read_user_ids`` takes them
    (``ValueError`` naming the key; numpy integers still taken).
+8. ``ServerAlgorithm.load_state_dict`` (what ``--resume`` restores, and the Python API) with a
+   state missing ``round``, ``params``, ``opt_state`` or ``accountant``, or a tree state missing
+   ``noise`` or ``cohorts``, raised ``KeyError`` (``opt_state`` ``None``: ``TypeError`` from
+   ``optim.base.state_from_dict``), and a ``user_offset`` of 100,000 characters was written
+   whole. Each is now a ``ValueError`` naming what is missing, the offset shown cut.
 """
 
 from __future__ import annotations
@@ -287,3 +292,33 @@ def test_7_a_train_config_with_users_that_are_no_ids_is_refused(users):
     record[P.USERS] = users
     with pytest.raises(ValueError, match="must be a list of ints >= 0"):
         P.decode_train_config(record)  # [0.5], [True], ["3"], [-1]: users 0, 1, 3, -1
+
+
+# -- finding 8: a server state missing a part ----------------------------------------------------
+
+
+def _algorithm(**extra):
+    config = StrategyConfig(
+        strategy="dp-fedavg", population=4, clients_per_round=2, num_server_rounds=2,
+        noise_multiplier=0.8, clip_norm=1.0, seed=5, **extra,
+    )  # fmt: skip
+    return lambda: build_algorithm(config, torch.zeros(3))
+
+
+@pytest.mark.parametrize("part", ["round", "params", "opt_state", "accountant", "noise", "cohorts"])
+def test_8_a_server_state_missing_a_part_is_refused(part):
+    make = _algorithm(noise_mechanism="tree", tree_restart_rounds=2)
+    state = make().state_dict()
+    state["tree"] = dict(state["tree"])
+    (state["tree"] if part in ("noise", "cohorts") else state).pop(part)
+    with pytest.raises(ValueError):
+        make().load_state_dict(state)  # KeyError before
+
+
+def test_8_a_long_user_offset_is_shown_cut():
+    make = _algorithm()
+    state = make().state_dict()
+    state["user_offset"] = "x" * 100_000
+    with pytest.raises(ValueError, match="user_offset") as info:
+        make().load_state_dict(state)
+    assert len(str(info.value)) < 400

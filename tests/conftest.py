@@ -23,3 +23,13 @@ logging.getLogger("absl").setLevel(logging.ERROR)
 def _cleanup_flwr_home():
     yield
     shutil.rmtree(_FLWR_HOME, ignore_errors=True)
+
+
+@pytest.fixture
+def server_side(monkeypatch):
+    """The identity of a ServerApp task (building a Message reads it), restored afterwards."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)

@@ -67,12 +67,10 @@ from flwr.app import Error, Message, Metadata, RecordDict
 
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
-from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation.report import load_run, write_report
 from fedprivopt.simulation.rundata import mean_std
 from fedprivopt.strategies import StrategyConfig, build_algorithm
-from fedprivopt.strategies.flower import DPStrategy
-from tests.reliability.test_twentyninth_review_privacy import QueryGrid
+from tests.reliability.test_twentyninth_review_privacy import QueryGrid, user_query_strategy
 from tests.simulation.test_report import write_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,16 +108,6 @@ def test_1_prv_still_accounts_max_sigma_and_the_cli_refuses_in_one_line(tmp_path
 HUGE = "x" * 1_000_000
 
 
-@pytest.fixture
-def server_side(monkeypatch):
-    """The identity of a ServerApp task (building a Message reads it), restored afterwards."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
 class FailingGrid(QueryGrid):
     """Node 100 answers the user query with an error whose reason is 1 MB."""
 
@@ -140,12 +128,7 @@ class FailingGrid(QueryGrid):
 def test_2_a_node_error_reason_is_logged_cut(server_side, caplog):
     from tests.reliability.test_fuzz_replies import make_strategy, reply
 
-    config = StrategyConfig(
-        strategy="dp-fedavg", population=4, clients_per_round=2, num_server_rounds=1,
-        noise_multiplier=0.8, clip_norm=1.0, seed=5,
-    )  # fmt: skip
-    flat, spec = flatten({"w": torch.zeros(3)})
-    strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0)
+    strategy = user_query_strategy()
     with caplog.at_level(logging.WARNING, logger="flwr"):
         assert strategy.discover_users(FailingGrid(RecordDict())) == {2: 101, 3: 101}
         train = make_strategy()

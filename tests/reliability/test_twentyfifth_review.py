@@ -155,16 +155,6 @@ def test_1_deploy_min_nodes_checked(tmp_path, no_deployment, value, preset):
     assert not out.exists()
 
 
-@pytest.fixture
-def server_side(monkeypatch):
-    """The identity of a ServerApp task (building a Message reads it), restored afterwards."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
 def flower_strategy(**kwargs) -> tuple[DPStrategy, torch.Tensor, object]:
     """A DPStrategy of dp-fedavg over the scripted grid's users (every user every round)."""
     config = StrategyConfig(

@@ -60,36 +60,16 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.reliability.test_twentyeighth_review import _cli
+
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
-    env["FLWR_HOME"] = str(tmp_path / "flwr")
-    env["HOME"] = str(tmp_path / "home")
-    env["PYTHONPATH"] = str(ROOT)
-    env.pop("FEDPRIVOPT_DEBUG", None)
-    return env
-
-
-def _cli(tmp_path: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fedprivopt.cli", *argv],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def _one_line(proc: subprocess.CompletedProcess) -> str:

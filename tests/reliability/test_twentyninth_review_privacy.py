@@ -45,9 +45,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,21 +60,9 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy
+from tests.reliability.test_twentyeighth_review import _cli
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", PYTHONPATH=str(ROOT))
-    env["HOME"] = str(tmp_path)
-    return subprocess.run(
-        [sys.executable, "-m", "fedprivopt.cli", *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _gaussian_epsilon(mu: float, delta: float) -> float:
@@ -166,14 +151,14 @@ class QueryGrid:
         return replies
 
 
-@pytest.fixture
-def server_side(monkeypatch):
-    """The identity of a ServerApp task (building a Message reads it), restored afterwards."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+def user_query_strategy() -> DPStrategy:
+    """A DP-FedAvg Flower strategy over 4 users, 2 a round, for the user-query tests."""
+    config = StrategyConfig(
+        strategy="dp-fedavg", population=4, clients_per_round=2, num_server_rounds=1,
+        noise_multiplier=0.8, clip_norm=1.0, seed=5,
+    )  # fmt: skip
+    flat, spec = flatten({"w": torch.zeros(3)})
+    return DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0)
 
 
 def _ids(value) -> RecordDict:
@@ -193,12 +178,7 @@ def _ids(value) -> RecordDict:
          "bools", "digits", "negative", "bytes"],
 )  # fmt: skip
 def test_2_a_malformed_user_query_answer_is_a_node_error(server_side, hostile, caplog):
-    config = StrategyConfig(
-        strategy="dp-fedavg", population=4, clients_per_round=2, num_server_rounds=1,
-        noise_multiplier=0.8, clip_norm=1.0, seed=5,
-    )  # fmt: skip
-    flat, spec = flatten({"w": torch.zeros(3)})
-    strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0)
+    strategy = user_query_strategy()
     mapping = strategy.discover_users(QueryGrid(hostile))  # raised, or took bogus user ids
     assert mapping == {2: 101, 3: 101}
     assert strategy.node_errors == 1

@@ -198,16 +198,6 @@ class ScriptedGrid:
         return replies
 
 
-@pytest.fixture
-def server_side(monkeypatch):
-    """The identity of a ServerApp task (building a Message reads it), restored afterwards."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
 def scripted_run(behaviour: dict[int, str]) -> list[dict]:
     config = StrategyConfig(
         strategy="dp-fedavg",

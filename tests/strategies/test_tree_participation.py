@@ -13,7 +13,7 @@ from fedprivopt.privacy.flat import flatten
 from fedprivopt.privacy.tree import ParticipationError
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
-from tests.strategies.test_flower_faults import NODE_USERS, ScriptedGrid, server_side  # noqa: F401
+from tests.strategies.test_flower_faults import NODE_USERS, ScriptedGrid
 
 
 class ComingAndGoing(ScriptedGrid):
@@ -35,7 +35,7 @@ class ComingAndGoing(ScriptedGrid):
         return super().send_and_receive(messages, timeout=timeout)
 
 
-def test_a_deployment_asks_each_user_once_a_period_and_refuses_a_second_check_in(server_side):  # noqa: F811
+def test_a_deployment_asks_each_user_once_a_period_and_refuses_a_second_check_in(server_side):
     config = StrategyConfig(strategy="dp-fedadam", population=12, clients_per_round=2,
                             num_server_rounds=8, noise_multiplier=1.0, seed=4,
                             noise_mechanism="tree", tree_restart_rounds=6)  # fmt: skip

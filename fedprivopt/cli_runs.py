@@ -52,12 +52,28 @@ def build_checked_run(config, where: str = "config", task=None, out=None):
     """
     from fedprivopt.simulation.run import build_run, check_task_dirs_outside
 
-    try:
+    with _task_errors(where, config.task_params, every_value_error=True):
         if out is not None:
             check_task_dirs_outside(config, out)
         return build_run(config, task)
+
+
+@contextlib.contextmanager
+def _task_errors(where: str, params: dict, *, every_value_error: bool):
+    """A task parameter's error inside the block is a usage error led by ``where``, naming it.
+
+    A ``ValueError`` names the parameter as the config writes it (``task-params.KEY``); with
+    ``every_value_error`` false one that names no task parameter goes on as it was. A
+    ``TypeError`` of a task constructor's keywords (:func:`task_param_error`) is one line; any
+    other is a bug and goes on.
+    """
+    try:
+        yield
     except ValueError as exc:
-        raise UsageError(f"{where}: {name_task_param(str(exc), config.task_params)}") from None
+        named = name_task_param(str(exc), params)
+        if not every_value_error and named == str(exc):
+            raise
+        raise UsageError(f"{where}: {named}") from None
     except TypeError as exc:
         message = task_param_error(exc)
         if message is None:
@@ -248,18 +264,8 @@ def _resume_checked(resume, run_dir, stored, params: dict, *, progress: bool):
     key (``data_dir must be a non-empty path, got 5``). As :func:`build_checked_run` does, the
     message names the key (``params``: the stored ``[task-params]``), prefixed with the file.
     """
-    try:
+    with _task_errors(str(stored), params, every_value_error=False):
         return resume(run_dir, progress=progress)
-    except ValueError as exc:
-        named = name_task_param(str(exc), params)
-        if named == str(exc):
-            raise
-        raise UsageError(f"{stored}: {named}") from None
-    except TypeError as exc:
-        message = task_param_error(exc)
-        if message is None:
-            raise
-        raise UsageError(f"{stored}: {message}") from None
 
 
 def add_simulate(sub) -> None:

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fedprivopt.core.checks import check_int, refuse_repeated_keys
+from fedprivopt.core.checks import check_bool, check_int, check_real, refuse_repeated_keys
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.core.text import shown
 
@@ -92,6 +92,7 @@ __all__ = [
     "USER_IDS",
     "ClientSettings",
     "TrainConfig",
+    "check_user_ids",
     "decode_train_config",
     "encode_train_config",
     "hosted_users",
@@ -287,16 +288,31 @@ def read_user_ids(content: RecordDict) -> list[int]:
     record = content.get(USERS_RECORD) if hasattr(content, "get") else None
     if record is None or not hasattr(record, "get"):
         raise ValueError(f"the reply has no record {USERS_RECORD!r}")
-    ids = record.get(USER_IDS)
+    return list(check_user_ids(f"{USERS_RECORD}.{USER_IDS}", record.get(USER_IDS)))
+
+
+def check_user_ids(name: str, ids: object) -> tuple[int, ...]:
+    """``ids`` as a tuple of ints if it is a list of distinct integers ``>= 0``.
+
+    The one check of a list of user ids on the wire: a node's answer to the users query
+    (:func:`read_user_ids`), a train config's :data:`USERS` (:func:`decode_train_config`), the
+    users a ClientApp evaluates or answers with. Integers of any kind (numpy's) are ids;
+    ``True``, ``0.5``, ``"3"`` and ``None`` are not (thirty-first review of issue 15: the first
+    took only ``int``, the second any integral, with two messages).
+
+    Raises
+    ------
+    ValueError
+        Naming ``name``, with the value shown cut (``core.text.shown``).
+    """
     if not isinstance(ids, list) or any(
-        isinstance(u, bool) or not isinstance(u, int) or u < 0 for u in ids
+        isinstance(u, bool) or not isinstance(u, numbers.Integral) or u < 0 for u in ids
     ):
-        raise ValueError(
-            f"{USERS_RECORD}.{USER_IDS} must be a list of integers >= 0, got {repr(ids)[:80]}"
-        )
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{USERS_RECORD}.{USER_IDS} repeats a user id")
-    return list(ids)
+        raise ValueError(f"{name} must be a list of integers >= 0, got {shown(ids)}")
+    users = tuple(int(u) for u in ids)
+    if len(set(users)) != len(users):
+        raise ValueError(f"{name} repeats a user id: {shown(list(users))}")
+    return users
 
 
 def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
@@ -395,41 +411,42 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
     missing = [k for k in _REQUIRED_TRAIN_KEYS if k not in record]
     if missing:
         raise ValueError(f"train config is missing keys {missing}")
-    raw_users = record[USERS]
+
+    def key(name: str) -> str:
+        return f"train config {name!r}"
+
     # ints >= 0 as read_user_ids takes them (thirtieth review of issue 15: [0.5], [True] and
     # ["3"] were trained as users 0, 1 and 3, ["a"] raised int()'s message naming no key)
-    if not isinstance(raw_users, list) or any(
-        isinstance(u, bool) or not isinstance(u, numbers.Integral) or u < 0 for u in raw_users
-    ):
-        raise ValueError(
-            f"train config {USERS!r} must be a list of ints >= 0, got {shown(raw_users)}"
-        )
-    users = tuple(int(u) for u in raw_users)
-    if len(set(users)) != len(users):
-        raise ValueError(f"train config {USERS!r} repeats a user id: {shown(list(users))}")
-    max_examples = int(record[MAX_EXAMPLES])  # type: ignore[arg-type]
-    clip_norm = float(record[CLIP_NORM])  # type: ignore[arg-type]
-    if max_examples < 0 or clip_norm < 0:
-        raise ValueError(f"{MAX_EXAMPLES} and {CLIP_NORM} must be >= 0 (0 = none)")
+    users = check_user_ids(key(USERS), record[USERS])
+    # every other key has its type too (thirty-first review of issue 15: int(), float() and
+    # bool() made max-examples 0.5 "no cap", local-epochs 2.9 two epochs, round 1.5 round 1,
+    # "32" a batch size and secure "false" true)
+    max_examples = check_int(key(MAX_EXAMPLES), record[MAX_EXAMPLES], 0)
+    clip_norm = check_real(key(CLIP_NORM), record[CLIP_NORM], low=0.0)
+    stream = record[STREAM]
+    if not isinstance(stream, str) or not stream:
+        raise ValueError(f"{key(STREAM)} must be a non-empty string, got {shown(stream)}")
     local = LocalConfig(
-        learning_rate=float(record[LOCAL_LEARNING_RATE]),  # type: ignore[arg-type]
-        epochs=int(record[LOCAL_EPOCHS]),  # type: ignore[arg-type]
-        batch_size=int(record[BATCH_SIZE]),  # type: ignore[arg-type]
+        learning_rate=check_real(key(LOCAL_LEARNING_RATE), record[LOCAL_LEARNING_RATE]),
+        epochs=check_int(key(LOCAL_EPOCHS), record[LOCAL_EPOCHS], 1),
+        batch_size=check_int(key(BATCH_SIZE), record[BATCH_SIZE], 1),
         max_examples=max_examples or None,
         clip_norm=clip_norm or None,
-        noise_std=float(record[NOISE_STD]),  # type: ignore[arg-type]
-        clip_bit=bool(record.get(CLIP_BIT, False)),
-        count_noise_std=float(record.get(COUNT_NOISE_STD, 0.0)),  # type: ignore[arg-type]
+        noise_std=check_real(key(NOISE_STD), record[NOISE_STD], low=0.0),
+        clip_bit=check_bool(key(CLIP_BIT), record.get(CLIP_BIT, False)),
+        count_noise_std=check_real(key(COUNT_NOISE_STD), record.get(COUNT_NOISE_STD, 0.0), low=0),
     )
     settings = ClientSettings(
         local=local,
-        seed=int(record[SEED]),  # type: ignore[arg-type]
-        secure=bool(record[SECURE]),
-        report_private_metrics=bool(record.get(REPORT_PRIVATE_METRICS, False)),
+        seed=check_int(key(SEED), record[SEED], -(2**63)),
+        secure=check_bool(key(SECURE), record[SECURE]),
+        report_private_metrics=check_bool(
+            key(REPORT_PRIVATE_METRICS), record.get(REPORT_PRIVATE_METRICS, False)
+        ),
     )
     return TrainConfig(
         users=users,
-        round_num=int(record[ROUND]),  # type: ignore[arg-type]
-        stream=str(record[STREAM]),
+        round_num=check_int(key(ROUND), record[ROUND], 0),
+        stream=stream,
         settings=settings,
     )

@@ -165,14 +165,15 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
 
 
 def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Message:
+    content = message.content
+    config = content.config_records.get(P.CONFIG_RECORD)
+    asked = None
+    if config is not None and P.USERS in config:  # as a train config's (thirty-first review)
+        asked = P.check_user_ids(f"evaluate config {P.USERS!r}", config[P.USERS])
     task, trainer = _task_for(context, defaults)
     hosted = _hosted(context, task)
-    content = message.content
-    users = hosted
-    config = content.config_records.get(P.CONFIG_RECORD)
-    if config is not None and P.USERS in config:
-        allowed = set(hosted)
-        users = [int(u) for u in config[P.USERS] if int(u) in allowed]  # type: ignore[union-attr]
+    allowed = set(hosted)
+    users = hosted if asked is None else [u for u in asked if u in allowed]
     if P.ARRAYS_RECORD not in content.array_records:
         raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
     state = content.array_records[P.ARRAYS_RECORD].to_torch_state_dict()

@@ -86,13 +86,7 @@ def reply_users(message: Message, users: Iterable[int]) -> Message:
             f"unknown query: expected ConfigRecord {P.QUERY_RECORD!r} with "
             f"{P.OP!r}={P.OP_USERS!r}, got {shown(op)}"
         )
-    ids = list(users)
-    bad = [u for u in ids if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or u < 0]
-    if bad:
-        raise ValueError(f"users must be integers >= 0 (user ids), got {shown(bad[0])}")
-    ids = [int(u) for u in ids]
-    if len(set(ids)) != len(ids):
-        raise ValueError("users repeats a user id")
+    ids = list(P.check_user_ids("users", list(users)))
     return Message(RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: ids})}), reply_to=message)
 
 

@@ -273,7 +273,7 @@ def test_7_a_train_config_with_users_that_are_no_ids_is_refused(users):
 
     record = {key: 1 for key in P._REQUIRED_TRAIN_KEYS}
     record[P.USERS] = users
-    with pytest.raises(ValueError, match="must be a list of ints >= 0"):
+    with pytest.raises(ValueError, match="must be a list of integers >= 0"):
         P.decode_train_config(record)  # [0.5], [True], ["3"], [-1]: users 0, 1, 3, -1
 
 

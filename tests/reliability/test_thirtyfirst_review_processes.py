@@ -1,0 +1,129 @@
+"""Issue 15, thirty-first review (processes: signals, engine subprocesses, deployment misuse).
+
+1. A train config (``wire.decode_train_config``, what every ClientApp trains from; the
+   thirtieth review checked only its ``users``) took its other fields through ``int()``,
+   ``float()``, ``bool()`` and ``str()``: ``max-examples`` 0.5 became 0, "no cap", so the user
+   trained on all its examples; ``local-epochs`` 2.9 ran 2 epochs, ``round`` 1.5 and ``seed``
+   1.5 were rounds and seeds 1, ``round`` -1 was taken, ``"32"`` and ``"7"`` were parsed,
+   ``secure`` ``"false"``, ``report-private-metrics`` ``"no"`` and ``clip-bit`` ``"false"``
+   were true (the node then sent its users' example counts and losses), a ``stream`` of 5 or
+   ``""`` was taken, and a NaN ``round`` raised ``int()``'s message naming no key. Now each key
+   has its type and range, and a bad one is a ``ValueError`` naming it (``train config
+   'max-examples' must be an integer >= 0, got 0.5``); what ``encode_train_config`` writes
+   decodes as before. The three checks of a list of user ids (``read_user_ids``, which took
+   only ``int``, ``decode_train_config``, which took any integral, and ``clients.reply_users``)
+   are one, ``wire.check_user_ids``, which the ClientApp's evaluation now uses too (its
+   ``users`` ``[1.5]`` evaluated user 1, ``["a"]`` raised ``int()``'s message).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fedprivopt import wire as P
+from fedprivopt.core.local import LocalConfig
+
+_SETTINGS = P.ClientSettings(
+    local=LocalConfig(learning_rate=0.1, epochs=2, batch_size=4, max_examples=5, clip_norm=1.0),
+    seed=7,
+)
+
+
+def _train_config(**changes: object) -> dict[str, object]:
+    record = dict(P.encode_train_config(users=[1, 2], round_num=3, settings=_SETTINGS))
+    record.update({key.replace("_", "-"): value for key, value in changes.items()})
+    return record
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("round", 1.5),
+        ("round", math.nan),
+        ("round", "3"),
+        ("round", -1),
+        ("local-epochs", 2.9),
+        ("batch-size", "32"),
+        ("max-examples", 0.5),
+        ("max-examples", 1.9),
+        ("seed", 1.5),
+        ("seed", "7"),
+        ("secure", "false"),
+        ("secure", 1),
+        ("report-private-metrics", "no"),
+        ("clip-bit", "false"),
+        ("clip-norm", "1.0"),
+        ("local-learning-rate", "0.1"),
+        ("noise-std", "0"),
+        ("count-noise-std", "0"),
+        ("stream", 5),
+        ("stream", ""),
+    ],
+)
+def test_1_a_train_config_key_of_the_wrong_type_is_refused_naming_it(key, value):
+    with pytest.raises(ValueError, match=f"train config '{key}' must be"):
+        P.decode_train_config(_train_config(**{key: value}))
+
+
+def test_1_what_encode_writes_decodes_unchanged():
+    local = LocalConfig(
+        learning_rate=0.25,
+        epochs=3,
+        batch_size=2,
+        max_examples=None,
+        clip_norm=None,
+        noise_std=0.5,
+        clip_bit=True,
+        count_noise_std=2.0,
+    )
+    settings = P.ClientSettings(local=local, seed=2**63 - 1, secure=True)
+    for stream, round_num in (("train", 0), ("second", 10**6)):
+        record = P.encode_train_config(
+            users=[np.int64(4), 0], round_num=round_num, settings=settings, stream=stream
+        )
+        decoded = P.decode_train_config(record)
+        assert decoded == P.TrainConfig((4, 0), round_num, stream, settings)
+    assert P.decode_train_config(_train_config()).settings == _SETTINGS
+
+
+@pytest.mark.parametrize("ids", [[np.int64(3), 1], [0]])
+def test_1_the_user_query_answer_takes_integers_of_any_kind_as_the_train_config_does(ids):
+    class _Content(dict):
+        pass
+
+    content = _Content({P.USERS_RECORD: {P.USER_IDS: ids}})
+    assert P.read_user_ids(content) == [int(u) for u in ids]
+    assert P.decode_train_config(_train_config(users=ids)).users == tuple(int(u) for u in ids)
+
+
+@pytest.mark.parametrize("users", [[1.5], ["a"], [True], [-1], [0, 0]])
+def test_1_the_client_app_evaluates_only_a_list_of_user_ids(users, server_side):
+    from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+
+    from fedprivopt.clients.client_app import _evaluate
+
+    message = Message(
+        RecordDict(
+            {P.ARRAYS_RECORD: ArrayRecord(), P.CONFIG_RECORD: ConfigRecord({P.USERS: users})}
+        ),
+        dst_node_id=1,
+        message_type="evaluate",
+    )
+    with pytest.raises(ValueError, match="users"):
+        _evaluate(message, _toy_context(), _toy_defaults())
+
+
+def _toy_context():
+    from flwr.app import Context, RecordDict
+
+    node_config = {P.NODE_PARTITION_ID: 0, P.NODE_NUM_PARTITIONS: 1}
+    return Context(1, 1, node_config, RecordDict(), {})
+
+
+def _toy_defaults():
+    from fedprivopt.clients.client_app import _canonical_params, _Defaults
+
+    return _Defaults("toy", _canonical_params({"num_users": 4}), "cpu")

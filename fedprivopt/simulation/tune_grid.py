@@ -195,6 +195,11 @@ def check_grid_overrides(
     A grid key that sets nothing for ``strategy`` (another strategy's ``[strategies.S]`` table)
     is refused too: its trials would be labelled by values that changed nothing.
 
+    Two grid keys that set one key are refused alike (thirty-first review of issue 15,
+    compare finding 1: ``--grid server-learning-rate=0.5,1 --grid
+    strategies.dp-fedavg.server-learning-rate=0.1,0.2`` ran every trial at the table's value
+    and released "best trial-001 (server-learning-rate=0.5, ...)", a rate no trial ran).
+
     Raises
     ------
     ValueError
@@ -202,12 +207,21 @@ def check_grid_overrides(
     """
     fixed = {name: key for key, value in overrides.items()
              for name in keys_set_for(key, [value], strategy)}  # fmt: skip
+    tuned: dict[str, str] = {}  # key set -> the grid key that sets it
     for key, values in grid.items():
-        if not keys_set_for(key, values, strategy):  # trials labelled by a key that did nothing
+        names = keys_set_for(key, values, strategy)
+        if not names:  # trials labelled by a key that did nothing
             raise ValueError(
                 f"argument --grid: {key} sets nothing for {strategy} (it is another strategy's "
                 "table); tune a key of the tuned strategy"
             )
+        for name in sorted(names & tuned.keys()):
+            raise ValueError(
+                f"argument --grid: {shown(key)} and {shown(tuned[name])} both set "
+                f"{shown(name)}: one would win silently and the trials be labelled by values "
+                "that did not run; give one"
+            )
+        tuned.update(dict.fromkeys(names, key))
         for name in sorted(keys_set_for(key, values, strategy) & fixed.keys()):
             via = "" if name == key else f" (it sets {shown(name)})"
             also = "" if fixed[name] == name else f" (as {shown(fixed[name])})"

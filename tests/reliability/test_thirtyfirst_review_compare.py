@@ -1,0 +1,74 @@
+"""Issue 15, thirty-first review (compare and tuning reports): regression tests of its findings.
+
+1. ``tune toy.toml --grid server-learning-rate=0.5,1 --grid
+   strategies.dp-fedavg.server-learning-rate=0.1,0.2`` (also ``compare --tune-grid
+   server-learning-rate=0.5,1 --tune-grid dp-fedavg:strategies.dp-fedavg.server-learning-rate=
+   0.1,0.2``, a task parameter in snake and kebab case, or a ``strategies={...}`` table beside
+   the bare key): rc 0, every trial ran at the strategy table's rate, and the report released
+   "best trial-001 (server-learning-rate=0.5, strategies.dp-fedavg.server-learning-rate=0.2)",
+   naming a rate no trial ran (``trials.csv`` too). Two grid keys that set one key were
+   compared only by their spelling; a grid key against ``--set`` was already refused (eleventh
+   review, finding 2). Now rc 2 before anything is written, one line naming both grid keys and
+   the key they set.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli import main
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- finding 1: two grid keys that set one key ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [
+        ["server-learning-rate=0.5,1", "strategies.dp-fedavg.server-learning-rate=0.1,0.2"],
+        ["strategies={dp-fedavg={server-learning-rate=0.1}},{dp-fedavg={server-learning-rate=0.2}}",
+         "server-learning-rate=1,2"],
+    ],
+)  # fmt: skip
+def test_1_tune_refuses_two_grid_keys_setting_one_key(tmp_path, capsys, grid):
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), *(f"--grid={g}" for g in grid), "--mean-trials", "1"]
+    code, _, err = _run(capsys, *argv, "--rounds", "1", "--out", str(out), "--quiet")
+    assert code == 2, err  # was rc 0: trials labelled by a rate that did not run
+    assert len(err.strip().splitlines()) == 1, err
+    assert "argument --grid:" in err and "both set 'server-learning-rate'" in err, err
+    assert not out.exists()
+
+
+def test_1_compare_tune_grid_refuses_a_prefixed_spelling_of_a_shared_key(tmp_path, capsys):
+    out = tmp_path / "c"
+    code, _, err = _run(
+        capsys, "compare", str(TOY), "--strategies", "dp-fedavg",
+        "--tune-grid", "server-learning-rate=0.5,1",
+        "--tune-grid", "dp-fedavg:strategies.dp-fedavg.server-learning-rate=0.1,0.2",
+        "--mean-trials", "1", "--rounds", "1", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert code == 2, err
+    assert "argument --tune-grid:" in err and "both set 'server-learning-rate'" in err, err
+    assert not out.exists()
+
+
+def test_1_distinct_grid_keys_still_tune(tmp_path, capsys):
+    out = tmp_path / "t"
+    code, stdout, err = _run(
+        capsys, "tune", str(TOY), "--grid", "server-learning-rate=0.5,1",
+        "--grid", "local-learning-rate=0.1,0.2", "--mean-trials", "1", "--seed", "1",
+        "--rounds", "1", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "best trial-001" in stdout or "no trial released" in stdout, stdout

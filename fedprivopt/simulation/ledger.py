@@ -41,6 +41,7 @@ from fedprivopt.simulation.files import (
     METRICS_FILE,
     atomic_write,
     json_line,
+    parse_json,
     read_lines,
     write_synced,
 )
@@ -74,6 +75,14 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
+def _whole_object(text: str) -> bool:
+    """Whether ``text`` is a whole JSON object (not the prefix of a line cut while written)."""
+    try:
+        return isinstance(parse_json(text), dict)
+    except ValueError:
+        return False
+
+
 class RunLedger:
     """The privacy ledger of one run directory (``privacy_ledger.jsonl``).
 
@@ -88,6 +97,7 @@ class RunLedger:
         self._total = merge_ledger(p for e in entries for p in e.released)
         self.replay: list[LedgerEntry] = []
         self._torn_at: int | None = None  # where a torn last line starts; cut at the next append
+        self._unterminated = False  # a whole last line lacking its newline: ended on append
 
     # -- files ------------------------------------------------------------------------------
 
@@ -165,6 +175,12 @@ class RunLedger:
         for a resume that is then refused, or for a report) changes nothing. A file with no
         complete line (a start killed while writing the header) is no ledger (``None``).
 
+        A last line that lacks only its newline (a whole JSON object) is not torn: a line is
+        written in one piece, so it was edited (by a script that wrote no final newline, or an
+        editor) and is read as the release it records; the next :meth:`append` ends it first.
+        Thirty-first review of issue 15: it was dropped, and a secure run's resume then charged
+        the round it recorded once for two releases.
+
         Raises
         ------
         OldLedgerError
@@ -175,12 +191,14 @@ class RunLedger:
         path = out / LEDGER_FILE
         # a FIFO or a link to a device (ninth review); lines of at most LINE_LIMIT (twelfth)
         lines, torn_at = read_lines(path)
-        if torn_at is not None:
+        unterminated = torn_at is not None and len(lines) > 1 and _whole_object(lines[-1])
+        if torn_at is not None and not unterminated:
             lines.pop()
         if not lines:
             return None
         ledger = cls._parse(path, lines)
-        ledger._torn_at = torn_at
+        ledger._torn_at = None if unterminated else torn_at
+        ledger._unterminated = unterminated
         return ledger
 
     @classmethod
@@ -215,7 +233,9 @@ class RunLedger:
                 fh.flush()
                 os.fsync(fh.fileno())
             self._torn_at = None
-        write_synced(self.path, json_line(line), mode="a")
+        text = ("\n" if self._unterminated else "") + json_line(line)
+        write_synced(self.path, text, mode="a")
+        self._unterminated = False
         number = (self.entries[-1].line if self.entries else 1) + 1
         self.entries.append(
             LedgerEntry(kind, int(round_num), released, events, digest, number, participants)

@@ -1,0 +1,69 @@
+"""Issue 15, thirty-first hostile review (the ledger and run directories): regression tests.
+
+1. A privacy ledger whose last line lacks only its newline (a script that rewrote the file with
+   ``"\\n".join(lines)``, an editor that drops the final newline) had that whole line taken for
+   a torn write and dropped, then cut off the file by the next append. A secure run
+   (``secure = true``, ``checkpoint-every = 2``, ``eval-every = 2``) killed after round 3 was
+   released, its checkpoint of round 2, resumed after that one-character edit: rc 0, ε 13.70 for
+   the 5 releases whose ε is 15.03 (round 3's first release no longer in the ledger, its redo
+   charged once). A finished run so edited was refused as ``the ledger was edited (what was
+   released cannot have shrunk)``. A line is written in one piece, so a whole JSON object
+   without its newline is an edit, not a torn write: it is now read as the release it records
+   (the next append ends it first); a cut line is still dropped as before.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
+from fedprivopt.simulation.run import resume, simulate
+from tests.reliability.test_ledger import _ledger_epsilon, _set
+from tests.simulation.test_run import small_config
+
+
+def _killed_after_round_3(ref: Path, killed: Path) -> None:
+    """``ref`` (4 rounds, checkpoints and rows every 2) as killed after round 3 was released."""
+    shutil.copytree(ref, killed)
+    (killed / CHECKPOINT).unlink()
+    (killed / PREVIOUS_CHECKPOINT).rename(killed / CHECKPOINT)
+    (killed / "summary.json").unlink()
+    lines = (killed / LEDGER_FILE).read_text().splitlines(keepends=True)
+    (killed / LEDGER_FILE).write_text("".join(lines[:4]))
+    rows = [r for r in read_rows(killed / "metrics.jsonl") if r["round"] <= 3]
+    (killed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _strip_final_newline(out: Path) -> None:
+    text = (out / LEDGER_FILE).read_text()
+    assert text.endswith("}\n")
+    (out / LEDGER_FILE).write_text(text[:-1])
+
+
+# -- 1: a whole last line without its newline ------------------------------------------------------
+def test_1_a_secure_runs_last_ledger_line_without_its_newline_stays_charged(tmp_path):
+    config = small_config(
+        **{"secure": True, "num-server-rounds": 4, "checkpoint-every": 2, "eval-every": 2}
+    )
+    ref = simulate(config, tmp_path / "ref").out_dir
+    as_is, edited = tmp_path / "as_is", tmp_path / "edited"
+    _killed_after_round_3(ref, as_is)
+    _killed_after_round_3(ref, edited)
+    _strip_final_newline(edited)
+    expected = resume(as_is).epsilon  # round 3 released twice: 5 events
+    outcome = resume(edited)
+    assert outcome.epsilon == expected == _ledger_epsilon(edited, 1e-4)
+    rounds = [(line["round"], line["events"]) for line in read_rows(edited / LEDGER_FILE)[1:]]
+    assert rounds == [(1, 1), (2, 2), (3, 3), (3, 4), (4, 5)]
+
+
+def test_1_a_finished_runs_last_ledger_line_without_its_newline_resumes(tmp_path):
+    out = simulate(small_config(**{"num-server-rounds": 3}), tmp_path / "run").out_dir
+    _strip_final_newline(out)
+    _set(out, "num-server-rounds", "4")
+    outcome = resume(out)  # was refused: "the ledger was edited (... cannot have shrunk)"
+    assert outcome.rounds_completed == 4
+    assert outcome.epsilon == _ledger_epsilon(out, small_config().strategy.delta)
+    assert [line["round"] for line in read_rows(out / LEDGER_FILE)[1:]] == [1, 2, 3, 4]

@@ -23,7 +23,12 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     import time
 
     from fedprivopt.data import SyntheticConfig, generate
-    from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock
+    from fedprivopt.data.locks import (
+        DATA_LOCK,
+        LockHeldError,
+        exclusive_lock,
+        refuse_filesystem_root,
+    )
     from fedprivopt.data.sqlite import read_example_counts
     from fedprivopt.data.synthetic import (
         DATASET_FILES,
@@ -36,6 +41,10 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     from fedprivopt.data.token_cache import CACHE_DIR, remove_stores
 
     out = check_out_dir(args.out)
+    try:  # thirty-first review of issue 15 (data): the dataset was written into "/" (rc 0)
+        refuse_filesystem_root(out, "argument --out:")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     knobs = {"num_clients": args.clients, "seed": args.seed, **user_size_knobs(args.user_sizes)}
     if args.vocab is not None:
         knobs["vocab_size"] = args.vocab

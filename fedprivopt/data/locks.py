@@ -16,13 +16,32 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["DATA_LOCK", "LockHeldError", "exclusive_lock", "file_lock"]
+from fedprivopt.core.text import shown
+
+__all__ = ["DATA_LOCK", "LockHeldError", "exclusive_lock", "file_lock", "refuse_filesystem_root"]
 
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
 
 #: The lock file of a StackOverflow data directory: held by a task while it generates its
 #: synthetic files (waiting) and by ``fedprivopt data synth`` (refusing to wait for another).
 DATA_LOCK = ".stackoverflow.lock"
+
+
+def refuse_filesystem_root(path: str | os.PathLike, what: str) -> None:
+    """Raise ``ValueError`` if ``path`` is, or resolves to, the root of the file system.
+
+    The data layer writes its own files into the directories it is given (a dataset, token
+    stores with their lock files); the root ``/`` holds the system's directories, not ours.
+    Thirty-first review of issue 15 (data): ``task-params.cache-dir = "/"`` wrote a token store
+    and its lock file into ``/`` and ``fedprivopt data synth --out /`` the dataset's four files
+    (rc 0, as root). ``what`` leads the message (``cache_dir``, ``argument --out: ...``).
+    """
+    real = os.path.realpath(path)  # "/tmp/..", "//", a link to "/" (loops: left as written)
+    if os.path.dirname(real) == real:
+        raise ValueError(
+            f"{what} {shown(str(path))} is the root of the file system, which holds the system's "
+            "directories: choose a directory of its own"
+        )
 
 
 @contextlib.contextmanager

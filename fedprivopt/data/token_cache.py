@@ -43,7 +43,7 @@ from fedprivopt.core.files import read_at_most
 from fedprivopt.core.local import check_user_id
 from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.core.text import shown
-from fedprivopt.data.locks import file_lock
+from fedprivopt.data.locks import file_lock, refuse_filesystem_root
 from fedprivopt.data.ordered_workers import ENDING_SIGNALS
 
 __all__ = [
@@ -511,7 +511,8 @@ def open_or_build(
     Parameters
     ----------
     root : str or os.PathLike
-        Directory of stores (created if needed).
+        Directory of stores (created if needed); not the root of the file system
+        (``ValueError``).
     key : dict
         JSON-able description of the source and the encoding; stores are found by its digest.
     num_users : int
@@ -529,6 +530,7 @@ def open_or_build(
         ``progress(done, total)`` after each encoded piece.
     """
     num_users = check_int("num_users", num_users, 0)
+    refuse_filesystem_root(root, "a token store's root")  # thirty-first review of issue 15
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     target = root / cache_key_digest(key)

@@ -26,7 +26,7 @@ import torch
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.local import check_user_id
 from fedprivopt.core.text import shown
-from fedprivopt.data.locks import DATA_LOCK, file_lock
+from fedprivopt.data.locks import DATA_LOCK, file_lock, refuse_filesystem_root
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
 from fedprivopt.data.synthetic import (
     SQLITE_FILE,
@@ -341,6 +341,8 @@ class StackOverflowFiles:
             # fourteenth review of issue 15: generated into a comparison, rc 0; sixteenth:
             # into a directory inside one (a comparison's runs/)
             note = run_files_note(self.data_dir)
+            # thirty-first review of issue 15 (data): generated into "/" (rc 0), as data synth
+            refuse_filesystem_root(self.data_dir, "data_dir")
             if note is not None:
                 raise ValueError(
                     f"data_dir {str(self.data_dir)!r} {note}: it is a fedprivopt run, comparison "

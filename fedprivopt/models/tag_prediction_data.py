@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedprivopt.core.text import shown
 from fedprivopt.data.fast_example import text_fields_decoder
+from fedprivopt.data.locks import refuse_filesystem_root
 from fedprivopt.data.stackoverflow import StackOverflowExample
-from fedprivopt.data.token_cache import EncodedUsers, open_or_build, stderr_progress
+from fedprivopt.data.token_cache import CACHE_DIR, EncodedUsers, open_or_build, stderr_progress
 from fedprivopt.models.stackoverflow_files import STATE_LOCK, StackOverflowFiles
 from fedprivopt.models.tag_prediction_encoding import (
     UserCSR,
@@ -66,6 +68,27 @@ class TagTaskData(StackOverflowFiles):
     TRANSIENT = (*StackOverflowFiles.TRANSIENT, "_tag_index", "_store")
     _tag_index: dict[str, int] | None
     _store: EncodedUsers | None
+
+    def _ensure_files(self) -> None:
+        """Check the token store's settings, then the data directory's files (the base's).
+
+        Called by the constructor once ``token_cache`` and ``cache_dir`` are set, before any
+        file is read or generated. Thirty-first review of issue 15 (data): a ``cache_dir``
+        given without ``token_cache`` was silently unused (``task-params.cache-dir`` says where
+        the token store is written, and no store is built without ``token-cache = true``), and
+        ``cache_dir = "/"`` wrote the store and its lock file into the root of the file system.
+        As every setting that applies only with another one, a ``cache_dir`` other than the
+        default ``<data_dir>/.fedprivopt-cache`` is refused without ``token_cache``.
+        """
+        if not self.token_cache and self.cache_dir != self.data_dir / CACHE_DIR:
+            raise ValueError(
+                f"cache_dir applies only with the token store (token_cache = true; "
+                f"task-params.token-cache in a config), where it is written; got cache_dir = "
+                f"{shown(str(self.cache_dir))} without it: turn the token store on or leave "
+                "cache_dir out"
+            )
+        refuse_filesystem_root(self.cache_dir, "cache_dir")
+        super()._ensure_files()
 
     def _indexes(self) -> tuple[dict[str, int], dict[str, int]]:
         if self._word_index is None or self._tag_index is None:

@@ -117,6 +117,7 @@ def test_3_the_task_expands_a_tilde_itself(monkeypatch, tmp_path):
         num_tags=10,
         num_users=30,
         eval_users=5,
+        token_cache=True,  # a cache_dir applies only with it (thirty-first review)
         cache_dir="~/cache",
     )
     assert task.data_dir == tmp_path / "home" / "sodata"

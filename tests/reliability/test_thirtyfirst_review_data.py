@@ -1,0 +1,148 @@
+"""Issue 15, thirty-first hostile review (data layer and tasks): regression tests of its findings.
+
+1. ``simulate … --set task-params.cache-dir=K`` without ``task-params.token-cache = true`` (the
+   default): rc 0, ``K`` silently unused (the thirtieth review noted it and left it). As every
+   setting that applies only with another one (``tree-restart-rounds``, the adaptive-clipping
+   and distributed-noise keys), it is now refused before anything is read or written: rc 2,
+   ``config: task-params.cache-dir applies only with the token store (token_cache = true; …)``;
+   a run whose ``config.toml`` holds it is refused on ``--resume`` naming that file.
+2. The root of the file system as a directory the data layer writes into: ``task-params.cache-dir
+   = "/"`` (also ``"/tmp/.."`` or a link to ``/``) with the token store on wrote the store's
+   directory and its lock file into ``/`` (rc 0, as root); ``data synth --out /`` wrote the
+   dataset's four files and its lock there (rc 0); a task's synthetic generation with
+   ``data-dir = "/"`` would too. All three are now refused with one line
+   (``… '/' is the root of the file system, which holds the system's directories: choose a
+   directory of its own``; ``data.locks.refuse_filesystem_root``, also in
+   ``token_cache.open_or_build``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fedprivopt.cli import main
+
+_TP = """strategy = "dp-fedavg"
+engine = "fast"
+task = "stackoverflow-tp"
+population = 20
+clients-per-round = 4
+num-server-rounds = 1
+noise-multiplier = 1.0
+clip-norm = 1.0
+delta = 0.01
+batch-size = 8
+max-examples = 8
+
+[task-params]
+data-dir = {data!r}
+synthetic = false
+vocab-size = 100
+num-tags = 5
+num-users = 20
+eval-users = 5
+"""
+
+
+@pytest.fixture(scope="module")
+def tp_preset(tmp_path_factory):
+    """A 30-user synthetic dataset and a one-round tag-task preset on it."""
+    root = tmp_path_factory.mktemp("review31-data")
+    synth = ["data", "synth", "--out", str(root / "d"), "--clients", "30", "--vocab", "200"]
+    assert main([*synth, "--tags", "10", "--workers", "1"]) == 0
+    preset = root / "tp.toml"
+    preset.write_text(_TP.format(data=str(root / "d")))
+    return preset
+
+
+def _usage_line(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err.splitlines()[0]
+
+
+def _tag_task(data_dir, **kw):
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    return StackOverflowTagTask(
+        data_dir=data_dir, synthetic=False, vocab_size=100, num_tags=5, num_users=20,
+        eval_users=5, **kw,
+    )  # fmt: skip
+
+
+# -- 1. cache-dir without the token store -----------------------------------------------------
+
+
+def test_1_cache_dir_without_token_cache_is_refused_before_anything_is_written(
+    tmp_path, capsys, tp_preset
+):
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    argv = ["simulate", str(tp_preset), "--out", str(out), "--quiet"]
+    line = _usage_line(capsys, [*argv, "--set", f"task-params.cache-dir={cache}"])
+    assert "error: config: task-params.cache-dir applies only with the token store" in line
+    assert "token_cache = true" in line and str(cache) in line, line
+    assert not out.exists() and not cache.exists()
+    # with the store on, the same directory holds it (control)
+    sets = ["--set", f"task-params.cache-dir={cache}", "--set", "task-params.token-cache=true"]
+    assert main([*argv, *sets]) == 0
+    assert any(cache.glob("*/meta.json"))
+
+
+def test_1_the_task_refuses_it_and_keeps_the_default(tp_preset):
+    data = tp_preset.parent / "d"
+    with pytest.raises(ValueError, match=r"^cache_dir applies only with the token store"):
+        _tag_task(data, cache_dir=str(data.parent / "elsewhere"))
+    assert _tag_task(data).cache_dir == data / ".fedprivopt-cache"  # the default, unused
+    assert _tag_task(data, cache_dir=str(data / ".fedprivopt-cache")).token_cache is False
+
+
+def test_1_a_run_config_holding_it_names_the_file_on_resume(tmp_path, capsys, tp_preset):
+    out = tmp_path / "run"
+    assert main(["simulate", str(tp_preset), "--out", str(out), "--quiet"]) == 0
+    config = out / "config.toml"
+    text = config.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2")
+    config.write_text(text.replace("[task-params]\n", '[task-params]\ncache_dir = "/x"\n'))
+    line = _usage_line(capsys, ["simulate", "--resume", str(out), "--quiet"])
+    assert f"{config}: task-params.cache-dir applies only with the token store" in line, line
+
+
+# -- 2. the root of the file system -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("root", ["/", "/tmp/..", "//", "link"])
+def test_2_a_token_store_in_the_filesystem_root_is_refused(tp_preset, tmp_path, root):
+    if root == "link":
+        (tmp_path / "link").symlink_to("/")
+        root = str(tmp_path / "link")
+    data = tp_preset.parent / "d"
+    with pytest.raises(ValueError, match=r"^cache_dir .* is the root of the file system"):
+        _tag_task(data, token_cache=True, cache_dir=root)  # before: built into "/" on first use
+
+
+def test_2_data_synth_into_the_filesystem_root_is_refused(capsys):
+    # --vocab 5 is refused too: before the fix that was the line, and nothing was written
+    line = _usage_line(capsys, ["data", "synth", "--out", "/", "--clients", "5", "--vocab", "5"])
+    assert "error: argument --out: '/' is the root of the file system" in line, line
+    assert "choose a directory of its own" in line
+
+
+def test_2_a_task_does_not_generate_its_dataset_into_the_root(monkeypatch):
+    import fedprivopt.models.stackoverflow_files as files
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    def generated(*args, **kwargs):  # before the fix the files were generated into "/"
+        raise AssertionError("synthetic files generated into the root of the file system")
+
+    monkeypatch.setattr(files, "ensure_synthetic", generated)
+    monkeypatch.setattr(files, "_directory_lock", generated)  # before: "/.stackoverflow.lock"
+    with pytest.raises(ValueError, match=r"^data_dir '/' is the root of the file system"):
+        StackOverflowTagTask(data_dir="/", synthetic=True, synth_clients=30, num_users=20)
+
+
+def test_2_the_shared_check_refuses_the_root_only():
+    from fedprivopt.data.locks import refuse_filesystem_root
+
+    with pytest.raises(ValueError, match="is the root of the file system"):
+        refuse_filesystem_root("/", "root")
+    refuse_filesystem_root("/tmp", "root")  # a directory under it is the user's choice

@@ -82,9 +82,10 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     if len(metrics) != 1:
         raise ValueError(f"rows: mix metrics {sorted(metrics)}; aggregate with one metric")
     metric = metrics.pop()
-    columns = ["strategy", "noise_multiplier", "seeds", "epsilon", "delta", "rounds",
-               f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
-               "seconds_per_round"]  # fmt: skip
+    columns = list(dict.fromkeys([  # one eval_loss column pair with --metric eval_loss
+        "strategy", "noise_multiplier", "seeds", "epsilon", "delta", "rounds",
+        f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
+        "seconds_per_round"]))  # fmt: skip
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -261,12 +262,13 @@ def _markdown(
             f"{earlier} of {len(sel.runs)} runs come from an earlier call (reused or resumed: "
             "their stored configuration equals this call's); see [Runs](#runs)."
         )
+    loss = m != "eval_loss"  # else the metric's column is the loss (one column, not two)
     lines += [
         "",
         "## Summary",
         "",
-        f"| strategy | σ | seeds | ε | δ | rounds | {pretty} | eval loss | s/round |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| strategy | σ | seeds | ε | δ | rounds | {pretty} |{' eval loss |' * loss} s/round |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * loss + "---:|",
     ]
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
@@ -274,7 +276,8 @@ def _markdown(
         cells = [
             r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, _fmt_eps(r["epsilon"]),
             _fmt(r["delta"], 3), r["rounds"], _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
-            _fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n), _fmt(r["seconds_per_round"], 3),
+            *[_fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n)] * loss,
+            _fmt(r["seconds_per_round"], 3),
         ]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     ref_text = ""

@@ -10,10 +10,16 @@
    compared only by their spelling; a grid key against ``--set`` was already refused (eleventh
    review, finding 2). Now rc 2 before anything is written, one line naming both grid keys and
    the key they set.
+2. ``compare toy.toml --strategies dp-fedavg,fedavg --metric eval_loss``: ``summary.csv`` had
+   two ``eval_loss_mean`` and two ``eval_loss_std`` columns (a CSV reader keeps one of each,
+   pandas renames the second ``eval_loss_mean.1``), and ``report.md`` two identical columns,
+   "loss (eval)" and "eval loss". Now one of each (also ``compare --tune-grid``'s report and
+   ``compare-tuned``'s, which write the same files).
 """
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -72,3 +78,21 @@ def test_1_distinct_grid_keys_still_tune(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0, err
     assert "best trial-001" in stdout or "no trial released" in stdout, stdout
+
+
+# -- finding 2: --metric eval_loss gives one loss column ------------------------------------------
+
+
+def test_2_compare_metric_eval_loss_writes_one_loss_column(tmp_path, capsys):
+    out = tmp_path / "c"
+    code, _, err = _run(
+        capsys, "compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--rounds", "1",
+        "--metric", "eval_loss", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    with (out / "summary.csv").open(newline="", encoding="utf-8") as fh:
+        header, *rows = list(csv.reader(fh))
+    assert len(header) == len(set(header)), header  # was eval_loss_mean, eval_loss_std twice
+    assert header.count("eval_loss_mean") == 1 and len(rows) == 2, header
+    table = [line for line in (out / "report.md").read_text().splitlines() if "| strategy" in line]
+    assert table == ["| strategy | σ | seeds | ε | δ | rounds | loss (eval) | s/round |"], table

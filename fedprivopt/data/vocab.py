@@ -30,6 +30,7 @@ import numpy as np
 
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import read_at_most
+from fedprivopt.core.text import shown
 
 __all__ = [
     "MAX_KEPT_CHARS",
@@ -153,7 +154,10 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
     limit = check_int("limit", limit, 0, none=True)
     p = _existing(path)
     try:
-        with p.open(encoding="utf-8") as f:
+        # a leading byte-order mark (an editor's "UTF-8 with BOM") is no part of the first
+        # word (thirty-first review of issue 15, data: the most frequent word was read as
+        # "\ufeffthe", which no example holds, so it was silently out of the vocabulary)
+        with p.open(encoding="utf-8-sig") as f:
             return _keep_top(
                 _word_lines(p, f),
                 limit,
@@ -284,7 +288,7 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
             "is damaged)"
         )
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a leading byte-order mark, as for word counts
         del raw
         return _keep_top(
             _tag_entries(p, text),
@@ -326,6 +330,13 @@ def _tag_entries(p: Path, text: str) -> Iterator[tuple[int, str, int]]:
                     "Expecting property name enclosed in double quotes", text, pos
                 )
             tag, pos = json.decoder.scanstring(text, pos + 1)
+            if not tag or "|" in tag:
+                # thirty-first review of issue 15 (data): an example's tags are "|"-separated,
+                # so a tag "" was carried by every example without tags and "a|b" by none
+                raise ValueError(
+                    f"{p}: tag {shown(tag)} is empty or holds '|', which separates an "
+                    "example's tags: no tag-count file holds one (the file is damaged)"
+                )
             pos = _WS.match(text, pos).end()
             if text[pos : pos + 1] != ":":
                 raise json.JSONDecodeError("Expecting ':' delimiter", text, pos)
@@ -372,6 +383,9 @@ def write_word_counts(path: str | os.PathLike, words: Iterable[str], counts: Ite
 def write_tag_counts(path: str | os.PathLike, tags: Iterable[str], counts: Iterable[int]) -> Path:
     """Write a ``stackoverflow.tag_count`` JSON file (sorted by descending count)."""
     vocab = _pairs(tags, counts)
+    for t in vocab.items:
+        if not t or "|" in t:
+            raise ValueError(f"tag {t!r} must be non-empty without '|'")
     p = Path(path)
     p.write_text(json.dumps(vocab.as_dict()), encoding="utf-8")
     return p

@@ -14,13 +14,28 @@
    (``… '/' is the root of the file system, which holds the system's directories: choose a
    directory of its own``; ``data.locks.refuse_filesystem_root``, also in
    ``token_cache.open_or_build``).
+3. A vocabulary file saved by an editor as "UTF-8 with BOM": a ``stackoverflow.word_count``
+   was read with the byte-order mark in its first word (``'\\ufeffthe'``, which no example
+   holds), so the most frequent word was silently out of the vocabulary (rc 0); a
+   ``stackoverflow.tag_count`` was refused as ``not a JSON tag-count file: Expecting value:
+   line 1 column 1 (char 0)``. A leading byte-order mark is now skipped in both, as the
+   configuration loader skips it.
+4. A ``stackoverflow.tag_count`` holding the tag ``""``: every example without tags (the TFF
+   answers, whose tags are empty) was labelled with it, since an example's tags are split on
+   ``"|"`` and ``"".split("|") == [""]`` (a class that is no tag, trained and evaluated, rc 0);
+   a tag holding ``"|"`` (``"a|b"``) was a class no example can carry. Both are refused naming
+   the file and the tag; ``write_tag_counts`` refuses to write them.
 """
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.data.vocab import read_tag_counts, read_word_counts, write_tag_counts
 
 _TP = """strategy = "dp-fedavg"
 engine = "fast"
@@ -146,3 +161,60 @@ def test_2_the_shared_check_refuses_the_root_only():
     with pytest.raises(ValueError, match="is the root of the file system"):
         refuse_filesystem_root("/", "root")
     refuse_filesystem_root("/tmp", "root")  # a directory under it is the user's choice
+
+
+# -- 3. a byte-order mark ---------------------------------------------------------------------
+
+
+def test_3_a_word_count_file_with_a_bom_keeps_its_first_word(tmp_path):
+    path = tmp_path / "stackoverflow.word_count"
+    path.write_bytes(b"\xef\xbb\xbfthe 9\r\nto 5\r\n")  # Notepad's "UTF-8 with BOM", CRLF
+    assert read_word_counts(path).items == ("the", "to")  # before: ('\ufeffthe', 'to')
+    assert read_word_counts(path, limit=1).items == ("the",)
+
+
+def test_3_a_tag_count_file_with_a_bom_is_read(tmp_path):
+    path = tmp_path / "stackoverflow.tag_count"
+    path.write_bytes(b'\xef\xbb\xbf{"python": 3, "java": 2}')
+    assert read_tag_counts(path).items == ("python", "java")  # before: "Expecting value"
+
+
+def test_3_a_task_on_bom_files_has_the_same_vocabulary(tp_preset, tmp_path):
+    data = tp_preset.parent / "d"
+    copy = tmp_path / "d"
+    copy.mkdir()
+    for name in ("stackoverflow.sqlite", "stackoverflow.word_count", "stackoverflow.tag_count"):
+        body = (data / name).read_bytes()
+        (copy / name).write_bytes(body if name.endswith("sqlite") else b"\xef\xbb\xbf" + body)
+    plain, bom = _tag_task(data), _tag_task(copy)
+    assert bom.words == plain.words and bom.tags == plain.tags
+
+
+# -- 4. an empty tag, or one holding the separator --------------------------------------------
+
+
+@pytest.mark.parametrize("tag", ["", "a|b", "|"])
+def test_4_a_tag_no_example_can_carry_is_refused(tmp_path, tag):
+    path = tmp_path / "stackoverflow.tag_count"
+    path.write_text(json.dumps({"python": 5, tag: 3}))
+    with pytest.raises(ValueError, match=r"is empty or holds '\|'") as info:
+        read_tag_counts(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(ValueError, match=r"must be non-empty without '\|'"):
+        write_tag_counts(tmp_path / "out", ["python", tag], [5, 3])
+
+
+def test_4_the_empty_tag_no_longer_labels_untagged_examples(tp_preset, tmp_path):
+    from fedprivopt.models.tag_prediction_encoding import encode_texts
+
+    data = tp_preset.parent / "d"
+    copy = tmp_path / "d"
+    copy.mkdir()
+    for name in ("stackoverflow.sqlite", "stackoverflow.word_count"):
+        os.link(data / name, copy / name)
+    tags = read_tag_counts(data / "stackoverflow.tag_count")
+    (copy / "stackoverflow.tag_count").write_text(json.dumps({"": 10**9, **tags.as_dict()}))
+    # what it did: an answer (no tags) was labelled with the "" class
+    assert encode_texts([("w", "", "")], {"w": 0}, {"": 0}, single_label=True)[1] == [0]
+    with pytest.raises(ValueError, match=r"stackoverflow\.tag_count: tag '' is empty"):
+        _tag_task(copy)

@@ -327,14 +327,15 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     from fedprivopt.simulation.tune_report import load_tuned
 
     groups: dict[tuple, list] = {}  # the seeds of one strategy and sigma: tunings of one base
-    summaries, empty = {}, []
+    summaries, empty, ran = {}, [], {}
     for cell, ns, argv in tunings:
         summary = json.loads((Path(ns.out) / "summary.json").read_text(encoding="utf-8"))
         summaries[cell.label] = (summary, argv)
+        s = cell.config.strategy
+        ran.setdefault((s.strategy, s.noise_multiplier), []).append(cell.label)
         if summary["best"] is None:
             empty.append(cell.label)
             continue
-        s = cell.config.strategy
         groups.setdefault((s.strategy, s.noise_multiplier), []).append(ns.out)
     runs, single = [], {}
     try:
@@ -349,10 +350,13 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     if not runs:
         print(f"no tuning released a trial ({', '.join(empty)}); no report", file=sys.stderr)
         return 0
-    rows = {}  # a row publishes its tunings together: their composition (finding 4)
-    for (strategy, sigma), paths in groups.items():
-        costliest = max((summaries[Path(p).name][0] for p in paths), key=lambda x: x["epsilon"])
-        rows[(strategy, sigma)] = (len(paths), _row_epsilon(costliest, len(paths)))
+    # a row publishes its tunings together: their composition (issue 20 review, finding 4);
+    # a tuning that released nothing counts too: its outcome shows in the row's seeds
+    # (thirty-first review of issue 15, compare finding 3)
+    rows = {}
+    for key in groups:
+        costliest = max((summaries[label][0] for label in ran[key]), key=lambda x: x["epsilon"])
+        rows[key] = (len(ran[key]), _row_epsilon(costliest, len(ran[key])))
     notes = _notes(summaries, empty, rows)
     report = write_report(out, runs, title=f"fedprivopt compare: {args.config} (tuned)",
                           metric=args.metric, notes=notes,
@@ -452,7 +456,8 @@ def _notes(
             "A row's mean and std are over several tunings (one per seed) on the **same "
             "users**; publishing a row releases all of them, which costs their composition "
             "(RDP, the costliest tuning's RepeatAndSelectDpEvent self-composed n times), not "
-            "one tuning's epsilon:",
+            "one tuning's epsilon. n counts every tuning of the row, also one that released "
+            "nothing (its outcome shows in the row's seeds):",
             "",
             "| strategy | noise multiplier | tunings n | epsilon (row: n tunings composed) |",
             "|---|---:|---:|---:|",

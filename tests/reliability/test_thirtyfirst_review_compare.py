@@ -15,11 +15,19 @@
    pandas renames the second ``eval_loss_mean.1``), and ``report.md`` two identical columns,
    "loss (eval)" and "eval loss". Now one of each (also ``compare --tune-grid``'s report and
    ``compare-tuned``'s, which write the same files).
+3. ``compare toy.toml --strategies dp-fedavg --tune-grid server-learning-rate=1e38,1
+   --mean-trials 1 --seeds 3``, where two of the three tunings drew only the diverging rate and
+   released nothing: the row's "n tunings composed" table said n = 1, ε 11.73 (one tuning's),
+   although the report (and the row's seeds, 1 of 3) shows the outcome of all three tunings
+   on the same users, each covered only by its own ε. Now n counts every tuning of the row,
+   3, ε 20.65 (their composition); a row whose tunings all released a trial is unchanged.
 """
 
 from __future__ import annotations
 
 import csv
+import re
+import secrets
 from pathlib import Path
 
 import pytest
@@ -96,3 +104,28 @@ def test_2_compare_metric_eval_loss_writes_one_loss_column(tmp_path, capsys):
     assert header.count("eval_loss_mean") == 1 and len(rows) == 2, header
     table = [line for line in (out / "report.md").read_text().splitlines() if "| strategy" in line]
     assert table == ["| strategy | σ | seeds | ε | δ | rounds | loss (eval) | s/round |"], table
+
+
+# -- finding 3: a tuning that released nothing is composed into its row -------------------------
+
+
+def test_3_a_row_composes_its_tunings_that_released_nothing(tmp_path, capsys, monkeypatch):
+    # tuning seeds 1 and 0 (OS entropy, here fixed): with --mean-trials 1 each tuning runs one
+    # trial; seed 1 draws the rate 1 (released), seed 0 the rate 1e38 (diverges: released
+    # nothing)
+    drawn, randbits = iter([1, 0]), secrets.randbits  # numpy draws its own entropy too
+    monkeypatch.setattr(secrets, "randbits", lambda k: next(drawn) if k == 63 else randbits(k))
+    out = tmp_path / "c"
+    code, _, err = _run(
+        capsys, "compare", str(TOY), "--strategies", "dp-fedavg", "--seeds", "2",
+        "--tune-grid", "server-learning-rate=1e38,1", "--mean-trials", "1", "--rounds", "1",
+        "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "Released nothing" in report and "dp-fedavg__sigma0.5__seed1" in report, report
+    row = re.search(r"^\| dp-fedavg \| 0\.5 \| (\d+) \| ([0-9.]+) \|$", report, re.M)
+    assert row is not None, report
+    one = float(re.search(r"\| trial-001 \| [^|]+ \| ([0-9.]+) \|", report).group(1))
+    assert row.group(1) == "2", report  # was 1: the empty tuning left out of the composition
+    assert float(row.group(2)) > one, report

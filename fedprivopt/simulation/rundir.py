@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -117,6 +118,25 @@ def check_held(out: str | os.PathLike) -> None:
         )
 
 
+def _detach_hard_link(path: Path) -> None:
+    """Remove lock file ``path`` if it is a regular file with other hard links.
+
+    The caller holds its directory's lock, so the name is its own to replace.
+
+    Thirty-first review of issue 15: a run copied with ``cp -al A B`` (as snapshot backups make)
+    shares ``run.lock``'s inode with ``A``, whose ``flock`` is the inode's: ``--resume B`` was
+    refused as "in use by process N" while ``A`` ran (and ``A`` while ``B`` ran), and each wrote
+    its PID into the other's file. A symbolic link or special file is left for
+    :func:`~fedprivopt.data.locks.exclusive_lock` to refuse, naming it.
+    """
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        path.unlink()
+
+
 @contextlib.contextmanager
 def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Iterator[Path]:
     """Hold an exclusive lock on directory ``out`` (it must exist) for the ``with`` block.
@@ -157,6 +177,7 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
         raise
     key = os.path.abspath(out)
     try:
+        _detach_hard_link(out / pid_file)
         with exclusive_lock(out / pid_file, what=what) as path:
             _HELD[key] = fd
             check_held(out)  # replaced between the open and the lock: the lock is not out's

@@ -10,16 +10,25 @@
    released cannot have shrunk)``. A line is written in one piece, so a whole JSON object
    without its newline is an edit, not a torn write: it is now read as the release it records
    (the next append ends it first); a cut line is still dropped as before.
+2. A run copied with ``cp -al A B`` (hard links, as snapshot backups make; the sixteenth review
+   gave such a copy's ledger and rows their own files on resume) shares ``run.lock``'s inode
+   with ``A``, and the lock file's ``flock`` is the inode's: ``simulate --resume B`` while ``A``
+   ran was refused, ``run directory 'B' is in use by process <A's PID>`` (and ``A`` while ``B``
+   ran), each writing its PID into the other's file. The holder of a directory's lock now
+   gives a hard-linked lock file its own before locking it (a link or FIFO is still refused).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
+from fedprivopt.cli import main
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
 from fedprivopt.simulation.run import resume, simulate
+from fedprivopt.simulation.rundir import lock_run_dir
 from tests.reliability.test_ledger import _ledger_epsilon, _set
 from tests.simulation.test_run import small_config
 
@@ -67,3 +76,29 @@ def test_1_a_finished_runs_last_ledger_line_without_its_newline_resumes(tmp_path
     assert outcome.rounds_completed == 4
     assert outcome.epsilon == _ledger_epsilon(out, small_config().strategy.delta)
     assert [line["round"] for line in read_rows(out / LEDGER_FILE)[1:]] == [1, 2, 3, 4]
+
+
+# -- 2: a hard-linked copy's run.lock --------------------------------------------------------------
+def test_2_a_hard_linked_copys_lock_file_is_its_own(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "run.lock").write_text("")
+    os.link(a / "run.lock", b / "run.lock")
+    with lock_run_dir(a), lock_run_dir(b):  # was: 'b' is in use by process <this one>
+        assert (a / "run.lock").read_text() == (b / "run.lock").read_text() == f"{os.getpid()}\n"
+        assert not os.path.samefile(a / "run.lock", b / "run.lock")
+
+
+def test_2_a_cp_al_copy_of_a_running_run_resumes(tmp_path, capsys):
+    a = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "a").out_dir
+    b = tmp_path / "b"
+    shutil.copytree(a, b, copy_function=os.link)
+    text = (b / "config.toml").read_text()
+    (b / "config.toml").unlink()  # as an editor that writes a new file does
+    (b / "config.toml").write_text(text)
+    _set(b, "num-server-rounds", "3")
+    with lock_run_dir(a):  # a runs (here: held by this process)
+        assert main(["simulate", "--resume", str(b), "--quiet"]) == 0, capsys.readouterr().err
+        assert (a / "run.lock").read_text() == f"{os.getpid()}\n"
+    assert resume(a).rounds_completed == 2  # a is as it was

@@ -2,9 +2,9 @@
 
 :class:`TagTaskData` is the base of :class:`~fedprivopt.models.tag_prediction.StackOverflowTagTask`
 that reads the TFF StackOverflow SQLite file: a training user's examples, encoded as in
-:mod:`~fedprivopt.models.tag_prediction_encoding`, padded (:meth:`~TagTaskData.user_data`, kept in
-a least-recently-used cache) or ragged (:meth:`~TagTaskData.user_csr`,
-:meth:`~TagTaskData.examples_csr`, what the cohort trainer reads), optionally from a memory-mapped
+:mod:`~fedprivopt.models.tag_prediction_encoding`, ragged (:meth:`~TagTaskData.user_csr`, kept in
+a least-recently-used cache, and :meth:`~TagTaskData.examples_csr`, what the cohort trainer
+reads) or padded from them (:meth:`~TagTaskData.user_data`), optionally from a memory-mapped
 token store built once (:mod:`fedprivopt.data.token_cache`), and the pooled evaluation batches.
 The task's constructor sets the attributes it reads and ends with ``_open_users``; pickling drops
 the open database and the caches (:attr:`~TagTaskData.TRANSIENT`), and the copy reopens the file
@@ -14,6 +14,7 @@ lazily.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,9 +37,11 @@ from fedprivopt.models.tag_prediction_encoding import (
     ragged_take,
 )
 
-__all__ = ["EVAL_BATCH", "TagTaskData"]
+__all__ = ["EVAL_BATCH", "USER_PAD_BYTES", "TagTaskData"]
 
 EVAL_BATCH = 2048  # examples per evaluation forward pass
+USER_PAD_BYTES = 1 << 30
+"""Bytes of one user's padded ``(x, y)`` at most (:meth:`TagTaskData.user_data`; 1 GiB)."""
 
 
 class TagTaskData(StackOverflowFiles):
@@ -130,28 +133,49 @@ class TagTaskData(StackOverflowFiles):
 
         ``x`` is ``int64`` ``(n, L)`` word ids (vocabulary ``< V``, OOV ``V``, padding
         ``V + 1``), ``y`` ``int64`` ``(n, T)`` padded tag ids (padding ``K``) or, single-label,
-        ``(n,)``. ``n`` may be 0.
+        ``(n,)``. ``n`` may be 0. Padded from :meth:`user_csr` on each call; a user whose
+        padded tensors would take more than :data:`USER_PAD_BYTES` raises ``ValueError``.
         """
-        return self._cached_user(user_id, self._read_user)
+        data = self.user_csr(user_id)
+        n = int(data.lengths.numel())
+        width = max(1, int(data.lengths.max()) if n else 0)
+        tags = (
+            0 if data.label_lengths is None else max(1, int(data.label_lengths.max()) if n else 0)
+        )
+        size = 8 * n * (width + tags)
+        if size > USER_PAD_BYTES:
+            raise ValueError(
+                f"{self.sqlite_path}: training user {shown(self.client_ids[user_id])}: "
+                f"{n:,} examples padded to the longest one ({width:,} words) would take "
+                f"{size / 2**30:.3g} GiB, more than {USER_PAD_BYTES / 2**30:g} GiB;"
+                " the cohort trainer (vectorize = true, the default of the fast engine) reads "
+                "users unpadded, or cap max_examples_per_user"
+            )
+        x = pad_ragged(data.tokens.numpy(), data.lengths.numpy(), self.num_features + 1)
+        if data.label_lengths is None:
+            return x, data.labels
+        return x, pad_ragged(data.labels.numpy(), data.label_lengths.numpy(), self.num_tags)
 
-    def _read_user(self, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        store = self.encoded_users()
-        if store is not None:
-            tokens, lengths, labels, label_lengths = store.user(user_id)
-            x = pad_ragged(tokens, lengths, self.num_features + 1)
-            if self.single_label:
-                y = torch.from_numpy(labels.astype(np.int64))
-            else:
-                y = pad_ragged(labels, label_lengths, self.num_tags)
-            return x, y
+    def _read_csr(self, user_id: int) -> UserCSR:
+        """User ``user_id``'s examples from the SQLite file, encoded, as ragged tensors."""
         words, labels = self._read_train_user(self.client_ids[user_id])
-        return example_tensors(words, labels, self.num_features, self.num_tags, self.single_label)
+        lengths = long_tensor(np.fromiter(map(len, words), np.int64, len(words)))
+        tokens = long_tensor(np.fromiter(itertools.chain.from_iterable(words), np.int64))
+        if self.single_label:
+            return UserCSR(tokens, lengths, long_tensor(np.asarray(labels, np.int64)), None)
+        label_lengths = long_tensor(np.fromiter(map(len, labels), np.int64, len(labels)))
+        flat = long_tensor(np.fromiter(itertools.chain.from_iterable(labels), np.int64))
+        return UserCSR(tokens, lengths, flat, label_lengths)
 
     def user_csr(self, user_id: int) -> UserCSR:
         """The examples of ``user_id`` as ragged arrays (what the cohort trainer consumes).
 
         The same data as :meth:`user_data` without padding: from the token store when
-        :attr:`token_cache` is on, else converted from :meth:`user_data`.
+        :attr:`token_cache` is on, else decoded from the file and kept in the user cache.
+        Thirty-first review of issue 15 (data): they were cut from :meth:`user_data`'s padded
+        tensors, ``n x L`` values for ``n`` examples whose longest has ``L`` words: a user of
+        2,000 examples, one of them 400,000 words (an 800 kB example, within
+        :data:`~fedprivopt.data.stackoverflow.MAX_EXAMPLE_BYTES`), took 6.4 GB and 49 s.
         """
         user_id = self._check_user(user_id)
         store = self.encoded_users()
@@ -163,12 +187,7 @@ class TagTaskData(StackOverflowFiles):
                 long_tensor(labels),
                 None if label_lengths is None else long_tensor(label_lengths),
             )
-        x, y = self.user_data(user_id)
-        words = x <= self.num_features
-        if self.single_label:
-            return UserCSR(x[words], words.sum(dim=1), y, None)
-        tags = y < self.num_tags
-        return UserCSR(x[words], words.sum(dim=1), y[tags], tags.sum(dim=1))
+        return self._cached_user(user_id, self._read_csr)  # type: ignore[arg-type, return-value]
 
     def user_sizes(self, users: Sequence[int]) -> list[int]:
         """Number of training examples of each of ``users`` (from the token store if on)."""

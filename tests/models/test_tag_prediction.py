@@ -293,9 +293,9 @@ def test_cache_is_bounded(synth_dir):
     task = StackOverflowTagTask(
         data_dir=str(synth_dir), vocab_size=500, num_tags=15, cache_users=2, num_users=10, **SYNTH
     )
-    first = task.user_data(0)
+    first = task.user_csr(0)  # the cache holds users unpadded (thirty-first review of issue 15)
     task.user_data(1)
-    assert task.user_data(0) is first  # cached
+    assert task.user_csr(0) is first  # cached
     task.user_data(2)  # evicts user 1, the least recently used
     assert list(task._cache) == [0, 2]
 

@@ -25,6 +25,15 @@
    ``"|"`` and ``"".split("|") == [""]`` (a class that is no tag, trained and evaluated, rc 0);
    a tag holding ``"|"`` (``"a|b"``) was a class no example can carry. Both are refused naming
    the file and the tag; ``write_tag_counts`` refuses to write them.
+5. The tag task's user read padded every example to the user's longest before anything else:
+   the cohort trainer's ragged read (``user_csr``, the fast engine's default) was cut from that
+   ``n x L`` tensor. A user of 2,000 examples, one of them 400,000 words (an 800 kB example,
+   within the 1 MiB ``MAX_EXAMPLE_BYTES``), took 6.4 GB and 49 s for one user (under a 4 GB
+   address-space limit: a ``MemoryError`` traceback, rc 1); 20,000 such examples would take
+   64 GB. The user cache now holds users ragged (as read), the cohort trainer never pads
+   (335 MB for that run, rc 0), and ``user_data`` (the sequential trainer, ``vectorize =
+   false``, the Flower client) pads from them and refuses a user whose padded tensors exceed
+   ``USER_PAD_BYTES`` = 1 GiB with one line naming the file, the client and the sizes.
 """
 
 from __future__ import annotations
@@ -218,3 +227,76 @@ def test_4_the_empty_tag_no_longer_labels_untagged_examples(tp_preset, tmp_path)
     assert encode_texts([("w", "", "")], {"w": 0}, {"": 0}, single_label=True)[1] == [0]
     with pytest.raises(ValueError, match=r"stackoverflow\.tag_count: tag '' is empty"):
         _tag_task(copy)
+
+
+# -- 5. a user padded to its longest example --------------------------------------------------
+
+
+def _long_post_user(root, examples: int, words: int):
+    """A training user ``u0`` of ``examples`` examples, the first of ``words`` words."""
+    from fedprivopt.data.sqlite import write_sqlite
+    from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
+    from fedprivopt.data.vocab import write_word_counts
+
+    def post(text: str) -> bytes:
+        return encode_example(StackOverflowExample(text, "t", "python", "2010", 1, "question"))
+
+    root.mkdir()
+    rows = [("train", "u0", post("a " * words))] + [("train", "u0", post("b"))] * (examples - 1)
+    rows += [("train", "u1", post("c")), ("test", "v1", post("a b"))]
+    meta = [("u0", "train", examples), ("u1", "train", 1), ("v1", "test", 1)]
+    write_sqlite(root / "stackoverflow.sqlite", rows, meta)
+    write_word_counts(root / "stackoverflow.word_count", ["a", "b", "c"], [3, 2, 1])
+    write_tag_counts(root / "stackoverflow.tag_count", ["python", "java"], [2, 1])
+    return root
+
+
+def test_5_the_cohort_trainers_read_of_a_user_is_not_padded(tmp_path):
+    import tracemalloc
+
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    data = _long_post_user(tmp_path / "d", 200, 40_000)
+    task = StackOverflowTagTask(data_dir=data, synthetic=False, vocab_size=3, num_tags=2)
+    tracemalloc.start()
+    try:
+        csr = task.user_csr(0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert csr.lengths.tolist() == [40_001] + [2] * 199 and csr.tokens.numel() == 40_399  # titles
+    # before: padded first, 200 x 40,001 int64 (64 MB); the measure at 2,000 examples and
+    # 400,000 words was 6.4 GB and 49 s, now 0.5 s
+    assert peak < 16 * 2**20, peak
+
+
+def test_5_the_padded_read_is_bounded_and_unchanged(tmp_path, monkeypatch, capsys, tp_preset):
+    from fedprivopt.models import tag_prediction_data
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+    from fedprivopt.models.tag_prediction_encoding import example_tensors
+
+    for single in (False, True):  # control: the same tensors as the lists padded
+        task = _tag_task(tp_preset.parent / "d", single_label=single)
+        for user in (0, 7):
+            lists = task._read_train_user(task.client_ids[user])
+            want = example_tensors(*lists, task.num_features, task.num_tags, single)
+            got = task.user_data(user)
+            assert all(a.equal(b) for a, b in zip(got, want, strict=True))
+    data = _long_post_user(tmp_path / "d", 200, 4_000)
+    monkeypatch.setattr(tag_prediction_data, "USER_PAD_BYTES", 2**20)
+    task = StackOverflowTagTask(data_dir=data, synthetic=False, vocab_size=3, num_tags=2)
+    with pytest.raises(ValueError, match=r"stackoverflow\.sqlite: training user 'u0': 200 exa"):
+        task.user_data(0)  # 200 x 4,001 x 8 bytes = 6.1 MiB
+    assert task.user_data(1)[0].shape == (1, 2)  # "c" and the title
+    preset = tmp_path / "p.toml"
+    preset.write_text(
+        tp_preset.read_text()
+        .replace(str(tp_preset.parent / "d"), str(data))
+        .replace("population = 20", "population = 2")
+        .replace("clients-per-round = 4", "clients-per-round = 2")
+        .replace("vocab-size = 100\nnum-tags = 5\nnum-users = 20\neval-users = 5", "vocab-size = 3")
+    )
+    argv = ["simulate", str(preset), "--out", str(tmp_path / "r"), "--quiet"]
+    line = _usage_line(capsys, [*argv, "--set", "vectorize=false"])
+    assert "training user 'u0': 200 examples padded to the longest one (4,001 words)" in line
+    assert main(argv) == 0  # the cohort trainer reads it unpadded

@@ -419,7 +419,11 @@ def test_8_the_user_cache_keeps_at_most_cache_bytes(tmp_path, monkeypatch, task_
 
     data = _users_dataset(tmp_path / "d", 6)
     task = build_task(task_name, data_dir=str(data), synthetic=False)
-    sizes = [sum(t.nbytes for t in task.user_data(u)) for u in range(6)]
+    # what the cache holds: the tag task's users unpadded (thirty-first review of issue 15)
+    sizes = []
+    for u in range(6):
+        task.user_data(u)
+        sizes.append(stackoverflow_files._nbytes(task._cache[u]))
     assert len(task._cache) == 6  # control: 2,048 users and 1 GiB hold them all
     task = build_task(task_name, data_dir=str(data), synthetic=False)
     monkeypatch.setattr(stackoverflow_files, "CACHE_BYTES", sizes[4] + sizes[5])

@@ -152,6 +152,36 @@ def _check_log_dir(logs: Path) -> None:
         )
 
 
+def _interrupted(out: Path) -> str:
+    """The one line of an interrupted deployment: whether its run finished, or how it continues.
+
+    Thirty-first review of issue 15: the line was ``interrupted; every process was stopped``
+    also after the run had written ``summary.json`` (the ServerApp writes it last), and said
+    nothing of ``fedprivopt simulate --resume``, which continues an unfinished one.
+    """
+    import shlex
+
+    from fedprivopt.simulation.audit import secure_tree_redo
+
+    where = shlex.quote(str(out)).replace("\n", "\\n")
+    head = "fedprivopt deploy local: interrupted"
+    if (out / "summary.json").is_file():
+        return f"{head} after the run had finished (its results are in {where})"
+    if not (out / "config.toml").is_file():
+        return f"{head} before the run released a round; every process was stopped"
+    refused = secure_tree_redo(out)
+    if refused is not None:  # what --resume would refuse, said now (as simulate says it)
+        why = refused.split(": refusing")[0]
+        return (
+            f"{head}; every process was stopped; the run cannot be resumed ({why}): start a new "
+            "run in another directory"
+        )
+    return (
+        f"{head}; every process was stopped; the run can be continued with fedprivopt simulate "
+        f"--resume {where}"
+    )
+
+
 def run_deploy_command(args: argparse.Namespace) -> int:
     """Handler of ``fedprivopt deploy local``; returns the exit code."""
     from fedprivopt.deploy.local import deploy_local
@@ -243,7 +273,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
             raise
         raise ValueError(message) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (interrupt.Interrupted)
-        print("fedprivopt deploy local: interrupted; every process was stopped", file=sys.stderr)
+        print(_interrupted(Path(out).expanduser()), file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
     except (RuntimeError, TimeoutError) as exc:
         print(f"fedprivopt deploy local: failed: {exc}", file=sys.stderr)

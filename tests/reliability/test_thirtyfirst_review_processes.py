@@ -14,11 +14,21 @@
    only ``int``, ``decode_train_config``, which took any integral, and ``clients.reply_users``)
    are one, ``wire.check_user_ids``, which the ClientApp's evaluation now uses too (its
    ``users`` ``[1.5]`` evaluated user 1, ``["a"]`` raised ``int()``'s message).
+2. ``deploy local`` signalled (Ctrl-C, SIGTERM, SIGHUP) said ``fedprivopt deploy local:
+   interrupted; every process was stopped`` whatever the run had done: after its last round,
+   with ``summary.json`` written (SIGTERM as the deployment waited for Flower to report the run
+   finished), the user read "interrupted" and never saw the ``finished`` line; mid-run nothing
+   said that ``fedprivopt simulate --resume OUT`` continues it (``simulate``'s line names
+   ``--resume``). Now the line says which: ``interrupted after the run had finished (its
+   results are in OUT)``, ``... the run can be continued with fedprivopt simulate --resume
+   OUT`` (or why it cannot, as ``simulate`` says), or ``interrupted before the run released a
+   round``; the exit code is still 128 + the signal.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,3 +137,68 @@ def _toy_defaults():
     from fedprivopt.clients.client_app import _canonical_params, _Defaults
 
     return _Defaults("toy", _canonical_params({"num_users": 4}), "cpu")
+
+
+# -- finding 2: the line of an interrupted deployment ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from tests.reliability.test_fuzz_cli import run_cli
+    from tests.reliability.test_misuse_cli import TOY
+
+    out = tmp_path_factory.mktemp("deployed") / "run"
+    code, _, err = run_cli(["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(out)])
+    assert code == 0, err
+    return out
+
+
+def _deploy_interrupted(monkeypatch, tmp_path, source, drop=()):
+    """``deploy local`` whose deployment wrote ``source``'s files (but ``drop``), then SIGINT."""
+    import shutil
+    import signal
+
+    from fedprivopt.deploy import local
+    from fedprivopt.simulation.interrupt import Interrupted
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    out = tmp_path / "out"
+
+    def deployed(**kwargs):
+        if source is not None:
+            shutil.copytree(source, kwargs["out"], dirs_exist_ok=True)
+            for name in drop:
+                (Path(kwargs["out"]) / name).unlink()
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(local, "deploy_local", deployed)
+    code, _, err = run_cli(["deploy", "local", "--nodes", "2", "--out", str(out)])
+    assert code == 130, err
+    assert len(err.strip().splitlines()) == 1, err
+    return out, err.strip()
+
+
+def test_2_a_deployment_interrupted_after_its_run_finished_says_so(
+    monkeypatch, tmp_path, finished_run
+):
+    out, line = _deploy_interrupted(monkeypatch, tmp_path, finished_run)
+    assert "interrupted after the run had finished" in line, line
+    assert str(out) in line, line
+
+
+def test_2_a_deployment_interrupted_mid_run_names_the_command_that_continues_it(
+    monkeypatch, tmp_path, finished_run
+):
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    out, line = _deploy_interrupted(monkeypatch, tmp_path, finished_run, drop=["summary.json"])
+    assert line.endswith(f"the run can be continued with fedprivopt simulate --resume {out}"), line
+    code, _, err = run_cli(["simulate", "--resume", str(out), "--quiet"])
+    assert code == 0, err  # the advice works
+
+
+def test_2_a_deployment_interrupted_before_its_run_began_says_nothing_was_released(
+    monkeypatch, tmp_path
+):
+    _, line = _deploy_interrupted(monkeypatch, tmp_path, None)
+    assert "interrupted before the run released a round" in line, line

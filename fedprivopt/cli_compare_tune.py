@@ -323,7 +323,7 @@ def _compare_tuned(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     """``compare``'s report over the released trials, at the ε that includes their tuning."""
     from fedprivopt.simulation.report import write_report
-    from fedprivopt.simulation.tune_check import check_tunings
+    from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
     from fedprivopt.simulation.tune_report import load_tuned
 
     groups: dict[tuple, list] = {}  # the seeds of one strategy and sigma: tunings of one base
@@ -337,10 +337,11 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
             empty.append(cell.label)
             continue
         groups.setdefault((s.strategy, s.noise_multiplier), []).append(ns.out)
-    runs, single = [], {}
+    runs, single, checks = [], {}, {}
     try:
-        for paths in groups.values():
-            for checked in check_tunings(paths):
+        for key, paths in groups.items():
+            checks[key] = check_tunings(paths)
+            for checked in checks[key]:
                 run = load_tuned(checked.path, checked)
                 runs.append(run)
                 eps1 = summaries[checked.path.name][0]["epsilon_single_run"]
@@ -353,10 +354,7 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     # a row publishes its tunings together: their composition (issue 20 review, finding 4);
     # a tuning that released nothing counts too: its outcome shows in the row's seeds
     # (thirty-first review of issue 15, compare finding 3)
-    rows = {}
-    for key in groups:
-        costliest = max((summaries[label][0] for label in ran[key]), key=lambda x: x["epsilon"])
-        rows[key] = (len(ran[key]), _row_epsilon(costliest, len(ran[key])))
+    rows = {key: (len(ran[key]), composed_epsilon(checks[key], len(ran[key]))) for key in groups}
     notes = _notes(summaries, empty, rows)
     report = write_report(out, runs, title=f"fedprivopt compare: {args.config} (tuned)",
                           metric=args.metric, notes=notes,
@@ -371,21 +369,6 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
 
 def _fmt(x: Any) -> str:
     return "∞" if isinstance(x, float) and math.isinf(x) else f"{x:.4g}"
-
-
-def _row_epsilon(summary: dict, count: int) -> float:
-    """ε of publishing ``count`` tunings of ``summary``'s plan on the same users (composed)."""
-    from fedprivopt.privacy.events import SubsampledGaussianEvent
-    from fedprivopt.privacy.tuning import TrialCount, composed_tuning_epsilon
-
-    stated = summary["single_run"]["ledger"]
-    if stated is None:
-        return math.inf
-    ledger = [(SubsampledGaussianEvent.from_dict(e["event"]), int(e["count"])) for e in stated]
-    tc = summary["trial_count"]
-    shape = None if tc["distribution"] == "poisson" else tc["shape"]
-    trials = TrialCount(tc["distribution"], tc["mean"], shape)
-    return composed_tuning_epsilon(ledger, summary["delta"], trials, count)
 
 
 _TUNED_EPSILON = (
@@ -450,20 +433,7 @@ def _notes(
             f"{'none' if best is None else best['trial']} | {hp} | {_fmt(s['epsilon'])} | "
             f"{_fmt(s['epsilon_single_run'])} | {reused} |"
         )  # fmt: skip
-    if rows:
-        lines += [
-            "",
-            "A row's mean and std are over several tunings (one per seed) on the **same "
-            "users**; publishing a row releases all of them, which costs their composition "
-            "(RDP, the costliest tuning's RepeatAndSelectDpEvent self-composed n times), not "
-            "one tuning's epsilon. n counts every tuning of the row, also one that released "
-            "nothing (its outcome shows in the row's seeds):",
-            "",
-            "| strategy | noise multiplier | tunings n | epsilon (row: n tunings composed) |",
-            "|---|---:|---:|---:|",
-        ]
-        lines += [f"| {st} | {sigma:g} | {n} | {_fmt(eps)} |"
-                  for (st, sigma), (n, eps) in rows.items()]  # fmt: skip
+    lines += composition_lines(rows or {})
     if empty:
         lines += [
             "",
@@ -478,6 +448,30 @@ def _notes(
         "```",
     ] + [shlex.join(["fedprivopt", *argv]) for _, argv in summaries.values()]
     return "\n".join([*lines, "```"])  # fmt: skip
+
+
+def composition_lines(rows: dict[tuple, tuple[int, float]], *, empty: bool = True) -> list[str]:
+    """The report's note on rows over several tunings: their composed ε, one line per row.
+
+    ``rows`` maps (strategy, σ) to the number of tunings in its row and their composed ε
+    (:func:`~fedprivopt.simulation.tune_check.composed_epsilon`); nothing when empty.
+    ``empty``: n counts tunings that released nothing (``compare --tune-grid``).
+    """
+    if not rows:
+        return []
+    counted = (" n counts every tuning of the row, also one that released nothing (its "
+               "outcome shows in the row's seeds).") if empty else ""  # fmt: skip
+    return [
+        "",
+        "A row's mean and std are over several tunings (one per seed) on the **same "
+        "users**; publishing a row releases all of them, which costs their composition "
+        "(RDP, the costliest tuning's RepeatAndSelectDpEvent self-composed n times), not "
+        f"one tuning's epsilon.{counted}",
+        "",
+        "| strategy | noise multiplier | tunings n | epsilon (row: n tunings composed) |",
+        "|---|---:|---:|---:|",
+        *(f"| {st} | {sigma:g} | {n} | {_fmt(eps)} |" for (st, sigma), (n, eps) in rows.items()),
+    ]
 
 
 def _add_single_run_column(path: Path, single: dict[tuple, float]) -> None:

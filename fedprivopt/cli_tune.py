@@ -378,11 +378,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 0
 
 
+_COMPARE_TUNED_EPSILON = (
+    "ε of a row whose strategy ends in '(tuned)' is its tuning's (the whole tuning procedure: "
+    "RDP, RepeatAndSelectDpEvent), for one tuning, at the δ shown; a row over n tunings costs "
+    "their composition (see Notes); ε of any other row is the accountant's value after each "
+    "run's last completed round, at the δ shown; "
+)
+"""``compare-tuned``'s "Privacy parameters" sentence (it was the untuned runs' alone)."""
+
+
 def cmd_compare_tuned(args: argparse.Namespace) -> int:
     """``fedprivopt compare-tuned``: compare's report at the ε that includes the tuning."""
+    from fedprivopt.cli_compare_tune import composition_lines
     from fedprivopt.simulation.report import write_report
     from fedprivopt.simulation.rundata import load_runs
-    from fedprivopt.simulation.tune_check import check_tunings
+    from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
     from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned
     from fedprivopt.simulation.tune_untuned import (
         REPORT_TITLE,
@@ -403,10 +413,12 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         check_report_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    runs = []
+    runs, by_row = [], {}
     try:
         for checked in check_tunings(tuned):
             runs.append(load_tuned(checked.path, checked))
+            row = (checked.plan["strategy"], runs[-1].noise_multiplier)
+            by_row.setdefault(row, []).append(checked)
         untuned = []
         for text in args.untuned or []:
             check_untuned_path(check_path_text(text, "--untuned"))
@@ -430,8 +442,13 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         "data by this procedure (if they were tuned on the same private data elsewhere, their "
         "epsilon understates what was spent)."
     )
+    # thirty-first review of issue 15, compare finding 4: a row of n tunings showed one
+    # tuning's epsilon, and "Privacy parameters" called it each run's own
+    rows = {row: (len(c), composed_epsilon(c, len(c))) for row, c in by_row.items()}
+    notes += "\n" + "\n".join(composition_lines(rows, empty=False))
     report = _write_whole_report(out, lambda: write_report(
-        out, runs, title=REPORT_TITLE, metric=args.metric, notes=notes))  # fmt: skip
+        out, runs, title=REPORT_TITLE, metric=args.metric, notes=notes,
+        epsilon_text=_COMPARE_TUNED_EPSILON))  # fmt: skip
     print(f"report: {report}")
     return 0
 

@@ -38,6 +38,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.tuning import (
     TrialCount,
+    composed_tuning_epsilon,
     finite_orders,
     tuning_epsilon,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "TunedCheck",
     "check_tuning",
     "check_tunings",
+    "composed_epsilon",
     "plan_digest",
     "plan_document",
     "same_json",
@@ -129,6 +131,11 @@ class TunedCheck:
         ``tune.json``.
     run : RunData
         The released run, read while its directory was locked.
+    ledgers : tuple
+        The single-run ledgers :attr:`epsilon` was computed from (recomputed from the trials'
+        files, and the one ``summary.json`` states); ``None`` for a non-private one.
+    trials : TrialCount
+        The plan's trial count.
     """
 
     path: Path
@@ -137,6 +144,8 @@ class TunedCheck:
     base_config: Any
     plan: dict[str, Any]
     run: Any
+    ledgers: tuple = ()
+    trials: Any = None
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -439,7 +448,25 @@ def check_tuning(path: str | Path) -> TunedCheck:
     candidates.append(math.inf if ledger is None else tuning_epsilon(ledger, delta, trials, orders))
     if stated_ledger is not None:
         candidates.append(tuning_epsilon(stated_ledger, delta, trials, orders))
-    return TunedCheck(path, max(candidates), best_dir, base, plan, run)
+    ledgers = (ledger,) if stated_ledger is None else (ledger, stated_ledger)
+    return TunedCheck(path, max(candidates), best_dir, base, plan, run, ledgers, trials)
+
+
+def composed_epsilon(checks: Sequence[TunedCheck], count: int) -> float:
+    """ε of publishing ``count`` tunings of one plan (a report row's seeds) on the same users.
+
+    Each tuning's ``RepeatAndSelectDpEvent`` self-composed ``count`` times
+    (:func:`~fedprivopt.privacy.tuning.composed_tuning_epsilon`), over every ledger of
+    ``checks`` (the tunings that released a trial; ``count`` may be larger, counting those
+    that released nothing), and never less than one tuning's ε.
+    """
+    eps = [check.epsilon for check in checks]
+    for check in checks:
+        delta = float(check.plan["delta"])
+        eps += [math.inf if led is None else composed_tuning_epsilon(led, delta, check.trials,
+                                                                     count)
+                for led in check.ledgers]  # fmt: skip
+    return max(eps)
 
 
 def check_tunings(paths: Sequence[str | Path]) -> list[TunedCheck]:

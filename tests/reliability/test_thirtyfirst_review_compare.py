@@ -21,6 +21,14 @@
    although the report (and the row's seeds, 1 of 3) shows the outcome of all three tunings
    on the same users, each covered only by its own ε. Now n counts every tuning of the row,
    3, ε 20.65 (their composition); a row whose tunings all released a trial is unchanged.
+4. ``compare-tuned T1 T2`` of two tunings of dp-fedavg (``tune --seed 1`` and ``--seed 2``, the
+   same users): one row over both, at ε 11.73, one tuning's, with no word that publishing it
+   costs their composition (16.61; ``compare --tune-grid`` has said so since the issue 20
+   review), and "Privacy parameters" read "ε is the accountant's value after each run's last
+   completed round" beside a tuned row whose run's was 10.28. Now the notes give each tuned
+   row's n and composed ε (computed from the ledgers the tuning check recomputed, as ``compare
+   --tune-grid`` now does too, no longer from ``summary.json`` alone), and the sentence says
+   which rows' ε is a tuning's.
 """
 
 from __future__ import annotations
@@ -129,3 +137,28 @@ def test_3_a_row_composes_its_tunings_that_released_nothing(tmp_path, capsys, mo
     one = float(re.search(r"\| trial-001 \| [^|]+ \| ([0-9.]+) \|", report).group(1))
     assert row.group(1) == "2", report  # was 1: the empty tuning left out of the composition
     assert float(row.group(2)) > one, report
+
+
+# -- finding 4: compare-tuned states a row's composed epsilon and what its epsilon is -------------
+
+
+def test_4_compare_tuned_composes_a_row_of_two_tunings(tmp_path, capsys):
+    tunings = []
+    for seed in ("1", "2"):
+        tunings.append(str(tmp_path / f"t{seed}"))
+        code, _, err = _run(
+            capsys, "tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials",
+            "1", "--seed", seed, "--rounds", "1", "--out", tunings[-1], "--quiet",
+        )  # fmt: skip
+        assert code == 0, err
+    out = tmp_path / "r"
+    code, _, err = _run(capsys, "compare-tuned", *tunings, "--out", str(out))
+    assert code == 0, err
+    report = (out / "report.md").read_text(encoding="utf-8")
+    one = float(re.search(r"^\| dp-fedavg \(tuned\) \| 0\.5 \| 2 \| ([0-9.]+) \|", report,
+                          re.M).group(1))  # fmt: skip
+    row = re.search(r"^\| dp-fedavg \| 0\.5 \| 2 \| ([0-9.]+) \|$", report, re.M)
+    assert row is not None, report  # was: no composition of the row's two tunings
+    assert float(row.group(1)) > one, report
+    privacy = report.split("## Privacy parameters", 1)[1]
+    assert "whose strategy ends in '(tuned)' is its tuning's" in privacy, privacy

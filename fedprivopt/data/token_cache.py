@@ -535,19 +535,32 @@ def open_or_build(
     root.mkdir(parents=True, exist_ok=True)
     target = root / cache_key_digest(key)
     workers = int(workers) or (os.cpu_count() or 1)
+    # a store is renamed into place whole, so a valid one is read without the lock (thirty-first
+    # review of issue 15, data: a store built beforehand on a read-only share, as
+    # docs/SCALING.md advises, was refused: "<digest>.lock: Read-only file system")
+    store = _current(target, key)
+    if store is not None:
+        return store
     with file_lock(root / f"{target.name}.lock"):
-        if target.is_dir():
-            try:
-                store = EncodedUsers(target)
-                if store.meta.get("key") == json.loads(json.dumps(key)):
-                    return store
-            except ValueError:
-                pass  # damaged: rebuilt below
+        store = _current(target, key)  # another process may have built it meanwhile
+        if store is not None:
+            return store
         _build(
             target, key, num_users, encode, multi_label=multi_label, token_bound=token_bound,
             label_bound=label_bound, workers=workers, progress=progress,
         )  # fmt: skip
         return EncodedUsers(target)
+
+
+def _current(target: Path, key: dict) -> EncodedUsers | None:
+    """The store at ``target`` if it is valid and built for ``key``, else ``None``."""
+    if not target.is_dir():
+        return None
+    try:
+        store = EncodedUsers(target)
+    except ValueError:
+        return None  # damaged: rebuilt under the lock
+    return store if store.meta.get("key") == json.loads(json.dumps(key)) else None
 
 
 def remove_stores(root: str | os.PathLike) -> int:

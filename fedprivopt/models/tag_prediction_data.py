@@ -85,10 +85,9 @@ class TagTaskData(StackOverflowFiles):
         """
         if not self.token_cache and self.cache_dir != self.data_dir / CACHE_DIR:
             raise ValueError(
-                f"cache_dir applies only with the token store (token_cache = true; "
-                f"task-params.token-cache in a config), where it is written; got cache_dir = "
-                f"{shown(str(self.cache_dir))} without it: turn the token store on or leave "
-                "cache_dir out"
+                "cache_dir applies only with token_cache = true (it is where the token store "
+                f"is written); got cache_dir = {shown(str(self.cache_dir))} without it: set "
+                "token_cache = true or leave cache_dir out"
             )
         refuse_filesystem_root(self.cache_dir, "cache_dir")
         super()._ensure_files()

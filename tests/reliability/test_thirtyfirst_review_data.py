@@ -4,7 +4,8 @@
    default): rc 0, ``K`` silently unused (the thirtieth review noted it and left it). As every
    setting that applies only with another one (``tree-restart-rounds``, the adaptive-clipping
    and distributed-noise keys), it is now refused before anything is read or written: rc 2,
-   ``config: task-params.cache-dir applies only with the token store (token_cache = true; …)``;
+   ``config: task-params.cache-dir applies only with token_cache = true (it is where the token
+   store is written) …``;
    a run whose ``config.toml`` holds it is refused on ``--resume`` naming that file.
 2. The root of the file system as a directory the data layer writes into: ``task-params.cache-dir
    = "/"`` (also ``"/tmp/.."`` or a link to ``/``) with the token store on wrote the store's
@@ -34,12 +35,19 @@
    (335 MB for that run, rc 0), and ``user_data`` (the sequential trainer, ``vectorize =
    false``, the Flower client) pads from them and refuses a user whose padded tensors exceed
    ``USER_PAD_BYTES`` = 1 GiB with one line naming the file, the client and the sizes.
+6. A token store built beforehand (``docs/SCALING.md``: "build the store once with a run on one
+   machine before using the cluster") on a share mounted read-only, or in a read-only data
+   directory: refused, rc 2, ``K/<digest>.lock: Read-only file system``, since the store was
+   opened only under its lock file, which cannot be created there. A store is renamed into
+   place whole, so a valid one of the key is now opened without the lock (rc 0); only a build
+   takes it (checked again under it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -104,8 +112,8 @@ def test_1_cache_dir_without_token_cache_is_refused_before_anything_is_written(
     out, cache = tmp_path / "run", tmp_path / "cache"
     argv = ["simulate", str(tp_preset), "--out", str(out), "--quiet"]
     line = _usage_line(capsys, [*argv, "--set", f"task-params.cache-dir={cache}"])
-    assert "error: config: task-params.cache-dir applies only with the token store" in line
-    assert "token_cache = true" in line and str(cache) in line, line
+    assert "error: config: task-params.cache-dir applies only with " in line, line
+    assert re.search("with (task-params.)?token[-_]cache = true", line) and str(cache) in line
     assert not out.exists() and not cache.exists()
     # with the store on, the same directory holds it (control)
     sets = ["--set", f"task-params.cache-dir={cache}", "--set", "task-params.token-cache=true"]
@@ -115,7 +123,7 @@ def test_1_cache_dir_without_token_cache_is_refused_before_anything_is_written(
 
 def test_1_the_task_refuses_it_and_keeps_the_default(tp_preset):
     data = tp_preset.parent / "d"
-    with pytest.raises(ValueError, match=r"^cache_dir applies only with the token store"):
+    with pytest.raises(ValueError, match=r"^cache_dir applies only with token_cache = true"):
         _tag_task(data, cache_dir=str(data.parent / "elsewhere"))
     assert _tag_task(data).cache_dir == data / ".fedprivopt-cache"  # the default, unused
     assert _tag_task(data, cache_dir=str(data / ".fedprivopt-cache")).token_cache is False
@@ -128,7 +136,7 @@ def test_1_a_run_config_holding_it_names_the_file_on_resume(tmp_path, capsys, tp
     text = config.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2")
     config.write_text(text.replace("[task-params]\n", '[task-params]\ncache_dir = "/x"\n'))
     line = _usage_line(capsys, ["simulate", "--resume", str(out), "--quiet"])
-    assert f"{config}: task-params.cache-dir applies only with the token store" in line, line
+    assert f"{config}: task-params.cache-dir applies only with " in line, line
 
 
 # -- 2. the root of the file system -----------------------------------------------------------
@@ -300,3 +308,27 @@ def test_5_the_padded_read_is_bounded_and_unchanged(tmp_path, monkeypatch, capsy
     line = _usage_line(capsys, [*argv, "--set", "vectorize=false"])
     assert "training user 'u0': 200 examples padded to the longest one (4,001 words)" in line
     assert main(argv) == 0  # the cohort trainer reads it unpadded
+
+
+# -- 6. a built token store on a read-only file system ----------------------------------------
+
+
+def test_6_a_built_store_is_read_without_its_lock(tmp_path, monkeypatch):
+    import errno
+
+    from fedprivopt.data import token_cache
+
+    def encode(user):
+        return [[user, 1], [2]], [[0], [1]]
+
+    args = dict(multi_label=True, token_bound=10, label_bound=5, workers=1)
+    built = token_cache.open_or_build(tmp_path, {"k": 1}, 3, encode, **args)
+
+    def read_only(path):  # what a read-only share (or export) answers to the lock's open
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(token_cache, "file_lock", read_only)
+    store = token_cache.open_or_build(tmp_path, {"k": 1}, 3, encode, **args)  # before: EROFS
+    assert store.directory == built.directory and store.user(2)[0].tolist() == [2, 1, 2]
+    with pytest.raises(OSError, match="Read-only file system"):  # a store to build needs it
+        token_cache.open_or_build(tmp_path, {"k": 2}, 3, encode, **args)

@@ -22,12 +22,17 @@ __all__ = ["die_with_parent"]
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent: int) -> None:
-    """Have this (forked) process killed with SIGKILL when its parent ``parent`` dies.
+def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
+    """Have this (forked or spawned) process sent ``sig`` when its parent ``parent`` dies.
 
-    Call it first in a pool's initializer, with the PID the parent had when it forked (passed
-    in the initializer's arguments): if the parent died before the call, this process ends at
-    once. A no-op where ``prctl`` is missing (not Linux).
+    Call it first in a pool's initializer, with the PID the parent had when it started the
+    process (passed in the initializer's arguments): if the parent died before the call, this
+    process is sent ``sig`` at once. The parent is compared by PID, not with 1: where orphans
+    go to a subreaper (``systemd --user``, ``tini -s``), an orphan's parent is not PID 1
+    (thirty-first review of issue 15: a ``compare --jobs`` worker checked ``getppid() == 1``
+    and lived on). ``sig`` is SIGKILL for workers that only compute; ``compare``'s workers take
+    SIGTERM, which ends a run with its files kept. A no-op where ``prctl`` is missing (not
+    Linux).
     """
     if not sys.platform.startswith("linux"):
         return
@@ -35,6 +40,6 @@ def die_with_parent(parent: int) -> None:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died between the fork and the call
-        os.kill(os.getpid(), signal.SIGKILL)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig))
+    if os.getppid() != parent:  # the parent died between the start and the call
+        os.kill(os.getpid(), int(sig))

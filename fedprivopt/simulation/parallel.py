@@ -29,7 +29,6 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from typing import Any
 
 from fedprivopt.core.logs import log_warnings_to_stderr
 from fedprivopt.core.memory import physical_memory
+from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.simulation.cells import REUSE, Cell, CellPlan, run_cell, task_key
 from fedprivopt.simulation.interrupt import ENDING_SIGNALS
 
@@ -126,7 +126,10 @@ def run_plans(
     try:
         with _signals_blocked():  # the pool's workers start shielded
             pool = cf.ProcessPoolExecutor(
-                min(jobs, len(todo)), mp_context=context, initializer=_start_worker
+                min(jobs, len(todo)),
+                mp_context=context,
+                initializer=_start_worker,
+                initargs=(os.getpid(),),
             )
             _fill(pool, queue, running, jobs, announce)
         while running:
@@ -304,8 +307,11 @@ def _ignoring_signals():
 # -- in the worker ---------------------------------------------------------------------------
 
 
-def _start_worker() -> None:
+def _start_worker(parent: int) -> None:
     """Set up a worker: one intra-op thread, and the command line's logging.
+
+    ``parent`` is the PID of the process that started the pool (see
+    :func:`~fedprivopt.core.orphans.die_with_parent`).
 
     Ctrl-C and SIGHUP (a closed terminal signals the whole process group) are the parent's to
     handle (ignored here; each worker ran the parent's handler and printed its own line before
@@ -321,14 +327,7 @@ def _start_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING_SIGNALS)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-            if os.getppid() == 1:  # the parent died before the call
-                os.kill(os.getpid(), signal.SIGTERM)
+    die_with_parent(parent, signal.SIGTERM)  # a run turns SIGTERM into Interrupted
     import logging
     import warnings
 

@@ -23,6 +23,14 @@
    results are in OUT)``, ``... the run can be continued with fedprivopt simulate --resume
    OUT`` (or why it cannot, as ``simulate`` says), or ``interrupted before the run released a
    round``; the exit code is still 128 + the signal.
+3. A ``compare --jobs`` worker asked the kernel for SIGTERM when its parent dies, and, for a
+   parent that had died before that call, checked ``os.getppid() == 1``. Where orphans go to a
+   subreaper (a desktop's ``systemd --user``, ``tini -s``, a supervisor) and not to PID 1, a
+   worker whose ``compare`` was killed (``kill -9``, the out-of-memory killer) while the worker
+   started lived on: it went on to load torch and wait for cells from a dead parent (shown with
+   a subreaper's orphan: ``survived``). It now uses the shared ``core.orphans.die_with_parent``
+   (with SIGTERM, which a worker turns into a kept, resumable run), which compares the parent
+   with the PID the parent passed it.
 """
 
 from __future__ import annotations
@@ -202,3 +210,60 @@ def test_2_a_deployment_interrupted_before_its_run_began_says_nothing_was_releas
 ):
     _, line = _deploy_interrupted(monkeypatch, tmp_path, None)
     assert "interrupted before the run released a round" in line, line
+
+
+# -- finding 3: a compare worker whose parent died as it started -------------------------------
+
+_ORPHAN = """
+import inspect, os, sys, time
+parent = int(sys.argv[1])
+while os.getppid() == parent:  # until the parent has died
+    time.sleep(0.01)
+from fedprivopt.simulation import parallel
+args = (parent,) if inspect.signature(parallel._start_worker).parameters else ()
+parallel._start_worker(*args)
+"""
+
+_SUBREAPER = """
+import ctypes, os, subprocess, sys
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+starter = (
+    "import os, subprocess, sys; "
+    f"p = subprocess.Popen([sys.executable, '-c', {sys.argv[1]!r}, str(os.getpid())], "
+    "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+    "print(p.pid, flush=True)"
+)
+a = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, check=True)
+worker = int(a.stdout.split()[0])
+print(worker, flush=True)
+_, status = os.waitpid(worker, 0)  # the orphan is this process's child now
+print("exit", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_3_a_compare_worker_whose_parent_died_as_it_started_ends_under_a_subreaper():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    helper = subprocess.Popen(
+        [sys.executable, "-c", _SUBREAPER, _ORPHAN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    worker = None
+    try:
+        worker = int(helper.stdout.readline())
+        out = helper.communicate(timeout=240)[0]  # the helper reaps the worker
+    except BaseException:
+        for pid in (worker, helper.pid):  # the worker is the helper's child until reaped
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        helper.wait()
+        raise
+    assert f"exit {-signal.SIGTERM}" in out, out  # exit 0: it went on, its parent dead

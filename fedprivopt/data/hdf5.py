@@ -399,7 +399,15 @@ class HDF5Split(ClientSplit):
                 ) from exc
             except ValueError as exc:
                 raise ValueError(f"{self.path}: client {client_id!r}: {name!r} {exc}") from None
-        scores = columns["score"].astype(np.int64).tolist()
+        score = columns["score"]
+        if score.dtype.kind == "u" and score.size and int(score.max()) >= 2**63:
+            # thirty-first review of issue 15 (data): a uint64 score of 2**64 - 1 was read as
+            # -1 (astype(int64) wraps); a tf.Example score is an int64
+            raise ValueError(
+                f"{self.path}: client {client_id!r}: a 'score' does not fit in int64 "
+                f"({score.dtype})"
+            )
+        scores = score.astype(np.int64).tolist()
         return [
             StackOverflowExample(
                 tokens=text["tokens"][i],

@@ -41,6 +41,10 @@
    opened only under its lock file, which cannot be created there. A store is renamed into
    place whole, so a valid one of the key is now opened without the lock (rc 0); only a build
    takes it (checked again under it).
+7. ``HDF5Split.client_examples`` (``data.open_split`` of a legacy ``stackoverflow_*.h5``, Python
+   API) of a client whose ``score`` dataset is ``uint64`` with ``2**64 - 1``: the score was read
+   as ``-1`` (``astype(int64)`` wraps). A score beyond int64 (a ``tf.Example`` score's type) is
+   now refused naming the file and the client.
 """
 
 from __future__ import annotations
@@ -332,3 +336,25 @@ def test_6_a_built_store_is_read_without_its_lock(tmp_path, monkeypatch):
     assert store.directory == built.directory and store.user(2)[0].tolist() == [2, 1, 2]
     with pytest.raises(OSError, match="Read-only file system"):  # a store to build needs it
         token_cache.open_or_build(tmp_path, {"k": 2}, 3, encode, **args)
+
+
+# -- 7. an HDF5 score beyond int64 ------------------------------------------------------------
+
+
+def test_7_a_uint64_hdf5_score_beyond_int64_is_refused_not_wrapped(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from fedprivopt.data.hdf5 import HDF5Split
+
+    path = tmp_path / "stackoverflow_train.h5"
+    with h5py.File(path, "w") as f:
+        for cid, score in (("c1", 2**64 - 1), ("c2", 2**63 - 1)):
+            client = f.create_group(f"examples/{cid}")
+            for name in ("creation_date", "tags", "title", "tokens", "type"):
+                client.create_dataset(name, data=[b"a"], dtype=h5py.string_dtype())
+            client.create_dataset("score", data=np.array([score], dtype=np.uint64))
+    split = HDF5Split(path)
+    with pytest.raises(ValueError, match=r"client 'c1': a 'score' does not fit in int64"):
+        split.client_examples("c1")  # before: score -1
+    assert split.client_examples("c2")[0].score == 2**63 - 1

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.text import shown
 from fedprivopt.models.task import TASK_SOURCE
 from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
 from fedprivopt.privacy.accounting_state import merge_ledger
@@ -73,6 +74,29 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+
+_ACCOUNTANT_FIELDS = ("accountant", "pld_discretization", "prv_eps_error")
+
+
+def _check_accountant_kind(
+    accountant: PrivacyAccountant, expected: Mapping[str, Any], checkpoint: str, source: str
+) -> None:
+    """Refuse a restored checkpoint whose accountant is not the one ``source`` records.
+
+    ``expected`` holds :data:`_ACCOUNTANT_FIELDS` (a ledger's header, or the configuration's
+    accountant). Thirty-first review of issue 15: a checkpoint whose accountant was set from
+    ``"rdp"`` to ``"pld"`` (its digest recomputed with ``state_digest``) resumed with rc 0; the
+    run's metrics rows and its budget then used PLD, so a run with ``target-epsilon = 16`` went
+    on to round 8 and stopped "at its budget" with the ledger's (RDP) ε 18.41.
+    """
+    for key in _ACCOUNTANT_FIELDS:
+        have, want = getattr(accountant, key), expected[key]
+        if have != want:
+            raise ValueError(
+                f"{checkpoint}'s privacy accountant has {key} = {shown(have)}, but {source} "
+                f"records {shown(want)}: the checkpoint was edited; refusing to resume"
+            )
 
 
 def _whole_object(text: str) -> bool:
@@ -469,10 +493,12 @@ class RunLedger:
         round whose model digest equals its first release's is the same release (not charged
         again); the first one that differs is a new release, and from then on every line is
         charged. In every other case (secure mode, or no digests) the accountant starts with the
-        whole ledger and each redone round is a new release.
+        whole ledger and each redone round is a new release. The checkpoint's accountant must
+        also be the header's (kind, PLD discretization, PRV error bound).
         """
         start = 0
         if checkpoint is not None:
+            _check_accountant_kind(accountant, self.header, checkpoint, self.path.name)
             anchors = [i for i, e in enumerate(self.entries) if e.round == round_num]
             if not anchors:
                 raise ValueError(
@@ -574,6 +600,9 @@ class RunLedger:
         from it (:meth:`convert`) must not compose to less than a row of a round up to it
         reported, or the checkpoint was edited.
         """
+        configured = PrivacyAccountant(accountant=config.strategy.accountant)
+        expected = {key: getattr(configured, key) for key in _ACCOUNTANT_FIELDS}
+        _check_accountant_kind(accountant, expected, checkpoint, CONFIG_FILE)
         if not config.strategy.private:
             return
         claimed = accountant.epsilon(config.strategy.delta)

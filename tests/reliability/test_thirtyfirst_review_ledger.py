@@ -16,6 +16,15 @@
    ran was refused, ``run directory 'B' is in use by process <A's PID>`` (and ``A`` while ``B``
    ran), each writing its PID into the other's file. The holder of a directory's lock now
    gives a hard-linked lock file its own before locking it (a link or FIFO is still refused).
+3. A checkpoint whose accountant was set from ``"rdp"`` to ``"pld"`` (or another
+   ``prv_eps_error``), its digest recomputed with ``state_digest``, was resumed with rc 0: the
+   events were checked against the ledger, not the accountant that composes them. The resumed
+   rows then stated PLD's ε (12.91 at round 5 beside the ledger's 15.03), and a run with
+   ``target-epsilon = 16`` went on to round 8, ``stopped_reason`` "budget" with the ledger's ε
+   18.41 (an unedited one stops at round 5, 15.03). Now refused, one line naming the
+   checkpoint, the field and the ledger's value. With the ledger deleted too it was refused
+   already, as an ε below the rows' (PLD's is lower); now as the accountant, naming
+   ``config.toml``'s.
 """
 
 from __future__ import annotations
@@ -25,7 +34,11 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+import torch
+
 from fedprivopt.cli import main
+from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
 from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundir import lock_run_dir
@@ -102,3 +115,30 @@ def test_2_a_cp_al_copy_of_a_running_run_resumes(tmp_path, capsys):
         assert main(["simulate", "--resume", str(b), "--quiet"]) == 0, capsys.readouterr().err
         assert (a / "run.lock").read_text() == f"{os.getpid()}\n"
     assert resume(a).rounds_completed == 2  # a is as it was
+
+
+# -- 3: a checkpoint's accountant edited -----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("key", "value", "ledger"),
+    [("accountant", "pld", True), ("prv_eps_error", 0.5, True), ("accountant", "pld", False)],
+    ids=["pld", "prv-error", "pld-no-ledger"],
+)
+def test_3_a_checkpoint_whose_accountant_was_edited_is_refused(
+    tmp_path, capsys, key, value, ledger
+):
+    config = small_config(**{"num-server-rounds": 2, "target-epsilon": 16.0})
+    out = simulate(config, tmp_path / "run").out_dir
+    state = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=True)
+    state["algorithm"]["accountant"][key] = value
+    state["sha256"] = state_digest(state)
+    torch.save(state, out / CHECKPOINT)
+    if not ledger:
+        (out / LEDGER_FILE).unlink()
+    _set(out, "num-server-rounds", "20")
+    capsys.readouterr()
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    source = LEDGER_FILE if ledger else "config.toml"
+    assert f"checkpoint.pt's privacy accountant has {key} = " in err, err
+    assert f"but {source} records" in err and "the checkpoint was edited" in err, err

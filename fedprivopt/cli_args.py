@@ -13,7 +13,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -294,17 +294,48 @@ def is_file_error(exc: OSError) -> bool:
     )
 
 
-def name_task_param(message: str, params: dict) -> str:
-    """Name a task parameter in ``message`` as the user wrote it.
+def name_task_param(message: str, params: dict, names: Iterable[str] = ()) -> str:
+    """Name the task parameters in ``message`` as the config writes them.
 
     A task constructor's error starts with its argument's name (``train_bias must ...``,
     ``examples_per_user=...``); it becomes the key of the config (``task-params.train-bias must
     ...``). Other messages are returned unchanged.
+
+    Parameters
+    ----------
+    message : str
+        The task's error.
+    params : dict
+        The task parameters the config gives (snake case).
+    names : iterable of str
+        Every parameter the task takes (:func:`~fedprivopt.models.registry.task_parameters`),
+        so that one the config leaves at its default is named too.
+
+    Thirty-first review of issue 15: only the leading name was renamed, and only when the config
+    gave it: ``--set task-params.num-classes=3000000`` on the toy task was refused as ``dim *
+    num_classes must be at most ...`` (neither a key of the config), and ``task-params.dim=...
+    must be at most ... with num_classes=2, examples_per_user=(5, 40)`` named the others in
+    Python's spelling. Once the message leads with a task parameter, every other one it names
+    as ``NAME=``, beside ``*``, or with an underscore (no English word) is renamed too.
     """
-    for key in sorted(params, key=len, reverse=True):
-        if message.startswith((f"{key} ", f"{key}=")):
-            return f"task-params.{key.replace('_', '-')}{message[len(key) :]}"
-    return message
+    known = sorted(set(params) | set(names), key=len, reverse=True)
+    if not known or not message.startswith(tuple(f"{k}{end}" for k in known for end in " =")):
+        return message
+    words = "|".join(re.escape(key) for key in known)
+    found = re.compile(rf"(?<![\w.\-/'\"])({words})(?=[ =,)*;:]|\Z)")
+
+    def rename(match: re.Match) -> str:
+        key, start, end = match[1], match.start(), match.end()
+        if (
+            start == 0
+            or "_" in key
+            or message.startswith(("=", " * "), end)
+            or (message[max(start - 3, 0) : start] == " * ")
+        ):
+            return f"task-params.{key.replace('_', '-')}"
+        return key
+
+    return found.sub(rename, message)
 
 
 def task_param_error(exc: TypeError) -> str | None:

@@ -52,17 +52,18 @@ def build_checked_run(config, where: str = "config", task=None, out=None):
     """
     from fedprivopt.simulation.run import build_run, check_task_dirs_outside
 
-    with _task_errors(where, config.task_params, every_value_error=True):
+    with _task_errors(where, config.task_params, config.task, every_value_error=True):
         if out is not None:
             check_task_dirs_outside(config, out)
         return build_run(config, task)
 
 
 @contextlib.contextmanager
-def _task_errors(where: str, params: dict, *, every_value_error: bool):
+def _task_errors(where: str, params: dict, task: object, *, every_value_error: bool):
     """A task parameter's error inside the block is a usage error led by ``where``, naming it.
 
-    A ``ValueError`` names the parameter as the config writes it (``task-params.KEY``); with
+    A ``ValueError`` names the parameters of ``task`` (the config's ``task``, ``None`` when
+    unknown) as the config writes them (``task-params.KEY``: :func:`name_task_param`); with
     ``every_value_error`` false one that names no task parameter goes on as it was. A
     ``TypeError`` of a task constructor's keywords (:func:`task_param_error`) is one line; any
     other is a bug and goes on.
@@ -70,7 +71,9 @@ def _task_errors(where: str, params: dict, *, every_value_error: bool):
     try:
         yield
     except ValueError as exc:
-        named = name_task_param(str(exc), params)
+        from fedprivopt.models.registry import task_parameters
+
+        named = name_task_param(str(exc), params, task_parameters(task))
         if not every_value_error and named == str(exc):
             raise
         raise UsageError(f"{where}: {named}") from None
@@ -223,10 +226,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         # synth wrote into the home directory, and --resume "~/x" looked for "./~/x")
         run_dir = check_path_text(args.resume, "--resume")
         stored = run_dir / CONFIG_FILE
-        params = {}
+        params, task = {}, None
         if stored.is_file():  # unreadable or nested too deeply
-            params = load_preset(stored, where="argument --resume").task_params
-        outcome = _resume_checked(resume, run_dir, stored, params, progress=not args.quiet)
+            stored_config = load_preset(stored, where="argument --resume")
+            params, task = stored_config.task_params, stored_config.task
+        outcome = _resume_checked(resume, run_dir, stored, params, task, progress=not args.quiet)
     else:
         if args.config is None:
             raise UsageError("argument CONFIG: a preset file is required (or --resume DIR)")
@@ -253,7 +257,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_checked(resume, run_dir, stored, params: dict, *, progress: bool):
+def _resume_checked(resume, run_dir, stored, params: dict, task, *, progress: bool):
     """``resume(run_dir)``; a bad task parameter in ``stored`` is a usage error naming it.
 
     Twenty-seventh review of issue 15: ``cache_dir = "/x"`` (or ``token_cache = true``) added
@@ -264,7 +268,7 @@ def _resume_checked(resume, run_dir, stored, params: dict, *, progress: bool):
     key (``data_dir must be a non-empty path, got 5``). As :func:`build_checked_run` does, the
     message names the key (``params``: the stored ``[task-params]``), prefixed with the file.
     """
-    with _task_errors(str(stored), params, every_value_error=False):
+    with _task_errors(str(stored), params, task, every_value_error=False):
         return resume(run_dir, progress=progress)
 
 

@@ -13,6 +13,7 @@ inside the app's FAB (``fab-include`` in ``[tool.flwr.app]``; ``docs/TASKS.md``)
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -34,6 +35,7 @@ __all__ = [
     "register_task",
     "resolve_task",
     "task_names",
+    "task_parameters",
 ]
 
 _REGISTRY: dict[str, Callable[..., Task]] = {
@@ -150,6 +152,21 @@ def resolve_task(name: str) -> Callable[..., Task]:
 def check_task_name(name: str) -> None:
     """Raise ``ValueError`` (naming ``task``) unless ``name`` resolves (:func:`resolve_task`)."""
     resolve_task(name)
+
+
+def task_parameters(name: object) -> tuple[str, ...]:
+    """The keyword parameters the factory of task ``name`` takes; ``()`` when unknown.
+
+    For naming them in messages (:func:`fedprivopt.cli_args.name_task_param`): a name that does
+    not resolve, or a factory without a signature (a builtin), gives ``()``; nothing raises.
+    """
+    try:
+        factory = resolve_task(name)  # type: ignore[arg-type]
+        signature = inspect.signature(factory)
+    except Exception:  # an unresolved name is reported where the task is built
+        return ()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in signature.parameters.values() if p.kind in kinds)
 
 
 _BUILDING = threading.local()

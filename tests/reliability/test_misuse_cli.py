@@ -461,7 +461,10 @@ def test_a_config_that_is_not_a_regular_file_is_named_as_such(tmp_path, kind):
     ("sets", "needle"),
     [  # found by a third review: Ray's own error 12 s later; an allocation traceback after 26 s
         (["fast-actors=4611686018427387904"], "fast-actors must be an integer in [0, 256]"),
-        (["task-params.dim=16000", "task-params.num-classes=16000"], "dim * num_classes"),
+        (
+            ["task-params.dim=16000", "task-params.num-classes=16000"],
+            "task-params.dim * task-params.num-classes",
+        ),
     ],
 )
 def test_sizes_that_would_not_fit_are_refused_before_the_run(tmp_path, sets, needle):

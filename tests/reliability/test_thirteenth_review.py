@@ -50,7 +50,8 @@ def _nwp(out: Path, *extra: str) -> list[str]:
     [
         ("task-params.hidden-size=100000", "task-params.hidden-size"),  # 40 G parameters
         ("task-params.hidden-size=10000000000000", "task-params.hidden-size"),
-        ("task-params.embedding-dim=1000000", "embedding_dim=1000000"),  # 1.3 G parameters
+        # 1.3 G parameters
+        ("task-params.embedding-dim=1000000", "task-params.embedding-dim=1000000"),
         ("task-params.seq-len=10000000", "task-params.seq-len must be an integer in [1, 1024]"),
     ],
 )

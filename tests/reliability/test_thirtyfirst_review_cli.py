@@ -1,0 +1,88 @@
+"""Issue 15, thirty-first hostile review (command line): regression tests of its findings.
+
+1. A task's error that names more than one task parameter named only its first one as the
+   config writes it, and only when the config gave it (``name_task_param``):
+   ``simulate toy.toml --set task-params.num-classes=3000000`` was refused as ``config: dim *
+   num_classes must be at most 16,777,216 …, got dim=10 * num_classes=3000000``, naming no key
+   of the config (``dim`` is a default, so the lead was not renamed either); ``--set
+   task-params.dim=8388608 --set task-params.num-classes=2`` as ``task-params.dim=8388608 must
+   be at most 894,782 with num_classes=2, examples_per_user=(5, 40) and test_examples=300``;
+   the next-word task's ``task-params.hidden-size=100000, embedding_dim=96 …``. Now every task
+   parameter such a message names (also one left at its default: the task's signature,
+   ``models.registry.task_parameters``) is ``task-params.KEY``: ``task-params.dim *
+   task-params.num-classes must be …, got task-params.dim=10 * task-params.num-classes=…``.
+   A message that does not lead with a task parameter is unchanged, so a name in a nested
+   error (``invalid synth_* parameters: vocab_size …``, the generator's ``vocab_size``, not the
+   task's ``task-params.vocab-size``) is not misnamed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.reliability.test_twentyeighth_review import _cli
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "simulations" / "toy.toml"
+
+
+def _one_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+# -- 1: every task parameter a task's message names is the config's key ----------------------
+
+
+def test_1_a_model_too_large_names_both_keys(tmp_path):
+    proc = _cli(
+        tmp_path,
+        *("simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r")),
+        *("--set", "task-params.num_classes=3000000"),
+    )
+    line = _one_line(proc)
+    assert "config: task-params.dim * task-params.num-classes must be at most" in line, line
+    assert "got task-params.dim=10 * task-params.num-classes=3000000" in line, line
+    assert "num_classes" not in line, line
+    assert not (tmp_path / "r").exists()
+
+
+def test_1_a_tensor_too_large_names_every_key_it_lists(tmp_path):
+    proc = _cli(
+        tmp_path,
+        *("simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r")),
+        *("--set", "task-params.dim=8388608", "--set", "task-params.num-classes=2"),
+    )
+    line = _one_line(proc)
+    assert "config: task-params.dim=8388608 must be at most 894,782 with " in line, line
+    assert "task-params.num-classes=2, task-params.examples-per-user=(5, 40) and " in line, line
+    assert "task-params.test-examples=300" in line, line
+    assert "_" not in line.partition("config: ")[2], line
+
+
+def test_1_name_task_param_leaves_a_nested_message_alone():
+    from fedprivopt.cli_args import name_task_param
+    from fedprivopt.models.registry import task_parameters
+
+    names = task_parameters("stackoverflow-tp")
+    assert {"vocab_size", "num_tags", "synth_vocab"} <= set(names)
+    nested = "invalid synth_* parameters: vocab_size must be an integer >= 2000, got 5"
+    assert name_task_param(nested, {"synth_vocab": 5}, names) == nested
+    # a parameter's single-word name in prose is not a key: only NAME=, `*` or the lead
+    message = "seed must be a seed, got seed=x; data_dir /a/seed_x"
+    assert name_task_param(message, {}, names) == (
+        "task-params.seed must be a seed, got task-params.seed=x; task-params.data-dir /a/seed_x"
+    )
+
+
+def test_1_task_parameters_of_what_has_no_signature_is_empty():
+    from fedprivopt.models.registry import task_parameters
+
+    assert task_parameters("no-such-task") == ()
+    assert task_parameters(None) == ()
+    assert task_parameters("math:pi") == ()  # not callable
+    assert "num_classes" in task_parameters("toy")

@@ -406,12 +406,14 @@ class StackOverflowFiles:
 
     def _encoded_eval_users(self) -> list[Any]:
         """``_encode`` of each of the first :attr:`eval_users` users of :attr:`eval_split`."""
+        return list(self._iter_eval_users())
+
+    def _iter_eval_users(self) -> Iterator[Any]:
+        """:meth:`_encoded_eval_users` one user at a time (a caller may stop early)."""
         split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
         try:
-            return [
-                self._encode(split.client_examples(cid, limit=self.max_examples_per_user))
-                for cid in list(split.client_ids)[: self.eval_users]
-            ]
+            for cid in list(split.client_ids)[: self.eval_users]:
+                yield self._encode(split.client_examples(cid, limit=self.max_examples_per_user))
         finally:
             split.close()
 

@@ -26,7 +26,7 @@ from fedprivopt.data.fast_example import text_fields_decoder
 from fedprivopt.data.locks import refuse_filesystem_root
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.data.token_cache import CACHE_DIR, EncodedUsers, open_or_build, stderr_progress
-from fedprivopt.models.stackoverflow_files import STATE_LOCK, StackOverflowFiles
+from fedprivopt.models.stackoverflow_files import EVAL_BYTES, STATE_LOCK, StackOverflowFiles
 from fedprivopt.models.tag_prediction_encoding import (
     UserCSR,
     encode_examples,
@@ -40,6 +40,8 @@ from fedprivopt.models.tag_prediction_encoding import (
 __all__ = ["EVAL_BATCH", "USER_PAD_BYTES", "TagTaskData"]
 
 EVAL_BATCH = 2048  # examples per evaluation forward pass
+EVAL_WORD_BYTES = 24
+"""Bytes of memory a word of the evaluation set takes while it is built (lists, padded batch)."""
 USER_PAD_BYTES = 1 << 30
 """Bytes of one user's padded ``(x, y)`` at most (:meth:`TagTaskData.user_data`; 1 GiB)."""
 
@@ -272,21 +274,35 @@ class TagTaskData(StackOverflowFiles):
 
     def user_size(self, user_id: int) -> int:
         """Number of training examples of ``user_id`` (reads them if not cached)."""
-        return int(self.user_data(user_id)[0].shape[0])
+        return int(self.user_csr(user_id).lengths.numel())
 
     def eval_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The evaluation examples as batches ``(x, y)`` (built once, then cached).
 
         The examples of the first :attr:`eval_users` users of :attr:`eval_split` (file order) are
         pooled, ordered by length (stable) and cut into batches of at most 2048, each padded to
-        its own longest example.
+        its own longest example. Their words take at most :data:`EVAL_BYTES` together
+        (``ValueError`` as they are read): the count of examples checked when the task was
+        built assumes posts of the real size, and an example holds up to 1 MiB. Thirty-first
+        review of issue 15 (data): 300 test examples of 200,000 words each (a 114 MB file)
+        took 1.66 GB and 14.5 s; 2,000 of them about 11 GB.
         """
         if self._eval is None:
             words: list[list[int]] = []
             labels: list = []
-            for w, lab in self._encoded_eval_users():
+            count = 0
+            for users, (w, lab) in enumerate(self._iter_eval_users(), 1):
                 words.extend(w)
                 labels.extend(lab)
+                count += sum(map(len, w))
+                if count * EVAL_WORD_BYTES > EVAL_BYTES:
+                    raise ValueError(
+                        f"eval_users={self.eval_users}: the examples of the first {users:,} "
+                        f"users of split {self.eval_split!r} in {self.data_dir} hold "
+                        f"{count:,} words, about {count * EVAL_WORD_BYTES / 2**30:.3g} GiB to "
+                        f"evaluate in memory; at most {EVAL_BYTES / 2**30:g} GiB: lower it or "
+                        "max_examples_per_user"
+                    )
             true = len(labels) if self.single_label else sum(len(tags) for tags in labels)
             self._check_evaluated(true, f"example with one of the {self.num_tags} tags")
             order = sorted(range(len(words)), key=lambda i: len(words[i]))

@@ -45,6 +45,13 @@
    API) of a client whose ``score`` dataset is ``uint64`` with ``2**64 - 1``: the score was read
    as ``-1`` (``astype(int64)`` wraps). A score beyond int64 (a ``tf.Example`` score's type) is
    now refused naming the file and the client.
+8. The tag task's evaluation set was bounded only by a count of examples (``EVAL_BYTES`` at
+   0.6-1 kB an example, checked when the task is built), while a tag example is not cut to a
+   length and may hold up to 1 MiB: 300 test examples of 200,000 words (a 114 MB file) took
+   1.66 GB and 14.5 s, 600 of them 3.1 GB and 32 s (2,000 about 11 GB). The words are now
+   counted as the users are read, and the set refused once they pass ``EVAL_BYTES`` (at 24
+   bytes a word, measured): one line naming ``task-params.eval-users`` and the split, 1.4 GB
+   for the 600 (the one user's examples are read whole first), at the first evaluation.
 """
 
 from __future__ import annotations
@@ -358,3 +365,34 @@ def test_7_a_uint64_hdf5_score_beyond_int64_is_refused_not_wrapped(tmp_path):
     with pytest.raises(ValueError, match=r"client 'c1': a 'score' does not fit in int64"):
         split.client_examples("c1")  # before: score -1
     assert split.client_examples("c2")[0].score == 2**63 - 1
+
+
+# -- 8. the tag task's evaluation set, bounded by its words -----------------------------------
+
+
+def test_8_evaluation_words_beyond_eval_bytes_are_refused_as_they_are_read(tmp_path, monkeypatch):
+    from fedprivopt.data.sqlite import write_sqlite
+    from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
+    from fedprivopt.data.vocab import write_word_counts
+    from fedprivopt.models import tag_prediction_data
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    def post(words: int) -> bytes:
+        return encode_example(StackOverflowExample("a " * words, "", "python", "", 1, "question"))
+
+    root = tmp_path / "d"
+    root.mkdir()
+    rows = [("train", "u0", post(1)), ("test", "v0", post(1))]
+    rows += [("test", "v1", post(50_000)), ("test", "v2", post(1))]
+    meta = [("u0", "train", 1), ("v0", "test", 1), ("v1", "test", 1), ("v2", "test", 1)]
+    write_sqlite(root / "stackoverflow.sqlite", rows, meta)
+    write_word_counts(root / "stackoverflow.word_count", ["a"], [1])
+    write_tag_counts(root / "stackoverflow.tag_count", ["python"], [1])
+    # 3 test examples pass the count built into the task (0.6-1 kB an example), but one holds
+    # 50,000 words (about 1.2 MB in memory)
+    monkeypatch.setattr(tag_prediction_data, "EVAL_BYTES", 2**20)
+    task = StackOverflowTagTask(data_dir=root, synthetic=False, vocab_size=1, num_tags=1)
+    with pytest.raises(ValueError, match=r"^eval_users=200: the examples of the first 2 users "):
+        task.eval_batches()  # before: built whole
+    few = StackOverflowTagTask(data_dir=root, synthetic=False, vocab_size=1, eval_users=1)
+    assert few.eval_batches()[0][0].shape == (1, 1)  # control

@@ -100,6 +100,27 @@ class RunDirState:
     problems: dict[str, str] = field(default_factory=dict)
     diverged: int | None = None
 
+    def refuse_trial(self) -> None:
+        """Refuse a run whose ledger names a tuning plan: a trial of ``fedprivopt tune``.
+
+        Its hyperparameters were chosen (or drawn for the choice) on the private data by its
+        tuning, which spent more than the run's own ε; reported alone, as a ``compare`` cell
+        or a ``compare-tuned --untuned`` run (a copy or a link of the trial), it understated
+        that (thirty-first review of issue 15, compare finding 5).
+
+        Raises
+        ------
+        ValueError
+            Naming the ledger and the plan.
+        """
+        plan = None if self.ledger is None else self.ledger.header.get("tuning_plan")
+        if plan is not None:
+            raise ValueError(
+                f"{self.ledger.path}: its header names the tuning plan {str(plan)[:16]!r}...: "
+                "the run is a trial of a tuning, and reported alone its epsilon would understate "
+                "what the tuning spent (report the tuning with compare-tuned)"
+            )
+
     def unfinished(self) -> str | None:
         """Why the run is not finished (``None`` when it is, and may be reused as it is).
 

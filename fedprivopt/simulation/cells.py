@@ -497,8 +497,13 @@ def _check_rounds(run, cell: Cell) -> None:
 
 
 def _check_tuning_plan(run, cell: Cell) -> None:
-    """Refuse a tuning's trial whose ledger names another plan than the cell's (or none)."""
-    if cell.tuning_plan is not None and run.ledger is not None:
+    """Refuse a tuning's trial whose ledger names another plan than the cell's (or none).
+
+    A ``compare`` cell (no plan) may not be a tuning's trial (copied or linked there).
+    """
+    if cell.tuning_plan is None:
+        run.refuse_trial()
+    elif run.ledger is not None:
         run.ledger.check_tuning_plan(cell.tuning_plan)
 
 

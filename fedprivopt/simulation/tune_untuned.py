@@ -92,7 +92,7 @@ def check_untuned_files(runs: Sequence[Any]) -> None:
 
     for run in runs:
         try:
-            audit_run_dir(Path(run.path), engine=False)
+            audit_run_dir(Path(run.path), engine=False).refuse_trial()  # a copied trial too
         except ValueError as exc:
             raise ValueError(
                 f"argument --untuned: {run.path} fails the checks of --resume ({exc}); it "

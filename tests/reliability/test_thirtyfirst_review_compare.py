@@ -29,13 +29,22 @@
    row's n and composed ε (computed from the ledgers the tuning check recomputed, as ``compare
    --tune-grid`` now does too, no longer from ``summary.json`` alone), and the sentence says
    which rows' ε is a tuning's.
+5. A trial of a tuning copied (``cp -r T/runs/trial-001``) or linked into a ``compare`` cell
+   of its configuration (``compare --set server-learning-rate=0.5 --set seed=<its run seed>``),
+   or given to ``compare-tuned`` as ``--untuned`` from outside its tuning: rc 0, reported at its
+   single run's ε 10.28 where its tuning, which chose it on the private data, spent 13.08 (the
+   eighth review refused a trial given as ``--untuned`` only inside its tuning's ``runs/``). Its
+   ledger's header names the tuning's plan: now such a run is refused as a cell (``--overwrite``
+   reruns a copy; a link stays refused) and as an untuned run, one line naming the ledger.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import re
 import secrets
+import shutil
 from pathlib import Path
 
 import pytest
@@ -162,3 +171,43 @@ def test_4_compare_tuned_composes_a_row_of_two_tunings(tmp_path, capsys):
     assert float(row.group(1)) > one, report
     privacy = report.split("## Privacy parameters", 1)[1]
     assert "whose strategy ends in '(tuned)' is its tuning's" in privacy, privacy
+
+
+# -- finding 5: a tuning's trial is no compare cell and no untuned run --------------------------
+
+
+def test_5_a_copied_trial_is_refused_as_a_cell_and_as_an_untuned_run(tmp_path, capsys):
+    tuning = tmp_path / "t"
+    code, _, err = _run(
+        capsys, "tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+        "--seed", "1", "--rounds", "1", "--out", str(tuning), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    trial = json.loads((tuning / "summary.json").read_text(encoding="utf-8"))["trials"][0]
+    rate, seed = trial["hyperparameters"]["server-learning-rate"], trial["seed"]
+    out = tmp_path / "c"
+    (out / "runs").mkdir(parents=True)
+    shutil.copytree(
+        tuning / "runs" / "trial-001", out / "runs" / f"dp-fedavg__sigma0.5__seed{seed}"
+    )
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "1",
+            "--set", f"server-learning-rate={rate}", "--set", f"seed={seed}", "--out", str(out),
+            "--quiet"]  # fmt: skip
+    code, _, err = _run(capsys, *argv)
+    assert code == 2, err  # was rc 0: the trial reported at its single run's epsilon
+    assert "is a trial of a tuning" in err and len(err.strip().splitlines()) == 1, err
+    assert not (out / "summary.csv").exists()
+    code, _, err = _run(capsys, *argv, "--overwrite")  # the copy is rerun as a cell of compare
+    assert code == 0, err
+    other = tmp_path / "t2"  # another tuning: the copy is not one of its trials' models
+    code, _, err = _run(
+        capsys, "tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+        "--seed", "2", "--rounds", "1", "--out", str(other), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    copy = tmp_path / "u"
+    shutil.copytree(tuning / "runs" / "trial-001", copy)
+    code, _, err = _run(capsys, "compare-tuned", str(other), "--untuned", str(copy), "--out",
+                        str(tmp_path / "r"))  # fmt: skip
+    assert code == 2, err  # was rc 0
+    assert "argument --untuned:" in err and "is a trial of a tuning" in err, err

@@ -133,6 +133,9 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+_DOWNLOAD = "stackoverflow.sqlite.lzma"  # the file TFF publishes
+
+
 def cmd_data_info(args: argparse.Namespace) -> int:
     """``fedprivopt data info``: users and examples per split, and their size distribution."""
     from fedprivopt.data import format_summary, open_split, summarize_split, summarize_sqlite
@@ -141,9 +144,20 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     # control character in PATH was echoed raw to the terminal
     path = check_path_text(args.path, "PATH")
     if path.is_dir():  # ninth review of issue 15 (N7): each case says what is wrong
-        path = path / "stackoverflow.sqlite"
+        if (path / _DOWNLOAD).is_file() and not (path / "stackoverflow.sqlite").exists():
+            path = path / _DOWNLOAD  # said below
+        else:
+            path = path / "stackoverflow.sqlite"
         if not path.exists():
             raise UsageError(f"argument PATH: directory {args.path} holds no {path.name}")
+    if path.name.lower().endswith((".lzma", ".xz")) and path.is_file():
+        # thirty-first review of issue 15 (data): TFF's download was called "not an SQLite
+        # database (bad or missing header)"
+        raise UsageError(
+            f"argument PATH: {path} is compressed (TFF's download): decompress it once with "
+            "fedprivopt.data.decompress_lzma (which writes stackoverflow.sqlite beside it, "
+            "indexed) or xz -dk, then name the .sqlite"
+        )
     if not path.exists():
         raise UsageError(f"argument PATH: {args.path} does not exist")
     if not path.is_file():

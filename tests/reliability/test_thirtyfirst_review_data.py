@@ -52,6 +52,10 @@
    counted as the users are read, and the set refused once they pass ``EVAL_BYTES`` (at 24
    bytes a word, measured): one line naming ``task-params.eval-users`` and the split, 1.4 GB
    for the 600 (the one user's examples are read whole first), at the first evaluation.
+9. ``fedprivopt data info stackoverflow.sqlite.lzma`` (the file TFF publishes) said ``not an
+   SQLite database (bad or missing header)``, and ``data info DIR`` of a directory holding only
+   it ``holds no stackoverflow.sqlite``. Both now say it is the compressed download and how to
+   decompress it once (``fedprivopt.data.decompress_lzma``, or ``xz -dk``).
 """
 
 from __future__ import annotations
@@ -396,3 +400,21 @@ def test_8_evaluation_words_beyond_eval_bytes_are_refused_as_they_are_read(tmp_p
         task.eval_batches()  # before: built whole
     few = StackOverflowTagTask(data_dir=root, synthetic=False, vocab_size=1, eval_users=1)
     assert few.eval_batches()[0][0].shape == (1, 1)  # control
+
+
+# -- 9. data info of TFF's compressed download ------------------------------------------------
+
+
+def test_9_data_info_of_the_compressed_download_says_so(tmp_path, capsys, tp_preset):
+    import lzma
+
+    down = tmp_path / "dl" / "stackoverflow.sqlite.lzma"
+    down.parent.mkdir()
+    sqlite = (tp_preset.parent / "d" / "stackoverflow.sqlite").read_bytes()
+    down.write_bytes(lzma.compress(sqlite))
+    for path in (down, down.parent):  # the file, and a directory holding only it
+        line = _usage_line(capsys, ["data", "info", str(path)])
+        assert f"argument PATH: {down} is compressed (TFF's download)" in line, line
+        assert "decompress_lzma" in line  # before: "not an SQLite database (bad or missing
+        # header)", and "directory ... holds no stackoverflow.sqlite"
+    assert main(["data", "info", str(tp_preset.parent / "d")]) == 0  # control

@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant
 from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.simulation.files import parse_json
+from fedprivopt.strategies.config import MAX_ROUNDS
 
 __all__ = [
     "ADDED_SETTINGS",
@@ -269,6 +271,8 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
             raise bad(i, f"unknown kind {kind!r}")
         if not is_int(row.get("round"), 1) or not is_int(row.get("events")):
             raise bad(i, "round and events must be integers")
+        if row["round"] > MAX_ROUNDS:  # thirty-first review: "set num-server-rounds to 10**20"
+            raise bad(i, f"round {shown(row['round'])} is beyond the {MAX_ROUNDS:,} a run may have")
         if row.get("accountant") != header["accountant"]:
             raise bad(i, f"accountant {row.get('accountant')!r} is not the header's")
         items = row.get("released")

@@ -25,6 +25,12 @@
    checkpoint, the field and the ledger's value. With the ledger deleted too it was refused
    already, as an ε below the rows' (PLD's is lower); now as the accountant, naming
    ``config.toml``'s.
+4. A ledger line's round set to ``10**20`` (its events left to add up): ``--resume`` said
+   ``config.toml: its files show rounds up to 100000000000000000000 released, more than the
+   num-server-rounds = 5 of its config.toml; set it to at least 100000000000000000000``,
+   advice no configuration can follow (at most 10**6 rounds), where the ledger was edited.
+   A line's round beyond ``MAX_ROUNDS`` is now refused as damaged or edited, naming the line
+   (``compare`` and the reports read the ledger alike).
 """
 
 from __future__ import annotations
@@ -142,3 +148,19 @@ def test_3_a_checkpoint_whose_accountant_was_edited_is_refused(
     source = LEDGER_FILE if ledger else "config.toml"
     assert f"checkpoint.pt's privacy accountant has {key} = " in err, err
     assert f"but {source} records" in err and "the checkpoint was edited" in err, err
+
+
+# -- 4: a ledger line's round beyond what a run may have -------------------------------------------
+def test_4_a_ledger_round_beyond_max_rounds_is_refused_as_edited(tmp_path, capsys):
+    out = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "run").out_dir
+    lines = (out / LEDGER_FILE).read_text().splitlines(keepends=True)
+    last = json.loads(lines[-1])
+    last["round"] = 10**20
+    (out / LEDGER_FILE).write_text("".join(lines[:-1]) + json.dumps(last) + "\n")
+    _set(out, "num-server-rounds", "3")
+    capsys.readouterr()
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{LEDGER_FILE}: line 3: round 100000000000000000000 is beyond the 1,000,000" in err
+    assert "set it to at least" not in err, err

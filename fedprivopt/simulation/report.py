@@ -210,6 +210,20 @@ def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]]) -> s
     return f"{n} ({'; '.join(marks)})" if marks else str(n)
 
 
+def _noise_text(runs: Sequence[RunData]) -> str:
+    """``2 noise multipliers (0.5, 1)``, with ``plus non-private baselines`` when there are any.
+
+    Thirty-first review of issue 15 (compare, finding 6): a baseline's σ 0 was counted as one of
+    the grid's noise multipliers (``2 strategies × 3 noise multipliers (0, 0.5, 1)`` for 3 runs).
+    """
+    private = [r for r in runs if _mechanism(r.summary.get("config") or {}) is not None]
+    sigmas = sorted({r.noise_multiplier for r in private})
+    text = f"{len(sigmas)} noise multipliers ({', '.join(f'{s:g}' for s in sigmas)})"
+    if len(private) == len(runs):
+        return text
+    return f"{text} plus non-private baselines" if private else "no noise (non-private)"
+
+
 def _fmt_eps(eps: float) -> str:
     return "∞ (non-private)" if math.isinf(eps) else _fmt(eps)
 
@@ -230,7 +244,6 @@ def _markdown(
 ) -> str:
     m, pretty = sel.metric, pretty_metric(sel.metric)
     strategies = sorted({r.strategy for r in sel.runs})
-    sigmas = sorted({r.noise_multiplier for r in sel.runs})
     seeds = sorted({r.seed for r in sel.runs})
     engines = sorted({str(r.summary.get("engine", "?")) for r in sel.runs})
     budget = sum(r.summary.get("stopped_reason") == "budget" for r in sel.runs)
@@ -238,8 +251,7 @@ def _markdown(
         f"# {title}",
         "",
         f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
-        f"({', '.join(strategies)}) × {len(sigmas)} noise multipliers "
-        f"({', '.join(f'{s:g}' for s in sigmas)}) × {len(seeds)} seeds "
+        f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {len(seeds)} seeds "
         f"({_seed_list(seeds)}); engine {', '.join(engines)}. "
         f"Task metric: `{m}`. Values are the final evaluation, mean ± sample std over seeds.",
     ]

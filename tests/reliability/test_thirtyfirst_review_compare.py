@@ -36,6 +36,11 @@
    eighth review refused a trial given as ``--untuned`` only inside its tuning's ``runs/``). Its
    ledger's header names the tuning's plan: now such a run is refused as a cell (``--overwrite``
    reruns a copy; a link stays refused) and as an untuned run, one line naming the ledger.
+6. ``compare toy.toml --strategies dp-fedavg,fedavg --noise-multipliers 0.5,1``: ``report.md``
+   began "3 runs in 3 groups: 2 strategies (dp-fedavg, fedavg) × 3 noise multipliers (0, 0.5,
+   1)", counting the non-private baseline's σ 0 as a noise multiplier of the grid (a grid of
+   6). Now "× 2 noise multipliers (0.5, 1) plus non-private baselines" (and "no noise
+   (non-private)" for baselines alone).
 """
 
 from __future__ import annotations
@@ -211,3 +216,20 @@ def test_5_a_copied_trial_is_refused_as_a_cell_and_as_an_untuned_run(tmp_path, c
                         str(tmp_path / "r"))  # fmt: skip
     assert code == 2, err  # was rc 0
     assert "argument --untuned:" in err and "is a trial of a tuning" in err, err
+
+
+# -- finding 6: a baseline's sigma 0 is no noise multiplier of the grid ---------------------------
+
+
+def test_6_report_counts_the_private_noise_multipliers(tmp_path, capsys):
+    out = tmp_path / "c"
+    code, _, err = _run(
+        capsys, "compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--noise-multipliers",
+        "0.5,1", "--rounds", "1", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    first = (out / "report.md").read_text(encoding="utf-8").splitlines()[2]
+    assert first.startswith(
+        "3 runs in 3 groups: 2 strategies (dp-fedavg, fedavg) × 2 noise "
+        "multipliers (0.5, 1) plus non-private baselines × 1 seeds"
+    ), first

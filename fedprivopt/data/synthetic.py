@@ -539,7 +539,10 @@ def run_files_around(directory: str | os.PathLike) -> tuple[Path, list[str]] | N
     ``C/runs/new`` or a directory inside a run) wrote the dataset there, rc 0, as only
     ``directory`` itself was looked at.
     """
-    real = Path(directory).resolve()  # where the files would go: links and ".." followed
+    # where the files would go: links and ".." followed (realpath: a link loop is left as
+    # written, where Path.resolve raised RuntimeError, a traceback with rc 1; thirty-first
+    # review of issue 15, data: task-params.data-dir or cache-dir through a loop)
+    real = Path(os.path.realpath(directory))
     for place in (real, *real.parents):
         # an ancestor by the names only ours write (a checkpoint.pt or tune.json alone may be
         # any project's)
@@ -560,7 +563,8 @@ def run_files_note(directory: str | os.PathLike) -> str | None:
     if around is None:
         return None
     place, ours = around
-    where = "holds" if place == Path(directory).resolve() else f"is inside {place}, which holds"
+    here = place == Path(os.path.realpath(directory))
+    where = "holds" if here else f"is inside {place}, which holds"
     return f"{where} {', '.join(ours)}"
 
 

@@ -25,6 +25,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.data.fast_example import text_fields_decoder
 from fedprivopt.data.locks import refuse_filesystem_root
 from fedprivopt.data.stackoverflow import StackOverflowExample
+from fedprivopt.data.synthetic import run_files_note
 from fedprivopt.data.token_cache import CACHE_DIR, EncodedUsers, open_or_build, stderr_progress
 from fedprivopt.models.stackoverflow_files import EVAL_BYTES, STATE_LOCK, StackOverflowFiles
 from fedprivopt.models.tag_prediction_encoding import (
@@ -81,7 +82,9 @@ class TagTaskData(StackOverflowFiles):
         file is read or generated. Thirty-first review of issue 15 (data): a ``cache_dir``
         given without ``token_cache`` was silently unused (``task-params.cache-dir`` says where
         the token store is written, and no store is built without ``token-cache = true``), and
-        ``cache_dir = "/"`` wrote the store and its lock file into the root of the file system.
+        ``cache_dir = "/"`` wrote the store and its lock file into the root of the file system,
+        and a ``cache_dir`` inside another run (a comparison's cell) wrote it there, after which
+        ``compare --overwrite`` refused that cell for holding files not its own.
         As every setting that applies only with another one, a ``cache_dir`` other than the
         default ``<data_dir>/.fedprivopt-cache`` is refused without ``token_cache``.
         """
@@ -92,6 +95,13 @@ class TagTaskData(StackOverflowFiles):
                 "token_cache = true or leave cache_dir out"
             )
         refuse_filesystem_root(self.cache_dir, "cache_dir")
+        note = run_files_note(self.cache_dir) if self.token_cache else None
+        if note is not None:  # as a dataset is not generated into one (synthetic.run_files_note)
+            raise ValueError(
+                f"cache_dir {shown(str(self.cache_dir))} {note}: it is a fedprivopt run, "
+                "comparison or tuning, which holds only its own files; choose a directory "
+                "outside it for the token store"
+            )
         super()._ensure_files()
 
     def _indexes(self) -> tuple[dict[str, int], dict[str, int]]:

@@ -56,6 +56,15 @@
    SQLite database (bad or missing header)``, and ``data info DIR`` of a directory holding only
    it ``holds no stackoverflow.sqlite``. Both now say it is the compressed download and how to
    decompress it once (``fedprivopt.data.decompress_lzma``, or ``xz -dk``).
+10. ``simulate … --set task-params.token-cache=true --set task-params.cache-dir=C/runs/CELL/k``
+    (a cache directory inside another run, a comparison's cell, or a comparison): rc 0, the
+    token store written there, after which ``compare C … --overwrite`` refused that cell
+    (``holds files that are not part of a fedprivopt run (cache)``). As a dataset is not
+    generated into one (``synthetic.run_files_note``), it is now refused with one line.
+11. ``task-params.data-dir`` (with ``synthetic = true``) or, with finding 10's check,
+    ``cache-dir`` through a symbolic-link loop: a ``RuntimeError: Symlink loop`` traceback,
+    rc 1 (``Path.resolve`` in ``synthetic.run_files_around``). Now ``os.path.realpath``, and
+    the directory's creation names the loop: rc 2, one line, nothing kept.
 """
 
 from __future__ import annotations
@@ -418,3 +427,45 @@ def test_9_data_info_of_the_compressed_download_says_so(tmp_path, capsys, tp_pre
         assert "decompress_lzma" in line  # before: "not an SQLite database (bad or missing
         # header)", and "directory ... holds no stackoverflow.sqlite"
     assert main(["data", "info", str(tp_preset.parent / "d")]) == 0  # control
+
+
+# -- 10. a token store inside another run -----------------------------------------------------
+
+
+@pytest.mark.parametrize("inside", ["cell/cache", "cell", "cmp/runs"])
+def test_10_a_token_store_inside_a_run_or_comparison_is_refused(tp_preset, tmp_path, inside):
+    (tmp_path / "cell").mkdir()
+    (tmp_path / "cell" / "privacy_ledger.jsonl").write_text("")  # a run (a comparison's cell)
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "compare.lock").write_text("")
+    cache = tmp_path / inside
+    with pytest.raises(ValueError, match=r"^cache_dir .* it is a fedprivopt run, comparison or"):
+        _tag_task(tp_preset.parent / "d", token_cache=True, cache_dir=str(cache))
+    assert not (tmp_path / "cell" / "cache").exists()
+
+
+def test_10_the_comparison_keeps_its_overwrite(tmp_path, capsys, tp_preset):
+    cmp = tmp_path / "cmp"
+    argv = ["compare", str(tp_preset), "--strategies", "dp-fedavg", "--out", str(cmp), "--quiet"]
+    assert main(argv) == 0
+    (cell,) = (cmp / "runs").iterdir()
+    other = ["simulate", str(tp_preset), "--out", str(tmp_path / "r"), "--quiet"]
+    sets = ["--set", "task-params.token-cache=true", "--set", f"task-params.cache-dir={cell}/k"]
+    line = _usage_line(capsys, [*other, *sets])  # before: rc 0, the store written in the cell
+    assert "task-params.cache-dir" in line and f"is inside {cell}, which holds" in line, line
+    assert main([*argv, "--overwrite", "--rounds", "2"]) == 0  # before: refused (foreign files)
+
+
+# -- 11. a data or cache directory through a symbolic-link loop --------------------------------
+
+
+@pytest.mark.parametrize("key", ["data-dir", "cache-dir"])
+def test_11_a_link_loop_is_one_line(tmp_path, capsys, tp_preset, key):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    argv = ["simulate", str(tp_preset), "--out", str(tmp_path / "r"), "--quiet"]
+    sets = ["--set", f"task-params.{key}={tmp_path / 'a' / 'x'}"]
+    sets += ["--set", "task-params.synthetic=true", "--set", "task-params.token-cache=true"]
+    line = _usage_line(capsys, [*argv, *sets])  # before: RuntimeError (Symlink loop), rc 1
+    assert "Too many levels of symbolic links" in line and str(tmp_path / "a") in line, line
+    assert not (tmp_path / "r").exists()

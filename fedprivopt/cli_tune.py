@@ -433,6 +433,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.metric is not None and not any(run.has_metric(args.metric) for run in runs):
         raise UsageError(f"argument --metric: no run reports {args.metric!r}")
+    _check_tuned_metric(args.metric, runs, [run.path for run in runs[: len(runs) - len(untuned)]])
     notes = (
         f"Rows whose strategy ends in '{TUNED_SUFFIX.strip()}' are the released (best) trial of "
         "a `fedprivopt tune`, one per tuning (several tunings of a strategy, e.g. with other "
@@ -451,6 +452,30 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         epsilon_text=_COMPARE_TUNED_EPSILON))  # fmt: skip
     print(f"report: {report}")
     return 0
+
+
+def _check_tuned_metric(metric: str | None, runs: list, tunings: list[Path]) -> None:
+    """Refuse a report metric a tuning's released trial (``runs[i]``, in ``tunings[i]``) lacks.
+
+    Thirty-first review of issue 15 (compare, finding 7): ``compare-tuned T --untuned C``,
+    ``C`` of another task, chose ``C``'s metric (or ``--metric`` named it) and skipped ``T``'s
+    released trial with a warning: rc 0, a tuned comparison without a tuned row, whose notes
+    still gave that tuning's ε.
+    """
+    from fedprivopt.core.text import shown
+    from fedprivopt.simulation.rundata import choose_metric
+
+    try:
+        chosen = choose_metric(runs) if metric is None else metric
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for path, run in zip(tunings, runs, strict=False):
+        if not run.has_metric(chosen):
+            how = "given" if metric is not None else "chosen for the runs; give --metric"
+            raise UsageError(
+                f"argument --metric: {chosen!r} ({how}) is not reported by the released trial "
+                f"{shown(str(path))}; compare-tuned reports every tuning it is given"
+            )
 
 
 def _write_whole_report(out: Path, write):

@@ -41,6 +41,12 @@
    1)", counting the non-private baseline's σ 0 as a noise multiplier of the grid (a grid of
    6). Now "× 2 noise multipliers (0.5, 1) plus non-private baselines" (and "no noise
    (non-private)" for baselines alone).
+7. ``compare-tuned T --untuned U`` where ``U`` reports ``eval_recall_at_5`` (a tag-prediction
+   run of the mini preset; here a toy run whose rows say so) and the tuning's released trial
+   does not, with ``--metric eval_recall_at_5`` or without ``--metric`` (chosen from the
+   runs): rc 0 with a warning, the tuned run "skipped": a tuned comparison without its tuned
+   row, whose notes still gave the tuning's ε. Now rc 2, one line naming the metric and the
+   released trial.
 """
 
 from __future__ import annotations
@@ -233,3 +239,30 @@ def test_6_report_counts_the_private_noise_multipliers(tmp_path, capsys):
         "3 runs in 3 groups: 2 strategies (dp-fedavg, fedavg) × 2 noise "
         "multipliers (0.5, 1) plus non-private baselines × 1 seeds"
     ), first
+
+
+# -- finding 7: compare-tuned never skips a tuning for the report's metric ------------------------
+
+
+def test_7_compare_tuned_refuses_a_metric_a_tuning_lacks(tmp_path, capsys):
+    tuning, untuned = tmp_path / "t", tmp_path / "u"
+    code, _, err = _run(
+        capsys, "tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+        "--seed", "1", "--rounds", "1", "--out", str(tuning), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    code, _, err = _run(capsys, "simulate", str(TOY), "--rounds", "1", "--out", str(untuned))
+    assert code == 0, err
+    rows = untuned / "metrics.jsonl"  # the rows are not bound to the ledger: a task's metric
+    last = json.loads(rows.read_text(encoding="utf-8").splitlines()[-1])
+    rows.write_text(json.dumps({**last, "eval_recall_at_5": 0.5}) + "\n", encoding="utf-8")
+    summary = json.loads((untuned / "summary.json").read_text(encoding="utf-8"))
+    summary["primary_metric"] = "eval_recall_at_5"
+    (untuned / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    for metric in (["--metric", "eval_recall_at_5"], []):
+        out = tmp_path / f"r{len(metric)}"
+        argv = ["compare-tuned", str(tuning), "--untuned", str(untuned), "--out", str(out)]
+        code, _, err = _run(capsys, *argv, *metric)
+        assert code == 2, err  # was rc 0, the tuned run skipped with a warning
+        assert "argument --metric: 'eval_recall_at_5'" in err and "trial-001" in err, err
+        assert len(err.strip().splitlines()) == 1 and not out.exists(), err

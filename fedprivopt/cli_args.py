@@ -358,7 +358,7 @@ def task_param_error(exc: TypeError) -> str | None:
             named = ", ".join(shown(f"task-params.{key}") for key in keys)
             return f"the task requires {named}, which the config does not give"
     if match is None:
-        return None
+        return _call_refused(exc)
     key = match.group("key").replace("_", "-")
     return (
         f"unknown key {shown(f'task-params.{key}')}: not a parameter of the task "
@@ -375,14 +375,41 @@ _MISSING_ARGS = re.compile(
 )
 
 
+def _call_refused(exc: TypeError) -> str | None:
+    """The message for a task factory that refused the call itself, else ``None``.
+
+    Thirty-first review of issue 15: ``--set task=builtins:print`` (or ``os:system``, any
+    factory written in C) ended in ``TypeError: 'num_users' is an invalid keyword argument for
+    print()``, a traceback with rc 1: a builtin's refusal of a keyword matches none of the
+    messages above. A ``TypeError`` whose traceback ends in ``build_task`` itself was raised by
+    the call of the factory, before any code of it ran: the config's task parameters do not fit
+    it. One raised inside the factory's code is a bug and gives ``None``.
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or not _is_build_task(tb.tb_frame.f_code):
+        return None
+    name, params = tb.tb_frame.f_locals.get("name"), tb.tb_frame.f_locals.get("params") or {}
+    keys = ", ".join(f"task-params.{key.replace('_', '-')}" for key in params) or "none"
+    return (
+        f"task {shown(name)} cannot be called with the config's task parameters "
+        f"({cut_middle(keys)}): {cut_middle(str(exc))}"
+    )
+
+
+def _is_build_task(code) -> bool:
+    """Whether ``code`` is ``models.registry.build_task``'s."""
+    return code.co_name == "build_task" and code.co_filename.endswith(
+        os.path.join("models", "registry.py")
+    )
+
+
 def _while_building_a_task(exc: BaseException) -> bool:
     """Whether ``exc`` was raised within ``models.registry.build_task`` (the task's factory)."""
     tb = exc.__traceback__
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if code.co_name == "build_task" and code.co_filename.endswith(
-            os.path.join("models", "registry.py")
-        ):
+        if _is_build_task(tb.tb_frame.f_code):
             return True
         tb = tb.tb_next
     return False

@@ -14,12 +14,22 @@
    A message that does not lead with a task parameter is unchanged, so a name in a nested
    error (``invalid synth_* parameters: vocab_size …``, the generator's ``vocab_size``, not the
    task's ``task-params.vocab-size``) is not misnamed.
+2. ``simulate toy.toml --set task=builtins:print`` (also ``os:system``, ``builtins:int``: any
+   task factory written in C) ended in ``TypeError: 'num_users' is an invalid keyword argument
+   for print()`` (``system() takes at most 1 keyword argument (2 given)``), a traceback with
+   rc 1: a builtin's refusal of a keyword matches none of the messages the twenty-eighth
+   review's ``task_param_error`` reads. A ``TypeError`` whose traceback ends in ``build_task``
+   itself (the call refused, no code of the factory ran) is now one line, rc 2: ``config: task
+   'builtins:print' cannot be called with the config's task parameters (task-params.num-users,
+   task-params.seed): …``; one raised inside a factory's code is still a bug (a traceback).
 """
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.reliability.test_twentyeighth_review import _cli
 
@@ -86,3 +96,34 @@ def test_1_task_parameters_of_what_has_no_signature_is_empty():
     assert task_parameters(None) == ()
     assert task_parameters("math:pi") == ()  # not callable
     assert "num_classes" in task_parameters("toy")
+
+
+# -- 2: a factory that refuses the call itself (a builtin) -------------------------------------
+
+
+def test_2_a_builtin_task_factory_is_one_line(tmp_path):
+    proc = _cli(
+        tmp_path,
+        *("simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r")),
+        *("--set", "task=builtins:print"),
+    )
+    line = _one_line(proc)
+    assert "config: task 'builtins:print' cannot be called with the config's task parameters " in (
+        line
+    )
+    assert "(task-params.num-users, task-params.seed): 'num_users' is an invalid keyword" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_2_a_type_error_inside_a_factory_is_still_a_bug():
+    from fedprivopt.cli_args import task_param_error
+    from fedprivopt.models.registry import build_task
+
+    for name, params in (("os:system", {"num_users": 3, "seed": 0}), ("builtins:int", {"x": 1})):
+        with pytest.raises(TypeError) as info:
+            build_task(name, **params)
+        message = task_param_error(info.value) or ""
+        assert f"task '{name}' cannot be called with the config's task parameters" in message
+    with pytest.raises(TypeError) as info:  # raised by the factory's own code: no usage line
+        build_task("textwrap:dedent", text=5)
+    assert task_param_error(info.value) is None, info.value

@@ -38,7 +38,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         run_files_note,
         user_size_knobs,
     )
-    from fedprivopt.data.token_cache import CACHE_DIR, remove_stores
+    from fedprivopt.data.token_cache import CACHE_DIR, file_key, remove_stores
 
     out = check_out_dir(args.out)
     try:  # thirty-first review of issue 15 (data): the dataset was written into "/" (rc 0)
@@ -114,13 +114,15 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
             present = [name for name in DATASET_FILES if (out / name).exists()]
             if present and not args.overwrite:
                 raise UsageError(f"argument --out: {out} already holds a dataset (use --overwrite)")
+            sqlite = out / "stackoverflow.sqlite"  # its stores are removed once it is replaced
+            replaced = file_key(sqlite) if sqlite.is_file() else None
             start = time.perf_counter()
             files = generate(out, config, overwrite=args.overwrite, workers=args.workers)
             seconds = time.perf_counter() - start
             # the token stores of the replaced files are never used again (their key holds the
             # file's size and time) and kept tens of MB to GBs each for ever (twenty-second
             # review of issue 15); stores in a task's own cache-dir elsewhere are the user's
-            stale = remove_stores(out / CACHE_DIR) if present else 0
+            stale = remove_stores(out / CACHE_DIR, replaced) if replaced else 0
     except LockHeldError as exc:
         raise UsageError(str(exc)) from None
     examples = sum(int(c.sum()) for c in read_example_counts(files.sqlite).values())

@@ -50,6 +50,7 @@ __all__ = [
     "CACHE_DIR",
     "EncodedUsers",
     "cache_key_digest",
+    "file_key",
     "open_or_build",
     "remove_stores",
     "stderr_progress",
@@ -563,7 +564,7 @@ def _current(target: Path, key: dict) -> EncodedUsers | None:
     return store if store.meta.get("key") == json.loads(json.dumps(key)) else None
 
 
-def remove_stores(root: str | os.PathLike) -> int:
+def remove_stores(root: str | os.PathLike, file: dict | None = None) -> int:
     """Remove every store under ``root`` that no process is building; return how many.
 
     For the stores of files that were replaced (``fedprivopt data synth --overwrite`` of their
@@ -571,6 +572,10 @@ def remove_stores(root: str | os.PathLike) -> int:
     used again, and each kept tens of MB to GBs for ever (twenty-second review of issue 15). A
     store is removed under its key's lock, taken without waiting: one being built is left alone.
     A process still reading a removed store keeps its memory-mapped files until it closes them.
+    With ``file`` (the replaced file's ``{"size": ..., "mtime_ns": ...}``, as a key holds it),
+    only the stores built from that file are removed: thirty-first review of issue 15 (data),
+    a ``.fedprivopt-cache`` linked to a directory that several datasets share lost the other
+    datasets' stores too (``removed 2 token store(s) of the replaced files``).
     """
     from fedprivopt.data.locks import LockHeldError, exclusive_lock
 
@@ -582,6 +587,8 @@ def remove_stores(root: str | os.PathLike) -> int:
         store = meta.parent
         if store.is_symlink() or not _is_digest(store.name):
             continue
+        if file is not None and _store_file(meta) != file:
+            continue  # another file's store (a cache directory several datasets share)
         lock = root / f"{store.name}.lock"
         try:
             with exclusive_lock(lock, what=f"token store {store}"):
@@ -592,6 +599,22 @@ def remove_stores(root: str | os.PathLike) -> int:
             continue
         removed += 1
     return removed
+
+
+def file_key(path: str | os.PathLike) -> dict:
+    """The part of a store's key that names its source file: its size and modification time."""
+    stat = Path(path).stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _store_file(meta: Path) -> object:
+    """The ``"file"`` of the key in the store's ``meta.json`` (``None`` if unreadable)."""
+    try:
+        raw = read_at_most(meta, META_LIMIT) if meta.is_file() else None
+        key = json.loads(raw.decode("utf-8"))["key"] if raw is not None else None
+        return key.get("file") if isinstance(key, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _is_digest(name: str) -> bool:

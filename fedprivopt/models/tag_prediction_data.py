@@ -26,7 +26,13 @@ from fedprivopt.data.fast_example import text_fields_decoder
 from fedprivopt.data.locks import refuse_filesystem_root
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.data.synthetic import run_files_note
-from fedprivopt.data.token_cache import CACHE_DIR, EncodedUsers, open_or_build, stderr_progress
+from fedprivopt.data.token_cache import (
+    CACHE_DIR,
+    EncodedUsers,
+    file_key,
+    open_or_build,
+    stderr_progress,
+)
 from fedprivopt.models.stackoverflow_files import EVAL_BYTES, STATE_LOCK, StackOverflowFiles
 from fedprivopt.models.tag_prediction_encoding import (
     UserCSR,
@@ -267,14 +273,13 @@ class TagTaskData(StackOverflowFiles):
 
     def _store_key(self) -> dict:
         """What the token store depends on: the file's identity and the encoding."""
-        stat = self.sqlite_path.stat()
 
         def digest(items: Sequence[str]) -> str:
             return hashlib.sha256("\n".join(items).encode("utf-8", "surrogatepass")).hexdigest()
 
         return {
             "task": self.name,
-            "file": {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+            "file": file_key(self.sqlite_path),
             "words": digest(self.words),
             "tags": digest(self.tags),
             "clients": digest(self.client_ids),

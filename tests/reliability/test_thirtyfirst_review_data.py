@@ -65,6 +65,11 @@
     ``cache-dir`` through a symbolic-link loop: a ``RuntimeError: Symlink loop`` traceback,
     rc 1 (``Path.resolve`` in ``synthetic.run_files_around``). Now ``os.path.realpath``, and
     the directory's creation names the loop: rc 2, one line, nothing kept.
+12. ``data synth --out D --overwrite`` where ``D/.fedprivopt-cache`` is a link to a cache
+    directory that several datasets share: every store there was removed, the other datasets'
+    too, and reported as ``removed 2 token store(s) of the replaced files``. Only the stores
+    whose key names the replaced ``stackoverflow.sqlite`` (its size and modification time,
+    ``token_cache.file_key``) are removed now.
 """
 
 from __future__ import annotations
@@ -469,3 +474,29 @@ def test_11_a_link_loop_is_one_line(tmp_path, capsys, tp_preset, key):
     line = _usage_line(capsys, [*argv, *sets])  # before: RuntimeError (Symlink loop), rc 1
     assert "Too many levels of symbolic links" in line and str(tmp_path / "a") in line, line
     assert not (tmp_path / "r").exists()
+
+
+# -- 12. data synth --overwrite and a cache directory other datasets share --------------------
+
+
+def test_12_overwrite_removes_only_the_stores_of_the_replaced_file(tmp_path, capsys):
+    from fedprivopt.data.token_cache import file_key, open_or_build
+
+    data, shared = tmp_path / "d", tmp_path / "shared"
+    synth = ["data", "synth", "--out", str(data), "--clients", "8", "--vocab", "200", "--tags"]
+    assert main([*synth, "5", "--workers", "1"]) == 0
+    shared.mkdir()
+    (data / ".fedprivopt-cache").symlink_to(shared)  # one cache directory for every dataset
+
+    def store(file: dict):
+        return open_or_build(
+            shared, {"file": file}, 1, lambda u: ([[1]], [[0]]), multi_label=True,
+            token_bound=5, label_bound=2, workers=1,
+        ).directory  # fmt: skip
+
+    ours = store(file_key(data / "stackoverflow.sqlite"))
+    other = store({"size": 1, "mtime_ns": 2})  # another dataset's store
+    capsys.readouterr()
+    assert main([*synth, "5", "--workers", "1", "--overwrite", "--seed", "1"]) == 0
+    assert "removed 1 token store(s) of the replaced files" in capsys.readouterr().out
+    assert not ours.exists() and (other / "meta.json").is_file()  # before: both removed

@@ -212,20 +212,30 @@ class ProcessSet:
         return [t for t in left if self._same(t)]
 
     def stop(self, *, order: Sequence[str] = (), grace: float = 10.0) -> None:
-        """Stop every process (roles in ``order`` first), then wait until all are gone."""
+        """Stop every process (roles in ``order`` first), then wait until all are gone.
+
+        ``order`` may name roles of processes Flower started (found by :meth:`scan`, e.g.
+        ``flwr-serverapp``): they are stopped in their turn too, each by its PID. Thirty-first
+        review of issue 15: the ServerApp, in a session of its own under the SuperLink's
+        SuperExec, was stopped last and released rounds while the SuperNodes shut down.
+        """
         if self._stopped:
             return
         self._stopped = True
         try:
             self.scan()
-            roles = [r for r in order if any(t.role == r for t in self.started)]
+            found = list(self.found.values())
+            roles = [r for r in order if any(t.role == r for t in [*self.started, *found])]
             roles += sorted({t.role for t in self.started} - set(roles))
             deadline = time.monotonic() + grace
             for role in roles:  # a role's processes together, roles in order
                 batch = [t for t in self.started if t.role == role]
                 for t in batch:
                     self._signal(t, signal.SIGTERM, group=True)
-                self._wait(batch, min(deadline, time.monotonic() + grace / 2))
+                theirs = [t for t in found if t.role == role] if role in order else []
+                for t in theirs:
+                    self._signal(t, signal.SIGTERM, group=False)
+                self._wait(batch + theirs, min(deadline, time.monotonic() + grace / 2))
             self.scan()
             everything = [*self.started, *self.found.values()]
             # Flower's children exit on their own once their parent is gone (they poll for it)

@@ -31,6 +31,15 @@
    a subreaper's orphan: ``survived``). It now uses the shared ``core.orphans.die_with_parent``
    (with SIGTERM, which a worker turns into a kept, resumable run), which compares the parent
    with the PID the parent passed it.
+4. ``deploy local`` signalled while its run was in progress (SIGHUP when ``metrics.jsonl``
+   showed round 1 of 5) went on releasing rounds while it stopped: it stopped the SuperNodes
+   first (up to 5 s each to go), then the SuperLink, and the ServerApp, which Flower's
+   SuperExec runs in a session of its own, last; meanwhile the ServerApp trained and released
+   rounds 2-5 (ε 7.55 at the signal, 15.03 in the ledger at the end) and wrote
+   ``summary.json``, 11 s after the signal. The other engines release nothing after the round
+   in progress. The ServerApp (``flwr-serverapp``) is now stopped first, and the SuperNodes
+   only once it is gone (``ProcessSet.stop`` takes roles of the processes it found in its
+   order too).
 """
 
 from __future__ import annotations
@@ -267,3 +276,58 @@ def test_3_a_compare_worker_whose_parent_died_as_it_started_ends_under_a_subreap
         helper.wait()
         raise
     assert f"exit {-signal.SIGTERM}" in out, out  # exit 0: it went on, its parent dead
+
+
+# -- finding 4: the ServerApp is stopped before the SuperNodes -------------------------------
+
+_FAKE_SERVERAPP = (
+    "import os, sys, time; open(sys.argv[2], 'w').write(str(os.getpid())); time.sleep(600)"
+)
+_FAKE_LINK = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', sys.argv[1], 'flwr-serverapp', sys.argv[2]], "
+    "start_new_session=True); time.sleep(600)"
+)
+_FAKE_NODE = """
+import signal, sys, time
+from fedprivopt.simulation.watchdog import pid_alive
+
+def stopped(signum, frame):  # what a SuperNode would still serve: is the ServerApp running?
+    pid = int(open(sys.argv[1]).read())
+    open(sys.argv[2], "w").write("running" if pid_alive(pid) else "gone")
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stopped)
+open(sys.argv[3], "w").close()  # ready
+time.sleep(600)
+"""
+
+
+def test_4_a_deployment_stops_its_server_app_before_its_super_nodes(tmp_path):
+    import os
+    import sys
+    import time
+
+    from fedprivopt.deploy.local import STOP_ORDER
+    from fedprivopt.deploy.processes import ProcessSet
+
+    pid_file, seen, ready = tmp_path / "serverapp.pid", tmp_path / "node-saw", tmp_path / "ready"
+    procs = ProcessSet(dict(os.environ), tmp_path / "logs")
+    try:
+        procs.start(
+            "superlink",
+            [sys.executable, "-c", _FAKE_LINK, _FAKE_SERVERAPP, str(pid_file)],
+            "superlink",
+        )
+        procs.start(
+            "supernode",
+            [sys.executable, "-c", _FAKE_NODE, str(pid_file), str(seen), str(ready)],
+            "supernode-0",
+        )
+        for _ in range(1200):  # the ServerApp and the node run, whatever the load
+            if ready.is_file() and pid_file.is_file() and pid_file.read_text():
+                break
+            time.sleep(0.1)
+    finally:
+        procs.stop(order=STOP_ORDER)  # by PID, also when the test failed before
+    assert seen.read_text() == "gone"  # "running": rounds went on while the nodes stopped

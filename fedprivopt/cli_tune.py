@@ -102,6 +102,28 @@ def trial_count_of(args: argparse.Namespace):
         raise UsageError(f"argument --nb-shape/--mean-trials: {exc}") from None
 
 
+def _refuse_no_round(plans: list) -> None:
+    """Refuse grid points whose runs the target ε stops before their first round.
+
+    Thirty-first review of issue 15 (compare, finding 8): ``tune … --set target-epsilon=1``
+    (below one round's ε 7.55) ended rc 0 with every trial "diverged" and "no trial released",
+    though none diverged: each stopped at its budget having trained nothing (``compare``
+    refuses such a grid, twenty-first review). A point of a grid over the noise multiplier or
+    the target is refused alike: its trials would lose as "diverged" without training.
+    """
+    empty = [point for point, ledger in plans if ledger is not None and not ledger]
+    if not empty:
+        return
+    where = "config: " if len(empty) == len(plans) else (
+        "argument --grid: at grid point " + ", ".join(f"{k}={v!r}" for k, v in empty[0].items())
+        + ", ")  # fmt: skip
+    raise UsageError(
+        f"{where}target-epsilon is below the epsilon of one round: the trials would stop at "
+        "their privacy budget before their first round, training nothing; raise target-epsilon "
+        "or the noise multiplier"
+    )
+
+
 def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
     """Every grid point built and checked; the single run's privacy bound; the tasks."""
     from fedprivopt.models.task import primary_metric
@@ -132,6 +154,7 @@ def plan_tuning(args, overrides: dict, grid: dict) -> tuple[Any, dict, Any]:
         deltas.add(config.strategy.delta)
         accountants.add(config.strategy.accountant)
         first = first or (config, task, alg)
+    _refuse_no_round(plans)
     if len(deltas) > 1:
         raise UsageError("argument --grid: its points have different delta; tune at one delta")
     if len(accountants) > 1:

@@ -47,6 +47,13 @@
    runs): rc 0 with a warning, the tuned run "skipped": a tuned comparison without its tuned
    row, whose notes still gave the tuning's ε. Now rc 2, one line naming the metric and the
    released trial.
+8. ``tune toy.toml --grid server-learning-rate=0.5,1 --set target-epsilon=1 --rounds 2``
+   (below one round's ε 7.55; also ``compare --tune-grid``, and a grid point such as
+   ``noise-multiplier=0.2`` under ``target-epsilon=5``): rc 0, "no trial released", every
+   trial's status "diverged" in ``trials.csv`` and the report, though none diverged: each
+   stopped at its budget before its first round, training nothing (``compare`` refuses a grid
+   whose every cell does so since the twenty-first review). Now rc 2 before anything is
+   written, one line naming ``target-epsilon`` (and the grid point).
 """
 
 from __future__ import annotations
@@ -266,3 +273,23 @@ def test_7_compare_tuned_refuses_a_metric_a_tuning_lacks(tmp_path, capsys):
         assert code == 2, err  # was rc 0, the tuned run skipped with a warning
         assert "argument --metric: 'eval_recall_at_5'" in err and "trial-001" in err, err
         assert len(err.strip().splitlines()) == 1 and not out.exists(), err
+
+
+# -- finding 8: a tuning whose runs train no round is refused ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--grid", "server-learning-rate=0.5,1", "--set", "target-epsilon=1"], "config: "),
+        (["--grid", "noise-multiplier=0.2,1", "--set", "target-epsilon=5"],
+         "argument --grid: at grid point noise-multiplier=0.2, "),
+    ],
+)  # fmt: skip
+def test_8_tune_refuses_a_budget_below_one_round(tmp_path, capsys, flags, named):
+    out = tmp_path / "t"
+    code, _, err = _run(capsys, "tune", str(TOY), *flags, "--mean-trials", "1", "--seed", "3",
+                        "--rounds", "2", "--out", str(out), "--quiet")  # fmt: skip
+    assert code == 2, err  # was rc 0: trials "diverged", no trial released
+    assert f"{named}target-epsilon is below the epsilon of one round" in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists(), err

@@ -133,7 +133,9 @@ def write_report(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    runs, untrained = _without_untrained(runs)
     sel, issues = select_runs(runs, metric)
+    issues = [*untrained, *issues]
     rows, agg_issues = aggregate_with_notes(sel.runs, sel.metric)
     issues = list(dict.fromkeys([*issues, *agg_issues, *_task_differences(sel.runs)]))
     warn_all(issues)
@@ -150,6 +152,27 @@ def write_report(
 
 # ---------------------------------------------------------------------------------------------
 # internals
+
+
+def _without_untrained(runs: Sequence[RunData]) -> tuple[list[RunData], list[str]]:
+    """``runs`` but those its budget stopped before their first round, and a note on each.
+
+    Thirty-first review of issue 15 (compare, finding 9): ``compare --noise-multipliers 0.2,1
+    --set target-epsilon=5`` left the σ 0.2 cell out of the report as "no 'eval_accuracy'; run
+    skipped", blaming the metric for a budget below one round's ε. When every run stopped so,
+    they are kept: the report refuses them naming ``target-epsilon``.
+    """
+    stopped = [
+        r for r in runs if r.rounds_completed == 0 and r.summary.get("stopped_reason") == "budget"
+    ]
+    if not stopped or len(stopped) == len(runs):
+        return list(runs), []
+    notes = [
+        f"{r.path}: stopped at its privacy budget before its first round (target-epsilon is "
+        "below the epsilon of one round): it trained nothing, so it is left out"
+        for r in stopped
+    ]
+    return [r for r in runs if all(r is not s for s in stopped)], notes
 
 
 def _fmt(x: float, digits: int = 4) -> str:

@@ -54,6 +54,11 @@
    stopped at its budget before its first round, training nothing (``compare`` refuses a grid
    whose every cell does so since the twenty-first review). Now rc 2 before anything is
    written, one line naming ``target-epsilon`` (and the grid point).
+9. ``compare toy.toml --strategies dp-fedavg --noise-multipliers 0.2,1 --set
+   target-epsilon=5`` (one round at σ 0.2 exceeds the budget): the σ 0.2 cell was left out of
+   the report as "no 'eval_accuracy'; run skipped", blaming the metric. Now the warning (on
+   stderr and in the report) says it stopped at its privacy budget before its first round,
+   naming ``target-epsilon``; when every run did, the report is still refused naming it.
 """
 
 from __future__ import annotations
@@ -293,3 +298,19 @@ def test_8_tune_refuses_a_budget_below_one_round(tmp_path, capsys, flags, named)
     assert code == 2, err  # was rc 0: trials "diverged", no trial released
     assert f"{named}target-epsilon is below the epsilon of one round" in err, err
     assert len(err.strip().splitlines()) == 1 and not out.exists(), err
+
+
+# -- finding 9: a cell stopped at its budget before round 1 is named for that ---------------------
+
+
+def test_9_report_names_the_budget_of_a_cell_that_trained_nothing(tmp_path, capsys):
+    out = tmp_path / "c"
+    code, _, err = _run(
+        capsys, "compare", str(TOY), "--strategies", "dp-fedavg", "--noise-multipliers", "0.2,1",
+        "--rounds", "1", "--set", "target-epsilon=5", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    warnings = (out / "report.md").read_text(encoding="utf-8").split("## Warnings", 1)[1]
+    assert "no 'eval_accuracy'" not in warnings and "no 'eval_accuracy'" not in err, warnings
+    assert "sigma0.2__seed0: stopped at its privacy budget before its first round" in err, err
+    assert "target-epsilon is below the epsilon of one round" in warnings, warnings

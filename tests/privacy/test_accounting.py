@@ -526,10 +526,16 @@ def test_epsilon_never_falls_as_sigma_shrinks_to_the_floor(q):
 
 
 def test_a_nan_rdp_counts_as_unbounded(monkeypatch):
-    """An order dp-accounting cannot compute (NaN) is infinite for ε, not left out (ε was 0)."""
+    """An order dp-accounting cannot compute (NaN) is not left out (ε was 0): it is infinite, or
+    (a Poisson event's integer orders, since the thirty-first review of issue 15) the series of
+    ``_poisson_int_rdp``, an upper bound that needs no dp-accounting: never less than the ε
+    dp-accounting's own values give."""
     import numpy as np
 
     real = accounting.rdp.RdpAccountant
+    ev = Poisson(sample_rate=0.25, noise_multiplier=0.7)
+    fixed = SubsampledGaussianEvent.fixed(population=8, cohort_size=2, noise_multiplier=0.7)
+    honest = compose_epsilon([(ev, 1)], 1e-4)
 
     class NanRdp(real):
         @property
@@ -537,12 +543,14 @@ def test_a_nan_rdp_counts_as_unbounded(monkeypatch):
             return np.full_like(super().rdp, np.nan)
 
     accounting.event_rdp.cache_clear()
+    accounting.bounded_event_rdp.cache_clear()
     monkeypatch.setattr(accounting.rdp, "RdpAccountant", NanRdp)
     try:
-        ev = Poisson(sample_rate=0.25, noise_multiplier=0.7)
-        assert compose_epsilon([(ev, 1)], 1e-4) == math.inf
+        assert honest <= compose_epsilon([(ev, 1)], 1e-4) < math.inf
+        assert compose_epsilon([(fixed, 1)], 1e-4) == math.inf
     finally:
         accounting.event_rdp.cache_clear()
+        accounting.bounded_event_rdp.cache_clear()
 
 
 def test_rdp_within_rounding_of_zero_is_dropped_not_composed():
@@ -565,7 +573,14 @@ def test_rdp_within_rounding_of_zero_is_dropped_not_composed():
     bounded = bounded_event_rdp(huge)
     unsampled = _RDP_ORDERS / (2 * 1.6357e7**2)
     assert np.isfinite(bounded).all() and (bounded <= curve).all()
-    assert bounded[~kept] == pytest.approx(unsampled[~kept], rel=1e-12)
+    # (thirty-first review of issue 15: the dropped integer orders take the sampled Gaussian's
+    # own series, summed without cancellation: at order 2, q²·expm1(1/σ²), 100 times below the
+    # unsampled bound here; the fractional ones keep that bound)
+    frac = _RDP_ORDERS != np.floor(_RDP_ORDERS)
+    assert bounded[~kept & frac] == pytest.approx(unsampled[~kept & frac], rel=1e-12)
+    ints = ~kept & ~frac
+    assert ints.any() and (bounded[ints] <= unsampled[ints]).all()
+    assert bounded[_RDP_ORDERS == 2.0][0] == pytest.approx(0.01 / 1.6357e7**2, rel=1e-5)
     assert (bounded[kept] == curve[kept]).all()
     # an ordinary event keeps every order: dp-accounting's value, unchanged
     ev = SubsampledGaussianEvent.poisson(sample_rate=0.01, noise_multiplier=1.0)

@@ -1,6 +1,7 @@
 import pytest
 
 from fedprivopt.privacy import calibrate_noise_multiplier, compose_epsilon, make_round_event
+from fedprivopt.privacy.events import SubsampledGaussianEvent
 
 
 @pytest.mark.parametrize(
@@ -159,9 +160,22 @@ def test_calibrate_pld_names_a_target_its_grid_cannot_resolve():
 
 def test_a_target_only_the_rounding_meets_is_refused():
     """dp-accounting's search met ε 0.001 (q 0.05, 40 rounds, δ 1e-5) at σ 31,623, where its RDP
-    of a round cancels to 0; compose_epsilon's bound there is 0.0035: refused, not printed."""
+    of a round cancels to 0; compose_epsilon's bound there was 0.0035: refused, not printed.
+
+    Since the thirty-first review of issue 15 compose_epsilon sums a Poisson event's integer
+    orders without that cancellation, and its ε there is 0 (the order-2 RDP bounds the total
+    variation below δ): the σ is returned, and meets the target. Fixed-size sampling (whose
+    dropped orders keep the unsampled Gaussian's bound) is still refused."""
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=0.001, delta=1e-5, sample_rate=0.05, rounds=40
+    )
+    event = SubsampledGaussianEvent.poisson(sample_rate=0.05, noise_multiplier=sigma)
+    assert compose_epsilon([(event, 40)], 1e-5) <= 0.001
     with pytest.raises(ValueError, match=r"target_epsilon=0\.001 is not reached"):
-        calibrate_noise_multiplier(target_epsilon=0.001, delta=1e-5, sample_rate=0.05, rounds=40)
+        calibrate_noise_multiplier(
+            target_epsilon=0.001, delta=1e-5, rounds=40, sampling="fixed", population=20,
+            cohort_size=1,
+        )  # fmt: skip
     sigma = calibrate_noise_multiplier(
         target_epsilon=0.1, delta=1e-6, sample_rate=0.0003, rounds=1500
     )

@@ -1,0 +1,83 @@
+"""Issue 15, thirty-first hostile review (privacy area): regression tests of its findings.
+
+1. The ``rdp`` accountant reported far more ε for more noise: ``fedprivopt epsilon
+   --noise-multiplier 77 --sample-rate 1e-6 --rounds 1000000 --delta 1e-5`` printed
+   ``epsilon = 145.0550`` where ``--noise-multiplier 70`` printed 0.0035 (q = 1e-5: σ 806 gave
+   6.07 for 0.0035; q = 1e-4: σ 8455 gave 0.45; 1000 rounds at q = 1e-6, σ 77: 1.75). From such σ
+   every order's RDP of a round is below ``MIN_LOG_A`` (dp-accounting's ``log A_α`` is
+   ``log(1 + tiny)``, within rounding of 0), so the twenty-ninth review's fix gave each order the
+   unsampled Gaussian's ``α/(2σ²)``, which ignores the sampling rate: valid, but 10**4 times too
+   large, and a run with a target ε at such σ stopped rounds early (``calibrate`` refused targets
+   it could meet). A Poisson event's integer orders now take dp-accounting's own series,
+   ``A_α − 1 = Σ_{k≥2} C(α,k)(1−q)^(α−k) q^k expm1(k(k−1)/(2σ²))``, summed without the
+   cancellation (positive terms) and inflated by a relative 1e-6 (``_poisson_int_rdp``): ε is
+   0.0035 at σ 77, never above σ 70's, and the series is checked against a 400-digit evaluation
+   (never below it). Fractional orders and fixed-size sampling keep the unsampled bound; finite
+   values dp-accounting gives are kept as before (ordinary ledgers compose to the same ε).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+from dp_accounting import rdp
+
+from fedprivopt.privacy.accounting import _poisson_int_rdp, compose_epsilon
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from tests.reliability.test_fuzz_cli import run_cli
+
+# -- finding 1: the rdp accountant's bound where dp-accounting's orders cancel ------------------
+
+
+def _eps(q: float, sigma: float, rounds: int) -> float:
+    event = SubsampledGaussianEvent.poisson(sample_rate=q, noise_multiplier=sigma)
+    return compose_epsilon([(event, rounds)], 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("q", "lower", "higher"), [(1e-6, 70.0, 77.0), (1e-5, 700.0, 806.3), (1e-4, 8000.0, 8454.8)]
+)
+def test_1_more_noise_does_not_report_more_epsilon(q, lower, higher):
+    for rounds in (1000, 10**6):
+        assert _eps(q, higher, rounds) <= _eps(q, lower, rounds) < 0.004  # was up to 145.05
+
+
+def test_1_epsilon_command(tmp_path):
+    argv = ["epsilon", "--noise-multiplier", "77", "--sample-rate", "1e-6", "--rounds", "1000000",
+            "--delta", "1e-5"]  # fmt: skip
+    code, out, err = run_cli(argv)
+    assert code == 0, err
+    assert out.startswith("epsilon = 0.0035 "), out  # was 145.0550
+
+
+def _exact_rdp(q: float, sigma: float, alpha: int) -> mpmath.mpf:
+    q, sigma = mpmath.mpf(q), mpmath.mpf(sigma)
+    terms = (
+        mpmath.binomial(alpha, k) * (1 - q) ** (alpha - k) * q**k
+        * mpmath.exp(mpmath.mpf(k * k - k) / (2 * sigma**2))
+        for k in range(alpha + 1)
+    )  # fmt: skip
+    return mpmath.log(mpmath.fsum(terms)) / (alpha - 1)
+
+
+def test_1_the_series_is_an_upper_bound_and_tight():
+    with mpmath.workdps(400):
+        for q in (0.9, 0.1, 1e-3, 1e-6, 1e-9):
+            for sigma in (0.3, 1.0, 77.0, 1e3, 1e6, 1e12):
+                for alpha in (2, 3, 10, 63, 1024):
+                    exact = _exact_rdp(q, sigma, alpha)
+                    ours = _poisson_int_rdp(q, sigma, alpha)
+                    assert exact <= ours <= exact * (1 + 1e-5), (q, sigma, alpha, ours)
+    assert _poisson_int_rdp(0.1, 1.0, 2.5) == math.inf  # no series at a fractional order
+
+
+def test_1_ordinary_and_fixed_size_ledgers_are_unchanged():
+    # every order of an ordinary event is dp-accounting's; fixed-size sampling keeps its bound
+    ordinary = SubsampledGaussianEvent.poisson(sample_rate=0.01, noise_multiplier=1.0)
+    reference = rdp.RdpAccountant()
+    reference.compose(ordinary.to_dp_event(), 10_000)
+    assert _eps(0.01, 1.0, 10_000) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
+    fixed = SubsampledGaussianEvent.fixed(population=20, cohort_size=1, noise_multiplier=1.26e5)
+    assert compose_epsilon([(fixed, 40)], 1e-5) == pytest.approx(0.01949, rel=1e-3)

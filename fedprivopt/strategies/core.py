@@ -116,6 +116,11 @@ about 20 nodes (about 4.6 standard deviations of one): 64 keeps every draw finit
 """
 
 
+def largest_noise_std(dtype: torch.dtype) -> float:
+    """The largest noise std of a round's sum in a model of ``dtype`` (:data:`NOISE_HEADROOM`)."""
+    return torch.finfo(dtype).max / NOISE_HEADROOM if dtype.is_floating_point else math.inf
+
+
 class ServerAlgorithm:
     """Server side of a (DP) federated strategy, independent of the transport.
 
@@ -204,18 +209,24 @@ class ServerAlgorithm:
         draw reaches 4-6 standard deviations, secure mode sums four draws before halving, a
         tree sums up to ~20 nodes). The std may be at most the largest number over
         :data:`NOISE_HEADROOM`.
+
+        Thirty-first review: DP2's ``clip-norm-adaptive`` (the clip norm of its adaptive rounds,
+        whose sum gets noise of std ``σ_Δ`` times it) was not checked: ``--strategy dp2 --set
+        clip-norm-adaptive=3e38`` drew infinite noise in its first adaptive round and ended rc 0
+        as a divergence advising lower learning rates.
         """
         c = self.config
-        largest = torch.finfo(dtype).max / NOISE_HEADROOM if dtype.is_floating_point else math.inf
-        if c.private and not c.update_noise_multiplier * c.clip_norm <= largest:
-            sigma = "sigma_Delta" if c.adaptive else "noise-multiplier"
-            raise ValueError(
-                f"{sigma} * clip-norm must be at most {largest:.6g} for a {dtype} model (the "
-                f"noise std of a round's sum; its largest number over {NOISE_HEADROOM:g}: beyond "
-                "it noise draws overflow to infinity), got "
-                f"{c.update_noise_multiplier:g} * {c.clip_norm:g}; lower noise-multiplier or "
-                "clip-norm"
-            )
+        largest = largest_noise_std(dtype)
+        adaptive_c = getattr(c.options, "clip_norm_adaptive", None)  # DP2's second norm
+        for key, clip in (("clip-norm", c.clip_norm), ("clip-norm-adaptive", adaptive_c)):
+            if c.private and clip is not None and not c.update_noise_multiplier * clip <= largest:
+                sigma = "sigma_Delta" if c.adaptive else "noise-multiplier"
+                raise ValueError(
+                    f"{sigma} * {key} must be at most {largest:.6g} for a {dtype} model (the "
+                    f"noise std of a round's sum; its largest number over {NOISE_HEADROOM:g}: "
+                    "beyond it noise draws overflow to infinity), got "
+                    f"{c.update_noise_multiplier:g} * {clip:g}; lower noise-multiplier or {key}"
+                )
 
     def _make_tree(self, params: torch.Tensor) -> tuple[TreeCohorts | None, TreeNoise | None]:
         """The cohorts and noise of tree aggregation (``None, None`` for the Gaussian)."""

@@ -14,6 +14,12 @@
    0.0035 at σ 77, never above σ 70's, and the series is checked against a 400-digit evaluation
    (never below it). Fractional orders and fixed-size sampling keep the unsampled bound; finite
    values dp-accounting gives are kept as before (ordinary ledgers compose to the same ε).
+2. DP2's ``clip-norm-adaptive`` (the clip norm of its adaptive rounds) was left out of the
+   twenty-sixth review's check of the noise std against the model's dtype: ``simulate toy.toml
+   --strategy dp2 --set clip-norm-adaptive=3e38 --set noise-multiplier=1`` drew infinite float32
+   noise in its first adaptive round and ended rc 0 with "the model diverged ... (lower the
+   learning rates)". It is refused before anything is written (rc 2, one line naming
+   ``clip-norm-adaptive`` and the bound 5.31691e+36), as ``clip-norm`` is.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ import math
 
 import mpmath
 import pytest
+import torch
 from dp_accounting import rdp
 
 from fedprivopt.privacy.accounting import _poisson_int_rdp, compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
-from tests.reliability.test_fuzz_cli import run_cli
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import NOISE_HEADROOM
+from tests.reliability.test_eighteenth_review import one_line_error
+from tests.reliability.test_fuzz_cli import PRESET, run_cli
 
 # -- finding 1: the rdp accountant's bound where dp-accounting's orders cancel ------------------
 
@@ -81,3 +91,30 @@ def test_1_ordinary_and_fixed_size_ledgers_are_unchanged():
     assert _eps(0.01, 1.0, 10_000) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
     fixed = SubsampledGaussianEvent.fixed(population=20, cohort_size=1, noise_multiplier=1.26e5)
     assert compose_epsilon([(fixed, 40)], 1e-5) == pytest.approx(0.01949, rel=1e-3)
+
+
+# -- finding 2: DP2's clip-norm-adaptive against the model's dtype ------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["dp2", "dp2-noise-first"])
+def test_2_clip_norm_adaptive_whose_noise_overflows_is_refused(tmp_path, strategy):
+    out = tmp_path / "r"
+    code, _, err = run_cli(["simulate", str(PRESET), "--strategy", strategy, "--out", str(out),
+                            "--rounds", "2", "--set", "clip-norm-adaptive=3e38",
+                            "--set", "noise-multiplier=1"])  # fmt: skip
+    one_line_error(code, err, "noise-multiplier * clip-norm-adaptive must be at most 5.31691e+36")
+    assert not out.exists()
+
+
+def test_2_clip_norm_adaptive_at_the_bound_runs():
+    bound = torch.finfo(torch.float32).max / NOISE_HEADROOM
+
+    def config(clip: float) -> StrategyConfig:
+        keys = {"strategy": "dp2", "population": 20, "clients-per-round": 4.0,
+                "noise-multiplier": 1.0, "clip-norm": 1.0, "clip-norm-adaptive": clip}  # fmt: skip
+        return StrategyConfig.from_mapping(keys)
+
+    build_algorithm(config(bound), torch.zeros(4))  # accepted
+    with pytest.raises(ValueError, match="clip-norm-adaptive must be at most"):
+        build_algorithm(config(bound * 1.01), torch.zeros(4))
+    build_algorithm(config(bound * 1.01), torch.zeros(4, dtype=torch.float64))  # float64 holds it

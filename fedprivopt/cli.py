@@ -2,7 +2,7 @@
 
 Every command validates its arguments before doing any work. Bad input exits with code 2 and one
 line on stderr that names the flag and its valid range (no traceback; set ``FEDPRIVOPT_DEBUG=1``
-to see one).
+to see one: ``0``, ``false``, ``no``, ``off`` or empty leave it off).
 """
 
 from __future__ import annotations
@@ -435,13 +435,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
+_DEBUG_OFF = frozenset({"", "0", "false", "no", "off"})
+
+
+def _debug() -> bool:
+    """Whether ``FEDPRIVOPT_DEBUG`` asks for tracebacks: set to anything but 0, false, no, off.
+
+    Thirty-first review of issue 15: any non-empty value counted, so ``FEDPRIVOPT_DEBUG=0``
+    (meant as "off", as in a CI file that lists every variable) turned every one-line error
+    into a traceback with exit code 1, and Ctrl-C into a death by SIGINT.
+    """
+    return os.environ.get("FEDPRIVOPT_DEBUG", "").strip().lower() not in _DEBUG_OFF
+
+
 def _main(argv: Sequence[str] | None) -> int:
     """:func:`main` with SIGTERM and SIGHUP raising ``Interrupted``."""
     try:  # building the parser imports torch and the accountants: seconds, Ctrl-C included
         parser = build_parser()
         args = parser.parse_args(argv)
     except KeyboardInterrupt as exc:
-        if os.environ.get("FEDPRIVOPT_DEBUG"):
+        if _debug():
             raise
         print("fedprivopt: interrupted", file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))
@@ -463,14 +476,14 @@ def _main(argv: Sequence[str] | None) -> int:
         with _run_warnings(_command(args)), guarded_stdout():
             return int(args.func(args))
     except StdoutError as exc:  # a closed pipe or a full disk under the redirected output
-        if os.environ.get("FEDPRIVOPT_DEBUG"):
+        if _debug():
             raise
         return stdout_failed(_command(args), exc)
     except (UsageError, ValueError, OSError) as exc:
         # OSError: a path that cannot be read, created or written (not a network failure)
         if isinstance(exc, OSError) and not is_file_error(exc):
             raise
-        if os.environ.get("FEDPRIVOPT_DEBUG"):
+        if _debug():
             raise
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
         if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
@@ -494,7 +507,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt as exc:
         # Ctrl-C, or SIGTERM/SIGHUP during a run (simulation.interrupt.Interrupted): every
         # process it started is stopped and what it released is kept; exit code 128 + signal
-        if os.environ.get("FEDPRIVOPT_DEBUG"):
+        if _debug():
             raise
         # sixteenth review of issue 15: Ctrl-C of `data synth` said "fedprivopt data: ..."
         print(_interrupted(_command(args), exc), file=sys.stderr)

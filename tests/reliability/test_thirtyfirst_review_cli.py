@@ -22,11 +22,19 @@
    itself (the call refused, no code of the factory ran) is now one line, rc 2: ``config: task
    'builtins:print' cannot be called with the config's task parameters (task-params.num-users,
    task-params.seed): …``; one raised inside a factory's code is still a bug (a traceback).
+3. ``FEDPRIVOPT_DEBUG=0 fedprivopt data info /nowhere`` (also ``false``, ``no``, ``off``: a CI
+   file that lists the variable to turn it off) printed the traceback of
+   ``UsageError: argument PATH: /nowhere does not exist`` with rc 1, where every bad input
+   is one line with rc 2: any non-empty value counted as on. Now ``0``, ``false``, ``no``,
+   ``off`` (any case, blanks around) and empty leave it off; ``1``, ``yes`` or ``true`` show
+   the traceback as documented.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +135,36 @@ def test_2_a_type_error_inside_a_factory_is_still_a_bug():
     with pytest.raises(TypeError) as info:  # raised by the factory's own code: no usage line
         build_task("textwrap:dedent", text=5)
     assert task_param_error(info.value) is None, info.value
+
+
+# -- 3: FEDPRIVOPT_DEBUG=0 is off -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "on"), [("0", False), (" Off ", False), ("1", True)])
+def test_3_debug_zero_keeps_the_one_line(value, on, tmp_path):
+    env = dict(os.environ, FEDPRIVOPT_DEBUG=value, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedprivopt.cli", "data", "info", str(tmp_path / "nowhere")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if on:
+        assert proc.returncode == 1 and "Traceback" in proc.stderr, proc.stderr
+    else:
+        assert _one_line(proc).endswith("nowhere does not exist"), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [("", False), ("0", False), ("false", False), ("NO", False), ("off", False), ("yes", True)],
+)
+def test_3_debug_values(value, on, monkeypatch):
+    from fedprivopt.cli import _debug
+
+    monkeypatch.setenv("FEDPRIVOPT_DEBUG", value)
+    assert _debug() is on
+    monkeypatch.delenv("FEDPRIVOPT_DEBUG")
+    assert _debug() is False

@@ -34,6 +34,7 @@ from fedprivopt.data.synthetic import (
     USER_SIZES,
     SyntheticConfig,
     ensure_synthetic,
+    is_synthetic_dir,
     read_marker,
     run_files_note,
     user_size_knobs,
@@ -374,10 +375,26 @@ class StackOverflowFiles:
 
     def _check_synthetic_meta(self) -> None:
         meta_path = self.data_dir / SYNTHETIC_META_FILE
-        if not self.synth_params or not meta_path.is_file():
+        if not meta_path.is_file():
             return
-        try:  # at most 1 MiB of it (eighteenth review of issue 15, finding 7: 20 GB, MemoryError)
-            recorded = read_marker(meta_path)["config"]  # type: ignore[index]
+        # at most 1 MiB of it (eighteenth review of issue 15, finding 7: 20 GB, MemoryError)
+        marker = read_marker(meta_path)
+        incomplete = isinstance(marker, dict) and marker.get("complete") is False
+        if incomplete and is_synthetic_dir(self.data_dir):
+            # thirty-first review of issue 15 (data): after an interrupted `data synth
+            # --overwrite` the directory held the previous dataset's files (or the new
+            # SQLite file beside the old vocabularies) under a marker with no configuration,
+            # and a task of any synth_* parameters used them (rc 0)
+            raise ValueError(
+                f"{self.data_dir}: the generation of its synthetic dataset was interrupted "
+                f'({SYNTHETIC_META_FILE} says "complete": false), so its files may belong to '
+                "another dataset or to none: generate it again (fedprivopt data synth --out "
+                "DIR --overwrite) or remove the directory"
+            )
+        if not self.synth_params:
+            return
+        try:
+            recorded = marker["config"]  # type: ignore[index]
         except (KeyError, TypeError):
             return  # not a sidecar we understand: the files are used as they are
         names = {"num_clients": "synth_clients", "vocab_size": "synth_vocab"}

@@ -70,6 +70,14 @@
     too, and reported as ``removed 2 token store(s) of the replaced files``. Only the stores
     whose key names the replaced ``stackoverflow.sqlite`` (its size and modification time,
     ``token_cache.file_key``) are removed now.
+13. Ctrl-C of ``data synth --out D --overwrite --seed 9 --clients 60000`` (after the parser was
+    built): rc 130, and ``D`` kept the previous dataset's files (seed 0, 300 clients) under a
+    marker rewritten as ``{"complete": false}`` without a configuration (between the SQLite
+    file's rename and the vocabularies' writes: the new SQLite file beside the old
+    vocabularies). A task then used the files whatever its ``synth_*`` parameters (rc 0),
+    although the generator's comment says such a directory "is never taken as current". A
+    data directory whose marker is ours and incomplete is now refused with one line saying
+    the generation was interrupted and how to redo it.
 """
 
 from __future__ import annotations
@@ -500,3 +508,29 @@ def test_12_overwrite_removes_only_the_stores_of_the_replaced_file(tmp_path, cap
     assert main([*synth, "5", "--workers", "1", "--overwrite", "--seed", "1"]) == 0
     assert "removed 1 token store(s) of the replaced files" in capsys.readouterr().out
     assert not ours.exists() and (other / "meta.json").is_file()  # before: both removed
+
+
+# -- 13. a dataset whose generation was interrupted -------------------------------------------
+
+
+def test_13_an_interrupted_generation_is_not_used(tmp_path, capsys, tp_preset):
+    import shutil
+
+    data = tmp_path / "d"
+    shutil.copytree(tp_preset.parent / "d", data)
+    # what an interrupted `data synth --out d --overwrite --seed 9 --clients 60000` leaves: the
+    # previous dataset's files (or the new SQLite file beside them) and a marker without config
+    marker = data / "stackoverflow.synthetic.json"
+    marker.write_text('{"generator": "fedprivopt.data.synthetic", "complete": false}\n')
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    with pytest.raises(ValueError, match=r'says "complete": false\), so its files may belong'):
+        StackOverflowTagTask(data_dir=data, synth_clients=60_000, synth_seed=9)  # before: used
+    preset = tmp_path / "p.toml"
+    preset.write_text(tp_preset.read_text().replace(str(tp_preset.parent / "d"), str(data)))
+    line = _usage_line(capsys, ["simulate", str(preset), "--out", str(tmp_path / "r")])
+    assert "the generation of its synthetic dataset was interrupted" in line, line
+    assert not (tmp_path / "r").exists()
+    argv = ["data", "synth", "--out", str(data), "--clients", "30", "--vocab", "200"]
+    assert main([*argv, "--tags", "10", "--workers", "1", "--overwrite"]) == 0
+    assert main(["simulate", str(preset), "--out", str(tmp_path / "r"), "--quiet"]) == 0

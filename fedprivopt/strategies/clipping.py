@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fedprivopt.core.checks import check_real
 from fedprivopt.privacy.adaptive_clip import ClipState, NoisyCountAggregator, adaptive_clip
+from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = ["CLIP_KEYS", "AdaptiveClipping"]
@@ -41,9 +43,13 @@ class AdaptiveClipping:
         A configuration with ``config.adaptive`` true.
     min_shares : int or None
         ``m_min`` of distributed noise (the sum's), ``None`` in server mode.
+    max_clip_norm : float, optional
+        The largest ``C`` (default ``config.max_clip_norm``); a server passes the largest norm
+        whose noise std its model's dtype holds (thirty-first review of issue 15: on a float32
+        model ``C`` grew to 1e150, and the noise of std ``σ_Δ C`` was infinite).
     """
 
-    def __init__(self, config, min_shares: int | None) -> None:
+    def __init__(self, config, min_shares: int | None, max_clip_norm: float | None = None) -> None:
         if not config.adaptive:
             raise ValueError("AdaptiveClipping needs a DP strategy with adaptive-clipping = true")
         self.config = config
@@ -56,6 +62,11 @@ class AdaptiveClipping:
         self.states: dict[str, ClipState] = {}
         self.key = CLIP_KEYS[0]
         self._fractions: list[float] = []
+        self.max_clip_norm = config.max_clip_norm
+        if max_clip_norm is not None:
+            self.max_clip_norm = min(self.max_clip_norm, check_real(
+                "max_clip_norm", max_clip_norm, low=MIN_CLIP_NORM
+            ))  # fmt: skip
 
     def clip_norm(self, fixed: float | None) -> float:
         """``C`` of this round; ``fixed`` is the strategy's own fixed norm of the round, if any."""
@@ -130,7 +141,7 @@ class AdaptiveClipping:
         stepped = rule.update(fraction, state)
         # at most the norm whose noise std is a float's (eleventh review of issue 15, finding 1:
         # C grew until sum_noise_std**2 overflowed mid-run)
-        self.states[self.key] = ClipState(min(stepped.clip_norm, self.config.max_clip_norm))
+        self.states[self.key] = ClipState(min(stepped.clip_norm, self.max_clip_norm))
         return {
             "clip_norm": state.clip_norm,
             "clip_count_fraction": fraction,
@@ -147,7 +158,7 @@ class AdaptiveClipping:
         if not isinstance(saved, dict) or not set(saved) <= set(CLIP_KEYS):
             raise ValueError("checkpoint has no adaptive clip state (adaptive-clipping)")
         states = {k: ClipState.from_dict(v) for k, v in saved.items()}
-        limit = self.config.max_clip_norm
+        limit = self.max_clip_norm
         for key, state in states.items():
             if not state.clip_norm <= limit:
                 raise ValueError(

@@ -183,9 +183,10 @@ class ServerAlgorithm:
         self.available_users: set[int] | None = None
         self._check_noise_fits(initial_params.dtype)
         self.aggregator = self._make_aggregator()
-        self.clipping = (
-            AdaptiveClipping(config, self.aggregator.min_shares) if config.adaptive else None
-        )
+        self.clipping = None
+        if config.adaptive:  # C stays where the noise std σ_Δ C fits the model's dtype
+            limit = largest_noise_std(initial_params.dtype) / config.update_noise_multiplier
+            self.clipping = AdaptiveClipping(config, self.aggregator.min_shares, limit)
         self.accountant = PrivacyAccountant(accountant=config.accountant)
         if config.accountant == "pld" and self.round_events():
             # a PLD too large for memory fails here, before training, not at the first ε query

@@ -20,6 +20,13 @@
    noise in its first adaptive round and ended rc 0 with "the model diverged ... (lower the
    learning rates)". It is refused before anything is written (rc 2, one line naming
    ``clip-norm-adaptive`` and the bound 5.31691e+36), as ``clip-norm`` is.
+3. The adaptive clip norm was kept at most ``max_clip_norm`` (the eleventh review's bound, about
+   1e150/σ_Δ, for a float64 square), not at the model dtype's bound: ``simulate toy.toml --set
+   adaptive-clipping=true --set clip-quantile=0.9999 --set clip-learning-rate=1000 --set
+   clip-count-stddev=1`` moved C from 1 to 9e100 after round 1 on a float32 model, whose noise
+   of std σ_Δ·C was then infinite (metrics recorded ``noise_std`` 4.7e99 for it). C now stays at
+   most the dtype's largest number over ``NOISE_HEADROOM`` divided by σ_Δ, so every noise draw
+   is finite (the run itself, at that clip learning rate, still diverges and says so).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from dp_accounting import rdp
 from fedprivopt.privacy.accounting import _poisson_int_rdp, compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.strategies import StrategyConfig, build_algorithm
-from fedprivopt.strategies.core import NOISE_HEADROOM
+from fedprivopt.strategies.core import NOISE_HEADROOM, ReportedUpdates, drive_round
 from tests.reliability.test_eighteenth_review import one_line_error
 from tests.reliability.test_fuzz_cli import PRESET, run_cli
 
@@ -118,3 +125,27 @@ def test_2_clip_norm_adaptive_at_the_bound_runs():
     with pytest.raises(ValueError, match="clip-norm-adaptive must be at most"):
         build_algorithm(config(bound * 1.01), torch.zeros(4))
     build_algorithm(config(bound * 1.01), torch.zeros(4, dtype=torch.float64))  # float64 holds it
+
+
+# -- finding 3: the adaptive clip norm against the model's dtype ---------------------------------
+
+
+def test_3_the_adaptive_clip_norm_keeps_the_noise_finite():
+    config = StrategyConfig(population=12, clients_per_round=4.0, noise_multiplier=0.5,
+                            clip_norm=1.0, adaptive_clipping=True, clip_quantile=0.9999,
+                            clip_learning_rate=1000.0, clip_count_stddev=1.0,
+                            seed=0)  # fmt: skip
+    alg = build_algorithm(config, torch.zeros(4))
+    limit = torch.finfo(torch.float32).max / NOISE_HEADROOM / config.update_noise_multiplier
+
+    def train(request):  # every update far above C: every bit 0, C grows as fast as it can
+        users = request.users
+        return ReportedUpdates({u: torch.full((4,), 10.0) for u in users},
+                               clip_bits={u: 0.0 for u in users})  # fmt: skip
+
+    for r in (1, 2, 3):
+        res = drive_round(alg, r, train)
+        assert res.metrics["next_clip_norm"] <= limit  # was 9.0e100 after round 1
+        assert bool(torch.isfinite(alg.params).all()), r  # the noise was inf from round 2
+        assert math.isfinite(res.metrics["noise_std"])
+    assert alg.current_clip_norm() == pytest.approx(limit)

@@ -157,8 +157,9 @@ def test_2_a_signal_in_the_caller_stops_the_workers_within_a_step(synth_dir):
     # 40 users of about per_user each in 4 chunks: the running ones stop at their next step,
     # once a chunk's setup (one long sort at 400 epochs) is done. Waiting for the running chunks
     # took 5.3 s on a quiet machine; the bound leaves room for a loaded one (1.1 s was seen
-    # beside another test process on 2 cores, against 0.3 s quiet)
-    assert waited < max(2.5, 3 * per_user), (waited, per_user)
+    # beside another test process on 2 cores, against 0.3 s quiet; 2.73 s with seven busy
+    # processes on 2 cores, so 4 s, still below the 5.3 s of waiting for the chunks)
+    assert waited < max(4.0, 3 * per_user), (waited, per_user)
     assert not [t for t in threading.enumerate() if t.name.startswith("fedprivopt-chunk")]
     assert torch.get_num_threads() >= 1
 

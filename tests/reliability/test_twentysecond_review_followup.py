@@ -289,8 +289,10 @@ def test_2_a_signal_stops_the_next_word_workers_within_a_step(nwp_task):
         w, list(range(24)), round_num=1, config=long, rngs=RngFactory(seed=1)
     )
     waited = seconds_to_stop(batches)  # Ctrl-C while the users train
-    # before: the pool's join ran every submitted user to its end (24 users on 2 workers)
-    assert waited < max(2.5, 3 * per_user), (waited, per_user)
+    # before: the pool's join ran every submitted user to its end (24 users on 2 workers, about
+    # 12 x per_user); 4 s leaves room for a loaded machine (2.73 s was seen in the twin test of
+    # the tag task with seven busy processes on 2 cores)
+    assert waited < max(4.0, 3 * per_user), (waited, per_user)
     assert not [t for t in threading.enumerate() if t.name.startswith("fedprivopt-chunk")]
     assert torch.get_num_threads() >= 1
 

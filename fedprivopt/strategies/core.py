@@ -447,6 +447,18 @@ class ServerAlgorithm:
             # a short API review of issue 15: True and 1+0j equal a configured C of 1 and were
             # taken; 1e300 overflowed squaring the noise std (now refused by the aggregator)
             clip_norm = check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
+            # thirty-first review of issue 15: clip_norm=3e38 on a float32 model (noise std
+            # σC 3e38) gave a noised mean with 257 of 1,000 entries infinite
+            sigma, largest = (
+                self.config.update_noise_multiplier,
+                largest_noise_std(self.params.dtype),
+            )
+            if self.config.private and not sigma * clip_norm <= largest:
+                raise ValueError(
+                    f"clip_norm must be at most {largest / sigma:.6g} for a {self.params.dtype} "
+                    f"model (the noise std of the sum, {sigma:g} * clip_norm, at most "
+                    f"{largest:.6g}), got {clip_norm:g}"
+                )
         elif self.config.adaptive:
             clip_norm = self.current_clip_norm()
         aggregator = self.aggregator

@@ -27,6 +27,11 @@
    of std σ_Δ·C was then infinite (metrics recorded ``noise_std`` 4.7e99 for it). C now stays at
    most the dtype's largest number over ``NOISE_HEADROOM`` divided by σ_Δ, so every noise draw
    is finite (the run itself, at that clip learning rate, still diverges and says so).
+4. (the Python API's variant of 2) ``ServerAlgorithm.aggregate(round, updates, clip_norm=3e38)``
+   of a float32 model, σ = 1: a noised mean with 257 of 1,000 entries infinite (the aggregator
+   bounds σC only at 1e150). An explicit ``clip_norm`` whose noise std exceeds the dtype's bound
+   is now a ``ValueError`` naming ``clip_norm`` and its largest value, before any noise is
+   drawn; non-private strategies take any clip norm as before.
 """
 
 from __future__ import annotations
@@ -149,3 +154,19 @@ def test_3_the_adaptive_clip_norm_keeps_the_noise_finite():
         assert bool(torch.isfinite(alg.params).all()), r  # the noise was inf from round 2
         assert math.isfinite(res.metrics["noise_std"])
     assert alg.current_clip_norm() == pytest.approx(limit)
+
+
+# -- finding 4: ServerAlgorithm.aggregate's explicit clip norm against the model's dtype ----------
+
+
+def test_4_an_explicit_clip_norm_whose_noise_overflows_is_refused():
+    config = StrategyConfig(population=20, clients_per_round=4.0, noise_multiplier=1.0,
+                            clip_norm=1.0, seed=1)  # fmt: skip
+    alg = build_algorithm(config, torch.zeros(1000))
+    with pytest.raises(ValueError, match=r"clip_norm must be at most 5\.31691e\+36"):
+        alg.aggregate(1, {0: torch.ones(1000)}, clip_norm=3e38)  # was 257 entries inf
+    agg = alg.aggregate(1, {0: torch.ones(1000)}, clip_norm=5e36)  # at the bound: finite
+    assert bool(torch.isfinite(agg.delta_tilde).all())
+    plain = build_algorithm(StrategyConfig(strategy="fedavg", population=20,
+                                           clients_per_round=4.0), torch.zeros(4))  # fmt: skip
+    assert plain.aggregate(1, {0: torch.ones(4)}, clip_norm=3e38).delta_tilde.tolist() == [1.0] * 4

@@ -177,8 +177,13 @@ _REQUIRED_TRAIN_KEYS = (
 
 
 def update_key(user_id: int) -> str:
-    """Record key of ``user_id``'s update in a train reply: ``"update/<user_id>"``."""
-    return f"{UPDATE_PREFIX}{int(user_id)}"
+    """Record key of ``user_id``'s update in a train reply: ``"update/<user_id>"``.
+
+    ``user_id`` is an integer ``>= 0`` (numpy's too), else ``ValueError`` naming it
+    (thirty-first review of issue 15: 1.5, ``True`` and ``"1"`` became ``update/1``, -1
+    ``update/-1``, which :func:`parse_update_key` refuses).
+    """
+    return f"{UPDATE_PREFIX}{check_int('user_id', user_id, 0)}"
 
 
 #: Most digits of a user id in an update key (a task's ids are below 2**63).

@@ -260,7 +260,9 @@ def reply_updates(
         P.USERS_REJECTED: int(rejected),
     }
     record = message.content.config_records.get(P.CONFIG_RECORD)
-    if record is not None and bool(record.get(P.REPORT_PRIVATE_METRICS, False)):
+    # private: only when the server asked with true itself, not with a value bool() takes for
+    # it ("no", 1: thirty-first review of issue 15)
+    if record is not None and record.get(P.REPORT_PRIVATE_METRICS, False) is True:
         metrics[P.NUM_EXAMPLES] = list(num_examples or [])
         metrics[P.TRAIN_LOSS] = list(losses or [])
     reply[P.TRAIN_METRICS] = MetricRecord(metrics)

@@ -40,6 +40,14 @@
    in progress. The ServerApp (``flwr-serverapp``) is now stopped first, and the SuperNodes
    only once it is gone (``ProcessSet.stop`` takes roles of the processes it found in its
    order too).
+5. A ClientApp of one's own (``clients.reply_updates``, issue 18's API) sent the update of a
+   user id 1.5, ``True`` or ``"1"`` under ``update/1`` (``wire.update_key`` took any id through
+   ``int()``; two such ids silently became one key, the last update winning) and -1 under
+   ``update/-1``; and it sent its users' example counts and training losses (private) when the
+   train config's ``report-private-metrics`` was any true-looking value (``"no"``, 1), through
+   ``bool()``. Now ``update_key`` takes an integer ``>= 0`` (numpy's too) or raises
+   ``ValueError`` naming ``user_id``, and the private metrics go back only when the server
+   asked with ``true`` itself.
 """
 
 from __future__ import annotations
@@ -331,3 +339,45 @@ def test_4_a_deployment_stops_its_server_app_before_its_super_nodes(tmp_path):
     finally:
         procs.stop(order=STOP_ORDER)  # by PID, also when the test failed before
     assert seen.read_text() == "gone"  # "running": rounds went on while the nodes stopped
+
+
+# -- finding 5: a ClientApp's reply names its users as the server does --------------------------
+
+
+@pytest.mark.parametrize("user", [1.5, True, "1", -1, np.float64(1.0)])
+def test_5_an_update_key_is_made_of_a_user_id_only(user):
+    with pytest.raises(ValueError, match="user_id"):
+        P.update_key(user)  # 1.5, True, "1": update/1; -1: update/-1
+
+
+def test_5_a_client_app_cannot_reply_for_a_user_id_that_is_no_integer(server_side):
+    import torch
+
+    from fedprivopt.clients import reply_updates
+    from tests.messages import delivered
+
+    message = delivered({P.CONFIG_RECORD: _config_record()}, "train")
+    assert P.update_key(np.int64(3)) == "update/3"
+    with pytest.raises(ValueError, match="user_id"):
+        reply_updates(message, {1: torch.zeros(3), 1.5: torch.ones(3)})  # one key, ones won
+
+
+@pytest.mark.parametrize("asked", ["no", 1, "false"])
+def test_5_private_metrics_go_back_only_when_the_server_asked_with_true(asked, server_side):
+    import torch
+
+    from fedprivopt.clients import reply_updates
+    from tests.messages import delivered
+
+    message = delivered({P.CONFIG_RECORD: _config_record(report_private_metrics=asked)}, "train")
+    reply = reply_updates(message, {1: torch.zeros(3)}, num_examples=[7], losses=[0.5])
+    assert P.NUM_EXAMPLES not in reply.content[P.TRAIN_METRICS]  # example counts: private
+    message = delivered({P.CONFIG_RECORD: _config_record(report_private_metrics=True)}, "train")
+    reply = reply_updates(message, {1: torch.zeros(3)}, num_examples=[7], losses=[0.5])
+    assert reply.content[P.TRAIN_METRICS][P.NUM_EXAMPLES] == [7]
+
+
+def _config_record(**changes: object):
+    from flwr.app import ConfigRecord
+
+    return ConfigRecord(_train_config(**changes))

@@ -170,19 +170,25 @@ class CellPlan:
     why : str
         For ``rerun``: what made the earlier run stale (the first differing key and its value,
         or the check it failed); for ``resume``: why it is unfinished.
+    start : int
+        For ``resume``: the round of the checkpoint it continues from (0: none readable).
     """
 
     cell: Cell
     run_dir: Path
     action: str
     why: str = ""
+    start: int = 0
 
     def describe(self) -> str:
         """One phrase for the report: where this cell's run comes from."""
+        # thirty-first review of issue 15 (compare, finding 10): "no checkpoint, …; continued
+        # from its checkpoint" for a run that had none and started again from round 0
+        start = (f"continued from its checkpoint of round {self.start}" if self.start else
+                 "started again from round 0 (no checkpoint to continue from)")  # fmt: skip
         return {
             RUN: "ran in this call",
-            RESUME: f"resumed with the same configuration: {self.why}; continued from its "
-            "checkpoint",
+            RESUME: f"resumed with the same configuration: {self.why}; {start}",
             REUSE: "reused: finished earlier with the same configuration",
             RERUN: f"rerun (--overwrite): {self.why}",
         }[self.action]
@@ -482,7 +488,8 @@ def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPl
         why = f"the earlier run failed the checks of --resume ({exc})"
         return CellPlan(cell, run_dir, RERUN, why)
     why = run.unfinished()
-    return CellPlan(cell, run_dir, REUSE if why is None else RESUME, why or "")
+    start = run.alg.round_num if run.checkpoint is not None else 0
+    return CellPlan(cell, run_dir, REUSE if why is None else RESUME, why or "", start)
 
 
 def _check_rounds(run, cell: Cell) -> None:

@@ -249,6 +249,21 @@ RAN = "ran in this call"
 """A trial's origin when this call ran it (see ``cells.CellPlan.describe``)."""
 
 
+def _trials_run(summary: dict[str, Any]) -> str:
+    """How many trials the tuning drew, and how many of them an earlier call ran or began.
+
+    Thirty-first review of issue 15 (compare, finding 11): a tuning run again whose trials
+    were all reused said "this call ran 2".
+    """
+    count = summary["trials_run"]
+    earlier = sum(
+        str(t.get("origin", RAN)).startswith(("reused", "resumed")) for t in summary["trials"]
+    )
+    if not earlier:
+        return f"this tuning drew {count}, all run in this call"
+    return f"this tuning drew {count}, {earlier} of them run (or begun) in an earlier call"
+
+
 def _markdown(summary: dict[str, Any]) -> str:
     metric, best, single = summary["metric"], summary["best"], summary["single_run"]
     keys = list(summary["grid"])
@@ -270,7 +285,7 @@ def _markdown(summary: dict[str, Any]) -> str:
             if single["accountant"] != "rdp"
             else ""
         ),
-        f"- number of trials: drawn from the {dist}; this call ran {summary['trials_run']}",
+        f"- number of trials: drawn from the {dist}; {_trials_run(summary)}",
         f"- grid: {', '.join(f'{k} in {v}' for k, v in summary['grid'].items())} "
         "(each trial draws each key uniformly)",
         f"- selection: {summary['mode']} of `{metric}` at the final evaluation",

@@ -59,6 +59,16 @@
    the report as "no 'eval_accuracy'; run skipped", blaming the metric. Now the warning (on
    stderr and in the report) says it stopped at its privacy budget before its first round,
    naming ``target-epsilon``; when every run did, the report is still refused naming it.
+10. ``compare toy.toml --rounds 300 --set checkpoint-every=5`` killed (SIGKILL) after its
+    fifth round's ledger line but before the first checkpoint, then the same command: the
+    cell started again from round 0 (the restart the audit allows before a first checkpoint),
+    and ``report.md`` said "resumed with the same configuration: no checkpoint, though its
+    ledger records round 5; continued from its checkpoint". Now "... started again from round
+    0 (no checkpoint to continue from)"; a resume from a checkpoint names its round. (Here:
+    a 2-round cell with ``checkpoint-every=2`` whose checkpoints and summary are removed.)
+11. The same ``tune`` command run again (every trial reused): its ``report.md`` said "number
+    of trials: drawn from …; this call ran 2", though this call ran none. Now "this tuning
+    drew 2, 2 of them run (or begun) in an earlier call" ("…, all run in this call" when so).
 """
 
 from __future__ import annotations
@@ -314,3 +324,39 @@ def test_9_report_names_the_budget_of_a_cell_that_trained_nothing(tmp_path, caps
     assert "no 'eval_accuracy'" not in warnings and "no 'eval_accuracy'" not in err, warnings
     assert "sigma0.2__seed0: stopped at its privacy budget before its first round" in err, err
     assert "target-epsilon is below the epsilon of one round" in warnings, warnings
+
+
+# -- finding 10: a resumed cell's origin says where it continued from ----------------------------
+
+
+def test_10_a_cell_restarted_without_a_checkpoint_is_not_said_to_continue_one(tmp_path, capsys):
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "2", "--set",
+            "checkpoint-every=2", "--out", str(out), "--quiet"]  # fmt: skip
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    cell = out / "runs" / "dp-fedavg__sigma0.5__seed0"
+    for name in ("checkpoint.pt", "checkpoint.prev.pt", "summary.json"):  # killed before them
+        (cell / name).unlink(missing_ok=True)
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    runs = (out / "report.md").read_text(encoding="utf-8").split("## Runs", 1)[1]
+    assert "continued from its checkpoint" not in runs, runs  # there was none
+    assert "started again from round 0 (no checkpoint to continue from)" in runs, runs
+
+
+# -- finding 11: a tuning's report does not say this call ran reused trials -----------------------
+
+
+def test_11_tune_report_counts_the_trials_of_an_earlier_call(tmp_path, capsys):
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+            "--seed", "1", "--rounds", "1", "--out", str(out), "--quiet"]  # fmt: skip
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert "this tuning drew 1, all run in this call" in (out / "report.md").read_text()
+    code, _, err = _run(capsys, *argv)  # every trial reused
+    assert code == 0, err
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "this call ran" not in text, text  # was "this call ran 1"
+    assert "this tuning drew 1, 1 of them run (or begun) in an earlier call" in text, text

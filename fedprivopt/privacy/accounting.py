@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting import pld, rdp
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting_state import (
     ACCOUNTANTS,
@@ -473,10 +474,13 @@ class PrivacyAccountant:
         Call it *before* a round with that round's events: a run stops when it returns true, so
         the final ε never exceeds the target.
         """
-        target_epsilon = float(target_epsilon)
-        if not (target_epsilon > 0):
-            raise ValueError(f"target_epsilon must be > 0, got {target_epsilon}")
-        return self.epsilon_after(next_events, delta) > target_epsilon
+        # thirty-first review of issue 15: "5", b"5" and True were taken (as 5, 5 and 1), and
+        # 10**400 raised OverflowError; a real number > 0 (inf: no budget), as calibrate takes
+        real = isinstance(target_epsilon, numbers.Real) and not isinstance(target_epsilon, bool)
+        target = as_float(target_epsilon) if real else math.nan
+        if not target > 0:
+            raise ValueError(f"target_epsilon must be a number > 0, got {shown(target_epsilon)}")
+        return self.epsilon_after(next_events, delta) > target
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-data state (JSON-serialisable) for checkpoints."""

@@ -32,6 +32,10 @@
    bounds σC only at 1e150). An explicit ``clip_norm`` whose noise std exceeds the dtype's bound
    is now a ``ValueError`` naming ``clip_norm`` and its largest value, before any noise is
    drawn; non-private strategies take any clip norm as before.
+5. ``PrivacyAccountant.would_exceed`` (the budget check) took ``target_epsilon`` through
+   ``float()``: ``"5"``, ``b"5"`` and ``True`` were budgets of 5, 5 and 1, and ``10**400``
+   raised ``OverflowError``. It now takes a real number > 0 (``inf`` and ``10**400``: no budget),
+   else ``ValueError`` naming ``target_epsilon``, as ``calibrate_noise_multiplier`` does.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import pytest
 import torch
 from dp_accounting import rdp
 
-from fedprivopt.privacy.accounting import _poisson_int_rdp, compose_epsilon
+from fedprivopt.privacy.accounting import PrivacyAccountant, _poisson_int_rdp, compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import NOISE_HEADROOM, ReportedUpdates, drive_round
@@ -170,3 +174,20 @@ def test_4_an_explicit_clip_norm_whose_noise_overflows_is_refused():
     plain = build_algorithm(StrategyConfig(strategy="fedavg", population=20,
                                            clients_per_round=4.0), torch.zeros(4))  # fmt: skip
     assert plain.aggregate(1, {0: torch.ones(4)}, clip_norm=3e38).delta_tilde.tolist() == [1.0] * 4
+
+
+# -- finding 5: the budget check's target ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["5", b"5", True, math.nan, 0, -1.0])
+def test_5_the_budget_check_refuses_a_target_that_is_no_number_above_0(target):
+    event = SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="target_epsilon must be a number > 0"):
+        PrivacyAccountant().would_exceed(target, 1e-5, event)
+
+
+def test_5_the_budget_check_takes_any_real_number_above_0():
+    event = SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.0)
+    acc = PrivacyAccountant()
+    assert not acc.would_exceed(10**400, 1e-5, event)  # was OverflowError
+    assert not acc.would_exceed(math.inf, 1e-5, event) and acc.would_exceed(0.01, 1e-5, event)

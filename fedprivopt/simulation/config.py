@@ -504,10 +504,26 @@ def _preset_text(path: Path) -> str:
             f"config file {shown(str(path))} holds more than {SMALL_FILE_LIMIT:,} bytes, which "
             "no preset does (a preset is a few kB)"
         )
+    for mark, what in _BYTE_ORDER_MARKS:
+        if raw.startswith(mark):
+            raise ValueError(
+                f"config file {shown(str(path))} is not valid TOML: it starts with {what}; TOML "
+                "is UTF-8 without a byte-order mark (save it as plain UTF-8)"
+            )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ValueError(f"config file {shown(str(path))} is not valid TOML: {exc}") from None
+
+
+#: Thirty-first review of issue 15: a preset saved with a byte-order mark (as some Windows editors
+#: save UTF-8) was refused as ``Invalid statement (at line 1, column 1)``, a line that looks
+#: right; one saved as UTF-16 as ``'utf-8' codec can't decode byte 0xff in position 0``.
+_BYTE_ORDER_MARKS = (
+    (b"\xef\xbb\xbf", "a UTF-8 byte-order mark (U+FEFF)"),
+    (b"\xff\xfe", "a UTF-16 byte-order mark (the file is UTF-16)"),
+    (b"\xfe\xff", "a UTF-16 byte-order mark (the file is UTF-16)"),
+)
 
 
 def config_to_toml(config: RunConfig) -> str:

@@ -28,6 +28,11 @@
    is one line with rc 2: any non-empty value counted as on. Now ``0``, ``false``, ``no``,
    ``off`` (any case, blanks around) and empty leave it off; ``1``, ``yes`` or ``true`` show
    the traceback as documented.
+4. A preset saved with a UTF-8 byte-order mark (as some Windows editors save), ``simulate
+   bom.toml``: ``config file 'bom.toml' is not valid TOML: Invalid statement (at line 1, column
+   1)``, a line that looks right; one saved as UTF-16: ``'utf-8' codec can't decode byte 0xff
+   in position 0``. Both now say what is wrong: ``it starts with a UTF-8 byte-order mark
+   (U+FEFF); TOML is UTF-8 without a byte-order mark (save it as plain UTF-8)``.
 """
 
 from __future__ import annotations
@@ -168,3 +173,21 @@ def test_3_debug_values(value, on, monkeypatch):
     assert _debug() is on
     monkeypatch.delenv("FEDPRIVOPT_DEBUG")
     assert _debug() is False
+
+
+# -- 4: a byte-order mark is named ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("encoding", "what"),
+    [("utf-8-sig", "a UTF-8 byte-order mark (U+FEFF)"), ("utf-16", "a UTF-16 byte-order mark")],
+)
+def test_4_a_preset_with_a_byte_order_mark_is_named(encoding, what, tmp_path):
+    from fedprivopt.simulation.config import load_config
+
+    preset = tmp_path / "bom.toml"
+    preset.write_text(TOY.read_text(encoding="utf-8"), encoding=encoding)
+    with pytest.raises(ValueError, match=r"^config file '.*bom\.toml' is not valid TOML: it") as e:
+        load_config(preset)
+    assert f"it starts with {what}" in str(e.value)
+    assert "save it as plain UTF-8" in str(e.value)

@@ -183,10 +183,16 @@ class DPStrategy(Strategy):
                             exc,
                         )
                         continue
+                    node = reply.metadata.src_node_id
                     for user in users:
-                        if user in mapping:
-                            raise RuntimeError(f"user {user} is hosted by two nodes")
-                        mapping[user] = reply.metadata.src_node_id
+                        if user in mapping:  # no user may be trained (and sampled) twice
+                            raise RuntimeError(
+                                f"user {user} is hosted by nodes {mapping[user]} and {node}: two "
+                                f"SuperNodes have the same {P.NODE_PARTITION_ID}, or different "
+                                f"{P.NODE_NUM_PARTITIONS} (start node p of P with --node-config "
+                                f'"{P.NODE_PARTITION_ID}=p {P.NODE_NUM_PARTITIONS}=P")'
+                            )
+                        mapping[user] = node
             if len(queried) >= self.min_nodes and population <= set(mapping):
                 break
             # give up only after a pass that found no new node: nodes that connected while a

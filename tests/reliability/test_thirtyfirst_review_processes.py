@@ -48,6 +48,11 @@
    ``bool()``. Now ``update_key`` takes an integer ``>= 0`` (numpy's too) or raises
    ``ValueError`` naming ``user_id``, and the private metrics go back only when the server
    asked with ``true`` itself.
+6. Two SuperNodes started with the same ``partition-id`` (or with different
+   ``num-partitions``) made the ServerApp's user discovery end the run with ``RuntimeError:
+   user 2 is hosted by two nodes``, naming neither node nor the cause. It still ends the run
+   before anything is released (no user may be trained by two nodes), now naming both nodes
+   and how SuperNodes are started.
 """
 
 from __future__ import annotations
@@ -381,3 +386,17 @@ def _config_record(**changes: object):
     from flwr.app import ConfigRecord
 
     return ConfigRecord(_train_config(**changes))
+
+
+# -- finding 6: two SuperNodes hosting one user -----------------------------------------------
+
+
+def test_6_two_nodes_hosting_one_user_are_named_with_the_cause(server_side):
+    from flwr.app import MetricRecord, RecordDict
+
+    from tests.reliability.test_twentyninth_review_privacy import QueryGrid, user_query_strategy
+
+    again = RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: [2]})})  # node 101's user
+    with pytest.raises(RuntimeError, match="user 2 is hosted by nodes 100 and 101") as info:
+        user_query_strategy().discover_users(QueryGrid(again))
+    assert "partition-id" in str(info.value)

@@ -87,12 +87,21 @@ def check_untuned_files(runs: Sequence[Any]) -> None:
     reported as an untuned row of σ 0.5 at ε 0.0235, where it spent 13.70; ``--resume`` and
     ``compare`` refuse it (its configuration is not its ledger's), ``compare-tuned`` did not
     check. The run is read, not locked (an archive on a read-only disk is compared too).
+
+    A run that is not finished (its ``config.toml`` asks for more rounds than its checkpoint
+    and ledger hold, beside an earlier ``summary.json``) is refused as ``compare`` refuses to
+    report one (thirty-first review of issue 15, compare finding 12: reported as final, rc 0);
+    a run whose ledger is missing is reported from its files as they are, as before.
     """
     from fedprivopt.simulation.audit import audit_run_dir
 
     for run in runs:
         try:
-            audit_run_dir(Path(run.path), engine=False).refuse_trial()  # a copied trial too
+            state = audit_run_dir(Path(run.path), engine=False)
+            state.refuse_trial()  # a copied trial too
+            why = None if state.ledger is None else state.unfinished()
+            if why is not None:  # thirty-first review of issue 15, compare finding 12
+                raise ValueError(f"it is not finished: {why}; --resume it first")
         except ValueError as exc:
             raise ValueError(
                 f"argument --untuned: {run.path} fails the checks of --resume ({exc}); it "

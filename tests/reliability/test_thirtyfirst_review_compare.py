@@ -69,6 +69,11 @@
 11. The same ``tune`` command run again (every trial reused): its ``report.md`` said "number
     of trials: drawn from …; this call ran 2", though this call ran none. Now "this tuning
     drew 2, 2 of them run (or begun) in an earlier call" ("…, all run in this call" when so).
+12. ``compare-tuned T --untuned R``, R a finished 2-round run whose ``config.toml`` was then
+    set to 5 rounds (its ``summary.json`` of 2 rounds kept): rc 0, R reported as a final run
+    of its configuration ("num-server-rounds: varies"), where ``compare`` refuses or resumes
+    such a cell (fourth review). Now rc 2, one line: ``R fails the checks of --resume (it is
+    not finished: it stopped at round 2 of 5; --resume it first)``.
 """
 
 from __future__ import annotations
@@ -360,3 +365,27 @@ def test_11_tune_report_counts_the_trials_of_an_earlier_call(tmp_path, capsys):
     text = (out / "report.md").read_text(encoding="utf-8")
     assert "this call ran" not in text, text  # was "this call ran 1"
     assert "this tuning drew 1, 1 of them run (or begun) in an earlier call" in text, text
+
+
+# -- finding 12: compare-tuned reports no unfinished untuned run ----------------------------------
+
+
+def test_12_compare_tuned_refuses_an_unfinished_untuned_run(tmp_path, capsys):
+    tuning, untuned = tmp_path / "t", tmp_path / "u"
+    code, _, err = _run(
+        capsys, "tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+        "--seed", "1", "--rounds", "1", "--out", str(tuning), "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    code, _, err = _run(capsys, "simulate", str(TOY), "--rounds", "1", "--out", str(untuned))
+    assert code == 0, err
+    config = untuned / "config.toml"
+    text = config.read_text(encoding="utf-8")
+    assert "num-server-rounds = 1\n" in text
+    config.write_text(text.replace("num-server-rounds = 1\n", "num-server-rounds = 5\n"))
+    out = tmp_path / "r"
+    argv = ["compare-tuned", str(tuning), "--untuned", str(untuned), "--out", str(out)]
+    code, _, err = _run(capsys, *argv)
+    assert code == 2, err  # was rc 0: a 1-round run reported as final for a 5-round config
+    assert "it is not finished: it stopped at round 1 of 5" in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists(), err

@@ -360,11 +360,22 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
                           metric=args.metric, notes=notes,
                           epsilon_text=_TUNED_EPSILON)  # fmt: skip
     _add_single_run_column(out / "summary.csv", single)
-    reused = sum(t.get("origin", "").startswith("reused") for s, _ in summaries.values()
-                 for t in s["trials"])  # fmt: skip
+    reused = sum(_earlier(s) for s, _ in summaries.values())
     note = f" ({reused} trials from an earlier call)" if reused else ""
     print(f"report: {report}{note}")
     return 0
+
+
+def _earlier(summary: dict) -> int:
+    """The trials of a tuning's ``summary`` that an earlier call ran: reused or resumed.
+
+    Thirty-first review of issue 15 (compare, finding 13): a resumed trial was counted as run
+    in this call ("trials reused" 0, no "trials from an earlier call" on stdout), where
+    ``compare`` counts a resumed cell as from an earlier call.
+    """
+    return sum(
+        str(t.get("origin", "")).startswith(("reused", "resumed")) for t in summary["trials"]
+    )
 
 
 def _fmt(x: Any) -> str:
@@ -417,7 +428,7 @@ def _notes(
         "hyperparameters and score).",
         "",
         "| cell | trials run | released trial | hyperparameters | epsilon (tuning) | "
-        "epsilon_single_run | trials reused |",
+        "epsilon_single_run | trials from an earlier call |",
         "|---|---:|---|---|---:|---:|---:|",
     ]
     for label, (s, _) in summaries.items():
@@ -427,7 +438,7 @@ def _notes(
             if best is None
             else ", ".join(f"{k} = {v!r}" for k, v in best["hyperparameters"].items())
         )
-        reused = sum(t.get("origin", "").startswith("reused") for t in s["trials"])
+        reused = _earlier(s)
         lines.append(
             f"| [{label}](tune/{label}/report.md) | {s['trials_run']} | "
             f"{'none' if best is None else best['trial']} | {hp} | {_fmt(s['epsilon'])} | "

@@ -74,6 +74,11 @@
     of its configuration ("num-server-rounds: varies"), where ``compare`` refuses or resumes
     such a cell (fourth review). Now rc 2, one line: ``R fails the checks of --resume (it is
     not finished: it stopped at round 2 of 5; --resume it first)``.
+13. ``compare --tune-grid …`` run again after a trial lost its ``summary.json`` (resumed, as
+    after a kill): stdout gave no "(1 trials from an earlier call)" and the notes' "trials
+    reused" said 0, where an untuned ``compare`` counts a resumed cell as from an earlier call.
+    Now resumed trials count: stdout "(1 trials from an earlier call)", column "trials from an
+    earlier call".
 """
 
 from __future__ import annotations
@@ -389,3 +394,21 @@ def test_12_compare_tuned_refuses_an_unfinished_untuned_run(tmp_path, capsys):
     assert code == 2, err  # was rc 0: a 1-round run reported as final for a 5-round config
     assert "it is not finished: it stopped at round 1 of 5" in err, err
     assert len(err.strip().splitlines()) == 1 and not out.exists(), err
+
+
+# -- finding 13: a resumed trial is from an earlier call ----------------------------------------
+
+
+def test_13_compare_tune_grid_counts_a_resumed_trial_as_from_an_earlier_call(tmp_path, capsys):
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--tune-grid",
+            "server-learning-rate=0.5,1", "--mean-trials", "1", "--rounds", "1", "--out",
+            str(out), "--quiet"]  # fmt: skip
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    (out / "tune" / "dp-fedavg__sigma0.5__seed0" / "runs" / "trial-001" / "summary.json").unlink()
+    code, stdout, err = _run(capsys, *argv)  # the trial is resumed
+    assert code == 0, err
+    assert "(1 trials from an earlier call)" in stdout, stdout  # was no note
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert re.search(r"\| trial-001 \| [^|]+ \| [0-9.]+ \| [0-9.]+ \| 1 \|$", report, re.M), report

@@ -174,6 +174,45 @@ def _calibrate_prv(
     return float(high)
 
 
+_CHECKED_DOUBLINGS = 40  # σ up to 2**40 times dp-accounting's before the target is refused
+
+
+def _rdp_checked(
+    sigma: float, eps_at: Callable[[float], float], target_epsilon: float, tol: float
+) -> float:
+    """The smallest ``σ' >= sigma`` (to ``tol`` relative) whose ε by ``eps_at`` meets the target.
+
+    ``sigma`` itself when it meets it. Thirty-first review of issue 15: where dp-accounting's RDP
+    of a round cancelled to 0 (``calibrate --target-epsilon 0.05 --population 1000000 --cohort 1
+    --rounds 1 --delta 1e-6``: σ 0.982, whose ε compose_epsilon bounds by 0.367), the target was
+    refused ("raise target_epsilon") although σ 1.5 meets it (ε 0).
+    """
+    spent = eps_at(sigma)
+    if spent <= target_epsilon:
+        return sigma
+    low, high = sigma, sigma
+    for _ in range(_CHECKED_DOUBLINGS):
+        high *= 2.0
+        if eps_at(high) <= target_epsilon:
+            break
+        low = high
+    else:
+        raise ValueError(
+            f"target_epsilon={target_epsilon:g} is not reached: at the noise_multiplier "
+            f"{sigma:.5g} dp-accounting's search found, the RDP of a round is within rounding of "
+            f"0 and the epsilon that can be shown is {spent:.4g}, and no noise_multiplier up to "
+            f"2**{_CHECKED_DOUBLINGS} times it meets the target; raise target_epsilon or delta, "
+            "or use fewer rounds"
+        )
+    while high - low > tol * high:
+        mid = (low + high) / 2.0
+        if eps_at(mid) <= target_epsilon:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
@@ -286,17 +325,15 @@ def calibrate_noise_multiplier(
         target_epsilon,
     )
     if accountant == "rdp":
-        # dp-accounting's search composes its own RDP, whose value for a round at a huge σ
-        # cancels to 0; compose_epsilon drops such orders (an upper bound), so check the result
-        spent = compose_epsilon([(event(sigma_rdp), steps)], delta)
-        if not spent <= target_epsilon:
-            raise ValueError(
-                f"target_epsilon={target_epsilon:g} is not reached: at the noise_multiplier "
-                f"{sigma_rdp:.5g} dp-accounting's search found, the RDP of a round is within "
-                f"rounding of 0 and the epsilon that can be shown is {spent:.4g}; raise "
-                "target_epsilon or delta, or use fewer rounds"
-            )
-        return sigma_rdp
+        # dp-accounting's search composes its own RDP, whose value for a round at a huge σ (or a
+        # tiny q) cancels to 0, where compose_epsilon has an upper bound: check the result, and
+        # where it fails, search on from there with compose_epsilon itself
+        return _rdp_checked(
+            sigma_rdp,
+            lambda sigma: compose_epsilon([(event(sigma), steps)], delta),
+            target_epsilon,
+            tol,
+        )
 
     # PLD is usually tighter than RDP, so its σ lies below σ_rdp (checked: at a tiny target its
     # grid can be looser, which is refused with advice). Bracket it from there: a PLD of a tiny σ

@@ -36,10 +36,20 @@
    ``float()``: ``"5"``, ``b"5"`` and ``True`` were budgets of 5, 5 and 1, and ``10**400``
    raised ``OverflowError``. It now takes a real number > 0 (``inf`` and ``10**400``: no budget),
    else ``ValueError`` naming ``target_epsilon``, as ``calibrate_noise_multiplier`` does.
+6. ``fedprivopt calibrate --target-epsilon 0.05 --population 1000000 --cohort 1 --rounds 1
+   --delta 1e-6`` was refused: "target_epsilon=0.05 is not reached: at the noise_multiplier
+   0.98243 dp-accounting's search found, the RDP of a round is within rounding of 0 and the
+   epsilon that can be shown is 0.3669; raise target_epsilon or delta" although σ 1.5 meets the
+   target (ε 0 under the same accountant, and under pld). dp-accounting's search had taken an
+   order whose RDP cancelled to 0 for a met target; the check caught that, but gave up. The
+   ``rdp`` calibration now searches on from that σ with ``compose_epsilon`` itself (doubling,
+   then bisecting to ``tol``; ``_rdp_checked``): σ 1.2012, whose ε is 0 and σ 0.02 % lower's is
+   0.23. A target no σ up to 2**40 times dp-accounting's meets is still refused.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import mpmath
@@ -57,9 +67,9 @@ from tests.reliability.test_fuzz_cli import PRESET, run_cli
 # -- finding 1: the rdp accountant's bound where dp-accounting's orders cancel ------------------
 
 
-def _eps(q: float, sigma: float, rounds: int) -> float:
+def _eps(q: float, sigma: float, rounds: int, delta: float = 1e-5) -> float:
     event = SubsampledGaussianEvent.poisson(sample_rate=q, noise_multiplier=sigma)
-    return compose_epsilon([(event, rounds)], 1e-5)
+    return compose_epsilon([(event, rounds)], delta)
 
 
 @pytest.mark.parametrize(
@@ -191,3 +201,17 @@ def test_5_the_budget_check_takes_any_real_number_above_0():
     acc = PrivacyAccountant()
     assert not acc.would_exceed(10**400, 1e-5, event)  # was OverflowError
     assert not acc.would_exceed(math.inf, 1e-5, event) and acc.would_exceed(0.01, 1e-5, event)
+
+
+# -- finding 6: calibrate gave up where dp-accounting's search had used a cancelled RDP ---------
+
+
+def test_6_calibrate_searches_on_where_the_check_fails():
+    argv = ["calibrate", "--target-epsilon", "0.05", "--population", "1000000", "--cohort", "1",
+            "--rounds", "1", "--delta", "1e-6", "--json"]  # fmt: skip
+    code, out, err = run_cli(argv)
+    assert code == 0, err  # was rc 2, "target_epsilon=0.05 is not reached ..."
+    result = json.loads(out)
+    sigma = result["noise_multiplier"]
+    assert result["epsilon"] <= 0.05 and 1.0 < sigma < 1.5
+    assert _eps(1e-6, sigma, 1, 1e-6) <= 0.05 < _eps(1e-6, sigma * (1 - 1e-3), 1, 1e-6)  # smallest

@@ -152,6 +152,31 @@ def _check_log_dir(logs: Path) -> None:
         )
 
 
+def _quoted(out: Path) -> str:
+    """``out`` as a shell word on one line (a newline in a name shown escaped)."""
+    import shlex
+
+    return shlex.quote(str(out)).replace("\n", "\\n")
+
+
+def _continuation(out: Path) -> str | None:
+    """How the unfinished run in ``out`` continues, or ``None`` (none began, or it finished).
+
+    ``fedprivopt simulate --resume OUT`` continues a deployment's run; a secure tree run whose
+    rounds after its checkpoint cannot be redone says so, as ``simulate`` says it
+    (:func:`~fedprivopt.simulation.audit.secure_tree_redo`).
+    """
+    from fedprivopt.simulation.audit import secure_tree_redo
+
+    if (out / "summary.json").is_file() or not (out / "config.toml").is_file():
+        return None
+    refused = secure_tree_redo(out)
+    if refused is not None:
+        why = refused.split(": refusing")[0]
+        return f"the run cannot be resumed ({why}): start a new run in another directory"
+    return f"the run can be continued with fedprivopt simulate --resume {_quoted(out)}"
+
+
 def _interrupted(out: Path) -> str:
     """The one line of an interrupted deployment: whether its run finished, or how it continues.
 
@@ -159,27 +184,13 @@ def _interrupted(out: Path) -> str:
     also after the run had written ``summary.json`` (the ServerApp writes it last), and said
     nothing of ``fedprivopt simulate --resume``, which continues an unfinished one.
     """
-    import shlex
-
-    from fedprivopt.simulation.audit import secure_tree_redo
-
-    where = shlex.quote(str(out)).replace("\n", "\\n")
     head = "fedprivopt deploy local: interrupted"
     if (out / "summary.json").is_file():
-        return f"{head} after the run had finished (its results are in {where})"
-    if not (out / "config.toml").is_file():
+        return f"{head} after the run had finished (its results are in {_quoted(out)})"
+    then = _continuation(out)
+    if then is None:
         return f"{head} before the run released a round; every process was stopped"
-    refused = secure_tree_redo(out)
-    if refused is not None:  # what --resume would refuse, said now (as simulate says it)
-        why = refused.split(": refusing")[0]
-        return (
-            f"{head}; every process was stopped; the run cannot be resumed ({why}): start a new "
-            "run in another directory"
-        )
-    return (
-        f"{head}; every process was stopped; the run can be continued with fedprivopt simulate "
-        f"--resume {where}"
-    )
+    return f"{head}; every process was stopped; {then}"
 
 
 def run_deploy_command(args: argparse.Namespace) -> int:
@@ -277,6 +288,9 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
     except (RuntimeError, TimeoutError) as exc:
         print(f"fedprivopt deploy local: failed: {exc}", file=sys.stderr)
+        then = _continuation(Path(out).expanduser())  # after the log's lines: said last
+        if then is not None:  # thirty-first review of issue 15: a timeout did not say it
+            print(f"fedprivopt deploy local: every process was stopped; {then}", file=sys.stderr)
         return 1
     import json
 

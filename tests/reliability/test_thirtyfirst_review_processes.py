@@ -53,6 +53,11 @@
    user 2 is hosted by two nodes``, naming neither node nor the cause. It still ends the run
    before anything is released (no user may be trained by two nodes), now naming both nodes
    and how SuperNodes are started.
+7. ``deploy local … --rounds 300 --timeout 60`` whose run did not finish in time (rc 1, the
+   ServerApp log's last lines) left a resumable run (ledger and checkpoints of 2 rounds) and
+   said nothing of it: the user could not tell the run could go on. The failure now ends with
+   the same words as an interruption (``the run can be continued with fedprivopt simulate
+   --resume OUT``, or why it cannot).
 """
 
 from __future__ import annotations
@@ -400,3 +405,28 @@ def test_6_two_nodes_hosting_one_user_are_named_with_the_cause(server_side):
     with pytest.raises(RuntimeError, match="user 2 is hosted by nodes 100 and 101") as info:
         user_query_strategy().discover_users(QueryGrid(again))
     assert "partition-id" in str(info.value)
+
+
+# -- finding 7: a deployment that ran out of time says how its run continues --------------------
+
+
+def test_7_a_deployment_past_its_timeout_names_the_command_that_continues_its_run(
+    monkeypatch, tmp_path, finished_run
+):
+    import shutil
+
+    from fedprivopt.deploy import local
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    out = tmp_path / "out"
+
+    def deployed(**kwargs):
+        shutil.copytree(finished_run, kwargs["out"], dirs_exist_ok=True)
+        (Path(kwargs["out"]) / "summary.json").unlink()
+        raise TimeoutError("run 7 did not finish within the timeout; ServerApp log:\nround 2")
+
+    monkeypatch.setattr(local, "deploy_local", deployed)
+    code, _, err = run_cli(["deploy", "local", "--nodes", "2", "--out", str(out)])
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.endswith(f"the run can be continued with fedprivopt simulate --resume {out}"), err

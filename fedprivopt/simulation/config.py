@@ -64,7 +64,10 @@ _STRATEGY_KEYS = StrategyConfig.keys()
 #: Strategy keys whose default is ``None`` ("derive it"): ``""`` unsets them (``--set tau=``), as
 #: in the Flower run config, so that a preset's pinned value can be given back to the code.
 UNSETTABLE = frozenset(k for k, rule in StrategyConfig.rules().items() if rule.optional)
-_DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z")
+#: a CUDA index of at most 9 digits: ``cuda:`` and 5,000 digits passed, then ended in Python's
+#: "Exceeds the limit (4300 digits) for integer string conversion", naming no key (thirty-first
+#: review of issue 15)
+_DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]{1,9})?)\Z")
 _INT64 = (-(2**63), 2**63)  # TOML integers are signed 64-bit; tomllib accepts any size
 
 
@@ -213,7 +216,10 @@ class RunConfig:
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task must be a task name, got {self.task!r}")
         if not isinstance(self.device, str) or not _DEVICE.match(self.device):
-            raise ValueError(f"device must be auto, cpu or cuda[:i], got {self.device!r}")
+            raise ValueError(
+                f"device must be auto, cpu or cuda[:i] (i of at most 9 digits), got "
+                f"{shown(self.device)}"
+            )
 
     def to_mapping(self) -> dict[str, Any]:
         """Nested kebab-case mapping (a preset) of this configuration."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from fedprivopt.core.text import shown
+from fedprivopt.core.text import shown, shown_key
 from fedprivopt.models.side_information import (
     DEFAULT_SIDE_INFORMATION,
     KINDS,
@@ -173,14 +173,14 @@ class SideInformationSpec:
         for key, value in self.params.items():
             if self.kind == AUTO:
                 raise ValueError(
-                    f"{_name(str(key))} needs an explicit {_name('kind')} (one of "
+                    f"{shown_key(_name(str(key)))} needs an explicit {_name('kind')} (one of "
                     f"{', '.join(KINDS)}); 'auto' takes no parameters"
                 )
             allowed = PARAMETERS[self.kind]
             if key not in allowed:
                 keys = ", ".join(allowed) or "none"
                 raise ValueError(
-                    f"unknown key {_name(str(key))!r} for {_name('kind')} = {self.kind!r} "
+                    f"unknown key {shown(_name(str(key)))} for {_name('kind')} = {self.kind!r} "
                     f"(its keys: {keys})"
                 )
             params[key] = _CHECKS[key](key, value)

@@ -33,6 +33,15 @@
    1)``, a line that looks right; one saved as UTF-16: ``'utf-8' codec can't decode byte 0xff
    in position 0``. Both now say what is wrong: ``it starts with a UTF-8 byte-order mark
    (U+FEFF); TOML is UTF-8 without a byte-order mark (save it as plain UTF-8)``.
+5. ``simulate toy.toml --set device=cuda:`` and 5,000 digits passed the configuration's check
+   and ended in ``error: Exceeds the limit (4300 digits) for integer string conversion …``,
+   Python's line naming no key (rc 2). The index has at most 9 digits now: ``config: device
+   must be auto, cpu or cuda[:i] (i of at most 9 digits), got 'cuda:999…999'``, the value cut.
+6. ``simulate toy.toml --strategy adadps --set side-information.KEY=1`` with a key of 100,000
+   characters echoed the key up to the line's cap of 2,000 characters (``aaa… needs an
+   explicit side-information.kind``; also ``unknown key 'side-information.aaa…' for
+   side-information.kind = 'two-level'``), where every other unknown key is cut to 80
+   characters. Both are cut now.
 """
 
 from __future__ import annotations
@@ -191,3 +200,29 @@ def test_4_a_preset_with_a_byte_order_mark_is_named(encoding, what, tmp_path):
         load_config(preset)
     assert f"it starts with {what}" in str(e.value)
     assert "save it as plain UTF-8" in str(e.value)
+
+
+# -- 5: a CUDA index of 5,000 digits -----------------------------------------------------------
+
+
+def test_5_a_device_index_of_thousands_of_digits_names_device(tmp_path):
+    from fedprivopt.simulation.config import load_config
+
+    with pytest.raises(ValueError, match=r"^device must be auto, cpu or cuda\[:i\] \(i of") as e:
+        load_config(TOY, {"device": "cuda:" + "9" * 5000})
+    assert len(str(e.value)) < 300, len(str(e.value))
+    assert load_config(TOY, {"device": "cuda:123456789"}).device == "cuda:123456789"
+
+
+# -- 6: a huge side-information key is cut ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [None, "two-level"])
+def test_6_a_huge_side_information_key_is_cut(kind):
+    from fedprivopt.models.side_information_config import SideInformationSpec
+
+    key = "k" * 100_000
+    params = {key: 1} if kind is None else {"kind": kind, key: 1}
+    with pytest.raises(ValueError, match=r"side-information\.kkk") as e:
+        SideInformationSpec.parse(params)
+    assert len(str(e.value)) < 300, len(str(e.value))

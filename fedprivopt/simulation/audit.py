@@ -172,9 +172,15 @@ def read_summary(out: Path) -> dict[str, Any] | None:
         with naming(path):
             text = path.read_text()
         summary = parse_json(text)
-        int(summary["rounds_completed"])
+        rounds = summary["rounds_completed"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is unreadable ({exc})") from None
+    # thirty-first review of issue 15: Infinity, -Infinity and 1e400 (floats to ``json``) were an
+    # OverflowError traceback from int(); 2.5 and true were taken as 2 and 1
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValueError(
+            f"{path} is unreadable (rounds_completed must be an integer >= 0, got {shown(rounds)})"
+        )
     return summary
 
 

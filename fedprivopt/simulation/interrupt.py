@@ -200,13 +200,20 @@ def handle_until_exit() -> None:
 
     Nothing restores the previous handlers: after :func:`finished`, a signal during the
     interpreter's shutdown ends the process at once with the command's exit code. Only in the
-    main thread; for the ``fedprivopt`` program, not for a caller of its ``main``.
+    main thread; for the ``fedprivopt`` program, not for a caller of its ``main``. SIGHUP
+    ignored when the program starts stays ignored, as the command's own blocks
+    (:func:`signals_raise`) leave it: ``nohup`` ignores it so that the run outlives its terminal
+    (thirty-first review of issue 15: ``nohup fedprivopt simulate …`` stopped with 129 when the
+    terminal closed). Ctrl-C and SIGTERM are the program's whatever it inherited (a shell
+    script's background job starts with SIGINT ignored; a Ctrl-C of the script's process group
+    stops the run with its one line, resumable, as before).
     """
     if threading.current_thread() is threading.main_thread():
         _SIGNALS.program = True
         for sig in ENDING_SIGNALS:
             with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, _raise)
+                if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:
+                    signal.signal(sig, _raise)
 
 
 class Interrupted(KeyboardInterrupt):

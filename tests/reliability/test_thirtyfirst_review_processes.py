@@ -58,6 +58,12 @@
    said nothing of it: the user could not tell the run could go on. The failure now ends with
    the same words as an interruption (``the run can be continued with fedprivopt simulate
    --resume OUT``, or why it cannot).
+8. ``nohup fedprivopt simulate …`` (SIGHUP ignored, so that the run outlives its terminal)
+   stopped when the terminal closed: rc 129, ``interrupted; the run can be continued with
+   --resume``. The program's handlers (``interrupt.handle_until_exit``) replaced an ending
+   signal that was ignored at its start, which the command's own blocks already leave
+   ignored. Now SIGHUP ignored at the start (``nohup``) stays ignored; Ctrl-C and SIGTERM are
+   handled as before.
 """
 
 from __future__ import annotations
@@ -430,3 +436,27 @@ def test_7_a_deployment_past_its_timeout_names_the_command_that_continues_its_ru
     assert code == 1, err
     last = err.strip().splitlines()[-1]
     assert last.endswith(f"the run can be continued with fedprivopt simulate --resume {out}"), err
+
+
+# -- finding 8: a signal ignored at the start (nohup) stays ignored -----------------------------
+
+_NOHUP = """
+import signal
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts the program
+from fedprivopt.simulation import interrupt
+interrupt.handle_until_exit()
+print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, signal.getsignal(signal.SIGTERM))
+"""
+
+
+def test_8_the_program_leaves_a_signal_ignored_at_its_start_ignored():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _NOHUP], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    kept, term = done.stdout.split(maxsplit=1)
+    assert kept == "True", done.stdout  # False: a closed terminal stopped a nohup run
+    assert "_raise" in term  # the others are still the program's

@@ -21,6 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.text import shown
+
 __all__ = [
     "ENV_ADDRESS",
     "LOCAL",
@@ -81,7 +83,7 @@ def check_address(value: object, key: str = "ray-address") -> str:
         why = " (Ray Client is not supported: run on a node of the cluster)" if client else ""
         raise ValueError(
             f'{key} must be "local", "auto" or host:port (the head node\'s address, as '
-            f"`ray start --head` prints it; port in [1, 65535]){why}, got {value!r}"
+            f"`ray start --head` prints it; port in [1, 65535]){why}, got {shown(value)}"
         )
     return value
 

@@ -165,20 +165,24 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+            raise ValueError(
+                f"engine must be one of {', '.join(ENGINES)}, got {shown(self.engine)}"
+            )
         object.__setattr__(
             self, "side_information", SideInformationSpec.parse(self.side_information)
         )
         for key in ("eval_every", "checkpoint_every"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key.replace('_', '-')} must be an integer >= 1, got {value!r}")
+                raise ValueError(
+                    f"{key.replace('_', '-')} must be an integer >= 1, got {shown(value)}"
+                )
         if (
             isinstance(self.ray_cpus, bool)
             or not isinstance(self.ray_cpus, int)
             or self.ray_cpus < 0
         ):
-            raise ValueError(f"ray-cpus must be an integer >= 0, got {self.ray_cpus!r}")
+            raise ValueError(f"ray-cpus must be an integer >= 0, got {shown(self.ray_cpus)}")
         for key in ("client_cpus", "client_gpus"):
             value = getattr(self, key)
             if (
@@ -202,19 +206,19 @@ class RunConfig:
             )
         for key in ("vectorize", "tensorboard"):
             if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
+                raise ValueError(f"{key} must be true or false, got {shown(getattr(self, key))}")
         check_int("cohort-chunk", self.cohort_chunk, 1)
         check_address(self.ray_address)
         if self.ray_address not in ("", "local") and self.engine == "fast" and not self.fast_actors:
             raise ValueError(
-                f"ray-address {self.ray_address!r} is used only by the flower engine and by "
+                f"ray-address {shown(self.ray_address)} is used only by the flower engine and by "
                 "fast-actors >= 1; the fast engine with fast-actors = 0 trains in process "
                 "(set fast-actors, or leave ray-address unset)"
             )
         # each actor is a process (a Ray worker with its own copy of the task)
         check_int("fast-actors", self.fast_actors, 0, MAX_FAST_ACTORS)
         if not isinstance(self.task, str) or not self.task:
-            raise ValueError(f"task must be a task name, got {self.task!r}")
+            raise ValueError(f"task must be a task name, got {shown(self.task)}")
         if not isinstance(self.device, str) or not _DEVICE.match(self.device):
             raise ValueError(
                 f"device must be auto, cpu or cuda[:i] (i of at most 9 digits), got "
@@ -240,11 +244,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     not ``1`` with the rest dropped.
     """
     if "=" not in text:
-        raise ValueError(f"--set expects key=value, got {text!r}")
+        raise ValueError(f"--set expects key=value, got {shown(text)}")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
-        raise ValueError(f"--set expects key=value, got {text!r}")
+        raise ValueError(f"--set expects key=value, got {shown(text)}")
     try:
         parsed = tomllib.loads(f"v = {raw}")
     except ValueError:  # not TOML, or an integer too long to read: the text, which the key checks
@@ -387,11 +391,11 @@ def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]
             continue
         name, _, rest = key[len("strategies.") :].partition(".")
         if not rest:
-            raise ValueError(f"unknown key {key!r} (expected [strategies.<name>] tables)")
+            raise ValueError(f"unknown key {shown(key)} (expected [strategies.<name>] tables)")
         if name not in STRATEGIES:
             raise _unknown_strategy_table(f"strategies.{name}")
         if rest == "strategy" or not _known_key(rest):
-            raise ValueError(f"unknown key {key!r}")
+            raise ValueError(f"unknown key {shown(key)}")
         if key.startswith(prefix):
             table[key[len(prefix) :]] = value
     return _merge(out, table)
@@ -445,7 +449,7 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         elif key in run_keys:
             run[key.replace("-", "_")] = value
         else:
-            raise ValueError(f"unknown key {key!r}")
+            raise ValueError(f"unknown key {shown(key)}")
     if "client_cpus" in run and type(run["client_cpus"]) is int:  # not bool: false is no count
         run["client_cpus"] = float(run["client_cpus"])
     if "client_gpus" in run and type(run["client_gpus"]) is int:  # not bool: false is no count
@@ -468,7 +472,7 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """Read a preset, apply ``overrides`` (kebab-case keys, ``task-params.x`` allowed), validate."""
     if isinstance(path, str) and not path.strip():  # Path("") is "." (sixteenth review)
-        raise ValueError(f"config file must be a path, got {path!r}")
+        raise ValueError(f"config file must be a path, got {shown(path)}")
     path = Path(path)
     if not path.is_file():
         what = "is not a regular file" if os.path.lexists(path) else "does not exist"
@@ -477,7 +481,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     try:
         data = tomllib.loads(text)
     except ValueError as exc:  # also an integer too long to read (twelfth review of issue 15)
-        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ValueError(f"config file {shown(str(path))} is not valid TOML: {exc}") from None
     flat = _task_param_spellings(_flatten(data))
     overrides = flat_overrides(overrides or {})
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))

@@ -42,6 +42,12 @@
    explicit side-information.kind``; also ``unknown key 'side-information.aaa…' for
    side-information.kind = 'two-level'``), where every other unknown key is cut to 80
    characters. Both are cut now.
+7. The configuration's own messages at the Python API (``load_config(preset, overrides)``, what
+   ``simulate`` and a resume call): ``engine``, ``eval-every``, ``checkpoint-every``,
+   ``ray-cpus``, ``tensorboard``, ``vectorize``, ``ray-address``, ``task``, ``--set`` text, an
+   unknown key and the preset's path were echoed whole (a 100,000-character value: a message of
+   100,040 characters; 30 of 6,080 key x value x strategy cases), where the command line cut
+   them. Each is shown cut (``core.text.shown``), as every other key's value.
 """
 
 from __future__ import annotations
@@ -226,3 +232,37 @@ def test_6_a_huge_side_information_key_is_cut(kind):
     with pytest.raises(ValueError, match=r"side-information\.kkk") as e:
         SideInformationSpec.parse(params)
     assert len(str(e.value)) < 300, len(str(e.value))
+
+
+# -- 7: the configuration's messages cut what they echo ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "engine",
+        "eval-every",
+        "checkpoint-every",
+        "ray-cpus",
+        "tensorboard",
+        "ray-address",
+        "vectorize",
+    ],
+)
+def test_7_a_huge_value_is_cut_in_the_configuration_s_message(key):
+    from fedprivopt.simulation.config import load_config
+
+    with pytest.raises(ValueError, match=f"^{key} ") as e:
+        load_config(TOY, {key: "x" * 100_000})
+    assert len(str(e.value)) < 400, len(str(e.value))
+
+
+def test_7_a_huge_unknown_key_is_cut():
+    from fedprivopt.simulation.config import load_config, parse_override
+
+    with pytest.raises(ValueError, match=r"^unknown key 'kkk") as e:
+        load_config(TOY, {"k" * 100_000: 1})
+    assert len(str(e.value)) < 200, len(str(e.value))
+    with pytest.raises(ValueError, match=r"^--set expects key=value") as e:
+        parse_override("v" * 100_000)
+    assert len(str(e.value)) < 200, len(str(e.value))

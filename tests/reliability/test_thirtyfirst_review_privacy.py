@@ -89,12 +89,13 @@ def test_1_epsilon_command(tmp_path):
 
 
 def _exact_rdp(q: float, sigma: float, alpha: int) -> mpmath.mpf:
+    # sum_k C(alpha, k) (1 - q)^(alpha - k) q^k exp((k^2 - k) / (2 sigma^2)), each term from the
+    # last (term k + 1 over term k: (alpha - k) / (k + 1) * q / (1 - q) * exp(k / sigma^2))
     q, sigma = mpmath.mpf(q), mpmath.mpf(sigma)
-    terms = (
-        mpmath.binomial(alpha, k) * (1 - q) ** (alpha - k) * q**k
-        * mpmath.exp(mpmath.mpf(k * k - k) / (2 * sigma**2))
-        for k in range(alpha + 1)
-    )  # fmt: skip
+    term, terms = (1 - q) ** alpha, []
+    for k in range(alpha + 1):
+        terms.append(term)
+        term *= mpmath.mpf(alpha - k) / (k + 1) * q / (1 - q) * mpmath.exp(k / sigma**2)
     return mpmath.log(mpmath.fsum(terms)) / (alpha - 1)
 
 

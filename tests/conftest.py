@@ -3,6 +3,7 @@
 import logging
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -17,6 +18,11 @@ os.environ["FLWR_HOME"] = _FLWR_HOME
 os.environ["RAY_ADDRESS"] = "local"
 # dp-accounting logs (through absl) every RDP order it drops; the bound stays valid.
 logging.getLogger("absl").setLevel(logging.ERROR)
+# A command started with SIGHUP ignored (nohup) keeps it ignored (thirty-first review of issue 15,
+# processes 8), and children inherit it: the tests that hang up a command would see it finish.
+# The suite restores the default, so it checks the same thing however it was started.
+if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -247,6 +247,15 @@ def _noise_text(runs: Sequence[RunData]) -> str:
     return f"{text} plus non-private baselines" if private else "no noise (non-private)"
 
 
+def _better(metric: str) -> str:
+    """Where a better point lies on the privacy–utility plot: ``up``, or ``down`` for the loss.
+
+    Thirty-second review of issue 15 (reports, finding 1): ``compare --metric eval_loss`` said
+    "up and to the left is better" of a plot of the loss, whose better points lie down.
+    """
+    return "down" if metric == "eval_loss" else "up"
+
+
 def _fmt_eps(eps: float) -> str:
     return "∞ (non-private)" if math.isinf(eps) else _fmt(eps)
 
@@ -341,7 +350,7 @@ def _markdown(
         "![Privacy–utility trade-off](privacy_utility.png)",
         "",
         f"The final {pretty} of each strategy against the ε it spent (one point per noise "
-        f"multiplier; up and to the left is better): the slope of a line is the price of "
+        f"multiplier; {_better(m)} and to the left is better): the slope of a line is the price of "
         f"privacy for that method, dashed lines are the non-private baselines.{ref_text}",
         "",
         "## Privacy parameters",

@@ -1,0 +1,100 @@
+"""Issue 15, thirty-second review (reports): regression tests of its findings.
+
+1. ``compare toy.toml --strategies dp-fedavg --metric eval_loss`` (also ``compare --tune-grid
+   … --metric eval_loss``): ``report.md`` described the privacy–utility plot of the loss as
+   "one point per noise multiplier; up and to the left is better", where a better loss lies
+   down. Now "down and to the left is better" for ``eval_loss``; the task metrics keep "up".
+2. ``tune toy.toml --grid server-learning-rate=0.1,1,1e39 --mean-trials 3 --distribution
+   poisson --seed 1 --metric eval_loss`` (the 1e39 trial diverges): ``trials.png`` drew the
+   failed trial's red cross at the lowest finite loss, beside the released trial's star, as
+   if it had scored best. Failed and diverged trials are drawn at the worst finite score:
+   the highest loss when the tuning minimizes, the lowest accuracy when it maximizes.
+3. ``compare toy.toml --strategies dp-fedavg,fedavg --tune-grid server-learning-rate=0.5,1``
+   (the preset's noise multiplier 0.5): the Notes' table of composed tunings gave the
+   non-private baseline's row "fedavg | 0.5 | 1 | ∞", a noise multiplier it never ran at
+   (``summary.csv``, the Summary table and its cell ``fedavg__sigma0__seed0`` say 0). Now
+   "fedavg | 0 | …", as ``compare-tuned`` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli import main
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+@pytest.fixture(scope="module")
+def tuned_loss_report(tmp_path_factory) -> str:
+    """``compare --tune-grid`` of dp-fedavg and fedavg at one round, selected by the loss.
+
+    The truncated negative binomial of mean 1 draws one trial always, whatever the secret seed.
+    """
+    out = tmp_path_factory.mktemp("r32") / "c"
+    code = main([
+        "compare", str(TOY), "--strategies", "dp-fedavg,fedavg",
+        "--tune-grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+        "--rounds", "1", "--metric", "eval_loss",
+        "--out", str(out), "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    return (out / "report.md").read_text(encoding="utf-8")
+
+
+# -- finding 1: which way is better on the privacy-utility plot of the loss --------------------
+
+
+def test_1_a_loss_report_says_better_points_lie_down(tuned_loss_report):
+    assert "Privacy–utility trade-off" in tuned_loss_report
+    assert "up and to the left is better" not in tuned_loss_report  # was said of the loss
+    assert "down and to the left is better" in tuned_loss_report
+
+
+def test_1_an_accuracy_report_still_says_up():
+    from fedprivopt.simulation.report import _better
+
+    assert _better("eval_accuracy") == "up" and _better("eval_recall_at_5") == "up"
+    assert _better("eval_loss") == "down"
+
+
+# -- finding 2: where trials.png draws a failed trial -------------------------------------------
+
+
+def test_2_a_failed_trial_is_drawn_at_the_worst_loss(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn = {}
+    save = Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        if Path(path).name == "trials.png":
+            drawn.update({ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[0].lines})
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    out = tmp_path / "t"
+    code = main([
+        "tune", str(TOY), "--grid", "server-learning-rate=0.1,1,1e39", "--mean-trials", "3",
+        "--distribution", "poisson", "--seed", "1", "--rounds", "1", "--metric", "eval_loss",
+        "--out", str(out), "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    trials = json.loads((out / "summary.json").read_text(encoding="utf-8"))["trials"]
+    assert sorted(t["status"] for t in trials) == ["diverged", "finished", "finished"]
+    scores = [t["eval_loss"] for t in trials if t["status"] == "finished"]
+    assert drawn["released (best)"] == [min(scores)]
+    assert drawn["failed / diverged"] == [max(scores)]  # was min(scores): beside the best
+
+
+# -- finding 3: the baseline's noise multiplier in the composition table -----------------------
+
+
+def test_3_the_composition_table_gives_a_baseline_sigma_0(tuned_loss_report):
+    notes = tuned_loss_report.split("## Notes", 1)[1]
+    assert "| fedavg | 0 | 1 | ∞ |" in notes, notes
+    assert "| fedavg | 0.5 |" not in notes  # was: the preset's sigma, never run
+    assert "| dp-fedavg | 0.5 | 1 |" in notes

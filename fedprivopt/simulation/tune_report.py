@@ -226,8 +226,8 @@ def _plot(path: Path, summary: dict[str, Any]) -> None:
     ys = [r[metric] for r in rows if math.isfinite(r[metric])]
     ax.plot(xs, ys, "o", color="tab:blue", label="trial")
     bad = [i + 1 for i, r in enumerate(rows) if not math.isfinite(r[metric])]
-    if bad:
-        y0 = min(ys) if ys else 0.0
+    if bad:  # at the worst finite score (thirty-second review of issue 15, reports finding 2)
+        y0 = (max(ys) if summary["mode"] == "min" else min(ys)) if ys else 0.0
         ax.plot(bad, [y0] * len(bad), "x", color="tab:red", label="failed / diverged")
     best = summary["best"]
     if best is not None:

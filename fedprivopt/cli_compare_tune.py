@@ -325,6 +325,7 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     from fedprivopt.simulation.report import write_report
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
     from fedprivopt.simulation.tune_report import load_tuned
+    from fedprivopt.strategies.config import NON_PRIVATE
 
     groups: dict[tuple, list] = {}  # the seeds of one strategy and sigma: tunings of one base
     summaries, empty, ran = {}, [], {}
@@ -332,11 +333,14 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
         summary = json.loads((Path(ns.out) / "summary.json").read_text(encoding="utf-8"))
         summaries[cell.label] = (summary, argv)
         s = cell.config.strategy
-        ran.setdefault((s.strategy, s.noise_multiplier), []).append(cell.label)
+        # a baseline runs at sigma 0 whatever the preset's noise multiplier (thirty-second
+        # review of issue 15, reports finding 3: its composition row said sigma 0.5)
+        key = (s.strategy, 0.0 if s.strategy in NON_PRIVATE else s.noise_multiplier)
+        ran.setdefault(key, []).append(cell.label)
         if summary["best"] is None:
             empty.append(cell.label)
             continue
-        groups.setdefault((s.strategy, s.noise_multiplier), []).append(ns.out)
+        groups.setdefault(key, []).append(ns.out)
     runs, single, checks = [], {}, {}
     try:
         for key, paths in groups.items():

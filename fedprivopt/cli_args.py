@@ -132,6 +132,33 @@ class Parser(argparse.ArgumentParser):
         """Print ``message`` as one line and exit with :data:`EXIT_USAGE`."""
         self.exit(EXIT_USAGE, f"{one_line(f'{self.prog}: error: {message}')}\n")
 
+    def _print_message(self, message: str, file=None) -> None:
+        """argparse's, but a failure to write standard output ends the program as a command's.
+
+        Thirty-first review of issue 15: argparse drops an ``OSError`` of its help and version
+        text, so ``fedprivopt --help > /dev/full`` (also ``simulate --help``, ``--version``, a
+        bare ``fedprivopt``; a full disk under the redirected output) ended with rc 0 and
+        nothing written. Now one line and rc 2 (141 when the pipe's reader left), as
+        :func:`~fedprivopt.cli_stdout.stdout_failed` reports a command's own output. Standard
+        error's failures are still dropped (diagnostics with nowhere to go).
+        """
+        import sys
+
+        if not message:
+            return
+        file = file or sys.stderr
+        try:
+            file.write(message)
+            if file is sys.stdout:
+                file.flush()
+        except (AttributeError, OSError) as exc:
+            if file is not sys.stdout or not isinstance(exc, OSError):
+                return
+            from fedprivopt.cli_stdout import StdoutError, stdout_failed
+
+            command = self.prog.removeprefix("fedprivopt").strip()
+            raise SystemExit(stdout_failed(command, StdoutError(exc))) from None
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Help text as written, with every flag's default that is a value.

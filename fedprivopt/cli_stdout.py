@@ -126,7 +126,8 @@ def stdout_failed(command: str, exc: StdoutError) -> int:
     if exc.error.errno == errno.EPIPE:
         return EXIT_BROKEN_PIPE
     reason = exc.error.strerror or str(exc.error)
-    print(f"fedprivopt {command}: error: cannot write standard output: {reason}", file=sys.stderr)
+    name = f"fedprivopt {command}" if command else "fedprivopt"
+    print(f"{name}: error: cannot write standard output: {reason}", file=sys.stderr)
     return 2
 
 

@@ -48,6 +48,12 @@
    unknown key and the preset's path were echoed whole (a 100,000-character value: a message of
    100,040 characters; 30 of 6,080 key x value x strategy cases), where the command line cut
    them. Each is shown cut (``core.text.shown``), as every other key's value.
+8. ``fedprivopt --help > /dev/full`` (also ``simulate --help``, ``--version``, a bare
+   ``fedprivopt``, ``deploy local --help``: a full disk under the redirected output) ended with
+   rc 0 and nothing written: argparse drops an ``OSError`` of its help and version text, where
+   a command's own output that cannot be written is one line and rc 2 (twenty-fifth review).
+   Now the same: ``fedprivopt simulate: error: cannot write standard output: No space left on
+   device``, rc 2; 141 when the pipe's reader left; a help written completely is unchanged.
 """
 
 from __future__ import annotations
@@ -266,3 +272,46 @@ def test_7_a_huge_unknown_key_is_cut():
     with pytest.raises(ValueError, match=r"^--set expects key=value") as e:
         parse_override("v" * 100_000)
     assert len(str(e.value)) < 200, len(str(e.value))
+
+
+# -- 8: help and version text that cannot be written ------------------------------------------
+
+
+def _help(tmp_path: Path, argv: list[str], stdout) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("FEDPRIVOPT_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "fedprivopt.cli", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [(["--help"], "fedprivopt"), (["simulate", "--help"], "fedprivopt simulate")],
+)
+def test_8_help_on_a_full_disk_is_one_line(argv, name, tmp_path):
+    with open("/dev/full", "w") as full:
+        proc = _help(tmp_path, argv, full)
+    assert (
+        _one_line(proc) == f"{name}: error: cannot write standard output: No space left on device"
+    )
+
+
+def test_8_help_to_a_pipe_whose_reader_left_is_141_and_a_file_gets_it_all(tmp_path):
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = _help(tmp_path, ["--version"], write)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")
+    with open(tmp_path / "help.txt", "w") as out:
+        proc = _help(tmp_path, ["--help"], out)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert (tmp_path / "help.txt").read_text().startswith("usage: fedprivopt")

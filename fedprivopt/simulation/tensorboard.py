@@ -10,7 +10,8 @@ ending with the directory's name), so ``tensorboard --logdir OUT`` shows every r
 the same tags side by side. The name is cut to fit a file name of 255 bytes.
 
 A resumed run starts a new event file whose first event purges the steps from its first round
-on (TensorBoard's ``purge_step``), so rounds that were redone after a kill are shown once.
+on (TensorBoard's ``purge_step``), so rounds that were redone after a kill are shown once; a
+run started again from round 0 (no checkpoint to continue from) purges every earlier event.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ class TensorBoardLog:
         The run directory (beside ``metrics.jsonl``).
     first_round : int
         The first round this process will record (``> 1`` on a resume): events of earlier event
-        files at this step and later are purged when TensorBoard reads the directory.
+        files at this step and later are purged when TensorBoard reads the directory; from 1,
+        every earlier event is (thirty-second review of issue 15, reports finding 4: a run
+        started again from round 0 showed each round twice).
 
     Raises
     ------
@@ -78,7 +81,7 @@ class TensorBoardLog:
             ) from None
         self._writer = SummaryWriter(
             log_dir=str(out),
-            purge_step=int(first_round) if first_round > 1 else None,
+            purge_step=int(first_round) if first_round > 1 else 0,
             filename_suffix=event_file_suffix(out),
         )
 

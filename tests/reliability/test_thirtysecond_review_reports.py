@@ -14,6 +14,14 @@
    non-private baseline's row "fedavg | 0.5 | 1 | ∞", a noise multiplier it never ran at
    (``summary.csv``, the Summary table and its cell ``fedavg__sigma0__seed0`` say 0). Now
    "fedavg | 0 | …", as ``compare-tuned`` writes it.
+4. ``simulate toy.toml --rounds 2 --set checkpoint-every=2 --tensorboard --out R``, its
+   checkpoints and ``summary.json`` then lost (as after a kill before the first checkpoint,
+   the thirty-first review's compare finding 10), ``simulate --resume R``: the run started
+   again from round 0 and TensorBoard showed every round twice (``EventAccumulator``: steps
+   1, 2, 1, 2; a line drawn back to round 1), the discarded run's events beside the new ones,
+   against the module's "rounds that were redone after a kill are shown once". A log that
+   starts from round 1 now purges every earlier event (``purge_step`` 0), as a resume from a
+   checkpoint purges from its first redone round.
 """
 
 from __future__ import annotations
@@ -98,3 +106,25 @@ def test_3_the_composition_table_gives_a_baseline_sigma_0(tuned_loss_report):
     assert "| fedavg | 0 | 1 | ∞ |" in notes, notes
     assert "| fedavg | 0.5 |" not in notes  # was: the preset's sigma, never run
     assert "| dp-fedavg | 0.5 | 1 |" in notes
+
+
+# -- finding 4: TensorBoard after a restart from round 0 -----------------------------------------
+
+
+def test_4_a_log_restarted_from_round_0_shows_each_round_once(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedprivopt.simulation.tensorboard import TensorBoardLog
+
+    first = TensorBoardLog(tmp_path, first_round=1)
+    for r in (1, 2, 3):
+        first.add_row({"round": r, "eval_loss": 10.0 + r})
+    first.close()
+    second = TensorBoardLog(tmp_path, first_round=1)  # no checkpoint: started again
+    for r in (1, 2):
+        second.add_row({"round": r, "eval_loss": 20.0 + r})
+    second.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    shown = [(e.step, e.value) for e in acc.Scalars("eval_loss")]
+    assert shown == [(1, 21.0), (2, 22.0)]  # was 1, 2, 3 of the discarded run, then 1, 2

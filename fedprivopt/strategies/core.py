@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Generator, Mapping
+import numbers
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -37,6 +38,7 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import SamplingSpec
+from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.privacy.tree import TreeCohorts, TreeNoise, tree_position
 from fedprivopt.strategies.clipping import AdaptiveClipping
 from fedprivopt.strategies.config import StrategyConfig
@@ -478,6 +480,9 @@ class ServerAlgorithm:
             entries = updates.entries() if hasattr(updates, "entries") else updates.items()
         else:
             entries = sorted(updates.items())
+        if getattr(updates, "sorted_by_user", False):
+            allowed = cohort if cohort is not None else updates.keys()
+            entries = _each_user_once(entries, {int(u) for u in allowed}, round_num)
         unasked: dict[int, str] = {}
         if cohort is not None and getattr(updates, "sorted_by_user", False):
             # twenty-sixth review of issue 15: a streamed cohort (simulation.fast's
@@ -771,6 +776,46 @@ class ServerAlgorithm:
                 f"period {period} (at most {step * cohorts.cohort_size} users): the checkpoint "
                 "was edited"
             )
+
+
+def _each_user_once(entries: Iterable[Any], allowed: set[int], round_num: int) -> Iterator[Any]:
+    """``entries`` of a streamed cohort, refused at the first user it yields twice or not asked.
+
+    Thirty-second review of issue 15: a streamed cohort's keys were checked against the round's
+    cohort, but not the users its entries then carried. A task's own ``cohort_trainer`` that
+    yielded a chunk twice had every user of it summed twice (a sensitivity of 2C under an ε
+    accounted for C: 18 updates accepted from a cohort of 9), and one that yielded users it was
+    not asked for had them summed without the sampling the accountant assumes. The entries must
+    carry each user at most once, in increasing order (the order every engine sums in), and
+    only users of ``allowed``; anything else raises ``ValueError`` before the round's noise is
+    drawn, so nothing is released. A malformed entry is left to the aggregator, which rejects it.
+    """
+    last, seen = -1, set()
+    for entry in entries:
+        if isinstance(entry, RowSparseBatch):
+            users = [int(u) for u in entry.users]
+        elif (
+            isinstance(entry, (tuple, list))
+            and len(entry) == 2
+            and isinstance(entry[0], numbers.Integral)
+            and not isinstance(entry[0], bool)
+        ):
+            users = [int(entry[0])]
+        else:
+            yield entry
+            continue
+        for user in users:
+            if user not in allowed or user <= last:
+                why = "not in the round's cohort" if user not in allowed else "out of user order"
+                raise ValueError(
+                    f"round {round_num}'s streamed updates hold user {user} "
+                    f"{'twice' if user in seen else why}: a streamed cohort (a task's "
+                    "cohort_trainer) must yield each user it was asked for at most once, in "
+                    "increasing order"
+                )
+            last = user
+            seen.add(user)
+        yield entry
 
 
 def drive_round(

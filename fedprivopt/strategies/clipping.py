@@ -104,16 +104,20 @@ class AdaptiveClipping:
         agg,
         bad: Mapping[int, str],
         stream: str,
+        received: Iterable[int] | None = None,
     ) -> None:
         """Release the noised fraction of one cohort's accepted users; update ``agg``.
 
         Only users whose update was accepted are counted; ``bad`` (left out by :meth:`screen`)
         and reports the counter rejects join ``agg.rejected``, and ``agg.metrics`` get
         ``clip_count_noise_std``. The count noise comes from the generator
-        ``(round_num, "count-noise", stream)``.
+        ``(round_num, "count-noise", stream)``. ``received``: the users whose reply came, when
+        not every key of ``updates`` did (a streamed cohort's trainer may yield fewer users than
+        it was asked for; thirty-second review of issue 15: such a user was counted as a
+        rejected clip bit, and ``accepted`` lowered for an update never received).
         """
         bits = getattr(updates, "clip_bits", {})
-        users = sorted(int(u) for u in updates.keys())
+        users = sorted(int(u) for u in (updates.keys() if received is None else received))
         counted = [u for u in users if u not in agg.rejected and u not in bad]
         result = self.counter.aggregate(
             [(u, bits.get(u, "missing")) for u in counted],

@@ -480,9 +480,10 @@ class ServerAlgorithm:
             entries = updates.entries() if hasattr(updates, "entries") else updates.items()
         else:
             entries = sorted(updates.items())
+        received: set[int] | None = None  # a streamed cohort's users that were yielded
         if getattr(updates, "sorted_by_user", False):
-            allowed = cohort if cohort is not None else updates.keys()
-            entries = _each_user_once(entries, {int(u) for u in allowed}, round_num)
+            allowed, received = cohort if cohort is not None else updates.keys(), set()
+            entries = _each_user_once(entries, {int(u) for u in allowed}, round_num, received)
         unasked: dict[int, str] = {}
         if cohort is not None and getattr(updates, "sorted_by_user", False):
             # twenty-sixth review of issue 15: a streamed cohort (simulation.fast's
@@ -525,7 +526,7 @@ class ServerAlgorithm:
             # the aggregator returns a fresh tensor, and a copy would cost a model's size a round
             agg.delta_tilde.masked_fill_(self.frozen, 0.0)
         if self.clipping is not None:
-            self.clipping.count(round_num, self.rngs, updates, agg, bad_bits, stream)
+            self.clipping.count(round_num, self.rngs, updates, agg, bad_bits, stream, received)
         return agg
 
     def optimizer_noise_std(self, agg: Any, clip_norm: float | None = None) -> float:
@@ -778,7 +779,9 @@ class ServerAlgorithm:
             )
 
 
-def _each_user_once(entries: Iterable[Any], allowed: set[int], round_num: int) -> Iterator[Any]:
+def _each_user_once(
+    entries: Iterable[Any], allowed: set[int], round_num: int, seen: set[int]
+) -> Iterator[Any]:
     """``entries`` of a streamed cohort, refused at the first user it yields twice or not asked.
 
     Thirty-second review of issue 15: a streamed cohort's keys were checked against the round's
@@ -789,8 +792,9 @@ def _each_user_once(entries: Iterable[Any], allowed: set[int], round_num: int) -
     carry each user at most once, in increasing order (the order every engine sums in), and
     only users of ``allowed``; anything else raises ``ValueError`` before the round's noise is
     drawn, so nothing is released. A malformed entry is left to the aggregator, which rejects it.
+    The users yielded are added to ``seen`` (adaptive clipping counts only those).
     """
-    last, seen = -1, set()
+    last = -1
     for entry in entries:
         if isinstance(entry, RowSparseBatch):
             users = [int(u) for u in entry.users]

@@ -15,6 +15,12 @@ updates, distributed-noise shares). What did not hold:
    Now ``ServerAlgorithm.aggregate`` refuses, before the round's noise is drawn, a streamed
    entry of a user yielded twice, out of user order or not in the round's cohort: rc 2, one
    line (``round 1's streamed updates hold user 0 twice: ...``), nothing released or kept.
+2. With adaptive clipping, a cohort trainer that yielded fewer users than it was asked for (one
+   skipped, say for having no examples) had the skipped user counted as a reply whose clip bit
+   was invalid: the round's metrics said ``accepted`` 7 and ``rejected`` 1 (``{0: 'clip bit
+   must be one finite number'}``) where 8 updates were received and summed and none rejected
+   (the noised count itself left the user out). The count now takes the users that were
+   yielded: ``accepted`` 8, ``rejected`` 0.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ class _Trainer:
                       stream="train"):  # fmt: skip
         kwargs = {"round_num": round_num, "config": config, "rngs": rngs, "stream": stream,
                   "preconditioner": preconditioner}  # fmt: skip
-        users = list(users)
+        users = list(users)[1:] if self.bug == "skip" else list(users)
         if not users:
             return
         batch = self._batch(users, params, kwargs)
@@ -79,8 +85,9 @@ def make_task(bug: str = "none", **kwargs) -> _Task:
     return _Task(bug, **kwargs)
 
 
-def _round(bug: str):
-    cfg = load_config(TOY, {"num-server-rounds": 1, "task": REF, "task-params.bug": bug})
+def _round(bug: str, **overrides):
+    overrides = {"num-server-rounds": 1, "task": REF, "task-params.bug": bug, **overrides}
+    cfg = load_config(TOY, overrides)
     task, alg = build_run(cfg)
     train = make_cohort_train(task, device="cpu", vectorize=True)
     return alg, train
@@ -112,3 +119,12 @@ def test_1_simulate_refuses_in_one_line_and_keeps_nothing(tmp_path, capsys):
     assert rc == 2 and len(err) == 1
     assert "streamed updates hold user" in err[0] and "twice" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_2_a_user_the_cohort_trainer_skipped_is_neither_accepted_nor_rejected(adaptive):
+    alg, train = _round("skip", **{"adaptive-clipping": adaptive})
+    result = drive_round(alg, 1, train)
+    m = result.metrics
+    assert m["received"] == m["accepted"] == m["cohort_size"] - 1
+    assert m["rejected"] == 0 and result.rejected == {}

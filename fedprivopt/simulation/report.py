@@ -39,6 +39,7 @@ from fedprivopt.simulation.rundata import (
     aggregate_runs,
     aggregate_with_notes,
     choose_metric,
+    group_runs,
     load_run,
     load_runs,
     reference_model,
@@ -233,6 +234,18 @@ def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]]) -> s
     return f"{n} ({'; '.join(marks)})" if marks else str(n)
 
 
+def _rounds_cell(group: Sequence[RunData], fewest: int) -> str:
+    """A row's completed rounds: ``3``, or ``1–3`` when its runs completed different numbers.
+
+    Thirty-second review of issue 15 (reports, finding 5): ``compare --tune-grid
+    num-server-rounds=1,3`` released 1-round and 3-round trials as one row's seeds, and the
+    row said ``rounds 1`` (the fewest) beside a mean over both.
+    """
+    done = [run.rounds_completed for run in group] or [fewest]
+    lo, hi = min(done), max(done)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
 def _noise_text(runs: Sequence[RunData]) -> str:
     """``2 noise multipliers (0.5, 1)``, with ``plus non-private baselines`` when there are any.
 
@@ -314,12 +327,14 @@ def _markdown(
         f"| strategy | σ | seeds | ε | δ | rounds | {pretty} |{' eval loss |' * loss} s/round |",
         "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * loss + "---:|",
     ]
+    groups = group_runs(sel.runs)
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
         seeds_cell = _seeds_cell(n, n_ok, r["diverged"])
+        rounds = _rounds_cell(groups.get((r["strategy"], r["noise_multiplier"]), []), r["rounds"])
         cells = [
             r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, _fmt_eps(r["epsilon"]),
-            _fmt(r["delta"], 3), r["rounds"], _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
+            _fmt(r["delta"], 3), rounds, _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
             *[_fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n)] * loss,
             _fmt(r["seconds_per_round"], 3),
         ]  # fmt: skip

@@ -22,6 +22,12 @@
    against the module's "rounds that were redone after a kill are shown once". A log that
    starts from round 1 now purges every earlier event (``purge_step`` 0), as a resume from a
    checkpoint purges from its first redone round.
+5. ``compare toy.toml --strategies dp-fedavg --tune-grid num-server-rounds=1,3 --mean-trials 1
+   --seeds 4`` (two tunings released a 1-round trial, two a 3-round one; also ``compare-tuned
+   T1 T2`` of ``tune --grid num-server-rounds=1,2 --seed 0`` and ``--seed 1``): the Summary
+   said "rounds 1" of a row whose mean is over 1-round and 3-round runs. Now "1–3" when a
+   row's runs completed different numbers of rounds (``summary.csv`` keeps the fewest, as
+   :func:`aggregate_runs` documents).
 """
 
 from __future__ import annotations
@@ -128,3 +134,23 @@ def test_4_a_log_restarted_from_round_0_shows_each_round_once(tmp_path):
     acc.Reload()
     shown = [(e.step, e.value) for e in acc.Scalars("eval_loss")]
     assert shown == [(1, 21.0), (2, 22.0)]  # was 1, 2, 3 of the discarded run, then 1, 2
+
+
+# -- finding 5: a row whose runs completed different numbers of rounds -----------------------
+
+
+def test_5_a_row_of_1_and_2_round_runs_says_1_to_2(tmp_path, capsys):
+    tunings = []
+    for seed in ("0", "1"):  # the one trial of seed 0 draws 1 round, of seed 1 2 rounds
+        tunings.append(tmp_path / f"t{seed}")
+        code = main([
+            "tune", str(TOY), "--grid", "num-server-rounds=1,2", "--mean-trials", "1",
+            "--seed", seed, "--out", str(tunings[-1]), "--quiet",
+        ])  # fmt: skip
+        assert code == 0
+    out = tmp_path / "r"
+    assert main(["compare-tuned", *map(str, tunings), "--out", str(out)]) == 0
+    capsys.readouterr()
+    summary = (out / "report.md").read_text(encoding="utf-8").split("## Summary", 1)[1]
+    row = next(line for line in summary.splitlines() if line.startswith("| dp-fedavg (tuned)"))
+    assert row.split(" | ")[5] == "1–2", row  # was 1, the fewest

@@ -19,6 +19,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+from numbers import Integral
 
 from fedprivopt.core.checks import check_bool
 from fedprivopt.core.text import shown
@@ -217,5 +218,15 @@ def build_task(name: str, **params: object) -> Task:
         raise ValueError(
             f"task {name!r}: the factory returned {type(task).__name__!r}, not a Task ({what}; see "
             "fedprivopt.models.task.Task)"
+        )
+    count = getattr(task, "num_users", None)
+    if is_reference(name) and (
+        isinstance(count, bool) or not isinstance(count, Integral) or count < 1
+    ):
+        # thirty-first review of issue 15: a task by reference whose num_users was "40" was
+        # refused as "population must equal the number of users of task ... (40), got 40"
+        raise ValueError(
+            f"task {name!r}: the factory's task has num_users = {shown(count)}; it must be an "
+            "integer >= 1 (the training users' ids are 0 .. num_users - 1)"
         )
     return task

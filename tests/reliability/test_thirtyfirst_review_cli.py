@@ -54,6 +54,11 @@
    a command's own output that cannot be written is one line and rc 2 (twenty-fifth review).
    Now the same: ``fedprivopt simulate: error: cannot write standard output: No space left on
    device``, rc 2; 141 when the pipe's reader left; a help written completely is unchanged.
+9. A task by reference whose ``num_users`` is ``"40"`` (a string; also ``-3``, ``None``,
+   ``True``): ``config: population must equal the number of users of task 'mod:Make' (40), got
+   40``, a line that contradicts itself. ``build_task`` now refuses such a task by reference:
+   ``task 'mod:Make': the factory's task has num_users = '40'; it must be an integer >= 1``
+   (a NumPy integer is an integer).
 """
 
 from __future__ import annotations
@@ -315,3 +320,44 @@ def test_8_help_to_a_pipe_whose_reader_left_is_141_and_a_file_gets_it_all(tmp_pa
         proc = _help(tmp_path, ["--help"], out)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert (tmp_path / "help.txt").read_text().startswith("usage: fedprivopt")
+
+
+# -- 9: a task by reference whose num_users is not a count -------------------------------------
+
+
+class _Users:
+    """The toy task with another ``num_users``."""
+
+    def __init__(self, count) -> None:
+        from fedprivopt.models.toy import ToyClassificationTask
+
+        self._task = ToyClassificationTask(num_users=4)
+        self.num_users = count
+
+    def __getattr__(self, name: str):
+        return getattr(self._task, name)
+
+
+_COUNT = {}
+
+
+def _make(**_params):
+    return _Users(_COUNT["value"])
+
+
+@pytest.mark.parametrize("count", ["40", -3, None, True, 0])
+def test_9_a_task_whose_num_users_is_not_a_count_is_named(count):
+    from fedprivopt.models.registry import build_task
+
+    _COUNT["value"] = count
+    with pytest.raises(ValueError, match=r"the factory's task has num_users = .*integer >= 1"):
+        build_task(f"{__name__}:_make")
+
+
+def test_9_a_numpy_count_is_a_count():
+    import numpy as np
+
+    from fedprivopt.models.registry import build_task
+
+    _COUNT["value"] = np.int64(4)
+    assert build_task(f"{__name__}:_make").num_users == 4

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.files import naming
+from fedprivopt.core.text import shown
 
 __all__ = [
     "CHECKPOINT",
@@ -315,8 +316,35 @@ def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, An
             raise ValueError(f"{path}: line {lineno} cannot be read ({exc})") from None
         if not isinstance(row, dict) or type(row.get("round")) is not int:
             raise ValueError(f"{path}: line {lineno} is not an object with an int 'round'")
+        _check_numbers(row, f"{path}: line {lineno}")
         rows.append(row)
     return rows
+
+
+def _check_numbers(row: Mapping[str, Any], where: str) -> None:
+    """Raise unless the row's ``epsilon``, ``delta`` and ``eval_*`` values are numbers.
+
+    What a run writes there is a float (NaN and infinities as ``json`` writes them). Thirty-
+    second review of issue 15 (resume, finding 1): a row whose ``eval_accuracy`` was edited to
+    ``"x"``, ``null``, ``[1]`` or an integer of 400 digits (``epsilon`` too) ended ``simulate
+    --resume`` in a traceback (rc 1) or in ``Unknown format code 'f' for object of type 'str'``
+    (rc 2) after its new ``summary.json`` was written, and ``true`` was reported as accuracy
+    1.0000 (a report: NaN).
+    """
+    for key, value in row.items():
+        if key not in ("epsilon", "delta") and not key.startswith("eval_"):
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and isinstance(value, int):
+            try:
+                float(value)
+            except OverflowError:
+                number = False
+        if not number:
+            raise ValueError(
+                f"{where}: {key} must be a number that fits a float, got {shown(value)} "
+                "(not written by fedprivopt: the file was edited)"
+            )
 
 
 def stated_epsilons(
@@ -325,19 +353,28 @@ def stated_epsilons(
     """``(where, ε)``: the largest ε the metrics ``rows`` state and the one ``summary`` states.
 
     Numbers only, NaN left out and ``inf`` kept (a private ledger composes to it only at σ 0).
-    ``where`` names the file (and the round of the row).
+    ``where`` names the file (and the round of the row). An integer too large for a float
+    states ``inf`` (thirty-second review of issue 15, resume finding 1: ``summary.json``'s
+    ``epsilon`` edited to an integer of 400 digits was an ``OverflowError`` traceback of
+    ``--resume``, rc 1).
     """
 
-    def number(x: object) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+    def value(x: object) -> float:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return math.nan
+        try:
+            return float(x)
+        except OverflowError:  # an int beyond the floats
+            return math.inf if x > 0 else -math.inf
 
     out = []
-    stating = [r for r in rows if number(r.get("epsilon"))]
+    stating = [(value(r.get("epsilon")), r["round"]) for r in rows]
+    stating = [(v, k) for v, k in stating if not math.isnan(v)]
     if stating:
-        top = max(stating, key=lambda r: r["epsilon"])
-        out.append((f"{METRICS_FILE} (round {top['round']})", float(top["epsilon"])))
-    if summary is not None and number(summary.get("epsilon")):
-        out.append((SUMMARY_FILE, float(summary["epsilon"])))
+        top, at = max(stating, key=lambda pair: pair[0])
+        out.append((f"{METRICS_FILE} (round {at})", top))
+    if summary is not None and not math.isnan(value(summary.get("epsilon"))):
+        out.append((SUMMARY_FILE, value(summary["epsilon"])))
     return out
 
 

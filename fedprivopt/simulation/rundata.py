@@ -386,11 +386,17 @@ class Selection:
 
 
 def as_float(value: Any) -> float:
-    """A float from a JSON value; ``None`` and non-numbers become NaN."""
+    """A float from a JSON value; ``None`` and non-numbers become NaN.
+
+    An integer beyond the floats is an infinity of its sign (thirty-second review of issue 15,
+    resume finding 1: ``float()``'s ``OverflowError`` escaped as a traceback).
+    """
     if isinstance(value, bool) or value is None:
         return math.nan
     try:
         return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
     except (TypeError, ValueError):
         return math.nan
 

@@ -1,0 +1,104 @@
+"""Issue 15, thirty-second hostile review (resume and the audit of a run directory): tests.
+
+1. A finished 2-round toy run whose last ``metrics.jsonl`` row had ``eval_accuracy`` edited to
+   ``"x"``, ``null``, ``[1]``, ``true`` or an integer of 400 digits (or its ``epsilon`` to such
+   an integer), then ``simulate --resume R``: ``"x"`` ended rc 2 with ``Unknown format code 'f'
+   for object of type 'str'`` (naming nothing) after the new ``summary.json`` was written,
+   ``null`` and ``[1]`` in a ``TypeError`` traceback and the 400 digits in an ``OverflowError``
+   traceback (rc 1), and ``true`` was reported as ``eval_accuracy = 1.0000`` with rc 0 (a
+   report: NaN). ``summary.json``'s ``epsilon`` edited to such an integer was an
+   ``OverflowError`` traceback too. A run writes floats there (NaN and infinities as ``json``
+   writes them), so ``read_rows`` now refuses a row whose ``epsilon``, ``delta`` or ``eval_*``
+   value is not a number that fits a float: rc 2, one line naming the file, line and key,
+   before anything is written; an ε integer beyond the floats states ``inf`` (refused against
+   the ledger as any ε above it), and ``rundata.as_float`` reads it as an infinity.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli import main
+from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows, stated_epsilons
+from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import as_float
+from tests.simulation.test_run import small_config
+
+HUGE = "1" + "0" * 400  # an integer JSON reads and no float holds
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 2-round toy run (never changed: each test copies it)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    return simulate(small_config(**{"num-server-rounds": 2}), out).out_dir
+
+
+def _copy(finished: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    return out
+
+
+def _edit_last_row(out: Path, key: str, text: str) -> None:
+    rows = read_rows(out / METRICS_FILE)
+    rows[-1][key] = "@@"
+    lines = "".join(json.dumps(r) + "\n" for r in rows)
+    (out / METRICS_FILE).write_text(lines.replace('"@@"', text))
+
+
+def _refused(out: Path, capsys) -> str:
+    summary = (out / SUMMARY_FILE).read_bytes()
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert (out / SUMMARY_FILE).read_bytes() == summary  # nothing written
+    return lines[0]
+
+
+# -- 1: metrics rows and a summary whose numbers are not numbers -----------------------------------
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [
+        ("eval_accuracy", '"x"'),  # was: Unknown format code 'f' ..., summary.json rewritten
+        ("eval_accuracy", "null"),  # was: TypeError traceback, rc 1
+        ("eval_accuracy", "[1]"),
+        ("eval_accuracy", "true"),  # was: rc 0, eval_accuracy = 1.0000
+        ("eval_accuracy", HUGE),  # was: OverflowError traceback, rc 1
+        ("epsilon", HUGE),
+        ("eval_loss", '"0.5"'),
+    ],
+)
+def test_1_a_rows_value_that_is_not_a_number_is_refused_naming_it(
+    finished, tmp_path, capsys, key, text
+):
+    out = _copy(finished, tmp_path)
+    _edit_last_row(out, key, text)
+    line = _refused(out, capsys)
+    assert f"{METRICS_FILE}: line 2: {key} must be a number" in line
+    assert "Traceback" not in line and len(line) < 400
+
+
+def test_1_a_summary_epsilon_beyond_the_floats_is_refused_in_one_line(finished, tmp_path, capsys):
+    out = _copy(finished, tmp_path)
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    summary["epsilon"] = "@@"
+    (out / SUMMARY_FILE).write_text(json.dumps(summary).replace('"@@"', HUGE))
+    summary_bytes = (out / SUMMARY_FILE).read_bytes()
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 2  # was: OverflowError, rc 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "summary.json reported epsilon inf" in err[0]
+    assert (out / SUMMARY_FILE).read_bytes() == summary_bytes
+
+
+def test_1_an_integer_beyond_the_floats_reads_as_an_infinity():
+    assert as_float(int(HUGE)) == math.inf and as_float(-int(HUGE)) == -math.inf
+    stated = stated_epsilons([{"round": 1, "epsilon": int(HUGE)}], {"epsilon": -int(HUGE)})
+    assert stated == [("metrics.jsonl (round 1)", math.inf), ("summary.json", -math.inf)]

@@ -469,7 +469,8 @@ def composition_lines(rows: dict[tuple, tuple[int, float]], *, empty: bool = Tru
     """The report's note on rows over several tunings: their composed ε, one line per row.
 
     ``rows`` maps (strategy, σ) to the number of tunings in its row and their composed ε
-    (:func:`~fedprivopt.simulation.tune_check.composed_epsilon`); nothing when empty.
+    (:func:`~fedprivopt.simulation.tune_check.composed_epsilon`); nothing when empty. σ may be
+    a tuple: the noise multipliers of the report rows one plan's tunings released.
     ``empty``: n counts tunings that released nothing (``compare --tune-grid``).
     """
     if not rows:
@@ -481,12 +482,30 @@ def composition_lines(rows: dict[tuple, tuple[int, float]], *, empty: bool = Tru
         "A row's mean and std are over several tunings (one per seed) on the **same "
         "users**; publishing a row releases all of them, which costs their composition "
         "(RDP, the costliest tuning's RepeatAndSelectDpEvent self-composed n times), not "
-        f"one tuning's epsilon.{counted}",
+        f"one tuning's epsilon.{counted}{_split(rows)}",
         "",
         "| strategy | noise multiplier | tunings n | epsilon (row: n tunings composed) |",
         "|---|---:|---:|---:|",
-        *(f"| {st} | {sigma:g} | {n} | {_fmt(eps)} |" for (st, sigma), (n, eps) in rows.items()),
+        *(
+            f"| {st} | {_sigmas(sigma)} | {n} | {_fmt(eps)} |"
+            for (st, sigma), (n, eps) in rows.items()
+        ),
     ]
+
+
+def _split(rows: dict[tuple, tuple[int, float]]) -> str:
+    """The note on one strategy's tunings that released trials of several noise multipliers."""
+    if not any(isinstance(sigma, tuple) and len(sigma) > 1 for _, sigma in rows):
+        return ""
+    return (" Tunings of one strategy whose released trials have different noise multipliers "
+            "(a grid over noise-multiplier) are in several rows of the summary, and are "
+            "composed together here: publishing those rows releases all of them.")  # fmt: skip
+
+
+def _sigmas(sigma: float | tuple[float, ...]) -> str:
+    """``0.5``, or ``0.5, 1`` for tunings that released several noise multipliers."""
+    values = sigma if isinstance(sigma, tuple) else (sigma,)
+    return ", ".join(f"{v:g}" for v in values)
 
 
 def _add_single_run_column(path: Path, single: dict[tuple, float]) -> None:

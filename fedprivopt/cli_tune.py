@@ -436,12 +436,12 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         check_report_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    runs, by_row = [], {}
+    runs, by_plan, sigmas = [], {}, {}
     try:
-        for checked in check_tunings(tuned):
+        for checked in check_tunings(tuned):  # a strategy's tunings are seeds of one plan
             runs.append(load_tuned(checked.path, checked))
-            row = (checked.plan["strategy"], runs[-1].noise_multiplier)
-            by_row.setdefault(row, []).append(checked)
+            by_plan.setdefault(checked.plan["strategy"], []).append(checked)
+            sigmas.setdefault(checked.plan["strategy"], set()).add(runs[-1].noise_multiplier)
         untuned = []
         for text in args.untuned or []:
             check_untuned_path(check_path_text(text, "--untuned"))
@@ -468,7 +468,10 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     )
     # thirty-first review of issue 15, compare finding 4: a row of n tunings showed one
     # tuning's epsilon, and "Privacy parameters" called it each run's own
-    rows = {row: (len(c), composed_epsilon(c, len(c))) for row, c in by_row.items()}
+    # thirty-second review of issue 15, reports finding 6: tunings of a grid over
+    # noise-multiplier that released different sigmas fell into rows of one tuning each (n 1)
+    rows = {(s, tuple(sorted(sigmas[s]))): (len(c), composed_epsilon(c, len(c)))
+            for s, c in by_plan.items()}  # fmt: skip
     notes += "\n" + "\n".join(composition_lines(rows, empty=False))
     report = _write_whole_report(out, lambda: write_report(
         out, runs, title=REPORT_TITLE, metric=args.metric, notes=notes,

@@ -28,6 +28,14 @@
    said "rounds 1" of a row whose mean is over 1-round and 3-round runs. Now "1–3" when a
    row's runs completed different numbers of rounds (``summary.csv`` keeps the fewest, as
    :func:`aggregate_runs` documents).
+6. ``compare-tuned T0 T1`` of ``tune toy.toml --grid noise-multiplier=0.5,1 --mean-trials 1
+   --seed 0`` and ``--seed 1`` (two tunings of one plan on the same users, whose released
+   trials drew σ 0.5 and σ 1): the Summary's two rows, one tuning each, and the Notes' table
+   "dp-fedavg | 0.5 | 1 | 11.73" and "dp-fedavg | 1 | 1 | 11.73", where publishing the report
+   releases both tunings (16.61, their composition; the thirty-first review's finding 4
+   composed a row's tunings, but these fell into two rows by the σ they released). Now the
+   tunings of one strategy are composed together: "dp-fedavg | 0.5, 1 | 2 | 16.61", with a
+   sentence saying that they are in several rows.
 """
 
 from __future__ import annotations
@@ -154,3 +162,28 @@ def test_5_a_row_of_1_and_2_round_runs_says_1_to_2(tmp_path, capsys):
     summary = (out / "report.md").read_text(encoding="utf-8").split("## Summary", 1)[1]
     row = next(line for line in summary.splitlines() if line.startswith("| dp-fedavg (tuned)"))
     assert row.split(" | ")[5] == "1–2", row  # was 1, the fewest
+
+
+# -- finding 6: tunings of one plan that released different noise multipliers ----------------
+
+
+def test_6_tunings_released_at_two_sigmas_are_composed_together(tmp_path, capsys):
+    tunings = []
+    for seed in ("0", "1"):  # the one trial of seed 0 draws sigma 0.5, of seed 1 sigma 1
+        tunings.append(tmp_path / f"t{seed}")
+        code = main([
+            "tune", str(TOY), "--grid", "noise-multiplier=0.5,1", "--mean-trials", "1",
+            "--seed", seed, "--rounds", "1", "--out", str(tunings[-1]), "--quiet",
+        ])  # fmt: skip
+        assert code == 0
+    out = tmp_path / "r"
+    assert main(["compare-tuned", *map(str, tunings), "--out", str(out)]) == 0
+    capsys.readouterr()
+    report = (out / "report.md").read_text(encoding="utf-8")
+    notes = report.split("## Notes", 1)[1]
+    (row,) = [line for line in notes.splitlines() if line.startswith("| dp-fedavg |")]
+    one = json.loads((tunings[0] / "summary.json").read_text(encoding="utf-8"))["epsilon"]
+    cells = row.strip("| ").split(" | ")
+    assert cells[1:3] == ["0.5, 1", "2"], row  # was two rows of n 1
+    assert float(cells[3]) > one * 1.1  # two tunings composed, not one tuning's epsilon
+    assert "are in several rows of the summary" in notes

@@ -29,6 +29,7 @@ from typing import Any
 
 from fedprivopt.core.files import naming
 from fedprivopt.core.text import shown
+from fedprivopt.strategies.config import MAX_ROUNDS
 
 __all__ = [
     "CHECKPOINT",
@@ -297,7 +298,8 @@ def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, An
     ------
     ValueError
         Naming the file and line, for any other line that is not a JSON object with an int
-        ``round``.
+        ``round`` of at most ``MAX_ROUNDS``, or whose ``epsilon``, ``delta`` or ``eval_*``
+        value is not a number.
     """
     lines, torn_at = read_lines(path)
     rows = []
@@ -316,6 +318,11 @@ def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, An
             raise ValueError(f"{path}: line {lineno} cannot be read ({exc})") from None
         if not isinstance(row, dict) or type(row.get("round")) is not int:
             raise ValueError(f"{path}: line {lineno} is not an object with an int 'round'")
+        if row["round"] > MAX_ROUNDS:  # thirty-second review of issue 15 (resume, finding 2)
+            raise ValueError(
+                f"{path}: line {lineno}: round {shown(row['round'])} is beyond the "
+                f"{MAX_ROUNDS:,} a run may have (not written by fedprivopt: the file was edited)"
+            )
         _check_numbers(row, f"{path}: line {lineno}")
         rows.append(row)
     return rows

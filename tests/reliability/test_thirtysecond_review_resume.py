@@ -12,6 +12,13 @@
    value is not a number that fits a float: rc 2, one line naming the file, line and key,
    before anything is written; an ε integer beyond the floats states ``inf`` (refused against
    the ledger as any ε above it), and ``rundata.as_float`` reads it as an infinity.
+2. The last row's ``round`` edited to ``10**20`` (or an integer of 1,500 digits): ``--resume``
+   said ``R/privacy_ledger.jsonl ends at round 2, but metrics.jsonl or summary.json show round
+   100000000000000000000 was released: the ledger is incomplete (truncated or edited)``,
+   blaming the ledger, with the 1,500 digits written out. A run has at most ``MAX_ROUNDS`` =
+   10**6 rounds, so such a row was not written by one: ``read_rows`` refuses it naming
+   ``metrics.jsonl``, the line and the round (cut), as the thirty-first review did for a
+   ledger line's round.
 """
 
 from __future__ import annotations
@@ -24,7 +31,13 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
-from fedprivopt.simulation.files import METRICS_FILE, SUMMARY_FILE, read_rows, stated_epsilons
+from fedprivopt.simulation.files import (
+    LEDGER_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    read_rows,
+    stated_epsilons,
+)
 from fedprivopt.simulation.run import simulate
 from fedprivopt.simulation.rundata import as_float
 from tests.simulation.test_run import small_config
@@ -102,3 +115,15 @@ def test_1_an_integer_beyond_the_floats_reads_as_an_infinity():
     assert as_float(int(HUGE)) == math.inf and as_float(-int(HUGE)) == -math.inf
     stated = stated_epsilons([{"round": 1, "epsilon": int(HUGE)}], {"epsilon": -int(HUGE)})
     assert stated == [("metrics.jsonl (round 1)", math.inf), ("summary.json", -math.inf)]
+
+
+# -- 2: a row's round beyond any run ---------------------------------------------------------------
+@pytest.mark.parametrize("text", ["100000000000000000000", "1" + "0" * 1500])
+def test_2_a_rows_round_beyond_any_run_is_refused_as_an_edit_of_the_rows(
+    finished, tmp_path, capsys, text
+):
+    out = _copy(finished, tmp_path)
+    _edit_last_row(out, "round", text)
+    line = _refused(out, capsys)  # was: the ledger "is incomplete (truncated or edited)"
+    assert f"{METRICS_FILE}: line 2: round" in line and "beyond the 1,000,000" in line
+    assert LEDGER_FILE not in line and len(line) < 400

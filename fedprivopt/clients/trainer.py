@@ -49,7 +49,8 @@ import torch
 
 from fedprivopt.clients.privatize import NOISE_PURPOSE, privatize_update
 from fedprivopt.core.local import LocalConfig, check_train_call, epoch_orders
-from fedprivopt.models.task import Task
+from fedprivopt.models.task import Task, TaskError
+from fedprivopt.models.task_calls import minibatch_loss, user_examples
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
 from fedprivopt.privacy.flat import FlatSpec, flatten
@@ -192,6 +193,13 @@ class LocalTrainer:
         ]
         if missing:
             raise ValueError(f"trainable parameters {missing} are not in the model's state dict")
+        if not any(e.trainable for e in entries):
+            # thirty-second review of issue 15 (models, finding 3): autograd's "`inputs` argument
+            # to `grad()` cannot be empty" traceback at the first local step
+            raise TaskError(
+                f"the model of {type(self.task).__name__}.build_model() has no trainable "
+                "parameter (a torch.nn.Parameter with requires_grad): there is nothing to train"
+            )
         return entries
 
     def _load(self, flat: torch.Tensor) -> None:
@@ -316,7 +324,7 @@ class LocalTrainer:
         keys = (stream, user_id)
         precond = self._check_preconditioner(preconditioner)
 
-        x, y = self.task.user_data(user_id)
+        x, y = user_examples(self.task, user_id)
         subset, orders = epoch_orders(
             int(x.shape[0]),
             epochs=config.epochs,
@@ -338,7 +346,7 @@ class LocalTrainer:
                 positions = order.to(self.device)
                 for start in range(0, num_examples, config.batch_size):
                     batch = positions[start : start + config.batch_size]
-                    loss = self.task.loss(self.model, x[batch], y[batch])
+                    loss = minibatch_loss(self.task, self.model, x[batch], y[batch])
                     grads = torch.autograd.grad(loss, params, allow_unused=True)
                     with torch.no_grad():
                         for e, g in zip(self._trainable, grads, strict=True):

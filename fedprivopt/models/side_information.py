@@ -86,6 +86,7 @@ import numpy as np
 import torch
 
 from fedprivopt.data.vocab import Vocabulary
+from fedprivopt.models.task_calls import minibatch_loss, user_examples
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedprivopt.models.task import Task
@@ -365,12 +366,12 @@ def gradient_second_moment(
     total = torch.zeros(sum(t.numel() for t in state.values()), dtype=torch.float64)
     batches = 0
     for user in users:
-        x, y = task.user_data(int(user))
+        x, y = user_examples(task, int(user))
         n = int(x.shape[0]) if max_examples == 0 else min(int(x.shape[0]), max_examples)
         for start in range(0, n, bs):
             stop = min(start + bs, n)
             model.zero_grad(set_to_none=True)
-            task.loss(model, x[start:stop], y[start:stop]).backward()
+            minibatch_loss(task, model, x[start:stop], y[start:stop]).backward()
             offset = 0
             for name, tensor in state.items():
                 size = tensor.numel()

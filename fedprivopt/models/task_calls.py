@@ -1,0 +1,78 @@
+"""The two calls of a task every trainer makes, with what they return checked.
+
+:func:`user_examples` calls ``task.user_data(user)`` and :func:`minibatch_loss` calls
+``task.loss(model, x, y)``; each raises :class:`~fedprivopt.models.task.TaskError` (one line with
+exit 2 from the command line) when the result breaks the protocol of ``docs/TASKS.md``, before it
+reaches the trainer's indexing or autograd.
+
+Thirty-second review of issue 15 (models, findings 1 and 2): a task by reference whose
+``user_data`` returned ``x`` and ``y`` of different lengths, numpy arrays, ``None`` or a scalar
+``x`` ended in an ``IndexError``, ``AttributeError`` or ``TypeError`` traceback from the trainer
+(rc 1), and one whose ``loss`` returned a per-example vector, a Python float, ``None`` or a
+detached tensor ended in autograd's ``RuntimeError``/``TypeError`` traceback, naming neither the
+task nor the member.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedprivopt.core.text import shown
+from fedprivopt.models.task import TaskError
+
+__all__ = ["minibatch_loss", "user_examples"]
+
+
+def _described(value: object) -> str:
+    """What ``value`` is, for a message: a tensor's dtype and shape, else its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {shown(tuple(value.shape))}"
+    if isinstance(value, (tuple, list)):
+        items = ", ".join(_described(v) for v in value[:3])
+        more = ", ..." if len(value) > 3 else ""
+        return f"a {type(value).__name__} of {len(value)} ({items}{more})"
+    return f"{type(value).__name__!r}"
+
+
+def user_examples(task: object, user_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``task.user_data(user_id)``: two tensors ``(x, y)`` with the same number of rows.
+
+    Raises
+    ------
+    TaskError
+        When the result is not a pair of tensors of at least one dimension whose first
+        dimensions (the user's examples) agree.
+    """
+    value = task.user_data(user_id)  # type: ignore[attr-defined]
+    ok = isinstance(value, (tuple, list)) and len(value) == 2
+    ok = ok and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in value)
+    if not ok or value[0].shape[0] != value[1].shape[0]:
+        raise TaskError(
+            f"{type(task).__name__}.user_data({user_id}) must return (x, y): two tensors with "
+            f"one row per example, as many in y as in x; got {_described(value)}"
+        )
+    return value[0], value[1]
+
+
+def minibatch_loss(
+    task: object, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """``task.loss(model, x, y)``: a floating-point tensor of one value with a gradient.
+
+    Raises
+    ------
+    TaskError
+        When the result is not such a tensor (a per-example vector, a Python number, an integer
+        tensor, or one detached from the model's parameters).
+    """
+    loss = task.loss(model, x, y)  # type: ignore[attr-defined]
+    ok = isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
+    if not ok or not loss.requires_grad:
+        what = _described(loss)
+        if ok:
+            what += " that does not require grad (not computed from the model parameters)"
+        raise TaskError(
+            f"{type(task).__name__}.loss() must return the mean loss of the minibatch, a "
+            f"floating-point tensor of one value computed from the model; got {what}"
+        )
+    return loss

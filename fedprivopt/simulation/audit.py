@@ -50,6 +50,7 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 from fedprivopt.simulation.ledger_lines import tree_participants
+from fedprivopt.strategies.config import MAX_ROUNDS
 from fedprivopt.strategies.core import ServerAlgorithm
 
 __all__ = ["RunDirState", "audit_run_dir", "read_summary", "secure_tree_redo"]
@@ -180,6 +181,11 @@ def read_summary(out: Path) -> dict[str, Any] | None:
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ValueError(
             f"{path} is unreadable (rounds_completed must be an integer >= 0, got {shown(rounds)})"
+        )
+    if rounds > MAX_ROUNDS:  # thirty-second review (resume, finding 2): not the ledger's fault
+        raise ValueError(
+            f"{path} is unreadable (rounds_completed {shown(rounds)} is beyond the {MAX_ROUNDS:,} "
+            "a run may have: the file was edited)"
         )
     return summary
 

@@ -18,7 +18,8 @@
    blaming the ledger, with the 1,500 digits written out. A run has at most ``MAX_ROUNDS`` =
    10**6 rounds, so such a row was not written by one: ``read_rows`` refuses it naming
    ``metrics.jsonl``, the line and the round (cut), as the thirty-first review did for a
-   ledger line's round.
+   ledger line's round; ``summary.json``'s ``rounds_completed`` of ``10**20`` likewise (was the
+   same message blaming the ledger).
 """
 
 from __future__ import annotations
@@ -127,3 +128,14 @@ def test_2_a_rows_round_beyond_any_run_is_refused_as_an_edit_of_the_rows(
     line = _refused(out, capsys)  # was: the ledger "is incomplete (truncated or edited)"
     assert f"{METRICS_FILE}: line 2: round" in line and "beyond the 1,000,000" in line
     assert LEDGER_FILE not in line and len(line) < 400
+
+
+def test_2_a_summarys_rounds_beyond_any_run_are_refused_as_an_edit_of_the_summary(
+    finished, tmp_path, capsys
+):
+    out = _copy(finished, tmp_path)
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    (out / SUMMARY_FILE).write_text(json.dumps({**summary, "rounds_completed": 10**20}))
+    line = _refused(out, capsys)
+    assert f"{SUMMARY_FILE} is unreadable (rounds_completed 100000000000000000000 is beyond" in line
+    assert LEDGER_FILE not in line

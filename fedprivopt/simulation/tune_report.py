@@ -264,6 +264,23 @@ def _trials_run(summary: dict[str, Any]) -> str:
     return f"this tuning drew {count}, {earlier} of them run (or begun) in an earlier call"
 
 
+def _costliest(summary: dict[str, Any]) -> str:
+    """``; a run at the costliest grid point, K = V`` when the trials' runs spent different ε.
+
+    Thirty-second review of issue 15 (reports, finding 7): ``tune --grid noise-multiplier=0.5,1``
+    said "epsilon of one run: 10.28" beside a σ 1 trial whose run spent 3.19, without saying
+    that the single run is one at the grid point that spends the most.
+    """
+    spent = [t.get("epsilon") for t in summary["trials"]]
+    finite = {round(e, 9) for e in spent if isinstance(e, float) and math.isfinite(e)}
+    point = summary["single_run"].get("grid_point") or {}
+    if len(finite) < 2 or not point:
+        return ""
+    return "; a run at the costliest grid point, " + ", ".join(
+        f"{k} = {v!r}" for k, v in point.items()
+    )
+
+
 def _markdown(summary: dict[str, Any]) -> str:
     metric, best, single = summary["metric"], summary["best"], summary["single_run"]
     keys = list(summary["grid"])
@@ -279,7 +296,7 @@ def _markdown(summary: dict[str, Any]) -> str:
         "",
         f"- **epsilon of the tuning: {_fmt(summary['epsilon'])}** at delta "
         f"{summary['delta']:g} (RDP, RepeatAndSelectDpEvent)",
-        f"- epsilon of one run: {_fmt(summary['epsilon_single_run'])} (RDP)"
+        f"- epsilon of one run: {_fmt(summary['epsilon_single_run'])} (RDP{_costliest(summary)})"
         + (
             f", {_fmt(single['epsilon'])} by the runs' own accountant ({single['accountant']})"
             if single["accountant"] != "rdp"

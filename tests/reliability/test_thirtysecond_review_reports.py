@@ -36,6 +36,11 @@
    composed a row's tunings, but these fell into two rows by the σ they released). Now the
    tunings of one strategy are composed together: "dp-fedavg | 0.5, 1 | 2 | 16.61", with a
    sentence saying that they are in several rows.
+7. ``tune toy.toml --grid noise-multiplier=0.5,1 --mean-trials 3 --distribution poisson
+   --seed 1``: ``report.md`` said "epsilon of one run: 7.551 (RDP)" beside a σ 1 trial whose
+   run spent 2.53 (``--rounds 1``), without saying which run that is. Now "(RDP; a run at
+   the costliest grid point, noise-multiplier = 0.5)" when the trials' runs spent different
+   ε; a grid that leaves the privacy events alone (every trial's ε equal) is written as before.
 """
 
 from __future__ import annotations
@@ -187,3 +192,22 @@ def test_6_tunings_released_at_two_sigmas_are_composed_together(tmp_path, capsys
     assert cells[1:3] == ["0.5, 1", "2"], row  # was two rows of n 1
     assert float(cells[3]) > one * 1.1  # two tunings composed, not one tuning's epsilon
     assert "are in several rows of the summary" in notes
+
+
+# -- finding 7: which run "epsilon of one run" is ---------------------------------------------
+
+
+def test_7_a_sigma_grid_names_the_costliest_point_of_one_run(tmp_path, capsys):
+    out = tmp_path / "t"
+    code = main([
+        "tune", str(TOY), "--grid", "noise-multiplier=0.5,1", "--mean-trials", "3",
+        "--distribution", "poisson", "--seed", "1", "--rounds", "1", "--out", str(out),
+        "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert len({t["epsilon"] for t in summary["trials"]}) == 2  # sigma 0.5 and 1 both drawn
+    report = (out / "report.md").read_text(encoding="utf-8")
+    line = next(x for x in report.splitlines() if x.startswith("- epsilon of one run:"))
+    assert line.endswith("(RDP; a run at the costliest grid point, noise-multiplier = 0.5)"), line

@@ -142,6 +142,8 @@ class RunDirState:
             )
         if self.problems:
             return f"{', '.join(self.problems)} unreadable; continued from round {done}"
+        if self._stopped_by_budget_after_lost_rounds():
+            return None
         if self.checkpoint is None and self.ledger.last_round:
             return f"no checkpoint, though its ledger records round {self.ledger.last_round}"
         if self.ledger.last_round != done:
@@ -162,6 +164,29 @@ class RunDirState:
         ):
             return None
         return f"it stopped at round {done} of {rounds}"
+
+    def _stopped_by_budget_after_lost_rounds(self) -> bool:
+        """Whether a secure run's resume stopped at its budget before redoing its lost rounds.
+
+        In secure mode the rounds released after the restored checkpoint stay charged and a
+        resume redoes them as new releases; when the target ε allows none of them, the resume
+        stops at the checkpoint's round with ``stopped_reason`` ``budget``, and the ledger keeps
+        recording the lost rounds past it. Nothing is left to do: every later resume stops
+        there again. Thirty-second review of issue 15 (resume, finding 3): such a run was
+        unfinished forever (``its ledger records round 3, its checkpoint round 2``), so
+        ``compare`` resumed the cell on every call, ``compare-tuned --untuned`` refused it
+        ("--resume it first") and ``tune`` counted the trial as unfinished.
+        """
+        done, summary = self.alg.round_num, self.summary
+        return (
+            self.config.strategy.secure
+            and summary is not None
+            and self.ledger is not None
+            and self.ledger.last_round > done
+            and int(summary["rounds_completed"]) == done
+            and summary.get("stopped_reason") == "budget"
+            and not self.alg.budget_allows_next_round()
+        )
 
 
 def read_summary(out: Path) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.simulation.audit import audit_run_dir
 from fedprivopt.simulation.files import (
     LEDGER_FILE,
     METRICS_FILE,
@@ -39,8 +40,11 @@ from fedprivopt.simulation.files import (
     read_rows,
     stated_epsilons,
 )
-from fedprivopt.simulation.run import simulate
-from fedprivopt.simulation.rundata import as_float
+from fedprivopt.simulation.run import resume, simulate
+from fedprivopt.simulation.rundata import as_float, load_run
+from fedprivopt.simulation.rundir import lock_run_dir
+from fedprivopt.simulation.tune_untuned import check_untuned_files
+from tests.reliability.test_thirtyfirst_review_ledger import _killed_after_round_3
 from tests.simulation.test_run import small_config
 
 HUGE = "1" + "0" * 400  # an integer JSON reads and no float holds
@@ -139,3 +143,20 @@ def test_2_a_summarys_rounds_beyond_any_run_are_refused_as_an_edit_of_the_summar
     line = _refused(out, capsys)
     assert f"{SUMMARY_FILE} is unreadable (rounds_completed 100000000000000000000 is beyond" in line
     assert LEDGER_FILE not in line
+
+
+# -- 3: a secure run whose budget allows none of its lost rounds -----------------------------------
+def test_3_a_secure_run_stopped_by_its_budget_before_its_lost_rounds_is_finished(tmp_path, capsys):
+    three = simulate(small_config(**{"num-server-rounds": 3}), tmp_path / "three").epsilon
+    config = small_config(**{"secure": True, "checkpoint-every": 2, "target-epsilon": three})
+    ref = simulate(config, tmp_path / "ref").out_dir  # stops at round 3, its budget
+    killed = tmp_path / "killed"
+    _killed_after_round_3(ref, killed)  # round 3 released, the checkpoint of round 2
+    outcome = resume(killed)  # redoing round 3 would exceed the target
+    assert (outcome.rounds_completed, outcome.stopped_reason) == (2, "budget")
+    assert outcome.epsilon == three
+    with lock_run_dir(killed):
+        state = audit_run_dir(killed)
+    assert state.unfinished() is None  # was: 'its ledger records round 3, its checkpoint round 2'
+    assert state.last_released == 3 and state.alg.round_num == 2
+    check_untuned_files([load_run(killed)])  # compare-tuned --untuned: was "--resume it first"

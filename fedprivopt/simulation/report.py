@@ -180,12 +180,23 @@ def _fmt(x: float, digits: int = 4) -> str:
     return "n/a" if math.isnan(x) else f"{x:.{digits}g}"
 
 
+_ROUNDING = 1e-12
+"""A std at most this fraction of the mean is the rounding of equal values' mean, shown ``± 0``.
+
+Thirty-second review of issue 15 (reports, finding 8): 7 seeds of an equal accuracy 0.37333
+have a float mean one ulp off and a std of 6e-17, which was written ``0.37333333 ± 0.00000000``
+(eight places claimed) where 6 seeds gave ``0.3733 ± 0``.
+"""
+
+
 def _fmt_pm(mean: float, std: float, n: int) -> str:
     """``mean ± std`` with the std to two significant digits and the mean to the same place."""
     if not math.isfinite(mean):
         return "n/a" if math.isnan(mean) else str(mean)
     if n <= 1 or math.isnan(std):  # NaN: fewer than two finite values (no spread)
         return _fmt(mean)
+    if 0 < std <= abs(mean) * _ROUNDING:  # equal values whose mean was rounded: no spread
+        std = 0.0
     if not (math.isfinite(std) and std > 0):
         return f"{_fmt(mean)} ± {_fmt(std)}"
     places = min(max(1 - math.floor(math.log10(std)), 0), 8)

@@ -41,6 +41,11 @@
    run spent 2.53 (``--rounds 1``), without saying which run that is. Now "(RDP; a run at
    the costliest grid point, noise-multiplier = 0.5)" when the trials' runs spent different
    ε; a grid that leaves the privacy events alone (every trial's ε equal) is written as before.
+8. ``compare toy.toml --strategies fedavg --seeds 7 --rounds 1 --set
+   server-learning-rate=1e-30`` (every seed's model stays the initial one: accuracy 0.37333 in
+   each): ``report.md`` said "0.37333333 ± 0.00000000" (the float mean of 7 equal values is
+   one ulp off, its std 6e-17), where 6 seeds gave "0.3733 ± 0". A std within 1e-12 of the
+   mean is now the rounding it is: "0.3733 ± 0".
 """
 
 from __future__ import annotations
@@ -211,3 +216,19 @@ def test_7_a_sigma_grid_names_the_costliest_point_of_one_run(tmp_path, capsys):
     report = (out / "report.md").read_text(encoding="utf-8")
     line = next(x for x in report.splitlines() if x.startswith("- epsilon of one run:"))
     assert line.endswith("(RDP; a run at the costliest grid point, noise-multiplier = 0.5)"), line
+
+
+# -- finding 8: equal values whose float mean is rounded ----------------------------------------
+
+
+def test_8_seven_equal_accuracies_are_shown_with_no_spread(tmp_path, capsys):
+    out = tmp_path / "c"
+    code = main([
+        "compare", str(TOY), "--strategies", "fedavg", "--seeds", "7", "--rounds", "1",
+        "--set", "server-learning-rate=1e-30", "--out", str(out), "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    report = (out / "report.md").read_text(encoding="utf-8")
+    row = next(line for line in report.splitlines() if line.startswith("| fedavg | 0 | 7 |"))
+    assert row.split(" | ")[6] == "0.3733 ± 0", row  # was 0.37333333 ± 0.00000000

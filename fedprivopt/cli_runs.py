@@ -349,9 +349,28 @@ def compare_cells(args: argparse.Namespace, base) -> list:
         where = f"config ({name}, sigma {sigma or 0.0:g}, seed {seed})"
         config = load_preset(args.config, overrides, where=where)
         key = task_key(config)
+        if cells and config.task != cells[0].config.task:
+            _refuse_other_task(cells[0], name, config)
         tasks[key], _ = build_checked_run(config, where=where, task=tasks.get(key), out=args.out)
         cells.append(Cell(cell_label(name, sigma or 0.0, seed), config, tasks[key]))
     return cells
+
+
+def _refuse_other_task(first, name: str, config) -> None:
+    """Refuse a cell whose task differs from the first cell's.
+
+    Thirty-first review of issue 15: ``--set strategies.fedavg.task=...`` compared two tasks;
+    the report left out every cell lacking the metric it chose, rc 0. (Task parameters that
+    differ by strategy run, and the report names them: twenty-ninth review.)
+    """
+    from fedprivopt.core.text import shown
+
+    raise UsageError(
+        f"config: strategy {first.config.strategy.strategy} trains task "
+        f"{shown(first.config.task)} and strategy {name} task {shown(config.task)} (a "
+        "strategies.<name>.task sets one): a comparison trains every strategy on one task "
+        "(compare the other task in a comparison of its own)"
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -5,17 +5,26 @@
    ``simulate --resume R`` ended in an ``OverflowError`` traceback, rc 1, from
    ``audit.read_summary``'s ``int()`` (``compare`` and ``compare-tuned --untuned`` reach it too).
    Now the summary is refused as unreadable, one line naming it, rc 2.
+2. (found by the reports' reviewer) ``compare toy.toml --strategies dp-fedavg,fedavg --set
+   strategies.fedavg.task=stackoverflow-tp`` (with that strategy's population and task
+   parameters): rc 0, a "comparison" of two tasks whose report left out the dp-fedavg cell
+   (``no 'eval_recall_at_5'; run skipped``). Now refused before anything is written, one line
+   naming both strategies' tasks. (Task parameters that differ by strategy still run, the report
+   naming them: the twenty-ninth review's decision.)
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.simulation.run import simulate
 from tests.simulation.test_run import small_config
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "1e400", "NaN", "2.5", "true"])
@@ -33,3 +42,21 @@ def test_1_a_summary_with_a_non_integer_round_count_is_one_line(tmp_path, capsys
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "summary.json is unreadable (rounds_completed must be an integer >= 0" in err, err
+
+
+def test_2_a_comparison_of_two_tasks_is_refused(tmp_path, capsys):
+    params = (
+        f"{{data-dir='{tmp_path / 'so'}',synthetic=true,synth-clients=60,synth-vocab=400,"
+        "synth-tags=20,vocab-size=200,num-tags=10,num-users=40,eval-users=10,seed=0}"
+    )
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--rounds", "1",
+            "--out", str(out), "--quiet", "--set", "strategies.fedavg.task=stackoverflow-tp",
+            "--set", "strategies.fedavg.population=40",
+            "--set", f"strategies.fedavg.task-params={params}"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "strategy dp-fedavg trains task 'toy' and strategy fedavg task 'stackoverflow-tp'" in err
+    assert not out.exists()

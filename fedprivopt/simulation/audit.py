@@ -166,7 +166,7 @@ class RunDirState:
         return f"it stopped at round {done} of {rounds}"
 
     def _stopped_by_budget_after_lost_rounds(self) -> bool:
-        """Whether a secure run's resume stopped at its budget before redoing its lost rounds.
+        """Whether a resume stopped at its budget before redoing the rounds lost after it.
 
         In secure mode the rounds released after the restored checkpoint stay charged and a
         resume redoes them as new releases; when the target ε allows none of them, the resume
@@ -179,8 +179,7 @@ class RunDirState:
         """
         done, summary = self.alg.round_num, self.summary
         return (
-            self.config.strategy.secure
-            and summary is not None
+            summary is not None
             and self.ledger is not None
             and self.ledger.last_round > done
             and int(summary["rounds_completed"]) == done
@@ -224,7 +223,11 @@ def _shown_rounds(rows: list[dict[str, Any]], summary: dict[str, Any] | None) ->
 
 
 def _refuse_restart(
-    out: Path, config: RunConfig, last_released: int, problems: dict[str, str]
+    out: Path,
+    config: RunConfig,
+    last_released: int,
+    problems: dict[str, str],
+    stopped_before_round_1: bool = False,
 ) -> None:
     """Raise unless restarting from round 0 keeps the privacy ledger intact.
 
@@ -233,6 +236,14 @@ def _refuse_restart(
     released at all (a run whose budget allowed no round): the restart then redoes those rounds
     (and, in secure mode, the resume charges their earlier release). A finished run (it has a
     summary) that released rounds but lost its checkpoints is refused.
+
+    ``stopped_before_round_1``: its summary says a resume from round 0 stopped at its budget
+    there, beside a ledger that keeps every release charged (a secure run killed before its
+    first checkpoint, whose lost rounds the target allows no redo of). That resume wrote no
+    checkpoint, and restarting resets nothing: every later one stops there again.
+    Thirty-second review of issue 15 (resume, finding 3): such a run was refused by every
+    later ``--resume`` and ``compare`` ("restarting from round 0 would reset the privacy
+    accountant"), though the resume that wrote its summary had ended rc 0.
     """
     present = [n for n in (CHECKPOINT, PREVIOUS_CHECKPOINT) if (out / n).exists()]
     reset = "restarting from round 0 would reset the privacy accountant"
@@ -245,6 +256,8 @@ def _refuse_restart(
             "run in another directory"
         )
     first = min(config.checkpoint_every, config.strategy.num_server_rounds)
+    if stopped_before_round_1:
+        return
     if last_released > first or (last_released and (out / SUMMARY_FILE).exists()):
         raise ValueError(
             f"{str(out)!r} has no checkpoint, but its metrics, summary or privacy ledger show "
@@ -447,7 +460,13 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
     problems: dict[str, str] = {}
     state, name = newest_checkpoint(out, problems)
     if state is None:
-        _refuse_restart(out, config, last_released, problems)
+        stopped = (
+            ledger is not None
+            and summary is not None
+            and summary["rounds_completed"] == 0
+            and summary.get("stopped_reason") == "budget"
+        )
+        _refuse_restart(out, config, last_released, problems, stopped)
     else:
         for unreadable, why in problems.items():  # resumed from the previous one
             logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)

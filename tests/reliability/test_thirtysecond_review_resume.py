@@ -20,6 +20,20 @@
    ``metrics.jsonl``, the line and the round (cut), as the thirty-first review did for a
    ledger line's round; ``summary.json``'s ``rounds_completed`` of ``10**20`` likewise (was the
    same message blaming the ledger).
+3. A secure run (``secure = true``, ``checkpoint-every = 2``, ``target-epsilon`` = the ε of 3
+   rounds) killed after round 3 was released, its checkpoint of round 2: ``--resume`` rightly
+   stopped at round 2 (``budget``: round 3 stays charged and its redo would exceed the target),
+   ε of the 3 releases. But the run then stayed unfinished for ever (``its ledger records round
+   3, its checkpoint round 2``): ``compare`` resumed the cell on every call, ``compare-tuned
+   --untuned`` refused it (``it is not finished: ...; --resume it first``, which changed
+   nothing) and ``tune`` counted such a trial as failed. A run whose summary says it stopped at
+   its budget at the checkpoint's round, where the budget allows no further round, is now
+   finished. Killed before its first checkpoint (``checkpoint-every = 3``, the target the ε of
+   1 round, killed after round 1), the resume stopped at round 0 (rc 0), after which every
+   ``--resume`` and ``compare`` refused the run: ``has no checkpoint, but its metrics, summary
+   or privacy ledger show rounds up to 1 were released; restarting from round 0 would reset
+   the privacy accountant`` (it would not: the ledger keeps the release charged). Such a run
+   (a ledger, a summary stopped at its budget at round 0) is now resumed and finished.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ import pytest
 from fedprivopt.cli import main
 from fedprivopt.simulation.audit import audit_run_dir
 from fedprivopt.simulation.files import (
+    CHECKPOINT,
     LEDGER_FILE,
     METRICS_FILE,
     SUMMARY_FILE,
@@ -160,3 +175,19 @@ def test_3_a_secure_run_stopped_by_its_budget_before_its_lost_rounds_is_finished
     assert state.unfinished() is None  # was: 'its ledger records round 3, its checkpoint round 2'
     assert state.last_released == 3 and state.alg.round_num == 2
     check_untuned_files([load_run(killed)])  # compare-tuned --untuned: was "--resume it first"
+
+
+def test_3_one_killed_before_its_first_checkpoint_is_resumed_again_and_finished(tmp_path, capsys):
+    one = simulate(small_config(**{"num-server-rounds": 1}), tmp_path / "one").epsilon
+    config = small_config(**{"secure": True, "checkpoint-every": 3, "target-epsilon": one})
+    out = simulate(config, tmp_path / "run").out_dir  # stops at round 1, its budget
+    (out / CHECKPOINT).unlink()  # as killed after round 1, before its first checkpoint
+    (out / SUMMARY_FILE).unlink()
+    outcome = resume(out)  # from round 0; redoing round 1 would exceed the target
+    assert (outcome.rounds_completed, outcome.stopped_reason, outcome.epsilon) == (0, "budget", one)
+    # was refused: "has no checkpoint, but its ... privacy ledger show rounds up to 1 were
+    # released; restarting from round 0 would reset the privacy accountant"
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().out.startswith("0 rounds (budget), epsilon = ")
+    with lock_run_dir(out):
+        assert audit_run_dir(out).unfinished() is None

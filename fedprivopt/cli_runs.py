@@ -52,14 +52,14 @@ def build_checked_run(config, where: str = "config", task=None, out=None):
     """
     from fedprivopt.simulation.run import build_run, check_task_dirs_outside
 
-    with _task_errors(where, config.task_params, config.task, every_value_error=True):
+    with task_errors(where, config.task_params, config.task, every_value_error=True):
         if out is not None:
             check_task_dirs_outside(config, out)
         return build_run(config, task)
 
 
 @contextlib.contextmanager
-def _task_errors(where: str, params: dict, task: object, *, every_value_error: bool):
+def task_errors(where: str, params: dict, task: object, *, every_value_error: bool):
     """A task parameter's error inside the block is a usage error led by ``where``, naming it.
 
     A ``ValueError`` names the parameters of ``task`` (the config's ``task``, ``None`` when
@@ -268,7 +268,7 @@ def _resume_checked(resume, run_dir, stored, params: dict, task, *, progress: bo
     key (``data_dir must be a non-empty path, got 5``). As :func:`build_checked_run` does, the
     message names the key (``params``: the stored ``[task-params]``), prefixed with the file.
     """
-    with _task_errors(str(stored), params, task, every_value_error=False):
+    with task_errors(str(stored), params, task, every_value_error=False):
         return resume(run_dir, progress=progress)
 
 

@@ -265,24 +265,24 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[deploy] {line}", file=sys.stderr, flush=True)
 
-    try:
-        run_dir = deploy_local(
-            nodes=nodes,
-            tls=not args.insecure,
-            config_path=args.config,
-            overrides=overrides,
-            out=out,
-            timeout=timeout,
-            node_auth=False if (args.insecure or args.no_node_auth) else None,
-            progress=progress,
-        )
-    except TypeError as exc:  # an unknown task parameter, found before any process starts
-        from fedprivopt.cli_args import task_param_error
+    from fedprivopt.cli_runs import task_errors
 
-        message = task_param_error(exc)
-        if message is None:
-            raise
-        raise ValueError(message) from None
+    try:
+        # a task parameter's error, found before any process starts, names its key as simulate's
+        # does (thirty-first review of issue 15: 'dim * num_classes must be ...', no key)
+        with task_errors("config", config.task_params, config.task, every_value_error=False):
+            run_dir = deploy_local(
+                nodes=nodes,
+                tls=not args.insecure,
+                config_path=args.config,
+                overrides=overrides,
+                out=out,
+                timeout=timeout,
+                node_auth=False if (args.insecure or args.no_node_auth) else None,
+                progress=progress,
+            )
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (interrupt.Interrupted)
         print(_interrupted(Path(out).expanduser()), file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C

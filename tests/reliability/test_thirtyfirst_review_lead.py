@@ -11,6 +11,10 @@
    (``no 'eval_recall_at_5'; run skipped``). Now refused before anything is written, one line
    naming both strategies' tasks. (Task parameters that differ by strategy still run, the report
    naming them: the twenty-ninth review's decision.)
+3. (found by the command line's reviewer; the thirteenth review's open item) ``deploy local
+   toy.toml --nodes 1 --insecure --set task-params.num-classes=3000000``: rc 2, but the line was
+   ``dim * num_classes must be at most ...``, naming no key of the config (``simulate`` names
+   them). Now ``config: task-params.dim * task-params.num-classes must be ...``, as simulate's.
 """
 
 from __future__ import annotations
@@ -59,4 +63,16 @@ def test_2_a_comparison_of_two_tasks_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "strategy dp-fedavg trains task 'toy' and strategy fedavg task 'stackoverflow-tp'" in err
+    assert not out.exists()
+
+
+def test_3_deploy_local_names_the_task_parameters(tmp_path, capsys):
+    out = tmp_path / "d"
+    argv = ["deploy", "local", str(TOY), "--nodes", "1", "--insecure", "--out", str(out),
+            "--set", "task-params.num-classes=3000000"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "error: config: task-params.dim * task-params.num-classes must be at most" in err, err
     assert not out.exists()

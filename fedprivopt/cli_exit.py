@@ -63,6 +63,8 @@ def after_finish(command: str | None, code: int) -> None:
     from fedprivopt.simulation.interrupt import ENDING_SIGNALS
 
     for sig in ENDING_SIGNALS:
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # nohup: kept ignored, as while the command ran (interrupt.py)
         with contextlib.suppress(ValueError, OSError):
             signal.signal(sig, handler)
 

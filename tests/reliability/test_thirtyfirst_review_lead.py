@@ -15,11 +15,17 @@
    toy.toml --nodes 1 --insecure --set task-params.num-classes=3000000``: rc 2, but the line was
    ``dim * num_classes must be at most ...``, naming no key of the config (``simulate`` names
    them). Now ``config: task-params.dim * task-params.num-classes must be ...``, as simulate's.
+4. (found by the processes' reviewer, from the code) Since the thirty-first review a command
+   started with SIGHUP ignored (``nohup``) keeps it ignored while it runs, but once it had
+   finished ``cli_exit.after_finish`` installed its handler for SIGHUP too: a terminal closed in
+   that moment ended ``nohup fedprivopt ...`` with 129, "interrupted as it exited". SIGHUP now
+   stays ignored there too.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -76,3 +82,21 @@ def test_3_deploy_local_names_the_task_parameters(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "error: config: task-params.dim * task-params.num-classes must be at most" in err, err
     assert not out.exists()
+
+
+def test_4_after_finish_keeps_an_ignored_sighup_ignored():
+    from fedprivopt.cli_exit import _ENDED, after_finish
+
+    ending = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {sig: signal.getsignal(sig) for sig in ending}
+    ended = dict(_ENDED)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        after_finish("epsilon", 0)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) not in (before[signal.SIGTERM], signal.SIG_IGN)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        _ENDED.clear()
+        _ENDED.update(ended)

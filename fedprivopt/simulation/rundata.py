@@ -128,8 +128,16 @@ class RunData:
 
     def has_metric(self, metric: str) -> bool:
         """Whether the final results or any row report ``metric``."""
-        final = self.summary.get("final") or {}
-        return metric in final or any(metric in r for r in self.rows)
+        return metric in self._final() or any(metric in r for r in self.rows)
+
+    def _final(self) -> dict[str, Any]:
+        """``summary.json``'s ``final`` block; anything but a mapping is none (an edit).
+
+        Thirty-second review of issue 15 (resume, finding 4): a ``final`` edited to a string,
+        list or number was a ``TypeError`` from :meth:`has_metric` or :meth:`final_value`.
+        """
+        final = self.summary.get("final")
+        return final if isinstance(final, dict) else {}
 
     def final_value(self, metric: str) -> float:
         """``metric`` from the last metrics row that has it, else the summary's ``final`` block.
@@ -140,7 +148,7 @@ class RunData:
         for row in reversed(dedup_rounds(self.rows)):
             if metric in row:
                 return as_float(row[metric])
-        final = self.summary.get("final") or {}
+        final = self._final()
         return as_float(final[metric]) if metric in final else math.nan
 
     def diverged(self, metric: str) -> int | None:

@@ -34,6 +34,10 @@
    or privacy ledger show rounds up to 1 were released; restarting from round 0 would reset
    the privacy accountant`` (it would not: the ledger keeps the release charged). Such a run
    (a ledger, a summary stopped at its budget at round 0) is now resumed and finished.
+4. ``load_run`` (the reports' reader, documented API) of a run whose budget allowed no round,
+   its ``summary.json``'s ``final`` edited to ``"eval_accuracy"``, ``["eval_accuracy"]`` or
+   ``5``: ``RunData.has_metric`` or ``final_value`` raised ``TypeError``. A ``final`` that is
+   not a mapping is now read as none (reports take final metrics from the rows).
 """
 
 from __future__ import annotations
@@ -191,3 +195,14 @@ def test_3_one_killed_before_its_first_checkpoint_is_resumed_again_and_finished(
     assert capsys.readouterr().out.startswith("0 rounds (budget), epsilon = ")
     with lock_run_dir(out):
         assert audit_run_dir(out).unfinished() is None
+
+
+# -- 4: a summary's final block that is not a mapping ----------------------------------------------
+@pytest.mark.parametrize("final", ["eval_accuracy", ["eval_accuracy"], 5])
+def test_4_a_summarys_final_block_that_is_not_a_mapping_is_none(tmp_path, final):
+    out = simulate(small_config(**{"target-epsilon": 1.0}), tmp_path / "run").out_dir  # no round
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    (out / SUMMARY_FILE).write_text(json.dumps({**summary, "final": final}))
+    run = load_run(out)
+    assert not run.has_metric("eval_accuracy")  # was: TypeError
+    assert math.isnan(run.final_value("eval_accuracy"))

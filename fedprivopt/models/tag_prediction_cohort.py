@@ -45,10 +45,19 @@ from fedprivopt.privacy.sparse import (
     segment_scale,
 )
 
-__all__ = ["TagCohortTrainer"]
+__all__ = ["CHUNK_VISITS", "TagCohortTrainer"]
 
 #: Bytes of row gradients computed and applied at a time (``benchmarks/NOTES.md``, entry 12).
 PIECE_BYTES = 16 << 20
+
+#: Example visits (``epochs x examples`` summed over its users) a chunk trains at most; a user
+#: with more trains alone. A chunk lays out every visit's words at once, 0.7-1.1 kB a visit
+#: (synthetic examples, measured), so 2**18 visits take about 0.2-0.3 GB. Thirty-second review of
+#: issue 15 (models, finding 4): chunks were cut by users only, so memory grew with ``chunk x
+#: epochs x examples``: ``local-epochs = 1000`` on the tag mini preset's 100 users took 1.72 GB
+#: (0.37 GB one user at a time), 10,000 epochs about ten times that. The presets' chunks hold at
+#: most 65,536 visits (256 users of ``max-examples = 256``, one epoch): they are cut as before.
+CHUNK_VISITS = 2**18
 
 
 @dataclass
@@ -160,7 +169,28 @@ class TagCohortTrainer(CohortTrainer):
         if encoded_users is not None:
             encoded_users()
         parallel = len(users) >= self.min_parallel_users
-        yield from self.run_chunks(self.chunks(users), train, parallel=parallel)
+        chunks = self._within_visits(self.chunks(users), config)
+        yield from self.run_chunks(chunks, train, parallel=parallel)
+
+    def _within_visits(self, chunks: list[list[int]], config: LocalConfig) -> list[list[int]]:
+        """``chunks`` cut further, in order, so that none holds more than :data:`CHUNK_VISITS`.
+
+        A user's visits are ``epochs x min(examples, max_examples)``, as
+        :func:`~fedprivopt.core.local.epoch_orders` draws them.
+        """
+        out: list[list[int]] = []
+        for chunk in chunks:
+            current: list[int] = []
+            visits = 0
+            for user, size in zip(chunk, self.task.user_sizes(chunk), strict=True):
+                k = size if config.max_examples is None else min(size, config.max_examples)
+                if current and visits + config.epochs * k > CHUNK_VISITS:
+                    out.append(current)
+                    current, visits = [], 0
+                current.append(user)
+                visits += config.epochs * k
+            out.append(current)
+        return out
 
     # ----------------------------------------------------------------------------- chunks
     def _prepare(

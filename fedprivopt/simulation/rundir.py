@@ -405,4 +405,7 @@ class NewRunDir:
             try:
                 path.rmdir()
             except OSError:
-                break  # not empty (someone else's files) or gone: stop there
+                # not empty (someone else's files), gone, or a ``..`` (``--out C/..``, C new:
+                # the thirty-second review of issue 15 found C left behind by the refusal):
+                # its parents are tried all the same, and rmdir removes only an empty one
+                continue

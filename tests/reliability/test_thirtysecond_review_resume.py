@@ -38,6 +38,11 @@
    its ``summary.json``'s ``final`` edited to ``"eval_accuracy"``, ``["eval_accuracy"]`` or
    ``5``: ``RunData.has_metric`` or ``final_value`` raised ``TypeError``. A ``final`` that is
    not a mapping is now read as none (reports take final metrics from the rows).
+5. ``simulate toy.toml --out C/..`` (C new, the working directory holding files) was refused
+   (``out directory 'C/..' is not empty``) but left the empty directory ``C`` it had created:
+   removing what a failed start created stopped at the first directory it could not remove
+   (``C/..``). Each created directory is now tried, deepest first (``rmdir`` removes only an
+   empty one).
 """
 
 from __future__ import annotations
@@ -206,3 +211,11 @@ def test_4_a_summarys_final_block_that_is_not_a_mapping_is_none(tmp_path, final)
     run = load_run(out)
     assert not run.has_metric("eval_accuracy")  # was: TypeError
     assert math.isnan(run.final_value("eval_accuracy"))
+
+
+# -- 5: a refused --out through a new directory's '..' ---------------------------------------------
+def test_5_a_refused_out_through_a_new_directorys_parent_leaves_nothing(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine\n")
+    with pytest.raises(ValueError, match="not empty"):
+        simulate(small_config(), tmp_path / "C" / "..")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # was: C left behind

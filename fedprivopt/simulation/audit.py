@@ -469,7 +469,11 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
         _refuse_restart(out, config, last_released, problems, stopped)
     else:
         for unreadable, why in problems.items():  # resumed from the previous one
-            logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", unreadable, why)
+            # cut as in the refusal below: torch's text of a corrupt file is 8 lines advising
+            # weights_only=False (thirty-second review of issue 15, resume finding 6)
+            logging.getLogger(__name__).warning(
+                "checkpoint %s is unreadable (%s); continuing from %s", unreadable, shown(why), name
+            )
         try:  # the config and every accountant field checked
             alg.load_state_dict(state["algorithm"])
         except ValueError as exc:  # twenty-first review of issue 15: the file was not named

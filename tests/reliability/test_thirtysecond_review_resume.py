@@ -43,11 +43,17 @@
    removing what a failed start created stopped at the first directory it could not remove
    (``C/..``). Each created directory is now tried, deepest first (``rmdir`` removes only an
    empty one).
+6. ``--resume`` of a run whose ``checkpoint.pt`` is corrupt (resumed from
+   ``checkpoint.prev.pt``, rc 0) first logged torch's whole 8-line text, which advises
+   re-running ``torch.load`` with ``weights_only=False`` (arbitrary code execution). The
+   warning is now one line, the reason cut as in the refusal of two unreadable checkpoints,
+   naming the checkpoint the run continues from.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -68,6 +74,7 @@ from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundata import as_float, load_run
 from fedprivopt.simulation.rundir import lock_run_dir
 from fedprivopt.simulation.tune_untuned import check_untuned_files
+from tests.reliability.test_ledger import _set
 from tests.reliability.test_thirtyfirst_review_ledger import _killed_after_round_3
 from tests.simulation.test_run import small_config
 
@@ -219,3 +226,16 @@ def test_5_a_refused_out_through_a_new_directorys_parent_leaves_nothing(tmp_path
     with pytest.raises(ValueError, match="not empty"):
         simulate(small_config(), tmp_path / "C" / "..")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # was: C left behind
+
+
+# -- 6: the warning of an unreadable checkpoint resumed from the previous one ----------------------
+def test_6_an_unreadable_checkpoint_is_one_warning_line(finished, tmp_path, caplog):
+    out = _copy(finished, tmp_path)
+    _set(out, "num-server-rounds", "3")
+    (out / CHECKPOINT).write_bytes(b"garbage\n")  # a corrupt file: torch's text is 8 lines
+    with caplog.at_level(logging.WARNING, logger="fedprivopt.simulation.audit"):
+        assert resume(out).rounds_completed == 3
+    (message,) = [r.getMessage() for r in caplog.records if r.name.endswith(".audit")]
+    assert "\n" not in message and "weights_only` set to `False`" not in message
+    assert message.startswith("checkpoint checkpoint.pt is unreadable (")
+    assert message.endswith("; continuing from checkpoint.prev.pt")

@@ -306,11 +306,43 @@ class TagCohortTrainer(CohortTrainer):
         gathered, or subtracted at the end). Backward:
         the gradient of a word row is the bag-weighted sum of the logit gradients of the visits
         that read it, which is itself an ``embedding_bag`` over the logit gradients once the
-        step's tokens are grouped by row (one sort by ``(step, row)`` for the whole chunk).
+        step's tokens are grouped by row (one sort by ``(step, row)``). The stream is laid out
+        for a window of whole steps of at most :data:`CHUNK_VISITS` visits at a time
+        (:meth:`_window`).
         """
+        visits, steps_of, scale_of = self._schedule(chunk, config.batch_size)
+        # whole steps, at most CHUNK_VISITS visits at a time (one step at least): a user whose
+        # epochs x examples exceed it alone is laid out a window at a time (finding 4); each
+        # step computes as it did in one window, to the bit
+        ends = torch.cumsum(torch.bincount(steps_of), 0).tolist()
+        start = 0
+        while start < len(ends):
+            first = 0 if start == 0 else ends[start - 1]
+            stop = start + 1
+            while stop < len(ends) and ends[stop] - first <= CHUNK_VISITS:
+                stop += 1
+            window = slice(first, ends[stop - 1])
+            self._window(
+                model, delta, rows, p_st, chunk, config,
+                visits[window], steps_of[window] - start, scale_of[window],
+            )  # fmt: skip
+            start = stop
+
+    def _window(
+        self,
+        model: torch.Tensor,
+        delta: torch.Tensor,
+        rows: torch.Tensor,
+        p_st: torch.Tensor | None,
+        chunk: _Chunk,
+        config: LocalConfig,
+        visits: torch.Tensor,
+        steps_of: torch.Tensor,
+        scale_of: torch.Tensor,
+    ) -> None:
+        """The local steps of :meth:`_steps` whose visits (``steps_of`` from 0) are given."""
         K, dev, dtype = self.num_tags, self.device, delta.dtype
         n_rows = int(delta.shape[0])
-        visits, steps_of, scale_of = self._schedule(chunk, config.batch_size)
         visits, steps_of = visits.to(dev), steps_of.to(dev)
         # the step's -lr goes into each visit's scale (in float64, then cast), so the gradient
         # rows are added to the updates as they are: ``index_add_`` with an ``alpha`` took 1.5x

@@ -33,7 +33,9 @@ the per-user :class:`~fedprivopt.clients.LocalTrainer` trains it, as a ClientApp
    users, about ten times that for 100. Now a chunk holds at most ``CHUNK_VISITS`` = 2**18
    visits (a user with more trains alone): 0.46 GB above the process for those 100 users at
    1,000 epochs (0.91 GB at 2**19, 3 GB uncut); the presets' chunks (at most 65,536 visits)
-   are cut as before.
+   are cut as before. A user with more visits alone (209 examples, 3,000 epochs: 1.06 GB) has
+   its words laid out a window of whole local steps of at most ``CHUNK_VISITS`` visits at a time
+   (0.47 GB; 10,000 epochs 0.58 GB), its update the same to the bit.
 
 What held (about 150 cases): the cohort trainers against ``LocalTrainer`` on edge users (0 to
 15 examples, ``max_examples`` 1, ``batch_size`` 1 and 10**6, 3 and 5 local epochs, C 1e-30 and
@@ -206,3 +208,29 @@ def test_4_a_tag_chunk_holds_at_most_chunk_visits_example_visits(tmp_path_factor
     for u in users:
         ref = local.train(w, user_id=u, round_num=1, config=config, rngs=rngs).delta
         torch.testing.assert_close(got[u], ref, rtol=1e-4, atol=2e-6)
+
+
+def test_4_a_heavy_user_is_laid_out_a_window_of_steps_at_a_time(tmp_path_factory, monkeypatch):
+    task = tag_task(make_synth_dir(tmp_path_factory, "review32-models-heavy"))
+    user = max(range(20), key=lambda u: task.user_sizes([u])[0])
+    config = LocalConfig(learning_rate=1.0, epochs=6, batch_size=3, clip_norm=0.5)
+    w, rngs = initial_flat(task), RngFactory(seed=4)
+
+    def update() -> torch.Tensor:
+        trainer = task.cohort_trainer(device="cpu", chunk_users=1)
+        (batch,) = trainer.train_batches(w, [user], round_num=1, config=config, rngs=rngs)
+        return batch.split()[0][1].to_dense().clone()
+
+    whole = update()
+    laid_out = []
+    stream = tag_prediction_cohort.TagCohortTrainer._stream
+
+    def recorded(visits, *args):
+        laid_out.append(int(visits.numel()))
+        return stream(visits, *args)
+
+    monkeypatch.setattr(tag_prediction_cohort, "CHUNK_VISITS", 10, raising=False)
+    monkeypatch.setattr(tag_prediction_cohort.TagCohortTrainer, "_stream", staticmethod(recorded))
+    windowed = update()
+    assert max(laid_out) <= 10 < 6 * task.user_sizes([user])[0]  # one step is 3 visits
+    assert torch.equal(windowed, whole)

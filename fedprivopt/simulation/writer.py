@@ -18,7 +18,13 @@ import torch
 
 from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import ResolvedSideInformation
-from fedprivopt.models.task import Task, TaskError, data_identity, primary_metric
+from fedprivopt.models.task import (
+    Task,
+    TaskError,
+    data_identity,
+    primary_metric,
+    private_evaluation_users,
+)
 from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import save_checkpoint
 from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
@@ -244,7 +250,7 @@ class RunWriter:
             "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
             **_mechanism(self.algorithm.config),  # the sampled population's (public users out)
             "threat_model": _threat_model(c, side),
-            "not_covered": _not_covered(c),
+            "not_covered": _not_covered(c, self.task),
             "evaluated_model": _evaluated_model(c),
             "initial_model": self.initialization,
             "side_information": None if side is None else side.summary(),
@@ -325,24 +331,51 @@ SERVER_VIEW_METRICS = (
     "cohort_size", "received", "accepted", "rejected", "server_clipped", "clipped_fraction",
     "mean_norm", "shares",
 )  # fmt: skip
+#: Round metrics that follow the number of accepted shares in distributed-noise mode.
+DISTRIBUTED_VIEW_METRICS = ("noise_std", "topup_std", "clip_count_noise_std")
 
 
-def _not_covered(config: RunConfig) -> str | None:
+def _not_covered(config: RunConfig, task: Task | None = None) -> str | None:
     """What a private run's files hold beyond its guarantee (rule 9 of the privacy contract).
 
     Twelfth review of issue 15: ``threat_model`` says "every released model (and everything
     computed from them)", while ``metrics.jsonl`` also holds exact counts and norms of the
-    sampled users' updates, with nothing saying they are outside ε.
+    sampled users' updates, with nothing saying they are outside ε. Thirty-second review: in
+    distributed-noise mode the noise metrics follow the accepted count too, and evaluations of
+    users who are also training users (``task.private_evaluation_users()``, e.g. StackOverflow's
+    ``test`` split: the training users' later posts) are computed without noise.
     """
     if not config.strategy.private:
         return None
-    names = ", ".join(SERVER_VIEW_METRICS)
-    return (
-        f"the round metrics {names} (and their ADADP _1/_2 forms, the Flower engine's counts of "
-        "missing users and node errors) in metrics.jsonl and TensorBoard are the server's exact "
-        "view of the sampled users and their updates, without noise: epsilon does not cover "
-        "them, so publish the models, epsilon and evaluations, not these rows"
+    names = list(SERVER_VIEW_METRICS)
+    if config.strategy.noise_mode != "server":
+        names += DISTRIBUTED_VIEW_METRICS
+    text = (
+        f"the round metrics {', '.join(names)} (and their ADADP _1/_2 forms, the Flower "
+        "engine's counts of missing users and node errors) in metrics.jsonl and TensorBoard are "
+        "the server's exact view of the sampled users and their updates, without noise: epsilon "
+        "does not cover them"
     )
+    private = _private_evaluations(task)
+    if not private:
+        return text + ", so publish the models, epsilon and evaluations, not these rows"
+    return text + (
+        f"; nor the evaluations (eval_* metrics): {private[0]} of the {private[1]} evaluation "
+        "users are training users, evaluated without noise (task-params.eval-split = "
+        "'heldout' evaluates users outside the private population), so publish the models "
+        "and epsilon, not these rows"
+    )
+
+
+def _private_evaluations(task: Task | None) -> tuple[int, int] | None:
+    """``(private, evaluated)`` of ``task``'s evaluation users; ``None`` when unknown or none."""
+    if task is None:
+        return None
+    try:
+        found = private_evaluation_users(task)
+    except (TaskError, OSError, ValueError):  # unknown: the summary is still written
+        return None
+    return found if found is not None and found[0] > 0 else None
 
 
 def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None) -> str:

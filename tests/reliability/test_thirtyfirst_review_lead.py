@@ -20,6 +20,13 @@
    finished ``cli_exit.after_finish`` installed its handler for SIGHUP too: a terminal closed in
    that moment ended ``nohup fedprivopt ...`` with 129, "interrupted as it exited". SIGHUP now
    stays ignored there too.
+5. (found by the thirty-second review's contract reviewer in ``simulation/writer.py``) A private
+   run's ``summary.json`` said in ``not_covered`` "publish the models, epsilon and
+   evaluations", also where the evaluation users are training users evaluated without noise
+   (``stackoverflow-tp-mini``: 91 of its 100 ``eval-users``; ``tune`` refuses to select on
+   them); and in distributed-noise mode ``noise_std``, ``topup_std`` and
+   ``clip_count_noise_std`` follow the accepted count (0.5 * sqrt(13/5) / 10 = 0.0806 reveals
+   13 shares) without being named. Both are now said.
 """
 
 from __future__ import annotations
@@ -100,3 +107,23 @@ def test_4_after_finish_keeps_an_ignored_sighup_ignored():
             signal.signal(sig, handler)
         _ENDED.clear()
         _ENDED.update(ended)
+
+
+class _EvaluatesTrainingUsers:
+    def private_evaluation_users(self):
+        return (91, 100)
+
+
+def test_5_not_covered_names_private_evaluations_and_distributed_noise_metrics():
+    from fedprivopt.simulation.writer import _not_covered
+
+    server = small_config()
+    plain = _not_covered(server, object())
+    assert plain.endswith("so publish the models, epsilon and evaluations, not these rows")
+    assert "noise_std" not in plain
+    text = _not_covered(server, _EvaluatesTrainingUsers())
+    assert "nor the evaluations (eval_* metrics): 91 of the 100 evaluation users" in text
+    assert "publish the models and epsilon, not these rows" in text
+    distributed = _not_covered(small_config(**{"noise-mode": "distributed"}), object())
+    for name in ("noise_std", "topup_std", "clip_count_noise_std"):
+        assert name in distributed

@@ -36,7 +36,13 @@ import torch
 from fedprivopt.models import build_task
 from fedprivopt.models.registry import is_reference
 from fedprivopt.models.side_information_config import build_side_information
-from fedprivopt.models.task import Task, data_identity, frozen_coordinates, primary_metric
+from fedprivopt.models.task import (
+    Task,
+    TaskError,
+    data_identity,
+    frozen_coordinates,
+    primary_metric,
+)
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt, ray_processes
@@ -135,6 +141,11 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
             f"({task.num_users}), got {config.strategy.population}"
         )
     model = task.build_model()  # once: the initial point and the frozen coordinates
+    if not isinstance(model, torch.nn.Module):  # thirty-second review of issue 15: a traceback
+        raise TaskError(
+            f"{type(task).__name__}.build_model() must return a torch.nn.Module, got "
+            f"{type(model).__name__}"
+        )
     init = flatten(model.state_dict())[0]
     strategy, side, offset = config.strategy, None, 0
     resolved = side_information_of(config, task)

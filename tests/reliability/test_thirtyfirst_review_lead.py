@@ -27,6 +27,10 @@
    them); and in distributed-noise mode ``noise_std``, ``topup_std`` and
    ``clip_count_noise_std`` follow the accepted count (0.5 * sqrt(13/5) / 10 = 0.0806 reveals
    13 shares) without being named. Both are now said.
+6. (found by the thirty-second review's models reviewer in ``simulation/run.py``) A task by
+   reference whose ``build_model()`` returns something other than a module (a function):
+   ``AttributeError: 'function' object has no attribute 'state_dict'`` traceback, rc 1. Now
+   rc 2, one line: ``NoModule.build_model() must return a torch.nn.Module, got function``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.simulation.run import simulate
+from tests.models.minimal_task import MinimalTask
 from tests.simulation.test_run import small_config
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -127,3 +132,22 @@ def test_5_not_covered_names_private_evaluations_and_distributed_noise_metrics()
     distributed = _not_covered(small_config(**{"noise-mode": "distributed"}), object())
     for name in ("noise_std", "topup_std", "clip_count_noise_std"):
         assert name in distributed
+
+
+class NoModule(MinimalTask):
+    def build_model(self):
+        return lambda x: x
+
+
+def test_6_a_build_model_that_returns_no_module_is_one_line(tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--out", str(out), "--quiet",
+            "--set", "task=tests.reliability.test_thirtyfirst_review_lead:NoModule",
+            "--set", "population=6", "--set", "clients-per-round=3",
+            "--set", "task-params={num-users=6}"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "NoModule.build_model() must return a torch.nn.Module, got function" in err, err
+    assert not out.exists()

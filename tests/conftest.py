@@ -18,11 +18,18 @@ os.environ["FLWR_HOME"] = _FLWR_HOME
 os.environ["RAY_ADDRESS"] = "local"
 # dp-accounting logs (through absl) every RDP order it drops; the bound stays valid.
 logging.getLogger("absl").setLevel(logging.ERROR)
-# A command started with SIGHUP ignored (nohup) keeps it ignored (thirty-first review of issue 15,
-# processes 8), and children inherit it: the tests that hang up a command would see it finish.
-# The suite restores the default, so it checks the same thing however it was started.
-if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+# Signals ignored where the suite was started stay ignored in the commands the tests start: a
+# command started with SIGHUP ignored (nohup) keeps it ignored (thirty-first review of issue 15,
+# processes 8), and a background job of a non-interactive shell (`make test &` in a script)
+# starts with SIGINT and SIGQUIT ignored, so the tests that signal a command would see it go on.
+# The suite restores the defaults, so it checks the same thing however it was started.
+for _name, _default in (
+    ("SIGHUP", signal.SIG_DFL),
+    ("SIGINT", signal.default_int_handler),
+    ("SIGQUIT", signal.SIG_DFL),
+):
+    if hasattr(signal, _name) and signal.getsignal(getattr(signal, _name)) == signal.SIG_IGN:
+        signal.signal(getattr(signal, _name), _default)
 
 
 @pytest.fixture(scope="session", autouse=True)

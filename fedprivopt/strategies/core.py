@@ -476,32 +476,33 @@ class ServerAlgorithm:
         # a fixed summation order (by user) makes every engine's sum bit-identical; a streamed
         # cohort (the fast engine's) already comes in that order and is consumed as it is trained,
         # a chunk of users at a time
-        if getattr(updates, "sorted_by_user", False):
-            entries = updates.entries() if hasattr(updates, "entries") else updates.items()
-        else:
-            entries = sorted(updates.items())
+        unasked: dict[int, str] = {}
+        bad_bits: dict[int, str] = {}
         received: set[int] | None = None  # a streamed cohort's users that were yielded
         if getattr(updates, "sorted_by_user", False):
+            if cohort is not None:
+                # twenty-sixth review of issue 15: a streamed cohort (simulation.fast's
+                # StreamedUpdates, trained as it is read) of users the round did not ask was
+                # summed whole; its users are known before anything is trained, so it is refused
+                extra = sorted(set(int(u) for u in updates.keys()) - set(cohort))
+                if extra:
+                    raise ValueError(
+                        f"updates hold users not in round {round_num}'s cohort: {shown(extra)}"
+                    )
+            entries = updates.entries() if hasattr(updates, "entries") else updates.items()
             allowed, received = cohort if cohort is not None else updates.keys(), set()
             entries = _each_user_once(entries, {int(u) for u in allowed}, round_num, received)
-        unasked: dict[int, str] = {}
-        if cohort is not None and getattr(updates, "sorted_by_user", False):
-            # twenty-sixth review of issue 15: a streamed cohort (simulation.fast's
-            # StreamedUpdates, trained as it is read) of users the round did not ask was summed
-            # whole; its users are known before anything is trained, so it is refused
-            extra = sorted(set(int(u) for u in updates.keys()) - set(cohort))
-            if extra:
-                raise ValueError(
-                    f"updates hold users not in round {round_num}'s cohort: {shown(extra)}"
-                )
-        if cohort is not None and not getattr(updates, "sorted_by_user", False):
-            asked = set(cohort)
-            unasked = {int(u): "not in the round's cohort" for u, _ in entries if u not in asked}
-            entries = [(u, update) for u, update in entries if u in asked]
-        bad_bits: dict[int, str] = {}
-        if self.clipping is not None and not getattr(updates, "sorted_by_user", False):
-            # replies decoded from messages: one whose clip bit is invalid is not summed
-            entries, bad_bits = self.clipping.screen(entries, getattr(updates, "clip_bits", {}))
+        else:
+            entries = sorted(updates.items())
+            if cohort is not None:
+                asked = set(cohort)
+                unasked = {
+                    int(u): "not in the round's cohort" for u, _ in entries if u not in asked
+                }
+                entries = [(u, update) for u, update in entries if u in asked]
+            if self.clipping is not None:
+                # replies decoded from messages: one whose clip bit is invalid is not summed
+                entries, bad_bits = self.clipping.screen(entries, getattr(updates, "clip_bits", {}))
         sum_noise = None
         if self.tree_noise is not None:
             noise, nodes = self.tree_noise.release(round_num)

@@ -38,6 +38,7 @@ from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.core.text import shown
 from fedprivopt.models.registry import build_task, check_task_name
 from fedprivopt.models.task import Task, state_to_flat
+from fedprivopt.models.task_calls import user_examples
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = ["app", "clear_cache", "get_task_and_trainer", "make_client_app"]
@@ -180,7 +181,7 @@ def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Messag
     model = trainer.load_global(state_to_flat(state, trainer.spec))
     loss_sum, acc_sum, total = 0.0, 0.0, 0
     for user in users:
-        x, y = task.user_data(user)
+        x, y = user_examples(task, user)  # checked as the trainer checks it
         n = int(x.shape[0])
         if n == 0:
             continue

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.checks import as_float
 from fedprivopt.core.files import naming
 from fedprivopt.core.text import shown
 from fedprivopt.strategies.config import MAX_ROUNDS
@@ -342,12 +343,7 @@ def _check_numbers(row: Mapping[str, Any], where: str) -> None:
         if key not in ("epsilon", "delta") and not key.startswith("eval_"):
             continue
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if number and isinstance(value, int):
-            try:
-                float(value)
-            except OverflowError:
-                number = False
-        if not number:
+        if not number or (isinstance(value, int) and math.isinf(as_float(value))):
             raise ValueError(
                 f"{where}: {key} must be a number that fits a float, got {shown(value)} "
                 "(not written by fedprivopt: the file was edited)"
@@ -369,10 +365,7 @@ def stated_epsilons(
     def value(x: object) -> float:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             return math.nan
-        try:
-            return float(x)
-        except OverflowError:  # an int beyond the floats
-            return math.inf if x > 0 else -math.inf
+        return as_float(x)  # an int beyond the floats: inf of its sign
 
     out = []
     stating = [(value(r.get("epsilon")), r["round"]) for r in rows]

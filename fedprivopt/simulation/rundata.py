@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fedprivopt.core import checks
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.divergence import (
     DIVERGED_KEY,
@@ -402,9 +403,7 @@ def as_float(value: Any) -> float:
     if isinstance(value, bool) or value is None:
         return math.nan
     try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
+        return checks.as_float(value)
     except (TypeError, ValueError):
         return math.nan
 

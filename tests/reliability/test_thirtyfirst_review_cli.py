@@ -71,17 +71,10 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.test_twentyeighth_review import _cli
+from tests.reliability.test_twentyninth_review_cli import _one_line
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
-
-
-def _one_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 # -- 1: every task parameter a task's message names is the config's key ----------------------

@@ -39,7 +39,6 @@ from fedprivopt.simulation.rundata import (
     aggregate_runs,
     aggregate_with_notes,
     choose_metric,
-    group_runs,
     load_run,
     load_runs,
     reference_model,
@@ -75,7 +74,9 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Write :func:`aggregate_runs` rows as CSV (floats in full precision; ``inf`` for ∞ ε).
 
     A ``*_std`` is ``nan`` where fewer than two seeds have a finite value (no spread measured;
-    ``seeds`` counts them all), a ``*_mean`` ``nan`` where none has.
+    ``seeds`` counts them all), a ``*_mean`` ``nan`` where none has. ``rounds`` is the rounds
+    each seed completed, or their range ``1–3`` (an en dash) when the seeds completed different
+    numbers (:func:`rounds_text`, as in ``report.md``).
     """
     if not rows:
         raise ValueError("rows: empty; nothing to write")
@@ -92,7 +93,8 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         writer = csv.writer(fh)
         writer.writerow(columns)
         for r in rows:
-            writer.writerow([r["n_seeds"] if c == "seeds" else r[c] for c in columns])
+            shown = {"seeds": r["n_seeds"], "rounds": rounds_text(r)}
+            writer.writerow([shown[c] if c in shown else r[c] for c in columns])
     return path
 
 
@@ -245,15 +247,17 @@ def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]]) -> s
     return f"{n} ({'; '.join(marks)})" if marks else str(n)
 
 
-def _rounds_cell(group: Sequence[RunData], fewest: int) -> str:
-    """A row's completed rounds: ``3``, or ``1–3`` when its runs completed different numbers.
+def rounds_text(row: Mapping[str, Any]) -> str:
+    """An :func:`aggregate_runs` row's completed rounds: ``3``, or ``1–3`` when they differ.
 
-    Thirty-second review of issue 15 (reports, finding 5): ``compare --tune-grid
-    num-server-rounds=1,3`` released 1-round and 3-round trials as one row's seeds, and the
-    row said ``rounds 1`` (the fewest) beside a mean over both.
+    The ``rounds`` cell of ``report.md`` and of ``summary.csv`` alike. Thirty-second review of
+    issue 15 (reports, finding 5): ``compare --tune-grid num-server-rounds=1,3`` released
+    1-round and 3-round trials as one row's seeds, and the row said ``rounds 1`` (the fewest)
+    beside a mean over both; thirty-third review (results, finding 1): ``summary.csv`` still
+    wrote that ``1``.
     """
-    done = [run.rounds_completed for run in group] or [fewest]
-    lo, hi = min(done), max(done)
+    lo = row["rounds"]
+    hi = row.get("rounds_max", lo)  # rows built without it: one count
     return str(lo) if lo == hi else f"{lo}–{hi}"
 
 
@@ -338,14 +342,12 @@ def _markdown(
         f"| strategy | σ | seeds | ε | δ | rounds | {pretty} |{' eval loss |' * loss} s/round |",
         "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * loss + "---:|",
     ]
-    groups = group_runs(sel.runs)
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
         seeds_cell = _seeds_cell(n, n_ok, r["diverged"])
-        rounds = _rounds_cell(groups.get((r["strategy"], r["noise_multiplier"]), []), r["rounds"])
         cells = [
             r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, _fmt_eps(r["epsilon"]),
-            _fmt(r["delta"], 3), rounds, _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
+            _fmt(r["delta"], 3), rounds_text(r), _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
             *[_fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n)] * loss,
             _fmt(r["seconds_per_round"], 3),
         ]  # fmt: skip

@@ -374,9 +374,10 @@ def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> lis
     list of dict
         One dict per group, sorted by (strategy, σ), with keys ``strategy``, ``noise_multiplier``,
         ``metric``, ``n_seeds``, ``seeds``, ``n_finite`` (seeds whose final metric is finite),
-        ``epsilon`` and ``delta`` (the largest over seeds; they should agree), ``rounds`` (the
-        fewest completed), ``<metric>_mean``, ``<metric>_std``, ``eval_loss_mean``,
-        ``eval_loss_std`` (over finite values; sample std, 0 for one value),
+        ``epsilon`` and ``delta`` (the largest over seeds; they should agree), ``rounds`` and
+        ``rounds_max`` (the fewest and the most rounds a seed completed), ``<metric>_mean``,
+        ``<metric>_std``, ``eval_loss_mean``, ``eval_loss_std`` (over finite values; sample
+        std, NaN for one value),
         ``seconds_per_round`` (mean over seeds), ``stopped_reasons`` and ``diverged``: the
         ``(seed, round)`` of each seed whose model or an evaluation became non-finite
         (:meth:`RunData.diverged`; its final values describe an overflowed model).
@@ -519,6 +520,7 @@ def aggregate_with_notes(
             "epsilon": max(known_eps) if known_eps else math.nan,
             "delta": max((run.delta for run in group), default=math.nan),
             "rounds": min(run.rounds_completed for run in group),
+            "rounds_max": max(run.rounds_completed for run in group),
             f"{m}_mean": metric_mean,
             f"{m}_std": metric_std,
             "eval_loss_mean": loss_mean,

@@ -1,0 +1,68 @@
+"""Issue 15, thirty-third review (results): regression tests of its findings.
+
+1. ``compare-tuned T0 T1`` of ``tune toy.toml --grid num-server-rounds=1,2 --mean-trials 1
+   --seed 0`` and ``--seed 1`` (the released trial of one ran 1 round, of the other 2; also
+   ``compare --tune-grid num-server-rounds=1,3``): ``report.md`` said rounds ``1–2`` (the
+   thirty-second review's finding 5), but ``summary.csv``'s ``rounds`` was ``1``, the fewest,
+   as if both seeds of the row had run one round. Now ``summary.csv`` writes the same ``1–2``
+   (``report.rounds_text``; a row whose seeds agree is written as before, ``2``), and the rows
+   of :func:`~fedprivopt.simulation.report.aggregate_runs` carry ``rounds_max`` beside
+   ``rounds`` (the fewest).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli import main
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+@pytest.fixture(scope="module")
+def rounds_tunings(tmp_path_factory) -> list[Path]:
+    """Two tunings over ``num-server-rounds = 1, 2``: seed 0 released 1 round, seed 1 two."""
+    root = tmp_path_factory.mktemp("r33")
+    tunings = []
+    for seed in ("0", "1"):
+        tunings.append(root / f"t{seed}")
+        code = main([
+            "tune", str(TOY), "--grid", "num-server-rounds=1,2", "--mean-trials", "1",
+            "--seed", seed, "--out", str(tunings[-1]), "--quiet",
+        ])  # fmt: skip
+        assert code == 0
+    return tunings
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _summary_row(report: Path, strategy: str) -> list[str]:
+    summary = report.read_text(encoding="utf-8").split("## Summary", 1)[1]
+    row = next(line for line in summary.splitlines() if line.startswith(f"| {strategy} |"))
+    return row.strip("| ").split(" | ")
+
+
+# -- finding 1: summary.csv's rounds of a row whose seeds completed different numbers ---------
+
+
+def test_1_summary_csv_gives_the_range_of_rounds_as_report_md(rounds_tunings, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["compare-tuned", *map(str, rounds_tunings), "--out", str(out)]) == 0
+    capsys.readouterr()
+    (row,) = _csv_rows(out / "summary.csv")
+    assert row["rounds"] == "1–2", row  # was 1, the fewest
+    assert _summary_row(out / "report.md", "dp-fedavg (tuned)")[5] == row["rounds"]
+
+
+def test_1_rows_whose_seeds_agree_keep_one_count(rounds_tunings, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["compare-tuned", str(rounds_tunings[1]), "--out", str(out)]) == 0
+    capsys.readouterr()
+    (row,) = _csv_rows(out / "summary.csv")
+    assert row["rounds"] == "2", row

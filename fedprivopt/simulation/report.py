@@ -76,7 +76,10 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     A ``*_std`` is ``nan`` where fewer than two seeds have a finite value (no spread measured;
     ``seeds`` counts them all), a ``*_mean`` ``nan`` where none has. ``rounds`` is the rounds
     each seed completed, or their range ``1–3`` (an en dash) when the seeds completed different
-    numbers (:func:`rounds_text`, as in ``report.md``).
+    numbers (:func:`rounds_text`, as in ``report.md``). The last two columns count the seeds
+    behind the metric's mean (``seeds_finite``: a finite final metric) and the seeds whose model
+    or an evaluation became non-finite (``seeds_diverged``: their final values describe an
+    overflowed model), which ``report.md``'s seeds cell names.
     """
     if not rows:
         raise ValueError("rows: empty; nothing to write")
@@ -87,13 +90,14 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     columns = list(dict.fromkeys([  # one eval_loss column pair with --metric eval_loss
         "strategy", "noise_multiplier", "seeds", "epsilon", "delta", "rounds",
         f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
-        "seconds_per_round"]))  # fmt: skip
+        "seconds_per_round", "seeds_finite", "seeds_diverged"]))  # fmt: skip
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(columns)
         for r in rows:
-            shown = {"seeds": r["n_seeds"], "rounds": rounds_text(r)}
+            shown = {"seeds": r["n_seeds"], "rounds": rounds_text(r), "seeds_finite":
+                     r["n_finite"], "seeds_diverged": len(r["diverged"])}  # fmt: skip
             writer.writerow([shown[c] if c in shown else r[c] for c in columns])
     return path
 

@@ -8,6 +8,13 @@
    (``report.rounds_text``; a row whose seeds agree is written as before, ``2``), and the rows
    of :func:`~fedprivopt.simulation.report.aggregate_runs` carry ``rounds_max`` beside
    ``rounds`` (the fewest).
+2. ``compare toy.toml --strategies dp-fedavg --seeds 2 --rounds 1 --set
+   server-learning-rate=3e37`` (both seeds' models overflow in round 1): ``report.md``'s seeds
+   cell said ``2 (2 diverged: seed 0 from round 1, seed 1 from round 1)``, but ``summary.csv``'s
+   row read ``seeds 2``, accuracy ``0.59 ± 0.028``, like any other, with nothing to say the
+   models overflowed (nor, for a row with a non-finite seed, that its mean is over fewer seeds
+   than ``seeds``). Now ``summary.csv`` ends with ``seeds_finite`` (the seeds behind the
+   metric's mean) and ``seeds_diverged``; the other columns keep their places.
 """
 
 from __future__ import annotations
@@ -66,3 +73,19 @@ def test_1_rows_whose_seeds_agree_keep_one_count(rounds_tunings, tmp_path, capsy
     capsys.readouterr()
     (row,) = _csv_rows(out / "summary.csv")
     assert row["rounds"] == "2", row
+
+
+# -- finding 2: summary.csv says how many seeds diverged ----------------------------------------
+
+
+def test_2_summary_csv_counts_diverged_seeds(tmp_path, capsys):
+    out = tmp_path / "c"
+    code = main([
+        "compare", str(TOY), "--strategies", "dp-fedavg", "--seeds", "2", "--rounds", "1",
+        "--set", "server-learning-rate=3e37", "--out", str(out), "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    (row,) = _csv_rows(out / "summary.csv")
+    assert (row["seeds"], row["seeds_finite"], row["seeds_diverged"]) == ("2", "2", "2"), row
+    assert _summary_row(out / "report.md", "dp-fedavg")[2].startswith("2 (2 diverged"), row

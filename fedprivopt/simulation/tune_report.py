@@ -265,16 +265,23 @@ def _trials_run(summary: dict[str, Any]) -> str:
 
 
 def _costliest(summary: dict[str, Any]) -> str:
-    """``; a run at the costliest grid point, K = V`` when the trials' runs spent different ε.
+    """``; a run at the costliest grid point, K = V`` when a trial's run spent another ε.
 
     Thirty-second review of issue 15 (reports, finding 7): ``tune --grid noise-multiplier=0.5,1``
     said "epsilon of one run: 10.28" beside a σ 1 trial whose run spent 3.19, without saying
-    that the single run is one at the grid point that spends the most.
+    that the single run is one at the grid point that spends the most. Thirty-third review
+    (results, finding 3): only trials that spent different ε among themselves were looked at,
+    so ``tune --grid num-server-rounds=1,2 --mean-trials 1 --seed 0``, whose one trial ran 1
+    round (7.551), still said "10.28 (RDP)". The single run's ε is compared with each trial's,
+    both by the runs' own accountant.
     """
+    one = summary["single_run"].get("epsilon")
     spent = [t.get("epsilon") for t in summary["trials"]]
-    finite = {round(e, 9) for e in spent if isinstance(e, float) and math.isfinite(e)}
+    finite = [e for e in spent if isinstance(e, float) and math.isfinite(e)]
     point = summary["single_run"].get("grid_point") or {}
-    if len(finite) < 2 or not point:
+    if not (point and isinstance(one, float)):
+        return ""
+    if all(math.isclose(e, one, rel_tol=1e-9) for e in finite):
         return ""
     return "; a run at the costliest grid point, " + ", ".join(
         f"{k} = {v!r}" for k, v in point.items()

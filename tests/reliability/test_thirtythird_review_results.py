@@ -15,6 +15,12 @@
    models overflowed (nor, for a row with a non-finite seed, that its mean is over fewer seeds
    than ``seeds``). Now ``summary.csv`` ends with ``seeds_finite`` (the seeds behind the
    metric's mean) and ``seeds_diverged``; the other columns keep their places.
+3. ``tune toy.toml --grid num-server-rounds=1,2 --mean-trials 1 --seed 0`` (one trial, drawn at
+   1 round, whose run spent 7.551): ``report.md`` said "epsilon of one run: 10.28 (RDP)"
+   beside the trials table's 7.551, without saying which run that is: the thirty-second
+   review's finding 7 named the grid point only when two trials' runs spent different ε. Now
+   "(RDP; a run at the costliest grid point, num-server-rounds = 2)" whenever a trial's run
+   spent another ε than the single run's.
 """
 
 from __future__ import annotations
@@ -89,3 +95,16 @@ def test_2_summary_csv_counts_diverged_seeds(tmp_path, capsys):
     (row,) = _csv_rows(out / "summary.csv")
     assert (row["seeds"], row["seeds_finite"], row["seeds_diverged"]) == ("2", "2", "2"), row
     assert _summary_row(out / "report.md", "dp-fedavg")[2].startswith("2 (2 diverged"), row
+
+
+# -- finding 3: which run "epsilon of one run" is, when the one trial spent less ----------------
+
+
+def test_3_one_cheaper_trial_names_the_costliest_point(rounds_tunings):
+    report = (rounds_tunings[0] / "report.md").read_text(encoding="utf-8")
+    (line,) = [x for x in report.splitlines() if x.startswith("- epsilon of one run:")]
+    assert line.endswith("(RDP; a run at the costliest grid point, num-server-rounds = 2)"), line
+    assert "| trial-001 | 1 | finished |" in report  # the one trial ran 1 round
+    report = (rounds_tunings[1] / "report.md").read_text(encoding="utf-8")
+    (line,) = [x for x in report.splitlines() if x.startswith("- epsilon of one run:")]
+    assert line.endswith(": 10.28 (RDP)"), line  # its trial ran at the costliest point

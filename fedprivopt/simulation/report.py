@@ -196,7 +196,14 @@ have a float mean one ulp off and a std of 6e-17, which was written ``0.37333333
 
 
 def _fmt_pm(mean: float, std: float, n: int) -> str:
-    """``mean ± std`` with the std to two significant digits and the mean to the same place."""
+    """``mean ± std`` with the std to two significant digits and the mean to the same place.
+
+    A std of 100 or more is rounded to its second significant digit too (``1000 ± 120``), in
+    scientific notation from a million on (``1.163e+19 ± 5.7e+17``). Thirty-third review of
+    issue 15 (results, finding 4): such a spread was written with every digit of the float, as
+    ``11630144715940167680 ± 569119712518259776`` (``compare --set server-learning-rate=1e20``'s
+    eval loss; 39 digits each near float32's largest loss).
+    """
     if not math.isfinite(mean):
         return "n/a" if math.isnan(mean) else str(mean)
     if n <= 1 or math.isnan(std):  # NaN: fewer than two finite values (no spread)
@@ -205,8 +212,13 @@ def _fmt_pm(mean: float, std: float, n: int) -> str:
         std = 0.0
     if not (math.isfinite(std) and std > 0):
         return f"{_fmt(mean)} ± {_fmt(std)}"
-    places = min(max(1 - math.floor(math.log10(std)), 0), 8)
-    return f"{mean:.{places}f} ± {std:.{places}f}"
+    place = 1 - math.floor(math.log10(std))  # decimal place of the std's second digit
+    if place >= 0:
+        return f"{mean:.{min(place, 8)}f} ± {std:.{min(place, 8)}f}"
+    if max(abs(mean), std) < 1e6:
+        return f"{round(mean, place):.0f} ± {round(std, place):.0f}"
+    digits = max(math.floor(math.log10(abs(mean))) + place, 0) if mean else 0
+    return f"{mean:.{digits}e} ± {std:.1e}"
 
 
 _LISTED = 10

@@ -21,11 +21,19 @@
    review's finding 7 named the grid point only when two trials' runs spent different ε. Now
    "(RDP; a run at the costliest grid point, num-server-rounds = 2)" whenever a trial's run
    spent another ε than the single run's.
+4. ``compare toy.toml --strategies fedavg --seeds 2 --rounds 1 --set
+   server-learning-rate=1e20`` (finite losses near 1e19, not diverged): ``report.md``'s eval
+   loss was ``11425513507383148544 ± 629722879734169856``, every digit of the float, where
+   the std is meant to two significant digits (a spread of 100 or more kept all its digits;
+   near float32's largest loss 39 digits each). Now ``1.143e+19 ± 6.3e+17``; a spread
+   below a million is rounded likewise (``1000 ± 120``), a smaller one written as before.
 """
 
 from __future__ import annotations
 
 import csv
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -108,3 +116,22 @@ def test_3_one_cheaper_trial_names_the_costliest_point(rounds_tunings):
     report = (rounds_tunings[1] / "report.md").read_text(encoding="utf-8")
     (line,) = [x for x in report.splitlines() if x.startswith("- epsilon of one run:")]
     assert line.endswith(": 10.28 (RDP)"), line  # its trial ran at the costliest point
+
+
+# -- finding 4: a spread of 100 or more to two significant digits -------------------------------
+
+
+def test_4_a_huge_spread_is_shown_to_two_significant_digits(tmp_path, capsys):
+    out = tmp_path / "c"
+    code = main([
+        "compare", str(TOY), "--strategies", "fedavg", "--seeds", "2", "--rounds", "1",
+        "--set", "server-learning-rate=1e20", "--out", str(out), "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    (row,) = _csv_rows(out / "summary.csv")
+    assert float(row["eval_loss_std"]) > 1e6, row  # finite losses near 1e19
+    loss = _summary_row(out / "report.md", "fedavg")[7]
+    mean, std = loss.split(" ± ")
+    assert re.fullmatch(r"\d\.\d+e\+\d+", mean) and re.fullmatch(r"\d\.\de\+\d+", std), loss
+    assert math.isclose(float(mean), float(row["eval_loss_mean"]), rel_tol=1e-2), loss

@@ -30,8 +30,10 @@ __all__ = lazy_package(
             "epoch_orders",
         ),
         "messages": (
+            "TASK_ERROR",
             "TrainMessage",
             "hosted_users",
+            "reply_task_error",
             "reply_updates",
             "reply_users",
         ),

@@ -15,6 +15,11 @@ for the ServerApp, so both build the same task. :func:`make_client_app` can supp
 task for runs whose run config has none (``flwr.simulation.run_simulation`` passes an empty run
 config).
 
+A handler that finds the task breaking its protocol (:class:`~fedprivopt.models.task.TaskError`:
+``user_data`` or ``loss`` of another form, a model with nothing to train) answers with
+:func:`~fedprivopt.clients.messages.reply_task_error` instead of raising, so the server reads the
+task's error (not Ray's traceback) and ends the run with it when every node asked failed so.
+
 The ``evaluate`` handler measures the received model on the node's users' *training* data. Its
 reply (losses, accuracies, example counts) is **not** covered by the DP guarantee; the server's
 central evaluation on held-out data is the default.
@@ -25,7 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +38,17 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedprivopt import wire as P
-from fedprivopt.clients.messages import TrainMessage, hosted_users, reply_updates, reply_users
+from fedprivopt.clients.messages import (
+    TrainMessage,
+    hosted_users,
+    reply_task_error,
+    reply_updates,
+    reply_users,
+)
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.core.text import shown
 from fedprivopt.models.registry import build_task, check_task_name
-from fedprivopt.models.task import Task, state_to_flat
+from fedprivopt.models.task import Task, TaskError, state_to_flat
 from fedprivopt.models.task_calls import user_examples
 from fedprivopt.privacy.rng import RngFactory
 
@@ -199,6 +210,19 @@ def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Messag
     return Message(RecordDict({P.EVAL_METRICS: record}), reply_to=message)
 
 
+def _replying(
+    handler: Callable[[Message, Context, _Defaults], Message],
+    message: Message,
+    context: Context,
+    defaults: _Defaults,
+) -> Message:
+    """``handler``'s reply, or the task's error as :func:`reply_task_error`'s reply."""
+    try:
+        return handler(message, context, defaults)
+    except TaskError as exc:
+        return reply_task_error(message, exc)
+
+
 def make_client_app(
     *,
     task: str | None = None,
@@ -227,9 +251,9 @@ def make_client_app(
         check_task_name(task)  # a registered name or a reference "package.module:factory"
     defaults = _Defaults(task, _canonical_params(task_params), str(device))
     client_app = ClientApp()
-    client_app.query()(functools.partial(_query, defaults=defaults))
-    client_app.train()(functools.partial(_train, defaults=defaults))
-    client_app.evaluate()(functools.partial(_evaluate, defaults=defaults))
+    client_app.query()(functools.partial(_replying, _query, defaults=defaults))
+    client_app.train()(functools.partial(_replying, _train, defaults=defaults))
+    client_app.evaluate()(functools.partial(_replying, _evaluate, defaults=defaults))
     return client_app
 
 

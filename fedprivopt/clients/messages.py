@@ -13,6 +13,11 @@ nodes, and talk to every node with two message types (:mod:`fedprivopt.wire`):
     message's clip norm, noise share and generator) and :func:`reply_updates` sends them back,
     one ``ArrayRecord`` per user and nothing private.
 
+A task that breaks its protocol (:class:`~fedprivopt.models.task.TaskError`) is answered with
+:func:`reply_task_error`, an error reply of code :data:`TASK_ERROR` whose reason is the error's
+line: the server ends the run with it when every node asked in a round answered so, as the fast
+engine stops at the first such user.
+
 fedprivopt's own ClientApp (:mod:`fedprivopt.clients.client_app`) uses these same functions, so a
 user's ClientApp that uses them speaks exactly its protocol. This module imports Flower; import
 it where Flower is installed.
@@ -26,18 +31,32 @@ from functools import cached_property
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from fedprivopt import wire as P
 from fedprivopt.clients.privatize import PrivateUpdate, noise_generator, privatize_update
 from fedprivopt.clients.trainer import clip_report
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.core.text import shown
-from fedprivopt.models.task import state_to_flat
+from fedprivopt.models.task import TaskError, state_to_flat
 from fedprivopt.privacy.flat import FlatSpec, flatten
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["TrainMessage", "hosted_users", "reply_updates", "reply_users"]
+__all__ = [
+    "TASK_ERROR",
+    "TrainMessage",
+    "hosted_users",
+    "reply_task_error",
+    "reply_updates",
+    "reply_users",
+]
+
+TASK_ERROR = 1015
+"""Code of the error reply of a ClientApp whose task broke its protocol (:func:`reply_task_error`).
+
+Flower's own codes (``flwr.common.constant.ErrorCode``) are 0-8: the ClientApp raised, crashed,
+did not load, or the node or its reply is unavailable.
+"""
 
 
 def hosted_users(context: Context, num_users: int) -> list[int]:
@@ -267,3 +286,23 @@ def reply_updates(
         metrics[P.TRAIN_LOSS] = list(losses or [])
     reply[P.TRAIN_METRICS] = MetricRecord(metrics)
     return Message(reply, reply_to=message)
+
+
+def reply_task_error(message: Message, error: TaskError) -> Message:
+    """The reply to a message whose handling found the task breaking its protocol.
+
+    An error reply of code :data:`TASK_ERROR` whose reason is ``error``'s message, so the server
+    can tell a task's error (the same on every node: the run cannot go on) from a node that
+    failed, and name it. Thirty-third review of issue 15: a ClientApp's ``TaskError`` reached
+    the server as Flower's ``CLIENT_APP_RAISED_EXCEPTION`` with Ray's traceback as its reason, so
+    a Flower run whose every user failed so released noise-only rounds to the end (rc 0, about
+    680 lines of warnings and tracebacks), where the fast engine stops at the first such user.
+
+    Raises
+    ------
+    ValueError
+        If ``error`` is not a :class:`~fedprivopt.models.task.TaskError`.
+    """
+    if not isinstance(error, TaskError):
+        raise ValueError(f"error must be a TaskError, got {shown(error)}")
+    return Message(Error(code=TASK_ERROR, reason=str(error)), reply_to=message)

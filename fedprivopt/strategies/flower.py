@@ -25,6 +25,12 @@ unhosted`` for a single-cohort strategy:
 ``node_errors`` still counts error replies (nodes, not users) and ``unrequested`` updates under
 keys nobody asked for. None of this changes the accounting, which follows the sampling.
 
+A cohort whose every node asked answered with the task's error (code
+:data:`~fedprivopt.clients.messages.TASK_ERROR`: the task breaks its protocol, the same on every
+node) ends the run with that :class:`~fedprivopt.models.task.TaskError` before the round is
+aggregated, as the fast engine stops at the first such user; a task error beside any other
+outcome (an update, a time-out, another failure) is counted as ``failed`` like any error.
+
 :meth:`DPStrategy.start` is overridden (same signature as Flower's) to add the user discovery, the
 budget check before every round and the rounds with two cohorts (ADADP);
 ``configure_train``/``aggregate_train`` keep their Flower meaning.
@@ -46,8 +52,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedprivopt import wire as P
+from fedprivopt.clients.messages import TASK_ERROR
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
+from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
 from fedprivopt.strategies.config import MAX_ROUNDS
 from fedprivopt.strategies.core import ReportedUpdates, RoundResult, ServerAlgorithm, TrainRequest
@@ -75,6 +83,27 @@ def flat_to_arrays(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
 def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
     """Flat tensor (and spec) of an ArrayRecord holding a model state."""
     return flatten(record.to_torch_state_dict())
+
+
+MAX_REASON_CHARS = 1000
+"""Characters of a task's error, as a node sent it, that the run's last line shows whole."""
+
+
+def _task_failure(reasons: dict[int, str], where: str) -> TaskError:
+    """The error ending a run whose every node asked answered with the task's error.
+
+    ``reasons`` maps each node to the reason of its reply (the ClientApp's ``TaskError``); the
+    first one is named, whole when it is one line of at most :data:`MAX_REASON_CHARS` characters
+    (a node's own text: a longer one is cut as other echoed values). ``where``: ``asked in round
+    3``.
+    """
+    reason = next(iter(reasons.values()))
+    if len(reason) > MAX_REASON_CHARS or not reason.isprintable():
+        reason = shown(reason)
+    nodes = "the one node" if len(reasons) == 1 else f"all {len(reasons)} nodes"
+    others = len(set(reasons.values())) - 1
+    also = f", {others} of them with another error" if others else ""
+    return TaskError(f"{reason} (the answer of {nodes} {where}{also})")
 
 
 class DPStrategy(Strategy):
@@ -145,11 +174,22 @@ class DPStrategy(Strategy):
         have passed, at least ``min_nodes`` nodes answered and no new node connected since the
         last query (then the missing users are logged: they are still sampled, and simply never
         reply).
+
+        Raises
+        ------
+        TaskError
+            When at least ``min_nodes`` nodes were asked and every one answered with the task's
+            error (thirty-third review of issue 15: a task whose model has nothing to train
+            waited ``node_wait``, 120 s, then released noise-only rounds with every user on no
+            node, rc 0; the fast engine stops with the error).
+        RuntimeError
+            When fewer than ``min_nodes`` nodes connected, or two nodes host one user.
         """
         population = set(self.algorithm.user_ids)  # public users (AdaDPS) are never asked
         deadline = time.monotonic() + self.node_wait
         mapping: dict[int, int] = {}
         queried: set[int] = set()
+        task_failed: dict[int, str] = {}  # nodes that answered with the task's error
         while True:
             new = sorted(set(grid.get_node_ids()) - queried)
             if new:
@@ -161,9 +201,13 @@ class DPStrategy(Strategy):
                 # a node answers its first message only after starting its ClientApp (seconds on
                 # a busy machine): wait as long as for nodes to connect, not just a round timeout
                 wait = max(self._timeout, self.node_wait)
+                failed: dict[int, str] = {}  # the task's errors, said after the pass
                 for reply in grid.send_and_receive(messages, timeout=wait):
                     if reply.has_error():
                         self.node_errors += 1
+                        if reply.error.code == TASK_ERROR:
+                            failed[reply.metadata.src_node_id] = str(reply.error.reason)
+                            continue
                         log(
                             WARNING,
                             "node %s failed the user query: %s",
@@ -193,6 +237,12 @@ class DPStrategy(Strategy):
                                 f'"{P.NODE_PARTITION_ID}=p {P.NODE_NUM_PARTITIONS}=P")'
                             )
                         mapping[user] = node
+                task_failed.update(failed)
+                if len(queried) >= self.min_nodes and task_failed.keys() == queried:
+                    # the task cannot be built as the run config says (on every node so far)
+                    raise _task_failure(task_failed, "to the user query")
+                for node, reason in failed.items():
+                    log(WARNING, "node %s failed the user query: %s", node, shown(reason))
             if len(queried) >= self.min_nodes and population <= set(mapping):
                 break
             # give up only after a pass that found no new node: nodes that connected while a
@@ -296,11 +346,17 @@ class DPStrategy(Strategy):
         ``unrequested``. Users whose update did not arrive are counted by cause in
         :attr:`lost` (see the module docstring); this is called once per cohort, right after
         ``send_and_receive`` of that cohort's messages.
+
+        Raises
+        ------
+        TaskError
+            When every node asked answered with the task's error (:func:`_task_failure`).
         """
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
         sent.pop("", None)
         answered: set[int] = set()
         errored: set[int] = set()
+        task_errors: dict[int, str] = {}  # said below, unless they end the run
         updates = ReportedUpdates()
         for reply in replies:
             node = self._reply_node(reply, sent)
@@ -310,7 +366,10 @@ class DPStrategy(Strategy):
                 answered.add(node)
             if reply.has_error():
                 self.node_errors += 1
-                log(WARNING, "node %s failed: %s", node, shown(reply.error.reason))
+                if node is not None and reply.error.code == TASK_ERROR:
+                    task_errors[node] = str(reply.error.reason)
+                else:
+                    log(WARNING, "node %s failed: %s", node, shown(reply.error.reason))
                 if node is not None:
                     errored.add(node)
                     cause = "unavailable" if reply.error.code in _UNAVAILABLE else "failed"
@@ -346,6 +405,13 @@ class DPStrategy(Strategy):
                         )
                     except Exception:  # undecodable: the round rejects the reply
                         updates.clip_bits[user] = "undecodable"
+        if task_errors and task_errors.keys() == self._node_users.keys():
+            where = (
+                "asked" if self._request is None else f"asked in round {self._request.round_num}"
+            )
+            raise _task_failure(task_errors, where)
+        for node, reason in task_errors.items():
+            log(WARNING, "node %s failed: %s", node, shown(reason))
         for node, users in self._node_users.items():
             if node not in answered:
                 self.lost["timed_out"] += len(users)
@@ -360,8 +426,8 @@ class DPStrategy(Strategy):
         """Feed the replies to the round; run further cohorts (ADADP) through the grid."""
         if self._round is None:
             raise RuntimeError("aggregate_train called before configure_train")
-        updates = self._updates(replies)
         try:
+            updates = self._updates(replies)
             while True:
                 request = self._round.send(updates)
                 messages = self._messages(request)
@@ -369,7 +435,8 @@ class DPStrategy(Strategy):
                 updates = self._updates(replies)
         except StopIteration as stop:
             result: RoundResult = stop.value
-        self._round = None
+        finally:
+            self._round = None  # a task's error ends the round unaggregated
         for user, reason in sorted(result.rejected.items()):
             log(WARNING, "round %d: rejected the update of user %d: %s", server_round, user, reason)
         result.metrics["node_errors"] = float(self.node_errors)

@@ -1,0 +1,195 @@
+"""Issue 15, thirty-third hostile review (the Flower engine and deployment): regression tests.
+
+1. A task by reference whose every user breaks its protocol (``loss()`` returning the
+   per-example losses, ``user_data()`` of another form: the checks of
+   ``models/task_calls.py``), run with ``simulate toy.toml --engine flower``: every ClientApp
+   raised the ``TaskError``, Flower turned it into a ``CLIENT_APP_RAISED_EXCEPTION`` reply whose
+   reason was Ray's traceback, and ``DPStrategy`` counted each node as failed and released a
+   noise-only round, charged, every round to the end: rc 0 after 681 lines of tracebacks and
+   warnings (2 rounds, 6 users), where the fast engine stops at the first such user (rc 2, one
+   line, no run directory left). Now the ClientApp answers a ``TaskError`` with an error reply
+   of its own code (``clients.messages.TASK_ERROR``, ``reply_task_error``) whose reason is the
+   error's line, and a cohort whose every node asked answered so ends the run before the round
+   is aggregated: rc 2, ``fedprivopt simulate: error: BadTask.loss() must return the mean loss of
+   the minibatch, ...; got a torch.float32 tensor of shape (12,) (the answer of all 5 nodes asked
+   in round 1)``, nothing released (the run directory of a run that released nothing is removed,
+   as on the fast engine); a round after released ones keeps them. A task error beside an update,
+   a time-out or another failure is counted as ``failed`` as before (one node's data).
+2. A task whose model has no trainable parameter (``LocalTrainer`` refuses it when a ClientApp
+   builds it, before the user query is answered), ``--engine flower``: every node failed the
+   user query, the strategy waited ``node_wait`` (120 s) for users, then released two noise-only
+   rounds with all 6 users on no node, rc 0 (the fast engine: rc 2, one line). Now every node
+   answering the query with the task's error (at least ``min_nodes``) ends the run at once:
+   rc 2, ``... there is nothing to train (the answer of all 6 nodes to the user query)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Context, Error, RecordDict
+
+from fedprivopt import wire as P
+from fedprivopt.cli import main
+from fedprivopt.clients import LocalConfig
+from fedprivopt.clients.client_app import clear_cache, get_task_and_trainer, make_client_app
+from fedprivopt.clients.messages import TASK_ERROR
+from fedprivopt.models.task import TaskError
+from fedprivopt.privacy.flat import flatten
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from tests.messages import delivered
+from tests.strategies.test_flower_faults import DIM, NODE_USERS, POPULATION, ScriptedGrid
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+BAD = "tests.reliability.test_thirtysecond_review_models:BadTask"
+LOSS_LINE = "BadTask.loss() must return the mean loss of the minibatch"
+
+
+class TaskErrorGrid(ScriptedGrid):
+    """:class:`ScriptedGrid` whose nodes may answer with the task's error, as our ClientApp does.
+
+    ``behaviour[node] == "task error"`` answers train messages so; ``query_errors`` holds the
+    nodes answering the user query so.
+    """
+
+    def __init__(self, behaviour, query_errors=(), reason=f"{LOSS_LINE}; got ..."):
+        super().__init__(behaviour)
+        self.query_errors = set(query_errors)
+        self.reason = reason
+
+    def get_node_ids(self):
+        return list(NODE_USERS)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            query = msg.metadata.message_type == "query"
+            if node in self.query_errors if query else self.behaviour.get(node) == "task error":
+                msg.metadata.__dict__["_message_id"] = f"m{node}"
+                error = Error(code=TASK_ERROR, reason=self.reason)
+                replies.append(self._reply(msg, node, error=error))
+            else:
+                replies += super().send_and_receive([msg], timeout=timeout)
+        return replies
+
+
+def _strategy(rows: list, *, rounds: int = 3, node_wait: float = 0.3) -> DPStrategy:
+    config = StrategyConfig(
+        strategy="dp-fedavg", population=POPULATION, clients_per_round=POPULATION,
+        num_server_rounds=rounds, noise_multiplier=0.8, clip_norm=1.0, seed=5,
+    )  # fmt: skip
+    flat, spec = flatten({"w": torch.zeros(DIM)})
+    return DPStrategy(
+        build_algorithm(config, flat),
+        spec,
+        node_wait=node_wait,  # user 12 is on no node
+        on_round=lambda result, _: rows.append({"round": result.round_num, **result.metrics}),
+    )
+
+
+def _start(strategy: DPStrategy, grid, rounds: int = 3) -> None:
+    flat = strategy.algorithm.params
+    strategy.start(grid, flat_to_arrays(flat, strategy.spec), rounds, timeout=1.0)
+
+
+# -- finding 1: every node answering a round with the task's error ----------------------------
+
+
+def test_1_the_client_app_answers_a_tasks_error_with_its_code():
+    clear_cache()
+    params = {"num_users": 6, "mode": "per-example"}
+    run_config = {P.RUN_TASK: BAD, P.RUN_TASK_PARAMS_JSON: json.dumps(params), P.RUN_DEVICE: "cpu"}
+    context = Context(
+        run_id=1, node_id=11, node_config={P.NODE_PARTITION_ID: 0, P.NODE_NUM_PARTITIONS: 3},
+        state=RecordDict(), run_config=run_config,
+    )  # fmt: skip
+    app = make_client_app()
+    task, _ = get_task_and_trainer(BAD, params, "cpu")
+    settings = P.ClientSettings(
+        local=LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=1.0), seed=5
+    )
+    config = P.encode_train_config(users=[0, 3], round_num=1, settings=settings, stream="train")
+    arrays = flat_to_arrays(*flatten(task.build_model().state_dict()))
+    reply = app(delivered({P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: config}, "train"), context)
+    assert reply.has_error() and reply.error.code == TASK_ERROR
+    assert reply.error.reason.startswith(LOSS_LINE), reply.error.reason
+    assert reply.metadata.reply_to_message_id == "m1"
+    # a well-formed task answers as before
+    query = app(delivered(P.users_query(), "query"), context)
+    assert not query.has_error() and P.read_user_ids(query.content) == [0, 3]
+    clear_cache()
+
+
+def test_1_a_round_whose_every_node_answers_with_the_tasks_error_is_not_released(server_side):
+    rows: list = []
+    grid = TaskErrorGrid({})
+    strategy = _strategy(rows)
+    strategy.on_round = lambda result, _: (
+        rows.append(result.metrics),
+        grid.behaviour.update(dict.fromkeys(NODE_USERS, "task error")),
+    )
+    with pytest.raises(TaskError) as caught:
+        _start(strategy, grid)
+    message = str(caught.value)
+    assert message.startswith(LOSS_LINE), message
+    assert message.endswith("(the answer of all 6 nodes asked in round 2)"), message
+    assert len(rows) == 1 and strategy.algorithm.round_num == 1  # round 2 was not released
+    assert strategy._round is None
+
+
+def test_1_a_tasks_error_beside_updates_or_a_time_out_is_counted_as_before(server_side):
+    rows: list = []
+    behaviour = {100: "task error", 101: "task error", 102: "no reply", 103: "task error"}
+    _start(_strategy(rows), TaskErrorGrid({**behaviour, 104: "task error", 105: "task error"}))
+    assert [r["round"] for r in rows] == [1, 2, 3]  # node 102 timed out: not every node said it
+    assert all(r["failed"] == 10 and r["timed_out"] == 2 and r["received"] == 0 for r in rows)
+    rows.clear()
+    _start(_strategy(rows), TaskErrorGrid(behaviour))  # nodes 104 and 105 answer
+    assert [r["failed"] for r in rows] == [6, 6, 6] and rows[0]["received"] == 4
+
+
+def test_1_a_nodes_reason_is_cut_in_the_line(server_side):
+    grid = TaskErrorGrid(dict.fromkeys(NODE_USERS, "task error"), reason="x\n" * 500_000)
+    with pytest.raises(TaskError) as caught:
+        _start(_strategy([]), grid)
+    assert len(str(caught.value)) < 200 and "\n" not in str(caught.value)
+
+
+def test_1_the_flower_engine_stops_at_the_tasks_error_as_the_fast_engine(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["simulate", str(TOY), "--engine", "flower", "--rounds", "2", "--out", str(out),
+            "--set", f"task={BAD}", "--set", "population=2", "--set", "clients-per-round=2",
+            "--set", 'task-params={num-users=2, mode="per-example"}',
+            "--set", "client-cpus=1", "--quiet"]  # fmt: skip
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"fedprivopt simulate: error: {LOSS_LINE}"), err[-3000:]
+    assert last.endswith("(the answer of all 2 nodes asked in round 1)"), last
+    assert "Traceback" not in err and err.count("failed") == 0, err[-3000:]
+    assert not out.exists()  # nothing released, nothing left (as on the fast engine)
+
+
+# -- finding 2: every node answering the user query with the task's error ----------------------
+
+
+def test_2_every_node_answering_the_query_with_the_tasks_error_ends_the_run(server_side):
+    rows: list = []
+    reason = "the model of BadTask.build_model() has no trainable parameter"
+    grid = TaskErrorGrid({}, query_errors=NODE_USERS, reason=reason)
+    strategy = _strategy(rows, node_wait=60.0)  # before: waited 60 s, then 3 noise-only rounds
+    with pytest.raises(TaskError, match=r"parameter \(the answer of all 6 nodes to the user query"):
+        _start(strategy, grid)
+    assert rows == [] and strategy.algorithm.round_num == 0
+
+
+def test_2_one_nodes_query_error_leaves_its_users_unhosted_as_before(server_side):
+    rows: list = []
+    _start(_strategy(rows), TaskErrorGrid({}, query_errors={100}), rounds=1)
+    assert rows[0]["unhosted"] == 3 and rows[0]["received"] == 10  # users 0, 1 and 12

@@ -15,6 +15,12 @@ Each test failed before its fix (checked against the code before it) and passes 
    (``\\x1b[36mray::_Shard.train()\\x1b[39m (pid=…) … File "…/fast.py", line 270 …``); in
    process the same run says ``error: user 3's examples are damaged``. Now the shard's error is
    raised as its cause, as in process.
+3. Toy ``dim = num-classes = 1000`` (4 MB an update), 600 clients a round, ``fast-actors = 2``,
+   ``cohort-chunk = 25``: every chunk of a round was asked of the shards at once, so the object
+   store and the driver held the whole cohort's updates: peak RSS 3.2 GB and 2.4 GB of shared
+   memory (in process: 0.43 GB; ``cohort-chunk`` bounded nothing). Now at most
+   ``IN_FLIGHT * fast-actors`` chunks are asked ahead of the one consumed: 1.18 GB and 0.39 GB,
+   the checkpoint and the ledger identical to the bit.
 """
 
 from __future__ import annotations
@@ -87,6 +93,11 @@ def _request(users: int) -> TrainRequest:
     )  # fmt: skip
 
 
+def fast_actors_ahead() -> int:
+    """Chunks asked of each shard ahead (``fast.IN_FLIGHT``; 2, also where the code had none)."""
+    return getattr(fast, "IN_FLIGHT", 2)
+
+
 def _raising(exc: BaseException):
     def get(ref):
         raise exc
@@ -120,3 +131,13 @@ def test_2_a_task_error_on_a_shard_is_raised_as_in_process(fake_shards):
     with pytest.raises(TaskError) as info:
         list(train(_request(12)).items())
     assert str(info.value) == "user 3's examples are damaged"
+
+
+def test_3_a_round_asks_a_bounded_window_of_chunks_ahead(fake_shards):
+    train, asked, got, _ = fake_shards
+    pairs = list(train(_request(100)).items())  # chunks of cohort-chunk = 5 users: 20
+    assert [u for u, _ in pairs] == list(range(100))
+    assert len(asked) == 20 and [r.users for r in asked] == [
+        list(range(s, s + 5)) for s in range(0, 100, 5)
+    ]
+    assert max(got) <= 2 * fast_actors_ahead()  # before: all 20 asked before the first read

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -152,7 +153,8 @@ def noise_calibrated_tolerance(
     Returns
     -------
     float
-        The tolerance ``τ > 0``.
+        The tolerance ``τ``: finite and ``> 0``, the product kept within the floats (at least
+        the smallest positive one, at most the largest).
     """
     lr = check_real("learning_rate", learning_rate, low=0.0, low_open=True)
     s = check_real("noise_std", noise_std, low=0.0, low_open=True)
@@ -171,7 +173,14 @@ def noise_calibrated_tolerance(
             )
         scale = full_step_point.abs().clamp(min=1.0)
         effective = float(scale.reciprocal_().square_().sum(dtype=torch.float64))
-    return m * lr * s * math.sqrt(effective / 2.0)
+    # Thirty-third review of issue 15: the product of checked reals under- or overflowed
+    # (simulate toy.toml --strategy dp-fedavg-adadp --set server-learning-rate=5e-324, or 1e308
+    # at noise-multiplier 100): 0 or inf, which the controller refused as "tolerance must be a
+    # finite number in (0, inf)", a name no configuration has, where every other strategy runs
+    # such a rate (and reports a divergence). Every tolerance in the floats is one the
+    # controller takes.
+    tolerance = m * lr * s * math.sqrt(effective / 2.0)
+    return min(max(tolerance, math.ulp(0.0)), sys.float_info.max)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,96 @@
+"""Issue 15, thirty-third hostile review (area optim: server optimizers, AdaDPS' side information).
+
+1. ``simulate toy.toml --strategy dp-fedavg-adadp --set server-learning-rate=5e-324`` (or
+   ``1e308`` at ``noise-multiplier=100``): rc 2, ``config: tolerance must be a finite number in
+   (0, inf), got 0.0`` (``got inf``), a name no configuration has (``adadp-tolerance`` unset):
+   the noise-calibrated tolerance ``1.5·η₀·σC/m̄·√(d/2)``, a product of checked reals, under-
+   or overflowed, and ``noise_calibrated_tolerance`` returned 0 or inf against its own
+   "``τ > 0``". Every other strategy runs such a rate (the twelfth and twenty-seventh reviews:
+   rc 0, the divergence reported). Now the tolerance is kept within the floats: rc 0, the
+   5e-324 run does not move, the 1e308 one reports its divergence.
+2. ``simulate toy.toml --strategy dp2 --set dp2-epsilon=1e300`` (also ``tune --grid
+   dp2-epsilon=0.1,1e300``): rc 2, ``config: epsilon must be at most 3.40282e+38 for
+   torch.float32 parameters ...``: the optimizer's argument, which in this tool reads as the
+   privacy budget, not the key. ``dp2-epsilon`` is now checked with its key, in ``(0,
+   3.40282e+38]`` (``P = √v + ε`` is held in the model's float32).
+3. ``simulate adadps-paper.toml --strategy dp2 --set dp2-epsilon=1e-50 --set dp2-s1=1`` (any
+   ε that is 0 in float32): rc 2 after round 1 was released, ``preconditioner must be finite and
+   > 0 everywhere``, naming nothing: ``P = √v + ε`` was 0 wherever ``v`` is (the preset's
+   frozen bias), and the clients refused it. ``dp2-noise-first`` stepped by 0/0 there (the
+   model NaN, "diverged at round 2", where ``dp2-epsilon=1e-40`` trains); with
+   ``dp2-scale-by-preconditioner`` a round whose ``v`` was 0 everywhere (toy, ``noise-multiplier
+   =1e-30``, ``local-learning-rate=1e-30``) raised ``ZeroDivisionError`` at the Python API. ε is
+   now at least the dtype's smallest normal number, as DP-FedAdam's τ and DP-AdamBC's floor
+   (eighteenth review): rc 0.
+4. ``simulate stackoverflow-tp-mini.toml --strategy adadps --set clients-per-round=400`` (no
+   side information set: ``auto``, whose default is public users), also ``--set
+   side-information.kind=public-users`` on toy with ``clients-per-round=40``: rc 2,
+   ``side-information.users must be an integer in [1, population - clients-per-round = 0] ...,
+   got 4``: a key and a value the user never gave, and a range without an integer. Now the line
+   says the default (or ``public-users`` with ``users`` unset) takes 4 public users, 1 % of the
+   population, and what to change (``clients-per-round`` at most population - 1, or the kind).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedprivopt import optim
+from fedprivopt.cli import main
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+def _simulate(tmp_path: Path, capsys, *sets: str, strategy: str, rounds: int = 1):
+    """In-process ``simulate toy.toml``: (rc, stderr, run directory)."""
+    out = tmp_path / f"run-{strategy}"
+    args = ["simulate", str(TOY), "--strategy", strategy, "--rounds", str(rounds)]
+    args += ["--out", str(out)]
+    for item in sets:
+        args += ["--set", item]
+    code = main(args)
+    return code, capsys.readouterr().err, out
+
+
+def _one_line(code: int, err: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# -- finding 1: ADADP's calibrated tolerance under- or overflowing ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("rate", "noise_std", "dim"), [(5e-324, 0.05, 10), (1e308, 10.0, 10**6), (1e-300, 1e-300, 1)]
+)
+def test_1_the_calibrated_tolerance_is_a_positive_float(rate, noise_std, dim):
+    tolerance = optim.noise_calibrated_tolerance(learning_rate=rate, noise_std=noise_std, dim=dim)
+    assert 0.0 < tolerance <= sys.float_info.max  # was 0.0, inf, 0.0
+    optim.adadp(learning_rate=rate, tolerance=tolerance)  # the controller takes it
+
+
+def test_1_a_calibrated_tolerance_within_the_floats_is_unchanged():
+    got = optim.noise_calibrated_tolerance(learning_rate=2.0, noise_std=0.1, dim=8)
+    assert got == 1.5 * 2.0 * 0.1 * math.sqrt(4.0)
+
+
+@pytest.mark.parametrize(
+    ("sets", "diverged"),
+    [
+        (["server-learning-rate=5e-324"], False),
+        (["server-learning-rate=1e308", "noise-multiplier=100"], True),
+    ],
+)
+def test_1_adadp_runs_extreme_rates_as_the_other_strategies(tmp_path, capsys, sets, diverged):
+    code, err, out = _simulate(tmp_path, capsys, *sets, strategy="dp-fedavg-adadp")
+    assert code == 0, err  # was rc 2: 'tolerance must be a finite number in (0, inf)'
+    assert "tolerance must be" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert bool(summary["diverged"]) is diverged, summary["diverged"]

@@ -25,6 +25,7 @@ from fedprivopt.privacy.sampling import MAX_POPULATION
 from fedprivopt.privacy.tree import NOISE_MECHANISMS
 from fedprivopt.strategies.options import (
     BLOCKS,
+    FLOAT32_MAX,
     Options,
     Rule,
     apply_rules,
@@ -50,7 +51,6 @@ NON_PRIVATE = ("fedavg", "fedadam")
 #: (:data:`fedprivopt.core.local.MAX_EPOCHS` = 10,000).
 MAX_ROUNDS = 1_000_000
 _INF = float("inf")
-_F32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 _BLOCK_RULES = {
     key_of(name): rule for block in BLOCKS.values() for name, rule in rules_of(block).items()
 }
@@ -138,7 +138,7 @@ class StrategyConfig:
     secure: bool = flag(False)
     server_learning_rate: float = real(1.0, 0, _INF, low_open=True)
     # at most float32's largest value: clients step float32 weights by it
-    local_learning_rate: float = real(0.1, 0, _F32_MAX, low_open=True)
+    local_learning_rate: float = real(0.1, 0, FLOAT32_MAX, low_open=True)
     local_epochs: int = integer(1, 1, MAX_EPOCHS)
     batch_size: int = integer(32, 1)
     max_examples: int = integer(0, 0)

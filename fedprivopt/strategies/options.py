@@ -24,6 +24,7 @@ from fedprivopt.privacy.clip import MIN_CLIP_NORM
 
 __all__ = [
     "BLOCKS",
+    "FLOAT32_MAX",
     "ADADPOptions",
     "AdamBCOptions",
     "AdamOptions",
@@ -40,6 +41,10 @@ __all__ = [
     "real",
     "rules_of",
 ]
+
+#: ``torch.finfo(torch.float32).max``: the bound of settings held in (or stepping) float32
+#: weights, as every task's model is.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -245,7 +250,10 @@ class DP2Options(Options):
     dp2_beta : float
         Decay of the EMA ``v`` of the noised means, in ``[0, 1)``.
     dp2_epsilon : float
-        ``ε`` of ``P = √v + ε``, ``> 0``.
+        ``ε`` of ``P = √v + ε``, in ``(0, FLOAT32_MAX]`` (``P`` is held in the model's
+        float32; thirty-third review of issue 15: ``1e300`` was refused only when the
+        optimizer was built, as ``epsilon must be at most 3.40282e+38 ...``, a name that reads
+        as the privacy budget's).
     dp2_learning_rate : float
         Server learning rate of the adaptive rounds, ``> 0``.
     clip_norm_adaptive : float or None
@@ -270,7 +278,7 @@ class DP2Options(Options):
     dp2_s1: int = integer(5, 1)
     dp2_s2: int = integer(5, 1)
     dp2_beta: float = real(0.9, 0, 1, high_open=True)
-    dp2_epsilon: float = real(1e-3, 0, math.inf, low_open=True)
+    dp2_epsilon: float = real(1e-3, 0, FLOAT32_MAX, low_open=True)
     dp2_learning_rate: float = real(0.1, 0, math.inf, low_open=True)
     clip_norm_adaptive: float | None = real(None, MIN_CLIP_NORM, math.inf, optional=True)
     subtract_noise_variance: bool = flag(False)

@@ -42,6 +42,7 @@ import pytest
 
 from fedprivopt import optim
 from fedprivopt.cli import main
+from fedprivopt.strategies.config import StrategyConfig
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
@@ -94,3 +95,20 @@ def test_1_adadp_runs_extreme_rates_as_the_other_strategies(tmp_path, capsys, se
     assert "tolerance must be" not in err
     summary = json.loads((out / "summary.json").read_text())
     assert bool(summary["diverged"]) is diverged, summary["diverged"]
+
+
+# -- finding 2: dp2-epsilon beyond float32, named by its key ----------------------------------
+
+
+def test_2_dp2_epsilon_beyond_float32_is_refused_naming_its_key(tmp_path, capsys):
+    code, err, out = _simulate(tmp_path, capsys, "dp2-epsilon=1e300", strategy="dp2")
+    line = _one_line(code, err)
+    assert "dp2-epsilon must be a finite number in (0, 3.40282e+38], got 1e+300" in line, line
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"^dp2-epsilon must be"):
+        StrategyConfig.from_mapping({"strategy": "dp2-noise-first", "dp2-epsilon": 1e39})
+
+
+def test_2_dp2_epsilon_at_float32s_largest_is_accepted():
+    config = StrategyConfig.from_mapping({"strategy": "dp2", "dp2-epsilon": 3.4028234663852886e38})
+    assert config.options.dp2_epsilon == 3.4028234663852886e38

@@ -150,7 +150,9 @@ def dp2(
     s2 : int
         Adaptive rounds per cycle, in ``[1, inf)``.
     epsilon : float
-        ``ε`` in ``P = √v + ε``, in ``(0, inf)``.
+        ``ε`` in ``P = √v + ε``, in ``(0, inf)``; below the smallest normal number of the
+        parameters' dtype (``torch.finfo(dtype).tiny``, 1.2e-38 in float32), which it would
+        round towards 0 in, that number is used (as for :func:`~fedprivopt.optim.adam`'s ``τ``).
     beta : float, default 0.9
         EMA decay of ``v`` in ``[0, 1)``.
     noise_variance : float or callable or None, default 0.0
@@ -206,6 +208,17 @@ def dp2(
             "clip_norm_adaptive", clip_norm_adaptive, low=0.0, low_open=True
         )
 
+    def eps_in(dtype: torch.dtype) -> float:
+        """``ε``, at least the smallest normal number of ``dtype``.
+
+        Thirty-third review of issue 15: ``dp2-epsilon = 1e-50`` is 0 in float32, so ``P`` was 0
+        wherever ``v`` is (a frozen coordinate, a Δ̃ whose square underflows): the clients
+        refused that ``P`` after a released round (rc 2, ``preconditioner must be finite and >
+        0 everywhere``), a noise-first step was 0/0 (the model NaN) and a scaled step divided by
+        a zero mean (``ZeroDivisionError``).
+        """
+        return max(eps, torch.finfo(dtype).tiny)
+
     def init(params: torch.Tensor) -> DP2State:
         params = check_params(params)
         check_in_dtype("epsilon", eps, params)
@@ -217,7 +230,7 @@ def dp2(
             accumulator=zeros,
             accumulator_noise_variance=0.0,
             second_moment=zeros.clone(),
-            preconditioner=torch.full_like(params, eps),
+            preconditioner=torch.full_like(params, eps_in(params.dtype)),
         )
 
     def _switch(state: DP2State, accumulator: torch.Tensor, noise_sum: float) -> DP2State:
@@ -233,7 +246,7 @@ def dp2(
             accumulator=torch.zeros_like(accumulator),
             accumulator_noise_variance=0.0,
             second_moment=v,
-            preconditioner=v.sqrt().add_(eps),
+            preconditioner=v.sqrt().add_(eps_in(v.dtype)),
         )
 
     @torch.no_grad()
@@ -277,7 +290,7 @@ def dp2(
     ) -> torch.Tensor:
         """``η_adaptive Δ̃ / P``, each coordinate's rate at most ``κ/√Φ_t`` when bounded."""
         cap = _coordinate_cap(kappa, noise_variance)
-        if cap >= lr_ada / eps:  # no bound, no noise, or a bound no coordinate reaches
+        if cap >= lr_ada / eps_in(p.dtype):  # no bound, no noise, or one no coordinate reaches
             return delta_tilde.div(p).mul_(lr_ada)
         return p.reciprocal().mul_(lr_ada).clamp_(max=cap).mul_(delta_tilde)
 

@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedprivopt import optim
 from fedprivopt.cli import main
@@ -112,3 +113,44 @@ def test_2_dp2_epsilon_beyond_float32_is_refused_naming_its_key(tmp_path, capsys
 def test_2_dp2_epsilon_at_float32s_largest_is_accepted():
     config = StrategyConfig.from_mapping({"strategy": "dp2", "dp2-epsilon": 3.4028234663852886e38})
     assert config.options.dp2_epsilon == 3.4028234663852886e38
+
+
+# -- finding 3: a DP2 epsilon that is 0 in the parameters' dtype --------------------------------
+
+
+def _dp2(**kw) -> optim.ServerTransform:
+    args = dict(sgd_learning_rate=0.1, adaptive_learning_rate=0.1, s1=1, s2=1, epsilon=1e-50)
+    return optim.dp2(**{**args, **kw})
+
+
+@pytest.mark.parametrize("kw", [{}, {"noise_first": True}, {"scale_by_preconditioner": True}])
+def test_3_a_tiny_dp2_epsilon_keeps_the_preconditioner_positive(kw):
+    transform, params = _dp2(**kw), torch.zeros(3)
+    state = transform.init(params)
+    assert bool((state.preconditioner > 0).all())  # was 0 everywhere
+    delta = torch.tensor([0.0, 1e-30, 1.0])  # a frozen coordinate; a square that underflows
+    _, state = transform.update(delta, state, params)  # the SGD round: the switch forms P
+    assert bool((optim.preconditioner(state) > 0).all())  # was [0, 0, 0.32]
+    assert optim.preconditioner_mean(state) > 0.0
+    step, _ = transform.update(delta, state, params)  # was NaN / ZeroDivisionError below
+    assert bool(torch.isfinite(step).all()), step
+    zero_v = transform.update(torch.zeros(3), transform.init(params), params)[1]
+    step, _ = transform.update(delta, zero_v, params)  # v = 0 everywhere
+    assert bool(torch.isfinite(step).all()), step
+
+
+def test_3_a_representable_dp2_epsilon_is_unchanged():
+    transform, params = _dp2(epsilon=1e-3), torch.zeros(2)
+    _, state = transform.update(torch.tensor([0.0, 0.5]), transform.init(params), params)
+    expected = torch.tensor([0.0, 0.5]).square().mul(0.1).sqrt().add(1e-3)
+    assert torch.equal(optim.preconditioner(state), expected)
+
+
+def test_3_dp2_with_a_tiny_epsilon_runs_its_adaptive_rounds(tmp_path, capsys):
+    sets = ["dp2-epsilon=1e-50", "dp2-s1=1", "dp2-scale-by-preconditioner=true"]
+    sets += ["noise-multiplier=1e-30", "local-learning-rate=1e-30"]  # v = 0 everywhere
+    code, err, out = _simulate(tmp_path, capsys, *sets, strategy="dp2", rounds=2)
+    assert code == 0, err  # was rc 2 after round 1: 'preconditioner must be finite and > 0'
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["adaptive_round"] for row in rows] == [0.0, 1.0]
+    assert rows[-1]["dp2_preconditioner_mean"] > 0

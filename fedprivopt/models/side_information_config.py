@@ -355,14 +355,12 @@ def resolve_side_information(
                 f"{_name('top-k')} must be an integer in [1, V={v}], got {params['top-k']}"
             )
     if kind == "public-users":
-        if params["users"] is None:
+        default_users = params["users"] is None
+        if default_users:
             params["users"] = max(1, math.ceil(PUBLIC_USERS_SHARE * population))
         k, most = params["users"], math.floor(population - clients_per_round)
         if k > most:
-            raise ValueError(
-                f"{_name('users')} must be an integer in [1, population - clients-per-round = "
-                f"{most}] (the private population must hold a cohort), got {k}"
-            )
+            raise ValueError(_too_many_public_users(spec.kind, default_users, k, most, population))
         public = tuple(range(k))
     return ResolvedSideInformation(
         requested=spec.kind,
@@ -374,6 +372,42 @@ def resolve_side_information(
         max_examples=max_examples,
         note=note,
     )
+
+
+def _too_many_public_users(
+    requested: str, default: bool, k: int, most: int, population: int
+) -> str:
+    """The line refusing ``k`` public users where at most ``most`` leave a cohort private.
+
+    Thirty-third review of issue 15: ``simulate stackoverflow-tp-mini.toml --strategy adadps
+    --set clients-per-round=400`` (no side information set: ``auto``) was refused as
+    ``side-information.users must be an integer in [1, population - clients-per-round = 0]
+    ..., got 4``, a key and a value the user never gave, and a range that holds no integer.
+    """
+    bound, why = (
+        f"population - clients-per-round = {most}",
+        "(the private population must hold a cohort)",
+    )
+    if default:
+        origin = (
+            "the default side information (auto: public-users)"
+            if requested == AUTO
+            else f"{_name('kind')} = 'public-users'"
+        )
+        head = (
+            f"{origin} takes {k} public user{'s' if k != 1 else ''} ({_name('users')} unset: "
+            f"{PUBLIC_USERS_SHARE:.0%} of the population, at least 1), but {bound} {why}"
+        )
+    else:
+        head = f"{_name('users')} must be an integer in [1, {bound}] {why}, got {k}"
+    if most < 1:
+        return (
+            f"{head}; lower clients-per-round to at most population - 1 = {population - 1}, "
+            f"or set {_name('kind')} (e.g. 'ones')"
+        )
+    if default:
+        return f"{head}; set {_name('users')} in [1, {most}], or lower clients-per-round"
+    return head
 
 
 def build_side_information(resolved: ResolvedSideInformation, task: Task) -> torch.Tensor:

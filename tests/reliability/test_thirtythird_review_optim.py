@@ -43,6 +43,7 @@ import torch
 
 from fedprivopt import optim
 from fedprivopt.cli import main
+from fedprivopt.models.side_information_config import resolve_side_information
 from fedprivopt.strategies.config import StrategyConfig
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -154,3 +155,51 @@ def test_3_dp2_with_a_tiny_epsilon_runs_its_adaptive_rounds(tmp_path, capsys):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["adaptive_round"] for row in rows] == [0.0, 1.0]
     assert rows[-1]["dp2_preconditioner_mean"] > 0
+
+
+# -- finding 4: too many default public users, said as a default --------------------------------
+
+
+class _BagOfWords:
+    """Just enough of a bag-of-words tag task (3 words, 2 tags) for the side information."""
+
+    name = "stub-tags"
+    word_count_path = "unused"
+    num_features, num_tags, num_users = 3, 2, 400
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Linear(3, 2)
+
+
+@pytest.mark.parametrize(
+    ("cohort", "advice"),
+    [
+        (400, "clients-per-round to at most population - 1 = 399"),
+        (397, "side-information.users in [1, 3]"),
+    ],
+)
+def test_4_the_default_public_users_are_named_as_the_default(cohort, advice):
+    with pytest.raises(ValueError) as info:
+        resolve_side_information("auto", _BagOfWords(), population=400, clients_per_round=cohort)
+    line = str(info.value)
+    assert line.startswith("the default side information (auto: public-users) takes 4 "), line
+    assert "side-information.users unset" in line and advice in line, line
+    assert "got 4" not in line, line  # a value the user never gave
+
+
+def test_4_public_users_unset_on_the_command_line(tmp_path, capsys):
+    sets = ["side-information.kind=public-users", "clients-per-round=40"]
+    code, err, out = _simulate(tmp_path, capsys, *sets, strategy="adadps")
+    line = _one_line(code, err)
+    assert "side-information.kind = 'public-users' takes 1 public user (" in line, line
+    assert "lower clients-per-round to at most population - 1 = 39" in line, line
+    assert not out.exists()
+
+
+def test_4_a_given_users_count_is_still_named_as_given():
+    with pytest.raises(ValueError, match=r"side-information.users must be an integer in \[1, "
+                       r"population - clients-per-round = 30\] .*got 31$"):  # fmt: skip
+        resolve_side_information(
+            {"kind": "public-users", "users": 31}, _BagOfWords(), population=40,
+            clients_per_round=10,
+        )  # fmt: skip

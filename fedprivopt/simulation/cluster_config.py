@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.memory import PROCESS_MEMORY, physical_memory, processes_that_fit
 from fedprivopt.core.text import shown
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "LOCAL",
     "check_address",
     "check_cluster_config",
+    "check_private_workers",
     "cluster_address",
     "uses_ray",
 ]
@@ -118,7 +120,8 @@ def cluster_address(config: Any) -> tuple[str, str] | None:
 def check_cluster_config(config: Any) -> tuple[str, str] | None:
     """The checks of a run that joins a cluster that need no cluster; its address or ``None``.
 
-    Made before anything is written: ``ray-cpus`` must be 0 (the nodes declare their CPUs when
+    Made before anything is written (also for a run in a private Ray instance:
+    :func:`check_private_workers`): ``ray-cpus`` must be 0 (the nodes declare their CPUs when
     they start) and ``task-params.data-dir``, if the task has one, an absolute path (every node
     resolves it on its own, from its own working directory).
 
@@ -129,6 +132,7 @@ def check_cluster_config(config: Any) -> tuple[str, str] | None:
     """
     joined = cluster_address(config)
     if joined is None:
+        check_private_workers(config)
         return None
     address, key = joined
     if config.ray_cpus:
@@ -143,3 +147,52 @@ def check_cluster_config(config: Any) -> tuple[str, str] | None:
             f"{address} (every node reads it at the same path), got {str(data_dir)!r}"
         )
     return joined
+
+
+def check_private_workers(config: Any) -> None:
+    """Refuse more Ray worker processes than this machine's memory holds, before Ray starts.
+
+    A private Ray instance starts ``fast-actors`` shards (fast engine), or ``ray-cpus /
+    client-cpus`` client actors (Flower engine), on this machine, each a process holding torch
+    and its own copy of the task (262 and 220-275 MB measured for the toy task): at most
+    :func:`~fedprivopt.core.memory.processes_that_fit` of them. Thirty-third review of issue 15:
+    both were bounded by 256 only, so ``fast-actors = 200`` on a 2-CPU machine of 23.5 GiB
+    set out to start about 52 GB of processes (Ray's memory monitor then kills workers, the
+    kernel's out-of-memory killer other programs). A joined cluster's nodes hold their own.
+
+    Raises
+    ------
+    ValueError
+        Naming ``fast-actors`` or ``client-cpus`` and the bound on this machine.
+    """
+    from fedprivopt.simulation.config import MAX_FAST_ACTORS  # imports this module
+
+    memory = physical_memory()
+    machine = os.cpu_count() or 1
+    if config.engine == "fast":
+        count, cpus = config.fast_actors, machine
+    elif config.engine == "flower" and 0 < config.client_cpus and config.ray_cpus <= machine:
+        cpus = config.ray_cpus or machine
+        count = int(cpus / config.client_cpus)
+        if count > MAX_FAST_ACTORS:
+            return  # engines.check_flower_resources names the range of client-cpus
+    else:
+        return
+    most = processes_that_fit(count, memory)
+    if count <= most:
+        return
+    why = (
+        f"this machine's {memory / 2**30:.1f} GiB of memory holds at most {most} Ray worker "
+        f"processes, each holding torch and its own copy of the task (at least "
+        f"{PROCESS_MEMORY // 2**20} MiB)"
+    )
+    if config.engine == "fast":
+        raise ValueError(
+            f"fast-actors must be an integer in [0, {most}] on this machine: {why}; shards "
+            f"beyond its {cpus} CPUs add memory, not speed; got {count}"
+        )
+    raise ValueError(
+        f"client-cpus must be at least {cpus / most:.4g} on this machine: Ray starts "
+        f"{cpus} CPUs / client-cpus = {count} client actors, and {why}; got "
+        f"{config.client_cpus:g}"
+    )

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.logs import log_warnings_to_stderr
-from fedprivopt.core.memory import physical_memory
+from fedprivopt.core.memory import PROCESS_MEMORY, physical_memory, processes_that_fit
 from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.simulation.cells import REUSE, Cell, CellPlan, run_cell, task_key
 from fedprivopt.simulation.interrupt import ENDING_SIGNALS
@@ -55,7 +55,7 @@ POLL = 0.5
 _TASKS: dict[tuple[str, str], Any] = {}  # a worker's tasks, by task and parameters
 
 
-JOB_MEMORY = 256 * 2**20
+JOB_MEMORY = PROCESS_MEMORY
 """Memory a ``--jobs`` worker holds at least: a process with torch and its own tasks (220 MB
 measured for the toy task; StackOverflow tasks hold more)."""
 
@@ -69,7 +69,7 @@ def check_jobs(jobs: int) -> None:
     :data:`MAX_JOBS`).
     """
     memory = physical_memory()
-    most = MAX_JOBS if memory <= 0 else max(1, min(MAX_JOBS, memory // JOB_MEMORY))
+    most = processes_that_fit(MAX_JOBS, memory, JOB_MEMORY)
     if jobs > most:
         raise ValueError(
             f"argument --jobs: must be an integer in [1, {most}] on this machine: each job is a "

@@ -21,19 +21,34 @@ Each test failed before its fix (checked against the code before it) and passes 
    memory (in process: 0.43 GB; ``cohort-chunk`` bounded nothing). Now at most
    ``IN_FLIGHT * fast-actors`` chunks are asked ahead of the one consumed: 1.18 GB and 0.39 GB,
    the checkpoint and the ledger identical to the bit.
+4. ``fast-actors`` up to 256 (and the Flower engine's ``ray-cpus / client-cpus`` client actors,
+   up to 256) in a private Ray instance, whatever the memory: each is a process holding torch
+   and the task (262 MB a shard, 220-275 MB a Flower client actor, measured for the toy task),
+   so ``fast-actors = 200`` on this 2-CPU machine of 23.5 GiB set out to start about 52 GB of
+   processes. Now rc 2 before anything is written, ``fast-actors must be an integer in [0, 94]
+   on this machine: …`` (``client-cpus must be at least 0.02128 …``), the bound of ``compare
+   --jobs`` (``core.memory.processes_that_fit``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import ray
 import torch
 from ray.exceptions import ActorDiedError, OutOfMemoryError, RayTaskError
 
+from fedprivopt.cli import main
 from fedprivopt.models.task import TaskError
-from fedprivopt.simulation import fast
+from fedprivopt.simulation import cluster_config, fast
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.engines import check_flower_resources
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.strategies.core import TrainRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "simulations" / "toy.toml"
 
 
 class _Ref:
@@ -141,3 +156,31 @@ def test_3_a_round_asks_a_bounded_window_of_chunks_ahead(fake_shards):
         list(range(s, s + 5)) for s in range(0, 100, 5)
     ]
     assert max(got) <= 2 * fast_actors_ahead()  # before: all 20 asked before the first read
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"fast-actors": 5}, "fast-actors must be an integer in \\[0, 4\\] on this machine"),
+        ({"engine": "flower", "client-cpus": 0.1, "ray-cpus": 1}, "client-cpus must be at least"),
+    ],
+)
+def test_4_private_ray_workers_are_bounded_by_memory(monkeypatch, overrides, key):
+    # 1 GiB: 4 workers
+    monkeypatch.setattr(cluster_config, "physical_memory", lambda: 2**30, raising=False)
+    config = load_config(TOY, overrides)
+    with pytest.raises(ValueError, match=key):
+        check_flower_resources(config)  # what simulate, resume and compare check first
+    fitting = {**overrides, "fast-actors": 4} if "fast-actors" in overrides else {
+        **overrides, "client-cpus": 0.25}  # fmt: skip
+    check_flower_resources(load_config(TOY, fitting))
+
+
+def test_4_simulate_refuses_in_one_line_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(cluster_config, "physical_memory", lambda: 2**30, raising=False)
+    out = tmp_path / "run"
+    rc = main(["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+               "--set", "fast-actors=5"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "fast-actors must be an integer in [0, 4]" in err[0]
+    assert "1.0 GiB of memory" in err[0] and not out.exists()

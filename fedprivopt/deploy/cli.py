@@ -260,6 +260,9 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.run import check_task_dirs_outside
 
     check_task_dirs_outside(config, out)  # the SuperNodes would write their data there
+    from fedprivopt.simulation.engines import check_device
+
+    check_device(config)  # the SuperNodes train on this machine
 
     def progress(line: str) -> None:
         if not args.quiet:

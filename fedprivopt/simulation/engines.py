@@ -30,6 +30,7 @@ from fedprivopt.strategies.core import ServerAlgorithm, drive_round
 
 __all__ = [
     "SERVER_STOP_WAIT",
+    "check_device",
     "check_flower_cluster",
     "check_flower_resources",
     "run_fast",
@@ -158,19 +159,7 @@ def check_flower_resources(config: RunConfig) -> None:
     """
     if check_cluster_config(config) is not None:
         return
-    if config.device.startswith("cuda"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = int(config.device.partition(":")[2] or 0)
-        if count == 0:
-            raise ValueError(
-                f"device must be auto or cpu on this machine (torch finds no CUDA device), "
-                f"got {config.device!r}"
-            )
-        if index >= count:
-            raise ValueError(
-                f"device must be auto, cpu or cuda[:i] with i < {count} (the CUDA devices torch "
-                f"finds on this machine), got {config.device!r}"
-            )
+    check_device(config)
     if config.engine != "flower":
         return
     machine = os.cpu_count() or 1
@@ -192,6 +181,36 @@ def check_flower_resources(config: RunConfig) -> None:
         raise ValueError(
             f"client-gpus must be a number in [0, {gpus}] (the GPUs torch finds on this "
             f"machine), got {config.client_gpus:g}: no client could start"
+        )
+
+
+def check_device(config: RunConfig) -> None:
+    """Refuse a ``device = "cuda[:i]"`` that torch does not find on this machine.
+
+    Every engine trains here (without ``ray-address``), and so do the SuperNodes of
+    ``fedprivopt deploy local`` (thirty-third review of issue 15: ``deploy local --set
+    device='"cuda"'`` on a machine without CUDA started, every ClientApp failed the user query
+    with torch's "Torch not compiled with CUDA enabled", and after 120 s the run released two
+    noise-only rounds, every user on no node, rc 0, where ``simulate`` refuses it).
+
+    Raises
+    ------
+    ValueError
+        Naming ``device`` and the devices of this machine.
+    """
+    if not config.device.startswith("cuda"):
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(config.device.partition(":")[2] or 0)
+    if count == 0:
+        raise ValueError(
+            f"device must be auto or cpu on this machine (torch finds no CUDA device), "
+            f"got {config.device!r}"
+        )
+    if index >= count:
+        raise ValueError(
+            f"device must be auto, cpu or cuda[:i] with i < {count} (the CUDA devices torch "
+            f"finds on this machine), got {config.device!r}"
         )
 
 

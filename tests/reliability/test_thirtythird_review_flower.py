@@ -193,3 +193,23 @@ def test_2_one_nodes_query_error_leaves_its_users_unhosted_as_before(server_side
     rows: list = []
     _start(_strategy(rows), TaskErrorGrid({}, query_errors={100}), rounds=1)
     assert rows[0]["unhosted"] == 3 and rows[0]["received"] == 10  # users 0, 1 and 12
+
+
+# -- finding 3: deploy local with a CUDA device this machine lacks ------------------------------
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:3"])
+def test_3_deploy_local_refuses_a_device_this_machine_lacks(tmp_path, capsys, monkeypatch, device):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    out = tmp_path / "d"
+    args = ["deploy", "local", str(TOY), "--nodes", "2", "--rounds", "1", "--insecure", "--quiet",
+            "--timeout", "1", "--out", str(out), "--set", f'device="{device}"']  # fmt: skip
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip() == (
+        "fedprivopt deploy local: error: device must be auto or cpu on this machine (torch "
+        f"finds no CUDA device), got {device!r}"
+    )
+    assert not out.exists()  # before: SuperLink and SuperNodes started (rc 0 after 180 s)

@@ -62,6 +62,8 @@ from fedprivopt.simulation.ledger_lines import (
     parse_lines,
     privacy_settings,
     released_json,
+    released_less,
+    replay_order,
     round_released,
 )
 
@@ -120,6 +122,7 @@ class RunLedger:
         self.entries = entries
         self._total = merge_ledger(p for e in entries for p in e.released)
         self.replay: list[LedgerEntry] = []
+        self._partial: tuple[int, Ledger] | None = None  # the running round's recorded part
         self._torn_at: int | None = None  # where a torn last line starts; cut at the next append
         self._unterminated = False  # a whole last line lacking its newline: ended on append
 
@@ -446,9 +449,11 @@ class RunLedger:
                     f"{self.path}: the header's {key} = {self.header[key]!r} is not the "
                     f"accountant's {getattr(acc, key)!r}; the ledger was edited: refusing to resume"
                 )
+        previous = None
         for entry in self.entries:
-            expected = round_released(alg.round_events(entry.round))
-            if entry.kind != "round" or entry.released == expected:
+            expected = self._expected(alg, entry, previous)
+            previous = entry
+            if entry.kind == "carried" or entry.released == expected:
                 continue
             field, old, new = "count", count_events(entry.released), count_events(expected)
             if entry.released and expected and len(entry.released) == len(expected) == 1:
@@ -462,6 +467,27 @@ class RunLedger:
                 f"but {CONFIG_FILE} makes a round release {field}={new} ({key}); the ledger or "
                 "the configuration was edited: refusing to resume"
             )
+
+    def _expected(self, alg, entry: LedgerEntry, previous: LedgerEntry | None) -> Ledger:
+        """What ``entry`` must hold were it released by ``alg`` (after line ``previous``).
+
+        A ``partial`` line holds the first of the round's events (ADADP's first cohort) and the
+        ``round`` line after it the rest; a strategy that releases a round in one piece
+        (one event a round) has no ``partial`` line.
+        """
+        events = alg.round_events(entry.round)
+        if entry.kind == "partial":
+            if len(events) < 2:
+                raise ValueError(
+                    f"{self.path}: line {entry.line}: a partial release of round {entry.round}, "
+                    f"but strategy {alg.config.strategy!r} releases a round in one piece; the "
+                    "ledger or the configuration was edited: refusing to resume"
+                )
+            return round_released(events[:1])
+        whole = round_released(events)
+        if previous is not None and previous.kind == "partial" and previous.round == entry.round:
+            return released_less(whole, previous.released)
+        return whole
 
     def check_reported(self, reported: Sequence[tuple[str, float]]) -> None:
         """Raise unless the ledger's ε covers every ε the run reported before.
@@ -499,7 +525,8 @@ class RunLedger:
         start = 0
         if checkpoint is not None:
             _check_accountant_kind(accountant, self.header, checkpoint, self.path.name)
-            anchors = [i for i, e in enumerate(self.entries) if e.round == round_num]
+            ends = [e.round == round_num and e.kind != "partial" for e in self.entries]
+            anchors = [i for i, end in enumerate(ends) if end]
             if not anchors:
                 raise ValueError(
                     f"{checkpoint} is a checkpoint of round {round_num}, but {self.path.name} "
@@ -519,13 +546,8 @@ class RunLedger:
                     "then: the checkpoint or the ledger was edited; refusing to resume"
                 )
         rest = self.entries[start:]
-        rounds = [e.round for e in rest]
-        replayable = (
-            not secure
-            and all(e.kind == "round" and e.params_sha256 for e in rest)
-            and rounds == list(range(round_num + 1, round_num + 1 + len(rest)))
-        )
-        if replayable:
+        self._partial = None
+        if not secure and replay_order(rest, round_num):
             accountant.set_ledger(self.prefix(start))
             self.replay = list(rest)
         else:
@@ -553,7 +575,8 @@ class RunLedger:
     ) -> None:
         """Record round ``round_num`` before anything of it is released; set ``accountant``.
 
-        ``events`` are what the round released and ``params`` the released model. A replayed
+        ``events`` are what the round released (the line holds those not recorded by
+        :meth:`record_partial` for this round already) and ``params`` the released model. A replayed
         round identical to its first release adds nothing (the accountant, which has just
         counted the round, then equals the ledger up to that line); anything else is appended
         (fsynced) and the accountant becomes the whole ledger.
@@ -561,31 +584,80 @@ class RunLedger:
         Raises
         ------
         ValueError
-            A replayed round (seeded mode) that differs from its first release. It drew the
-            same cohort and noise as that release (the seed's), so releasing it too would
-            reveal the difference of the two without noise, which no charge covers: nothing of
-            it is released or written (twenty-ninth review of issue 15; it used to be charged
-            as a second release, and under tree aggregation inside a restart period not at all).
+            A replayed round (seeded mode) that differs from its first release
+            (:meth:`_replayed`).
         """
         released = round_released(events)
+        partial, self._partial = self._partial, None
+        if partial is not None and partial[0] == round_num:
+            released = released_less(released, partial[1])
         digest = params_sha256(params)
         if self.replay:
-            head = self.replay[0]
-            if (head.round, head.released, head.params_sha256) == (round_num, released, digest):
-                self.replay.pop(0)
-                if accountant.num_events != head.events:
-                    accountant.set_ledger(self.prefix(self.entries.index(head) + 1))
-                return
+            head = self._replayed(round_num, "round", released, digest)
+            if accountant.num_events != head.events:
+                accountant.set_ledger(self.prefix(self.entries.index(head) + 1))
+            return
+        self.append(round_num, released, digest, participants=participants)
+        accountant.set_ledger(self._total)
+
+    def record_partial(
+        self, round_num: int, events: Sequence[SubsampledGaussianEvent], point: torch.Tensor
+    ) -> None:
+        """Record the part of round ``round_num`` released before the round ends.
+
+        ADADP sends its second cohort the half-step point, a function of the round's first
+        noised sum, before the round's model exists. That release is recorded (fsynced) first,
+        as a ``partial`` line with ``events`` and the digest of ``point``; the round's
+        :meth:`record` then records the rest of its events. Thirty-third review of issue 15:
+        with only the round's line, a run stopped between the two (a kill, a lost SuperLink)
+        and resumed released cohort 1's sum again: in secure mode with fresh noise and the
+        first release uncharged, in seeded mode with the same noise, so the two points'
+        difference revealed the difference of the two sums without noise. The accountant is
+        set by the round's :meth:`record`.
+
+        Raises
+        ------
+        ValueError
+            A replayed round (seeded mode) whose point differs from its first release's:
+            nothing of it is released (see :meth:`record`).
+        """
+        released = round_released(events)
+        digest = params_sha256(point)
+        if self.replay and self.replay[0].kind == "round" and self.replay[0].round == round_num:
+            self._partial = (round_num, ())  # a line of a version without partial lines
+            return
+        if self.replay:
+            self._replayed(round_num, "partial", released, digest)
+        else:
+            self.append(round_num, released, digest, kind="partial")
+        self._partial = (round_num, released)
+
+    def _replayed(self, round_num: int, kind: str, released: Ledger, digest: str) -> LedgerEntry:
+        """Take the next replayed line, which must be this release (seeded resume).
+
+        Raises
+        ------
+        ValueError
+            If it is not: the redone round drew its first release's cohort and noise (the
+            seed's), so releasing it too would reveal the difference of the two without noise,
+            which no charge covers: nothing of it is released or written (twenty-ninth review
+            of issue 15; it used to be charged as a second release, and under tree aggregation
+            inside a restart period not at all).
+        """
+        head = self.replay[0]
+        if (head.kind, head.round, head.released, head.params_sha256) != (
+            kind, round_num, released, digest,
+        ):  # fmt: skip
+            what = "its first cohort's point" if kind == "partial" else "it"
             raise ValueError(
                 f"round {round_num}, redone from the checkpoint, came out other than its first "
                 f"release (line {head.line} of {self.path.name}): with the seed's noise again, "
-                "releasing it would reveal the difference of the two without noise, so nothing "
-                "of it was released; a client that failed or answered differently, another "
-                "device or edited code changes a redone round: resume where those are as they "
-                "were, or start a new run"
+                f"releasing {what} would reveal the difference of the two without noise, so "
+                "nothing of it was released; a client that failed or answered differently, "
+                "another device or edited code changes a redone round: resume where those are "
+                "as they were, or start a new run"
             )
-        self.append(round_num, released, digest, participants=participants)
-        accountant.set_ledger(self._total)
+        return self.replay.pop(0)
 
     # -- ledgers of earlier versions --------------------------------------------------------
 

@@ -45,6 +45,8 @@ __all__ = [
     "participants_sha256",
     "privacy_settings",
     "released_json",
+    "released_less",
+    "replay_order",
     "round_released",
     "tree_participants",
 ]
@@ -152,6 +154,41 @@ def round_released(events: Sequence[SubsampledGaussianEvent]) -> Ledger:
     return merge_ledger((e, 1) for e in events)
 
 
+def released_less(released: Ledger, part: Ledger) -> Ledger:
+    """``released`` without the events of ``part`` (the part of a round recorded before it).
+
+    Raises
+    ------
+    ValueError
+        If ``part`` holds an event ``released`` does not (a round cannot release less than it
+        already did).
+    """
+    counts = dict(released)
+    for event, count in part:
+        if counts.get(event, 0) < count:
+            raise ValueError(f"a round's events {released} do not hold its recorded part {part}")
+        counts[event] -= count
+    return tuple((event, counts[event]) for event, _ in released if counts[event])
+
+
+def replay_order(entries: Sequence[LedgerEntry], round_num: int) -> bool:
+    """Whether ``entries`` are exactly the releases of rounds ``round_num + 1, round_num + 2, …``.
+
+    Each round is one ``round`` line, or a ``partial`` line and then its ``round`` line; the
+    last round may have only its ``partial`` line (a run stopped between the two). Every line
+    has the digest of what it released. Only such lines can be replayed by a seeded resume.
+    """
+    expected = round_num + 1
+    for i, entry in enumerate(entries):
+        if entry.round != expected or not entry.params_sha256:
+            return False
+        if entry.kind == "round":
+            expected += 1
+        elif entry.kind != "partial" or (i + 1 < len(entries) and entries[i + 1].kind != "round"):
+            return False
+    return True
+
+
 def count_events(released: Ledger) -> int:
     """The number of events in ``released``."""
     return sum(c for _, c in released)
@@ -163,9 +200,12 @@ class LedgerEntry:
 
     Attributes
     ----------
-    kind : {"round", "carried"}
-        ``round``: the release of one round; ``carried``: events taken over from a checkpoint or
-        an older ledger when an earlier version's ledger was converted.
+    kind : {"round", "partial", "carried"}
+        ``round``: the release of one round; ``partial``: the part of a round released before it
+        ends (ADADP's half-step point, a function of the round's first noised sum, sent to its
+        second cohort), whose ``round`` line then holds the rest of the round's events;
+        ``carried``: events taken over from a checkpoint or an older ledger when an earlier
+        version's ledger was converted.
     round : int
     released : tuple of (SubsampledGaussianEvent, int)
     events : int
@@ -267,7 +307,7 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
     total = 0
     for i, row in enumerate(rows[1:], 2):
         kind = row.get("kind")
-        if kind not in ("round", "carried"):
+        if kind not in ("round", "partial", "carried"):
             raise bad(i, f"unknown kind {kind!r}")
         if not is_int(row.get("round"), 1) or not is_int(row.get("events")):
             raise bad(i, "round and events must be integers")

@@ -25,6 +25,7 @@ from fedprivopt.models.task import (
     primary_metric,
     private_evaluation_users,
 )
+from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import save_checkpoint
 from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
@@ -120,6 +121,8 @@ class RunWriter:
         self.tensorboard = (
             TensorBoardLog(out, first_round=algorithm.round_num + 1) if config.tensorboard else None
         )
+        if ledger is not None:
+            algorithm.on_partial_release = self.on_partial_release
 
     def save_checkpoint(self) -> None:
         """Checkpoint the algorithm (:func:`~fedprivopt.simulation.checkpoint.save_checkpoint`).
@@ -152,6 +155,17 @@ class RunWriter:
         return (
             self.algorithm.round_num == round_num and not self.algorithm.budget_allows_next_round()
         )
+
+    def on_partial_release(
+        self, round_num: int, events: list[SubsampledGaussianEvent], point: torch.Tensor
+    ) -> None:
+        """Record the part of a round sent out before it ends (ADADP's half-step point).
+
+        Its ledger line (fsynced) comes before the point leaves for the second cohort
+        (:meth:`~fedprivopt.simulation.ledger.RunLedger.record_partial`).
+        """
+        check_held(self.out)
+        self.ledger.record_partial(round_num, events, point)
 
     def on_round(self, result: RoundResult, eval_metrics: dict[str, float] | None) -> None:
         """Record one finished round: the ledger line, a metrics row if evaluated, a checkpoint.

@@ -264,6 +264,12 @@ class DPFedAvgADADP(ServerAlgorithm):
         updates_1 = yield TrainRequest(round_num, users_1, self.params, None, cfg, "train")
         agg_1 = self.aggregate(round_num, updates_1, stream="train", cohort=users_1)
         half = self.controller.half_step(self.opt_state, self.params, agg_1.delta_tilde)
+        if self.on_partial_release is not None:
+            # the half-step point is a function of cohort 1's noised sum, sent to cohort 2
+            # before the round ends: the ledger records that release first (thirty-third
+            # review of issue 15: a kill after it, then --resume, released cohort 1's sum a
+            # second time, uncharged in secure mode and without noise in seeded mode)
+            self.on_partial_release(round_num, self.round_events(round_num)[:1], half)
         users_2 = self.sample(round_num, "sampling-2")
         updates_2 = yield TrainRequest(round_num, users_2, half, None, cfg, "train-2")
         agg_2 = self.aggregate(round_num, updates_2, stream="train-2", cohort=users_2)

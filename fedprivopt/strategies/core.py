@@ -109,6 +109,10 @@ class RoundResult:
     rejected: dict[int, str] = field(default_factory=dict)
 
 
+PartialRelease = Callable[[int, list[SubsampledGaussianEvent], torch.Tensor], None]
+"""``on_partial_release(round_num, events, point)``: see :class:`ServerAlgorithm`."""
+
+
 NOISE_HEADROOM = 64.0
 """How far below the model dtype's largest number the noise std of a round's sum must stay.
 
@@ -199,6 +203,10 @@ class ServerAlgorithm:
         self.transform = self.make_transform()
         self.opt_state = self.init_state()
         self.stopped_reason: str | None = None
+        #: Called as ``(round_num, events, point)`` before a round sends out a point computed
+        #: from a noised sum of the same round (ADADP's half step), so that the run's ledger
+        #: records that part of the round first (``RunWriter`` sets it; ``None``: no ledger).
+        self.on_partial_release: PartialRelease | None = None
 
     # -- construction hooks ------------------------------------------------------------------
 

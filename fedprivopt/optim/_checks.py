@@ -8,7 +8,8 @@ programming error that must not be silently broadcast or cast away.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import torch
 
@@ -21,6 +22,7 @@ __all__ = [
     "check_noise_variance_spec",
     "check_params",
     "check_real",
+    "check_state",
     "check_update_inputs",
     "check_vector",
     "resolve_noise_variance",
@@ -36,6 +38,29 @@ def check_params(params: object) -> torch.Tensor:
     if not params.is_floating_point():
         raise ValueError(f"params must have a floating dtype, got {params.dtype}")
     return params
+
+
+S = TypeVar("S")
+
+
+def check_state(state: object, state_type: type[S]) -> S:
+    """Check that ``state`` is a ``state_type`` (the state an ``update`` call was given).
+
+    Thirty-third review of issue 15: ``adam(...).update(delta, state)`` with ``None``, with the
+    dict of :func:`~fedprivopt.optim.state_to_dict` (a checkpoint's ``opt_state``, not rebuilt)
+    or with another transform's state raised ``AttributeError: 'dict' object has no attribute
+    'mu'`` (every transform, ADADP's controller, :func:`~fedprivopt.optim.phase`); ``adam``
+    took a DP-AdamBC state and went on from its moments.
+    """
+    if not isinstance(state, state_type):
+        name = state_type.__name__
+        article = "an" if name[0] in "AEIOU" else "a"
+        hint = f": rebuild it with {name}.from_dict" if isinstance(state, Mapping) else ""
+        raise ValueError(
+            f"state must be {article} {name} (from init() or {name}.from_dict()), got "
+            f"{type(state).__name__}{hint}"
+        )
+    return state
 
 
 def check_in_dtype(name: str, value: float | None, params: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from fedprivopt.core.text import shown
 
-from ._checks import check_params, check_real, check_vector
+from ._checks import check_params, check_real, check_state, check_vector
 from .base import StateDictMixin, record_hparams
 
 __all__ = [
@@ -259,6 +259,7 @@ class ADADPController:
         self, state: ADADPState, params: torch.Tensor, delta_1: torch.Tensor
     ) -> torch.Tensor:
         """Return the full-step point ``w + η Δ̃₁`` (a new tensor)."""
+        check_state(state, ADADPState)
         _check_inputs(params, delta_1=delta_1)
         return params + state.learning_rate * delta_1
 
@@ -266,6 +267,7 @@ class ADADPController:
         self, state: ADADPState, params: torch.Tensor, delta_1: torch.Tensor
     ) -> torch.Tensor:
         """Return the half-step point ``w + (η/2) Δ̃₁``, where cohort 2 trains (a new tensor)."""
+        check_state(state, ADADPState)
         _check_inputs(params, delta_1=delta_1)
         return params + (0.5 * state.learning_rate) * delta_1
 
@@ -305,9 +307,11 @@ class ADADPController:
         Raises
         ------
         ValueError
-            If the tensors disagree in shape, dtype or device. A round whose error is not
-            finite is a failed step (the model then diverges if the error is NaN).
+            If the state is not an :class:`ADADPState` or the tensors disagree in shape, dtype
+            or device. A round whose error is not finite is a failed step (the model then
+            diverges if the error is NaN).
         """
+        check_state(state, ADADPState)
         _check_inputs(params, delta_1=delta_1, delta_2=delta_2)
         lr = state.learning_rate
         full = params + lr * delta_1

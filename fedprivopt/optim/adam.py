@@ -10,7 +10,14 @@ import torch
 
 from fedprivopt.core.text import shown
 
-from ._checks import check_bool, check_int, check_params, check_real, check_update_inputs
+from ._checks import (
+    check_bool,
+    check_int,
+    check_params,
+    check_real,
+    check_state,
+    check_update_inputs,
+)
 from .base import ServerTransform, StateDictMixin, record_hparams
 
 __all__ = ["AdamState", "adam", "flower_fedadam"]
@@ -147,7 +154,7 @@ def adam(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, AdamState]:
-        check_update_inputs(delta_tilde, params, state.mu)
+        check_update_inputs(delta_tilde, params, check_state(state, AdamState).mu)
         tau_t = tau if tau is not None else _noise_tau(noise_variance)
         count = state.count + 1
         mu = torch.lerp(state.mu, delta_tilde, 1.0 - b1)

@@ -13,6 +13,7 @@ from ._checks import (
     check_noise_variance_spec,
     check_params,
     check_real,
+    check_state,
     check_update_inputs,
     resolve_noise_variance,
 )
@@ -148,7 +149,7 @@ def adam_bc(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, AdamBCState]:
-        check_update_inputs(delta_tilde, params, state.mu)
+        check_update_inputs(delta_tilde, params, check_state(state, AdamBCState).mu)
         t = state.count + 1
         phi_t = resolve_noise_variance(phi_spec, noise_variance, t)
         mu = torch.lerp(state.mu, delta_tilde, 1.0 - b1)
@@ -212,7 +213,7 @@ def noise_corrected_second_moment(state: AdamBCState, *, beta2: float) -> torch.
         If the state has no update yet or ``beta2`` is outside ``[0, 1)``.
     """
     b2 = check_real("beta2", beta2, low=0.0, high=1.0, high_open=True)
-    if state.count < 1:
+    if check_state(state, AdamBCState).count < 1:
         raise ValueError("state.count must be in [1, inf) (at least one update), got 0")
     bc2 = 1.0 - b2**state.count
     return state.nu.div(bc2).sub_(state.noise_ema / bc2)

@@ -16,6 +16,7 @@ from ._checks import (
     check_noise_variance_spec,
     check_params,
     check_real,
+    check_state,
     check_update_inputs,
     resolve_noise_variance,
 )
@@ -71,7 +72,7 @@ class DP2State(StateDictMixin):
 
 def phase(state: DP2State) -> Phase:
     """Return the phase of the next round: ``"sgd"`` or ``"adaptive"``."""
-    return "adaptive" if state.adaptive else "sgd"
+    return "adaptive" if check_state(state, DP2State).adaptive else "sgd"
 
 
 def preconditioner(state: DP2State) -> torch.Tensor | None:
@@ -82,7 +83,7 @@ def preconditioner(state: DP2State) -> torch.Tensor | None:
     clients train plainly and the transform applies ``P`` itself after noising, so nothing is
     broadcast; this function still reports the ``P`` the server will use.
     """
-    return state.preconditioner if state.adaptive else None
+    return state.preconditioner if check_state(state, DP2State).adaptive else None
 
 
 def dp2(
@@ -257,7 +258,7 @@ def dp2(
         *,
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, DP2State]:
-        check_update_inputs(delta_tilde, params, state.accumulator)
+        check_update_inputs(delta_tilde, params, check_state(state, DP2State).accumulator)
         t = state.count + 1
         if state.adaptive:
             if noise_first:

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ._checks import check_bool, check_params, check_real, check_update_inputs
+from ._checks import check_bool, check_params, check_real, check_state, check_update_inputs
 from .base import ServerTransform, StateDictMixin, record_hparams
 
 __all__ = ["MomentumState", "capped_rate", "momentum_sgd", "momentum_sgd_rate"]
@@ -113,7 +113,7 @@ def momentum_sgd(
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, MomentumState]:
         rate = momentum_sgd_rate(hparams, noise_variance)
-        check_update_inputs(delta_tilde, params, state.momentum)
+        check_update_inputs(delta_tilde, params, check_state(state, MomentumState).momentum)
         m = state.momentum.mul(beta).add_(delta_tilde) if beta else delta_tilde.clone()
         direction = m.mul(beta).add_(delta_tilde) if nesterov else m
         step = direction.mul(rate)

@@ -29,6 +29,13 @@
    got 4``: a key and a value the user never gave, and a range without an integer. Now the line
    says the default (or ``public-users`` with ``users`` unset) takes 4 public users, 1 % of the
    population, and what to change (``clients-per-round`` at most population - 1, or the kind).
+5. At the Python API, ``adam(...).update(delta, state)`` given ``None``, the dict of
+   ``state_to_dict`` (a checkpoint's ``opt_state`` not rebuilt with ``from_dict``) or another
+   transform's state: ``AttributeError: 'dict' object has no attribute 'mu'`` (every transform,
+   ``ADADPController.update``/``half_step``/``full_step``, ``phase``, ``preconditioner``,
+   ``noise_corrected_second_moment``), and ``adam`` took a DP-AdamBC state and stepped from its
+   moments. Now one ``ValueError``: ``state must be an AdamState (from init() or
+   AdamState.from_dict()), got dict: rebuild it with AdamState.from_dict``.
 """
 
 from __future__ import annotations
@@ -203,3 +210,44 @@ def test_4_a_given_users_count_is_still_named_as_given():
             {"kind": "public-users", "users": 31}, _BagOfWords(), population=40,
             clients_per_round=10,
         )  # fmt: skip
+
+
+# -- finding 5: a state of another kind given to a transform -----------------------------------
+
+_TRANSFORMS = {
+    "MomentumState": lambda: optim.momentum_sgd(learning_rate=1.0),
+    "AdamState": lambda: optim.adam(learning_rate=0.1),
+    "AdamBCState": lambda: optim.adam_bc(learning_rate=0.1, gamma=None, noise_variance=0.01),
+    "DP2State": lambda: _dp2(epsilon=1e-3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TRANSFORMS))
+def test_5_update_refuses_a_state_of_another_kind_by_name(name):
+    transform, params, delta = _TRANSFORMS[name](), torch.zeros(3), torch.ones(3)
+    state = transform.init(params)
+    other = "AdamState" if name == "AdamBCState" else "AdamBCState"
+    for wrong, got in [(None, "NoneType"), (state.to_dict(), "dict")]:
+        with pytest.raises(ValueError, match=rf"^state must be an? {name} .*got {got}"):
+            transform.update(delta, wrong, params, noise_variance=0.01)
+    if name != "AdamBCState":  # an AdamBCState has Adam's fields: adam went on from its moments
+        wrong = _TRANSFORMS[other]().init(params)
+        with pytest.raises(ValueError, match=rf"state must be an? {name} .*got {other}$"):
+            transform.update(delta, wrong, params, noise_variance=0.01)
+    rebuilt = type(state).from_dict(state.to_dict())  # what the message advises
+    transform.update(delta, rebuilt, params, noise_variance=0.01)
+
+
+def test_5_the_state_readers_refuse_another_kind_by_name():
+    params = torch.zeros(2)
+    controller = optim.adadp(learning_rate=1.0, tolerance=1.0)
+    with pytest.raises(ValueError, match=r"an ADADPState .*got dict: rebuild it with ADADP"):
+        controller.update(controller.init().to_dict(), params, params, params)
+    for call in (controller.half_step, controller.full_step):
+        with pytest.raises(ValueError, match=r"an ADADPState .*got NoneType$"):
+            call(None, params, params)
+    for read in (optim.phase, optim.preconditioner):
+        with pytest.raises(ValueError, match=r"a DP2State .*got dict"):
+            read({})
+    with pytest.raises(ValueError, match=r"an AdamBCState .*got NoneType"):
+        optim.noise_corrected_second_moment(None, beta2=0.9)

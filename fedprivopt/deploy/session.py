@@ -26,6 +26,7 @@ from typing import Any
 
 from fedprivopt.deploy.processes import ProcessSet
 from fedprivopt.deploy.workdir import FLWR_HOME_NAME
+from fedprivopt.models.task import TaskError
 
 __all__ = [
     "CONNECTION",
@@ -96,6 +97,34 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+_TASK_ERROR_LINE = f"{TaskError.__module__}.{TaskError.__name__}: "
+_ERROR_SCAN_BYTES = 1 << 20  # of the ServerApp log's end, where its error is
+
+
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _task_error(path: Path, start: int) -> TaskError | None:
+    """The task's error that ended the ServerApp, from what its log got after ``start``.
+
+    The ServerApp's traceback ends in the line ``fedprivopt.models.task.TaskError: <message>``
+    (a task breaking its protocol: :mod:`fedprivopt.models.task_calls`, every node answering so).
+    Only this run's part of the log is read: a failed deployment's log is kept and appended to.
+    """
+    try:
+        with path.open("rb") as log:
+            log.seek(max(start, _log_size(path) - _ERROR_SCAN_BYTES))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [line for line in text.splitlines() if line.startswith(_TASK_ERROR_LINE)]
+    return TaskError(lines[-1][len(_TASK_ERROR_LINE) :].strip()) if lines else None
 
 
 class Deployment:
@@ -197,7 +226,19 @@ def wait_nodes(dep: Deployment, nodes: int, deadline: float) -> None:
 
 
 def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
-    """Wait for ``summary.json``; report rows; fail early if the run ends without one."""
+    """Wait for ``summary.json``; report rows; fail early if the run ends without one.
+
+    Raises
+    ------
+    TaskError
+        When the run ended on the task's error (thirty-third review of issue 15: the deployment
+        ended with rc 1 and the last 40 lines of the ServerApp's log, its traceback, where
+        ``simulate`` says the error in one line with rc 2).
+    RuntimeError, TimeoutError
+        When the run ended otherwise without a summary, or did not end in time.
+    """
+    server_log = dep.procs.log_path("serverapp")
+    start = _log_size(server_log)  # the log of an earlier, failed deployment is kept
     stream = dep.procs.start(
         "flwr-log",
         [executable("flwr"), "log", run_id, CONNECTION, "--stream"],
@@ -236,9 +277,12 @@ def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
                     "serverapp",
                 )
             else:
+                failure = _task_error(server_log, start)
+                if failure is not None:
+                    raise failure
                 raise RuntimeError(
                     f"run {run_id} ended ({status}: {details}) without writing {summary}; "
-                    f"ServerApp log:\n{_tail(dep.procs.log_path('serverapp'))}"
+                    f"ServerApp log:\n{_tail(server_log)}"
                 )
         dep.check_alive()
         if time.monotonic() > deadline:

@@ -21,12 +21,25 @@
    rounds with all 6 users on no node, rc 0 (the fast engine: rc 2, one line). Now every node
    answering the query with the task's error (at least ``min_nodes``) ends the run at once:
    rc 2, ``... there is nothing to train (the answer of all 6 nodes to the user query)``.
+3. ``deploy local toy.toml --nodes 2 --set device='"cuda"'`` on a machine without CUDA (every
+   SuperNode of ``deploy local`` trains on this machine): started the SuperLink and SuperNodes,
+   every ClientApp failed the user query (``Torch not compiled with CUDA enabled``), and after
+   120 s the run released 2 noise-only rounds with every user on no node, ε 10.28, rc 0 after
+   3 minutes; ``simulate`` refuses it. Now rc 2 before anything is written or started, the
+   line of ``simulate`` (``engines.check_device``).
+4. ``deploy local`` of the task of 1 (2 SuperNodes): after finding 1 the ServerApp ends on the
+   task's error, and the deployment said ``failed: run N ended (finished:failed: ...) without
+   writing summary.json; ServerApp log:`` and its last 40 lines, a traceback, rc 1. Now
+   ``fedprivopt deploy local: error: BadTask.loss() must return ... (the answer of all 2 nodes
+   asked in round 1)``, rc 2, as ``simulate`` (``session.follow`` reads the error from the part
+   of the ServerApp log this run wrote; a failed deployment's log is kept and appended to).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,6 +50,7 @@ from fedprivopt.cli import main
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import clear_cache, get_task_and_trainer, make_client_app
 from fedprivopt.clients.messages import TASK_ERROR
+from fedprivopt.deploy.session import follow
 from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
@@ -213,3 +227,62 @@ def test_3_deploy_local_refuses_a_device_this_machine_lacks(tmp_path, capsys, mo
         f"finds no CUDA device), got {device!r}"
     )
     assert not out.exists()  # before: SuperLink and SuperNodes started (rc 0 after 180 s)
+
+
+# -- finding 4: deploy local whose run ends on the task's error ---------------------------------
+
+SERVER_LOG = """INFO :      [fedprivopt] run 7 writes to /x
+ERROR :     ServerApp raised an exception
+Traceback (most recent call last):
+  File "fedprivopt/strategies/flower.py", line 412, in _updates
+    raise _task_failure(task_errors, where)
+fedprivopt.models.task.TaskError: {message}
+ERROR :     Exit Code: 201
+"""
+
+
+class _Procs:
+    """The ``procs`` of a deployment whose ``flwr log --stream`` writes ``text`` and ends."""
+
+    def __init__(self, log: Path, text: str) -> None:
+        self.log, self.text = log, text
+
+    def log_path(self, name: str) -> Path:
+        return self.log
+
+    def start(self, role, argv, name):
+        with self.log.open("a") as log:
+            log.write(self.text)
+        return SimpleNamespace(poll=lambda: 0)
+
+
+class _Deployment:
+    """What :func:`session.follow` uses of a deployment whose run failed."""
+
+    def __init__(self, log: Path, text: str) -> None:
+        self.procs = _Procs(log, text)
+
+    def say(self, text: str) -> None:
+        pass
+
+    def check_alive(self) -> None:
+        pass
+
+    def flwr(self, *args, timeout=120.0):
+        return {"runs": [{"status": "finished:failed", "status-details": "ServerApp raised"}]}
+
+
+def test_4_a_deployment_ending_on_the_tasks_error_says_it_in_one_line(tmp_path):
+    message = f"{LOSS_LINE}; got ... (the answer of all 2 nodes asked in round 1)"
+    dep = _Deployment(tmp_path / "serverapp.log", SERVER_LOG.format(message=message))
+    with pytest.raises(TaskError) as caught:  # before: RuntimeError with the log's 40 lines
+        follow(dep, tmp_path, "7", deadline=float("inf"))
+    assert str(caught.value) == message
+
+
+def test_4_an_earlier_deployments_task_error_is_not_taken_for_this_ones(tmp_path):
+    log = tmp_path / "serverapp.log"
+    log.write_text(SERVER_LOG.format(message="an earlier run's error"))
+    dep = _Deployment(log, "ERROR :     ServerApp raised an exception\nOSError: disk full\n")
+    with pytest.raises(RuntimeError, match=r"ended \(finished:failed: ServerApp raised\) without"):
+        follow(dep, tmp_path, "7", deadline=float("inf"))

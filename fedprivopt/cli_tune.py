@@ -416,7 +416,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.report import write_report
     from fedprivopt.simulation.rundata import load_runs
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
-    from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned
+    from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned, tunings_lines
     from fedprivopt.simulation.tune_untuned import (
         REPORT_TITLE,
         check_out_outside,
@@ -438,7 +438,8 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     runs, by_plan, sigmas = [], {}, {}
     try:
-        for checked in check_tunings(tuned):  # a strategy's tunings are seeds of one plan
+        checks = check_tunings(tuned)
+        for checked in checks:  # a strategy's tunings are seeds of one plan
             runs.append(load_tuned(checked.path, checked))
             by_plan.setdefault(checked.plan["strategy"], []).append(checked)
             sigmas.setdefault(checked.plan["strategy"], set()).add(runs[-1].noise_multiplier)
@@ -472,7 +473,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     # noise-multiplier that released different sigmas fell into rows of one tuning each (n 1)
     rows = {(s, tuple(sorted(sigmas[s]))): (len(c), composed_epsilon(c, len(c)))
             for s, c in by_plan.items()}  # fmt: skip
-    notes += "\n" + "\n".join(composition_lines(rows, empty=False))
+    notes += "\n" + "\n".join([*composition_lines(rows, empty=False), *tunings_lines(checks)])
     report = _write_whole_report(out, lambda: write_report(
         out, runs, title=REPORT_TITLE, metric=args.metric, notes=notes,
         epsilon_text=_COMPARE_TUNED_EPSILON))  # fmt: skip

@@ -30,6 +30,8 @@ __all__ = [
     "privacy_note",
     "selection_note",
     "summary_of",
+    "trial_count_text",
+    "tunings_lines",
     "write_tune_outputs",
 ]
 
@@ -288,16 +290,20 @@ def _costliest(summary: dict[str, Any]) -> str:
     )
 
 
+def trial_count_text(tc: Mapping[str, Any]) -> str:
+    """A tuning's distribution of the number of trials in words (its ``trial_count``)."""
+    if tc["distribution"] == "poisson":
+        return f"Poisson with mean {tc['mean']:g}"
+    return (
+        f"truncated negative binomial, eta {tc['shape']:g}, gamma {tc['gamma']:.6g}, "
+        f"mean {tc['mean']:g}"
+    )
+
+
 def _markdown(summary: dict[str, Any]) -> str:
     metric, best, single = summary["metric"], summary["best"], summary["single_run"]
     keys = list(summary["grid"])
-    tc = summary["trial_count"]
-    dist = (
-        f"Poisson with mean {tc['mean']:g}"
-        if tc["distribution"] == "poisson"
-        else f"truncated negative binomial, eta {tc['shape']:g}, gamma {tc['gamma']:.6g}, "
-        f"mean {tc['mean']:g}"
-    )
+    dist = trial_count_text(summary["trial_count"])
     lines = [
         f"# fedprivopt tune: {summary['strategy']} on {summary['preset']}",
         "",
@@ -382,3 +388,56 @@ def load_tuned(path: str | Path, checked=None):
     run, eps = checked.run, checked.epsilon
     tuned = {**run.summary, "strategy": run.strategy + TUNED_SUFFIX, "epsilon": eps}
     return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps)
+
+
+def tunings_lines(checks: Sequence[Any]) -> list[str]:
+    """``compare-tuned``'s note on how each strategy was tuned, and what each tuning released.
+
+    ``checks`` are :func:`~fedprivopt.simulation.tune_check.check_tunings`' results. One row per
+    strategy (its tunings share grid, trial count and metric), a sentence when the strategies
+    were not tuned alike, and each tuning's released hyperparameters.
+
+    Thirty-third review of issue 15 (results, finding 5): ``compare-tuned`` of ``tune --strategy
+    dp-fedavg --grid num-server-rounds=1,2`` (selected by accuracy) and ``tune --strategy
+    dp-fedadam --grid server-learning-rate=0.01,0.03,0.1 --metric eval_loss`` recorded neither
+    grid nor selection metric: the two rows read as equal procedures.
+    """
+    from fedprivopt.simulation.report import _cell
+
+    by_strategy: dict[str, list[Any]] = {}
+    for check in checks:
+        by_strategy.setdefault(check.plan["strategy"], []).append(check)
+    lines = ["", "How each strategy was tuned (its tunings differ in the tuning seed alone):", "",
+             "| strategy | tunings | grid | grid points | trials per tuning | selection |",
+             "|---|---:|---|---:|---|---|"]  # fmt: skip
+    points, counts, metrics = {}, set(), set()
+    for strategy, group in by_strategy.items():
+        plan = group[0].plan
+        points[strategy] = math.prod(len(v) for v in plan["grid"].values())
+        counts.add(json.dumps(plan["trial_count"], sort_keys=True))
+        metrics.add(plan["metric"])
+        grid = "; ".join(f"{k} in {v}" for k, v in plan["grid"].items())
+        mode = "min" if plan["metric"] == "eval_loss" else "max"
+        lines.append(f"| {_cell(strategy + TUNED_SUFFIX)} | {len(group)} | {_cell(grid)} | "
+                     f"{points[strategy]} | "
+                     f"{trial_count_text(plan['trial_count'])} | {mode} of "
+                     f"`{_cell(plan['metric'])}` |")  # fmt: skip
+    differ = []
+    if len(set(points.values())) > 1:
+        differ.append(f"grid sizes ({', '.join(f'{s}: {n}' for s, n in points.items())} points)")
+    if len(counts) > 1:
+        differ.append("distributions of the number of trials")
+    if len(metrics) > 1:
+        differ.append(f"selection metrics ({', '.join(sorted(metrics))})")
+    if differ:
+        lines += ["", f"**The strategies were not tuned alike:** their {'; '.join(differ)} "
+                  "differ, so the rows do not compare procedures of equal search or "
+                  "criterion."]  # fmt: skip
+    lines += ["", "| tuning | strategy | released trial | hyperparameters |", "|---|---|---|---|"]
+    for check in checks:
+        label = check.best_dir.name
+        drawn = {t["trial"]: t["hyperparameters"] for t in check.plan["trials"]}
+        hp = ", ".join(f"{k} = {v!r}" for k, v in drawn.get(label, {}).items())
+        name = check.plan["strategy"] + TUNED_SUFFIX
+        lines.append(f"| {_cell(check.path)} | {_cell(name)} | {label} | {_cell(hp)} |")
+    return lines

@@ -27,6 +27,14 @@
    the std is meant to two significant digits (a spread of 100 or more kept all its digits;
    near float32's largest loss 39 digits each). Now ``1.143e+19 ± 6.3e+17``; a spread
    below a million is rounded likewise (``1000 ± 120``), a smaller one written as before.
+5. ``compare-tuned T0 F`` of ``tune toy.toml --grid num-server-rounds=1,2 --seed 0`` (dp-fedavg,
+   selected by accuracy) and ``tune toy.toml --strategy dp-fedadam --grid
+   server-learning-rate=0.01,0.03,0.1 --metric eval_loss`` (three points, selected by the
+   loss): ``report.md`` recorded no tuning's grid, trial distribution or selection metric
+   (``compare --tune-grid`` lists its tunings' commands), and set the two rows side by side as
+   equal procedures. Now its notes give each strategy's grid, grid points, trials per tuning and
+   selection, each tuning's released hyperparameters, and "The strategies were not tuned
+   alike: their grid sizes (…); selection metrics (…) differ" when they were not.
 """
 
 from __future__ import annotations
@@ -56,6 +64,19 @@ def rounds_tunings(tmp_path_factory) -> list[Path]:
         ])  # fmt: skip
         assert code == 0
     return tunings
+
+
+@pytest.fixture(scope="module")
+def overflowing(tmp_path_factory) -> Path:
+    """A comparison whose dp-fedavg models overflow (diverged) and fedavg's losses reach 1e19."""
+    out = tmp_path_factory.mktemp("r33") / "c"
+    code = main([
+        "compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--seeds", "2", "--rounds", "1",
+        "--set", "strategies.dp-fedavg.server-learning-rate=3e37",
+        "--set", "strategies.fedavg.server-learning-rate=1e20", "--out", str(out), "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    return out
 
 
 def _csv_rows(path: Path) -> list[dict[str, str]]:
@@ -92,17 +113,13 @@ def test_1_rows_whose_seeds_agree_keep_one_count(rounds_tunings, tmp_path, capsy
 # -- finding 2: summary.csv says how many seeds diverged ----------------------------------------
 
 
-def test_2_summary_csv_counts_diverged_seeds(tmp_path, capsys):
-    out = tmp_path / "c"
-    code = main([
-        "compare", str(TOY), "--strategies", "dp-fedavg", "--seeds", "2", "--rounds", "1",
-        "--set", "server-learning-rate=3e37", "--out", str(out), "--quiet",
-    ])  # fmt: skip
-    assert code == 0
+def test_2_summary_csv_counts_diverged_seeds(overflowing, capsys):
     capsys.readouterr()
-    (row,) = _csv_rows(out / "summary.csv")
+    row = next(r for r in _csv_rows(overflowing / "summary.csv") if r["strategy"] == "dp-fedavg")
     assert (row["seeds"], row["seeds_finite"], row["seeds_diverged"]) == ("2", "2", "2"), row
-    assert _summary_row(out / "report.md", "dp-fedavg")[2].startswith("2 (2 diverged"), row
+    assert _summary_row(overflowing / "report.md", "dp-fedavg")[2].startswith("2 (2 diverged")
+    row = next(r for r in _csv_rows(overflowing / "summary.csv") if r["strategy"] == "fedavg")
+    assert (row["seeds_finite"], row["seeds_diverged"]) == ("2", "0"), row
 
 
 # -- finding 3: which run "epsilon of one run" is, when the one trial spent less ----------------
@@ -121,17 +138,36 @@ def test_3_one_cheaper_trial_names_the_costliest_point(rounds_tunings):
 # -- finding 4: a spread of 100 or more to two significant digits -------------------------------
 
 
-def test_4_a_huge_spread_is_shown_to_two_significant_digits(tmp_path, capsys):
-    out = tmp_path / "c"
-    code = main([
-        "compare", str(TOY), "--strategies", "fedavg", "--seeds", "2", "--rounds", "1",
-        "--set", "server-learning-rate=1e20", "--out", str(out), "--quiet",
-    ])  # fmt: skip
-    assert code == 0
-    capsys.readouterr()
-    (row,) = _csv_rows(out / "summary.csv")
+def test_4_a_huge_spread_is_shown_to_two_significant_digits(overflowing):
+    row = next(r for r in _csv_rows(overflowing / "summary.csv") if r["strategy"] == "fedavg")
     assert float(row["eval_loss_std"]) > 1e6, row  # finite losses near 1e19
-    loss = _summary_row(out / "report.md", "fedavg")[7]
+    loss = _summary_row(overflowing / "report.md", "fedavg")[7]
     mean, std = loss.split(" ± ")
     assert re.fullmatch(r"\d\.\d+e\+\d+", mean) and re.fullmatch(r"\d\.\de\+\d+", std), loss
     assert math.isclose(float(mean), float(row["eval_loss_mean"]), rel_tol=1e-2), loss
+
+
+# -- finding 5: compare-tuned records how each strategy was tuned -------------------------------
+
+
+def test_5_compare_tuned_records_grids_and_selection(rounds_tunings, tmp_path, capsys):
+    other = tmp_path / "f"
+    code = main([
+        "tune", str(TOY), "--strategy", "dp-fedadam", "--grid",
+        "server-learning-rate=0.01,0.03,0.1", "--mean-trials", "1", "--seed", "0", "--rounds", "1",
+        "--metric", "eval_loss", "--out", str(other), "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    out = tmp_path / "r"
+    assert main(["compare-tuned", str(rounds_tunings[0]), str(other), "--out", str(out)]) == 0
+    capsys.readouterr()
+    notes = (out / "report.md").read_text(encoding="utf-8").split("## Notes", 1)[1]
+    assert "| dp-fedavg (tuned) | 1 | num-server-rounds in [1, 2] | 2 |" in notes, notes
+    assert "| dp-fedadam (tuned) | 1 | server-learning-rate in [0.01, 0.03, 0.1] | 3 |" in notes
+    assert "min of `eval_loss` |" in notes and "max of `eval_accuracy` |" in notes, notes
+    assert (
+        "not tuned alike:** their grid sizes (dp-fedavg: 2, dp-fedadam: 3 points); selection "
+        "metrics (eval_accuracy, eval_loss) differ"
+    ) in notes, notes
+    released = f"| {rounds_tunings[0]} | dp-fedavg (tuned) | trial-001 | num-server-rounds = 1 |"
+    assert released in notes, notes

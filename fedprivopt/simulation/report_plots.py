@@ -153,6 +153,8 @@ def draw_metric_vs_round(
         stats[:, 1] = [_spread(s) for s in stats[:, 1]]
         color, style = styles[key]
         label = _label(key[0], key[1], max(run.epsilon for run in group))
+        diverged = sum(run.diverged(sel.metric) is not None for run in group)
+        label += f" ({diverged} of {len(group)} diverged)" if diverged else ""
         ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
                 marker="o" if len(x) == 1 else None)  # fmt: skip
         ax.fill_between(x, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=color,
@@ -164,6 +166,18 @@ def draw_metric_vs_round(
     ax.set_ylabel(pretty_metric(sel.metric))
     ax.set_title(f"{pretty_metric(sel.metric)} by round (mean ± 1 std over seeds)")
     return _finish(fig, ax, path, len(groups) + _reference_line(ax, ref, sel.metric))
+
+
+def _diverged_text(row: dict[str, Any]) -> str:
+    """``, 2 of 3 diverged`` for a row some of whose seeds diverged (else empty).
+
+    Thirty-third review of issue 15 (results, finding 6): the privacy–utility plot drew a row
+    whose every seed's model overflowed (its accuracy that of an overflowed model) as a point
+    like any other, and the metric-by-round plot its line, where ``report.md`` and
+    ``summary.csv`` mark it; the point's label and the line's legend now say so.
+    """
+    k = len(row["diverged"])
+    return f", {k} of {row['n_seeds']} diverged" if k else ""
 
 
 def _spread(std: float) -> float:
@@ -189,15 +203,15 @@ def draw_privacy_utility(
                     yerr=[_spread(r[std_key]) for r in pts], color=colors[strategy], marker="o",
                     linewidth=_LINEWIDTH, capsize=3, label=strategy)  # fmt: skip
         for r in pts:
-            ax.annotate(f"σ={r['noise_multiplier']:g}", (r["epsilon"], r[mean_key]),
-                        textcoords="offset points", xytext=(4, 4), fontsize=7,
-                        color=colors[strategy])  # fmt: skip
+            ax.annotate(f"σ={r['noise_multiplier']:g}{_diverged_text(r)}",
+                        (r["epsilon"], r[mean_key]), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7, color=colors[strategy])  # fmt: skip
         n_series += 1
     for r in rows:
         if math.isinf(r["epsilon"]) and math.isfinite(r[mean_key]):
             color = colors[r["strategy"]]
             ax.axhline(r[mean_key], color=color, linestyle="--", linewidth=_LINEWIDTH,
-                       label=f"{r['strategy']} (non-private)")  # fmt: skip
+                       label=f"{r['strategy']} (non-private{_diverged_text(r)})")  # fmt: skip
             if r[std_key] > 0:
                 ax.axhspan(r[mean_key] - r[std_key], r[mean_key] + r[std_key], color=color,
                            alpha=0.1, linewidth=0)  # fmt: skip

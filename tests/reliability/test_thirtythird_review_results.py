@@ -35,6 +35,10 @@
    equal procedures. Now its notes give each strategy's grid, grid points, trials per tuning and
    selection, each tuning's released hyperparameters, and "The strategies were not tuned
    alike: their grid sizes (…); selection metrics (…) differ" when they were not.
+6. The comparison of finding 2: ``privacy_utility.png`` drew the diverged dp-fedavg row (both
+   models overflowed; accuracy 0.59) as a point labelled ``σ=0.5`` like any other, and
+   ``metric_vs_round.png`` its line as ``dp-fedavg, σ=0.5``. Now ``σ=0.5, 2 of 2 diverged`` and
+   ``dp-fedavg, σ=0.5 (2 of 2 diverged)`` (a baseline's dashed line alike).
 """
 
 from __future__ import annotations
@@ -171,3 +175,26 @@ def test_5_compare_tuned_records_grids_and_selection(rounds_tunings, tmp_path, c
     ) in notes, notes
     released = f"| {rounds_tunings[0]} | dp-fedavg (tuned) | trial-001 | num-server-rounds = 1 |"
     assert released in notes, notes
+
+
+# -- finding 6: the plots mark a diverged row ---------------------------------------------------
+
+
+def test_6_plots_label_diverged_rows(overflowing, tmp_path, monkeypatch):
+    from fedprivopt.simulation import report_plots
+    from fedprivopt.simulation.report import load_runs, write_report
+
+    drawn: list[str] = []
+    finish = report_plots._finish
+
+    def record(fig, ax, path, n_series):
+        drawn.extend(t.get_text() for t in ax.texts)
+        drawn.extend(ax.get_legend_handles_labels()[1])
+        return finish(fig, ax, path, n_series)
+
+    monkeypatch.setattr(report_plots, "_finish", record)
+    with pytest.warns(UserWarning):  # the notes on the diverged runs
+        write_report(tmp_path / "r", load_runs(overflowing / "runs"), title="t")
+    assert "σ=0.5, 2 of 2 diverged" in drawn, drawn  # was σ=0.5
+    assert "dp-fedavg, σ=0.5 (2 of 2 diverged)" in drawn, drawn  # was dp-fedavg, σ=0.5
+    assert "fedavg (non-private)" in drawn, drawn  # fedavg's runs did not diverge

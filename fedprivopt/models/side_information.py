@@ -78,6 +78,7 @@ References
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -85,6 +86,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedprivopt.core.text import shown
 from fedprivopt.data.vocab import Vocabulary
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
 
@@ -121,9 +123,24 @@ DEFAULT_SIDE_INFORMATION: Mapping[str, Any] = MappingProxyType(
 NORMALIZATIONS = ("mean", "max", "none")
 
 
+def _is_real(value: object) -> bool:
+    """Whether ``value`` is a real number: Python's or NumPy's, not a bool.
+
+    Thirty-third review of issue 15: ``two_level_preconditioner(factor=np.float32(2))`` was
+    refused as ``factor must be a real number, got np.float32(2.0)`` (and NumPy integers as
+    sizes), where :mod:`fedprivopt.core.checks` takes NumPy's numbers.
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_integer(value: object) -> bool:
+    """Whether ``value`` is an integer: Python's or NumPy's, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def check_positive(name: str, value: object, *, allow_zero: bool = False) -> float:
     """``value`` as a float, finite and ``> 0`` (``>= 0`` with ``allow_zero``); else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_real(value):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     out = float(value)
     ok = (out >= 0 if allow_zero else out > 0) and math.isfinite(out)
@@ -149,7 +166,7 @@ def check_eps(name: str, value: object) -> float:
 
 def check_max_ratio(name: str, value: object) -> float:
     """``value`` as a float: 0 (no cap) or finite and ``>= 1``; else ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_real(value):
         raise ValueError(f"{name} must be 0 (no cap) or a number >= 1, got {value!r}")
     out = float(value)
     if not (out == 0 or (out >= 1 and math.isfinite(out))):
@@ -158,9 +175,38 @@ def check_max_ratio(name: str, value: object) -> float:
 
 
 def _size(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not _is_integer(value) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
+    return int(value)
+
+
+def _counts(word_counts: object) -> np.ndarray:
+    """The counts of ``word_counts`` as a 1-D float64 array; else ValueError naming them.
+
+    Thirty-third review of issue 15: a 2-D array was flattened and used as the counts (a
+    preconditioner of the wrong words, silently), complex counts lost their imaginary part with
+    a ``ComplexWarning``, ``None`` was "1 entries", a dict or a generator raised ``TypeError``.
+    """
+    raw = word_counts.counts if isinstance(word_counts, Vocabulary) else word_counts
+    if isinstance(raw, torch.Tensor):
+        raw = raw.detach().cpu()
+        raw = raw.double().numpy() if raw.dtype == torch.bfloat16 else raw.numpy()
+    counts = None
+    if isinstance(raw, (np.ndarray, Sequence)) and not isinstance(raw, (str, bytes)):
+        try:
+            counts = np.asarray(raw)
+        except ValueError:  # ragged nested sequences
+            counts = None
+    if counts is not None and counts.dtype == object and counts.ndim == 1:
+        counts = counts.astype(np.float64) if all(map(_is_real, counts)) else None
+    real = counts is not None and counts.dtype.kind in "iuf"  # not bool, complex, text, objects
+    if not real or counts.ndim != 1:
+        what = shown(raw) if counts is None else f"{counts.dtype} values of shape {counts.shape}"
+        raise ValueError(
+            "word_counts must be a Vocabulary or a 1-D sequence of real numbers (a count per "
+            f"word, in model order), got {what}"
+        )
+    return counts.astype(np.float64)
 
 
 def _layout(vocab_size: object, num_tags: object) -> tuple[int, int]:
@@ -264,10 +310,7 @@ def token_frequency_preconditioner(
     cap = check_max_ratio("max_ratio", max_ratio)
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
-    raw = word_counts.counts if isinstance(word_counts, Vocabulary) else word_counts
-    if isinstance(raw, torch.Tensor):
-        raw = raw.detach().cpu().numpy()
-    counts = np.asarray(raw, dtype=np.float64).reshape(-1)
+    counts = _counts(word_counts)
     if counts.size < vocab_size:
         raise ValueError(
             f"word_counts has {counts.size} entries, fewer than vocab_size={vocab_size}"
@@ -326,11 +369,11 @@ def two_level_preconditioner(
         float32 CPU vector of length ``V K + K``.
     """
     v, k = _layout(vocab_size, num_tags)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= v:
+    if not _is_integer(top_k) or not 1 <= top_k <= v:
         raise ValueError(f"top_k must be an integer in [1, V={v}], got {top_k!r}")
     f = check_positive("factor", factor)
     out = torch.ones(v * k + k, dtype=torch.float32)
-    out[top_k * k : v * k] = 1.0 / f
+    out[int(top_k) * k : v * k] = 1.0 / f
     if not bool(torch.all(torch.isfinite(out) & (out > 0))):
         raise ValueError(f"factor={f} under- or overflows float32")
     return out
@@ -358,8 +401,9 @@ def gradient_second_moment(
         If ``users`` have no example at all.
     """
     bs = _size("batch_size", batch_size)
-    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 0:
+    if not _is_integer(max_examples) or max_examples < 0:
         raise ValueError(f"max_examples must be an integer >= 0, got {max_examples!r}")
+    max_examples = int(max_examples)
     model = task.build_model()
     state = model.state_dict()
     named = dict(model.named_parameters())

@@ -36,6 +36,13 @@
    ``noise_corrected_second_moment``), and ``adam`` took a DP-AdamBC state and stepped from its
    moments. Now one ``ValueError``: ``state must be an AdamState (from init() or
    AdamState.from_dict()), got dict: rebuild it with AdamState.from_dict``.
+6. At the Python API of AdaDPS' side information: ``token_frequency_preconditioner`` flattened a
+   2-D array of counts and used it (a preconditioner of the wrong words, silently), dropped
+   complex counts' imaginary part (a ``ComplexWarning``), called ``None`` "1 entries" and raised
+   ``TypeError`` for a dict or a generator; ``two_level_preconditioner(factor=np.float32(2))``
+   was refused as ``factor must be a real number, got np.float32(2.0)`` (NumPy integers as
+   sizes alike). Now counts of another form are one ``ValueError`` naming what was given, and
+   NumPy's numbers are numbers, as in :mod:`fedprivopt.core.checks`.
 """
 
 from __future__ import annotations
@@ -45,11 +52,16 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from fedprivopt import optim
 from fedprivopt.cli import main
+from fedprivopt.models.side_information import (
+    token_frequency_preconditioner,
+    two_level_preconditioner,
+)
 from fedprivopt.models.side_information_config import resolve_side_information
 from fedprivopt.strategies.config import StrategyConfig
 
@@ -251,3 +263,41 @@ def test_5_the_state_readers_refuse_another_kind_by_name():
             read({})
     with pytest.raises(ValueError, match=r"an AdamBCState .*got NoneType"):
         optim.noise_corrected_second_moment(None, beta2=0.9)
+
+
+# -- finding 6: side-information vectors from NumPy numbers and counts of another form ----------
+
+
+def test_6_numpy_numbers_build_the_same_side_information():
+    plain = two_level_preconditioner(vocab_size=10, num_tags=2, top_k=5, factor=2.0)
+    numpy = two_level_preconditioner(
+        vocab_size=np.int64(10), num_tags=np.int32(2), top_k=np.int64(5), factor=np.float32(2)
+    )  # was: 'vocab_size must be an integer >= 1, got np.int64(10)'
+    assert torch.equal(numpy, plain)
+    counts = [5, 3, 1]
+    tf = token_frequency_preconditioner(counts, vocab_size=3, num_tags=2, floor=np.float32(1))
+    assert torch.equal(tf, token_frequency_preconditioner(counts, vocab_size=3, num_tags=2))
+
+
+@pytest.mark.parametrize(
+    ("counts", "got"),
+    [
+        (np.ones((3, 2)), "float64 values of shape (3, 2)"),  # was used, flattened
+        (np.ones(3) * 1j, "complex128 values"),  # was its real part, with a ComplexWarning
+        (None, "got None"),  # was 'word_counts has 1 entries, fewer than vocab_size=3'
+        ({"a": 1, "b": 2, "c": 3}, "got {'a': 1"),  # was TypeError
+        ((c for c in [1, 2, 3]), "got <generator"),  # was TypeError
+        ([[1], [1, 2], [3]], "got [[1], [1, 2], [3]]"),  # was numpy's 'inhomogeneous shape'
+    ],
+)
+def test_6_counts_of_another_form_are_refused_naming_them(counts, got):
+    with pytest.raises(ValueError, match=r"^word_counts must be a Vocabulary or a 1-D") as info:
+        token_frequency_preconditioner(counts, vocab_size=3, num_tags=2)
+    assert got in str(info.value), info.value
+
+
+def test_6_counts_as_lists_tensors_and_arrays_agree():
+    expected = token_frequency_preconditioner(np.array([5.0, 3.0, 1.0]), vocab_size=3, num_tags=2)
+    for counts in ([5, 3, 1], (5, 3.0, np.int64(1)), torch.tensor([5, 3, 1]), range(5, 0, -2)):
+        got = token_frequency_preconditioner(counts, vocab_size=3, num_tags=2)
+        assert torch.equal(got, expected), counts

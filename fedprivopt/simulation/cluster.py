@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.simulation import ray_processes
-from fedprivopt.simulation.cluster_config import check_cluster_config
+from fedprivopt.simulation.cluster_config import check_address, check_cluster_config
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -46,6 +46,7 @@ __all__ = [
     "join_cluster",
     "node_report",
     "place_shards",
+    "resolve_auto",
 ]
 
 _log = logging.getLogger(__name__)
@@ -189,10 +190,12 @@ def check_reachable(address: str, key: str) -> None:
     gRPC server (a head's GCS) within :data:`HANDSHAKE_TIMEOUT`: :func:`_speaks_grpc`. A port
     that accepts but never answers, or answers as something else (the dashboard's HTTP on
     8265, a web server), made ``ray.init`` retry for about ten minutes without a word
-    (twenty-first review of issue 15).
+    (twenty-first review of issue 15). ``auto`` is the address ``ray start`` recorded here
+    (:func:`resolve_auto`).
     """
     if address == "auto":
-        return  # Ray reads the address from this machine's session file, or fails at once
+        address = resolve_auto(address, key)
+        key = f"{key} = auto ({address}, recorded by `ray start`)"
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection(
@@ -213,6 +216,43 @@ def check_reachable(address: str, key: str) -> None:
             "--head --port`, 6379 by default), not the dashboard's or another service's "
             "(docs/SCALING.md)"
         )
+
+
+def resolve_auto(address: str, key: str) -> str:
+    """``address``; for ``auto`` the head's address that ``ray start`` recorded on this machine.
+
+    Ray's own ``auto`` falls back to any GCS process ``ps`` lists on this machine when ``ray
+    start`` recorded none: another run's private Ray instance (a ``fast-actors`` or Flower run,
+    a ``compare`` cell), possibly another user's. Thirty-third review of issue 15: on a shared
+    machine with no cluster, ``ray-address = "auto"`` resolved to a Flower run's private
+    instance of another session; the run's shards would have been placed in it and died with
+    it. ``docs/SCALING.md`` promises "the cluster this machine is a node of".
+
+    Raises
+    ------
+    ValueError
+        Naming ``key``: ``ray start`` recorded no address here, or one that is no address.
+    """
+    if address != "auto":
+        return address
+    from ray._private.utils import get_ray_address_file, read_ray_address
+
+    where = get_ray_address_file(None)
+    try:
+        found = read_ray_address()
+    except (OSError, UnicodeDecodeError):
+        found = None
+    if not found:
+        raise ValueError(
+            f"{key}: auto finds no Ray cluster this machine is a node of (`ray start` records "
+            f"its head's address in {where}, and there is none): start one with `ray start "
+            "--head` (or join one with `ray start --address HEAD:PORT`), or give the head's "
+            "host:port (docs/SCALING.md)"
+        )
+    try:
+        return check_address(found, f"{key} (auto, read from {where})")
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
 
 
 HANDSHAKE_TIMEOUT = 5.0
@@ -291,6 +331,7 @@ def join_cluster(config: Any) -> Iterator[Cluster | None]:
     connected = ray.is_initialized()
     if not connected:
         check_reachable(address, key)
+        address = resolve_auto(address, key)  # never Ray's fallback to any local instance
         try:
             # the command's SIGTERM handler stays (ray_processes.ray_keeps_handlers)
             with warnings.catch_warnings(), ray_processes.ray_keeps_handlers():

@@ -28,6 +28,15 @@ Each test failed before its fix (checked against the code before it) and passes 
    processes. Now rc 2 before anything is written, ``fast-actors must be an integer in [0, 94]
    on this machine: …`` (``client-cpus must be at least 0.02128 …``), the bound of ``compare
    --jobs`` (``core.memory.processes_that_fit``).
+5. ``ray-address = "auto"`` (or ``RAY_ADDRESS=auto``) on a shared machine where ``ray start``
+   recorded no cluster: Ray's own ``auto`` falls back to any GCS process ``ps`` lists, and
+   ``canonicalize_bootstrap_address("auto")`` gave ``192.0.2.2:38583``, a Flower run's private
+   instance of another session (beside a private instance of this one at ``:44477``); the run
+   would have placed its shards there, to die with that run. ``docs/SCALING.md`` promises "the
+   cluster this machine is a node of (``ray start`` wrote its address here)". Now ``auto`` is
+   the address ``ray start`` recorded (``cluster.resolve_auto``), checked as any address; with
+   none, rc 2 before anything is written: ``ray-address: auto finds no Ray cluster this machine
+   is a node of …``.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from ray.exceptions import ActorDiedError, OutOfMemoryError, RayTaskError
 
 from fedprivopt.cli import main
 from fedprivopt.models.task import TaskError
-from fedprivopt.simulation import cluster_config, fast
+from fedprivopt.simulation import cluster, cluster_config, fast
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.engines import check_flower_resources
 from fedprivopt.simulation.fast import make_cohort_train
@@ -184,3 +193,39 @@ def test_4_simulate_refuses_in_one_line_and_writes_nothing(monkeypatch, tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "fast-actors must be an integer in [0, 4]" in err[0]
     assert "1.0 GiB of memory" in err[0] and not out.exists()
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Set what ``ray start`` recorded on this machine (``None``: nothing)."""
+    import ray._private.utils as ray_utils
+
+    def record(address: str | None) -> None:
+        monkeypatch.setattr(ray_utils, "read_ray_address", lambda temp_dir=None: address)
+
+    return record
+
+
+def test_5_auto_with_no_cluster_recorded_is_refused_not_any_local_instance(recorded):
+    recorded(None)  # Ray's own auto then takes any GCS that ps lists: another run's Ray
+    with pytest.raises(ValueError, match="ray-address: auto finds no Ray cluster this machine"):
+        cluster.check_reachable("auto", "ray-address")
+
+
+def test_5_auto_is_the_address_ray_start_recorded(recorded):
+    recorded("127.0.0.1:1")  # a head that has gone: nothing answers there
+    with pytest.raises(ValueError, match=r"ray-address = auto \(127.0.0.1:1, recorded by"):
+        cluster.check_reachable("auto", "ray-address")
+    recorded("not an address")
+    with pytest.raises(ValueError, match=r"ray-address \(auto, read from .*got 'not an"):
+        cluster.check_reachable("auto", "ray-address")
+
+
+def test_5_simulate_with_auto_and_no_cluster_is_one_line(recorded, tmp_path, capsys):
+    recorded(None)
+    out = tmp_path / "run"
+    rc = main(["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+               "--set", "fast-actors=1", "--set", "ray-address=auto"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "auto finds no Ray cluster" in err[0]
+    assert not out.exists()

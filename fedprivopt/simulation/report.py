@@ -304,7 +304,8 @@ def _fmt_eps(eps: float) -> str:
     return "∞ (non-private)" if math.isinf(eps) else _fmt(eps)
 
 
-def _cell(text: Any) -> str:
+def table_cell(text: Any) -> str:
+    """``text`` as one cell of a markdown table: ``|`` escaped, newlines as spaces."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
@@ -367,7 +368,7 @@ def _markdown(
             *[_fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n)] * loss,
             _fmt(r["seconds_per_round"], 3),
         ]  # fmt: skip
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
     ref_text = ""
     if ref is not None:
         loss = ref[1].get("loss")
@@ -411,11 +412,12 @@ def _markdown(
     if origins:
         lines += ["", "## Runs", "", "| run | origin |", "|---|---|"]
         lines += [
-            f"| {_cell(r.path.name)} | {_cell(origins.get(r.path.name, 'not recorded'))} |"
+            f"| {table_cell(r.path.name)} | "
+            f"{table_cell(origins.get(r.path.name, 'not recorded'))} |"
             for r in sorted(sel.runs, key=lambda r: (r.strategy, r.noise_multiplier, r.seed))
         ]
     if issues:
-        lines += ["", "## Warnings", ""] + [f"- {_cell(i)}" for i in issues]
+        lines += ["", "## Warnings", ""] + [f"- {table_cell(i)}" for i in issues]
     if notes:
         lines += ["", "## Notes", "", notes.strip()]
     return "\n".join(lines) + "\n"
@@ -519,5 +521,5 @@ def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:
             out.append((key, "varies (see the runs)"))
             continue
         value = configs[0].get(key)
-        out.append((key, _cell(value if isinstance(value, str) else values.pop())))
+        out.append((key, table_cell(value if isinstance(value, str) else values.pop())))
     return out

@@ -402,7 +402,7 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
     dp-fedadam --grid server-learning-rate=0.01,0.03,0.1 --metric eval_loss`` recorded neither
     grid nor selection metric: the two rows read as equal procedures.
     """
-    from fedprivopt.simulation.report import _cell
+    from fedprivopt.simulation.report import table_cell
 
     by_strategy: dict[str, list[Any]] = {}
     for check in checks:
@@ -417,11 +417,10 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
         counts.add(json.dumps(plan["trial_count"], sort_keys=True))
         metrics.add(plan["metric"])
         grid = "; ".join(f"{k} in {v}" for k, v in plan["grid"].items())
-        mode = "min" if plan["metric"] == "eval_loss" else "max"
-        lines.append(f"| {_cell(strategy + TUNED_SUFFIX)} | {len(group)} | {_cell(grid)} | "
-                     f"{points[strategy]} | "
-                     f"{trial_count_text(plan['trial_count'])} | {mode} of "
-                     f"`{_cell(plan['metric'])}` |")  # fmt: skip
+        selection = f"{'min' if plan['metric'] == 'eval_loss' else 'max'} of `{plan['metric']}`"
+        cells = [strategy + TUNED_SUFFIX, len(group), grid, points[strategy],
+                 trial_count_text(plan["trial_count"]), selection]  # fmt: skip
+        lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
     differ = []
     if len(set(points.values())) > 1:
         differ.append(f"grid sizes ({', '.join(f'{s}: {n}' for s, n in points.items())} points)")
@@ -438,6 +437,6 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
         label = check.best_dir.name
         drawn = {t["trial"]: t["hyperparameters"] for t in check.plan["trials"]}
         hp = ", ".join(f"{k} = {v!r}" for k, v in drawn.get(label, {}).items())
-        name = check.plan["strategy"] + TUNED_SUFFIX
-        lines.append(f"| {_cell(check.path)} | {_cell(name)} | {label} | {_cell(hp)} |")
+        cells = [check.path, check.plan["strategy"] + TUNED_SUFFIX, label, hp]
+        lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
     return lines

@@ -379,6 +379,22 @@ def two_level_preconditioner(
     return out
 
 
+def _user_ids(users: object) -> tuple[int, ...]:
+    """``users`` as a tuple of distinct integer ids (Python's or NumPy's); else ValueError.
+
+    Thirty-third review of issue 15: ``public_users_preconditioner(task, users)`` took
+    ``users="01"`` as users 0 and 1, ``[1.5]`` and ``[True]`` as user 1 and a repeated user twice
+    (its minibatches counted twice), and ``None`` raised ``TypeError``.
+    """
+    ok = isinstance(users, (Sequence, np.ndarray)) and not isinstance(users, (str, bytes))
+    ids = tuple(users) if ok else ()
+    if not ok or not all(map(_is_integer, ids)) or len(set(ids)) != len(ids):
+        raise ValueError(
+            f"users must be a sequence of distinct integer user ids, got {shown(users)}"
+        )
+    return tuple(int(user) for user in ids)
+
+
 def gradient_second_moment(
     task: Task, users: Sequence[int], *, batch_size: int, max_examples: int = 0
 ) -> torch.Tensor:
@@ -398,8 +414,9 @@ def gradient_second_moment(
     Raises
     ------
     ValueError
-        If ``users`` have no example at all.
+        If ``users`` is not a sequence of distinct integer ids, or they have no example at all.
     """
+    users = _user_ids(users)
     bs = _size("batch_size", batch_size)
     if not _is_integer(max_examples) or max_examples < 0:
         raise ValueError(f"max_examples must be an integer >= 0, got {max_examples!r}")
@@ -410,7 +427,7 @@ def gradient_second_moment(
     total = torch.zeros(sum(t.numel() for t in state.values()), dtype=torch.float64)
     batches = 0
     for user in users:
-        x, y = user_examples(task, int(user))
+        x, y = user_examples(task, user)
         n = int(x.shape[0]) if max_examples == 0 else min(int(x.shape[0]), max_examples)
         for start in range(0, n, bs):
             stop = min(start + bs, n)
@@ -426,7 +443,7 @@ def gradient_second_moment(
                 offset += size
             batches += 1
     if batches == 0:
-        raise ValueError(f"the public users {list(users)} have no training example")
+        raise ValueError(f"the public users {shown(list(users))} have no training example")
     return total / batches
 
 

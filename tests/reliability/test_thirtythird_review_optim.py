@@ -43,6 +43,11 @@
    was refused as ``factor must be a real number, got np.float32(2.0)`` (NumPy integers as
    sizes alike). Now counts of another form are one ``ValueError`` naming what was given, and
    NumPy's numbers are numbers, as in :mod:`fedprivopt.core.checks`.
+7. ``public_users_preconditioner(task, users, batch_size=16)`` (and
+   ``gradient_second_moment``) took ``users="01"`` as users 0 and 1, ``[1.5]`` and ``[True]`` as
+   user 1, a repeated user twice (its minibatches counted twice in ``v``), and ``None`` raised
+   ``TypeError``. Now ``users must be a sequence of distinct integer user ids, got '01'``;
+   lists, tuples, ranges and NumPy arrays of ids give the vector as before.
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ import torch
 
 from fedprivopt import optim
 from fedprivopt.cli import main
+from fedprivopt.models import build_task
 from fedprivopt.models.side_information import (
+    public_users_preconditioner,
     token_frequency_preconditioner,
     two_level_preconditioner,
 )
@@ -301,3 +308,23 @@ def test_6_counts_as_lists_tensors_and_arrays_agree():
     for counts in ([5, 3, 1], (5, 3.0, np.int64(1)), torch.tensor([5, 3, 1]), range(5, 0, -2)):
         got = token_frequency_preconditioner(counts, vocab_size=3, num_tags=2)
         assert torch.equal(got, expected), counts
+
+
+# -- finding 7: public users that are not distinct integer ids -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_task():
+    return build_task("toy", num_users=6, seed=0)
+
+
+@pytest.mark.parametrize("users", ["01", [1.5], [True], [0, 0], None, {0, 1}])
+def test_7_public_users_must_be_distinct_integer_ids(toy_task, users):
+    with pytest.raises(ValueError, match=r"^users must be a sequence of distinct integer user"):
+        public_users_preconditioner(toy_task, users, batch_size=16)
+
+
+def test_7_public_users_as_lists_ranges_and_arrays_agree(toy_task):
+    expected = public_users_preconditioner(toy_task, [0, 1, 2], batch_size=16)
+    for users in ((0, 1, 2), range(3), np.arange(3), [np.int64(0), 1, 2]):
+        assert torch.equal(public_users_preconditioner(toy_task, users, batch_size=16), expected)

@@ -10,15 +10,15 @@ generator, so for the same seed they compute the same model.
 
 Named strategies are small subclasses: ADADP asks for two cohorts per round, DP2 broadcasts its
 delayed preconditioner in adaptive rounds, AdaDPS broadcasts the public side information.
+
+The request and result types live in :mod:`fedprivopt.strategies.requests` (re-exported here),
+the checkpoint of an algorithm in :mod:`fedprivopt.strategies.state`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import numbers
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Generator
 from typing import Any
 
 import torch
@@ -38,10 +38,18 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import SamplingSpec
-from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.privacy.tree import TreeCohorts, TreeNoise, tree_position
 from fedprivopt.strategies.clipping import AdaptiveClipping
 from fedprivopt.strategies.config import StrategyConfig
+from fedprivopt.strategies.requests import (
+    PartialRelease,
+    ReportedUpdates,
+    RoundResult,
+    TrainRequest,
+    Updates,
+    each_user_once,
+)
+from fedprivopt.strategies.state import AlgorithmState
 from fedprivopt.wire import ClientSettings
 
 __all__ = [
@@ -52,66 +60,6 @@ __all__ = [
     "Updates",
     "drive_round",
 ]
-
-Updates = Mapping[int, Any]
-
-
-class ReportedUpdates(dict):
-    """``{user: update}`` and, in :attr:`clip_bits`, each user's clip-bit report.
-
-    With adaptive clipping every user's reply carries the bit ``[‖Δ‖ ≤ C]`` (or, in
-    distributed-noise mode, its noised share); an engine hands the round the updates in this
-    form. A reply without a valid report is rejected as a whole (the update is not summed).
-    """
-
-    def __init__(self, updates: Mapping[int, Any] = (), *, clip_bits: Mapping[int, Any] = ()):
-        super().__init__(updates)
-        self.clip_bits: dict[int, Any] = dict(clip_bits)
-
-
-@dataclass(frozen=True)
-class TrainRequest:
-    """What one cohort of a round must do.
-
-    Attributes
-    ----------
-    round_num : int
-        Server round (from 1).
-    users : list of int
-        Sampled user ids.
-    params : torch.Tensor
-        Flat parameters the users start from.
-    preconditioner : torch.Tensor or None
-        Flat vector the clients divide their gradients by (AdaDPS, DP2 adaptive rounds).
-    settings : ClientSettings
-        How the clients train (:class:`~fedprivopt.wire.ClientSettings`: local training, clip
-        norm, noise-share std, seed, secure mode, whether to report private metrics).
-    stream : str
-        Name of the cohort inside the round (``"train"``, ADADP's ``"train-2"``); clients key
-        their randomness by it.
-    """
-
-    round_num: int
-    users: list[int]
-    params: torch.Tensor
-    preconditioner: torch.Tensor | None
-    settings: ClientSettings
-    stream: str = "train"
-
-
-@dataclass
-class RoundResult:
-    """Outcome of one round: new parameters and the round's metrics."""
-
-    round_num: int
-    params: torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-    rejected: dict[int, str] = field(default_factory=dict)
-
-
-PartialRelease = Callable[[int, list[SubsampledGaussianEvent], torch.Tensor], None]
-"""``on_partial_release(round_num, events, point)``: see :class:`ServerAlgorithm`."""
-
 
 NOISE_HEADROOM = 64.0
 """How far below the model dtype's largest number the noise std of a round's sum must stay.
@@ -127,7 +75,7 @@ def largest_noise_std(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).max / NOISE_HEADROOM if dtype.is_floating_point else math.inf
 
 
-class ServerAlgorithm:
+class ServerAlgorithm(AlgorithmState):
     """Server side of a (DP) federated strategy, independent of the transport.
 
     Parameters
@@ -499,7 +447,7 @@ class ServerAlgorithm:
                     )
             entries = updates.entries() if hasattr(updates, "entries") else updates.items()
             allowed, received = cohort if cohort is not None else updates.keys(), set()
-            entries = _each_user_once(entries, {int(u) for u in allowed}, round_num, received)
+            entries = each_user_once(entries, {int(u) for u in allowed}, round_num, received)
         else:
             entries = sorted(updates.items())
             if cohort is not None:
@@ -640,195 +588,6 @@ class ServerAlgorithm:
         in the iterate (De et al. 2022 report the same for DP-SGD).
         """
         return self.params if self.averaged is None else self.averaged
-
-    # -- checkpoints ---------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue the run (tensors, numbers, plain dicts)."""
-        return {
-            "round": self.round_num,
-            "params": self.params,
-            "opt_state": None if self.opt_state is None else optim.state_to_dict(self.opt_state),
-            "accountant": self.accountant.state_dict(),
-            "config": self.config.to_mapping(),
-            "user_offset": self.user_offset,
-            **({} if self.averaged is None else {"averaged": self.averaged}),
-            **({} if self.clipping is None else {"clip_states": self.clipping.state_dict()}),
-            **({} if self.tree_noise is None else {"tree": self._tree_state()}),
-            **({} if self.side_information is None else {"side_information": self._side_digest()}),
-        }
-
-    def _tree_state(self) -> dict[str, Any]:
-        return {"noise": self.tree_noise.state_dict(), "cohorts": self.tree_cohorts.state_dict()}
-
-    def _side_digest(self) -> str:
-        """SHA-256 of the side information (a resume must broadcast the same ``A``)."""
-        if getattr(self, "_side_sha256", None) is None:
-            t = self.side_information.detach().cpu().contiguous()
-            data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-            self._side_sha256 = hashlib.sha256(f"{t.dtype}".encode() + data).hexdigest()
-        return self._side_sha256
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
-
-        The configuration must be the same, except ``num_server_rounds`` (a run may be extended),
-        and so must :attr:`user_offset` and the side information (checkpoints written before
-        these were recorded are not checked for them).
-        """
-        if not (isinstance(state, Mapping) and isinstance(state.get("config"), Mapping)):
-            # a short API review of issue 15: a scalar or a tensor ended in IndexError
-            raise ValueError(
-                f"state must be a mapping made by state_dict() (with its 'config'), got "
-                f"{type(state).__name__}"
-            )
-        saved = StrategyConfig.from_mapping(state["config"])
-        saved = replace(saved, num_server_rounds=self.config.num_server_rounds)
-        if saved != self.config:
-            # twenty-first review of issue 15: the line named no key (a checkpoint copied from
-            # another run)
-            name = next(
-                (
-                    f.name
-                    for f in fields(saved)
-                    if getattr(saved, f.name) != getattr(self.config, f.name)
-                ),
-                "?",
-            )
-            raise ValueError(
-                f"checkpoint was written with a different configuration ({name.replace('_', '-')} "
-                f"= {shown(getattr(saved, name, '?'))}, this run has "
-                f"{shown(getattr(self.config, name, '?'))})"
-            )
-        offset = state.get("user_offset", 0)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset != self.user_offset:
-            raise ValueError(
-                f"checkpoint was written with user_offset={shown(offset)} (public "
-                f"users), this run has {self.user_offset}"
-            )
-        saved_side = state.get("side_information")
-        if saved_side is not None and (
-            self.side_information is None or saved_side != self._side_digest()
-        ):
-            raise ValueError(
-                "checkpoint was written with different side information (the side-information "
-                "table, its default or the public data changed)"
-            )
-        # twenty-third review of issue 15: a checkpoint whose round, params or user_offset was
-        # None or a string (digest recomputed) raised TypeError/AttributeError out of --resume
-        # (thirtieth review: a state without round, params, opt_state, accountant or the tree's
-        # noise or cohorts raised KeyError)
-        rounds, params = state.get("round"), state.get("params")
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-            raise ValueError(f"checkpoint's round must be an integer >= 0, got {shown(rounds)}")
-        if (
-            not isinstance(params, torch.Tensor)
-            or params.shape != self.params.shape
-            or params.dtype != self.params.dtype
-        ):
-            raise ValueError("checkpoint has no model parameters of the model's shape and dtype")
-        self.round_num = rounds
-        self.params = params.detach().clone()
-        averaged = state.get("averaged")
-        if self.config.ema_decay > 0 and self.round_num > 0:
-            if (
-                not isinstance(averaged, torch.Tensor)
-                or averaged.shape != self.params.shape
-                or averaged.dtype != self.params.dtype
-            ):
-                raise ValueError(
-                    "checkpoint has no moving average of the model's shape and dtype (ema-decay)"
-                )
-            self.averaged = averaged.detach().clone()
-        if self.opt_state is not None:
-            self.opt_state = type(self.opt_state).from_dict(state.get("opt_state"))
-            for name, value in self.opt_state.to_dict().items():  # every moment is model-sized
-                if isinstance(value, torch.Tensor) and value.shape != self.params.shape:
-                    raise ValueError(
-                        f"checkpoint's optimizer state {name} has shape {tuple(value.shape)}, the "
-                        f"model {tuple(self.params.shape)}"
-                    )
-        if self.clipping is not None:
-            self.clipping.load_state_dict(state.get("clip_states"))
-        if self.tree_noise is not None:
-            tree = state.get("tree")
-            if not isinstance(tree, Mapping):
-                raise ValueError("checkpoint has no tree-aggregation state (noise-mechanism tree)")
-            self.tree_noise.load_state_dict(tree.get("noise"))
-            self.tree_cohorts.load_state_dict(tree.get("cohorts"))
-            if self.tree_noise.round_num != self.round_num:
-                raise ValueError(
-                    f"checkpoint's tree state is at round {self.tree_noise.round_num}, its model "
-                    f"at round {self.round_num}"
-                )
-            self._check_participation()
-        self.accountant.load_state_dict(state.get("accountant"))
-
-    def _check_participation(self) -> None:
-        """Refuse a restored participation ledger that its round cannot have left.
-
-        Fourteenth review of issue 15: a tree run's checkpoint whose participants were edited
-        (digest recomputed) resumed and drew users of the period again. The ledger must be of
-        the checkpoint round's restart period and hold at most ``step·m`` users (fewer when a
-        deployment's cohorts came short); the resume's audit also compares it with the
-        rounds' cohort sizes (:func:`~fedprivopt.simulation.audit.audit_run_dir`).
-        """
-        cohorts, c = self.tree_cohorts, self.config
-        assert cohorts is not None
-        period, step = (0, 0)
-        if self.round_num:
-            period, step = tree_position(self.round_num, c.restart_rounds)
-        held = len(cohorts.ledger.state_dict()["users"])
-        if cohorts.ledger.period != period or held > step * cohorts.cohort_size:
-            raise ValueError(
-                f"checkpoint's tree participation ledger holds {held} users of restart period "
-                f"{cohorts.ledger.period}, but its round {self.round_num} is step {step} of "
-                f"period {period} (at most {step * cohorts.cohort_size} users): the checkpoint "
-                "was edited"
-            )
-
-
-def _each_user_once(
-    entries: Iterable[Any], allowed: set[int], round_num: int, seen: set[int]
-) -> Iterator[Any]:
-    """``entries`` of a streamed cohort, refused at the first user it yields twice or not asked.
-
-    Thirty-second review of issue 15: a streamed cohort's keys were checked against the round's
-    cohort, but not the users its entries then carried. A task's own ``cohort_trainer`` that
-    yielded a chunk twice had every user of it summed twice (a sensitivity of 2C under an ε
-    accounted for C: 18 updates accepted from a cohort of 9), and one that yielded users it was
-    not asked for had them summed without the sampling the accountant assumes. The entries must
-    carry each user at most once, in increasing order (the order every engine sums in), and
-    only users of ``allowed``; anything else raises ``ValueError`` before the round's noise is
-    drawn, so nothing is released. A malformed entry is left to the aggregator, which rejects it.
-    The users yielded are added to ``seen`` (adaptive clipping counts only those).
-    """
-    last = -1
-    for entry in entries:
-        if isinstance(entry, RowSparseBatch):
-            users = [int(u) for u in entry.users]
-        elif (
-            isinstance(entry, (tuple, list))
-            and len(entry) == 2
-            and isinstance(entry[0], numbers.Integral)
-            and not isinstance(entry[0], bool)
-        ):
-            users = [int(entry[0])]
-        else:
-            yield entry
-            continue
-        for user in users:
-            if user not in allowed or user <= last:
-                why = "not in the round's cohort" if user not in allowed else "out of user order"
-                raise ValueError(
-                    f"round {round_num}'s streamed updates hold user {user} "
-                    f"{'twice' if user in seen else why}: a streamed cohort (a task's "
-                    "cohort_trainer) must yield each user it was asked for at most once, in "
-                    "increasing order"
-                )
-            last = user
-            seen.add(user)
-        yield entry
 
 
 def drive_round(

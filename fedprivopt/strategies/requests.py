@@ -1,0 +1,132 @@
+"""What a round asks of its cohorts and what comes back (the types every engine speaks).
+
+:class:`TrainRequest` is what one cohort of a round must do, :data:`Updates` (or
+:class:`ReportedUpdates`, with adaptive clipping's bits) what its users sent back, and
+:class:`RoundResult` the round's outcome; :func:`each_user_once` checks a streamed cohort's
+entries before they are summed. :mod:`fedprivopt.strategies.core` re-exports the types.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.sparse import RowSparseBatch
+from fedprivopt.wire import ClientSettings
+
+__all__ = [
+    "PartialRelease",
+    "ReportedUpdates",
+    "RoundResult",
+    "TrainRequest",
+    "Updates",
+    "each_user_once",
+]
+
+Updates = Mapping[int, Any]
+
+
+class ReportedUpdates(dict):
+    """``{user: update}`` and, in :attr:`clip_bits`, each user's clip-bit report.
+
+    With adaptive clipping every user's reply carries the bit ``[‖Δ‖ ≤ C]`` (or, in
+    distributed-noise mode, its noised share); an engine hands the round the updates in this
+    form. A reply without a valid report is rejected as a whole (the update is not summed).
+    """
+
+    def __init__(self, updates: Mapping[int, Any] = (), *, clip_bits: Mapping[int, Any] = ()):
+        super().__init__(updates)
+        self.clip_bits: dict[int, Any] = dict(clip_bits)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What one cohort of a round must do.
+
+    Attributes
+    ----------
+    round_num : int
+        Server round (from 1).
+    users : list of int
+        Sampled user ids.
+    params : torch.Tensor
+        Flat parameters the users start from.
+    preconditioner : torch.Tensor or None
+        Flat vector the clients divide their gradients by (AdaDPS, DP2 adaptive rounds).
+    settings : ClientSettings
+        How the clients train (:class:`~fedprivopt.wire.ClientSettings`: local training, clip
+        norm, noise-share std, seed, secure mode, whether to report private metrics).
+    stream : str
+        Name of the cohort inside the round (``"train"``, ADADP's ``"train-2"``); clients key
+        their randomness by it.
+    """
+
+    round_num: int
+    users: list[int]
+    params: torch.Tensor
+    preconditioner: torch.Tensor | None
+    settings: ClientSettings
+    stream: str = "train"
+
+
+@dataclass
+class RoundResult:
+    """Outcome of one round: new parameters and the round's metrics."""
+
+    round_num: int
+    params: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
+
+
+PartialRelease = Callable[[int, list[SubsampledGaussianEvent], torch.Tensor], None]
+"""``on_partial_release(round_num, events, point)``: see
+:class:`~fedprivopt.strategies.core.ServerAlgorithm`."""
+
+
+def each_user_once(
+    entries: Iterable[Any], allowed: set[int], round_num: int, seen: set[int]
+) -> Iterator[Any]:
+    """``entries`` of a streamed cohort, refused at the first user it yields twice or not asked.
+
+    Thirty-second review of issue 15: a streamed cohort's keys were checked against the round's
+    cohort, but not the users its entries then carried. A task's own ``cohort_trainer`` that
+    yielded a chunk twice had every user of it summed twice (a sensitivity of 2C under an ε
+    accounted for C: 18 updates accepted from a cohort of 9), and one that yielded users it was
+    not asked for had them summed without the sampling the accountant assumes. The entries must
+    carry each user at most once, in increasing order (the order every engine sums in), and
+    only users of ``allowed``; anything else raises ``ValueError`` before the round's noise is
+    drawn, so nothing is released. A malformed entry is left to the aggregator, which rejects it.
+    The users yielded are added to ``seen`` (adaptive clipping counts only those).
+    """
+    last = -1
+    for entry in entries:
+        if isinstance(entry, RowSparseBatch):
+            users = [int(u) for u in entry.users]
+        elif (
+            isinstance(entry, (tuple, list))
+            and len(entry) == 2
+            and isinstance(entry[0], numbers.Integral)
+            and not isinstance(entry[0], bool)
+        ):
+            users = [int(entry[0])]
+        else:
+            yield entry
+            continue
+        for user in users:
+            if user not in allowed or user <= last:
+                why = "not in the round's cohort" if user not in allowed else "out of user order"
+                raise ValueError(
+                    f"round {round_num}'s streamed updates hold user {user} "
+                    f"{'twice' if user in seen else why}: a streamed cohort (a task's "
+                    "cohort_trainer) must yield each user it was asked for at most once, in "
+                    "increasing order"
+                )
+            last = user
+            seen.add(user)
+        yield entry

@@ -1,0 +1,170 @@
+"""A server algorithm's checkpoint: what ``state_dict`` saves and ``load_state_dict`` checks.
+
+:class:`AlgorithmState` is a mixin of :class:`~fedprivopt.strategies.core.ServerAlgorithm`; it
+reads and sets the algorithm's attributes (round, parameters, optimizer state, accountant,
+moving average, adaptive clipping, tree aggregation, side information).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from typing import Any
+
+import torch
+
+from fedprivopt import optim
+from fedprivopt.core.text import shown
+from fedprivopt.privacy.tree import tree_position
+from fedprivopt.strategies.config import StrategyConfig
+
+__all__ = ["AlgorithmState"]
+
+
+class AlgorithmState:
+    """Checkpointing of :class:`~fedprivopt.strategies.core.ServerAlgorithm` (a mixin)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the run (tensors, numbers, plain dicts)."""
+        return {
+            "round": self.round_num,
+            "params": self.params,
+            "opt_state": None if self.opt_state is None else optim.state_to_dict(self.opt_state),
+            "accountant": self.accountant.state_dict(),
+            "config": self.config.to_mapping(),
+            "user_offset": self.user_offset,
+            **({} if self.averaged is None else {"averaged": self.averaged}),
+            **({} if self.clipping is None else {"clip_states": self.clipping.state_dict()}),
+            **({} if self.tree_noise is None else {"tree": self._tree_state()}),
+            **({} if self.side_information is None else {"side_information": self._side_digest()}),
+        }
+
+    def _tree_state(self) -> dict[str, Any]:
+        return {"noise": self.tree_noise.state_dict(), "cohorts": self.tree_cohorts.state_dict()}
+
+    def _side_digest(self) -> str:
+        """SHA-256 of the side information (a resume must broadcast the same ``A``)."""
+        if getattr(self, "_side_sha256", None) is None:
+            t = self.side_information.detach().cpu().contiguous()
+            data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            self._side_sha256 = hashlib.sha256(f"{t.dtype}".encode() + data).hexdigest()
+        return self._side_sha256
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`.
+
+        The configuration must be the same, except ``num_server_rounds`` (a run may be extended),
+        and so must :attr:`user_offset` and the side information (checkpoints written before
+        these were recorded are not checked for them).
+        """
+        if not (isinstance(state, Mapping) and isinstance(state.get("config"), Mapping)):
+            # a short API review of issue 15: a scalar or a tensor ended in IndexError
+            raise ValueError(
+                f"state must be a mapping made by state_dict() (with its 'config'), got "
+                f"{type(state).__name__}"
+            )
+        saved = StrategyConfig.from_mapping(state["config"])
+        saved = replace(saved, num_server_rounds=self.config.num_server_rounds)
+        if saved != self.config:
+            # twenty-first review of issue 15: the line named no key (a checkpoint copied from
+            # another run)
+            name = next(
+                (
+                    f.name
+                    for f in fields(saved)
+                    if getattr(saved, f.name) != getattr(self.config, f.name)
+                ),
+                "?",
+            )
+            raise ValueError(
+                f"checkpoint was written with a different configuration ({name.replace('_', '-')} "
+                f"= {shown(getattr(saved, name, '?'))}, this run has "
+                f"{shown(getattr(self.config, name, '?'))})"
+            )
+        offset = state.get("user_offset", 0)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset != self.user_offset:
+            raise ValueError(
+                f"checkpoint was written with user_offset={shown(offset)} (public "
+                f"users), this run has {self.user_offset}"
+            )
+        saved_side = state.get("side_information")
+        if saved_side is not None and (
+            self.side_information is None or saved_side != self._side_digest()
+        ):
+            raise ValueError(
+                "checkpoint was written with different side information (the side-information "
+                "table, its default or the public data changed)"
+            )
+        # twenty-third review of issue 15: a checkpoint whose round, params or user_offset was
+        # None or a string (digest recomputed) raised TypeError/AttributeError out of --resume
+        # (thirtieth review: a state without round, params, opt_state, accountant or the tree's
+        # noise or cohorts raised KeyError)
+        rounds, params = state.get("round"), state.get("params")
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"checkpoint's round must be an integer >= 0, got {shown(rounds)}")
+        if (
+            not isinstance(params, torch.Tensor)
+            or params.shape != self.params.shape
+            or params.dtype != self.params.dtype
+        ):
+            raise ValueError("checkpoint has no model parameters of the model's shape and dtype")
+        self.round_num = rounds
+        self.params = params.detach().clone()
+        averaged = state.get("averaged")
+        if self.config.ema_decay > 0 and self.round_num > 0:
+            if (
+                not isinstance(averaged, torch.Tensor)
+                or averaged.shape != self.params.shape
+                or averaged.dtype != self.params.dtype
+            ):
+                raise ValueError(
+                    "checkpoint has no moving average of the model's shape and dtype (ema-decay)"
+                )
+            self.averaged = averaged.detach().clone()
+        if self.opt_state is not None:
+            self.opt_state = type(self.opt_state).from_dict(state.get("opt_state"))
+            for name, value in self.opt_state.to_dict().items():  # every moment is model-sized
+                if isinstance(value, torch.Tensor) and value.shape != self.params.shape:
+                    raise ValueError(
+                        f"checkpoint's optimizer state {name} has shape {tuple(value.shape)}, the "
+                        f"model {tuple(self.params.shape)}"
+                    )
+        if self.clipping is not None:
+            self.clipping.load_state_dict(state.get("clip_states"))
+        if self.tree_noise is not None:
+            tree = state.get("tree")
+            if not isinstance(tree, Mapping):
+                raise ValueError("checkpoint has no tree-aggregation state (noise-mechanism tree)")
+            self.tree_noise.load_state_dict(tree.get("noise"))
+            self.tree_cohorts.load_state_dict(tree.get("cohorts"))
+            if self.tree_noise.round_num != self.round_num:
+                raise ValueError(
+                    f"checkpoint's tree state is at round {self.tree_noise.round_num}, its model "
+                    f"at round {self.round_num}"
+                )
+            self._check_participation()
+        self.accountant.load_state_dict(state.get("accountant"))
+
+    def _check_participation(self) -> None:
+        """Refuse a restored participation ledger that its round cannot have left.
+
+        Fourteenth review of issue 15: a tree run's checkpoint whose participants were edited
+        (digest recomputed) resumed and drew users of the period again. The ledger must be of
+        the checkpoint round's restart period and hold at most ``step·m`` users (fewer when a
+        deployment's cohorts came short); the resume's audit also compares it with the
+        rounds' cohort sizes (:func:`~fedprivopt.simulation.audit.audit_run_dir`).
+        """
+        cohorts, c = self.tree_cohorts, self.config
+        assert cohorts is not None
+        period, step = (0, 0)
+        if self.round_num:
+            period, step = tree_position(self.round_num, c.restart_rounds)
+        held = len(cohorts.ledger.state_dict()["users"])
+        if cohorts.ledger.period != period or held > step * cohorts.cohort_size:
+            raise ValueError(
+                f"checkpoint's tree participation ledger holds {held} users of restart period "
+                f"{cohorts.ledger.period}, but its round {self.round_num} is step {step} of "
+                f"period {period} (at most {step * cohorts.cohort_size} users): the checkpoint "
+                "was edited"
+            )

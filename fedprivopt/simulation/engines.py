@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from fedprivopt.core.memory import keep_freed_memory
+from fedprivopt.core.memory import keep_freed_memory, physical_memory
 from fedprivopt.models.task import Task, model_spec
 from fedprivopt.simulation import interrupt, ray_processes
 from fedprivopt.simulation.cluster import Cluster, join_cluster
@@ -29,9 +29,11 @@ from fedprivopt.simulation.writer import RunWriter
 from fedprivopt.strategies.core import ServerAlgorithm, drive_round
 
 __all__ = [
+    "FLOWER_NODE_MEMORY",
     "SERVER_STOP_WAIT",
     "check_device",
     "check_flower_cluster",
+    "check_flower_nodes",
     "check_flower_resources",
     "run_fast",
     "run_flower",
@@ -157,6 +159,7 @@ def check_flower_resources(config: RunConfig) -> None:
         Naming ``device``, ``client-cpus`` or ``client-gpus`` and its valid range on this
         machine.
     """
+    check_flower_nodes(config)
     if check_cluster_config(config) is not None:
         return
     check_device(config)
@@ -181,6 +184,40 @@ def check_flower_resources(config: RunConfig) -> None:
         raise ValueError(
             f"client-gpus must be a number in [0, {gpus}] (the GPUs torch finds on this "
             f"machine), got {config.client_gpus:g}: no client could start"
+        )
+
+
+FLOWER_NODE_MEMORY = 8 * 2**10
+"""Bytes of this process's memory one simulated SuperNode of the ``flower`` engine takes.
+
+Flower's simulation keeps every node's state, context and messages in the driver (also with
+``ray-address``); measured: 1.35 GB for 200,000 nodes (toy task) during the user query, about
+5 kB a node above the process's start."""
+
+
+def check_flower_nodes(config: RunConfig) -> None:
+    """Refuse a ``flower`` run whose simulated SuperNodes (one per user) exceed this machine.
+
+    Thirty-third review of issue 15: ``population`` (up to 10**8) was not bounded on the Flower
+    engine, which starts one SuperNode per user: 200,000 users held 1.35 GB and had not
+    finished the user query after 4 minutes, 10**7 would take about 50 GB (the fast engine runs
+    them in 0.44 GB).
+
+    Raises
+    ------
+    ValueError
+        Naming ``population`` and the most this machine's memory holds.
+    """
+    if config.engine != "flower":
+        return
+    memory = physical_memory()
+    most = memory // FLOWER_NODE_MEMORY
+    if 0 < most < config.strategy.population:
+        raise ValueError(
+            f"population must be at most {most} on the flower engine (one simulated SuperNode "
+            f"per user, about {FLOWER_NODE_MEMORY // 2**10} kB each in this process: this "
+            f"machine's {memory / 2**30:.1f} GiB of memory), got {config.strategy.population}; "
+            f"the fast engine runs any population"
         )
 
 

@@ -33,6 +33,17 @@
    ``fedprivopt deploy local: error: BadTask.loss() must return ... (the answer of all 2 nodes
    asked in round 1)``, rc 2, as ``simulate`` (``session.follow`` reads the error from the part
    of the ServerApp log this run wrote; a failed deployment's log is kept and appended to).
+5. ``simulate toy.toml --engine flower --set population=200000 --set
+   task-params.num-users=200000 --rounds 1``: the Flower engine starts one simulated SuperNode
+   per user and keeps their state in this process, and ``population`` (up to 10**8) was not
+   bounded for it: 1.35 GB and still in the user query 4 minutes later (its first SIGTERM,
+   from ``timeout 150``, did not end it in 100 s more; a second did); 10**7 users would take
+   about 50 GB (the fast engine runs them in 0.44 GB). Now ``population`` is at most this
+   machine's memory / 8 kB on the Flower engine (3,085,456 on 23.5 GiB), checked with the
+   client resources before anything is written or Ray starts: rc 2, ``population must be at
+   most 3085456 on the flower engine (one simulated SuperNode per user, about 8 kB each in
+   this process: this machine's 23.5 GiB of memory), got 10000000; the fast engine runs any
+   population``.
 """
 
 from __future__ import annotations
@@ -53,6 +64,8 @@ from fedprivopt.clients.messages import TASK_ERROR
 from fedprivopt.deploy.session import follow
 from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.flat import flatten
+from fedprivopt.simulation import engines
+from fedprivopt.simulation.config import load_config
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
 from tests.messages import delivered
@@ -286,3 +299,30 @@ def test_4_an_earlier_deployments_task_error_is_not_taken_for_this_ones(tmp_path
     dep = _Deployment(log, "ERROR :     ServerApp raised an exception\nOSError: disk full\n")
     with pytest.raises(RuntimeError, match=r"ended \(finished:failed: ServerApp raised\) without"):
         follow(dep, tmp_path, "7", deadline=float("inf"))
+
+
+# -- finding 5: the Flower engine's simulated SuperNodes, one per user, unbounded ----------------
+
+
+def test_5_the_flower_engines_population_is_bounded_by_memory(monkeypatch):
+    monkeypatch.setattr(engines, "physical_memory", lambda: 2**30)  # 131,072 nodes of 8 kB
+    sets = {"engine": "flower", "client-cpus": 1, "population": 131_073}
+    config = load_config(TOY, {**sets, "task-params.num-users": 131_073})
+    with pytest.raises(ValueError, match=r"^population must be at most 131072 on the flower"):
+        engines.check_flower_resources(config)  # simulate, --resume and compare check it first
+    fits = {**sets, "population": 131_072, "task-params.num-users": 131_072}
+    engines.check_flower_resources(load_config(TOY, fits))
+    fast = {**sets, "engine": "fast", "task-params.num-users": 131_073}
+    engines.check_flower_resources(load_config(TOY, fast))  # the fast engine runs any population
+
+
+def test_5_simulate_refuses_it_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(engines, "physical_memory", lambda: 2**20)  # 128 nodes
+    out = tmp_path / "run"
+    args = ["simulate", str(TOY), "--engine", "flower", "--rounds", "1", "--quiet",
+            "--out", str(out), "--set", "population=200", "--set", "task-params.num-users=200",
+            "--set", "client-cpus=1"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "population must be at most 128 on the flower engine" in err[0]
+    assert "got 200; the fast engine runs any population" in err[0] and not out.exists()

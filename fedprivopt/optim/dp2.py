@@ -259,6 +259,7 @@ def dp2(
         noise_variance: float | None = None,
     ) -> tuple[torch.Tensor, DP2State]:
         check_update_inputs(delta_tilde, params, check_state(state, DP2State).accumulator)
+        _check_phase_step(state)
         t = state.count + 1
         if state.adaptive:
             if noise_first:
@@ -285,6 +286,20 @@ def dp2(
             accumulator_noise_variance=noise_sum,
         )
         return step, new_state
+
+    def _check_phase_step(state: DP2State) -> None:
+        """Refuse a state whose phase has run more rounds than this transform's phase has.
+
+        Thirty-third review of issue 15: the state of a ``dp2(s1=5)`` three rounds into its SGD
+        phase, rebuilt with ``DP2State.from_dict`` and given to a ``dp2(s1=2)``, never reached
+        ``phase_step + 1 == s1``: every later round was an SGD round, silently.
+        """
+        rounds, key = (s2, "s2") if state.adaptive else (s1, "s1")
+        if not 0 <= state.phase_step < rounds:
+            raise ValueError(
+                f"state.phase_step must be in [0, {key} = {rounds}) in its {phase(state)} "
+                f"phase, got {state.phase_step} (a state of a dp2 with another {key}?)"
+            )
 
     def _noise_first_step(
         delta_tilde: torch.Tensor, p: torch.Tensor, noise_variance: float | None

@@ -48,6 +48,12 @@
    user 1, a repeated user twice (its minibatches counted twice in ``v``), and ``None`` raised
    ``TypeError``. Now ``users must be a sequence of distinct integer user ids, got '01'``;
    lists, tuples, ranges and NumPy arrays of ids give the vector as before.
+8. A DP2 state resumed under changed options at the Python API: the state of a ``dp2(s1=5)``
+   three rounds into its SGD phase (``DP2State.from_dict(state.to_dict())``) given to a
+   ``dp2(s1=2)`` never reached ``phase_step + 1 == s1``, so every later round was an SGD round,
+   silently (an adaptive phase past ``s2`` alike). Now ``state.phase_step must be in [0, s1 = 2)
+   in its sgd phase, got 3 (a state of a dp2 with another s1?)``. (The CLI refuses a changed
+   ``dp2-s1`` on ``--resume`` by the ledger header.)
 """
 
 from __future__ import annotations
@@ -328,3 +334,20 @@ def test_7_public_users_as_lists_ranges_and_arrays_agree(toy_task):
     expected = public_users_preconditioner(toy_task, [0, 1, 2], batch_size=16)
     for users in ((0, 1, 2), range(3), np.arange(3), [np.int64(0), 1, 2]):
         assert torch.equal(public_users_preconditioner(toy_task, users, batch_size=16), expected)
+
+
+# -- finding 8: a DP2 state of a longer phase --------------------------------------------------
+
+
+@pytest.mark.parametrize(("adaptive", "key"), [(False, "s1"), (True, "s2")])
+def test_8_a_dp2_state_of_a_longer_phase_is_refused(adaptive, key):
+    longer = _dp2(epsilon=1e-3, s1=5 if not adaptive else 1, s2=5)
+    params, state = torch.zeros(3), longer.init(torch.zeros(3))
+    for _ in range(3 + adaptive):  # 3 rounds into the SGD phase, or the adaptive one
+        _, state = longer.update(torch.ones(3), state, params)
+    assert state.adaptive is adaptive and state.phase_step == 3
+    shorter = _dp2(epsilon=1e-3, s1=2, s2=2)
+    rebuilt = optim.DP2State.from_dict(state.to_dict())
+    with pytest.raises(ValueError, match=rf"phase_step must be in \[0, {key} = 2\) .*got 3"):
+        shorter.update(torch.ones(3), rebuilt, params)  # was: that phase forever
+    longer.update(torch.ones(3), rebuilt, params)  # its own transform goes on

@@ -404,7 +404,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 _COMPARE_TUNED_EPSILON = (
     "ε of a row whose strategy ends in '(tuned)' is its tuning's (the whole tuning procedure: "
     "RDP, RepeatAndSelectDpEvent), for one tuning, at the δ shown; a row over n tunings costs "
-    "their composition (see Notes); ε of any other row is the accountant's value after each "
+    "their composition (see Notes; epsilon_tunings_composed in summary.csv); ε of any other "
+    "row is the accountant's value after each "
     "run's last completed round, at the δ shown; "
 )
 """``compare-tuned``'s "Privacy parameters" sentence (it was the untuned runs' alone)."""
@@ -413,7 +414,7 @@ _COMPARE_TUNED_EPSILON = (
 def cmd_compare_tuned(args: argparse.Namespace) -> int:
     """``fedprivopt compare-tuned``: compare's report at the ε that includes the tuning."""
     from fedprivopt.cli_compare_tune import composition_lines
-    from fedprivopt.simulation.report import write_report
+    from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.rundata import load_runs
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
     from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned, tunings_lines
@@ -474,9 +475,18 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     rows = {(s, tuple(sorted(sigmas[s]))): (len(c), composed_epsilon(c, len(c)))
             for s, c in by_plan.items()}  # fmt: skip
     notes += "\n" + "\n".join([*composition_lines(rows, empty=False), *tunings_lines(checks)])
-    report = _write_whole_report(out, lambda: write_report(
-        out, runs, title=REPORT_TITLE, metric=args.metric, notes=notes,
-        epsilon_text=_COMPARE_TUNED_EPSILON))  # fmt: skip
+    # thirty-third review of issue 15 (results, finding 7): a row's composed epsilon was in
+    # report.md's notes alone; summary.csv has it beside each tuned row (empty: untuned)
+    composed = {s + TUNED_SUFFIX: repr(eps) for (s, _), (_, eps) in rows.items()}
+
+    def write() -> Path:
+        written = write_report(out, runs, title=REPORT_TITLE, metric=args.metric, notes=notes,
+                               epsilon_text=_COMPARE_TUNED_EPSILON)  # fmt: skip
+        insert_summary_column(out / "summary.csv", "epsilon_tunings_composed", "epsilon",
+                              lambda line: composed.get(line["strategy"], ""))  # fmt: skip
+        return written
+
+    report = _write_whole_report(out, write)
     print(f"report: {report}")
     return 0
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,25 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
                      r["n_finite"], "seeds_diverged": len(r["diverged"])}  # fmt: skip
             writer.writerow([shown[c] if c in shown else r[c] for c in columns])
     return path
+
+
+def insert_summary_column(
+    path: str | Path, name: str, after: str, value_of: Callable[[dict[str, str]], str]
+) -> None:
+    """Insert the column ``name`` after ``after`` in a ``summary.csv``.
+
+    ``value_of`` gives a line's cell from the line's cells by column name (e.g. a tuned
+    comparison's composed ε by ``strategy``).
+    """
+    path = Path(path)
+    with path.open(newline="", encoding="utf-8") as fh:
+        head, *lines = list(csv.reader(fh))
+    i = head.index(after) + 1
+    table = [[*head[:i], name, *head[i:]]]
+    table += [[*line[:i], value_of(dict(zip(head, line, strict=True))), *line[i:]]
+              for line in lines]  # fmt: skip
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows(table)
 
 
 def write_report(

@@ -39,6 +39,12 @@
    models overflowed; accuracy 0.59) as a point labelled ``σ=0.5`` like any other, and
    ``metric_vs_round.png`` its line as ``dp-fedavg, σ=0.5``. Now ``σ=0.5, 2 of 2 diverged`` and
    ``dp-fedavg, σ=0.5 (2 of 2 diverged)`` (a baseline's dashed line alike).
+7. The ``compare-tuned T0 T1`` of finding 1 (two tunings of dp-fedavg on the same users):
+   ``summary.csv`` gave the row ``epsilon`` 11.73, one tuning's, and nothing else, where
+   publishing the row (its mean over both) costs their composition, 16.61, which only
+   ``report.md``'s notes stated. Now ``summary.csv`` has ``epsilon_tunings_composed`` after
+   ``epsilon`` (the notes' value; empty for an untuned row, whose seeds the report does not
+   compose).
 """
 
 from __future__ import annotations
@@ -97,11 +103,23 @@ def _summary_row(report: Path, strategy: str) -> list[str]:
 # -- finding 1: summary.csv's rounds of a row whose seeds completed different numbers ---------
 
 
-def test_1_summary_csv_gives_the_range_of_rounds_as_report_md(rounds_tunings, tmp_path, capsys):
-    out = tmp_path / "r"
-    assert main(["compare-tuned", *map(str, rounds_tunings), "--out", str(out)]) == 0
+@pytest.fixture(scope="module")
+def tuned_report(rounds_tunings, tmp_path_factory) -> Path:
+    """``compare-tuned`` of the two tunings, beside an untuned 1-round run."""
+    root = tmp_path_factory.mktemp("r33")
+    untuned = root / "u"
+    code = main(["simulate", str(TOY), "--rounds", "1", "--out", str(untuned), "--quiet"])
+    assert code == 0
+    out = root / "r"
+    argv = ["compare-tuned", *map(str, rounds_tunings), "--untuned", str(untuned)]
+    assert main([*argv, "--out", str(out)]) == 0
+    return out
+
+
+def test_1_summary_csv_gives_the_range_of_rounds_as_report_md(tuned_report, capsys):
+    out = tuned_report
     capsys.readouterr()
-    (row,) = _csv_rows(out / "summary.csv")
+    row = next(r for r in _csv_rows(out / "summary.csv") if r["strategy"] == "dp-fedavg (tuned)")
     assert row["rounds"] == "1–2", row  # was 1, the fewest
     assert _summary_row(out / "report.md", "dp-fedavg (tuned)")[5] == row["rounds"]
 
@@ -198,3 +216,19 @@ def test_6_plots_label_diverged_rows(overflowing, tmp_path, monkeypatch):
     assert "σ=0.5, 2 of 2 diverged" in drawn, drawn  # was σ=0.5
     assert "dp-fedavg, σ=0.5 (2 of 2 diverged)" in drawn, drawn  # was dp-fedavg, σ=0.5
     assert "fedavg (non-private)" in drawn, drawn  # fedavg's runs did not diverge
+
+
+# -- finding 7: summary.csv gives a tuned row's composed epsilon --------------------------------
+
+
+def test_7_summary_csv_gives_the_composed_epsilon_of_a_tuned_row(tuned_report, capsys):
+    capsys.readouterr()
+    rows = {r["strategy"]: r for r in _csv_rows(tuned_report / "summary.csv")}
+    tuned, untuned = rows["dp-fedavg (tuned)"], rows["dp-fedavg"]
+    notes = (tuned_report / "report.md").read_text(encoding="utf-8").split("## Notes", 1)[1]
+    (line,) = [x for x in notes.splitlines() if x.startswith("| dp-fedavg | 0.5 | 2 |")]
+    composed = float(tuned["epsilon_tunings_composed"])
+    assert f"| {composed:.4g} |" in line and composed > float(tuned["epsilon"]), (tuned, line)
+    assert untuned["epsilon_tunings_composed"] == "", untuned  # an untuned row: not composed
+    header = list(rows["dp-fedavg"])
+    assert header.index("epsilon_tunings_composed") == header.index("epsilon") + 1, header

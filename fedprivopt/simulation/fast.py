@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import warnings
 from collections import Counter, deque
@@ -46,7 +47,14 @@ from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.strategies.core import TrainRequest
 from fedprivopt.wire import ClientSettings
 
-__all__ = ["IN_FLIGHT", "StreamedUpdates", "UserTrainer", "make_cohort_train", "shard_result"]
+__all__ = [
+    "IN_FLIGHT",
+    "StreamedUpdates",
+    "UserTrainer",
+    "gpu_share",
+    "make_cohort_train",
+    "shard_result",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -265,6 +273,21 @@ def shard_result(ref: Any, shard: int, shards: int, round_num: int) -> Any:
         ) from None
 
 
+def gpu_share(count: int, gpus: float) -> float:
+    """The GPUs each of ``count`` shards of a private Ray instance with ``gpus`` GPUs asks for.
+
+    ``1 / ceil(count / gpus)``: every shard a GPU, or a fraction of one (Ray packs fractions of
+    one GPU on one GPU), ``0`` without GPUs (the shards train on CPUs). Thirty-third review of
+    issue 15: the shards asked for none, and Ray hides every GPU from an actor that asks for
+    none (``CUDA_VISIBLE_DEVICES=""``, Ray's ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO`` default),
+    while ``device = "auto"`` on a CUDA machine told them to train on ``cuda``: a shard saw no
+    GPU (shown on this CPU machine with a private instance declaring one GPU: an actor of
+    ``num_cpus=1`` got ``CUDA_VISIBLE_DEVICES=''``, one of ``num_gpus=0.5`` got ``'0'``).
+    """
+    whole = int(gpus)
+    return 0.0 if whole < 1 or count < 1 else 1.0 / math.ceil(count / whole)
+
+
 def _ray_actors(
     count: int, task_name: str, task_params: dict, trainer_kwargs: dict, cluster=None
 ) -> tuple[list, bool, Any]:
@@ -278,6 +301,7 @@ def _ray_actors(
     import ray
 
     placement = None
+    cuda = trainer_kwargs["device"].startswith("cuda")
     started = cluster is None and not ray.is_initialized()
     if started:
         with warnings.catch_warnings():  # a tip about Ray's future defaults, on every init
@@ -285,15 +309,20 @@ def _ray_actors(
             ray.init(
                 address="local",  # never a cluster that RAY_ADDRESS names: ray-address joins one
                 num_cpus=max(count, 1),
+                num_gpus=torch.cuda.device_count() if cuda else 0,
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,
             )
+    share = 0.0
     if cluster is not None:
         from fedprivopt.simulation.cluster import place_shards
 
         placement = place_shards(cluster, count, trainer_kwargs["device"])
         trainer_kwargs = {**trainer_kwargs, "device": placement.device}
+    elif cuda:
+        share = gpu_share(count, ray.cluster_resources().get("GPU", 0))
+        trainer_kwargs = {**trainer_kwargs, "device": "cuda" if share else "cpu"}
 
     @ray.remote(num_cpus=1)
     class _Shard:
@@ -315,7 +344,8 @@ def _ray_actors(
             return ray.get_runtime_context().get_node_id(), self.chunks
 
     if placement is None:
-        shards = [_Shard.remote(max(1, (os.cpu_count() or 1) // count)) for _ in range(count)]
+        threads = max(1, (os.cpu_count() or 1) // count)
+        shards = [_Shard.options(num_gpus=share).remote(threads) for _ in range(count)]
     else:
         shards = [
             _Shard.options(**options).remote(threads)

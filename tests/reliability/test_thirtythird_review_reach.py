@@ -37,11 +37,19 @@ Each test failed before its fix (checked against the code before it) and passes 
    the address ``ray start`` recorded (``cluster.resolve_auto``), checked as any address; with
    none, rc 2 before anything is written: ``ray-address: auto finds no Ray cluster this machine
    is a node of …``.
+6. ``simulate … --set fast-actors=2`` on a CUDA machine (``device = "auto"``, so the shards
+   are told ``cuda``): the shards of the private Ray instance asked for no GPU, and Ray hides
+   every GPU from an actor that asks for none (``CUDA_VISIBLE_DEVICES=""``; shown here with a
+   private instance declaring one GPU: an actor of ``num_cpus=1`` saw ``''``, one of
+   ``num_gpus=0.5`` saw ``'0'``), so a shard trained on a device it could not see (not run: no
+   GPU on this machine). Now the shards share the machine's GPUs, ``1 / ceil(fast-actors /
+   GPUs)`` each (``fast.gpu_share``), as the cluster's shards get a GPU each.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import ray
@@ -229,3 +237,44 @@ def test_5_simulate_with_auto_and_no_cluster_is_one_line(recorded, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "auto finds no Ray cluster" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("count", "gpus", "share"), [(2, 1, 0.5), (3, 2, 0.5), (4, 4, 1.0), (5, 2, 1 / 3), (2, 0, 0)]
+)
+def test_6_shards_of_a_private_instance_share_its_gpus(count, gpus, share):
+    assert fast.gpu_share(count, gpus) == pytest.approx(share)
+
+
+class _Actor:
+    """What ``ray.remote`` makes of the shard class here: records each actor's options."""
+
+    made: ClassVar[list[dict]] = []
+
+    def __init__(self, **options) -> None:
+        self.options_ = options
+
+    def __call__(self, cls):  # ray.remote(num_cpus=1)(cls)
+        return _Actor(**self.options_)
+
+    def options(self, **options):
+        return _Actor(**{**self.options_, **options})
+
+    def remote(self, *args):
+        _Actor.made.append(self.options_)
+        return self
+
+
+def test_6_a_private_instance_gives_cuda_shards_their_gpu_share(monkeypatch):
+    # a machine with one GPU as Ray sees it: Ray hides it from an actor that asks for none
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
+    monkeypatch.setattr(ray, "remote", lambda **options: _Actor(**options))
+    _Actor.made = []
+    kwargs = {"device": "cuda", "vectorize": False, "chunk_users": 4, "secure": False}
+    shards, started, placement = fast._ray_actors(2, "toy", {}, kwargs)
+    assert len(shards) == 2 and not started and placement is None
+    assert [m.get("num_gpus") for m in _Actor.made] == [0.5, 0.5]  # before: none asked
+    _Actor.made = []
+    fast._ray_actors(2, "toy", {}, {**kwargs, "device": "cpu"})
+    assert [m.get("num_gpus", 0) for m in _Actor.made] == [0, 0]

@@ -155,6 +155,7 @@ def draw_metric_vs_round(
         label = _label(key[0], key[1], max(run.epsilon for run in group))
         diverged = sum(run.diverged(sel.metric) is not None for run in group)
         label += f" ({diverged} of {len(group)} diverged)" if diverged else ""
+        label += _fewer_seeds_text(group)
         ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
                 marker="o" if len(x) == 1 else None)  # fmt: skip
         ax.fill_between(x, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=color,
@@ -178,6 +179,18 @@ def _diverged_text(row: dict[str, Any]) -> str:
     """
     k = len(row["diverged"])
     return f", {k} of {row['n_seeds']} diverged" if k else ""
+
+
+def _fewer_seeds_text(group: Sequence[RunData]) -> str:
+    """`` (rounds 1–2: later rounds over fewer seeds)`` when the runs completed different numbers.
+
+    Thirty-third review of issue 15 (results, finding 8): ``compare-tuned`` of a 1-round and a
+    2-round released trial drew round 2 as the row's mean (one seed's value, no band) under the
+    title "mean ± 1 std over seeds", a step that looked like training.
+    """
+    done = [run.rounds_completed for run in group]
+    lo, hi = min(done), max(done)
+    return f" (rounds {lo}–{hi}: later rounds over fewer seeds)" if lo != hi else ""
 
 
 def _spread(std: float) -> float:

@@ -45,6 +45,10 @@
    ``report.md``'s notes stated. Now ``summary.csv`` has ``epsilon_tunings_composed`` after
    ``epsilon`` (the notes' value; empty for an untuned row, whose seeds the report does not
    compose).
+8. The ``compare-tuned`` of finding 1: ``metric_vs_round.png`` drew the row's round 2 as its
+   "mean ± 1 std over seeds", which was the one 2-round seed's value without a band (a step up
+   from the two seeds' mean at round 1, as if trained). The legend now says
+   ``dp-fedavg (tuned), σ=0.5 (rounds 1–2: later rounds over fewer seeds)``.
 """
 
 from __future__ import annotations
@@ -198,9 +202,9 @@ def test_5_compare_tuned_records_grids_and_selection(rounds_tunings, tmp_path, c
 # -- finding 6: the plots mark a diverged row ---------------------------------------------------
 
 
-def test_6_plots_label_diverged_rows(overflowing, tmp_path, monkeypatch):
+def _drawn_labels(monkeypatch, write) -> list[str]:
+    """The annotations and legend labels of the plots ``write()`` draws."""
     from fedprivopt.simulation import report_plots
-    from fedprivopt.simulation.report import load_runs, write_report
 
     drawn: list[str] = []
     finish = report_plots._finish
@@ -211,8 +215,18 @@ def test_6_plots_label_diverged_rows(overflowing, tmp_path, monkeypatch):
         return finish(fig, ax, path, n_series)
 
     monkeypatch.setattr(report_plots, "_finish", record)
-    with pytest.warns(UserWarning):  # the notes on the diverged runs
-        write_report(tmp_path / "r", load_runs(overflowing / "runs"), title="t")
+    write()
+    return drawn
+
+
+def test_6_plots_label_diverged_rows(overflowing, tmp_path, monkeypatch):
+    from fedprivopt.simulation.report import load_runs, write_report
+
+    def write():
+        with pytest.warns(UserWarning):  # the notes on the diverged runs
+            write_report(tmp_path / "r", load_runs(overflowing / "runs"), title="t")
+
+    drawn = _drawn_labels(monkeypatch, write)
     assert "σ=0.5, 2 of 2 diverged" in drawn, drawn  # was σ=0.5
     assert "dp-fedavg, σ=0.5 (2 of 2 diverged)" in drawn, drawn  # was dp-fedavg, σ=0.5
     assert "fedavg (non-private)" in drawn, drawn  # fedavg's runs did not diverge
@@ -232,3 +246,16 @@ def test_7_summary_csv_gives_the_composed_epsilon_of_a_tuned_row(tuned_report, c
     assert untuned["epsilon_tunings_composed"] == "", untuned  # an untuned row: not composed
     header = list(rows["dp-fedavg"])
     assert header.index("epsilon_tunings_composed") == header.index("epsilon") + 1, header
+
+
+# -- finding 8: the metric-by-round plot says where a row's rounds are over fewer seeds ---------
+
+
+def test_8_metric_by_round_names_rounds_over_fewer_seeds(rounds_tunings, tmp_path, monkeypatch):
+    def write():
+        out = str(tmp_path / "r")
+        assert main(["compare-tuned", *map(str, rounds_tunings), "--out", out]) == 0
+
+    drawn = _drawn_labels(monkeypatch, write)
+    label = "dp-fedavg (tuned), σ=0.5 (rounds 1–2: later rounds over fewer seeds)"
+    assert label in drawn, drawn  # was dp-fedavg (tuned), σ=0.5

@@ -187,11 +187,11 @@ def check_reachable(address: str, key: str) -> None:
     """Refuse a ``host:port`` where no Ray head answers (``ray.init`` would hang for minutes).
 
     The port must accept a connection within :data:`CONNECT_TIMEOUT` seconds and answer as a
-    gRPC server (a head's GCS) within :data:`HANDSHAKE_TIMEOUT`: :func:`_speaks_grpc`. A port
-    that accepts but never answers, or answers as something else (the dashboard's HTTP on
-    8265, a web server), made ``ray.init`` retry for about ten minutes without a word
-    (twenty-first review of issue 15). ``auto`` is the address ``ray start`` recorded here
-    (:func:`resolve_auto`).
+    gRPC server (a head's GCS) within :data:`HANDSHAKE_TIMEOUT` (:func:`_speaks_grpc`), one
+    that serves a GCS (:func:`_lacks_gcs`). A port that accepts but never answers, or answers
+    as something else (the dashboard's HTTP on 8265, a web server), made ``ray.init`` retry
+    for about ten minutes without a word (twenty-first review of issue 15). ``auto`` is the
+    address ``ray start`` recorded here (:func:`resolve_auto`).
     """
     if address == "auto":
         address = resolve_auto(address, key)
@@ -216,6 +216,40 @@ def check_reachable(address: str, key: str) -> None:
             "--head --port`, 6379 by default), not the dashboard's or another service's "
             "(docs/SCALING.md)"
         )
+    if _lacks_gcs(host.strip("[]"), int(port)):
+        raise ValueError(
+            f"{key}: {address} answers gRPC but has no Ray GCS service (a raylet's or another "
+            "port of a Ray node, or another gRPC service such as a Flower SuperLink): give the "
+            "head's GCS port (`ray start --head --port`, 6379 by default) (docs/SCALING.md)"
+        )
+
+
+_GCS_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+"""A method every Ray GCS serves (what ``ray.init`` asks first); an empty request is valid."""
+
+
+def _lacks_gcs(host: str, port: int) -> bool:
+    """Whether the gRPC server at ``host:port`` says it serves no Ray GCS (``UNIMPLEMENTED``).
+
+    Thirty-third review of issue 15: a raylet's port (a gRPC server, so it passed
+    :func:`_speaks_grpc`) given as ``ray-address`` ended after 22 s in 20 lines of Ray's
+    ``Failed to get cluster ID from GCS server: RpcError: ... rpc_code: 12`` before the one line.
+    Any other answer (a GCS's, a timeout, an authentication error) is left to ``ray.init``.
+    """
+    import grpc
+
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    channel = grpc.insecure_channel(target)
+    try:
+        call = channel.unary_unary(
+            _GCS_METHOD, request_serializer=bytes, response_deserializer=bytes
+        )
+        call(b"", timeout=HANDSHAKE_TIMEOUT)
+    except grpc.RpcError as exc:
+        return exc.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        channel.close()
+    return False
 
 
 def resolve_auto(address: str, key: str) -> str:

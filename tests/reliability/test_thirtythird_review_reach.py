@@ -44,10 +44,18 @@ Each test failed before its fix (checked against the code before it) and passes 
    ``num_gpus=0.5`` saw ``'0'``), so a shard trained on a device it could not see (not run: no
    GPU on this machine). Now the shards share the machine's GPUs, ``1 / ceil(fast-actors /
    GPUs)`` each (``fast.gpu_share``), as the cluster's shards get a GPU each.
+7. ``simulate toy.toml --set fast-actors=1 --set ray-address=127.0.0.1:P``, P a raylet's node
+   manager port (a gRPC server, so the twenty-first review's HTTP/2 check passed it; also
+   any gRPC service, e.g. a Flower SuperLink): 22 s and 20 lines of Ray's ``gcs_client.cc:205:
+   Failed to get cluster ID from GCS server: RpcError: RPC error:  rpc_code: 12`` before the
+   one line. Now ``check_reachable`` asks the GCS's ``GetClusterId`` (grpcio, 5 s):
+   ``UNIMPLEMENTED`` is rc 2 at once, ``ray-address: 127.0.0.1:P answers gRPC but has no Ray
+   GCS service …`` (a real head answers: ``tests/simulation/test_cluster.py``).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -278,3 +286,16 @@ def test_6_a_private_instance_gives_cuda_shards_their_gpu_share(monkeypatch):
     _Actor.made = []
     fast._ray_actors(2, "toy", {}, {**kwargs, "device": "cpu"})
     assert [m.get("num_gpus", 0) for m in _Actor.made] == [0, 0]
+
+
+def test_7_a_grpc_port_without_a_gcs_is_refused_at_once():
+    import grpc
+
+    server = grpc.server(ThreadPoolExecutor(1))  # serves nothing, as a raylet's port for this
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(ValueError, match="answers gRPC but has no Ray GCS service"):
+            cluster.check_reachable(f"127.0.0.1:{port}", "ray-address")
+    finally:
+        server.stop(None)

@@ -25,6 +25,7 @@ from fedprivopt.simulation.files import (
 from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundir import lock_run_dir
 from fedprivopt.simulation.writer import RunWriter
+from tests.reliability.test_fuzz_cli import run_cli
 from tests.simulation.test_run import PRESET, SMALL, small_config
 
 SETS = [f"--set={k}={v}" for k, v in SMALL.items()]
@@ -76,9 +77,9 @@ def test_a_second_resume_of_a_running_directory_is_refused_naming_the_holder(tmp
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
         assert str(first.pid) in err and "in use" in err, err
         assert first.poll() is None  # the first one was not disturbed
-        fresh = _cli("simulate", str(PRESET), "--out", str(out), "--quiet", *SETS)
-        _, err = fresh.communicate(timeout=120)
-        assert fresh.returncode == 2 and len(err.strip().splitlines()) == 1, err
+        # a fresh start over the held directory, in this process (the holder is the other one)
+        code, _, err = run_cli(["simulate", str(PRESET), "--out", str(out), "--quiet", *SETS])
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
     finally:
         _stop(first)
         if second is not None:

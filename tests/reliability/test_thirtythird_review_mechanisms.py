@@ -1,0 +1,51 @@
+"""Issue 15, thirty-third hostile review (mechanisms: sampling, tree, clipping, calibration).
+
+1. Fixed-size sampling was not uniform. ``FixedSizeSampler`` took ``torch.randperm(N)[:m]``, and
+   torch's CPU ``randperm`` (below ``2**32 / 20`` users) swaps in user ``i + (r % (N - i))`` for a
+   32-bit draw ``r``: a draw modulo the users left. Its first pick is the generator's first 32-bit
+   output modulo ``N`` (checked: 20 of 20 seeds), so users below ``2**32 mod N`` joined with
+   probability ``(⌊2**32/N⌋ + 1)/2**32`` instead of ``1/N`` a pick: 2.3 % above ``m/N`` for 59
+   users at ``N = 99,882,959`` (``population`` may be 10**8; 0.23 % at 10**7), where the
+   accountant's replace-one bound (dp-accounting's ``SampledWithoutReplacementDpEvent``) assumes
+   every ``m``-subset equally likely. Now the cohort is the users of the ``m`` smallest of ``N``
+   float64 uniforms (``torch.rand``: each of the ``2**53`` multiples of ``2**-53`` equally
+   likely), drawn again if the ``m``-th smallest ties another: exactly uniform.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.privacy import FixedSizeSampler, RngFactory
+
+
+def _uniforms(seed: int, round_num: int, population: int) -> torch.Tensor:
+    gen = RngFactory(seed=seed).generator(round_num, "sampling")
+    return torch.rand(population, generator=gen, dtype=torch.float64)
+
+
+def test_1_fixed_size_cohort_is_the_m_smallest_uniforms_not_a_modulo_biased_permutation():
+    for population, cohort, seed in ((40, 10, 0), (1000, 1, 3), (997, 996, 5), (7, 7, 1)):
+        sampler = FixedSizeSampler(population, cohort, RngFactory(seed=seed))
+        uniforms = _uniforms(seed, 4, population)
+        expected = torch.sort(torch.argsort(uniforms)[:cohort]).values
+        assert torch.equal(sampler.sample(4), expected), (population, cohort)
+
+
+@pytest.mark.parametrize(
+    ("tied", "drawn_again", "cohort"),
+    [
+        ([0.5, 0.25, 0.5, 0.75], [0.125, 0.9, 0.8, 0.0625], [0, 3]),  # 2 of 4: 2nd = 3rd
+        ([0.75, 0.25, 0.75, 0.5], [0.1, 0.9, 0.2, 0.3], [0, 2, 3]),  # 3 of 4: 3rd = 4th
+    ],
+)
+def test_1_a_tie_at_the_cohort_boundary_is_drawn_again(monkeypatch, tied, drawn_again, cohort):
+    draws = iter([torch.tensor(tied, dtype=torch.float64), torch.tensor(drawn_again).double()])
+    real_rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: next(draws))
+    try:
+        drawn = FixedSizeSampler(4, len(cohort), RngFactory(seed=0)).sample(1)
+    finally:
+        monkeypatch.setattr(torch, "rand", real_rand)
+    assert drawn.tolist() == cohort

@@ -56,9 +56,6 @@ import csv
 import json
 import logging
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -88,19 +85,17 @@ def test_1_prv_refuses_a_noise_multiplier_above_opacus_max_sigma(sigma, q):
     assert compose_epsilon([(event, 1)], 1e-5, accountant="rdp") < 1e-3
 
 
-def test_1_prv_still_accounts_max_sigma_and_the_cli_refuses_in_one_line(tmp_path):
+def test_1_prv_still_accounts_max_sigma_and_the_cli_refuses_in_one_line():
+    from tests.reliability.test_fuzz_cli import run_cli
+
     event = SubsampledGaussianEvent(noise_multiplier=1e6, sample_rate=0.1, sampling="poisson")
     assert 0 <= compose_epsilon([(event, 1)], 1e-5, accountant="prv") <= 0.011
-    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", PYTHONPATH=str(ROOT), HOME=str(tmp_path))
     argv = ["epsilon", "--accountant", "prv", "--noise-multiplier", "1e10", "--sample-rate", "0.5",
             "--rounds", "1", "--delta", "1e-5"]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedprivopt.cli", *argv], cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert "noise_multiplier <= 1e+06" in proc.stderr and "Traceback" not in proc.stderr
+    code, out, err = run_cli(argv)  # the command in this process: the refusal is the point
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert "noise_multiplier <= 1e+06" in err and "Traceback" not in err
 
 
 # -- finding 2: a node's error reason logged whole -------------------------------------------------

@@ -5,11 +5,16 @@ default: each user joins a round independently with probability ``q``, which is 
 Poisson-subsampled Gaussian accountant assumes. Fixed-size sampling draws exactly ``m`` distinct
 users uniformly without replacement and is accounted for as such (replace-one adjacency).
 
-A fixed-size cohort is the ``m`` users of the smallest of ``N`` float64 uniforms (a uniform
-``m``-subset; a draw whose ``m``-th and ``m+1``-th smallest tie is drawn again). Thirty-third
-review of issue 15: it was ``torch.randperm(N)[:m]``, whose Fisher-Yates steps take a 32-bit draw
-modulo the users left, so some users joined more often than ``m/N`` (up to 2.3 % more at
-``N = 99,882,959``).
+Both draw one float64 uniform per user (``torch.rand``: a multiple of ``2**-53``, each of the
+``2**53`` values equally likely), so that the probabilities the accountant assumes hold exactly:
+a Poisson user joins when its uniform is below :func:`inclusion_threshold` (``q`` rounded down to
+a multiple of ``2**-53``: probability exactly that, never above ``q``), and a fixed-size cohort is
+the ``m`` users of the smallest uniforms (a uniform ``m``-subset; a draw whose ``m``-th and
+``m+1``-th smallest tie is drawn again). Thirty-third review of issue 15: the fixed-size cohort was
+``torch.randperm(N)[:m]``, whose Fisher-Yates steps take a 32-bit draw modulo the users left, so
+some users joined more often than ``m/N`` (up to 2.3 % more at ``N = 99,882,959``), and a Poisson
+user joined with probability ``ceil(q·2**53)/2**53`` above ``q`` (``2**-53`` for any ``q`` below
+it).
 """
 
 from __future__ import annotations
@@ -30,14 +35,33 @@ __all__ = [
     "PoissonSampler",
     "SamplingSpec",
     "check_round",
+    "inclusion_threshold",
     "make_sampler",
 ]
+
+#: The step of ``torch.rand``'s float64 uniforms: ``k · 2**-53`` for ``k`` in ``[0, 2**53)``.
+UNIFORM_STEP = 2.0**-53
 
 #: Upper bound of the number of users ``N`` a sampler draws from. A round draws one value per
 #: user (a float64 uniform and a bool mask: 9 bytes a user), so 10**8 users take about 0.9 GB a
 #: round; 10**9 used to be accepted and fail in the first round with an 8 GB allocation. Real
 #: cross-device populations (StackOverflow: ~380,000 users) are far below it.
 MAX_POPULATION = 100_000_000
+
+
+def inclusion_threshold(sample_rate: float) -> float:
+    """``q`` rounded down to a multiple of :data:`UNIFORM_STEP`: ``P(torch.rand < it)`` exactly.
+
+    A float64 uniform of ``torch.rand`` is ``k · 2**-53`` with ``k`` uniform in ``[0, 2**53)``,
+    so ``u < t`` for a multiple ``t`` of ``2**-53`` has probability exactly ``t``, and ``u < q``
+    for any other ``q`` has ``ceil(q·2**53)·2**-53 > q``. Thirty-third review of issue 15: the
+    Poisson sampler compared with ``q`` itself, so its users joined more often than the ``q`` the
+    accountant charged: ``simulate toy.toml --rounds 10 --set clients-per-round=1e-150 --set
+    delta=1e-300`` charged ``q = 2.5e-152`` (epsilon 5.39) while each user joined with probability
+    ``2**-53`` (1.1e-16, epsilon 38.16). The scaling is exact (a power of two), and the result is
+    at most ``q`` (0 below ``2**-53``: nobody joins), so the accountant's ``q`` bounds it.
+    """
+    return math.floor(sample_rate / UNIFORM_STEP) * UNIFORM_STEP
 
 
 def check_round(round_num: object) -> int:
@@ -92,7 +116,8 @@ class PoissonSampler:
         ``round_num`` is an integer ``>= 0`` (:func:`check_round`).
         """
         gen = self.rngs.generator(check_round(round_num), purpose)
-        mask = torch.rand(self.population, generator=gen, dtype=torch.float64) < self.sample_rate
+        uniforms = torch.rand(self.population, generator=gen, dtype=torch.float64)
+        mask = uniforms < inclusion_threshold(self.sample_rate)  # probability exactly <= q
         return torch.nonzero(mask, as_tuple=False).flatten()
 
 

@@ -10,6 +10,15 @@
    every ``m``-subset equally likely. Now the cohort is the users of the ``m`` smallest of ``N``
    float64 uniforms (``torch.rand``: each of the ``2**53`` multiples of ``2**-53`` equally
    likely), drawn again if the ``m``-th smallest ties another: exactly uniform.
+2. The Poisson sampler included a user when its float64 uniform was below ``q``; the uniforms are
+   multiples of ``2**-53``, so the probability was ``ceil(q·2**53)/2**53``, above the ``q``
+   charged, and ``2**-53`` for any ``q`` below it: ``simulate toy.toml --rounds 10 --set
+   clients-per-round=1e-150 --set delta=1e-300`` charged ``q = 2.5e-152`` and reported epsilon
+   5.39, while every user joined with probability 1.1e-16, whose epsilon is 38.16. Now a user
+   joins when its uniform is below ``q`` rounded down to a multiple of ``2**-53``
+   (``sampling.inclusion_threshold``): probability exactly that, at most ``q`` (0 below
+   ``2**-53``). Cohorts of ordinary rates change only where a uniform equals that multiple
+   (probability ``2**-53`` a user).
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedprivopt.privacy import FixedSizeSampler, RngFactory
+from fedprivopt.privacy import FixedSizeSampler, PoissonSampler, RngFactory
+
+STEP = 2.0**-53  # torch.rand's float64 uniforms are k * 2**-53, k uniform in [0, 2**53)
 
 
 def _uniforms(seed: int, round_num: int, population: int) -> torch.Tensor:
@@ -49,3 +60,29 @@ def test_1_a_tie_at_the_cohort_boundary_is_drawn_again(monkeypatch, tied, drawn_
     finally:
         monkeypatch.setattr(torch, "rand", real_rand)
     assert drawn.tolist() == cohort
+
+
+def test_2_a_poisson_user_joins_with_probability_at_most_q(monkeypatch):
+    below = (0.1 // STEP) * STEP  # the largest uniform below 0.1: P(u <= it) is above 0.1
+    values = {
+        1e-150: torch.zeros(40, dtype=torch.float64),  # before: everyone joined (0 < q)
+        0.1: torch.full((40,), below, dtype=torch.float64),
+    }
+    real_rand = torch.rand
+    for q, uniforms in values.items():
+        monkeypatch.setattr(torch, "rand", lambda *a, u=uniforms, **k: u.clone())
+        try:
+            cohort = PoissonSampler(40, q, RngFactory(seed=0)).sample(1)
+        finally:
+            monkeypatch.setattr(torch, "rand", real_rand)
+        assert cohort.numel() == 0, q
+    # ordinary rates: the same users as a comparison with q (a uniform equal to the threshold
+    # is the only difference)
+    uniforms = _uniforms(2, 3, 1000)
+    joined = PoissonSampler(1000, 0.05, RngFactory(seed=2)).sample(3)
+    assert torch.equal(joined, torch.nonzero(uniforms < 0.05).flatten())
+    from fedprivopt.privacy.sampling import UNIFORM_STEP, inclusion_threshold
+
+    assert UNIFORM_STEP == STEP and inclusion_threshold(0.1) == below
+    assert inclusion_threshold(1e-300) == 0.0 and inclusion_threshold(1.0) == 1.0
+    assert inclusion_threshold(STEP) == STEP

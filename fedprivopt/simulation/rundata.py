@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fedprivopt.core import checks
+from fedprivopt.core.text import shown
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.divergence import (
     DIVERGED_KEY,
@@ -37,6 +38,7 @@ from fedprivopt.simulation.files import (
     stated_epsilons,
 )
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+from fedprivopt.strategies.config import MAX_ROUNDS
 
 __all__ = [
     "RunData",
@@ -208,9 +210,15 @@ def load_run(path: str | Path) -> RunData:
     missing = [k for k in _REQUIRED_SUMMARY_KEYS if k not in summary]
     if missing:
         raise ValueError(f"{summary_path}: missing keys {missing}")
+    if "rounds_completed" in summary:
+        check_summary_rounds(summary["rounds_completed"], summary_path)
 
     notes: list[str] = []
     summary = _configured(path, summary, notes)
+    seed = summary["seed"]  # the summary's own when there is no config.toml (finding 9)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"{summary_path} is unreadable (seed must be an integer >= 0, got "
+                         f"{shown(seed)})")  # fmt: skip
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
     accounted = _accounted_epsilon(path, notes, summary.get("delta"))
@@ -223,6 +231,33 @@ def load_run(path: str | Path) -> RunData:
             f"{path}: its files state different epsilons ({stated}); the largest is reported"
         )
     return RunData(summary, rows, path, tuple(notes), spent)
+
+
+def check_summary_rounds(rounds: Any, path: Path) -> int:
+    """``summary.json``'s ``rounds_completed``: an integer in ``[0, MAX_ROUNDS]``.
+
+    Thirty-third review of issue 15 (results, finding 9): :func:`load_run` took any value, and
+    a report (the documented ``write_report(out, load_runs(...))``) of a summary edited to
+    ``"abc"``, ``null``, ``[2]`` or ``1e400`` ended in a ``ValueError``, ``TypeError`` or
+    ``OverflowError`` from ``int()`` naming no file, while ``2.5``, ``-3``, ``true`` and ``"2"``
+    were reported as rounds ``2``, ``-3``, ``1`` and ``2``. ``--resume`` and ``compare`` refuse
+    such a summary with the same words (``audit.read_summary``).
+
+    Raises
+    ------
+    ValueError
+        Naming ``path`` and the value.
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValueError(
+            f"{path} is unreadable (rounds_completed must be an integer >= 0, got {shown(rounds)})"
+        )
+    if rounds > MAX_ROUNDS:
+        raise ValueError(
+            f"{path} is unreadable (rounds_completed {shown(rounds)} is beyond the {MAX_ROUNDS:,} "
+            "a run may have: the file was edited)"
+        )
+    return rounds
 
 
 def _no_round(summary_path: Path) -> bool:

@@ -49,11 +49,20 @@
    "mean ± 1 std over seeds", which was the one 2-round seed's value without a band (a step up
    from the two seeds' mean at round 1, as if trained). The legend now says
    ``dp-fedavg (tuned), σ=0.5 (rounds 1–2: later rounds over fewer seeds)``.
+9. ``write_report(out, load_runs(R))`` (the documented API of reports) of a finished run whose
+   ``summary.json`` has ``rounds_completed`` edited to ``"abc"``, ``null``, ``[2]`` or ``1e400``:
+   ``ValueError``/``TypeError``/``OverflowError`` from ``int()`` naming no file; ``2.5``, ``-3``,
+   ``true``, ``"2"``: reported as rounds 2, -3, 1, 2. ``load_run`` now refuses them as
+   ``--resume`` and ``compare`` do: ``ValueError: R/summary.json is unreadable
+   (rounds_completed must be an integer >= 0, got 'abc')`` (beyond 10**6: "the file was edited").
+   Likewise the summary's ``seed`` of a run without ``config.toml`` (which otherwise gives it):
+   ``"abc"`` was ``ValueError: invalid literal for int()``, ``2.7`` reported as seed 2.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from pathlib import Path
@@ -259,3 +268,36 @@ def test_8_metric_by_round_names_rounds_over_fewer_seeds(rounds_tunings, tmp_pat
     drawn = _drawn_labels(monkeypatch, write)
     label = "dp-fedavg (tuned), σ=0.5 (rounds 1–2: later rounds over fewer seeds)"
     assert label in drawn, drawn  # was dp-fedavg (tuned), σ=0.5
+
+
+# -- finding 9: load_run refuses a summary's rounds_completed that is not a count ----------------
+
+
+@pytest.mark.parametrize("value", ["abc", None, [2], 2.5, -3, True, "2", 10**7])
+def test_9_load_run_refuses_an_edited_rounds_completed(tuned_report, tmp_path, value):
+    import shutil
+
+    from fedprivopt.simulation.report import load_run
+
+    untuned = tuned_report.parent / "u"
+    run = tmp_path / "u"
+    shutil.copytree(untuned, run, ignore=shutil.ignore_patterns("*.lock"))
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    (run / "summary.json").write_text(json.dumps({**summary, "rounds_completed": value}))
+    with pytest.raises(ValueError, match=r"summary\.json is unreadable \(rounds_completed"):
+        load_run(run)  # was TypeError, OverflowError, or reported as rounds 2, -3, 1, 2
+
+
+@pytest.mark.parametrize("value", ["abc", None, 2.7, -1, True])
+def test_9_load_run_refuses_an_edited_seed_without_config(tuned_report, tmp_path, value):
+    import shutil
+
+    from fedprivopt.simulation.report import load_run
+
+    run = tmp_path / "u"
+    shutil.copytree(tuned_report.parent / "u", run, ignore=shutil.ignore_patterns("*.lock"))
+    (run / "config.toml").unlink()  # the summary's seed is then the run's
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    (run / "summary.json").write_text(json.dumps({**summary, "seed": value}))
+    with pytest.raises(ValueError, match=r"summary\.json is unreadable \(seed must be"):
+        load_run(run)  # was ValueError from int() naming no file, or seed 2 for 2.7

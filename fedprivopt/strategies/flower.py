@@ -85,6 +85,14 @@ def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
     return flatten(record.to_torch_state_dict())
 
 
+QUERY_BATCH = 256
+"""Nodes asked the user query at once (:meth:`DPStrategy.discover_users`).
+
+Flower's simulation engine hands messages to its nodes in passes over every node, each scanning
+every stored message (``add_messages_to_queue``: nodes x messages), and checks whether to stop
+only between passes. 8,000 queries at once made a pass take minutes on 2 busy cores, and a
+Ctrl-C or SIGTERM of the run waited for it (thirty-third review of issue 15)."""
+
 MAX_REASON_CHARS = 1000
 """Characters of a task's error, as a node sent it, that the run's last line shows whole."""
 
@@ -192,51 +200,18 @@ class DPStrategy(Strategy):
         task_failed: dict[int, str] = {}  # nodes that answered with the task's error
         while True:
             new = sorted(set(grid.get_node_ids()) - queried)
-            if new:
-                queried.update(new)
+            # a node answers its first message only after starting its ClientApp (seconds on a
+            # busy machine): wait as long as for nodes to connect, not just a round timeout
+            wait = max(self._timeout, self.node_wait)
+            for first in range(0, len(new), QUERY_BATCH):
+                batch = new[first : first + QUERY_BATCH]
+                queried.update(batch)
                 messages = [
                     Message(content=P.users_query(), dst_node_id=n, message_type="query")
-                    for n in new
+                    for n in batch
                 ]
-                # a node answers its first message only after starting its ClientApp (seconds on
-                # a busy machine): wait as long as for nodes to connect, not just a round timeout
-                wait = max(self._timeout, self.node_wait)
-                failed: dict[int, str] = {}  # the task's errors, said after the pass
-                for reply in grid.send_and_receive(messages, timeout=wait):
-                    if reply.has_error():
-                        self.node_errors += 1
-                        if reply.error.code == TASK_ERROR:
-                            failed[reply.metadata.src_node_id] = str(reply.error.reason)
-                            continue
-                        log(
-                            WARNING,
-                            "node %s failed the user query: %s",
-                            reply.metadata.src_node_id,
-                            shown(reply.error.reason),
-                        )
-                        continue
-                    try:
-                        users = P.read_user_ids(reply.content)
-                    except ValueError as exc:
-                        # malformed: as an error reply, its users stay on no node (unhosted)
-                        self.node_errors += 1
-                        log(
-                            WARNING,
-                            "node %s answered the user query malformed: %s",
-                            reply.metadata.src_node_id,
-                            exc,
-                        )
-                        continue
-                    node = reply.metadata.src_node_id
-                    for user in users:
-                        if user in mapping:  # no user may be trained (and sampled) twice
-                            raise RuntimeError(
-                                f"user {user} is hosted by nodes {mapping[user]} and {node}: two "
-                                f"SuperNodes have the same {P.NODE_PARTITION_ID}, or different "
-                                f"{P.NODE_NUM_PARTITIONS} (start node p of P with --node-config "
-                                f'"{P.NODE_PARTITION_ID}=p {P.NODE_NUM_PARTITIONS}=P")'
-                            )
-                        mapping[user] = node
+                failed: dict[int, str] = {}  # the task's errors, said after the batch
+                self._read_users(grid.send_and_receive(messages, timeout=wait), mapping, failed)
                 task_failed.update(failed)
                 if len(queried) >= self.min_nodes and task_failed.keys() == queried:
                     # the task cannot be built as the run config says (on every node so far)
@@ -264,6 +239,40 @@ class DPStrategy(Strategy):
         self.user_nodes = mapping
         self._discovered = True
         return mapping
+
+    def _read_users(
+        self, replies: Iterable[Message], mapping: dict[int, int], failed: dict[int, str]
+    ) -> None:
+        """Add the users of the answers to the user query to ``mapping`` (user → node).
+
+        An error reply or a malformed answer is a node error (its users stay on no node); the
+        reasons of replies with the task's error go to ``failed`` (node → reason), said later.
+        """
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                self.node_errors += 1
+                if reply.error.code == TASK_ERROR:
+                    failed[node] = str(reply.error.reason)
+                    continue
+                log(WARNING, "node %s failed the user query: %s", node, shown(reply.error.reason))
+                continue
+            try:
+                users = P.read_user_ids(reply.content)
+            except ValueError as exc:
+                # malformed: as an error reply, its users stay on no node (unhosted)
+                self.node_errors += 1
+                log(WARNING, "node %s answered the user query malformed: %s", node, exc)
+                continue
+            for user in users:
+                if user in mapping:  # no user may be trained (and sampled) twice
+                    raise RuntimeError(
+                        f"user {user} is hosted by nodes {mapping[user]} and {node}: two "
+                        f"SuperNodes have the same {P.NODE_PARTITION_ID}, or different "
+                        f"{P.NODE_NUM_PARTITIONS} (start node p of P with --node-config "
+                        f'"{P.NODE_PARTITION_ID}=p {P.NODE_NUM_PARTITIONS}=P")'
+                    )
+                mapping[user] = node
 
     # -- Flower Strategy interface -------------------------------------------------------------
 

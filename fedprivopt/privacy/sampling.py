@@ -193,9 +193,9 @@ def _extreme(uniforms: torch.Tensor, k: int, *, largest: bool) -> torch.Tensor |
     """The sorted indices of the ``k`` smallest (or largest) ``uniforms`` (``k < N``).
 
     ``None`` when the ``k``-th and ``k + 1``-th of them tie (the draw must be made again). Only
-    the uniforms beyond a cut that ``k + 1`` of them pass but for a chance of about 1e-15 are
-    sorted (``N`` bytes of mask and ``O(k)`` more, not a copy of all ``N``); when fewer pass,
-    all are. The cut changes what is sorted, never the result.
+    the uniforms beyond a cut that ``k + 1`` of them pass but for a chance below 1.3e-8 (1e-15
+    at ``k = 10**4``) are sorted (``N`` bytes of mask and ``O(k)`` more, not a copy of all
+    ``N``); when fewer pass, all are. The cut changes what is sorted, never the result.
     """
     n = uniforms.numel()
     cut = (k + 1 + 8.0 * math.sqrt(k + 1) + 8.0) / n

@@ -103,11 +103,14 @@ def serve_flower(
     writer: RunWriter,
     *,
     min_nodes: int = 1,
+    stop_at_task_error: bool = False,
 ) -> str:
     """Run the rounds of ``alg`` through a Flower ``grid`` (inside a ServerApp's main).
 
     Used by the simulation engine and by the deployment ServerApp. Central evaluation follows
     ``eval-every``; every round reaches ``writer``. Returns why the run stopped.
+    ``stop_at_task_error``: see :class:`~fedprivopt.strategies.flower.DPStrategy` (the
+    simulation engine's nodes all run the same task on the same data).
     """
     from flwr.app import MetricRecord
 
@@ -121,7 +124,13 @@ def serve_flower(
             return None
         return MetricRecord(writer.evaluate(alg.output_params()))
 
-    strategy = DPStrategy(alg, spec, min_nodes=min_nodes, on_round=writer.on_round)
+    strategy = DPStrategy(
+        alg,
+        spec,
+        min_nodes=min_nodes,
+        on_round=writer.on_round,
+        stop_at_task_error=stop_at_task_error,
+    )
     writer.last_time = time.perf_counter()
     strategy.start(
         grid,
@@ -310,7 +319,9 @@ def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunW
         server.append(threading.current_thread())
         try:
             stoppable = interrupt.stoppable_grid(grid, stop)
-            done.append(serve_flower(stoppable, config, task, alg, writer))
+            # one user's task error ends the run, as on the fast engine (thirty-third review of
+            # issue 15: the run went on without that user)
+            done.append(serve_flower(stoppable, config, task, alg, writer, stop_at_task_error=True))
         except interrupt.Stopped:
             pass  # the engine was stopped: the main thread reports why
 

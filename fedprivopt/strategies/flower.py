@@ -29,7 +29,9 @@ A cohort whose every node asked answered with the task's error (code
 :data:`~fedprivopt.clients.messages.TASK_ERROR`: the task breaks its protocol, the same on every
 node) ends the run with that :class:`~fedprivopt.models.task.TaskError` before the round is
 aggregated, as the fast engine stops at the first such user; a task error beside any other
-outcome (an update, a time-out, another failure) is counted as ``failed`` like any error.
+outcome (an update, a time-out, another failure) is counted as ``failed`` like any error, unless
+``stop_at_task_error`` (Flower's simulation engine, whose nodes all run the same task on the same
+data) ends the run at the first one.
 
 :meth:`DPStrategy.start` is overridden (same signature as Flower's) to add the user discovery, the
 budget check before every round and the rounds with two cohorts (ADADP);
@@ -97,18 +99,21 @@ MAX_REASON_CHARS = 1000
 """Characters of a task's error, as a node sent it, that the run's last line shows whole."""
 
 
-def _task_failure(reasons: dict[int, str], where: str) -> TaskError:
-    """The error ending a run whose every node asked answered with the task's error.
+def _task_failure(reasons: dict[int, str], asked: int, where: str) -> TaskError:
+    """The error ending a run whose nodes answered with the task's error.
 
     ``reasons`` maps each node to the reason of its reply (the ClientApp's ``TaskError``); the
     first one is named, whole when it is one line of at most :data:`MAX_REASON_CHARS` characters
-    (a node's own text: a longer one is cut as other echoed values). ``where``: ``asked in round
-    3``.
+    (a node's own text: a longer one is cut as other echoed values). ``asked``: the nodes asked;
+    ``where``: ``asked in round 3``.
     """
     reason = next(iter(reasons.values()))
     if len(reason) > MAX_REASON_CHARS or not reason.isprintable():
         reason = shown(reason)
-    nodes = "the one node" if len(reasons) == 1 else f"all {len(reasons)} nodes"
+    if len(reasons) < asked:
+        nodes = f"{len(reasons)} of the {asked} nodes"
+    else:
+        nodes = "the one node" if asked == 1 else f"all {asked} nodes"
     others = len(set(reasons.values())) - 1
     also = f", {others} of them with another error" if others else ""
     return TaskError(f"{reason} (the answer of {nodes} {where}{also})")
@@ -129,6 +134,12 @@ class DPStrategy(Strategy):
         Seconds to wait for ``min_nodes`` before giving up, finite and ``>= 0``.
     on_round : callable, optional
         Called as ``on_round(result, eval_metrics)`` after every round (progress, metrics files).
+    stop_at_task_error : bool
+        End the run at the first node answering with the task's error
+        (:data:`~fedprivopt.clients.messages.TASK_ERROR`), as the fast engine stops at the first
+        such user: for Flower's simulation engine, whose nodes all run the same task on the same
+        data. ``False`` (a deployment, whose nodes may hold other data): only when every node
+        asked answered so.
 
     Raises
     ------
@@ -147,6 +158,7 @@ class DPStrategy(Strategy):
         min_nodes: int = 1,
         node_wait: float = 120.0,
         on_round: Callable[[RoundResult, dict[str, float] | None], None] | None = None,
+        stop_at_task_error: bool = False,
     ) -> None:
         if not isinstance(algorithm, ServerAlgorithm):
             raise ValueError(f"algorithm must be a ServerAlgorithm, got {shown(algorithm)}")
@@ -159,6 +171,9 @@ class DPStrategy(Strategy):
         self.min_nodes = check_int("min_nodes", min_nodes, 1)
         self.node_wait = check_real("node_wait", node_wait, low=0.0)
         self.on_round = on_round
+        if not isinstance(stop_at_task_error, bool):
+            raise ValueError(f"stop_at_task_error must be a bool, got {shown(stop_at_task_error)}")
+        self.stop_at_task_error = stop_at_task_error
         self.user_nodes: dict[int, int] = {}
         self._discovered = False
         self._last_result: RoundResult | None = None
@@ -213,9 +228,10 @@ class DPStrategy(Strategy):
                 failed: dict[int, str] = {}  # the task's errors, said after the batch
                 self._read_users(grid.send_and_receive(messages, timeout=wait), mapping, failed)
                 task_failed.update(failed)
-                if len(queried) >= self.min_nodes and task_failed.keys() == queried:
+                every = len(queried) >= self.min_nodes and task_failed.keys() == queried
+                if task_failed and (every or self.stop_at_task_error):
                     # the task cannot be built as the run config says (on every node so far)
-                    raise _task_failure(task_failed, "to the user query")
+                    raise _task_failure(task_failed, len(queried), "to the user query")
                 for node, reason in failed.items():
                     log(WARNING, "node %s failed the user query: %s", node, shown(reason))
             if len(queried) >= self.min_nodes and population <= set(mapping):
@@ -414,11 +430,12 @@ class DPStrategy(Strategy):
                         )
                     except Exception:  # undecodable: the round rejects the reply
                         updates.clip_bits[user] = "undecodable"
-        if task_errors and task_errors.keys() == self._node_users.keys():
+        every = task_errors.keys() == self._node_users.keys()
+        if task_errors and (every or self.stop_at_task_error):
             where = (
                 "asked" if self._request is None else f"asked in round {self._request.round_num}"
             )
-            raise _task_failure(task_errors, where)
+            raise _task_failure(task_errors, len(self._node_users), where)
         for node, reason in task_errors.items():
             log(WARNING, "node %s failed: %s", node, shown(reason))
         for node, users in self._node_users.items():

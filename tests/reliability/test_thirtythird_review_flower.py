@@ -52,6 +52,15 @@
    million checks a pass), checking its stop event only between passes. Now the query goes to
    ``QUERY_BATCH`` = 256 nodes at a time: the same SIGTERM ends the run in 16 s, and the whole
    1-round run took 227 s instead of 331 s, its model the same to the bit.
+7. ``simulate toy.toml --engine flower`` of a task whose ``user_data`` breaks its protocol for
+   user 0 only (``OneBadUser``, 2 users, both sampled): after finding 1 the run went on, user 0
+   counted as ``failed`` in every round and the model trained without it, rc 0, where the fast
+   engine stops at that user with rc 2 (the engines no longer compute the same model). The
+   simulation's nodes all run the same task on the same data, so its strategy now ends the run
+   at the first node answering with the task's error (``DPStrategy(stop_at_task_error=True)``,
+   which ``run_flower`` passes): rc 2, ``OneBadUser.user_data(0) must return (x, y): ... (the
+   answer of 1 of the 2 nodes asked in round 1)``; a deployment still ends the run only when
+   every node asked answered so (its nodes may hold other data).
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ from fedprivopt.simulation.config import load_config
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import QUERY_BATCH, DPStrategy, flat_to_arrays
 from tests.messages import delivered
+from tests.models.minimal_task import MinimalTask
 from tests.strategies.test_flower_faults import DIM, NODE_USERS, POPULATION, ScriptedGrid
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -195,18 +205,26 @@ def test_1_a_nodes_reason_is_cut_in_the_line(server_side):
     assert len(str(caught.value)) < 200 and "\n" not in str(caught.value)
 
 
-def test_1_the_flower_engine_stops_at_the_tasks_error_as_the_fast_engine(tmp_path, capsys):
+class OneBadUser(MinimalTask):
+    """The minimal task whose ``user_data`` breaks its protocol for user 0 only (numpy arrays)."""
+
+    def user_data(self, user_id: int):
+        x, y = super().user_data(user_id)
+        return (x.numpy(), y.numpy()) if user_id == 0 else (x, y)
+
+
+def test_1_and_7_the_flower_engine_stops_at_a_users_task_error_as_the_fast_engine(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["simulate", str(TOY), "--engine", "flower", "--rounds", "2", "--out", str(out),
-            "--set", f"task={BAD}", "--set", "population=2", "--set", "clients-per-round=2",
-            "--set", 'task-params={num-users=2, mode="per-example"}',
+            "--set", f"task={__name__}:OneBadUser", "--set", "population=2",
+            "--set", "clients-per-round=2", "--set", "task-params.num-users=2",
             "--set", "client-cpus=1", "--quiet"]  # fmt: skip
     code = main(args)
     err = capsys.readouterr().err
-    assert code == 2, err[-3000:]
+    assert code == 2, err[-3000:]  # before: rc 0, user 0 failed in both rounds
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"fedprivopt simulate: error: {LOSS_LINE}"), err[-3000:]
-    assert last.endswith("(the answer of all 2 nodes asked in round 1)"), last
+    assert last.startswith("fedprivopt simulate: error: OneBadUser.user_data(0) must return (x, y)")
+    assert last.endswith("(the answer of 1 of the 2 nodes asked in round 1)"), last
     assert "Traceback" not in err and err.count("failed") == 0, err[-3000:]
     assert not out.exists()  # nothing released, nothing left (as on the fast engine)
 
@@ -371,3 +389,21 @@ def test_6_thousands_of_nodes_are_asked_the_user_query_in_batches(server_side):
     assert strategy.discover_users(grid) == {u: 1000 + u for u in range(600)}
     assert grid.batches == [QUERY_BATCH, QUERY_BATCH, 600 - 2 * QUERY_BATCH]  # before: [600]
     assert strategy.node_errors == 0
+
+
+# -- finding 7: one user's task error on the simulation engine ------------------------------------
+
+
+def test_7_the_simulation_engines_strategy_stops_at_one_nodes_task_error(server_side):
+    rows: list = []
+    strategy = _strategy(rows)
+    strategy.stop_at_task_error = True  # as run_flower builds it
+    with pytest.raises(TaskError, match=r"\(the answer of 1 of the 6 nodes asked in round 1\)$"):
+        _start(strategy, TaskErrorGrid({103: "task error"}))
+    assert rows == []
+    strategy = _strategy(rows)
+    strategy.stop_at_task_error = True
+    with pytest.raises(TaskError, match=r"\(the answer of 1 of the 6 nodes to the user query\)$"):
+        _start(strategy, TaskErrorGrid({}, query_errors={101}))
+    with pytest.raises(ValueError, match="stop_at_task_error must be a bool"):
+        DPStrategy(strategy.algorithm, strategy.spec, stop_at_task_error=1)

@@ -340,7 +340,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     )
     from fedprivopt.simulation.tune_check import PLAN_FILE
     from fedprivopt.simulation.tune_replan import check_plan, discard_tuning
-    from fedprivopt.simulation.tune_report import summary_of, write_tune_outputs
+    from fedprivopt.simulation.tune_report import costliest_text, summary_of, write_tune_outputs
 
     setup = prepare_tuning(args)
     out, trials, metric, document = setup.out, setup.trials, setup.metric, setup.document
@@ -395,8 +395,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         )
         print(
             f"{len(trials)} trials, {shown}; epsilon = {summary['epsilon']:.4g} for the tuning "
-            f"(one run: {summary['epsilon_single_run']:.4g}) at delta = {summary['delta']:g}; "
-            f"report: {report}"
+            f"(one run: {summary['epsilon_single_run']:.4g}{costliest_text(summary)}) at delta = "
+            f"{summary['delta']:g}; report: {report}"
         )
         return 0
 

@@ -26,6 +26,7 @@ from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
 
 __all__ = [
     "TUNED_SUFFIX",
+    "costliest_text",
     "load_tuned",
     "privacy_note",
     "selection_note",
@@ -266,7 +267,7 @@ def _trials_run(summary: dict[str, Any]) -> str:
     return f"this tuning drew {count}, {earlier} of them run (or begun) in an earlier call"
 
 
-def _costliest(summary: dict[str, Any]) -> str:
+def costliest_text(summary: dict[str, Any]) -> str:
     """``; a run at the costliest grid point, K = V`` when a trial's run spent another ε.
 
     Thirty-second review of issue 15 (reports, finding 7): ``tune --grid noise-multiplier=0.5,1``
@@ -274,8 +275,9 @@ def _costliest(summary: dict[str, Any]) -> str:
     that the single run is one at the grid point that spends the most. Thirty-third review
     (results, finding 3): only trials that spent different ε among themselves were looked at,
     so ``tune --grid num-server-rounds=1,2 --mean-trials 1 --seed 0``, whose one trial ran 1
-    round (7.551), still said "10.28 (RDP)". The single run's ε is compared with each trial's,
-    both by the runs' own accountant.
+    round (7.551), still said "10.28 (RDP)", and ``tune``'s last line "(one run: 10.28)"
+    beside that trial. The single run's ε is compared with each trial's, both by the runs' own
+    accountant.
     """
     one = summary["single_run"].get("epsilon")
     spent = [t.get("epsilon") for t in summary["trials"]]
@@ -309,7 +311,8 @@ def _markdown(summary: dict[str, Any]) -> str:
         "",
         f"- **epsilon of the tuning: {_fmt(summary['epsilon'])}** at delta "
         f"{summary['delta']:g} (RDP, RepeatAndSelectDpEvent)",
-        f"- epsilon of one run: {_fmt(summary['epsilon_single_run'])} (RDP{_costliest(summary)})"
+        f"- epsilon of one run: {_fmt(summary['epsilon_single_run'])} "
+        f"(RDP{costliest_text(summary)})"
         + (
             f", {_fmt(single['epsilon'])} by the runs' own accountant ({single['accountant']})"
             if single["accountant"] != "rdp"

@@ -20,7 +20,8 @@
    beside the trials table's 7.551, without saying which run that is: the thirty-second
    review's finding 7 named the grid point only when two trials' runs spent different ε. Now
    "(RDP; a run at the costliest grid point, num-server-rounds = 2)" whenever a trial's run
-   spent another ε than the single run's.
+   spent another ε than the single run's, and ``tune``'s last line likewise ("(one run: 10.28;
+   a run at the costliest grid point, num-server-rounds = 2)", where it was "(one run: 10.28)").
 4. ``compare toy.toml --strategies fedavg --seeds 2 --rounds 1 --set
    server-learning-rate=1e20`` (finite losses near 1e19, not diverged): ``report.md``'s eval
    loss was ``11425513507383148544 ± 629722879734169856``, every digit of the float, where
@@ -168,6 +169,20 @@ def test_3_one_cheaper_trial_names_the_costliest_point(rounds_tunings):
     report = (rounds_tunings[1] / "report.md").read_text(encoding="utf-8")
     (line,) = [x for x in report.splitlines() if x.startswith("- epsilon of one run:")]
     assert line.endswith(": 10.28 (RDP)"), line  # its trial ran at the costliest point
+
+
+def test_3_tune_says_so_on_its_last_line(rounds_tunings, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "t0"  # the same plan again: its trial reused, the line printed
+    shutil.copytree(rounds_tunings[0], copy, ignore=shutil.ignore_patterns("*.lock"))
+    code = main([
+        "tune", str(TOY), "--grid", "num-server-rounds=1,2", "--mean-trials", "1",
+        "--seed", "0", "--out", str(copy), "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "(one run: 10.28; a run at the costliest grid point, num-server-rounds = 2)" in out, out
 
 
 # -- finding 4: a spread of 100 or more to two significant digits -------------------------------

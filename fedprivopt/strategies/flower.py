@@ -202,9 +202,10 @@ class DPStrategy(Strategy):
         ------
         TaskError
             When at least ``min_nodes`` nodes were asked and every one answered with the task's
-            error (thirty-third review of issue 15: a task whose model has nothing to train
-            waited ``node_wait``, 120 s, then released noise-only rounds with every user on no
-            node, rc 0; the fast engine stops with the error).
+            error, or one did with ``stop_at_task_error`` (thirty-third review of issue 15: a
+            task whose model has nothing to train waited ``node_wait``, 120 s, then released
+            noise-only rounds with every user on no node, rc 0; the fast engine stops with the
+            error).
         RuntimeError
             When fewer than ``min_nodes`` nodes connected, or two nodes host one user.
         """
@@ -375,7 +376,8 @@ class DPStrategy(Strategy):
         Raises
         ------
         TaskError
-            When every node asked answered with the task's error (:func:`_task_failure`).
+            When every node asked answered with the task's error, or one did with
+            ``stop_at_task_error`` (:func:`_task_failure`).
         """
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
         sent.pop("", None)

@@ -165,8 +165,8 @@ def check_flower_resources(config: RunConfig) -> None:
     Raises
     ------
     ValueError
-        Naming ``device``, ``client-cpus`` or ``client-gpus`` and its valid range on this
-        machine.
+        Naming ``population`` (:func:`check_flower_nodes`, also with ``ray-address``),
+        ``device``, ``client-cpus`` or ``client-gpus`` and its valid range on this machine.
     """
     check_flower_nodes(config)
     if check_cluster_config(config) is not None:

@@ -68,10 +68,19 @@ def _spawn(args, env=None):
     )
 
 
+@pytest.fixture(scope="module")
+def reference_8(tmp_path_factory):
+    """The uninterrupted 8-round run both kill -9 cases must reproduce (read only)."""
+    out = tmp_path_factory.mktemp("ref8") / "ref"
+    return simulate(load_config(PRESET, {**SMALL, "num-server-rounds": 8}), out)
+
+
 @pytest.mark.parametrize("kill_after_rows", [1, 3])
-def test_kill_9_then_resume_gives_the_uninterrupted_model_and_epsilon(tmp_path, kill_after_rows):
+def test_kill_9_then_resume_gives_the_uninterrupted_model_and_epsilon(
+    tmp_path, kill_after_rows, reference_8
+):
     sets = [f"--set={k}={v}" for k, v in {**SMALL, "num-server-rounds": 8}.items()]
-    reference = simulate(load_config(PRESET, {**SMALL, "num-server-rounds": 8}), tmp_path / "ref")
+    reference = reference_8
     out = tmp_path / "killed"
     proc = _spawn(["simulate", str(PRESET), "--out", str(out), "--quiet", *sets])
     try:

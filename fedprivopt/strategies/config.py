@@ -78,7 +78,8 @@ class StrategyConfig:
     noise_mode : {"server", "distributed"}
     min_shares : int
         ``m_min`` for distributed noise, in ``[0, population]``; 0 means the
-        ``min_shares_quantile`` quantile of ``Binomial(N, q)``. With server noise both keys
+        ``min_shares_quantile`` quantile of the cohort size: of ``Binomial(N, q)`` under
+        Poisson sampling, ``m`` under fixed sampling. With server noise both keys
         must be at their defaults (a value that would be ignored is refused).
     delta, target_epsilon : float
         δ of the reported ε; optional budget ε (``None``: no budget).

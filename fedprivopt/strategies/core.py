@@ -215,10 +215,15 @@ class ServerAlgorithm(AlgorithmState):
                 clip_norm=None, noise_multiplier=0.0, expected_cohort_size=c.clients_per_round
             )
         min_shares = None
-        if c.noise_mode == "distributed":
-            min_shares = c.min_shares or default_min_shares(
-                c.population, c.sample_rate, c.min_shares_quantile
-            )
+        if c.noise_mode == "distributed" and c.min_shares:
+            min_shares = c.min_shares
+        elif c.noise_mode == "distributed" and c.sampling == "fixed":
+            # every cohort has exactly m users, so every quantile of its size is m (thirty-third
+            # review of issue 15: Binomial(N, q)'s 1% quantile, 4 for a cohort of 10, made each
+            # share and the sum's noise std sqrt(10/4) times what the accountant was told)
+            min_shares = int(c.clients_per_round)
+        elif c.noise_mode == "distributed":
+            min_shares = default_min_shares(c.population, c.sample_rate, c.min_shares_quantile)
         return NoisyMeanAggregator(
             clip_norm=c.clip_norm,
             noise_multiplier=c.update_noise_multiplier,  # σ_Δ with adaptive clipping

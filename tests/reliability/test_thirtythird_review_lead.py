@@ -165,3 +165,15 @@ def test_a_partial_line_in_a_strategy_that_releases_rounds_whole_is_refused(tmp_
     (out / "summary.json").unlink()
     with pytest.raises(ValueError, match="line 2: a partial release of round 1, but strategy"):
         resume(out)
+
+
+def test_distributed_shares_under_fixed_sampling_are_calibrated_to_the_cohort(tmp_path):
+    """Found by the mechanisms reviewer: every fixed-size cohort has exactly m users, so the
+    quantile of its size is m. The default was Binomial(N, q)'s 1% quantile (1 for a cohort of 4
+    here), and each share, so the sum's noise, was sqrt(4/1) = 2 times what the accountant was
+    told (noise_std 0.25 for 0.125)."""
+    one = {"num-server-rounds": 1, "sampling": "fixed"}
+    server = simulate(small_config(**one), tmp_path / "server")
+    shared = simulate(small_config(**one, **{"noise-mode": "distributed"}), tmp_path / "shares")
+    assert shared.rows[-1]["noise_std"] == pytest.approx(server.rows[-1]["noise_std"])
+    assert shared.epsilon == server.epsilon

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import io
 import json
 import math
@@ -322,9 +321,9 @@ def _compare_tuned(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     """``compare``'s report over the released trials, at the ε that includes their tuning."""
-    from fedprivopt.simulation.report import write_report
+    from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
-    from fedprivopt.simulation.tune_report import load_tuned
+    from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned
     from fedprivopt.strategies.config import NON_PRIVATE
 
     groups: dict[tuple, list] = {}  # the seeds of one strategy and sigma: tunings of one base
@@ -363,7 +362,14 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     report = write_report(out, runs, title=f"fedprivopt compare: {args.config} (tuned)",
                           metric=args.metric, notes=notes,
                           epsilon_text=_TUNED_EPSILON)  # fmt: skip
-    _add_single_run_column(out / "summary.csv", single)
+    # thirty-third review of issue 15 (lead, found by the results reviewer): a row of n
+    # tunings showed one tuning's epsilon in summary.csv (11.73 for 3 tunings composed to
+    # 20.65), only report.md's notes had their composition; as compare-tuned's summary.csv
+    composed = {(k[0] + TUNED_SUFFIX, float(k[1])): eps for k, (_, eps) in rows.items()}
+    insert_summary_column(out / "summary.csv", "epsilon_single_run", "epsilon",
+                          lambda line: repr(_by_row(single, line)))  # fmt: skip
+    insert_summary_column(out / "summary.csv", "epsilon_tunings_composed", "epsilon",
+                          lambda line: repr(_by_row(composed, line)))  # fmt: skip
     reused = sum(_earlier(s) for s, _ in summaries.values())
     note = f" ({reused} trials from an earlier call)" if reused else ""
     print(f"report: {report}{note}")
@@ -508,18 +514,9 @@ def _sigmas(sigma: float | tuple[float, ...]) -> str:
     return ", ".join(f"{v:g}" for v in values)
 
 
-def _add_single_run_column(path: Path, single: dict[tuple, float]) -> None:
-    """``epsilon_single_run`` after ``epsilon`` in ``summary.csv`` (by strategy and σ)."""
-    with path.open(newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh))
-    head = rows[0]
-    i, s, n = head.index("epsilon") + 1, head.index("strategy"), head.index("noise_multiplier")
-    rows[0] = [*head[:i], "epsilon_single_run", *head[i:]]
-    for row in rows[1:]:
-        value = single.get((row[s], float(row[n])), math.nan)
-        row[i:i] = [repr(value)]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        csv.writer(fh).writerows(rows)
+def _by_row(values: dict[tuple, float], line: dict[str, str]) -> float:
+    """The value of a ``summary.csv`` line's (strategy, σ) in ``values`` (NaN if none)."""
+    return values.get((line["strategy"], float(line["noise_multiplier"])), math.nan)
 
 
 def add_compare_tune(sub) -> None:

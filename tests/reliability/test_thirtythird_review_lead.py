@@ -21,19 +21,23 @@ round) still replay, and a ``partial`` line in a strategy that releases its roun
 refused.
 """
 
+import csv
 import json
+import re
+import secrets
 from pathlib import Path
 
 import pytest
 import torch
 
+from fedprivopt.cli import main
 from fedprivopt.privacy import SubsampledGaussianEvent, compose_epsilon
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
 from fedprivopt.simulation.interrupt import Interrupted
 from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.writer import RunWriter
-from tests.simulation.test_run import small_config
+from tests.simulation.test_run import PRESET, small_config
 
 ADADP = {"strategy": "dp-fedavg-adadp", "num-server-rounds": 3, "checkpoint-every": 1}
 
@@ -177,3 +181,26 @@ def test_distributed_shares_under_fixed_sampling_are_calibrated_to_the_cohort(tm
     shared = simulate(small_config(**one, **{"noise-mode": "distributed"}), tmp_path / "shares")
     assert shared.rows[-1]["noise_std"] == pytest.approx(server.rows[-1]["noise_std"])
     assert shared.epsilon == server.epsilon
+
+
+def test_compare_tune_grid_gives_a_rows_composed_epsilon_in_summary_csv(
+    tmp_path, capsys, monkeypatch
+):
+    """Found by the results reviewer: a row of n tunings (one per seed) costs their composition,
+    which report.md's notes gave, while summary.csv gave one tuning's epsilon only (11.73 where
+    3 tunings compose to 20.65), as compare-tuned's summary.csv did before the same review."""
+    drawn, randbits = iter([1, 2]), secrets.randbits  # the tunings' OS-entropy seeds, fixed
+    monkeypatch.setattr(secrets, "randbits", lambda k: next(drawn) if k == 63 else randbits(k))
+    out = tmp_path / "c"
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--seeds", "2", "--tune-grid",
+            "server-learning-rate=0.5,1", "--mean-trials", "1", "--rounds", "1", "--out",
+            str(out), "--quiet"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    with open(out / "summary.csv", encoding="utf-8") as fh:
+        (row,) = list(csv.DictReader(fh))
+    report = (out / "report.md").read_text(encoding="utf-8")
+    noted = re.search(r"^\| dp-fedavg \| 0\.5 \| 2 \| ([0-9.]+) \|$", report, re.M)
+    assert noted is not None, report
+    composed = float(row["epsilon_tunings_composed"])  # before: no such column
+    assert f"{composed:.4g}" == noted.group(1)
+    assert composed > float(row["epsilon"]) > float(row["epsilon_single_run"])

@@ -245,6 +245,15 @@ class DPStrategy(Strategy):
                         f"only {len(queried)} of min_nodes={self.min_nodes} nodes connected "
                         f"within {self.node_wait:g} s"
                     )
+                if not mapping:
+                    # thirty-third review of issue 15 (lead, the flower reviewer's suggestion):
+                    # every node failed the user query (another error than the task's, e.g. a
+                    # device it lacks) and the run released noise-only rounds, charged, rc 0
+                    raise RuntimeError(
+                        f"none of the {len(queried)} connected nodes hosts a user of the "
+                        "population (each failed the user query or hosts none; see the "
+                        "warnings above): no round would train anyone, so none was released"
+                    )
                 log(
                     WARNING,
                     "%d of %d users are on no connected node (they will never reply)",

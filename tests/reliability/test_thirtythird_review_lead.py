@@ -29,15 +29,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from flwr.app import Error
+from flwr.common.constant import ErrorCode
 
 from fedprivopt.cli import main
 from fedprivopt.privacy import SubsampledGaussianEvent, compose_epsilon
+from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
 from fedprivopt.simulation.interrupt import Interrupted
 from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.writer import RunWriter
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
 from tests.simulation.test_run import PRESET, small_config
+from tests.strategies.test_flower_faults import DIM, POPULATION, ScriptedGrid
 
 ADADP = {"strategy": "dp-fedavg-adadp", "num-server-rounds": 3, "checkpoint-every": 1}
 
@@ -204,3 +210,41 @@ def test_compare_tune_grid_gives_a_rows_composed_epsilon_in_summary_csv(
     composed = float(row["epsilon_tunings_composed"])  # before: no such column
     assert f"{composed:.4g}" == noted.group(1)
     assert composed > float(row["epsilon"]) > float(row["epsilon_single_run"])
+
+
+class _QueryFailsGrid(ScriptedGrid):
+    """Every node answers the user query with an error that is not the task's."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            if msg.metadata.message_type != "query":
+                return super().send_and_receive(messages, timeout=timeout)
+            error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason="no CUDA here")
+            replies.append(self._reply(msg, msg.metadata.dst_node_id, error=error))
+        return replies
+
+
+def test_a_flower_run_whose_nodes_host_no_user_is_refused_before_any_round(server_side):
+    """The flower reviewer's suggestion: every node failing the user query (a device the nodes
+    lack, say) left every user on no node, and the run released noise-only rounds, charged."""
+    config = StrategyConfig(
+        strategy="dp-fedavg",
+        population=POPULATION,
+        clients_per_round=4,
+        num_server_rounds=2,
+        noise_multiplier=0.8,
+        clip_norm=1.0,
+        seed=5,
+    )
+    flat, spec = flatten({"w": torch.zeros(DIM)})
+    rounds: list = []
+    strategy = DPStrategy(
+        build_algorithm(config, flat),
+        spec,
+        node_wait=0.1,
+        on_round=lambda result, _: rounds.append(result.round_num),
+    )
+    with pytest.raises(RuntimeError, match="none of the 6 connected nodes hosts a user"):
+        strategy.start(_QueryFailsGrid({}), flat_to_arrays(flat, spec), 2, timeout=1.0)
+    assert rounds == [] and strategy.algorithm.accountant.num_events == 0  # before: [1, 2]

@@ -428,6 +428,7 @@ def _markdown(
     if deltas:
         lines.append(f"- δ: {', '.join(_fmt(d, 3) for d in deltas)}")
     lines += [f"- {key}: {value}" for key, value in _shared_privacy_config(sel.runs)]
+    lines += _public_users(sel.runs)
     if origins:
         lines += ["", "## Runs", "", "| run | origin |", "|---|---|"]
         lines += [
@@ -440,6 +441,27 @@ def _markdown(
     if notes:
         lines += ["", "## Notes", "", notes.strip()]
     return "\n".join(lines) + "\n"
+
+
+def _public_users(runs: Sequence[RunData]) -> list[str]:
+    """A line per strategy whose runs took public users out of the population (AdaDPS).
+
+    Thirty-third review of issue 15 (found by the optimizers' reviewer): ``compare
+    stackoverflow-tp-mini.toml --strategies adadps,dp-fedavg`` said "population: 400" and
+    nothing of the 4 users whose data built AdaDPS' side information outside the guarantee;
+    only each run's ``summary.json`` did. Taken from that ``side_information`` entry.
+    """
+    found: dict[str, str] = {}
+    for r in runs:
+        side = r.summary.get("side_information")
+        if isinstance(side, Mapping) and side.get("public_users") and r.strategy not in found:
+            found[r.strategy] = (
+                f"- public users ({table_cell(r.strategy)}): {len(side['public_users'])} users' "
+                "data built the side information outside the guarantee; they are not in the "
+                f"population ε covers ({table_cell(side.get('private_population'))} private "
+                "users)"
+            )
+    return [found[s] for s in sorted(found)]
 
 
 def _task_differences(runs: Sequence[RunData]) -> list[str]:

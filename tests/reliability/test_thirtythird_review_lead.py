@@ -248,3 +248,20 @@ def test_a_flower_run_whose_nodes_host_no_user_is_refused_before_any_round(serve
     with pytest.raises(RuntimeError, match="none of the 6 connected nodes hosts a user"):
         strategy.start(_QueryFailsGrid({}), flat_to_arrays(flat, spec), 2, timeout=1.0)
     assert rounds == [] and strategy.algorithm.accountant.num_events == 0  # before: [1, 2]
+
+
+def test_a_compare_report_names_the_public_users_outside_the_guarantee(tmp_path, capsys):
+    """Found by the optimizers' reviewer: report.md said "population: 40" and nothing of the
+    users whose data built AdaDPS' side information outside the guarantee."""
+    out = tmp_path / "c"
+    argv = ["compare", str(PRESET), "--strategies", "adadps,dp-fedavg", "--rounds", "1",
+            "--set", "side-information.kind=public-users", "--set", "side-information.users=5",
+            "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "- population: 40" in report
+    assert (
+        "- public users (adadps): 5 users' data built the side information outside the "
+        "guarantee; they are not in the population ε covers (35 private users)"
+    ) in report
+    assert "public users (dp-fedavg)" not in report

@@ -99,6 +99,25 @@ def _cli(tmp_path: Path, *argv: str, timeout: float = 120) -> subprocess.Complet
     )
 
 
+def _in_process(tmp_path: Path, monkeypatch, *argv: str) -> subprocess.CompletedProcess:
+    """``fedprivopt ARGV`` run by ``main`` in this process, from ``tmp_path`` as ``_cli`` runs it.
+
+    For the refusals whose message, not the process, is the point: no interpreter start-up.
+    ``tmp_path`` is searched for task modules (as ``python -m`` searches its working directory);
+    the reference tests' module is imported afresh and forgotten afterwards.
+    """
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("mytask28", None)
+    try:
+        code, out, err = run_cli(list(argv))
+    finally:
+        sys.modules.pop("mytask28", None)
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
 # -- finding 1: compare --quiet prints no progress -------------------------------------------------
 
 
@@ -260,10 +279,10 @@ def test_4_a_path_an_ascii_stdout_cannot_show_is_escaped_not_an_error(tmp_path):
 # -- finding 5: deploy local --insecure --no-node-auth ---------------------------------------------
 
 
-def test_5_deploy_local_insecure_with_no_node_auth_is_refused(tmp_path):
+def test_5_deploy_local_insecure_with_no_node_auth_is_refused(tmp_path, monkeypatch):
     out = tmp_path / "d"
     argv = ["deploy", "local", "--nodes", "1", str(TOY), "--rounds", "1", "--out", str(out)]
-    proc = _cli(tmp_path, *argv, "--insecure", "--no-node-auth")
+    proc = _in_process(tmp_path, monkeypatch, *argv, "--insecure", "--no-node-auth")
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "--no-node-auth" in proc.stderr and "--insecure" in proc.stderr, proc.stderr
@@ -383,9 +402,9 @@ def test_8_token_store_encoders_leave_sighup_to_the_parent(monkeypatch):
 # -- finding 9: an empty task-parameter key ------------------------------------------------------
 
 
-def test_9_an_empty_task_parameter_key_is_one_line(tmp_path):
-    proc = _cli(tmp_path, "simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r"),
-                "--set", "task-params.=1")  # fmt: skip
+def test_9_an_empty_task_parameter_key_is_one_line(tmp_path, monkeypatch):
+    proc = _in_process(tmp_path, monkeypatch, "simulate", str(TOY), "--rounds", "1", "--out",
+                       str(tmp_path / "r"), "--set", "task-params.=1")  # fmt: skip
     assert proc.returncode == 2, proc.stderr  # was 1: TypeError traceback
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "unknown key 'task-params.'" in proc.stderr, proc.stderr
@@ -424,32 +443,34 @@ def _reference_preset(tmp_path: Path, factory: str) -> Path:
     return preset
 
 
-def test_10_a_task_parameter_named_self_is_one_line(tmp_path):
-    proc = _cli(tmp_path, "simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r"),
-                "--set", "task-params.self=1")  # fmt: skip
+def test_10_a_task_parameter_named_self_is_one_line(tmp_path, monkeypatch):
+    proc = _in_process(tmp_path, monkeypatch, "simulate", str(TOY), "--rounds", "1", "--out",
+                       str(tmp_path / "r"), "--set", "task-params.self=1")  # fmt: skip
     assert proc.returncode == 2, proc.stderr  # was 1: got multiple values for argument 'self'
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "unknown key 'task-params.self'" in proc.stderr, proc.stderr
 
 
-def test_10_a_parameter_the_task_takes_only_by_position_is_one_line(tmp_path):
+def test_10_a_parameter_the_task_takes_only_by_position_is_one_line(tmp_path, monkeypatch):
     preset = _reference_preset(tmp_path, "ByPosition")
-    proc = _cli(tmp_path, "simulate", str(preset), "--rounds", "1", "--out", str(tmp_path / "r"),
-                "--set", "task-params.a=1")  # fmt: skip
+    proc = _in_process(tmp_path, monkeypatch, "simulate", str(preset), "--rounds", "1", "--out",
+                       str(tmp_path / "r"), "--set", "task-params.a=1")  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "task-params.a" in proc.stderr, proc.stderr
 
 
-def test_11_a_parameter_the_task_requires_is_named(tmp_path):
+def test_11_a_parameter_the_task_requires_is_named(tmp_path, monkeypatch):
     preset = _reference_preset(tmp_path, "make")
-    proc = _cli(tmp_path, "simulate", str(preset), "--rounds", "1", "--out", str(tmp_path / "r"))
+    proc = _in_process(tmp_path, monkeypatch, "simulate", str(preset), "--rounds", "1", "--out",
+                       str(tmp_path / "r"))  # fmt: skip
     assert proc.returncode == 2, proc.stderr  # was 1: missing 1 required positional argument
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "requires 'task-params.foo'" in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()
-    given = _cli(tmp_path, "simulate", str(preset), "--rounds", "1", "--out", str(tmp_path / "g"),
-                 "--set", "task-params.foo=1", "--quiet")  # fmt: skip
+    given = _in_process(tmp_path, monkeypatch, "simulate", str(preset), "--rounds", "1",
+                        "--out", str(tmp_path / "g"), "--set", "task-params.foo=1",
+                        "--quiet")  # fmt: skip
     assert given.returncode == 0, given.stderr
 
 

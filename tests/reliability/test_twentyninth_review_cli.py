@@ -66,10 +66,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.test_twentyeighth_review import _cli
+from tests.reliability.test_fuzz_cli import run_cli
+from tests.reliability.test_twentyeighth_review import _cli as _child
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
+
+
+@pytest.fixture(autouse=True)
+def _as_a_child_runs(tmp_path, monkeypatch):
+    """The working directory and environment the twenty-eighth review's ``_cli`` gives a child."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
+    monkeypatch.delenv("FEDPRIVOPT_DEBUG", raising=False)
+
+
+def _cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``fedprivopt ARGV`` run by ``main`` in this process (no interpreter start-up): these
+    findings are about the commands' results and messages, not their processes (the one about a
+    writer thread's traceback runs in a child: ``_child``)."""
+    code, out, err = run_cli(list(argv))
+    return subprocess.CompletedProcess(list(argv), code, out, err)
 
 
 def _one_line(proc: subprocess.CompletedProcess) -> str:
@@ -240,7 +258,7 @@ def test_6_diverged_seeds_are_not_taken_for_copies(tmp_path):
 def test_7_tensorboard_beside_a_long_directory_name(tmp_path, name):
     out = tmp_path / name
     argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--tensorboard", "--out", str(out)]
-    proc = _cli(tmp_path, *argv)
+    proc = _child(tmp_path, *argv)  # a thread's traceback reaches a child's stderr
     assert proc.returncode == 0, proc.stderr  # was rc 2 after a thread's traceback
     assert proc.stderr == "", proc.stderr
     (events,) = (p.name for p in out.iterdir() if p.name.startswith("events.out.tfevents."))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ import pytest
 
 from fedprivopt.data.synthetic import user_size_knobs
 from fedprivopt.simulation.config import load_config
-from tests.reliability.test_twentyeighth_review import _cli, _started
+from tests.reliability.test_twentyeighth_review import _started
 
 ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT / "simulations" / "stackoverflow-tp-mini.toml"
@@ -48,6 +49,19 @@ SMALL = {
 }
 
 
+def _in_process(tmp_path: Path, monkeypatch, *argv: str) -> subprocess.CompletedProcess:
+    """``fedprivopt ARGV`` by ``main`` in this process, from ``tmp_path`` with ``HOME`` at
+    ``tmp_path/home`` (as the twenty-eighth review's ``_cli`` runs a child): no start-up."""
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
+    monkeypatch.delenv("FEDPRIVOPT_DEBUG", raising=False)
+    code, out, err = run_cli(list(argv))
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
 # -- finding 1: compare --jobs 2 and SIGHUP of the process group ---------------------------------
 
 
@@ -60,7 +74,7 @@ def _rows(path: Path) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups, /proc")
 @pytest.mark.parametrize("name", ["SIGHUP"])
-def test_1_compare_jobs_signalled_as_a_group_is_one_line_and_continues(name, tmp_path):
+def test_1_compare_jobs_signalled_as_a_group_is_one_line_and_continues(name, tmp_path, monkeypatch):
     sets = [f"--set={k}={v}" for k, v in SMALL.items() if k != "num-server-rounds"]
     sets.append(f"--set=task-params.data-dir={tmp_path / 'data'}")
     argv = ["compare", str(MINI), "--strategies", "dp-fedavg,dp-fedadam", "--rounds", "120",
@@ -84,7 +98,7 @@ def test_1_compare_jobs_signalled_as_a_group_is_one_line_and_continues(name, tmp
     assert proc.returncode == 128 + getattr(signal, name), err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "interrupted; the same command continues it" in lines[0], err
-    again = _cli(tmp_path, *argv, timeout=180)
+    again = _in_process(tmp_path, monkeypatch, *argv)  # the same command, in this process
     assert again.returncode == 0, again.stderr
     assert "report" in again.stdout + again.stderr
 
@@ -125,14 +139,14 @@ def test_3_the_task_expands_a_tilde_itself(monkeypatch, tmp_path):
     assert (tmp_path / "home" / "sodata").is_dir() and not (tmp_path / "~").exists()
 
 
-def test_3_simulate_generates_the_dataset_under_home_and_resumes(tmp_path):
+def test_3_simulate_generates_the_dataset_under_home_and_resumes(tmp_path, monkeypatch):
     sets = [f"--set={k}={v}" for k, v in SMALL.items()]
     argv = ["simulate", str(MINI), "--out", "run", "--quiet", *sets]
-    done = _cli(tmp_path, *argv, "--set=task-params.data-dir=~/sodata")
+    done = _in_process(tmp_path, monkeypatch, *argv, "--set=task-params.data-dir=~/sodata")
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "~").exists()
     assert (tmp_path / "home" / "sodata" / "stackoverflow.sqlite").is_file()
-    again = _cli(tmp_path, "simulate", "--resume", "run")
+    again = _in_process(tmp_path, monkeypatch, "simulate", "--resume", "run")
     assert again.returncode == 0, again.stderr
     assert not (tmp_path / "~").exists()
 

@@ -71,6 +71,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.test_twentyeighth_review import _cli
+from tests.reliability.test_twentyninth_review_cli import _cli as _in_process
 from tests.reliability.test_twentyninth_review_cli import _one_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,7 @@ TOY = ROOT / "simulations" / "toy.toml"
 
 
 def test_1_a_model_too_large_names_both_keys(tmp_path):
-    proc = _cli(
+    proc = _in_process(
         tmp_path,
         *("simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r")),
         *("--set", "task-params.num_classes=3000000"),
@@ -134,7 +135,7 @@ def test_1_task_parameters_of_what_has_no_signature_is_empty():
 
 
 def test_2_a_builtin_task_factory_is_one_line(tmp_path):
-    proc = _cli(
+    proc = _in_process(
         tmp_path,
         *("simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r")),
         *("--set", "task=builtins:print"),

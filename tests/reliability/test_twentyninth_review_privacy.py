@@ -60,7 +60,7 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy
-from tests.reliability.test_twentyeighth_review import _cli
+from tests.reliability.test_twentyninth_review_cli import _cli  # main in this process
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -166,6 +166,16 @@ def test_3_resume_names_a_task_parameter_the_task_does_not_take(tmp_path, key, v
     one_line_error(code, err, f"{run / 'config.toml'}: {said}")
 
 
+@pytest.fixture(scope="module")
+def nwp_two_rounds(tmp_path_factory) -> Path:
+    """One two-round run of the NWP task (its dataset generated once); tests edit copies."""
+    root = tmp_path_factory.mktemp("nwp")
+    data = root / "data"
+    return _two_rounds(root, NWP, f"task-params.data-dir={data}", "task-params.synth-clients=60",
+                       "task-params.num-users=40", "task-params.eval-users=10",
+                       "population=40")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "key, value, said",
     [
@@ -174,11 +184,11 @@ def test_3_resume_names_a_task_parameter_the_task_does_not_take(tmp_path, key, v
         ("data_dir", '""', "task-params.data-dir must be a non-empty path"),
     ],
 )
-def test_3_the_same_for_stackoverflow_nwp(tmp_path, key, value, said):
-    data = tmp_path / "data"
-    run = _two_rounds(tmp_path, NWP, f"task-params.data-dir={data}", "task-params.synth-clients=60",
-                      "task-params.num-users=40", "task-params.eval-users=10",
-                      "population=40")  # fmt: skip
+def test_3_the_same_for_stackoverflow_nwp(tmp_path, nwp_two_rounds, key, value, said):
+    import shutil
+
+    run = tmp_path / "r"
+    shutil.copytree(nwp_two_rounds, run)  # the shared run is never edited
     _edit(run, key, value)
     code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
     one_line_error(code, err, f"{run / 'config.toml'}: {said}")

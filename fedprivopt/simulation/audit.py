@@ -50,7 +50,7 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 from fedprivopt.simulation.ledger_lines import tree_participants
-from fedprivopt.strategies.config import MAX_ROUNDS
+from fedprivopt.simulation.rundata import check_summary_rounds
 from fedprivopt.strategies.core import ServerAlgorithm
 
 __all__ = ["RunDirState", "audit_run_dir", "read_summary", "secure_tree_redo"]
@@ -201,16 +201,9 @@ def read_summary(out: Path) -> dict[str, Any] | None:
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is unreadable ({exc})") from None
     # thirty-first review of issue 15: Infinity, -Infinity and 1e400 (floats to ``json``) were an
-    # OverflowError traceback from int(); 2.5 and true were taken as 2 and 1
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-        raise ValueError(
-            f"{path} is unreadable (rounds_completed must be an integer >= 0, got {shown(rounds)})"
-        )
-    if rounds > MAX_ROUNDS:  # thirty-second review (resume, finding 2): not the ledger's fault
-        raise ValueError(
-            f"{path} is unreadable (rounds_completed {shown(rounds)} is beyond the {MAX_ROUNDS:,} "
-            "a run may have: the file was edited)"
-        )
+    # OverflowError traceback from int(); 2.5 and true were taken as 2 and 1 (thirty-second,
+    # resume finding 2: beyond MAX_ROUNDS); the check reports share (rundata.load_run)
+    check_summary_rounds(rounds, path)
     return summary
 
 

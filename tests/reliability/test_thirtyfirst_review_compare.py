@@ -273,10 +273,8 @@ def test_6_report_counts_the_private_noise_multipliers(tmp_path, capsys):
     ), first
 
 
-# -- finding 7: compare-tuned never skips a tuning for the report's metric ------------------------
-
-
-def test_7_compare_tuned_refuses_a_metric_a_tuning_lacks(tmp_path, capsys):
+def _tuning_and_run(tmp_path, capsys) -> tuple:
+    """A one-trial tuning ``t`` of dp-fedavg and an untuned one-round run ``u`` of it."""
     tuning, untuned = tmp_path / "t", tmp_path / "u"
     code, _, err = _run(
         capsys, "tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
@@ -285,6 +283,14 @@ def test_7_compare_tuned_refuses_a_metric_a_tuning_lacks(tmp_path, capsys):
     assert code == 0, err
     code, _, err = _run(capsys, "simulate", str(TOY), "--rounds", "1", "--out", str(untuned))
     assert code == 0, err
+    return tuning, untuned
+
+
+# -- finding 7: compare-tuned never skips a tuning for the report's metric ------------------------
+
+
+def test_7_compare_tuned_refuses_a_metric_a_tuning_lacks(tmp_path, capsys):
+    tuning, untuned = _tuning_and_run(tmp_path, capsys)
     rows = untuned / "metrics.jsonl"  # the rows are not bound to the ledger: a task's metric
     last = json.loads(rows.read_text(encoding="utf-8").splitlines()[-1])
     rows.write_text(json.dumps({**last, "eval_recall_at_5": 0.5}) + "\n", encoding="utf-8")
@@ -376,14 +382,7 @@ def test_11_tune_report_counts_the_trials_of_an_earlier_call(tmp_path, capsys):
 
 
 def test_12_compare_tuned_refuses_an_unfinished_untuned_run(tmp_path, capsys):
-    tuning, untuned = tmp_path / "t", tmp_path / "u"
-    code, _, err = _run(
-        capsys, "tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
-        "--seed", "1", "--rounds", "1", "--out", str(tuning), "--quiet",
-    )  # fmt: skip
-    assert code == 0, err
-    code, _, err = _run(capsys, "simulate", str(TOY), "--rounds", "1", "--out", str(untuned))
-    assert code == 0, err
+    tuning, untuned = _tuning_and_run(tmp_path, capsys)
     config = untuned / "config.toml"
     text = config.read_text(encoding="utf-8")
     assert "num-server-rounds = 1\n" in text

@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
 from fedprivopt.data.vocab import Vocabulary
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
@@ -174,12 +175,6 @@ def check_max_ratio(name: str, value: object) -> float:
     return out
 
 
-def _size(name: str, value: object) -> int:
-    if not _is_integer(value) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
 def _counts(word_counts: object) -> np.ndarray:
     """The counts of ``word_counts`` as a 1-D float64 array; else ValueError naming them.
 
@@ -218,7 +213,7 @@ def _layout(vocab_size: object, num_tags: object) -> tuple[int, int]:
     """
     from fedprivopt.models.stackoverflow_files import check_model_parameters
 
-    v, k = _size("vocab_size", vocab_size), _size("num_tags", num_tags)
+    v, k = check_int("vocab_size", vocab_size, 1), check_int("num_tags", num_tags, 1)
     check_model_parameters(v * k + k, f"vocab_size={v}, num_tags={k}")
     return v, k
 
@@ -369,11 +364,10 @@ def two_level_preconditioner(
         float32 CPU vector of length ``V K + K``.
     """
     v, k = _layout(vocab_size, num_tags)
-    if not _is_integer(top_k) or not 1 <= top_k <= v:
-        raise ValueError(f"top_k must be an integer in [1, V={v}], got {top_k!r}")
+    top_k = check_int("top_k", top_k, 1, v, high_name="V")
     f = check_positive("factor", factor)
     out = torch.ones(v * k + k, dtype=torch.float32)
-    out[int(top_k) * k : v * k] = 1.0 / f
+    out[top_k * k : v * k] = 1.0 / f
     if not bool(torch.all(torch.isfinite(out) & (out > 0))):
         raise ValueError(f"factor={f} under- or overflows float32")
     return out
@@ -417,10 +411,8 @@ def gradient_second_moment(
         If ``users`` is not a sequence of distinct integer ids, or they have no example at all.
     """
     users = _user_ids(users)
-    bs = _size("batch_size", batch_size)
-    if not _is_integer(max_examples) or max_examples < 0:
-        raise ValueError(f"max_examples must be an integer >= 0, got {max_examples!r}")
-    max_examples = int(max_examples)
+    bs = check_int("batch_size", batch_size, 1)
+    max_examples = check_int("max_examples", max_examples, 0)
     model = task.build_model()
     state = model.state_dict()
     named = dict(model.named_parameters())

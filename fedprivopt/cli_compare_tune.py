@@ -410,6 +410,8 @@ def _notes(
 
     ``rows`` maps (strategy, σ) to the number of tunings in its row and their composed ε.
     """
+    from fedprivopt.simulation.tune_report import procedure_lines
+
     first = next(iter(summaries.values()))[0]
     tc = first["trial_count"]
     dist = (
@@ -454,6 +456,12 @@ def _notes(
             f"{'none' if best is None else best['trial']} | {hp} | {_fmt(s['epsilon'])} | "
             f"{_fmt(s['epsilon_single_run'])} | {reused} |"
         )  # fmt: skip
+    # thirty-fourth review of issue 15 (tuning, finding 1): per-strategy grids of different
+    # sizes went unsaid here, where compare-tuned of the same tunings says so
+    by_strategy: dict[str, list[dict]] = {}
+    for s, _ in summaries.values():
+        by_strategy.setdefault(s["strategy"], []).append(s)
+    lines += procedure_lines({k: (len(v), v[0]) for k, v in by_strategy.items()})
     lines += composition_lines(rows or {})
     if empty:
         lines += [

@@ -29,6 +29,7 @@ __all__ = [
     "costliest_text",
     "load_tuned",
     "privacy_note",
+    "procedure_lines",
     "selection_note",
     "summary_of",
     "trial_count_text",
@@ -393,35 +394,33 @@ def load_tuned(path: str | Path, checked=None):
     return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps)
 
 
-def tunings_lines(checks: Sequence[Any]) -> list[str]:
-    """``compare-tuned``'s note on how each strategy was tuned, and what each tuning released.
+def procedure_lines(plans: Mapping[str, tuple[int, Mapping[str, Any]]]) -> list[str]:
+    """The note on how each strategy was tuned: a table, and whether they were tuned alike.
 
-    ``checks`` are :func:`~fedprivopt.simulation.tune_check.check_tunings`' results. One row per
-    strategy (its tunings share grid, trial count and metric), a sentence when the strategies
-    were not tuned alike, and each tuning's released hyperparameters.
+    ``plans`` maps each strategy to its number of tunings and one tuning's plan (``tune.json``,
+    or its ``summary.json``: ``grid``, ``trial_count`` and ``metric`` are the same in both).
+    When the strategies' grid sizes, trial distributions or selection metrics differ, a
+    sentence says so, with each strategy's number of grid points.
 
-    Thirty-third review of issue 15 (results, finding 5): ``compare-tuned`` of ``tune --strategy
-    dp-fedavg --grid num-server-rounds=1,2`` (selected by accuracy) and ``tune --strategy
-    dp-fedadam --grid server-learning-rate=0.01,0.03,0.1 --metric eval_loss`` recorded neither
-    grid nor selection metric: the two rows read as equal procedures.
+    Thirty-fourth review of issue 15 (tuning, finding 1): ``compare --tune-grid`` with
+    ``--tune-grid server-learning-rate=0.5,1 --tune-grid
+    dp-fedadam:server-learning-rate=0.01,0.03,0.1`` wrote no grid size per strategy (only the
+    tunings' commands), where ``compare-tuned`` of the same tunings says they were not tuned
+    alike (2 against 3 points).
     """
     from fedprivopt.simulation.report import table_cell
 
-    by_strategy: dict[str, list[Any]] = {}
-    for check in checks:
-        by_strategy.setdefault(check.plan["strategy"], []).append(check)
     lines = ["", "How each strategy was tuned (its tunings differ in the tuning seed alone):", "",
              "| strategy | tunings | grid | grid points | trials per tuning | selection |",
              "|---|---:|---|---:|---|---|"]  # fmt: skip
     points, counts, metrics = {}, set(), set()
-    for strategy, group in by_strategy.items():
-        plan = group[0].plan
+    for strategy, (n, plan) in plans.items():
         points[strategy] = math.prod(len(v) for v in plan["grid"].values())
         counts.add(json.dumps(plan["trial_count"], sort_keys=True))
         metrics.add(plan["metric"])
         grid = "; ".join(f"{k} in {v}" for k, v in plan["grid"].items())
         selection = f"{'min' if plan['metric'] == 'eval_loss' else 'max'} of `{plan['metric']}`"
-        cells = [strategy + TUNED_SUFFIX, len(group), grid, points[strategy],
+        cells = [strategy + TUNED_SUFFIX, n, grid, points[strategy],
                  trial_count_text(plan["trial_count"]), selection]  # fmt: skip
         lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
     differ = []
@@ -435,6 +434,27 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
         lines += ["", f"**The strategies were not tuned alike:** their {'; '.join(differ)} "
                   "differ, so the rows do not compare procedures of equal search or "
                   "criterion."]  # fmt: skip
+    return lines
+
+
+def tunings_lines(checks: Sequence[Any]) -> list[str]:
+    """``compare-tuned``'s note on how each strategy was tuned, and what each tuning released.
+
+    ``checks`` are :func:`~fedprivopt.simulation.tune_check.check_tunings`' results. One row per
+    strategy (its tunings share grid, trial count and metric), a sentence when the strategies
+    were not tuned alike (:func:`procedure_lines`), and each tuning's released hyperparameters.
+
+    Thirty-third review of issue 15 (results, finding 5): ``compare-tuned`` of ``tune --strategy
+    dp-fedavg --grid num-server-rounds=1,2`` (selected by accuracy) and ``tune --strategy
+    dp-fedadam --grid server-learning-rate=0.01,0.03,0.1 --metric eval_loss`` recorded neither
+    grid nor selection metric: the two rows read as equal procedures.
+    """
+    from fedprivopt.simulation.report import table_cell
+
+    by_strategy: dict[str, list[Any]] = {}
+    for check in checks:
+        by_strategy.setdefault(check.plan["strategy"], []).append(check)
+    lines = procedure_lines({s: (len(g), g[0].plan) for s, g in by_strategy.items()})
     lines += ["", "| tuning | strategy | released trial | hyperparameters |", "|---|---|---|---|"]
     for check in checks:
         label = check.best_dir.name

@@ -195,7 +195,7 @@ def _interrupted(out: Path) -> str:
 
 def run_deploy_command(args: argparse.Namespace) -> int:
     """Handler of ``fedprivopt deploy local``; returns the exit code."""
-    from fedprivopt.deploy.local import deploy_local
+    from fedprivopt.deploy.local import check_out, deploy_local
 
     if getattr(args, "deploy_command", None) != "local":
         raise ValueError("deploy: choose a target, e.g. `fedprivopt deploy local --nodes 2`")
@@ -227,6 +227,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         overrides[key] = value
     if args.out is not None:
         _checked_out(args.out)
+        check_out(args.out)  # thirty-fourth review of issue 15: '{run_id}' in it
     from fedprivopt.deploy.local import check_min_nodes
 
     check_min_nodes(overrides, nodes)

@@ -39,6 +39,7 @@ from typing import Any
 from fedprivopt.core.checks import check_int
 from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
+    RUN_ID,
     app_config_defaults,
     run_config_from_flower,
     to_flower_overrides,
@@ -67,7 +68,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["CONNECTION", "REPO_ROOT", "STOP_ORDER", "check_min_nodes", "deploy_local", "stage_app"]
+__all__ = [
+    "CONNECTION",
+    "REPO_ROOT",
+    "STOP_ORDER",
+    "check_min_nodes",
+    "check_out",
+    "deploy_local",
+    "stage_app",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The Flower app this package belongs to (the repository root, with ``pyproject.toml``)."""
@@ -164,6 +173,32 @@ def resolve_deployment(
     return config, app_keys, deploy
 
 
+def check_out(out: str | os.PathLike) -> None:
+    """Refuse an ``out`` that the deployment would not write as given.
+
+    Thirty-fourth review of issue 15: ``deploy local --out 'runs/x-{run_id}'`` (the app's
+    default ``out`` has the placeholder, docs/DEPLOYMENT.md) made the ServerApp write the run into
+    ``runs/x-<Flower's run id>`` while the deployment waited for ``runs/x-{run_id}/summary.json``:
+    rc 1, ``failed: run N ended (finished:completed) without writing ...`` and 40 lines of log,
+    for a run that had finished elsewhere.
+
+    Raises
+    ------
+    ValueError
+        If ``out`` is empty or holds the placeholder :data:`~fedprivopt.deploy.runconfig.RUN_ID`.
+    """
+    from fedprivopt.core.text import shown
+
+    if not str(out):
+        raise ValueError("--out must be a directory path")
+    if RUN_ID in str(out):
+        raise ValueError(
+            f"argument --out: deploy local writes the run into --out as given and looks for "
+            f"it there; {RUN_ID} (the ServerApp's placeholder for Flower's run id) is not "
+            f"allowed in it, got {shown(str(out))}"
+        )
+
+
 def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:
     """The deployment key ``min-nodes`` of ``overrides`` (default ``nodes``), checked.
 
@@ -235,8 +270,7 @@ def deploy_local(
         node_auth = bool(tls)
     if node_auth and not tls:
         raise ValueError("--node-auth needs TLS (drop --insecure)")
-    if not out:
-        raise ValueError("--out must be a directory path")
+    check_out(out)
     app = Path(app_dir).resolve() if app_dir is not None else REPO_ROOT
     if not (app / "pyproject.toml").is_file():
         raise ValueError(f"{str(app)!r} is not a Flower app (no pyproject.toml)")

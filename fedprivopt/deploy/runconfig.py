@@ -41,6 +41,7 @@ else:  # pragma: no cover
 
 __all__ = [
     "DEPLOY_KEYS",
+    "RUN_ID",
     "SIMULATION_ONLY_KEYS",
     "UNSET",
     "DeployOptions",
@@ -71,6 +72,9 @@ SIMULATION_ONLY_KEYS = (
 )
 """RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
 
+RUN_ID = "{run_id}"
+"""The placeholder of ``out`` that the ServerApp replaces by Flower's run id."""
+
 SIDE_INFORMATION_PREFIX = f"{SIDE_INFORMATION}."
 _NULLABLE = tuple(sorted(UNSETTABLE))
 
@@ -79,7 +83,7 @@ _NULLABLE = tuple(sorted(UNSETTABLE))
 class DeployOptions:
     """The deployment-only keys of a run config."""
 
-    out: str = "runs/deploy/{run_id}"
+    out: str = f"runs/deploy/{RUN_ID}"
     min_nodes: int = 1
 
 

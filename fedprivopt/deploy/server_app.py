@@ -26,7 +26,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedprivopt.deploy.runconfig import run_config_from_flower
+from fedprivopt.deploy.runconfig import RUN_ID, run_config_from_flower
 from fedprivopt.simulation.divergence import warning_line
 from fedprivopt.simulation.engines import serve_flower
 from fedprivopt.simulation.interrupt import stoppable_grid
@@ -57,7 +57,7 @@ def _log_row(total: int):
 
 
 def _out_dir(template: str, run_id: int) -> Path:
-    out = Path(template.replace("{run_id}", str(run_id))).expanduser()
+    out = Path(template.replace(RUN_ID, str(run_id))).expanduser()
     return out if out.is_absolute() else Path(os.getcwd()) / out
 
 

@@ -193,6 +193,25 @@ def _interrupted(out: Path) -> str:
     return f"{head}; every process was stopped; {then}"
 
 
+def _note_ignored(config: Any) -> None:
+    """Say in one line which simulation-only keys of the preset the deployment ignores.
+
+    Thirty-fourth review of issue 15: a preset's ``vectorize``, ``fast-actors`` or
+    ``ray-address`` (a cluster's preset) went unused without a word; given with ``--set`` they
+    are refused (:func:`~fedprivopt.deploy.runconfig.refuse_simulation_only`).
+    """
+    from fedprivopt.deploy.runconfig import ignored_simulation_keys
+
+    ignored = ignored_simulation_keys(config)
+    if ignored:
+        it = "it" if len(ignored) == 1 else "them"
+        print(
+            f"note: deploy local ignores the preset's {', '.join(ignored)} (only fedprivopt "
+            f"simulate's engines use {it}; the SuperNodes train without Ray)",
+            file=sys.stderr,
+        )
+
+
 def run_deploy_command(args: argparse.Namespace) -> int:
     """Handler of ``fedprivopt deploy local``; returns the exit code."""
     from fedprivopt.deploy.local import check_out, deploy_local
@@ -264,6 +283,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.engines import check_device
 
     check_device(config)  # the SuperNodes train on this machine
+    _note_ignored(config)
 
     def progress(line: str) -> None:
         if not args.quiet:

@@ -41,6 +41,7 @@ from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
     RUN_ID,
     app_config_defaults,
+    refuse_simulation_only,
     run_config_from_flower,
     to_flower_overrides,
 )
@@ -158,6 +159,7 @@ def resolve_deployment(
     if "out" in overrides:
         raise ValueError("set the results directory with --out, not --set out=...")
     deploy = {k: overrides.pop(k) for k in ("min-nodes",) if k in overrides}
+    refuse_simulation_only(overrides)  # before load_config: ray-address's advice is the fast's
     if config_path is not None:
         config = load_config(config_path, overrides)
     else:

@@ -46,6 +46,8 @@ __all__ = [
     "UNSET",
     "DeployOptions",
     "app_config_defaults",
+    "ignored_simulation_keys",
+    "refuse_simulation_only",
     "run_config_from_flower",
     "to_flower_overrides",
 ]
@@ -71,6 +73,55 @@ SIMULATION_ONLY_KEYS = (
     "fast-actors",
 )
 """RunConfig keys that mean nothing in a deployment (they are not in the app config)."""
+
+_NOT_IN_A_DEPLOYMENT = (
+    "only fedprivopt simulate's engines use {it}; a deployment trains on its SuperNodes "
+    "(Flower's deployment runtime, no Ray)"
+)
+
+
+def refuse_simulation_only(overrides: Mapping[str, Any]) -> None:
+    """Refuse ``--set`` values of :data:`SIMULATION_ONLY_KEYS` for a deployment.
+
+    Thirty-fourth review of issue 15 (left open by the thirty-third): ``deploy local --set
+    vectorize=false`` (``engine=fast``, ``client-cpus=3``, ``fast-actors=2``, ...) was accepted
+    and ignored without a word, and ``--set ray-address=HOST:PORT`` was refused with the fast
+    engine's advice to set ``fast-actors``, after which it was accepted and ignored too.
+    ``engine = "flower"`` (what a deployment is) and an empty value (unset) are taken.
+
+    Raises
+    ------
+    ValueError
+        Naming the keys.
+    """
+    given = [
+        key
+        for key in SIMULATION_ONLY_KEYS
+        if key in overrides
+        and overrides[key] != UNSET
+        and not (key == "engine" and overrides[key] == "flower")
+    ]
+    if given:
+        it = "it" if len(given) == 1 else "them"
+        raise ValueError(
+            f"argument --set: {', '.join(given)} cannot be set for a deployment: "
+            f"{_NOT_IN_A_DEPLOYMENT.format(it=it)}; leave {it} unset"
+        )
+
+
+def ignored_simulation_keys(config: RunConfig) -> list[str]:
+    """The :data:`SIMULATION_ONLY_KEYS` that ``config`` (its preset) sets to other than the default.
+
+    ``engine`` is left out: every preset names the engine ``simulate`` uses.
+    """
+    default = RunConfig()
+    return [
+        key
+        for key in SIMULATION_ONLY_KEYS
+        if key != "engine"
+        and getattr(config, key.replace("-", "_")) != getattr(default, key.replace("-", "_"))
+    ]
+
 
 RUN_ID = "{run_id}"
 """The placeholder of ``out`` that the ServerApp replaces by Flower's run id."""

@@ -16,7 +16,8 @@
 
 :func:`place_shards` spreads the fast engine's ``fast-actors`` shards over the nodes (a placement
 group with the ``SPREAD`` strategy, one CPU per shard, and one GPU per shard when the device asks
-for it). ``docs/SCALING.md`` is the user's guide.
+for it; a GPU that torch on its node cannot use is found before any shard starts, see
+:func:`gpu_problem`). ``docs/SCALING.md`` is the user's guide.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "check_reachable",
     "check_reports",
     "data_fingerprint",
+    "gpu_problem",
     "join_cluster",
     "node_report",
     "place_shards",
@@ -430,17 +432,55 @@ class ShardPlacement:
             remove_placement_group(self.group)
 
 
+def gpu_problem() -> str | None:
+    """Why torch in this process cannot train on a GPU, or ``None`` when it can.
+
+    Run in each GPU bundle of the shards' placement (a task holding the bundle's GPU, so Ray
+    makes it visible). A node can declare GPUs its torch cannot use (``ray start --num-gpus=1``
+    beside a CPU build of torch, or without a driver): thirty-fourth review of issue 15, the
+    shards there were told ``cuda`` and every round ended in a traceback, rc 1.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if not torch.backends.cuda.is_built():
+        return f"its torch {torch.__version__} is built without CUDA"
+    return "torch.cuda.is_available() is false there (no driver or no device)"
+
+
+def _gpu_problems(group: Any, nodes: dict[int, str], count: int) -> dict[str, str]:
+    """:func:`gpu_problem` in each of the ``count`` GPU bundles of ``group``, by node."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, num_gpus=1, max_retries=0)(gpu_problem)
+    refs = {
+        nodes[i]: probe.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=i
+            )
+        ).remote()
+        for i in range(count)
+    }
+    answers = {node: ray.get(ref, timeout=START_TIMEOUT) for node, ref in refs.items()}
+    return {node: why for node, why in answers.items() if why is not None}
+
+
 def place_shards(cluster: Cluster, count: int, device: str) -> ShardPlacement:
     """Reserve one CPU (and a GPU, see below) for each of ``count`` shards, spread over nodes.
 
     The shards get a GPU each when ``device`` is ``cuda[:i]``, or ``auto`` and the cluster has
-    at least ``count`` GPUs; otherwise they train on CPUs.
+    at least ``count`` GPUs; otherwise they train on CPUs. Each GPU is checked where it is
+    (:func:`gpu_problem`): with ``auto``, a GPU torch cannot use there makes the shards train on
+    CPUs; with ``cuda`` it is refused.
 
     Raises
     ------
     ValueError
         Naming ``fast-actors`` (or ``device``) when the cluster has fewer free CPUs (GPUs) than
-        shards, or the placement is not ready within :data:`START_TIMEOUT` seconds.
+        shards, a node's torch cannot use the GPU it declares (``device``), or the placement is
+        not ready within :data:`START_TIMEOUT` seconds.
     """
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
@@ -471,6 +511,19 @@ def place_shards(cluster: Cluster, count: int, device: str) -> ShardPlacement:
             f"{START_TIMEOUT:g} s"
         ) from None
     nodes = placement_group_table(group)["bundles_to_node_id"]
+    problems = _gpu_problems(group, nodes, count) if gpu else {}
+    if problems:
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(group)
+        node, why = next(iter(problems.items()))
+        name = f"{cluster.nodes.get(node, {}).get('ip', '?')} ({node[:8]})"
+        if device == "auto":
+            _log.warning("the node %s declares GPUs but %s: the shards train on CPUs", name, why)
+            return place_shards(cluster, count, "cpu")
+        raise ValueError(
+            f"device = {device}: the node {name} declares GPUs to Ray but {why}; declare none "
+            "there (ray start --num-gpus=0) or set device = cpu"
+        )
     per_node = Counter(nodes.values())
     threads = []
     for i in range(count):

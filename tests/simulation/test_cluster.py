@@ -147,6 +147,26 @@ def test_a_node_that_sees_other_data_is_refused_before_any_round(
     assert not ray.is_initialized()
 
 
+def _gpus_this_torch_cannot_use(cluster) -> None:
+    """Thirty-fourth review of issue 15: nodes that declare GPUs their torch cannot use.
+
+    The nodes here declare one GPU each beside this CPU build of torch. Before, ``device =
+    auto`` (or ``cuda``) told the shards ``cuda`` and each round ended in torch's traceback,
+    rc 1. Now each GPU bundle is checked where it is (``cluster.gpu_problem``): ``auto`` trains
+    on the CPUs and says why, ``cuda`` is refused naming the device, the node and the way out.
+    """
+    if torch.cuda.is_available():  # pragma: no cover - on a CUDA machine they are usable
+        return
+    placement = cluster_module.place_shards(cluster, 2, "auto")
+    try:
+        assert placement.device == "cpu"
+        assert all(o["num_gpus"] == 0 for o in placement.options)
+    finally:
+        placement.remove()
+    with pytest.raises(ValueError, match=r"device = cuda: the node .* declares GPUs to Ray but"):
+        cluster_module.place_shards(cluster, 2, "cuda")
+
+
 def test_shards_get_a_gpu_each_where_the_nodes_have_them(so_dir, ray_cluster, monkeypatch):
     import ray
 
@@ -160,6 +180,9 @@ def test_shards_get_a_gpu_each_where_the_nodes_have_them(so_dir, ray_cluster, mo
 
     with cluster_module.join_cluster(joined) as cluster:
         assert cluster.gpus == NODES
+        _gpus_this_torch_cannot_use(cluster)
+        # from here the declared GPUs count as usable where the shards land
+        monkeypatch.setattr(cluster_module, "_gpu_problems", lambda *args: {})
         for device, gpus in (("auto", 1), ("cpu", 0)):
             placement = cluster_module.place_shards(cluster, NODES, device)
             try:

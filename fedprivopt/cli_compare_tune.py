@@ -296,6 +296,7 @@ def _compare_tuned(args: argparse.Namespace) -> int:
             tunings.append((cell, ns, argv))
     finally:
         progress.close()
+    _refuse_copied_cells(out, tunings)
     (out / TUNE_DIR).mkdir(parents=True, exist_ok=True)
     locked = contextlib.ExitStack()
     try:
@@ -317,6 +318,32 @@ def _compare_tuned(args: argparse.Namespace) -> int:
                 except (UsageError, ValueError) as exc:  # changed since the check
                     raise _usage(exc, f"tuning of cell {cell.label}") from None
         return _report(args, out, tunings)
+
+
+def _refuse_copied_cells(out: Path, tunings: list) -> None:
+    """Refuse two cells of one tuning seed: a cell's directory copied into another's place.
+
+    Thirty-fourth review of issue 15 (tuning, finding 2): ``cp -r OUT/tune/CELL0 OUT/tune/CELL1``
+    then ``compare --tune-grid … --seeds 2`` ran (CELL1 took CELL0's secret seed from its
+    ``tune.json``, so both were one tuning), then ended rc 2 after the tunings, its report
+    removed, with compare-tuned's words ``TUNED: 'OUT/tune/CELL1' has the tuning seed of …``,
+    a flag ``compare`` does not have. Now refused before anything is written, naming both cells.
+    """
+    from fedprivopt.simulation.tune_check import PLAN_FILE
+
+    first: dict[int, str] = {}
+    for cell, ns, _ in tunings:
+        seed = getattr(ns, "secret_seed", None)
+        if seed is None:
+            continue
+        if seed in first:
+            raise UsageError(
+                f"argument --out: {str(out / TUNE_DIR / cell.label)!r} holds the tuning of "
+                f"{str(out / TUNE_DIR / first[seed])!r} (the same secret tuning seed in its "
+                f"{PLAN_FILE}: a copy), and one tuning cannot be two seeds of a row; remove "
+                f"{str(out / TUNE_DIR / cell.label)!r} to tune that cell afresh"
+            )
+        first[seed] = cell.label
 
 
 def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:

@@ -9,10 +9,20 @@
    review's results finding 5, left open for ``compare --tune-grid``). Now the notes of a tuned
    comparison have the same table of how each strategy was tuned (grid, grid points, trials
    per tuning, selection) and the same sentence (``tune_report.procedure_lines``, shared).
+2. A tuned comparison's cell directory copied into the place of another seed's cell (``cp -r
+   C/tune/dp-fedavg__sigma0.5__seed0 C/tune/dp-fedavg__sigma0.5__seed1``), then the same
+   ``compare --tune-grid`` with ``--seeds 2``: the copy kept the first cell's secret tuning seed
+   (in its ``tune.json``), so the two cells were one tuning; the command checked and "ran" them,
+   removed the earlier report, and ended rc 2 with compare-tuned's words ``TUNED:
+   'C/tune/dp-fedavg__sigma0.5__seed1' has the tuning seed of …`` (``TUNED`` is no argument of
+   ``compare``). Now rc 2 before anything is written: ``argument --out: '…seed1' holds the
+   tuning of '…seed0' (the same secret tuning seed in its tune.json: a copy) …; remove
+   '…seed1' to tune that cell afresh``, the earlier report kept.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,18 +32,28 @@ from fedprivopt.cli import main
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
+UNEQUAL = [
+    "compare", str(TOY), "--strategies", "dp-fedavg,dp-fedadam",
+    "--tune-grid", "server-learning-rate=0.5,1",
+    "--tune-grid", "dp-fedadam:server-learning-rate=0.01,0.03,0.1",
+    "--mean-trials", "1", "--rounds", "1", "--quiet",
+]  # fmt: skip
+"""A tuned comparison: dp-fedavg over 2 grid points, dp-fedadam over 3 (one round)."""
+
+
 @pytest.fixture(scope="module")
 def unequal_grids(tmp_path_factory) -> Path:
-    """A tuned comparison: dp-fedavg over 2 grid points, dp-fedadam over 3 (one round)."""
+    """The comparison of :data:`UNEQUAL`, one seed."""
     out = tmp_path_factory.mktemp("r34t") / "c"
-    code = main([
-        "compare", str(TOY), "--strategies", "dp-fedavg,dp-fedadam",
-        "--tune-grid", "server-learning-rate=0.5,1",
-        "--tune-grid", "dp-fedadam:server-learning-rate=0.01,0.03,0.1",
-        "--mean-trials", "1", "--rounds", "1", "--out", str(out), "--quiet",
-    ])  # fmt: skip
-    assert code == 0
+    assert main([*UNEQUAL, "--out", str(out)]) == 0
     return out
+
+
+def _error(capsys) -> str:
+    """The one line a refusal wrote on stderr."""
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
 
 
 # -- finding 1: compare --tune-grid states per-strategy grids of different sizes ------------
@@ -47,3 +67,22 @@ def test_1_tuned_compare_states_the_grid_size_of_each_strategy(unequal_grids, ca
     assert (
         "not tuned alike:** their grid sizes (dp-fedavg: 2, dp-fedadam: 3 points) differ"
     ) in notes, notes
+
+
+# -- finding 2: a cell copied into another seed's place is refused before anything is written -
+
+
+def test_2_a_copied_cell_is_refused_before_anything_is_written(unequal_grids, tmp_path, capsys):
+    out = tmp_path / "c"
+    shutil.copytree(unequal_grids, out)
+    cells = out / "tune"
+    shutil.copytree(cells / "dp-fedavg__sigma0.5__seed0", cells / "dp-fedavg__sigma0.5__seed1")
+    report = (out / "report.md").read_text(encoding="utf-8")
+    capsys.readouterr()
+    assert main([*UNEQUAL, "--seeds", "2", "--out", str(out)]) == 2
+    err = _error(capsys)
+    assert "argument --out:" in err and "TUNED" not in err, err
+    assert "dp-fedavg__sigma0.5__seed1' holds the tuning of" in err, err
+    assert "dp-fedavg__sigma0.5__seed0' (the same secret tuning seed" in err, err
+    assert (out / "report.md").read_text(encoding="utf-8") == report  # nothing written
+    assert not (cells / "dp-fedadam__sigma0.5__seed1").exists()

@@ -238,7 +238,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sets = set_overrides(args)
         config = load_preset(args.config, sets)
         refuse_table_against_flags(args, sets, config.strategy.strategy)
-        _note_unused([config.strategy])  # a shared preset's other knobs, or a mistake
+        _note_unused([config])  # a shared preset's other knobs, or a mistake
         out = out or check_out_dir(f"runs/{config.strategy.strategy}-seed{config.strategy.seed}")
         # validates everything before anything is written
         task, _ = build_checked_run(config, out=out)
@@ -395,7 +395,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     sets = compare_overrides(args)
     base = load_preset(args.config, sets)
     cells = compare_cells(args, base)
-    _note_unused([cell.config.strategy for cell in cells], sets)
+    _note_unused([cell.config for cell in cells], sets)
     if args.metric is not None:  # before any run: a metric no run reports failed only at the end
         from fedprivopt.simulation.tune import check_metric
 
@@ -415,21 +415,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
             return _compare_locked(args, out, cells)
 
 
-def _note_unused(strategies: list, only: dict | None = None) -> None:
+def _note_unused(configs: list, only: dict | None = None) -> None:
     """Say on stderr which strategies do not use keys that are set, one line per set of keys.
 
-    ``simulate`` names every such key of its one strategy; ``compare`` only the keys of
-    ``only`` (its ``--set``s): a preset shared by several strategies holds options some of
-    them ignore by design.
+    ``configs`` are run configurations. ``simulate`` names every such key of its one strategy;
+    ``compare`` only the keys of ``only`` (its ``--set``s): a preset shared by several
+    strategies holds options some of them ignore by design. A ``[side-information]`` table
+    counts too: only ``adadps`` reads it (thirty-fourth review of issue 15: ``simulate
+    toy.toml --set strategy=dp-fedavg --set side-information.kind=public-users`` ran without
+    a word, its summary showing the table it never used).
     """
+    from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
+    from fedprivopt.models.side_information_config import SideInformationSpec
     from fedprivopt.simulation.tune_grid import keys_without_effect
 
     by_keys: dict[tuple, list[str]] = {}
-    for strategy in strategies:
-        unused = keys_without_effect(strategy)
+    for config in configs:
+        strategy = config.strategy
+        unused = set(keys_without_effect(strategy))
+        if strategy.strategy != "adadps" and config.side_information != SideInformationSpec():
+            unused.add(SIDE_INFORMATION)
         if only is not None:  # --set strategies.<this strategy>.KEY sets KEY for it
             own = f"strategies.{strategy.strategy}."
-            unused = unused & {key.removeprefix(own) for key in only}
+            given = {key.removeprefix(own) for key in only}
+            given |= {SIDE_INFORMATION for key in given if key.startswith(SIDE_INFORMATION)}
+            unused &= given
         if unused:
             names = by_keys.setdefault(tuple(sorted(unused)), [])
             if strategy.strategy not in names:

@@ -111,6 +111,9 @@ def _checked_config(config_path: str | None, overrides: dict[str, Any]) -> Any:
     return config
 
 
+MAX_RECORD_BYTES = 16 * 2**20
+"""The largest ``deploy/processes.json`` taken for an earlier deployment's (64 nodes' is ~50 kB)."""
+
 _OUR_LOGS = re.compile(r"(processes\.json|superlink\.log|serverapp\.log|supernode-\d+\.log)")
 
 
@@ -136,8 +139,11 @@ def _check_log_dir(logs: Path) -> None:
     )
     record = logs / "processes.json"
     if not foreign and record.exists():
-        try:
-            items = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+        from fedprivopt.core.files import read_at_most
+
+        try:  # thirty-fourth review of issue 15: a 20 GB one was read whole, a MemoryError
+            raw = read_at_most(record, MAX_RECORD_BYTES) if record.is_file() else None
+            items = None if raw is None else json.loads(raw.decode("utf-8"))
         except (OSError, ValueError):
             items = None
         ours = isinstance(items, list) and all(  # ProcessTable.records(): ours and Flower's

@@ -346,6 +346,7 @@ def _run(
     if node_auth:
         link += ["--enable-supernode-auth"]
     dep.say(f"starting the SuperLink on {HOST}:{link_port} ({'TLS' if tls else 'insecure'})")
+    link_log = dep.log_end("superlink")  # a failed deployment's log is kept and appended to
     dep.procs.start("superlink", link, "superlink")
     wait_port(dep, link_port, deadline)
 
@@ -375,7 +376,7 @@ def _run(
             argv += ["--auth-supernode-private-key", str(keys[i].private_key)]
         dep.procs.start("supernode", argv, f"supernode-{i}")
     dep.say(f"started {nodes} SuperNodes; waiting until they are online")
-    wait_nodes(dep, nodes, deadline)
+    wait_nodes(dep, nodes, deadline, log_start=link_log)
 
     dep.say("submitting the run (flwr run)")
     started = dep.flwr("run", str(staged), CONNECTION, "--run-config", str(run_config))

@@ -92,11 +92,51 @@ def _json_tail(text: str) -> Any:
     return json.loads(text[start:])
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+_TAIL_BYTES = 64 * 1024  # of a log's end, for its last lines
+
+
+def _read_from(path: Path, start: int, size: int = -1) -> bytes:
+    """``size`` bytes of ``path`` from byte ``start`` (-1: to its end; b'' if unreadable)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with path.open("rb") as log:
+            log.seek(start)
+            return log.read(size)
     except OSError:
+        return b""
+
+
+class _NewLines:
+    """The whole lines a growing file gets after byte ``start``, each read once.
+
+    Thirty-fourth review of issue 15: the SuperLink's log (kept and appended to across
+    deployments) and the run's ``metrics.jsonl`` were read whole several times a second while
+    the deployment waited, the log's earlier activations counted too.
+    """
+
+    def __init__(self, path: Path, start: int = 0) -> None:
+        self.path, self.offset, self.partial = path, start, b""
+
+    def read(self) -> list[bytes]:
+        """The lines (without their newline) completed since the last call."""
+        size = _log_size(self.path)
+        if size <= self.offset:
+            return []
+        text = self.partial + _read_from(self.path, self.offset, size - self.offset)
+        self.offset = size
+        text, newline, self.partial = text.rpartition(b"\n")  # a line being written: later
+        return text.split(b"\n") if newline else []
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log, read from its last :data:`_TAIL_BYTES` only.
+
+    Thirty-fourth review of issue 15: the whole log was read, and the logs in ``OUT/deploy``
+    are kept and appended to across deployments (a 20 GB one was a ``MemoryError``).
+    """
+    if not path.is_file():
         return "(no log)"
+    text = _read_from(path, max(0, _log_size(path) - _TAIL_BYTES)).decode(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
 
 
 _TASK_ERROR_LINE = f"{TaskError.__module__}.{TaskError.__name__}: "
@@ -117,13 +157,9 @@ def _task_error(path: Path, start: int) -> TaskError | None:
     (a task breaking its protocol: :mod:`fedprivopt.models.task_calls`, every node answering so).
     Only this run's part of the log is read: a failed deployment's log is kept and appended to.
     """
-    try:
-        with path.open("rb") as log:
-            log.seek(max(start, _log_size(path) - _ERROR_SCAN_BYTES))
-            text = log.read().decode(errors="replace")
-    except OSError:
-        return None
-    lines = [line for line in text.splitlines() if line.startswith(_TASK_ERROR_LINE)]
+    text = _read_from(path, max(start, _log_size(path) - _ERROR_SCAN_BYTES))
+    lines = text.decode(errors="replace").splitlines()
+    lines = [line for line in lines if line.startswith(_TASK_ERROR_LINE)]
     return TaskError(lines[-1][len(_TASK_ERROR_LINE) :].strip()) if lines else None
 
 
@@ -177,6 +213,10 @@ class Deployment:
             raise RuntimeError(f"`flwr {' '.join(args)}` failed: {message}")
         return result
 
+    def log_end(self, log_name: str) -> int:
+        """The size of a process's log now: where the part of a process started next begins."""
+        return _log_size(self.procs.log_path(log_name))
+
     def check_alive(self) -> None:
         """Raise if the SuperLink or a SuperNode has exited."""
         dead = self.procs.dead(("superlink", "supernode"))
@@ -196,20 +236,21 @@ def wait_port(dep: Deployment, port: int, deadline: float) -> None:
         time.sleep(0.2)
 
 
-def wait_nodes(dep: Deployment, nodes: int, deadline: float) -> None:
+def wait_nodes(dep: Deployment, nodes: int, deadline: float, log_start: int = 0) -> None:
     """Wait until ``flwr supernode ls`` shows ``nodes`` SuperNodes online.
 
     The CLI costs a second or two of CPU per call, so it is asked only once the SuperLink's log
-    shows that many activations (or after 20 s, should that log line ever change).
+    shows that many activations (or after 20 s, should that log line ever change). Only what
+    the log got after byte ``log_start`` (this deployment's part: a failed deployment's log is
+    kept and appended to) is read, each part once (thirty-fourth review of issue 15: the whole
+    log was read every 0.3 s, with an earlier deployment's activations counted).
     """
     first_ask = time.monotonic() + 20.0
-    link_log = dep.procs.log_path("superlink")
+    link_log = _NewLines(dep.procs.log_path("superlink"), log_start)
+    activated = 0
     while True:
         dep.check_alive()
-        try:
-            activated = link_log.read_text(errors="replace").count("Activated node_id")
-        except OSError:
-            activated = 0
+        activated += sum(b"Activated node_id" in line for line in link_log.read())
         if activated >= nodes or time.monotonic() > first_ask:
             remaining = max(5.0, deadline - time.monotonic())
             listing = dep.flwr("supernode", "ls", CONNECTION, timeout=remaining)
@@ -245,21 +286,15 @@ def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
         "serverapp",
     )
     summary = out / "summary.json"
-    metrics = out / "metrics.jsonl"
-    reported = 0
+    metrics = _NewLines(out / "metrics.jsonl")
     while True:
-        if metrics.exists():
-            lines = metrics.read_text().splitlines(keepends=True)
-            for line in lines[reported:]:
-                if not line.endswith("\n"):
-                    break  # being written
-                reported += 1
-                with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    row = json.loads(line)
-                    shown = ", ".join(
-                        f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row
-                    )
-                    dep.say(f"round {row['round']}: {shown}, epsilon={row['epsilon']:.4g}")
+        for line in metrics.read():
+            with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
+                row = json.loads(line)
+                shown = ", ".join(
+                    f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row
+                )
+                dep.say(f"round {row['round']}: {shown}, epsilon={row['epsilon']:.4g}")
         if summary.exists():
             return
         if stream.poll() is not None:

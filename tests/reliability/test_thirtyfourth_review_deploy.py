@@ -19,17 +19,32 @@
    ``engine=flower`` (what a deployment is); a preset's own values (a cluster's preset with
    ``ray-address`` and ``fast-actors``; every preset's ``engine``, left out) are said to be
    ignored in one ``note:`` line, as ``simulate`` notes keys its strategy does not use.
+3. Files of ``OUT/deploy`` (kept from a failed deployment and appended to) read whole:
+   ``deploy local toy.toml --out D`` where ``D/deploy/processes.json`` is a sparse 20 GB file
+   (``truncate -s 20G``): a ``MemoryError`` traceback, rc 1, after 15 s under a 4 GB address
+   space limit (the whole file read to check it is an earlier deployment's record); the
+   SuperLink's log was read whole every 0.3 s while the SuperNodes came up, an earlier
+   deployment's activations counted as this one's; a failing process's last 40 lines were taken
+   from its whole log; and the run's ``metrics.jsonl`` was read whole every 0.25 s for the
+   progress lines (up to 10**6 rounds). Now ``processes.json`` is read up to 16 MiB (a larger
+   one is not ours: rc 2, one line naming it), a log's tail from its last 64 kB, and the
+   SuperLink's log (from where this deployment's part begins) and ``metrics.jsonl`` line by
+   line as they grow, each part once (``session._NewLines``).
 """
 
 from __future__ import annotations
 
+import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from fedprivopt.deploy import local as deploy_module
+from fedprivopt.deploy.cli import _check_log_dir
 from fedprivopt.deploy.local import REPO_ROOT, deploy_local, resolve_deployment
 from fedprivopt.deploy.runconfig import SIMULATION_ONLY_KEYS
+from fedprivopt.deploy.session import _tail, wait_nodes
 from tests.reliability.test_fuzz_cli import run_cli
 from tests.reliability.test_misuse_cli import TOY, usage_error
 
@@ -66,11 +81,12 @@ def test_1_an_out_with_the_run_id_placeholder_is_refused_before_anything(tmp_pat
     assert len(no_deployment) == 1
 
 
-@pytest.mark.parametrize(
-    "setting",
-    ["engine=fast", "client-cpus=3", "client-gpus=0.5", "ray-cpus=2", "vectorize=false",
-     "cohort-chunk=4", "fast-actors=2", "ray-address=127.0.0.1:6379"],  # fmt: skip
-)
+SIMULATION_SETTINGS = ("engine=fast", "client-cpus=3", "client-gpus=0.5", "ray-cpus=2",
+                       "vectorize=false", "cohort-chunk=4", "fast-actors=2",
+                       "ray-address=127.0.0.1:6379")  # fmt: skip
+
+
+@pytest.mark.parametrize("setting", SIMULATION_SETTINGS)
 def test_2_a_simulation_only_key_given_with_set_is_refused(tmp_path, no_deployment, setting):
     key = setting.split("=")[0]
     line = usage_error(_deploy(tmp_path / "d", *SMALL, "--set", setting), "argument --set", key)
@@ -95,3 +111,68 @@ def test_2_engine_flower_is_taken_and_a_presets_own_keys_are_noted(tmp_path, no_
     code, _, err = _deploy(tmp_path / "d", *SMALL)  # toy.toml's engine = "fast": no note
     assert code == 1 and "note:" not in err, err
     assert set(SIMULATION_ONLY_KEYS) >= {"ray-address", "vectorize", "fast-actors", "engine"}
+
+
+def _peak(call) -> tuple[int, object]:
+    """The peak of memory traced while ``call()`` ran, and its result or ``ValueError``."""
+    tracemalloc.start()
+    try:
+        try:
+            result = call()
+        except ValueError as exc:
+            result = exc
+        return tracemalloc.get_traced_memory()[1], result
+    finally:
+        tracemalloc.stop()
+
+
+def _sparse(path: Path, size: int, tail: bytes = b"") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fh:
+        fh.truncate(size)
+        fh.seek(size)
+        fh.write(tail)
+    return path
+
+
+def test_3_a_huge_processes_json_and_logs_are_not_read_whole(tmp_path):
+    record = _sparse(tmp_path / "D" / "deploy" / "processes.json", 64 * 2**20)
+    usage_error(_deploy(tmp_path / "D", *SMALL), "processes.json", "choose another --out")
+    peak, refused = _peak(lambda: _check_log_dir(record.parent))
+    assert isinstance(refused, ValueError) and "processes.json" in str(refused), refused
+    assert peak < 32 * 2**20, peak  # 64 MiB read whole before (a 20 GB one a MemoryError)
+    log = _sparse(tmp_path / "big.log", 64 * 2**20, b"\n".join(b"line %d" % i for i in range(50)))
+    peak, tail = _peak(lambda: _tail(log))
+    assert peak < 8 * 2**20, peak
+    assert tail.splitlines() == [f"line {i}" for i in range(10, 50)]
+
+
+class _Deployment:
+    """What ``wait_nodes`` uses of a deployment; each check appends a line to the link's log."""
+
+    def __init__(self, log: Path, lines: list[bytes]) -> None:
+        self.log, self.lines, self.asked_after = log, lines, []
+        self.procs = self
+
+    def log_path(self, name: str) -> Path:
+        return self.log
+
+    def check_alive(self) -> None:
+        if self.lines:
+            with self.log.open("ab") as fh:
+                fh.write(self.lines.pop(0))
+
+    def flwr(self, *args, **kwargs):
+        self.asked_after.append(len(self.lines))
+        return {"nodes": [{"status": "online"}] * 2}
+
+
+def test_3_the_superlinks_log_is_read_from_this_deployments_part(tmp_path):
+    log = tmp_path / "superlink.log"
+    log.write_bytes(b"INFO: Activated node_id=1\nINFO: Activated node_id=2\n")  # a failed one's
+    start = os.path.getsize(log)
+    lines = [b"INFO: starting\n", b"INFO: Activ", b"ated node_id=7\nINFO: x\n",
+             b"INFO: Activated node_id=8\n", b"INFO: more\n"]  # fmt: skip
+    dep = _Deployment(log, lines)
+    wait_nodes(dep, 2, deadline=float("inf"), log_start=start)
+    assert dep.asked_after == [1], dep.asked_after  # asked once both activations were written

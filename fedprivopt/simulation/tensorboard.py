@@ -9,6 +9,15 @@ ending with the directory's name), so ``tensorboard --logdir OUT`` shows every r
 ``compare`` grid as its own run, named by its cell (``runs/dp-fedadam__sigma0.5__seed0``), with
 the same tags side by side. The name is cut to fit a file name of 255 bytes.
 
+The events are written in this thread, each row flushed before the round goes on, with
+TensorBoard's record format (:class:`~tensorboard.summary.writer.record_writer.RecordWriter`),
+not by ``SummaryWriter``'s writer thread. Thirty-fourth review of issue 15 (outputs, finding 1):
+an event file that could not be written (a full disk, ``ulimit -f``) ended ``simulate
+--tensorboard`` with that thread's 16-line traceback on standard error, then ``error: argument
+--out: R: [Errno 27] File too large``, naming the run directory rather than the file; the thread's
+traceback could also be cut off by the exit. A failed write now raises ``OSError`` naming the
+event file: one line, rc 2, the ledger, rows and last checkpoint kept for ``--resume``.
+
 A resumed run starts a new event file whose first event purges the steps from its first round
 on (TensorBoard's ``purge_step``), so rounds that were redone after a kill are shown once; a
 run started again from round 0 (no checkpoint to continue from) purges every earlier event.
@@ -16,17 +25,25 @@ run started again from round 0 (no checkpoint to continue from) purges every ear
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import socket
+import time
 from collections.abc import Mapping
 from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.files import naming
+
 __all__ = ["TensorBoardLog", "event_file_suffix", "scalars"]
 
 NAME_MAX = 255
 """Bytes in one path component (Linux, macOS and Windows file systems)."""
+
+_FILE_NUMBER = itertools.count()
+"""The last part of an event file's name before the suffix (TensorBoard's per-process count)."""
 
 
 def event_file_suffix(out: Path) -> str:
@@ -70,28 +87,72 @@ class TensorBoardLog:
     ------
     ValueError
         If ``torch.utils.tensorboard`` cannot be imported (the ``tensorboard`` package is missing).
+    OSError
+        Naming the event file, if it cannot be created or written (also from :meth:`add_row`).
     """
 
     def __init__(self, out: Path, *, first_round: int = 1) -> None:
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog, SourceMetadata
+            from tensorboard.summary.writer.record_writer import RecordWriter
+            from torch.utils.tensorboard.summary import scalar
         except ImportError as exc:  # pragma: no cover - a dependency of the package
             raise ValueError(
                 f"tensorboard = true needs the tensorboard package ({exc}); pip install tensorboard"
             ) from None
-        self._writer = SummaryWriter(
-            log_dir=str(out),
-            purge_step=int(first_round) if first_round > 1 else 0,
-            filename_suffix=event_file_suffix(out),
+        self._event, self._scalar = Event, scalar
+        self.path = _new_event_file(Path(out))
+        with naming(self.path):
+            self._file = open(self.path, "xb")
+        self._records = RecordWriter(self._file)
+        purge = int(first_round) if first_round > 1 else 0
+        source = SourceMetadata(writer="tensorboard.summary.writer.event_file_writer")
+        self._write(
+            [
+                Event(wall_time=time.time(), file_version="brain.Event:2", source_metadata=source),
+                Event(step=purge, file_version="brain.Event:2"),  # SummaryWriter's purge_step
+                Event(step=purge, session_log=SessionLog(status=SessionLog.START)),
+            ]
         )
 
     def add_row(self, row: Mapping[str, Any]) -> None:
         """Write one metrics row (its ``round`` is the step) and flush it to disk."""
         step = int(row["round"])
-        for key, value in scalars(row).items():
-            self._writer.add_scalar(key, value, step)
-        self._writer.flush()
+        now = time.time()
+        events = [
+            self._event(wall_time=now, step=step, summary=self._scalar(key, value))
+            for key, value in scalars(row).items()
+        ]
+        self._write(events)
+
+    def _write(self, events: list) -> None:
+        """Write and flush ``events``; on failure close the file and raise naming it."""
+        if self._file is None:
+            raise ValueError(f"{self.path}: the TensorBoard log is closed")
+        try:
+            with naming(self.path):
+                for event in events:
+                    self._records.write(event.SerializeToString())
+                self._file.flush()
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+            raise
 
     def close(self) -> None:
         """Flush and close the event file."""
-        self._writer.close()
+        if self._file is not None:
+            file, self._file = self._file, None
+            with naming(self.path):
+                file.close()
+
+
+def _new_event_file(out: Path) -> Path:
+    """A path in ``out`` for a new event file, named as TensorBoard names them (not taken)."""
+    stem = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    suffix = event_file_suffix(out)
+    while True:
+        path = out / f"{stem}.{next(_FILE_NUMBER)}{suffix}"
+        if not os.path.lexists(path):
+            return path

@@ -1,0 +1,91 @@
+"""Issue 15, thirty-fourth review (outputs under a hostile environment): regression tests.
+
+1. ``ulimit -f 4; fedprivopt simulate toy.toml --rounds 20 --tensorboard --out R`` (also a
+   full disk, a 1 MB tmpfs with 3 to 4 pages free; the TensorBoard event file is the first file
+   past the limit): ``SummaryWriter``'s writer thread printed ``Exception in thread Thread-1:``
+   and a 16-line traceback (``OSError: [Errno 27] File too large``), then the command ended
+   ``error: argument --out: R: [Errno 27] File too large``, rc 2, naming the run directory, not
+   the file; when the event file could not be created at the start, the thread's traceback was
+   cut off by the exit (38-44 lines, varying). Now the events are written in the command's
+   thread (``simulation/tensorboard.py``, TensorBoard's record format) and a failed write is
+   one line naming the event file, rc 2; the ledger, rows and last checkpoint are kept and
+   ``--resume`` with the limit lifted completes the run, every round once in TensorBoard.
+"""
+
+from __future__ import annotations
+
+import errno
+import resource
+import threading
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from fedprivopt.cli import main
+from fedprivopt.simulation.files import LEDGER_FILE, METRICS_FILE, read_lines, read_rows
+from fedprivopt.simulation.tensorboard import TensorBoardLog
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+class _FileSizeLimit:
+    """Within the block, no file of this process may grow beyond ``limit`` bytes (EFBIG).
+
+    Python ignores SIGXFSZ, so a write past the soft limit fails with ``File too large``.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def __enter__(self) -> None:
+        self.saved = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.limit, self.saved[1]))
+
+    def __exit__(self, *exc: object) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, self.saved)
+
+
+@pytest.fixture
+def thread_errors(monkeypatch) -> list[BaseException]:
+    """Exceptions that ended a thread (``threading.excepthook``), instead of printing them."""
+    seen: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    return seen
+
+
+def _steps(run: Path, tag: str) -> list[int]:
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [event.step for event in acc.Scalars(tag)]
+
+
+def test_1_an_event_file_that_cannot_grow_is_named_by_the_raised_error(tmp_path, thread_errors):
+    log = TensorBoardLog(tmp_path, first_round=1)
+    (event_file,) = tmp_path.glob("events.out.tfevents.*")
+    row = {"round": 1, "epsilon": 1.0, **{f"eval_m{i}": float(i) for i in range(40)}}
+    with pytest.raises(OSError) as caught, _FileSizeLimit(event_file.stat().st_size + 600):
+        for r in range(1, 20):
+            log.add_row({**row, "round": r})
+    assert caught.value.errno == errno.EFBIG
+    assert caught.value.filename == str(event_file)
+    log.close()
+    assert thread_errors == []
+
+
+def test_1_simulate_names_the_event_file_and_resumes(tmp_path, capsys, thread_errors):
+    run = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--rounds", "8", "--tensorboard", "--quiet", "--out", str(run)]
+    with _FileSizeLimit(4096):  # the checkpoint (3 kB) fits; the event file outgrows it first
+        code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err and "Exception in thread" not in err
+    assert "events.out.tfevents." in err and "File too large" in err, err
+    assert thread_errors == []
+    released = len(read_lines(run / LEDGER_FILE)[0]) - 1  # the header, then a line a round
+    assert 1 <= len(read_rows(run / METRICS_FILE)) <= released < 8
+    assert (run / "checkpoint.pt").is_file()
+    assert main(["simulate", "--resume", str(run), "--quiet"]) == 0
+    assert "8 rounds (rounds)" in capsys.readouterr().out
+    assert _steps(run, "epsilon") == list(range(1, 9))

@@ -3,11 +3,16 @@
 Plots are drawn on :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas: pyplot's
 global state and the interactive backends are never touched. :mod:`fedprivopt.simulation.report`
 writes them with the rest of a report.
+
+Because no backend is used, the ``MPLBACKEND`` environment variable is ignored when it names no
+backend matplotlib knows (:func:`import_matplotlib`).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ from fedprivopt.simulation.rundata import (
 __all__ = [
     "draw_metric_vs_round",
     "draw_privacy_utility",
+    "import_matplotlib",
     "plot_metric_vs_round",
     "plot_privacy_utility",
     "pretty_metric",
@@ -65,6 +71,34 @@ def plot_privacy_utility(
     return draw_privacy_utility(rows, path)
 
 
+def import_matplotlib() -> None:
+    """Import matplotlib, ignoring an ``MPLBACKEND`` that names no backend it knows.
+
+    matplotlib's import sets its ``backend`` setting from ``MPLBACKEND`` and raises
+    ``ValueError`` for an unknown name, although these plots use no backend (Agg canvas,
+    module docstring). Thirty-fourth review of issue 15 (outputs, finding 2): ``MPLBACKEND=bogus
+    fedprivopt compare …`` (a misspelt backend, a value left from another tool) ran every cell,
+    then ended rc 2 with ``error: Key backend: 'bogus' is not a valid value for backend;
+    supported values are [...]``, naming no variable, and wrote no ``report.md`` or plots. The
+    import is retried without the variable (the half-imported modules forgotten first), which
+    is then put back as it was.
+    """
+    if "matplotlib" in sys.modules:
+        return
+    try:
+        import matplotlib
+    except ValueError:
+        backend = os.environ.pop("MPLBACKEND", None)
+        if backend is None:
+            raise
+        for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+            del sys.modules[name]
+        try:
+            import matplotlib  # noqa: F401
+        finally:
+            os.environ["MPLBACKEND"] = backend
+
+
 def pretty_metric(metric: str) -> str:
     """How ``metric`` is named on an axis or in a report."""
     return _PRETTY.get(metric, metric)
@@ -80,6 +114,7 @@ def _styles(keys: Sequence[tuple[str, float]]) -> dict[tuple[str, float], tuple[
     Color by strategy and line style by σ when that fits (≤ 10 strategies, ≤ 4 σ each); else
     10 colors × 4 styles by position, so that up to 40 series stay distinct.
     """
+    import_matplotlib()
     from matplotlib import colormaps
 
     colors = colormaps["tab10"].colors
@@ -96,6 +131,7 @@ def _styles(keys: Sequence[tuple[str, float]]) -> dict[tuple[str, float], tuple[
 
 
 def _strategy_colors(strategies: Sequence[str]) -> dict[str, Any]:
+    import_matplotlib()
     from matplotlib import colormaps
 
     colors = colormaps["tab10"].colors
@@ -104,6 +140,7 @@ def _strategy_colors(strategies: Sequence[str]) -> dict[str, Any]:
 
 
 def _new_axes():
+    import_matplotlib()
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=_FIGSIZE, dpi=_DPI)

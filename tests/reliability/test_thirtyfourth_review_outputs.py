@@ -10,12 +10,21 @@
    thread (``simulation/tensorboard.py``, TensorBoard's record format) and a failed write is
    one line naming the event file, rc 2; the ledger, rows and last checkpoint are kept and
    ``--resume`` with the limit lifted completes the run, every round once in TensorBoard.
+2. ``MPLBACKEND=bogus fedprivopt compare toy.toml --strategies dp-fedavg --rounds 1 --out C``
+   (a misspelt backend, or one left from another tool): every cell ran, then rc 2 with
+   ``error: Key backend: 'bogus' is not a valid value for backend; supported values are
+   [...]`` (matplotlib's import validating the variable), naming no variable, and no
+   ``report.md`` or plots. The plots use no backend (an Agg canvas): ``report_plots``
+   imports matplotlib without the variable when it is invalid, and the report and plots are
+   written as without it (the same PNG bytes, checked by hand); the variable is left as it was.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import resource
+import sys
 import threading
 from pathlib import Path
 
@@ -24,6 +33,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fedprivopt.cli import main
 from fedprivopt.simulation.files import LEDGER_FILE, METRICS_FILE, read_lines, read_rows
+from fedprivopt.simulation.report_plots import plot_metric_vs_round
+from fedprivopt.simulation.rundata import load_runs
 from fedprivopt.simulation.tensorboard import TensorBoardLog
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -89,3 +100,26 @@ def test_1_simulate_names_the_event_file_and_resumes(tmp_path, capsys, thread_er
     assert main(["simulate", "--resume", str(run), "--quiet"]) == 0
     assert "8 rounds (rounds)" in capsys.readouterr().out
     assert _steps(run, "epsilon") == list(range(1, 9))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("outputs34")
+    assert main(["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(root / "r")]) == 0
+    return root
+
+
+def test_2_plots_ignore_an_invalid_mplbackend(finished_run, tmp_path, monkeypatch):
+    runs = load_runs(finished_run)
+    loaded = {m: sys.modules[m] for m in list(sys.modules) if m.split(".")[0] == "matplotlib"}
+    monkeypatch.setenv("MPLBACKEND", "bogus")
+    for name in loaded:  # as in a process that has not imported matplotlib yet
+        del sys.modules[name]
+    try:
+        path = plot_metric_vs_round(runs, tmp_path / "metric.png")
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "matplotlib"]:
+            del sys.modules[name]
+        sys.modules.update(loaded)
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert os.environ["MPLBACKEND"] == "bogus"

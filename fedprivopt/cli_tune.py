@@ -414,6 +414,7 @@ _COMPARE_TUNED_EPSILON = (
 def cmd_compare_tuned(args: argparse.Namespace) -> int:
     """``fedprivopt compare-tuned``: compare's report at the ε that includes the tuning."""
     from fedprivopt.cli_compare_tune import composition_lines
+    from fedprivopt.core.text import shown
     from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.rundata import load_runs
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
@@ -426,6 +427,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         check_untuned_files,
         check_untuned_path,
         check_untuned_seeds,
+        tuned_comparison_cells,
     )
 
     # sixteenth review of issue 15: an empty TUNED ("") was taken for the current directory
@@ -437,6 +439,14 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         check_report_dir(out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    for text in tuned:  # thirty-fourth review of issue 15 (tuning, finding 3)
+        cells = tuned_comparison_cells(text)
+        if cells and not (text / "summary.json").exists():
+            raise UsageError(
+                f"TUNED: {shown(str(text))} is a tuned comparison (compare --tune-grid), not one "
+                f"tuning; give its {len(cells)} cells' tunings as TUNED "
+                f"({shown(str(text / 'tune' / '*'))})"
+            )
     runs, by_plan, sigmas = [], {}, {}
     try:
         checks = check_tunings(tuned)

@@ -27,6 +27,7 @@ __all__ = [
     "check_untuned_files",
     "check_untuned_path",
     "check_untuned_seeds",
+    "tuned_comparison_cells",
 ]
 
 
@@ -43,15 +44,50 @@ def _tuning_of(path: Path) -> Path | None:
     return None
 
 
+def _subdirs(path: Path) -> list[Path]:
+    """The directories in ``path`` (none when it is no readable directory)."""
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+def tuned_comparison_cells(path: str | Path) -> list[Path]:
+    """The cells' tunings of a tuned comparison ``path`` (``compare --tune-grid``'s ``OUT``).
+
+    Empty when ``path`` is no such comparison: its ``tune/`` holds no directory with a
+    ``tune.json``.
+    """
+    from fedprivopt.simulation.tune_check import PLAN_FILE
+
+    tune = Path(path) / "tune"  # cli_compare_tune.TUNE_DIR
+    return [p for p in _subdirs(tune) if (p / PLAN_FILE).is_file()]
+
+
 def check_untuned_path(text: str, runs: Sequence[Any] = ()) -> None:
     """Refuse an ``--untuned`` path (or one of its loaded ``runs``) inside a tuning's ``runs/``.
+
+    A directory holding tunings (a tuned comparison's ``tune/``), or a tuned comparison
+    (:func:`tuned_comparison_cells`), is refused likewise.
 
     Raises
     ------
     ValueError
         Naming ``--untuned``, the path and the tuning.
     """
-    for path in (Path(text), *(Path(r.path) for r in runs)):
+    from fedprivopt.simulation.tune_check import PLAN_FILE
+
+    # thirty-fourth review of issue 15 (tuning, finding 3): a directory of tunings (a tuned
+    # comparison's tune/) was refused as "…/metrics.jsonl: missing", not as tunings
+    cells = tuned_comparison_cells(text)
+    if cells:
+        raise ValueError(
+            f"argument --untuned: {shown(str(text))} is a tuned comparison (compare --tune-grid): "
+            f"its {len(cells)} cells are tunings, whose hyperparameters were chosen on the "
+            f"private data; give them as TUNED ({shown(str(Path(text) / 'tune' / '*'))})"
+        )
+    held = [p for p in _subdirs(Path(text)) if (p / PLAN_FILE).is_file()]
+    for path in (Path(text), *held, *(Path(r.path) for r in runs)):
         tuning = _tuning_of(path)
         if tuning is not None:
             raise ValueError(

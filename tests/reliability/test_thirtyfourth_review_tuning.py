@@ -18,6 +18,14 @@
    ``compare``). Now rc 2 before anything is written: ``argument --out: '…seed1' holds the
    tuning of '…seed0' (the same secret tuning seed in its tune.json: a copy) …; remove
    '…seed1' to tune that cell afresh``, the earlier report kept.
+3. ``compare-tuned C --out R`` of a tuned comparison ``C`` (its cells' tunings in ``C/tune/``):
+   ``C: not a finished tuning (no summary.json)``, of a comparison that had finished;
+   ``compare-tuned T --untuned C/tune``: ``C/tune/dp-fedadam__sigma0.5__seed0/metrics.jsonl:
+   missing (is … a fedprivopt run directory?)``; ``--untuned C``: ``C: no run directories
+   (with summary.json) found``. None said what the directories are. Now: ``TUNED: 'C' is a
+   tuned comparison (compare --tune-grid), not one tuning; give its 2 cells' tunings as TUNED
+   ('C/tune/*')``; ``--untuned C/tune`` is refused as a tuning given as untuned (``is (or holds)
+   a trial of the tuning …; give the tuning as TUNED``), ``--untuned C`` as a tuned comparison.
 """
 
 from __future__ import annotations
@@ -86,3 +94,25 @@ def test_2_a_copied_cell_is_refused_before_anything_is_written(unequal_grids, tm
     assert "dp-fedavg__sigma0.5__seed0' (the same secret tuning seed" in err, err
     assert (out / "report.md").read_text(encoding="utf-8") == report  # nothing written
     assert not (cells / "dp-fedadam__sigma0.5__seed1").exists()
+
+
+# -- finding 3: a tuned comparison given to compare-tuned is named as one ---------------------
+
+
+def test_3_compare_tuned_names_a_tuned_comparison(unequal_grids, tmp_path, capsys):
+    cell = unequal_grids / "tune" / "dp-fedavg__sigma0.5__seed0"
+    capsys.readouterr()
+    assert main(["compare-tuned", str(unequal_grids), "--out", str(tmp_path / "r1")]) == 2
+    err = _error(capsys)
+    assert "is a tuned comparison (compare --tune-grid), not one tuning" in err, err
+    assert "give its 2 cells' tunings as TUNED" in err and "not a finished tuning" not in err
+    for untuned, words in (
+        (unequal_grids / "tune", "is (or holds) a trial of the tuning"),
+        (unequal_grids, "is a tuned comparison (compare --tune-grid): its 2 cells are tunings"),
+    ):
+        argv = ["compare-tuned", str(cell), "--untuned", str(untuned)]
+        assert main([*argv, "--out", str(tmp_path / "r2")]) == 2
+        err = _error(capsys)
+        assert "argument --untuned:" in err and words in err, err
+        assert "metrics.jsonl" not in err and "no run directories" not in err, err
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()

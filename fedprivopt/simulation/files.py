@@ -54,6 +54,7 @@ __all__ = [
     "stated_epsilons",
     "to_toml",
     "toml_value",
+    "utf8",
     "write_synced",
 ]
 
@@ -206,12 +207,42 @@ def check_config_not_empty(path: Path) -> None:
 
 
 def write_synced(path: Path, data: bytes | str, mode: str = "w") -> None:
-    """Write ``data`` to ``path`` (``mode`` ``"w"``, ``"x"`` or ``"a"``) and fsync it."""
-    binary = isinstance(data, bytes)
-    with naming(path), open(path, mode + ("b" if binary else "")) as fh:
+    """Write ``data`` to ``path`` (``mode`` ``"w"``, ``"x"`` or ``"a"``) and fsync it.
+
+    Text is written as UTF-8, whatever the locale's encoding: TOML files are UTF-8, and a run
+    written under one locale is read under another. Thirty-fourth review of issue 15 (outputs,
+    finding 3): under an ASCII locale (``LC_ALL=C`` with ``PYTHONUTF8=0``) a run whose
+    ``config.toml`` held a non-ASCII value (a task parameter, a ``data-dir``) ended ``error:
+    'ascii' codec can't encode characters in position 741-742``, naming nothing; under Latin-1
+    or Windows' code pages it was written in that encoding, which ``--resume`` could not read.
+
+    Raises
+    ------
+    ValueError
+        Naming ``path``, for text that has no UTF-8 form (:func:`utf8`).
+    """
+    if isinstance(data, str):
+        data = utf8(data, path)
+    with naming(path), open(path, mode + "b") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def utf8(text: str, path: Path) -> bytes:
+    """``text`` encoded as UTF-8 for ``path``; ``ValueError`` naming it if it has no such form.
+
+    Such text holds the escapes (lone surrogates) by which Python keeps the bytes of a name that
+    is not in the locale's encoding: a ``--set`` value or path in bytes that are not UTF-8.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{path}: cannot hold {shown(exc.object[exc.start : exc.end])}, bytes of a name or "
+            "value that are not UTF-8 (as the locale's encoding read them): a run's files are "
+            "UTF-8; give the value in UTF-8"
+        ) from None
 
 
 def fsync_dir(path: Path) -> None:
@@ -226,7 +257,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_write(path: Path, data: bytes | str) -> None:
     """Replace ``path`` by ``data`` atomically: ``path.tmp``, fsync, rename, fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
-    write_synced(tmp, data)
+    write_synced(tmp, utf8(data, path) if isinstance(data, str) else data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

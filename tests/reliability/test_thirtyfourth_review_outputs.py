@@ -17,11 +17,22 @@
    ``report.md`` or plots. The plots use no backend (an Agg canvas): ``report_plots``
    imports matplotlib without the variable when it is invalid, and the report and plots are
    written as without it (the same PNG bytes, checked by hand); the variable is left as it was.
+3. ``LC_ALL=C PYTHONUTF8=0 fedprivopt simulate stackoverflow-tp-mini.toml --set
+   'task-params.data-dir="/tmp/dätä"'`` (an ASCII locale; also a task of one's own with a
+   non-ASCII text parameter): rc 2, ``error: 'ascii' codec can't encode characters in position
+   741-742: ordinal not in range(128)``, naming nothing, the run not started: ``config.toml``
+   was written in the locale's encoding (under Latin-1 or a Windows code page, in that
+   encoding, which TOML's reader refuses on ``--resume``). A value whose bytes are not UTF-8
+   (``data-dir`` ``/tmp/d\xff``) ended ``error: 'utf-8' codec can't encode character '\udcff'
+   … surrogates not allowed``. Now every text a run writes is UTF-8 (``files.write_synced``,
+   ``atomic_write``), and text with no UTF-8 form is one line naming the file: ``R/config.toml:
+   cannot hold '\udcff', bytes of a name or value that are not UTF-8 …``.
 """
 
 from __future__ import annotations
 
 import errno
+import locale
 import os
 import resource
 import sys
@@ -29,10 +40,17 @@ import threading
 from pathlib import Path
 
 import pytest
+import tomllib
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedprivopt.cli import main
-from fedprivopt.simulation.files import LEDGER_FILE, METRICS_FILE, read_lines, read_rows
+from fedprivopt.simulation.files import (
+    CONFIG_FILE,
+    LEDGER_FILE,
+    METRICS_FILE,
+    read_lines,
+    read_rows,
+)
 from fedprivopt.simulation.report_plots import plot_metric_vs_round
 from fedprivopt.simulation.rundata import load_runs
 from fedprivopt.simulation.tensorboard import TensorBoardLog
@@ -123,3 +141,33 @@ def test_2_plots_ignore_an_invalid_mplbackend(finished_run, tmp_path, monkeypatc
         sys.modules.update(loaded)
     assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert os.environ["MPLBACKEND"] == "bogus"
+
+
+def _own_task_run(out: Path, mode: str) -> list[str]:
+    """``simulate`` of a task by reference whose parameter ``mode`` is free text (unused)."""
+    return [
+        "simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+        "--set", "task=tests.reliability.test_thirtysecond_review_models:BadTask",
+        "--set", "population=6", "--set", "clients-per-round=3",
+        "--set", f'task-params={{num-users=6, mode="{mode}"}}',
+    ]  # fmt: skip
+
+
+def test_3_config_toml_is_utf8_under_an_ascii_locale(tmp_path, capsys):
+    run = tmp_path / "run"
+    saved = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")  # open()'s default encoding: ASCII (UTF-8 mode off)
+    try:
+        code = main(_own_task_run(run, "ôk"))
+    finally:
+        locale.setlocale(locale.LC_CTYPE, saved)
+    assert code == 0, capsys.readouterr().err
+    config = tomllib.loads((run / CONFIG_FILE).read_bytes().decode("utf-8"))
+    assert config["task-params"]["mode"] == "ôk"
+
+
+def test_3_a_value_in_bytes_that_are_not_utf8_is_one_line_naming_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(_own_task_run(run, "d\udcff")) == 2  # os.fsdecode(b"d\xff"), as argv gives it
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / CONFIG_FILE}: cannot hold '\\udcff'" in err, err

@@ -116,6 +116,9 @@ class RunConfig:
         ``flower`` engine also checks them against the machine or cluster.
     ray_cpus : int
         CPUs Ray may use (0: all); must be 0 when joining a cluster (its nodes declare theirs).
+        The ``flower`` engine sizes its pool of client actors by them; ``fast-actors`` shards
+        take one each (so at least ``fast-actors``; 0: one per shard) and split them into their
+        torch threads. An in-process run starts no Ray and ignores it.
     ray_address : str
         Join the Ray cluster at this address (``host:port`` of its head, as ``ray start --head``
         prints it, or ``auto``: the cluster this machine is a node of) instead of starting a
@@ -217,6 +220,13 @@ class RunConfig:
             )
         # each actor is a process (a Ray worker with its own copy of the task)
         check_int("fast-actors", self.fast_actors, 0, MAX_FAST_ACTORS)
+        if 0 < self.ray_cpus < self.fast_actors:
+            # thirty-fourth review of issue 15: Ray was given fast-actors CPUs whatever
+            # ray-cpus said; given ray-cpus, the shards beyond it would wait for a CPU for ever
+            raise ValueError(
+                f"fast-actors must be at most ray-cpus = {self.ray_cpus} (each shard is a Ray "
+                f"actor that takes one of the CPUs Ray is given), got {self.fast_actors}"
+            )
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task must be a task name, got {shown(self.task)}")
         if not isinstance(self.device, str) or not _DEVICE.match(self.device):

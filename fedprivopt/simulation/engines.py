@@ -74,6 +74,7 @@ def _run_fast(
         task_name=config.task,
         task_params=config.task_params,
         cluster=cluster,
+        ray_cpus=config.ray_cpus,
     )
     keep_freed_memory()  # the next round reuses this one's memory (core/memory.py)
     threads = torch.get_num_threads()
@@ -166,20 +167,27 @@ def check_flower_resources(config: RunConfig) -> None:
     ------
     ValueError
         Naming ``population`` (:func:`check_flower_nodes`, also with ``ray-address``),
-        ``device``, ``client-cpus`` or ``client-gpus`` and its valid range on this machine.
+        ``device``, ``ray-cpus`` (also with ``fast-actors``), ``client-cpus`` or
+        ``client-gpus`` and its valid range on this machine.
     """
     check_flower_nodes(config)
     if check_cluster_config(config) is not None:
         return
     check_device(config)
+    machine = os.cpu_count() or 1
+    if config.engine != "flower" and not config.fast_actors:
+        return  # in process: no Ray
+    if config.ray_cpus > machine:  # Ray would start a pool sized for CPUs that are not there
+        zero = (
+            "one CPU a shard"
+            if config.engine == "fast"
+            else f"all of this machine's {machine} CPUs"
+        )
+        raise ValueError(
+            f"ray-cpus must be an integer in [0, {machine}] (0: {zero}), got {config.ray_cpus}"
+        )
     if config.engine != "flower":
         return
-    machine = os.cpu_count() or 1
-    if config.ray_cpus > machine:  # Ray would start a pool sized for CPUs that are not there
-        raise ValueError(
-            f"ray-cpus must be an integer in [0, {machine}] (0: all of this machine's "
-            f"{machine} CPUs), got {config.ray_cpus}"
-        )
     cpus = _ray_cpus(config)
     low = cpus / MAX_FAST_ACTORS  # Flower starts cpus / client-cpus actors, each with the task
     if not low <= config.client_cpus <= cpus:

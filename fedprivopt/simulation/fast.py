@@ -289,14 +289,24 @@ def gpu_share(count: int, gpus: float) -> float:
 
 
 def _ray_actors(
-    count: int, task_name: str, task_params: dict, trainer_kwargs: dict, cluster=None
+    count: int,
+    task_name: str,
+    task_params: dict,
+    trainer_kwargs: dict,
+    cluster=None,
+    ray_cpus: int = 0,
 ) -> tuple[list, bool, Any]:
     """``count`` shard actors, whether Ray was started here, and their placement.
 
     In a joined cluster (``cluster``, :class:`~fedprivopt.simulation.cluster.Cluster`) the
     shards are spread over its nodes (:func:`~fedprivopt.simulation.cluster.place_shards`);
-    otherwise a private Ray instance with ``count`` CPUs is started unless this process has one
-    (then the caller shuts it down).
+    otherwise a private Ray instance with ``ray_cpus`` CPUs (``0``: ``count``, one per shard) is
+    started unless this process has one (then the caller shuts it down), and each shard trains
+    with ``ray_cpus // count`` torch threads (``0``: this machine's CPUs over ``count``).
+    Thirty-fourth review of issue 15: ``ray-cpus`` was ignored here, so ``fast-actors = 2``
+    with ``ray-cpus = 1`` gave Ray 2 CPUs and ``fast-actors = 2`` with ``ray-cpus = 2`` on 16
+    cores 8 torch threads a shard (:class:`~fedprivopt.simulation.config.RunConfig` refuses
+    fewer ``ray-cpus`` than shards).
     """
     import ray
 
@@ -308,7 +318,7 @@ def _ray_actors(
             warnings.filterwarnings("ignore", "Tip: In future versions", FutureWarning)
             ray.init(
                 address="local",  # never a cluster that RAY_ADDRESS names: ray-address joins one
-                num_cpus=max(count, 1),
+                num_cpus=max(count, ray_cpus, 1),
                 num_gpus=torch.cuda.device_count() if cuda else 0,
                 include_dashboard=False,
                 log_to_driver=False,
@@ -344,7 +354,7 @@ def _ray_actors(
             return ray.get_runtime_context().get_node_id(), self.chunks
 
     if placement is None:
-        threads = max(1, (os.cpu_count() or 1) // count)
+        threads = max(1, (ray_cpus or os.cpu_count() or 1) // count)
         shards = [_Shard.options(num_gpus=share).remote(threads) for _ in range(count)]
     else:
         shards = [
@@ -365,6 +375,7 @@ def make_cohort_train(
     task_name: str | None = None,
     task_params: dict | None = None,
     cluster=None,
+    ray_cpus: int = 0,
 ) -> Callable[[TrainRequest], StreamedUpdates]:
     """The fast engine's ``train`` callable for :func:`~fedprivopt.strategies.core.drive_round`.
 
@@ -383,6 +394,9 @@ def make_cohort_train(
         the actors are spread over its nodes, with a GPU each where ``device`` asks for one.
         When the run ends, the callable's ``close()`` logs the chunks each node trained and
         keeps them in its ``shard_stats`` (node id, chunks).
+    ray_cpus : int
+        CPUs of the private Ray instance the actors start, at least ``actors`` (``0``: one per
+        actor); also split into the actors' torch threads (``ray-cpus``).
     """
     kwargs = {
         "device": device,
@@ -415,7 +429,9 @@ def make_cohort_train(
         raise ValueError("task_name and task_params are required when actors > 0")
     import ray
 
-    shards, started, placement = _ray_actors(actors, task_name, dict(task_params), kwargs, cluster)
+    shards, started, placement = _ray_actors(
+        actors, task_name, dict(task_params), kwargs, cluster, ray_cpus
+    )
 
     def train_ray(request: TrainRequest) -> StreamedUpdates:
         bits: dict[int, float] = {}

@@ -74,7 +74,8 @@ class LocalResult:
     Attributes
     ----------
     delta : torch.Tensor
-        Flat float32 CPU vector: ``clip(w_local - w_global)`` plus the noise share, if any.
+        Flat CPU vector of the model's flat dtype (:attr:`LocalTrainer.spec`; float32 for a
+        float32 model): ``clip(w_local - w_global)`` plus the noise share, if any.
     norm : float
         L2 norm of the unclipped delta; ``inf`` if local training diverged (then ``delta`` is the
         clipped zero vector plus noise).
@@ -371,7 +372,9 @@ class LocalTrainer:
                 clip=self.clip,
                 add_noise=self.add_noise,
             )
-            out = vector.detach().to(device="cpu", dtype=torch.float32)
+            # the model's flat dtype, which the server aggregates in (thirty-fourth review of
+            # issue 15: a float64 model's float32 updates were all rejected, rounds of noise only)
+            out = vector.detach().to(device="cpu", dtype=self.spec.dtype)
         report = None
         if config.clip_bit:
             report = clip_report(float(norm), config, rngs, round_num, keys)

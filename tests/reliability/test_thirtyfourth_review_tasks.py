@@ -1,0 +1,120 @@
+"""Issue 15, thirty-fourth hostile review (users' own tasks and the client-side trainer).
+
+A task of one's own (``task = "module:Name"``, ``docs/TASKS.md``), run by ``fedprivopt
+simulate`` on the fast engine (the per-user :class:`~fedprivopt.clients.LocalTrainer`):
+
+1. A float64 model (``build_model()`` returning ``model.double()``): ``simulate toy.toml --set
+   task=m:T --set population=6 --set clients-per-round=3 --rounds 2`` ended rc 0 with
+   ``eval_accuracy`` 0.435 where the float32 model reached 0.775: ``LocalTrainer`` returned
+   every update as float32 and the server, which aggregates in the model's dtype (float64),
+   rejected each one (``metrics.jsonl``: ``accepted`` 0, ``rejected`` 5): every round released
+   noise only, charged, and said nothing. Now the trainer returns the update in the model's
+   flat dtype: ``accepted`` 5 of 5 and the float32 model's accuracy (also with distributed
+   noise, ``fast-actors``, DP-FedAdam, AdaDPS' public users and ADADP). The Flower engine's
+   messages still carry float32 (left to their owner, see the report).
+
+What held is listed in the report (RELIABILITY §7's rows of this review).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fedprivopt.cli import main
+from fedprivopt.clients import LocalConfig, LocalTrainer
+from fedprivopt.models import initial_flat
+from fedprivopt.privacy import RngFactory
+from tests.models.minimal_task import MinimalTask
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+REF = f"{__name__}:OwnTask"
+
+
+class _Scaled(torch.nn.Module):
+    """A linear model of inputs divided by a constant buffer (a fixed normalization)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.full((dim,), 3.0))
+        self.lin = torch.nn.Linear(dim, 2)
+        with torch.no_grad():
+            self.lin.weight.zero_()
+            self.lin.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x / self.scale)
+
+
+class OwnTask(MinimalTask):
+    """The minimal task, changed as ``mode`` says."""
+
+    def __init__(self, *, mode: str = "ok", **params) -> None:
+        super().__init__(**params)
+        self.mode = mode
+        if mode == "factory-exit":
+            sys.exit(0)
+
+    def _x(self, x: torch.Tensor) -> torch.Tensor:
+        return x.double() if self.mode == "float64" else x
+
+    def build_model(self) -> torch.nn.Module:
+        if self.mode == "buffer":
+            return _Scaled(self._dim)
+        model = super().build_model()
+        return model.double() if self.mode == "float64" else model
+
+    def user_data(self, user_id: int):
+        if self.mode == "data-exit":
+            sys.exit(3)
+        return super().user_data(user_id)
+
+    def loss(self, model, x, y):
+        if self.mode == "loss-exit":
+            sys.exit(0)
+        return F.cross_entropy(model(self._x(x)), y)
+
+    def evaluate_data(self, model, x, y):
+        return super().evaluate_data(model, self._x(x), y)
+
+
+def _simulate(out: Path, capsys, mode: str, *extra: str, task: str = REF) -> tuple[int, str]:
+    """``simulate`` of ``task`` in ``mode`` for one round: (rc, stderr)."""
+    args = ["simulate", str(TOY), "--rounds", "1", "--out", str(out), "--quiet"]
+    args += ["--set", f"task={task}", "--set", "population=6", "--set", "clients-per-round=4"]
+    args += ["--set", f'task-params={{num-users=6, mode="{mode}"}}', *extra]
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def _one_line(code: int, err: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_1_a_float64_model_trains(tmp_path, capsys):
+    code, err = _simulate(tmp_path / "f64", capsys, "float64")
+    assert code == 0, err
+    (row,) = _rows(tmp_path / "f64")
+    assert row["received"] > 0 and row["accepted"] == row["received"], row
+    assert row["rejected"] == 0
+
+
+def test_1_the_trainer_returns_the_model_dtype():
+    config = LocalConfig(learning_rate=0.1, clip_norm=1.0)
+    for mode, dtype in (("float64", torch.float64), ("ok", torch.float32)):
+        task = OwnTask(mode=mode)
+        result = LocalTrainer(task, device="cpu").train(
+            initial_flat(task), user_id=1, round_num=1, config=config, rngs=RngFactory(0)
+        )
+        assert result.delta.dtype == dtype and result.norm > 0

@@ -25,8 +25,9 @@ Flat layout
 The flat vector is ``flatten(model.state_dict())`` (:func:`fedprivopt.models.model_spec`). Every
 trainable parameter must appear exactly once in the state dict (tied parameters are rejected) and
 have the flat dtype. Buffers (e.g. batch-norm statistics) and frozen parameters are loaded from
-the global vector but never trained: their entries of ``Δ`` are zero, so models whose buffers
-should be learned are not supported.
+the global vector but never trained: their entries of ``Δ`` are zero (and the server drops its
+noise there, :func:`~fedprivopt.models.task.frozen_mask`), so models whose buffers should be
+learned are not supported.
 
 References
 ----------

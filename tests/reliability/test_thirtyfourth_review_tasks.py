@@ -12,6 +12,13 @@ simulate`` on the fast engine (the per-user :class:`~fedprivopt.clients.LocalTra
    flat dtype: ``accepted`` 5 of 5 and the float32 model's accuracy (also with distributed
    noise, ``fast-actors``, DP-FedAdam, AdaDPS' public users and ADADP). The Flower engine's
    messages still carry float32 (left to their owner, see the report).
+2. A model with a buffer (a registered constant its forward divides by, batch-norm statistics,
+   a counter): no client changes a buffer (its entries of every update are zero), but the
+   server's noise and optimizer steps moved it every round, as they move a trainable
+   parameter: a normalization constant of 3.0 was 6.02, 2.43, 3.76 and 2.68 after two rounds
+   at ``noise-multiplier = 5``. Now :func:`~fedprivopt.models.task.frozen_mask` marks buffers
+   as it marks frozen parameters: the server drops the noise drawn there (post-processing of
+   coordinates that are the same for every dataset) and the buffer keeps its value.
 
 What held is listed in the report (RELIABILITY §7's rows of this review).
 """
@@ -27,7 +34,7 @@ import torch.nn.functional as F
 
 from fedprivopt.cli import main
 from fedprivopt.clients import LocalConfig, LocalTrainer
-from fedprivopt.models import initial_flat
+from fedprivopt.models import frozen_mask, initial_flat
 from fedprivopt.privacy import RngFactory
 from tests.models.minimal_task import MinimalTask
 
@@ -118,3 +125,18 @@ def test_1_the_trainer_returns_the_model_dtype():
             initial_flat(task), user_id=1, round_num=1, config=config, rngs=RngFactory(0)
         )
         assert result.delta.dtype == dtype and result.norm > 0
+
+
+def test_2_buffers_keep_their_value_under_the_servers_noise(tmp_path, capsys):
+    out = tmp_path / "buffer"
+    code, err = _simulate(out, capsys, "buffer", "--set", "noise-multiplier=5")
+    assert code == 0, err
+    params = torch.load(out / "checkpoint.pt", weights_only=False)["algorithm"]["params"]
+    assert params[:4].tolist() == [3.0] * 4  # the buffer, first in the state dict
+    assert bool((params[4:] != 0).any())  # the noised weights moved
+    mask = frozen_mask(OwnTask(mode="buffer"))
+    assert mask is not None and mask.tolist() == [True] * 4 + [False] * 10
+
+
+def test_2_a_model_without_buffers_or_frozen_parameters_has_no_mask():
+    assert frozen_mask(OwnTask()) is None

@@ -12,8 +12,10 @@ inside the app's FAB (``fab-include`` in ``[tool.flwr.app]``; ``docs/TASKS.md``)
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import io
 import os
 import re
 import sys
@@ -26,6 +28,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.models.next_word import StackOverflowNextWordTask
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from fedprivopt.models.task import Task
+from fedprivopt.models.task_calls import exited
 from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = [
@@ -95,12 +98,33 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+class _Exited(Exception):
+    """A module that called ``sys.exit()`` while importing (the text says how)."""
+
+
 def _import(module_name: str) -> object:
-    """Import ``module_name``; the working directory is searched last (as ``python -m`` does)."""
+    """Import ``module_name``; the working directory is searched last (as ``python -m`` does).
+
+    What the module writes to stderr while it imports is written after it (warnings included);
+    a module that calls ``sys.exit()`` raises :class:`_Exited` instead, quoting the last line
+    it wrote (a training script's ``argparse`` usage error, which named fedprivopt's own
+    arguments: thirty-fourth review of issue 15, tasks, finding 3).
+    """
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)  # console scripts (fedprivopt, Ray workers) do not search it
-    return importlib.import_module(module_name)
+    written = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(written):
+            return importlib.import_module(module_name)
+    except SystemExit as exc:
+        lines = [line for line in written.getvalue().splitlines() if line.strip()]
+        written = io.StringIO()  # quoted below rather than written
+        after = f" after writing {shown(lines[-1].strip())}" if lines else ""
+        raise _Exited(f"{exited(exc)} while importing{after}") from None
+    finally:
+        if written.getvalue():
+            sys.stderr.write(written.getvalue())
 
 
 def resolve_task(name: str) -> Callable[..., Task]:
@@ -134,6 +158,11 @@ def resolve_task(name: str) -> Callable[..., Task]:
         )
     try:
         obj: object = _import(module_name)
+    except _Exited as exc:
+        raise ValueError(
+            f"task {name!r}: module {module_name!r} does not import: {exc} (a script's own code "
+            'belongs under `if __name__ == "__main__":`)'
+        ) from None
     except Exception as exc:  # a user's module may fail in any way while importing
         raise ValueError(
             f"task {name!r}: module {module_name!r} does not import ({_one_line(exc)})"
@@ -203,6 +232,8 @@ def build_task(name: str, **params: object) -> Task:
     building.add(name)
     try:
         task = factory(**params)
+    except SystemExit as exc:  # thirty-fourth review of issue 15 (tasks, finding 3)
+        raise ValueError(f"task {name!r}: the factory must return a Task; {exited(exc)}") from None
     except (_Recursion, RecursionError):
         # twenty-third review of issue 15: task = "fedprivopt.cli:main" ran the command again
         # from within itself, a RecursionError traceback of 2,991 lines (rc 1)

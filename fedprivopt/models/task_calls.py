@@ -20,7 +20,18 @@ import torch
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 
-__all__ = ["minibatch_loss", "user_examples"]
+__all__ = ["exited", "minibatch_loss", "user_examples"]
+
+
+def exited(exc: SystemExit) -> str:
+    """How a user's code ended the process, for a message: ``it called sys.exit(2)``.
+
+    Thirty-fourth review of issue 15 (tasks, finding 3): a task module, factory or member that
+    calls ``sys.exit()`` (a training script's ``parser.parse_args()`` at import, an ``exit()``
+    left at its end) raises ``SystemExit``, which no handler of the command line takes for an
+    error: ``simulate`` ended with the task's code (0: a success with nothing run) and no line.
+    """
+    return f"it called sys.exit({shown(exc.code) if exc.code is not None else ''})"
 
 
 def _described(value: object) -> str:
@@ -43,7 +54,12 @@ def user_examples(task: object, user_id: int) -> tuple[torch.Tensor, torch.Tenso
         When the result is not a pair of tensors of at least one dimension whose first
         dimensions (the user's examples) agree.
     """
-    value = task.user_data(user_id)  # type: ignore[attr-defined]
+    try:
+        value = task.user_data(user_id)  # type: ignore[attr-defined]
+    except SystemExit as exc:
+        raise TaskError(
+            f"{type(task).__name__}.user_data({user_id}) must return (x, y); {exited(exc)}"
+        ) from None
     ok = isinstance(value, (tuple, list)) and len(value) == 2
     ok = ok and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in value)
     if not ok or value[0].shape[0] != value[1].shape[0]:
@@ -65,7 +81,13 @@ def minibatch_loss(
         When the result is not such a tensor (a per-example vector, a Python number, an integer
         tensor, or one detached from the model's parameters).
     """
-    loss = task.loss(model, x, y)  # type: ignore[attr-defined]
+    try:
+        loss = task.loss(model, x, y)  # type: ignore[attr-defined]
+    except SystemExit as exc:
+        raise TaskError(
+            f"{type(task).__name__}.loss() must return the mean loss of the minibatch; "
+            f"{exited(exc)}"
+        ) from None
     ok = isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
     if not ok or not loss.requires_grad:
         what = _described(loss)

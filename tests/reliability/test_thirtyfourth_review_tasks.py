@@ -19,6 +19,16 @@ simulate`` on the fast engine (the per-user :class:`~fedprivopt.clients.LocalTra
    at ``noise-multiplier = 5``. Now :func:`~fedprivopt.models.task.frozen_mask` marks buffers
    as it marks frozen parameters: the server drops the noise drawn there (post-processing of
    coordinates that are the same for every dataset) and the buffer keeps its value.
+3. A task module that calls ``sys.exit()``: at import (``exit()`` left at the end of a script:
+   rc 0, no line, nothing run: a success), a training script's ``argparse`` at module level
+   (rc 2, ``usage: fedprivopt [-h] [--epochs EPOCHS]`` and ``fedprivopt: error: unrecognized
+   arguments: simulate …``: fedprivopt's own arguments called wrong), in its factory, or in
+   ``loss``/``user_data`` during the run (rc 0 mid-run, no line). ``SystemExit`` is no
+   ``Exception``, so no handler took it for an error. Now one line, rc 2: ``task 'm:T': module
+   'm' does not import: it called sys.exit(2) while importing after writing 'fedprivopt:
+   error: unrecognized argume…' (a script's own code belongs under ``if __name__ ==
+   "__main__":``)``; ``T.loss() must return the mean loss of the minibatch; it called
+   sys.exit(0)``. What a module writes to stderr while it imports (a warning) is still written.
 
 What held is listed in the report (RELIABILITY §7's rows of this review).
 """
@@ -27,14 +37,17 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from fedprivopt.cli import main
 from fedprivopt.clients import LocalConfig, LocalTrainer
 from fedprivopt.models import frozen_mask, initial_flat
+from fedprivopt.models.task import TaskError
 from fedprivopt.privacy import RngFactory
 from tests.models.minimal_task import MinimalTask
 
@@ -140,3 +153,81 @@ def test_2_buffers_keep_their_value_under_the_servers_noise(tmp_path, capsys):
 
 def test_2_a_model_without_buffers_or_frozen_parameters_has_no_mask():
     assert frozen_mask(OwnTask()) is None
+
+
+@pytest.fixture
+def module_dir(tmp_path, monkeypatch):
+    """A directory on ``sys.path`` for task modules; they are forgotten afterwards."""
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    before = set(sys.modules)
+    yield folder
+    for name in set(sys.modules) - before:
+        if name.startswith("review34_"):
+            del sys.modules[name]
+
+
+def _module(folder: Path, name: str, body: str) -> str:
+    head = f"from {__name__} import OwnTask\n"
+    (folder / f"{name}.py").write_text(head + textwrap.dedent(body))
+    return f"{name}:OwnTask"
+
+
+def test_3_a_module_that_exits_at_import_is_one_line(tmp_path, capsys, module_dir):
+    task = _module(module_dir, "review34_exits", "import sys\nsys.exit(0)\n")
+    out = tmp_path / "exits"
+    line = _one_line(*_simulate(out, capsys, "ok", task=task))
+    assert "task 'review34_exits:OwnTask': module 'review34_exits' does not import" in line
+    assert "it called sys.exit(0) while importing" in line
+    assert not out.exists()
+
+
+def test_3_a_script_parsing_the_command_line_at_import_is_one_line(
+    tmp_path, capsys, module_dir, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", ["fedprivopt", "simulate"])  # what its parser reads
+    body = """
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--epochs", type=int, default=1)
+        args = parser.parse_args()
+    """
+    task = _module(module_dir, "review34_script", body)
+    line = _one_line(*_simulate(tmp_path / "script", capsys, "ok", task=task))
+    wrote = "'fedprivopt: error: unrecognized arguments: simulate'"
+    assert f"it called sys.exit(2) while importing after writing {wrote}" in line
+    assert 'belongs under `if __name__ == "__main__":`' in line
+
+
+def test_3_what_a_module_writes_while_importing_is_still_written(tmp_path, capsys, module_dir):
+    body = "import sys\nprint('review34: a warning of the module', file=sys.stderr)\n"
+    task = _module(module_dir, "review34_warns", body)
+    code, err = _simulate(tmp_path / "warns", capsys, "ok", task=task)
+    assert code == 0, err
+    assert "review34: a warning of the module" in err
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("factory-exit", f"task '{REF}': the factory must return a Task; it called sys.exit(0)"),
+        ("data-exit", "OwnTask.user_data(0) must return (x, y); it called sys.exit(3)"),
+        ("loss-exit", "OwnTask.loss() must return the mean loss of the minibatch; it called "),
+    ],
+)
+def test_3_a_task_that_exits_is_one_line(tmp_path, capsys, mode, said):
+    line = _one_line(*_simulate(tmp_path / mode, capsys, mode))
+    assert said in line
+
+
+def test_3_the_trainer_raises_the_tasks_error():
+    task = OwnTask(mode="loss-exit")
+    with pytest.raises(TaskError, match=r"it called sys.exit\(0\)"):
+        LocalTrainer(task, device="cpu").train(
+            initial_flat(task),
+            user_id=0,
+            round_num=1,
+            config=LocalConfig(learning_rate=0.1, clip_norm=1.0),
+            rngs=RngFactory(0),
+        )

@@ -47,17 +47,26 @@ _FILE_NUMBER = itertools.count()
 
 
 def event_file_suffix(out: Path) -> str:
-    """``"." + out``'s name, cut so that TensorBoard's event file name fits :data:`NAME_MAX`.
+    r"""``"." + out``'s name, cut so that TensorBoard's event file name fits :data:`NAME_MAX`.
 
     TensorBoard names the file ``events.out.tfevents.<10-digit time>.<host>.<pid>.<n>`` plus
     this suffix. Twenty-ninth review of issue 15: ``simulate toy.toml --tensorboard --out``
     a directory of 230 characters ended in a writer thread's traceback and ``File name too
     long`` (rc 2, the run not started), although the directory itself was a valid name.
+
+    The name is measured in the bytes the file system gets (``os.fsencode``) and cut between
+    characters. Thirty-fourth review of issue 15 (outputs, finding 4): ``--out`` a directory
+    whose name is not UTF-8 (``R\xff``: a Latin-1 name, kept by Python as ``'R\udcff'``)
+    ended ``simulate --tensorboard`` with ``error: 'utf-8' codec can't encode character
+    '\udcff' …: surrogates not allowed`` (rc 2, the run not started; without
+    ``--tensorboard`` it ran).
     """
     name = Path(out).resolve().name
     head = f"events.out.tfevents.{0:010d}.{socket.gethostname()}.{os.getpid()}.{0:06d}."
-    room = NAME_MAX - len(head.encode())
-    cut = name.encode()[: max(room, 0)].decode("utf-8", errors="ignore")
+    room = NAME_MAX - len(os.fsencode(head))
+    cut = name
+    while cut and len(os.fsencode(cut)) > room:
+        cut = cut[:-1]
     return f".{cut}" if cut else ""
 
 

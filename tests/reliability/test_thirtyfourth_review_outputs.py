@@ -1,4 +1,4 @@
-"""Issue 15, thirty-fourth review (outputs under a hostile environment): regression tests.
+r"""Issue 15, thirty-fourth review (outputs under a hostile environment): regression tests.
 
 1. ``ulimit -f 4; fedprivopt simulate toy.toml --rounds 20 --tensorboard --out R`` (also a
    full disk, a 1 MB tmpfs with 3 to 4 pages free; the TensorBoard event file is the first file
@@ -27,6 +27,13 @@
    … surrogates not allowed``. Now every text a run writes is UTF-8 (``files.write_synced``,
    ``atomic_write``), and text with no UTF-8 form is one line naming the file: ``R/config.toml:
    cannot hold '\udcff', bytes of a name or value that are not UTF-8 …``.
+4. ``fedprivopt simulate toy.toml --tensorboard --out $'R\xff'`` (a directory whose name is
+   not UTF-8, e.g. Latin-1; Python keeps it as ``'R\udcff'``): rc 2, ``error: 'utf-8' codec
+   can't encode character '\udcff' in position 3: surrogates not allowed``, the run not
+   started (without ``--tensorboard`` it ran): the event file's suffix was measured with
+   ``str.encode()``. Now in the file system's bytes (``os.fsencode``), cut between characters:
+   rc 0, the event file ends with the directory's bytes. (TensorBoard's own reader takes only
+   UTF-8 paths; the file reads back when copied.)
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import errno
 import locale
 import os
 import resource
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -171,3 +179,14 @@ def test_3_a_value_in_bytes_that_are_not_utf8_is_one_line_naming_the_file(tmp_pa
     assert main(_own_task_run(run, "d\udcff")) == 2  # os.fsdecode(b"d\xff"), as argv gives it
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{run / CONFIG_FILE}: cannot hold '\\udcff'" in err, err
+
+
+def test_4_tensorboard_in_a_directory_whose_name_is_not_utf8(tmp_path, capsys):
+    run = tmp_path / os.fsdecode(b"run\xff")  # 'run\udcff', as argv gives a Latin-1 name
+    argv = ["simulate", str(TOY), "--rounds", "1", "--tensorboard", "--quiet", "--out", str(run)]
+    assert main(argv) == 0, capsys.readouterr().err
+    (event_file,) = run.glob("events.out.tfevents.*")
+    assert os.fsencode(event_file.name).endswith(b".run\xff")
+    (tmp_path / "copy").mkdir()  # TensorBoard's reader takes only UTF-8 paths
+    shutil.copy(event_file, tmp_path / "copy" / "events.out.tfevents.0.copy")
+    assert _steps(tmp_path / "copy", "epsilon") == [1]

@@ -79,8 +79,13 @@ def minibatch_loss(
     ------
     TaskError
         When the result is not such a tensor (a per-example vector, a Python number, an integer
-        tensor, or one detached from the model's parameters).
+        tensor, or one detached from the model's parameters), or the call set the gradients of
+        the model's parameters (``loss.backward()`` inside ``loss``). The parameters' ``grad``
+        is ``None`` after a call that returns.
     """
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:  # a gradient there after the call comes from the task's own backward()
+        p.grad = None
     try:
         loss = task.loss(model, x, y)  # type: ignore[attr-defined]
     except SystemExit as exc:
@@ -88,6 +93,15 @@ def minibatch_loss(
             f"{type(task).__name__}.loss() must return the mean loss of the minibatch; "
             f"{exited(exc)}"
         ) from None
+    if any(p.grad is not None for p in params):
+        # thirty-fourth review of issue 15 (tasks, finding 4): autograd's "Trying to backward
+        # through the graph a second time" traceback at the trainer's gradient, or (with
+        # retain_graph) AdaDPS' public-users gradients counted twice
+        raise TaskError(
+            f"{type(task).__name__}.loss() must return the mean loss of the minibatch without "
+            "calling backward() on it (the trainer takes the gradient); it set the gradients "
+            "of the model's parameters"
+        )
     ok = isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
     if not ok or not loss.requires_grad:
         what = _described(loss)

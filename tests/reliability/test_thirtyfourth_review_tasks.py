@@ -29,6 +29,14 @@ simulate`` on the fast engine (the per-user :class:`~fedprivopt.clients.LocalTra
    error: unrecognized argume…' (a script's own code belongs under ``if __name__ ==
    "__main__":``)``; ``T.loss() must return the mean loss of the minibatch; it called
    sys.exit(0)``. What a module writes to stderr while it imports (a warning) is still written.
+4. A ``loss(model, x, y)`` that calls ``backward()`` on the loss before returning it (as a
+   training loop's step would): autograd's ``Trying to backward through the graph a second
+   time`` traceback (rc 1) at the trainer's gradient, naming neither task nor member; with
+   ``backward(retain_graph=True)`` AdaDPS' ``public-users`` side information summed each
+   gradient twice (a preconditioner of 4 g², silently). Now one line, rc 2: ``T.loss() must
+   return the mean loss of the minibatch without calling backward() on it (the trainer takes
+   the gradient); it set the gradients of the model's parameters``
+   (``models.task_calls.minibatch_loss``).
 
 What held is listed in the report (RELIABILITY §7's rows of this review).
 """
@@ -96,7 +104,10 @@ class OwnTask(MinimalTask):
     def loss(self, model, x, y):
         if self.mode == "loss-exit":
             sys.exit(0)
-        return F.cross_entropy(model(self._x(x)), y)
+        loss = F.cross_entropy(model(self._x(x)), y)
+        if self.mode.startswith("backward"):
+            loss.backward(retain_graph=self.mode == "backward-retained")
+        return loss
 
     def evaluate_data(self, model, x, y):
         return super().evaluate_data(model, self._x(x), y)
@@ -231,3 +242,19 @@ def test_3_the_trainer_raises_the_tasks_error():
             config=LocalConfig(learning_rate=0.1, clip_norm=1.0),
             rngs=RngFactory(0),
         )
+
+
+def test_4_a_loss_that_calls_backward_is_one_line(tmp_path, capsys):
+    line = _one_line(*_simulate(tmp_path / "backward", capsys, "backward"))
+    assert line.endswith(
+        "OwnTask.loss() must return the mean loss of the minibatch without calling backward() "
+        "on it (the trainer takes the gradient); it set the gradients of the model's parameters"
+    )
+
+
+def test_4_public_users_gradients_are_not_counted_twice():
+    from fedprivopt.models.side_information import public_users_preconditioner
+
+    with pytest.raises(TaskError, match=r"without calling backward\(\) on it"):
+        public_users_preconditioner(OwnTask(mode="backward-retained"), [0, 1], batch_size=4)
+    assert public_users_preconditioner(OwnTask(), [0, 1], batch_size=4).shape == (10,)

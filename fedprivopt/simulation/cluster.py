@@ -11,6 +11,8 @@
   (:func:`data_fingerprint`) as that node sees it. A node that cannot import fedprivopt, runs
   other versions, or sees no or another data directory is refused naming ``ray-address`` or
   ``task-params.data-dir``;
+- watches the head for the whole run (:class:`~fedprivopt.simulation.cluster_watch.HeadWatch`):
+  one that stops answering ends the run in one line, rc 2, before Ray would end it;
 - when the run ends, only disconnects (``ray.shutdown`` in a driver that joined a cluster leaves
   the cluster running).
 
@@ -37,6 +39,7 @@ from typing import Any
 
 from fedprivopt.simulation import ray_processes
 from fedprivopt.simulation.cluster_config import check_address, check_cluster_config
+from fedprivopt.simulation.cluster_watch import HeadWatch
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -397,10 +400,16 @@ def join_cluster(config: Any) -> Iterator[Cluster | None]:
             cluster.cpus,
             cluster.gpus,
         )
-        yield cluster
+        # a head that stops answering ends the run in one line before Ray ends it (rc 1)
+        with HeadWatch(address, key) if not connected else contextlib.nullcontext():
+            try:
+                yield cluster
+            finally:
+                if not connected:
+                    ray.shutdown()  # a driver that joined only disconnects: the cluster stays
     finally:
-        if not connected:
-            ray.shutdown()  # a driver that joined only disconnects: the cluster keeps running
+        if not connected and ray.is_initialized():
+            ray.shutdown()  # the start checks failed
 
 
 @dataclass

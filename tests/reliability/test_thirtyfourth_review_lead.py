@@ -8,12 +8,19 @@
    users stayed in the private population). A ``--set side-information.*`` in ``compare`` for a
    strategy that is not ``adadps`` was as silent. Now both say, as for other strategies'
    options: ``note: dp-fedavg does not use side-information (…)``.
+3. A joined cluster's head killed during the run: Ray ended the process a minute later with its
+   C++ line and rc 1; now one line of ours and rc 2, before Ray would (see the tests).
 """
 
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from fedprivopt.cli import main
 from fedprivopt.cli_runs import _note_unused, load_preset
+from fedprivopt.simulation.cluster_watch import HeadWatch
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 PUBLIC = {"side-information.kind": "public-users", "side-information.users": 3}
@@ -46,3 +53,74 @@ def test_2_compare_notes_its_side_information_sets_per_strategy(capsys):
     ]
     _note_unused(configs, {"clip-norm": 1.0})  # a preset's table that compare did not set
     assert "side-information" not in capsys.readouterr().err
+
+
+def _listener() -> socket.socket:
+    """A port that accepts connections, standing in for a head's GCS."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.listen()
+    return server
+
+
+def test_3_a_head_that_stops_answering_ends_the_run_in_one_line(tmp_path):
+    """A joined cluster's head killed during the run (the thirty-third review's open item).
+
+    ``simulate toy.toml --rounds 200 --set fast-actors=2 --set ray-address=H --set
+    checkpoint-every=1``, the head's ``gcs_server`` killed with SIGKILL after round 3: the rounds
+    went on (the shards answer the driver directly) and 61.7 s later Ray's C++ core ended the
+    process with ``Failed to connect to GCS within 60 seconds … The program will terminate.``
+    and rc 1. Now ``cluster_watch.HeadWatch`` ends it before Ray does: one line naming the key
+    and the head, rc 2 (what the run wrote stays, as after a kill). Here a listening port stands
+    in for the head, closed as a killed GCS closes it, in a child process the watch ends.
+    """
+    server = _listener()
+    port = server.getsockname()[1]
+    code = (
+        "import time\n"
+        "from fedprivopt.simulation.cluster_watch import HeadWatch\n"
+        f"with HeadWatch('127.0.0.1:{port}', 'ray-address', interval=0.05, grace=0.3):\n"
+        "    print('joined', flush=True)\n"
+        "    time.sleep(120)\n"
+        "print('not ended')\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout.readline() == "joined\n"
+        server.close()  # the head is gone
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"fedprivopt: error: ray-address: the Ray cluster's head at "
+                               f"127.0.0.1:{port} stopped answering during the run")  # fmt: skip
+    assert "resume the run (--resume)" in lines[0]
+
+
+def _until(condition, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the watch made no such check"
+        time.sleep(0.01)
+
+
+def test_3_a_head_that_comes_back_within_the_grace_changes_nothing():
+    server = _listener()
+    host, port = server.getsockname()
+    lost: list[str] = []
+    watch = HeadWatch(f"{host}:{port}", "ray-address", interval=0.02, grace=30.0,
+                      on_lost=lost.append)  # fmt: skip
+    seen: list[bool] = []
+    answers = watch._answers
+    watch._answers = lambda: seen.append(answers()) or seen[-1]
+    with watch:
+        _until(lambda: seen.count(True) >= 1)
+        server.close()
+        _until(lambda: seen[-3:] == [False] * 3)  # the head is gone for several checks
+        server = socket.create_server((host, port))  # Ray's GCS fault tolerance restarts it
+        _until(lambda: seen[-1])
+    server.close()
+    assert lost == [] and not watch._thread.is_alive()

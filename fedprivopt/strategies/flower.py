@@ -6,9 +6,10 @@ noise, the server optimizer and accounting to the engine-agnostic core, so the F
 the fast engine compute the same model.
 
 Sampling is over **users**, not Flower nodes: at the start the strategy sends every node a
-``query`` message and learns which users it hosts; each round it samples users by (seed, round)
-and sends each node one ``train`` message listing the sampled users it hosts. Every user's
-clipped update comes back separately under ``update/<user>``.
+``query`` message and learns which users it hosts (:mod:`fedprivopt.strategies.discovery`);
+each round it samples users by (seed, round) and sends each node one ``train`` message listing
+the sampled users it hosts. Every user's clipped update comes back separately under
+``update/<user>``.
 
 Every sampled user of a round ends in exactly one of these round metrics (summed over the
 cohorts of a round), so ``cohort_size = received + failed + timed_out + unavailable + dropped +
@@ -40,7 +41,6 @@ budget check before every round and the rounds with two cohorts (ADADP);
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
@@ -57,10 +57,10 @@ from fedprivopt import wire as P
 from fedprivopt.clients.messages import TASK_ERROR
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
-from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
 from fedprivopt.strategies.config import MAX_ROUNDS
 from fedprivopt.strategies.core import ReportedUpdates, RoundResult, ServerAlgorithm, TrainRequest
+from fedprivopt.strategies.discovery import UserDiscovery, task_failure
 
 __all__ = ["LOSS_METRICS", "DPStrategy", "arrays_to_flat", "flat_to_arrays"]
 
@@ -87,39 +87,7 @@ def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
     return flatten(record.to_torch_state_dict())
 
 
-QUERY_BATCH = 256
-"""Nodes asked the user query at once (:meth:`DPStrategy.discover_users`).
-
-Flower's simulation engine hands messages to its nodes in passes over every node, each scanning
-every stored message (``add_messages_to_queue``: nodes x messages), and checks whether to stop
-only between passes. 8,000 queries at once made a pass take minutes on 2 busy cores, and a
-Ctrl-C or SIGTERM of the run waited for it (thirty-third review of issue 15)."""
-
-MAX_REASON_CHARS = 1000
-"""Characters of a task's error, as a node sent it, that the run's last line shows whole."""
-
-
-def _task_failure(reasons: dict[int, str], asked: int, where: str) -> TaskError:
-    """The error ending a run whose nodes answered with the task's error.
-
-    ``reasons`` maps each node to the reason of its reply (the ClientApp's ``TaskError``); the
-    first one is named, whole when it is one line of at most :data:`MAX_REASON_CHARS` characters
-    (a node's own text: a longer one is cut as other echoed values). ``asked``: the nodes asked;
-    ``where``: ``asked in round 3``.
-    """
-    reason = next(iter(reasons.values()))
-    if len(reason) > MAX_REASON_CHARS or not reason.isprintable():
-        reason = shown(reason)
-    if len(reasons) < asked:
-        nodes = f"{len(reasons)} of the {asked} nodes"
-    else:
-        nodes = "the one node" if asked == 1 else f"all {asked} nodes"
-    others = len(set(reasons.values())) - 1
-    also = f", {others} of them with another error" if others else ""
-    return TaskError(f"{reason} (the answer of {nodes} {where}{also})")
-
-
-class DPStrategy(Strategy):
+class DPStrategy(UserDiscovery, Strategy):
     """A fedprivopt server algorithm as a Flower strategy.
 
     Parameters
@@ -186,119 +154,6 @@ class DPStrategy(Strategy):
         self.node_errors = 0
         self.unrequested = 0
         self.lost: dict[str, int] = dict.fromkeys(LOSS_METRICS, 0)
-
-    # -- discovery -----------------------------------------------------------------------------
-
-    def discover_users(self, grid: Grid) -> dict[int, int]:
-        """Ask every node which users it hosts; returns ``{user_id: node_id}``.
-
-        Nodes may come online one by one (simulated nodes start after the ServerApp), so new
-        nodes are queried until every user of the population is found, or ``node_wait`` seconds
-        have passed, at least ``min_nodes`` nodes answered and no new node connected since the
-        last query (then the missing users are logged: they are still sampled, and simply never
-        reply).
-
-        Raises
-        ------
-        TaskError
-            When at least ``min_nodes`` nodes were asked and every one answered with the task's
-            error, or one did with ``stop_at_task_error`` (thirty-third review of issue 15: a
-            task whose model has nothing to train waited ``node_wait``, 120 s, then released
-            noise-only rounds with every user on no node, rc 0; the fast engine stops with the
-            error).
-        RuntimeError
-            When fewer than ``min_nodes`` nodes connected, or two nodes host one user.
-        """
-        population = set(self.algorithm.user_ids)  # public users (AdaDPS) are never asked
-        deadline = time.monotonic() + self.node_wait
-        mapping: dict[int, int] = {}
-        queried: set[int] = set()
-        task_failed: dict[int, str] = {}  # nodes that answered with the task's error
-        while True:
-            new = sorted(set(grid.get_node_ids()) - queried)
-            # a node answers its first message only after starting its ClientApp (seconds on a
-            # busy machine): wait as long as for nodes to connect, not just a round timeout
-            wait = max(self._timeout, self.node_wait)
-            for first in range(0, len(new), QUERY_BATCH):
-                batch = new[first : first + QUERY_BATCH]
-                queried.update(batch)
-                messages = [
-                    Message(content=P.users_query(), dst_node_id=n, message_type="query")
-                    for n in batch
-                ]
-                failed: dict[int, str] = {}  # the task's errors, said after the batch
-                self._read_users(grid.send_and_receive(messages, timeout=wait), mapping, failed)
-                task_failed.update(failed)
-                every = len(queried) >= self.min_nodes and task_failed.keys() == queried
-                if task_failed and (every or self.stop_at_task_error):
-                    # the task cannot be built as the run config says (on every node so far)
-                    raise _task_failure(task_failed, len(queried), "to the user query")
-                for node, reason in failed.items():
-                    log(WARNING, "node %s failed the user query: %s", node, shown(reason))
-            if len(queried) >= self.min_nodes and population <= set(mapping):
-                break
-            # give up only after a pass that found no new node: nodes that connected while a
-            # long query was out (8,000 simulated nodes take minutes to answer) are asked too
-            if not new and time.monotonic() > deadline:
-                if len(queried) < self.min_nodes:
-                    raise RuntimeError(
-                        f"only {len(queried)} of min_nodes={self.min_nodes} nodes connected "
-                        f"within {self.node_wait:g} s"
-                    )
-                if not mapping:
-                    # thirty-third review of issue 15 (lead, the flower reviewer's suggestion):
-                    # every node failed the user query (another error than the task's, e.g. a
-                    # device it lacks) and the run released noise-only rounds, charged, rc 0
-                    raise RuntimeError(
-                        f"none of the {len(queried)} connected nodes hosts a user of the "
-                        "population (each failed the user query or hosts none; see the "
-                        "warnings above): no round would train anyone, so none was released"
-                    )
-                log(
-                    WARNING,
-                    "%d of %d users are on no connected node (they will never reply)",
-                    len(population - set(mapping)),
-                    len(population),
-                )
-                break
-            time.sleep(0.2)
-        self.user_nodes = mapping
-        self._discovered = True
-        return mapping
-
-    def _read_users(
-        self, replies: Iterable[Message], mapping: dict[int, int], failed: dict[int, str]
-    ) -> None:
-        """Add the users of the answers to the user query to ``mapping`` (user → node).
-
-        An error reply or a malformed answer is a node error (its users stay on no node); the
-        reasons of replies with the task's error go to ``failed`` (node → reason), said later.
-        """
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                self.node_errors += 1
-                if reply.error.code == TASK_ERROR:
-                    failed[node] = str(reply.error.reason)
-                    continue
-                log(WARNING, "node %s failed the user query: %s", node, shown(reply.error.reason))
-                continue
-            try:
-                users = P.read_user_ids(reply.content)
-            except ValueError as exc:
-                # malformed: as an error reply, its users stay on no node (unhosted)
-                self.node_errors += 1
-                log(WARNING, "node %s answered the user query malformed: %s", node, exc)
-                continue
-            for user in users:
-                if user in mapping:  # no user may be trained (and sampled) twice
-                    raise RuntimeError(
-                        f"user {user} is hosted by nodes {mapping[user]} and {node}: two "
-                        f"SuperNodes have the same {P.NODE_PARTITION_ID}, or different "
-                        f"{P.NODE_NUM_PARTITIONS} (start node p of P with --node-config "
-                        f'"{P.NODE_PARTITION_ID}=p {P.NODE_NUM_PARTITIONS}=P")'
-                    )
-                mapping[user] = node
 
     # -- Flower Strategy interface -------------------------------------------------------------
 
@@ -386,7 +241,7 @@ class DPStrategy(Strategy):
         ------
         TaskError
             When every node asked answered with the task's error, or one did with
-            ``stop_at_task_error`` (:func:`_task_failure`).
+            ``stop_at_task_error`` (:func:`~fedprivopt.strategies.discovery.task_failure`).
         """
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
         sent.pop("", None)
@@ -446,7 +301,7 @@ class DPStrategy(Strategy):
             where = (
                 "asked" if self._request is None else f"asked in round {self._request.round_num}"
             )
-            raise _task_failure(task_errors, len(self._node_users), where)
+            raise task_failure(task_errors, len(self._node_users), where)
         for node, reason in task_errors.items():
             log(WARNING, "node %s failed: %s", node, shown(reason))
         for node, users in self._node_users.items():

@@ -24,10 +24,11 @@ Flat layout
 -----------
 The flat vector is ``flatten(model.state_dict())`` (:func:`fedprivopt.models.model_spec`). Every
 trainable parameter must appear exactly once in the state dict (tied parameters are rejected) and
-have the flat dtype. Buffers (e.g. batch-norm statistics) and frozen parameters are loaded from
-the global vector but never trained: their entries of ``Δ`` are zero (and the server drops its
-noise there, :func:`~fedprivopt.models.task.frozen_mask`), so models whose buffers should be
-learned are not supported.
+have the flat dtype (the widest dtype of the state dict). Buffers (e.g. batch-norm statistics)
+and frozen parameters, of any dtype, are loaded from the global vector but never trained: their
+entries of ``Δ`` are zero (and the server drops its noise there,
+:func:`~fedprivopt.models.task.frozen_mask`), so models whose buffers should be learned are not
+supported.
 
 References
 ----------
@@ -182,12 +183,13 @@ class LocalTrainer:
                         "not supported by LocalTrainer)"
                     )
                 seen.add(id(tensor))
-                if tensor.dtype != self.spec.dtype:
-                    raise ValueError(
-                        f"parameter {name!r} has dtype {tensor.dtype}; LocalTrainer needs every "
-                        f"parameter in the flat dtype {self.spec.dtype}"
-                    )
             trainable = is_param and tensor.requires_grad
+            if trainable and tensor.dtype != self.spec.dtype:
+                raise ValueError(
+                    f"parameter {name!r} has dtype {tensor.dtype}; LocalTrainer needs every "
+                    f"trainable parameter in the flat dtype {self.spec.dtype}"
+                    + self._flat_dtype_source(state)
+                )
             entries.append(_Entry(name, start, start + size, shape, tensor, trainable))
             start += size
         missing = [
@@ -204,11 +206,28 @@ class LocalTrainer:
             )
         return entries
 
+    def _flat_dtype_source(self, state: dict[str, torch.Tensor]) -> str:
+        """``, set by ...``: the entry whose dtype made the flat dtype, for a message.
+
+        Thirty-fourth review of issue 15 (tasks, finding 5): a float32 model with one float64
+        buffer (``torch.from_numpy`` of a NumPy mean) was refused as ``parameter 'weight' has
+        dtype torch.float32; LocalTrainer needs every parameter in the flat dtype
+        torch.float64``, naming neither the buffer nor why the flat dtype was float64.
+        """
+        for name, value in state.items():
+            if value.dtype == self.spec.dtype:
+                kind = "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
+                return (
+                    f" (the widest dtype of the state dict: {kind} {name!r} is {value.dtype}; "
+                    "give the trainable parameters and the floating-point buffers one dtype)"
+                )
+        return " (a flat vector is float32 at least)"
+
     def _load(self, flat: torch.Tensor) -> None:
-        """Make parameters views of ``flat`` and copy buffers from it."""
+        """Make trainable parameters views of ``flat``; copy frozen ones and buffers from it."""
         for e in self._entries:
             chunk = flat[e.start : e.stop].view(e.shape)
-            if isinstance(e.tensor, torch.nn.Parameter):
+            if e.trainable:
                 e.tensor.data = chunk
             else:
                 with torch.no_grad():

@@ -37,6 +37,16 @@ simulate`` on the fast engine (the per-user :class:`~fedprivopt.clients.LocalTra
    return the mean loss of the minibatch without calling backward() on it (the trainer takes
    the gradient); it set the gradients of the model's parameters``
    (``models.task_calls.minibatch_loss``).
+5. Dtypes other than the flat one: a float32 model with one float64 buffer (``torch.from_numpy``
+   of a NumPy mean) was refused as ``parameter 'weight' has dtype torch.float32;
+   LocalTrainer needs every parameter in the flat dtype torch.float64``, naming neither the
+   buffer nor why the flat vector was float64; and a frozen float16 layer (a pre-trained
+   projection) was refused the same way, although the trainer's documentation asks the flat
+   dtype of *trainable* parameters only (frozen ones are never trained). Now the message names
+   the entry that set the flat dtype (``… (the widest dtype of the state dict: buffer 'mean' is
+   torch.float64; give the trainable parameters and the floating-point buffers one dtype)``),
+   and frozen parameters of any dtype are loaded as buffers are: the float16 layer trains
+   (``rc 0``) and keeps its weights.
 
 What held is listed in the report (RELIABILITY §7's rows of this review).
 """
@@ -78,6 +88,21 @@ class _Scaled(torch.nn.Module):
         return self.lin(x / self.scale)
 
 
+class _HalfFrozen(torch.nn.Module):
+    """A frozen float16 projection (the identity) before a trainable float32 model."""
+
+    def __init__(self, model: torch.nn.Module, dim: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(dim, dim, bias=False, dtype=torch.float16)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.eye(dim))
+        self.proj.requires_grad_(False)
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(self.proj(x.half()).float())
+
+
 class OwnTask(MinimalTask):
     """The minimal task, changed as ``mode`` says."""
 
@@ -94,6 +119,10 @@ class OwnTask(MinimalTask):
         if self.mode == "buffer":
             return _Scaled(self._dim)
         model = super().build_model()
+        if self.mode == "float64-buffer":
+            model.register_buffer("mean", torch.zeros(self._dim, dtype=torch.float64))
+        if self.mode == "half-frozen":
+            return _HalfFrozen(model, self._dim)
         return model.double() if self.mode == "float64" else model
 
     def user_data(self, user_id: int):
@@ -258,3 +287,30 @@ def test_4_public_users_gradients_are_not_counted_twice():
     with pytest.raises(TaskError, match=r"without calling backward\(\) on it"):
         public_users_preconditioner(OwnTask(mode="backward-retained"), [0, 1], batch_size=4)
     assert public_users_preconditioner(OwnTask(), [0, 1], batch_size=4).shape == (10,)
+
+
+def test_5_the_refusal_names_the_entry_that_set_the_flat_dtype(tmp_path, capsys):
+    line = _one_line(*_simulate(tmp_path / "f64-buffer", capsys, "float64-buffer"))
+    assert line.endswith(
+        "parameter 'weight' has dtype torch.float32; LocalTrainer needs every trainable parameter"
+        " in the flat dtype torch.float64 (the widest dtype of the state dict: buffer 'mean' is "
+        "torch.float64; give the trainable parameters and the floating-point buffers one dtype)"
+    )
+
+
+def test_5_a_frozen_float16_layer_trains_and_keeps_its_weights(tmp_path, capsys):
+    out = tmp_path / "half-frozen"
+    code, err = _simulate(out, capsys, "half-frozen")
+    assert code == 0, err
+    (row,) = _rows(out)
+    assert row["accepted"] == row["received"] > 0, row
+    params = torch.load(out / "checkpoint.pt", weights_only=False)["algorithm"]["params"]
+    assert params[:16].tolist() == torch.eye(4).reshape(-1).tolist()  # proj.weight, first
+    task = OwnTask(mode="half-frozen")
+    trainer = LocalTrainer(task, device="cpu")
+    config = LocalConfig(learning_rate=0.1, clip_norm=1.0)
+    result = trainer.train(
+        initial_flat(task), user_id=2, round_num=1, config=config, rngs=RngFactory(0)
+    )
+    assert result.norm > 0 and not bool(result.delta[:16].any())
+    assert trainer.model.proj.weight.dtype == torch.float16

@@ -4,6 +4,11 @@
 comparison's planning and the token store's build show on a terminal: ``LABEL m/n [bar]``, an
 optional text field and an optional time remaining. Callers decide when to use it (on a
 terminal, unless ``--quiet``) and what to print instead.
+
+The label and the field are shown as plain text, never read as rich's markup. Thirty-fourth
+review of issue 15 (outputs, finding 5): a run of a task by reference whose metric is named
+``acc[top1]`` showed ``eval_acc=0.6133`` on a terminal (``[top1]`` taken for a style), and text
+holding ``[/x]`` (a closing tag) ended the bar's refresh thread in a ``MarkupError`` traceback.
 """
 
 from __future__ import annotations
@@ -49,9 +54,9 @@ def stderr_bar(
         TimeRemainingColumn,
     )
 
-    columns = [TextColumn(label), MofNCompleteColumn(), BarColumn()]
+    columns = [TextColumn(label, markup=False), MofNCompleteColumn(), BarColumn()]
     if field is not None:
-        columns.append(TextColumn(f"{{task.fields[{field}]}}"))
+        columns.append(TextColumn(f"{{task.fields[{field}]}}", markup=False))
     if time_remaining:
         columns.append(TimeRemainingColumn())
     bar = Progress(*columns, console=Console(stderr=True), transient=transient)

@@ -34,6 +34,12 @@ r"""Issue 15, thirty-fourth review (outputs under a hostile environment): regres
    ``str.encode()``. Now in the file system's bytes (``os.fsencode``), cut between characters:
    rc 0, the event file ends with the directory's bytes. (TensorBoard's own reader takes only
    UTF-8 paths; the file reads back when copied.)
+5. A run's progress bar at a terminal (``script -qec "fedprivopt simulate …"``) of a task by
+   reference whose metric is named ``acc[top1]``: the bar read ``eval_acc=0.6133`` (rich took
+   ``[top1]`` for a style; ``[a-z]+`` showed as ``+``), and text holding ``[/x]`` ended the
+   bar's refresh thread in ``rich.errors.MarkupError: closing tag '[/x]' … doesn't match any
+   open tag`` (a traceback on stderr). The label and field of ``core.progress.stderr_bar`` are
+   now plain text.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import tomllib
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedprivopt.cli import main
+from fedprivopt.core.progress import stderr_bar
 from fedprivopt.simulation.files import (
     CONFIG_FILE,
     LEDGER_FILE,
@@ -190,3 +197,15 @@ def test_4_tensorboard_in_a_directory_whose_name_is_not_utf8(tmp_path, capsys):
     (tmp_path / "copy").mkdir()  # TensorBoard's reader takes only UTF-8 paths
     shutil.copy(event_file, tmp_path / "copy" / "events.out.tfevents.0.copy")
     assert _steps(tmp_path / "copy", "epsilon") == [1]
+
+
+@pytest.mark.parametrize("text", ["eval_acc[top1]=0.6133", "mode=[/x]"])
+def test_5_progress_shows_brackets_as_written(text, capsys, thread_errors):
+    bar, task = stderr_bar("round [b]", 2, field="shown")
+    try:
+        bar.update(task, completed=1, shown=text)
+    finally:
+        bar.stop()  # not a terminal here: the bar is drawn once, as it stops
+    err = capsys.readouterr().err
+    assert text in err and "round [b]" in err, err
+    assert thread_errors == []

@@ -28,7 +28,8 @@ have the flat dtype (the widest dtype of the state dict). Buffers (e.g. batch-no
 and frozen parameters, of any dtype, are loaded from the global vector but never trained: their
 entries of ``Δ`` are zero (and the server drops its noise there,
 :func:`~fedprivopt.models.task.frozen_mask`), so models whose buffers should be learned are not
-supported.
+supported. Buffers outside the state dict (``persistent=False``) are set back to their initial
+values before every user, so that nothing of one user's data reaches the next one's update.
 
 References
 ----------
@@ -165,6 +166,12 @@ class LocalTrainer:
         self.spec: FlatSpec = flatten({k: v.detach() for k, v in state.items()})[1]
         self._entries = self._layout(state)
         self._trainable = [e for e in self._entries if e.trainable]
+        # buffers outside the state dict (persistent=False): reset to these on every load
+        self._unsaved = {
+            name: buffer.detach().clone()
+            for name, buffer in self.model.named_buffers()
+            if name not in state
+        }
 
     # ---------------------------------------------------------------------------- layout
     def _layout(self, state: dict[str, torch.Tensor]) -> list[_Entry]:
@@ -224,7 +231,17 @@ class LocalTrainer:
         return " (a flat vector is float32 at least)"
 
     def _load(self, flat: torch.Tensor) -> None:
-        """Make trainable parameters views of ``flat``; copy frozen ones and buffers from it."""
+        """Make trainable parameters views of ``flat``; copy frozen ones and buffers from it.
+
+        Buffers outside the state dict (``persistent=False``) are set back to their values of
+        :meth:`Task.build_model`: thirty-fourth review of issue 15 (tasks, finding 6), a model
+        whose forward kept a running mean of its inputs in such a buffer carried it from one
+        user's training to the next, so a user's update depended on the data of the users
+        trained before it on the same trainer (its sum's sensitivity to one user above ``C``).
+        """
+        for name, initial in self._unsaved.items():
+            module, _, leaf = name.rpartition(".")
+            setattr(self.model.get_submodule(module), leaf, initial.clone())
         for e in self._entries:
             chunk = flat[e.start : e.stop].view(e.shape)
             if e.trainable:

@@ -47,6 +47,14 @@ simulate`` on the fast engine (the per-user :class:`~fedprivopt.clients.LocalTra
    torch.float64; give the trainable parameters and the floating-point buffers one dtype)``),
    and frozen parameters of any dtype are loaded as buffers are: the float16 layer trains
    (``rc 0``) and keeps its weights.
+6. A model whose forward keeps a running mean of its inputs in a buffer registered with
+   ``persistent=False`` (outside the state dict, so never loaded from the global model): the
+   trainer, which keeps one model for all the users it trains, carried it from one user to the
+   next, so user 3's update trained after users 0-2 differed from user 3's alone (by 0.0048 in
+   an entry): a user's data reached other users' updates, the sum's sensitivity to one user was
+   no longer ``C``, and an update depended on which users a shard trained before it. Now such
+   buffers are set back to their values of ``build_model()`` before every user: the two updates
+   are equal.
 
 What held is listed in the report (RELIABILITY §7's rows of this review).
 """
@@ -103,6 +111,21 @@ class _HalfFrozen(torch.nn.Module):
         return self.model(self.proj(x.half()).float())
 
 
+class _Remembers(torch.nn.Module):
+    """A linear model of inputs minus a running mean of them kept outside the state dict."""
+
+    def __init__(self, model: torch.nn.Module, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(dim), persistent=False)
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.seen.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.model(x - self.seen)
+
+
 class OwnTask(MinimalTask):
     """The minimal task, changed as ``mode`` says."""
 
@@ -123,6 +146,8 @@ class OwnTask(MinimalTask):
             model.register_buffer("mean", torch.zeros(self._dim, dtype=torch.float64))
         if self.mode == "half-frozen":
             return _HalfFrozen(model, self._dim)
+        if self.mode == "remembers":
+            return _Remembers(model, self._dim)
         return model.double() if self.mode == "float64" else model
 
     def user_data(self, user_id: int):
@@ -314,3 +339,20 @@ def test_5_a_frozen_float16_layer_trains_and_keeps_its_weights(tmp_path, capsys)
     )
     assert result.norm > 0 and not bool(result.delta[:16].any())
     assert trainer.model.proj.weight.dtype == torch.float16
+
+
+def test_6_nothing_of_one_users_data_reaches_the_next_users_update():
+    task = OwnTask(mode="remembers")
+    config = LocalConfig(learning_rate=0.5, clip_norm=10.0)
+    w, rngs = initial_flat(task), RngFactory(0)
+    alone = LocalTrainer(task, device="cpu").train(
+        w, user_id=3, round_num=1, config=config, rngs=rngs
+    )
+    trainer = LocalTrainer(task, device="cpu")
+    for user in (0, 1, 2):
+        trainer.train(w, user_id=user, round_num=1, config=config, rngs=rngs)
+    after = trainer.train(w, user_id=3, round_num=1, config=config, rngs=rngs)
+    assert after.norm > 0 and torch.equal(after.delta, alone.delta)
+    assert bool(trainer.model.seen.any())  # user 3's running mean, until the next load
+    trainer.load_global(w)
+    assert not bool(trainer.model.seen.any())

@@ -21,6 +21,7 @@ from fedprivopt.core.text import shown, shown_key
 __all__ = [
     "FORBIDDEN_GRID_KEYS",
     "MAX_GRID_POINTS",
+    "RUN_ONLY_KEYS",
     "TUNABLE_TASK_PARAMS",
     "check_grid_overrides",
     "check_point_effect",
@@ -36,6 +37,15 @@ _USERS = "it chooses which users are private"
 _PUBLIC = f"{_USERS} (public-users side information takes users out of the private population)"
 _DATA = "it defines the task's data or users, so the trials would not train and score alike"
 _SCORED = "it chooses the evaluation users the selection is scored on"
+_RUN_ONLY = ("it changes how a run is executed or recorded, not the model it trains nor its "
+             "score, so the trials would differ in their seeds alone")  # fmt: skip
+RUN_ONLY_KEYS = ("engine", "eval-every", "checkpoint-every", "client-cpus", "client-gpus",
+                 "ray-cpus", "ray-address", "device", "vectorize", "cohort-chunk",
+                 "fast-actors", "round-timeout", "tensorboard")  # fmt: skip
+"""Preset keys of how a run is executed or recorded: a run's model and score do not depend on
+them (the same run seed releases the same models; thirty-fourth review of issue 15, tuning
+finding 4: ``tune --grid checkpoint-every=1,2`` released "best trial-001
+(checkpoint-every=2)", as the seventeenth review's finding 1 for another strategy's option)."""
 FORBIDDEN_GRID_KEYS: Mapping[str, str] = MappingProxyType({
     "strategy": "--strategy sets it",
     "seed": "every trial gets its own seed",
@@ -50,6 +60,7 @@ FORBIDDEN_GRID_KEYS: Mapping[str, str] = MappingProxyType({
     "task-params.num-users": _USERS,
     "task-params.eval-split": _SCORED,
     "task-params.eval-users": _SCORED,
+    **dict.fromkeys(RUN_ONLY_KEYS, _RUN_ONLY),
 })  # fmt: skip
 """Preset keys a grid may not vary, and why (tenth review of issue 15, finding 1).
 
@@ -57,7 +68,8 @@ Set by ``--strategy`` or the tuning seed, fixed by the accounting, or keys that 
 users are private (the population, public-users side information) or what the data is (the
 task; task parameters other than :data:`TUNABLE_TASK_PARAMS`): trials over them would each be
 private for other users, so one ε would not cover every user, or be scored on other data.
-``secure`` would mix seeded trials in.
+``secure`` would mix seeded trials in. The keys of :data:`RUN_ONLY_KEYS` change nothing a trial
+is selected by.
 """
 TUNABLE_TASK_PARAMS = frozenset({"embedding-dim", "hidden-size", "init-bias", "train-bias"})
 """The only task parameters a grid may vary: the built-in tasks' model shape and bias handling.

@@ -26,6 +26,14 @@
    tuned comparison (compare --tune-grid), not one tuning; give its 2 cells' tunings as TUNED
    ('C/tune/*')``; ``--untuned C/tune`` is refused as a tuning given as untuned (``is (or holds)
    a trial of the tuning …; give the tuning as TUNED``), ``--untuned C`` as a tuned comparison.
+4. ``tune toy.toml --grid checkpoint-every=1,2`` (also ``eval-every``, ``tensorboard``,
+   ``vectorize``, ``fast-actors``, ``cohort-chunk``, ``round-timeout``, ``engine``, the
+   resources; ``compare --tune-grid`` alike): rc 0, "best trial-001 (checkpoint-every=2)",
+   released by a value that changes nothing a trial is selected by (the same run seed releases
+   bit-identical models at every value of these keys: the seventeenth review's finding 1 for a
+   strategy's unused option). Now rc 2 before anything is written: ``argument --grid:
+   'checkpoint-every' cannot be tuned: it changes how a run is executed or recorded, not the
+   model it trains nor its score, …`` (``tune_grid.RUN_ONLY_KEYS``).
 """
 
 from __future__ import annotations
@@ -116,3 +124,23 @@ def test_3_compare_tuned_names_a_tuned_comparison(unequal_grids, tmp_path, capsy
         assert "argument --untuned:" in err and words in err, err
         assert "metrics.jsonl" not in err and "no run directories" not in err, err
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+# -- finding 4: keys of how a run is executed cannot be tuned ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "grid", ["checkpoint-every=1,2", "eval-every=1,2", "tensorboard=true,false",
+             "vectorize=true,false", "engine=fast,flower", "fast-actors=0,2"],
+)  # fmt: skip
+def test_4_a_key_of_how_a_run_is_executed_is_refused_in_a_grid(grid, tmp_path, capsys):
+    key = grid.partition("=")[0]
+    argv = ["--mean-trials", "1", "--rounds", "1", "--out", str(tmp_path / "t"), "--quiet"]
+    assert main(["tune", str(TOY), "--grid", grid, "--seed", "1", *argv]) == 2
+    err = _error(capsys)
+    assert f"argument --grid: '{key}' cannot be tuned: it changes how a run is executed" in err
+    argv[-2] = str(tmp_path / "c")
+    assert main(["compare", str(TOY), "--strategies", "dp-fedavg", "--tune-grid", grid,
+                 *argv]) == 2  # fmt: skip
+    assert f"argument --tune-grid: '{key}' cannot be tuned" in _error(capsys)
+    assert not (tmp_path / "t").exists() and not (tmp_path / "c").exists()

@@ -1,0 +1,251 @@
+"""The checks of a resumed (or reused) run against its privacy ledger.
+
+:class:`LedgerChecks` is the part of :class:`~fedprivopt.simulation.ledger.RunLedger` that
+refuses, naming what differs, a run whose configuration, data, task code, strategy, accountant
+or checkpoint is not what the ledger records, and a ledger that composes to less ε than the run
+reported before. Each check raises ``ValueError``; none writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedprivopt.models.task import TASK_SOURCE
+from fedprivopt.simulation.files import CONFIG_FILE
+from fedprivopt.simulation.ledger_lines import (
+    ADDED_SETTINGS,
+    EVENT_KEYS,
+    FIRST_KEYS,
+    Ledger,
+    LedgerEntry,
+    canonical,
+    count_events,
+    first_difference,
+    params_sha256,
+    privacy_settings,
+    released_less,
+    round_released,
+)
+
+__all__ = ["LedgerChecks"]
+
+
+class LedgerChecks:
+    """The resume checks of :class:`~fedprivopt.simulation.ledger.RunLedger` (a mixin).
+
+    They read the ledger's ``path``, ``header`` and ``entries`` and its :meth:`epsilon`.
+    """
+
+    path: Path
+    header: dict[str, Any]
+    entries: list[LedgerEntry]
+
+    def _last_release(self, round_num: int) -> LedgerEntry | None:
+        """The ledger's last ``round`` line of round ``round_num`` (its latest release), if any."""
+        lines = [e for e in self.entries if e.round == round_num and e.kind == "round"]
+        return lines[-1] if lines else None
+
+    def check_participants(self, round_num: int, digest: str | None, name: str) -> None:
+        """Refuse a checkpoint of ``round_num`` whose tree participants are not its line's.
+
+        ``digest``: :func:`participants_sha256` of the checkpoint's participation ledger. Lines
+        without one (Gaussian runs, earlier versions) are not checked.
+        """
+        line = self._last_release(round_num)
+        if line is not None and line.participants_sha256 not in (None, digest):
+            raise ValueError(
+                f"{name}'s tree participation ledger is not the one {self.path.name} recorded "
+                f"for round {round_num} (line {line.line}): the checkpoint was edited "
+                "(resuming it would let users of the period take part again); refusing to resume"
+            )
+
+    def check_model(self, round_num: int, params: torch.Tensor, name: str) -> None:
+        """Refuse a checkpoint of ``round_num`` whose model is not the one its line released.
+
+        A checkpoint holds the model its round released, whose :func:`params_sha256` the line
+        records (lines of earlier versions hold none and are not checked). Twenty-ninth review
+        of issue 15: a checkpoint whose parameters were edited (its digest recomputed) was
+        resumed; the rounds it redid were new releases, and a tree run's, inside a restart
+        period, were charged nothing.
+        """
+        line = self._last_release(round_num)
+        if line is not None and line.params_sha256 not in (None, params_sha256(params)):
+            raise ValueError(
+                f"{name}'s model is not the one {self.path.name} recorded as released by round "
+                f"{round_num} (line {line.line}): the checkpoint or the ledger was edited; "
+                "refusing to resume"
+            )
+
+    def check_tuning_plan(self, digest: str) -> None:
+        """Raise ``ValueError`` unless the header names the tuning plan ``digest``.
+
+        A trial of ``fedprivopt tune`` records the digest of the plan that drew it
+        (:meth:`header_for`); a plan rewritten afterwards (its grid or trial count edited in
+        ``tune.json`` and ``summary.json`` alike) no longer matches the trials' ledgers
+        (seventeenth review of issue 15, finding 2).
+        """
+        stated = self.header.get("tuning_plan")
+        if stated == digest:
+            return
+        if stated is None:
+            raise ValueError(
+                f"{self.path}: its header names no tuning plan: not a trial that tune ran under "
+                "this plan (or one of a version before the plan's digest was recorded)"
+            )
+        raise ValueError(
+            f"{self.path}: its header names the tuning plan {str(stated)[:16]!r}..., not "
+            f"{digest[:16]!r}... of this tuning: the trial was run under another plan, or the "
+            "plan was edited after it ran"
+        )
+
+    def check_config(self, config, source: str = CONFIG_FILE) -> None:
+        """Raise ``ValueError`` naming the first privacy-relevant key where ``config`` differs."""
+        stored = self.header["settings"]
+        current = privacy_settings(config)
+        for key, before in ADDED_SETTINGS.items():  # a header written before the key existed
+            if (
+                key not in stored
+                and key in current
+                and canonical(current[key]) == canonical(before)
+            ):
+                del current[key]
+        keys = [k for k in FIRST_KEYS if k in stored or k in current]
+        keys += sorted((set(stored) | set(current)) - set(keys))
+        if "task-params" not in stored:  # written before task parameters were recorded
+            current.pop("task-params")
+            keys.remove("task-params")
+        for key in keys:
+            old, new = stored.get(key, "(not set)"), current.get(key, "(not set)")
+            if key == "task-params":
+                key, old, new = first_difference(old, new)
+            if canonical(old) != canonical(new):
+                what = (
+                    " (different side information)"
+                    if key.startswith("side-")
+                    else " (other data, model or evaluation)"
+                    if key.startswith("task-params")
+                    else ""
+                )
+                raise ValueError(
+                    f"{source}: {key} = {canonical(new)}, but the run's privacy ledger records "
+                    f"{key} = {canonical(old)}: resuming with a different configuration{what} "
+                    "is refused, as privacy-relevant settings cannot change within a run (start "
+                    "a new run in another directory)"
+                )
+        if self.header["private"] != bool(config.strategy.private):
+            raise ValueError(
+                f"{self.path.name}: its header says private = "
+                f"{str(self.header['private']).lower()}, but {source} runs strategy "
+                f"{config.strategy.strategy!r}: the ledger was edited; refusing to resume"
+            )
+
+    def check_data(self, data: Mapping[str, Any] | None, source: str = CONFIG_FILE) -> None:
+        """Raise ``ValueError`` when the task's data is not the data the run was started on.
+
+        ``data`` is the rebuilt task's :func:`~fedprivopt.models.task.data_identity`. A ledger
+        written before data was recorded, or a task without an identity, is not checked.
+        """
+        stored = self.header.get("data")
+        if stored is None or data is None:
+            return
+        if not isinstance(stored, dict):
+            raise ValueError(f"{self.path}: its header's data is not a mapping (edited?)")
+        keys = set(stored) | set(data)
+        if TASK_SOURCE not in stored:  # a ledger written before the task's code was recorded
+            keys.discard(TASK_SOURCE)
+        for key in sorted(keys):
+            if key == TASK_SOURCE and canonical(stored.get(key)) != canonical(data.get(key)):
+                now, then = data.get(key) or {}, stored.get(key) or {}
+                raise ValueError(
+                    f"{source}: the task's code changed since the run started (module "
+                    f"{canonical(now.get('module'))}, source SHA-256 "
+                    f"{str(now.get('sha256'))[:12]}…; the run's privacy ledger records "
+                    f"{canonical(then.get('module') if isinstance(then, dict) else then)}, "
+                    f"{str(then.get('sha256') if isinstance(then, dict) else '')[:12]}…): "
+                    "resuming or reusing a run with other task code is refused (start a new run "
+                    "in another directory)"
+                )
+            if canonical(stored.get(key)) != canonical(data.get(key)):
+                raise ValueError(
+                    f"{source}: task-params.data-dir holds other data than the run was started "
+                    f"on ({key} is {canonical(data.get(key))}, the run's privacy ledger records "
+                    f"{canonical(stored.get(key))}): resuming or reusing a run on other data is "
+                    "refused (start a new run in another directory)"
+                )
+
+    def check_algorithm(self, alg) -> None:
+        """Raise if the ledger's released events or accountant settings are not ``alg``'s.
+
+        ``alg`` is the :class:`~fedprivopt.strategies.ServerAlgorithm` built from the resumed
+        configuration: every ``round`` line must hold the events one of its rounds releases, and
+        the header the settings of its accountant.
+        """
+        acc = alg.accountant
+        for key in ("pld_discretization", "prv_eps_error"):
+            if self.header[key] != getattr(acc, key):
+                raise ValueError(
+                    f"{self.path}: the header's {key} = {self.header[key]!r} is not the "
+                    f"accountant's {getattr(acc, key)!r}; the ledger was edited: refusing to resume"
+                )
+        previous = None
+        for entry in self.entries:
+            expected = self._expected(alg, entry, previous)
+            previous = entry
+            if entry.kind == "carried" or entry.released == expected:
+                continue
+            field, old, new = "count", count_events(entry.released), count_events(expected)
+            if entry.released and expected and len(entry.released) == len(expected) == 1:
+                a, b = entry.released[0][0].to_dict(), expected[0][0].to_dict()
+                diff = [k for k in {**a, **b} if a.get(k) != b.get(k)]
+                if diff:
+                    field, old, new = diff[0], a.get(diff[0]), b.get(diff[0])
+            key = EVENT_KEYS.get(field, "strategy")
+            raise ValueError(
+                f"{self.path}: line {entry.line}: round {entry.round} released {field}={old}, "
+                f"but {CONFIG_FILE} makes a round release {field}={new} ({key}); the ledger or "
+                "the configuration was edited: refusing to resume"
+            )
+
+    def _expected(self, alg, entry: LedgerEntry, previous: LedgerEntry | None) -> Ledger:
+        """What ``entry`` must hold were it released by ``alg`` (after line ``previous``).
+
+        A ``partial`` line holds the first of the round's events (ADADP's first cohort) and the
+        ``round`` line after it the rest; a strategy that releases a round in one piece
+        (one event a round) has no ``partial`` line.
+        """
+        events = alg.round_events(entry.round)
+        if entry.kind == "partial":
+            if len(events) < 2:
+                raise ValueError(
+                    f"{self.path}: line {entry.line}: a partial release of round {entry.round}, "
+                    f"but strategy {alg.config.strategy!r} releases a round in one piece; the "
+                    "ledger or the configuration was edited: refusing to resume"
+                )
+            return round_released(events[:1])
+        whole = round_released(events)
+        if previous is not None and previous.kind == "partial" and previous.round == entry.round:
+            return released_less(whole, previous.released)
+        return whole
+
+    def check_reported(self, reported: Sequence[tuple[str, float]]) -> None:
+        """Raise unless the ledger's ε covers every ε the run reported before.
+
+        ``reported`` holds ``(where, ε)`` pairs read from ``metrics.jsonl`` rows and
+        ``summary.json``. Every reported ε was composed from the ledger as it then stood, and a
+        ledger only grows, so one that now composes to less was edited (for example its noise
+        multipliers raised, with the configuration to match).
+        """
+        if not self.header["private"] or not reported:
+            return
+        where, most = max(reported, key=lambda item: item[1])
+        have = self.epsilon()
+        if most > have * (1 + 1e-6):
+            raise ValueError(
+                f"{self.path.name} composes to epsilon {have:.6g}, but {where} reported epsilon "
+                f"{most:.6g}: the ledger was edited (what was released cannot have shrunk); "
+                "refusing to resume"
+            )

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import warnings
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -57,6 +58,12 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
+"""Terminal colour escapes, which Ray writes into the text of a remote error."""
+
+MAX_ERROR_CHARS = 300
+"""Characters of a shard's error shown in the one line that ends the run."""
 
 IN_FLIGHT = 2
 """Chunks asked of each ``fast-actors`` shard ahead of the one the aggregator consumes.
@@ -253,6 +260,13 @@ def shard_result(ref: Any, shard: int, shards: int, round_num: int) -> Any:
     Thirty-third review of issue 15: a shard killed by SIGKILL (as the kernel's out-of-memory
     killer does) ended the run in a 40-line ``ActorDiedError`` traceback (rc 1), and a task's
     ``TaskError`` on a shard in one line of 1,600 characters with terminal escapes.
+
+    A shard that could not build the task (Ray's ``actor_init_failed``) is a ``ValueError``
+    naming the error it raised. Thirty-fourth review of issue 15: a shard whose ``build_task``
+    raised (a task's module missing on a cluster's node, the installed package changed during a
+    long run: ``ImportError: cannot import name …``, a ``MemoryError``) was reported with
+    Ray's terminal colour escapes (``ESC[36mray::_Shard.__init__()ESC[39m (pid=…``), cut
+    before the error, as "killed, or out of memory?".
     """
     import ray
 
@@ -264,7 +278,20 @@ def shard_result(ref: Any, shard: int, shards: int, round_num: int) -> Any:
             if not isinstance(cause, ray.exceptions.RayError):
                 raise cause from None  # the task's own error, as in process
             exc = cause
-        first = (str(exc).strip().splitlines() or [""])[0]
+        lines = _ESCAPES.sub("", str(exc)).strip().splitlines() or [""]
+        if getattr(exc, "actor_init_failed", False):
+            # Ray's text of the shard's creation error ends with the error itself
+            error = lines[-1].strip()
+            error = error if len(error) <= MAX_ERROR_CHARS else error[: MAX_ERROR_CHARS - 1] + "…"
+            raise ValueError(
+                f"fast-actors: shard {shard + 1} of {shards} could not build the task "
+                f"({error}), which this process built: its process "
+                "or node differs (a module or package of another version or missing there, "
+                "too little memory); nothing of round "
+                f"{round_num} was released, and resuming the run continues from its last "
+                "checkpoint"
+            ) from None
+        first = lines[0]
         raise ValueError(
             f"fast-actors: shard {shard + 1} of {shards} ended before it returned its users' "
             f"updates of round {round_num} ({type(exc).__name__}: {first}); killed, or out of "

@@ -15,6 +15,17 @@ Each test failed before its fix (checked against the code before it) and passes 
    shards' Ray instance gets ``max(fast-actors, ray-cpus)`` CPUs, split into the shards' torch
    threads (``fast._ray_actors``). An in-process run (``fast-actors = 0``) starts no Ray and
    still ignores ``ray-cpus``.
+2. A shard that could not build the task while this process could: ``simulate toy.toml --set
+   task=nodetask:make --set fast-actors=1``, whose factory raises ``MemoryError`` on a Ray worker
+   only (as a task's module missing on a cluster's node does with ``ModuleNotFoundError``, or a
+   package upgraded during a long run with ``ImportError: cannot import name …``, seen here
+   when the working tree changed under a run): rc 2 and one line ``fast-actors: shard 1 of 1
+   ended before it returned its users' updates of round 1 (ActorDiedError: The actor died
+   because of an error raised in its creation task, \x1b[36mray::_Shard.__init__()\x1b[39m
+   (pid=…, actor_id=…, repr=…)); killed, or out of memory …?``: Ray's terminal escapes, cut
+   before the error, which it never named, and a guess at the cause. Now ``fast.shard_result``
+   says ``fast-actors: shard 1 of 1 could not build the task (MemoryError: …), which this process
+   built: its process or node differs (…)``, without escapes.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.simulation import fast
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.engines import check_flower_resources
 from fedprivopt.simulation.fast import make_cohort_train
@@ -78,3 +90,32 @@ def test_1_the_shards_ray_instance_gets_the_ray_cpus_asked(monkeypatch):
     with pytest.raises(_Started) as started:
         make_cohort_train(None, device="cpu", actors=1, task_name="toy", task_params={}, ray_cpus=2)
     assert started.value.args[0]["num_cpus"] == 2  # was 1 (one a shard), whatever was asked
+
+
+# -- finding 2: a shard that could not build the task --------------------------------------------
+
+
+def test_2_a_shard_that_could_not_build_the_task_names_its_error(monkeypatch):
+    import ray
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    error = ModuleNotFoundError("No module named 'mytask'")  # the task's module, not on a node
+    trace = 'Traceback (most recent call last):\n  File "fast.py", line 340, in __init__\n'
+    died = ActorDiedError(
+        cause=RayTaskError(
+            "_Shard.__init__", trace + f"ModuleNotFoundError: {error}", error,
+            proctitle="ray::_Shard.__init__()", pid=7, ip="192.0.2.2",
+        )
+    )  # fmt: skip
+    assert died.actor_init_failed and "\x1b[" in str(died)  # Ray's own text, as a shard gives
+
+    def get(ref):
+        raise died
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(ValueError) as info:
+        fast.shard_result(object(), 1, 2, 4)
+    text = str(info.value)
+    assert text.startswith("fast-actors: shard 2 of 2 could not build the task ("), text
+    assert "ModuleNotFoundError: No module named 'mytask'" in text and "round 4" in text, text
+    assert "\x1b" not in text and "\n" not in text and "out of memory?" not in text, text

@@ -18,12 +18,13 @@ import dp_accounting as dpa
 
 from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.accounting import compose_epsilon, dpa_accountant
+from fedprivopt.privacy.accounting import compose_epsilon, dpa_accountant, fixed_epsilon_bound
 from fedprivopt.privacy.accounting_state import (
     check_accountant,
     check_delta,
     check_ledger_count,
     check_pld_discretization,
+    relation_of,
 )
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import PLDGridTooLargeError
@@ -213,6 +214,87 @@ def _rdp_checked(
     return high
 
 
+_FIXED_DOUBLINGS = 30  # σ up to 2**30 (dp-accounting's bracket search's reach), as its message says
+
+
+def _fixed_search(
+    eps_at: Callable[[float], float], target_epsilon: float, tol: float, start: float = 1.0
+) -> Callable[[], float]:
+    """The search of a fixed-size round's σ, by the ε the ledger will compose (``eps_at``).
+
+    Thirty-fourth review of issue 15: dp-accounting's search composes its own RDP of sampling
+    without replacement, whose differences are rounding noise at a large σ
+    (:mod:`fedprivopt.privacy.wor_rdp`): its ε was jagged in σ and stalled at a floor, so
+    ``calibrate --sampling fixed --population 2 --cohort 1 --target-epsilon 0.05 --rounds 1``
+    returned σ 2e5 where σ 130 meets the target by the accountant's ε of today, and the σ it
+    printed for 9 of 10 users (10 rounds, target 1) had ε 1.0014. Here: doubling (or halving)
+    from σ = ``start`` to a bracket, then bisection to ``tol`` relative, every probe by
+    ``eps_at``, an ε that falls with σ. Raises dp-accounting's ``NoBracketIntervalFoundError``
+    where it finds no bracket, for :func:`bracketed_search`'s messages.
+    """
+    from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+
+    def search() -> float:
+        low = high = start
+        if eps_at(high) <= target_epsilon:
+            while True:  # halve down to a σ that misses the target
+                low = high / 2.0
+                if low < SEARCH_LOWEST_SIGMA:
+                    raise NoBracketIntervalFoundError("met at the lowest sigma")
+                if eps_at(low) > target_epsilon:
+                    break
+                high = low
+        else:
+            for _ in range(_FIXED_DOUBLINGS):
+                high = low * 2.0
+                if eps_at(high) <= target_epsilon:
+                    break
+                low = high
+            else:
+                raise NoBracketIntervalFoundError("not met up to 2**30")
+        while high - low > tol * high:
+            mid = (low + high) / 2.0
+            if eps_at(mid) <= target_epsilon:
+                high = mid
+            else:
+                low = mid
+        return high
+
+    return search
+
+
+def _calibrate_fixed(
+    event: Callable[[float], SubsampledGaussianEvent],
+    steps: int,
+    delta: float,
+    target_epsilon: float,
+    tol: float,
+) -> float:
+    """The smallest σ (to ``tol``) whose fixed-size ledger of ``steps`` events meets the target.
+
+    The search first probes the cheap upper bound of :func:`fixed_epsilon_bound` (dp-accounting's
+    own evaluation of a fixed-size event costs about a second), which is never below the
+    accountant's ε, so the σ it finds meets the target; then the accountant's own ε confirms
+    it, and where σ a step of ``tol`` lower meets the target too, searches on down with it.
+    """
+    from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+
+    def eps(sigma: float) -> float:
+        return compose_epsilon([(event(sigma), steps)], delta)
+
+    def cheap(sigma: float) -> float:
+        return fixed_epsilon_bound(event(sigma), steps, delta)
+
+    try:
+        start = _fixed_search(cheap, target_epsilon, tol)()
+    except NoBracketIntervalFoundError:
+        start = 1.0  # the bound alone reaches no bracket: the accountant's ε from σ = 1
+    else:
+        if eps(start) <= target_epsilon and eps(start * (1.0 - tol)) > target_epsilon:
+            return start
+    return bracketed_search(_fixed_search(eps, target_epsilon, tol, start), eps, target_epsilon)
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
@@ -303,7 +385,10 @@ def calibrate_noise_multiplier(
         )
 
     probe = event(1.0)  # validates the sampling arguments and the accountant/sampling pairing
-    compose_epsilon([(probe, 1)], delta, accountant=accountant)
+    if probe.sampling == "fixed":  # refused by pld and prv; its rdp takes a second to compute
+        relation_of(((probe, 1),), accountant)
+    else:
+        compose_epsilon([(probe, 1)], delta, accountant=accountant)
     if accountant == "prv":
         return _calibrate_prv(target_epsilon, delta, event, steps)
 
@@ -319,21 +404,21 @@ def calibrate_noise_multiplier(
             )
         )
 
+    def rdp_eps(sigma: float) -> float:
+        return compose_epsilon([(event(sigma), steps)], delta)
+
+    if probe.sampling == "fixed":  # rdp only: the other accountants refused it above
+        return _calibrate_fixed(event, steps, delta, target_epsilon, tol)
     sigma_rdp = bracketed_search(
         lambda: search("rdp", dpa.LowerEndpointAndGuess(SEARCH_LOWEST_SIGMA, 1.0)),
-        lambda sigma: compose_epsilon([(event(sigma), steps)], delta),
+        rdp_eps,
         target_epsilon,
     )
     if accountant == "rdp":
         # dp-accounting's search composes its own RDP, whose value for a round at a huge σ (or a
         # tiny q) cancels to 0, where compose_epsilon has an upper bound: check the result, and
         # where it fails, search on from there with compose_epsilon itself
-        return _rdp_checked(
-            sigma_rdp,
-            lambda sigma: compose_epsilon([(event(sigma), steps)], delta),
-            target_epsilon,
-            tol,
-        )
+        return _rdp_checked(sigma_rdp, rdp_eps, target_epsilon, tol)
 
     # PLD is usually tighter than RDP, so its σ lies below σ_rdp (checked: at a tiny target its
     # grid can be looser, which is refused with advice). Bracket it from there: a PLD of a tiny σ

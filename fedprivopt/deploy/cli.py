@@ -114,7 +114,9 @@ def _checked_config(config_path: str | None, overrides: dict[str, Any]) -> Any:
 MAX_RECORD_BYTES = 16 * 2**20
 """The largest ``deploy/processes.json`` taken for an earlier deployment's (64 nodes' is ~50 kB)."""
 
-_OUR_LOGS = re.compile(r"(processes\.json|superlink\.log|serverapp\.log|supernode-\d+\.log)")
+_OUR_LOGS = re.compile(
+    r"(processes\.json|superlink\.log|serverapp\.log|supernode-\d+\.log|deploy\.lock)"
+)
 
 
 def _check_log_dir(logs: Path) -> None:
@@ -132,10 +134,15 @@ def _check_log_dir(logs: Path) -> None:
     # sixteenth review of issue 15: a superlink.log that is a symbolic link (to a user's file)
     # was taken for an earlier log and appended to through the link; only regular files are
     # an earlier deployment's
+    from fedprivopt.simulation.rundir import _our_lock_file
+
     foreign = sorted(
         p.name
         for p in logs.iterdir()
-        if not _OUR_LOGS.fullmatch(p.name) or p.is_symlink() or not p.is_file()
+        if not _OUR_LOGS.fullmatch(p.name)
+        or p.is_symlink()
+        or not p.is_file()
+        or (p.suffix == ".lock" and not _our_lock_file(p))  # a user's notes: empty or a PID
     )
     record = logs / "processes.json"
     if not foreign and record.exists():
@@ -220,7 +227,7 @@ def _note_ignored(config: Any) -> None:
 
 def run_deploy_command(args: argparse.Namespace) -> int:
     """Handler of ``fedprivopt deploy local``; returns the exit code."""
-    from fedprivopt.deploy.local import check_out, deploy_local
+    from fedprivopt.deploy.local import check_not_deploying, check_out, deploy_local
 
     if getattr(args, "deploy_command", None) != "local":
         raise ValueError("deploy: choose a target, e.g. `fedprivopt deploy local --nodes 2`")
@@ -281,6 +288,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
 
     # fourteenth review of issue 15: the refusal advised "--resume DIR", which deploy local
     # does not accept (rc 2, "unrecognized arguments"); simulate continues such a run
+    check_not_deploying(out)  # before the claim, which would call its run one to resume
     check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
     _check_log_dir(Path(out) / DEPLOY_LOGS)
     from fedprivopt.simulation.run import check_task_dirs_outside

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.core.text import shown
+from fedprivopt.data.locks import LockHeldError
 from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
     RUN_ID,
@@ -62,6 +64,7 @@ from fedprivopt.deploy.workdir import make_workdir
 from fedprivopt.simulation.config import RunConfig
 from fedprivopt.simulation.files import to_toml
 from fedprivopt.simulation.interrupt import signals_raise
+from fedprivopt.simulation.rundir import lock_directory
 from fedprivopt.simulation.watchdog import Watchdog
 
 if sys.version_info >= (3, 11):
@@ -74,6 +77,7 @@ __all__ = [
     "REPO_ROOT",
     "STOP_ORDER",
     "check_min_nodes",
+    "check_not_deploying",
     "check_out",
     "deploy_local",
     "stage_app",
@@ -189,8 +193,6 @@ def check_out(out: str | os.PathLike) -> None:
     ValueError
         If ``out`` is empty or holds the placeholder :data:`~fedprivopt.deploy.runconfig.RUN_ID`.
     """
-    from fedprivopt.core.text import shown
-
     if not str(out):
         raise ValueError("--out must be a directory path")
     if RUN_ID in str(out):
@@ -199,6 +201,51 @@ def check_out(out: str | os.PathLike) -> None:
             f"it there; {RUN_ID} (the ServerApp's placeholder for Flower's run id) is not "
             f"allowed in it, got {shown(str(out))}"
         )
+
+
+DEPLOY_LOCK = "deploy.lock"
+"""The lock file in ``OUT/deploy`` that a running deployment holds, with its PID."""
+
+
+def _in_use(out: str | os.PathLike, pid: int | None, lock: Path) -> ValueError:
+    holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
+    return ValueError(
+        f"argument --out: {shown(str(out))} is in use by {holder}, a deployment into it "
+        f"(lock file {lock}); wait for it to finish or stop it first"
+    )
+
+
+def check_not_deploying(out: str | os.PathLike) -> None:
+    """Refuse ``out`` while a deployment into it runs; takes no lock and writes nothing.
+
+    The deployment holds ``OUT/deploy/deploy.lock`` (:data:`DEPLOY_LOCK`) until every process
+    it started is stopped; this asks before ``out``'s other checks, which would call the run it
+    is writing one to resume.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--out`` and the holder's PID.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: deploy_local's lock alone
+        return
+    from fedprivopt.data.locks import _holder
+
+    lock = Path(out).expanduser() / _LOG_DIR / DEPLOY_LOCK
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return  # none (a link or a FIFO there is refused naming it by the lock)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(out, _holder(lock), lock) from None
+    except OSError:
+        return
+    finally:
+        os.close(fd)
 
 
 def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:
@@ -273,6 +320,7 @@ def deploy_local(
     if node_auth and not tls:
         raise ValueError("--node-auth needs TLS (drop --insecure)")
     check_out(out)
+    check_not_deploying(out)
     app = Path(app_dir).resolve() if app_dir is not None else REPO_ROOT
     if not (app / "pyproject.toml").is_file():
         raise ValueError(f"{str(app)!r} is not a Flower app (no pyproject.toml)")
@@ -293,29 +341,41 @@ def deploy_local(
     deadline = time.monotonic() + float(timeout)
     log_dir = out_dir / _LOG_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
-    workdir = make_workdir()
+    log_dir.mkdir(exist_ok=True)
+    # one deployment into out at a time, held until every process is stopped (thirty-fourth
+    # review of issue 15: a second one started its own SuperLink and SuperNodes, wrote into the
+    # first's logs, and ended rc 1 advising to resume the run the first was still writing)
+    held = contextlib.ExitStack()
     try:
-        dep = Deployment(workdir, log_dir, progress)
-        # if this process is killed, the watchdog stops the deployment's processes (they carry
-        # its tag, or are our descendants) and removes the working directory with its keys
-        watchdog = Watchdog(marker=dep.procs.marker, paths=[workdir], tree=True)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    atexit.register(dep.procs.stop)
-    try:
-        with signals_raise():  # SIGTERM/SIGHUP unwind like Ctrl-C, so cleanup runs
-            _run(dep, nodes, tls, node_auth, app, flower_overrides, out_dir, deadline)
-    finally:
-        dep.say("stopping the SuperNodes and the SuperLink")
+        held.enter_context(lock_directory(log_dir, DEPLOY_LOCK, what=f"--out {out_dir}"))
+    except LockHeldError as exc:  # started just after the check above
+        raise _in_use(out, exc.pid, log_dir / DEPLOY_LOCK) from None
+    with held:
+        workdir = make_workdir()
         try:
-            dep.procs.stop(order=STOP_ORDER)
-            atexit.unregister(dep.procs.stop)
-            with contextlib.suppress(OSError):
-                (log_dir / "processes.json").write_text(json.dumps(dep.procs.records(), indent=2))
+            dep = Deployment(workdir, log_dir, progress)
+            # if this process is killed, the watchdog stops the deployment's processes (they carry
+            # its tag, or are our descendants) and removes the working directory with its keys
+            watchdog = Watchdog(marker=dep.procs.marker, paths=[workdir], tree=True)
+        except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        atexit.register(dep.procs.stop)
+        try:
+            with signals_raise():  # SIGTERM/SIGHUP unwind like Ctrl-C, so cleanup runs
+                _run(dep, nodes, tls, node_auth, app, flower_overrides, out_dir, deadline)
         finally:
-            watchdog.close()
+            dep.say("stopping the SuperNodes and the SuperLink")
+            try:
+                dep.procs.stop(order=STOP_ORDER)
+                atexit.unregister(dep.procs.stop)
+                with contextlib.suppress(OSError):
+                    (log_dir / "processes.json").write_text(
+                        json.dumps(dep.procs.records(), indent=2)
+                    )
+                shutil.rmtree(workdir, ignore_errors=True)
+            finally:
+                watchdog.close()
     return out_dir
 
 

@@ -36,6 +36,19 @@
    (the lead's finding 2 of this review). Now the same note (``cli_runs._note_unused``): every
    such key of a preset, as ``simulate``; without a preset (the app's run config, which
    declares every option) only the ``--set`` keys.
+5. Two ``deploy local toy.toml --nodes 1 --out D`` at once, the second started when the first
+   said ``run N started``: the second passed every check (``D`` held only the first's
+   ``deploy/`` logs), started its own SuperLink and SuperNode and submitted its run, whose
+   ServerApp was refused by the first's run lock; it ended rc 1 with 40 lines of the shared
+   ServerApp log (the first's rounds among them) and the advice ``every process was stopped;
+   the run can be continued with fedprivopt simulate --resume D`` while the first was still
+   writing that run (both wrote the same logs and ``processes.json``). Started once the first's
+   ``config.toml`` is written, the claim check called it a run to resume. Now a deployment
+   holds ``D/deploy/deploy.lock`` (``rundir.lock_directory``, with its PID) until every process
+   is stopped, and ``deploy local`` (and ``deploy_local``) asks it first, before anything is
+   written: rc 2, ``argument --out: 'D' is in use by process N, a deployment into it (lock
+   file ...); wait for it to finish or stop it first``. The lock file left behind (empty) is one
+   of the deployment's files; a user's ``deploy.lock`` with other text is refused as before.
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ from fedprivopt.deploy.cli import _check_log_dir
 from fedprivopt.deploy.local import REPO_ROOT, deploy_local, resolve_deployment
 from fedprivopt.deploy.runconfig import SIMULATION_ONLY_KEYS
 from fedprivopt.deploy.session import _tail, wait_nodes
+from fedprivopt.simulation.rundir import lock_directory
 from tests.reliability.test_fuzz_cli import run_cli
 from tests.reliability.test_misuse_cli import TOY, usage_error
 
@@ -200,3 +214,38 @@ def test_4_keys_the_strategy_does_not_use_are_noted_as_by_simulate(tmp_path, no_
         [*argv[: argv.index(sets[0])]] + ([] if preset is None else [str(preset)])
     )
     assert code == 1 and "note:" not in err, err  # nothing set that it does not use
+
+
+def test_5_a_second_deployment_into_a_running_ones_out_is_refused_first(tmp_path, no_deployment):
+    out = tmp_path / "D"
+    (out / "deploy").mkdir(parents=True)
+    with lock_directory(out / "deploy", "deploy.lock", what="the first deployment"):
+        (out / "config.toml").write_text("")  # its ServerApp has begun the run
+        line = usage_error(_deploy(out, *SMALL), "argument --out", f"process {os.getpid()}")
+        assert "deployment into it" in line and "--resume" not in line, line
+        with pytest.raises(ValueError, match=f"in use by process {os.getpid()}"):
+            deploy_local(nodes=1, tls=False, out=str(out), app_dir=REPO_ROOT)
+    (out / "config.toml").unlink()
+    assert (out / "deploy" / "deploy.lock").read_text() == ""  # left by the deployment: ours
+    _deploy(out, *SMALL)
+    assert len(no_deployment) == 1
+    (out / "deploy" / "deploy.lock").write_text("my notes\n")  # a user's file is not
+    usage_error(_deploy(out, *SMALL), "deploy.lock, which deploy local did not write")
+
+
+def test_5_deploy_local_holds_the_lock_until_its_processes_are_stopped(tmp_path, monkeypatch):
+    out = tmp_path / "D"
+    seen = []
+
+    def run(*args):
+        with pytest.raises(ValueError, match=f"in use by process {os.getpid()}") as refused:
+            deploy_module.check_not_deploying(out)
+        seen.append(str(refused.value))
+        raise RuntimeError("stopped here (test)")
+
+    monkeypatch.setattr(deploy_module, "_run", run)
+    overrides = {"population": 6, "task-params.num-users": 6, "clients-per-round": 3}
+    with pytest.raises(RuntimeError, match="stopped here"):
+        deploy_local(nodes=1, tls=False, config_path=str(TOY), overrides=overrides, out=str(out))
+    assert len(seen) == 1, seen
+    deploy_module.check_not_deploying(out)  # released

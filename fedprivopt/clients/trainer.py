@@ -44,10 +44,12 @@ ICML 2022.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from fedprivopt.clients.privatize import NOISE_PURPOSE, privatize_update
@@ -149,7 +151,8 @@ class LocalTrainer:
     One trainer keeps one model instance and reloads it from ``global_flat`` on every call; it is
     not thread-safe (use one trainer per thread). Randomness inside the model's forward pass (e.g.
     dropout) is drawn from the global torch generator, which is forked, seeded from ``(seed,
-    round, "local-train", stream, user)`` for the call and restored afterwards.
+    round, "local-train", stream, user)`` for the call and restored afterwards; so are NumPy's
+    and Python's global generators (``np.random``, ``random``) while the task's ``loss`` runs.
 
     Subclasses change one step by overriding :meth:`precondition`, :meth:`clip` or
     :meth:`add_noise`.
@@ -298,7 +301,26 @@ class LocalTrainer:
 
     @contextlib.contextmanager
     def _seeded_global_rng(self, seed: int) -> Iterator[None]:
-        """Fork the global generators of the CPU (and this CUDA device), seeded with ``seed``."""
+        """Fork the global generators of the CPU (and this CUDA device), seeded with ``seed``.
+
+        NumPy's and Python's global generators too (thirty-fourth review of issue 15, tasks,
+        finding 7: a task's ``loss`` that augmented its minibatch with ``np.random.normal``
+        gave another model for the same seed on every run, 0.76 and then 0.75 after two
+        rounds, and a resumed run another model than an uninterrupted one).
+        """
+        # the legacy global state is what a task's np.random.* calls draw from
+        numpy_state, python_state = np.random.get_state(), random.getstate()  # noqa: NPY002
+        np.random.seed([seed & 0xFFFFFFFF, seed >> 32])  # noqa: NPY002
+        random.seed(seed)
+        try:
+            with self._seeded_torch_rng(seed):
+                yield
+        finally:
+            np.random.set_state(numpy_state)  # noqa: NPY002
+            random.setstate(python_state)
+
+    @contextlib.contextmanager
+    def _seeded_torch_rng(self, seed: int) -> Iterator[None]:
         if self.device.type != "cuda":
             with torch.random.fork_rng(devices=[]):
                 torch.random.default_generator.manual_seed(seed)

@@ -488,7 +488,8 @@ def _notes(
     by_strategy: dict[str, list[dict]] = {}
     for s, _ in summaries.values():
         by_strategy.setdefault(s["strategy"], []).append(s)
-    lines += procedure_lines({k: (len(v), v[0]) for k, v in by_strategy.items()})
+    lines += procedure_lines({k: (len(v), v[0]) for k, v in by_strategy.items()},
+                             differ_in="the noise multiplier and the tuning seed")  # fmt: skip
     lines += composition_lines(rows or {})
     if empty:
         lines += [

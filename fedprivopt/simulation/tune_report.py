@@ -394,13 +394,16 @@ def load_tuned(path: str | Path, checked=None):
     return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps)
 
 
-def procedure_lines(plans: Mapping[str, tuple[int, Mapping[str, Any]]]) -> list[str]:
+def procedure_lines(
+    plans: Mapping[str, tuple[int, Mapping[str, Any]]], differ_in: str = "the tuning seed"
+) -> list[str]:
     """The note on how each strategy was tuned: a table, and whether they were tuned alike.
 
     ``plans`` maps each strategy to its number of tunings and one tuning's plan (``tune.json``,
     or its ``summary.json``: ``grid``, ``trial_count`` and ``metric`` are the same in both).
     When the strategies' grid sizes, trial distributions or selection metrics differ, a
-    sentence says so, with each strategy's number of grid points.
+    sentence says so, with each strategy's number of grid points. ``differ_in``: what a
+    strategy's tunings differ in (``compare --tune-grid``'s also in the noise multiplier).
 
     Thirty-fourth review of issue 15 (tuning, finding 1): ``compare --tune-grid`` with
     ``--tune-grid server-learning-rate=0.5,1 --tune-grid
@@ -410,7 +413,7 @@ def procedure_lines(plans: Mapping[str, tuple[int, Mapping[str, Any]]]) -> list[
     """
     from fedprivopt.simulation.report import table_cell
 
-    lines = ["", "How each strategy was tuned (its tunings differ in the tuning seed alone):", "",
+    lines = ["", f"How each strategy was tuned (its tunings differ in {differ_in} alone):", "",
              "| strategy | tunings | grid | grid points | trials per tuning | selection |",
              "|---|---:|---|---:|---|---|"]  # fmt: skip
     points, counts, metrics = {}, set(), set()

@@ -78,6 +78,8 @@ def _error(capsys) -> str:
 def test_1_tuned_compare_states_the_grid_size_of_each_strategy(unequal_grids, capsys):
     capsys.readouterr()
     notes = (unequal_grids / "report.md").read_text(encoding="utf-8").split("## Notes", 1)[1]
+    # a strategy's tunings here differ in the noise multiplier too (compare's axis)
+    assert "tunings differ in the noise multiplier and the tuning seed alone" in notes, notes
     assert "| dp-fedavg (tuned) | 1 | server-learning-rate in [0.5, 1] | 2 |" in notes, notes
     assert "| dp-fedadam (tuned) | 1 | server-learning-rate in [0.01, 0.03, 0.1] | 3 |" in notes
     assert (

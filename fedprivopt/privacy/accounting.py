@@ -138,8 +138,17 @@ def event_rdp(
     """
     grid = _RDP_ORDERS if orders is None else _check_orders(orders)
     acc = rdp.RdpAccountant(orders=list(grid), neighboring_relation=event.neighboring_relation)
-    acc.compose(event.to_dp_event())
-    curve = np.asarray(acc.rdp, dtype=np.float64)
+    try:
+        acc.compose(event.to_dp_event())
+        curve = np.asarray(acc.rdp, dtype=np.float64)
+    except ValueError:
+        if event.sampling != "fixed":
+            raise
+        # thirty-fourth review of issue 15: dp-accounting's bound of sampling without
+        # replacement takes log1p(-exp(-1/σ'²)), log1p(-1) and a domain error from σ ≈ 2e8
+        # (`epsilon --sampling fixed --noise-multiplier 1e9` printed "error: math domain
+        # error"): no value at any order
+        curve = np.full(len(grid), np.nan)
     imprecise = np.isnan(curve) | ((grid - 1.0) * curve < MIN_LOG_A)
     curve = np.where(imprecise, np.inf, curve)
     curve.setflags(write=False)

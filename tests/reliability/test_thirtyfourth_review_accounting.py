@@ -20,6 +20,15 @@
    ordinary fixed-size ledgers; the 6 that changed were at σ 20, one round), and ``calibrate``
    searches a fixed-size σ by the accountant's own ε (dp-accounting's search composes its own):
    σ 75.16 for the 1-of-2 target (ε 0.0500), 40.262 for 9 of 10 (ε 1.0000).
+2. Fixed-size sampling at σ from about 2e8 failed with a bare "math domain error":
+   ``fedprivopt epsilon --sampling fixed --population 100 --cohort 10 --noise-multiplier 1e9
+   --rounds 10 --delta 1e-5`` printed ``fedprivopt epsilon: error: math domain error`` (rc 2,
+   naming nothing), as did ``calibrate --target-epsilon 0.001 --rounds 1000`` with the same
+   sampling (its search probes such σ) and ``simulate toy.toml --set sampling=fixed --set
+   noise-multiplier=1e9`` (before round 1). dp-accounting's Theorem 27 takes
+   ``log1p(-exp(-2/σ'²))``, and ``exp`` of a number below 1.1e-16 rounds to 1. Now such an
+   event has no dp-accounting value at any order (as a NaN one): the unsampled Gaussian's and
+   finding 1's bounds stand in, ε 0.0000, σ 1.265e6 for the calibration, and the run runs.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import mpmath
 import numpy as np
 import pytest
 
+from fedprivopt.cli import main
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.calibration import calibrate_noise_multiplier
 from fedprivopt.privacy.events import SubsampledGaussianEvent
@@ -107,3 +117,12 @@ def test_1_calibrate_fixed_finds_the_sigma_the_accountant_charges():
     assert sigma < 129.55  # 2.0001e5 before; the whole population's sigma
     assert compose_epsilon([(_fixed(2, 1, sigma), 1)], 1e-5) <= 0.05
     assert compose_epsilon([(_fixed(2, 1, sigma * (1 - 1e-3)), 1)], 1e-5) > 0.05
+
+
+def test_2_fixed_size_epsilon_at_a_huge_sigma_is_no_domain_error(capsys):
+    argv = ["epsilon", "--sampling", "fixed", "--population", "100", "--cohort", "10"]
+    argv += ["--noise-multiplier", "1e9", "--rounds", "10", "--delta", "1e-5"]
+    assert main(argv) == 0  # was rc 2, "error: math domain error"
+    assert capsys.readouterr().out.startswith("epsilon = 0.0000 ")
+    huge = _fixed(100, 10, 1e100)
+    assert compose_epsilon([(huge, 10**6)], 1e-5) == 0.0

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedprivopt.core.checks import check_real
+from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
 from fedprivopt.privacy.noise import add_gaussian_noise
@@ -190,6 +190,20 @@ def noise_generator(
         The request's stream (ADADP trains a user twice a round, as ``"train"`` and another).
     device : torch.device or str
         Device of the update (a CUDA update needs a CUDA generator).
+
+    Raises
+    ------
+    ValueError
+        If ``secure`` is not a bool, ``round_num`` or ``user_id`` not an integer ``>= 0``
+        (NumPy's integers are), or ``stream`` not a non-empty string.
     """
+    # thirty-fourth review of issue 15 (tasks, finding 8): int() and str() took user 1.7, True
+    # and "1" as user 1, round 1.9 as round 1 (the same noise for two keys) and a stream of
+    # None as "None", and any true value (the string "false" too) as secure mode
+    secure = check_bool("secure", secure)
+    round_num = check_int("round_num", round_num, 0)
+    user_id = check_int("user_id", user_id, 0)
+    if not isinstance(stream, str) or not stream:
+        raise ValueError(f"stream must be a non-empty string, got {shown(stream)}")
     rngs = RngFactory(seed=None, secure=True) if secure else RngFactory(seed=seed)
-    return rngs.generator(int(round_num), NOISE_PURPOSE, str(stream), int(user_id), device=device)
+    return rngs.generator(round_num, NOISE_PURPOSE, stream, user_id, device=device)

@@ -62,6 +62,12 @@ simulate`` on the fast engine (the per-user :class:`~fedprivopt.clients.LocalTra
    documentation promises the same update "whatever the global random states are". Now
    NumPy's and Python's global generators are seeded from the same key for the call and
    restored afterwards: 0.755 both times.
+8. ``clients.noise_generator`` (the noise-share generator a ClientApp of one's own calls, and
+   ``TrainMessage.privatize``) keyed its generator by ``int(round_num)``, ``int(user_id)`` and
+   ``str(stream)``: user 1.7, ``True`` and ``"1"`` drew user 1's noise, round 1.9 round 1's
+   (the same share for two keys), a stream of ``None`` the stream ``"None"``, and ``secure =
+   "false"`` (a configuration's string) secure mode. Now each is refused naming it (NumPy
+   integers are ids), as the trainers refuse them since the twenty-fifth review.
 
 What held is listed in the report (RELIABILITY §7's rows of this review).
 """
@@ -80,7 +86,7 @@ import torch
 import torch.nn.functional as F
 
 from fedprivopt.cli import main
-from fedprivopt.clients import LocalConfig, LocalTrainer
+from fedprivopt.clients import LocalConfig, LocalTrainer, noise_generator
 from fedprivopt.models import frozen_mask, initial_flat
 from fedprivopt.models.task import TaskError
 from fedprivopt.privacy import RngFactory
@@ -394,3 +400,26 @@ def test_7_numpys_and_pythons_global_generators_are_seeded_for_the_call(global_g
             assert np.random.randint(10**9) == np.random.RandomState(state).randint(10**9)
             assert random.random() == random.Random(state).random()
         assert torch.equal(*deltas), mode
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("user_id", 1.7, "user_id must be an integer >= 0, got 1.7"),
+        ("user_id", True, "user_id must be an integer >= 0, got True"),
+        ("user_id", "1", "user_id must be an integer >= 0, got '1'"),
+        ("round_num", 1.9, "round_num must be an integer >= 0, got 1.9"),
+        ("stream", None, "stream must be a non-empty string, got None"),
+        ("secure", "false", "secure must be true or false, got 'false'"),
+    ],
+)
+def test_8_noise_generator_refuses_keys_it_would_convert(key, value, said):
+    keys = {"seed": 3, "secure": False, "round_num": 1, "user_id": 1, key: value}
+    with pytest.raises(ValueError, match=said):
+        noise_generator(**keys)
+
+
+def test_8_numpy_integers_are_keys():
+    a = noise_generator(seed=3, secure=False, round_num=np.int64(2), user_id=np.int32(1))
+    b = noise_generator(seed=3, secure=False, round_num=2, user_id=1)
+    assert torch.equal(torch.randn(3, generator=a), torch.randn(3, generator=b))

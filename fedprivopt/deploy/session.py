@@ -163,6 +163,27 @@ def _task_error(path: Path, start: int) -> TaskError | None:
     return TaskError(lines[-1][len(_TASK_ERROR_LINE) :].strip()) if lines else None
 
 
+_NO_PROXY_KEYS = ("NO_PROXY", "no_proxy", "no_grpc_proxy")
+
+
+def _no_proxy(env: dict[str, str]) -> dict[str, str]:
+    """``NO_PROXY`` (and its spellings) with :data:`HOST` and ``localhost`` added.
+
+    Thirty-fourth review of issue 15: with ``https_proxy`` (or ``http_proxy``, ``ALL_PROXY``)
+    set, as behind a proxy, Flower's processes sent their connections to 127.0.0.1 through the
+    proxy: ``flwr supernode register`` failed with "Connection to the SuperLink is unavailable.
+    Please check your network connection", rc 1 (a real proxy would be handed the deployment's
+    traffic). Every process of a local deployment talks to this machine only.
+    """
+    ours = [HOST, "localhost"]
+    out = {}
+    for key in _NO_PROXY_KEYS:
+        if key in env or key != "no_grpc_proxy":  # gRPC reads no_grpc_proxy first when set
+            given = [h.strip() for h in env.get(key, "").split(",") if h.strip()]
+            out[key] = ",".join(given + [h for h in ours if h not in given])
+    return out
+
+
 class Deployment:
     """State of one :func:`~fedprivopt.deploy.local.deploy_local` call, kept for the cleanup."""
 
@@ -181,6 +202,7 @@ class Deployment:
             FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
             PYTHONUNBUFFERED="1",
         )
+        env.update(_no_proxy(env))
         self.procs = ProcessSet(env, log_dir)
 
     def say(self, text: str) -> None:

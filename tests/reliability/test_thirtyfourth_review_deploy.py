@@ -49,6 +49,15 @@
    written: rc 2, ``argument --out: 'D' is in use by process N, a deployment into it (lock
    file ...); wait for it to finish or stop it first``. The lock file left behind (empty) is one
    of the deployment's files; a user's ``deploy.lock`` with other text is refused as before.
+6. ``https_proxy=http://proxy:3128 fedprivopt deploy local toy.toml --nodes 1`` (any of
+   ``http_proxy``, ``https_proxy``, ``ALL_PROXY`` set, as behind a proxy; here
+   ``http://127.0.0.1:9``): Flower's processes sent their connections to 127.0.0.1 through the
+   proxy, and ``flwr supernode register`` failed: rc 1, ``Connection to the SuperLink is
+   unavailable. Please check your network connection and 'address' in the SuperLink connection
+   configuration`` (a real proxy would have been handed the deployment's traffic). Now every
+   process of the deployment gets ``NO_PROXY`` and ``no_proxy`` (and ``no_grpc_proxy`` when
+   set) with 127.0.0.1 and ``localhost`` added to what they held; the same command ran to
+   rc 0.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ from fedprivopt.deploy import local as deploy_module
 from fedprivopt.deploy.cli import _check_log_dir
 from fedprivopt.deploy.local import REPO_ROOT, deploy_local, resolve_deployment
 from fedprivopt.deploy.runconfig import SIMULATION_ONLY_KEYS
-from fedprivopt.deploy.session import _tail, wait_nodes
+from fedprivopt.deploy.session import Deployment, _tail, wait_nodes
 from fedprivopt.simulation.rundir import lock_directory
 from tests.reliability.test_fuzz_cli import run_cli
 from tests.reliability.test_misuse_cli import TOY, usage_error
@@ -249,3 +258,22 @@ def test_5_deploy_local_holds_the_lock_until_its_processes_are_stopped(tmp_path,
         deploy_local(nodes=1, tls=False, config_path=str(TOY), overrides=overrides, out=str(out))
     assert len(seen) == 1, seen
     deploy_module.check_not_deploying(out)  # released
+
+
+def test_6_a_deployment_behind_a_proxy_talks_to_127_0_0_1_directly(tmp_path, monkeypatch):
+    import urllib.request
+
+    for key in ("http_proxy", "https_proxy", "ALL_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(key, "http://127.0.0.1:9")
+    monkeypatch.setenv("no_proxy", "intranet.example, localhost")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_grpc_proxy", raising=False)
+    env = Deployment(tmp_path / "work", tmp_path / "logs", None).procs.env
+    assert env["no_proxy"] == "intranet.example,localhost,127.0.0.1", env.get("no_proxy")
+    assert env["NO_PROXY"] == "127.0.0.1,localhost" and "no_grpc_proxy" not in env
+    monkeypatch.setattr(os, "environ", dict(env))  # as its processes see it
+    assert urllib.request.proxy_bypass_environment("127.0.0.1")
+    monkeypatch.undo()
+    monkeypatch.setenv("no_grpc_proxy", "grpc.example")  # gRPC reads it first when set
+    env = Deployment(tmp_path / "work", tmp_path / "logs", None).procs.env
+    assert env["no_grpc_proxy"] == "grpc.example,127.0.0.1,localhost"

@@ -7,6 +7,7 @@ moving average, adaptive clipping, tree aggregation, side information).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Mapping
 from dataclasses import fields, replace
@@ -52,12 +53,30 @@ class AlgorithmState:
         return self._side_sha256
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
+        """Restore :meth:`state_dict`, all of it or nothing.
 
         The configuration must be the same, except ``num_server_rounds`` (a run may be extended),
         and so must :attr:`user_offset` and the side information (checkpoints written before
         these were recorded are not checked for them).
+
+        Raises
+        ------
+        ValueError
+            For a state that is not one this algorithm can continue from; the algorithm is then
+            as it was before the call (thirty-fourth review of issue 15: a state whose round and
+            model were valid but whose accountant was not left the algorithm at the state's
+            round and model with its own, earlier accountant, optimizer and clipping states, and
+            a caller who went on trained from that mixture).
         """
+        before = copy.deepcopy(self.state_dict())
+        try:
+            self._load_state(state)
+        except BaseException:
+            self._load_state(before)  # a state this algorithm made: every check passes
+            raise
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        """:meth:`load_state_dict`, in the order of its checks."""
         if not (isinstance(state, Mapping) and isinstance(state.get("config"), Mapping)):
             # a short API review of issue 15: a scalar or a tensor ended in IndexError
             raise ValueError(

@@ -10,6 +10,8 @@
    options: ``note: dp-fedavg does not use side-information (…)``.
 3. A joined cluster's head killed during the run: Ray ended the process a minute later with its
    C++ line and rc 1; now one line of ours and rc 2, before Ray would (see the tests).
+4. ``ServerAlgorithm.load_state_dict`` of a state refused at its accountant left the algorithm
+   half restored (see the test).
 """
 
 import socket
@@ -18,9 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import torch
+
 from fedprivopt.cli import main
 from fedprivopt.cli_runs import _note_unused, load_preset
 from fedprivopt.simulation.cluster_watch import HeadWatch
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 PUBLIC = {"side-information.kind": "public-users", "side-information.users": 3}
@@ -124,3 +131,37 @@ def test_3_a_head_that_comes_back_within_the_grace_changes_nothing():
         _until(lambda: seen[-1])
     server.close()
     assert lost == [] and not watch._thread.is_alive()
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedadam", "dp-fedavg-adadp"])
+def test_4_a_state_refused_at_its_accountant_leaves_the_algorithm_as_it_was(strategy):
+    """A state whose round and model are valid but whose accountant is not.
+
+    ``load_state_dict`` set the round and the model (and the optimizer's moments) before the
+    accountant refused the state: the algorithm stayed at the state's round 2 and model with
+    its own round-0 accountant, and a caller who caught the ``ValueError`` and went on trained
+    from that mixture (its next round numbered 3, its ε that of one round). Now a refused state
+    leaves the algorithm as it was.
+    """
+    config = StrategyConfig.from_mapping({"strategy": strategy, "population": 40,
+        "clients-per-round": 8, "noise-multiplier": 1.0, "clip-norm": 1.0, "seed": 3})  # fmt: skip
+    ran = build_algorithm(config, torch.zeros(6))
+    for r in (1, 2):
+        drive_round(ran, r, lambda req: {u: torch.full((6,), 0.1 * u) for u in req.users})
+    state = ran.state_dict()
+    state["accountant"] = {**state["accountant"], "version": 99}
+    fresh = build_algorithm(config, torch.zeros(6))
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match="version"):
+        fresh.load_state_dict(state)
+    assert fresh.round_num == 0 and torch.equal(fresh.params, torch.zeros(6))
+    after = fresh.state_dict()
+    moments = (after["opt_state"] or {}).items()
+    assert all(_same(v, before["opt_state"][k]) for k, v in moments)
+    assert after["accountant"] == before["accountant"]
+    fresh.load_state_dict(ran.state_dict())  # a valid state is taken whole
+    assert fresh.round_num == 2 and torch.equal(fresh.params, ran.params)

@@ -379,6 +379,16 @@ def deploy_local(
     return out_dir
 
 
+def _tls_days(deadline: float) -> int:
+    """Days the deployment's certificates are valid: to ``deadline`` (monotonic) and a day more.
+
+    Thirty-fourth review of issue 15: they were valid 2 days whatever ``--timeout`` (up to 30
+    days) allowed, so a longer deployment's TLS handshakes would fail midway on an expired
+    certificate (the SuperNodes' connections to the SuperLink, the ClientApps' to their node).
+    """
+    return max(2, math.ceil((deadline - time.monotonic()) / 86400.0) + 1)
+
+
 def _run(
     dep: Deployment,
     nodes: int,
@@ -392,7 +402,7 @@ def _run(
     workdir = dep.workdir
     staged = stage_app(app, workdir / "app" / "fedprivopt")
     run_config = _write_run_config(workdir / "run-config.toml", flower_overrides)
-    files = make_tls_files(workdir / "tls") if tls else None
+    files = make_tls_files(workdir / "tls", days=_tls_days(deadline)) if tls else None
     link_port, *node_ports = free_ports(1 + nodes)
     write_connection(dep.flwr_home, link_port, files.ca_cert if files else None)
 

@@ -58,6 +58,12 @@
    process of the deployment gets ``NO_PROXY`` and ``no_proxy`` (and ``no_grpc_proxy`` when
    set) with 127.0.0.1 and ``localhost`` added to what they held; the same command ran to
    rc 0.
+7. ``deploy local toy.toml --nodes 2 --timeout 259200`` (3 days; ``--timeout`` takes up to
+   30): the deployment's CA and SuperLink certificate were made valid for 2 days whatever the
+   timeout, so a longer deployment's TLS handshakes (the SuperNodes' connections to the
+   SuperLink, each ClientApp's to its node, which uses the same certificate) would fail midway
+   on an expired certificate (read from the code; not waited for). Now they are valid until the
+   deadline and a day more (``local._tls_days``).
 """
 
 from __future__ import annotations
@@ -242,21 +248,25 @@ def test_5_a_second_deployment_into_a_running_ones_out_is_refused_first(tmp_path
     usage_error(_deploy(out, *SMALL), "deploy.lock, which deploy local did not write")
 
 
-def test_5_deploy_local_holds_the_lock_until_its_processes_are_stopped(tmp_path, monkeypatch):
+def test_5_and_7_deploy_local_holds_the_lock_and_certifies_its_whole_timeout(tmp_path, monkeypatch):
     out = tmp_path / "D"
     seen = []
 
-    def run(*args):
+    def tls_files(directory, *, days=2, **kwargs):  # the first step after the app is staged
         with pytest.raises(ValueError, match=f"in use by process {os.getpid()}") as refused:
-            deploy_module.check_not_deploying(out)
-        seen.append(str(refused.value))
+            deploy_module.check_not_deploying(out)  # finding 5: held while it runs
+        seen.append((str(refused.value), days))
         raise RuntimeError("stopped here (test)")
 
-    monkeypatch.setattr(deploy_module, "_run", run)
+    monkeypatch.setattr(deploy_module, "stage_app", lambda src, dst: Path(dst))
+    monkeypatch.setattr(deploy_module, "make_tls_files", tls_files)
     overrides = {"population": 6, "task-params.num-users": 6, "clients-per-round": 3}
+    three_days = 3 * 86400.0
     with pytest.raises(RuntimeError, match="stopped here"):
-        deploy_local(nodes=1, tls=False, config_path=str(TOY), overrides=overrides, out=str(out))
+        deploy_local(nodes=1, config_path=str(TOY), overrides=overrides, out=str(out),
+                     timeout=three_days)  # fmt: skip
     assert len(seen) == 1, seen
+    assert seen[0][1] * 86400 > three_days, seen  # finding 7: valid 2 days before
     deploy_module.check_not_deploying(out)  # released
 
 

@@ -138,7 +138,9 @@ def _tune_namespace(argv: list[str]) -> argparse.Namespace:
 
     parser = Parser(prog="fedprivopt")
     add_tune(parser.add_subparsers(dest="command", parser_class=Parser))
-    return parser.parse_args(argv)
+    ns = parser.parse_args(argv)
+    ns.in_comparison = True  # the comparison replaces a cell and its report together
+    return ns
 
 
 def _check_tuning(ns: argparse.Namespace) -> None:

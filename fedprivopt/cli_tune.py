@@ -344,6 +344,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     setup = prepare_tuning(args)
     out, trials, metric, document = setup.out, setup.trials, setup.metric, setup.document
+    if args.overwrite and not getattr(args, "in_comparison", False):
+        _refuse_replacing_a_cell(out, document)
     strategy = setup.base.strategy.strategy
     with removed_if_unused(out, TUNE_LOCK):  # a failure before any trial: nothing left
         (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -399,6 +401,37 @@ def cmd_tune(args: argparse.Namespace) -> int:
             f"{summary['delta']:g}; report: {report}"
         )
         return 0
+
+
+def _refuse_replacing_a_cell(out: Path, document: dict) -> None:
+    """Refuse ``tune --overwrite`` of a tuned comparison's cell with another plan.
+
+    Thirty-fourth review of issue 15 (tuning, finding 5): the tuned comparison's notes give each
+    cell's ``tune`` command; ``tune … --grid server-learning-rate=0.1,0.2 --out
+    C/tune/dp-fedavg__sigma0.5__seed0 --overwrite`` (another grid) discarded the cell's tuning
+    and ran another, rc 0, while ``C/report.md`` and ``summary.csv`` still reported the old
+    tuning's released trial (server-learning-rate = 1, no longer on disk): a stale report.
+    ``compare --tune-grid … --overwrite`` replaces a cell and its report together.
+    """
+    from fedprivopt.cli_compare_tune import TUNE_DIR
+    from fedprivopt.simulation.cells import COMPARE_LOCK
+    from fedprivopt.simulation.tune_replan import plan_difference, read_plan
+
+    comparison = out.parent.parent
+    if out.parent.name != TUNE_DIR or not (comparison / COMPARE_LOCK).exists():
+        return
+    try:
+        stored = read_plan(out)
+        why = None if stored is None else plan_difference(stored, document)
+    except (OSError, ValueError, RecursionError):
+        why = "its tune.json cannot be read"
+    if why is not None:
+        raise UsageError(
+            f"argument --out: {str(out)!r} is a cell of the tuned comparison {str(comparison)!r}, "
+            f"whose report shows its tuning; --overwrite would replace it with another plan "
+            f"({why}) and leave that report stale: rerun compare --tune-grid with --overwrite "
+            "for the whole comparison, or choose another --out"
+        )
 
 
 _COMPARE_TUNED_EPSILON = (

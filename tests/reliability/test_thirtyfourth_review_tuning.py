@@ -34,6 +34,16 @@
    strategy's unused option). Now rc 2 before anything is written: ``argument --grid:
    'checkpoint-every' cannot be tuned: it changes how a run is executed or recorded, not the
    model it trains nor its score, …`` (``tune_grid.RUN_ONLY_KEYS``).
+5. A tuned comparison ``C``'s notes give each cell's ``tune`` command; that command with
+   another grid and ``--overwrite`` (``tune toy.toml --grid server-learning-rate=0.1,0.2 …
+   --out C/tune/dp-fedavg__sigma0.5__seed0 --overwrite``) discarded the cell's tuning and ran
+   another, rc 0, while ``C/report.md`` and ``summary.csv`` still reported the old tuning's
+   released trial (``server-learning-rate = 1``, no longer on disk): a stale report. Now rc 2
+   before anything is written: ``argument --out: '…' is a cell of the tuned comparison 'C',
+   whose report shows its tuning; --overwrite would replace it with another plan (--grid
+   differs: …) and leave that report stale: rerun compare --tune-grid with --overwrite for the
+   whole comparison, or choose another --out``. The same plan still continues the cell, and
+   ``compare --tune-grid --overwrite`` still replaces cells with their report.
 """
 
 from __future__ import annotations
@@ -146,3 +156,25 @@ def test_4_a_key_of_how_a_run_is_executed_is_refused_in_a_grid(grid, tmp_path, c
                  *argv]) == 2  # fmt: skip
     assert f"argument --tune-grid: '{key}' cannot be tuned" in _error(capsys)
     assert not (tmp_path / "t").exists() and not (tmp_path / "c").exists()
+
+
+# -- finding 5: tune --overwrite of a tuned comparison's cell with another plan ---------------
+
+
+def test_5_overwriting_a_cell_of_a_tuned_comparison_is_refused(unequal_grids, tmp_path, capsys):
+    out = tmp_path / "c"
+    shutil.copytree(unequal_grids, out)
+    cell = out / "tune" / "dp-fedavg__sigma0.5__seed0"
+    plan = (cell / "tune.json").read_text(encoding="utf-8")
+    capsys.readouterr()
+    code = main([
+        "tune", str(TOY), "--strategy", "dp-fedavg", "--grid", "server-learning-rate=0.1,0.2",
+        "--mean-trials", "1", "--rounds", "1", "--set", "noise-multiplier=0.5",
+        "--out", str(cell), "--overwrite", "--quiet",
+    ])  # fmt: skip
+    assert code == 2
+    err = _error(capsys)
+    assert f"is a cell of the tuned comparison '{out}'" in err and "(--grid differs" in err, err
+    assert "leave that report stale" in err, err
+    assert (cell / "tune.json").read_text(encoding="utf-8") == plan  # nothing replaced
+    assert (cell / "runs" / "trial-001" / "config.toml").is_file()

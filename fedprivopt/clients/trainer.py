@@ -244,7 +244,14 @@ class LocalTrainer:
         """
         for name, initial in self._unsaved.items():
             module, _, leaf = name.rpartition(".")
-            setattr(self.model.get_submodule(module), leaf, initial.clone())
+            owner = self.model.get_submodule(module)
+            current = getattr(owner, leaf, None)
+            same = isinstance(current, torch.Tensor) and current.dtype == initial.dtype
+            if same and current.shape == initial.shape and current.device == initial.device:
+                with torch.no_grad():
+                    current.copy_(initial)  # in place: no allocation for a large cache
+            else:  # replaced, or removed, by the forward
+                setattr(owner, leaf, initial.clone())
         for e in self._entries:
             chunk = flat[e.start : e.stop].view(e.shape)
             if e.trainable:

@@ -136,7 +136,8 @@ class RunConfig:
         Fast engine: users trained together (bounds memory), ``>= 1``.
     fast_actors : int
         Fast engine: shard each cohort over this many Ray actors (each holds the task and trains
-        its share of users); ``0`` trains in process.
+        its share of users); ``0`` trains in process. Refused above ``0`` on the ``flower``
+        engine, whose clients are Ray actors already (``client-cpus``).
     round_timeout : float
         Flower engine and deployment: seconds the server waits for a cohort's replies, at least
         :data:`MIN_ROUND_TIMEOUT` (1 s; below it every update is lost while every round is
@@ -220,6 +221,14 @@ class RunConfig:
             )
         # each actor is a process (a Ray worker with its own copy of the task)
         check_int("fast-actors", self.fast_actors, 0, MAX_FAST_ACTORS)
+        if self.fast_actors and self.engine != "fast":
+            # thirty-fourth review of issue 15: accepted and ignored, as ray-address on the
+            # fast engine in process was before the eighth review
+            raise ValueError(
+                f"fast-actors {self.fast_actors} is used only by the fast engine (its shards); "
+                f"the {self.engine} engine runs each client as a Ray actor of client-cpus CPUs "
+                "(set fast-actors = 0, or use the fast engine)"
+            )
         if 0 < self.ray_cpus < self.fast_actors:
             # thirty-fourth review of issue 15: Ray was given fast-actors CPUs whatever
             # ray-cpus said; given ray-cpus, the shards beyond it would wait for a CPU for ever

@@ -26,6 +26,16 @@ Each test failed before its fix (checked against the code before it) and passes 
    before the error, which it never named, and a guess at the cause. Now ``fast.shard_result``
    says ``fast-actors: shard 1 of 1 could not build the task (MemoryError: …), which this process
    built: its process or node differs (…)``, without escapes.
+3. ``simulate toy.toml --engine flower --set fast-actors=2`` (also ``compare --engine flower`` of
+   a preset with ``fast-actors``, and ``--resume`` of a ``fast-actors`` run whose ``config.toml``
+   was switched to ``engine = "flower"``): accepted, and ``fast-actors`` ignored without a word
+   (the Flower engine runs ``ray-cpus / client-cpus`` client actors), as ``ray-address`` on the
+   fast engine in process was until the eighth review refused it. Now ``RunConfig`` refuses it,
+   rc 2 and one line ``fast-actors 2 is used only by the fast engine (its shards); the flower
+   engine runs each client as a Ray actor of client-cpus CPUs (set fast-actors = 0, or use the
+   fast engine)``, before anything is written or Ray starts. (``vectorize = false`` is what the
+   Flower engine does anyway, and ``cohort-chunk``, ``client-cpus``, ``round-timeout`` are
+   documented as read by one engine only.)
 """
 
 from __future__ import annotations
@@ -119,3 +129,18 @@ def test_2_a_shard_that_could_not_build_the_task_names_its_error(monkeypatch):
     assert text.startswith("fast-actors: shard 2 of 2 could not build the task ("), text
     assert "ModuleNotFoundError: No module named 'mytask'" in text and "round 4" in text, text
     assert "\x1b" not in text and "\n" not in text and "out of memory?" not in text, text
+
+
+# -- finding 3: fast-actors on the Flower engine -------------------------------------------------
+
+
+def test_3_fast_actors_on_the_flower_engine_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(ValueError, match="fast-actors 2 is used only by the fast engine"):
+        load_config(TOY, {"engine": "flower", "fast-actors": 2})
+    out = tmp_path / "run"
+    argv = ["simulate", str(TOY), "--engine", "flower", "--rounds", "1", "--out", str(out)]
+    assert main([*argv, "--quiet", "--set", "fast-actors=2"]) == 2
+    line = _one_line(capsys)
+    assert "fast-actors 2 is used only by the fast engine" in line and "client-cpus" in line
+    assert not out.exists()  # before anything is written or Ray starts
+    load_config(TOY, {"engine": "flower", "fast-actors": 0})  # the default stays accepted

@@ -217,7 +217,7 @@ class LocalTrainer:
         return entries
 
     def _flat_dtype_source(self, state: dict[str, torch.Tensor]) -> str:
-        """``, set by ...``: the entry whose dtype made the flat dtype, for a message.
+        """The end of the refusal of a parameter's dtype: which entry made the flat dtype.
 
         Thirty-fourth review of issue 15 (tasks, finding 5): a float32 model with one float64
         buffer (``torch.from_numpy`` of a NumPy mean) was refused as ``parameter 'weight' has

@@ -44,10 +44,12 @@ def _tuning_of(path: Path) -> Path | None:
     return None
 
 
-def _subdirs(path: Path) -> list[Path]:
-    """The directories in ``path`` (none when it is no readable directory)."""
+def _tunings_in(path: Path) -> list[Path]:
+    """The tuning directories (holding a ``tune.json``) in ``path``; none if it is unreadable."""
+    from fedprivopt.simulation.tune_check import PLAN_FILE
+
     try:
-        return sorted(p for p in path.iterdir() if p.is_dir())
+        return sorted(p for p in path.iterdir() if (p / PLAN_FILE).is_file())
     except OSError:
         return []
 
@@ -58,10 +60,7 @@ def tuned_comparison_cells(path: str | Path) -> list[Path]:
     Empty when ``path`` is no such comparison: its ``tune/`` holds no directory with a
     ``tune.json``.
     """
-    from fedprivopt.simulation.tune_check import PLAN_FILE
-
-    tune = Path(path) / "tune"  # cli_compare_tune.TUNE_DIR
-    return [p for p in _subdirs(tune) if (p / PLAN_FILE).is_file()]
+    return _tunings_in(Path(path) / "tune")  # cli_compare_tune.TUNE_DIR
 
 
 def check_untuned_path(text: str, runs: Sequence[Any] = ()) -> None:
@@ -75,8 +74,6 @@ def check_untuned_path(text: str, runs: Sequence[Any] = ()) -> None:
     ValueError
         Naming ``--untuned``, the path and the tuning.
     """
-    from fedprivopt.simulation.tune_check import PLAN_FILE
-
     # thirty-fourth review of issue 15 (tuning, finding 3): a directory of tunings (a tuned
     # comparison's tune/) was refused as "…/metrics.jsonl: missing", not as tunings
     cells = tuned_comparison_cells(text)
@@ -86,8 +83,7 @@ def check_untuned_path(text: str, runs: Sequence[Any] = ()) -> None:
             f"its {len(cells)} cells are tunings, whose hyperparameters were chosen on the "
             f"private data; give them as TUNED ({shown(str(Path(text) / 'tune' / '*'))})"
         )
-    held = [p for p in _subdirs(Path(text)) if (p / PLAN_FILE).is_file()]
-    for path in (Path(text), *held, *(Path(r.path) for r in runs)):
+    for path in (Path(text), *_tunings_in(Path(text)), *(Path(r.path) for r in runs)):
         tuning = _tuning_of(path)
         if tuning is not None:
             raise ValueError(

@@ -219,6 +219,9 @@ def _write_csv(path: Path, summary: dict[str, Any]) -> None:
 
 
 def _plot(path: Path, summary: dict[str, Any]) -> None:
+    from fedprivopt.simulation.report_plots import import_matplotlib
+
+    import_matplotlib()  # an MPLBACKEND naming no backend (these plots use none) is ignored
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -12,6 +12,7 @@
    C++ line and rc 1; now one line of ours and rc 2, before Ray would (see the tests).
 4. ``ServerAlgorithm.load_state_dict`` of a state refused at its accountant left the algorithm
    half restored (see the test).
+5. ``MPLBACKEND=bogus fedprivopt tune …``: no report after the trials (see the test).
 """
 
 import socket
@@ -25,6 +26,7 @@ import torch
 
 from fedprivopt.cli import main
 from fedprivopt.cli_runs import _note_unused, load_preset
+from fedprivopt.simulation import tune_report
 from fedprivopt.simulation.cluster_watch import HeadWatch
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -165,3 +167,29 @@ def test_4_a_state_refused_at_its_accountant_leaves_the_algorithm_as_it_was(stra
     assert after["accountant"] == before["accountant"]
     fresh.load_state_dict(ran.state_dict())  # a valid state is taken whole
     assert fresh.round_num == 2 and torch.equal(fresh.params, ran.params)
+
+
+def test_5_a_tunings_plot_ignores_an_invalid_mplbackend(tmp_path, monkeypatch):
+    """``MPLBACKEND=bogus fedprivopt tune toy.toml --grid server-learning-rate=0.5,1 …``.
+
+    Found by the outputs reviewer after its finding 2 (a comparison's plots): ran the trials,
+    then rc 2 with matplotlib's ``Key backend: 'bogus' is not a valid value …`` and no
+    ``report.md`` (``tune_report`` imported matplotlib itself). It now imports it through
+    ``report_plots.import_matplotlib`` as the comparison's plots do.
+    """
+    summary = {"metric": "eval_accuracy", "mode": "max", "strategy": "dp-fedavg",
+               "epsilon": 12.0, "epsilon_single_run": 10.0,
+               "trials": [{"trial": "trial-000", "eval_accuracy": 0.5},
+                          {"trial": "trial-001", "eval_accuracy": float("nan")}]}  # fmt: skip
+    summary["best"] = summary["trials"][0]
+    loaded = {m: sys.modules[m] for m in list(sys.modules) if m.split(".")[0] == "matplotlib"}
+    monkeypatch.setenv("MPLBACKEND", "bogus")
+    for name in loaded:  # as in a process that has not imported matplotlib yet
+        del sys.modules[name]
+    try:
+        tune_report._plot(tmp_path / "trials.png", summary)
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "matplotlib"]:
+            del sys.modules[name]
+        sys.modules.update(loaded)
+    assert (tmp_path / "trials.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

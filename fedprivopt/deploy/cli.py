@@ -119,6 +119,17 @@ _OUR_LOGS = re.compile(
 )
 
 
+def _our_lock(path: Path) -> bool:
+    """Whether ``path`` (a regular file) may be ``deploy.lock``: empty or a PID (no notes)."""
+    from fedprivopt.core.files import read_at_most
+
+    try:
+        text = read_at_most(path, 32)
+    except OSError:
+        return False
+    return text is not None and (not text.strip() or text.strip().isdigit())
+
+
 def _check_log_dir(logs: Path) -> None:
     """Refuse a ``deploy/`` in ``--out`` that holds anything but an earlier deployment's logs.
 
@@ -134,15 +145,13 @@ def _check_log_dir(logs: Path) -> None:
     # sixteenth review of issue 15: a superlink.log that is a symbolic link (to a user's file)
     # was taken for an earlier log and appended to through the link; only regular files are
     # an earlier deployment's
-    from fedprivopt.simulation.rundir import _our_lock_file
-
     foreign = sorted(
         p.name
         for p in logs.iterdir()
         if not _OUR_LOGS.fullmatch(p.name)
         or p.is_symlink()
         or not p.is_file()
-        or (p.suffix == ".lock" and not _our_lock_file(p))  # a user's notes: empty or a PID
+        or (p.suffix == ".lock" and not _our_lock(p))
     )
     record = logs / "processes.json"
     if not foreign and record.exists():
@@ -298,13 +307,6 @@ def run_deploy_command(args: argparse.Namespace) -> int:
 
     check_device(config)  # the SuperNodes train on this machine
     _note_ignored(config)
-    from fedprivopt.cli_runs import _note_unused
-
-    # thirty-fourth review of issue 15: simulate names the keys its strategy does not use
-    # (tau for dp-fedavg, a [side-information] table for any but adadps); deploy local said
-    # nothing, and its summary showed the table it never used. Without a preset the base is
-    # the app's run config, which declares every option: only the --set keys are named
-    _note_unused([config], None if args.config is not None else overrides)
 
     def progress(line: str) -> None:
         if not args.quiet:

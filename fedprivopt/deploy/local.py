@@ -231,8 +231,6 @@ def check_not_deploying(out: str | os.PathLike) -> None:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: deploy_local's lock alone
         return
-    from fedprivopt.data.locks import _holder
-
     lock = Path(out).expanduser() / _LOG_DIR / DEPLOY_LOCK
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
@@ -241,7 +239,8 @@ def check_not_deploying(out: str | os.PathLike) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise _in_use(out, _holder(lock), lock) from None
+        text = os.pread(fd, 32, 0).strip()  # its PID, written right after it locked
+        raise _in_use(out, int(text) if text.isdigit() else None, lock) from None
     except OSError:
         return
     finally:

@@ -244,6 +244,21 @@ _LISTED = 10
 """Up to this many seeds are listed one by one; more are written as ranges (``0-299``)."""
 
 
+def _seeds_text(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
+    """The header's seeds: ``3 seeds (0, 1, 2)``, or the runs a group has when groups differ.
+
+    Thirty-fourth review of issue 15 (the tuning reviewer's report): a tuned comparison's
+    groups hold released trials, each with its own run seed, and the header said "2 strategies
+    × 1 noise multipliers × 2 seeds (1356721935, 2138214908)" for 2 runs, not 4.
+    """
+    if len({tuple(sorted(r["seeds"])) for r in rows}) <= 1:
+        return f"{len(seeds)} seeds ({_seed_list(seeds)})"
+    counts = sorted({len(r["seeds"]) for r in rows})
+    each = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    runs = "run" if counts == [1] else "runs"
+    return f"{each} {runs} per group (seeds differ between groups: {_seed_list(seeds)})"
+
+
 def _seed_list(seeds: Sequence[int]) -> str:
     """``0, 1, 2`` or, above :data:`_LISTED` seeds, their ranges: ``0-299, 301``.
 
@@ -347,8 +362,8 @@ def _markdown(
         f"# {title}",
         "",
         f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
-        f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {len(seeds)} seeds "
-        f"({_seed_list(seeds)}); engine {', '.join(engines)}. "
+        f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {_seeds_text(rows, seeds)}; "
+        f"engine {', '.join(engines)}. "
         f"Task metric: `{m}`. Values are the final evaluation, mean ± sample std over seeds.",
     ]
     if budget:

@@ -13,6 +13,8 @@
 4. ``ServerAlgorithm.load_state_dict`` of a state refused at its accountant left the algorithm
    half restored (see the test).
 5. ``MPLBACKEND=bogus fedprivopt tune …``: no report after the trials (see the test).
+6. A tuned comparison's report header counted its released trials' seeds as seeds of every
+   group (see the test).
 """
 
 import socket
@@ -26,7 +28,7 @@ import torch
 
 from fedprivopt.cli import main
 from fedprivopt.cli_runs import _note_unused, load_preset
-from fedprivopt.simulation import tune_report
+from fedprivopt.simulation import report, tune_report
 from fedprivopt.simulation.cluster_watch import HeadWatch
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -193,3 +195,21 @@ def test_5_a_tunings_plot_ignores_an_invalid_mplbackend(tmp_path, monkeypatch):
             del sys.modules[name]
         sys.modules.update(loaded)
     assert (tmp_path / "trials.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_6_a_report_header_counts_the_runs_of_groups_whose_seeds_differ():
+    """``compare toy.toml --strategies dp-fedavg,dp-fedadam --tune-grid … --rounds 1``.
+
+    The tuning reviewer's report: a tuned comparison's header said "2 strategies × 1 noise
+    multipliers × 2 seeds (1356721935, 2138214908)", 2 runs read as 4: each group holds one
+    released trial with its own run seed. Now "1 run per group (seeds differ between groups:
+    …)"; groups with the same seeds read as before.
+    """
+    tuned = [{"seeds": [1356721935]}, {"seeds": [2138214908]}]
+    assert report._seeds_text(tuned, [1356721935, 2138214908]) == (
+        "1 run per group (seeds differ between groups: 1356721935, 2138214908)"
+    )
+    short = [{"seeds": [0, 1, 2]}, {"seeds": [0, 2]}]  # a cell missing from one group
+    assert report._seeds_text(short, [0, 1, 2]).startswith("2–3 runs per group")
+    same = [{"seeds": [0, 1, 2]}, {"seeds": [2, 1, 0]}]
+    assert report._seeds_text(same, [0, 1, 2]) == "3 seeds (0, 1, 2)"

@@ -10,17 +10,20 @@ Thirty-second review of issue 15 (models, findings 1 and 2): a task by reference
 ``x`` ended in an ``IndexError``, ``AttributeError`` or ``TypeError`` traceback from the trainer
 (rc 1), and one whose ``loss`` returned a per-example vector, a Python float, ``None`` or a
 detached tensor ended in autograd's ``RuntimeError``/``TypeError`` traceback, naming neither the
-task nor the member.
+task nor the member. :func:`without_exit` turns a member's ``sys.exit()`` into such an error.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 
-__all__ = ["exited", "minibatch_loss", "user_examples"]
+__all__ = ["exited", "minibatch_loss", "user_examples", "without_exit"]
 
 
 def exited(exc: SystemExit) -> str:
@@ -32,6 +35,20 @@ def exited(exc: SystemExit) -> str:
     error: ``simulate`` ended with the task's code (0: a success with nothing run) and no line.
     """
     return f"it called sys.exit({shown(exc.code) if exc.code is not None else ''})"
+
+
+@contextlib.contextmanager
+def without_exit(call: str) -> Iterator[None]:
+    """Run a call of a task's member, whose ``sys.exit()`` becomes a :class:`TaskError`.
+
+    ``call`` names it (``MyTask.evaluate()``). Thirty-fourth review of issue 15 (the tasks
+    reviewer's report): ``sys.exit(0)`` in ``build_model()`` or ``evaluate()`` ended
+    ``simulate`` with rc 0 and no line, a run half done passing for a success.
+    """
+    try:
+        yield
+    except SystemExit as exc:
+        raise TaskError(f"{call} must return; {exited(exc)}") from None
 
 
 def _described(value: object) -> str:

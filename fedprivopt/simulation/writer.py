@@ -25,6 +25,7 @@ from fedprivopt.models.task import (
     primary_metric,
     private_evaluation_users,
 )
+from fedprivopt.models.task_calls import without_exit
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import save_checkpoint
@@ -133,12 +134,16 @@ class RunWriter:
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Central evaluation of ``params`` on the task's held-out data."""
+        name = type(self.task).__name__
         if self._eval_model is None:  # built once; every evaluation loads the whole state
-            self._eval_model = self.task.build_model()
+            with without_exit(f"{name}.build_model()"):
+                self._eval_model = self.task.build_model()
             self._eval_spec = flatten(self._eval_model.state_dict())[1]
         model = self._eval_model
         model.load_state_dict(unflatten(params.detach().cpu(), self._eval_spec))
-        return checked_metrics(self.config.task, self.task.evaluate(model))
+        with without_exit(f"{name}.evaluate()"):
+            metrics = self.task.evaluate(model)
+        return checked_metrics(self.config.task, metrics)
 
     def wants_eval(self, round_num: int) -> bool:
         """Whether ``round_num`` is evaluated (every ``eval-every`` rounds and the last).

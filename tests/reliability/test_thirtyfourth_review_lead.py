@@ -15,6 +15,8 @@
 5. ``MPLBACKEND=bogus fedprivopt tune …``: no report after the trials (see the test).
 6. A tuned comparison's report header counted its released trials' seeds as seeds of every
    group (see the test).
+7. ``sys.exit(0)`` in a task's ``evaluate()`` (or the evaluation's ``build_model()``): rc 0
+   and no line (the tasks reviewer's report; see the test).
 """
 
 import socket
@@ -32,6 +34,7 @@ from fedprivopt.simulation import report, tune_report
 from fedprivopt.simulation.cluster_watch import HeadWatch
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_thirtyfourth_review_tasks import OwnTask
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 PUBLIC = {"side-information.kind": "public-users", "side-information.users": 3}
@@ -213,3 +216,26 @@ def test_6_a_report_header_counts_the_runs_of_groups_whose_seeds_differ():
     assert report._seeds_text(short, [0, 1, 2]).startswith("2–3 runs per group")
     same = [{"seeds": [0, 1, 2]}, {"seeds": [2, 1, 0]}]
     assert report._seeds_text(same, [0, 1, 2]) == "3 seeds (0, 1, 2)"
+
+
+class EvaluateExits(OwnTask):
+    """The tasks reviewer's minimal task whose ``evaluate`` calls ``sys.exit(0)``."""
+
+    def evaluate(self, model):
+        sys.exit(0)
+
+
+def test_7_a_task_whose_evaluate_exits_is_one_line(tmp_path, capsys):
+    """The tasks reviewer's report: ``sys.exit(0)`` in a task's ``evaluate()``.
+
+    ``simulate`` ended with rc 0 and no line after the first round's release (a run half done
+    passing for a success). Now rc 2 and one line naming the member; the released round is in
+    the ledger.
+    """
+    out = tmp_path / "run"
+    rc = main(["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(out),
+               "--set", f"task={__name__}:EvaluateExits", "--set", "population=6",
+               "--set", "clients-per-round=4", "--set", "task-params={num-users=6}"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "EvaluateExits.evaluate() must return; it called sys.exit(0)" in err[0]

@@ -39,6 +39,7 @@ __all__ = [
     "compare_cells",
     "compare_overrides",
     "load_preset",
+    "note_unused",
     "refuse_table_against_flags",
     "set_overrides",
 ]
@@ -238,7 +239,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sets = set_overrides(args)
         config = load_preset(args.config, sets)
         refuse_table_against_flags(args, sets, config.strategy.strategy)
-        _note_unused([config])  # a shared preset's other knobs, or a mistake
+        note_unused([config])  # a shared preset's other knobs, or a mistake
         out = out or check_out_dir(f"runs/{config.strategy.strategy}-seed{config.strategy.seed}")
         # validates everything before anything is written
         task, _ = build_checked_run(config, out=out)
@@ -395,7 +396,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     sets = compare_overrides(args)
     base = load_preset(args.config, sets)
     cells = compare_cells(args, base)
-    _note_unused([cell.config for cell in cells], sets)
+    note_unused([cell.config for cell in cells], sets)
     if args.metric is not None:  # before any run: a metric no run reports failed only at the end
         from fedprivopt.simulation.tune import check_metric
 
@@ -415,7 +416,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             return _compare_locked(args, out, cells)
 
 
-def _note_unused(configs: list, only: dict | None = None) -> None:
+def note_unused(configs: list, only: dict | None = None) -> None:
     """Say on stderr which strategies do not use keys that are set, one line per set of keys.
 
     ``configs`` are run configurations. ``simulate`` names every such key of its one strategy;

@@ -307,6 +307,13 @@ def run_deploy_command(args: argparse.Namespace) -> int:
 
     check_device(config)  # the SuperNodes train on this machine
     _note_ignored(config)
+    from fedprivopt.cli_runs import note_unused
+
+    # thirty-fourth review of issue 15 (deploy, finding 4): simulate names the keys its strategy
+    # does not use (tau for dp-fedavg, a [side-information] table for any but adadps); deploy
+    # local said nothing. Without a preset the base is the app's run config, which declares
+    # every option: only the --set keys are named
+    note_unused([config], None if args.config is not None else overrides)
 
     def progress(line: str) -> None:
         if not args.quiet:

@@ -17,6 +17,8 @@
    group (see the test).
 7. ``sys.exit(0)`` in a task's ``evaluate()`` (or the evaluation's ``build_model()``): rc 0
    and no line (the tasks reviewer's report; see the test).
+8. ``deploy local`` said nothing of keys its strategy does not use (the deploy reviewer's
+   finding 4, whose fix needed ``cli_runs.note_unused`` public; see the test).
 """
 
 import socket
@@ -29,11 +31,13 @@ import pytest
 import torch
 
 from fedprivopt.cli import main
-from fedprivopt.cli_runs import _note_unused, load_preset
+from fedprivopt.cli_runs import load_preset, note_unused
+from fedprivopt.deploy import local as deploy_module
 from fedprivopt.simulation import report, tune_report
 from fedprivopt.simulation.cluster_watch import HeadWatch
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_fuzz_cli import run_cli
 from tests.reliability.test_thirtyfourth_review_tasks import OwnTask
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -52,20 +56,20 @@ def test_2_simulate_says_a_strategy_does_not_use_side_information(tmp_path, caps
     assert rc == 0
     assert "note: dp-fedavg does not use side-information" in err
     # adadps reads it: no note
-    _note_unused([load_preset(TOY, {"strategy": "adadps", **PUBLIC})])
+    note_unused([load_preset(TOY, {"strategy": "adadps", **PUBLIC})])
     assert "side-information" not in capsys.readouterr().err
 
 
 def test_2_compare_notes_its_side_information_sets_per_strategy(capsys):
     sets = {"side-information.kind": "ones"}
     configs = [load_preset(TOY, {**sets, "strategy": name}) for name in ("dp-fedavg", "adadps")]
-    _note_unused(configs, sets)
+    note_unused(configs, sets)
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if "side-information" in line] == [
         "note: dp-fedavg does not use side-information (other strategies' options, or ones it "
         "ignores)"
     ]
-    _note_unused(configs, {"clip-norm": 1.0})  # a preset's table that compare did not set
+    note_unused(configs, {"clip-norm": 1.0})  # a preset's table that compare did not set
     assert "side-information" not in capsys.readouterr().err
 
 
@@ -239,3 +243,29 @@ def test_7_a_task_whose_evaluate_exits_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "EvaluateExits.evaluate() must return; it called sys.exit(0)" in err[0]
+
+
+def test_8_deploy_local_notes_the_keys_its_strategy_does_not_use(tmp_path, monkeypatch):
+    """The deploy reviewer's finding 4 (its fix needed ``note_unused`` public).
+
+    ``deploy local toy.toml --set tau=0.1 --set side-information.kind=public-users`` (dp-fedavg
+    uses neither) deployed without a word where ``simulate`` says ``note: dp-fedavg does not
+    use side-information, tau (…)``. Now ``deploy local`` says it too, before anything starts
+    (the deployment itself is replaced by a failure here).
+    """
+
+    def refuse(**kwargs):
+        raise RuntimeError("not started (test)")
+
+    monkeypatch.setattr(deploy_module, "deploy_local", refuse)
+    args = ["deploy", "local", "--nodes", "1", "--insecure", str(TOY), "--rounds", "1",
+            "--out", str(tmp_path / "d"), "--quiet", "--set", "population=6",
+            "--set", "task-params.num-users=6", "--set", "clients-per-round=3",
+            "--set", "tau=0.1", "--set", "side-information.kind=ones"]  # fmt: skip
+    code, _, err = run_cli(args)
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert code == 1 and "not started (test)" in err
+    assert notes == [
+        "note: dp-fedavg does not use side-information, tau (other strategies' options, or "
+        "ones it ignores)"
+    ]

@@ -19,6 +19,8 @@
    and no line (the tasks reviewer's report; see the test).
 8. ``deploy local`` said nothing of keys its strategy does not use (the deploy reviewer's
    finding 4, whose fix needed ``cli_runs.note_unused`` public; see the test).
+9. A float64 model on the Flower engine: its updates went as float32 and were all rejected
+   (the tasks reviewer's report; see the test).
 """
 
 import socket
@@ -27,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -269,3 +272,23 @@ def test_8_deploy_local_notes_the_keys_its_strategy_does_not_use(tmp_path, monke
         "note: dp-fedavg does not use side-information, tau (other strategies' options, or "
         "ones it ignores)"
     ]
+
+
+def test_9_a_client_app_sends_a_float64_models_updates_as_float64():
+    """The tasks reviewer's report: a float64 model on the Flower engine never trained.
+
+    ``clients.reply_updates`` sent every update as float32 and the server, which sums in the
+    model's dtype, rejected them all (``dtype torch.float32 != torch.float64``): noise-only
+    rounds, ``eval_accuracy`` 0.435 where the fast engine trains to 0.775. Now a float64 update
+    goes as float64; others as float32, as before.
+    """
+    from fedprivopt import wire as P
+    from fedprivopt.clients import reply_updates
+    from tests.messages import delivered
+    from tests.reliability.test_thirtyfirst_review_processes import _config_record
+
+    message = delivered({P.CONFIG_RECORD: _config_record()}, "train")
+    vectors = {1: torch.ones(3, dtype=torch.float64), 2: torch.ones(3), 3: torch.ones(3).half()}
+    reply = reply_updates(message, vectors)
+    sent = {u: reply.content[P.update_key(u)][P.DELTA_ARRAY].numpy().dtype for u in vectors}
+    assert sent == {1: np.float64, 2: np.float32, 3: np.float32}

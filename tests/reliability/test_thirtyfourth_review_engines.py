@@ -21,7 +21,7 @@ Each test failed before its fix (checked against the code before it) and passes 
    package upgraded during a long run with ``ImportError: cannot import name …``, seen here
    when the working tree changed under a run): rc 2 and one line ``fast-actors: shard 1 of 1
    ended before it returned its users' updates of round 1 (ActorDiedError: The actor died
-   because of an error raised in its creation task, \x1b[36mray::_Shard.__init__()\x1b[39m
+   because of an error raised in its creation task, ESC[36mray::_Shard.__init__()ESC[39m
    (pid=…, actor_id=…, repr=…)); killed, or out of memory …?``: Ray's terminal escapes, cut
    before the error, which it never named, and a guess at the cause. Now ``fast.shard_result``
    says ``fast-actors: shard 1 of 1 could not build the task (MemoryError: …), which this process

@@ -81,8 +81,10 @@ class UserDiscovery:
             task whose model has nothing to train waited ``node_wait``, 120 s, then released
             noise-only rounds with every user on no node, rc 0; the fast engine stops with the
             error).
-        RuntimeError
-            When fewer than ``min_nodes`` nodes connected, or two nodes host one user.
+        ValueError
+            When fewer than ``min_nodes`` nodes connected, none hosts a user of the population,
+            or two nodes host one user (thirty-fourth review of issue 15: these were
+            ``RuntimeError``, a traceback from the command line where one line says it).
         """
         population = set(self.algorithm.user_ids)  # public users (AdaDPS) are never asked
         deadline = time.monotonic() + self.node_wait
@@ -116,7 +118,7 @@ class UserDiscovery:
             # long query was out (8,000 simulated nodes take minutes to answer) are asked too
             if not new and time.monotonic() > deadline:
                 if len(queried) < self.min_nodes:
-                    raise RuntimeError(
+                    raise ValueError(
                         f"only {len(queried)} of min_nodes={self.min_nodes} nodes connected "
                         f"within {self.node_wait:g} s"
                     )
@@ -124,7 +126,7 @@ class UserDiscovery:
                     # thirty-third review of issue 15 (lead, the flower reviewer's suggestion):
                     # every node failed the user query (another error than the task's, e.g. a
                     # device it lacks) and the run released noise-only rounds, charged, rc 0
-                    raise RuntimeError(
+                    raise ValueError(
                         f"none of the {len(queried)} connected nodes hosts a user of the "
                         "population (each failed the user query or hosts none; see the "
                         "warnings above): no round would train anyone, so none was released"
@@ -167,7 +169,7 @@ class UserDiscovery:
                 continue
             for user in users:
                 if user in mapping:  # no user may be trained (and sampled) twice
-                    raise RuntimeError(
+                    raise ValueError(
                         f"user {user} is hosted by nodes {mapping[user]} and {node}: two "
                         f"SuperNodes have the same {P.NODE_PARTITION_ID}, or different "
                         f"{P.NODE_NUM_PARTITIONS} (start node p of P with --node-config "

@@ -408,7 +408,7 @@ def test_6_two_nodes_hosting_one_user_are_named_with_the_cause(server_side):
     from tests.reliability.test_twentyninth_review_privacy import QueryGrid, user_query_strategy
 
     again = RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: [2]})})  # node 101's user
-    with pytest.raises(RuntimeError, match="user 2 is hosted by nodes 100 and 101") as info:
+    with pytest.raises(ValueError, match="user 2 is hosted by nodes 100 and 101") as info:
         user_query_strategy().discover_users(QueryGrid(again))
     assert "partition-id" in str(info.value)
 

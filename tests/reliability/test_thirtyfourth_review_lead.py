@@ -21,6 +21,10 @@
    finding 4, whose fix needed ``cli_runs.note_unused`` public; see the test).
 9. A float64 model on the Flower engine: its updates went as float32 and were all rejected
    (the tasks reviewer's report; see the test).
+10. A seeded redo refused after ``vectorize`` or the engine changed did not say they may be why
+    (the engines reviewer's report A; see the test). Its report C, the Flower user query's
+    refusals as ``RuntimeError`` tracebacks, is tested by ``ValueError`` in the thirty-first
+    processes and thirty-third lead tests.
 """
 
 import socket
@@ -292,3 +296,26 @@ def test_9_a_client_app_sends_a_float64_models_updates_as_float64():
     reply = reply_updates(message, vectors)
     sent = {u: reply.content[P.update_key(u)][P.DELTA_ARRAY].numpy().dtype for u in vectors}
     assert sent == {1: np.float64, 2: np.float32, 3: np.float32}
+
+
+def test_10_a_redo_refused_after_vectorize_changed_says_it_may_be_why(tmp_path, capsys):
+    """The engines reviewer's report A (``RunLedger._replayed``).
+
+    ``simulate stackoverflow-tp-mini.toml --rounds 3 --out R``, ``rm R/checkpoint.pt`` (a kill
+    past a checkpoint), ``vectorize = false`` in ``R/config.toml``, ``--resume R``: the redone
+    round 3 is refused, rightly (the vectorized trainer and ``LocalTrainer`` differ in float
+    rounding), but the line named "another device or edited code", not the engine or
+    ``vectorize``, the one thing changed. Now it names them among the causes.
+    """
+    out = tmp_path / "run"
+    preset = TOY.parent / "stackoverflow-tp-mini.toml"
+    assert main(["simulate", str(preset), "--rounds", "3", "--quiet", "--out", str(out)]) == 0
+    (out / "checkpoint.pt").unlink()
+    config = (out / "config.toml").read_text()
+    assert "vectorize = true" in config
+    (out / "config.toml").write_text(config.replace("vectorize = true", "vectorize = false"))
+    capsys.readouterr()
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "round 3, redone from the checkpoint" in err[0]
+    assert "another engine or vectorize setting" in err[0]

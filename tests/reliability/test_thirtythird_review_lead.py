@@ -245,7 +245,7 @@ def test_a_flower_run_whose_nodes_host_no_user_is_refused_before_any_round(serve
         node_wait=0.1,
         on_round=lambda result, _: rounds.append(result.round_num),
     )
-    with pytest.raises(RuntimeError, match="none of the 6 connected nodes hosts a user"):
+    with pytest.raises(ValueError, match="none of the 6 connected nodes hosts a user"):
         strategy.start(_QueryFailsGrid({}), flat_to_arrays(flat, spec), 2, timeout=1.0)
     assert rounds == [] and strategy.algorithm.accountant.num_events == 0  # before: [1, 2]
 

@@ -118,26 +118,40 @@ def _in_process(tmp_path: Path, monkeypatch, *argv: str) -> subprocess.Completed
     return subprocess.CompletedProcess(list(argv), code, out, err)
 
 
+def _main(tmp_path: Path, monkeypatch, *argv: str) -> subprocess.CompletedProcess:
+    """``fedprivopt ARGV`` run by ``main`` in this process, from ``tmp_path`` with ``HOME`` and
+    ``FLWR_HOME`` under it and no ``FEDPRIVOPT_DEBUG``, as ``_cli`` runs its child (``_env``): for
+    the findings about a command's output and files, not its process; no interpreter start-up."""
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
+    monkeypatch.delenv("FEDPRIVOPT_DEBUG", raising=False)
+    code, out, err = run_cli(list(argv))
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
 # -- finding 1: compare --quiet prints no progress -------------------------------------------------
 
 
-def test_1_compare_quiet_prints_only_the_report_line(tmp_path):
+def test_1_compare_quiet_prints_only_the_report_line(tmp_path, monkeypatch):
     out = tmp_path / "c"
     argv = ["compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--rounds", "1"]
-    first = _cli(tmp_path, *argv, "--out", str(out), "--quiet")
+    first = _main(tmp_path, monkeypatch, *argv, "--out", str(out), "--quiet")
     assert first.returncode == 0, first.stderr
     assert first.stderr == "", first.stderr  # was "[1/2] dp-fedavg__sigma0.5__seed0" ...
     assert first.stdout.startswith("report: "), first.stdout
     # every cell reused, through --jobs 2's path (no worker is started for reused cells)
-    again = _cli(tmp_path, *argv, "--out", str(out), "--quiet", "--jobs", "2")
+    again = _main(tmp_path, monkeypatch, *argv, "--out", str(out), "--quiet", "--jobs", "2")
     assert again.returncode == 0, again.stderr
     assert again.stderr == "", again.stderr
     assert "2 of 2 runs from an earlier call" in again.stdout, again.stdout
 
 
-def test_1_compare_without_quiet_still_announces_each_cell(tmp_path):
+def test_1_compare_without_quiet_still_announces_each_cell(tmp_path, monkeypatch):
     argv = ["compare", str(TOY), "--strategies", "fedavg", "--rounds", "1"]
-    proc = _cli(tmp_path, *argv, "--out", str(tmp_path / "c"))
+    proc = _main(tmp_path, monkeypatch, *argv, "--out", str(tmp_path / "c"))
     assert proc.returncode == 0, proc.stderr
     assert "[1/1] fedavg__sigma0__seed0" in proc.stderr, proc.stderr
 
@@ -247,10 +261,11 @@ def test_3_the_preset_s_tilde_is_expanded(argv, monkeypatch, tmp_path):
     assert args.config == str(tmp_path / "x.toml")
 
 
-def test_3_simulate_reads_a_preset_under_tilde(tmp_path):
+def test_3_simulate_reads_a_preset_under_tilde(tmp_path, monkeypatch):
     (tmp_path / "home").mkdir()
     shutil.copy(TOY, tmp_path / "home" / "x.toml")
-    proc = _cli(tmp_path, "simulate", "~/x.toml", "--rounds", "1", "--out", "~/r", "--quiet")
+    argv = ["simulate", "~/x.toml", "--rounds", "1", "--out", "~/r", "--quiet"]
+    proc = _main(tmp_path, monkeypatch, *argv)
     assert proc.returncode == 0, proc.stderr  # was 2: config file '~/x.toml' does not exist
     assert (tmp_path / "home" / "r" / "summary.json").is_file()
 

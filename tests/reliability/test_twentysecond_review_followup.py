@@ -56,6 +56,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
     )
 
 
+def _in_process(*argv: str) -> subprocess.CompletedProcess:
+    """``fedprivopt ARGV`` run by ``main`` in this process: exit code, stdout, stderr."""
+    from tests.reliability.test_fuzz_cli import run_cli
+
+    code, out, err = run_cli(list(argv))
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
 def _script(tmp_path: Path, code: str, timeout: float = 60.0) -> tuple[int, str, float]:
     """Run ``code`` in a fresh interpreter: exit code, stderr, seconds."""
     start = time.monotonic()
@@ -234,17 +242,11 @@ def test_1_a_run_ended_by_two_ctrl_c_resumes_to_the_uninterrupted_result(tmp_pat
     assert proc.returncode == 130, err  # -2 before end_interrupted: killed in Python's teardown
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert len(_lines(err)) == 1 and "interrupted" in err, err
-    done = subprocess.run(
-        [*cli, "--resume", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, timeout=120
-    )
+    # the resume and the uninterrupted run: main in this process (the interrupted run is the one
+    # that needs a process; no interpreter start-up for these two)
+    done = _in_process("simulate", "--resume", str(out), "--quiet")
     assert done.returncode == 0, done.stderr
-    whole = subprocess.run(
-        [*cli, *args, "--out", str(tmp_path / "whole")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        timeout=120,
-    )
+    whole = _in_process("simulate", *args, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
     resumed = json.loads((out / "summary.json").read_text())
     uninterrupted = json.loads((tmp_path / "whole" / "summary.json").read_text())

@@ -561,24 +561,21 @@ def test_13_a_ledger_from_before_the_task_code_was_recorded_is_not_refused(
 
 
 # -- noticed: a factory that runs the command again; the Python API's unbounded counts ----------
-def test_14_a_factory_that_builds_its_own_task_again_is_one_line(tmp_path):
+def test_14_a_factory_that_builds_its_own_task_again_is_one_line(tmp_path, monkeypatch):
     """Before: ``task = "fedprivopt.cli:main"`` ran the command within itself until Python's
-    recursion limit: a ``RecursionError`` traceback of 2,991 lines, rc 1."""
-    import subprocess
-    import sys
-
+    recursion limit: a ``RecursionError`` traceback of 2,991 lines, rc 1. Run by ``main`` in
+    this process, from the repository with the child's ``sys.argv`` (no interpreter start-up)."""
     preset = tmp_path / "p.toml"
     preset.write_text(
         'strategy = "dp-fedavg"\ntask = "fedprivopt.cli:main"\npopulation = 40\n'
         "clients-per-round = 10\nnum-server-rounds = 2\nnoise-multiplier = 0.5\n"
     )
     out = tmp_path / "r"
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedprivopt.cli", "simulate", str(preset), "--out", str(out),
-         "--quiet"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    one_line_error(proc.returncode, proc.stderr, "task 'fedprivopt.cli:main'", "again")
+    argv = ["simulate", str(preset), "--out", str(out), "--quiet"]
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.argv", ["fedprivopt", *argv])  # what main() reads, as in a child
+    code, _, err = run_cli(argv)
+    one_line_error(code, err, "task 'fedprivopt.cli:main'", "again")
     assert not out.exists()
 
 

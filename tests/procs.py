@@ -127,3 +127,62 @@ def flwr_run_env(home: Path, bin_dir: Path) -> tuple[dict[str, str], str]:
         RAY_ADDRESS="local",
     )
     return env, str(home / "local-superlink")
+
+
+# what the commands import (fedprivopt.cli imports them lazily): each child finds them loaded
+PRELOADED = ["torch", "numpy", "scipy", "dp_accounting", "fedprivopt.cli", "fedprivopt.privacy",
+             "fedprivopt.models", "fedprivopt.data", "fedprivopt.simulation.run",
+             "fedprivopt.deploy.cli", "tests.procs"]  # fmt: skip
+
+
+def _program_in_fork(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """In the forked child: the ``fedprivopt`` program (:func:`fedprivopt.cli.console`, what
+    ``python -m fedprivopt.cli`` runs) on ``argv``, with ``env``, from ``cwd``, its standard
+    output and error (the file descriptors, not only Python's streams) in the files ``out`` and
+    ``err``."""
+    import sys
+    import warnings
+
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    for fd, path in ((1, out), (2, err)):
+        file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(file, fd)
+        os.close(file)
+    if env.get("PYTHONWARNINGS") == "ignore":
+        warnings.simplefilter("ignore")
+    sys.argv = ["fedprivopt", *argv]
+    from fedprivopt.cli import console
+
+    console()
+
+
+def run_program_forked(
+    argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float
+) -> tuple[int | None, str, str]:
+    """``fedprivopt ARGV`` in a child process forked from a server that has imported the program
+    and what it imports (multiprocessing's forkserver, :data:`PRELOADED`): a process of its own,
+    as ``python -m fedprivopt.cli`` starts, without an interpreter's start-up and imports
+    (seconds each). For commands whose message and exit code are the point, not their threads
+    (torch is loaded before the program's settings for it). Exit code (``None``: still running
+    after ``timeout`` s, then killed by its PID), stdout and stderr."""
+    import multiprocessing
+    import tempfile
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED)
+    with tempfile.TemporaryDirectory(prefix="fedprivopt-child-") as files:
+        out, err = Path(files, "stdout"), Path(files, "stderr")
+        child = context.Process(
+            target=_program_in_fork, args=(list(argv), dict(env), str(cwd), str(out), str(err))
+        )
+        child.start()
+        try:
+            child.join(timeout)
+            code = child.exitcode
+        finally:
+            if child.exitcode is None:
+                child.kill()  # by its PID, also when the test fails
+                child.join()
+        return code, out.read_text(errors="replace"), err.read_text(errors="replace")

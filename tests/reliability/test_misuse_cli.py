@@ -18,16 +18,14 @@ child process with a time limit; the child is killed by its PID, also when the t
 from __future__ import annotations
 
 import os
-import signal
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.core.text import shown
+from tests.procs import run_program_forked
 from tests.reliability.test_fuzz_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,26 +39,18 @@ UNREADABLE = Path("/proc/sys/vm/drop_caches")  # mode 0200: not even root may re
 
 
 def run_child(argv: list[str], *, timeout: float = 60.0) -> tuple[int, str, str]:
-    """``python -m fedprivopt.cli argv`` in a child process, killed by its PID after ``timeout``."""
+    """``fedprivopt ARGV`` in a child process, killed by its PID after ``timeout``.
+
+    The child is forked from a server that has imported the program (``tests.procs.
+    run_program_forked``): the same program in a process of its own, without the seconds of an
+    interpreter's start-up and imports for each case.
+    """
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "FLWR_TELEMETRY_ENABLED": "0"}
     env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fedprivopt.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    code, out, err = run_program_forked(argv, env=env, cwd=ROOT, timeout=timeout)
+    if code is None:
         pytest.fail(f"{argv[:3]}... still running after {timeout:g} s")
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return proc.returncode, out, err
+    return code, out, err
 
 
 def usage_error(result: tuple[int, str, str], *needles: str) -> str:

@@ -70,12 +70,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.test_twentyeighth_review import _cli
+from tests.procs import run_program_forked
+from tests.reliability.test_twentyeighth_review import _env
 from tests.reliability.test_twentyninth_review_cli import _cli as _in_process
 from tests.reliability.test_twentyninth_review_cli import _one_line
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"
+
+
+def _cli(tmp_path: Path, *argv: str, env: dict[str, str] | None = None):
+    """``fedprivopt ARGV`` in a child process from ``tmp_path`` (with the twenty-eighth review's
+    ``_env`` unless ``env``), killed after 120 s: forked from a server that has imported the
+    program (``tests.procs.run_program_forked``), no interpreter start-up of its own."""
+    env = _env(tmp_path) if env is None else env
+    code, out, err = run_program_forked(list(argv), env=env, cwd=tmp_path, timeout=120)
+    if code is None:
+        pytest.fail(f"{argv[:3]}... still running after 120 s")
+    return subprocess.CompletedProcess(list(argv), code, out, err)
 
 
 # -- 1: every task parameter a task's message names is the config's key ----------------------
@@ -168,19 +180,15 @@ def test_2_a_type_error_inside_a_factory_is_still_a_bug():
 
 
 @pytest.mark.parametrize(("value", "on"), [("0", False), (" Off ", False), ("1", True)])
-def test_3_debug_zero_keeps_the_one_line(value, on, tmp_path):
-    env = dict(os.environ, FEDPRIVOPT_DEBUG=value, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedprivopt.cli", "data", "info", str(tmp_path / "nowhere")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if on:
+def test_3_debug_zero_keeps_the_one_line(value, on, tmp_path, monkeypatch):
+    argv = ["data", "info", str(tmp_path / "nowhere")]
+    if on:  # the traceback and rc 1 of a process: a child
+        env = dict(os.environ, FEDPRIVOPT_DEBUG=value, PYTHONPATH=str(ROOT))
+        proc = _cli(tmp_path, *argv, env=env)
         assert proc.returncode == 1 and "Traceback" in proc.stderr, proc.stderr
-    else:
+    else:  # the one line: main in this process (no interpreter start-up)
+        monkeypatch.setenv("FEDPRIVOPT_DEBUG", value)
+        proc = _in_process(tmp_path, *argv)
         assert _one_line(proc).endswith("nowhere does not exist"), proc.stderr
 
 

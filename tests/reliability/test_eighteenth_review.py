@@ -57,6 +57,7 @@ import pytest
 import torch
 
 from fedprivopt import optim
+from tests.procs import run_program_forked
 from tests.reliability.test_fuzz_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +177,10 @@ def test_3_a_json_value_that_is_not_an_object_is_cut():
 
 # -- finding 4: a FIFO among a dataset's files ----------------------------------------------------
 def _cli(argv: list[str], tmp_path: Path, timeout: float = 90, preexec_fn=None) -> tuple[int, str]:
-    """``fedprivopt ARGV`` in a subprocess, stopped (by its PID) if it outlives ``timeout``."""
+    """``fedprivopt ARGV`` in a subprocess, stopped (by its PID) if it outlives ``timeout``.
+
+    Without ``preexec_fn`` the child is forked from a server that has imported the program
+    (``tests.procs.run_program_forked``); with it, a fresh ``python -m fedprivopt.cli``."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -185,6 +189,11 @@ def _cli(argv: list[str], tmp_path: Path, timeout: float = 90, preexec_fn=None) 
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_HOME": str(tmp_path / "flwr-home"),
     }
+    if preexec_fn is None:  # forked from a server that has imported the program: no start-up
+        code, _, err = run_program_forked(argv, env=env, cwd=Path.cwd(), timeout=timeout)
+        if code is None:
+            pytest.fail(f"{argv[:2]} still running after {timeout} s (hung)")
+        return code, err
     cmd = [sys.executable, "-m", "fedprivopt.cli", *argv]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

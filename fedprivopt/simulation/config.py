@@ -21,6 +21,7 @@ preset < its ``[strategies.<name>]`` table < ``--set`` and command-line flags.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import os
 import re
@@ -437,6 +438,24 @@ def _expand_home(value: Any) -> Any:
     return value
 
 
+def _check_no_dates(key: str, value: Any) -> None:
+    """Refuse a TOML date or time (also inside an array) as the value of ``key``.
+
+    Thirty-fourth review of issue 15 (the tasks reviewer's report): ``--set
+    task-params.extra=1979-05-27`` for a factory taking ``**params`` ended in ``TypeError:
+    Object of type date is not JSON serializable`` (rc 1) where the run's settings are recorded.
+    """
+    values = value if isinstance(value, list) else [value]
+    for item in values:
+        if isinstance(item, list):
+            _check_no_dates(key, item)
+        elif isinstance(item, (datetime.date, datetime.time)):  # datetime is a date
+            raise ValueError(
+                f"{shown_key(key)}: a TOML date or time is no setting (strings, numbers, booleans "
+                f"and arrays of them are), got {shown(str(item))}"
+            )
+
+
 def resolve_config(data: Mapping[str, Any]) -> RunConfig:
     """Build a validated :class:`RunConfig` from a (nested or flattened) kebab-case mapping."""
     flat = _task_param_spellings(_flatten(data))
@@ -451,6 +470,7 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         SIDE_INFORMATION,
     }
     for key, value in flat.items():
+        _check_no_dates(key, value)
         if key.startswith("task-params."):
             name = key.split(".", 1)[1].replace("-", "_")
             task_params[name] = _expand_home(value) if name in _TASK_PATHS else value

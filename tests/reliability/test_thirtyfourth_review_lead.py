@@ -25,6 +25,8 @@
     (the engines reviewer's report A; see the test). Its report C, the Flower user query's
     refusals as ``RuntimeError`` tracebacks, is tested by ``ValueError`` in the thirty-first
     processes and thirty-third lead tests.
+11. A TOML date or time as a task parameter: a ``TypeError`` traceback (the tasks reviewer's
+    report; see the test).
 """
 
 import socket
@@ -319,3 +321,28 @@ def test_10_a_redo_refused_after_vectorize_changed_says_it_may_be_why(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "round 3, redone from the checkpoint" in err[0]
     assert "another engine or vectorize setting" in err[0]
+
+
+def lenient_task(num_users: int = 6, **ignored):
+    """A factory taking any task parameter (``**params``), as a user's may."""
+    return OwnTask(num_users=num_users)
+
+
+@pytest.mark.parametrize("value", ["1979-05-27", "[07:32:00]", "1979-05-27T07:32:00Z"])
+def test_11_a_toml_date_as_a_setting_is_one_line(tmp_path, capsys, value):
+    """The tasks reviewer's report: ``--set task-params.extra=1979-05-27``.
+
+    For a factory that takes ``**params`` (``lenient_task`` here) the run ended in
+    ``TypeError: Object of type date is not JSON serializable`` (rc 1) where the run's settings
+    are recorded. Now any key whose value is a TOML date or time (also in an array) is one
+    line, rc 2, before anything is written.
+    """
+    out = tmp_path / "run"
+    rc = main(["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+               "--set", f"task={__name__}:lenient_task",
+               "--set", "population=6", "--set", "clients-per-round=4", "--set",
+               "task-params={num-users=6}", "--set", f"task-params.extra={value}"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "task-params.extra: a TOML date or time is no setting" in err[0]
+    assert not out.exists()

@@ -43,6 +43,7 @@ from fedprivopt.models.task import (
     frozen_coordinates,
     primary_metric,
 )
+from fedprivopt.models.task_calls import without_exit
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt, ray_processes
@@ -76,6 +77,7 @@ from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
+from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.core import ServerAlgorithm
 
 __all__ = ["RunOutcome", "build_run", "resume", "simulate"]
@@ -140,12 +142,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
             f"population must equal the number of users of task {config.task!r} "
             f"({task.num_users}), got {config.strategy.population}"
         )
-    model = task.build_model()  # once: the initial point and the frozen coordinates
-    if not isinstance(model, torch.nn.Module):  # thirty-second review of issue 15: a traceback
-        raise TaskError(
-            f"{type(task).__name__}.build_model() must return a torch.nn.Module, got "
-            f"{type(model).__name__}"
-        )
+    model = _initial_model(task)  # once: the initial point and the frozen coordinates
     init = flatten(model.state_dict())[0]
     strategy, side, offset = config.strategy, None, 0
     resolved = side_information_of(config, task)
@@ -153,7 +150,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
         side = build_side_information(resolved, task)
         if resolved.public_users:
             offset = len(resolved.public_users)
-            strategy = dataclasses.replace(strategy, population=resolved.private_population)
+            strategy = _private(strategy, resolved.private_population, offset)
     alg = build_algorithm(
         strategy, init, preconditioner=side, user_offset=offset, frozen=frozen_coordinates(model)
     )
@@ -163,6 +160,46 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
         planned = strategy.num_server_rounds * alg.events_per_round
         check_ledger([(event, planned)], strategy.delta, accountant="prv")
     return task, alg
+
+
+def _initial_model(task: Task) -> torch.nn.Module:
+    """``task.build_model()``, checked: a module of initialized tensors on the CPU.
+
+    Thirty-fourth review of issue 15 (the tasks reviewer's report): a model built on the
+    ``meta`` device or with a lazy module (``torch.nn.LazyLinear``) ended in a traceback (rc 1:
+    ``Tensor.item() cannot be called on meta tensors``, ``Can't access the shape of an
+    uninitialized parameter``), and ``sys.exit(0)`` in ``build_model()`` in rc 0 and no line.
+    """
+    name = f"{type(task).__name__}.build_model()"
+    with without_exit(name):
+        model = task.build_model()
+    if not isinstance(model, torch.nn.Module):  # thirty-second review of issue 15: a traceback
+        raise TaskError(f"{name} must return a torch.nn.Module, got {type(model).__name__}")
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
+            what = "uninitialized (a lazy module: give its sizes, or run it once in build_model)"
+        elif tensor.device.type != "cpu":
+            what = f"on device {tensor.device} (build the model on the CPU)"
+        else:
+            continue
+        raise TaskError(f"{name} must return a model of tensors on the CPU; {key!r} is {what}")
+    return model
+
+
+def _private(strategy: StrategyConfig, private: int, public: int) -> StrategyConfig:
+    """``strategy`` over the private population of ``private`` users (``public`` left out).
+
+    A setting that does not fit it is refused naming that population (thirty-third review of
+    issue 15, optim reviewer's note: ``min-shares = 20`` with 30 of 40 users public said
+    ``min-shares must be in [0, population = 10]``, the preset's population being 40).
+    """
+    try:
+        return dataclasses.replace(strategy, population=private)
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc} (population here is the private population: {strategy.population} users "
+            f"less the {public} public users of side-information.users)"
+        ) from None
 
 
 class _Progress:

@@ -27,6 +27,10 @@
     processes and thirty-third lead tests.
 11. A TOML date or time as a task parameter: a ``TypeError`` traceback (the tasks reviewer's
     report; see the test).
+12. A task's ``build_model()`` that exits, is lazy or is on the meta device: rc 0 without a
+    line, or a traceback (the tasks reviewer's report; see the test).
+13. A setting refused against AdaDPS' private population named it "population" (the thirty-third
+    review's optim note; see the test).
 """
 
 import socket
@@ -346,3 +350,64 @@ def test_11_a_toml_date_as_a_setting_is_one_line(tmp_path, capsys, value):
     assert rc == 2 and len(err) == 1, err
     assert "task-params.extra: a TOML date or time is no setting" in err[0]
     assert not out.exists()
+
+
+class ModelOf(OwnTask):
+    """The minimal task whose ``build_model`` is as ``kind`` says."""
+
+    def __init__(self, *, kind: str, **params) -> None:
+        super().__init__(**params)
+        self.kind = kind
+
+    def build_model(self):
+        if self.kind == "exit":
+            sys.exit(0)
+        if self.kind == "lazy":
+            return torch.nn.LazyLinear(2)
+        return torch.nn.Linear(4, 2, device="meta")
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("exit", "ModelOf.build_model() must return; it called sys.exit(0)"),
+        ("lazy", "'weight' is uninitialized (a lazy module"),
+        ("meta", "'weight' is on device meta (build the model on the CPU)"),
+    ],
+)
+def test_12_a_model_that_cannot_start_a_run_is_one_line(tmp_path, capsys, kind, said):
+    """The tasks reviewer's report: ``build_model()`` exiting, lazy or on the meta device.
+
+    Before: rc 0 and no line (``sys.exit(0)``), or a traceback, rc 1 (``Can't access the shape
+    of an uninitialized parameter``; ``Tensor.item() cannot be called on meta tensors``). Now
+    one line, rc 2, before anything is written (``run._initial_model``).
+    """
+    out = tmp_path / "run"
+    rc = main(["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+               "--set", f"task={__name__}:ModelOf", "--set", "population=6",
+               "--set", "clients-per-round=4", "--set",
+               f'task-params={{num-users=6, kind="{kind}"}}'])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert said in err[0]
+    assert not out.exists()
+
+
+def test_13_a_setting_that_does_not_fit_the_private_population_says_which_population(
+    tmp_path, capsys
+):
+    """The optim reviewer's note (thirty-third review): AdaDPS' public users and min-shares.
+
+    ``simulate toy.toml --set strategy=adadps --set side-information.kind=public-users --set
+    side-information.users=30 --set noise-mode=distributed --set min-shares=20`` (population 40)
+    said ``min-shares must be in [0, population = 10]``. Now the line says that population is
+    the private one, 40 users less the 30 public ones.
+    """
+    rc = main(["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(tmp_path / "r"),
+               *_sets("strategy=adadps", "side-information.kind=public-users",
+                      "side-information.users=30", "noise-mode=distributed",
+                      "min-shares=20")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "min-shares must be in [0, population = 10]" in err[0]
+    assert "(population here is the private population: 40 users less the 30 public" in err[0]

@@ -99,6 +99,20 @@ def _cli(tmp_path: Path, *argv: str, timeout: float = 120) -> subprocess.Complet
     )
 
 
+def _forked(tmp_path: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``fedprivopt ARGV`` in a child process as ``_cli`` starts it (from ``tmp_path``, ``_env``),
+    forked from a server that has imported the program (``tests.procs.run_program_forked``): no
+    interpreter start-up; killed by its PID after ``timeout``."""
+    from tests.procs import run_program_forked
+
+    code, out, err = run_program_forked(
+        list(argv), env=_env(tmp_path), cwd=tmp_path, timeout=timeout
+    )
+    if code is None:
+        pytest.fail(f"{argv[:3]}... still running after {timeout:g} s")
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
 def _in_process(tmp_path: Path, monkeypatch, *argv: str) -> subprocess.CompletedProcess:
     """``fedprivopt ARGV`` run by ``main`` in this process, from ``tmp_path`` as ``_cli`` runs it.
 
@@ -368,7 +382,7 @@ def test_6_data_synth_with_workers_signalled_as_a_group_ends_with_one_line(name,
     code, err = _signal_synth(tmp_path, signum)
     assert code == 128 + signum, (code, err)  # SIGTERM: still running 30 s later
     assert err.splitlines() == ["fedprivopt data synth: interrupted"], err  # + workers' lines
-    again = _cli(tmp_path, "data", "synth", "--out", str(tmp_path / "d"), "--clients", "300")
+    again = _forked(tmp_path, "data", "synth", "--out", str(tmp_path / "d"), "--clients", "300")
     assert again.returncode == 0, again.stderr
 
 

@@ -67,7 +67,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.test_fuzz_cli import run_cli
-from tests.reliability.test_twentyeighth_review import _cli as _child
+from tests.reliability.test_twentyeighth_review import _forked as _child
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "simulations" / "toy.toml"

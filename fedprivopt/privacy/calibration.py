@@ -205,6 +205,16 @@ def _rdp_checked(
             f"2**{_CHECKED_DOUBLINGS} times it meets the target; raise target_epsilon or delta, "
             "or use fewer rounds"
         )
+    return _bisect(eps_at, low, high, target_epsilon, tol)
+
+
+def _bisect(
+    eps_at: Callable[[float], float], low: float, high: float, target_epsilon: float, tol: float
+) -> float:
+    """The smallest σ in ``(low, high]`` to ``tol`` relative whose ``eps_at`` meets the target.
+
+    ``high`` meets it and ``low`` does not; ε falls with σ.
+    """
     while high - low > tol * high:
         mid = (low + high) / 2.0
         if eps_at(mid) <= target_epsilon:
@@ -252,13 +262,7 @@ def _fixed_search(
                 low = high
             else:
                 raise NoBracketIntervalFoundError("not met up to 2**30")
-        while high - low > tol * high:
-            mid = (low + high) / 2.0
-            if eps_at(mid) <= target_epsilon:
-                high = mid
-            else:
-                low = mid
-        return high
+        return _bisect(eps_at, low, high, target_epsilon, tol)
 
     return search
 

@@ -135,13 +135,20 @@ PRELOADED = ["torch", "numpy", "scipy", "dp_accounting", "fedprivopt.cli", "fedp
              "fedprivopt.deploy.cli", "tests.procs"]  # fmt: skip
 
 
-def _program_in_fork(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+def _program_in_fork(
+    argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, address_space: int | None
+) -> None:
     """In the forked child: the ``fedprivopt`` program (:func:`fedprivopt.cli.console`, what
     ``python -m fedprivopt.cli`` runs) on ``argv``, with ``env``, from ``cwd``, its standard
     output and error (the file descriptors, not only Python's streams) in the files ``out`` and
-    ``err``."""
+    ``err``; its address space limited to ``address_space`` bytes (``RLIMIT_AS``) if given."""
     import sys
     import warnings
+
+    if address_space is not None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
     os.environ.clear()
     os.environ.update(env)
@@ -159,14 +166,21 @@ def _program_in_fork(argv: list[str], env: dict[str, str], cwd: str, out: str, e
 
 
 def run_program_forked(
-    argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    timeout: float,
+    address_space: int | None = None,
 ) -> tuple[int | None, str, str]:
     """``fedprivopt ARGV`` in a child process forked from a server that has imported the program
     and what it imports (multiprocessing's forkserver, :data:`PRELOADED`): a process of its own,
     as ``python -m fedprivopt.cli`` starts, without an interpreter's start-up and imports
     (seconds each). For commands whose message and exit code are the point, not their threads
     (torch is loaded before the program's settings for it). Exit code (``None``: still running
-    after ``timeout`` s, then killed by its PID), stdout and stderr."""
+    after ``timeout`` s, then killed by its PID), stdout and stderr. ``address_space``: the
+    child's ``RLIMIT_AS`` in bytes (the preloaded modules count toward it, as in a fresh
+    interpreter that imports them)."""
     import multiprocessing
     import tempfile
 
@@ -175,7 +189,8 @@ def run_program_forked(
     with tempfile.TemporaryDirectory(prefix="fedprivopt-child-") as files:
         out, err = Path(files, "stdout"), Path(files, "stderr")
         child = context.Process(
-            target=_program_in_fork, args=(list(argv), dict(env), str(cwd), str(out), str(err))
+            target=_program_in_fork,
+            args=(list(argv), dict(env), str(cwd), str(out), str(err), address_space),
         )
         child.start()
         try:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -176,11 +175,14 @@ def test_3_a_json_value_that_is_not_an_object_is_cut():
 
 
 # -- finding 4: a FIFO among a dataset's files ----------------------------------------------------
-def _cli(argv: list[str], tmp_path: Path, timeout: float = 90, preexec_fn=None) -> tuple[int, str]:
+def _cli(
+    argv: list[str], tmp_path: Path, timeout: float = 90, address_space: int | None = None
+) -> tuple[int, str]:
     """``fedprivopt ARGV`` in a subprocess, stopped (by its PID) if it outlives ``timeout``.
 
-    Without ``preexec_fn`` the child is forked from a server that has imported the program
-    (``tests.procs.run_program_forked``); with it, a fresh ``python -m fedprivopt.cli``."""
+    The child is forked from a server that has imported the program
+    (``tests.procs.run_program_forked``), its address space limited to ``address_space`` bytes
+    if given."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -189,27 +191,12 @@ def _cli(argv: list[str], tmp_path: Path, timeout: float = 90, preexec_fn=None) 
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_HOME": str(tmp_path / "flwr-home"),
     }
-    if preexec_fn is None:  # forked from a server that has imported the program: no start-up
-        code, _, err = run_program_forked(argv, env=env, cwd=Path.cwd(), timeout=timeout)
-        if code is None:
-            pytest.fail(f"{argv[:2]} still running after {timeout} s (hung)")
-        return code, err
-    cmd = [sys.executable, "-m", "fedprivopt.cli", *argv]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=preexec_fn,
-    )  # fmt: skip
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+    code, _, err = run_program_forked(
+        argv, env=env, cwd=Path.cwd(), timeout=timeout, address_space=address_space
+    )
+    if code is None:
         pytest.fail(f"{argv[:2]} still running after {timeout} s (hung)")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, err
+    return code, err
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
@@ -411,12 +398,7 @@ def test_6_a_data_directorys_lock_that_is_a_fifo_is_one_line_naming_it(tmp_path,
 # -- finding 7: sparse files of 20 GB read whole ---------------------------------------------------
 def _cli_under_memory_limit(argv: list[str], tmp_path: Path) -> tuple[int, str]:
     """``fedprivopt ARGV`` in a subprocess whose address space is limited to 6 GiB."""
-    import resource
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
-
-    return _cli(argv, tmp_path, timeout=180, preexec_fn=limit)
+    return _cli(argv, tmp_path, timeout=180, address_space=6 << 30)
 
 
 def _sparse(path: Path, size: int = 20 << 30) -> None:

@@ -25,6 +25,7 @@ it where Flower is installed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -251,11 +252,11 @@ def reply_updates(
 ) -> Message:
     """The reply to a ``train`` message: every user's flat update and two counts.
 
-    An update is sent as float64 when it is float64 (a float64 model's: the server sums in the
-    model's dtype), else as float32. Thirty-fourth review of issue 15 (the tasks reviewer's
-    report): every update was sent as float32, and the Flower engine's server rejected all of
-    a float64 model's (``dtype torch.float32 != torch.float64``), releasing noise-only rounds
-    (``eval_accuracy`` 0.435 where the fast engine trains to 0.775).
+    Every update is sent in the dtype of the message's model as one flat vector (float64 for a
+    float64 model, else float32), which the server sums in. Thirty-fourth review of issue 15
+    (the tasks reviewer's report): every update was sent as float32, and the Flower engine's
+    server rejected all of a float64 model's (``dtype torch.float32 != torch.float64``),
+    releasing noise-only rounds (``eval_accuracy`` 0.435 where the fast engine trains to 0.775).
 
     Parameters
     ----------
@@ -274,8 +275,8 @@ def reply_updates(
     """
     reply = RecordDict()
     bits = {} if clip_bits is None else clip_bits
+    dtype = _flat_dtype(message)
     for user, vector in updates.items():
-        dtype = torch.float64 if vector.dtype == torch.float64 else torch.float32
         delta = vector.detach().to(device="cpu", dtype=dtype)
         arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
         if user in bits:
@@ -293,6 +294,21 @@ def reply_updates(
         metrics[P.TRAIN_LOSS] = list(losses or [])
     reply[P.TRAIN_METRICS] = MetricRecord(metrics)
     return Message(reply, reply_to=message)
+
+
+def _flat_dtype(message: Message) -> torch.dtype:
+    """The dtype of the message's model as one flat vector: float32, or float64 if any is.
+
+    As :func:`~fedprivopt.privacy.flat.flatten` promotes the model's entries (from float32); a
+    message without the model, or with arrays of no numeric dtype, gives float32.
+    """
+    dtype = torch.float32
+    record = message.content.array_records.get(P.ARRAYS_RECORD)
+    for array in (record or {}).values():
+        with contextlib.suppress(TypeError, ValueError):
+            entry = torch.from_numpy(np.empty(0, dtype=np.dtype(array.dtype))).dtype
+            dtype = torch.promote_types(dtype, entry)
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def reply_task_error(message: Message, error: TaskError) -> Message:

@@ -284,24 +284,29 @@ def test_8_deploy_local_notes_the_keys_its_strategy_does_not_use(tmp_path, monke
     ]
 
 
-def test_9_a_client_app_sends_a_float64_models_updates_as_float64():
+def test_9_a_client_app_sends_updates_in_the_dtype_of_the_messages_model():
     """The tasks reviewer's report: a float64 model on the Flower engine never trained.
 
     ``clients.reply_updates`` sent every update as float32 and the server, which sums in the
     model's dtype, rejected them all (``dtype torch.float32 != torch.float64``): noise-only
-    rounds, ``eval_accuracy`` 0.435 where the fast engine trains to 0.775. Now a float64 update
-    goes as float64; others as float32, as before.
+    rounds, ``eval_accuracy`` 0.435 where the fast engine trains to 0.775. Now every update goes
+    in the dtype of the message's model as one flat vector: float64 for a float64 model (also a
+    float32 vector), float32 otherwise (also a float64 vector, as before).
     """
+    from flwr.app import Array, ArrayRecord
+
     from fedprivopt import wire as P
     from fedprivopt.clients import reply_updates
     from tests.messages import delivered
     from tests.reliability.test_thirtyfirst_review_processes import _config_record
 
-    message = delivered({P.CONFIG_RECORD: _config_record()}, "train")
     vectors = {1: torch.ones(3, dtype=torch.float64), 2: torch.ones(3), 3: torch.ones(3).half()}
-    reply = reply_updates(message, vectors)
-    sent = {u: reply.content[P.update_key(u)][P.DELTA_ARRAY].numpy().dtype for u in vectors}
-    assert sent == {1: np.float64, 2: np.float32, 3: np.float32}
+    for model, want in ((np.float64, np.float64), (np.float32, np.float32)):
+        arrays = ArrayRecord({"w": Array(np.ones(3, dtype=model)), "n": Array(np.ones(1, "i8"))})
+        message = delivered({P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: _config_record()}, "train")
+        reply = reply_updates(message, vectors)
+        sent = {u: reply.content[P.update_key(u)][P.DELTA_ARRAY].numpy().dtype for u in vectors}
+        assert sent == dict.fromkeys(vectors, want)
 
 
 def test_10_a_redo_refused_after_vectorize_changed_says_it_may_be_why(tmp_path, capsys):

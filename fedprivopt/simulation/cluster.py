@@ -400,7 +400,7 @@ def join_cluster(config: Any) -> Iterator[Cluster | None]:
             cluster.cpus,
             cluster.gpus,
         )
-        # a head that stops answering ends the run in one line before Ray ends it (rc 1)
+        # a head that stops answering ends the run in one line, before Ray ends it with rc 1
         with HeadWatch(address, key) if not connected else contextlib.nullcontext():
             try:
                 yield cluster

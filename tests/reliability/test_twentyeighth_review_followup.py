@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import pytest
 
 from fedprivopt.data.synthetic import user_size_knobs
 from fedprivopt.simulation.config import load_config
+from tests.reliability.test_twentyeighth_review import _main as _in_process
 from tests.reliability.test_twentyeighth_review import _started
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,19 +47,6 @@ SMALL = {
     "task-params.num-tags": 10,
     "num-server-rounds": 2,
 }
-
-
-def _in_process(tmp_path: Path, monkeypatch, *argv: str) -> subprocess.CompletedProcess:
-    """``fedprivopt ARGV`` by ``main`` in this process, from ``tmp_path`` with ``HOME`` at
-    ``tmp_path/home`` (as the twenty-eighth review's ``_cli`` runs a child): no start-up."""
-    from tests.reliability.test_fuzz_cli import run_cli
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
-    monkeypatch.delenv("FEDPRIVOPT_DEBUG", raising=False)
-    code, out, err = run_cli(list(argv))
-    return subprocess.CompletedProcess(list(argv), code, out, err)
 
 
 # -- finding 1: compare --jobs 2 and SIGHUP of the process group ---------------------------------

@@ -38,17 +38,19 @@ def exited(exc: SystemExit) -> str:
 
 
 @contextlib.contextmanager
-def without_exit(call: str) -> Iterator[None]:
+def without_exit(rule: str) -> Iterator[None]:
     """Run a call of a task's member, whose ``sys.exit()`` becomes a :class:`TaskError`.
 
-    ``call`` names it (``MyTask.evaluate()``). Thirty-fourth review of issue 15 (the tasks
-    reviewer's report): ``sys.exit(0)`` in ``build_model()`` or ``evaluate()`` ended
-    ``simulate`` with rc 0 and no line, a run half done passing for a success.
+    ``rule`` says what the member must do (``MyTask.evaluate() must return``); the error is
+    ``"{rule}; it called sys.exit(0)"``. Thirty-fourth review of issue 15 (tasks, finding 3,
+    and the tasks reviewer's report): ``sys.exit()`` in ``user_data``, ``loss``,
+    ``build_model()`` or ``evaluate()`` ended ``simulate`` with the task's exit code (0: a run
+    half done passing for a success) and no line.
     """
     try:
         yield
     except SystemExit as exc:
-        raise TaskError(f"{call} must return; {exited(exc)}") from None
+        raise TaskError(f"{rule}; {exited(exc)}") from None
 
 
 def _described(value: object) -> str:
@@ -71,12 +73,8 @@ def user_examples(task: object, user_id: int) -> tuple[torch.Tensor, torch.Tenso
         When the result is not a pair of tensors of at least one dimension whose first
         dimensions (the user's examples) agree.
     """
-    try:
+    with without_exit(f"{type(task).__name__}.user_data({user_id}) must return (x, y)"):
         value = task.user_data(user_id)  # type: ignore[attr-defined]
-    except SystemExit as exc:
-        raise TaskError(
-            f"{type(task).__name__}.user_data({user_id}) must return (x, y); {exited(exc)}"
-        ) from None
     ok = isinstance(value, (tuple, list)) and len(value) == 2
     ok = ok and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in value)
     if not ok or value[0].shape[0] != value[1].shape[0]:
@@ -103,13 +101,8 @@ def minibatch_loss(
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:  # a gradient there after the call comes from the task's own backward()
         p.grad = None
-    try:
+    with without_exit(f"{type(task).__name__}.loss() must return the mean loss of the minibatch"):
         loss = task.loss(model, x, y)  # type: ignore[attr-defined]
-    except SystemExit as exc:
-        raise TaskError(
-            f"{type(task).__name__}.loss() must return the mean loss of the minibatch; "
-            f"{exited(exc)}"
-        ) from None
     if any(p.grad is not None for p in params):
         # thirty-fourth review of issue 15 (tasks, finding 4): autograd's "Trying to backward
         # through the graph a second time" traceback at the trainer's gradient, or (with

@@ -171,7 +171,7 @@ def _initial_model(task: Task) -> torch.nn.Module:
     uninitialized parameter``), and ``sys.exit(0)`` in ``build_model()`` in rc 0 and no line.
     """
     name = f"{type(task).__name__}.build_model()"
-    with without_exit(name):
+    with without_exit(f"{name} must return"):
         model = task.build_model()
     if not isinstance(model, torch.nn.Module):  # thirty-second review of issue 15: a traceback
         raise TaskError(f"{name} must return a torch.nn.Module, got {type(model).__name__}")

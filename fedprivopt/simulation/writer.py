@@ -136,12 +136,12 @@ class RunWriter:
         """Central evaluation of ``params`` on the task's held-out data."""
         name = type(self.task).__name__
         if self._eval_model is None:  # built once; every evaluation loads the whole state
-            with without_exit(f"{name}.build_model()"):
+            with without_exit(f"{name}.build_model() must return"):
                 self._eval_model = self.task.build_model()
             self._eval_spec = flatten(self._eval_model.state_dict())[1]
         model = self._eval_model
         model.load_state_dict(unflatten(params.detach().cpu(), self._eval_spec))
-        with without_exit(f"{name}.evaluate()"):
+        with without_exit(f"{name}.evaluate() must return"):
             metrics = self.task.evaluate(model)
         return checked_metrics(self.config.task, metrics)
 

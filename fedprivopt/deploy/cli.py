@@ -119,17 +119,6 @@ _OUR_LOGS = re.compile(
 )
 
 
-def _our_lock(path: Path) -> bool:
-    """Whether ``path`` (a regular file) may be ``deploy.lock``: empty or a PID (no notes)."""
-    from fedprivopt.core.files import read_at_most
-
-    try:
-        text = read_at_most(path, 32)
-    except OSError:
-        return False
-    return text is not None and (not text.strip() or text.strip().isdigit())
-
-
 def _check_log_dir(logs: Path) -> None:
     """Refuse a ``deploy/`` in ``--out`` that holds anything but an earlier deployment's logs.
 
@@ -138,6 +127,8 @@ def _check_log_dir(logs: Path) -> None:
     ``deploy/`` (scripts, a ``processes.json``) was written into, and its ``processes.json``
     replaced by the deployment's.
     """
+    from fedprivopt.simulation.rundir import our_lock_file
+
     if not (logs.exists() or logs.is_symlink()):
         return
     if logs.is_symlink() or not logs.is_dir():
@@ -151,7 +142,7 @@ def _check_log_dir(logs: Path) -> None:
         if not _OUR_LOGS.fullmatch(p.name)
         or p.is_symlink()
         or not p.is_file()
-        or (p.suffix == ".lock" and not _our_lock(p))
+        or (p.suffix == ".lock" and not our_lock_file(p))
     )
     record = logs / "processes.json"
     if not foreign and record.exists():

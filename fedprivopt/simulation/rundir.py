@@ -42,6 +42,7 @@ __all__ = [
     "check_held",
     "lock_directory",
     "lock_run_dir",
+    "our_lock_file",
     "reading_lock",
     "remove_run_files",
     "removed_if_unused",
@@ -59,11 +60,12 @@ def _ours(name: str) -> bool:
     return name in _OURS or name.startswith(EVENTS_PREFIX)
 
 
-def _our_lock_file(path: Path) -> bool:
+def our_lock_file(path: Path) -> bool:
     """Whether ``path`` may be a lock file of ours: empty or a PID (a link is judged by its lock).
 
     Twenty-seventh review of issue 15: a directory holding only a user's ``run.lock`` (their own
     notes, 17 bytes) was taken for the debris of a killed start, and the run emptied the file.
+    Also ``deploy local``'s check of its ``OUT/deploy/deploy.lock``.
     """
     try:
         if not path.is_file() or path.is_symlink():
@@ -82,7 +84,7 @@ def _debris(out: Path, names: list[str]) -> set[str]:
     takes its lock before it writes ``config.toml``); a file of these names with anything else
     in it is a user's, and the directory is not empty.
     """
-    lock = LOCK_FILE in names and _our_lock_file(out / LOCK_FILE)
+    lock = LOCK_FILE in names and our_lock_file(out / LOCK_FILE)
     found = {LOCK_FILE} if lock else set()
     if lock and CONFIG_FILE + ".tmp" in names:
         found.add(CONFIG_FILE + ".tmp")

@@ -34,8 +34,10 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         DATASET_FILES,
         DISK_PER_USER,
         SYNTHETIC_META_FILE,
+        config_error,
         is_synthetic_dir,
         run_files_note,
+        tag_knobs,
         user_size_knobs,
     )
     from fedprivopt.data.token_cache import CACHE_DIR, file_key, remove_stores
@@ -49,22 +51,17 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     if args.vocab is not None:
         knobs["vocab_size"] = args.vocab
     if args.tags is not None:
-        knobs["num_tags"] = args.tags
         # ninth review of issue 15 (N8): fewer tags than the default mean per user was refused
         # naming the internal tags_per_client; each user then has up to --tags tags
-        default = SyntheticConfig.__dataclass_fields__["tags_per_client"].default
-        knobs["tags_per_client"] = min(default, float(args.tags))
+        knobs.update(tag_knobs(args.tags))
     try:
         config = SyntheticConfig(**knobs)
     except ValueError as exc:
-        line = str(exc)
-        if args.vocab is None and line.startswith("vocab_size "):
-            # thirtieth review of issue 15 (data, finding 3): --tags 2000 alone blamed --vocab
-            line += " (the default: pass a larger --vocab or fewer --tags)"
+        # thirtieth review of issue 15 (data, finding 3): --tags 2000 alone blamed --vocab
+        names = {"num_clients": "--clients", "vocab_size": "--vocab", "num_tags": "--tags"}
+        hint = "the default: pass a larger --vocab or fewer --tags"
         raise UsageError(
-            line.replace("num_clients", "--clients")
-            .replace("vocab_size", "--vocab")
-            .replace("num_tags", "--tags")
+            config_error(str(exc), names, vocab_given=args.vocab is not None, hint=hint)
         ) from None
     # fourteenth review of issue 15: --out a run, a comparison or a tuning wrote the dataset
     # among its files (rc 0), after which `compare` refused that --out for holding them;

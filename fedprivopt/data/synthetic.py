@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 from dataclasses import asdict, dataclass, fields
@@ -79,12 +80,14 @@ __all__ = [
     "SyntheticConfig",
     "SyntheticFiles",
     "check_free_disk",
+    "config_error",
     "ensure_synthetic",
     "generate",
     "is_synthetic_dir",
     "read_marker",
     "run_files_around",
     "run_files_note",
+    "tag_knobs",
     "word_tag_model",
 ]
 
@@ -340,6 +343,36 @@ class SyntheticConfig:
         )
         base.update(overrides)
         return cls(**base)  # type: ignore[arg-type]
+
+
+def tag_knobs(num_tags: int) -> dict[str, object]:
+    """``num_tags`` and the mean favourite tags a user may have with it (at most ``num_tags``).
+
+    ``tags_per_client`` (3 by default) must be at most ``num_tags``; ``data synth --tags K`` and
+    a task's ``synth_tags`` set only the tags, so each user then has up to ``K`` favourites.
+    Ninth review of issue 15 (N8) for ``data synth --tags 1``; thirty-fifth review (data) for a
+    task's ``synth-tags = 1`` or ``2``, refused as ``tags_per_client must be a finite number in
+    [1, 2], got 3.0``, a knob no task parameter sets.
+    """
+    default = SyntheticConfig.__dataclass_fields__["tags_per_client"].default
+    tags = float(num_tags) if isinstance(num_tags, int) and not isinstance(num_tags, bool) else 0
+    return {"num_tags": num_tags, "tags_per_client": min(default, max(tags, 1.0))}
+
+
+def config_error(message: str, names: dict[str, str], *, vocab_given: bool, hint: str) -> str:
+    """A :class:`SyntheticConfig` refusal with its knobs as the caller's user names them.
+
+    ``names`` maps knob names (``num_clients``, ``vocab_size``, ``num_tags``, ``seed``) to the
+    caller's (``--clients``, ``task-params``' ``synth_vocab``, ...); a refused ``vocab_size``
+    the caller did not give (the default) gets ``hint``. Thirty-fifth review of issue 15 (data):
+    a task's ``synth-tags = 5000`` was refused as ``invalid synth_* parameters: vocab_size must
+    be an integer >= 100000 (...), got 4000``, the generator's name for ``synth-vocab``, which
+    reads as the task's own ``vocab-size`` (the model's vocabulary, another key).
+    """
+    refused_vocab = message.startswith("vocab_size ")
+    for knob, name in names.items():
+        message = re.sub(rf"(?<![\w-]){knob}(?![\w])", name, message)
+    return message + (f" ({hint})" if refused_vocab and not vocab_given else "")
 
 
 def user_size_knobs(user_sizes: str, name: str = "user_sizes") -> dict[str, object]:

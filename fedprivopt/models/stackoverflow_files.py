@@ -33,10 +33,12 @@ from fedprivopt.data.synthetic import (
     SYNTHETIC_META_FILE,
     USER_SIZES,
     SyntheticConfig,
+    config_error,
     ensure_synthetic,
     is_synthetic_dir,
     read_marker,
     run_files_note,
+    tag_knobs,
     user_size_knobs,
 )
 from fedprivopt.data.vocab import MAX_WORDS, TAG_COUNT_FILE, WORD_COUNT_FILE
@@ -63,6 +65,15 @@ __all__ = [
 STATE_LOCK = threading.RLock()
 
 GENERATED_FILES = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
+
+#: The generator's knobs by the task parameters that set them (for its refusals).
+_SYNTH_NAMES = {
+    "num_clients": "synth_clients",
+    "vocab_size": "synth_vocab",
+    "num_tags": "synth_tags",
+    "seed": "synth_seed",
+}
+_VOCAB_HINT = "the default: set a larger synth_vocab or fewer synth_tags"
 
 MAX_MODEL_PARAMETERS = 2**26
 """Largest model of a StackOverflow task: 256 MiB a float32 copy, and a run holds a few dozen
@@ -207,10 +218,21 @@ class StackOverflowFiles:
                 )
             # the shape's knobs are checked against the dataset's record like the others
             self.synth_params.update(user_size_knobs(synth_user_sizes, "synth_user_sizes"))
+        # the generator's knobs as data synth sets them: each user has at most synth_tags
+        # favourite tags (thirty-fifth review of issue 15, data: synth_tags = 1 or 2 was refused
+        # naming tags_per_client, which no task parameter sets); the marker records the same
+        knobs = dict(self.synth_params)
+        if "num_tags" in knobs:
+            knobs.update(tag_knobs(knobs["num_tags"]))
         try:
-            self.synth_config = SyntheticConfig(**self.synth_params)
+            self.synth_config = SyntheticConfig(**knobs)
         except ValueError as exc:
-            raise ValueError(f"invalid synth_* parameters: {exc}") from None
+            line = config_error(
+                str(exc), _SYNTH_NAMES, vocab_given=synth_vocab is not None, hint=_VOCAB_HINT
+            )
+            if not line.startswith(tuple(_SYNTH_NAMES.values())):
+                line = f"invalid synth_* parameters: {line}"
+            raise ValueError(line) from None
 
     def _set_selection(
         self,

@@ -1,0 +1,120 @@
+"""Issue 15, thirty-fifth hostile review (data layer): regression tests of its findings.
+
+1. A task's synthetic dataset of few tags, ``simulate stackoverflow-tp-mini.toml --set
+   task-params.synth-tags=2`` (or 1): rc 2, ``config: invalid synth_* parameters:
+   tags_per_client must be a finite number in [1, 2], got 3.0``, a knob no task parameter
+   sets (the ninth review's N8 fixed it for ``data synth --tags 1`` only). And every refusal of
+   the generator's knobs named them as the generator does: ``--set task-params.synth-tags=5000``
+   read ``invalid synth_* parameters: vocab_size must be an integer >= 100000 (2 x
+   num_tags=5000 x 10 informative words a tag), got 4000``, where ``vocab_size`` is the
+   generator's name for ``synth-vocab`` but reads as the task's own ``vocab-size`` (the model's
+   vocabulary, another key). Now a task sets ``tags_per_client`` as ``data synth`` does
+   (``synthetic.tag_knobs``: each user has at most ``synth-tags`` favourites; the marker is
+   the same), and the refusal names the task's keys (``synthetic.config_error``, shared with
+   ``data synth``): ``config: task-params.synth-vocab must be an integer >= 100000 (2 x
+   task-params.synth-tags=5000 x 10 …), got 4000``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedprivopt.cli import main
+
+_TP = """strategy = "dp-fedavg"
+engine = "fast"
+task = "stackoverflow-tp"
+population = 20
+clients-per-round = 4
+num-server-rounds = 1
+noise-multiplier = 1.0
+clip-norm = 1.0
+delta = 0.01
+batch-size = 8
+max-examples = 8
+
+[task-params]
+data-dir = {data!r}
+synthetic = {synthetic}
+vocab-size = 100
+num-tags = 5
+num-users = 20
+eval-users = 5
+"""
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """A 30-user synthetic dataset (``d``) and a one-round tag-task preset on it."""
+    root = tmp_path_factory.mktemp("review35-data")
+    synth = ["data", "synth", "--out", str(root / "d"), "--clients", "30", "--vocab", "200"]
+    assert main([*synth, "--tags", "10", "--workers", "1"]) == 0
+    (root / "tp.toml").write_text(_TP.format(data=str(root / "d"), synthetic="false"))
+    return root
+
+
+def _usage_line(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err.splitlines()[0]
+
+
+# -- 1. a task's synth_* knobs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tags", [1, 2])
+def test_1_a_task_generates_a_dataset_of_one_or_two_tags(tmp_path, capsys, tags):
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    task = StackOverflowTagTask(
+        data_dir=tmp_path / "d", synthetic=True, synth_clients=30, synth_vocab=40,
+        synth_tags=tags, vocab_size=20, num_tags=tags, num_users=10, eval_users=3,
+    )  # fmt: skip
+    assert task.num_users == 10
+    marker = json.loads((tmp_path / "d" / "stackoverflow.synthetic.json").read_text())
+    # what data synth --tags records: a task and the command agree on the same directory
+    assert marker["config"]["num_tags"] == tags
+    assert marker["config"]["tags_per_client"] == float(tags)
+    synth = ["data", "synth", "--out", str(tmp_path / "c"), "--clients", "30"]
+    assert main([*synth, "--vocab", "40", "--tags", str(tags), "--workers", "1"]) == 0
+    capsys.readouterr()
+    other = json.loads((tmp_path / "c" / "stackoverflow.synthetic.json").read_text())
+    assert other["config"] == marker["config"]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (
+            ["--set", "task-params.synth-vocab=30"],
+            "config: task-params.synth-vocab must be an integer >= 100000 (2 x "
+            "task-params.synth-tags=5000 x 10 informative words a tag), got 30",
+        ),
+        (
+            [],
+            "config: task-params.synth-vocab must be an integer >= 100000 (2 x "
+            "task-params.synth-tags=5000 x 10 informative words a tag), got 20000 (the default: "
+            "set a larger task-params.synth-vocab or fewer task-params.synth-tags)",
+        ),
+    ],
+)
+def test_1_a_refused_synth_knob_is_named_as_the_config_writes_it(tmp_path, capsys, extra, expected):
+    preset = tmp_path / "tp.toml"
+    preset.write_text(_TP.format(data=str(tmp_path / "d"), synthetic="true"))
+    argv = ["simulate", str(preset), "--out", str(tmp_path / "r"), "--quiet"]
+    line = _usage_line(capsys, [*argv, "--set", "task-params.synth-tags=5000", *extra])
+    assert line == f"fedprivopt simulate: error: {expected}", line
+    assert not (tmp_path / "r").exists() and not (tmp_path / "d").exists()
+
+
+def test_1_other_refusals_keep_their_lead(tmp_path):
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    with pytest.raises(ValueError, match=r"^synth_clients must be at most 1000000 .*got 2000000$"):
+        StackOverflowTagTask(data_dir=tmp_path / "d", synthetic=True, synth_clients=2_000_000)
+    with pytest.raises(ValueError, match=r"^synth_tags must be at most 10000 .*got 20000$"):
+        StackOverflowTagTask(data_dir=tmp_path / "d", synthetic=True, synth_tags=20_000)
+    assert not (tmp_path / "d").exists()

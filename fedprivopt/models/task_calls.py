@@ -11,19 +11,44 @@ Thirty-second review of issue 15 (models, findings 1 and 2): a task by reference
 (rc 1), and one whose ``loss`` returned a per-example vector, a Python float, ``None`` or a
 detached tensor ended in autograd's ``RuntimeError``/``TypeError`` traceback, naming neither the
 task nor the member. :func:`without_exit` turns a member's ``sys.exit()`` into such an error.
+
+Thirty-fifth review of issue 15 (lead, the thirty-fourth review's open engines item): a task whose
+``user_data`` raised its own exception for one user (``OSError("damaged file for user 3")``)
+ended the fast engine in a 40-line traceback (rc 1), while the Flower engine counted the user
+``failed`` in every round and ended rc 0 with a model trained without them: two models from one
+configuration. :func:`user_examples` and :func:`minibatch_loss` now turn such an exception into a
+:class:`TaskError` naming the member, the user, the exception and where it was raised
+(:func:`raised`): the fast engine ends with that one line (exit 2) before the round is released,
+and a ClientApp answers it with a ``TASK_ERROR`` reply, on which the simulation's strategy stops
+the same way. Running out of memory is not the task's error and stays as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sysconfig
+import traceback
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 
-__all__ = ["exited", "minibatch_loss", "user_examples", "without_exit"]
+__all__ = ["exited", "minibatch_loss", "raised", "user_examples", "without_exit"]
+
+_NOT_USERS_CODE = tuple(
+    {Path(__file__).resolve().parents[1]}
+    | {
+        Path(sysconfig.get_path(k)).resolve()
+        for k in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
+)
+"""``fedprivopt`` and the installed libraries: frames there are not where a task's code raised."""
+
+_NOT_THE_TASKS = (MemoryError, torch.OutOfMemoryError, TaskError)
+"""Exceptions a member's call passes on as they are: memory is the machine's, not the task's."""
 
 
 def exited(exc: SystemExit) -> str:
@@ -35,6 +60,41 @@ def exited(exc: SystemExit) -> str:
     error: ``simulate`` ended with the task's code (0: a success with nothing run) and no line.
     """
     return f"it called sys.exit({shown(exc.code) if exc.code is not None else ''})"
+
+
+def raised(exc: BaseException) -> str:
+    """How a user's code failed, for a message: ``OSError at my_task.py:12: damaged file``.
+
+    The place is the innermost frame of the traceback outside ``fedprivopt`` and the installed
+    libraries (the task's own code, not torch's line that raised for it), left out when there is
+    none (a built-in task's error says what it is about).
+    """
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        with contextlib.suppress(OSError, ValueError):
+            path = Path(frame.filename).resolve()
+            if not any(path.is_relative_to(d) for d in _NOT_USERS_CODE):
+                where = f" at {Path(frame.filename).name}:{frame.lineno}"
+                break
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:300] + "..."
+    return f"{type(exc).__name__}{where}" + (f": {text}" if text else "")
+
+
+@contextlib.contextmanager
+def _task_call(call: str, rule: str) -> Iterator[None]:
+    """Run ``call`` (``MyTask.user_data(3)``): its exception or ``sys.exit()`` is a TaskError.
+
+    ``rule`` is what the member must do, for the ``sys.exit()`` message (:func:`without_exit`).
+    """
+    try:
+        with without_exit(rule):
+            yield
+    except _NOT_THE_TASKS:
+        raise
+    except Exception as exc:
+        raise TaskError(f"{call} raised {raised(exc)}") from exc
 
 
 @contextlib.contextmanager
@@ -73,7 +133,8 @@ def user_examples(task: object, user_id: int) -> tuple[torch.Tensor, torch.Tenso
         When the result is not a pair of tensors of at least one dimension whose first
         dimensions (the user's examples) agree.
     """
-    with without_exit(f"{type(task).__name__}.user_data({user_id}) must return (x, y)"):
+    call = f"{type(task).__name__}.user_data({user_id})"
+    with _task_call(call, f"{call} must return (x, y)"):
         value = task.user_data(user_id)  # type: ignore[attr-defined]
     ok = isinstance(value, (tuple, list)) and len(value) == 2
     ok = ok and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in value)
@@ -101,7 +162,8 @@ def minibatch_loss(
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:  # a gradient there after the call comes from the task's own backward()
         p.grad = None
-    with without_exit(f"{type(task).__name__}.loss() must return the mean loss of the minibatch"):
+    name = type(task).__name__
+    with _task_call(f"{name}.loss()", f"{name}.loss() must return the mean loss of the minibatch"):
         loss = task.loss(model, x, y)  # type: ignore[attr-defined]
     if any(p.grad is not None for p in params):
         # thirty-fourth review of issue 15 (tasks, finding 4): autograd's "Trying to backward

@@ -48,6 +48,7 @@ from fedprivopt.strategies.requests import (
     TrainRequest,
     Updates,
     each_user_once,
+    refuse_malformed,
 )
 from fedprivopt.strategies.state import AlgorithmState
 from fedprivopt.wire import ClientSettings
@@ -476,6 +477,8 @@ class ServerAlgorithm(AlgorithmState):
             device=self.params.device,
             sum_noise=sum_noise,
         )
+        if received is not None:  # the fast engine's own trainer: no client sends a malformed one
+            refuse_malformed(round_num, agg.rejected)
         if sum_noise is not None:
             agg.metrics["tree_nodes"] = float(nodes)
         if unasked:

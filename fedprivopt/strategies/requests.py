@@ -3,7 +3,8 @@
 :class:`TrainRequest` is what one cohort of a round must do, :data:`Updates` (or
 :class:`ReportedUpdates`, with adaptive clipping's bits) what its users sent back, and
 :class:`RoundResult` the round's outcome; :func:`each_user_once` checks a streamed cohort's
-entries before they are summed. :mod:`fedprivopt.strategies.core` re-exports the types.
+entries before they are summed, and :func:`refuse_malformed` the forms of what it sent.
+:mod:`fedprivopt.strategies.core` re-exports the types.
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.wire import ClientSettings
 
 __all__ = [
+    "NON_FINITE",
     "PartialRelease",
     "ReportedUpdates",
     "RoundResult",
     "TrainRequest",
     "Updates",
     "each_user_once",
+    "refuse_malformed",
 ]
+
+NON_FINITE = "contains NaN or Inf"
+"""The aggregator's reason for an update of the right form with a NaN or infinite entry."""
 
 Updates = Mapping[int, Any]
 
@@ -101,8 +107,9 @@ def each_user_once(
     not asked for had them summed without the sampling the accountant assumes. The entries must
     carry each user at most once, in increasing order (the order every engine sums in), and
     only users of ``allowed``; anything else raises ``ValueError`` before the round's noise is
-    drawn, so nothing is released. A malformed entry is left to the aggregator, which rejects it.
-    The users yielded are added to ``seen`` (adaptive clipping counts only those).
+    drawn, so nothing is released. A malformed entry is left to the aggregator, which rejects it
+    (then :func:`refuse_malformed`). The users yielded are added to ``seen`` (adaptive clipping
+    counts only those).
     """
     last = -1
     for entry in entries:
@@ -130,3 +137,26 @@ def each_user_once(
             last = user
             seen.add(user)
         yield entry
+
+
+def refuse_malformed(round_num: int, rejected: Mapping[int, str]) -> None:
+    """Raise ``ValueError`` when a streamed cohort sent an update of the wrong form.
+
+    ``rejected``: the aggregator's reasons, by user, for a cohort of the fast engine, whose every
+    update comes from the run's own trainer (no client can send one). An update rejected for
+    its form (a dtype, a length, a layout) is then the task's or the trainer's bug, not a
+    hostile client's: the round is refused before its noised mean is used, so nothing is
+    released. A NaN or infinite entry (:data:`NON_FINITE`: a user's training diverged) is
+    rejected and counted as from any client. Thirty-fifth review of issue 15 (lead, the
+    thirty-fourth review's open tasks item): a task's ``cohort_trainer`` returning float64
+    updates of a float32 model (or one entry short) had every update rejected, and the run
+    released noise-only rounds, charged, to rc 0, saying so only in ``metrics.jsonl``.
+    """
+    wrong = {int(u): why for u, why in rejected.items() if why != NON_FINITE}
+    if wrong:
+        user = min(wrong)
+        raise ValueError(
+            f"round {round_num}: the run's own trainer gave user {user} an update of the wrong "
+            f"form ({wrong[user]}; {len(wrong)} of the round's updates so): a bug of the task's "
+            "cohort_trainer or model, not a client's; nothing of the round was released"
+        )

@@ -1,0 +1,185 @@
+"""Issue 15, thirty-fifth hostile review (the lead's findings): regression tests.
+
+1. A task by reference whose ``user_data`` raises its own exception for one user
+   (``OSError("damaged file for user 3")``), ``simulate toy.toml --set task=badtask:make
+   --rounds 3`` (the thirty-fourth review's open engines item): the fast engine ended in a
+   40-line traceback, rc 1; ``--engine flower`` counted user 3 ``failed`` in every round it was
+   sampled and ended rc 0 with a model trained without them (ε 12.17): two models from one
+   configuration, silently on Flower. Now ``models.task_calls`` turns an exception of
+   ``user_data`` or ``loss`` into a ``TaskError`` naming the member, the user, the exception and
+   the line of the task's code that raised: both engines end after round 1 with rc 2 and
+   ``fedprivopt simulate: error: Bad.user_data(3) raised OSError at badtask.py:6: damaged file
+   for user 3`` (Flower adds ``(the answer of 1 of the 13 nodes asked in round 2)``: the
+   ClientApp answers it with a ``TASK_ERROR`` reply). Running out of memory passes as before.
+2. A task's own ``cohort_trainer`` returning updates of the wrong form (float64 updates of a
+   float32 model, or one entry short; the thirty-fourth review's open tasks item): every update
+   was rejected for its form, and the fast engine released noise-only rounds, charged, to rc 0,
+   saying so only in ``metrics.jsonl`` (``rejected``). On the fast engine every update comes from
+   the run's own trainer, so now such a round is refused before its noised mean is used:
+   rc 2, ``round 1: the run's own trainer gave user 0 an update of the wrong form (dtype
+   torch.float64 != torch.float32; 9 of the round's updates so): ...``, nothing released. A NaN
+   update (a user's training diverged) is still rejected and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+
+from fedprivopt import wire as P
+from fedprivopt.cli import main
+from fedprivopt.clients import LocalConfig
+from fedprivopt.clients.client_app import clear_cache, get_task_and_trainer, make_client_app
+from fedprivopt.clients.messages import TASK_ERROR
+from fedprivopt.models.task import TaskError
+from fedprivopt.models.task_calls import minibatch_loss, user_examples
+from fedprivopt.privacy.flat import flatten
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.fast import make_cohort_train
+from fedprivopt.simulation.run import build_run
+from fedprivopt.strategies.core import drive_round
+from fedprivopt.strategies.flower import flat_to_arrays
+from tests.messages import delivered
+from tests.models.minimal_task import MinimalTask
+from tests.reliability.test_thirtysecond_review_contract import _Task as ContractTask
+from tests.reliability.test_thirtysecond_review_contract import _Trainer as ContractTrainer
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+HERE = Path(__file__).name
+
+
+# -- finding 1: a task member's own exception --------------------------------------------------
+
+
+class DamagedUser(MinimalTask):
+    """The minimal task whose data file of user 1 is damaged."""
+
+    def user_data(self, user_id: int):
+        if user_id == 1:
+            raise OSError("damaged file\nfor user 1")
+        return super().user_data(user_id)
+
+
+class WrongLoss(MinimalTask):
+    """The minimal task whose loss hands torch a target of the wrong dtype."""
+
+    def loss(self, model, x, y):
+        return torch.nn.functional.cross_entropy(model(x), y.float()[:, None])
+
+
+class NoMemory(MinimalTask):
+    def user_data(self, user_id: int):
+        raise MemoryError
+
+
+def test_1_a_members_exception_is_the_tasks_error_naming_the_line_of_its_code():
+    with pytest.raises(TaskError) as caught:
+        user_examples(DamagedUser(), 1)
+    line = DamagedUser.user_data.__code__.co_firstlineno + 2
+    assert str(caught.value) == (
+        f"DamagedUser.user_data(1) raised OSError at {HERE}:{line}: damaged file for user 1"
+    )
+    task = WrongLoss()
+    x, y = task.user_data(0)
+    with pytest.raises(TaskError, match=rf"^WrongLoss\.loss\(\) raised \w+Error at {HERE}:\d+: "):
+        minibatch_loss(task, task.build_model(), x, y)  # torch's frame is not named
+    with pytest.raises(MemoryError):  # the machine's, not the task's
+        user_examples(NoMemory(), 0)
+
+
+def test_1_the_fast_engine_ends_in_one_line_and_keeps_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["simulate", str(TOY), "--rounds", "2", "--out", str(out), "--quiet",
+            "--set", f"task={__name__}:DamagedUser", "--set", "population=2",
+            "--set", "clients-per-round=2", "--set", "task-params.num-users=2"]  # fmt: skip
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]  # before: rc 1, a traceback
+    assert err.strip() == (
+        "fedprivopt simulate: error: DamagedUser.user_data(1) raised OSError at "
+        f"{HERE}:{DamagedUser.user_data.__code__.co_firstlineno + 2}: damaged file for user 1"
+    )
+    assert not out.exists()  # nothing released, nothing left
+
+
+def test_1_the_client_app_answers_it_with_the_tasks_error():
+    """On Flower's engine the strategy stops at a ``TASK_ERROR`` reply (thirty-third review, 7)."""
+    clear_cache()
+    ref, params = f"{__name__}:DamagedUser", {"num_users": 2}
+    run_config = {P.RUN_TASK: ref, P.RUN_TASK_PARAMS_JSON: json.dumps(params), P.RUN_DEVICE: "cpu"}
+    context = Context(
+        run_id=1, node_id=11, node_config={P.NODE_PARTITION_ID: 0, P.NODE_NUM_PARTITIONS: 1},
+        state=RecordDict(), run_config=run_config,
+    )  # fmt: skip
+    task, _ = get_task_and_trainer(ref, params, "cpu")
+    settings = P.ClientSettings(
+        local=LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=1.0), seed=5
+    )
+    config = P.encode_train_config(users=[0, 1], round_num=1, settings=settings, stream="train")
+    arrays = flat_to_arrays(*flatten(task.build_model().state_dict()))
+    reply = make_client_app()(
+        delivered({P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: config}, "train"), context
+    )
+    assert reply.has_error() and reply.error.code == TASK_ERROR  # before: Flower's exception code
+    assert reply.error.reason.startswith("DamagedUser.user_data(1) raised OSError at "), reply
+    clear_cache()
+
+
+# -- finding 2: the fast engine's own trainer sending updates of the wrong form ---------------
+
+
+class _FormTrainer(ContractTrainer):
+    def _batch(self, users, params, kwargs):
+        batch = super()._batch(users, params, kwargs)
+        if self.bug == "dtype":
+            return type(batch)(batch.users, batch.deltas.double(), batch.norms)
+        if self.bug == "short":
+            return type(batch)(batch.users, batch.deltas[:, :-1], batch.norms)
+        if self.bug == "nan":
+            batch.deltas[0, 0] = float("nan")
+        return batch
+
+
+class FormTask(ContractTask):
+    def cohort_trainer(self, *, device: str, chunk_users: int) -> _FormTrainer:
+        return _FormTrainer(self, self.bug)
+
+
+def _round(bug: str):
+    overrides = {"num-server-rounds": 1, "task": f"{__name__}:FormTask", "task-params.bug": bug}
+    task, alg = build_run(load_config(TOY, overrides))
+    return alg, make_cohort_train(task, device="cpu", vectorize=True)
+
+
+@pytest.mark.parametrize(("bug", "why"), [("dtype", "dtype torch.float64"), ("short", "shape")])
+def test_2_a_round_of_malformed_updates_from_the_runs_own_trainer_is_not_released(bug, why):
+    alg, train = _round(bug)
+    before = alg.params.clone()
+    with pytest.raises(ValueError, match=rf"^round 1: the run's own trainer gave user \d+ an "
+                       rf"update of the wrong form \({why}"):  # fmt: skip
+        drive_round(alg, 1, train)  # before: every update rejected, a noise-only round released
+    assert alg.round_num == 0 and alg.accountant.state_dict()["ledger"] == []
+    assert torch.equal(alg.params, before)
+
+
+def test_2_a_nan_update_is_rejected_and_counted_as_before():
+    alg, train = _round("nan")
+    result = drive_round(alg, 1, train)
+    assert result.metrics["rejected"] == 1.0 and list(result.rejected.values()) == [
+        "contains NaN or Inf"
+    ]
+    assert result.metrics["accepted"] == result.metrics["cohort_size"] - 1 > 0
+
+
+def test_2_simulate_refuses_it_in_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["simulate", str(TOY), "--rounds", "2", "--out", str(out), "--quiet",
+               "--set", f"task={__name__}:FormTask", "--set", "task-params.bug=dtype"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err  # before: rc 0, two noise-only rounds
+    assert "the run's own trainer gave user" in err[0] and "wrong form" in err[0]
+    assert not out.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import lzma
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -50,7 +51,10 @@ def decompress_lzma(
     chunk_size : int, default 1 MiB
         Bytes read per step; must be positive.
     overwrite : bool, default False
-        Decompress again even if the cached file exists.
+        Decompress again even if the cached file exists. Without it an existing file is
+        returned only if it is this download's decompression (it keeps the download's
+        modification time, as ``xz -dk`` does); another file there raises
+        ``FileExistsError``.
     index : bool, default True
         Create the ``(split_name, client_id)`` index on the cache (our own file) when missing.
     progress : callable, optional
@@ -65,6 +69,8 @@ def decompress_lzma(
     ------
     FileNotFoundError
         If ``path`` does not exist.
+    FileExistsError
+        If the output exists and is not the decompression of ``path`` (without ``overwrite``).
     ValueError
         If the stream is corrupt or truncated, or does not hold an SQLite database.
     """
@@ -82,8 +88,14 @@ def decompress_lzma(
         name += ".decompressed"
     out_dir = Path(cache_dir) if cache_dir is not None else path.parent
     out = out_dir / name
-    if out.exists() and not overwrite:
-        return out
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        if _decompressed_from(out, path):
+            return out
+        raise FileExistsError(
+            f"{out}: exists and is not the decompression of {path} (its modification time "
+            "differs: decompress_lzma and xz -dk give it the download's): another dataset, or "
+            "an older download's; pass overwrite=True to replace it, or another cache_dir"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     try:
@@ -104,6 +116,10 @@ def decompress_lzma(
         check_sqlite_file(partial)
         if index:
             create_client_index(partial)
+        # the download's modification time, as xz -dk does: what shows the file is its
+        # decompression when it is asked for again (see _decompressed_from)
+        source = path.stat()
+        os.utime(partial, ns=(source.st_atime_ns, source.st_mtime_ns))
         os.replace(partial, out)
     except lzma.LZMAError as exc:
         raise ValueError(f"{path}: corrupt LZMA/XZ stream: {exc}") from exc
@@ -112,6 +128,33 @@ def decompress_lzma(
     finally:
         partial.unlink(missing_ok=True)
     return out
+
+
+_COARSE_NS = 2 * 10**9
+"""A file system that keeps whole seconds (ext3) or two (FAT) may move a time by this much."""
+
+
+def _decompressed_from(out: Path, path: Path) -> bool:
+    """Whether ``out`` is the decompression of ``path``: a regular file with its modification time.
+
+    The same time to the nanosecond, or to the 2 s a file system that keeps whole seconds may
+    round it to (``out``'s time is then whole seconds). Thirty-fifth review of issue 15 (data):
+    an existing ``out`` was returned whatever it held, so
+    ``decompress_lzma(D/"stackoverflow.sqlite.lzma")`` (and ``open_split`` of the ``.lzma``) in
+    a directory that already held a synthetic ``stackoverflow.sqlite`` returned the synthetic
+    file as the download's (wrong data silently used), as it did an older download's after a
+    new one replaced it, or another download's in a shared ``cache_dir``.
+    """
+    try:
+        made, source = out.stat(), path.stat()
+    except OSError:
+        return False
+    if not stat.S_ISREG(made.st_mode):
+        return False
+    if made.st_mtime_ns == source.st_mtime_ns:
+        return True
+    coarse = made.st_mtime_ns % 10**9 == 0
+    return coarse and abs(made.st_mtime_ns - source.st_mtime_ns) < _COARSE_NS
 
 
 class _BoundedOutput:

@@ -13,11 +13,21 @@
    the same), and the refusal names the task's keys (``synthetic.config_error``, shared with
    ``data synth``): ``config: task-params.synth-vocab must be an integer >= 100000 (2 x
    task-params.synth-tags=5000 x 10 …), got 4000``.
+2. ``decompress_lzma(D/"stackoverflow.sqlite.lzma")`` (what ``data info`` advises for TFF's
+   download; ``open_split`` of the ``.lzma`` alike) returned any existing
+   ``D/stackoverflow.sqlite`` as its decompression: in a directory that already held a
+   synthetic dataset the synthetic file was returned as the real data (silently, as the
+   decompression of an older download after a new one replaced it, or another download's in a
+   shared ``cache_dir``). The decompression now keeps the download's modification time, as
+   ``xz -dk`` does, and an existing file is reused only when its time is the download's
+   (to the nanosecond, or within 2 s where a file system keeps whole seconds); another raises
+   ``FileExistsError`` naming both (``overwrite=True`` or another ``cache_dir``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -118,3 +128,39 @@ def test_1_other_refusals_keep_their_lead(tmp_path):
     with pytest.raises(ValueError, match=r"^synth_tags must be at most 10000 .*got 20000$"):
         StackOverflowTagTask(data_dir=tmp_path / "d", synthetic=True, synth_tags=20_000)
     assert not (tmp_path / "d").exists()
+
+
+# -- 2. the decompression of TFF's download ----------------------------------------------------
+
+
+def test_2_an_existing_other_database_is_not_taken_for_the_download(tmp_path, data_root):
+    import lzma
+
+    from fedprivopt.data import SyntheticConfig, decompress_lzma, generate, open_split
+
+    d = tmp_path / "dl"
+    generate(d, SyntheticConfig.tiny(num_clients=5, vocab_size=100, num_tags=5), workers=1)
+    real = (data_root / "d" / "stackoverflow.sqlite").read_bytes()  # "the download": 30 users
+    src = d / "stackoverflow.sqlite.lzma"
+    src.write_bytes(lzma.compress(real, format=lzma.FORMAT_ALONE))
+    synthetic = (d / "stackoverflow.sqlite").read_bytes()
+    for call in (lambda: decompress_lzma(src), lambda: open_split(src, "train")):
+        with pytest.raises(FileExistsError, match=r"stackoverflow\.sqlite: exists and is not the "):
+            call()
+    assert (d / "stackoverflow.sqlite").read_bytes() == synthetic  # untouched
+    # its own cache is reused, not rewritten; a newer download is not served the older one's
+    out = decompress_lzma(src, cache_dir=tmp_path / "cache", index=False)
+    assert out.read_bytes() == real
+    stamp = out.stat().st_mtime_ns
+    assert decompress_lzma(src, cache_dir=tmp_path / "cache") == out
+    assert out.stat().st_mtime_ns == stamp
+    assert len(open_split(src, "train", cache_dir=tmp_path / "cache").client_ids) > 5
+    later = src.stat().st_mtime_ns + 3600 * 10**9
+    os.utime(src, ns=(later, later))
+    with pytest.raises(FileExistsError, match="an older download's"):
+        decompress_lzma(src, cache_dir=tmp_path / "cache")
+    assert decompress_lzma(src, cache_dir=tmp_path / "cache", overwrite=True).read_bytes() == real
+    # a cache on a file system that keeps whole seconds is still its own
+    out = tmp_path / "cache" / "stackoverflow.sqlite"
+    os.utime(out, ns=(later, later - later % 10**9))
+    assert decompress_lzma(src, cache_dir=tmp_path / "cache") == out

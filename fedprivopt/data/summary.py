@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedprivopt.core.text import SHOWN_CHARS, shown
 from fedprivopt.data.sqlite import read_example_counts
 from fedprivopt.data.stackoverflow import SPLITS, ClientSplit
 
@@ -101,13 +102,25 @@ def summarize_split(split: ClientSplit) -> SplitSummary:
     return SplitSummary.from_counts(split.split, [split.num_examples(c) for c in split.client_ids])
 
 
+def _split_name(name: str) -> str:
+    """A split's name for the table: as written if printable and short, else quoted and cut.
+
+    Thirty-fifth review of issue 15 (data): ``data info`` printed the split names of a file's
+    ``client_metadata`` as they were, so a name holding a terminal escape coloured the terminal
+    and one holding a line break and ``train …`` wrote a row of its own (a name of a million
+    characters, a line as long).
+    """
+    name = str(name)
+    return name if name.isprintable() and len(name) <= SHOWN_CHARS else shown(name)
+
+
 def format_summary(summaries: Iterable[SplitSummary]) -> str:
     """Render summaries as an aligned plain-text table (one row per split, then a total)."""
     rows = list(summaries)
     head = ("split", "clients", "examples", "min", "median", "p90", "max", "mean")
     body = [
         (
-            s.split,
+            _split_name(s.split),
             f"{s.num_clients:,}",
             f"{s.num_examples:,}",
             f"{s.min:,}",

@@ -22,6 +22,11 @@
    ``xz -dk`` does, and an existing file is reused only when its time is the download's
    (to the nanosecond, or within 2 s where a file system keeps whole seconds); another raises
    ``FileExistsError`` naming both (``overwrite=True`` or another ``cache_dir``).
+3. ``data info D`` of a file whose ``client_metadata`` names a split ``'te\\x1b[31mst\\ntrain
+   999 …'`` (a terminal escape and a line break; a name of a million characters alike) printed
+   it as it was: the terminal's colour changed and the table gained a row of its own (a line of
+   a million characters). A split's name is now shown as written only if printable and at most
+   80 characters, else quoted and cut (``'te\\x1b[31mst\\ntrain 999'``).
 """
 
 from __future__ import annotations
@@ -164,3 +169,29 @@ def test_2_an_existing_other_database_is_not_taken_for_the_download(tmp_path, da
     out = tmp_path / "cache" / "stackoverflow.sqlite"
     os.utime(out, ns=(later, later - later % 10**9))
     assert decompress_lzma(src, cache_dir=tmp_path / "cache") == out
+
+
+# -- 3. data info of hostile split names -------------------------------------------------------
+
+
+def test_3_data_info_shows_a_split_name_it_cannot_print_quoted(tmp_path, capsys, data_root):
+    import shutil
+    import sqlite3
+
+    d = tmp_path / "d"
+    d.mkdir()
+    shutil.copy(data_root / "d" / "stackoverflow.sqlite", d)
+    conn = sqlite3.connect(d / "stackoverflow.sqlite")
+    with conn:
+        conn.execute("UPDATE client_metadata SET split_name = ? WHERE split_name = 'test'",
+                     ("te\x1b[31mst\ntrain 999",))  # fmt: skip
+        conn.execute("UPDATE client_metadata SET split_name = ? WHERE split_name = 'heldout'",
+                     ("h" * 1_000_000,))  # fmt: skip
+    conn.close()
+    assert main(["data", "info", str(d)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "\x1b" not in out and len(lines) == 5, out  # header, 3 splits, total
+    assert lines[1].startswith("train ") and lines[-1].startswith("total ")
+    assert any(line.startswith("'te\\x1b[31mst\\ntrain 999'  ") for line in lines), out
+    assert max(map(len, lines)) < 200

@@ -504,6 +504,18 @@ def _main(argv: Sequence[str] | None) -> int:
                     break
         print(one_line(f"fedprivopt {_command(args)}: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
+    except MemoryError as exc:
+        # thirty-fifth review of issue 15 (lead 3): a run whose task (or data) needed more
+        # memory than the machine has ended in a traceback; the rounds it released are kept
+        if _debug():
+            raise
+        detail = f" ({one_line(str(exc))[:200]})" if str(exc) else ""
+        print(
+            f"fedprivopt {_command(args)}: error: this machine ran out of memory{detail}; "
+            "nothing already written is lost (FEDPRIVOPT_DEBUG=1 shows where)",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt as exc:
         # Ctrl-C, or SIGTERM/SIGHUP during a run (simulation.interrupt.Interrupted): every
         # process it started is stopped and what it released is kept; exit code 128 + signal

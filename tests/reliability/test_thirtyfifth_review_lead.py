@@ -19,6 +19,10 @@
    rc 2, ``round 1: the run's own trainer gave user 0 an update of the wrong form (dtype
    torch.float64 != torch.float32; 9 of the round's updates so): ...``, nothing released. A NaN
    update (a user's training diverged) is still rejected and counted.
+3. The same task raising ``MemoryError`` in round 2 (a user's data larger than the machine's
+   memory): a traceback, rc 1. Now one line, ``fedprivopt simulate: error: this machine ran out
+   of memory; nothing already written is lost (FEDPRIVOPT_DEBUG=1 shows where)``, rc 1, and
+   round 1 stays released in the ledger (``--resume`` goes on from it).
 """
 
 from __future__ import annotations
@@ -72,8 +76,15 @@ class WrongLoss(MinimalTask):
 
 
 class NoMemory(MinimalTask):
+    """The minimal task whose data outgrows the memory after the first round (2 users)."""
+
+    calls = 0
+
     def user_data(self, user_id: int):
-        raise MemoryError
+        type(self).calls += 1
+        if type(self).calls > 2:
+            raise MemoryError
+        return super().user_data(user_id)
 
 
 def test_1_a_members_exception_is_the_tasks_error_naming_the_line_of_its_code():
@@ -87,6 +98,7 @@ def test_1_a_members_exception_is_the_tasks_error_naming_the_line_of_its_code():
     x, y = task.user_data(0)
     with pytest.raises(TaskError, match=rf"^WrongLoss\.loss\(\) raised \w+Error at {HERE}:\d+: "):
         minibatch_loss(task, task.build_model(), x, y)  # torch's frame is not named
+    NoMemory.calls = 2
     with pytest.raises(MemoryError):  # the machine's, not the task's
         user_examples(NoMemory(), 0)
 
@@ -183,3 +195,21 @@ def test_2_simulate_refuses_it_in_one_line(tmp_path, capsys):
     assert rc == 2 and len(err) == 1, err  # before: rc 0, two noise-only rounds
     assert "the run's own trainer gave user" in err[0] and "wrong form" in err[0]
     assert not out.exists()
+
+
+# -- finding 3: out of memory ------------------------------------------------------------------
+
+
+def test_3_out_of_memory_is_one_line_and_keeps_the_released_rounds(tmp_path, capsys):
+    NoMemory.calls = 0
+    out = tmp_path / "run"
+    code = main(["simulate", str(TOY), "--rounds", "3", "--out", str(out), "--quiet",
+                 "--set", f"task={__name__}:NoMemory", "--set", "population=2",
+                 "--set", "clients-per-round=2", "--set", "task-params.num-users=2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and err == (  # before: a traceback
+        "fedprivopt simulate: error: this machine ran out of memory; nothing already written is "
+        "lost (FEDPRIVOPT_DEBUG=1 shows where)\n"
+    )
+    ledger = (out / "privacy_ledger.jsonl").read_text().splitlines()
+    assert [json.loads(line).get("round") for line in ledger[1:]] == [1], ledger

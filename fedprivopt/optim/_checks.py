@@ -15,6 +15,8 @@ import torch
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
 
+from .base import check_state_tensors
+
 __all__ = [
     "check_bool",
     "check_in_dtype",
@@ -60,6 +62,7 @@ def check_state(state: object, state_type: type[S]) -> S:
             f"state must be {article} {name} (from init() or {name}.from_dict()), got "
             f"{type(state).__name__}{hint}"
         )
+    check_state_tensors(state)  # shapes, dtypes, devices: cheap (thirty-fifth review, models 1)
     return state
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -38,6 +38,9 @@ class AdamState(StateDictMixin):
     nu : torch.Tensor
         Second moment ``v`` (EMA of Δ̃²), dtype and device of params.
     """
+
+    #: fields whose entries no update leaves negative (checked by ``from_dict``)
+    NONNEGATIVE: ClassVar[tuple[str, ...]] = ("nu",)
 
     count: int
     mu: torch.Tensor

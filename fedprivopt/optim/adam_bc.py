@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 
@@ -41,6 +42,9 @@ class AdamBCState(StateDictMixin):
         Fraction of coordinates whose ``v̂ - Φ̂`` fell below ``gamma`` in the last update (a
         diagnostic for tuning ``gamma``; 0 before the first update).
     """
+
+    #: fields whose entries no update leaves negative (checked by ``from_dict``)
+    NONNEGATIVE: ClassVar[tuple[str, ...]] = ("nu",)
 
     count: int
     mu: torch.Tensor

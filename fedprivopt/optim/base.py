@@ -35,6 +35,7 @@ __all__ = [
     "StateDictMixin",
     "UpdateFn",
     "apply_step",
+    "check_state_tensors",
     "state_from_dict",
     "state_to_dict",
 ]
@@ -175,7 +176,72 @@ def state_from_dict(state_type: type[S], data: Mapping[str, object]) -> S:
             f"missing {missing}, unexpected {shown(extra)}"
         )
     kwargs = {name: _convert(state_type, name, kind, data[name]) for name, kind in types.items()}
-    return state_type(**kwargs)
+    state = state_type(**kwargs)
+    # shapes are the caller's to compare with the model (a checkpoint's restore names it)
+    check_state_tensors(state, shape=False)
+    _check_signs(state)
+    return state
+
+
+def check_state_tensors(state: object, *, shape: bool = True) -> None:
+    """Refuse a state whose tensors are not floating-point or differ in dtype, device or shape.
+
+    Every state of :mod:`fedprivopt.optim` holds model-sized tensors of the parameters' dtype.
+    Thirty-fifth review of issue 15 (models, finding 1): a checkpoint's DP-FedAdam state with a
+    float64 ``nu`` beside a float32 ``mu`` (digest recomputed) was resumed; the float64 step made
+    the released model float64, and the next round stopped blaming the task's trainer (``the
+    run's own trainer gave user 0 an update of the wrong form``). ``shape=False`` leaves the
+    shapes to a caller that compares them with the model's.
+    """
+    tensors = [
+        (f.name, getattr(state, f.name))
+        for f in dataclasses.fields(state)  # type: ignore[arg-type]
+        if isinstance(getattr(state, f.name), torch.Tensor)
+    ]
+    where = type(state).__name__
+    for name, value in tensors:
+        if not value.is_floating_point():
+            raise ValueError(f"{where}.{name} must be a floating-point tensor, got {value.dtype}")
+    kinds = ("shape", "dtype", "device") if shape else ("dtype", "device")
+
+    def form(t: torch.Tensor) -> dict[str, object]:
+        return {k: tuple(t.shape) if k == "shape" else getattr(t, k) for k in kinds}
+
+    for name, value in tensors[1:]:
+        first, like = tensors[0]
+        for what, got in form(value).items():
+            if got != form(like)[what]:
+                raise ValueError(
+                    f"{where}.{name} has {what} {got} but {where}.{first} {form(like)[what]}: "
+                    f"a state's tensors all have the {what} of the model's parameters (a state "
+                    "edited, or put together from another model's?)"
+                )
+
+
+def _check_signs(state: object) -> None:
+    """Refuse entries a state's update can never leave (``NONNEGATIVE``/``POSITIVE`` fields).
+
+    Thirty-fifth review of issue 15 (models, finding 2): a checkpoint whose DP-FedAdam second
+    moment ``nu`` (an EMA of squares) held negative entries, or whose DP2 second moment did,
+    was resumed (digest recomputed): ``sqrt`` made the model NaN and the run reported that it
+    "diverged ... (lower the learning rates)", rc 0. NaN and ``+inf`` stay accepted (a diverged
+    run's state is resumed as it is).
+    """
+    where = type(state).__name__
+    for names, bound, rule in (
+        (getattr(state, "NONNEGATIVE", ()), 0.0, ">= 0"),
+        (getattr(state, "POSITIVE", ()), 0.0, "> 0"),
+    ):
+        for name in names:
+            value = getattr(state, name)
+            bad = value < bound if rule == ">= 0" else value <= bound
+            if bool(bad.any()):
+                index = int(torch.nonzero(bad.reshape(-1))[0])
+                raise ValueError(
+                    f"{where}.{name} must be {rule} everywhere (NaN is kept for a diverged run), "
+                    f"got {float(value.reshape(-1)[index]):g} at entry {index} ({int(bad.sum())} "
+                    "entries so): no update leaves it so (an edited state?)"
+                )
 
 
 class StateDictMixin:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -60,6 +60,10 @@ class DP2State(StateDictMixin):
         ``P = √v + ε`` formed at the last switch (``ε`` everywhere before the first switch);
         in use only during adaptive rounds, see :func:`preconditioner`.
     """
+
+    #: fields whose entries no update leaves negative, or at most 0 (checked by ``from_dict``)
+    NONNEGATIVE: ClassVar[tuple[str, ...]] = ("second_moment",)
+    POSITIVE: ClassVar[tuple[str, ...]] = ("preconditioner",)
 
     count: int
     adaptive: bool

@@ -1,0 +1,184 @@
+"""Issue 15, thirty-fifth hostile review (area models: tasks, side information, optimizers).
+
+1. A run's checkpoint whose server-optimizer state holds tensors of two dtypes (``simulate
+   toy.toml --strategy dp-fedadam --rounds 2 --set checkpoint-every=1``, ``nu`` made float64
+   beside a float32 ``mu`` in ``checkpoint.pt``, digest recomputed with ``state_digest``,
+   rounds raised in ``config.toml``, ``simulate --resume``): the float64 step made the model
+   float64, round 3 was released (ledger and ``metrics.jsonl``), and round 4 stopped with rc 2,
+   ``round 4: the run's own trainer gave user 0 an update of the wrong form (dtype
+   torch.float32 != torch.float64 ...): a bug of the task's cohort_trainer or model``, blaming the
+   task. At the Python API ``adam(...).update`` took ``AdamState(mu=float32, nu=float64)`` and
+   returned a float64 step. Now every state's tensors must share one shape, dtype and device and
+   be floating-point (``optim.base.check_state_tensors``, in ``from_dict`` and every ``update``):
+   the resume is refused before anything runs, rc 2, ``g/checkpoint.pt: AdamState.nu has dtype
+   torch.float64 but AdamState.mu torch.float32: ... (a state edited, ...); refusing to resume``
+   (DP2's and DP-AdamBC's states alike).
+2. The same kind of checkpoint with entries no update can leave: DP-FedAdam's second moment
+   ``nu`` negative (an EMA of squares), DP2's ``second_moment`` negative or its
+   ``preconditioner`` (``√v + ε``) at most 0. Before: ``nu`` made the model NaN and the run
+   ended rc 0 reporting "the model diverged at round 3 ... (lower the learning rates)", every
+   remaining round released and charged; DP2's preconditioner was refused by the clients with
+   ``preconditioner must be finite and > 0 everywhere``, naming neither file nor state; a
+   negative ``second_moment`` entered ``P`` at the next switch. Now ``from_dict`` refuses them
+   naming the field, the entry and its value (``NONNEGATIVE``/``POSITIVE`` of each state); NaN
+   and ``+inf`` are still resumed (a diverged run's state is resumed as it is).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedprivopt import optim
+from fedprivopt.cli import main
+from fedprivopt.simulation.checkpoint import state_digest
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+def _one_line(code: int, err: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def adam_run(tmp_path_factory):
+    """A 2-round DP-FedAdam toy run with a checkpoint every round, extended to 4 rounds."""
+    out = tmp_path_factory.mktemp("r35-models") / "adam"
+    args = ["simulate", str(TOY), "--strategy", "dp-fedadam", "--rounds", "2", "--quiet"]
+    assert main([*args, "--out", str(out), "--set", "checkpoint-every=1"]) == 0
+    config = out / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 4"))
+    return out
+
+
+def _forged(run: Path, tmp_path: Path, edit) -> Path:
+    """A copy of ``run`` whose checkpoint's optimizer state went through ``edit``."""
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in run.iterdir():
+        if path.is_file() and path.name != "run.lock":
+            (copy / path.name).write_bytes(path.read_bytes())
+    state = torch.load(copy / "checkpoint.pt", weights_only=False)
+    edit(state["algorithm"]["opt_state"])
+    del state["sha256"]
+    state["sha256"] = state_digest(state)
+    torch.save(state, copy / "checkpoint.pt")
+    return copy
+
+
+def _resume_refused(run: Path, capsys, *expected: str) -> None:
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.name != "run.lock"}
+    line = _one_line(main(["simulate", "--resume", str(run), "--quiet"]), capsys.readouterr().err)
+    for text in (*expected, "checkpoint.pt", "refusing to resume"):
+        assert text in line, line
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.name != "run.lock"}
+    assert after == before  # nothing released or written (before: round 3 was)
+
+
+# -- finding 1: a state's tensors of two dtypes ------------------------------------------------
+
+
+def test_1_a_checkpointed_state_of_two_dtypes_is_refused_before_a_round(adam_run, tmp_path, capsys):
+    def edit(opt):
+        opt["nu"] = opt["nu"].double()
+
+    run = _forged(adam_run, tmp_path, edit)
+    _resume_refused(run, capsys, "AdamState.nu has dtype torch.float64", "AdamState.mu")
+
+
+def _state(kind: str, dtype: torch.dtype = torch.float32):
+    params = torch.zeros(4)
+    transforms = {
+        "adam": optim.adam(learning_rate=0.1),
+        "adam_bc": optim.adam_bc(learning_rate=0.1, gamma=1e-3, noise_variance=0.01),
+        "dp2": optim.dp2(
+            sgd_learning_rate=0.1, adaptive_learning_rate=0.1, s1=1, s2=1, epsilon=0.1
+        ),
+        "sgd": optim.momentum_sgd(learning_rate=0.1, momentum=0.5),
+    }
+    transform = transforms[kind]
+    return transform, transform.init(params).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [("adam", "nu"), ("adam_bc", "mu"), ("dp2", "preconditioner"), ("dp2", "second_moment")],
+)
+def test_1_from_dict_and_update_refuse_tensors_of_two_dtypes(kind, field):
+    transform, data = _state(kind)
+    data[field] = data[field].double()
+    state_type = type(transform.init(torch.zeros(4)))
+    with pytest.raises(ValueError, match=rf"{state_type.__name__}\.\w+ has dtype"):
+        state_type.from_dict(data)
+    state = state_type(**data)  # built directly: update refuses it (before: a float64 step)
+    with pytest.raises(ValueError, match="has dtype"):
+        transform.update(torch.ones(4), state)
+
+
+def test_1_integer_and_misshapen_state_tensors_are_refused():
+    transform, data = _state("adam")
+    misshapen = optim.AdamState(count=0, mu=torch.zeros(4), nu=torch.zeros(5))
+    with pytest.raises(ValueError, match=r"AdamState.nu has shape \(5,\) but AdamState.mu \(4,\)"):
+        transform.update(torch.ones(4), misshapen)  # before: torch's broadcasting RuntimeError
+    with pytest.raises(ValueError, match=r"must be a floating-point tensor, got torch\.int64"):
+        optim.AdamState.from_dict(dict(data, mu=torch.zeros(4, dtype=torch.int64)))
+
+
+def test_1_a_consistent_state_of_any_dtype_still_round_trips():
+    for kind in ("adam", "adam_bc", "dp2", "sgd"):
+        transform, data = _state(kind)
+        state = type(transform.init(torch.zeros(4))).from_dict(data)
+        step, _ = transform.update(torch.ones(4), state, noise_variance=0.01)
+        assert step.dtype == torch.float32
+    double = optim.adam(learning_rate=0.1).init(torch.zeros(4, dtype=torch.float64))
+    assert optim.AdamState.from_dict(double.to_dict()).nu.dtype == torch.float64
+
+
+# -- finding 2: entries no update leaves --------------------------------------------------------
+
+
+def test_2_a_checkpointed_negative_second_moment_is_refused(adam_run, tmp_path, capsys):
+    def edit(opt):
+        opt["nu"] = -opt["nu"] - 1.0
+
+    run = _forged(adam_run, tmp_path, edit)
+    _resume_refused(run, capsys, "AdamState.nu must be >= 0 everywhere", "at entry 0")
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value", "rule"),
+    [
+        ("adam", "nu", -1e-30, ">= 0"),
+        ("adam_bc", "nu", -2.0, ">= 0"),
+        ("dp2", "second_moment", -0.5, ">= 0"),
+        ("dp2", "preconditioner", 0.0, "> 0"),
+        ("dp2", "preconditioner", -float("inf"), "> 0"),
+    ],
+)
+def test_2_from_dict_refuses_entries_no_update_leaves(kind, field, value, rule):
+    transform, data = _state(kind)
+    data[field] = data[field].clone()
+    data[field][2] = value
+    state_type = type(transform.init(torch.zeros(4)))
+    with pytest.raises(ValueError, match=rf"{field} must be {rule} everywhere.* at entry 2"):
+        state_type.from_dict(data)
+
+
+def test_2_a_diverged_state_is_still_resumed_as_it_is(adam_run, tmp_path, capsys):
+    def edit(opt):
+        opt["nu"] = torch.full_like(opt["nu"], float("nan"))
+        opt["mu"] = torch.full_like(opt["mu"], float("inf"))
+
+    run = _forged(adam_run, tmp_path, edit)
+    code = main(["simulate", "--resume", str(run), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "diverged" in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rounds_completed"] == 4 and summary["diverged"] == 3

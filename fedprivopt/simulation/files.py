@@ -427,7 +427,14 @@ def _toml_string(text: str) -> str:
 
 
 def toml_value(value: Any) -> str:
-    """``value`` (bool, int, float including non-finite, list, or text) as a TOML value."""
+    """``value`` (bool, int, float including non-finite, list, mapping, or text) as a TOML value.
+
+    A mapping is an inline table (``{size = 10}``). Thirty-fifth review of issue 15 (lifecycle,
+    finding 1): a task parameter holding an array of inline tables (``--set
+    'task-params.layers=[{size=10}]'`` for a factory of one's own) was written to the run's
+    ``config.toml`` as the strings ``"{'size': 10}"``, so ``--resume`` refused the run for ever
+    as resumed "with a different configuration" (the ledger had recorded the tables).
+    """
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -438,6 +445,8 @@ def toml_value(value: Any) -> str:
         return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
     return _toml_string(str(value))
 
 

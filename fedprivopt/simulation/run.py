@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from fedprivopt.simulation.config import (
     RunConfig,
     side_information_of,
 )
+from fedprivopt.simulation.divergence import row_diverged
 from fedprivopt.simulation.engines import (
     check_flower_resources,
     run_fast,
@@ -72,6 +74,7 @@ from fedprivopt.simulation.files import (
     detach_appended,
     fsync_dir,
     json_line,
+    write_synced,
 )
 from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
@@ -268,6 +271,7 @@ def _execute(
         if bar is not None:
             bar.close()
     alg.stopped_reason = reason
+    _evaluate_last_round(writer, alg)
     if alg.round_num and (alg.round_num % config.checkpoint_every):
         writer.save_checkpoint()
     writer.write_summary(reason)
@@ -281,6 +285,38 @@ def _execute(
         primary_metric(task),
         writer.diverged,
     )
+
+
+def _evaluate_last_round(writer: RunWriter, alg: ServerAlgorithm) -> None:
+    """Evaluate the last released model when ``metrics.jsonl`` has no row of its round.
+
+    Every round a run ends at is evaluated as it is released (``RunWriter.wants_eval``), but a
+    resume that releases no round ends at its checkpoint's round, which ``eval-every`` may have
+    skipped. Thirty-fifth review of issue 15 (lifecycle, finding 2): a secure run (``eval-every
+    = 3``, a target ε that allows 5 rounds) killed after round 5's ledger line, its checkpoint
+    of round 4, then ``--resume`` (the budget allows no redo): ``4 rounds (budget),
+    eval_accuracy = 0.6833``, and ``summary.json``, gave round 3's metrics as those of the
+    4-round model. The evaluation is of a released model (no privacy cost); its row is written
+    as a round's, with the ε the ledger composes.
+    """
+    r = alg.round_num
+    if r == 0 or (writer.rows and writer.rows[-1]["round"] == r):
+        return
+    start = time.perf_counter()
+    metrics = writer.evaluate(alg.output_params())
+    row = {
+        "round": r,
+        "epsilon": writer.epsilon(),
+        "delta": writer.config.strategy.delta,
+        **metrics,
+        "seconds": time.perf_counter() - start,
+    }
+    if writer.diverged is None and row_diverged(metrics, writer.metric):
+        writer.diverged = r
+    writer.rows.append(row)
+    write_synced(writer.out / METRICS_FILE, json_line(row), mode="a")
+    if writer.tensorboard is not None:
+        writer.tensorboard.add_row(row)
 
 
 def simulate(

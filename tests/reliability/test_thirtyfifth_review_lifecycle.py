@@ -9,25 +9,42 @@
    configuration ... is refused``: a file the user never edited blamed, and the run could not be
    continued. ``files.toml_value`` now writes a mapping as an inline table (``{size = 10}``, at
    any depth), so ``config.toml`` reads back as the configuration that ran; the resume goes on.
+2. A secure run (``secure = true``, ``eval-every = 3``, ``target-epsilon`` = the ε of 5 rounds)
+   killed after round 5's ledger line, its newest checkpoint of round 4 (``metrics.jsonl``:
+   round 3's row), then ``simulate --resume``: rightly stopped at round 4 (``budget``: round 5
+   stays charged and its redo would exceed the target), but said ``4 rounds (budget),
+   eval_accuracy = 0.6833`` and ``summary.json``'s ``final`` was round 3's row: the metrics of an
+   earlier model reported as those of the 4-round model (a resume that releases no round
+   evaluated nothing). The last released model is now evaluated when no row holds its round
+   (a row of that round, with the ε the ledger composes), so the summary, the line and reports
+   describe the model the run ends with (``run._evaluate_last_round``).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.privacy.flat import flatten, unflatten
+from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import (
+    CHECKPOINT,
     CONFIG_FILE,
+    METRICS_FILE,
+    PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
+    read_rows,
     toml_value,
 )
+from fedprivopt.simulation.run import build_run, simulate
 from tests.reliability.test_ledger import _set
 from tests.reliability.test_thirtyfourth_review_tasks import OwnTask
-from tests.simulation.test_run import PRESET
+from tests.simulation.test_run import PRESET, small_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -72,3 +89,38 @@ def test_1_a_run_with_inline_tables_in_a_task_parameter_resumes(tmp_path, capsys
     # was: rc 2, "R/config.toml: task-params.layers = [...], but the run's privacy ledger records"
     assert main(["simulate", "--resume", str(out), "--quiet"]) == 0, _lines(capsys)
     assert json.loads((out / SUMMARY_FILE).read_text())["rounds_completed"] == 2
+
+
+# -- 2: a resume that releases no round ends at a round no row describes ---------------------------
+def test_2_a_resume_stopped_at_once_by_its_budget_reports_its_last_model(tmp_path, capsys):
+    five = simulate(small_config(**{"num-server-rounds": 5}), tmp_path / "five").epsilon
+    config = small_config(**{"secure": True, "eval-every": 3, "target-epsilon": five})
+    ref = simulate(config, tmp_path / "ref").out_dir  # stops at round 5, its budget
+    assert [r["round"] for r in read_rows(ref / METRICS_FILE)] == [3, 5]
+    killed = tmp_path / "killed"  # as killed after round 5's ledger line: checkpoint of round 4
+    shutil.copytree(ref, killed)
+    (killed / PREVIOUS_CHECKPOINT).unlink()
+    (killed / SUMMARY_FILE).unlink()
+    rows = [r for r in read_rows(killed / METRICS_FILE) if r["round"] <= 4]
+    (killed / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    state = load_checkpoint(killed)
+    assert state["algorithm"]["round"] == 5
+    (killed / CHECKPOINT).unlink()
+    shutil.copy(ref / PREVIOUS_CHECKPOINT, killed / CHECKPOINT)
+    restored = load_checkpoint(killed)["algorithm"]
+    assert restored["round"] == 4
+
+    assert main(["simulate", "--resume", str(killed), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    rows = read_rows(killed / METRICS_FILE)
+    assert [r["round"] for r in rows] == [3, 4]  # was: [3], round 3's metrics reported as final
+    summary = json.loads((killed / SUMMARY_FILE).read_text())
+    assert (summary["rounds_completed"], summary["stopped_reason"]) == (4, "budget")
+    assert summary["epsilon"] == rows[-1]["epsilon"] == five  # round 5 stays charged
+    assert summary["final"] == {k: v for k, v in rows[-1].items() if k.startswith("eval_")}
+    task, _ = build_run(config)  # the evaluation of the round-4 model itself
+    model = task.build_model()
+    model.load_state_dict(unflatten(restored["params"], flatten(model.state_dict())[1]))
+    expected = task.evaluate(model)
+    assert summary["final"]["eval_accuracy"] == expected["accuracy"]
+    assert out.startswith(f"4 rounds (budget), eval_accuracy = {expected['accuracy']:.4f}")

@@ -6,6 +6,9 @@ writes them with the rest of a report.
 
 Because no backend is used, the ``MPLBACKEND`` environment variable is ignored when it names no
 backend matplotlib knows (:func:`import_matplotlib`).
+
+Names a user chooses (a task's metric, its reference model's) are drawn as written: a ``$`` in
+them is not matplotlib's mathtext (:func:`plot_text`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "import_matplotlib",
     "plot_metric_vs_round",
     "plot_privacy_utility",
+    "plot_text",
     "pretty_metric",
 ]
 
@@ -104,6 +108,18 @@ def pretty_metric(metric: str) -> str:
     return _PRETTY.get(metric, metric)
 
 
+def plot_text(text: str) -> str:
+    r"""``text`` as matplotlib draws it literally: every ``$`` escaped (``\$``), so no mathtext.
+
+    Thirty-fifth review of issue 15 (outputs, finding 1): a task by reference whose metric is
+    named ``cost_$_per_$_user`` (or whose ``reference()`` model is named ``prior $\hat{p}_$``)
+    ran every cell of ``compare``, then ended rc 2 with matplotlib's 5-line ``ParseSyntaxException``
+    (the text between two ``$`` read as TeX), naming nothing, no ``report.md`` written; a name
+    whose ``$`` pair parsed was drawn as a formula (``usd$ and $x`` as ``usd and x`` in italics).
+    """
+    return str(text).replace("$", r"\$")
+
+
 def _label(strategy: str, sigma: float, epsilon: float) -> str:
     return f"{strategy} (non-private)" if math.isinf(epsilon) else f"{strategy}, σ={sigma:g}"
 
@@ -153,7 +169,7 @@ def _reference_line(ax, ref: tuple[str, dict[str, float]] | None, metric: str) -
     if ref is None:
         return 0
     ax.axhline(ref[1][metric], color="0.35", linestyle=":", linewidth=_LINEWIDTH,
-               label=f"{ref[0]}, no training")  # fmt: skip
+               label=plot_text(f"{ref[0]}, no training"))  # fmt: skip
     return 1
 
 
@@ -201,8 +217,9 @@ def draw_metric_vs_round(
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("communication round")
-    ax.set_ylabel(pretty_metric(sel.metric))
-    ax.set_title(f"{pretty_metric(sel.metric)} by round (mean ± 1 std over seeds)")
+    shown = plot_text(pretty_metric(sel.metric))
+    ax.set_ylabel(shown)
+    ax.set_title(f"{shown} by round (mean ± 1 std over seeds)")
     return _finish(fig, ax, path, len(groups) + _reference_line(ax, ref, sel.metric))
 
 
@@ -282,8 +299,7 @@ def draw_privacy_utility(
     deltas = sorted({r["delta"] for r in private})
     at = f"at δ={deltas[0]:g}" if len(deltas) == 1 else "δ differs between runs; see the table"
     ax.set_xlabel(f"ε ({at})")
-    ax.set_ylabel(f"final {pretty_metric(metric)}")
-    ax.set_title(
-        f"Privacy–utility trade-off: final {pretty_metric(metric)} (mean ± 1 std over seeds)"
-    )
+    shown = plot_text(pretty_metric(metric))
+    ax.set_ylabel(f"final {shown}")
+    ax.set_title(f"Privacy–utility trade-off: final {shown} (mean ± 1 std over seeds)")
     return _finish(fig, ax, path, n_series)

@@ -339,7 +339,13 @@ def _fmt_eps(eps: float) -> str:
 
 
 def table_cell(text: Any) -> str:
-    """``text`` as one cell of a markdown table: ``|`` escaped, newlines as spaces."""
+    """``text`` as one cell of a markdown table: ``|`` escaped, newlines as spaces.
+
+    Also the Summary's header cell of the task metric: thirty-fifth review of issue 15 (outputs,
+    finding 2): a task by reference whose metric is named ``p(y|x)`` wrote the header
+    ``| … | eval_p(y|x) | eval loss | s/round |``, 10 cells over a delimiter row of 9, which
+    Markdown does not take for a table: the Summary showed as lines of text.
+    """
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
@@ -390,7 +396,8 @@ def _markdown(
         "",
         "## Summary",
         "",
-        f"| strategy | σ | seeds | ε | δ | rounds | {pretty} |{' eval loss |' * loss} s/round |",
+        f"| strategy | σ | seeds | ε | δ | rounds | {table_cell(pretty)} |{' eval loss |' * loss}"
+        " s/round |",
         "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * loss + "---:|",
     ]
     for r in rows:

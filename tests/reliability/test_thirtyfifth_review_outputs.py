@@ -7,6 +7,10 @@
    ``report.md``, a lone ``summary.csv``. A name whose pair of ``$`` parsed was drawn as a
    formula (``usd$ and $x`` as ``usd and x`` in italics). Now the plots draw such names as
    written (``report_plots.plot_text`` escapes ``$``): rc 0, the report and both plots.
+2. The same with a metric named ``p(y|x)``: ``report.md``'s Summary header was ``| … |
+   eval_p(y|x) | eval loss | s/round |``, 10 cells over a delimiter row of 9, which Markdown
+   does not take for a table (the Summary showed as lines of text). Now the header's cell is
+   escaped as the rows' cells are (``eval_p(y\\|x)``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ class _DollarReference(_Named):
         return "prior $\\hat{p}_$", {self.METRIC: 0.3, "loss": 1.0}
 
 
+class _Pipe(_Named):
+    METRIC = "p(y|x)"
+
+
 def _run(root: Path, task: str, capsys, name: str = "r", seed: int = 0) -> Path:
     out = root / name
     argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
@@ -60,3 +68,13 @@ def test_1_a_dollar_in_a_metric_or_reference_name_is_drawn_as_written(tmp_path, 
     report = write_report(tmp_path / "report", load_runs(run), title="t")
     for name in ("report.md", "summary.csv", "metric_vs_round.png", "privacy_utility.png"):
         assert (report.parent / name).is_file(), name
+
+
+def test_2_a_pipe_in_the_metric_name_keeps_the_summary_a_table(tmp_path, capsys):
+    run = _run(tmp_path, "_Pipe", capsys)
+    text = write_report(tmp_path / "report", load_runs(run), title="t").read_text()
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| strategy |"))
+    assert "eval_p(y\\|x)" in lines[head]
+    cells = [line.replace("\\|", "").count("|") for line in lines[head : head + 3]]
+    assert cells[0] == cells[1] == cells[2], lines[head : head + 3]

@@ -60,6 +60,8 @@ __all__ = [
 
 _METRIC_PREFERENCE = ("eval_recall_at_5", "eval_accuracy")
 _REQUIRED_SUMMARY_KEYS = ("strategy", "noise_multiplier", "seed", "epsilon", "delta")
+_RUN_MARKS = (LEDGER_FILE, METRICS_FILE)
+"""Files that make a directory a run's: its ledger is written before its first round."""
 
 
 class RunWarning(UserWarning):
@@ -365,7 +367,12 @@ def load_runs(root: str | Path) -> list[RunData]:
     Raises
     ------
     ValueError
-        If no run directory is found, or one of them fails :func:`load_run`.
+        If no run directory is found, one of them fails :func:`load_run`, or one is not finished:
+        it holds a run's files but no ``summary.json`` (interrupted, stopped again after a
+        ``--resume``, or still running). Thirty-fifth review of issue 15 (outputs, finding 3):
+        such a directory was left out without a word, so ``compare-tuned T --untuned C`` of a
+        ``compare --seeds 3`` stopped during its third seed reported the row over 2 seeds
+        (rc 0), where an unfinished run that kept an earlier ``summary.json`` is refused.
     """
     root = Path(root)
     if (root / SUMMARY_FILE).exists() or (root / METRICS_FILE).exists():
@@ -374,6 +381,13 @@ def load_runs(root: str | Path) -> list[RunData]:
     dirs = sorted(p for p in parent.glob("*") if p.is_dir() and (p / SUMMARY_FILE).exists())
     if not dirs:
         raise ValueError(f"{root}: no run directories (with {SUMMARY_FILE}) found")
+    for d in sorted(parent.glob("*")):
+        if d.is_dir() and d not in dirs and any((d / f).exists() for f in _RUN_MARKS):
+            raise ValueError(
+                f"{d}: a run without {SUMMARY_FILE}: it is not finished (interrupted, or still "
+                f"running); continue it with --resume, or move it out of {parent}, to report "
+                f"the runs of {root}"
+            )
     return [load_run(d) for d in dirs]
 
 

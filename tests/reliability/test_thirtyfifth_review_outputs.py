@@ -11,16 +11,26 @@
    eval_p(y|x) | eval loss | s/round |``, 10 cells over a delimiter row of 9, which Markdown
    does not take for a table (the Summary showed as lines of text). Now the header's cell is
    escaped as the rows' cells are (``eval_p(y\\|x)``).
+3. ``compare toy.toml --strategies dp-fedavg --seeds 3 --out C`` stopped (Ctrl-C) during its
+   third seed, then ``compare-tuned T --untuned C --out O`` (also ``write_report(out,
+   load_runs(C))``): rc 0, the dp-fedavg row over 2 seeds without a word: ``load_runs`` left out
+   a run directory without ``summary.json`` (an interrupted run, one stopped again after a
+   ``--resume``, which removes it, or one still running), where an unfinished run that kept an
+   earlier ``summary.json`` is refused. Now refused alike, in one line naming the directory:
+   ``…/dp-fedavg__sigma0.5__seed2: a run without summary.json: it is not finished
+   (interrupted, or still running); continue it with --resume, …``.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.models.toy import ToyClassificationTask
+from fedprivopt.simulation.files import SUMMARY_FILE
 from fedprivopt.simulation.report import write_report
 from fedprivopt.simulation.rundata import load_runs
 
@@ -78,3 +88,17 @@ def test_2_a_pipe_in_the_metric_name_keeps_the_summary_a_table(tmp_path, capsys)
     assert "eval_p(y\\|x)" in lines[head]
     cells = [line.replace("\\|", "").count("|") for line in lines[head : head + 3]]
     assert cells[0] == cells[1] == cells[2], lines[head : head + 3]
+
+
+def test_3_an_unfinished_run_in_a_folder_of_runs_is_refused(tmp_path, capsys):
+    runs = tmp_path / "c" / "runs"
+    runs.mkdir(parents=True)
+    for seed in (0, 1):
+        _run(runs, "_Named", capsys, f"dp-fedavg__sigma0.5__seed{seed}", seed)
+    shutil.copytree(runs / "dp-fedavg__sigma0.5__seed1", runs / "dp-fedavg__sigma0.5__seed2")
+    (runs / "dp-fedavg__sigma0.5__seed2" / SUMMARY_FILE).unlink()  # as a stopped run has none
+    with pytest.raises(ValueError, match=r"seed2: a run without summary\.json: it is not fin"):
+        load_runs(tmp_path / "c")
+    (runs / "notes").mkdir()  # a directory of the user's own: not a run, still left out
+    shutil.rmtree(runs / "dp-fedavg__sigma0.5__seed2")
+    assert len(load_runs(tmp_path / "c")) == 2

@@ -40,6 +40,11 @@ def _get(doc: Mapping[str, Any], dotted: str) -> Any:
     return value
 
 
+def _grid_order(grid: Any) -> list[str]:
+    """The keys of a plan's grid in the order its trials draw them (``[]``: no grid)."""
+    return [str(key) for key in grid] if isinstance(grid, Mapping) else []
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -111,6 +116,17 @@ def plan_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> str
                 return f"{flag} differs: one of the two tunings drew a secret seed"
             return f"{flag} differs: the earlier tuning has {_short(old)}, this call {_short(new)}"
     if not same_json(stored.get("trials"), wanted.get("trials")):
+        order = _grid_order(stored.get("grid")), _grid_order(wanted.get("grid"))
+        if order[0] != order[1]:
+            # thirty-fifth review of issue 15 (tuning, finding 1): the same --grid flags in
+            # another order were "the drawn trials differ (the tuning was made by another
+            # version)"
+            return (
+                f"--grid differs: the earlier tuning gave its keys in the order "
+                f"{', '.join(order[0])}, this call {', '.join(order[1])}; a trial's values are "
+                "drawn from the seed key by key in that order, so give the --grid flags in the "
+                "earlier order to continue it"
+            )
         return "the drawn trials differ (the tuning was made by another version)"
     return None
 

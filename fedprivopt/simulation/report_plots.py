@@ -48,6 +48,10 @@ _PRETTY = {
     "eval_loss": "loss (eval)",
 }
 _LINESTYLES = ("-", "--", "-.", ":")
+_MARKERS = (None, "o", "s", "^", "v", "D", "x", "+")
+"""Markers of the metric-by-round lines beyond 40 (10 colors × 4 line styles; :func:`_styles`)."""
+_POINT_MARKERS = ("o", "s", "^", "D", "v", "x", "+", "*")
+"""Markers of the privacy–utility lines, one per 10 strategies (:func:`_strategy_colors`)."""
 _FIGSIZE = (8.0, 5.0)
 _DPI = 120
 _LINEWIDTH = 1.8
@@ -124,11 +128,15 @@ def _label(strategy: str, sigma: float, epsilon: float) -> str:
     return f"{strategy} (non-private)" if math.isinf(epsilon) else f"{strategy}, σ={sigma:g}"
 
 
-def _styles(keys: Sequence[tuple[str, float]]) -> dict[tuple[str, float], tuple[Any, str]]:
-    """(color, linestyle) per series.
+def _styles(keys: Sequence[tuple[str, float]]) -> dict[tuple[str, float], tuple[Any, str, Any]]:
+    """(color, linestyle, marker) per series.
 
     Color by strategy and line style by σ when that fits (≤ 10 strategies, ≤ 4 σ each); else
-    10 colors × 4 styles by position, so that up to 40 series stay distinct.
+    10 colors × 4 styles by position, and from the 41st series on a marker too
+    (:data:`_MARKERS`), so that up to 320 series stay distinct. Thirty-fifth review of issue 15
+    (outputs, finding 4): ``compare toy.toml --noise-multipliers 0.3,0.5,0.7,1,1.5,2`` (every
+    strategy: 44 series) drew ``adadps, σ=1`` and ``fedavg (non-private)`` with one color and
+    line style, and three more pairs alike.
     """
     import_matplotlib()
     from matplotlib import colormaps
@@ -140,19 +148,30 @@ def _styles(keys: Sequence[tuple[str, float]]) -> dict[tuple[str, float], tuple[
         out = {}
         for s, sigma in keys:
             sigmas = sorted(x for t, x in keys if t == s)
-            out[(s, sigma)] = (colors[strategies.index(s)], _LINESTYLES[sigmas.index(sigma)])
+            out[(s, sigma)] = (colors[strategies.index(s)], _LINESTYLES[sigmas.index(sigma)], None)
         return out
     n, n_styles = len(colors), len(_LINESTYLES)
-    return {k: (colors[i % n], _LINESTYLES[(i // n) % n_styles]) for i, k in enumerate(keys)}
+    return {
+        k: (colors[i % n], _LINESTYLES[(i // n) % n_styles], _MARKERS[i // (n * n_styles) % 8])
+        for i, k in enumerate(keys)
+    }
 
 
-def _strategy_colors(strategies: Sequence[str]) -> dict[str, Any]:
+def _strategy_colors(strategies: Sequence[str]) -> dict[str, tuple[Any, str]]:
+    """(color, marker) per strategy: 10 colors, then each again with another marker.
+
+    Thirty-fifth review of issue 15 (outputs, finding 4): ``compare-tuned`` of tunings beside an
+    untuned comparison of every strategy (more than 10 strategy names, ``dp-fedavg (tuned)``
+    beside ``dp-fedavg``) drew the 11th strategy's line in the first one's color and marker.
+    """
     import_matplotlib()
     from matplotlib import colormaps
 
     colors = colormaps["tab10"].colors
     names = sorted(set(strategies))
-    return {s: colors[i % len(colors)] for i, s in enumerate(names)}
+    n = len(colors)
+    return {s: (colors[i % n], _POINT_MARKERS[i // n % len(_POINT_MARKERS)])
+            for i, s in enumerate(names)}  # fmt: skip
 
 
 def _new_axes():
@@ -204,13 +223,14 @@ def draw_metric_vs_round(
         x = np.array(sorted(per_round))
         stats = np.array([mean_std(per_round[r]) for r in x])
         stats[:, 1] = [_spread(s) for s in stats[:, 1]]
-        color, style = styles[key]
+        color, style, marker = styles[key]
         label = _label(key[0], key[1], max(run.epsilon for run in group))
         diverged = sum(run.diverged(sel.metric) is not None for run in group)
         label += f" ({diverged} of {len(group)} diverged)" if diverged else ""
         label += _fewer_seeds_text(group)
         ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
-                marker="o" if len(x) == 1 else None)  # fmt: skip
+                marker=marker or ("o" if len(x) == 1 else None),
+                markevery=max(1, len(x) // 10))  # fmt: skip
         ax.fill_between(x, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=color,
                         alpha=0.15, linewidth=0)  # fmt: skip
     from matplotlib.ticker import MaxNLocator
@@ -266,18 +286,20 @@ def draw_privacy_utility(
     private = [r for r in rows if math.isfinite(r["epsilon"]) and math.isfinite(r[mean_key])]
     for strategy in sorted({r["strategy"] for r in private}):
         pts = sorted((r for r in private if r["strategy"] == strategy), key=lambda r: r["epsilon"])
+        color, marker = colors[strategy]
         ax.errorbar([r["epsilon"] for r in pts], [r[mean_key] for r in pts],
-                    yerr=[_spread(r[std_key]) for r in pts], color=colors[strategy], marker="o",
+                    yerr=[_spread(r[std_key]) for r in pts], color=color, marker=marker,
                     linewidth=_LINEWIDTH, capsize=3, label=strategy)  # fmt: skip
         for r in pts:
             ax.annotate(f"σ={r['noise_multiplier']:g}{_diverged_text(r)}",
                         (r["epsilon"], r[mean_key]), textcoords="offset points", xytext=(4, 4),
-                        fontsize=7, color=colors[strategy])  # fmt: skip
+                        fontsize=7, color=color)  # fmt: skip
         n_series += 1
     for r in rows:
         if math.isinf(r["epsilon"]) and math.isfinite(r[mean_key]):
-            color = colors[r["strategy"]]
+            color, marker = colors[r["strategy"]]
             ax.axhline(r[mean_key], color=color, linestyle="--", linewidth=_LINEWIDTH,
+                       marker=None if marker == _POINT_MARKERS[0] else marker, markevery=0.1,
                        label=f"{r['strategy']} (non-private{_diverged_text(r)})")  # fmt: skip
             if r[std_key] > 0:
                 ax.axhspan(r[mean_key] - r[std_key], r[mean_key] + r[std_key], color=color,

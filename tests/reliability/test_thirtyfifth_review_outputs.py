@@ -19,6 +19,12 @@
    earlier ``summary.json`` is refused. Now refused alike, in one line naming the directory:
    ``…/dp-fedavg__sigma0.5__seed2: a run without summary.json: it is not finished
    (interrupted, or still running); continue it with --resume, …``.
+4. ``compare toy.toml --noise-multipliers 0.3,0.5,0.7,1,1.5,2`` (every strategy: 44 groups):
+   ``metric_vs_round.png`` drew ``adadps, σ=1`` and ``fedavg (non-private)`` (and three more
+   pairs) in one color and line style (10 colors × 4 styles by position, then again); and
+   ``compare-tuned`` of tunings beside an untuned comparison of every strategy (more than 10
+   strategy names) drew the 11th strategy's privacy–utility line in the first one's color and
+   marker. Now a marker tells them apart (320 series, and 80 strategies, stay distinct).
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from fedprivopt.cli import main
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.files import SUMMARY_FILE
 from fedprivopt.simulation.report import write_report
+from fedprivopt.simulation.report_plots import _strategy_colors, _styles
 from fedprivopt.simulation.rundata import load_runs
+from fedprivopt.strategies.config import NON_PRIVATE, STRATEGIES
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
@@ -102,3 +110,13 @@ def test_3_an_unfinished_run_in_a_folder_of_runs_is_refused(tmp_path, capsys):
     (runs / "notes").mkdir()  # a directory of the user's own: not a run, still left out
     shutil.rmtree(runs / "dp-fedavg__sigma0.5__seed2")
     assert len(load_runs(tmp_path / "c")) == 2
+
+
+def test_4_every_series_of_a_large_grid_has_its_own_style():
+    sigmas = (0.3, 0.5, 0.7, 1.0, 1.5, 2.0)
+    keys = sorted((s, 0.0) if s in NON_PRIVATE else (s, x) for s in STRATEGIES for x in sigmas)
+    keys = list(dict.fromkeys(keys))
+    assert len(keys) == 44
+    assert len(set(_styles(keys).values())) == len(keys)
+    names = [*STRATEGIES, *(f"{s} (tuned)" for s in STRATEGIES)]  # compare-tuned: 18 names
+    assert len(set(_strategy_colors(names).values())) == len(names)

@@ -108,6 +108,19 @@ newest is always kept)."""
 EVAL_BYTES = 2 << 30
 """Bytes of memory a task's evaluation set may take (2 GiB: about 2 million examples)."""
 
+IDENTITY_BYTES = 1 << 20
+"""Bytes of ``stackoverflow.sqlite`` (its first MiB, with its size) that identify the file a task
+read: its header, schema and first users' examples (as ``simulation.cluster``'s fingerprint, so
+an equal copy on another node is the same dataset)."""
+
+
+def _sqlite_identity(path: Path) -> tuple[int, str]:
+    """``(size, SHA-256 of the first IDENTITY_BYTES)`` of the SQLite file ``path``."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        head = handle.read(IDENTITY_BYTES)
+    return size, hashlib.sha256(head).hexdigest()
+
 
 def _nbytes(tensors: tuple[Any, ...]) -> int:
     return sum(int(getattr(t, "nbytes", 0)) for t in tensors)
@@ -257,6 +270,7 @@ class StackOverflowFiles:
     def _open_users(self, num_users: int | None) -> None:
         """Open the training split and keep its first ``num_users`` users (all for ``None``)."""
         train = SQLiteSplit(self.data_dir / SQLITE_FILE, "train")
+        self._sqlite_id = _sqlite_identity(train.path)  # what every later open must find
         ids = list(train.client_ids)
         if num_users is not None and num_users > len(ids):
             raise ValueError(
@@ -268,6 +282,33 @@ class StackOverflowFiles:
         self._init_runtime()
         self._train = train
         self._check_evaluation_size()
+
+    def _check_same_dataset(self) -> None:
+        """Refuse a ``stackoverflow.sqlite`` other than the one :meth:`_open_users` read.
+
+        Called where the file is opened again: the evaluation users, the training split after
+        unpickling (a Ray actor's, a shard's copy), the data identity. Thirty-fifth review of
+        issue 15 (data): ``data synth --out D --overwrite`` (or a copy over the file) while a
+        run read ``D`` made its evaluation set, built at the first evaluation, and its workers'
+        copies, which reopen the file, read the new dataset's users under the old one's client
+        ids and vocabulary, silently, while the ledger recorded the old one.
+        """
+        recorded = getattr(self, "_sqlite_id", None)
+        if recorded is None:
+            return
+        try:
+            now = _sqlite_identity(self.sqlite_path)
+        except OSError:
+            return  # the reader that follows names it
+        if now != recorded:
+            sizes = f"{now[0]:,} bytes where it read {recorded[0]:,}"
+            raise ValueError(
+                f"{self.sqlite_path}: the dataset changed while the task used it (replaced or "
+                f"rewritten: {sizes if now[0] != recorded[0] else 'its first MiB differs'}); a "
+                "run reads one dataset, so it stops here: start it again on the dataset as it "
+                "is now, and do not regenerate (data synth --overwrite) or replace a dataset "
+                "that a run reads"
+            )
 
     def _eval_example_bytes(self) -> int:
         """Memory of one example while the evaluation set is built (tag task: 0.6 kB measured)."""
@@ -339,6 +380,7 @@ class StackOverflowFiles:
         same ``data_dir`` (a different download, a synthetic one of another seed) differs in at
         least one of them; no example is read.
         """
+        self._check_same_dataset()  # the identity of the file the task read, not another's
         clients = hashlib.sha256()
         clients.update("\n".join(self.client_ids).encode("utf-8", "surrogatepass"))
         for split, counts in sorted(read_example_counts(self.sqlite_path).items()):
@@ -440,6 +482,7 @@ class StackOverflowFiles:
         """The training split, opened on first use (after unpickling too)."""
         with STATE_LOCK:
             if self._train is None:
+                self._check_same_dataset()
                 self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
             return self._train
 
@@ -449,6 +492,7 @@ class StackOverflowFiles:
 
     def _iter_eval_users(self) -> Iterator[Any]:
         """:meth:`_encoded_eval_users` one user at a time (a caller may stop early)."""
+        self._check_same_dataset()
         split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
         try:
             for cid in list(split.client_ids)[: self.eval_users]:
@@ -477,6 +521,7 @@ class StackOverflowFiles:
         compared with the training users (:attr:`client_ids`) by client id. ``test`` holds later
         posts of the training users (mostly private), ``heldout`` other users (none private).
         """
+        self._check_same_dataset()
         split = SQLiteSplit(self.sqlite_path, self.eval_split, validate=False)
         try:
             ids = list(split.client_ids)[: self.eval_users]

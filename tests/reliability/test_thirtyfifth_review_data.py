@@ -27,6 +27,16 @@
    it as it was: the terminal's colour changed and the table gained a row of its own (a line of
    a million characters). A split's name is now shown as written only if printable and at most
    80 characters, else quoted and cut (``'te\\x1b[31mst\\ntrain 999'``).
+4. ``data synth --out D --overwrite`` (or a copy over ``D/stackoverflow.sqlite``) while a run
+   reads ``D``: the task's evaluation set, built at its first evaluation, and the copies of
+   the task that Ray actors and shards hold (pickled; they reopen the file) read the new
+   dataset's users under the old one's client ids and vocabulary, silently (rc 0), while the
+   ledger recorded the old dataset; a replacement between the task's build and the ledger
+   made the ledger record the new one. A StackOverflow task now records the file it read
+   (its size and the SHA-256 of its first MiB, as the cluster's fingerprint: an equal copy on
+   another node is the same) and checks it wherever the file is opened again: the evaluation
+   users, the training split of a copy, ``data_identity``, ``private_evaluation_users``; a
+   changed file stops the run, rc 2, one line naming it.
 """
 
 from __future__ import annotations
@@ -195,3 +205,75 @@ def test_3_data_info_shows_a_split_name_it_cannot_print_quoted(tmp_path, capsys,
     assert lines[1].startswith("train ") and lines[-1].startswith("total ")
     assert any(line.startswith("'te\\x1b[31mst\\ntrain 999'  ") for line in lines), out
     assert max(map(len, lines)) < 200
+
+
+# -- 4. a dataset replaced while a task reads it -----------------------------------------------
+
+
+def _replaced_under(tmp_path, data_root):
+    """A tag task on a copy of the fixture's dataset, a pickled copy of it, and the file."""
+    import pickle
+    import shutil
+
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    d = tmp_path / "d"
+    shutil.copytree(data_root / "d", d)
+    task = StackOverflowTagTask(
+        data_dir=d, synthetic=False, vocab_size=50, num_tags=5, num_users=10, eval_users=5
+    )
+    return task, pickle.loads(pickle.dumps(task)), d / "stackoverflow.sqlite"
+
+
+def test_4_a_dataset_replaced_under_a_task_is_refused(tmp_path, capsys, data_root):
+    task, copy, sqlite = _replaced_under(tmp_path, data_root)
+    before = task.data_identity()
+    synth = ["data", "synth", "--out", str(sqlite.parent), "--clients", "40", "--vocab", "200"]
+    assert main([*synth, "--tags", "10", "--workers", "1", "--overwrite"]) == 0
+    capsys.readouterr()
+    for call in (
+        task.eval_batches,
+        lambda: copy.user_data(1),
+        task.data_identity,
+        task.private_evaluation_users,
+    ):
+        with pytest.raises(ValueError, match=r"stackoverflow\.sqlite: the dataset changed while "):
+            call()
+    assert before["sqlite_bytes"] != sqlite.stat().st_size
+
+
+def test_4_an_equal_copy_of_the_file_is_the_same_dataset(tmp_path, data_root):
+    import shutil
+
+    task, copy, sqlite = _replaced_under(tmp_path, data_root)
+    x = task.user_data(1)[0]
+    shutil.copy(data_root / "d" / "stackoverflow.sqlite", tmp_path / "copy.sqlite")
+    os.replace(tmp_path / "copy.sqlite", sqlite)  # another file (inode, time), equal bytes
+    assert copy.user_data(1)[0].equal(x)
+    assert task.eval_batches() and task.data_identity()["sqlite_bytes"] == sqlite.stat().st_size
+
+
+def test_4_a_run_whose_dataset_is_replaced_stops_in_one_line(
+    tmp_path, capsys, monkeypatch, data_root
+):
+    import shutil
+
+    from fedprivopt.data import SyntheticConfig, generate
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    d = tmp_path / "d"
+    shutil.copytree(data_root / "d", d)
+    preset = tmp_path / "tp.toml"
+    preset.write_text(_TP.format(data=str(d), synthetic="false"))
+    build = StackOverflowTagTask.eval_batches
+
+    def replaced_first(self):  # data synth --overwrite in another terminal, mid-run
+        if self._eval is None:
+            config = SyntheticConfig(num_clients=40, vocab_size=200, num_tags=10)
+            generate(d, config, overwrite=True, workers=1)
+        return build(self)
+
+    monkeypatch.setattr(StackOverflowTagTask, "eval_batches", replaced_first)
+    argv = ["simulate", str(preset), "--out", str(tmp_path / "r"), "--quiet"]
+    line = _usage_line(capsys, argv)
+    assert f"{d}/stackoverflow.sqlite: the dataset changed while the task used it" in line, line

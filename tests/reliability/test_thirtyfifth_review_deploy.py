@@ -1,0 +1,91 @@
+"""Issue 15, thirty-fifth hostile review (the deployment): regression tests.
+
+1. ``deploy local toy.toml --nodes 2 --insecure --rounds 3 --set round-timeout=5`` (also 1 and
+   10; the run config takes any ``round-timeout`` of at least 1 s, the floor of Flower's
+   simulation engine): a deployment's node asks the SuperLink for messages every 3 s and starts
+   a ClientApp process for each (6-11 s here), so no reply came within the timeout. Every
+   sampled user of every round was counted ``timed_out`` (``metrics.jsonl``: ``received`` 0 of
+   9, 13 and 10), every released model was noise only, and the command ended rc 0 with ``3 rounds
+   (rounds), eval_accuracy = 0.3867, epsilon = 12.17`` (0.61 after 2 rounds with the default
+   timeout) and nothing more. Now ``deploy local`` reads the run's rows after it and says, in one
+   ``warning:`` line on stderr, in how many rounds no sampled user's update reached the server,
+   that those models are noise only but charged, and why (the causes the round metrics name:
+   here the timeout, with its value and why a deployment needs more). Rounds that sampled nobody
+   do not count; the causes are named, not counted (those metrics are not covered by ε). rc stays
+   0, as for a diverged run's warning: the run did what it was asked and its ledger is true.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.deploy import local as deploy_module
+from fedprivopt.strategies.flower import LOSS_METRICS
+from tests.reliability.test_fuzz_cli import run_cli
+
+
+def _row(round_num: int, cohort: int, received: int, **lost: int) -> dict:
+    causes = dict.fromkeys(LOSS_METRICS, 0.0) | {k: float(v) for k, v in lost.items()}
+    return {"round": round_num, "epsilon": 7.5 + round_num, "delta": 1e-4, "eval_loss": 1.1,
+            "eval_accuracy": 0.43, "cohort_size": float(cohort), "received": float(received),
+            **causes}  # fmt: skip
+
+
+@pytest.fixture
+def finished(monkeypatch):
+    """``deploy_local`` replaced by one that writes the given rows and a summary, as a run does."""
+    rows: list[dict] = []
+
+    def deployed(*, out: str, **_: object) -> Path:
+        run = Path(out)
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = {"rounds_completed": len(rows), "stopped_reason": "rounds", "epsilon": 12.17,
+                   "delta": 1e-4, "final": {"eval_accuracy": 0.3867}, "diverged": None,
+                   "config": {"round-timeout": 5}}  # fmt: skip
+        (run / "summary.json").write_text(json.dumps(summary))
+        return run
+
+    monkeypatch.setattr(deploy_module, "deploy_local", deployed)
+    return rows
+
+
+def _deploy(out: Path) -> tuple[int, str, str]:
+    return run_cli(["deploy", "local", "--nodes", "2", "--insecure", "--rounds", "3", "--set",
+                    "round-timeout=5", "--out", str(out), "--quiet"])  # fmt: skip
+
+
+def _warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("warning:")]
+
+
+def test_1_rounds_no_update_reached_are_said_with_the_timeout(tmp_path, finished):
+    finished += [_row(1, 9, 0, timed_out=9), _row(2, 13, 0, timed_out=13),
+                 _row(3, 10, 0, timed_out=10)]  # fmt: skip
+    code, out, err = _deploy(tmp_path / "d")
+    assert code == 0 and "3 rounds (rounds)" in out, err
+    (line,) = _warnings(err)
+    assert "no sampled user's update reached the server in any round" in line, line
+    assert "noise only, charged all the same (epsilon = 12.17)" in line, line
+    assert "round-timeout = 5 s" in line and "every 3 s" in line, line
+    assert "9" not in line and "13" not in line  # the round metrics are not covered by epsilon
+
+
+def test_1_some_rounds_and_other_causes_are_named(tmp_path, finished):
+    finished += [_row(1, 4, 0, failed=3, unhosted=1), _row(2, 0, 0), _row(3, 5, 2, timed_out=3)]
+    code, _, err = _deploy(tmp_path / "d")
+    (line,) = _warnings(err)  # round 2 sampled nobody: not counted
+    assert code == 0 and "in 1 of the 3 rounds" in line, line
+    assert "their nodes failed; no node hosts them" in line and "round-timeout" not in line, line
+    from fedprivopt.deploy.cli import _CAUSES
+
+    assert set(_CAUSES) == set(LOSS_METRICS)  # every cause the strategy counts is named
+
+
+def test_1_a_run_whose_rounds_got_updates_has_no_warning(tmp_path, finished):
+    finished += [_row(1, 9, 9), _row(2, 13, 11, timed_out=2)]
+    code, _, err = _deploy(tmp_path / "d")
+    assert code == 0 and _warnings(err) == [], err

@@ -23,11 +23,13 @@ user), so a resumed run ends with the same model and ε as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -262,11 +264,6 @@ def _execute(
                 reason = run_flower(config, task, alg, writer)
             else:
                 reason = run_fast(config, task, alg, writer)
-    except BaseException as exc:  # Ctrl-C, SIGTERM, SIGHUP: the checkpoint stays, no summary
-        stopped = interrupt.as_interrupt(exc)
-        if stopped is None:
-            raise
-        raise interrupt.Interrupted(stopped.signum, out) from exc
     finally:
         if bar is not None:
             bar.close()
@@ -319,6 +316,25 @@ def _evaluate_last_round(writer: RunWriter, alg: ServerAlgorithm) -> None:
         writer.tensorboard.add_row(row)
 
 
+@contextlib.contextmanager
+def _naming_the_run(out: Path) -> Iterator[None]:
+    """Turn an interruption inside (Ctrl-C, SIGTERM, SIGHUP) into ``Interrupted`` naming ``out``.
+
+    The command line's line about it then says whether the run can be continued. Thirty-fifth
+    review of issue 15 (lifecycle, finding 3): SIGTERM while the final checkpoint or
+    ``summary.json`` was written, or while ``--resume`` prepared the directory, ended with
+    ``fedprivopt simulate: interrupted`` alone, though every round was kept and ``--resume``
+    finishes the run (the line of an interruption during the rounds says so).
+    """
+    try:
+        yield
+    except BaseException as exc:
+        stopped = interrupt.as_interrupt(exc)
+        if stopped is None or getattr(stopped, "out_dir", None) is not None:
+            raise
+        raise interrupt.Interrupted(stopped.signum, out) from exc
+
+
 def simulate(
     config: RunConfig,
     out_dir: str | Path,
@@ -343,7 +359,7 @@ def simulate(
     check_task_dirs_outside(config, out_dir)
     task, alg = build_run(config, task)
     check_flower_resources(config)  # before anything is written or Ray starts
-    with NewRunDir(out_dir, overwrite=overwrite) as out:
+    with NewRunDir(out_dir, overwrite=overwrite) as out, _naming_the_run(out):
         ledger = start_run_files(out, config, alg, task, tuning_plan)
         return _execute(out, config, task, alg, progress, ledger)
 
@@ -421,7 +437,7 @@ def resume(
         raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     check_appended_not_linked(out)
-    with lock_run_dir(out):
+    with lock_run_dir(out), _naming_the_run(out):
         return _resume_locked(out, progress, tuning_plan)
 
 

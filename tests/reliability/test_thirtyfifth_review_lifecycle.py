@@ -18,18 +18,28 @@
    evaluated nothing). The last released model is now evaluated when no row holds its round
    (a row of that round, with the ε the ledger composes), so the summary, the line and reports
    describe the model the run ends with (``run._evaluate_last_round``).
+3. SIGTERM (or Ctrl-C, SIGHUP) while the final checkpoint or ``summary.json`` was written, or
+   while ``--resume`` audited and prepared the directory: rc 143 with ``fedprivopt simulate:
+   interrupted`` alone, where an interruption during the rounds says ``the run can be continued
+   with --resume R`` (every round was kept, and ``--resume`` finishes the run). The
+   interruption now names the run directory wherever it comes once the directory is claimed
+   (``run._naming_the_run``), so the line says so; a start interrupted before its first
+   released round says that nothing was kept.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 
 import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.privacy.flat import flatten, unflatten
+from fedprivopt.simulation import interrupt
+from fedprivopt.simulation import run as run_module
 from fedprivopt.simulation.checkpoint import load_checkpoint
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import (
@@ -42,6 +52,7 @@ from fedprivopt.simulation.files import (
     toml_value,
 )
 from fedprivopt.simulation.run import build_run, simulate
+from fedprivopt.simulation.writer import RunWriter
 from tests.reliability.test_ledger import _set
 from tests.reliability.test_thirtyfourth_review_tasks import OwnTask
 from tests.simulation.test_run import PRESET, small_config
@@ -124,3 +135,73 @@ def test_2_a_resume_stopped_at_once_by_its_budget_reports_its_last_model(tmp_pat
     expected = task.evaluate(model)
     assert summary["final"]["eval_accuracy"] == expected["accuracy"]
     assert out.startswith(f"4 rounds (budget), eval_accuracy = {expected['accuracy']:.4f}")
+
+
+# -- 3: an interruption after the rounds, or while a resume prepares the directory -----------------
+def _interrupting(monkeypatch, owner, name: str, signum: int) -> None:
+    """``owner.name`` raising what the program's handler raises for ``signum``, once."""
+    original = getattr(owner, name)
+    calls = []
+
+    def raising(*args, **kwargs):
+        if not calls:
+            calls.append(1)
+            raise interrupt.Interrupted(signum)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, raising)
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "signum"),
+    [
+        (RunWriter, "write_summary", signal.SIGTERM),
+        (RunWriter, "save_checkpoint", signal.SIGHUP),  # the final one: 3 % checkpoint-every 2
+    ],
+)
+def test_3_an_interruption_after_the_rounds_says_the_run_continues(
+    tmp_path, capsys, monkeypatch, owner, name, signum
+):
+    out = tmp_path / "run"
+    args = ["--set", "checkpoint-every=2"] if name == "save_checkpoint" else []
+    if name == "save_checkpoint":  # the rounds' checkpoints pass; the one after them is hit
+        original = RunWriter.save_checkpoint
+
+        def after_rounds(self):
+            if self.algorithm.round_num == 3 and self.algorithm.stopped_reason is not None:
+                raise interrupt.Interrupted(signum)
+            return original(self)
+
+        monkeypatch.setattr(RunWriter, name, after_rounds)
+    else:
+        _interrupting(monkeypatch, owner, name, signum)
+    rc = main(["simulate", str(PRESET), "--rounds", "3", "--quiet", "--out", str(out), *args])
+    assert rc == 128 + signum
+    (line,) = _lines(capsys)  # was: "fedprivopt simulate: interrupted" alone
+    assert line == f"fedprivopt simulate: interrupted; the run can be continued with --resume {out}"
+    assert not (out / SUMMARY_FILE).exists()
+    monkeypatch.undo()
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 0
+    assert json.loads((out / SUMMARY_FILE).read_text())["rounds_completed"] == 3
+
+
+def test_3_an_interruption_while_a_resume_prepares_says_the_run_continues(
+    tmp_path, capsys, monkeypatch
+):
+    out = simulate(small_config(**{"num-server-rounds": 1}), tmp_path / "run").out_dir
+    _set(out, "num-server-rounds", "2")
+    _interrupting(monkeypatch, run_module, "audit_run_dir", signal.SIGINT)
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 130
+    (line,) = _lines(capsys)  # was: "fedprivopt simulate: interrupted" alone
+    assert line.endswith(f"interrupted; the run can be continued with --resume {out}")
+
+
+def test_3_a_start_interrupted_before_its_first_round_says_nothing_was_kept(
+    tmp_path, capsys, monkeypatch
+):
+    out = tmp_path / "run"
+    _interrupting(monkeypatch, run_module, "start_run_files", signal.SIGTERM)
+    assert main(["simulate", str(PRESET), "--rounds", "1", "--quiet", "--out", str(out)]) == 143
+    (line,) = _lines(capsys)
+    assert line == "fedprivopt simulate: interrupted before it released a round; nothing was kept"
+    assert not out.exists()

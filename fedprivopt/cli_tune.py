@@ -204,15 +204,11 @@ def check_selection(args: argparse.Namespace, tasks) -> dict | None:
     UsageError
         When ``k > 0`` without ``--selection-on-private-users``.
     """
-    from fedprivopt.models.task import private_evaluation_users
+    from fedprivopt.simulation.tune_report import selection_users
 
-    worst: dict | None = {"private": 0, "evaluated": 0}
-    for task in tasks:
-        found = private_evaluation_users(task)
-        if found is None:
-            return None
-        if worst is not None and (found[0], found[1]) > (worst["private"], worst["evaluated"]):
-            worst = {"private": found[0], "evaluated": found[1]}
+    worst = selection_users(tasks)
+    if worst is None:
+        return None
     if worst["private"] and not getattr(args, "selection_on_private_users", False):
         raise UsageError(
             f"argument --set task-params.eval-split: {worst['private']} of the task's "
@@ -451,7 +447,12 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.rundata import load_runs
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
-    from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned, tunings_lines
+    from fedprivopt.simulation.tune_report import (
+        TUNED_SUFFIX,
+        load_tuned,
+        selection_lines,
+        tunings_lines,
+    )
     from fedprivopt.simulation.tune_untuned import (
         REPORT_TITLE,
         check_out_outside,
@@ -511,6 +512,7 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
         "data by this procedure (if they were tuned on the same private data elsewhere, their "
         "epsilon understates what was spent)."
     )
+    notes += "\n".join(["", *selection_lines(checks)])  # empty when every selection is covered
     # thirty-first review of issue 15, compare finding 4: a row of n tunings showed one
     # tuning's epsilon, and "Privacy parameters" called it each run's own
     # thirty-second review of issue 15, reports finding 6: tunings of a grid over

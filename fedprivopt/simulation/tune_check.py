@@ -136,6 +136,12 @@ class TunedCheck:
         files, and the one ``summary.json`` states); ``None`` for a non-private one.
     trials : TrialCount
         The plan's trial count.
+    selection : dict or None
+        ``{"private": k, "evaluated": n}``: ``k`` of the ``n`` evaluation users the selection
+        read are in the private population (``k > 0``: tuned with
+        ``--selection-on-private-users``, the selection not covered by :attr:`epsilon`);
+        ``None`` when a task does not say (not checked). Recomputed from the tasks of the grid
+        points (:func:`~fedprivopt.simulation.tune_report.selection_users`).
     """
 
     path: Path
@@ -146,6 +152,7 @@ class TunedCheck:
     run: Any
     ledgers: tuple = ()
     trials: Any = None
+    selection: dict | None = None
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -375,6 +382,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
     from fedprivopt.simulation.rundata import load_run
     from fedprivopt.simulation.rundir import reading_lock
     from fedprivopt.simulation.tune_best import check_best, recompute_best
+    from fedprivopt.simulation.tune_report import selection_users
 
     path = Path(path)
     for name in ("summary.json", PLAN_FILE):  # a FIFO would block, a 20 GB file fill memory
@@ -428,6 +436,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
             ledger, orders = _recomputed_ledger(path, builder, plan, released)
         except ValueError as exc:
             raise ValueError(f"{path / PLAN_FILE}: {exc}") from None
+        selection = selection_users(builder.tasks.values())  # every grid point's task
 
         def task_of(entry):
             return builder.build(builder.config({**entry["hyperparameters"],
@@ -449,7 +458,8 @@ def check_tuning(path: str | Path) -> TunedCheck:
     if stated_ledger is not None:
         candidates.append(tuning_epsilon(stated_ledger, delta, trials, orders))
     ledgers = (ledger,) if stated_ledger is None else (ledger, stated_ledger)
-    return TunedCheck(path, max(candidates), best_dir, base, plan, run, ledgers, trials)
+    return TunedCheck(path, max(candidates), best_dir, base, plan, run, ledgers, trials,
+                      selection)  # fmt: skip
 
 
 def composed_epsilon(checks: Sequence[TunedCheck], count: int) -> float:

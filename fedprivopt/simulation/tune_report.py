@@ -30,7 +30,9 @@ __all__ = [
     "load_tuned",
     "privacy_note",
     "procedure_lines",
+    "selection_lines",
     "selection_note",
+    "selection_users",
     "summary_of",
     "trial_count_text",
     "tunings_lines",
@@ -66,6 +68,48 @@ def privacy_note(plan: PrivacyPlan) -> str:
             "(which stops before exceeding it), not to the whole tuning."
         )
     return text
+
+
+def selection_users(tasks) -> dict | None:
+    """Whether the selection on ``tasks``' evaluation reads private users' data.
+
+    ``{"private": k, "evaluated": n}``, the largest overlap over ``tasks`` (the tasks of every
+    grid point), or ``None`` when a task does not say (not checked). ``tune`` refuses ``k > 0``
+    without ``--selection-on-private-users``; ``compare-tuned`` states it again.
+    """
+    from fedprivopt.models.task import private_evaluation_users
+
+    worst = {"private": 0, "evaluated": 0}
+    for task in tasks:
+        found = private_evaluation_users(task)
+        if found is None:
+            return None
+        if (found[0], found[1]) > (worst["private"], worst["evaluated"]):
+            worst = {"private": found[0], "evaluated": found[1]}
+    return worst
+
+
+def selection_lines(checks: Sequence[Any]) -> list[str]:
+    """``compare-tuned``'s note on tunings whose selection ε does not cover; nothing if none.
+
+    ``checks`` are :func:`~fedprivopt.simulation.tune_check.check_tunings`' results, whose
+    ``selection`` was recomputed from their tasks.
+
+    Thirty-fifth review of issue 15 (tuning, finding 2): ``compare-tuned`` of a tuning run with
+    ``--selection-on-private-users`` (91 of the task's 100 evaluation users private) said its
+    row's epsilon is that of the whole tuning procedure, with no word that the selection read
+    private users' data without noise (the tuning's own report says so).
+    """
+    lines = []
+    for check in checks:
+        selection = check.selection
+        if selection is not None and not selection.get("private"):
+            continue
+        name = check.plan["strategy"] + TUNED_SUFFIX
+        lines.append(f"- {check.path} ({name}): {selection_note(selection)}")
+    if not lines:
+        return []
+    return ["", "**Not every tuned row's epsilon covers its selection:**", "", *lines]
 
 
 def selection_note(selection: Mapping[str, Any] | None) -> str:

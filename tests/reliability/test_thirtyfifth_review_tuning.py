@@ -10,6 +10,17 @@
    ``--grid differs: the earlier tuning gave its keys in the order server-learning-rate,
    local-learning-rate, this call local-learning-rate, server-learning-rate; … give the --grid
    flags in the earlier order to continue it`` (``tune_replan.plan_difference``).
+2. ``tune stackoverflow-tp-mini.toml --set task-params.eval-split=test
+   --selection-on-private-users … --out S`` (91 of the task's 100 evaluation users are training
+   users; the tuning's own report says "Selection: NOT covered by epsilon"), then
+   ``compare-tuned S --out R``: rc 0, and ``R/report.md`` said the row's epsilon "is that of the
+   whole tuning procedure", with no word that the choice of the released trial and its score
+   read private users' data without noise. Now ``compare-tuned`` recomputes, from the tasks of
+   the tuning's grid points, whether its selection read private users
+   (``TunedCheck.selection``, ``tune_report.selection_users``, the function ``tune`` checks it
+   with), and the notes say "Not every tuned row's epsilon covers its selection: - S
+   (dp-fedavg (tuned)): Selection: NOT covered by epsilon. 91 of the task's 100 evaluation
+   users …" (also "not checked" for a task that does not say).
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedprivopt.cli import main
+from fedprivopt.models.toy import ToyClassificationTask
 from tests.reliability.test_thirtyfourth_review_tuning import TOY, _error
 
 SLR, LLR = "server-learning-rate=0.5,1", "local-learning-rate=0.1,0.05"
@@ -43,3 +55,27 @@ def test_1_grid_flags_in_another_order_are_named(tmp_path, capsys):
         "local-learning-rate, this call local-learning-rate, server-learning-rate"
     ) in err, err
     assert main(_tune(out, "--grid", SLR, "--grid", LLR)) == 0  # the earlier order continues
+
+
+# -- finding 2: compare-tuned says when a tuning's selection read private users ---------------
+
+
+class OverlappingToy(ToyClassificationTask):
+    """The toy task, evaluated on 1 of 4 users who also train (as eval-split=test would)."""
+
+    def private_evaluation_users(self):
+        return (1, 4)
+
+
+def test_2_compare_tuned_says_the_selection_is_not_covered(tmp_path, capsys):
+    task = f"task={__name__}:OverlappingToy"
+    out, report = tmp_path / "s", tmp_path / "r"
+    assert main(_tune(out, "--grid", SLR, "--set", task, "--selection-on-private-users")) == 0
+    assert "Selection: NOT covered by epsilon" in (out / "report.md").read_text(encoding="utf-8")
+    assert main(["compare-tuned", str(out), "--out", str(report)]) == 0
+    notes = (report / "report.md").read_text(encoding="utf-8").split("## Notes", 1)[1]
+    assert "Not every tuned row's epsilon covers its selection" in notes, notes
+    assert (
+        f"- {out} (dp-fedavg (tuned)): Selection: NOT covered by epsilon. 1 of the task's 4 "
+        "evaluation users are in the private population"
+    ) in notes, notes

@@ -313,10 +313,10 @@ def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
         for line in metrics.read():
             with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
                 row = json.loads(line)
-                shown = ", ".join(
-                    f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row
-                )
-                dep.say(f"round {row['round']}: {shown}, epsilon={row['epsilon']:.4g}")
+                # a round without evaluation (eval-every > 1) said "round 1: , epsilon=7.551"
+                shown = [f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row]
+                shown.append(f"epsilon={row['epsilon']:.4g}")
+                dep.say(f"round {row['round']}: {', '.join(shown)}")
         if summary.exists():
             return
         if stream.poll() is not None:

@@ -13,6 +13,9 @@
    here the timeout, with its value and why a deployment needs more). Rounds that sampled nobody
    do not count; the causes are named, not counted (those metrics are not covered by ε). rc stays
    0, as for a diverged run's warning: the run did what it was asked and its ledger is true.
+2. ``deploy local toy.toml --nodes 1 --set eval-every=2``: the progress line of a round without
+   evaluation read ``[deploy] round 1: , epsilon=7.551`` (an empty list of metrics and its
+   comma). Now ``[deploy] round 1: epsilon=7.551``; evaluated rounds are unchanged.
 """
 
 from __future__ import annotations
@@ -89,3 +92,30 @@ def test_1_a_run_whose_rounds_got_updates_has_no_warning(tmp_path, finished):
     finished += [_row(1, 9, 9), _row(2, 13, 11, timed_out=2)]
     code, _, err = _deploy(tmp_path / "d")
     assert code == 0 and _warnings(err) == [], err
+
+
+class _Procs:
+    """The process set of a deployment whose log stream never ends (``follow`` reads the files)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def start(self, *_: object) -> object:
+        return type("Running", (), {"poll": staticmethod(lambda: None)})()
+
+
+def test_2_a_round_without_evaluation_has_a_plain_progress_line(tmp_path):
+    from fedprivopt.deploy.session import follow
+
+    said: list[str] = []
+    dep = type("Dep", (), {"procs": _Procs(tmp_path), "say": staticmethod(said.append),
+                           "check_alive": staticmethod(lambda: None)})()  # fmt: skip
+    rows = [{"round": 1, "epsilon": 7.5508}, _row(2, 13, 11)]  # eval-every = 2
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "summary.json").write_text("{}")
+    follow(dep, tmp_path, "1", deadline=float("inf"))
+    evaluated = "round 2: eval_loss=1.1000, eval_accuracy=0.4300, epsilon=9.5"
+    assert said == ["round 1: epsilon=7.551", evaluated], said

@@ -138,6 +138,7 @@ _DOWNLOAD = "stackoverflow.sqlite.lzma"  # the file TFF publishes
 def cmd_data_info(args: argparse.Namespace) -> int:
     """``fedprivopt data info``: users and examples per split, and their size distribution."""
     from fedprivopt.data import format_summary, open_split, summarize_split, summarize_sqlite
+    from fedprivopt.data.hdf5 import is_hdf5_file
 
     # sixteenth review of issue 15: `data info ""` summarized the current directory, and a
     # control character in PATH was echoed raw to the terminal
@@ -162,7 +163,7 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise UsageError(f"argument PATH: {path} is not a regular file")
     try:
-        if path.suffix in (".h5", ".hdf5"):
+        if is_hdf5_file(path):  # by content too (thirty-fifth review of issue 15, data)
             summaries = [summarize_split(open_split(path))]
         else:
             summaries = summarize_sqlite(path)

@@ -38,7 +38,7 @@ import numpy as np
 from fedprivopt.core.text import shown
 from fedprivopt.data.stackoverflow import FEATURES, ClientSplit, StackOverflowExample
 
-__all__ = ["HDF5_FILES", "HDF5Split", "open_hdf5", "write_hdf5"]
+__all__ = ["HDF5_FILES", "HDF5Split", "is_hdf5_file", "open_hdf5", "write_hdf5"]
 
 #: File name of each split in the legacy release.
 HDF5_FILES = {
@@ -46,6 +46,29 @@ HDF5_FILES = {
     "heldout": "stackoverflow_held_out.h5",
     "test": "stackoverflow_test.h5",
 }
+
+
+#: The signature an HDF5 file starts with (its superblock; at 0 unless it has a user block).
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a legacy split by name (``.h5``/``.hdf5``, any case) or by content.
+
+    Thirty-fifth review of issue 15 (data): ``data info STACKOVERFLOW_TRAIN.H5`` and a second
+    download ``stackoverflow_train.h5.1`` (as wget names it) were read as SQLite files (``not
+    an SQLite database (bad or missing header)``), and ``open_split`` refused the second
+    (``unrecognized format``). A file that cannot be read is no HDF5 file here: its reader
+    names the error.
+    """
+    p = Path(path)
+    if p.name.lower().endswith((".h5", ".hdf5")):
+        return True
+    try:
+        with open(p, "rb") as handle:
+            return handle.read(len(_SIGNATURE)) == _SIGNATURE
+    except OSError:
+        return False
 
 
 def _h5py() -> Any:

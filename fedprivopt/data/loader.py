@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fedprivopt.data.hdf5 import HDF5_FILES, HDF5Split
+from fedprivopt.data.hdf5 import HDF5_FILES, HDF5Split, is_hdf5_file
 from fedprivopt.data.sqlite import SQLiteSplit
 from fedprivopt.data.sqlite_lzma import open_sqlite
 from fedprivopt.data.stackoverflow import SPLITS, ClientSplit
@@ -14,7 +14,6 @@ __all__ = ["open_split"]
 
 _SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 _LZMA_SUFFIXES = (".lzma", ".xz")
-_HDF5_SUFFIXES = (".h5", ".hdf5")
 
 
 def open_split(
@@ -71,7 +70,7 @@ def open_split(
     name = p.name.lower()
     if name.endswith(_LZMA_SUFFIXES) or name.endswith(_SQLITE_SUFFIXES):
         return open_sqlite(p, split or "train", cache_dir=cache_dir)
-    if name.endswith(_HDF5_SUFFIXES):
+    if is_hdf5_file(p):
         named = next((s for s, f in HDF5_FILES.items() if f == p.name), None)
         if split is not None and named is not None and named != split:
             raise ValueError(f"{p}: holds split {named!r} of the release, not {split!r}")

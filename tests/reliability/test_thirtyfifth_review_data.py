@@ -37,6 +37,11 @@
    another node is the same) and checks it wherever the file is opened again: the evaluation
    users, the training split of a copy, ``data_identity``, ``private_evaluation_users``; a
    changed file stops the run, rc 2, one line naming it.
+5. ``data info STACKOVERFLOW_TRAIN.H5`` (a legacy split saved with an upper-case name) and
+   ``data info stackoverflow_train.h5.1`` (a second download, as wget names it): ``not an
+   SQLite database (bad or missing header)``, a valid file called another format's; the second
+   also ``unrecognized format`` from ``open_split``. A split file is now HDF5 by its suffix in
+   any case or by its signature (``data.hdf5.is_hdf5_file``): both summarized, rc 0.
 """
 
 from __future__ import annotations
@@ -277,3 +282,21 @@ def test_4_a_run_whose_dataset_is_replaced_stops_in_one_line(
     argv = ["simulate", str(preset), "--out", str(tmp_path / "r"), "--quiet"]
     line = _usage_line(capsys, argv)
     assert f"{d}/stackoverflow.sqlite: the dataset changed while the task used it" in line, line
+
+
+# -- 5. an HDF5 split by any name --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["STACKOVERFLOW_TRAIN.H5", "stackoverflow_train.h5.1"])
+def test_5_data_info_of_an_hdf5_split_by_another_name(tmp_path, capsys, name):
+    pytest.importorskip("h5py")
+    from fedprivopt.data import open_split
+    from fedprivopt.data.hdf5 import write_hdf5
+    from fedprivopt.data.stackoverflow import StackOverflowExample
+
+    example = StackOverflowExample("a b", "t", "x|y", "2010-01-01 00:00:00 UTC", 1, "question")
+    path = write_hdf5(tmp_path / name, {"c1": [example] * 2, "c2": [example]})
+    assert main(["data", "info", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["train", "2", "3", "1", "1.5", "1.9", "2", "1.5"], lines
+    assert len(open_split(path).client_ids) == 2

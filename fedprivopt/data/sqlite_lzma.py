@@ -93,8 +93,9 @@ def decompress_lzma(
             return out
         raise FileExistsError(
             f"{out}: exists and is not the decompression of {path} (its modification time "
-            "differs: decompress_lzma and xz -dk give it the download's): another dataset, or "
-            "an older download's; pass overwrite=True to replace it, or another cache_dir"
+            "is not the download's, which decompress_lzma and xz -dk give it): another "
+            "dataset, an older download's, or one an earlier fedprivopt wrote; name it to read "
+            "it as it is, pass overwrite=True to replace it, or choose another cache_dir"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")

@@ -1,0 +1,101 @@
+"""Issue 15, thirty-fifth hostile review (mechanisms: tree, clipping, noise, accounting).
+
+1. A tree period of ``2**49`` rounds or more was charged one node a leaf too few. dp-accounting
+   takes a leaf's depth in ``SingleEpochTreeAggregationDpEvent(σ, T)`` as
+   ``math.ceil(math.log2(T + 1))`` in float64, and ``log2(2**k + 1)`` rounds to ``k`` from
+   ``k = 49``: ``compose_epsilon`` of one period of ``2**50`` rounds at σ 10 (``δ = 1e-5``) was
+   3.189, the ε of ``2**50 - 1`` rounds (depth 50), where a leaf of ``2**50`` rounds has 51
+   ancestors (3.225); ``calibrate_tree(1, 1e-5, restart_rounds=2**50, rounds=2**50)`` returned
+   the σ of the shallower tree (28.61 instead of 28.89). Runs never reach it (a period has at
+   most ``population`` = 10**8 rounds); the Python API did. Now the event hands dp-accounting
+   ``2**d - 1`` rounds for a tree of depth ``d`` (``tree.tree_depth``, exact on integers), whose
+   depth it computes exactly; every ε below ``2**49`` rounds is unchanged.
+2. ``NoisyMeanAggregator`` re-clipped a float16 update above ``C``. The re-clip is a product
+   with ``clip_factor``'s factor, whose margin holds while the clipped entries are normal
+   numbers; float16's end at 6.1e-5 (``MIN_CLIP_NORM`` keeps float32 and bfloat16 normal, not
+   float16), so at a small ``C`` the entries rounded to subnormals: ``aggregate([(0,
+   torch.ones(100, dtype=torch.float16))], dim=100, dtype=torch.float16)`` at ``C = 7.5e-7``
+   released a sum of norm 1.59·C, a row-sparse update at ``C = 3.6e-7`` 1.67·C, and random
+   updates up to 1.73·C (140 of 1,500). ``clip_l2`` itself clipped them (its exact path rounds
+   toward zero). Now updates of dtypes other than float32 and float64 are re-clipped by
+   ``clip_l2`` (dense, row-sparse, and in a ``RowSparseBatch``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.privacy.accounting import compose_epsilon
+from fedprivopt.privacy.aggregate import NoisyMeanAggregator
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
+from fedprivopt.privacy.tree import calibrate_tree
+
+
+def _tree_epsilon(steps: int, sigma: float = 10.0) -> float:
+    event = SubsampledGaussianEvent.tree(
+        population=1, cohort_size=1, noise_multiplier=sigma, restart_rounds=steps
+    )
+    return compose_epsilon([(event, 1)], 1e-5)
+
+
+@pytest.mark.parametrize("k", [49, 50, 53, 70])
+def test_1_a_period_of_2_to_the_k_rounds_is_charged_depth_k_plus_1(k):
+    # depth(2**k) = k + 1 = depth(2**(k+1) - 1); before: the ε of depth k = depth(2**k - 1)
+    assert _tree_epsilon(2**k) == _tree_epsilon(2 ** (k + 1) - 1)
+    assert _tree_epsilon(2**k) > _tree_epsilon(2**k - 1)
+
+
+def test_1_ordinary_periods_keep_their_epsilon():
+    # α·depth/(2σ²) at every order: depth 3 for 4 to 7 rounds, 4 for 8
+    assert _tree_epsilon(4) == _tree_epsilon(7) < _tree_epsilon(8)
+    assert _tree_epsilon(4) == pytest.approx(0.6797634071506626, rel=1e-12)  # before the fix
+
+
+def test_1_calibrate_tree_sizes_sigma_for_the_deeper_tree():
+    deep = calibrate_tree(1.0, 1e-5, restart_rounds=2**50, rounds=2**50)
+    shallow = calibrate_tree(1.0, 1e-5, restart_rounds=2**50 - 1, rounds=2**50 - 1)
+    assert deep > shallow * 1.005  # before: equal (28.61)
+    event = SubsampledGaussianEvent.tree(
+        population=1, cohort_size=1, noise_multiplier=deep, restart_rounds=2**50
+    )
+    assert compose_epsilon([(event, 1)], 1e-5) <= 1.0
+
+
+_ONES = torch.ones(10, 10, dtype=torch.float16)
+
+
+def _norm(result) -> float:
+    return float(torch.linalg.vector_norm(result.delta_tilde.double()))
+
+
+@pytest.mark.parametrize(
+    ("clip_norm", "update"),
+    [
+        (7.5e-7, torch.ones(100, dtype=torch.float16)),  # before: 1.59·C
+        (3.6e-7, RowSparse(torch.arange(10), torch.ones(10, 10, dtype=torch.float16), 100)),
+        (3.6e-7, RowSparseBatch((0,), torch.arange(10), _ONES, torch.tensor([0, 10]), 100)),
+    ],
+)
+def test_2_a_float16_update_is_re_clipped_within_c(clip_norm, update):
+    agg = NoisyMeanAggregator(clip_norm=clip_norm, noise_multiplier=1e-300, expected_cohort_size=1)
+    entry = update if isinstance(update, RowSparseBatch) else (0, update)
+    result = agg.aggregate([entry], dim=100, dtype=torch.float16, generator=torch.Generator())
+    assert _norm(result) <= clip_norm  # rounded toward zero (the row-sparse ones to 0)
+    assert result.metrics["server_clipped"] == 1.0
+
+
+def test_2_random_float16_and_bfloat16_updates_stay_within_c():
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float16, torch.bfloat16):
+        for _ in range(60):
+            n = int(torch.randint(1, 2000, (1,), generator=gen))
+            scale = 10 ** float(torch.empty(1).uniform_(-4, 4, generator=gen))
+            update = (torch.randn(n, generator=gen, dtype=torch.float64) * scale).to(dtype)
+            clip_norm = 10 ** float(torch.empty(1).uniform_(-9, 2, generator=gen))
+            agg = NoisyMeanAggregator(
+                clip_norm=clip_norm, noise_multiplier=1e-300, expected_cohort_size=1
+            )
+            result = agg.aggregate([(0, update)], dim=n, dtype=dtype, generator=gen)
+            assert _norm(result) <= clip_norm, (dtype, n, clip_norm)

@@ -304,9 +304,12 @@ def _trials_run(summary: dict[str, Any]) -> str:
     """How many trials the tuning drew, and how many of them an earlier call ran or began.
 
     Thirty-first review of issue 15 (compare, finding 11): a tuning run again whose trials
-    were all reused said "this call ran 2".
+    were all reused said "this call ran 2". Thirty-fifth review (tuning, finding 3): a Poisson
+    tuning that drew no trial said "this tuning drew 0, all run in this call".
     """
     count = summary["trials_run"]
+    if not count:  # thirty-fifth review of issue 15 (tuning, finding 3): "drew 0, all run"
+        return "this tuning drew 0 (K = 0), so no trial was run and none released"
     earlier = sum(
         str(t.get("origin", RAN)).startswith(("reused", "resumed")) for t in summary["trials"]
     )

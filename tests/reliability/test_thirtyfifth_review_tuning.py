@@ -21,6 +21,10 @@
    with), and the notes say "Not every tuned row's epsilon covers its selection: - S
    (dp-fedavg (tuned)): Selection: NOT covered by epsilon. 91 of the task's 100 evaluation
    users …" (also "not checked" for a task that does not say).
+3. ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 1 --distribution poisson
+   --seed 2`` (the Poisson draw K = 0): ``report.md`` said "this tuning drew 0, all run in this
+   call" (noticed and left by the thirty-third and thirty-fourth reviews). Now "this tuning drew
+   0 (K = 0), so no trial was run and none released".
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from tests.reliability.test_thirtyfourth_review_tuning import TOY, _error
 SLR, LLR = "server-learning-rate=0.5,1", "local-learning-rate=0.1,0.05"
 
 
-def _tune(out: Path, *flags: str) -> list[str]:
+def _tune(out: Path, *flags: str, seed: str = "1") -> list[str]:
     """A one-round toy tuning of mean 1 trial into ``out``, with ``flags``."""
-    return ["tune", str(TOY), *flags, "--mean-trials", "1", "--seed", "1", "--rounds", "1",
+    return ["tune", str(TOY), *flags, "--mean-trials", "1", "--seed", seed, "--rounds", "1",
             "--out", str(out), "--quiet"]  # fmt: skip
 
 
@@ -79,3 +83,16 @@ def test_2_compare_tuned_says_the_selection_is_not_covered(tmp_path, capsys):
         f"- {out} (dp-fedavg (tuned)): Selection: NOT covered by epsilon. 1 of the task's 4 "
         "evaluation users are in the private population"
     ) in notes, notes
+
+
+# -- finding 3: a tuning that drew no trial says so ------------------------------------------
+
+
+def test_3_a_tuning_that_drew_no_trial_says_none_was_run(tmp_path, capsys):
+    out = tmp_path / "z"
+    # the seed whose Poisson draw is K = 0
+    assert main(_tune(out, "--grid", SLR, "--distribution", "poisson", seed="2")) == 0
+    assert capsys.readouterr().out.startswith("0 trials, no trial released;")
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "all run in this call" not in text, text
+    assert "this tuning drew 0 (K = 0), so no trial was run and none released" in text, text

@@ -76,10 +76,17 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     A ``*_std`` is ``nan`` where fewer than two seeds have a finite value (no spread measured;
     ``seeds`` counts them all), a ``*_mean`` ``nan`` where none has. ``rounds`` is the rounds
     each seed completed, or their range ``1–3`` (an en dash) when the seeds completed different
-    numbers (:func:`rounds_text`, as in ``report.md``). The last two columns count the seeds
-    behind the metric's mean (``seeds_finite``: a finite final metric) and the seeds whose model
+    numbers (:func:`rounds_text`, as in ``report.md``). The last three columns count the seeds
+    behind the metric's mean (``seeds_finite``: a finite final metric), the seeds whose model
     or an evaluation became non-finite (``seeds_diverged``: their final values describe an
-    overflowed model), which ``report.md``'s seeds cell names.
+    overflowed model) and the seeds that their privacy budget (``target-epsilon``) stopped
+    before their last round (``seeds_stopped_by_budget``: their final values are of fewer
+    rounds than configured), which ``report.md``'s seeds cell names.
+
+    Thirty-fifth review of issue 15 (outputs, finding 5): ``compare toy.toml --noise-multipliers
+    0.5,2 --rounds 6 --set target-epsilon=12`` stopped the σ 0.5 runs at round 2; ``summary.csv``
+    and the plots set their accuracy beside the 6-round runs' with nothing to say so (only
+    ``report.md``'s "4 runs stopped early", naming no row).
     """
     if not rows:
         raise ValueError("rows: empty; nothing to write")
@@ -90,14 +97,16 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     columns = list(dict.fromkeys([  # one eval_loss column pair with --metric eval_loss
         "strategy", "noise_multiplier", "seeds", "epsilon", "delta", "rounds",
         f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
-        "seconds_per_round", "seeds_finite", "seeds_diverged"]))  # fmt: skip
+        "seconds_per_round", "seeds_finite", "seeds_diverged",
+        "seeds_stopped_by_budget"]))  # fmt: skip
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(columns)
         for r in rows:
             shown = {"seeds": r["n_seeds"], "rounds": rounds_text(r), "seeds_finite":
-                     r["n_finite"], "seeds_diverged": len(r["diverged"])}  # fmt: skip
+                     r["n_finite"], "seeds_diverged": len(r["diverged"]),
+                     "seeds_stopped_by_budget": r.get("n_budget", 0)}  # fmt: skip
             writer.writerow([shown[c] if c in shown else r[c] for c in columns])
     return path
 
@@ -278,12 +287,15 @@ def _seed_list(seeds: Sequence[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]]) -> str:
+def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]], budget: int = 0) -> str:
     """``3``, or ``3 (1 non-finite; 2 diverged: seed 0 from round 1, seed 2 from round 4)``.
 
     Above :data:`_LISTED` diverged seeds they are grouped by round: ``seeds 0-299 from round 1``.
+    ``budget`` seeds stopped early at the privacy budget: ``3 (3 stopped at the privacy
+    budget)`` (:func:`write_summary_csv`, finding 5).
     """
-    marks = [f"{n - n_finite} non-finite"] if n_finite != n else []
+    marks = [f"{budget} stopped at the privacy budget"] if budget else []
+    marks += [f"{n - n_finite} non-finite"] if n_finite != n else []
     if len(diverged) > _LISTED:
         rounds = sorted({first for _, first in diverged})
         which = ", ".join(
@@ -402,7 +414,7 @@ def _markdown(
     ]
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
-        seeds_cell = _seeds_cell(n, n_ok, r["diverged"])
+        seeds_cell = _seeds_cell(n, n_ok, r["diverged"], r.get("n_budget", 0))
         cells = [
             r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, _fmt_eps(r["epsilon"]),
             _fmt(r["delta"], 3), rounds_text(r), _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),

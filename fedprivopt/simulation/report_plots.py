@@ -227,6 +227,8 @@ def draw_metric_vs_round(
         label = _label(key[0], key[1], max(run.epsilon for run in group))
         diverged = sum(run.diverged(sel.metric) is not None for run in group)
         label += f" ({diverged} of {len(group)} diverged)" if diverged else ""
+        budget = sum(run.summary.get("stopped_reason") == "budget" for run in group)
+        label += f" ({budget} of {len(group)} stopped at the budget)" if budget else ""
         label += _fewer_seeds_text(group)
         ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
                 marker=marker or ("o" if len(x) == 1 else None),
@@ -249,10 +251,14 @@ def _diverged_text(row: dict[str, Any]) -> str:
     Thirty-third review of issue 15 (results, finding 6): the privacy–utility plot drew a row
     whose every seed's model overflowed (its accuracy that of an overflowed model) as a point
     like any other, and the metric-by-round plot its line, where ``report.md`` and
-    ``summary.csv`` mark it; the point's label and the line's legend now say so.
+    ``summary.csv`` mark it; the point's label and the line's legend now say so. Thirty-fifth
+    review (outputs, finding 5): also the seeds that their privacy budget stopped early, whose
+    point sat on one line with runs of every round (``, 2 of 2 stopped at the budget``).
     """
-    k = len(row["diverged"])
-    return f", {k} of {row['n_seeds']} diverged" if k else ""
+    k, n = len(row["diverged"]), row["n_seeds"]
+    budget = row.get("n_budget", 0)
+    stopped = f", {budget} of {n} stopped at the budget" if budget else ""
+    return (f", {k} of {n} diverged" if k else "") + stopped
 
 
 def _fewer_seeds_text(group: Sequence[RunData]) -> str:

@@ -427,7 +427,8 @@ def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> lis
         ``rounds_max`` (the fewest and the most rounds a seed completed), ``<metric>_mean``,
         ``<metric>_std``, ``eval_loss_mean``, ``eval_loss_std`` (over finite values; sample
         std, NaN for one value),
-        ``seconds_per_round`` (mean over seeds), ``stopped_reasons`` and ``diverged``: the
+        ``seconds_per_round`` (mean over seeds), ``stopped_reasons``, ``n_budget`` (seeds whose
+        privacy budget stopped them before their last round) and ``diverged``: the
         ``(seed, round)`` of each seed whose model or an evaluation became non-finite
         (:meth:`RunData.diverged`; its final values describe an overflowed model).
     """
@@ -576,6 +577,7 @@ def aggregate_with_notes(
             "eval_loss_std": loss_std,
             "seconds_per_round": mean_std([run.seconds_per_round() for run in group])[0],
             "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
+            "n_budget": sum(run.summary.get("stopped_reason") == "budget" for run in group),
             "diverged": diverged,
         })  # fmt: skip
     return rows, notes

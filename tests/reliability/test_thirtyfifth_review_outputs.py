@@ -25,10 +25,19 @@
    ``compare-tuned`` of tunings beside an untuned comparison of every strategy (more than 10
    strategy names) drew the 11th strategy's privacy–utility line in the first one's color and
    marker. Now a marker tells them apart (320 series, and 80 strategies, stay distinct).
+5. ``compare toy.toml --strategies dp-fedavg --noise-multipliers 0.5,2 --rounds 3 --set
+   target-epsilon=11`` (the budget stops σ 0.5 after round 2): ``summary.csv`` and both plots
+   set the 2-round row beside the 3-round one with nothing to say it was cut short (the
+   privacy–utility line's slope, "the price of privacy", then mixes training length), and
+   ``report.md`` said "1 runs stopped early at the privacy budget" naming no row. Now
+   ``summary.csv`` ends with ``seeds_stopped_by_budget``, the seeds cell says ``1 (1 stopped at
+   the privacy budget)``, the point's label ``σ=0.5, 1 of 1 stopped at the budget`` and the
+   line's legend ``(1 of 1 stopped at the budget)``.
 """
 
 from __future__ import annotations
 
+import csv
 import shutil
 from pathlib import Path
 
@@ -38,8 +47,8 @@ from fedprivopt.cli import main
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.files import SUMMARY_FILE
 from fedprivopt.simulation.report import write_report
-from fedprivopt.simulation.report_plots import _strategy_colors, _styles
-from fedprivopt.simulation.rundata import load_runs
+from fedprivopt.simulation.report_plots import _diverged_text, _strategy_colors, _styles
+from fedprivopt.simulation.rundata import aggregate_runs, load_runs
 from fedprivopt.strategies.config import NON_PRIVATE, STRATEGIES
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -120,3 +129,21 @@ def test_4_every_series_of_a_large_grid_has_its_own_style():
     assert len(set(_styles(keys).values())) == len(keys)
     names = [*STRATEGIES, *(f"{s} (tuned)" for s in STRATEGIES)]  # compare-tuned: 18 names
     assert len(set(_strategy_colors(names).values())) == len(names)
+
+
+def test_5_a_row_stopped_by_its_budget_is_marked_in_every_output(tmp_path, capsys):
+    out = tmp_path / "c"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--noise-multipliers", "0.5,2",
+            "--rounds", "3", "--set", "target-epsilon=11", "--quiet",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    with (out / "summary.csv").open(encoding="utf-8") as fh:
+        table = {r["noise_multiplier"]: r for r in csv.DictReader(fh)}
+    assert (table["0.5"]["rounds"], table["0.5"]["seeds_stopped_by_budget"]) == ("2", "1")
+    assert (table["2.0"]["rounds"], table["2.0"]["seeds_stopped_by_budget"]) == ("3", "0")
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "| dp-fedavg | 0.5 | 1 (1 stopped at the privacy budget) |" in text
+    assert "| dp-fedavg | 2 | 1 |" in text
+    rows = {r["noise_multiplier"]: r for r in aggregate_runs(load_runs(out))}
+    assert _diverged_text(rows[0.5]) == ", 1 of 1 stopped at the budget"
+    assert _diverged_text(rows[2.0]) == ""

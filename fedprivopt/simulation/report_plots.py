@@ -237,7 +237,9 @@ def draw_metric_vs_round(
                         alpha=0.15, linewidth=0)  # fmt: skip
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # min_n_ticks=1: one round (compare --rounds 1) is ticked as it is, not as 0.945 ... 1.065
+    # (thirty-fifth review of issue 15, outputs finding 6: whole rounds only, fractions else)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel("communication round")
     shown = plot_text(pretty_metric(sel.metric))
     ax.set_ylabel(shown)

@@ -33,6 +33,9 @@
    ``summary.csv`` ends with ``seeds_stopped_by_budget``, the seeds cell says ``1 (1 stopped at
    the privacy budget)``, the point's label ``σ=0.5, 1 of 1 stopped at the budget`` and the
    line's legend ``(1 of 1 stopped at the budget)``.
+6. ``compare toy.toml --strategies fedavg --rounds 1`` (every row evaluated at one round):
+   ``metric_vs_round.png``'s axis "communication round" was ticked 0.945, 0.960, …, 1.050
+   (matplotlib's integer locator wants two ticks, else gives fractions). Now ``1``.
 """
 
 from __future__ import annotations
@@ -147,3 +150,20 @@ def test_5_a_row_stopped_by_its_budget_is_marked_in_every_output(tmp_path, capsy
     rows = {r["noise_multiplier"]: r for r in aggregate_runs(load_runs(out))}
     assert _diverged_text(rows[0.5]) == ", 1 of 1 stopped at the budget"
     assert _diverged_text(rows[2.0]) == ""
+
+
+def test_6_a_single_round_is_ticked_as_a_whole_round(tmp_path, capsys, monkeypatch):
+    from fedprivopt.simulation import report_plots
+
+    ticks = []
+    finish = report_plots._finish
+
+    def seen(fig, ax, path, n_series):
+        lo, hi = ax.get_xlim()
+        ticks.append([t for t in ax.get_xticks() if lo <= t <= hi])
+        return finish(fig, ax, path, n_series)
+
+    monkeypatch.setattr(report_plots, "_finish", seen)
+    run = _run(tmp_path, "_Named", capsys)
+    report_plots.plot_metric_vs_round(load_runs(run), tmp_path / "m.png")
+    assert ticks == [[1.0]]

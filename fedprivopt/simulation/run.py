@@ -432,13 +432,36 @@ def resume(
     it.
     """
     out = _run_dir_argument("out_dir", out_dir)
+    if not out.is_dir():
+        what = "is not a directory" if os.path.lexists(out) else "does not exist"
+        raise ValueError(f"--resume directory {str(out)!r} {what}")
     check_run_files(out)  # a FIFO or device would hang or be read until memory runs out
-    if not (out / CONFIG_FILE).is_file():
-        raise ValueError(f"--resume directory {str(out)!r} has no {CONFIG_FILE}")
+    _check_config_file(out)
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     check_appended_not_linked(out)
     with lock_run_dir(out), _naming_the_run(out):
         return _resume_locked(out, progress, tuning_plan)
+
+
+def _check_config_file(out: Path) -> None:
+    """Raise ``ValueError`` unless run directory ``out`` holds its ``config.toml`` as a file.
+
+    Thirty-fifth review of issue 15 (lifecycle, finding 4): a ``config.toml`` that was a
+    directory or a dangling symbolic link was reported as missing (``has no config.toml``) beside
+    the name ``ls`` shows, and a ``--resume`` path that does not exist as a directory without
+    one.
+    """
+    path = out / CONFIG_FILE
+    if path.is_file():
+        return
+    if path.is_dir():
+        what = f": its {CONFIG_FILE} is a directory, not the run's configuration file"
+    elif os.path.islink(path):
+        target = os.readlink(path)
+        what = f": its {CONFIG_FILE} is a symbolic link to {target!r}, which does not exist"
+    else:
+        what = f" has no {CONFIG_FILE}"
+    raise ValueError(f"--resume directory {str(out)!r}{what}"[:400])
 
 
 def _resume_locked(out: Path, progress: bool, tuning_plan: str | None) -> RunOutcome:

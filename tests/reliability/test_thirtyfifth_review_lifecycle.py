@@ -25,6 +25,10 @@
    interruption now names the run directory wherever it comes once the directory is claimed
    (``run._naming_the_run``), so the line says so; a start interrupted before its first
    released round says that nothing was kept.
+4. ``simulate --resume R`` where ``R/config.toml`` is a directory or a dangling symbolic link
+   said ``--resume directory 'R' has no config.toml`` (``ls`` shows one), and ``--resume X`` of
+   a path that does not exist said the same of it; a file ``F``: ``argument --resume:
+   F/config.toml: Not a directory``. Each now says what it is (rc 2, one line).
 """
 
 from __future__ import annotations
@@ -205,3 +209,28 @@ def test_3_a_start_interrupted_before_its_first_round_says_nothing_was_kept(
     (line,) = _lines(capsys)
     assert line == "fedprivopt simulate: interrupted before it released a round; nothing was kept"
     assert not out.exists()
+
+
+# -- 4: what --resume finds in place of a run directory's config.toml ------------------------------
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda d: None, "--resume directory '{d}' does not exist"),
+        (lambda d: d.write_text("x"), "--resume directory '{d}' is not a directory"),
+        (
+            lambda d: (d / CONFIG_FILE).mkdir(parents=True),
+            "--resume directory '{d}': its config.toml is a directory, not the run's",
+        ),
+        (
+            lambda d: d.mkdir() or (d / CONFIG_FILE).symlink_to(d / "gone.toml"),
+            "--resume directory '{d}': its config.toml is a symbolic link to '{d}/gone.toml', "
+            "which does not exist",
+        ),
+    ],
+)
+def test_4_resume_says_what_stands_in_place_of_config_toml(tmp_path, capsys, make, said):
+    out = tmp_path / "run"
+    make(out)
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
+    (line,) = _lines(capsys)  # was: "has no config.toml" (or "Not a directory")
+    assert said.format(d=out) in line

@@ -55,7 +55,11 @@ from fedprivopt.models.stackoverflow_files import (
 )
 from fedprivopt.models.tag_prediction_data import EVAL_BATCH, TagTaskData
 from fedprivopt.models.tag_prediction_encoding import multi_hot
-from fedprivopt.models.tag_prediction_model import BagOfWordsLogisticRegression, tag_metrics
+from fedprivopt.models.tag_prediction_model import (
+    TOP_K,
+    BagOfWordsLogisticRegression,
+    tag_metrics,
+)
 from fedprivopt.models.task import evaluating
 from fedprivopt.privacy.rng import derive_seed
 
@@ -228,6 +232,18 @@ class StackOverflowTagTask(TagTaskData):
         self.tag_counts: tuple[int, ...] = tuple(tags.counts.tolist())
         self.num_features = len(self.words)
         self.num_tags = len(self.tags)
+        if self.single_label and self.num_tags == 1:
+            # thirty-fifth review of issue 15 (models, finding 3): the run released its rounds
+            # and reported eval_accuracy = 1.0000 with every update 0
+            only = (
+                f" (the tag-count file holds 1 tag, {requested_k} asked)" if requested_k > 1 else ""
+            )
+            raise ValueError(
+                f"single_label = true needs num_tags >= 2: with one tag{only} every example kept "
+                "has it, so the softmax loss is 0 and the accuracy 1 whatever the model (nothing "
+                "to train); set num_tags >= 2, or single_label = false to predict whether an "
+                "example has the tag"
+            )
         check_model_parameters(  # before a user is read or the model built
             (self.num_features + 1) * self.num_tags,
             f"vocab_size={self.num_features} and num_tags={self.num_tags}",
@@ -258,12 +274,21 @@ class StackOverflowTagTask(TagTaskData):
 
     @property
     def primary_metric(self) -> str:
-        """The metric reports lead with.
+        """The metric reports lead with (and ``tune`` selects by, without ``--metric``).
 
         ``"accuracy"`` for one tag per example (the metric of the AdaDPS paper), else
-        ``"recall_at_5"`` (TFF's StackOverflow tag prediction).
+        ``"recall_at_5"`` (TFF's StackOverflow tag prediction) where there are more than 5
+        tags. With at most 5 every tag is among the 5 top-scored, so recall@5 is 1 and
+        precision@5 the share of true tags whatever the model: ``"accuracy"`` (the top-scored
+        tag is true) then, and with one tag, whose ranking is fixed, ``"loss"`` (thirty-fifth
+        review of issue 15, models, finding 3: ``--set task-params.num-tags=3`` reported
+        ``eval_recall_at_5 = 1.0000`` for every model, the tag prior's included).
         """
-        return "accuracy" if self.single_label else "recall_at_5"
+        if self.single_label:
+            return "accuracy"
+        if self.num_tags > TOP_K:
+            return "recall_at_5"
+        return "accuracy" if self.num_tags > 1 else "loss"
 
     @property
     def initialization(self) -> str:

@@ -27,9 +27,11 @@ import torch.nn.functional as F
 
 from fedprivopt.models.tag_prediction_encoding import bag_of_words, multi_hot
 
-__all__ = ["BagOfWordsLogisticRegression", "tag_metrics"]
+__all__ = ["TOP_K", "BagOfWordsLogisticRegression", "tag_metrics"]
 
-_TOP_K = 5
+#: The ``k`` of recall@k and precision@k (Keras' ``top_k=5`` in TFF).
+TOP_K = 5
+_TOP_K = TOP_K
 
 
 class BagOfWordsLogisticRegression(torch.nn.Module):

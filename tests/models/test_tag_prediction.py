@@ -209,8 +209,9 @@ def test_losses_match_torch_references(hand_dir):
     xs, ys = single.user_data(0)
     ref = torch.nn.functional.cross_entropy(dense_features(xs, 3) @ model.weight + model.bias, ys)
     assert torch.allclose(single.loss(model, xs, ys), ref)
-    # the paper's single-label setting reports accuracy, TFF's multi-label one recall@5
-    assert (primary_metric(single), primary_metric(multi)) == ("eval_accuracy", "eval_recall_at_5")
+    # the paper's single-label setting reports accuracy, TFF's multi-label one recall@5, but with
+    # at most 5 tags (here 2) recall@5 is 1 whatever the model: accuracy (thirty-fifth review)
+    assert (primary_metric(single), primary_metric(multi)) == ("eval_accuracy", "eval_accuracy")
     assert {"eval_" + k for k in single.evaluate(model)} >= {"eval_accuracy", "eval_recall_at_5"}
 
 

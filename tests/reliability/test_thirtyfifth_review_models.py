@@ -34,7 +34,9 @@ import torch
 
 from fedprivopt import optim
 from fedprivopt.cli import main
+from fedprivopt.models import StackOverflowTagTask, primary_metric
 from fedprivopt.simulation.checkpoint import state_digest
+from tests.tag_synth import make_synth_dir, tag_task
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
@@ -182,3 +184,59 @@ def test_2_a_diverged_state_is_still_resumed_as_it_is(adam_run, tmp_path, capsys
     assert "diverged" in err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rounds_completed"] == 4 and summary["diverged"] == 3
+
+
+# -- finding 3: the tag task's headline metric with at most 5 tags ------------------------------
+
+
+def one_tag_dir(data: Path, tmp_path: Path) -> Path:
+    """A copy of the dataset ``data`` whose tag-count file lists its most popular tag only."""
+    out = tmp_path / "one-tag"
+    out.mkdir()
+    for name in ("stackoverflow.sqlite", "stackoverflow.word_count"):
+        (out / name).write_bytes((data / name).read_bytes())
+    counts = json.loads((data / "stackoverflow.tag_count").read_text())
+    top = max(counts, key=counts.get)
+    (out / "stackoverflow.tag_count").write_text(json.dumps({top: counts[top]}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tag_dir(tmp_path_factory):
+    return make_synth_dir(tmp_path_factory, "r35-tags")
+
+
+CASES = [(1, False, "eval_loss"), (3, False, "eval_accuracy"), (5, False, "eval_accuracy")]
+CASES += [(6, False, "eval_recall_at_5"), (15, False, "eval_recall_at_5")]
+
+
+@pytest.mark.parametrize(("tags", "single", "metric"), [*CASES, (2, True, "eval_accuracy")])
+def test_3_the_headline_metric_depends_on_the_model(tag_dir, tags, single, metric):
+    task = tag_task(tag_dir, num_tags=tags, single_label=single)
+    assert primary_metric(task) == metric  # before: eval_recall_at_5 for every multi-label K
+    contrary = task.build_model()  # the least popular tag first for every example
+    with torch.no_grad():
+        contrary.weight.zero_()
+        contrary.bias.copy_(torch.arange(1, tags + 1, dtype=torch.float32))
+    name = metric.removeprefix("eval_")
+    other = task.reference()[1] if name != "loss" else task.evaluate(task.build_model())
+    assert task.evaluate(contrary)[name] != other[name]  # the tag prior scores otherwise
+    if not single and tags <= 5:  # why: every tag is among the top 5
+        assert task.evaluate(contrary)["recall_at_5"] == other["recall_at_5"] == 1.0
+
+
+def test_3_a_single_label_task_of_one_tag_is_refused_in_one_line(tag_dir, tmp_path, capsys):
+    tp = TOY.parent / "stackoverflow-tp-mini.toml"
+    args = ["simulate", str(tp), "--rounds", "1", "--out", str(tmp_path / "r")]
+    data = one_tag_dir(tag_dir, tmp_path)  # files without a synthetic marker: used as they are
+    sets = [f"task-params.data-dir={data}", "task-params.synthetic=false"]
+    sets += ["task-params.num-users=40", "population=40", "clients-per-round=4"]
+    sets += ["task-params.num-tags=1", "task-params.single-label=true"]
+    line = _one_line(
+        main([*args, *(x for s in sets for x in ("--set", s))]), capsys.readouterr().err
+    )
+    assert "task-params.single-label = true needs task-params.num-tags >= 2" in line, line
+    assert "accuracy 1 whatever the model" in line, line
+    assert not (tmp_path / "r").exists()  # before: rc 0, eval_accuracy 1.0000, every update 0
+    with pytest.raises(ValueError, match="the tag-count file holds 1 tag, 3 asked"):
+        StackOverflowTagTask(data_dir=str(data), num_tags=3, single_label=True)

@@ -51,8 +51,9 @@ def privacy_note(plan: PrivacyPlan) -> str:
         "stated distribution, each within the single run's ledger, and the release of the best "
         "trial only (its model, hyperparameters and score), computed by dp-accounting's RDP "
         "accountant on RepeatAndSelectDpEvent (Papernot & Steinke, ICLR 2022). It does not cover "
-        "publishing the other trials, their number or the tuning seed (anyone who knows the "
-        "seed knows the number of trials): those stay with the operator. epsilon_single_run is "
+        "publishing the other trials, their number, the released trial's number (trial-NNN: "
+        "at least NNN trials ran) or the tuning seed (anyone who knows the seed knows the number "
+        "of trials): those stay with the operator. epsilon_single_run is "
         "one run's epsilon by the same RDP accountant. The selection score is the task's final "
         "evaluation, on the task's evaluation data, which is not accounted."
     )
@@ -508,11 +509,17 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
     for check in checks:
         by_strategy.setdefault(check.plan["strategy"], []).append(check)
     lines = procedure_lines({s: (len(g), g[0].plan) for s, g in by_strategy.items()})
-    lines += ["", "| tuning | strategy | released trial | hyperparameters |", "|---|---|---|---|"]
+    # thirty-fifth review of issue 15 (tuning, finding 4): the released trial's number was a
+    # column here, a lower bound on the number of trials K, which the tuning's epsilon assumes
+    # secret (the tuning's own report.md, the operator's, shows it)
+    lines += ["", "Each tuning's released hyperparameters (the released trial's number is not "
+              "shown: trial-NNN means that at least NNN trials ran, and the tuning's epsilon "
+              "assumes their number stays secret; the tuning's own report.md, the operator's, "
+              "names it):", "",
+              "| tuning | strategy | hyperparameters |", "|---|---|---|"]  # fmt: skip
     for check in checks:
-        label = check.best_dir.name
         drawn = {t["trial"]: t["hyperparameters"] for t in check.plan["trials"]}
-        hp = ", ".join(f"{k} = {v!r}" for k, v in drawn.get(label, {}).items())
-        cells = [check.path, check.plan["strategy"] + TUNED_SUFFIX, label, hp]
+        hp = ", ".join(f"{k} = {v!r}" for k, v in drawn.get(check.best_dir.name, {}).items())
+        cells = [check.path, check.plan["strategy"] + TUNED_SUFFIX, hp]
         lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
     return lines

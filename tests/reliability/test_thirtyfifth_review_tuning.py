@@ -25,11 +25,22 @@
    --seed 2`` (the Poisson draw K = 0): ``report.md`` said "this tuning drew 0, all run in this
    call" (noticed and left by the thirty-third and thirty-fourth reviews). Now "this tuning drew
    0 (K = 0), so no trial was run and none released".
+4. ``compare-tuned T --out R``: ``R/report.md``, the comparison one publishes beside the
+   tuning's ε, had a column "released trial" (``trial-007``): the released trial's number, a
+   lower bound on the number of trials K (at least 7 ran), which the Papernot-Steinke bound
+   assumes secret (``compare --tune-grid``'s report, which shows K, says it is the operator's
+   view, not a release; the tuning's privacy note named K and the seed, not the trial's
+   number). Now the table gives each tuning's released hyperparameters without the number and
+   says why; the tuning's own privacy note adds "the released trial's number (trial-NNN: at
+   least NNN trials ran)" to what epsilon does not cover. ``test_thirtythird_review_results``
+   ``test_5`` now expects the row without the number.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.models.toy import ToyClassificationTask
@@ -71,12 +82,21 @@ class OverlappingToy(ToyClassificationTask):
         return (1, 4)
 
 
-def test_2_compare_tuned_says_the_selection_is_not_covered(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def overlapping(tmp_path_factory) -> tuple[Path, Path]:
+    """A tuning of :class:`OverlappingToy` with ``--selection-on-private-users``, and
+    ``compare-tuned``'s report of it."""
+    base = tmp_path_factory.mktemp("r35t")
+    out, report = base / "s", base / "r"
     task = f"task={__name__}:OverlappingToy"
-    out, report = tmp_path / "s", tmp_path / "r"
     assert main(_tune(out, "--grid", SLR, "--set", task, "--selection-on-private-users")) == 0
-    assert "Selection: NOT covered by epsilon" in (out / "report.md").read_text(encoding="utf-8")
     assert main(["compare-tuned", str(out), "--out", str(report)]) == 0
+    return out, report
+
+
+def test_2_compare_tuned_says_the_selection_is_not_covered(overlapping):
+    out, report = overlapping
+    assert "Selection: NOT covered by epsilon" in (out / "report.md").read_text(encoding="utf-8")
     notes = (report / "report.md").read_text(encoding="utf-8").split("## Notes", 1)[1]
     assert "Not every tuned row's epsilon covers its selection" in notes, notes
     assert (
@@ -96,3 +116,16 @@ def test_3_a_tuning_that_drew_no_trial_says_none_was_run(tmp_path, capsys):
     text = (out / "report.md").read_text(encoding="utf-8")
     assert "all run in this call" not in text, text
     assert "this tuning drew 0 (K = 0), so no trial was run and none released" in text, text
+
+
+# -- finding 4: compare-tuned does not publish the released trial's number --------------------
+
+
+def test_4_compare_tuned_leaves_out_the_released_trials_number(overlapping):
+    out, report = overlapping
+    text = (report / "report.md").read_text(encoding="utf-8")
+    assert "trial-0" not in text, text  # the number bounds K from below
+    assert f"| {out} | dp-fedavg (tuned) | server-learning-rate = " in text, text
+    assert "the released trial's number is not shown: trial-NNN means that at least NNN" in text
+    own = (out / "report.md").read_text(encoding="utf-8")  # the operator's: names the trial
+    assert "the released trial's number (trial-NNN: at least NNN trials ran)" in own, own

@@ -219,7 +219,8 @@ def test_5_compare_tuned_records_grids_and_selection(rounds_tunings, tmp_path, c
         "not tuned alike:** their grid sizes (dp-fedavg: 2, dp-fedadam: 3 points); selection "
         "metrics (eval_accuracy, eval_loss) differ"
     ) in notes, notes
-    released = f"| {rounds_tunings[0]} | dp-fedavg (tuned) | trial-001 | num-server-rounds = 1 |"
+    # thirty-fifth review (tuning, finding 4): the released trial's number is no longer shown
+    released = f"| {rounds_tunings[0]} | dp-fedavg (tuned) | num-server-rounds = 1 |"
     assert released in notes, notes
 
 

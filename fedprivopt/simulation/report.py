@@ -350,6 +350,19 @@ def _fmt_eps(eps: float) -> str:
     return "∞ (non-private)" if math.isinf(eps) else _fmt(eps)
 
 
+def _one_line(text: str) -> str:
+    r"""``text`` with its control characters escaped (``\n``, ``\r``, ``\x1b``): one line.
+
+    Thirty-fifth review of issue 15 (outputs, finding 7): ``compare $'my\n## Notes.toml' …``
+    (a preset whose file name holds a newline) wrote the title ``# fedprivopt compare: my``
+    and then a heading ``## Notes.toml`` of its own in ``report.md``.
+    """
+    return "".join(
+        c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
 def table_cell(text: Any) -> str:
     """``text`` as one cell of a markdown table: ``|`` escaped, newlines as spaces.
 
@@ -377,7 +390,7 @@ def _markdown(
     engines = sorted({str(r.summary.get("engine", "?")) for r in sel.runs})
     budget = sum(r.summary.get("stopped_reason") == "budget" for r in sel.runs)
     lines = [
-        f"# {title}",
+        f"# {_one_line(title)}",
         "",
         f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
         f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {_seeds_text(rows, seeds)}; "

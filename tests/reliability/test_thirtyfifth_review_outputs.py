@@ -36,6 +36,10 @@
 6. ``compare toy.toml --strategies fedavg --rounds 1`` (every row evaluated at one round):
    ``metric_vs_round.png``'s axis "communication round" was ticked 0.945, 0.960, …, 1.050
    (matplotlib's integer locator wants two ticks, else gives fractions). Now ``1``.
+7. ``compare $'my\n## Notes.toml' --strategies fedavg --rounds 1`` (a preset whose file name
+   holds a newline): ``report.md`` began ``# fedprivopt compare: my`` and then a heading
+   ``## Notes.toml`` of its own. Now the title is one line, its control characters escaped
+   (``# fedprivopt compare: my\n## Notes.toml``).
 """
 
 from __future__ import annotations
@@ -167,3 +171,15 @@ def test_6_a_single_round_is_ticked_as_a_whole_round(tmp_path, capsys, monkeypat
     run = _run(tmp_path, "_Named", capsys)
     report_plots.plot_metric_vs_round(load_runs(run), tmp_path / "m.png")
     assert ticks == [[1.0]]
+
+
+def test_7_the_title_of_a_preset_named_with_a_newline_is_one_line(tmp_path, capsys):
+    preset = tmp_path / "my\n## Notes.toml"
+    shutil.copy(TOY, preset)
+    out = tmp_path / "c"
+    argv = ["compare", str(preset), "--strategies", "fedavg", "--rounds", "1", "--quiet",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    lines = (out / "report.md").read_text(encoding="utf-8").splitlines()
+    assert lines[0].endswith("my\\n## Notes.toml"), lines[0]
+    assert not any(line.startswith("## Notes") for line in lines)

@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["deploy_local"]
+__all__ = ["MAX_LOCAL_NODES", "MAX_TIMEOUT", "deploy_local"]
+
+# SuperNodes one machine runs for a local deployment: each is a process (~200 MB) with its log
+# and pipes; 100,000 ended in EMFILE with a traceback (seventh review of issue 15, F8).
+MAX_LOCAL_NODES = 64
+
+MAX_TIMEOUT = 30 * 24 * 3600.0
+"""The longest ``--timeout`` of a local deployment (30 days): above it, millisecond waits
+overflow (issue 15, N4). Here, not in :mod:`fedprivopt.deploy.local`, so the command line's
+help does not import the deployment tooling."""
 
 
 def __getattr__(name: str) -> Any:

@@ -21,12 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.text import shown
+from fedprivopt.deploy import MAX_LOCAL_NODES
 
 __all__ = ["MAX_LOCAL_NODES", "add_deploy_subcommand", "run_deploy_command"]
 
-# SuperNodes one machine runs for a local deployment: each is a process (~200 MB) with its log
-# and pipes; 100,000 ended in EMFILE with a traceback (seventh review of issue 15, F8).
-MAX_LOCAL_NODES = 64
 
 _EXAMPLES = """examples:
   fedprivopt deploy local --nodes 3
@@ -48,18 +46,15 @@ def _int_flag(flag: str, text: Any, minimum: int, maximum: int | None = None) ->
     return value
 
 
-MAX_TIMEOUT = 30 * 24 * 3600.0
-"""The longest ``--timeout`` (30 days): above it, millisecond waits overflow (issue 15, N4)."""
+def _timeout_flag(text: Any) -> float:
+    """``--timeout``'s text as seconds, checked as :func:`deploy_local` checks them."""
+    from fedprivopt.deploy.local import check_timeout
 
-
-def _float_flag(flag: str, text: Any, high: float = MAX_TIMEOUT) -> float:
     try:
         value = float(str(text))
     except ValueError:
         value = None
-    if value is None or not (0 < value <= high):
-        raise ValueError(f"{flag} must be a number of seconds in (0, {high:g}], got {text!r}")
-    return value
+    return check_timeout(value, shown_as=text)
 
 
 def _overrides(items: list[str] | None) -> dict[str, Any]:
@@ -239,7 +234,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
             "TLS without SuperNode authentication, --insecure is neither); give one of them"
         )
     nodes = _int_flag("--nodes", args.nodes, 1, MAX_LOCAL_NODES)
-    timeout = _float_flag("--timeout", args.timeout)
+    timeout = _timeout_flag(args.timeout)
     overrides = _overrides(args.set)
     flags = {}
     for flag, key in (("--strategy", "strategy"), ("--rounds", "num-server-rounds")):
@@ -271,11 +266,9 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         refuse_table_against_flags(args, overrides, config.strategy.strategy)
     except UsageError as exc:
         raise ValueError(str(exc)) from None
-    if nodes > config.strategy.population:
-        raise ValueError(
-            f"--nodes must be at most the population ({config.strategy.population} users: a node "
-            f"without users would only wait), got {nodes}"
-        )
+    from fedprivopt.deploy.local import check_nodes
+
+    check_nodes(nodes, config.strategy.population)
     out = args.out
     if out is None:
         out = f"runs/deploy-{config.strategy.strategy}-seed{config.strategy.seed}"

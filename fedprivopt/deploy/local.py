@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import json
 import math
+import numbers
 import os
 import shutil
 import sys
@@ -39,6 +40,7 @@ from typing import Any
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
 from fedprivopt.data.locks import LockHeldError
+from fedprivopt.deploy import MAX_LOCAL_NODES, MAX_TIMEOUT
 from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
     RUN_ID,
@@ -77,8 +79,10 @@ __all__ = [
     "REPO_ROOT",
     "STOP_ORDER",
     "check_min_nodes",
+    "check_nodes",
     "check_not_deploying",
     "check_out",
+    "check_timeout",
     "deploy_local",
     "stage_app",
 ]
@@ -264,6 +268,53 @@ def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:
     return check_int("--set min-nodes", value, 1, nodes, high_name="--nodes")
 
 
+def check_nodes(nodes: object, population: int | None = None) -> int:
+    """``--nodes`` checked: an integer in ``[1, MAX_LOCAL_NODES]`` and at most ``population``.
+
+    Thirty-fifth review of issue 15: the command line checked both, :func:`deploy_local` only
+    ``>= 1``, so ``deploy_local(nodes=100000)`` started SuperNodes until ``Too many open
+    files`` (the seventh review's F8, in the Python API).
+
+    Raises
+    ------
+    ValueError
+        Naming ``--nodes`` and its range.
+    """
+    nodes = check_int("--nodes", nodes, 1, MAX_LOCAL_NODES)
+    if population is not None and nodes > population:
+        raise ValueError(
+            f"--nodes must be at most the population ({population} users: a node without users "
+            f"would only wait), got {nodes}"
+        )
+    return nodes
+
+
+def check_timeout(timeout: object, shown_as: object = None) -> float:
+    """``timeout`` (``--timeout``, seconds) checked: a number in ``(0, MAX_TIMEOUT]``.
+
+    Thirty-fifth review of issue 15: :func:`deploy_local` took any number in ``(0, inf)`` and
+    ``True``, where the command line takes at most 30 days: ``deploy_local(timeout=1e12)``
+    wrote ``OUT/deploy`` and ended in ``OverflowError: date value out of range`` (the TLS
+    certificates' validity), ``timeout=True`` ran as 1 s and timed out. ``shown_as``: the value
+    as the user gave it (the command line's text).
+
+    Raises
+    ------
+    ValueError
+        Naming ``--timeout`` and its range.
+    """
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, numbers.Real)
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        given = timeout if shown_as is None else shown_as
+        raise ValueError(
+            f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {shown(given)}"
+        )
+    return float(timeout)
+
+
 def deploy_local(
     *,
     nodes: int,
@@ -310,10 +361,8 @@ def deploy_local(
         The deployment or the run failed; the message has the relevant log's tail. Every
         process is stopped before the exception propagates.
     """
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise ValueError(f"--nodes must be an integer >= 1, got {nodes!r}")
-    if not isinstance(timeout, (int, float)) or not (0 < timeout < math.inf):
-        raise ValueError(f"--timeout must be a number of seconds > 0, got {timeout!r}")
+    nodes = check_nodes(nodes)
+    timeout = check_timeout(timeout)
     if node_auth is None:
         node_auth = bool(tls)
     if node_auth and not tls:
@@ -325,6 +374,7 @@ def deploy_local(
         raise ValueError(f"{str(app)!r} is not a Flower app (no pyproject.toml)")
     min_nodes = check_min_nodes(overrides or {}, nodes)
     config, app_keys, _ = resolve_deployment(config_path, overrides or {}, app)
+    check_nodes(nodes, config.strategy.population)
     from fedprivopt.simulation.run import build_run
 
     build_run(config)  # the task and the population, checked before anything starts

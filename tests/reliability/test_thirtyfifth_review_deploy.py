@@ -16,6 +16,17 @@
 2. ``deploy local toy.toml --nodes 1 --set eval-every=2``: the progress line of a round without
    evaluation read ``[deploy] round 1: , epsilon=7.551`` (an empty list of metrics and its
    comma). Now ``[deploy] round 1: epsilon=7.551``; evaluated rounds are unchanged.
+3. The Python API ``deploy_local`` (``fedprivopt.deploy.deploy_local``, documented beside the
+   command) checked ``--timeout`` as any number in (0, inf) and ``--nodes`` only as >= 1, where
+   the command line takes 30 days and [1, 64] nodes, at most the population:
+   ``deploy_local(nodes=1, timeout=1e12, out=D, ...)`` wrote ``D/deploy`` and ended in
+   ``OverflowError: date value out of range`` (the TLS certificates' validity, from the
+   deadline); ``timeout=True`` ran as 1 s (``TimeoutError: the SuperLink did not open ... in
+   time``); ``nodes=100000`` would start SuperNodes until ``Too many open files`` (the seventh
+   review's F8), ``nodes=41`` of 40 users one node with nothing to do. Now ``ValueError`` naming
+   the flag and its range before anything is written, from the checks the command line uses
+   (``local.check_timeout``, ``local.check_nodes``; the bounds in ``fedprivopt.deploy``, which
+   the command line's help reads without importing the deployment tooling).
 """
 
 from __future__ import annotations
@@ -119,3 +130,28 @@ def test_2_a_round_without_evaluation_has_a_plain_progress_line(tmp_path):
     follow(dep, tmp_path, "1", deadline=float("inf"))
     evaluated = "round 2: eval_loss=1.1000, eval_accuracy=0.4300, epsilon=9.5"
     assert said == ["round 1: epsilon=7.551", evaluated], said
+
+
+SMALL = {"population": 6, "task-params.num-users": 6, "clients-per-round": 3}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        (
+            {"timeout": 1e12},
+            "--timeout must be a number of seconds in (0, 2.592e+06], got 1000000000000.0",
+        ),
+        ({"timeout": True}, "--timeout must be a number of seconds in (0, 2.592e+06], got True"),
+        ({"timeout": float("nan")}, "--timeout must be"),
+        ({"nodes": 100000}, "--nodes must be an integer in [1, 64], got 100000"),
+        ({"nodes": 7}, "--nodes must be at most the population (6 users"),
+        ({"nodes": 2.0}, "--nodes must be an integer in [1, 64], got 2.0"),
+    ],
+)
+def test_3_the_python_api_checks_timeout_and_nodes_as_the_command_line(tmp_path, kwargs, needle):
+    args = {"nodes": 1, "tls": False, "overrides": SMALL, "out": str(tmp_path / "d")} | kwargs
+    with pytest.raises(ValueError) as refused:
+        deploy_module.deploy_local(**args)
+    assert needle in str(refused.value), refused.value
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing started

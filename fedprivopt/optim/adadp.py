@@ -104,6 +104,7 @@ def noise_calibrated_tolerance(
     dim: int,
     margin: float = NOISE_MARGIN,
     full_step_point: torch.Tensor | None = None,
+    frozen: torch.Tensor | None = None,
 ) -> float:
     r"""ADADP's default tolerance: ``margin`` times the error the noise alone makes at ``η₀``.
 
@@ -149,6 +150,14 @@ def noise_calibrated_tolerance(
         ``τ / e_noise(η₀)`` in ``(0, inf)``.
     full_step_point : torch.Tensor, optional
         The round's ``w₁`` (``dim`` elements): calibrate to ``d_eff`` instead of ``dim``.
+    frozen : torch.Tensor, optional
+        Boolean mask of ``dim`` elements of the coordinates no noise reaches (a model's frozen
+        parameters and buffers, whose noise the server drops:
+        :func:`~fedprivopt.models.task.frozen_mask`); they are left out of ``d`` and ``d_eff``.
+        Thirty-fifth review of issue 15 (models, finding 4): counted, 100,000 frozen entries
+        beside a 33-parameter model made ``τ`` 54 times the noise-only error, so every round
+        was accepted and ``η`` grew by ``α_max`` each round (1.0 to 5.6 in 19 rounds, where
+        the same model without them stayed near 1).
 
     Returns
     -------
@@ -164,6 +173,17 @@ def noise_calibrated_tolerance(
         # entries than torch's int64 sizes hold)
         raise ValueError(f"dim must be an integer in [1, 2**63 - 1], got {shown(dim)}")
     effective = float(dim)
+    if frozen is not None:
+        ok = isinstance(frozen, torch.Tensor) and frozen.dtype == torch.bool
+        if not ok or frozen.ndim != 1 or frozen.numel() != dim:
+            raise ValueError(
+                f"frozen must be a boolean mask of dim = {dim} elements, got "
+                f"{getattr(frozen, 'dtype', type(frozen).__name__)} of shape "
+                f"{tuple(getattr(frozen, 'shape', ()))}"
+            )
+        effective = float(dim - int(frozen.sum()))
+        if effective == 0.0:
+            raise ValueError("frozen must leave at least one coordinate that is not frozen")
     if full_step_point is not None:
         ok = isinstance(full_step_point, torch.Tensor) and full_step_point.is_floating_point()
         if not ok or full_step_point.ndim != 1 or full_step_point.numel() != dim:
@@ -171,8 +191,10 @@ def noise_calibrated_tolerance(
                 f"full_step_point must be a flat floating tensor of dim = {dim} elements, got "
                 f"{getattr(full_step_point, 'shape', type(full_step_point).__name__)}"
             )
-        scale = full_step_point.abs().clamp(min=1.0)
-        effective = float(scale.reciprocal_().square_().sum(dtype=torch.float64))
+        weight = full_step_point.abs().clamp(min=1.0).reciprocal_().square_()
+        if frozen is not None:
+            weight.masked_fill_(frozen.to(weight.device), 0.0)
+        effective = float(weight.sum(dtype=torch.float64))
     # Thirty-third review of issue 15: the product of checked reals under- or overflowed
     # (simulate toy.toml --strategy dp-fedavg-adadp --set server-learning-rate=5e-324, or 1e308
     # at noise-multiplier 100): 0 or inf, which the controller refused as "tolerance must be a

@@ -22,6 +22,25 @@
    negative ``second_moment`` entered ``P`` at the next switch. Now ``from_dict`` refuses them
    naming the field, the entry and its value (``NONNEGATIVE``/``POSITIVE`` of each state); NaN
    and ``+inf`` are still resumed (a diverged run's state is resumed as it is).
+3. ``simulate stackoverflow-tp-mini.toml --set task-params.num-tags=3`` (any multi-label tag
+   task of at most 5 tags): rc 0, ``eval_recall_at_5 = 1.0000``, the headline of
+   ``summary.json`` (``primary_metric``), ``compare``'s column and ``tune``'s default selection,
+   for every model, the tag prior's included: every tag is among the 5 top-scored, so recall@5
+   is 1 and precision@5 the share of true tags whatever the model. ``--set
+   task-params.single-label=true --set task-params.num-tags=1``: rc 0, ``eval_accuracy =
+   1.0000``, loss 0 and every update 0 (one class: nothing to train). Now the headline is
+   ``accuracy`` for 2-5 tags and ``loss`` for one (multi-label), and a single-label task of one
+   tag (also one the tag-count file cut to one) is refused when built: rc 2, one line,
+   ``task-params.single-label = true needs task-params.num-tags >= 2: ...``.
+4. ``simulate toy.toml --strategy dp-fedavg-adadp --rounds 20 --set task=m:make`` where the
+   task's model holds 100,000 frozen entries beside its 33 trainable parameters (a frozen
+   pre-trained table): ADADP's noise-calibrated tolerance counted every coordinate, though the
+   server drops the noise of frozen ones (thirty-fourth review), so τ was 16.8 where the noise
+   alone errs by about 0.3: every round was accepted and η grew by ``α_max`` each round, 1.0 to
+   5.6 by round 19 (the same model without the frozen entries: 0.98-1.11). At the Python API
+   ``optim.noise_calibrated_tolerance`` now takes ``frozen`` (the model's frozen mask) and
+   leaves those coordinates out of ``d`` and ``d_eff``; the strategy's call
+   (``strategies/algorithms.py``, not this area's) is to pass it.
 """
 
 from __future__ import annotations
@@ -240,3 +259,41 @@ def test_3_a_single_label_task_of_one_tag_is_refused_in_one_line(tag_dir, tmp_pa
     assert not (tmp_path / "r").exists()  # before: rc 0, eval_accuracy 1.0000, every update 0
     with pytest.raises(ValueError, match="the tag-count file holds 1 tag, 3 asked"):
         StackOverflowTagTask(data_dir=str(data), num_tags=3, single_label=True)
+
+
+# -- finding 4: ADADP's tolerance and frozen coordinates ----------------------------------------
+
+
+def test_4_frozen_coordinates_are_left_out_of_the_calibrated_tolerance():
+    gen = torch.Generator().manual_seed(4)
+    point = torch.randn(1000, generator=gen) * 3.0
+    frozen = torch.zeros(1000, dtype=torch.bool)
+    frozen[100:] = True  # 900 of 1000 frozen
+    args = dict(learning_rate=0.5, noise_std=0.02)
+    got = optim.noise_calibrated_tolerance(
+        **args, dim=1000, full_step_point=point, frozen=frozen
+    )  # before: TypeError (no way to leave them out)
+    assert got == pytest.approx(
+        optim.noise_calibrated_tolerance(**args, dim=100, full_step_point=point[:100])
+    )
+    plain = optim.noise_calibrated_tolerance(**args, dim=1000, frozen=frozen)
+    assert plain == pytest.approx(optim.noise_calibrated_tolerance(**args, dim=100))
+    # nothing frozen: as without the mask
+    none = torch.zeros(1000, dtype=torch.bool)
+    assert optim.noise_calibrated_tolerance(
+        **args, dim=1000, full_step_point=point, frozen=none
+    ) == optim.noise_calibrated_tolerance(**args, dim=1000, full_step_point=point)
+
+
+@pytest.mark.parametrize(
+    ("frozen", "message"),
+    [
+        (torch.zeros(5, dtype=torch.bool), "boolean mask of dim = 10 elements"),
+        (torch.zeros(10), "boolean mask of dim = 10 elements, got torch.float32"),
+        ([False] * 10, "boolean mask"),
+        (torch.ones(10, dtype=torch.bool), "at least one coordinate"),
+    ],
+)
+def test_4_a_bad_frozen_mask_is_refused_naming_it(frozen, message):
+    with pytest.raises(ValueError, match=message):
+        optim.noise_calibrated_tolerance(learning_rate=1.0, noise_std=1.0, dim=10, frozen=frozen)

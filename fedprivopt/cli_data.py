@@ -35,6 +35,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         DISK_PER_USER,
         SYNTHETIC_META_FILE,
         config_error,
+        foreign_sqlite,
         is_synthetic_dir,
         run_files_note,
         tag_knobs,
@@ -85,6 +86,13 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         )
     if present and not args.overwrite:
         raise UsageError(f"argument --out: {out} already holds a dataset (use --overwrite)")
+    foreign = foreign_sqlite(out, links=False) if present else None
+    if foreign is not None:  # thirty-fifth review of issue 15 (data): replaced, rc 0
+        raise UsageError(
+            f"argument --out: {out / 'stackoverflow.sqlite'} is not the file its "
+            f"{SYNTHETIC_META_FILE} describes ({foreign}): a dataset fedprivopt did not "
+            "generate was put there; --overwrite replaces only synthetic datasets"
+        )
     per_user = DISK_PER_USER[args.user_sizes]
     base = next(p for p in (out, *out.absolute().parents) if p.exists())
     free = shutil.disk_usage(base).free

@@ -58,7 +58,7 @@ import numpy as np
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.core.files import read_at_most, unlink_links
-from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
+from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts, write_sqlite
 from fedprivopt.data.synthetic_model import WordTagModel, build_model, parse_date
 from fedprivopt.data.synthetic_rows import CHUNK_USERS, SPLITS, chunk_rows, default_workers
 from fedprivopt.data.vocab import (
@@ -82,6 +82,7 @@ __all__ = [
     "check_free_disk",
     "config_error",
     "ensure_synthetic",
+    "foreign_sqlite",
     "generate",
     "is_synthetic_dir",
     "read_marker",
@@ -498,6 +499,13 @@ def generate(
             f"{files.root}: holds {', '.join(present)} but no {SYNTHETIC_META_FILE} of this "
             "generator: a dataset it did not write is never replaced"
         )
+    foreign = foreign_sqlite(files.root, links=False) if present else None
+    if foreign is not None:
+        raise FileExistsError(
+            f"{files.sqlite}: not the file its {SYNTHETIC_META_FILE} describes ({foreign}): "
+            "another dataset was put there, and one the generator did not write is never "
+            "replaced (move it, or remove the marker to use it as it is)"
+        )
     # Sixteenth review of issue 15: a file of the directory that is a symbolic or hard link (a
     # vocabulary linked from another, real dataset) was written through, replacing the linked
     # file (rc 0). The links themselves are removed (as the .partial link is): what they point
@@ -609,6 +617,46 @@ def is_synthetic_dir(root: str | os.PathLike) -> bool:
     """
     meta = read_marker(Path(root) / SYNTHETIC_META_FILE)
     return isinstance(meta, dict) and meta.get("generator") == _GENERATOR
+
+
+def foreign_sqlite(root: str | os.PathLike, *, links: bool = True) -> str | None:
+    """Why ``root``'s ``stackoverflow.sqlite`` is not the one its complete marker describes.
+
+    A complete marker records each split's clients and examples; a file whose
+    ``client_metadata`` holds others (or that is not a readable database) was put there after
+    the generation: ``None`` when they agree, or nothing can be compared (no file, a marker that
+    is incomplete or not ours). With ``links=False`` a file that is a link (symbolic, or with
+    other hard links) is not looked at: replacing it removes the link only (sixteenth review of
+    issue 15, finding 5), and what it links to is kept.
+
+    Thirty-fifth review of issue 15 (data): the real dataset decompressed into a directory that
+    held a synthetic one (its marker left beside it) was replaced by ``data synth --overwrite``
+    (rc 0), and a task with ``synth_*`` parameters that matched the marker used it as that
+    synthetic dataset.
+    """
+    files = SyntheticFiles.at(root)
+    marker = read_marker(files.meta)
+    if not isinstance(marker, dict) or marker.get("generator") != _GENERATOR:
+        return None
+    clients, examples = marker.get("clients"), marker.get("examples")
+    if not (isinstance(clients, dict) and isinstance(examples, dict)) or not files.sqlite.is_file():
+        return None
+    if not links and (files.sqlite.is_symlink() or files.sqlite.stat().st_nlink > 1):
+        return None
+    recorded = {
+        s: (clients.get(s, 0), examples.get(s, 0)) for s in {*clients, *examples}
+    }  # fmt: skip
+    recorded = {s: sizes for s, sizes in recorded.items() if sizes != (0, 0)}
+    try:
+        counts = read_example_counts(files.sqlite)
+    except (OSError, ValueError) as exc:
+        return f"it is not the database the generator wrote ({exc})"
+    found = {s: (int(c.size), sum(c.tolist())) for s, c in counts.items()}
+    if found == recorded:
+        return None
+    said = ", ".join(f"{s} {n:,} clients/{e:,} examples" for s, (n, e) in sorted(found.items()))
+    wrote = ", ".join(f"{s} {n}/{e}" for s, (n, e) in sorted(recorded.items()))
+    return f"it holds {said or 'no client'}, where the generator wrote {wrote or 'none'}"
 
 
 def read_marker(path: str | os.PathLike) -> object:

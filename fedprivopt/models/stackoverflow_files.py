@@ -35,6 +35,7 @@ from fedprivopt.data.synthetic import (
     SyntheticConfig,
     config_error,
     ensure_synthetic,
+    foreign_sqlite,
     is_synthetic_dir,
     read_marker,
     run_files_note,
@@ -461,6 +462,15 @@ class StackOverflowFiles:
             recorded = marker["config"]  # type: ignore[index]
         except (KeyError, TypeError):
             return  # not a sidecar we understand: the files are used as they are
+        foreign = foreign_sqlite(self.data_dir)
+        if foreign is not None:
+            # thirty-fifth review of issue 15 (data): another dataset put beside the marker
+            # (the real one decompressed there) was used as the synthetic one it records
+            raise ValueError(
+                f"{self.sqlite_path} is not the file its {SYNTHETIC_META_FILE} describes "
+                f"({foreign}), so it is not the synthetic dataset the synth_* parameters ask "
+                "for: use another data_dir, or remove the marker and synth_* to use it as it is"
+            )
         names = {"num_clients": "synth_clients", "vocab_size": "synth_vocab"}
         names.update(num_tags="synth_tags", seed="synth_seed")
         names.update(dict.fromkeys(user_size_knobs("small"), "synth_user_sizes"))

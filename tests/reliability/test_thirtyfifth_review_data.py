@@ -42,6 +42,15 @@
    SQLite database (bad or missing header)``, a valid file called another format's; the second
    also ``unrecognized format`` from ``open_split``. A split file is now HDF5 by its suffix in
    any case or by its signature (``data.hdf5.is_hdf5_file``): both summarized, rc 0.
+6. Another dataset put into a synthetic data directory beside the generator's marker (the
+   real download decompressed into ``data/so``, which held a synthetic dataset:
+   ``xz -dkf``, ``mv``, ``cp``): ``data synth --out D --overwrite`` replaced it (rc 0; a
+   decompressed real dataset is about 20 GB and hours of work), and a task whose ``synth_*``
+   parameters matched the marker used it as that synthetic dataset. A complete marker records
+   each split's clients and examples; a ``stackoverflow.sqlite`` whose ``client_metadata``
+   holds others is now not the generator's (``synthetic.foreign_sqlite``): ``data synth
+   --overwrite`` and ``generate`` refuse to replace it (a link to one is still replaced, its
+   target kept, as the sixteenth review made it), and such a task is refused naming the file.
 """
 
 from __future__ import annotations
@@ -300,3 +309,40 @@ def test_5_data_info_of_an_hdf5_split_by_another_name(tmp_path, capsys, name):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["train", "2", "3", "1", "1.5", "1.9", "2", "1.5"], lines
     assert len(open_split(path).client_ids) == 2
+
+
+# -- 6. another dataset beside a synthetic dataset's marker ------------------------------------
+
+
+def test_6_another_dataset_beside_the_marker_is_neither_replaced_nor_used(
+    tmp_path, capsys, data_root
+):
+    import shutil
+
+    from fedprivopt.data import SyntheticConfig, generate
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    d = tmp_path / "d"
+    synth = ["data", "synth", "--out", str(d), "--clients", "12", "--vocab", "200"]
+    assert main([*synth, "--tags", "10", "--workers", "1"]) == 0
+    shutil.copy(data_root / "d" / "stackoverflow.sqlite", d)  # "the real dataset", 30 users
+    real = (d / "stackoverflow.sqlite").read_bytes()
+    line = _usage_line(capsys, [*synth, "--tags", "10", "--workers", "1", "--overwrite"])
+    assert "stackoverflow.sqlite is not the file its stackoverflow.synthetic.json describes" in (
+        line
+    ), line
+    with pytest.raises(FileExistsError, match="is never replaced"):
+        generate(d, SyntheticConfig.tiny(), overwrite=True, workers=1)
+    assert (d / "stackoverflow.sqlite").read_bytes() == real
+    kw = dict(data_dir=d, vocab_size=50, num_tags=5, num_users=10, eval_users=5)
+    with pytest.raises(ValueError, match="so it is not the synthetic dataset the synth_"):
+        StackOverflowTagTask(synthetic=True, synth_clients=12, synth_vocab=200, synth_tags=10, **kw)
+    assert StackOverflowTagTask(synthetic=False, **kw).num_users == 10  # as it is: allowed
+
+
+def test_6_the_generators_own_files_are_still_replaced(tmp_path, capsys):
+    d = tmp_path / "d"
+    synth = ["data", "synth", "--out", str(d), "--clients", "12", "--vocab", "200", "--tags", "5"]
+    assert main([*synth, "--workers", "1"]) == 0
+    assert main([*synth, "--workers", "1", "--overwrite", "--seed", "3"]) == 0
+    assert '"seed": 3' in (d / "stackoverflow.synthetic.json").read_text()

@@ -306,8 +306,14 @@ class NoisyCountAggregator:
 
         The noise is one float64 draw from ``generator`` (required).
         """
-        total, counted, rejected = 0.0, 0, {}
+        total, counted, rejected, seen = 0.0, 0, {}, set()
         for user, report in reports:
+            if user in seen:  # thirty-fifth review of issue 15: both reports were counted
+                raise ValueError(
+                    f"reports: user {shown(user)} appears twice (one clip bit a user: the count's "
+                    "noise is sized for one)"
+                )
+            seen.add(user)
             value, reason = self.check(report)
             if reason is not None:
                 rejected[int(user)] = reason

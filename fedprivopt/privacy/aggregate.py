@@ -164,6 +164,25 @@ class _Tally:
     at_bound: int = 0
     norm_sum: float = 0.0
     rejected: dict[int, str] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
+
+    def arrive(self, users: list[int]) -> None:
+        """Count ``users``' entries as received; ``ValueError`` for a user already received.
+
+        Thirty-fifth review of issue 15: ``aggregate([(0, u), (0, u)], ...)`` summed both of
+        user 0's updates (a sensitivity of 2C where the noise is sized for C), as did a user in
+        two ``RowSparseBatch`` entries. The strategies key replies by user (and refuse a streamed
+        cohort that yields a user twice); a caller of its own gets the error.
+        """
+        again = self.seen.intersection(users)
+        if again or len(set(users)) != len(users):
+            user = min(again) if again else next(u for u in users if users.count(u) > 1)
+            raise ValueError(
+                f"updates: user {user} appears twice (one update a user: the noise is sized for "
+                "one clipped update of each)"
+            )
+        self.seen.update(users)
+        self.received += len(users)
 
 
 @dataclass
@@ -319,7 +338,7 @@ class NoisyMeanAggregator:
         path's additions, so the sum is the same to the bit on the CPU).
         """
         users = [int(u) for u in batch.users]
-        tally.received += len(users)
+        tally.arrive(users)
         reason = batch.problem(dim, dtype)
         if reason is not None:
             for user in users:
@@ -412,7 +431,7 @@ class NoisyMeanAggregator:
                 self._add_batch(entry, total, tally, bound, dim, dtype)
                 continue
             user, update = _pair(i, entry)
-            tally.received += 1
+            tally.arrive([user])
             reason = self._check(update, dim, dtype)
             if reason is not None:
                 tally.rejected[int(user)] = reason

@@ -19,6 +19,13 @@
    updates up to 1.73·C (140 of 1,500). ``clip_l2`` itself clipped them (its exact path rounds
    toward zero). Now updates of dtypes other than float32 and float64 are re-clipped by
    ``clip_l2`` (dense, row-sparse, and in a ``RowSparseBatch``).
+3. ``NoisyMeanAggregator.aggregate`` summed every entry of a user id given twice:
+   ``aggregate([(0, u), (0, u)], ...)`` with ``‖u‖ = C`` released a sum of norm 2C (accepted 2),
+   as did a user in two ``RowSparseBatch`` entries or in a pair and a batch, and
+   ``NoisyCountAggregator.aggregate([(0, 1.0), (0, 1.0)])`` counted the bit twice: one user moved
+   the release by twice the sensitivity its noise is sized for. The strategies key replies by
+   user (a caller of the documented Python API, e.g. a loop that retries a user and keeps both
+   replies, was not). Now a user id seen twice in one aggregation raises ``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import pytest
 import torch
 
 from fedprivopt.privacy.accounting import compose_epsilon
+from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
@@ -99,3 +107,41 @@ def test_2_random_float16_and_bfloat16_updates_stay_within_c():
             )
             result = agg.aggregate([(0, update)], dim=n, dtype=dtype, generator=gen)
             assert _norm(result) <= clip_norm, (dtype, n, clip_norm)
+
+
+_UNIT = torch.tensor([1.0, 0.0, 0.0, 0.0])
+
+
+def _batch(*users: int) -> RowSparseBatch:
+    n = len(users)
+    return RowSparseBatch(users, torch.arange(n), torch.ones(n, 4), torch.arange(n + 1), 4 * n)
+
+
+@pytest.mark.parametrize(
+    ("entries", "dim"),
+    [
+        ([(0, _UNIT), (0, _UNIT)], 4),  # before: accepted 2, a sum of norm 2C
+        ([(3, _UNIT), (5, _UNIT), (3, _UNIT)], 4),
+        ([_batch(0), _batch(0)], 4),
+        ([(0, _UNIT), _batch(0)], 4),
+        ([_batch(1, 1)], 8),
+    ],
+)
+def test_3_a_user_given_twice_is_refused(entries, dim):
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=1.0, expected_cohort_size=1)
+    with pytest.raises(ValueError, match=r"user \d appears twice"):
+        agg.aggregate(entries, dim=dim, dtype=torch.float32, generator=torch.Generator())
+
+
+def test_3_distinct_users_are_summed_as_before():
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=1e-300, expected_cohort_size=1)
+    result = agg.aggregate([(0, _UNIT), (1, _UNIT)], dim=4, generator=torch.Generator())
+    assert result.metrics["accepted"] == 2.0
+    assert torch.allclose(result.delta_tilde, 2 * _UNIT)  # each at C, within its margin
+
+
+def test_3_a_clip_bit_given_twice_is_refused():
+    counter = NoisyCountAggregator(count_stddev=1.0, expected_cohort_size=1)
+    with pytest.raises(ValueError, match="user 0 appears twice"):  # before: counted twice
+        counter.aggregate([(0, 1.0), (1, 0.0), (0, 1.0)], generator=torch.Generator())
+    assert counter.aggregate([(0, 1.0), (1, 0.0)], generator=torch.Generator()).counted == 2

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.text import shown
 from fedprivopt.data.locks import LockHeldError
 from fedprivopt.deploy import MAX_LOCAL_NODES, MAX_TIMEOUT
@@ -315,6 +315,40 @@ def check_timeout(timeout: object, shown_as: object = None) -> float:
     return float(timeout)
 
 
+def _check_arguments(
+    tls: object,
+    node_auth: object,
+    config_path: object,
+    overrides: object,
+    out: object,
+    app_dir: object,
+    progress: object,
+) -> None:
+    """Refuse an argument of :func:`deploy_local` of another type, naming it.
+
+    Thirty-fifth review of issue 15: ``deploy_local(..., out=None)``, ``config_path=123``,
+    ``overrides=[("seed", 1)]`` ended in ``TypeError``/``AttributeError`` naming nothing;
+    ``progress=5`` started the deployment and failed at its first line of progress;
+    ``tls="false"`` deployed with TLS (any non-empty string is true).
+    """
+    check_bool("tls", tls)
+    if node_auth is not None:
+        check_bool("node_auth", node_auth)
+    for name, path, optional in (
+        ("out", out, False),
+        ("config_path", config_path, True),
+        ("app_dir", app_dir, True),
+    ):
+        if not (optional and path is None) and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"{name} must be a path, got {shown(path)}")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ValueError(
+            f"overrides must be a mapping of --set keys to values, got {shown(overrides)}"
+        )
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress must be callable or None, got {shown(progress)}")
+
+
 def deploy_local(
     *,
     nodes: int,
@@ -363,6 +397,7 @@ def deploy_local(
     """
     nodes = check_nodes(nodes)
     timeout = check_timeout(timeout)
+    _check_arguments(tls, node_auth, config_path, overrides, out, app_dir, progress)
     if node_auth is None:
         node_auth = bool(tls)
     if node_auth and not tls:

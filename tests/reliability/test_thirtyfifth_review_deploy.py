@@ -27,6 +27,12 @@
    the flag and its range before anything is written, from the checks the command line uses
    (``local.check_timeout``, ``local.check_nodes``; the bounds in ``fedprivopt.deploy``, which
    the command line's help reads without importing the deployment tooling).
+4. The other arguments of ``deploy_local`` of another type: ``out=None``, ``config_path=123``
+   (``TypeError: expected str, bytes or os.PathLike object``), ``overrides=[("seed", 1)]``
+   (``AttributeError: 'list' object has no attribute 'get'``), ``progress=5`` (the deployment's
+   working directory made and then ``'int' object is not callable`` at its first progress
+   line), ``tls="false"`` (deployed with TLS: a non-empty string is true). Now ``ValueError``
+   naming the argument before anything is written (``local._check_arguments``).
 """
 
 from __future__ import annotations
@@ -155,3 +161,23 @@ def test_3_the_python_api_checks_timeout_and_nodes_as_the_command_line(tmp_path,
         deploy_module.deploy_local(**args)
     assert needle in str(refused.value), refused.value
     assert list(tmp_path.iterdir()) == []  # nothing written, nothing started
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"out": None}, "out must be a path, got None"),
+        ({"config_path": 123}, "config_path must be a path, got 123"),
+        ({"app_dir": 1.5}, "app_dir must be a path"),
+        ({"overrides": [("seed", 1)]}, "overrides must be a mapping"),
+        ({"progress": 5}, "progress must be callable or None, got 5"),
+        ({"tls": "false"}, "tls must be true or false, got 'false'"),
+        ({"node_auth": 1}, "node_auth must be true or false, got 1"),
+    ],
+)
+def test_4_the_python_api_names_an_argument_of_another_type(tmp_path, kwargs, needle):
+    args = {"nodes": 1, "tls": False, "overrides": SMALL, "out": str(tmp_path / "d")} | kwargs
+    with pytest.raises(ValueError) as refused:
+        deploy_module.deploy_local(**args)
+    assert needle in str(refused.value), refused.value
+    assert list(tmp_path.iterdir()) == []

@@ -19,6 +19,7 @@ from .base import check_state_tensors
 
 __all__ = [
     "check_bool",
+    "check_frozen",
     "check_in_dtype",
     "check_int",
     "check_noise_variance_spec",
@@ -64,6 +65,28 @@ def check_state(state: object, state_type: type[S]) -> S:
         )
     check_state_tensors(state)  # shapes, dtypes, devices: cheap (thirty-fifth review, models 1)
     return state
+
+
+def check_frozen(frozen: object, length: int | None = None) -> torch.Tensor | None:
+    """Check a mask of the coordinates no noise reaches (``None`` passes through).
+
+    A 1-D boolean tensor (of ``length`` elements when given) that leaves at least one
+    coordinate unfrozen: the model's frozen parameters and buffers, whose noise the server drops
+    (:func:`~fedprivopt.models.task.frozen_mask`). Thirty-fifth review of issue 15 (models,
+    findings 4 and 5): ADADP's tolerance and DP2's ``mean(P)`` counted them.
+    """
+    if frozen is None:
+        return None
+    ok = isinstance(frozen, torch.Tensor) and frozen.dtype == torch.bool and frozen.ndim == 1
+    if not ok or (length is not None and frozen.numel() != length):
+        size = "a boolean mask" + ("" if length is None else f" of dim = {length} elements")
+        raise ValueError(
+            f"frozen must be {size}, got {getattr(frozen, 'dtype', type(frozen).__name__)} of "
+            f"shape {tuple(getattr(frozen, 'shape', ()))}"
+        )
+    if bool(frozen.all()):
+        raise ValueError("frozen must leave at least one coordinate that is not frozen")
+    return frozen
 
 
 def check_in_dtype(name: str, value: float | None, params: torch.Tensor) -> None:

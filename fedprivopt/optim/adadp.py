@@ -12,7 +12,7 @@ import torch
 
 from fedprivopt.core.text import shown
 
-from ._checks import check_params, check_real, check_state, check_vector
+from ._checks import check_frozen, check_params, check_real, check_state, check_vector
 from .base import StateDictMixin, record_hparams
 
 __all__ = [
@@ -173,17 +173,8 @@ def noise_calibrated_tolerance(
         # entries than torch's int64 sizes hold)
         raise ValueError(f"dim must be an integer in [1, 2**63 - 1], got {shown(dim)}")
     effective = float(dim)
-    if frozen is not None:
-        ok = isinstance(frozen, torch.Tensor) and frozen.dtype == torch.bool
-        if not ok or frozen.ndim != 1 or frozen.numel() != dim:
-            raise ValueError(
-                f"frozen must be a boolean mask of dim = {dim} elements, got "
-                f"{getattr(frozen, 'dtype', type(frozen).__name__)} of shape "
-                f"{tuple(getattr(frozen, 'shape', ()))}"
-            )
+    if check_frozen(frozen, dim) is not None:
         effective = float(dim - int(frozen.sum()))
-        if effective == 0.0:
-            raise ValueError("frozen must leave at least one coordinate that is not frozen")
     if full_step_point is not None:
         ok = isinstance(full_step_point, torch.Tensor) and full_step_point.is_floating_point()
         if not ok or full_step_point.ndim != 1 or full_step_point.numel() != dim:

@@ -41,6 +41,13 @@
    ``optim.noise_calibrated_tolerance`` now takes ``frozen`` (the model's frozen mask) and
    leaves those coordinates out of ``d`` and ``d_eff``; the strategy's call
    (``strategies/algorithms.py``, not this area's) is to pass it.
+5. ``simulate toy.toml --strategy dp2 --rounds 8 --set dp2-epsilon=1e-4 --set
+   dp2-scale-by-preconditioner=true`` on the same task: ``mean(P)``, which scales the adaptive
+   step, counted the frozen entries (``v`` 0 there, ``P = ε``): 0.00011 instead of 0.0195, the
+   adaptive step 177 times larger, ``eval_loss`` 0.86 to 78.5 in the first adaptive round
+   (rc 0). ``optim.dp2`` now takes ``frozen`` (kept in ``hparams``) and ``preconditioner_mean``
+   / ``dp2_rate`` / ``dp2_capped_fraction`` leave those coordinates out; the strategy's call is
+   to pass it (``strategies/algorithms.py``: ``DP2.make_transform`` and ``round_metrics``).
 """
 
 from __future__ import annotations
@@ -297,3 +304,36 @@ def test_4_frozen_coordinates_are_left_out_of_the_calibrated_tolerance():
 def test_4_a_bad_frozen_mask_is_refused_naming_it(frozen, message):
     with pytest.raises(ValueError, match=message):
         optim.noise_calibrated_tolerance(learning_rate=1.0, noise_std=1.0, dim=10, frozen=frozen)
+
+
+# -- finding 5: DP2's mean(P) and frozen coordinates --------------------------------------------
+
+
+def test_5_the_scaled_dp2_step_leaves_frozen_coordinates_out():
+    frozen = torch.zeros(10, dtype=torch.bool)
+    frozen[2:] = True  # 8 of 10 frozen: their v stays 0, their P is epsilon
+    options = dict(sgd_learning_rate=1.0, adaptive_learning_rate=0.5, s1=1, s2=1, epsilon=1e-4)
+    transform = optim.dp2(**options, beta=0.0, scale_by_preconditioner=True, frozen=frozen)
+    delta = torch.zeros(10)
+    delta[:2] = torch.tensor([0.3, -0.4])  # the server dropped the frozen coordinates' noise
+    state = transform.init(torch.zeros(10))
+    _, state = transform.update(delta, state, noise_variance=0.01)  # SGD round, then the switch
+    assert optim.phase(state) == "adaptive"
+    mean = optim.preconditioner_mean(state, frozen=frozen)
+    assert mean == pytest.approx((0.3 + 0.4) / 2 + 1e-4, rel=1e-5)  # P = |delta| + eps
+    assert optim.dp2_rate(transform.hparams, state, 0.01) == pytest.approx(0.5 / mean)
+    step, _ = transform.update(delta, state, noise_variance=0.01)
+    assert torch.allclose(step, delta * (0.5 / mean))
+    assert optim.preconditioner_mean(state) < mean / 4  # without the mask, as before
+
+
+def test_5_a_bad_or_misfit_frozen_mask_is_refused_naming_it():
+    options = dict(sgd_learning_rate=1.0, adaptive_learning_rate=0.5, s1=1, s2=1, epsilon=1e-4)
+    with pytest.raises(ValueError, match="frozen must be a boolean mask"):
+        optim.dp2(**options, frozen=torch.zeros(4))
+    transform = optim.dp2(**options, frozen=torch.zeros(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="frozen must be a boolean mask of dim = 6 elements"):
+        transform.init(torch.zeros(6))
+    state = optim.dp2(**options).init(torch.zeros(6))
+    with pytest.raises(ValueError, match="at least one coordinate"):
+        optim.preconditioner_mean(state, frozen=torch.ones(6, dtype=torch.bool))

@@ -491,29 +491,50 @@ def write_hdf5(
     clients : mapping of client id to a sequence of StackOverflowExample
         The split's data.
     overwrite : bool, default False
-        Replace an existing file; otherwise raise ``FileExistsError``.
+        Replace an existing file (once the new one is complete); otherwise raise
+        ``FileExistsError``.
 
     Returns
     -------
     pathlib.Path
         The written file.
+
+    Raises
+    ------
+    ValueError
+        If a client id cannot name an HDF5 group (empty, ``'.'``, or holding ``'/'`` or NUL),
+        before anything is written.
     """
     h5py = _h5py()
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
+    for client_id in clients:
+        # thirty-fifth review of issue 15 (data): "u/1" was written as a group "u" holding a
+        # group "1" (read back as a client "u" without features), "a\0b" as "a", and "" or "."
+        # failed half-way with h5py's message, the file given to overwrite already emptied
+        if not isinstance(client_id, str) or client_id in ("", ".") or set(client_id) & {"/", "\0"}:
+            raise ValueError(
+                f"client id {shown(client_id)} cannot name an HDF5 group: a client id is a "
+                "non-empty string other than '.' without '/' or NUL"
+            )
     vlen = h5py.special_dtype(vlen=bytes)
     untimed = _untimed(h5py.Group.create_group)
-    with h5py.File(path, "w", libver=_LIBVER, **_untimed(h5py.File)) as f:
-        root = f.create_group("examples", **untimed)
-        for client_id, examples in clients.items():
-            group = root.create_group(client_id, **untimed)
-            for name in FEATURES:
-                values = [getattr(e, name) for e in examples]
-                if name == "score":
-                    data = np.asarray(values, dtype=np.int64)
-                    group.create_dataset(name, data=data, track_times=False)
-                else:
-                    data = np.array([v.encode("utf-8") for v in values], dtype=object)
-                    group.create_dataset(name, data=data, dtype=vlen, track_times=False)
+    partial = path.with_name(path.name + ".partial")  # renamed over path once complete
+    try:
+        with h5py.File(partial, "w", libver=_LIBVER, **_untimed(h5py.File)) as f:
+            root = f.create_group("examples", **untimed)
+            for client_id, examples in clients.items():
+                group = root.create_group(client_id, **untimed)
+                for name in FEATURES:
+                    values = [getattr(e, name) for e in examples]
+                    if name == "score":
+                        data = np.asarray(values, dtype=np.int64)
+                        group.create_dataset(name, data=data, track_times=False)
+                    else:
+                        data = np.array([v.encode("utf-8") for v in values], dtype=object)
+                        group.create_dataset(name, data=data, dtype=vlen, track_times=False)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path

@@ -51,6 +51,13 @@
    holds others is now not the generator's (``synthetic.foreign_sqlite``): ``data synth
    --overwrite`` and ``generate`` refuse to replace it (a link to one is still replaced, its
    target kept, as the sixteenth review made it), and such a task is refused naming the file.
+7. ``write_hdf5(path, {"u/1": examples, ...})`` (the documented writer of the legacy layout)
+   wrote a group ``u`` holding a group ``1``: rc 0, read back as a client ``u`` without
+   features; ``"a\\0b"`` was written as ``a`` (another client's id, maybe); ``""`` and ``"."``
+   failed half-way with h5py's ``Unable to synchronously create group``, naming no client,
+   and with ``overwrite=True`` the file it was to replace was already emptied. Client ids that
+   cannot name a group are now refused before anything is written, naming the id, and the
+   file is written beside its path and renamed over it once complete.
 """
 
 from __future__ import annotations
@@ -346,3 +353,21 @@ def test_6_the_generators_own_files_are_still_replaced(tmp_path, capsys):
     assert main([*synth, "--workers", "1"]) == 0
     assert main([*synth, "--workers", "1", "--overwrite", "--seed", "3"]) == 0
     assert '"seed": 3' in (d / "stackoverflow.synthetic.json").read_text()
+
+
+# -- 7. write_hdf5 of client ids that cannot name a group --------------------------------------
+
+
+@pytest.mark.parametrize("client_id", ["u/1", "a\0b", "", "."])
+def test_7_write_hdf5_refuses_an_id_that_is_no_group_and_keeps_the_old_file(tmp_path, client_id):
+    pytest.importorskip("h5py")
+    from fedprivopt.data.hdf5 import HDF5Split, write_hdf5
+    from fedprivopt.data.stackoverflow import StackOverflowExample
+
+    example = StackOverflowExample("a b", "t", "x", "2010-01-01 00:00:00 UTC", 1, "question")
+    path = write_hdf5(tmp_path / "s.h5", {"keep": [example]})
+    kept = path.read_bytes()
+    with pytest.raises(ValueError, match=r"^client id .* cannot name an HDF5 group"):
+        write_hdf5(path, {"ok": [example], client_id: [example]}, overwrite=True)
+    assert path.read_bytes() == kept and sorted(p.name for p in tmp_path.iterdir()) == ["s.h5"]
+    assert list(HDF5Split(path).client_ids) == ["keep"]

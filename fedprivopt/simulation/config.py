@@ -286,7 +286,11 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         For an empty table where a value belongs (``noise-multiplier = {}``): flattening drops
         it, so the code's default ran where the preset said ``{}`` (nineteenth review of issue
         15). The tables themselves (``[strategies.X]``, ``task-params``, ``side-information``)
-        may be empty.
+        may be empty. For a key reached twice with different values: a quoted dotted key beside
+        its table (``"task-params.seed" = 5`` and ``[task-params] seed = 0``), or ``--set
+        task-params.seed=1 --set 'task-params={seed=2}'``; TOML reads the quoted key as one key,
+        and the last spelling won silently (thirty-fifth review of issue 15, lifecycle finding
+        5, as ``--set`` of one key twice is refused).
     """
     flat: dict[str, Any] = {}
     for key, value in data.items():
@@ -294,10 +298,23 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(value, Mapping):
             if not value:
                 _check_empty_table(name)
-            flat.update(_flatten(value, f"{name}."))
+            entries = _flatten(value, f"{name}.").items()
         else:
-            flat[name] = value
+            entries = [(name, value)]
+        for dotted, item in entries:
+            if dotted in flat and not _same_value(flat[dotted], item):
+                raise ValueError(
+                    f"{shown_key(dotted)} is given twice, as {shown(flat[dotted])} and "
+                    f"{shown(item)} (a dotted key beside its table, or a table beside a dotted "
+                    "key): give it once"
+                )
+            flat[dotted] = item
     return flat
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two spellings of a key give it the same value (``1`` and ``1.0`` do not)."""
+    return type(a) is type(b) and repr(a) == repr(b)
 
 
 def _check_empty_table(name: str) -> None:
@@ -521,7 +538,10 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         data = tomllib.loads(text)
     except ValueError as exc:  # also an integer too long to read (twelfth review of issue 15)
         raise ValueError(f"config file {shown(str(path))} is not valid TOML: {exc}") from None
-    flat = _task_param_spellings(_flatten(data))
+    try:
+        flat = _task_param_spellings(_flatten(data))
+    except ValueError as exc:
+        raise ValueError(f"config file {shown(str(path))}: {exc}") from None
     overrides = flat_overrides(overrides or {})
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
     flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides

@@ -29,6 +29,14 @@
    said ``--resume directory 'R' has no config.toml`` (``ls`` shows one), and ``--resume X`` of
    a path that does not exist said the same of it; a file ``F``: ``argument --resume:
    F/config.toml: Not a directory``. Each now says what it is (rc 2, one line).
+5. One key reached through two spellings with different values: a preset with the quoted key
+   ``"task-params.seed" = 5`` beside ``[task-params] seed = 0`` (TOML reads the quoted key as
+   one key; also ``task-params = {seed = 3}`` beside ``"task-params.seed" = 4``, and
+   ``"strategies.dp-fedavg.clip-norm" = 0.5`` beside its table's 2.0), or ``--set
+   strategies.dp-fedavg.noise-multiplier=50 --set 'strategies={dp-fedavg={noise-multiplier=0.5}}'``:
+   rc 0, the last spelling silently won (σ 0.5 where the first asked for 50), where ``--set`` of
+   one key twice is refused (eighth review). Now rc 2, one line naming the key and both values
+   (and the preset), before anything is written; equal values pass (``config._flatten``).
 """
 
 from __future__ import annotations
@@ -234,3 +242,40 @@ def test_4_resume_says_what_stands_in_place_of_config_toml(tmp_path, capsys, mak
     assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
     (line,) = _lines(capsys)  # was: "has no config.toml" (or "Not a directory")
     assert said.format(d=out) in line
+
+
+# -- 5: one key in two spellings -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("preset", "key", "values"),
+    [
+        ('"task-params.seed" = 5\n[task-params]\nseed = 0\n', "task-params.seed", "5 and 0"),
+        ('task-params = {seed = 3}\n"task-params.seed" = 4\n', "task-params.seed", "3 and 4"),
+        (
+            '"strategies.dp-fedavg.clip-norm" = 0.5\n[strategies.dp-fedavg]\nclip-norm = 2.0\n',
+            "strategies.dp-fedavg.clip-norm",
+            "0.5 and 2.0",
+        ),
+    ],
+)
+def test_5_a_preset_giving_a_key_twice_is_refused(tmp_path, capsys, preset, key, values):
+    path = tmp_path / "p.toml"
+    path.write_text("population = 20\n" + preset)  # the toy task's 20 users by default
+    out = tmp_path / "run"
+    assert main(["simulate", str(path), "--rounds", "1", "--quiet", "--out", str(out)]) == 2
+    (line,) = _lines(capsys)  # was: rc 0, the last spelling used
+    assert f"config file '{path}': {key} is given twice, as {values}" in line
+    assert not out.exists()
+
+
+def test_5_set_giving_a_key_in_two_spellings_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["simulate", str(PRESET), "--rounds", "1", "--quiet", "--out", str(out),
+               "--set", "strategies.dp-fedavg.noise-multiplier=50",
+               "--set", "strategies={dp-fedavg={noise-multiplier=0.5}}"])  # fmt: skip
+    assert rc == 2  # was: rc 0 at sigma 0.5
+    (line,) = _lines(capsys)
+    assert "strategies.dp-fedavg.noise-multiplier is given twice, as 50 and 0.5" in line
+    assert not out.exists()
+    rc = main(["simulate", str(PRESET), "--rounds", "1", "--quiet", "--out", str(out),
+               "--set", "task-params.seed=0", "--set", "task-params={seed=0}"])  # fmt: skip
+    assert rc == 0, _lines(capsys)  # the same value twice passes

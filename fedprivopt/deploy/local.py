@@ -78,6 +78,7 @@ __all__ = [
     "CONNECTION",
     "REPO_ROOT",
     "STOP_ORDER",
+    "check_app",
     "check_min_nodes",
     "check_nodes",
     "check_not_deploying",
@@ -156,13 +157,34 @@ def _write_run_config(path: Path, overrides: Mapping[str, Any]) -> Path:
 # -- the entry point -------------------------------------------------------------------------------
 
 
+def check_app(app_dir: Path) -> Path:
+    """``app_dir`` if it is a Flower app (it holds ``pyproject.toml``), else ``ValueError``.
+
+    Thirty-fifth review of issue 15: with fedprivopt installed from a wheel (``pip install
+    /path/to/fedprivopt``, as docs/SCALING.md installs it on a cluster), the app directory is
+    ``site-packages`` and ``deploy local`` said ``cannot read the Flower app config
+    '.../site-packages/pyproject.toml': [Errno 2] No such file or directory``, a path the user
+    never gave, without saying that a deployment needs a source tree.
+    """
+    if (Path(app_dir) / "pyproject.toml").is_file():
+        return Path(app_dir)
+    if Path(app_dir) == REPO_ROOT:
+        raise ValueError(
+            "deploy local runs the Flower app of a fedprivopt source tree (the pyproject.toml "
+            f"beside the package), and this fedprivopt, in {str(REPO_ROOT)!r}, is installed "
+            "without one (from a wheel): install it from a clone with pip install -e (make "
+            "venv) and run deploy local from there"
+        )
+    raise ValueError(f"{str(app_dir)!r} is not a Flower app (no pyproject.toml)")
+
+
 def resolve_deployment(
     config_path: str | None, overrides: Mapping[str, Any], app_dir: Path
 ) -> tuple[RunConfig, dict[str, Any], dict[str, Any]]:
     """The run's config, the app's declared keys, and the deployment keys from ``overrides``."""
     from fedprivopt.simulation.config import load_config
 
-    app_keys = app_config_defaults(app_dir)
+    app_keys = app_config_defaults(check_app(app_dir))
     overrides = dict(overrides)
     if "out" in overrides:
         raise ValueError("set the results directory with --out, not --set out=...")
@@ -404,9 +426,7 @@ def deploy_local(
         raise ValueError("--node-auth needs TLS (drop --insecure)")
     check_out(out)
     check_not_deploying(out)
-    app = Path(app_dir).resolve() if app_dir is not None else REPO_ROOT
-    if not (app / "pyproject.toml").is_file():
-        raise ValueError(f"{str(app)!r} is not a Flower app (no pyproject.toml)")
+    app = check_app(Path(app_dir).resolve() if app_dir is not None else REPO_ROOT)
     min_nodes = check_min_nodes(overrides or {}, nodes)
     config, app_keys, _ = resolve_deployment(config_path, overrides or {}, app)
     check_nodes(nodes, config.strategy.population)

@@ -33,6 +33,13 @@
    working directory made and then ``'int' object is not callable`` at its first progress
    line), ``tls="false"`` (deployed with TLS: a non-empty string is true). Now ``ValueError``
    naming the argument before anything is written (``local._check_arguments``).
+5. fedprivopt installed from a wheel (``pip install /path/to/fedprivopt``, as docs/SCALING.md
+   installs it on a cluster's nodes), then ``fedprivopt deploy local --nodes 1`` (with or without
+   a preset): rc 2 with ``cannot read the Flower app config '.../site-packages/pyproject.toml':
+   [Errno 2] No such file or directory``, a path the user never gave, and nothing said that a
+   deployment runs the Flower app of a source tree (reproduced with a copy of the package on
+   ``PYTHONPATH``). Now the one line says so and how to install it (``local.check_app``, also in
+   ``deploy_local``); another ``app_dir`` without one is refused as before.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import pytest
 from fedprivopt.deploy import local as deploy_module
 from fedprivopt.strategies.flower import LOSS_METRICS
 from tests.reliability.test_fuzz_cli import run_cli
+from tests.reliability.test_misuse_cli import usage_error
 
 
 def _row(round_num: int, cohort: int, received: int, **lost: int) -> dict:
@@ -181,3 +189,19 @@ def test_4_the_python_api_names_an_argument_of_another_type(tmp_path, kwargs, ne
         deploy_module.deploy_local(**args)
     assert needle in str(refused.value), refused.value
     assert list(tmp_path.iterdir()) == []
+
+
+def test_5_an_installation_without_a_source_tree_says_what_deploy_local_needs(
+    tmp_path, monkeypatch
+):
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    monkeypatch.setattr(deploy_module, "REPO_ROOT", installed)
+    argv = ["deploy", "local", "--nodes", "1", "--insecure", "--out", str(tmp_path / "d")]
+    line = usage_error(run_cli(argv), "source tree", "pip install -e", str(installed))
+    assert "Errno" not in line, line
+    with pytest.raises(ValueError, match="source tree"):
+        deploy_module.deploy_local(nodes=1, tls=False, out=str(tmp_path / "d"))
+    with pytest.raises(ValueError, match="is not a Flower app"):  # another app as before
+        deploy_module.deploy_local(nodes=1, tls=False, out=str(tmp_path / "d"), app_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["site-packages"]

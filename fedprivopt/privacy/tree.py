@@ -232,6 +232,14 @@ class TreeNoise:
         node count times ``std²``.
         """
         period, step = tree_position(round_num, self.restart_rounds)
+        if round_num <= self.round_num:
+            # thirty-fifth review of issue 15: a period's first round could be released again
+            # (release(1) after release(3)), with the same node noise in a seeded run: the
+            # difference of the two releases was the difference of the sums, noiseless
+            raise ValueError(
+                f"tree noise is released round by round: round {round_num} was released "
+                f"already (the last released round is {self.round_num})"
+            )
         if step == 1:
             self._nodes = {}
         elif round_num != self.round_num + 1:

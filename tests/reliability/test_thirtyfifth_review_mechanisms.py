@@ -26,6 +26,12 @@
    the release by twice the sensitivity its noise is sized for. The strategies key replies by
    user (a caller of the documented Python API, e.g. a loop that retries a user and keeps both
    replies, was not). Now a user id seen twice in one aggregation raises ``ValueError`` naming it.
+4. ``TreeNoise.release`` took a period's first round again after later rounds (``release(1)``
+   after ``release(3)``: "rounds are released in order", but a first round was let through
+   whatever came before), and in a seeded run drew the same node noise: two releases of round 1
+   with different sums differed by exactly the difference of the sums. Now a round at or before
+   the last one released is refused (``ValueError`` naming both); a later period's first round
+   and a resumed tree's next round are taken as before.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
-from fedprivopt.privacy.tree import calibrate_tree
+from fedprivopt.privacy.tree import TreeNoise, calibrate_tree
 
 
 def _tree_epsilon(steps: int, sigma: float = 10.0) -> float:
@@ -145,3 +152,21 @@ def test_3_a_clip_bit_given_twice_is_refused():
     with pytest.raises(ValueError, match="user 0 appears twice"):  # before: counted twice
         counter.aggregate([(0, 1.0), (1, 0.0), (0, 1.0)], generator=torch.Generator())
     assert counter.aggregate([(0, 1.0), (1, 0.0)], generator=torch.Generator()).counted == 2
+
+
+@pytest.mark.parametrize(("released", "again"), [((1, 2, 3), 1), ((1,), 1), ((1, 2, 3, 4, 5), 5)])
+def test_4_a_released_round_of_the_tree_is_not_released_again(released, again):
+    tree = TreeNoise(std=1.0, restart_rounds=4, rngs=RngFactory(seed=0), dim=3)
+    for round_num in released:
+        tree.release(round_num)
+    with pytest.raises(ValueError, match=f"round {again} was released already"):
+        tree.release(again)  # before: round 1's noise again, bit for bit
+
+
+def test_4_later_periods_and_a_resumed_tree_go_on():
+    tree = TreeNoise(std=1.0, restart_rounds=4, rngs=RngFactory(seed=0), dim=3)
+    tree.release(1)
+    tree.release(9)  # the first round of a later period
+    resumed = TreeNoise(std=1.0, restart_rounds=4, rngs=RngFactory(seed=0), dim=3)
+    resumed.load_state_dict(tree.state_dict())
+    assert resumed.release(10)[1] == 2

@@ -249,4 +249,17 @@ def add_data(sub) -> None:
         help="stackoverflow.sqlite, a directory holding it, or a stackoverflow_*.h5",
     )
     i.set_defaults(func=cmd_data_info)
-    p.set_defaults(func=lambda a: (p.print_help(), 0)[1])
+    p.set_defaults(func=_no_action)
+
+
+def _no_action(args: argparse.Namespace) -> int:
+    """``fedprivopt data`` without an ACTION: a usage error, as ``fedprivopt deploy``'s.
+
+    Thirty-fifth review of issue 15 (data; the thirty-first noticed it): its help was printed
+    with rc 0, so a script that lost its action (``fedprivopt data $ACTION`` with it unset)
+    went on as if the dataset had been written or checked.
+    """
+    raise UsageError(
+        "choose an action: synth (write a synthetic dataset) or info (summarize one), e.g. "
+        "`fedprivopt data info DIR` (fedprivopt data --help)"
+    )

@@ -58,6 +58,11 @@
    and with ``overwrite=True`` the file it was to replace was already emptied. Client ids that
    cannot name a group are now refused before anything is written, naming the id, and the
    file is written beside its path and renamed over it once complete.
+8. ``fedprivopt data`` without an ACTION (a script's ``fedprivopt data $ACTION`` with it
+   unset) printed its help with rc 0, as if a dataset had been written or checked (the
+   thirty-first review noticed it; ``fedprivopt deploy`` says ``choose a target`` with rc 2).
+   Now rc 2, one line: ``fedprivopt data: error: choose an action: synth (write a synthetic
+   dataset) or info (summarize one), …``; ``fedprivopt data --help`` is unchanged.
 """
 
 from __future__ import annotations
@@ -371,3 +376,12 @@ def test_7_write_hdf5_refuses_an_id_that_is_no_group_and_keeps_the_old_file(tmp_
         write_hdf5(path, {"ok": [example], client_id: [example]}, overwrite=True)
     assert path.read_bytes() == kept and sorted(p.name for p in tmp_path.iterdir()) == ["s.h5"]
     assert list(HDF5Split(path).client_ids) == ["keep"]
+
+
+# -- 8. fedprivopt data without an action ------------------------------------------------------
+
+
+def test_8_data_without_an_action_is_a_usage_error(capsys):
+    line = _usage_line(capsys, ["data"])
+    assert line.startswith("fedprivopt data: error: choose an action: synth (write "), line
+    assert capsys.readouterr().out == ""

@@ -9,6 +9,7 @@ cache directory) once, in bounded memory, and indexes the cache it writes (see
 
 from __future__ import annotations
 
+import contextlib
 import lzma
 import os
 import stat
@@ -120,7 +121,8 @@ def decompress_lzma(
         # the download's modification time, as xz -dk does: what shows the file is its
         # decompression when it is asked for again (see _decompressed_from)
         source = path.stat()
-        os.utime(partial, ns=(source.st_atime_ns, source.st_mtime_ns))
+        with contextlib.suppress(OSError):  # refused by the file system: then named as not ours
+            os.utime(partial, ns=(source.st_atime_ns, source.st_mtime_ns))
         os.replace(partial, out)
     except lzma.LZMAError as exc:
         raise ValueError(f"{path}: corrupt LZMA/XZ stream: {exc}") from exc

@@ -545,6 +545,7 @@ def aggregate_with_notes(
                     f"{run.path}: diverged at round {first} (an evaluation loss or {m}, or the "
                     "model, became non-finite); its final values describe an overflowed model"
                 )
+        notes += _not_seeds_alone(strategy, sigma, group)
         finals = [run.final_value(m) for run in group]
         losses = [run.final_value("eval_loss") for run in group]
         for run, value, loss in zip(group, finals, losses, strict=True):
@@ -581,6 +582,47 @@ def aggregate_with_notes(
             "diverged": diverged,
         })  # fmt: skip
     return rows, notes
+
+
+def _not_seeds_alone(strategy: str, sigma: float, group: Sequence[RunData]) -> list[str]:
+    """A note when a row's runs are not seeds of one configuration (else nothing).
+
+    Thirty-fifth review of issue 15 (outputs, finding 8): ``write_report(out, load_runs(F))``
+    (the documented API) of a folder holding two ``simulate`` runs of dp-fedavg, seed 0, at
+    ``local-learning-rate`` 0.1 and 0.5 reported one row "seeds 2, accuracy 0.543 ± 0.099" under
+    "mean ± sample std over seeds", the header saying "1 seeds (0)": two configurations' spread
+    read as the seeds'. ``compare-tuned --untuned`` refuses such runs
+    (:func:`~fedprivopt.simulation.tune_untuned.check_untuned_seeds`); a tuned row's runs differ
+    in their hyperparameters by design (each its tuning's choice) and are not checked.
+    """
+    from fedprivopt.simulation.tune_report import TUNED_SUFFIX
+
+    if strategy.endswith(TUNED_SUFFIX) or len(group) < 2:
+        return []
+    seeds = [run.seed for run in group]
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    where = f"{strategy}, σ={sigma:g}"
+    if twice:
+        same = [str(run.path) for run in group if run.seed == twice[0]]
+        return [
+            f"{where}: {len(same)} of its runs have seed {twice[0]} ({', '.join(same[:3])}"
+            f"{', ...' if len(same) > 3 else ''}): runs of one seed are not seeds, and the row's "
+            "mean and std are not over seeds"
+        ]
+    configs = [run.summary.get("config") for run in group]
+    if not all(isinstance(c, dict) for c in configs):
+        return []
+    first = {k: v for k, v in configs[0].items() if k != "seed"}
+    for run, config in zip(group[1:], configs[1:], strict=True):
+        other = {k: v for k, v in config.items() if k != "seed"}
+        keys = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+        if keys:
+            return [
+                f"{where}: {run.path} differs from {group[0].path} beyond the seed ({keys[0]} "
+                f"{shown(other.get(keys[0]))}, not {shown(first.get(keys[0]))}): the row's mean "
+                "and std are not over seeds of one configuration"
+            ]
+    return []
 
 
 def reference_model(runs: Sequence[RunData], metric: str) -> tuple[str, dict[str, float]] | None:

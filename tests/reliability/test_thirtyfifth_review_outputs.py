@@ -40,11 +40,19 @@
    holds a newline): ``report.md`` began ``# fedprivopt compare: my`` and then a heading
    ``## Notes.toml`` of its own. Now the title is one line, its control characters escaped
    (``# fedprivopt compare: my\n## Notes.toml``).
+8. ``write_report(out, load_runs(F))`` (the documented API) of a folder holding two
+   ``simulate`` runs of dp-fedavg, seed 0, at ``local-learning-rate`` 0.1 and 0.5 (or seeds 0
+   and 1 at the two rates): one row "seeds 2, accuracy 0.543 ± 0.099" under "mean ± sample std
+   over seeds", the header saying "1 seeds (0)", without a word: two configurations' spread
+   read as the seeds' (``compare-tuned --untuned`` refuses such runs). Now a warning, on stderr
+   and in the report: ``dp-fedavg, σ=0.5: 2 of its runs have seed 0 (…): runs of one seed are
+   not seeds, …`` or ``… differs from … beyond the seed (local-learning-rate 0.5, not 0.1) …``.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 from pathlib import Path
 
@@ -88,10 +96,11 @@ class _Pipe(_Named):
     METRIC = "p(y|x)"
 
 
-def _run(root: Path, task: str, capsys, name: str = "r", seed: int = 0) -> Path:
+def _run(root: Path, task: str, capsys, name: str = "r", seed: int = 0, *sets: str) -> Path:
     out = root / name
     argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
             "--set", f'task="{__name__}:{task}"', "--set", f"seed={seed}"]  # fmt: skip
+    argv += [f"--set={s}" for s in sets]
     assert main(argv) == 0, capsys.readouterr().err
     return out
 
@@ -183,3 +192,16 @@ def test_7_the_title_of_a_preset_named_with_a_newline_is_one_line(tmp_path, caps
     lines = (out / "report.md").read_text(encoding="utf-8").splitlines()
     assert lines[0].endswith("my\\n## Notes.toml"), lines[0]
     assert not any(line.startswith("## Notes") for line in lines)
+
+
+_NOT_SEEDS = [(0, "2 of its runs have seed 0"), (1, "beyond the seed (local-learning-rate 0.4")]
+
+
+@pytest.mark.parametrize(("seed", "said"), _NOT_SEEDS)
+def test_8_runs_of_one_row_that_are_not_seeds_are_named(tmp_path, capsys, seed, said):
+    root = tmp_path / "f"
+    _run(root, "_Named", capsys, "a")
+    _run(root, "_Named", capsys, "b", seed, "local-learning-rate=0.4")
+    with pytest.warns(UserWarning, match=re.escape(said)):
+        report = write_report(tmp_path / "report", load_runs(root), title="t")
+    assert said in report.read_text(encoding="utf-8")

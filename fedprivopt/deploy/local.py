@@ -45,6 +45,7 @@ from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
     RUN_ID,
     app_config_defaults,
+    refuse_double_settings,
     refuse_simulation_only,
     run_config_from_flower,
     to_flower_overrides,
@@ -193,6 +194,7 @@ def resolve_deployment(
     if config_path is not None:
         config = load_config(config_path, overrides)
     else:
+        refuse_double_settings(overrides)
         flower = {k: v for k, v in app_keys.items() if k not in ("out",)}
         if any(k.startswith("task-params.") for k in overrides) or "task" in overrides:
             flower.pop("task-params-json", None)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt import wire as P
+from fedprivopt.core.text import shown
 from fedprivopt.simulation.config import SIDE_INFORMATION, UNSETTABLE, RunConfig, resolve_config
 from fedprivopt.strategies.config import StrategyConfig
 
@@ -47,6 +48,7 @@ __all__ = [
     "DeployOptions",
     "app_config_defaults",
     "ignored_simulation_keys",
+    "refuse_double_settings",
     "refuse_simulation_only",
     "run_config_from_flower",
     "to_flower_overrides",
@@ -158,6 +160,40 @@ def _strategy_options(raw: Any) -> dict[str, Any]:
                 f"got {value!r}"
             )
     return options
+
+
+def refuse_double_settings(overrides: Mapping[str, Any]) -> None:
+    """Refuse ``--set`` values that the JSON keys of the run config would silently replace.
+
+    Thirty-fifth review of issue 15: ``deploy local --nodes 2 --set task-params-json='{"num-users":
+    40, "seed": 0}' --set task-params.seed=1`` ran with seed 0 (``task-params-json`` replaces
+    every ``task-params.<key>``), and ``--set strategy-options-json='{"server-momentum": 0.5}'
+    --set server-momentum=0.9`` with 0.5, without a word, where two different ``--set`` values of
+    one key are refused (nineteenth review). A flat value equal to the JSON's is taken.
+
+    Raises
+    ------
+    ValueError
+        Naming both keys.
+    """
+    raw = overrides.get(TASK_PARAMS_JSON, UNSET)
+    if raw not in (UNSET, None):
+        params = P.task_params({TASK_PARAMS_JSON: raw})
+        prefix = P.RUN_TASK_PARAMS_PREFIX
+        for key, value in overrides.items():
+            name = key[len(prefix) :].replace("-", "_")
+            if key.startswith(prefix) and (name not in params or params[name] != value):
+                raise ValueError(
+                    f"argument --set: {key}={shown(value)} is not used: {TASK_PARAMS_JSON} "
+                    "replaces every task-params.<key>; give the task's parameters one way"
+                )
+    options = _strategy_options(overrides.get(STRATEGY_OPTIONS_JSON, UNSET))
+    for key, value in options.items():
+        if key in overrides and overrides[key] != value:
+            raise ValueError(
+                f"argument --set: {key}={shown(overrides[key])} contradicts {key} = "
+                f"{shown(value)} in {STRATEGY_OPTIONS_JSON}, which would be used; give one of them"
+            )
 
 
 def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, DeployOptions]:

@@ -40,6 +40,13 @@
    deployment runs the Flower app of a source tree (reproduced with a copy of the package on
    ``PYTHONPATH``). Now the one line says so and how to install it (``local.check_app``, also in
    ``deploy_local``); another ``app_dir`` without one is refused as before.
+6. ``deploy local --nodes 2 --set task-params-json='{"num-users": 40, "seed": 0}' --set
+   task-params.seed=1`` (without a preset, the app's run config is the base and both are its
+   keys): the run used seed 0 (``task-params-json`` replaces every ``task-params.<key>``), and
+   ``--set strategy=adadps --set strategy-options-json='{"server-momentum": 0.5}' --set
+   server-momentum=0.9`` momentum 0.5, without a word, where two different ``--set`` values of
+   one key are refused (nineteenth review). Now rc 2 before anything starts, one line naming the
+   key (``runconfig.refuse_double_settings``); a flat value equal to the JSON's is taken.
 """
 
 from __future__ import annotations
@@ -205,3 +212,37 @@ def test_5_an_installation_without_a_source_tree_says_what_deploy_local_needs(
     with pytest.raises(ValueError, match="is not a Flower app"):  # another app as before
         deploy_module.deploy_local(nodes=1, tls=False, out=str(tmp_path / "d"), app_dir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site-packages"]
+
+
+@pytest.fixture
+def not_started(monkeypatch):
+    """``deploy_local`` replaced by a failure: what the command says before it starts anything."""
+
+    def refuse(**_: object) -> Path:
+        raise RuntimeError("not started (test)")
+
+    monkeypatch.setattr(deploy_module, "deploy_local", refuse)
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        (['task-params-json={"num-users": 40, "seed": 0}', "task-params.seed=1"],
+         "task-params.seed=1 is not used: task-params-json replaces"),
+        (['task-params-json={"num-users": 40}', "task-params.seed=0"],
+         "task-params.seed=0 is not used"),
+        (["strategy=adadps", 'strategy-options-json={"server-momentum": 0.5}',
+          "server-momentum=0.9"], "server-momentum=0.9 contradicts server-momentum = 0.5"),
+    ],
+)  # fmt: skip
+def test_6_a_set_value_the_json_keys_would_replace_is_refused(tmp_path, not_started, sets, needle):
+    argv = ["deploy", "local", "--nodes", "2", "--insecure", "--out", str(tmp_path / "d")]
+    usage_error(run_cli([*argv, *(a for s in sets for a in ("--set", s))]), needle)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_6_a_flat_value_equal_to_the_jsons_is_taken(tmp_path, not_started):
+    sets = ['task-params-json={"num-users": 40, "seed": 0}', "task-params.seed=0"]
+    argv = ["deploy", "local", "--nodes", "2", "--insecure", "--out", str(tmp_path / "d")]
+    code, _, err = run_cli([*argv, *(a for s in sets for a in ("--set", s))])
+    assert code == 1 and "not started (test)" in err, err

@@ -142,6 +142,7 @@ class DP2(ServerAlgorithm):
             clip_norm_adaptive=c.options.clip_norm_adaptive,
             scale_by_preconditioner=c.options.dp2_scale_by_preconditioner,
             max_noise_step=c.options.max_noise_step,  # rounds pass noise_variance = Φ_t
+            frozen=self.frozen,  # its P's mean leaves them out (thirty-fifth review, models 5)
         )
 
     def step_metrics(self, noise_std: float) -> dict[str, float]:
@@ -171,7 +172,8 @@ class DP2(ServerAlgorithm):
         return self.config.options.clip_norm_adaptive if self._adaptive() else None
 
     def round_metrics(self) -> dict[str, float]:
-        mean_p = optim.preconditioner_mean(self.opt_state)  # the P this round used (adaptive)
+        # the P this round used (adaptive), over the coordinates that learn
+        mean_p = optim.preconditioner_mean(self.opt_state, frozen=self.frozen)
         return {"adaptive_round": float(self._adaptive()), "dp2_preconditioner_mean": mean_p}
 
 
@@ -199,6 +201,7 @@ class DPFedAvgADADP(ServerAlgorithm):
                 learning_rate=self.initial_rate,
                 noise_std=self.noise_std_of_mean(),
                 dim=self.params.numel(),
+                frozen=self.frozen,  # no noise there (thirty-fifth review, models 4)
             )
         return optim.adadp(
             learning_rate=self.initial_rate,
@@ -252,6 +255,7 @@ class DPFedAvgADADP(ServerAlgorithm):
             noise_std=math.sqrt((noise_std_1**2 + noise_std_2**2) / 2.0),
             dim=self.params.numel(),
             full_step_point=full_step_point,
+            frozen=self.frozen,
         )
         # at least the smallest positive float: a tiny η₀ (max-noise-step 5e-324) whose clip
         # norm adaptive clipping shrank underflowed it to 0, and the run stopped after round 1

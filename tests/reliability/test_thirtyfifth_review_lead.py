@@ -23,6 +23,13 @@
    memory): a traceback, rc 1. Now one line, ``fedprivopt simulate: error: this machine ran out
    of memory; nothing already written is lost (FEDPRIVOPT_DEBUG=1 shows where)``, rc 1, and
    round 1 stays released in the ledger (``--resume`` goes on from it).
+4. (The models reviewer's findings 4 and 5, wired here.) ``dp-fedavg-adadp`` and ``dp2`` on a
+   model holding frozen entries (whose noise the server drops since the thirty-fourth review):
+   ADADP's noise-calibrated tolerance counted them (16.77 against 0.31 without them, every round
+   accepted and the rate grown from 1.0 to 5.56 by round 19), and DP2's ``mean(P)`` (its scaled
+   step, its round metric) took their ``P = ε`` in (0.00011 against 0.0195: a step 177 times
+   too large, ``eval_loss`` 0.86 to 78.5). The algorithms now pass the model's frozen mask to
+   ``optim``: the same tolerance and mean as the model without those entries.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
+from fedprivopt import optim
 from fedprivopt import wire as P
 from fedprivopt.cli import main
 from fedprivopt.clients import LocalConfig
@@ -45,6 +53,7 @@ from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.run import build_run
+from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 from fedprivopt.strategies.flower import flat_to_arrays
 from tests.messages import delivered
@@ -213,3 +222,41 @@ def test_3_out_of_memory_is_one_line_and_keeps_the_released_rounds(tmp_path, cap
     )
     ledger = (out / "privacy_ledger.jsonl").read_text().splitlines()
     assert [json.loads(line).get("round") for line in ledger[1:]] == [1], ledger
+
+
+# -- finding 4: ADADP's and DP2's frozen coordinates ------------------------------------------
+
+
+def _algorithm(strategy: str, dim: int, frozen=None, **options):
+    config = StrategyConfig.from_mapping({
+        "strategy": strategy, "population": 40, "clients-per-round": 10,
+        "noise-multiplier": 0.5, "num-server-rounds": 5, **options,
+    })  # fmt: skip
+    return build_algorithm(config, torch.zeros(dim), frozen=frozen)
+
+
+def test_4_adadps_tolerance_leaves_the_frozen_coordinates_out():
+    frozen = torch.zeros(1033, dtype=torch.bool)
+    frozen[33:] = True
+    point = torch.randn(1033, generator=torch.Generator().manual_seed(4)) * 3.0
+    masked = _algorithm("dp-fedavg-adadp", 1033, frozen)
+    alone = _algorithm("dp-fedavg-adadp", 33)
+    got = masked.round_tolerance(0.05, 0.07, point)
+    assert got == pytest.approx(alone.round_tolerance(0.05, 0.07, point[:33]))  # before: 5.6x
+    assert masked.controller.tolerance == pytest.approx(alone.controller.tolerance)
+
+
+def test_4_dp2s_preconditioner_mean_leaves_the_frozen_coordinates_out():
+    frozen = torch.zeros(10, dtype=torch.bool)
+    frozen[2:] = True
+    options = {"dp2-s1": 1, "dp2-s2": 1, "dp2-epsilon": 1e-4, "dp2-beta": 0.0,
+               "dp2-scale-by-preconditioner": True}  # fmt: skip
+    alg = _algorithm("dp2", 10, frozen, **options)
+    delta = torch.zeros(10)
+    delta[:2] = torch.tensor([0.3, -0.4])
+    _, alg.opt_state = alg.transform.update(delta, alg.opt_state, noise_variance=0.01)
+    assert optim.phase(alg.opt_state) == "adaptive"
+    mean = alg.round_metrics()["dp2_preconditioner_mean"]
+    assert mean == pytest.approx(0.35 + 1e-4, rel=1e-5)  # before: 0.0701 (8 entries at 1e-4)
+    step, _ = alg.transform.update(delta, alg.opt_state, noise_variance=0.01)
+    assert torch.allclose(step, delta * (alg.config.options.dp2_learning_rate / mean))

@@ -110,7 +110,8 @@ def selection_lines(checks: Sequence[Any]) -> list[str]:
         lines.append(f"- {check.path} ({name}): {selection_note(selection)}")
     if not lines:
         return []
-    return ["", "**Not every tuned row's epsilon covers its selection:**", "", *lines]
+    heading = "**Tuned rows whose epsilon does not (or may not) cover their selection:**"
+    return ["", heading, "", *lines]
 
 
 def selection_note(selection: Mapping[str, Any] | None) -> str:

@@ -18,9 +18,9 @@
    read private users' data without noise. Now ``compare-tuned`` recomputes, from the tasks of
    the tuning's grid points, whether its selection read private users
    (``TunedCheck.selection``, ``tune_report.selection_users``, the function ``tune`` checks it
-   with), and the notes say "Not every tuned row's epsilon covers its selection: - S
-   (dp-fedavg (tuned)): Selection: NOT covered by epsilon. 91 of the task's 100 evaluation
-   users …" (also "not checked" for a task that does not say).
+   with), and the notes say "Tuned rows whose epsilon does not (or may not) cover their
+   selection: - S (dp-fedavg (tuned)): Selection: NOT covered by epsilon. 91 of the task's 100
+   evaluation users …" (also "not checked" for a task that does not say).
 3. ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 1 --distribution poisson
    --seed 2`` (the Poisson draw K = 0): ``report.md`` said "this tuning drew 0, all run in this
    call" (noticed and left by the thirty-third and thirty-fourth reviews). Now "this tuning drew
@@ -98,7 +98,7 @@ def test_2_compare_tuned_says_the_selection_is_not_covered(overlapping):
     out, report = overlapping
     assert "Selection: NOT covered by epsilon" in (out / "report.md").read_text(encoding="utf-8")
     notes = (report / "report.md").read_text(encoding="utf-8").split("## Notes", 1)[1]
-    assert "Not every tuned row's epsilon covers its selection" in notes, notes
+    assert "Tuned rows whose epsilon does not (or may not) cover their selection" in notes, notes
     assert (
         f"- {out} (dp-fedavg (tuned)): Selection: NOT covered by epsilon. 1 of the task's 4 "
         "evaluation users are in the private population"

@@ -593,8 +593,11 @@ def _not_seeds_alone(strategy: str, sigma: float, group: Sequence[RunData]) -> l
     "mean ± sample std over seeds", the header saying "1 seeds (0)": two configurations' spread
     read as the seeds'. ``compare-tuned --untuned`` refuses such runs
     (:func:`~fedprivopt.simulation.tune_untuned.check_untuned_seeds`); a tuned row's runs differ
-    in their hyperparameters by design (each its tuning's choice) and are not checked.
+    in their hyperparameters by design (each its tuning's choice) and are not checked, nor are
+    the keys of how a run was executed or recorded (``tune_grid.RUN_ONLY_KEYS``: ``tensorboard``,
+    ``eval-every``, ``engine``, …).
     """
+    from fedprivopt.simulation.tune_grid import RUN_ONLY_KEYS
     from fedprivopt.simulation.tune_report import TUNED_SUFFIX
 
     if strategy.endswith(TUNED_SUFFIX) or len(group) < 2:
@@ -612,9 +615,10 @@ def _not_seeds_alone(strategy: str, sigma: float, group: Sequence[RunData]) -> l
     configs = [run.summary.get("config") for run in group]
     if not all(isinstance(c, dict) for c in configs):
         return []
-    first = {k: v for k, v in configs[0].items() if k != "seed"}
+    kept = {"seed", *RUN_ONLY_KEYS}  # how a run was executed or recorded is no configuration
+    first = {k: v for k, v in configs[0].items() if k not in kept}
     for run, config in zip(group[1:], configs[1:], strict=True):
-        other = {k: v for k, v in config.items() if k != "seed"}
+        other = {k: v for k, v in config.items() if k not in kept}
         keys = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
         if keys:
             return [

@@ -369,15 +369,22 @@ def task_param_error(exc: TypeError) -> str | None:
     """The message for a task constructor's unknown or missing keyword argument, else ``None``.
 
     An unknown or nested ``task-params`` key reaches the constructor as a keyword it does not
-    take; any other ``TypeError`` is a bug and gives ``None`` (the caller re-raises it). Raised
+    take; any other ``TypeError``, and any raised outside
+    :func:`~fedprivopt.models.registry.build_task`, is a bug and gives ``None`` (the caller
+    re-raises it). Raised
     while the task is built (:func:`~fedprivopt.models.registry.build_task`), also a key named
     ``self`` (``got multiple values``) or one the task takes only by position, and a parameter
     the task requires that the config does not give (a task by reference's factory
     ``make(foo)``): these ended in a traceback, rc 1 (twenty-eighth review of issue 15).
     """
     text = str(exc)
+    if not _while_building_a_task(exc):
+        # thirty-fifth review of issue 15 (found by the data and lifecycle reviewers): a bug's
+        # "unexpected keyword argument 'frozen'" in building the server algorithm was reported
+        # as "unknown key 'task-params.frozen'", blaming the user's config for the code's bug
+        return None
     match = _UNKNOWN_KWARG.search(text)
-    if match is None and _while_building_a_task(exc):
+    if match is None:
         match = _TWICE_KWARG.search(text) or _POSITIONAL_ONLY.search(text)
         missing = _MISSING_ARGS.search(text)
         if missing is not None:

@@ -30,6 +30,11 @@
    step, its round metric) took their ``P = ε`` in (0.00011 against 0.0195: a step 177 times
    too large, ``eval_loss`` 0.86 to 78.5). The algorithms now pass the model's frozen mask to
    ``optim``: the same tolerance and mean as the model without those entries.
+5. (Found by the data and lifecycle reviewers, while the lead's edit for 4 was half done.) A
+   ``TypeError`` "unexpected keyword argument 'frozen'" raised by the code building the server
+   algorithm (a bug) made ``simulate toy.toml`` say ``config: unknown key 'task-params.frozen':
+   not a parameter of the task``, blaming the user's config. Only an error raised while the task
+   is built is read as a task parameter's now; a bug's stays the bug's (a traceback).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from flwr.app import Context, RecordDict
 from fedprivopt import optim
 from fedprivopt import wire as P
 from fedprivopt.cli import main
+from fedprivopt.cli_args import task_param_error
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import clear_cache, get_task_and_trainer, make_client_app
 from fedprivopt.clients.messages import TASK_ERROR
@@ -260,3 +266,26 @@ def test_4_dp2s_preconditioner_mean_leaves_the_frozen_coordinates_out():
     assert mean == pytest.approx(0.35 + 1e-4, rel=1e-5)  # before: 0.0701 (8 entries at 1e-4)
     step, _ = alg.transform.update(delta, alg.opt_state, noise_variance=0.01)
     assert torch.allclose(step, delta * (alg.config.options.dp2_learning_rate / mean))
+
+
+# -- finding 5: a keyword error of the code is not the task's ---------------------------------
+
+
+def test_5_a_keyword_error_outside_the_task_is_not_blamed_on_the_config(tmp_path, monkeypatch):
+    def momentum_sgd(**kwargs):
+        raise TypeError("momentum_sgd() got an unexpected keyword argument 'frozen'")
+
+    try:
+        momentum_sgd()
+    except TypeError as exc:
+        assert task_param_error(exc) is None  # before: "unknown key 'task-params.frozen': ..."
+    monkeypatch.setattr(optim, "momentum_sgd", momentum_sgd)
+    with pytest.raises(TypeError, match="momentum_sgd"):  # a bug: its traceback, not rc 2
+        main(["simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r"), "--quiet"])
+
+
+def test_5_an_unknown_task_parameter_is_still_named(tmp_path, capsys):
+    code = main(["simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r"), "--quiet",
+                 "--set", "task-params.frozen=1"])  # fmt: skip
+    assert code == 2
+    assert "unknown key 'task-params.frozen': not a parameter" in capsys.readouterr().err

@@ -38,6 +38,7 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 
 __all__ = [
     "PLD_MAX_BYTES",
+    "PLD_MAX_SIGMA",
     "PLDGridTooLargeError",
     "check_pld_ledger",
     "pld_epsilon",
@@ -58,6 +59,8 @@ PLD_MAX_BYTES = 512 * 2**20
 _PLD_BUILD_BYTES = 200  # per point of one distribution while dp-accounting builds it
 _PLD_FFT_BYTES = 128  # per point of the FFT length of a composition
 _PLD_TAIL_MASS = 1e-15  # dp-accounting's default tail_mass_truncation of (self_)compose
+PLD_MAX_SIGMA = 1e150
+"""Largest accountant noise multiplier of a PLD (dp-accounting squares it: overflow ~1.3e154)."""
 
 
 class PLDGridTooLargeError(ValueError):
@@ -123,17 +126,35 @@ def _single_pld(event: SubsampledGaussianEvent, h: float) -> pld_dist.PrivacyLos
     the cost of a PLD query. A cached PLD holds its PMFs as float arrays (8 bytes a point,
     at most ~45 MB each under :data:`PLD_MAX_BYTES`), never the dict used while building.
     """
+    if event.accountant_noise_multiplier > PLD_MAX_SIGMA:
+        # thirty-fifth review of issue 15: from σ ≈ 1.4e154 dp-accounting's σ² overflows, and
+        # the refusal said the grid would hold ~inf points (advising a coarser discretization)
+        raise ValueError(
+            f"accountant 'pld' cannot account noise_multiplier={event.noise_multiplier:g} "
+            f"(sample_rate={event.sample_rate:g}): dp-accounting's PLD takes noise_multiplier "
+            f"<= {PLD_MAX_SIGMA:g} (it squares it); use accountant 'rdp'"
+        )
     points = pld_grid_points(event, h)
     if points * _PLD_BUILD_BYTES > PLD_MAX_BYTES:
         _refuse(
             event, "one round's privacy loss distribution", points, points * _PLD_BUILD_BYTES, h
         )
-    return pld_dist.from_gaussian_mechanism(
-        standard_deviation=event.accountant_noise_multiplier,
-        value_discretization_interval=h,
-        sampling_prob=event.sample_rate,
-        neighboring_relation=event.neighboring_relation,
-    )
+    try:
+        return pld_dist.from_gaussian_mechanism(
+            standard_deviation=event.accountant_noise_multiplier,
+            value_discretization_interval=h,
+            sampling_prob=event.sample_rate,
+            neighboring_relation=event.neighboring_relation,
+        )
+    except (ArithmeticError, ValueError) as exc:
+        # thirty-fifth review of issue 15: a subnormal sample rate (below 2.2e-308; `epsilon
+        # --accountant pld --sample-rate 1e-310`) ended in dp-accounting's "a must be greater
+        # than b. Got a=inf and b=inf.", naming nothing
+        reason = str(exc).strip().rstrip(".") or type(exc).__name__
+        raise ValueError(
+            f"accountant 'pld' cannot account noise_multiplier={event.noise_multiplier:g} with "
+            f"sample_rate={event.sample_rate:g} (dp-accounting: {reason}); use accountant 'rdp'"
+        ) from None
 
 
 def _pmfs(distribution: pld_dist.PrivacyLossDistribution) -> list:

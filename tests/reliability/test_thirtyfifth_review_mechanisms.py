@@ -32,6 +32,15 @@
    with different sums differed by exactly the difference of the sums. Now a round at or before
    the last one released is refused (``ValueError`` naming both); a later period's first round
    and a resumed tree's next round are taken as before.
+5. The ``pld`` accountant's numerical edges named nothing or misled. ``fedprivopt epsilon
+   --accountant pld --noise-multiplier 0.5 --sample-rate 1e-310 --rounds 10 --delta 1e-5`` (any
+   subnormal rate; also ``calibrate``) printed ``error: a must be greater than b. Got a=inf and
+   b=inf.`` (dp-accounting's, rc 2), and ``--noise-multiplier 1e155`` (up to 1.7e308, which the
+   flag takes) ``would hold ~inf grid points … (about inf GiB); use … a coarser
+   pld_discretization``: dp-accounting squares σ, which overflows, while the distribution is one
+   point wide. Now the first names the accountant, σ, the rate and dp-accounting's reason and
+   advises ``rdp``; σ above ``PLD_MAX_SIGMA`` (1e150) is refused as Opacus' PRV above 1e6 is,
+   naming the bound (``pld_guard``).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedprivopt.cli import main
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
@@ -170,3 +180,24 @@ def test_4_later_periods_and_a_resumed_tree_go_on():
     resumed = TreeNoise(std=1.0, restart_rounds=4, rngs=RngFactory(seed=0), dim=3)
     resumed.load_state_dict(tree.state_dict())
     assert resumed.release(10)[1] == 2
+
+
+@pytest.mark.parametrize(
+    ("sigma", "rate", "says"),
+    [
+        ("0.5", "1e-310", "cannot account noise_multiplier=0.5 with sample_rate=1e-310 (dp-acc"),
+        ("1e155", "0.5", "PLD takes noise_multiplier <= 1e+150 (it squares it); use accountant"),
+    ],
+)
+def test_5_pld_at_its_numerical_edges_names_the_values(capsys, sigma, rate, says):
+    argv = ["epsilon", "--accountant", "pld", "--noise-multiplier", sigma, "--sample-rate", rate]
+    assert main([*argv, "--rounds", "10", "--delta", "1e-5"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "'rdp'" in err and err.count("\n") == 1, err
+    assert "inf grid points" not in err and "a must be greater" not in err.split("(")[0]
+
+
+def test_5_pld_up_to_its_bound_is_computed(capsys):
+    argv = ["epsilon", "--accountant", "pld", "--noise-multiplier", "1e150", "--sample-rate"]
+    assert main([*argv, "0.5", "--rounds", "3", "--delta", "1e-5"]) == 0
+    assert capsys.readouterr().out.startswith("epsilon = 0.0000 ")

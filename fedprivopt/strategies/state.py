@@ -41,6 +41,27 @@ class AlgorithmState:
             **({} if self.side_information is None else {"side_information": self._side_digest()}),
         }
 
+    def _check_update_count(self) -> None:
+        """The optimizer state has made one update a released round, as every strategy does.
+
+        Thirty-fifth review of issue 15 (models): a checkpoint's ``AdamState.count`` set to 0 at
+        round 2 (digest recomputed) resumed with rc 0, restarting Adam's bias correction (eval
+        loss 0.904 and 0.839 where the run had 0.936 and 0.878). ``count`` (momentum, Adam,
+        DP-AdamBC, DP2), or ADADP's accepted + rejected rounds, must equal the round.
+        """
+        state = self.opt_state.to_dict()
+        if "count" in state:
+            name, count = "count", state["count"]
+        elif "accepted" in state and "rejected" in state:
+            name, count = "accepted + rejected", state["accepted"] + state["rejected"]
+        else:
+            return
+        if count != self.round_num:
+            raise ValueError(
+                f"checkpoint's optimizer state has {name} = {shown(count)} updates, its model "
+                f"is at round {self.round_num} (one update a released round)"
+            )
+
     def _tree_state(self) -> dict[str, Any]:
         return {"noise": self.tree_noise.state_dict(), "cohorts": self.tree_cohorts.state_dict()}
 
@@ -149,6 +170,14 @@ class AlgorithmState:
                         f"checkpoint's optimizer state {name} has shape {tuple(value.shape)}, the "
                         f"model {tuple(self.params.shape)}"
                     )
+                if isinstance(value, torch.Tensor) and value.dtype != self.params.dtype:
+                    # thirty-fifth review of issue 15 (models): a float64 state beside a float32
+                    # model was refused at the first round, by a line naming neither
+                    raise ValueError(
+                        f"checkpoint's optimizer state {name} has dtype {value.dtype}, the model "
+                        f"{self.params.dtype}"
+                    )
+            self._check_update_count()
         if self.clipping is not None:
             self.clipping.load_state_dict(state.get("clip_states"))
         if self.tree_noise is not None:

@@ -35,6 +35,14 @@
    algorithm (a bug) made ``simulate toy.toml`` say ``config: unknown key 'task-params.frozen':
    not a parameter of the task``, blaming the user's config. Only an error raised while the task
    is built is read as a task parameter's now; a bug's stays the bug's (a traceback).
+6. (The models reviewer's report on ``strategies/state.py``.) A checkpoint (digest recomputed)
+   whose optimizer state is float64 throughout beside a float32 model was refused only at the
+   first round, by ``delta_tilde must have dtype torch.float64 (that of the state), got
+   torch.float32``, naming neither file nor state; one whose ``AdamState.count`` was set to 0
+   at round 2 resumed with rc 0, restarting Adam's bias correction (eval loss 0.904 and 0.839
+   where the run had 0.936 and 0.878). ``load_state_dict`` now refuses both, naming the field:
+   every tensor of the state in the model's dtype, and one update a released round (``count``;
+   ADADP's accepted + rejected).
 """
 
 from __future__ import annotations
@@ -289,3 +297,50 @@ def test_5_an_unknown_task_parameter_is_still_named(tmp_path, capsys):
                  "--set", "task-params.frozen=1"])  # fmt: skip
     assert code == 2
     assert "unknown key 'task-params.frozen': not a parameter" in capsys.readouterr().err
+
+
+# -- finding 6: an optimizer state of another dtype, or of another number of updates ---------
+
+
+@pytest.fixture(scope="module")
+def two_rounds():
+    """``{strategy: (algorithm, its state after two rounds)}`` on the toy task."""
+    out = {}
+    for strategy in ("dp-fedadam", "dp-fedavg-adadp"):
+        overrides = {"num-server-rounds": 2, "strategy": strategy}
+        task, alg = build_run(load_config(TOY, overrides))
+        train = make_cohort_train(task, device="cpu", vectorize=True)
+        for r in (1, 2):
+            drive_round(alg, r, train)
+        out[strategy] = (alg, alg.state_dict())
+    return out
+
+
+def _forged(state, **opt):
+    forged = dict(state)
+    forged["opt_state"] = {**state["opt_state"], **opt}
+    return forged
+
+
+def test_6_an_optimizer_state_of_another_dtype_is_refused_naming_it(two_rounds):
+    alg, state = two_rounds["dp-fedadam"]
+    opt = state["opt_state"]
+    forged = _forged(state, mu=opt["mu"].double(), nu=opt["nu"].double())
+    with pytest.raises(ValueError, match=r"optimizer state mu has dtype torch\.float64, the model "
+                       r"torch\.float32"):  # fmt: skip
+        alg.load_state_dict(forged)  # before: accepted, refused at the next round's update
+    alg.load_state_dict(state)  # the state as saved loads
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_6_an_optimizer_state_of_another_number_of_updates_is_refused(two_rounds, count):
+    alg, state = two_rounds["dp-fedadam"]
+    with pytest.raises(ValueError, match=rf"has count = {count} updates, its model is at round 2"):
+        alg.load_state_dict(_forged(state, count=count))  # before: resumed, bias correction reset
+    adadp, adadp_state = two_rounds["dp-fedavg-adadp"]
+    assert adadp_state["opt_state"]["accepted"] + adadp_state["opt_state"]["rejected"] == 2
+    with pytest.raises(ValueError, match=r"has accepted \+ rejected = \d+ updates"):
+        adadp.load_state_dict(
+            _forged(adadp_state, rejected=adadp_state["opt_state"]["rejected"] + 1)
+        )
+    adadp.load_state_dict(adadp_state)

@@ -26,7 +26,8 @@ factor), which is exactly one Gaussian of multiplier ``(σ_Δ⁻² + (2σ_b)⁻�
 Under tree aggregation (``noise-mechanism = "tree"``, :mod:`fedprivopt.privacy.tree`) nothing is
 sampled: one event, :meth:`SubsampledGaussianEvent.tree` (``sampling = "tree"``), stands for a
 whole restart period of ``T`` rounds in which every user joins at most one round. dp-accounting
-accounts it as ``SingleEpochTreeAggregationDpEvent(σ, T)`` under
+accounts it as ``SingleEpochTreeAggregationDpEvent(σ, T)`` (given ``2**d - 1`` rounds of the same
+depth ``d``, which its float64 ``log2`` computes exactly) under
 ``NeighboringRelation.REPLACE_SPECIAL`` (a user's clipped update replaced by the zero update
 moves every node by at most ``C``, so the multiplier is ``σ``); RDP only.
 
@@ -280,7 +281,9 @@ class SubsampledGaussianEvent:
         With a count: the sampled event's inner mechanism is
         ``ComposedDpEvent([GaussianDpEvent(sum), GaussianDpEvent(count)])``, both multipliers in
         the units of :attr:`neighboring_relation`. A tree event is
-        ``SingleEpochTreeAggregationDpEvent(σ, tree_steps)``.
+        ``SingleEpochTreeAggregationDpEvent(σ, 2**d - 1)`` for a period of depth
+        ``d = tree_depth(tree_steps)``: the same RDP as ``tree_steps`` rounds, with the depth
+        computed exactly.
         """
         if self.sampling == "tree":
             # dp-accounting takes a leaf's depth as math.ceil(math.log2(T + 1)) in float64,

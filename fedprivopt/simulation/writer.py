@@ -143,7 +143,17 @@ class RunWriter:
         model.load_state_dict(unflatten(params.detach().cpu(), self._eval_spec))
         with without_exit(f"{name}.evaluate() must return"):
             metrics = self.task.evaluate(model)
-        return checked_metrics(self.config.task, metrics)
+        metrics = checked_metrics(self.config.task, metrics)
+        if self.metric not in metrics:
+            # thirty-fifth review of issue 15 (outputs, finding 9): a task whose primary_metric
+            # names no metric of its evaluate() ran to rc 0, its last line giving eval_loss and
+            # a compare report eval_accuracy instead, without a word
+            reported = ", ".join(sorted(k.removeprefix("eval_") for k in metrics)) or "none"
+            raise TaskError(
+                f"{name}.primary_metric is {shown(self.metric.removeprefix('eval_'))}, which its "
+                f"evaluate() does not return (it returns {reported}); name one of them"
+            )
+        return metrics
 
     def wants_eval(self, round_num: int) -> bool:
         """Whether ``round_num`` is evaluated (every ``eval-every`` rounds and the last).

@@ -47,6 +47,13 @@
    read as the seeds' (``compare-tuned --untuned`` refuses such runs). Now a warning, on stderr
    and in the report: ``dp-fedavg, σ=0.5: 2 of its runs have seed 0 (…): runs of one seed are
    not seeds, …`` or ``… differs from … beyond the seed (local-learning-rate 0.5, not 0.1) …``.
+9. ``simulate toy.toml --set task="m:NoF1"``, a task by reference whose ``primary_metric`` is
+   ``"f1"`` while its ``evaluate()`` returns ``accuracy`` and ``loss`` (also ``--engine
+   flower``): rc 0, its last line ``eval_loss = 0.9698`` and a ``compare`` report of
+   ``eval_accuracy`` instead of the metric the task leads with, without a word. Now refused at
+   its first evaluation, rc 2, one line: ``NoF1.primary_metric is 'f1', which its evaluate()
+   does not return (it returns accuracy, loss); name one of them`` (the directory removed, as
+   for the other faults of ``evaluate()``).
 """
 
 from __future__ import annotations
@@ -81,6 +88,10 @@ class _Named(ToyClassificationTask):
     def evaluate(self, model):
         metrics = super().evaluate(model)
         return {"loss": metrics["loss"], self.METRIC: metrics["accuracy"]}
+
+
+class _NoF1(ToyClassificationTask):
+    primary_metric = "f1"
 
 
 class _Dollar(_Named):
@@ -205,3 +216,16 @@ def test_8_runs_of_one_row_that_are_not_seeds_are_named(tmp_path, capsys, seed, 
     with pytest.warns(UserWarning, match=re.escape(said)):
         report = write_report(tmp_path / "report", load_runs(root), title="t")
     assert said in report.read_text(encoding="utf-8")
+
+
+def test_9_a_primary_metric_evaluate_does_not_return_is_one_line(tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(out),
+            "--set", f'task="{__name__}:_NoF1"']  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "fedprivopt simulate: error: _NoF1.primary_metric is 'f1', which its evaluate() does not "
+        "return (it returns accuracy, loss); name one of them"
+    ]
+    assert not out.exists()

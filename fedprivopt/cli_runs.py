@@ -155,10 +155,13 @@ def set_overrides(args: argparse.Namespace) -> dict:
         if sets_nothing(value):  # silently dropped (nineteenth review of issue 15, finding 1)
             raise UsageError(empty_table_error("--set", key, value))
         if key in out and out[key] != value:  # the last would silently win
-            raise UsageError(
-                f"argument --set: {key}={value!r} contradicts an earlier --set {key}="
-                f"{out[key]!r}; give one of them"
-            )
+            merged = _merged_tables(out[key], value)
+            if merged is None:
+                raise UsageError(
+                    f"argument --set: {key}={value!r} contradicts an earlier --set {key}="
+                    f"{out[key]!r}; give one of them"
+                )
+            value = merged
         out[key] = value
     for flag, key in _FLAG_KEYS:
         value = getattr(args, flag, None)
@@ -169,6 +172,26 @@ def set_overrides(args: argparse.Namespace) -> dict:
                 f"argument --{flag}: {value!r} contradicts --set {key}={out[key]!r}; "
                 "give one of them"
             )
+        out[key] = value
+    return out
+
+
+def _merged_tables(old: object, new: object) -> dict | None:
+    """Two ``--set`` tables of one key as one, else ``None`` where a key of both differs.
+
+    Thirty-fifth review of issue 15 (found by the lifecycle reviewer): ``--set
+    'task-params={seed=1}' --set 'task-params={num-users=40}'`` was refused as contradicting,
+    though the two set different keys (as ``--set task-params.seed=1 --set
+    task-params.num-users=40`` do).
+    """
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return None
+    out = dict(old)
+    for key, value in new.items():
+        if key in out and out[key] != value:
+            value = _merged_tables(out[key], value)
+            if value is None:
+                return None
         out[key] = value
     return out
 

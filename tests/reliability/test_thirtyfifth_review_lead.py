@@ -43,6 +43,10 @@
    where the run had 0.936 and 0.878). ``load_state_dict`` now refuses both, naming the field:
    every tensor of the state in the model's dtype, and one update a released round (``count``;
    ADADP's accepted + rejected).
+7. (Found by the lifecycle reviewer.) ``--set 'task-params={seed=1}' --set
+   'task-params={num-users=40}'`` was refused as contradicting (rc 2), though the two tables set
+   different keys, as ``--set task-params.seed=1 --set task-params.num-users=40`` do. Tables of
+   one key are merged now; a key both set differently is still refused.
 """
 
 from __future__ import annotations
@@ -344,3 +348,17 @@ def test_6_an_optimizer_state_of_another_number_of_updates_is_refused(two_rounds
             _forged(adadp_state, rejected=adadp_state["opt_state"]["rejected"] + 1)
         )
     adadp.load_state_dict(adadp_state)
+
+
+# -- finding 7: two --set tables of one key -----------------------------------------------------
+
+
+def test_7_two_set_tables_of_one_key_are_merged(tmp_path, capsys):
+    out = tmp_path / "r"
+    tables = ["--set", "task-params={seed=1}", "--set", "task-params={num-users=40}"]
+    code = main(["simulate", str(TOY), "--rounds", "1", "--out", str(out), "--quiet", *tables])
+    assert code == 0, capsys.readouterr().err  # before: rc 2, "contradicts an earlier --set"
+    assert load_config(out / "config.toml").task_params == {"num_users": 40, "seed": 1}
+    code = main(["simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "s"), "--quiet",
+                 "--set", "task-params={seed=1}", "--set", "task-params={seed=2}"])  # fmt: skip
+    assert code == 2 and "contradicts an earlier --set" in capsys.readouterr().err

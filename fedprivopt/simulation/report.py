@@ -355,7 +355,8 @@ def _one_line(text: str) -> str:
 
     Thirty-fifth review of issue 15 (outputs, finding 7): ``compare $'my\n## Notes.toml' …``
     (a preset whose file name holds a newline) wrote the title ``# fedprivopt compare: my``
-    and then a heading ``## Notes.toml`` of its own in ``report.md``.
+    and then a heading ``## Notes.toml`` of its own in ``report.md``; a task's
+    ``initialization`` text alike (its "Initial model:" line).
     """
     return "".join(
         c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
@@ -409,7 +410,7 @@ def _markdown(
     for key, what in (("evaluated_model", "Evaluated"), ("initial_model", "Initial model")):
         found = sorted({str(r.summary[key]) for r in sel.runs if r.summary.get(key)})
         if found:
-            lines.append(f"{what}: {'; '.join(found)}.")
+            lines.append(_one_line(f"{what}: {'; '.join(found)}."))  # a task's own text
     if origins:
         earlier = sum(origins.get(r.path.name, "").startswith(_EARLIER) for r in sel.runs)
         lines.append(

@@ -38,8 +38,9 @@
    (matplotlib's integer locator wants two ticks, else gives fractions). Now ``1``.
 7. ``compare $'my\n## Notes.toml' --strategies fedavg --rounds 1`` (a preset whose file name
    holds a newline): ``report.md`` began ``# fedprivopt compare: my`` and then a heading
-   ``## Notes.toml`` of its own. Now the title is one line, its control characters escaped
-   (``# fedprivopt compare: my\n## Notes.toml``).
+   ``## Notes.toml`` of its own (a task whose ``initialization`` text holds a newline alike,
+   in the "Initial model:" line). Now the title is one line, its control characters escaped
+   (``# fedprivopt compare: my\n## Notes.toml``), and the task's text too.
 8. ``write_report(out, load_runs(F))`` (the documented API) of a folder holding two
    ``simulate`` runs of dp-fedavg, seed 0, at ``local-learning-rate`` 0.1 and 0.5 (or seeds 0
    and 1 at the two rates): one row "seeds 2, accuracy 0.543 ± 0.099" under "mean ± sample std
@@ -92,6 +93,10 @@ class _Named(ToyClassificationTask):
 
 class _NoF1(ToyClassificationTask):
     primary_metric = "f1"
+
+
+class _Initialized(ToyClassificationTask):
+    initialization = "zero weights\n## Notes"
 
 
 class _Dollar(_Named):
@@ -229,3 +234,10 @@ def test_9_a_primary_metric_evaluate_does_not_return_is_one_line(tmp_path, capsy
         "return (it returns accuracy, loss); name one of them"
     ]
     assert not out.exists()
+
+
+def test_7_a_task_s_initialization_text_is_one_line(tmp_path, capsys):
+    run = _run(tmp_path, "_Initialized", capsys)
+    lines = write_report(tmp_path / "report", load_runs(run), title="t").read_text().splitlines()
+    assert "Initial model: zero weights\\n## Notes." in lines
+    assert not any(line.startswith("## Notes") for line in lines)

@@ -343,9 +343,11 @@ class RunLedger(LedgerChecks):
             self.replay = []
             later = [e for e in rest if e.round > round_num]  # not a rebuilt ledger's carried
             if later:
+                # thirty-fifth review of issue 15 (the lifecycle reviewer): said on every
+                # resume of a run whose budget ends at its checkpoint, where no round is redone
                 _log.warning(
-                    "%d privacy events of rounds released after round %d stay accounted; the "
-                    "rounds redone from round %d on are new releases",
+                    "%d privacy events of rounds released after round %d stay accounted (epsilon "
+                    "includes them); a round redone from round %d on is a new release",
                     sum(count_events(e.released) for e in later),
                     round_num,
                     round_num + 1,

@@ -254,6 +254,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if stored.is_file():  # unreadable or nested too deeply
             stored_config = load_preset(stored, where="argument --resume")
             params, task = stored_config.task_params, stored_config.task
+            from fedprivopt.simulation.engines import check_flower_resources
+
+            try:  # this machine's devices and CPUs: the line names the file that asks for them
+                check_flower_resources(stored_config)
+            except ValueError as exc:  # (thirty-fifth review of issue 15, the lifecycle reviewer)
+                raise UsageError(f"{stored}: {exc}") from None
         outcome = _resume_checked(resume, run_dir, stored, params, task, progress=not args.quiet)
     else:
         if args.config is None:

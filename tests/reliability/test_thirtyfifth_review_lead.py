@@ -47,6 +47,9 @@
    'task-params={num-users=40}'`` was refused as contradicting (rc 2), though the two tables set
    different keys, as ``--set task-params.seed=1 --set task-params.num-users=40`` do. Tables of
    one key are merged now; a key both set differently is still refused.
+8. (Found by the lifecycle reviewer.) ``device = "cuda"`` written into a run's ``config.toml``
+   on a machine without CUDA, then ``--resume``: one line, ``device must be auto or cpu on this
+   machine ...``, naming neither the file nor ``--resume``. It now leads with the file.
 """
 
 from __future__ import annotations
@@ -362,3 +365,20 @@ def test_7_two_set_tables_of_one_key_are_merged(tmp_path, capsys):
     code = main(["simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "s"), "--quiet",
                  "--set", "task-params={seed=1}", "--set", "task-params={seed=2}"])  # fmt: skip
     assert code == 2 and "contradicts an earlier --set" in capsys.readouterr().err
+
+
+# -- finding 8: a resumed config.toml asking for a device this machine lacks ------------------
+
+
+def test_8_a_resumed_config_asking_for_a_missing_device_is_named(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "r"
+    assert main(["simulate", str(TOY), "--rounds", "1", "--out", str(out), "--quiet"]) == 0
+    stored = out / "config.toml"
+    text = stored.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2")
+    stored.write_text(text.replace('device = "auto"', 'device = "cuda"'))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    capsys.readouterr()
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"fedprivopt simulate: error: {stored}: device must be auto or cpu on this machine"
+    )

@@ -272,7 +272,14 @@ class TagTaskData(StackOverflowFiles):
             return self._store
 
     def _store_key(self) -> dict:
-        """What the token store depends on: the file's identity and the encoding."""
+        """What the token store depends on: the file's identity and the encoding.
+
+        The file must still be the one the task read (thirty-fifth review of issue 15, the data
+        reviewer's report: a dataset replaced between building the task and the store's first
+        use had the split opened before stored under the new file's key, for later runs on the
+        new file to reuse).
+        """
+        self._check_same_dataset()
 
         def digest(items: Sequence[str]) -> str:
             return hashlib.sha256("\n".join(items).encode("utf-8", "surrogatepass")).hexdigest()

@@ -50,6 +50,12 @@
 8. (Found by the lifecycle reviewer.) ``device = "cuda"`` written into a run's ``config.toml``
    on a machine without CUDA, then ``--resume``: one line, ``device must be auto or cpu on this
    machine ...``, naming neither the file nor ``--resume``. It now leads with the file.
+9. (The data reviewer's report on ``models/tag_prediction_data.py``.) A tag task with
+   ``token-cache = true`` whose dataset was replaced (``data synth --overwrite``) after the task
+   was built and before its token store was first used built the store from the split opened
+   before, under the new file's key, for later runs on the new file to reuse. The store's key
+   now refuses a file other than the one the task read, as the data reviewer's finding 4 does
+   where the file is reopened.
 """
 
 from __future__ import annotations
@@ -382,3 +388,23 @@ def test_8_a_resumed_config_asking_for_a_missing_device_is_named(tmp_path, capsy
     assert capsys.readouterr().err.startswith(
         f"fedprivopt simulate: error: {stored}: device must be auto or cpu on this machine"
     )
+
+
+# -- finding 9: the token store of a replaced dataset -----------------------------------------
+
+
+def test_9_the_token_store_of_a_replaced_dataset_is_refused(tmp_path, capsys):
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    d = tmp_path / "d"
+    synth = ["data", "synth", "--out", str(d), "--clients", "30", "--vocab", "200", "--tags", "10"]
+    assert main([*synth, "--workers", "1"]) == 0
+    task = StackOverflowTagTask(
+        data_dir=d, synthetic=False, vocab_size=50, num_tags=5, num_users=10, eval_users=5,
+        token_cache=True, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert main([*synth, "--workers", "1", "--seed", "7", "--overwrite"]) == 0
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"stackoverflow\.sqlite: the dataset changed while "):
+        task.encoded_users()  # before: built from the old split, under the new file's key
+    assert not any((tmp_path / "cache").glob("**/*.npy"))

@@ -20,7 +20,9 @@ event file: one line, rc 2, the ledger, rows and last checkpoint kept for ``--re
 
 A resumed run starts a new event file whose first event purges the steps from its first round
 on (TensorBoard's ``purge_step``), so rounds that were redone after a kill are shown once; a
-run started again from round 0 (no checkpoint to continue from) purges every earlier event.
+run started again from round 0 (no checkpoint to continue from) purges every earlier event. A
+resumed run whose directory holds no event file yet (``tensorboard = true`` set in its
+``config.toml`` before ``--resume``) writes its earlier rows first (:func:`has_events`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 from fedprivopt.core.files import naming
 
-__all__ = ["TensorBoardLog", "event_file_suffix", "scalars"]
+__all__ = ["TensorBoardLog", "event_file_suffix", "has_events", "scalars"]
 
 NAME_MAX = 255
 """Bytes in one path component (Linux, macOS and Windows file systems)."""
@@ -68,6 +70,13 @@ def event_file_suffix(out: Path) -> str:
     while cut and len(os.fsencode(cut)) > room:
         cut = cut[:-1]
     return f".{cut}" if cut else ""
+
+
+def has_events(out: Path) -> bool:
+    """Whether the run directory ``out`` holds a TensorBoard event file."""
+    from fedprivopt.simulation.rundir import EVENTS_PREFIX
+
+    return any(p.name.startswith(EVENTS_PREFIX) for p in Path(out).iterdir())
 
 
 def scalars(row: Mapping[str, Any]) -> dict[str, float]:

@@ -49,7 +49,7 @@ from fedprivopt.simulation.files import (
 from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.ledger_lines import tree_participants
 from fedprivopt.simulation.rundir import check_held
-from fedprivopt.simulation.tensorboard import TensorBoardLog
+from fedprivopt.simulation.tensorboard import TensorBoardLog, has_events
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm
 
 __all__ = ["RunWriter", "checked_metrics", "start_run_files"]
@@ -119,11 +119,24 @@ class RunWriter:
         self.progress: Callable[[dict[str, Any]], None] | None = None
         self._eval_model: torch.nn.Module | None = None
         self._eval_spec = None
-        self.tensorboard = (
-            TensorBoardLog(out, first_round=algorithm.round_num + 1) if config.tensorboard else None
-        )
+        self.tensorboard = self._tensorboard() if config.tensorboard else None
         if ledger is not None:
             algorithm.on_partial_release = self.on_partial_release
+
+    def _tensorboard(self) -> TensorBoardLog:
+        """The run's TensorBoard log, holding its earlier rows when no event file does.
+
+        Thirty-fifth review of issue 15 (outputs, finding 10): a run made without TensorBoard
+        whose ``config.toml`` was then given ``tensorboard = true`` (and more rounds) before
+        ``--resume`` showed only the rounds after the resume (steps 3 of 1-3): the new event
+        file purged from its first round, and nothing held the rows before it.
+        """
+        if self.algorithm.round_num == 0 or has_events(self.out):
+            return TensorBoardLog(self.out, first_round=self.algorithm.round_num + 1)
+        log = TensorBoardLog(self.out)  # purges nothing: there is nothing
+        for row in self.rows:  # the kept rows: up to the checkpoint's round
+            log.add_row(row)
+        return log
 
     def save_checkpoint(self) -> None:
         """Checkpoint the algorithm (:func:`~fedprivopt.simulation.checkpoint.save_checkpoint`).

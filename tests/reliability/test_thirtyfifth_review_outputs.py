@@ -55,6 +55,11 @@
    its first evaluation, rc 2, one line: ``NoF1.primary_metric is 'f1', which its evaluate()
    does not return (it returns accuracy, loss); name one of them`` (the directory removed, as
    for the other faults of ``evaluate()``).
+10. ``simulate toy.toml --rounds 2 --out R`` (no TensorBoard), then ``tensorboard = true`` and
+    ``num-server-rounds = 4`` in ``R/config.toml`` and ``simulate --resume R``: TensorBoard
+    showed rounds 3 and 4 only (the new event file purged from its first round, and nothing
+    held the rows before it). Now a resumed run whose directory holds no event file writes its
+    earlier rows first: steps 1-4, each once, with the rows' values.
 """
 
 from __future__ import annotations
@@ -65,10 +70,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedprivopt.cli import main
 from fedprivopt.models.toy import ToyClassificationTask
-from fedprivopt.simulation.files import SUMMARY_FILE
+from fedprivopt.simulation.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_rows
 from fedprivopt.simulation.report import write_report
 from fedprivopt.simulation.report_plots import _diverged_text, _strategy_colors, _styles
 from fedprivopt.simulation.rundata import aggregate_runs, load_runs
@@ -241,3 +247,19 @@ def test_7_a_task_s_initialization_text_is_one_line(tmp_path, capsys):
     lines = write_report(tmp_path / "report", load_runs(run), title="t").read_text().splitlines()
     assert "Initial model: zero weights\\n## Notes." in lines
     assert not any(line.startswith("## Notes") for line in lines)
+
+
+def test_10_tensorboard_turned_on_for_a_resume_shows_every_round(tmp_path, capsys):
+    run = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "2", "--quiet", "--out", str(run)]
+    assert main(argv) == 0, capsys.readouterr().err
+    config = (run / CONFIG_FILE).read_text(encoding="utf-8")
+    config = config.replace("tensorboard = false", "tensorboard = true")
+    (run / CONFIG_FILE).write_text(config.replace("num-server-rounds = 2", "num-server-rounds = 4"))
+    assert main(["simulate", "--resume", str(run), "--quiet"]) == 0, capsys.readouterr().err
+    events = EventAccumulator(str(run))
+    events.Reload()
+    shown = events.Scalars("eval_accuracy")
+    rows = read_rows(run / METRICS_FILE)
+    assert [e.step for e in shown] == [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert [e.value for e in shown] == pytest.approx([r["eval_accuracy"] for r in rows])

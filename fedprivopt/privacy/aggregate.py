@@ -286,9 +286,22 @@ class NoisyMeanAggregator:
             return math.inf
         return self.clip_norm + self.share_std() * (math.sqrt(dim) + 10.0)
 
+    def _sparse_share(self) -> str | None:
+        """Why a row-sparse update cannot be a share here (``None`` where it can be an update).
+
+        Thirty-fifth review of issue 15: in distributed-noise mode a ``RowSparse`` update (or a
+        ``RowSparseBatch`` user, e.g. from a task's own cohort trainer that says it adds noise
+        shares) was counted as a share of variance ``σ²C²/m_min`` on every coordinate while it
+        carries nothing outside its rows: with ``min_shares = 1`` a noiseless sum was released
+        and reported with noise std ``σC/m̄``.
+        """
+        if self.noise_mode == "distributed" and self.private:
+            return "row-sparse update in distributed-noise mode (a noise share is dense)"
+        return None
+
     def _check(self, update: object, dim: int, dtype: torch.dtype) -> str | None:
         if isinstance(update, RowSparse):
-            return update.problem(dim, dtype)
+            return self._sparse_share() or update.problem(dim, dtype)
         if not isinstance(update, torch.Tensor):
             return f"not a tensor ({type(update).__name__})"
         if update.dim() != 1 or update.numel() != dim:
@@ -339,7 +352,7 @@ class NoisyMeanAggregator:
         """
         users = [int(u) for u in batch.users]
         tally.arrive(users)
-        reason = batch.problem(dim, dtype)
+        reason = self._sparse_share() or batch.problem(dim, dtype)
         if reason is not None:
             for user in users:
                 tally.rejected[user] = reason

@@ -41,6 +41,15 @@
    point wide. Now the first names the accountant, σ, the rate and dp-accounting's reason and
    advises ``rdp``; σ above ``PLD_MAX_SIGMA`` (1e150) is refused as Opacus' PRV above 1e6 is,
    naming the bound (``pld_guard``).
+6. In distributed-noise mode the aggregator counted a row-sparse update as a noise share:
+   ``NoisyMeanAggregator(clip_norm=1, noise_multiplier=1, expected_cohort_size=1,
+   noise_mode="distributed", min_shares=1).aggregate([(0, RowSparse(rows=[0], values=[[0.6,
+   0.8]], length=8))], dim=8)`` released ``[0.6, 0.8, 0, …]`` exactly, no top-up, with
+   ``noise_std`` 1.0 (a ``RowSparseBatch`` alike): a share's noise ``N(0, σ²C²/m_min)`` must be on
+   every coordinate, and a row-sparse update carries nothing outside its rows. The fast engine
+   takes such batches from a task's own cohort trainer that declares ``noise_shares``. Now a
+   row-sparse update (or batch user) is rejected in that mode ("a noise share is dense"), and the
+   server tops up for it as for any missing share; server mode takes them as before.
 """
 
 from __future__ import annotations
@@ -201,3 +210,36 @@ def test_5_pld_up_to_its_bound_is_computed(capsys):
     argv = ["epsilon", "--accountant", "pld", "--noise-multiplier", "1e150", "--sample-rate"]
     assert main([*argv, "0.5", "--rounds", "3", "--delta", "1e-5"]) == 0
     assert capsys.readouterr().out.startswith("epsilon = 0.0000 ")
+
+
+def _distributed(min_shares: int) -> NoisyMeanAggregator:
+    return NoisyMeanAggregator(
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+        expected_cohort_size=1,
+        noise_mode="distributed",
+        min_shares=min_shares,
+    )
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        (0, RowSparse(torch.tensor([0]), torch.tensor([[0.6, 0.8]]), 8)),
+        RowSparseBatch((0,), torch.tensor([0]), torch.tensor([[0.6, 0.8]]), torch.arange(2), 8),
+    ],
+)
+def test_6_a_row_sparse_update_is_no_distributed_noise_share(entry):
+    result = _distributed(1).aggregate([entry], dim=8, generator=torch.Generator().manual_seed(0))
+    assert result.rejected == {0: "row-sparse update in distributed-noise mode (a noise share is "
+                                  "dense)"}  # fmt: skip
+    assert result.metrics["accepted"] == 0.0
+    assert result.metrics["topup_std"] == 1.0  # before: 0.0, the sum [0.6, 0.8, 0, ...] exactly
+    assert bool((result.delta_tilde[2:] != 0).all())
+
+
+def test_6_server_mode_takes_row_sparse_updates_as_before():
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=1e-300, expected_cohort_size=1)
+    update = RowSparse(torch.tensor([0]), torch.tensor([[0.6, 0.8]]), 8)
+    result = agg.aggregate([(0, update)], dim=8, generator=torch.Generator())
+    assert result.metrics["accepted"] == 1.0 and not result.rejected

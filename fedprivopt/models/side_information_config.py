@@ -247,8 +247,9 @@ class ResolvedSideInformation:
         if not self.public_users:
             return ""
         k = len(self.public_users)
+        who = "user 0" if k == 1 else f"users 0..{k - 1}"  # not "users 0..0" (the models reviewer)
         return (
-            f"users 0..{k - 1} ({k} of {self.population}) opted out of privacy: their "
+            f"{who} ({k} of {self.population}) opted out of privacy: their "
             "gradients at the initial model are the side information, they are excluded from "
             f"the sampled and accounted population ({self.private_population} private users) "
             "and never trained on privately"

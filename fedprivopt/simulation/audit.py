@@ -393,9 +393,15 @@ def _check_rows_kept(
             f"from an earlier round); restore {METRICS_FILE} or start a new run in another "
             "directory"
         )
-    if saved and not any(r.get("round") == round_num for r in rows):
+    before = {
+        r["round"] for r in rows if isinstance(r.get("round"), int) and r["round"] < round_num
+    }
+    if saved > len(before) and not any(r.get("round") == round_num for r in rows):
         # twenty-seventh review: the last round's row deleted and an earlier one duplicated in
-        # its place kept the count, and round 2's metrics were reported as the final ones
+        # its place kept the count, and round 2's metrics were reported as the final ones.
+        # Only a checkpoint written after a row of its round had one (thirty-fifth review, the
+        # lifecycle reviewer: with eval-every 3, a run killed at round 5's checkpoint and cut
+        # to 5 rounds was refused as if round 5's row, never written, had been removed)
         raise ValueError(
             f"{out / METRICS_FILE} holds no row of round {round_num}, the last round {name} "
             f"was written after: it was removed (the run's results would be reported from an "

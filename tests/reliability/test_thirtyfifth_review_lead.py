@@ -56,11 +56,19 @@
    before, under the new file's key, for later runs on the new file to reuse. The store's key
    now refuses a file other than the one the task read, as the data reviewer's finding 4 does
    where the file is reopened.
+10. (The lifecycle reviewer's report on ``simulation/audit.py``.) ``simulate toy.toml --rounds
+    10 --set eval-every=3`` stopped after round 5's checkpoint (only round 3 has a row), its
+    ``num-server-rounds`` set to 5, then ``--resume``: rc 2, ``metrics.jsonl holds no row of
+    round 5 ...: it was removed``; nothing was removed (round 5 was never evaluated) and the run
+    could not be finished. A row of the checkpoint's round is demanded now only where the
+    checkpoint was written after one (its row count above the distinct rounds before it); the
+    resume evaluates round 5 and ends rc 0.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -408,3 +416,25 @@ def test_9_the_token_store_of_a_replaced_dataset_is_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"stackoverflow\.sqlite: the dataset changed while "):
         task.encoded_users()  # before: built from the old split, under the new file's key
     assert not any((tmp_path / "cache").glob("**/*.npy"))
+
+
+# -- finding 10: a checkpoint of a round that was not evaluated --------------------------------
+
+
+def test_10_a_checkpoint_of_an_unevaluated_last_round_resumes(tmp_path, capsys):
+    out = tmp_path / "r"
+    sets = ["--set", "eval-every=3", "--set", "checkpoint-every=5"]
+    assert main(["simulate", str(TOY), "--rounds", "10", "--out", str(out), "--quiet", *sets]) == 0
+    # as if killed after round 5: its checkpoint, its ledger lines and rows
+    os.replace(out / "checkpoint.prev.pt", out / "checkpoint.pt")
+    for name, keep in (("privacy_ledger.jsonl", 6), ("metrics.jsonl", 1)):
+        lines = (out / name).read_text().splitlines(keepends=True)
+        (out / name).write_text("".join(lines[:keep]))
+    (out / "summary.json").unlink()
+    stored = out / "config.toml"
+    stored.write_text(stored.read_text().replace("num-server-rounds = 10", "num-server-rounds = 5"))
+    capsys.readouterr()
+    code = main(["simulate", "--resume", str(out), "--quiet"])
+    assert code == 0, capsys.readouterr().err  # before: rc 2, "holds no row of round 5"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [3, 5]

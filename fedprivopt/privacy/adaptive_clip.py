@@ -46,6 +46,7 @@ from fedprivopt.core.checks import as_float, check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting_state import MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
+from fedprivopt.privacy.noise import gaussian_noise
 
 __all__ = [
     "MAX_CLIP_NORM",
@@ -204,9 +205,18 @@ def count_share(bit: float, std: float, generator: torch.Generator) -> float:
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     value = float(bit) - 0.5
     if std > 0:
-        draw = torch.randn((), generator=generator, dtype=torch.float64)
-        value += float(std) * float(draw)
+        value += _gaussian(std, generator)
     return value
+
+
+def _gaussian(std: float, generator: torch.Generator) -> float:
+    """One ``N(0, std²)`` float64 draw by :func:`~fedprivopt.privacy.noise.gaussian_noise`.
+
+    So a secure-mode generator gets the hardened sampler, as the sum's noise does (thirty-fifth
+    review of issue 15: the count's noise, on the server and in the clients' shares, was one
+    ``torch.randn`` draw in secure mode too); a seeded draw is the same number as before.
+    """
+    return float(gaussian_noise(1, std, generator=generator, dtype=torch.float64)[0])
 
 
 # -- what the server releases ---------------------------------------------------------------
@@ -304,7 +314,8 @@ class NoisyCountAggregator:
     ) -> CountResult:
         """Release ``b̄`` from ``(user, report)`` pairs (see the class docstring).
 
-        The noise is one float64 draw from ``generator`` (required).
+        The noise is one float64 draw from ``generator`` (required; the hardened sampler of
+        :mod:`~fedprivopt.privacy.noise` in secure mode).
         """
         total, counted, rejected, seen = 0.0, 0, {}, set()
         for user, report in reports:
@@ -329,8 +340,7 @@ class NoisyCountAggregator:
         if topup > 0:
             if generator is None:
                 raise ValueError("generator is required for the noised count")
-            draw = torch.randn((), generator=generator, dtype=torch.float64)
-            total += math.sqrt(topup) * float(draw)
+            total += _gaussian(math.sqrt(topup), generator)
         m = self.expected_cohort_size
         return CountResult(total / m + 0.5, math.sqrt(sum_var) / m, counted, rejected)
 

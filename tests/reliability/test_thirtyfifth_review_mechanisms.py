@@ -50,6 +50,14 @@
    takes such batches from a task's own cohort trainer that declares ``noise_shares``. Now a
    row-sparse update (or batch user) is rejected in that mode ("a noise share is dense"), and the
    server tops up for it as for any missing share; server mode takes them as before.
+7. Secure mode drew adaptive clipping's count noise with one ``torch.randn`` draw: the server's
+   ``N(0, σ_b²)`` in ``NoisyCountAggregator.aggregate`` and the clients' shares in
+   ``count_share``, while every other Gaussian on the privacy path takes the hardened sampler
+   (Opacus' secure mode: one draw discarded, four summed and halved; RELIABILITY §6), so a
+   ``simulate --set secure=true --set adaptive-clipping=true`` run released its noised counts
+   from single floating-point draws, the case Holohan & Braghin attack. Now both draw through
+   ``noise.gaussian_noise``, which takes the hardened sampler for a secure generator; a seeded
+   draw is the same number as before (checked over 1,000 seeds and stds).
 """
 
 from __future__ import annotations
@@ -59,10 +67,11 @@ import torch
 
 from fedprivopt.cli import main
 from fedprivopt.privacy.accounting import compose_epsilon
-from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
+from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator, count_share
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.events import SubsampledGaussianEvent
-from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.noise import secure_gaussian_noise
+from fedprivopt.privacy.rng import RngFactory, SecureGenerator
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.privacy.tree import TreeNoise, calibrate_tree
 
@@ -243,3 +252,34 @@ def test_6_server_mode_takes_row_sparse_updates_as_before():
     update = RowSparse(torch.tensor([0]), torch.tensor([[0.6, 0.8]]), 8)
     result = agg.aggregate([(0, update)], dim=8, generator=torch.Generator())
     assert result.metrics["accepted"] == 1.0 and not result.rejected
+
+
+def _secure(seed: int) -> SecureGenerator:
+    generator = SecureGenerator()
+    generator.manual_seed(seed)
+    return generator
+
+
+def _hardened(std: float, seed: int) -> float:
+    return float(secure_gaussian_noise(1, std, generator=_secure(seed), dtype=torch.float64)[0])
+
+
+def test_7_secure_count_noise_takes_the_hardened_sampler():
+    counter = NoisyCountAggregator(count_stddev=2.0, expected_cohort_size=4)
+    result = counter.aggregate([(0, 1.0), (1, 0.0), (2, 1.0)], generator=_secure(11))
+    assert result.fraction == pytest.approx((0.5 + _hardened(2.0, 11)) / 4 + 0.5, abs=1e-15)
+    assert count_share(1.0, 0.3, _secure(12)) == 0.5 + _hardened(0.3, 12)  # before: one draw
+
+
+def test_7_seeded_count_noise_is_the_same_number_as_before():
+    def one_draw(std: float, seed: int) -> float:
+        z = torch.randn((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return std * float(z)
+
+    for seed in range(20):
+        assert count_share(0.0, 0.7, torch.Generator().manual_seed(seed)) == -0.5 + one_draw(
+            0.7, seed
+        )
+        counter = NoisyCountAggregator(count_stddev=1.5, expected_cohort_size=2)
+        fraction = counter.aggregate([(0, 1.0)], generator=torch.Generator().manual_seed(seed))
+        assert fraction.fraction == (0.5 + one_draw(1.5, seed)) / 2 + 0.5

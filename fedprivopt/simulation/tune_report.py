@@ -265,7 +265,7 @@ def _write_csv(path: Path, summary: dict[str, Any]) -> None:
 
 
 def _plot(path: Path, summary: dict[str, Any]) -> None:
-    from fedprivopt.simulation.report_plots import import_matplotlib
+    from fedprivopt.simulation.report_plots import import_matplotlib, plot_text
 
     import_matplotlib()  # an MPLBACKEND naming no backend (these plots use none) is ignored
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -287,7 +287,7 @@ def _plot(path: Path, summary: dict[str, Any]) -> None:
         i = next(i for i, r in enumerate(rows) if r["trial"] == best["trial"])
         ax.plot([i + 1], [best[metric]], "*", ms=16, color="tab:orange", label="released (best)")
     ax.set_xlabel("trial")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(plot_text(metric))  # a task's metric named cost_$_per_$_user: not TeX
     ax.set_title(
         f"{summary['strategy']}: {len(rows)} trials; epsilon {_fmt(summary['epsilon'])} "
         f"(one run {_fmt(summary['epsilon_single_run'])})"
@@ -356,6 +356,8 @@ def trial_count_text(tc: Mapping[str, Any]) -> str:
 
 
 def _markdown(summary: dict[str, Any]) -> str:
+    from fedprivopt.simulation.report import table_cell
+
     metric, best, single = summary["metric"], summary["best"], summary["single_run"]
     keys = list(summary["grid"])
     dist = trial_count_text(summary["trial_count"])
@@ -390,10 +392,10 @@ def _markdown(summary: dict[str, Any]) -> str:
             f"[{best['run_dir']}]({best['run_dir']})."
         )
     lines += ["", "## Trials", "", "![trials](trials.png)", "",
-              f"| trial | {' | '.join(keys)} | status | {metric} | epsilon (run) |",
+              f"| trial | {' | '.join(keys)} | status | {table_cell(metric)} | epsilon (run) |",
               "|---|" + "---|" * len(keys) + "---|---:|---:|"]  # fmt: skip
     for row in summary["trials"]:
-        hp = [repr(row["hyperparameters"][k]) for k in keys]
+        hp = [table_cell(repr(row["hyperparameters"][k])) for k in keys]
         lines.append(
             f"| {row['trial']} | {' | '.join(hp)} | {row['status']} | {_fmt(row[metric])} | "
             f"{_fmt(row.get('epsilon', math.nan))} |"

@@ -63,6 +63,11 @@
     could not be finished. A row of the checkpoint's round is demanded now only where the
     checkpoint was written after one (its row count above the distinct rounds before it); the
     resume evaluates round 5 and ends rc 0.
+11. (The outputs reviewer's report on ``simulation/tune_report.py``.) ``tune toy.toml --grid
+    server-learning-rate=0.5,1 --mean-trials 1 --rounds 1`` of a task whose metric is named
+    ``cost_$_per_$_user``: the trials ran, then rc 2 with matplotlib's mathtext parse error and
+    no ``report.md`` (``trials.png``'s axis label); one named ``p(y|x)`` broke the trials table
+    (an extra cell). Both are written as the comparison's plots and tables write them now.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ from fedprivopt.clients.client_app import clear_cache, get_task_and_trainer, mak
 from fedprivopt.clients.messages import TASK_ERROR
 from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.fast import make_cohort_train
@@ -438,3 +444,29 @@ def test_10_a_checkpoint_of_an_unevaluated_last_round_resumes(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err  # before: rc 2, "holds no row of round 5"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [3, 5]
+
+
+# -- finding 11: a tuning's report of a metric named with $ and | -------------------------------
+
+
+class DollarPipe(ToyClassificationTask):
+    """The toy task, its accuracy reported as ``cost_$_per_$_user|p``."""
+
+    METRIC = "cost_$_per_$_user|p"
+    primary_metric = METRIC
+
+    def evaluate(self, model):
+        metrics = super().evaluate(model)
+        return {"loss": metrics["loss"], self.METRIC: metrics["accuracy"]}
+
+
+def test_11_a_tunings_report_of_a_metric_named_with_dollars_and_a_bar(tmp_path, capsys):
+    out = tmp_path / "t"
+    code = main(["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+                 "--rounds", "1", "--seed", "1", "--quiet", "--out", str(out),
+                 "--set", f'task="{__name__}:DollarPipe"'])  # fmt: skip
+    assert code == 0, capsys.readouterr().err  # before: rc 2, mathtext's ParseSyntaxException
+    assert (out / "trials.png").is_file()
+    header = next(line for line in (out / "report.md").read_text().splitlines()
+                  if line.startswith("| trial |"))  # fmt: skip
+    assert "eval_cost_$_per_$_user\\|p" in header and header.count(" | ") == 4, header

@@ -352,7 +352,7 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     """``compare``'s report over the released trials, at the ε that includes their tuning."""
     from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
-    from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned
+    from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned, selection_lines
     from fedprivopt.strategies.config import NON_PRIVATE
 
     groups: dict[tuple, list] = {}  # the seeds of one strategy and sigma: tunings of one base
@@ -388,6 +388,10 @@ def _report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     # (thirty-first review of issue 15, compare finding 3)
     rows = {key: (len(ran[key]), composed_epsilon(checks[key], len(ran[key]))) for key in groups}
     notes = _notes(summaries, empty, rows)
+    # thirty-fifth review of issue 15 (lead 12; the tuning reviewer's report): a grid run with
+    # --selection-on-private-users said nothing of the selection ε does not cover, where
+    # compare-tuned names each such tuning
+    notes += "\n".join(["", *selection_lines([c for group in checks.values() for c in group])])
     report = write_report(out, runs, title=f"fedprivopt compare: {args.config} (tuned)",
                           metric=args.metric, notes=notes,
                           epsilon_text=_TUNED_EPSILON)  # fmt: skip

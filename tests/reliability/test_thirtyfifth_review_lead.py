@@ -68,6 +68,12 @@
     ``cost_$_per_$_user``: the trials ran, then rc 2 with matplotlib's mathtext parse error and
     no ``report.md`` (``trials.png``'s axis label); one named ``p(y|x)`` broke the trials table
     (an extra cell). Both are written as the comparison's plots and tables write them now.
+12. (The tuning reviewer's report on ``cli_compare_tune.py``.) ``compare toy.toml --strategies
+    dp-fedavg --tune-grid server-learning-rate=0.5,1 --selection-on-private-users`` of a task
+    whose evaluation users include private ones: rc 0, and ``report.md`` never said that the
+    selection, which read those users' data without noise, is not covered by ε (``tune``'s and
+    ``compare-tuned``'s reports say it). Its notes now list each such tuning, as
+    ``compare-tuned``'s do.
 """
 
 from __future__ import annotations
@@ -470,3 +476,19 @@ def test_11_a_tunings_report_of_a_metric_named_with_dollars_and_a_bar(tmp_path, 
     header = next(line for line in (out / "report.md").read_text().splitlines()
                   if line.startswith("| trial |"))  # fmt: skip
     assert "eval_cost_$_per_$_user\\|p" in header and header.count(" | ") == 4, header
+
+
+# -- finding 12: a tuned grid's selection on private users ---------------------------------------
+
+
+def test_12_a_tuned_grid_says_its_selection_is_not_covered(tmp_path, capsys):
+    out = tmp_path / "c"
+    task = "tests.reliability.test_thirtyfifth_review_tuning:OverlappingToy"
+    grid = ["--tune-grid", "server-learning-rate=0.5,1", "--mean-trials", "1"]
+    code = main(["compare", str(TOY), "--strategies", "dp-fedavg", *grid, "--rounds", "1",
+                 "--quiet", "--set", f'task="{task}"', "--selection-on-private-users",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    report = (out / "report.md").read_text()
+    assert "**Tuned rows whose epsilon does not (or may not) cover their selection:**" in report
+    assert "(dp-fedavg (tuned)): Selection: NOT covered by epsilon. 1 of the task's 4" in report

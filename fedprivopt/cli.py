@@ -36,6 +36,7 @@ from fedprivopt.cli_args import (
     int_at_least,
     is_file_error,
     one_line,
+    shown_path,
 )
 from fedprivopt.cli_compare_tune import add_compare_tune
 from fedprivopt.cli_data import add_data
@@ -493,7 +494,7 @@ def _main(argv: Sequence[str] | None) -> int:
             # a data directory's missing file was blamed on --out)
             for flag in ("out", "resume"):
                 if getattr(args, flag, None):
-                    message = f"argument --{flag}: {getattr(args, flag)}: {message}"
+                    message = f"argument --{flag}: {shown_path(getattr(args, flag))}: {message}"
                     break
         elif isinstance(exc, OSError) and exc.filename is not None:
             # a path in --out that cannot be made (`--out /proc/t`: "/proc/t: No such file or

@@ -39,6 +39,7 @@ __all__ = [
     "one_line",
     "preset_path",
     "shown",
+    "shown_path",
     "task_param_error",
 ]
 
@@ -251,7 +252,9 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
                 ) from None
             probe = probe.parent  # "/" always exists: the loop ends
         except OSError as exc:
-            raise UsageError(f"argument {flag}: cannot use {probe}: {exc.strerror}") from None
+            raise UsageError(
+                f"argument {flag}: cannot use {shown_path(probe)}: {exc.strerror}"
+            ) from None
     if not stat.S_ISDIR(mode):
         if probe == path.absolute():
             raise UsageError(f"argument {flag}: {shown(text)} exists and is not a directory")
@@ -263,7 +266,7 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
         # sixteenth review of issue 15: a read-only file system was reported as "permission
         # denied" (access() fails with EROFS, for root too)
         why = "read-only file system" if on_read_only_fs(probe) else "permission denied"
-        raise UsageError(f"argument {flag}: cannot write in {probe} ({why})")
+        raise UsageError(f"argument {flag}: cannot write in {shown_path(probe)} ({why})")
     return path
 
 
@@ -291,11 +294,26 @@ def _refuse_inside_a_run(path: Path, flag: str) -> None:
             )
 
 
+def shown_path(path: object) -> str:
+    """``path`` for a message: as it is, or quoted with its middle cut when it is long.
+
+    Thirty-sixth review of issue 15 (cli, finding 1): ``simulate toy.toml --out P``, P a path
+    of about 5,000 characters that cannot be created, echoed ~1,900 characters of it (paths in
+    file-system errors are not quoted, so :func:`one_line` did not cut them).
+    """
+    text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    if len(text) < _QUOTED:
+        return text
+    return f"'{cut_middle(text)}' ({len(text):,} characters)"
+
+
 def describe_os_error(exc: OSError) -> str:
-    """One line for a file-system error: the path(s) and the system's reason."""
+    """One line for a file-system error: the path(s) (:func:`shown_path`) and the reason."""
     if exc.filename is None:
         return str(exc)  # raised with a message of ours, e.g. a task's missing data files
-    names = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
+    names = shown_path(exc.filename) + (
+        f" -> {shown_path(exc.filename2)}" if exc.filename2 is not None else ""
+    )
     if isinstance(exc, FileExistsError) and not os.path.isdir(exc.filename):
         return f"{names}: exists and is not a directory"  # mkdir(exist_ok=True) on a file
     return f"{names}: {exc.strerror or exc}"

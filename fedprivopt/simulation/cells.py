@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.text import cut_middle
 from fedprivopt.core.text import shown as _short
 from fedprivopt.data.locks import LockHeldError
 from fedprivopt.simulation.config import RunConfig, load_config
-from fedprivopt.simulation.files import CONFIG_FILE, check_appended_not_linked
+from fedprivopt.simulation.files import CONFIG_FILE, check_appended_not_linked, toml_value
 from fedprivopt.simulation.rundir import lock_directory, lock_run_dir
 
 __all__ = [
@@ -220,6 +221,18 @@ def _same(a: Any, b: Any) -> bool:
 _MISSING = "(not set)"
 
 
+def _as_toml(value: Any) -> str:
+    """A configuration value for a message, written as the preset's TOML writes it.
+
+    Thirty-sixth review of issue 15 (cli, finding 2): the refusal of a reused cell wrote Python's
+    ``repr`` (``tensorboard = False, this call asks for True``; strings in single quotes), not
+    the ``false``/``true`` a user types in a preset or ``--set``. Long values keep both ends.
+    """
+    if value is _MISSING:
+        return _MISSING
+    return cut_middle(toml_value(value))
+
+
 def first_difference(stored: RunConfig, wanted: RunConfig) -> tuple[str, Any, Any] | None:
     """The first key (in preset order) whose value differs, with both values; ``None`` if equal.
 
@@ -386,10 +399,10 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
         key, old, new = diff
         if not overwrite:
             raise StaleCellError(
-                f"cell {cell.label}: {run_dir} holds a run made with {key} = {_short(old)}, "
-                f"this call asks for {_short(new)} (the first differing key); {hint}"
+                f"cell {cell.label}: {run_dir} holds a run made with {key} = {_as_toml(old)}, "
+                f"this call asks for {_as_toml(new)} (the first differing key); {hint}"
             )
-        plans.append(CellPlan(cell, run_dir, RERUN, f"the earlier run had {key} = {_short(old)}"))
+        plans.append(CellPlan(cell, run_dir, RERUN, f"the earlier run had {key} = {_as_toml(old)}"))
     for plan in plans:
         if plan.action != REUSE and plan.run_dir.is_symlink():
             # sixth review of issue 15: --overwrite replaced a run the link pointed at, outside

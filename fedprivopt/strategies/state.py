@@ -152,6 +152,11 @@ class AlgorithmState:
         self.round_num = rounds
         self.params = params.detach().clone()
         averaged = state.get("averaged")
+        # thirty-sixth review of issue 15 (strategies, finding 1): a state without an average
+        # (round 0, or ema-decay 0) left the algorithm's own in place: a refused load rolled back
+        # to round 0 kept the refused state's average as the model to evaluate and report, and a
+        # round-0 state loaded into a used algorithm kept that algorithm's average
+        self.averaged = None
         if self.config.ema_decay > 0 and self.round_num > 0:
             if (
                 not isinstance(averaged, torch.Tensor)

@@ -28,8 +28,10 @@ have the flat dtype (the widest dtype of the state dict). Buffers (e.g. batch-no
 and frozen parameters, of any dtype, are loaded from the global vector but never trained: their
 entries of ``Δ`` are zero (and the server drops its noise there,
 :func:`~fedprivopt.models.task.frozen_mask`), so models whose buffers should be learned are not
-supported. Buffers outside the state dict (``persistent=False``) are set back to their initial
-values before every user, so that nothing of one user's data reaches the next one's update.
+supported. Everything else of the model (buffers outside the state dict, ``persistent=False``,
+and what its forward sets on its modules) is set back to its value of ``build_model()`` before
+every user (:class:`_ModelAtBuild`), so that nothing of one user's data reaches the next one's
+update.
 
 References
 ----------
@@ -136,6 +138,79 @@ class _Entry(NamedTuple):
     trainable: bool
 
 
+_CONTAINERS = (list, dict, set)
+"""Attribute values whose contents are set back in place (``Module._parameters``, hook tables)."""
+
+
+class _ModelAtBuild:
+    """A model's own state as :meth:`Task.build_model` returned it, set back before every user.
+
+    The state dict is loaded from the global model (:meth:`LocalTrainer._load`); the rest of a
+    module is what its forward may keep between calls: buffers outside the state dict
+    (``persistent=False``), and the attributes of every module (a buffer, parameter or
+    submodule registered by the forward, a plain tensor attribute such as a running mean, a
+    list it appends to, a counter). :meth:`restore` gives every module its attributes of the
+    build back (the same objects; a list, dict or set with its contents of then; a tensor that
+    is no parameter with its values of then), and removes what the forward added.
+
+    Thirty-sixth review of issue 15 (tasks, finding 1): a forward that registered a buffer of
+    its first minibatch's mean (``register_buffer`` in ``forward``, persistent or not), kept one
+    in a plain attribute, registered a ``Parameter`` lazily or appended to a list carried user
+    0's data into every later user's update on the same trainer: user 3's update after users
+    0-2 differed from user 3's alone by 0.025 in an entry (the sum's sensitivity to one user
+    above ``C``); only buffers registered in ``build_model()`` with ``persistent=False`` were
+    reset (thirty-fourth review, finding 6).
+    """
+
+    def __init__(self, model: torch.nn.Module, *, saved: set[str]) -> None:
+        self._modules: list[tuple[torch.nn.Module, dict, dict]] = []
+        # (table, key, initial values, version counter when they were last set)
+        self._tensors: list[list] = []
+        names = {id(m): name for name, m in model.named_modules()}
+        for module in model.modules():
+            attrs = dict(vars(module))
+            contents = {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS}
+            self._modules.append((module, attrs, contents))
+            prefix = names[id(module)] + "." if names[id(module)] else ""
+            for key, value in module._buffers.items():
+                if value is not None and prefix + key not in saved:  # persistent=False
+                    self._tensors.append([module._buffers, key, value.detach().clone(), -1])
+            for key, value in attrs.items():
+                if isinstance(value, torch.Tensor) and not value.requires_grad:
+                    self._tensors.append([vars(module), key, value.detach().clone(), -1])
+
+    def restore(self) -> None:
+        """Set every module's attributes, and their tensors' values, back to the build's."""
+        for module, attrs, contents in self._modules:
+            table = vars(module)
+            for key in [k for k in table if k not in attrs]:
+                del table[key]
+            table.update(attrs)
+            for key, saved in contents.items():
+                value = attrs[key]
+                if isinstance(value, list):
+                    value[:] = saved
+                else:
+                    value.clear()
+                    value.update(saved)
+        for entry in self._tensors:
+            table, key, initial, version = entry
+            current = table[key]
+            if current._version == version:
+                continue  # not written since it was set back (a constant table: no copy)
+            same = current.dtype == initial.dtype and current.shape == initial.shape
+            if same and current.device == initial.device and current.layout == torch.strided:
+                with torch.no_grad():
+                    current.copy_(initial)  # in place: no allocation for a large cache
+            else:  # resized or re-laid-out in place by the forward
+                current = table[key] = initial.clone()
+            entry[3] = current._version
+
+
+def _contents(value: list | dict | set) -> list | dict | set:
+    return list(value) if isinstance(value, list) else value.copy()
+
+
 class LocalTrainer:
     """Train one user at a time and return its clipped (and optionally noised) update.
 
@@ -169,12 +244,8 @@ class LocalTrainer:
         self.spec: FlatSpec = flatten({k: v.detach() for k, v in state.items()})[1]
         self._entries = self._layout(state)
         self._trainable = [e for e in self._entries if e.trainable]
-        # buffers outside the state dict (persistent=False): reset to these on every load
-        self._unsaved = {
-            name: buffer.detach().clone()
-            for name, buffer in self.model.named_buffers()
-            if name not in state
-        }
+        # the model as build_model() left it: set back before every user (_load)
+        self._at_build = _ModelAtBuild(self.model, saved=set(state))
 
     # ---------------------------------------------------------------------------- layout
     def _layout(self, state: dict[str, torch.Tensor]) -> list[_Entry]:
@@ -236,22 +307,13 @@ class LocalTrainer:
     def _load(self, flat: torch.Tensor) -> None:
         """Make trainable parameters views of ``flat``; copy frozen ones and buffers from it.
 
-        Buffers outside the state dict (``persistent=False``) are set back to their values of
-        :meth:`Task.build_model`: thirty-fourth review of issue 15 (tasks, finding 6), a model
-        whose forward kept a running mean of its inputs in such a buffer carried it from one
-        user's training to the next, so a user's update depended on the data of the users
-        trained before it on the same trainer (its sum's sensitivity to one user above ``C``).
+        Everything else of the model is first set back to what :meth:`Task.build_model` returned
+        (:class:`_ModelAtBuild`): buffers outside the state dict (``persistent=False``,
+        thirty-fourth review of issue 15, tasks, finding 6), and what the model's forward set on
+        itself (thirty-sixth review, tasks, finding 1), so that no user's update depends on the
+        data of the users trained before it on the same trainer.
         """
-        for name, initial in self._unsaved.items():
-            module, _, leaf = name.rpartition(".")
-            owner = self.model.get_submodule(module)
-            current = getattr(owner, leaf, None)
-            same = isinstance(current, torch.Tensor) and current.dtype == initial.dtype
-            if same and current.shape == initial.shape and current.device == initial.device:
-                with torch.no_grad():
-                    current.copy_(initial)  # in place: no allocation for a large cache
-            else:  # replaced, or removed, by the forward
-                setattr(owner, leaf, initial.clone())
+        self._at_build.restore()
         for e in self._entries:
             chunk = flat[e.start : e.stop].view(e.shape)
             if e.trainable:

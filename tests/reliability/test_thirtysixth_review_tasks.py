@@ -1,0 +1,101 @@
+"""Issue 15, thirty-sixth hostile review (users' own tasks and the client-side trainer).
+
+A task of one's own (``task = "module:Name"``, ``docs/TASKS.md``), trained by the per-user
+:class:`~fedprivopt.clients.LocalTrainer` (the fast engine without a cohort trainer, and every
+ClientApp):
+
+1. A model whose forward keeps state of its own outside the buffers ``build_model()`` registered
+   with ``persistent=False`` (the thirty-fourth review's finding 6 reset only those): a buffer
+   registered in ``forward`` from its first minibatch (``register_buffer("mu", x.mean(0))``,
+   persistent or not: a data-dependent initialization), the same kept in a plain attribute, a
+   plain tensor attribute of the build updated as a running mean (``register_buffer``
+   forgotten), a ``Parameter`` registered lazily, or a list the forward appends to. One trainer
+   trains many users, so user 0's data reached every later user's update: user 3's update after
+   users 0-2 differed from user 3's alone by 0.025 in an entry (0.0027 for the running mean),
+   the sum's sensitivity to one user above ``C`` and an update depending on which users a shard
+   trained before it. Now every module of the model is set back to its attributes of
+   ``build_model()`` before every user (what the forward added removed, containers' contents and
+   tensors' values restored): the two updates are equal, for every variant.
+
+What held is listed in the report (RELIABILITY §7's rows of this review).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedprivopt.clients import LocalConfig, LocalTrainer
+from fedprivopt.privacy.rng import RngFactory
+from tests.models.minimal_task import MinimalTask
+
+
+class _Remembers(torch.nn.Module):
+    """A linear model whose forward keeps its inputs' mean in one way of ``how``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+        self.how = how
+        if how == "attribute of the build":
+            self.mean = torch.zeros(4)
+        if how == "list":
+            self.seen = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(0).detach()
+        how = self.how
+        if how.startswith("buffer") and not hasattr(self, "mean"):
+            self.register_buffer("mean", mean, persistent=how == "buffer")
+        elif how == "attribute" and not hasattr(self, "mean"):
+            self.mean = mean
+        elif how == "attribute of the build":
+            self.mean = 0.9 * self.mean + 0.1 * mean
+        elif how == "parameter" and not hasattr(self, "mean"):
+            self.mean = torch.nn.Parameter(mean)
+        elif how == "list":
+            self.seen.append(mean)
+            self.mean = torch.stack(self.seen).mean(0)
+        return self.lin(x - self.mean)
+
+
+class _RemembersTask(MinimalTask):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def build_model(self) -> torch.nn.Module:
+        model = _Remembers(self.how)
+        model.lin.load_state_dict(super().build_model().state_dict())
+        return model
+
+    def loss(self, model, x, y):
+        return F.cross_entropy(model(x), y)
+
+
+KEEPS = ["buffer", "buffer, not persistent", "attribute", "attribute of the build", "parameter"]
+
+
+@pytest.mark.parametrize("how", [*KEEPS, "list"])
+def test_1_what_the_forward_keeps_does_not_reach_the_next_user(how):
+    task = _RemembersTask(how)
+    config = LocalConfig(learning_rate=0.5, batch_size=4, clip_norm=10.0)
+    rngs = RngFactory(0)
+    trainer = LocalTrainer(task, device="cpu")
+    w = torch.zeros(trainer.spec.numel)
+    alone = LocalTrainer(task, device="cpu").train(
+        w, user_id=3, round_num=1, config=config, rngs=rngs
+    )
+    for user in (0, 1, 2):
+        trainer.train(w, user_id=user, round_num=1, config=config, rngs=rngs)
+    after = trainer.train(w, user_id=3, round_num=1, config=config, rngs=rngs)
+    assert after.norm > 0 and torch.equal(after.delta, alone.delta)
+    # the model is the build's again at the next load: nothing of user 3 left on it
+    trainer.load_global(w)
+    model = trainer.model
+    if how == "attribute of the build":
+        assert torch.equal(model.mean, torch.zeros(4))
+    else:
+        assert not hasattr(model, "mean")
+    assert getattr(model, "seen", []) == []

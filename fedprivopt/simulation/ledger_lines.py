@@ -332,6 +332,14 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
         digest = row.get("params_sha256")
         if digest is not None and not isinstance(digest, str):
             raise bad(i, "params_sha256 must be a string")
+        if digest is None and kind != "carried" and not any(e.kind == "carried" for e in entries):
+            # thirty-sixth review of issue 15 (ledger): every version-2 writer records the
+            # released model's digest on a round's lines; only a ledger rebuilt from a
+            # checkpoint (RunLedger.convert: its rounds after a carried line) holds none. The
+            # digests nulled with sed turned off the check of an edited checkpoint's model
+            # (check_model) and the seeded replay's, so a tree round was redone from another
+            # model with its first release's noise and participants, charged nothing
+            raise bad(i, f"a {kind} line without params_sha256 (the released model's digest)")
         users = row.get("participants_sha256")
         if users is not None and not isinstance(users, str):
             raise bad(i, "participants_sha256 must be a string")

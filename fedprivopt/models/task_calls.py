@@ -116,7 +116,12 @@ def without_exit(rule: str) -> Iterator[None]:
 def _described(value: object) -> str:
     """What ``value`` is, for a message: a tensor's dtype and shape, else its type."""
     if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {shown(tuple(value.shape))}"
+        if value.is_nested:
+            return f"a nested {value.dtype} tensor"
+        what = f"a {value.dtype} tensor of shape {shown(tuple(value.shape))}"
+        if value.layout != torch.strided:
+            what += f" of layout {value.layout}"
+        return what + (f" on device {value.device}" if value.device.type == "meta" else "")
     if isinstance(value, (tuple, list)):
         items = ", ".join(_described(v) for v in value[:3])
         more = ", ..." if len(value) > 3 else ""
@@ -130,20 +135,33 @@ def user_examples(task: object, user_id: int) -> tuple[torch.Tensor, torch.Tenso
     Raises
     ------
     TaskError
-        When the result is not a pair of tensors of at least one dimension whose first
-        dimensions (the user's examples) agree.
+        When the result is not a pair of dense tensors (strided, not on the ``meta`` device) of
+        at least one dimension whose first dimensions (the user's examples) agree.
     """
     call = f"{type(task).__name__}.user_data({user_id})"
     with _task_call(call, f"{call} must return (x, y)"):
         value = task.user_data(user_id)  # type: ignore[attr-defined]
     ok = isinstance(value, (tuple, list)) and len(value) == 2
-    ok = ok and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in value)
+    ok = ok and all(isinstance(v, torch.Tensor) and _dense(v) and v.dim() >= 1 for v in value)
     if not ok or value[0].shape[0] != value[1].shape[0]:
         raise TaskError(
             f"{type(task).__name__}.user_data({user_id}) must return (x, y): two tensors with "
-            f"one row per example, as many in y as in x; got {_described(value)}"
+            "one row per example, as many in y as in x (dense: not sparse, nested or on the "
+            f"meta device); got {_described(value)}"
         )
     return value[0], value[1]
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds its values as a trainer indexes them: strided, with data.
+
+    Thirty-sixth review of issue 15 (tasks, finding 2): a sparse ``x`` (a bag-of-words as
+    ``to_sparse()``), a nested one or one on the ``meta`` device passed the check of
+    :func:`user_examples` and ended in a 50-140-line traceback from the trainer's indexing
+    (``Could not run 'aten::index.Tensor' with arguments from the 'SparseCPU' backend``,
+    ``Cannot copy out of meta tensor``, ``NestedTensorImpl doesn't support sizes``), rc 1.
+    """
+    return not tensor.is_nested and tensor.layout == torch.strided and tensor.device.type != "meta"
 
 
 def minibatch_loss(

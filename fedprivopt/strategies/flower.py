@@ -62,7 +62,13 @@ from fedprivopt.strategies.config import MAX_ROUNDS
 from fedprivopt.strategies.core import ReportedUpdates, RoundResult, ServerAlgorithm, TrainRequest
 from fedprivopt.strategies.discovery import UserDiscovery, task_failure
 
-__all__ = ["LOSS_METRICS", "DPStrategy", "arrays_to_flat", "flat_to_arrays"]
+__all__ = [
+    "LOSS_METRICS",
+    "DPStrategy",
+    "arrays_to_flat",
+    "check_initial_arrays",
+    "flat_to_arrays",
+]
 
 LOSS_METRICS = ("failed", "timed_out", "unavailable", "dropped", "unhosted")
 """Round metrics counting sampled users whose update did not arrive, by cause."""
@@ -85,6 +91,67 @@ def flat_to_arrays(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
 def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
     """Flat tensor (and spec) of an ArrayRecord holding a model state."""
     return flatten(record.to_torch_state_dict())
+
+
+def check_initial_arrays(
+    arrays: ArrayRecord, spec: FlatSpec, algorithm: ServerAlgorithm
+) -> torch.Tensor:
+    """The flat model of ``arrays``, which :meth:`DPStrategy.start` begins from.
+
+    Thirty-sixth review of issue 15 (strategies, finding 2): only the flat length was compared,
+    so a record of the model's tensors in another order (``{"b": ..., "a": ...}``), under other
+    names or in float64 was taken, its values put into the model's tensors in the record's order
+    (``a`` got ``b``'s first entries); and an algorithm restored from a checkpoint at round ``k``
+    went on from whatever model was given (a Flower program's ``ArrayRecord(model.state_dict())``
+    of its freshly built model), beside the checkpoint's optimizer state, average and ε.
+
+    Raises
+    ------
+    ValueError
+        For a record whose layout is not ``spec``'s, or, for an algorithm past round 0, whose
+        values are not its parameters (NaN where its parameters hold NaN).
+    """
+    if not isinstance(arrays, ArrayRecord):
+        raise ValueError(f"initial_arrays must be an ArrayRecord, got {shown(arrays)}")
+    try:
+        flat, given = arrays_to_flat(arrays)
+    except ValueError as exc:
+        raise ValueError(f"initial_arrays: {exc}") from None
+    if given != spec:
+        raise ValueError(
+            "initial_arrays must hold the model's tensors as spec lists them (names, shapes and "
+            f"dtypes in its order): {_first_difference(given, spec)}"
+        )
+    flat = flat.to(device=algorithm.params.device, dtype=algorithm.params.dtype)
+    if flat.shape != algorithm.params.shape:
+        raise ValueError("initial_arrays do not match the algorithm's model")
+    if algorithm.round_num > 0:  # compared as the engines pass them: through an ArrayRecord
+        ours = arrays_to_flat(flat_to_arrays(algorithm.params, spec))[0].to(flat)
+        same = (flat == ours) | (flat.isnan() & ours.isnan())
+        if not bool(same.all()):
+            raise ValueError(
+                f"initial_arrays must be the parameters of the algorithm, which is at round "
+                f"{algorithm.round_num} (restored from a checkpoint): give "
+                "flat_to_arrays(algorithm.params, spec), not another model "
+                f"({int((~same).sum())} of {ours.numel()} entries differ)"
+            )
+    return flat
+
+
+def _first_difference(given: FlatSpec, spec: FlatSpec) -> str:
+    """Where the layout ``given`` first differs from ``spec`` (both differ somewhere)."""
+    ours = list(zip(spec.names, spec.shapes, spec.dtypes, strict=True))
+    theirs = list(zip(given.names, given.shapes, given.dtypes, strict=True))
+    i = next((i for i, pair in enumerate(zip(theirs, ours, strict=False)) if len(set(pair)) > 1),
+             min(len(ours), len(theirs)))  # fmt: skip
+
+    def entry(items: list[tuple[str, tuple[int, ...], torch.dtype]]) -> str:
+        if i >= len(items):
+            return "nothing"
+        name, shape, dtype = items[i]
+        return f"{shown(name)} of shape {tuple(shape)} and {dtype}"
+
+    return f"its tensor {i + 1} is {entry(theirs)}, the model's {entry(ours)}"
 
 
 class DPStrategy(UserDiscovery, Strategy):
@@ -410,7 +477,10 @@ class DPStrategy(UserDiscovery, Strategy):
     ) -> Result:
         """Run ``num_rounds`` rounds (fewer if the privacy budget stops the run).
 
-        ``initial_arrays`` must match the algorithm's parameters (they are used as given).
+        ``initial_arrays`` must have the layout of ``spec`` (its names, shapes and dtypes, in its
+        order); before the first round they are the model the run starts from (used as given),
+        and for an algorithm restored at a later round they must be its parameters
+        (``flat_to_arrays(algorithm.params, spec)``): :func:`check_initial_arrays`.
         ``num_rounds`` is an integer in ``[1, MAX_ROUNDS]`` and ``timeout`` a finite number of
         seconds ``> 0`` (twenty-fifth review of issue 15: -1 rounds ran none and said the rounds
         were done; a timeout of NaN, 0 or -1 was taken, and Flower's grid then waits for no
@@ -424,10 +494,7 @@ class DPStrategy(UserDiscovery, Strategy):
         self._timeout = timeout
         self._grid = grid
         alg = self.algorithm
-        flat, _ = arrays_to_flat(initial_arrays)
-        if flat.shape != alg.params.shape:
-            raise ValueError("initial_arrays do not match the algorithm's model")
-        alg.params = flat.to(alg.params.dtype)
+        alg.params = check_initial_arrays(initial_arrays, self.spec, alg)
         self.summary()
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:

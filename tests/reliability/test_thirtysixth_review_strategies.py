@@ -7,6 +7,15 @@
    0.2710]`` where the initial model is zeros), and the next round folded it into its average.
    A round-0 state loaded into an algorithm that had run rounds likewise kept that algorithm's
    average. A state without an average now clears it: the contract "all of it or nothing".
+2. ``DPStrategy.start(grid, initial_arrays, ...)`` (the Flower strategy, Python API) compared
+   only the flat length of ``initial_arrays`` with the model's. A record of the model's tensors
+   in another order (``{"b": arange(4), "a": [10, 11]}`` for a model ``a`` (2), ``b`` (4))
+   trained and released a model whose ``a`` began ``[0, 1]`` and whose ``b`` held ``a``'s
+   values; other names or float64 tensors were taken as well. And an algorithm restored from
+   a checkpoint at round 2, started with the record of the freshly built model (as a Flower
+   program passes ``ArrayRecord(model.state_dict())``), went on from the initial model beside
+   the checkpoint's optimizer state and ε. Now ``check_initial_arrays`` refuses both, naming
+   the first differing tensor, or the round and ``flat_to_arrays(algorithm.params, spec)``.
 """
 
 from __future__ import annotations
@@ -15,9 +24,13 @@ import copy
 
 import pytest
 import torch
+from flwr.app import ArrayRecord
 
+from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
+from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from tests.strategies.test_flower_faults import ScriptedGrid
 
 
 def _train(request):
@@ -64,3 +77,46 @@ def test_1_a_round_0_state_clears_the_average_of_an_algorithm_that_ran(ema_state
     used.load_state_dict(build_algorithm(used.config, torch.zeros(4)).state_dict())
     assert used.round_num == 0 and used.averaged is None  # before: the round-2 average kept
     assert torch.equal(used.output_params(), torch.zeros(4))
+
+
+# -- finding 2: DPStrategy.start's initial arrays must be the model's, in its layout ----------
+
+
+def _strategy(config: StrategyConfig) -> tuple[DPStrategy, torch.Tensor]:
+    """A Flower strategy of a model ``a`` (2 entries), ``b`` (4), whose users are on 6 nodes."""
+    flat, spec = flatten({"a": torch.zeros(2), "b": torch.zeros(4)})
+    return DPStrategy(build_algorithm(config, flat), spec, node_wait=0.3), flat
+
+
+def test_2_initial_arrays_of_another_layout_are_refused(server_side):
+    config = _config(population=12, **{"clients-per-round": 12, "num-server-rounds": 1})
+    others = {
+        "order": ({"b": torch.arange(4.0), "a": torch.tensor([10.0, 11.0])}, "'b' of shape"),
+        "names": ({"x": torch.zeros(2), "y": torch.zeros(4)}, "'x' of shape"),
+        "dtype": ({"a": torch.zeros(2).double(), "b": torch.zeros(4).double()}, "float64"),
+    }
+    for record, named in others.values():
+        strategy, _ = _strategy(config)
+        with pytest.raises(
+            ValueError, match=f"initial_arrays must hold the model's tensors .*{named}"
+        ):
+            strategy.start(ScriptedGrid({}), ArrayRecord(record), 1, timeout=1.0)  # before: ran
+        assert strategy.algorithm.round_num == 0  # nothing was sent
+    strategy, flat = _strategy(config)
+    strategy.start(ScriptedGrid({}), flat_to_arrays(flat, strategy.spec), 1, timeout=1.0)
+    assert strategy.algorithm.round_num == 1
+
+
+def test_2_a_restored_algorithm_starts_from_its_own_parameters(server_side):
+    config = _config(population=12, **{"clients-per-round": 12, "num-server-rounds": 3})
+    strategy, flat = _strategy(config)
+    strategy.start(ScriptedGrid({}), flat_to_arrays(flat, strategy.spec), 2, timeout=1.0)
+    restored, _ = _strategy(config)
+    restored.algorithm.load_state_dict(strategy.algorithm.state_dict())
+    with pytest.raises(ValueError, match="must be the parameters of the algorithm, which is at "
+                       r"round 2 .*flat_to_arrays\(algorithm.params, spec\)"):  # fmt: skip
+        restored.start(ScriptedGrid({}), flat_to_arrays(flat, restored.spec), 3, timeout=1.0)
+    assert restored.algorithm.round_num == 2
+    params = restored.algorithm.params
+    restored.start(ScriptedGrid({}), flat_to_arrays(params, restored.spec), 3, timeout=1.0)
+    assert restored.algorithm.round_num == 3

@@ -59,6 +59,29 @@ PIECE_BYTES = 16 << 20
 #: most 65,536 visits (256 users of ``max-examples = 256``, one epoch): they are cut as before.
 CHUNK_VISITS = 2**18
 
+#: The logistic of a step is computed over a buffer padded to a multiple of this (:func:`_sigmoid`).
+SIMD_SPAN = 64
+
+
+def _sigmoid(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.sigmoid()``, each entry the same whatever its position in ``logits``.
+
+    torch's CPU kernel computes the vector body of a tensor with SIMD and its last
+    ``numel % 32`` entries (AVX-512; 16 with AVX2) with scalar code whose results differ in the
+    last bit, so an entry's logistic depended on how many visits of other users preceded it in
+    its step: on where the chunk was cut (``cohort-chunk``, ``fast-actors``). Thirty-sixth review
+    of issue 15 (engines, finding 1): ``simulate stackoverflow-tp-mini.toml --set
+    max-examples=0 --set local-epochs=2 --set clients-per-round=40 --rounds 2`` with
+    ``cohort-chunk = 1`` (or ``fast-actors = 2`` and ``cohort-chunk = 7``) gave another model and
+    ledger digest than the default, so a seeded run resumed with either changed was refused as
+    if its redone round had been tampered with. Computed over a buffer padded to a multiple of
+    :data:`SIMD_SPAN` (zeros), every entry takes the SIMD path.
+    """
+    n = logits.numel()
+    buf = torch.zeros(n + (-n) % SIMD_SPAN, dtype=logits.dtype, device=logits.device)
+    buf[:n].copy_(logits.reshape(-1))
+    return buf.sigmoid_()[:n].view(logits.shape)
+
 
 @dataclass
 class _Chunk:
@@ -395,7 +418,7 @@ class TagCohortTrainer(CohortTrainer):
             if self.task.single_label:
                 grad = torch.softmax(logits, dim=1)
             else:
-                grad = logits.sigmoid_()
+                grad = _sigmoid(logits)
             l0, l1 = l_bounds[t], l_bounds[t + 1]
             grad[s_lvisit[l0:l1] - v0, s_tags[l0:l1]] -= 1.0
             grad.mul_(scale_of[v0:v1])

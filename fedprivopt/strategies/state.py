@@ -61,6 +61,28 @@ class AlgorithmState:
                 f"checkpoint's optimizer state has {name} = {shown(count)} updates, its model "
                 f"is at round {self.round_num} (one update a released round)"
             )
+        if "adaptive" in state and "phase_step" in state:
+            self._check_phase(state["adaptive"], state["phase_step"])
+
+    def _check_phase(self, adaptive: bool, phase_step: int) -> None:
+        """DP2's phase is the one its rounds reach: ``s1`` SGD rounds, then ``s2`` adaptive ones.
+
+        Thirty-sixth review of issue 15 (strategies, finding 3): a DP2 checkpoint at round 2 of
+        ``dp2-s1 = dp2-s2 = 2`` whose ``adaptive`` was set to false and ``phase_step`` to 1
+        (digest recomputed) resumed: round 3 ran as an SGD round at ``clip-norm`` where the run
+        was to start its adaptive phase at ``clip-norm-adaptive``, and the cycle stayed shifted.
+        """
+        o = self.config.options
+        position = self.round_num % (o.dp2_s1 + o.dp2_s2)
+        expected = (position >= o.dp2_s1, position - o.dp2_s1 * (position >= o.dp2_s1))
+        if (adaptive, phase_step) != expected:
+            phases = ("an SGD", "an adaptive")
+            raise ValueError(
+                f"checkpoint's optimizer state is at step {shown(phase_step)} of "
+                f"{phases[bool(adaptive)]} phase, but its round {self.round_num} leaves dp2 "
+                f"(dp2-s1 = {o.dp2_s1}, dp2-s2 = {o.dp2_s2}) at step {expected[1]} of "
+                f"{phases[expected[0]]} phase"
+            )
 
     def _tree_state(self) -> dict[str, Any]:
         return {"noise": self.tree_noise.state_dict(), "cohorts": self.tree_cohorts.state_dict()}

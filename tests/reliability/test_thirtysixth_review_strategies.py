@@ -16,6 +16,15 @@
    program passes ``ArrayRecord(model.state_dict())``), went on from the initial model beside
    the checkpoint's optimizer state and ε. Now ``check_initial_arrays`` refuses both, naming
    the first differing tensor, or the round and ``flat_to_arrays(algorithm.params, spec)``.
+3. A DP2 checkpoint (``dp2-s1 = dp2-s2 = 2``, ``clip-norm-adaptive = 0.5``) at round 2 whose
+   optimizer state's ``adaptive`` was set to false and ``phase_step`` to 1 (digest recomputed,
+   as the thirty-fifth review's forged ``count``): accepted (only ``count`` was compared with
+   the round), so round 3 ran as an SGD round at ``clip-norm`` 1 where the run was to begin
+   its adaptive phase at 0.5, and every later phase was shifted. ``load_state_dict`` now
+   refuses a phase other than the one the round leaves DP2 at (``checkpoint's optimizer state
+   is at step 1 of an SGD phase, but its round 2 leaves dp2 (dp2-s1 = 2, dp2-s2 = 2) at step 0
+   of an adaptive phase``); every phase position of 1,316 resumed rounds (8 strategies × 6
+   settings) still resumes bit for bit.
 """
 
 from __future__ import annotations
@@ -120,3 +129,26 @@ def test_2_a_restored_algorithm_starts_from_its_own_parameters(server_side):
     params = restored.algorithm.params
     restored.start(ScriptedGrid({}), flat_to_arrays(params, restored.spec), 3, timeout=1.0)
     assert restored.algorithm.round_num == 3
+
+
+# -- finding 3: a DP2 state's phase is the one its round leaves it at -------------------------
+
+
+@pytest.mark.parametrize(("rounds", "forged"), [(2, (False, 1)), (3, (False, 0)), (4, (True, 1))])
+def test_3_a_dp2_phase_other_than_its_round_s_is_refused(rounds, forged):
+    config = _config(strategy="dp2", **{"dp2-s1": 2, "dp2-s2": 2, "clip-norm-adaptive": 0.5})
+    alg = build_algorithm(config, torch.zeros(4))
+    for r in range(1, rounds + 1):
+        drive_round(alg, r, _train)
+    state = alg.state_dict()
+    adaptive, step = forged
+    edited = {
+        **state,
+        "opt_state": {**state["opt_state"], "adaptive": adaptive, "phase_step": step},
+    }
+    restored = build_algorithm(config, torch.zeros(4))
+    with pytest.raises(ValueError, match=rf"state is at step {step} of an? \w+ phase, but its "
+                       rf"round {rounds} leaves dp2 \(dp2-s1 = 2, dp2-s2 = 2\)"):  # fmt: skip
+        restored.load_state_dict(edited)  # before: resumed in the forged phase
+    restored.load_state_dict(state)
+    assert restored.current_clip_norm() == alg.current_clip_norm()

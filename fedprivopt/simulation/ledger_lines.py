@@ -20,7 +20,7 @@ import torch
 
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant
-from fedprivopt.privacy.accounting_state import merge_ledger
+from fedprivopt.privacy.accounting_state import check_delta, merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.simulation.files import parse_json
 from fedprivopt.strategies.config import MAX_ROUNDS
@@ -291,6 +291,10 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
     for key in ("accountant", "delta"):
         if canonical(header[key]) != canonical(header["settings"].get(key)):
             raise bad(1, f"the header's {key} is not its settings' {key}")
+    try:  # thirty-sixth review (ledger): "0.0001" in both was "Unknown format code 'g'" (reports)
+        check_delta(header["delta"])
+    except ValueError as exc:
+        raise bad(1, f"the header's {exc}") from None
     if not isinstance(header["private"], bool):
         raise bad(1, "private must be true or false")
     template = {

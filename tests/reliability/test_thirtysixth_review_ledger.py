@@ -15,18 +15,28 @@
    elsewhere is refused now (``ledger_lines.parse_lines``): rc 2, one line naming the file,
    the line and ``params_sha256``; nothing written. (The test: the twenty-ninth review's tree
    run, killed after round 5 with its checkpoint of round 3.)
+2. A ledger header whose δ is not a number in (0, 1), in its ``delta`` and its settings alike
+   (``"0.0001"``, ``true``, ``1e400``, ``-0.0``): ``--resume`` refused it against
+   ``config.toml``, but a report of the run (the documented ``write_report(out,
+   load_runs(R))``) ended in ``ValueError: Unknown format code 'g' for object of type 'str'``,
+   naming no file, or noted ``its privacy_ledger.jsonl states delta 1`` for ``true``. The
+   header's δ is checked as the accountant checks it (``accounting_state.check_delta``): one
+   line naming the file, line 1 and the value.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 
+import pytest
 import torch
 
 from fedprivopt.cli import main
 from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE
 from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import load_runs
 from tests.reliability.test_ledger import kept_files
 from tests.reliability.test_twentyninth_review_ledger import TREE, _as_killed
 from tests.simulation.test_run import small_config
@@ -56,3 +66,25 @@ def test_1_a_ledger_whose_model_digests_were_deleted_is_refused(tmp_path, capsys
     err = _one_line(capsys.readouterr().err)
     assert f"{ledger}: line 2: a round line without params_sha256" in err, err
     assert kept_files(killed) == files
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished private run of 2 rounds (the small toy configuration)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    simulate(small_config(**{"num-server-rounds": 2}), out)
+    return out
+
+
+# -- 2: a header's delta that is not a number in (0, 1) ----------------------------------------
+@pytest.mark.parametrize("value", ['"0.0001"', "true", "1e400", "-0.0"])
+def test_2_a_header_delta_that_is_no_probability_is_named(finished, tmp_path, value):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    ledger = run / LEDGER_FILE
+    lines = ledger.read_text().splitlines(keepends=True)
+    assert lines[0].count('"delta": 0.0001') == 2  # the header's and its settings'
+    ledger.write_text(lines[0].replace('"delta": 0.0001', f'"delta": {value}') + "".join(lines[1:]))
+    with pytest.raises(ValueError) as info:
+        load_runs(run)
+    assert str(info.value).startswith(f"{ledger}: line 1: the header's delta must be"), info.value

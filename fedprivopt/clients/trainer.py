@@ -333,6 +333,20 @@ class LocalTrainer:
         self._load(global_flat.detach().to(device=self.device, dtype=self.spec.dtype).clone())
         return self.model
 
+    def _unreached(self) -> TaskError:
+        """The error of a loss no gradient of which reaches the model's trainable parameters.
+
+        Thirty-sixth review of issue 15 (tasks, finding 3): a task whose ``loss`` computed the
+        loss with a model of its own (one it built and kept, or a copy of the one given) ran
+        to rc 0 with every update zero: the released model was the initial one, charged.
+        """
+        name = type(self.task).__name__
+        return TaskError(
+            f"{name}.loss() must compute the loss with the model it is given: no gradient of it "
+            "reaches a trainable parameter of that model (a loss of another model, such as one "
+            "the task keeps, trains nothing)"
+        )
+
     # ----------------------------------------------------------------- overridable steps
     def precondition(
         self, grad_flat: torch.Tensor, preconditioner: torch.Tensor | None
@@ -477,6 +491,8 @@ class LocalTrainer:
                     batch = positions[start : start + config.batch_size]
                     loss = minibatch_loss(self.task, self.model, x[batch], y[batch])
                     grads = torch.autograd.grad(loss, params, allow_unused=True)
+                    if all(g is None for g in grads):
+                        raise self._unreached()
                     with torch.no_grad():
                         for e, g in zip(self._trainable, grads, strict=True):
                             if g is None:

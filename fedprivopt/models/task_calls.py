@@ -173,7 +173,8 @@ def minibatch_loss(
     ------
     TaskError
         When the result is not such a tensor (a per-example vector, a Python number, an integer
-        tensor, or one detached from the model's parameters), or the call set the gradients of
+        tensor, one detached from the model's parameters or a leaf made with
+        ``requires_grad=True``), or the call set the gradients of
         the model's parameters (``loss.backward()`` inside ``loss``). The parameters' ``grad``
         is ``None`` after a call that returns.
     """
@@ -193,10 +194,15 @@ def minibatch_loss(
             "of the model's parameters"
         )
     ok = isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
-    if not ok or not loss.requires_grad:
+    # thirty-sixth review of issue 15 (tasks, finding 3): a loss made a tensor of its own
+    # (``torch.tensor(value, requires_grad=True)``) passed, and every update was zero
+    made = ok and loss.grad_fn is None and not any(loss is p for p in params)
+    if not ok or not loss.requires_grad or made:
         what = _described(loss)
-        if ok:
+        if ok and not loss.requires_grad:
             what += " that does not require grad (not computed from the model parameters)"
+        elif ok:
+            what += " made with requires_grad (a leaf: no gradient of it reaches the model)"
         raise TaskError(
             f"{type(task).__name__}.loss() must return the mean loss of the minibatch, a "
             f"floating-point tensor of one value computed from the model; got {what}"

@@ -500,8 +500,14 @@ def _main(argv: Sequence[str] | None) -> int:
             # a path in --out that cannot be made (`--out /proc/t`: "/proc/t: No such file or
             # directory", naming no flag; twenty-third review of issue 15)
             for flag in ("out", "resume"):
-                if _within(exc.filename, getattr(args, flag, None)):
+                given = getattr(args, flag, None)
+                if _within(exc.filename, given):
                     message = f"argument --{flag}: {message}"
+                    break
+                if _missing_ancestor(exc.filename, given):
+                    # thirty-sixth review of issue 15 (cli, finding 3): `--out /proc/a/b` (also
+                    # the default runs/… in a working directory under /proc) named no flag
+                    message = f"argument --{flag}: cannot create {shown_path(given)}: {message}"
                     break
         print(one_line(f"fedprivopt {_command(args)}: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
@@ -537,6 +543,19 @@ def _within(path: object, directory: object) -> bool:
     except (ValueError, OSError):
         return False
     return inner == outer or outer in inner.parents
+
+
+def _missing_ancestor(path: object, directory: object) -> bool:
+    """Whether ``path`` is a directory above ``directory`` that does not exist.
+
+    Such a ``path`` in a file-system error is where creating ``directory`` failed.
+    """
+    return (
+        isinstance(path, (str, os.PathLike))
+        and isinstance(directory, (str, os.PathLike))
+        and _within(directory, path)
+        and not os.path.lexists(path)
+    )
 
 
 def _command(args: argparse.Namespace) -> str:

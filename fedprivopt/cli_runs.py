@@ -269,7 +269,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         config = load_preset(args.config, sets)
         refuse_table_against_flags(args, sets, config.strategy.strategy)
         note_unused([config])  # a shared preset's other knobs, or a mistake
-        out = out or check_out_dir(f"runs/{config.strategy.strategy}-seed{config.strategy.seed}")
+        if out is None:  # named by an error creating it, as a given --out is
+            out = check_out_dir(f"runs/{config.strategy.strategy}-seed{config.strategy.seed}")
+            args.out = str(out)
         # validates everything before anything is written
         task, _ = build_checked_run(config, out=out)
         outcome = simulate(config, out, progress=not args.quiet, task=task)

@@ -12,6 +12,13 @@
    (strings in single quotes), not the ``false``/``true`` a user writes in a preset or a
    ``--set``. The values are now written as TOML (``tensorboard = false, this call asks for
    true``; ``device = "auto"``), also in the report's "the earlier run had …" of a rerun.
+3. ``simulate toy.toml --out /proc/a/b`` (a directory whose parent cannot be created) was
+   refused as ``error: /proc/a: No such file or directory``, naming no flag (the twenty-third
+   review named it only for the path itself, ``--out /proc/t``); run from a working directory
+   under ``/proc``, ``simulate`` (default ``runs/<strategy>-seed<S>``) and ``compare``
+   (``runs/compare``) said ``error: runs: No such file or directory``, a path the user never
+   typed. Now ``argument --out: cannot create /proc/a/b: /proc/a: No such file or directory``
+   and ``argument --out: cannot create runs/dp-fedavg-seed0: runs: …``.
 """
 
 from __future__ import annotations
@@ -72,3 +79,22 @@ def test_2_a_changed_cell_key_is_written_as_toml(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     report = (tmp_path / "C" / "report.md").read_text()
     assert 'the earlier run had device = "auto"' in report, report
+
+
+# -- finding 3: --out whose parent cannot be created is named --------------------------------------
+
+
+def test_3_an_out_whose_parent_cannot_be_created_names_the_flag(tmp_path):
+    line = _one_line(_cli(tmp_path, "simulate", TOY, "--rounds", "1", "--out", "/proc/fpo-a/b"))
+    assert line.endswith(
+        "argument --out: cannot create /proc/fpo-a/b: /proc/fpo-a: No such file or directory"
+    ), line
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_3_the_default_out_under_proc_names_the_flag(tmp_path, monkeypatch, command):
+    monkeypatch.chdir("/proc")
+    extra = ["--strategies", "fedavg"] if command == "compare" else []
+    line = _one_line(_cli(tmp_path, command, TOY, *extra, "--rounds", "1", "--quiet"))
+    default = "runs/compare" if command == "compare" else "runs/dp-fedavg-seed0"
+    assert f"argument --out: cannot create {default}: runs: No such file" in line, line

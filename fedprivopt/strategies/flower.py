@@ -138,6 +138,22 @@ def check_initial_arrays(
     return flat
 
 
+def _wire_preconditioner(preconditioner: torch.Tensor | None) -> np.ndarray | None:
+    """The preconditioner as sent to clients: in its own dtype where numpy has it.
+
+    Thirty-sixth review of issue 15 (strategies, finding 4): it was always sent as float32, so
+    on a float64 model DP2's ``P = sqrt(v) + eps`` reached the clients rounded, and ``simulate
+    --engine flower`` of ``dp2`` released another model than the fast engine from its first
+    adaptive round on (the clients cast it to the model's dtype, which now restores it exactly).
+    """
+    if preconditioner is None:
+        return None
+    p = preconditioner.detach().cpu()
+    if p.dtype not in (torch.float16, torch.float32, torch.float64):
+        p = p.float()  # bfloat16 (numpy has none): float32 holds it exactly
+    return p.numpy()
+
+
 def _first_difference(given: FlatSpec, spec: FlatSpec) -> str:
     """Where the layout ``given`` first differs from ``spec`` (both differ somewhere)."""
     ours = list(zip(spec.names, spec.shapes, spec.dtypes, strict=True))
@@ -234,6 +250,7 @@ class DPStrategy(UserDiscovery, Strategy):
                 self.lost["unhosted"] += 1
         self._node_users = by_node
         arrays = flat_to_arrays(request.params, self.spec)
+        preconditioner = _wire_preconditioner(request.preconditioner)
         messages = []
         for node, users in by_node.items():
             content = RecordDict(
@@ -247,9 +264,10 @@ class DPStrategy(UserDiscovery, Strategy):
                     ),
                 }
             )
-            if request.preconditioner is not None:
-                p = request.preconditioner.detach().cpu().numpy().astype(np.float32)
-                content[P.PRECONDITIONER_RECORD] = ArrayRecord({P.PRECONDITIONER_ARRAY: Array(p)})
+            if preconditioner is not None:
+                content[P.PRECONDITIONER_RECORD] = ArrayRecord(
+                    {P.PRECONDITIONER_ARRAY: Array(preconditioner)}
+                )
             messages.append(
                 Message(
                     content=content,

@@ -25,16 +25,25 @@
    is at step 1 of an SGD phase, but its round 2 leaves dp2 (dp2-s1 = 2, dp2-s2 = 2) at step 0
    of an adaptive phase``); every phase position of 1,316 resumed rounds (8 strategies × 6
    settings) still resumes bit for bit.
+4. ``simulate --engine flower`` of ``dp2`` (``dp2-s1 = 1``, ``dp2-s2 = 2``, 3 rounds) on a task
+   by reference whose model is float64: rc 0 on both engines, but the Flower engine's model
+   differed from the fast engine's from round 2, the first adaptive round (ledger digests
+   ``2acc0e91…``, ``7b63ad6f…`` against ``46cde4b3…``, ``4a200b7b…``): ``DPStrategy`` sent the
+   preconditioner as float32 always, so the clients divided by a rounded ``P`` (AdaDPS's side
+   information alike). It is sent in its own dtype now (bfloat16 as float32, which holds it):
+   the two engines' digests are equal.
 """
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord
 
+from fedprivopt import wire as P
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -152,3 +161,35 @@ def test_3_a_dp2_phase_other_than_its_round_s_is_refused(rounds, forged):
         restored.load_state_dict(edited)  # before: resumed in the forged phase
     restored.load_state_dict(state)
     assert restored.current_clip_norm() == alg.current_clip_norm()
+
+
+# -- finding 4: the preconditioner is sent in the model's dtype --------------------------------
+
+
+class _Recording(ScriptedGrid):
+    """A scripted grid that keeps the preconditioner of every train message."""
+
+    def __init__(self):
+        super().__init__({})
+        self.sent = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        for msg in messages:
+            if msg.metadata.message_type == "train":
+                record = msg.content.array_records[P.PRECONDITIONER_RECORD]
+                self.sent.append(record[P.PRECONDITIONER_ARRAY].numpy())
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_4_a_float64_preconditioner_reaches_the_clients_exactly(server_side):
+    config = _config(strategy="adadps", population=12,
+                     **{"clients-per-round": 12, "num-server-rounds": 1})  # fmt: skip
+    flat, spec = flatten({"w": torch.zeros(6, dtype=torch.float64)})
+    side = torch.full((6,), 1.0 / 3.0, dtype=torch.float64)  # not a float32 number
+    strategy = DPStrategy(build_algorithm(config, flat, preconditioner=side), spec, node_wait=0.3)
+    grid = _Recording()
+    strategy.start(grid, flat_to_arrays(flat, spec), 1, timeout=1.0)
+    assert len(grid.sent) == 6  # one message a node
+    for sent in grid.sent:
+        assert sent.dtype == np.float64  # before: float32, 0.3333333432674408
+        assert np.array_equal(sent, side.numpy())

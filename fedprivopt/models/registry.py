@@ -27,7 +27,7 @@ from fedprivopt.core.checks import check_bool
 from fedprivopt.core.text import shown
 from fedprivopt.models.next_word import StackOverflowNextWordTask
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
-from fedprivopt.models.task import Task
+from fedprivopt.models.task import Task, note_factory
 from fedprivopt.models.task_calls import exited
 from fedprivopt.models.toy import ToyClassificationTask
 
@@ -243,6 +243,8 @@ def build_task(name: str, **params: object) -> Task:
         ) from None
     finally:
         building.discard(name)
+    if is_reference(name):  # its module's code is part of the task's (data_identity)
+        note_factory(task, getattr(factory, "__module__", None) or name.partition(":")[0])
     if is_reference(name) and not isinstance(task, Task):
         missing = [m for m in TASK_MEMBERS if not hasattr(task, m)]
         what = f"it lacks {', '.join(missing)}" if missing else "it is not one"

@@ -68,6 +68,7 @@ __all__ = [
     "initial_flat",
     "model_device",
     "model_spec",
+    "note_factory",
     "primary_metric",
     "private_evaluation_users",
     "state_to_flat",
@@ -229,19 +230,53 @@ def data_identity(task: Task) -> dict | None:
     return dict(value)
 
 
+def note_factory(task: object, module: str) -> None:
+    """Record on ``task`` the module of the factory that built it, for :func:`data_identity`.
+
+    :func:`~fedprivopt.models.registry.build_task` calls this for a task by reference; a task
+    whose attributes cannot be set (``__slots__``, a frozen dataclass) keeps its class's module
+    only.
+    """
+    with contextlib.suppress(AttributeError, TypeError):
+        task._fedprivopt_factory_module = str(module)  # type: ignore[attr-defined]
+
+
+def _user_module(module: object) -> bool:
+    return isinstance(module, str) and not (
+        module == "fedprivopt" or module.startswith("fedprivopt.")
+    )
+
+
 def _task_source(task: Task) -> dict | None:
-    """``{"module", "sha256"}`` of the source file of ``task``'s class, if not this package's."""
-    module = type(task).__module__
-    if module == "fedprivopt" or module.startswith("fedprivopt."):
-        return None
-    path = getattr(sys.modules.get(module), "__file__", None)
-    if not path:
-        return None
-    try:
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-    return {"module": module, "sha256": digest}
+    """``{"module", "sha256"}`` of the source files of ``task``'s class and factory, not ours.
+
+    Thirty-sixth review of issue 15 (tasks, finding 4): only the class's module was digested,
+    so a factory of one's own setting a packaged task's data (``def make(**p): return
+    ToyClassificationTask(seed=3, ...)``), or a factory in another module than its class, was
+    edited (seed 3 to 4) and ``simulate --resume`` went on with rc 0, rounds 3-4 on other data
+    and another test set than rounds 1-2. Two modules are one entry: their names joined with
+    ``and``, the SHA-256 of their digests (one module keeps the entry it had).
+    """
+    modules = [type(task).__module__]
+    factory = getattr(task, "__dict__", {}).get("_fedprivopt_factory_module")
+    if factory not in modules:
+        modules.append(factory)
+    digests = []
+    for module in filter(_user_module, modules):
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if not path:
+            continue
+        try:
+            digests.append((module, hashlib.sha256(Path(path).read_bytes()).hexdigest()))
+        except OSError:
+            continue
+    if len(digests) <= 1:
+        return {"module": digests[0][0], "sha256": digests[0][1]} if digests else None
+    joined = "\n".join(digest for _, digest in digests).encode()
+    return {
+        "module": " and ".join(module for module, _ in digests),
+        "sha256": hashlib.sha256(joined).hexdigest(),
+    }
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -36,6 +36,17 @@ ClientApp):
    of the minibatch, ...; got a torch.float32 tensor of shape () made with requires_grad (a
    leaf: ...)`` (``models.task_calls.minibatch_loss``, also for AdaDPS' public users). A loss
    reaching only some parameters still trains those.
+4. A factory of one's own in another module than its task's class: a packaged task with data of
+   one's own (``def make(**p): return ToyClassificationTask(seed=3, ...)`` in ``wrap.py``,
+   ``simulate toy.toml --set task=wrap:make --rounds 2 --set checkpoint-every=1``), or a factory
+   module beside a module of classes. Only the class's module was digested for the ledger (none
+   for a class of fedprivopt), so after the factory's seed was edited (3 to 4) and the rounds
+   raised, ``simulate --resume`` went on with rc 0: rounds 3-4 trained on other users' data and
+   evaluated on another test set than rounds 1-2 (eval_accuracy 0.6267 where the unedited run
+   reaches 0.6700). Now the factory's module is recorded with the class's
+   (``models.task.note_factory``, from ``build_task``): rc 2, ``R/config.toml: the task's code
+   changed since the run started (module "wrap", ...)``; a factory in its class's module keeps
+   the entry it had, so runs started before still resume.
 
 What held is listed in the report (RELIABILITY §7's rows of this review).
 """
@@ -43,13 +54,18 @@ What held is listed in the report (RELIABILITY §7's rows of this review).
 from __future__ import annotations
 
 import re
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fedprivopt.cli import main
 from fedprivopt.clients import LocalConfig, LocalTrainer
-from fedprivopt.models.task import TaskError
+from fedprivopt.models.registry import build_task
+from fedprivopt.models.task import TaskError, data_identity
 from fedprivopt.privacy.rng import RngFactory
 from tests.models.minimal_task import MinimalTask
 
@@ -196,3 +212,67 @@ def test_3_a_loss_that_reaches_no_parameter_of_the_model_is_one_line(how, said):
 def test_3_a_loss_of_some_parameters_trains_those():
     delta = _train_user_0(_LossOf("bias only")).delta
     assert bool(delta[-2:].ne(0).all()) and bool(delta[:-2].eq(0).all())
+
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+@pytest.fixture
+def module_dir(tmp_path, monkeypatch):
+    """A directory on ``sys.path`` for task modules; they are forgotten afterwards."""
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    yield folder
+    for name in [n for n in sys.modules if n.startswith("review36_")]:
+        del sys.modules[name]
+
+
+def _write(folder: Path, name: str, body: str) -> None:
+    (folder / f"{name}.py").write_text(textwrap.dedent(body))
+    sys.modules.pop(name, None)  # the next build imports the file as it is now
+
+
+WRAP = """
+    from fedprivopt.models.toy import ToyClassificationTask
+
+    def make(num_users=40, seed=0):
+        return ToyClassificationTask(num_users=num_users, dim=4, seed={seed})
+"""
+
+
+def test_4_an_edited_factory_of_a_packaged_task_is_refused_on_resume(tmp_path, capsys, module_dir):
+    out = tmp_path / "run"
+    _write(module_dir, "review36_wrap", WRAP.format(seed=3))
+    args = ["simulate", str(TOY), "--rounds", "1", "--out", str(out), "--quiet"]
+    assert main([*args, "--set", "task=review36_wrap:make", "--set", "checkpoint-every=1"]) == 0
+    config = out / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2"))
+    _write(module_dir, "review36_wrap", WRAP.format(seed=4))
+    capsys.readouterr()
+    assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "the task's code changed since the run started" in err
+    assert 'module "review36_wrap"' in err
+
+
+FACTORY = """
+    from review36_classes import OwnTask
+
+    def make():
+        return OwnTask(seed={seed})
+"""
+
+
+def test_4_a_factory_and_its_class_in_two_modules_are_both_digested(module_dir):
+    classes = "from tests.models.minimal_task import MinimalTask\nclass OwnTask(MinimalTask): ...\n"
+    _write(module_dir, "review36_classes", classes)
+    _write(module_dir, "review36_factory", FACTORY.format(seed=1))
+    first = data_identity(build_task("review36_factory:make"))["task_source"]
+    _write(module_dir, "review36_factory", FACTORY.format(seed=2))
+    second = data_identity(build_task("review36_factory:make"))["task_source"]
+    assert first["module"] == "review36_classes and review36_factory" == second["module"]
+    assert first["sha256"] != second["sha256"]
+    # a factory in its class's module: the entry it had (runs started before still resume)
+    one = data_identity(build_task("tests.models.minimal_task:make_task"))["task_source"]
+    assert one["module"] == "tests.models.minimal_task" and len(one["sha256"]) == 64

@@ -129,6 +129,28 @@ class Parser(argparse.ArgumentParser):
         self._given: dict[str, object] = {}
         return super().parse_known_args(args, namespace)
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but arguments left over are refused by the command they were given to.
+
+        Thirty-sixth review of issue 15 (cli, finding 4): ``fedprivopt epsilon … extra`` (also
+        a second preset, ``simulate --version``) was refused as ``fedprivopt: error:
+        unrecognized arguments: extra``, the one usage line that named no command.
+        """
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._chosen(namespace).error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
+    def _chosen(self, namespace: argparse.Namespace) -> argparse.ArgumentParser:
+        """The innermost (sub)command's parser that ``namespace`` was parsed by."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            name = getattr(namespace, subs[0].dest, None) if subs else None
+            if name not in (subs[0].choices if subs else {}):
+                return parser
+            parser = subs[0].choices[name]
+
     def error(self, message: str) -> NoReturn:
         """Print ``message`` as one line and exit with :data:`EXIT_USAGE`."""
         self.exit(EXIT_USAGE, f"{one_line(f'{self.prog}: error: {message}')}\n")

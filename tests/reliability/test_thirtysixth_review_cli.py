@@ -19,6 +19,12 @@
    (``runs/compare``) said ``error: runs: No such file or directory``, a path the user never
    typed. Now ``argument --out: cannot create /proc/a/b: /proc/a: No such file or directory``
    and ``argument --out: cannot create runs/dp-fedavg-seed0: runs: …``.
+4. ``fedprivopt epsilon … extra`` (also ``simulate toy.toml toy.toml``, ``simulate -- toy.toml
+   --rounds 1``, ``simulate --version``, ``data synth … y``, ``deploy local … extra``) was
+   refused as ``fedprivopt: error: unrecognized arguments: extra``: argparse's top parser
+   reports what its subcommand left over, so this was the one usage line naming no command.
+   Now ``fedprivopt epsilon: error: unrecognized arguments: extra`` (the innermost command's
+   parser: ``fedprivopt data synth: …``).
 """
 
 from __future__ import annotations
@@ -98,3 +104,24 @@ def test_3_the_default_out_under_proc_names_the_flag(tmp_path, monkeypatch, comm
     line = _one_line(_cli(tmp_path, command, TOY, *extra, "--rounds", "1", "--quiet"))
     default = "runs/compare" if command == "compare" else "runs/dp-fedavg-seed0"
     assert f"argument --out: cannot create {default}: runs: No such file" in line, line
+
+
+# -- finding 4: arguments left over are refused by their command -----------------------------------
+
+EPSILON = ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "10"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "prefix"),
+    [
+        ([*EPSILON, "--delta=1e-5", "extra"], "fedprivopt epsilon"),
+        (["simulate", TOY, TOY], "fedprivopt simulate"),
+        (["simulate", "--", TOY, "--rounds", "1"], "fedprivopt simulate"),
+        (["simulate", "--version"], "fedprivopt simulate"),
+        (["data", "synth", "--clients", "3", "--out", "x", "y"], "fedprivopt data synth"),
+        (["--bogus"], "fedprivopt"),
+    ],
+)
+def test_4_left_over_arguments_name_their_command(tmp_path, argv, prefix):
+    line = _one_line(_cli(tmp_path, *argv))
+    assert line.startswith(f"{prefix}: error: unrecognized arguments: "), line

@@ -164,6 +164,8 @@ class _ModelAtBuild:
 
     def __init__(self, model: torch.nn.Module, *, saved: set[str]) -> None:
         self._modules: list[tuple[torch.nn.Module, dict, dict]] = []
+        # requires_grad as built: what the trainer trains (a loss may switch it, finding 5)
+        self._grad_flags = [(p, p.requires_grad) for p in model.parameters()]
         # (table, key, initial values, version counter when they were last set)
         self._tensors: list[list] = []
         names = {id(m): name for name, m in model.named_modules()}
@@ -193,6 +195,9 @@ class _ModelAtBuild:
                 else:
                     value.clear()
                     value.update(saved)
+        for param, flag in self._grad_flags:
+            if param.requires_grad != flag:
+                param.requires_grad_(flag)
         for entry in self._tensors:
             table, key, initial, version = entry
             current = table[key]
@@ -332,6 +337,23 @@ class LocalTrainer:
         self.spec.check(global_flat, name="global_flat")
         self._load(global_flat.detach().to(device=self.device, dtype=self.spec.dtype).clone())
         return self.model
+
+    @staticmethod
+    def _gradients(loss: torch.Tensor, params: list) -> list[torch.Tensor | None]:
+        """The gradient of ``loss`` for each of ``params`` (``None``: not reached, or frozen).
+
+        Thirty-sixth review of issue 15 (tasks, finding 5): a ``loss`` that froze a parameter
+        while training (``model.weight.requires_grad_(False)``, as a schedule freezing layers
+        does) ended in autograd's ``One of the differentiated Tensors does not require grad``
+        traceback (rc 1). A parameter frozen so gets no gradient (its update entries stay where
+        the step left them), and every user starts with the flags of ``build_model()``.
+        """
+        live = [p.requires_grad for p in params]
+        if all(live):
+            return list(torch.autograd.grad(loss, params, allow_unused=True))
+        wanted = [p for p, on in zip(params, live, strict=True) if on]
+        some = iter(torch.autograd.grad(loss, wanted, allow_unused=True) if wanted else ())
+        return [next(some) if on else None for on in live]
 
     def _unreached(self) -> TaskError:
         """The error of a loss no gradient of which reaches the model's trainable parameters.
@@ -490,7 +512,7 @@ class LocalTrainer:
                 for start in range(0, num_examples, config.batch_size):
                     batch = positions[start : start + config.batch_size]
                     loss = minibatch_loss(self.task, self.model, x[batch], y[batch])
-                    grads = torch.autograd.grad(loss, params, allow_unused=True)
+                    grads = self._gradients(loss, params)
                     if all(g is None for g in grads):
                         raise self._unreached()
                     with torch.no_grad():

@@ -47,6 +47,12 @@ ClientApp):
    (``models.task.note_factory``, from ``build_task``): rc 2, ``R/config.toml: the task's code
    changed since the run started (module "wrap", ...)``; a factory in its class's module keeps
    the entry it had, so runs started before still resume.
+5. A ``loss`` that freezes a parameter while training (``model.weight.requires_grad_(False)``,
+   a schedule freezing layers): ``simulate toy.toml --set task=vt:Freezes ...`` ended in
+   autograd's ``One of the differentiated Tensors does not require grad`` traceback (54 lines,
+   rc 1), and the flag stayed off for the next users of the trainer. Now a parameter frozen so
+   gets no gradient (the others train: rc 0) and every user starts with the ``requires_grad``
+   flags of ``build_model()``.
 
 What held is listed in the report (RELIABILITY §7's rows of this review).
 """
@@ -183,13 +189,16 @@ class _LossOf(MinimalTask):
             return F.cross_entropy(self.net(x), y)
         if self.how == "wrapped":
             return torch.tensor(float(F.cross_entropy(model(x), y).detach()), requires_grad=True)
+        if self.how == "freezes the weight":
+            model.weight.requires_grad_(False)
+            return F.cross_entropy(model(x), y)
         return (model.bias**2).sum()  # the bias only
 
 
 def _train_user_0(task) -> object:
     trainer = LocalTrainer(task, device="cpu")
     return trainer.train(
-        torch.ones(trainer.spec.numel),
+        torch.linspace(-1.0, 1.0, trainer.spec.numel),  # no symmetry: every entry has a gradient
         user_id=0,
         round_num=1,
         config=LocalConfig(learning_rate=0.5, clip_norm=10.0),
@@ -276,3 +285,12 @@ def test_4_a_factory_and_its_class_in_two_modules_are_both_digested(module_dir):
     # a factory in its class's module: the entry it had (runs started before still resume)
     one = data_identity(build_task("tests.models.minimal_task:make_task"))["task_source"]
     assert one["module"] == "tests.models.minimal_task" and len(one["sha256"]) == 64
+
+
+def test_5_a_loss_that_freezes_a_parameter_trains_the_others():
+    task = _LossOf("freezes the weight")
+    delta = _train_user_0(task).delta
+    assert bool(delta[-2:].ne(0).all()) and bool(delta[:-2].eq(0).all())
+    trainer = LocalTrainer(task, device="cpu")
+    trainer.model.weight.requires_grad_(False)  # as a user's loss left it
+    assert trainer.load_global(torch.ones(trainer.spec.numel)).weight.requires_grad

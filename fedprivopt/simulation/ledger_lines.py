@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ __all__ = [
 
 LEDGER_VERSION = 2
 OLD_LEDGER_SUFFIX = ".v1"
+_SHA256 = re.compile("[0-9a-f]{64}")
 
 Ledger = tuple[tuple[SubsampledGaussianEvent, int], ...]
 
@@ -333,19 +335,21 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
         total += count_events(released)
         if row["events"] != total:
             raise bad(i, f"events {row['events']} does not add up (expected {total})")
-        digest = row.get("params_sha256")
-        if digest is not None and not isinstance(digest, str):
-            raise bad(i, "params_sha256 must be a string")
-        if digest is None and kind != "carried" and not any(e.kind == "carried" for e in entries):
-            # thirty-sixth review of issue 15 (ledger): every version-2 writer records the
-            # released model's digest on a round's lines; only a ledger rebuilt from a
-            # checkpoint (RunLedger.convert: its rounds after a carried line) holds none. The
-            # digests nulled with sed turned off the check of an edited checkpoint's model
-            # (check_model) and the seeded replay's, so a tree round was redone from another
-            # model with its first release's noise and participants, charged nothing
+        digest, users = row.get("params_sha256"), row.get("participants_sha256")
+        for name, value in (("params_sha256", digest), ("participants_sha256", users)):
+            if value is not None and not (isinstance(value, str) and _SHA256.fullmatch(value)):
+                raise bad(i, f"{name} must be a SHA-256 (64 hexadecimal digits)")
+        # thirty-sixth review of issue 15 (ledger): every version-2 writer records the released
+        # model's digest on a round's lines; only a ledger rebuilt from a checkpoint
+        # (RunLedger.convert) holds none, in the carried lines and rounds it starts with. The
+        # digests nulled with sed (or emptied, or a line marked carried) turned off the check of
+        # an edited checkpoint's model (check_model) and the seeded replay's, so a tree round
+        # was redone from another model with its first release's noise and participants,
+        # charged nothing
+        converted = all(e.kind == "carried" or e.params_sha256 is None for e in entries)
+        if kind == "carried" and not converted:
+            raise bad(i, "a carried line after a released round's (only a rebuilt ledger has one)")
+        if digest is None and kind != "carried" and not (entries and converted):
             raise bad(i, f"a {kind} line without params_sha256 (the released model's digest)")
-        users = row.get("participants_sha256")
-        if users is not None and not isinstance(users, str):
-            raise bad(i, "participants_sha256 must be a string")
         entries.append(LedgerEntry(kind, row["round"], released, total, digest, i, users))
     return header, entries

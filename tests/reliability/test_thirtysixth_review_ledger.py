@@ -14,7 +14,10 @@
    only a converted ledger's rounds after its ``carried`` line hold none. A line without one
    elsewhere is refused now (``ledger_lines.parse_lines``): rc 2, one line naming the file,
    the line and ``params_sha256``; nothing written. (The test: the twenty-ninth review's tree
-   run, killed after round 5 with its checkpoint of round 3.)
+   run, killed after round 5 with its checkpoint of round 3.) Also refused: the digests
+   emptied (``""``, which the replay read as none) or not 64 hexadecimal digits, and a line
+   after a released round's marked ``carried`` (only a rebuilt ledger starts with such
+   lines, the rounds without digests after them).
 2. A ledger header whose δ is not a number in (0, 1), in its ``delta`` and its settings alike
    (``"0.0001"``, ``true``, ``1e400``, ``-0.0``): ``--resume`` refused it against
    ``config.toml``, but a report of the run (the documented ``write_report(out,
@@ -74,6 +77,27 @@ def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("finished") / "run"
     simulate(small_config(**{"num-server-rounds": 2}), out)
     return out
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        (r'"params_sha256": "[0-9a-f]+"', '"params_sha256": ""'),
+        (r'"params_sha256": "[0-9a-f]+"', '"params_sha256": "zz"'),
+        (r'"kind": "round", "round": 2,', '"kind": "carried", "round": 2,'),
+    ],
+    ids=["empty", "not-hex", "carried"],
+)
+def test_1_digests_emptied_or_a_line_marked_carried_are_refused(finished, tmp_path, edit):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    ledger = run / LEDGER_FILE
+    lines = ledger.read_text().splitlines(keepends=True)
+    lines[2] = re.sub(*edit, lines[2])  # round 2's line (round 1's keeps its digest)
+    assert lines[2] != ledger.read_text().splitlines(keepends=True)[2]
+    ledger.write_text("".join(lines))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(ledger))}: line 3: "):
+        load_runs(run)
 
 
 # -- 2: a header's delta that is not a number in (0, 1) ----------------------------------------

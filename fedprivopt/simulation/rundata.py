@@ -8,6 +8,7 @@ by (strategy, σ) and summarizes each group over its seeds. The report built fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import warnings
@@ -226,6 +227,16 @@ def load_run(path: str | Path) -> RunData:
     accounted = _accounted_epsilon(path, notes, summary.get("delta"))
     if accounted is not None:
         known.insert(0, accounted)
+        if accounted[0] == LEDGER_FILE:
+            # thirty-sixth review of issue 15 (the ledger reviewer's report): a ledger cut to
+            # its first round beside rows and a summary lowered to its ε was reported at round
+            # 1's ε (7.55) while the checkpoint's accountant held the 5 rounds released (15.03)
+            delta = summary.get("delta")
+            at = delta if isinstance(delta, float) and 0.0 < delta < 1.0 else None
+            with contextlib.suppress(ValueError):  # a damaged checkpoint: the ledger stands
+                found = checkpoint_epsilon(path, at)
+                if found is not None:
+                    known.append((f"{found[0]} (its accountant)", found[1]))
     spent = max(v for _, v in known) if known else None
     if known and any(not math.isclose(v, spent, rel_tol=1e-6) for _, v in known):
         stated = ", ".join(f"{k} {v:.6g}" for k, v in known)
@@ -328,9 +339,6 @@ def _accounted_epsilon(
     shown_delta = None
     if isinstance(delta, float) and 0.0 < delta < 1.0:
         shown_delta = delta
-    from fedprivopt.privacy.accounting import PrivacyAccountant
-    from fedprivopt.strategies.config import StrategyConfig
-
     try:
         ledger = RunLedger.read(path)
     except OldLedgerError:
@@ -342,6 +350,30 @@ def _accounted_epsilon(
                 f"{CONFIG_FILE} {shown_delta:g}; epsilon is composed at {shown_delta:g}"
             )
         return LEDGER_FILE, ledger.epsilon(shown_delta)
+    found = checkpoint_epsilon(path, shown_delta)
+    if found is None:
+        return None
+    name, epsilon, round_num = found
+    notes.append(
+        f"{path}: no {LEDGER_FILE}; epsilon {epsilon:.6g} recomputed from the accountant of "
+        f"{name} (round {round_num})"
+    )
+    return f"{name} (its accountant)", epsilon
+
+
+def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int] | None:
+    """``(file, ε, round)`` of the newest readable checkpoint's accountant, at ``delta``.
+
+    ``delta`` ``None``: the checkpoint's configured δ. ``None`` without a checkpoint.
+
+    Raises
+    ------
+    ValueError
+        If the checkpoint's accountant or configuration cannot be read, naming the file.
+    """
+    from fedprivopt.privacy.accounting import PrivacyAccountant
+    from fedprivopt.strategies.config import StrategyConfig
+
     state, name = newest_checkpoint(path, problems={})
     if state is None:
         return None
@@ -352,13 +384,9 @@ def _accounted_epsilon(
         accountant.load_state_dict(algorithm["accountant"])
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{path / name}: its privacy accountant cannot be read ({exc})") from None
-    at = config.delta if shown_delta is None else shown_delta
+    at = config.delta if delta is None else delta
     epsilon = accountant.epsilon(at) if config.private else math.inf
-    notes.append(
-        f"{path}: no {LEDGER_FILE}; epsilon {epsilon:.6g} recomputed from the accountant of "
-        f"{name} (round {algorithm['round']})"
-    )
-    return f"{name} (its accountant)", epsilon
+    return name, epsilon, algorithm["round"]
 
 
 def load_runs(root: str | Path) -> list[RunData]:

@@ -74,6 +74,13 @@
     selection, which read those users' data without noise, is not covered by ε (``tune``'s and
     ``compare-tuned``'s reports say it). Its notes now list each such tuning, as
     ``compare-tuned``'s do.
+13. (The thirty-sixth review's ledger reviewer's report on ``simulation/rundata.py``.) A
+    finished 5-round run whose ledger was cut to its first round and whose rows' and summary's
+    ε were lowered to round 1's: a report of the files as they are
+    (``write_report(out, load_runs(R))``) said ε 7.55 without a note, while its checkpoint's
+    accountant held the 5 rounds released (15.03); the threat model says a report never shows
+    less than the largest ε any of the run's files states. The checkpoint's accountant is one
+    of those files now: 15.03, with the note naming each file's ε.
 """
 
 from __future__ import annotations
@@ -492,3 +499,26 @@ def test_12_a_tuned_grid_says_its_selection_is_not_covered(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "**Tuned rows whose epsilon does not (or may not) cover their selection:**" in report
     assert "(dp-fedavg (tuned)): Selection: NOT covered by epsilon. 1 of the task's 4" in report
+
+
+# -- finding 13: a report's ε and the checkpoint's accountant ---------------------------------
+
+
+def test_13_a_report_takes_the_checkpoints_epsilon_beside_a_cut_ledger(tmp_path):
+    from fedprivopt.simulation.rundata import load_run
+
+    out = tmp_path / "r"
+    assert main(["simulate", str(TOY), "--rounds", "5", "--out", str(out), "--quiet"]) == 0
+    full = load_run(out).ledger_epsilon
+    ledger = out / "privacy_ledger.jsonl"
+    ledger.write_text("".join(ledger.read_text().splitlines(keepends=True)[:2]))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    first = rows[0]["epsilon"]
+    (out / "metrics.jsonl").write_text("".join(json.dumps({**r, "epsilon": first}) + "\n"
+                                               for r in rows))  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    summary["epsilon"] = first
+    (out / "summary.json").write_text(json.dumps(summary))
+    run = load_run(out)
+    assert run.ledger_epsilon == pytest.approx(full) and full > 1.9 * first  # before: round 1's
+    assert "checkpoint.pt (its accountant) 15.0342); the largest is reported" in run.warnings[0]

@@ -26,8 +26,8 @@ fast engine trains, and each has a fallback:
     A JSON-able mapping that identifies the data the task reads (file sizes, digests), recorded
     in the run's privacy ledger and compared when the run is resumed or reused, so that other
     data put at the same path is refused; without it, no such check. A task class defined
-    outside this package has the digest of its module's source recorded too (an edited task
-    module is refused in the same way).
+    outside this package, and a task by reference's factory, has the digest of its module's
+    source recorded too (an edited task module is refused in the same way).
 ``private_evaluation_users()``
     ``(private, evaluated)``: how many of the users whose data :meth:`Task.evaluate` reads are
     training users (the private population), and how many users it reads; ``(0, 0)`` for an
@@ -174,7 +174,7 @@ def private_evaluation_users(task: Task) -> tuple[int, int] | None:
     method = getattr(task, "private_evaluation_users", None)
     if not callable(method):
         return None
-    value = method()
+    value = _called(task, "private_evaluation_users")
     ok = isinstance(value, tuple) and len(value) == 2
     ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     if not ok or not 0 <= value[0] <= value[1]:
@@ -183,6 +183,15 @@ def private_evaluation_users(task: Task) -> tuple[int, int] | None:
             f"with 0 <= private <= evaluated, got {value!r}"
         )
     return value
+
+
+def _called(task: Task, member: str) -> object:
+    """``task.member()``; its own exception or ``sys.exit()`` is a :class:`TaskError`."""
+    from fedprivopt.models.task_calls import task_call  # it imports this module
+
+    call = f"{type(task).__name__}.{member}()"
+    with task_call(call, f"{call} must return"):
+        return getattr(task, member)()
 
 
 TASK_SOURCE = "task_source"
@@ -209,7 +218,7 @@ def data_identity(task: Task) -> dict | None:
     source = _task_source(task)
     if not callable(method):
         return None if source is None else {TASK_SOURCE: source}
-    value = method()
+    value = _called(task, "data_identity")
     if not isinstance(value, Mapping):
         raise TaskError(
             f"{type(task).__name__}.data_identity() must return a mapping, got "

@@ -36,7 +36,7 @@ import torch
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 
-__all__ = ["exited", "minibatch_loss", "raised", "user_examples", "without_exit"]
+__all__ = ["exited", "minibatch_loss", "raised", "task_call", "user_examples", "without_exit"]
 
 _NOT_USERS_CODE = tuple(
     {Path(__file__).resolve().parents[1]}
@@ -83,10 +83,15 @@ def raised(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _task_call(call: str, rule: str) -> Iterator[None]:
+def task_call(call: str, rule: str) -> Iterator[None]:
     """Run ``call`` (``MyTask.user_data(3)``): its exception or ``sys.exit()`` is a TaskError.
 
     ``rule`` is what the member must do, for the ``sys.exit()`` message (:func:`without_exit`).
+    The error reads ``MyTask.user_data(3) raised OSError at my_task.py:6: damaged file``
+    (:func:`raised`); memory errors and TaskErrors pass as they are. Every call of a task's
+    member may go through this (thirty-sixth review of issue 15, tasks, finding 6:
+    ``data_identity()`` and ``private_evaluation_users()`` raising their own exception, a data
+    file gone, ended in a traceback, rc 1).
     """
     try:
         with without_exit(rule):
@@ -139,7 +144,7 @@ def user_examples(task: object, user_id: int) -> tuple[torch.Tensor, torch.Tenso
         at least one dimension whose first dimensions (the user's examples) agree.
     """
     call = f"{type(task).__name__}.user_data({user_id})"
-    with _task_call(call, f"{call} must return (x, y)"):
+    with task_call(call, f"{call} must return (x, y)"):
         value = task.user_data(user_id)  # type: ignore[attr-defined]
     ok = isinstance(value, (tuple, list)) and len(value) == 2
     ok = ok and all(isinstance(v, torch.Tensor) and _dense(v) and v.dim() >= 1 for v in value)
@@ -182,7 +187,7 @@ def minibatch_loss(
     for p in params:  # a gradient there after the call comes from the task's own backward()
         p.grad = None
     name = type(task).__name__
-    with _task_call(f"{name}.loss()", f"{name}.loss() must return the mean loss of the minibatch"):
+    with task_call(f"{name}.loss()", f"{name}.loss() must return the mean loss of the minibatch"):
         loss = task.loss(model, x, y)  # type: ignore[attr-defined]
     if any(p.grad is not None for p in params):
         # thirty-fourth review of issue 15 (tasks, finding 4): autograd's "Trying to backward

@@ -81,6 +81,11 @@
     accountant held the 5 rounds released (15.03); the threat model says a report never shows
     less than the largest ε any of the run's files states. The checkpoint's accountant is one
     of those files now: 15.03, with the note naming each file's ε.
+14. (The thirty-sixth review's docs reviewer's report on ``cli_args.py``.) ``simulate toy.toml
+    --set ray-address=auto --set fast-actors=1`` without a Ray cluster: the one line was cut
+    from one apostrophe to the next 165 characters on (``… the head' (165 characters)s
+    host:port``), as if it were a quoted value. A quote now opens a value only where no letter
+    precedes it and closes one only where none follows; long quoted values are still cut.
 """
 
 from __future__ import annotations
@@ -96,7 +101,7 @@ from flwr.app import Context, RecordDict
 from fedprivopt import optim
 from fedprivopt import wire as P
 from fedprivopt.cli import main
-from fedprivopt.cli_args import task_param_error
+from fedprivopt.cli_args import one_line, task_param_error
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import clear_cache, get_task_and_trainer, make_client_app
 from fedprivopt.clients.messages import TASK_ERROR
@@ -522,3 +527,16 @@ def test_13_a_report_takes_the_checkpoints_epsilon_beside_a_cut_ledger(tmp_path)
     run = load_run(out)
     assert run.ledger_epsilon == pytest.approx(full) and full > 1.9 * first  # before: round 1's
     assert "checkpoint.pt (its accountant) 15.0342); the largest is reported" in run.warnings[0]
+
+
+# -- finding 14: apostrophes are no quotes -------------------------------------------------------
+
+
+def test_14_apostrophes_far_apart_are_not_cut_as_a_value():
+    sentence = ("ray-address: auto finds no Ray cluster this machine is a node of (`ray start` "
+                "records its head's address in /tmp/ray/ray_current_cluster, and there is none): "
+                "start one with `ray start --head` (or join one with `ray start --address "
+                "HEAD:PORT`), or give the head's host:port (docs/SCALING.md)")  # fmt: skip
+    assert one_line(sentence) == sentence  # before: "... the head' (165 characters)s host:port"
+    long = "x" * 300
+    assert one_line(f"got '{long}'").endswith("xxx' (300 characters)")  # still cut

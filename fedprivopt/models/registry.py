@@ -28,7 +28,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.models.next_word import StackOverflowNextWordTask
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from fedprivopt.models.task import Task, note_factory
-from fedprivopt.models.task_calls import exited
+from fedprivopt.models.task_calls import exited, raised
 from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = [
@@ -241,6 +241,14 @@ def build_task(name: str, **params: object) -> Task:
             f"task {name!r}: the factory builds the task {name!r} again, without end (is it a "
             "task factory? it must return a Task, see fedprivopt.models.task.Task)"
         ) from None
+    except (ValueError, TypeError, MemoryError):
+        raise  # a parameter's refusal (named by the caller), memory, as they are
+    except Exception as exc:
+        if not is_reference(name):
+            raise
+        # thirty-sixth review of issue 15 (the docs reviewer's report): a factory raising its
+        # own exception (a data file gone: OSError, KeyError) ended in a traceback, rc 1
+        raise ValueError(f"task {name!r}: the factory raised {raised(exc)}") from None
     finally:
         building.discard(name)
     if is_reference(name):  # its module's code is part of the task's (data_identity)

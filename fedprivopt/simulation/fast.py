@@ -43,6 +43,7 @@ import torch
 from fedprivopt.clients.trainer import LocalTrainer, clip_report
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
+from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.strategies.core import TrainRequest
@@ -159,9 +160,13 @@ class UserTrainer:
         self.secure = secure
         self.chunk_users = int(chunk_users)
         make = getattr(task, "cohort_trainer", None)
-        self.cohort = (
-            make(device=device, chunk_users=chunk_users) if vectorize and callable(make) else None
-        )
+        self.cohort = None
+        if vectorize and callable(make):
+            # its own exception (or a signature without these keywords) is one line naming it
+            # (thirty-sixth review of issue 15, the tasks reviewer's report: a traceback, rc 1)
+            call = f"{type(task).__name__}.cohort_trainer()"
+            with task_call(call, f"{call} must return a cohort trainer"):
+                self.cohort = make(device=device, chunk_users=chunk_users)
         if self.cohort is not None and not callable(getattr(self.cohort, "train_batches", None)):
             raise TaskError(
                 f"{type(task).__name__}.cohort_trainer() must return a cohort trainer (with "

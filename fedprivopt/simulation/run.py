@@ -46,7 +46,7 @@ from fedprivopt.models.task import (
     frozen_coordinates,
     primary_metric,
 )
-from fedprivopt.models.task_calls import without_exit
+from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt, ray_processes
@@ -174,9 +174,11 @@ def _initial_model(task: Task) -> torch.nn.Module:
     ``meta`` device or with a lazy module (``torch.nn.LazyLinear``) ended in a traceback (rc 1:
     ``Tensor.item() cannot be called on meta tensors``, ``Can't access the shape of an
     uninitialized parameter``), and ``sys.exit(0)`` in ``build_model()`` in rc 0 and no line.
+    Its own exception (a weights file gone) is one line naming it (thirty-sixth review, the
+    tasks reviewer's report: a 29-line traceback, rc 1).
     """
     name = f"{type(task).__name__}.build_model()"
-    with without_exit(f"{name} must return"):
+    with task_call(name, f"{name} must return"):
         model = task.build_model()
     if not isinstance(model, torch.nn.Module):  # thirty-second review of issue 15: a traceback
         raise TaskError(f"{name} must return a torch.nn.Module, got {type(model).__name__}")

@@ -25,7 +25,7 @@ from fedprivopt.models.task import (
     primary_metric,
     private_evaluation_users,
 )
-from fedprivopt.models.task_calls import without_exit
+from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import save_checkpoint
@@ -149,12 +149,13 @@ class RunWriter:
         """Central evaluation of ``params`` on the task's held-out data."""
         name = type(self.task).__name__
         if self._eval_model is None:  # built once; every evaluation loads the whole state
-            with without_exit(f"{name}.build_model() must return"):
+            with task_call(f"{name}.build_model()", f"{name}.build_model() must return"):
                 self._eval_model = self.task.build_model()
             self._eval_spec = flatten(self._eval_model.state_dict())[1]
         model = self._eval_model
         model.load_state_dict(unflatten(params.detach().cpu(), self._eval_spec))
-        with without_exit(f"{name}.evaluate() must return"):
+        # its own exception is one line (thirty-sixth review, the tasks reviewer's report)
+        with task_call(f"{name}.evaluate()", f"{name}.evaluate() must return"):
             metrics = self.task.evaluate(model)
         metrics = checked_metrics(self.config.task, metrics)
         if self.metric not in metrics:
@@ -239,7 +240,9 @@ class RunWriter:
         make = getattr(self.task, "reference", None)
         if not callable(make):
             return None
-        value = make()
+        call = f"{type(self.task).__name__}.reference()"
+        with task_call(call, f"{call} must return (name, metrics)"):  # (thirty-sixth review)
+            value = make()
         if not (
             isinstance(value, tuple)
             and len(value) == 2

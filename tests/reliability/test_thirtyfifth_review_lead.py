@@ -86,6 +86,12 @@
     from one apostrophe to the next 165 characters on (``… the head' (165 characters)s
     host:port``), as if it were a quoted value. A quote now opens a value only where no letter
     precedes it and closes one only where none follows; long quoted values are still cut.
+15. (The thirty-sixth review's tasks and docs reviewers' reports.) A task whose
+    ``build_model()``, ``evaluate()``, ``reference()`` or ``cohort_trainer()`` raises its own
+    exception (a weights file gone), or a task factory that does, ended in a 29-38-line
+    traceback, rc 1 (``reference()``'s after the last round, with no ``summary.json``). Each is
+    one line now naming the member and the line of the task's code, rc 2, as ``user_data`` and
+    ``loss`` (finding 1).
 """
 
 from __future__ import annotations
@@ -540,3 +546,49 @@ def test_14_apostrophes_far_apart_are_not_cut_as_a_value():
     assert one_line(sentence) == sentence  # before: "... the head' (165 characters)s host:port"
     long = "x" * 300
     assert one_line(f"got '{long}'").endswith("xxx' (300 characters)")  # still cut
+
+
+# -- finding 15: the other members' own exceptions ------------------------------------------------
+
+
+class BuildRaises(MinimalTask):
+    def build_model(self):
+        raise OSError("weights file gone")
+
+
+class EvaluateRaises(MinimalTask):
+    def evaluate(self, model):
+        raise KeyError("labels")
+
+
+class ReferenceRaises(MinimalTask):
+    def reference(self):
+        raise RuntimeError("no public counts")
+
+
+class CohortRaises(MinimalTask):
+    def cohort_trainer(self, *, device, chunk_users):
+        raise RuntimeError("no such kernel")
+
+
+def factory_raises(**params):
+    raise OSError("damaged data file")
+
+
+@pytest.mark.parametrize(
+    ("task", "line"),
+    [
+        ("BuildRaises", "BuildRaises.build_model() raised OSError at "),
+        ("EvaluateRaises", "EvaluateRaises.evaluate() raised KeyError at "),
+        ("ReferenceRaises", "ReferenceRaises.reference() raised RuntimeError at "),
+        ("CohortRaises", "CohortRaises.cohort_trainer() raised RuntimeError at "),
+        ("factory_raises", "the factory raised OSError at "),
+    ],
+)
+def test_15_a_members_own_exception_is_one_line(tmp_path, capsys, task, line):
+    code = main(["simulate", str(TOY), "--rounds", "1", "--out", str(tmp_path / "r"), "--quiet",
+                 "--set", f"task={__name__}:{task}", "--set", "population=6",
+                 "--set", "clients-per-round=3", "--set", "task-params.num-users=6"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err[-2000:]  # before: a traceback, rc 1
+    assert line in err and f"{HERE}:" in err, err

@@ -444,9 +444,9 @@ class RunLedger(LedgerChecks):
                 f"release (line {head.line} of {self.path.name}): with the seed's noise again, "
                 f"releasing {what} would reveal the difference of the two without noise, so "
                 "nothing of it was released; a client that failed or answered differently, "
-                "another device, another engine or vectorize setting (their trainers differ in "
-                "float rounding) or edited code changes a redone round: resume where those are "
-                "as they were, or start a new run"
+                "another device, another engine, vectorize or (on a GPU) cohort-chunk or "
+                "fast-actors setting (their trainers differ in float rounding) or edited code "
+                "changes a redone round: resume where those are as they were, or start a new run"
             )
         return self.replay.pop(0)
 

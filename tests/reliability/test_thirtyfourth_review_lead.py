@@ -329,7 +329,7 @@ def test_10_a_redo_refused_after_vectorize_changed_says_it_may_be_why(tmp_path, 
     assert main(["simulate", "--resume", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "round 3, redone from the checkpoint" in err[0]
-    assert "another engine or vectorize setting" in err[0]
+    assert "another engine, vectorize or (on a GPU) cohort-chunk or fast-actors setting" in err[0]
 
 
 def lenient_task(num_users: int = 6, **ignored):

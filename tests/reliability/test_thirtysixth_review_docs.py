@@ -31,15 +31,14 @@ search takes a second).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import io
 import re
 from pathlib import Path
 
 import pytest
 
-from fedprivopt.cli import build_parser, main
+from fedprivopt.cli import build_parser
+from tests.reliability.test_fuzz_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "simulations" / "toy.toml"
@@ -53,17 +52,6 @@ DOCS = (
     "examples/digits/README.md",
     "examples/flower-app/README.md",
 )
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``main(argv)``: exit code (argparse's SystemExit included), stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 2
-    return code, out.getvalue(), err.getvalue()
 
 
 def readme_console() -> list[str]:

@@ -11,6 +11,7 @@ same cluster (through ``RAY_ADDRESS``). The cluster is shut down when the module
 not; the runs themselves only disconnect from it."""
 
 import logging
+import time
 
 import pytest
 import torch
@@ -167,6 +168,21 @@ def _gpus_this_torch_cannot_use(cluster) -> None:
         cluster_module.place_shards(cluster, 2, "cuda")
 
 
+def _wait_resources_free(ray, seconds: float = 60.0) -> None:
+    """Wait until every CPU and GPU of the cluster is free again (killed actors, a removed group).
+
+    ``ray.kill`` and ``remove_placement_group`` free their resources asynchronously; a ``SPREAD``
+    placement made meanwhile may put two shards on one node (a fresh clone's ``make test`` saw
+    2 nodes for 3 shards once, this session).
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        if all(free.get(k, 0) >= total.get(k, 0) for k in ("CPU", "GPU")):
+            return
+        time.sleep(0.2)
+
+
 def test_shards_get_a_gpu_each_where_the_nodes_have_them(so_dir, ray_cluster, monkeypatch):
     import ray
 
@@ -184,6 +200,7 @@ def test_shards_get_a_gpu_each_where_the_nodes_have_them(so_dir, ray_cluster, mo
         # from here the declared GPUs count as usable where the shards land
         monkeypatch.setattr(cluster_module, "_gpu_problems", lambda *args: {})
         for device, gpus in (("auto", 1), ("cpu", 0)):
+            _wait_resources_free(ray)  # else the SPREAD may find a node still busy
             placement = cluster_module.place_shards(cluster, NODES, device)
             try:
                 assert placement.device == ("cuda" if gpus else "cpu")

@@ -30,7 +30,7 @@ entries of ``Δ`` are zero (and the server drops its noise there,
 :func:`~fedprivopt.models.task.frozen_mask`), so models whose buffers should be learned are not
 supported. Everything else of the model (buffers outside the state dict, ``persistent=False``,
 and what its forward sets on its modules) is set back to its value of ``build_model()`` before
-every user (:class:`_ModelAtBuild`), so that nothing of one user's data reaches the next one's
+every user (:class:`ModelAtBuild`), so that nothing of one user's data reaches the next one's
 update.
 
 References
@@ -68,6 +68,7 @@ __all__ = [
     "LocalConfig",
     "LocalResult",
     "LocalTrainer",
+    "ModelAtBuild",
     "clip_report",
     "default_device",
     "epoch_orders",
@@ -142,7 +143,7 @@ _CONTAINERS = (list, dict, set)
 """Attribute values whose contents are set back in place (``Module._parameters``, hook tables)."""
 
 
-class _ModelAtBuild:
+class ModelAtBuild:
     """A model's own state as :meth:`Task.build_model` returned it, set back before every user.
 
     The state dict is loaded from the global model (:meth:`LocalTrainer._load`); the rest of a
@@ -250,7 +251,7 @@ class LocalTrainer:
         self._entries = self._layout(state)
         self._trainable = [e for e in self._entries if e.trainable]
         # the model as build_model() left it: set back before every user (_load)
-        self._at_build = _ModelAtBuild(self.model, saved=set(state))
+        self._at_build = ModelAtBuild(self.model, saved=set(state))
 
     # ---------------------------------------------------------------------------- layout
     def _layout(self, state: dict[str, torch.Tensor]) -> list[_Entry]:
@@ -313,7 +314,7 @@ class LocalTrainer:
         """Make trainable parameters views of ``flat``; copy frozen ones and buffers from it.
 
         Everything else of the model is first set back to what :meth:`Task.build_model` returned
-        (:class:`_ModelAtBuild`): buffers outside the state dict (``persistent=False``,
+        (:class:`ModelAtBuild`): buffers outside the state dict (``persistent=False``,
         thirty-fourth review of issue 15, tasks, finding 6), and what the model's forward set on
         itself (thirty-sixth review, tasks, finding 1), so that no user's update depends on the
         data of the users trained before it on the same trainer.

@@ -92,6 +92,11 @@
     traceback, rc 1 (``reference()``'s after the last round, with no ``summary.json``). Each is
     one line now naming the member and the line of the task's code, rc 2, as ``user_data`` and
     ``loss`` (finding 1).
+16. (The thirty-sixth review's tasks reviewer's open case.) A task whose ``evaluate()``
+    registers a buffer on the model it is given: the run ended at its second evaluation in
+    ``Missing key(s) in state_dict: "zz"``, a traceback, rc 1 (the evaluation model is built
+    once and loaded every evaluation). It is set back to its ``build_model()`` state before
+    every evaluation now, as the trainer's model is before every user: rc 0.
 """
 
 from __future__ import annotations
@@ -592,3 +597,24 @@ def test_15_a_members_own_exception_is_one_line(tmp_path, capsys, task, line):
     err = capsys.readouterr().err
     assert code == 2 and len(err.splitlines()) == 1, err[-2000:]  # before: a traceback, rc 1
     assert line in err and f"{HERE}:" in err, err
+
+
+# -- finding 16: an evaluate() that registers a buffer on its model ----------------------------
+
+
+class EvaluateKeeps(MinimalTask):
+    """The minimal task whose evaluate() registers a buffer on the model it is given."""
+
+    def evaluate(self, model):
+        model.register_buffer("zz", torch.ones(1))
+        return super().evaluate(model)
+
+
+def test_16_an_evaluate_that_registers_a_buffer_runs(tmp_path, capsys):
+    out = tmp_path / "r"
+    code = main(["simulate", str(TOY), "--rounds", "3", "--out", str(out), "--quiet",
+                 "--set", f"task={__name__}:EvaluateKeeps", "--set", "population=6",
+                 "--set", "clients-per-round=3", "--set", "task-params.num-users=6"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err[-2000:]  # before: a traceback at evaluation 2
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in rows] == [1, 2, 3]

@@ -52,9 +52,18 @@ from fedprivopt.privacy.sparse import (
     segment_scale,
 )
 
-__all__ = ["MAX_SUM_NOISE_STD", "AggregationResult", "NoisyMeanAggregator", "default_min_shares"]
+__all__ = [
+    "MAX_SUM_NOISE_STD",
+    "NON_FINITE",
+    "AggregationResult",
+    "NoisyMeanAggregator",
+    "default_min_shares",
+]
 
 NOISE_MODES = ("server", "distributed")
+
+NON_FINITE = "contains NaN or Inf"
+"""The reason of an update of the right form rejected for a NaN or infinite entry (or norm)."""
 
 #: Largest noise std ``σC`` on a round's sum (and ``σC/m̄`` on its mean; with adaptive clipping
 #: ``σ_Δ C``, checked by the strategy's configuration): its square, times up to the population
@@ -362,7 +371,7 @@ class NoisyMeanAggregator:
         factors, keep = [], True
         for user, problem, norm in zip(users, batch.user_problems(dim), norms, strict=True):
             if problem is not None or norm is None:
-                tally.rejected[user] = problem or "contains NaN or Inf"
+                tally.rejected[user] = problem or NON_FINITE
                 factors.append(None)
                 keep = False
                 continue
@@ -460,7 +469,7 @@ class NoisyMeanAggregator:
                 except ValueError:
                     norm = None
             if norm is None:
-                tally.rejected[int(user)] = "contains NaN or Inf"
+                tally.rejected[int(user)] = NON_FINITE
                 continue
             factor = self._factor(norm, bound, dtype, tally, values.numel())
             if factor != 1.0 and dtype not in _PRODUCT_DTYPES:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.privacy.aggregate import NON_FINITE
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.wire import ClientSettings
@@ -31,8 +32,6 @@ __all__ = [
     "refuse_malformed",
 ]
 
-NON_FINITE = "contains NaN or Inf"
-"""The aggregator's reason for an update of the right form with a NaN or infinite entry."""
 
 Updates = Mapping[int, Any]
 

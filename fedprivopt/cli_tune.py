@@ -545,7 +545,7 @@ def _check_tuned_metric(metric: str | None, runs: list, tunings: list[Path]) -> 
     still gave that tuning's ε.
     """
     from fedprivopt.core.text import shown
-    from fedprivopt.simulation.rundata import choose_metric
+    from fedprivopt.simulation.rundata_aggregate import choose_metric
 
     try:
         chosen = choose_metric(runs) if metric is None else metric

@@ -33,14 +33,12 @@ from fedprivopt.simulation.report_plots import (
     plot_privacy_utility,
     pretty_metric,
 )
-from fedprivopt.simulation.rundata import (
-    RunData,
+from fedprivopt.simulation.rundata import RunData, load_run, load_runs
+from fedprivopt.simulation.rundata_aggregate import (
     Selection,
     aggregate_runs,
     aggregate_with_notes,
     choose_metric,
-    load_run,
-    load_runs,
     reference_model,
     select_runs,
     warn_all,

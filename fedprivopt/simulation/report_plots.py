@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from fedprivopt.simulation.rundata import (
-    RunData,
+from fedprivopt.simulation.rundata import RunData
+from fedprivopt.simulation.rundata_aggregate import (
     Selection,
     aggregate_with_notes,
     group_runs,

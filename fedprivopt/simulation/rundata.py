@@ -1,18 +1,17 @@
-"""Finished runs as data: load run directories, choose the metric, aggregate over seeds.
+"""Finished runs as data: load run directories and the ε their files state.
 
-:func:`load_run` reads one run directory (ε from its privacy ledger, final metrics from its
-metrics rows, :attr:`RunData.warnings` for what was tolerated); :func:`aggregate_runs` groups runs
-by (strategy, σ) and summarizes each group over its seeds. The report built from them:
-:mod:`fedprivopt.simulation.report`.
+:func:`load_run` reads one run directory (ε from its privacy ledger, or its newest checkpoint's
+accountant, final metrics from its metrics rows, :attr:`RunData.warnings` for what was
+tolerated); :func:`load_runs` a run, a ``compare`` output or a folder of runs. Grouping them by
+(strategy, σ) and aggregating over seeds: :mod:`fedprivopt.simulation.rundata_aggregate`; the
+report built from them: :mod:`fedprivopt.simulation.report`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,22 +43,12 @@ from fedprivopt.strategies.config import MAX_ROUNDS
 __all__ = [
     "RunData",
     "RunWarning",
-    "Selection",
-    "aggregate_runs",
-    "aggregate_with_notes",
     "as_float",
-    "choose_metric",
     "dedup_rounds",
-    "group_runs",
     "load_run",
     "load_runs",
-    "mean_std",
-    "reference_model",
-    "select_runs",
-    "warn_all",
 ]
 
-_METRIC_PREFERENCE = ("eval_recall_at_5", "eval_accuracy")
 _REQUIRED_SUMMARY_KEYS = ("strategy", "noise_multiplier", "seed", "epsilon", "delta")
 _RUN_MARKS = (LEDGER_FILE, METRICS_FILE)
 """Files that make a directory a run's: its ledger is written before its first round."""
@@ -419,60 +408,6 @@ def load_runs(root: str | Path) -> list[RunData]:
     return [load_run(d) for d in dirs]
 
 
-def choose_metric(runs: Sequence[RunData]) -> str:
-    """The task metric to report: the one the runs' task leads with.
-
-    That is the ``primary_metric`` their summaries name (:func:`fedprivopt.models.primary_metric`)
-    when every run that names one names the same and some run reports it. Runs written before
-    summaries named it (or of several tasks) get ``eval_recall_at_5`` if any run has it, else
-    ``eval_accuracy``.
-    """
-    named = {run.summary.get("primary_metric") for run in runs} - {None}
-    preference = (*named, *_METRIC_PREFERENCE) if len(named) == 1 else _METRIC_PREFERENCE
-    for metric in preference:
-        if isinstance(metric, str) and any(run.has_metric(metric) for run in runs):
-            return metric
-    shown = list(dict.fromkeys(preference))  # the named metric is also a preferred one
-    raise ValueError(f"runs: none reports a task metric (one of {shown})")
-
-
-def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> list[dict[str, Any]]:
-    """Group runs by (strategy, noise multiplier) and summarize each group over its seeds.
-
-    Parameters
-    ----------
-    runs : sequence of RunData
-    metric : str, optional
-        Task metric; ``None`` picks one with :func:`choose_metric`. Runs lacking it are skipped
-        with a ``UserWarning``.
-
-    Returns
-    -------
-    list of dict
-        One dict per group, sorted by (strategy, σ), with keys ``strategy``, ``noise_multiplier``,
-        ``metric``, ``n_seeds``, ``seeds``, ``n_finite`` (seeds whose final metric is finite),
-        ``epsilon`` and ``delta`` (the largest over seeds; they should agree), ``rounds`` and
-        ``rounds_max`` (the fewest and the most rounds a seed completed), ``<metric>_mean``,
-        ``<metric>_std``, ``eval_loss_mean``, ``eval_loss_std`` (over finite values; sample
-        std, NaN for one value),
-        ``seconds_per_round`` (mean over seeds), ``stopped_reasons``, ``n_budget`` (seeds whose
-        privacy budget stopped them before their last round) and ``diverged``: the
-        ``(seed, round)`` of each seed whose model or an evaluation became non-finite
-        (:meth:`RunData.diverged`; its final values describe an overflowed model).
-    """
-    rows, notes = aggregate_with_notes(runs, metric)
-    warn_all(notes)
-    return rows
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The runs a report covers and the metric it reports."""
-
-    metric: str
-    runs: list[RunData]
-
-
 def as_float(value: Any) -> float:
     """A float from a JSON value; ``None`` and non-numbers become NaN.
 
@@ -491,185 +426,3 @@ def dedup_rounds(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows sorted by round; a round written twice (a resumed run) keeps its last row."""
     by_round = {int(r["round"]): r for r in rows}
     return [by_round[k] for k in sorted(by_round)]
-
-
-def warn_all(messages: Iterable[str]) -> None:
-    """Issue each message as a :class:`RunWarning` (attributed to the caller's caller)."""
-    for message in messages:
-        warnings.warn(message, RunWarning, stacklevel=3)
-
-
-def select_runs(runs: Sequence[RunData], metric: str | None) -> tuple[Selection, list[str]]:
-    """The runs that report ``metric`` (chosen if ``None``), and notes on those left out."""
-    runs = list(runs)
-    if not runs:
-        raise ValueError("runs: empty; need at least one run")
-    notes = [w for run in runs for w in run.warnings]
-    _check_some_round(runs)
-    metric = choose_metric(runs) if metric is None else metric
-    kept, skipped = [], []
-    for run in runs:
-        (kept if run.has_metric(metric) else skipped).append(run)
-    notes += [f"{run.path}: no '{metric}'; run skipped" for run in skipped]
-    if not kept:
-        raise ValueError(f"metric: no run reports {metric!r}")
-    return Selection(metric, kept), notes
-
-
-def _check_some_round(runs: Sequence[RunData]) -> None:
-    """Refuse runs none of which completed a round, naming why (twenty-first review).
-
-    A report of them has no value to show; when each stopped at its privacy budget before its
-    first round, the cause is ``target-epsilon`` below one round's ε, which the line names
-    (instead of ``none reports a task metric``, which sent the user looking at the metric).
-    """
-    if any(run.rounds_completed > 0 or run.rows for run in runs):
-        return
-    if all(run.summary.get("stopped_reason") == "budget" for run in runs):
-        raise ValueError(
-            f"no results to report: every run ({len(runs)}) stopped at its privacy budget before "
-            "its first round (target-epsilon is below the epsilon of one round); raise "
-            "target-epsilon or the noise multiplier"
-        )
-    raise ValueError(f"no results to report: none of the {len(runs)} runs completed a round")
-
-
-def group_runs(runs: Iterable[RunData]) -> dict[tuple[str, float], list[RunData]]:
-    """Runs by (strategy, σ), sorted, each group sorted by seed."""
-    groups: dict[tuple[str, float], list[RunData]] = {}
-    for run in runs:
-        groups.setdefault((run.strategy, run.noise_multiplier), []).append(run)
-    return {k: sorted(groups[k], key=lambda r: r.seed) for k in sorted(groups)}
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample std of the finite values (NaN for none).
-
-    The std of one value is NaN: there is no spread to measure (thirtieth review of issue 15,
-    privacy-report finding 3: it was 0.0, which ``summary.csv`` wrote beside ``seeds`` 2 when one
-    seed diverged, and a reader took it for a measured std).
-    """
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return math.nan, math.nan
-    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else math.nan
-    return float(np.mean(finite)), std
-
-
-def aggregate_with_notes(
-    runs: Sequence[RunData], metric: str | None
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """:func:`aggregate_runs`' rows, and its notes instead of warnings."""
-    sel, notes = select_runs(runs, metric)
-    m = sel.metric
-    rows = []
-    for (strategy, sigma), group in group_runs(sel.runs).items():
-        diverged = []  # (seed, first non-finite round); noted first: stderr shows the first note
-        for run in group:
-            first = run.diverged(m)
-            if first is not None:
-                diverged.append((run.seed, first))
-                notes.append(
-                    f"{run.path}: diverged at round {first} (an evaluation loss or {m}, or the "
-                    "model, became non-finite); its final values describe an overflowed model"
-                )
-        notes += _not_seeds_alone(strategy, sigma, group)
-        finals = [run.final_value(m) for run in group]
-        losses = [run.final_value("eval_loss") for run in group]
-        for run, value, loss in zip(group, finals, losses, strict=True):
-            for name, v in ((m, value), ("eval_loss", loss)):
-                if not math.isfinite(v):
-                    notes.append(f"{run.path}: final {name} is {v}; left out of the mean")
-        epsilons = [run.epsilon for run in group]
-        known_eps = [e for e in epsilons if not math.isnan(e)]
-        if known_eps and max(known_eps) - min(known_eps) > 1e-9 * max(1.0, abs(max(known_eps))):
-            notes.append(
-                f"{strategy}, σ={sigma:g}: ε differs across seeds "
-                f"({min(known_eps):.6g} to {max(known_eps):.6g}); reporting the largest"
-            )
-        metric_mean, metric_std = mean_std(finals)
-        loss_mean, loss_std = mean_std(losses)
-        rows.append({
-            "strategy": strategy,
-            "noise_multiplier": sigma,
-            "metric": m,
-            "n_seeds": len(group),
-            "seeds": [run.seed for run in group],
-            "n_finite": sum(math.isfinite(v) for v in finals),
-            "epsilon": max(known_eps) if known_eps else math.nan,
-            "delta": max((run.delta for run in group), default=math.nan),
-            "rounds": min(run.rounds_completed for run in group),
-            "rounds_max": max(run.rounds_completed for run in group),
-            f"{m}_mean": metric_mean,
-            f"{m}_std": metric_std,
-            "eval_loss_mean": loss_mean,
-            "eval_loss_std": loss_std,
-            "seconds_per_round": mean_std([run.seconds_per_round() for run in group])[0],
-            "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
-            "n_budget": sum(run.summary.get("stopped_reason") == "budget" for run in group),
-            "diverged": diverged,
-        })  # fmt: skip
-    return rows, notes
-
-
-def _not_seeds_alone(strategy: str, sigma: float, group: Sequence[RunData]) -> list[str]:
-    """A note when a row's runs are not seeds of one configuration (else nothing).
-
-    Thirty-fifth review of issue 15 (outputs, finding 8): ``write_report(out, load_runs(F))``
-    (the documented API) of a folder holding two ``simulate`` runs of dp-fedavg, seed 0, at
-    ``local-learning-rate`` 0.1 and 0.5 reported one row "seeds 2, accuracy 0.543 ± 0.099" under
-    "mean ± sample std over seeds", the header saying "1 seeds (0)": two configurations' spread
-    read as the seeds'. ``compare-tuned --untuned`` refuses such runs
-    (:func:`~fedprivopt.simulation.tune_untuned.check_untuned_seeds`); a tuned row's runs differ
-    in their hyperparameters by design (each its tuning's choice) and are not checked, nor are
-    the keys of how a run was executed or recorded (``tune_grid.RUN_ONLY_KEYS``: ``tensorboard``,
-    ``eval-every``, ``engine``, …).
-    """
-    from fedprivopt.simulation.tune_grid import RUN_ONLY_KEYS
-    from fedprivopt.simulation.tune_report import TUNED_SUFFIX
-
-    if strategy.endswith(TUNED_SUFFIX) or len(group) < 2:
-        return []
-    seeds = [run.seed for run in group]
-    twice = sorted({s for s in seeds if seeds.count(s) > 1})
-    where = f"{strategy}, σ={sigma:g}"
-    if twice:
-        same = [str(run.path) for run in group if run.seed == twice[0]]
-        return [
-            f"{where}: {len(same)} of its runs have seed {twice[0]} ({', '.join(same[:3])}"
-            f"{', ...' if len(same) > 3 else ''}): runs of one seed are not seeds, and the row's "
-            "mean and std are not over seeds"
-        ]
-    configs = [run.summary.get("config") for run in group]
-    if not all(isinstance(c, dict) for c in configs):
-        return []
-    kept = {"seed", *RUN_ONLY_KEYS}  # how a run was executed or recorded is no configuration
-    first = {k: v for k, v in configs[0].items() if k not in kept}
-    for run, config in zip(group[1:], configs[1:], strict=True):
-        other = {k: v for k, v in config.items() if k not in kept}
-        keys = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
-        if keys:
-            return [
-                f"{where}: {run.path} differs from {group[0].path} beyond the seed ({keys[0]} "
-                f"{shown(other.get(keys[0]))}, not {shown(first.get(keys[0]))}): the row's mean "
-                "and std are not over seeds of one configuration"
-            ]
-    return []
-
-
-def reference_model(runs: Sequence[RunData], metric: str) -> tuple[str, dict[str, float]] | None:
-    """The task's reference model from the runs' summaries (e.g. the tag prior), if any.
-
-    A run's ``summary.json`` may hold ``"reference": {"name": ..., "metrics": {...}}``: a model
-    built from public information only (no training), evaluated like the runs. Used when every
-    run that has one agrees on it and it reports ``metric``.
-    """
-    found = {json.dumps(r.summary.get("reference"), sort_keys=True) for r in runs}
-    found.discard("null")
-    if len(found) != 1:
-        return None
-    ref = json.loads(found.pop())
-    metrics = {k: as_float(v) for k, v in (ref.get("metrics") or {}).items()}
-    if not isinstance(ref.get("name"), str) or metric not in metrics:
-        return None
-    return ref["name"], metrics

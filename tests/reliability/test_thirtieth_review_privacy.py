@@ -65,7 +65,7 @@ from flwr.app import Error, Message, Metadata, RecordDict
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.simulation.report import load_run, write_report
-from fedprivopt.simulation.rundata import mean_std
+from fedprivopt.simulation.rundata_aggregate import mean_std
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from tests.reliability.test_twentyninth_review_privacy import QueryGrid, user_query_strategy
 from tests.simulation.test_report import write_run

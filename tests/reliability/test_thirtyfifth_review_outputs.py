@@ -77,7 +77,8 @@ from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_rows
 from fedprivopt.simulation.report import write_report
 from fedprivopt.simulation.report_plots import _diverged_text, _strategy_colors, _styles
-from fedprivopt.simulation.rundata import aggregate_runs, load_runs
+from fedprivopt.simulation.rundata import load_runs
+from fedprivopt.simulation.rundata_aggregate import aggregate_runs
 from fedprivopt.strategies.config import NON_PRIVATE, STRATEGIES
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"

@@ -97,7 +97,8 @@ def test_1_the_same_with_a_metric_given(tmp_path):
 
 
 def test_1_a_metric_no_run_reports_is_listed_once(tmp_path):
-    from fedprivopt.simulation.rundata import RunData, choose_metric
+    from fedprivopt.simulation.rundata import RunData
+    from fedprivopt.simulation.rundata_aggregate import choose_metric
 
     run = RunData(
         summary={"strategy": "dp-fedavg", "noise_multiplier": 0.5, "seed": 0, "epsilon": 1.0,

@@ -12,7 +12,9 @@ Named strategies are small subclasses: ADADP asks for two cohorts per round, DP2
 delayed preconditioner in adaptive rounds, AdaDPS broadcasts the public side information.
 
 The request and result types live in :mod:`fedprivopt.strategies.requests` (re-exported here),
-the checkpoint of an algorithm in :mod:`fedprivopt.strategies.state`.
+the checkpoint of an algorithm in :mod:`fedprivopt.strategies.state`, its noised aggregation (the
+aggregator and tree noise it builds, one cohort's noised mean) in
+:mod:`fedprivopt.strategies.aggregation`.
 """
 
 from __future__ import annotations
@@ -28,17 +30,12 @@ from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant
-from fedprivopt.privacy.aggregate import (
-    AggregationResult,
-    NoisyMeanAggregator,
-    default_min_shares,
-)
-from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import SamplingSpec
-from fedprivopt.privacy.tree import TreeCohorts, TreeNoise, tree_position
+from fedprivopt.privacy.tree import tree_position
+from fedprivopt.strategies.aggregation import AlgorithmAggregation, largest_noise_std
 from fedprivopt.strategies.clipping import AdaptiveClipping
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.requests import (
@@ -47,8 +44,6 @@ from fedprivopt.strategies.requests import (
     RoundResult,
     TrainRequest,
     Updates,
-    each_user_once,
-    refuse_malformed,
 )
 from fedprivopt.strategies.state import AlgorithmState
 from fedprivopt.wire import ClientSettings
@@ -62,21 +57,8 @@ __all__ = [
     "drive_round",
 ]
 
-NOISE_HEADROOM = 64.0
-"""How far below the model dtype's largest number the noise std of a round's sum must stay.
 
-A float32 Gaussian draw reaches about 6 standard deviations (Box-Muller of 24-bit uniforms),
-secure mode adds four draws before halving, and tree aggregation's prefix sums add up to
-about 20 nodes (about 4.6 standard deviations of one): 64 keeps every draw finite.
-"""
-
-
-def largest_noise_std(dtype: torch.dtype) -> float:
-    """The largest noise std of a round's sum in a model of ``dtype`` (:data:`NOISE_HEADROOM`)."""
-    return torch.finfo(dtype).max / NOISE_HEADROOM if dtype.is_floating_point else math.inf
-
-
-class ServerAlgorithm(AlgorithmState):
+class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
     """Server side of a (DP) federated strategy, independent of the transport.
 
     Parameters
@@ -158,80 +140,6 @@ class ServerAlgorithm(AlgorithmState):
         self.on_partial_release: PartialRelease | None = None
 
     # -- construction hooks ------------------------------------------------------------------
-
-    def _check_noise_fits(self, dtype: torch.dtype) -> None:
-        """Refuse a sum noise std ``σ_Δ C`` beyond the largest number of the model's dtype.
-
-        Twenty-fifth review of issue 15: ``simulate toy.toml --set noise-multiplier=1e39``
-        drew infinite noise (float32 ends at 3.4e38) and ended rc 0 as a divergence whose
-        advice named the learning rates. Twenty-sixth review: so did ``noise-multiplier=1e38``,
-        below that bound (78 of 100,000 float32 draws of std 1e38 are infinite: a Gaussian
-        draw reaches 4-6 standard deviations, secure mode sums four draws before halving, a
-        tree sums up to ~20 nodes). The std may be at most the largest number over
-        :data:`NOISE_HEADROOM`.
-
-        Thirty-first review: DP2's ``clip-norm-adaptive`` (the clip norm of its adaptive rounds,
-        whose sum gets noise of std ``σ_Δ`` times it) was not checked: ``--strategy dp2 --set
-        clip-norm-adaptive=3e38`` drew infinite noise in its first adaptive round and ended rc 0
-        as a divergence advising lower learning rates.
-        """
-        c = self.config
-        largest = largest_noise_std(dtype)
-        adaptive_c = getattr(c.options, "clip_norm_adaptive", None)  # DP2's second norm
-        for key, clip in (("clip-norm", c.clip_norm), ("clip-norm-adaptive", adaptive_c)):
-            if c.private and clip is not None and not c.update_noise_multiplier * clip <= largest:
-                sigma = "sigma_Delta" if c.adaptive else "noise-multiplier"
-                raise ValueError(
-                    f"{sigma} * {key} must be at most {largest:.6g} for a {dtype} model (the "
-                    f"noise std of a round's sum; its largest number over {NOISE_HEADROOM:g}: "
-                    "beyond it noise draws overflow to infinity), got "
-                    f"{c.update_noise_multiplier:g} * {clip:g}; lower noise-multiplier or {key}"
-                )
-
-    def _make_tree(self, params: torch.Tensor) -> tuple[TreeCohorts | None, TreeNoise | None]:
-        """The cohorts and noise of tree aggregation (``None, None`` for the Gaussian)."""
-        c = self.config
-        if not c.tree:
-            return None, None
-        cohorts = TreeCohorts(
-            population=c.population,
-            cohort_size=int(c.clients_per_round),
-            restart_rounds=c.restart_rounds,
-            rngs=self.rngs,
-        )
-        noise = TreeNoise(
-            std=c.noise_multiplier * c.clip_norm,
-            restart_rounds=c.restart_rounds,
-            rngs=self.rngs,
-            dim=params.numel(),
-            dtype=params.dtype,
-            device=params.device,
-        )
-        return cohorts, noise
-
-    def _make_aggregator(self) -> NoisyMeanAggregator:
-        c = self.config
-        if not c.private:
-            return NoisyMeanAggregator(
-                clip_norm=None, noise_multiplier=0.0, expected_cohort_size=c.clients_per_round
-            )
-        min_shares = None
-        if c.noise_mode == "distributed" and c.min_shares:
-            min_shares = c.min_shares
-        elif c.noise_mode == "distributed" and c.sampling == "fixed":
-            # every cohort has exactly m users, so every quantile of its size is m (thirty-third
-            # review of issue 15: Binomial(N, q)'s 1% quantile, 4 for a cohort of 10, made each
-            # share and the sum's noise std sqrt(10/4) times what the accountant was told)
-            min_shares = int(c.clients_per_round)
-        elif c.noise_mode == "distributed":
-            min_shares = default_min_shares(c.population, c.sample_rate, c.min_shares_quantile)
-        return NoisyMeanAggregator(
-            clip_norm=c.clip_norm,
-            noise_multiplier=c.update_noise_multiplier,  # σ_Δ with adaptive clipping
-            expected_cohort_size=c.clients_per_round,
-            noise_mode=c.noise_mode,
-            min_shares=min_shares,
-        )
 
     def make_transform(self) -> optim.ServerTransform | None:
         """Server optimizer of this strategy (each named strategy defines its own)."""
@@ -374,149 +282,6 @@ class ServerAlgorithm(AlgorithmState):
             cohort = self.tree_cohorts.cohort(round_num, available)
             return [u + self.user_offset for u in cohort]
         return [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
-
-    def aggregate(
-        self,
-        round_num: int,
-        updates: Updates,
-        *,
-        clip_norm: float | None = None,
-        stream: str = "",
-        cohort: list[int] | None = None,
-    ):
-        """Noised mean of the updates of one cohort (server noise keyed by round and stream).
-
-        With adaptive clipping the clip norm is the round's ``C``, a reply without a valid clip
-        bit is rejected as a whole, and the cohort's noised count is kept for :meth:`_finish`
-        (:meth:`_count`). ``cohort``: the users the round asked; a reply from anyone else is
-        rejected (twenty-fifth review of issue 15: an update sent to :meth:`run_round` for a
-        user who was not sampled was summed, releasing that user without the subsampling the
-        accountant assumes; the engines and the Flower strategy never send one).
-
-        ``round_num`` must be after the last round released (:attr:`round_num`): the server
-        noise of a seeded run is keyed by round, so a round run again drew the same noise, and
-        the difference of its two releases was the difference of the clipped sums without any
-        noise (twenty-ninth review of issue 15: ``drive_round(alg, 1, train)`` twice, a user
-        dropped the second time, gave that user's clipped update exactly, while the accountant
-        charged two independent releases).
-        """
-        round_num = check_int("round_num", round_num, 1)
-        if round_num <= self.round_num:
-            raise ValueError(
-                f"round {round_num} was released already (the last released round is "
-                f"{self.round_num}): a round runs once, after the rounds before it (run again, its "
-                "seeded noise would repeat)"
-            )
-        if clip_norm is not None:
-            # a short API review of issue 15: True and 1+0j equal a configured C of 1 and were
-            # taken; 1e300 overflowed squaring the noise std (now refused by the aggregator)
-            clip_norm = check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
-            # thirty-first review of issue 15: clip_norm=3e38 on a float32 model (noise std
-            # σC 3e38) gave a noised mean with 257 of 1,000 entries infinite
-            sigma, largest = (
-                self.config.update_noise_multiplier,
-                largest_noise_std(self.params.dtype),
-            )
-            if self.config.private and not sigma * clip_norm <= largest:
-                raise ValueError(
-                    f"clip_norm must be at most {largest / sigma:.6g} for a {self.params.dtype} "
-                    f"model (the noise std of the sum, {sigma:g} * clip_norm, at most "
-                    f"{largest:.6g}), got {clip_norm:g}"
-                )
-        elif self.config.adaptive:
-            clip_norm = self.current_clip_norm()
-        aggregator = self.aggregator
-        if clip_norm is not None and aggregator.private and clip_norm != aggregator.clip_norm:
-            aggregator = NoisyMeanAggregator(
-                clip_norm=clip_norm,
-                noise_multiplier=aggregator.noise_multiplier,
-                expected_cohort_size=aggregator.expected_cohort_size,
-                noise_mode=aggregator.noise_mode,
-                min_shares=aggregator.min_shares,
-            )
-        generator = self.rngs.generator(round_num, "server-noise", stream)
-        # a fixed summation order (by user) makes every engine's sum bit-identical; a streamed
-        # cohort (the fast engine's) already comes in that order and is consumed as it is trained,
-        # a chunk of users at a time
-        unasked: dict[int, str] = {}
-        bad_bits: dict[int, str] = {}
-        received: set[int] | None = None  # a streamed cohort's users that were yielded
-        if getattr(updates, "sorted_by_user", False):
-            if cohort is not None:
-                # twenty-sixth review of issue 15: a streamed cohort (simulation.fast's
-                # StreamedUpdates, trained as it is read) of users the round did not ask was
-                # summed whole; its users are known before anything is trained, so it is refused
-                extra = sorted(set(int(u) for u in updates.keys()) - set(cohort))
-                if extra:
-                    raise ValueError(
-                        f"updates hold users not in round {round_num}'s cohort: {shown(extra)}"
-                    )
-            entries = updates.entries() if hasattr(updates, "entries") else updates.items()
-            allowed, received = cohort if cohort is not None else updates.keys(), set()
-            entries = each_user_once(entries, {int(u) for u in allowed}, round_num, received)
-        else:
-            entries = sorted(updates.items())
-            if cohort is not None:
-                asked = set(cohort)
-                unasked = {
-                    int(u): "not in the round's cohort" for u, _ in entries if u not in asked
-                }
-                entries = [(u, update) for u, update in entries if u in asked]
-            if self.clipping is not None:
-                # replies decoded from messages: one whose clip bit is invalid is not summed
-                entries, bad_bits = self.clipping.screen(entries, getattr(updates, "clip_bits", {}))
-        sum_noise = None
-        if self.tree_noise is not None:
-            noise, nodes = self.tree_noise.release(round_num)
-            sum_noise = (noise, nodes * self.tree_noise.std**2)
-        agg = aggregator.aggregate(
-            entries,
-            dim=self.params.numel(),
-            dtype=self.params.dtype,
-            generator=generator,
-            device=self.params.device,
-            sum_noise=sum_noise,
-        )
-        if received is not None:  # the fast engine's own trainer: no client sends a malformed one
-            refuse_malformed(round_num, agg.rejected)
-        if sum_noise is not None:
-            agg.metrics["tree_nodes"] = float(nodes)
-        if unasked:
-            agg.rejected.update(unasked)
-            agg.metrics["received"] += float(len(unasked))
-            agg.metrics["rejected"] = float(len(agg.rejected))
-        if self.frozen is not None:
-            # frozen parameters: their coordinates are zero in every update, so only noise is
-            # there; dropping it (the same coordinates for any data) is post-processing. In place:
-            # the aggregator returns a fresh tensor, and a copy would cost a model's size a round
-            agg.delta_tilde.masked_fill_(self.frozen, 0.0)
-        if self.clipping is not None:
-            self.clipping.count(round_num, self.rngs, updates, agg, bad_bits, stream, received)
-        return agg
-
-    def optimizer_noise_std(self, agg: Any, clip_norm: float | None = None) -> float:
-        """The per-coordinate noise std of Δ̃ that a server optimizer may use: public.
-
-        The aggregate's ``noise_std``, except with distributed noise (and no tree), where that
-        grows with the number of shares accepted above ``min-shares``: there the accounted
-        ``σ·C_t/m̄`` of the round's clip norm ``clip_norm`` (``None``: this round's, as
-        :meth:`aggregate` takes it). Seventeenth review of issue 15 (an observation): DP-FedAdam's
-        τ, DP-AdamBC's Φ and ADADP's tolerance followed the accepted count (noise std 0.032856
-        with 19 shares, 0.034542 with 21). Δ̃'s own noise carries that count, so this leaked
-        nothing new, but the contract is that Δ̃ is the only data-dependent input of the server
-        optimizer; the rest is public configuration.
-        """
-        if not isinstance(agg, AggregationResult):  # an AttributeError before (API review)
-            raise ValueError(f"agg must be an AggregationResult, got {type(agg).__name__}")
-        if clip_norm is not None:  # ignored unchecked in server mode before (API review)
-            clip_norm = check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
-        if self.tree_noise is not None or self.config.noise_mode != "distributed":
-            return agg.noise_std
-        if not self.aggregator.private:
-            return 0.0
-        clip = clip_norm if clip_norm is not None else self.current_clip_norm()
-        a = self.aggregator
-        return a.noise_multiplier * (clip or a.clip_norm) / a.expected_cohort_size
 
     # -- adaptive clipping ---------------------------------------------------------------------
 

@@ -60,7 +60,8 @@ from dp_accounting import rdp
 from fedprivopt.privacy.accounting import PrivacyAccountant, _poisson_int_rdp, compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.strategies import StrategyConfig, build_algorithm
-from fedprivopt.strategies.core import NOISE_HEADROOM, ReportedUpdates, drive_round
+from fedprivopt.strategies.aggregation import NOISE_HEADROOM
+from fedprivopt.strategies.core import ReportedUpdates, drive_round
 from tests.reliability.test_eighteenth_review import one_line_error
 from tests.reliability.test_fuzz_cli import PRESET, run_cli
 

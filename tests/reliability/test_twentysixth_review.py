@@ -199,7 +199,7 @@ def test_3_draws_at_the_bound_are_finite(secure):
     import torch
 
     from fedprivopt.privacy.noise import gaussian_noise
-    from fedprivopt.strategies.core import NOISE_HEADROOM
+    from fedprivopt.strategies.aggregation import NOISE_HEADROOM
 
     std = torch.finfo(torch.float32).max / NOISE_HEADROOM
     gen = torch.Generator().manual_seed(3)

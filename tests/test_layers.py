@@ -28,6 +28,7 @@ LAYERS = (
         "cli_compare_tune",
         "cli_stdout",
         "cli_exit",
+        "cli_privacy",
         "deploy.cli",
     ),
 )

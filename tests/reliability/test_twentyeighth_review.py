@@ -175,8 +175,9 @@ def test_1_compare_without_quiet_still_announces_each_cell(tmp_path, monkeypatch
 AFTER_RESULT = """
 import atexit, os, signal, sys
 import fedprivopt.cli as cli
+import fedprivopt.cli_privacy as cli_privacy
 
-command = cli.cmd_epsilon
+command = cli_privacy.cmd_epsilon
 
 
 def cmd_epsilon(args):
@@ -187,7 +188,7 @@ def cmd_epsilon(args):
     return code
 
 
-cli.cmd_epsilon = cmd_epsilon
+cli_privacy.cmd_epsilon = cmd_epsilon
 sys.argv = ["fedprivopt", *sys.argv[1:]]
 cli.console()
 """
@@ -195,8 +196,9 @@ cli.console()
 IN_TEARDOWN = """
 import os, signal, sys, time
 import fedprivopt.cli as cli
+import fedprivopt.cli_privacy as cli_privacy
 
-command = cli.cmd_epsilon
+command = cli_privacy.cmd_epsilon
 
 
 class LateCtrlC:
@@ -210,7 +212,7 @@ def cmd_epsilon(args):
     return command(args)
 
 
-cli.cmd_epsilon = cmd_epsilon
+cli_privacy.cmd_epsilon = cmd_epsilon
 sys.argv = ["fedprivopt", *sys.argv[1:]]
 cli.console()
 """

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from fedprivopt.data.sqlite import read_example_counts
-from fedprivopt.data.synthetic import SyntheticConfig, default_workers, generate
+from fedprivopt.data.synthetic import default_workers, generate
+from fedprivopt.data.synthetic_config import SyntheticConfig
 
 
 def _digest(files) -> str:

@@ -36,7 +36,8 @@ from unittest import mock
 import tomllib
 import torch
 
-from fedprivopt.data.synthetic import SyntheticConfig, word_tag_model
+from fedprivopt.data.synthetic import word_tag_model
+from fedprivopt.data.synthetic_config import SyntheticConfig
 from fedprivopt.simulation import run as run_module
 from fedprivopt.simulation.config import load_config
 

@@ -30,16 +30,18 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         refuse_filesystem_root,
     )
     from fedprivopt.data.sqlite import read_example_counts
-    from fedprivopt.data.synthetic import (
-        DATASET_FILES,
+    from fedprivopt.data.synthetic_config import (
         DISK_PER_USER,
-        SYNTHETIC_META_FILE,
         config_error,
+        tag_knobs,
+        user_size_knobs,
+    )
+    from fedprivopt.data.synthetic_files import (
+        DATASET_FILES,
+        SYNTHETIC_META_FILE,
         foreign_sqlite,
         is_synthetic_dir,
         run_files_note,
-        tag_knobs,
-        user_size_knobs,
     )
     from fedprivopt.data.token_cache import CACHE_DIR, file_key, remove_stores
 
@@ -183,7 +185,7 @@ def cmd_data_info(args: argparse.Namespace) -> int:
 
 def add_data(sub) -> None:
     """Add ``fedprivopt data synth`` and ``fedprivopt data info`` to the subcommands ``sub``."""
-    from fedprivopt.data.synthetic import MAX_CLIENTS
+    from fedprivopt.data.synthetic_config import MAX_CLIENTS
 
     p = sub.add_parser(
         "data",

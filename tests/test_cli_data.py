@@ -109,7 +109,7 @@ def test_synthetic_config_bounds_num_clients_before_allocating():
     import pytest
 
     from fedprivopt.data import SyntheticConfig
-    from fedprivopt.data.synthetic import MAX_CLIENTS
+    from fedprivopt.data.synthetic_config import MAX_CLIENTS
 
     assert SyntheticConfig(num_clients=MAX_CLIENTS).num_clients == 1_000_000
     with pytest.raises(ValueError, match="num_clients must be at most 1000000"):

@@ -11,7 +11,9 @@ Readers give lazy per-client access through one interface, :class:`ClientSplit`
 * :mod:`~fedprivopt.data.hdf5`: legacy ``stackoverflow_<split>.h5`` files (needs ``h5py``).
 * :mod:`~fedprivopt.data.vocab`: ``stackoverflow.word_count`` / ``stackoverflow.tag_count``.
 * :mod:`~fedprivopt.data.synthetic`: a StackOverflow-like generator writing the same files
-  (its generative model in :mod:`~fedprivopt.data.synthetic_model`).
+  (its configuration in :mod:`~fedprivopt.data.synthetic_config`, its directory's files and
+  marker in :mod:`~fedprivopt.data.synthetic_files`, its generative model in
+  :mod:`~fedprivopt.data.synthetic_model`).
 * :mod:`~fedprivopt.data.summary`: per-split users and examples (``fedprivopt data info``).
 """
 
@@ -52,11 +54,11 @@ __all__ = lazy_package(
             "summarize_sqlite",
         ),
         "synthetic": (
-            "SyntheticConfig",
-            "SyntheticFiles",
             "ensure_synthetic",
             "generate",
         ),
+        "synthetic_config": ("SyntheticConfig",),
+        "synthetic_files": ("SyntheticFiles",),
         "tfexample": (
             "ProtoDecodeError",
             "parse_example",

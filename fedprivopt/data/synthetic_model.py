@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from fedprivopt.data.synthetic import SyntheticConfig
+    from fedprivopt.data.synthetic_config import SyntheticConfig
 
 __all__ = ["ChunkDraws", "WordTagModel", "build_model", "draw_chunk", "parse_date"]
 

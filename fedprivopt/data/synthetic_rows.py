@@ -27,7 +27,7 @@ from fedprivopt.data.synthetic_model import (
 from fedprivopt.data.tfexample_encode import bytes_entry, feature_entry, wrap_feature_entries
 
 if TYPE_CHECKING:
-    from fedprivopt.data.synthetic import SyntheticConfig
+    from fedprivopt.data.synthetic_config import SyntheticConfig
 
 __all__ = ["CHUNK_USERS", "SPLITS", "chunk_rows", "default_workers", "draw_rows"]
 

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from fedprivopt.core.checks import check_int
 from fedprivopt.data.stackoverflow import StackOverflowExample
-from fedprivopt.data.synthetic import SQLITE_FILE
+from fedprivopt.data.synthetic_files import SQLITE_FILE
 from fedprivopt.data.vocab import WORD_COUNT_FILE, read_word_counts
 from fedprivopt.models.next_word_model import NextWordLSTM, next_word_counts, parameter_count
 from fedprivopt.models.next_word_tokens import PAD, encode_sentences, special_tokens

@@ -28,19 +28,21 @@ from fedprivopt.core.local import check_user_id
 from fedprivopt.core.text import shown
 from fedprivopt.data.locks import DATA_LOCK, file_lock, refuse_filesystem_root
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
-from fedprivopt.data.synthetic import (
-    SQLITE_FILE,
-    SYNTHETIC_META_FILE,
+from fedprivopt.data.synthetic import ensure_synthetic
+from fedprivopt.data.synthetic_config import (
     USER_SIZES,
     SyntheticConfig,
     config_error,
-    ensure_synthetic,
+    tag_knobs,
+    user_size_knobs,
+)
+from fedprivopt.data.synthetic_files import (
+    SQLITE_FILE,
+    SYNTHETIC_META_FILE,
     foreign_sqlite,
     is_synthetic_dir,
     read_marker,
     run_files_note,
-    tag_knobs,
-    user_size_knobs,
 )
 from fedprivopt.data.vocab import MAX_WORDS, TAG_COUNT_FILE, WORD_COUNT_FILE
 from fedprivopt.privacy.sampling import MAX_POPULATION

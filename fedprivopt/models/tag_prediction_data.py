@@ -25,7 +25,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.data.fast_example import text_fields_decoder
 from fedprivopt.data.locks import refuse_filesystem_root
 from fedprivopt.data.stackoverflow import StackOverflowExample
-from fedprivopt.data.synthetic import run_files_note
+from fedprivopt.data.synthetic_files import run_files_note
 from fedprivopt.data.token_cache import (
     CACHE_DIR,
     EncodedUsers,

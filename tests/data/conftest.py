@@ -22,6 +22,7 @@ def tff_sqlite_indexed(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_synthetic(tmp_path_factory):
     """The tiny synthetic dataset, generated once per session."""
-    from fedprivopt.data.synthetic import SyntheticConfig, generate
+    from fedprivopt.data.synthetic import generate
+    from fedprivopt.data.synthetic_config import SyntheticConfig
 
     return generate(tmp_path_factory.mktemp("synthetic"), SyntheticConfig.tiny())

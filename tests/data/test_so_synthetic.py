@@ -7,13 +7,9 @@ import numpy as np
 import pytest
 
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
-from fedprivopt.data.synthetic import (
-    SyntheticConfig,
-    SyntheticFiles,
-    ensure_synthetic,
-    generate,
-    user_size_knobs,
-)
+from fedprivopt.data.synthetic import ensure_synthetic, generate
+from fedprivopt.data.synthetic_config import SyntheticConfig, user_size_knobs
+from fedprivopt.data.synthetic_files import SyntheticFiles
 from fedprivopt.data.synthetic_model import _examples_per_user, truncated_lognormal_mu
 from fedprivopt.data.vocab import read_tag_counts, read_word_counts
 

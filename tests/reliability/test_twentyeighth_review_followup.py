@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from fedprivopt.data.synthetic import user_size_knobs
+from fedprivopt.data.synthetic_config import user_size_knobs
 from fedprivopt.simulation.config import load_config
 from tests.reliability.test_twentyeighth_review import _main as _in_process
 from tests.reliability.test_twentyeighth_review import _started

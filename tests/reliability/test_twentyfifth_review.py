@@ -322,7 +322,8 @@ def test_5_task_generation_checks_the_free_disk(tmp_path, monkeypatch):
     code, _, err = run_cli(argv)
     one_line_error(code, err, str(data), "500 users", "0.002 GB free")
     assert not (data / "stackoverflow.sqlite").exists() and not out.exists()
-    from fedprivopt.data.synthetic import SyntheticConfig, check_free_disk
+    from fedprivopt.data.synthetic import check_free_disk
+    from fedprivopt.data.synthetic_config import SyntheticConfig
 
     free = 500 * 40 * 200  # the bound: 200 bytes an example
     monkeypatch.setattr(shutil, "disk_usage", lambda p: disk_usage(p)._replace(free=free))
@@ -429,7 +430,7 @@ def test_10_vocabulary_sizes_are_integers(tmp_path, value):
 
 def test_10_unknown_client_id_is_cut(tmp_path):
     from fedprivopt.data import SQLiteSplit, generate
-    from fedprivopt.data.synthetic import SyntheticConfig
+    from fedprivopt.data.synthetic_config import SyntheticConfig
 
     files = generate(tmp_path, SyntheticConfig(num_clients=20, vocab_size=200, num_tags=5))
     split = SQLiteSplit(files.sqlite, "train")

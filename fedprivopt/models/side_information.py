@@ -77,9 +77,11 @@ References
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +92,7 @@ from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
 from fedprivopt.data.vocab import Vocabulary
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
+from fedprivopt.privacy.rng import derive_seed
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedprivopt.models.task import Task
@@ -389,6 +392,35 @@ def _user_ids(users: object) -> tuple[int, ...]:
     return tuple(int(user) for user in ids)
 
 
+#: The root key of the global generators a public user's gradients are computed under.
+SEED_KEY = "side-information"
+
+
+@contextlib.contextmanager
+def _seeded_global_generators(user: int) -> Iterator[None]:
+    """Torch's (CPU), NumPy's and Python's global generators seeded for public ``user``.
+
+    Restored afterwards, as :class:`~fedprivopt.clients.LocalTrainer` does for every private
+    user (its ``_seeded_global_rng``). Thirty-seventh review of issue 15: a task whose
+    ``loss`` draws from them (dropout, ``np.random`` augmentation) gave another side information
+    on every run (two runs of one seed released different models, and ``--resume`` was refused
+    for ever: "checkpoint was written with different side information"), and advanced them. The
+    seed is a constant of the user (no run seed): the side information is a function of public
+    data and constants, the same for every seed.
+    """
+    seed = derive_seed(0, SEED_KEY, user)
+    numpy_state, python_state = np.random.get_state(), random.getstate()  # noqa: NPY002
+    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])  # noqa: NPY002
+    random.seed(seed)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.random.default_generator.manual_seed(seed)
+            yield
+    finally:
+        np.random.set_state(numpy_state)  # noqa: NPY002
+        random.setstate(python_state)
+
+
 def gradient_second_moment(
     task: Task, users: Sequence[int], *, batch_size: int, max_examples: int = 0
 ) -> torch.Tensor:
@@ -398,7 +430,9 @@ def gradient_second_moment(
     ``> 0``) are cut into minibatches of ``batch_size`` (the last may be smaller); ``g`` is the
     gradient of ``task.loss(model, x, y)`` on a minibatch at ``task.build_model()``, laid out like
     :func:`~fedprivopt.models.task.model_spec` (entries without a gradient, e.g. buffers, are 0).
-    Works for any task.
+    Works for any task. A user's minibatches run with the global generators (torch's on the CPU,
+    NumPy's, Python's) seeded from a constant key of that user and restored afterwards, so a
+    ``loss`` that draws from them (dropout, augmentation) gives the same result every time.
 
     Returns
     -------
@@ -421,19 +455,20 @@ def gradient_second_moment(
     for user in users:
         x, y = user_examples(task, user)
         n = int(x.shape[0]) if max_examples == 0 else min(int(x.shape[0]), max_examples)
-        for start in range(0, n, bs):
-            stop = min(start + bs, n)
-            model.zero_grad(set_to_none=True)
-            minibatch_loss(task, model, x[start:stop], y[start:stop]).backward()
-            offset = 0
-            for name, tensor in state.items():
-                size = tensor.numel()
-                param = named.get(name)
-                if param is not None and param.grad is not None:
-                    g = param.grad.detach().reshape(-1).to(torch.float64)
-                    total[offset : offset + size] += g * g
-                offset += size
-            batches += 1
+        with _seeded_global_generators(user):
+            for start in range(0, n, bs):
+                stop = min(start + bs, n)
+                model.zero_grad(set_to_none=True)
+                minibatch_loss(task, model, x[start:stop], y[start:stop]).backward()
+                offset = 0
+                for name, tensor in state.items():
+                    size = tensor.numel()
+                    param = named.get(name)
+                    if param is not None and param.grad is not None:
+                        g = param.grad.detach().reshape(-1).to(torch.float64)
+                        total[offset : offset + size] += g * g
+                    offset += size
+                batches += 1
     if batches == 0:
         raise ValueError(f"the public users {shown(list(users))} have no training example")
     return total / batches

@@ -58,6 +58,7 @@ __all__ = [
     "AggregationResult",
     "NoisyMeanAggregator",
     "default_min_shares",
+    "share_noise_growth",
 ]
 
 NOISE_MODES = ("server", "distributed")
@@ -87,6 +88,22 @@ def default_min_shares(population: int, sample_rate: float, quantile: float = 0.
     sample_rate = check_real("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
     quantile = check_real("quantile", quantile, low=0.0, high=1.0, low_open=True, high_open=True)
     return max(1, int(binom.ppf(quantile, population, sample_rate)))
+
+
+def share_noise_growth(min_shares: int, most_shares: int) -> float:
+    """``√(max(n, m_min)/m_min)`` at ``n = most_shares``: how far a distributed noise std grows.
+
+    In distributed-noise mode every accepted share carries ``N(0, σ²C²/m_min)``, so the sum of
+    ``n`` of them has noise std ``σC·√(max(n, m_min)/m_min)``: above ``σC`` as soon as more than
+    ``min_shares`` arrive. A bound on ``σC`` that keeps a round's noise within the model dtype's
+    range must divide by this at the most shares a round can accept (the population under
+    Poisson sampling, the cohort under fixed-size sampling). Thirty-seventh review of issue 15:
+    adaptive clipping kept ``σ_Δ C`` at float32's largest number over the headroom, and with
+    ``min-shares = 1`` and 500 shares the sum overflowed to an infinite model.
+    """
+    min_shares = check_int("min_shares", min_shares, 1)
+    most_shares = check_int("most_shares", most_shares, 1)
+    return math.sqrt(max(most_shares, min_shares) / min_shares)
 
 
 def _prescaled(update, values: torch.Tensor, factor: float):

@@ -24,6 +24,7 @@ from typing import Any
 
 from fedprivopt.core.checks import check_real
 from fedprivopt.privacy.adaptive_clip import ClipState, NoisyCountAggregator, adaptive_clip
+from fedprivopt.privacy.aggregate import share_noise_growth
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.rng import RngFactory
 
@@ -64,9 +65,48 @@ class AdaptiveClipping:
         self._fractions: list[float] = []
         self.max_clip_norm = config.max_clip_norm
         if max_clip_norm is not None:
-            self.max_clip_norm = min(self.max_clip_norm, check_real(
-                "max_clip_norm", max_clip_norm, low=MIN_CLIP_NORM
-            ))  # fmt: skip
+            limit = check_real("max_clip_norm", max_clip_norm, low=MIN_CLIP_NORM)
+            self.max_clip_norm = min(self.max_clip_norm, limit / self._share_growth(min_shares))
+        self._check_start()
+
+    def _most_shares(self) -> int:
+        """The most shares a round can accept: the cohort (fixed-size sampling) or everyone."""
+        c = self.config
+        return int(c.clients_per_round) if c.sampling == "fixed" else c.population
+
+    def _share_growth(self, min_shares: int | None) -> float:
+        """How far the sum's noise std can grow over ``σ_Δ C`` (distributed noise; else 1).
+
+        Thirty-seventh review of issue 15: ``C`` was kept where ``σ_Δ C`` fits the model's
+        dtype, but the sum of ``n`` distributed shares has noise std ``σ_Δ C √(n/m_min)``: with
+        ``min-shares = 1``, 500 users a round and ``C`` grown to its bound (``clip-quantile =
+        0.9999``, ``clip-learning-rate = 1000``) the sum overflowed and the model became
+        infinite, reported as a divergence advising lower learning rates.
+        """
+        if self.config.noise_mode != "distributed" or min_shares is None:
+            return 1.0
+        return share_noise_growth(min_shares, self._most_shares())
+
+    def _check_start(self) -> None:
+        """Refuse a starting norm (``clip-norm``, DP2's ``clip-norm-adaptive``) above the bound."""
+        c = self.config
+        for key, start in (
+            ("clip-norm", c.clip_norm),
+            ("clip-norm-adaptive", getattr(c.options, "clip_norm_adaptive", None)),
+        ):
+            if start is not None and not start <= self.max_clip_norm:
+                shares = ""
+                if c.noise_mode == "distributed":
+                    shares = (
+                        f"; with noise-mode 'distributed' a round's up to {self._most_shares()} "
+                        "shares make that std grow with sqrt(shares / min-shares): raise "
+                        f"min-shares or lower {key}"
+                    )
+                raise ValueError(
+                    f"{key} must be at most {self.max_clip_norm:.6g} with adaptive clipping here "
+                    f"(sigma_Delta * {key}, the noise std of a round's sum, must fit the model's "
+                    f"dtype{shares}), got {start:g}"
+                )
 
     def clip_norm(self, fixed: float | None) -> float:
         """``C`` of this round; ``fixed`` is the strategy's own fixed norm of the round, if any."""

@@ -1,0 +1,76 @@
+"""Issue 15, thirty-seventh hostile review (adaptive clipping and distributed noise): regressions.
+
+1. Adaptive clipping kept ``C`` where the round's noise std ``σ_Δ C`` fits the model's dtype
+   (float32's largest number over the headroom 64), but in distributed-noise mode the sum of
+   ``n`` accepted shares has noise std ``σ_Δ C √(n/m_min)``. ``simulate toy.toml --rounds 4
+   --set population=1000 --set task-params.num-users=1000 --set clients-per-round=500 --set
+   noise-mode=distributed --set min-shares=1 --set noise-multiplier=1 --set
+   adaptive-clipping=true --set clip-quantile=0.9999 --set clip-learning-rate=1000``: ``C`` grew
+   to 5.3e36 after round 1, round 2's sum of 519 shares overflowed, the model was infinite, and
+   the run ended rc 0 "the model diverged at round 2 ... (lower the learning rates)"; server
+   noise at the same ``C`` stayed finite. ``--set clip-norm=5e36`` alike from round 1. Now the
+   bound on ``C`` is divided by ``√(most shares / min-shares)`` (the population under Poisson
+   sampling, the cohort under fixed-size sampling; ``privacy.aggregate.share_noise_growth``):
+   ``C`` stops at 1.68e35 and the model stays finite, and a starting ``clip-norm`` above it is
+   refused (rc 2, one line naming ``clip-norm`` and ``min-shares``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedprivopt.privacy.aggregate import share_noise_growth
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
+from fedprivopt.strategies.requests import ReportedUpdates
+
+FLOAT32_NOISE_STD = torch.finfo(torch.float32).max / 64.0  # largest_noise_std(float32)
+
+
+def _config(**changes) -> StrategyConfig:
+    values = {"strategy": "dp-fedavg", "population": 1000, "clients-per-round": 500,
+              "num-server-rounds": 4, "noise-multiplier": 1.0, "seed": 1,
+              "noise-mode": "distributed", "min-shares": 1, "adaptive-clipping": True,
+              **changes}  # fmt: skip
+    return StrategyConfig.from_mapping(values)
+
+
+# -- finding 1: the adaptive C's bound counts the distributed shares' growth ----------------
+
+
+def _shares(request):
+    """Every user sends only its noise share (a zero update) and a clipped bit's count share."""
+    local = request.settings.local
+    gen = torch.Generator().manual_seed(request.round_num)
+    updates = {u: torch.randn(256, generator=gen) * local.noise_std for u in request.users}
+    bits = {u: -0.5 + float(torch.randn(1, generator=gen)) * local.count_noise_std
+            for u in request.users}  # fmt: skip
+    return ReportedUpdates(updates, clip_bits=bits)
+
+
+def test_1_adaptive_c_in_distributed_mode_keeps_the_sum_finite():
+    config = _config(**{"clip-quantile": 0.9999, "clip-learning-rate": 1000.0})
+    alg = build_algorithm(config, torch.zeros(256))
+    bound = alg.clipping.max_clip_norm
+    growth = share_noise_growth(1, 1000)
+    assert config.update_noise_multiplier * bound * growth <= FLOAT32_NOISE_STD * (1 + 1e-12)
+    for r in (1, 2):
+        result = drive_round(alg, r, _shares)
+    assert result.metrics["clip_norm"] == bound  # C grew to its bound in round 1
+    assert bool(torch.isfinite(alg.params).all())
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_1_a_starting_clip_norm_above_the_bound_is_refused(sampling):
+    with pytest.raises(ValueError, match="clip-norm must be at most .*min-shares") as info:
+        build_algorithm(_config(sampling=sampling, **{"clip-norm": 5e36}), torch.zeros(4))
+    most = 1000 if sampling == "poisson" else 500
+    assert f"up to {most} shares" in str(info.value)
+    # the growth is the shares' std ratio, and server noise or min-shares = the cohort has none
+    assert share_noise_growth(1, 500) == math.sqrt(500)
+    assert share_noise_growth(500, 500) == 1.0 == share_noise_growth(600, 500)
+    build_algorithm(_config(sampling="fixed", **{"clip-norm": 5e36, "min-shares": 500}),
+                    torch.zeros(4))  # fmt: skip

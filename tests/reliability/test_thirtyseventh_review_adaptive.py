@@ -65,7 +65,7 @@ def test_1_adaptive_c_in_distributed_mode_keeps_the_sum_finite():
 
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])
 def test_1_a_starting_clip_norm_above_the_bound_is_refused(sampling):
-    with pytest.raises(ValueError, match="clip-norm must be at most .*min-shares") as info:
+    with pytest.raises(ValueError, match=r"clip-norm must be at most .*min-shares") as info:
         build_algorithm(_config(sampling=sampling, **{"clip-norm": 5e36}), torch.zeros(4))
     most = 1000 if sampling == "poisson" else 500
     assert f"up to {most} shares" in str(info.value)

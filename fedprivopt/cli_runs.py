@@ -141,7 +141,7 @@ _FLAG_KEYS = (
 
 def set_overrides(args: argparse.Namespace) -> dict:
     """The preset overrides of ``--set KEY=VALUE`` and the shorthand flags (``--rounds``, ...)."""
-    from fedprivopt.simulation.config import parse_override
+    from fedprivopt.simulation.config_presets import parse_override
     from fedprivopt.simulation.tune_grid import empty_table_error, sets_nothing
 
     out = {}
@@ -207,7 +207,7 @@ def refuse_table_against_flags(args: argparse.Namespace, sets: dict, strategy: s
     one strategy beside a flag or ``--set`` for all is an exception for that strategy (as
     ``--tune-grid S:KEY`` replaces an unprefixed ``KEY``), and each row shows its settings.
     """
-    from fedprivopt.simulation.config import flat_overrides
+    from fedprivopt.simulation.config_presets import flat_overrides
 
     flags = {key: f"--{flag}" for flag, key in _FLAG_KEYS if getattr(args, flag, None) is not None}
     try:

@@ -58,7 +58,7 @@ def _timeout_flag(text: Any) -> float:
 
 
 def _overrides(items: list[str] | None) -> dict[str, Any]:
-    from fedprivopt.simulation.config import parse_override
+    from fedprivopt.simulation.config_presets import parse_override
     from fedprivopt.simulation.tune_grid import empty_table_error, sets_nothing
 
     out: dict[str, Any] = {}

@@ -16,6 +16,10 @@ replaces their table: their parameters belong to the other kind.
 Per-strategy hyperparameters go in ``[strategies.<name>]`` tables (e.g. a smaller
 ``server-learning-rate`` for the Adam strategies); they apply when that strategy runs. Precedence:
 preset < its ``[strategies.<name>]`` table < ``--set`` and command-line flags.
+
+:class:`RunConfig` is the validated configuration; a preset's text, its tables flattened to dotted
+keys and the layers merged: :mod:`fedprivopt.simulation.config_presets` (with ``--set``'s
+:func:`~fedprivopt.simulation.config_presets.parse_override`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.checks import check_int
-from fedprivopt.core.files import read_at_most
 from fedprivopt.core.text import shown, shown_key
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
 from fedprivopt.models.side_information_config import (
@@ -43,7 +46,15 @@ from fedprivopt.models.side_information_config import (
 from fedprivopt.models.task import Task
 from fedprivopt.privacy.events import MIN_NOISE_MULTIPLIER
 from fedprivopt.simulation.cluster_config import check_address
-from fedprivopt.simulation.files import SMALL_FILE_LIMIT, to_toml
+from fedprivopt.simulation.config_presets import (
+    flat_overrides,
+    flatten,
+    merge,
+    preset_text,
+    task_param_spellings,
+    unknown_strategy_table,
+)
+from fedprivopt.simulation.files import to_toml
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
 
 if sys.version_info >= (3, 11):
@@ -54,9 +65,7 @@ else:  # pragma: no cover
 __all__ = [
     "ENGINES",
     "RunConfig",
-    "flat_overrides",
     "load_config",
-    "parse_override",
     "resolve_config",
 ]
 
@@ -257,128 +266,6 @@ class RunConfig:
         return out
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    r"""Parse ``key=value``; the value is read as TOML (``2``, ``0.5``, ``true``), else as text.
-
-    The value is TOML only when it is exactly one TOML value: ``1\n[x]`` is the text itself,
-    not ``1`` with the rest dropped.
-    """
-    if "=" not in text:
-        raise ValueError(f"--set expects key=value, got {shown(text)}")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ValueError(f"--set expects key=value, got {shown(text)}")
-    try:
-        parsed = tomllib.loads(f"v = {raw}")
-    except ValueError:  # not TOML, or an integer too long to read: the text, which the key checks
-        parsed = {}
-    value = parsed["v"] if list(parsed) == ["v"] else raw.strip()
-    return key, value
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested tables become dotted keys, as in Flower's flattened run config.
-
-    Raises
-    ------
-    ValueError
-        For an empty table where a value belongs (``noise-multiplier = {}``): flattening drops
-        it, so the code's default ran where the preset said ``{}`` (nineteenth review of issue
-        15). The tables themselves (``[strategies.X]``, ``task-params``, ``side-information``)
-        may be empty. For a key reached twice with different values: a quoted dotted key beside
-        its table (``"task-params.seed" = 5`` and ``[task-params] seed = 0``), or ``--set
-        task-params.seed=1 --set 'task-params={seed=2}'``; TOML reads the quoted key as one key,
-        and the last spelling won silently (thirty-fifth review of issue 15, lifecycle finding
-        5, as ``--set`` of one key twice is refused).
-    """
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            if not value:
-                _check_empty_table(name)
-            entries = _flatten(value, f"{name}.").items()
-        else:
-            entries = [(name, value)]
-        for dotted, item in entries:
-            if dotted in flat and not _same_value(flat[dotted], item):
-                raise ValueError(
-                    f"{shown_key(dotted)} is given twice, as {shown(flat[dotted])} and "
-                    f"{shown(item)} (a dotted key beside its table, or a table beside a dotted "
-                    "key): give it once"
-                )
-            flat[dotted] = item
-    return flat
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    """Whether two spellings of a key give it the same value (``1`` and ``1.0`` do not)."""
-    return type(a) is type(b) and repr(a) == repr(b)
-
-
-def _check_empty_table(name: str) -> None:
-    """Refuse ``name = {}`` where a value belongs, and an empty table of an unknown strategy.
-
-    A non-empty ``[strategies.zzz]`` is refused by :func:`_apply_strategy_table`; an empty one
-    reached no key, so it was accepted (twentieth review of issue 15).
-    """
-    head, _, rest = name.partition(".")
-    strategy, _, key = rest.partition(".")
-    if head == "strategies" and strategy and not key and strategy not in STRATEGIES:
-        raise _unknown_strategy_table(name)
-    if not _is_table(name):
-        raise ValueError(
-            f"{shown_key(name)} = {{}} is a table without a value, which sets nothing (the "
-            "default would be used); give a value"
-        )
-
-
-def _unknown_strategy_table(table: str) -> ValueError:
-    """The error naming a ``[strategies.<name>]`` table whose name is no strategy's."""
-    return ValueError(
-        f"unknown key {shown(table)}: the table name must be one of {', '.join(STRATEGIES)}"
-    )
-
-
-def _is_table(name: str) -> bool:
-    """Whether the dotted ``name`` is one of a preset's tables (which may be empty)."""
-    head, _, rest = name.partition(".")
-    if head != "strategies":
-        return name in ("task-params", SIDE_INFORMATION)
-    strategy_key = rest.partition(".")[2]
-    return strategy_key in ("", "task-params", SIDE_INFORMATION)
-
-
-def _task_param_spellings(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``flat`` with each task parameter spelled in kebab case (``task-params.num-classes``).
-
-    ``num-classes`` and ``num_classes`` name one task parameter; both in one layer (a preset,
-    one of its strategy tables, or the overrides) was a silent choice of the last line
-    (issue 15, ninth review, N6) and is refused. Across layers the upper one still wins.
-
-    Raises
-    ------
-    ValueError
-        Naming both spellings.
-    """
-    out: dict[str, Any] = {}
-    seen: dict[str, str] = {}
-    for key, value in flat.items():
-        head, sep, name = key.partition("task-params.")
-        if sep and (not head or (head.startswith("strategies.") and head.count(".") == 2)):
-            canon = f"{head}{sep}{name.replace('_', '-')}"
-            if canon in seen:
-                raise ValueError(
-                    f"{seen[canon]} and {key} are both given: one task parameter in two "
-                    "spellings; give one"
-                )
-            seen[canon] = key
-            key = canon
-        out[key] = value
-    return out
-
-
 def _known_key(key: str) -> bool:
     run_keys = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)}
     return (
@@ -386,32 +273,6 @@ def _known_key(key: str) -> bool:
         or key in run_keys - {"strategy", "task-params"}
         or key.startswith(("task-params.", f"{SIDE_INFORMATION}."))
     )
-
-
-def _side_information_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """The string form ``side-information = "x"`` as ``side-information.kind = "x"``."""
-    out = dict(flat)
-    if SIDE_INFORMATION in out:
-        kind_key = f"{SIDE_INFORMATION}.kind"
-        if kind_key in out:
-            raise ValueError(f"{SIDE_INFORMATION} and {kind_key} are both given; give one")
-        out[kind_key] = out.pop(SIDE_INFORMATION)
-    return out
-
-
-def _merge(lower: Mapping[str, Any], upper: Mapping[str, Any]) -> dict[str, Any]:
-    """``upper`` over ``lower``.
-
-    An ``upper`` that changes the side-information kind replaces ``lower``'s whole
-    side-information table (its parameters belong to the other kind).
-    """
-    lower, upper = _side_information_keys(lower), _side_information_keys(upper)
-    kind_key, prefix = f"{SIDE_INFORMATION}.kind", f"{SIDE_INFORMATION}."
-    out = dict(lower)
-    if kind_key in upper and upper[kind_key] != lower.get(kind_key, "auto"):
-        out = {k: v for k, v in out.items() if not k.startswith(prefix)}
-    out.update(upper)
-    return out
 
 
 def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]:
@@ -430,12 +291,12 @@ def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]
         if not rest:
             raise ValueError(f"unknown key {shown(key)} (expected [strategies.<name>] tables)")
         if name not in STRATEGIES:
-            raise _unknown_strategy_table(f"strategies.{name}")
+            raise unknown_strategy_table(f"strategies.{name}")
         if rest == "strategy" or not _known_key(rest):
             raise ValueError(f"unknown key {shown(key)}")
         if key.startswith(prefix):
             table[key[len(prefix) :]] = value
-    return _merge(out, table)
+    return merge(out, table)
 
 
 _TASK_PATHS = frozenset({"data_dir", "cache_dir"})
@@ -475,7 +336,7 @@ def _check_no_dates(key: str, value: Any) -> None:
 
 def resolve_config(data: Mapping[str, Any]) -> RunConfig:
     """Build a validated :class:`RunConfig` from a (nested or flattened) kebab-case mapping."""
-    flat = _task_param_spellings(_flatten(data))
+    flat = task_param_spellings(flatten(data))
     flat = _apply_strategy_table(flat, str(flat.get("strategy", "dp-fedavg")))
     strategy: dict[str, Any] = {}
     run: dict[str, Any] = {}
@@ -533,66 +394,19 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     if not path.is_file():
         what = "is not a regular file" if os.path.lexists(path) else "does not exist"
         raise ValueError(f"config file {shown(str(path))} {what}")
-    text = _preset_text(path)
+    text = preset_text(path)
     try:
         data = tomllib.loads(text)
     except ValueError as exc:  # also an integer too long to read (twelfth review of issue 15)
         raise ValueError(f"config file {shown(str(path))} is not valid TOML: {exc}") from None
     try:
-        flat = _task_param_spellings(_flatten(data))
+        flat = task_param_spellings(flatten(data))
     except ValueError as exc:
         raise ValueError(f"config file {shown(str(path))}: {exc}") from None
     overrides = flat_overrides(overrides or {})
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
     flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides
-    return resolve_config(_merge(flat, overrides))
-
-
-def flat_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``overrides`` as :func:`load_config` applies them: dotted keys, task parameters kebab-cased.
-
-    Raises
-    ------
-    ValueError
-        For an empty table where a value belongs, or one task parameter in two spellings.
-    """
-    return _task_param_spellings(_flatten(dict(overrides)))
-
-
-def _preset_text(path: Path) -> str:
-    """The text of the preset ``path``, refused above :data:`SMALL_FILE_LIMIT` (64 MiB).
-
-    Eighteenth review of issue 15, finding 7: ``simulate X.toml`` (and ``--resume R`` whose
-    ``config.toml`` had grown) read the whole file first; a sparse file of 20 GB (``truncate -s
-    20G``) ended in a ``MemoryError`` traceback (rc 1) or grew until the kernel killed it. A
-    preset is a few kB; at most the limit plus one byte is read.
-    """
-    raw = read_at_most(path, SMALL_FILE_LIMIT)
-    if raw is None:
-        raise ValueError(
-            f"config file {shown(str(path))} holds more than {SMALL_FILE_LIMIT:,} bytes, which "
-            "no preset does (a preset is a few kB)"
-        )
-    for mark, what in _BYTE_ORDER_MARKS:
-        if raw.startswith(mark):
-            raise ValueError(
-                f"config file {shown(str(path))} is not valid TOML: it starts with {what}; TOML "
-                "is UTF-8 without a byte-order mark (save it as plain UTF-8)"
-            )
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"config file {shown(str(path))} is not valid TOML: {exc}") from None
-
-
-#: Thirty-first review of issue 15: a preset saved with a byte-order mark (as some Windows editors
-#: save UTF-8) was refused as ``Invalid statement (at line 1, column 1)``, a line that looks
-#: right; one saved as UTF-16 as ``'utf-8' codec can't decode byte 0xff in position 0``.
-_BYTE_ORDER_MARKS = (
-    (b"\xef\xbb\xbf", "a UTF-8 byte-order mark (U+FEFF)"),
-    (b"\xff\xfe", "a UTF-16 byte-order mark (the file is UTF-16)"),
-    (b"\xfe\xff", "a UTF-16 byte-order mark (the file is UTF-16)"),
-)
+    return resolve_config(merge(flat, overrides))
 
 
 def config_to_toml(config: RunConfig) -> str:

@@ -126,7 +126,7 @@ def parse_grid(texts: Sequence[str]) -> dict[str, tuple[Any, ...]]:
         (:func:`sets_nothing`), or more than
         :data:`MAX_GRID_POINTS` points in all.
     """
-    from fedprivopt.simulation.config import parse_override
+    from fedprivopt.simulation.config_presets import parse_override
 
     if not texts:
         raise ValueError("argument --grid: give at least one KEY=V1,V2,... to tune over")

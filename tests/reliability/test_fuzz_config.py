@@ -38,9 +38,9 @@ from fedprivopt.simulation.config import (
     RunConfig,
     config_to_toml,
     load_config,
-    parse_override,
     resolve_config,
 )
+from fedprivopt.simulation.config_presets import parse_override
 from fedprivopt.strategies.config import (
     MAX_SUM_NOISE_STD,
     NON_PRIVATE,

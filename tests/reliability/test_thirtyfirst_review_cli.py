@@ -273,7 +273,8 @@ def test_7_a_huge_value_is_cut_in_the_configuration_s_message(key):
 
 
 def test_7_a_huge_unknown_key_is_cut():
-    from fedprivopt.simulation.config import load_config, parse_override
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.config_presets import parse_override
 
     with pytest.raises(ValueError, match=r"^unknown key 'kkk") as e:
         load_config(TOY, {"k" * 100_000: 1})

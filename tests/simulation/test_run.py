@@ -11,7 +11,8 @@ import torch
 
 from fedprivopt.cli import main
 from fedprivopt.simulation.checkpoint import load_checkpoint
-from fedprivopt.simulation.config import load_config, parse_override, resolve_config
+from fedprivopt.simulation.config import load_config, resolve_config
+from fedprivopt.simulation.config_presets import parse_override
 from fedprivopt.simulation.files import CHECKPOINT, read_rows
 from fedprivopt.simulation.run import resume, simulate
 

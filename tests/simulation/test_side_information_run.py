@@ -20,7 +20,8 @@ from fedprivopt.models.side_information_config import SideInformationSpec
 from fedprivopt.privacy.accounting import compose_epsilon
 from fedprivopt.privacy.calibration import make_round_event
 from fedprivopt.simulation.checkpoint import load_checkpoint
-from fedprivopt.simulation.config import config_to_toml, load_config, parse_override
+from fedprivopt.simulation.config import config_to_toml, load_config
+from fedprivopt.simulation.config_presets import parse_override
 from fedprivopt.simulation.run import build_run, resume, simulate
 from fedprivopt.strategies.core import drive_round
 

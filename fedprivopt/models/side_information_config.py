@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown, shown_key
 from fedprivopt.models.side_information import (
     DEFAULT_SIDE_INFORMATION,
@@ -237,6 +238,38 @@ class ResolvedSideInformation:
     max_examples: int = 0
     note: str = ""
 
+    def __post_init__(self) -> None:
+        """Refuse a record whose public users are not the ones its kind takes.
+
+        Thirty-seventh review of issue 15: ``ResolvedSideInformation(..., population=40,
+        public_users=(5, 7))`` was taken, and its summary said ``users 0..1 (2 of 40) opted out
+        of privacy`` while :func:`build_side_information` built ``A`` from users 5 and 7, whom
+        an offset of 2 (:func:`~fedprivopt.simulation.run.build_run`'s) leaves private; a
+        ``population`` of 0 gave a private population of -1.
+        """
+        if self.kind not in KINDS or self.requested not in (*KINDS, AUTO):
+            raise ValueError(
+                f"kind must be one of {', '.join(KINDS)} and requested one of them or "
+                f"{AUTO!r}, got {shown(self.kind)} and {shown(self.requested)}"
+            )
+        population = check_int("population", self.population, 1)
+        users = self.params.get("users") if isinstance(self.params, Mapping) else None
+        expected = tuple(range(users)) if self.kind == "public-users" else ()
+        if self.kind == "public-users" and not (
+            isinstance(users, int) and not isinstance(users, bool) and 1 <= users < population
+        ):
+            raise ValueError(
+                f"params['users'] of kind 'public-users' must be an integer in [1, population - "
+                f"1 = {population - 1}], got {shown(users)}"
+            )
+        if tuple(self.public_users) != expected:
+            raise ValueError(
+                f"public_users of kind {self.kind!r} must be {_users_range(expected)} (users "
+                f"0 .. users - 1 opt out of privacy), got {shown(self.public_users)}"
+            )
+        object.__setattr__(self, "population", population)
+        object.__setattr__(self, "public_users", expected)
+
     @property
     def private_population(self) -> int:
         """Users sampled and accounted: ``N - k``."""
@@ -276,6 +309,11 @@ class ResolvedSideInformation:
             }
             out["exclusion"] = self.exclusion() + "."
         return out
+
+
+def _users_range(users: tuple[int, ...]) -> str:
+    """``users`` (``0 .. k-1`` or none) in words."""
+    return f"users 0..{len(users) - 1}" if users else "empty"
 
 
 def bag_of_words_shape(task: Task) -> tuple[int, int] | None:
@@ -327,6 +365,12 @@ def resolve_side_information(
         Naming ``side-information.kind`` and the kinds that work when the kind does not apply to
         the task; naming the key when a value is out of its task-dependent range.
     """
+    # thirty-seventh review of issue 15: unchecked, population 0 with clients_per_round -1 gave
+    # a private population of -1, and an infinite or None cohort an OverflowError or TypeError
+    population = check_int("population", population, 1)
+    check_real("clients_per_round", clients_per_round, low=0.0, high=population, low_open=True)
+    batch_size = check_int("batch_size", batch_size, 1)
+    max_examples = check_int("max_examples", max_examples, 0)
     spec = SideInformationSpec.parse(spec)
     supported = _supported(task)
     kind, given, note = spec.kind, dict(spec.params), ""

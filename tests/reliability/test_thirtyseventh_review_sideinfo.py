@@ -15,6 +15,16 @@ hyperparameters at their bounds, the strategy configuration).
    (``"side-information"``, user id: the side information is a function of public data and
    constants only, the same for every run seed) and restored afterwards, as the trainer does for
    every private user: the two runs release the same models and the resume goes on.
+2. The Python API of the side information's resolution took what the command line checks first:
+   ``resolve_side_information({"kind": "public-users"}, task, population=0,
+   clients_per_round=-1)`` resolved public user 0 and a private population of -1 (population 40
+   with ``clients_per_round`` 0, -1 or 1.5 beside 40: accepted as a cohort), ``inf`` raised
+   ``OverflowError``, ``None`` or ``"3"`` a ``TypeError``; and ``ResolvedSideInformation(...,
+   population=40, public_users=(5, 7))`` was taken: its summary said ``users 0..1 (2 of 40)
+   opted out of privacy`` while :func:`build_side_information` built ``A`` from users 5 and 7,
+   whom ``build_run``'s offset of 2 leaves in the private population. Now each argument is
+   checked (``ValueError`` naming it and its range), and a record's public users must be those
+   of its kind (``0 .. users-1`` for ``public-users``, none otherwise).
 """
 
 from __future__ import annotations
@@ -22,12 +32,17 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
 from fedprivopt.models.side_information import (
     gradient_second_moment,
     public_users_preconditioner,
+)
+from fedprivopt.models.side_information_config import (
+    ResolvedSideInformation,
+    resolve_side_information,
 )
 from tests.models.minimal_task import MinimalTask
 
@@ -70,3 +85,50 @@ def test_1_public_users_side_information_is_reproducible_and_leaves_global_gener
         assert torch.equal(first, public_users_preconditioner(task, [0, 1], batch_size=4))
         moment = gradient_second_moment(task, [1], batch_size=4)
         assert torch.equal(moment, gradient_second_moment(task, [1], batch_size=4))
+
+
+@pytest.mark.parametrize(
+    ("population", "cohort", "named"),
+    [
+        (0, -1, "population"),
+        (40, 0, "clients_per_round"),
+        (40, -1, "clients_per_round"),
+        (40, float("inf"), "clients_per_round"),
+        (40, float("nan"), "clients_per_round"),
+        (40, None, "clients_per_round"),
+        (40, "3", "clients_per_round"),
+        (None, 10, "population"),
+        (1.5, 1, "population"),
+    ],
+)
+def test_2_resolve_checks_population_and_cohort(population, cohort, named):
+    task = MinimalTask(num_users=40)
+    with pytest.raises(ValueError, match=named):
+        resolve_side_information(
+            {"kind": "public-users"}, task, population=population, clients_per_round=cohort
+        )
+
+
+def test_2_a_resolved_record_holds_its_kinds_public_users():
+    params = {"users": 2, "eps": 1e-5, "max-ratio": 200.0}
+    with pytest.raises(
+        ValueError, match=r"public_users of kind 'public-users' must be users 0\.\.1"
+    ):
+        ResolvedSideInformation(
+            "public-users", "public-users", params, population=40, public_users=(5, 7)
+        )
+    with pytest.raises(ValueError, match="public_users of kind 'ones' must be empty"):
+        ResolvedSideInformation("ones", "ones", {}, population=40, public_users=(0,))
+    with pytest.raises(ValueError, match="population"):
+        ResolvedSideInformation("ones", "ones", {}, population=0)
+    record = ResolvedSideInformation(
+        "public-users", "public-users", params, population=40, public_users=[0, 1]
+    )
+    assert record.public_users == (0, 1) and record.private_population == 38
+    resolved = resolve_side_information(
+        {"kind": "public-users", "users": 3},
+        MinimalTask(num_users=40),
+        population=40,
+        clients_per_round=10,
+    )
+    assert resolved.public_users == (0, 1, 2) and "users 0..2 (3 of 40)" in resolved.exclusion()

@@ -6,6 +6,7 @@ returns the newest one whose structure and SHA-256 digest (:func:`state_digest`)
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
@@ -126,6 +127,14 @@ def newest_checkpoint(
 
     Each checkpoint file that exists but is unreadable is logged as a warning, or, with
     ``problems``, recorded there (file name: reason) for the caller to report.
+
+    Raises
+    ------
+    ValueError
+        Naming the file, when this process may not read it (:data:`NOT_ITS_CONTENT`): its
+        content may be intact, so the previous checkpoint is not used in its place.
+    MemoryError
+        When loading it needs more memory than the process may take.
     """
     for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
         path = out / name
@@ -135,9 +144,40 @@ def newest_checkpoint(
             state = torch.load(path, map_location="cpu", weights_only=True)
             check_checkpoint(state)
             return state, name
+        except OSError as exc:
+            if exc.errno in NOT_ITS_CONTENT:
+                raise ValueError(
+                    f"{path}: cannot be read ({exc.strerror}), which says nothing of its content: "
+                    "the previous checkpoint was not used in its place (a secure run would redo "
+                    f"released rounds with new noise); {_REMEDY[exc.errno]} and try again"
+                ) from None
+            _unreadable(path, name, exc, problems)
+        except MemoryError:  # not the file's fault either (ulimit -v)
+            raise
         except Exception as exc:  # a torn or corrupt file: try the previous one
-            if problems is None:
-                logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", path, exc)
-            else:
-                problems[name] = str(exc)
+            _unreadable(path, name, exc, problems)
     return None, None
+
+
+#: errnos of a checkpoint this process may not read, however intact it is: its permissions, and
+#: the limits of open files and memory. Thirty-seventh review of issue 15 (environment, finding
+#: 1): a secure run's ``checkpoint.pt`` that its user could not read (``chmod 000``, a directory
+#: restored by another account) was taken for a damaged one: ``--resume`` went on from
+#: ``checkpoint.prev.pt`` and released round 2 again with new noise, rc 0, ε 15.03 where the
+#: intact checkpoint resumes at 13.70.
+NOT_ITS_CONTENT = frozenset({errno.EACCES, errno.EPERM, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+_REMEDY = {
+    errno.EACCES: "give this user read access to it",
+    errno.EPERM: "give this user read access to it",
+    errno.EMFILE: "raise the limit of open files (ulimit -n)",
+    errno.ENFILE: "close other programs' files (the system's limit of open files)",
+    errno.ENOMEM: "free memory or raise the limit of memory (ulimit -v)",
+}
+
+
+def _unreadable(path: Path, name: str, exc: Exception, problems: dict[str, str] | None) -> None:
+    """Log ``path``'s failure as a warning, or record it in ``problems``."""
+    if problems is None:
+        logging.getLogger(__name__).warning("checkpoint %s is unreadable (%s)", path, exc)
+    else:
+        problems[name] = str(exc)

@@ -1,0 +1,96 @@
+"""Issue 15, thirty-seventh hostile review (environment: limits, permissions, links, locales).
+
+1. A checkpoint this process may not read taken for a damaged one: a secure run
+   (``simulate toy.toml --rounds 2 --set secure=true --set checkpoint-every=1``) raised to 4
+   rounds in its ``config.toml``, its ``checkpoint.pt`` made unreadable to its user (``chmod
+   000``, as a run directory restored by another account leaves it; ``ulimit -n`` exhausted
+   alike), then ``simulate --resume``: rc 0, one warning ``checkpoint checkpoint.pt is
+   unreadable ("[Errno 13] Permission denied …"); continuing from checkpoint.prev.pt``, and
+   round 2 was released again with new noise: ε 15.03 where the intact checkpoint resumes at
+   13.70 (a seeded run replays it, at no cost). An ``OSError`` of the file's access
+   (EACCES, EPERM, EMFILE, ENFILE, ENOMEM; ``checkpoint.NOT_ITS_CONTENT``) or a
+   ``MemoryError`` says nothing of its content: rc 2, one line naming the file and what to do,
+   nothing written; a damaged file still falls back to the previous one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedprivopt.cli import main
+from fedprivopt.simulation import checkpoint
+from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, LEDGER_FILE
+from fedprivopt.simulation.run import simulate
+from tests.reliability.test_ledger import kept_files
+from tests.simulation.test_run import small_config
+
+
+def _one_line(err: str) -> str:
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def secure_run(tmp_path_factory):
+    """A finished secure run of 2 rounds, checkpointed every round, set to 3 rounds."""
+    out = tmp_path_factory.mktemp("secure") / "run"
+    simulate(small_config(**{"num-server-rounds": 2, "secure": True, "checkpoint-every": 1}), out)
+    config = out / CONFIG_FILE
+    config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3"))
+    return out
+
+
+def _load_failing(monkeypatch, code: int) -> None:
+    """``torch.load`` of a ``checkpoint.pt`` fails with ``code`` (root reads any file)."""
+    load = torch.load
+
+    def failing(path, *args, **kwargs):
+        if Path(path).name == CHECKPOINT:
+            if code == errno.ENOMEM:
+                raise MemoryError
+            raise OSError(code, os.strerror(code), str(path))
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "load", failing)
+
+
+# -- 1: a checkpoint this process may not read -----------------------------------------------------
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [(errno.EACCES, "give this user read access"), (errno.EMFILE, "ulimit -n")],
+)
+def test_1_an_unreadable_checkpoint_is_not_replaced_by_the_previous_one(
+    secure_run, monkeypatch, capsys, code, said
+):
+    files = kept_files(secure_run)
+    _load_failing(monkeypatch, code)
+    capsys.readouterr()
+    assert main(["simulate", "--resume", str(secure_run), "--quiet"]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert f"{secure_run / CHECKPOINT}: cannot be read ({os.strerror(code)})" in err, err
+    assert said in err and "previous checkpoint was not used" in err, err
+    assert kept_files(secure_run) == files  # round 2 not released again
+
+
+def test_1_out_of_memory_while_loading_it_is_not_a_damaged_checkpoint(secure_run, monkeypatch):
+    _load_failing(monkeypatch, errno.ENOMEM)
+    with pytest.raises(MemoryError):
+        checkpoint.newest_checkpoint(secure_run, {})
+
+
+def test_1_a_damaged_checkpoint_still_falls_back(secure_run, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for path in secure_run.iterdir():
+        (run / path.name).write_bytes(path.read_bytes())
+    (run / CHECKPOINT).write_bytes(b"damaged")
+    problems: dict[str, str] = {}
+    state, name = checkpoint.newest_checkpoint(run, problems)
+    assert name == "checkpoint.prev.pt" and state is not None
+    assert list(problems) == [CHECKPOINT]
+    assert (run / LEDGER_FILE).exists()

@@ -7,7 +7,8 @@ them over seeds is :mod:`fedprivopt.simulation.rundata` (its names are re-export
 module writes what a reader looks at.
 
 The plots are :mod:`fedprivopt.simulation.report_plots` (:func:`plot_metric_vs_round` and
-:func:`plot_privacy_utility` are re-exported here).
+:func:`plot_privacy_utility` are re-exported here), the text of ``report.md``
+:mod:`fedprivopt.simulation.report_markdown`.
 
 Examples
 --------
@@ -19,23 +20,21 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.files import unlink_links
 from fedprivopt.simulation.cells import REPORT_FILES
+from fedprivopt.simulation.report_markdown import markdown, rounds_text
 from fedprivopt.simulation.report_plots import (
     draw_metric_vs_round,
     draw_privacy_utility,
     plot_metric_vs_round,
     plot_privacy_utility,
-    pretty_metric,
 )
 from fedprivopt.simulation.rundata import RunData, load_run, load_runs
 from fedprivopt.simulation.rundata_aggregate import (
-    Selection,
     aggregate_runs,
     aggregate_with_notes,
     choose_metric,
@@ -56,16 +55,8 @@ __all__ = [
     "write_summary_csv",
 ]
 
-_PRIVACY_CONFIG_WORDS = (
-    "accountant", "clip", "sampling", "cohort", "users", "delta", "epsilon", "target", "secure",
-    "noise", "rounds", "population", "clients-per-round",
-)  # fmt: skip
-# Keys the words above match that mean nothing to privacy (a simulation's batching of a cohort),
-# and ``delta``, which the "δ" line shows (thirtieth review of issue 15, privacy-report finding 4)
-_NOT_PRIVACY_CONFIG = ("cohort-chunk", "delta")
 RUN_EPSILON = "ε is the accountant's value after each run's last completed round, at the δ shown; "
 """What ε means in a report of runs (the start of its "Privacy parameters")."""
-_EARLIER = ("reused", "resumed")  # origins of runs made by an earlier call
 
 
 def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
@@ -177,7 +168,7 @@ def write_report(
     ref = reference_model(sel.runs, sel.metric)
     draw_metric_vs_round(sel, out / "metric_vs_round.png", ref)
     draw_privacy_utility(rows, out / "privacy_utility.png", ref)
-    text = _markdown(title, sel, rows, issues, notes, ref, origins, epsilon_text)
+    text = markdown(title, sel, rows, issues, notes, ref, origins, epsilon_text)
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
     return report
@@ -206,308 +197,6 @@ def _without_untrained(runs: Sequence[RunData]) -> tuple[list[RunData], list[str
         for r in stopped
     ]
     return [r for r in runs if all(r is not s for s in stopped)], notes
-
-
-def _fmt(x: float, digits: int = 4) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.{digits}g}"
-
-
-_ROUNDING = 1e-12
-"""A std at most this fraction of the mean is the rounding of equal values' mean, shown ``± 0``.
-
-Thirty-second review of issue 15 (reports, finding 8): 7 seeds of an equal accuracy 0.37333
-have a float mean one ulp off and a std of 6e-17, which was written ``0.37333333 ± 0.00000000``
-(eight places claimed) where 6 seeds gave ``0.3733 ± 0``.
-"""
-
-
-def _fmt_pm(mean: float, std: float, n: int) -> str:
-    """``mean ± std`` with the std to two significant digits and the mean to the same place.
-
-    A std of 100 or more is rounded to its second significant digit too (``1000 ± 120``), in
-    scientific notation from a million on (``1.163e+19 ± 5.7e+17``). Thirty-third review of
-    issue 15 (results, finding 4): such a spread was written with every digit of the float, as
-    ``11630144715940167680 ± 569119712518259776`` (``compare --set server-learning-rate=1e20``'s
-    eval loss; 39 digits each near float32's largest loss).
-    """
-    if not math.isfinite(mean):
-        return "n/a" if math.isnan(mean) else str(mean)
-    if n <= 1 or math.isnan(std):  # NaN: fewer than two finite values (no spread)
-        return _fmt(mean)
-    if 0 < std <= abs(mean) * _ROUNDING:  # equal values whose mean was rounded: no spread
-        std = 0.0
-    if not (math.isfinite(std) and std > 0):
-        return f"{_fmt(mean)} ± {_fmt(std)}"
-    place = 1 - math.floor(math.log10(std))  # decimal place of the std's second digit
-    if place >= 0:
-        return f"{mean:.{min(place, 8)}f} ± {std:.{min(place, 8)}f}"
-    if max(abs(mean), std) < 1e6:
-        return f"{round(mean, place):.0f} ± {round(std, place):.0f}"
-    digits = max(math.floor(math.log10(abs(mean))) + place, 0) if mean else 0
-    return f"{mean:.{digits}e} ± {std:.1e}"
-
-
-_LISTED = 10
-"""Up to this many seeds are listed one by one; more are written as ranges (``0-299``)."""
-
-
-def _seeds_text(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
-    """The header's seeds: ``3 seeds (0, 1, 2)``, or the runs a group has when groups differ.
-
-    Thirty-fourth review of issue 15 (the tuning reviewer's report): a tuned comparison's
-    groups hold released trials, each with its own run seed, and the header said "2 strategies
-    × 1 noise multipliers × 2 seeds (1356721935, 2138214908)" for 2 runs, not 4.
-    """
-    if len({tuple(sorted(r["seeds"])) for r in rows}) <= 1:
-        return f"{len(seeds)} seeds ({_seed_list(seeds)})"
-    counts = sorted({len(r["seeds"]) for r in rows})
-    each = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
-    runs = "run" if counts == [1] else "runs"
-    return f"{each} {runs} per group (seeds differ between groups: {_seed_list(seeds)})"
-
-
-def _seed_list(seeds: Sequence[int]) -> str:
-    """``0, 1, 2`` or, above :data:`_LISTED` seeds, their ranges: ``0-299, 301``.
-
-    Twenty-ninth review of issue 15: ``compare --seeds 300`` wrote every seed number into the
-    report's first paragraph, and a row whose 300 seeds diverged a table cell of 6,893
-    characters (``seed 0 from round 1, seed 1 from round 1, ...``).
-    """
-    ordered = sorted(set(seeds))
-    if len(ordered) <= _LISTED:
-        return ", ".join(map(str, ordered))
-    spans: list[list[int]] = []
-    for seed in ordered:
-        if spans and seed == spans[-1][1] + 1:
-            spans[-1][1] = seed
-        else:
-            spans.append([seed, seed])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-
-
-def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]], budget: int = 0) -> str:
-    """``3``, or ``3 (1 non-finite; 2 diverged: seed 0 from round 1, seed 2 from round 4)``.
-
-    Above :data:`_LISTED` diverged seeds they are grouped by round: ``seeds 0-299 from round 1``.
-    ``budget`` seeds stopped early at the privacy budget: ``3 (3 stopped at the privacy
-    budget)`` (:func:`write_summary_csv`, finding 5).
-    """
-    marks = [f"{budget} stopped at the privacy budget"] if budget else []
-    marks += [f"{n - n_finite} non-finite"] if n_finite != n else []
-    if len(diverged) > _LISTED:
-        rounds = sorted({first for _, first in diverged})
-        which = ", ".join(
-            f"seeds {_seed_list([s for s, f in diverged if f == first])} from round {first}"
-            for first in rounds
-        )
-        marks.append(f"{len(diverged)} diverged: {which}")
-    elif diverged:
-        which = ", ".join(f"seed {seed} from round {first}" for seed, first in diverged)
-        marks.append(f"{len(diverged)} diverged: {which}")
-    return f"{n} ({'; '.join(marks)})" if marks else str(n)
-
-
-def rounds_text(row: Mapping[str, Any]) -> str:
-    """An :func:`aggregate_runs` row's completed rounds: ``3``, or ``1–3`` when they differ.
-
-    The ``rounds`` cell of ``report.md`` and of ``summary.csv`` alike. Thirty-second review of
-    issue 15 (reports, finding 5): ``compare --tune-grid num-server-rounds=1,3`` released
-    1-round and 3-round trials as one row's seeds, and the row said ``rounds 1`` (the fewest)
-    beside a mean over both; thirty-third review (results, finding 1): ``summary.csv`` still
-    wrote that ``1``.
-    """
-    lo = row["rounds"]
-    hi = row.get("rounds_max", lo)  # rows built without it: one count
-    return str(lo) if lo == hi else f"{lo}–{hi}"
-
-
-def _noise_text(runs: Sequence[RunData]) -> str:
-    """``2 noise multipliers (0.5, 1)``, with ``plus non-private baselines`` when there are any.
-
-    Thirty-first review of issue 15 (compare, finding 6): a baseline's σ 0 was counted as one of
-    the grid's noise multipliers (``2 strategies × 3 noise multipliers (0, 0.5, 1)`` for 3 runs).
-    """
-    private = [r for r in runs if _mechanism(r.summary.get("config") or {}) is not None]
-    sigmas = sorted({r.noise_multiplier for r in private})
-    text = f"{len(sigmas)} noise multipliers ({', '.join(f'{s:g}' for s in sigmas)})"
-    if len(private) == len(runs):
-        return text
-    return f"{text} plus non-private baselines" if private else "no noise (non-private)"
-
-
-def _better(metric: str) -> str:
-    """Where a better point lies on the privacy–utility plot: ``up``, or ``down`` for the loss.
-
-    Thirty-second review of issue 15 (reports, finding 1): ``compare --metric eval_loss`` said
-    "up and to the left is better" of a plot of the loss, whose better points lie down.
-    """
-    return "down" if metric == "eval_loss" else "up"
-
-
-def _fmt_eps(eps: float) -> str:
-    return "∞ (non-private)" if math.isinf(eps) else _fmt(eps)
-
-
-def _one_line(text: str) -> str:
-    r"""``text`` with its control characters escaped (``\n``, ``\r``, ``\x1b``): one line.
-
-    Thirty-fifth review of issue 15 (outputs, finding 7): ``compare $'my\n## Notes.toml' …``
-    (a preset whose file name holds a newline) wrote the title ``# fedprivopt compare: my``
-    and then a heading ``## Notes.toml`` of its own in ``report.md``; a task's
-    ``initialization`` text alike (its "Initial model:" line).
-    """
-    return "".join(
-        c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
-        for c in text
-    )
-
-
-def table_cell(text: Any) -> str:
-    """``text`` as one cell of a markdown table: ``|`` escaped, newlines as spaces.
-
-    Also the Summary's header cell of the task metric: thirty-fifth review of issue 15 (outputs,
-    finding 2): a task by reference whose metric is named ``p(y|x)`` wrote the header
-    ``| … | eval_p(y|x) | eval loss | s/round |``, 10 cells over a delimiter row of 9, which
-    Markdown does not take for a table: the Summary showed as lines of text.
-    """
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _markdown(
-    title: str,
-    sel: Selection,
-    rows: Sequence[dict[str, Any]],
-    issues: Sequence[str],
-    notes: str | None,
-    ref: tuple[str, dict[str, float]] | None = None,
-    origins: Mapping[str, str] | None = None,
-    epsilon_text: str = "",
-) -> str:
-    m, pretty = sel.metric, pretty_metric(sel.metric)
-    strategies = sorted({r.strategy for r in sel.runs})
-    seeds = sorted({r.seed for r in sel.runs})
-    engines = sorted({str(r.summary.get("engine", "?")) for r in sel.runs})
-    budget = sum(r.summary.get("stopped_reason") == "budget" for r in sel.runs)
-    lines = [
-        f"# {_one_line(title)}",
-        "",
-        f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
-        f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {_seeds_text(rows, seeds)}; "
-        f"engine {', '.join(engines)}. "
-        f"Task metric: `{m}`. Values are the final evaluation, mean ± sample std over seeds.",
-    ]
-    if budget:
-        lines.append(f"{budget} runs stopped early at the privacy budget.")
-    diverged = sum(len(r["diverged"]) for r in rows)
-    if diverged:
-        lines.append(
-            f"{diverged} of {len(sel.runs)} runs diverged (an evaluation loss or the task metric, "
-            "or the model, became non-finite): their final values describe an overflowed model, "
-            "and the seeds column names the round each diverged from."
-        )
-    for key, what in (("evaluated_model", "Evaluated"), ("initial_model", "Initial model")):
-        found = sorted({str(r.summary[key]) for r in sel.runs if r.summary.get(key)})
-        if found:
-            lines.append(_one_line(f"{what}: {'; '.join(found)}."))  # a task's own text
-    if origins:
-        earlier = sum(origins.get(r.path.name, "").startswith(_EARLIER) for r in sel.runs)
-        lines.append(
-            f"{earlier} of {len(sel.runs)} runs come from an earlier call (reused or resumed: "
-            "their stored configuration equals this call's); see [Runs](#runs)."
-        )
-    loss = m != "eval_loss"  # else the metric's column is the loss (one column, not two)
-    lines += [
-        "",
-        "## Summary",
-        "",
-        f"| strategy | σ | seeds | ε | δ | rounds | {table_cell(pretty)} |{' eval loss |' * loss}"
-        " s/round |",
-        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * loss + "---:|",
-    ]
-    for r in rows:
-        n, n_ok = r["n_seeds"], r["n_finite"]
-        seeds_cell = _seeds_cell(n, n_ok, r["diverged"], r.get("n_budget", 0))
-        cells = [
-            r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, _fmt_eps(r["epsilon"]),
-            _fmt(r["delta"], 3), rounds_text(r), _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
-            *[_fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n)] * loss,
-            _fmt(r["seconds_per_round"], 3),
-        ]  # fmt: skip
-        lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
-    ref_text = ""
-    if ref is not None:
-        loss = ref[1].get("loss")
-        lines += [
-            "",
-            f"Reference: {ref[0]}, a model built from public information only and never trained: "
-            f"{pretty} {_fmt(ref[1][m])}"
-            + (f", eval loss {_fmt(loss)}." if loss is not None else ".")
-            + " A strategy that does not beat it has learned nothing about the users.",
-        ]
-        ref_text = f" The dotted grey line is the {ref[0]}."
-    lines += [
-        "",
-        "Full-precision numbers: [summary.csv](summary.csv).",
-        "",
-        "## Plots",
-        "",
-        f"![{pretty} by round](metric_vs_round.png)",
-        "",
-        f"How each strategy's {pretty} evolves over the rounds at each noise multiplier (mean "
-        f"over seeds, ±1 std shaded): the gap between lines is what the method, not the noise, "
-        f"decides.{ref_text}",
-        "",
-        "![Privacy–utility trade-off](privacy_utility.png)",
-        "",
-        f"The final {pretty} of each strategy against the ε it spent (one point per noise "
-        f"multiplier; {_better(m)} and to the left is better): the slope of a line is the price of "
-        f"privacy for that method, dashed lines are the non-private baselines.{ref_text}",
-        "",
-        "## Privacy parameters",
-        "",
-        epsilon_text
-        + "non-private baselines have ε = ∞. The unit of privacy is the user"
-        + _relations(sel.runs),
-        "",
-    ]
-    deltas = sorted({r.delta for r in sel.runs if math.isfinite(r.epsilon)})
-    if deltas:
-        lines.append(f"- δ: {', '.join(_fmt(d, 3) for d in deltas)}")
-    lines += [f"- {key}: {value}" for key, value in _shared_privacy_config(sel.runs)]
-    lines += _public_users(sel.runs)
-    if origins:
-        lines += ["", "## Runs", "", "| run | origin |", "|---|---|"]
-        lines += [
-            f"| {table_cell(r.path.name)} | "
-            f"{table_cell(origins.get(r.path.name, 'not recorded'))} |"
-            for r in sorted(sel.runs, key=lambda r: (r.strategy, r.noise_multiplier, r.seed))
-        ]
-    if issues:
-        lines += ["", "## Warnings", ""] + [f"- {table_cell(i)}" for i in issues]
-    if notes:
-        lines += ["", "## Notes", "", notes.strip()]
-    return "\n".join(lines) + "\n"
-
-
-def _public_users(runs: Sequence[RunData]) -> list[str]:
-    """A line per strategy whose runs took public users out of the population (AdaDPS).
-
-    Thirty-third review of issue 15 (found by the optimizers' reviewer): ``compare
-    stackoverflow-tp-mini.toml --strategies adadps,dp-fedavg`` said "population: 400" and
-    nothing of the 4 users whose data built AdaDPS' side information outside the guarantee;
-    only each run's ``summary.json`` did. Taken from that ``side_information`` entry.
-    """
-    found: dict[str, str] = {}
-    for r in runs:
-        side = r.summary.get("side_information")
-        if isinstance(side, Mapping) and side.get("public_users") and r.strategy not in found:
-            found[r.strategy] = (
-                f"- public users ({table_cell(r.strategy)}): {len(side['public_users'])} users' "
-                "data built the side information outside the guarantee; they are not in the "
-                f"population ε covers ({table_cell(side.get('private_population'))} private "
-                "users)"
-            )
-    return [found[s] for s in sorted(found)]
 
 
 def _task_differences(runs: Sequence[RunData]) -> list[str]:
@@ -553,60 +242,3 @@ def _params(config: Mapping[str, Any]) -> dict[str, Any]:
         if key.startswith("task-params."):
             params[key.split(".", 1)[1]] = value
     return {k.replace("_", "-"): v for k, v in params.items()}
-
-
-_TREE_SAMPLING = "none (tree: cohorts from a seeded shuffle per restart period)"
-_RELATIONS = {
-    "poisson": "added or removed (Poisson sampling)",
-    "fixed": "replaced (fixed-size sampling)",
-    "tree": "replaced, dp-accounting's replace-special relation (tree aggregation)",
-}
-
-
-def _mechanism(config: dict) -> str | None:
-    """``poisson``, ``fixed`` or ``tree`` for a private run's config; ``None`` otherwise."""
-    from fedprivopt.strategies.config import NON_PRIVATE
-
-    if config.get("strategy") in NON_PRIVATE or not config.get("noise-multiplier"):
-        return None
-    if config.get("noise-mechanism") == "tree":
-        return "tree"
-    return "fixed" if config.get("sampling") == "fixed" else "poisson"
-
-
-def _relations(runs: Sequence[RunData]) -> str:
-    """``": neighbouring datasets differ in one user, <how>."`` for the runs' mechanisms."""
-    found = {_mechanism(r.summary.get("config") or {}) for r in runs} - {None}
-    if not found:
-        return "."
-    hows = [_RELATIONS[m] for m in ("poisson", "fixed", "tree") if m in found]
-    return "; neighbouring datasets differ in one user, " + "; or ".join(hows) + "."
-
-
-def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:
-    """Privacy-related config keys, with their value when all runs agree, else "varies".
-
-    The runs are the private ones (finite ε) when there are any, as for the "δ" line: a
-    non-private baseline's settings made ``delta: varies`` stand beside one δ (thirtieth review
-    of issue 15, privacy-report finding 4). A tree run does not sample (its ``sampling`` key
-    is ignored): it shows as :data:`_TREE_SAMPLING` (issue 20 review, finding 5).
-    """
-    runs = [r for r in runs if math.isfinite(r.epsilon)] or list(runs)
-    configs = [dict(r.summary.get("config") or {}) for r in runs]
-    for c in configs:
-        if c.get("noise-mechanism") == "tree" and "sampling" in c:
-            c["sampling"] = _TREE_SAMPLING
-    keys = sorted(
-        k
-        for k in {k for c in configs for k in c}
-        if any(w in k for w in _PRIVACY_CONFIG_WORDS) and k not in _NOT_PRIVACY_CONFIG
-    )
-    out = []
-    for key in keys:
-        values = {json.dumps(c.get(key), sort_keys=True) for c in configs}
-        if len(values) > 1:
-            out.append((key, "varies (see the runs)"))
-            continue
-        value = configs[0].get(key)
-        out.append((key, table_cell(value if isinstance(value, str) else values.pop())))
-    return out

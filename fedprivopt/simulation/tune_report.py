@@ -356,7 +356,7 @@ def trial_count_text(tc: Mapping[str, Any]) -> str:
 
 
 def _markdown(summary: dict[str, Any]) -> str:
-    from fedprivopt.simulation.report import table_cell
+    from fedprivopt.simulation.report_markdown import table_cell
 
     metric, best, single = summary["metric"], summary["best"], summary["single_run"]
     keys = list(summary["grid"])
@@ -465,7 +465,7 @@ def procedure_lines(
     tunings' commands), where ``compare-tuned`` of the same tunings says they were not tuned
     alike (2 against 3 points).
     """
-    from fedprivopt.simulation.report import table_cell
+    from fedprivopt.simulation.report_markdown import table_cell
 
     lines = ["", f"How each strategy was tuned (its tunings differ in {differ_in} alone):", "",
              "| strategy | tunings | grid | grid points | trials per tuning | selection |",
@@ -506,7 +506,7 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
     dp-fedadam --grid server-learning-rate=0.01,0.03,0.1 --metric eval_loss`` recorded neither
     grid nor selection metric: the two rows read as equal procedures.
     """
-    from fedprivopt.simulation.report import table_cell
+    from fedprivopt.simulation.report_markdown import table_cell
 
     by_strategy: dict[str, list[Any]] = {}
     for check in checks:

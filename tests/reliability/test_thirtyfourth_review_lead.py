@@ -46,7 +46,7 @@ import torch
 from fedprivopt.cli import main
 from fedprivopt.cli_runs import load_preset, note_unused
 from fedprivopt.deploy import local as deploy_module
-from fedprivopt.simulation import report, tune_report
+from fedprivopt.simulation import report_markdown, tune_report
 from fedprivopt.simulation.cluster_watch import HeadWatch
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -226,13 +226,13 @@ def test_6_a_report_header_counts_the_runs_of_groups_whose_seeds_differ():
     …)"; groups with the same seeds read as before.
     """
     tuned = [{"seeds": [1356721935]}, {"seeds": [2138214908]}]
-    assert report._seeds_text(tuned, [1356721935, 2138214908]) == (
+    assert report_markdown._seeds_text(tuned, [1356721935, 2138214908]) == (
         "1 run per group (seeds differ between groups: 1356721935, 2138214908)"
     )
     short = [{"seeds": [0, 1, 2]}, {"seeds": [0, 2]}]  # a cell missing from one group
-    assert report._seeds_text(short, [0, 1, 2]).startswith("2–3 runs per group")
+    assert report_markdown._seeds_text(short, [0, 1, 2]).startswith("2–3 runs per group")
     same = [{"seeds": [0, 1, 2]}, {"seeds": [2, 1, 0]}]
-    assert report._seeds_text(same, [0, 1, 2]) == "3 seeds (0, 1, 2)"
+    assert report_markdown._seeds_text(same, [0, 1, 2]) == "3 seeds (0, 1, 2)"
 
 
 class EvaluateExits(OwnTask):

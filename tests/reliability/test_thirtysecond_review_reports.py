@@ -87,7 +87,7 @@ def test_1_a_loss_report_says_better_points_lie_down(tuned_loss_report):
 
 
 def test_1_an_accuracy_report_still_says_up():
-    from fedprivopt.simulation.report import _better
+    from fedprivopt.simulation.report_markdown import _better
 
     assert _better("eval_accuracy") == "up" and _better("eval_recall_at_5") == "up"
     assert _better("eval_loss") == "down"

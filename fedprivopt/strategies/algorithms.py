@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from fedprivopt import optim
+from fedprivopt.core.text import shown
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest, Updates
 
@@ -109,13 +110,29 @@ class AdaDPS(DPFedAvg):
     ) -> None:
         if preconditioner is None:
             raise ValueError("adadps needs side information: a preconditioner vector A")
-        if preconditioner.shape != initial_params.shape or not bool(
-            torch.all(torch.isfinite(preconditioner) & (preconditioner > 0))
-        ):
-            raise ValueError(
-                "preconditioner must be a finite, positive vector of the model's length "
-                f"{initial_params.numel()}"
+        # thirty-seventh review of issue 15: a list raised AttributeError, a complex tensor
+        # NotImplementedError, a meta one RuntimeError; the tensor was kept, not copied, so the
+        # caller's in-place edit (A.mul_(2)) changed what later rounds broadcast while the
+        # checkpoint kept the digest of the A the run started with
+        p = preconditioner
+        ok = (
+            isinstance(p, torch.Tensor)
+            and (p.is_floating_point() or (p.dtype != torch.bool and not p.is_complex()))
+            and p.device.type != "meta"
+            and p.shape == initial_params.shape
+        )
+        if not ok or not bool(torch.all(torch.isfinite(p) & (p > 0))):
+            got = (
+                f"a {p.dtype} tensor of shape {tuple(p.shape)} on {p.device}"
+                if isinstance(p, torch.Tensor)
+                else shown(p)
             )
+            raise ValueError(
+                "preconditioner must be a finite, positive real tensor of the model's shape "
+                f"({initial_params.numel()},), got {got}"
+                + (" (not all finite and > 0)" if ok else "")
+            )
+        preconditioner = p.detach().clone()
         super().__init__(config, initial_params, preconditioner=preconditioner, **kwargs)
 
     def broadcast_preconditioner(self) -> torch.Tensor | None:

@@ -25,6 +25,15 @@ hyperparameters at their bounds, the strategy configuration).
    whom ``build_run``'s offset of 2 leaves in the private population. Now each argument is
    checked (``ValueError`` naming it and its range), and a record's public users must be those
    of its kind (``0 .. users-1`` for ``public-users``, none otherwise).
+3. AdaDPS' preconditioner at the Python API (``build_algorithm(config, init,
+   preconditioner=A)``): the algorithm kept the caller's tensor, so an in-place edit after
+   building it (``A.mul_(2)``, a second run's normalization of the same vector) changed what the
+   later rounds broadcast, while ``state_dict()``'s side-information digest stayed the one of
+   the ``A`` the run started with (a resume checked against a vector the run no longer
+   broadcast); a list raised ``AttributeError``, a complex tensor ``NotImplementedError``, a meta
+   one ``RuntimeError``, a bool one was taken. Now ``A`` is copied (detached) when the algorithm
+   is built, and anything but a finite, positive real tensor of the model's shape is a
+   ``ValueError`` naming its dtype, shape and device.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ from fedprivopt.models.side_information_config import (
     ResolvedSideInformation,
     resolve_side_information,
 )
+from fedprivopt.strategies import StrategyConfig
+from fedprivopt.strategies.algorithms import build_algorithm
 from tests.models.minimal_task import MinimalTask
 
 
@@ -132,3 +143,23 @@ def test_2_a_resolved_record_holds_its_kinds_public_users():
         clients_per_round=10,
     )
     assert resolved.public_users == (0, 1, 2) and "users 0..2 (3 of 40)" in resolved.exclusion()
+
+
+def test_3_adadps_keeps_its_own_copy_of_a_checked_preconditioner():
+    config = StrategyConfig.from_mapping(
+        {"strategy": "adadps", "population": 4, "clients-per-round": 2, "noise-multiplier": 1.0}
+    )
+    side = torch.ones(6)
+    alg = build_algorithm(config, torch.zeros(6), preconditioner=side)
+    digest = alg.state_dict()["side_information"]
+    side.mul_(2.0)
+    assert torch.equal(alg.broadcast_preconditioner(), torch.ones(6))
+    assert alg.state_dict()["side_information"] == digest
+    for bad in (
+        [1.0] * 6,
+        torch.ones(6, dtype=torch.complex64),
+        torch.ones(6, device="meta"),
+        torch.ones(6, dtype=torch.bool),
+    ):
+        with pytest.raises(ValueError, match="preconditioner must be a finite, positive real"):
+            build_algorithm(config, torch.zeros(6), preconditioner=bad)

@@ -11,28 +11,10 @@ each round it samples users by (seed, round) and sends each node one ``train`` m
 the sampled users it hosts. Every user's clipped update comes back separately under
 ``update/<user>``.
 
-Every sampled user of a round ends in exactly one of these round metrics (summed over the
-cohorts of a round), so ``cohort_size = received + failed + timed_out + unavailable + dropped +
-unhosted`` for a single-cohort strategy:
-
-* ``received``: its update arrived (the aggregator then accepts or rejects it);
-* ``failed``: its node answered with an error (the ClientApp raised, crashed or did not load);
-* ``timed_out``: its node sent no reply before the round timeout;
-* ``unavailable``: the SuperLink answered for the node that the node or its reply is unavailable
-  (Flower error codes ``MESSAGE_UNAVAILABLE``, ``REPLY_MESSAGE_UNAVAILABLE``, ``NODE_UNAVAILABLE``);
-* ``dropped``: its node replied without its update;
-* ``unhosted``: no connected node hosts it (no message was sent).
-
-``node_errors`` still counts error replies (nodes, not users) and ``unrequested`` updates under
-keys nobody asked for. None of this changes the accounting, which follows the sampling.
-
-A cohort whose every node asked answered with the task's error (code
-:data:`~fedprivopt.clients.messages.TASK_ERROR`: the task breaks its protocol, the same on every
-node) ends the run with that :class:`~fedprivopt.models.task.TaskError` before the round is
-aggregated, as the fast engine stops at the first such user; a task error beside any other
-outcome (an update, a time-out, another failure) is counted as ``failed`` like any error, unless
-``stop_at_task_error`` (Flower's simulation engine, whose nodes all run the same task on the same
-data) ends the run at the first one.
+The replies of each cohort are read by :mod:`fedprivopt.strategies.flower_replies`: every sampled
+user of a round ends in one of its round metrics (:data:`LOSS_METRICS`, ``received``), and a task's
+error on every node asked ends the run. The model travels as ``ArrayRecord``
+(:mod:`fedprivopt.strategies.flower_arrays`).
 
 :meth:`DPStrategy.start` is overridden (same signature as Flower's) to add the user discovery, the
 budget check before every round and the rounds with two cohorts (ADADP);
@@ -43,25 +25,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
-from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedprivopt import wire as P
-from fedprivopt.clients.messages import TASK_ERROR
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
+from fedprivopt.privacy.flat import FlatSpec
 from fedprivopt.strategies.config import MAX_ROUNDS
-from fedprivopt.strategies.core import ReportedUpdates, RoundResult, ServerAlgorithm, TrainRequest
-from fedprivopt.strategies.discovery import UserDiscovery, task_failure
+from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest
+from fedprivopt.strategies.discovery import UserDiscovery
+from fedprivopt.strategies.flower_arrays import (
+    arrays_to_flat,
+    check_initial_arrays,
+    flat_to_arrays,
+    wire_preconditioner,
+)
+from fedprivopt.strategies.flower_replies import LOSS_METRICS, ReplyCollection
 
+# LOSS_METRICS and the conversions are re-exported: this is their public path (docs/FLOWER.md)
 __all__ = [
     "LOSS_METRICS",
     "DPStrategy",
@@ -70,107 +56,8 @@ __all__ = [
     "flat_to_arrays",
 ]
 
-LOSS_METRICS = ("failed", "timed_out", "unavailable", "dropped", "unhosted")
-"""Round metrics counting sampled users whose update did not arrive, by cause."""
 
-# error replies that the SuperLink writes for a node (not the node's own failure)
-_UNAVAILABLE = frozenset(
-    {
-        ErrorCode.MESSAGE_UNAVAILABLE,
-        ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
-        ErrorCode.NODE_UNAVAILABLE,
-    }
-)
-
-
-def flat_to_arrays(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
-    """ArrayRecord of the model state described by ``spec``."""
-    return ArrayRecord({k: v.cpu() for k, v in unflatten(flat, spec).items()})
-
-
-def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
-    """Flat tensor (and spec) of an ArrayRecord holding a model state."""
-    return flatten(record.to_torch_state_dict())
-
-
-def check_initial_arrays(
-    arrays: ArrayRecord, spec: FlatSpec, algorithm: ServerAlgorithm
-) -> torch.Tensor:
-    """The flat model of ``arrays``, which :meth:`DPStrategy.start` begins from.
-
-    Thirty-sixth review of issue 15 (strategies, finding 2): only the flat length was compared,
-    so a record of the model's tensors in another order (``{"b": ..., "a": ...}``), under other
-    names or in float64 was taken, its values put into the model's tensors in the record's order
-    (``a`` got ``b``'s first entries); and an algorithm restored from a checkpoint at round ``k``
-    went on from whatever model was given (a Flower program's ``ArrayRecord(model.state_dict())``
-    of its freshly built model), beside the checkpoint's optimizer state, average and ε.
-
-    Raises
-    ------
-    ValueError
-        For a record whose layout is not ``spec``'s, or, for an algorithm past round 0, whose
-        values are not its parameters (NaN where its parameters hold NaN).
-    """
-    if not isinstance(arrays, ArrayRecord):
-        raise ValueError(f"initial_arrays must be an ArrayRecord, got {shown(arrays)}")
-    try:
-        flat, given = arrays_to_flat(arrays)
-    except ValueError as exc:
-        raise ValueError(f"initial_arrays: {exc}") from None
-    if given != spec:
-        raise ValueError(
-            "initial_arrays must hold the model's tensors as spec lists them (names, shapes and "
-            f"dtypes in its order): {_first_difference(given, spec)}"
-        )
-    flat = flat.to(device=algorithm.params.device, dtype=algorithm.params.dtype)
-    if flat.shape != algorithm.params.shape:
-        raise ValueError("initial_arrays do not match the algorithm's model")
-    if algorithm.round_num > 0:  # compared as the engines pass them: through an ArrayRecord
-        ours = arrays_to_flat(flat_to_arrays(algorithm.params, spec))[0].to(flat)
-        same = (flat == ours) | (flat.isnan() & ours.isnan())
-        if not bool(same.all()):
-            raise ValueError(
-                f"initial_arrays must be the parameters of the algorithm, which is at round "
-                f"{algorithm.round_num} (restored from a checkpoint): give "
-                "flat_to_arrays(algorithm.params, spec), not another model "
-                f"({int((~same).sum())} of {ours.numel()} entries differ)"
-            )
-    return flat
-
-
-def _wire_preconditioner(preconditioner: torch.Tensor | None) -> np.ndarray | None:
-    """The preconditioner as sent to clients: in its own dtype where numpy has it.
-
-    Thirty-sixth review of issue 15 (strategies, finding 4): it was always sent as float32, so
-    on a float64 model DP2's ``P = sqrt(v) + eps`` reached the clients rounded, and ``simulate
-    --engine flower`` of ``dp2`` released another model than the fast engine from its first
-    adaptive round on (the clients cast it to the model's dtype, which now restores it exactly).
-    """
-    if preconditioner is None:
-        return None
-    p = preconditioner.detach().cpu()
-    if p.dtype not in (torch.float16, torch.float32, torch.float64):
-        p = p.float()  # bfloat16 (numpy has none): float32 holds it exactly
-    return p.numpy()
-
-
-def _first_difference(given: FlatSpec, spec: FlatSpec) -> str:
-    """Where the layout ``given`` first differs from ``spec`` (both differ somewhere)."""
-    ours = list(zip(spec.names, spec.shapes, spec.dtypes, strict=True))
-    theirs = list(zip(given.names, given.shapes, given.dtypes, strict=True))
-    i = next((i for i, pair in enumerate(zip(theirs, ours, strict=False)) if len(set(pair)) > 1),
-             min(len(ours), len(theirs)))  # fmt: skip
-
-    def entry(items: list[tuple[str, tuple[int, ...], torch.dtype]]) -> str:
-        if i >= len(items):
-            return "nothing"
-        name, shape, dtype = items[i]
-        return f"{shown(name)} of shape {tuple(shape)} and {dtype}"
-
-    return f"its tensor {i + 1} is {entry(theirs)}, the model's {entry(ours)}"
-
-
-class DPStrategy(UserDiscovery, Strategy):
+class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
     """A fedprivopt server algorithm as a Flower strategy.
 
     Parameters
@@ -250,7 +137,7 @@ class DPStrategy(UserDiscovery, Strategy):
                 self.lost["unhosted"] += 1
         self._node_users = by_node
         arrays = flat_to_arrays(request.params, self.spec)
-        preconditioner = _wire_preconditioner(request.preconditioner)
+        preconditioner = wire_preconditioner(request.preconditioner)
         messages = []
         for node, users in by_node.items():
             content = RecordDict(
@@ -299,103 +186,6 @@ class DPStrategy(UserDiscovery, Strategy):
         self._round = self.algorithm.run_round(server_round)
         self._request = next(self._round)
         return self._messages(self._request)
-
-    def _reply_node(self, reply: Message, sent: dict[str, int]) -> int | None:
-        """The node a reply answers, or ``None``.
-
-        By the id of the message it replies to (the SuperLink's own error replies have the
-        SuperLink as sender), else by its sender if that node was asked this cohort.
-        """
-        node = sent.get(reply.metadata.reply_to_message_id)
-        if node is None and reply.metadata.src_node_id in self._node_users:
-            node = reply.metadata.src_node_id
-        return node
-
-    def _updates(self, replies: Iterable[Message]) -> dict[int, Any]:
-        """``{user: flat update}`` from train replies; nothing a client sends can raise here.
-
-        An update that cannot be decoded into a tensor (missing ``delta``, undecodable bytes, an
-        unsupported serialization or byte order) maps to ``None``, which the aggregator rejects
-        and counts; an update under a key that was not requested from that node (another
-        node's user, an unknown id, a non-canonical key) is dropped and counted in
-        ``unrequested``. Users whose update did not arrive are counted by cause in
-        :attr:`lost` (see the module docstring); this is called once per cohort, right after
-        ``send_and_receive`` of that cohort's messages.
-
-        Raises
-        ------
-        TaskError
-            When every node asked answered with the task's error, or one did with
-            ``stop_at_task_error`` (:func:`~fedprivopt.strategies.discovery.task_failure`).
-        """
-        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
-        sent.pop("", None)
-        answered: set[int] = set()
-        errored: set[int] = set()
-        task_errors: dict[int, str] = {}  # said below, unless they end the run
-        updates = ReportedUpdates()
-        for reply in replies:
-            node = self._reply_node(reply, sent)
-            if node is not None and node in answered:
-                continue  # a second reply to one message: the first one counts
-            if node is not None:
-                answered.add(node)
-            if reply.has_error():
-                self.node_errors += 1
-                if node is not None and reply.error.code == TASK_ERROR:
-                    task_errors[node] = str(reply.error.reason)
-                else:
-                    log(WARNING, "node %s failed: %s", node, shown(reply.error.reason))
-                if node is not None:
-                    errored.add(node)
-                    cause = "unavailable" if reply.error.code in _UNAVAILABLE else "failed"
-                    self.lost[cause] += len(self._node_users[node])
-                continue
-            if node is None:
-                node = reply.metadata.src_node_id
-            for key, record in reply.content.array_records.items():
-                if not key.startswith(P.UPDATE_PREFIX):
-                    continue
-                user = P.parse_update_key(key)
-                if user is None or user not in self._node_users.get(node, []):
-                    self.unrequested += 1
-                    log(
-                        WARNING,
-                        "node %s sent an update under an unrequested key %s",
-                        node,
-                        shown(key),
-                    )
-                    continue
-                updates[user] = None  # unless decoded below; the aggregator rejects and counts it
-                if P.DELTA_ARRAY not in record:
-                    continue
-                try:
-                    array = np.array(record[P.DELTA_ARRAY].numpy(), copy=True)
-                    updates[user] = torch.from_numpy(array)
-                except Exception as exc:  # hostile bytes: np.load and torch raise many types
-                    log(WARNING, "node %s: undecodable update of user %d: %s", node, user, exc)
-                if P.CLIP_BIT_ARRAY in record:  # checked by the round (adaptive clipping)
-                    try:
-                        updates.clip_bits[user] = np.array(
-                            record[P.CLIP_BIT_ARRAY].numpy(), copy=True
-                        )
-                    except Exception:  # undecodable: the round rejects the reply
-                        updates.clip_bits[user] = "undecodable"
-        every = task_errors.keys() == self._node_users.keys()
-        if task_errors and (every or self.stop_at_task_error):
-            where = (
-                "asked" if self._request is None else f"asked in round {self._request.round_num}"
-            )
-            raise task_failure(task_errors, len(self._node_users), where)
-        for node, reason in task_errors.items():
-            log(WARNING, "node %s failed: %s", node, shown(reason))
-        for node, users in self._node_users.items():
-            if node not in answered:
-                self.lost["timed_out"] += len(users)
-                log(WARNING, "node %s sent no reply within %g s", node, self._timeout)
-            elif node not in errored:
-                self.lost["dropped"] += sum(1 for u in users if u not in updates)
-        return updates
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

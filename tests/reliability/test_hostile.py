@@ -24,7 +24,8 @@ from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
-from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.fast_train import fast_train
 from tests.faults import make_faulty_client_app
 

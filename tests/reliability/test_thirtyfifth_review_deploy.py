@@ -57,7 +57,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.deploy import local as deploy_module
-from fedprivopt.strategies.flower import LOSS_METRICS
+from fedprivopt.strategies.flower_replies import LOSS_METRICS
 from tests.reliability.test_fuzz_cli import run_cli
 from tests.reliability.test_misuse_cli import usage_error
 

@@ -125,7 +125,7 @@ from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.run import build_run
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
-from fedprivopt.strategies.flower import flat_to_arrays
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.messages import delivered
 from tests.models.minimal_task import MinimalTask
 from tests.reliability.test_thirtysecond_review_contract import _Task as ContractTask

@@ -85,7 +85,8 @@ from fedprivopt.simulation import engines
 from fedprivopt.simulation.config import load_config
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.discovery import QUERY_BATCH
-from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.messages import delivered
 from tests.models.minimal_task import MinimalTask
 from tests.strategies.test_flower_faults import DIM, NODE_USERS, POPULATION, ScriptedGrid

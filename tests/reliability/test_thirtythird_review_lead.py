@@ -41,7 +41,8 @@ from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.writer import RunWriter
 from fedprivopt.strategies import StrategyConfig, build_algorithm
-from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.simulation.test_run import PRESET, small_config
 from tests.strategies.test_flower_faults import DIM, POPULATION, ScriptedGrid
 

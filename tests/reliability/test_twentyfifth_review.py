@@ -120,7 +120,8 @@ from fedprivopt.models.tag_prediction_cohort import TagCohortTrainer
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
-from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.reliability.test_fuzz_cli import run_cli
 from tests.reliability.test_twentythird_review import one_line_error
 from tests.strategies.test_flower_faults import DIM, POPULATION, ScriptedGrid

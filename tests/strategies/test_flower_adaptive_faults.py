@@ -8,7 +8,8 @@ from flwr.simulation import run_simulation
 from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy import compose_epsilon, make_round_event
 from fedprivopt.strategies import StrategyConfig, build_algorithm
-from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.faults import make_faulty_client_app
 from tests.strategies.recorder import RunRecorder
 

@@ -32,7 +32,9 @@ from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy import compose_epsilon, make_round_event
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
-from fedprivopt.strategies.flower import LOSS_METRICS, DPStrategy, flat_to_arrays
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
+from fedprivopt.strategies.flower_replies import LOSS_METRICS
 from tests.faults import make_faulty_client_app
 from tests.strategies.recorder import RunRecorder
 

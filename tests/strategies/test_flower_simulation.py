@@ -18,7 +18,8 @@ from fedprivopt.models import build_task, initial_flat, model_spec
 from fedprivopt.privacy import compose_epsilon, make_round_event, unflatten
 from fedprivopt.strategies import STRATEGIES, StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
-from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.fast_train import fast_train
 from tests.strategies.recorder import RunRecorder, evaluate_fn
 

@@ -12,7 +12,8 @@ from fedprivopt import wire as P
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.privacy.tree import ParticipationError
 from fedprivopt.strategies import StrategyConfig, build_algorithm
-from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.strategies.test_flower_faults import NODE_USERS, ScriptedGrid
 
 

@@ -1,0 +1,107 @@
+"""The model between flat tensors and Flower ``ArrayRecord`` objects, and its checks.
+
+:class:`~fedprivopt.strategies.flower.DPStrategy` converts the global model once per message:
+:func:`flat_to_arrays` and :func:`arrays_to_flat` (a ``FlatSpec`` names the model's tensors, shapes
+and dtypes in order); :func:`check_initial_arrays` checks the model a Flower run starts from;
+:func:`wire_preconditioner` is the preconditioner as it is sent to clients.
+:mod:`fedprivopt.strategies.flower` re-exports the first three (their documented path).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+
+from fedprivopt.core.text import shown
+from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
+from fedprivopt.strategies.core import ServerAlgorithm
+
+__all__ = ["arrays_to_flat", "check_initial_arrays", "flat_to_arrays", "wire_preconditioner"]
+
+
+def flat_to_arrays(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
+    """ArrayRecord of the model state described by ``spec``."""
+    return ArrayRecord({k: v.cpu() for k, v in unflatten(flat, spec).items()})
+
+
+def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
+    """Flat tensor (and spec) of an ArrayRecord holding a model state."""
+    return flatten(record.to_torch_state_dict())
+
+
+def check_initial_arrays(
+    arrays: ArrayRecord, spec: FlatSpec, algorithm: ServerAlgorithm
+) -> torch.Tensor:
+    """The flat model of ``arrays``, which :meth:`DPStrategy.start` begins from.
+
+    Thirty-sixth review of issue 15 (strategies, finding 2): only the flat length was compared,
+    so a record of the model's tensors in another order (``{"b": ..., "a": ...}``), under other
+    names or in float64 was taken, its values put into the model's tensors in the record's order
+    (``a`` got ``b``'s first entries); and an algorithm restored from a checkpoint at round ``k``
+    went on from whatever model was given (a Flower program's ``ArrayRecord(model.state_dict())``
+    of its freshly built model), beside the checkpoint's optimizer state, average and ε.
+
+    Raises
+    ------
+    ValueError
+        For a record whose layout is not ``spec``'s, or, for an algorithm past round 0, whose
+        values are not its parameters (NaN where its parameters hold NaN).
+    """
+    if not isinstance(arrays, ArrayRecord):
+        raise ValueError(f"initial_arrays must be an ArrayRecord, got {shown(arrays)}")
+    try:
+        flat, given = arrays_to_flat(arrays)
+    except ValueError as exc:
+        raise ValueError(f"initial_arrays: {exc}") from None
+    if given != spec:
+        raise ValueError(
+            "initial_arrays must hold the model's tensors as spec lists them (names, shapes and "
+            f"dtypes in its order): {_first_difference(given, spec)}"
+        )
+    flat = flat.to(device=algorithm.params.device, dtype=algorithm.params.dtype)
+    if flat.shape != algorithm.params.shape:
+        raise ValueError("initial_arrays do not match the algorithm's model")
+    if algorithm.round_num > 0:  # compared as the engines pass them: through an ArrayRecord
+        ours = arrays_to_flat(flat_to_arrays(algorithm.params, spec))[0].to(flat)
+        same = (flat == ours) | (flat.isnan() & ours.isnan())
+        if not bool(same.all()):
+            raise ValueError(
+                f"initial_arrays must be the parameters of the algorithm, which is at round "
+                f"{algorithm.round_num} (restored from a checkpoint): give "
+                "flat_to_arrays(algorithm.params, spec), not another model "
+                f"({int((~same).sum())} of {ours.numel()} entries differ)"
+            )
+    return flat
+
+
+def wire_preconditioner(preconditioner: torch.Tensor | None) -> np.ndarray | None:
+    """The preconditioner as sent to clients: in its own dtype where numpy has it.
+
+    Thirty-sixth review of issue 15 (strategies, finding 4): it was always sent as float32, so
+    on a float64 model DP2's ``P = sqrt(v) + eps`` reached the clients rounded, and ``simulate
+    --engine flower`` of ``dp2`` released another model than the fast engine from its first
+    adaptive round on (the clients cast it to the model's dtype, which now restores it exactly).
+    """
+    if preconditioner is None:
+        return None
+    p = preconditioner.detach().cpu()
+    if p.dtype not in (torch.float16, torch.float32, torch.float64):
+        p = p.float()  # bfloat16 (numpy has none): float32 holds it exactly
+    return p.numpy()
+
+
+def _first_difference(given: FlatSpec, spec: FlatSpec) -> str:
+    """Where the layout ``given`` first differs from ``spec`` (both differ somewhere)."""
+    ours = list(zip(spec.names, spec.shapes, spec.dtypes, strict=True))
+    theirs = list(zip(given.names, given.shapes, given.dtypes, strict=True))
+    i = next((i for i, pair in enumerate(zip(theirs, ours, strict=False)) if len(set(pair)) > 1),
+             min(len(ours), len(theirs)))  # fmt: skip
+
+    def entry(items: list[tuple[str, tuple[int, ...], torch.dtype]]) -> str:
+        if i >= len(items):
+            return "nothing"
+        name, shape, dtype = items[i]
+        return f"{shown(name)} of shape {tuple(shape)} and {dtype}"
+
+    return f"its tensor {i + 1} is {entry(theirs)}, the model's {entry(ours)}"

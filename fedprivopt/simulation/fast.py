@@ -331,7 +331,7 @@ def _ray_actors(
     """``count`` shard actors, whether Ray was started here, and their placement.
 
     In a joined cluster (``cluster``, :class:`~fedprivopt.simulation.cluster.Cluster`) the
-    shards are spread over its nodes (:func:`~fedprivopt.simulation.cluster.place_shards`);
+    shards are spread over its nodes (:func:`~fedprivopt.simulation.cluster_shards.place_shards`);
     otherwise a private Ray instance with ``ray_cpus`` CPUs (``0``: ``count``, one per shard) is
     started unless this process has one (then the caller shuts it down), and each shard trains
     with ``ray_cpus // count`` torch threads (``0``: this machine's CPUs over ``count``).
@@ -358,7 +358,7 @@ def _ray_actors(
             )
     share = 0.0
     if cluster is not None:
-        from fedprivopt.simulation.cluster import place_shards
+        from fedprivopt.simulation.cluster_shards import place_shards
 
         placement = place_shards(cluster, count, trainer_kwargs["device"])
         trainer_kwargs = {**trainer_kwargs, "device": placement.device}

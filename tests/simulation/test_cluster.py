@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from fedprivopt.simulation import cluster as cluster_module
+from fedprivopt.simulation import cluster_shards
 from fedprivopt.simulation.run import simulate
 from tests.simulation.test_fast import so_config
 
@@ -76,14 +77,14 @@ def test_fast_engine_shards_run_on_every_node_and_give_the_in_process_model(
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     stats = []
-    real_place = cluster_module.place_shards
+    real_place = cluster_shards.place_shards
 
     def place(cluster, count, device):
         placement = real_place(cluster, count, device)
         stats.append(placement)
         return placement
 
-    monkeypatch.setattr(cluster_module, "place_shards", place)
+    monkeypatch.setattr(cluster_shards, "place_shards", place)
     caplog.set_level(logging.INFO, logger="fedprivopt.simulation")
     joined = _config(so_dir, **{"fast-actors": NODES, "ray-address": ray_cluster.address})
     sharded = simulate(joined, tmp_path / "sharded")
@@ -158,14 +159,14 @@ def _gpus_this_torch_cannot_use(cluster) -> None:
     """
     if torch.cuda.is_available():  # pragma: no cover - on a CUDA machine they are usable
         return
-    placement = cluster_module.place_shards(cluster, 2, "auto")
+    placement = cluster_shards.place_shards(cluster, 2, "auto")
     try:
         assert placement.device == "cpu"
         assert all(o["num_gpus"] == 0 for o in placement.options)
     finally:
         placement.remove()
     with pytest.raises(ValueError, match=r"device = cuda: the node .* declares GPUs to Ray but"):
-        cluster_module.place_shards(cluster, 2, "cuda")
+        cluster_shards.place_shards(cluster, 2, "cuda")
 
 
 def _wait_resources_free(ray, seconds: float = 60.0) -> None:
@@ -198,10 +199,10 @@ def test_shards_get_a_gpu_each_where_the_nodes_have_them(so_dir, ray_cluster, mo
         assert cluster.gpus == NODES
         _gpus_this_torch_cannot_use(cluster)
         # from here the declared GPUs count as usable where the shards land
-        monkeypatch.setattr(cluster_module, "_gpu_problems", lambda *args: {})
+        monkeypatch.setattr(cluster_shards, "_gpu_problems", lambda *args: {})
         for device, gpus in (("auto", 1), ("cpu", 0)):
             _wait_resources_free(ray)  # else the SPREAD may find a node still busy
-            placement = cluster_module.place_shards(cluster, NODES, device)
+            placement = cluster_shards.place_shards(cluster, NODES, device)
             try:
                 assert placement.device == ("cuda" if gpus else "cpu")
                 actors = [Where.options(**o).remote() for o in placement.options]
@@ -214,7 +215,7 @@ def test_shards_get_a_gpu_each_where_the_nodes_have_them(so_dir, ray_cluster, mo
                 placement.remove()
         # more shards than GPUs: "auto" trains on CPUs, and then the CPUs are too few
         with pytest.raises(ValueError, match="fast-actors must be at most the free CPUs"):
-            cluster_module.place_shards(cluster, NODES + 2, "auto")
+            cluster_shards.place_shards(cluster, NODES + 2, "auto")
         with pytest.raises(ValueError, match="device = cuda gives each of fast-actors = 4"):
-            cluster_module.place_shards(cluster, NODES + 1, "cuda")
+            cluster_shards.place_shards(cluster, NODES + 1, "cuda")
     assert not ray.is_initialized()

@@ -200,13 +200,32 @@ def count_share(bit: float, std: float, generator: torch.Generator) -> float:
     missing generator: a negative or NaN std added no noise, and ``None`` drew from the global
     RNG (a short review of the Python API, issue 15).
     """
+    bit = _binary(bit)
     std = check_real("std", std, low=0.0, high=MAX_STATE_NOISE_MULTIPLIER)
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    value = float(bit) - 0.5
+    value = bit - 0.5
     if std > 0:
         value += _gaussian(std, generator)
     return value
+
+
+def _binary(bit: object) -> float:
+    """``bit`` as ``0.0`` or ``1.0``: a bool, or a number (or one-element tensor or array) 0 or 1.
+
+    Thirty-seventh review of issue 15: ``count_share`` took any ``float(bit)``: a bit of 2 (or
+    ``norm / C``, ``"1"``, NaN) gave a share ``1.5 + N(0, std²)`` that the server cannot tell
+    from an honest one in distributed mode, while the count's noise is sized for a centred bit
+    of at most ``1/2``: the client released more about itself than the round accounts.
+    """
+    value = bit
+    if isinstance(bit, (torch.Tensor, np.ndarray)) and math.prod(bit.shape) == 1:
+        value = bit.reshape(()).item()
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Real) and value in (0, 1)):
+        return float(value)
+    raise ValueError(
+        f"bit must be 0 or 1 (1: the update was not clipped; see clip_bit), got {shown(bit)}"
+    )
 
 
 def _gaussian(std: float, generator: torch.Generator) -> float:

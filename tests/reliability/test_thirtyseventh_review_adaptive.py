@@ -13,6 +13,12 @@
    sampling, the cohort under fixed-size sampling; ``privacy.aggregate.share_noise_growth``):
    ``C`` stops at 1.68e35 and the model stays finite, and a starting ``clip-norm`` above it is
    refused (rc 2, one line naming ``clip-norm`` and ``min-shares``).
+2. ``privacy.adaptive_clip.count_share(bit, std, generator)``, what a client reports in
+   distributed mode (Python API), took any ``float(bit)``: ``count_share(2, 0.1, g)`` gave
+   ``1.5 + N(0, 0.01)`` (also 0.5, NaN, ``"1"``), a share the server cannot tell from an
+   honest one, while the count's noise is sized for a centred bit of at most 1/2 (the client
+   released more about itself than the round accounts). A bit other than 0 or 1 (a bool, a
+   number, a one-element tensor or array) is refused now, naming ``bit``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import math
 import pytest
 import torch
 
+from fedprivopt.privacy.adaptive_clip import count_share
 from fedprivopt.privacy.aggregate import share_noise_growth
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -74,3 +81,19 @@ def test_1_a_starting_clip_norm_above_the_bound_is_refused(sampling):
     assert share_noise_growth(500, 500) == 1.0 == share_noise_growth(600, 500)
     build_algorithm(_config(sampling="fixed", **{"clip-norm": 5e36, "min-shares": 500}),
                     torch.zeros(4))  # fmt: skip
+
+
+# -- finding 2: a count share is of a bit 0 or 1 ----------------------------------------------
+
+
+@pytest.mark.parametrize("bit", [2, 0.5, -1.0, float("nan"), "1", None, torch.tensor([1.0, 0.0])])
+def test_2_count_share_refuses_a_bit_other_than_0_or_1(bit):
+    with pytest.raises(ValueError, match="bit must be 0 or 1"):
+        count_share(bit, 0.1, torch.Generator().manual_seed(0))  # before: (bit - 1/2) + noise
+
+
+def test_2_count_share_takes_bools_and_one_element_bits():
+    gen = torch.Generator()
+    for bit, centred in ((1.0, 0.5), (0, -0.5), (True, 0.5), (torch.tensor(False), -0.5),
+                         (torch.tensor([1.0]), 0.5)):  # fmt: skip
+        assert count_share(bit, 0.0, gen) == centred

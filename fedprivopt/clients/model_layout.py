@@ -1,0 +1,200 @@
+"""The local trainer's model on the flat layout, and its own state set back before every user.
+
+:class:`ModelLayout` is a mixin of :class:`~fedprivopt.clients.trainer.LocalTrainer`: it lays the
+model's state dict out on the flat vector (which entries are trainable parameters, refused when
+tied, of another dtype or absent), loads a flat vector into the model (trainable parameters as
+views of it, frozen ones and buffers copied) and gives the model to the caller
+(:meth:`~ModelLayout.load_global`). It reads the trainer's attributes (``task``, ``model``,
+``spec``, ``device``, ``_entries``, ``_at_build``).
+
+:class:`ModelAtBuild` is what a model's forward may keep between calls, set back to its state of
+``build_model()`` before every user (and before every evaluation of a run), so that nothing of
+one user's data reaches the next one's update. :mod:`fedprivopt.clients.trainer` re-exports it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from fedprivopt.models.task import TaskError
+
+__all__ = ["ModelAtBuild", "ModelLayout"]
+
+
+class _Entry(NamedTuple):
+    name: str
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+    tensor: torch.Tensor  # the model's parameter or buffer object
+    trainable: bool
+
+
+_CONTAINERS = (list, dict, set)
+"""Attribute values whose contents are set back in place (``Module._parameters``, hook tables)."""
+
+
+class ModelAtBuild:
+    """A model's own state as :meth:`Task.build_model` returned it, set back before every user.
+
+    The state dict is loaded from the global model (:meth:`LocalTrainer._load`); the rest of a
+    module is what its forward may keep between calls: buffers outside the state dict
+    (``persistent=False``), and the attributes of every module (a buffer, parameter or
+    submodule registered by the forward, a plain tensor attribute such as a running mean, a
+    list it appends to, a counter). :meth:`restore` gives every module its attributes of the
+    build back (the same objects; a list, dict or set with its contents of then; a tensor that
+    is no parameter with its values of then), and removes what the forward added.
+
+    Thirty-sixth review of issue 15 (tasks, finding 1): a forward that registered a buffer of
+    its first minibatch's mean (``register_buffer`` in ``forward``, persistent or not), kept one
+    in a plain attribute, registered a ``Parameter`` lazily or appended to a list carried user
+    0's data into every later user's update on the same trainer: user 3's update after users
+    0-2 differed from user 3's alone by 0.025 in an entry (the sum's sensitivity to one user
+    above ``C``); only buffers registered in ``build_model()`` with ``persistent=False`` were
+    reset (thirty-fourth review, finding 6).
+    """
+
+    def __init__(self, model: torch.nn.Module, *, saved: set[str]) -> None:
+        self._modules: list[tuple[torch.nn.Module, dict, dict]] = []
+        # requires_grad as built: what the trainer trains (a loss may switch it, finding 5)
+        self._grad_flags = [(p, p.requires_grad) for p in model.parameters()]
+        # (table, key, initial values, version counter when they were last set)
+        self._tensors: list[list] = []
+        names = {id(m): name for name, m in model.named_modules()}
+        for module in model.modules():
+            attrs = dict(vars(module))
+            contents = {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS}
+            self._modules.append((module, attrs, contents))
+            prefix = names[id(module)] + "." if names[id(module)] else ""
+            for key, value in module._buffers.items():
+                if value is not None and prefix + key not in saved:  # persistent=False
+                    self._tensors.append([module._buffers, key, value.detach().clone(), -1])
+            for key, value in attrs.items():
+                if isinstance(value, torch.Tensor) and not value.requires_grad:
+                    self._tensors.append([vars(module), key, value.detach().clone(), -1])
+
+    def restore(self) -> None:
+        """Set every module's attributes, and their tensors' values, back to the build's."""
+        for module, attrs, contents in self._modules:
+            table = vars(module)
+            for key in [k for k in table if k not in attrs]:
+                del table[key]
+            table.update(attrs)
+            for key, saved in contents.items():
+                value = attrs[key]
+                if isinstance(value, list):
+                    value[:] = saved
+                else:
+                    value.clear()
+                    value.update(saved)
+        for param, flag in self._grad_flags:
+            if param.requires_grad != flag:
+                param.requires_grad_(flag)
+        for entry in self._tensors:
+            table, key, initial, version = entry
+            current = table[key]
+            if current._version == version:
+                continue  # not written since it was set back (a constant table: no copy)
+            same = current.dtype == initial.dtype and current.shape == initial.shape
+            if same and current.device == initial.device and current.layout == torch.strided:
+                with torch.no_grad():
+                    current.copy_(initial)  # in place: no allocation for a large cache
+            else:  # resized or re-laid-out in place by the forward
+                current = table[key] = initial.clone()
+            entry[3] = current._version
+
+
+def _contents(value: list | dict | set) -> list | dict | set:
+    return list(value) if isinstance(value, list) else value.copy()
+
+
+class ModelLayout:
+    """The flat layout of :class:`~fedprivopt.clients.trainer.LocalTrainer`'s model (a mixin)."""
+
+    # ---------------------------------------------------------------------------- layout
+    def _layout(self, state: dict[str, torch.Tensor]) -> list[_Entry]:
+        entries: list[_Entry] = []
+        seen: set[int] = set()
+        start = 0
+        for name, shape, size in zip(
+            self.spec.names, self.spec.shapes, self.spec.sizes, strict=True
+        ):
+            tensor = state[name]
+            is_param = isinstance(tensor, torch.nn.Parameter)
+            if is_param:
+                if id(tensor) in seen:
+                    raise ValueError(
+                        f"parameter {name!r} appears twice in the state dict (tied weights are "
+                        "not supported by LocalTrainer)"
+                    )
+                seen.add(id(tensor))
+            trainable = is_param and tensor.requires_grad
+            if trainable and tensor.dtype != self.spec.dtype:
+                raise ValueError(
+                    f"parameter {name!r} has dtype {tensor.dtype}; LocalTrainer needs every "
+                    f"trainable parameter in the flat dtype {self.spec.dtype}"
+                    + self._flat_dtype_source(state)
+                )
+            entries.append(_Entry(name, start, start + size, shape, tensor, trainable))
+            start += size
+        missing = [
+            n for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in seen
+        ]
+        if missing:
+            raise ValueError(f"trainable parameters {missing} are not in the model's state dict")
+        if not any(e.trainable for e in entries):
+            # thirty-second review of issue 15 (models, finding 3): autograd's "`inputs` argument
+            # to `grad()` cannot be empty" traceback at the first local step
+            raise TaskError(
+                f"the model of {type(self.task).__name__}.build_model() has no trainable "
+                "parameter (a torch.nn.Parameter with requires_grad): there is nothing to train"
+            )
+        return entries
+
+    def _flat_dtype_source(self, state: dict[str, torch.Tensor]) -> str:
+        """The end of the refusal of a parameter's dtype: which entry made the flat dtype.
+
+        Thirty-fourth review of issue 15 (tasks, finding 5): a float32 model with one float64
+        buffer (``torch.from_numpy`` of a NumPy mean) was refused as ``parameter 'weight' has
+        dtype torch.float32; LocalTrainer needs every parameter in the flat dtype
+        torch.float64``, naming neither the buffer nor why the flat dtype was float64.
+        """
+        for name, value in state.items():
+            if value.dtype == self.spec.dtype:
+                kind = "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
+                return (
+                    f" (the widest dtype of the state dict: {kind} {name!r} is {value.dtype}; "
+                    "give the trainable parameters and the floating-point buffers one dtype)"
+                )
+        return " (a flat vector is float32 at least)"
+
+    def _load(self, flat: torch.Tensor) -> None:
+        """Make trainable parameters views of ``flat``; copy frozen ones and buffers from it.
+
+        Everything else of the model is first set back to what :meth:`Task.build_model` returned
+        (:class:`ModelAtBuild`): buffers outside the state dict (``persistent=False``,
+        thirty-fourth review of issue 15, tasks, finding 6), and what the model's forward set on
+        itself (thirty-sixth review, tasks, finding 1), so that no user's update depends on the
+        data of the users trained before it on the same trainer.
+        """
+        self._at_build.restore()
+        for e in self._entries:
+            chunk = flat[e.start : e.stop].view(e.shape)
+            if e.trainable:
+                e.tensor.data = chunk
+            else:
+                with torch.no_grad():
+                    if not e.tensor.dtype.is_floating_point and e.tensor.dtype != torch.bool:
+                        chunk = torch.round(chunk)
+                    e.tensor.copy_(chunk)
+
+    def load_global(self, global_flat: torch.Tensor) -> torch.nn.Module:
+        """Load ``global_flat`` into the trainer's model (a copy on :attr:`device`) and return it.
+
+        The model is shared with :meth:`train`: the next call reloads it.
+        """
+        self.spec.check(global_flat, name="global_flat")
+        self._load(global_flat.detach().to(device=self.device, dtype=self.spec.dtype).clone())
+        return self.model

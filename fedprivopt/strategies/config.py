@@ -396,6 +396,8 @@ class StrategyConfig:
         Shared keys go to the config, the strategy's own keys to its block; keys of other
         strategies' blocks are set aside in :attr:`unused`; any other key is an error.
         """
+        if not isinstance(data, Mapping):  # an AttributeError before (thirty-seventh review)
+            raise ValueError(f"a strategy config must be a mapping of keys, got {shown(data)}")
         shared = cls.shared_keys()
         kwargs: dict[str, Any] = {}
         block_kwargs: dict[str, Any] = {}

@@ -142,8 +142,28 @@ class Options:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Options:
-        """The block from kebab-case (or snake_case) keys, all of them the block's own."""
-        return cls(**{str(k).replace("-", "_"): v for k, v in data.items()})
+        """The block from kebab-case (or snake_case) keys, all of them the block's own.
+
+        Raises
+        ------
+        ValueError
+            For anything but a mapping, and naming a key that is not the block's (thirty-seventh
+            review of issue 15: ``MomentumOptions.from_mapping({"beta1": 0.9})`` raised the
+            constructor's ``TypeError``, ``from_mapping(None)`` an ``AttributeError``).
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"{cls.__name__} must be built from a mapping of keys, got {shown(data)}"
+            )
+        own = {f.name for f in fields(cls)}
+        kwargs = {}
+        for raw, value in data.items():
+            name = str(raw).replace("-", "_")
+            if name not in own:
+                keys = ", ".join(sorted(cls.keys())) or "none"
+                raise ValueError(f"unknown key {shown(raw)} for {cls.__name__} (its keys: {keys})")
+            kwargs[name] = value
+        return cls(**kwargs)
 
     def to_mapping(self) -> dict[str, Any]:
         """Kebab-case mapping of the block (``None`` values left out)."""

@@ -34,6 +34,12 @@ hyperparameters at their bounds, the strategy configuration).
    one ``RuntimeError``, a bool one was taken. Now ``A`` is copied (detached) when the algorithm
    is built, and anything but a finite, positive real tensor of the model's shape is a
    ``ValueError`` naming its dtype, shape and device.
+4. The strategy configuration's mappings at the Python API: ``MomentumOptions.from_mapping({"beta1":
+   0.9})`` (a key of another block, or ``{1: 2}``) raised the constructor's ``TypeError``
+   (``unexpected keyword argument 'beta1'``), and ``MomentumOptions.from_mapping(None)`` or
+   ``StrategyConfig.from_mapping(None)`` (or a list of pairs) an ``AttributeError``. Now one
+   ``ValueError``: ``unknown key 'beta1' for MomentumOptions (its keys: max-noise-step,
+   server-momentum)``, ``... must be built from a mapping of keys, got None``.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from fedprivopt.models.side_information_config import (
 )
 from fedprivopt.strategies import StrategyConfig
 from fedprivopt.strategies.algorithms import build_algorithm
+from fedprivopt.strategies.options import DP2Options, MomentumOptions
 from tests.models.minimal_task import MinimalTask
 
 
@@ -163,3 +170,16 @@ def test_3_adadps_keeps_its_own_copy_of_a_checked_preconditioner():
     ):
         with pytest.raises(ValueError, match="preconditioner must be a finite, positive real"):
             build_algorithm(config, torch.zeros(6), preconditioner=bad)
+
+
+def test_4_option_blocks_and_configs_from_mappings_refuse_in_one_value_error():
+    with pytest.raises(ValueError, match=r"unknown key 'beta1' for MomentumOptions \(its keys: "):
+        MomentumOptions.from_mapping({"beta1": 0.9})
+    with pytest.raises(ValueError, match="unknown key 1 for DP2Options"):
+        DP2Options.from_mapping({1: 2})
+    for bad in (None, [("strategy", "adadps")]):
+        with pytest.raises(ValueError, match="mapping of keys"):
+            MomentumOptions.from_mapping(bad)
+        with pytest.raises(ValueError, match="mapping of keys"):
+            StrategyConfig.from_mapping(bad)
+    assert MomentumOptions.from_mapping({"server_momentum": 0.5}).server_momentum == 0.5

@@ -31,6 +31,7 @@ from fedprivopt.cli_args import (
     shown_path,
 )
 from fedprivopt.cli_compare_tune import add_compare_tune
+from fedprivopt.cli_compare_tuned import add_compare_tuned
 from fedprivopt.cli_data import add_data
 from fedprivopt.cli_privacy import add_privacy
 from fedprivopt.cli_runs import add_compare, add_simulate
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare(sub)
     add_compare_tune(sub)  # compare --tune-grid: every cell a private tuning
     add_tune(sub)
+    add_compare_tuned(sub)
     add_data(sub)
     from fedprivopt.deploy.cli import add_deploy_subcommand
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedprivopt import cli_tune
+from fedprivopt import cli_tune_setup
 from fedprivopt.cli import main
 
 PRESET = Path(__file__).resolve().parents[1] / "simulations" / "toy.toml"
@@ -29,19 +29,19 @@ CELLS = ("dp-fedavg__sigma0.5__seed2", "dp-fedadam__sigma0.5__seed2")
 def tuning_seeds(monkeypatch):
     """Each cell's secret tuning seed (``secrets.randbits``) as 2, 3, ...: known trial counts.
 
-    Only inside :func:`fedprivopt.cli_tune.tuning_seed`: numpy's ``default_rng()`` also draws
+    Only inside :func:`fedprivopt.cli_tune_setup.tuning_seed`: numpy's ``default_rng()`` also draws
     from ``secrets``, e.g. when scipy.stats is first imported during the test, which took seeds
     2-6 when this file ran alone.
     """
     seeds = itertools.count(2)
-    drawn = cli_tune.tuning_seed
+    drawn = cli_tune_setup.tuning_seed
 
     def tuning_seed(args, out):
         with monkeypatch.context() as patch:
             patch.setattr(secrets, "randbits", lambda bits: next(seeds))
             return drawn(args, out)
 
-    monkeypatch.setattr(cli_tune, "tuning_seed", tuning_seed)
+    monkeypatch.setattr(cli_tune_setup, "tuning_seed", tuning_seed)
 
 
 def _exit_code(argv):

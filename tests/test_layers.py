@@ -29,6 +29,8 @@ LAYERS = (
         "cli_stdout",
         "cli_exit",
         "cli_privacy",
+        "cli_tune_setup",
+        "cli_compare_tuned",
         "deploy.cli",
     ),
 )

@@ -78,7 +78,7 @@ def test_unknown_overlap_is_not_checked():
     """Finding 2: a task without the method is not refused; the summary says 'not checked'."""
     from types import SimpleNamespace
 
-    from fedprivopt.cli_tune import check_selection
+    from fedprivopt.cli_tune_setup import check_selection
     from fedprivopt.simulation.tune_report import selection_note
 
     assert check_selection(SimpleNamespace(), [object()]) is None

@@ -410,7 +410,7 @@ def test_7_a_killed_data_synth_worker_is_one_line(tmp_path):
 
 
 def _hup_action(_range):
-    """Stands for ``token_cache._encode_range`` in a forked encoder: its SIGHUP action."""
+    """Stands for ``token_build._encode_range`` in a forked encoder: its SIGHUP action."""
     import signal
 
     return "ignored" if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else "handled"
@@ -419,12 +419,12 @@ def _hup_action(_range):
 def test_8_token_store_encoders_leave_sighup_to_the_parent(monkeypatch):
     import signal
 
-    from fedprivopt.data import token_cache
+    from fedprivopt.data import token_build
 
-    monkeypatch.setattr(token_cache, "_encode_range", _hup_action)
+    monkeypatch.setattr(token_build, "_encode_range", _hup_action)
     previous = signal.signal(signal.SIGHUP, lambda signum, frame: None)  # the command's
     try:
-        got = list(token_cache._pieces(16, 2))
+        got = list(token_build._pieces(16, 2))
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert len(got) > 1 and set(got) == {"ignored"}, got  # was "handled": a traceback each

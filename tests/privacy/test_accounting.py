@@ -15,6 +15,7 @@ from fedprivopt.privacy import (
     compose_epsilon,
     pld_guard,
     prv_guard,
+    rdp_curves,
 )
 
 Poisson = SubsampledGaussianEvent.poisson
@@ -533,7 +534,7 @@ def test_a_nan_rdp_counts_as_unbounded(monkeypatch):
     (``privacy/wor_rdp.py``): never less than the ε dp-accounting's own values give."""
     import numpy as np
 
-    real = accounting.rdp.RdpAccountant
+    real = rdp_curves.rdp.RdpAccountant
     ev = Poisson(sample_rate=0.25, noise_multiplier=0.7)
     fixed = SubsampledGaussianEvent.fixed(population=8, cohort_size=2, noise_multiplier=0.7)
     honest = compose_epsilon([(ev, 1)], 1e-4)
@@ -544,15 +545,15 @@ def test_a_nan_rdp_counts_as_unbounded(monkeypatch):
         def rdp(self):
             return np.full_like(super().rdp, np.nan)
 
-    accounting.event_rdp.cache_clear()
-    accounting.bounded_event_rdp.cache_clear()
-    monkeypatch.setattr(accounting.rdp, "RdpAccountant", NanRdp)
+    rdp_curves.event_rdp.cache_clear()
+    rdp_curves.bounded_event_rdp.cache_clear()
+    monkeypatch.setattr(rdp_curves.rdp, "RdpAccountant", NanRdp)
     try:
         assert honest <= compose_epsilon([(ev, 1)], 1e-4) < math.inf
         assert honest_fixed <= compose_epsilon([(fixed, 1)], 1e-4) < math.inf
     finally:
-        accounting.event_rdp.cache_clear()
-        accounting.bounded_event_rdp.cache_clear()
+        rdp_curves.event_rdp.cache_clear()
+        rdp_curves.bounded_event_rdp.cache_clear()
 
 
 def test_rdp_within_rounding_of_zero_is_dropped_not_composed():
@@ -562,32 +563,32 @@ def test_rdp_within_rounding_of_zero_is_dropped_not_composed():
     assert compose_epsilon([(huge, 10**21)], 1e-5) > 3.7e4  # an upper bound, never 0
     import numpy as np
 
-    from fedprivopt.privacy.accounting import _RDP_ORDERS, MIN_LOG_A, event_rdp
+    from fedprivopt.privacy.rdp_curves import MIN_LOG_A, RDP_ORDERS, event_rdp
 
     curve = event_rdp(huge)
     kept = np.isfinite(curve)
     assert kept.any() and not kept.all()  # the low orders were rounding, the high ones are kept
-    assert ((_RDP_ORDERS[kept] - 1) * curve[kept] >= MIN_LOG_A).all()
+    assert ((RDP_ORDERS[kept] - 1) * curve[kept] >= MIN_LOG_A).all()
     # ε bounds the dropped orders by the Gaussian's own α/(2σ²) (twenty-ninth review: from
     # σ ≈ 1e8 every order was dropped and ε was inf); the kept ones are dp-accounting's
-    from fedprivopt.privacy.accounting import bounded_event_rdp
+    from fedprivopt.privacy.rdp_curves import bounded_event_rdp
 
     bounded = bounded_event_rdp(huge)
-    unsampled = _RDP_ORDERS / (2 * 1.6357e7**2)
+    unsampled = RDP_ORDERS / (2 * 1.6357e7**2)
     assert np.isfinite(bounded).all() and (bounded <= curve).all()
     # (thirty-first review of issue 15: the dropped integer orders take the sampled Gaussian's
     # own series, summed without cancellation: at order 2, q²·expm1(1/σ²), 100 times below the
     # unsampled bound here; the fractional ones keep that bound)
-    frac = _RDP_ORDERS != np.floor(_RDP_ORDERS)
+    frac = RDP_ORDERS != np.floor(RDP_ORDERS)
     assert bounded[~kept & frac] == pytest.approx(unsampled[~kept & frac], rel=1e-12)
     ints = ~kept & ~frac
     assert ints.any() and (bounded[ints] <= unsampled[ints]).all()
-    assert bounded[_RDP_ORDERS == 2.0][0] == pytest.approx(0.01 / 1.6357e7**2, rel=1e-5)
+    assert bounded[RDP_ORDERS == 2.0][0] == pytest.approx(0.01 / 1.6357e7**2, rel=1e-5)
     assert (bounded[kept] == curve[kept]).all()
     # an ordinary event keeps every order: dp-accounting's value, unchanged
     ev = SubsampledGaussianEvent.poisson(sample_rate=0.01, noise_multiplier=1.0)
-    acc = dpa_rdp.RdpAccountant(orders=list(_RDP_ORDERS))
+    acc = dpa_rdp.RdpAccountant(orders=list(RDP_ORDERS))
     acc.compose(ev.to_dp_event(), 10_000)
-    reference = dpa_rdp.compute_epsilon(_RDP_ORDERS, acc.rdp, 1e-5)[0]
+    reference = dpa_rdp.compute_epsilon(RDP_ORDERS, acc.rdp, 1e-5)[0]
     assert np.isfinite(event_rdp(ev)).all()
     assert compose_epsilon([(ev, 10_000)], 1e-5) == pytest.approx(reference, rel=1e-12)

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from fedprivopt.privacy.accounting import SubsampledGaussianEvent, event_rdp
+from fedprivopt.privacy.accounting import SubsampledGaussianEvent
+from fedprivopt.privacy.rdp_curves import event_rdp
 from fedprivopt.privacy.tuning import (
     TrialCount,
     composed_tuning_epsilon,

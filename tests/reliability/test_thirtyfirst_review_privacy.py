@@ -57,8 +57,9 @@ import pytest
 import torch
 from dp_accounting import rdp
 
-from fedprivopt.privacy.accounting import PrivacyAccountant, _poisson_int_rdp, compose_epsilon
+from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.rdp_curves import _poisson_int_rdp
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.aggregation import NOISE_HEADROOM
 from fedprivopt.strategies.core import ReportedUpdates, drive_round

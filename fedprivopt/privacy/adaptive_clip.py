@@ -45,6 +45,7 @@ import torch
 from fedprivopt.core.checks import as_float, check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting_state import MAX_STATE_NOISE_MULTIPLIER
+from fedprivopt.privacy.aggregate import user_pair
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.noise import gaussian_noise
 
@@ -337,7 +338,11 @@ class NoisyCountAggregator:
         :mod:`~fedprivopt.privacy.noise` in secure mode).
         """
         total, counted, rejected, seen = 0.0, 0, {}, set()
-        for user, report in reports:
+        for i, entry in enumerate(reports):
+            # thirty-seventh review of issue 15: a user id of 1.2 and 1.7 shared one rejected
+            # entry, "u" was counted or raised int()'s message, and a bare report ended in
+            # "cannot unpack"
+            user, report = user_pair(i, entry, "reports", "(user_id, report) pair")
             if user in seen:  # thirty-fifth review of issue 15: both reports were counted
                 raise ValueError(
                     f"reports: user {shown(user)} appears twice (one clip bit a user: the count's "
@@ -346,7 +351,7 @@ class NoisyCountAggregator:
             seen.add(user)
             value, reason = self.check(report)
             if reason is not None:
-                rejected[int(user)] = reason
+                rejected[user] = reason
                 continue
             total += value
             counted += 1

@@ -161,18 +161,22 @@ def _check_sum_noise(sum_noise: object, allowed: bool) -> None:
     check_real("sum_noise variance", sum_noise[1], low=0.0)
 
 
-def _pair(i: int, entry: object) -> tuple[int, object]:
-    """``(user, update)`` of ``updates[i]``, or ``ValueError``.
+def user_pair(
+    i: int,
+    entry: object,
+    name: str = "updates",
+    form: str = "(user_id, update) pair or a RowSparseBatch",
+) -> tuple[int, object]:
+    """``(user, value)`` of ``name[i]``, or ``ValueError`` naming it and ``form``.
 
     A short API review of issue 15: a bare tensor ended in "too many values to unpack", and a
-    user id of "u" was accepted (or raised from ``int()`` when its update was rejected).
+    user id of "u" was accepted (or raised from ``int()`` when its update was rejected). The
+    thirty-seventh review: :meth:`~fedprivopt.privacy.adaptive_clip.NoisyCountAggregator.
+    aggregate`'s reports alike (``name="reports"``).
     """
     if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
-        raise ValueError(
-            f"updates[{i}] must be a (user_id, update) pair or a RowSparseBatch, got "
-            f"{type(entry).__name__}"
-        )
-    return check_int(f"updates[{i}] user_id", entry[0]), entry[1]
+        raise ValueError(f"{name}[{i}] must be a {form}, got {type(entry).__name__}")
+    return check_int(f"{name}[{i}] user_id", entry[0]), entry[1]
 
 
 def _whole(values: torch.Tensor) -> torch.Tensor:
@@ -469,7 +473,7 @@ class NoisyMeanAggregator:
             if isinstance(entry, RowSparseBatch):
                 self._add_batch(entry, total, tally, bound, dim, dtype)
                 continue
-            user, update = _pair(i, entry)
+            user, update = user_pair(i, entry)
             tally.arrive([user])
             reason = self._check(update, dim, dtype)
             if reason is not None:

@@ -19,16 +19,23 @@
    honest one, while the count's noise is sized for a centred bit of at most 1/2 (the client
    released more about itself than the round accounts). A bit other than 0 or 1 (a bool, a
    number, a one-element tensor or array) is refused now, naming ``bit``.
+3. ``NoisyCountAggregator.aggregate(reports, generator=g)`` (Python API) took any user id:
+   ``[(1.2, 7.0), (1.7, 8.0)]`` gave one rejected entry (user 1) for two rejected reports,
+   ``[("u", 1.0)]`` was counted, ``[("u", 7.0)]`` raised ``int()``'s "invalid literal" naming
+   nothing, and a bare report ``[1.0]`` a ``TypeError`` ("cannot unpack"). Each entry is checked
+   as ``NoisyMeanAggregator.aggregate`` checks its updates (``privacy.aggregate.user_pair``):
+   ``ValueError`` naming ``reports[i]``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
-from fedprivopt.privacy.adaptive_clip import count_share
+from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator, count_share
 from fedprivopt.privacy.aggregate import share_noise_growth
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -97,3 +104,17 @@ def test_2_count_share_takes_bools_and_one_element_bits():
     for bit, centred in ((1.0, 0.5), (0, -0.5), (True, 0.5), (torch.tensor(False), -0.5),
                          (torch.tensor([1.0]), 0.5)):  # fmt: skip
         assert count_share(bit, 0.0, gen) == centred
+
+
+# -- finding 3: the count's reports are (integer user, report) pairs --------------------------
+
+
+@pytest.mark.parametrize(
+    ("reports", "named"),
+    [([(1.2, 7.0), (1.7, 8.0)], "reports[0] user_id"), ([("u", 1.0)], "reports[0] user_id"),
+     ([(0, 1.0), ("u", 7.0)], "reports[1] user_id"), ([1.0], "reports[0] must be a")],
+)  # fmt: skip
+def test_3_count_reports_need_integer_users(reports, named):
+    counter = NoisyCountAggregator(count_stddev=1.0, expected_cohort_size=2)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        counter.aggregate(reports, generator=torch.Generator().manual_seed(0))

@@ -18,7 +18,8 @@ hyperparameters at their bounds, the strategy configuration).
 2. The Python API of the side information's resolution took what the command line checks first:
    ``resolve_side_information({"kind": "public-users"}, task, population=0,
    clients_per_round=-1)`` resolved public user 0 and a private population of -1 (population 40
-   with ``clients_per_round`` 0, -1 or 1.5 beside 40: accepted as a cohort), ``inf`` raised
+   with ``clients_per_round`` 0 or -1: accepted as a cohort; NaN: ``cannot convert float NaN to
+   integer``), ``inf`` raised
    ``OverflowError``, ``None`` or ``"3"`` a ``TypeError``; and ``ResolvedSideInformation(...,
    population=40, public_users=(5, 7))`` was taken: its summary said ``users 0..1 (2 of 40)
    opted out of privacy`` while :func:`build_side_information` built ``A`` from users 5 and 7,
@@ -40,6 +41,8 @@ hyperparameters at their bounds, the strategy configuration).
    ``StrategyConfig.from_mapping(None)`` (or a list of pairs) an ``AttributeError``. Now one
    ``ValueError``: ``unknown key 'beta1' for MomentumOptions (its keys: max-noise-step,
    server-momentum)``, ``... must be built from a mapping of keys, got None``.
+
+What held is listed in the report (RELIABILITY §7's rows of this review).
 """
 
 from __future__ import annotations

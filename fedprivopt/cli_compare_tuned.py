@@ -31,7 +31,7 @@ _COMPARE_TUNED_EPSILON = (
 
 def cmd_compare_tuned(args: argparse.Namespace) -> int:
     """``fedprivopt compare-tuned``: compare's report at the ε that includes the tuning."""
-    from fedprivopt.cli_compare_tune import composition_lines
+    from fedprivopt.cli_compare_tune_report import composition_lines
     from fedprivopt.core.text import shown
     from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.rundata import load_runs

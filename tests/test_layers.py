@@ -31,6 +31,7 @@ LAYERS = (
         "cli_privacy",
         "cli_tune_setup",
         "cli_compare_tuned",
+        "cli_compare_tune_report",
         "deploy.cli",
     ),
 )

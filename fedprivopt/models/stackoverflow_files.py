@@ -1,17 +1,15 @@
-"""What the StackOverflow tasks share: their data directory, synthetic generation and checks.
+"""What the StackOverflow tasks share: their parameters, users, caches and evaluation users.
 
-A task's ``data_dir`` holds ``stackoverflow.sqlite`` and the vocabulary files, real or synthetic.
-:class:`StackOverflowFiles` finds them, generates a synthetic dataset there under a directory
-lock when asked (several processes may build the task at once; all tasks take the same lock), and
-refuses a synthetic dataset generated with other parameters than the task asks for. It also
-checks the constructor parameters the tasks share, opens the training split and picks its users,
+:class:`StackOverflowFiles` extends the handling of the task's data directory
+(:class:`~fedprivopt.models.stackoverflow_datadir.StackOverflowDataDir`: ``stackoverflow.sqlite``
+and the vocabulary files, real or synthetic, found or generated, and checked). It also checks
+the constructor parameters the tasks share, opens the training split and picks its users,
 checks user ids, keeps the tasks' per-user tensors in a least-recently-used cache, reads the
 evaluation users and drops the open file and the caches when pickled.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import threading
@@ -23,28 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedprivopt.core.checks import check_bool, check_int
+from fedprivopt.core.checks import check_int
 from fedprivopt.core.local import check_user_id
-from fedprivopt.core.text import shown
-from fedprivopt.data.locks import DATA_LOCK, file_lock, refuse_filesystem_root
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
-from fedprivopt.data.synthetic import ensure_synthetic
-from fedprivopt.data.synthetic_config import (
-    USER_SIZES,
-    SyntheticConfig,
-    config_error,
-    tag_knobs,
-    user_size_knobs,
-)
-from fedprivopt.data.synthetic_files import (
-    SQLITE_FILE,
-    SYNTHETIC_META_FILE,
-    foreign_sqlite,
-    is_synthetic_dir,
-    read_marker,
-    run_files_note,
-)
-from fedprivopt.data.vocab import MAX_WORDS, TAG_COUNT_FILE, WORD_COUNT_FILE
+from fedprivopt.data.synthetic_files import SQLITE_FILE
+from fedprivopt.data.vocab import MAX_WORDS
+from fedprivopt.models.stackoverflow_datadir import StackOverflowDataDir
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
 __all__ = [
@@ -66,17 +48,6 @@ __all__ = [
 #: user found in the cache could be evicted by the other worker before ``move_to_end``
 #: (``KeyError``). One lock for the process: tasks are pickled for Ray, a lock is not.
 STATE_LOCK = threading.RLock()
-
-GENERATED_FILES = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
-
-#: The generator's knobs by the task parameters that set them (for its refusals).
-_SYNTH_NAMES = {
-    "num_clients": "synth_clients",
-    "vocab_size": "synth_vocab",
-    "num_tags": "synth_tags",
-    "seed": "synth_seed",
-}
-_VOCAB_HINT = "the default: set a larger synth_vocab or fewer synth_tags"
 
 MAX_MODEL_PARAMETERS = 2**26
 """Largest model of a StackOverflow task: 256 MiB a float32 copy, and a run holds a few dozen
@@ -158,20 +129,8 @@ def check_model_parameters(count: int, sizes: str) -> None:
         )
 
 
-@contextlib.contextmanager
-def _directory_lock(root: Path) -> Iterator[None]:
-    """Exclusive lock on ``root/.stackoverflow.lock`` (POSIX; a no-op elsewhere).
-
-    Several processes (Ray workers, SuperNodes) may build the task at once; only one of them
-    generates the synthetic files, the others wait and then find them current.
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / DATA_LOCK):
-        yield
-
-
-class StackOverflowFiles:
-    """Data-directory handling of a StackOverflow task (a mixin).
+class StackOverflowFiles(StackOverflowDataDir):
+    """What a StackOverflow task shares with the other, over its data directory (a mixin).
 
     The task's constructor calls :meth:`_set_data_dir` and :meth:`_set_selection` (which set
     ``data_dir``, ``synthetic``, ``synth_params``, ``synth_config``, ``max_examples_per_user``,
@@ -181,14 +140,9 @@ class StackOverflowFiles:
     ``_encode`` (a user's examples to what :meth:`_encoded_eval_users` lists).
     """
 
-    REQUIRED_FILES: tuple[str, ...] = GENERATED_FILES
     #: Attributes set to ``None`` by :meth:`_init_runtime` and dropped by pickling (the open
     #: training split, the evaluation batches, the vocabulary index); rebuilt lazily.
     TRANSIENT: tuple[str, ...] = ("_train", "_eval", "_word_index")
-    data_dir: Path
-    synthetic: bool
-    synth_params: dict[str, int]
-    synth_config: SyntheticConfig
     max_examples_per_user: int | None
     eval_split: str
     eval_users: int
@@ -202,54 +156,6 @@ class StackOverflowFiles:
     _word_index: dict[str, int] | None
 
     # ------------------------------------------------------------ shared parameters
-    def _set_data_dir(
-        self,
-        data_dir: str | os.PathLike,
-        *,
-        synthetic: bool,
-        synth_clients: int | None,
-        synth_vocab: int | None,
-        synth_tags: int | None,
-        synth_seed: int | None,
-        synth_user_sizes: str | None = None,
-    ) -> None:
-        """Check and set ``data_dir``, ``synthetic`` and the ``synth_*`` parameters."""
-        if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
-            raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
-        self.data_dir = Path(data_dir).expanduser()  # "~/so" as --out's (28th review)
-        self.synthetic = check_bool("synthetic", synthetic)
-        given = {
-            "num_clients": check_int("synth_clients", synth_clients, 1, none=True),
-            "vocab_size": check_int("synth_vocab", synth_vocab, 1, none=True),
-            "num_tags": check_int("synth_tags", synth_tags, 1, none=True),
-            "seed": check_int("synth_seed", synth_seed, 0, none=True),
-        }
-        self.synth_params = {k: v for k, v in given.items() if v is not None}
-        if synth_user_sizes is not None:
-            if not isinstance(synth_user_sizes, str):  # a list or table: a TypeError traceback
-                # (unhashable) out of the lookup before (twenty-seventh review of issue 15)
-                raise ValueError(
-                    f"synth_user_sizes must be one of {', '.join(USER_SIZES)}, got "
-                    f"{shown(synth_user_sizes)}"
-                )
-            # the shape's knobs are checked against the dataset's record like the others
-            self.synth_params.update(user_size_knobs(synth_user_sizes, "synth_user_sizes"))
-        # the generator's knobs as data synth sets them: each user has at most synth_tags
-        # favourite tags (thirty-fifth review of issue 15, data: synth_tags = 1 or 2 was refused
-        # naming tags_per_client, which no task parameter sets); the marker records the same
-        knobs = dict(self.synth_params)
-        if "num_tags" in knobs:
-            knobs.update(tag_knobs(knobs["num_tags"]))
-        try:
-            self.synth_config = SyntheticConfig(**knobs)
-        except ValueError as exc:
-            line = config_error(
-                str(exc), _SYNTH_NAMES, vocab_given=synth_vocab is not None, hint=_VOCAB_HINT
-            )
-            if not line.startswith(tuple(_SYNTH_NAMES.values())):
-                line = f"invalid synth_* parameters: {line}"
-            raise ValueError(line) from None
-
     def _set_selection(
         self,
         *,
@@ -364,16 +270,6 @@ class StackOverflowFiles:
         state["_cache_bytes"] = 0
         return state
 
-    @property
-    def sqlite_path(self) -> Path:
-        """The ``stackoverflow.sqlite`` file."""
-        return self.data_dir / SQLITE_FILE
-
-    @property
-    def word_count_path(self) -> Path:
-        """The ``stackoverflow.word_count`` file (public statistics)."""
-        return self.data_dir / WORD_COUNT_FILE
-
     def data_identity(self) -> dict[str, Any]:
         """What identifies the data a run reads (recorded in its ledger, checked on resume).
 
@@ -398,94 +294,6 @@ class StackOverflowFiles:
                 with (self.data_dir / name).open("rb") as f:
                     identity[f"{name}_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
         return identity
-
-    def _missing(self, names: tuple[str, ...]) -> list[str]:
-        return [n for n in names if not (self.data_dir / n).is_file()]
-
-    def _ensure_files(self) -> None:
-        """Generate the synthetic files if asked and none exist; raise if required ones lack."""
-        required = self.REQUIRED_FILES
-        if self.synthetic and self._missing(required):
-            # fourteenth review of issue 15: generated into a comparison, rc 0; sixteenth:
-            # into a directory inside one (a comparison's runs/)
-            note = run_files_note(self.data_dir)
-            # thirty-first review of issue 15 (data): generated into "/" (rc 0), as data synth
-            refuse_filesystem_root(self.data_dir, "data_dir")
-            if note is not None:
-                raise ValueError(
-                    f"data_dir {str(self.data_dir)!r} {note}: it is a fedprivopt run, comparison "
-                    "or tuning, not a data directory; no synthetic dataset is generated into it"
-                )
-            # Under the lock: another process may be writing the files right now.
-            with _directory_lock(self.data_dir):
-                # not generated meanwhile by another process, and never over existing files
-                if len(self._missing(GENERATED_FILES)) == len(GENERATED_FILES):
-                    ensure_synthetic(self.data_dir, self.synth_config)
-        absent = self._missing(required)
-        if absent:
-            hint = (
-                "some files are present, so no synthetic data is generated over them"
-                if len(self._missing(GENERATED_FILES)) < len(GENERATED_FILES)
-                else "pass synthetic=True to generate a synthetic dataset"
-            )
-            odd = [n for n in absent if (self.data_dir / n).exists()]  # a FIFO, a directory
-            if odd:  # nineteenth review of issue 15, finding 6: reported as missing
-                raise FileNotFoundError(
-                    f"{self.data_dir / odd[0]}: not a regular file (a directory, FIFO, device or "
-                    "socket); a dataset's files are regular files: remove or replace it"
-                )
-            raise FileNotFoundError(
-                f"{self.data_dir}: missing {', '.join(absent)} (decompress and index the TFF "
-                f"download there; {hint})"
-            )
-        self._check_synthetic_meta()
-
-    def _check_synthetic_meta(self) -> None:
-        meta_path = self.data_dir / SYNTHETIC_META_FILE
-        if not meta_path.is_file():
-            return
-        # at most 1 MiB of it (eighteenth review of issue 15, finding 7: 20 GB, MemoryError)
-        marker = read_marker(meta_path)
-        incomplete = isinstance(marker, dict) and marker.get("complete") is False
-        if incomplete and is_synthetic_dir(self.data_dir):
-            # thirty-first review of issue 15 (data): after an interrupted `data synth
-            # --overwrite` the directory held the previous dataset's files (or the new
-            # SQLite file beside the old vocabularies) under a marker with no configuration,
-            # and a task of any synth_* parameters used them (rc 0)
-            raise ValueError(
-                f"{self.data_dir}: the generation of its synthetic dataset was interrupted "
-                f'({SYNTHETIC_META_FILE} says "complete": false), so its files may belong to '
-                "another dataset or to none: generate it again (fedprivopt data synth --out "
-                "DIR --overwrite) or remove the directory"
-            )
-        if not self.synth_params:
-            return
-        try:
-            recorded = marker["config"]  # type: ignore[index]
-        except (KeyError, TypeError):
-            return  # not a sidecar we understand: the files are used as they are
-        foreign = foreign_sqlite(self.data_dir)
-        if foreign is not None:
-            # thirty-fifth review of issue 15 (data): another dataset put beside the marker
-            # (the real one decompressed there) was used as the synthetic one it records
-            raise ValueError(
-                f"{self.sqlite_path} is not the file its {SYNTHETIC_META_FILE} describes "
-                f"({foreign}), so it is not the synthetic dataset the synth_* parameters ask "
-                "for: use another data_dir, or remove the marker and synth_* to use it as it is"
-            )
-        names = {"num_clients": "synth_clients", "vocab_size": "synth_vocab"}
-        names.update(num_tags="synth_tags", seed="synth_seed")
-        names.update(dict.fromkeys(user_size_knobs("small"), "synth_user_sizes"))
-        for key, value in self.synth_params.items():
-            if isinstance(recorded, dict) and key in recorded and recorded[key] != value:
-                given = f"{names[key]}={value}"
-                if names[key] == "synth_user_sizes":
-                    given = f"synth_user_sizes (its {key}={value})"
-                raise ValueError(
-                    f"{given}, but {self.data_dir} holds a synthetic dataset "
-                    f"generated with {key}={recorded[key]}; use another data_dir (files that "
-                    "exist are never overwritten)"
-                )
 
     def _check_user(self, user_id: int) -> int:
         return check_user_id(user_id, self.num_users)

@@ -201,14 +201,14 @@ def test_2_data_synth_into_the_filesystem_root_is_refused(capsys):
 
 
 def test_2_a_task_does_not_generate_its_dataset_into_the_root(monkeypatch):
-    import fedprivopt.models.stackoverflow_files as files
+    import fedprivopt.models.stackoverflow_datadir as datadir
     from fedprivopt.models.tag_prediction import StackOverflowTagTask
 
     def generated(*args, **kwargs):  # before the fix the files were generated into "/"
         raise AssertionError("synthetic files generated into the root of the file system")
 
-    monkeypatch.setattr(files, "ensure_synthetic", generated)
-    monkeypatch.setattr(files, "_directory_lock", generated)  # before: "/.stackoverflow.lock"
+    monkeypatch.setattr(datadir, "ensure_synthetic", generated)
+    monkeypatch.setattr(datadir, "_directory_lock", generated)  # before: "/.stackoverflow.lock"
     with pytest.raises(ValueError, match=r"^data_dir '/' is the root of the file system"):
         StackOverflowTagTask(data_dir="/", synthetic=True, synth_clients=30, num_users=20)
 

@@ -47,7 +47,10 @@ class AdaptiveClipping:
     max_clip_norm : float, optional
         The largest ``C`` (default ``config.max_clip_norm``); a server passes the largest norm
         whose noise std its model's dtype holds (thirty-first review of issue 15: on a float32
-        model ``C`` grew to 1e150, and the noise of std ``σ_Δ C`` was infinite).
+        model ``C`` grew to 1e150, and the noise of std ``σ_Δ C`` was infinite). In
+        distributed-noise mode it is divided by :func:`~fedprivopt.privacy.aggregate.
+        share_noise_growth` at the most shares a round can accept; a starting norm above the
+        result is refused.
     """
 
     def __init__(self, config, min_shares: int | None, max_clip_norm: float | None = None) -> None:

@@ -4,7 +4,9 @@
   re-raised naming the path, so the command line reports it as one line;
 - :func:`unlink_links`: files that are links removed before they are rewritten in place;
 - :func:`on_read_only_fs`: whether a path lies on a file system mounted read-only;
-- :func:`read_at_most`: a file's bytes, unless it holds more than a limit (never read whole).
+- :func:`read_at_most`: a file's bytes, unless it holds more than a limit (never read whole);
+- :func:`check_umask`: refuse a umask under which the files created are not their owner's to
+  read and write.
 
 Only the standard library is imported here.
 """
@@ -17,7 +19,14 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["naming", "on_read_only_fs", "read_at_most", "unlink_links"]
+__all__ = [
+    "check_umask",
+    "current_umask",
+    "naming",
+    "on_read_only_fs",
+    "read_at_most",
+    "unlink_links",
+]
 
 
 @contextlib.contextmanager
@@ -82,3 +91,43 @@ def read_at_most(path: str | os.PathLike, limit: int) -> bytes | None:
     with open(path, "rb") as fh:
         raw = fh.read(limit + 1)
     return None if len(raw) > limit else raw
+
+
+def current_umask() -> int:
+    """The process's file-mode creation mask.
+
+    Read from ``/proc/self/status`` where Linux gives it (no change to the process); elsewhere
+    set and set back with :func:`os.umask`.
+    """
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_umask(where: str | os.PathLike) -> None:
+    """Raise ``ValueError`` if the umask takes any of the owner's permissions away.
+
+    A run reads back and appends to the files it creates (``run.lock``, the ledger, the rows,
+    the checkpoints) and creates files in the directories it makes. Thirty-seventh review of
+    issue 15 (environment, finding 2): under ``umask 0444`` ``simulate toy.toml --out D`` (``D``
+    empty) said ``out directory 'D' is not empty: it holds run.lock but no config.toml … choose
+    another --out`` (the lock file it had just created, unreadable to it); under ``umask 0777``
+    ``run.lock: Permission denied``, and left ``D`` created with mode ``000``; under ``0222`` a
+    run's ledger could not be appended to after its header was written. ``where`` is named in
+    the message.
+    """
+    mask = current_umask()
+    if mask & 0o700:
+        raise ValueError(
+            f"the umask is {mask:04o}, which takes the owner's read, write or search permission "
+            f"from the files and directories fedprivopt creates in {os.fspath(where)}, which it "
+            "reads back and appends to: set a umask that keeps them (umask 022, or 077 to keep "
+            "other users out) and try again"
+        )

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from fedprivopt.core.files import on_read_only_fs
+from fedprivopt.core.files import check_umask, on_read_only_fs
 from fedprivopt.data.locks import LockHeldError, exclusive_lock
 from fedprivopt.simulation.files import (
     CHECKPOINT,
@@ -156,6 +156,7 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
         directory; the message names ``what`` and the holder's PID when its file still says it.
     """
     out = Path(out)
+    check_umask(out)  # before anything is created there (thirty-seventh review, environment 2)
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the file lock alone
@@ -362,6 +363,7 @@ class NewRunDir:
     def __enter__(self) -> Path:
         out = self.path
         _check_claimable(out, overwrite=self.overwrite, allowed=self.allowed)
+        check_umask(out)  # before a directory is made: under umask 0777 one was left, mode 000
         probe = out
         while not probe.exists():
             self._created.append(probe)

@@ -11,6 +11,16 @@
    (EACCES, EPERM, EMFILE, ENFILE, ENOMEM; ``checkpoint.NOT_ITS_CONTENT``) or a
    ``MemoryError`` says nothing of its content: rc 2, one line naming the file and what to do,
    nothing written; a damaged file still falls back to the previous one.
+2. A umask that takes the owner's permissions away, run as a user (not root): under ``umask
+   0444`` ``simulate toy.toml --out D`` (``D`` an empty directory) said ``out directory 'D' is
+   not empty: it holds run.lock but no config.toml, so it is not recognisably a run; … choose
+   another --out`` (its own lock file, which it could not read back); under ``umask 0777``
+   ``D/run.lock: Permission denied``, leaving ``D`` created with mode ``000``; under ``0222``
+   ``privacy_ledger.jsonl: Permission denied`` (its header written, the first append refused).
+   As root every such run went on and wrote its files with modes like ``000``. Now a umask with
+   any of the owner's bits (``& 0o700``) is refused before anything is created by every
+   command that claims or locks a directory (``core.files.check_umask`` in ``NewRunDir`` and
+   ``rundir.lock_directory``): rc 2, one line naming the umask and ``umask 022``/``077``.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from fedprivopt.cli import main
 from fedprivopt.simulation import checkpoint
 from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, LEDGER_FILE
 from fedprivopt.simulation.run import simulate
+from tests.reliability.test_fuzz_cli import PRESET
 from tests.reliability.test_ledger import kept_files
 from tests.simulation.test_run import small_config
 
@@ -94,3 +105,37 @@ def test_1_a_damaged_checkpoint_still_falls_back(secure_run, tmp_path):
     assert name == "checkpoint.prev.pt" and state is not None
     assert list(problems) == [CHECKPOINT]
     assert (run / LEDGER_FILE).exists()
+
+
+# -- 2: a umask that takes the owner's permissions away ----------------------------------------
+@pytest.fixture
+def umask():
+    """Set the process's umask for the test (set back after it)."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield os.umask
+    os.umask(before)
+
+
+@pytest.mark.parametrize("mask", [0o444, 0o777, 0o222, 0o100])
+def test_2_a_umask_without_the_owners_permissions_is_refused(tmp_path, capsys, umask, mask):
+    out = tmp_path / "new" / "run"
+    umask(mask)
+    assert main(["simulate", str(PRESET), "--rounds", "1", "--out", str(out), "--quiet"]) == 2
+    umask(0o022)
+    err = _one_line(capsys.readouterr().err)
+    assert f"the umask is {mask:04o}" in err and "umask 022" in err, err
+    assert not (tmp_path / "new").exists()  # nothing created
+
+
+def test_2_resume_under_such_a_umask_is_refused_and_077_is_not(secure_run, capsys, umask):
+    files = kept_files(secure_run)
+    umask(0o377)
+    assert main(["simulate", "--resume", str(secure_run), "--quiet"]) == 2
+    umask(0o022)
+    assert "the umask is 0377" in _one_line(capsys.readouterr().err)
+    assert kept_files(secure_run) == files
+    from fedprivopt.core.files import check_umask
+
+    umask(0o077)
+    check_umask(secure_run)  # a private umask is fine

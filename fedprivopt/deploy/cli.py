@@ -48,7 +48,7 @@ def _int_flag(flag: str, text: Any, minimum: int, maximum: int | None = None) ->
 
 def _timeout_flag(text: Any) -> float:
     """``--timeout``'s text as seconds, checked as :func:`deploy_local` checks them."""
-    from fedprivopt.deploy.local import check_timeout
+    from fedprivopt.deploy.local_checks import check_timeout
 
     try:
         value = float(str(text))
@@ -222,7 +222,8 @@ def _note_ignored(config: Any) -> None:
 
 def run_deploy_command(args: argparse.Namespace) -> int:
     """Handler of ``fedprivopt deploy local``; returns the exit code."""
-    from fedprivopt.deploy.local import check_not_deploying, check_out, deploy_local
+    from fedprivopt.deploy.local import deploy_local
+    from fedprivopt.deploy.local_checks import check_not_deploying, check_out
 
     if getattr(args, "deploy_command", None) != "local":
         raise ValueError("deploy: choose a target, e.g. `fedprivopt deploy local --nodes 2`")
@@ -255,7 +256,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     if args.out is not None:
         _checked_out(args.out)
         check_out(args.out)  # thirty-fourth review of issue 15: '{run_id}' in it
-    from fedprivopt.deploy.local import check_min_nodes
+    from fedprivopt.deploy.local_checks import check_min_nodes
 
     check_min_nodes(overrides, nodes)
     config = _checked_config(args.config, overrides)
@@ -266,7 +267,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         refuse_table_against_flags(args, overrides, config.strategy.strategy)
     except UsageError as exc:
         raise ValueError(str(exc)) from None
-    from fedprivopt.deploy.local import check_nodes
+    from fedprivopt.deploy.local_checks import check_nodes
 
     check_nodes(nodes, config.strategy.population)
     out = args.out

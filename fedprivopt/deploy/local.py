@@ -27,7 +27,6 @@ import atexit
 import contextlib
 import json
 import math
-import numbers
 import os
 import shutil
 import sys
@@ -37,13 +36,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.core.checks import check_bool, check_int
-from fedprivopt.core.text import shown
 from fedprivopt.data.locks import LockHeldError
-from fedprivopt.deploy import MAX_LOCAL_NODES, MAX_TIMEOUT
+from fedprivopt.deploy.local_checks import (
+    DEPLOY_LOCK,
+    LOG_DIR,
+    check_arguments,
+    check_min_nodes,
+    check_nodes,
+    check_not_deploying,
+    check_out,
+    check_timeout,
+    in_use,
+)
 from fedprivopt.deploy.runconfig import (
     DEPLOY_KEYS,
-    RUN_ID,
     app_config_defaults,
     refuse_double_settings,
     refuse_simulation_only,
@@ -75,6 +81,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+# check_* are defined in local_checks; this module is their documented public path.
 __all__ = [
     "CONNECTION",
     "REPO_ROOT",
@@ -92,7 +99,6 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The Flower app this package belongs to (the repository root, with ``pyproject.toml``)."""
 
-_LOG_DIR = "deploy"
 STOP_ORDER = ("flwr-serverapp", "flwr-log", "supernode", "superlink")
 """The order in which a deployment's processes are stopped, however it ends: the ServerApp
 first, so no round is released after Ctrl-C while the SuperNodes shut down (thirty-first review
@@ -207,172 +213,6 @@ def resolve_deployment(
     return config, app_keys, deploy
 
 
-def check_out(out: str | os.PathLike) -> None:
-    """Refuse an ``out`` that the deployment would not write as given.
-
-    Thirty-fourth review of issue 15: ``deploy local --out 'runs/x-{run_id}'`` (the app's
-    default ``out`` has the placeholder, docs/DEPLOYMENT.md) made the ServerApp write the run into
-    ``runs/x-<Flower's run id>`` while the deployment waited for ``runs/x-{run_id}/summary.json``:
-    rc 1, ``failed: run N ended (finished:completed) without writing ...`` and 40 lines of log,
-    for a run that had finished elsewhere.
-
-    Raises
-    ------
-    ValueError
-        If ``out`` is empty or holds the placeholder :data:`~fedprivopt.deploy.runconfig.RUN_ID`.
-    """
-    if not str(out):
-        raise ValueError("--out must be a directory path")
-    if RUN_ID in str(out):
-        raise ValueError(
-            f"argument --out: deploy local writes the run into --out as given and looks for "
-            f"it there; {RUN_ID} (the ServerApp's placeholder for Flower's run id) is not "
-            f"allowed in it, got {shown(str(out))}"
-        )
-
-
-DEPLOY_LOCK = "deploy.lock"
-"""The lock file in ``OUT/deploy`` that a running deployment holds, with its PID."""
-
-
-def _in_use(out: str | os.PathLike, pid: int | None, lock: Path) -> ValueError:
-    holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
-    return ValueError(
-        f"argument --out: {shown(str(out))} is in use by {holder}, a deployment into it "
-        f"(lock file {lock}); wait for it to finish or stop it first"
-    )
-
-
-def check_not_deploying(out: str | os.PathLike) -> None:
-    """Refuse ``out`` while a deployment into it runs; takes no lock and writes nothing.
-
-    The deployment holds ``OUT/deploy/deploy.lock`` (:data:`DEPLOY_LOCK`) until every process
-    it started is stopped; this asks before ``out``'s other checks, which would call the run it
-    is writing one to resume.
-
-    Raises
-    ------
-    ValueError
-        Naming ``--out`` and the holder's PID.
-    """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: deploy_local's lock alone
-        return
-    lock = Path(out).expanduser() / _LOG_DIR / DEPLOY_LOCK
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError:
-        return  # none (a link or a FIFO there is refused naming it by the lock)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        text = os.pread(fd, 32, 0).strip()  # its PID, written right after it locked
-        raise _in_use(out, int(text) if text.isdigit() else None, lock) from None
-    except OSError:
-        return
-    finally:
-        os.close(fd)
-
-
-def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:
-    """The deployment key ``min-nodes`` of ``overrides`` (default ``nodes``), checked.
-
-    Twenty-fifth review of issue 15, finding 1: it was converted with ``int()`` unchecked, so
-    1.5 and ``true`` ran, ``inf`` and a list were tracebacks, 0, -3 and 1e300 failed in the
-    ServerApp after every process had started, and more than ``nodes`` waited for nodes that
-    never come until ``--timeout``.
-
-    Raises
-    ------
-    ValueError
-        Unless it is an integer in ``[1, nodes]``.
-    """
-    value = overrides.get("min-nodes", nodes)
-    return check_int("--set min-nodes", value, 1, nodes, high_name="--nodes")
-
-
-def check_nodes(nodes: object, population: int | None = None) -> int:
-    """``--nodes`` checked: an integer in ``[1, MAX_LOCAL_NODES]`` and at most ``population``.
-
-    Thirty-fifth review of issue 15: the command line checked both, :func:`deploy_local` only
-    ``>= 1``, so ``deploy_local(nodes=100000)`` started SuperNodes until ``Too many open
-    files`` (the seventh review's F8, in the Python API).
-
-    Raises
-    ------
-    ValueError
-        Naming ``--nodes`` and its range.
-    """
-    nodes = check_int("--nodes", nodes, 1, MAX_LOCAL_NODES)
-    if population is not None and nodes > population:
-        raise ValueError(
-            f"--nodes must be at most the population ({population} users: a node without users "
-            f"would only wait), got {nodes}"
-        )
-    return nodes
-
-
-def check_timeout(timeout: object, shown_as: object = None) -> float:
-    """``timeout`` (``--timeout``, seconds) checked: a number in ``(0, MAX_TIMEOUT]``.
-
-    Thirty-fifth review of issue 15: :func:`deploy_local` took any number in ``(0, inf)`` and
-    ``True``, where the command line takes at most 30 days: ``deploy_local(timeout=1e12)``
-    wrote ``OUT/deploy`` and ended in ``OverflowError: date value out of range`` (the TLS
-    certificates' validity), ``timeout=True`` ran as 1 s and timed out. ``shown_as``: the value
-    as the user gave it (the command line's text).
-
-    Raises
-    ------
-    ValueError
-        Naming ``--timeout`` and its range.
-    """
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, numbers.Real)
-        or not 0 < timeout <= MAX_TIMEOUT
-    ):
-        given = timeout if shown_as is None else shown_as
-        raise ValueError(
-            f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {shown(given)}"
-        )
-    return float(timeout)
-
-
-def _check_arguments(
-    tls: object,
-    node_auth: object,
-    config_path: object,
-    overrides: object,
-    out: object,
-    app_dir: object,
-    progress: object,
-) -> None:
-    """Refuse an argument of :func:`deploy_local` of another type, naming it.
-
-    Thirty-fifth review of issue 15: ``deploy_local(..., out=None)``, ``config_path=123``,
-    ``overrides=[("seed", 1)]`` ended in ``TypeError``/``AttributeError`` naming nothing;
-    ``progress=5`` started the deployment and failed at its first line of progress;
-    ``tls="false"`` deployed with TLS (any non-empty string is true).
-    """
-    check_bool("tls", tls)
-    if node_auth is not None:
-        check_bool("node_auth", node_auth)
-    for name, path, optional in (
-        ("out", out, False),
-        ("config_path", config_path, True),
-        ("app_dir", app_dir, True),
-    ):
-        if not (optional and path is None) and not isinstance(path, (str, os.PathLike)):
-            raise ValueError(f"{name} must be a path, got {shown(path)}")
-    if overrides is not None and not isinstance(overrides, Mapping):
-        raise ValueError(
-            f"overrides must be a mapping of --set keys to values, got {shown(overrides)}"
-        )
-    if progress is not None and not callable(progress):
-        raise ValueError(f"progress must be callable or None, got {shown(progress)}")
-
-
 def deploy_local(
     *,
     nodes: int,
@@ -421,7 +261,7 @@ def deploy_local(
     """
     nodes = check_nodes(nodes)
     timeout = check_timeout(timeout)
-    _check_arguments(tls, node_auth, config_path, overrides, out, app_dir, progress)
+    check_arguments(tls, node_auth, config_path, overrides, out, app_dir, progress)
     if node_auth is None:
         node_auth = bool(tls)
     if node_auth and not tls:
@@ -445,7 +285,7 @@ def deploy_local(
         raise ValueError(f"--set keys not in the app config: {', '.join(unknown)}")
 
     deadline = time.monotonic() + float(timeout)
-    log_dir = out_dir / _LOG_DIR
+    log_dir = out_dir / LOG_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(exist_ok=True)
     # one deployment into out at a time, held until every process is stopped (thirty-fourth
@@ -455,7 +295,7 @@ def deploy_local(
     try:
         held.enter_context(lock_directory(log_dir, DEPLOY_LOCK, what=f"--out {out_dir}"))
     except LockHeldError as exc:  # started just after the check above
-        raise _in_use(out, exc.pid, log_dir / DEPLOY_LOCK) from None
+        raise in_use(out, exc.pid, log_dir / DEPLOY_LOCK) from None
     with held:
         workdir = make_workdir()
         try:

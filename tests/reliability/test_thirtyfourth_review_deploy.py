@@ -73,6 +73,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.deploy import local as deploy_module
+from fedprivopt.deploy import local_checks
 from fedprivopt.deploy.cli import _check_log_dir
 from fedprivopt.deploy.local import REPO_ROOT, deploy_local, resolve_deployment
 from fedprivopt.deploy.runconfig import SIMULATION_ONLY_KEYS
@@ -234,7 +235,7 @@ def test_5_and_7_deploy_local_holds_the_lock_and_certifies_its_whole_timeout(tmp
 
     def tls_files(directory, *, days=2, **kwargs):  # the first step after the app is staged
         with pytest.raises(ValueError, match=f"in use by process {os.getpid()}") as refused:
-            deploy_module.check_not_deploying(out)  # finding 5: held while it runs
+            local_checks.check_not_deploying(out)  # finding 5: held while it runs
         seen.append((str(refused.value), days))
         raise RuntimeError("stopped here (test)")
 
@@ -247,7 +248,7 @@ def test_5_and_7_deploy_local_holds_the_lock_and_certifies_its_whole_timeout(tmp
                      timeout=three_days)  # fmt: skip
     assert len(seen) == 1, seen
     assert seen[0][1] * 86400 > three_days, seen  # finding 7: valid 2 days before
-    deploy_module.check_not_deploying(out)  # released
+    local_checks.check_not_deploying(out)  # released
 
 
 def test_6_a_deployment_behind_a_proxy_talks_to_127_0_0_1_directly(tmp_path, monkeypatch):

@@ -1,0 +1,202 @@
+"""The checks of a local deployment's arguments, made before anything is written or started.
+
+``--nodes``, ``--timeout``, ``--out`` (the placeholder of Flower's run id, a deployment already
+running into it: :data:`DEPLOY_LOCK`), the deployment key ``min-nodes`` and the types of
+:func:`~fedprivopt.deploy.local.deploy_local`'s arguments. The command line
+(:mod:`fedprivopt.deploy.cli`) makes the same checks before it parses a preset.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.core.checks import check_bool, check_int
+from fedprivopt.core.text import shown
+from fedprivopt.deploy import MAX_LOCAL_NODES, MAX_TIMEOUT
+from fedprivopt.deploy.runconfig import RUN_ID
+
+__all__ = [
+    "DEPLOY_LOCK",
+    "LOG_DIR",
+    "check_arguments",
+    "check_min_nodes",
+    "check_nodes",
+    "check_not_deploying",
+    "check_out",
+    "check_timeout",
+    "in_use",
+]
+
+LOG_DIR = "deploy"
+"""The directory of a deployment's logs, ``processes.json`` and lock inside ``out``."""
+
+
+def check_out(out: str | os.PathLike) -> None:
+    """Refuse an ``out`` that the deployment would not write as given.
+
+    Thirty-fourth review of issue 15: ``deploy local --out 'runs/x-{run_id}'`` (the app's
+    default ``out`` has the placeholder, docs/DEPLOYMENT.md) made the ServerApp write the run into
+    ``runs/x-<Flower's run id>`` while the deployment waited for ``runs/x-{run_id}/summary.json``:
+    rc 1, ``failed: run N ended (finished:completed) without writing ...`` and 40 lines of log,
+    for a run that had finished elsewhere.
+
+    Raises
+    ------
+    ValueError
+        If ``out`` is empty or holds the placeholder :data:`~fedprivopt.deploy.runconfig.RUN_ID`.
+    """
+    if not str(out):
+        raise ValueError("--out must be a directory path")
+    if RUN_ID in str(out):
+        raise ValueError(
+            f"argument --out: deploy local writes the run into --out as given and looks for "
+            f"it there; {RUN_ID} (the ServerApp's placeholder for Flower's run id) is not "
+            f"allowed in it, got {shown(str(out))}"
+        )
+
+
+DEPLOY_LOCK = "deploy.lock"
+"""The lock file in ``OUT/deploy`` that a running deployment holds, with its PID."""
+
+
+def in_use(out: str | os.PathLike, pid: int | None, lock: Path) -> ValueError:
+    """The refusal of ``out`` while process ``pid`` (``None``: unknown) deploys into it."""
+    holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
+    return ValueError(
+        f"argument --out: {shown(str(out))} is in use by {holder}, a deployment into it "
+        f"(lock file {lock}); wait for it to finish or stop it first"
+    )
+
+
+def check_not_deploying(out: str | os.PathLike) -> None:
+    """Refuse ``out`` while a deployment into it runs; takes no lock and writes nothing.
+
+    The deployment holds ``OUT/deploy/deploy.lock`` (:data:`DEPLOY_LOCK`) until every process
+    it started is stopped; this asks before ``out``'s other checks, which would call the run it
+    is writing one to resume.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--out`` and the holder's PID.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: deploy_local's lock alone
+        return
+    lock = Path(out).expanduser() / LOG_DIR / DEPLOY_LOCK
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return  # none (a link or a FIFO there is refused naming it by the lock)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = os.pread(fd, 32, 0).strip()  # its PID, written right after it locked
+        raise in_use(out, int(text) if text.isdigit() else None, lock) from None
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+
+
+def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:
+    """The deployment key ``min-nodes`` of ``overrides`` (default ``nodes``), checked.
+
+    Twenty-fifth review of issue 15, finding 1: it was converted with ``int()`` unchecked, so
+    1.5 and ``true`` ran, ``inf`` and a list were tracebacks, 0, -3 and 1e300 failed in the
+    ServerApp after every process had started, and more than ``nodes`` waited for nodes that
+    never come until ``--timeout``.
+
+    Raises
+    ------
+    ValueError
+        Unless it is an integer in ``[1, nodes]``.
+    """
+    value = overrides.get("min-nodes", nodes)
+    return check_int("--set min-nodes", value, 1, nodes, high_name="--nodes")
+
+
+def check_nodes(nodes: object, population: int | None = None) -> int:
+    """``--nodes`` checked: an integer in ``[1, MAX_LOCAL_NODES]`` and at most ``population``.
+
+    Thirty-fifth review of issue 15: the command line checked both, :func:`deploy_local` only
+    ``>= 1``, so ``deploy_local(nodes=100000)`` started SuperNodes until ``Too many open
+    files`` (the seventh review's F8, in the Python API).
+
+    Raises
+    ------
+    ValueError
+        Naming ``--nodes`` and its range.
+    """
+    nodes = check_int("--nodes", nodes, 1, MAX_LOCAL_NODES)
+    if population is not None and nodes > population:
+        raise ValueError(
+            f"--nodes must be at most the population ({population} users: a node without users "
+            f"would only wait), got {nodes}"
+        )
+    return nodes
+
+
+def check_timeout(timeout: object, shown_as: object = None) -> float:
+    """``timeout`` (``--timeout``, seconds) checked: a number in ``(0, MAX_TIMEOUT]``.
+
+    Thirty-fifth review of issue 15: :func:`deploy_local` took any number in ``(0, inf)`` and
+    ``True``, where the command line takes at most 30 days: ``deploy_local(timeout=1e12)``
+    wrote ``OUT/deploy`` and ended in ``OverflowError: date value out of range`` (the TLS
+    certificates' validity), ``timeout=True`` ran as 1 s and timed out. ``shown_as``: the value
+    as the user gave it (the command line's text).
+
+    Raises
+    ------
+    ValueError
+        Naming ``--timeout`` and its range.
+    """
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, numbers.Real)
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        given = timeout if shown_as is None else shown_as
+        raise ValueError(
+            f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {shown(given)}"
+        )
+    return float(timeout)
+
+
+def check_arguments(
+    tls: object,
+    node_auth: object,
+    config_path: object,
+    overrides: object,
+    out: object,
+    app_dir: object,
+    progress: object,
+) -> None:
+    """Refuse an argument of :func:`deploy_local` of another type, naming it.
+
+    Thirty-fifth review of issue 15: ``deploy_local(..., out=None)``, ``config_path=123``,
+    ``overrides=[("seed", 1)]`` ended in ``TypeError``/``AttributeError`` naming nothing;
+    ``progress=5`` started the deployment and failed at its first line of progress;
+    ``tls="false"`` deployed with TLS (any non-empty string is true).
+    """
+    check_bool("tls", tls)
+    if node_auth is not None:
+        check_bool("node_auth", node_auth)
+    for name, path, optional in (
+        ("out", out, False),
+        ("config_path", config_path, True),
+        ("app_dir", app_dir, True),
+    ):
+        if not (optional and path is None) and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"{name} must be a path, got {shown(path)}")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ValueError(
+            f"overrides must be a mapping of --set keys to values, got {shown(overrides)}"
+        )
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress must be callable or None, got {shown(progress)}")

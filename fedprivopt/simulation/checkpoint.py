@@ -18,7 +18,13 @@ import torch
 
 from fedprivopt.core.text import shown
 from fedprivopt.simulation.divergence import checked_round
-from fedprivopt.simulation.files import CHECKPOINT, PREVIOUS_CHECKPOINT, fsync_dir, write_synced
+from fedprivopt.simulation.files import (
+    CHECKPOINT,
+    PREVIOUS_CHECKPOINT,
+    fsync_dir,
+    temporary,
+    write_synced,
+)
 
 __all__ = [
     "check_checkpoint",
@@ -49,7 +55,7 @@ def save_checkpoint(
     state["sha256"] = state_digest(state)
     buf = io.BytesIO()
     torch.save(state, buf)
-    tmp = ckpt.with_name(ckpt.name + ".tmp")
+    tmp = temporary(ckpt)
     write_synced(tmp, buf.getvalue())
     if ckpt.exists():
         os.replace(ckpt, out / PREVIOUS_CHECKPOINT)

@@ -52,6 +52,7 @@ __all__ = [
     "read_lines",
     "read_rows",
     "stated_epsilons",
+    "temporary",
     "to_toml",
     "toml_value",
     "utf8",
@@ -170,7 +171,7 @@ def detach_appended(out: Path) -> None:
         except FileNotFoundError:
             continue
         if links > 1:
-            tmp = path.with_name(path.name + ".tmp")
+            tmp = temporary(path)
             shutil.copyfile(path, tmp)
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -245,6 +246,26 @@ def utf8(text: str, path: Path) -> bytes:
         ) from None
 
 
+def temporary(path: Path) -> Path:
+    """``path.tmp``, with whatever was left under that name removed (a directory is kept).
+
+    Written and then renamed over ``path``, it must be a new file of this run's. Thirty-seventh
+    review of issue 15 (environment, finding 3): a run whose ``checkpoint.pt.tmp`` (left by a
+    write that failed: a full disk, ``ulimit -f``) was a symbolic link, as ``cp -rs A B`` makes
+    one to ``A``'s, or a hard link (``cp -al``), was written through it: ``simulate --resume B``
+    wrote its checkpoint into the linked file (a user's file, its content replaced, rc 0) and
+    renamed the link into ``B/checkpoint.pt``; ``config.toml.tmp`` and ``summary.json.tmp``
+    alike. A directory of that name is left for the write to refuse, naming it.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if not stat.S_ISDIR(tmp.lstat().st_mode):
+            tmp.unlink()
+    except FileNotFoundError:
+        pass
+    return tmp
+
+
 def fsync_dir(path: Path) -> None:
     """Fsync directory ``path`` (makes the renames and creations inside it durable)."""
     dir_fd = os.open(path, os.O_RDONLY)
@@ -256,7 +277,7 @@ def fsync_dir(path: Path) -> None:
 
 def atomic_write(path: Path, data: bytes | str) -> None:
     """Replace ``path`` by ``data`` atomically: ``path.tmp``, fsync, rename, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary(path)
     write_synced(tmp, utf8(data, path) if isinstance(data, str) else data)
     os.replace(tmp, path)
     fsync_dir(path.parent)

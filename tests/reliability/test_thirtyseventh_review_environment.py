@@ -21,6 +21,14 @@
    any of the owner's bits (``& 0o700``) is refused before anything is created by every
    command that claims or locks a directory (``core.files.check_umask`` in ``NewRunDir`` and
    ``rundir.lock_directory``): rc 2, one line naming the umask and ``umask 022``/``077``.
+3. A run's temporary file that is a link: ``checkpoint.pt.tmp`` (left by a checkpoint write
+   that failed: ``ulimit -f``, a full disk) made a symbolic link to a user's file, as ``cp -rs
+   A B`` makes one to ``A``'s (the ledger and rows then copied in place of their links, as the
+   sixteenth review's refusal says), then ``simulate --resume B``: rc 0, the user's file
+   replaced by the checkpoint and the link renamed into ``B/checkpoint.pt``;
+   ``summary.json.tmp`` and ``config.toml.tmp`` alike, and a hard-linked one (``cp -al``)
+   shared its inode. Whatever is left under a ``.tmp`` name is removed before it is written
+   (``files.temporary``): the linked file unchanged, the checkpoint a file of its own.
 """
 
 from __future__ import annotations
@@ -139,3 +147,21 @@ def test_2_resume_under_such_a_umask_is_refused_and_077_is_not(secure_run, capsy
 
     umask(0o077)
     check_umask(secure_run)  # a private umask is fine
+
+
+# -- 3: a run's temporary file that is a link ------------------------------------------------------
+def test_3_a_temporary_file_left_as_a_link_is_not_written_through(secure_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    for path in secure_run.iterdir():
+        (run / path.name).write_bytes(path.read_bytes())
+    victim, shared = tmp_path / "notes.txt", tmp_path / "shared"
+    victim.write_text("mine")
+    shared.write_text("also mine")
+    (run / "checkpoint.pt.tmp").symlink_to(victim)
+    (run / "summary.json.tmp").symlink_to(victim)
+    os.link(shared, run / "config.toml.tmp")
+    assert main(["simulate", "--resume", str(run), "--quiet"]) == 0, capsys.readouterr().err
+    assert victim.read_text() == "mine" and shared.read_text() == "also mine"
+    assert not (run / CHECKPOINT).is_symlink()
+    assert checkpoint.load_checkpoint(run)["algorithm"]["round"] == 3

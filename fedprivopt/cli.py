@@ -30,11 +30,12 @@ from fedprivopt.cli_args import (
     one_line,
     shown_path,
 )
+from fedprivopt.cli_compare import add_compare
 from fedprivopt.cli_compare_tune import add_compare_tune
 from fedprivopt.cli_compare_tuned import add_compare_tuned
 from fedprivopt.cli_data import add_data
 from fedprivopt.cli_privacy import add_privacy
-from fedprivopt.cli_runs import add_compare, add_simulate
+from fedprivopt.cli_runs import add_simulate
 from fedprivopt.cli_tune import add_tune
 from fedprivopt.core.logs import log_warnings_to_stderr
 from fedprivopt.core.threads import passive_openmp_wait

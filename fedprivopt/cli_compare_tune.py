@@ -251,8 +251,8 @@ def check_tuned_compare_dir(out: Path) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``fedprivopt compare``: untuned (:func:`~fedprivopt.cli_runs.cmd_compare`) or tuned."""
-    from fedprivopt.cli_runs import cmd_compare as untuned
+    """``fedprivopt compare``: untuned (:func:`~fedprivopt.cli_compare.cmd_compare`) or tuned."""
+    from fedprivopt.cli_compare import cmd_compare as untuned
 
     if not args.tune_grid:
         for name, flag in _TUNE_FLAGS:
@@ -268,7 +268,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_tuned(args: argparse.Namespace) -> int:
     """Check every cell's tuning, run them under ``OUT``'s lock, write the report."""
-    from fedprivopt.cli_runs import compare_cells, compare_overrides, load_preset
+    from fedprivopt.cli_compare import compare_cells, compare_overrides
+    from fedprivopt.cli_runs import load_preset
     from fedprivopt.cli_tune import cmd_tune
     from fedprivopt.simulation.cells import lock_compare_dir, remove_report
 

@@ -32,6 +32,7 @@ LAYERS = (
         "cli_tune_setup",
         "cli_compare_tuned",
         "cli_compare_tune_report",
+        "cli_compare",
         "deploy.cli",
     ),
 )

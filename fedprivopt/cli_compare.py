@@ -1,0 +1,278 @@
+"""The command line's ``compare``: a grid of strategies x noise multipliers x seeds, and a report.
+
+:func:`compare_cells` resolves and checks every cell of the grid (one task, built once) before
+anything runs; :func:`cmd_compare` reuses, resumes or reruns each cell's run in ``OUT/runs/``
+under the lock on ``--out`` (:mod:`fedprivopt.simulation.cells`) and writes the report; the
+argument parsing is :func:`add_compare`. ``compare --tune-grid`` is
+:mod:`fedprivopt.cli_compare_tune`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+from fedprivopt.cli_args import (
+    POSITIVE,
+    HelpFormatter,
+    UsageError,
+    check_out_dir,
+    int_at_least,
+    int_in,
+    preset_path,
+)
+from fedprivopt.cli_runs import build_checked_run, load_preset, note_unused, set_overrides
+
+__all__ = ["add_compare", "cmd_compare", "compare_cells", "compare_overrides"]
+
+
+_CELL_KEYS = {
+    "strategy": "every cell sets its own (--strategies)",
+    "seed": "every cell sets its own (the preset's seed, +1, ...: --seeds)",
+    "noise-multiplier": "every cell sets its own (--noise-multipliers, or --set noise-multiplier)",
+}
+
+
+def compare_overrides(args: argparse.Namespace) -> dict:
+    """``compare``'s :func:`set_overrides`, refusing the keys its grid sets for every cell."""
+    from fedprivopt.simulation.tune_grid import refuse_table_spellings
+
+    sets = set_overrides(args)
+    try:
+        refuse_table_spellings(sets, _CELL_KEYS)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if "strategy" in sets:  # every cell sets its own: the --set would be silently ignored
+        raise UsageError("argument --set: strategy is the grid's (use --strategies)")
+    if args.noise_multipliers and "noise-multiplier" in sets:
+        raise UsageError(
+            "argument --noise-multipliers: it contradicts --set noise-multiplier; give one of them"
+        )
+    return sets
+
+
+def _float_list(text: str) -> list[float]:
+    values = []
+    for part in text.split(","):
+        values.append(POSITIVE(part.strip()))
+    return values
+
+
+def compare_cells(args: argparse.Namespace, base) -> list:
+    """The grid's cells, each resolved and validated before anything runs."""
+    from fedprivopt.simulation.cells import Cell, cell_label, grid, task_key
+    from fedprivopt.strategies.config import STRATEGIES
+
+    if args.strategies is None:
+        strategies = list(STRATEGIES)
+    else:
+        strategies = [name.strip() for name in args.strategies.split(",")]
+        if not all(strategies):
+            raise UsageError(
+                f"argument --strategies: expected names separated by commas (of "
+                f"{', '.join(STRATEGIES)}), got {args.strategies!r}"
+            )
+    sigmas = args.noise_multipliers or [base.strategy.noise_multiplier]
+    try:
+        mean = getattr(args, "mean_trials", None) if getattr(args, "tune_grid", None) else None
+        points = grid(strategies, sigmas, base.strategy.seed, args.seeds, mean)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cells, tasks = [], {}  # each distinct task is built (its data read) once
+    for name, sigma, seed in points:
+        overrides = {**set_overrides(args), "strategy": name, "seed": seed}
+        if sigma is not None:
+            overrides["noise-multiplier"] = sigma
+        where = f"config ({name}, sigma {sigma or 0.0:g}, seed {seed})"
+        config = load_preset(args.config, overrides, where=where)
+        key = task_key(config)
+        if cells and config.task != cells[0].config.task:
+            _refuse_other_task(cells[0], name, config)
+        tasks[key], _ = build_checked_run(config, where=where, task=tasks.get(key), out=args.out)
+        cells.append(Cell(cell_label(name, sigma or 0.0, seed), config, tasks[key]))
+    return cells
+
+
+def _refuse_other_task(first, name: str, config) -> None:
+    """Refuse a cell whose task differs from the first cell's.
+
+    Thirty-first review of issue 15: ``--set strategies.fedavg.task=...`` compared two tasks;
+    the report left out every cell lacking the metric it chose, rc 0. (Task parameters that
+    differ by strategy run, and the report names them: twenty-ninth review.)
+    """
+    from fedprivopt.core.text import shown
+
+    raise UsageError(
+        f"config: strategy {first.config.strategy.strategy} trains task "
+        f"{shown(first.config.task)} and strategy {name} task {shown(config.task)} (a "
+        "strategies.<name>.task sets one): a comparison trains every strategy on one task "
+        "(compare the other task in a comparison of its own)"
+    )
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``fedprivopt compare``: a grid of strategies x noise multipliers x seeds, and a report.
+
+    A cell's earlier run in ``--out`` is reused (or resumed) only when its stored configuration
+    equals the cell's; otherwise the call is refused before anything runs, or, with
+    ``--overwrite``, the cell is rerun (:mod:`fedprivopt.simulation.cells`).
+    """
+    from fedprivopt.simulation.cells import COMPARE_LOCK, check_compare_dir, lock_compare_dir
+    from fedprivopt.simulation.rundir import removed_if_unused
+
+    out = check_out_dir(args.out)
+    try:
+        if args.jobs > 1:
+            from fedprivopt.simulation.parallel import check_jobs
+
+            check_jobs(args.jobs)
+        check_compare_dir(out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    sets = compare_overrides(args)
+    base = load_preset(args.config, sets)
+    cells = compare_cells(args, base)
+    note_unused([cell.config for cell in cells], sets)
+    if args.metric is not None:  # before any run: a metric no run reports failed only at the end
+        from fedprivopt.simulation.tune import check_metric
+
+        tasks = {id(c.task): c.task for c in cells if c.task is not None}
+        try:
+            check_metric(args.metric, list(tasks.values()))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    with removed_if_unused(out, COMPARE_LOCK):  # a failure before any cell: nothing left
+        (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress
+        locked = contextlib.ExitStack()
+        try:
+            locked.enter_context(lock_compare_dir(out))  # a second compare here: its holder
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        with locked:
+            return _compare_locked(args, out, cells)
+
+
+def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
+    """``compare``'s plan, runs and report, holding ``out``'s lock."""
+    from fedprivopt.simulation.cells import load_cell, plan_cells, remove_report, run_cell
+    from fedprivopt.simulation.parallel import check_parallel
+    from fedprivopt.simulation.report import write_report
+
+    try:
+        plans = plan_cells(out, cells, overwrite=args.overwrite)
+        check_parallel(plans, args.jobs)
+        remove_report(out)  # before a cell changes: a stopped call leaves no stale report
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+    def announce(i: int, plan) -> None:
+        # --quiet: no progress at all, the cells' lines included (twenty-eighth review of issue
+        # 15: `compare --quiet` still printed "[i/n] cell" for every cell)
+        if args.quiet:
+            return
+        note = "" if plan.action == "run" else f" ({plan.action})"
+        print(f"[{i}/{len(plans)}] {plan.cell.label}{note}", file=sys.stderr, flush=True)
+
+    runs, origins = [], {}
+    if args.jobs > 1:
+        from fedprivopt.simulation.parallel import run_plans
+
+        run_plans(plans, args.jobs, announce)
+    else:
+        for i, plan in enumerate(plans, 1):
+            announce(i, plan)
+            run_cell(plan, progress=not args.quiet)
+    for plan in plans:  # each read under its lock, checked again: nothing changed meanwhile
+        try:
+            runs.append(load_cell(plan))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        origins[plan.cell.label] = plan.describe()
+    report = write_report(
+        out, runs, title=f"fedprivopt compare: {args.config}", metric=args.metric, origins=origins
+    )
+    earlier = sum(plan.action in ("reuse", "resume") for plan in plans)
+    note = f" ({earlier} of {len(plans)} runs from an earlier call)" if earlier else ""
+    print(f"report: {report}{note}")
+    return 0
+
+
+def add_compare(sub) -> None:
+    """Add ``compare`` to the subcommands ``sub``."""
+    from fedprivopt.simulation.cells import MAX_SEEDS
+    from fedprivopt.simulation.config import ENGINES
+    from fedprivopt.simulation.parallel import MAX_JOBS
+
+    p = sub.add_parser(
+        "compare",
+        help="compare strategies over noise levels and seeds, with a report and plots",
+        description="Run every strategy x noise multiplier x seed of a preset (non-private "
+        "baselines once per seed) and write OUT/summary.csv, OUT/report.md, "
+        "OUT/metric_vs_round.png and OUT/privacy_utility.png. A run already in OUT/runs/ is "
+        "reused (or, if unfinished, resumed) only when its stored config.toml equals the "
+        "configuration this call resolves for it; a different one is refused (exit 2, naming "
+        "the run and the first differing key) unless --overwrite is given. report.md lists "
+        "where each run comes from. At most 10,000 runs per grid.",
+        epilog="example:\n  fedprivopt compare simulations/toy.toml "
+        "--strategies dp-fedavg,dp-fedadam,fedavg --noise-multipliers 0.5,1 --seeds 2",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("config", type=preset_path, metavar="CONFIG", help="preset TOML file")
+    p.add_argument(
+        "--strategies", metavar="A,B,...", help="strategies (default: every registered one)"
+    )
+    p.add_argument(
+        "--noise-multipliers",
+        type=_float_list,
+        metavar="S1,S2,...",
+        help="noise multipliers (default: the preset's)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int_in(1, MAX_SEEDS),
+        default=1,
+        metavar="K",
+        help=f"seeds per cell (the preset's seed, +1, ...), at most {MAX_SEEDS:,}: every seed is "
+        "a full run of every cell",
+    )
+    p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="rerun (replacing its directory) every run in OUT/runs/ whose stored configuration "
+        "differs from this call's; runs with the same configuration are still reused",
+    )
+    p.add_argument("--engine", choices=ENGINES, help="fast (in process) or flower (Ray)")
+    p.add_argument("--rounds", type=int_at_least(1), metavar="R", help="num-server-rounds")
+    p.add_argument(
+        "--metric",
+        choices=("eval_accuracy", "eval_recall_at_5", "eval_precision_at_5", "eval_loss"),
+        help="task metric of the report (default: the task's own: accuracy for single-label "
+        "tag prediction and the toy task, recall@5 for multi-label tag prediction)",
+    )
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset key")
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        default=None,
+        help="also write TensorBoard event files next to metrics.jsonl (tensorboard = true)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int_in(1, MAX_JOBS),
+        default=1,
+        metavar="J",
+        help="run up to J cells at a time, each in its own process with one CPU thread (fast "
+        "engine in process only; about J times sooner for small models on J cores); per-round "
+        "progress is off with J > 1; at most this machine's memory over 256 MiB (a worker holds "
+        "its own tasks)",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (neither each cell's line nor its rounds): only the report "
+        "line, notes, warnings and errors",
+    )
+    p.set_defaults(func=cmd_compare, strategy=None, seed=None)

@@ -76,7 +76,7 @@ DISK_PER_USER: dict[str, int] = {"small": 12_500, "real": 140_000}
 
 @dataclass(frozen=True, kw_only=True)
 class SyntheticConfig:
-    """Knobs of the synthetic StackOverflow generator (see the module docstring for the model).
+    """Knobs of the synthetic StackOverflow generator (:mod:`fedprivopt.data.synthetic`: the model).
 
     Parameters
     ----------

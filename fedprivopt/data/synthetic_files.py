@@ -128,8 +128,9 @@ def run_files_note(directory: str | os.PathLike) -> str | None:
 def is_synthetic_dir(root: str | os.PathLike) -> bool:
     """Whether ``root`` holds this generator's marker ``stackoverflow.synthetic.json``.
 
-    :func:`generate` writes the marker before any data (``"complete": false``) and rewrites it
-    with the configuration at the end, so a directory it was interrupted in is recognized too.
+    :func:`~fedprivopt.data.synthetic.generate` writes the marker before any data
+    (``"complete": false``) and rewrites it with the configuration at the end, so a directory it
+    was interrupted in is recognized too.
     """
     meta = read_marker(Path(root) / SYNTHETIC_META_FILE)
     return isinstance(meta, dict) and meta.get("generator") == MARKER_GENERATOR

@@ -124,9 +124,10 @@ def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:
 def check_nodes(nodes: object, population: int | None = None) -> int:
     """``--nodes`` checked: an integer in ``[1, MAX_LOCAL_NODES]`` and at most ``population``.
 
-    Thirty-fifth review of issue 15: the command line checked both, :func:`deploy_local` only
-    ``>= 1``, so ``deploy_local(nodes=100000)`` started SuperNodes until ``Too many open
-    files`` (the seventh review's F8, in the Python API).
+    Thirty-fifth review of issue 15: the command line checked both,
+    :func:`~fedprivopt.deploy.local.deploy_local` only ``>= 1``, so
+    ``deploy_local(nodes=100000)`` started SuperNodes until ``Too many open files`` (the seventh
+    review's F8, in the Python API).
 
     Raises
     ------
@@ -145,11 +146,11 @@ def check_nodes(nodes: object, population: int | None = None) -> int:
 def check_timeout(timeout: object, shown_as: object = None) -> float:
     """``timeout`` (``--timeout``, seconds) checked: a number in ``(0, MAX_TIMEOUT]``.
 
-    Thirty-fifth review of issue 15: :func:`deploy_local` took any number in ``(0, inf)`` and
-    ``True``, where the command line takes at most 30 days: ``deploy_local(timeout=1e12)``
-    wrote ``OUT/deploy`` and ended in ``OverflowError: date value out of range`` (the TLS
-    certificates' validity), ``timeout=True`` ran as 1 s and timed out. ``shown_as``: the value
-    as the user gave it (the command line's text).
+    Thirty-fifth review of issue 15: :func:`~fedprivopt.deploy.local.deploy_local` took any
+    number in ``(0, inf)`` and ``True``, where the command line takes at most 30 days:
+    ``deploy_local(timeout=1e12)`` wrote ``OUT/deploy`` and ended in ``OverflowError: date value
+    out of range`` (the TLS certificates' validity), ``timeout=True`` ran as 1 s and timed out.
+    ``shown_as``: the value as the user gave it (the command line's text).
 
     Raises
     ------
@@ -177,7 +178,7 @@ def check_arguments(
     app_dir: object,
     progress: object,
 ) -> None:
-    """Refuse an argument of :func:`deploy_local` of another type, naming it.
+    """Refuse an argument of :func:`~fedprivopt.deploy.local.deploy_local` of another type.
 
     Thirty-fifth review of issue 15: ``deploy_local(..., out=None)``, ``config_path=123``,
     ``overrides=[("seed", 1)]`` ended in ``TypeError``/``AttributeError`` naming nothing;

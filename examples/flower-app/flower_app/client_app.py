@@ -14,15 +14,23 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedprivopt.clients import TrainMessage, hosted_users, reply_updates, reply_users
+from fedprivopt.clients import (
+    TrainMessage,
+    hosted_users,
+    reply_task_error,
+    reply_updates,
+    reply_users,
+)
+from fedprivopt.models.task import TaskError
 from fedprivopt.privacy import derive_seed
+from flower_app.config import data_seed, population
 from flower_app.task import build_model, load_user, train
 
 app = ClientApp()
 
 
 def _population(context: Context) -> int:
-    return int(context.run_config["population"])
+    return population(context.run_config)
 
 
 @app.query()
@@ -36,11 +44,16 @@ def train_users(msg: Message, context: Context) -> Message:
     """Train every requested user this node hosts and send back their privatized updates."""
     request = TrainMessage.read(msg)
     if request.preconditioner is not None:
-        raise ValueError(
-            "this example's training loop does not precondition gradients; use dp-fedavg, "
-            "dp-fedadam, dp-fedadam-bc or dp-fedavg-adadp (not adadps or dp2)"
+        # the task's error (not a node's failure): the server ends the run rather than release
+        # a round that trained nobody (this app's ServerApp refuses such strategies at start)
+        return reply_task_error(
+            msg,
+            TaskError(
+                "this example's training loop does not precondition gradients; use dp-fedavg, "
+                "dp-fedadam, dp-fedadam-bc or dp-fedavg-adadp (not adadps or dp2)"
+            ),
         )
-    data_seed = int(context.run_config["data-seed"])
+    data = data_seed(context.run_config)
     hosted = set(hosted_users(context, _population(context)))
     model = build_model(0)
     updates, clip_bits, rejected = {}, {}, 0
@@ -48,7 +61,7 @@ def train_users(msg: Message, context: Context) -> Message:
         if user not in hosted:
             rejected += 1
             continue
-        x, y = load_user(user, seed=data_seed)
+        x, y = load_user(user, seed=data)
         # the user's own choices: a shuffle generator and the examples used this round
         seed = derive_seed(request.seed, request.round_num, "shuffle", request.stream, user)
         shuffle = torch.Generator().manual_seed(seed)

@@ -18,19 +18,31 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedprivopt.strategies import RoundResult, StrategyConfig, build_algorithm
+from fedprivopt.strategies import RoundResult, ServerAlgorithm, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy, arrays_to_flat
+from flower_app.config import data_seed, metrics_file, strategy_config
 from flower_app.task import build_model, evaluate, load_test
+
+__all__ = ["app", "main", "strategy_config"]
 
 app = ServerApp()
 
 
-def strategy_config(run_config) -> StrategyConfig:
-    """The StrategyConfig of the run config's fedprivopt keys (``""`` = not set)."""
-    keys = StrategyConfig.keys()
-    return StrategyConfig.from_mapping(
-        {k: v for k, v in run_config.items() if k in keys and v != ""}
-    )
+def check_no_preconditioner(algorithm: ServerAlgorithm) -> None:
+    """Refuse a strategy that sends a preconditioner (``adadps``, ``dp2``) before round 1.
+
+    This app's training loop (plain SGD) cannot divide its gradients by one, so its ClientApp
+    refuses such messages. Thirty-seventh review of issue 15: with ``strategy = "dp2"`` every
+    node failed every adaptive round, and those rounds were released as noise only and charged
+    (ε 6.05 after 4 rounds, 2 of which trained nobody), ending as a successful run.
+    """
+    if type(algorithm).broadcast_preconditioner is not ServerAlgorithm.broadcast_preconditioner:
+        raise ValueError(
+            f"run config 'strategy' must be one whose clients need no preconditioner "
+            f"(dp-fedavg, dp-fedadam, dp-fedadam-bc, dp-fedavg-adadp), got "
+            f"{algorithm.config.strategy!r}: this app's training loop does not precondition "
+            "gradients"
+        )
 
 
 def _append(path: str, row: dict) -> None:
@@ -43,12 +55,13 @@ def _append(path: str, row: dict) -> None:
 def main(grid: Grid, context: Context) -> None:
     """Run DP federated training of the user's model; log ε per round."""
     config = strategy_config(context.run_config)
-    metrics_file = str(context.run_config.get("metrics-file", ""))
+    metrics_path = metrics_file(context.run_config)
     model = build_model(config.seed)
     initial = ArrayRecord(model.state_dict())
     flat, spec = arrays_to_flat(initial)
     algorithm = build_algorithm(config, flat)
-    test_x, test_y = load_test(seed=int(context.run_config["data-seed"]))
+    check_no_preconditioner(algorithm)
+    test_x, test_y = load_test(seed=data_seed(context.run_config))
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -65,11 +78,11 @@ def main(grid: Grid, context: Context) -> None:
             int(m.get("cohort_size", 0)),
             ev.get("accuracy", float("nan")),
         )
-        _append(metrics_file, {"round": result.round_num, **m, **ev})
+        _append(metrics_path, {"round": result.round_num, **m, **ev})
 
     initial_metrics = evaluate(model, test_x, test_y)
     log(INFO, "[flower_app] round 0: accuracy=%.4f", initial_metrics["accuracy"])
-    _append(metrics_file, {"round": 0, "epsilon": 0.0, **initial_metrics})
+    _append(metrics_path, {"round": 0, "epsilon": 0.0, **initial_metrics})
     strategy = DPStrategy(algorithm, spec, on_round=on_round)
     strategy.start(grid, initial, num_rounds=config.num_server_rounds, evaluate_fn=evaluate_fn)
     log(
@@ -81,7 +94,7 @@ def main(grid: Grid, context: Context) -> None:
         config.delta,
     )
     _append(
-        metrics_file,
+        metrics_path,
         {
             "stopped_reason": algorithm.stopped_reason,
             "rounds": algorithm.round_num,

@@ -40,7 +40,7 @@ def _generator(seed: int, *keys: int) -> torch.Generator:
 def build_model(seed: int) -> Net:
     """The initial model, its weights drawn from a generator seeded by ``seed``."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
+        torch.manual_seed(int(seed) % 2**63)  # any seed the strategy takes (>= 0)
         return Net()
 
 

@@ -1,0 +1,160 @@
+"""Thirty-seventh review of issue 15 (ownapp): a user's own Flower app, ``examples/flower-app``.
+
+The example's ServerApp (``main``) is driven in-process through a grid that runs the example's
+own ClientApp handlers (``query``, ``train_users``) for two nodes, as ``flwr run`` would on
+Flower's local simulation, without Ray.
+
+Findings
+--------
+1. ``flwr run examples/flower-app --run-config 'strategy="dp2" dp2-s1=1 dp2-s2=1
+   num-server-rounds=4'``: the ClientApp raised ``ValueError`` for every message carrying a
+   preconditioner (DP2's adaptive rounds), so every node failed rounds 2 and 4; the strategy
+   released them as noise only and charged them: the run ended normally with ε 6.05 after 4
+   rounds, 2 of which trained nobody (``failed`` 6 and 4, ``received`` 0), though
+   ``docs/FLOWER.md`` says the example "refuses such messages". Now the ServerApp refuses a
+   strategy whose clients would get a preconditioner before anything is sent: ``ValueError: run
+   config 'strategy' must be one whose clients need no preconditioner (...), got 'dp2'``; and
+   the ClientApp answers such a message with the task's error (``reply_task_error``), so a
+   ServerApp of one's own that sends one ends the run at that round instead of releasing it.
+2. The app's own run-config keys were read unchecked: ``data-seed=1.5`` trained on data seed 1
+   silently, ``data-seed="abc"`` raised ``int()``'s ``invalid literal`` naming no key;
+   ``metrics-file`` naming a folder or a file in a missing folder raised ``IsADirectoryError`` /
+   ``FileNotFoundError``; ``population=""`` (documented as "not set") made every ClientApp fail
+   the user query with ``int()``'s message and the run end with "none of the 2 connected nodes
+   hosts a user"; ``seed=18446744073709551616`` (taken by the strategy) raised torch's
+   ``Overflow when unpacking long long``. Now ``flower_app.config`` checks each key (a
+   ``ValueError`` naming it and its range, before the grid is used), ``population=""`` is the
+   strategy's default on both sides, and ``build_model`` takes any seed ``>= 0``.
+
+Held (about 40 cases, not repeated here; replies of one's own through ``DPStrategy`` were tried
+by the twenty-ninth and thirty-fourth reviews): see ``/tmp/notes/review37_ownapp_rows.md``.
+"""
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import tomllib
+from flwr.app import Context, Error, Message, Metadata, RecordDict
+
+from fedprivopt.models.task import TaskError
+
+APP = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
+CONFIG = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+SMALL = {"population": 8, "clients-per-round": 1.0, "num-server-rounds": 2, "target-epsilon": ""}
+
+
+@pytest.fixture
+def example(monkeypatch):
+    """The example's modules, imported from ``examples/flower-app``; Flower's run id set."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    monkeypatch.syspath_prepend(str(APP))
+    import flower_app.client_app as client
+    import flower_app.server_app as server
+    import flower_app.task as task
+
+    yield server, client, task
+    for name in [m for m in sys.modules if m == "flower_app" or m.startswith("flower_app.")]:
+        del sys.modules[name]
+
+
+class AppGrid:
+    """The part of Flower's Grid that ``DPStrategy`` uses; two nodes run the example's ClientApp."""
+
+    def __init__(self, client, run_config):
+        self.client, self.run_config, self.calls = client, run_config, 0
+
+    def get_node_ids(self):
+        self.calls += 1
+        return [100, 101]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            node = msg.metadata.dst_node_id
+            node_config = {"partition-id": node - 100, "num-partitions": 2}
+            context = Context(1, node, node_config, RecordDict(), dict(self.run_config))
+            handler = self.client.query if msg.metadata.message_type == "query" else None
+            try:
+                reply = (handler or self.client.train_users)(msg, context)
+            except Exception as exc:  # as Flower answers a ClientApp's exception
+                reply = Message(Error(code=2, reason=repr(exc)), reply_to=msg)
+            reply.__dict__["_metadata"] = Metadata(
+                run_id=1,
+                message_id=uuid.uuid4().hex,
+                src_node_id=node,
+                dst_node_id=0,
+                reply_to_message_id=msg.metadata.message_id,
+                group_id=msg.metadata.group_id,
+                created_at=0.0,
+                ttl=3600.0,
+                message_type=msg.metadata.message_type,
+            )
+            replies.append(reply)
+        return replies
+
+
+def _run(example, **overrides):
+    server, client, _ = example
+    run_config = {**CONFIG, **SMALL, **overrides}
+    grid = AppGrid(client, run_config)
+    server.main(grid, Context(1, 0, {}, RecordDict(), run_config))
+    return grid
+
+
+def test_1_a_strategy_with_a_preconditioner_is_refused_before_anything_is_sent(example):
+    with pytest.raises(ValueError, match="run config 'strategy' must be one whose clients") as e:
+        _run(example, strategy="dp2", **{"dp2-s1": 1, "dp2-s2": 1, "num-server-rounds": 4})
+    assert "got 'dp2'" in str(e.value)
+
+
+def test_1_the_client_app_answers_a_preconditioner_with_the_tasks_error(example, monkeypatch):
+    server = example[0]
+    monkeypatch.setattr(server, "check_no_preconditioner", lambda algorithm: None)
+    rounds = []
+    monkeypatch.setattr(server, "_append", lambda path, row: rounds.append(row))
+    with pytest.raises(TaskError, match="does not precondition gradients"):
+        _run(example, strategy="dp2", **{"dp2-s1": 1, "dp2-s2": 1, "metrics-file": ""})
+    assert [row["round"] for row in rounds] == [0, 1]  # round 2 (adaptive) was not released
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("data-seed", 1.5),
+        ("data-seed", "abc"),
+        ("data-seed", True),
+        ("data-seed", -1),
+        ("metrics-file", "."),
+        ("metrics-file", "no-such-folder/m.jsonl"),
+        ("metrics-file", 5),
+    ],
+)
+def test_2_the_apps_own_keys_are_checked_before_the_grid_is_used(example, key, value):
+    server, client, _ = example
+    run_config = {**CONFIG, **SMALL, key: value}
+    grid = AppGrid(client, run_config)
+    with pytest.raises(ValueError, match=f"run config '{key}' must be"):
+        server.main(grid, Context(1, 0, {}, RecordDict(), run_config))
+    assert grid.calls == 0
+
+
+def test_2_population_not_set_is_the_strategys_default_on_both_sides(example):
+    _, client, _ = example
+    context = Context(1, 100, {"partition-id": 1, "num-partitions": 2}, RecordDict(), {})
+    default = {**CONFIG, "population": ""}
+    context.run_config.update(default)
+    from fedprivopt.strategies import StrategyConfig
+
+    assert client._population(context) == StrategyConfig().population
+
+
+def test_2_the_model_takes_every_seed_the_strategy_takes(example):
+    task = example[2]
+    model = task.build_model(2**64)
+    assert sum(p.numel() for p in model.parameters()) > 0

@@ -18,7 +18,14 @@ from pathlib import Path
 
 from fedprivopt.core.text import shown
 
-__all__ = ["DATA_LOCK", "LockHeldError", "exclusive_lock", "file_lock", "refuse_filesystem_root"]
+__all__ = [
+    "DATA_LOCK",
+    "LockHeldError",
+    "exclusive_lock",
+    "file_lock",
+    "refuse_filesystem_root",
+    "unlockable",
+]
 
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
 
@@ -75,6 +82,8 @@ def file_lock(path: Path) -> Iterator[None]:
         except BlockingIOError:
             _say_waiting(Path(path), handle.fileno())
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError as exc:
+            raise unlockable(path, exc) from None
         try:
             yield
         finally:
@@ -99,6 +108,24 @@ def _say_waiting(path: Path, fd: int) -> None:
         "(a suspended process must be resumed or stopped first)",
         file=sys.stderr,
         flush=True,
+    )
+
+
+def unlockable(path: str | os.PathLike, exc: OSError) -> OSError:
+    """The error of ``flock`` failing on ``path`` for a reason other than another holder.
+
+    Thirty-seventh review of issue 15 (environment, finding 4): on a file system that keeps no
+    locks (an NFS mount whose lock service does not answer: ``ENOLCK``, "No locks available";
+    some FUSE file systems: ``ENOSYS``, ``EOPNOTSUPP``) ``flock`` raised an ``OSError`` naming no
+    file, which ``simulate``, ``compare`` and ``data synth`` ended in a traceback (rc 1). It
+    names ``path`` now, and where to run instead.
+    """
+    why = exc.strerror or str(exc)
+    return OSError(
+        exc.errno,
+        f"cannot be locked ({why}): the file system does not keep the locks by which fedprivopt "
+        "allows one writer; use a directory on a local disk, or enable locking on this one",
+        os.fspath(path),
     )
 
 
@@ -193,6 +220,9 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
                 "stop it first",
                 pid,
             ) from None
+        except OSError as exc:
+            os.close(fd)
+            raise unlockable(path, exc) from None
         except BaseException:
             os.close(fd)
             raise

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from fedprivopt.core.files import check_umask, on_read_only_fs
-from fedprivopt.data.locks import LockHeldError, exclusive_lock
+from fedprivopt.data.locks import LockHeldError, exclusive_lock, unlockable
 from fedprivopt.simulation.files import (
     CHECKPOINT,
     CONFIG_FILE,
@@ -175,6 +175,9 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
             "PID is unknown); wait for it to finish or stop it first",
             None,
         ) from None
+    except OSError as exc:  # a file system that keeps no locks (NFS without its lock service)
+        os.close(fd)
+        raise unlockable(out, exc) from None
     except BaseException:
         os.close(fd)
         raise
@@ -373,7 +376,9 @@ class NewRunDir:
         self._lock = lock_run_dir(out)
         try:
             self._lock.__enter__()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, OSError) and not self._lock_existed:  # created, never locked
+                (out / LOCK_FILE).unlink(missing_ok=True)
             self._remove_dirs()
             raise
         try:

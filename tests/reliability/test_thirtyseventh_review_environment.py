@@ -29,12 +29,20 @@
    ``summary.json.tmp`` and ``config.toml.tmp`` alike, and a hard-linked one (``cp -al``)
    shared its inode. Whatever is left under a ``.tmp`` name is removed before it is written
    (``files.temporary``): the linked file unchanged, the checkpoint a file of its own.
+4. A file system that keeps no locks: ``simulate toy.toml --out D`` (``compare``, ``data
+   synth``, ``--resume`` alike) with ``D`` on an NFS mount whose lock service does not answer
+   (``flock`` fails with ``ENOLCK``, "No locks available"; ``ENOSYS``/``EOPNOTSUPP`` on some
+   FUSE file systems; simulated here by ``fcntl.flock``): ``OSError: [Errno 37] No locks
+   available`` naming no file, a traceback, rc 1. Now rc 2, one line naming the directory or
+   lock file, that it cannot be locked and to use a local disk (``locks.unlockable``);
+   nothing left.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -165,3 +173,25 @@ def test_3_a_temporary_file_left_as_a_link_is_not_written_through(secure_run, tm
     assert victim.read_text() == "mine" and shared.read_text() == "also mine"
     assert not (run / CHECKPOINT).is_symlink()
     assert checkpoint.load_checkpoint(run)["algorithm"]["round"] == 3
+
+
+# -- 4: a file system that keeps no locks ----------------------------------------------------------
+@pytest.mark.parametrize("where", ["dir", "file"])
+def test_4_a_file_system_without_locks_is_one_line(tmp_path, capsys, monkeypatch, where):
+    import fcntl
+
+    flock = fcntl.flock
+
+    def no_locks(fd, op):
+        if where == "file" and stat.S_ISDIR(
+            os.fstat(fd if isinstance(fd, int) else fd.fileno()).st_mode
+        ):
+            return flock(fd, op)
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    out = tmp_path / "nfs" / "run"
+    assert main(["simulate", str(PRESET), "--rounds", "1", "--out", str(out), "--quiet"]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "cannot be locked (No locks available)" in err and "local disk" in err, err
+    assert str(out) in err and not (tmp_path / "nfs").exists()

@@ -26,6 +26,7 @@ from fedprivopt.privacy.aggregate import (
 )
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.tree import TreeCohorts, TreeNoise
+from fedprivopt.strategies.clipping import share_growth_advice, sum_noise_growth
 from fedprivopt.strategies.requests import Updates, each_user_once, refuse_malformed
 
 __all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "largest_noise_std"]
@@ -64,17 +65,25 @@ class AlgorithmAggregation:
         whose sum gets noise of std ``σ_Δ`` times it) was not checked: ``--strategy dp2 --set
         clip-norm-adaptive=3e38`` drew infinite noise in its first adaptive round and ended rc 0
         as a divergence advising lower learning rates.
+
+        Thirty-seventh review: in distributed-noise mode the sum of ``n`` shares has noise std
+        ``σ_Δ C √(n/m_min)``, so the bound is divided by
+        :func:`~fedprivopt.strategies.clipping.sum_noise_growth` (``min-shares = 1``, 500 users
+        a round and ``clip-norm = 5e36`` overflowed the sum to an infinite model, rc 0).
         """
         c = self.config
-        largest = largest_noise_std(dtype)
+        if not c.private:
+            return
+        largest = largest_noise_std(dtype) / sum_noise_growth(c, self._min_shares())
         adaptive_c = getattr(c.options, "clip_norm_adaptive", None)  # DP2's second norm
         for key, clip in (("clip-norm", c.clip_norm), ("clip-norm-adaptive", adaptive_c)):
-            if c.private and clip is not None and not c.update_noise_multiplier * clip <= largest:
+            if clip is not None and not c.update_noise_multiplier * clip <= largest:
                 sigma = "sigma_Delta" if c.adaptive else "noise-multiplier"
                 raise ValueError(
                     f"{sigma} * {key} must be at most {largest:.6g} for a {dtype} model (the "
                     f"noise std of a round's sum; its largest number over {NOISE_HEADROOM:g}: "
-                    "beyond it noise draws overflow to infinity), got "
+                    "beyond it noise draws overflow to infinity"
+                    f"{share_growth_advice(c, key)}), got "
                     f"{c.update_noise_multiplier:g} * {clip:g}; lower noise-multiplier or {key}"
                 )
 
@@ -105,23 +114,27 @@ class AlgorithmAggregation:
             return NoisyMeanAggregator(
                 clip_norm=None, noise_multiplier=0.0, expected_cohort_size=c.clients_per_round
             )
-        min_shares = None
-        if c.noise_mode == "distributed" and c.min_shares:
-            min_shares = c.min_shares
-        elif c.noise_mode == "distributed" and c.sampling == "fixed":
-            # every cohort has exactly m users, so every quantile of its size is m (thirty-third
-            # review of issue 15: Binomial(N, q)'s 1% quantile, 4 for a cohort of 10, made each
-            # share and the sum's noise std sqrt(10/4) times what the accountant was told)
-            min_shares = int(c.clients_per_round)
-        elif c.noise_mode == "distributed":
-            min_shares = default_min_shares(c.population, c.sample_rate, c.min_shares_quantile)
         return NoisyMeanAggregator(
             clip_norm=c.clip_norm,
             noise_multiplier=c.update_noise_multiplier,  # σ_Δ with adaptive clipping
             expected_cohort_size=c.clients_per_round,
             noise_mode=c.noise_mode,
-            min_shares=min_shares,
+            min_shares=self._min_shares(),
         )
+
+    def _min_shares(self) -> int | None:
+        """``m_min`` of distributed noise (``None`` in server mode)."""
+        c = self.config
+        if c.noise_mode != "distributed":
+            return None
+        if c.min_shares:
+            return c.min_shares
+        if c.sampling == "fixed":
+            # every cohort has exactly m users, so every quantile of its size is m (thirty-third
+            # review of issue 15: Binomial(N, q)'s 1% quantile, 4 for a cohort of 10, made each
+            # share and the sum's noise std sqrt(10/4) times what the accountant was told)
+            return int(c.clients_per_round)
+        return default_min_shares(c.population, c.sample_rate, c.min_shares_quantile)
 
     # -- one round -----------------------------------------------------------------------------
 
@@ -163,9 +176,11 @@ class AlgorithmAggregation:
             clip_norm = check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
             # thirty-first review of issue 15: clip_norm=3e38 on a float32 model (noise std
             # σC 3e38) gave a noised mean with 257 of 1,000 entries infinite
+            # thirty-seventh review: in distributed mode over the growth of the shares' sum
             sigma, largest = (
                 self.config.update_noise_multiplier,
-                largest_noise_std(self.params.dtype),
+                largest_noise_std(self.params.dtype)
+                / sum_noise_growth(self.config, self.aggregator.min_shares),
             )
             if self.config.private and not sigma * clip_norm <= largest:
                 raise ValueError(

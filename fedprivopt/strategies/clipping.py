@@ -28,11 +28,40 @@ from fedprivopt.privacy.aggregate import share_noise_growth
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["CLIP_KEYS", "AdaptiveClipping"]
+__all__ = ["CLIP_KEYS", "AdaptiveClipping", "share_growth_advice", "sum_noise_growth"]
 
 #: The clip states a run may hold: the one started at ``clip-norm`` and, for a strategy whose
 #: rounds clip at another fixed norm (DP2's adaptive phase), the one started at that norm.
 CLIP_KEYS = ("clip-norm", "round-clip-norm")
+
+
+def most_shares(config) -> int:
+    """The most shares a round can accept: the cohort (fixed-size sampling) or everyone."""
+    return int(config.clients_per_round) if config.sampling == "fixed" else config.population
+
+
+def sum_noise_growth(config, min_shares: int | None) -> float:
+    """How far a round's sum noise std can grow over ``σ_Δ C`` (distributed noise; else 1).
+
+    Thirty-seventh review of issue 15: ``C`` was kept where ``σ_Δ C`` fits the model's dtype,
+    but the sum of ``n`` distributed shares has noise std ``σ_Δ C √(n/m_min)``: with
+    ``min-shares = 1``, 500 users a round and ``C`` grown to its bound (``clip-quantile =
+    0.9999``, ``clip-learning-rate = 1000``; or a fixed ``clip-norm = 5e36``) the sum overflowed
+    and the model became infinite, reported as a divergence advising lower learning rates.
+    """
+    if config.noise_mode != "distributed" or min_shares is None:
+        return 1.0
+    return share_noise_growth(min_shares, most_shares(config))
+
+
+def share_growth_advice(config, key: str) -> str:
+    """The clause a refusal of ``key`` adds in distributed mode (empty in server mode)."""
+    if config.noise_mode != "distributed":
+        return ""
+    return (
+        f"; with noise-mode 'distributed' a round's up to {most_shares(config)} shares make that "
+        f"std grow with sqrt(shares / min-shares): raise min-shares or lower {key}"
+    )
 
 
 class AdaptiveClipping:
@@ -69,26 +98,9 @@ class AdaptiveClipping:
         self.max_clip_norm = config.max_clip_norm
         if max_clip_norm is not None:
             limit = check_real("max_clip_norm", max_clip_norm, low=MIN_CLIP_NORM)
-            self.max_clip_norm = min(self.max_clip_norm, limit / self._share_growth(min_shares))
+            growth = sum_noise_growth(config, min_shares)
+            self.max_clip_norm = min(self.max_clip_norm, limit / growth)
         self._check_start()
-
-    def _most_shares(self) -> int:
-        """The most shares a round can accept: the cohort (fixed-size sampling) or everyone."""
-        c = self.config
-        return int(c.clients_per_round) if c.sampling == "fixed" else c.population
-
-    def _share_growth(self, min_shares: int | None) -> float:
-        """How far the sum's noise std can grow over ``σ_Δ C`` (distributed noise; else 1).
-
-        Thirty-seventh review of issue 15: ``C`` was kept where ``σ_Δ C`` fits the model's
-        dtype, but the sum of ``n`` distributed shares has noise std ``σ_Δ C √(n/m_min)``: with
-        ``min-shares = 1``, 500 users a round and ``C`` grown to its bound (``clip-quantile =
-        0.9999``, ``clip-learning-rate = 1000``) the sum overflowed and the model became
-        infinite, reported as a divergence advising lower learning rates.
-        """
-        if self.config.noise_mode != "distributed" or min_shares is None:
-            return 1.0
-        return share_noise_growth(min_shares, self._most_shares())
 
     def _check_start(self) -> None:
         """Refuse a starting norm (``clip-norm``, DP2's ``clip-norm-adaptive``) above the bound."""
@@ -98,13 +110,7 @@ class AdaptiveClipping:
             ("clip-norm-adaptive", getattr(c.options, "clip_norm_adaptive", None)),
         ):
             if start is not None and not start <= self.max_clip_norm:
-                shares = ""
-                if c.noise_mode == "distributed":
-                    shares = (
-                        f"; with noise-mode 'distributed' a round's up to {self._most_shares()} "
-                        "shares make that std grow with sqrt(shares / min-shares): raise "
-                        f"min-shares or lower {key}"
-                    )
+                shares = share_growth_advice(c, key)
                 raise ValueError(
                     f"{key} must be at most {self.max_clip_norm:.6g} with adaptive clipping here "
                     f"(sigma_Delta * {key}, the noise std of a round's sum, must fit the model's "

@@ -13,10 +13,12 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+# re-exported: their public path before cli_task_errors (docs/RELIABILITY.md names it)
+from fedprivopt.cli_task_errors import name_task_param, task_param_error
 from fedprivopt.core.checks import interval
 from fedprivopt.core.files import on_read_only_fs
 from fedprivopt.core.text import SHOWN_CHARS, cut_middle, shown
@@ -36,6 +38,7 @@ __all__ = [
     "int_at_least",
     "int_in",
     "is_file_error",
+    "name_task_param",
     "one_line",
     "preset_path",
     "shown",
@@ -210,9 +213,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 NAME_MAX = 255  # bytes in one path component (Linux, macOS and Windows file systems)
 _FILE_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
                 PermissionError)  # fmt: skip
-# ".*": an empty key (`--set task-params.=1`, `"" = 1` in [task-params]) ended in the task's
-# TypeError traceback, rc 1 (twenty-eighth review of issue 15)
-_UNKNOWN_KWARG = re.compile(r"\(\) got an unexpected keyword argument '(?P<key>.*)'\Z")
 
 
 def check_path_text(text: str, flag: str) -> Path:
@@ -363,134 +363,6 @@ def is_file_error(exc: OSError) -> bool:
         or exc.errno in _FULL_ERRNOS
         or exc.errno in _IO_ERRNOS
     )
-
-
-def name_task_param(message: str, params: dict, names: Iterable[str] = ()) -> str:
-    """Name the task parameters in ``message`` as the config writes them.
-
-    A task constructor's error starts with its argument's name (``train_bias must ...``,
-    ``examples_per_user=...``); it becomes the key of the config (``task-params.train-bias must
-    ...``). Other messages are returned unchanged.
-
-    Parameters
-    ----------
-    message : str
-        The task's error.
-    params : dict
-        The task parameters the config gives (snake case).
-    names : iterable of str
-        Every parameter the task takes (:func:`~fedprivopt.models.registry.task_parameters`),
-        so that one the config leaves at its default is named too.
-
-    Thirty-first review of issue 15: only the leading name was renamed, and only when the config
-    gave it: ``--set task-params.num-classes=3000000`` on the toy task was refused as ``dim *
-    num_classes must be at most ...`` (neither a key of the config), and ``task-params.dim=...
-    must be at most ... with num_classes=2, examples_per_user=(5, 40)`` named the others in
-    Python's spelling. Once the message leads with a task parameter, every other one it names
-    as ``NAME=``, beside ``*``, or with an underscore (no English word) is renamed too.
-    """
-    known = sorted(set(params) | set(names), key=len, reverse=True)
-    if not known or not message.startswith(tuple(f"{k}{end}" for k in known for end in " =")):
-        return message
-    words = "|".join(re.escape(key) for key in known)
-    found = re.compile(rf"(?<![\w.\-/'\"])({words})(?=[ =,)*;:]|\Z)")
-
-    def rename(match: re.Match) -> str:
-        key, start, end = match[1], match.start(), match.end()
-        if (
-            start == 0
-            or "_" in key
-            or message.startswith(("=", " * "), end)
-            or (message[max(start - 3, 0) : start] == " * ")
-        ):
-            return f"task-params.{key.replace('_', '-')}"
-        return key
-
-    return found.sub(rename, message)
-
-
-def task_param_error(exc: TypeError) -> str | None:
-    """The message for a task constructor's unknown or missing keyword argument, else ``None``.
-
-    An unknown or nested ``task-params`` key reaches the constructor as a keyword it does not
-    take; any other ``TypeError``, and any raised outside
-    :func:`~fedprivopt.models.registry.build_task`, is a bug and gives ``None`` (the caller
-    re-raises it). Raised
-    while the task is built (:func:`~fedprivopt.models.registry.build_task`), also a key named
-    ``self`` (``got multiple values``) or one the task takes only by position, and a parameter
-    the task requires that the config does not give (a task by reference's factory
-    ``make(foo)``): these ended in a traceback, rc 1 (twenty-eighth review of issue 15).
-    """
-    text = str(exc)
-    if not _while_building_a_task(exc):
-        # thirty-fifth review of issue 15 (found by the data and lifecycle reviewers): a bug's
-        # "unexpected keyword argument 'frozen'" in building the server algorithm was reported
-        # as "unknown key 'task-params.frozen'", blaming the user's config for the code's bug
-        return None
-    match = _UNKNOWN_KWARG.search(text)
-    if match is None:
-        match = _TWICE_KWARG.search(text) or _POSITIONAL_ONLY.search(text)
-        missing = _MISSING_ARGS.search(text)
-        if missing is not None:
-            keys = [key.replace("_", "-") for key in re.findall(r"'([^']*)'", missing["keys"])]
-            named = ", ".join(shown(f"task-params.{key}") for key in keys)
-            return f"the task requires {named}, which the config does not give"
-    if match is None:
-        return _call_refused(exc)
-    key = match.group("key").replace("_", "-")
-    return (
-        f"unknown key {shown(f'task-params.{key}')}: not a parameter of the task "
-        "(task parameters are plain values, not tables)"
-    )
-
-
-_TWICE_KWARG = re.compile(r"\(\) got multiple values for argument '(?P<key>.*)'\Z")
-_POSITIONAL_ONLY = re.compile(
-    r"\(\) got some positional-only arguments passed as keyword arguments: '(?P<key>[^']*)'"
-)
-_MISSING_ARGS = re.compile(
-    r"\(\) missing \d+ required (?:positional|keyword-only) arguments?: (?P<keys>.*)\Z"
-)
-
-
-def _call_refused(exc: TypeError) -> str | None:
-    """The message for a task factory that refused the call itself, else ``None``.
-
-    Thirty-first review of issue 15: ``--set task=builtins:print`` (or ``os:system``, any
-    factory written in C) ended in ``TypeError: 'num_users' is an invalid keyword argument for
-    print()``, a traceback with rc 1: a builtin's refusal of a keyword matches none of the
-    messages above. A ``TypeError`` whose traceback ends in ``build_task`` itself was raised by
-    the call of the factory, before any code of it ran: the config's task parameters do not fit
-    it. One raised inside the factory's code is a bug and gives ``None``.
-    """
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None or not _is_build_task(tb.tb_frame.f_code):
-        return None
-    name, params = tb.tb_frame.f_locals.get("name"), tb.tb_frame.f_locals.get("params") or {}
-    keys = ", ".join(f"task-params.{key.replace('_', '-')}" for key in params) or "none"
-    return (
-        f"task {shown(name)} cannot be called with the config's task parameters "
-        f"({cut_middle(keys)}): {cut_middle(str(exc))}"
-    )
-
-
-def _is_build_task(code) -> bool:
-    """Whether ``code`` is ``models.registry.build_task``'s."""
-    return code.co_name == "build_task" and code.co_filename.endswith(
-        os.path.join("models", "registry.py")
-    )
-
-
-def _while_building_a_task(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised within ``models.registry.build_task`` (the task's factory)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if _is_build_task(tb.tb_frame.f_code):
-            return True
-        tb = tb.tb_next
-    return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,11 +23,10 @@ from fedprivopt.cli_args import (
     check_out_dir,
     check_path_text,
     int_at_least,
-    name_task_param,
     preset_path,
     shown,
-    task_param_error,
 )
+from fedprivopt.cli_task_errors import name_task_param, task_param_error
 
 __all__ = [
     "add_simulate",

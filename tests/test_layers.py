@@ -33,6 +33,7 @@ LAYERS = (
         "cli_compare_tuned",
         "cli_compare_tune_report",
         "cli_compare",
+        "cli_task_errors",
         "deploy.cli",
     ),
 )

@@ -112,7 +112,8 @@ from flwr.app import Context, RecordDict
 from fedprivopt import optim
 from fedprivopt import wire as P
 from fedprivopt.cli import main
-from fedprivopt.cli_args import one_line, task_param_error
+from fedprivopt.cli_args import one_line
+from fedprivopt.cli_task_errors import task_param_error
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import clear_cache, get_task_and_trainer, make_client_app
 from fedprivopt.clients.messages import TASK_ERROR

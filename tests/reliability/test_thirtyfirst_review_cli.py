@@ -120,7 +120,7 @@ def test_1_a_tensor_too_large_names_every_key_it_lists(tmp_path):
 
 
 def test_1_name_task_param_leaves_a_nested_message_alone():
-    from fedprivopt.cli_args import name_task_param
+    from fedprivopt.cli_task_errors import name_task_param
     from fedprivopt.models.registry import task_parameters
 
     names = task_parameters("stackoverflow-tp")
@@ -163,7 +163,7 @@ def test_2_a_builtin_task_factory_is_one_line(tmp_path):
 
 
 def test_2_a_type_error_inside_a_factory_is_still_a_bug():
-    from fedprivopt.cli_args import task_param_error
+    from fedprivopt.cli_task_errors import task_param_error
     from fedprivopt.models.registry import build_task
 
     for name, params in (("os:system", {"num_users": 3, "seed": 0}), ("builtins:int", {"x": 1})):

@@ -443,7 +443,7 @@ def test_9_an_empty_task_parameter_key_is_one_line(tmp_path, monkeypatch):
 
 
 def test_9_the_message_of_an_empty_keyword(tmp_path):
-    from fedprivopt.cli_args import task_param_error
+    from fedprivopt.cli_task_errors import task_param_error
     from fedprivopt.models import build_task
 
     # raised by building the task, as the command line meets it (thirty-fifth review: a
@@ -510,7 +510,7 @@ def test_11_a_parameter_the_task_requires_is_named(tmp_path, monkeypatch):
 
 
 def test_11_other_type_errors_are_still_bugs():
-    from fedprivopt.cli_args import task_param_error
+    from fedprivopt.cli_task_errors import task_param_error
 
     def elsewhere():
         raise TypeError("f() missing 1 required positional argument: 'x'")

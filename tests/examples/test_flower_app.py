@@ -83,7 +83,9 @@ def test_flwr_run_of_the_example_app_reports_epsilon_and_stops_at_the_budget(tmp
         "rounds": 2,
         "epsilon": pytest.approx(expected[1], rel=1e-9),
         "delta": DELTA,
+        "not_covered": rounds[0]["not_covered"],  # the round metrics' exact view, outside ε
     }
+    assert "mean_norm" in final["not_covered"]
     assert "stopping before round 3: it would exceed target epsilon" in log
     assert rounds[2]["accuracy"] > rounds[0]["accuracy"] + 0.1
     assert not alive(started), "the local SuperLink or its children are still running"

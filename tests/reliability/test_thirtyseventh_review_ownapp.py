@@ -25,11 +25,17 @@ Findings
    ``Overflow when unpacking long long``. Now ``flower_app.config`` checks each key (a
    ``ValueError`` naming it and its range, before the grid is used), ``population=""`` is the
    strategy's default on both sides, and ``build_model`` takes any seed ``>= 0``.
+3. The example's ``metrics-file`` held every round's exact ``cohort_size``, ``received``,
+   ``accepted``, ``mean_norm``, ... of the sampled users beside ε, with nothing saying ε does not
+   cover them (``fedprivopt simulate``'s ``summary.json`` says so in ``not_covered`` since the
+   twelfth review). Now its first row (written before round 1) and its final row carry
+   ``not_covered``, naming those metrics (and the noise metrics in distributed-noise mode).
 
 Held (about 40 cases, not repeated here; replies of one's own through ``DPStrategy`` were tried
 by the twenty-ninth and thirty-fourth reviews): see ``/tmp/notes/review37_ownapp_rows.md``.
 """
 
+import json
 import sys
 import uuid
 from pathlib import Path
@@ -158,3 +164,24 @@ def test_2_the_model_takes_every_seed_the_strategy_takes(example):
     task = example[2]
     model = task.build_model(2**64)
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+class NoNodes(AppGrid):
+    """A grid that ends the run where the strategy first asks for nodes."""
+
+    def get_node_ids(self):
+        raise RuntimeError("no nodes")
+
+
+@pytest.mark.parametrize("mode", ["server", "distributed"])
+def test_3_the_metrics_file_says_what_epsilon_does_not_cover(example, tmp_path, mode):
+    server, client, _ = example
+    path = tmp_path / "metrics.jsonl"
+    run_config = {**CONFIG, **SMALL, "metrics-file": str(path), "noise-mode": mode}
+    with pytest.raises(RuntimeError, match="no nodes"):
+        server.main(NoNodes(client, run_config), Context(1, 0, {}, RecordDict(), run_config))
+    (first,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert first["round"] == 0
+    assert "mean_norm" in first["not_covered"] and "cohort_size" in first["not_covered"]
+    assert ("topup_std" in first["not_covered"]) == (mode == "distributed")
+    assert example[0].not_covered(example[0].strategy_config({"strategy": "fedavg"})) is None

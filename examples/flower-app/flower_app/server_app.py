@@ -18,7 +18,8 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedprivopt.strategies import RoundResult, ServerAlgorithm, build_algorithm
+from fedprivopt.simulation.writer import DISTRIBUTED_VIEW_METRICS, SERVER_VIEW_METRICS
+from fedprivopt.strategies import RoundResult, ServerAlgorithm, StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy, arrays_to_flat
 from flower_app.config import data_seed, metrics_file, strategy_config
 from flower_app.task import build_model, evaluate, load_test
@@ -43,6 +44,29 @@ def check_no_preconditioner(algorithm: ServerAlgorithm) -> None:
             f"{algorithm.config.strategy!r}: this app's training loop does not precondition "
             "gradients"
         )
+
+
+def not_covered(config: StrategyConfig) -> str | None:
+    """What the metrics file holds beyond ε: the round metrics of the server's exact view.
+
+    ``None`` for a non-private strategy (ε is infinite: nothing is covered).
+
+    As ``summary.json``'s ``not_covered`` of ``fedprivopt simulate`` says it (rule 9 of the
+    privacy contract). Thirty-seventh review of issue 15: the example's ``metrics-file`` held
+    every round's exact ``cohort_size``, ``received``, ``mean_norm``, ... beside ε with nothing
+    saying ε does not cover them.
+    """
+    if not config.private:
+        return None
+    names = list(SERVER_VIEW_METRICS)
+    if config.noise_mode != "server":
+        names += DISTRIBUTED_VIEW_METRICS
+    return (
+        f"the round metrics {', '.join(names)} (and ADADP's _1/_2 forms, the counts of missing "
+        "users and node errors) are the server's exact view of the sampled users and their "
+        "updates, without noise: epsilon does not cover them, so publish the model, epsilon "
+        "and the evaluations, not these rows"
+    )
 
 
 def _append(path: str, row: dict) -> None:
@@ -82,7 +106,8 @@ def main(grid: Grid, context: Context) -> None:
 
     initial_metrics = evaluate(model, test_x, test_y)
     log(INFO, "[flower_app] round 0: accuracy=%.4f", initial_metrics["accuracy"])
-    _append(metrics_path, {"round": 0, "epsilon": 0.0, **initial_metrics})
+    note = {"not_covered": not_covered(config)}
+    _append(metrics_path, {"round": 0, "epsilon": 0.0, **initial_metrics, **note})
     strategy = DPStrategy(algorithm, spec, on_round=on_round)
     strategy.start(grid, initial, num_rounds=config.num_server_rounds, evaluate_fn=evaluate_fn)
     log(
@@ -100,5 +125,6 @@ def main(grid: Grid, context: Context) -> None:
             "rounds": algorithm.round_num,
             "epsilon": algorithm.epsilon(),
             "delta": config.delta,
+            **note,
         },
     )

@@ -278,6 +278,46 @@ def keys_without_effect(strategy_config: Any) -> frozenset[str]:
     return frozenset(strategy_config.unused) | ignored
 
 
+# DP2's adaptive-phase options: used only by its adaptive rounds, the first of which is round
+# dp2-s1 + 1 (``dp2-noise-first`` shares the block; thirty-seventh review of issue 15, finding 1).
+_DP2_ADAPTIVE = frozenset(
+    {
+        "dp2-s2",
+        "dp2-beta",
+        "dp2-epsilon",
+        "dp2-learning-rate",
+        "clip-norm-adaptive",
+        "subtract-noise-variance",
+        "dp2-scale-by-preconditioner",
+    }
+)
+
+
+def idle_phase_keys(strategy_config: Any) -> tuple[frozenset[str], str]:
+    """The options of a phase that no round of the run reaches, and why.
+
+    Parameters
+    ----------
+    strategy_config : StrategyConfig
+        A built strategy configuration.
+
+    Returns
+    -------
+    tuple of (frozenset of str, str)
+        DP2's adaptive-phase options when ``dp2-s1 >= num-server-rounds`` (every round is an
+        SGD round), with the reason; empty otherwise.
+    """
+    options = strategy_config.options
+    s1, rounds = getattr(options, "dp2_s1", None), strategy_config.num_server_rounds
+    if s1 is None or s1 < rounds:
+        return frozenset(), ""
+    why = (
+        f"with dp2-s1 = {s1} and {rounds} round{'s' if rounds != 1 else ''} no adaptive round "
+        "runs; raise --rounds above dp2-s1 or lower dp2-s1"
+    )
+    return _DP2_ADAPTIVE, why
+
+
 def check_point_effect(point: Mapping[str, Any], strategy_config: Any) -> None:
     """Refuse a grid point whose key sets only options its strategy does not use.
 
@@ -291,6 +331,7 @@ def check_point_effect(point: Mapping[str, Any], strategy_config: Any) -> None:
         Naming ``--grid``, the key and the strategy.
     """
     ignored = keys_without_effect(strategy_config)
+    idle, why = idle_phase_keys(strategy_config)
     strategy = strategy_config.strategy
     for key, value in point.items():
         names = keys_set_for(key, [value], strategy)
@@ -298,6 +339,10 @@ def check_point_effect(point: Mapping[str, Any], strategy_config: Any) -> None:
             raise ValueError(
                 f"argument --grid: {shown(key)} changes nothing in a run of {strategy} (it "
                 "does not use that option); tune a key the tuned strategy uses"
+            )
+        if names and names <= ignored | idle:
+            raise ValueError(
+                f"argument --grid: {shown(key)} changes nothing in a run of {strategy}: {why}"
             )
 
 

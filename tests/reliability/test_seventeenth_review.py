@@ -55,8 +55,11 @@ def test_1_tune_grid_key_without_effect_is_refused(tmp_path, strategy, grid, key
 def test_1_tune_grid_key_with_effect_still_runs(tmp_path):
     out = tmp_path / "T"
     grid = "dp2-scale-by-preconditioner=true,false"
+    # round 2 is adaptive (dp2-s1 = 1): with no adaptive round the key changes nothing
+    # (thirty-seventh review of issue 15, tune finding 1)
+    adaptive = ["--mean-trials", "2", "--seed", "1", "--rounds", "2", "--set", "dp2-s1=1"]
     code, _, err = run_cli(
-        ["tune", TOY, "--strategy", "dp2", "--grid", grid, "--out", str(out), *TUNE]
+        ["tune", TOY, "--strategy", "dp2", "--grid", grid, "--out", str(out), *adaptive, "--quiet"]
     )
     assert code == 0, err
 

@@ -1,0 +1,64 @@
+"""Issue 15, thirty-seventh review (tune): regression tests of its findings.
+
+1. ``tune simulations/toy.toml --strategy dp2 --grid dp2-learning-rate=0.01,5 --rounds 2
+   --mean-trials 2 --seed 1``: rc 0, "best trial-001 (dp2-learning-rate=5)", though toy's
+   ``dp2-s1 = 2`` means that no adaptive round runs within 2 rounds: the adaptive rounds' rate
+   changed nothing, the trials differed only by their seeds, and the report named a "best"
+   learning rate that was never used (``compare --strategies dp2,dp-fedavg --tune-grid
+   dp2-learning-rate=0.01,5`` alike). Now a grid key that sets only DP2's adaptive-phase options
+   (``dp2-s2``, ``dp2-beta``, ``dp2-epsilon``, ``dp2-learning-rate``, ``clip-norm-adaptive``,
+   ``subtract-noise-variance``, ``dp2-scale-by-preconditioner``) when ``dp2-s1 >=
+   num-server-rounds`` is refused: rc 2, "argument --grid: 'dp2-learning-rate' changes nothing
+   in a run of dp2: with dp2-s1 = 2 and 2 rounds no adaptive round runs; raise --rounds above
+   dp2-s1 or lower dp2-s1" (``tune_grid.idle_phase_keys``). With 3 rounds the grid runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fedprivopt.cli import main
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.tune_grid import check_point_effect, idle_phase_keys
+from tests.reliability.test_thirtyfourth_review_tuning import TOY, _error
+
+# -- finding 1: DP2's adaptive-phase keys change nothing when no adaptive round runs ----------
+
+IDLE = "changes nothing in a run of dp2: with dp2-s1 = 2 and 2 rounds no adaptive round runs"
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [
+        "dp2-learning-rate=0.01,5",
+        "strategies.dp2.dp2-beta=0.5,0.9",
+        "subtract-noise-variance=true,false",
+    ],
+)
+def test_1_dp2_adaptive_keys_without_adaptive_round_refused(tmp_path, capsys, grid):
+    out = str(tmp_path / "t")
+    argv = ["tune", str(TOY), "--strategy", "dp2", "--grid", grid, "--rounds", "2",
+            "--mean-trials", "2", "--seed", "1", "--out", out, "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    err = _error(capsys)
+    assert IDLE in err and "argument --grid:" in err, err
+    assert not (tmp_path / "t").exists()
+
+
+def test_1_compare_tune_grid_refuses_it_too(tmp_path, capsys):
+    argv = ["compare", str(TOY), "--strategies", "dp2,dp-fedavg", "--tune-grid",
+            "dp2-learning-rate=0.01,5", "--mean-trials", "1", "--rounds", "2",
+            "--out", str(tmp_path / "c"), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    assert IDLE in _error(capsys)
+
+
+def test_1_adaptive_keys_count_once_an_adaptive_round_runs():
+    three = load_config(TOY, {"strategy": "dp2", "num-server-rounds": 3}).strategy
+    assert idle_phase_keys(three) == (frozenset(), "")
+    check_point_effect({"dp2-learning-rate": 5}, three)  # no refusal
+    two = load_config(TOY, {"strategy": "dp2", "num-server-rounds": 2}).strategy
+    check_point_effect({"dp2-s1": 1}, two)  # the phase length itself is tuned
+    check_point_effect({"max-noise-step": 1.0}, two)  # SGD rounds use it
+    with pytest.raises(ValueError, match="dp2-s2"):
+        check_point_effect({"dp2-s2": 3}, two)

@@ -12,8 +12,8 @@ Layers, bottom to top (a module imports only from its own layer or the ones belo
 - :mod:`fedprivopt.strategies`: the server algorithms and the Flower strategy;
 - :mod:`fedprivopt.simulation`: runs, both engines, reports;
 - :mod:`fedprivopt.deploy`: the Flower app on SuperLink and SuperNodes;
-- the command line: :mod:`fedprivopt.cli`, :mod:`fedprivopt.cli_args`, :mod:`fedprivopt.cli_data`,
-  :mod:`fedprivopt.cli_runs`, :mod:`fedprivopt.cli_tune`, :mod:`fedprivopt.deploy.cli`.
+- the command line: :mod:`fedprivopt.cli` and its ``cli_*`` modules (argument types and errors,
+  one module per command or group of commands), and :mod:`fedprivopt.deploy.cli`.
 """
 
 __version__ = "0.1.0"

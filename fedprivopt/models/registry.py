@@ -187,8 +187,9 @@ def check_task_name(name: str) -> None:
 def task_parameters(name: object) -> tuple[str, ...]:
     """The keyword parameters the factory of task ``name`` takes; ``()`` when unknown.
 
-    For naming them in messages (:func:`fedprivopt.cli_args.name_task_param`): a name that does
-    not resolve, or a factory without a signature (a builtin), gives ``()``; nothing raises.
+    For naming them in messages (:func:`fedprivopt.cli_task_errors.name_task_param`): a name
+    that does not resolve, or a factory without a signature (a builtin), gives ``()``; nothing
+    raises.
     """
     try:
         factory = resolve_task(name)  # type: ignore[arg-type]

@@ -30,6 +30,12 @@ Findings
    cover them (``fedprivopt simulate``'s ``summary.json`` says so in ``not_covered`` since the
    twelfth review). Now its first row (written before round 1) and its final row carry
    ``not_covered``, naming those metrics (and the noise metrics in distributed-noise mode).
+4. Ctrl-C of ``flwr run examples/flower-app --stream --run-config "num-server-rounds=30 ..."``
+   after round 3 (Flower's behaviour): ``flwr run`` printed ``Exiting logstream`` and exited 0,
+   while the run went on on the local SuperLink to round 30 (the ``metrics-file`` grew from 4 to
+   32 rows after the Ctrl-C, ε spent to the end); the README said only that the SuperLink keeps
+   running. It now says that Ctrl-C stops the log stream, not the run, and how to stop the run
+   (``flwr stop <run-id>``, which answered ``Run … successfully stopped``).
 
 Held (about 40 cases, not repeated here; replies of one's own through ``DPStrategy`` were tried
 by the twenty-ninth and thirty-fourth reviews): see ``/tmp/notes/review37_ownapp_rows.md``.
@@ -185,3 +191,9 @@ def test_3_the_metrics_file_says_what_epsilon_does_not_cover(example, tmp_path, 
     assert "mean_norm" in first["not_covered"] and "cohort_size" in first["not_covered"]
     assert ("topup_std" in first["not_covered"]) == (mode == "distributed")
     assert example[0].not_covered(example[0].strategy_config({"strategy": "fedavg"})) is None
+
+
+def test_4_the_readme_says_ctrl_c_stops_only_the_log_stream():
+    text = " ".join((APP / "README.md").read_text().split())
+    assert "Ctrl-C of `flwr run --stream` stops only the log stream" in text
+    assert "flwr stop <run-id>" in text

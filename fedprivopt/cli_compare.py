@@ -156,7 +156,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
     """``compare``'s plan, runs and report, holding ``out``'s lock."""
-    from fedprivopt.simulation.cells import load_cell, plan_cells, remove_report, run_cell
+    from fedprivopt.simulation.cell_plans import load_cell, plan_cells
+    from fedprivopt.simulation.cells import remove_report, run_cell
     from fedprivopt.simulation.parallel import check_parallel
     from fedprivopt.simulation.report import write_report
 

@@ -149,7 +149,7 @@ def _check_tuning(ns: argparse.Namespace) -> None:
     be removable (tenth review of issue 15, finding 3).
     """
     from fedprivopt.cli_tune_setup import prepare_tuning
-    from fedprivopt.simulation.cells import plan_cells
+    from fedprivopt.simulation.cell_plans import plan_cells
     from fedprivopt.simulation.tune import check_leftover_trials
     from fedprivopt.simulation.tune_replan import check_discardable, check_plan
 

@@ -69,7 +69,7 @@ class _TrialProgress:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """``fedprivopt tune``: the best of a random number of trials, with the tuning's ε."""
-    from fedprivopt.simulation.cells import plan_cells
+    from fedprivopt.simulation.cell_plans import plan_cells
     from fedprivopt.simulation.files import atomic_write
     from fedprivopt.simulation.ledger import RunLedger
     from fedprivopt.simulation.rundir import lock_directory, removed_if_unused

@@ -1,18 +1,12 @@
-"""The cells of a ``fedprivopt compare`` grid, and when a cell's earlier run may be used again.
+"""The cells of a ``fedprivopt compare`` grid, and the ``--out`` directory that holds them.
 
 A grid puts one run directory per (strategy, noise multiplier, seed) under ``OUT/runs/``
-(:func:`cell_label` names it). A later ``compare`` into the same ``OUT`` uses a cell's run again
-only when the configuration stored in it (``config.toml``, written by
-:func:`~fedprivopt.simulation.run.simulate`) is the configuration this call resolves for the
-cell, key for key, and its files pass every check ``--resume`` makes
-(:func:`~fedprivopt.simulation.audit.audit_run_dir`: the configuration against the privacy
-ledger's header, the checkpoint against the ledger, every reported ε against the ledger). A
-finished run (by its checkpoint and ledger, :meth:`~fedprivopt.simulation.audit.RunDirState.
-unfinished`) is *reused*, an unfinished one *resumed* from its checkpoint. Any difference (more
-rounds, another clip norm, another task parameter) or a failed check makes the cell *stale*:
-:func:`plan_cells` refuses the whole grid before anything runs, naming the cell and the first
-differing key or the check, unless ``overwrite`` is set, in which case the stale cell is *rerun*
-from scratch (its directory is replaced). Cells with no run yet are *run*.
+(:func:`cell_label` names it); beside ``runs/`` a comparison writes its report
+(:data:`REPORT_FILES`) and holds its lock (:data:`COMPARE_LOCK`), and :func:`check_compare_dir`
+refuses an ``--out`` holding anything else. What each cell's plan is (run, resume, reuse or
+rerun: :class:`CellPlan`, decided by :func:`~fedprivopt.simulation.cell_plans.plan_cells`) and
+its finished run read back: :mod:`fedprivopt.simulation.cell_plans`; :func:`run_cell` carries a
+plan out.
 
 Bounds, checked before anything is allocated: at most :data:`MAX_SEEDS` seeds per cell and
 :data:`MAX_CELLS` cells per grid. Each cell is a full run with its own directory (a checkpoint
@@ -30,20 +24,16 @@ Examples
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.core.text import cut_middle
 from fedprivopt.core.text import shown as _short
-from fedprivopt.data.locks import LockHeldError
-from fedprivopt.simulation.config import RunConfig, load_config
-from fedprivopt.simulation.files import CONFIG_FILE, check_appended_not_linked, toml_value
-from fedprivopt.simulation.rundir import lock_directory, lock_run_dir
+from fedprivopt.simulation.config import RunConfig
+from fedprivopt.simulation.files import CONFIG_FILE
+from fedprivopt.simulation.rundir import lock_directory
 
 __all__ = [
     "CELL_NAME",
@@ -54,9 +44,7 @@ __all__ = [
     "StaleCellError",
     "cell_label",
     "check_compare_dir",
-    "first_difference",
     "grid",
-    "plan_cells",
     "remove_report",
     "run_cell",
     "task_key",
@@ -199,54 +187,6 @@ class StaleCellError(ValueError):
     """A cell's run directory holds a run made with another configuration."""
 
 
-def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        name = f"{prefix}{key}" if not prefix else f"{prefix}{key.replace('_', '-')}"
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and a == b
-
-
-_MISSING = "(not set)"
-
-
-def _as_toml(value: Any) -> str:
-    """A configuration value for a message, written as the preset's TOML writes it.
-
-    Thirty-sixth review of issue 15 (cli, finding 2): the refusal of a reused cell wrote Python's
-    ``repr`` (``tensorboard = False, this call asks for True``; strings in single quotes), not
-    the ``false``/``true`` a user types in a preset or ``--set``. Long values keep both ends.
-    """
-    if value is _MISSING:
-        return _MISSING
-    return cut_middle(toml_value(value))
-
-
-def first_difference(stored: RunConfig, wanted: RunConfig) -> tuple[str, Any, Any] | None:
-    """The first key (in preset order) whose value differs, with both values; ``None`` if equal.
-
-    Keys are the preset's kebab-case names (``num-server-rounds``, ``task-params.num-users``);
-    a task parameter set on one side only shows as ``(not set)`` on the other.
-    """
-    a, b = _flat(stored.to_mapping()), _flat(wanted.to_mapping())
-    for key in [*b, *(k for k in a if k not in b)]:
-        left, right = a.get(key, _MISSING), b.get(key, _MISSING)
-        if not _same(left, right):
-            return key, left, right
-    return None
-
-
 #: What ``compare`` writes into its ``--out``: the cells' run directories and the report.
 COMPARE_LOCK = "compare.lock"
 """Held by the one ``compare`` writing a directory, for the whole call."""
@@ -344,226 +284,6 @@ def check_compare_dir(out: str | Path) -> None:
             "new or empty directory or an earlier comparison's (runs/ and its report); choose "
             "another --out"
         )
-
-
-def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> list[CellPlan]:
-    """Decide, before anything runs, what to do with each cell of a grid written into ``out``.
-
-    Raises
-    ------
-    StaleCellError
-        If a cell's directory holds a run with another configuration, or one whose files fail
-        the checks of ``--resume``, and ``overwrite`` is false; the message names the cell and
-        the first differing key and both values, or the check.
-    ValueError
-        If a cell's stored ``config.toml`` cannot be read (and ``overwrite`` is false), its
-        run directory is not a directory, or a cell to be run asks the ``flower`` engine for
-        client resources this machine does not have
-        (:func:`~fedprivopt.simulation.engines.check_flower_resources`).
-    """
-    from fedprivopt.simulation.engines import check_flower_resources
-    from fedprivopt.simulation.files import CONFIG_FILE, check_config_not_empty, check_run_files
-    from fedprivopt.simulation.rundir import check_claimable
-
-    plans = []
-    for cell in cells:
-        run_dir = Path(out) / "runs" / cell.label
-        if run_dir.exists() and not run_dir.is_dir():
-            raise ValueError(f"cell {cell.label}: {run_dir} exists and is not a directory")
-        try:
-            check_run_files(run_dir)  # a FIFO would hang the checks, a device fill memory
-        except ValueError as exc:
-            raise ValueError(f"cell {cell.label}: {exc}") from None
-        if not (run_dir / CONFIG_FILE).exists():
-            plans.append(CellPlan(cell, run_dir, RUN))
-            continue
-        hint = "pass --overwrite to rerun it, or choose another --out"
-        try:
-            check_config_not_empty(run_dir / CONFIG_FILE)  # not "every key its default"
-            stored = load_config(run_dir / CONFIG_FILE)
-        except (ValueError, OSError, RecursionError) as exc:
-            if not overwrite:
-                raise ValueError(
-                    f"cell {cell.label}: its {CONFIG_FILE} in {run_dir} cannot be read "
-                    f"({type(exc).__name__}: {exc}); {hint}"
-                ) from None
-            _check_recognisable(cell, run_dir)
-            plans.append(
-                CellPlan(cell, run_dir, RERUN, f"the earlier run had an unreadable {CONFIG_FILE}")
-            )
-            continue
-        diff = first_difference(stored, cell.config)
-        if diff is None:
-            plans.append(_audited(cell, run_dir, overwrite=overwrite, hint=hint))
-            continue
-        key, old, new = diff
-        if not overwrite:
-            raise StaleCellError(
-                f"cell {cell.label}: {run_dir} holds a run made with {key} = {_as_toml(old)}, "
-                f"this call asks for {_as_toml(new)} (the first differing key); {hint}"
-            )
-        plans.append(CellPlan(cell, run_dir, RERUN, f"the earlier run had {key} = {_as_toml(old)}"))
-    for plan in plans:
-        if plan.action != REUSE and plan.run_dir.is_symlink():
-            # sixth review of issue 15: --overwrite replaced a run the link pointed at, outside
-            # --out; a linked finished run may still be reused (read only)
-            raise ValueError(
-                f"cell {plan.cell.label}: {plan.run_dir} is a symbolic link (to "
-                f"{os.readlink(plan.run_dir)}); a compare writes only inside --out: remove the "
-                "link or choose another --out"
-            )
-        if plan.action in (RUN, RERUN) and plan.run_dir.is_dir():
-            # ninth review of issue 15 (N9): a stranger's file in a cell was found only when
-            # its run started, after the progress line of the cell was printed
-            try:
-                check_claimable(plan.run_dir, overwrite=plan.action == RERUN)
-            except ValueError as exc:
-                raise ValueError(f"cell {plan.cell.label}: {exc}") from None
-        if plan.action != REUSE:  # a reused run starts no engine
-            try:
-                check_flower_resources(plan.cell.config)
-            except ValueError as exc:
-                raise ValueError(f"cell {plan.cell.label}: {exc}") from None
-    _check_clusters([plan.cell for plan in plans if plan.action != REUSE])
-    return plans
-
-
-def _check_clusters(cells: Sequence[Cell]) -> None:
-    """Refuse cells that would join a Ray cluster where no head answers (each address once).
-
-    Twenty-first review of issue 15: the check was made only when a cell's run joined, so a
-    tuning's every trial "failed" on it and ``tune`` ended with rc 0 and an ε for a tuning that
-    trained nothing, and ``compare`` stopped after its first cell's progress line.
-    """
-    from fedprivopt.simulation.cluster import check_reachable
-    from fedprivopt.simulation.cluster_config import check_cluster_config
-
-    seen: set[tuple[str, str]] = set()
-    for cell in cells:
-        try:
-            joined = check_cluster_config(cell.config)
-            if joined is not None and joined not in seen:
-                seen.add(joined)
-                check_reachable(*joined)
-        except ValueError as exc:
-            raise ValueError(f"cell {cell.label}: {exc}") from None
-
-
-def _check_recognisable(cell: Cell, run_dir: Path) -> None:
-    """Refuse to rerun a cell whose unreadable ``config.toml`` sits beside files of no run.
-
-    File names alone do not make a directory a run (issue 15, ninth review, N11): beside an
-    unreadable ``config.toml``, other files are replaced only when a ledger or a checkpoint
-    shows that a run wrote there.
-    """
-    from fedprivopt.simulation.files import (
-        CHECKPOINT,
-        CONFIG_FILE,
-        LEDGER_FILE,
-        LOCK_FILE,
-        PREVIOUS_CHECKPOINT,
-    )
-
-    others = set(os.listdir(run_dir)) - {CONFIG_FILE, CONFIG_FILE + ".tmp", LOCK_FILE}
-    if others and not any(
-        (run_dir / name).is_file() for name in (LEDGER_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT)
-    ):
-        raise ValueError(
-            f"cell {cell.label}: {run_dir} holds an unreadable {CONFIG_FILE} and "
-            f"{', '.join(sorted(others)[:3])} but no ledger or checkpoint: not recognisably a "
-            "run, so --overwrite does not replace it; remove it or choose another --out"
-        )
-
-
-def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPlan:
-    """Reuse, resume or (``overwrite``) rerun a cell whose stored configuration is its own.
-
-    The run's files get every check of ``--resume``, under the run directory's lock, and may
-    show no more rounds released than the cell asks for; a run another process is writing is
-    refused, also with ``overwrite``.
-    """
-    from fedprivopt.simulation.audit import audit_run_dir
-
-    try:
-        with lock_run_dir(run_dir):
-            run = audit_run_dir(run_dir, cell.task, engine=False)
-        _check_rounds(run, cell)
-        _check_tuning_plan(run, cell)
-        if run.unfinished() is not None:  # to be resumed: refused when planned, not when run
-            check_appended_not_linked(run_dir)
-    except LockHeldError as exc:
-        raise ValueError(f"cell {cell.label}: {exc}") from None
-    except ValueError as exc:
-        if not overwrite:
-            raise StaleCellError(
-                f"cell {cell.label}: its earlier run fails the checks of --resume: {exc}; {hint}"
-            ) from None
-        why = f"the earlier run failed the checks of --resume ({exc})"
-        return CellPlan(cell, run_dir, RERUN, why)
-    why = run.unfinished()
-    start = run.alg.round_num if run.checkpoint is not None else 0
-    return CellPlan(cell, run_dir, REUSE if why is None else RESUME, why or "", start)
-
-
-def _check_rounds(run, cell: Cell) -> None:
-    """Refuse a run whose files show more rounds released than ``cell`` asks for."""
-    rounds = cell.config.strategy.num_server_rounds
-    released = max(run.last_released, run.alg.round_num)
-    if released > rounds:  # config.toml edited down after
-        raise ValueError(
-            f"its files show rounds up to {released} released, more than the "
-            f"num-server-rounds = {rounds} of this cell"
-        )
-
-
-def _check_tuning_plan(run, cell: Cell) -> None:
-    """Refuse a tuning's trial whose ledger names another plan than the cell's (or none).
-
-    A ``compare`` cell (no plan) may not be a tuning's trial (copied or linked there).
-    """
-    if cell.tuning_plan is None:
-        run.refuse_trial()
-    elif run.ledger is not None:
-        run.ledger.check_tuning_plan(cell.tuning_plan)
-
-
-def load_cell(plan: CellPlan):
-    """The finished run of ``plan``'s cell, checked again under its lock as it is read.
-
-    The plan checked a reused cell before the grid ran, and other cells ran since: a run
-    directory replaced or resumed meanwhile (by another terminal, or while ``compare`` was
-    suspended) must not be reported as the cell's. So every cell, reused or just run, is read
-    holding its lock, after its configuration is compared with the cell's again and its files
-    pass every check of ``--resume`` and show a finished run.
-
-    Raises
-    ------
-    ValueError
-        Naming the cell and what changed.
-    """
-    from fedprivopt.simulation.audit import audit_run_dir
-    from fedprivopt.simulation.files import CONFIG_FILE
-    from fedprivopt.simulation.rundata import load_run
-
-    cell = plan.cell
-    try:
-        with lock_run_dir(plan.run_dir):
-            diff = first_difference(load_config(plan.run_dir / CONFIG_FILE), cell.config)
-            if diff is not None:
-                key, old, new = diff
-                raise ValueError(f"its run has {key} = {_short(old)}, the cell {_short(new)}")
-            run = audit_run_dir(plan.run_dir, cell.task, engine=False)
-            _check_rounds(run, cell)
-            _check_tuning_plan(run, cell)
-            why = run.unfinished()
-            if why is not None:
-                raise ValueError(f"it is not finished: {why}")
-            return load_run(plan.run_dir)
-    except (LockHeldError, ValueError, OSError, RecursionError) as exc:
-        raise ValueError(
-            f"cell {cell.label}: its run directory changed while this comparison ran ({exc}); "
-            "run compare again"
-        ) from None
 
 
 def run_cell(plan: CellPlan, *, progress: bool = False) -> None:

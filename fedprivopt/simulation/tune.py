@@ -502,11 +502,11 @@ def run_trials(
 ) -> list[TrialResult]:
     """Carry out every trial's :class:`~fedprivopt.simulation.cells.CellPlan` and load its result.
 
-    ``plans`` come from :func:`~fedprivopt.simulation.cells.plan_cells` over the trials' cells
+    ``plans`` come from :func:`~fedprivopt.simulation.cell_plans.plan_cells` over the trials' cells
     (run, reuse, resume or rerun under ``OUT/runs/``). An exception of a trial's run (not an
     interrupt) makes it ``failed``; the others go on.
     """
-    from fedprivopt.simulation import cells
+    from fedprivopt.simulation import cell_plans, cells
     from fedprivopt.simulation.divergence import final_status
 
     results = []
@@ -516,7 +516,7 @@ def run_trials(
         result = TrialResult(trial, "failed", origin=plan.describe())
         try:
             cells.run_cell(plan, progress=False)
-            result.run = cells.load_cell(plan)
+            result.run = cell_plans.load_cell(plan)
         except Exception as exc:  # a failed trial counts as a trial
             result.error = f"{type(exc).__name__}: {exc}"
         else:

@@ -257,7 +257,7 @@ class _Builder:
 
 def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: float, digest: str):
     """A trial's ``config.toml`` and ledger; its ledger's total (``None``: no ledger)."""
-    from fedprivopt.simulation.cells import first_difference
+    from fedprivopt.simulation.cell_plans import first_difference
     from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE
     from fedprivopt.simulation.ledger import RunLedger
 
@@ -491,7 +491,7 @@ def check_tunings(paths: Sequence[str | Path]) -> list[TunedCheck]:
     ValueError
         Naming the second directory and what it repeats or changes.
     """
-    from fedprivopt.simulation.cells import first_difference
+    from fedprivopt.simulation.cell_plans import first_difference
 
     checked: list[TunedCheck] = []
     seen: dict[Path, str] = {}

@@ -52,7 +52,7 @@ def _short(value: Any) -> str:
 
 def _base_difference(old_toml: Any, new_toml: str) -> str:
     """The first differing key of two base configurations, as one phrase."""
-    from fedprivopt.simulation.cells import first_difference
+    from fedprivopt.simulation.cell_plans import first_difference
     from fedprivopt.simulation.config import load_config
 
     if not isinstance(old_toml, str):

@@ -225,7 +225,7 @@ def check_untuned_seeds(runs: Sequence[Any]) -> None:
     ValueError
         Naming ``--untuned``, both runs and the first differing key.
     """
-    from fedprivopt.simulation.cells import first_difference
+    from fedprivopt.simulation.cell_plans import first_difference
 
     _refuse_repeated_runs(runs)
     first: dict[tuple, tuple[Any, Any]] = {}

@@ -185,7 +185,7 @@ def test_compare_rejects_repeated_strategies_and_noise_multipliers(tmp_path, cap
 
 def test_a_stored_config_equals_the_config_it_was_written_from(tmp_path):
     """Reuse depends on it: every preset x strategy round-trips through config.toml unchanged."""
-    from fedprivopt.simulation.cells import first_difference
+    from fedprivopt.simulation.cell_plans import first_difference
     from fedprivopt.simulation.config import config_to_toml, load_config
     from fedprivopt.strategies import STRATEGIES
 

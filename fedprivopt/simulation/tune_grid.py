@@ -305,17 +305,29 @@ def idle_phase_keys(strategy_config: Any) -> tuple[frozenset[str], str]:
     -------
     tuple of (frozenset of str, str)
         DP2's adaptive-phase options when ``dp2-s1 >= num-server-rounds`` (every round is an
-        SGD round), with the reason; empty otherwise.
+        SGD round); Adam's ``beta1`` and ``beta2`` in a one-round run of a bias-corrected
+        (standard flavor) Adam, whose first step is ``m̂/(√v̂ + τ)`` with ``m̂ = Δ̃`` and
+        ``v̂ = Δ̃²`` whatever the decays (thirty-seventh review of issue 15, finding 2); with the
+        reason. Empty otherwise.
     """
     options = strategy_config.options
     s1, rounds = getattr(options, "dp2_s1", None), strategy_config.num_server_rounds
-    if s1 is None or s1 < rounds:
-        return frozenset(), ""
-    why = (
-        f"with dp2-s1 = {s1} and {rounds} round{'s' if rounds != 1 else ''} no adaptive round "
-        "runs; raise --rounds above dp2-s1 or lower dp2-s1"
+    if s1 is not None and s1 >= rounds:
+        why = (
+            f"with dp2-s1 = {s1} and {rounds} round{'s' if rounds != 1 else ''} no adaptive "
+            "round runs; raise --rounds above dp2-s1 or lower dp2-s1"
+        )
+        return _DP2_ADAPTIVE, why
+    bias_corrected = getattr(options, "adam_flavor", "standard") == "standard" and getattr(
+        options, "bias_correction", True
     )
-    return _DP2_ADAPTIVE, why
+    if rounds == 1 and hasattr(options, "beta2") and bias_corrected:
+        why = (
+            "in one round the bias-corrected Adam step does not depend on beta1 or beta2 (its "
+            "corrected moments are the round's update and its square); tune over more rounds"
+        )
+        return frozenset({"beta1", "beta2"}), why
+    return frozenset(), ""
 
 
 def check_point_effect(point: Mapping[str, Any], strategy_config: Any) -> None:

@@ -11,6 +11,17 @@
    num-server-rounds`` is refused: rc 2, "argument --grid: 'dp2-learning-rate' changes nothing
    in a run of dp2: with dp2-s1 = 2 and 2 rounds no adaptive round runs; raise --rounds above
    dp2-s1 or lower dp2-s1" (``tune_grid.idle_phase_keys``). With 3 rounds the grid runs.
+   ``test_seventeenth_review.test_1_tune_grid_key_with_effect_still_runs`` (a grid over
+   ``dp2-scale-by-preconditioner`` at 1 round, which changed nothing) now runs 2 rounds with
+   ``dp2-s1 = 1``.
+2. ``tune toy.toml --strategy dp-fedadam --grid beta2=0.5,0.99 --rounds 1 --mean-trials 1
+   --seed 1`` (also ``beta1``, ``dp-fedadam-bc``, ``fedadam``): rc 0 and a "best" ``beta2``,
+   though the first step of a bias-corrected Adam is ``m̂/(√v̂ + τ)`` with ``m̂ = Δ̃`` and
+   ``v̂ = Δ̃²`` whatever the decays (``simulate --set beta2=0.5`` and ``0.99`` at one round:
+   the same accuracy 0.4433 and eval loss 1.08508). Now refused in one round: "argument --grid:
+   'beta2' changes nothing in a run of dp-fedadam: in one round the bias-corrected Adam step
+   does not depend on beta1 or beta2 …; tune over more rounds". Flower's flavor (whose step
+   keeps a ``√(1-β2)`` beside τ) and ``bias-correction = false`` still tune them.
 """
 
 from __future__ import annotations
@@ -62,3 +73,29 @@ def test_1_adaptive_keys_count_once_an_adaptive_round_runs():
     check_point_effect({"max-noise-step": 1.0}, two)  # SGD rounds use it
     with pytest.raises(ValueError, match="dp2-s2"):
         check_point_effect({"dp2-s2": 3}, two)
+
+
+# -- finding 2: Adam's decays change nothing in one bias-corrected round ----------------------
+
+
+def test_2_adam_decays_in_one_round_refused(tmp_path, capsys):
+    argv = ["tune", str(TOY), "--strategy", "dp-fedadam", "--grid", "beta2=0.5,0.99",
+            "--rounds", "1", "--mean-trials", "1", "--seed", "1", "--out",
+            str(tmp_path / "t"), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    err = _error(capsys)
+    assert "'beta2' changes nothing in a run of dp-fedadam: in one round" in err, err
+    assert not (tmp_path / "t").exists()
+
+
+def test_2_adam_decays_count_where_they_act():
+    def strategy(name, rounds, **more):
+        overrides = {"strategy": name, "num-server-rounds": rounds, **more}
+        return load_config(TOY, overrides).strategy
+
+    with pytest.raises(ValueError, match="'beta1' changes nothing in a run of dp-fedadam-bc"):
+        check_point_effect({"beta1": 0.5}, strategy("dp-fedadam-bc", 1))
+    check_point_effect({"beta2": 0.5}, strategy("dp-fedadam", 2))
+    check_point_effect({"beta2": 0.5}, strategy("dp-fedadam", 1, **{"adam-flavor": "flower"}))
+    check_point_effect({"beta2": 0.5}, strategy("fedadam", 1, **{"bias-correction": False}))
+    check_point_effect({"tau": 0.5}, strategy("dp-fedadam", 1))

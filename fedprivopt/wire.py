@@ -16,11 +16,12 @@ Messages
     reply ``MetricRecord`` :data:`USERS_RECORD` ``{USER_IDS: [int, ...]}``.
 **train**
     content ``ArrayRecord`` :data:`ARRAYS_RECORD` (the global state dict), optional
-    ``ArrayRecord`` :data:`PRECONDITIONER_RECORD` with one flat float32 array
-    :data:`PRECONDITIONER_ARRAY`, ``ConfigRecord`` :data:`CONFIG_RECORD`
+    ``ArrayRecord`` :data:`PRECONDITIONER_RECORD` with one flat array
+    :data:`PRECONDITIONER_ARRAY` (in its own dtype), ``ConfigRecord`` :data:`CONFIG_RECORD`
     (:func:`encode_train_config`) →
-    reply: per trained user ``u`` an ``ArrayRecord`` ``update_key(u)`` with one flat float32
-    array :data:`DELTA_ARRAY` (and, when :data:`CLIP_BIT` was true, a one-element float64
+    reply: per trained user ``u`` an ``ArrayRecord`` ``update_key(u)`` with one flat array
+    :data:`DELTA_ARRAY` in the dtype of the model as one vector (float64 if any entry is, else
+    float32) (and, when :data:`CLIP_BIT` was true, a one-element float64
     array :data:`CLIP_BIT_ARRAY`: the user's clip bit, or in distributed-noise mode its noised
     centred share), and ``MetricRecord`` :data:`TRAIN_METRICS` with
     :data:`USERS_TRAINED` and :data:`USERS_REJECTED` (users not hosted by the node) and, only if
@@ -321,7 +322,7 @@ def check_user_ids(name: str, ids: object) -> tuple[int, ...]:
 
 
 def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
-    """Map user id → flat float32 delta from the content of a train reply."""
+    """Map user id → flat delta (as sent) from the content of a train reply."""
     out: dict[int, np.ndarray] = {}
     for key, record in content.array_records.items():
         user = parse_update_key(key)

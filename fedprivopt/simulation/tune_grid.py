@@ -293,6 +293,12 @@ _DP2_ADAPTIVE = frozenset(
 )
 
 
+# ADADP's rate rule: it sets the rate of the rounds after the first (finding 3 of the same review).
+_ADADP_RATE_RULE = frozenset(
+    {"adadp-alpha-min", "adadp-alpha-max", "adadp-safety", "adadp-error-exponent"}
+)
+
+
 def idle_phase_keys(strategy_config: Any) -> tuple[frozenset[str], str]:
     """The options of a phase that no round of the run reaches, and why.
 
@@ -307,8 +313,8 @@ def idle_phase_keys(strategy_config: Any) -> tuple[frozenset[str], str]:
         DP2's adaptive-phase options when ``dp2-s1 >= num-server-rounds`` (every round is an
         SGD round); Adam's ``beta1`` and ``beta2`` in a one-round run of a bias-corrected
         (standard flavor) Adam, whose first step is ``m̂/(√v̂ + τ)`` with ``m̂ = Δ̃`` and
-        ``v̂ = Δ̃²`` whatever the decays (thirty-seventh review of issue 15, finding 2); with the
-        reason. Empty otherwise.
+        ``v̂ = Δ̃²`` whatever the decays (thirty-seventh review of issue 15, finding 2); ADADP's
+        rate rule in a one-round run (finding 3); with the reason. Empty otherwise.
     """
     options = strategy_config.options
     s1, rounds = getattr(options, "dp2_s1", None), strategy_config.num_server_rounds
@@ -327,6 +333,12 @@ def idle_phase_keys(strategy_config: Any) -> tuple[frozenset[str], str]:
             "corrected moments are the round's update and its square); tune over more rounds"
         )
         return frozenset({"beta1", "beta2"}), why
+    if rounds == 1 and hasattr(options, "adadp_alpha_max"):
+        why = (
+            "in one round ADADP's rate rule only sets the next round's rate (of its options "
+            "only adadp-tolerance acts in the first round); tune over more rounds"
+        )
+        return _ADADP_RATE_RULE, why
     return frozenset(), ""
 
 

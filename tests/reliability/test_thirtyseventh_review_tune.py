@@ -22,6 +22,12 @@
    'beta2' changes nothing in a run of dp-fedadam: in one round the bias-corrected Adam step
    does not depend on beta1 or beta2 …; tune over more rounds". Flower's flavor (whose step
    keeps a ``√(1-β2)`` beside τ) and ``bias-correction = false`` still tune them.
+3. ``tune toy.toml --strategy dp-fedavg-adadp --grid adadp-safety=0.1,0.9 --rounds 1`` (also
+   ``adadp-alpha-min``, ``adadp-alpha-max``, ``adadp-error-exponent``): rc 0 and a "best"
+   safety factor, though the rate rule only sets the next round's rate (``simulate --set
+   adadp-safety=0.1`` and ``0.9``, ``adadp-alpha-max=1.01`` and ``3`` at one round: the same
+   accuracy 0.5133 and eval loss 0.98036). Now refused in one round; ``adadp-tolerance``, which
+   accepts or rejects the first round (accuracy 0.3733 at 1e-6, 0.5133 at 100), still tunes.
 """
 
 from __future__ import annotations
@@ -99,3 +105,18 @@ def test_2_adam_decays_count_where_they_act():
     check_point_effect({"beta2": 0.5}, strategy("dp-fedadam", 1, **{"adam-flavor": "flower"}))
     check_point_effect({"beta2": 0.5}, strategy("fedadam", 1, **{"bias-correction": False}))
     check_point_effect({"tau": 0.5}, strategy("dp-fedadam", 1))
+
+
+# -- finding 3: ADADP's rate rule changes nothing in one round --------------------------------
+
+
+def test_3_adadp_rate_rule_in_one_round_refused():
+    one = load_config(TOY, {"strategy": "dp-fedavg-adadp", "num-server-rounds": 1}).strategy
+    rule = {"adadp-safety": 0.5, "adadp-alpha-max": 2.0, "adadp-alpha-min": 0.5,
+            "adadp-error-exponent": 0.25}  # fmt: skip
+    for key, value in rule.items():
+        with pytest.raises(ValueError, match=f"'{key}' changes nothing in a run of dp-fedavg"):
+            check_point_effect({key: value}, one)
+    check_point_effect({"adadp-tolerance": 0.5}, one)
+    two = load_config(TOY, {"strategy": "dp-fedavg-adadp", "num-server-rounds": 2}).strategy
+    check_point_effect({"adadp-safety": 0.5}, two)

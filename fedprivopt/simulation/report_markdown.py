@@ -17,7 +17,7 @@ from typing import Any
 
 from fedprivopt.simulation.report_plots import pretty_metric
 from fedprivopt.simulation.rundata import RunData
-from fedprivopt.simulation.rundata_aggregate import Selection
+from fedprivopt.simulation.rundata_aggregate import Selection, accountants_differ
 
 __all__ = ["markdown", "rounds_text", "table_cell"]
 
@@ -248,11 +248,15 @@ def markdown(
         " s/round |",
         "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * loss + "---:|",
     ]
+    named = accountants_differ(rows)  # each ε cell names its accountant (finding 1)
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
         seeds_cell = _seeds_cell(n, n_ok, r["diverged"], r.get("n_budget", 0))
+        eps = _fmt_eps(r["epsilon"])
+        if named and r.get("accountants") and math.isfinite(r["epsilon"]):
+            eps += f" ({', '.join(r['accountants'])})"
         cells = [
-            r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, _fmt_eps(r["epsilon"]),
+            r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, eps,
             _fmt(r["delta"], 3), rounds_text(r), _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
             *[_fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n)] * loss,
             _fmt(r["seconds_per_round"], 3),

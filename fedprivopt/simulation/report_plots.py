@@ -25,6 +25,7 @@ import numpy as np
 from fedprivopt.simulation.rundata import RunData
 from fedprivopt.simulation.rundata_aggregate import (
     Selection,
+    accountants_differ,
     aggregate_with_notes,
     group_runs,
     mean_std,
@@ -328,6 +329,8 @@ def draw_privacy_utility(
         ax.text(0.5, 0.05, "no private runs", transform=ax.transAxes, ha="center", alpha=0.6)
     deltas = sorted({r["delta"] for r in private})
     at = f"at δ={deltas[0]:g}" if len(deltas) == 1 else "δ differs between runs; see the table"
+    if accountants_differ(private):  # thirty-seventh review (reports, finding 1)
+        at += "; accountants differ between runs, not comparable; see the table"
     ax.set_xlabel(f"ε ({at})")
     shown = plot_text(pretty_metric(metric))
     ax.set_ylabel(f"final {shown}")

@@ -76,7 +76,8 @@ def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> lis
         ``seconds_per_round`` (mean over seeds), ``stopped_reasons``, ``n_budget`` (seeds whose
         privacy budget stopped them before their last round) and ``diverged``: the
         ``(seed, round)`` of each seed whose model or an evaluation became non-finite
-        (:meth:`RunData.diverged`; its final values describe an overflowed model).
+        (:meth:`RunData.diverged`; its final values describe an overflowed model), and
+        ``accountants`` (the configured accountants of its private seeds, sorted).
     """
     rows, notes = aggregate_with_notes(runs, metric)
     warn_all(notes)
@@ -206,8 +207,48 @@ def aggregate_with_notes(
             "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
             "n_budget": sum(run.summary.get("stopped_reason") == "budget" for run in group),
             "diverged": diverged,
+            "accountants": _accountants(group),
         })  # fmt: skip
-    return rows, notes
+    return rows, notes + accountants_note(rows)
+
+
+def _accountants(group: Sequence[RunData]) -> list[str]:
+    """The accountants configured for the private runs of ``group`` (finite ε), sorted."""
+    found = {(run.summary.get("config") or {}).get("accountant") for run in group
+             if math.isfinite(run.epsilon)}  # fmt: skip
+    return sorted(str(a) for a in found if a is not None)
+
+
+def accountants_differ(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether the private rows' ε come from more than one accountant."""
+    return len({a for r in rows for a in r.get("accountants", ())}) > 1
+
+
+def accountants_note(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A note when the rows' ε were composed by different accountants (else nothing).
+
+    Thirty-seventh review of issue 15 (reports, finding 1): ``compare toy.toml --strategies
+    dp-fedavg,dp-fedadam --rounds 2`` with ``accountant = "pld"`` in the preset's
+    ``[strategies.dp-fedadam]`` reported dp-fedadam at ε 8.961 beside dp-fedavg at 10.28: the
+    same σ, sampling and rounds (the same privacy loss), bounded by two accountants, and the
+    privacy–utility plot set dp-fedadam to the left, as if it had spent less; only "accountant:
+    varies (see the runs)" under the privacy parameters said anything.
+    """
+    if not accountants_differ(rows):
+        return []
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        for accountant in r.get("accountants", ()):
+            by.setdefault(accountant, []).append(f"{r['strategy']} σ={r['noise_multiplier']:g}")
+    which = "; ".join(
+        f"{a}: {', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''}"
+        for a, labels in sorted(by.items())
+    )
+    return [
+        f"the rows' epsilons come from different accountants ({which}): one privacy loss is "
+        "bounded differently by each, so their epsilons are not comparable (the Summary names "
+        "each row's accountant); compare with one accountant to compare at equal epsilon"
+    ]
 
 
 def _not_seeds_alone(strategy: str, sigma: float, group: Sequence[RunData]) -> list[str]:

@@ -299,8 +299,8 @@ _ADADP_RATE_RULE = frozenset(
 )
 
 
-def idle_phase_keys(strategy_config: Any) -> tuple[frozenset[str], str]:
-    """The options of a phase that no round of the run reaches, and why.
+def idle_phase_keys(strategy_config: Any) -> dict[str, str]:
+    """The options of a phase that no round of the run reaches, each with why.
 
     Parameters
     ----------
@@ -309,37 +309,47 @@ def idle_phase_keys(strategy_config: Any) -> tuple[frozenset[str], str]:
 
     Returns
     -------
-    tuple of (frozenset of str, str)
+    dict of str to str
         DP2's adaptive-phase options when ``dp2-s1 >= num-server-rounds`` (every round is an
         SGD round); Adam's ``beta1`` and ``beta2`` in a one-round run of a bias-corrected
         (standard flavor) Adam, whose first step is ``m̂/(√v̂ + τ)`` with ``m̂ = Δ̃`` and
         ``v̂ = Δ̃²`` whatever the decays (thirty-seventh review of issue 15, finding 2); ADADP's
-        rate rule in a one-round run (finding 3); with the reason. Empty otherwise.
+        rate rule (finding 3) and adaptive clipping's ``clip-quantile`` and
+        ``clip-learning-rate`` (finding 4), which set the next round's rate or clip norm, in a
+        one-round run. Empty otherwise.
     """
-    options = strategy_config.options
+    options, idle = strategy_config.options, {}
     s1, rounds = getattr(options, "dp2_s1", None), strategy_config.num_server_rounds
     if s1 is not None and s1 >= rounds:
         why = (
             f"with dp2-s1 = {s1} and {rounds} round{'s' if rounds != 1 else ''} no adaptive "
             "round runs; raise --rounds above dp2-s1 or lower dp2-s1"
         )
-        return _DP2_ADAPTIVE, why
+        idle.update(dict.fromkeys(_DP2_ADAPTIVE, why))
+    if rounds != 1:
+        return idle
     bias_corrected = getattr(options, "adam_flavor", "standard") == "standard" and getattr(
         options, "bias_correction", True
     )
-    if rounds == 1 and hasattr(options, "beta2") and bias_corrected:
+    if hasattr(options, "beta2") and bias_corrected:
         why = (
             "in one round the bias-corrected Adam step does not depend on beta1 or beta2 (its "
             "corrected moments are the round's update and its square); tune over more rounds"
         )
-        return frozenset({"beta1", "beta2"}), why
-    if rounds == 1 and hasattr(options, "adadp_alpha_max"):
+        idle.update(dict.fromkeys(("beta1", "beta2"), why))
+    if hasattr(options, "adadp_alpha_max"):
         why = (
             "in one round ADADP's rate rule only sets the next round's rate (of its options "
             "only adadp-tolerance acts in the first round); tune over more rounds"
         )
-        return _ADADP_RATE_RULE, why
-    return frozenset(), ""
+        idle.update(dict.fromkeys(_ADADP_RATE_RULE, why))
+    if strategy_config.adaptive_clipping:
+        why = (
+            "in one round adaptive clipping only sets the next round's clip norm (the first "
+            "round clips at clip-norm); tune over more rounds"
+        )
+        idle.update(dict.fromkeys(("clip-quantile", "clip-learning-rate"), why))
+    return idle
 
 
 def check_point_effect(point: Mapping[str, Any], strategy_config: Any) -> None:
@@ -355,7 +365,7 @@ def check_point_effect(point: Mapping[str, Any], strategy_config: Any) -> None:
         Naming ``--grid``, the key and the strategy.
     """
     ignored = keys_without_effect(strategy_config)
-    idle, why = idle_phase_keys(strategy_config)
+    idle = idle_phase_keys(strategy_config)
     strategy = strategy_config.strategy
     for key, value in point.items():
         names = keys_set_for(key, [value], strategy)
@@ -364,7 +374,8 @@ def check_point_effect(point: Mapping[str, Any], strategy_config: Any) -> None:
                 f"argument --grid: {shown(key)} changes nothing in a run of {strategy} (it "
                 "does not use that option); tune a key the tuned strategy uses"
             )
-        if names and names <= ignored | idle:
+        if names and names <= ignored | idle.keys():
+            why = next(idle[name] for name in sorted(names) if name in idle)
             raise ValueError(
                 f"argument --grid: {shown(key)} changes nothing in a run of {strategy}: {why}"
             )

@@ -28,6 +28,12 @@
    adadp-safety=0.1`` and ``0.9``, ``adadp-alpha-max=1.01`` and ``3`` at one round: the same
    accuracy 0.5133 and eval loss 0.98036). Now refused in one round; ``adadp-tolerance``, which
    accepts or rejects the first round (accuracy 0.3733 at 1e-6, 0.5133 at 100), still tunes.
+4. ``tune toy.toml --set adaptive-clipping=true --grid clip-quantile=0.1,0.9 --rounds 1`` (also
+   ``clip-learning-rate``): rc 0 and a "best" quantile, though the first round clips at
+   ``clip-norm`` and the rule only sets the next round's clip norm (``simulate`` at 0.1 and
+   0.9, and ``clip-learning-rate`` 0.01 and 5: accuracy 0.5333, eval loss 0.96602 all four).
+   Now refused in one round (``clip-count-stddev``, which splits the noise, still tunes).
+   ``idle_phase_keys`` now maps each idle key to its reason.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ def test_1_compare_tune_grid_refuses_it_too(tmp_path, capsys):
 
 def test_1_adaptive_keys_count_once_an_adaptive_round_runs():
     three = load_config(TOY, {"strategy": "dp2", "num-server-rounds": 3}).strategy
-    assert idle_phase_keys(three) == (frozenset(), "")
+    assert idle_phase_keys(three) == {}
     check_point_effect({"dp2-learning-rate": 5}, three)  # no refusal
     two = load_config(TOY, {"strategy": "dp2", "num-server-rounds": 2}).strategy
     check_point_effect({"dp2-s1": 1}, two)  # the phase length itself is tuned
@@ -120,3 +126,19 @@ def test_3_adadp_rate_rule_in_one_round_refused():
     check_point_effect({"adadp-tolerance": 0.5}, one)
     two = load_config(TOY, {"strategy": "dp-fedavg-adadp", "num-server-rounds": 2}).strategy
     check_point_effect({"adadp-safety": 0.5}, two)
+
+
+# -- finding 4: adaptive clipping's rule changes nothing in one round -------------------------
+
+
+def test_4_adaptive_clipping_rule_in_one_round_refused(tmp_path, capsys):
+    argv = ["tune", str(TOY), "--set", "adaptive-clipping=true", "--grid",
+            "clip-quantile=0.1,0.9", "--rounds", "1", "--mean-trials", "1", "--seed", "1",
+            "--out", str(tmp_path / "t"), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    err = _error(capsys)
+    assert "'clip-quantile' changes nothing in a run of dp-fedavg: in one round adaptive" in err
+    two = load_config(TOY, {"adaptive-clipping": True, "num-server-rounds": 2}).strategy
+    check_point_effect({"clip-learning-rate": 1.0}, two)
+    one = load_config(TOY, {"adaptive-clipping": True, "num-server-rounds": 1}).strategy
+    check_point_effect({"clip-count-stddev": 1.0}, one)

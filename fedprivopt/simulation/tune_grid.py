@@ -315,8 +315,9 @@ def idle_phase_keys(strategy_config: Any) -> dict[str, str]:
         (standard flavor) Adam, whose first step is ``m̂/(√v̂ + τ)`` with ``m̂ = Δ̃`` and
         ``v̂ = Δ̃²`` whatever the decays (thirty-seventh review of issue 15, finding 2); ADADP's
         rate rule (finding 3) and adaptive clipping's ``clip-quantile`` and
-        ``clip-learning-rate`` (finding 4), which set the next round's rate or clip norm, in a
-        one-round run. Empty otherwise.
+        ``clip-learning-rate`` (finding 4), which set the next round's rate or clip norm, and
+        ``server-momentum`` without ``max-noise-step`` (finding 5), in a one-round run. Empty
+        otherwise.
     """
     options, idle = strategy_config.options, {}
     s1, rounds = getattr(options, "dp2_s1", None), strategy_config.num_server_rounds
@@ -343,6 +344,13 @@ def idle_phase_keys(strategy_config: Any) -> dict[str, str]:
             "only adadp-tolerance acts in the first round); tune over more rounds"
         )
         idle.update(dict.fromkeys(_ADADP_RATE_RULE, why))
+    if getattr(options, "server_momentum", None) is not None and options.max_noise_step is None:
+        why = (
+            "in one round the heavy-ball step is the rate times the round's update whatever "
+            "server-momentum is (it acts from the second round, or through max-noise-step); "
+            "tune over more rounds"
+        )
+        idle["server-momentum"] = why
     if strategy_config.adaptive_clipping:
         why = (
             "in one round adaptive clipping only sets the next round's clip norm (the first "

@@ -34,6 +34,10 @@
    0.9, and ``clip-learning-rate`` 0.01 and 5: accuracy 0.5333, eval loss 0.96602 all four).
    Now refused in one round (``clip-count-stddev``, which splits the noise, still tunes).
    ``idle_phase_keys`` now maps each idle key to its reason.
+5. ``tune toy.toml --grid server-momentum=0,0.9 --rounds 1`` (dp-fedavg; adadps and fedavg
+   alike): rc 0 and a "best" momentum, though the first heavy-ball step is ``η_s Δ̃`` whatever
+   ``β`` is (``simulate`` at 0 and 0.9: accuracy 0.5233, eval loss 0.96983 both). Now refused in
+   one round unless ``max-noise-step`` is set (its rate bound ``κ(1-β)/√Φ`` reads ``β``).
 """
 
 from __future__ import annotations
@@ -142,3 +146,17 @@ def test_4_adaptive_clipping_rule_in_one_round_refused(tmp_path, capsys):
     check_point_effect({"clip-learning-rate": 1.0}, two)
     one = load_config(TOY, {"adaptive-clipping": True, "num-server-rounds": 1}).strategy
     check_point_effect({"clip-count-stddev": 1.0}, one)
+
+
+# -- finding 5: server momentum changes nothing in one round ----------------------------------
+
+
+def test_5_server_momentum_in_one_round_refused():
+    one = load_config(TOY, {"num-server-rounds": 1}).strategy
+    with pytest.raises(ValueError, match="'server-momentum' changes nothing in a run of dp-fedavg"):
+        check_point_effect({"server-momentum": 0.9}, one)
+    bounded = load_config(TOY, {"num-server-rounds": 1, "max-noise-step": 1.0}).strategy
+    check_point_effect({"server-momentum": 0.9}, bounded)
+    check_point_effect(
+        {"server-momentum": 0.9}, load_config(TOY, {"num-server-rounds": 2}).strategy
+    )

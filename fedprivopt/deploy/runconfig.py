@@ -217,12 +217,27 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, De
     mapping["engine"] = "flower"
     config = resolve_config(mapping)
     options = DeployOptions(
-        out=str(run_config.get("out", DeployOptions.out)),
+        out=_out_option(run_config.get("out", DeployOptions.out)),
         min_nodes=_int_option("min-nodes", run_config.get("min-nodes", 1), 1),
     )
-    if not options.out:
-        raise ValueError("out must be a directory path, got ''")
     return config, options
+
+
+def _out_option(value: Any) -> str:
+    """The run config's ``out``: a directory path, as ``--out`` takes one.
+
+    Thirty-seventh review of issue 15: ``flwr run . --run-config 'out=true'`` (also ``out=5``,
+    ``out=" "``, a line break pasted along) was taken as the text of the value: the run was
+    written into ``./True``, ``./5`` or a directory named by blanks, where every other run-config
+    key of a wrong type is refused.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"out must be a directory path (a string), got {shown(value)}")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise ValueError(f"out: the path holds a control character (a line break?): {shown(value)}")
+    if any(not part.strip() for part in Path(value).parts):
+        raise ValueError(f"out: a path component is blank: {shown(value)}")
+    return value
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -230,7 +230,7 @@ def draw_metric_vs_round(
         label += f" ({diverged} of {len(group)} diverged)" if diverged else ""
         budget = sum(run.summary.get("stopped_reason") == "budget" for run in group)
         label += f" ({budget} of {len(group)} stopped at the budget)" if budget else ""
-        label += _fewer_seeds_text(group)
+        label += _fewer_seeds_text(group, sel.metric)
         ax.plot(x, stats[:, 0], color=color, linestyle=style, linewidth=_LINEWIDTH, label=label,
                 marker=marker or ("o" if len(x) == 1 else None),
                 markevery=max(1, len(x) // 10))  # fmt: skip
@@ -264,16 +264,27 @@ def _diverged_text(row: dict[str, Any]) -> str:
     return (f", {k} of {n} diverged" if k else "") + stopped
 
 
-def _fewer_seeds_text(group: Sequence[RunData]) -> str:
+def _fewer_seeds_text(group: Sequence[RunData], metric: str) -> str:
     """`` (rounds 1–2: later rounds over fewer seeds)`` when the runs completed different numbers.
 
     Thirty-third review of issue 15 (results, finding 8): ``compare-tuned`` of a 1-round and a
     2-round released trial drew round 2 as the row's mean (one seed's value, no band) under the
-    title "mean ± 1 std over seeds", a step that looked like training.
+    title "mean ± 1 std over seeds", a step that looked like training. Thirty-seventh review
+    (reports, finding 2): seeds that completed the same rounds but evaluated different ones
+    (``eval-every`` 1 and 4, e.g. ``compare-tuned`` of two tunings, or ``write_report`` of a
+    folder of runs) drew rounds 1-3 as the row's mean, one seed's values, a peak of 0.607 beside
+    the two seeds' 0.560 at round 4, without a word: `` (some rounds evaluated by fewer seeds)``.
     """
     done = [run.rounds_completed for run in group]
     lo, hi = min(done), max(done)
-    return f" (rounds {lo}–{hi}: later rounds over fewer seeds)" if lo != hi else ""
+    if lo != hi:
+        return f" (rounds {lo}–{hi}: later rounds over fewer seeds)"
+    evaluated: dict[int, int] = {}
+    for run in group:
+        for rnd in run.curve(metric):
+            evaluated[rnd] = evaluated.get(rnd, 0) + 1
+    fewer = any(n < len(group) for n in evaluated.values())
+    return " (some rounds evaluated by fewer seeds)" if fewer else ""
 
 
 def _spread(std: float) -> float:

@@ -10,33 +10,43 @@
    parameters said anything. Now each ε cell names its accountant (``8.961 (pld)``,
    ``10.28 (rdp)``) when the rows' accountants differ, a warning (stderr and the report's
    Warnings) says their epsilons are not comparable, and the plot's ε axis says so.
+2. Seeds of one row that evaluated different rounds: ``write_report(out, load_runs(F))`` of
+   two 4-round dp-fedavg runs, seed 0 with ``eval-every`` 1 and seed 1 with 4 (also
+   ``compare-tuned T1 T2`` of two tunings made with different ``--set eval-every``; the key is
+   how a run is recorded, so the row's runs are not noted as differing): ``metric_vs_round.png``
+   drew rounds 1-3 as the row's "mean ± 1 std over seeds", seed 0's values alone (a peak of
+   0.607 beside the two seeds' 0.560 at round 4), under a legend ``dp-fedavg, σ=0.5``. The
+   legend now says ``dp-fedavg, σ=0.5 (some rounds evaluated by fewer seeds)``, as it says
+   ``(rounds 1–2: later rounds over fewer seeds)`` for seeds that completed different rounds
+   (thirty-third review, results 8).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from fedprivopt.simulation.report import write_report
+from fedprivopt.simulation.report import plot_metric_vs_round, write_report
 from fedprivopt.simulation.run import simulate
-from fedprivopt.simulation.rundata import RunWarning, load_runs
+from fedprivopt.simulation.rundata import RunWarning, load_run
+from tests.reliability.test_thirtythird_review_results import _drawn_labels
 from tests.simulation.test_run import small_config
 
 
 @pytest.fixture(scope="module")
-def two_accountants(tmp_path_factory):
-    """A folder of two 1-round runs, dp-fedavg under rdp and dp-fedadam under pld."""
-    root = tmp_path_factory.mktemp("accountants")
-    simulate(small_config(**{"num-server-rounds": 1}), root / "rdp")
-    simulate(small_config(**{"num-server-rounds": 1, "strategy": "dp-fedadam",
-                             "accountant": "pld"}), root / "pld")  # fmt: skip
-    return root
+def runs(tmp_path_factory):
+    """2-round runs: dp-fedavg seeds 0 and 1 (eval-every 1 and 2), dp-fedadam (σ 2) under pld."""
+    root = tmp_path_factory.mktemp("runs")
+    two = {"num-server-rounds": 2}
+    simulate(small_config(**two), root / "rdp")
+    simulate(small_config(**two, seed=1, **{"eval-every": 2}), root / "sparse")
+    pld = {"strategy": "dp-fedadam", "accountant": "pld", "noise-multiplier": 2.0}  # σ 2: fast
+    simulate(small_config(**two, **pld), root / "pld")
+    return {name: load_run(root / name) for name in ("rdp", "sparse", "pld")}
 
 
 # -- 1: rows of different accountants -------------------------------------------------------------
-def test_1_rows_of_different_accountants_say_their_epsilons_are_not_comparable(
-    two_accountants, tmp_path
-):
-    runs = load_runs(two_accountants)
+def test_1_rows_of_different_accountants_say_their_epsilons_are_not_comparable(runs, tmp_path):
+    runs = [runs["rdp"], runs["pld"]]
     with pytest.warns(RunWarning, match="different accountants"):
         report = write_report(tmp_path / "r", runs, title="t")
     text = report.read_text(encoding="utf-8")
@@ -44,3 +54,15 @@ def test_1_rows_of_different_accountants_say_their_epsilons_are_not_comparable(
     assert " (pld) |" in rows["dp-fedadam"] and " (rdp) |" in rows["dp-fedavg"], text
     assert "different accountants (pld: dp-fedadam σ=" in text
     assert "not comparable" in text.split("## Warnings", 1)[1]
+
+
+# -- 2: seeds of one row that evaluated different rounds ------------------------------------------
+def test_2_metric_by_round_names_rounds_evaluated_by_fewer_seeds(runs, tmp_path, monkeypatch):
+    drawn = _drawn_labels(
+        monkeypatch, lambda: plot_metric_vs_round([runs["rdp"], runs["sparse"]], tmp_path / "m.png")
+    )
+    assert drawn == ["dp-fedavg, σ=0.5 (some rounds evaluated by fewer seeds)"]
+    drawn = _drawn_labels(  # seeds that evaluated the same rounds: as before
+        monkeypatch, lambda: plot_metric_vs_round([runs["rdp"]], tmp_path / "one.png")
+    )
+    assert drawn == ["dp-fedavg, σ=0.5"]

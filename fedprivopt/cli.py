@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -22,6 +23,7 @@ __all__ = ["main"]
 
 from fedprivopt.cli_args import (
     EXIT_USAGE,
+    LIMIT_ERRNOS,
     HelpFormatter,
     Parser,
     UsageError,
@@ -188,12 +190,18 @@ def _main(argv: Sequence[str] | None) -> int:
         return stdout_failed(_command(args), exc)
     except (UsageError, ValueError, OSError) as exc:
         # OSError: a path that cannot be read, created or written (not a network failure)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOMEM and exc.filename is None:
+            if _debug():  # a fork or mmap refused (ulimit -v): this machine's memory
+                raise
+            return _out_of_memory(args, exc)
         if isinstance(exc, OSError) and not is_file_error(exc):
             raise
         if _debug():
             raise
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+        if isinstance(exc, OSError) and exc.errno in LIMIT_ERRNOS:
+            pass  # a limit of this process or system, not of the file it was opening
+        elif isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
             # a full disk while a report, CSV or plot was flushed (no file name): name where
             # the command was writing (fourteenth review of issue 15); not one raised with a
             # message of ours (no errno), which names its own file (nineteenth review, finding 6:
@@ -217,18 +225,15 @@ def _main(argv: Sequence[str] | None) -> int:
                     break
         print(one_line(f"fedprivopt {_command(args)}: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
-    except MemoryError as exc:
+    except (MemoryError, RuntimeError) as exc:
         # thirty-fifth review of issue 15 (lead 3): a run whose task (or data) needed more
-        # memory than the machine has ended in a traceback; the rounds it released are kept
-        if _debug():
+        # memory than the machine has ended in a traceback; the rounds it released are kept.
+        # Thirty-seventh review (cli, finding 3): torch's allocator says so with a RuntimeError
+        from fedprivopt.models.task_calls import out_of_memory
+
+        if _debug() or not out_of_memory(exc):
             raise
-        detail = f" ({one_line(str(exc))[:200]})" if str(exc) else ""
-        print(
-            f"fedprivopt {_command(args)}: error: this machine ran out of memory{detail}; "
-            "nothing already written is lost (FEDPRIVOPT_DEBUG=1 shows where)",
-            file=sys.stderr,
-        )
-        return 1
+        return _out_of_memory(args, exc)
     except KeyboardInterrupt as exc:
         # Ctrl-C, or SIGTERM/SIGHUP during a run (simulation.interrupt.Interrupted): every
         # process it started is stopped and what it released is kept; exit code 128 + signal
@@ -238,6 +243,17 @@ def _main(argv: Sequence[str] | None) -> int:
         print(_interrupted(_command(args), exc), file=sys.stderr)
         interrupt.reported()  # a second signal from now on ends the process without a line
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C (SIGINT)
+
+
+def _out_of_memory(args: argparse.Namespace, exc: BaseException) -> int:
+    """Report that this machine ran out of memory: one line, exit code 1."""
+    detail = f" ({one_line(str(exc))[:200]})" if str(exc) else ""
+    print(
+        f"fedprivopt {_command(args)}: error: this machine ran out of memory{detail}; "
+        "nothing already written is lost (FEDPRIVOPT_DEBUG=1 shows where)",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _within(path: object, directory: object) -> bool:

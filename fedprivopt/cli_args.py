@@ -26,6 +26,7 @@ from fedprivopt.core.text import SHOWN_CHARS, cut_middle, shown
 __all__ = [
     "DELTA",
     "EXIT_USAGE",
+    "LIMIT_ERRNOS",
     "POSITIVE",
     "RATE",
     "SEED",
@@ -264,6 +265,11 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
     """
     path = check_path_text(text, flag)
     if path.is_symlink() and not path.exists():
+        if _loops(path):  # thirty-seventh review of issue 15 (cli, finding 4): L -> L
+            raise UsageError(
+                f"argument {flag}: {shown(text)} is a symbolic link that leads back to itself "
+                f"({shown(os.readlink(path))}; too many levels of symbolic links)"
+            )
         raise UsageError(f"argument {flag}: {shown(text)} is a symbolic link to nothing")
     probe = path.absolute()
     while True:
@@ -294,6 +300,15 @@ def check_out_dir(text: str, flag: str = "--out") -> Path:
         why = "read-only file system" if on_read_only_fs(probe) else "permission denied"
         raise UsageError(f"argument {flag}: cannot write in {shown_path(probe)} ({why})")
     return path
+
+
+def _loops(path: Path) -> bool:
+    """Whether resolving symbolic link ``path`` goes round a loop (``L -> L``, ``A -> B -> A``)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
 
 
 #: Files that show a directory is a run of ours: its ledger, or its lock beside its config
@@ -335,6 +350,8 @@ def shown_path(path: object) -> str:
 
 def describe_os_error(exc: OSError) -> str:
     """One line for a file-system error: the path(s) (:func:`shown_path`) and the reason."""
+    if exc.errno in LIMIT_ERRNOS:
+        return _limit_reached(exc)
     if exc.filename is None:
         return str(exc)  # raised with a message of ours, e.g. a task's missing data files
     names = shown_path(exc.filename) + (
@@ -355,6 +372,30 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 _IO_ERRNOS = frozenset({errno.EIO})
 
 
+#: errnos of a limit of open files, whatever the call (``os.pipe`` of a worker, a socket, a file):
+#: thirty-seventh review of issue 15 (cli, finding 1; the environment reviewer's report),
+#: ``ulimit -n 20; compare … --jobs 2`` ended in a 49-line "Too many open files" traceback, rc 1
+LIMIT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def _limit_reached(exc: OSError) -> str:
+    """What a limit of open files that was reached means, and what to do (no file blamed)."""
+    if exc.errno == errno.ENFILE:
+        return (
+            "this machine's table of open files is full (ENFILE): close other programs, or "
+            "raise the system's limit (sysctl fs.file-max), then run the command again; "
+            "nothing already written is lost"
+        )
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "" if soft == resource.RLIM_INFINITY else f" ({soft})"
+    return (
+        f"too many open files: this process reached its limit of open files{limit}; raise it "
+        "(ulimit -n 4096) and run the command again; nothing already written is lost"
+    )
+
+
 def is_file_error(exc: OSError) -> bool:
     """A file-system failure (reported as one line), not a network or other OS failure."""
     return (
@@ -362,6 +403,7 @@ def is_file_error(exc: OSError) -> bool:
         or exc.filename is not None
         or exc.errno in _FULL_ERRNOS
         or exc.errno in _IO_ERRNOS
+        or exc.errno in LIMIT_ERRNOS
     )
 
 

@@ -21,6 +21,12 @@ configuration. :func:`user_examples` and :func:`minibatch_loss` now turn such an
 (:func:`raised`): the fast engine ends with that one line (exit 2) before the round is released,
 and a ClientApp answers it with a ``TASK_ERROR`` reply, on which the simulation's strategy stops
 the same way. Running out of memory is not the task's error and stays as it was.
+
+Thirty-seventh review of issue 15 (cli, finding 3; the environment reviewer's report): torch's
+CPU allocator reports a failed allocation (``ulimit -v``, a machine without the memory) as a
+``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory"), not a ``MemoryError``: a task
+member's such failure was blamed on the task, and one anywhere else ended in a traceback (rc 1).
+:func:`out_of_memory` tells every such failure, for this module and the command line.
 """
 
 from __future__ import annotations
@@ -36,7 +42,15 @@ import torch
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 
-__all__ = ["exited", "minibatch_loss", "raised", "task_call", "user_examples", "without_exit"]
+__all__ = [
+    "exited",
+    "minibatch_loss",
+    "out_of_memory",
+    "raised",
+    "task_call",
+    "user_examples",
+    "without_exit",
+]
 
 _NOT_USERS_CODE = tuple(
     {Path(__file__).resolve().parents[1]}
@@ -49,6 +63,21 @@ _NOT_USERS_CODE = tuple(
 
 _NOT_THE_TASKS = (MemoryError, torch.OutOfMemoryError, TaskError)
 """Exceptions a member's call passes on as they are: memory is the machine's, not the task's."""
+
+_ALLOCATOR_FAILED = "can't allocate memory"
+"""What torch's CPU allocator's ``RuntimeError`` says when the memory it asked for was refused."""
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says this machine (or process limit) ran out of memory.
+
+    A ``MemoryError``, torch's ``OutOfMemoryError`` (a device's memory), or the ``RuntimeError``
+    of torch's CPU allocator ("DefaultCPUAllocator: can't allocate memory: you tried to allocate
+    960000000 bytes"), which torch raises where Python would raise ``MemoryError``.
+    """
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return type(exc) is RuntimeError and _ALLOCATOR_FAILED in str(exc)
 
 
 def exited(exc: SystemExit) -> str:
@@ -99,6 +128,8 @@ def task_call(call: str, rule: str) -> Iterator[None]:
     except _NOT_THE_TASKS:
         raise
     except Exception as exc:
+        if out_of_memory(exc):
+            raise
         raise TaskError(f"{call} raised {raised(exc)}") from exc
 
 

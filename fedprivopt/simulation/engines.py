@@ -168,7 +168,10 @@ def check_flower_resources(config: RunConfig) -> None:
     ValueError
         Naming ``population`` (:func:`check_flower_nodes`, also with ``ray-address``),
         ``device``, ``ray-cpus`` (also with ``fast-actors``), ``client-cpus`` or
-        ``client-gpus`` and its valid range on this machine.
+        ``client-gpus`` and its valid range on this machine; the engine, or ``fast-actors``,
+        where this process may open too few files for Ray
+        (:func:`~fedprivopt.simulation.ray_processes.enough_open_files`, which first raises
+        the soft limit within the hard one).
     """
     check_flower_nodes(config)
     if check_cluster_config(config) is not None:
@@ -177,6 +180,9 @@ def check_flower_resources(config: RunConfig) -> None:
     machine = os.cpu_count() or 1
     if config.engine != "flower" and not config.fast_actors:
         return  # in process: no Ray
+    ray_processes.enough_open_files(
+        'engine = "flower"' if config.engine == "flower" else "fast-actors"
+    )
     if config.ray_cpus > machine:  # Ray would start a pool sized for CPUs that are not there
         zero = (
             "one CPU a shard"

@@ -439,10 +439,30 @@ def resume(
         raise ValueError(f"--resume directory {str(out)!r} {what}")
     check_run_files(out)  # a FIFO or device would hang or be read until memory runs out
     _check_config_file(out)
+    _check_writable(out)
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     check_appended_not_linked(out)
     with lock_run_dir(out), _naming_the_run(out):
         return _resume_locked(out, progress, tuning_plan)
+
+
+def _check_writable(out: Path) -> None:
+    """Raise ``ValueError`` naming run directory ``out`` when this user cannot write in it.
+
+    Thirty-seventh review of issue 15 (cli, finding 4; the environment reviewer's report):
+    ``--resume R`` of a directory its user may not write (``chmod -R a-w``, a copy of another
+    account's run) said ``R/summary.json: Permission denied``, a file, after the lock was taken.
+    """
+    if os.access(out, os.W_OK | os.X_OK):
+        return
+    from fedprivopt.core.files import on_read_only_fs
+
+    why = "read-only file system" if on_read_only_fs(out) else "permission denied"
+    raise ValueError(
+        f"--resume directory {str(out)!r} cannot be written by this user ({why}): a resumed "
+        "run writes its checkpoint, rows and summary there; copy it to a directory you may "
+        "write, or make it writable"
+    )
 
 
 def _check_config_file(out: Path) -> None:

@@ -302,6 +302,24 @@ class TreeNoise:
         self.round_num, self._nodes = round_num, {node: nodes[node] for node in expected}
 
 
+def _user_ids(users: Iterable[Any], population: int) -> torch.Tensor:
+    """``users`` as an int64 tensor; ``ValueError`` unless every one is an integer.
+
+    Thirty-seventh review of issue 15: ``check_in(0, [1.9])`` recorded user 1 (``-0.5``, user
+    0): the ids were cast to int64, which truncates, so the user meant could check in again in
+    the same period; ``True`` was user 1 and a string raised torch's ``too many dimensions``.
+    """
+    items = list(users)
+    try:
+        ids = torch.as_tensor(items) if items else torch.zeros(0, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        ids = None
+    odd = ids is None or ids.dim() != 1 or ids.dtype == torch.bool or ids.is_floating_point()
+    if odd or ids.is_complex() or any(isinstance(u, bool) for u in items):
+        raise ValueError(f"user ids must be integers in [0, {population}), got {shown(items)}")
+    return ids.to(torch.int64)
+
+
 class ParticipationError(ValueError):
     """A user checked in a second time in one restart period."""
 
@@ -347,7 +365,7 @@ class ParticipationLedger:
             period is over; nothing is recorded then.
         """
         self._enter(period)
-        ids = torch.as_tensor(list(users), dtype=torch.int64)
+        ids = _user_ids(users, self.population)
         if ids.numel() and (ids.min() < 0 or ids.max() >= self.population):
             raise ValueError(f"user ids must be in [0, {self.population})")
         again = self._seen[ids].nonzero().flatten() if ids.numel() else ids

@@ -360,6 +360,11 @@ _CAUSES = {  # the round metrics of users whose update did not arrive (strategie
     "dropped": "their nodes replied without them",
     "unhosted": "no node hosts them",
 }
+#: why a tree round's cohort was empty (not a round metric: no user was asked)
+_NOBODY_LEFT = (
+    "under tree aggregation no user who had not yet taken part in the restart period was on a "
+    "connected node"
+)
 
 
 def _round_timeout(summary: dict[str, Any]) -> str:
@@ -381,6 +386,12 @@ def _empty_rounds(out: Path, summary: dict[str, Any]) -> str | None:
     released model was noise only, charged all the same, and nothing said so. Rounds that
     sampled nobody are not counted. The causes are named, not counted (the round metrics are
     not covered by ε).
+
+    Thirty-seventh review of issue 15: under tree aggregation a round's cohort is taken among
+    the users on connected nodes who have not taken part in the restart period, so when none
+    was left (their nodes disconnected) the round's cohort was empty: it released noise only,
+    charged, and was not counted, where sampling counts such users ``unhosted``. Such tree
+    rounds count now, their cause named (``_NOBODY_LEFT``).
     """
     from fedprivopt.simulation.files import read_rows
 
@@ -388,17 +399,20 @@ def _empty_rounds(out: Path, summary: dict[str, Any]) -> str | None:
         rows = read_rows(out / "metrics.jsonl")
     except (OSError, ValueError):
         return None
-    empty, causes = 0, set()
+    tree = summary.get("noise_mechanism") == "tree"
+    empty, causes, nobody_left = 0, set(), False
     for row in rows:
         received = [row[k] for k in ("received", "received_1", "received_2") if k in row]
-        if not received or sum(received) != 0 or not row.get("cohort_size"):
+        if not received or sum(received) != 0 or not (row.get("cohort_size") or tree):
             continue
         empty += 1
         causes.update(key for key in _CAUSES if row.get(key))
+        nobody_left |= not row.get("cohort_size")  # a tree round: nobody eligible was reachable
     if not empty:
         return None
     which = "any round" if empty == len(rows) else f"{empty} of the {len(rows)} rounds"
-    why = [_CAUSES[key] for key in _CAUSES if key in causes] or ["none arrived"]
+    why = [_CAUSES[key] for key in _CAUSES if key in causes] + [_NOBODY_LEFT] * nobody_left
+    why = why or ["none arrived"]
     if "timed_out" in causes:
         why[0] = (
             f"{why[0]} = {_round_timeout(summary)}, shorter than a node's reply takes (a node "

@@ -8,6 +8,20 @@
    an integer >= 0``). Now a ``ValueError`` naming ``out``: a string, no control character, no
    blank path component (as ``--out`` is checked by the command line); the default and an
    ordinary path (with ``{run_id}``) are taken as before.
+2. ``deploy local toy.toml --nodes 2 --insecure --rounds 8 --set noise-mechanism=tree --set
+   tree-restart-rounds=4 --set round-timeout=90`` with SuperNode 1 stopped (SIGSTOP: alive, but
+   off the SuperLink's connected nodes after its heartbeat lapsed) after round 1: under tree
+   aggregation a round's cohort is taken among the users on connected nodes who have not taken
+   part in the restart period, so once node 0's users of the second period were used (rounds 5
+   and 6), rounds 7 and 8 had an empty cohort and released noise only, charged (``cohort_size``
+   0, ``noise_std`` σC/m as usual), and the command ended rc 0 with ``8 rounds (rounds),
+   eval_accuracy = 0.7100, epsilon = 31.57`` and no other word: the thirty-fifth review's
+   warning skipped rounds that "sampled nobody", which under sampling is a draw, where a
+   sampled user on no connected node is counted ``unhosted`` and named. Now a tree run's empty
+   rounds count: ``warning: no sampled user's update reached the server in 2 of the 8 rounds,
+   so the models released there are noise only, charged all the same (epsilon = 31.57): under
+   tree aggregation no user who had not yet taken part in the restart period was on a connected
+   node`` (rc 0 as before; sampled runs unchanged).
 3. Python API: ``ParticipationLedger(5).check_in(0, [1.9])`` (the ledger behind tree
    aggregation's "each user at most once a period", docs/TREE.md; exported by
    ``fedprivopt.privacy.tree``) recorded user 1, and ``[-0.5]`` user 0: the ids were cast to
@@ -44,6 +58,28 @@ def test_1_an_ordinary_out_is_taken_as_before(app_keys):
     assert options.out == "runs/deploy/{run_id}"
     _, options = run_config_from_flower({**app_keys, "out": "~/my runs/{run_id}"})
     assert options.out == "~/my runs/{run_id}"
+
+
+def _rows(tmp_path, rows):
+    import json
+
+    lines = [json.dumps({"round": i + 1, "epsilon": 1.0, **row}) for i, row in enumerate(rows)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_2_a_tree_round_whose_cohort_was_empty_is_named_in_the_warning(tmp_path):
+    from fedprivopt.deploy.cli import _empty_rounds
+
+    full = {"cohort_size": 10.0, "received": 10.0, "unhosted": 0.0}
+    nobody = {"cohort_size": 0.0, "received": 0.0, "unhosted": 0.0}
+    _rows(tmp_path, [full, full, nobody, nobody])
+    summary = {"epsilon": 9.75, "noise_mechanism": "tree", "config": {"round-timeout": 3600}}
+    warning = _empty_rounds(tmp_path, summary)
+    assert warning is not None and "\n" not in warning
+    assert "2 of the 4 rounds" in warning and "noise only" in warning
+    assert "tree aggregation" in warning and "connected node" in warning
+    # sampling: a round that sampled nobody is a draw of the sampler, not counted (as before)
+    assert _empty_rounds(tmp_path, {**summary, "noise_mechanism": "gaussian"}) is None
 
 
 @pytest.mark.parametrize("ids", [[1.9], [-0.5], [True], [True, 2], ["3"], [2**70], [[1, 2]]])

@@ -167,6 +167,19 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         print("fedprivopt: interrupted", file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))
+    except (ImportError, MemoryError, OSError) as exc:
+        # thirty-seventh review of issue 15 (cli, finding 5): under `ulimit -v 400000` torch's
+        # library could not be mapped ("failed to map segment from shared object"; at 800000
+        # an import's directory listing failed with ENOMEM): a 25- to 45-line traceback, rc 1
+        if _debug() or not _no_memory_to_load(exc):
+            raise
+        detail = one_line(str(exc))[:200]
+        print(
+            f"fedprivopt: error: this machine ran out of memory while loading the libraries "
+            f"({detail}); raise this process's limit of memory (ulimit -v) or free memory",
+            file=sys.stderr,
+        )
+        return 1
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0
@@ -243,6 +256,15 @@ def _main(argv: Sequence[str] | None) -> int:
         print(_interrupted(_command(args), exc), file=sys.stderr)
         interrupt.reported()  # a second signal from now on ends the process without a line
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C (SIGINT)
+
+
+def _no_memory_to_load(exc: BaseException) -> bool:
+    """Whether loading a module failed for want of memory (``ulimit -v``), not for a bug."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOMEM
+    return "failed to map segment" in str(exc)  # the dynamic loader's ENOMEM
 
 
 def _out_of_memory(args: argparse.Namespace, exc: BaseException) -> int:

@@ -29,6 +29,12 @@ The first four are the environment reviewer's reports on the limits of a process
    not write said ``R/summary.json: Permission denied`` (a file, after the lock) or, on a
    read-only mount, ``R/run.lock: Read-only file system``; now ``--resume directory 'R' cannot
    be written by this user (permission denied): …`` before anything is touched.
+5. ``ulimit -v 400000; fedprivopt epsilon …`` (any command) ended in a 25-line traceback,
+   ``ImportError: libtorch_cpu.so: failed to map segment from shared object``, rc 1; at
+   ``ulimit -v 800000`` a 45-line one, ``OSError: [Errno 12] Cannot allocate memory:
+   '…/torch/_logging'``. Loading the libraries happens while the parser is built; now one line,
+   ``fedprivopt: error: this machine ran out of memory while loading the libraries (…); raise
+   this process's limit of memory (ulimit -v) or free memory``, rc 1.
 """
 
 from __future__ import annotations
@@ -187,3 +193,39 @@ def test_4_resume_of_a_directory_this_user_cannot_write_names_it(tmp_path, monke
         "copy it to a directory you may write, or make it writable"
     )  # before: rc 0 as root; another user: "R/summary.json: Permission denied"
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+# -- finding 5: no memory to load the libraries ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ImportError("libtorch_cpu.so: failed to map segment from shared object"),
+        OSError(errno.ENOMEM, os.strerror(errno.ENOMEM), "/venv/torch/_logging"),
+    ],
+)
+def test_5_no_memory_to_load_the_libraries_is_one_line(tmp_path, monkeypatch, failure):
+    import fedprivopt.cli
+
+    def loading(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(fedprivopt.cli, "build_parser", loading)
+    proc = _cli(tmp_path, "epsilon", "--rounds", "10")
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(
+        "fedprivopt: error: this machine ran out of memory while loading the libraries ("
+    ), proc.stderr  # before: the ImportError's or OSError's traceback
+    assert proc.stderr.endswith("(ulimit -v) or free memory\n"), proc.stderr
+
+
+def test_5_an_import_error_of_a_bug_stays_a_traceback(tmp_path, monkeypatch):
+    import fedprivopt.cli
+
+    def broken(*args, **kwargs):
+        raise ImportError("cannot import name 'x' from 'fedprivopt.y'")
+
+    monkeypatch.setattr(fedprivopt.cli, "build_parser", broken)
+    with pytest.raises(ImportError, match="cannot import name"):
+        _cli(tmp_path, "epsilon", "--rounds", "10")

@@ -17,7 +17,12 @@ from typing import Any
 
 from fedprivopt.simulation.report_plots import pretty_metric
 from fedprivopt.simulation.rundata import RunData
-from fedprivopt.simulation.rundata_aggregate import Selection, accountants_differ
+from fedprivopt.simulation.rundata_aggregate import (
+    Selection,
+    differing_bases,
+    epsilon_basis,
+    mechanism,
+)
 
 __all__ = ["markdown", "rounds_text", "table_cell"]
 
@@ -150,7 +155,7 @@ def _noise_text(runs: Sequence[RunData]) -> str:
     Thirty-first review of issue 15 (compare, finding 6): a baseline's σ 0 was counted as one of
     the grid's noise multipliers (``2 strategies × 3 noise multipliers (0, 0.5, 1)`` for 3 runs).
     """
-    private = [r for r in runs if _mechanism(r.summary.get("config") or {}) is not None]
+    private = [r for r in runs if mechanism(r.summary.get("config") or {}) is not None]
     sigmas = sorted({r.noise_multiplier for r in private})
     text = f"{len(sigmas)} noise multipliers ({', '.join(f'{s:g}' for s in sigmas)})"
     if len(private) == len(runs):
@@ -248,13 +253,13 @@ def markdown(
         " s/round |",
         "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * loss + "---:|",
     ]
-    named = accountants_differ(rows)  # each ε cell names its accountant (finding 1)
+    named = differing_bases(rows)  # each ε cell names what it is (thirty-seventh review)
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
         seeds_cell = _seeds_cell(n, n_ok, r["diverged"], r.get("n_budget", 0))
-        eps = _fmt_eps(r["epsilon"])
-        if named and r.get("accountants") and math.isfinite(r["epsilon"]):
-            eps += f" ({', '.join(r['accountants'])})"
+        eps, basis = _fmt_eps(r["epsilon"]), epsilon_basis(r, named)
+        if basis and math.isfinite(r["epsilon"]):
+            eps += f" ({basis})"
         cells = [
             r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, eps,
             _fmt(r["delta"], 3), rounds_text(r), _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
@@ -346,20 +351,9 @@ _RELATIONS = {
 }
 
 
-def _mechanism(config: dict) -> str | None:
-    """``poisson``, ``fixed`` or ``tree`` for a private run's config; ``None`` otherwise."""
-    from fedprivopt.strategies.config import NON_PRIVATE
-
-    if config.get("strategy") in NON_PRIVATE or not config.get("noise-multiplier"):
-        return None
-    if config.get("noise-mechanism") == "tree":
-        return "tree"
-    return "fixed" if config.get("sampling") == "fixed" else "poisson"
-
-
 def _relations(runs: Sequence[RunData]) -> str:
     """``": neighbouring datasets differ in one user, <how>."`` for the runs' mechanisms."""
-    found = {_mechanism(r.summary.get("config") or {}) for r in runs} - {None}
+    found = {mechanism(r.summary.get("config") or {}) for r in runs} - {None}
     if not found:
         return "."
     hows = [_RELATIONS[m] for m in ("poisson", "fixed", "tree") if m in found]

@@ -24,9 +24,10 @@ import numpy as np
 
 from fedprivopt.simulation.rundata import RunData
 from fedprivopt.simulation.rundata_aggregate import (
+    BASIS_WORDS,
     Selection,
-    accountants_differ,
     aggregate_with_notes,
+    differing_bases,
     group_runs,
     mean_std,
     select_runs,
@@ -340,8 +341,8 @@ def draw_privacy_utility(
         ax.text(0.5, 0.05, "no private runs", transform=ax.transAxes, ha="center", alpha=0.6)
     deltas = sorted({r["delta"] for r in private})
     at = f"at δ={deltas[0]:g}" if len(deltas) == 1 else "δ differs between runs; see the table"
-    if accountants_differ(private):  # thirty-seventh review (reports, finding 1)
-        at += "; accountants differ between runs, not comparable; see the table"
+    for key in differing_bases(private):  # thirty-seventh review (reports, findings 1 and 3)
+        at += f"; {BASIS_WORDS[key]} differ between runs, not comparable; see the table"
     ax.set_xlabel(f"ε ({at})")
     shown = plot_text(pretty_metric(metric))
     ax.set_ylabel(f"final {shown}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +23,17 @@ from fedprivopt.core.text import shown
 from fedprivopt.simulation.rundata import RunData, RunWarning, as_float
 
 __all__ = [
+    "BASIS_WORDS",
     "Selection",
     "aggregate_runs",
     "aggregate_with_notes",
+    "bases_notes",
     "choose_metric",
+    "differing_bases",
+    "epsilon_basis",
     "group_runs",
     "mean_std",
+    "mechanism",
     "reference_model",
     "select_runs",
     "warn_all",
@@ -77,7 +82,8 @@ def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> lis
         privacy budget stopped them before their last round) and ``diverged``: the
         ``(seed, round)`` of each seed whose model or an evaluation became non-finite
         (:meth:`RunData.diverged`; its final values describe an overflowed model), and
-        ``accountants`` (the configured accountants of its private seeds, sorted).
+        ``accountants`` and ``relations`` (those of its private seeds, sorted: what its ε is;
+        :func:`bases_notes`).
     """
     rows, notes = aggregate_with_notes(runs, metric)
     warn_all(notes)
@@ -207,48 +213,82 @@ def aggregate_with_notes(
             "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
             "n_budget": sum(run.summary.get("stopped_reason") == "budget" for run in group),
             "diverged": diverged,
-            "accountants": _accountants(group),
+            **_bases(group),
         })  # fmt: skip
-    return rows, notes + accountants_note(rows)
+    return rows, notes + bases_notes(rows)
 
 
-def _accountants(group: Sequence[RunData]) -> list[str]:
-    """The accountants configured for the private runs of ``group`` (finite ε), sorted."""
-    found = {(run.summary.get("config") or {}).get("accountant") for run in group
-             if math.isfinite(run.epsilon)}  # fmt: skip
-    return sorted(str(a) for a in found if a is not None)
+_RELATION_WORDS = {"poisson": "add/remove", "fixed": "replace-one", "tree": "tree replace-one"}
+"""How neighbouring datasets differ, by :func:`mechanism`: the guarantee an ε is of."""
+_BASES = (("accountants", "accountants", "accountant"),
+          ("relations", "neighbouring relations",
+           "neighbouring relation (one sampling and noise mechanism)"))  # fmt: skip
+"""A row's keys of what its ε is (:func:`aggregate_runs`), as a note names them."""
+BASIS_WORDS = {key: what for key, what, _ in _BASES}
+"""What each key of :func:`differing_bases` is, in words."""
 
 
-def accountants_differ(rows: Sequence[dict[str, Any]]) -> bool:
-    """Whether the private rows' ε come from more than one accountant."""
-    return len({a for r in rows for a in r.get("accountants", ())}) > 1
+def mechanism(config: Mapping[str, Any]) -> str | None:
+    """``poisson``, ``fixed`` or ``tree`` for a private run's config; ``None`` otherwise."""
+    from fedprivopt.strategies.config import NON_PRIVATE
+
+    if config.get("strategy") in NON_PRIVATE or not config.get("noise-multiplier"):
+        return None
+    if config.get("noise-mechanism") == "tree":
+        return "tree"
+    return "fixed" if config.get("sampling") == "fixed" else "poisson"
 
 
-def accountants_note(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """A note when the rows' ε were composed by different accountants (else nothing).
+def _bases(group: Sequence[RunData]) -> dict[str, list[str]]:
+    """The accountants and neighbouring relations of ``group``'s private runs (finite ε)."""
+    configs = [run.summary.get("config") or {} for run in group if math.isfinite(run.epsilon)]
+    accountants = {c.get("accountant") for c in configs} - {None}
+    relations = {mechanism(c) for c in configs} - {None}
+    return {"accountants": sorted(str(a) for a in accountants),
+            "relations": sorted(_RELATION_WORDS[m] for m in relations)}  # fmt: skip
+
+
+def differing_bases(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The keys of :data:`_BASES` whose values differ between ``rows``' private runs."""
+    return [key for key, _, _ in _BASES if len({v for r in rows for v in r.get(key, ())}) > 1]
+
+
+def epsilon_basis(row: dict[str, Any], keys: Sequence[str]) -> str:
+    """What a row's ε is, for the ``keys`` of :func:`differing_bases`: ``pld, add/remove``."""
+    return ", ".join(v for key in keys for v in row.get(key, ()))
+
+
+def bases_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A note for each of the accountant and the neighbouring relation the rows' ε differ in.
 
     Thirty-seventh review of issue 15 (reports, finding 1): ``compare toy.toml --strategies
     dp-fedavg,dp-fedadam --rounds 2`` with ``accountant = "pld"`` in the preset's
     ``[strategies.dp-fedadam]`` reported dp-fedadam at ε 8.961 beside dp-fedavg at 10.28: the
     same σ, sampling and rounds (the same privacy loss), bounded by two accountants, and the
     privacy–utility plot set dp-fedadam to the left, as if it had spent less; only "accountant:
-    varies (see the runs)" under the privacy parameters said anything.
+    varies (see the runs)" under the privacy parameters said anything. ``sampling = "fixed"``
+    there alike (finding 3): 35.67, an ε of replace-one neighbours, beside 10.28 of add/remove
+    ones, with nothing to say which row is which.
     """
-    if not accountants_differ(rows):
-        return []
-    by: dict[str, list[str]] = {}
-    for r in rows:
-        for accountant in r.get("accountants", ()):
-            by.setdefault(accountant, []).append(f"{r['strategy']} σ={r['noise_multiplier']:g}")
-    which = "; ".join(
-        f"{a}: {', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''}"
-        for a, labels in sorted(by.items())
-    )
-    return [
-        f"the rows' epsilons come from different accountants ({which}): one privacy loss is "
-        "bounded differently by each, so their epsilons are not comparable (the Summary names "
-        "each row's accountant); compare with one accountant to compare at equal epsilon"
-    ]
+    notes = []
+    differ = differing_bases(rows)
+    for key, what, one in _BASES:
+        if key not in differ:
+            continue
+        by: dict[str, list[str]] = {}
+        for r in rows:
+            for value in r.get(key, ()):
+                by.setdefault(value, []).append(f"{r['strategy']} σ={r['noise_multiplier']:g}")
+        which = "; ".join(
+            f"{value}: {', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''}"
+            for value, labels in sorted(by.items())
+        )
+        notes.append(
+            f"the rows' epsilons come from different {what} ({which}): their epsilons are not "
+            f"comparable (the Summary names each row's); compare with one {one} to compare at "
+            "equal epsilon"
+        )
+    return notes
 
 
 def _not_seeds_alone(strategy: str, sigma: float, group: Sequence[RunData]) -> list[str]:

@@ -19,6 +19,13 @@
    legend now says ``dp-fedavg, σ=0.5 (some rounds evaluated by fewer seeds)``, as it says
    ``(rounds 1–2: later rounds over fewer seeds)`` for seeds that completed different rounds
    (thirty-third review, results 8).
+3. Rows whose ε are of different neighbouring relations: ``compare toy.toml --strategies
+   dp-fedavg,dp-fedadam --rounds 2`` with ``sampling = "fixed"`` in the preset's
+   ``[strategies.dp-fedadam]``: rc 0, dp-fedadam at ε 35.67 (replace-one neighbours) beside
+   dp-fedavg at 10.28 (add/remove ones), the report saying only "added or removed (Poisson
+   sampling); or replaced (fixed-size sampling)" and "sampling: varies", not which row is
+   which. Now as in finding 1: ``35.67 (replace-one)``, ``10.28 (add/remove)``, a warning, and
+   the plot's ε axis.
 """
 
 from __future__ import annotations
@@ -34,14 +41,15 @@ from tests.simulation.test_run import small_config
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """2-round runs: dp-fedavg seeds 0 and 1 (eval-every 1 and 2), dp-fedadam (σ 2) under pld."""
+    """2-round runs: dp-fedavg seeds 0, 1 (eval-every 1, 2); dp-fedadam under pld (σ 2), fixed."""
     root = tmp_path_factory.mktemp("runs")
     two = {"num-server-rounds": 2}
     simulate(small_config(**two), root / "rdp")
     simulate(small_config(**two, seed=1, **{"eval-every": 2}), root / "sparse")
     pld = {"strategy": "dp-fedadam", "accountant": "pld", "noise-multiplier": 2.0}  # σ 2: fast
     simulate(small_config(**two, **pld), root / "pld")
-    return {name: load_run(root / name) for name in ("rdp", "sparse", "pld")}
+    simulate(small_config(**two, strategy="dp-fedadam", sampling="fixed"), root / "fixed")
+    return {name: load_run(root / name) for name in ("rdp", "sparse", "pld", "fixed")}
 
 
 # -- 1: rows of different accountants -------------------------------------------------------------
@@ -66,3 +74,20 @@ def test_2_metric_by_round_names_rounds_evaluated_by_fewer_seeds(runs, tmp_path,
         monkeypatch, lambda: plot_metric_vs_round([runs["rdp"]], tmp_path / "one.png")
     )
     assert drawn == ["dp-fedavg, σ=0.5"]
+
+
+# -- 3: rows of different neighbouring relations --------------------------------------------------
+def test_3_rows_of_different_neighbouring_relations_say_so(runs, tmp_path, monkeypatch):
+    def write():
+        with pytest.warns(RunWarning, match="different neighbouring relations"):
+            return write_report(tmp_path / "r", [runs["rdp"], runs["fixed"]], title="t")
+
+    drawn = []
+    from fedprivopt.simulation import report_plots
+
+    finish = report_plots._finish
+    monkeypatch.setattr(report_plots, "_finish", lambda fig, ax, path, n: drawn.append(
+        ax.get_xlabel()) or finish(fig, ax, path, n))  # fmt: skip
+    text = write().read_text(encoding="utf-8")
+    assert " (add/remove) | 0.0001 |" in text and " (replace-one) | 0.0001 |" in text, text
+    assert "neighbouring relations differ between runs, not comparable" in drawn[-1]

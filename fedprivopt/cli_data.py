@@ -149,6 +149,7 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     """``fedprivopt data info``: users and examples per split, and their size distribution."""
     from fedprivopt.data import format_summary, open_split, summarize_split, summarize_sqlite
     from fedprivopt.data.hdf5 import is_hdf5_file
+    from fedprivopt.data.sqlite import count_distinct_clients
 
     # sixteenth review of issue 15: `data info ""` summarized the current directory, and a
     # control character in PATH was echoed raw to the terminal
@@ -174,12 +175,12 @@ def cmd_data_info(args: argparse.Namespace) -> int:
         raise UsageError(f"argument PATH: {path} is not a regular file")
     try:
         if is_hdf5_file(path):  # by content too (thirty-fifth review of issue 15, data)
-            summaries = [summarize_split(open_split(path))]
+            summaries, distinct = [summarize_split(open_split(path))], None
         else:
-            summaries = summarize_sqlite(path)
+            summaries, distinct = summarize_sqlite(path), count_distinct_clients(path)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(f"argument PATH: {exc}") from None
-    print(format_summary(summaries))
+    print(format_summary(summaries, distinct_clients=distinct))
     return 0
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.text import shown
 from fedprivopt.deploy import MAX_LOCAL_NODES, MAX_TIMEOUT
-from fedprivopt.deploy.runconfig import RUN_ID
+from fedprivopt.deploy.runconfig import RUN_ID, check_run_out
 
 __all__ = [
     "DEPLOY_LOCK",
@@ -51,6 +51,10 @@ def check_out(out: str | os.PathLike) -> None:
     """
     if not str(out):
         raise ValueError("--out must be a directory path")
+    try:  # thirty-seventh review of issue 15: what the ServerApp would refuse after the start
+        check_run_out(os.fspath(out))
+    except ValueError as exc:
+        raise ValueError(f"argument --{exc}") from None
     if RUN_ID in str(out):
         raise ValueError(
             f"argument --out: deploy local writes the run into --out as given and looks for "

@@ -47,6 +47,7 @@ __all__ = [
     "UNSET",
     "DeployOptions",
     "app_config_defaults",
+    "check_run_out",
     "ignored_simulation_keys",
     "refuse_double_settings",
     "refuse_simulation_only",
@@ -217,19 +218,20 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, De
     mapping["engine"] = "flower"
     config = resolve_config(mapping)
     options = DeployOptions(
-        out=_out_option(run_config.get("out", DeployOptions.out)),
+        out=check_run_out(run_config.get("out", DeployOptions.out)),
         min_nodes=_int_option("min-nodes", run_config.get("min-nodes", 1), 1),
     )
     return config, options
 
 
-def _out_option(value: Any) -> str:
+def check_run_out(value: Any) -> str:
     """The run config's ``out``: a directory path, as ``--out`` takes one.
 
     Thirty-seventh review of issue 15: ``flwr run . --run-config 'out=true'`` (also ``out=5``,
     ``out=" "``, a line break pasted along) was taken as the text of the value: the run was
     written into ``./True``, ``./5`` or a directory named by blanks, where every other run-config
-    key of a wrong type is refused.
+    key of a wrong type is refused. ``deploy_local`` checks its ``out`` with it before anything
+    starts (:func:`~fedprivopt.deploy.local_checks.check_out`).
     """
     if not isinstance(value, str) or not value:
         raise ValueError(f"out must be a directory path (a string), got {shown(value)}")

@@ -7,7 +7,9 @@
    other run-config key of a wrong type is refused naming the key (``seed = ""``: ``seed must be
    an integer >= 0``). Now a ``ValueError`` naming ``out``: a string, no control character, no
    blank path component (as ``--out`` is checked by the command line); the default and an
-   ordinary path (with ``{run_id}``) are taken as before.
+   ordinary path (with ``{run_id}``) are taken as before. The Python API ``deploy_local(...,
+   out="runs/ /x")`` (which the command line's ``check_out_dir`` refuses) checks its ``out``
+   the same way before anything is written or started (``local_checks.check_out``).
 2. ``deploy local toy.toml --nodes 2 --insecure --rounds 8 --set noise-mechanism=tree --set
    tree-restart-rounds=4 --set round-timeout=90`` with SuperNode 1 stopped (SIGSTOP: alive, but
    off the SuperLink's connected nodes after its heartbeat lapsed) after round 1: under tree
@@ -40,6 +42,8 @@ import torch
 from fedprivopt.deploy.local import REPO_ROOT
 from fedprivopt.deploy.runconfig import app_config_defaults, run_config_from_flower
 
+TOY = str(REPO_ROOT / "simulations" / "toy.toml")
+
 
 @pytest.fixture(scope="module")
 def app_keys():
@@ -58,6 +62,20 @@ def test_1_an_ordinary_out_is_taken_as_before(app_keys):
     assert options.out == "runs/deploy/{run_id}"
     _, options = run_config_from_flower({**app_keys, "out": "~/my runs/{run_id}"})
     assert options.out == "~/my runs/{run_id}"
+
+
+def test_1_deploy_local_refuses_such_an_out_before_anything_starts(tmp_path, monkeypatch):
+    import fedprivopt.deploy.local as local
+
+    def no_deployment():
+        raise AssertionError("a deployment was started")
+
+    monkeypatch.setattr(local, "make_workdir", no_deployment)
+    for out in (tmp_path / " " / "x", f"{tmp_path}/a\nb"):
+        with pytest.raises(ValueError, match=r"^argument --out: ") as err:
+            local.deploy_local(nodes=1, tls=False, config_path=TOY, out=str(out))
+        assert "\n" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def _rows(tmp_path, rows):

@@ -201,6 +201,22 @@ def _main(argv: Sequence[str] | None) -> int:
         if _debug():
             raise
         return stdout_failed(_command(args), exc)
+    except Warning as exc:
+        # thirty-seventh review of issue 15 (cli, finding 6): with PYTHONWARNINGS=error (a CI
+        # file's habit), `simulate --engine flower` ended in a 54-line traceback of click's
+        # DeprecationWarning raised while Flower was imported, rc 1
+        if _debug() or not _warnings_are_errors():
+            raise
+        text = f"{type(exc).__name__}: {exc}"
+        print(
+            one_line(
+                f"fedprivopt {_command(args)}: error: a warning was raised as an error "
+                f"(PYTHONWARNINGS or python -W make warnings errors): {text[:300]}; run with "
+                "PYTHONWARNINGS=default to see it as a warning; nothing already written is lost"
+            ),
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     except (UsageError, ValueError, OSError) as exc:
         # OSError: a path that cannot be read, created or written (not a network failure)
         if isinstance(exc, OSError) and exc.errno == errno.ENOMEM and exc.filename is None:
@@ -256,6 +272,11 @@ def _main(argv: Sequence[str] | None) -> int:
         print(_interrupted(_command(args), exc), file=sys.stderr)
         interrupt.reported()  # a second signal from now on ends the process without a line
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C (SIGINT)
+
+
+def _warnings_are_errors() -> bool:
+    """Whether ``PYTHONWARNINGS`` or ``-W`` asked for warnings to be raised as errors."""
+    return any(option.partition(":")[0].strip() == "error" for option in sys.warnoptions)
 
 
 def _no_memory_to_load(exc: BaseException) -> bool:

@@ -35,6 +35,11 @@ The first four are the environment reviewer's reports on the limits of a process
    '…/torch/_logging'``. Loading the libraries happens while the parser is built; now one line,
    ``fedprivopt: error: this machine ran out of memory while loading the libraries (…); raise
    this process's limit of memory (ulimit -v) or free memory``, rc 1.
+6. ``PYTHONWARNINGS=error simulate toy.toml --engine flower --rounds 1`` (a CI file's habit)
+   ended in a 54-line traceback of click's ``DeprecationWarning`` raised while Flower was
+   imported, rc 1. Now, when ``PYTHONWARNINGS`` or ``-W`` make warnings errors, one line naming
+   the warning and ``PYTHONWARNINGS=default``, rc 2 (nothing written: the run directory it had
+   begun is removed as for any refusal); otherwise a raised Warning stays a traceback.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -229,3 +236,38 @@ def test_5_an_import_error_of_a_bug_stays_a_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(fedprivopt.cli, "build_parser", broken)
     with pytest.raises(ImportError, match="cannot import name"):
         _cli(tmp_path, "epsilon", "--rounds", "10")
+
+
+# -- finding 6: warnings made errors -------------------------------------------------------------
+
+
+def _deprecated(*args, **kwargs):
+    warnings.warn("'click.utils.get_binary_stream' is deprecated", DeprecationWarning, stacklevel=1)
+
+
+@pytest.mark.parametrize("options", [["error"], ["error::DeprecationWarning"]])
+def test_6_a_warning_raised_as_an_error_is_one_line(tmp_path, monkeypatch, options):
+    import fedprivopt.cli_runs
+
+    monkeypatch.setattr(fedprivopt.cli_runs, "build_checked_run", _deprecated)
+    monkeypatch.setattr(sys, "warnoptions", options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        proc = _cli(tmp_path, "simulate", TOY, "--rounds", "1", "--out", str(tmp_path / "R"))
+    line = _one_line(proc)  # before: the DeprecationWarning's traceback
+    assert line == (
+        "fedprivopt simulate: error: a warning was raised as an error (PYTHONWARNINGS or "
+        "python -W make warnings errors): DeprecationWarning: 'click.utils.get_binary_stream' "
+        "is deprecated; run with PYTHONWARNINGS=default to see it as a warning; nothing already "
+        "written is lost"
+    )
+
+
+def test_6_a_warning_raised_otherwise_stays_a_traceback(tmp_path, monkeypatch):
+    import fedprivopt.cli_runs
+
+    monkeypatch.setattr(fedprivopt.cli_runs, "build_checked_run", _deprecated)
+    monkeypatch.setattr(sys, "warnoptions", [])
+    with warnings.catch_warnings(), pytest.raises(DeprecationWarning):
+        warnings.simplefilter("error")
+        _cli(tmp_path, "simulate", TOY, "--rounds", "1", "--out", str(tmp_path / "R"))

@@ -90,10 +90,17 @@ def make_tls_files(
         raise ValueError("hosts must name at least one IP address or DNS name")
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise ValueError(f"days must be an integer >= 1, got {days!r}")
+    now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)
+    try:  # thirty-seventh review of issue 15: OverflowError after the directory was made
+        until = now + _dt.timedelta(days=days)
+    except OverflowError:
+        last = (_dt.datetime.max.replace(tzinfo=_dt.timezone.utc) - now).days
+        raise ValueError(
+            f"days must be an integer in [1, {last}] (a certificate ends by the year 9999), "
+            f"got {days!r}"
+        ) from None
     out = Path(directory)
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
-    now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)
-    until = now + _dt.timedelta(days=days)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedprivopt local CA")])

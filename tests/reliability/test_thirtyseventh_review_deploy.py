@@ -31,6 +31,11 @@
    same period; ``[True]`` was user 1, ``["3"]`` raised torch's ``too many dimensions 'str'``.
    Now ``ValueError: user ids must be integers in [0, 5)`` and nothing recorded; integer
    lists, numpy and torch integer arrays and ranges are taken as before.
+4. Python API: ``make_tls_files(directory, days=10**7)`` (docs/DEPLOYMENT.md: the CA and
+   certificates for one's own deployment; also ``days=2**31``, ``2**63``) made the directory and
+   then raised ``OverflowError: date value out of range`` (``Python int too large to convert to
+   C int``). Now ``ValueError: days must be an integer in [1, N] (a certificate ends by the year
+   9999)`` before the directory is made; ``N`` days work (a certificate to 9999-12-31).
 """
 
 from __future__ import annotations
@@ -112,3 +117,12 @@ def test_3_the_participation_ledger_refuses_user_ids_that_are_no_integers(ids):
     ledger.check_in(0, [torch.tensor(3), numpy.int64(0)])
     ledger.check_in(0, range(4, 5))
     assert ledger.state_dict()["users"].tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("days", [10**7, 2**31, 2**63])
+def test_4_make_tls_files_refuses_a_validity_past_the_year_9999_before_writing(tmp_path, days):
+    from fedprivopt.deploy.tls import make_tls_files
+
+    with pytest.raises(ValueError, match=r"^days must be an integer in \[1, \d+\] \(a cert"):
+        make_tls_files(tmp_path / "tls", days=days)
+    assert not (tmp_path / "tls").exists()

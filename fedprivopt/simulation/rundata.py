@@ -206,14 +206,17 @@ def load_run(path: str | Path) -> RunData:
         check_summary_rounds(summary["rounds_completed"], summary_path)
 
     notes: list[str] = []
-    summary = _configured(path, summary, notes)
+    configured = _configured(path, summary, notes)  # a new mapping when config.toml was read
+    # the file δ comes from: config.toml, or without a readable one summary.json (finding 4)
+    where = CONFIG_FILE if configured is not summary else SUMMARY_FILE
+    summary = configured
     seed = summary["seed"]  # the summary's own when there is no config.toml (finding 9)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"{summary_path} is unreadable (seed must be an integer >= 0, got "
                          f"{shown(seed)})")  # fmt: skip
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
-    accounted = _accounted_epsilon(path, notes, summary.get("delta"))
+    accounted = _accounted_epsilon(path, notes, summary.get("delta"), where)
     if accounted is not None:
         known.insert(0, accounted)
         if accounted[0] == LEDGER_FILE:
@@ -308,7 +311,7 @@ def _configured(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[s
 
 
 def _accounted_epsilon(
-    path: Path, notes: list[str], delta: object = None
+    path: Path, notes: list[str], delta: object = None, where: str = CONFIG_FILE
 ) -> tuple[str, float] | None:
     """``(source, ε)``: the run's privacy ledger composed, or its newest checkpoint's accountant.
 
@@ -323,7 +326,9 @@ def _accounted_epsilon(
     ledger or checkpoint of another δ is noted. Sixteenth review of issue 15: a ledger whose
     header and settings said δ 0.5 (the rows' and summary's ε lowered to match, ``config.toml``
     kept at 1e-4) was reported by ``compare-tuned --untuned`` as ε 2.88 beside δ 1e-4, where
-    the run spent 13.70 at 1e-4.
+    the run spent 13.70 at 1e-4. ``where``: the file ``delta`` comes from, which the note
+    names (thirty-seventh review, reports finding 4: a run without ``config.toml`` whose
+    ``summary.json`` states δ 0.5 was noted "its config.toml 0.5", a file it does not have).
     """
     shown_delta = None
     if isinstance(delta, float) and 0.0 < delta < 1.0:
@@ -336,7 +341,7 @@ def _accounted_epsilon(
         if shown_delta is not None and ledger.header["delta"] != shown_delta:
             notes.append(
                 f"{path}: its {LEDGER_FILE} states delta {ledger.header['delta']:g}, its "
-                f"{CONFIG_FILE} {shown_delta:g}; epsilon is composed at {shown_delta:g}"
+                f"{where} {shown_delta:g}; epsilon is composed at {shown_delta:g}"
             )
         return LEDGER_FILE, ledger.epsilon(shown_delta)
     found = checkpoint_epsilon(path, shown_delta)

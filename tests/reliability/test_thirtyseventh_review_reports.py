@@ -26,9 +26,17 @@
    sampling); or replaced (fixed-size sampling)" and "sampling: varies", not which row is
    which. Now as in finding 1: ``35.67 (replace-one)``, ``10.28 (add/remove)``, a warning, and
    the plot's ε axis.
+4. ``write_report(out, load_runs(R))`` of a run whose ``config.toml`` was deleted and whose
+   ``summary.json`` states δ 0.5 (the ledger's 1e-4): ε is composed at the δ shown, as
+   documented, but the warning said ``its privacy_ledger.jsonl states delta 0.0001, its
+   config.toml 0.5``, naming a file the run does not have. It names ``summary.json`` now, the
+   file δ came from.
 """
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 
@@ -91,3 +99,14 @@ def test_3_rows_of_different_neighbouring_relations_say_so(runs, tmp_path, monke
     text = write().read_text(encoding="utf-8")
     assert " (add/remove) | 0.0001 |" in text and " (replace-one) | 0.0001 |" in text, text
     assert "neighbouring relations differ between runs, not comparable" in drawn[-1]
+
+
+# -- 4: the δ note names the file δ came from -----------------------------------------------------
+def test_4_the_delta_note_names_summary_json_when_there_is_no_config_toml(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs["rdp"].path, run)
+    (run / "config.toml").unlink()
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    (run / "summary.json").write_text(json.dumps({**summary, "delta": 0.5}), encoding="utf-8")
+    note = load_run(run).warnings[0]
+    assert note.endswith("states delta 0.0001, its summary.json 0.5; epsilon is composed at 0.5")

@@ -40,7 +40,6 @@ from dp_accounting import dp_event, rdp
 
 from fedprivopt.core.checks import as_float
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.accounting import event_rdp
 from fedprivopt.privacy.accounting_state import (
     Ledger,
     check_delta,
@@ -48,6 +47,7 @@ from fedprivopt.privacy.accounting_state import (
     merge_ledger,
 )
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.rdp_curves import event_rdp
 
 __all__ = [
     "MAX_LOG_Z",
@@ -409,7 +409,7 @@ def ledger_rdp(
 def _rdp_curve(merged: Ledger, orders: tuple[float, ...] | None) -> np.ndarray:
     """:func:`ledger_rdp` of a merged ledger, computed once per ledger and orders.
 
-    The count-weighted sum of each event's :func:`~fedprivopt.privacy.accounting.event_rdp`,
+    The count-weighted sum of each event's :func:`~fedprivopt.privacy.rdp_curves.event_rdp`,
     which is what dp-accounting composes, with the same guard: an order at which an event's RDP
     is NaN or within rounding of 0 is ``inf`` for the run (a run of 10**21 rounds at σ = 1.6e7
     had a curve of 0 there, and its tuning an ε of 0; fourteenth review of issue 15). Remembered

@@ -17,7 +17,7 @@ population as cohort, no sampling, needs σ 130 for ε 0.05), ε was jagged in �
 rounded to ``P`` bits as integers and differenced exactly: each rounded value is within 2 units
 of ``2^P G(j)``, so ``|Δ^k G(0)| <= (|D_k| + 2^(k+1)) 2^-P`` for the exact integer difference
 ``D_k``, an upper bound whatever ``P`` is (``P`` only decides how tight). The terms are summed
-in logs without cancellation, as :func:`~fedprivopt.privacy.accounting._poisson_int_rdp` does
+in logs without cancellation, as :func:`~fedprivopt.privacy.rdp_curves._poisson_int_rdp` does
 for Poisson sampling, and the result inflated by a relative ``1e-6`` for the float64 rounding
 of the sum. The accountant takes the smaller of it and dp-accounting's value order by order:
 where dp-accounting's differences are exact the latter is kept to the bit (so ledgers of

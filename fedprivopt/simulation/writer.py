@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fedprivopt.clients.trainer import ModelAtBuild
+from fedprivopt.clients.model_layout import ModelAtBuild
 from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import ResolvedSideInformation
 from fedprivopt.models.task import (

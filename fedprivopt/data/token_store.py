@@ -70,7 +70,10 @@ class EncodedUsers:
                 for name in (*_ARRAYS, "label_ptr")
                 if name != "label_ptr" or self.meta["multi_label"]
             }
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+            # EOFError: numpy's for an empty .npy (thirty-seventh review of issue 15, data: a
+            # crash or a full disk while a store was copied left tokens.npy of 0 bytes, and
+            # simulate ended in "EOFError: No data left in file"; now rebuilt as damaged)
             raise ValueError(f"{self.directory}: unreadable encoded-user store: {exc}") from exc
         self.multi_label = bool(self.meta["multi_label"])
         self._users = arrays["users"]

@@ -9,9 +9,11 @@ deployment uses certificates from the organization's CA (docs/DEPLOYMENT.md).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import ipaddress
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedprivopt.core.text import shown
 
 __all__ = ["NodeKey", "TLSFiles", "make_node_key", "make_tls_files"]
 
@@ -59,6 +63,32 @@ def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+_DNS_NAME = re.compile(r"[A-Za-z0-9*]([A-Za-z0-9.*-]{0,251}[A-Za-z0-9])?")
+
+
+def _check_hosts(hosts: object) -> None:
+    """Refuse ``hosts`` that are not a sequence of IP addresses and DNS names.
+
+    Thirty-seventh review of issue 15: ``make_tls_files(dir, hosts="10.0.0.5")`` (one host, as a
+    string) made a certificate for the DNS names ``1``, ``0``, ``.`` and ``5``, on which every
+    SuperNode's handshake with ``10.0.0.5`` fails; ``""``, ``"my host"`` and a name with a line
+    break were written into the certificate as given.
+    """
+    if isinstance(hosts, (str, bytes)) or not isinstance(hosts, Sequence) or not hosts:
+        raise ValueError(
+            "hosts must be a non-empty sequence of IP addresses and DNS names (a list, not one "
+            f"string), got {shown(hosts)}"
+        )
+    for host in hosts:
+        if isinstance(host, str):
+            with contextlib.suppress(ValueError):
+                ipaddress.ip_address(host)
+                continue
+            if _DNS_NAME.fullmatch(host):
+                continue
+        raise ValueError(f"hosts: {shown(host)} is neither an IP address nor a DNS name")
+
+
 def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
     names: list[x509.GeneralName] = []
     for host in hosts:
@@ -86,8 +116,7 @@ def make_tls_files(
     days : int
         Validity of both certificates, ``>= 1``.
     """
-    if not hosts:
-        raise ValueError("hosts must name at least one IP address or DNS name")
+    _check_hosts(hosts)
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise ValueError(f"days must be an integer >= 1, got {days!r}")
     now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)

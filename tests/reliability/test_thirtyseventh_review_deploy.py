@@ -36,6 +36,14 @@
    then raised ``OverflowError: date value out of range`` (``Python int too large to convert to
    C int``). Now ``ValueError: days must be an integer in [1, N] (a certificate ends by the year
    9999)`` before the directory is made; ``N`` days work (a certificate to 9999-12-31).
+5. Python API: ``make_tls_files(directory, hosts="10.0.0.5")`` (the SuperLink of a real
+   deployment on another machine; one host given as a string) made a server certificate for
+   the DNS names ``1``, ``0``, ``.`` and ``5``: every SuperNode's TLS handshake with
+   10.0.0.5 would fail on a name mismatch, far from the cause; ``["10.0.0.5", ""]``, ``["my
+   host"]`` and a name with a line break were written into the certificate as given, ``[5]``
+   raised cryptography's ``TypeError``. Now ``ValueError`` naming ``hosts`` (a non-empty
+   sequence, each an IP address or a DNS name) before anything is written; IPv4, IPv6,
+   ``localhost``, wildcards and hyphenated names are taken as before.
 """
 
 from __future__ import annotations
@@ -125,4 +133,13 @@ def test_4_make_tls_files_refuses_a_validity_past_the_year_9999_before_writing(t
 
     with pytest.raises(ValueError, match=r"^days must be an integer in \[1, \d+\] \(a cert"):
         make_tls_files(tmp_path / "tls", days=days)
+    assert not (tmp_path / "tls").exists()
+
+
+@pytest.mark.parametrize("hosts", ["10.0.0.5", ["10.0.0.5", ""], ["my host"], ["a\n"], [5]])
+def test_5_make_tls_files_refuses_hosts_that_are_no_list_of_host_names(tmp_path, hosts):
+    from fedprivopt.deploy.tls import make_tls_files
+
+    with pytest.raises(ValueError, match=r"^hosts"):
+        make_tls_files(tmp_path / "tls", hosts=hosts)
     assert not (tmp_path / "tls").exists()

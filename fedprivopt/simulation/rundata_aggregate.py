@@ -218,7 +218,11 @@ def aggregate_with_notes(
     return rows, notes + bases_notes(rows)
 
 
-_RELATION_WORDS = {"poisson": "add/remove", "fixed": "replace-one", "tree": "tree replace-one"}
+_RELATION_WORDS = {
+    "poisson": "add/remove",
+    "fixed": "replace-one",
+    "tree": "replace-special (tree)",
+}
 """How neighbouring datasets differ, by :func:`mechanism`: the guarantee an ε is of."""
 _BASES = (("accountants", "accountants", "accountant"),
           ("relations", "neighbouring relations",

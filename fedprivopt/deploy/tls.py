@@ -192,7 +192,17 @@ def make_node_key(directory: str | Path, name: str) -> NodeKey:
 
     Flower's SuperNode reads the private key in OpenSSH format (``--auth-supernode-private-key``);
     ``flwr supernode register`` reads the public key in OpenSSH format.
+
+    Raises
+    ------
+    ValueError
+        Unless ``name`` is one file name (thirty-seventh review of issue 15: ``""`` and ``"."``
+        raised ``IsADirectoryError``, ``"a/b"`` ``FileNotFoundError``, and ``"../x"`` wrote the
+        private key outside ``directory``).
     """
+    blank = not isinstance(name, str) or not name.strip() or name in (".", "..")
+    if blank or "/" in name or os.sep in name or any(ord(ch) < 0x20 or ch == "\x7f" for ch in name):
+        raise ValueError(f"name must be one file name (no directory), got {shown(name)}")
     out = Path(directory)
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())

@@ -44,6 +44,10 @@
    raised cryptography's ``TypeError``. Now ``ValueError`` naming ``hosts`` (a non-empty
    sequence, each an IP address or a DNS name) before anything is written; IPv4, IPv6,
    ``localhost``, wildcards and hyphenated names are taken as before.
+6. Python API: ``make_node_key(directory, "../node0")`` (docs/DEPLOYMENT.md's node keys) wrote
+   the private key outside ``directory``; ``""`` and ``"."`` raised ``IsADirectoryError``,
+   ``"a/b"`` ``FileNotFoundError``, a line break was taken into the file name. Now
+   ``ValueError: name must be one file name (no directory)`` before anything is written.
 """
 
 from __future__ import annotations
@@ -143,3 +147,13 @@ def test_5_make_tls_files_refuses_hosts_that_are_no_list_of_host_names(tmp_path,
     with pytest.raises(ValueError, match=r"^hosts"):
         make_tls_files(tmp_path / "tls", hosts=hosts)
     assert not (tmp_path / "tls").exists()
+
+
+@pytest.mark.parametrize("name", ["../node0", "", ".", "a/b", " ", "n\n", None])
+def test_6_make_node_key_refuses_a_name_that_is_no_file_name(tmp_path, name):
+    from fedprivopt.deploy.tls import make_node_key
+
+    with pytest.raises(ValueError, match=r"^name must be one file name"):
+        make_node_key(tmp_path / "keys", name)
+    assert list(tmp_path.iterdir()) == []
+    assert make_node_key(tmp_path / "keys", "node-0").private_key == tmp_path / "keys" / "node-0"

@@ -180,9 +180,9 @@ def check_flower_resources(config: RunConfig) -> None:
     machine = os.cpu_count() or 1
     if config.engine != "flower" and not config.fast_actors:
         return  # in process: no Ray
-    ray_processes.enough_open_files(
-        'engine = "flower"' if config.engine == "flower" else "fast-actors"
-    )
+    starts_ray = 'engine = "flower"' if config.engine == "flower" else "fast-actors"
+    ray_processes.enough_open_files(starts_ray)
+    ray_processes.check_ray_temp_dir(starts_ray)
     if config.ray_cpus > machine:  # Ray would start a pool sized for CPUs that are not there
         zero = (
             "one CPU a shard"

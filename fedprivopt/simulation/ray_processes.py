@@ -34,9 +34,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from fedprivopt.core.text import shown
+
 __all__ = [
     "RAY_OPEN_FILES",
     "RUN_MARKER_ENV",
+    "check_ray_temp_dir",
     "enough_open_files",
     "own_processes",
     "ray_keeps_handlers",
@@ -98,6 +101,48 @@ def enough_open_files(what: str) -> None:
             f"{what} starts Ray, which needs at least {RAY_OPEN_FILES} open files, but this "
             f"process may open {soft} (ulimit -n; hard limit {shown_hard}): raise the limit "
             f'(ulimit -n 4096) or use engine = "fast" without fast-actors'
+        )
+
+
+_RAY_SOCKET = "/ray/session_2026-11-30_00-24-47_263118_{pid}/sockets/plasma_store"
+"""The longest socket path Ray's head makes under its temporary directory (same length)."""
+
+
+def check_ray_temp_dir(what: str) -> None:
+    """Refuse a temporary directory whose path leaves Ray's sockets no room (before Ray starts).
+
+    Thirty-seventh review of issue 15 (cli, finding 7): ``TMPDIR`` (Ray takes it on Linux) or
+    ``RAY_TMPDIR`` of 90 characters (a job's scratch directory on a cluster) made ``simulate
+    --engine flower`` print 152 lines ("validate_socket_filename failed: AF_UNIX path length
+    cannot exceed 107 bytes", "Simulation Runtime crashed"), rc 1. The directory is Ray's own
+    choice (``ray._common.utils.get_default_system_temp_dir``): ``RAY_TMPDIR`` if set, else
+    ``TMPDIR`` on Linux, else ``/tmp``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``what``, the variable and the length a socket's path may have.
+    """
+    if sys.platform.startswith("linux"):
+        limit = 107
+    elif sys.platform == "darwin":
+        limit = 103
+    else:
+        return  # no Unix sockets
+    for name in ("RAY_TMPDIR", "TMPDIR"):
+        if name in os.environ and (name == "RAY_TMPDIR" or limit == 107):
+            base = os.environ[name]
+            break
+    else:
+        return  # /tmp
+    room = limit - len(_RAY_SOCKET.format(pid=os.getpid()))  # bytes left for the directory
+    size = len(os.fsencode(os.path.expanduser(base)))  # as Ray expands it
+    if size > room:
+        raise ValueError(
+            f"{what} starts Ray, whose sockets would lie under {name} = {shown(base)}: their "
+            f"paths would have {size + limit - room} bytes, more than the {limit} a Unix "
+            f"socket's path may have; set RAY_TMPDIR to a directory of at most {room} bytes "
+            "(RAY_TMPDIR=/tmp)"
         )
 
 

@@ -40,6 +40,14 @@ The first four are the environment reviewer's reports on the limits of a process
    imported, rc 1. Now, when ``PYTHONWARNINGS`` or ``-W`` make warnings errors, one line naming
    the warning and ``PYTHONWARNINGS=default``, rc 2 (nothing written: the run directory it had
    begun is removed as for any refusal); otherwise a raised Warning stays a traceback.
+7. ``TMPDIR`` (Ray takes it on Linux) or ``RAY_TMPDIR`` of 90 characters (a cluster job's
+   scratch directory) made ``simulate toy.toml --engine flower`` print 152 lines
+   ("validate_socket_filename failed: AF_UNIX path length cannot exceed 107 bytes", "Simulation
+   Runtime crashed"), rc 1. Now ``ray_processes.check_ray_temp_dir`` (from
+   ``check_flower_resources``, before anything is written) refuses it: rc 2, ``engine =
+   "flower" starts Ray, whose sockets would lie under TMPDIR = '…': their paths would have 108
+   bytes, more than the 107 …; set RAY_TMPDIR to a directory of at most 41 bytes``
+   (measured: 41 bytes run, rc 0).
 """
 
 from __future__ import annotations
@@ -271,3 +279,38 @@ def test_6_a_warning_raised_otherwise_stays_a_traceback(tmp_path, monkeypatch):
     with warnings.catch_warnings(), pytest.raises(DeprecationWarning):
         warnings.simplefilter("error")
         _cli(tmp_path, "simulate", TOY, "--rounds", "1", "--out", str(tmp_path / "R"))
+
+
+# -- finding 7: a temporary directory too long for Ray's sockets ---------------------------------
+
+
+def _room() -> int:
+    return 107 - len(ray_processes._RAY_SOCKET.format(pid=os.getpid()))
+
+
+@pytest.mark.parametrize("name", ["RAY_TMPDIR", "TMPDIR"])
+def test_7_a_temporary_directory_too_long_for_rays_sockets_is_refused(tmp_path, monkeypatch, name):
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setenv(name, "/" + "d" * 89)
+    out = tmp_path / "R"
+    argv = ["simulate", TOY, "--engine", "flower", "--rounds", "1", "--out", str(out), "--quiet"]
+    line = _one_line(_cli(tmp_path, *argv))  # before: 152 lines of Ray's and Flower's errors, rc 1
+    assert line.startswith(
+        f'fedprivopt simulate: error: engine = "flower" starts Ray, whose sockets would lie '
+        f"under {name} = '/ddd"
+    ), line
+    assert line.endswith(
+        f"set RAY_TMPDIR to a directory of at most {_room()} bytes (RAY_TMPDIR=/tmp)"
+    )
+    assert not out.exists()
+
+
+def test_7_a_directory_that_leaves_room_passes(monkeypatch):
+    monkeypatch.setenv("RAY_TMPDIR", "/" + "d" * (_room() - 1))
+    ray_processes.check_ray_temp_dir("fast-actors")  # exactly the room: Ray started (measured)
+    monkeypatch.setenv("RAY_TMPDIR", "/" + "d" * _room())
+    with pytest.raises(ValueError, match=r"^fast-actors starts Ray, .* would have 108 bytes"):
+        ray_processes.check_ray_temp_dir("fast-actors")
+    monkeypatch.delenv("RAY_TMPDIR")
+    monkeypatch.delenv("TMPDIR", raising=False)
+    ray_processes.check_ray_temp_dir("fast-actors")  # /tmp

@@ -116,10 +116,18 @@ class RunData:
 
     @property
     def rounds_completed(self) -> int:
-        """Completed rounds (the largest round in the metrics if the summary lacks it)."""
+        """Completed rounds: the summary's, but never fewer than the largest round in the rows.
+
+        Thirty-seventh review of issue 15 (reports, finding 5): ``write_report(out,
+        load_runs(R))`` of a 2-round run whose ``summary.json`` says ``rounds_completed`` 1
+        reported "rounds 1" beside the final metrics of round 2 (reports take them from the
+        rows, which a summary edited alone cannot change); the rows are written as the rounds
+        complete, so no run has a row past its completed rounds.
+        """
+        most = max((int(r["round"]) for r in self.rows), default=0)
         if "rounds_completed" in self.summary:
-            return int(self.summary["rounds_completed"])
-        return max((int(r["round"]) for r in self.rows), default=0)
+            return max(int(self.summary["rounds_completed"]), most)
+        return most
 
     def has_metric(self, metric: str) -> bool:
         """Whether the final results or any row report ``metric``."""

@@ -31,6 +31,11 @@
    documented, but the warning said ``its privacy_ledger.jsonl states delta 0.0001, its
    config.toml 0.5``, naming a file the run does not have. It names ``summary.json`` now, the
    file δ came from.
+5. ``write_report(out, load_runs(R))`` of a 2-round run whose ``summary.json`` was edited to
+   ``rounds_completed`` 1: the Summary said rounds ``1`` beside the final accuracy of round 2
+   (reports take the final metrics from ``metrics.jsonl``, whose rows a summary edited alone
+   does not change; ``compare`` audits and rewrites such a summary). The rounds are now never
+   fewer than the rows' last round: ``2``.
 """
 
 from __future__ import annotations
@@ -110,3 +115,12 @@ def test_4_the_delta_note_names_summary_json_when_there_is_no_config_toml(runs, 
     (run / "summary.json").write_text(json.dumps({**summary, "delta": 0.5}), encoding="utf-8")
     note = load_run(run).warnings[0]
     assert note.endswith("states delta 0.0001, its summary.json 0.5; epsilon is composed at 0.5")
+
+
+# -- 5: rounds never fewer than the rows show -----------------------------------------------------
+def test_5_rounds_are_never_fewer_than_the_rows_show(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs["rdp"].path, run)
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    (run / "summary.json").write_text(json.dumps({**summary, "rounds_completed": 1}), "utf-8")
+    assert load_run(run).rounds_completed == 2

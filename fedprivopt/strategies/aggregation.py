@@ -7,7 +7,7 @@ a noise std beyond the model dtype's range (:data:`NOISE_HEADROOM`), computes th
 one cohort's updates (:meth:`~AlgorithmAggregation.aggregate`: server noise keyed by round and
 stream, the cohort's replies checked, frozen coordinates zeroed) and the noise std a server
 optimizer may use. It reads and sets the algorithm's attributes (``config``, ``params``, ``rngs``,
-``aggregator``, ``clipping``, ``tree_noise``, ``frozen``, ``round_num``).
+``aggregator``, ``clipping``, ``tree_noise``, ``frozen``, ``round_num``, ``accountant``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ A float32 Gaussian draw reaches about 6 standard deviations (Box-Muller of 24-bi
 secure mode adds four draws before halving, and tree aggregation's prefix sums add up to
 about 20 nodes (about 4.6 standard deviations of one): 64 keeps every draw finite.
 """
+
+
+def _stream_name(stream: str) -> str:
+    """`` of stream 'train-2'`` for a named stream (one of ADADP's cohorts), else nothing."""
+    return f" of stream {stream!r}" if stream else ""
 
 
 def largest_noise_std(dtype: torch.dtype) -> float:
@@ -170,6 +175,14 @@ class AlgorithmAggregation:
                 f"{self.round_num}): a round runs once, after the rounds before it (run again, its "
                 "seeded noise would repeat)"
             )
+        self._refuse_over_budget(round_num)
+        if (round_num, stream) in self._aggregated:
+            raise ValueError(
+                f"round {round_num} was begun already: its noised sum{_stream_name(stream)} was "
+                "computed by an earlier attempt that did not finish (ADADP's half-step point "
+                "carries it to the second cohort); a round runs once (run again, its noise would "
+                "repeat in seeded mode, or be released twice under one charge in secure mode)"
+            )
         if clip_norm is not None:
             # a short API review of issue 15: True and 1+0j equal a configured C of 1 and were
             # taken; 1e300 overflowed squaring the noise std (now refused by the aggregator)
@@ -257,7 +270,28 @@ class AlgorithmAggregation:
             agg.delta_tilde.masked_fill_(self.frozen, 0.0)
         if self.clipping is not None:
             self.clipping.count(round_num, self.rngs, updates, agg, bad_bits, stream, received)
+        self._aggregated.add((round_num, stream))  # until the round finishes (_finish)
         return agg
+
+    def _refuse_over_budget(self, round_num: int) -> None:
+        """Refuse round ``round_num`` when its events would push ε above ``target-epsilon``.
+
+        The engines stop before such a round (``budget_allows_next_round``); this refuses it,
+        before any noise is drawn, to a caller of the Python API that does not (thirty-seventh
+        review of issue 15: ``drive_round`` of a config with ``target_epsilon = 8`` released
+        rounds 2 and 3 at ε 10.28 and 12.17, the second cohort of an ADADP round alike).
+        """
+        c = self.config
+        events = self.round_events(round_num)
+        if c.target_epsilon is None or not events:
+            return
+        if self.accountant.would_exceed(c.target_epsilon, c.delta, events):
+            after = self.accountant.epsilon_after(events, c.delta)
+            raise ValueError(
+                f"round {round_num} would spend epsilon {after:.6g}, above target-epsilon "
+                f"{c.target_epsilon:g} ({self.epsilon():.6g} spent through round "
+                f"{self.round_num}): stop when budget_allows_next_round() is false"
+            )
 
     def optimizer_noise_std(self, agg: Any, clip_norm: float | None = None) -> float:
         """The per-coordinate noise std of Δ̃ that a server optimizer may use: public.

@@ -134,6 +134,9 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         self.transform = self.make_transform()
         self.opt_state = self.init_state()
         self.stopped_reason: str | None = None
+        #: ``(round, stream)`` of the noised sums computed since the last round finished: one
+        #: computed again (a round retried after its second cohort failed) is refused.
+        self._aggregated: set[tuple[int, str]] = set()
         #: Called as ``(round_num, events, point)`` before a round sends out a point computed
         #: from a noised sum of the same round (ADADP's half step), so that the run's ledger
         #: records that part of the round first (``RunWriter`` sets it; ``None``: no ledger).
@@ -335,6 +338,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         if events:
             self.accountant.step(events)
         self.round_num = round_num
+        self._aggregated = set()
         self._average()
         metrics = {**metrics, **(self.clipping.step() if self.clipping is not None else {})}
         out = {"cohort_size": float(len(users)), **metrics, "epsilon": self.epsilon()}

@@ -205,7 +205,7 @@ def _foreign_beside_tune(out: Path, reports: list[str]) -> list[str]:
     ``runs/``).
     """
     from fedprivopt.simulation.cells import CELL_NAME
-    from fedprivopt.simulation.tune_check import PLAN_FILE
+    from fedprivopt.simulation.tune_plan import PLAN_FILE
 
     tune = out / TUNE_DIR
     if tune.is_symlink() or not tune.is_dir():
@@ -329,7 +329,7 @@ def _refuse_copied_cells(out: Path, tunings: list) -> None:
     removed, with compare-tuned's words ``TUNED: 'OUT/tune/CELL1' has the tuning seed of …``,
     a flag ``compare`` does not have. Now refused before anything is written, naming both cells.
     """
-    from fedprivopt.simulation.tune_check import PLAN_FILE
+    from fedprivopt.simulation.tune_plan import PLAN_FILE
 
     first: dict[int, str] = {}
     for cell, ns, _ in tunings:

@@ -81,7 +81,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         run_trials,
         select_best,
     )
-    from fedprivopt.simulation.tune_check import PLAN_FILE
+    from fedprivopt.simulation.tune_plan import PLAN_FILE
     from fedprivopt.simulation.tune_replan import check_plan, discard_tuning
     from fedprivopt.simulation.tune_report import costliest_text, summary_of, write_tune_outputs
 

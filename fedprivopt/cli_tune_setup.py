@@ -214,7 +214,7 @@ class TuningSetup:
     trials: list
     cells: list
     document: dict
-    """The plan ``tune.json`` records (:func:`~fedprivopt.simulation.tune_check.plan_document`)."""
+    """The plan ``tune.json`` records (:func:`~fedprivopt.simulation.tune_plan.plan_document`)."""
 
 
 _TRIAL_KEYS = {"seed": "every trial runs its own seed, drawn from the tuning seed (--seed)"}
@@ -231,8 +231,8 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     from fedprivopt.simulation.cells import Cell, task_key
     from fedprivopt.simulation.config import config_to_toml
     from fedprivopt.simulation.tune import check_tune_dir, draw_trials, parse_grid
-    from fedprivopt.simulation.tune_check import plan_digest, plan_document
     from fedprivopt.simulation.tune_grid import check_grid_overrides, refuse_table_spellings
+    from fedprivopt.simulation.tune_plan import plan_digest, plan_document
 
     trial_count = trial_count_of(args)
     out = check_out_dir(args.out)

@@ -1,19 +1,22 @@
 """What ``fedprivopt compare-tuned`` checks before it reports a tuning's released trial.
 
-``fedprivopt tune`` writes ``tune.json`` (:func:`plan_document`) before any trial runs: the base
-configuration (the preset with the call's overrides), the grid, the distribution of the number of
-trials, the tuning seed, δ and the drawn trials (label, hyperparameters, run seed).
+``fedprivopt tune`` writes ``tune.json`` (:mod:`fedprivopt.simulation.tune_plan`) before any
+trial runs: the base configuration (the preset with the call's overrides), the grid, the
+distribution of the number of trials, the tuning seed, δ and the drawn trials (label,
+hyperparameters, run seed).
 :func:`check_tuning` then recomputes the tuning's ε from what the files show, never trusting one
 file alone:
 
 * ``summary.json`` must agree with ``tune.json`` (distribution, seed, δ, grid, metric,
-  strategy, trials), and ``tune.json``'s trials must be those its seed draws;
+  strategy, trials), and ``tune.json``'s trials must be those its seed draws
+  (:func:`~fedprivopt.simulation.tune_plan.cross_check`,
+  :func:`~fedprivopt.simulation.tune_plan.check_draws`);
 * every trial's ``config.toml`` must be the base configuration with the trial's hyperparameters
   and seed, its privacy ledger must match that configuration
   (:meth:`~fedprivopt.simulation.ledger.RunLedger.check_config`), state the same δ and name
-  ``tune.json``'s plan by its digest (:func:`plan_digest`, recorded when the trial started), so
-  that a grid or trial count rewritten in ``tune.json`` and ``summary.json`` alike is refused
-  unless every trial's ledger is rewritten too;
+  ``tune.json``'s plan by its digest (:func:`~fedprivopt.simulation.tune_plan.plan_digest`,
+  recorded when the trial started), so that a grid or trial count rewritten in ``tune.json``
+  and ``summary.json`` alike is refused unless every trial's ledger is rewritten too;
 * the single run's bound is recomputed from the base configuration over every grid point
   (:func:`~fedprivopt.simulation.tune.planned_ledger`,
   :func:`~fedprivopt.simulation.tune.dominating_plan`), raised to any trial ledger beyond it;
@@ -25,8 +28,6 @@ The ε used is the largest of the recomputed one and those the summary states.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -37,81 +38,27 @@ from typing import Any
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.tuning import (
-    TrialCount,
     composed_tuning_epsilon,
     finite_orders,
     tuning_epsilon,
 )
 from fedprivopt.simulation.files import SMALL_FILE_LIMIT, check_regular, parse_json
+from fedprivopt.simulation.tune_plan import (
+    PLAN_FILE,
+    check_draws,
+    cross_check,
+    plan_digest,  # also the public path docs/RELIABILITY.md names (tune_check.plan_digest)
+    read_trial_count,
+    same_json,
+)
 
 __all__ = [
-    "PLAN_FILE",
     "TunedCheck",
     "check_tuning",
     "check_tunings",
     "composed_epsilon",
     "plan_digest",
-    "plan_document",
-    "same_json",
 ]
-
-PLAN_FILE = "tune.json"
-PLAN_VERSION = 1
-
-
-def plan_document(
-    *,
-    preset: str,
-    strategy: str,
-    metric: str,
-    base_config_toml: str,
-    grid: Mapping[str, Sequence[Any]],
-    overrides: Mapping[str, Any],
-    trials: TrialCount,
-    seed: int,
-    delta: float,
-    drawn: Sequence[Any],
-    seed_secret: bool = False,
-) -> dict[str, Any]:
-    """The content of ``tune.json``, written before any trial runs.
-
-    ``seed_secret``: the seed was drawn from OS entropy (``seed_source`` ``"os-entropy"``); this
-    file, the operator's, is then the only one that records it.
-    """
-    return {
-        "kind": "fedprivopt-tune-plan",
-        "version": PLAN_VERSION,
-        "preset": preset,
-        "strategy": strategy,
-        "metric": metric,
-        "base_config": base_config_toml,
-        "grid": {k: list(v) for k, v in grid.items()},
-        "overrides": dict(overrides),
-        "trial_count": trials.to_dict(),
-        "seed": seed,
-        "seed_source": "os-entropy" if seed_secret else "--seed",
-        "delta": delta,
-        "trials": [
-            {"trial": t.label, "hyperparameters": t.hyperparameters, "seed": t.seed} for t in drawn
-        ],
-    }
-
-
-PLAN_IDENTITY = ("base_config", "strategy", "metric", "grid", "trial_count", "seed", "delta",
-                 "trials")  # fmt: skip
-"""The keys of ``tune.json`` that make a plan (what ``tune`` compares before reusing trials)."""
-
-
-def plan_digest(plan: Mapping[str, Any]) -> str:
-    """SHA-256 of a plan's :data:`PLAN_IDENTITY` keys, as canonical JSON.
-
-    Every trial's ledger header records it (``tuning_plan``) when the trial starts; the
-    preset's path and the seed's source are not part of it (a call from another directory
-    continues the same plan).
-    """
-    identity = {key: plan.get(key) for key in PLAN_IDENTITY}
-    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -163,60 +110,6 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not {what}")
     return data
-
-
-def same_json(a: Any, b: Any) -> bool:
-    """JSON equality that tells ``1`` from ``1.0`` and ``true`` from ``1``."""
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def _trial_count(path: Path, data: Any) -> TrialCount:
-    dist = data["distribution"]
-    try:
-        return TrialCount(dist, data["mean"], None if dist == "poisson" else data["shape"])
-    except ValueError as exc:  # nineteenth review of issue 15: the message named no file
-        raise ValueError(f"{path / PLAN_FILE}: its trial_count: {exc}") from None
-
-
-def _cross_check(path: Path, summary: dict[str, Any], plan: dict[str, Any]) -> None:
-    """``summary.json`` against ``tune.json``: any disagreement is refused, naming the key."""
-    for key in ("strategy", "metric", "grid", "overrides", "trial_count", "seed", "delta"):
-        if key == "seed" and summary.get(key) is None and plan.get("seed_source") == "os-entropy":
-            continue  # a secret seed is kept out of summary.json
-        if not same_json(summary.get(key), plan.get(key)):
-            raise ValueError(
-                f"{path / 'summary.json'}: its {key} {shown(summary.get(key))} disagrees with "
-                f"{PLAN_FILE}'s {shown(plan.get(key))}; the tuning's files were edited"
-            )
-    stated = [(r.get("trial"), r.get("hyperparameters"), r.get("seed")) for r in summary["trials"]]
-    planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
-    if not same_json(stated, planned):
-        raise ValueError(
-            f"{path / 'summary.json'}: its trials disagree with {PLAN_FILE}'s; the tuning's files "
-            "were edited"
-        )
-
-
-def _check_draws(path: Path, plan: dict[str, Any], trials: TrialCount) -> None:
-    from fedprivopt.simulation.tune import draw_trials
-
-    grid = {k: tuple(v) for k, v in plan["grid"].items()}
-    try:
-        drawn = [(t.label, t.hyperparameters, t.seed)
-                 for t in draw_trials(grid, trials, int(plan["seed"]))]  # fmt: skip
-    except ValueError as exc:  # nineteenth review of issue 15: the message named no file
-        raise ValueError(f"{path / PLAN_FILE}: its seed, grid or trial count: {exc}") from None
-    planned = [(t["trial"], t["hyperparameters"], t["seed"]) for t in plan["trials"]]
-    if not same_json(drawn, planned):
-        raise ValueError(
-            f"{path / PLAN_FILE}: its trials are not those its seed, grid and trial count draw; "
-            "the tuning's files were edited"
-        )
-    runs = path / "runs"
-    labels = {t["trial"] for t in plan["trials"]}
-    extra = sorted(p.name for p in runs.iterdir() if p.name not in labels) if runs.is_dir() else []
-    if extra:
-        raise ValueError(f"{runs}: holds {shown(extra[0])}, not a trial of {path / PLAN_FILE}")
 
 
 def _load_config(path: Path, overrides: Mapping[str, Any] | None = None):
@@ -403,9 +296,9 @@ def check_tuning(path: str | Path) -> TunedCheck:
     try:
         if plan.get("kind") != "fedprivopt-tune-plan":
             raise ValueError(f"{path / PLAN_FILE}: not a tuning's plan")
-        _cross_check(path, summary, plan)
-        trials = _trial_count(path, plan["trial_count"])
-        _check_draws(path, plan, trials)
+        cross_check(path, summary, plan)
+        trials = read_trial_count(path, plan["trial_count"])
+        check_draws(path, plan, trials)
         best_dir = _best_dir(path, summary, plan)
         delta = float(plan["delta"])
         stated_ledger = _stated_ledger(path, summary)

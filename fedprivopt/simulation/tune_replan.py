@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.simulation.files import SMALL_FILE_LIMIT, parse_json
-from fedprivopt.simulation.tune_check import PLAN_FILE, same_json
+from fedprivopt.simulation.tune_plan import PLAN_FILE, same_json
 
 __all__ = ["check_discardable", "check_plan", "discard_tuning", "plan_difference", "read_plan"]
 
@@ -101,7 +101,7 @@ def plan_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> str
     Parameters
     ----------
     stored, wanted : mapping
-        Plan documents (:func:`~fedprivopt.simulation.tune_check.plan_document`): the one in
+        Plan documents (:func:`~fedprivopt.simulation.tune_plan.plan_document`): the one in
         the directory and the one of this call.
     """
     if not same_json(stored.get("base_config"), wanted.get("base_config")):

@@ -33,7 +33,7 @@ __all__ = [
 
 def _tuning_of(path: Path) -> Path | None:
     """The tuning directory whose ``runs/`` holds (or is) ``path``, or that ``path`` is."""
-    from fedprivopt.simulation.tune_check import PLAN_FILE
+    from fedprivopt.simulation.tune_plan import PLAN_FILE
 
     path = path.resolve()
     if (path / PLAN_FILE).exists():
@@ -46,7 +46,7 @@ def _tuning_of(path: Path) -> Path | None:
 
 def _tunings_in(path: Path) -> list[Path]:
     """The tuning directories (holding a ``tune.json``) in ``path``; none if it is unreadable."""
-    from fedprivopt.simulation.tune_check import PLAN_FILE
+    from fedprivopt.simulation.tune_plan import PLAN_FILE
 
     try:
         return sorted(p for p in path.iterdir() if (p / PLAN_FILE).is_file())

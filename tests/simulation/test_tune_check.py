@@ -244,7 +244,7 @@ def _draws(plan, trial_count):
 
 def test_every_trials_ledger_names_the_plan_of_tune_json(tunings):
     from fedprivopt.simulation.ledger import RunLedger
-    from fedprivopt.simulation.tune_check import plan_digest
+    from fedprivopt.simulation.tune_plan import plan_digest
 
     plan = json.loads((tunings / "a" / "tune.json").read_text())
     labels = [t["trial"] for t in plan["trials"]]
@@ -307,7 +307,7 @@ def test_a_grid_rewritten_in_both_files_is_refused(tmp_path, capsys):
 
 def test_a_trial_without_the_plan_in_its_ledger_is_refused(tunings, tmp_path, capsys):
     """A header without the digest (removed, or written by an earlier version) is refused."""
-    from fedprivopt.simulation.tune_check import PLAN_FILE
+    from fedprivopt.simulation.tune_plan import PLAN_FILE
 
     tuned = _copy(tunings, tmp_path)
     best = json.loads((tuned / "summary.json").read_text())["best"]["trial"]

@@ -12,12 +12,12 @@ minibatches, preconditioned local SGD, whole-update clipping), up to float round
   and the updates of a chunk are returned as one
   :class:`~fedprivopt.privacy.sparse.RowSparseBatch` (each user clipped on its rows: every other
   entry is exactly zero);
-* **vectorized**: the users of a chunk are prepared at once and stacked into one matrix of rows;
-  local step ``t`` of every user still training is one slice of a stream of bags laid out in step
-  order: ``embedding_bag`` forwards over the global rows and the stacked updates, the gradient of
-  the logits in closed form, and the rows' gradients as one more ``embedding_bag`` over it. Each
-  user's loss is its own minibatch mean, and users' rows are disjoint, so each row receives
-  exactly its user's gradient.
+* **vectorized**: the users of a chunk are prepared at once and stacked into one matrix of rows
+  (:mod:`~fedprivopt.models.tag_prediction_chunk`); local step ``t`` of every user still training
+  is one slice of a stream of bags laid out in step order: ``embedding_bag`` forwards over the
+  global rows and the stacked updates, the gradient of the logits in closed form, and the rows'
+  gradients as one more ``embedding_bag`` over it. Each user's loss is its own minibatch mean,
+  and users' rows are disjoint, so each row receives exactly its user's gradient.
 
 Costs per round are proportional to the cohort's words (tokens x K), not to ``users x V x K``.
 
@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from fedprivopt.core.local import LocalConfig, epoch_orders
+from fedprivopt.core.local import LocalConfig
 from fedprivopt.models.cohort import CohortTrainer
+from fedprivopt.models.tag_prediction_chunk import TagChunk, prepare_chunk, visit_schedule
 from fedprivopt.models.tag_prediction_encoding import ragged_index
 from fedprivopt.privacy.clip import clip_factor
 from fedprivopt.privacy.rng import RngFactory
@@ -81,27 +81,6 @@ def _sigmoid(logits: torch.Tensor) -> torch.Tensor:
     buf = torch.zeros(n + (-n) % SIMD_SPAN, dtype=logits.dtype, device=logits.device)
     buf[:n].copy_(logits.reshape(-1))
     return buf.sigmoid_()[:n].view(logits.shape)
-
-
-@dataclass
-class _Chunk:
-    """A chunk of users' data for this round, laid out for training (all int64 unless noted).
-
-    The stacked rows hold user ``i``'s sorted word rows, then its bias row (``V``), at
-    ``row_ptr[i] ... row_ptr[i + 1] - 1``: exactly the layout of the batch of updates returned.
-    """
-
-    rows: torch.Tensor  # (R,) model row of each stacked row
-    row_ptr: torch.Tensor  # (n + 1,) each user's stacked rows
-    examples: torch.Tensor  # (n,) examples each user uses this round (k)
-    ex_user: torch.Tensor  # (E,) user (position in the chunk) of each example, user-major
-    visits: torch.Tensor  # the users' epoch orders, concatenated: positions among its examples
-    visit_counts: torch.Tensor  # (n,) epochs x k
-    tok_ids: torch.Tensor  # stacked rows of each example's bag: its words, then its bias row
-    tok_w: torch.Tensor  # float32 bag weights: 1 / words of the example (OOV included); bias 1
-    ex_len: torch.Tensor  # (E,) bag length: in-vocabulary words + 1
-    labels: torch.Tensor  # each example's tag ids, concatenated (one each if single-label)
-    label_ptr: torch.Tensor  # (E + 1,) each example's labels
 
 
 class TagCohortTrainer(CohortTrainer):
@@ -216,74 +195,6 @@ class TagCohortTrainer(CohortTrainer):
         return out
 
     # ----------------------------------------------------------------------------- chunks
-    def _prepare(
-        self, users: list[int], round_num: int, config: LocalConfig, rngs: RngFactory, stream: str
-    ) -> _Chunk:
-        """The chunk's data for this round.
-
-        Each user's example subset and epoch orders come from its own keyed generator, drawn as
-        :class:`~fedprivopt.clients.LocalTrainer` draws them; the rest is done for the chunk at
-        once (one read of the picked examples, one ``unique`` for every user's rows).
-        """
-        V, n = self.vocab_size, len(users)
-        picks, orders = [], []
-        for user, size in zip(users, self.task.user_sizes(users), strict=True):
-            subset, order = epoch_orders(
-                size,
-                epochs=config.epochs,
-                max_examples=config.max_examples,
-                generator=rngs.generator(round_num, "shuffle", stream, user),
-            )
-            picks.append(subset)
-            orders.append(torch.cat(order) if order else torch.empty(0, dtype=torch.int64))
-        data = self.task.examples_csr(users, picks)
-        examples = torch.tensor([int(p.numel()) for p in picks], dtype=torch.int64)
-        n_ex = int(examples.sum())
-        ex_user = torch.repeat_interleave(torch.arange(n), examples, output_size=n_ex)
-        tok_ex = torch.repeat_interleave(
-            torch.arange(n_ex), data.lengths, output_size=int(data.tokens.numel())
-        )
-        in_vocab = data.tokens < V
-        # bag weights as bag_of_words: 1 / (words of the example, OOV included), float32
-        word_w = (1.0 / data.lengths.clamp_min(1).to(torch.float32))[tok_ex[in_vocab]]
-        tok_ex, tokens = tok_ex[in_vocab], data.tokens[in_vocab]
-        tok_user = ex_user[tok_ex]
-        # each user's distinct words, user-major and sorted: its stacked rows
-        words, inverse = torch.unique(tok_user * V + tokens, return_inverse=True)
-        word_user = torch.div(words, V, rounding_mode="floor")
-        row_ptr = torch.zeros(n + 1, dtype=torch.int64)
-        torch.cumsum(torch.bincount(word_user, minlength=n) + 1, 0, out=row_ptr[1:])
-        rows = torch.full((int(row_ptr[-1]),), V, dtype=torch.int64)
-        rows[torch.arange(words.numel()) + word_user] = words - word_user * V
-        # every example's bag ends with its user's bias row, weight 1: the forward adds the
-        # bias, and the backward sums the bias gradient, with the words (no separate pass)
-        word_ids = inverse + tok_user  # one bias row per earlier user precedes its rows
-        ex_len = torch.bincount(tok_ex, minlength=n_ex) + 1
-        bias_pos = torch.cumsum(ex_len, 0) - 1
-        tok_ids = torch.empty(int(bias_pos[-1]) + 1 if n_ex else 0, dtype=torch.int64)
-        tok_w = torch.empty(tok_ids.numel(), dtype=torch.float32)
-        word_pos = torch.arange(word_ids.numel()) + tok_ex  # one bias token per earlier example
-        tok_ids[word_pos], tok_w[word_pos] = word_ids, word_w
-        tok_ids[bias_pos], tok_w[bias_pos] = row_ptr[1:][ex_user] - 1, 1.0
-        if self.task.single_label:
-            label_ptr = torch.arange(n_ex + 1)
-        else:
-            label_ptr = torch.zeros(n_ex + 1, dtype=torch.int64)
-            torch.cumsum(data.label_lengths, 0, out=label_ptr[1:])
-        return _Chunk(
-            rows=rows,
-            row_ptr=row_ptr,
-            examples=examples,
-            ex_user=ex_user,
-            visits=torch.cat(orders) if orders else torch.empty(0, dtype=torch.int64),
-            visit_counts=torch.tensor([int(o.numel()) for o in orders], dtype=torch.int64),
-            tok_ids=tok_ids,
-            tok_w=tok_w,
-            ex_len=ex_len,
-            labels=data.labels,
-            label_ptr=label_ptr,
-        )
-
     def _train_chunk(
         self,
         model: torch.Tensor,
@@ -297,7 +208,9 @@ class TagCohortTrainer(CohortTrainer):
     ) -> RowSparseBatch:
         dev = self.device
         with self._step_threads():
-            chunk = self._prepare(users, round_num, config, rngs, stream)
+            chunk = prepare_chunk(
+                self.task, self.vocab_size, users, round_num, config, rngs, stream
+            )
         self.check_stopped()
         rows_dev = chunk.rows.to(dev)
         # each user's update, trained directly: the model it reads is the global rows + these
@@ -317,7 +230,7 @@ class TagCohortTrainer(CohortTrainer):
         delta: torch.Tensor,
         rows: torch.Tensor,
         p_st: torch.Tensor | None,
-        chunk: _Chunk,
+        chunk: TagChunk,
         config: LocalConfig,
     ) -> None:
         """Every local step of every user of a chunk, in place on the stacked updates ``delta``.
@@ -333,7 +246,7 @@ class TagCohortTrainer(CohortTrainer):
         for a window of whole steps of at most :data:`CHUNK_VISITS` visits at a time
         (:meth:`_window`).
         """
-        visits, steps_of, scale_of = self._schedule(chunk, config.batch_size)
+        visits, steps_of, scale_of = visit_schedule(chunk, config.batch_size)
         # whole steps, at most CHUNK_VISITS visits at a time (one step at least): a user whose
         # epochs x examples exceed it alone is laid out a window at a time (finding 4); each
         # step computes as it did in one window, to the bit
@@ -357,7 +270,7 @@ class TagCohortTrainer(CohortTrainer):
         delta: torch.Tensor,
         rows: torch.Tensor,
         p_st: torch.Tensor | None,
-        chunk: _Chunk,
+        chunk: TagChunk,
         config: LocalConfig,
         visits: torch.Tensor,
         steps_of: torch.Tensor,
@@ -473,40 +386,6 @@ class TagCohortTrainer(CohortTrainer):
             buf = torch.empty(max(rows, 1) * 5 // 4 + 1, width, dtype=dtype, device=device)
             self._workspace_buffers[name] = buf
         return buf[:rows]
-
-    @staticmethod
-    def _schedule(
-        chunk: _Chunk, batch_size: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Every example visit of the chunk, ordered by local step, then user, then position.
-
-        User ``i``'s visit ``j`` (of its ``epochs x k`` visits) is in epoch ``j // k`` at position
-        ``p = j % k``, so in its local step ``(j // k) * ceil(k / b) + p // b``, a minibatch of
-        ``min(b, k - (p // b) b)`` examples whose mean loss weighs each example by the inverse.
-
-        Returns
-        -------
-        visits : torch.Tensor
-            Example indices into the chunk's stacked examples, sorted by step (stable).
-        steps : torch.Tensor
-            The step of each visit (sorted).
-        scale : torch.Tensor
-            ``1 / minibatch size`` of each visit.
-        """
-        counts = chunk.visit_counts
-        total = int(counts.sum())
-        owner = torch.repeat_interleave(torch.arange(counts.numel()), counts, output_size=total)
-        k = chunk.examples[owner]
-        starts = torch.cumsum(counts, 0) - counts
-        j = torch.arange(total) - starts[owner]
-        epoch, pos = j // k.clamp_min(1), j % k.clamp_min(1)
-        per_epoch = (k + batch_size - 1) // batch_size
-        step = epoch * per_epoch + pos // batch_size
-        size = torch.clamp(k - (pos // batch_size) * batch_size, max=batch_size)
-        ex_offset = torch.cumsum(chunk.examples, 0) - chunk.examples
-        visits = chunk.visits + ex_offset[owner]
-        order = torch.sort(step, stable=True).indices
-        return visits[order], step[order], 1.0 / size[order].to(torch.float64)
 
     def _clip(self, delta: torch.Tensor, ptr: torch.Tensor, config: LocalConfig) -> list[float]:
         """Clip each user's rows of ``delta`` in place, as ``clip_l2`` clips a lone update.

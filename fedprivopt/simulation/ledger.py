@@ -13,7 +13,7 @@ naming its line.
 Ledgers of earlier versions recorded event counts only. They are converted conservatively when a
 checkpoint can be read (its accountant, plus the rounds the metrics show after it, plus whatever
 count the old file claims beyond that, all charged), and refused otherwise
-(:meth:`RunLedger.convert`).
+(:meth:`RunLedger.convert`, :mod:`fedprivopt.simulation.ledger_convert`).
 
 What one line holds and how a file's lines are checked: :mod:`fedprivopt.simulation.ledger_lines`;
 the checks of a resumed run against the ledger: :mod:`fedprivopt.simulation.ledger_checks`.
@@ -32,14 +32,11 @@ from typing import Any
 
 import torch
 
-from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
 from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.simulation.files import (
-    CONFIG_FILE,
     LEDGER_FILE,
-    METRICS_FILE,
     atomic_write,
     json_line,
     parse_json,
@@ -47,6 +44,7 @@ from fedprivopt.simulation.files import (
     write_synced,
 )
 from fedprivopt.simulation.ledger_checks import LedgerChecks
+from fedprivopt.simulation.ledger_convert import LedgerConversion, check_accountant_kind
 from fedprivopt.simulation.ledger_lines import (
     LEDGER_VERSION,
     OLD_LEDGER_SUFFIX,
@@ -74,29 +72,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
-_ACCOUNTANT_FIELDS = ("accountant", "pld_discretization", "prv_eps_error")
-
-
-def _check_accountant_kind(
-    accountant: PrivacyAccountant, expected: Mapping[str, Any], checkpoint: str, source: str
-) -> None:
-    """Refuse a restored checkpoint whose accountant is not the one ``source`` records.
-
-    ``expected`` holds :data:`_ACCOUNTANT_FIELDS` (a ledger's header, or the configuration's
-    accountant). Thirty-first review of issue 15: a checkpoint whose accountant was set from
-    ``"rdp"`` to ``"pld"`` (its digest recomputed with ``state_digest``) resumed with rc 0; the
-    run's metrics rows and its budget then used PLD, so a run with ``target-epsilon = 16`` went
-    on to round 8 and stopped "at its budget" with the ledger's (RDP) ε 18.41.
-    """
-    for key in _ACCOUNTANT_FIELDS:
-        have, want = getattr(accountant, key), expected[key]
-        if have != want:
-            raise ValueError(
-                f"{checkpoint}'s privacy accountant has {key} = {shown(have)}, but {source} "
-                f"records {shown(want)}: the checkpoint was edited; refusing to resume"
-            )
-
-
 def _whole_object(text: str) -> bool:
     """Whether ``text`` is a whole JSON object (not the prefix of a line cut while written)."""
     try:
@@ -105,7 +80,7 @@ def _whole_object(text: str) -> bool:
         return False
 
 
-class RunLedger(LedgerChecks):
+class RunLedger(LedgerChecks, LedgerConversion):
     """The privacy ledger of one run directory (``privacy_ledger.jsonl``).
 
     Use :meth:`read` or :meth:`create`. The in-memory :attr:`entries` mirror the file; every
@@ -135,7 +110,7 @@ class RunLedger(LedgerChecks):
 
         ``data``: the task's :func:`~fedprivopt.models.task.data_identity`, if it has one.
         ``tuning_plan``: for a trial of ``fedprivopt tune``, the digest of the plan that drew it
-        (:func:`~fedprivopt.simulation.tune_check.plan_digest`), which ``compare-tuned`` checks
+        (:func:`~fedprivopt.simulation.tune_plan.plan_digest`), which ``compare-tuned`` checks
         against ``tune.json``.
         """
         header = {
@@ -312,7 +287,7 @@ class RunLedger(LedgerChecks):
         """
         start = 0
         if checkpoint is not None:
-            _check_accountant_kind(accountant, self.header, checkpoint, self.path.name)
+            check_accountant_kind(accountant, self.header, checkpoint, self.path.name)
             ends = [e.round == round_num and e.kind != "partial" for e in self.entries]
             anchors = [i for i, end in enumerate(ends) if end]
             if not anchors:
@@ -449,93 +424,3 @@ class RunLedger(LedgerChecks):
                 "changes a redone round: resume where those are as they were, or start a new run"
             )
         return self.replay.pop(0)
-
-    # -- ledgers of earlier versions --------------------------------------------------------
-
-    @staticmethod
-    def check_carried(
-        config, accountant: PrivacyAccountant, round_num: int, checkpoint: str,
-        rows: Sequence[dict[str, Any]],
-    ) -> None:  # fmt: skip
-        """Raise unless checkpoint ``checkpoint`` accounts every ε its rounds' rows reported.
-
-        ``accountant`` holds the checkpoint's state, ``round_num`` its round: a ledger rebuilt
-        from it (:meth:`convert`) must not compose to less than a row of a round up to it
-        reported, or the checkpoint was edited.
-        """
-        configured = PrivacyAccountant(accountant=config.strategy.accountant)
-        expected = {key: getattr(configured, key) for key in _ACCOUNTANT_FIELDS}
-        _check_accountant_kind(accountant, expected, checkpoint, CONFIG_FILE)
-        if not config.strategy.private:
-            return
-        claimed = accountant.epsilon(config.strategy.delta)
-        for row in rows:
-            eps = row.get("epsilon")
-            if (
-                isinstance(eps, (int, float))
-                and row.get("round", math.inf) <= round_num
-                and eps > claimed * (1 + 1e-9)
-            ):
-                raise ValueError(
-                    f"{checkpoint} accounts epsilon {claimed:.6g} at round {round_num}, but "
-                    f"{METRICS_FILE} shows epsilon {eps:.6g} at round {row['round']}: the "
-                    "checkpoint was edited; refusing to resume"
-                )
-
-    @classmethod
-    def convert(
-        cls,
-        out: Path,
-        config,
-        accountant: PrivacyAccountant,
-        *,
-        round_num: int,
-        checkpoint: str,
-        rows: Sequence[dict[str, Any]],
-        last_released: int,
-        round_events: Sequence[SubsampledGaussianEvent],
-        old: OldLedgerError | None,
-        data: Mapping[str, Any] | None = None,
-        tuning_plan: str | None = None,
-    ) -> RunLedger:
-        """A ledger for a run whose ledger is missing or of an earlier version, conservatively.
-
-        Needs a readable checkpoint (``accountant`` holds its state, ``round_num`` its round):
-        its events are carried over (checked against the ε the metrics rows of rounds up to it
-        report by :meth:`check_carried`: a checkpoint claiming less is refused), every round the
-        rows or the summary show after it is charged ``round_events``, and whatever count an
-        older ledger claims beyond that total is charged too. The result replaces the old file,
-        which is kept as ``privacy_ledger.jsonl.v1``; nothing of it can be replayed, so the
-        rounds after the checkpoint are charged again when they are redone. ``tuning_plan``: a
-        trial's, resumed by ``tune`` under that plan, recorded as :meth:`create` records it
-        (nineteenth review of issue 15, finding 9).
-        """
-        cls.check_carried(config, accountant, round_num, checkpoint, rows)
-        header = cls.header_for(config, accountant, data, tuning_plan)
-        lines: list[dict[str, Any]] = []
-        total = 0
-
-        def add(kind: str, round_: int, released: Ledger, **extra: Any) -> None:
-            nonlocal total
-            total += count_events(released)
-            lines.append({"kind": kind, "round": round_, "events": total,
-                          "accountant": accountant.accountant,
-                          "released": released_json(released), **extra})  # fmt: skip
-
-        source = "converted from an earlier version's ledger" if old else "no ledger was found"
-        add("carried", round_num, accountant.ledger, source=f"{checkpoint} ({source})")
-        per_round = round_released(round_events)
-        for r in range(round_num + 1, last_released + 1):
-            add("round", r, per_round, params_sha256=None)
-        if old is not None and old.max_events > total and round_events:
-            extra = ((round_events[0], old.max_events - total),)
-            add("carried", max(round_num, last_released, 1), extra,
-                source=f"counted by the earlier version's {LEDGER_FILE}")  # fmt: skip
-        _log.warning(
-            "%s: %s; rebuilt from %s and the metrics: %d privacy events charged",
-            out / LEDGER_FILE,
-            source,
-            checkpoint,
-            total,
-        )
-        return cls.write_converted(out, header, lines)

@@ -1,0 +1,154 @@
+"""A run's ledger rebuilt when it is missing or of an earlier version, and accountant checks.
+
+:class:`LedgerConversion` is the part of :class:`~fedprivopt.simulation.ledger.RunLedger` (a
+mixin) that rebuilds a ledger conservatively from a readable checkpoint
+(:meth:`LedgerConversion.convert`) after checking that the checkpoint accounts every ε its
+rounds' metrics rows reported (:meth:`LedgerConversion.check_carried`).
+:func:`check_accountant_kind` refuses a restored checkpoint whose accountant is not the one the
+ledger's header or the configuration records.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedprivopt.core.text import shown
+from fedprivopt.privacy.accounting import PrivacyAccountant
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, METRICS_FILE
+from fedprivopt.simulation.ledger_lines import (
+    Ledger,
+    OldLedgerError,
+    count_events,
+    released_json,
+    round_released,
+)
+
+if TYPE_CHECKING:
+    from fedprivopt.simulation.ledger import RunLedger
+
+__all__ = ["ACCOUNTANT_FIELDS", "LedgerConversion", "check_accountant_kind"]
+
+_log = logging.getLogger(__name__)
+
+
+ACCOUNTANT_FIELDS = ("accountant", "pld_discretization", "prv_eps_error")
+
+
+def check_accountant_kind(
+    accountant: PrivacyAccountant, expected: Mapping[str, Any], checkpoint: str, source: str
+) -> None:
+    """Refuse a restored checkpoint whose accountant is not the one ``source`` records.
+
+    ``expected`` holds :data:`ACCOUNTANT_FIELDS` (a ledger's header, or the configuration's
+    accountant). Thirty-first review of issue 15: a checkpoint whose accountant was set from
+    ``"rdp"`` to ``"pld"`` (its digest recomputed with ``state_digest``) resumed with rc 0; the
+    run's metrics rows and its budget then used PLD, so a run with ``target-epsilon = 16`` went
+    on to round 8 and stopped "at its budget" with the ledger's (RDP) ε 18.41.
+    """
+    for key in ACCOUNTANT_FIELDS:
+        have, want = getattr(accountant, key), expected[key]
+        if have != want:
+            raise ValueError(
+                f"{checkpoint}'s privacy accountant has {key} = {shown(have)}, but {source} "
+                f"records {shown(want)}: the checkpoint was edited; refusing to resume"
+            )
+
+
+class LedgerConversion:
+    """The conversion of :class:`~fedprivopt.simulation.ledger.RunLedger` (a mixin).
+
+    :meth:`convert` writes through the ledger's ``header_for`` and ``write_converted``.
+    """
+
+    @staticmethod
+    def check_carried(
+        config, accountant: PrivacyAccountant, round_num: int, checkpoint: str,
+        rows: Sequence[dict[str, Any]],
+    ) -> None:  # fmt: skip
+        """Raise unless checkpoint ``checkpoint`` accounts every ε its rounds' rows reported.
+
+        ``accountant`` holds the checkpoint's state, ``round_num`` its round: a ledger rebuilt
+        from it (:meth:`convert`) must not compose to less than a row of a round up to it
+        reported, or the checkpoint was edited.
+        """
+        configured = PrivacyAccountant(accountant=config.strategy.accountant)
+        expected = {key: getattr(configured, key) for key in ACCOUNTANT_FIELDS}
+        check_accountant_kind(accountant, expected, checkpoint, CONFIG_FILE)
+        if not config.strategy.private:
+            return
+        claimed = accountant.epsilon(config.strategy.delta)
+        for row in rows:
+            eps = row.get("epsilon")
+            if (
+                isinstance(eps, (int, float))
+                and row.get("round", math.inf) <= round_num
+                and eps > claimed * (1 + 1e-9)
+            ):
+                raise ValueError(
+                    f"{checkpoint} accounts epsilon {claimed:.6g} at round {round_num}, but "
+                    f"{METRICS_FILE} shows epsilon {eps:.6g} at round {row['round']}: the "
+                    "checkpoint was edited; refusing to resume"
+                )
+
+    @classmethod
+    def convert(
+        cls,
+        out: Path,
+        config,
+        accountant: PrivacyAccountant,
+        *,
+        round_num: int,
+        checkpoint: str,
+        rows: Sequence[dict[str, Any]],
+        last_released: int,
+        round_events: Sequence[SubsampledGaussianEvent],
+        old: OldLedgerError | None,
+        data: Mapping[str, Any] | None = None,
+        tuning_plan: str | None = None,
+    ) -> RunLedger:
+        """A ledger for a run whose ledger is missing or of an earlier version, conservatively.
+
+        Needs a readable checkpoint (``accountant`` holds its state, ``round_num`` its round):
+        its events are carried over (checked against the ε the metrics rows of rounds up to it
+        report by :meth:`check_carried`: a checkpoint claiming less is refused), every round the
+        rows or the summary show after it is charged ``round_events``, and whatever count an
+        older ledger claims beyond that total is charged too. The result replaces the old file,
+        which is kept as ``privacy_ledger.jsonl.v1``; nothing of it can be replayed, so the
+        rounds after the checkpoint are charged again when they are redone. ``tuning_plan``: a
+        trial's, resumed by ``tune`` under that plan, recorded as :meth:`create` records it
+        (nineteenth review of issue 15, finding 9).
+        """
+        cls.check_carried(config, accountant, round_num, checkpoint, rows)
+        header = cls.header_for(config, accountant, data, tuning_plan)
+        lines: list[dict[str, Any]] = []
+        total = 0
+
+        def add(kind: str, round_: int, released: Ledger, **extra: Any) -> None:
+            nonlocal total
+            total += count_events(released)
+            lines.append({"kind": kind, "round": round_, "events": total,
+                          "accountant": accountant.accountant,
+                          "released": released_json(released), **extra})  # fmt: skip
+
+        source = "converted from an earlier version's ledger" if old else "no ledger was found"
+        add("carried", round_num, accountant.ledger, source=f"{checkpoint} ({source})")
+        per_round = round_released(round_events)
+        for r in range(round_num + 1, last_released + 1):
+            add("round", r, per_round, params_sha256=None)
+        if old is not None and old.max_events > total and round_events:
+            extra = ((round_events[0], old.max_events - total),)
+            add("carried", max(round_num, last_released, 1), extra,
+                source=f"counted by the earlier version's {LEDGER_FILE}")  # fmt: skip
+        _log.warning(
+            "%s: %s; rebuilt from %s and the metrics: %d privacy events charged",
+            out / LEDGER_FILE,
+            source,
+            checkpoint,
+            total,
+        )
+        return cls.write_converted(out, header, lines)

@@ -120,9 +120,9 @@ def format_summary(
     """Render summaries as an aligned plain-text table (one row per split, then a total).
 
     ``distinct_clients`` (:func:`~fedprivopt.data.sqlite.count_distinct_clients`) is the total's
-    number of clients when given: a client in several splits counted once, which a line under the
-    table then says (thirty-seventh review of issue 15, data: the total was the splits' sum, 65,527
-    clients of a 50,000-user dataset). Without it the total is the splits' sum.
+    number of clients when given: a client in several splits counted once, which the total's row
+    then says after its cells (thirty-seventh review of issue 15, data: the total was the splits'
+    sum, 65,527 clients of a 50,000-user dataset). Without it the total is the splits' sum.
     """
     rows = list(summaries)
     split_sum = sum(s.num_clients for s in rows)
@@ -161,9 +161,6 @@ def format_summary(
         ).rstrip()
         for r in [head, *body]
     ]
-    if clients != split_sum:
-        lines.append(
-            f"(total: {clients:,} distinct clients; a client in several splits, as a test user "
-            f"who also trains, is in each split's row: {split_sum:,} in all)"
-        )
+    if clients != split_sum:  # said on the total's row, which stays the last line
+        lines[-1] = f"{lines[-1]}  (distinct clients; the split rows count {split_sum:,})"
     return "\n".join(lines)

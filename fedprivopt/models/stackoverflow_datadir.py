@@ -193,7 +193,11 @@ class StackOverflowDataDir:
                 "another dataset or to none: generate it again (fedprivopt data synth --out "
                 "DIR --overwrite) or remove the directory"
             )
-        if not self.synth_params:
+        if not self.synth_params or not self.synthetic:
+            # synthetic = false reads the files as they are: the synth_* parameters only say what
+            # to generate (thirty-seventh review of issue 15, data: the presets' recipe for
+            # another dataset, --set task-params.synthetic=false with data-dir a synthetic
+            # dataset of another size, was refused over the preset's synth-clients)
             return
         try:
             recorded = marker["config"]  # type: ignore[index]

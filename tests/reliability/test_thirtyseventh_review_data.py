@@ -6,13 +6,22 @@
    (of TFF's 342,477 users it would say 585,323): the total row summed the splits' client
    counts, counting a user once for each split. The total is now the number of distinct
    clients of ``client_metadata`` (``data.sqlite.count_distinct_clients``, counted by SQLite
-   in bounded memory), and a line under the table says that a client in several splits is in
-   each split's row, with the rows' sum. ``format_summary`` without ``distinct_clients`` (the
-   Python API, an HDF5 split's single row) keeps the sum.
+   in bounded memory), and the total's row (still the last line) says after its cells that a
+   client in several splits is in each split's row, with the rows' sum. ``format_summary``
+   without ``distinct_clients`` (the Python API, an HDF5 split's single row) keeps the sum.
 2. A token store (``task-params.token-cache = true``) one of whose ``.npy`` files is empty (a
    crash or a full disk while the store was copied to a share, ``: > tokens.npy``): ``simulate``
    ended in numpy's ``EOFError: No data left in file`` traceback (a file cut anywhere else was
    rebuilt). ``EncodedUsers`` now takes it as a damaged store, which is rebuilt under its lock.
+3. The presets' own recipe for another dataset, ``simulate stackoverflow-tp.toml --set
+   task-params.data-dir=D --set task-params.synthetic=false`` (``--set population=…``), where
+   ``D`` holds a synthetic dataset of another size (``data synth --out D --clients 50000``, the
+   large dataset a scaling test builds): rc 2, ``task-params.synth-clients=10000, but D holds a
+   synthetic dataset generated with num_clients=50000; use another data_dir``: the preset's
+   ``synth-*`` keys, which only say what to generate, were compared with ``D``'s marker although
+   nothing is generated, and ``--set task-params.synth-clients=`` cannot remove them. With
+   ``synthetic = false`` the files are now read as they are (an interrupted generation is still
+   refused).
 """
 
 from __future__ import annotations
@@ -40,9 +49,8 @@ def test_1_data_info_counts_a_user_of_several_splits_once(tmp_path, capsys):
     assert count_distinct_clients(path) == 4
     assert main(["data", "info", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    total = next(line for line in lines if line.startswith("total"))
-    assert total.split() == ["total", "4", "6"]  # 4 users, 6 examples (it said 6 clients)
-    assert "4 distinct clients" in lines[-1] and "6 in all" in lines[-1]
+    assert lines[-1].split()[:3] == ["total", "4", "6"]  # 4 users, 6 examples (said 6 clients)
+    assert lines[-1].endswith("(distinct clients; the split rows count 6)")
 
 
 @pytest.mark.parametrize("name", ["tokens.npy", "users.npy", "labels.npy"])
@@ -60,3 +68,17 @@ def test_2_a_store_file_of_zero_bytes_is_rebuilt(tmp_path, name):
     again = open_or_build(tmp_path, {"k": 1}, 3, encode, **args)
     for old, new in zip(before, [again.user(u) for u in range(3)], strict=True):
         assert all(np.array_equal(a, b) for a, b in zip(old, new, strict=True))
+
+
+def test_3_synthetic_false_reads_a_synthetic_dataset_of_other_parameters(tmp_path):
+    from fedprivopt.models.tag_prediction import StackOverflowTagTask
+
+    d = tmp_path / "d"
+    synth = ["data", "synth", "--out", str(d), "--clients", "12", "--vocab", "200"]
+    assert main([*synth, "--tags", "10", "--workers", "1"]) == 0
+    kw = dict(data_dir=d, vocab_size=50, num_tags=5, num_users=5, eval_users=5)
+    other = dict(synth_clients=500, synth_vocab=4000, synth_tags=100, synth_seed=0)  # the mini's
+    with pytest.raises(ValueError, match="synth_clients=500, but"):
+        StackOverflowTagTask(synthetic=True, **other, **kw)  # would generate: refused, as before
+    # was: ValueError "synth_clients=500, but ... generated with num_clients=12"
+    assert StackOverflowTagTask(synthetic=False, **other, **kw).num_users == 5

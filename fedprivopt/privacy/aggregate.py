@@ -39,11 +39,19 @@ from fedprivopt.core.text import shown
 from fedprivopt.privacy.clip import (
     MIN_CLIP_NORM,
     clip_factor,
-    clip_l2,
     norm_error_bound,
     vector_norm_checked,
 )
 from fedprivopt.privacy.noise import gaussian_noise
+from fedprivopt.privacy.received import (
+    NON_FINITE,
+    PRODUCT_DTYPES,
+    Tally,
+    prescaled,
+    reclipped,
+    user_pair,
+    whole_segment,
+)
 from fedprivopt.privacy.sampling import MAX_POPULATION
 from fedprivopt.privacy.sparse import (
     RowSparse,
@@ -54,7 +62,6 @@ from fedprivopt.privacy.sparse import (
 
 __all__ = [
     "MAX_SUM_NOISE_STD",
-    "NON_FINITE",
     "AggregationResult",
     "NoisyMeanAggregator",
     "default_min_shares",
@@ -62,9 +69,6 @@ __all__ = [
 ]
 
 NOISE_MODES = ("server", "distributed")
-
-NON_FINITE = "contains NaN or Inf"
-"""The reason of an update of the right form rejected for a NaN or infinite entry (or norm)."""
 
 #: Largest noise std ``σC`` on a round's sum (and ``σC/m̄`` on its mean; with adaptive clipping
 #: ``σ_Δ C``, checked by the strategy's configuration): its square, times up to the population
@@ -106,44 +110,6 @@ def share_noise_growth(min_shares: int, most_shares: int) -> float:
     return math.sqrt(max(most_shares, min_shares) / min_shares)
 
 
-def _prescaled(update, values: torch.Tensor, factor: float):
-    """``(update / 2^k, factor * 2^k)`` for an update whose clip factor is subnormal.
-
-    Only a (hostile) update with norm near the float maximum gets a clip factor below the
-    smallest normal float; the factor, cast to the update's dtype, would then lose the relative
-    precision that :func:`~fedprivopt.privacy.clip.clip_factor`'s margin relies on, and the
-    re-clipped update could exceed the bound (measured: by 2.6e-6 relative at entries of 3e38).
-    Dividing by a power of two is exact, so the product keeps the margin.
-    """
-    exponent = math.frexp(float(values.abs().max()))[1]
-    scale = math.ldexp(1.0, -exponent)
-    if isinstance(update, RowSparse):
-        scaled = RowSparse(update.rows, update.values * scale, update.length)
-    else:
-        scaled = update * scale
-    return scaled, factor * math.ldexp(1.0, exponent)
-
-
-#: Dtypes whose re-clip is a product with :meth:`NoisyMeanAggregator._factor`'s factor: their
-#: clipped entries are normal numbers for every ``C >= MIN_CLIP_NORM``. Others (float16,
-#: bfloat16) are re-clipped by :func:`~fedprivopt.privacy.clip.clip_l2`, exact at every magnitude:
-#: thirty-fifth review of issue 15, float16's normal numbers end at 6.1e-5, and a re-clipped
-#: float16 update of 149 entries at C = 1.2e-7 had norm 1.73·C (entries rounded to subnormals).
-_PRODUCT_DTYPES = (torch.float32, torch.float64)
-
-
-def _reclipped(update, values: torch.Tensor, bound: float):
-    """``update`` clipped to ``bound`` by :func:`clip_l2` (a dense tensor or a :class:`RowSparse`).
-
-    A row-sparse update's norm is that of its values (its rows are distinct), so clipping the
-    values clips the update.
-    """
-    clipped = clip_l2(values, bound).vector
-    if isinstance(update, RowSparse):
-        return RowSparse(update.rows, clipped, update.length)
-    return clipped
-
-
 def _check_sum_noise(sum_noise: object, allowed: bool) -> None:
     """``sum_noise`` as :meth:`NoisyMeanAggregator.aggregate` takes it: ``(tensor, variance)``.
 
@@ -159,60 +125,6 @@ def _check_sum_noise(sum_noise: object, allowed: bool) -> None:
             f"sum_noise must be a (floating tensor, variance) pair, got {type(sum_noise).__name__}"
         )
     check_real("sum_noise variance", sum_noise[1], low=0.0)
-
-
-def user_pair(
-    i: int,
-    entry: object,
-    name: str = "updates",
-    form: str = "(user_id, update) pair or a RowSparseBatch",
-) -> tuple[int, object]:
-    """``(user, value)`` of ``name[i]``, or ``ValueError`` naming it and ``form``.
-
-    A short API review of issue 15: a bare tensor ended in "too many values to unpack", and a
-    user id of "u" was accepted (or raised from ``int()`` when its update was rejected). The
-    thirty-seventh review: :meth:`~fedprivopt.privacy.adaptive_clip.NoisyCountAggregator.
-    aggregate`'s reports alike (``name="reports"``).
-    """
-    if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
-        raise ValueError(f"{name}[{i}] must be a {form}, got {type(entry).__name__}")
-    return check_int(f"{name}[{i}] user_id", entry[0]), entry[1]
-
-
-def _whole(values: torch.Tensor) -> torch.Tensor:
-    """Row offsets of a single segment covering ``values``."""
-    return torch.tensor([0, int(values.shape[0])], dtype=torch.int64)
-
-
-@dataclass
-class _Tally:
-    """Counts of one aggregation."""
-
-    received: int = 0
-    accepted: int = 0
-    server_clipped: int = 0
-    at_bound: int = 0
-    norm_sum: float = 0.0
-    rejected: dict[int, str] = field(default_factory=dict)
-    seen: set[int] = field(default_factory=set)
-
-    def arrive(self, users: list[int]) -> None:
-        """Count ``users``' entries as received; ``ValueError`` for a user already received.
-
-        Thirty-fifth review of issue 15: ``aggregate([(0, u), (0, u)], ...)`` summed both of
-        user 0's updates (a sensitivity of 2C where the noise is sized for C), as did a user in
-        two ``RowSparseBatch`` entries. The strategies key replies by user (and refuse a streamed
-        cohort that yields a user twice); a caller of its own gets the error.
-        """
-        again = self.seen.intersection(users)
-        if again or len(set(users)) != len(users):
-            user = min(again) if again else next(u for u in users if users.count(u) > 1)
-            raise ValueError(
-                f"updates: user {user} appears twice (one update a user: the noise is sized for "
-                "one clipped update of each)"
-            )
-        self.seen.update(users)
-        self.received += len(users)
 
 
 @dataclass
@@ -341,7 +253,7 @@ class NoisyMeanAggregator:
         return None
 
     def _factor(
-        self, norm: float, bound: float, dtype: torch.dtype, tally: _Tally, numel: int
+        self, norm: float, bound: float, dtype: torch.dtype, tally: Tally, numel: int
     ) -> float:
         """The re-clip factor of an accepted update of ``numel`` entries and L2 norm ``norm``.
 
@@ -368,7 +280,7 @@ class NoisyMeanAggregator:
         self,
         batch: RowSparseBatch,
         total: torch.Tensor,
-        tally: _Tally,
+        tally: Tally,
         bound: float,
         dim: int,
         dtype: torch.dtype,
@@ -399,15 +311,15 @@ class NoisyMeanAggregator:
             i = len(factors)
             numel = int(batch.row_ptr[i + 1] - batch.row_ptr[i]) * int(values.shape[1])
             factor = self._factor(norm, bound, dtype, tally, numel)
-            if factor != 1.0 and dtype not in _PRODUCT_DTYPES:  # float16: clip_l2, alone
+            if factor != 1.0 and dtype not in PRODUCT_DTYPES:  # float16: clip_l2, alone
                 update = batch.update(i)
-                _reclipped(update, update.values, bound).add_to(total)
+                reclipped(update, update.values, bound).add_to(total)
                 factors.append(None)
                 keep = False
                 continue
             if factor < torch.finfo(dtype).tiny:  # a hostile norm near the float maximum: alone
                 i = len(factors)
-                update, factor = _prescaled(batch.update(i), batch.update(i).values, factor)
+                update, factor = prescaled(batch.update(i), batch.update(i).values, factor)
                 update.add_to(total, alpha=factor)
                 factors.append(None)
                 keep = False
@@ -467,7 +379,7 @@ class NoisyMeanAggregator:
         if not isinstance(updates, Iterable):
             raise ValueError(f"updates must be an iterable, got {type(updates).__name__}")
         total = torch.zeros(dim, dtype=dtype, device=device)
-        tally = _Tally()
+        tally = Tally()
         bound = self.accept_norm(dim)
         for i, entry in enumerate(updates):
             if isinstance(entry, RowSparseBatch):
@@ -482,7 +394,7 @@ class NoisyMeanAggregator:
             update = update.to(device)
             if isinstance(update, RowSparse):
                 values = update.values
-                norm = segment_norms_checked(values, _whole(values))[0]
+                norm = segment_norms_checked(values, whole_segment(values))[0]
             else:
                 values = update
                 try:  # one pass: the norm is NaN/Inf exactly when an entry is (or squares overflow)
@@ -493,10 +405,10 @@ class NoisyMeanAggregator:
                 tally.rejected[int(user)] = NON_FINITE
                 continue
             factor = self._factor(norm, bound, dtype, tally, values.numel())
-            if factor != 1.0 and dtype not in _PRODUCT_DTYPES:
-                update, factor = _reclipped(update, values, bound), 1.0
+            if factor != 1.0 and dtype not in PRODUCT_DTYPES:
+                update, factor = reclipped(update, values, bound), 1.0
             elif factor < torch.finfo(dtype).tiny:
-                update, factor = _prescaled(update, values, factor)
+                update, factor = prescaled(update, values, factor)
             if isinstance(update, RowSparse):
                 update.add_to(total, alpha=factor)
             else:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from fedprivopt.privacy.aggregate import NON_FINITE
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.received import NON_FINITE
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.wire import ClientSettings
 

@@ -35,13 +35,11 @@ from fedprivopt.models.side_information import (
     DEFAULT_SIDE_INFORMATION,
     KINDS,
     NORMALIZATIONS,
-    check_eps,
-    check_max_ratio,
-    check_positive,
     public_users_preconditioner,
     token_frequency_preconditioner,
     two_level_preconditioner,
 )
+from fedprivopt.models.side_information_checks import check_eps, check_max_ratio, check_positive
 from fedprivopt.models.task import Task, model_spec
 
 __all__ = [

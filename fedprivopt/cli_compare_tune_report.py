@@ -27,7 +27,8 @@ def report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     """``compare``'s report over the released trials, at the ε that includes their tuning."""
     from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
-    from fedprivopt.simulation.tune_report import TUNED_SUFFIX, load_tuned, selection_lines
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX, selection_lines
+    from fedprivopt.simulation.tune_report import load_tuned
     from fedprivopt.strategies.config import NON_PRIVATE
 
     groups: dict[tuple, list] = {}  # the seeds of one strategy and sigma: tunings of one base

@@ -36,12 +36,8 @@ def cmd_compare_tuned(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.rundata import load_runs
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
-    from fedprivopt.simulation.tune_report import (
-        TUNED_SUFFIX,
-        load_tuned,
-        selection_lines,
-        tunings_lines,
-    )
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX, selection_lines
+    from fedprivopt.simulation.tune_report import load_tuned, tunings_lines
     from fedprivopt.simulation.tune_untuned import (
         REPORT_TITLE,
         check_out_outside,

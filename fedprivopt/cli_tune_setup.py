@@ -153,7 +153,7 @@ def check_selection(args: argparse.Namespace, tasks) -> dict | None:
     UsageError
         When ``k > 0`` without ``--selection-on-private-users``.
     """
-    from fedprivopt.simulation.tune_report import selection_users
+    from fedprivopt.simulation.tune_notes import selection_users
 
     worst = selection_users(tasks)
     if worst is None:

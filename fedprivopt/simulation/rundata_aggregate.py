@@ -309,7 +309,7 @@ def _not_seeds_alone(strategy: str, sigma: float, group: Sequence[RunData]) -> l
     ``eval-every``, ``engine``, …).
     """
     from fedprivopt.simulation.tune_grid import RUN_ONLY_KEYS
-    from fedprivopt.simulation.tune_report import TUNED_SUFFIX
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
 
     if strategy.endswith(TUNED_SUFFIX) or len(group) < 2:
         return []

@@ -88,7 +88,7 @@ class TunedCheck:
         read are in the private population (``k > 0``: tuned with
         ``--selection-on-private-users``, the selection not covered by :attr:`epsilon`);
         ``None`` when a task does not say (not checked). Recomputed from the tasks of the grid
-        points (:func:`~fedprivopt.simulation.tune_report.selection_users`).
+        points (:func:`~fedprivopt.simulation.tune_notes.selection_users`).
     """
 
     path: Path
@@ -275,7 +275,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
     from fedprivopt.simulation.rundata import load_run
     from fedprivopt.simulation.rundir import reading_lock
     from fedprivopt.simulation.tune_best import check_best, recompute_best
-    from fedprivopt.simulation.tune_report import selection_users
+    from fedprivopt.simulation.tune_notes import selection_users
 
     path = Path(path)
     for name in ("summary.json", PLAN_FILE):  # a FIFO would block, a 20 GB file fill memory

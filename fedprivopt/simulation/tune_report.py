@@ -6,7 +6,8 @@ beside ``runs/`` (one run directory per trial).
 ``summary.json`` states two numbers side by side: ``epsilon``, the whole tuning procedure's ε
 (dp-accounting's RDP accountant on ``RepeatAndSelectDpEvent``), and ``epsilon_single_run``, one
 run's ε by the same accountant (and, when the runs use PLD or PRV, by theirs as well). Only the
-best trial is the release those numbers cover.
+best trial is the release those numbers cover. What those numbers cover, in words (the privacy,
+selection and seed notes): :mod:`fedprivopt.simulation.tune_notes`.
 """
 
 from __future__ import annotations
@@ -23,15 +24,20 @@ from fedprivopt.core.files import unlink_links
 from fedprivopt.privacy.tuning import TrialCount
 from fedprivopt.simulation.files import atomic_write
 from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
+from fedprivopt.simulation.tune_notes import (
+    TUNED_SUFFIX,
+    privacy_note,
+    seed_note,
+    selection_lines,  # also its public path here (docs/RELIABILITY.md names tune_report's)
+    selection_note,
+    selection_users,  # also its public path here (docs/RELIABILITY.md names tune_report's)
+)
 
 __all__ = [
-    "TUNED_SUFFIX",
     "costliest_text",
     "load_tuned",
-    "privacy_note",
     "procedure_lines",
     "selection_lines",
-    "selection_note",
     "selection_users",
     "summary_of",
     "trial_count_text",
@@ -40,119 +46,6 @@ __all__ = [
 ]
 
 SUMMARY_VERSION = 1
-TUNED_SUFFIX = " (tuned)"
-
-
-def privacy_note(plan: PrivacyPlan) -> str:
-    """What the two ε cover, in words (summary and report)."""
-    runs_acc = plan.accountant
-    text = (
-        "epsilon covers the whole tuning procedure: a random number of trials drawn from the "
-        "stated distribution, each within the single run's ledger, and the release of the best "
-        "trial only (its model, hyperparameters and score), computed by dp-accounting's RDP "
-        "accountant on RepeatAndSelectDpEvent (Papernot & Steinke, ICLR 2022). It does not cover "
-        "publishing the other trials, their number, the released trial's number (trial-NNN: "
-        "at least NNN trials ran) or the tuning seed (anyone who knows the seed knows the number "
-        "of trials): those stay with the operator. epsilon_single_run is "
-        "one run's epsilon by the same RDP accountant. The selection score is the task's final "
-        "evaluation, on the task's evaluation data, which is not accounted."
-    )
-    if runs_acc != "rdp":
-        text += (
-            f" The runs account with {runs_acc}; dp-accounting supports RepeatAndSelectDpEvent "
-            f"only under RDP, so the tuning epsilon is RDP (single_run.epsilon gives the run's "
-            f"own {runs_acc} value)."
-        )
-    if plan.target_epsilon is not None:
-        text += (
-            f" The preset's target epsilon {plan.target_epsilon:g} applies to each single run "
-            "(which stops before exceeding it), not to the whole tuning."
-        )
-    return text
-
-
-def selection_users(tasks) -> dict | None:
-    """Whether the selection on ``tasks``' evaluation reads private users' data.
-
-    ``{"private": k, "evaluated": n}``, the largest overlap over ``tasks`` (the tasks of every
-    grid point), or ``None`` when a task does not say (not checked). ``tune`` refuses ``k > 0``
-    without ``--selection-on-private-users``; ``compare-tuned`` states it again.
-    """
-    from fedprivopt.models.task import private_evaluation_users
-
-    worst = {"private": 0, "evaluated": 0}
-    for task in tasks:
-        found = private_evaluation_users(task)
-        if found is None:
-            return None
-        if (found[0], found[1]) > (worst["private"], worst["evaluated"]):
-            worst = {"private": found[0], "evaluated": found[1]}
-    return worst
-
-
-def selection_lines(checks: Sequence[Any]) -> list[str]:
-    """``compare-tuned``'s note on tunings whose selection ε does not cover; nothing if none.
-
-    ``checks`` are :func:`~fedprivopt.simulation.tune_check.check_tunings`' results, whose
-    ``selection`` was recomputed from their tasks.
-
-    Thirty-fifth review of issue 15 (tuning, finding 2): ``compare-tuned`` of a tuning run with
-    ``--selection-on-private-users`` (91 of the task's 100 evaluation users private) said its
-    row's epsilon is that of the whole tuning procedure, with no word that the selection read
-    private users' data without noise (the tuning's own report says so).
-    """
-    lines = []
-    for check in checks:
-        selection = check.selection
-        if selection is not None and not selection.get("private"):
-            continue
-        name = check.plan["strategy"] + TUNED_SUFFIX
-        lines.append(f"- {check.path} ({name}): {selection_note(selection)}")
-    if not lines:
-        return []
-    heading = "**Tuned rows whose epsilon does not (or may not) cover their selection:**"
-    return ["", heading, "", *lines]
-
-
-def selection_note(selection: Mapping[str, Any] | None) -> str:
-    """Whether the selection (on the task's evaluation) is covered by the tuning's ε, in words.
-
-    Parameters
-    ----------
-    selection : Mapping or None
-        ``{"private": k, "evaluated": n}`` (``k`` of the ``n`` evaluation users are training
-        users), or ``None`` when the task does not say (not checked).
-    """
-    if selection is None or selection.get("private") is None:
-        return (
-            "Selection: not checked. The task does not say whether its evaluation users are in "
-            "the private population; if they are, the selection is not covered by epsilon."
-        )
-    k, n = selection["private"], selection["evaluated"]
-    if k == 0:
-        return (
-            f"Selection: covered. None of the task's {n} evaluation users is in the private "
-            "population (checked by client id), so the selection reads no private user's data."
-        )
-    return (
-        f"Selection: NOT covered by epsilon. {k} of the task's {n} evaluation users are in the "
-        "private population (given --selection-on-private-users): the choice of the released "
-        "trial and its score depend, without noise, on their data, so epsilon does not bound "
-        "what the release says about them (select on eval-split heldout instead)."
-    )
-
-
-def seed_note(secret: bool) -> str:
-    """What the ε assumes of the tuning seed, in words."""
-    if secret:
-        return (
-            "Tuning seed: drawn from OS entropy and recorded only in the operator's tune.json; "
-            "epsilon assumes it, the number of trials and the other trials stay secret."
-        )
-    return (
-        "Tuning seed: given with --seed. epsilon assumes that seed stays secret: anyone who knows "
-        "it knows the number of trials, and then the Papernot-Steinke bound does not apply."
-    )
 
 
 def _trial_row(result: TrialResult, metric: str) -> dict[str, Any]:

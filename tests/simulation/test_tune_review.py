@@ -79,7 +79,7 @@ def test_unknown_overlap_is_not_checked():
     from types import SimpleNamespace
 
     from fedprivopt.cli_tune_setup import check_selection
-    from fedprivopt.simulation.tune_report import selection_note
+    from fedprivopt.simulation.tune_notes import selection_note
 
     assert check_selection(SimpleNamespace(), [object()]) is None
     assert "not checked" in selection_note(None)

@@ -150,7 +150,7 @@ def _check_tuning(ns: argparse.Namespace) -> None:
     """
     from fedprivopt.cli_tune_setup import prepare_tuning
     from fedprivopt.simulation.cell_plans import plan_cells
-    from fedprivopt.simulation.tune import check_leftover_trials
+    from fedprivopt.simulation.tune_dir import check_leftover_trials
     from fedprivopt.simulation.tune_replan import check_discardable, check_plan
 
     setup = prepare_tuning(ns)

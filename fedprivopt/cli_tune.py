@@ -73,14 +73,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.files import atomic_write
     from fedprivopt.simulation.ledger import RunLedger
     from fedprivopt.simulation.rundir import lock_directory, removed_if_unused
-    from fedprivopt.simulation.tune import (
-        TUNE_LOCK,
-        check_leftover_trials,
-        check_released,
-        remove_outputs,
-        run_trials,
-        select_best,
-    )
+    from fedprivopt.simulation.tune import check_released, run_trials, select_best
+    from fedprivopt.simulation.tune_dir import TUNE_LOCK, check_leftover_trials, remove_outputs
     from fedprivopt.simulation.tune_plan import PLAN_FILE
     from fedprivopt.simulation.tune_replan import check_plan, discard_tuning
     from fedprivopt.simulation.tune_report import costliest_text, summary_of, write_tune_outputs

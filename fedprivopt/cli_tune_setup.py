@@ -230,7 +230,8 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     """
     from fedprivopt.simulation.cells import Cell, task_key
     from fedprivopt.simulation.config import config_to_toml
-    from fedprivopt.simulation.tune import check_tune_dir, draw_trials, parse_grid
+    from fedprivopt.simulation.tune import draw_trials, parse_grid
+    from fedprivopt.simulation.tune_dir import check_tune_dir
     from fedprivopt.simulation.tune_grid import check_grid_overrides, refuse_table_spellings
     from fedprivopt.simulation.tune_plan import plan_digest, plan_document
 

@@ -23,17 +23,15 @@ trial ``i`` is the same whatever ``K`` is, and every trial has its own seed (ind
 
 Trials are run as ``compare`` runs its cells (:mod:`fedprivopt.simulation.cells`): one run
 directory per trial under ``OUT/runs/``, an earlier call's run reused (or resumed) only when its
-stored configuration equals the trial's.
+stored configuration equals the trial's. What ``--out`` may hold, and the files ``tune`` writes
+there: :mod:`fedprivopt.simulation.tune_dir`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,7 +48,6 @@ from fedprivopt.privacy.tuning import (
     rdp_dominates,
     tuning_epsilon,
 )
-from fedprivopt.simulation.files import CONFIG_FILE
 from fedprivopt.simulation.tune_grid import (
     FORBIDDEN_GRID_KEYS,
     MAX_GRID_POINTS,
@@ -68,7 +65,6 @@ __all__ = [
     "TrialResult",
     "check_metric",
     "check_released",
-    "check_tune_dir",
     "dominating_plan",
     "draw_trials",
     "grid_points",
@@ -77,9 +73,6 @@ __all__ = [
     "select_best",
 ]
 
-TUNE_LOCK = "tune.lock"
-TUNE_FILES = ("summary.json", "report.md", "trials.csv", "trials.png")
-TUNE_ENTRIES = frozenset({"runs", *TUNE_FILES, TUNE_LOCK, "tune.json"})
 _RUN_SEED_MODULUS = 2**31
 
 
@@ -374,122 +367,6 @@ def select_best(results: Sequence[TrialResult], *, maximize: bool) -> TrialResul
         return None
     sign = 1.0 if maximize else -1.0
     return max(ok, key=lambda r: (sign * r.score, -r.trial.index))
-
-
-_TRIAL_NAME = re.compile(r"trial-[0-9]+\Z")
-"""What :func:`draw_trials` names a trial's run directory."""
-
-
-def _is_ours(path: Path, kind: str) -> bool:
-    """Whether ``path`` is a small regular JSON file whose ``"kind"`` is ``kind``."""
-    from fedprivopt.simulation.files import SMALL_FILE_LIMIT
-
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > SMALL_FILE_LIMIT:
-            return False
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("kind") == kind
-
-
-def _is_dir(path: Path) -> bool:
-    """Whether ``path`` is a directory and no link."""
-    return path.is_dir() and not path.is_symlink()
-
-
-def _foreign_beside_runs(out: Path, names: list[str]) -> list[str]:
-    """The entries that make ``out`` (holding ``runs`` and only tune's names) not a tuning's.
-
-    Twenty-seventh review of issue 15: ``tune --out P``, where ``P`` held an empty ``runs/``
-    and the user's ``report.md``, ``summary.json`` and ``trials.csv``, replaced all three
-    (rc 0). ``runs/`` of a tuning holds only trials' run directories (``trial-NNN``), a report
-    stands beside at least one trial or tune's own ``tune.json`` (written before the first
-    trial), and ``summary.json`` is tune's (``"kind": "fedprivopt-tune"``). Beside tune's own
-    ``tune.json`` a stray entry of ``runs/`` is left to :func:`check_leftover_trials`, which
-    names it to remove, and a damaged ``tune.json`` beside a trial to the plan check.
-    """
-    runs = out / "runs"
-    if not _is_dir(runs):
-        return ["runs"]
-    if "summary.json" in names and not _is_ours(out / "summary.json", "fedprivopt-tune"):
-        return ["summary.json"]
-    trials = sorted(p.name for p in runs.iterdir())
-    # a trial counts only when it holds a run (twenty-ninth review: an empty runs/trial-001/
-    # beside the user's report let it be replaced)
-    ran = any((runs / n / CONFIG_FILE).is_file() for n in trials)
-    if "tune.json" in names:  # beside trials, a damaged plan is named by the plan check
-        ours = ran or _is_ours(out / "tune.json", "fedprivopt-tune-plan")
-        return [] if ours else ["tune.json"]
-    foreign = [f"runs/{n}" for n in trials if not _TRIAL_NAME.match(n) or not _is_dir(runs / n)]
-    reports = [n for n in names if n in TUNE_FILES]
-    if not foreign and reports and not ran:
-        foreign = reports  # a report with no trial and no plan beside it: not one tune wrote
-    return foreign
-
-
-def check_tune_dir(out: str | Path) -> None:
-    """Refuse an ``--out`` that holds anything but an earlier tuning's files.
-
-    ``tune`` writes ``runs/`` (one directory per trial), ``summary.json``, ``report.md``,
-    ``trials.csv`` and ``trials.png``; a directory with other entries is refused before
-    anything runs, as ``compare`` refuses one (also with ``--overwrite``).
-
-    Raises
-    ------
-    ValueError
-        Naming the directory and up to three foreign entries.
-    """
-    out = Path(out)
-    if not out.is_dir():
-        return
-    names = sorted(p.name for p in out.iterdir())
-    foreign = [n for n in names if n not in TUNE_ENTRIES]
-    if names and "runs" not in names:
-        foreign = foreign or names
-    if names and not foreign:
-        foreign = _foreign_beside_runs(out, names)
-    if foreign:
-        listed = ", ".join(repr(n[:60]) for n in foreign[:3]) + (
-            ", ..." if len(foreign) > 3 else ""
-        )
-        raise ValueError(
-            f"--out {str(out)!r} holds {listed}, which tune did not write: it writes only into a "
-            "new or empty directory or an earlier tuning's; choose another --out"
-        )
-
-
-def check_leftover_trials(out: str | Path, labels: Sequence[str]) -> None:
-    """Refuse an ``OUT/runs/`` that holds runs that are not trials of this call.
-
-    Called after the plan check (:func:`~fedprivopt.simulation.tune_replan.check_plan`): what
-    is left is a run that no plan of this directory drew (e.g. a ``simulate`` into
-    ``runs/trial-009``) or a tuning's that ``tune.json`` no longer records. Reporting this call
-    beside them would mix two tunings, and deleting them would lose results, so the message
-    names the entries to remove (tenth review of issue 15, finding 3).
-    """
-    runs = Path(out) / "runs"
-    if not runs.is_dir():
-        return
-    extra = sorted(p.name for p in runs.iterdir() if p.name not in set(labels))
-    if extra:
-        listed = ", ".join(repr(str(runs / n[:60])) for n in extra[:3])
-        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
-        one = len(extra) == 1
-        raise ValueError(
-            f"--out {str(out)!r}: runs/ holds {len(extra)} {'entry' if one else 'entries'} that "
-            f"{'is' if one else 'are'} not a trial of this tuning's plan; remove "
-            f"{listed}{more} to continue it, or choose another --out"
-        )
-
-
-def remove_outputs(out: str | Path) -> None:
-    """Remove an earlier call's summary and report before any trial changes."""
-    for name in TUNE_FILES:
-        path = Path(out) / name
-        if path.is_dir() and not path.is_symlink():
-            raise ValueError(f"{path} is a directory, not a file tune wrote")
-        path.unlink(missing_ok=True)
 
 
 def run_trials(

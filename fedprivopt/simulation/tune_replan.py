@@ -175,7 +175,7 @@ def check_discardable(out: str | Path) -> list[Path]:
         report file that is a directory.
     """
     from fedprivopt.simulation.rundir import check_claimable
-    from fedprivopt.simulation.tune import TUNE_FILES
+    from fedprivopt.simulation.tune_dir import TUNE_FILES
 
     out = Path(out)
     runs = out / "runs"
@@ -205,7 +205,7 @@ def discard_tuning(out: str | Path) -> None:
         Naming an entry of ``runs/`` that is not a run, or a trial another process holds.
     """
     from fedprivopt.simulation.rundir import lock_run_dir, remove_run_files
-    from fedprivopt.simulation.tune import TUNE_FILES
+    from fedprivopt.simulation.tune_dir import TUNE_FILES
 
     out = Path(out)
     entries = check_discardable(out)

@@ -6,8 +6,9 @@ core.TrainRequest`. It answers with :class:`StreamedUpdates`: the users' updates
 user order *while the aggregator consumes them*, so a round never holds more than one chunk of
 updates (a dense 5,000,500-parameter update is 20 MB; 1,000 of them would be 20 GB).
 
-Three trainers produce the updates, all computing the same clipped updates from the same keyed
-generators (so the same model, up to float rounding, as the Flower engine):
+Three trainers produce the updates (:mod:`fedprivopt.simulation.fast_trainer`), all computing
+the same clipped updates from the same keyed generators (so the same model, up to float
+rounding, as the Flower engine):
 
 ``vectorized`` (default when the task has one)
     The task's cohort trainer (``task.cohort_trainer``), e.g. the row-sparse
@@ -40,14 +41,9 @@ from typing import Any
 
 import torch
 
-from fedprivopt.clients.trainer import LocalTrainer, clip_report
-from fedprivopt.core.text import shown
-from fedprivopt.models.task import TaskError
-from fedprivopt.models.task_calls import task_call
-from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparseBatch
+from fedprivopt.simulation.fast_trainer import UserTrainer  # also public here (DESIGN.md)
 from fedprivopt.strategies.core import TrainRequest
-from fedprivopt.wire import ClientSettings
 
 __all__ = [
     "IN_FLIGHT",
@@ -133,126 +129,6 @@ class StreamedUpdates:
             raise RuntimeError("StreamedUpdates can be read once")
         self._consumed = True
         return self._produce(self.users)
-
-
-class UserTrainer:
-    """Trains lists of users for requests: the task's cohort trainer or LocalTrainer.
-
-    Parameters
-    ----------
-    task : Task
-        The task.
-    device : str
-        Training device.
-    vectorize : bool
-        Use ``task.cohort_trainer`` when the task has one and the request adds no noise shares.
-    chunk_users : int
-        Users per cohort-trainer chunk.
-    secure : bool
-        Key client randomness from OS entropy instead of the request's seed.
-    """
-
-    def __init__(
-        self, task, *, device: str, vectorize: bool, chunk_users: int, secure: bool
-    ) -> None:
-        self.task = task
-        self.device = device
-        self.secure = secure
-        self.chunk_users = int(chunk_users)
-        make = getattr(task, "cohort_trainer", None)
-        self.cohort = None
-        if vectorize and callable(make):
-            # its own exception (or a signature without these keywords) is one line naming it
-            # (thirty-sixth review of issue 15, the tasks reviewer's report: a traceback, rc 1)
-            call = f"{type(task).__name__}.cohort_trainer()"
-            with task_call(call, f"{call} must return a cohort trainer"):
-                self.cohort = make(device=device, chunk_users=chunk_users)
-        if self.cohort is not None and not callable(getattr(self.cohort, "train_batches", None)):
-            raise TaskError(
-                f"{type(task).__name__}.cohort_trainer() must return a cohort trainer (with "
-                f"train_batches) or None, got {shown(self.cohort)}"
-            )
-        self._local: LocalTrainer | None = None
-
-    @property
-    def local(self) -> LocalTrainer:
-        """The sequential trainer (built on first use)."""
-        if self._local is None:
-            self._local = LocalTrainer(self.task, device=self.device)
-        return self._local
-
-    def mode(self, settings: ClientSettings) -> str:
-        """``"vectorized"`` or ``"sequential"``: how a request with ``settings`` is trained."""
-        local = settings.local
-        # a cohort trainer with ``noise_shares`` adds distributed-noise shares itself
-        quiet = local.noise_std == 0 == local.count_noise_std
-        vectorized = self.cohort is not None and (
-            quiet or getattr(self.cohort, "noise_shares", False)
-        )
-        return "vectorized" if vectorized else "sequential"
-
-    def train(
-        self,
-        users: list[int],
-        round_num: int,
-        params: torch.Tensor,
-        preconditioner: torch.Tensor | None,
-        settings: ClientSettings,
-        stream: str,
-        bits: dict[int, float] | None = None,
-    ) -> Iterator[tuple[int, Any] | RowSparseBatch]:
-        """Yield ``(user, update)`` for ``users`` in their order.
-
-        The cohort trainer yields a whole chunk of users as one batch (valid until the next
-        entry is requested); the sequential trainer yields pairs. With ``settings.local.
-        clip_bit`` each user's clip report (:func:`~fedprivopt.clients.trainer.clip_report`) is
-        put into ``bits`` before its update is yielded.
-        """
-        cfg = settings.local
-        rngs = RngFactory(seed=None, secure=True) if self.secure else RngFactory(seed=settings.seed)
-        report = cfg.clip_bit and bits is not None
-        if self.mode(settings) == "vectorized":
-            for batch in self.cohort.train_batches(
-                params,
-                users,
-                round_num=round_num,
-                config=cfg,
-                rngs=rngs,
-                preconditioner=preconditioner,
-                stream=stream,
-            ):
-                if report:
-                    for u, norm in zip(batch.users, batch.norms, strict=True):
-                        bits[u] = clip_report(norm, cfg, rngs, round_num, (stream, u))
-                if isinstance(batch, RowSparseBatch):
-                    yield batch
-                else:  # dense updates (e.g. next-word prediction's): (user, update) pairs
-                    yield from batch.split()
-            return
-        for u in users:
-            result = self.local.train(
-                params,
-                user_id=u,
-                round_num=round_num,
-                config=cfg,
-                rngs=rngs,
-                preconditioner=preconditioner,
-                stream=stream,
-            )
-            if report:
-                bits[u] = result.clip_bit
-            yield u, result.delta
-
-    def train_list(self, *args: Any) -> tuple[list[tuple[int, Any] | RowSparseBatch], dict]:
-        """:meth:`train` as a list and the clip reports (what a Ray actor returns).
-
-        Batches own their memory.
-        """
-        bits: dict[int, float] = {}
-        entries = [
-            e.clone() if isinstance(e, RowSparseBatch) else e for e in self.train(*args, bits)
-        ]
-        return entries, bits
 
 
 def shard_result(ref: Any, shard: int, shards: int, round_num: int) -> Any:

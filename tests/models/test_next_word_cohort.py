@@ -10,7 +10,7 @@ from fedprivopt.models import build_task, initial_flat
 from fedprivopt.models.next_word_cohort import DenseUpdates, NextWordCohortTrainer, model_flops
 from fedprivopt.privacy import RngFactory
 from fedprivopt.simulation.config import resolve_config
-from fedprivopt.simulation.fast import UserTrainer
+from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.simulation.run import build_run, simulate
 
 SYNTH = dict(synth_clients=300, synth_vocab=600, synth_tags=20, synth_seed=3)

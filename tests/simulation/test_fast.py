@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fedprivopt.simulation.config import resolve_config
-from fedprivopt.simulation.fast import StreamedUpdates, UserTrainer
+from fedprivopt.simulation.fast import StreamedUpdates
+from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.simulation.run import build_run, simulate
 
 

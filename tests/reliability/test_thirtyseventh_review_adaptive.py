@@ -23,7 +23,7 @@
    ``[(1.2, 7.0), (1.7, 8.0)]`` gave one rejected entry (user 1) for two rejected reports,
    ``[("u", 1.0)]`` was counted, ``[("u", 7.0)]`` raised ``int()``'s "invalid literal" naming
    nothing, and a bare report ``[1.0]`` a ``TypeError`` ("cannot unpack"). Each entry is checked
-   as ``NoisyMeanAggregator.aggregate`` checks its updates (``privacy.aggregate.user_pair``):
+   as ``NoisyMeanAggregator.aggregate`` checks its updates (``privacy.received.user_pair``):
    ``ValueError`` naming ``reports[i]``.
 """
 

@@ -182,6 +182,7 @@ def check_flower_resources(config: RunConfig) -> None:
         return  # in process: no Ray
     starts_ray = 'engine = "flower"' if config.engine == "flower" else "fast-actors"
     ray_processes.enough_open_files(starts_ray)
+    ray_processes.enough_address_space(starts_ray)
     ray_processes.check_ray_temp_dir(starts_ray)
     if config.ray_cpus > machine:  # Ray would start a pool sized for CPUs that are not there
         zero = (

@@ -40,6 +40,7 @@ __all__ = [
     "RAY_OPEN_FILES",
     "RUN_MARKER_ENV",
     "check_ray_temp_dir",
+    "enough_address_space",
     "enough_open_files",
     "own_processes",
     "ray_keeps_handlers",
@@ -101,6 +102,68 @@ def enough_open_files(what: str) -> None:
             f"{what} starts Ray, which needs at least {RAY_OPEN_FILES} open files, but this "
             f"process may open {soft} (ulimit -n; hard limit {shown_hard}): raise the limit "
             f'(ulimit -n 4096) or use engine = "fast" without fast-actors'
+        )
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available now (Linux's ``MemAvailable``), ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+RAY_OBJECT_STORE_SHARE = 0.3
+"""The share of the available memory Ray's object store maps by default (Ray's own rule)."""
+
+RAY_ADDRESS_SPACE_MARGIN = 2 * 1024**3
+"""Address space Ray's processes need beside the object store (bytes; measured, see below)."""
+
+
+def enough_address_space(what: str) -> None:
+    """Raise the soft address-space limit (``ulimit -v``) for Ray; refuse one Ray hangs under.
+
+    Thirty-seventh review of issue 15 (the cli reviewer's open report): with ``ulimit -v
+    7500000`` (KiB) ``simulate toy.toml --engine flower`` hung inside ``ray.init`` and ignored
+    SIGTERM for 9 minutes (only SIGKILL ended it); at 6000000 it printed 137 lines ("node timed
+    out during startup"), rc 1; at 9000000 it ran. Ray's object store maps
+    :data:`RAY_OBJECT_STORE_SHARE` of the available memory (6.3 GB of 20.9 GB on that machine)
+    in one process, whose address space the limit bounds. The soft limit is raised to the hard
+    one; a limit still below the object store plus :data:`RAY_ADDRESS_SPACE_MARGIN` is refused
+    before anything is written (an estimate: the available memory changes while a run starts).
+
+    Raises
+    ------
+    ValueError
+        Naming ``what``, the limit (``ulimit -v``) and the address space Ray needs here.
+    """
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    infinite = resource.RLIM_INFINITY
+    if soft == infinite:
+        return
+    if hard == infinite or hard > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+            soft = hard
+    available = _available_memory()
+    if soft == infinite or available is None:
+        return
+    needed = int(RAY_OBJECT_STORE_SHARE * available) + RAY_ADDRESS_SPACE_MARGIN
+    if soft < needed:
+        raise ValueError(
+            f"{what} starts Ray, whose object store alone maps "
+            f"{RAY_OBJECT_STORE_SHARE:.0%} of the available memory, but this process may use "
+            f"{soft // 1024} KiB of address space (ulimit -v): Ray would hang or fail at start "
+            f"here; raise the limit to at least {-(-needed // 1024)} KiB (or ulimit -v "
+            f'unlimited), or use engine = "fast" without fast-actors'
         )
 
 

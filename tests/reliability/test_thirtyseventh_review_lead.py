@@ -10,14 +10,27 @@
    the bound is divided by ``strategies.clipping.sum_noise_growth`` (the adaptive reviewer's
    growth, at the most shares a round can accept) in every check: rc 2, one line naming
    ``clip-norm`` and ``min-shares``.
+2. (the cli reviewer's open report) ``ulimit -v 7500000; simulate toy.toml --engine flower
+   --rounds 1`` hung inside ``ray.init`` and ignored SIGTERM (9 minutes, only SIGKILL ended it);
+   at 6000000 it printed 137 lines, rc 1 (Ray's object store maps 30% of the available memory in
+   one process). ``ray_processes.enough_address_space`` raises the soft limit to the hard one and
+   refuses a limit below the object store plus 2 GiB before anything is written: rc 2, one line
+   naming ``ulimit -v`` and the limit needed (measured: 7500000 refused, 9500000 ran).
 """
 
 from __future__ import annotations
 
+import resource
+from pathlib import Path
+
 import pytest
 import torch
 
+from fedprivopt.simulation import ray_processes
 from fedprivopt.strategies import StrategyConfig, build_algorithm
+from tests.reliability.test_twentyninth_review_cli import _cli, _one_line
+
+TOY = str(Path(__file__).resolve().parents[2] / "simulations" / "toy.toml")
 
 
 def _config(**changes) -> StrategyConfig:
@@ -48,3 +61,43 @@ def test_1_an_explicit_round_clip_norm_counts_the_growth():
     with pytest.raises(ValueError, match="clip_norm must be at most"):
         alg.aggregate(1, {0: torch.zeros(4)}, clip_norm=5e36)
     alg.aggregate(1, {0: torch.zeros(4)}, clip_norm=1e35)
+
+
+def _address_space(monkeypatch, soft: int, hard: int, available: int) -> list:
+    """``getrlimit`` of the address space answering (soft, hard); ``setrlimit`` recorded."""
+    real = resource.getrlimit
+    made: list = []
+    monkeypatch.setattr(
+        resource,
+        "getrlimit",
+        lambda which: (soft, hard) if which == resource.RLIMIT_AS else real(which),
+    )
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: made.append(limits))
+    monkeypatch.setattr(ray_processes, "_available_memory", lambda: available)
+    return made
+
+
+def test_2_a_flower_run_under_too_small_an_address_space_is_refused_before_ray(
+    tmp_path, monkeypatch
+):
+    limit = 7_500_000 * 1024
+    made = _address_space(monkeypatch, limit, limit, available=20_878_128 * 1024)
+    out = tmp_path / "R"
+    argv = ["simulate", TOY, "--engine", "flower", "--rounds", "1", "--out", str(out), "--quiet"]
+    line = _one_line(_cli(tmp_path, *argv))  # before: Ray started, and hung under a real limit
+    assert line.startswith('fedprivopt simulate: error: engine = "flower" starts Ray'), line
+    assert "7500000 KiB of address space (ulimit -v)" in line, line
+    assert "at least 8360591 KiB" in line, line  # 30% of 20878128 KiB + 2 GiB
+    assert not out.exists() and made == []
+
+
+def test_2_the_soft_address_space_is_raised_and_enough_passes(monkeypatch):
+    gib = 1024**3
+    made = _address_space(monkeypatch, 4 * gib, resource.RLIM_INFINITY, available=20 * gib)
+    ray_processes.enough_address_space("fast-actors")  # raised to unlimited: no refusal
+    assert made == [(resource.RLIM_INFINITY, resource.RLIM_INFINITY)]
+    made = _address_space(monkeypatch, 9 * gib, 9 * gib, available=20 * gib)
+    ray_processes.enough_address_space("fast-actors")  # 6 GiB + 2 GiB fit in 9 GiB
+    with pytest.raises(ValueError, match=r"ulimit -v"):
+        _address_space(monkeypatch, 7 * gib, 7 * gib, available=20 * gib)
+        ray_processes.enough_address_space("fast-actors")

@@ -28,7 +28,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.models.next_word import StackOverflowNextWordTask
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from fedprivopt.models.task import Task, note_factory
-from fedprivopt.models.task_calls import exited, raised
+from fedprivopt.models.task_calls import exited, out_of_memory, raised
 from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = [
@@ -245,7 +245,9 @@ def build_task(name: str, **params: object) -> Task:
     except (ValueError, TypeError, MemoryError):
         raise  # a parameter's refusal (named by the caller), memory, as they are
     except Exception as exc:
-        if not is_reference(name):
+        # thirty-seventh review of issue 15 (the cli reviewer's report): torch's allocator
+        # failing in a factory (its RuntimeError) is memory, not the factory's error
+        if not is_reference(name) or out_of_memory(exc):
             raise
         # thirty-sixth review of issue 15 (the docs reviewer's report): a factory raising its
         # own exception (a data file gone: OSError, KeyError) ended in a traceback, rc 1

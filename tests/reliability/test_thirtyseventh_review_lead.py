@@ -16,11 +16,17 @@
    one process). ``ray_processes.enough_address_space`` raises the soft limit to the hard one and
    refuses a limit below the object store plus 2 GiB before anything is written: rc 2, one line
    naming ``ulimit -v`` and the limit needed (measured: 7500000 refused, 9500000 ran).
+3. (the cli reviewer's report) a task by reference whose factory hits torch's allocator
+   (``torch.empty`` beyond the memory: a ``RuntimeError``, "DefaultCPUAllocator: can't allocate
+   memory") was reported as ``the factory raised RuntimeError …`` (rc 2, blaming the task's code)
+   where every other such failure gives the out-of-memory line; ``registry.build_task`` lets it
+   through as it lets ``MemoryError`` through (``task_calls.out_of_memory``): the line, rc 1.
 """
 
 from __future__ import annotations
 
 import resource
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +107,21 @@ def test_2_the_soft_address_space_is_raised_and_enough_passes(monkeypatch):
     with pytest.raises(ValueError, match=r"ulimit -v"):
         _address_space(monkeypatch, 7 * gib, 7 * gib, available=20 * gib)
         ray_processes.enough_address_space("fast-actors")
+
+
+def test_3_a_factory_out_of_torchs_memory_is_the_out_of_memory_line(tmp_path, monkeypatch):
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    (folder / "review37_huge.py").write_text(
+        "import torch\n\n\ndef make(num_users=40, seed=0):\n"
+        "    return torch.empty(2**60, dtype=torch.uint8)\n"
+    )
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "review37_huge", raising=False)
+    out = tmp_path / "R"
+    argv = ["simulate", TOY, "--rounds", "1", "--out", str(out), "--quiet"]
+    proc = _cli(tmp_path, *argv, "--set", "task=review37_huge:make")
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, (proc.returncode, proc.stderr)
+    assert "ran out of memory" in lines[0] and "factory raised" not in lines[0], lines
+    assert not out.exists()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["log_warnings_to_stderr"]
+__all__ = ["log_warnings_to_stderr", "quiet_flower"]
 
 
 class _Stderr(logging.Handler):
@@ -42,3 +42,17 @@ def log_warnings_to_stderr() -> None:
     root = logging.getLogger()
     if not root.handlers:
         root.addHandler(_Stderr())
+
+
+def quiet_flower() -> None:
+    """Turn Flower's log records below ``WARNING`` off (a run's progress is this package's).
+
+    Importing Flower's logger module sets the ``flwr`` logger to ``DEBUG``, so it is imported
+    first. Thirty-seventh review of issue 15: the level was set before a Flower run imported
+    Flower, which undid it: ``simulate --engine flower --quiet`` printed the strategy's summary
+    and ``round 1: epsilon=7.551 cohort=9`` for every round, where ``--quiet`` means no
+    per-round progress.
+    """
+    import flwr.common.logger  # noqa: F401  (its import sets the level this overrides)
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)

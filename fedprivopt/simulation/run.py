@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import sys
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.logs import quiet_flower
 from fedprivopt.models import build_task
 from fedprivopt.models.registry import is_reference
 from fedprivopt.models.side_information_config import build_side_information
@@ -262,7 +262,7 @@ def _execute(
     try:
         with interrupt.signals_raise(), ray_processes.own_processes(uses_ray):
             if config.engine == "flower":
-                logging.getLogger("flwr").setLevel(logging.WARNING)
+                quiet_flower()
                 reason = run_flower(config, task, alg, writer)
             else:
                 reason = run_fast(config, task, alg, writer)

@@ -21,11 +21,19 @@
    memory") was reported as ``the factory raised RuntimeError …`` (rc 2, blaming the task's code)
    where every other such failure gives the out-of-memory line; ``registry.build_task`` lets it
    through as it lets ``MemoryError`` through (``task_calls.out_of_memory``): the line, rc 1.
+4. (the deploy reviewer's note) ``simulate toy.toml --engine flower --rounds 2 --quiet`` printed
+   the strategy's three-line summary and ``INFO : round 1: epsilon=7.551 cohort=9`` for every
+   round, where ``--quiet`` means "no per-round progress on stderr": the run set Flower's logger
+   to ``WARNING`` before the Flower engine first imported Flower, whose logger module sets it to
+   ``DEBUG``. ``core.logs.quiet_flower`` imports that module first: no ``INFO`` line.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,3 +133,24 @@ def test_3_a_factory_out_of_torchs_memory_is_the_out_of_memory_line(tmp_path, mo
     assert proc.returncode == 1 and len(lines) == 1, (proc.returncode, proc.stderr)
     assert "ran out of memory" in lines[0] and "factory raised" not in lines[0], lines
     assert not out.exists()
+
+
+QUIET_PROBE = """
+import logging
+from fedprivopt.core.logs import quiet_flower
+quiet_flower()  # before any Flower module is imported, as in a fresh `simulate`
+import flwr.app, flwr.serverapp, flwr.simulation  # what the Flower engine imports
+print(logging.getLogger("flwr").getEffectiveLevel())
+"""
+
+
+def test_4_flowers_logger_stays_quiet_after_flower_is_imported(tmp_path):
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "FLWR_HOME": str(tmp_path)}  # fmt: skip
+    env.pop("FLWR_LOG_LEVEL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_PROBE], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(logging.WARNING)], done.stdout  # before: 10 (DEBUG)

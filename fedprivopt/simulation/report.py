@@ -65,12 +65,21 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     A ``*_std`` is ``nan`` where fewer than two seeds have a finite value (no spread measured;
     ``seeds`` counts them all), a ``*_mean`` ``nan`` where none has. ``rounds`` is the rounds
     each seed completed, or their range ``1–3`` (an en dash) when the seeds completed different
-    numbers (:func:`rounds_text`, as in ``report.md``). The last three columns count the seeds
+    numbers (:func:`rounds_text`, as in ``report.md``). The three columns after
+    ``seconds_per_round`` count the seeds
     behind the metric's mean (``seeds_finite``: a finite final metric), the seeds whose model
     or an evaluation became non-finite (``seeds_diverged``: their final values describe an
     overflowed model) and the seeds that their privacy budget (``target-epsilon``) stopped
     before their last round (``seeds_stopped_by_budget``: their final values are of fewer
-    rounds than configured), which ``report.md``'s seeds cell names.
+    rounds than configured), which ``report.md``'s seeds cell names. Then what the row's ε is
+    of: ``accountant`` and ``neighbouring_relation`` (``add/remove``, ``replace-one``,
+    ``replace-special (tree)``) of its private seeds, several joined by ``; ``, empty for a
+    non-private row.
+
+    Thirty-seventh review of issue 15 (reports, left open; fixed by the lead, lead 5): rows whose
+    ε come from different accountants (``pld`` 8.961 beside ``rdp`` 10.28 for one privacy loss)
+    or neighbouring relations were named so in ``report.md`` only; ``summary.csv`` read alone
+    set them side by side.
 
     Thirty-fifth review of issue 15 (outputs, finding 5): ``compare toy.toml --noise-multipliers
     0.5,2 --rounds 6 --set target-epsilon=12`` stopped the σ 0.5 runs at round 2; ``summary.csv``
@@ -87,7 +96,7 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         "strategy", "noise_multiplier", "seeds", "epsilon", "delta", "rounds",
         f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
         "seconds_per_round", "seeds_finite", "seeds_diverged",
-        "seeds_stopped_by_budget"]))  # fmt: skip
+        "seeds_stopped_by_budget", "accountant", "neighbouring_relation"]))  # fmt: skip
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -95,7 +104,9 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         for r in rows:
             shown = {"seeds": r["n_seeds"], "rounds": rounds_text(r), "seeds_finite":
                      r["n_finite"], "seeds_diverged": len(r["diverged"]),
-                     "seeds_stopped_by_budget": r.get("n_budget", 0)}  # fmt: skip
+                     "seeds_stopped_by_budget": r.get("n_budget", 0),
+                     "accountant": "; ".join(r.get("accountants", ())),
+                     "neighbouring_relation": "; ".join(r.get("relations", ()))}  # fmt: skip
             writer.writerow([shown[c] if c in shown else r[c] for c in columns])
     return path
 

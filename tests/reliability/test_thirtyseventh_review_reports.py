@@ -40,12 +40,18 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 
 import pytest
 
-from fedprivopt.simulation.report import plot_metric_vs_round, write_report
+from fedprivopt.simulation.report import (
+    aggregate_runs,
+    plot_metric_vs_round,
+    write_report,
+    write_summary_csv,
+)
 from fedprivopt.simulation.run import simulate
 from fedprivopt.simulation.rundata import RunWarning, load_run
 from tests.reliability.test_thirtythird_review_results import _drawn_labels
@@ -124,3 +130,16 @@ def test_5_rounds_are_never_fewer_than_the_rows_show(runs, tmp_path):
     summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
     (run / "summary.json").write_text(json.dumps({**summary, "rounds_completed": 1}), "utf-8")
     assert load_run(run).rounds_completed == 2
+
+
+# -- 6 (the open row, fixed by the lead, lead 5): summary.csv says what each row's ε is of -------
+def test_6_summary_csv_names_each_rows_accountant_and_neighbouring_relation(runs, tmp_path):
+    picked = [runs["rdp"], runs["pld"], runs["fixed"]]
+    with pytest.warns(RunWarning):  # the accountants and relations differ (findings 1 and 3)
+        rows = aggregate_runs(picked)
+    path = write_summary_csv(rows, tmp_path / "summary.csv")
+    with path.open(newline="", encoding="utf-8") as fh:
+        table = list(csv.DictReader(fh))
+    basis = {(t["strategy"], t["accountant"], t["neighbouring_relation"]) for t in table}
+    assert basis == {("dp-fedavg", "rdp", "add/remove"), ("dp-fedadam", "pld", "add/remove"),
+                     ("dp-fedadam", "rdp", "replace-one")}, table  # fmt: skip

@@ -26,6 +26,7 @@ __all__ = [
     "MMAP_THRESHOLD",
     "PROCESS_MEMORY",
     "TRIM_THRESHOLD",
+    "available_memory",
     "check_fits",
     "device_memory",
     "keep_freed_memory",
@@ -69,6 +70,18 @@ def physical_memory() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):  # pragma: no cover - not POSIX
         return 0
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux's ``MemAvailable``), ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 PROCESS_MEMORY = 256 * 2**20

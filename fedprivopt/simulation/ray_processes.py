@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from fedprivopt.core.memory import available_memory
 from fedprivopt.core.text import shown
 
 __all__ = [
@@ -65,6 +66,29 @@ RUN_MARKER_ENV = "FEDPRIVOPT_RUN_ID"
 """Environment variable that tags the processes started during a run."""
 
 
+def _raised_soft_limit(which: int, wanted: int) -> tuple[int, int]:
+    """Raise this process's soft limit ``which`` within the hard one; ``(soft, hard)`` after.
+
+    Towards ``wanted`` (``RLIM_INFINITY``: as far as the hard limit goes), as ``ulimit -S``
+    may; a limit the system does not allow is left as it is.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(which)
+    infinite = resource.RLIM_INFINITY
+    if soft == infinite:
+        return soft, hard
+    if hard == infinite:
+        target = wanted
+    else:
+        target = hard if wanted == infinite else min(hard, wanted)
+    if target == infinite or target > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(which, (target, hard))
+            soft = target
+    return soft, hard
+
+
 def enough_open_files(what: str) -> None:
     """Raise this process's soft limit of open files for Ray; refuse a limit Ray cannot run under.
 
@@ -84,18 +108,8 @@ def enough_open_files(what: str) -> None:
         import resource
     except ImportError:  # not a POSIX system: Ray's own checks apply
         return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = _raised_soft_limit(resource.RLIMIT_NOFILE, _RAY_RECOMMENDED_OPEN_FILES)
     infinite = resource.RLIM_INFINITY
-    if soft != infinite and soft < _RAY_RECOMMENDED_OPEN_FILES:
-        wanted = (
-            _RAY_RECOMMENDED_OPEN_FILES
-            if hard == infinite
-            else min(hard, _RAY_RECOMMENDED_OPEN_FILES)
-        )
-        if wanted > soft:
-            with contextlib.suppress(ValueError, OSError):  # a limit the system does not allow
-                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-                soft = wanted
     if soft != infinite and soft < RAY_OPEN_FILES:
         shown_hard = "unlimited" if hard == infinite else str(hard)
         raise ValueError(
@@ -103,18 +117,6 @@ def enough_open_files(what: str) -> None:
             f"process may open {soft} (ulimit -n; hard limit {shown_hard}): raise the limit "
             f'(ulimit -n 4096) or use engine = "fast" without fast-actors'
         )
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory available now (Linux's ``MemAvailable``), ``None`` where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 RAY_OBJECT_STORE_SHARE = 0.3
@@ -145,15 +147,9 @@ def enough_address_space(what: str) -> None:
         import resource
     except ImportError:  # not a POSIX system
         return
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     infinite = resource.RLIM_INFINITY
-    if soft == infinite:
-        return
-    if hard == infinite or hard > soft:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
-            soft = hard
-    available = _available_memory()
+    soft, _ = _raised_soft_limit(resource.RLIMIT_AS, infinite)
+    available = available_memory()
     if soft == infinite or available is None:
         return
     needed = int(RAY_OBJECT_STORE_SHARE * available) + RAY_ADDRESS_SPACE_MARGIN

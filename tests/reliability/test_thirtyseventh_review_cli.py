@@ -89,14 +89,13 @@ def test_1_too_many_open_files_is_one_line_naming_the_limit(tmp_path, monkeypatc
 # -- finding 2: too few open files for Ray -----------------------------------------------------
 
 
-def _limits(monkeypatch, soft: int, hard: int) -> list:
-    """``getrlimit`` of open files answering (soft, hard); ``setrlimit`` recorded, not made."""
+def _limits(monkeypatch, soft: int, hard: int, kind: int = resource.RLIMIT_NOFILE) -> list:
+    """``getrlimit`` of ``kind`` (open files) answering (soft, hard); ``setrlimit`` recorded, not
+    made."""
     real = resource.getrlimit
     made: list = []
     monkeypatch.setattr(
-        resource,
-        "getrlimit",
-        lambda which: (soft, hard) if which == resource.RLIMIT_NOFILE else real(which),
+        resource, "getrlimit", lambda which: (soft, hard) if which == kind else real(which)
     )
     monkeypatch.setattr(resource, "setrlimit", lambda which, limits: made.append(limits))
     return made

@@ -42,6 +42,7 @@ import torch
 
 from fedprivopt.simulation import ray_processes
 from fedprivopt.strategies import StrategyConfig, build_algorithm
+from tests.reliability.test_thirtyseventh_review_cli import _limits
 from tests.reliability.test_twentyninth_review_cli import _cli, _one_line
 
 TOY = str(Path(__file__).resolve().parents[2] / "simulations" / "toy.toml")
@@ -79,16 +80,8 @@ def test_1_an_explicit_round_clip_norm_counts_the_growth():
 
 def _address_space(monkeypatch, soft: int, hard: int, available: int) -> list:
     """``getrlimit`` of the address space answering (soft, hard); ``setrlimit`` recorded."""
-    real = resource.getrlimit
-    made: list = []
-    monkeypatch.setattr(
-        resource,
-        "getrlimit",
-        lambda which: (soft, hard) if which == resource.RLIMIT_AS else real(which),
-    )
-    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: made.append(limits))
-    monkeypatch.setattr(ray_processes, "_available_memory", lambda: available)
-    return made
+    monkeypatch.setattr(ray_processes, "available_memory", lambda: available)
+    return _limits(monkeypatch, soft, hard, resource.RLIMIT_AS)
 
 
 def test_2_a_flower_run_under_too_small_an_address_space_is_refused_before_ray(

@@ -1,8 +1,9 @@
-"""Messages as the SuperLink delivers them to a ClientApp, for tests that call one directly."""
+"""Messages as the SuperLink delivers them to a ClientApp, and replies to a ServerApp, for tests."""
 
 from __future__ import annotations
 
 import time
+import uuid
 
 from flwr.app import DEFAULT_TTL, Message, Metadata, RecordDict
 
@@ -25,3 +26,18 @@ def delivered(content, message_type: str, *, dst_node_id: int = 11) -> Message:
         message_type=message_type,
     )
     return Message(content=RecordDict(content), metadata=metadata)
+
+
+def reply_metadata(msg: Message, src_node_id: int) -> Metadata:
+    """The metadata of node ``src_node_id``'s reply to ``msg``, as the SuperLink delivers it."""
+    return Metadata(
+        run_id=1,
+        message_id=uuid.uuid4().hex,
+        src_node_id=src_node_id,
+        dst_node_id=0,
+        reply_to_message_id=msg.metadata.message_id,
+        group_id=msg.metadata.group_id,
+        created_at=0.0,
+        ttl=3600.0,
+        message_type=msg.metadata.message_type,
+    )

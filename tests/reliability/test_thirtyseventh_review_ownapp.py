@@ -48,9 +48,10 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from flwr.app import Context, Error, Message, Metadata, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 
 from fedprivopt.models.task import TaskError
+from tests.messages import reply_metadata
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 CONFIG = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
@@ -96,17 +97,7 @@ class AppGrid:
                 reply = (handler or self.client.train_users)(msg, context)
             except Exception as exc:  # as Flower answers a ClientApp's exception
                 reply = Message(Error(code=2, reason=repr(exc)), reply_to=msg)
-            reply.__dict__["_metadata"] = Metadata(
-                run_id=1,
-                message_id=uuid.uuid4().hex,
-                src_node_id=node,
-                dst_node_id=0,
-                reply_to_message_id=msg.metadata.message_id,
-                group_id=msg.metadata.group_id,
-                created_at=0.0,
-                ttl=3600.0,
-                message_type=msg.metadata.message_type,
-            )
+            reply.__dict__["_metadata"] = reply_metadata(msg, node)
             replies.append(reply)
         return replies
 

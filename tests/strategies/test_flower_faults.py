@@ -20,7 +20,6 @@ from flwr.app import (
     Context,
     Error,
     Message,
-    Metadata,
     RecordDict,
 )
 from flwr.common.constant import ErrorCode
@@ -36,6 +35,7 @@ from fedprivopt.strategies.flower import DPStrategy
 from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from fedprivopt.strategies.flower_replies import LOSS_METRICS
 from tests.faults import make_faulty_client_app
+from tests.messages import reply_metadata
 from tests.strategies.recorder import RunRecorder
 
 USERS, ROUNDS = 12, 4
@@ -155,17 +155,7 @@ class ScriptedGrid:
 
     @staticmethod
     def _reply(msg: Message, src: int, content=None, error=None) -> Message:
-        metadata = Metadata(
-            run_id=1,
-            message_id=uuid.uuid4().hex,
-            src_node_id=src,
-            dst_node_id=0,
-            reply_to_message_id=msg.metadata.message_id,
-            group_id=msg.metadata.group_id,
-            created_at=0.0,
-            ttl=3600.0,
-            message_type=msg.metadata.message_type,
-        )
+        metadata = reply_metadata(msg, src)
         if error is not None:
             return Message(error, metadata=metadata)
         return Message(content, metadata=metadata)

@@ -7,14 +7,25 @@ own line), Flower's shutdown ``DEBUG`` lines at the end of a run, and this packa
 another format than before the note. :func:`log_warnings_to_stderr` gives the root logger the
 handler Python would use anyway (warnings and errors, the message alone, to the current standard
 error), so absl finds one and configures nothing.
+
+:func:`hide_engine_notices` drops two notices addressed to whoever wrote the Flower engine,
+not to its user, who can act on neither: Flower's deprecation of ``run_simulation`` (the
+engine's call) and Ray's tip about ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO`` (the engine asks
+for no GPU on purpose). Each printed six lines on every Flower run, ``--quiet`` ones too.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
 
-__all__ = ["log_warnings_to_stderr", "quiet_flower"]
+__all__ = ["hide_engine_notices", "log_warnings_to_stderr", "quiet_flower"]
+
+#: The first argument of the Flower record :func:`hide_engine_notices` drops.
+RUN_SIMULATION_DEPRECATED = "The `run_simulation` function is deprecated"
+#: The start of the Ray ``FutureWarning`` :func:`hide_engine_notices` ignores.
+RAY_ACCELERATOR_TIP = "Tip: In future versions of Ray, Ray will no longer override accelerator"
 
 
 class _Stderr(logging.Handler):
@@ -37,11 +48,35 @@ class _Stderr(logging.Handler):
             self.handleError(record)
 
 
+class _EngineNotices(logging.Filter):
+    """Drop Flower's record of its deprecated ``run_simulation`` (the engine's call)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        first = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        return not (isinstance(first, str) and first.startswith(RUN_SIMULATION_DEPRECATED))
+
+
+def hide_engine_notices() -> None:
+    """Drop the two notices the Flower engine's own calls cause (module docstring).
+
+    The ``flwr`` logger gets the filter once, before or after Flower is imported (a logger is
+    the same object either way); other Flower warnings and errors still print.
+    """
+    flower = logging.getLogger("flwr")
+    if not any(isinstance(f, _EngineNotices) for f in flower.filters):
+        flower.addFilter(_EngineNotices())
+    warnings.filterwarnings("ignore", message=RAY_ACCELERATOR_TIP, category=FutureWarning)
+
+
 def log_warnings_to_stderr() -> None:
-    """Install :class:`_Stderr` on the root logger unless a handler is there already."""
+    """Install :class:`_Stderr` on the root logger unless a handler is there already.
+
+    Also :func:`hide_engine_notices`: every command and worker process calls this first.
+    """
     root = logging.getLogger()
     if not root.handlers:
         root.addHandler(_Stderr())
+    hide_engine_notices()
 
 
 def quiet_flower() -> None:

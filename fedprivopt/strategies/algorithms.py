@@ -282,8 +282,10 @@ class DPFedAvgADADP(ServerAlgorithm):
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         cfg = self.client_settings()
         users_1 = self.sample(round_num, "sampling")
-        updates_1 = yield TrainRequest(round_num, users_1, self.params, None, cfg, "train")
+        request = TrainRequest(round_num, users_1, self.params, None, cfg, "train")
+        updates_1 = yield request
         agg_1 = self.aggregate(round_num, updates_1, stream="train", cohort=users_1)
+        self.refuse_changed_request(request, self.params, stream="train")
         half = self.controller.half_step(self.opt_state, self.params, agg_1.delta_tilde)
         if self.on_partial_release is not None:
             # the half-step point is a function of cohort 1's noised sum, sent to cohort 2
@@ -292,8 +294,10 @@ class DPFedAvgADADP(ServerAlgorithm):
             # second time, uncharged in secure mode and without noise in seeded mode)
             self.on_partial_release(round_num, self.round_events(round_num)[:1], half)
         users_2 = self.sample(round_num, "sampling-2")
-        updates_2 = yield TrainRequest(round_num, users_2, half, None, cfg, "train-2")
+        request = TrainRequest(round_num, users_2, half, None, cfg, "train-2")
+        updates_2 = yield request
         agg_2 = self.aggregate(round_num, updates_2, stream="train-2", cohort=users_2)
+        self.refuse_changed_request(request, half, stream="train-2")
         lr = self.opt_state.learning_rate
         s_1, s_2 = self.optimizer_noise_std(agg_1), self.optimizer_noise_std(agg_2)
         set_tolerance = self.config.options.adadp_tolerance is not None

@@ -315,14 +315,13 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         """One round of a single-cohort strategy (override for other shapes)."""
         clip = self.current_clip_norm()
         users = self.sample(round_num)
-        updates = yield TrainRequest(
-            round_num,
-            users,
-            self.params,
-            self.broadcast_preconditioner(),
-            self.client_settings(clip_norm=clip),
+        preconditioner = self.broadcast_preconditioner()
+        request = TrainRequest(
+            round_num, users, self.params, preconditioner, self.client_settings(clip_norm=clip)
         )
+        updates = yield request
         agg = self.aggregate(round_num, updates, clip_norm=clip, cohort=users)
+        self.refuse_changed_request(request, self.params, preconditioner)
         noise_std = self.optimizer_noise_std(agg, clip)
         metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
         step, self.opt_state = self.transform.update(
@@ -330,6 +329,35 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         )
         self.params = self.params + step
         return self._finish(round_num, users, metrics, agg.rejected)
+
+    def refuse_changed_request(
+        self,
+        request: TrainRequest,
+        params: torch.Tensor,
+        preconditioner: torch.Tensor | None = None,
+        *,
+        stream: str = "",
+    ) -> None:
+        """Raise ``ValueError`` when the trainer of ``request`` changed its copies in place.
+
+        Called after the cohort's updates were aggregated (a streamed cohort is trained as it
+        is summed). Users trained after such a change started from a point that holds other
+        users' training (thirty-eighth review of issue 15, api 1), so the cohort's noised sum is
+        not used: nothing of it was released, and the round may run again (``stream``: the
+        stream :meth:`aggregate` summed it under, whose mark of a computed sum is removed).
+        """
+        changed = request.changed_in(params, preconditioner)
+        if changed is None:
+            return
+        self._aggregated.discard((request.round_num, stream))
+        where = "" if request.stream == "train" else f" ({request.stream})"
+        raise ValueError(
+            f"round {request.round_num}{where}: the train callback changed request.{changed} in "
+            "place (a model whose parameters are views of it, torch.nn.utils."
+            "vector_to_parameters, trains it): a user trained "
+            "after that started from other users' training; copy it before training on it "
+            "(request.params.clone()); nothing of the cohort was released"
+        )
 
     def _finish(
         self, round_num: int, users: list[int], metrics: dict[str, float], rejected: dict

@@ -78,6 +78,36 @@ class TrainRequest:
     settings: ClientSettings
     stream: str = "train"
 
+    def __post_init__(self) -> None:
+        # thirty-eighth review of issue 15 (api 1): the request held the algorithm's own model
+        # (and DP2's or AdaDPS' preconditioner), so a train callback that trained on it in
+        # place (torch.nn.utils.vector_to_parameters makes a model's parameters views of the
+        # vector) moved the released model by its users' training, without clipping or noise.
+        # A request now holds copies; run_round refuses a cohort that changed them (changed_in).
+        object.__setattr__(self, "params", self.params.detach().clone())
+        if isinstance(self.preconditioner, torch.Tensor):
+            object.__setattr__(self, "preconditioner", self.preconditioner.detach().clone())
+
+    def changed_in(
+        self, params: torch.Tensor, preconditioner: torch.Tensor | None = None
+    ) -> str | None:
+        """``"params"`` or ``"preconditioner"``: the copy a trainer changed in place, else ``None``.
+
+        ``params`` and ``preconditioner`` are what the request was built from; NaN equals NaN.
+        """
+        for name, ours, given in (
+            ("params", params, self.params),
+            ("preconditioner", preconditioner, self.preconditioner),
+        ):
+            if ours is None or given is None:
+                continue
+            same = given.shape == ours.shape and bool(
+                ((given == ours) | (given.isnan() & ours.isnan())).all()
+            )
+            if not same:
+                return name
+        return None
+
 
 @dataclass
 class RoundResult:

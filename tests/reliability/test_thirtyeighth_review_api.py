@@ -1,0 +1,113 @@
+"""Issue 15, thirty-eighth hostile review (api: the documented Python API): tests.
+
+1. ``drive_round(alg, r, train)`` whose ``train`` trains on ``request.params`` in place (a
+   model loaded with ``torch.nn.utils.vector_to_parameters(request.params, ...)``, whose
+   parameters are then views of the request's vector; or ``request.params.add_(...)``): the
+   request held the algorithm's own model, so the users' local training (+100 in every entry)
+   reached the released model unclipped and without noise (dp-fedavg's model 100.18 where a
+   callback that copies first gives 0.18; ADADP, DP2, DP-FedAdam alike), and every user after
+   the first started from the others' training; AdaDPS' side information (DP2's preconditioner)
+   likewise. A :class:`TrainRequest` now holds copies, and ``run_round`` refuses a cohort whose
+   copies were changed (``ServerAlgorithm.refuse_changed_request``: ``round 1: the train
+   callback changed request.params in place ...``) after summing it and before anything of it
+   is released; the algorithm's model is untouched and the round may run again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
+
+
+def _config(**changes) -> StrategyConfig:
+    values = {"strategy": "dp-fedavg", "population": 40, "clients-per-round": 10,
+              "num-server-rounds": 5, "noise-multiplier": 0.5, "delta": 1e-4, "seed": 0,
+              **changes}  # fmt: skip
+    return StrategyConfig.from_mapping(values)
+
+
+def _train(request):
+    """Every user of a request sends the same small update (copies nothing it is given)."""
+    return {u: torch.full((4,), 0.1) for u in request.users}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.disable(logging.WARNING)  # absl's RDP warnings at q = 0.25
+    yield
+    logging.disable(logging.NOTSET)
+
+
+# -- finding 1: a train callback that trains on the request's model in place -----------------
+
+
+def _in_place(request):
+    """Train each user on a model whose parameters are views of ``request.params``."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 1))  # 4 parameters: the flat model's length
+    torch.nn.utils.vector_to_parameters(request.params, model.parameters())
+    start = request.params.clone()
+    out = {}
+    for user in request.users:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(100.0)  # the user's local steps, on the views
+        out[user] = torch.nn.utils.parameters_to_vector(model.parameters()).detach() - start
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp", "dp2", "dp-fedadam"])
+def test_1_a_callback_training_on_request_params_in_place_is_refused(strategy):
+    alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"round 1: the train callback changed request.params"):
+        drive_round(alg, 1, _in_place)  # released a model of about 100 (the training)
+    assert torch.equal(alg.params, torch.zeros(4))
+    assert alg.round_num == 0 and alg.accountant.num_events == 0
+    # nothing was released: the round runs again with a callback that copies first
+    result = drive_round(alg, 1, _train)
+    reference = drive_round(build_algorithm(_config(strategy=strategy), torch.zeros(4)), 1, _train)
+    assert torch.equal(result.params, reference.params)
+    assert float(result.params.abs().max()) < 5.0
+
+
+def test_1_the_request_holds_copies():
+    alg = build_algorithm(_config(), torch.zeros(4))
+    rounds = alg.run_round(1)
+    request = next(rounds)
+    assert request.params.data_ptr() != alg.params.data_ptr()
+    request.params.fill_(7.0)  # changes the copy only
+    assert torch.equal(alg.params, torch.zeros(4))
+
+
+def test_1_a_callback_changing_the_side_information_is_refused():
+    a = torch.ones(4)
+    alg = build_algorithm(_config(strategy="adadps"), torch.zeros(4), preconditioner=a)
+
+    def train(request):
+        request.preconditioner.mul_(2.0)
+        return _train(request)
+
+    with pytest.raises(ValueError, match=r"changed request.preconditioner in place"):
+        drive_round(alg, 1, train)
+    assert torch.equal(alg.side_information, torch.ones(4)) and alg.round_num == 0
+    assert drive_round(alg, 1, _train).round_num == 1
+
+
+def test_1_an_adadp_second_cohort_changing_its_point_is_refused_and_not_run_again():
+    alg = build_algorithm(_config(strategy="dp-fedavg-adadp"), torch.zeros(4))
+
+    def train(request):
+        if request.stream == "train-2":
+            request.params.add_(100.0)
+        return _train(request)
+
+    with pytest.raises(ValueError, match=r"round 1 \(train-2\): the train callback changed"):
+        drive_round(alg, 1, train)
+    assert alg.round_num == 0 and torch.equal(alg.params, torch.zeros(4))
+    # cohort 1's noised sum left with the half-step point: the round is not run again
+    with pytest.raises(ValueError, match=r"round 1 was begun already"):
+        drive_round(alg, 1, _train)

@@ -66,6 +66,7 @@ __all__ = [
     "NoisyMeanAggregator",
     "default_min_shares",
     "share_noise_growth",
+    "sum_dtype",
 ]
 
 NOISE_MODES = ("server", "distributed")
@@ -76,6 +77,34 @@ NOISE_MODES = ("server", "distributed")
 #: scales the sum's variance by the accepted shares) or the 64 nodes of a tree release stays a
 #: float (1e300 * 1e8 < 1.8e308). Eleventh review of issue 15, finding 1.
 MAX_SUM_NOISE_STD = 1e150
+
+
+def sum_dtype(dtype: torch.dtype, bound: float) -> torch.dtype:
+    """The dtype in which :meth:`NoisyMeanAggregator.aggregate` sums updates of ``dtype``.
+
+    ``dtype`` itself where no sum of up to :data:`~fedprivopt.privacy.sampling.MAX_POPULATION`
+    updates of norm at most ``bound`` can overflow it (float32 below ``bound`` 1.7e30: every
+    run's bits as before), else float64 (float16 and bfloat16 always: their sums also lose whole
+    updates to rounding, 256 + 1 = 256 in bfloat16). Thirty-eighth review of issue 15: the sum was
+    kept in the model's dtype, and a partial sum that overflowed stayed infinite whatever noise
+    was added, so an infinite release said, without noise, that the clipped sum overflowed:
+    130 float32 updates at ``C = 5.3e36`` whose exact sum is 0 (65 of ``+0.999C``, then 65 of
+    ``-0.999C``) gave an infinite mean every time, one user fewer a finite one; 66 float16
+    updates at ``C = 1000`` alike. A float64 model is refused a bound at which it could
+    overflow (runs keep ``noise-multiplier · C <= 1e150`` with ``noise-multiplier >= 1e-100``).
+    A non-private float32 sum (``bound`` infinite) stays in float32.
+    """
+    most = torch.finfo(dtype).max / 2 / MAX_POPULATION  # the largest bound that cannot overflow
+    if dtype == torch.float64:
+        if math.isfinite(bound) and bound > most:
+            raise ValueError(
+                f"clip_norm is too large for a float64 model: the sum of up to {MAX_POPULATION} "
+                f"updates of norm {bound:g} could overflow (at most {most:g})"
+            )
+        return dtype
+    if dtype == torch.float32 and (bound <= most or math.isinf(bound)):  # inf: not private
+        return dtype
+    return torch.float64
 
 
 def default_min_shares(population: int, sample_rate: float, quantile: float = 0.01) -> int:
@@ -301,6 +330,7 @@ class NoisyMeanAggregator:
             return
         values = batch.values.to(total.device)
         norms = segment_norms_checked(values, batch.row_ptr)
+        values = values.to(total.dtype)  # scaled and summed as RowSparse.add_to does alone
         factors, keep = [], True
         for user, problem, norm in zip(users, batch.user_problems(dim), norms, strict=True):
             if problem is not None or norm is None:
@@ -378,9 +408,9 @@ class NoisyMeanAggregator:
         dim = check_fits("dim", check_int("dim", dim, 1), dtype.itemsize, device)
         if not isinstance(updates, Iterable):
             raise ValueError(f"updates must be an iterable, got {type(updates).__name__}")
-        total = torch.zeros(dim, dtype=dtype, device=device)
-        tally = Tally()
         bound = self.accept_norm(dim)
+        total = torch.zeros(dim, dtype=sum_dtype(dtype, bound), device=device)
+        tally = Tally()
         for i, entry in enumerate(updates):
             if isinstance(entry, RowSparseBatch):
                 self._add_batch(entry, total, tally, bound, dim, dtype)
@@ -440,7 +470,7 @@ class NoisyMeanAggregator:
         else:
             denominator = max(accepted, 1)
             noise_std = 0.0
-        delta_tilde = total / denominator
+        delta_tilde = (total / denominator).to(dtype)  # the noised sum, rounded: post-processing
         metrics = {
             "received": float(received),
             "accepted": float(accepted),

@@ -81,8 +81,12 @@ class RowSparse:
         return out
 
     def add_to(self, total: torch.Tensor, alpha: float = 1.0) -> None:
-        """``total += alpha * self`` in place (``total`` is the dense flat vector)."""
-        values = self.values.to(total.device)
+        """``total += alpha * self`` in place (``total`` is the dense flat vector).
+
+        The values are cast to ``total``'s dtype first (the aggregator may sum in float64) and
+        scaled there.
+        """
+        values = self.values.to(device=total.device, dtype=total.dtype)
         if alpha != 1.0:
             values = values * alpha
         total.view(-1, self.width).index_add_(0, self.rows.to(total.device), values)

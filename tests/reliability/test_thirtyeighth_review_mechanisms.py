@@ -1,0 +1,76 @@
+"""Issue 15, thirty-eighth hostile review (mechanisms: clipping, the sum and its noise): tests.
+
+1. ``NoisyMeanAggregator.aggregate`` (every strategy's sum) of 130 float32 updates at
+   ``C = 5.3e36``, ``σ = 1`` (``σC`` within the float32 model's bound): 65 users of
+   ``+0.999C`` on one coordinate, then 65 of ``-0.999C`` (exact sum 0): the mean was ``inf``
+   in 20 of 20 seeds; with one user fewer it was finite in 20 of 20. The sum was kept in the
+   model's dtype, so a partial sum that overflowed stayed infinite whatever noise was added:
+   the release said, without noise, whether one user was there. 66 float16 updates of norm
+   ``C = 1000`` alike (``inf`` every time where the exact sum plus noise is finite; 256 + 1 is
+   256 in bfloat16, so a bfloat16 sum of 300 updates of 1.0 came out 256). The sum is now kept
+   in float64 where the model's dtype could overflow (``aggregate.sum_dtype``: float16 and
+   bfloat16 always, float32 at a bound above 1.7e30, so every float32 run keeps its bits) and
+   rounded to the model's dtype after the noise is added (post-processing): finite, the mean
+   about 0, 999 and 1.0; a float64 aggregation at a bound where 10**8 updates could overflow is
+   refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.privacy import aggregate
+from fedprivopt.privacy.aggregate import NoisyMeanAggregator
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
+
+# -- finding 1: a partial sum that overflows is not released as infinite ---------------------
+
+
+def _mean(updates, *, clip, sigma, dtype, seed=0, m=65.0):
+    agg = NoisyMeanAggregator(clip_norm=clip, noise_multiplier=sigma, expected_cohort_size=m)
+    gen = torch.Generator().manual_seed(seed)
+    return agg.aggregate(updates, dim=2, dtype=dtype, generator=gen).delta_tilde
+
+
+def test_1_a_float32_sum_whose_partial_sums_overflow_is_released_finite():
+    c = 5.3e36
+    up, down = torch.tensor([0.999 * c, 0.0]), torch.tensor([-0.999 * c, 0.0])
+    everyone = [(u, up) for u in range(65)] + [(65 + u, down) for u in range(65)]
+    for seed in range(5):
+        out = _mean(everyone, clip=c, sigma=1.0, dtype=torch.float32, seed=seed)
+        assert out.dtype == torch.float32 and bool(torch.isfinite(out).all())  # was inf
+        assert abs(float(out[0])) < 10 * c / 65  # noise only: std σC/m̄
+        fewer = _mean(everyone[1:], clip=c, sigma=1.0, dtype=torch.float32, seed=seed)
+        assert bool(torch.isfinite(fewer).all())
+
+
+def test_1_float16_and_bfloat16_sums_are_kept_wider():
+    ups = [(u, torch.tensor([999.0, 0.0], dtype=torch.float16)) for u in range(66)]
+    out = _mean(ups, clip=1000.0, sigma=1.0, dtype=torch.float16, m=66.0)
+    assert out.dtype == torch.float16 and bool(torch.isfinite(out).all())  # was inf
+    assert 900 < float(out[0]) < 1100
+    ones = [(u, torch.tensor([1.0, 0.0], dtype=torch.bfloat16)) for u in range(300)]
+    out = _mean(ones, clip=1.0, sigma=1e-20, dtype=torch.bfloat16, m=300.0)
+    assert out.dtype == torch.bfloat16 and float(out[0]) == 1.0  # was 256/300
+
+
+def test_1_a_batch_sums_as_its_users_alone_in_the_wider_sum():
+    rows = torch.zeros(8, dtype=torch.int64)
+    values = torch.full((8, 2), 0.7, dtype=torch.bfloat16)
+    batch = RowSparseBatch(tuple(range(8)), rows, values, torch.arange(9), 2)
+    alone = [(u, RowSparse(rows[:1], values[u : u + 1], 2)) for u in range(8)]
+    a = _mean([batch], clip=0.5, sigma=0.1, dtype=torch.bfloat16, m=8.0)
+    b = _mean(alone, clip=0.5, sigma=0.1, dtype=torch.bfloat16, m=8.0)
+    assert torch.equal(a, b)
+
+
+def test_1_sum_dtype_keeps_float32_runs_and_refuses_a_float64_overflow():
+    sum_dtype = aggregate.sum_dtype
+    assert sum_dtype(torch.float32, 1.0) == torch.float32  # every run's bits as before
+    assert sum_dtype(torch.float32, float("inf")) == torch.float32  # not private
+    assert sum_dtype(torch.float32, 5.3e36) == torch.float64
+    assert sum_dtype(torch.float16, 1.0) == torch.float64
+    assert sum_dtype(torch.float64, 1e250) == torch.float64
+    with pytest.raises(ValueError, match="too large for a float64 model"):
+        sum_dtype(torch.float64, 1e305)

@@ -46,6 +46,7 @@ __all__ = [
     "reading_lock",
     "remove_run_files",
     "removed_if_unused",
+    "still_held",
 ]
 
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
@@ -97,6 +98,21 @@ _HELD: dict[str, int] = {}
 """The directories this process holds (absolute path: the locked descriptor), for check_held."""
 
 
+def still_held(out: str | os.PathLike) -> bool:
+    """Whether ``out`` names the directory this process locked as ``out`` (and still holds).
+
+    ``False`` for a directory this process does not hold, and for one moved or replaced since
+    it was locked: what is found at the path then belongs to someone else.
+    """
+    fd = _HELD.get(os.path.abspath(out))
+    if fd is None:
+        return False
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(out))
+    except OSError:
+        return False
+
+
 def check_held(out: str | os.PathLike) -> None:
     """Raise ``ValueError`` if ``out``, locked by this process, is no longer the directory locked.
 
@@ -106,14 +122,9 @@ def check_held(out: str | os.PathLike) -> None:
     lock, while the holder, which writes by path, would write into it too. Directories this
     process does not hold are not checked.
     """
-    fd = _HELD.get(os.path.abspath(out))
-    if fd is None:
+    if os.path.abspath(out) not in _HELD:
         return
-    try:
-        same = os.path.samestat(os.fstat(fd), os.stat(out))
-    except OSError:
-        same = False
-    if not same:
+    if not still_held(out):
         raise ValueError(
             f"run directory {str(out)!r} was moved or replaced while this run held it; stopped "
             "before releasing another round (resume the directory that holds this run's files)"
@@ -340,7 +351,8 @@ class NewRunDir:
 
     On exit by an exception, if no round was released (no ledger line, row or checkpoint), what
     this start created is removed (run files, the lock file if it did not exist, the directories
-    it created, if empty); a run that released rounds is kept, to be resumed.
+    it created, if empty); a run that released rounds is kept, to be resumed. A directory moved
+    away while claimed is left as it is, and so is what its path names then (another's run).
 
     Parameters
     ----------
@@ -393,7 +405,10 @@ class NewRunDir:
         return out
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None and not _released_anything(self.path):
+        # what the path names now is another's when the claimed directory was moved away
+        # (thirty-eighth review of issue 15, rundirs 1): nothing of it is judged or removed
+        ours = still_held(self.path)
+        if exc_type is not None and ours and not _released_anything(self.path):
             self._discard()
         else:
             self._lock.__exit__(None, None, None)

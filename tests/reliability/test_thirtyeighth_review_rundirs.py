@@ -1,0 +1,57 @@
+"""Issue 15, thirty-eighth hostile review (rundirs: one writer, nothing overwritten, ``--out``).
+
+1. ``simulate toy.toml --out R`` stopped (``kill -STOP``) before its first round, ``mv R
+   R.old``, then a second ``simulate toy.toml --out R`` (a new ``R``) stopped before its first
+   round, then the first one continued: it stopped (right: ``run directory 'R' was moved or
+   replaced while this run held it``), and on its way out removed what it took for its own
+   unreleased start at the path ``R``: the second run's ``config.toml``, ledger and
+   ``run.lock``, and ``R`` itself; the second run then failed (``R: No such file or
+   directory``). ``NewRunDir`` now judges and removes nothing when its path no longer names
+   the directory it locked (``rundir.still_held``): the second run finishes (rc 0, ε 12.17),
+   ``R.old`` keeps the first start's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from fedprivopt.simulation.rundir import NewRunDir, check_held
+
+# -- finding 1: a claimed directory moved away; the failing start removes nothing at its path --
+
+
+_SETTINGS = {
+    "strategy": "dp-fedavg", "population": 40, "clients-per-round": 10.0,
+    "noise-multiplier": 0.5, "clip-norm": 1.0, "sampling": "poisson", "noise-mode": "server",
+    "min-shares": 0, "min-shares-quantile": 0.01, "delta": 0.0001, "accountant": "rdp",
+    "seed": 0, "secure": False, "server-learning-rate": 1.0, "local-learning-rate": 0.5,
+    "local-epochs": 1, "batch-size": 16, "max-examples": 0, "ema-decay": 0.0,
+    "server-momentum": 0.0, "task": "toy", "task-params": {"num-users": 40, "seed": 0},
+    "side-information.kind": "auto",
+}  # fmt: skip
+_HEADER = {"ledger": 2, "kind": "header", "round": 0, "events": 0, "accountant": "rdp",
+           "pld_discretization": 0.0001, "prv_eps_error": 0.01, "delta": 0.0001,
+           "private": True, "settings": _SETTINGS}  # fmt: skip
+"""The ledger header ``simulate toy.toml`` writes before its first round."""
+
+
+def test_1_a_moved_claim_leaves_what_its_path_names_now(tmp_path):
+    run = tmp_path / "R"
+    theirs = {"config.toml": "strategy = \"dp-fedavg\"\n", "run.lock": "4242\n",
+              "privacy_ledger.jsonl": json.dumps(_HEADER) + "\n"}  # fmt: skip
+    with pytest.raises(RuntimeError, match="stopped"):
+        with NewRunDir(run) as out:
+            (out / "config.toml").write_text("ours\n")
+            check_held(out)
+            os.rename(run, tmp_path / "R.old")  # mv R R.old while the start runs
+            run.mkdir()  # another start claims a new R
+            for name, text in theirs.items():
+                (run / name).write_text(text)
+            with pytest.raises(ValueError, match="was moved or replaced"):
+                check_held(out)
+            raise RuntimeError("stopped: moved")  # as check_held stops the first run
+    assert {p.name: p.read_text() for p in run.iterdir()} == theirs  # all removed before
+    assert (tmp_path / "R.old" / "config.toml").read_text() == "ours\n"

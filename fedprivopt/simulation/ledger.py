@@ -93,6 +93,9 @@ class RunLedger(LedgerChecks, LedgerConversion):
         self.entries = entries
         self._total = merge_ledger(p for e in entries for p in e.released)
         self.replay: list[LedgerEntry] = []
+        # a seeded resume's earlier releases of the rounds it redoes, by (kind, round): each redo
+        # draws their cohort and noise again, so it must come out as each of them did
+        self._redone: dict[tuple[str, int], list[LedgerEntry]] = {}
         self._partial: tuple[int, Ledger] | None = None  # the running round's recorded part
         self._torn_at: int | None = None  # where a torn last line starts; cut at the next append
         self._unterminated = False  # a whole last line lacking its newline: ended on append
@@ -310,6 +313,11 @@ class RunLedger(LedgerChecks, LedgerConversion):
                 )
         rest = self.entries[start:]
         self._partial = None
+        self._redone = {}
+        if not secure:
+            for entry in self.entries:
+                if entry.round > round_num and entry.params_sha256 and entry.kind != "carried":
+                    self._redone.setdefault((entry.kind, entry.round), []).append(entry)
         if not secure and replay_order(rest, round_num):
             accountant.set_ledger(self.prefix(start))
             self.replay = list(rest)
@@ -362,6 +370,7 @@ class RunLedger(LedgerChecks, LedgerConversion):
             if accountant.num_events != head.events:
                 accountant.set_ledger(self.prefix(self.entries.index(head) + 1))
             return
+        self._check_redone(round_num, "round", digest)
         self.append(round_num, released, digest, participants=participants)
         accountant.set_ledger(self._total)
 
@@ -394,6 +403,7 @@ class RunLedger(LedgerChecks, LedgerConversion):
         if self.replay:
             self._replayed(round_num, "partial", released, digest)
         else:
+            self._check_redone(round_num, "partial", digest)
             self.append(round_num, released, digest, kind="partial")
         self._partial = (round_num, released)
 
@@ -413,14 +423,38 @@ class RunLedger(LedgerChecks, LedgerConversion):
         if (head.kind, head.round, head.released, head.params_sha256) != (
             kind, round_num, released, digest,
         ):  # fmt: skip
-            what = "its first cohort's point" if kind == "partial" else "it"
-            raise ValueError(
-                f"round {round_num}, redone from the checkpoint, came out other than its first "
-                f"release (line {head.line} of {self.path.name}): with the seed's noise again, "
-                f"releasing {what} would reveal the difference of the two without noise, so "
-                "nothing of it was released; a client that failed or answered differently, "
-                "another device, another engine, vectorize or (on a GPU) cohort-chunk or "
-                "fast-actors setting (their trainers differ in float rounding) or edited code "
-                "changes a redone round: resume where those are as they were, or start a new run"
-            )
+            raise self._unlike_first(round_num, kind, head)
         return self.replay.pop(0)
+
+    def _check_redone(self, round_num: int, kind: str, digest: str) -> None:
+        """Refuse a seeded redo unlike a release of its round that the ledger records.
+
+        A seeded resume whose later lines are not rounds ``k+1, k+2, …`` in order (lines
+        swapped, or one repeated, by hand) is not replayed (:meth:`restore`): its redone rounds
+        are charged again. Each still draws the seed's cohort and noise of every earlier
+        release of its round, so it must be that release. Thirty-eighth review of issue 15
+        (ledger, finding 1): a ledger whose lines of rounds 4 and 5 were swapped turned the
+        comparison off, and a round 4 that came out otherwise was released with its first
+        release's noise, rc 0.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`_replayed`; nothing of the round is released or written.
+        """
+        for entry in self._redone.get((kind, round_num), ()):
+            if entry.params_sha256 != digest:
+                raise self._unlike_first(round_num, kind, entry)
+
+    def _unlike_first(self, round_num: int, kind: str, first: LedgerEntry) -> ValueError:
+        """The refusal of a seeded redo of ``round_num`` unlike its release on line ``first``."""
+        what = "its first cohort's point" if kind == "partial" else "it"
+        return ValueError(
+            f"round {round_num}, redone from the checkpoint, came out other than its first "
+            f"release (line {first.line} of {self.path.name}): with the seed's noise again, "
+            f"releasing {what} would reveal the difference of the two without noise, so "
+            "nothing of it was released; a client that failed or answered differently, "
+            "another device, another engine, vectorize or (on a GPU) cohort-chunk or "
+            "fast-actors setting (their trainers differ in float rounding) or edited code "
+            "changes a redone round: resume where those are as they were, or start a new run"
+        )

@@ -1,0 +1,111 @@
+"""Issue 15, thirty-eighth hostile review, the ledger: regression tests of its findings.
+
+1. A seeded run killed after round 5's ledger line with its newest checkpoint of round 3, the
+   ledger's lines of rounds 4 and 5 swapped (their cumulative ``events`` still add up: each
+   round released one event), then ``simulate --resume``: the lines after the checkpoint were
+   no longer "rounds 4, 5, … in order", so ``RunLedger.restore`` took the run as one whose
+   redone rounds are new releases, and nothing compared a redone round with its first
+   release. A redo that came out otherwise (a Flower client that failed in one of the two,
+   another engine or device; made to differ in the test) was released with the seed's noise
+   of its first release, rc 0: the two models' difference is that of the clipped sums
+   without noise, which the second charge does not cover (the twenty-ninth review's finding
+   2, reached again by one ledger edit that keeps ε growing). The same with a line of round 4
+   duplicated (events adjusted). Now a seeded redo of a round is compared with every
+   recorded release of that round, in replay order or not (``RunLedger.record``,
+   ``record_partial``): unlike any of them, nothing of it is released (exit 2, one line naming
+   the round and the ledger's line); like them, it is charged again as before.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli import main
+from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
+from fedprivopt.simulation.run import simulate
+from tests.reliability.test_ledger import kept_files
+from tests.reliability.test_twentyninth_review_ledger import TREE
+from tests.simulation.test_run import small_config
+
+
+def _killed(tmp_path: Path, extra: dict) -> Path:
+    """A 6-round run as SIGKILLed after round 5's ledger line (newest checkpoint: round 3)."""
+    config = small_config(**{"checkpoint-every": 3, **extra, "num-server-rounds": 6})
+    ref = simulate(config, tmp_path / "ref").out_dir
+    killed = tmp_path / "killed"
+    shutil.copytree(ref, killed)
+    (killed / CHECKPOINT).unlink()
+    (killed / PREVIOUS_CHECKPOINT).rename(killed / CHECKPOINT)
+    (killed / "summary.json").unlink()
+    lines = (killed / LEDGER_FILE).read_text().splitlines(keepends=True)
+    (killed / LEDGER_FILE).write_text("".join(lines[:6]))
+    rows = (killed / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (killed / "metrics.jsonl").write_text("".join(rows[:5]))
+    return killed
+
+
+def _swapped(lines: list[str]) -> list[str]:
+    """Rounds 4 and 5 swapped (one event each: the cumulative counts still add up)."""
+    four, five = json.loads(lines[4]), json.loads(lines[5])
+    four["events"], five["events"] = five["events"], four["events"]
+    return [*lines[:4], json.dumps(five) + "\n", json.dumps(four) + "\n"]
+
+
+def _duplicated(lines: list[str]) -> list[str]:
+    """Round 4's line twice, the later counts raised by its events."""
+    rows = [json.loads(x) for x in lines]
+    out = [*rows[:5], dict(rows[4]), *rows[5:]]
+    total = 0
+    for row in out[1:]:
+        total += sum(item["count"] for item in row["released"])
+        row["events"] = total
+    return [json.dumps(row) + "\n" for row in out]
+
+
+def _differing(monkeypatch) -> list[int]:
+    """Every round after the checkpoint's comes out other than its first release."""
+    from fedprivopt.simulation.ledger import RunLedger
+
+    record, changed = RunLedger.record, []
+
+    def differing(self, round_num, events, params, *args, **kwargs):
+        if round_num > 3:
+            changed.append(round_num)
+            params = params + 1e-6
+        return record(self, round_num, events, params, *args, **kwargs)
+
+    monkeypatch.setattr(RunLedger, "record", differing)
+    return changed
+
+
+# -- 1: a seeded redo compared with its first release, in replay order or not -------------------
+@pytest.mark.parametrize("edit", [_swapped, _duplicated], ids=["swapped", "duplicated"])
+@pytest.mark.parametrize("extra", [{}, TREE], ids=["gaussian", "tree"])
+def test_1_a_redo_unlike_its_first_release_is_not_released_after_a_reordered_ledger(
+    tmp_path, capsys, monkeypatch, extra, edit
+):
+    killed = _killed(tmp_path, extra)
+    path = killed / LEDGER_FILE
+    path.write_text("".join(edit(path.read_text().splitlines(keepends=True))))
+    files = kept_files(killed)
+    with monkeypatch.context() as patch:
+        changed = _differing(patch)
+        capsys.readouterr()
+        rc = main(["simulate", "--resume", str(killed), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, (rc, err)  # was 0: rounds 4-6 released, 4 and 5 with their first noise
+    assert changed == [4]
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "round 4, redone from the checkpoint, came out other than its first release" in err
+    assert "nothing of it was released" in err
+    assert kept_files(killed) == files
+    assert max(row["round"] for row in read_rows(killed / "metrics.jsonl")) <= 3
+    # resumable: a redo like its first release is charged again (the lines are out of order)
+    assert main(["simulate", "--resume", str(killed), "--quiet"]) == 0
+    rounds = [line["round"] for line in read_rows(killed / LEDGER_FILE)[1:]]
+    edited = files[LEDGER_FILE].decode().splitlines()[1:]
+    assert rounds == [json.loads(x)["round"] for x in edited] + [4, 5, 6]

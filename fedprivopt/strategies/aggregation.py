@@ -203,6 +203,17 @@ class AlgorithmAggregation:
                 )
         elif self.config.adaptive:
             clip_norm = self.current_clip_norm()
+        tree_c = self.config.clip_norm
+        if self.tree_noise is not None and clip_norm is not None and clip_norm != tree_c:
+            # thirty-eighth review of issue 15: aggregate(1, updates, clip_norm=100) of a tree run
+            # at clip-norm 1 clipped at 100 and added the tree's node noise, sized for 1 (std
+            # sigma * 1): a user's update of norm 100 released under a hundredth of the noise
+            # multiplier charged
+            raise ValueError(
+                f"clip_norm must be the run's clip-norm {tree_c:g} under tree aggregation (its "
+                f"node noise is drawn for that norm; a period's nodes sum rounds), got "
+                f"{clip_norm:g}"
+            )
         aggregator = self.aggregator
         if clip_norm is not None and aggregator.private and clip_norm != aggregator.clip_norm:
             aggregator = NoisyMeanAggregator(

@@ -74,3 +74,25 @@ def test_1_sum_dtype_keeps_float32_runs_and_refuses_a_float64_overflow():
     assert sum_dtype(torch.float64, 1e250) == torch.float64
     with pytest.raises(ValueError, match="too large for a float64 model"):
         sum_dtype(torch.float64, 1e305)
+
+
+# -- finding 2: a tree run's sum is clipped at the norm its node noise is drawn for -----------
+
+
+def _tree_algorithm():
+    from fedprivopt.strategies import StrategyConfig, build_algorithm
+
+    values = {"strategy": "dp-fedavg", "population": 40, "clients-per-round": 10,
+              "num-server-rounds": 4, "noise-multiplier": 1.0, "delta": 1e-4, "seed": 0,
+              "noise-mechanism": "tree", "tree-restart-rounds": 4, "clip-norm": 1.0}  # fmt: skip
+    return build_algorithm(StrategyConfig.from_mapping(values), torch.zeros(4))
+
+
+def test_2_a_tree_round_refuses_another_clip_norm():
+    alg = _tree_algorithm()
+    users = alg.sample(1)
+    update = {users[0]: torch.tensor([100.0, 0.0, 0.0, 0.0])}
+    with pytest.raises(ValueError, match="clip_norm must be the run's clip-norm 1 under tree"):
+        alg.aggregate(1, update, clip_norm=100.0, cohort=users)  # was released: 10.02 ± 0.1
+    agg = alg.aggregate(1, update, clip_norm=1.0, cohort=users)  # the run's own norm as before
+    assert agg.metrics["tree_nodes"] == 1.0 and float(agg.delta_tilde[0]) < 1.0

@@ -220,6 +220,30 @@ class AlgorithmState:
                 )
             self._check_participation()
         self.accountant.load_state_dict(state.get("accountant"))
+        self._check_charged()
+
+    def _check_charged(self) -> None:
+        """Refuse a restored accountant that holds fewer of the round's events than its rounds.
+
+        Thirty-eighth review of issue 15 (api 2): ``load_state_dict`` of a state at round 3
+        whose accountant was another one's (a fresh algorithm's, or a run's at ``sigma = 5``
+        beside this ``sigma = 0.5``) was taken, and ``epsilon()`` then said 0.0 (0.315) where
+        the three released rounds had spent 12.17. Every round ``1 .. round`` released the
+        events of this configuration (:meth:`events_through`), so the accountant holds at least
+        that many of them (more where a resumed run released a round twice); any other
+        events it holds stay accounted.
+        """
+        event = self.round_event()
+        wanted = self.events_through(self.round_num)
+        if event is None or wanted == 0:
+            return
+        held = sum(count for e, count in self.accountant.ledger if e == event)
+        if held < wanted:
+            raise ValueError(
+                f"checkpoint's accountant records {held} privacy events of this configuration's "
+                f"rounds, but its round {self.round_num} released {wanted}: epsilon would be "
+                "reported below what was spent (an accountant of another run or configuration)"
+            )
 
     def _check_participation(self) -> None:
         """Refuse a restored participation ledger that its round cannot have left.

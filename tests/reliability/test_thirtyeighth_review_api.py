@@ -11,6 +11,15 @@
    copies were changed (``ServerAlgorithm.refuse_changed_request``: ``round 1: the train
    callback changed request.params in place ...``) after summing it and before anything of it
    is released; the algorithm's model is untouched and the round may run again.
+2. ``ServerAlgorithm.load_state_dict`` of a state at round 3 whose ``accountant`` is another
+   one's: a fresh algorithm's (a state assembled from a new algorithm's ``state_dict()`` with
+   the model and round of a run), or that of a run of ``noise-multiplier = 5`` beside this
+   ``0.5`` (dp-fedavg, ADADP, DP2). Before: taken, ``epsilon()`` 0.0 (0.315) where the three
+   released rounds spent 12.17 (ADADP 16.29), and a ``target-epsilon`` let further rounds run.
+   Now ``AlgorithmState._check_charged`` refuses an accountant holding fewer of the
+   configuration's round events than ``events_through(round)`` (``checkpoint's accountant
+   records 0 privacy events of this configuration's rounds, but its round 3 released 3``); the
+   algorithm is left as it was. More events (a round released twice) are still taken.
 """
 
 from __future__ import annotations
@@ -111,3 +120,41 @@ def test_1_an_adadp_second_cohort_changing_its_point_is_refused_and_not_run_agai
     # cohort 1's noised sum left with the half-step point: the round is not run again
     with pytest.raises(ValueError, match=r"round 1 was begun already"):
         drive_round(alg, 1, _train)
+
+
+# -- finding 2: a state's accountant must hold the events its rounds released -----------------
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp", "dp2"])
+@pytest.mark.parametrize("other", ["fresh", "sigma-5"])
+def test_2_a_state_whose_accountant_charged_less_than_its_rounds_is_refused(strategy, other):
+    run = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+    for r in (1, 2, 3):
+        drive_round(run, r, _train)
+    if other == "fresh":
+        accountant = build_algorithm(_config(strategy=strategy), torch.zeros(4)).state_dict()
+    else:
+        low = build_algorithm(_config(strategy=strategy, **{"noise-multiplier": 5.0}),
+                              torch.zeros(4))  # fmt: skip
+        for r in (1, 2, 3):
+            drive_round(low, r, _train)
+        accountant = low.state_dict()
+    state = {**run.state_dict(), "accountant": accountant["accountant"]}
+    alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"accountant records 0 privacy events .* its round 3"):
+        alg.load_state_dict(state)  # taken: epsilon() 0.0 (0.315) where 12.17 was spent
+    assert alg.round_num == 0 and alg.accountant.num_events == 0
+    assert torch.equal(alg.params, torch.zeros(4))
+
+
+def test_2_a_state_whose_accountant_holds_more_events_is_taken():
+    run = build_algorithm(_config(), torch.zeros(4))
+    drive_round(run, 1, _train)
+    state = run.state_dict()
+    run.accountant.step(run.round_events(2))  # a round released twice stays accounted
+    more = {**state, "accountant": run.accountant.state_dict()}
+    alg = build_algorithm(_config(), torch.zeros(4))
+    alg.load_state_dict(more)
+    assert alg.round_num == 1 and alg.accountant.num_events == 2
+    alg.load_state_dict(state)
+    assert alg.accountant.num_events == 1

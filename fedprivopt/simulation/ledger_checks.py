@@ -191,9 +191,11 @@ class LedgerChecks:
                     f"{self.path}: the header's {key} = {self.header[key]!r} is not the "
                     f"accountant's {getattr(acc, key)!r}; the ledger was edited: refusing to resume"
                 )
-        previous = None
+        previous, partial_seen = None, False
         for entry in self.entries:
             expected = self._expected(alg, entry, previous)
+            self._check_partial_kept(alg, entry, previous, partial_seen)
+            partial_seen = partial_seen or entry.kind == "partial"
             previous = entry
             if entry.kind == "carried" or entry.released == expected:
                 continue
@@ -208,6 +210,32 @@ class LedgerChecks:
                 f"{self.path}: line {entry.line}: round {entry.round} released {field}={old}, "
                 f"but {CONFIG_FILE} makes a round release {field}={new} ({key}); the ledger or "
                 "the configuration was edited: refusing to resume"
+            )
+
+    def _check_partial_kept(
+        self, alg, entry: LedgerEntry, previous: LedgerEntry | None, partial_seen: bool
+    ) -> None:
+        """Refuse a whole round's line of a two-part round after ``partial`` lines.
+
+        A version that records ADADP's half-step point writes a ``partial`` line before every
+        such round's ``round`` line; only a ledger of an earlier version (one line a round,
+        which a resume by this version then continues) has rounds without one, all before its
+        first ``partial`` line. Thirty-eighth review of issue 15 (ledger, finding 2): round 4's
+        ``partial`` line removed and its event merged into the round's line (the counts still
+        add up) resumed, and a seeded redo sent round 4's half-step point to the second cohort
+        without comparing it with its first release (:meth:`RunLedger.record_partial` takes
+        such a line as an earlier version's).
+        """
+        if not partial_seen or entry.kind != "round":
+            return
+        if previous is not None and previous.kind == "partial" and previous.round == entry.round:
+            return
+        if len(alg.round_events(entry.round)) >= 2:
+            raise ValueError(
+                f"{self.path}: line {entry.line}: round {entry.round} released its whole round "
+                "in one line, but the lines before it record each round's first part on a "
+                "partial line of its own (ADADP's half-step point, recorded before it is sent "
+                "out): that partial line was removed; the ledger was edited: refusing to resume"
             )
 
     def _expected(self, alg, entry: LedgerEntry, previous: LedgerEntry | None) -> Ledger:

@@ -14,6 +14,14 @@
    recorded release of that round, in replay order or not (``RunLedger.record``,
    ``record_partial``): unlike any of them, nothing of it is released (exit 2, one line naming
    the round and the ledger's line); like them, it is charged again as before.
+2. A seeded ``dp-fedavg-adadp`` run killed as in 1, its ledger's ``partial`` line of round 4
+   (the half-step point's release) removed and its event merged into round 4's ``round`` line
+   (count 2: what a ledger written before partial lines holds), then ``simulate --resume``
+   whose redo of round 4's point came out otherwise: ``record_partial`` took the line as an
+   earlier version's and sent the point to the second cohort without comparing it with its
+   first release (rc 0). Now a whole-round line of a two-part round after ``partial`` lines is
+   refused before anything runs (``LedgerChecks._check_partial_kept``: exit 2, one line naming
+   the line); a ledger of the earlier version (no partial line before it) still replays.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
+from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.run import simulate
 from tests.reliability.test_ledger import kept_files
 from tests.reliability.test_twentyninth_review_ledger import TREE
@@ -109,3 +118,31 @@ def test_1_a_redo_unlike_its_first_release_is_not_released_after_a_reordered_led
     rounds = [line["round"] for line in read_rows(killed / LEDGER_FILE)[1:]]
     edited = files[LEDGER_FILE].decode().splitlines()[1:]
     assert rounds == [json.loads(x)["round"] for x in edited] + [4, 5, 6]
+
+
+# -- 2: an ADADP round's partial line removed after partial lines -----------------------------
+def test_2_a_partial_line_removed_after_partial_lines_is_refused(tmp_path, capsys, monkeypatch):
+    killed = _killed(tmp_path, {"strategy": "dp-fedavg-adadp"})
+    path = killed / LEDGER_FILE  # header, then partial and round lines: through round 5's
+    rows = read_rows(tmp_path / "ref" / LEDGER_FILE)[:11]
+    four = rows[8]  # round 4's round line; rows[7] is its partial line
+    assert (rows[7]["kind"], four["kind"], four["round"]) == ("partial", "round", 4)
+    merged = {**four, "released": [{**four["released"][0], "count": 2}]}
+    rows = [*rows[:7], merged, *rows[9:]]  # its half step's line removed, its events merged in
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    record, points = RunLedger.record_partial, []
+
+    def differing(self, round_num, events, point):
+        points.append(round_num)  # the point is sent to the second cohort after this returns
+        return record(self, round_num, events, point + 1e-6 if round_num == 4 else point)
+
+    files = kept_files(killed)
+    monkeypatch.setattr(RunLedger, "record_partial", differing)
+    capsys.readouterr()
+    rc = main(["simulate", "--resume", str(killed), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, (rc, points, err)  # was 0: round 4's half step sent out unchecked
+    assert points == []
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "line 8: round 4 released its whole round" in err, err
+    assert kept_files(killed) == files

@@ -45,8 +45,8 @@ from fedprivopt.privacy.clip import (
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.received import (
     NON_FINITE,
-    PRODUCT_DTYPES,
     Tally,
+    exact_reclip,
     prescaled,
     reclipped,
     user_pair,
@@ -341,7 +341,7 @@ class NoisyMeanAggregator:
             i = len(factors)
             numel = int(batch.row_ptr[i + 1] - batch.row_ptr[i]) * int(values.shape[1])
             factor = self._factor(norm, bound, dtype, tally, numel)
-            if factor != 1.0 and dtype not in PRODUCT_DTYPES:  # float16: clip_l2, alone
+            if exact_reclip(norm, factor, dtype):  # float16, or a norm beyond float64: alone
                 update = batch.update(i)
                 reclipped(update, update.values, bound).add_to(total)
                 factors.append(None)
@@ -435,7 +435,7 @@ class NoisyMeanAggregator:
                 tally.rejected[int(user)] = NON_FINITE
                 continue
             factor = self._factor(norm, bound, dtype, tally, values.numel())
-            if factor != 1.0 and dtype not in PRODUCT_DTYPES:
+            if exact_reclip(norm, factor, dtype):
                 update, factor = reclipped(update, values, bound), 1.0
             elif factor < torch.finfo(dtype).tiny:
                 update, factor = prescaled(update, values, factor)

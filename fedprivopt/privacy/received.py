@@ -22,6 +22,7 @@ __all__ = [
     "NON_FINITE",
     "PRODUCT_DTYPES",
     "Tally",
+    "exact_reclip",
     "prescaled",
     "reclipped",
     "user_pair",
@@ -39,7 +40,10 @@ def prescaled(update, values: torch.Tensor, factor: float):
     smallest normal float; the factor, cast to the update's dtype, would then lose the relative
     precision that :func:`~fedprivopt.privacy.clip.clip_factor`'s margin relies on, and the
     re-clipped update could exceed the bound (measured: by 2.6e-6 relative at entries of 3e38).
-    Dividing by a power of two is exact, so the product keeps the margin.
+    Dividing by a power of two is exact, so the product keeps the margin. The factor is scaled
+    by :func:`math.ldexp` (thirty-eighth review of issue 15: ``factor * 2.0**1024`` raised
+    ``OverflowError`` for a float64 update holding an entry of at least ``2^1023``, 9e307, and
+    the whole aggregation failed).
     """
     exponent = math.frexp(float(values.abs().max()))[1]
     scale = math.ldexp(1.0, -exponent)
@@ -47,7 +51,18 @@ def prescaled(update, values: torch.Tensor, factor: float):
         scaled = RowSparse(update.rows, update.values * scale, update.length)
     else:
         scaled = update * scale
-    return scaled, factor * math.ldexp(1.0, exponent)
+    return scaled, math.ldexp(factor, exponent)
+
+
+def exact_reclip(norm: float, factor: float, dtype: torch.dtype) -> bool:
+    """Whether an accepted update is re-clipped by :func:`reclipped` rather than a product.
+
+    Float16 and bfloat16 updates that need scaling (see :data:`PRODUCT_DTYPES`), and any update
+    whose measured norm is infinite: finite float64 entries whose norm exceeds the float range
+    get a clip factor of 0 from ``C / inf`` (thirty-eighth review of issue 15: such an update
+    made the aggregation raise ``OverflowError``), where :func:`reclipped` keeps its direction.
+    """
+    return factor != 1.0 and (dtype not in PRODUCT_DTYPES or not math.isfinite(norm))
 
 
 #: Dtypes whose re-clip is a product with

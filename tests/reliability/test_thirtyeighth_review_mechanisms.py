@@ -96,3 +96,28 @@ def test_2_a_tree_round_refuses_another_clip_norm():
         alg.aggregate(1, update, clip_norm=100.0, cohort=users)  # was released: 10.02 ± 0.1
     agg = alg.aggregate(1, update, clip_norm=1.0, cohort=users)  # the run's own norm as before
     assert agg.metrics["tree_nodes"] == 1.0 and float(agg.delta_tilde[0]) < 1.0
+
+
+# -- finding 3: a float64 update near the float maximum is re-clipped, not a crash ------------
+
+
+@pytest.mark.parametrize("form", ["dense", "row-sparse", "batch"])
+@pytest.mark.parametrize("entries", [[1.7e308, 0.0, 0.0, 0.0], [1e308, 1e308, -1e308, 1e308]])
+def test_3_a_float64_update_at_the_float_maximum_is_reclipped(form, entries):
+    x = torch.tensor(entries, dtype=torch.float64)
+    if form == "dense":
+        updates = [(0, x)]
+    elif form == "row-sparse":
+        updates = [(0, RowSparse(torch.zeros(1, dtype=torch.int64), x[None], 4))]
+    else:
+        updates = [RowSparseBatch((0,), torch.zeros(1, dtype=torch.int64), x[None],
+                                  torch.tensor([0, 1]), 4)]  # fmt: skip
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=1e-100, expected_cohort_size=1.0)
+    gen = torch.Generator().manual_seed(0)
+    out = agg.aggregate(updates, dim=4, dtype=torch.float64, generator=gen)  # was OverflowError
+    assert out.metrics["accepted"] == 1.0 and not out.rejected
+    norm = float(torch.linalg.vector_norm(out.delta_tilde))
+    assert 0.999 < norm <= 1.0  # clipped to C in its own direction (noise std 1e-100)
+    direction = x / 1e308
+    cosine = float(out.delta_tilde @ direction) / norm / float(direction.norm())
+    assert cosine > 1 - 1e-12

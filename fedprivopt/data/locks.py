@@ -23,6 +23,7 @@ __all__ = [
     "LockHeldError",
     "exclusive_lock",
     "file_lock",
+    "probe_lock",
     "refuse_filesystem_root",
     "unlockable",
 ]
@@ -161,6 +162,56 @@ def _holder(path: Path) -> int | None:
             return int(text)
         time.sleep(0.01)
     return None
+
+
+def probe_lock(path: str | os.PathLike, *, what: str) -> None:
+    """Raise :class:`LockHeldError` naming the holder if another open file holds ``path``.
+
+    Nothing is created or written: for a process refused because the directory of ``path`` is
+    held (:func:`~fedprivopt.simulation.rundir.lock_directory`), whose lock file may no longer
+    be the holder's. Thirty-eighth review of issue 15 (rundirs 2): such a refusal took the lock
+    of the file found there, wrote its PID into it and emptied it; a user's file hard-linked in
+    place of the holder's ``run.lock`` (``ln notes.txt R/run.lock``) was emptied. A missing
+    file returns; one that is not a regular file (a link, FIFO, directory) is refused naming it,
+    as :func:`exclusive_lock` refuses it.
+    """
+    path = Path(path)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        with exclusive_lock(path, what=what):  # raises before it writes anything
+            return  # pragma: no cover - replaced by a regular file meanwhile
+    import fcntl
+
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a link since the lstat
+            _refuse_link(path)
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _holder(path)
+            holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
+            raise LockHeldError(
+                f"{what} is in use by {holder} (lock file {path}); wait for it to finish or "
+                "stop it first",
+                pid,
+            ) from None
+        except OSError:
+            return  # a file system without locks: the caller's own refusal says enough
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from fedprivopt.core.files import check_umask, on_read_only_fs
-from fedprivopt.data.locks import LockHeldError, exclusive_lock, unlockable
+from fedprivopt.data.locks import LockHeldError, exclusive_lock, probe_lock, unlockable
 from fedprivopt.simulation.files import (
     CHECKPOINT,
     CONFIG_FILE,
@@ -179,11 +179,10 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        with exclusive_lock(out / pid_file, what=what):  # raises naming the holder's PID
-            pass
+        probe_lock(out / pid_file, what=what)  # raises naming the holder's PID; writes nothing
         raise LockHeldError(
-            f"{what} is in use by another process (its lock file {pid_file} was removed, so its "
-            "PID is unknown); wait for it to finish or stop it first",
+            f"{what} is in use by another process (its lock file {pid_file} was removed or "
+            "replaced, so its PID is unknown); wait for it to finish or stop it first",
             None,
         ) from None
     except OSError as exc:  # a file system that keeps no locks (NFS without its lock service)

@@ -9,6 +9,12 @@
    directory``). ``NewRunDir`` now judges and removes nothing when its path no longer names
    the directory it locked (``rundir.still_held``): the second run finishes (rc 0, ε 12.17),
    ``R.old`` keeps the first start's files.
+2. While ``simulate --out R`` runs, its ``run.lock`` replaced by a hard link to a user's file
+   (``rm R/run.lock; ln notes.txt R/run.lock``), then ``simulate --resume R``: refused (right:
+   the directory itself is locked), but the refusal took the lock of the file it found, wrote
+   its PID into it and emptied it on release: ``notes.txt`` was left empty. The refusal now only
+   probes the file (``data.locks.probe_lock``: opened read-only, never created or written) and
+   says the holder's lock file was removed or replaced; ``notes.txt`` is unchanged.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import os
 
 import pytest
 
-from fedprivopt.simulation.rundir import NewRunDir, check_held
+from fedprivopt.data.locks import LockHeldError
+from fedprivopt.simulation.rundir import NewRunDir, check_held, lock_run_dir
 
 # -- finding 1: a claimed directory moved away; the failing start removes nothing at its path --
 
@@ -55,3 +62,20 @@ def test_1_a_moved_claim_leaves_what_its_path_names_now(tmp_path):
             raise RuntimeError("stopped: moved")  # as check_held stops the first run
     assert {p.name: p.read_text() for p in run.iterdir()} == theirs  # all removed before
     assert (tmp_path / "R.old" / "config.toml").read_text() == "ours\n"
+
+
+# -- finding 2: a refused second writer writes nothing into the lock file it finds -------------
+
+
+def test_2_a_refused_writer_leaves_a_linked_lock_file_alone(tmp_path):
+    run, notes = tmp_path / "R", tmp_path / "notes.txt"
+    run.mkdir()
+    notes.write_text("my notes\n")
+    with lock_run_dir(run):  # the running holder
+        (run / "run.lock").unlink()
+        os.link(notes, run / "run.lock")
+        with pytest.raises(LockHeldError, match="so its PID is unknown"):
+            with lock_run_dir(run):  # a second claim: the directory's own lock is held
+                pass
+        assert notes.read_text() == "my notes\n"  # emptied before
+    assert notes.read_text() == "my notes\n"

@@ -19,6 +19,7 @@ from .base import check_state_tensors
 
 __all__ = [
     "check_bool",
+    "check_dense",
     "check_frozen",
     "check_in_dtype",
     "check_int",
@@ -40,7 +41,24 @@ def check_params(params: object) -> torch.Tensor:
         raise ValueError(f"params must be a flat 1-D tensor, got shape {tuple(params.shape)}")
     if not params.is_floating_point():
         raise ValueError(f"params must have a floating dtype, got {params.dtype}")
+    check_dense("params", params)
     return params
+
+
+def check_dense(name: str, value: torch.Tensor) -> None:
+    """Refuse a sparse tensor (or one of another layout) and one on the ``meta`` device.
+
+    Thirty-eighth review of issue 15 (api 3): a sparse ``delta_tilde`` raised torch's
+    ``NotImplementedError`` out of ``adam``, ``adam_bc``, ``flower_fedadam`` and ``dp2``
+    (``Could not run 'aten::lerp.Scalar' with arguments from the 'SparseCPU' backend``), and
+    ``momentum_sgd`` without momentum returned a sparse step; ``init`` took sparse and
+    ``meta`` parameters (a state of no values).
+    """
+    if value.layout != torch.strided or value.device.type == "meta":
+        where = "on the meta device" if value.device.type == "meta" else f"of {value.layout}"
+        raise ValueError(
+            f"{name} must be a dense tensor with values (torch.strided), got one {where}"
+        )
 
 
 S = TypeVar("S")
@@ -124,6 +142,7 @@ def check_vector(name: str, value: object, like: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"{name} must be on device {like.device} (that of the state), got {value.device}"
         )
+    check_dense(name, value)  # a meta one is on another device than any state's
     return value
 
 

@@ -20,6 +20,14 @@
    configuration's round events than ``events_through(round)`` (``checkpoint's accountant
    records 0 privacy events of this configuration's rounds, but its round 3 released 3``); the
    algorithm is left as it was. More events (a round released twice) are still taken.
+3. The server optimizers (``optim.adam``, ``adam_bc``, ``flower_fedadam``, ``dp2``,
+   ``momentum_sgd``, ADADP's controller) fed a sparse ``delta_tilde`` (``Δ̃.to_sparse()``), and
+   ``init`` given sparse or ``meta`` parameters. Before: torch's ``NotImplementedError``
+   (``Could not run 'aten::lerp.Scalar' with arguments from the 'SparseCPU' backend``) where a
+   ``ValueError`` naming the argument is documented; ``momentum_sgd`` without momentum returned
+   a sparse step; ``init`` took both (a state without values). Now ``optim._checks.check_dense``
+   refuses them: ``delta_tilde must be a dense tensor with values (torch.strided), got one of
+   torch.sparse_coo``.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import logging
 import pytest
 import torch
 
+from fedprivopt import optim
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 
@@ -158,3 +167,40 @@ def test_2_a_state_whose_accountant_holds_more_events_is_taken():
     assert alg.round_num == 1 and alg.accountant.num_events == 2
     alg.load_state_dict(state)
     assert alg.accountant.num_events == 1
+
+
+# -- finding 3: the server optimizers refuse a sparse or meta tensor --------------------------
+
+_TRANSFORMS = {
+    "momentum_sgd": lambda: optim.momentum_sgd(learning_rate=1.0, momentum=0.0),
+    "adam": lambda: optim.adam(learning_rate=1.0),
+    "flower_fedadam": lambda: optim.flower_fedadam(eta=1.0),
+    "adam_bc": lambda: optim.adam_bc(learning_rate=1.0, gamma=None, noise_variance=None),
+    "dp2": lambda: optim.dp2(
+        sgd_learning_rate=1.0,
+        adaptive_learning_rate=1.0,
+        s1=1,
+        s2=1,
+        epsilon=1e-3,
+        beta=0.9,
+        noise_variance=None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TRANSFORMS))
+def test_3_a_sparse_delta_tilde_or_parameters_are_refused(name):
+    transform = _TRANSFORMS[name]()
+    state = transform.init(torch.zeros(4))
+    with pytest.raises(ValueError, match=r"delta_tilde must be a dense tensor .*sparse_coo"):
+        transform.update(torch.ones(4).to_sparse(), state, torch.zeros(4), noise_variance=0.01)
+    for params in (torch.zeros(4).to_sparse(), torch.empty(4, device="meta")):
+        with pytest.raises(ValueError, match=r"params must be a dense tensor"):
+            transform.init(params)
+
+
+def test_3_adadp_refuses_a_sparse_noised_mean():
+    controller = optim.adadp(learning_rate=1.0, tolerance=0.1)
+    state = controller.init()
+    with pytest.raises(ValueError, match=r"delta_1 must be a dense tensor"):
+        controller.half_step(state, torch.zeros(4), torch.ones(4).to_sparse())

@@ -176,7 +176,23 @@ def resolve_task(name: str) -> Callable[..., Task]:
             f"task {name!r}: {attr!r} is not callable ({type(obj).__name__}); it must be a "
             "class or function returning a Task"
         )
+    if _is_type_hint(obj):
+        # thirty-eighth review of issue 15 (input 1): `--set task=fedprivopt.models.task:Task`
+        # (the protocol a task implements) ended in typing's "Protocols cannot be
+        # instantiated" traceback, rc 1, as did `typing:Any`
+        raise ValueError(
+            f"task {name!r}: {attr!r} is a type for annotations (a Protocol or a typing form), "
+            "which cannot be called; name a class or function returning a Task (one that has "
+            "the members of fedprivopt.models.task.Task)"
+        )
     return obj  # type: ignore[return-value]
+
+
+def _is_type_hint(obj: object) -> bool:
+    """Whether ``obj`` is a ``typing.Protocol`` class or a form of ``typing`` (not callable)."""
+    if isinstance(obj, type) and getattr(obj, "_is_protocol", False):
+        return True
+    return getattr(obj, "__module__", None) in ("typing", "typing_extensions")
 
 
 def check_task_name(name: str) -> None:

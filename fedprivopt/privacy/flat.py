@@ -80,6 +80,24 @@ def _is_shape(shape: object) -> bool:
     )
 
 
+def _unflattenable(value: torch.Tensor) -> str | None:
+    """Why ``value`` cannot be an entry of a flat vector (``None`` if it can).
+
+    Thirty-eighth review of issue 15: a sparse, quantized or float8 tensor ended in torch's
+    ``RuntimeError`` (reshape of a sparse tensor, type promotion), and a meta tensor gave a flat
+    vector without data.
+    """
+    if value.layout is not torch.strided:
+        return f"a dense (strided) tensor is needed, got layout {value.layout}"
+    if value.is_quantized:
+        return f"a quantized tensor ({value.dtype}) has no floating-point entries to flatten"
+    if value.device.type == "meta":
+        return "a tensor on the meta device holds no data"
+    if value.dtype.is_floating_point and value.dtype.itemsize < 2:
+        return f"float8 ({value.dtype}) is not supported; use float16 or wider"
+    return None
+
+
 def flatten(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FlatSpec]:
     """Concatenate the tensors of ``state`` into one 1-D vector.
 
@@ -107,6 +125,9 @@ def flatten(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FlatSpec]:
             raise ValueError(
                 f"state[{shown(key)}] must be a torch.Tensor, got {type(value).__name__}"
             )
+        problem = _unflattenable(value)
+        if problem is not None:
+            raise ValueError(f"state[{shown(key)}] cannot be flattened: {problem}")
         names.append(str(key))
         shapes.append(tuple(value.shape))
         dtypes.append(value.dtype)

@@ -13,9 +13,26 @@
    rounded to the model's dtype after the noise is added (post-processing): finite, the mean
    about 0, 999 and 1.0; a float64 aggregation at a bound where 10**8 updates could overflow is
    refused.
+2. ``ServerAlgorithm.aggregate(1, updates, clip_norm=100)`` (Python API) of a tree run
+   (``noise-mechanism = "tree"``) at ``clip-norm = 1``, ``σ = 1``: the update of norm 100 was
+   clipped at 100 and got the tree's node noise, drawn for ``C = 1``: released as 10.02 with
+   noise std 0.1, a hundredth of the charged noise multiplier (the Gaussian mechanism scales
+   its noise with the norm given). Now refused (``clip_norm must be the run's clip-norm 1
+   under tree aggregation ...``) before any noise is drawn.
+3. ``NoisyMeanAggregator.aggregate`` of a float64 update holding an entry of at least
+   ``2^1023`` (``[1.7e308, 0, 0, 0]``), or whose norm exceeds the float range
+   (``[1e308] x 4``), dense, ``RowSparse`` or in a ``RowSparseBatch``: ``OverflowError`` from
+   ``received.prescaled`` (``factor * 2.0**1024``): one hostile reply failed the whole round.
+   Now the factor is scaled by ``math.ldexp`` and an update of infinite measured norm is
+   re-clipped by ``clip_l2`` (``received.exact_reclip``): accepted, within ``C``, direction kept.
+4. ``flatten({"w": ..., "odd": t})`` with ``t`` sparse, quantized or float8: torch's
+   ``RuntimeError`` (reshape, type promotion); on the meta device: a flat vector without data.
+   Now ``ValueError: state['odd'] cannot be flattened: ...`` naming the key and why.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -121,3 +138,29 @@ def test_3_a_float64_update_at_the_float_maximum_is_reclipped(form, entries):
     direction = x / 1e308
     cosine = float(out.delta_tilde @ direction) / norm / float(direction.norm())
     assert cosine > 1 - 1e-12
+
+
+# -- finding 4: flatten names a tensor it cannot flatten ---------------------------------------
+
+
+def _quantized() -> torch.Tensor:
+    with warnings.catch_warnings():  # torch deprecates quantized tensors (still made)
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (lambda: torch.eye(3).to_sparse(), "dense"),
+        (lambda: torch.empty(3, device="meta"), "meta device"),
+        (lambda: torch.ones(2, dtype=torch.float8_e4m3fn), "float8"),
+        (lambda: _quantized(), "quantized"),
+    ],
+)
+def test_4_flatten_refuses_what_has_no_flat_entries(value, reason):
+    from fedprivopt.privacy.flat import flatten
+
+    state = {"w": torch.ones(2), "odd": value()}
+    with pytest.raises(ValueError, match=rf"state\['odd'\] cannot be flattened: .*{reason}"):
+        flatten(state)  # was torch's RuntimeError (a meta tensor: a flat vector without data)

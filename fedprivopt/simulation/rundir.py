@@ -58,7 +58,15 @@ EVENTS_PREFIX = "events.out.tfevents."
 
 
 def _ours(name: str) -> bool:
-    return name in _OURS or name.startswith(EVENTS_PREFIX)
+    return name in _OURS or (name.startswith(EVENTS_PREFIX) and "/" not in name)
+
+
+def _is_directory(path: Path) -> bool:
+    """Whether ``path`` is a directory itself (not a link to one)."""
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def our_lock_file(path: Path) -> bool:
@@ -251,6 +259,10 @@ def _check_claimable(
     names = [n for n in names if n not in debris]
     if not names:
         return
+    # a directory under a run file's name is not one (thirty-eighth review of issue 15,
+    # rundirs 3): `summary.json/` holding a user's file made overwrite remove config.toml and
+    # metrics.jsonl, then fail on it, leaving half a run
+    names = [n + "/" if _ours(n) and _is_directory(out / n) else n for n in names]
     ours = CONFIG_FILE in names and all(_ours(n) for n in names)
     if ours and overwrite:
         return

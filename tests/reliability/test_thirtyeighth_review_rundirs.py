@@ -15,6 +15,14 @@
    its PID into it and emptied it on release: ``notes.txt`` was left empty. The refusal now only
    probes the file (``data.locks.probe_lock``: opened read-only, never created or written) and
    says the holder's lock file was removed or replaced; ``notes.txt`` is unchanged.
+3. ``compare toy.toml --strategies fedavg --rounds 2 --out C --overwrite`` over C's 1-round
+   cell whose ``summary.json`` is a directory holding a user's ``thesis.tex`` (also
+   ``NewRunDir(cell, overwrite=True)``): the cell counted as a run of ours by its file names,
+   the overwrite removed ``config.toml`` and ``metrics.jsonl``, then failed on the directory
+   (rc 2, ``summary.json: Is a directory``), leaving half a run that ``--resume`` refused (``has
+   no config.toml``). A directory under a run file's name is not one: refused before anything
+   is removed (``rundir._check_claimable``: ``holds files that are not part of a fedprivopt
+   run (summary.json/)``), the run and ``thesis.tex`` kept.
 """
 
 from __future__ import annotations
@@ -79,3 +87,22 @@ def test_2_a_refused_writer_leaves_a_linked_lock_file_alone(tmp_path):
                 pass
         assert notes.read_text() == "my notes\n"  # emptied before
     assert notes.read_text() == "my notes\n"
+
+
+# -- finding 3: a directory under a run file's name is not a run's file ----------------------
+
+
+def test_3_overwrite_refuses_a_directory_named_as_a_run_file(tmp_path):
+    run = tmp_path / "cell"
+    run.mkdir()
+    kept = {"config.toml": "strategy = \"fedavg\"\n", "metrics.jsonl": '{"round": 1}\n',
+            "privacy_ledger.jsonl": json.dumps(_HEADER) + "\n"}  # fmt: skip
+    for name, text in kept.items():
+        (run / name).write_text(text)
+    (run / "summary.json").mkdir()
+    (run / "summary.json" / "thesis.tex").write_text("chapter 1\n")
+    with pytest.raises(ValueError, match=r"not part of a fedprivopt run \(summary\.json/\)"):
+        with NewRunDir(run, overwrite=True):
+            pass  # IsADirectoryError before, config.toml and metrics.jsonl removed
+    assert {n: (run / n).read_text() for n in kept} == kept
+    assert (run / "summary.json" / "thesis.tex").read_text() == "chapter 1\n"

@@ -370,7 +370,8 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         self._average()
         metrics = {**metrics, **(self.clipping.step() if self.clipping is not None else {})}
         out = {"cohort_size": float(len(users)), **metrics, "epsilon": self.epsilon()}
-        return RoundResult(round_num, self.params, out, dict(rejected))
+        # a copy, as output_params() gives (thirty-eighth review of issue 15, api 4)
+        return RoundResult(round_num, self.params.detach().clone(), out, dict(rejected))
 
     def _average(self) -> None:
         """Fold the round's released iterate into the moving average (``ema-decay > 0``)."""
@@ -391,8 +392,14 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         released already (each is recorded in the ledger), so it is post-processing: it costs no
         privacy and is never broadcast to clients. It damps the noise that the last steps leave
         in the iterate (De et al. 2022 report the same for DP-SGD).
+
+        A copy: thirty-eighth review of issue 15 (api 4), the algorithm's own tensor was
+        returned (and as ``RoundResult.params``), so a caller that evaluated it in a model
+        loaded with ``torch.nn.utils.vector_to_parameters`` (its parameters views of it) and
+        fine-tuned that model on users' data moved the model the next round starts from by
+        that training, released with no noise of its own (+50 in every entry).
         """
-        return self.params if self.averaged is None else self.averaged
+        return (self.params if self.averaged is None else self.averaged).detach().clone()
 
 
 def drive_round(

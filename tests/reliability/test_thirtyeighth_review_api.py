@@ -28,6 +28,13 @@
    a sparse step; ``init`` took both (a state without values). Now ``optim._checks.check_dense``
    refuses them: ``delta_tilde must be a dense tensor with values (torch.strided), got one of
    torch.sparse_coo``.
+4. ``result = drive_round(alg, 1, train)``, then the released model evaluated in a model loaded
+   with ``torch.nn.utils.vector_to_parameters(result.params, model.parameters())`` (or
+   ``alg.output_params()``, as a run evaluates it) and that model fine-tuned (+50 in every
+   entry: a personalization step on users' data), then round 2. Before: both were the
+   algorithm's own tensor, so round 2 started from the fine-tuned model and released it (50.31
+   where 0.31), the fine-tuning with no noise of its own. Now ``RoundResult.params`` and
+   ``output_params()`` are copies (``ServerAlgorithm._finish``, ``output_params``).
 """
 
 from __future__ import annotations
@@ -204,3 +211,26 @@ def test_3_adadp_refuses_a_sparse_noised_mean():
     state = controller.init()
     with pytest.raises(ValueError, match=r"delta_1 must be a dense tensor"):
         controller.half_step(state, torch.zeros(4), torch.ones(4).to_sparse())
+
+
+# -- finding 4: the released model given to the caller is a copy ------------------------------
+
+
+@pytest.mark.parametrize("ema", [0.0, 0.5])
+@pytest.mark.parametrize("which", ["result", "output_params"])
+def test_4_fine_tuning_the_released_model_does_not_reach_the_next_round(which, ema):
+    def released(alg):
+        result = drive_round(alg, 1, _train)
+        return result.params if which == "result" else alg.output_params()
+
+    reference = build_algorithm(_config(**{"ema-decay": ema}), torch.zeros(4))
+    released(reference)
+    expected = drive_round(reference, 2, _train).params, reference.output_params()
+    alg = build_algorithm(_config(**{"ema-decay": ema}), torch.zeros(4))
+    model = torch.nn.Linear(3, 1)
+    torch.nn.utils.vector_to_parameters(released(alg), model.parameters())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(50.0)  # fine-tuned in place for an evaluation
+    assert torch.equal(drive_round(alg, 2, _train).params, expected[0])  # 50.31 where 0.31
+    assert torch.equal(alg.output_params(), expected[1])  # with ema-decay: the average

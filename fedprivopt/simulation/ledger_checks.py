@@ -52,10 +52,22 @@ class LedgerChecks:
     def check_participants(self, round_num: int, digest: str | None, name: str) -> None:
         """Refuse a checkpoint of ``round_num`` whose tree participants are not its line's.
 
-        ``digest``: :func:`participants_sha256` of the checkpoint's participation ledger. Lines
-        without one (Gaussian runs, earlier versions) are not checked.
+        ``digest``: :func:`participants_sha256` of the checkpoint's participation ledger
+        (``None``: not a tree run). Lines without one (earlier versions, which recorded no
+        model digest either, and rebuilt ledgers) are not checked.
         """
         line = self._last_release(round_num)
+        if digest is not None and line is not None and line.params_sha256 is not None:
+            if line.participants_sha256 is None:
+                # thirty-eighth review of issue 15 (ledger, finding 3): every writer that records
+                # a model's digest records a tree round's participants too (fourteenth review);
+                # the field removed from the line turned this check off, and a secure run's
+                # checkpoint whose participants were exchanged for as many others resumed
+                raise ValueError(
+                    f"{self.path}: line {line.line}: a tree round's line without "
+                    "participants_sha256 (the digest of its restart period's participants); the "
+                    "privacy ledger was edited: refusing to resume"
+                )
         if line is not None and line.participants_sha256 not in (None, digest):
             raise ValueError(
                 f"{name}'s tree participation ledger is not the one {self.path.name} recorded "

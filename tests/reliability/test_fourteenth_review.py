@@ -182,8 +182,11 @@ def test_not_fixed_secure_participants_exchanged_with_the_ledger_deleted(tree_ru
     assert code == 0, err
 
 
-def test_control_a_ledger_without_participant_digests_still_resumes(tree_runs, tmp_path):
-    """Lines written before the digest existed are not checked (an earlier version's run)."""
+def test_control_a_ledger_without_participant_digests_is_refused(tree_runs, tmp_path):
+    """Lines that record their model's digest but not their participants' (no version wrote
+    both apart: thirty-eighth review of issue 15, ledger 3, which changed this control from
+    "still resumes"; lines of a version before model digests are refused since the
+    thirty-sixth review)."""
     import json
 
     run = _extended(tree_runs["secure"], tmp_path / "run")
@@ -193,8 +196,8 @@ def test_control_a_ledger_without_participant_digests_still_resumes(tree_runs, t
     for line in lines:
         line.pop("participants_sha256", None)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    code, _, err = run_cli(["simulate", "--resume", str(run), "--quiet"])
-    assert code == 0, err
+    usage_error(run_cli(["simulate", "--resume", str(run), "--quiet"]),
+                "a tree round's line without participants_sha256")  # fmt: skip
 
 
 def test_the_check_holds_without_metrics_rows(tree_runs, tmp_path):

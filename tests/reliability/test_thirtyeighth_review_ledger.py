@@ -22,6 +22,16 @@
    first release (rc 0). Now a whole-round line of a two-part round after ``partial`` lines is
    refused before anything runs (``LedgerChecks._check_partial_kept``: exit 2, one line naming
    the line); a ledger of the earlier version (no partial line before it) still replays.
+3. A finished secure tree run (``tree-restart-rounds = 5``, 2 rounds) whose checkpoint's
+   participation ledger had one drawn user exchanged for one the period had not drawn (digest
+   recomputed) and whose last ledger line lost its ``participants_sha256`` field, then
+   extended and resumed: the line's digest of the participants, which refused the checkpoint
+   (fourteenth review), was taken as absent (a line of an earlier version), the counts
+   matched the rows, and the secure shuffle cannot be replayed: rc 0, the exchanged user
+   free to be drawn again within the period under its one tree event. Now a tree round's line
+   that records its model's digest must record its participants' (every writer since the
+   fourteenth review does): ``LedgerChecks.check_participants`` refuses it, exit 2, one line
+   naming the line.
 """
 
 from __future__ import annotations
@@ -31,8 +41,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedprivopt.cli import main
+from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
 from fedprivopt.simulation.ledger import RunLedger
 from fedprivopt.simulation.run import simulate
@@ -146,3 +158,29 @@ def test_2_a_partial_line_removed_after_partial_lines_is_refused(tmp_path, capsy
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "line 8: round 4 released its whole round" in err, err
     assert kept_files(killed) == files
+
+
+# -- 3: a tree round's participants digest removed from its line ------------------------------
+def test_3_a_tree_line_without_its_participants_digest_is_refused(tmp_path, capsys):
+    config = small_config(**{**TREE, "secure": True, "num-server-rounds": 2})
+    out = simulate(config, tmp_path / "run").out_dir
+    state = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=True)
+    cohorts = state["algorithm"]["tree"]["cohorts"]
+    used = set(cohorts["users"].tolist())
+    other = min(set(range(40)) - used)  # a user the period has not drawn, for one it has
+    cohorts["users"] = torch.tensor(sorted([*sorted(used)[1:], other]), dtype=torch.int64)
+    state["sha256"] = state_digest(state)
+    torch.save(state, out / CHECKPOINT)
+    rows = read_rows(out / LEDGER_FILE)
+    del rows[-1]["participants_sha256"]
+    (out / LEDGER_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = (out / "config.toml").read_text()
+    (out / "config.toml").write_text(text.replace("num-server-rounds = 2", "num-server-rounds = 4"))
+    files = kept_files(out)
+    capsys.readouterr()
+    rc = main(["simulate", "--resume", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, (rc, err)  # was 0: the drawn user could be drawn again in the period
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "line 3: a tree round's line without participants_sha256" in err, err
+    assert kept_files(out) == files

@@ -129,6 +129,14 @@ def privatize_update(
         raise ValueError(f"update must be a floating-point torch.Tensor, got {update!r:.80}")
     if update.layout != torch.strided:
         raise ValueError(f"update must be a dense (strided) tensor, got layout {update.layout}")
+    # thirty-eighth review of issue 15: a meta tensor ended in torch's RuntimeError and a float8
+    # one in NotImplementedError ("isfinite" not implemented), before clip_l2's own refusal
+    if update.device.type == "meta":
+        raise ValueError("update must hold data, got a tensor on the meta device")
+    if update.dtype.itemsize < 2:
+        raise ValueError(
+            f"update must be float16, bfloat16, float32 or float64, got {update.dtype}"
+        )
     if clip_norm is not None:
         try:
             clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)

@@ -28,6 +28,11 @@
 4. ``flatten({"w": ..., "odd": t})`` with ``t`` sparse, quantized or float8: torch's
    ``RuntimeError`` (reshape, type promotion); on the meta device: a flat vector without data.
    Now ``ValueError: state['odd'] cannot be flattened: ...`` naming the key and why.
+5. ``privatize_update(torch.empty(3, device="meta"), clip_norm=1.0)`` (a user's own ClientApp's
+   privacy step) and a float8 update (also with ``clip_norm=None``): torch's ``RuntimeError``
+   ("Tensor.item() cannot be called on meta tensors") and ``NotImplementedError`` ("isfinite"
+   not implemented for 'Float8_e4m3fn'), raised by the finiteness check before ``clip_l2``'s
+   refusal. Now ``ValueError`` naming the update and what it must be.
 """
 
 from __future__ import annotations
@@ -164,3 +169,21 @@ def test_4_flatten_refuses_what_has_no_flat_entries(value, reason):
     state = {"w": torch.ones(2), "odd": value()}
     with pytest.raises(ValueError, match=rf"state\['odd'\] cannot be flattened: .*{reason}"):
         flatten(state)  # was torch's RuntimeError (a meta tensor: a flat vector without data)
+
+
+# -- finding 5: privatize_update names an update it cannot clip -------------------------------
+
+
+@pytest.mark.parametrize("clip_norm", [1.0, None])
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda: torch.empty(3, device="meta"), "meta device"),
+        (lambda: torch.ones(3, dtype=torch.float8_e4m3fn), "float16, bfloat16, float32 or float64"),
+    ],
+)
+def test_5_privatize_update_refuses_a_meta_or_float8_update(make, reason, clip_norm):
+    from fedprivopt.clients.privatize import privatize_update
+
+    with pytest.raises(ValueError, match=rf"update must .*{reason}"):
+        privatize_update(make(), clip_norm=clip_norm)  # was RuntimeError / NotImplementedError

@@ -17,9 +17,11 @@ checked again under its lock. The cells and their plans: :mod:`fedprivopt.simula
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.simulation.files import check_appended_not_linked, toml_value
 from fedprivopt.simulation.rundir import lock_run_dir
 
-__all__ = ["first_difference", "load_cell", "plan_cells"]
+__all__ = ["first_difference", "load_cell", "plan_cells", "quiet_resume_notes"]
 
 
 def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -80,6 +82,30 @@ def first_difference(stored: RunConfig, wanted: RunConfig) -> tuple[str, Any, An
         if not _same(left, right):
             return key, left, right
     return None
+
+
+@contextlib.contextmanager
+def quiet_resume_notes() -> Iterator[None]:
+    """Hold back the privacy ledger's notes on a resume while a run's files are only checked.
+
+    Thirty-eighth review of issue 15 (reports, finding 1): ``compare`` of a secure cell stopped
+    after round 3's ledger line and before its checkpoint of round 3 (the newest of round 2)
+    printed ``1 privacy events of rounds released after round 2 stay accounted ...; a round
+    redone from round 3 on is a new release`` twice, once when the cell was planned (its
+    files checked as ``--resume`` checks them) and once when it was resumed; ``compare-tuned``
+    printed it for an unfinished trial, which it redoes nothing of. The note belongs to the
+    resume that redoes the rounds, which says it (``simulate --resume`` says it once).
+    """
+    logger = logging.getLogger("fedprivopt.simulation.ledger")
+
+    def drop(record: logging.LogRecord) -> bool:
+        return record.levelno > logging.WARNING
+
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> list[CellPlan]:
@@ -221,7 +247,7 @@ def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPl
     from fedprivopt.simulation.audit import audit_run_dir
 
     try:
-        with lock_run_dir(run_dir):
+        with lock_run_dir(run_dir), quiet_resume_notes():  # the resume says it (finding 1)
             run = audit_run_dir(run_dir, cell.task, engine=False)
         _check_rounds(run, cell)
         _check_tuning_plan(run, cell)
@@ -288,7 +314,8 @@ def load_cell(plan: CellPlan):
             if diff is not None:
                 key, old, new = diff
                 raise ValueError(f"its run has {key} = {_short(old)}, the cell {_short(new)}")
-            run = audit_run_dir(plan.run_dir, cell.task, engine=False)
+            with quiet_resume_notes():  # an unfinished run is refused here, not resumed
+                run = audit_run_dir(plan.run_dir, cell.task, engine=False)
             _check_rounds(run, cell)
             _check_tuning_plan(run, cell)
             why = run.unfinished()

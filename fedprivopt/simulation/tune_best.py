@@ -25,6 +25,7 @@ def _score(run_dir: Path, task: Any, metric: str) -> tuple[str, float]:
     """``(status, score)`` of one trial's run directory, as ``tune`` scored it."""
     from fedprivopt.data.locks import LockHeldError
     from fedprivopt.simulation.audit import audit_run_dir
+    from fedprivopt.simulation.cell_plans import quiet_resume_notes
     from fedprivopt.simulation.divergence import final_status
     from fedprivopt.simulation.rundata import load_run
     from fedprivopt.simulation.rundir import reading_lock
@@ -32,7 +33,7 @@ def _score(run_dir: Path, task: Any, metric: str) -> tuple[str, float]:
     if not run_dir.is_dir():
         return "failed", math.nan
     try:
-        with reading_lock(run_dir):
+        with reading_lock(run_dir), quiet_resume_notes():  # nothing is resumed here
             if audit_run_dir(run_dir, task, engine=False).unfinished() is not None:
                 return "failed", math.nan
             run = load_run(run_dir)

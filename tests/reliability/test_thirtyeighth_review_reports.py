@@ -1,0 +1,65 @@
+"""Issue 15, thirty-eighth hostile review (reports: what ``compare``, ``tune`` and reports say).
+
+1. A secure ``compare`` cell stopped after round 3's ledger line and before its checkpoint of
+   round 3 (``compare toy.toml --strategies dp-fedavg --rounds 5 --set checkpoint-every=2 --set
+   secure=true``, the process killed there; its newest checkpoint is of round 2), then the same
+   command: rc 0, the cell resumed and its ε charged for the redone round, but stderr said
+   ``1 privacy events of rounds released after round 2 stay accounted (epsilon includes them);
+   a round redone from round 3 on is a new release`` twice (with ``--quiet``, and with
+   ``--jobs 2``): once when the cell was planned (its files checked as ``--resume`` checks them)
+   and once when it was resumed, where ``simulate --resume`` says it once. ``compare-tuned``
+   said it of an unfinished trial, which it redoes nothing of. The checks hold the note back
+   (``cell_plans.quiet_resume_notes``); the resume says it, once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedprivopt.cli import main
+from fedprivopt.simulation.ledger import RunLedger
+
+PRESET = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+SMALL = ["--set", "population=12", "--set", "clients-per-round=4", "--set",
+         "task-params.num-users=12"]  # fmt: skip
+CELL = "dp-fedavg__sigma0.5__seed0"
+
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL: nothing of the run is finished or written after it."""
+
+
+def _killed_after_round(monkeypatch, stop: int) -> None:
+    """Make every run stop right after its ledger records round ``stop``."""
+    record = RunLedger.record
+
+    def recorded_then_killed(self, round_num, *args, **kwargs):
+        out = record(self, round_num, *args, **kwargs)
+        if round_num == stop:
+            raise _Killed
+        return out
+
+    monkeypatch.setattr(RunLedger, "record", recorded_then_killed)
+
+
+# -- finding 1: the note on rounds redone after a resume is said once --------------------------
+
+
+def test_1_a_resumed_secure_cell_notes_its_redone_rounds_once(tmp_path, monkeypatch, caplog):
+    out = tmp_path / "cmp"
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--rounds", "5", "--set",
+            "checkpoint-every=2", "--set", "secure=true", "--out", str(out), "--quiet",
+            *SMALL]  # fmt: skip
+    with monkeypatch.context() as patch:
+        _killed_after_round(patch, 3)
+        try:
+            main(argv)
+        except _Killed:
+            pass
+    cell = out / "runs" / CELL
+    assert RunLedger.read(cell).last_round == 3 and not (cell / "summary.json").exists()
+    caplog.clear()
+    assert main(argv) == 0
+    notes = [r.getMessage() for r in caplog.records if "stay accounted" in r.getMessage()]
+    assert len(notes) == 1, notes  # twice: planned, then resumed
+    assert RunLedger.read(cell).last_round == 5

@@ -137,6 +137,38 @@ def declared_size(header: bytes, path: str | os.PathLike) -> int | None:
     return page_size * pages if header[24:28] == header[92:96] and pages > 0 else None
 
 
+def _unreadable(path: Path, exc: Exception) -> ValueError:
+    """The error for SQLite's ``exc`` on reading ``path``, with the cause SQLite's text hides.
+
+    Thirty-eighth review of issue 15 (input 2): a database beside a hot journal (a write that
+    was interrupted) was refused as ``attempt to write a readonly database``, and one in
+    write-ahead-log mode in a directory the reader cannot write as ``unable to open database
+    file``: lines that blame the reader for what is the file's state.
+    """
+    hint = ""
+    journal, wal = (path.with_name(path.name + end) for end in ("-journal", "-wal"))
+    if journal.is_file() and journal.stat().st_size > 0:
+        hint = (
+            f"; {journal.name} beside it is a hot journal (a write to the database was "
+            "interrupted), which SQLite must roll back before anything is read, and a reader "
+            "opens the file read-only: open it once with write access (e.g. sqlite3 "
+            f"{path.name} 'PRAGMA quick_check'), which rolls the write back"
+        )
+    elif wal.is_file() and not os.access(path.parent, os.W_OK):
+        hint = (
+            f"; it is in write-ahead-log mode ({wal.name} beside it), which SQLite reads only "
+            f"where it can create {path.name}-shm, and {path.parent} is not writable: "
+            f"checkpoint it once with write access (sqlite3 {path.name} "
+            "'PRAGMA wal_checkpoint(TRUNCATE)') or copy its files to a writable directory"
+        )
+    elif "no such column: rowid" in str(exc):
+        hint = (
+            " (table 'examples' is a WITHOUT ROWID table, and a client's examples are read in "
+            "rowid order, the order of TFF's file: copy them into a table with rowids)"
+        )
+    return ValueError(f"{path}: unreadable SQLite database: {exc}{hint}")
+
+
 def _connect(path: Path, *, readonly: bool = True) -> sqlite3.Connection:
     uri = path.resolve().as_uri() + ("?mode=ro" if readonly else "")
     return sqlite3.connect(uri, uri=True, check_same_thread=False)
@@ -188,7 +220,7 @@ def list_splits(path: str | os.PathLike) -> list[str]:
         _check_schema(conn, path)
         names = [r[0] for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata")]
     except _SQLITE_ERRORS as exc:
-        raise ValueError(f"{path}: unreadable SQLite database: {exc}") from exc
+        raise _unreadable(path, exc) from exc
     finally:
         conn.close()
     return sorted(_text_values(path, "client_metadata.split_name", names))
@@ -227,7 +259,7 @@ def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 counts = out[split] = array("q")
             counts.append(n)
     except _SQLITE_ERRORS as exc:
-        raise ValueError(f"{path}: unreadable SQLite database: {exc}") from exc
+        raise _unreadable(path, exc) from exc
     finally:
         conn.close()
     return {split: np.frombuffer(counts, dtype=np.int64).copy() for split, counts in out.items()}
@@ -252,7 +284,7 @@ def count_distinct_clients(path: str | os.PathLike) -> int:
         _check_schema(conn, path)
         (count,) = conn.execute("SELECT COUNT(DISTINCT client_id) FROM client_metadata").fetchone()
     except _SQLITE_ERRORS as exc:
-        raise ValueError(f"{path}: unreadable SQLite database: {exc}") from exc
+        raise _unreadable(path, exc) from exc
     finally:
         conn.close()
     return int(count)
@@ -327,7 +359,7 @@ class SQLiteSplit(ClientSplit):
             self.indexed = has_client_index(conn)
             first = conn.execute(f"SELECT {_BLOB} FROM examples LIMIT 1", _LIMIT).fetchone()
         except _SQLITE_ERRORS as exc:
-            raise ValueError(f"{self.path}: unreadable SQLite database: {exc}") from exc
+            raise _unreadable(self.path, exc) from exc
         self._client_ids = _text_values(
             self.path, "client_metadata.client_id", [r[0] for r in rows]
         )
@@ -410,7 +442,7 @@ class SQLiteSplit(ClientSplit):
                 .fetchall()
             )
         except _SQLITE_ERRORS as exc:
-            raise ValueError(f"{self.path}: unreadable SQLite database: {exc}") from exc
+            raise _unreadable(self.path, exc) from exc
         if len(rows) != want:
             found = f"more than {want}" if len(rows) > want else f"{len(rows)}"
             raise ValueError(

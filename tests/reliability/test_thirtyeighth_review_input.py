@@ -7,6 +7,16 @@
    refuses a ``Protocol`` class or a ``typing`` form before calling it: one line naming
    ``task`` (``… is a type for annotations (a Protocol or a typing form), which cannot be
    called …``), rc 2.
+2. ``data info D`` (also ``simulate`` of a task whose ``data-dir`` is ``D``) where
+   ``D/stackoverflow.sqlite`` has a hot journal beside it (the database copied, or its disk
+   filled, while a write was under way): rc 2 and one line, but ``unreadable SQLite database:
+   attempt to write a readonly database``, which blames the reader; a database in
+   write-ahead-log mode in a directory the user cannot write: ``unable to open database
+   file`` (the file is there and readable); a ``WITHOUT ROWID`` examples table: ``no such
+   column: rowid``. ``sqlite._unreadable`` now says the cause and what to do: ``…-journal
+   beside it is a hot journal (a write to the database was interrupted) … open it once with
+   write access (e.g. sqlite3 stackoverflow.sqlite 'PRAGMA quick_check')``, or the WAL and the
+   directory that is not writable; nothing beside the database is changed.
 """
 
 from __future__ import annotations
@@ -44,3 +54,69 @@ def test_1_a_protocol_named_as_the_task_is_one_line(task, tmp_path):
     assert code == 2 and len(lines) == 1, lines
     assert "task" in lines[0] and "cannot be called" in lines[0]
     assert not (tmp_path / "r").exists()
+
+
+# -- finding 2: an SQLite database beside a hot journal (or a WAL in a read-only directory) ----
+
+
+def _database(path):
+    """A small database in the TFF schema (``data info`` reads its client_metadata)."""
+    from fedprivopt.data.sqlite import write_sqlite
+
+    rows = [("train", f"c{i}", bytes(200)) for i in range(400)]
+    return write_sqlite(path, rows, [(f"c{i}", "train", 1) for i in range(400)])
+
+
+def _hot_journal(db):
+    """Leave ``db`` as a crash mid-write does: its pages as they were, and its hot journal."""
+    import shutil
+    import sqlite3
+
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA cache_size = 1")  # the journal is synced as changed pages spill
+    conn.execute("BEGIN")
+    conn.execute("UPDATE examples SET serialized_example_proto = zeroblob(300)")
+    shutil.copy(db, f"{db}.snap")
+    shutil.copy(f"{db}-journal", f"{db}-journal.snap")
+    conn.execute("ROLLBACK")
+    conn.close()
+    shutil.move(f"{db}.snap", db)
+    shutil.move(f"{db}-journal.snap", f"{db}-journal")
+
+
+def test_2_a_hot_journal_is_named_not_blamed_on_the_reader(tmp_path):
+    db = _database(tmp_path / "stackoverflow.sqlite")
+    _hot_journal(db)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    code, lines = _cli("data", "info", str(tmp_path))
+    assert code == 2 and len(lines) == 1, lines
+    # was "unreadable SQLite database: attempt to write a readonly database", nothing more
+    assert "stackoverflow.sqlite-journal beside it is a hot journal" in lines[0]
+    assert "open it once with write access" in lines[0]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing changed
+
+
+def test_2_a_write_ahead_log_in_a_read_only_directory_is_named(tmp_path, monkeypatch):
+    import os
+    import sqlite3
+
+    from fedprivopt.data import sqlite as sq
+
+    db = _database(tmp_path / "stackoverflow.sqlite")
+    (tmp_path / "stackoverflow.sqlite-wal").write_bytes(b"")
+    # as root SQLite could create the -shm file: the reader's refusal, as another user meets it
+    monkeypatch.setattr(sq.os, "access", lambda path, mode: mode != os.W_OK)
+
+    class Refused:  # the connection SQLite opens lazily fails on the first statement
+        def execute(self, *args):
+            raise sqlite3.OperationalError("unable to open database file")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sq, "_connect", lambda path: Refused())
+    with pytest.raises(ValueError) as info:
+        sq.read_example_counts(db)
+    assert "write-ahead-log mode (stackoverflow.sqlite-wal beside it)" in str(info.value)
+    assert "is not writable" in str(info.value)
+

@@ -27,15 +27,20 @@ class AlgorithmState:
     """Checkpointing of :class:`~fedprivopt.strategies.core.ServerAlgorithm` (a mixin)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue the run (tensors, numbers, plain dicts)."""
+        """Everything needed to continue the run (tensors, numbers, plain dicts).
+
+        The model and its moving average are copies (thirty-eighth review of issue 15, api 5:
+        ``state["params"] /= 2``, Python's in-place division of a dict's tensor, halved the
+        algorithm's own model, which the next round started from and released).
+        """
         return {
             "round": self.round_num,
-            "params": self.params,
+            "params": self.params.detach().clone(),
             "opt_state": None if self.opt_state is None else optim.state_to_dict(self.opt_state),
             "accountant": self.accountant.state_dict(),
             "config": self.config.to_mapping(),
             "user_offset": self.user_offset,
-            **({} if self.averaged is None else {"averaged": self.averaged}),
+            **({} if self.averaged is None else {"averaged": self.averaged.detach().clone()}),
             **({} if self.clipping is None else {"clip_states": self.clipping.state_dict()}),
             **({} if self.tree_noise is None else {"tree": self._tree_state()}),
             **({} if self.side_information is None else {"side_information": self._side_digest()}),

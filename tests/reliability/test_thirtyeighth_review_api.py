@@ -35,6 +35,11 @@
    algorithm's own tensor, so round 2 started from the fine-tuned model and released it (50.31
    where 0.31), the fine-tuning with no noise of its own. Now ``RoundResult.params`` and
    ``output_params()`` are copies (``ServerAlgorithm._finish``, ``output_params``).
+5. ``state = alg.state_dict()`` after round 1, then ``state["params"] /= 2`` (Python's augmented
+   division of a dict's tensor is in place; also ``state["averaged"]`` with ``ema-decay``)
+   before saving an edited copy, then round 2. Before: the state held the algorithm's own
+   tensors, so round 2 started from the halved model (0.21 where 0.31). Now ``state_dict()``
+   gives copies of the model and of its average (``AlgorithmState.state_dict``).
 """
 
 from __future__ import annotations
@@ -234,3 +239,21 @@ def test_4_fine_tuning_the_released_model_does_not_reach_the_next_round(which, e
             p.add_(50.0)  # fine-tuned in place for an evaluation
     assert torch.equal(drive_round(alg, 2, _train).params, expected[0])  # 50.31 where 0.31
     assert torch.equal(alg.output_params(), expected[1])  # with ema-decay: the average
+
+
+# -- finding 5: a state dict holds copies of the model ---------------------------------------
+
+
+@pytest.mark.parametrize("ema", [0.0, 0.5])
+def test_5_editing_a_state_dict_in_place_does_not_reach_the_algorithm(ema):
+    reference = build_algorithm(_config(**{"ema-decay": ema}), torch.zeros(4))
+    drive_round(reference, 1, _train)
+    expected = drive_round(reference, 2, _train).params, reference.output_params()
+    alg = build_algorithm(_config(**{"ema-decay": ema}), torch.zeros(4))
+    drive_round(alg, 1, _train)
+    state = alg.state_dict()
+    state["params"] /= 2  # in place
+    if "averaged" in state:
+        state["averaged"] /= 2
+    assert torch.equal(drive_round(alg, 2, _train).params, expected[0])
+    assert torch.equal(alg.output_params(), expected[1])

@@ -17,6 +17,12 @@
    beside it is a hot journal (a write to the database was interrupted) … open it once with
    write access (e.g. sqlite3 stackoverflow.sqlite 'PRAGMA quick_check')``, or the WAL and the
    directory that is not writable; nothing beside the database is changed.
+3. ``HDF5Split(f).client_examples("c1")`` (also ``data.loader.open_split``) of a legacy HDF5
+   file whose one-example client keeps its ``score`` in chunks of 10**8 values with the
+   scale-offset and gzip filters (a 26 kB file): 836 MB and 6 s to read one value (HDF5 reads
+   and decodes a filtered chunk whole; chunks reach 4 GiB), beyond the 1,032x expansion bound
+   the module holds the values to. ``_HeapChecker.check`` now holds a chunk to the same bound
+   (at least 16 MiB): ``'score' is stored in chunks of 800,000,000 bytes …`` before reading.
 """
 
 from __future__ import annotations
@@ -119,4 +125,32 @@ def test_2_a_write_ahead_log_in_a_read_only_directory_is_named(tmp_path, monkeyp
         sq.read_example_counts(db)
     assert "write-ahead-log mode (stackoverflow.sqlite-wal beside it)" in str(info.value)
     assert "is not writable" in str(info.value)
+
+
+# -- finding 3: an HDF5 feature stored in absurd chunks ----------------------------------------
+
+
+def test_3_a_chunk_far_larger_than_the_file_is_refused_before_it_is_read(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from fedprivopt.data.hdf5 import HDF5Split
+
+    path = tmp_path / "stackoverflow_train.h5"
+    with h5py.File(path, "w") as f:
+        client = f.create_group("examples").create_group("c1")
+        text = h5py.special_dtype(vlen=bytes)
+        for name in ("tokens", "title", "tags", "creation_date", "type"):
+            client.create_dataset(name, data=np.array([b"a b"], dtype=object), dtype=text)
+        # one score in a chunk of 10**7 values (80 MB), scale-offset and gzip: a few kB on disk
+        score = client.create_dataset(
+            "score", shape=(1,), maxshape=(None,), chunks=(10**7,), dtype="int64",
+            scaleoffset=0, compression="gzip",
+        )  # fmt: skip
+        score[0] = 0
+    assert path.stat().st_size < 100_000
+    split = HDF5Split(path)
+    assert split.num_examples("c1") == 1  # data info reads no chunk
+    with pytest.raises(ValueError, match=r"'score' is stored in chunks of 80,000,000 bytes"):
+        split.client_examples("c1")  # read the whole chunk (836 MB and 6 s at 10**8 values)
 

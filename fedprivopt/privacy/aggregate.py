@@ -406,6 +406,17 @@ class NoisyMeanAggregator:
             raise ValueError(f"dtype must be a floating torch.dtype, got {shown(dtype)}")
         device = check_device(device)
         dim = check_fits("dim", check_int("dim", dim, 1), dtype.itemsize, device)
+        if sum_noise is not None and (
+            tuple(sum_noise[0].shape) != (dim,) or (dim > 1 and sum_noise[0].stride(0) == 0)
+        ):
+            # thirty-eighth review of issue 15: a one-element noise tensor was broadcast (an
+            # expanded one alike), the same draw on every coordinate: their differences released
+            # the sum without noise
+            raise ValueError(
+                f"sum_noise must hold one draw per coordinate, a tensor of shape ({dim},) with "
+                f"storage of its own per entry, got shape {tuple(sum_noise[0].shape)} and stride "
+                f"{tuple(sum_noise[0].stride())}"
+            )
         if not isinstance(updates, Iterable):
             raise ValueError(f"updates must be an iterable, got {type(updates).__name__}")
         bound = self.accept_norm(dim)

@@ -33,6 +33,11 @@
    ("Tensor.item() cannot be called on meta tensors") and ``NotImplementedError`` ("isfinite"
    not implemented for 'Float8_e4m3fn'), raised by the finiteness check before ``clip_l2``'s
    refusal. Now ``ValueError`` naming the update and what it must be.
+6. ``NoisyMeanAggregator.aggregate([(0, [0.6, 0, 0.8, 0])], dim=4, sum_noise=(torch.randn(1),
+   1.0))`` (Python API; the tree's way to hand its noise in), also a 0-dim or an expanded
+   ``randn(1).expand(4)`` noise: broadcast, one draw on every coordinate, so the differences of
+   the released coordinates were 0.6, 0, 0.8, 0, the update without noise, reported with noise
+   std 1.0. Now refused unless the noise has shape ``(dim,)`` and a stride of its own.
 """
 
 from __future__ import annotations
@@ -187,3 +192,19 @@ def test_5_privatize_update_refuses_a_meta_or_float8_update(make, reason, clip_n
 
     with pytest.raises(ValueError, match=rf"update must .*{reason}"):
         privatize_update(make(), clip_norm=clip_norm)  # was RuntimeError / NotImplementedError
+
+
+# -- finding 6: a sum noise of one draw for every coordinate is refused ------------------------
+
+
+@pytest.mark.parametrize(
+    "noise", [lambda: torch.randn(1), lambda: torch.randn(()), lambda: torch.randn(1).expand(4)]
+)
+def test_6_sum_noise_must_be_one_draw_per_coordinate(noise):
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=1.0, expected_cohort_size=1.0)
+    update = torch.tensor([0.6, 0.0, 0.8, 0.0])
+    with pytest.raises(ValueError, match=r"sum_noise must hold one draw per coordinate"):
+        # was released: the differences of its coordinates were 0.6, 0, 0.8, 0 (noise std 1.0)
+        agg.aggregate([(0, update)], dim=4, sum_noise=(noise(), 1.0))
+    out = agg.aggregate([(0, update)], dim=4, sum_noise=(torch.randn(4), 1.0))
+    assert out.noise_std == 1.0

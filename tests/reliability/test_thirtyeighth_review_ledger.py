@@ -104,8 +104,11 @@ def _differing(monkeypatch) -> list[int]:
 
 
 # -- 1: a seeded redo compared with its first release, in replay order or not -------------------
-@pytest.mark.parametrize("edit", [_swapped, _duplicated], ids=["swapped", "duplicated"])
-@pytest.mark.parametrize("extra", [{}, TREE], ids=["gaussian", "tree"])
+@pytest.mark.parametrize(
+    ("extra", "edit"),
+    [({}, _swapped), ({}, _duplicated), (TREE, _swapped)],
+    ids=["gaussian-swapped", "gaussian-duplicated", "tree-swapped"],
+)
 def test_1_a_redo_unlike_its_first_release_is_not_released_after_a_reordered_ledger(
     tmp_path, capsys, monkeypatch, extra, edit
 ):

@@ -233,10 +233,51 @@ def reading_lock(out: str | os.PathLike) -> Iterator[Path]:
     """
     out = Path(out)
     if on_read_only_fs(out):
-        yield out
+        with _viewing_lock(out):
+            yield out
         return
     with lock_run_dir(out):
         yield out
+
+
+@contextlib.contextmanager
+def _viewing_lock(out: Path) -> Iterator[None]:
+    """A shared ``flock`` on run directory ``out`` on a read-only mount, refused while written.
+
+    Thirty-eighth review of issue 15 (rundirs 4): a read-only view of a directory another mount
+    writes (``mount --bind -o ro``, a results volume mounted read-only into a container) was
+    read without a lock: ``compare-tuned`` of the view reported a tuning whose best trial
+    another process held (``--resume`` of it; rc 2 ``in use by process N`` through the writable
+    path), rc 0. ``run.lock`` cannot be opened for writing there, but the directory can be
+    locked: the writer's exclusive lock is the same inode's. Where the file system keeps no
+    locks, nothing is locked (as before).
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                text = (out / LOCK_FILE).read_bytes()[:32].decode("ascii", "replace").strip()
+            except OSError:
+                text = ""
+            pid = int(text) if text.isdigit() else None
+            holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
+            raise LockHeldError(
+                f"run directory {str(out)!r} is in use by {holder} (lock file {out / LOCK_FILE}, "
+                "seen through a read-only mount); wait for it to finish or stop it first",
+                pid,
+            ) from None
+        except OSError:  # no locks on this file system
+            pass
+        yield
+    finally:
+        os.close(fd)
 
 
 # -- never overwrite -------------------------------------------------------------------------------

@@ -23,6 +23,15 @@
    no config.toml``). A directory under a run file's name is not one: refused before anything
    is removed (``rundir._check_claimable``: ``holds files that are not part of a fedprivopt
    run (summary.json/)``), the run and ``thesis.tex`` kept.
+4. ``compare-tuned T`` of a finished tuning seen through a read-only mount (``mount --bind``
+   then ``mount -o remount,bind,ro``: a results volume mounted read-only into another
+   container) while a process held the best trial's directory through the writable path (a
+   ``--resume`` of it): rc 0, the report written from a run being written (through the
+   writable path: rc 2, ``in use by process N``). ``reading_lock`` took no lock on a read-only
+   file system, where ``run.lock`` cannot be opened for writing. It now takes a shared
+   ``flock`` on the directory itself (``rundir._viewing_lock``), which the writer's exclusive
+   one, on the same inode, refuses: rc 2 naming the holder's PID. (The test stands in for the
+   mount by patching ``on_read_only_fs``.)
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ import os
 import pytest
 
 from fedprivopt.data.locks import LockHeldError
-from fedprivopt.simulation.rundir import NewRunDir, check_held, lock_run_dir
+from fedprivopt.simulation import rundir
+from fedprivopt.simulation.rundir import NewRunDir, check_held, lock_run_dir, reading_lock
 
 # -- finding 1: a claimed directory moved away; the failing start removes nothing at its path --
 
@@ -106,3 +116,18 @@ def test_3_overwrite_refuses_a_directory_named_as_a_run_file(tmp_path):
             pass  # IsADirectoryError before, config.toml and metrics.jsonl removed
     assert {n: (run / n).read_text() for n in kept} == kept
     assert (run / "summary.json" / "thesis.tex").read_text() == "chapter 1\n"
+
+
+# -- finding 4: a reader on a read-only view of a run is refused while the run is written -----
+
+
+def test_4_a_read_only_view_is_not_read_while_written(tmp_path, monkeypatch):
+    run = tmp_path / "trial-001"
+    run.mkdir()
+    monkeypatch.setattr(rundir, "on_read_only_fs", lambda path: True)  # the read-only view
+    with lock_run_dir(run):  # the writer, through the writable path
+        with pytest.raises(LockHeldError, match=f"in use by process {os.getpid()}"):
+            with reading_lock(run):  # yielded before: read while written
+                pass
+    with reading_lock(run) as path:  # no writer: read
+        assert path == run

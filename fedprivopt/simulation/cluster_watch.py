@@ -35,9 +35,15 @@ when the driver noticed) is not reached."""
 
 
 def end_run(line: str) -> None:
-    """End the process at once with ``line`` on stderr and exit code 2 (as a kill would)."""
+    """End the process at once with ``line`` on stderr and exit code 2 (as a kill would).
+
+    A progress bar shown meanwhile has its line ended and the cursor shown first
+    (:func:`~fedprivopt.core.progress.bars_abandoned`).
+    """
+    from fedprivopt.core.progress import bars_abandoned
+
     with contextlib.suppress(OSError):
-        os.write(2, (line + "\n").encode("utf-8", "backslashreplace"))
+        os.write(2, bars_abandoned() + (line + "\n").encode("utf-8", "backslashreplace"))
     os._exit(2)
 
 

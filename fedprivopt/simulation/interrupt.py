@@ -38,6 +38,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.progress import bars_abandoned
+
 __all__ = [
     "ENDING_SIGNALS",
     "Interrupted",
@@ -113,9 +115,14 @@ def end_now(signum: int) -> None:
     """
     first = _SIGNALS.received[0] if _SIGNALS.received else signum
     code = _SIGNALS.code if _SIGNALS.code is not None else 128 + first
+    # a progress bar still shown (the Flower engine's while Ray stops): its line ended and the
+    # cursor shown again (thirty-eighth review of issue 15, signals 1)
+    said = bars_abandoned()
     if _SIGNALS.line is not None:
+        said += (_SIGNALS.line + "\n").encode("utf-8", "backslashreplace")
+    if said:
         with contextlib.suppress(OSError):
-            os.write(2, (_SIGNALS.line + "\n").encode("utf-8", "backslashreplace"))
+            os.write(2, said)
     os._exit(code)
 
 

@@ -1,0 +1,134 @@
+"""Issue 15, thirty-eighth hostile review (signals: Ctrl-C, kills, processes, deployment): tests.
+
+1. ``simulate toy.toml --engine flower`` on a terminal (its progress bar shown), Ctrl-C twice
+   0.5 s apart: the first only sets the stop event, and the bar stays on the screen while
+   Flower and Ray stop (2-3 s); the second ends the process at once (``interrupt.end_now``,
+   ``os._exit``). The terminal was left with its cursor hidden (rich hides it while a bar is
+   shown and shows it again only when the bar stops, which an ended process never does), and
+   the one line ``fedprivopt: interrupted twice; ended at once`` was written at the end of the
+   bar's line (``round 3/300 ━━━ eval_accuracy=0.6600 epsilon=12.17 0:09:40fedprivopt: ...``).
+   The same for ``fast-actors``, ``tune``'s and a tuned comparison's bars, and for a run whose
+   Ray head was lost (``cluster_watch.end_run``). Now a process that ends at once while a bar
+   is shown on a terminal first ends the bar's line and shows the cursor again
+   (``core.progress.bars_abandoned``, called by ``end_now`` and ``end_run``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux (a pty)")
+
+HIDE, SHOW = b"\x1b[?25l", b"\x1b[?25h"
+
+
+def _in_pty(code: str, timeout: float = 30.0) -> tuple[int, bytes]:
+    """Run ``code`` with a pseudo-terminal as its standard streams: ``(exit code, output)``."""
+    import pty
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "100"},
+        start_new_session=True,
+    )
+    os.close(child)
+    out = b""
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([main], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:  # the child closed its end
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+        return proc.wait(timeout=5), out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main)
+
+
+def _plain(out: bytes) -> bytes:
+    """``out`` without its terminal control sequences."""
+    return re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", out)
+
+
+# -- finding 1: a second Ctrl-C while a progress bar is shown ---------------------------------
+
+
+_TWICE = """
+    import os, signal, time
+    from fedprivopt.core.progress import stderr_bar
+    from fedprivopt.simulation import interrupt
+
+    interrupt.handle_until_exit()
+    interrupt.begin("fedprivopt: interrupted twice; ended at once")
+    bar, task = stderr_bar("round", 300, field="shown", completed=2)
+    bar.update(task, completed=3, shown="epsilon=12.17")
+    time.sleep(0.3)  # drawn
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(10)
+    except KeyboardInterrupt:  # the first: the run stops, its bar still shown (Flower, Ray)
+        os.kill(os.getpid(), signal.SIGINT)  # the second: ended at once
+        time.sleep(10)
+"""
+
+
+def test_1_second_ctrl_c_with_a_bar_shown_restores_the_terminal():
+    code, out = _in_pty(_TWICE)
+    assert code == 130
+    assert HIDE in out  # the bar hid the cursor
+    assert out.rfind(SHOW) > out.rfind(HIDE), "the cursor was left hidden"
+    lines = _plain(out).replace(b"\r", b"").split(b"\n")
+    assert b"fedprivopt: interrupted twice; ended at once" in lines  # on a line of its own
+    assert any(b"/300" in line for line in lines)  # the bar stays on the screen
+
+
+def test_1_head_lost_with_a_bar_shown_restores_the_terminal():
+    code, out = _in_pty(
+        """
+        import time
+        from fedprivopt.core.progress import stderr_bar
+        from fedprivopt.simulation.cluster_watch import end_run
+
+        bar, task = stderr_bar("round", 300, completed=3)
+        time.sleep(0.3)
+        end_run("fedprivopt: error: ray-address: the Ray cluster's head stopped answering")
+        """
+    )
+    assert code == 2
+    assert out.rfind(SHOW) > out.rfind(HIDE), "the cursor was left hidden"
+    lines = _plain(out).replace(b"\r", b"").split(b"\n")
+    assert any(line.startswith(b"fedprivopt: error: ray-address") for line in lines)
+
+
+def test_1_no_bar_no_control_sequence():
+    code, out = _in_pty(
+        """
+        from fedprivopt.simulation import interrupt
+        interrupt.end_now(2)
+        """
+    )
+    assert code == 130
+    assert _plain(out).replace(b"\r", b"") == b"fedprivopt: interrupted twice; ended at once\n"
+    assert SHOW not in out

@@ -39,7 +39,6 @@ from fedprivopt.core.text import shown
 from fedprivopt.privacy.clip import (
     MIN_CLIP_NORM,
     clip_factor,
-    norm_error_bound,
     vector_norm_checked,
 )
 from fedprivopt.privacy.noise import gaussian_noise
@@ -301,9 +300,9 @@ class NoisyMeanAggregator:
         tally.norm_sum += norm
         if not math.isfinite(bound):
             return 1.0
-        # the exact norm is at most norm·(1 + err): aim at bound·(1 - 2err) <= bound / (1 + err)
-        # (2err >= 2^-47 dwarfs the product's rounding), and clip_factor covers the scaling
-        return clip_factor(norm, bound * (1.0 - 2.0 * norm_error_bound(numel)), dtype)
+        # the exact norm is at most norm·(1 + err): clip_factor aims at bound·(1 - 2err) <=
+        # bound / (1 + err) (2err >= 2^-47 dwarfs the product's rounding) and covers the scaling
+        return clip_factor(norm, bound, dtype, numel=numel)
 
     def _add_batch(
         self,

@@ -38,10 +38,17 @@
    ``randn(1).expand(4)`` noise: broadcast, one draw on every coordinate, so the differences of
    the released coordinates were 0.6, 0, 0.8, 0, the update without noise, reported with noise
    std 1.0. Now refused unless the noise has shape ``(dim,)`` and a stride of its own.
+7. ``v * clip_factor(l2_norm(v), 1.0, torch.float64)`` for a float64 ``v`` of 10**6 entries
+   (256 of 1.0, the rest about 2^-27.6): exact norm ``1 + 4.6e-14``, above ``C``, where the
+   docstring said the margin covers a norm measured by ``l2_norm`` (its 4 float64 ulps do not;
+   the aggregator had its own correction). ``clip_factor(..., numel=n)`` now aims at
+   ``C·(1 − 2·norm_error_bound(n))`` (the aggregator calls it so, the same bits), and the
+   docstring says a norm is taken as exact without ``numel``.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -208,3 +215,31 @@ def test_6_sum_noise_must_be_one_draw_per_coordinate(noise):
         agg.aggregate([(0, update)], dim=4, sum_noise=(noise(), 1.0))
     out = agg.aggregate([(0, update)], dim=4, sum_noise=(torch.randn(4), 1.0))
     assert out.noise_std == 1.0
+
+
+# -- finding 7: clip_factor can cover l2_norm's measurement error ------------------------------
+
+
+def _exact_sq_minus(v: torch.Tensor, c: float) -> float:
+    """``‖v‖² − c²`` exactly rounded (Dekker's error-free squares summed by ``math.fsum``)."""
+
+    def terms(a: torch.Tensor) -> list[float]:
+        t = a * 134217729.0
+        hi = t - (t - a)
+        lo = a - hi
+        return torch.cat([hi * hi, 2 * hi * lo, lo * lo]).tolist()
+
+    return math.fsum(terms(v.abs()) + [-x for x in terms(torch.tensor([c], dtype=v.dtype))])
+
+
+def test_7_clip_factor_with_numel_keeps_a_float64_vector_within_c():
+    from fedprivopt.privacy.clip import clip_factor, l2_norm
+
+    n = 10**6
+    v = torch.full((n,), 2.0**-27.6, dtype=torch.float64)
+    v[torch.randperm(n, generator=torch.Generator().manual_seed(0))[:256]] = 1.0
+    v = v * (1 + 1e-3 * torch.rand(n, generator=torch.Generator().manual_seed(1), dtype=v.dtype))
+    assert _exact_sq_minus(v * clip_factor(l2_norm(v), 1.0, torch.float64), 1.0) > 0  # as before
+    factor = clip_factor(l2_norm(v), 1.0, torch.float64, numel=n)
+    assert _exact_sq_minus(v * factor, 1.0) <= 0  # was 1 + 4.6e-14 (no way to cover it)
+    assert clip_factor(0.5, 1.0, numel=4) == 1.0 and clip_factor(2.0, 1.0) == 0.5 * (1 - 2**-21)

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import os
 import sys
+from pathlib import Path
 
 from fedprivopt.cli_args import (
     MAX_SEED,
@@ -34,6 +35,7 @@ __all__ = [
     "cmd_simulate",
     "load_preset",
     "note_unused",
+    "refuse_ray_temp_inside",
     "refuse_table_against_flags",
     "set_overrides",
 ]
@@ -50,7 +52,39 @@ def build_checked_run(config, where: str = "config", task=None, out=None):
     with task_errors(where, config.task_params, config.task, every_value_error=True):
         if out is not None:
             check_task_dirs_outside(config, out)
+    if out is not None:
+        refuse_ray_temp_inside(config, out, "--out")
+    with task_errors(where, config.task_params, config.task, every_value_error=True):
         return build_run(config, task)
+
+
+def refuse_ray_temp_inside(config, out, flag: str) -> None:
+    """Refuse a run that starts Ray while Ray's temporary directory is ``out`` or inside it.
+
+    Ray writes its session (logs, sockets, spilled objects) under ``RAY_TMPDIR``, else
+    ``TMPDIR`` on Linux. Thirty-eighth review of issue 15 (rundirs 5): ``TMPDIR=R simulate
+    toy.toml --engine flower --out R`` (also a comparison's or tuning's ``--out``, and
+    ``--resume R``) ran (rc 0) and left Ray's ``ray/`` session directory (276 kB of logs and
+    sockets) among the run's files, after which the directory held files that are not a run's
+    (``simulate --out R`` and a cell's ``--overwrite`` refused it). ``flag`` (``--out`` or
+    ``--resume``) is named in the :class:`UsageError`, before anything is written. A run that
+    joins a Ray cluster (``ray-address``) starts no local Ray and passes.
+    """
+    if config.engine != "flower" and not config.fast_actors:
+        return
+    if config.ray_address:
+        return
+    names = ("RAY_TMPDIR", "TMPDIR") if sys.platform.startswith("linux") else ("RAY_TMPDIR",)
+    name = next((n for n in names if os.environ.get(n)), None)
+    if name is None:
+        return
+    base, run = _real(os.path.expanduser(os.environ[name])), _real(out)
+    if base == run or run in base.parents:
+        raise UsageError(
+            f"argument {flag}: {shown(str(out))} holds {name} = {shown(os.environ[name])}, where "
+            "Ray, which this run starts, writes its session files (logs, sockets): a run's "
+            f"directory holds its own files only; set {name} to a directory outside it"
+        )
 
 
 @contextlib.contextmanager
@@ -193,6 +227,14 @@ def refuse_table_against_flags(args: argparse.Namespace, sets: dict, strategy: s
         )
 
 
+def _real(path: str | os.PathLike) -> Path:
+    """``path`` absolute, its links resolved where they can be (a loop: as written)."""
+    try:
+        return Path(path).absolute().resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symbolic-link loop (Python 3.11)
+        return Path(os.path.abspath(path))
+
+
 # -- simulate ----------------------------------------------------------------------------------
 
 
@@ -229,6 +271,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 check_flower_resources(stored_config)
             except ValueError as exc:  # (thirty-fifth review of issue 15, the lifecycle reviewer)
                 raise UsageError(f"{stored}: {exc}") from None
+            refuse_ray_temp_inside(stored_config, run_dir, "--resume")
         outcome = _resume_checked(resume, run_dir, stored, params, task, progress=not args.quiet)
     else:
         if args.config is None:

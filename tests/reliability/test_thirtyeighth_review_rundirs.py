@@ -32,15 +32,26 @@
    ``flock`` on the directory itself (``rundir._viewing_lock``), which the writer's exclusive
    one, on the same inode, refuses: rc 2 naming the holder's PID. (The test stands in for the
    mount by patching ``on_read_only_fs``.)
+5. ``TMPDIR=R simulate toy.toml --engine flower --rounds 1 --out R`` (also ``--set
+   fast-actors=1``, ``compare``/``tune`` with ``--out R``, ``RAY_TMPDIR=R/x``, ``--resume R``):
+   rc 0, and Ray's session directory ``R/ray`` (276 kB of logs and sockets) was left among the
+   run's files, after which ``R`` held files that are not a run's (``simulate --out R`` and a
+   cell's ``--overwrite`` refused it). Now rc 2 before anything is written, one line:
+   ``argument --out: 'R' holds TMPDIR = '…', where Ray, which this run starts, writes its
+   session files …; set TMPDIR to a directory outside it``
+   (``cli_runs.refuse_ray_temp_inside``, from ``build_checked_run`` and ``--resume``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
+from fedprivopt.cli_args import UsageError
+from fedprivopt.cli_runs import build_checked_run
 from fedprivopt.data.locks import LockHeldError
 from fedprivopt.simulation import rundir
 from fedprivopt.simulation.rundir import NewRunDir, check_held, lock_run_dir, reading_lock
@@ -131,3 +142,25 @@ def test_4_a_read_only_view_is_not_read_while_written(tmp_path, monkeypatch):
                 pass
     with reading_lock(run) as path:  # no writer: read
         assert path == run
+
+
+# -- finding 5: Ray's temporary directory inside --out ----------------------------------------
+
+
+@pytest.mark.parametrize("name", ["TMPDIR", "RAY_TMPDIR"])
+def test_5_ray_temp_dir_inside_out_is_refused(tmp_path, monkeypatch, name):
+    from fedprivopt.simulation.config import load_config
+
+    out = tmp_path / "R"
+    out.mkdir()
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setenv(name, str(out / "tmp"))
+    config = load_config(
+        Path(__file__).parents[2] / "simulations" / "toy.toml",
+        {"engine": "flower", "num-server-rounds": 1},
+    )
+    with pytest.raises(UsageError, match=f"holds {name} = .*set {name} to a directory outside"):
+        build_checked_run(config, out=str(out))  # returned: Ray then wrote R/tmp/ray
+    assert not any(out.iterdir())
+    monkeypatch.setenv(name, str(tmp_path / "elsewhere"))
+    build_checked_run(config, out=str(out))

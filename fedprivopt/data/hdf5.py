@@ -162,7 +162,9 @@ class _HeapChecker:
         self._f.close()
 
     def check(self, dataset: Any, what: str) -> None:
-        """Raise ``ValueError`` if reading ``dataset`` could hang or exhaust memory."""
+        """Raise ``ValueError`` if reading ``dataset`` could hang, exhaust memory or invent data."""
+        if dataset.is_virtual:
+            self._check_sources(dataset, what)
         n = int(dataset.size)
         if n * dataset.dtype.itemsize > _MAX_EXPANSION * self.file_size:
             raise _DamagedHDF5(
@@ -214,6 +216,24 @@ class _HeapChecker:
                 raise _DamagedHDF5(
                     f"{self.path}: {what}: a string of length {length} refers to heap "
                     f"object {index} at {addr} of {size} bytes (damaged HDF5 file?)"
+                )
+
+    def _check_sources(self, dataset: Any, what: str) -> None:
+        """Refuse a virtual dataset with a source file that is not there.
+
+        Thirty-eighth review of issue 15 (input 4): HDF5 reads the fill value where a virtual
+        dataset's source file is missing, so a legacy split whose ``score`` (or text) mapped a
+        file that had not been copied along read as every score 0 (every text empty), silently.
+        """
+        for source in dataset.virtual_sources():
+            name = source.file_name
+            if name == "." or "%" in name or os.environ.get("HDF5_VDS_PREFIX"):
+                continue  # this file; a name pattern; a prefix of the user's: HDF5 finds them
+            if not any(Path(p).is_file() for p in (name, self.path.parent / name)):
+                raise _DamagedHDF5(
+                    f"{self.path}: {what} is a virtual dataset whose source file {shown(name)} "
+                    "does not exist, so HDF5 would read fill values in place of its data (put "
+                    "the file back beside it, or write the data into the file)"
                 )
 
     def _collection(self, addr: int, what: str) -> np.ndarray:

@@ -23,6 +23,12 @@
    and decodes a filtered chunk whole; chunks reach 4 GiB), beyond the 1,032x expansion bound
    the module holds the values to. ``_HeapChecker.check`` now holds a chunk to the same bound
    (at least 16 MiB): ``'score' is stored in chunks of 800,000,000 bytes …`` before reading.
+4. ``HDF5Split(f).client_examples("c2")`` of a legacy HDF5 file whose ``score`` (or a text
+   feature) is a virtual dataset mapping a file that was not copied along: every score read
+   as the fill value 0 (every text ``''``), silently; HDF5 reads fill values where a source
+   file is missing. ``_HeapChecker._check_sources`` now refuses it (``'score' is a virtual
+   dataset whose source file '…/missing.h5' does not exist …``); a source that is there is
+   read as before (one pointing at ``/etc/passwd`` was refused already).
 """
 
 from __future__ import annotations
@@ -154,3 +160,31 @@ def test_3_a_chunk_far_larger_than_the_file_is_refused_before_it_is_read(tmp_pat
     with pytest.raises(ValueError, match=r"'score' is stored in chunks of 80,000,000 bytes"):
         split.client_examples("c1")  # read the whole chunk (836 MB and 6 s at 10**8 values)
 
+
+# -- finding 4: an HDF5 virtual dataset whose source file is missing ---------------------------
+
+
+def test_4_a_virtual_dataset_without_its_source_is_refused_not_filled(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from fedprivopt.data.hdf5 import HDF5Split
+
+    with h5py.File(tmp_path / "scores.h5", "w") as f:
+        f.create_dataset("d", data=np.array([3, 4]))
+    path = tmp_path / "stackoverflow_train.h5"
+    with h5py.File(path, "w") as f:
+        text = h5py.special_dtype(vlen=bytes)
+        for client in ("c1", "c2"):
+            group = f.create_group(f"examples/{client}")
+            for name in ("tokens", "title", "tags", "creation_date", "type"):
+                group.create_dataset(name, data=np.array([b"a", b"b"], dtype=object), dtype=text)
+            layout = h5py.VirtualLayout(shape=(2,), dtype="i8")
+            source = "scores.h5" if client == "c1" else str(tmp_path / "missing.h5")
+            layout[:] = h5py.VirtualSource(source, "d", shape=(2,))
+            group.create_virtual_dataset("score", layout, fillvalue=0)
+    split = HDF5Split(path)
+    assert [e.score for e in split.client_examples("c1")] == [3, 4]  # a source that is there
+    with pytest.raises(ValueError, match=r"'score' is a virtual dataset whose source file .*"
+                       r"missing.h5' does not exist"):  # fmt: skip
+        split.client_examples("c2")  # was [0, 0]: the fill value, silently

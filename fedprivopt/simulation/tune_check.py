@@ -271,6 +271,7 @@ def check_tuning(path: str | Path) -> TunedCheck:
         Naming the file whose content disagrees, or the directory when it is no finished
         tuning or released no trial.
     """
+    from fedprivopt.data.locks import LockHeldError
     from fedprivopt.simulation.audit import audit_run_dir
     from fedprivopt.simulation.rundata import load_run
     from fedprivopt.simulation.rundir import reading_lock
@@ -335,17 +336,24 @@ def check_tuning(path: str | Path) -> TunedCheck:
             return builder.build(builder.config({**entry["hyperparameters"],
                                                  "seed": entry["seed"]}))[0]  # fmt: skip
 
+        # the released trial's own checks first: thirty-eighth review of issue 15 (reports,
+        # finding 2): a data directory holding other data (or a task module edited) failed
+        # every trial, and the refusal said "its runs select none ...; the tuning's files were
+        # edited", not what changed
+        try:
+            with reading_lock(best_dir):
+                task, _ = builder.build(builder.config({}))
+                try:
+                    state = audit_run_dir(best_dir, task, engine=False)
+                except ValueError as exc:
+                    raise ValueError(f"{best_dir}: {exc}") from None
+                why = state.unfinished()
+                if why is not None:
+                    raise ValueError(f"{best_dir}: the released trial is not finished ({why})")
+                run = load_run(best_dir)
+        except LockHeldError as exc:  # running now (as tune_best._score says it)
+            raise ValueError(f"{best_dir}: {exc}; try again once it has finished") from None
         check_best(path, best_dir.name, recompute_best(path, plan, task_of))
-        with reading_lock(best_dir):
-            task, _ = builder.build(builder.config({}))
-            try:
-                state = audit_run_dir(best_dir, task, engine=False)
-            except ValueError as exc:
-                raise ValueError(f"{best_dir}: {exc}") from None
-            why = state.unfinished()
-            if why is not None:
-                raise ValueError(f"{best_dir}: the released trial is not finished ({why})")
-            run = load_run(best_dir)
     candidates = [stated_eps]
     candidates.append(math.inf if ledger is None else tuning_epsilon(ledger, delta, trials, orders))
     if stated_ledger is not None:

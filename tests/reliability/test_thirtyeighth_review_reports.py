@@ -10,6 +10,15 @@
    and once when it was resumed, where ``simulate --resume`` says it once. ``compare-tuned``
    said it of an unfinished trial, which it redoes nothing of. The checks hold the note back
    (``cell_plans.quiet_resume_notes``); the resume says it, once.
+2. ``tune`` of a task by reference (or on a StackOverflow data directory), then the task's
+   module edited (or another dataset put at the same ``data-dir``), then ``compare-tuned T``:
+   rc 2, rightly, but the line said ``T/summary.json: its best trial 'trial-001' is not the one
+   its runs select (none, by the tuning's metric and rule); the tuning's files were edited``:
+   every trial failed its checks (the task's code, or data, changed) and counted as a lost
+   trial, and the user was sent looking for edits of files nobody touched. The released
+   trial's own checks come first now: ``T/runs/trial-001: ... the task's code changed since
+   the run started ...`` (``task-params.data-dir holds other data than the run was started
+   on ...``), as ``--resume`` and ``compare`` say it.
 """
 
 from __future__ import annotations
@@ -63,3 +72,39 @@ def test_1_a_resumed_secure_cell_notes_its_redone_rounds_once(tmp_path, monkeypa
     notes = [r.getMessage() for r in caplog.records if "stay accounted" in r.getMessage()]
     assert len(notes) == 1, notes  # twice: planned, then resumed
     assert RunLedger.read(cell).last_round == 5
+
+
+# -- finding 2: compare-tuned names what changed under a tuning, not "files were edited" --------
+
+TASK_MODULE = """
+from fedprivopt.models.toy import ToyClassificationTask
+
+SEED = 1
+
+
+class R38Task(ToyClassificationTask):
+    def __init__(self, **kw):
+        kw["seed"] = SEED
+        super().__init__(**kw)
+"""
+
+
+def test_2_compare_tuned_names_the_changed_task_not_edited_files(tmp_path, monkeypatch, capsys):
+    import sys
+
+    module = tmp_path / "r38_reports_task.py"
+    module.write_text(TASK_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "r38_reports_task", raising=False)
+    tuning = tmp_path / "t"
+    argv = ["tune", str(PRESET), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+            "--rounds", "1", "--seed", "1", "--out", str(tuning), "--quiet",
+            "--set", 'task="r38_reports_task:R38Task"', *SMALL]  # fmt: skip
+    assert main(argv) == 0
+    module.write_text(TASK_MODULE.replace("SEED = 1", "SEED = 2"))
+    capsys.readouterr()
+    assert main(["compare-tuned", str(tuning), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "the task's code changed since the run started" in err, err  # "files were edited"
+    assert "trial-001" in err and "were edited" not in err, err

@@ -110,7 +110,9 @@ def flatten(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FlatSpec]:
     -------
     flat : torch.Tensor
         1-D tensor on the device of the first entry, with dtype the promotion of all entries
-        (``float32`` at least, so integer buffers survive a round trip).
+        (``float32`` at least, so integer buffers survive a round trip while their values are
+        exact in it: up to ``2^24`` in float32; ``2^24 + 1`` and ``2^40 + 1`` come back as
+        ``2^24`` and ``2^40``).
     spec : FlatSpec
         What :func:`unflatten` needs to restore ``state``.
     """

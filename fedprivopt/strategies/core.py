@@ -342,7 +342,9 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
 
         Called after the cohort's updates were aggregated (a streamed cohort is trained as it
         is summed). Users trained after such a change started from a point that holds other
-        users' training (thirty-eighth review of issue 15, api 1), so the cohort's noised sum is
+        users' training (thirty-eighth review of issue 15, api 1; from the command line a task
+        whose own cohort_trainer trained on its global_flat in place released its cohort's
+        unnoised sum in the model, rc 0, and now ends rc 2 with this line), so the noised sum is
         not used: nothing of it was released, and the round may run again (``stream``: the
         stream :meth:`aggregate` summed it under, whose mark of a computed sum is removed).
         """
@@ -352,9 +354,9 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         self._aggregated.discard((request.round_num, stream))
         where = "" if request.stream == "train" else f" ({request.stream})"
         raise ValueError(
-            f"round {request.round_num}{where}: the train callback changed request.{changed} in "
-            "place (a model whose parameters are views of it, torch.nn.utils."
-            "vector_to_parameters, trains it): a user trained "
+            f"round {request.round_num}{where}: the train callback (or the task's cohort_trainer) "
+            f"changed request.{changed} in place (a model whose parameters are views of it, "
+            "torch.nn.utils.vector_to_parameters, trains it): a user trained "
             "after that started from other users' training; copy it before training on it "
             "(request.params.clone()); nothing of the cohort was released"
         )

@@ -10,7 +10,10 @@
    likewise. A :class:`TrainRequest` now holds copies, and ``run_round`` refuses a cohort whose
    copies were changed (``ServerAlgorithm.refuse_changed_request``: ``round 1: the train
    callback changed request.params in place ...``) after summing it and before anything of it
-   is released; the algorithm's model is untouched and the round may run again.
+   is released; the algorithm's model is untouched and the round may run again. From the
+   command line: a task whose own ``cohort_trainer`` trained on its ``global_flat`` in place
+   (``simulate toy.toml --set task=mutask:make``) ended rc 0 with the cohort's unnoised sum in
+   the released model; now rc 2 with that line.
 2. ``ServerAlgorithm.load_state_dict`` of a state at round 3 whose ``accountant`` is another
    one's: a fresh algorithm's (a state assembled from a new algorithm's ``state_dict()`` with
    the model and round of a run), or that of a run of ``noise-multiplier = 5`` beside this
@@ -50,6 +53,9 @@ import pytest
 import torch
 
 from fedprivopt import optim
+from fedprivopt.clients import LocalTrainer
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 
@@ -93,7 +99,7 @@ def _in_place(request):
 @pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp", "dp2", "dp-fedadam"])
 def test_1_a_callback_training_on_request_params_in_place_is_refused(strategy):
     alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
-    with pytest.raises(ValueError, match=r"round 1: the train callback changed request.params"):
+    with pytest.raises(ValueError, match=r"round 1: the train callback .* changed request.params"):
         drive_round(alg, 1, _in_place)  # released a model of about 100 (the training)
     assert torch.equal(alg.params, torch.zeros(4))
     assert alg.round_num == 0 and alg.accountant.num_events == 0
@@ -127,6 +133,41 @@ def test_1_a_callback_changing_the_side_information_is_refused():
     assert drive_round(alg, 1, _train).round_num == 1
 
 
+class _Batch:
+    """A cohort trainer's chunk of dense updates (what ``train_batches`` yields)."""
+
+    def __init__(self, pairs):
+        self.pairs, self.users, self.norms = pairs, [u for u, _ in pairs], [0.0] * len(pairs)
+
+    def split(self):
+        return self.pairs
+
+
+class _InPlaceCohort:
+    """A task's own cohort trainer that goes on from each user's trained model, in place."""
+
+    def __init__(self, task):
+        self.local = LocalTrainer(task, device="cpu")
+
+    def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
+        for user in users:
+            keys = {"round_num": round_num, "config": config, "rngs": rngs, "stream": stream}
+            result = self.local.train(params, user_id=user, preconditioner=preconditioner, **keys)
+            params.add_(result.delta)
+            yield _Batch([(user, result.delta)])
+
+
+def test_1_a_cohort_trainer_training_on_its_global_model_in_place_is_refused():
+    task = build_task("toy", num_users=40)
+    task.cohort_trainer = lambda device, chunk_users: _InPlaceCohort(task)
+    init = initial_flat(task)
+    alg = build_algorithm(_config(**{"local-learning-rate": 0.5}), init)
+    train = make_cohort_train(task, device="cpu")  # the fast engine's, in process
+    with pytest.raises(ValueError, match=r"the train callback \(or the task's cohort_trainer\)"):
+        drive_round(alg, 1, train)  # released the cohort's unnoised sum in the model, rc 0
+    assert torch.equal(alg.params, init) and alg.accountant.num_events == 0
+
+
 def test_1_an_adadp_second_cohort_changing_its_point_is_refused_and_not_run_again():
     alg = build_algorithm(_config(strategy="dp-fedavg-adadp"), torch.zeros(4))
 
@@ -135,7 +176,7 @@ def test_1_an_adadp_second_cohort_changing_its_point_is_refused_and_not_run_agai
             request.params.add_(100.0)
         return _train(request)
 
-    with pytest.raises(ValueError, match=r"round 1 \(train-2\): the train callback changed"):
+    with pytest.raises(ValueError, match=r"round 1 \(train-2\): the train callback .* changed"):
         drive_round(alg, 1, train)
     assert alg.round_num == 0 and torch.equal(alg.params, torch.zeros(4))
     # cohort 1's noised sum left with the half-step point: the round is not run again

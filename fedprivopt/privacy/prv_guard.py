@@ -42,10 +42,13 @@ __all__ = [
 # number of compositions, δe = δ/1000), where L comes from an RDP bound
 # (``compute_safe_domain_size``); each discretization evaluates the PRV's CDF on the whole domain
 # and is then self-composed by an FFT of the same length. Peak traced memory measured with
-# tracemalloc is 67-68 bytes per domain point (six settings, 2.8e4 to 7.5e6 points).
+# tracemalloc is 67-68 bytes per domain point (six settings, 2.8e4 to 7.5e6 points), but
+# tracemalloc does not see all of it: the peak resident memory of the process grows by 176-184
+# bytes a point from about 1.5e6 points (thirty-eighth review of issue 15: 1.25 GB more at the
+# old limit of 7.46e6 points, where the guard said 512 MiB; 67 bytes a point below 1e6).
 PRV_MAX_BYTES = 512 * 2**20
 """Largest estimated peak memory (bytes) of one PRV computation; larger ledgers are refused."""
-_PRV_BYTES = 72  # per domain point per distinct event (measured 67-68)
+_PRV_BYTES = 200  # per domain point per distinct event (peak resident memory: 176-184 measured)
 
 
 class PRVDomainTooLargeError(ValueError):

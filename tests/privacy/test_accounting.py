@@ -485,7 +485,9 @@ def test_prv_guard_estimate_bounds_the_measured_peak():
     finally:
         tracemalloc.stop()
     estimate = prv_guard._PRV_BYTES * points
-    assert 0.5 * estimate <= peak <= estimate
+    # tracemalloc sees about a third of the peak resident memory the estimate bounds (thirty-
+    # eighth review of issue 15: 67 of 176-184 bytes a point; its test measures the rest)
+    assert 0.25 * estimate <= peak <= estimate
 
 
 def test_prv_limit_is_the_module_constant(monkeypatch):

@@ -245,7 +245,10 @@ def pld_epsilon(ledger: Ledger, delta: float, h: float) -> float:
         single = _single_pld(event, h)
         _check_self_compose(event, h, count)
         composed = _dense_for(single, count).self_compose(count)
-        size += max(pmf.size for pmf in _pmfs(composed))
+        # composing PMFs of a and b points gives a + b - 1 (thirty-eighth review of issue 15:
+        # a + b refused the identity's composition with a PMF of exactly the limit, which
+        # check_pld_ledger, the check at a run's start, had accepted: the run's last ε refused)
+        size += max(pmf.size for pmf in _pmfs(composed)) - 1
         if size * _PLD_FFT_BYTES > PLD_MAX_BYTES:
             what = f"the composition with the {len(ledger)} distinct events of the ledger"
             _refuse(event, what, size, size * _PLD_FFT_BYTES, h)

@@ -169,6 +169,18 @@ def _unreadable(path: Path, exc: Exception) -> ValueError:
     return ValueError(f"{path}: unreadable SQLite database: {exc}{hint}")
 
 
+_WARNED: set[str] = set()  # the files this process warned about (no index)
+
+
+def _first_warning(path: Path) -> bool:
+    """Whether this process has not yet warned about ``path`` (and will now)."""
+    key = str(path.resolve())
+    if key in _WARNED:
+        return False
+    _WARNED.add(key)
+    return True
+
+
 def _connect(path: Path, *, readonly: bool = True) -> sqlite3.Connection:
     uri = path.resolve().as_uri() + ("?mode=ro" if readonly else "")
     return sqlite3.connect(uri, uri=True, check_same_thread=False)
@@ -374,7 +386,10 @@ class SQLiteSplit(ClientSplit):
             if first is None:
                 raise ValueError(f"{self.path}: the examples table is empty")
             self._decode(_bounded(first, self.path, "<first row>", self.split, 0), "<first row>", 0)
-        if warn_unindexed and not self.indexed:
+        # thirty-eighth review of issue 15 (input 5): a task opens a file's splits one by one,
+        # and `simulate` of TFF's file decompressed with xz -dk (the advice of `data info`)
+        # printed this warning three times, six lines with our source lines; once a file now
+        if warn_unindexed and not self.indexed and _first_warning(self.path):
             warnings.warn(
                 f"{self.path}: table 'examples' has no index on (split_name, client_id); every "
                 "client read scans the whole table (minutes per client on the full dataset). "

@@ -29,6 +29,12 @@
    file is missing. ``_HeapChecker._check_sources`` now refuses it (``'score' is a virtual
    dataset whose source file '…/missing.h5' does not exist …``); a source that is there is
    read as before (one pointing at ``/etc/passwd`` was refused already).
+5. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=D --set
+   task-params.synthetic=false`` where ``D/stackoverflow.sqlite`` has no client index (TFF's
+   file decompressed with ``xz -dk``, as ``data info`` advises): rc 0 after the same
+   ``RuntimeWarning`` three times, six lines on stderr, each with a source line of ours
+   (``  train = SQLiteSplit(self.data_dir / SQLITE_FILE, "train")``): the task opens the
+   file's splits one by one. ``SQLiteSplit`` now warns once a file in a process.
 """
 
 from __future__ import annotations
@@ -188,3 +194,22 @@ def test_4_a_virtual_dataset_without_its_source_is_refused_not_filled(tmp_path):
     with pytest.raises(ValueError, match=r"'score' is a virtual dataset whose source file .*"
                        r"missing.h5' does not exist"):  # fmt: skip
         split.client_examples("c2")  # was [0, 0]: the fill value, silently
+
+
+# -- finding 5: the warning of a database without an index, once a file -----------------------
+
+
+def test_5_an_unindexed_database_is_warned_about_once(tmp_path):
+    import warnings
+
+    from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
+
+    rows = [(split, f"c{i}", b"x") for split in ("train", "test") for i in range(3)]
+    meta = [(f"c{i}", split, 1) for split in ("train", "test") for i in range(3)]
+    db = write_sqlite(tmp_path / "stackoverflow.sqlite", rows, meta, index=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for split in ("train", "test", "test"):  # as a task opens them (three warnings)
+            SQLiteSplit(db, split, validate=False)
+    shown = [w for w in caught if "has no index on (split_name, client_id)" in str(w.message)]
+    assert len(shown) == 1

@@ -371,9 +371,11 @@ class NoisyCountAggregator:
 
 def _scalar(report: object) -> float | None:
     """The one finite float a report holds (a number or a one-element float array), or ``None``."""
-    if isinstance(report, bool):
+    if isinstance(report, (bool, np.bool_)):
         return None
-    if isinstance(report, (int, float)):
+    if isinstance(report, (int, float, np.integer, np.floating)):
+        # thirty-eighth review of issue 15: a NumPy scalar bit (np.float32(1.0), np.int64(0)),
+        # which count_share takes, was rejected as not a number and its update left out
         value = float(report)
     elif isinstance(report, np.ndarray):
         if tuple(report.shape) not in ((), (1,)) or report.dtype.kind != "f":

@@ -44,6 +44,11 @@
    the aggregator had its own correction). ``clip_factor(..., numel=n)`` now aims at
    ``C·(1 − 2·norm_error_bound(n))`` (the aggregator calls it so, the same bits), and the
    docstring says a norm is taken as exact without ``numel``.
+8. ``NoisyCountAggregator.aggregate`` (adaptive clipping's count; ``AdaptiveClipping.screen``
+   leaves a reply out of the sum when its bit fails the same check) of bits ``np.float32(1.0)``,
+   ``np.int64(0)``, ``np.float16(1.0)``, which ``count_share`` takes: each rejected as "clip bit
+   must be one finite number", and in a strategy its update left out. NumPy real scalars are
+   now read as numbers; bools are still refused.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -243,3 +249,17 @@ def test_7_clip_factor_with_numel_keeps_a_float64_vector_within_c():
     factor = clip_factor(l2_norm(v), 1.0, torch.float64, numel=n)
     assert _exact_sq_minus(v * factor, 1.0) <= 0  # was 1 + 4e-14 (no way to cover it)
     assert clip_factor(0.5, 1.0, numel=4) == 1.0 and clip_factor(2.0, 1.0) == 0.5 * (1 - 2**-21)
+
+
+# -- finding 8: a NumPy scalar clip bit is counted --------------------------------------------
+
+
+def test_8_a_numpy_scalar_clip_bit_is_counted():
+    from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
+
+    counter = NoisyCountAggregator(count_stddev=1.0, expected_cohort_size=4.0)
+    reports = [(0, np.float32(1.0)), (1, np.int64(0)), (2, np.float16(1.0)), (3, 1.0)]
+    out = counter.aggregate(reports, generator=torch.Generator().manual_seed(0))
+    assert out.counted == 4 and not out.rejected  # 3 were 'clip bit must be one finite number'
+    bad = counter.aggregate([(0, np.bool_(True)), (1, True)], generator=torch.Generator())
+    assert sorted(bad.rejected) == [0, 1]  # a bool is not a bit the wire sends, as before

@@ -93,6 +93,7 @@ __all__ = [
     "check_out",
     "check_timeout",
     "deploy_local",
+    "forget_private_keys",
     "stage_app",
 ]
 
@@ -325,6 +326,28 @@ def deploy_local(
     return out_dir
 
 
+def forget_private_keys(files: Any, keys: list[Any]) -> list[Path]:
+    """Remove the deployment's private keys from disk once every process holding one has read it.
+
+    The SuperLink loads its TLS key when it starts (before its port opens), each SuperNode its
+    TLS key and its authentication key before it is online; nothing reads them later (the
+    SuperExecs, the ServerApp and the ClientApps connect with the CA's certificate only). Kept
+    on disk for the whole deployment, they stayed behind when the deployment and its watchdog
+    were killed together (thirty-eighth review of issue 15, signals 2: ``pkill -9 -f
+    fedprivopt``, whose pattern the watchdog's command line matches too, left ``server.key`` and
+    every node's key in ``<tmp>/fedprivopt-deploy-*`` until the next ``deploy local``). Only the
+    certificates are left there now. Returns the paths removed.
+    """
+    paths = [] if files is None else [Path(files.server_key)]
+    paths += [Path(key.private_key) for key in keys]
+    removed = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def _tls_days(deadline: float) -> int:
     """Days the deployment's certificates are valid: to ``deadline`` (monotonic) and a day more.
 
@@ -393,6 +416,7 @@ def _run(
         dep.procs.start("supernode", argv, f"supernode-{i}")
     dep.say(f"started {nodes} SuperNodes; waiting until they are online")
     wait_nodes(dep, nodes, deadline, log_start=link_log)
+    forget_private_keys(files, keys)
 
     dep.say("submitting the run (flwr run)")
     started = dep.flwr("run", str(staged), CONNECTION, "--run-config", str(run_config))

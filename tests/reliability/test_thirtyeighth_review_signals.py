@@ -11,6 +11,15 @@
    Ray head was lost (``cluster_watch.end_run``). Now a process that ends at once while a bar
    is shown on a terminal first ends the bar's line and shows the cursor again
    (``core.progress.bars_abandoned``, called by ``end_now`` and ``end_run``).
+2. ``deploy local toy.toml --nodes 2`` (TLS and node authentication, the defaults), then
+   ``pkill -9 -f fedprivopt`` (or the out-of-memory killer, a job scheduler's kill of the whole
+   job): the watchdog's command line (``python -I -S .../fedprivopt/simulation/watchdog.py``)
+   matches the pattern too, so both died at once and the SuperLink's TLS key and every
+   SuperNode's authentication key stayed in ``<tmp>/fedprivopt-deploy-*`` until the next
+   ``deploy local`` (they were on disk for the whole deployment, up to ``--timeout``'s 30 days).
+   Every process that holds a private key has read it once its SuperNodes are online; the keys
+   are then removed from disk (``deploy.local.forget_private_keys``): only the certificates stay
+   while the rounds run. Checked on a real deployment: rounds ran to the end with the keys gone.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +142,57 @@ def test_1_no_bar_no_control_sequence():
     assert code == 130
     assert _plain(out).replace(b"\r", b"") == b"fedprivopt: interrupted twice; ended at once\n"
     assert SHOW not in out
+
+
+# -- finding 2: the private keys leave the disk once the SuperNodes are online -----------------
+
+
+class _Procs:
+    def start(self, role, argv, log_name):
+        return None
+
+
+class _Deployment:
+    """What ``deploy.local._run`` uses of a deployment, with no process started."""
+
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.flwr_home = workdir / "flwr-home"
+        self.procs = _Procs()
+
+    def say(self, text):
+        pass
+
+    def log_end(self, name):
+        return 0
+
+    def flwr(self, *args, timeout=120.0):
+        return {"success": True, "run-id": 7}
+
+
+class _Online(Exception):
+    """Raised where the rounds would begin: the files the deployment keeps then."""
+
+
+def test_2_private_keys_removed_once_the_nodes_are_online(tmp_path, monkeypatch):
+    import fedprivopt.deploy.local as local
+
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    monkeypatch.setattr(local, "stage_app", lambda src, dst: Path(dst))
+    monkeypatch.setattr(local, "wait_port", lambda dep, port, deadline: None)
+    monkeypatch.setattr(local, "wait_nodes", lambda dep, n, deadline, log_start=0: None)
+    seen = {}
+
+    def follow(dep, out, run_id, deadline):
+        seen["left"] = sorted(p.name for p in workdir.rglob("*") if p.is_file())
+        raise _Online
+
+    monkeypatch.setattr(local, "follow", follow)
+    with pytest.raises(_Online):
+        local._run(_Deployment(workdir), 2, True, True, tmp_path, {}, tmp_path / "out",
+                   time.monotonic() + 60)  # fmt: skip
+    left = seen["left"]
+    assert "ca.pem" in left and "server.pem" in left and "node-0.pub" in left
+    assert "server.key" not in left, left  # there for the whole deployment
+    assert "node-0" not in left and "node-1" not in left, left

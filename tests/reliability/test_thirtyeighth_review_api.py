@@ -158,10 +158,10 @@ class _InPlaceCohort:
 
 
 def test_1_a_cohort_trainer_training_on_its_global_model_in_place_is_refused():
-    task = build_task("toy", num_users=40)
+    task = build_task("toy", num_users=6)
     task.cohort_trainer = lambda device, chunk_users: _InPlaceCohort(task)
     init = initial_flat(task)
-    alg = build_algorithm(_config(**{"local-learning-rate": 0.5}), init)
+    alg = build_algorithm(_config(population=6, **{"clients-per-round": 3}), init)
     train = make_cohort_train(task, device="cpu")  # the fast engine's, in process
     with pytest.raises(ValueError, match=r"the train callback \(or the task's cohort_trainer\)"):
         drive_round(alg, 1, train)  # released the cohort's unnoised sum in the model, rc 0

@@ -19,10 +19,19 @@
    trial's own checks come first now: ``T/runs/trial-001: ... the task's code changed since
    the run started ...`` (``task-params.data-dir holds other data than the run was started
    on ...``), as ``--resume`` and ``compare`` say it.
+3. ``compare toy.toml --strategies dp-fedavg --tune-grid server-learning-rate=0.5,1
+   --mean-trials 1 --seeds 2 --rounds 5 --set checkpoint-every=2 --set secure=true``, the first
+   tuning's trial killed after round 3's ledger line (its checkpoint of round 2), then the same
+   command: the resumed secure trial is charged its redone round (6 events: one run 18.81,
+   the tuning 25.05; the other tuning 17.27 and 22.48). ``summary.csv``'s row said
+   ``epsilon`` 25.05 (the costliest tuning's) beside ``epsilon_single_run`` 17.27, the last
+   tuning's, under what the row's runs spent. It is the costliest tuning's one run now (18.81),
+   as ``epsilon`` is.
 """
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 from fedprivopt.cli import main
@@ -56,7 +65,7 @@ def _killed_after_round(monkeypatch, stop: int) -> None:
 
 def test_1_a_resumed_secure_cell_notes_its_redone_rounds_once(tmp_path, monkeypatch, caplog):
     out = tmp_path / "cmp"
-    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--rounds", "5", "--set",
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--rounds", "3", "--set",
             "checkpoint-every=2", "--set", "secure=true", "--out", str(out), "--quiet",
             *SMALL]  # fmt: skip
     with monkeypatch.context() as patch:
@@ -71,7 +80,7 @@ def test_1_a_resumed_secure_cell_notes_its_redone_rounds_once(tmp_path, monkeypa
     assert main(argv) == 0
     notes = [r.getMessage() for r in caplog.records if "stay accounted" in r.getMessage()]
     assert len(notes) == 1, notes  # twice: planned, then resumed
-    assert RunLedger.read(cell).last_round == 5
+    assert sum(count for _, count in RunLedger.read(cell).total()) == 4  # round 3 charged twice
 
 
 # -- finding 2: compare-tuned names what changed under a tuning, not "files were edited" --------
@@ -108,3 +117,29 @@ def test_2_compare_tuned_names_the_changed_task_not_edited_files(tmp_path, monke
     assert len(err.strip().splitlines()) == 1, err
     assert "the task's code changed since the run started" in err, err  # "files were edited"
     assert "trial-001" in err and "were edited" not in err, err
+
+
+# -- finding 3: a tuned row's epsilon_single_run is its costliest tuning's ----------------------
+
+
+def test_3_a_tuned_rows_single_run_epsilon_is_its_costliest_tunings(tmp_path, monkeypatch):
+    import json
+
+    out = tmp_path / "cmp"
+    argv = ["compare", str(PRESET), "--strategies", "dp-fedavg", "--tune-grid",
+            "server-learning-rate=0.5,1", "--mean-trials", "1", "--seeds", "2", "--rounds", "3",
+            "--set", "checkpoint-every=2", "--set", "secure=true", "--out", str(out), "--quiet",
+            *SMALL]  # fmt: skip
+    with monkeypatch.context() as patch:
+        _killed_after_round(patch, 3)  # the first tuning's trial
+        try:
+            main(argv)
+        except _Killed:
+            pass
+    assert main(argv) == 0
+    single = {c.name: json.loads((c / "summary.json").read_text())["epsilon_single_run"]
+              for c in (out / "tune").iterdir()}  # fmt: skip
+    assert single["dp-fedavg__sigma0.5__seed0"] > single["dp-fedavg__sigma0.5__seed1"]  # redone
+    with open(out / "summary.csv", newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert float(row["epsilon_single_run"]) == max(single.values())  # was the last tuning's

@@ -112,6 +112,15 @@ def selection_note(selection: Mapping[str, Any] | None) -> str:
             "the private population; if they are, the selection is not covered by epsilon."
         )
     k, n = selection["private"], selection["evaluated"]
+    if n == 0:
+        # thirty-eighth review of issue 15 (reports, finding 4): "None of the task's 0
+        # evaluation users is in the private population (checked by client id)" of the toy
+        # task, whose test set belongs to no user: no id was checked, and "0 evaluation users"
+        # read as if the selection had evaluated nothing
+        return (
+            "Selection: covered. The task's evaluation data belongs to no user (the task draws "
+            "it apart from every user), so the selection reads no private user's data."
+        )
     if k == 0:
         return (
             f"Selection: covered. None of the task's {n} evaluation users is in the private "

@@ -27,6 +27,12 @@
    ``epsilon`` 25.05 (the costliest tuning's) beside ``epsilon_single_run`` 17.27, the last
    tuning's, under what the row's runs spent. It is the costliest tuning's one run now (18.81),
    as ``epsilon`` is.
+4. ``tune toy.toml ...``: ``summary.json``, ``report.md`` (and ``compare-tuned``'s notes) said
+   ``Selection: covered. None of the task's 0 evaluation users is in the private population
+   (checked by client id)``: the toy task's test set belongs to no user (its
+   ``private_evaluation_users()`` is ``(0, 0)``), so no id was checked, and "0 evaluation users"
+   read as if the selection had evaluated nothing. Now: ``Selection: covered. The task's
+   evaluation data belongs to no user ...`` (``tune_notes.selection_note``).
 """
 
 from __future__ import annotations
@@ -143,3 +149,16 @@ def test_3_a_tuned_rows_single_run_epsilon_is_its_costliest_tunings(tmp_path, mo
     with open(out / "summary.csv", newline="") as fh:
         (row,) = list(csv.DictReader(fh))
     assert float(row["epsilon_single_run"]) == max(single.values())  # was the last tuning's
+
+
+# -- finding 4: the selection note of a task whose evaluation data belongs to no user ----------
+
+
+def test_4_the_selection_note_of_a_task_evaluated_on_no_user():
+    from fedprivopt.simulation.tune_notes import selection_note
+
+    note = selection_note({"private": 0, "evaluated": 0})  # the toy task's
+    assert note.startswith("Selection: covered.") and "0 evaluation users" not in note
+    assert "belongs to no user" in note and "checked by client id" not in note
+    note = selection_note({"private": 0, "evaluated": 100})  # a task that checked 100 ids
+    assert "None of the task's 100 evaluation users" in note and "checked by client id" in note

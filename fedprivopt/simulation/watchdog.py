@@ -198,9 +198,10 @@ class Watchdog:
 
     Notes
     -----
-    The watchdog runs in its own session (a signal to this process group does not reach it)
-    and reads a pipe whose write end only this process holds (file descriptors are not
-    inherited across ``exec``). End of file on that pipe means this process has ended or called
+    The watchdog runs in its own session (a signal to this process group does not reach it),
+    ignores SIGINT, SIGHUP and SIGTERM (``pkill -f fedprivopt`` names it too) and reads a pipe
+    whose write end only this process holds (file descriptors are not inherited across
+    ``exec``). End of file on that pipe means this process has ended or called
     :meth:`close`; the watchdog then stops what it watches (SIGTERM, 3 s, SIGKILL, each by PID)
     and removes ``paths``. A child forked without ``exec`` keeps the pipe open, and so delays the
     cleanup until it exits too. Processes are found in ``/proc`` (Linux); elsewhere only
@@ -275,7 +276,11 @@ def _watchdog_main() -> int:  # pragma: no cover - runs as its own process
     """
     import select
 
-    for sig in (signal.SIGINT, signal.SIGHUP):
+    # SIGTERM too (thirty-eighth review of issue 15, signals 3): ``pkill -f fedprivopt`` matches
+    # this program's command line; it died at once while its parent stopped, and what the
+    # parent's own stop left (Ray's agents and workers, 60 s) had no one to stop it. It ends
+    # anyway once its parent is gone; SIGKILL still ends it at once
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     fd = sys.stdin.fileno()
     data = b""

@@ -20,6 +20,13 @@
    Every process that holds a private key has read it once its SuperNodes are online; the keys
    are then removed from disk (``deploy.local.forget_private_keys``): only the certificates stay
    while the rounds run. Checked on a real deployment: rounds ran to the end with the keys gone.
+3. ``simulate toy.toml --engine flower --rounds 60`` after its first checkpoint, then SIGTERM at
+   once to every process whose command line names the installation (``pkill -f fedprivopt``
+   where the clone is called so: the command, its watchdog, Ray's GCS, raylet and dashboard):
+   143 with the one line after 10 s, but Ray's dashboard and runtime-env agents and both
+   ClientApp actors still ran 10 s later (gone within 60 s): the watchdog, which stops what the
+   run's own stop leaves, had died at once of the SIGTERM. The watchdog now ignores SIGTERM as
+   it ignores SIGINT and SIGHUP (it ends once its parent has; SIGKILL still ends it).
 """
 
 from __future__ import annotations
@@ -196,3 +203,31 @@ def test_2_private_keys_removed_once_the_nodes_are_online(tmp_path, monkeypatch)
     assert "ca.pem" in left and "server.pem" in left and "node-0.pub" in left
     assert "server.key" not in left, left  # there for the whole deployment
     assert "node-0" not in left and "node-1" not in left, left
+
+
+# -- finding 3: the watchdog outlives a SIGTERM meant for the run ------------------------------
+
+
+def test_3_watchdog_survives_sigterm_and_still_stops_the_run_s_processes():
+    import signal
+
+    from fedprivopt.simulation.watchdog import Watchdog, pid_alive
+
+    watchdog = Watchdog(tree=True, interval=0.05)
+    child = None
+    try:
+        time.sleep(0.05)  # a clock tick after the watchdog: the child is the run's
+        child = subprocess.Popen(["sleep", "60"])
+        time.sleep(0.5)  # recorded as a descendant
+        os.kill(watchdog.pid, signal.SIGTERM)  # pkill -f fedprivopt: its command line matches
+        time.sleep(0.3)
+        assert pid_alive(watchdog.pid), "the watchdog died of SIGTERM"
+        watchdog.close()  # the run ends: the watchdog stops what is left
+        assert child.wait(timeout=10) is not None
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        if watchdog.pid is not None and pid_alive(watchdog.pid):
+            os.kill(watchdog.pid, signal.SIGKILL)
+        watchdog.close()

@@ -1,7 +1,9 @@
 """The private working directory of a local deployment, and removing those of killed ones.
 
 A deployment keeps its CA, the SuperLink's key, the SuperNodes' keys, Flower's home and the
-staged app in ``<tmp>/fedprivopt-deploy-*`` (mode 0700) and removes it when it ends. If it is
+staged app in ``<tmp>/fedprivopt-deploy-*`` (mode 0700) and removes it when it ends; the private
+keys leave it as soon as the SuperNodes are online
+(:func:`~fedprivopt.deploy.local.forget_private_keys`). If it is
 killed (SIGKILL), its watchdog (:class:`~fedprivopt.simulation.watchdog.Watchdog`) removes it; if
 the watchdog is killed too, the next deployment removes it: the directory names its owner
 (``owner.json``: PID, start time and PID namespace), and one whose owner no longer runs is stale.

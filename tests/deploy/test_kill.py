@@ -106,7 +106,8 @@ class Deployment:
         """Wait until the SuperNode runs with its key; returns the (new) working directory."""
 
         def mine() -> list[Path]:
-            keyed = [d for d in self.workdirs() if (d / "node-keys" / "node-0").exists()]
+            # the public key: the private one leaves the disk once the node is online
+            keyed = [d for d in self.workdirs() if (d / "node-keys" / "node-0.pub").exists()]
             return [d for d in keyed if d != earlier]
 
         def ready() -> bool:
@@ -137,7 +138,7 @@ def test_sigkill_of_deploy_local_leaves_no_keys_and_no_process(tmp_path):
     dep = Deployment(tmp_path, "killed")
     try:
         workdir = dep.wait_for_nodes()
-        assert (workdir / "tls" / "server.key").exists()
+        assert (workdir / "tls" / "ca.pem").exists()  # server.key goes once the node is online
         assert any("flower-supernode" in cmdline(p) for p in dep.processes())
         dep.proc.kill()  # SIGKILL: no handler runs in the parent
         dep.proc.wait(timeout=30)
@@ -179,7 +180,7 @@ def test_the_next_deployment_removes_what_a_killed_one_left(tmp_path):
         first.proc.wait(timeout=30)
         mine = {p: running[p] for p in direct if p not in watchdogs}
         wait_until(lambda: not alive(mine), 5, first.left)  # PR_SET_PDEATHSIG: SIGKILL
-        assert old.exists() and (old / "tls" / "server.key").exists()  # left behind
+        assert old.exists() and (old / "tls" / "ca.pem").exists()  # left behind
 
         second = Deployment(tmp_path, "second")
         try:

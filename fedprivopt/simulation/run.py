@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from fedprivopt.core.logs import quiet_flower
+from fedprivopt.data.token_cache import CACHE_DIR
 from fedprivopt.models import build_task
 from fedprivopt.models.registry import is_reference
 from fedprivopt.models.side_information_config import build_side_information
@@ -374,19 +375,35 @@ def check_task_dirs_outside(config: RunConfig, out_dir: str | Path) -> None:
     then refused for holding files that are not the run's; a ``data-dir`` there was generated
     first, then refused as "not empty". ``ValueError`` naming the key, before anything is
     written.
+
+    Thirty-eighth review of issue 15 (rundirs): with ``token-cache = true`` and no
+    ``cache-dir`` the store goes to ``<data-dir>/.fedprivopt-cache``, which was not checked:
+    ``--out D/.fedprivopt-cache`` wrote the token store into the run (rc 0). That default is
+    checked as ``cache-dir``.
     """
     run = _resolved(out_dir)
-    for key in ("data_dir", "cache_dir"):
-        value = config.task_params.get(key)
-        if not isinstance(value, (str, os.PathLike)) or not str(value):
-            continue
+    for key, value, given in _task_dirs(config.task_params):
         where = _resolved(value)
         if where == run or where.is_relative_to(run):
             raise ValueError(
-                f"task-params.{key.replace('_', '-')} = {str(value)!r} is inside "
+                f"task-params.{key.replace('_', '-')} = {given} is inside "
                 f"{str(out_dir)!r}, the directory the run writes (--out), which holds only its "
                 "own files; choose a directory outside it"
             )
+
+
+def _task_dirs(params: dict) -> list[tuple[str, str | os.PathLike, str]]:
+    """The task's directories as ``(key, path, how it is named)``, the default cache's too."""
+    given = {
+        key: value
+        for key in ("data_dir", "cache_dir")
+        if isinstance(value := params.get(key), (str, os.PathLike)) and str(value)
+    }
+    found = [(key, value, repr(str(value))) for key, value in given.items()]
+    if params.get("token_cache") is True and "data_dir" in given and not params.get("cache_dir"):
+        default = Path(given["data_dir"]) / CACHE_DIR
+        found.append(("cache_dir", default, f"{str(default)!r} (its default with token-cache)"))
+    return found
 
 
 def _resolved(path: str | os.PathLike) -> Path:

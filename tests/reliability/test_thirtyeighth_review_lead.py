@@ -8,12 +8,21 @@
    on purpose). ``core.logs.hide_engine_notices`` (called by ``log_warnings_to_stderr``, which
    every command and worker calls first) drops exactly these two; Flower's other warnings and
    other ``FutureWarning`` s still print.
+2. (the rundirs reviewer's open row) ``simulate stackoverflow-tp-mini.toml --set
+   task-params.data-dir=D --set task-params.token-cache=true --out D/.fedprivopt-cache`` (no
+   ``cache-dir``): rc 0, the token store and its lock written into the run directory beside
+   its ``config.toml`` (the twenty-second review's refusal covered a ``cache-dir`` given, not
+   its default ``<data-dir>/.fedprivopt-cache``). ``run.check_task_dirs_outside`` checks that
+   default as ``cache-dir``: rc 2, one line, before anything is written.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
+
+import pytest
 
 from fedprivopt.core.logs import (
     RAY_ACCELERATOR_TIP,
@@ -58,3 +67,21 @@ def test_1_rays_accelerator_tip_is_ignored_and_no_other_future_warning():
         warnings.warn(tip, FutureWarning, stacklevel=1)
         warnings.warn("another future change", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["another future change"]
+
+
+TP_MINI = Path(__file__).resolve().parents[2] / "simulations" / "stackoverflow-tp-mini.toml"
+
+
+def test_2_the_default_token_cache_inside_out_is_refused(tmp_path):
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import check_task_dirs_outside
+
+    data = tmp_path / "D"
+    config = load_config(
+        TP_MINI, {"task-params.data-dir": str(data), "task-params.token-cache": True}
+    )
+    with pytest.raises(ValueError, match=r"task-params\.cache-dir = .*\.fedprivopt-cache.*default"):
+        check_task_dirs_outside(config, data / ".fedprivopt-cache")  # before: no error
+    check_task_dirs_outside(config, tmp_path / "elsewhere")
+    off = load_config(TP_MINI, {"task-params.data-dir": str(data)})
+    check_task_dirs_outside(off, data / ".fedprivopt-cache")  # no store without token-cache

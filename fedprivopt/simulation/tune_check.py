@@ -345,8 +345,11 @@ def check_tuning(path: str | Path) -> TunedCheck:
                 task, _ = builder.build(builder.config({}))
                 try:
                     state = audit_run_dir(best_dir, task, engine=False)
-                except ValueError as exc:
-                    raise ValueError(f"{best_dir}: {exc}") from None
+                except ValueError as exc:  # named once: most checks name the trial's file
+                    text = str(exc)
+                    raise ValueError(
+                        text if text.startswith(f"{best_dir}/") else f"{best_dir}: {text}"
+                    ) from None
                 why = state.unfinished()
                 if why is not None:
                     raise ValueError(f"{best_dir}: the released trial is not finished ({why})")

@@ -357,8 +357,11 @@ def removed_if_unused(out: str | Path, lock: str) -> Iterator[Path]:
     created = not os.path.lexists(out)
     try:
         yield out
-    except BaseException:
-        if created:
+    except BaseException as exc:
+        # refused by another's lock: the directory is the holder's, made by it meanwhile
+        # (thirty-eighth review of issue 15, rundirs 6: two compare --out C started together
+        # both found C new, and the refused one removed the holder's runs/, compare.lock and C)
+        if created and not isinstance(exc, LockHeldError):
             with contextlib.suppress(OSError):
                 names = set(os.listdir(out))
                 runs = out / "runs"

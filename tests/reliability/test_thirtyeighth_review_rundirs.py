@@ -40,6 +40,12 @@
    ``argument --out: 'R' holds TMPDIR = '…', where Ray, which this run starts, writes its
    session files …; set TMPDIR to a directory outside it``
    (``cli_runs.refuse_ray_temp_inside``, from ``build_checked_run`` and ``--resume``).
+6. Two ``compare toy.toml … --out C`` started together, C new: both found C new
+   (``removed_if_unused``); the first made ``C/runs`` and took ``compare.lock``; the second was
+   refused by that lock (right) and, on its way out, took C for its own unused start: it
+   removed ``C/runs``, the holder's ``compare.lock`` and C itself, under the running
+   comparison (forced here in that order; ``tune`` alike). A start refused by another's lock
+   now removes nothing: the directory is the holder's.
 """
 
 from __future__ import annotations
@@ -54,7 +60,14 @@ from fedprivopt.cli_args import UsageError
 from fedprivopt.cli_runs import build_checked_run
 from fedprivopt.data.locks import LockHeldError
 from fedprivopt.simulation import rundir
-from fedprivopt.simulation.rundir import NewRunDir, check_held, lock_run_dir, reading_lock
+from fedprivopt.simulation.rundir import (
+    NewRunDir,
+    check_held,
+    lock_directory,
+    lock_run_dir,
+    reading_lock,
+    removed_if_unused,
+)
 
 # -- finding 1: a claimed directory moved away; the failing start removes nothing at its path --
 
@@ -164,3 +177,18 @@ def test_5_ray_temp_dir_inside_out_is_refused(tmp_path, monkeypatch, name):
     assert not any(out.iterdir())
     monkeypatch.setenv(name, str(tmp_path / "elsewhere"))
     build_checked_run(config, out=str(out))
+
+
+# -- finding 6: a start refused by another's lock leaves that holder's directory alone ---------
+
+
+def test_6_a_refused_compare_leaves_the_holders_new_directory(tmp_path):
+    out = tmp_path / "C"
+    with pytest.raises(LockHeldError, match="in use by process"):
+        with removed_if_unused(out, "compare.lock"):  # the second compare: C is new
+            (out / "runs").mkdir(parents=True)  # the first compare, meanwhile
+            with lock_directory(out, "compare.lock", what="comparison"):  # ... holds C
+                (out / "runs").mkdir(parents=True, exist_ok=True)  # the second goes on
+                with lock_directory(out, "compare.lock", what="comparison"):  # refused
+                    pass
+    assert (out / "runs").is_dir()  # C, runs/ and the holder's compare.lock removed before

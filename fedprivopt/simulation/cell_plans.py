@@ -108,6 +108,15 @@ def quiet_resume_notes() -> Iterator[None]:
         logger.removeFilter(drop)
 
 
+def _leads_out(run_dir: Path, out: str | Path) -> str | None:
+    """Where ``run_dir`` really is when a link takes it out of ``out`` (a loop: as written)."""
+    try:
+        place, top = run_dir.resolve(), Path(out).resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symbolic-link loop (Python 3.11)
+        return str(run_dir)
+    return None if place.is_relative_to(top) else str(place)
+
+
 def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> list[CellPlan]:
     """Decide, before anything runs, what to do with each cell of a grid written into ``out``.
 
@@ -173,6 +182,14 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
                 f"cell {plan.cell.label}: {plan.run_dir} is a symbolic link (to "
                 f"{os.readlink(plan.run_dir)}); a compare writes only inside --out: remove the "
                 "link or choose another --out"
+            )
+        if plan.action != REUSE and (place := _leads_out(plan.run_dir, out)) is not None:
+            # thirty-eighth review of issue 15 (rundirs): a linked runs/ (the cell's parent)
+            # let --overwrite replace another comparison's cell, whose report then lied
+            raise ValueError(
+                f"cell {plan.cell.label}: {plan.run_dir} leads out of --out through a symbolic "
+                f"link (to {place}); a compare writes only inside --out: remove the link or "
+                "choose another --out"
             )
         if plan.action in (RUN, RERUN) and plan.run_dir.is_dir():
             # ninth review of issue 15 (N9): a stranger's file in a cell was found only when

@@ -14,6 +14,12 @@
    its ``config.toml`` (the twenty-second review's refusal covered a ``cache-dir`` given, not
    its default ``<data-dir>/.fedprivopt-cache``). ``run.check_task_dirs_outside`` checks that
    default as ``cache-dir``: rc 2, one line, before anything is written.
+3. (the rundirs reviewer's open row) ``compare toy.toml --strategies dp-fedavg --rounds 1 --out
+   C1``, then ``mkdir C2; ln -s C1/runs C2/runs; compare … --rounds 2 --out C2 --overwrite``:
+   rc 0, C1's one-round cell replaced through the link by a two-round run, so C1's
+   ``summary.csv`` and ``report.md`` no longer matched its runs (the sixth review refused a
+   cell that is a link, not a linked ``runs/``). ``cell_plans.plan_cells`` refuses a cell to
+   run, resume or rerun whose directory resolves outside ``--out``: rc 2, one line; C1 kept.
 """
 
 from __future__ import annotations
@@ -85,3 +91,24 @@ def test_2_the_default_token_cache_inside_out_is_refused(tmp_path):
     check_task_dirs_outside(config, tmp_path / "elsewhere")
     off = load_config(TP_MINI, {"task-params.data-dir": str(data)})
     check_task_dirs_outside(off, data / ".fedprivopt-cache")  # no store without token-cache
+
+
+def test_3_a_compare_does_not_write_through_a_linked_runs_directory(tmp_path, capsys):
+    from fedprivopt.cli import main
+    from fedprivopt.simulation.ledger import RunLedger
+
+    toy = str(TP_MINI.parent / "toy.toml")
+    small = ["--set", "population=12", "--set", "clients-per-round=4", "--set",
+             "task-params.num-users=12", "--quiet"]  # fmt: skip
+    first = tmp_path / "C1"
+    assert main(["compare", toy, "--strategies", "dp-fedavg", "--rounds", "1", "--out",
+                 str(first), *small]) == 0  # fmt: skip
+    (second := tmp_path / "C2").mkdir()
+    (second / "runs").symlink_to(first / "runs")
+    capsys.readouterr()
+    rc = main(["compare", toy, "--strategies", "dp-fedavg", "--rounds", "2", "--out",
+               str(second), "--overwrite", *small])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "leads out of --out" in err[0], (rc, err)  # before: 0
+    (cell,) = (first / "runs").iterdir()
+    assert RunLedger.read(cell).last_round == 1

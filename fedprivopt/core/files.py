@@ -6,7 +6,8 @@
 - :func:`on_read_only_fs`: whether a path lies on a file system mounted read-only;
 - :func:`read_at_most`: a file's bytes, unless it holds more than a limit (never read whole);
 - :func:`check_umask`: refuse a umask under which the files created are not their owner's to
-  read and write.
+  read and write;
+- :func:`real_path`: a path absolute with its links resolved where they can be.
 
 Only the standard library is imported here.
 """
@@ -25,6 +26,7 @@ __all__ = [
     "naming",
     "on_read_only_fs",
     "read_at_most",
+    "real_path",
     "unlink_links",
 ]
 
@@ -131,3 +133,11 @@ def check_umask(where: str | os.PathLike) -> None:
             "reads back and appends to: set a umask that keeps them (umask 022, or 077 to keep "
             "other users out) and try again"
         )
+
+
+def real_path(path: str | os.PathLike) -> Path:
+    """``path`` absolute, its links resolved where they can be (a loop: as written)."""
+    try:
+        return Path(path).absolute().resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symbolic-link loop (Python 3.11)
+        return Path(os.path.abspath(path))

@@ -160,6 +160,29 @@ def _check_log_dir(logs: Path) -> None:
         )
 
 
+def _check_temp_outside(out: str) -> None:
+    """Refuse a temporary directory that is ``out`` or inside it (``ValueError`` naming it).
+
+    The deployment's working directory (CA, keys, Flower's home with the staged app) is made
+    in Python's temporary directory (``TMPDIR``, ``TEMP`` or ``TMP``). Thirty-eighth review of
+    issue 15 (rundirs): ``TMPDIR=D deploy local … --out D`` started SuperLink and SuperNodes,
+    whose ServerApp then refused ``D`` for holding ``fedprivopt-deploy-*``: rc 1 after about
+    3.5 minutes, 34 lines and a traceback.
+    """
+    import tempfile
+
+    from fedprivopt.core.files import real_path
+
+    temp = real_path(tempfile.gettempdir())
+    if temp == real_path(out) or temp.is_relative_to(real_path(out)):
+        raise ValueError(
+            f"argument --out: {_quoted(Path(out))} holds the temporary directory "
+            f"{_quoted(temp)} (TMPDIR), where the deployment makes its working directory (keys, "
+            "certificates, Flower's home): a run's directory holds its own files only; set "
+            "TMPDIR to a directory outside it"
+        )
+
+
 def _quoted(out: Path) -> str:
     """``out`` as a shell word on one line (a newline in a name shown escaped)."""
     import shlex
@@ -288,6 +311,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.run import check_task_dirs_outside
 
     check_task_dirs_outside(config, out)  # the SuperNodes would write their data there
+    _check_temp_outside(out)
     from fedprivopt.simulation.engines import check_device
 
     check_device(config)  # the SuperNodes train on this machine

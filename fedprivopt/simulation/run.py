@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.files import real_path
 from fedprivopt.core.logs import quiet_flower
 from fedprivopt.data.token_cache import CACHE_DIR
 from fedprivopt.models import build_task
@@ -381,9 +382,9 @@ def check_task_dirs_outside(config: RunConfig, out_dir: str | Path) -> None:
     ``--out D/.fedprivopt-cache`` wrote the token store into the run (rc 0). That default is
     checked as ``cache-dir``.
     """
-    run = _resolved(out_dir)
+    run = real_path(out_dir)
     for key, value, given in _task_dirs(config.task_params):
-        where = _resolved(value)
+        where = real_path(value)
         if where == run or where.is_relative_to(run):
             raise ValueError(
                 f"task-params.{key.replace('_', '-')} = {given} is inside "
@@ -404,14 +405,6 @@ def _task_dirs(params: dict) -> list[tuple[str, str | os.PathLike, str]]:
         default = Path(given["data_dir"]) / CACHE_DIR
         found.append(("cache_dir", default, f"{str(default)!r} (its default with token-cache)"))
     return found
-
-
-def _resolved(path: str | os.PathLike) -> Path:
-    """``path`` absolute, its links resolved where they can be (a loop: as written)."""
-    try:
-        return Path(path).absolute().resolve()
-    except (OSError, RuntimeError):  # RuntimeError: a symbolic-link loop (Python 3.11)
-        return Path(os.path.abspath(path))
 
 
 def resume(

@@ -20,6 +20,12 @@
    ``summary.csv`` and ``report.md`` no longer matched its runs (the sixth review refused a
    cell that is a link, not a linked ``runs/``). ``cell_plans.plan_cells`` refuses a cell to
    run, resume or rerun whose directory resolves outside ``--out``: rc 2, one line; C1 kept.
+4. (the rundirs reviewer's open row) ``TMPDIR=D fedprivopt deploy local toy.toml --nodes 1
+   --insecure --rounds 1 --out D`` (D empty): the deployment made its working directory (CA,
+   keys, Flower's home) inside D, started SuperLink and SuperNode, and its ServerApp refused D
+   for holding it: rc 1 after about 3.5 minutes, 34 lines and a traceback. ``deploy local``
+   refuses a temporary directory that is ``--out`` or inside it before anything starts
+   (``deploy.cli._check_temp_outside``): rc 2, one line naming TMPDIR; D stays empty.
 """
 
 from __future__ import annotations
@@ -112,3 +118,19 @@ def test_3_a_compare_does_not_write_through_a_linked_runs_directory(tmp_path, ca
     assert rc == 2 and len(err) == 1 and "leads out of --out" in err[0], (rc, err)  # before: 0
     (cell,) = (first / "runs").iterdir()
     assert RunLedger.read(cell).last_round == 1
+
+
+def test_4_deploy_local_refuses_a_temporary_directory_inside_out(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from fedprivopt.cli import main
+
+    out = tmp_path / "D"
+    out.mkdir()
+    monkeypatch.setenv("TMPDIR", str(out / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(out / "tmp"))  # as a process started so
+    rc = main(["deploy", "local", str(TP_MINI.parent / "toy.toml"), "--nodes", "1",
+               "--insecure", "--rounds", "1", "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "TMPDIR" in err[0], (rc, err)  # before: started
+    assert list(out.iterdir()) == []

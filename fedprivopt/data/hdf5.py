@@ -219,22 +219,76 @@ class _HeapChecker:
                 )
 
     def _check_sources(self, dataset: Any, what: str) -> None:
-        """Refuse a virtual dataset with a source file that is not there.
+        """Refuse a virtual dataset whose source HDF5 would replace by fill values.
 
         Thirty-eighth review of issue 15 (input 4): HDF5 reads the fill value where a virtual
         dataset's source file is missing, so a legacy split whose ``score`` (or text) mapped a
         file that had not been copied along read as every score 0 (every text empty), silently.
+        Its follow-up: a source file that is there without the source dataset (or with fewer
+        values than mapped) read the same way; an absolute source name that is gone but whose
+        file lies beside this one (both moved together) is found by HDF5, and read.
         """
         for source in dataset.virtual_sources():
             name = source.file_name
-            if name == "." or "%" in name or os.environ.get("HDF5_VDS_PREFIX"):
-                continue  # this file; a name pattern; a prefix of the user's: HDF5 finds them
-            if not any(Path(p).is_file() for p in (name, self.path.parent / name)):
+            if "%" in name or os.environ.get("HDF5_VDS_PREFIX"):
+                continue  # a name pattern; a prefix of the user's: HDF5 finds them
+            held = self._source_dataset(dataset, source)
+            if held is None:
                 raise _DamagedHDF5(
                     f"{self.path}: {what} is a virtual dataset whose source file {shown(name)} "
                     "does not exist, so HDF5 would read fill values in place of its data (put "
                     "the file back beside it, or write the data into the file)"
                 )
+            if isinstance(held, str):
+                raise _DamagedHDF5(
+                    f"{self.path}: {what} is a virtual dataset whose source {held}, so HDF5 "
+                    "would read fill values in place of its data (damaged or incomplete copy?)"
+                )
+
+    def _source_dataset(self, dataset: Any, source: Any) -> str | bool | None:
+        """Look up a virtual source as HDF5 does: ``None`` no file, a str what is wrong.
+
+        HDF5 tries an absolute name, then the name (an absolute one's last part) beside the
+        virtual dataset's file, then in the working directory; a file it cannot open is
+        passed over. Returns ``True`` when the source holds the values mapped.
+        """
+        h5py = _h5py()
+        name, dset = source.file_name, source.dset_name
+        if name == ".":
+            files = [dataset.file]
+        else:
+            rel = Path(name).name if Path(name).is_absolute() else name
+            tries = [Path(name)] if Path(name).is_absolute() else []
+            tries += [self.path.parent / rel, Path(rel)]
+            files = [p for p in tries if p.is_file()]
+        for candidate in files:
+            try:
+                h5 = candidate if name == "." else h5py.File(candidate, "r")
+            except (OSError, ValueError):
+                continue
+            try:
+                shown_file = shown(self.path.name if name == "." else name)
+                obj = h5.get(dset)
+                if not isinstance(obj, h5py.Dataset):
+                    return f"file {shown_file} has no dataset {shown(dset)}"
+                space = source.src_space
+                if space.get_select_type() == h5py.h5s.SEL_ALL:  # as many values as mapped
+                    short = obj.size < source.vspace.get_select_npoints()
+                else:
+                    ends = space.get_select_bounds()[1]
+                    short = len(ends) != obj.ndim or any(
+                        e >= n for e, n in zip(ends, obj.shape, strict=True)
+                    )
+                if short:
+                    return (
+                        f"dataset {shown(dset)} in {shown_file} holds {obj.size} values "
+                        f"(shape {obj.shape}), fewer than it is mapped to read"
+                    )
+                return True
+            finally:
+                if name != ".":
+                    h5.close()
+        return f"file {shown(name)} is not an HDF5 file HDF5 can open" if files else None
 
     def _collection(self, addr: int, what: str) -> np.ndarray:
         """Parse the collection at ``addr`` like HDF5 does, with bounds: sizes by index.

@@ -1,0 +1,76 @@
+"""Issue 15, thirty-eighth hostile review, follow-up (outputs: today's fixes to reports,
+tuning, data input and accounting): tests.
+
+1. ``HDF5Split(f).client_examples`` of a legacy HDF5 file whose ``score`` is a virtual
+   dataset (the thirty-eighth review's input 4 refused one whose source file is missing).
+   Before: (a) the file and its source moved together to another directory, the source named
+   by its old absolute path (HDF5 finds it beside the file by its last part, and h5py reads
+   it): refused, ``source file '/old/dir/scores.h5' does not exist ... put the file back
+   beside it`` (it was beside it); (b) the source file there but without the source dataset
+   (also a source in this file, ``'.'``, that is not there), or a source dataset with fewer
+   values than mapped (one value for two): read as the fill value 0, silently, as the missing
+   file was. Now ``_HeapChecker._source_dataset`` looks the source up as HDF5 does (an
+   absolute name, its last part beside the file, the working directory) and refuses a
+   missing dataset or a short one (``... has no dataset 'gone'``, ``... holds 1 values ...
+   fewer than it is mapped to read``); a source that is there is read as before.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+
+def _legacy(path, sources):
+    """A legacy StackOverflow HDF5 file whose clients' 'score' maps ``sources[client]``."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "w") as f:
+        text = h5py.special_dtype(vlen=bytes)
+        for client, (file_name, dset) in sources.items():
+            group = f.create_group(f"examples/{client}")
+            for name in ("tokens", "title", "tags", "creation_date", "type"):
+                group.create_dataset(name, data=np.array([b"a", b"b"], dtype=object), dtype=text)
+            layout = h5py.VirtualLayout(shape=(2,), dtype="i8")
+            layout[:] = h5py.VirtualSource(file_name, dset, shape=(2,))
+            group.create_virtual_dataset("score", layout, fillvalue=0)
+
+
+# -- finding 1: a virtual score's source, looked up as HDF5 does ------------------------------
+
+
+def test_1_a_virtual_source_is_looked_up_as_hdf5_does(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from fedprivopt.data.hdf5 import HDF5Split
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    with h5py.File(old / "scores.h5", "w") as f:
+        f.create_dataset("d", data=np.array([3, 4]))
+        f.create_dataset("one", data=np.array([7]))
+    _legacy(old / "stackoverflow_train.h5", {
+        "moved": (str(old / "scores.h5"), "d"),
+        "gone": ("scores.h5", "gone"),
+        "here": (".", "gone"),
+        "short": ("scores.h5", "one"),
+    })  # fmt: skip
+    for name in ("scores.h5", "stackoverflow_train.h5"):
+        shutil.move(old / name, new / name)
+    old.rmdir()
+    split = HDF5Split(new / "stackoverflow_train.h5")
+    # (a) was refused: "source file '.../old/scores.h5' does not exist"
+    assert [e.score for e in split.client_examples("moved")] == [3, 4]
+    # (b) each was [0, 0] or [7, 0]: fill values, silently
+    with pytest.raises(ValueError, match=r"'score' is a virtual dataset whose source file "
+                       r"'scores.h5' has no dataset 'gone'"):  # fmt: skip
+        split.client_examples("gone")
+    with pytest.raises(ValueError, match=r"source file 'stackoverflow_train.h5' has no dataset"):
+        split.client_examples("here")
+    with pytest.raises(ValueError, match=r"dataset 'one' in 'scores.h5' holds 1 values .*fewer "
+                       r"than it is mapped to read"):  # fmt: skip
+        split.client_examples("short")

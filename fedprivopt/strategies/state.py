@@ -23,6 +23,24 @@ from fedprivopt.strategies.config import StrategyConfig
 __all__ = ["AlgorithmState"]
 
 
+def _copied(value: Any) -> Any:
+    """``value`` with every tensor in it (in dicts, lists and tuples) replaced by a copy.
+
+    Thirty-eighth review of issue 15, follow-up (privacy 1): :meth:`AlgorithmState.state_dict`
+    copied the model and its average (api 5) but gave the optimizer's own moments and the tree's
+    live nodes, and :meth:`AlgorithmState.load_state_dict` kept the caller's tensors of both:
+    ``state["opt_state"]["mu"] *= 100`` after ``state_dict()`` (or after ``load_state_dict``)
+    changed DP-FedAdam's next released model (7.28 where 1.53).
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
+
+
 class AlgorithmState:
     """Checkpointing of :class:`~fedprivopt.strategies.core.ServerAlgorithm` (a mixin)."""
 
@@ -31,18 +49,21 @@ class AlgorithmState:
 
         The model and its moving average are copies (thirty-eighth review of issue 15, api 5:
         ``state["params"] /= 2``, Python's in-place division of a dict's tensor, halved the
-        algorithm's own model, which the next round started from and released).
+        algorithm's own model, which the next round started from and released), and so are the
+        optimizer's moments and the tree's nodes (:func:`_copied`).
         """
         return {
             "round": self.round_num,
             "params": self.params.detach().clone(),
-            "opt_state": None if self.opt_state is None else optim.state_to_dict(self.opt_state),
+            "opt_state": (
+                None if self.opt_state is None else _copied(optim.state_to_dict(self.opt_state))
+            ),
             "accountant": self.accountant.state_dict(),
             "config": self.config.to_mapping(),
             "user_offset": self.user_offset,
             **({} if self.averaged is None else {"averaged": self.averaged.detach().clone()}),
             **({} if self.clipping is None else {"clip_states": self.clipping.state_dict()}),
-            **({} if self.tree_noise is None else {"tree": self._tree_state()}),
+            **({} if self.tree_noise is None else {"tree": _copied(self._tree_state())}),
             **({} if self.side_information is None else {"side_information": self._side_digest()}),
         }
 
@@ -195,7 +216,8 @@ class AlgorithmState:
                 )
             self.averaged = averaged.detach().clone()
         if self.opt_state is not None:
-            self.opt_state = type(self.opt_state).from_dict(state.get("opt_state"))
+            # copies: the caller's tensors are not the algorithm's (_copied)
+            self.opt_state = type(self.opt_state).from_dict(_copied(state.get("opt_state")))
             for name, value in self.opt_state.to_dict().items():  # every moment is model-sized
                 if isinstance(value, torch.Tensor) and value.shape != self.params.shape:
                     raise ValueError(
@@ -216,7 +238,7 @@ class AlgorithmState:
             tree = state.get("tree")
             if not isinstance(tree, Mapping):
                 raise ValueError("checkpoint has no tree-aggregation state (noise-mechanism tree)")
-            self.tree_noise.load_state_dict(tree.get("noise"))
+            self.tree_noise.load_state_dict(_copied(tree.get("noise")))
             self.tree_cohorts.load_state_dict(tree.get("cohorts"))
             if self.tree_noise.round_num != self.round_num:
                 raise ValueError(

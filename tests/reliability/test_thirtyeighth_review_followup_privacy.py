@@ -1,0 +1,80 @@
+"""Issue 15, follow-up of the thirty-eighth hostile review (privacy: today's fixes): tests.
+
+1. ``state = alg.state_dict()`` after round 1 of DP-FedAdam, then ``state["opt_state"]["mu"]
+   *= 100`` (and ``"nu"``; Python's augmented assignment of a dict's tensor is in place), then
+   round 2; also ``load_state_dict(state)`` followed by the same edit of ``state``, and a tree
+   run's ``state["tree"]["noise"]["nodes"]``. Before: api 5 made the model and its average
+   copies, but the optimizer's moments and the tree's live nodes were still the algorithm's own
+   tensors (and ``load_state_dict`` kept the caller's): round 2 released 7.28 where 1.53. Now
+   ``AlgorithmState.state_dict`` and ``load_state_dict`` copy them (``state._copied``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
+
+
+def _config(**changes) -> StrategyConfig:
+    values = {"strategy": "dp-fedadam", "population": 40, "clients-per-round": 10,
+              "num-server-rounds": 5, "noise-multiplier": 0.5, "delta": 1e-4, "seed": 0,
+              **changes}  # fmt: skip
+    return StrategyConfig.from_mapping(values)
+
+
+def _train(request):
+    """Every user of a request sends the same small update."""
+    return {u: torch.full((4,), 0.1) for u in request.users}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.disable(logging.WARNING)  # absl's RDP warnings at q = 0.25
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def _scale_tensors(value) -> None:
+    if isinstance(value, torch.Tensor):
+        value.mul_(100)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _scale_tensors(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _scale_tensors(v)
+
+
+@pytest.mark.parametrize("after_load", [False, True])
+@pytest.mark.parametrize("strategy", ["dp-fedadam"])
+def test_1_editing_a_state_dict_leaves_the_optimizer_as_it_was(strategy, after_load):
+    released = []
+    for edit in (False, True):
+        alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+        drive_round(alg, 1, _train)
+        state = alg.state_dict()
+        if after_load:
+            alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+            alg.load_state_dict(state)
+        if edit:
+            _scale_tensors(state["opt_state"])
+        released.append(drive_round(alg, 2, _train).params)
+    assert torch.equal(released[0], released[1]), released
+
+
+def test_1_editing_a_state_dict_leaves_the_tree_nodes_as_they_were():
+    config = _config(strategy="dp-fedavg", **{"noise-mechanism": "tree", "tree-restart-rounds": 4})
+    released = []
+    for edit in (False, True):
+        alg = build_algorithm(config, torch.zeros(4))
+        drive_round(alg, 1, _train)
+        state = alg.state_dict()
+        if edit:
+            _scale_tensors(state["tree"])
+        released.append(drive_round(alg, 2, _train).params)
+    assert torch.equal(released[0], released[1]), released

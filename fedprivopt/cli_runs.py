@@ -61,27 +61,32 @@ def build_checked_run(config, where: str = "config", task=None, out=None):
 def refuse_ray_temp_inside(config, out, flag: str) -> None:
     """Refuse a run that starts Ray while Ray's temporary directory is ``out`` or inside it.
 
-    Ray writes its session (logs, sockets, spilled objects) under ``RAY_TMPDIR``, else
-    ``TMPDIR`` on Linux. Thirty-eighth review of issue 15 (rundirs 5): ``TMPDIR=R simulate
-    toy.toml --engine flower --out R`` (also a comparison's or tuning's ``--out``, and
-    ``--resume R``) ran (rc 0) and left Ray's ``ray/`` session directory (276 kB of logs and
-    sockets) among the run's files, after which the directory held files that are not a run's
-    (``simulate --out R`` and a cell's ``--overwrite`` refused it). ``flag`` (``--out`` or
-    ``--resume``) is named in the :class:`UsageError`, before anything is written. A run that
-    joins a Ray cluster (``ray-address``) starts no local Ray and passes.
+    Ray writes its session (logs, sockets, spilled objects) under ``RAY_TMPDIR`` if set (set
+    empty: the working directory), else ``TMPDIR`` on Linux. Thirty-eighth review of issue 15
+    (rundirs 5): ``TMPDIR=R simulate toy.toml --engine flower --out R`` (also a comparison's or
+    tuning's ``--out``, and ``--resume R``) ran (rc 0) and left Ray's ``ray/`` session
+    directory (276 kB of logs and sockets) among the run's files, after which the directory held
+    files that are not a run's (``simulate --out R`` and a cell's ``--overwrite`` refused it).
+    ``flag`` (``--out`` or ``--resume``) is named in the :class:`UsageError`, before anything
+    is written. A run that joins a Ray cluster (``ray-address``) starts no local Ray and passes.
     """
     if config.engine != "flower" and not config.fast_actors:
         return
     if config.ray_address:
         return
     names = ("RAY_TMPDIR", "TMPDIR") if sys.platform.startswith("linux") else ("RAY_TMPDIR",)
-    name = next((n for n in names if os.environ.get(n)), None)
+    # Ray's own choice: a variable set, even to '' (ray._common.utils.get_default_system_temp_dir)
+    # (follow-up of the thirty-eighth review, rundirs 1: RAY_TMPDIR='' was passed over for
+    # TMPDIR, while Ray wrote ./ray into the working directory, --out .)
+    name = next((n for n in names if n in os.environ), None)
     if name is None:
         return
-    base, run = _real(os.path.expanduser(os.environ[name])), _real(out)
+    value = os.environ[name]
+    base, run = _real(os.path.expanduser(value) or os.curdir), _real(out)
     if base == run or run in base.parents:
+        where = " (empty: the working directory)" if not value else ""
         raise UsageError(
-            f"argument {flag}: {shown(str(out))} holds {name} = {shown(os.environ[name])}, where "
+            f"argument {flag}: {shown(str(out))} holds {name} = {shown(value)}{where}, where "
             "Ray, which this run starts, writes its session files (logs, sockets): a run's "
             f"directory holds its own files only; set {name} to a directory outside it"
         )

@@ -1,0 +1,56 @@
+"""Issue 15, follow-up of the thirty-eighth hostile review (rundirs: today's fixes).
+
+1. ``cd R; RAY_TMPDIR= simulate toy.toml --engine flower --rounds 1 --out .`` (``RAY_TMPDIR``
+   set but empty, as ``export RAY_TMPDIR=$SCRATCH`` leaves it where ``SCRATCH`` is unset): the
+   thirty-eighth review's ``cli_runs.refuse_ray_temp_inside`` took an empty variable as unset
+   and looked at ``TMPDIR`` (unset: passed), while Ray takes a variable that is set, even to
+   ``''``, and made its session directory ``./ray`` in the working directory, the run's: rc 1
+   after 49 s (Ray's node timed out, two tracebacks) and ``R/ray`` (80 kB) left among the run's
+   files. Now the check takes the variable Ray takes (set, even empty; empty is the working
+   directory): rc 2 before anything is written, one line naming ``--out`` and ``RAY_TMPDIR =
+   ''``. (``RAY_TMPDIR=''`` beside ``TMPDIR=R``, which Ray does not read then, is no longer
+   refused for ``TMPDIR``.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli_args import UsageError
+from fedprivopt.cli_runs import refuse_ray_temp_inside
+
+TOY = Path(__file__).parents[2] / "simulations" / "toy.toml"
+
+
+def _flower_config():
+    from fedprivopt.simulation.config import load_config
+
+    return load_config(TOY, {"engine": "flower", "num-server-rounds": 1})
+
+
+# -- finding 1: an empty RAY_TMPDIR is the working directory, as Ray takes it --------------------
+
+
+def test_1_empty_ray_tmpdir_is_the_working_directory(tmp_path, monkeypatch):
+    out = tmp_path / "R"
+    out.mkdir()
+    config = _flower_config()
+    monkeypatch.chdir(out)
+    monkeypatch.setenv("RAY_TMPDIR", "")
+    monkeypatch.delenv("TMPDIR", raising=False)
+    with pytest.raises(UsageError, match=r"holds RAY_TMPDIR = '' \(empty: the working directory"):
+        refuse_ray_temp_inside(config, ".", "--out")  # passed: Ray then wrote R/ray
+    with pytest.raises(UsageError, match="RAY_TMPDIR"):
+        refuse_ray_temp_inside(config, str(tmp_path), "--out")  # cwd inside --out
+    assert not any(out.iterdir())
+    # Ray reads RAY_TMPDIR then, not TMPDIR: a TMPDIR inside --out is not what Ray uses
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(out))
+    refuse_ray_temp_inside(config, str(out), "--out")
+    monkeypatch.delenv("RAY_TMPDIR")
+    with pytest.raises(UsageError, match="holds TMPDIR"):
+        refuse_ray_temp_inside(config, str(out), "--out")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "r"))  # a prefix of R's name, not a parent
+    refuse_ray_temp_inside(config, str(tmp_path / "run"), "--out")

@@ -154,12 +154,16 @@ def _unreadable(path: Path, exc: Exception) -> ValueError:
             "opens the file read-only: open it once with write access (e.g. sqlite3 "
             f"{path.name} 'PRAGMA quick_check'), which rolls the write back"
         )
-    elif wal.is_file() and not os.access(path.parent, os.W_OK):
+    elif (wal.is_file() or _wal_header(path)) and not os.access(path.parent, os.W_OK):
+        # follow-up: a database left in WAL mode and closed cleanly has no -wal file, and was
+        # refused as 'attempt to write a readonly database' with no hint (its header says WAL);
+        # a checkpoint (the advice before) leaves the file in WAL mode: journal_mode=DELETE
+        where = f"{wal.name} beside it" if wal.is_file() else "its header says so"
         hint = (
-            f"; it is in write-ahead-log mode ({wal.name} beside it), which SQLite reads only "
+            f"; it is in write-ahead-log mode ({where}), which SQLite reads only "
             f"where it can create {path.name}-shm, and {path.parent} is not writable: "
-            f"checkpoint it once with write access (sqlite3 {path.name} "
-            "'PRAGMA wal_checkpoint(TRUNCATE)') or copy its files to a writable directory"
+            f"take it out of that mode once with write access (sqlite3 {path.name} "
+            "'PRAGMA journal_mode=DELETE') or copy its files to a writable directory"
         )
     elif "no such column: rowid" in str(exc):
         hint = (
@@ -179,6 +183,15 @@ def _first_warning(path: Path) -> bool:
         return False
     _WARNED.add(key)
     return True
+
+
+def _wal_header(path: Path) -> bool:
+    """Whether ``path``'s header marks a database in write-ahead-log mode (bytes 18-19: 2, 2)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(20)[18:20] == b"\x02\x02"
+    except OSError:
+        return False
 
 
 def _connect(path: Path, *, readonly: bool = True) -> sqlite3.Connection:

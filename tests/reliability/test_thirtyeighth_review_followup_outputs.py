@@ -13,6 +13,14 @@ tuning, data input and accounting): tests.
    absolute name, its last part beside the file, the working directory) and refuses a
    missing dataset or a short one (``... has no dataset 'gone'``, ``... holds 1 values ...
    fewer than it is mapped to read``); a source that is there is read as before.
+2. ``data info D`` (also ``simulate`` on ``D``) where ``D/stackoverflow.sqlite`` was left in
+   write-ahead-log mode and closed cleanly (SQLite removes the ``-wal`` file on the last
+   close), ``D`` not writable by the reader (measured as user nobody with the system's
+   Python: ``attempt to write a readonly database``). Before: that line alone (input 2's hint
+   looked for a ``-wal`` file only), and the hint it gave with a ``-wal`` file advised ``PRAGMA
+   wal_checkpoint(TRUNCATE)``, which leaves the file in WAL mode, and so in this very case.
+   Now ``sqlite._unreadable`` also reads WAL mode from the header (bytes 18-19) and advises
+   ``PRAGMA journal_mode=DELETE`` (measured: the same reader then reads it).
 """
 
 from __future__ import annotations
@@ -74,3 +82,37 @@ def test_1_a_virtual_source_is_looked_up_as_hdf5_does(tmp_path):
     with pytest.raises(ValueError, match=r"dataset 'one' in 'scores.h5' holds 1 values .*fewer "
                        r"than it is mapped to read"):  # fmt: skip
         split.client_examples("short")
+
+
+# -- finding 2: a database in WAL mode without its -wal file, in a read-only directory --------
+
+
+def test_2_a_wal_database_closed_cleanly_is_named_with_a_remedy_that_works(tmp_path, monkeypatch):
+    import os
+    import sqlite3
+
+    from fedprivopt.data import sqlite as sq
+
+    rows = [(split, f"c{i}", b"x") for split in ("train", "test") for i in range(2)]
+    meta = [(f"c{i}", split, 1) for split in ("train", "test") for i in range(2)]
+    db = sq.write_sqlite(tmp_path / "stackoverflow.sqlite", rows, meta, index=True)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    assert not (tmp_path / "stackoverflow.sqlite-wal").exists()  # removed on the last close
+    # as root SQLite could create the -shm file: the refusal another user meets (measured)
+    monkeypatch.setattr(sq.os, "access", lambda path, mode: mode != os.W_OK)
+
+    class Refused:
+        def execute(self, *args):
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sq, "_connect", lambda path: Refused())
+    with pytest.raises(ValueError) as info:
+        sq.read_example_counts(db)
+    # was "unreadable SQLite database: attempt to write a readonly database", nothing more
+    assert "write-ahead-log mode (its header says so)" in str(info.value)
+    assert "'PRAGMA journal_mode=DELETE'" in str(info.value)  # a checkpoint keeps WAL mode

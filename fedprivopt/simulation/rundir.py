@@ -361,7 +361,7 @@ def removed_if_unused(out: str | Path, lock: str) -> Iterator[Path]:
         # refused by another's lock: the directory is the holder's, made by it meanwhile
         # (thirty-eighth review of issue 15, rundirs 6: two compare --out C started together
         # both found C new, and the refused one removed the holder's runs/, compare.lock and C)
-        if created and not isinstance(exc, LockHeldError):
+        if created and not _refused_by_lock(exc):
             with contextlib.suppress(OSError):
                 names = set(os.listdir(out))
                 runs = out / "runs"
@@ -371,6 +371,23 @@ def removed_if_unused(out: str | Path, lock: str) -> Iterator[Path]:
                     (out / lock).unlink(missing_ok=True)
                     out.rmdir()
         raise
+
+
+def _refused_by_lock(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised while handling, a :class:`LockHeldError`.
+
+    Follow-up of the thirty-eighth review of issue 15 (rundirs 2): ``compare`` and ``tune`` turn
+    the holder's refusal into a usage error (``raise UsageError(...) from None``), which hid it
+    from ``isinstance``: the refused command removed the holder's ``runs/``, lock file and
+    directory all the same. The refusal is still the exception's context.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, LockHeldError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def remove_run_files(out: Path) -> None:

@@ -10,10 +10,19 @@
    directory): rc 2 before anything is written, one line naming ``--out`` and ``RAY_TMPDIR =
    ''``. (``RAY_TMPDIR=''`` beside ``TMPDIR=R``, which Ray does not read then, is no longer
    refused for ``TMPDIR``.)
+2. Two ``compare toy.toml --strategies fedavg --rounds 1 --out C`` started together, ``C`` new
+   (also ``tune``; the order forced in-process, as the thirty-eighth review's rundirs 6 forced
+   it): that review's fix kept ``removed_if_unused`` from removing anything on a
+   ``LockHeldError``, but ``compare`` and ``tune`` turn the holder's refusal into a
+   ``UsageError`` (``from None``) inside that block, so from the command line the refused one
+   still removed the holder's ``runs/``, its ``compare.lock`` (``tune.lock``) and ``C`` under
+   the running comparison (rc 2; only the function was tested). Now a refusal that is, or was
+   raised while handling, a ``LockHeldError`` removes nothing (``rundir._refused_by_lock``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -54,3 +63,38 @@ def test_1_empty_ray_tmpdir_is_the_working_directory(tmp_path, monkeypatch):
         refuse_ray_temp_inside(config, str(out), "--out")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "r"))  # a prefix of R's name, not a parent
     refuse_ray_temp_inside(config, str(tmp_path / "run"), "--out")
+
+
+# -- finding 2: a compare or tune refused by the holder's lock leaves the holder's new directory --
+
+
+def test_2_a_refused_compare_or_tune_leaves_the_holders_new_directory(tmp_path, monkeypatch):
+    import fedprivopt.simulation.cells as cells
+    import fedprivopt.simulation.rundir as rundir
+    from fedprivopt.cli import main
+
+    lock_directory = rundir.lock_directory
+    for command, lock in (("compare", "compare.lock"), ("tune", "tune.lock")):
+        out = tmp_path / command
+        holder = contextlib.ExitStack()
+
+        def first_takes_it(path, pid_file, *, what, lock=lock, holder=holder):
+            # the first command, started together with this one (both found the directory new),
+            # takes the lock just before this one asks for it
+            if pid_file == lock:
+                holder.enter_context(lock_directory(path, pid_file, what="the first"))
+            return lock_directory(path, pid_file, what=what)
+
+        monkeypatch.setattr(rundir, "lock_directory", first_takes_it)  # tune's
+        monkeypatch.setattr(cells, "lock_directory", first_takes_it)  # compare's
+        argv = [command, str(TOY), "--rounds", "1", "--out", str(out), "--quiet"]
+        if command == "compare":
+            argv += ["--strategies", "fedavg"]
+        else:
+            argv += ["--grid", "server-learning-rate=0.5,1", "--mean-trials", "1"]
+        with holder:
+            assert main(argv) == 2
+            # before: the refused one removed runs/, the holder's lock file and the directory
+            assert (out / "runs").is_dir(), command
+            assert (out / lock).is_file(), command
+        monkeypatch.undo()

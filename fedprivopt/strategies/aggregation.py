@@ -256,18 +256,25 @@ class AlgorithmAggregation:
                 entries, bad_bits = self.clipping.screen(entries, getattr(updates, "clip_bits", {}))
         sum_noise = None
         if self.tree_noise is not None:
+            # the tree before this round's release, restored when the round fails before it
+            # is released (_undo_tree_release)
+            self._tree_undo = (round_num, self.tree_noise.state_dict())
             noise, nodes = self.tree_noise.release(round_num)
             sum_noise = (noise, nodes * self.tree_noise.std**2)
-        agg = aggregator.aggregate(
-            entries,
-            dim=self.params.numel(),
-            dtype=self.params.dtype,
-            generator=generator,
-            device=self.params.device,
-            sum_noise=sum_noise,
-        )
-        if received is not None:  # the fast engine's own trainer: no client sends a malformed one
-            refuse_malformed(round_num, agg.rejected)
+        try:
+            agg = aggregator.aggregate(
+                entries,
+                dim=self.params.numel(),
+                dtype=self.params.dtype,
+                generator=generator,
+                device=self.params.device,
+                sum_noise=sum_noise,
+            )
+            if received is not None:  # the fast engine's own trainer sends no malformed one
+                refuse_malformed(round_num, agg.rejected)
+        except BaseException:
+            self._undo_tree_release(round_num)
+            raise
         if sum_noise is not None:
             agg.metrics["tree_nodes"] = float(nodes)
         if unasked:
@@ -283,6 +290,21 @@ class AlgorithmAggregation:
             self.clipping.count(round_num, self.rngs, updates, agg, bad_bits, stream, received)
         self._aggregated.add((round_num, stream))  # until the round finishes (_finish)
         return agg
+
+    def _undo_tree_release(self, round_num: int) -> None:
+        """Put the tree noise back as it was before round ``round_num``'s unreleased sum.
+
+        Thirty-eighth review of issue 15, follow-up (privacy 2): a tree round refused after its
+        node noise was taken (api 1's changed request, a streamed cohort that yields a user twice)
+        left the tree at that round while the algorithm stayed before it: the round could not
+        run again ("released already"), and the next one was released with its period's charge
+        never made (``epsilon()`` 0.0 after round 2 of a 4-round period, sigma 1). Nothing of
+        the refused round was released, so its nodes are drawn again (the same in a seeded run).
+        """
+        undo = getattr(self, "_tree_undo", None)
+        if self.tree_noise is not None and undo is not None and undo[0] == round_num:
+            self.tree_noise.load_state_dict(undo[1])
+            self._tree_undo = None
 
     def _refuse_over_budget(self, round_num: int) -> None:
         """Refuse round ``round_num`` when its events would push ε above ``target-epsilon``.

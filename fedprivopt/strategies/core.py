@@ -352,6 +352,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         if changed is None:
             return
         self._aggregated.discard((request.round_num, stream))
+        self._undo_tree_release(request.round_num)
         where = "" if request.stream == "train" else f" ({request.stream})"
         raise ValueError(
             f"round {request.round_num}{where}: the train callback (or the task's cohort_trainer) "

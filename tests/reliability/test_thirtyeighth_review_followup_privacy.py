@@ -7,6 +7,14 @@
    copies, but the optimizer's moments and the tree's live nodes were still the algorithm's own
    tensors (and ``load_state_dict`` kept the caller's): round 2 released 7.28 where 1.53. Now
    ``AlgorithmState.state_dict`` and ``load_state_dict`` copy them (``state._copied``).
+2. A tree run (restart 4, sigma 1) whose round 1 is refused by api 1's check (the train callback
+   did ``request.params.add_(1.0)``), then ``drive_round`` of round 1 again with a good
+   callback, or of round 2. Before: the refusal came after the tree had released round 1's
+   node noise, so round 1 could not run again ("round 1 was released already") and round 2 was
+   released with ``epsilon()`` 0.0 (the period's charge belongs to its first round, which
+   never finished). Now the tree is put back as it was (``AlgorithmAggregation.
+   _undo_tree_release``, also when the aggregation itself fails): round 1 runs again, the same
+   release as a run without the refusal and charged (8.07), and round 2 first is refused.
 """
 
 from __future__ import annotations
@@ -78,3 +86,37 @@ def test_1_editing_a_state_dict_leaves_the_tree_nodes_as_they_were():
             _scale_tensors(state["tree"])
         released.append(drive_round(alg, 2, _train).params)
     assert torch.equal(released[0], released[1]), released
+
+
+def _tree_algorithm():
+    config = _config(
+        strategy="dp-fedavg",
+        **{"noise-mechanism": "tree", "tree-restart-rounds": 4, "noise-multiplier": 1.0},
+    )
+    return build_algorithm(config, torch.zeros(4))
+
+
+def _changing(request):
+    request.params.add_(1.0)
+    return _train(request)
+
+
+def test_2_a_refused_tree_round_runs_again_and_is_charged():
+    clean = _tree_algorithm()
+    expected = drive_round(clean, 1, _train).params
+    alg = _tree_algorithm()
+    with pytest.raises(ValueError, match=r"changed request\.params in place"):
+        drive_round(alg, 1, _changing)
+    assert torch.equal(drive_round(alg, 1, _train).params, expected)
+    assert alg.epsilon() == pytest.approx(clean.epsilon()) and alg.epsilon() > 1.0
+
+
+def test_2_the_round_after_a_refused_tree_round_is_not_released_uncharged():
+    alg = _tree_algorithm()
+    with pytest.raises(ValueError, match=r"changed request\.params in place"):
+        drive_round(alg, 1, _changing)
+    try:
+        drive_round(alg, 2, _train)
+    except ValueError:
+        return  # refused: nothing released
+    assert alg.epsilon() > 1.0  # released: charged

@@ -174,13 +174,7 @@ class _HeapChecker:
         # thirty-eighth review of issue 15 (input 3): HDF5 reads a filtered chunk whole, so a
         # 1-value 'score' in chunks of 10**8 values (scale-offset and gzip: a 26 kB file) took
         # 836 MB and 6 s, and chunks reach 4 GiB; a chunk is held to the bound of the values
-        chunk = int(np.prod(dataset.chunks or (0,))) * dataset.dtype.itemsize
-        if chunk > max(_MAX_EXPANSION * self.file_size, _CHUNK_FLOOR, n * dataset.dtype.itemsize):
-            raise _DamagedHDF5(
-                f"{self.path}: {what} is stored in chunks of {chunk:,} bytes (shape "
-                f"{dataset.chunks}), which reading one value allocates: more than a "
-                f"{self.file_size}-byte file can hold (damaged HDF5 file?)"
-            )
+        self._check_chunks(dataset, what, self.file_size)
         tid = dataset.id.get_type()
         h5t = _h5py().h5t
         if isinstance(tid, h5t.TypeVlenID):
@@ -218,6 +212,16 @@ class _HeapChecker:
                     f"object {index} at {addr} of {size} bytes (damaged HDF5 file?)"
                 )
 
+    def _check_chunks(self, dataset: Any, what: str, file_size: int) -> None:
+        """Refuse chunks of ``dataset`` (in a file of ``file_size`` bytes) beyond its bound."""
+        chunk = int(np.prod(dataset.chunks or (0,))) * dataset.dtype.itemsize
+        if chunk > max(_MAX_EXPANSION * file_size, _CHUNK_FLOOR, dataset.nbytes):
+            raise _DamagedHDF5(
+                f"{self.path}: {what} is stored in chunks of {chunk:,} bytes (shape "
+                f"{dataset.chunks}), which reading one value allocates: more than a "
+                f"{file_size}-byte file can hold (damaged HDF5 file?)"
+            )
+
     def _check_sources(self, dataset: Any, what: str) -> None:
         """Refuse a virtual dataset whose source HDF5 would replace by fill values.
 
@@ -232,7 +236,7 @@ class _HeapChecker:
             name = source.file_name
             if "%" in name or os.environ.get("HDF5_VDS_PREFIX"):
                 continue  # a name pattern; a prefix of the user's: HDF5 finds them
-            held = self._source_dataset(dataset, source)
+            held = self._source_dataset(dataset, source, what)
             if held is None:
                 raise _DamagedHDF5(
                     f"{self.path}: {what} is a virtual dataset whose source file {shown(name)} "
@@ -245,7 +249,7 @@ class _HeapChecker:
                     "would read fill values in place of its data (damaged or incomplete copy?)"
                 )
 
-    def _source_dataset(self, dataset: Any, source: Any) -> str | bool | None:
+    def _source_dataset(self, dataset: Any, source: Any, what: str) -> str | bool | None:
         """Look up a virtual source as HDF5 does: ``None`` no file, a str what is wrong.
 
         HDF5 tries an absolute name, then the name (an absolute one's last part) beside the
@@ -271,6 +275,10 @@ class _HeapChecker:
                 obj = h5.get(dset)
                 if not isinstance(obj, h5py.Dataset):
                     return f"file {shown_file} has no dataset {shown(dset)}"
+                # follow-up: a source's filtered chunk is decoded whole as a feature's is
+                # (one score mapped from chunks of 10**8 values: 831 MB); held to the bound
+                size = self.file_size if name == "." else candidate.stat().st_size
+                self._check_chunks(obj, f"{what} (source {shown(dset)} in {shown_file})", size)
                 space = source.src_space
                 if space.get_select_type() == h5py.h5s.SEL_ALL:  # as many values as mapped
                     short = obj.size < source.vspace.get_select_npoints()

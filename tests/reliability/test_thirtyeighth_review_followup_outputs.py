@@ -21,6 +21,13 @@ tuning, data input and accounting): tests.
    wal_checkpoint(TRUNCATE)``, which leaves the file in WAL mode, and so in this very case.
    Now ``sqlite._unreadable`` also reads WAL mode from the header (bytes 18-19) and advises
    ``PRAGMA journal_mode=DELETE`` (measured: the same reader then reads it).
+3. ``HDF5Split(f).client_examples`` of a legacy HDF5 file whose one score is a virtual
+   dataset mapping a 16 kB source file that keeps it in chunks of 10**8 values with the
+   scale-offset and gzip filters (input 3's case, through a source). Before: ``[5]`` after
+   831 MB (HDF5 decodes the source's chunk whole; input 3 held only the file's own chunks to
+   the bound). Now ``_HeapChecker._source_dataset`` holds the source dataset's chunks to the
+   same bound, with the source file's size (``_check_chunks``): ``'score' (source 'd' in
+   'scores.h5') is stored in chunks of 80,000,000 bytes ...`` (10**7 values here).
 """
 
 from __future__ import annotations
@@ -116,3 +123,26 @@ def test_2_a_wal_database_closed_cleanly_is_named_with_a_remedy_that_works(tmp_p
     # was "unreadable SQLite database: attempt to write a readonly database", nothing more
     assert "write-ahead-log mode (its header says so)" in str(info.value)
     assert "'PRAGMA journal_mode=DELETE'" in str(info.value)  # a checkpoint keeps WAL mode
+
+
+# -- finding 3: a virtual dataset's source in absurd chunks -----------------------------------
+
+
+def test_3_a_virtual_sources_chunks_are_held_to_the_bound(tmp_path):
+    h5py = pytest.importorskip("h5py")
+
+    from fedprivopt.data.hdf5 import HDF5Split
+
+    with h5py.File(tmp_path / "scores.h5", "w") as f:
+        score = f.create_dataset(
+            "d", shape=(2,), maxshape=(None,), chunks=(10**7,), dtype="int64",
+            scaleoffset=0, compression="gzip",
+        )  # fmt: skip
+        score[:] = [3, 4]
+    assert (tmp_path / "scores.h5").stat().st_size < 100_000
+    _legacy(tmp_path / "stackoverflow_train.h5", {"c1": ("scores.h5", "d")})
+    split = HDF5Split(tmp_path / "stackoverflow_train.h5")
+    # was [3, 4] after decoding the whole 80 MB chunk (831 MB at 10**8 values)
+    with pytest.raises(ValueError, match=r"'score' \(source 'd' in 'scores.h5'\) is stored in "
+                       r"chunks of 80,000,000 bytes"):  # fmt: skip
+        split.client_examples("c1")

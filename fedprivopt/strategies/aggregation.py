@@ -315,7 +315,7 @@ class AlgorithmAggregation:
         rounds 2 and 3 at ε 10.28 and 12.17, the second cohort of an ADADP round alike).
         """
         c = self.config
-        events = self.round_events(round_num)
+        events = self.uncharged_events(round_num)  # ADADP's cohort 2: its half step is charged
         if c.target_epsilon is None or not events:
             return
         if self.accountant.would_exceed(c.target_epsilon, c.delta, events):

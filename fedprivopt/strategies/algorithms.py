@@ -293,6 +293,7 @@ class DPFedAvgADADP(ServerAlgorithm):
             # review of issue 15: a kill after it, then --resume, released cohort 1's sum a
             # second time, uncharged in secure mode and without noise in seeded mode)
             self.on_partial_release(round_num, self.round_events(round_num)[:1], half)
+        self.charge_partial(round_num)  # the accountant alike, before cohort 2 is asked
         users_2 = self.sample(round_num, "sampling-2")
         request = TrainRequest(round_num, users_2, half, None, cfg, "train-2")
         updates_2 = yield request

@@ -362,12 +362,34 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             "(request.params.clone()); nothing of the cohort was released"
         )
 
+    def charge_partial(self, round_num: int) -> None:
+        """Charge the accountant the first of round ``round_num``'s events now (ADADP's half step).
+
+        Thirty-eighth review of issue 15, follow-up (privacy 3): the accountant was charged a
+        round's events only when the round finished, but ADADP's half-step point (a function of
+        cohort 1's noised sum) reaches cohort 2's trainer before that; a round then refused
+        (api 1's changed request of ``train-2``, or a failed second aggregation) left that
+        release uncharged: ``epsilon()`` 0.0 after it, 3.19 after the next round where three
+        cohorts' sums were released. :meth:`_finish` charges the rest
+        (:meth:`uncharged_events`).
+        """
+        events = self.round_events(round_num)[:1]
+        if events:
+            self.accountant.step(events)
+        self._partial_charged = round_num
+
+    def uncharged_events(self, round_num: int) -> list[SubsampledGaussianEvent]:
+        """Round ``round_num``'s events not yet charged (all but the first after a half step)."""
+        events = self.round_events(round_num)
+        return events[1:] if getattr(self, "_partial_charged", None) == round_num else events
+
     def _finish(
         self, round_num: int, users: list[int], metrics: dict[str, float], rejected: dict
     ) -> RoundResult:
-        events = self.round_events(round_num)
+        events = self.uncharged_events(round_num)
         if events:
             self.accountant.step(events)
+        self._partial_charged = None
         self.round_num = round_num
         self._aggregated = set()
         self._average()

@@ -15,6 +15,14 @@
    never finished). Now the tree is put back as it was (``AlgorithmAggregation.
    _undo_tree_release``, also when the aggregation itself fails): round 1 runs again, the same
    release as a run without the refusal and charged (8.07), and round 2 first is refused.
+3. ``dp-fedavg-adadp`` (sigma 1, q 0.25) whose second cohort's request is changed in place by
+   the train callback (api 1 refuses round 1 after cohort 2's sum), then round 2. Before: the
+   half-step point (a function of cohort 1's noised sum) had reached cohort 2's trainer, but
+   the accountant was charged a round's events only when the round finished: ``epsilon()`` 0.0
+   after the refusal and 3.19 after round 2, the value of two cohorts where three were
+   released. Now ``ServerAlgorithm.charge_partial`` charges cohort 1's event when its half step
+   is sent (as the run's ledger records it): 2.53 and 3.66; a run without a refusal keeps its
+   epsilon (``_finish`` and the budget check take ``uncharged_events``).
 """
 
 from __future__ import annotations
@@ -120,3 +128,28 @@ def test_2_the_round_after_a_refused_tree_round_is_not_released_uncharged():
     except ValueError:
         return  # refused: nothing released
     assert alg.epsilon() > 1.0  # released: charged
+
+
+def _adadp():
+    return build_algorithm(
+        _config(strategy="dp-fedavg-adadp", **{"noise-multiplier": 1.0}), torch.zeros(4)
+    )
+
+
+def _changing_second(request):
+    if request.stream == "train-2":
+        request.params.add_(1.0)
+    return _train(request)
+
+
+def test_3_adadps_half_step_is_charged_when_it_is_sent():
+    clean = _adadp()
+    drive_round(clean, 1, _train)
+    one_round = clean.epsilon()
+    assert clean.accountant.ledger[0][1] == 2
+    alg = _adadp()
+    with pytest.raises(ValueError, match=r"\(train-2\)"):
+        drive_round(alg, 1, _changing_second)
+    assert alg.accountant.ledger[0][1] == 1 and 0.0 < alg.epsilon() < one_round
+    drive_round(alg, 2, _train)
+    assert alg.accountant.ledger[0][1] == 3 and alg.epsilon() > one_round

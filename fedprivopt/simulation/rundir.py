@@ -186,8 +186,17 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        reader = _held_shared(fd)
         os.close(fd)
         probe_lock(out / pid_file, what=what)  # raises naming the holder's PID; writes nothing
+        if reader:
+            # follow-up of the thirty-eighth review of issue 15 (rundirs 3): a reader through a
+            # read-only mount (_viewing_lock) was reported as a lock file removed or replaced
+            raise LockHeldError(
+                f"{what} is being read by another process through a read-only mount (which "
+                "keeps no PID); wait for it to finish or stop it first",
+                None,
+            ) from None
         raise LockHeldError(
             f"{what} is in use by another process (its lock file {pid_file} was removed or "
             "replaced, so its PID is unknown); wait for it to finish or stop it first",
@@ -210,6 +219,21 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
         _HELD.pop(key, None)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _held_shared(fd: int) -> bool:
+    """Whether directory ``fd``, refused an exclusive lock, is held by readers only.
+
+    Only :func:`_viewing_lock` takes a shared lock; the one taken here is let go at once.
+    """
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
 
 
 def lock_run_dir(out: str | os.PathLike):

@@ -18,6 +18,13 @@
    still removed the holder's ``runs/``, its ``compare.lock`` (``tune.lock``) and ``C`` under
    the running comparison (rc 2; only the function was tested). Now a refusal that is, or was
    raised while handling, a ``LockHeldError`` removes nothing (``rundir._refused_by_lock``).
+3. ``compare-tuned T`` read through a read-only mount (the thirty-eighth review's rundirs 4: a
+   shared ``flock`` on each trial's directory) while ``simulate --resume T/runs/trial-001`` (or
+   a tune rerun) came through the writable path: refused (right), but the message said ``its
+   lock file run.lock was removed or replaced, so its PID is unknown``: nothing was removed,
+   and a user told so looks for an intruder. Now ``lock_directory`` tells readers holding the
+   directory shared (``rundir._held_shared``): ``is being read by another process through a
+   read-only mount (which keeps no PID)``; ``run.lock`` untouched.
 """
 
 from __future__ import annotations
@@ -98,3 +105,31 @@ def test_2_a_refused_compare_or_tune_leaves_the_holders_new_directory(tmp_path, 
             assert (out / "runs").is_dir(), command
             assert (out / lock).is_file(), command
         monkeypatch.undo()
+
+
+# -- finding 3: a writer refused by a reader through a read-only mount is told so ----------------
+
+
+def test_3_a_writer_refused_by_a_read_only_reader_is_told_so(tmp_path, monkeypatch):
+    import fedprivopt.simulation.rundir as rundir
+    from fedprivopt.data.locks import LockHeldError
+
+    run = tmp_path / "trial-001"
+    run.mkdir()
+    (run / "run.lock").write_text("")  # as a finished run leaves it
+    with monkeypatch.context() as patch:
+        patch.setattr(rundir, "on_read_only_fs", lambda path: True)  # the read-only view
+        reader = rundir.reading_lock(run)
+        reader.__enter__()
+    try:
+        # before: 'its lock file run.lock was removed or replaced, so its PID is unknown'
+        with pytest.raises(
+            LockHeldError, match="being read by another process through a read-only"
+        ):
+            with rundir.lock_run_dir(run):  # simulate --resume through the writable path
+                pass
+    finally:
+        reader.__exit__(None, None, None)
+    with rundir.lock_run_dir(run):  # the reader gone: taken
+        pass
+    assert (run / "run.lock").read_text() == ""

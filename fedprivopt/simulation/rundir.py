@@ -487,7 +487,8 @@ class NewRunDir:
         except BaseException as exc:
             if isinstance(exc, OSError) and not self._lock_existed:  # created, never locked
                 (out / LOCK_FILE).unlink(missing_ok=True)
-            self._remove_dirs()
+            if not _refused_by_lock(exc):  # refused: the directories are the holder's now
+                self._remove_dirs()  # (follow-up of the thirty-eighth review, rundirs 4)
             raise
         try:
             _check_claimable(out, overwrite=self.overwrite, allowed=self.allowed)  # under lock

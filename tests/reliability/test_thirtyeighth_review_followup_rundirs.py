@@ -25,6 +25,11 @@
    and a user told so looks for an intruder. Now ``lock_directory`` tells readers holding the
    directory shared (``rundir._held_shared``): ``is being read by another process through a
    read-only mount (which keeps no PID)``; ``run.lock`` untouched.
+4. The twin of 2 in ``simulate``: two ``simulate toy.toml --out new/R`` started together, ``new``
+   missing (forced in-process: the first has made and locked ``R`` and not yet written
+   ``run.lock``): the refused ``NewRunDir`` removed the directories it had found missing, ``R``
+   (empty yet) and ``new``, from under the holder, whose start then failed. Now a start refused
+   by a lock removes no directory (``NewRunDir.__enter__``, ``rundir._refused_by_lock``).
 """
 
 from __future__ import annotations
@@ -133,3 +138,37 @@ def test_3_a_writer_refused_by_a_read_only_reader_is_told_so(tmp_path, monkeypat
     with rundir.lock_run_dir(run):  # the reader gone: taken
         pass
     assert (run / "run.lock").read_text() == ""
+
+
+# -- finding 4: a simulate refused by another's lock leaves the holder's new directory ----------
+
+
+def test_4_a_refused_simulate_leaves_the_holders_new_directory(tmp_path, monkeypatch):
+    import fcntl
+    import os
+
+    import fedprivopt.simulation.rundir as rundir
+    from fedprivopt.data.locks import LockHeldError
+
+    out = tmp_path / "new" / "R"  # both starts found it (and its parent) missing
+    taken = []
+    lock_run_dir = rundir.lock_run_dir
+
+    def first_takes_it(path):
+        # the first start has made R and locked it, and has not yet written run.lock
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        taken.append(fd)
+        return lock_run_dir(path)
+
+    monkeypatch.setattr(rundir, "lock_run_dir", first_takes_it)
+    try:
+        with pytest.raises(LockHeldError, match="in use by another process"):
+            with rundir.NewRunDir(out):
+                pass
+        # before: the refused start removed R (empty yet) and new/ from under the holder
+        assert out.is_dir()
+        assert os.path.samestat(os.fstat(taken[0]), os.stat(out))
+    finally:
+        for fd in taken:
+            os.close(fd)

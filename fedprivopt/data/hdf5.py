@@ -116,6 +116,9 @@ class _DamagedHDF5(ValueError):
 #: deflate, HDF5's standard compression, cannot compress by more than about 1032:1.
 _MAX_EXPANSION = 1032
 
+#: Virtual datasets a feature may be mapped through (one mapping another's values).
+_VIRTUAL_DEPTH = 8
+
 #: Bytes of one chunk that any file may use (h5py's own chunks are at most about 1 MiB).
 _CHUNK_FLOOR = 1 << 24
 
@@ -155,6 +158,7 @@ class _HeapChecker:
         self.base = plist.get_userblock()
         self.file_size = path.stat().st_size
         self._objects: dict[int, np.ndarray] = {}
+        self._virtual: list[str] = []  # the virtual sources being checked, outermost first
         self._f = open(path, "rb")  # closed by close(), with the h5py handle
 
     def close(self) -> None:
@@ -222,7 +226,7 @@ class _HeapChecker:
                 f"{file_size}-byte file can hold (damaged HDF5 file?)"
             )
 
-    def _check_sources(self, dataset: Any, what: str) -> None:
+    def _check_sources(self, dataset: Any, what: str, base: Path | None = None) -> None:
         """Refuse a virtual dataset whose source HDF5 would replace by fill values.
 
         Thirty-eighth review of issue 15 (input 4): HDF5 reads the fill value where a virtual
@@ -230,26 +234,38 @@ class _HeapChecker:
         file that had not been copied along read as every score 0 (every text empty), silently.
         Its follow-up: a source file that is there without the source dataset (or with fewer
         values than mapped) read the same way; an absolute source name that is gone but whose
-        file lies beside this one (both moved together) is found by HDF5, and read.
+        file lies beside this one (both moved together) is found by HDF5, and read; a source
+        that is itself virtual is checked the same way (``base``: the file whose directory its
+        relative names start from), to :data:`_VIRTUAL_DEPTH` levels.
         """
+        base = base or self.path
+        if len(self._virtual) >= _VIRTUAL_DEPTH:
+            raise _DamagedHDF5(
+                f"{self.path}: {what} is a virtual dataset mapped through more than "
+                f"{_VIRTUAL_DEPTH} virtual datasets ({' -> '.join(self._virtual)}; a cycle?)"
+            )
         for source in dataset.virtual_sources():
             name = source.file_name
             if "%" in name or os.environ.get("HDF5_VDS_PREFIX"):
                 continue  # a name pattern; a prefix of the user's: HDF5 finds them
-            held = self._source_dataset(dataset, source, what)
+            held = self._source_dataset(dataset, source, what, base)
+            via = f" (through {' -> '.join(self._virtual)})" if self._virtual else ""
             if held is None:
                 raise _DamagedHDF5(
-                    f"{self.path}: {what} is a virtual dataset whose source file {shown(name)} "
-                    "does not exist, so HDF5 would read fill values in place of its data (put "
+                    f"{self.path}: {what} is a virtual dataset whose source file "
+                    f"{shown(name)}{via} does not exist, so HDF5 would read fill values in place "
+                    "of its data (put "
                     "the file back beside it, or write the data into the file)"
                 )
             if isinstance(held, str):
                 raise _DamagedHDF5(
-                    f"{self.path}: {what} is a virtual dataset whose source {held}, so HDF5 "
+                    f"{self.path}: {what} is a virtual dataset whose source {held}{via}, so HDF5 "
                     "would read fill values in place of its data (damaged or incomplete copy?)"
                 )
 
-    def _source_dataset(self, dataset: Any, source: Any, what: str) -> str | bool | None:
+    def _source_dataset(
+        self, dataset: Any, source: Any, what: str, base: Path
+    ) -> str | bool | None:
         """Look up a virtual source as HDF5 does: ``None`` no file, a str what is wrong.
 
         HDF5 tries an absolute name, then the name (an absolute one's last part) beside the
@@ -263,7 +279,7 @@ class _HeapChecker:
         else:
             rel = Path(name).name if Path(name).is_absolute() else name
             tries = [Path(name)] if Path(name).is_absolute() else []
-            tries += [self.path.parent / rel, Path(rel)]
+            tries += [base.parent / rel, Path(rel)]
             files = [p for p in tries if p.is_file()]
         for candidate in files:
             try:
@@ -271,14 +287,20 @@ class _HeapChecker:
             except (OSError, ValueError):
                 continue
             try:
-                shown_file = shown(self.path.name if name == "." else name)
+                shown_file = shown(base.name if name == "." else name)
                 obj = h5.get(dset)
                 if not isinstance(obj, h5py.Dataset):
                     return f"file {shown_file} has no dataset {shown(dset)}"
                 # follow-up: a source's filtered chunk is decoded whole as a feature's is
                 # (one score mapped from chunks of 10**8 values: 831 MB); held to the bound
-                size = self.file_size if name == "." else candidate.stat().st_size
+                size = (base if name == "." else candidate).stat().st_size
                 self._check_chunks(obj, f"{what} (source {shown(dset)} in {shown_file})", size)
+                if obj.is_virtual:  # follow-up: a source mapping a missing file read as 0s
+                    self._virtual.append(f"{shown_file}:{dset}")
+                    try:
+                        self._check_sources(obj, what, base if name == "." else candidate)
+                    finally:
+                        self._virtual.pop()
                 space = source.src_space
                 if space.get_select_type() == h5py.h5s.SEL_ALL:  # as many values as mapped
                     short = obj.size < source.vspace.get_select_npoints()

@@ -28,16 +28,25 @@ tuning, data input and accounting): tests.
    the bound). Now ``_HeapChecker._source_dataset`` holds the source dataset's chunks to the
    same bound, with the source file's size (``_check_chunks``): ``'score' (source 'd' in
    'scores.h5') is stored in chunks of 80,000,000 bytes ...`` (10**7 values here).
+4. The same with a source that is itself virtual: ``score`` maps ``mid.h5``'s ``d``, which maps
+   ``gone.h5`` (not copied along); and ``score`` mapping itself (``'.'``,
+   ``examples/c1/score``). Before: ``[0, 0]``, silently (findings 1 and input 4 checked one
+   level); the self-mapping one killed the process with a segmentation fault inside HDF5
+   (rc 139, no line; before today too). Now ``_check_sources`` checks a virtual source's own
+   sources, relative to its file, to 8 levels: ``source file 'gone.h5' (through 'mid.h5':d)
+   does not exist``; ``mapped through more than 8 virtual datasets (... a cycle?)``.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 
-def _legacy(path, sources):
+def _legacy(path, sources, *, shape=(2,)):
     """A legacy StackOverflow HDF5 file whose clients' 'score' maps ``sources[client]``."""
     import h5py
     import numpy as np
@@ -48,8 +57,8 @@ def _legacy(path, sources):
             group = f.create_group(f"examples/{client}")
             for name in ("tokens", "title", "tags", "creation_date", "type"):
                 group.create_dataset(name, data=np.array([b"a", b"b"], dtype=object), dtype=text)
-            layout = h5py.VirtualLayout(shape=(2,), dtype="i8")
-            layout[:] = h5py.VirtualSource(file_name, dset, shape=(2,))
+            layout = h5py.VirtualLayout(shape=shape, dtype="i8")
+            layout[:] = h5py.VirtualSource(file_name, dset, shape=shape)
             group.create_virtual_dataset("score", layout, fillvalue=0)
 
 
@@ -146,3 +155,32 @@ def test_3_a_virtual_sources_chunks_are_held_to_the_bound(tmp_path):
     with pytest.raises(ValueError, match=r"'score' \(source 'd' in 'scores.h5'\) is stored in "
                        r"chunks of 80,000,000 bytes"):  # fmt: skip
         split.client_examples("c1")
+
+
+# -- finding 4: a virtual source that is itself virtual ---------------------------------------
+
+
+def test_4_a_virtual_sources_own_sources_are_checked(tmp_path):
+    h5py = pytest.importorskip("h5py")
+
+    from fedprivopt.data.hdf5 import HDF5Split
+
+    with h5py.File(tmp_path / "mid.h5", "w") as f:
+        layout = h5py.VirtualLayout(shape=(2,), dtype="i8")
+        layout[:] = h5py.VirtualSource("gone.h5", "d", shape=(2,))
+        f.create_virtual_dataset("d", layout, fillvalue=0)
+    _legacy(tmp_path / "stackoverflow_train.h5", {"c1": ("mid.h5", "d")})
+    with pytest.raises(ValueError, match=r"source file 'gone.h5' \(through 'mid.h5':d\) does "
+                       r"not exist"):  # fmt: skip
+        HDF5Split(tmp_path / "stackoverflow_train.h5").client_examples("c1")  # was [0, 0]
+    # a score mapping itself: HDF5 crashed the process (a child here, so a crash fails only this)
+    loop = tmp_path / "loop" / "stackoverflow_train.h5"
+    loop.parent.mkdir()
+    _legacy(loop, {"c1": (".", "examples/c1/score")})
+    code = (
+        "from fedprivopt.data.hdf5 import HDF5Split\n"
+        f"HDF5Split({str(loop)!r}).client_examples('c1')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, (done.returncode, done.stderr[-300:])  # was -11 (SIGSEGV)
+    assert "mapped through more than 8 virtual datasets" in done.stderr

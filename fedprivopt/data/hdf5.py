@@ -179,6 +179,8 @@ class _HeapChecker:
         # 1-value 'score' in chunks of 10**8 values (scale-offset and gzip: a 26 kB file) took
         # 836 MB and 6 s, and chunks reach 4 GiB; a chunk is held to the bound of the values
         self._check_chunks(dataset, what, self.file_size)
+        if dataset.external:
+            self._check_external(dataset, what)
         tid = dataset.id.get_type()
         h5t = _h5py().h5t
         if isinstance(tid, h5t.TypeVlenID):
@@ -215,6 +217,33 @@ class _HeapChecker:
                     f"{self.path}: {what}: a string of length {length} refers to heap "
                     f"object {index} at {addr} of {size} bytes (damaged HDF5 file?)"
                 )
+
+    def _check_external(self, dataset: Any, what: str) -> None:
+        """Refuse external storage shorter than the values read from it.
+
+        Follow-up of the thirty-eighth review of issue 15: HDF5 reads zeros where an external
+        raw data file ends early, so a score of two values kept in an 8-byte file read as
+        ``[7, 0]``, silently (a missing file is an error of HDF5's own). HDF5 opens a relative
+        name from the working directory unless ``HDF5_EXTFILE_PREFIX`` says otherwise.
+        """
+        if os.environ.get("HDF5_EXTFILE_PREFIX"):
+            return
+        left = dataset.nbytes
+        for name, offset, size in dataset.external:
+            if left <= 0:
+                break
+            file = Path(os.fsdecode(name))
+            take = min(left, size)
+            left -= take
+            with contextlib.suppress(OSError):  # missing or unreadable: HDF5 says so itself
+                have = file.stat().st_size - offset
+                if have < take:
+                    raise _DamagedHDF5(
+                        f"{self.path}: {what} is stored in the external file "
+                        f"{shown(os.fsdecode(name))}, which holds {max(have, 0):,} of the "
+                        f"{take:,} bytes read from offset {offset:,}, so HDF5 would read zeros "
+                        "in place of its data (damaged or incomplete copy?)"
+                    )
 
     def _check_chunks(self, dataset: Any, what: str, file_size: int) -> None:
         """Refuse chunks of ``dataset`` (in a file of ``file_size`` bytes) beyond its bound."""

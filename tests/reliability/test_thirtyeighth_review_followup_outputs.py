@@ -35,6 +35,12 @@ tuning, data input and accounting): tests.
    (rc 139, no line; before today too). Now ``_check_sources`` checks a virtual source's own
    sources, relative to its file, to 8 levels: ``source file 'gone.h5' (through 'mid.h5':d)
    does not exist``; ``mapped through more than 8 virtual datasets (... a cycle?)``.
+5. The same with a score kept in external storage (``create_dataset(..., external=[("short.bin",
+   0, 16)])``, two values) whose file holds one value (8 bytes; a copy cut short). Before:
+   ``[7, 0]``, silently: HDF5 reads zeros where an external file ends early (a missing one is
+   HDF5's own error, one line). Now ``_HeapChecker._check_external`` refuses it: ``'score' is
+   stored in the external file 'short.bin', which holds 8 of the 16 bytes read from offset 0
+   ...``; a file that holds them reads as before.
 """
 
 from __future__ import annotations
@@ -184,3 +190,30 @@ def test_4_a_virtual_sources_own_sources_are_checked(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, (done.returncode, done.stderr[-300:])  # was -11 (SIGSEGV)
     assert "mapped through more than 8 virtual datasets" in done.stderr
+
+
+# -- finding 5: external storage cut short ---------------------------------------------------
+
+
+def test_5_external_storage_cut_short_is_refused_not_zero_filled(tmp_path, monkeypatch):
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from fedprivopt.data.hdf5 import HDF5Split
+
+    monkeypatch.chdir(tmp_path)  # HDF5 opens a relative external name from here
+    np.array([3, 4], dtype="<i8").tofile(tmp_path / "scores.bin")
+    np.array([7], dtype="<i8").tofile(tmp_path / "short.bin")
+    path = tmp_path / "stackoverflow_train.h5"
+    with h5py.File(path, "w") as f:
+        text = h5py.special_dtype(vlen=bytes)
+        for client, external in {"c1": "scores.bin", "c2": "short.bin"}.items():
+            group = f.create_group(f"examples/{client}")
+            for name in ("tokens", "title", "tags", "creation_date", "type"):
+                group.create_dataset(name, data=np.array([b"a", b"b"], dtype=object), dtype=text)
+            group.create_dataset("score", shape=(2,), dtype="<i8", external=[(external, 0, 16)])
+    split = HDF5Split(path)
+    assert [e.score for e in split.client_examples("c1")] == [3, 4]
+    with pytest.raises(ValueError, match=r"'score' is stored in the external file 'short.bin', "
+                       r"which holds 8 of the 16 bytes"):  # fmt: skip
+        split.client_examples("c2")  # was [7, 0]

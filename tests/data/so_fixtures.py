@@ -164,8 +164,9 @@ def write_tff_sqlite(
 _CHILD_READ = """
 import sys
 import fedprivopt.data.hdf5 as hdf5
+import fedprivopt.data.hdf5_checks as hdf5_checks
 if sys.argv[2]:
-    hdf5.PROBE_TIMEOUT_S = float(sys.argv[2])
+    hdf5_checks.PROBE_TIMEOUT_S = float(sys.argv[2])
 try:
     sp = hdf5.HDF5Split(sys.argv[1])
     for cid in sp.client_ids:

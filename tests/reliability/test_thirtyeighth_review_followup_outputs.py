@@ -9,7 +9,7 @@ tuning, data input and accounting): tests.
    beside it`` (it was beside it); (b) the source file there but without the source dataset
    (also a source in this file, ``'.'``, that is not there), or a source dataset with fewer
    values than mapped (one value for two): read as the fill value 0, silently, as the missing
-   file was. Now ``_HeapChecker._source_dataset`` looks the source up as HDF5 does (an
+   file was. Now ``HeapChecker._source_dataset`` looks the source up as HDF5 does (an
    absolute name, its last part beside the file, the working directory) and refuses a
    missing dataset or a short one (``... has no dataset 'gone'``, ``... holds 1 values ...
    fewer than it is mapped to read``); a source that is there is read as before.
@@ -25,7 +25,7 @@ tuning, data input and accounting): tests.
    dataset mapping a 16 kB source file that keeps it in chunks of 10**8 values with the
    scale-offset and gzip filters (input 3's case, through a source). Before: ``[5]`` after
    831 MB (HDF5 decodes the source's chunk whole; input 3 held only the file's own chunks to
-   the bound). Now ``_HeapChecker._source_dataset`` holds the source dataset's chunks to the
+   the bound). Now ``HeapChecker._source_dataset`` holds the source dataset's chunks to the
    same bound, with the source file's size (``_check_chunks``): ``'score' (source 'd' in
    'scores.h5') is stored in chunks of 80,000,000 bytes ...`` (10**7 values here).
 4. The same with a source that is itself virtual: ``score`` maps ``mid.h5``'s ``d``, which maps
@@ -38,7 +38,7 @@ tuning, data input and accounting): tests.
 5. The same with a score kept in external storage (``create_dataset(..., external=[("short.bin",
    0, 16)])``, two values) whose file holds one value (8 bytes; a copy cut short). Before:
    ``[7, 0]``, silently: HDF5 reads zeros where an external file ends early (a missing one is
-   HDF5's own error, one line). Now ``_HeapChecker._check_external`` refuses it: ``'score' is
+   HDF5's own error, one line). Now ``HeapChecker._check_external`` refuses it: ``'score' is
    stored in the external file 'short.bin', which holds 8 of the 16 bytes read from offset 0
    ...``; a file that holds them reads as before.
 """

@@ -21,12 +21,12 @@
    file whose one-example client keeps its ``score`` in chunks of 10**8 values with the
    scale-offset and gzip filters (a 26 kB file): 836 MB and 6 s to read one value (HDF5 reads
    and decodes a filtered chunk whole; chunks reach 4 GiB), beyond the 1,032x expansion bound
-   the module holds the values to. ``_HeapChecker.check`` now holds a chunk to the same bound
+   the module holds the values to. ``HeapChecker.check`` now holds a chunk to the same bound
    (at least 16 MiB): ``'score' is stored in chunks of 800,000,000 bytes …`` before reading.
 4. ``HDF5Split(f).client_examples("c2")`` of a legacy HDF5 file whose ``score`` (or a text
    feature) is a virtual dataset mapping a file that was not copied along: every score read
    as the fill value 0 (every text ``''``), silently; HDF5 reads fill values where a source
-   file is missing. ``_HeapChecker._check_sources`` now refuses it (``'score' is a virtual
+   file is missing. ``HeapChecker._check_sources`` now refuses it (``'score' is a virtual
    dataset whose source file '…/missing.h5' does not exist …``); a source that is there is
    read as before (one pointing at ``/etc/passwd`` was refused already).
 5. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=D --set

@@ -286,11 +286,7 @@ def _viewing_lock(out: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                text = (out / LOCK_FILE).read_bytes()[:32].decode("ascii", "replace").strip()
-            except OSError:
-                text = ""
-            pid = int(text) if text.isdigit() else None
+            pid = _pid_in(out / LOCK_FILE)
             holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
             raise LockHeldError(
                 f"run directory {str(out)!r} is in use by {holder} (lock file {out / LOCK_FILE}, "
@@ -302,6 +298,29 @@ def _viewing_lock(out: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _pid_in(path: Path) -> int | None:
+    """The PID lock file ``path`` holds, read without waiting (``None``: none, or not a file).
+
+    Follow-up of the thirty-eighth review of issue 15 (rundirs 5): a running trial's
+    ``run.lock`` replaced by a FIFO (``rm run.lock; mkfifo run.lock``) made ``compare-tuned``
+    through a read-only mount wait for ever reading it (the writable path refuses it by name).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() else None
 
 
 # -- never overwrite -------------------------------------------------------------------------------

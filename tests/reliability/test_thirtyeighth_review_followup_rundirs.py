@@ -30,6 +30,13 @@
    ``run.lock``): the refused ``NewRunDir`` removed the directories it had found missing, ``R``
    (empty yet) and ``new``, from under the holder, whose start then failed. Now a start refused
    by a lock removes no directory (``NewRunDir.__enter__``, ``rundir._refused_by_lock``).
+5. While a trial's ``--resume`` held it, its ``run.lock`` replaced by a FIFO (``rm run.lock;
+   mkfifo run.lock``, rundirs 2's case with another kind of file), then ``compare-tuned T``
+   through a read-only bind mount: rundirs 4's ``_viewing_lock``, refused, read the holder's PID
+   with ``read_bytes`` and waited on the FIFO for ever (``timeout 15``: rc 124; through the
+   writable path the FIFO is refused by name). Now the PID is read without waiting, from a
+   regular file only (``rundir._pid_in``): rc 2, ``in use by another process (PID unknown)``.
+   (The test guards itself with ``SIGALRM``: before, it fails instead of hanging.)
 """
 
 from __future__ import annotations
@@ -172,3 +179,34 @@ def test_4_a_refused_simulate_leaves_the_holders_new_directory(tmp_path, monkeyp
     finally:
         for fd in taken:
             os.close(fd)
+
+
+# -- finding 5: a read-only view waits for no FIFO put in place of the holder's run.lock --------
+
+
+def test_5_a_read_only_view_reads_no_fifo_lock_file(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    import fedprivopt.simulation.rundir as rundir
+    from fedprivopt.data.locks import LockHeldError
+
+    run = tmp_path / "trial-001"
+    run.mkdir()
+    with rundir.lock_run_dir(run):  # the writer, through the writable path
+        (run / "run.lock").unlink()
+        os.mkfifo(run / "run.lock")  # no writer: opening it for reading would wait for ever
+        monkeypatch.setattr(rundir, "on_read_only_fs", lambda path: True)  # the read-only view
+
+        def waited(signum, frame):
+            raise RuntimeError("reading_lock waited on the FIFO")  # not an OSError
+
+        previous = signal.signal(signal.SIGALRM, waited)  # a guard: the test fails, not hangs
+        signal.alarm(20)
+        try:
+            with pytest.raises(LockHeldError, match=r"in use by another process \(PID unknown\)"):
+                with rundir.reading_lock(run):  # before: blocked in read_bytes
+                    pass
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)

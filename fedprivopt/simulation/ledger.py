@@ -283,10 +283,12 @@ class RunLedger(LedgerChecks, LedgerConversion):
         line of round ``k`` (what was released when it was written); otherwise ``ValueError``.
         Seeded runs whose later lines are exactly rounds ``k+1, k+2, …`` replay them: a redone
         round whose model digest equals its first release's is the same release (not charged
-        again); the first one that differs is a new release, and from then on every line is
-        charged. In every other case (secure mode, or no digests) the accountant starts with the
-        whole ledger and each redone round is a new release. The checkpoint's accountant must
-        also be the header's (kind, PLD discretization, PRV error bound).
+        again); one that differs is refused, nothing of it released (:meth:`_replayed`). In
+        every other case (secure mode, or no digests, or lines out of replay order) the
+        accountant starts with the whole ledger and each redone round is a new release; a
+        seeded one must still equal every recorded release of its round (:meth:`_check_redone`).
+        The checkpoint's accountant must also be the header's (kind, PLD discretization, PRV
+        error bound).
         """
         start = 0
         if checkpoint is not None:

@@ -36,8 +36,13 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import check_int
-from fedprivopt.core.files import naming
 from fedprivopt.core.text import shown
+from fedprivopt.data.sqlite_files import (
+    check_sqlite_file,
+    declared_size,
+    first_warning,
+    unreadable,
+)
 from fedprivopt.data.stackoverflow import (
     MAX_EXAMPLE_BYTES,
     ClientSplit,
@@ -67,7 +72,6 @@ about 175 bytes a client, measured; 2 million took 0.63 GB, and the 10**8 of a p
 would take 17 GB)."""
 # sqlite3 raises UnicodeDecodeError when a damaged schema puts invalid UTF-8 in an error message
 _SQLITE_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
-_HEADER = b"SQLite format 3\x00"
 _SCHEMA = {
     "examples": ("split_name", "client_id", "serialized_example_proto"),
     "client_metadata": ("client_id", "split_name", "num_examples"),
@@ -97,101 +101,6 @@ def _bounded(row: tuple, path: Path, client_id: str, split: str, i: int) -> obje
             f"{path}: client {client_id!r} of split {split!r}, example {i}: {too_large(size)}"
         )
     return blob
-
-
-def check_sqlite_file(path: str | os.PathLike) -> Path:
-    """Check that ``path`` exists and holds a complete SQLite database; return it as a Path.
-
-    Raises
-    ------
-    FileNotFoundError
-        If the file does not exist.
-    ValueError
-        If it is not an SQLite file, or is shorter than its header says (truncated).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    size = path.stat().st_size
-    with naming(path), path.open("rb") as f:  # EIO (/proc/self/mem): sixteenth review, rc 1
-        header = f.read(100)
-    declared = declared_size(header, path)
-    if declared is not None and size < declared:
-        raise ValueError(
-            f"{path}: truncated SQLite database: header says {declared} bytes, file has {size}"
-        )
-    return path
-
-
-def declared_size(header: bytes, path: str | os.PathLike) -> int | None:
-    """The database size an SQLite file's first 100 bytes declare (``None``: not recorded).
-
-    Raises ``ValueError`` naming ``path`` when they are not an SQLite header.
-    """
-    if len(header) < 100 or not header.startswith(_HEADER):
-        raise ValueError(f"{path}: not an SQLite database (bad or missing header)")
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages = int.from_bytes(header[28:32], "big")
-    # the count is valid when written by the SQLite version that last changed the file
-    return page_size * pages if header[24:28] == header[92:96] and pages > 0 else None
-
-
-def _unreadable(path: Path, exc: Exception) -> ValueError:
-    """The error for SQLite's ``exc`` on reading ``path``, with the cause SQLite's text hides.
-
-    Thirty-eighth review of issue 15 (input 2): a database beside a hot journal (a write that
-    was interrupted) was refused as ``attempt to write a readonly database``, and one in
-    write-ahead-log mode in a directory the reader cannot write as ``unable to open database
-    file``: lines that blame the reader for what is the file's state.
-    """
-    hint = ""
-    journal, wal = (path.with_name(path.name + end) for end in ("-journal", "-wal"))
-    if journal.is_file() and journal.stat().st_size > 0:
-        hint = (
-            f"; {journal.name} beside it is a hot journal (a write to the database was "
-            "interrupted), which SQLite must roll back before anything is read, and a reader "
-            "opens the file read-only: open it once with write access (e.g. sqlite3 "
-            f"{path.name} 'PRAGMA quick_check'), which rolls the write back"
-        )
-    elif (wal.is_file() or _wal_header(path)) and not os.access(path.parent, os.W_OK):
-        # follow-up: a database left in WAL mode and closed cleanly has no -wal file, and was
-        # refused as 'attempt to write a readonly database' with no hint (its header says WAL);
-        # a checkpoint (the advice before) leaves the file in WAL mode: journal_mode=DELETE
-        where = f"{wal.name} beside it" if wal.is_file() else "its header says so"
-        hint = (
-            f"; it is in write-ahead-log mode ({where}), which SQLite reads only "
-            f"where it can create {path.name}-shm, and {path.parent} is not writable: "
-            f"take it out of that mode once with write access (sqlite3 {path.name} "
-            "'PRAGMA journal_mode=DELETE') or copy its files to a writable directory"
-        )
-    elif "no such column: rowid" in str(exc):
-        hint = (
-            " (table 'examples' is a WITHOUT ROWID table, and a client's examples are read in "
-            "rowid order, the order of TFF's file: copy them into a table with rowids)"
-        )
-    return ValueError(f"{path}: unreadable SQLite database: {exc}{hint}")
-
-
-_WARNED: set[str] = set()  # the files this process warned about (no index)
-
-
-def _first_warning(path: Path) -> bool:
-    """Whether this process has not yet warned about ``path`` (and will now)."""
-    key = str(path.resolve())
-    if key in _WARNED:
-        return False
-    _WARNED.add(key)
-    return True
-
-
-def _wal_header(path: Path) -> bool:
-    """Whether ``path``'s header marks a database in write-ahead-log mode (bytes 18-19: 2, 2)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(20)[18:20] == b"\x02\x02"
-    except OSError:
-        return False
 
 
 def _connect(path: Path, *, readonly: bool = True) -> sqlite3.Connection:
@@ -245,7 +154,7 @@ def list_splits(path: str | os.PathLike) -> list[str]:
         _check_schema(conn, path)
         names = [r[0] for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata")]
     except _SQLITE_ERRORS as exc:
-        raise _unreadable(path, exc) from exc
+        raise unreadable(path, exc) from exc
     finally:
         conn.close()
     return sorted(_text_values(path, "client_metadata.split_name", names))
@@ -284,7 +193,7 @@ def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 counts = out[split] = array("q")
             counts.append(n)
     except _SQLITE_ERRORS as exc:
-        raise _unreadable(path, exc) from exc
+        raise unreadable(path, exc) from exc
     finally:
         conn.close()
     return {split: np.frombuffer(counts, dtype=np.int64).copy() for split, counts in out.items()}
@@ -309,7 +218,7 @@ def count_distinct_clients(path: str | os.PathLike) -> int:
         _check_schema(conn, path)
         (count,) = conn.execute("SELECT COUNT(DISTINCT client_id) FROM client_metadata").fetchone()
     except _SQLITE_ERRORS as exc:
-        raise _unreadable(path, exc) from exc
+        raise unreadable(path, exc) from exc
     finally:
         conn.close()
     return int(count)
@@ -384,7 +293,7 @@ class SQLiteSplit(ClientSplit):
             self.indexed = has_client_index(conn)
             first = conn.execute(f"SELECT {_BLOB} FROM examples LIMIT 1", _LIMIT).fetchone()
         except _SQLITE_ERRORS as exc:
-            raise _unreadable(self.path, exc) from exc
+            raise unreadable(self.path, exc) from exc
         self._client_ids = _text_values(
             self.path, "client_metadata.client_id", [r[0] for r in rows]
         )
@@ -402,7 +311,7 @@ class SQLiteSplit(ClientSplit):
         # thirty-eighth review of issue 15 (input 5): a task opens a file's splits one by one,
         # and `simulate` of TFF's file decompressed with xz -dk (the advice of `data info`)
         # printed this warning three times, six lines with our source lines; once a file now
-        if warn_unindexed and not self.indexed and _first_warning(self.path):
+        if warn_unindexed and not self.indexed and first_warning(self.path):
             warnings.warn(
                 f"{self.path}: table 'examples' has no index on (split_name, client_id); every "
                 "client read scans the whole table (minutes per client on the full dataset). "
@@ -470,7 +379,7 @@ class SQLiteSplit(ClientSplit):
                 .fetchall()
             )
         except _SQLITE_ERRORS as exc:
-            raise _unreadable(self.path, exc) from exc
+            raise unreadable(self.path, exc) from exc
         if len(rows) != want:
             found = f"more than {want}" if len(rows) > want else f"{len(rows)}"
             raise ValueError(

@@ -19,7 +19,7 @@ tuning, data input and accounting): tests.
    Python: ``attempt to write a readonly database``). Before: that line alone (input 2's hint
    looked for a ``-wal`` file only), and the hint it gave with a ``-wal`` file advised ``PRAGMA
    wal_checkpoint(TRUNCATE)``, which leaves the file in WAL mode, and so in this very case.
-   Now ``sqlite._unreadable`` also reads WAL mode from the header (bytes 18-19) and advises
+   Now ``sqlite_files.unreadable`` also reads WAL mode from the header (bytes 18-19) and advises
    ``PRAGMA journal_mode=DELETE`` (measured: the same reader then reads it).
 3. ``HDF5Split(f).client_examples`` of a legacy HDF5 file whose one score is a virtual
    dataset mapping a 16 kB source file that keeps it in chunks of 10**8 values with the

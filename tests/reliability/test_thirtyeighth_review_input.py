@@ -13,7 +13,7 @@
    attempt to write a readonly database``, which blames the reader; a database in
    write-ahead-log mode in a directory the user cannot write: ``unable to open database
    file`` (the file is there and readable); a ``WITHOUT ROWID`` examples table: ``no such
-   column: rowid``. ``sqlite._unreadable`` now says the cause and what to do: ``…-journal
+   column: rowid``. ``sqlite_files.unreadable`` now says the cause and what to do: ``…-journal
    beside it is a hot journal (a write to the database was interrupted) … open it once with
    write access (e.g. sqlite3 stackoverflow.sqlite 'PRAGMA quick_check')``, or the WAL and the
    directory that is not writable; nothing beside the database is changed.

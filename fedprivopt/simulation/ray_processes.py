@@ -194,6 +194,15 @@ def check_ray_temp_dir(what: str) -> None:
             break
     else:
         return  # /tmp
+    if not os.path.isabs(os.path.expanduser(base)):
+        # thirty-eighth review of issue 15 (follow-up): an empty or relative RAY_TMPDIR
+        # (export RAY_TMPDIR=$SCRATCH with SCRATCH unset) broke Ray wherever --out was: rc 1
+        # after about 50 s, 130 lines, ./ray left in the working directory
+        raise ValueError(
+            f"{what} starts Ray, which takes {name} = {shown(base)} for its session files "
+            "(logs, sockets) and fails on a path that is empty or relative; set it to an "
+            "absolute directory (RAY_TMPDIR=/tmp) or unset it"
+        )
     room = limit - len(_RAY_SOCKET.format(pid=os.getpid()))  # bytes left for the directory
     size = len(os.fsencode(os.path.expanduser(base)))  # as Ray expands it
     if size > room:

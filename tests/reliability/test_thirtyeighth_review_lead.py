@@ -26,6 +26,12 @@
    for holding it: rc 1 after about 3.5 minutes, 34 lines and a traceback. ``deploy local``
    refuses a temporary directory that is ``--out`` or inside it before anything starts
    (``deploy.cli._check_temp_outside``): rc 2, one line naming TMPDIR; D stays empty.
+5. (the follow-up rundirs reviewer's open row) ``RAY_TMPDIR= simulate toy.toml --engine flower
+   --rounds 1`` (``export RAY_TMPDIR=$SCRATCH`` with ``SCRATCH`` unset; also ``RAY_TMPDIR=rt``,
+   a relative path), ``--out`` anywhere: Ray takes the variable as it is and failed, rc 1 after
+   about 50 s, 130 lines with 6 tracebacks, ``./ray`` left in the working directory.
+   ``ray_processes.check_ray_temp_dir`` refuses an empty or relative directory before Ray
+   starts: rc 2, one line naming the variable.
 """
 
 from __future__ import annotations
@@ -134,3 +140,14 @@ def test_4_deploy_local_refuses_a_temporary_directory_inside_out(tmp_path, monke
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "TMPDIR" in err[0], (rc, err)  # before: started
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["", "rt", "./scratch"])
+def test_5_an_empty_or_relative_ray_tmpdir_is_refused_before_ray_starts(monkeypatch, value):
+    from fedprivopt.simulation import ray_processes
+
+    monkeypatch.setenv("RAY_TMPDIR", value)
+    with pytest.raises(ValueError, match=r"RAY_TMPDIR = .*empty or relative"):  # before: taken
+        ray_processes.check_ray_temp_dir("fast-actors")
+    monkeypatch.setenv("RAY_TMPDIR", "/tmp")
+    ray_processes.check_ray_temp_dir("fast-actors")

@@ -428,7 +428,8 @@ def resume(
       checkpoint were released, this raises ``ValueError`` instead of restarting from round 0;
     * **seeded mode**: rounds after the restored checkpoint are redone with the same randomness;
       a redone round whose model has the SHA-256 its first release recorded is that release
-      again and is not charged twice; one that differs is a new release and is charged;
+      again and is not charged twice; one that differs is not released at all (it drew its
+      first release's noise, so the two would reveal their difference): ``ValueError``;
     * **secure mode**: noise comes from OS entropy, so every redone round is a new release: the
       accountant starts from the whole ledger and the redone rounds add their own events. ε
       therefore exceeds that of an uninterrupted run by the lost rounds, and a target ε may stop

@@ -164,6 +164,16 @@ def _holder(path: Path) -> int | None:
     return None
 
 
+def _in_use(path: Path, what: str) -> LockHeldError:
+    """The refusal of ``what``, whose lock file ``path`` another process holds (its PID named)."""
+    pid = _holder(path)
+    holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
+    return LockHeldError(
+        f"{what} is in use by {holder} (lock file {path}); wait for it to finish or stop it first",
+        pid,
+    )
+
+
 def probe_lock(path: str | os.PathLike, *, what: str) -> None:
     """Raise :class:`LockHeldError` naming the holder if another open file holds ``path``.
 
@@ -200,13 +210,7 @@ def probe_lock(path: str | os.PathLike, *, what: str) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = _holder(path)
-            holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
-            raise LockHeldError(
-                f"{what} is in use by {holder} (lock file {path}); wait for it to finish or "
-                "stop it first",
-                pid,
-            ) from None
+            raise _in_use(path, what) from None
         except OSError:
             return  # a file system without locks: the caller's own refusal says enough
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -264,13 +268,7 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            pid = _holder(path)
-            holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
-            raise LockHeldError(
-                f"{what} is in use by {holder} (lock file {path}); wait for it to finish or "
-                "stop it first",
-                pid,
-            ) from None
+            raise _in_use(path, what) from None
         except OSError as exc:
             os.close(fd)
             raise unlockable(path, exc) from None

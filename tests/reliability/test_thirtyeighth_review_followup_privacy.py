@@ -27,32 +27,17 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_thirtyeighth_review_api import _config as _api_config
+from tests.reliability.test_thirtyeighth_review_api import _quiet, _train  # noqa: F401
 
 
 def _config(**changes) -> StrategyConfig:
-    values = {"strategy": "dp-fedadam", "population": 40, "clients-per-round": 10,
-              "num-server-rounds": 5, "noise-multiplier": 0.5, "delta": 1e-4, "seed": 0,
-              **changes}  # fmt: skip
-    return StrategyConfig.from_mapping(values)
-
-
-def _train(request):
-    """Every user of a request sends the same small update."""
-    return {u: torch.full((4,), 0.1) for u in request.users}
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.WARNING)  # absl's RDP warnings at q = 0.25
-    yield
-    logging.disable(logging.NOTSET)
+    return _api_config(**{"strategy": "dp-fedadam", **changes})
 
 
 def _scale_tensors(value) -> None:

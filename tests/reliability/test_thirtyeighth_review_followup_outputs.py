@@ -51,6 +51,8 @@ import sys
 
 import pytest
 
+from tests.reliability.test_thirtyeighth_review_input import refused_as_another_user
+
 
 def _legacy(path, sources, *, shape=(2,)):
     """A legacy StackOverflow HDF5 file whose clients' 'score' maps ``sources[client]``."""
@@ -110,7 +112,6 @@ def test_1_a_virtual_source_is_looked_up_as_hdf5_does(tmp_path):
 
 
 def test_2_a_wal_database_closed_cleanly_is_named_with_a_remedy_that_works(tmp_path, monkeypatch):
-    import os
     import sqlite3
 
     from fedprivopt.data import sqlite as sq
@@ -123,16 +124,7 @@ def test_2_a_wal_database_closed_cleanly_is_named_with_a_remedy_that_works(tmp_p
     conn.close()
     assert not (tmp_path / "stackoverflow.sqlite-wal").exists()  # removed on the last close
     # as root SQLite could create the -shm file: the refusal another user meets (measured)
-    monkeypatch.setattr(sq.os, "access", lambda path, mode: mode != os.W_OK)
-
-    class Refused:
-        def execute(self, *args):
-            raise sqlite3.OperationalError("attempt to write a readonly database")
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(sq, "_connect", lambda path: Refused())
+    refused_as_another_user(monkeypatch, "attempt to write a readonly database")
     with pytest.raises(ValueError) as info:
         sq.read_example_counts(db)
     # was "unreadable SQLite database: attempt to write a readonly database", nothing more

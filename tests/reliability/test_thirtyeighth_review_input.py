@@ -115,24 +115,13 @@ def test_2_a_hot_journal_is_named_not_blamed_on_the_reader(tmp_path):
 
 
 def test_2_a_write_ahead_log_in_a_read_only_directory_is_named(tmp_path, monkeypatch):
-    import os
-    import sqlite3
 
     from fedprivopt.data import sqlite as sq
 
     db = _database(tmp_path / "stackoverflow.sqlite")
     (tmp_path / "stackoverflow.sqlite-wal").write_bytes(b"")
     # as root SQLite could create the -shm file: the reader's refusal, as another user meets it
-    monkeypatch.setattr(sq.os, "access", lambda path, mode: mode != os.W_OK)
-
-    class Refused:  # the connection SQLite opens lazily fails on the first statement
-        def execute(self, *args):
-            raise sqlite3.OperationalError("unable to open database file")
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(sq, "_connect", lambda path: Refused())
+    refused_as_another_user(monkeypatch, "unable to open database file")
     with pytest.raises(ValueError) as info:
         sq.read_example_counts(db)
     assert "write-ahead-log mode (stackoverflow.sqlite-wal beside it)" in str(info.value)
@@ -213,3 +202,26 @@ def test_5_an_unindexed_database_is_warned_about_once(tmp_path):
             SQLiteSplit(db, split, validate=False)
     shown = [w for w in caught if "has no index on (split_name, client_id)" in str(w.message)]
     assert len(shown) == 1
+
+
+def refused_as_another_user(monkeypatch, message: str) -> None:
+    """The data directory unwritable and every SQLite statement refused with ``message``.
+
+    As root SQLite could create the ``-shm`` file; this is the refusal another user meets (the
+    connection SQLite opens lazily fails on the first statement).
+    """
+    import os
+    import sqlite3
+
+    from fedprivopt.data import sqlite as sq
+
+    monkeypatch.setattr(sq.os, "access", lambda path, mode: mode != os.W_OK)
+
+    class Refused:
+        def execute(self, *args):
+            raise sqlite3.OperationalError(message)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sq, "_connect", lambda path: Refused())

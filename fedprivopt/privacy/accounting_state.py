@@ -20,6 +20,7 @@ import dp_accounting as dpa
 from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.limits import MAX_STATE_NOISE_MULTIPLIER
 
 __all__ = [
     "ACCOUNTANTS",
@@ -47,10 +48,6 @@ STATE_VERSION = 1
 #: 1,000 and keeps every accountant's arithmetic in float64 (a count of 10**400 made ``epsilon``
 #: raise ``OverflowError``).
 MAX_STATE_COUNT = 10**9
-#: Largest noise multiplier of an event in a saved state: far above any useful noise level (ε is
-#: 0 to double precision long before), while ``σ²`` stays finite in float64 (σ = 1e308 made
-#: ``epsilon`` raise ``OverflowError``). All three accountants were checked up to 1e150.
-MAX_STATE_NOISE_MULTIPLIER = 1e100
 #: Largest count of one ledger entry, and of equal events merged, that :func:`merge_ledger`
 #: takes (an API ledger, not a saved state, whose bound is :data:`MAX_STATE_COUNT`). Every
 #: accountant computes with the count as a float64; 10**400 made ``compose_epsilon`` raise

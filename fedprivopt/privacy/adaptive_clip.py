@@ -44,8 +44,8 @@ import torch
 
 from fedprivopt.core.checks import as_float, check_int, check_real
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.accounting_state import MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
+from fedprivopt.privacy.limits import MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.received import user_pair
 

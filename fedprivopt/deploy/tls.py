@@ -14,6 +14,7 @@ import datetime as _dt
 import ipaddress
 import os
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +47,31 @@ class NodeKey:
 
 
 def _write(path: Path, data: bytes, mode: int) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """Write ``data`` to a new file of ``mode`` and rename it to ``path``; returns ``path``.
+
+    Thirty-ninth review of issue 15 (processes 1): the file was opened by name with ``O_TRUNC``
+    and written in place, then ``chmod``-ed, so a private key went through a symbolic link
+    (``cp -rs certs certs-b``: the first directory's CA key and certificates replaced), into
+    every name of a hard link (``cp -al``), and into an existing file of mode 0644 that another
+    process had open (it read the key after the ``chmod``). The new file is created with
+    ``O_EXCL`` (no link followed), its mode set before a byte is written, and renamed over
+    ``path`` (a link there is replaced, never followed).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o600)
     try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.chmod(path, mode)  # an existing file keeps its mode under O_CREAT
+        try:
+            os.fchmod(fd, mode)  # exactly mode, whatever the umask (as before)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -327,7 +327,7 @@ class RunLedger(LedgerChecks, LedgerConversion):
             accountant.set_ledger(self._total)
             self.replay = []
             later = [e for e in rest if e.round > round_num]  # not a rebuilt ledger's carried
-            if later:
+            if sum(count_events(e.released) for e in later):  # a tree period's rounds: none
                 # thirty-fifth review of issue 15 (the lifecycle reviewer): said on every
                 # resume of a run whose budget ends at its checkpoint, where no round is redone
                 _log.warning(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.tree import tree_position
 from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, METRICS_FILE
 from fedprivopt.simulation.ledger_lines import (
     Ledger,
@@ -37,6 +38,21 @@ _log = logging.getLogger(__name__)
 
 
 ACCOUNTANT_FIELDS = ("accountant", "pld_discretization", "prv_eps_error")
+
+
+def _released_by(round_events: Sequence[SubsampledGaussianEvent], round_num: int) -> Ledger:
+    """What round ``round_num`` released, of a charging round's ``round_events``.
+
+    Under tree aggregation a restart period's event is charged whole at its first round and
+    the period's other rounds release none (``ServerAlgorithm.round_events``), as every line a
+    run writes records. Thirty-ninth review of issue 15 (ledger, finding 1): a tree run's
+    rebuilt ledger charged each round after the checkpoint a whole period's event (epsilon
+    31.57 where the run spent 23.82), and the next ``--resume`` refused that line as edited.
+    """
+    steps = {e.tree_steps for e in round_events if e.sampling == "tree"}
+    if len(steps) == 1 and tree_position(round_num, steps.pop())[1] != 1:
+        return ()
+    return round_released(round_events)
 
 
 def check_accountant_kind(
@@ -116,7 +132,8 @@ class LedgerConversion:
         Needs a readable checkpoint (``accountant`` holds its state, ``round_num`` its round):
         its events are carried over (checked against the ε the metrics rows of rounds up to it
         report by :meth:`check_carried`: a checkpoint claiming less is refused), every round the
-        rows or the summary show after it is charged ``round_events``, and whatever count an
+        rows or the summary show after it is charged ``round_events`` (under tree aggregation only
+        a restart period's first round), and whatever count an
         older ledger claims beyond that total is charged too. The result replaces the old file,
         which is kept as ``privacy_ledger.jsonl.v1``; nothing of it can be replayed, so the
         rounds after the checkpoint are charged again when they are redone. ``tuning_plan``: a
@@ -137,9 +154,8 @@ class LedgerConversion:
 
         source = "converted from an earlier version's ledger" if old else "no ledger was found"
         add("carried", round_num, accountant.ledger, source=f"{checkpoint} ({source})")
-        per_round = round_released(round_events)
         for r in range(round_num + 1, last_released + 1):
-            add("round", r, per_round, params_sha256=None)
+            add("round", r, _released_by(round_events, r), params_sha256=None)
         if old is not None and old.max_events > total and round_events:
             extra = ((round_events[0], old.max_events - total),)
             add("carried", max(round_num, last_released, 1), extra,

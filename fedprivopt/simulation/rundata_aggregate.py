@@ -24,6 +24,7 @@ from fedprivopt.simulation.rundata import RunData, RunWarning, as_float
 
 __all__ = [
     "BASIS_WORDS",
+    "EPSILON_ACCOUNTANT",
     "Selection",
     "aggregate_runs",
     "aggregate_with_notes",
@@ -243,10 +244,23 @@ def mechanism(config: Mapping[str, Any]) -> str | None:
     return "fixed" if config.get("sampling") == "fixed" else "poisson"
 
 
+EPSILON_ACCOUNTANT = "epsilon_accountant"
+"""A run summary's key naming the accountant of its ε where that is not the configured one.
+
+Thirty-ninth review of issue 15 (reports, finding 1): a tuned run (``compare-tuned``,
+``compare --tune-grid``) carries its tuning's ε, an RDP bound (``RepeatAndSelectDpEvent``),
+also when its runs were configured with ``accountant = "pld"``; the row was labelled ``pld``
+in ``summary.csv`` beside an untuned PLD row, and no note said their ε were of different
+accountants (``tune_report.load_tuned`` sets it).
+"""
+
+
 def _bases(group: Sequence[RunData]) -> dict[str, list[str]]:
     """The accountants and neighbouring relations of ``group``'s private runs (finite ε)."""
-    configs = [run.summary.get("config") or {} for run in group if math.isfinite(run.epsilon)]
-    accountants = {c.get("accountant") for c in configs} - {None}
+    private = [run for run in group if math.isfinite(run.epsilon)]
+    configs = [run.summary.get("config") or {} for run in private]
+    accountants = {run.summary.get(EPSILON_ACCOUNTANT) or c.get("accountant")
+                   for run, c in zip(private, configs, strict=True)} - {None}  # fmt: skip
     relations = {mechanism(c) for c in configs} - {None}
     return {"accountants": sorted(str(a) for a in accountants),
             "relations": sorted(_RELATION_WORDS[m] for m in relations)}  # fmt: skip

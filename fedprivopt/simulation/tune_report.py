@@ -23,6 +23,7 @@ from typing import Any
 from fedprivopt.core.files import unlink_links
 from fedprivopt.privacy.tuning import TrialCount
 from fedprivopt.simulation.files import atomic_write
+from fedprivopt.simulation.rundata_aggregate import EPSILON_ACCOUNTANT
 from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
 from fedprivopt.simulation.tune_notes import (
     TUNED_SUFFIX,
@@ -34,6 +35,7 @@ from fedprivopt.simulation.tune_notes import (
 )
 
 __all__ = [
+    "TUNING_ACCOUNTANT",
     "costliest_text",
     "load_tuned",
     "procedure_lines",
@@ -46,6 +48,9 @@ __all__ = [
 ]
 
 SUMMARY_VERSION = 1
+TUNING_ACCOUNTANT = "rdp"
+"""The accountant of a tuning's ε (dp-accounting's RDP on ``RepeatAndSelectDpEvent``), whatever
+the accountant its runs are configured with."""
 
 
 def _trial_row(result: TrialResult, metric: str) -> dict[str, Any]:
@@ -337,7 +342,10 @@ def load_tuned(path: str | Path, checked=None):
 
     checked = check_tuning(path) if checked is None else checked
     run, eps = checked.run, checked.epsilon
-    tuned = {**run.summary, "strategy": run.strategy + TUNED_SUFFIX, "epsilon": eps}
+    # thirty-ninth review of issue 15 (reports, finding 1): a tuning of runs configured with
+    # accountant = "pld" was labelled pld in summary.csv, its epsilon being RDP's
+    tuned = {**run.summary, "strategy": run.strategy + TUNED_SUFFIX, "epsilon": eps,
+             EPSILON_ACCOUNTANT: TUNING_ACCOUNTANT}  # fmt: skip
     return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps)
 
 

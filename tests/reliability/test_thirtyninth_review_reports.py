@@ -1,0 +1,61 @@
+"""Issue 15, thirty-ninth hostile review (reports: compare, tune, compare-tuned, reports): tests.
+
+1. ``tune toy.toml --grid server-learning-rate=0.5,1 --rounds 2 --seed 3 --set accountant=pld``
+   then ``compare-tuned T --untuned C`` of ``compare toy.toml --strategies dp-fedavg --rounds 2
+   --set accountant=pld`` (also ``compare --tune-grid`` with ``accountant = "pld"``). Before:
+   ``summary.csv``'s ``accountant`` column said ``pld`` for the tuned row, whose ε 13.86 is the
+   tuning's RDP bound (``RepeatAndSelectDpEvent``), beside the untuned row's PLD 8.961, and no
+   note said their ε came from different accountants; a PLD tuning beside an RDP untuned run was
+   noted as "pld" against "rdp", the wrong way round. Now a tuned run carries the accountant its
+   ε is of (``tune_report.load_tuned``: ``epsilon_accountant`` ``rdp``), which
+   ``rundata_aggregate._bases`` reads before the run's configured one: the tuned row says
+   ``rdp`` and the rows' ε are noted as from different accountants.
+"""
+
+from __future__ import annotations
+
+import csv
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+from fedprivopt.simulation.report import aggregate_runs, write_summary_csv
+from fedprivopt.simulation.rundata import RunData
+from fedprivopt.simulation.tune_report import load_tuned
+
+
+def _run(path: Path, accountant: str, epsilon: float, accuracy: float) -> RunData:
+    """A finished 2-round dp-fedavg run at σ 0.5 whose configuration names ``accountant``."""
+    config = {"strategy": "dp-fedavg", "noise-multiplier": 0.5, "sampling": "poisson",
+              "accountant": accountant, "delta": 1e-4, "seed": 0}  # fmt: skip
+    summary = {"strategy": "dp-fedavg", "noise_multiplier": 0.5, "seed": 0, "epsilon": epsilon,
+               "delta": 1e-4, "rounds_completed": 2, "config": config}  # fmt: skip
+    rows = [{"round": r, "eval_accuracy": accuracy, "eval_loss": 0.9} for r in (1, 2)]
+    return RunData(summary, rows, path, ledger_epsilon=epsilon)
+
+
+def _rows(runs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = aggregate_runs(runs)
+    return {r["strategy"]: r for r in rows}, [str(w.message) for w in caught]
+
+
+def test_a_tuned_row_names_the_accountant_of_its_tuning_epsilon(tmp_path):
+    trial = _run(tmp_path / "T" / "runs" / "trial-001", "pld", 8.961, 0.6267)
+    tuned = load_tuned(tmp_path / "T", SimpleNamespace(run=trial, epsilon=13.86))
+    untuned = _run(tmp_path / "C" / "runs" / "dp-fedavg__sigma0.5__seed0", "pld", 8.961, 0.6133)
+    rows, notes = _rows([tuned, untuned])
+    assert rows["dp-fedavg (tuned)"]["accountants"] == ["rdp"]  # RepeatAndSelectDpEvent, RDP
+    assert rows["dp-fedavg"]["accountants"] == ["pld"]
+    assert any("different accountants" in n and "rdp: dp-fedavg (tuned)" in n for n in notes)
+    write_summary_csv(list(rows.values()), tmp_path / "summary.csv")
+    with (tmp_path / "summary.csv").open(encoding="utf-8") as fh:
+        by = {line["strategy"]: line["accountant"] for line in csv.DictReader(fh)}
+    assert by == {"dp-fedavg (tuned)": "rdp", "dp-fedavg": "pld"}
+    # a PLD tuning beside an RDP run: both epsilons are RDP bounds, no note claims otherwise
+    rdp_run = _run(tmp_path / "C" / "runs" / "x", "rdp", 10.28, 0.6133)
+    rows, notes = _rows([tuned, rdp_run])
+    assert rows["dp-fedavg (tuned)"]["accountants"] == rows["dp-fedavg"]["accountants"] == ["rdp"]
+    assert not any("different accountants" in n for n in notes)
+    assert trial.summary["config"]["accountant"] == "pld"  # the run's own record is unchanged

@@ -160,6 +160,30 @@ def _check_log_dir(logs: Path) -> None:
         )
 
 
+def check_out_claimable(out: str | Path, config: Any) -> None:
+    """Refuse an ``out`` the deployment of ``config`` may not write into (``ValueError``).
+
+    A new or empty directory, one holding only an earlier deployment's ``deploy/`` logs, or a
+    finished start's debris (:func:`~fedprivopt.simulation.rundir.check_claimable`); no task
+    directory and no temporary directory inside it. The ServerApp claims ``out`` only after the
+    deployment has written its logs and ``processes.json`` there and started every process.
+    Thirty-ninth review of issue 15 (processes 2): the command line checked these, the Python
+    API :func:`~fedprivopt.deploy.local.deploy_local` did not (documented to validate
+    everything first): into a directory of a user's files it wrote ``deploy/`` and started the
+    SuperLink and SuperNodes, and a user's own ``deploy/processes.json`` was replaced.
+    """
+    from fedprivopt.deploy.server_app import DEPLOY_LOGS
+    from fedprivopt.simulation.run import check_task_dirs_outside
+    from fedprivopt.simulation.rundir import check_claimable
+
+    # fourteenth review of issue 15: the refusal advised "--resume DIR", which deploy local
+    # does not accept (rc 2, "unrecognized arguments"); simulate continues such a run
+    check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
+    _check_log_dir(Path(out) / DEPLOY_LOGS)
+    check_task_dirs_outside(config, str(out))  # the SuperNodes would write their data there
+    _check_temp_outside(str(out))
+
+
 def _check_temp_outside(out: str) -> None:
     """Refuse a temporary directory that is ``out`` or inside it (``ValueError`` naming it).
 
@@ -300,18 +324,8 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     # the ServerApp refuses a directory that is not a new run's only after the deployment has
     # written its logs (and processes.json) there and started SuperLink and SuperNodes: refuse
     # it here, before anything is created
-    from fedprivopt.deploy.server_app import DEPLOY_LOGS
-    from fedprivopt.simulation.rundir import check_claimable
-
-    # fourteenth review of issue 15: the refusal advised "--resume DIR", which deploy local
-    # does not accept (rc 2, "unrecognized arguments"); simulate continues such a run
     check_not_deploying(out)  # before the claim, which would call its run one to resume
-    check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
-    _check_log_dir(Path(out) / DEPLOY_LOGS)
-    from fedprivopt.simulation.run import check_task_dirs_outside
-
-    check_task_dirs_outside(config, out)  # the SuperNodes would write their data there
-    _check_temp_outside(out)
+    check_out_claimable(out, config)
     from fedprivopt.simulation.engines import check_device
 
     check_device(config)  # the SuperNodes train on this machine

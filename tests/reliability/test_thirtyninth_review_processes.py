@@ -12,14 +12,28 @@ deployment processes and key material): tests.
    the key after the ``chmod``). Now ``tls._write`` writes a new file (``O_EXCL``, no link
    followed, mode set before a byte is written) and renames it over the name: the linked or
    shared file is untouched and the key is in a file only its owner could ever read.
+2. The Python API ``deploy_local(nodes=1, tls=False, config_path="toy.toml", out=D)``
+   (docs/DEPLOYMENT.md: "It validates everything first") with ``D`` a directory of a user's
+   files, or holding a user's own ``deploy/processes.json``. Before: ``deploy local`` refused
+   both (rc 2), the API checked only that ``D`` held no ``config.toml``: it made ``D/deploy``,
+   its lock and logs, started the SuperLink and the SuperNode (the ServerApp then refused
+   ``D``, a ``RuntimeError`` about a minute later) and wrote its ``processes.json`` over the
+   user's. Now ``deploy_local`` makes the command line's checks
+   (``deploy.cli.check_out_claimable``: the claim, the ``deploy/`` logs, task and temporary
+   directories outside ``D``) before anything is written: ``ValueError`` naming ``--out``.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
+
+import pytest
 
 from fedprivopt.deploy.tls import make_node_key, make_tls_files
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
 def test_1_tls_files_are_not_written_through_links(tmp_path):
@@ -54,3 +68,36 @@ def test_1_a_private_key_never_lands_in_a_readable_file(tmp_path):
     assert stat.S_IMODE(made.private_key.stat().st_mode) == 0o600
     assert stat.S_IMODE(made.public_key.stat().st_mode) == 0o644
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+class _Started(Exception):
+    """Raised where the deployment would make its working directory and start its processes."""
+
+
+@pytest.fixture
+def no_deployment(monkeypatch):
+    import fedprivopt.deploy.local as local
+
+    def started() -> None:
+        raise _Started
+
+    monkeypatch.setattr(local, "make_workdir", started)
+
+
+@pytest.mark.parametrize("case", ["user files", "user deploy dir"])
+def test_2_deploy_local_refuses_an_out_of_user_files_before_writing(tmp_path, no_deployment, case):
+    from fedprivopt.deploy import deploy_local
+
+    out = tmp_path / "D"
+    if case == "user files":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine\n")
+        expected = "not part of a fedprivopt run"
+    else:
+        (out / "deploy").mkdir(parents=True)
+        (out / "deploy" / "processes.json").write_text('{"mine": 1}\n')
+        expected = "processes.json"
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with pytest.raises(ValueError, match=expected):
+        deploy_local(nodes=1, tls=False, config_path=str(TOY), out=str(out), timeout=60)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before

@@ -19,6 +19,7 @@ from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparseBatch
+from fedprivopt.strategies.requests import same_values
 from fedprivopt.wire import ClientSettings
 
 __all__ = ["UserTrainer"]
@@ -100,9 +101,14 @@ class UserTrainer:
         cfg = settings.local
         rngs = RngFactory(seed=None, secure=True) if self.secure else RngFactory(seed=settings.seed)
         report = cfg.clip_bit and bits is not None
+        # thirty-ninth review of issue 15 (api 1): the trainer trains from its own copy, and
+        # the copy is compared with ``params`` (which it never sees) before each entry reaches
+        # the aggregator and after the last; see _refuse_changed
+        work = params.detach().clone()
+        version = work._version
         if self.mode(settings) == "vectorized":
             for batch in self.cohort.train_batches(
-                params,
+                work,
                 users,
                 round_num=round_num,
                 config=cfg,
@@ -110,6 +116,7 @@ class UserTrainer:
                 preconditioner=preconditioner,
                 stream=stream,
             ):
+                _refuse_changed(work, version, params, round_num, stream, batch.users)
                 if report:
                     for u, norm in zip(batch.users, batch.norms, strict=True):
                         bits[u] = clip_report(norm, cfg, rngs, round_num, (stream, u))
@@ -117,10 +124,11 @@ class UserTrainer:
                     yield batch
                 else:  # dense updates (e.g. next-word prediction's): (user, update) pairs
                     yield from batch.split()
+            _refuse_changed(work, version, params, round_num, stream, [])
             return
         for u in users:
             result = self.local.train(
-                params,
+                work,
                 user_id=u,
                 round_num=round_num,
                 config=cfg,
@@ -128,6 +136,7 @@ class UserTrainer:
                 preconditioner=preconditioner,
                 stream=stream,
             )
+            _refuse_changed(work, version, params, round_num, stream, [u])
             if report:
                 bits[u] = result.clip_bit
             yield u, result.delta
@@ -142,3 +151,38 @@ class UserTrainer:
             e.clone() if isinstance(e, RowSparseBatch) else e for e in self.train(*args, bits)
         ]
         return entries, bits
+
+
+def _refuse_changed(
+    work: torch.Tensor,
+    version: int,
+    params: torch.Tensor,
+    round_num: int,
+    stream: str,
+    users: list[int],
+) -> None:
+    """Raise ``ValueError`` when the trainer changed ``work``, its copy of ``params``, in place.
+
+    Thirty-ninth review of issue 15 (api 1): the thirty-eighth review's check
+    (:meth:`~fedprivopt.strategies.core.ServerAlgorithm.refuse_changed_request`) compares the
+    request's copy after the whole cohort, so a task's ``cohort_trainer`` that trained each
+    user on its ``global_flat`` in place and put it back before returning passed it, and every
+    user after the first started from the others' training (user 5's update of a toy round
+    moved by as much as its own size with user 0 in the cohort or not). The copy is compared
+    before each of its entries reaches the aggregator, and its version counter catches a write
+    put back within one entry (``global_flat.copy_(saved)``); the round is refused before its
+    noise is drawn, so nothing of it is released.
+    """
+    if work._version == version and same_values(work, params):
+        return
+    where = "" if stream == "train" else f" ({stream})"
+    after = " after its last entry"
+    if users:
+        first, last = min(users), max(users)
+        after = f" after user {first}" if first == last else f" after users {first}..{last}"
+    raise ValueError(
+        f"round {round_num}{where}: the task's cohort_trainer (or its trainer) changed the "
+        f"global model it was given (global_flat, request.params) in place{after}: a user "
+        "trained after that started from other users' training; train on a copy "
+        "(global_flat.clone()); nothing of the cohort was released"
+    )

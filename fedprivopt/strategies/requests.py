@@ -30,6 +30,7 @@ __all__ = [
     "Updates",
     "each_user_once",
     "refuse_malformed",
+    "same_values",
 ]
 
 
@@ -87,6 +88,13 @@ class TrainRequest:
         object.__setattr__(self, "params", self.params.detach().clone())
         if isinstance(self.preconditioner, torch.Tensor):
             object.__setattr__(self, "preconditioner", self.preconditioner.detach().clone())
+        # thirty-ninth review (api 1): a write put back before the check (copy_ of a saved
+        # copy after the cohort) leaves the values; the tensors' version counters record it
+        object.__setattr__(self, "_versions", self._tensor_versions())
+
+    def _tensor_versions(self) -> tuple[int, int]:
+        pre = self.preconditioner
+        return self.params._version, pre._version if isinstance(pre, torch.Tensor) else 0
 
     def changed_in(
         self, params: torch.Tensor, preconditioner: torch.Tensor | None = None
@@ -94,20 +102,26 @@ class TrainRequest:
         """``"params"`` or ``"preconditioner"``: the copy a trainer changed in place, else ``None``.
 
         ``params`` and ``preconditioner`` are what the request was built from; NaN equals NaN.
+        A copy written in place and put back (its version counter moved) is changed too.
         """
-        for name, ours, given in (
+        versions = self._tensor_versions()
+        for i, (name, ours, given) in enumerate((
             ("params", params, self.params),
             ("preconditioner", preconditioner, self.preconditioner),
-        ):
+        )):  # fmt: skip
             if ours is None or given is None:
                 continue
-            same = given.shape == ours.shape and (
-                torch.equal(given, ours)  # one pass; NaN needs the second look
-                or bool(((given == ours) | (given.isnan() & ours.isnan())).all())
-            )
-            if not same:
+            if versions[i] != self._versions[i] or not same_values(given, ours):
                 return name
         return None
+
+
+def same_values(given: torch.Tensor, ours: torch.Tensor) -> bool:
+    """Whether ``given`` holds the values of ``ours`` (the same shape; NaN equals NaN)."""
+    return given.shape == ours.shape and (
+        torch.equal(given, ours)  # one pass; NaN needs the second look
+        or bool(((given == ours) | (given.isnan() & ours.isnan())).all())
+    )
 
 
 @dataclass

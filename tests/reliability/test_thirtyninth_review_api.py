@@ -1,0 +1,144 @@
+"""Issue 15, thirty-ninth hostile review (api: the documented Python API): tests.
+
+1. A trainer that trains on the global model it is given in place and puts it back before the
+   thirty-eighth review's check: a task's own ``cohort_trainer`` on the fast engine
+   (``make_cohort_train``, in process or on ``fast-actors``) training each user on its
+   ``global_flat`` in place (``global_flat.add_``, or ``global_flat.data.add_``) and restoring it
+   after its last user (``global_flat.copy_(saved)``); a ``drive_round`` train callback that
+   trains a model whose parameters are views of ``request.params`` and then does
+   ``request.params.copy_(start)``. Before: the check compared the request's copy after the
+   whole cohort, so the round was released (toy, 6 users: rc 0, epsilon 23.8), and each user
+   after the first started from the others' training (user 5's update [0.0057, 0.0100, ...]
+   with user 0 in the cohort, [0.0109, 0.0256, ...] without it: the sum's sensitivity to user
+   0 is no longer C). Now the fast engine's trainer trains from its own copy, compared with the
+   request's before each entry reaches the aggregator (``fast_trainer._refuse_changed``: ``round
+   1: the task's cohort_trainer (or its trainer) changed the global model it was given ...
+   after users 0..0``), and a write put back within one entry, or by a callback, is seen by the
+   tensors' version counters (``TrainRequest.changed_in``); nothing of the round is released
+   and it may run again.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.clients import LocalTrainer
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.simulation.fast import make_cohort_train
+from fedprivopt.strategies import build_algorithm
+from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_thirtyeighth_review_api import (
+    _Batch,
+    _config,
+    _quiet,  # noqa: F401
+    _train,
+)
+
+# -- finding 1: a trainer that changes the global model in place and puts it back -------------
+
+
+class _Restoring:
+    """A task's cohort trainer going on from each user's training in place, then restoring it.
+
+    ``how``: ``"op"`` (``global_flat.add_``), ``"data"`` (``global_flat.data.add_``, which
+    torch's version counter does not see) or ``"one-entry"`` (the whole cohort in one entry,
+    put back with ``copy_`` before it is yielded).
+    """
+
+    def __init__(self, task, how):
+        self.local, self.how, self.updates = LocalTrainer(task, device="cpu"), how, {}
+
+    def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
+        saved, pairs = params.clone(), []
+        keys = {"round_num": round_num, "config": config, "rngs": rngs, "stream": stream}
+        for user in users:
+            delta = self.local.train(params, user_id=user, **keys).delta
+            self.updates[user] = delta
+            (params.data if self.how == "data" else params).add_(delta * 50)
+            if self.how != "one-entry":
+                yield _Batch([(user, delta)])
+            else:
+                pairs.append((user, delta))
+        (params.data if self.how == "data" else params).copy_(saved)
+        if pairs:
+            yield _Batch(pairs)
+
+
+def _toy(how):
+    task = build_task("toy", num_users=6)
+    trainer = _Restoring(task, how)
+    task.cohort_trainer = lambda device, chunk_users: trainer
+    return task, trainer
+
+
+def _fixed(**changes):
+    return _config(population=6, sampling="fixed", **{"clients-per-round": 6, **changes})
+
+
+@pytest.mark.parametrize("how", ["op", "data", "one-entry"])
+def test_1_a_cohort_trainer_that_puts_its_global_model_back_is_refused(how):
+    task, _ = _toy(how)
+    init = initial_flat(task)
+    alg = build_algorithm(_fixed(), init)
+    train = make_cohort_train(task, device="cpu")  # the fast engine's, in process
+    with pytest.raises(ValueError, match=r"round 1: the task's cohort_trainer .* changed the "
+                       r"global model it was given .* in place"):  # fmt: skip
+        drive_round(alg, 1, train)  # released (epsilon 23.8), users from the others' training
+    assert torch.equal(alg.params, init) and alg.accountant.num_events == 0
+    task.cohort_trainer = None  # the round runs again (here one user at a time)
+    assert drive_round(alg, 1, make_cohort_train(task, device="cpu")).round_num == 1
+
+
+def test_1_users_of_the_cohort_trainer_start_from_the_model_they_were_sent():
+    """What the refusal prevents: user 5's update depends on user 0's data."""
+    task, _ = _toy("op")
+    request = next(build_algorithm(_fixed(), initial_flat(task)).run_round(1))
+    updates = {}
+    for users in ([0, 5], [5]):
+        trainer = _Restoring(task, "op")
+        params = request.params.clone()
+        for _ in trainer.train_batches(
+            params,
+            users,
+            round_num=1,
+            config=request.settings.local,
+            rngs=_rngs(request),
+            preconditioner=None,
+            stream="train",
+        ):
+            pass  # fmt: skip
+        updates[len(users)] = trainer.updates[5]
+    assert float((updates[2] - updates[1]).norm()) > 0.01  # the leak the engine now refuses
+
+
+def _rngs(request):
+    from fedprivopt.privacy.rng import RngFactory
+
+    return RngFactory(seed=request.settings.seed)
+
+
+def _restoring_callback(request):
+    """Trains every user on views of ``request.params``, each from the last, then puts it back."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 1))
+    torch.nn.utils.vector_to_parameters(request.params, model.parameters())
+    start = request.params.clone()
+    out = {}
+    for user in request.users:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(100.0)
+        flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+        out[user] = (flat - start).clamp(-0.1, 0.1)
+    request.params.copy_(start)
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+def test_1_a_callback_that_puts_request_params_back_is_refused(strategy):
+    alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"round 1: the train callback .* changed request.params"):
+        drive_round(alg, 1, _restoring_callback)  # released
+    assert alg.round_num == 0 and torch.equal(alg.params, torch.zeros(4))
+    assert alg.accountant.num_events == 0
+    assert drive_round(alg, 1, _train).round_num == 1

@@ -48,9 +48,10 @@ print("\\n".join(errors[:5]))
 """
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0])
 def test_modules_imported_from_many_threads_at_once_do_not_deadlock(seed):
-    # With the eager package __init__s this failed for every one of ten seeds tried.
+    # With the eager package __init__s this failed for every one of ten seeds tried; one seed
+    # (about 6 s: every module of the package loaded in a fresh process) is enough to see it.
     done = subprocess.run(
         [sys.executable, "-c", RACE, str(PACKAGE), str(seed)],
         capture_output=True,

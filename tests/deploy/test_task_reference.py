@@ -36,7 +36,7 @@ RUN = {
     "strategy": "dp-fedadam",
     "population": 4,
     "clients-per-round": 2,
-    "num-server-rounds": 2,
+    "num-server-rounds": 1,  # the task is what is tried here; each round costs about 10 s
     "noise-multiplier": 1.0,
     "clip-norm": 1.0,
     "delta": 1e-3,
@@ -80,8 +80,8 @@ def test_a_referenced_task_runs_in_a_deployment(tmp_path, monkeypatch):
     )
     summary = json.loads((out / "summary.json").read_text())
     rows = read_rows(out / "metrics.jsonl")
-    assert summary["task"] == REF and summary["rounds_completed"] == 2
-    assert [r["round"] for r in rows] == [1, 2]
+    assert summary["task"] == REF and summary["rounds_completed"] == 1
+    assert [r["round"] for r in rows] == [1]
     assert all(r["node_errors"] == 0 for r in rows)
     # the same configuration simulated in process ends with the same model
     monkeypatch.chdir(REPO_ROOT)

@@ -9,7 +9,8 @@ rows, ``summary.json`` and the newest readable checkpoint) and checks them again
 * every ε the rows and the summary reported against the ledger (``check_reported``), and the
   rounds they show against the ledger's last round (a truncated ledger);
 * the checkpoint's accountant against the ledger (``restore``), or, without a ledger, against
-  the ε the rows reported (``check_carried``); a checkpoint holding events no round of the
+  the ε the rows reported (``check_carried``) and the ledger it rebuilds against every ε the
+  rows and the summary reported (``check_rebuilt``); a checkpoint holding events no round of the
   configuration releases, or fewer than its rounds release, is refused;
 * without a readable checkpoint, whether restarting from round 0 would reset the accountant.
 
@@ -49,6 +50,7 @@ from fedprivopt.simulation.files import (
     stated_epsilons,
 )
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+from fedprivopt.simulation.ledger_convert import rebuilt_parts
 from fedprivopt.simulation.ledger_lines import tree_participants
 from fedprivopt.simulation.rundata import check_summary_rounds
 from fedprivopt.strategies.core import ServerAlgorithm
@@ -510,6 +512,8 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
             )
     elif ledger is None:
         RunLedger.check_carried(config, alg.accountant, alg.round_num, name, rows)
+        parts = rebuilt_parts(alg.accountant, alg.round_num, last_released, alg.round_events(), old)
+        RunLedger.check_rebuilt(config, alg.accountant, parts, name, stated_epsilons(rows, summary))
     else:
         ledger.restore(alg.accountant, alg.round_num, name, secure=config.strategy.secure)
     diverged = checked_round(state.get("diverged"), alg.round_num) if state else None

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.accounting import PrivacyAccountant
+from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
+from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.tree import tree_position
-from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, METRICS_FILE
+from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, METRICS_FILE, stated_epsilons
 from fedprivopt.simulation.ledger_lines import (
     Ledger,
     OldLedgerError,
@@ -32,7 +33,7 @@ from fedprivopt.simulation.ledger_lines import (
 if TYPE_CHECKING:
     from fedprivopt.simulation.ledger import RunLedger
 
-__all__ = ["ACCOUNTANT_FIELDS", "LedgerConversion", "check_accountant_kind"]
+__all__ = ["ACCOUNTANT_FIELDS", "LedgerConversion", "check_accountant_kind", "rebuilt_parts"]
 
 _log = logging.getLogger(__name__)
 
@@ -75,6 +76,28 @@ def check_accountant_kind(
             )
 
 
+def rebuilt_parts(
+    accountant: PrivacyAccountant,
+    round_num: int,
+    last_released: int,
+    round_events: Sequence[SubsampledGaussianEvent],
+    old: OldLedgerError | None,
+) -> list[tuple[str, int, Ledger]]:
+    """The ``(kind, round, released)`` lines of a ledger rebuilt from a checkpoint of ``round_num``.
+
+    The checkpoint's events (``carried``), each round shown after it up to ``last_released``
+    (:func:`_released_by`), and what an older ledger (``old``) counts beyond that (``carried``).
+    """
+    parts: list[tuple[str, int, Ledger]] = [("carried", round_num, accountant.ledger)]
+    for r in range(round_num + 1, last_released + 1):
+        parts.append(("round", r, _released_by(round_events, r)))
+    total = sum(count_events(released) for _, _, released in parts)
+    if old is not None and old.max_events > total and round_events:
+        extra = ((round_events[0], old.max_events - total),)
+        parts.append(("carried", max(round_num, last_released, 1), extra))
+    return parts
+
+
 class LedgerConversion:
     """The conversion of :class:`~fedprivopt.simulation.ledger.RunLedger` (a mixin).
 
@@ -111,6 +134,41 @@ class LedgerConversion:
                     "checkpoint was edited; refusing to resume"
                 )
 
+    @staticmethod
+    def check_rebuilt(
+        config, accountant: PrivacyAccountant, parts: Sequence[tuple[str, int, Ledger]],
+        checkpoint: str, reported: Sequence[tuple[str, float]],
+    ) -> None:  # fmt: skip
+        """Raise unless the ledger rebuilt as ``parts`` composes to every ε the run reported.
+
+        ``parts``: :func:`rebuilt_parts` of the checkpoint's ``accountant``; ``reported``:
+        :func:`~fedprivopt.simulation.files.stated_epsilons` of the rows and the summary. The
+        rebuilt ledger charges every round they show, so one that composes to less was built
+        from an edited checkpoint or configuration. Thirty-ninth review of issue 15 (ledger,
+        finding 2): :meth:`check_carried` compares only the rows of rounds up to the
+        checkpoint; a checkpoint of round 3 whose events and configuration were set to σ 50
+        (digest recomputed), ``config.toml`` to match and the ledger deleted resumed, rc 0,
+        ε 0.0466 where the row of round 5 (``eval-every = 5``) and the summary had reported
+        17.28, and the resume dropped that row.
+        """
+        if not config.strategy.private or not reported:
+            return
+        where, most = max(reported, key=lambda item: item[1])
+        have = compose_epsilon(
+            merge_ledger(p for _, _, released in parts for p in released),
+            config.strategy.delta,
+            accountant=accountant.accountant,
+            pld_discretization=accountant.pld_discretization,
+            prv_eps_error=accountant.prv_eps_error,
+        )
+        if most > have * (1 + 1e-6):
+            raise ValueError(
+                f"{checkpoint} and the rounds released after it rebuild a privacy ledger (its "
+                f"{LEDGER_FILE} is missing or of an earlier version) that composes to epsilon "
+                f"{have:.6g}, but {where} reported epsilon {most:.6g}: the checkpoint or "
+                f"{CONFIG_FILE} was edited; refusing to resume"
+            )
+
     @classmethod
     def convert(
         cls,
@@ -141,25 +199,22 @@ class LedgerConversion:
         (nineteenth review of issue 15, finding 9).
         """
         cls.check_carried(config, accountant, round_num, checkpoint, rows)
+        parts = rebuilt_parts(accountant, round_num, last_released, round_events, old)
+        cls.check_rebuilt(config, accountant, parts, checkpoint, stated_epsilons(rows, None))
         header = cls.header_for(config, accountant, data, tuning_plan)
         lines: list[dict[str, Any]] = []
         total = 0
-
-        def add(kind: str, round_: int, released: Ledger, **extra: Any) -> None:
-            nonlocal total
+        source = "converted from an earlier version's ledger" if old else "no ledger was found"
+        for kind, round_, released in parts:
             total += count_events(released)
+            extra: dict[str, Any] = {"params_sha256": None}
+            if kind == "carried":
+                first = not lines
+                extra = {"source": f"{checkpoint} ({source})" if first else
+                         f"counted by the earlier version's {LEDGER_FILE}"}  # fmt: skip
             lines.append({"kind": kind, "round": round_, "events": total,
                           "accountant": accountant.accountant,
                           "released": released_json(released), **extra})  # fmt: skip
-
-        source = "converted from an earlier version's ledger" if old else "no ledger was found"
-        add("carried", round_num, accountant.ledger, source=f"{checkpoint} ({source})")
-        for r in range(round_num + 1, last_released + 1):
-            add("round", r, _released_by(round_events, r), params_sha256=None)
-        if old is not None and old.max_events > total and round_events:
-            extra = ((round_events[0], old.max_events - total),)
-            add("carried", max(round_num, last_released, 1), extra,
-                source=f"counted by the earlier version's {LEDGER_FILE}")  # fmt: skip
         _log.warning(
             "%s: %s; rebuilt from %s and the metrics: %d privacy events charged",
             out / LEDGER_FILE,

@@ -12,6 +12,17 @@
    what that round releases (a tree period's event at its first round only,
    ``ledger_convert._released_by``): ε 23.82, and the run is resumed again to 7 rounds (ε
    31.57, three periods).
+2. A run (``eval-every = 5``, 5 rounds: one metrics row, round 5's, ε 17.27) killed with its
+   newest checkpoint of round 3, the checkpoint's events and configuration set to σ 50 (digest
+   recomputed with ``state_digest``), ``noise-multiplier = 50`` in ``config.toml`` and the
+   ledger deleted, then ``simulate --resume``: the rebuilt ledger was checked only against
+   the rows of rounds up to the checkpoint (``check_carried``; there were none), so the run
+   resumed, rc 0, ε 0.0466 in its new summary, and the resume dropped the row that had
+   reported 17.27 (also with ``summary.json`` kept, which stated 17.27 too, or only it). Now
+   the ledger a resume would rebuild is composed first and refused when it composes to less
+   than any ε the rows or the summary reported (``LedgerConversion.check_rebuilt``, from
+   ``audit_run_dir`` and ``convert``): exit 2, one line naming the checkpoint and the row,
+   nothing written.
 """
 
 from __future__ import annotations
@@ -19,9 +30,14 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+import torch
+
 from fedprivopt.cli import main
+from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
 from fedprivopt.simulation.run import simulate
+from tests.reliability.test_ledger import kept_files
 from tests.simulation.test_run import small_config
 
 TREE3 = {"noise-mechanism": "tree", "tree-restart-rounds": 3, "checkpoint-every": 100}
@@ -57,3 +73,45 @@ def test_1_a_rebuilt_tree_ledger_charges_each_round_what_it_released(tmp_path, c
     seven = json.loads((run / "summary.json").read_text())
     assert seven["rounds_completed"] == 7 and seven["epsilon"] > spent
     assert read_rows(run / LEDGER_FILE)[-1]["events"] == 3  # periods 1, 2 and 3 (rounds 7-9)
+
+
+# -- 2: a rebuilt ledger composing to less than the rows or the summary reported ------------------
+@pytest.mark.parametrize("kept", ["rows", "rows-and-summary", "summary"])
+def test_2_a_rebuilt_ledger_below_a_reported_epsilon_is_refused(tmp_path, capsys, kept):
+    every = {"checkpoint-every": 100, "eval-every": 5}
+    three = simulate(small_config(**every, **{"num-server-rounds": 3}), tmp_path / "r3").out_dir
+    five = simulate(small_config(**every, **{"num-server-rounds": 5}), tmp_path / "r5").out_dir
+    assert [row["round"] for row in read_rows(five / "metrics.jsonl")] == [5]
+    run = tmp_path / "run"
+    shutil.copytree(five, run)
+    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
+        state = torch.load(three / name, weights_only=True)
+        algorithm = state["algorithm"]
+        for item in algorithm["accountant"]["ledger"]:
+            item["event"]["noise_multiplier"] = 50.0
+        algorithm["config"]["noise-multiplier"] = 50.0
+        del state["sha256"]
+        state["sha256"] = state_digest(state)
+        torch.save(state, run / name)
+    config = (run / "config.toml").read_text()
+    assert "noise-multiplier = 0.5" in config
+    (run / "config.toml").write_text(
+        config.replace("noise-multiplier = 0.5", "noise-multiplier = 50.0")
+    )
+    (run / LEDGER_FILE).unlink()
+    if kept == "rows":
+        (run / "summary.json").unlink()
+    if kept == "summary":
+        (run / "metrics.jsonl").write_text("")
+    files = kept_files(run)
+    capsys.readouterr()
+    rc = main(["simulate", "--resume", str(run), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, err  # was 0: epsilon 0.0466 where round 5's row said 17.27
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "checkpoint.pt and the rounds released after it rebuild a privacy ledger" in err
+    where = "summary.json" if kept == "summary" else "metrics.jsonl (round 5)"
+    assert f"but {where} reported epsilon 17.27" in err
+    assert kept_files(run) == files
+    if kept != "summary":
+        assert [row["round"] for row in read_rows(run / "metrics.jsonl")] == [5]  # was dropped

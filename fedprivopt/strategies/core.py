@@ -320,7 +320,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             round_num, users, self.params, preconditioner, self.client_settings(clip_norm=clip)
         )
         updates = yield request
-        agg = self.aggregate(round_num, updates, clip_norm=clip, cohort=users)
+        agg = self.aggregate_in_round(round_num, updates, clip_norm=clip, cohort=users)
         self.refuse_changed_request(request, self.params, preconditioner)
         noise_std = self.optimizer_noise_std(agg, clip)
         metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
@@ -329,6 +329,53 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         )
         self.params = self.params + step
         return self._finish(round_num, users, metrics, agg.rejected)
+
+    def aggregate(
+        self,
+        round_num: int,
+        updates: Updates,
+        *,
+        clip_norm: float | None = None,
+        stream: str = "",
+        cohort: list[int] | None = None,
+    ):
+        """The noised mean of one cohort, asked by a caller: a release, charged when returned.
+
+        :meth:`run_round` (and so every engine) aggregates with :meth:`aggregate_in_round` and
+        charges the round when it finishes. A caller of the Python API that calls this itself
+        is given the noised mean, which is then released: the accountant is charged round
+        ``round_num``'s events (:meth:`round_events`) before it is returned. Thirty-ninth review
+        of issue 15 (api 2): the accountant was not charged, so five noised sums of rounds
+        1-5 left ``aggregate`` with ``epsilon()`` 0.0 (dp-fedavg, sigma 0.5, q 0.25), and
+        ``run_round`` of a round so begun is refused without charge (``round 1 was begun
+        already``): round 2 after it gave 7.55 where two released sums are 10.28. Arguments
+        and errors are :meth:`aggregate_in_round`'s.
+        """
+        agg = self.aggregate_in_round(
+            round_num, updates, clip_norm=clip_norm, stream=stream, cohort=cohort
+        )
+        events = self.round_events(round_num)
+        if events:
+            self.accountant.step(events)
+        return agg
+
+    def aggregate_in_round(
+        self,
+        round_num: int,
+        updates: Updates,
+        *,
+        clip_norm: float | None = None,
+        stream: str = "",
+        cohort: list[int] | None = None,
+    ):
+        """The noised mean of one cohort, for :meth:`run_round`, which charges the round.
+
+        :meth:`~fedprivopt.strategies.aggregation.AlgorithmAggregation.aggregate`, without the
+        charge :meth:`aggregate` makes for a caller of its own.
+        """
+        return AlgorithmAggregation.aggregate(
+            self, round_num, updates, clip_norm=clip_norm, stream=stream, cohort=cohort
+        )
 
     def refuse_changed_request(
         self,

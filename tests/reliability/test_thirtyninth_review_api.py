@@ -16,6 +16,15 @@
    after users 0..0``), and a write put back within one entry, or by a callback, is seen by the
    tensors' version counters (``TrainRequest.changed_in``); nothing of the round is released
    and it may run again.
+2. ``ServerAlgorithm.aggregate(r, updates, cohort=users)`` called by the caller itself (DESIGN.md
+   names it as a round's aggregation step): it returns the noised mean of the cohort. Before:
+   the accountant was not charged, so five noised sums of rounds 1-5 left ``epsilon()`` 0.0
+   (dp-fedavg, sigma 0.5, q 0.25), and ``drive_round`` of a round so begun was refused without
+   a charge (``round 1 was begun already``): round 2 after it gave 7.55 where the two released
+   sums are 10.28. Now ``aggregate`` charges the round's events before returning (15.03 after
+   five; 10.28 after round 1's sum and round 2); ``run_round`` aggregates with
+   ``aggregate_in_round`` and charges when the round finishes, as before (a run's epsilon and
+   model the same to the bit).
 """
 
 from __future__ import annotations
@@ -142,3 +151,29 @@ def test_1_a_callback_that_puts_request_params_back_is_refused(strategy):
     assert alg.round_num == 0 and torch.equal(alg.params, torch.zeros(4))
     assert alg.accountant.num_events == 0
     assert drive_round(alg, 1, _train).round_num == 1
+
+
+# -- finding 2: a noised mean the caller asks of aggregate() itself is charged ---------------
+
+
+def test_2_aggregate_called_by_the_caller_charges_the_round():
+    alg = build_algorithm(_config(), torch.zeros(4))
+    users = alg.sample(1)
+    alg.aggregate(1, {u: torch.full((4,), 0.1) for u in users}, cohort=users)
+    assert alg.accountant.num_events == 1  # was 0: epsilon() 0.0 with the noised mean out
+    with pytest.raises(ValueError, match=r"round 1 was begun already"):
+        drive_round(alg, 1, _train)
+    drive_round(alg, 2, _train)
+    both = build_algorithm(_config(), torch.zeros(4))
+    for r in (1, 2):
+        drive_round(both, r, _train)
+    assert alg.epsilon() == pytest.approx(both.epsilon())  # was 7.55 where 10.28
+    assert both.accountant.num_events == 2  # a round the engine drives is charged once
+
+
+def test_2_every_noised_mean_of_aggregate_is_charged():
+    alg = build_algorithm(_config(), torch.zeros(4))
+    for r in range(1, 6):
+        users = alg.sample(r)
+        alg.aggregate(r, {u: torch.full((4,), 0.1) for u in users}, cohort=users)
+    assert alg.accountant.num_events == 5 and alg.epsilon() > 10.0  # was 0 and 0.0

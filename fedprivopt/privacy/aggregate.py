@@ -55,6 +55,7 @@ from fedprivopt.privacy.sampling import MAX_POPULATION
 from fedprivopt.privacy.sparse import (
     RowSparse,
     RowSparseBatch,
+    dense_problem,
     segment_norms_checked,
     segment_scale,
 )
@@ -148,6 +149,7 @@ def _check_sum_noise(sum_noise: object, allowed: bool) -> None:
         raise ValueError("sum_noise replaces the server noise of a private aggregation only")
     ok = isinstance(sum_noise, tuple) and len(sum_noise) == 2
     ok = ok and isinstance(sum_noise[0], torch.Tensor) and sum_noise[0].is_floating_point()
+    ok = ok and dense_problem(sum_noise[0]) is None  # a meta one: NotImplementedError (r39)
     if not ok:
         raise ValueError(
             f"sum_noise must be a (floating tensor, variance) pair, got {type(sum_noise).__name__}"
@@ -274,6 +276,9 @@ class NoisyMeanAggregator:
             return self._sparse_share() or update.problem(dim, dtype)
         if not isinstance(update, torch.Tensor):
             return f"not a tensor ({type(update).__name__})"
+        form = dense_problem(update)  # thirty-ninth review of issue 15 (mechanisms 1)
+        if form is not None:
+            return form
         if update.dim() != 1 or update.numel() != dim:
             return f"shape {tuple(update.shape)} != ({dim},)"
         if update.dtype != dtype:

@@ -132,12 +132,32 @@ def _check_counts(name: str, counts: torch.Tensor, rows: int, *, offsets: bool) 
         raise ValueError(f"{name} must be an int64 1-D tensor of {what} the {rows} rows")
 
 
+def dense_problem(tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` cannot be read as an update's entries (``None`` if it can).
+
+    Thirty-ninth review of issue 15 (mechanisms 1): an update on the meta device (dense, or a
+    ``RowSparse`` of meta rows or values) and a ``RowSparse`` of sparse values made the whole
+    aggregation raise torch's ``NotImplementedError`` ("Cannot copy out of meta tensor"), and a
+    sparse COO update was rejected as containing NaN or Inf; each is now rejected alone, with
+    this reason.
+    """
+    if tensor.layout != torch.strided:
+        return f"a dense (strided) tensor is needed, got layout {tensor.layout}"
+    if tensor.device.type == "meta":
+        return "a tensor on the meta device holds no data"
+    return None
+
+
 def _layout_problem(
     rows: object, values: object, length: int, dim: int, dtype: torch.dtype
 ) -> str | None:
     """What is wrong with the tensors, shapes and dtypes of row-sparse ``(rows, values)``."""
     if not isinstance(rows, torch.Tensor) or not isinstance(values, torch.Tensor):
         return "row-sparse update without tensors"
+    for name, tensor in (("rows", rows), ("values", values)):
+        form = dense_problem(tensor)
+        if form is not None:
+            return f"row-sparse {name}: {form}"
     if values.dim() != 2 or values.shape[1] < 1:
         return f"row-sparse values of shape {tuple(values.shape)} (expected (rows, width))"
     if length != dim:

@@ -434,12 +434,23 @@ def _refused_by_lock(exc: BaseException) -> bool:
 
 
 def remove_run_files(out: Path) -> None:
-    """Remove a run's files (and partial files, TensorBoard events) from ``out``; keep the rest."""
-    for name in (*RUN_FILES, *_PARTIAL):
+    """Remove a run's files (and partial files, TensorBoard events) from ``out``; keep the rest.
+
+    The ledger and ``config.toml`` go last: a removal interrupted or killed midway leaves a
+    recognisable run (one killed before its first checkpoint, charged from its ledger), which
+    an overwrite replaces. Thirty-ninth review of issue 15 (processes 3): ``config.toml`` went
+    first, and ``compare --overwrite`` stopped after it left a cell with a ledger, checkpoints
+    and metrics but no ``config.toml``, which neither an overwrite nor a resume took.
+    """
+    first = (SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE)  # no finished claim
+    last = (LEDGER_FILE, CONFIG_FILE)
+    for name in (*first, *_PARTIAL):
         (out / name).unlink(missing_ok=True)
     for name in os.listdir(out):
         if name.startswith(EVENTS_PREFIX):
             (out / name).unlink(missing_ok=True)
+    for name in last:
+        (out / name).unlink(missing_ok=True)
 
 
 def _released_anything(out: Path) -> bool:
@@ -517,7 +528,11 @@ class NewRunDir:
             self._remove_dirs()
             raise
         if self.overwrite:
-            remove_run_files(out)
+            try:
+                remove_run_files(out)
+            except BaseException:  # the lock is let go (a caller that goes on may claim it)
+                self._release()
+                raise
         return out
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -21,6 +21,15 @@ deployment processes and key material): tests.
    user's. Now ``deploy_local`` makes the command line's checks
    (``deploy.cli.check_out_claimable``: the claim, the ``deploy/`` logs, task and temporary
    directories outside ``D``) before anything is written: ``ValueError`` naming ``--out``.
+3. ``compare … --overwrite`` (``NewRunDir(cell, overwrite=True)``, also a tuning's replan)
+   interrupted, or killed, while it removed the old run's files (Ctrl-C, SIGKILL or a failed
+   ``unlink`` after the first file). Before: ``config.toml`` went first, so the cell held a
+   ledger, checkpoints and metrics but no ``config.toml``: neither ``--overwrite`` (``not
+   recognisably a run``) nor ``--resume`` took it, and ``compare`` refused the whole ``--out``
+   as holding a report it "did not write". Now ``rundir.remove_run_files`` removes the summary,
+   checkpoints and metrics first, then the ledger and ``config.toml`` last: what an interrupted
+   removal leaves is still a recognisable run (one killed before its first checkpoint), which
+   the overwrite replaces and a resume charges from its ledger.
 """
 
 from __future__ import annotations
@@ -101,3 +110,30 @@ def test_2_deploy_local_refuses_an_out_of_user_files_before_writing(tmp_path, no
     with pytest.raises(ValueError, match=expected):
         deploy_local(nodes=1, tls=False, config_path=str(TOY), out=str(out), timeout=60)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+def test_3_an_interrupted_overwrite_leaves_a_run_the_next_overwrite_takes(tmp_path, monkeypatch):
+    from fedprivopt.simulation import rundir
+
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    for name in rundir.RUN_FILES:
+        (cell / name).write_text("x\n")
+    real = os.unlink
+    calls = []
+
+    def interrupted_unlink(path, *args, **kwargs):
+        calls.append(os.path.basename(path))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C (or a kill) while the old run is removed
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", interrupted_unlink)
+    with pytest.raises(KeyboardInterrupt):
+        with rundir.NewRunDir(cell, overwrite=True):
+            pass  # pragma: no cover
+    monkeypatch.setattr(os, "unlink", real)
+    assert (cell / "config.toml").exists() and (cell / "privacy_ledger.jsonl").exists()
+    rundir.check_claimable(cell, overwrite=True)  # still a run: the next overwrite takes it
+    with rundir.NewRunDir(cell, overwrite=True) as path:
+        assert sorted(os.listdir(path)) == ["run.lock"]

@@ -225,7 +225,10 @@ def load_run(path: str | Path) -> RunData:
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
     accounted = _accounted_epsilon(path, notes, summary.get("delta"), where)
+    if not _is_delta(summary.get("delta")):
+        summary = _composed_delta(summary, accounted, known, summary_path, notes)
     if accounted is not None:
+        accounted = accounted[:2]
         known.insert(0, accounted)
         if accounted[0] == LEDGER_FILE:
             # thirty-sixth review of issue 15 (the ledger reviewer's report): a ledger cut to
@@ -244,6 +247,49 @@ def load_run(path: str | Path) -> RunData:
             f"{path}: its files state different epsilons ({stated}); the largest is reported"
         )
     return RunData(summary, rows, path, tuple(notes), spent)
+
+
+def _is_delta(value: Any) -> bool:
+    """Whether ``value`` is a δ a report may show: a float in (0, 1)."""
+    return isinstance(value, float) and 0.0 < value < 1.0
+
+
+def _composed_delta(
+    summary: dict[str, Any],
+    accounted: tuple[str, float, float] | None,
+    known: list[tuple[str, float]],
+    summary_path: Path,
+    notes: list[str],
+) -> dict[str, Any]:
+    """``summary`` with the δ its ε is composed at, where the δ it states is no δ.
+
+    Thirty-ninth review of issue 15 (reports, finding 2): ``write_report(out, load_runs(F))``
+    of a run whose ``config.toml`` was deleted and whose ``summary.json`` states ``delta`` 0
+    showed ε 10.28 (composed at its ledger's δ 1e-4) beside δ ``0``, a claim of pure DP, and
+    without a warning; ``-1e-4``, ``1`` and ``null`` (``n/a``) alike. The δ shown is now the one
+    ``accounted`` (the ledger or the newest checkpoint) composed ε at, and that is noted; a
+    private run with neither has no δ for the ε its files state, and is refused.
+
+    Raises
+    ------
+    ValueError
+        Naming ``summary.json``, for a run with a finite stated ε and nothing to compose it.
+    """
+    stated = summary.get("delta")
+    if accounted is None:
+        if any(math.isfinite(v) for _, v in known):
+            raise ValueError(
+                f"{summary_path} is unreadable (delta must be a number in (0, 1), got "
+                f"{shown(stated)}), and the run has no {LEDGER_FILE} or checkpoint to give the "
+                "delta its epsilon holds at"
+            )
+        return summary  # not private: no epsilon for a delta to qualify
+    source, _, delta = accounted
+    notes.append(
+        f"{summary_path.parent}: its {SUMMARY_FILE} states delta {shown(stated)}, not a number in "
+        f"(0, 1); reported at delta {delta:g}, the one its epsilon is composed at ({source})"
+    )
+    return {**summary, "delta": delta}
 
 
 def check_summary_rounds(rounds: Any, path: Path) -> int:
@@ -320,8 +366,8 @@ def _configured(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[s
 
 def _accounted_epsilon(
     path: Path, notes: list[str], delta: object = None, where: str = CONFIG_FILE
-) -> tuple[str, float] | None:
-    """``(source, ε)``: the run's privacy ledger composed, or its newest checkpoint's accountant.
+) -> tuple[str, float, float] | None:
+    """``(source, ε, δ)``: the run's privacy ledger composed, or its newest checkpoint's accountant.
 
     A ledger this version cannot read raises ``ValueError`` naming it: a report never falls
     back to a summary's ε when the ledger that should back it is damaged. Without a ledger (or
@@ -351,20 +397,21 @@ def _accounted_epsilon(
                 f"{path}: its {LEDGER_FILE} states delta {ledger.header['delta']:g}, its "
                 f"{where} {shown_delta:g}; epsilon is composed at {shown_delta:g}"
             )
-        return LEDGER_FILE, ledger.epsilon(shown_delta)
+        at = ledger.header["delta"] if shown_delta is None else shown_delta
+        return LEDGER_FILE, ledger.epsilon(shown_delta), at
     found = checkpoint_epsilon(path, shown_delta)
     if found is None:
         return None
-    name, epsilon, round_num = found
+    name, epsilon, round_num, at = found
     notes.append(
         f"{path}: no {LEDGER_FILE}; epsilon {epsilon:.6g} recomputed from the accountant of "
         f"{name} (round {round_num})"
     )
-    return f"{name} (its accountant)", epsilon
+    return f"{name} (its accountant)", epsilon, at
 
 
-def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int] | None:
-    """``(file, ε, round)`` of the newest readable checkpoint's accountant, at ``delta``.
+def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int, float] | None:
+    """``(file, ε, round, δ)`` of the newest readable checkpoint's accountant, at ``delta``.
 
     ``delta`` ``None``: the checkpoint's configured δ. ``None`` without a checkpoint.
 
@@ -388,7 +435,7 @@ def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int
         raise ValueError(f"{path / name}: its privacy accountant cannot be read ({exc})") from None
     at = config.delta if delta is None else delta
     epsilon = accountant.epsilon(at) if config.private else math.inf
-    return name, epsilon, algorithm["round"]
+    return name, epsilon, algorithm["round"], at
 
 
 def load_runs(root: str | Path) -> list[RunData]:

@@ -10,17 +10,29 @@
    ε is of (``tune_report.load_tuned``: ``epsilon_accountant`` ``rdp``), which
    ``rundata_aggregate._bases`` reads before the run's configured one: the tuned row says
    ``rdp`` and the rows' ε are noted as from different accountants.
+2. ``write_report(out, load_runs(F))`` of a finished dp-fedavg run whose ``config.toml`` was
+   deleted and whose ``summary.json`` states ``delta`` 0 (also ``0.0``, ``-1e-4``, ``1``,
+   ``"0.0001"``, ``null``). Before: ε 10.28 (composed at its ledger's δ 1e-4) shown beside δ
+   ``0`` (the Summary, "- δ: 0", summary.csv): a claim of pure DP, without a warning; ``-1e-4``,
+   ``1`` and ``n/a`` alike. Now ``rundata.load_run`` reports the δ the ε is composed at (the
+   ledger's, or without one the newest checkpoint's configuration), noting the summary's value;
+   a private run with neither, whose summary's δ is no number in (0, 1), is refused naming
+   ``summary.json``.
 """
 
 from __future__ import annotations
 
 import csv
+import json
+import shutil
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from fedprivopt.simulation.report import aggregate_runs, write_summary_csv
-from fedprivopt.simulation.rundata import RunData
+from fedprivopt.simulation.rundata import RunData, load_run
 from fedprivopt.simulation.tune_report import load_tuned
 
 
@@ -59,3 +71,41 @@ def test_a_tuned_row_names_the_accountant_of_its_tuning_epsilon(tmp_path):
     assert rows["dp-fedavg (tuned)"]["accountants"] == rows["dp-fedavg"]["accountants"] == ["rdp"]
     assert not any("different accountants" in n for n in notes)
     assert trial.summary["config"]["accountant"] == "pld"  # the run's own record is unchanged
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 1-round toy run (dp-fedavg, σ 0.5, δ 1e-4)."""
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import simulate
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_config(root / "simulations" / "toy.toml", {"num-server-rounds": 1})
+    out = tmp_path_factory.mktemp("r39reports") / "run"
+    simulate(config, out)
+    return out
+
+
+@pytest.mark.parametrize("stated", [0, 0.0, -1e-4, 1, "0.0001", None])
+def test_a_summary_delta_that_is_no_delta_is_not_shown_beside_the_ledger_epsilon(
+    finished_run, tmp_path, stated
+):
+    run_dir = tmp_path / "r"
+    shutil.copytree(finished_run, run_dir)
+    (run_dir / "config.toml").unlink()
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summary["delta"] = stated
+    (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    run = load_run(run_dir)
+    assert run.delta == 1e-4  # the delta the ledger's epsilon is composed at
+    assert run.epsilon == pytest.approx(7.5508, rel=1e-4)
+    assert any("summary.json states delta" in w and "0.0001" in w for w in run.warnings)
+    # without a ledger: the newest checkpoint's accountant, at its configuration's delta
+    (run_dir / "privacy_ledger.jsonl").unlink()
+    run = load_run(run_dir)
+    assert run.delta == 1e-4 and run.epsilon == pytest.approx(7.5508, rel=1e-4)
+    # with neither, the epsilon the files state has no delta to stand beside: refused
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        (run_dir / name).unlink(missing_ok=True)
+    with pytest.raises(ValueError, match=r"summary\.json.*delta"):
+        load_run(run_dir)

@@ -11,6 +11,13 @@
    (``sparse.dense_problem``: ``a tensor on the meta device holds no data``, ``a dense
    (strided) tensor is needed, got layout torch.sparse_coo``), the honest entries summed as
    before; a meta ``sum_noise`` is refused as not a (floating tensor, variance) pair.
+2. ``NoisyCountAggregator(...).aggregate([(0, report), (1, 1.0)], ...)`` (adaptive clipping's
+   noised count; ``AdaptiveClipping.screen`` checks a round's replies with the same
+   ``check``) with a one-element clip report on the meta device or sparse, server and
+   distributed mode. Before: torch's ``RuntimeError`` ("Tensor.item() cannot be called on meta
+   tensors", "reshape is not implemented for sparse tensors") out of the whole count. Now the
+   report is rejected alone ("clip bit must be one finite number", ``adaptive_clip._scalar``)
+   and the other counted.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.sparse import RowSparse
 
@@ -65,3 +73,18 @@ def test_a_meta_sum_noise_is_refused_naming_it():
             dim=4,
             sum_noise=(torch.empty(4, device="meta"), 1.0),
         )
+
+
+@pytest.mark.parametrize("mode", ["server", "distributed"])
+@pytest.mark.parametrize("layout", ["meta", "sparse"])
+def test_a_meta_or_sparse_clip_report_is_rejected_alone(mode, layout):
+    counter = NoisyCountAggregator(
+        count_stddev=1.0,
+        expected_cohort_size=4,
+        noise_mode=mode,
+        min_shares=2 if mode == "distributed" else None,
+    )
+    report = torch.empty(1, device="meta") if layout == "meta" else torch.ones(1).to_sparse()
+    result = counter.aggregate([(0, report), (1, 1.0)], generator=torch.Generator().manual_seed(0))
+    assert result.counted == 1
+    assert result.rejected == {0: "clip bit must be one finite number"}

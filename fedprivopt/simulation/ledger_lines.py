@@ -311,6 +311,7 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
         raise bad(1, str(exc)) from None
     entries: list[LedgerEntry] = []
     total = 0
+    relation: tuple[Any, int] | None = None  # of the first event, and its line
     for i, row in enumerate(rows[1:], 2):
         kind = row.get("kind")
         if kind not in ("round", "partial", "carried"):
@@ -332,6 +333,17 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
         released = merge_ledger(
             (SubsampledGaussianEvent.from_dict(x["event"]), x["count"]) for x in items
         )
+        # thirty-ninth review of issue 15 (ledger, finding 3): each line was probed alone, so
+        # lines of Poisson and fixed-size events were read and every report of the run ended in
+        # "cannot compose Poisson and fixed-size events …", naming no file
+        for event, _ in released:
+            relation = relation or (event.neighboring_relation, i)
+            if event.neighboring_relation is not relation[0]:
+                raise bad(
+                    i,
+                    f"its events cannot be composed with those of line {relation[1]} (Poisson, "
+                    "fixed-size and tree events are never mixed in one run)",
+                )
         total += count_events(released)
         if row["events"] != total:
             raise bad(i, f"events {row['events']} does not add up (expected {total})")

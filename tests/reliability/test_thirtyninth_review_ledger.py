@@ -23,6 +23,15 @@
    than any ε the rows or the summary reported (``LedgerConversion.check_rebuilt``, from
    ``audit_run_dir`` and ``convert``): exit 2, one line naming the checkpoint and the row,
    nothing written.
+3. Python API: ``load_run(R)`` (what ``write_report(out, load_runs(root))`` reads) of a run
+   whose ledger's line of round 2 was edited to a fixed-size event (``sampling = "fixed"``,
+   ``cohort_size`` 4, its rate unchanged) beside round 1's Poisson one: each line was checked
+   alone, so the file was read, and composing it ended in ``ValueError: cannot compose
+   Poisson and fixed-size events (or tree events with either) in one ledger``, naming no file
+   (``--resume`` and ``compare`` refuse the line, through ``check_algorithm``). Now
+   ``ledger_lines.parse_lines`` refuses a line whose events cannot be composed with an earlier
+   line's: ``…/privacy_ledger.jsonl: line 3: its events cannot be composed with those of line
+   2 …``.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from fedprivopt.cli import main
 from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
 from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import load_run
 from tests.reliability.test_ledger import kept_files
 from tests.simulation.test_run import small_config
 
@@ -115,3 +125,16 @@ def test_2_a_rebuilt_ledger_below_a_reported_epsilon_is_refused(tmp_path, capsys
     assert kept_files(run) == files
     if kept != "summary":
         assert [row["round"] for row in read_rows(run / "metrics.jsonl")] == [5]  # was dropped
+
+
+# -- 3: ledger lines whose events cannot be composed together ------------------------------------
+def test_3_lines_of_events_that_cannot_be_composed_are_refused_naming_the_line(tmp_path):
+    run = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "run").out_dir
+    path = run / LEDGER_FILE
+    lines = path.read_text().splitlines()
+    line = json.loads(lines[2])
+    line["released"][0]["event"].update(sampling="fixed", cohort_size=4)
+    path.write_text("\n".join([*lines[:2], json.dumps(line)]) + "\n")
+    with pytest.raises(ValueError) as refused:
+        load_run(run)  # was: "cannot compose Poisson and fixed-size events …", no file named
+    assert str(refused.value).startswith(f"{path}: line 3: its events cannot be composed with")

@@ -103,9 +103,10 @@ class UserTrainer:
         report = cfg.clip_bit and bits is not None
         # thirty-ninth review of issue 15 (api 1): the trainer trains from its own copy, and
         # the copy is compared with ``params`` (which it never sees) before each entry reaches
-        # the aggregator and after the last; see _refuse_changed
+        # the aggregator and after the last; see _Copies.refuse_changed
         work = params.detach().clone()
-        version = work._version
+        pre = None if preconditioner is None else preconditioner.detach().clone()
+        copies = _Copies(work, pre, params, preconditioner, round_num, stream)
         if self.mode(settings) == "vectorized":
             for batch in self.cohort.train_batches(
                 work,
@@ -113,10 +114,10 @@ class UserTrainer:
                 round_num=round_num,
                 config=cfg,
                 rngs=rngs,
-                preconditioner=preconditioner,
+                preconditioner=pre,
                 stream=stream,
             ):
-                _refuse_changed(work, version, params, round_num, stream, batch.users)
+                copies.refuse_changed(batch.users)
                 if report:
                     for u, norm in zip(batch.users, batch.norms, strict=True):
                         bits[u] = clip_report(norm, cfg, rngs, round_num, (stream, u))
@@ -124,7 +125,7 @@ class UserTrainer:
                     yield batch
                 else:  # dense updates (e.g. next-word prediction's): (user, update) pairs
                     yield from batch.split()
-            _refuse_changed(work, version, params, round_num, stream, [])
+            copies.refuse_changed([])
             return
         for u in users:
             result = self.local.train(
@@ -133,10 +134,10 @@ class UserTrainer:
                 round_num=round_num,
                 config=cfg,
                 rngs=rngs,
-                preconditioner=preconditioner,
+                preconditioner=pre,
                 stream=stream,
             )
-            _refuse_changed(work, version, params, round_num, stream, [u])
+            copies.refuse_changed([u])
             if report:
                 bits[u] = result.clip_bit
             yield u, result.delta
@@ -153,36 +154,41 @@ class UserTrainer:
         return entries, bits
 
 
-def _refuse_changed(
-    work: torch.Tensor,
-    version: int,
-    params: torch.Tensor,
-    round_num: int,
-    stream: str,
-    users: list[int],
-) -> None:
-    """Raise ``ValueError`` when the trainer changed ``work``, its copy of ``params``, in place.
+class _Copies:
+    """The trainer's copies of a request's model and preconditioner, and the originals."""
 
-    Thirty-ninth review of issue 15 (api 1): the thirty-eighth review's check
-    (:meth:`~fedprivopt.strategies.core.ServerAlgorithm.refuse_changed_request`) compares the
-    request's copy after the whole cohort, so a task's ``cohort_trainer`` that trained each
-    user on its ``global_flat`` in place and put it back before returning passed it, and every
-    user after the first started from the others' training (user 5's update of a toy round
-    moved by as much as its own size with user 0 in the cohort or not). The copy is compared
-    before each of its entries reaches the aggregator, and its version counter catches a write
-    put back within one entry (``global_flat.copy_(saved)``); the round is refused before its
-    noise is drawn, so nothing of it is released.
-    """
-    if work._version == version and same_values(work, params):
-        return
-    where = "" if stream == "train" else f" ({stream})"
-    after = " after its last entry"
-    if users:
-        first, last = min(users), max(users)
-        after = f" after user {first}" if first == last else f" after users {first}..{last}"
-    raise ValueError(
-        f"round {round_num}{where}: the task's cohort_trainer (or its trainer) changed the "
-        f"global model it was given (global_flat, request.params) in place{after}: a user "
-        "trained after that started from other users' training; train on a copy "
-        "(global_flat.clone()); nothing of the cohort was released"
-    )
+    def __init__(self, work, pre, params, preconditioner, round_num: int, stream: str) -> None:
+        self.pairs = [("global model", work, params), ("preconditioner", pre, preconditioner)]
+        self.versions = [None if w is None else w._version for _, w, _ in self.pairs]
+        self.round_num, self.stream = round_num, stream
+
+    def refuse_changed(self, users: list[int]) -> None:
+        """Raise ``ValueError`` when the trainer changed a copy in place.
+
+        Thirty-ninth review of issue 15 (api 1): the thirty-eighth review's check
+        (:meth:`~fedprivopt.strategies.core.ServerAlgorithm.refuse_changed_request`) compares
+        the request's copies after the whole cohort, so a task's ``cohort_trainer`` that
+        trained each user on its ``global_flat`` in place and put it back before returning
+        passed it, and every user after the first started from the others' training (user 5's
+        update of a toy round moved by as much as its own size with user 0 in the cohort or
+        not); api 3: the preconditioner alike. The copies are compared before each entry
+        reaches the aggregator, and their version counters catch a write put back within one
+        entry (``global_flat.copy_(saved)``); the round is refused before its noise is drawn,
+        so nothing of it is released.
+        """
+        for (name, work, given), version in zip(self.pairs, self.versions, strict=True):
+            if work is None or (work._version == version and same_values(work, given)):
+                continue
+            where = "" if self.stream == "train" else f" ({self.stream})"
+            after = " after its last entry"
+            if users:
+                first, last = min(users), max(users)
+                after = f" after user {first}" if first == last else f" after users {first}..{last}"
+            request = "request.params" if name == "global model" else "request.preconditioner"
+            arg = "global_flat" if name == "global model" else "preconditioner"
+            raise ValueError(
+                f"round {self.round_num}{where}: the task's cohort_trainer (or its trainer) "
+                f"changed the {name} it was given ({arg}, {request}) in place{after}: a user "
+                f"trained after that started from other users' training; train on a copy "
+                f"({arg}.clone()); nothing of the cohort was released"
+            )

@@ -25,6 +25,13 @@
    five; 10.28 after round 1's sum and round 2); ``run_round`` aggregates with
    ``aggregate_in_round`` and charges when the round finishes, as before (a run's epsilon and
    model the same to the bit).
+3. The same as 1 for the side information: a task's ``cohort_trainer`` under AdaDPS (DP2's
+   adaptive rounds alike) that scales the ``preconditioner`` it is given by each user's
+   training in place through ``.data`` (which no version counter sees) and puts it back after
+   its last user. Before: released, every user after the first dividing its gradients by a
+   preconditioner that held the others' training. Now the fast engine's trainer gets its own
+   copy of the preconditioner too, compared before each entry (``fast_trainer._refuse_changed``:
+   ``changed the preconditioner it was given``).
 """
 
 from __future__ import annotations
@@ -177,3 +184,31 @@ def test_2_every_noised_mean_of_aggregate_is_charged():
         users = alg.sample(r)
         alg.aggregate(r, {u: torch.full((4,), 0.1) for u in users}, cohort=users)
     assert alg.accountant.num_events == 5 and alg.epsilon() > 10.0  # was 0 and 0.0
+
+
+# -- finding 3: the preconditioner a cohort trainer is given, changed and put back -----------
+
+
+class _PreconditionerRestoring(_Restoring):
+    """Scales the preconditioner by each user's update (through ``.data``), then puts it back."""
+
+    def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
+        saved = preconditioner.clone()
+        keys = {"round_num": round_num, "config": config, "rngs": rngs, "stream": stream}
+        for user in users:
+            delta = self.local.train(params, user_id=user, preconditioner=preconditioner, **keys)
+            preconditioner.data.mul_(1.0 + delta.delta.abs())
+            yield _Batch([(user, delta.delta)])
+        preconditioner.data.copy_(saved)
+
+
+def test_3_a_cohort_trainer_that_puts_the_preconditioner_back_is_refused():
+    task = build_task("toy", num_users=6)
+    trainer = _PreconditionerRestoring(task, "data")
+    task.cohort_trainer = lambda device, chunk_users: trainer
+    init = initial_flat(task)
+    side = torch.ones_like(init)
+    alg = build_algorithm(_fixed(strategy="adadps"), init, preconditioner=side)
+    with pytest.raises(ValueError, match=r"round 1: .* changed the preconditioner it was given"):
+        drive_round(alg, 1, make_cohort_train(task, device="cpu"))  # was released
+    assert torch.equal(alg.params, init) and alg.accountant.num_events == 0

@@ -172,8 +172,17 @@ def _better(metric: str) -> str:
     return "down" if metric == "eval_loss" else "up"
 
 
-def _fmt_eps(eps: float) -> str:
-    return "∞ (non-private)" if math.isinf(eps) else _fmt(eps)
+def _fmt_eps(eps: float, private: bool = False) -> str:
+    """ε as the Summary shows it; ``∞ (non-private)`` only for a row that is not private.
+
+    Thirty-ninth review of issue 15 (reports, finding 3): a dp-fedavg run whose
+    ``summary.json`` was edited to ``"epsilon": Infinity`` (its ledger 10.28; the largest ε its
+    files state is reported) was shown as ``∞ (non-private)`` and drawn as a non-private
+    baseline.
+    """
+    if math.isinf(eps):
+        return "∞ (private: its files state an unbounded epsilon)" if private else "∞ (non-private)"
+    return _fmt(eps)
 
 
 def _one_line(text: str) -> str:
@@ -257,7 +266,7 @@ def markdown(
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
         seeds_cell = _seeds_cell(n, n_ok, r["diverged"], r.get("n_budget", 0))
-        eps, basis = _fmt_eps(r["epsilon"]), epsilon_basis(r, named)
+        eps, basis = _fmt_eps(r["epsilon"], r.get("private", False)), epsilon_basis(r, named)
         if basis and math.isfinite(r["epsilon"]):
             eps += f" ({basis})"
         cells = [

@@ -30,6 +30,7 @@ from fedprivopt.simulation.rundata_aggregate import (
     differing_bases,
     group_runs,
     mean_std,
+    mechanism,
     select_runs,
     warn_all,
 )
@@ -126,8 +127,11 @@ def plot_text(text: str) -> str:
     return str(text).replace("$", r"\$")
 
 
-def _label(strategy: str, sigma: float, epsilon: float) -> str:
-    return f"{strategy} (non-private)" if math.isinf(epsilon) else f"{strategy}, σ={sigma:g}"
+def _label(strategy: str, sigma: float, epsilon: float, private: bool = False) -> str:
+    """A line's legend: ``dp-fedavg, σ=0.5``, or ``fedavg (non-private)`` (finding 3)."""
+    if math.isinf(epsilon) and not private:
+        return f"{strategy} (non-private)"
+    return f"{strategy}, σ={sigma:g}"
 
 
 def _styles(keys: Sequence[tuple[str, float]]) -> dict[tuple[str, float], tuple[Any, str, Any]]:
@@ -226,7 +230,8 @@ def draw_metric_vs_round(
         stats = np.array([mean_std(per_round[r]) for r in x])
         stats[:, 1] = [_spread(s) for s in stats[:, 1]]
         color, style, marker = styles[key]
-        label = _label(key[0], key[1], max(run.epsilon for run in group))
+        private = any(mechanism(run.summary.get("config") or {}) is not None for run in group)
+        label = _label(key[0], key[1], max(run.epsilon for run in group), private)
         diverged = sum(run.diverged(sel.metric) is not None for run in group)
         label += f" ({diverged} of {len(group)} diverged)" if diverged else ""
         budget = sum(run.summary.get("stopped_reason") == "budget" for run in group)
@@ -317,7 +322,7 @@ def draw_privacy_utility(
                         fontsize=7, color=color)  # fmt: skip
         n_series += 1
     for r in rows:
-        if math.isinf(r["epsilon"]) and math.isfinite(r[mean_key]):
+        if math.isinf(r["epsilon"]) and math.isfinite(r[mean_key]) and not r.get("private"):
             color, marker = colors[r["strategy"]]
             ax.axhline(r[mean_key], color=color, linestyle="--", linewidth=_LINEWIDTH,
                        marker=None if marker == _POINT_MARKERS[0] else marker, markevery=0.1,

@@ -84,7 +84,8 @@ def aggregate_runs(runs: Sequence[RunData], *, metric: str | None = None) -> lis
         ``(seed, round)`` of each seed whose model or an evaluation became non-finite
         (:meth:`RunData.diverged`; its final values describe an overflowed model), and
         ``accountants`` and ``relations`` (those of its private seeds, sorted: what its ε is;
-        :func:`bases_notes`).
+        :func:`bases_notes`), ``private``: whether a seed is configured private or states a
+        finite ε (a private run whose files state an infinite ε is not a non-private one).
     """
     rows, notes = aggregate_with_notes(runs, metric)
     warn_all(notes)
@@ -214,6 +215,8 @@ def aggregate_with_notes(
             "stopped_reasons": sorted({str(run.summary.get("stopped_reason")) for run in group}),
             "n_budget": sum(run.summary.get("stopped_reason") == "budget" for run in group),
             "diverged": diverged,
+            "private": any(mechanism(run.summary.get("config") or {}) is not None
+                           or math.isfinite(run.epsilon) for run in group),
             **_bases(group),
         })  # fmt: skip
     return rows, notes + bases_notes(rows)

@@ -18,6 +18,13 @@
    ledger's, or without one the newest checkpoint's configuration), noting the summary's value;
    a private run with neither, whose summary's δ is no number in (0, 1), is refused naming
    ``summary.json``.
+3. ``write_report(out, load_runs(F))`` of a finished dp-fedavg run whose ``summary.json`` was
+   edited to ``"epsilon": Infinity`` (its ledger and rows 10.28; the largest ε its files state is
+   reported, with a warning). Before: the Summary said ``∞ (non-private)`` and both plots drew
+   the private run as a non-private baseline (dashed line, legend ``dp-fedavg (non-private)``).
+   Now a row is non-private only when none of its runs is configured private
+   (``rundata_aggregate``'s ``private``): ``∞ (private: its files state an unbounded epsilon)``,
+   the legend ``dp-fedavg, σ=0.5``, no baseline line.
 """
 
 from __future__ import annotations
@@ -109,3 +116,19 @@ def test_a_summary_delta_that_is_no_delta_is_not_shown_beside_the_ledger_epsilon
         (run_dir / name).unlink(missing_ok=True)
     with pytest.raises(ValueError, match=r"summary\.json.*delta"):
         load_run(run_dir)
+
+
+def test_a_private_run_whose_files_state_an_infinite_epsilon_is_not_shown_non_private(tmp_path):
+    from fedprivopt.simulation.report import write_report
+    from fedprivopt.simulation.report_plots import _label
+
+    run = _run(tmp_path / "F" / "r0", "rdp", float("inf"), 0.6133)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows, _ = _rows([run])
+        text = write_report(tmp_path / "out", [run], title="t").read_text(encoding="utf-8")
+    assert rows["dp-fedavg"]["private"] is True
+    assert "non-private" not in text.split("## Plots")[0]
+    assert "∞ (private" in text
+    assert _label("dp-fedavg", 0.5, float("inf"), private=True) == "dp-fedavg, σ=0.5"
+    assert _label("fedavg", 0.0, float("inf")) == "fedavg (non-private)"

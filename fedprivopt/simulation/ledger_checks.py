@@ -128,6 +128,7 @@ class LedgerChecks:
         keys = [k for k in FIRST_KEYS if k in stored or k in current]
         keys += sorted((set(stored) | set(current)) - set(keys))
         if "task-params" not in stored:  # written before task parameters were recorded
+            self._refuse_lost_task_params()
             current.pop("task-params")
             keys.remove("task-params")
         for key in keys:
@@ -153,6 +154,30 @@ class LedgerChecks:
                 f"{self.path.name}: its header says private = "
                 f"{str(self.header['private']).lower()}, but {source} runs strategy "
                 f"{config.strategy.strategy!r}: the ledger was edited; refusing to resume"
+            )
+
+    def _refuse_lost_task_params(self) -> None:
+        """Refuse a header without ``task-params`` in a file only later versions write.
+
+        Task parameters have been recorded since before the header recorded the task's data
+        identity, a tree round's participants or ADADP's partial lines; a header lacking them
+        beside any of those lost them by an edit. Thirty-ninth review of issue 15 (ledger,
+        finding 4): ``task-params`` deleted from a seeded tree run's header turned their check
+        off, and a resume with ``task-params.seed`` changed ran the restart period on, its
+        users' indices holding other examples than in its first rounds.
+        """
+        later = (
+            "its header records the task's data" if "data" in self.header
+            else next((f"line {e.line} records a tree round's participants" for e in self.entries
+                       if e.participants_sha256 is not None), None)
+            or next((f"line {e.line} is a partial line" for e in self.entries
+                     if e.kind == "partial"), None)
+        )  # fmt: skip
+        if later is not None:
+            raise ValueError(
+                f"{self.path}: line 1: its header's settings lack task-params, but {later}, which "
+                "only versions that record task-params write; the privacy ledger was edited: "
+                "refusing to resume"
             )
 
     def check_data(self, data: Mapping[str, Any] | None, source: str = CONFIG_FILE) -> None:

@@ -32,6 +32,15 @@
    ``ledger_lines.parse_lines`` refuses a line whose events cannot be composed with an earlier
    line's: ``…/privacy_ledger.jsonl: line 3: its events cannot be composed with those of line
    2 …``.
+4. A seeded tree toy run (``tree-restart-rounds = 3``, 2 rounds: a restart period half done)
+   whose ledger header lost ``settings["task-params"]`` (the form of a header written before
+   task parameters were recorded), then ``task-params.seed`` changed in ``config.toml`` and
+   the rounds raised, ``simulate --resume``: the check of the task parameters was off, and the
+   period ran on with its users' indices holding other examples than in its first rounds
+   (rc 0). Every version that writes a tree round's participants (or a partial line, or the
+   task's data identity) records the task parameters, so such a header beside those lines was
+   edited: ``LedgerChecks._refuse_lost_task_params`` refuses it, exit 2, one line naming the
+   header.
 """
 
 from __future__ import annotations
@@ -138,3 +147,26 @@ def test_3_lines_of_events_that_cannot_be_composed_are_refused_naming_the_line(t
     with pytest.raises(ValueError) as refused:
         load_run(run)  # was: "cannot compose Poisson and fixed-size events …", no file named
     assert str(refused.value).startswith(f"{path}: line 3: its events cannot be composed with")
+
+
+# -- 4: a header whose task-params were removed ---------------------------------------------------
+def test_4_a_header_that_lost_its_task_params_beside_later_lines_is_refused(tmp_path, capsys):
+    run = simulate(small_config(**TREE3, **{"num-server-rounds": 2}), tmp_path / "run").out_dir
+    path = run / LEDGER_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    del header["settings"]["task-params"]
+    path.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    config = (run / "config.toml").read_text()
+    assert "num-server-rounds = 2" in config and "\nseed = 0\n" in config.split("[task-params]")[1]
+    head, task = config.split("[task-params]")
+    head = head.replace("num-server-rounds = 2", "num-server-rounds = 3")
+    (run / "config.toml").write_text(head + "[task-params]" + task.replace("seed = 0", "seed = 1"))
+    files = kept_files(run)
+    capsys.readouterr()
+    rc = main(["simulate", "--resume", str(run), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, err  # was 0: round 3 of the period on other data
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: line 1: its header's settings lack task-params, but line 2 records" in err
+    assert kept_files(run) == files

@@ -28,6 +28,7 @@ from fedprivopt import optim
 from fedprivopt.core.text import shown
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest, Updates
+from fedprivopt.strategies.requests import same_values
 
 __all__ = ["ALGORITHMS", "build_algorithm"]
 
@@ -279,6 +280,29 @@ class DPFedAvgADADP(ServerAlgorithm):
         # ("tolerance must be ... got 0.0"; twentieth review of issue 15)
         return max(tolerance, math.ulp(0.0))
 
+    def _refuse_other_point(self, round_num: int, half: torch.Tensor) -> None:
+        """Refuse a seeded round whose half-step point, released before, now comes out otherwise.
+
+        Thirty-ninth review of issue 15 (api 4): ``state_dict()`` taken between the two cohorts
+        of round ``r`` (the half-step point sent), loaded into another algorithm, and round
+        ``r`` driven again with one user of cohort 1 left out: cohort 1's seeded noise repeats,
+        so the two released points differed by that user's clipped update without noise
+        (-0.005 in every entry: lr x 0.1 / 10). The state carries the point
+        (:attr:`partial_point`); a seeded redo must release the same one (the command line's
+        ``partial`` ledger line is compared alike). In secure mode the noise is new, and the
+        point is a second release, charged again.
+        """
+        saved = self.partial_point
+        if saved is None or saved[0] != round_num or self.config.secure:
+            return
+        if not same_values(half, saved[1]):
+            raise ValueError(
+                f"round {round_num}: its half-step point was released before this state was "
+                "saved (state_dict() between its two cohorts) and comes out otherwise now: "
+                "cohort 1's seeded noise repeats, so the two points differ by users' clipped "
+                "updates without noise; redo the round with the same cohort's updates"
+            )
+
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         cfg = self.client_settings()
         users_1 = self.sample(round_num, "sampling")
@@ -287,6 +311,7 @@ class DPFedAvgADADP(ServerAlgorithm):
         agg_1 = self.aggregate_in_round(round_num, updates_1, stream="train", cohort=users_1)
         self.refuse_changed_request(request, self.params, stream="train")
         half = self.controller.half_step(self.opt_state, self.params, agg_1.delta_tilde)
+        self._refuse_other_point(round_num, half)
         if self.on_partial_release is not None:
             # the half-step point is a function of cohort 1's noised sum, sent to cohort 2
             # before the round ends: the ledger records that release first (thirty-third
@@ -294,6 +319,7 @@ class DPFedAvgADADP(ServerAlgorithm):
             # second time, uncharged in secure mode and without noise in seeded mode)
             self.on_partial_release(round_num, self.round_events(round_num)[:1], half)
         self.charge_partial(round_num)  # the accountant alike, before cohort 2 is asked
+        self.partial_point = (round_num, half.detach().clone())  # in state_dict() until _finish
         users_2 = self.sample(round_num, "sampling-2")
         request = TrainRequest(round_num, users_2, half, None, cfg, "train-2")
         updates_2 = yield request

@@ -137,6 +137,9 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         #: ``(round, stream)`` of the noised sums computed since the last round finished: one
         #: computed again (a round retried after its second cohort failed) is refused.
         self._aggregated: set[tuple[int, str]] = set()
+        #: ``(round, point)``: the half-step point a round sent its second cohort before it
+        #: finished (ADADP), kept by :meth:`state_dict` (thirty-ninth review of issue 15, api 4)
+        self.partial_point: tuple[int, torch.Tensor] | None = None
         #: Called as ``(round_num, events, point)`` before a round sends out a point computed
         #: from a noised sum of the same round (ADADP's half step), so that the run's ledger
         #: records that part of the round first (``RunWriter`` sets it; ``None``: no ledger).
@@ -437,6 +440,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         if events:
             self.accountant.step(events)
         self._partial_charged = None
+        self.partial_point = None
         self.round_num = round_num
         self._aggregated = set()
         self._average()

@@ -65,7 +65,39 @@ class AlgorithmState:
             **({} if self.clipping is None else {"clip_states": self.clipping.state_dict()}),
             **({} if self.tree_noise is None else {"tree": _copied(self._tree_state())}),
             **({} if self.side_information is None else {"side_information": self._side_digest()}),
+            **self._partial_state(),
         }
+
+    def _partial_state(self) -> dict[str, Any]:
+        """``{"partial": {"round", "point"}}`` between an ADADP round's cohorts, else ``{}``.
+
+        Thirty-ninth review of issue 15 (api 4): a state saved after the half-step point was
+        sent, loaded elsewhere and the round redone with other users released a second point
+        whose seeded noise was the first one's (``ServerAlgorithm.partial_point``).
+        """
+        partial = self.partial_point
+        if partial is None:
+            return {}
+        return {"partial": {"round": partial[0], "point": partial[1].detach().clone()}}
+
+    def _load_partial(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`_partial_state` (a point of the round after the state's, or none)."""
+        self.partial_point = None
+        partial = state.get("partial")
+        if partial is None:
+            return
+        point = partial.get("point") if isinstance(partial, Mapping) else None
+        if (
+            not isinstance(point, torch.Tensor)
+            or point.shape != self.params.shape
+            or point.dtype != self.params.dtype
+            or partial.get("round") != self.round_num + 1
+        ):
+            raise ValueError(
+                "checkpoint's partial (the half-step point of the round after its own) must "
+                f"hold round {self.round_num + 1} and a point of the model's shape and dtype"
+            )
+        self.partial_point = (self.round_num + 1, point.detach().clone())
 
     def _check_update_count(self) -> None:
         """The optimizer state has made one update a released round, as every strategy does.
@@ -248,6 +280,7 @@ class AlgorithmState:
             self._check_participation()
         self.accountant.load_state_dict(state.get("accountant"))
         self._check_charged()
+        self._load_partial(state)
 
     def _check_charged(self) -> None:
         """Refuse a restored accountant that holds fewer of the round's events than its rounds.

@@ -32,6 +32,14 @@
    preconditioner that held the others' training. Now the fast engine's trainer gets its own
    copy of the preconditioner too, compared before each entry (``fast_trainer._refuse_changed``:
    ``changed the preconditioner it was given``).
+4. ``dp-fedavg-adadp`` (seeded): ``state = alg.state_dict()`` between the two cohorts of round 1
+   (``run_round``'s second request, the half-step point, received), loaded into another
+   algorithm, and round 1 driven there with one user of cohort 1 left out. Before: cohort 1's
+   noise repeated, so the two released points differed by that user's clipped update without
+   noise (-0.005 in every entry: lr x 0.1 / 10). Now the state carries the point
+   (``state_dict()["partial"]``, ``ServerAlgorithm.partial_point``) and the redo is refused
+   when its point differs (``ADADP._refuse_other_point``: ``round 1: its half-step point was
+   released before this state was saved ...``); the same updates give the same point and go on.
 """
 
 from __future__ import annotations
@@ -212,3 +220,46 @@ def test_3_a_cohort_trainer_that_puts_the_preconditioner_back_is_refused():
     with pytest.raises(ValueError, match=r"round 1: .* changed the preconditioner it was given"):
         drive_round(alg, 1, make_cohort_train(task, device="cpu"))  # was released
     assert torch.equal(alg.params, init) and alg.accountant.num_events == 0
+
+
+# -- finding 4: an ADADP state saved between the cohorts, the round redone elsewhere ---------
+
+
+def _adadp():
+    return build_algorithm(_config(strategy="dp-fedavg-adadp", **{"noise-multiplier": 1.0}),
+                           torch.zeros(4))  # fmt: skip
+
+
+def _mid_round_state():
+    alg = _adadp()
+    rounds = alg.run_round(1)
+    first = next(rounds)
+    point = rounds.send({u: torch.full((4,), 0.1) for u in first.users}).params
+    return alg.state_dict(), point
+
+
+def test_4_a_seeded_redo_of_a_released_half_step_point_must_release_the_same_point():
+    state, point = _mid_round_state()
+    assert torch.equal(state["partial"]["point"], point) and state["partial"]["round"] == 1
+    alg = _adadp()
+    alg.load_state_dict(state)
+    rounds = alg.run_round(1)
+    first = next(rounds)
+    left_out = {u: torch.full((4,), 0.1) for u in first.users[1:]}
+    with pytest.raises(ValueError, match=r"round 1: its half-step point was released before"):
+        rounds.send(left_out)  # was released: the two points differed by -0.005 (no noise)
+    same = _adadp()
+    same.load_state_dict(state)
+    rounds = same.run_round(1)
+    first = next(rounds)
+    again = rounds.send({u: torch.full((4,), 0.1) for u in first.users})
+    assert torch.equal(again.params, point)  # the same release: the round goes on
+
+
+def test_4_a_state_between_rounds_has_no_partial_point():
+    alg = _adadp()
+    drive_round(alg, 1, _train)
+    assert "partial" not in alg.state_dict()
+    state, _ = _mid_round_state()
+    with pytest.raises(ValueError, match=r"checkpoint's partial .* must hold round 1"):
+        _adadp().load_state_dict({**state, "partial": {"round": 2, "point": torch.zeros(4)}})

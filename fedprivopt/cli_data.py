@@ -35,6 +35,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         config_error,
         tag_knobs,
         user_size_knobs,
+        workers_that_fit,
     )
     from fedprivopt.data.synthetic_files import (
         DATASET_FILES,
@@ -104,6 +105,10 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
             f"about {args.clients * per_user / 1e9:.3g} GB of disk ({per_user / 1e3:g} kB a "
             f"user), and {base} has {free / 1e9:.3g} GB free"
         )
+    try:  # thirty-ninth review of issue 15 (input 1): workers of 0.8 GB each, up to 1,024
+        workers_that_fit(config, args.workers, 1)
+    except ValueError as exc:
+        raise UsageError(f"argument --workers: {str(exc).removeprefix('workers ')}") from None
     marker = out / SYNTHETIC_META_FILE
     if not args.overwrite and marker.exists() and not is_synthetic_dir(out):
         raise UsageError(

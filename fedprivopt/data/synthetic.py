@@ -67,6 +67,7 @@ from fedprivopt.data.synthetic_config import (
     config_error,
     tag_knobs,
     user_size_knobs,
+    workers_that_fit,
 )
 from fedprivopt.data.synthetic_files import (
     DATASET_FILES,
@@ -194,7 +195,10 @@ def generate(
         :func:`default_workers`); the files are byte-identical for any number.
     """
     config = SyntheticConfig() if config is None else config
-    workers = default_workers() if workers is None else check_int("workers", workers, 1)
+    if workers is not None:
+        check_int("workers", workers, 1)
+    # thirty-ninth review of issue 15 (input 1): workers bounded by the memory
+    workers = workers_that_fit(config, workers, default_workers())
     files = SyntheticFiles.at(out_dir)
     check_free_disk(files.root, config)
     files.root.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, fields
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
+from fedprivopt.core.memory import physical_memory, processes_that_fit
 from fedprivopt.data.synthetic_model import parse_date
 from fedprivopt.data.vocab import MAX_WORDS
 
@@ -27,6 +28,8 @@ __all__ = [
     "config_error",
     "tag_knobs",
     "user_size_knobs",
+    "worker_memory",
+    "workers_that_fit",
 ]
 
 # ~2.5x the real dataset's ~380,000 users; per user ~12.5 kB of disk and ~0.4 kB of memory (the
@@ -290,3 +293,58 @@ def user_size_knobs(user_sizes: str, name: str = "user_sizes") -> dict[str, obje
         raise ValueError(f"{name} must be one of {', '.join(USER_SIZES)}, got {user_sizes!r}")
     defaults = {f.name: f.default for f in fields(SyntheticConfig)}
     return {k: USER_SIZES[user_sizes].get(k, defaults[k]) for k in USER_SIZES["real"]}
+
+
+#: Users a chunk of the generator holds (``synthetic_rows.CHUNK_USERS``, repeated here so that
+#: the estimate below needs no import of the model's modules).
+_CHUNK_USERS = 2048
+#: Memory a worker of :func:`fedprivopt.data.synthetic.generate` holds besides its words, tags
+#: and chunk: an interpreter with NumPy (about 60 MB measured).
+_WORKER_BASE = 64 * 2**20
+#: Memory a serialized example of a chunk takes with its draws (a row tuple, its bytes, the
+#: drawn tokens and title): about 1 kB (estimated from 8,192 users of 10,000 tags and 200,000
+#: words, 797 MB a worker at most, measured).
+_EXAMPLE_MEMORY = 1000
+
+
+def worker_memory(config: SyntheticConfig) -> int:
+    """Bytes a worker drawing chunks of ``config`` holds at least (an estimate).
+
+    Each worker rebuilds the word and tag model (about 95 bytes a word), draws a chunk of 2,048
+    users' favourite-tag keys (about 50 kB a tag) and holds the chunk's serialized examples (2,048
+    users of ``mean_examples_per_client`` examples, about 1 kB each).
+    """
+    return (
+        _WORKER_BASE
+        + 95 * config.vocab_size
+        + 50_000 * config.num_tags
+        + int(_CHUNK_USERS * config.mean_examples_per_client * _EXAMPLE_MEMORY)
+    )
+
+
+def workers_that_fit(config: SyntheticConfig, workers: int | None, default: int) -> int:
+    """The worker processes to draw ``config``'s chunks with: ``workers`` or ``default``.
+
+    Thirty-ninth review of issue 15 (input 1): ``data synth --clients 1000000 --tags 10000
+    --workers 1024`` started 489 workers (one a chunk of 2,048 users) of about 0.8 GB each, some
+    400 GB on a machine of 23 GB: memory is bounded by the workers, and they were bounded only
+    by 1,024. A default count (the CPUs) is lowered to what this machine's memory holds; a count
+    given that starts more processes than it holds is refused.
+
+    Raises
+    ------
+    ValueError
+        Naming ``workers``, the most this machine holds and the memory of one.
+    """
+    chunks = max(1, -(-config.num_clients // _CHUNK_USERS))
+    each, memory = worker_memory(config), physical_memory()
+    most = processes_that_fit(chunks, memory, each)
+    if workers is None:
+        return min(default, most)
+    if min(workers, chunks) > most:
+        raise ValueError(
+            f"workers must be an integer in [1, {most}] on this machine for this dataset: each "
+            f"worker holds about {each / 2**20:,.0f} MiB (its words, tags and a chunk of "
+            f"{_CHUNK_USERS:,} users) and it has {memory / 2**30:.1f} GiB of memory, got {workers}"
+        )
+    return workers

@@ -235,7 +235,8 @@ def add_data(sub) -> None:
         type=int_in(1, 1024),
         metavar="N",
         help="processes drawing users in parallel (default: the CPUs available; the files "
-        "are the same for any number)",
+        "are the same for any number; each holds its words, tags and 2,048 users, so more than "
+        "this machine's memory holds are refused, and the default is lowered to what fits)",
     )
     s.add_argument(
         "--overwrite",

@@ -437,10 +437,11 @@ def remove_run_files(out: Path) -> None:
     """Remove a run's files (and partial files, TensorBoard events) from ``out``; keep the rest.
 
     The ledger and ``config.toml`` go last: a removal interrupted or killed midway leaves a
-    recognisable run (one killed before its first checkpoint, charged from its ledger), which
-    an overwrite replaces. Thirty-ninth review of issue 15 (processes 3): ``config.toml`` went
-    first, and ``compare --overwrite`` stopped after it left a cell with a ledger, checkpoints
-    and metrics but no ``config.toml``, which neither an overwrite nor a resume took.
+    recognisable run, which the next overwrite replaces (a resume refuses it: its ledger shows
+    released rounds and no checkpoint). Thirty-ninth review of issue 15 (processes 3):
+    ``config.toml`` went first, and ``compare --overwrite`` stopped after it left a cell with a
+    ledger, checkpoints and metrics but no ``config.toml``, which neither an overwrite nor a
+    resume took.
     """
     first = (SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE)  # no finished claim
     last = (LEDGER_FILE, CONFIG_FILE)

@@ -28,8 +28,8 @@ deployment processes and key material): tests.
    recognisably a run``) nor ``--resume`` took it, and ``compare`` refused the whole ``--out``
    as holding a report it "did not write". Now ``rundir.remove_run_files`` removes the summary,
    checkpoints and metrics first, then the ledger and ``config.toml`` last: what an interrupted
-   removal leaves is still a recognisable run (one killed before its first checkpoint), which
-   the overwrite replaces and a resume charges from its ledger.
+   removal leaves is still a recognisable run, which the next overwrite replaces (a resume
+   refuses it, as any run whose ledger shows rounds and no checkpoint).
 """
 
 from __future__ import annotations

@@ -86,6 +86,9 @@ class TrainRequest:
         # vector) moved the released model by its users' training, without clipping or noise.
         # A request now holds copies; run_round refuses a cohort that changed them (changed_in).
         object.__setattr__(self, "params", self.params.detach().clone())
+        # thirty-ninth review (api 5): the list was the round's own cohort, which its
+        # aggregation accepts updates from, so request.users.append(u) summed an unsampled user
+        object.__setattr__(self, "users", list(self.users))
         if isinstance(self.preconditioner, torch.Tensor):
             object.__setattr__(self, "preconditioner", self.preconditioner.detach().clone())
         # thirty-ninth review (api 1): a write put back before the check (copy_ of a saved

@@ -40,6 +40,13 @@
    (``state_dict()["partial"]``, ``ServerAlgorithm.partial_point``) and the redo is refused
    when its point differs (``ADADP._refuse_other_point``: ``round 1: its half-step point was
    released before this state was saved ...``); the same updates give the same point and go on.
+5. A ``drive_round`` train callback that adds a user to ``request.users`` (``request.users.
+   append(u)``, a user the round did not sample) and returns its update too (dp-fedavg, ADADP).
+   Before: the request's list was the round's own cohort, which the aggregation accepts
+   updates from (the twenty-fifth review's check), so the unsampled user was summed (accepted
+   10 of a cohort of 9; model 0.1901 where 0.1801), outside the sampling the accountant
+   assumes. Now a request holds a copy of the list (``TrainRequest.__post_init__``): the
+   user's update is rejected as one the round did not ask for, and the model is the honest one.
 """
 
 from __future__ import annotations
@@ -263,3 +270,19 @@ def test_4_a_state_between_rounds_has_no_partial_point():
     state, _ = _mid_round_state()
     with pytest.raises(ValueError, match=r"checkpoint's partial .* must hold round 1"):
         _adadp().load_state_dict({**state, "partial": {"round": 2, "point": torch.zeros(4)}})
+
+
+# -- finding 5: a user added to request.users is not summed ----------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+def test_5_a_user_added_to_request_users_is_not_summed(strategy):
+    def adding(request):
+        request.users.append(next(u for u in range(40) if u not in request.users))
+        return _train(request)
+
+    alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+    honest = drive_round(build_algorithm(_config(strategy=strategy), torch.zeros(4)), 1, _train)
+    result = drive_round(alg, 1, adding)
+    assert torch.equal(result.params, honest.params)  # was 0.1901 where 0.1801
+    assert result.metrics["cohort_size"] == honest.metrics["cohort_size"]

@@ -128,7 +128,7 @@ class LedgerChecks:
         keys = [k for k in FIRST_KEYS if k in stored or k in current]
         keys += sorted((set(stored) | set(current)) - set(keys))
         if "task-params" not in stored:  # written before task parameters were recorded
-            self._refuse_lost_task_params()
+            self._refuse_lost("settings.task-params", data=True)
             current.pop("task-params")
             keys.remove("task-params")
         for key in keys:
@@ -156,18 +156,20 @@ class LedgerChecks:
                 f"{config.strategy.strategy!r}: the ledger was edited; refusing to resume"
             )
 
-    def _refuse_lost_task_params(self) -> None:
-        """Refuse a header without ``task-params`` in a file only later versions write.
+    def _refuse_lost(self, what: str, *, data: bool) -> None:
+        """Refuse a header without ``what`` in a file only later versions write.
 
-        Task parameters have been recorded since before the header recorded the task's data
-        identity, a tree round's participants or ADADP's partial lines; a header lacking them
+        Task parameters (``what`` ``"task-params"``) have been recorded since before the header
+        recorded the task's data identity (``data``: also a mark), and that since before a tree
+        round's participants and ADADP's partial lines were written; a header lacking them
         beside any of those lost them by an edit. Thirty-ninth review of issue 15 (ledger,
-        finding 4): ``task-params`` deleted from a seeded tree run's header turned their check
-        off, and a resume with ``task-params.seed`` changed ran the restart period on, its
-        users' indices holding other examples than in its first rounds.
+        findings 4 and 5): ``task-params`` (or ``data``) deleted from a seeded tree run's header
+        turned its check off, and a resume with ``task-params.seed`` (or the task's module)
+        changed ran the restart period on, its users' indices holding other examples than in
+        its first rounds.
         """
         later = (
-            "its header records the task's data" if "data" in self.header
+            "its header records the task's data" if data and "data" in self.header
             else next((f"line {e.line} records a tree round's participants" for e in self.entries
                        if e.participants_sha256 is not None), None)
             or next((f"line {e.line} is a partial line" for e in self.entries
@@ -175,9 +177,8 @@ class LedgerChecks:
         )  # fmt: skip
         if later is not None:
             raise ValueError(
-                f"{self.path}: line 1: its header's settings lack task-params, but {later}, which "
-                "only versions that record task-params write; the privacy ledger was edited: "
-                "refusing to resume"
+                f"{self.path}: line 1: its header lacks {what}, but {later}, which only versions "
+                f"that record {what} write; the privacy ledger was edited: refusing to resume"
             )
 
     def check_data(self, data: Mapping[str, Any] | None, source: str = CONFIG_FILE) -> None:
@@ -187,6 +188,8 @@ class LedgerChecks:
         written before data was recorded, or a task without an identity, is not checked.
         """
         stored = self.header.get("data")
+        if stored is None and data is not None:
+            self._refuse_lost("data", data=False)
         if stored is None or data is None:
             return
         if not isinstance(stored, dict):

@@ -39,14 +39,20 @@
    period ran on with its users' indices holding other examples than in its first rounds
    (rc 0). Every version that writes a tree round's participants (or a partial line, or the
    task's data identity) records the task parameters, so such a header beside those lines was
-   edited: ``LedgerChecks._refuse_lost_task_params`` refuses it, exit 2, one line naming the
-   header.
+   edited: ``LedgerChecks._refuse_lost`` refuses it, exit 2, one line naming the header.
+5. The same with the header's ``data`` deleted (the task's data identity, here the digest of
+   a task module's source: ``task = "mod:make"``), then the module edited (its data seed 3 to
+   4): ``check_data`` took the header as one written before data was recorded (rc 0). Now
+   refused as in 4 (``LedgerChecks._refuse_lost``, from ``check_data``).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,6 +65,7 @@ from fedprivopt.simulation.rundata import load_run
 from tests.reliability.test_ledger import kept_files
 from tests.simulation.test_run import small_config
 
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 TREE3 = {"noise-mechanism": "tree", "tree-restart-rounds": 3, "checkpoint-every": 100}
 
 
@@ -168,5 +175,48 @@ def test_4_a_header_that_lost_its_task_params_beside_later_lines_is_refused(tmp_
     err = capsys.readouterr().err
     assert rc == 2, err  # was 0: round 3 of the period on other data
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert f"{path}: line 1: its header's settings lack task-params, but line 2 records" in err
+    assert f"{path}: line 1: its header lacks settings.task-params, but line 2 records" in err
+    assert kept_files(run) == files
+
+
+# -- 5: a header whose data identity was removed --------------------------------------------------
+WRAP = """
+    from fedprivopt.models.toy import ToyClassificationTask
+
+    def make(num_users=40, seed=0):
+        return ToyClassificationTask(num_users=num_users, dim=4, seed={seed})
+"""
+
+
+def test_5_a_header_that_lost_its_data_beside_later_lines_is_refused(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    module = folder / "review39_wrap.py"
+    module.write_text(textwrap.dedent(WRAP.format(seed=3)))
+    run = tmp_path / "run"
+    tree = ["--set", "noise-mechanism=tree", "--set", "tree-restart-rounds=3"]
+    args = ["simulate", str(TOY), "--rounds", "2", "--out", str(run), "--quiet", *tree]
+    try:
+        assert main([*args, "--set", "task=review39_wrap:make"]) == 0
+        path = run / LEDGER_FILE
+        lines = path.read_text().splitlines(keepends=True)
+        header = json.loads(lines[0])
+        assert "task_source" in header.pop("data")
+        path.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+        config = run / "config.toml"
+        config.write_text(
+            config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3")
+        )
+        module.write_text(textwrap.dedent(WRAP.format(seed=4)))
+        sys.modules.pop("review39_wrap", None)
+        files = kept_files(run)
+        capsys.readouterr()
+        rc = main(["simulate", "--resume", str(run), "--quiet"])
+    finally:
+        sys.modules.pop("review39_wrap", None)
+    err = capsys.readouterr().err
+    assert rc == 2, err  # was 0: round 3 of the period on the edited module's data
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: line 1: its header lacks data, but line 2 records a tree round's" in err
     assert kept_files(run) == files

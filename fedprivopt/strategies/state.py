@@ -169,6 +169,16 @@ class AlgorithmState:
             round and model with its own, earlier accountant, optimizer and clipping states, and
             a caller who went on trained from that mixture).
         """
+        begun = getattr(self, "_partial_charged", None)
+        if begun is not None:
+            # thirty-ninth review of issue 15 (api 6): a state of round 0 loaded by ADADP's
+            # second cohort's train callback dropped the charge of round 1's half-step point,
+            # already sent: round 1 then ended with 1 event charged (epsilon 2.53 where 3.19)
+            raise ValueError(
+                f"round {begun} is in progress: its half-step point was released and charged, "
+                "and a state loaded now would drop that charge; load a state between rounds "
+                "(or into another algorithm)"
+            )
         before = copy.deepcopy(self.state_dict())
         try:
             self._load_state(state)

@@ -47,6 +47,12 @@
    10 of a cohort of 9; model 0.1901 where 0.1801), outside the sampling the accountant
    assumes. Now a request holds a copy of the list (``TrainRequest.__post_init__``): the
    user's update is rejected as one the round did not ask for, and the model is the honest one.
+6. ``dp-fedavg-adadp``: ``alg.load_state_dict(start)`` (a state of round 0) called by the train
+   callback of round 1's second cohort, after the half-step point was sent. Before: the loaded
+   accountant dropped the charge of that point (``charge_partial``), and round 1 ended with 1
+   event charged, epsilon 2.53 where its two releases are 3.19. Now ``load_state_dict``
+   refuses while a round's half-step point is charged and the round not finished (``round 1
+   is in progress: its half-step point was released and charged ...``).
 """
 
 from __future__ import annotations
@@ -286,3 +292,23 @@ def test_5_a_user_added_to_request_users_is_not_summed(strategy):
     result = drive_round(alg, 1, adding)
     assert torch.equal(result.params, honest.params)  # was 0.1901 where 0.1801
     assert result.metrics["cohort_size"] == honest.metrics["cohort_size"]
+
+
+# -- finding 6: a state loaded in the middle of an ADADP round -------------------------------
+
+
+def test_6_a_state_loaded_between_the_cohorts_of_a_round_is_refused():
+    alg = _adadp()
+    start = alg.state_dict()
+
+    def train(request):
+        if request.stream == "train-2":
+            alg.load_state_dict(start)  # dropped the half step's charge: 1 event, 2.53
+        return _train(request)
+
+    with pytest.raises(ValueError, match=r"round 1 is in progress: its half-step point"):
+        drive_round(alg, 1, train)
+    assert alg.accountant.num_events == 1  # the half step's charge is kept
+    drive_round(alg, 2, _train)
+    alg.load_state_dict(start)  # between rounds, as before
+    assert alg.round_num == 0

@@ -217,11 +217,11 @@ def load_run(path: str | Path) -> RunData:
     configured = _configured(path, summary, notes)  # a new mapping when config.toml was read
     # the file δ comes from: config.toml, or without a readable one summary.json (finding 4)
     where = CONFIG_FILE if configured is not summary else SUMMARY_FILE
-    summary = configured
-    seed = summary["seed"]  # the summary's own when there is no config.toml (finding 9)
+    seed = configured["seed"]  # the summary's own when there is no config.toml (finding 9)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"{summary_path} is unreadable (seed must be an integer >= 0, got "
                          f"{shown(seed)})")  # fmt: skip
+    summary = configured if where == CONFIG_FILE else _recorded(path, configured, notes)
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
     accounted = _accounted_epsilon(path, notes, summary.get("delta"), where)
@@ -362,6 +362,48 @@ def _configured(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[s
             "reported as configured"
         )
     return {**summary, **own, "config": config.to_mapping()}
+
+
+_LEDGER_KEYS = ("strategy", "noise-multiplier", "seed", "accountant", "sampling",
+                "noise-mechanism", "population", "clients-per-round", "clip-norm")  # fmt: skip
+"""A ledger header's settings a report shows or reads its ε's basis from (:func:`_recorded`)."""
+
+
+def _recorded(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """``summary`` with the strategy, σ, seed and settings its privacy ledger's header records.
+
+    For a run without a readable ``config.toml``. Thirty-ninth review of issue 15 (reports,
+    finding 4): ``write_report(out, load_runs(F))`` of a dp-fedavg run at σ 0.5 whose
+    ``config.toml`` was deleted and whose ``summary.json`` states ``noise_multiplier`` 5 and
+    ``config.accountant`` ``pld`` reported "σ 5, ε 10.28 (pld)": the ledger's ε beside a σ and
+    an accountant the run did not have, without a warning. δ stays the summary's (ε is
+    composed at it, noted when it is not the ledger's: thirty-seventh review, finding 4).
+    """
+    try:
+        ledger = RunLedger.read(path)
+    except (OldLedgerError, ValueError, OSError):  # a damaged one: _accounted_epsilon raises
+        return summary
+    settings = None if ledger is None else ledger.header.get("settings")
+    if not isinstance(settings, dict):
+        return summary
+    private = ledger.header.get("private") is True
+    own = {"strategy": settings.get("strategy"), "seed": settings.get("seed"),
+           "noise_multiplier": settings.get("noise-multiplier") if private else 0.0}  # fmt: skip
+    kinds = {"strategy": (str,), "seed": (int,), "noise_multiplier": (int, float)}
+    own = {key: value for key, value in own.items()  # a header's odd value is not taken
+           if isinstance(value, kinds[key]) and not isinstance(value, bool)}  # fmt: skip
+    differ = [key for key, value in own.items() if summary.get(key) != value]
+    stated = summary.get("config")
+    stated = stated if isinstance(stated, dict) else {}
+    recorded = {key: settings[key] for key in _LEDGER_KEYS if key in settings}
+    differ += [key for key, value in recorded.items() if stated.get(key) != value]
+    config = {**stated, **recorded}
+    if differ:
+        notes.append(
+            f"{path}: no readable {CONFIG_FILE}, and its {SUMMARY_FILE} disagrees with its "
+            f"{LEDGER_FILE} ({', '.join(differ[:3])}); reported as its ledger records"
+        )
+    return {**summary, **own, "config": config}
 
 
 def _accounted_epsilon(

@@ -25,6 +25,12 @@
    Now a row is non-private only when none of its runs is configured private
    (``rundata_aggregate``'s ``private``): ``∞ (private: its files state an unbounded epsilon)``,
    the legend ``dp-fedavg, σ=0.5``, no baseline line.
+4. ``write_report(out, load_runs(F))`` of a dp-fedavg run at σ 0.5 (seed 0, ``rdp``) whose
+   ``config.toml`` was deleted and whose ``summary.json`` states ``noise_multiplier`` 5, seed
+   3 and ``config.accountant`` ``pld``. Before: reported as "σ 5, seed 3", its ledger's ε 10.28
+   labelled ``pld``, without a warning. Now a run without a readable ``config.toml`` takes its
+   strategy, σ, seed and settings from its privacy ledger's header (``rundata._recorded``),
+   noting that its summary disagrees; δ stays the summary's (thirty-seventh review, finding 4).
 """
 
 from __future__ import annotations
@@ -132,3 +138,22 @@ def test_a_private_run_whose_files_state_an_infinite_epsilon_is_not_shown_non_pr
     assert "∞ (private" in text
     assert _label("dp-fedavg", 0.5, float("inf"), private=True) == "dp-fedavg, σ=0.5"
     assert _label("fedavg", 0.0, float("inf")) == "fedavg (non-private)"
+
+
+def test_a_run_without_its_config_is_reported_as_its_ledger_records(finished_run, tmp_path):
+    run_dir = tmp_path / "r"
+    shutil.copytree(finished_run, run_dir)
+    (run_dir / "config.toml").unlink()
+    plain = load_run(run_dir)  # the files as the run wrote them: nothing to note
+    assert (plain.noise_multiplier, plain.seed) == (0.5, 0) and not plain.warnings
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summary.update(noise_multiplier=5.0, seed=3)
+    summary["config"].update({"accountant": "pld", "noise-multiplier": 5.0, "seed": 3})
+    (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    run = load_run(run_dir)
+    assert (run.strategy, run.noise_multiplier, run.seed) == ("dp-fedavg", 0.5, 0)
+    assert run.summary["config"]["accountant"] == "rdp"
+    assert any("disagrees with its privacy_ledger.jsonl" in w for w in run.warnings)
+    rows, _ = _rows([run])
+    assert rows["dp-fedavg"]["accountants"] == ["rdp"]
+    assert rows["dp-fedavg"]["noise_multiplier"] == 0.5

@@ -46,6 +46,7 @@ from fedprivopt.clients.messages import (
     reply_users,
 )
 from fedprivopt.clients.trainer import LocalTrainer
+from fedprivopt.core.logs import hide_engine_notices
 from fedprivopt.core.text import shown
 from fedprivopt.models.registry import build_task, check_task_name
 from fedprivopt.models.task import Task, TaskError, state_to_flat
@@ -249,6 +250,7 @@ def make_client_app(
     """
     if task is not None:
         check_task_name(task)  # a registered name or a reference "package.module:factory"
+    hide_engine_notices()  # in a Ray actor too: loading the app there calls this
     defaults = _Defaults(task, _canonical_params(task_params), str(device))
     client_app = ClientApp()
     client_app.query()(functools.partial(_replying, _query, defaults=defaults))

@@ -8,10 +8,11 @@ another format than before the note. :func:`log_warnings_to_stderr` gives the ro
 handler Python would use anyway (warnings and errors, the message alone, to the current standard
 error), so absl finds one and configures nothing.
 
-:func:`hide_engine_notices` drops two notices addressed to whoever wrote the Flower engine,
-not to its user, who can act on neither: Flower's deprecation of ``run_simulation`` (the
-engine's call) and Ray's tip about ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO`` (the engine asks
-for no GPU on purpose). Each printed six lines on every Flower run, ``--quiet`` ones too.
+:func:`hide_engine_notices` drops three notices addressed to whoever wrote the Flower engine,
+not to its user, who can act on none: Flower's deprecation of ``run_simulation`` (the
+engine's call), Ray's tip about ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO`` (the engine asks
+for no GPU on purpose), and each actor's "Manually terminating ClientAppActor" at the end of a
+run (the engine ends them). Each printed on every Flower run, ``--quiet`` ones too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ __all__ = ["hide_engine_notices", "log_warnings_to_stderr", "quiet_flower"]
 
 #: The first argument of the Flower record :func:`hide_engine_notices` drops.
 RUN_SIMULATION_DEPRECATED = "The `run_simulation` function is deprecated"
+#: The record each of the Flower engine's Ray actors logs when Flower ends it at the end of a run
+#: (``VirtualClientEngineActor.terminate``); Ray forwarded it to the command's stderr as
+#: ``(ClientAppActor pid=N) WARNING : Manually terminating ClientAppActor``, on ``--quiet`` runs
+#: too. The actors load the client app, whose :func:`~fedprivopt.clients.client_app.
+#: make_client_app` calls :func:`hide_engine_notices`.
+ACTOR_EXIT = "Manually terminating %s"
 #: The start of the Ray ``FutureWarning`` :func:`hide_engine_notices` ignores.
 RAY_ACCELERATOR_TIP = "Tip: In future versions of Ray, Ray will no longer override accelerator"
 
@@ -49,9 +56,15 @@ class _Stderr(logging.Handler):
 
 
 class _EngineNotices(logging.Filter):
-    """Drop Flower's record of its deprecated ``run_simulation`` (the engine's call)."""
+    """Drop the engine's notices: ``run_simulation`` deprecated, and :data:`ACTOR_EXIT`.
+
+    Flower logs the first for the engine's own call; each simulated client's Ray actor logs the
+    second when the engine ends it.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == ACTOR_EXIT:
+            return False
         first = record.args[0] if isinstance(record.args, tuple) and record.args else None
         return not (isinstance(first, str) and first.startswith(RUN_SIMULATION_DEPRECATED))
 

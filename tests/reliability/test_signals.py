@@ -258,9 +258,10 @@ def test_a_normal_flower_run_leaves_no_process_behind(tmp_path):
         run.cleanup()
     assert code == 0, run.stderr()[-3000:]
     assert json.loads(summary.read_text())["rounds_completed"] == 2
-    # --quiet: nothing on stderr; each Ray actor's "Manually terminating ClientAppActor" line at
-    # the end of the run (Ray forwarded it) is dropped (thirty-ninth review of issue 15, lead)
-    assert run.stderr().strip() == "", run.stderr()[-3000:]
+    # each Ray actor's "Manually terminating ClientAppActor" line at the end of the run (Ray
+    # forwarded it, also under --quiet) is dropped (thirty-ninth review of issue 15, lead 1);
+    # Ray's own notes about this machine (a small /dev/shm, say) may still print
+    assert "Manually terminating" not in run.stderr(), run.stderr()[-3000:]
 
 
 # -- the pieces, in process ------------------------------------------------------------------------

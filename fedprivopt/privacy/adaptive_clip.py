@@ -382,11 +382,12 @@ def _scalar(report: object) -> float | None:
             return None
         value = float(report.reshape(()).item())
     elif isinstance(report, torch.Tensor):
-        if tuple(report.shape) not in ((), (1,)) or not report.dtype.is_floating_point:
-            return None
-        if report.layout != torch.strided or report.device.type == "meta":
+        if report.is_nested or report.layout != torch.strided or report.device.type == "meta":
             # thirty-ninth review of issue 15 (mechanisms 2): a meta or sparse one-element
-            # report raised torch's RuntimeError out of the whole count (and the round's screen)
+            # report raised torch's RuntimeError out of the whole count (and the round's screen);
+            # follow-up: a nested one (layout strided) raised it from its shape
+            return None
+        if tuple(report.shape) not in ((), (1,)) or not report.dtype.is_floating_point:
             return None
         value = float(report.reshape(()).item())
     else:

@@ -139,8 +139,12 @@ def dense_problem(tensor: torch.Tensor) -> str | None:
     ``RowSparse`` of meta rows or values) and a ``RowSparse`` of sparse values made the whole
     aggregation raise torch's ``NotImplementedError`` ("Cannot copy out of meta tensor"), and a
     sparse COO update was rejected as containing NaN or Inf; each is now rejected alone, with
-    this reason.
+    this reason. Follow-up: a nested tensor (``torch.nested.nested_tensor``, whose layout is
+    ``torch.strided``) passed that check and raised torch's ``RuntimeError`` ("NestedTensorImpl
+    doesn't support sizes") out of the whole aggregation; it is rejected alone too.
     """
+    if tensor.is_nested:
+        return "a dense (strided) tensor is needed, got a nested tensor"
     if tensor.layout != torch.strided:
         return f"a dense (strided) tensor is needed, got layout {tensor.layout}"
     if tensor.device.type == "meta":

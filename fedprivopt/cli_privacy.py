@@ -92,6 +92,12 @@ def _add_sampling_args(p: argparse.ArgumentParser, *, needs_sigma: bool) -> None
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
 
 
+def _digits(number: int) -> str:
+    """``number`` as text, a long one shortened to its first digits and its length."""
+    text = str(number)
+    return text if len(text) <= 40 else f"{text[:10]}... ({len(text):,} digits)"
+
+
 def _resolve_sampling(args: argparse.Namespace) -> dict:
     """Cross-flag checks; returns keyword arguments for ``make_round_event``.
 
@@ -122,6 +128,16 @@ def _resolve_sampling(args: argparse.Namespace) -> dict:
     if args.population is not None and args.cohort is not None and args.cohort > args.population:
         raise UsageError(
             f"argument --cohort: must be in [1, --population={args.population}], got {args.cohort}"
+        )
+    if (
+        args.population is not None
+        and args.cohort is not None
+        and not (args.cohort / args.population > 0)
+    ):  # thirty-ninth review of issue 15 (input 2): refused as "sample_rate ... got 0.0"
+        raise UsageError(
+            f"argument --population: COHORT/POPULATION is below the smallest float64 (5e-324), "
+            f"so the rate is 0 (got --cohort {args.cohort} of --population "
+            f"{_digits(args.population)})"
         )
     if args.sampling == "fixed":
         if args.population is None or args.cohort is None:

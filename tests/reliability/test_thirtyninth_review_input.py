@@ -10,6 +10,11 @@
    machine's memory holds: rc 2, one line ``argument --workers: must be an integer in [1, 37]
    on this machine for this dataset: each worker holds about 637 MiB …``, before anything is
    written; a default count is lowered to what fits (the files are the same for any count).
+2. ``epsilon --noise-multiplier 1 --rounds 10 --delta 1e-5 --population 10**400 --cohort 5``
+   (also ``--sampling fixed``, and ``calibrate``): rc 2, one line, but ``sample_rate must be in
+   (0, 1], got 0.0``, naming a flag that was not given: COHORT/POPULATION underflowed to 0.
+   ``cli_privacy._resolve_sampling`` now names ``--population`` and why (``COHORT/POPULATION
+   is below the smallest float64 (5e-324), so the rate is 0``), the 401 digits shortened.
 """
 
 from __future__ import annotations
@@ -78,3 +83,17 @@ def test_generate_lowers_its_default_workers_and_refuses_too_many(tmp_path, smal
         synthetic.generate(tmp_path / "c", SyntheticConfig(num_clients=30, vocab_size=400,
                                                            num_tags=20), workers=1000)  # fmt: skip
     assert small_machine[-1] == 1000
+
+
+@pytest.mark.parametrize("command", ["epsilon", "calibrate"])
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_rate_that_underflows_names_population(command, sampling):
+    first = ["--noise-multiplier", "1"] if command == "epsilon" else ["--target-epsilon", "1"]
+    code, err = _cli(
+        command, *first, "--rounds", "10", "--delta", "1e-5", "--sampling", sampling,
+        "--population", str(10**400), "--cohort", "5",
+    )  # fmt: skip
+    assert code == 2, err
+    assert len(err) == 1 and "argument --population: COHORT/POPULATION is below" in err[0], err
+    assert "(401 digits)" in err[0] and len(err[0]) < 200
+

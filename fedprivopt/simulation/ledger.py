@@ -46,6 +46,7 @@ from fedprivopt.simulation.files import (
 from fedprivopt.simulation.ledger_checks import LedgerChecks
 from fedprivopt.simulation.ledger_convert import LedgerConversion, check_accountant_kind
 from fedprivopt.simulation.ledger_lines import (
+    HEADER_RECORDS,
     LEDGER_VERSION,
     OLD_LEDGER_SUFFIX,
     Ledger,
@@ -127,6 +128,7 @@ class RunLedger(LedgerChecks, LedgerConversion):
             "delta": config.strategy.delta,
             "private": bool(config.strategy.private),
             "settings": privacy_settings(config),
+            "records": list(HEADER_RECORDS),
         }
         if data is not None:
             header["data"] = dict(data)

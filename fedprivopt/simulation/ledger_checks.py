@@ -128,7 +128,7 @@ class LedgerChecks:
         keys = [k for k in FIRST_KEYS if k in stored or k in current]
         keys += sorted((set(stored) | set(current)) - set(keys))
         if "task-params" not in stored:  # written before task parameters were recorded
-            self._refuse_lost("settings.task-params", data=True)
+            self._refuse_lost("settings.task-params")
             current.pop("task-params")
             keys.remove("task-params")
         for key in keys:
@@ -156,29 +156,42 @@ class LedgerChecks:
                 f"{config.strategy.strategy!r}: the ledger was edited; refusing to resume"
             )
 
-    def _refuse_lost(self, what: str, *, data: bool) -> None:
-        """Refuse a header without ``what`` in a file only later versions write.
+    def _refuse_lost(self, what: str, *, since_participants: bool = True) -> None:
+        """Refuse a header without ``what`` beside what only versions that record it write.
 
-        Task parameters (``what`` ``"task-params"``) have been recorded since before the header
-        recorded the task's data identity (``data``: also a mark), and that since before a tree
-        round's participants and ADADP's partial lines were written; a header lacking them
-        beside any of those lost them by an edit. Thirty-ninth review of issue 15 (ledger,
+        Those marks: the header's ``records`` (every header written since the thirty-ninth
+        review states what it records), ADADP's ``partial`` lines (written since after the task
+        parameters, the data identity and the task's source were all recorded), a tree round's
+        participants (``since_participants``: recorded since after the task parameters and the
+        data), the header's ``data`` beside no ``task-params`` (data was recorded after them),
+        and ``ema-decay`` in the settings beside no ``task-params`` (both were added to the
+        header by one version; a header written before holds neither, and its settings are
+        refused by :meth:`check_config` anyway). Thirty-ninth review of issue 15 (ledger,
         findings 4 and 5): ``task-params`` (or ``data``) deleted from a seeded tree run's header
         turned its check off, and a resume with ``task-params.seed`` (or the task's module)
         changed ran the restart period on, its users' indices holding other examples than in
-        its first rounds.
+        its first rounds. Its follow-up: only those tree and ADADP lines were marks, so a
+        Gaussian run's header with ``task-params``, ``data`` or ``data.task_source`` deleted
+        resumed (and was reused by ``compare``) on other data or another task module, rc 0.
         """
-        later = (
-            "its header records the task's data" if data and "data" in self.header
-            else next((f"line {e.line} records a tree round's participants" for e in self.entries
-                       if e.participants_sha256 is not None), None)
-            or next((f"line {e.line} is a partial line" for e in self.entries
-                     if e.kind == "partial"), None)
+        tree = [e.line for e in self.entries if e.participants_sha256 is not None]
+        partial = [e.line for e in self.entries if e.kind == "partial"]
+        task_params = what == "settings.task-params"
+        only = f"which only versions that record {what} write"
+        marks = (
+            (since_participants and tree,
+             f"line {(tree or [0])[0]} records a tree round's participants, {only}"),
+            (partial, f"line {(partial or [0])[0]} is a partial line, {only}"),
+            ("records" in self.header, f"its header's records field states that it records {what}"),
+            (task_params and "data" in self.header, f"its header records the task's data, {only}"),
+            (task_params and "ema-decay" in self.header.get("settings", {}),
+             "its settings record ema-decay, added to the header with task-params"),
         )  # fmt: skip
+        later = next((text for present, text in marks if present), None)
         if later is not None:
             raise ValueError(
-                f"{self.path}: line 1: its header lacks {what}, but {later}, which only versions "
-                f"that record {what} write; the privacy ledger was edited: refusing to resume"
+                f"{self.path}: line 1: its header lacks {what}, but {later}; the privacy ledger "
+                "was edited: refusing to resume"
             )
 
     def check_data(self, data: Mapping[str, Any] | None, source: str = CONFIG_FILE) -> None:
@@ -189,13 +202,15 @@ class LedgerChecks:
         """
         stored = self.header.get("data")
         if stored is None and data is not None:
-            self._refuse_lost("data", data=False)
+            self._refuse_lost("data")
         if stored is None or data is None:
             return
         if not isinstance(stored, dict):
             raise ValueError(f"{self.path}: its header's data is not a mapping (edited?)")
         keys = set(stored) | set(data)
         if TASK_SOURCE not in stored:  # a ledger written before the task's code was recorded
+            if TASK_SOURCE in data:  # tree participants were recorded before it
+                self._refuse_lost(f"data.{TASK_SOURCE}", since_participants=False)
             keys.discard(TASK_SOURCE)
         for key in sorted(keys):
             if key == TASK_SOURCE and canonical(stored.get(key)) != canonical(data.get(key)):

@@ -30,6 +30,7 @@ __all__ = [
     "ADDED_SETTINGS",
     "EVENT_KEYS",
     "FIRST_KEYS",
+    "HEADER_RECORDS",
     "LEDGER_VERSION",
     "OLD_LEDGER_SUFFIX",
     "RELOCATABLE_TASK_PARAMS",
@@ -53,6 +54,12 @@ __all__ = [
 ]
 
 LEDGER_VERSION = 2
+# What a header states it records (its "records" field): the task parameters always, the task's
+# data identity whenever the task has one, with its module's source digest (``task_source``) for
+# a task by reference. Headers written before the field (thirty-ninth review of issue 15, ledger
+# follow-up) are recognised as older by what those versions really lacked
+# (:meth:`~fedprivopt.simulation.ledger_checks.LedgerChecks.check_config`, ``check_data``).
+HEADER_RECORDS = ("data", "task-params", "task_source")
 OLD_LEDGER_SUFFIX = ".v1"
 _SHA256 = re.compile("[0-9a-f]{64}")
 
@@ -299,6 +306,8 @@ def parse_lines(path: Path, lines: list[str]) -> tuple[dict[str, Any], list[Ledg
         raise bad(1, f"the header's {exc}") from None
     if not isinstance(header["private"], bool):
         raise bad(1, "private must be true or false")
+    if "records" in header and header["records"] != list(HEADER_RECORDS):
+        raise bad(1, f"the header's records is not {list(HEADER_RECORDS)}")
     template = {
         "version": 1,
         "accountant": header["accountant"],

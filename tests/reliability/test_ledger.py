@@ -407,16 +407,22 @@ def test_resuming_on_other_data_is_refused_naming_the_task_parameter(tmp_path, c
     assert [r["round"] for r in read_rows(out / "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_a_ledger_written_before_task_parameters_were_recorded_still_resumes(tmp_path):
-    reference = simulate(small_config(), tmp_path / "ref")
+def test_a_ledger_written_before_task_parameters_were_recorded_is_refused_by_its_settings(
+    tmp_path,
+):
+    # thirty-ninth review follow-up (ledger 1): this test resumed a header that lost only its
+    # task-params, a form no version wrote (ema-decay entered the header with them), and so
+    # let a Gaussian run resume on other data; a header of that version lacks ema-decay too
+    # and is refused by it (as a run written by that version is: its settings differ)
     out = simulate(small_config(**{"num-server-rounds": 3}), tmp_path / "run").out_dir
     lines = (out / LEDGER_FILE).read_text().splitlines()
     header = json.loads(lines[0])
     assert header["settings"].pop("task-params") == {"num-users": 12, "seed": 0}
+    del header["records"], header["settings"]["ema-decay"]
     (out / LEDGER_FILE).write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
     _set(out, "num-server-rounds", "6")
-    outcome = resume(out)
-    assert torch.equal(outcome.params, reference.params)
+    with pytest.raises(ValueError, match=r"ema-decay = 0\.0, but the run.s privacy ledger records"):
+        resume(out)
 
 
 def test_where_the_data_lives_may_change_what_it_is_may_not():

@@ -26,11 +26,13 @@ def check_sqlite_file(path: str | os.PathLike) -> Path:
     FileNotFoundError
         If the file does not exist.
     ValueError
-        If it is not an SQLite file, or is shorter than its header says (truncated).
+        If it is not an SQLite file, or is shorter than its header says (truncated), or a file
+        SQLite opens beside it (``-journal``, ``-wal``, ``-shm``) is not a regular file.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
+    _check_companions(path)
     size = path.stat().st_size
     with naming(path), path.open("rb") as f:  # EIO (/proc/self/mem): sixteenth review, rc 1
         header = f.read(100)
@@ -40,6 +42,24 @@ def check_sqlite_file(path: str | os.PathLike) -> Path:
             f"{path}: truncated SQLite database: header says {declared} bytes, file has {size}"
         )
     return path
+
+
+def _check_companions(path: Path) -> None:
+    """Refuse a ``-journal``, ``-wal`` or ``-shm`` beside ``path`` that is not a regular file.
+
+    Thirty-ninth review of issue 15 (input 3): ``data info D`` (also a task reading ``D``)
+    where ``D/stackoverflow.sqlite-journal`` is a FIFO blocked for ever in SQLite's ``open`` of
+    it, which retries after a signal: Ctrl-C and SIGTERM did not end it, only SIGKILL; a
+    ``-shm`` FIFO was ``disk I/O error``. A link to ``/dev/zero`` is a device, refused alike.
+    """
+    for end in ("-journal", "-wal", "-shm"):
+        companion = path.with_name(path.name + end)
+        if os.path.lexists(companion) and not companion.is_file():
+            raise ValueError(
+                f"{companion}: beside {path.name}, and not a regular file (a FIFO, directory, "
+                "device, socket or broken link), which SQLite opens as the database's "
+                f"{end[1:]} file (a FIFO blocks for ever): remove it"
+            )
 
 
 def declared_size(header: bytes, path: str | os.PathLike) -> int | None:

@@ -15,17 +15,25 @@
    (0, 1], got 0.0``, naming a flag that was not given: COHORT/POPULATION underflowed to 0.
    ``cli_privacy._resolve_sampling`` now names ``--population`` and why (``COHORT/POPULATION
    is below the smallest float64 (5e-324), so the rate is 0``), the 401 digits shortened.
+3. ``data info D`` (also a task reading ``D``) where ``D/stackoverflow.sqlite-journal`` is a
+   FIFO: blocked for ever in SQLite's ``open`` of it, which retries after a signal, so Ctrl-C
+   and SIGTERM did not end it (only SIGKILL); a ``-shm`` FIFO: ``disk I/O error``; a ``-wal``
+   FIFO was read as an empty log. ``sqlite_files.check_sqlite_file`` (``_check_companions``)
+   now refuses a ``-journal``, ``-wal`` or ``-shm`` that is not a regular file (a link to
+   ``/dev/zero`` too), naming it, before SQLite opens anything.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 
 import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.data import synthetic, synthetic_config
+from fedprivopt.data.sqlite_files import check_sqlite_file
 from fedprivopt.data.synthetic_config import SyntheticConfig
 
 
@@ -97,3 +105,19 @@ def test_a_rate_that_underflows_names_population(command, sampling):
     assert len(err) == 1 and "argument --population: COHORT/POPULATION is below" in err[0], err
     assert "(401 digits)" in err[0] and len(err[0]) < 200
 
+
+@pytest.mark.parametrize("end", ["-journal", "-wal", "-shm"])
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_journal_that_is_no_regular_file_is_refused(tmp_path, end, kind):
+    db = tmp_path / "stackoverflow.sqlite"
+    db.write_bytes(b"SQLite format 3\x00" + bytes(84))
+    companion = tmp_path / f"stackoverflow.sqlite{end}"
+    if kind == "fifo":
+        os.mkfifo(companion)
+    elif kind == "device":
+        companion.symlink_to("/dev/null")
+    else:
+        companion.mkdir()
+    with pytest.raises(ValueError, match=rf"sqlite{end}: beside stackoverflow.sqlite, and not a"):
+        check_sqlite_file(db)
+    assert os.path.lexists(companion)  # left as it was

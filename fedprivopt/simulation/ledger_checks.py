@@ -189,9 +189,15 @@ class LedgerChecks:
         )  # fmt: skip
         later = next((text for present, text in marks if present), None)
         if later is not None:
+            unread = (
+                ""
+                if task_params
+                else " (or the task's module had no readable source file when "
+                "the run started, so its code cannot be compared)"
+            )
             raise ValueError(
                 f"{self.path}: line 1: its header lacks {what}, but {later}; the privacy ledger "
-                "was edited: refusing to resume"
+                f"was edited{unread}: refusing to resume"
             )
 
     def check_data(self, data: Mapping[str, Any] | None, source: str = CONFIG_FILE) -> None:

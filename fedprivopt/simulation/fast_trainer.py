@@ -117,7 +117,7 @@ class UserTrainer:
                 preconditioner=pre,
                 stream=stream,
             ):
-                copies.refuse_changed(batch.users)
+                copies.refuse_changed(self._batch_users(batch, report))
                 if report:
                     for u, norm in zip(batch.users, batch.norms, strict=True):
                         bits[u] = clip_report(norm, cfg, rngs, round_num, (stream, u))
@@ -141,6 +141,32 @@ class UserTrainer:
             if report:
                 bits[u] = result.clip_bit
             yield u, result.delta
+
+    def _batch_users(self, batch: object, report: bool) -> list[int]:
+        """The users of a cohort trainer's ``batch`` (``[]`` when it names none), once checked.
+
+        A batch needs ``split()`` (or is a :class:`RowSparseBatch`), and ``users`` and
+        ``norms`` only with clip reports (the protocol of ``CohortTrainer.train_batches``).
+        Follow-up of the thirty-ninth review of issue 15 (privacy 2): the per-entry check of
+        api 1 read ``batch.users`` of every batch, so a batch with ``split()`` alone, which the
+        fast engine trained before, ended in an ``AttributeError`` traceback (rc 1); an entry
+        that is no batch (a ``(user, update)`` pair, ``None``) did before too.
+        """
+        call = f"{type(self.task).__name__}.cohort_trainer().train_batches()"
+        if not isinstance(batch, RowSparseBatch) and not callable(getattr(batch, "split", None)):
+            raise TaskError(
+                f"{call} must yield batches of updates (a RowSparseBatch, or one with split() "
+                f"giving (user, update) pairs), got {shown(batch)}"
+            )
+        users = getattr(batch, "users", None)
+        if report and (users is None or getattr(batch, "norms", None) is None):
+            raise TaskError(
+                f"{call} must yield batches with users and norms when users report clip bits "
+                f"(adaptive clipping), got {shown(batch)}"
+            )
+        if not isinstance(users, (list, tuple)):
+            return []
+        return [int(u) for u in users if isinstance(u, int) and not isinstance(u, bool)]
 
     def train_list(self, *args: Any) -> tuple[list[tuple[int, Any] | RowSparseBatch], dict]:
         """:meth:`train` as a list and the clip reports (what a Ray actor returns).

@@ -173,6 +173,8 @@ class LedgerChecks:
         its first rounds. Its follow-up: only those tree and ADADP lines were marks, so a
         Gaussian run's header with ``task-params``, ``data`` or ``data.task_source`` deleted
         resumed (and was reused by ``compare``) on other data or another task module, rc 0.
+        A tree run's header lacking ``what`` is refused with no mark (the rounds of a restart
+        period must hold the same data at each user index).
         """
         tree = [e.line for e in self.entries if e.participants_sha256 is not None]
         partial = [e.line for e in self.entries if e.kind == "partial"]
@@ -198,6 +200,17 @@ class LedgerChecks:
             raise ValueError(
                 f"{self.path}: line 1: its header lacks {what}, but {later}; the privacy ledger "
                 f"was edited{unread}: refusing to resume"
+            )
+        if any(e.sampling == "tree" for entry in self.entries for e, _ in entry.released):
+            # thirty-ninth review follow-up (ledger 3): a tree run's ledger rewritten in the form
+            # RunLedger.convert writes (one carried line, no participants), its header's records
+            # and data deleted, resumed the restart period on an edited module's data
+            raise ValueError(
+                f"{self.path}: line 1: its header lacks {what}, and its events are tree "
+                "aggregation's, whose restart period bounds each user index's participation: "
+                "that the resumed rounds' users hold the data of the period's first rounds cannot "
+                "be checked (the privacy ledger was edited, or written by a version before it "
+                "recorded this); refusing to resume (start a new run in another directory)"
             )
 
     def check_data(self, data: Mapping[str, Any] | None, source: str = CONFIG_FILE) -> None:

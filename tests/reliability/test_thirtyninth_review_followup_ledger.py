@@ -17,6 +17,13 @@
    recorded). Now refused by the header's ``records``: exit 2, one line. Headers written by
    the versions before (no ``records``; measured: runs written at 3f84862^ and 0166fb2^ of a
    task by reference) still resume.
+3. The residue of 2 for a tree run: a seeded tree run of a task by reference (restart 3, 2
+   rounds) whose ledger was rewritten in the form ``RunLedger.convert`` writes (one
+   ``carried`` line holding the period's event, no participants, no digests), its header's
+   ``records`` and ``data`` deleted, the module edited, ``simulate --resume``: rc 0, round 3
+   of the period released on the edited module's data (the once-a-period bound is by user
+   index). Now a tree ledger whose header lacks ``data`` (or ``task_source``) while the task
+   has one is refused with no mark (``LedgerChecks._refuse_lost``): exit 2, one line.
 """
 
 from __future__ import annotations
@@ -86,24 +93,27 @@ WRAP = """
 """
 
 
-@pytest.fixture
-def wrapped(tmp_path, monkeypatch):
+def _wrapped_run(tmp_path, *extra: str) -> Path:
+    """A 2-round run of ``review39f_wrap:make`` (data seed 3), its module then edited (seed 4)."""
     folder = tmp_path / "modules"
     folder.mkdir()
-    monkeypatch.syspath_prepend(str(folder))
     module = folder / "review39f_wrap.py"
     module.write_text(textwrap.dedent(WRAP.format(seed=3)))
     run = tmp_path / "run"
-    args = ["simulate", str(TOY), "--rounds", "2", "--out", str(run), "--quiet"]
+    args = ["simulate", str(TOY), "--rounds", "2", "--out", str(run), "--quiet", *extra]
+    assert main([*args, "--set", "task=review39f_wrap:make"]) == 0
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3"))
+    module.write_text(textwrap.dedent(WRAP.format(seed=4)))
+    sys.modules.pop("review39f_wrap", None)
+    return run
+
+
+@pytest.fixture
+def wrapped(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path / "modules"))
     try:
-        assert main([*args, "--set", "task=review39f_wrap:make"]) == 0
-        config = run / "config.toml"
-        config.write_text(
-            config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3")
-        )
-        module.write_text(textwrap.dedent(WRAP.format(seed=4)))
-        sys.modules.pop("review39f_wrap", None)
-        yield run
+        yield _wrapped_run(tmp_path)
     finally:
         sys.modules.pop("review39f_wrap", None)
 
@@ -125,3 +135,21 @@ def test_2_a_header_of_the_versions_before_records_still_resumes(wrapped, capsys
     _edit_header(wrapped, older)
     assert main(["simulate", "--resume", str(wrapped), "--quiet"]) == 0
     assert [r["round"] for r in read_rows(wrapped / "metrics.jsonl")] == [1, 2, 3]
+
+
+# -- 3: a tree run's ledger rewritten in a rebuilt ledger's form ----------------------------------
+def test_3_a_tree_ledger_in_the_rebuilt_form_without_data_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(tmp_path / "modules"))
+    tree = ["--set", "noise-mechanism=tree", "--set", "tree-restart-rounds=3"]
+    try:
+        run = _wrapped_run(tmp_path, *tree)
+        path = run / LEDGER_FILE
+        header, *lines = (json.loads(x) for x in path.read_text().splitlines())
+        del header["records"], header["data"]
+        released = [x for line in lines for x in line["released"]]  # the period's event
+        carried = {"kind": "carried", "round": 2, "events": 1, "accountant": "rdp",
+                   "released": released, "source": "checkpoint.pt (no ledger)"}  # fmt: skip
+        path.write_text(json.dumps(header) + "\n" + json.dumps(carried) + "\n")
+        _refused(run, capsys, f"{path}: line 1: its header lacks data, and its events are tree")
+    finally:
+        sys.modules.pop("review39f_wrap", None)

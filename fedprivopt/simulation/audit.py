@@ -30,7 +30,7 @@ from fedprivopt.core.files import naming
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import Task, data_identity
 from fedprivopt.privacy.tree import tree_position
-from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.checkpoint import check_rows_digest, newest_checkpoint
 from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.simulation.divergence import checked_round
 from fedprivopt.simulation.engines import check_flower_resources
@@ -516,6 +516,11 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
         RunLedger.check_rebuilt(config, alg.accountant, parts, name, stated_epsilons(rows, summary))
     else:
         ledger.restore(alg.accountant, alg.round_num, name, secure=config.strategy.secure)
+    if state is not None:
+        # the rows are this run's (a finished run's summary.json too: an unfinished one may
+        # keep its summary beside rows a crash emptied, tests/reliability/test_crash.py)
+        finished = alg.round_num >= config.strategy.num_server_rounds
+        check_rows_digest(out, rows, state, name, summary if finished else None)
     diverged = checked_round(state.get("diverged"), alg.round_num) if state else None
     return RunDirState(
         out, config, task, alg, ledger, old, rows, summary, last_released, name, problems, diverged

@@ -11,6 +11,7 @@ import hashlib
 import io
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +21,37 @@ from fedprivopt.core.text import shown
 from fedprivopt.simulation.divergence import checked_round
 from fedprivopt.simulation.files import (
     CHECKPOINT,
+    METRICS_FILE,
     PREVIOUS_CHECKPOINT,
+    SUMMARY_FILE,
     fsync_dir,
+    json_line,
     temporary,
     write_synced,
 )
 
 __all__ = [
+    "RowsDigest",
     "check_checkpoint",
+    "check_rows_digest",
     "load_checkpoint",
     "newest_checkpoint",
+    "rows_problem",
     "save_checkpoint",
     "state_digest",
 ]
 
+#: The key of a checkpoint and of ``summary.json`` holding the :class:`RowsDigest` of the metrics
+#: rows written before it (absent in the files of earlier versions).
+ROWS_DIGEST = "rows_sha256"
+
 
 def save_checkpoint(
-    out: Path, algorithm_state: dict[str, Any], rows: int, diverged: int | None = None
+    out: Path,
+    algorithm_state: dict[str, Any],
+    rows: int,
+    diverged: int | None = None,
+    rows_sha256: str | None = None,
 ) -> None:
     """Atomically replace the checkpoint of ``out``, keeping the previous one.
 
@@ -47,11 +62,15 @@ def save_checkpoint(
     of metrics rows written so far; ``diverged``, the first round whose model or evaluation was
     not finite (:mod:`~fedprivopt.simulation.divergence`), is stored only when there is one, so
     that a resumed run's summary names the same round as an uninterrupted run's.
+    ``rows_sha256``: the :class:`RowsDigest` of those rows, checked by
+    :func:`check_rows_digest`.
     """
     ckpt = out / CHECKPOINT
     state: dict[str, Any] = {"algorithm": algorithm_state, "rows": rows}
     if diverged is not None:
         state["diverged"] = diverged
+    if rows_sha256 is not None:
+        state[ROWS_DIGEST] = rows_sha256
     state["sha256"] = state_digest(state)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -110,8 +129,107 @@ def check_checkpoint(state: Any) -> None:
         if checked_round(state["diverged"], rounds if isinstance(rounds, int) else None) is None:
             got = shown(state["diverged"])
             raise ValueError(f"diverged must be a round in [1, {shown(rounds)}], got {got}")
+    if ROWS_DIGEST in state and not _is_hex_digest(state[ROWS_DIGEST]):
+        got = shown(state[ROWS_DIGEST])
+        raise ValueError(f"{ROWS_DIGEST} must be a SHA-256 hex digest, got {got}")
     if "sha256" in state and state["sha256"] != state_digest(state):
         raise ValueError("content does not match its SHA-256 digest")
+
+
+def _is_hex_digest(value: object) -> bool:
+    """Whether ``value`` is a SHA-256 digest as ``hexdigest()`` writes it."""
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+class RowsDigest:
+    """SHA-256 of a run's metrics rows (each as :func:`json_line` writes it), kept as they grow.
+
+    A row's ``seconds`` (its timing) is left out: the rows of two runs of one configuration
+    and seed bind alike, as their results are alike.
+
+    Thirty-ninth review of issue 15 (reports, open; outputs follow-up 1): ``compare toy.toml
+    --strategies dp-fedavg --seeds 2 --rounds 2``, then seed 0's ``metrics.jsonl`` copied over
+    seed 1's, then the same ``compare``: both cells reused, rc 0, seed 0's results reported as
+    two seeds (``0.6133 ± 0.0``; the true pair ``0.6117 ± 0.0024``). A checkpoint kept only the
+    rows' count; now it and ``summary.json`` keep their digest (:func:`check_rows_digest`).
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._count = 0
+
+    def of(self, rows: Sequence[Mapping[str, Any]]) -> str:
+        """The digest of ``rows``, the rows given before plus any appended since."""
+        if len(rows) < self._count:  # not grown from the rows hashed: start again
+            self.__init__()
+        for row in rows[self._count :]:
+            results = {k: v for k, v in row.items() if k != "seconds"}  # not the timing
+            self._hash.update(json_line(results).encode("utf-8"))
+        self._count = len(rows)
+        return self._hash.hexdigest()
+
+
+def check_rows_digest(
+    out: Path,
+    rows: Sequence[Mapping[str, Any]],
+    state: Mapping[str, Any] | None,
+    name: str | None,
+    summary: Mapping[str, Any] | None = None,
+) -> None:
+    """Refuse metrics rows that are not the ones the checkpoint or the summary was written after.
+
+    See :func:`rows_problem`, whose text the error gives (a report notes it instead).
+
+    Raises
+    ------
+    ValueError
+        Naming ``metrics.jsonl`` and the file whose digest it does not match.
+    """
+    problem = rows_problem(out, rows, state, name, summary)
+    if problem is not None:
+        raise ValueError(
+            f"{problem}; restore {METRICS_FILE} or start a new run in another directory"
+        )
+
+
+def rows_problem(
+    out: Path,
+    rows: Sequence[Mapping[str, Any]],
+    state: Mapping[str, Any] | None,
+    name: str | None,
+    summary: Mapping[str, Any] | None = None,
+) -> str | None:
+    """Why ``rows`` are not those the checkpoint or the summary was written after (else ``None``).
+
+    ``rows`` are taken one a round in round order (the last of a round written twice).
+    ``state``: checkpoint ``name`` of ``out``; its first ``rows`` rows must have its digest (a
+    file holding fewer, as a crash may leave, is the count check's matter). ``summary``: its
+    digest is of every row. Files of earlier versions hold no digest and are not checked.
+    """
+    # one row a round in round order, a round written twice keeping its last row, as a resume
+    # rewrites them and reports read them (twenty-seventh review: reordered or repeated rows)
+    rows = list({row["round"]: row for row in sorted(rows, key=lambda r: r["round"])}.values())
+    checks = []
+    if state is not None and _is_hex_digest(state.get(ROWS_DIGEST)):
+        count = state.get("rows")
+        if isinstance(count, int) and not isinstance(count, bool) and len(rows) >= count:
+            checks.append((name, rows[:count], state[ROWS_DIGEST], f"its first {count} rows"))
+    if summary is not None and ROWS_DIGEST in summary:
+        if not _is_hex_digest(summary[ROWS_DIGEST]):
+            got = shown(summary[ROWS_DIGEST])
+            return (f"{out / SUMMARY_FILE}: {ROWS_DIGEST} must be a SHA-256 hex digest, got "
+                    f"{got} (the file was edited)")  # fmt: skip
+        checks.append((SUMMARY_FILE, rows, summary[ROWS_DIGEST], f"its {len(rows)} rows"))
+    for written, kept, digest, which in checks:
+        if RowsDigest().of(kept) != digest:
+            return (
+                f"{out / METRICS_FILE}: {which} are not the rows {written} was written after "
+                "(their SHA-256 differs): the file was replaced or edited, and another run's or "
+                "edited results would be reported as this run's"
+            )
+    return None
 
 
 def load_checkpoint(out: Path) -> dict[str, Any] | None:

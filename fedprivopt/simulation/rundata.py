@@ -20,7 +20,7 @@ import numpy as np
 
 from fedprivopt.core import checks
 from fedprivopt.core.text import shown
-from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.checkpoint import newest_checkpoint, rows_problem
 from fedprivopt.simulation.divergence import (
     DIVERGED_KEY,
     checked_round,
@@ -214,6 +214,7 @@ def load_run(path: str | Path) -> RunData:
         check_summary_rounds(summary["rounds_completed"], summary_path)
 
     notes: list[str] = []
+    raw = summary  # as summary.json states it (its rows' digest: _check_rows)
     configured = _configured(path, summary, notes)  # a new mapping when config.toml was read
     # the file δ comes from: config.toml, or without a readable one summary.json (finding 4)
     where = CONFIG_FILE if configured is not summary else SUMMARY_FILE
@@ -246,7 +247,27 @@ def load_run(path: str | Path) -> RunData:
         notes.append(
             f"{path}: its files state different epsilons ({stated}); the largest is reported"
         )
+    _check_rows(path, rows, raw, notes)
     return RunData(summary, rows, path, tuple(notes), spent)
+
+
+def _check_rows(
+    path: Path, rows: list[dict[str, Any]], summary: dict[str, Any], notes: list[str]
+) -> None:
+    """Note rows that are not those the summary or the newest checkpoint was written after.
+
+    Thirty-ninth review of issue 15 (outputs follow-up 1): seed 0's ``metrics.jsonl`` copied
+    over seed 1's was reported as seed 1's results without a word
+    (:func:`~fedprivopt.simulation.checkpoint.rows_problem`; ``compare``, ``compare-tuned
+    --untuned`` and ``--resume`` refuse such a run).
+    """
+    try:
+        state, name = newest_checkpoint(path, problems={})
+    except ValueError:  # a checkpoint this process may not read: the summary's digest stands
+        state, name = None, None
+    problem = rows_problem(path, rows, state, name, summary)
+    if problem is not None:
+        notes.append(f"{problem}; reported as its files state")
 
 
 def _is_delta(value: Any) -> bool:

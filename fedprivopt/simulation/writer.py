@@ -29,7 +29,7 @@ from fedprivopt.models.task import (
 from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten, unflatten
-from fedprivopt.simulation.checkpoint import save_checkpoint
+from fedprivopt.simulation.checkpoint import ROWS_DIGEST, RowsDigest, save_checkpoint
 from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
 from fedprivopt.simulation.divergence import (
     DIVERGED_KEY,
@@ -105,6 +105,7 @@ class RunWriter:
         self.task = task
         self.ledger = ledger
         self.rows = read_rows(out / METRICS_FILE)
+        self.rows_digest = RowsDigest()  # of self.rows, in each checkpoint and the summary
         self.metric = primary_metric(task)
         self.initialization = getattr(task, "initialization", None)
         if self.initialization is not None and not isinstance(self.initialization, str):
@@ -145,7 +146,9 @@ class RunWriter:
 
         The round was recorded in the privacy ledger by :meth:`on_round` already.
         """
-        save_checkpoint(self.out, self.algorithm.state_dict(), len(self.rows), self.diverged)
+        state = self.algorithm.state_dict()
+        digest = self.rows_digest.of(self.rows)
+        save_checkpoint(self.out, state, len(self.rows), self.diverged, rows_sha256=digest)
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Central evaluation of ``params`` on the task's held-out data."""
@@ -309,6 +312,7 @@ class RunWriter:
             "side_information": None if side is None else side.summary(),
             "reference": self._reference(),
             "config": c.to_mapping(),
+            ROWS_DIGEST: self.rows_digest.of(self.rows),  # checkpoint.check_rows_digest
         }
         summary.update(extra or {})
         atomic_write(self.out / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=True))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.cli_args import UsageError
+from fedprivopt.core.text import epsilon_text
 
 __all__ = ["composition_lines", "report"]
 
@@ -102,7 +103,8 @@ def _earlier(summary: dict) -> int:
 
 
 def _fmt(x: Any) -> str:
-    return "∞" if isinstance(x, float) and math.isinf(x) else f"{x:.4g}"
+    """An ε of the tables: rounded up (:func:`~fedprivopt.core.text.epsilon_text`)."""
+    return "∞" if isinstance(x, float) and math.isinf(x) else epsilon_text(x)
 
 
 _TUNED_EPSILON = (

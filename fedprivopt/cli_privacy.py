@@ -25,6 +25,7 @@ from fedprivopt.cli_args import (
     float_range,
     int_at_least,
 )
+from fedprivopt.core.text import epsilon_text
 
 __all__ = ["PLD_DISCRETIZATION", "add_privacy", "cmd_calibrate", "cmd_epsilon"]
 
@@ -250,7 +251,8 @@ def cmd_epsilon(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"epsilon = {eps:.4f} at delta = {args.delta:g} after {_describe(out)}")
+        shown_eps = epsilon_text(eps, places=4)  # rounded up: never below what is spent
+        print(f"epsilon = {shown_eps} at delta = {args.delta:g} after {_describe(out)}")
     return 0
 
 
@@ -294,7 +296,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print(
-            f"noise multiplier = {shown:.5g} gives epsilon = {eps:.4f} "
+            f"noise multiplier = {shown:.5g} gives epsilon = {epsilon_text(eps, places=4)} "
             f"(target {args.target_epsilon:g}) at delta = {args.delta:g} after {_describe(out)}"
         )
     return 0

@@ -28,6 +28,7 @@ from fedprivopt.cli_args import (
     shown,
 )
 from fedprivopt.cli_task_errors import name_task_param, task_param_error
+from fedprivopt.core.text import epsilon_text
 
 __all__ = [
     "add_simulate",
@@ -297,7 +298,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     shown = f", {metric} = {final[metric]:.4f}" if metric else ""
     print(
         f"{outcome.rounds_completed} rounds ({outcome.stopped_reason}){shown}, "
-        f"epsilon = {outcome.epsilon:.4g}; results in {outcome.out_dir}"
+        f"epsilon = {epsilon_text(outcome.epsilon)}; results in {outcome.out_dir}"
     )
     if outcome.diverged is not None:  # its final metrics describe an overflowed model
         from fedprivopt.simulation.divergence import warning_line

@@ -28,6 +28,7 @@ from fedprivopt.cli_args import (
     preset_path,
 )
 from fedprivopt.cli_tune_setup import prepare_tuning
+from fedprivopt.core.text import epsilon_text
 
 __all__ = ["METRICS", "add_tune", "cmd_tune"]
 
@@ -133,8 +134,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             + f") {metric} = {best.score:.4f}"
         )
         print(
-            f"{len(trials)} trials, {shown}; epsilon = {summary['epsilon']:.4g} for the tuning "
-            f"(one run: {summary['epsilon_single_run']:.4g}{costliest_text(summary)}) at delta = "
+            f"{len(trials)} trials, {shown}; epsilon = {epsilon_text(summary['epsilon'])} for "
+            f"the tuning (one run: {epsilon_text(summary['epsilon_single_run'])}"
+            f"{costliest_text(summary)}) at delta = "
             f"{summary['delta']:g}; report: {report}"
         )
         return 0

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 
-__all__ = ["SHOWN_CHARS", "cut_middle", "shown", "shown_key"]
+__all__ = ["SHOWN_CHARS", "cut_middle", "epsilon_text", "shown", "shown_key"]
 
 SHOWN_CHARS = 80
 """Characters of a value that a message shows (:func:`shown`)."""
@@ -62,3 +63,37 @@ def shown_key(key: str) -> str:
     if isinstance(key, str) and len(key) <= SHOWN_CHARS and _PLAIN_KEY.match(key):
         return key
     return shown(key)
+
+
+def epsilon_text(epsilon: float, digits: int = 4, *, places: int | None = None) -> str:
+    """ε as a message or report shows it: rounded up, never below what was spent.
+
+    ``digits`` significant digits in the style of ``format(x, ".4g")``, or with ``places``
+    that many decimal places (``format(x, ".4f")``), the last one rounded up from the float's
+    shortest decimal (``repr``, which reads back as the same float): ``8.961188`` is shown
+    ``8.962``, ``12.17`` and ``0.1`` as they are. ``inf`` and ``nan`` are shown as Python writes
+    them.
+
+    Thirty-ninth review of issue 15 (reports, open for the lead): every line and report rounded
+    ε to the nearest shown digit, so a run that spent 8.961188 was shown ``8.961``, below what
+    it spent (``calibrate`` already rounded its σ up so that the shown value keeps its
+    promise). ``summary.json`` and ``summary.csv`` keep every digit.
+    """
+    value = float(epsilon)
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.{places}f}" if places is not None else f"{value:.{digits}g}"
+    # the float's shortest decimal (repr), which reads back as the same float: 0.1 stays 0.1
+    exact = decimal.Decimal(repr(value))
+    context = decimal.Context(prec=_EPSILON_PRECISION, rounding=decimal.ROUND_CEILING)
+    if places is not None:
+        return f"{exact.quantize(decimal.Decimal(1).scaleb(-places), context=context):f}"
+    step = decimal.Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    up = exact.quantize(step, context=context)
+    text = f"{float(up):.{digits}g}"  # the float's style: 2, 1e+05, 1.5e+298
+    if "inf" in text or decimal.Decimal(text) < up:  # beyond the floats (1.798e+308, 5e-324)
+        text = re.sub(r"e([+-])(\d)$", r"e\g<1>0\2", f"{up.normalize():.{digits}g}")
+    return text
+
+
+_EPSILON_PRECISION = 400
+"""Decimal digits :func:`epsilon_text` computes with: a float up to 1.8e308 with decimals."""

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.core.text import shown
+from fedprivopt.core.text import epsilon_text, shown
 from fedprivopt.deploy import MAX_LOCAL_NODES
 
 __all__ = ["MAX_LOCAL_NODES", "add_deploy_subcommand", "run_deploy_command"]
@@ -378,7 +378,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     shown_metric = f", {metric} = {final[metric]:.4f}" if metric else ""
     print(
         f"{summary['rounds_completed']} rounds ({summary['stopped_reason']}){shown_metric}, "
-        f"epsilon = {summary['epsilon']:.4g}; results in {run_dir}"
+        f"epsilon = {epsilon_text(summary['epsilon'])}; results in {run_dir}"
     )
     from fedprivopt.simulation.divergence import DIVERGED_KEY, checked_round, warning_line
 
@@ -459,7 +459,7 @@ def _empty_rounds(out: Path, summary: dict[str, Any]) -> str | None:
     return (
         f"warning: no sampled user's update reached the server in {which}, so the models "
         "released there are noise only, charged all the same (epsilon = "
-        f"{summary['epsilon']:.4g}): {'; '.join(why)}"
+        f"{epsilon_text(summary['epsilon'])}): {'; '.join(why)}"
     )
 
 

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.data.locks import LockHeldError
 from fedprivopt.deploy.local_checks import (
     DEPLOY_LOCK,
@@ -437,5 +438,5 @@ def _run(
     summary = json.loads((out / "summary.json").read_text())
     dep.say(
         f"finished: {summary['rounds_completed']} rounds ({summary['stopped_reason']}), "
-        f"epsilon={summary['epsilon']:.4g} at delta={summary['delta']:g}"
+        f"epsilon={epsilon_text(summary['epsilon'])} at delta={summary['delta']:g}"
     )

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.deploy.processes import ProcessSet
 from fedprivopt.deploy.workdir import FLWR_HOME_NAME
 from fedprivopt.models.task import TaskError
@@ -315,7 +316,7 @@ def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
                 row = json.loads(line)
                 # a round without evaluation (eval-every > 1) said "round 1: , epsilon=7.551"
                 shown = [f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row]
-                shown.append(f"epsilon={row['epsilon']:.4g}")
+                shown.append(f"epsilon={epsilon_text(row['epsilon'])}")
                 dep.say(f"round {row['round']}: {', '.join(shown)}")
         if summary.exists():
             return

@@ -37,6 +37,7 @@ import torch
 
 from fedprivopt.core.files import real_path
 from fedprivopt.core.logs import quiet_flower
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.data.token_cache import CACHE_DIR
 from fedprivopt.models import build_task
 from fedprivopt.models.registry import is_reference
@@ -228,7 +229,7 @@ class _Progress:
     def __call__(self, row: dict[str, Any]) -> None:
         metric = next((k for k in (self.metric, "eval_loss") if k in row), None)
         shown = f"{metric}={row[metric]:.4f}  " if metric else ""
-        shown += f"epsilon={row['epsilon']:.4g}"
+        shown += f"epsilon={epsilon_text(row['epsilon'])}"
         if self.bar is not None:
             self.bar.update(self.task, completed=row["round"], shown=shown)
         else:

@@ -57,7 +57,10 @@ def _write(path: Path, data: bytes, mode: int) -> Path:
     ``O_EXCL`` (no link followed), its mode set before a byte is written, and renamed over
     ``path`` (a link there is replaced, never followed).
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # not named after ``path``: a name that fits the file system's 255 bytes (a node key's
+    # name of 240 characters) would not fit with a suffix (thirty-ninth review follow-up,
+    # outputs 2: ENAMETOOLONG, where the file itself was written before)
+    tmp = path.with_name(f".tls-{os.getpid()}-{secrets.token_hex(8)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(tmp, flags, 0o600)
     try:

@@ -14,16 +14,25 @@
    files that state different ε), also with the summary's digest deleted or the summary copied
    with the rows. Honest runs, a resume after a row torn by a kill, and files of earlier
    versions (no digest) are taken as before, without a warning.
+2. ``make_node_key(D, "x" * 240)`` (one file name: ``<name>`` and ``<name>.pub`` fit the file
+   system's 255 bytes). Before: the processes reviewer's ``tls._write`` (finding 1) wrote each
+   file to ``.<name>.<pid>.<hex>.tmp`` first, 25 bytes longer: ``OSError: [Errno 36] File name
+   too long``, where the key pair was written before that change. Now the temporary file's
+   name does not carry the file's: the pair is written, mode 0600 for the private key, and no
+   temporary file is left.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 
 import pytest
 import torch
 
+from fedprivopt.deploy.tls import make_node_key
 from fedprivopt.simulation.audit import audit_run_dir
 from fedprivopt.simulation.checkpoint import load_checkpoint, state_digest
 from fedprivopt.simulation.files import CHECKPOINT, METRICS_FILE, SUMMARY_FILE, read_rows
@@ -116,3 +125,12 @@ def test_1_honest_runs_resumes_and_earlier_versions_are_taken(seeds, tmp_path):
     earlier = load_run(old)
     assert len(earlier.rows) == 2 and not earlier.warnings
     audit_run_dir(old, engine=False)
+
+
+def test_2_a_node_key_of_a_long_name_is_written(tmp_path):
+    name = "x" * 240
+    key = make_node_key(tmp_path, name)
+    assert sorted(os.listdir(tmp_path)) == [name, name + ".pub"]  # no temporary file left
+    assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o600
+    assert (tmp_path / name).read_bytes().startswith(b"-----BEGIN OPENSSH PRIVATE KEY")
+    assert key is not None

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.simulation.report_plots import pretty_metric
 from fedprivopt.simulation.rundata import RunData
 from fedprivopt.simulation.rundata_aggregate import (
@@ -182,7 +183,7 @@ def _fmt_eps(eps: float, private: bool = False) -> str:
     """
     if math.isinf(eps):
         return "∞ (private: its files state an unbounded epsilon)" if private else "∞ (non-private)"
-    return _fmt(eps)
+    return "n/a" if math.isnan(eps) else epsilon_text(eps)  # rounded up (thirty-ninth review)
 
 
 def _one_line(text: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.files import unlink_links
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.privacy.tuning import TrialCount
 from fedprivopt.simulation.files import atomic_write
 from fedprivopt.simulation.rundata_aggregate import EPSILON_ACCOUNTANT
@@ -146,6 +147,13 @@ def _fmt(x: Any, digits: int = 4) -> str:
     return str(x)
 
 
+def _fmt_eps(x: Any) -> str:
+    """An ε as :func:`_fmt` shows a number, but rounded up (:func:`.epsilon_text`)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return epsilon_text(x)
+    return _fmt(x)
+
+
 def _write_csv(path: Path, summary: dict[str, Any]) -> None:
     keys = list(summary["grid"])
     metric = summary["metric"]
@@ -187,8 +195,8 @@ def _plot(path: Path, summary: dict[str, Any]) -> None:
     ax.set_xlabel("trial")
     ax.set_ylabel(plot_text(metric))  # a task's metric named cost_$_per_$_user: not TeX
     ax.set_title(
-        f"{summary['strategy']}: {len(rows)} trials; epsilon {_fmt(summary['epsilon'])} "
-        f"(one run {_fmt(summary['epsilon_single_run'])})"
+        f"{summary['strategy']}: {len(rows)} trials; epsilon {_fmt_eps(summary['epsilon'])} "
+        f"(one run {_fmt_eps(summary['epsilon_single_run'])})"
     )
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
@@ -262,12 +270,12 @@ def _markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# fedprivopt tune: {summary['strategy']} on {summary['preset']}",
         "",
-        f"- **epsilon of the tuning: {_fmt(summary['epsilon'])}** at delta "
+        f"- **epsilon of the tuning: {_fmt_eps(summary['epsilon'])}** at delta "
         f"{summary['delta']:g} (RDP, RepeatAndSelectDpEvent)",
-        f"- epsilon of one run: {_fmt(summary['epsilon_single_run'])} "
+        f"- epsilon of one run: {_fmt_eps(summary['epsilon_single_run'])} "
         f"(RDP{costliest_text(summary)})"
         + (
-            f", {_fmt(single['epsilon'])} by the runs' own accountant ({single['accountant']})"
+            f", {_fmt_eps(single['epsilon'])} by the runs' own accountant ({single['accountant']})"
             if single["accountant"] != "rdp"
             else ""
         ),
@@ -296,7 +304,7 @@ def _markdown(summary: dict[str, Any]) -> str:
         hp = [table_cell(repr(row["hyperparameters"][k])) for k in keys]
         lines.append(
             f"| {row['trial']} | {' | '.join(hp)} | {row['status']} | {_fmt(row[metric])} | "
-            f"{_fmt(row.get('epsilon', math.nan))} |"
+            f"{_fmt_eps(row.get('epsilon', math.nan))} |"
         )
     earlier = [r for r in summary["trials"] if r.get("origin", RAN) != RAN]
     if earlier:  # ninth review of issue 15 (N5): reuse only under the same plan, and shown

@@ -33,6 +33,7 @@ from flwr.app import Error
 from flwr.common.constant import ErrorCode
 
 from fedprivopt.cli import main
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.privacy import SubsampledGaussianEvent, compose_epsilon
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation.files import CHECKPOINT, LEDGER_FILE, PREVIOUS_CHECKPOINT, read_rows
@@ -209,7 +210,7 @@ def test_compare_tune_grid_gives_a_rows_composed_epsilon_in_summary_csv(
     noted = re.search(r"^\| dp-fedavg \| 0\.5 \| 2 \| ([0-9.]+) \|$", report, re.M)
     assert noted is not None, report
     composed = float(row["epsilon_tunings_composed"])  # before: no such column
-    assert f"{composed:.4g}" == noted.group(1)
+    assert epsilon_text(composed) == noted.group(1)
     assert composed > float(row["epsilon"]) > float(row["epsilon_single_run"])
 
 

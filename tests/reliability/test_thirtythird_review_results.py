@@ -71,6 +71,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.core.text import epsilon_text
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
@@ -267,7 +268,8 @@ def test_7_summary_csv_gives_the_composed_epsilon_of_a_tuned_row(tuned_report, c
     notes = (tuned_report / "report.md").read_text(encoding="utf-8").split("## Notes", 1)[1]
     (line,) = [x for x in notes.splitlines() if x.startswith("| dp-fedavg | 0.5 | 2 |")]
     composed = float(tuned["epsilon_tunings_composed"])
-    assert f"| {composed:.4g} |" in line and composed > float(tuned["epsilon"]), (tuned, line)
+    assert f"| {epsilon_text(composed)} |" in line, (tuned, line)  # rounded up (39th review)
+    assert composed > float(tuned["epsilon"]), (tuned, line)
     assert untuned["epsilon_tunings_composed"] == "", untuned  # an untuned row: not composed
     header = list(rows["dp-fedavg"])
     assert header.index("epsilon_tunings_composed") == header.index("epsilon") + 1, header

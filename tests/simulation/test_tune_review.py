@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.core.text import epsilon_text
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "simulations" / "toy.toml"
@@ -178,7 +179,8 @@ def test_tuned_compare_report_is_the_operators_view_and_composes_a_row(tmp_path)
     one = tuning_epsilon(ledger, summary["delta"], trials)
     two = composed_tuning_epsilon(ledger, summary["delta"], trials, 2)
     assert one < two <= 2 * one + 1e-9
-    assert f"| dp-fedavg (tuned) | 0.5 | 2 | {two:.4g} |" in text or f"| 2 | {two:.4g} |" in text
+    shown = epsilon_text(two)  # rounded up (thirty-ninth review of issue 15)
+    assert f"| dp-fedavg (tuned) | 0.5 | 2 | {shown} |" in text or f"| 2 | {shown} |" in text
 
 
 def test_mixed_mechanism_refusal_names_tree(tmp_path, capsys):

@@ -277,7 +277,7 @@ def deploy_local(
     from fedprivopt.simulation.run import build_run
 
     build_run(config)  # the task and the population, checked before anything starts
-    from fedprivopt.deploy.cli import check_out_claimable
+    from fedprivopt.deploy.out_checks import check_out_claimable
 
     check_out_claimable(Path(out).expanduser(), config)  # as the command line (processes 2)
     out_dir = Path(out).expanduser().resolve()

@@ -210,9 +210,12 @@ def test_a_signal_ends_every_engine_quickly_and_the_run_resumes(
     done = len(read_rows(out / "metrics.jsonl"))
     assert 0 < done < rounds
 
-    # the resume runs in this process: the signalled run is the one that needs a process
-    code, _, err = run_cli(["simulate", "--resume", str(out), "--quiet"])
-    assert code == 0, err[-3000:]
+    if engine == "fast":
+        # the resume runs in this process: the signalled run is the one that needs a process
+        code, _, err = run_cli(["simulate", "--resume", str(out), "--quiet"])
+        assert code == 0, err[-3000:]
+    else:
+        _resume_leaves_no_process_behind(tmp_path, out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == rounds and summary["stopped_reason"] == "rounds"
     assert [r["round"] for r in read_rows(out / "metrics.jsonl")] == list(range(1, rounds + 1))
@@ -242,10 +245,17 @@ def test_sigkill_of_the_flower_engine_takes_rays_processes_along(tmp_path):
     assert (out / "checkpoint.pt").exists()
 
 
-def test_a_normal_flower_run_leaves_no_process_behind(tmp_path):
-    settings = {**SETTINGS, "num-server-rounds": 2, "local-epochs": 1}
-    run, out = start_simulate(tmp_path, "flower", settings)
-    summary = out / "summary.json"
+def _resume_leaves_no_process_behind(tmp_path: Path, out: Path) -> None:
+    """``simulate --resume OUT`` of a Flower run in a process of its own: it ends normally, its
+    Ray processes (seen running) are gone, and stderr holds no actor's exit line.
+
+    One Flower run serves both checks (a Ray start costs seconds of CPU on the 2-core CI
+    machine): the resume of the signalled run is the normal run whose processes must not stay.
+    Thirty-ninth review of issue 15 (lead 1): each Ray actor's "Manually terminating
+    ClientAppActor" line, which Ray forwarded at the end of every run (also under --quiet), is
+    dropped; Ray's own notes about this machine (a small /dev/shm, say) may still print.
+    """
+    run = Cli(["simulate", "--resume", str(out), "--quiet"], tmp_path, "resume")
     try:
         deadline = time.monotonic() + 240
         while run.proc.poll() is None and time.monotonic() < deadline:
@@ -257,10 +267,6 @@ def test_a_normal_flower_run_leaves_no_process_behind(tmp_path):
     finally:
         run.cleanup()
     assert code == 0, run.stderr()[-3000:]
-    assert json.loads(summary.read_text())["rounds_completed"] == 2
-    # each Ray actor's "Manually terminating ClientAppActor" line at the end of the run (Ray
-    # forwarded it, also under --quiet) is dropped (thirty-ninth review of issue 15, lead 1);
-    # Ray's own notes about this machine (a small /dev/shm, say) may still print
     assert "Manually terminating" not in run.stderr(), run.stderr()[-3000:]
 
 

@@ -5,9 +5,8 @@
    Manually terminating ClientAppActor``: Flower's actor logs it when the engine ends it, and
    Ray forwards it to the command. ``core.logs.hide_engine_notices`` drops that record too;
    ``clients.client_app.make_client_app`` calls it, so the actors (which load the client app)
-   install the filter. Flower's other warnings still print. End to end:
-   ``tests/reliability/test_signals.py::test_a_normal_flower_run_leaves_no_process_behind``
-   (a ``--quiet`` Flower run's stderr is empty).
+   install the filter. Flower's other warnings still print. End to end: the ``--quiet`` resume
+   of ``tests/reliability/test_signals.py``'s flower-SIGINT run (no such line on its stderr).
 2. (the reports reviewer's open row) every line and report showed ε rounded to the nearest
    shown digit: ``compare toy.toml --strategies dp-fedavg --rounds 2 --set accountant=pld``
    spent 8.961188 and showed ``8.961``, below what was spent (``calibrate`` already rounded its

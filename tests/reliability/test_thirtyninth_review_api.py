@@ -68,6 +68,7 @@ from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import (
     _Batch,
     _config,
+    _in_place,
     _quiet,  # noqa: F401
     _train,
 )
@@ -157,16 +158,8 @@ def _rngs(request):
 
 def _restoring_callback(request):
     """Trains every user on views of ``request.params``, each from the last, then puts it back."""
-    model = torch.nn.Sequential(torch.nn.Linear(3, 1))
-    torch.nn.utils.vector_to_parameters(request.params, model.parameters())
     start = request.params.clone()
-    out = {}
-    for user in request.users:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(100.0)
-        flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
-        out[user] = (flat - start).clamp(-0.1, 0.1)
+    out = {user: delta.clamp(-0.1, 0.1) for user, delta in _in_place(request).items()}
     request.params.copy_(start)
     return out
 

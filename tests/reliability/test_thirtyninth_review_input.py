@@ -25,27 +25,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 
 import pytest
 
-from fedprivopt.cli import main
 from fedprivopt.data import synthetic, synthetic_config
 from fedprivopt.data.sqlite_files import check_sqlite_file
 from fedprivopt.data.synthetic_config import SyntheticConfig
-
-
-def _cli(*argv: str) -> tuple[int, list[str]]:
-    """``fedprivopt ARGV`` in process: its exit code and its stderr lines."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:  # argparse's usage errors
-            code = exc.code
-    return code, err.getvalue().strip().splitlines()
+from tests.reliability.test_thirtyeighth_review_input import _cli
 
 
 class _Drawn(Exception):

@@ -4,10 +4,10 @@
 (as :class:`~fedprivopt.strategies.state.AlgorithmState` is): it builds the aggregator (clip, sum,
 noise, fixed denominator) and tree aggregation's cohorts and noise from the configuration, refuses
 a noise std beyond the model dtype's range (:data:`NOISE_HEADROOM`), computes the noised mean of
-one cohort's updates (:meth:`~AlgorithmAggregation.aggregate`: server noise keyed by round and
-stream, the cohort's replies checked, frozen coordinates zeroed) and the noise std a server
-optimizer may use. It reads and sets the algorithm's attributes (``config``, ``params``, ``rngs``,
-``aggregator``, ``clipping``, ``tree_noise``, ``frozen``, ``round_num``, ``accountant``).
+one cohort's updates (:meth:`~AlgorithmAggregation.aggregate_in_round`: server noise keyed by
+round and stream, the cohort's replies checked, frozen coordinates zeroed) and the noise std a
+server optimizer may use. It reads and sets the algorithm's attributes (``config``, ``params``,
+``rngs``, ``aggregator``, ``clipping``, ``tree_noise``, ``frozen``, ``round_num``, ``accountant``).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class AlgorithmAggregation:
 
     # -- one round -----------------------------------------------------------------------------
 
-    def aggregate(
+    def aggregate_in_round(
         self,
         round_num: int,
         updates: Updates,
@@ -153,6 +153,10 @@ class AlgorithmAggregation:
         cohort: list[int] | None = None,
     ):
         """Noised mean of the updates of one cohort (server noise keyed by round and stream).
+
+        For :meth:`~fedprivopt.strategies.core.ServerAlgorithm.run_round`, which charges the
+        round when it finishes; a caller's own
+        :meth:`~fedprivopt.strategies.core.ServerAlgorithm.aggregate` charges it at once.
 
         With adaptive clipping the clip norm is the round's ``C``, a reply without a valid clip
         bit is rejected as a whole, and the cohort's noised count is kept for :meth:`_finish`
@@ -332,7 +336,7 @@ class AlgorithmAggregation:
         The aggregate's ``noise_std``, except with distributed noise (and no tree), where that
         grows with the number of shares accepted above ``min-shares``: there the accounted
         ``σ·C_t/m̄`` of the round's clip norm ``clip_norm`` (``None``: this round's, as
-        :meth:`aggregate` takes it). Seventeenth review of issue 15 (an observation): DP-FedAdam's
+        the aggregation takes it). Seventeenth review of issue 15 (an observation): DP-FedAdam's
         τ, DP-AdamBC's Φ and ADADP's tolerance followed the accepted count (noise std 0.032856
         with 19 shares, 0.034542 with 21). Δ̃'s own noise carries that count, so this leaked
         nothing new, but the contract is that Δ̃ is the only data-dependent input of the server

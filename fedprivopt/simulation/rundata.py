@@ -236,7 +236,7 @@ def load_run(path: str | Path) -> RunData:
             # its first round beside rows and a summary lowered to its ε was reported at round
             # 1's ε (7.55) while the checkpoint's accountant held the 5 rounds released (15.03)
             delta = summary.get("delta")
-            at = delta if isinstance(delta, float) and 0.0 < delta < 1.0 else None
+            at = delta if _is_delta(delta) else None
             with contextlib.suppress(ValueError):  # a damaged checkpoint: the ledger stands
                 found = checkpoint_epsilon(path, at)
                 if found is not None:
@@ -447,9 +447,7 @@ def _accounted_epsilon(
     names (thirty-seventh review, reports finding 4: a run without ``config.toml`` whose
     ``summary.json`` states δ 0.5 was noted "its config.toml 0.5", a file it does not have).
     """
-    shown_delta = None
-    if isinstance(delta, float) and 0.0 < delta < 1.0:
-        shown_delta = delta
+    shown_delta = delta if _is_delta(delta) else None
     try:
         ledger = RunLedger.read(path)
     except OldLedgerError:

@@ -48,6 +48,7 @@ from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.limits import MAX_STATE_NOISE_MULTIPLIER
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.received import user_pair
+from fedprivopt.privacy.sparse import dense_problem
 
 __all__ = [
     "MAX_CLIP_NORM",
@@ -382,7 +383,7 @@ def _scalar(report: object) -> float | None:
             return None
         value = float(report.reshape(()).item())
     elif isinstance(report, torch.Tensor):
-        if report.is_nested or report.layout != torch.strided or report.device.type == "meta":
+        if dense_problem(report) is not None:
             # thirty-ninth review of issue 15 (mechanisms 2): a meta or sparse one-element
             # report raised torch's RuntimeError out of the whole count (and the round's screen);
             # follow-up: a nested one (layout strided) raised it from its shape

@@ -66,7 +66,8 @@ class LedgerChecks:
                 raise ValueError(
                     f"{self.path}: line {line.line}: a tree round's line without "
                     "participants_sha256 (the digest of its restart period's participants); the "
-                    "privacy ledger was edited: refusing to resume"
+                    f"privacy ledger was edited{self._participants_unrecorded()}: refusing to "
+                    "resume"
                 )
         if line is not None and line.participants_sha256 not in (None, digest):
             raise ValueError(
@@ -74,6 +75,33 @@ class LedgerChecks:
                 f"for round {round_num} (line {line.line}): the checkpoint was edited "
                 "(resuming it would let users of the period take part again); refusing to resume"
             )
+
+    def _participants_unrecorded(self) -> str:
+        """What to add when a tree ledger may be genuine but written before participants were.
+
+        Versions of 24-25 November 2026 (d307e8f to 6cd99d8^) recorded the released models'
+        digests but no tree round's participants; their ledgers hold no participants on any
+        line, no ``partial`` line, no header ``records`` and no ``data.task_source`` (all
+        recorded only later). Thirty-ninth review follow-up of issue 15 (ledger, open row),
+        fortieth review (ledger 1): such a genuine run was called edited, with no word of what
+        its owner can do. It is still refused (in secure mode the participants cannot be
+        replayed, so accepting such lines reopens the thirty-eighth review's finding 3).
+        """
+        data = self.header.get("data")
+        later = (
+            "records" in self.header
+            or (isinstance(data, dict) and TASK_SOURCE in data)
+            or any(e.participants_sha256 is not None or e.kind == "partial" for e in self.entries)
+        )
+        if later:
+            return ""
+        return (
+            ", or written by a version of 24-25 November 2026, which recorded the released "
+            "models' digests but not a tree round's participants, so the checkpoint's participants "
+            "cannot be checked (what it released and its epsilon, in summary.json and "
+            "metrics.jsonl, stand; finish it with that version, or start a new run in another "
+            "directory)"
+        )
 
     def check_model(self, round_num: int, params: torch.Tensor, name: str) -> None:
         """Refuse a checkpoint of ``round_num`` whose model is not the one its line released.

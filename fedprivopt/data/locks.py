@@ -52,6 +52,107 @@ def refuse_filesystem_root(path: str | os.PathLike, what: str) -> None:
         )
 
 
+#: How long a lock waits for the shared lock on its directory (:class:`_DirectoryShare`) before
+#: going on without it (a run directory's holder keeps an exclusive one there for its run).
+_SHARE_WAIT = 0.5
+
+
+class _DirectoryShare:
+    """A shared ``flock`` on a lock file's directory, held with the lock file's own.
+
+    Fortieth review of issue 15 (processes 1): a ``flock`` is its inode's, and a directory
+    copied with ``cp -al dA dB`` (as snapshot backups make) shares ``.stackoverflow.lock``'s
+    inode with ``dA``: while a process held ``dA``'s lock, ``data synth --out dB --overwrite``
+    said ``dB`` was in use by that process and a task on ``dB`` waited for it. A hard-linked lock
+    file is detached from its name (:meth:`detach`) only under an exclusive ``flock`` on its
+    directory, which no holder of a lock file there can share: each holds this shared one from
+    before it checks that the name is its file's until it lets go, so the name is replaced only
+    when nobody locks a file through this directory and the holder found is another
+    directory's. A directory nobody may open, or one held exclusively for longer than
+    :data:`_SHARE_WAIT` (a run directory's lock, :mod:`~fedprivopt.simulation.rundir`), is not
+    shared: the lock file is then never detached, as before.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        try:
+            self.fd: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            self.fd = None
+        self.shared = False
+
+    def share(self) -> None:
+        """Take the shared lock, waiting up to :data:`_SHARE_WAIT` seconds (then without it)."""
+        import fcntl
+
+        if self.fd is None or self.shared:
+            return
+        deadline = time.monotonic() + _SHARE_WAIT
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.005)
+                continue
+            except OSError:  # a file system without locks: the lock file's own refusal says it
+                return
+            self.shared = True
+            return
+
+    def unshare(self) -> None:
+        """Let the shared lock go (while this process waits for the lock file's holder)."""
+        import fcntl
+
+        if self.fd is not None and self.shared:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            self.shared = False
+
+    def detach(self, path: Path, fd: int) -> bool:
+        """Remove ``path`` if it names open file ``fd``, a file with other hard links.
+
+        For a lock file whose ``flock`` another process holds. Done only under the directory's
+        exclusive lock (no holder or claimant of a lock file here then), so that holder locks it
+        through another directory's name; ``True`` if the name was removed.
+        """
+        import fcntl
+
+        if self.fd is None or not self.shared or os.fstat(fd).st_nlink < 2:
+            return False
+        self.unshare()
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.share()
+            return False
+        try:
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and os.path.samestat(st, os.fstat(fd)):
+                path.unlink()
+                return True
+            return False
+        except FileNotFoundError:
+            return True  # removed meanwhile: the caller opens the name again
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            self.share()
+
+    def close(self) -> None:
+        """Let the shared lock go and close the directory."""
+        if self.fd is not None:
+            self.unshare()
+            os.close(self.fd)
+            self.fd = None
+
+
+def _names(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the open file ``fd``."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (created if absent; its parent must exist).
@@ -64,31 +165,56 @@ def file_lock(path: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - Windows
         yield
         return
+    path = Path(path)
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    share = _DirectoryShare(path.parent)
+    said = False
     try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP or Path(path).is_symlink():
-            _refuse_link(Path(path))
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        # eighteenth review of issue 15, finding 6: a FIFO ended a task's data generation with
-        # "File or stream is not seekable." (rc 2, naming no file) and a token cache's build in
-        # a traceback (rc 1)
-        os.close(fd)
-        raise ValueError(f"lock file {path} is not a regular file; remove it (it holds no data)")
-    with open(fd, "r+b") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say_waiting(Path(path), handle.fileno())
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        except OSError as exc:
-            raise unlockable(path, exc) from None
+        for _ in range(100):
+            share.share()
+            try:
+                fd = os.open(path, flags, 0o644)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP or path.is_symlink():
+                    _refuse_link(path)
+                raise
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    # eighteenth review of issue 15, finding 6: a FIFO ended a task's data
+                    # generation with "File or stream is not seekable." (rc 2, naming no file)
+                    # and a token cache's build in a traceback (rc 1)
+                    raise ValueError(
+                        f"lock file {path} is not a regular file; remove it (it holds no data)"
+                    )
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if share.detach(path, fd):  # another directory's (cp -al): not ours
+                        os.close(fd)
+                        continue
+                    if not said:
+                        _say_waiting(path, fd)
+                        said = True
+                    share.unshare()  # a claimant here may detach the file while this one waits
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    share.share()
+                except OSError as exc:
+                    raise unlockable(path, exc) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if _names(fd, path):
+                break
+            os.close(fd)  # removed or detached while this process waited: lock the new file
+        else:  # pragma: no cover - a file replaced 100 times in a row
+            raise OSError(errno.EAGAIN, "lock file keeps being replaced", str(path))
         try:
             yield
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+    finally:
+        share.close()
 
 
 def _say_waiting(path: Path, fd: int) -> None:
@@ -219,7 +345,9 @@ def probe_lock(path: str | os.PathLike, *, what: str) -> None:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]:
+def exclusive_lock(
+    path: str | os.PathLike, *, what: str = "", share: bool = True
+) -> Iterator[Path]:
     """Hold an exclusive lock on ``path`` for the ``with`` block, without waiting.
 
     The lock file is created if absent (its parent must exist) and holds this process's PID
@@ -234,6 +362,12 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
         The lock file.
     what : str
         What the lock protects, for the error message (default: the lock file's directory).
+    share : bool
+        Whether to hold a shared lock on the lock file's directory with it, under which a lock
+        file hard-linked from another directory (``cp -al``) is detached from its name rather
+        than taken for this one's (:class:`_DirectoryShare`); ``False`` for a caller holding an
+        exclusive lock on that directory itself
+        (:func:`~fedprivopt.simulation.rundir.lock_directory`).
 
     Raises
     ------
@@ -250,7 +384,39 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
     except ImportError:  # pragma: no cover - Windows: no protection
         yield path
         return
+    guard = _DirectoryShare(path.parent) if share else None
+    try:
+        fd = _claim(path, what, guard)
+    except BaseException:
+        if guard is not None:
+            guard.close()
+        raise
+    try:
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # a full disk (fourteenth review of issue 15): name the file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        yield path
+    finally:
+        try:
+            if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
+                os.ftruncate(fd, 0)
+        except OSError:
+            pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        if guard is not None:
+            guard.close()
+
+
+def _claim(path: Path, what: str, guard: _DirectoryShare | None) -> int:
+    """Open and lock ``path`` without waiting (see :func:`exclusive_lock`); its descriptor."""
+    import fcntl
+
     for _ in range(100):
+        if guard is not None:
+            guard.share()
         try:
             # O_NOFOLLOW: a lock file that is a symbolic link would have the linked file emptied
             # and a PID written into it (fifteenth review of issue 15: a user's file, emptied)
@@ -267,7 +433,10 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            detached = guard is not None and guard.detach(path, fd)
             os.close(fd)
+            if detached:  # another directory's file (cp -al): this one gets its own
+                continue
             raise _in_use(path, what) from None
         except OSError as exc:
             os.close(fd)
@@ -275,27 +444,8 @@ def exclusive_lock(path: str | os.PathLike, *, what: str = "") -> Iterator[Path]
         except BaseException:
             os.close(fd)
             raise
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
+        if _names(fd, path):
+            return fd
         os.close(fd)  # the file was removed or replaced after we opened it: lock the new one
-    else:  # pragma: no cover - a file replaced 100 times in a row
-        raise LockHeldError(f"{what}: lock file {path} keeps being replaced", None)
-    try:
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as exc:  # a full disk (fourteenth review of issue 15): name the file
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
-        yield path
-    finally:
-        try:
-            if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
-                os.ftruncate(fd, 0)
-        except OSError:
-            pass
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+    # pragma: no cover - a file replaced 100 times in a row
+    raise LockHeldError(f"{what}: lock file {path} keeps being replaced", None)

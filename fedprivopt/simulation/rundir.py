@@ -211,7 +211,7 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
     key = os.path.abspath(out)
     try:
         _detach_hard_link(out / pid_file)
-        with exclusive_lock(out / pid_file, what=what) as path:
+        with exclusive_lock(out / pid_file, what=what, share=False) as path:
             _HELD[key] = fd
             check_held(out)  # replaced between the open and the lock: the lock is not out's
             yield path

@@ -149,18 +149,63 @@ def _released_digests(run_dir: Path) -> set[str]:
     server-learning-rate=1e39`` then ``compare-tuned T --untuned C`` was refused as "one run
     given twice, or a copy": seeds that diverge release the same overflowed model, so their
     digests alone matched. A copy keeps its seed; runs of other seeds are other computations.
+
+    A run without a readable ledger: the models its checkpoints hold, with its
+    ``config.toml``'s seed (:func:`_checkpoint_digests`).
     """
     from fedprivopt.simulation.ledger import RunLedger
 
     try:
         ledger = RunLedger.read(run_dir)
     except (ValueError, OSError):
-        return set()
+        ledger = None
     if ledger is None:
-        return set()
+        return _checkpoint_digests(run_dir)
     settings = ledger.header.get("settings")
     seed = settings.get("seed") if isinstance(settings, dict) else None
     return {f"{seed}:{e.params_sha256}" for e in ledger.entries if e.params_sha256}
+
+
+def _checkpoint_digests(run_dir: Path) -> set[str]:
+    """``"<seed>:<digest>"`` of the models ``run_dir``'s checkpoints hold (none if unreadable).
+
+    Fortieth review of issue 15 (reports, finding 1): a trial copied out of its tuning with its
+    ``privacy_ledger.jsonl`` deleted (``cp -r T/runs/trial-002 R; rm R/privacy_ledger.jsonl``)
+    kept neither the ledger's tuning plan nor its digests, and ``compare-tuned T --untuned R``
+    reported it as an untuned row at its single run's epsilon (10.28 where the tuning spent
+    13.09); an untuned run and its copy without a ledger were one row of "2 seeds", ``± 0``.
+    A checkpoint holds the model its round released, whose digest the ledger's line records
+    (the check of ``--resume``), so the copy is still told by its checkpoints' models.
+    """
+    import torch
+
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, PREVIOUS_CHECKPOINT
+    from fedprivopt.simulation.ledger_lines import params_sha256
+
+    try:
+        seed = load_config(run_dir / CONFIG_FILE).strategy.seed
+    except (OSError, ValueError, RecursionError):
+        return set()
+    digests = set()
+    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
+        path = run_dir / name
+        try:
+            if not path.is_file():  # a FIFO or device is never read
+                continue
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            params = state["algorithm"]["params"]
+        except Exception:  # an unreadable checkpoint holds no model to match
+            continue
+        if isinstance(params, torch.Tensor):
+            digests.add(f"{seed}:{params_sha256(params)}")
+    return digests
+
+
+def _has_ledger(run: Any) -> bool:
+    from fedprivopt.simulation.files import LEDGER_FILE
+
+    return (Path(run.path) / LEDGER_FILE).exists()
 
 
 def check_untuned_copies(tuned: Sequence[Path], runs: Sequence[Any]) -> None:
@@ -182,9 +227,11 @@ def check_untuned_copies(tuned: Sequence[Path], runs: Sequence[Any]) -> None:
     for run in runs:
         shared = sorted(_released_digests(Path(run.path)) & trials.keys())
         if shared:
+            kept = ("their privacy ledgers" if _has_ledger(run)
+                    else "the trial's privacy ledger and this run's checkpoints")  # fmt: skip
             raise ValueError(
                 f"argument --untuned: {shown(str(run.path))} released the models of "
-                f"{shown(str(trials[shared[0]]))} (the same digests in their privacy ledgers): "
+                f"{shown(str(trials[shared[0]]))} (the same digests in {kept}): "
                 "it is a copy of a trial, whose hyperparameters were chosen on the private "
                 "data, so it cannot be an untuned run (give the tuning as TUNED)"
             )

@@ -1,0 +1,67 @@
+"""Issue 15, fortieth hostile review (reports: compare, tune, compare-tuned, reports): tests.
+
+1. ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 2 --rounds 2 --seed 1 --out
+   T``, then ``cp -r T/runs/trial-002 U/r; rm U/r/privacy_ledger.jsonl`` and ``compare-tuned T
+   --untuned U/r``; also an untuned run given beside its own copy without a ledger
+   (``--untuned U2/a --untuned U2/b``). Before: rc 0, the trial reported as an untuned
+   dp-fedavg row at its single run's ε 10.28 where its tuning spent 13.09 (the ledger's tuning
+   plan and its models' digests, which ``audit.refuse_trial`` and ``check_untuned_copies`` read,
+   went with the ledger; only the note "no privacy_ledger.jsonl; epsilon recomputed"), and the
+   run with its copy one row of 2 seeds, ``0.6133 ± 0``. Now a run without a readable ledger is
+   told by the models its checkpoints hold (``tune_untuned._checkpoint_digests``; the ledger's
+   line of a checkpoint's round records that model's digest): rc 2, "released the models of
+   T/runs/trial-002", "is U2/a again, or a copy of it".
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fedprivopt.simulation.files import LEDGER_FILE
+from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import load_run
+from fedprivopt.simulation.tune_untuned import check_untuned_copies, check_untuned_seeds
+from tests.simulation.test_run import small_config
+
+
+@pytest.fixture(scope="module")
+def trial_and_run(tmp_path_factory):
+    """A 1-round "trial" (its ledger names a tuning plan) and an untuned run of another seed."""
+    root = tmp_path_factory.mktemp("r40reports")
+    trial = root / "T" / "runs" / "trial-001"
+    simulate(small_config(**{"num-server-rounds": 1, "seed": 7}), trial, tuning_plan="a" * 64)
+    run = root / "C" / "r"
+    simulate(small_config(**{"num-server-rounds": 1, "seed": 0}), run)
+    return root, trial, run
+
+
+def _copy_without_ledger(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    (dst / LEDGER_FILE).unlink()
+    return dst
+
+
+def test_1_a_trial_copied_without_its_ledger_is_no_untuned_run(trial_and_run, tmp_path):
+    root, trial, _ = trial_and_run
+    copy = _copy_without_ledger(trial, tmp_path / "U" / "r")
+    with pytest.raises(ValueError, match="released the models of .*trial-001.*this run's checkp"):
+        check_untuned_copies([root / "T"], [SimpleNamespace(path=copy)])
+    # the trial's own copy with its ledger is refused as before
+    kept = tmp_path / "U" / "kept"
+    shutil.copytree(trial, kept)
+    with pytest.raises(ValueError, match=r"\(the same digests in their privacy ledgers\)"):
+        check_untuned_copies([root / "T"], [SimpleNamespace(path=kept)])
+
+
+def test_1_a_run_and_its_copy_without_a_ledger_are_not_two_seeds(trial_and_run, tmp_path):
+    root, _, run = trial_and_run
+    copy = _copy_without_ledger(run, tmp_path / "U2" / "b")
+    runs = [load_run(run), load_run(copy)]
+    with pytest.raises(ValueError, match="is .* again, or a copy of it"):
+        check_untuned_seeds(runs)
+    check_untuned_copies([root / "T"], runs[:1])  # another seed's run is no trial's copy
+    check_untuned_seeds(runs[:1])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -157,10 +158,13 @@ def clip_factor(
     """
     # a short API review of issue 15: a NaN norm gave a NaN factor, a negative one 1.0, a NaN
     # or negative clip_norm a NaN or negative factor (a reflected update)
+    clip_norm_given = clip_norm
     if not isinstance(norm, numbers.Real) or isinstance(norm, bool) or not norm >= 0:
         raise ValueError(f"norm must be a number in [0, inf], got {shown(norm)}")
     norm = as_float(norm)
     clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)
+    if not isinstance(clip_norm_given, float):  # a Fraction, a big int: not rounded up
+        clip_norm = min(clip_norm, _float_at_most(clip_norm_given))
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch.dtype, got {shown(dtype)}")
     if numel is not None:  # the exact norm is at most norm·(1 + err): aim at C·(1 − 2err)
@@ -324,15 +328,39 @@ def _check_real_data(vector: torch.Tensor) -> None:
         )
 
 
+def _float_at_most(value: numbers.Real) -> float:
+    """The largest float not above the real number ``value`` (``inf`` beyond the float range).
+
+    Fortieth review of issue 15 (mechanisms 1): ``float()`` rounds to the nearest float, which
+    may lie above a clip norm that is no float (``Fraction(1, 10)``, the integer ``2**54 - 1``,
+    a ``numpy.longdouble`` just below 1), and a vector of that float's norm was returned
+    unclipped, its exact norm above ``C``.
+    """
+    c = as_float(value)
+    if isinstance(value, float) or not math.isfinite(c):
+        return c
+    ratio = getattr(value, "as_integer_ratio", None)
+    if ratio is not None:
+        exact = Fraction(*ratio())
+    elif isinstance(value, numbers.Integral):
+        exact = Fraction(int(value))
+    else:  # another kind of real number: the float below the nearest one
+        return math.nextafter(c, -math.inf)
+    return math.nextafter(c, -math.inf) if Fraction(c) > exact else c
+
+
 def _real_clip_norm(clip_norm: Any) -> float:
-    """``clip_norm`` as a float: a real number or a one-element real tensor, not str or bool."""
+    """``clip_norm`` as the largest float not above it.
+
+    A real number or a one-element real tensor, not a str or a bool.
+    """
     if isinstance(clip_norm, torch.Tensor):
         ok = clip_norm.numel() == 1 and clip_norm.dtype != torch.bool
         ok = ok and not clip_norm.dtype.is_complex and clip_norm.device.type != "meta"
         if ok:
-            return float(clip_norm)
+            return _float_at_most(clip_norm.reshape(()).item())
     elif isinstance(clip_norm, numbers.Real) and not isinstance(clip_norm, (bool, np.bool_)):
-        return as_float(clip_norm)
+        return _float_at_most(clip_norm)
     raise TypeError(f"clip_norm must be a real number, got {type(clip_norm).__name__}")
 
 

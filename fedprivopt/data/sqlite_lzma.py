@@ -101,20 +101,15 @@ def decompress_lzma(
     out_dir.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     try:
-        decomp = lzma.LZMADecompressor(format=lzma.FORMAT_AUTO)
         done = 0
         with path.open("rb") as src, partial.open("wb") as dst:
-            output = _BoundedOutput(dst)
-            while not decomp.eof and (chunk := src.read(chunk_size)):
+            streams = _Streams(path, _BoundedOutput(dst))
+            while chunk := src.read(chunk_size):
                 done += len(chunk)
-                # Bounded output per call: memory stays O(chunk_size) even for runs of zeros.
-                output.write(decomp.decompress(chunk, max_length=_MAX_OUT))
-                while not decomp.eof and not decomp.needs_input:
-                    output.write(decomp.decompress(b"", max_length=_MAX_OUT))
+                streams.feed(chunk)
                 if progress is not None:
                     progress(done)
-        if not decomp.eof:
-            raise ValueError(f"{path}: truncated LZMA stream (ended after {done} bytes)")
+            streams.finish(done)
         check_sqlite_file(partial)
         if index:
             create_client_index(partial)
@@ -126,6 +121,8 @@ def decompress_lzma(
         os.replace(partial, out)
     except lzma.LZMAError as exc:
         raise ValueError(f"{path}: corrupt LZMA/XZ stream: {exc}") from exc
+    except _StreamError:
+        raise
     except ValueError as exc:
         raise ValueError(f"{path}: decompressed content is unusable: {exc}") from exc
     finally:
@@ -158,6 +155,80 @@ def _decompressed_from(out: Path, path: Path) -> bool:
         return True
     coarse = made.st_mtime_ns % 10**9 == 0
     return coarse and abs(made.st_mtime_ns - source.st_mtime_ns) < _COARSE_NS
+
+
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+class _StreamError(ValueError):
+    """The compressed file itself is damaged (not what it decompresses to)."""
+
+
+class _Streams:
+    """The streams of a compressed file, decompressed one after another into ``output``.
+
+    An ``.xz`` file may hold several streams, each followed by stream padding (null bytes, a
+    multiple of four), and ``xz -d`` writes their decompressions one after another; anything
+    else after a stream (or anything but padding after an ``.lzma`` stream) is refused, as
+    ``xz -d`` refuses it. Fortieth review of issue 15 (input 1): only the first stream was
+    read, so ``cat a.xz b.xz`` of a database cut in two was refused as a truncated database,
+    and a stream followed by other bytes (a damaged tail, another file appended) was read as
+    if the file ended there.
+    """
+
+    def __init__(self, path: Path, output: _BoundedOutput) -> None:
+        self.path = path
+        self.output = output
+        self.decomp: lzma.LZMADecompressor | None = lzma.LZMADecompressor(format=lzma.FORMAT_AUTO)
+        self.head = b""  # the file's first bytes, until the format is known
+        self.padding = 0  # null bytes after the last stream that ended
+        self.start = b""  # the first bytes of the stream that follows it
+
+    def feed(self, data: bytes) -> None:
+        """Decompress ``data``, the next bytes of the file."""
+        if len(self.head) < len(_XZ_MAGIC):
+            self.head += data[: len(_XZ_MAGIC) - len(self.head)]
+        while data:
+            if self.decomp is None:  # between streams: padding, then another .xz stream
+                if not self.start:
+                    rest = data.lstrip(b"\x00")
+                    self.padding += len(data) - len(rest)
+                    data = rest
+                    if not data:
+                        return
+                need = len(_XZ_MAGIC) - len(self.start)
+                self.start, data = self.start + data[:need], data[need:]
+                if (
+                    self.head != _XZ_MAGIC
+                    or self.padding % 4
+                    or not _XZ_MAGIC.startswith(self.start)
+                ):
+                    raise self._trailing()
+                if len(self.start) < len(_XZ_MAGIC):
+                    return  # the rest of the next stream's magic is in the next chunk
+                data, self.start, self.padding = self.start + data, b"", 0
+                self.decomp = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+            decomp = self.decomp
+            # Bounded output per call: memory stays O(chunk_size) even for runs of zeros.
+            self.output.write(decomp.decompress(data, max_length=_MAX_OUT))
+            while not decomp.eof and not decomp.needs_input:
+                self.output.write(decomp.decompress(b"", max_length=_MAX_OUT))
+            data = b""
+            if decomp.eof:
+                self.decomp, data = None, decomp.unused_data
+
+    def finish(self, done: int) -> None:
+        """Refuse a file that ended inside a stream or its padding (``done``: its bytes)."""
+        if self.decomp is not None or self.start:
+            raise _StreamError(f"{self.path}: truncated LZMA stream (ended after {done} bytes)")
+        if self.padding % 4:
+            raise self._trailing()
+
+    def _trailing(self) -> _StreamError:
+        return _StreamError(
+            f"{self.path}: data after the end of the compressed stream, which xz -d refuses "
+            "too (the file is damaged, or another file was appended to it)"
+        )
 
 
 class _BoundedOutput:

@@ -47,6 +47,7 @@ __all__ = [
     "dedup_rounds",
     "load_run",
     "load_runs",
+    "trial_note",
 ]
 
 _REQUIRED_SUMMARY_KEYS = ("strategy", "noise_multiplier", "seed", "epsilon", "delta")
@@ -427,6 +428,22 @@ def _recorded(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[str
     return {**summary, **own, "config": config}
 
 
+def trial_note(path: Path) -> str:
+    """The note of a run whose privacy ledger names a tuning plan: a trial of ``fedprivopt tune``.
+
+    Fortieth review of issue 15 (reports, finding 2): ``write_report(out,
+    load_runs("T/runs/trial-001"))`` of a tuning's released trial showed ε 10.28 without a word,
+    where the tuning that chose it spent 13.09 (``compare`` and ``compare-tuned --untuned``
+    refuse a trial; the tuned row of :func:`~fedprivopt.simulation.tune_report.load_tuned`
+    carries the tuning's ε and drops this note).
+    """
+    return (
+        f"{path}: a trial of a tuning (its {LEDGER_FILE} names a tuning plan): the epsilon shown "
+        "is its own run's, below what the tuning that chose its hyperparameters spent (report "
+        "the tuning with compare-tuned)"
+    )
+
+
 def _accounted_epsilon(
     path: Path, notes: list[str], delta: object = None, where: str = CONFIG_FILE
 ) -> tuple[str, float, float] | None:
@@ -453,6 +470,8 @@ def _accounted_epsilon(
     except OldLedgerError:
         ledger = None
     if ledger is not None:
+        if ledger.header.get("tuning_plan") is not None:
+            notes.append(trial_note(path))
         if shown_delta is not None and ledger.header["delta"] != shown_delta:
             notes.append(
                 f"{path}: its {LEDGER_FILE} states delta {ledger.header['delta']:g}, its "

@@ -346,6 +346,7 @@ def load_tuned(path: str | Path, checked=None):
         Naming the directory or file: not a finished tuning, no released trial, or files that
         disagree (see :mod:`fedprivopt.simulation.tune_check`).
     """
+    from fedprivopt.simulation.rundata import trial_note
     from fedprivopt.simulation.tune_check import check_tuning
 
     checked = check_tuning(path) if checked is None else checked
@@ -354,7 +355,8 @@ def load_tuned(path: str | Path, checked=None):
     # accountant = "pld" was labelled pld in summary.csv, its epsilon being RDP's
     tuned = {**run.summary, "strategy": run.strategy + TUNED_SUFFIX, "epsilon": eps,
              EPSILON_ACCOUNTANT: TUNING_ACCOUNTANT}  # fmt: skip
-    return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps)
+    kept = tuple(w for w in run.warnings if w != trial_note(run.path))  # its tuning's ε is shown
+    return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps, warnings=kept)
 
 
 def procedure_lines(

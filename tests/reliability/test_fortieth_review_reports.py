@@ -11,6 +11,14 @@
    told by the models its checkpoints hold (``tune_untuned._checkpoint_digests``; the ledger's
    line of a checkpoint's round records that model's digest): rc 2, "released the models of
    T/runs/trial-002", "is U2/a again, or a copy of it".
+2. ``write_report(out, load_runs("T/runs/trial-001"), title=...)`` (the documented API of
+   reports) of the tuning above's released trial (also ``load_runs("T/runs")``). Before: ε
+   10.28 in the Summary and ``summary.csv`` without a word, where the tuning that chose it spent
+   13.09 (``compare`` and ``compare-tuned --untuned`` refuse a trial, ``audit.refuse_trial``).
+   Now ``rundata.load_run`` notes a run whose ledger names a tuning plan (``trial_note``: "a
+   trial of a tuning ...: the epsilon shown is its own run's, below what the tuning ... spent"),
+   in the report's Warnings and on stderr; ``tune_report.load_tuned``, whose tuned row carries
+   the tuning's ε, drops the note.
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ from types import SimpleNamespace
 import pytest
 
 from fedprivopt.simulation.files import LEDGER_FILE
+from fedprivopt.simulation.report import aggregate_runs
 from fedprivopt.simulation.run import simulate
-from fedprivopt.simulation.rundata import load_run
+from fedprivopt.simulation.rundata import load_run, trial_note
 from fedprivopt.simulation.tune_untuned import check_untuned_copies, check_untuned_seeds
 from tests.simulation.test_run import small_config
 
@@ -48,7 +57,7 @@ def _copy_without_ledger(src: Path, dst: Path) -> Path:
 def test_1_a_trial_copied_without_its_ledger_is_no_untuned_run(trial_and_run, tmp_path):
     root, trial, _ = trial_and_run
     copy = _copy_without_ledger(trial, tmp_path / "U" / "r")
-    with pytest.raises(ValueError, match="released the models of .*trial-001.*this run's checkp"):
+    with pytest.raises(ValueError, match=r"released the models of .*trial-001.*this run's checkp"):
         check_untuned_copies([root / "T"], [SimpleNamespace(path=copy)])
     # the trial's own copy with its ledger is refused as before
     kept = tmp_path / "U" / "kept"
@@ -61,7 +70,16 @@ def test_1_a_run_and_its_copy_without_a_ledger_are_not_two_seeds(trial_and_run, 
     root, _, run = trial_and_run
     copy = _copy_without_ledger(run, tmp_path / "U2" / "b")
     runs = [load_run(run), load_run(copy)]
-    with pytest.raises(ValueError, match="is .* again, or a copy of it"):
+    with pytest.raises(ValueError, match=r"is .* again, or a copy of it"):
         check_untuned_seeds(runs)
     check_untuned_copies([root / "T"], runs[:1])  # another seed's run is no trial's copy
     check_untuned_seeds(runs[:1])
+
+
+def test_2_a_report_of_a_trial_says_its_epsilon_is_not_its_tunings(trial_and_run):
+    _, trial, run = trial_and_run
+    with pytest.warns(UserWarning) as caught:
+        aggregate_runs([load_run(trial)])
+    assert [str(w.message) for w in caught].count(trial_note(trial)) == 1
+    assert "below what the tuning that chose its hyperparameters spent" in trial_note(trial)
+    assert load_run(run).warnings == ()  # an untuned run: no note

@@ -180,8 +180,10 @@ class AlgorithmState:
                 "(or into another algorithm)"
             )
         before = copy.deepcopy(self.state_dict())
+        held = list(self.accountant.ledger)
         try:
             self._load_state(state)
+            self._refuse_fewer_events(held)
         except BaseException:
             # a state this algorithm made, put back whole: fortieth review of issue 15 (api 1),
             # an algorithm that went on to round 2 after round 1 was refused (a train callback
@@ -191,6 +193,30 @@ class AlgorithmState:
             # named the optimizer's count instead of what was refused
             self._load_state(before, verify=False)
             raise
+
+    def _refuse_fewer_events(self, held: list) -> None:
+        """Refuse a loaded accountant that holds fewer of an event than this one held before.
+
+        Fortieth review of issue 15 (api 2): ``alg.load_state_dict(s0)`` of a state saved
+        before rounds this same algorithm then released (dp-fedavg, sigma 0.5, q 0.25, three
+        rounds) was taken: ``epsilon()`` fell from 12.17 to 0.0, and the three rounds driven
+        again ended at 12.17 where six noised sums were released (seeded, with other updates:
+        the first releases' noise again, so their difference without noise). What this
+        algorithm's accountant holds was released (or loaded as released); a state may add to
+        it, never take from it. ``held``: the accountant's ledger before the load.
+        """
+        ledger = self.accountant.ledger
+        for event, _ in held:
+            before = sum(count for e, count in held if e == event)
+            now = sum(count for e, count in ledger if e == event)
+            if now < before:
+                raise ValueError(
+                    f"this algorithm's accountant records {before} privacy events of its "
+                    f"rounds, the state's (round {self.round_num}) {now}: loaded here, epsilon "
+                    "would be reported below what was spent (a state saved before rounds this "
+                    "algorithm released); a state is a snapshot and those rounds stay "
+                    "released: go on from the algorithm as it is"
+                )
 
     def _load_state(self, state: Mapping[str, Any], *, verify: bool = True) -> None:
         """:meth:`load_state_dict`, in the order of its checks.

@@ -11,6 +11,15 @@
    refused. Now the rollback puts the algorithm's own state back without those checks
    (``AlgorithmState._load_state(verify=False)``): the error is the accountant's and epsilon
    stays 7.55.
+2. ``s0 = alg.state_dict()``, three rounds driven (dp-fedavg, sigma 0.5, q 0.25; also secure
+   mode, ADADP and tree aggregation), then ``alg.load_state_dict(s0)`` into the same
+   algorithm and the rounds driven again. Before: taken; ``epsilon()`` fell from 12.17 to 0.0,
+   and after the three rounds again it said 12.17 where six noised sums were released (seeded,
+   with other updates: the first releases' noise again, their difference without noise). Now
+   a state whose accountant holds fewer of an event than the algorithm's is refused, the
+   algorithm left as it was (``AlgorithmState._refuse_fewer_events``: ``this algorithm's
+   accountant records 3 privacy events of its rounds, the state's (round 0) 0 ...``); a state
+   of as many events or more (a resumed copy, a later round) is taken as before.
 """
 
 from __future__ import annotations
@@ -61,3 +70,29 @@ def test_1_a_refused_load_keeps_the_accountant_of_a_run_that_skipped_a_round(cha
     assert alg.round_num == 2 and torch.equal(alg.params, params)
     drive_round(alg, 3, _train)  # goes on from its own state
     assert alg.accountant.num_events == 2
+
+
+# -- finding 2: an older state loaded into the algorithm that released the rounds after it ---
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"secure": True}, {"strategy": "dp-fedavg-adadp"}, {"noise-mechanism": "tree"}],
+)
+def test_2_an_older_state_cannot_lower_what_the_algorithm_spent(changes):
+    alg = build_algorithm(_config(**changes), torch.zeros(4))
+    s0 = alg.state_dict()
+    for r in (1, 2, 3):
+        drive_round(alg, r, _train)
+    s3, spent, events = alg.state_dict(), alg.epsilon(), alg.accountant.num_events
+    with pytest.raises(ValueError, match=r"accountant records \d+ privacy events of its rounds"):
+        alg.load_state_dict(s0)  # was taken: epsilon 0.0
+    assert alg.round_num == 3 and alg.epsilon() == spent
+    assert alg.accountant.num_events == events
+    alg.load_state_dict(s3)  # as many events: taken
+    drive_round(alg, 4, _train)
+    later = alg.state_dict()
+    fresh = build_algorithm(_config(**changes), torch.zeros(4))
+    fresh.load_state_dict(s3)  # into a new algorithm: taken (a documented limit, DESIGN.md)
+    fresh.load_state_dict(later)  # more events: taken
+    assert fresh.round_num == 4

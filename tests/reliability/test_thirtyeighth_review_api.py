@@ -219,8 +219,10 @@ def test_2_a_state_whose_accountant_holds_more_events_is_taken():
     alg = build_algorithm(_config(), torch.zeros(4))
     alg.load_state_dict(more)
     assert alg.round_num == 1 and alg.accountant.num_events == 2
-    alg.load_state_dict(state)
-    assert alg.accountant.num_events == 1
+    # fortieth review (api 2): a state whose accountant holds fewer events is refused
+    with pytest.raises(ValueError, match=r"records 2 privacy events of its rounds"):
+        alg.load_state_dict(state)
+    assert alg.accountant.num_events == 2
 
 
 # -- finding 3: the server optimizers refuse a sparse or meta tensor --------------------------

@@ -93,9 +93,19 @@ def test_1_a_round_0_state_clears_the_average_of_an_algorithm_that_ran(ema_state
     used = build_algorithm(_config(**{"ema-decay": 0.5}), torch.zeros(4))
     used.load_state_dict(copy.deepcopy(ema_state))
     assert used.averaged is not None
-    used.load_state_dict(build_algorithm(used.config, torch.zeros(4)).state_dict())
-    assert used.round_num == 0 and used.averaged is None  # before: the round-2 average kept
-    assert torch.equal(used.output_params(), torch.zeros(4))
+    averaged = used.averaged.clone()
+    # fortieth review (api 2): a round-0 state's accountant drops the rounds' events; refused
+    with pytest.raises(ValueError, match=r"records 2 privacy events of its rounds"):
+        used.load_state_dict(build_algorithm(used.config, torch.zeros(4)).state_dict())
+    assert used.round_num == 2 and torch.equal(used.averaged, averaged)
+    # a non-private algorithm (no events) takes it, and the average is cleared
+    plain = build_algorithm(_config(**{"ema-decay": 0.5, "strategy": "fedavg"}), torch.zeros(4))
+    for r in (1, 2):
+        drive_round(plain, r, _train)
+    assert plain.averaged is not None
+    plain.load_state_dict(build_algorithm(plain.config, torch.zeros(4)).state_dict())
+    assert plain.round_num == 0 and plain.averaged is None  # before: the round-2 average kept
+    assert torch.equal(plain.output_params(), torch.zeros(4))
 
 
 # -- finding 2: DPStrategy.start's initial arrays must be the model's, in its layout ----------

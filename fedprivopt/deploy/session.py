@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.text import epsilon_text
+from fedprivopt.deploy.listeners import foreign_listeners
 from fedprivopt.deploy.processes import ProcessSet
 from fedprivopt.deploy.workdir import FLWR_HOME_NAME
 from fedprivopt.models.task import TaskError
@@ -34,6 +35,7 @@ __all__ = [
     "HOST",
     "Deployment",
     "Progress",
+    "check_listener",
     "executable",
     "follow",
     "free_ports",
@@ -248,11 +250,36 @@ class Deployment:
             raise RuntimeError(f"{role} exited with code {code}; its log ({log}):\n{_tail(log)}")
 
 
+def check_listener(dep: Deployment, port: int, what: str) -> None:
+    """Raise ``RuntimeError`` if a process not of this deployment listens on ``HOST:port``.
+
+    Fortieth review of issue 15 (processes 2): ``port`` was chosen free (:func:`free_ports`)
+    seconds before ``what`` (the SuperLink) bound it, and a connection accepted there proved
+    only that something listens; another process's listener would have received this
+    deployment's SuperNodes and ``flwr run``. Where the kernel's tables cannot be read
+    (:func:`~fedprivopt.deploy.listeners.foreign_listeners` is ``None``) the connection is
+    taken as before.
+    """
+    dep.procs.scan()  # the started processes' children: a listener may be a child's
+    ours = {t.pid for t in dep.procs.started} | set(dep.procs.found)
+    foreign = foreign_listeners(port, HOST, ours)
+    if foreign:
+        raise RuntimeError(
+            f"another process listens on {HOST}:{port}, the port chosen for {what} (socket "
+            f"inode {min(foreign)}, not held by a process of this deployment): its connections "
+            "would reach that process; nothing was sent to it, run deploy local again"
+        )
+
+
 def wait_port(dep: Deployment, port: int, deadline: float) -> None:
-    """Wait until the SuperLink accepts connections on ``port``."""
+    """Wait until the SuperLink accepts connections on ``port``, on a listener of its own.
+
+    A listener of another process there is refused (:func:`check_listener`).
+    """
     while True:
         dep.check_alive()
         with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1.0):
+            check_listener(dep, port, "this deployment's SuperLink")
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"the SuperLink did not open {HOST}:{port} in time")
@@ -279,6 +306,7 @@ def wait_nodes(dep: Deployment, nodes: int, deadline: float, log_start: int = 0)
             listing = dep.flwr("supernode", "ls", CONNECTION, timeout=remaining)
             online = [n for n in listing.get("nodes", []) if n.get("status") == "online"]
             if len(online) >= nodes:
+                _check_node_ports(dep)
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(online)} of {nodes} SuperNodes came online in time")
@@ -287,6 +315,20 @@ def wait_nodes(dep: Deployment, nodes: int, deadline: float, log_start: int = 0)
             raise TimeoutError(f"the {nodes} SuperNodes did not come online in time")
         else:
             time.sleep(0.3)
+
+
+def _check_node_ports(dep: Deployment) -> None:
+    """:func:`check_listener` for each SuperNode's own port, where its ClientApps connect.
+
+    The ports are read from the SuperNodes' command lines (``--port``), chosen free as the
+    SuperLink's was; a SuperNode listens there once it is online.
+    """
+    for i, t in enumerate(t for t in dep.procs.started if t.role == "supernode"):
+        argv = t.cmd.split(" ")
+        if "--port" in argv[:-1]:
+            port = argv[argv.index("--port") + 1]
+            if port.isdigit():
+                check_listener(dep, int(port), f"SuperNode {i}'s ClientApp API")
 
 
 def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:

@@ -10,12 +10,27 @@
    it (``data.locks._DirectoryShare``, in ``exclusive_lock`` and ``file_lock``): ``dB`` gets a
    lock of its own, ``dA``'s file is untouched, and a second claim of ``dB`` (or of a directory
    whose held lock file was linked elsewhere) is refused as before.
+2. ``deploy local`` picks its SuperLink's port with ``session.free_ports`` (bound, then closed)
+   and the SuperLink binds it seconds later; a process listening there first (127.0.0.1, in the
+   test this process's own socket). Before: ``session.wait_port`` returned on the first
+   accepted connection, taking that process for the SuperLink (the SuperNodes and ``flwr run``
+   would have gone to it). Now the listening sockets on the port (``/proc/self/net/tcp``,
+   ``tcp6``) must be held by a process of the deployment (``/proc/<pid>/fd``):
+   ``session.check_listener`` raises ``RuntimeError`` ("another process listens on
+   127.0.0.1:P, the port chosen for this deployment's SuperLink ..."), also for a SuperNode's
+   ClientApp port once the nodes are online (``session._check_node_ports``, in ``wait_nodes``;
+   ``deploy.listeners.foreign_listeners``); without
+   ``/proc`` the connection is taken as before. No Flower process is started: the SuperLink is
+   a ``sleep`` that listens nowhere, stopped by its PID.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +91,68 @@ def test_task_waiting_on_hard_linked_data_lock_takes_its_own(tmp_path):
     thread.join(10)  # released above: a waiting task gets in now
     assert got, "the task on dB waited for the holder of dA's lock"
     assert (a / DATA_LOCK).stat().st_nlink == 1 and (b / DATA_LOCK).stat().st_nlink == 1
+
+
+def _listener() -> socket.socket:
+    """A listening socket on a free port of 127.0.0.1."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_wait_port_refuses_a_listener_not_of_the_deployment(tmp_path):
+    """Finding 2: another process's listener on the SuperLink's port is not the SuperLink."""
+    from fedprivopt.deploy.session import Deployment, wait_port
+
+    dep = Deployment(tmp_path / "work", tmp_path / "logs", None)
+    foreign = _listener()
+    port = foreign.getsockname()[1]
+    try:
+        dep.procs.start("superlink", ["sleep", "30"], "superlink")  # listens nowhere
+        with pytest.raises(RuntimeError, match=f"another process listens on 127.0.0.1:{port}, "):
+            wait_port(dep, port, time.monotonic() + 5.0)
+    finally:
+        foreign.close()
+        dep.procs.stop(grace=2.0)  # the sleep, by its PID
+    assert dep.procs.dead() and not any(t.popen.poll() is None for t in dep.procs.started)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_supernode_port_held_by_another_process_is_refused(tmp_path):
+    """Finding 2: the same for a SuperNode's own port (its ClientApps connect there), checked
+    once the nodes are online; the port is read from its command line."""
+    from fedprivopt.deploy.processes import _Tracked
+    from fedprivopt.deploy.session import Deployment, _check_node_ports
+
+    dep = Deployment(tmp_path / "work", tmp_path / "logs", None)
+    foreign = _listener()
+    port = foreign.getsockname()[1]
+    try:
+        cmd = f"flower-supernode --superlink 127.0.0.1:1 --host 127.0.0.1 --port {port}"
+        dep.procs.started.append(_Tracked("supernode", 2**22 + 1, None, cmd))  # no such PID
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}, the port chosen for Super"):
+            _check_node_ports(dep)
+    finally:
+        dep.procs.started.clear()
+        foreign.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_wait_port_takes_the_deployments_own_listener(tmp_path):
+    """Finding 2: a listener a process of the deployment holds is taken (here this process,
+    recorded as one the deployment found)."""
+    from fedprivopt.deploy.processes import _Tracked
+    from fedprivopt.deploy.session import Deployment, check_listener, wait_port
+
+    dep = Deployment(tmp_path / "work", tmp_path / "logs", None)
+    own = _listener()
+    port = own.getsockname()[1]
+    try:
+        dep.procs.found[os.getpid()] = _Tracked("other", os.getpid(), None, "this test")
+        wait_port(dep, port, time.monotonic() + 5.0)
+        check_listener(dep, port, "SuperNode 0's ClientApp API")
+    finally:
+        dep.procs.found.clear()  # never stopped: it is this process
+        own.close()

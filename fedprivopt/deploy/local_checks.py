@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -77,11 +78,11 @@ def in_use(out: str | os.PathLike, pid: int | None, lock: Path) -> ValueError:
 
 
 def check_not_deploying(out: str | os.PathLike) -> None:
-    """Refuse ``out`` while a deployment into it runs; takes no lock and writes nothing.
+    """Refuse ``out`` while a deployment into it runs; holds no lock and writes nothing.
 
-    The deployment holds ``OUT/deploy/deploy.lock`` (:data:`DEPLOY_LOCK`) until every process
-    it started is stopped; this asks before ``out``'s other checks, which would call the run it
-    is writing one to resume.
+    The deployment holds ``OUT/deploy`` and ``deploy.lock`` there (:data:`DEPLOY_LOCK`, its PID)
+    until every process it started is stopped; this asks before ``out``'s other checks, which
+    would call the run it is writing one to resume.
 
     Raises
     ------
@@ -92,20 +93,41 @@ def check_not_deploying(out: str | os.PathLike) -> None:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: deploy_local's lock alone
         return
-    lock = Path(out).expanduser() / LOG_DIR / DEPLOY_LOCK
+    log_dir = Path(out).expanduser() / LOG_DIR
+    lock = log_dir / DEPLOY_LOCK
+    # Fortieth review of issue 15 (processes 3): the lock file's flock is its inode's, and an
+    # OUT copied with `cp -al OUT OUT2` while a deployment into OUT ran was refused as "in use
+    # by process N", N the deployment into OUT (which the user was told to stop). A deployment
+    # holds its log directory itself (rundir.lock_directory), which a copy does not share.
     try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+        fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return  # none (a link or a FIFO there is refused naming it by the lock)
+        return  # none (or not a directory: refused naming it by the claim)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        text = os.pread(fd, 32, 0).strip()  # its PID, written right after it locked
-        raise in_use(out, int(text) if text.isdigit() else None, lock) from None
+        raise in_use(out, _pid_in(lock), lock) from None
     except OSError:
         return
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _pid_in(lock: Path) -> int | None:
+    """The PID a deployment wrote into its lock file (``None``: none, or not a regular file)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        text = os.pread(fd, 32, 0).strip() if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        text = b""
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() else None
 
 
 def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:

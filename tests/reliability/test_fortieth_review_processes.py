@@ -22,6 +22,12 @@
    ``deploy.listeners.foreign_listeners``); without
    ``/proc`` the connection is taken as before. No Flower process is started: the SuperLink is
    a ``sleep`` that listens nowhere, stopped by its PID.
+3. ``cp -al OUT OUT2`` while ``deploy local --out OUT`` runs (``OUT2/deploy/deploy.lock`` then
+   OUT's inode), then ``deploy local --out OUT2`` (or ``deploy_local(out=OUT2)``). Before:
+   ``local_checks.check_not_deploying`` probed the lock file's ``flock`` and refused OUT2 as
+   "in use by process N, a deployment into it", N the deployment into OUT, which the user was
+   told to stop. Now it probes the ``flock`` the deployment holds on ``OUT/deploy`` itself
+   (``rundir.lock_directory``), which a copy does not share; OUT is refused naming the PID.
 """
 
 from __future__ import annotations
@@ -156,3 +162,22 @@ def test_wait_port_takes_the_deployments_own_listener(tmp_path):
     finally:
         dep.procs.found.clear()  # never stopped: it is this process
         own.close()
+
+
+def test_copy_of_a_deploying_out_is_not_in_use(tmp_path):
+    """Finding 3: ``cp -al OUT OUT2`` while a deployment into OUT runs: OUT2's ``deploy.lock``
+    is OUT's inode, but OUT2 is not being deployed into; OUT still is."""
+    import subprocess
+
+    from fedprivopt.deploy.local_checks import DEPLOY_LOCK, LOG_DIR, check_not_deploying
+    from fedprivopt.simulation.rundir import lock_directory
+
+    out, copy = tmp_path / "OUT", tmp_path / "OUT2"
+    (out / LOG_DIR).mkdir(parents=True)
+    with lock_directory(out / LOG_DIR, DEPLOY_LOCK, what=f"--out {out}"):  # as deploy_local
+        subprocess.run(["cp", "-al", str(out), str(copy)], check=True)
+        assert (copy / LOG_DIR / DEPLOY_LOCK).stat().st_nlink == 2
+        check_not_deploying(copy)  # before: "is in use by process <this one>"
+        with pytest.raises(ValueError, match=f"is in use by process {os.getpid()}, a deploy"):
+            check_not_deploying(out)
+    check_not_deploying(out)

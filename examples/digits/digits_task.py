@@ -121,9 +121,10 @@ class DigitsTask:
 
     def build_model(self) -> nn.Module:
         """The initial :class:`Net`, initialized like torch's default from the task's seed."""
-        with torch.device("meta"):  # no draw from the global random state
+        # torch's default initialization draws from the global generator: it runs on a fork
+        # of it (the global state is restored after), then every weight is drawn again below
+        with torch.random.fork_rng(devices=[]):
             net = Net(self._hidden)
-        net = net.to_empty(device="cpu")
         gen = torch.Generator().manual_seed(self._seed)
         with torch.no_grad():
             for layer in (net.fc1, net.fc2):

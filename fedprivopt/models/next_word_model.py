@@ -36,6 +36,7 @@ import torch
 
 from fedprivopt.core.checks import check_int
 from fedprivopt.models.next_word_tokens import special_tokens
+from fedprivopt.models.uninitialized import materialize
 
 __all__ = ["NextWordLSTM", "next_word_counts", "parameter_count"]
 
@@ -60,9 +61,10 @@ class NextWordLSTM(torch.nn.Module):
     Notes
     -----
     ``forward`` maps ``int64`` ids ``(n, T)`` to logits ``(n, T, V + 4)``; every time step sees
-    only the ids before and at it. The layers are created on the ``meta`` device and
-    materialized on the CPU, so that PyTorch's default initialization (which draws from the
-    global generator) never runs.
+    only the ids before and at it. The layers are created on the ``meta`` device (the embedding
+    from an uninitialized weight) and materialized on the CPU
+    (:func:`~fedprivopt.models.uninitialized.materialize`), so that PyTorch's default
+    initialization (which draws from the global generator) never runs.
     """
 
     def __init__(
@@ -78,13 +80,19 @@ class NextWordLSTM(torch.nn.Module):
         self.embedding_dim = check_int("embedding_dim", embedding_dim, 1)
         self.hidden_size = check_int("hidden_size", hidden_size, 1)
         meta = torch.device("meta")
-        self.embedding = torch.nn.Embedding(self.num_tokens, self.embedding_dim, device=meta)
+        # an Embedding made on meta runs its normal_ there (SymPy, see models.uninitialized);
+        # given its weight it runs no initialization at all
+        self.embedding = torch.nn.Embedding(
+            self.num_tokens,
+            self.embedding_dim,
+            _weight=torch.empty(self.num_tokens, self.embedding_dim),
+        )
         self.lstm = torch.nn.LSTM(
             self.embedding_dim, self.hidden_size, batch_first=True, device=meta
         )
         self.projection = torch.nn.Linear(self.hidden_size, self.embedding_dim, device=meta)
         self.output = torch.nn.Linear(self.embedding_dim, self.num_tokens, device=meta)
-        self.to_empty(device="cpu")
+        materialize(self)  # uninitialized CPU tensors: the same as to_empty(device="cpu")
         if generator is None:
             generator = torch.Generator().manual_seed(0)
         self.reset_parameters(generator)

@@ -31,6 +31,7 @@ from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.local import check_user_id
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import evaluating
+from fedprivopt.models.uninitialized import materialize
 from fedprivopt.privacy.rng import derive_seed
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
@@ -258,7 +259,7 @@ class ToyClassificationTask:
         The layer is created without running torch's initializer (which would draw from the global
         RNG) and then filled from a generator keyed by the task's seed.
         """
-        model = torch.nn.utils.skip_init(torch.nn.Linear, self.dim, self.num_classes)
+        model = materialize(torch.nn.Linear(self.dim, self.num_classes, device="meta"))
         gen = _generator(self.seed, "model-init")
         bound = 1.0 / math.sqrt(self.dim)
         with torch.no_grad():

@@ -41,7 +41,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     r"""Parse ``key=value``; the value is read as TOML (``2``, ``0.5``, ``true``), else as text.
 
     The value is TOML only when it is exactly one TOML value: ``1\n[x]`` is the text itself,
-    not ``1`` with the rest dropped.
+    not ``1`` with the rest dropped. Whitespace around the value is no part of it, TOML or text
+    (fortieth review of issue 15, input 2: ``0.5`` followed by a carriage return, as a script
+    saved with CRLF line ends passes its last word, or by a no-break space copied from a web
+    page, is no TOML, so it was the text ``'0.5'``, refused as ``noise-multiplier must be a real
+    number …, got '0.5'``, and ``--rounds 1 --set num-server-rounds=1`` as contradicting).
     """
     if "=" not in text:
         raise ValueError(f"--set expects key=value, got {shown(text)}")
@@ -49,11 +53,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ValueError(f"--set expects key=value, got {shown(text)}")
+    raw = raw.strip()
     try:
         parsed = tomllib.loads(f"v = {raw}")
     except ValueError:  # not TOML, or an integer too long to read: the text, which the key checks
         parsed = {}
-    value = parsed["v"] if list(parsed) == ["v"] else raw.strip()
+    value = parsed["v"] if list(parsed) == ["v"] else raw
     return key, value
 
 

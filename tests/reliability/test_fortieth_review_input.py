@@ -7,8 +7,14 @@
    a stream followed by other bytes (a second file appended, a damaged tail), which ``xz -d``
    refuses, was read as if the file ended there. ``sqlite_lzma._Streams`` now decompresses
    every stream of an ``.xz`` file after its padding, as ``xz -d`` does, and refuses anything
-   else after a stream (``data after the end of the compressed stream``, or ``corrupt LZMA/XZ
-   stream`` where what follows the padding is no stream).
+   else after a stream (``data after the end of the compressed stream``).
+2. ``simulate toy.toml --rounds 1 --set num-server-rounds=1`` where the value ends in a carriage
+   return (a script saved with CRLF line ends passes it with its last word) or a no-break space
+   (copied from a web page): no TOML, so the value was the text ``'1'``, and the line said
+   ``argument --rounds: 1 contradicts --set num-server-rounds='1'``;
+   ``--set secure=false\r`` was ``secure must be true or false, got 'false'``,
+   ``noise-multiplier=0.5\r`` ``must be a real number …, got '0.5'`` (text values were already
+   stripped). ``config_presets.parse_override`` now strips the value before reading it as TOML.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import pytest
 from fedprivopt.data.sqlite import write_sqlite
 from fedprivopt.data.sqlite_lzma import decompress_lzma
 from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
+from fedprivopt.simulation.config_presets import parse_override
+from tests.reliability.test_thirtyeighth_review_input import TOY, _cli
 
 
 def _database(path):
@@ -67,3 +75,27 @@ def test_1_bytes_after_the_stream_are_refused(tmp_path, tail, fmt):
     with pytest.raises(ValueError, match="data after the end of the compressed stream"):
         decompress_lzma(src, index=False)
     assert not (tmp_path / "stackoverflow.sqlite").exists()
+
+
+# -- finding 2: a --set value followed by a carriage return or a no-break space ----------------
+
+
+@pytest.mark.parametrize("end", ["\r", "\u00a0", "\u3000", " \r\n"])
+@pytest.mark.parametrize(
+    "text, value",
+    [("noise-multiplier=0.5", 0.5), ("num-server-rounds=1", 1), ("secure=false", False)],
+)
+def test_2_whitespace_after_a_set_value_is_no_part_of_it(text, value, end):
+    key, parsed = parse_override(text + end)
+    assert (key, parsed) == (text.split("=")[0], value)
+    assert type(parsed) is type(value)
+    assert parse_override(f"device=cpu{end}") == ("device", "cpu")  # text, as before
+
+
+def test_2_a_crlf_script_s_rounds_do_not_contradict(tmp_path):
+    code, lines = _cli(
+        "simulate", TOY, "--rounds", "1", "--out", str(tmp_path / "r"), "--quiet",
+        "--set", "num-server-rounds=1\r", "--set", "noise-multiplier=-1\r",
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1, lines
+    assert "noise-multiplier" in lines[0] and "-1" in lines[0], lines  # not 'contradicts'

@@ -206,6 +206,10 @@ class LedgerChecks:
         """
         tree = [e.line for e in self.entries if e.participants_sha256 is not None]
         partial = [e.line for e in self.entries if e.kind == "partial"]
+        if partial and self._whole_two_part_round_before(partial[0]):
+            # fortieth review (ledger 2): the run was started by a version before partial lines
+            # (its header is that version's) and resumed by a later one, which wrote them
+            partial = []
         task_params = what == "settings.task-params"
         only = f"which only versions that record {what} write"
         marks = (
@@ -240,6 +244,22 @@ class LedgerChecks:
                 "be checked (the privacy ledger was edited, or written by a version before it "
                 "recorded this); refusing to resume (start a new run in another directory)"
             )
+
+    def _whole_two_part_round_before(self, line: int) -> bool:
+        """Whether a ``round`` line before ``line`` released a two-part round in one line.
+
+        Versions before ADADP's ``partial`` lines (a7ec3cb) wrote each round whole (its two
+        events on one line); a resume by a later version continues such a ledger with
+        ``partial`` lines, but its header is still the first version's
+        (:meth:`_check_partial_kept` refuses such a line after a ``partial`` one). Fortieth
+        review of issue 15 (ledger, finding 2): an ADADP run of a task by reference written at
+        0166fb2^ (its header without ``data``), resumed once by this version, was refused on its
+        next resume as edited, its own first ``partial`` line taken as the header's version.
+        """
+        return any(
+            e.line < line and e.kind == "round" and count_events(e.released) >= 2
+            for e in self.entries
+        )
 
     def check_data(self, data: Mapping[str, Any] | None, source: str = CONFIG_FILE) -> None:
         """Raise ``ValueError`` when the task's data is not the data the run was started on.

@@ -14,12 +14,26 @@
    a mark is still called an edit only. The ledger here is the current one with ``records``
    and every ``participants_sha256`` removed: line for line the file 6cd99d8^ writes for this
    run (measured: the same header, events and model digests).
+2. An ADADP run of a task by reference (``task = "mod:make"``) written at 0166fb2^ (29 Nov:
+   its header without ``data`` or ``records``, each round on one line of two events, no
+   ``partial`` lines), resumed once by this version (rc 0, ε 16.29; it appends ``partial``
+   lines), then its rounds raised and ``simulate --resume`` again: rc 2, ``line 1: its header
+   lacks data, but line 4 is a partial line, which only versions that record data write; the
+   privacy ledger was edited``: a genuine run refused as edited by the lines this version
+   wrote itself. Now a ``partial`` line is no mark of the header's version when a two-part
+   round before it was released whole (``LedgerChecks._whole_two_part_round_before``): rc 0,
+   ε 20.35 at 5 rounds as a run of this version. The header's ``data`` and ``records`` deleted
+   from a run of this version (``partial`` lines from its first round) is still refused. The
+   ledger here is a run of this version rewritten to 0166fb2^'s form (measured: the same lines
+   but for the digests of its data-less header).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -31,6 +45,7 @@ from tests.reliability.test_ledger import kept_files
 from tests.simulation.test_run import small_config
 
 OLD_VERSION = "or written by a version of 24-25 November 2026"
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +117,77 @@ def test_1_an_edit_that_leaves_a_later_mark_is_called_an_edit(tree_run, tmp_path
         err = _resume_refused(run, capsys)
         assert "line 3: a tree round's line without participants_sha256" in err, err
         assert OLD_VERSION not in err, err
+
+
+# -- 2: an ADADP run of a version before partial lines, resumed twice ---------------------------
+MODULE = """
+    from fedprivopt.models.toy import ToyClassificationTask
+
+    def make(num_users=40, seed=0):
+        return ToyClassificationTask(num_users=num_users, dim=4, seed=3)
+"""
+
+
+@pytest.fixture
+def adadp_by_reference(tmp_path, monkeypatch):
+    """A 2-round ADADP run of ``review40_ledger:make``."""
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    (folder / "review40_ledger.py").write_text(textwrap.dedent(MODULE))
+    monkeypatch.syspath_prepend(str(folder))
+    run = tmp_path / "run"
+    args = ["simulate", str(TOY), "--rounds", "2", "--out", str(run), "--quiet"]
+    try:
+        assert main([*args, "--set", "strategy=dp-fedavg-adadp",
+                     "--set", "task=review40_ledger:make"]) == 0  # fmt: skip
+        yield run
+    finally:
+        sys.modules.pop("review40_ledger", None)
+
+
+def _before_partial_lines(lines) -> None:
+    """Rewrite a ledger to the form versions before partial lines (and data) wrote it."""
+    del lines[0]["records"], lines[0]["data"]
+    merged = [lines[0]]
+    for line in lines[1:]:
+        if line["kind"] == "round" and merged[-1]["kind"] == "partial":
+            line["released"][0]["count"] += merged.pop()["released"][0]["count"]
+        merged.append(line)
+    lines[:] = merged
+
+
+def _raise_rounds(run: Path, rounds: int) -> None:
+    config = run / "config.toml"
+    text = config.read_text()
+    assert f"num-server-rounds = {rounds - 1}" in text
+    config.write_text(
+        text.replace(f"num-server-rounds = {rounds - 1}", f"num-server-rounds = {rounds}")
+    )
+
+
+def test_2_an_adadp_run_of_a_version_before_partial_lines_resumes_twice(adadp_by_reference, capsys):
+    run = adadp_by_reference
+    _rewrite(run, _before_partial_lines)  # and num-server-rounds 2 -> 3
+    lines = (run / LEDGER_FILE).read_text().splitlines()
+    assert [json.loads(x)["kind"] for x in lines] == ["header", "round", "round"]
+    assert main(["simulate", "--resume", str(run), "--quiet"]) == 0
+    assert '"kind": "partial"' in (run / LEDGER_FILE).read_text()  # this version's lines
+    for rounds in (4, 5):
+        _raise_rounds(run, rounds)
+        capsys.readouterr()
+        assert main(["simulate", "--resume", str(run), "--quiet"]) == 0, capsys.readouterr().err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rounds_completed"] == 5 and round(summary["epsilon"], 2) == 20.35
+
+
+def test_2_the_header_of_a_run_with_partial_lines_from_its_start_still_refused(
+    adadp_by_reference, capsys
+):
+    run = adadp_by_reference
+
+    def headless(lines):
+        del lines[0]["records"], lines[0]["data"]
+
+    _rewrite(run, headless)
+    err = _resume_refused(run, capsys)
+    assert "line 1: its header lacks data, but line 2 is a partial line" in err, err

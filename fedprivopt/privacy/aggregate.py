@@ -476,8 +476,11 @@ class NoisyMeanAggregator:
             if topup_var > 0:
                 if generator is None:
                     raise ValueError("generator is required for private aggregation")
+                # drawn in the sum's dtype (fortieth review of issue 15, mechanisms 2): in the
+                # model's, a float16 draw beyond 65504 (float32 beyond 3.4e38) was infinite
+                # where the float64 sum and the mean had room for it
                 noise = gaussian_noise(
-                    dim, math.sqrt(topup_var), generator=generator, dtype=dtype
+                    dim, math.sqrt(topup_var), generator=generator, dtype=total.dtype
                 ).to(device)
                 total += noise
             denominator = self.expected_cohort_size

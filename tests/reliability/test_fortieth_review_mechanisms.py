@@ -8,6 +8,15 @@
    1/10; 2**54 for 2**54 - 1; 1 for 1 - 2**-60). Now the clip norm is read as the largest float
    not above it (``clip._float_at_most``): every result's exact norm is at most ``C``, and a
    float ``C`` is read as before (every run's bits unchanged).
+2. ``NoisyMeanAggregator(clip_norm=1000, noise_multiplier=100, expected_cohort_size=1000)
+   .aggregate(..., dtype=torch.float16)`` (noise std 100 on the mean, which float16 holds; also a
+   float32 model at ``clip_norm=1e35``, ``noise_multiplier=1e5``, ``expected_cohort_size=1e10``).
+   Before: the sum is kept in float64 for such models (thirty-eighth review; DESIGN.md: "the sum
+   and its noise are kept in float64"), but the noise was drawn in the model's dtype: every
+   draw beyond 65504 (3.4e38) was infinite, so about half the released mean was ``±inf`` (all of
+   it for float32), reported with noise std 100 (1e30). Now the noise is drawn in the sum's
+   dtype (``NoisyMeanAggregator.aggregate``) and the mean rounded to the model's dtype after:
+   finite, std about 100; a float32 sum (every float32 run below ``C`` 1.7e30) as before.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.clip import clip_factor, clip_l2
 
 
@@ -50,3 +60,30 @@ def test_a_float_clip_norm_is_read_as_before() -> None:
     assert clip_l2(v, 1.0).vector is v
     assert clip_factor(2.0, 1.0, torch.float64) == 0.5 * (1 - 4 * torch.finfo(torch.float64).eps)
     assert clip_l2(v, torch.tensor(1.0)).vector is v  # a one-element tensor as before
+
+
+# -- finding 2: the noise of a float64 sum drawn in the model's dtype ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "clip_norm", "sigma", "cohort"),
+    [(torch.float16, 1000.0, 100.0, 1000.0), (torch.float32, 1e35, 1e5, 1e10)],
+)
+def test_the_noise_of_a_float64_sum_is_drawn_in_float64(dtype, clip_norm, sigma, cohort) -> None:
+    agg = NoisyMeanAggregator(
+        clip_norm=clip_norm, noise_multiplier=sigma, expected_cohort_size=cohort
+    )
+    g = torch.Generator().manual_seed(0)
+    out = agg.aggregate([(0, torch.ones(4000, dtype=dtype))], dim=4000, dtype=dtype, generator=g)
+    mean = out.delta_tilde
+    assert mean.dtype == dtype
+    assert bool(torch.isfinite(mean).all())
+    assert float(mean.double().std()) == pytest.approx(out.noise_std, rel=0.1)
+
+
+def test_a_float32_sum_draws_its_noise_as_before() -> None:
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=1.0, expected_cohort_size=2.0)
+    g = torch.Generator().manual_seed(3)
+    out = agg.aggregate([(0, torch.zeros(5))], dim=5, generator=g)
+    expected = torch.empty(5).normal_(0.0, 1.0, generator=torch.Generator().manual_seed(3)) / 2
+    assert torch.equal(out.delta_tilde, expected)

@@ -18,7 +18,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.rng import RngFactory
-from fedprivopt.privacy.sparse import RowSparseBatch
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.strategies.requests import same_values
 from fedprivopt.wire import ClientSettings
 
@@ -171,13 +171,30 @@ class UserTrainer:
     def train_list(self, *args: Any) -> tuple[list[tuple[int, Any] | RowSparseBatch], dict]:
         """:meth:`train` as a list and the clip reports (what a Ray actor returns).
 
-        Batches own their memory.
+        Batches and updates own their memory. Fortieth review of issue 15 (api 3): a task's
+        own ``cohort_trainer`` whose batches' ``split()`` gave views of a workspace it reused
+        for the next chunk (a batch is valid until the next entry is requested, as the fast
+        engine documents and the tag trainer does) was summed right in process, but on
+        ``fast-actors`` the list held each dense update as a view: the users of a chunk got the
+        last chunk's updates (users 4 and 5 of a toy cohort of 6 in chunks of 2 summed three
+        times each, a sensitivity of 3C under a charge of C; users 0-3 not at all).
         """
         bits: dict[int, float] = {}
-        entries = [
-            e.clone() if isinstance(e, RowSparseBatch) else e for e in self.train(*args, bits)
-        ]
+        entries = [_owned(e) for e in self.train(*args, bits)]
         return entries, bits
+
+
+def _owned(entry: Any) -> Any:
+    """``entry`` (a batch or a ``(user, update)`` pair) with its own copy of the update."""
+    if isinstance(entry, RowSparseBatch):
+        return entry.clone()
+    if isinstance(entry, tuple) and len(entry) == 2:
+        user, update = entry
+        if isinstance(update, torch.Tensor):
+            return user, update.clone()
+        if isinstance(update, RowSparse):
+            return user, RowSparse(update.rows.clone(), update.values.clone(), update.length)
+    return entry
 
 
 class _Copies:

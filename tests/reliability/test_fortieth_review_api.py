@@ -20,6 +20,15 @@
    algorithm left as it was (``AlgorithmState._refuse_fewer_events``: ``this algorithm's
    accountant records 3 privacy events of its rounds, the state's (round 0) 0 ...``); a state
    of as many events or more (a resumed copy, a later round) is taken as before.
+3. A task's own ``cohort_trainer`` whose batches' ``split()`` give views of a workspace it
+   reuses for the next chunk (the fast engine documents a batch as valid until the next entry
+   is requested; the tag trainer reuses its memory so) run with ``fast-actors``, whose shards
+   return ``UserTrainer.train_list``. Before: in process the round was right, but the list
+   held each dense update as a view, so the users of every chunk but the last got the last
+   chunk's updates (toy, 6 users in chunks of 2: users 4 and 5 summed three times each, a
+   sensitivity of 3C under a charge of C, users 0-3 not summed). Now ``train_list`` gives
+   every update its own copy (``fast_trainer._owned``), as it did for row-sparse batches.
+   (In process, without Ray: ``train_list`` is what a shard returns.)
 """
 
 from __future__ import annotations
@@ -27,6 +36,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedprivopt.clients import LocalTrainer
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import (
@@ -96,3 +109,53 @@ def test_2_an_older_state_cannot_lower_what_the_algorithm_spent(changes):
     fresh.load_state_dict(s3)  # into a new algorithm: taken (a documented limit, DESIGN.md)
     fresh.load_state_dict(later)  # more events: taken
     assert fresh.round_num == 4
+
+
+# -- finding 3: a cohort trainer reusing its workspace, on fast-actors ------------------------
+
+
+class _Views:
+    """A chunk's dense updates as views of the trainer's workspace (``split()``)."""
+
+    def __init__(self, users, workspace):
+        self.users, self.workspace = users, workspace
+
+    def split(self):
+        return [(u, self.workspace[i]) for i, u in enumerate(self.users)]
+
+
+class _Reusing:
+    """A task's own cohort trainer that trains each chunk into the same workspace."""
+
+    def __init__(self, task, chunk):
+        self.local, self.chunk, self.workspace = LocalTrainer(task, device="cpu"), chunk, None
+
+    def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
+        if self.workspace is None:
+            self.workspace = torch.empty(self.chunk, params.numel(), dtype=params.dtype)
+        for i in range(0, len(users), self.chunk):
+            part = users[i : i + self.chunk]
+            for j, user in enumerate(part):
+                self.workspace[j] = self.local.train(
+                    params, user_id=user, round_num=round_num, config=config, rngs=rngs,
+                    stream=stream,
+                ).delta  # fmt: skip
+            yield _Views(part, self.workspace)
+
+
+def test_3_a_shard_returns_each_user_its_own_update():
+    task = build_task("toy", num_users=6)
+    task.cohort_trainer = lambda device, chunk_users: _Reusing(task, 2)
+    config = _config(population=6, sampling="fixed", **{"clients-per-round": 6})
+    request = next(build_algorithm(config, initial_flat(task)).run_round(1))
+    trainer = UserTrainer(task, device="cpu", vectorize=True, chunk_users=2, secure=False)
+    args = (request.users, 1, request.params, None, request.settings, "train")
+    listed, _ = trainer.train_list(*args)  # what a fast-actors shard returns
+    local = LocalTrainer(task, device="cpu")
+    rngs = RngFactory(seed=request.settings.seed)
+    for user, update in listed:
+        own = local.train(
+            request.params, user_id=user, round_num=1, config=request.settings.local, rngs=rngs
+        ).delta
+        assert torch.equal(update, own), user  # users 0-3 had user 4's and 5's updates
+    assert [u for u, _ in listed] == list(range(6))

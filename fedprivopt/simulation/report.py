@@ -165,6 +165,12 @@ def write_report(
     -------
     pathlib.Path
         Path of ``report.md``.
+
+    Raises
+    ------
+    ValueError
+        If ``out_dir`` holds a report file (``report.md``, ``summary.csv``, a plot) that is not
+        part of an earlier report written by this function (:func:`_check_replaceable`).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,6 +180,7 @@ def write_report(
     rows, agg_issues = aggregate_with_notes(sel.runs, sel.metric)
     issues = list(dict.fromkeys([*issues, *agg_issues, *_task_differences(sel.runs)]))
     warn_all(issues)
+    _check_replaceable(out)
     unlink_links(out, REPORT_FILES)  # never written through a link (sixteenth review)
     write_summary_csv(rows, out / "summary.csv")
     ref = reference_model(sel.runs, sel.metric)
@@ -187,6 +194,46 @@ def write_report(
 
 # ---------------------------------------------------------------------------------------------
 # internals
+
+_OWN_MARK = b"\n\nFull-precision numbers: [summary.csv](summary.csv).\n"
+"""A line of every ``report.md`` :func:`write_report` writes (after the Summary table)."""
+
+
+def _check_replaceable(out: Path) -> None:
+    """Refuse an ``out`` whose report files are not an earlier report of :func:`write_report`.
+
+    Fortieth review of issue 15 (reports, finding 3): ``write_report("results", runs,
+    title=...)`` (the documented API of reports) into a directory holding the user's own
+    ``report.md`` and ``summary.csv`` replaced both without a word, where every command refuses
+    to write over files it did not write (``compare`` and ``compare-tuned`` check their
+    ``--out``, then remove their earlier report before calling this). Files of an earlier
+    report (its ``report.md`` holds the line :data:`_OWN_MARK`, within its first MiB) are
+    replaced as before.
+
+    Raises
+    ------
+    ValueError
+        Naming ``out_dir`` and the first report file that is not one.
+    """
+    present = [n for n in REPORT_FILES if (out / n).exists() or (out / n).is_symlink()]
+    if not present or _own_report(out / "report.md"):
+        return
+    raise ValueError(
+        f"out_dir {str(out)!r} holds {present[0]!r}, which is not part of a report "
+        "write_report wrote (its report.md is not one): a report is written only into a new "
+        "directory or over an earlier report; choose another out_dir"
+    )
+
+
+def _own_report(path: Path) -> bool:
+    """Whether ``path`` is a regular file holding :data:`_OWN_MARK` in its first MiB."""
+    try:
+        if path.is_symlink() or not path.is_file():  # a FIFO or device is never read
+            return False
+        with open(path, "rb") as fh:
+            return _OWN_MARK in fh.read(1 << 20)
+    except OSError:
+        return False
 
 
 def _without_untrained(runs: Sequence[RunData]) -> tuple[list[RunData], list[str]]:

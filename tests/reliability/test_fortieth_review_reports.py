@@ -19,6 +19,11 @@
    trial of a tuning ...: the epsilon shown is its own run's, below what the tuning ... spent"),
    in the report's Warnings and on stderr; ``tune_report.load_tuned``, whose tuned row carries
    the tuning's ε, drops the note.
+3. ``write_report("results", runs, title=...)`` into a directory holding the user's own
+   ``report.md`` and ``summary.csv``. Before: both replaced without a word (every command refuses
+   to write over files it did not write). Now ``report._check_replaceable`` refuses, naming
+   ``out_dir`` and the file, unless its ``report.md`` is an earlier report of ``write_report``
+   (rewritten as before).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from types import SimpleNamespace
 import pytest
 
 from fedprivopt.simulation.files import LEDGER_FILE
-from fedprivopt.simulation.report import aggregate_runs
+from fedprivopt.simulation.report import aggregate_runs, write_report
 from fedprivopt.simulation.run import simulate
 from fedprivopt.simulation.rundata import load_run, trial_note
 from fedprivopt.simulation.tune_untuned import check_untuned_copies, check_untuned_seeds
@@ -83,3 +88,18 @@ def test_2_a_report_of_a_trial_says_its_epsilon_is_not_its_tunings(trial_and_run
     assert [str(w.message) for w in caught].count(trial_note(trial)) == 1
     assert "below what the tuning that chose its hyperparameters spent" in trial_note(trial)
     assert load_run(run).warnings == ()  # an untuned run: no note
+
+
+def test_3_a_report_is_not_written_over_the_users_own_files(trial_and_run, tmp_path):
+    _, _, run = trial_and_run
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes\n")
+    (mine / "summary.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"out_dir .*results' holds 'summary.csv', which is not"):
+        write_report(mine, [load_run(run)], title="t")
+    assert (mine / "report.md").read_text() == "my notes\n"
+    assert (mine / "summary.csv").read_text() == "a,b\n"
+    ours = tmp_path / "ours"
+    write_report(ours, [load_run(run)], title="first")
+    assert write_report(ours, [load_run(run)], title="again").read_text().startswith("# again")

@@ -320,10 +320,8 @@ def deploy_local(
             try:
                 dep.procs.stop(order=STOP_ORDER)
                 atexit.unregister(dep.procs.stop)
-                with contextlib.suppress(OSError):
-                    (log_dir / "processes.json").write_text(
-                        json.dumps(dep.procs.records(), indent=2)
-                    )
+                with contextlib.suppress(OSError):  # not through a link (fortieth review)
+                    dep.procs.write_records(log_dir / "processes.json")
                 shutil.rmtree(workdir, ignore_errors=True)
             finally:
                 watchdog.close()

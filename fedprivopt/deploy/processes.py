@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -98,7 +101,7 @@ class ProcessSet:
         """Start ``argv`` in its own session with output to ``<log_dir>/<log_name>.log``."""
         if self._stopped:
             raise RuntimeError("this ProcessSet has been stopped")
-        log = open(self.log_dir / f"{log_name}.log", "ab")
+        log = _open_own(self.log_dir / f"{log_name}.log")
         try:
             popen = subprocess.Popen(
                 list(argv),
@@ -172,6 +175,16 @@ class ProcessSet:
             if pid in self.found or pid not in stats or stats[pid][0] == "Z":
                 continue
             self.found[pid] = _Tracked(_role_of(_cmdline(pid)), pid, stats[pid][2], _cmdline(pid))
+
+    def write_records(self, path: Path) -> None:
+        """Write :meth:`records` as JSON into ``path``, a new file (see :func:`_open_own`)."""
+        text = json.dumps(self.records(), indent=2).encode()
+        path = Path(path)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a hard link's other names keep their record
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text)
 
     def records(self) -> list[dict[str, object]]:
         """Every process started or found: role, pid and command line."""
@@ -264,6 +277,38 @@ class ProcessSet:
     def _matches(t: _Tracked) -> bool:
         stat = _proc_stat(t.pid)
         return stat is not None and (t.starttime is None or stat[2] == t.starttime)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _open_own(path: Path) -> IO[bytes]:
+    """Open log ``path`` for appending, as a file of this directory's own.
+
+    Fortieth review of issue 15 (processes 4): an ``--out`` whose ``deploy/`` holds an earlier
+    deployment's logs, copied with ``cp -al OUT OUT2`` (as snapshot backups make): the next
+    deployment into either appended its logs to the shared files and wrote its
+    ``processes.json`` into the other's too (each opened by name, in place). A log with other
+    hard links is replaced by a copy of itself first (the caller holds ``deploy.lock``, so the
+    name is its own to replace); a symbolic link is refused (``O_NOFOLLOW``: ``ELOOP``).
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | _NOFOLLOW
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        with open(os.open(path, os.O_RDONLY | os.O_CLOEXEC | _NOFOLLOW), "rb") as old:
+            path.unlink()
+            fd = os.open(path, flags | os.O_EXCL, 0o644)
+            try:
+                with os.fdopen(os.dup(fd), "wb") as new:
+                    shutil.copyfileobj(old, new)
+            except BaseException:
+                os.close(fd)
+                raise
+        return os.fdopen(fd, "ab")
+    return os.fdopen(os.open(path, flags, 0o644), "ab")
 
 
 def _role_of(cmd: str) -> str:

@@ -28,6 +28,13 @@
    "in use by process N, a deployment into it", N the deployment into OUT, which the user was
    told to stop. Now it probes the ``flock`` the deployment holds on ``OUT/deploy`` itself
    (``rundir.lock_directory``), which a copy does not share; OUT is refused naming the PID.
+4. An ``--out`` whose ``deploy/`` holds an earlier (failed) deployment's logs and
+   ``processes.json``, copied with ``cp -al OUT OUT2`` (a snapshot backup), then ``deploy local
+   --out OUT`` (or into OUT2). Before: each process's log was opened by name for appending and
+   ``processes.json`` written in place, so the new deployment's lines and records went into
+   the copy's files too (its ``processes.json`` replaced). Now a hard-linked log is replaced by
+   a copy of itself before it is appended to (``processes._open_own``) and the record is a new
+   file (``ProcessSet.write_records``): the copy is untouched. The process is ``echo``.
 """
 
 from __future__ import annotations
@@ -181,3 +188,27 @@ def test_copy_of_a_deploying_out_is_not_in_use(tmp_path):
         with pytest.raises(ValueError, match=f"is in use by process {os.getpid()}, a deploy"):
             check_not_deploying(out)
     check_not_deploying(out)
+
+
+def test_hard_linked_deploy_logs_of_a_copy_are_not_written(tmp_path):
+    """Finding 4: the logs and ``processes.json`` of ``cp -al OUT OUT2`` stay OUT2's."""
+    import subprocess
+
+    from fedprivopt.deploy.processes import ProcessSet
+
+    logs, copy = tmp_path / "OUT" / "deploy", tmp_path / "OUT2"
+    logs.mkdir(parents=True)
+    (logs / "superlink.log").write_text("earlier deployment\n")
+    (logs / "processes.json").write_text('[{"role": "superlink", "pid": 1, "started_by": "x"}]')
+    subprocess.run(["cp", "-al", str(logs.parent), str(copy)], check=True)
+    before = {p.name: p.read_bytes() for p in (copy / "deploy").iterdir()}
+    procs = ProcessSet({"PATH": os.environ.get("PATH", "")}, logs)
+    try:
+        procs.start("superlink", ["echo", "new deployment"], "superlink").wait(30)
+    finally:
+        procs.stop(grace=2.0)
+    assert {p.name: p.read_bytes() for p in (copy / "deploy").iterdir()} == before
+    assert (logs / "superlink.log").read_text() == "earlier deployment\nnew deployment\n"
+    procs.write_records(logs / "processes.json")
+    assert {p.name: p.read_bytes() for p in (copy / "deploy").iterdir()} == before
+    assert '"started_by": "fedprivopt"' in (logs / "processes.json").read_text()

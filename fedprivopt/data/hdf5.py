@@ -131,6 +131,9 @@ class HDF5Split(ClientSplit):
         group = self._examples()
         with self._reading("the client list"):
             self._client_ids = sorted(group.keys())
+            link, _ = group.id.links.iterate(_not_hard, info=True)
+        if link is not None:
+            raise self._linked(f"/examples/{link[0]}", link[1])
 
     @contextlib.contextmanager
     def _reading(self, what: str) -> Iterator[None]:
@@ -176,7 +179,31 @@ class HDF5Split(ClientSplit):
             raise KeyError(f"client {shown(client_id)} is not in split {self.split!r}")
         if not is_group:
             raise ValueError(f"{self.path}: /examples/{client_id} is not a group of features")
+        self._check_one_name(group, f"/examples/{client_id}")
         return group
+
+    def _check_one_name(self, obj: Any, name: str) -> None:
+        """Refuse a client group or feature that has another name in the file (a hard link)."""
+        with self._reading(name):
+            links = load_h5py().h5o.get_info(obj.id).rc
+        if links != 1:
+            raise self._linked(name, f"one of {links} hard links to one object")
+
+    def _linked(self, name: str, kind: str) -> ValueError:
+        """The refusal of a client group or feature ``name`` that is a link (``kind``).
+
+        Fortieth review of issue 15 (input 3): a client ``u3`` that was a soft link to
+        ``/examples/u1`` (or ``u4`` a hard link to it, made by ``f["examples/u4"] =
+        f["examples/u1"]``) was read as another user with ``u1``'s examples: one person's data
+        trained as two or three users, whose privacy each release accounts once. A feature
+        linked to another client's alike. TFF's files and :func:`write_hdf5` name each object
+        once.
+        """
+        return ValueError(
+            f"{self.path}: {name} is {kind}, so its data would be read as more than one "
+            "user's (or from elsewhere); every client and feature of a StackOverflow HDF5 "
+            "file is its own object (the file is damaged or edited)"
+        )
 
     @property
     def client_ids(self) -> Sequence[str]:
@@ -213,6 +240,12 @@ class HDF5Split(ClientSplit):
             if size is None:  # a group (or a link) where a feature's dataset belongs
                 raise ValueError(f"{self.path}: client {client_id!r}: {name!r} is not a dataset")
         self._check_lengths(client_id, sizes)
+        with self._reading(f"client {client_id!r}"):
+            link, _ = group.id.links.iterate(_not_hard_feature, info=True)
+        if link is not None:
+            raise self._linked(f"/examples/{client_id}/{link[0]}", link[1])
+        for name, dataset in datasets.items():
+            self._check_one_name(dataset, f"/examples/{client_id}/{name}")
         with self._reading(f"client {client_id!r}"):
             for name, dataset in datasets.items():
                 if isinstance(dataset, load_h5py().Dataset):
@@ -283,6 +316,19 @@ class HDF5Split(ClientSplit):
         state["_heaps"] = None
         state["_pid"] = -1
         return state
+
+
+def _not_hard(name: bytes, info: Any) -> tuple[str, str] | None:
+    """A links-iterate callback: ``(name, kind)`` of the first link that is not a hard link."""
+    if info.type == load_h5py().h5l.TYPE_HARD:
+        return None  # go on
+    kind = "an external link" if info.type == load_h5py().h5l.TYPE_EXTERNAL else "a soft link"
+    return name.decode("utf-8", "replace"), kind
+
+
+def _not_hard_feature(name: bytes, info: Any) -> tuple[str, str] | None:
+    """:func:`_not_hard` of the features' links only (a client may hold other names)."""
+    return _not_hard(name, info) if name.decode("utf-8", "replace") in FEATURES else None
 
 
 def open_hdf5(path: str | os.PathLike, split: str = "train") -> HDF5Split:

@@ -15,6 +15,13 @@
    ``--set secure=false\r`` was ``secure must be true or false, got 'false'``,
    ``noise-multiplier=0.5\r`` ``must be a real number …, got '0.5'`` (text values were already
    stripped). ``config_presets.parse_override`` now strips the value before reading it as TOML.
+3. ``HDF5Split(f)`` (also ``data info f``, ``open_split``) of a legacy HDF5 file where client
+   ``u3`` is a soft link to ``/examples/u1`` (or a hard link, ``f["examples/u3"] =
+   f["examples/u1"]``, or an external link to it): rc 0, ``u3`` read as a user of its own with
+   ``u1``'s examples, one person's data trained as two users; a feature of ``u2`` linked to
+   ``u1``'s alike. Now ``HDF5Split`` refuses a client that is no hard link when it opens the
+   file, and a client group or feature that has another name (``_check_one_name``: more than
+   one hard link to the object) when it is read: one line naming it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import sqlite3
 
 import pytest
 
+from fedprivopt.data.hdf5 import HDF5Split, write_hdf5
 from fedprivopt.data.sqlite import write_sqlite
 from fedprivopt.data.sqlite_lzma import decompress_lzma
 from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
@@ -99,3 +107,63 @@ def test_2_a_crlf_script_s_rounds_do_not_contradict(tmp_path):
     )  # fmt: skip
     assert code == 2 and len(lines) == 1, lines
     assert "noise-multiplier" in lines[0] and "-1" in lines[0], lines  # not 'contradicts'
+
+
+# -- finding 3: a legacy HDF5 client (or feature) that is a link to another -------------------
+
+
+def _h5(tmp_path):
+    """A legacy train split of clients u1 (2 examples) and u2 (1), and h5py."""
+    h5py = pytest.importorskip("h5py")
+
+    def example(i):
+        return StackOverflowExample(f"w{i} x", "t", "a|b", "2010-01-08 09:34:05 UTC", i, "answer")
+
+    path = tmp_path / "stackoverflow_train.h5"
+    write_hdf5(path, {"u1": [example(1), example(2)], "u2": [example(3)]})
+    return path, h5py
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard", "external"])
+def test_3_a_client_that_is_a_link_to_another_is_refused(tmp_path, kind):
+    path, h5py = _h5(tmp_path)
+    with h5py.File(path, "a") as f:
+        if kind == "soft":
+            f["examples/u3"] = h5py.SoftLink("/examples/u1")
+        elif kind == "hard":
+            f["examples/u3"] = f["examples/u1"]
+        else:
+            f["examples/u3"] = h5py.ExternalLink(path.name, "/examples/u1")
+    with pytest.raises(ValueError, match=r"/examples/u(1|3) is .*link"):
+        split = HDF5Split(path)
+        for client in split.client_ids:  # what data info and a reader do
+            split.num_examples(client)
+            split.client_examples(client)
+    code, lines = _cli("data", "info", str(path))
+    assert code == 2 and len(lines) == 1 and "link" in lines[0], lines
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_3_a_feature_linked_to_another_client_s_is_refused(tmp_path, kind):
+    path, h5py = _h5(tmp_path)
+    with h5py.File(path, "a") as f:
+        del f["examples/u2/tokens"]
+        other = "/examples/u1/tokens"
+        f["examples/u2/tokens"] = h5py.SoftLink(other) if kind == "soft" else f[other]
+        del f["examples/u2/score"]
+        f["examples/u2/score"] = f["examples/u1/score"]  # the lengths agree
+        for name in ("creation_date", "tags", "title", "type"):
+            del f[f"examples/u2/{name}"]
+            f[f"examples/u2/{name}"] = f[f"examples/u1/{name}"]
+    split = HDF5Split(path)
+    with pytest.raises(ValueError, match=r"/examples/u[12]/\w+ is .*link"):
+        split.client_examples("u2")
+
+
+def test_3_a_file_written_by_write_hdf5_is_read_as_before(tmp_path):
+    path, h5py = _h5(tmp_path)
+    with h5py.File(path, "a") as f:  # other names beside a client's features are no features
+        f["examples/u2/note"] = h5py.SoftLink("/examples/u1/tokens")
+    split = HDF5Split(path)
+    assert [e.score for e in split.client_examples("u1")] == [1, 2]
+    assert [e.score for e in split.client_examples("u2")] == [3]

@@ -4,7 +4,7 @@
 (as :class:`~fedprivopt.strategies.state.AlgorithmState` is): it builds the aggregator (clip, sum,
 noise, fixed denominator) and tree aggregation's cohorts and noise from the configuration, refuses
 a noise std beyond the model dtype's range (:data:`NOISE_HEADROOM`), computes the noised mean of
-one cohort's updates (:meth:`~AlgorithmAggregation.aggregate_in_round`: server noise keyed by
+one cohort's updates (:meth:`~AlgorithmAggregation._aggregate_in_round`: server noise keyed by
 round and stream, the cohort's replies checked, frozen coordinates zeroed) and the noise std a
 server optimizer may use. It reads and sets the algorithm's attributes (``config``, ``params``,
 ``rngs``, ``aggregator``, ``clipping``, ``tree_noise``, ``frozen``, ``round_num``, ``accountant``).
@@ -143,7 +143,7 @@ class AlgorithmAggregation:
 
     # -- one round -----------------------------------------------------------------------------
 
-    def aggregate_in_round(
+    def _aggregate_in_round(
         self,
         round_num: int,
         updates: Updates,
@@ -157,6 +157,9 @@ class AlgorithmAggregation:
         For :meth:`~fedprivopt.strategies.core.ServerAlgorithm.run_round`, which charges the
         round when it finishes; a caller's own
         :meth:`~fedprivopt.strategies.core.ServerAlgorithm.aggregate` charges it at once.
+        Private: fortieth review of issue 15 (api 4), as the public ``aggregate_in_round`` it
+        gave a caller five noised means of rounds 1-5 with ``epsilon()`` 0.0 (the thirty-ninth
+        review's api 2 through the name DESIGN.md gives the round's aggregation step).
 
         With adaptive clipping the clip norm is the round's ``C``, a reply without a valid clip
         bit is rejected as a whole, and the cohort's noised count is kept for :meth:`_finish`

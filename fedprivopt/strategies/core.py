@@ -77,7 +77,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         so sampling, sample rate and accounting are those of the private population.
     frozen : torch.Tensor, optional
         Boolean vector of the model's length: coordinates of parameters that never train
-        (:func:`~fedprivopt.models.task.frozen_mask`). ``aggregate_in_round`` sets them to zero in
+        (:func:`~fedprivopt.models.task.frozen_mask`). ``_aggregate_in_round`` sets them to zero in
         the noised mean (post-processing), so they keep their initial values.
     """
 
@@ -323,7 +323,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             round_num, users, self.params, preconditioner, self.client_settings(clip_norm=clip)
         )
         updates = yield request
-        agg = self.aggregate_in_round(round_num, updates, clip_norm=clip, cohort=users)
+        agg = self._aggregate_in_round(round_num, updates, clip_norm=clip, cohort=users)
         self.refuse_changed_request(request, self.params, preconditioner)
         noise_std = self.optimizer_noise_std(agg, clip)
         metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
@@ -344,7 +344,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
     ):
         """The noised mean of one cohort, asked by a caller: a release, charged when returned.
 
-        :meth:`run_round` (and so every engine) aggregates with ``aggregate_in_round`` and
+        :meth:`run_round` (and so every engine) aggregates with ``_aggregate_in_round`` and
         charges the round when it finishes. A caller of the Python API that calls this itself
         is given the noised mean, which is then released: the accountant is charged round
         ``round_num``'s events (:meth:`round_events`) before it is returned. Thirty-ninth review
@@ -353,9 +353,9 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         ``run_round`` of a round so begun is refused without charge (``round 1 was begun
         already``): round 2 after it gave 7.55 where two released sums are 10.28. Arguments
         and errors are :meth:`~fedprivopt.strategies.aggregation.AlgorithmAggregation.
-        aggregate_in_round`'s (the noised mean :meth:`run_round` takes, uncharged).
+        _aggregate_in_round`'s (the noised mean :meth:`run_round` takes, uncharged).
         """
-        agg = self.aggregate_in_round(
+        agg = self._aggregate_in_round(
             round_num, updates, clip_norm=clip_norm, stream=stream, cohort=cohort
         )
         events = self.round_events(round_num)
@@ -379,7 +379,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         whose own cohort_trainer trained on its global_flat in place released its cohort's
         unnoised sum in the model, rc 0, and now ends rc 2 with this line), so the noised sum is
         not used: nothing of it was released, and the round may run again (``stream``: the
-        stream ``aggregate_in_round`` summed it under, whose mark of a computed sum is removed).
+        stream ``_aggregate_in_round`` summed it under, whose mark of a computed sum is removed).
         """
         changed = request.changed_in(params, preconditioner)
         if changed is None:

@@ -29,6 +29,11 @@
    sensitivity of 3C under a charge of C, users 0-3 not summed). Now ``train_list`` gives
    every update its own copy (``fast_trainer._owned``), as it did for row-sparse batches.
    (In process, without Ray: ``train_list`` is what a shard returns.)
+4. ``alg.aggregate_in_round(r, updates, cohort=users)`` for rounds 1-5, the public method
+   DESIGN.md names as a round's aggregation step (the thirty-ninth review's api 2 through its
+   other entry point). Before: five noised means returned, ``epsilon()`` 0.0. Now the
+   uncharged aggregation is private (``_aggregate_in_round``, what ``run_round`` charges when
+   the round finishes); every public method that returns a cohort's noised mean charges it.
 """
 
 from __future__ import annotations
@@ -159,3 +164,19 @@ def test_3_a_shard_returns_each_user_its_own_update():
         ).delta
         assert torch.equal(update, own), user  # users 0-3 had user 4's and 5's updates
     assert [u for u, _ in listed] == list(range(6))
+
+
+# -- finding 4: every public aggregation charges --------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+def test_4_every_public_method_returning_a_noised_mean_charges_it(strategy):
+    names = [n for n in dir(build_algorithm(_config(strategy=strategy), torch.zeros(4)))
+             if "aggregate" in n and not n.startswith("_")]  # fmt: skip
+    assert names  # ``aggregate``
+    for name in names:
+        alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+        users = alg.sample(1)
+        agg = getattr(alg, name)(1, {u: torch.full((4,), 0.1) for u in users}, cohort=users)
+        assert agg.delta_tilde.shape == (4,)
+        assert alg.accountant.num_events >= 1, name  # aggregate_in_round: 0, epsilon 0.0

@@ -176,6 +176,13 @@ class AlgorithmAggregation:
         charged two independent releases).
         """
         round_num = check_int("round_num", round_num, 1)
+        if not callable(getattr(updates, "items", None)):
+            # fortieth review of issue 15 (api 5): a train callback returning None, a list of
+            # pairs, a generator or a tensor ended in AttributeError ("no attribute 'items'")
+            raise TypeError(
+                f"updates must be a mapping {{user: update}} (what a train callback returns for "
+                f"its request's users), got {type(updates).__name__}"
+            )
         if round_num <= self.round_num:
             raise ValueError(
                 f"round {round_num} was released already (the last released round is "

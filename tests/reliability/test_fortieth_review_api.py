@@ -34,6 +34,11 @@
    other entry point). Before: five noised means returned, ``epsilon()`` 0.0. Now the
    uncharged aggregation is private (``_aggregate_in_round``, what ``run_round`` charges when
    the round finishes); every public method that returns a cohort's noised mean charges it.
+5. A ``drive_round`` train callback (or ``aggregate``'s caller) returning no mapping: ``None``
+   (a callback that forgot its ``return``), a list of ``(user, update)`` pairs, a generator,
+   a tensor, a set (dp-fedavg, ADADP). Before: ``AttributeError: 'NoneType' object has no
+   attribute 'items'`` from inside the aggregation. Now ``TypeError`` naming ``updates`` and
+   what it got; nothing released, and the round runs again.
 """
 
 from __future__ import annotations
@@ -180,3 +185,25 @@ def test_4_every_public_method_returning_a_noised_mean_charges_it(strategy):
         agg = getattr(alg, name)(1, {u: torch.full((4,), 0.1) for u in users}, cohort=users)
         assert agg.delta_tilde.shape == (4,)
         assert alg.accountant.num_events >= 1, name  # aggregate_in_round: 0, epsilon 0.0
+
+
+# -- finding 5: a train callback that returns no mapping ------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+@pytest.mark.parametrize(
+    "returned",
+    [
+        lambda r: None,
+        lambda r: [(u, torch.full((4,), 0.1)) for u in r.users],
+        lambda r: ((u, torch.full((4,), 0.1)) for u in r.users),
+        lambda r: torch.zeros(4),
+        lambda r: set(r.users),
+    ],
+)
+def test_5_updates_that_are_no_mapping_are_a_type_error(strategy, returned):
+    alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+    with pytest.raises(TypeError, match=r"updates must be a mapping \{user: update\}"):
+        drive_round(alg, 1, returned)  # AttributeError: ... has no attribute 'items'
+    assert alg.accountant.num_events == 0
+    assert drive_round(alg, 1, _train).round_num == 1

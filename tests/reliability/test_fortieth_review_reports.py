@@ -24,6 +24,13 @@
    to write over files it did not write). Now ``report._check_replaceable`` refuses, naming
    ``out_dir`` and the file, unless its ``report.md`` is an earlier report of ``write_report``
    (rewritten as before).
+4. ``compare toy.toml --strategies dp-fedavg --tune-grid server-learning-rate=0.5,1 --mean-trials
+   1 --seeds 2 --rounds 2`` (also ``compare-tuned T1 T2``). Before: ``privacy_utility.png`` drew
+   the tuned row's mean over its 2 tunings at one tuning's ε, 11.74, under "ε (at δ=0.0001)",
+   while publishing that mean costs their composition, 16.62 (``summary.csv``'s
+   ``epsilon_tunings_composed``; the report's text says so, the plot read alone did not). Now
+   the axis says "a tuned row over n tunings is drawn at one tuning's ε, their composition is
+   what publishing it costs" (``report_plots._tunings_text``); rows of one tuning as before.
 """
 
 from __future__ import annotations
@@ -34,10 +41,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from fedprivopt.simulation import report_plots
 from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.report import aggregate_runs, write_report
 from fedprivopt.simulation.run import simulate
-from fedprivopt.simulation.rundata import load_run, trial_note
+from fedprivopt.simulation.rundata import RunData, load_run, trial_note
+from fedprivopt.simulation.tune_report import load_tuned
 from fedprivopt.simulation.tune_untuned import check_untuned_copies, check_untuned_seeds
 from tests.simulation.test_run import small_config
 
@@ -103,3 +112,29 @@ def test_3_a_report_is_not_written_over_the_users_own_files(trial_and_run, tmp_p
     ours = tmp_path / "ours"
     write_report(ours, [load_run(run)], title="first")
     assert write_report(ours, [load_run(run)], title="again").read_text().startswith("# again")
+
+
+def _tuned(root: Path, name: str, seed: int, accuracy: float) -> RunData:
+    """A tuning's released 2-round dp-fedavg trial at σ 0.5, carrying the tuning ε 11.74."""
+    config = {"strategy": "dp-fedavg", "noise-multiplier": 0.5, "sampling": "poisson",
+              "accountant": "rdp", "delta": 1e-4, "seed": 0}  # fmt: skip
+    summary = {"strategy": "dp-fedavg", "noise_multiplier": 0.5, "seed": seed, "epsilon": 10.28,
+               "delta": 1e-4, "rounds_completed": 2, "config": config}  # fmt: skip
+    rows = [{"round": r, "eval_accuracy": accuracy, "eval_loss": 0.9} for r in (1, 2)]
+    trial = RunData(summary, rows, root / name / "runs" / "trial-001", ledger_epsilon=10.28)
+    return load_tuned(root / name, SimpleNamespace(run=trial, epsilon=11.74))
+
+
+def _epsilon_axis(monkeypatch, tmp_path, runs) -> str:
+    labels = []
+    monkeypatch.setattr(report_plots, "_finish",
+                        lambda fig, ax, path, n: labels.append(ax.get_xlabel()))  # fmt: skip
+    report_plots.draw_privacy_utility(aggregate_runs(runs), tmp_path / "p.png")
+    return labels[0]
+
+
+def test_4_a_tuned_row_of_two_tunings_is_not_drawn_as_one_tunings_cost(monkeypatch, tmp_path):
+    two = [_tuned(tmp_path, "T1", 11, 0.51), _tuned(tmp_path, "T2", 12, 0.52)]
+    label = _epsilon_axis(monkeypatch, tmp_path, two)
+    assert "a tuned row over n tunings is drawn at one tuning's ε" in label, label
+    assert _epsilon_axis(monkeypatch, tmp_path, two[:1]) == "ε (at δ=0.0001)"

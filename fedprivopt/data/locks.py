@@ -111,9 +111,10 @@ class _DirectoryShare:
     def detach(self, path: Path, fd: int) -> bool:
         """Remove ``path`` if it names open file ``fd``, a file with other hard links.
 
-        For a lock file whose ``flock`` another process holds. Done only under the directory's
-        exclusive lock (no holder or claimant of a lock file here then), so that holder locks it
-        through another directory's name; ``True`` if the name was removed.
+        For a lock file whose ``flock`` another process holds, or this one (a file linked in
+        its place, which is not to be written). Done only under the directory's exclusive lock
+        (no holder or claimant of a lock file here then), so another holder locks it through
+        another directory's name; ``True`` if the name was removed.
         """
         import fcntl
 
@@ -391,16 +392,22 @@ def exclusive_lock(
         if guard is not None:
             guard.close()
         raise
+    # Fortieth review of issue 15 (processes 5): a lock file with other hard links (`ln
+    # notes.txt D/.stackoverflow.lock`) was emptied and given the PID: the user's file lost. A
+    # file with other names is never written (its holder's PID then goes unnamed).
+    own = os.fstat(fd).st_nlink == 1
     try:
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            if own:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError as exc:  # a full disk (fourteenth review of issue 15): name the file
             raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         yield path
     finally:
         try:
-            if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
+            st = os.fstat(fd)
+            if own and st.st_nlink == 1 and os.path.samestat(st, os.stat(path)):
                 os.ftruncate(fd, 0)
         except OSError:
             pass
@@ -444,8 +451,13 @@ def _claim(path: Path, what: str, guard: _DirectoryShare | None) -> int:
         except BaseException:
             os.close(fd)
             raise
-        if _names(fd, path):
-            return fd
-        os.close(fd)  # the file was removed or replaced after we opened it: lock the new one
+        if not _names(fd, path):
+            os.close(fd)  # the file was removed or replaced after we opened it: lock the new one
+            continue
+        if guard is not None and guard.detach(path, fd):  # other names: a file of its own
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            continue
+        return fd
     # pragma: no cover - a file replaced 100 times in a row
     raise LockHeldError(f"{what}: lock file {path} keeps being replaced", None)

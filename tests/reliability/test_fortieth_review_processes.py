@@ -35,6 +35,13 @@
    the copy's files too (its ``processes.json`` replaced). Now a hard-linked log is replaced by
    a copy of itself before it is appended to (``processes._open_own``) and the record is a new
    file (``ProcessSet.write_records``): the copy is untouched. The process is ``echo``.
+5. A user's file hard-linked in place of a dataset's lock file (``ln notes.txt
+   D/.stackoverflow.lock``; or ``cp -al dA dB`` with no holder), then ``data synth --out D``
+   (also ``token_cache.remove_stores``, the same ``exclusive_lock``). Before: the file was
+   locked, emptied and given the PID, then emptied again: ``notes.txt`` lost (0 bytes), and
+   ``dB``'s claim wrote into ``dA``'s lock file. Now a lock file with other names is detached
+   under its directory's exclusive lock (``_DirectoryShare.detach``, also when this process
+   holds it) and never written (``exclusive_lock``: ``own``).
 """
 
 from __future__ import annotations
@@ -77,14 +84,21 @@ def test_hard_linked_data_lock_is_not_another_directorys(tmp_path):
 
 
 def test_held_lock_linked_elsewhere_still_refuses_its_own_directory(tmp_path):
-    """Finding 1: a held lock file hard-linked into another directory is never detached from
-    the holder's own directory (the holder shares that directory's lock)."""
-    _, b = _linked_copy(tmp_path)
+    """Finding 1: a held lock file hard-linked into another directory while held (``cp -al dB
+    dC``) is never detached from the holder's own directory (the holder shares that directory's
+    lock); ``dC`` gets its own."""
+    b, c = tmp_path / "dB", tmp_path / "dC"
+    b.mkdir()
+    c.mkdir()
     with exclusive_lock(b / DATA_LOCK, what=f"dataset directory {b}"):
+        os.link(b / DATA_LOCK, c / DATA_LOCK)
         with pytest.raises(LockHeldError, match="dB is in use by process"):
             with exclusive_lock(b / DATA_LOCK, what=f"dataset directory {b}"):
                 pass  # pragma: no cover
-        assert (b / DATA_LOCK).stat().st_nlink == 2  # still dA's inode: nothing detached
+        assert (b / DATA_LOCK).stat().st_nlink == 2  # nothing detached
+        with exclusive_lock(c / DATA_LOCK, what=f"dataset directory {c}"):
+            assert (b / DATA_LOCK).stat().st_nlink == 1
+        assert (b / DATA_LOCK).read_text() == f"{os.getpid()}\n"  # still the holder's
 
 
 def test_task_waiting_on_hard_linked_data_lock_takes_its_own(tmp_path):
@@ -212,3 +226,19 @@ def test_hard_linked_deploy_logs_of_a_copy_are_not_written(tmp_path):
     procs.write_records(logs / "processes.json")
     assert {p.name: p.read_bytes() for p in (copy / "deploy").iterdir()} == before
     assert '"started_by": "fedprivopt"' in (logs / "processes.json").read_text()
+
+
+def test_user_file_linked_as_lock_file_is_not_emptied(tmp_path):
+    """Finding 5: ``exclusive_lock`` neither empties nor writes a file with other names."""
+    d = tmp_path / "D"
+    d.mkdir()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    os.link(notes, d / DATA_LOCK)
+    with exclusive_lock(d / DATA_LOCK, what=f"dataset directory {d}"):
+        assert notes.read_text() == "my notes\n"
+        assert (d / DATA_LOCK).read_text() == f"{os.getpid()}\n"  # a lock file of its own
+    assert notes.read_text() == "my notes\n" and notes.stat().st_nlink == 1
+    a, b = _linked_copy(tmp_path)
+    with exclusive_lock(b / DATA_LOCK, what=f"dataset directory {b}"):
+        assert (a / DATA_LOCK).read_text() == ""  # dA's file is not given dB's PID

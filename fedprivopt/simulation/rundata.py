@@ -518,6 +518,33 @@ def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int
     return name, epsilon, algorithm["round"], at
 
 
+def _refuse_tunings(root: Path) -> None:
+    """Refuse a tuning directory, or a tuned comparison, given to :func:`load_runs`.
+
+    Fortieth review of issue 15 (reports, finding 5): ``load_runs(T)`` of a ``tune`` output said
+    ``T/metrics.jsonl: missing (is T a fedprivopt run directory?)`` (its ``summary.json`` is the
+    tuning's), and of a ``compare --tune-grid`` output "no run directories found": neither said
+    that a tuning's released run is reported at the tuning's ε, which ``load_runs`` does not
+    compute.
+    """
+    from fedprivopt.simulation.tune_plan import PLAN_FILE
+
+    how = "report it with compare-tuned (or fedprivopt.simulation.tune_report.load_tuned)"
+    if (root / PLAN_FILE).is_file():
+        raise ValueError(
+            f"{root} is a tuning (it holds {PLAN_FILE}): its released run's epsilon is the "
+            f"tuning's, which load_runs does not compute; {how}"
+        )
+    tunings = root / "tune"  # cli_compare_tune.TUNE_DIR
+    if not (root / "runs").is_dir() and tunings.is_dir():
+        with contextlib.suppress(OSError):
+            if any((d / PLAN_FILE).is_file() for d in tunings.iterdir()):
+                raise ValueError(
+                    f"{root} is a tuned comparison (compare --tune-grid): its cells are the "
+                    f"tunings in {tunings}; {how}"
+                )
+
+
 def load_runs(root: str | Path) -> list[RunData]:
     """Load a run directory, a ``compare`` output (``root/runs/*``) or a folder of runs.
 
@@ -532,6 +559,7 @@ def load_runs(root: str | Path) -> list[RunData]:
         (rc 0), where an unfinished run that kept an earlier ``summary.json`` is refused.
     """
     root = Path(root)
+    _refuse_tunings(root)
     if (root / SUMMARY_FILE).exists() or (root / METRICS_FILE).exists():
         return [load_run(root)]
     parent = root / "runs" if (root / "runs").is_dir() else root

@@ -31,6 +31,11 @@
    ``epsilon_tunings_composed``; the report's text says so, the plot read alone did not). Now
    the axis says "a tuned row over n tunings is drawn at one tuning's ε, their composition is
    what publishing it costs" (``report_plots._tunings_text``); rows of one tuning as before.
+5. ``load_runs(T)`` of a ``tune`` output (also of a ``compare --tune-grid`` output). Before:
+   ``T/metrics.jsonl: missing (is T a fedprivopt run directory?)`` (its ``summary.json`` is the
+   tuning's), and "no run directories (with summary.json) found". Now ``rundata._refuse_tunings``
+   says what it is and that its released run's ε is the tuning's, which ``load_runs`` does not
+   compute (report it with ``compare-tuned`` or ``tune_report.load_tuned``).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from fedprivopt.simulation import report_plots
 from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.report import aggregate_runs, write_report
 from fedprivopt.simulation.run import simulate
-from fedprivopt.simulation.rundata import RunData, load_run, trial_note
+from fedprivopt.simulation.rundata import RunData, load_run, load_runs, trial_note
 from fedprivopt.simulation.tune_report import load_tuned
 from fedprivopt.simulation.tune_untuned import check_untuned_copies, check_untuned_seeds
 from tests.simulation.test_run import small_config
@@ -138,3 +143,18 @@ def test_4_a_tuned_row_of_two_tunings_is_not_drawn_as_one_tunings_cost(monkeypat
     label = _epsilon_axis(monkeypatch, tmp_path, two)
     assert "a tuned row over n tunings is drawn at one tuning's ε" in label, label
     assert _epsilon_axis(monkeypatch, tmp_path, two[:1]) == "ε (at δ=0.0001)"
+
+
+def test_5_load_runs_of_a_tuning_says_it_is_one(trial_and_run, tmp_path):
+    _, trial, _ = trial_and_run
+    tuning = tmp_path / "T"
+    shutil.copytree(trial, tuning / "runs" / "trial-001")
+    (tuning / "tune.json").write_text("{}")
+    (tuning / "summary.json").write_text('{"kind": "fedprivopt-tune"}')
+    with pytest.raises(ValueError, match=r"T is a tuning \(it holds tune.json\): its released"):
+        load_runs(tuning)
+    tuned = tmp_path / "G"
+    shutil.copytree(tuning, tuned / "tune" / "dp-fedavg__sigma0.5__seed0")
+    with pytest.raises(ValueError, match="G is a tuned comparison"):
+        load_runs(tuned)
+    assert len(load_runs(tuning / "runs")) == 1  # its trials, each with its note (finding 2)

@@ -17,12 +17,36 @@ from fedprivopt.core.text import shown
 from fedprivopt.privacy.flat import FlatSpec, flatten, unflatten
 from fedprivopt.strategies.core import ServerAlgorithm
 
-__all__ = ["arrays_to_flat", "check_initial_arrays", "flat_to_arrays", "wire_preconditioner"]
+__all__ = [
+    "arrays_to_flat",
+    "check_initial_arrays",
+    "flat_to_arrays",
+    "wire_preconditioner",
+    "wire_spec",
+]
 
 
 def flat_to_arrays(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
-    """ArrayRecord of the model state described by ``spec``."""
-    return ArrayRecord({k: v.cpu() for k, v in unflatten(flat, spec).items()})
+    """ArrayRecord of the model state described by ``spec``, as :func:`wire_spec` lays it out.
+
+    A bfloat16 tensor (which NumPy, and so Flower's ``Array``, cannot hold) is sent as float32,
+    which holds it exactly; the flat vector read back is the same (its dtype is float32 at
+    least). Fortieth review of issue 15 (mechanisms 3): a model with a bfloat16 tensor (a frozen
+    bfloat16 layer or buffer beside float32 parameters, which the fast engine trains) ended
+    ``simulate --engine flower`` (and a deployment) in Flower's ``TypeError: Got unsupported
+    ScalarType BFloat16`` traceback, rc 1, before round 1.
+    """
+    return ArrayRecord({k: _on_wire(v).cpu() for k, v in unflatten(flat, spec).items()})
+
+
+def _on_wire(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype == torch.bfloat16 else tensor
+
+
+def wire_spec(spec: FlatSpec) -> FlatSpec:
+    """``spec`` as :func:`flat_to_arrays` sends it: bfloat16 tensors as float32."""
+    dtypes = tuple(torch.float32 if d == torch.bfloat16 else d for d in spec.dtypes)
+    return FlatSpec(spec.names, spec.shapes, dtypes, spec.dtype)
 
 
 def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
@@ -54,10 +78,11 @@ def check_initial_arrays(
         flat, given = arrays_to_flat(arrays)
     except ValueError as exc:
         raise ValueError(f"initial_arrays: {exc}") from None
-    if given != spec:
+    sent = wire_spec(spec)  # as flat_to_arrays lays it out (bfloat16 as float32)
+    if given != sent:
         raise ValueError(
             "initial_arrays must hold the model's tensors as spec lists them (names, shapes and "
-            f"dtypes in its order): {_first_difference(given, spec)}"
+            f"dtypes in its order, as flat_to_arrays sends them): {_first_difference(given, sent)}"
         )
     flat = flat.to(device=algorithm.params.device, dtype=algorithm.params.dtype)
     if flat.shape != algorithm.params.shape:

@@ -17,6 +17,16 @@
    it for float32), reported with noise std 100 (1e30). Now the noise is drawn in the sum's
    dtype (``NoisyMeanAggregator.aggregate``) and the mean rounded to the model's dtype after:
    finite, std about 100; a float32 sum (every float32 run below ``C`` 1.7e30) as before.
+3. ``simulate toy.toml --engine flower`` of a task by reference whose model has a frozen
+   bfloat16 layer beside float32 parameters (``torch.nn.Linear(d, d, dtype=torch.bfloat16)``,
+   ``requires_grad_(False)``; a bfloat16 buffer alike), which the fast engine runs (rc 0,
+   ``eval_accuracy`` 0.91). Before: rc 1 and a traceback, ``TypeError: Got unsupported
+   ScalarType BFloat16`` from Flower's ``ArrayRecord`` (NumPy has no bfloat16) in
+   ``flat_to_arrays``, before round 1 (``DPStrategy.start`` and every train message alike).
+   Now ``flat_to_arrays`` sends a bfloat16 tensor as float32, which holds it exactly, and
+   ``check_initial_arrays`` expects that layout (``flower_arrays.wire_spec``): the round runs,
+   and the ClientApp's flat model (``TrainMessage.read``, ``state_to_flat``) is the server's to
+   the bit. Tested with a scripted grid (no Flower simulation).
 """
 
 from __future__ import annotations
@@ -27,8 +37,16 @@ import numpy as np
 import pytest
 import torch
 
+from fedprivopt import wire as P
+from fedprivopt.clients.messages import TrainMessage
+from fedprivopt.models.task import state_to_flat
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.clip import clip_factor, clip_l2
+from fedprivopt.privacy.flat import flatten
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.flower import DPStrategy
+from fedprivopt.strategies.flower_arrays import flat_to_arrays
+from tests.strategies.test_flower_faults import ScriptedGrid
 
 
 def _exact_sq_norm(vector: torch.Tensor) -> Fraction:
@@ -87,3 +105,34 @@ def test_a_float32_sum_draws_its_noise_as_before() -> None:
     out = agg.aggregate([(0, torch.zeros(5))], dim=5, generator=g)
     expected = torch.empty(5).normal_(0.0, 1.0, generator=torch.Generator().manual_seed(3)) / 2
     assert torch.equal(out.delta_tilde, expected)
+
+
+# -- finding 3: a bfloat16 tensor of the model on the Flower wire -------------------------------
+
+
+class _Keeping(ScriptedGrid):
+    """A scripted grid that keeps every train message it sends."""
+
+    def __init__(self):
+        super().__init__({})
+        self.sent = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.sent += [m for m in messages if m.metadata.message_type == "train"]
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_a_bfloat16_tensor_of_the_model_travels_as_float32(server_side) -> None:
+    state = {"proj": torch.tensor([0.1, 1 / 3, 3.0, -7.0]).bfloat16(), "w": torch.zeros(2)}
+    flat, spec = flatten(state)  # 6 entries: the scripted nodes' updates
+    values = {"strategy": "dp-fedavg", "population": 12, "clients-per-round": 12}
+    values |= {"num-server-rounds": 1, "noise-multiplier": 1.0, "seed": 1}
+    config = StrategyConfig.from_mapping(values)
+    strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.3)
+    grid = _Keeping()
+    strategy.start(grid, flat_to_arrays(flat, spec), 1, timeout=1.0)  # before: TypeError
+    assert strategy.algorithm.round_num == 1
+    request = TrainMessage.read(grid.sent[0])
+    assert torch.equal(state_to_flat(request.state, spec), flat)
+    assert P.ARRAYS_RECORD in grid.sent[0].content.array_records

@@ -101,7 +101,8 @@ def test_end_to_end_noise_of_the_released_means():
     alg = build_algorithm(config, torch.zeros(DIM))
     prefix = torch.zeros(DIM, dtype=torch.float64)
     for t in range(1, T + 1):
-        agg = alg.aggregate(t, {u: torch.zeros(DIM) for u in alg.sample(t)})
+        users = alg.sample(t)  # aggregate needs the cohort under tree (fortieth review, api 6)
+        agg = alg.aggregate(t, {u: torch.zeros(DIM) for u in users}, cohort=users)
         prefix += agg.delta_tilde.double() * m
         want = bin(t).count("1") * (SIGMA * CLIP) ** 2
         assert prefix.var().item() == pytest.approx(want, rel=0.03)

@@ -39,6 +39,13 @@
    a tensor, a set (dp-fedavg, ADADP). Before: ``AttributeError: 'NoneType' object has no
    attribute 'items'`` from inside the aggregation. Now ``TypeError`` naming ``updates`` and
    what it got; nothing released, and the round runs again.
+6. ``alg.aggregate(1, {u: update for u in range(40)})`` without ``cohort`` (dp-fedavg,
+   population 40, q = 0.25). Before: all 40 users summed (accepted 40) under the charge of a
+   round that samples a quarter of them (epsilon 7.55 reported). Now a seeded sampled round's
+   ``aggregate`` without ``cohort`` takes the round's own sample (``alg.sample(r)``, the same
+   at every call): 9 accepted, 31 rejected as not in the cohort; in secure mode and under tree
+   aggregation, where another draw is another cohort, ``cohort=`` is required
+   (``ServerAlgorithm._round_cohort``).
 """
 
 from __future__ import annotations
@@ -207,3 +214,28 @@ def test_5_updates_that_are_no_mapping_are_a_type_error(strategy, returned):
         drive_round(alg, 1, returned)  # AttributeError: ... has no attribute 'items'
     assert alg.accountant.num_events == 0
     assert drive_round(alg, 1, _train).round_num == 1
+
+
+# -- finding 6: aggregate without a cohort sums only the round's sample ----------------------
+
+
+def test_6_aggregate_without_cohort_sums_only_the_sampled_users():
+    alg = build_algorithm(_config(), torch.zeros(4))
+    agg = alg.aggregate(1, {u: torch.full((4,), 0.1) for u in range(40)})
+    sampled = alg.sample(1)
+    assert agg.metrics["accepted"] == len(sampled) < 40  # was 40: every user summed
+    assert set(agg.rejected) == set(range(40)) - set(sampled)
+    ours = build_algorithm(_config(), torch.zeros(4))
+    want = ours.aggregate(1, {u: torch.full((4,), 0.1) for u in sampled}, cohort=sampled)
+    assert torch.equal(agg.delta_tilde, want.delta_tilde)
+
+
+@pytest.mark.parametrize("changes", [{"secure": True}, {"noise-mechanism": "tree"}])
+def test_6_aggregate_needs_the_cohort_where_a_draw_differs(changes):
+    alg = build_algorithm(_config(**changes), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"aggregate needs cohort="):
+        alg.aggregate(1, {u: torch.full((4,), 0.1) for u in range(40)})
+    assert alg.accountant.num_events == 0
+    users = alg.sample(1)
+    alg.aggregate(1, {u: torch.full((4,), 0.1) for u in users}, cohort=users)
+    assert alg.accountant.num_events == 1

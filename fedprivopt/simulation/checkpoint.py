@@ -44,6 +44,10 @@ __all__ = [
 #: The key of a checkpoint and of ``summary.json`` holding the :class:`RowsDigest` of the metrics
 #: rows written before it (absent in the files of earlier versions).
 ROWS_DIGEST = "rows_sha256"
+#: The key of a checkpoint holding a copy of the run's ledger header (absent in the checkpoints of
+#: earlier versions): what a ledger rebuilt from the checkpoint is checked against (fortieth review
+#: of issue 15, ledger 3).
+LEDGER_HEADER = "ledger_header"
 
 
 def save_checkpoint(
@@ -52,6 +56,7 @@ def save_checkpoint(
     rows: int,
     diverged: int | None = None,
     rows_sha256: str | None = None,
+    ledger_header: dict[str, Any] | None = None,
 ) -> None:
     """Atomically replace the checkpoint of ``out``, keeping the previous one.
 
@@ -63,7 +68,9 @@ def save_checkpoint(
     not finite (:mod:`~fedprivopt.simulation.divergence`), is stored only when there is one, so
     that a resumed run's summary names the same round as an uninterrupted run's.
     ``rows_sha256``: the :class:`RowsDigest` of those rows, checked by
-    :func:`check_rows_digest`.
+    :func:`check_rows_digest`. ``ledger_header``: a copy of the run's ledger header (its
+    settings, task parameters and data identity), which a ledger rebuilt from this checkpoint
+    is checked against (:meth:`~fedprivopt.simulation.ledger.RunLedger.check_recorded`).
     """
     ckpt = out / CHECKPOINT
     state: dict[str, Any] = {"algorithm": algorithm_state, "rows": rows}
@@ -71,6 +78,8 @@ def save_checkpoint(
         state["diverged"] = diverged
     if rows_sha256 is not None:
         state[ROWS_DIGEST] = rows_sha256
+    if ledger_header is not None:
+        state[LEDGER_HEADER] = dict(ledger_header)
     state["sha256"] = state_digest(state)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -132,6 +141,9 @@ def check_checkpoint(state: Any) -> None:
     if ROWS_DIGEST in state and not _is_hex_digest(state[ROWS_DIGEST]):
         got = shown(state[ROWS_DIGEST])
         raise ValueError(f"{ROWS_DIGEST} must be a SHA-256 hex digest, got {got}")
+    if LEDGER_HEADER in state and not isinstance(state[LEDGER_HEADER], dict):
+        got = shown(state[LEDGER_HEADER])
+        raise ValueError(f"{LEDGER_HEADER} must be a mapping (a ledger header), got {got}")
     if "sha256" in state and state["sha256"] != state_digest(state):
         raise ValueError("content does not match its SHA-256 digest")
 

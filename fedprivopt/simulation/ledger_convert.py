@@ -21,11 +21,18 @@ from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
 from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.tree import tree_position
-from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, METRICS_FILE, stated_epsilons
+from fedprivopt.simulation.files import (
+    CONFIG_FILE,
+    LEDGER_FILE,
+    METRICS_FILE,
+    json_line,
+    stated_epsilons,
+)
 from fedprivopt.simulation.ledger_lines import (
     Ledger,
     OldLedgerError,
     count_events,
+    parse_lines,
     released_json,
     round_released,
 )
@@ -168,6 +175,36 @@ class LedgerConversion:
                 f"{have:.6g}, but {where} reported epsilon {most:.6g}: the checkpoint or "
                 f"{CONFIG_FILE} was edited; refusing to resume"
             )
+
+    @classmethod
+    def check_recorded(
+        cls, out: Path, state: Mapping[str, Any], checkpoint: str, config,
+        data: Mapping[str, Any] | None,
+    ) -> None:  # fmt: skip
+        """Raise unless ``config`` and ``data`` are what checkpoint ``checkpoint`` recorded.
+
+        A ledger rebuilt from a checkpoint (:meth:`convert`) takes its header from the
+        configuration as it now is. A checkpoint of this version holds a copy of the run's
+        ledger header (``ledger_header``, absent in earlier versions' checkpoints, which are not
+        checked), compared here as :meth:`~fedprivopt.simulation.ledger.RunLedger.check_config`
+        and ``check_data`` compare a ledger's. Fortieth review of issue 15 (ledger, finding 3):
+        a seeded tree run (restart 3, 2 rounds) whose ledger was deleted and whose
+        ``task-params.seed`` was edited 0 → 1 in ``config.toml`` resumed, rc 0, round 3 of the
+        restart period on other data at its users' indices (accuracy 0.59 → 0.51), where the
+        same edit beside the ledger is refused.
+        """
+        header = state.get("ledger_header")
+        if header is None:
+            return
+        try:
+            header, _ = parse_lines(out / checkpoint, [json_line(header)])
+            recorded = cls(out / LEDGER_FILE, header, [])  # type: ignore[call-arg]
+            recorded.check_config(config, str(out / CONFIG_FILE))
+            recorded.check_data(data, str(out / CONFIG_FILE))
+        except (OldLedgerError, ValueError) as exc:
+            raise ValueError(
+                f"{exc} (the ledger header as {checkpoint} recorded it: {LEDGER_FILE} is missing)"
+            ) from None
 
     @classmethod
     def convert(

@@ -54,6 +54,7 @@ from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt, ray_processes
 from fedprivopt.simulation.audit import audit_run_dir
+from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.cluster_config import cluster_address
 from fedprivopt.simulation.cluster_config import uses_ray as uses_ray_here
 from fedprivopt.simulation.config import (
@@ -503,6 +504,10 @@ def _resume_locked(out: Path, progress: bool, tuning_plan: str | None) -> RunOut
     config, alg, ledger = run.config, run.alg, run.ledger
     if tuning_plan is not None and ledger is not None:
         ledger.check_tuning_plan(tuning_plan)
+    if ledger is None and run.checkpoint is not None:  # to be rebuilt from the checkpoint
+        state, name = newest_checkpoint(out, {})
+        if state is not None and name == run.checkpoint:
+            RunLedger.check_recorded(out, state, name, config, data_identity(run.task))
     if (out / SUMMARY_FILE).exists():
         # the run is unfinished from here until its new summary: a resume killed at any moment
         # must not leave the old summary claiming it finished (with the old rounds and epsilon)

@@ -148,7 +148,10 @@ class RunWriter:
         """
         state = self.algorithm.state_dict()
         digest = self.rows_digest.of(self.rows)
-        save_checkpoint(self.out, state, len(self.rows), self.diverged, rows_sha256=digest)
+        header = self.ledger.header if self.ledger is not None else None
+        save_checkpoint(
+            self.out, state, len(self.rows), self.diverged, rows_sha256=digest, ledger_header=header
+        )
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Central evaluation of ``params`` on the task's held-out data."""

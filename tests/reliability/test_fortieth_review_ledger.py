@@ -26,6 +26,17 @@
    from a run of this version (``partial`` lines from its first round) is still refused. The
    ledger here is a run of this version rewritten to 0166fb2^'s form (measured: the same lines
    but for the digests of its data-less header).
+3. A seeded tree run (restart 3, 2 rounds: its period half done) whose ``privacy_ledger.jsonl``
+   was deleted and whose ``task-params.seed`` was edited 0 → 1 in ``config.toml``, rounds
+   raised, ``simulate --resume``: rc 0, a note that the ledger was rebuilt from
+   ``checkpoint.pt``, and round 3 of the restart period ran on other data at its users'
+   indices (accuracy 0.59 → 0.51; the tree's once-a-period bound is by index), where the same
+   edit beside the ledger is refused: the rebuilt header was made from the edited
+   ``config.toml``, and nothing else recorded the task parameters. Now every checkpoint holds
+   a copy of the ledger header (``ledger_header``), and a ledger rebuilt from it is checked as
+   a ledger's is (``RunLedger.check_recorded``, from ``_resume_locked`` before anything is
+   written): rc 2, one line naming ``task-params.seed`` and the checkpoint. The ledger deleted
+   alone still resumes; earlier versions' checkpoints hold no copy and are not checked.
 """
 
 from __future__ import annotations
@@ -191,3 +202,28 @@ def test_2_the_header_of_a_run_with_partial_lines_from_its_start_still_refused(
     _rewrite(run, headless)
     err = _resume_refused(run, capsys)
     assert "line 1: its header lacks data, but line 2 is a partial line" in err, err
+
+
+# -- 3: a deleted ledger and edited task parameters ----------------------------------------------
+def _without_ledger(tree_run: Path, run: Path, seed: int) -> None:
+    shutil.copytree(tree_run, run)
+    (run / LEDGER_FILE).unlink()
+    config = run / "config.toml"
+    head, task = config.read_text().split("[task-params]")
+    assert "\nseed = 0\n" in task
+    head = head.replace("num-server-rounds = 2", "num-server-rounds = 3")
+    config.write_text(head + "[task-params]" + task.replace("seed = 0", f"seed = {seed}"))
+
+
+def test_3_a_deleted_ledger_does_not_let_task_parameters_change(tree_run, tmp_path, capsys):
+    run = tmp_path / "edited"
+    _without_ledger(tree_run, run, seed=1)
+    err = _resume_refused(run, capsys)
+    assert "task-params.seed = 1, but the run's privacy ledger records task-params.seed = 0" in err
+    assert "the ledger header as checkpoint.pt recorded it" in err, err
+    assert not (run / LEDGER_FILE).exists()
+
+    kept = tmp_path / "kept"  # the ledger lost alone: rebuilt, resumed as before
+    _without_ledger(tree_run, kept, seed=0)
+    assert main(["simulate", "--resume", str(kept), "--quiet"]) == 0, capsys.readouterr().err
+    assert json.loads((kept / "summary.json").read_text())["rounds_completed"] == 3

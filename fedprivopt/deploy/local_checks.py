@@ -98,11 +98,12 @@ def check_not_deploying(out: str | os.PathLike) -> None:
     # Fortieth review of issue 15 (processes 3): the lock file's flock is its inode's, and an
     # OUT copied with `cp -al OUT OUT2` while a deployment into OUT ran was refused as "in use
     # by process N", N the deployment into OUT (which the user was told to stop). A deployment
-    # holds its log directory itself (rundir.lock_directory), which a copy does not share.
+    # holds its log directory itself (rundir.lock_directory), which a copy does not share; a
+    # link to another OUT's (ln -s ../OUT/deploy OUT2/deploy) is not followed to its holder.
     try:
-        fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
-        return  # none (or not a directory: refused naming it by the claim)
+        return  # none (or a link, or not a directory: refused naming it by the claim)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

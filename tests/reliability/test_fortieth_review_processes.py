@@ -27,7 +27,8 @@
    ``local_checks.check_not_deploying`` probed the lock file's ``flock`` and refused OUT2 as
    "in use by process N, a deployment into it", N the deployment into OUT, which the user was
    told to stop. Now it probes the ``flock`` the deployment holds on ``OUT/deploy`` itself
-   (``rundir.lock_directory``), which a copy does not share; OUT is refused naming the PID.
+   (``rundir.lock_directory``), which a copy does not share, and no link to another OUT's
+   ``deploy`` (``ln -s``) is followed to its holder; OUT is refused naming the PID.
 4. An ``--out`` whose ``deploy/`` holds an earlier (failed) deployment's logs and
    ``processes.json``, copied with ``cp -al OUT OUT2`` (a snapshot backup), then ``deploy local
    --out OUT`` (or into OUT2). Before: each process's log was opened by name for appending and
@@ -199,6 +200,10 @@ def test_copy_of_a_deploying_out_is_not_in_use(tmp_path):
         subprocess.run(["cp", "-al", str(out), str(copy)], check=True)
         assert (copy / LOG_DIR / DEPLOY_LOCK).stat().st_nlink == 2
         check_not_deploying(copy)  # before: "is in use by process <this one>"
+        linked = tmp_path / "OUT3"
+        linked.mkdir()
+        (linked / LOG_DIR).symlink_to(out / LOG_DIR)  # refused by the claim, not as in use
+        check_not_deploying(linked)
         with pytest.raises(ValueError, match=f"is in use by process {os.getpid()}, a deploy"):
             check_not_deploying(out)
     check_not_deploying(out)

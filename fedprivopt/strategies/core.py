@@ -355,8 +355,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         and errors are :meth:`~fedprivopt.strategies.aggregation.AlgorithmAggregation.
         _aggregate_in_round`'s (the noised mean :meth:`run_round` takes, uncharged).
         """
-        if cohort is None:
-            cohort = self._round_cohort(round_num, stream)
+        cohort = self._round_cohort(round_num, stream, cohort)
         agg = self._aggregate_in_round(
             round_num, updates, clip_norm=clip_norm, stream=stream, cohort=cohort
         )
@@ -365,23 +364,36 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             self.accountant.step(events)
         return agg
 
-    def _round_cohort(self, round_num: int, stream: str) -> list[int]:
-        """The users round ``round_num`` samples, for :meth:`aggregate` given no ``cohort``.
+    def _round_cohort(self, round_num: int, stream: str, cohort: list[int] | None) -> list[int]:
+        """The cohort :meth:`aggregate` sums: ``cohort``, or the round's sample without one.
 
         Fortieth review of issue 15 (api 6): ``aggregate(1, updates)`` without ``cohort``
         summed every user of ``updates`` (all 40 of a population sampled at q = 0.25: accepted
-        40) under the charge of a round that samples a quarter of them. A seeded sampled round
-        draws the same cohort at every call (:meth:`sample`); in secure mode or under tree
+        40) under the charge of a round that samples a quarter of them, and so did
+        ``cohort=range(40)``. A seeded sampled round draws the same cohort at every call
+        (:meth:`sample`): a given cohort must be within it. In secure mode or under tree
         aggregation a second draw is another cohort, so the caller must pass the one it used.
         """
         round_num = check_int("round_num", round_num, 1)
         if self.config.secure or self.tree_cohorts is not None:
+            if cohort is None:
+                raise ValueError(
+                    "aggregate needs cohort= (the users alg.sample(round_num) returned for the "
+                    "round its updates were trained for) in secure mode or under tree "
+                    "aggregation, where another draw gives another cohort"
+                )
+            return cohort
+        sampled = self.sample(round_num, "sampling-2" if stream == "train-2" else "sampling")
+        if cohort is None:
+            return sampled
+        extra = sorted(set(cohort) - set(sampled))
+        if extra:
             raise ValueError(
-                "aggregate needs cohort= (the users alg.sample(round_num) returned for the round "
-                "its updates were trained for) in secure mode or under tree aggregation, where "
-                "another draw gives another cohort"
+                f"cohort holds users round {round_num} did not sample ({shown(extra)}; "
+                f"alg.sample({round_num}) gives its cohort): their updates would be summed "
+                "outside the sampling the accountant charges"
             )
-        return self.sample(round_num, "sampling-2" if stream == "train-2" else "sampling")
+        return cohort
 
     def refuse_changed_request(
         self,

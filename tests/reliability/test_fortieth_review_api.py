@@ -43,7 +43,9 @@
    population 40, q = 0.25). Before: all 40 users summed (accepted 40) under the charge of a
    round that samples a quarter of them (epsilon 7.55 reported). Now a seeded sampled round's
    ``aggregate`` without ``cohort`` takes the round's own sample (``alg.sample(r)``, the same
-   at every call): 9 accepted, 31 rejected as not in the cohort; in secure mode and under tree
+   at every call): 9 accepted, 31 rejected as not in the cohort, and a ``cohort=`` with users
+   the round did not sample (``cohort=list(range(40))``, summed too) is refused; in secure
+   mode and under tree
    aggregation, where another draw is another cohort, ``cohort=`` is required
    (``ServerAlgorithm._round_cohort``).
 """
@@ -228,6 +230,10 @@ def test_6_aggregate_without_cohort_sums_only_the_sampled_users():
     ours = build_algorithm(_config(), torch.zeros(4))
     want = ours.aggregate(1, {u: torch.full((4,), 0.1) for u in sampled}, cohort=sampled)
     assert torch.equal(agg.delta_tilde, want.delta_tilde)
+    every = build_algorithm(_config(), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"cohort holds users round 1 did not sample"):
+        every.aggregate(1, {u: torch.full((4,), 0.1) for u in range(40)}, cohort=list(range(40)))
+    assert every.accountant.num_events == 0
 
 
 @pytest.mark.parametrize("changes", [{"secure": True}, {"noise-mechanism": "tree"}])

@@ -98,7 +98,9 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             raise ValueError(
                 f"frozen must be a boolean vector of the model's length {initial_params.numel()}"
             )
-        self.frozen = None if frozen is None else frozen.to(initial_params.device)
+        # a copy (fortieth review of issue 15, api 7: the caller's mask was kept, so editing it
+        # after the build, e.g. to reuse it, gave a frozen parameter the round's noise)
+        self.frozen = None if frozen is None else frozen.to(initial_params.device).clone()
         if isinstance(user_offset, bool) or not isinstance(user_offset, int) or user_offset < 0:
             raise ValueError(f"user_offset must be an integer >= 0, got {shown(user_offset)}")
         self.user_offset = user_offset

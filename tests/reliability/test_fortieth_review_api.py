@@ -48,6 +48,11 @@
    mode and under tree
    aggregation, where another draw is another cohort, ``cohort=`` is required
    (``ServerAlgorithm._round_cohort``).
+7. ``build_algorithm(config, params, frozen=mask)``, then the caller's ``mask`` edited in
+   place (reused for another model: ``mask[3] = False``). Before: the algorithm kept the
+   caller's tensor, so round 1 left the noise on the frozen coordinate (0.059 where the
+   parameter keeps its initial 0.0; DP2's mean of P reads it too). Now the algorithm keeps a
+   copy, as it does of the model and the side information.
 """
 
 from __future__ import annotations
@@ -245,3 +250,13 @@ def test_6_aggregate_needs_the_cohort_where_a_draw_differs(changes):
     users = alg.sample(1)
     alg.aggregate(1, {u: torch.full((4,), 0.1) for u in users}, cohort=users)
     assert alg.accountant.num_events == 1
+
+
+# -- finding 7: the frozen mask is the algorithm's own --------------------------------------
+
+
+def test_7_editing_the_frozen_mask_after_the_build_changes_nothing():
+    mask = torch.tensor([False, False, False, True])
+    alg = build_algorithm(_config(), torch.zeros(4), frozen=mask)
+    mask[3] = False  # the caller reuses its mask
+    assert float(drive_round(alg, 1, _train).params[3]) == 0.0  # was 0.059: noise released

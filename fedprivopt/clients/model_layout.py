@@ -14,8 +14,10 @@ one user's data reaches the next one's update. :mod:`fedprivopt.clients.trainer`
 
 from __future__ import annotations
 
+import types
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from fedprivopt.models.task import TaskError
@@ -34,6 +36,12 @@ class _Entry(NamedTuple):
 
 _CONTAINERS = (list, dict, set)
 """Attribute values whose contents are set back in place (``Module._parameters``, hook tables)."""
+
+_TORCH_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
+"""A module's own tables of parameters, buffers and submodules (restored as tables above)."""
+
+_DEPTH = 3
+"""How deep :meth:`ModelAtBuild._save_inner` looks into containers of attribute values."""
 
 
 class ModelAtBuild:
@@ -62,6 +70,12 @@ class ModelAtBuild:
         self._grad_flags = [(p, p.requires_grad) for p in model.parameters()]
         # (table, key, initial values, version counter when they were last set)
         self._tensors: list[list] = []
+        # what attribute values hold (fortieth review): tensors in containers (tensor, initial
+        # values, version), NumPy arrays and bytearrays (object, initial values), and the
+        # attribute tables of namespaces (table, initial entries)
+        self._inner_tensors: list[list] = []
+        self._arrays: list[tuple] = []
+        self._tables: list[tuple[dict, dict]] = []
         names = {id(m): name for name, m in model.named_modules()}
         for module in model.modules():
             attrs = dict(vars(module))
@@ -74,6 +88,40 @@ class ModelAtBuild:
             for key, value in attrs.items():
                 if isinstance(value, torch.Tensor) and not value.requires_grad:
                     self._tensors.append([vars(module), key, value.detach().clone(), -1])
+                elif not isinstance(value, torch.nn.Module) and key not in _TORCH_TABLES:
+                    self._save_inner(value, 0)
+
+    def _save_inner(self, value: object, depth: int) -> None:
+        """Record what an attribute value holds that a forward may change in place.
+
+        Fortieth review of issue 15 (mechanisms 4): a NumPy array (``self.stats += ...``), a
+        ``bytearray``, a tensor inside a tuple, list or dict (``self.stats[0].add_(...)``) and
+        the attributes of a ``types.SimpleNamespace`` kept user 0's data for the next users on
+        the same trainer (user 3's update after users 0-2 differed from its own by 0.59 in an
+        entry). Their values (and a namespace's attributes) are set back now; other objects'
+        inner state is the task's to keep out of its forward (documented limit).
+        """
+        if isinstance(value, torch.nn.Parameter) or depth > _DEPTH:
+            return
+        if isinstance(value, torch.Tensor):
+            if depth > 0 and not value.requires_grad and value.layout == torch.strided:
+                self._inner_tensors.append([value, value.detach().clone(), value._version])
+        elif isinstance(value, np.ndarray):
+            if value.flags.writeable:
+                self._arrays.append((value, value.copy()))
+        elif isinstance(value, bytearray):
+            self._arrays.append((value, bytes(value)))
+        elif isinstance(value, types.SimpleNamespace):
+            table = vars(value)
+            self._tables.append((table, dict(table)))
+            for item in table.values():
+                self._save_inner(item, depth + 1)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                self._save_inner(item, depth + 1)
+        elif isinstance(value, dict):
+            for item in value.values():
+                self._save_inner(item, depth + 1)
 
     def restore(self) -> None:
         """Set every module's attributes, and their tensors' values, back to the build's."""
@@ -104,6 +152,24 @@ class ModelAtBuild:
             else:  # resized or re-laid-out in place by the forward
                 current = table[key] = initial.clone()
             entry[3] = current._version
+        for table, saved in self._tables:
+            table.clear()
+            table.update(saved)
+        for array, saved in self._arrays:
+            if isinstance(array, bytearray):
+                array[:] = saved
+            else:
+                if array.shape != saved.shape:  # resized in place by the forward
+                    array.resize(saved.shape, refcheck=False)
+                np.copyto(array, saved)
+        for entry in self._inner_tensors:
+            tensor, initial, version = entry
+            if tensor._version != version:
+                with torch.no_grad():
+                    if tensor.shape != initial.shape:
+                        tensor.resize_(initial.shape)
+                    tensor.copy_(initial)
+                entry[2] = tensor._version
 
 
 def _contents(value: list | dict | set) -> list | dict | set:

@@ -27,10 +27,21 @@
    ``check_initial_arrays`` expects that layout (``flower_arrays.wire_spec``): the round runs,
    and the ClientApp's flat model (``TrainMessage.read``, ``state_to_flat``) is the server's to
    the bit. Tested with a scripted grid (no Flower simulation).
+4. A task by reference whose model keeps a running mean of its inputs in an attribute that is a
+   NumPy array (``self.stats += x.mean(0).numpy()``), a ``bytearray``, a tensor inside a tuple
+   (``self.stats[0].add_(...)``) or a ``types.SimpleNamespace`` (``self.stats.mean = ...``),
+   made in ``build_model()`` and read by its forward; ``LocalTrainer.train`` of users 0-3 on one
+   trainer (the fast engine, a ClientApp). Before: the thirty-sixth review set back buffers,
+   plain tensor attributes, lists, dicts and sets only, so user 3's update after users 0-2
+   differed from its update alone by 0.59 in an entry (the sum's sensitivity to user 0 above
+   ``C``). Now ``ModelAtBuild`` also sets back NumPy arrays, bytearrays, tensors inside tuples,
+   lists and dicts, and a namespace's attributes (``ModelAtBuild._save_inner``): the same update
+   to the bit.
 """
 
 from __future__ import annotations
 
+import types
 from fractions import Fraction
 
 import numpy as np
@@ -38,14 +49,18 @@ import pytest
 import torch
 
 from fedprivopt import wire as P
+from fedprivopt.clients import LocalConfig, LocalTrainer
 from fedprivopt.clients.messages import TrainMessage
+from fedprivopt.models import initial_flat
 from fedprivopt.models.task import state_to_flat
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.clip import clip_factor, clip_l2
 from fedprivopt.privacy.flat import flatten
+from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy
 from fedprivopt.strategies.flower_arrays import flat_to_arrays
+from tests.models.minimal_task import MinimalTask
 from tests.strategies.test_flower_faults import ScriptedGrid
 
 
@@ -136,3 +151,61 @@ def test_a_bfloat16_tensor_of_the_model_travels_as_float32(server_side) -> None:
     request = TrainMessage.read(grid.sent[0])
     assert torch.equal(state_to_flat(request.state, spec), flat)
     assert P.ARRAYS_RECORD in grid.sent[0].content.array_records
+
+
+# -- finding 4: what a model's attributes hold, set back before every user ----------------------
+
+
+class _Remembering(torch.nn.Module):
+    """A linear model of inputs minus a running mean kept in an attribute of kind ``kind``."""
+
+    def __init__(self, model: torch.nn.Module, dim: int, kind: str) -> None:
+        super().__init__()
+        self.model, self.kind = model, kind
+        self.stats = {
+            "numpy": lambda: np.zeros(dim, dtype=np.float32),
+            "bytearray": lambda: bytearray(4 * dim),
+            "tuple": lambda: (torch.zeros(dim),),
+            "namespace": lambda: types.SimpleNamespace(mean=torch.zeros(dim)),
+        }[kind]()
+
+    def _seen(self, m: torch.Tensor) -> torch.Tensor:
+        if self.kind == "numpy":
+            self.stats += m.numpy()
+            return torch.from_numpy(self.stats.copy())
+        if self.kind == "bytearray":
+            seen = np.frombuffer(self.stats, dtype=np.float32)
+            seen += m.numpy()
+            return torch.from_numpy(seen.copy())
+        if self.kind == "tuple":
+            return self.stats[0].add_(m).clone()
+        self.stats.mean = self.stats.mean + m
+        return self.stats.mean
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seen = self._seen(x.detach().mean(0)) if self.training else torch.zeros(x.shape[1])
+        return self.model(x - seen)
+
+
+class _RememberingTask(MinimalTask):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def build_model(self) -> torch.nn.Module:
+        return _Remembering(super().build_model(), self._dim, self.kind)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "bytearray", "tuple", "namespace"])
+def test_what_a_model_attribute_holds_is_set_back_before_every_user(kind) -> None:
+    task = _RememberingTask(kind)
+    config = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)
+
+    def last_update(users: list[int]) -> torch.Tensor:
+        trainer, start = LocalTrainer(task, device="cpu"), initial_flat(task)
+        for user in users:
+            result = trainer.train(start, user_id=user, round_num=1, config=config,
+                                   rngs=RngFactory(seed=0))  # fmt: skip
+        return result.delta
+
+    assert torch.equal(last_update([0, 1, 2, 3]), last_update([3]))  # before: 0.59 apart

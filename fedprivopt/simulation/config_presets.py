@@ -18,7 +18,6 @@ from typing import Any
 from fedprivopt.core.files import read_at_most
 from fedprivopt.core.text import shown, shown_key
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
-from fedprivopt.simulation.files import SMALL_FILE_LIMIT
 from fedprivopt.strategies.config import STRATEGIES
 
 if sys.version_info >= (3, 11):
@@ -27,6 +26,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = [
+    "PRESET_LIMIT",
     "flat_overrides",
     "flatten",
     "merge",
@@ -201,19 +201,29 @@ def flat_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return task_param_spellings(flatten(dict(overrides)))
 
 
+PRESET_LIMIT = 1 << 20
+"""The most bytes a preset (or a run's ``config.toml``) may hold: 1 MiB, some 250 times the
+largest preset here (4 kB). Fortieth review of issue 15 (input 4): the limit was
+:data:`~fedprivopt.simulation.files.SMALL_FILE_LIMIT` (64 MiB), and Python's TOML parser holds
+about 95 bytes a byte of tables (``[t0000001]`` lines): a preset of 16 MiB took 1.5 GB and 38 s
+before its first key was refused, one of 64 MiB about 6 GB; one of 1 MiB takes about 2 s and
+80 MB at most."""
+
+
 def preset_text(path: Path) -> str:
-    """The text of the preset ``path``, refused above :data:`SMALL_FILE_LIMIT` (64 MiB).
+    """The text of the preset ``path``, refused above :data:`PRESET_LIMIT` (1 MiB).
 
     Eighteenth review of issue 15, finding 7: ``simulate X.toml`` (and ``--resume R`` whose
     ``config.toml`` had grown) read the whole file first; a sparse file of 20 GB (``truncate -s
     20G``) ended in a ``MemoryError`` traceback (rc 1) or grew until the kernel killed it. A
     preset is a few kB; at most the limit plus one byte is read.
     """
-    raw = read_at_most(path, SMALL_FILE_LIMIT)
+    raw = read_at_most(path, PRESET_LIMIT)
     if raw is None:
         raise ValueError(
-            f"config file {shown(str(path))} holds more than {SMALL_FILE_LIMIT:,} bytes, which "
-            "no preset does (a preset is a few kB)"
+            f"config file {shown(str(path))} holds more than {PRESET_LIMIT:,} bytes, which "
+            "no preset does (a preset is a few kB; parsing TOML takes about 100 times a "
+            "file's size in memory)"
         )
     for mark, what in _BYTE_ORDER_MARKS:
         if raw.startswith(mark):

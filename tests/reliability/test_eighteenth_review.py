@@ -413,7 +413,7 @@ def test_7_a_preset_of_20_gb_is_refused_without_reading_it(tmp_path):
     out = tmp_path / "run"
     code, err = _cli_under_memory_limit(["simulate", str(preset), "--out", str(out)], tmp_path)
     # the path may be cut at 80 characters (shown()): the file is named by the message's start
-    one_line_error(code, err, "config: config file '", "holds more than 67,108,864 bytes")
+    one_line_error(code, err, "config: config file '", "holds more than 1,048,576 bytes")
     assert not out.exists()
 
 
@@ -425,7 +425,7 @@ def test_7_a_runs_config_of_20_gb_is_refused_on_resume(tmp_path):
     (run / "config.toml").unlink()
     _sparse(run / "config.toml")
     code, err = _cli_under_memory_limit(["simulate", "--resume", str(run)], tmp_path)
-    one_line_error(code, err, "argument --resume: config file '", "holds more than 67,108,864")
+    one_line_error(code, err, "argument --resume: config file '", "holds more than 1,048,576")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sparse files, RLIMIT_AS")

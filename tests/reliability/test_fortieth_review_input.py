@@ -22,12 +22,19 @@
    ``u1``'s alike. Now ``HDF5Split`` refuses a client that is no hard link when it opens the
    file, and a client group or feature that has another name (``_check_one_name``: more than
    one hard link to the object) when it is read: one line naming it.
+4. ``simulate big.toml`` of a preset of 16 MiB of tables (``[t0000001]`` lines; also ``--resume``
+   of a run whose ``config.toml`` is such): 1.5 GB and 38 s in Python's TOML parser before the
+   first key was refused (``t0000000 = {} is a table without a value``), about 6 GB at the
+   64 MiB the reader allowed (a 20 GB file was refused unread). A preset is read up to
+   ``config_presets.PRESET_LIMIT`` = 1 MiB now (about 250 times the largest preset here; 2 s
+   and 80 MB to parse at most): ``holds more than 1,048,576 bytes``, one line.
 """
 
 from __future__ import annotations
 
 import lzma
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +42,7 @@ from fedprivopt.data.hdf5 import HDF5Split, write_hdf5
 from fedprivopt.data.sqlite import write_sqlite
 from fedprivopt.data.sqlite_lzma import decompress_lzma
 from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
+from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.config_presets import parse_override
 from tests.reliability.test_thirtyeighth_review_input import TOY, _cli
 
@@ -167,3 +175,28 @@ def test_3_a_file_written_by_write_hdf5_is_read_as_before(tmp_path):
     split = HDF5Split(path)
     assert [e.score for e in split.client_examples("u1")] == [1, 2]
     assert [e.score for e in split.client_examples("u2")] == [3]
+
+
+# -- finding 4: a preset of tens of MB parsed before its first key is checked -----------------
+
+
+PRESET_LIMIT = 1 << 20  # config_presets.PRESET_LIMIT
+
+
+def test_4_a_preset_over_1_mib_is_refused_before_it_is_parsed(tmp_path):
+    preset = tmp_path / "big.toml"
+    tables = (PRESET_LIMIT + 12) // 12 + 1  # "[t0000001]\n": ~95 bytes of memory a byte
+    preset.write_text("".join(f"[t{i:09d}]\n" for i in range(tables)))
+    with pytest.raises(ValueError, match=r"holds more than 1,048,576 bytes"):
+        load_config(preset)
+    code, lines = _cli("simulate", str(preset), "--out", str(tmp_path / "r"), "--quiet")
+    assert code == 2 and len(lines) == 1 and "1,048,576" in lines[0], lines
+    assert not (tmp_path / "r").exists()
+
+
+def test_4_a_preset_of_1_mib_is_read(tmp_path):
+    text = Path(TOY).read_text()
+    preset = tmp_path / "commented.toml"
+    preset.write_text(text + "#" * (PRESET_LIMIT - len(text.encode()) - 1) + "\n")
+    assert preset.stat().st_size == PRESET_LIMIT
+    assert load_config(preset).strategy.num_server_rounds == 20

@@ -179,8 +179,8 @@ class LedgerConversion:
     @classmethod
     def check_recorded(
         cls, out: Path, state: Mapping[str, Any], checkpoint: str, config,
-        data: Mapping[str, Any] | None,
-    ) -> None:  # fmt: skip
+        data: Mapping[str, Any] | None, tuning_plan: str | None = None,
+    ) -> str | None:  # fmt: skip
         """Raise unless ``config`` and ``data`` are what checkpoint ``checkpoint`` recorded.
 
         A ledger rebuilt from a checkpoint (:meth:`convert`) takes its header from the
@@ -191,20 +191,31 @@ class LedgerConversion:
         a seeded tree run (restart 3, 2 rounds) whose ledger was deleted and whose
         ``task-params.seed`` was edited 0 → 1 in ``config.toml`` resumed, rc 0, round 3 of the
         restart period on other data at its users' indices (accuracy 0.59 → 0.51), where the
-        same edit beside the ledger is refused.
+        same edit beside the ledger is refused. A trial's ledger deleted and the trial resumed
+        by ``simulate --resume`` was rebuilt naming no tuning plan, and ``tune`` then refused
+        the genuine trial as not its plan's (ledger, finding 4).
+
+        Returns
+        -------
+        str or None
+            The tuning plan the recorded header names (a trial of ``fedprivopt tune``), for the
+            rebuilt header to name too; ``tuning_plan`` (a resume by ``tune``) must be it.
         """
         header = state.get("ledger_header")
         if header is None:
-            return
+            return tuning_plan
         try:
             header, _ = parse_lines(out / checkpoint, [json_line(header)])
             recorded = cls(out / LEDGER_FILE, header, [])  # type: ignore[call-arg]
             recorded.check_config(config, str(out / CONFIG_FILE))
             recorded.check_data(data, str(out / CONFIG_FILE))
+            if tuning_plan is not None:
+                recorded.check_tuning_plan(tuning_plan)
         except (OldLedgerError, ValueError) as exc:
             raise ValueError(
                 f"{exc} (the ledger header as {checkpoint} recorded it: {LEDGER_FILE} is missing)"
             ) from None
+        return recorded.header.get("tuning_plan")
 
     @classmethod
     def convert(

@@ -507,7 +507,8 @@ def _resume_locked(out: Path, progress: bool, tuning_plan: str | None) -> RunOut
     if ledger is None and run.checkpoint is not None:  # to be rebuilt from the checkpoint
         state, name = newest_checkpoint(out, {})
         if state is not None and name == run.checkpoint:
-            RunLedger.check_recorded(out, state, name, config, data_identity(run.task))
+            data = data_identity(run.task)
+            tuning_plan = RunLedger.check_recorded(out, state, name, config, data, tuning_plan)
     if (out / SUMMARY_FILE).exists():
         # the run is unfinished from here until its new summary: a resume killed at any moment
         # must not leave the old summary claiming it finished (with the old rounds and epsilon)

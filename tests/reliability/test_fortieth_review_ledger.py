@@ -37,6 +37,13 @@
    a ledger's is (``RunLedger.check_recorded``, from ``_resume_locked`` before anything is
    written): rc 2, one line naming ``task-params.seed`` and the checkpoint. The ledger deleted
    alone still resumes; earlier versions' checkpoints hold no copy and are not checked.
+4. A trial of ``tune toy.toml --strategy dp-fedavg --grid server-learning-rate=0.5,1
+   --mean-trials 1 --rounds 1 --seed 3`` whose ledger (and summary) was lost, resumed with
+   ``simulate --resume`` (rc 0, the ledger rebuilt from its checkpoint), then the same ``tune``:
+   rc 2, ``its header names no tuning plan: not a trial that tune ran under this plan``: the
+   rebuilt header named no plan, and the genuine trial was refused as foreign. Now the rebuilt
+   header names the plan the checkpoint's copy of the header names
+   (``RunLedger.check_recorded``'s value, passed to ``convert``): rc 0, the trial reused.
 """
 
 from __future__ import annotations
@@ -227,3 +234,18 @@ def test_3_a_deleted_ledger_does_not_let_task_parameters_change(tree_run, tmp_pa
     _without_ledger(tree_run, kept, seed=0)
     assert main(["simulate", "--resume", str(kept), "--quiet"]) == 0, capsys.readouterr().err
     assert json.loads((kept / "summary.json").read_text())["rounds_completed"] == 3
+
+
+# -- 4: a trial's lost ledger rebuilt by simulate --resume --------------------------------------
+def test_4_a_trial_rebuilt_by_simulate_resume_is_still_its_plans(tmp_path, capsys):
+    tune = ["tune", str(TOY), "--strategy", "dp-fedavg", "--grid", "server-learning-rate=0.5,1",
+            "--mean-trials", "1", "--rounds", "1", "--seed", "3", "--out", str(tmp_path / "T"),
+            "--quiet"]  # fmt: skip
+    assert main(tune) == 0, capsys.readouterr().err
+    (trial,) = sorted((tmp_path / "T" / "runs").iterdir())
+    (trial / LEDGER_FILE).unlink()
+    (trial / "summary.json").unlink()
+    assert main(["simulate", "--resume", str(trial), "--quiet"]) == 0, capsys.readouterr().err
+    assert '"tuning_plan"' in (trial / LEDGER_FILE).read_text().splitlines()[0]
+    capsys.readouterr()
+    assert main(tune) == 0, capsys.readouterr().err

@@ -14,6 +14,7 @@ one user's data reaches the next one's update. :mod:`fedprivopt.clients.trainer`
 
 from __future__ import annotations
 
+import collections
 import types
 from typing import NamedTuple
 
@@ -34,8 +35,12 @@ class _Entry(NamedTuple):
     trainable: bool
 
 
-_CONTAINERS = (list, dict, set)
-"""Attribute values whose contents are set back in place (``Module._parameters``, hook tables)."""
+_CONTAINERS = (list, dict, set, collections.deque)
+"""Attribute values whose contents are set back in place (``Module._parameters``, hook tables).
+
+Their subclasses too (``OrderedDict``, ``defaultdict``: fortieth review of issue 15,
+mechanisms 5, as ``collections.deque``; only the exact types were before).
+"""
 
 _TORCH_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
 """A module's own tables of parameters, buffers and submodules (restored as tables above)."""
@@ -76,10 +81,11 @@ class ModelAtBuild:
         self._inner_tensors: list[list] = []
         self._arrays: list[tuple] = []
         self._tables: list[tuple[dict, dict]] = []
+        self._generators: list[tuple[torch.Generator, torch.Tensor]] = []
         names = {id(m): name for name, m in model.named_modules()}
         for module in model.modules():
             attrs = dict(vars(module))
-            contents = {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS}
+            contents = {k: _contents(v) for k, v in attrs.items() if isinstance(v, _CONTAINERS)}
             self._modules.append((module, attrs, contents))
             prefix = names[id(module)] + "." if names[id(module)] else ""
             for key, value in module._buffers.items():
@@ -98,8 +104,10 @@ class ModelAtBuild:
         ``bytearray``, a tensor inside a tuple, list or dict (``self.stats[0].add_(...)``) and
         the attributes of a ``types.SimpleNamespace`` kept user 0's data for the next users on
         the same trainer (user 3's update after users 0-2 differed from its own by 0.59 in an
-        entry). Their values (and a namespace's attributes) are set back now; other objects'
-        inner state is the task's to keep out of its forward (documented limit).
+        entry). Their values (and a namespace's attributes) are set back now, and so is the
+        state of a ``torch.Generator`` attribute (mechanisms 5: its draws count the batches, so
+        the examples, of earlier users); other objects' inner state is the task's to keep out
+        of its forward (documented limit).
         """
         if isinstance(value, torch.nn.Parameter) or depth > _DEPTH:
             return
@@ -111,12 +119,14 @@ class ModelAtBuild:
                 self._arrays.append((value, value.copy()))
         elif isinstance(value, bytearray):
             self._arrays.append((value, bytes(value)))
+        elif isinstance(value, torch.Generator):  # its draws so far count earlier users' batches
+            self._generators.append((value, value.get_state()))
         elif isinstance(value, types.SimpleNamespace):
             table = vars(value)
             self._tables.append((table, dict(table)))
             for item in table.values():
                 self._save_inner(item, depth + 1)
-        elif isinstance(value, (tuple, list)):
+        elif isinstance(value, (tuple, list, collections.deque)):
             for item in value:
                 self._save_inner(item, depth + 1)
         elif isinstance(value, dict):
@@ -134,6 +144,9 @@ class ModelAtBuild:
                 value = attrs[key]
                 if isinstance(value, list):
                     value[:] = saved
+                elif isinstance(value, collections.deque):
+                    value.clear()
+                    value.extend(saved)
                 else:
                     value.clear()
                     value.update(saved)
@@ -155,6 +168,8 @@ class ModelAtBuild:
         for table, saved in self._tables:
             table.clear()
             table.update(saved)
+        for generator, state in self._generators:
+            generator.set_state(state)
         for array, saved in self._arrays:
             if isinstance(array, bytearray):
                 array[:] = saved
@@ -172,8 +187,8 @@ class ModelAtBuild:
                 entry[2] = tensor._version
 
 
-def _contents(value: list | dict | set) -> list | dict | set:
-    return list(value) if isinstance(value, list) else value.copy()
+def _contents(value: list | dict | set | collections.deque) -> list | dict | set:
+    return list(value) if isinstance(value, (list, collections.deque)) else value.copy()
 
 
 class ModelLayout:

@@ -37,10 +37,19 @@
    ``C``). Now ``ModelAtBuild`` also sets back NumPy arrays, bytearrays, tensors inside tuples,
    lists and dicts, and a namespace's attributes (``ModelAtBuild._save_inner``): the same update
    to the bit.
+5. The same with a dropout of the model's own ``torch.Generator`` (``self.rng``, a mask drawn
+   per batch: its state after users 0-2 counts their batches, so their examples), a
+   ``collections.deque`` or an ``OrderedDict`` it appends to. Before: user 3's update after
+   users 0-2 differed from its own (by 0.054 for the generator, 0.59 for the deque; a subclass
+   of dict or list was not set back, only the exact types). Now the generator's state is set
+   back, and every list, dict, set or deque (subclasses too): the same update. (Other objects'
+   inner state, e.g. an instance of a class of one's own holding a tensor, is the task's to
+   keep out of its forward: a documented limit, not changed.)
 """
 
 from __future__ import annotations
 
+import collections
 import types
 from fractions import Fraction
 
@@ -167,6 +176,9 @@ class _Remembering(torch.nn.Module):
             "bytearray": lambda: bytearray(4 * dim),
             "tuple": lambda: (torch.zeros(dim),),
             "namespace": lambda: types.SimpleNamespace(mean=torch.zeros(dim)),
+            "deque": lambda: collections.deque([torch.zeros(dim)]),
+            "ordered": lambda: collections.OrderedDict(last=torch.zeros(dim)),
+            "generator": lambda: torch.Generator().manual_seed(0),
         }[kind]()
 
     def _seen(self, m: torch.Tensor) -> torch.Tensor:
@@ -179,6 +191,14 @@ class _Remembering(torch.nn.Module):
             return torch.from_numpy(seen.copy())
         if self.kind == "tuple":
             return self.stats[0].add_(m).clone()
+        if self.kind == "deque":
+            self.stats.append(self.stats[-1] + m)
+            return self.stats[-1]
+        if self.kind == "ordered":
+            self.stats[f"batch {len(self.stats)}"] = next(reversed(self.stats.values())) + m
+            return next(reversed(self.stats.values()))
+        if self.kind == "generator":  # a dropout of its own: one mask a batch
+            return (torch.rand(m.shape, generator=self.stats) < 0.5).float()
         self.stats.mean = self.stats.mean + m
         return self.stats.mean
 
@@ -196,7 +216,9 @@ class _RememberingTask(MinimalTask):
         return _Remembering(super().build_model(), self._dim, self.kind)
 
 
-@pytest.mark.parametrize("kind", ["numpy", "bytearray", "tuple", "namespace"])
+@pytest.mark.parametrize(
+    "kind", ["numpy", "bytearray", "tuple", "namespace", "deque", "ordered", "generator"]
+)
 def test_what_a_model_attribute_holds_is_set_back_before_every_user(kind) -> None:
     task = _RememberingTask(kind)
     config = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)

@@ -21,6 +21,7 @@ from fedprivopt.privacy.accounting import PrivacyAccountant, compose_epsilon
 from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.tree import tree_position
+from fedprivopt.simulation.checkpoint import LEDGER_HEADER
 from fedprivopt.simulation.files import (
     CONFIG_FILE,
     LEDGER_FILE,
@@ -201,7 +202,7 @@ class LedgerConversion:
             The tuning plan the recorded header names (a trial of ``fedprivopt tune``), for the
             rebuilt header to name too; ``tuning_plan`` (a resume by ``tune``) must be it.
         """
-        header = state.get("ledger_header")
+        header = state.get(LEDGER_HEADER)
         if header is None:
             return tuning_plan
         try:

@@ -8,6 +8,7 @@ actor (:mod:`fedprivopt.simulation.fast`): ``vectorized``, the task's cohort tra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,7 +125,9 @@ class UserTrainer:
                 if isinstance(batch, RowSparseBatch):
                     yield batch
                 else:  # dense updates (e.g. next-word prediction's): (user, update) pairs
-                    yield from batch.split()
+                    for pair in batch.split():
+                        _refuse_missing_share(pair, cfg, round_num, stream)
+                        yield pair
             copies.refuse_changed([])
             return
         for u in users:
@@ -195,6 +198,42 @@ def _owned(entry: Any) -> Any:
         if isinstance(update, RowSparse):
             return user, RowSparse(update.rows.clone(), update.values.clone(), update.length)
     return entry
+
+
+def _refuse_missing_share(pair: Any, cfg: Any, round_num: int, stream: str) -> None:
+    """Raise ``ValueError`` when a dense update plainly lacks its distributed-noise share.
+
+    Fortieth review of issue 15 (api 8): a task's own ``cohort_trainer`` that declares
+    ``noise_shares`` (it adds each user's share itself) but does not was trusted, so in
+    distributed-noise mode a round's sum was released with no noise at all, charged as
+    noised (``noise_std`` still reported). An honest update is its clipped part (norm at most
+    C) plus a share ``N(0, s^2 I_d)``, whose norm is below ``s sqrt(d - 2 sqrt(50 d))`` with
+    probability at most ``e^-50`` (Laurent and Massart's chi-square bound), so its norm is at
+    least that minus C except with that probability. Only large models (``d > 200``) and
+    shares large against C can be told; an update below the bound is refused before it
+    reaches the aggregator, so nothing of the round is released.
+    """
+    if cfg.noise_std <= 0 or not isinstance(pair, tuple) or len(pair) != 2:
+        return
+    user, update = pair
+    if not isinstance(update, torch.Tensor) or update.layout != torch.strided:
+        return  # the aggregator rejects it
+    d = update.numel()
+    if d <= 200 or not update.is_floating_point():
+        return
+    low = cfg.noise_std * math.sqrt(d - 2.0 * math.sqrt(50.0 * d)) - (cfg.clip_norm or 0.0)
+    if low <= 0:
+        return
+    norm = float(torch.linalg.vector_norm(update.detach().double()))
+    if norm < 0.999 * low:
+        where = "" if stream == "train" else f" ({stream})"
+        raise ValueError(
+            f"round {round_num}{where}: the task's cohort_trainer declares noise_shares but user "
+            f"{user}'s update has norm {norm:.4g}, where an update with its noise share (std "
+            f"{cfg.noise_std:.4g} over {d} entries) has norm {low:.4g} or more except with "
+            "probability e^-50: it did not add its share (noise-mode 'distributed'); add it, "
+            "or set noise_shares = False; nothing of the cohort was released"
+        )
 
 
 class _Copies:

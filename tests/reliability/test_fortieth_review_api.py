@@ -53,6 +53,15 @@
    caller's tensor, so round 1 left the noise on the frozen coordinate (0.059 where the
    parameter keeps its initial 0.0; DP2's mean of P reads it too). Now the algorithm keeps a
    copy, as it does of the model and the side information.
+8. A task's own ``cohort_trainer`` that declares ``noise_shares = True`` (it adds the
+   distributed-noise shares itself) and does not add them (toy, ``dim = 200``, 603 entries,
+   40 users, ``noise-mode = "distributed"``, sigma 1). Before: trusted; the round's sum was
+   released with no noise (shares none, top-up none, mean norm 0.16 where honest updates have
+   0.94 on the small toy), charged and reported as noised (epsilon 9.65, ``noise_std``
+   0.025). Now the fast engine refuses a dense update whose norm is below what an update with
+   its share has except with probability e^-50 (``fast_trainer._refuse_missing_share``,
+   Laurent-Massart's chi-square bound minus C); an honest trainer adding its shares gives the
+   sequential trainer's model.
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ import torch
 from fedprivopt.clients import LocalTrainer
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -260,3 +270,53 @@ def test_7_editing_the_frozen_mask_after_the_build_changes_nothing():
     alg = build_algorithm(_config(), torch.zeros(4), frozen=mask)
     mask[3] = False  # the caller reuses its mask
     assert float(drive_round(alg, 1, _train).params[3]) == 0.0  # was 0.059: noise released
+
+
+# -- finding 8: a cohort trainer that declares noise shares it does not add -----------------
+
+
+class _Pairs:
+    def __init__(self, pairs):
+        self.pairs, self.users, self.norms = pairs, [u for u, _ in pairs], [0.0] * len(pairs)
+
+    def split(self):
+        return self.pairs
+
+
+class _Shares:
+    """A cohort trainer that declares ``noise_shares``; ``honest``: it adds them."""
+
+    noise_shares = True
+
+    def __init__(self, task, honest):
+        self.local, self.honest = LocalTrainer(task, device="cpu"), honest
+
+    def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
+        import dataclasses
+
+        used = config if self.honest else dataclasses.replace(config, noise_std=0.0)
+        for user in users:
+            delta = self.local.train(
+                params, user_id=user, round_num=round_num, config=used, rngs=rngs, stream=stream
+            ).delta
+            yield _Pairs([(user, delta)])
+
+
+def _distributed_round(honest):
+    task = build_task("toy", num_users=40, dim=200)
+    if honest is not None:
+        task.cohort_trainer = lambda device, chunk_users: _Shares(task, honest)
+    config = _config(population=40, sampling="fixed", **{
+        "clients-per-round": 40, "noise-mode": "distributed", "noise-multiplier": 1.0})  # fmt: skip
+    alg = build_algorithm(config, initial_flat(task))
+    return alg, lambda: drive_round(alg, 1, make_cohort_train(task, device="cpu"))
+
+
+def test_8_a_cohort_trainer_that_does_not_add_its_declared_shares_is_refused():
+    alg, run = _distributed_round(honest=False)
+    with pytest.raises(ValueError, match=r"declares noise_shares but user 0's update has norm"):
+        run()  # was released without noise, epsilon 9.65
+    assert alg.accountant.num_events == 0 and alg.round_num == 0
+    _, honest = _distributed_round(honest=True)
+    _, sequential = _distributed_round(honest=None)
+    assert torch.equal(honest().params, sequential().params)

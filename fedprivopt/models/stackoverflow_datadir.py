@@ -37,7 +37,28 @@ from fedprivopt.data.synthetic_files import (
 )
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
-__all__ = ["GENERATED_FILES", "StackOverflowDataDir"]
+__all__ = ["GENERATED_FILES", "StackOverflowDataDir", "check_dir_text"]
+
+
+def check_dir_text(name: str, path: Path) -> Path:
+    """``path``, refused (``ValueError`` naming ``name``) where it cannot be a directory's name.
+
+    A control character (a line break pasted along) or a component that is only blanks
+    (``"data/ /so"``: a quoting slip), as ``--out`` refuses them (``cli_args.check_path_text``).
+    Fortieth review of issue 15 (input 5): ``--set 'task-params.data-dir=data/so<line break>'``
+    (also ``cache-dir``) created a directory of that name and generated a synthetic dataset
+    into it, rc 0, where ``--out`` of the same text is refused.
+    """
+    text = str(path)
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise ValueError(
+            f"{name} holds a control character (a line break?): {shown(text)}; a directory "
+            "name has none"
+        )
+    if any(not part.strip() for part in path.parts):
+        raise ValueError(f"{name} has a blank path component: {shown(text)}")
+    return path
+
 
 GENERATED_FILES = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
 
@@ -90,7 +111,7 @@ class StackOverflowDataDir:
         """Check and set ``data_dir``, ``synthetic`` and the ``synth_*`` parameters."""
         if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
             raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
-        self.data_dir = Path(data_dir).expanduser()  # "~/so" as --out's (28th review)
+        self.data_dir = check_dir_text("data_dir", Path(data_dir).expanduser())  # "~/so": 28th
         self.synthetic = check_bool("synthetic", synthetic)
         given = {
             "num_clients": check_int("synth_clients", synth_clients, 1, none=True),

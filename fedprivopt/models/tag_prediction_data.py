@@ -33,6 +33,7 @@ from fedprivopt.data.token_cache import (
     open_or_build,
     stderr_progress,
 )
+from fedprivopt.models.stackoverflow_datadir import check_dir_text
 from fedprivopt.models.stackoverflow_files import EVAL_BYTES, STATE_LOCK, StackOverflowFiles
 from fedprivopt.models.tag_prediction_encoding import (
     UserCSR,
@@ -100,6 +101,7 @@ class TagTaskData(StackOverflowFiles):
                 f"is written); got cache_dir = {shown(str(self.cache_dir))} without it: set "
                 "token_cache = true or leave cache_dir out"
             )
+        check_dir_text("cache_dir", self.cache_dir)
         refuse_filesystem_root(self.cache_dir, "cache_dir")
         note = run_files_note(self.cache_dir) if self.token_cache else None
         if note is not None:  # as a dataset is not generated into one (synthetic.run_files_note)

@@ -28,6 +28,12 @@
    64 MiB the reader allowed (a 20 GB file was refused unread). A preset is read up to
    ``config_presets.PRESET_LIMIT`` = 1 MiB now (about 250 times the largest preset here; 2 s
    and 80 MB to parse at most): ``holds more than 1,048,576 bytes``, one line.
+5. ``simulate stackoverflow-tp-mini.toml --set 'task-params.data-dir=data/so<line break>'``
+   (also a blank component, ``data/ /so``, and ``task-params.cache-dir`` with an escape
+   sequence): rc 0, a directory of that name created and a synthetic dataset generated into it
+   (or the token store), where ``--out`` of the same text is refused. Now
+   ``stackoverflow_datadir.check_dir_text`` refuses both keys as ``--out`` does: rc 2, one line
+   naming the key.
 """
 
 from __future__ import annotations
@@ -200,3 +206,27 @@ def test_4_a_preset_of_1_mib_is_read(tmp_path):
     preset.write_text(text + "#" * (PRESET_LIMIT - len(text.encode()) - 1) + "\n")
     assert preset.stat().st_size == PRESET_LIMIT
     assert load_config(preset).strategy.num_server_rounds == 20
+
+
+# -- finding 5: a task's data-dir or cache-dir with a line break or a blank component ---------
+
+MINI = "simulations/stackoverflow-tp-mini.toml"
+
+
+@pytest.mark.parametrize(
+    "key, name, error",
+    [
+        ("data-dir", "s\no", "control character"),  # a trailing one is stripped (finding 2)
+        ("data-dir", "a/ /so", "blank path component"),
+        ("cache-dir", "cache\x1b[2J", "control character"),
+    ],
+)
+def test_5_a_data_dir_that_is_no_name_is_refused(tmp_path, key, name, error):
+    where = tmp_path / name
+    code, lines = _cli(
+        "simulate", MINI, "--rounds", "1", "--out", str(tmp_path / "r"), "--quiet",
+        "--set", "task-params.token-cache=true", "--set", f"task-params.{key}={where}",
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1, lines
+    assert f"task-params.{key}" in lines[0] and error in lines[0], lines
+    assert not where.exists() and not (tmp_path / "a").exists()

@@ -37,6 +37,7 @@ from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, 
 from fedprivopt import wire as P
 from fedprivopt.clients.privatize import PrivateUpdate, noise_generator, privatize_update
 from fedprivopt.clients.trainer import clip_report
+from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError, state_to_flat
@@ -265,14 +266,24 @@ def reply_updates(
     updates : Mapping[int, torch.Tensor]
         User id → the privatized flat update (:attr:`PrivateUpdate.vector`).
     rejected : int
-        Requested users this node does not host (``users-rejected``).
+        Requested users this node does not host (``users-rejected``), an integer ``>= 0``.
     clip_bits : Mapping[int, float], optional
-        Adaptive clipping: user id → its clip bit (or noised share).
+        Adaptive clipping: user id → its clip bit (or noised share), a finite real number
+        (:meth:`TrainMessage.clip_bit` gives it).
     num_examples, losses : list, optional
         Per-user example counts and training losses, in the order of ``updates``; sent only
         when the server asked for them (non-private baselines). **Private**: a DP run never
         sends them.
+
+    Raises
+    ------
+    ValueError
+        Naming ``rejected`` or ``clip_bits[user]`` when it is not as said above.
     """
+    # fortieth review of issue 15 (mechanisms 6): rejected "3", -1 and 1.7 were sent as 3, -1
+    # and 1, None raised int()'s TypeError; a clip bit of None or NaN was sent as NaN, "1" as
+    # 1.0 and a two-element tensor as two numbers (the server then drops the user's update)
+    rejected = check_int("rejected", rejected, 0)
     reply = RecordDict()
     bits = {} if clip_bits is None else clip_bits
     dtype = _flat_dtype(message)
@@ -280,11 +291,12 @@ def reply_updates(
         delta = vector.detach().to(device="cpu", dtype=dtype)
         arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
         if user in bits:
-            arrays[P.CLIP_BIT_ARRAY] = Array(np.array([bits[user]], dtype=np.float64))
+            bit = check_real(f"clip_bits[{shown(user)}]", bits[user])
+            arrays[P.CLIP_BIT_ARRAY] = Array(np.array([bit], dtype=np.float64))
         reply[P.update_key(user)] = ArrayRecord(arrays)
     metrics: dict[str, int | float | list[int] | list[float]] = {
         P.USERS_TRAINED: len(updates),
-        P.USERS_REJECTED: int(rejected),
+        P.USERS_REJECTED: rejected,
     }
     record = message.content.config_records.get(P.CONFIG_RECORD)
     # private: only when the server asked with true itself, not with a value bool() takes for

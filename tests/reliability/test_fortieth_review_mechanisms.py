@@ -45,6 +45,12 @@
    back, and every list, dict, set or deque (subclasses too): the same update. (Other objects'
    inner state, e.g. an instance of a class of one's own holding a tensor, is the task's to
    keep out of its forward: a documented limit, not changed.)
+6. ``clients.reply_updates(message, updates, rejected=..., clip_bits=...)`` (a ClientApp of
+   one's own) with ``rejected`` ``"3"``, -1, 1.7 or ``None``, or a clip bit ``None``, NaN,
+   ``"1"`` or a two-element tensor. Before: sent as 3, -1 and 1 (``None``: int()'s
+   ``TypeError`` naming nothing); the clip bits as NaN, NaN, 1.0 and two numbers, which the
+   server's round then refuses, dropping that user's update. Now ``ValueError`` naming
+   ``rejected`` (an integer >= 0) or ``clip_bits[user]`` (a finite real number).
 """
 
 from __future__ import annotations
@@ -56,10 +62,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from flwr.app import ArrayRecord
 
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig, LocalTrainer
-from fedprivopt.clients.messages import TrainMessage
+from fedprivopt.clients.messages import TrainMessage, reply_updates
 from fedprivopt.models import initial_flat
 from fedprivopt.models.task import state_to_flat
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
@@ -69,6 +76,7 @@ from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy
 from fedprivopt.strategies.flower_arrays import flat_to_arrays
+from tests.messages import delivered
 from tests.models.minimal_task import MinimalTask
 from tests.strategies.test_flower_faults import ScriptedGrid
 
@@ -231,3 +239,30 @@ def test_what_a_model_attribute_holds_is_set_back_before_every_user(kind) -> Non
         return result.delta
 
     assert torch.equal(last_update([0, 1, 2, 3]), last_update([3]))  # before: 0.59 apart
+
+
+# -- finding 6: what a ClientApp of one's own replies with ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"rejected": "3"}, "rejected"),
+        ({"rejected": -1}, "rejected"),
+        ({"rejected": 1.7}, "rejected"),
+        ({"rejected": None}, "rejected"),
+        ({"clip_bits": {1: None}}, r"clip_bits\[1\]"),
+        ({"clip_bits": {1: float("nan")}}, r"clip_bits\[1\]"),
+        ({"clip_bits": {1: "1"}}, r"clip_bits\[1\]"),
+        ({"clip_bits": {1: torch.tensor([1.0, 0.0])}}, r"clip_bits\[1\]"),
+    ],
+)
+def test_a_reply_s_counts_and_clip_bits_are_checked(extra, named) -> None:
+    settings = P.ClientSettings(LocalConfig(learning_rate=0.1), seed=0)
+    config = P.encode_train_config(users=[1], round_num=1, settings=settings)
+    arrays = ArrayRecord({"w": torch.zeros(3)})
+    message = delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: arrays}, "train")
+    with pytest.raises(ValueError, match=named):
+        reply_updates(message, {1: torch.zeros(3)}, **extra)  # before: sent
+    reply = reply_updates(message, {1: torch.zeros(3)}, rejected=2, clip_bits={1: -0.3})
+    assert reply.content[P.TRAIN_METRICS][P.USERS_REJECTED] == 2

@@ -123,6 +123,10 @@ class UserTrainer:
                     for u, norm in zip(batch.users, batch.norms, strict=True):
                         bits[u] = clip_report(norm, cfg, rngs, round_num, (stream, u))
                 if isinstance(batch, RowSparseBatch):
+                    for i, user in enumerate(batch.users):
+                        update = batch.update(i)
+                        _refuse_missing_share((user, update.values), cfg, round_num, stream,
+                                              entries=update.length)  # fmt: skip
                     yield batch
                 else:  # dense updates (e.g. next-word prediction's): (user, update) pairs
                     for pair in batch.split():
@@ -200,7 +204,9 @@ def _owned(entry: Any) -> Any:
     return entry
 
 
-def _refuse_missing_share(pair: Any, cfg: Any, round_num: int, stream: str) -> None:
+def _refuse_missing_share(
+    pair: Any, cfg: Any, round_num: int, stream: str, *, entries: int | None = None
+) -> None:
     """Raise ``ValueError`` when a dense update plainly lacks its distributed-noise share.
 
     Fortieth review of issue 15 (api 8): a task's own ``cohort_trainer`` that declares
@@ -211,14 +217,16 @@ def _refuse_missing_share(pair: Any, cfg: Any, round_num: int, stream: str) -> N
     probability at most ``e^-50`` (Laurent and Massart's chi-square bound), so its norm is at
     least that minus C except with that probability. Only large models (``d > 200``) and
     shares large against C can be told; an update below the bound is refused before it
-    reaches the aggregator, so nothing of the round is released.
+    reaches the aggregator, so nothing of the round is released. ``entries``: the model's
+    length where the update holds fewer (a row-sparse update's values: a share has none
+    outside its rows).
     """
     if cfg.noise_std <= 0 or not isinstance(pair, tuple) or len(pair) != 2:
         return
     user, update = pair
     if not isinstance(update, torch.Tensor) or update.layout != torch.strided:
         return  # the aggregator rejects it
-    d = update.numel()
+    d = update.numel() if entries is None else int(entries)
     if d <= 200 or not update.is_floating_point():
         return
     low = cfg.noise_std * math.sqrt(d - 2.0 * math.sqrt(50.0 * d)) - (cfg.clip_norm or 0.0)

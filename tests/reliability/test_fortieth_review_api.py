@@ -61,7 +61,8 @@
    0.025). Now the fast engine refuses a dense update whose norm is below what an update with
    its share has except with probability e^-50 (``fast_trainer._refuse_missing_share``,
    Laurent-Massart's chi-square bound minus C); an honest trainer adding its shares gives the
-   sequential trainer's model.
+   sequential trainer's model. The same for a trainer yielding row-sparse batches
+   (``RowSparseBatch``, whose rows carry no share at all).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ import torch
 from fedprivopt.clients import LocalTrainer
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.strategies import build_algorithm
@@ -294,12 +296,16 @@ class _Shares:
     def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
         import dataclasses
 
-        used = config if self.honest else dataclasses.replace(config, noise_std=0.0)
+        used = config if self.honest is True else dataclasses.replace(config, noise_std=0.0)
         for user in users:
             delta = self.local.train(
                 params, user_id=user, round_num=round_num, config=used, rngs=rngs, stream=stream
             ).delta
-            yield _Pairs([(user, delta)])
+            if self.honest == "sparse":  # every row of the model, without a share
+                rows, ptr = torch.arange(3), torch.tensor([0, 3])
+                yield RowSparseBatch([user], rows, delta.reshape(3, -1), ptr, delta.numel())
+            else:
+                yield _Pairs([(user, delta)])
 
 
 def _distributed_round(honest):
@@ -320,3 +326,10 @@ def test_8_a_cohort_trainer_that_does_not_add_its_declared_shares_is_refused():
     _, honest = _distributed_round(honest=True)
     _, sequential = _distributed_round(honest=None)
     assert torch.equal(honest().params, sequential().params)
+
+
+def test_8_a_row_sparse_cohort_trainer_that_declares_shares_is_refused():
+    alg, run = _distributed_round(honest="sparse")
+    with pytest.raises(ValueError, match=r"declares noise_shares but user 0's update has norm"):
+        run()  # was released without noise
+    assert alg.accountant.num_events == 0

@@ -309,11 +309,11 @@ class _Shares:
 
 
 def _distributed_round(honest):
-    task = build_task("toy", num_users=40, dim=200)
+    task = build_task("toy", num_users=12, dim=200)
     if honest is not None:
         task.cohort_trainer = lambda device, chunk_users: _Shares(task, honest)
-    config = _config(population=40, sampling="fixed", **{
-        "clients-per-round": 40, "noise-mode": "distributed", "noise-multiplier": 1.0})  # fmt: skip
+    config = _config(population=12, sampling="fixed", **{
+        "clients-per-round": 12, "noise-mode": "distributed", "noise-multiplier": 1.0})  # fmt: skip
     alg = build_algorithm(config, initial_flat(task))
     return alg, lambda: drive_round(alg, 1, make_cohort_train(task, device="cpu"))
 

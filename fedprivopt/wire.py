@@ -322,12 +322,25 @@ def check_user_ids(name: str, ids: object) -> tuple[int, ...]:
 
 
 def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
-    """Map user id → flat delta (as sent) from the content of a train reply."""
+    """Map user id → flat delta (as sent) from the content of a train reply.
+
+    Raises
+    ------
+    ValueError
+        Naming the record of an update that holds no :data:`DELTA_ARRAY` (fortieth review of
+        issue 15, mechanisms 7: ``KeyError: 'delta'``, naming neither the record nor the user).
+    """
     out: dict[int, np.ndarray] = {}
     for key, record in content.array_records.items():
         user = parse_update_key(key)
-        if user is not None:
-            out[user] = record[DELTA_ARRAY].numpy()
+        if user is None:
+            continue
+        if DELTA_ARRAY not in record:
+            raise ValueError(
+                f"the train reply's record {shown(key)} (user {user}) holds no array "
+                f"{DELTA_ARRAY!r}, got {shown(sorted(record.keys()))}"
+            )
+        out[user] = record[DELTA_ARRAY].numpy()
     return out
 
 

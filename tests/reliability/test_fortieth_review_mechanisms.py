@@ -51,6 +51,10 @@
    ``TypeError`` naming nothing); the clip bits as NaN, NaN, 1.0 and two numbers, which the
    server's round then refuses, dropping that user's update. Now ``ValueError`` naming
    ``rejected`` (an integer >= 0) or ``clip_bits[user]`` (a finite real number).
+7. ``wire.read_updates(reply.content)`` (the public reader of a train reply, for a ServerApp of
+   one's own) of a reply whose ``update/1`` record holds no ``delta`` array (a rogue or broken
+   node). Before: ``KeyError: 'delta'``, naming neither the record nor the user. Now
+   ``ValueError`` naming the record, the user and the arrays it holds.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig, LocalTrainer
@@ -266,3 +270,14 @@ def test_a_reply_s_counts_and_clip_bits_are_checked(extra, named) -> None:
         reply_updates(message, {1: torch.zeros(3)}, **extra)  # before: sent
     reply = reply_updates(message, {1: torch.zeros(3)}, rejected=2, clip_bits={1: -0.3})
     assert reply.content[P.TRAIN_METRICS][P.USERS_REJECTED] == 2
+
+
+# -- finding 7: wire.read_updates of an update record without its delta --------------------------
+
+
+def test_read_updates_names_an_update_record_without_its_delta() -> None:
+    good = ArrayRecord({P.DELTA_ARRAY: Array(np.zeros(2, dtype=np.float32))})
+    content = RecordDict({"update/2": good, "update/1": ArrayRecord({"x": Array(np.zeros(2))})})
+    with pytest.raises(ValueError, match=r"'update/1' \(user 1\) holds no array 'delta'"):
+        P.read_updates(content)  # before: KeyError: 'delta'
+    assert list(P.read_updates(RecordDict({"update/2": good}))) == [2]

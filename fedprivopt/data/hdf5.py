@@ -130,8 +130,18 @@ class HDF5Split(ClientSplit):
         self._pid = -1
         group = self._examples()
         with self._reading("the client list"):
-            self._client_ids = sorted(group.keys())
+            names = list(group.keys())
             link, _ = group.id.links.iterate(_not_hard, info=True)
+        # fortieth review of issue 15 (input 6): h5py gives a name that is not UTF-8 as bytes,
+        # and sorting them with the others was "cannot read the client list (damaged HDF5
+        # file?): '<' not supported between instances of 'bytes' and 'str'"
+        undecoded = next((name for name in names if not isinstance(name, str)), None)
+        if undecoded is not None:
+            raise ValueError(
+                f"{self.path}: client name {undecoded!r} under '/examples' is not UTF-8, "
+                "which no StackOverflow HDF5 file holds (the file is damaged)"
+            )
+        self._client_ids = sorted(names)
         if link is not None:
             raise self._linked(f"/examples/{link[0]}", link[1])
 

@@ -34,6 +34,10 @@
    (or the token store), where ``--out`` of the same text is refused. Now
    ``stackoverflow_datadir.check_dir_text`` refuses both keys as ``--out`` does: rc 2, one line
    naming the key.
+6. ``data info f`` (also ``HDF5Split(f)``) of a legacy HDF5 file with a client whose name is not
+   UTF-8 (``u\xff2``): rc 2, but ``cannot read the client list (damaged HDF5 file?): '<' not
+   supported between instances of 'bytes' and 'str'`` (h5py gives such a name as bytes). Now
+   ``HDF5Split`` names it: ``client name b'u\xff2' under '/examples' is not UTF-8``.
 """
 
 from __future__ import annotations
@@ -230,3 +234,16 @@ def test_5_a_data_dir_that_is_no_name_is_refused(tmp_path, key, name, error):
     assert code == 2 and len(lines) == 1, lines
     assert f"task-params.{key}" in lines[0] and error in lines[0], lines
     assert not where.exists() and not (tmp_path / "a").exists()
+
+
+# -- finding 6: a legacy HDF5 client name that is not UTF-8 -----------------------------------
+
+
+def test_6_a_client_name_that_is_not_utf8_is_named(tmp_path):
+    path, h5py = _h5(tmp_path)
+    with h5py.File(path, "a") as f:
+        h5py.h5g.create(f["examples"].id, b"u\xff2")
+    with pytest.raises(ValueError, match=r"client name b'u\\xff2' under '/examples' is not UTF-8"):
+        HDF5Split(path)
+    code, lines = _cli("data", "info", str(path))
+    assert code == 2 and len(lines) == 1 and "not UTF-8" in lines[0], lines

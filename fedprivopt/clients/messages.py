@@ -43,6 +43,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError, state_to_flat
 from fedprivopt.privacy.flat import FlatSpec, flatten
 from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.sparse import dense_problem
 
 __all__ = [
     "TASK_ERROR",
@@ -278,7 +279,8 @@ def reply_updates(
     Raises
     ------
     ValueError
-        Naming ``rejected`` or ``clip_bits[user]`` when it is not as said above.
+        Naming ``rejected``, ``clip_bits[user]`` or ``updates[user]`` (a dense floating-point
+        tensor holding data) when it is not as said above.
     """
     # fortieth review of issue 15 (mechanisms 6): rejected "3", -1 and 1.7 were sent as 3, -1
     # and 1, None raised int()'s TypeError; a clip bit of None or NaN was sent as NaN, "1" as
@@ -288,6 +290,7 @@ def reply_updates(
     bits = {} if clip_bits is None else clip_bits
     dtype = _flat_dtype(message)
     for user, vector in updates.items():
+        _check_update(user, vector)
         delta = vector.detach().to(device="cpu", dtype=dtype)
         arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
         if user in bits:
@@ -306,6 +309,25 @@ def reply_updates(
         metrics[P.TRAIN_LOSS] = list(losses or [])
     reply[P.TRAIN_METRICS] = MetricRecord(metrics)
     return Message(reply, reply_to=message)
+
+
+def _check_update(user: object, vector: object) -> None:
+    """``ValueError`` naming ``updates[user]`` unless it is a dense real floating tensor with data.
+
+    Fortieth review of issue 15 (mechanisms 8): a NumPy array, a list or ``None`` ended in
+    ``AttributeError: ... has no attribute 'detach'``, a meta or sparse tensor in torch's
+    ``NotImplementedError`` or ``TypeError``, and a complex (or int64) one was sent as its real
+    part (cast) with only torch's warning.
+    """
+    if isinstance(vector, torch.Tensor) and vector.is_floating_point():
+        problem = dense_problem(vector)
+    else:
+        what = vector.dtype if isinstance(vector, torch.Tensor) else type(vector).__name__
+        problem = f"a floating-point torch.Tensor is needed, got {what}"
+    if problem is not None:
+        raise ValueError(
+            f"updates[{shown(user)}] must be a user's flat update (PrivateUpdate.vector): {problem}"
+        )
 
 
 def _flat_dtype(message: Message) -> torch.dtype:

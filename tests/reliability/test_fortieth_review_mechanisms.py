@@ -55,6 +55,11 @@
    one's own) of a reply whose ``update/1`` record holds no ``delta`` array (a rogue or broken
    node). Before: ``KeyError: 'delta'``, naming neither the record nor the user. Now
    ``ValueError`` naming the record, the user and the arrays it holds.
+8. ``clients.reply_updates(message, {1: u})`` with ``u`` a NumPy array, a list, ``None``, a meta,
+   sparse, complex or int64 tensor. Before: ``AttributeError: ... has no attribute 'detach'``;
+   torch's ``NotImplementedError`` (meta) and ``TypeError`` (sparse); the complex update sent as
+   its real part and the int64 one as float32, with only torch's warning for the first. Now
+   ``ValueError`` naming ``updates[1]`` and what it must be (``messages._check_update``).
 """
 
 from __future__ import annotations
@@ -281,3 +286,28 @@ def test_read_updates_names_an_update_record_without_its_delta() -> None:
     with pytest.raises(ValueError, match=r"'update/1' \(user 1\) holds no array 'delta'"):
         P.read_updates(content)  # before: KeyError: 'delta'
     assert list(P.read_updates(RecordDict({"update/2": good}))) == [2]
+
+
+# -- finding 8: what a ClientApp of one's own replies as an update -------------------------------
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        np.zeros(3, dtype=np.float32),
+        [0.0, 0.0, 0.0],
+        None,
+        torch.zeros(3, device="meta"),
+        torch.zeros(3).to_sparse(),
+        torch.ones(3, dtype=torch.complex64),
+        torch.zeros(3, dtype=torch.int64),
+    ],
+    ids=["numpy", "list", "none", "meta", "sparse", "complex", "int64"],
+)
+def test_a_reply_s_update_must_be_a_dense_float_tensor(update) -> None:
+    settings = P.ClientSettings(LocalConfig(learning_rate=0.1), seed=0)
+    config = P.encode_train_config(users=[1], round_num=1, settings=settings)
+    arrays = ArrayRecord({"w": torch.zeros(3)})
+    message = delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: arrays}, "train")
+    with pytest.raises(ValueError, match=r"updates\[1\] must be a user's flat update"):
+        reply_updates(message, {1: update})

@@ -49,6 +49,13 @@ class LedgerChecks:
         lines = [e for e in self.entries if e.round == round_num and e.kind == "round"]
         return lines[-1] if lines else None
 
+    def records(self, round_num: int, participants: str | None) -> bool:
+        """Whether the line of round ``round_num`` records tree ``participants`` (a digest)."""
+        line = self._last_release(round_num)
+        if participants is None or line is None:
+            return False
+        return line.participants_sha256 == participants
+
     def check_participants(self, round_num: int, digest: str | None, name: str) -> None:
         """Refuse a checkpoint of ``round_num`` whose tree participants are not its line's.
 

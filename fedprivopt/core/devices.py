@@ -19,7 +19,8 @@ def check_device(device: object, name: str = "device") -> Any:
     """``device`` as a ``torch.device`` this machine has, or ``ValueError`` naming ``name``.
 
     Takes a ``torch.device`` or what ``torch.device()`` takes (``"cpu"``, ``"cuda:1"``, an
-    index of the current accelerator); a CUDA device must exist here.
+    index of the current accelerator); a CUDA device must exist here, another device type
+    must take an allocation here, and the meta device (no data) is refused.
     """
     import torch
 
@@ -38,4 +39,18 @@ def check_device(device: object, name: str = "device") -> Any:
             raise ValueError(
                 f"{name} {str(out)!r} is not on this machine ({count} CUDA device(s) visible)"
             )
+    elif out.type == "meta":
+        # follow-up of the fortieth review of issue 15 (privacy 1): a meta device gave the
+        # aggregator a sum without data (an honest update rejected as NaN, a release of no
+        # numbers reported as noised) and noise without values
+        raise ValueError(
+            f"{name} must be a device that holds data, got 'meta' (tensors there have none)"
+        )
+    elif out.type != "cpu":
+        try:  # 'mps' or 'xla' on a machine without them: torch's NotImplementedError before
+            torch.empty(0, device=out)
+        except (RuntimeError, NotImplementedError):
+            raise ValueError(
+                f"{name} {str(out)!r} is not on this machine (torch cannot allocate there)"
+            ) from None
     return out

@@ -1,0 +1,93 @@
+"""Issue 15, follow-up of the fortieth hostile review (privacy: the api and mechanisms fixes).
+
+1. The meta device given to the aggregator, the noise, the generators and the tree (the open row
+   of the fortieth review's mechanisms reviewer): ``NoisyMeanAggregator(clip_norm=1,
+   noise_multiplier=1, expected_cohort_size=1).aggregate([(0, 0.1 * torch.ones(3))], dim=3,
+   generator=g, device="meta")``, ``gaussian_noise(3, 1.0, generator=g, device="meta")``,
+   ``TreeNoise(..., device="meta")``; ``"mps"`` and ``"xla"`` on a machine without them.
+   Before: meta was taken (the honest update rejected as "contains NaN or Inf", a release of no
+   numbers returned with ``noise_std`` 1.0; noise without values); mps and xla ended in torch's
+   ``NotImplementedError`` naming no parameter. Now ``core.devices.check_device`` refuses the
+   meta device and a device type torch cannot allocate on here, ``ValueError`` naming
+   ``device``; CPU and CUDA as before.
+2. ``privatize_update(torch.tensor([0.1], dtype=torch.float64), clip_norm=Fraction(1, 10))``
+   (also ``2**54 - 1`` with ``[2.0**54]``, ``numpy.longdouble(1) - 2**-60`` with ``[1.0]``): the
+   client's twin of the fortieth review's mechanisms 1 (the open row of its reviewer). Before:
+   ``check_real`` read C as the nearest float, above it, so the update was returned unclipped
+   (``clipped`` False) with exact norm above C. Now ``privatize_update`` reads it as the largest
+   float not above it, as ``clip_l2`` does: clipped, exact norm at most C; a float C as before.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from fedprivopt.clients.privatize import privatize_update
+from fedprivopt.privacy.aggregate import NoisyMeanAggregator
+from fedprivopt.privacy.noise import gaussian_noise
+from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.tree import TreeNoise
+
+
+def _aggregate(device):
+    agg = NoisyMeanAggregator(clip_norm=1, noise_multiplier=1, expected_cohort_size=1)
+    g = torch.Generator().manual_seed(0)
+    return agg.aggregate([(0, 0.1 * torch.ones(3))], dim=3, generator=g, device=device)
+
+
+def _noise(device):
+    return gaussian_noise(3, 1.0, generator=torch.Generator().manual_seed(0), device=device)
+
+
+def _tree(device):
+    return TreeNoise(std=1.0, restart_rounds=2, rngs=RngFactory(seed=0), dim=3, device=device)
+
+
+def _generator(device):
+    return RngFactory(seed=0).generator(1, "sampling", device=device)
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xla"])
+@pytest.mark.parametrize("call", [_aggregate, _noise, _tree, _generator])
+def test_1_a_device_without_data_or_not_here_is_refused(call, device):
+    if device != "meta" and getattr(torch.backends, device, None) is not None:
+        if device == "mps" and torch.backends.mps.is_available():
+            pytest.skip("this machine has mps")
+    with pytest.raises(ValueError, match="device"):
+        call(device)
+
+
+@pytest.mark.parametrize("call", [_aggregate, _noise, _tree, _generator])
+def test_1_cpu_as_before(call):
+    call("cpu")
+    call(torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("vector", "clip_norm"),
+    [
+        ([0.1], Fraction(1, 10)),
+        ([2.0**54], 2**54 - 1),
+        ([1.0], np.longdouble(1) - np.longdouble(2) ** -60),
+    ],
+)
+def test_2_privatize_reads_c_as_the_float_not_above_it(vector, clip_norm):
+    out = privatize_update(torch.tensor(vector, dtype=torch.float64), clip_norm=clip_norm)
+    assert out.clipped
+    norm = float(torch.linalg.vector_norm(out.vector))
+    exact = clip_norm if isinstance(clip_norm, np.floating) else Fraction(clip_norm)
+    assert (np.longdouble(norm) if isinstance(exact, np.floating) else Fraction(norm)) <= exact
+
+
+def test_2_float_c_as_before():
+    out = privatize_update(torch.tensor([3.0, 4.0]), clip_norm=1.0)
+    assert (out.norm, out.clipped) == (5.0, True)
+    assert float(out.vector.norm()) == pytest.approx(1.0)
+    out = privatize_update(torch.tensor([0.3, 0.4]), clip_norm=1.0)
+    assert not out.clipped
+    with pytest.raises(ValueError, match="clip_norm must be None or a finite number > 0"):
+        privatize_update(torch.tensor([1.0]), clip_norm=Fraction(1, 10**400))

@@ -35,6 +35,7 @@ import torch
 from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
+from fedprivopt.privacy.clip import _float_at_most as float_at_most
 from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
 
@@ -139,7 +140,13 @@ def privatize_update(
         )
     if clip_norm is not None:
         try:
-            clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)
+            check_real("clip_norm", clip_norm, low=0.0, low_open=True)
+            # follow-up of the fortieth review of issue 15 (privacy 2): C was read as the
+            # nearest float (0.1 > Fraction(1, 10)), and an update of that norm was returned
+            # unclipped; it is read as the largest float not above it, as clip_l2 reads it
+            clip_norm = float_at_most(clip_norm)
+            if clip_norm <= 0.0:
+                raise ValueError("clip_norm")
         except ValueError:
             raise ValueError(
                 f"clip_norm must be None or a finite number > 0, got {shown(clip_norm)}"

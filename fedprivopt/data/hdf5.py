@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import posixpath
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,30 @@ class HDF5Split(ClientSplit):
             links = load_h5py().h5o.get_info(obj.id).rc
         if links != 1:
             raise self._linked(name, f"one of {links} hard links to one object")
+        source = self._client_source(obj, name)
+        if source is not None:
+            raise self._linked(name, f"a virtual dataset of {source}")
+
+    def _client_source(self, obj: Any, name: str) -> str | None:
+        """The first source of virtual dataset ``obj`` (``name``) that is a client's data here.
+
+        Follow-up of the fortieth review of issue 15 (outputs 1): a client ``u3`` whose
+        features were virtual datasets mapping ``/examples/u1``'s (in this file, named ``.`` or
+        by its own name) was read as a user of its own with ``u1``'s examples, as a soft link
+        was (input 3). A virtual feature mapping data outside ``/examples`` (or another file)
+        is read as before; one mapping itself is left to the heap checks (a loop, refused there).
+        """
+        if not getattr(obj, "is_virtual", False):
+            return None
+        with self._reading("a virtual dataset's sources"):
+            sources = obj.virtual_sources()
+        for source in sources:
+            target = posixpath.normpath("/" + source.dset_name)  # "examples//./u1"
+            if target == name or not target.startswith("/examples/"):
+                continue
+            if _same_file(source.file_name, self.path):
+                return target
+        return None
 
     def _linked(self, name: str, kind: str) -> ValueError:
         """The refusal of a client group or feature ``name`` that is a link (``kind``).
@@ -326,6 +351,21 @@ class HDF5Split(ClientSplit):
         state["_heaps"] = None
         state["_pid"] = -1
         return state
+
+
+def _same_file(name: str, path: Path) -> bool:
+    """Whether a virtual source's file ``name`` is ``path`` (``.``, or a name HDF5 finds it by)."""
+    if name == ".":
+        return True
+    rel = Path(name).name if Path(name).is_absolute() else name
+    tries = [Path(name)] if Path(name).is_absolute() else []
+    for candidate in [*tries, Path(path).parent / rel, Path(rel)]:
+        try:
+            if candidate.is_file():
+                return os.path.samefile(candidate, path)  # the first HDF5 opens
+        except OSError:
+            continue
+    return False
 
 
 def _not_hard(name: bytes, info: Any) -> tuple[str, str] | None:

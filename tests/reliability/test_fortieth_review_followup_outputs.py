@@ -1,0 +1,67 @@
+"""Issue 15, follow-up of the fortieth hostile review (outputs and inputs: today's fixes): tests.
+
+1. ``HDF5Split(f).client_examples("u3")`` (also through ``open_split``) of a legacy HDF5 file
+   where client ``u3``'s features are virtual datasets mapping ``/examples/u1``'s
+   (``h5py.VirtualSource(".", "examples/u1/tokens", ...)``, or naming the file by its own
+   name): the fortieth review's
+   input 3 refuses a client or feature that is a soft, external or second hard link, but a
+   virtual dataset is none of these, so ``u3`` was read as a user of its own with ``u1``'s
+   examples (one person's data trained as two users, each release accounting for it once).
+   Now ``HDF5Split._client_source`` refuses a virtual feature whose source is a client's data
+   in the same file, naming it (``... is a virtual dataset of /examples/u1/...``); a virtual
+   feature mapping data outside ``/examples`` is read as before. (``data info`` reads only
+   the clients' sizes: it still lists ``u3``, rc 0.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fedprivopt.data.hdf5 import HDF5Split, write_hdf5
+from fedprivopt.data.loader import open_split
+from fedprivopt.data.stackoverflow import FEATURES, StackOverflowExample
+
+
+def _h5(tmp_path):
+    """A legacy train split of clients u1 (2 examples) and u2 (1), and h5py."""
+    h5py = pytest.importorskip("h5py")
+
+    def example(i):
+        return StackOverflowExample(f"w{i} x", "t", "a|b", "2010-01-08 09:34:05 UTC", i, "answer")
+
+    path = tmp_path / "stackoverflow_train.h5"
+    write_hdf5(path, {"u1": [example(1), example(2)], "u2": [example(3)]})
+    return path, h5py
+
+
+def _virtual_client(h5py, f, client: str, source_file: str, prefix: str) -> None:
+    """Make ``client`` a group of virtual features mapping ``prefix/<feature>``."""
+    group = f.create_group(f"examples/{client}")
+    for name in FEATURES:
+        src = f[f"{prefix}/{name}"]
+        layout = h5py.VirtualLayout(shape=src.shape, dtype=src.dtype)
+        layout[:] = h5py.VirtualSource(source_file, f"{prefix}/{name}", shape=src.shape)
+        group.create_virtual_dataset(name, layout)
+
+
+@pytest.mark.parametrize("named", [".", "own name"])
+def test_1_a_client_of_virtual_datasets_of_another_s_is_refused(tmp_path, named):
+    path, h5py = _h5(tmp_path)
+    with h5py.File(path, "a") as f:
+        _virtual_client(h5py, f, "u3", "." if named == "." else path.name, "examples/u1")
+    split = HDF5Split(path)
+    with pytest.raises(ValueError, match=r"/examples/u3/\w+ is a virtual dataset of /examples/u1"):
+        split.client_examples("u3")
+    with pytest.raises(ValueError, match=r"virtual dataset of /examples/u1"):
+        open_split(path).client_examples("u3")  # the reader a user's own task calls
+
+
+def test_1_a_virtual_feature_of_data_outside_examples_is_read_as_before(tmp_path):
+    path, h5py = _h5(tmp_path)
+    with h5py.File(path, "a") as f:  # a client's features kept elsewhere, mapped once
+        f.copy("examples/u2", "raw/u2")
+        del f["examples/u2"]
+        _virtual_client(h5py, f, "u2", ".", "raw/u2")
+    split = HDF5Split(path)
+    assert [e.score for e in split.client_examples("u2")] == [3]
+    assert [e.score for e in split.client_examples("u1")] == [1, 2]

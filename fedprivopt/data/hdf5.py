@@ -260,7 +260,11 @@ class HDF5Split(ClientSplit):
         group = self._client(client_id)
         columns: dict[str, np.ndarray] = {}
         with self._reading(f"client {client_id!r}"):
-            found = sorted(group.keys())
+            # follow-up of the fortieth review of issue 15 (outputs 2): a name that is not UTF-8
+            # (bytes from h5py) beside the features is no feature, as any other name there is;
+            # sorting it with the others was "cannot read client 'u2' (damaged HDF5 file?): '<'
+            # not supported between instances of 'bytes' and 'str'"
+            found = sorted(group.keys(), key=_name_text)
             datasets = {name: group[name] for name in FEATURES if name in found}
             # the lengths are compared before anything is read (twenty-ninth review of issue 15:
             # a 1-example client whose 'score' claimed 10**9 zeros, gzip-compressed in an 8 MB
@@ -351,6 +355,11 @@ class HDF5Split(ClientSplit):
         state["_heaps"] = None
         state["_pid"] = -1
         return state
+
+
+def _name_text(name: str | bytes) -> str:
+    """A name as h5py gives it (``bytes`` where it is not UTF-8), as text to sort and show."""
+    return name if isinstance(name, str) else name.decode("utf-8", "backslashreplace")
 
 
 def _same_file(name: str, path: Path) -> bool:

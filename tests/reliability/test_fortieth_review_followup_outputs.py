@@ -11,6 +11,12 @@
    in the same file, naming it (``... is a virtual dataset of /examples/u1/...``); a virtual
    feature mapping data outside ``/examples`` is read as before. (``data info`` reads only
    the clients' sizes: it still lists ``u3``, rc 0.)
+2. ``HDF5Split(f).client_examples("u2")`` of a legacy HDF5 file where ``u2`` holds, beside its
+   features, a name that is not UTF-8 (``b"\\xffnote"``; the fortieth review's input 6 is the
+   same in the client list): refused, ``cannot read client 'u2' (damaged HDF5 file?): '<' not
+   supported between instances of 'bytes' and 'str'`` (h5py gives such a name as bytes),
+   where a UTF-8 name there (``note``) is no feature and read past. Now the names are sorted
+   as text (``hdf5._name_text``): ``u2``'s example read as with a UTF-8 name.
 """
 
 from __future__ import annotations
@@ -65,3 +71,14 @@ def test_1_a_virtual_feature_of_data_outside_examples_is_read_as_before(tmp_path
     split = HDF5Split(path)
     assert [e.score for e in split.client_examples("u2")] == [3]
     assert [e.score for e in split.client_examples("u1")] == [1, 2]
+
+
+# -- finding 2: a name that is not UTF-8 beside a client's features ----------------------------
+
+
+def test_2_a_non_utf8_name_beside_the_features_is_no_feature(tmp_path):
+    path, h5py = _h5(tmp_path)
+    with h5py.File(path, "a") as f:
+        f.create_dataset(b"/examples/u2/\xffnote", data=[1])
+    split = HDF5Split(path)
+    assert [e.score for e in split.client_examples("u2")] == [3]

@@ -88,6 +88,9 @@ class RunDirState:
     diverged : int or None
         The first diverged round the restored checkpoint records
         (:mod:`~fedprivopt.simulation.divergence`); ``None``: none, or no checkpoint.
+    recorded_plan : str or None
+        Without a ledger: the tuning plan the checkpoint's copy of the ledger header names
+        (:meth:`RunLedger.check_recorded`; ``None``: none, or no copy).
     """
 
     out: Path
@@ -102,6 +105,7 @@ class RunDirState:
     checkpoint: str | None
     problems: dict[str, str] = field(default_factory=dict)
     diverged: int | None = None
+    recorded_plan: str | None = None
 
     def refuse_trial(self) -> None:
         """Refuse a run whose ledger names a tuning plan: a trial of ``fedprivopt tune``.
@@ -116,10 +120,17 @@ class RunDirState:
         ValueError
             Naming the ledger and the plan.
         """
-        plan = None if self.ledger is None else self.ledger.header.get("tuning_plan")
+        plan = self.recorded_plan if self.ledger is None else self.ledger.header.get("tuning_plan")
         if plan is not None:
+            # fortieth review follow-up (ledger 2): a trial's ledger deleted, its checkpoint's
+            # copy of the header still names the plan
+            where = (
+                self.ledger.path
+                if self.ledger is not None
+                else f"{self.out / str(self.checkpoint)} (its copy of the ledger header)"
+            )
             raise ValueError(
-                f"{self.ledger.path}: its header names the tuning plan {str(plan)[:16]!r}...: "
+                f"{where}: its header names the tuning plan {str(plan)[:16]!r}...: "
                 "the run is a trial of a tuning, and reported alone its epsilon would understate "
                 "what the tuning spent (report the tuning with compare-tuned)"
             )
@@ -508,6 +519,7 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
             f"{out / CONFIG_FILE}: its files show rounds up to {released} released, more than the "
             f"num-server-rounds = {rounds} of its {CONFIG_FILE}; set it to at least {released}"
         )
+    recorded_plan: str | None = None
     if ledger is None and state is None:
         if old is not None:
             raise ValueError(
@@ -526,6 +538,9 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
         RunLedger.check_carried(config, alg.accountant, alg.round_num, name, rows)
         parts = rebuilt_parts(alg.accountant, alg.round_num, last_released, alg.round_events(), old)
         RunLedger.check_rebuilt(config, alg.accountant, parts, name, stated_epsilons(rows, summary))
+        # fortieth review follow-up (ledger 2): the checkpoint's copy of the ledger header,
+        # checked here for every caller (compare's plan, compare-tuned, tune), not on --resume only
+        recorded_plan = RunLedger.check_recorded(out, state, name, config, data_identity(task))
     else:
         ledger.restore(alg.accountant, alg.round_num, name, secure=config.strategy.secure)
     if state is not None:
@@ -535,5 +550,6 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
         check_rows_digest(out, rows, state, name, summary if finished else None)
     diverged = checked_round(state.get("diverged"), alg.round_num) if state else None
     return RunDirState(
-        out, config, task, alg, ledger, old, rows, summary, last_released, name, problems, diverged
-    )
+        out, config, task, alg, ledger, old, rows, summary, last_released, name, problems, diverged,
+        recorded_plan,
+    )  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,7 +26,10 @@ from fedprivopt.privacy import tree
 from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.tune_untuned import check_untuned_files
 from tests.simulation.test_run import small_config
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
 def _raise_rounds(run: Path, rounds: int) -> None:
@@ -97,3 +101,47 @@ def test_1_its_participants_cut_or_its_ledger_deleted_are_still_refused(
     (run / LEDGER_FILE).unlink()  # nothing records the participants: a full cohort is assumed
     assert main(["simulate", "--resume", str(run), "--quiet"]) == 2
     assert "holds 7 users of restart period 0" in capsys.readouterr().err
+
+
+# -- 2: the checkpoint's copy of the ledger header, checked by every caller of audit_run_dir -------
+SMALL_SET = ["--set", "population=12", "--set", "clients-per-round=4",
+             "--set", "task-params.num-users=12"]  # fmt: skip
+
+
+def _compare(out: Path, *extra: str) -> list[str]:
+    return ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "1", "--out", str(out),
+            "--quiet", *SMALL_SET, *extra]  # fmt: skip
+
+
+def test_2_compare_refuses_a_rebuilt_ledgers_edit_before_removing_its_report(tmp_path, capsys):
+    out = tmp_path / "C"
+    assert main(_compare(out)) == 0, capsys.readouterr().err
+    (cell,) = (out / "runs").iterdir()
+    (cell / LEDGER_FILE).unlink()
+    config = cell / "config.toml"
+    text = config.read_text()
+    assert text.count("\nseed = 0\n") == 2  # the strategy's and the task's, which is last
+    head, _, tail = text.rpartition("\nseed = 0\n")
+    config.write_text(f"{head}\nseed = 1\n{tail}")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(_compare(out, "--set", "task-params.seed=1")) == 2
+    err = capsys.readouterr().err
+    assert "task-params.seed" in err and "checkpoint.pt recorded it" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert after == before  # report.md, summary.csv and the plots kept
+    # the ledger deleted alone: the cell is resumed and the comparison reported as before
+    config.write_text(text)
+    assert main(_compare(out)) == 0, capsys.readouterr().err
+    assert (cell / LEDGER_FILE).is_file() and (out / "report.md").is_file()
+
+
+def test_2_a_trial_without_its_ledger_is_still_no_untuned_run(tmp_path):
+    trial = tmp_path / "T2" / "runs" / "trial-001"
+    simulate(small_config(**{"num-server-rounds": 1, "seed": 5}), trial, tuning_plan="b" * 64)
+    copy = tmp_path / "U" / "r"
+    shutil.copytree(trial, copy)
+    (copy / LEDGER_FILE).unlink()  # a trial of a tuning not given to compare-tuned
+    with pytest.raises(ValueError, match=r"checkpoint.pt \(its copy of the ledger header\)"):
+        check_untuned_files([SimpleNamespace(path=copy)])

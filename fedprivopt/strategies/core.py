@@ -117,6 +117,9 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         )
         self.sampler = self.sampling.sampler(self.rngs)
         self.tree_cohorts, self.tree_noise = self._make_tree(initial_params)
+        # the last cohort sample() drew, by purpose: (round, users); what aggregate may sum in
+        # secure mode or under tree aggregation, where a draw is not repeated
+        self._drawn: dict[str, tuple[int, frozenset[int]]] = {}
         #: Task user ids that can be reached this round (deployment under tree aggregation;
         #: ``None``: all). Set by the engine before a round; ignored by sampled mechanisms.
         self.available_users: set[int] | None = None
@@ -287,9 +290,11 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
                 available = torch.zeros(self.config.population, dtype=torch.bool)
                 ids = [u - self.user_offset for u in self.available_users if u in self.user_ids]
                 available[torch.as_tensor(ids, dtype=torch.int64)] = True
-            cohort = self.tree_cohorts.cohort(round_num, available)
-            return [u + self.user_offset for u in cohort]
-        return [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
+            users = [u + self.user_offset for u in self.tree_cohorts.cohort(round_num, available)]
+        else:
+            users = [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
+        self._drawn[purpose] = (round_num, frozenset(users))
+        return users
 
     # -- adaptive clipping ---------------------------------------------------------------------
 
@@ -374,9 +379,11 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         40) under the charge of a round that samples a quarter of them, and so did
         ``cohort=range(40)``. A seeded sampled round draws the same cohort at every call
         (:meth:`sample`): a given cohort must be within it. In secure mode or under tree
-        aggregation a second draw is another cohort, so the caller must pass the one it used.
+        aggregation a second draw is another cohort, so the caller must pass the one it used,
+        within that draw (follow-up, privacy 3: ``cohort=range(40)`` summed all 40 there).
         """
         round_num = check_int("round_num", round_num, 1)
+        purpose = "sampling-2" if stream == "train-2" else "sampling"
         if self.config.secure or self.tree_cohorts is not None:
             if cohort is None:
                 raise ValueError(
@@ -384,8 +391,15 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
                     "round its updates were trained for) in secure mode or under tree "
                     "aggregation, where another draw gives another cohort"
                 )
-            return cohort
-        sampled = self.sample(round_num, "sampling-2" if stream == "train-2" else "sampling")
+            drawn_round, sampled = self._drawn.get(purpose, (0, frozenset()))
+            if drawn_round != round_num:
+                raise ValueError(
+                    f"aggregate of round {round_num} in secure mode or under tree aggregation "
+                    f"sums users of the cohort this algorithm drew for it last, and it drew "
+                    f"none (call alg.sample({round_num}) and train those users)"
+                )
+        else:
+            sampled = self.sample(round_num, purpose)
         if cohort is None:
             return sampled
         extra = sorted(set(cohort) - set(sampled))

@@ -16,6 +16,15 @@
    ``check_real`` read C as the nearest float, above it, so the update was returned unclipped
    (``clipped`` False) with exact norm above C. Now ``privatize_update`` reads it as the largest
    float not above it, as ``clip_l2`` does: clipped, exact norm at most C; a float C as before.
+3. The fortieth review's api 6 in secure mode and under tree aggregation:
+   ``alg.sample(1)`` (10 of 40 users), then ``alg.aggregate(1, updates, cohort=list(range(40)))``
+   (dp-fedavg, population 40, q 0.25, seed 1). Before: api 6 checked a given cohort against the
+   round's sample only in seeded sampled mode, so all 40 were summed (accepted 40) under the
+   charge of a round sampling a quarter (secure: epsilon 8.71), and under tree aggregation 30
+   users the participation ledger never checked in could be sampled again in the period. Now
+   ``ServerAlgorithm.sample`` keeps the last cohort it drew (by purpose) and ``_round_cohort``
+   refuses a cohort outside it, or a round it drew none for, before anything is drawn; the
+   cohort it drew as before.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.tree import TreeNoise
+from fedprivopt.strategies import StrategyConfig, build_algorithm
 
 
 def _aggregate(device):
@@ -91,3 +101,43 @@ def test_2_float_c_as_before():
     assert not out.clipped
     with pytest.raises(ValueError, match="clip_norm must be None or a finite number > 0"):
         privatize_update(torch.tensor([1.0]), clip_norm=Fraction(1, 10**400))
+
+
+def _algorithm(**kw):
+    cfg = StrategyConfig(
+        strategy="dp-fedavg", population=40, clients_per_round=10, num_server_rounds=3,
+        noise_multiplier=0.5, clip_norm=1.0, seed=1, **kw,
+    )  # fmt: skip
+    return build_algorithm(cfg, torch.zeros(10))
+
+
+MODES = [{"secure": True}, {"noise_mechanism": "tree"}]
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_3_a_cohort_beyond_the_draw_is_refused(kw):
+    alg = _algorithm(**kw)
+    alg.sample(1)
+    updates = {u: torch.full((10,), 0.1) for u in range(40)}
+    with pytest.raises(ValueError, match="did not sample"):
+        alg.aggregate(1, updates, cohort=list(range(40)))
+    assert alg.epsilon() == 0.0  # nothing drawn, nothing charged
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_3_a_round_without_a_draw_is_refused(kw):
+    alg = _algorithm(**kw)
+    users = alg.sample(1)
+    with pytest.raises(ValueError, match="drew none"):
+        alg.aggregate(2, {u: torch.full((10,), 0.1) for u in users}, cohort=users)
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_3_the_drawn_cohort_as_before(kw):
+    alg = _algorithm(**kw)
+    users = alg.sample(1)
+    agg = alg.aggregate(1, {u: torch.full((10,), 0.1) for u in users}, cohort=users)
+    assert agg.metrics["accepted"] == len(users)
+    users2 = alg.sample(2)  # a part of the drawn cohort (a user dropped out)
+    agg = alg.aggregate(2, {u: torch.full((10,), 0.1) for u in users2[:2]}, cohort=users2[:2])
+    assert agg.metrics["accepted"] == 2

@@ -428,17 +428,19 @@ def _recorded(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[str
     return {**summary, **own, "config": config}
 
 
-def trial_note(path: Path) -> str:
+def trial_note(path: Path, source: str = LEDGER_FILE) -> str:
     """The note of a run whose privacy ledger names a tuning plan: a trial of ``fedprivopt tune``.
 
     Fortieth review of issue 15 (reports, finding 2): ``write_report(out,
     load_runs("T/runs/trial-001"))`` of a tuning's released trial showed ε 10.28 without a word,
     where the tuning that chose it spent 13.09 (``compare`` and ``compare-tuned --untuned``
     refuse a trial; the tuned row of :func:`~fedprivopt.simulation.tune_report.load_tuned`
-    carries the tuning's ε and drops this note).
+    carries the tuning's ε and drops this note). ``source``: what names the plan; without a
+    ledger, a checkpoint's copy of its header (fortieth review follow-up, ledger 3: a trial
+    copied out without its ledger was reported without a word).
     """
     return (
-        f"{path}: a trial of a tuning (its {LEDGER_FILE} names a tuning plan): the epsilon shown "
+        f"{path}: a trial of a tuning (its {source} names a tuning plan): the epsilon shown "
         "is its own run's, below what the tuning that chose its hyperparameters spent (report "
         "the tuning with compare-tuned)"
     )
@@ -479,10 +481,12 @@ def _accounted_epsilon(
             )
         at = ledger.header["delta"] if shown_delta is None else shown_delta
         return LEDGER_FILE, ledger.epsilon(shown_delta), at
-    found = checkpoint_epsilon(path, shown_delta)
+    found = _checkpoint_epsilon(path, shown_delta)
     if found is None:
         return None
-    name, epsilon, round_num, at = found
+    name, epsilon, round_num, at, header = found
+    if isinstance(header, dict) and header.get("tuning_plan") is not None:
+        notes.append(trial_note(path, f"{name}'s copy of the ledger header"))
     notes.append(
         f"{path}: no {LEDGER_FILE}; epsilon {epsilon:.6g} recomputed from the accountant of "
         f"{name} (round {round_num})"
@@ -500,7 +504,14 @@ def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int
     ValueError
         If the checkpoint's accountant or configuration cannot be read, naming the file.
     """
+    found = _checkpoint_epsilon(path, delta)
+    return None if found is None else found[:4]
+
+
+def _checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int, float, Any]:
+    """:func:`checkpoint_epsilon`, and the checkpoint's copy of the ledger header (or ``None``)."""
     from fedprivopt.privacy.accounting import PrivacyAccountant
+    from fedprivopt.simulation.checkpoint import LEDGER_HEADER
     from fedprivopt.strategies.config import StrategyConfig
 
     state, name = newest_checkpoint(path, problems={})
@@ -515,7 +526,7 @@ def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int
         raise ValueError(f"{path / name}: its privacy accountant cannot be read ({exc})") from None
     at = config.delta if delta is None else delta
     epsilon = accountant.epsilon(at) if config.private else math.inf
-    return name, epsilon, algorithm["round"], at
+    return name, epsilon, algorithm["round"], at, state.get(LEDGER_HEADER)
 
 
 def _refuse_tunings(root: Path) -> None:

@@ -355,7 +355,8 @@ def load_tuned(path: str | Path, checked=None):
     # accountant = "pld" was labelled pld in summary.csv, its epsilon being RDP's
     tuned = {**run.summary, "strategy": run.strategy + TUNED_SUFFIX, "epsilon": eps,
              EPSILON_ACCOUNTANT: TUNING_ACCOUNTANT}  # fmt: skip
-    kept = tuple(w for w in run.warnings if w != trial_note(run.path))  # its tuning's ε is shown
+    own = trial_note(run.path).split(" (its ")[0]  # its tuning's ε is shown (any source)
+    kept = tuple(w for w in run.warnings if not w.startswith(f"{own} (its "))
     return dataclasses.replace(run, summary=tuned, ledger_epsilon=eps, warnings=kept)
 
 

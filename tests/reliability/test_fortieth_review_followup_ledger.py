@@ -10,6 +10,22 @@
    ``check_participants`` compares exactly), a count between the rows' and the rows' plus a full
    cohort a missing row is taken (``audit._check_participants``): rc 0. The participants emptied
    (the ledger's digest no longer matches) or the ledger deleted: still refused.
+2. (the ledger reviewer's second open row) The checkpoint's copy of the ledger header (the
+   fortieth review's ledger 3) was checked on ``--resume`` only. ``compare toy.toml
+   --strategies dp-fedavg --rounds 1`` (small), its cell's ledger deleted and
+   ``task-params.seed`` 0 → 1 in its ``config.toml``, then the same ``compare --set
+   task-params.seed=1``: rc 2 naming the key only when the cell was resumed, after ``compare``
+   had removed its earlier ``report.md``, ``summary.csv`` and plots. And a trial of a tuning
+   copied out without its ledger passed ``check_untuned_files`` (``compare-tuned --untuned``)
+   as an untuned run. Now ``audit_run_dir`` makes the check for every caller (``compare``'s
+   plan, ``compare-tuned --untuned``, ``tune``), and ``RunDirState.recorded_plan`` (the plan
+   the checkpoint's copy names) makes ``refuse_trial`` refuse such a copy: rc 2, the report
+   kept. The ledger deleted alone is resumed and reported as before.
+3. ``load_run`` (``write_report(out, load_runs(R))``) of such a trial without its ledger: ε
+   recomputed from its checkpoint, with no word that it is a tuning's trial (the fortieth
+   review's reports 2 read the plan from the ledger only). Now the checkpoint's copy of the
+   header is read too (``rundata._checkpoint_epsilon``): ``trial_note`` naming
+   ``checkpoint.pt's copy of the ledger header``; ``load_tuned`` drops either note.
 """
 
 from __future__ import annotations
@@ -26,6 +42,7 @@ from fedprivopt.privacy import tree
 from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import load_run, trial_note
 from fedprivopt.simulation.tune_untuned import check_untuned_files
 from tests.simulation.test_run import small_config
 
@@ -137,11 +154,25 @@ def test_2_compare_refuses_a_rebuilt_ledgers_edit_before_removing_its_report(tmp
     assert (cell / LEDGER_FILE).is_file() and (out / "report.md").is_file()
 
 
-def test_2_a_trial_without_its_ledger_is_still_no_untuned_run(tmp_path):
-    trial = tmp_path / "T2" / "runs" / "trial-001"
+@pytest.fixture(scope="module")
+def trial_without_ledger(tmp_path_factory) -> Path:
+    """A 1-round "trial" (its ledger names a tuning plan) copied out without its ledger."""
+    root = tmp_path_factory.mktemp("trial")
+    trial = root / "T2" / "runs" / "trial-001"
     simulate(small_config(**{"num-server-rounds": 1, "seed": 5}), trial, tuning_plan="b" * 64)
-    copy = tmp_path / "U" / "r"
+    copy = root / "U" / "r"
     shutil.copytree(trial, copy)
     (copy / LEDGER_FILE).unlink()  # a trial of a tuning not given to compare-tuned
+    return copy
+
+
+def test_2_a_trial_without_its_ledger_is_still_no_untuned_run(trial_without_ledger):
     with pytest.raises(ValueError, match=r"checkpoint.pt \(its copy of the ledger header\)"):
-        check_untuned_files([SimpleNamespace(path=copy)])
+        check_untuned_files([SimpleNamespace(path=trial_without_ledger)])
+
+
+# -- 3: load_run of a trial without its ledger ---------------------------------------------------
+def test_3_load_run_notes_a_trial_without_its_ledger(trial_without_ledger):
+    run = load_run(trial_without_ledger)
+    source = "checkpoint.pt's copy of the ledger header"
+    assert trial_note(trial_without_ledger, source) in run.warnings, run.warnings

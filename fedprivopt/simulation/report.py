@@ -216,13 +216,36 @@ def _check_replaceable(out: Path) -> None:
         Naming ``out_dir`` and the first report file that is not one.
     """
     present = [n for n in REPORT_FILES if (out / n).exists() or (out / n).is_symlink()]
-    if not present or _own_report(out / "report.md"):
+    if not present or _own_report(out / "report.md") or _stopped_report(out, present):
         return
     raise ValueError(
         f"out_dir {str(out)!r} holds {present[0]!r}, which is not part of a report "
         "write_report wrote (its report.md is not one): a report is written only into a new "
         "directory or over an earlier report; choose another out_dir"
     )
+
+
+_CSV_MARK = b"strategy,noise_multiplier,seeds,epsilon,delta,rounds,"
+"""How every ``summary.csv`` :func:`write_summary_csv` writes begins."""
+
+
+def _stopped_report(out: Path, present: list[str]) -> bool:
+    """Whether ``out``'s report files are of a :func:`write_report` stopped before ``report.md``.
+
+    It writes ``summary.csv`` first and ``report.md`` last. Fortieth review follow-up (ledger
+    4): ``write_report`` stopped by Ctrl-C while drawing its plots, then called again, was
+    refused as if the directory held the user's own files.
+    """
+    if "report.md" in present or "summary.csv" not in present:
+        return False
+    path = out / "summary.csv"
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(len(_CSV_MARK)) == _CSV_MARK
+    except OSError:
+        return False
 
 
 def _own_report(path: Path) -> bool:

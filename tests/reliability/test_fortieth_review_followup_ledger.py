@@ -26,6 +26,13 @@
    review's reports 2 read the plan from the ledger only). Now the checkpoint's copy of the
    header is read too (``rundata._checkpoint_epsilon``): ``trial_note`` naming
    ``checkpoint.pt's copy of the ledger header``; ``load_tuned`` drops either note.
+4. ``write_report(out, runs, title=...)`` stopped (Ctrl-C) while drawing its plots, after its
+   ``summary.csv`` and before its ``report.md``, then called again: refused, ``out_dir ...
+   holds 'summary.csv', which is not part of a report write_report wrote`` (the fortieth
+   review's reports 3 took only a ``report.md`` as the mark of its own report). Now a
+   ``summary.csv`` that begins as ``write_summary_csv`` writes it, without a ``report.md``, is
+   taken as such a stopped report (``report._stopped_report``) and written over; the user's own
+   ``summary.csv`` is still refused.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import torch
 
 from fedprivopt.cli import main
 from fedprivopt.privacy import tree
+from fedprivopt.simulation import report
 from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.run import simulate
@@ -176,3 +184,28 @@ def test_3_load_run_notes_a_trial_without_its_ledger(trial_without_ledger):
     run = load_run(trial_without_ledger)
     source = "checkpoint.pt's copy of the ledger header"
     assert trial_note(trial_without_ledger, source) in run.warnings, run.warnings
+
+
+# -- 4: write_report again after one stopped before its report.md ---------------------------------
+def test_4_a_report_stopped_before_its_report_md_is_written_again(
+    trial_without_ledger, tmp_path, monkeypatch
+):
+    runs = [load_run(trial_without_ledger)]
+    out = tmp_path / "results"
+
+    def stopped(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as mp:
+        mp.setattr(report, "draw_privacy_utility", stopped)
+        with pytest.warns(UserWarning), pytest.raises(KeyboardInterrupt):
+            report.write_report(out, runs, title="t")
+    assert (out / "summary.csv").is_file() and not (out / "report.md").exists()
+    with pytest.warns(UserWarning):
+        assert report.write_report(out, runs, title="t") == out / "report.md"
+    # the user's own summary.csv alone is still not written over
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "summary.csv").write_text("run,accuracy\nmine,0.9\n")
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"holds 'summary\.csv'"):
+        report.write_report(own, runs, title="t")

@@ -180,10 +180,10 @@ class AlgorithmState:
                 "(or into another algorithm)"
             )
         before = copy.deepcopy(self.state_dict())
-        held = list(self.accountant.ledger)
+        held, held_round = list(self.accountant.ledger), self.round_num
         try:
             self._load_state(state)
-            self._refuse_fewer_events(held)
+            self._refuse_fewer_events(held, held_round)
         except BaseException:
             # a state this algorithm made, put back whole: fortieth review of issue 15 (api 1),
             # an algorithm that went on to round 2 after round 1 was refused (a train callback
@@ -194,7 +194,7 @@ class AlgorithmState:
             self._load_state(before, verify=False)
             raise
 
-    def _refuse_fewer_events(self, held: list) -> None:
+    def _refuse_fewer_events(self, held: list, held_round: int) -> None:
         """Refuse a loaded accountant that holds fewer of an event than this one held before.
 
         Fortieth review of issue 15 (api 2): ``alg.load_state_dict(s0)`` of a state saved
@@ -204,6 +204,13 @@ class AlgorithmState:
         the first releases' noise again, so their difference without noise). What this
         algorithm's accountant holds was released (or loaded as released); a state may add to
         it, never take from it. ``held``: the accountant's ledger before the load.
+
+        Follow-up (privacy 4): under tree aggregation a period is charged at its first round,
+        so a state of round 1 loaded after rounds 2 and 3 of the same period held as many
+        events and was taken: round 2 driven again with other updates released, seeded, the
+        same tree noise (the two releases differed by the updates' difference exactly, 0.2 in
+        every entry), and its users twice in the period. A private algorithm that released
+        rounds (``held_round``, its round before the load) takes no state of an earlier round.
         """
         ledger = self.accountant.ledger
         for event, _ in held:
@@ -217,6 +224,14 @@ class AlgorithmState:
                     "algorithm released); a state is a snapshot and those rounds stay "
                     "released: go on from the algorithm as it is"
                 )
+        if held and self.round_num < held_round:
+            raise ValueError(
+                f"this algorithm released rounds up to {held_round}, the state is of round "
+                f"{self.round_num}: loaded here, rounds it released would be released again "
+                "(seeded, with the same noise; under tree aggregation, their users twice in a "
+                "period); a state is a snapshot and those rounds stay released: go on from the "
+                "algorithm as it is"
+            )
 
     def _load_state(self, state: Mapping[str, Any], *, verify: bool = True) -> None:
         """:meth:`load_state_dict`, in the order of its checks.

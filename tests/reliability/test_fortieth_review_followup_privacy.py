@@ -25,6 +25,14 @@
    ``ServerAlgorithm.sample`` keeps the last cohort it drew (by purpose) and ``_round_cohort``
    refuses a cohort outside it, or a round it drew none for, before anything is drawn; the
    cohort it drew as before.
+4. The fortieth review's api 2 under tree aggregation (restart 3, seeded and secure): ``s1 =
+   alg.state_dict()`` after round 1, rounds 2 and 3 driven, ``alg.load_state_dict(s1)``, round 2
+   driven again with other updates. Before: taken (a period is charged at its first round, so
+   s1 held as many events, 1, as the algorithm): seeded, the two round-2 releases differed by
+   the updates' difference exactly (0.2 in every entry: the same tree noise), and round 2's
+   users took part twice in the period; epsilon stayed 15.01. Now
+   ``AlgorithmState._refuse_fewer_events`` also refuses, in a private algorithm that released
+   rounds, a state of an earlier round; the same round (or a new algorithm) as before.
 """
 
 from __future__ import annotations
@@ -141,3 +149,26 @@ def test_3_the_drawn_cohort_as_before(kw):
     users2 = alg.sample(2)  # a part of the drawn cohort (a user dropped out)
     agg = alg.aggregate(2, {u: torch.full((10,), 0.1) for u in users2[:2]}, cohort=users2[:2])
     assert agg.metrics["accepted"] == 2
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_4_an_earlier_state_of_the_tree_period_is_refused(secure):
+    from fedprivopt.strategies.core import drive_round
+
+    alg = _algorithm(noise_mechanism="tree", tree_restart_rounds=3, secure=secure)
+
+    def train(request):
+        return {u: torch.full((10,), 0.1) for u in request.users}
+
+    drive_round(alg, 1, train)
+    s1 = alg.state_dict()
+    drive_round(alg, 2, train)
+    drive_round(alg, 3, train)
+    s3, params = alg.state_dict(), alg.params.clone()
+    with pytest.raises(ValueError, match="released rounds up to 3, the state is of round 1"):
+        alg.load_state_dict(s1)
+    assert alg.round_num == 3 and torch.equal(alg.params, params)
+    alg.load_state_dict(s3)  # the same round: taken
+    fresh = _algorithm(noise_mechanism="tree", tree_restart_rounds=3, secure=secure)
+    fresh.load_state_dict(s1)  # into a new algorithm: taken
+    drive_round(fresh, 2, train)

@@ -15,6 +15,7 @@ one user's data reaches the next one's update. :mod:`fedprivopt.clients.trainer`
 from __future__ import annotations
 
 import collections
+import random
 import types
 from typing import NamedTuple
 
@@ -82,6 +83,8 @@ class ModelAtBuild:
         self._arrays: list[tuple] = []
         self._tables: list[tuple[dict, dict]] = []
         self._generators: list[tuple[torch.Generator, torch.Tensor]] = []
+        # NumPy's and Python's random generators: (object, state), set back by _set_random
+        self._random: list[tuple[object, object]] = []
         names = {id(m): name for name, m in model.named_modules()}
         for module in model.modules():
             attrs = dict(vars(module))
@@ -121,6 +124,8 @@ class ModelAtBuild:
             self._arrays.append((value, bytes(value)))
         elif isinstance(value, torch.Generator):  # its draws so far count earlier users' batches
             self._generators.append((value, value.get_state()))
+        elif isinstance(value, _RANDOM):  # follow-up of the fortieth review (privacy 5)
+            self._random.append((value, _random_state(value)))
         elif isinstance(value, types.SimpleNamespace):
             table = vars(value)
             self._tables.append((table, dict(table)))
@@ -170,6 +175,8 @@ class ModelAtBuild:
             table.update(saved)
         for generator, state in self._generators:
             generator.set_state(state)
+        for generator, state in self._random:
+            _set_random(generator, state)
         for array, saved in self._arrays:
             if isinstance(array, bytearray):
                 array[:] = saved
@@ -185,6 +192,37 @@ class ModelAtBuild:
                         tensor.resize_(initial.shape)
                     tensor.copy_(initial)
                 entry[2] = tensor._version
+
+
+_RANDOM = (np.random.Generator, np.random.BitGenerator, np.random.RandomState, random.Random)
+"""Random generators of NumPy and Python a forward may draw from (a dropout or augmentation).
+
+Follow-up of the fortieth review of issue 15 (privacy 5): mechanisms 5 set back a
+``torch.Generator`` attribute only; a dropout drawing from ``np.random.default_rng(0)``,
+``np.random.RandomState(0)`` or ``random.Random(0)`` kept a state counting earlier users'
+batches, so user 3's update after users 0-2 differed from its own.
+"""
+
+
+def _random_state(generator: object) -> object:
+    if isinstance(generator, np.random.Generator):
+        return generator.bit_generator.state
+    if isinstance(generator, np.random.BitGenerator):
+        return generator.state
+    if isinstance(generator, np.random.RandomState):
+        return generator.get_state()
+    return generator.getstate()  # random.Random
+
+
+def _set_random(generator: object, state: object) -> None:
+    if isinstance(generator, np.random.Generator):
+        generator.bit_generator.state = state
+    elif isinstance(generator, np.random.BitGenerator):
+        generator.state = state
+    elif isinstance(generator, np.random.RandomState):
+        generator.set_state(state)
+    else:
+        generator.setstate(state)
 
 
 def _contents(value: list | dict | set | collections.deque) -> list | dict | set:

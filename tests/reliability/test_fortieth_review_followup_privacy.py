@@ -37,18 +37,22 @@
 
 from __future__ import annotations
 
+import random
 from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
+from fedprivopt.clients import LocalConfig, LocalTrainer
 from fedprivopt.clients.privatize import privatize_update
+from fedprivopt.models import initial_flat
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.tree import TreeNoise
 from fedprivopt.strategies import StrategyConfig, build_algorithm
+from tests.models.minimal_task import MinimalTask
 
 
 def _aggregate(device):
@@ -172,3 +176,49 @@ def test_4_an_earlier_state_of_the_tree_period_is_refused(secure):
     fresh = _algorithm(noise_mechanism="tree", tree_restart_rounds=3, secure=secure)
     fresh.load_state_dict(s1)  # into a new algorithm: taken
     drive_round(fresh, 2, train)
+
+
+class _RandomDropout(torch.nn.Module):
+    """A linear model whose training forward drops inputs by a random generator of its own."""
+
+    def __init__(self, model: torch.nn.Module, kind: str) -> None:
+        super().__init__()
+        self.model, self.kind = model, kind
+        self.rng = {
+            "numpy-generator": lambda: np.random.default_rng(0),
+            "numpy-randomstate": lambda: np.random.RandomState(0),
+            "python-random": lambda: random.Random(0),
+        }[kind]()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:  # one mask a batch: the state after users 0-2 counts their batches
+            if self.kind == "python-random":
+                mask = torch.tensor([self.rng.random() < 0.5 for _ in range(x.shape[1])])
+            else:
+                mask = torch.from_numpy(self.rng.random(x.shape[1]) < 0.5)
+            x = x * mask.float()
+        return self.model(x)
+
+
+class _RandomDropoutTask(MinimalTask):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def build_model(self) -> torch.nn.Module:
+        return _RandomDropout(super().build_model(), self.kind)
+
+
+@pytest.mark.parametrize("kind", ["numpy-generator", "numpy-randomstate", "python-random"])
+def test_5_a_model_s_own_numpy_or_python_generator_is_set_back(kind):
+    task = _RandomDropoutTask(kind)
+    config = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)
+
+    def last_update(users: list[int]) -> torch.Tensor:
+        trainer, start = LocalTrainer(task, device="cpu"), initial_flat(task)
+        for user in users:
+            result = trainer.train(start, user_id=user, round_num=1, config=config,
+                                   rngs=RngFactory(seed=0))  # fmt: skip
+        return result.delta
+
+    assert torch.equal(last_update([0, 1, 2, 3]), last_update([3]))

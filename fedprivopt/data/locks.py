@@ -454,7 +454,12 @@ def _claim(path: Path, what: str, guard: _DirectoryShare | None) -> int:
         if not _names(fd, path):
             os.close(fd)  # the file was removed or replaced after we opened it: lock the new one
             continue
-        if guard is not None and guard.detach(path, fd):  # other names: a file of its own
+        if guard is not None and (guard.detach(path, fd) or not _names(fd, path)):
+            # other names: a file of its own. Follow-up of the fortieth review of issue 15
+            # (outputs 3): while the detach let its share go, another claim here detached the
+            # name itself and locked the new file; this one then held the old file (another
+            # directory's) as this directory's lock: two holders, a PID written into the other
+            # directory's file. The name is checked again, and the new file is claimed.
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             continue

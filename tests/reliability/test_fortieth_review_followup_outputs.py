@@ -17,9 +17,22 @@
    supported between instances of 'bytes' and 'str'`` (h5py gives such a name as bytes),
    where a UTF-8 name there (``note``) is no feature and read past. Now the names are sorted
    as text (``hdf5._name_text``): ``u2``'s example read as with a UTF-8 name.
+3. ``cp -al dA dB`` (``.stackoverflow.lock`` one file of two names, no holder), then two claims of
+   ``dA`` at once (``data synth --out dA`` twice; ``exclusive_lock``): the first locks the file
+   and, as it has another name, detaches it (the fortieth review's processes 1 and 5), letting
+   its shared lock on ``dA`` go for the directory's exclusive one; a second claim in that window
+   found the file held, took the exclusive lock itself, detached the name and locked ``dA``'s
+   new file. Before: the first, refused the exclusive lock, returned the old file (by then
+   ``dB``'s alone) as ``dA``'s lock: both claims held ``dA`` (two writers of one dataset), and
+   the first wrote its PID into ``dB``'s file. Now ``_claim`` checks the name again after a
+   detach that did not happen and claims the new file: refused, ``in use by process N``.
+   (The race is forced here by running the second claim inside the first's ``unshare``.)
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import pytest
 
@@ -82,3 +95,35 @@ def test_2_a_non_utf8_name_beside_the_features_is_no_feature(tmp_path):
         f.create_dataset(b"/examples/u2/\xffnote", data=[1])
     split = HDF5Split(path)
     assert [e.score for e in split.client_examples("u2")] == [3]
+
+
+# -- finding 3: two claims of one directory's hard-linked lock file at once --------------------
+
+
+def test_3_a_claim_that_lost_the_detach_race_is_refused(tmp_path, monkeypatch):
+    from fedprivopt.data import locks
+
+    da, db = tmp_path / "dA", tmp_path / "dB"
+    da.mkdir()
+    db.mkdir()
+    (da / locks.DATA_LOCK).write_text("")
+    os.link(da / locks.DATA_LOCK, db / locks.DATA_LOCK)  # cp -al dA dB, nobody holding it
+    unshare = locks._DirectoryShare.unshare
+    held = contextlib.ExitStack()
+    calls = []
+
+    def racing_unshare(self):
+        unshare(self)
+        if not calls:  # the first claim's detach let its share go: a second claim comes now
+            calls.append(True)
+            held.enter_context(locks.exclusive_lock(da / locks.DATA_LOCK))
+
+    monkeypatch.setattr(locks._DirectoryShare, "unshare", racing_unshare)
+    with held:
+        # the second claim detached dA's name and locks dA's new file; the first holds the
+        # old one (dB's now): it must not hold dA too
+        with pytest.raises(locks.LockHeldError, match=r"in use by process"):
+            with locks.exclusive_lock(da / locks.DATA_LOCK):
+                pass
+        assert calls and (da / locks.DATA_LOCK).read_text().strip() == str(os.getpid())
+    assert (db / locks.DATA_LOCK).read_text() == ""  # dB's file not given a PID

@@ -14,6 +14,7 @@ one user's data reaches the next one's update. :mod:`fedprivopt.clients.trainer`
 
 from __future__ import annotations
 
+import array
 import collections
 import random
 import types
@@ -122,6 +123,8 @@ class ModelAtBuild:
                 self._arrays.append((value, value.copy()))
         elif isinstance(value, bytearray):
             self._arrays.append((value, bytes(value)))
+        elif isinstance(value, array.array):  # follow-up of the fortieth review (privacy 6)
+            self._arrays.append((value, array.array(value.typecode, value)))
         elif isinstance(value, torch.Generator):  # its draws so far count earlier users' batches
             self._generators.append((value, value.get_state()))
         elif isinstance(value, _RANDOM):  # follow-up of the fortieth review (privacy 5)
@@ -177,13 +180,13 @@ class ModelAtBuild:
             generator.set_state(state)
         for generator, state in self._random:
             _set_random(generator, state)
-        for array, saved in self._arrays:
-            if isinstance(array, bytearray):
-                array[:] = saved
+        for kept, saved in self._arrays:
+            if isinstance(kept, (bytearray, _PY_ARRAY)):
+                kept[:] = saved
             else:
-                if array.shape != saved.shape:  # resized in place by the forward
-                    array.resize(saved.shape, refcheck=False)
-                np.copyto(array, saved)
+                if kept.shape != saved.shape:  # resized in place by the forward
+                    kept.resize(saved.shape, refcheck=False)
+                np.copyto(kept, saved)
         for entry in self._inner_tensors:
             tensor, initial, version = entry
             if tensor._version != version:
@@ -193,6 +196,10 @@ class ModelAtBuild:
                     tensor.copy_(initial)
                 entry[2] = tensor._version
 
+
+_PY_ARRAY = array.array
+"""Python's ``array.array`` (follow-up of the fortieth review of issue 15, privacy 6: kept a
+forward's running mean for the next users as a NumPy array did before mechanisms 4)."""
 
 _RANDOM = (np.random.Generator, np.random.BitGenerator, np.random.RandomState, random.Random)
 """Random generators of NumPy and Python a forward may draw from (a dropout or augmentation).

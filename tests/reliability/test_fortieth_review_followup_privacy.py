@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+import array
 import random
 from fractions import Fraction
 
@@ -212,6 +213,40 @@ class _RandomDropoutTask(MinimalTask):
 @pytest.mark.parametrize("kind", ["numpy-generator", "numpy-randomstate", "python-random"])
 def test_5_a_model_s_own_numpy_or_python_generator_is_set_back(kind):
     task = _RandomDropoutTask(kind)
+    config = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)
+
+    def last_update(users: list[int]) -> torch.Tensor:
+        trainer, start = LocalTrainer(task, device="cpu"), initial_flat(task)
+        for user in users:
+            result = trainer.train(start, user_id=user, round_num=1, config=config,
+                                   rngs=RngFactory(seed=0))  # fmt: skip
+        return result.delta
+
+    assert torch.equal(last_update([0, 1, 2, 3]), last_update([3]))
+
+
+class _ArrayStats(torch.nn.Module):
+    """A linear model of inputs minus a running mean kept in an ``array.array`` attribute."""
+
+    def __init__(self, model: torch.nn.Module, dim: int) -> None:
+        super().__init__()
+        self.model, self.stats = model, array.array("f", [0.0] * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            seen = np.frombuffer(self.stats, dtype=np.float32)
+            seen += x.detach().mean(0).numpy()
+            x = x - torch.from_numpy(seen.copy())
+        return self.model(x)
+
+
+class _ArrayStatsTask(MinimalTask):
+    def build_model(self) -> torch.nn.Module:
+        return _ArrayStats(super().build_model(), self._dim)
+
+
+def test_6_an_array_array_attribute_is_set_back():
+    task = _ArrayStatsTask()
     config = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)
 
     def last_update(users: list[int]) -> torch.Tensor:

@@ -30,7 +30,7 @@ from fedprivopt.core.files import naming
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import Task, data_identity
 from fedprivopt.privacy.tree import tree_position
-from fedprivopt.simulation.checkpoint import check_rows_digest, newest_checkpoint
+from fedprivopt.simulation.checkpoint import LEDGER_HEADER, check_rows_digest, newest_checkpoint
 from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.simulation.divergence import checked_round
 from fedprivopt.simulation.engines import check_flower_resources
@@ -482,6 +482,8 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
     last_released = max(last_shown, ledger.last_round if ledger else 0, old.max_round if old else 0)
     problems: dict[str, str] = {}
     state, name = newest_checkpoint(out, problems)
+    if ledger is not None and state is not None:
+        ledger.check_header_copy(state.get(LEDGER_HEADER), name)
     if state is None:
         stopped = (
             ledger is not None

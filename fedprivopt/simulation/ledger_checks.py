@@ -49,6 +49,29 @@ class LedgerChecks:
         lines = [e for e in self.entries if e.round == round_num and e.kind == "round"]
         return lines[-1] if lines else None
 
+    def check_header_copy(self, copy: Any, name: str) -> None:
+        """Refuse a header that differs from checkpoint ``name``'s copy of it (``copy``).
+
+        Every checkpoint of this version holds a copy of the ledger's header
+        (``ledger_header``; ``None`` in earlier versions' checkpoints, not checked), which a
+        ledger rebuilt from it is checked against (fortieth review, ledger 3). Fortieth review
+        follow-up (ledger 5): a run's header with its ``data`` and ``records`` deleted read as
+        an earlier version's, whose data is not compared: a run of a task by reference resumed
+        on its module's edited code (other data), rc 0.
+        """
+        if copy is None:
+            return
+        keys = ("delta", "accountant", "private", "settings", "records", "data", "tuning_plan")
+        for key in keys:
+            if not isinstance(copy, Mapping) or canonical(copy.get(key)) != canonical(
+                self.header.get(key)
+            ):
+                raise ValueError(
+                    f"{self.path}: line 1: its header's {key} is not the one {name} recorded "
+                    "(its copy of the ledger header): the privacy ledger was edited; refusing "
+                    "to resume"
+                )
+
     def records(self, round_num: int, participants: str | None) -> bool:
         """Whether the line of round ``round_num`` records tree ``participants`` (a digest)."""
         line = self._last_release(round_num)

@@ -33,11 +33,24 @@
    ``summary.csv`` that begins as ``write_summary_csv`` writes it, without a ``report.md``, is
    taken as such a stopped report (``report._stopped_report``) and written over; the user's own
    ``summary.csv`` is still refused.
+5. A run of a task by reference (``task = mod:make``, 1 round) whose ledger header lost its
+   ``data`` and ``records`` (the form of a version before they were recorded), the module's code
+   then edited to other data, rounds raised, ``simulate --resume``: rc 0, the new round on other
+   data (nothing compared the data: the header reads as an earlier version's), where the
+   checkpoint beside it holds this version's copy of the header (the fortieth review's ledger 3
+   checked it only when the ledger was missing). Now a ledger's header is compared with the
+   checkpoint's copy (``LedgerChecks.check_header_copy``, from ``audit_run_dir``: ``delta``,
+   ``accountant``, ``private``, ``settings``, ``records``, ``data``, ``tuning_plan``): rc 2,
+   ``its header's records is not the one checkpoint.pt recorded``. Earlier versions'
+   checkpoints (no copy; ``as_earlier_checkpoints``) resume as before; the tests that make an
+   earlier version's files from this version's now remove the copy too.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,7 +60,7 @@ import torch
 from fedprivopt.cli import main
 from fedprivopt.privacy import tree
 from fedprivopt.simulation import report
-from fedprivopt.simulation.checkpoint import state_digest
+from fedprivopt.simulation.checkpoint import LEDGER_HEADER, state_digest
 from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.run import simulate
 from fedprivopt.simulation.rundata import load_run, trial_note
@@ -209,3 +222,60 @@ def test_4_a_report_stopped_before_its_report_md_is_written_again(
     (own / "summary.csv").write_text("run,accuracy\nmine,0.9\n")
     with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"holds 'summary\.csv'"):
         report.write_report(own, runs, title="t")
+
+
+# -- 5: a ledger's header stripped to an earlier version's, beside a checkpoint's copy ------------
+def as_earlier_checkpoints(run: Path) -> None:
+    """Remove the copy of the ledger header from ``run``'s checkpoints, as versions before the
+    fortieth review wrote them (no ``ledger_header``); for tests that make an earlier version's
+    files from this version's."""
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        path = run / name
+        if path.is_file():
+            state = torch.load(path, weights_only=False)
+            state.pop(LEDGER_HEADER, None)
+            del state["sha256"]
+            state["sha256"] = state_digest(state)
+            torch.save(state, path)
+
+
+MODULE = """
+from fedprivopt.models.toy import ToyClassificationTask
+
+def make(num_users=12, seed=0):
+    return ToyClassificationTask(num_users=num_users, dim=4, seed={seed})
+"""
+
+
+def test_5_a_header_stripped_of_its_data_is_refused_by_the_checkpoints_copy(
+    tmp_path, monkeypatch, capsys
+):
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    module = folder / "review40f_ledger.py"
+    module.write_text(MODULE.format(seed=3))
+    monkeypatch.syspath_prepend(str(folder))
+    run = tmp_path / "run"
+    args = ["simulate", str(TOY), "--rounds", "1", "--out", str(run), "--quiet", *SMALL_SET,
+            "--set", "task=review40f_ledger:make"]  # fmt: skip
+    try:
+        assert main(args) == 0, capsys.readouterr().err
+        genuine = tmp_path / "genuine"
+        shutil.copytree(run, genuine)
+        path = run / LEDGER_FILE
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        del lines[0]["records"], lines[0]["data"]  # as a version before data was recorded
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        for where in (run, genuine):
+            _raise_rounds(where, 2)
+        assert main(["simulate", "--resume", str(genuine), "--quiet"]) == 0
+        module.write_text(MODULE.format(seed=4))  # other data
+        sys.modules.pop("review40f_ledger", None)
+        capsys.readouterr()
+        assert main(["simulate", "--resume", str(run), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "its header's records is not the one checkpoint.pt recorded" in err, err
+        as_earlier_checkpoints(run)  # the files of a version before records: resumed as before
+        assert main(["simulate", "--resume", str(run), "--quiet"]) == 0
+    finally:
+        sys.modules.pop("review40f_ledger", None)

@@ -59,6 +59,7 @@ import pytest
 from fedprivopt.cli import main
 from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.run import simulate
+from tests.reliability.test_fortieth_review_followup_ledger import as_earlier_checkpoints
 from tests.reliability.test_ledger import kept_files
 from tests.simulation.test_run import small_config
 
@@ -80,6 +81,7 @@ def _rewrite(run: Path, edit) -> Path:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     edit(lines)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    as_earlier_checkpoints(run)  # fortieth review follow-up (ledger 5): no copy of the header
     config = run / "config.toml"
     config.write_text(config.read_text().replace("num-server-rounds = 2", "num-server-rounds = 3"))
     return path

@@ -38,6 +38,7 @@ import pytest
 from fedprivopt.cli import main
 from fedprivopt.simulation.files import LEDGER_FILE, read_rows
 from fedprivopt.simulation.run import simulate
+from tests.reliability.test_fortieth_review_followup_ledger import as_earlier_checkpoints
 from tests.reliability.test_ledger import kept_files
 from tests.simulation.test_run import small_config
 
@@ -133,6 +134,7 @@ def test_2_a_header_of_the_versions_before_records_still_resumes(wrapped, capsys
         del header["records"], header["data"]
 
     _edit_header(wrapped, older)
+    as_earlier_checkpoints(wrapped)  # fortieth review follow-up (ledger 5): no copy of the header
     assert main(["simulate", "--resume", str(wrapped), "--quiet"]) == 0
     assert [r["round"] for r in read_rows(wrapped / "metrics.jsonl")] == [1, 2, 3]
 

@@ -323,7 +323,8 @@ def test_a_trial_without_the_plan_in_its_ledger_is_refused(tunings, tmp_path, ca
     assert main(["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid",
                  "noise-multiplier=0.5,50", "--mean-trials", "2", "--out", str(tuned),
                  "--rounds", "2", "--seed", "3", *SMALL]) == 2  # fmt: skip
-    assert "names no tuning plan" in capsys.readouterr().err
+    # fortieth review follow-up (ledger 5): refused by the checkpoint's copy of the header
+    assert "tuning_plan is not the one checkpoint.pt recorded" in capsys.readouterr().err
     assert main(["tune", str(PRESET), "--strategy", "dp-fedavg", "--grid",
                  "noise-multiplier=0.5,50", "--mean-trials", "2", "--out", str(tuned),
                  "--rounds", "2", "--seed", "3", "--overwrite", *SMALL]) == 0  # fmt: skip

@@ -239,9 +239,10 @@ def load_run(path: str | Path) -> RunData:
             delta = summary.get("delta")
             at = delta if _is_delta(delta) else None
             with contextlib.suppress(ValueError):  # a damaged checkpoint: the ledger stands
-                found = checkpoint_epsilon(path, at)
+                found = _checkpoint_epsilon(path, at)
                 if found is not None:
                     known.append((f"{found[0]} (its accountant)", found[1]))
+                    _note_copied_plan(path, found[0], found[4], notes)
     spent = max(v for _, v in known) if known else None
     if known and any(not math.isclose(v, spent, rel_tol=1e-6) for _, v in known):
         stated = ", ".join(f"{k} {v:.6g}" for k, v in known)
@@ -444,6 +445,18 @@ def trial_note(path: Path, source: str = LEDGER_FILE) -> str:
         "is its own run's, below what the tuning that chose its hyperparameters spent (report "
         "the tuning with compare-tuned)"
     )
+
+
+def _note_copied_plan(path: Path, name: str, header: Any, notes: list[str]) -> None:
+    """Note a trial whose checkpoint's copy of the ledger header names a plan its ledger does not.
+
+    Fortieth review follow-up (ledger 6): a trial's ledger header with its ``tuning_plan``
+    deleted was reported by ``load_run`` as a run of its own, without :func:`trial_note`.
+    """
+    if not isinstance(header, dict) or header.get("tuning_plan") is None:
+        return
+    if trial_note(path) not in notes:
+        notes.append(trial_note(path, f"{name}'s copy of the ledger header"))
 
 
 def _accounted_epsilon(

@@ -44,6 +44,9 @@
    ``its header's records is not the one checkpoint.pt recorded``. Earlier versions'
    checkpoints (no copy; ``as_earlier_checkpoints``) resume as before; the tests that make an
    earlier version's files from this version's now remove the copy too.
+6. ``load_run`` of a trial whose ledger header lost its ``tuning_plan`` (the ledger kept):
+   reported as a run of its own, without the trial note. Now the checkpoint's copy of the header
+   read beside the ledger (``rundata._note_copied_plan``) gives ``trial_note`` naming it.
 """
 
 from __future__ import annotations
@@ -279,3 +282,17 @@ def test_5_a_header_stripped_of_its_data_is_refused_by_the_checkpoints_copy(
         assert main(["simulate", "--resume", str(run), "--quiet"]) == 0
     finally:
         sys.modules.pop("review40f_ledger", None)
+
+
+# -- 6: load_run of a trial whose ledger header lost its tuning plan ------------------------------
+def test_6_load_run_notes_a_trial_whose_header_lost_its_plan(tmp_path):
+    trial = tmp_path / "T" / "runs" / "trial-001"
+    simulate(small_config(**{"num-server-rounds": 1, "seed": 5}), trial, tuning_plan="c" * 64)
+    path = trial / LEDGER_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    del header["tuning_plan"]
+    path.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    run = load_run(trial)
+    source = "checkpoint.pt's copy of the ledger header"
+    assert trial_note(trial, source) in run.warnings, run.warnings

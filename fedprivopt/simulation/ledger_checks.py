@@ -68,8 +68,8 @@ class LedgerChecks:
             ):
                 raise ValueError(
                     f"{self.path}: line 1: its header's {key} is not the one {name} recorded "
-                    "(its copy of the ledger header): the privacy ledger was edited; refusing "
-                    "to resume"
+                    "(its copy of the ledger header): the privacy ledger or the checkpoint was "
+                    "edited, or one of them copied from another run; refusing to resume"
                 )
 
     def records(self, round_num: int, participants: str | None) -> bool:

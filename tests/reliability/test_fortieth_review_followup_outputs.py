@@ -27,6 +27,13 @@
    the first wrote its PID into ``dB``'s file. Now ``_claim`` checks the name again after a
    detach that did not happen and claims the new file: refused, ``in use by process N``.
    (The race is forced here by running the second claim inside the first's ``unshare``.)
+4. The same race for a task that waits (``file_lock``, a task generating ``dA``'s synthetic
+   files): ``dA``'s lock file a hard link of ``dB``'s, held by ``dB``'s process; the task found
+   it held and, detaching it, let its share go; a claim of ``dA`` then detached the name and
+   locked ``dA``'s new file. Before: the task waited on the old file, for ``dB``'s process (the
+   processes-1 symptom, until that process ended), and only then found the name gone. Now
+   ``file_lock`` checks the name again after a detach that did not happen and waits for the
+   holder of ``dA``'s own file.
 """
 
 from __future__ import annotations
@@ -127,3 +134,41 @@ def test_3_a_claim_that_lost_the_detach_race_is_refused(tmp_path, monkeypatch):
                 pass
         assert calls and (da / locks.DATA_LOCK).read_text().strip() == str(os.getpid())
     assert (db / locks.DATA_LOCK).read_text() == ""  # dB's file not given a PID
+
+
+# -- finding 4: a task's wait (file_lock) in the same race ------------------------------------
+
+
+def test_4_a_waiting_task_that_lost_the_detach_race_waits_for_its_own_directory(
+    tmp_path, monkeypatch
+):
+    from fedprivopt.data import locks
+
+    da, db = tmp_path / "dA", tmp_path / "dB"
+    da.mkdir()
+    db.mkdir()
+    held = contextlib.ExitStack()
+    held.enter_context(locks.exclusive_lock(db / locks.DATA_LOCK))  # dB's holder
+    os.link(db / locks.DATA_LOCK, da / locks.DATA_LOCK)  # cp -al dB dA while it holds
+    unshare = locks._DirectoryShare.unshare
+    other_directorys = os.stat(db / locks.DATA_LOCK)
+    waited_for_b, raced = [], []
+
+    def racing_unshare(self):
+        unshare(self)
+        if not raced:  # a claim of dA comes while the task's share is off
+            raced.append(True)
+            held.enter_context(locks.exclusive_lock(da / locks.DATA_LOCK))
+
+    def say_waiting(path, fd):  # the task waits: record for which file, then let both go
+        waited_for_b.append(os.path.samestat(os.fstat(fd), other_directorys))
+        held.close()
+
+    monkeypatch.setattr(locks._DirectoryShare, "unshare", racing_unshare)
+    monkeypatch.setattr(locks, "_say_waiting", say_waiting)
+    try:
+        with locks.file_lock(da / locks.DATA_LOCK):
+            pass
+    finally:
+        held.close()
+    assert waited_for_b == [False]  # it waited for dA's new file's holder, not dB's

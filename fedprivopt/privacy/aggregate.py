@@ -71,6 +71,9 @@ __all__ = [
 
 NOISE_MODES = ("server", "distributed")
 
+SHARE_MISSING = "update without its noise share (norm below what a share alone has, e^-50)"
+"""Why a dense distributed-noise update is rejected (:meth:`NoisyMeanAggregator.share_floor`)."""
+
 #: Largest noise std ``σC`` on a round's sum (and ``σC/m̄`` on its mean; with adaptive clipping
 #: ``σ_Δ C``, checked by the strategy's configuration): its square, times up to the population
 #: (at most :data:`~fedprivopt.privacy.sampling.MAX_POPULATION` = 10**8; distributed noise
@@ -257,6 +260,24 @@ class NoisyMeanAggregator:
         if self.clip_norm is None:
             return math.inf
         return self.clip_norm + self.share_std() * (math.sqrt(dim) + 10.0)
+
+    def share_floor(self, dim: int) -> float:
+        """The norm below which a dense update of ``dim`` entries plainly lacks its share.
+
+        Follow-up of the fortieth review of issue 15 (privacy 7), api 8's twin: in
+        distributed-noise mode an update without its share (a ``drive_round`` callback, a
+        ClientApp of one's own that sends the clipped update, not ``PrivateUpdate.vector``) was
+        accepted as a share, so a round of 9 such updates (``m_min`` 4) was released with no
+        noise at all, reported ``noise_std`` 0.15. An update with its share ``N(0, s^2 I_d)``
+        has norm at least ``s sqrt(d - 2 sqrt(50 d)) - C`` except with probability ``e^-50``
+        (Laurent and Massart); 0.99 of it covers a bfloat16 update's rounding. ``0`` where
+        that says nothing (server mode, ``d <= 200``, a share small against ``C``).
+        """
+        share = self.share_std()
+        if share <= 0 or dim <= 200:
+            return 0.0
+        low = share * math.sqrt(dim - 2.0 * math.sqrt(50.0 * dim)) - (self.clip_norm or 0.0)
+        return max(0.0, 0.99 * low)
 
     def _sparse_share(self) -> str | None:
         """Why a row-sparse update cannot be a share here (``None`` where it can be an update).
@@ -448,6 +469,9 @@ class NoisyMeanAggregator:
                     norm = None
             if norm is None:
                 tally.rejected[int(user)] = NON_FINITE
+                continue
+            if not isinstance(update, RowSparse) and norm < self.share_floor(dim):
+                tally.rejected[int(user)] = SHARE_MISSING
                 continue
             factor = self._factor(norm, bound, dtype, tally, values.numel())
             if exact_reclip(norm, factor, dtype):

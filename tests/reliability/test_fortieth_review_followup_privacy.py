@@ -33,6 +33,24 @@
    users took part twice in the period; epsilon stayed 15.01. Now
    ``AlgorithmState._refuse_fewer_events`` also refuses, in a private algorithm that released
    rounds, a state of an earlier round; the same round (or a new algorithm) as before.
+5. The fortieth review's mechanisms 5 with a model's own NumPy or Python generator
+   (``np.random.default_rng(0)``, ``np.random.RandomState(0)``, ``random.Random(0)``: a dropout
+   mask a batch), ``LocalTrainer.train`` of users 0-3 on one trainer. Before: only a
+   ``torch.Generator`` was set back: user 3's update after users 0-2 differed from its own by
+   0.16, 0.30 and 0.22 in an entry. Now ``ModelAtBuild`` sets their states back
+   (``model_layout._RANDOM``): the same update to the bit.
+6. The fortieth review's mechanisms 4 with a Python ``array.array`` attribute holding a running
+   mean. Before: not set back (user 3's update after users 0-2 differed from its own). Now set
+   back as a ``bytearray`` is.
+7. The fortieth review's api 8 in every other path: ``drive_round(alg, 1, train)`` in
+   distributed-noise mode (dp-fedavg, sigma 1, C 1, population 40, 10 a round, ``m_min`` 4, a
+   model of 1,000 entries) whose callback returns the users' updates without their noise shares
+   (as a ClientApp of one's own under Flower or a deployment that sends the clipped update, not
+   ``PrivateUpdate.vector``). Before: accepted 9 as shares, no top-up: the released model held
+   no noise at all (std 0.0 about its mean), reported ``noise_std`` 0.15, epsilon 2.53. Now
+   ``NoisyMeanAggregator`` rejects a dense update below ``share_floor`` (Laurent and Massart's
+   e^-50 bound, as api 8's): rejected 9, topped up in full (``topup_std`` 1.0); honest runs
+   the same to the bit.
 """
 
 from __future__ import annotations
@@ -257,3 +275,24 @@ def test_6_an_array_array_attribute_is_set_back():
         return result.delta
 
     assert torch.equal(last_update([0, 1, 2, 3]), last_update([3]))
+
+
+def test_7_a_distributed_update_without_its_share_is_rejected():
+    from fedprivopt.strategies.core import drive_round
+
+    cfg = StrategyConfig.from_mapping({
+        "strategy": "dp-fedavg", "population": 40, "clients-per-round": 10,
+        "num-server-rounds": 3, "noise-multiplier": 1.0, "clip-norm": 1.0, "delta": 1e-4,
+        "seed": 0, "noise-mode": "distributed",
+    })  # fmt: skip
+    alg = build_algorithm(cfg, torch.zeros(1000))
+    result = drive_round(alg, 1, lambda req: {u: torch.full((1000,), 0.01) for u in req.users})
+    assert result.metrics["accepted"] == 0 and result.metrics["topup_std"] == 1.0
+    assert float(alg.params.std()) > 0.05  # before: 0.0, the sum released without noise
+
+    g = torch.Generator().manual_seed(0)
+    share = alg.aggregator.share_std()
+    honest = {u: torch.full((1000,), 0.01) + share * torch.randn(1000, generator=g)
+              for u in alg.sample(2)}  # fmt: skip
+    result = drive_round(alg, 2, lambda req: {u: honest[u] for u in req.users})
+    assert result.metrics["rejected"] == 0 and result.metrics["topup_std"] == 0.0

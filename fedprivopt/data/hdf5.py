@@ -253,6 +253,16 @@ class HDF5Split(ClientSplit):
             size = getattr(tokens, "size", None)  # a Dataset's; a scalar one holds one value
         if size is None:
             raise ValueError(f"{self.path}: client {client_id!r} has no 'tokens' dataset")
+        # follow-up of the fortieth review of issue 15 (outputs 5): data info counted a client
+        # whose features were links to (or virtual datasets of) another client's as a user of
+        # its own, with that client's examples, where reading it refuses it (input 3)
+        name = f"/examples/{client_id}/tokens"
+        with self._reading(f"client {client_id!r}"):
+            kind = group.id.links.get_info(b"tokens").type
+        if kind != load_h5py().h5l.TYPE_HARD:
+            external = kind == load_h5py().h5l.TYPE_EXTERNAL
+            raise self._linked(name, "an external link" if external else "a soft link")
+        self._check_one_name(tokens, name)
         return int(size)
 
     def client_examples(self, client_id: str) -> list[StackOverflowExample]:

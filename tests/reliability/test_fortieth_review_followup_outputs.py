@@ -9,8 +9,7 @@
    examples (one person's data trained as two users, each release accounting for it once).
    Now ``HDF5Split._client_source`` refuses a virtual feature whose source is a client's data
    in the same file, naming it (``... is a virtual dataset of /examples/u1/...``); a virtual
-   feature mapping data outside ``/examples`` is read as before. (``data info`` reads only
-   the clients' sizes: it still lists ``u3``, rc 0.)
+   feature mapping data outside ``/examples`` is read as before (``data info``: finding 5).
 2. ``HDF5Split(f).client_examples("u2")`` of a legacy HDF5 file where ``u2`` holds, beside its
    features, a name that is not UTF-8 (``b"\\xffnote"``; the fortieth review's input 6 is the
    same in the client list): refused, ``cannot read client 'u2' (damaged HDF5 file?): '<' not
@@ -34,6 +33,13 @@
    processes-1 symptom, until that process ended), and only then found the name gone. Now
    ``file_lock`` checks the name again after a detach that did not happen and waits for the
    holder of ``dA``'s own file.
+5. ``data info f`` (``summarize_split``: each client's ``num_examples``) of a legacy HDF5 file
+   whose client ``u2``'s features are hard links to ``u1``'s (``f["examples/u2/tokens"] =
+   f["examples/u1/tokens"]``, and the others), soft links, or virtual datasets of them
+   (finding 1): rc 0, ``train 2 clients 4 examples`` (``u2`` counted with ``u1``'s 2), where
+   reading ``u2`` refuses it (input 3); only the client group was checked there. Now
+   ``num_examples`` checks the ``tokens`` it counts as ``client_examples`` does: rc 2, one
+   line naming it.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import os
 
 import pytest
 
+from fedprivopt.cli import main
 from fedprivopt.data.hdf5 import HDF5Split, write_hdf5
 from fedprivopt.data.loader import open_split
 from fedprivopt.data.stackoverflow import FEATURES, StackOverflowExample
@@ -172,3 +179,22 @@ def test_4_a_waiting_task_that_lost_the_detach_race_waits_for_its_own_directory(
     finally:
         held.close()
     assert waited_for_b == [False]  # it waited for dA's new file's holder, not dB's
+
+
+# -- finding 5: data info of a client whose features are another's -----------------------------
+
+
+@pytest.mark.parametrize("kind", ["hard", "soft", "virtual"])
+def test_5_data_info_refuses_a_client_whose_features_are_another_s(tmp_path, capsys, kind):
+    path, h5py = _h5(tmp_path)
+    with h5py.File(path, "a") as f:
+        if kind == "virtual":
+            del f["examples/u2"]
+            _virtual_client(h5py, f, "u2", ".", "examples/u1")
+        for name in FEATURES if kind != "virtual" else ():
+            del f[f"examples/u2/{name}"]
+            other = f"/examples/u1/{name}"
+            f[f"examples/u2/{name}"] = f[other] if kind == "hard" else h5py.SoftLink(other)
+    assert main(["data", "info", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "/tokens is " in lines[0], lines

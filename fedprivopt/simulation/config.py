@@ -47,6 +47,7 @@ from fedprivopt.models.task import Task
 from fedprivopt.privacy.events import MIN_NOISE_MULTIPLIER
 from fedprivopt.simulation.cluster_config import check_address
 from fedprivopt.simulation.config_presets import (
+    PRESET_LIMIT,
     flat_overrides,
     flatten,
     merge,
@@ -406,12 +407,30 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     overrides = flat_overrides(overrides or {})
     strategy = str(overrides.get("strategy", flat.get("strategy", "dp-fedavg")))
     flat = _apply_strategy_table(flat, strategy)  # preset < its strategy table < overrides
-    return resolve_config(merge(flat, overrides))
+    config = resolve_config(merge(flat, overrides))
+    config_to_toml(config)  # a config.toml --resume could not read back is refused here
+    return config
 
 
 def config_to_toml(config: RunConfig) -> str:
-    """The resolved configuration as a preset (loadable by :func:`load_config`)."""
-    return to_toml(config.to_mapping())
+    """The resolved configuration as a preset (loadable by :func:`load_config`).
+
+    Raises ``ValueError`` when the text is above :data:`~fedprivopt.simulation.config_presets.
+    PRESET_LIMIT`, the most a preset or a run's ``config.toml`` may hold. Follow-up of the
+    fortieth review of issue 15 (outputs, open row): a preset of 913 kB (its ``1e-5`` written
+    back as ``1e-05``) or long ``--set`` lists ran with rc 0 and wrote a ``config.toml`` of
+    1.07 MB, which ``--resume`` and ``compare`` then refused. :func:`load_config` and every
+    writer of a run's ``config.toml`` call this before anything is written.
+    """
+    text = to_toml(config.to_mapping())
+    size = len(text.encode())
+    if size > PRESET_LIMIT:
+        raise ValueError(
+            f"the run's configuration (the preset with its --set values) is {size:,} bytes as "
+            f"TOML, above the {PRESET_LIMIT:,} a run's config.toml may hold (what --resume "
+            "reads back): shorten its longest values"
+        )
+    return text
 
 
 def side_information_of(config: RunConfig, task: Task) -> ResolvedSideInformation | None:

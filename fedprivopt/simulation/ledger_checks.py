@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.text import shown, shown_key
 from fedprivopt.models.task import TASK_SOURCE
 from fedprivopt.simulation.files import CONFIG_FILE
 from fedprivopt.simulation.ledger_lines import (
@@ -66,10 +67,13 @@ class LedgerChecks:
             if not isinstance(copy, Mapping) or canonical(copy.get(key)) != canonical(
                 self.header.get(key)
             ):
+                theirs = copy.get(key) if isinstance(copy, Mapping) else None
+                which = _difference(self.header.get(key), theirs, name)
                 raise ValueError(
                     f"{self.path}: line 1: its header's {key} is not the one {name} recorded "
-                    "(its copy of the ledger header): the privacy ledger or the checkpoint was "
-                    "edited, or one of them copied from another run; refusing to resume"
+                    f"(its copy of the ledger header){which}"
+                    ": the privacy ledger or the checkpoint was edited, or one of them copied "
+                    "from another run; refusing to resume"
                 )
 
     def records(self, round_num: int, participants: str | None) -> bool:
@@ -429,3 +433,20 @@ class LedgerChecks:
                 f"{most:.6g}: the ledger was edited (what was released cannot have shrunk); "
                 "refusing to resume"
             )
+
+
+def _difference(mine: Any, theirs: Any, name: str) -> str:
+    """`` (the ledger: KEY = A, NAME: KEY = B)`` for the first setting of two that differs.
+
+    Names the key, as the twenty-first review of issue 15 (finding 6) asked of a checkpoint of
+    another configuration: the fortieth review follow-up's header check came first and named
+    none. ``""`` when the two are not both mappings.
+    """
+    if not (isinstance(mine, Mapping) and isinstance(theirs, Mapping)):
+        return ""
+    for key in sorted(set(mine) | set(theirs), key=str):
+        a, b = mine.get(key), theirs.get(key)
+        if canonical(a) != canonical(b):
+            shown_as = shown_key(key)
+            return f" (the ledger: {shown_as} = {shown(a)}, {name}: {shown_as} = {shown(b)})"
+    return ""

@@ -328,11 +328,19 @@ def _check_participants(
     least = sum(known) if len(known) == len(sizes) else expected
     short = recorded and len(sizes) < step and least <= held < expected
     if held != expected and not short:
+        # a genuine run whose cohort came short in a round without a row, with its ledger lost,
+        # is refused too: nothing else records the participants (fortieth review follow-up)
+        maybe = (
+            ", or its cohort came short in a round without a row and its ledger, which would "
+            "record the participants, is lost"
+            if not recorded and len(sizes) < step and least <= held < expected
+            else ""
+        )
         raise ValueError(
             f"{name}'s tree participation ledger holds {held} users of restart period {period}, "
             f"but its rounds {first}-{alg.round_num} drew {expected} ({source}): the checkpoint "
-            "was edited (resuming it would let users of the period take part again); refusing "
-            "to resume"
+            f"was edited{maybe} (resuming it would let users of the period take part again); "
+            "refusing to resume"
         )
     full = step * cohorts.cohort_size
     if not alg.config.secure and held == full:

@@ -173,12 +173,7 @@ def file_lock(path: Path) -> Iterator[None]:
     try:
         for _ in range(100):
             share.share()
-            try:
-                fd = os.open(path, flags, 0o644)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP or path.is_symlink():
-                    _refuse_link(path)
-                raise
+            fd = _open_lock(path, flags)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     # eighteenth review of issue 15, finding 6: a FIFO ended a task's data
@@ -258,6 +253,20 @@ def unlockable(path: str | os.PathLike, exc: OSError) -> OSError:
         "allows one writer; use a directory on a local disk, or enable locking on this one",
         os.fspath(path),
     )
+
+
+def _open_lock(path: Path, flags: int) -> int:
+    """``os.open`` of lock file ``path`` (``flags`` with ``O_NOFOLLOW``); a link is refused.
+
+    O_NOFOLLOW: a lock file that is a symbolic link would have the linked file emptied and a PID
+    written into it (fifteenth review of issue 15: a user's file, emptied).
+    """
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or path.is_symlink():
+            _refuse_link(path)
+        raise
 
 
 def _refuse_link(path: Path) -> None:
@@ -427,14 +436,7 @@ def _claim(path: Path, what: str, guard: _DirectoryShare | None) -> int:
     for _ in range(100):
         if guard is not None:
             guard.share()
-        try:
-            # O_NOFOLLOW: a lock file that is a symbolic link would have the linked file emptied
-            # and a PID written into it (fifteenth review of issue 15: a user's file, emptied)
-            fd = os.open(path, _LOCK_FLAGS, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP or path.is_symlink():
-                _refuse_link(path)
-            raise
+        fd = _open_lock(path, _LOCK_FLAGS)
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device (issue 15, ninth review)
             os.close(fd)
             raise ValueError(

@@ -34,8 +34,7 @@ import torch
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
-from fedprivopt.privacy.clip import _float_at_most as float_at_most
+from fedprivopt.privacy.clip import ClipResult, clip_l2, float_at_most, l2_norm
 from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
 

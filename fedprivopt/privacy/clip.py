@@ -35,6 +35,7 @@ __all__ = [
     "ClipResult",
     "clip_factor",
     "clip_l2",
+    "float_at_most",
     "l2_norm",
     "norm_error_bound",
     "vector_norm_checked",
@@ -164,7 +165,7 @@ def clip_factor(
     norm = as_float(norm)
     clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)
     if not isinstance(clip_norm_given, float):  # a Fraction, a big int: not rounded up
-        clip_norm = min(clip_norm, _float_at_most(clip_norm_given))
+        clip_norm = min(clip_norm, float_at_most(clip_norm_given))
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch.dtype, got {shown(dtype)}")
     if numel is not None:  # the exact norm is at most norm·(1 + err): aim at C·(1 − 2err)
@@ -328,7 +329,7 @@ def _check_real_data(vector: torch.Tensor) -> None:
         )
 
 
-def _float_at_most(value: numbers.Real) -> float:
+def float_at_most(value: numbers.Real) -> float:
     """The largest float not above the real number ``value`` (``inf`` beyond the float range).
 
     Fortieth review of issue 15 (mechanisms 1): ``float()`` rounds to the nearest float, which
@@ -358,9 +359,9 @@ def _real_clip_norm(clip_norm: Any) -> float:
         ok = clip_norm.numel() == 1 and clip_norm.dtype != torch.bool
         ok = ok and not clip_norm.dtype.is_complex and clip_norm.device.type != "meta"
         if ok:
-            return _float_at_most(clip_norm.reshape(()).item())
+            return float_at_most(clip_norm.reshape(()).item())
     elif isinstance(clip_norm, numbers.Real) and not isinstance(clip_norm, (bool, np.bool_)):
-        return _float_at_most(clip_norm)
+        return float_at_most(clip_norm)
     raise TypeError(f"clip_norm must be a real number, got {type(clip_norm).__name__}")
 
 

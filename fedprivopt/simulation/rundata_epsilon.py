@@ -1,0 +1,186 @@
+"""The ε a run directory's files state, and the notes a report gives about it.
+
+:func:`~fedprivopt.simulation.rundata.load_run`'s accounting: ε composed from the privacy
+ledger or, without one, from the newest checkpoint's accountant (:func:`checkpoint_epsilon`),
+the δ it is composed at where ``summary.json``'s is no δ, and the note of a tuning's trial
+(:func:`trial_note`). Split from :mod:`fedprivopt.simulation.rundata`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from fedprivopt.core.text import shown
+from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, SUMMARY_FILE
+from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
+
+__all__ = [
+    "accounted_epsilon",
+    "checkpoint_epsilon",
+    "checkpoint_epsilon_header",
+    "composed_delta",
+    "is_delta",
+    "note_copied_plan",
+    "trial_note",
+]
+
+
+def is_delta(value: Any) -> bool:
+    """Whether ``value`` is a δ a report may show: a float in (0, 1)."""
+    return isinstance(value, float) and 0.0 < value < 1.0
+
+
+def composed_delta(
+    summary: dict[str, Any],
+    accounted: tuple[str, float, float] | None,
+    known: list[tuple[str, float]],
+    summary_path: Path,
+    notes: list[str],
+) -> dict[str, Any]:
+    """``summary`` with the δ its ε is composed at, where the δ it states is no δ.
+
+    Thirty-ninth review of issue 15 (reports, finding 2): ``write_report(out, load_runs(F))``
+    of a run whose ``config.toml`` was deleted and whose ``summary.json`` states ``delta`` 0
+    showed ε 10.28 (composed at its ledger's δ 1e-4) beside δ ``0``, a claim of pure DP, and
+    without a warning; ``-1e-4``, ``1`` and ``null`` (``n/a``) alike. The δ shown is now the one
+    ``accounted`` (the ledger or the newest checkpoint) composed ε at, and that is noted; a
+    private run with neither has no δ for the ε its files state, and is refused.
+
+    Raises
+    ------
+    ValueError
+        Naming ``summary.json``, for a run with a finite stated ε and nothing to compose it.
+    """
+    stated = summary.get("delta")
+    if accounted is None:
+        if any(math.isfinite(v) for _, v in known):
+            raise ValueError(
+                f"{summary_path} is unreadable (delta must be a number in (0, 1), got "
+                f"{shown(stated)}), and the run has no {LEDGER_FILE} or checkpoint to give the "
+                "delta its epsilon holds at"
+            )
+        return summary  # not private: no epsilon for a delta to qualify
+    source, _, delta = accounted
+    notes.append(
+        f"{summary_path.parent}: its {SUMMARY_FILE} states delta {shown(stated)}, not a number in "
+        f"(0, 1); reported at delta {delta:g}, the one its epsilon is composed at ({source})"
+    )
+    return {**summary, "delta": delta}
+
+
+def trial_note(path: Path, source: str = LEDGER_FILE) -> str:
+    """The note of a run whose privacy ledger names a tuning plan: a trial of ``fedprivopt tune``.
+
+    Fortieth review of issue 15 (reports, finding 2): ``write_report(out,
+    load_runs("T/runs/trial-001"))`` of a tuning's released trial showed ε 10.28 without a word,
+    where the tuning that chose it spent 13.09 (``compare`` and ``compare-tuned --untuned``
+    refuse a trial; the tuned row of :func:`~fedprivopt.simulation.tune_report.load_tuned`
+    carries the tuning's ε and drops this note). ``source``: what names the plan; without a
+    ledger, a checkpoint's copy of its header (fortieth review follow-up, ledger 3: a trial
+    copied out without its ledger was reported without a word).
+    """
+    return (
+        f"{path}: a trial of a tuning (its {source} names a tuning plan): the epsilon shown "
+        "is its own run's, below what the tuning that chose its hyperparameters spent (report "
+        "the tuning with compare-tuned)"
+    )
+
+
+def note_copied_plan(path: Path, name: str, header: Any, notes: list[str]) -> None:
+    """Note a trial whose checkpoint's copy of the ledger header names a plan its ledger does not.
+
+    Fortieth review follow-up (ledger 6): a trial's ledger header with its ``tuning_plan``
+    deleted was reported by ``load_run`` as a run of its own, without :func:`trial_note`.
+    """
+    if not isinstance(header, dict) or header.get("tuning_plan") is None:
+        return
+    if trial_note(path) not in notes:
+        notes.append(trial_note(path, f"{name}'s copy of the ledger header"))
+
+
+def accounted_epsilon(
+    path: Path, notes: list[str], delta: object = None, where: str = CONFIG_FILE
+) -> tuple[str, float, float] | None:
+    """``(source, ε, δ)``: the run's privacy ledger composed, or its newest checkpoint's accountant.
+
+    A ledger this version cannot read raises ``ValueError`` naming it: a report never falls
+    back to a summary's ε when the ledger that should back it is damaged. Without a ledger (or
+    with an earlier version's), ε is recomputed from the newest readable checkpoint's accountant,
+    as ``--resume`` rebuilds the ledger from it, and that is noted; a deleted ledger beside
+    edited metrics and summary used to lower the reported ε (issue 15). ``None`` when there is
+    neither (the ε the run's files state is then all there is).
+
+    ``delta``: the δ the report shows beside ε (the configuration's). ε is composed at it; a
+    ledger or checkpoint of another δ is noted. Sixteenth review of issue 15: a ledger whose
+    header and settings said δ 0.5 (the rows' and summary's ε lowered to match, ``config.toml``
+    kept at 1e-4) was reported by ``compare-tuned --untuned`` as ε 2.88 beside δ 1e-4, where
+    the run spent 13.70 at 1e-4. ``where``: the file ``delta`` comes from, which the note
+    names (thirty-seventh review, reports finding 4: a run without ``config.toml`` whose
+    ``summary.json`` states δ 0.5 was noted "its config.toml 0.5", a file it does not have).
+    """
+    shown_delta = delta if is_delta(delta) else None
+    try:
+        ledger = RunLedger.read(path)
+    except OldLedgerError:
+        ledger = None
+    if ledger is not None:
+        if ledger.header.get("tuning_plan") is not None:
+            notes.append(trial_note(path))
+        if shown_delta is not None and ledger.header["delta"] != shown_delta:
+            notes.append(
+                f"{path}: its {LEDGER_FILE} states delta {ledger.header['delta']:g}, its "
+                f"{where} {shown_delta:g}; epsilon is composed at {shown_delta:g}"
+            )
+        at = ledger.header["delta"] if shown_delta is None else shown_delta
+        return LEDGER_FILE, ledger.epsilon(shown_delta), at
+    found = checkpoint_epsilon_header(path, shown_delta)
+    if found is None:
+        return None
+    name, epsilon, round_num, at, header = found
+    if isinstance(header, dict) and header.get("tuning_plan") is not None:
+        notes.append(trial_note(path, f"{name}'s copy of the ledger header"))
+    notes.append(
+        f"{path}: no {LEDGER_FILE}; epsilon {epsilon:.6g} recomputed from the accountant of "
+        f"{name} (round {round_num})"
+    )
+    return f"{name} (its accountant)", epsilon, at
+
+
+def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int, float] | None:
+    """``(file, ε, round, δ)`` of the newest readable checkpoint's accountant, at ``delta``.
+
+    ``delta`` ``None``: the checkpoint's configured δ. ``None`` without a checkpoint.
+
+    Raises
+    ------
+    ValueError
+        If the checkpoint's accountant or configuration cannot be read, naming the file.
+    """
+    found = checkpoint_epsilon_header(path, delta)
+    return None if found is None else found[:4]
+
+
+def checkpoint_epsilon_header(
+    path: Path, delta: float | None
+) -> tuple[str, float, int, float, Any]:
+    """:func:`checkpoint_epsilon`, and the checkpoint's copy of the ledger header (or ``None``)."""
+    from fedprivopt.privacy.accounting import PrivacyAccountant
+    from fedprivopt.simulation.checkpoint import LEDGER_HEADER
+    from fedprivopt.strategies.config import StrategyConfig
+
+    state, name = newest_checkpoint(path, problems={})
+    if state is None:
+        return None
+    algorithm = state["algorithm"]
+    try:
+        config = StrategyConfig.from_mapping(algorithm["config"])
+        accountant = PrivacyAccountant()
+        accountant.load_state_dict(algorithm["accountant"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{path / name}: its privacy accountant cannot be read ({exc})") from None
+    at = config.delta if delta is None else delta
+    epsilon = accountant.epsilon(at) if config.private else math.inf
+    return name, epsilon, algorithm["round"], at, state.get(LEDGER_HEADER)

@@ -6,7 +6,7 @@
    clip norm was read as the nearest float, which lies above it, and the vector was returned
    unclipped (``clipped`` False) with an exact norm above ``C`` (0.1000000000000000055 for
    1/10; 2**54 for 2**54 - 1; 1 for 1 - 2**-60). Now the clip norm is read as the largest float
-   not above it (``clip._float_at_most``): every result's exact norm is at most ``C``, and a
+   not above it (``clip.float_at_most``): every result's exact norm is at most ``C``, and a
    float ``C`` is read as before (every run's bits unchanged).
 2. ``NoisyMeanAggregator(clip_norm=1000, noise_multiplier=100, expected_cohort_size=1000)
    .aggregate(..., dtype=torch.float16)`` (noise std 100 on the mean, which float16 holds; also a

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability.test_fortieth_review_followup_ledger import as_earlier_checkpoints
 from tests.reliability.test_fuzz_cli import run_cli
 
 KEY = "dp2-scale-by-preconditioner"
@@ -92,6 +93,9 @@ def _as_before_the_key(run: Path) -> None:
     head, *rest = ledger.read_text().splitlines(True)
     assert f', "{KEY}": false' in head
     ledger.write_text("".join([head.replace(f', "{KEY}": false', ""), *rest]))
+    # and no copy of the ledger header in its checkpoints, which that version did not write
+    # (fortieth review, ledger 3; a header differing from the copy is refused, follow-up 5)
+    as_earlier_checkpoints(run)
 
 
 def test_3_resume_of_a_dp2_run_from_before_the_option(tmp_path):

@@ -423,7 +423,8 @@ def config_to_toml(config: RunConfig) -> str:
     writer of a run's ``config.toml`` call this before anything is written.
     """
     text = to_toml(config.to_mapping())
-    size = len(text.encode())
+    # its size only: a value that cannot be written is refused naming the file where it is
+    size = len(text.encode("utf-8", "surrogatepass"))
     if size > PRESET_LIMIT:
         raise ValueError(
             f"the run's configuration (the preset with its --set values) is {size:,} bytes as "

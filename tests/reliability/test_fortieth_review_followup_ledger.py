@@ -73,15 +73,6 @@ from tests.simulation.test_run import small_config
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
-def _raise_rounds(run: Path, rounds: int) -> None:
-    config = run / "config.toml"
-    text = config.read_text()
-    assert f"num-server-rounds = {rounds - 1}" in text
-    config.write_text(
-        text.replace(f"num-server-rounds = {rounds - 1}", f"num-server-rounds = {rounds}")
-    )
-
-
 # -- 1: a tree run whose cohort came short in a round without a metrics row ------------------------
 @pytest.fixture(scope="module")
 def short_cohort_run(tmp_path_factory) -> Path:
@@ -109,8 +100,17 @@ def test_1_a_tree_run_whose_cohort_came_short_without_a_row_resumes(
 ):
     run = tmp_path / "run"
     shutil.copytree(short_cohort_run, run)
-    _raise_rounds(run, 3)
+    raise_rounds(run, 3)
     assert main(["simulate", "--resume", str(run), "--quiet"]) == 0, capsys.readouterr().err
+
+
+def raise_rounds(run: Path, rounds: int) -> None:
+    config = run / "config.toml"
+    text = config.read_text()
+    assert f"num-server-rounds = {rounds - 1}" in text
+    config.write_text(
+        text.replace(f"num-server-rounds = {rounds - 1}", f"num-server-rounds = {rounds}")
+    )
 
 
 def _cut_participants(run: Path, keep: int) -> None:
@@ -131,14 +131,14 @@ def test_1_its_participants_cut_or_its_ledger_deleted_are_still_refused(
 ):
     run = tmp_path / "run"
     shutil.copytree(short_cohort_run, run)
-    _raise_rounds(run, 3)
+    raise_rounds(run, 3)
     _cut_participants(run, keep)  # between the row's 4 and 8, and below it
     assert main(["simulate", "--resume", str(run), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"holds {keep} users of restart period 0" in err and "edited" in err, err
     run = tmp_path / "deleted"
     shutil.copytree(short_cohort_run, run)
-    _raise_rounds(run, 3)
+    raise_rounds(run, 3)
     (run / LEDGER_FILE).unlink()  # nothing records the participants: a full cohort is assumed
     assert main(["simulate", "--resume", str(run), "--quiet"]) == 2
     err = capsys.readouterr().err
@@ -271,7 +271,7 @@ def test_5_a_header_stripped_of_its_data_is_refused_by_the_checkpoints_copy(
         del lines[0]["records"], lines[0]["data"]  # as a version before data was recorded
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         for where in (run, genuine):
-            _raise_rounds(where, 2)
+            raise_rounds(where, 2)
         assert main(["simulate", "--resume", str(genuine), "--quiet"]) == 0
         module.write_text(MODULE.format(seed=4))  # other data
         sys.modules.pop("review40f_ledger", None)

@@ -50,21 +50,10 @@ import os
 import pytest
 
 from fedprivopt.cli import main
-from fedprivopt.data.hdf5 import HDF5Split, write_hdf5
+from fedprivopt.data.hdf5 import HDF5Split
 from fedprivopt.data.loader import open_split
-from fedprivopt.data.stackoverflow import FEATURES, StackOverflowExample
-
-
-def _h5(tmp_path):
-    """A legacy train split of clients u1 (2 examples) and u2 (1), and h5py."""
-    h5py = pytest.importorskip("h5py")
-
-    def example(i):
-        return StackOverflowExample(f"w{i} x", "t", "a|b", "2010-01-08 09:34:05 UTC", i, "answer")
-
-    path = tmp_path / "stackoverflow_train.h5"
-    write_hdf5(path, {"u1": [example(1), example(2)], "u2": [example(3)]})
-    return path, h5py
+from fedprivopt.data.stackoverflow import FEATURES
+from tests.reliability.test_fortieth_review_input import legacy_h5
 
 
 def _virtual_client(h5py, f, client: str, source_file: str, prefix: str) -> None:
@@ -79,7 +68,7 @@ def _virtual_client(h5py, f, client: str, source_file: str, prefix: str) -> None
 
 @pytest.mark.parametrize("named", [".", "own name"])
 def test_1_a_client_of_virtual_datasets_of_another_s_is_refused(tmp_path, named):
-    path, h5py = _h5(tmp_path)
+    path, h5py = legacy_h5(tmp_path)
     with h5py.File(path, "a") as f:
         _virtual_client(h5py, f, "u3", "." if named == "." else path.name, "examples/u1")
     split = HDF5Split(path)
@@ -90,7 +79,7 @@ def test_1_a_client_of_virtual_datasets_of_another_s_is_refused(tmp_path, named)
 
 
 def test_1_a_virtual_feature_of_data_outside_examples_is_read_as_before(tmp_path):
-    path, h5py = _h5(tmp_path)
+    path, h5py = legacy_h5(tmp_path)
     with h5py.File(path, "a") as f:  # a client's features kept elsewhere, mapped once
         f.copy("examples/u2", "raw/u2")
         del f["examples/u2"]
@@ -104,7 +93,7 @@ def test_1_a_virtual_feature_of_data_outside_examples_is_read_as_before(tmp_path
 
 
 def test_2_a_non_utf8_name_beside_the_features_is_no_feature(tmp_path):
-    path, h5py = _h5(tmp_path)
+    path, h5py = legacy_h5(tmp_path)
     with h5py.File(path, "a") as f:
         f.create_dataset(b"/examples/u2/\xffnote", data=[1])
     split = HDF5Split(path)
@@ -186,7 +175,7 @@ def test_4_a_waiting_task_that_lost_the_detach_race_waits_for_its_own_directory(
 
 @pytest.mark.parametrize("kind", ["hard", "soft", "virtual"])
 def test_5_data_info_refuses_a_client_whose_features_are_another_s(tmp_path, capsys, kind):
-    path, h5py = _h5(tmp_path)
+    path, h5py = legacy_h5(tmp_path)
     with h5py.File(path, "a") as f:
         if kind == "virtual":
             del f["examples/u2"]

@@ -63,15 +63,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedprivopt.clients import LocalConfig, LocalTrainer
 from fedprivopt.clients.privatize import privatize_update
-from fedprivopt.models import initial_flat
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.noise import gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.tree import TreeNoise
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from tests.models.minimal_task import MinimalTask
+from tests.reliability.test_fortieth_review_mechanisms import last_update
 
 
 def _aggregate(device):
@@ -230,16 +229,7 @@ class _RandomDropoutTask(MinimalTask):
 @pytest.mark.parametrize("kind", ["numpy-generator", "numpy-randomstate", "python-random"])
 def test_5_a_model_s_own_numpy_or_python_generator_is_set_back(kind):
     task = _RandomDropoutTask(kind)
-    config = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)
-
-    def last_update(users: list[int]) -> torch.Tensor:
-        trainer, start = LocalTrainer(task, device="cpu"), initial_flat(task)
-        for user in users:
-            result = trainer.train(start, user_id=user, round_num=1, config=config,
-                                   rngs=RngFactory(seed=0))  # fmt: skip
-        return result.delta
-
-    assert torch.equal(last_update([0, 1, 2, 3]), last_update([3]))
+    assert torch.equal(last_update(task, [0, 1, 2, 3]), last_update(task, [3]))
 
 
 class _ArrayStats(torch.nn.Module):
@@ -264,16 +254,7 @@ class _ArrayStatsTask(MinimalTask):
 
 def test_6_an_array_array_attribute_is_set_back():
     task = _ArrayStatsTask()
-    config = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)
-
-    def last_update(users: list[int]) -> torch.Tensor:
-        trainer, start = LocalTrainer(task, device="cpu"), initial_flat(task)
-        for user in users:
-            result = trainer.train(start, user_id=user, round_num=1, config=config,
-                                   rngs=RngFactory(seed=0))  # fmt: skip
-        return result.delta
-
-    assert torch.equal(last_update([0, 1, 2, 3]), last_update([3]))
+    assert torch.equal(last_update(task, [0, 1, 2, 3]), last_update(task, [3]))
 
 
 def test_7_a_distributed_update_without_its_share_is_rejected():

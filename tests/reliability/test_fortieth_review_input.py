@@ -130,7 +130,7 @@ def test_2_a_crlf_script_s_rounds_do_not_contradict(tmp_path):
 # -- finding 3: a legacy HDF5 client (or feature) that is a link to another -------------------
 
 
-def _h5(tmp_path):
+def legacy_h5(tmp_path):
     """A legacy train split of clients u1 (2 examples) and u2 (1), and h5py."""
     h5py = pytest.importorskip("h5py")
 
@@ -144,7 +144,7 @@ def _h5(tmp_path):
 
 @pytest.mark.parametrize("kind", ["soft", "hard", "external"])
 def test_3_a_client_that_is_a_link_to_another_is_refused(tmp_path, kind):
-    path, h5py = _h5(tmp_path)
+    path, h5py = legacy_h5(tmp_path)
     with h5py.File(path, "a") as f:
         if kind == "soft":
             f["examples/u3"] = h5py.SoftLink("/examples/u1")
@@ -163,7 +163,7 @@ def test_3_a_client_that_is_a_link_to_another_is_refused(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["soft", "hard"])
 def test_3_a_feature_linked_to_another_client_s_is_refused(tmp_path, kind):
-    path, h5py = _h5(tmp_path)
+    path, h5py = legacy_h5(tmp_path)
     with h5py.File(path, "a") as f:
         del f["examples/u2/tokens"]
         other = "/examples/u1/tokens"
@@ -179,7 +179,7 @@ def test_3_a_feature_linked_to_another_client_s_is_refused(tmp_path, kind):
 
 
 def test_3_a_file_written_by_write_hdf5_is_read_as_before(tmp_path):
-    path, h5py = _h5(tmp_path)
+    path, h5py = legacy_h5(tmp_path)
     with h5py.File(path, "a") as f:  # other names beside a client's features are no features
         f["examples/u2/note"] = h5py.SoftLink("/examples/u1/tokens")
     split = HDF5Split(path)
@@ -240,7 +240,7 @@ def test_5_a_data_dir_that_is_no_name_is_refused(tmp_path, key, name, error):
 
 
 def test_6_a_client_name_that_is_not_utf8_is_named(tmp_path):
-    path, h5py = _h5(tmp_path)
+    path, h5py = legacy_h5(tmp_path)
     with h5py.File(path, "a") as f:
         h5py.h5g.create(f["examples"].id, b"u\xff2")
     with pytest.raises(ValueError, match=r"client name b'u\\xff2' under '/examples' is not UTF-8"):

@@ -16,18 +16,16 @@ import pytest
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.config_presets import PRESET_LIMIT
 
-TASK = '''
+TASK = """
 from tests.models.minimal_task import MinimalTask
 
 
 def make(*, num_users=6, values=()):
     return MinimalTask(num_users=num_users)
-'''
+"""
 
 
-def test_1_a_configuration_whose_config_toml_would_pass_the_limit_is_refused(
-    tmp_path, monkeypatch
-):
+def test_1_a_configuration_whose_config_toml_would_pass_the_limit_is_refused(tmp_path, monkeypatch):
     (tmp_path / "bigtask40lead.py").write_text(TASK)
     monkeypatch.syspath_prepend(str(tmp_path))
     count = 150_000  # "1e-5," in the preset, "1e-05, " in config.toml

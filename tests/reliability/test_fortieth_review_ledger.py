@@ -59,7 +59,10 @@ import pytest
 from fedprivopt.cli import main
 from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.run import simulate
-from tests.reliability.test_fortieth_review_followup_ledger import as_earlier_checkpoints
+from tests.reliability.test_fortieth_review_followup_ledger import (
+    as_earlier_checkpoints,
+    raise_rounds,
+)
 from tests.reliability.test_ledger import kept_files
 from tests.simulation.test_run import small_config
 
@@ -176,15 +179,6 @@ def _before_partial_lines(lines) -> None:
     lines[:] = merged
 
 
-def _raise_rounds(run: Path, rounds: int) -> None:
-    config = run / "config.toml"
-    text = config.read_text()
-    assert f"num-server-rounds = {rounds - 1}" in text
-    config.write_text(
-        text.replace(f"num-server-rounds = {rounds - 1}", f"num-server-rounds = {rounds}")
-    )
-
-
 def test_2_an_adadp_run_of_a_version_before_partial_lines_resumes_twice(adadp_by_reference, capsys):
     run = adadp_by_reference
     _rewrite(run, _before_partial_lines)  # and num-server-rounds 2 -> 3
@@ -193,7 +187,7 @@ def test_2_an_adadp_run_of_a_version_before_partial_lines_resumes_twice(adadp_by
     assert main(["simulate", "--resume", str(run), "--quiet"]) == 0
     assert '"kind": "partial"' in (run / LEDGER_FILE).read_text()  # this version's lines
     for rounds in (4, 5):
-        _raise_rounds(run, rounds)
+        raise_rounds(run, rounds)
         capsys.readouterr()
         assert main(["simulate", "--resume", str(run), "--quiet"]) == 0, capsys.readouterr().err
     summary = json.loads((run / "summary.json").read_text())

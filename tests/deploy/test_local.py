@@ -79,23 +79,29 @@ def _assert_nothing_left(out: Path) -> list[dict]:
 
 
 # A task referenced by module path (issue 18), carried in the app's FAB: the minimal task
-# implements exactly the documented Task protocol. (Its own deployment test cost a deployment of
-# its own, about 60 s of the suite; the TLS deployment runs it.)
+# implements exactly the documented Task protocol. The same deployment runs adaptive clipping: the
+# clip bits travel on the wire, and round 2 runs at the clip norm round 1's noised count chose.
+# (The referenced task and adaptive clipping each had a deployment test of their own, about 60 s
+# of the suite apiece; each round costs about 10 s of SuperNode polling and ClientApp start.)
 TASK_RUN = {
     **RUN,
     "population": 4,
     "clients-per-round": 2,
-    "num-server-rounds": 1,  # each round costs about 10 s of SuperNode polling and ClientApp start
+    "num-server-rounds": 2,
     "batch-size": 4,
     "task": REF,
     "task-params.num-users": 4,
     "task-params.seed": 3,
+    "clip-norm": 0.05,
+    "adaptive-clipping": True,
+    "clip-count-stddev": 1.0,
+    "clip-learning-rate": 0.5,
 }
 
 
-def test_tls_deployment_of_a_referenced_task_runs_and_matches_the_simulation(tmp_path, monkeypatch):
-    # one round: the rounds after the first, with the server optimizer's state, are the adaptive
-    # and tree deployments'
+def test_tls_deployment_of_a_referenced_task_with_adaptive_clipping_matches_the_simulation(
+    tmp_path, monkeypatch
+):
     app = app_with_task(tmp_path / "app")
     monkeypatch.chdir(tmp_path)  # the module is importable only from the FAB, not from here
     t0 = time.perf_counter()
@@ -128,13 +134,14 @@ def test_tls_deployment_of_a_referenced_task_runs_and_matches_the_simulation(tmp
     summary = json.loads((out / "summary.json").read_text())
     rows = read_rows(out / "metrics.jsonl")
     assert summary["task"] == REF
-    assert summary["rounds_completed"] == 1 and summary["stopped_reason"] == "rounds"
+    assert summary["rounds_completed"] == 2 and summary["stopped_reason"] == "rounds"
     assert summary["runtime"] == "flower-deployment"
-    assert [r["round"] for r in rows] == [1]
-    assert all(r["node_errors"] == 0 for r in rows)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["rejected"] == 0 and r["node_errors"] == 0 for r in rows)
+    assert rows[0]["clip_norm"] == 0.05 and rows[-1]["clip_norm"] != 0.05
 
     # epsilon is what `fedprivopt epsilon` computes for the same q, sigma, rounds, delta
-    expected = compose_epsilon([(make_round_event(1.0, sample_rate=2 / 4), 1)], RUN["delta"])
+    expected = compose_epsilon([(make_round_event(1.0, sample_rate=2 / 4), 2)], RUN["delta"])
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
     assert rows[-1]["epsilon"] == pytest.approx(expected, rel=1e-9)
 
@@ -142,16 +149,19 @@ def test_tls_deployment_of_a_referenced_task_runs_and_matches_the_simulation(tmp
     monkeypatch.chdir(REPO_ROOT)
     config = load_config(out / "config.toml", {"engine": "fast"})
     sim = simulate(config, tmp_path / "sim")
-    deployed = torch.load(out / "checkpoint.pt", weights_only=True)["algorithm"]["params"]
+    deployed_state = torch.load(out / "checkpoint.pt", weights_only=True)["algorithm"]
+    deployed = deployed_state["params"]
     simulated = torch.load(tmp_path / "sim" / "checkpoint.pt", weights_only=True)["algorithm"]
     assert deployed.shape == simulated["params"].shape
     assert not torch.equal(deployed, initial_flat(build_task(REF, num_users=4, seed=3)))
     torch.testing.assert_close(deployed, simulated["params"], rtol=0, atol=1e-6)
     assert sim.epsilon == pytest.approx(summary["epsilon"], rel=1e-12)
+    assert deployed_state["clip_states"] == simulated["clip_states"]
     for mine, theirs in zip(rows, sim.rows, strict=True):
         assert mine["eval_loss"] == pytest.approx(theirs["eval_loss"], abs=1e-5)
         assert mine["cohort_size"] == theirs["cohort_size"]
-    print(f"TLS deployment, 2 SuperNodes, 1 round: {seconds:.1f} s")
+        assert mine["clip_norm"] == theirs["clip_norm"]
+    print(f"TLS deployment, 2 SuperNodes, 2 rounds: {seconds:.1f} s")
 
 
 def test_crashing_and_slow_nodes_do_not_stop_the_server(tmp_path):

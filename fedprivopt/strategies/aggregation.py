@@ -25,11 +25,12 @@ from fedprivopt.privacy.aggregate import (
     default_min_shares,
 )
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.privacy.tree import TreeCohorts, TreeNoise
 from fedprivopt.strategies.clipping import share_growth_advice, sum_noise_growth
 from fedprivopt.strategies.requests import Updates, each_user_once, refuse_malformed
 
-__all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "largest_noise_std"]
+__all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "foreign_tensor", "largest_noise_std"]
 
 NOISE_HEADROOM = 64.0
 """How far below the model dtype's largest number the noise std of a round's sum must stay.
@@ -43,6 +44,49 @@ about 20 nodes (about 4.6 standard deviations of one): 64 keeps every draw finit
 def _stream_name(stream: str) -> str:
     """`` of stream 'train-2'`` for a named stream (one of ADADP's cohorts), else nothing."""
     return f" of stream {stream!r}" if stream else ""
+
+
+#: The tensor types whose arithmetic is torch's own (a Parameter disables ``__torch_function__``).
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def foreign_tensor(update: object) -> str | None:
+    """Why ``update`` is a tensor subclass the server cannot measure (``None`` if it is not).
+
+    Forty-first review of issue 15 (api 1): a ``drive_round`` train callback (or a task's
+    ``cohort_trainer``) returning an instance of a ``torch.Tensor`` subclass with a
+    ``__torch_function__`` of its own (a tracking or wrapper tensor) had its norm measured by
+    that class: an update of norm 200 that reported 0.001 was summed unclipped (the model at 90
+    where C = 1 over 10 users allows 0.9), under the charge of a sum of sensitivity C. The
+    server measures only plain tensors (and ``torch.nn.Parameter``); the tensors of a
+    :class:`~fedprivopt.privacy.sparse.RowSparse` update or batch alike.
+    """
+    if isinstance(update, (RowSparse, RowSparseBatch)):
+        parts = [update.rows, update.values]
+        if isinstance(update, RowSparseBatch):
+            parts.append(update.row_ptr)
+    else:
+        parts = [update]
+    for part in parts:
+        if isinstance(part, torch.Tensor) and type(part) not in _PLAIN_TENSORS:
+            return (
+                f"a {type(part).__name__} (a torch.Tensor subclass, whose own operations would "
+                "measure its norm): an update must be a plain torch.Tensor"
+            )
+    return None
+
+
+def _plain_stream(entries: Any, round_num: int) -> Any:
+    """A streamed cohort's ``entries``, refused at the first update of a tensor subclass."""
+    for entry in entries:
+        update = entry[1] if isinstance(entry, (tuple, list)) and len(entry) == 2 else entry
+        reason = foreign_tensor(update)
+        if reason is not None:
+            users = entry.users if isinstance(entry, RowSparseBatch) else [entry[0]]
+            raise ValueError(
+                f"round {round_num}'s streamed update of user {int(users[0])} is {reason}"
+            )
+        yield entry
 
 
 def largest_noise_std(dtype: torch.dtype) -> float:
@@ -257,6 +301,7 @@ class AlgorithmAggregation:
             entries = updates.entries() if hasattr(updates, "entries") else updates.items()
             allowed, received = cohort if cohort is not None else updates.keys(), set()
             entries = each_user_once(entries, {int(u) for u in allowed}, round_num, received)
+            entries = _plain_stream(entries, round_num)
         else:
             entries = sorted(updates.items())
             if cohort is not None:
@@ -265,6 +310,10 @@ class AlgorithmAggregation:
                     int(u): "not in the round's cohort" for u, _ in entries if u not in asked
                 }
                 entries = [(u, update) for u, update in entries if u in asked]
+            foreign = {int(u): why for u, x in entries if (why := foreign_tensor(x)) is not None}
+            if foreign:  # rejected alone, as a malformed update is
+                unasked.update(foreign)
+                entries = [(u, update) for u, update in entries if int(u) not in foreign]
             if self.clipping is not None:
                 # replies decoded from messages: one whose clip bit is invalid is not summed
                 entries, bad_bits = self.clipping.screen(entries, getattr(updates, "clip_bits", {}))

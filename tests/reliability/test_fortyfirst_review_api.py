@@ -1,0 +1,84 @@
+"""Issue 15, forty-first hostile review (api: the documented Python API): tests.
+
+1. A ``drive_round`` train callback (or a task's own ``cohort_trainer`` on the fast engine)
+   returning its updates as instances of a ``torch.Tensor`` subclass with a
+   ``__torch_function__`` of its own (a tracking or wrapper tensor; here one whose norm reads
+   0.001), every entry 100 (norm 200, C = 1). Before: the server measured the norm through the
+   subclass and summed the updates unclipped: the model moved by 90 (dp-fedavg, 9 users over a
+   fixed denominator of 10: at most 0.9 is possible), 100 under tree aggregation and on the fast
+   engine, charged as a sum of sensitivity C (epsilon 7.55). Now an update of a tensor subclass
+   (also in a ``RowSparse`` update or batch) is rejected alone, as a malformed one
+   (``aggregation.foreign_tensor``), and a streamed cohort holding one is refused before its
+   noise is drawn; ``torch.nn.Parameter`` is taken as before.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.clients import LocalTrainer
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.simulation.fast import make_cohort_train
+from fedprivopt.strategies import build_algorithm
+from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_fortieth_review_api import _Pairs
+from tests.reliability.test_thirtyeighth_review_api import (
+    _config,
+    _quiet,  # noqa: F401
+    _train,
+)
+
+# -- finding 1: an update of a tensor subclass that measures its own norm ---------------------
+
+
+class _Lying(torch.Tensor):
+    """A tensor subclass whose norm reads 0.001 whatever it holds."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if func in (torch.linalg.vector_norm, torch.Tensor.norm, torch.norm):
+            return out * 0 + 0.001
+        return out
+
+
+def _large(request):
+    return {u: torch.full((4,), 100.0).as_subclass(_Lying) for u in request.users}
+
+
+@pytest.mark.parametrize(
+    "changes", [{}, {"noise-mechanism": "tree"}, {"strategy": "dp-fedavg-adadp"}]
+)
+def test_1_an_update_of_a_tensor_subclass_is_not_summed_unclipped(changes):
+    alg = build_algorithm(_config(**changes), torch.zeros(4))
+    result = drive_round(alg, 1, _large)
+    assert float(alg.params.abs().max()) < 1.0  # was 90 (tree 100)
+    metrics = result.metrics
+    assert metrics.get("accepted", metrics.get("accepted_1")) == 0.0
+    honest = build_algorithm(_config(**changes), torch.zeros(4))
+    drive_round(honest, 1, lambda r: {u: torch.nn.Parameter(x) for u, x in _train(r).items()})
+    assert result.metrics.get("rejected", result.metrics.get("rejected_1")) > 0
+    assert float(honest.params.abs().max()) > 0.0
+
+
+class _LyingTrainer:
+    def __init__(self, task):
+        self.local = LocalTrainer(task, device="cpu")
+
+    def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
+        for user in users:
+            delta = self.local.train(
+                params, user_id=user, round_num=round_num, config=config, rngs=rngs, stream=stream
+            ).delta
+            yield _Pairs([(user, (delta * 0 + 100).as_subclass(_Lying))])
+
+
+def test_1_a_cohort_trainer_yielding_a_tensor_subclass_is_refused():
+    task = build_task("toy", num_users=12)
+    task.cohort_trainer = lambda device, chunk_users: _LyingTrainer(task)
+    alg = build_algorithm(_config(population=12, sampling="fixed", **{"clients-per-round": 12}),
+                          initial_flat(task))  # fmt: skip
+    with pytest.raises(ValueError, match=r"user 0 is a _Lying \(a torch.Tensor subclass"):
+        drive_round(alg, 1, make_cohort_train(task, device="cpu"))  # was released: 100
+    assert alg.accountant.num_events == 0 and alg.round_num == 0

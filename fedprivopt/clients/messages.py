@@ -26,6 +26,7 @@ it where Flower is installed.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -288,15 +289,30 @@ def reply_updates(
     rejected = check_int("rejected", rejected, 0)
     reply = RecordDict()
     bits = {} if clip_bits is None else clip_bits
-    dtype = _flat_dtype(message)
+    dtype, length = _flat_layout(message)
+    asked = _Asked.of(message)
+    for user in bits:
+        if user not in updates:  # a bit keyed otherwise than its update: that update is refused
+            raise ValueError(
+                f"clip_bits[{shown(user)}] is the clip bit of no user in updates "
+                f"{shown(sorted(map(str, updates)))}: key each bit by its update's user id"
+            )
     for user, vector in updates.items():
-        _check_update(user, vector)
+        key = P.update_key(user)  # an integer id >= 0 (ValueError naming user_id)
+        asked.check(user)
+        _check_update(user, vector, length)
         delta = vector.detach().to(device="cpu", dtype=dtype)
         arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
         if user in bits:
             bit = check_real(f"clip_bits[{shown(user)}]", bits[user])
             arrays[P.CLIP_BIT_ARRAY] = Array(np.array([bit], dtype=np.float64))
-        reply[P.update_key(user)] = ArrayRecord(arrays)
+        elif asked.clip_bit:
+            raise ValueError(
+                f"clip_bits[{shown(user)}] is missing: the server asked for clip bits "
+                f"({P.CLIP_BIT} = true, adaptive clipping) and rejects an update without its "
+                "bit (TrainMessage.clip_bit gives it)"
+            )
+        reply[key] = ArrayRecord(arrays)
     metrics: dict[str, int | float | list[int] | list[float]] = {
         P.USERS_TRAINED: len(updates),
         P.USERS_REJECTED: rejected,
@@ -311,16 +327,61 @@ def reply_updates(
     return Message(reply, reply_to=message)
 
 
-def _check_update(user: object, vector: object) -> None:
-    """``ValueError`` naming ``updates[user]`` unless it is a dense real floating tensor with data.
+@dataclass(frozen=True)
+class _Asked:
+    """What a train message's config asks of its reply: its users, and whether clip bits."""
 
-    Fortieth review of issue 15 (mechanisms 8): a NumPy array, a list or ``None`` ended in
-    ``AttributeError: ... has no attribute 'detach'``, a meta or sparse tensor in torch's
-    ``NotImplementedError`` or ``TypeError``, and a complex (or int64) one was sent as its real
-    part (cast) with only torch's warning.
+    users: frozenset[int] | None
+    clip_bit: bool
+
+    @classmethod
+    def of(cls, message: Message) -> _Asked:
+        """Read from ``message``'s config (``users`` ``None`` where it holds no valid list)."""
+        record = message.content.config_records.get(P.CONFIG_RECORD)
+        if record is None:
+            return cls(None, False)
+        try:
+            users = frozenset(P.check_user_ids(P.USERS, record.get(P.USERS)))
+        except ValueError:
+            users = None
+        return cls(users, record.get(P.CLIP_BIT, False) is True)
+
+    def check(self, user: int) -> None:
+        """``ValueError`` naming ``updates[user]`` when the message did not ask for ``user``.
+
+        Forty-first review of issue 15 (wire 1): an update of a user the server did not sample
+        (a ClientApp of one's own that trains every hosted user, or keys updates by position)
+        was sent; the server drops it as unrequested, but the user's update had left the node
+        without the sampling the accountant assumes, and the sampled users' updates were lost.
+        """
+        if self.users is not None and user not in self.users:
+            raise ValueError(
+                f"updates[{shown(user)}]: the message did not ask for user {shown(user)} (it "
+                f"asks for {shown(sorted(self.users))}); reply only for the users it names "
+                "(TrainMessage.users) that this node hosts"
+            )
+
+
+def _check_update(user: object, vector: object, length: int | None = None) -> None:
+    """``ValueError`` naming ``updates[user]`` unless it is the model's flat update.
+
+    A dense real floating tensor with data, one-dimensional, of ``length`` entries (the
+    message's model as one flat vector; ``None``: not checked). Fortieth review of issue 15
+    (mechanisms 8): a NumPy array, a list or ``None`` ended in ``AttributeError: ... has no
+    attribute 'detach'``, a meta or sparse tensor in torch's ``NotImplementedError`` or
+    ``TypeError``, and a complex (or int64) one was sent as its real part (cast) with only
+    torch's warning. Forty-first review (wire 1): an update of another shape (``(d, 1)``, the
+    trainable parameters only, one entry short) was sent, and the server rejected it, so every
+    such round released noise only, charged, without a word at the node.
     """
     if isinstance(vector, torch.Tensor) and vector.is_floating_point():
         problem = dense_problem(vector)
+        if problem is None and (vector.dim() != 1 or length not in (None, vector.numel())):
+            entries = "" if length is None else f" of the model's {length} entries"
+            problem = (
+                f"a one-dimensional tensor{entries} (TrainMessage.flatten(state) - "
+                f"TrainMessage.global_flat) is needed, got shape {tuple(vector.shape)}"
+            )
     else:
         what = vector.dtype if isinstance(vector, torch.Tensor) else type(vector).__name__
         problem = f"a floating-point torch.Tensor is needed, got {what}"
@@ -330,19 +391,32 @@ def _check_update(user: object, vector: object) -> None:
         )
 
 
-def _flat_dtype(message: Message) -> torch.dtype:
-    """The dtype of the message's model as one flat vector: float32, or float64 if any is.
+def _flat_layout(message: Message) -> tuple[torch.dtype, int | None]:
+    """The dtype and length of the message's model as one flat vector.
 
-    As :func:`~fedprivopt.privacy.flat.flatten` promotes the model's entries (from float32); a
-    message without the model, or with arrays of no numeric dtype, gives float32.
+    The dtype is float32, or float64 if any entry is, as :func:`~fedprivopt.privacy.flat.flatten`
+    promotes the model's entries (from float32); a message without the model, or with arrays
+    of no numeric dtype, gives float32. The length is the entries of every array (``None``
+    without the model, or where an array's shape is not a list of integers >= 0).
     """
     dtype = torch.float32
+    length: int | None = 0
     record = message.content.array_records.get(P.ARRAYS_RECORD)
     for array in (record or {}).values():
         with contextlib.suppress(TypeError, ValueError):
             entry = torch.from_numpy(np.empty(0, dtype=np.dtype(array.dtype))).dtype
             dtype = torch.promote_types(dtype, entry)
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        shape = getattr(array, "shape", None)
+        if (
+            length is not None
+            and isinstance(shape, (list, tuple))
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+        ):
+            length += math.prod(shape)
+        else:
+            length = None
+    flat = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    return flat, length if record else None
 
 
 def reply_task_error(message: Message, error: TaskError) -> Message:

@@ -300,10 +300,12 @@ def test_9_a_client_app_sends_updates_in_the_dtype_of_the_messages_model():
     from tests.messages import delivered
     from tests.reliability.test_thirtyfirst_review_processes import _config_record
 
-    vectors = {1: torch.ones(3, dtype=torch.float64), 2: torch.ones(3), 3: torch.ones(3).half()}
+    # four entries: the model "w" (3) and "n" (1) as one flat vector (forty-first review, wire 1)
+    vectors = {1: torch.ones(4, dtype=torch.float64), 2: torch.ones(4), 3: torch.ones(4).half()}
     for model, want in ((np.float64, np.float64), (np.float32, np.float32)):
         arrays = ArrayRecord({"w": Array(np.ones(3, dtype=model)), "n": Array(np.ones(1, "i8"))})
-        message = delivered({P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: _config_record()}, "train")
+        config = _config_record(users=[1, 2, 3])  # users asked (forty-first review, wire 1)
+        message = delivered({P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: config}, "train")
         reply = reply_updates(message, vectors)
         sent = {u: reply.content[P.update_key(u)][P.DELTA_ARRAY].numpy().dtype for u in vectors}
         assert sent == dict.fromkeys(vectors, want)

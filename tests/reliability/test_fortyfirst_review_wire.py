@@ -1,0 +1,69 @@
+"""Issue 15, forty-first hostile review (wire: Flower messages, replies, deployment): tests.
+
+1. ``clients.reply_updates(message, updates, clip_bits=...)`` (a ClientApp of one's own; the
+   message asks for users ``[1]`` of a model of 5 entries) with an update of shape ``(5, 1)``,
+   ``(3,)`` (the trainable parameters only), ``(6,)`` or ``()``; an update for user 5, whom the
+   message did not ask for (a ClientApp that trains every hosted user); a clip bit keyed by
+   another user than its update, or none where the message asks for clip bits (adaptive
+   clipping). Before: every one was sent. The server rejects an update of another shape and one
+   without its clip bit, and drops an unrequested one: each such round released noise only,
+   charged, without a word at the node, and user 5's update left the node without the sampling
+   the accountant assumes. Now ``ValueError`` naming ``updates[user]`` or ``clip_bits[user]``
+   (``messages._check_update`` against the message's flat model, ``messages._Asked``);
+   fedprivopt's own ClientApp and the example app reply as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from fedprivopt import wire as P
+from fedprivopt.clients import LocalConfig
+from fedprivopt.clients.messages import reply_updates
+from tests.messages import delivered
+
+
+def _train_message(*, users=(1,), clip_bit: bool = False, arrays=None, **records):
+    local = LocalConfig(learning_rate=0.1, clip_norm=1.0, clip_bit=clip_bit)
+    settings = P.ClientSettings(local, seed=0)
+    config = P.encode_train_config(users=list(users), round_num=1, settings=settings)
+    if arrays is None:
+        arrays = ArrayRecord({"w": torch.zeros(3), "b": torch.zeros(2)})  # 5 entries as one
+    return delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: arrays, **records}, "train")
+
+
+# -- finding 1: a reply holds only the asked users' flat updates, with their clip bits ---------
+
+
+@pytest.mark.parametrize(
+    ("updates", "extra", "named"),
+    [
+        ({1: torch.zeros(5, 1)}, {}, r"updates\[1\] .* got shape \(5, 1\)"),
+        ({1: torch.zeros(3)}, {}, r"updates\[1\] .* model's 5 entries .* got shape \(3,\)"),
+        ({1: torch.zeros(6)}, {}, r"updates\[1\] .* got shape \(6,\)"),
+        ({1: torch.tensor(0.0)}, {}, r"updates\[1\] .* got shape \(\)"),
+        ({5: torch.zeros(5)}, {}, r"updates\[5\]: the message did not ask for user 5"),
+        ({1: torch.zeros(5)}, {"clip_bits": {7: 1.0}}, r"clip_bits\[7\] is the clip bit of no"),
+    ],
+    ids=["2-d", "short", "long", "0-d", "unasked-user", "bit-of-no-update"],
+)
+def test_1_a_reply_holds_only_the_asked_users_flat_updates(updates, extra, named) -> None:
+    message = _train_message()
+    with pytest.raises(ValueError, match=named):
+        reply_updates(message, updates, **extra)  # before: sent, then rejected or dropped
+    reply = reply_updates(message, {1: torch.ones(5, dtype=torch.float64)})
+    np.testing.assert_array_equal(P.read_updates(reply.content)[1], np.ones(5, np.float32))
+
+
+def test_1_an_update_without_the_clip_bit_the_message_asks_for_is_refused() -> None:
+    message = _train_message(users=(1, 2), clip_bit=True)
+    with pytest.raises(ValueError, match=r"clip_bits\[2\] is missing: the server asked"):
+        reply_updates(message, {1: torch.zeros(5), 2: torch.zeros(5)}, clip_bits={1: 1.0})
+    reply = reply_updates(message, {1: torch.zeros(5), 2: torch.zeros(5)}, clip_bits={1: 1, 2: 0})
+    assert reply.content["update/2"][P.CLIP_BIT_ARRAY].numpy().tolist() == [0.0]
+    # a message without the model or the users (as earlier tests build them): no such check
+    bare = delivered({}, "train")
+    assert "update/9" in reply_updates(bare, {9: torch.zeros(2, 2).reshape(-1)}).content

@@ -66,7 +66,49 @@ class AlgorithmState:
             **({} if self.tree_noise is None else {"tree": _copied(self._tree_state())}),
             **({} if self.side_information is None else {"side_information": self._side_digest()}),
             **self._partial_state(),
+            **self._begun_state(),
         }
+
+    def _begun_state(self) -> dict[str, Any]:
+        """``{"begun": [[round, stream], ...]}``: noised sums of unfinished rounds, else ``{}``.
+
+        Forty-first review of issue 15 (api 2): a caller's ``alg.aggregate(1, updates)``
+        released round 1's noised sum (and charged it) without finishing the round; a
+        ``state_dict()`` saved then and loaded into another algorithm let that one aggregate
+        round 1 again: seeded, the same noise, so the two released means differed by the left
+        out user's clipped update without noise (0.1 in every entry, exactly), charged as two
+        independent releases. The state carries the sums computed (what ``_aggregated`` holds;
+        ADADP's first cohort is carried by its half-step point, :meth:`_partial_state`), and a
+        loaded one refuses them again (``round 1 was begun already``).
+        """
+        partial = self.partial_point
+        begun = sorted(
+            [r, stream]
+            for r, stream in self._aggregated
+            if not (partial is not None and partial[0] == r and stream == "train")
+        )
+        return {"begun": begun} if begun else {}
+
+    def _load_begun(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`_begun_state`, kept with this algorithm's own sums of later rounds."""
+        begun = state.get("begun", [])
+        ok = isinstance(begun, list) and all(
+            isinstance(pair, (list, tuple))
+            and len(pair) == 2
+            and isinstance(pair[0], int)
+            and not isinstance(pair[0], bool)
+            and pair[0] > self.round_num
+            and isinstance(pair[1], str)
+            for pair in begun
+        )
+        if not ok:
+            raise ValueError(
+                "checkpoint's begun (the noised sums of rounds after its own, computed before "
+                f"it was saved) must be a list of [round > {self.round_num}, stream] pairs, got "
+                f"{shown(begun)}"
+            )
+        own = {(r, s) for r, s in self._aggregated if r > self.round_num}
+        self._aggregated = own | {(int(r), s) for r, s in begun}
 
     def _partial_state(self) -> dict[str, Any]:
         """``{"partial": {"round", "point"}}`` between an ADADP round's cohorts, else ``{}``.
@@ -344,6 +386,7 @@ class AlgorithmState:
         if verify:
             self._check_charged()
         self._load_partial(state)
+        self._load_begun(state)
 
     def _check_charged(self) -> None:
         """Refuse a restored accountant that holds fewer of the round's events than its rounds.

@@ -10,6 +10,16 @@
    (also in a ``RowSparse`` update or batch) is rejected alone, as a malformed one
    (``aggregation.foreign_tensor``), and a streamed cohort holding one is refused before its
    noise is drawn; ``torch.nn.Parameter`` is taken as before.
+2. ``agg = alg.aggregate(1, updates, cohort=alg.sample(1))`` (a caller's own aggregation: the
+   noised mean released and charged, the round not finished), ``state = alg.state_dict()``,
+   then ``other.load_state_dict(state)`` in a fresh algorithm of the same configuration and
+   ``other.aggregate(1, ...)`` without the cohort's first user (dp-fedavg and ADADP, seeded).
+   Before: taken; the same seeded noise, so the two released means differed by that user's
+   clipped update over the denominator exactly (0.01 in every entry), charged as two
+   independent releases. Now the state carries the noised sums of unfinished rounds
+   (``state_dict()["begun"]``, ``AlgorithmState._begun_state``) and the loaded algorithm
+   refuses them again (``round 1 was begun already``), as the algorithm that computed them
+   does; round 2 runs; states saved between rounds are unchanged.
 """
 
 from __future__ import annotations
@@ -82,3 +92,28 @@ def test_1_a_cohort_trainer_yielding_a_tensor_subclass_is_refused():
     with pytest.raises(ValueError, match=r"user 0 is a _Lying \(a torch.Tensor subclass"):
         drive_round(alg, 1, make_cohort_train(task, device="cpu"))  # was released: 100
     assert alg.accountant.num_events == 0 and alg.round_num == 0
+
+
+# -- finding 2: a state saved after a caller's aggregate, loaded into another algorithm ------
+
+
+@pytest.mark.parametrize("changes", [{}, {"strategy": "dp-fedavg-adadp"}])
+def test_2_a_sum_released_before_the_state_was_saved_is_not_computed_again(changes):
+    alg = build_algorithm(_config(**changes), torch.zeros(4))
+    cohort = alg.sample(1)
+    alg.aggregate(1, {u: torch.full((4,), 0.1) for u in cohort}, cohort=cohort)
+    state = alg.state_dict()
+    assert state["begun"] == [[1, ""]]
+    other = build_algorithm(_config(**changes), torch.zeros(4))
+    other.load_state_dict(state)
+    events = other.accountant.num_events
+    fewer = {u: torch.full((4,), 0.1) for u in cohort[1:]}
+    with pytest.raises(ValueError, match=r"round 1 was begun already"):
+        other.aggregate(1, fewer, cohort=cohort)  # was taken: the difference 0.01 unnoised
+    assert other.accountant.num_events == events
+    drive_round(other, 2, _train)
+    assert "begun" not in other.state_dict()
+    with pytest.raises(ValueError, match=r"checkpoint's begun"):
+        build_algorithm(_config(**changes), torch.zeros(4)).load_state_dict(
+            {**state, "begun": [[0, ""]]}
+        )

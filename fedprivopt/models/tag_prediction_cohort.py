@@ -37,7 +37,7 @@ from fedprivopt.core.local import LocalConfig
 from fedprivopt.models.cohort import CohortTrainer
 from fedprivopt.models.tag_prediction_chunk import TagChunk, prepare_chunk, visit_schedule
 from fedprivopt.models.tag_prediction_encoding import ragged_index
-from fedprivopt.privacy.clip import clip_factor
+from fedprivopt.privacy.clip import clip_factor, clip_l2
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import (
     RowSparseBatch,
@@ -395,6 +395,7 @@ class TagCohortTrainer(CohortTrainer):
         clipping (``inf`` for a diverged one), as ``LocalTrainer`` reports it.
         """
         factors, before = [], []
+        tiny = torch.finfo(delta.dtype).tiny
         for i, norm in enumerate(segment_norms_checked(delta, ptr)):
             before.append(math.inf if norm is None else norm)
             if norm is None:  # diverged (NaN/Inf)
@@ -403,7 +404,17 @@ class TagCohortTrainer(CohortTrainer):
             elif config.clip_norm is None:
                 factors.append(1.0)
             else:
-                factors.append(clip_factor(norm, config.clip_norm, delta.dtype))
+                factor = clip_factor(norm, config.clip_norm, delta.dtype)
+                if factor < tiny:
+                    # forty-first review of issue 15 (mechanisms 1): a factor below the dtype's
+                    # normal range (an update norm above C / 1.2e-38 in float32, e.g. C 1e-25 at
+                    # local-learning-rate 1e21) lost the relative precision its margin needs, or
+                    # rounded to 0: updates of norm up to 1.89 C, or 0 where LocalTrainer's
+                    # clip_l2 gives norm C. Such a user is clipped by clip_l2, exact at any size
+                    segment = delta[int(ptr[i]) : int(ptr[i + 1])]
+                    segment.copy_(clip_l2(segment, config.clip_norm).vector)
+                    factor = 1.0
+                factors.append(factor)
         if any(f != 1.0 for f in factors):
             delta.mul_(segment_scale(factors, ptr[1:] - ptr[:-1], delta))
         return before

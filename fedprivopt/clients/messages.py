@@ -167,8 +167,16 @@ class TrainMessage:
         request = P.decode_train_config(content.config_records[P.CONFIG_RECORD])
         preconditioner = None
         if P.PRECONDITIONER_RECORD in content.array_records:
-            array = content.array_records[P.PRECONDITIONER_RECORD][P.PRECONDITIONER_ARRAY]
-            preconditioner = torch.from_numpy(array.numpy()).reshape(-1)
+            record = content.array_records[P.PRECONDITIONER_RECORD]
+            if P.PRECONDITIONER_ARRAY not in record:
+                raise ValueError(
+                    f"train message's ArrayRecord {P.PRECONDITIONER_RECORD!r} holds no array "
+                    f"{P.PRECONDITIONER_ARRAY!r}, got {shown(sorted(record.keys()))}"
+                )
+            preconditioner = _tensor(P.PRECONDITIONER_RECORD, P.PRECONDITIONER_ARRAY, record)
+            preconditioner = preconditioner.reshape(-1)
+        arrays = content.array_records[P.ARRAYS_RECORD]
+        state = {name: _tensor(P.ARRAYS_RECORD, name, arrays) for name in arrays}
         settings = request.settings
         return cls(
             users=request.users,
@@ -178,7 +186,7 @@ class TrainMessage:
             seed=settings.seed,
             secure=settings.secure,
             report_private_metrics=settings.report_private_metrics,
-            state=content.array_records[P.ARRAYS_RECORD].to_torch_state_dict(),
+            state=state,
             preconditioner=preconditioner,
         )
 
@@ -437,3 +445,20 @@ def reply_task_error(message: Message, error: TaskError) -> Message:
     if not isinstance(error, TaskError):
         raise ValueError(f"error must be a TaskError, got {shown(error)}")
     return Message(Error(code=TASK_ERROR, reason=str(error)), reply_to=message)
+
+
+def _tensor(record_name: str, name: str, record: ArrayRecord) -> torch.Tensor:
+    """The array ``name`` of a message's ``record`` as a tensor, or ``ValueError`` naming both.
+
+    Forty-first review of issue 15 (wire 2): :meth:`TrainMessage.read` (documented to raise
+    ``ValueError``) raised ``KeyError: 'p'`` for a preconditioner record without its array,
+    and torch's or Flower's own errors, naming no record, for an array of another serialization
+    or of non-native byte order.
+    """
+    try:
+        return torch.from_numpy(record[name].numpy())
+    except (TypeError, ValueError, EOFError) as err:  # np.load of hostile bytes raises these
+        raise ValueError(
+            f"train message's ArrayRecord {record_name!r}: array {shown(name)} cannot be read "
+            f"as a tensor: {shown(str(err))}"
+        ) from None

@@ -11,6 +11,12 @@
    the accountant assumes. Now ``ValueError`` naming ``updates[user]`` or ``clip_bits[user]``
    (``messages._check_update`` against the message's flat model, ``messages._Asked``);
    fedprivopt's own ClientApp and the example app reply as before.
+2. ``clients.TrainMessage.read(message)`` (a ClientApp of one's own; documented to raise
+   ``ValueError``) of a message whose ``preconditioner`` record holds no array ``p``, or whose
+   preconditioner or model array is of non-native byte order (a server of another machine, or
+   bytes a proxy mangled). Before: ``KeyError: 'p'``, and torch's ``ValueError: given numpy
+   array has byte order different ...`` naming neither record nor array. Now ``ValueError``
+   naming the record and the array (``messages._tensor``).
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord
 
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
-from fedprivopt.clients.messages import reply_updates
+from fedprivopt.clients.messages import TrainMessage, reply_updates
 from tests.messages import delivered
 
 
@@ -67,3 +73,37 @@ def test_1_an_update_without_the_clip_bit_the_message_asks_for_is_refused() -> N
     # a message without the model or the users (as earlier tests build them): no such check
     bare = delivered({}, "train")
     assert "update/9" in reply_updates(bare, {9: torch.zeros(2, 2).reshape(-1)}).content
+
+
+# -- finding 2: TrainMessage.read names the record and array it cannot read ---------------------
+
+
+def _record(name: str, array: np.ndarray) -> ArrayRecord:
+    return ArrayRecord({name: Array(array)})
+
+
+@pytest.mark.parametrize(
+    ("records", "named"),
+    [
+        (
+            {P.PRECONDITIONER_RECORD: _record("q", np.ones(5, np.float32))},
+            r"ArrayRecord 'preconditioner' holds no array 'p', got \['q'\]",
+        ),
+        (
+            {P.PRECONDITIONER_RECORD: _record("p", np.ones(5, ">f4"))},
+            r"ArrayRecord 'preconditioner': array 'p' cannot be read as a tensor",
+        ),
+        (
+            {"arrays": _record("w", np.zeros(5, ">f4"))},
+            r"ArrayRecord 'arrays': array 'w' cannot be read as a tensor",
+        ),
+    ],
+    ids=["no-p", "big-endian-p", "big-endian-model"],
+)
+def test_2_train_message_read_names_what_it_cannot_read(records, named) -> None:
+    arrays = records.pop("arrays", None)
+    with pytest.raises(ValueError, match=named):  # before: KeyError, or torch's line
+        TrainMessage.read(_train_message(arrays=arrays, **records))
+    good = {P.PRECONDITIONER_RECORD: _record("p", np.full(5, 2.0, np.float32))}
+    request = TrainMessage.read(_train_message(**good))
+    assert request.preconditioner.tolist() == [2.0] * 5 and list(request.state) == ["w", "b"]

@@ -56,7 +56,7 @@ import torch
 from fedprivopt.clients.model_layout import ModelAtBuild, ModelLayout
 from fedprivopt.clients.privatize import NOISE_PURPOSE, privatize_update
 from fedprivopt.core.local import LocalConfig, check_train_call, epoch_orders
-from fedprivopt.models.task import Task, TaskError
+from fedprivopt.models.task import Task, TaskError, refuse_inexact_entries
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
@@ -163,6 +163,7 @@ class LocalTrainer(ModelLayout):
         state = self.model.state_dict(keep_vars=True)
         self.spec: FlatSpec = flatten({k: v.detach() for k, v in state.items()})[1]
         self._entries = self._layout(state)
+        refuse_inexact_entries(state, self.spec.dtype, task)  # forty-first review (api 3)
         self._trainable = [e for e in self._entries if e.trainable]
         # the model as build_model() left it: set back before every user (_load)
         self._at_build = ModelAtBuild(self.model, saved=set(state))

@@ -71,6 +71,7 @@ __all__ = [
     "note_factory",
     "primary_metric",
     "private_evaluation_users",
+    "refuse_inexact_entries",
     "state_to_flat",
 ]
 
@@ -313,7 +314,38 @@ def evaluating(model: torch.nn.Module) -> Iterator[torch.device]:
 
 def model_spec(task: Task) -> FlatSpec:
     """Return the flat layout (:class:`~fedprivopt.privacy.FlatSpec`) of ``task``'s model."""
-    return flatten(task.build_model().state_dict())[1]
+    state = task.build_model().state_dict()
+    spec = flatten(state)[1]
+    refuse_inexact_entries(state, spec.dtype, task)
+    return spec
+
+
+def refuse_inexact_entries(
+    state: Mapping[str, torch.Tensor], dtype: torch.dtype, task: object
+) -> None:
+    """Raise :class:`TaskError` for an integer entry of ``state`` that ``dtype`` cannot hold.
+
+    Forty-first review of issue 15 (api 3): the flat vector is float32 for a float32 model, so
+    an ``int64`` buffer or frozen parameter (a hashing seed, a vocabulary's id offset) beyond
+    2^24 came back rounded from it: a buffer ``2**40 + 1`` was ``2**40`` in every user's model and
+    in the evaluated one (rc 0), where buffers keep their ``build_model()`` values
+    (docs/TASKS.md). Such an entry is refused naming it.
+    """
+    for name, value in state.items():
+        value = value.detach()
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            continue
+        back = value.to(dtype).to(value.dtype)
+        wrong = (back != value).reshape(-1).nonzero()
+        if wrong.numel():
+            i = int(wrong[0, 0])
+            held, rounded = int(value.reshape(-1)[i]), int(back.reshape(-1)[i])
+            raise TaskError(
+                f"the model of {type(task).__name__}.build_model() has {value.dtype} entry "
+                f"{name!r} holding {held}, which the model's flat dtype {dtype} cannot hold "
+                f"exactly (it would be {rounded}): keep integer "
+                "buffers within that dtype's exact integers, or make the model float64"
+            )
 
 
 def frozen_mask(task: Task) -> torch.Tensor | None:
@@ -359,7 +391,10 @@ def frozen_coordinates(model: torch.nn.Module) -> torch.Tensor | None:
 
 def initial_flat(task: Task) -> torch.Tensor:
     """Return the initial model of ``task`` as one flat CPU vector (layout :func:`model_spec`)."""
-    return flatten(task.build_model().state_dict())[0]
+    state = task.build_model().state_dict()
+    flat, spec = flatten(state)
+    refuse_inexact_entries(state, spec.dtype, task)
+    return flat
 
 
 def state_to_flat(state: Mapping[str, torch.Tensor], spec: FlatSpec) -> torch.Tensor:

@@ -20,6 +20,12 @@
    (``state_dict()["begun"]``, ``AlgorithmState._begun_state``) and the loaded algorithm
    refuses them again (``round 1 was begun already``), as the algorithm that computed them
    does; round 2 runs; states saved between rounds are unchanged.
+3. A task whose float32 model holds an ``int64`` buffer beyond float32's exact integers (a
+   hashing seed ``2**40 + 1`` its forward reads). Before: the float32 flat vector rounded it,
+   so every user's model and the evaluated one held ``2**40`` (rc 0) where buffers keep their
+   ``build_model()`` values. Now ``task.refuse_inexact_entries`` (called by ``model_spec``,
+   ``initial_flat`` and ``LocalTrainer``) refuses it naming the entry (``TaskError``; from the
+   command line rc 2, one line); small integer buffers (a batch norm's counter) pass.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import pytest
 import torch
 
 from fedprivopt.clients import LocalTrainer
-from fedprivopt.models import build_task, initial_flat
+from fedprivopt.models import build_task, initial_flat, model_spec
+from fedprivopt.models.task import TaskError
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -117,3 +124,33 @@ def test_2_a_sum_released_before_the_state_was_saved_is_not_computed_again(chang
         build_algorithm(_config(**changes), torch.zeros(4)).load_state_dict(
             {**state, "begun": [[0, ""]]}
         )
+
+
+# -- finding 3: an integer buffer the float32 flat vector cannot hold ------------------------
+
+
+class _Hashing(torch.nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+        self.register_buffer("seed", torch.tensor(seed, dtype=torch.int64))
+        self.norm = torch.nn.BatchNorm1d(2)  # an int64 counter of small values
+
+    def forward(self, x):
+        return self.norm(self.lin(x)) * float(self.seed % 7)
+
+
+def _hashing_task(seed):
+    task = build_task("toy", num_users=4)
+    task.build_model = lambda: _Hashing(seed)
+    return task
+
+
+def test_3_an_integer_buffer_the_flat_dtype_rounds_is_refused():
+    task = _hashing_task(2**40 + 1)
+    for call in (model_spec, initial_flat, lambda t: LocalTrainer(t, device="cpu")):
+        with pytest.raises(
+            TaskError, match=r"entry 'seed' holding 1099511627777,.*would be 1099511627776"
+        ):
+            call(task)  # was taken: the buffer 2**40 in every model
+    assert model_spec(_hashing_task(2**24)).numel == 20  # 2**24 and the counter pass

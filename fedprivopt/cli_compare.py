@@ -80,8 +80,13 @@ def compare_cells(args: argparse.Namespace, base) -> list:
         points = grid(strategies, sigmas, base.strategy.seed, args.seeds, mean)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    own = {} if not args.noise_multipliers else None  # strategy -> the preset's sigma for it
     cells, tasks = [], {}  # each distinct task is built (its data read) once
     for name, sigma, seed in points:
+        if own is not None and sigma is not None:
+            sigma = own.get(name)
+            if sigma is None:
+                sigma = own[name] = _preset_sigma(args, name)
         overrides = {**set_overrides(args), "strategy": name, "seed": seed}
         if sigma is not None:
             overrides["noise-multiplier"] = sigma
@@ -93,6 +98,21 @@ def compare_cells(args: argparse.Namespace, base) -> list:
         tasks[key], _ = build_checked_run(config, where=where, task=tasks.get(key), out=args.out)
         cells.append(Cell(cell_label(name, sigma or 0.0, seed), config, tasks[key]))
     return cells
+
+
+def _preset_sigma(args: argparse.Namespace, name: str) -> float:
+    """The noise multiplier the preset (and ``--set``) gives strategy ``name``.
+
+    Forty-first review of issue 15 (reports 1): without ``--noise-multipliers`` every cell ran
+    at the noise multiplier of the preset's own strategy, its ``[strategies.<name>]`` table
+    included: ``compare toy.toml --strategies dp-fedavg,dp-fedadam`` with
+    ``[strategies.dp-fedavg] noise-multiplier = 1.0`` ran dp-fedadam at 1.0 where its preset
+    (and ``simulate --strategy dp-fedadam``) says 0.5, and a ``[strategies.dp-fedadam]``
+    noise multiplier (a per-strategy calibration to equal epsilon) was silently replaced by the
+    preset's strategy's. The default is each strategy's own, as ``simulate`` and ``tune`` read it.
+    """
+    config = load_preset(args.config, {**set_overrides(args), "strategy": name}, f"config ({name})")
+    return config.strategy.noise_multiplier
 
 
 def _refuse_other_task(first, name: str, config) -> None:

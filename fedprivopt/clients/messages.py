@@ -230,11 +230,14 @@ class TrainMessage:
         not zero). The result's ``vector`` is what :func:`reply_updates` sends.
         """
         std = self.local.noise_std
+        # a list or an array is refused by privatize_update, naming update (forty-first review
+        # of issue 15, wire 3: AttributeError 'list' object has no attribute 'device')
+        device = update.device if isinstance(update, torch.Tensor) else "cpu"
         return privatize_update(
             update,
             clip_norm=self.local.clip_norm,
             noise_std=std,
-            generator=self.noise_generator(user_id, update.device) if std > 0 else None,
+            generator=self.noise_generator(user_id, device) if std > 0 else None,
         )
 
     def clip_bit(self, private: PrivateUpdate, user_id: int) -> float | None:
@@ -245,10 +248,18 @@ class TrainMessage:
         noised centred share, exactly as :class:`~fedprivopt.clients.LocalTrainer` reports it.
         Pass it to :func:`reply_updates` as ``clip_bits``.
         """
+        # forty-first review of issue 15 (wire 3): user ids 1.5, True and "1" were read through
+        # int() as user 1 (its count-noise draw), where privatize refuses them, and a private
+        # that is no PrivateUpdate raised AttributeError
+        user_id = check_int("user_id", user_id, 0)
+        if not isinstance(private, PrivateUpdate):
+            raise ValueError(
+                f"private must be the PrivateUpdate of TrainMessage.privatize, got {shown(private)}"
+            )
         if not self.local.clip_bit:
             return None
         rngs = RngFactory(seed=None, secure=True) if self.secure else RngFactory(seed=self.seed)
-        keys = (self.stream, int(user_id))
+        keys = (self.stream, user_id)
         return clip_report(float(private.norm), self.local, rngs, self.round_num, keys)
 
 

@@ -17,6 +17,12 @@
    bytes a proxy mangled). Before: ``KeyError: 'p'``, and torch's ``ValueError: given numpy
    array has byte order different ...`` naming neither record nor array. Now ``ValueError``
    naming the record and the array (``messages._tensor``).
+3. ``TrainMessage.clip_bit(private, user_id)`` (a ClientApp of one's own, adaptive clipping)
+   with ``user_id`` 1.5, ``True`` or ``"1"``, or ``private`` a tensor; ``TrainMessage.privatize``
+   of a list. Before: the ids were read through ``int()`` as user 1, whose count-noise draw
+   they got (``privatize`` refuses them), a tensor raised ``AttributeError: ... 'norm'``, and the
+   list ``AttributeError: 'list' object has no attribute 'device'``. Now ``ValueError`` naming
+   ``user_id``, ``private`` or ``update``.
 """
 
 from __future__ import annotations
@@ -107,3 +113,23 @@ def test_2_train_message_read_names_what_it_cannot_read(records, named) -> None:
     good = {P.PRECONDITIONER_RECORD: _record("p", np.full(5, 2.0, np.float32))}
     request = TrainMessage.read(_train_message(**good))
     assert request.preconditioner.tolist() == [2.0] * 5 and list(request.state) == ["w", "b"]
+
+
+# -- finding 3: TrainMessage.clip_bit and privatize check their arguments ----------------------
+
+
+@pytest.mark.parametrize("user", [1.5, True, "1"])
+def test_3_clip_bit_takes_an_integer_user_id(user) -> None:
+    request = TrainMessage.read(_train_message(users=(1,), clip_bit=True))
+    private = request.privatize(torch.full((5,), 0.1), 1)
+    with pytest.raises(ValueError, match="user_id must be an integer >= 0"):
+        request.clip_bit(private, user)  # before: user 1's report
+    assert request.clip_bit(private, np.int64(1)) == request.clip_bit(private, 1) == 1.0
+
+
+def test_3_clip_bit_and_privatize_name_what_is_not_an_update() -> None:
+    request = TrainMessage.read(_train_message(users=(1,), clip_bit=True))
+    with pytest.raises(ValueError, match="private must be the PrivateUpdate"):
+        request.clip_bit(torch.zeros(5), 1)  # before: AttributeError
+    with pytest.raises(ValueError, match=r"update must be a floating-point torch\.Tensor"):
+        request.privatize([0.1] * 5, 1)  # before: AttributeError ... 'device'

@@ -317,6 +317,22 @@ def _expand_home(value: Any) -> Any:
     return value
 
 
+def _task_path(key: str, value: Any) -> Any:
+    r"""A directory task parameter (:data:`_TASK_PATHS`): ``~`` expanded, a null character refused.
+
+    Forty-first review of issue 15 (input 1): ``--set 'task-params.data-dir="D\u0000x"'`` (also
+    ``cache-dir``, a preset's or a run's ``config.toml``; TOML writes a null character so) was
+    refused as ``config: embedded null byte``, the operating system's words naming no key, by
+    the check that the directories lie outside ``--out`` (``simulate``, ``compare``). No
+    directory's name holds one: refused here naming the key.
+    """
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError(
+            f"{shown_key(key)} holds a null character: {shown(value)}; a directory name has none"
+        )
+    return _expand_home(value)
+
+
 def _check_no_dates(key: str, value: Any) -> None:
     """Refuse a TOML date or time (also inside an array) as the value of ``key``.
 
@@ -352,7 +368,7 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         _check_no_dates(key, value)
         if key.startswith("task-params."):
             name = key.split(".", 1)[1].replace("-", "_")
-            task_params[name] = _expand_home(value) if name in _TASK_PATHS else value
+            task_params[name] = _task_path(key, value) if name in _TASK_PATHS else value
             continue
         if (
             isinstance(value, int)

@@ -44,6 +44,7 @@ __all__ = [
     "check_appended_not_linked",
     "check_config_not_empty",
     "check_regular",
+    "check_replaced",
     "check_run_files",
     "detach_appended",
     "fsync_dir",
@@ -132,6 +133,25 @@ def check_run_files(out: Path) -> None:
         check_regular(out / name, limit=SMALL_FILE_LIMIT)
     for name in (METRICS_FILE, LEDGER_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT):
         check_regular(out / name)
+
+
+def check_replaced(out: Path) -> None:
+    """Refuse a directory where a resume of ``out`` writes a file by replacing it.
+
+    Forty-first review of issue 15 (ledger, finding 1): ``mkdir R/checkpoint.pt.tmp`` (or
+    ``checkpoint.prev.pt``, ``summary.json.tmp``), then ``simulate --resume R`` with more
+    rounds: the next round was released, then saving its checkpoint failed (``Is a
+    directory``, rc 2), and a secure run's next resume released it again with new noise.
+    """
+    names = (PREVIOUS_CHECKPOINT, CHECKPOINT + ".tmp", SUMMARY_FILE + ".tmp",
+             METRICS_FILE + ".tmp", LEDGER_FILE + ".tmp")  # fmt: skip
+    for name in names:
+        path = Path(out) / name
+        if path.is_dir() and not path.is_symlink():
+            raise ValueError(
+                f"{str(path)!r} is a directory, where a resume writes a file of the run (it "
+                "would fail after releasing a round): remove or rename it"
+            )
 
 
 def check_appended_not_linked(out: Path) -> None:

@@ -76,6 +76,7 @@ from fedprivopt.simulation.files import (
     atomic_write,
     check_appended_not_linked,
     check_config_not_empty,
+    check_replaced,
     check_run_files,
     detach_appended,
     fsync_dir,
@@ -455,6 +456,7 @@ def resume(
     _check_writable(out)
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     check_appended_not_linked(out)
+    check_replaced(out)  # forty-first review (ledger 1): else a round released, then Is a directory
     with lock_run_dir(out), _naming_the_run(out):
         return _resume_locked(out, progress, tuning_plan)
 

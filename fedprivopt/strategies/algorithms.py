@@ -27,7 +27,13 @@ import torch
 from fedprivopt import optim
 from fedprivopt.core.text import shown
 from fedprivopt.strategies.config import StrategyConfig
-from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest, Updates
+from fedprivopt.strategies.core import (
+    RoundResult,
+    ServerAlgorithm,
+    TrainRequest,
+    Updates,
+    new_request,
+)
 from fedprivopt.strategies.requests import same_values
 
 __all__ = ["ALGORITHMS", "build_algorithm"]
@@ -306,7 +312,7 @@ class DPFedAvgADADP(ServerAlgorithm):
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         cfg = self.client_settings()
         users_1 = self.sample(round_num, "sampling")
-        request = TrainRequest(round_num, users_1, self.params, None, cfg, "train")
+        request = new_request(round_num, users_1, self.params, None, cfg, "train")
         updates_1 = yield request
         agg_1 = self._aggregate_in_round(round_num, updates_1, stream="train", cohort=users_1)
         self.refuse_changed_request(request, self.params, stream="train")
@@ -321,7 +327,7 @@ class DPFedAvgADADP(ServerAlgorithm):
         self.charge_partial(round_num)  # the accountant alike, before cohort 2 is asked
         self.partial_point = (round_num, half.detach().clone())  # in state_dict() until _finish
         users_2 = self.sample(round_num, "sampling-2")
-        request = TrainRequest(round_num, users_2, half, None, cfg, "train-2")
+        request = new_request(round_num, users_2, half, None, cfg, "train-2")
         updates_2 = yield request
         agg_2 = self._aggregate_in_round(round_num, updates_2, stream="train-2", cohort=users_2)
         self.refuse_changed_request(request, half, stream="train-2")

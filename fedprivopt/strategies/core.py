@@ -55,6 +55,7 @@ __all__ = [
     "TrainRequest",
     "Updates",
     "drive_round",
+    "new_request",
 ]
 
 
@@ -326,7 +327,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         clip = self.current_clip_norm()
         users = self.sample(round_num)
         preconditioner = self.broadcast_preconditioner()
-        request = TrainRequest(
+        request = new_request(
             round_num, users, self.params, preconditioner, self.client_settings(clip_norm=clip)
         )
         updates = yield request
@@ -507,6 +508,19 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         that training, released with no noise of its own (+50 in every entry).
         """
         return (self.params if self.averaged is None else self.averaged).detach().clone()
+
+
+def new_request(*args: Any) -> TrainRequest:
+    """``TrainRequest(*args)``, its copies made outside ``torch.inference_mode``.
+
+    Forty-first review of issue 15 (api 4): ``drive_round`` (or ``run_round``) called inside
+    ``torch.inference_mode()`` (server code that needs no gradients) made the request's copies
+    inference tensors, which keep no version counter, and every round ended in torch's
+    ``RuntimeError: Inference tensors do not track version counter``. The copies are ordinary
+    tensors, so a trainer's in-place write to them is seen (:meth:`TrainRequest.changed_in`).
+    """
+    with torch.inference_mode(False):
+        return TrainRequest(*args)
 
 
 def drive_round(

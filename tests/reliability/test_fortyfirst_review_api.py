@@ -26,6 +26,13 @@
    ``build_model()`` values. Now ``task.refuse_inexact_entries`` (called by ``model_spec``,
    ``initial_flat`` and ``LocalTrainer``) refuses it naming the entry (``TaskError``; from the
    command line rc 2, one line); small integer buffers (a batch norm's counter) pass.
+4. ``drive_round(alg, r, train)`` called inside ``torch.inference_mode()`` (server code that
+   needs no gradients; dp-fedavg, ADADP, DP2, DP-FedAdam). Before: every round ended in torch's
+   ``RuntimeError: Inference tensors do not track version counter`` (the request's copies were
+   inference tensors). Now the copies are made outside inference mode
+   (``core.new_request``): the rounds give the model and epsilon of the same rounds driven
+   outside it, and a callback that writes ``request.params`` in place and puts it back is
+   still refused.
 """
 
 from __future__ import annotations
@@ -154,3 +161,29 @@ def test_3_an_integer_buffer_the_flat_dtype_rounds_is_refused():
         ):
             call(task)  # was taken: the buffer 2**40 in every model
     assert model_spec(_hashing_task(2**24)).numel == 20  # 2**24 and the counter pass
+
+
+# -- finding 4: rounds driven inside torch.inference_mode ------------------------------------
+
+
+def _writes_and_restores(request):
+    start = request.params.clone()
+    request.params.add_(1.0)
+    out = _train(request)
+    request.params.copy_(start)
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp", "dp2", "dp-fedadam"])
+def test_4_rounds_driven_in_inference_mode(strategy):
+    alg = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+    plain = build_algorithm(_config(strategy=strategy), torch.zeros(4))
+    with torch.inference_mode():
+        for r in (1, 2):
+            drive_round(alg, r, _train)  # was RuntimeError: ... do not track version counter
+    for r in (1, 2, 3):
+        drive_round(plain, r, _train)
+    drive_round(alg, 3, _train)
+    assert torch.equal(alg.params, plain.params) and alg.epsilon() == plain.epsilon()
+    with torch.inference_mode(), pytest.raises(ValueError, match=r"changed request.params"):
+        drive_round(alg, 4, _writes_and_restores)

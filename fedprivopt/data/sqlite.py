@@ -38,6 +38,7 @@ import numpy as np
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
 from fedprivopt.data.sqlite_files import (
+    check_row_owner,
     check_sqlite_file,
     declared_size,
     first_warning,
@@ -362,7 +363,8 @@ class SQLiteSplit(ClientSplit):
         unbounded for a larger file), and one limited below its count reads ``limit`` rows.
 
         Raises ``ValueError`` when their number differs from ``client_metadata`` (the two
-        tables disagree: a damaged or hand-edited file).
+        tables disagree: a damaged or hand-edited file), or when a row found is another
+        client's (:func:`check_row_owner`).
         """
         expected = self.num_examples(client_id)
         limit = check_int("limit", limit, 0, none=True)
@@ -372,7 +374,7 @@ class SQLiteSplit(ClientSplit):
             rows = (
                 self._connection()
                 .execute(
-                    f"SELECT {_BLOB} FROM examples "
+                    f"SELECT split_name, client_id, {_BLOB} FROM examples "
                     "WHERE split_name = ? AND client_id = ? ORDER BY rowid LIMIT ?",
                     (*_LIMIT, self.split, client_id, read),
                 )
@@ -380,6 +382,9 @@ class SQLiteSplit(ClientSplit):
             )
         except _SQLITE_ERRORS as exc:
             raise unreadable(self.path, exc) from exc
+        for row in rows:
+            check_row_owner(self.path, row[:2], self.split, client_id)
+        rows = [row[2:] for row in rows]
         if len(rows) != want:
             found = f"more than {want}" if len(rows) > want else f"{len(rows)}"
             raise ValueError(

@@ -3,6 +3,7 @@
 - :func:`check_sqlite_file` and :func:`declared_size`: a complete SQLite database by its header;
 - :func:`unreadable`: SQLite's error on reading a file, with the cause its text hides (a hot
   journal, write-ahead-log mode in a directory the reader cannot write, a WITHOUT ROWID table);
+- :func:`check_row_owner`: a row SQLite matched to a client is that client's;
 - :func:`first_warning`: a warning about a file said once per process.
 """
 
@@ -12,8 +13,16 @@ import os
 from pathlib import Path
 
 from fedprivopt.core.files import naming
+from fedprivopt.core.text import shown
 
-__all__ = ["check_sqlite_file", "declared_size", "first_warning", "unreadable", "wal_header"]
+__all__ = [
+    "check_row_owner",
+    "check_sqlite_file",
+    "declared_size",
+    "first_warning",
+    "unreadable",
+    "wal_header",
+]
 
 _HEADER = b"SQLite format 3\x00"
 
@@ -110,6 +119,26 @@ def unreadable(path: Path, exc: Exception) -> ValueError:
             "rowid order, the order of TFF's file: copy them into a table with rowids)"
         )
     return ValueError(f"{path}: unreadable SQLite database: {exc}{hint}")
+
+
+def check_row_owner(path: Path, found: tuple, split: str, client_id: str) -> None:
+    """Refuse an ``examples`` row that SQLite matched to ``(split, client_id)`` but is another's.
+
+    Forty-first review of issue 15 (input 2): a file whose ``examples.client_id`` column is
+    declared ``COLLATE NOCASE`` (or ``RTRIM``, or with a numeric type, which stores ``'01'``
+    and ``'1'`` as the integer 1) and whose ``client_metadata`` lists ``u1`` and ``U1`` (with
+    counts that add both) was read with every row of either for both: one person's examples
+    trained as two users, each sampled and charged as one (the HDF5 twin: fortieth review,
+    input 3). A row's split and client id must be exactly the text asked for.
+    """
+    if tuple(found) != (split, client_id):  # text equal to text: an integer 1 is not '1'
+        raise ValueError(
+            f"{path}: reading client {shown(client_id)} of split {split!r} found a row of "
+            f"client {shown(str(found[1]))} of split {shown(str(found[0]))}: table 'examples' "
+            "makes different client ids equal (a COLLATE or a numeric type on its columns), "
+            "so one user's examples would be read for another; rebuild the table with TEXT "
+            "columns and the default collation"
+        )
 
 
 _WARNED: set[str] = set()  # the files this process warned about (no index)

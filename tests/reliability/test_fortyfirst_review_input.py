@@ -7,12 +7,24 @@
    directories lie outside ``--out`` before the task (which names the key for every other
    control character) was built. Now ``simulation.config`` refuses it when the configuration
    is read (``_task_path``): one line naming the key.
+2. ``SQLiteSplit(f).client_examples("u1")`` (also ``simulate`` of a task on the file) of a
+   TFF-schema file whose ``examples.client_id`` is declared ``COLLATE NOCASE`` (or ``RTRIM``,
+   or ``INTEGER``, which stores ``'01'`` and ``'1'`` as 1, so reading ``'1'`` found both) and
+   whose ``client_metadata`` lists ``u1`` and ``U1`` with counts that add both: rc 0, each
+   read every row of either, one person's examples trained as two users (the HDF5 twin:
+   fortieth review, input 3). Now a row SQLite matched must be exactly the text of the split
+   and client asked for (``sqlite_files.check_row_owner``; an ``INTEGER`` column is refused): one
+   line naming both.
 """
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
+from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
+from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
 from fedprivopt.simulation.config import load_config
 from tests.reliability.test_thirtyeighth_review_input import _cli
 
@@ -44,3 +56,52 @@ def test_1_a_preset_s_null_character_is_named(tmp_path):
     )
     with pytest.raises(ValueError, match=r"task-params\.data-dir holds a null character"):
         load_config(preset)
+
+
+# -- finding 2: an examples table that makes two client ids equal -------------------------------
+
+
+def _example(text):
+    return encode_example(StackOverflowExample(text, "", "a", "2010", 1, "question"))
+
+
+def _equal_ids_file(path, column, ids):
+    """A TFF-schema file whose ``examples.client_id`` is ``column``; both ``ids`` list 3."""
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE examples (split_name TEXT NOT NULL, "
+        f"client_id {column} NOT NULL, serialized_example_proto BLOB NOT NULL)"
+    )
+    conn.execute(
+        "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
+        "num_examples INTEGER NOT NULL)"
+    )
+
+    rows = [(ids[0], _example("private one")), (ids[0], _example("two")), (ids[1], _example("x"))]
+    conn.executemany("INSERT INTO examples VALUES ('train', ?, ?)", rows)
+    conn.executemany("INSERT INTO client_metadata VALUES (?, 'train', 3)", [(i,) for i in ids])
+    conn.commit()
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "column, ids",
+    [
+        ("TEXT COLLATE NOCASE", ("u1", "U1")),
+        ("TEXT COLLATE RTRIM", ("u1", "u1 ")),
+        ("INTEGER", ("01", "1")),
+    ],
+)
+def test_2_one_user_s_rows_are_not_read_for_another(tmp_path, column, ids):
+    split = SQLiteSplit(_equal_ids_file(tmp_path / "s.sqlite", column, ids), warn_unindexed=False)
+    for client in ids:  # before: each read all three rows, the other's too
+        with pytest.raises(ValueError, match=r"found a row of client .* makes different client"):
+            split.client_examples(client)
+
+
+def test_2_a_file_write_sqlite_writes_is_read_as_before(tmp_path):
+    rows = [("train", "u1", _example("a")), ("train", "U1", _example("b"))]
+    path = write_sqlite(tmp_path / "s.sqlite", rows, [("u1", "train", 1), ("U1", "train", 1)])
+    split = SQLiteSplit(path)
+    assert [e.tokens for c in ("u1", "U1") for e in split.client_examples(c)] == ["a", "b"]

@@ -37,6 +37,7 @@ __all__ = [
     "mechanism",
     "reference_model",
     "select_runs",
+    "unequal_epsilon_notes",
     "warn_all",
 ]
 
@@ -219,7 +220,7 @@ def aggregate_with_notes(
                            or math.isfinite(run.epsilon) for run in group),
             **_bases(group),
         })  # fmt: skip
-    return rows, notes + bases_notes(rows)
+    return rows, notes + (bases_notes(rows) or unequal_epsilon_notes(rows))
 
 
 _RELATION_WORDS = {
@@ -277,6 +278,48 @@ def differing_bases(rows: Sequence[dict[str, Any]]) -> list[str]:
 def epsilon_basis(row: dict[str, Any], keys: Sequence[str]) -> str:
     """What a row's ε is, for the ``keys`` of :func:`differing_bases`: ``pld, add/remove``."""
     return ", ".join(v for key in keys for v in row.get(key, ()))
+
+
+def unequal_epsilon_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A note when the strategies of a report were run at unequal ε.
+
+    Forty-first review of issue 15 (reports 2): ``compare toy.toml --strategies
+    dp-fedavg,dp-fedavg-adadp --rounds 2`` reported dp-fedavg-adadp (two privacy events a round)
+    at ε 13.71 beside dp-fedavg at 10.28, both at σ 0.5, and said nothing (a per-strategy
+    ``clients-per-round`` or ``num-server-rounds`` alike), where a comparison of strategies is
+    one at equal privacy and a report already warns when only the accountants differ. Each
+    private strategy's finite ε (over its rows, sorted) is compared with the others' of its kind
+    (tuned rows, whose ε is their tuning's, with tuned rows); strategies calibrated to one ε,
+    or a noise grid that every strategy runs at equal ε, give no note.
+    """
+    from fedprivopt.core.text import epsilon_text
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
+    notes = []
+    for tuned in (False, True):
+        spent: dict[str, list[float]] = {}
+        for r in rows:
+            eps = r["epsilon"]
+            if (
+                r.get("private")
+                and math.isfinite(eps)
+                and r["strategy"].endswith(TUNED_SUFFIX) == tuned
+            ):
+                spent.setdefault(r["strategy"], []).append(eps)
+        keys = {name: tuple(sorted(f"{e:.9g}" for e in values)) for name, values in spent.items()}
+        if len(set(keys.values())) > 1:
+            which = "; ".join(
+                f"{name} {', '.join(epsilon_text(e) for e in sorted(values)[:4])}"
+                + (", ..." if len(values) > 4 else "")
+                for name, values in sorted(spent.items())
+            )
+            notes.append(
+                f"the strategies were run at unequal epsilon ({which}): their metrics are not "
+                "at equal privacy; to compare them at equal epsilon, give each strategy the "
+                "noise multiplier that reaches one epsilon (fedprivopt calibrate; a "
+                "[strategies.<name>] noise-multiplier in the preset)"
+            )
+    return notes
 
 
 def bases_notes(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -10,6 +10,13 @@
    default is its own, as ``simulate`` and ``tune`` read it (``cli_compare._preset_sigma``), in
    ``compare`` and ``compare --tune-grid``; ``--noise-multipliers`` and ``--set
    noise-multiplier`` still set every cell's.
+2. ``compare toy.toml --strategies dp-fedavg,dp-fedavg-adadp,fedavg --rounds 2`` (ADADP spends
+   two privacy events a round; a per-strategy ``clients-per-round`` or ``num-server-rounds``
+   alike). Before: dp-fedavg-adadp at ε 13.71 beside dp-fedavg at 10.28, both σ 0.5, without a
+   word (a report warned only when the accountants or neighbouring relations differ), where a
+   comparison of strategies is one at equal privacy. Now ``rundata_aggregate.
+   unequal_epsilon_notes`` warns (report.md's Warnings, stderr) naming each strategy's ε; a σ
+   grid every strategy runs at equal ε, and tuned rows beside untuned ones, give no note.
 """
 
 from __future__ import annotations
@@ -18,7 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import load_run
+from fedprivopt.simulation.rundata_aggregate import aggregate_with_notes
 from tests.reliability.test_misuse_cli import SMALL, TOY
+from tests.simulation.test_run import small_config
 
 
 def _preset(tmp_path: Path, strategy: str, sigma: float) -> Path:
@@ -67,3 +78,48 @@ def test_1_the_flags_still_set_every_cells_sigma(tmp_path):
         (["--set", "noise-multiplier=3"], 3.0),
     ):
         assert set(_sigmas([*argv, *extra]).values()) == {sigma}
+
+
+# -- finding 2: a report says when its strategies ran at unequal epsilon -----------------------
+
+
+@pytest.fixture(scope="module")
+def one_round_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("r41reports")
+    runs = {}
+    for name, extra in (("dp-fedavg", {}), ("dp-fedadam", {}), ("dp-fedavg-adadp", {}),
+                        ("fedavg", {}), ("dp-fedadam-1", {"noise-multiplier": 1.0})):  # fmt: skip
+        config = small_config(**{"num-server-rounds": 1, "strategy": name.removesuffix("-1")},
+                              **extra)  # fmt: skip
+        simulate(config, root / name)
+        runs[name] = load_run(root / name)
+    return runs
+
+
+def _unequal(runs) -> list[str]:
+    _, notes = aggregate_with_notes(runs, None)
+    return [n for n in notes if "unequal epsilon" in n]
+
+
+def test_2_strategies_at_unequal_epsilon_are_noted(one_round_runs):
+    runs = one_round_runs
+    (note,) = _unequal([runs["dp-fedavg"], runs["dp-fedavg-adadp"], runs["fedavg"]])
+    eps = (runs["dp-fedavg"].epsilon, runs["dp-fedavg-adadp"].epsilon)
+    assert eps[0] < eps[1]
+    assert "dp-fedavg 7.99; dp-fedavg-adadp 11.25)" in note and "not at equal privacy" in note
+    # strategies at sigma 0.5 and 1 each: equal epsilon at each point, no note
+    grid = [runs["dp-fedavg"], runs["dp-fedadam"], runs["fedavg"]]
+    assert _unequal(grid) == []
+    assert len(_unequal([runs["dp-fedavg"], runs["dp-fedadam-1"]])) == 1
+
+
+def test_2_tuned_rows_are_compared_with_tuned_rows_only():
+    from fedprivopt.simulation.rundata_aggregate import unequal_epsilon_notes
+
+    rows = [{"strategy": "dp-fedavg (tuned)", "epsilon": 13.09, "private": True},
+            {"strategy": "dp-fedadam (tuned)", "epsilon": 13.09, "private": True},
+            {"strategy": "dp-fedavg", "epsilon": 10.28, "private": True},
+            {"strategy": "fedavg", "epsilon": float("inf"), "private": False}]  # fmt: skip
+    assert unequal_epsilon_notes(rows) == []
+    rows[1]["epsilon"] = 20.0
+    assert len(unequal_epsilon_notes(rows)) == 1

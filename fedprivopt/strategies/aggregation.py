@@ -13,6 +13,7 @@ server optimizer may use. It reads and sets the algorithm's attributes (``config
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -87,6 +88,22 @@ def _plain_stream(entries: Any, round_num: int) -> Any:
                 f"round {round_num}'s streamed update of user {int(users[0])} is {reason}"
             )
         yield entry
+
+
+def _user_order(pair: tuple[Any, Any]) -> tuple[int, Any, str]:
+    """The sort key of an ``(user, update)`` pair: by user, never comparing the updates.
+
+    Forty-first review of issue 15 (api 5): ``sorted(updates.items())`` compared the updates of
+    a user that came twice (a mapping of one's own whose ``items()`` yields a user twice) and
+    keys of two types (``{3: u, "a": v}``), raising torch's ``RuntimeError: Boolean value of
+    Tensor with more than one value is ambiguous`` or ``'<' not supported between instances of
+    'str' and 'int'`` (and with ``cohort=``, ``int()``'s ``invalid literal for int()``) where the
+    aggregator names the user that came twice; a key that is no user id is refused naming it.
+    """
+    user = pair[0]
+    if isinstance(user, numbers.Integral) and not isinstance(user, bool):
+        return (0, int(user), "")
+    return (1, 0, f"{type(user).__name__}:{user!r}")
 
 
 def largest_noise_std(dtype: torch.dtype) -> float:
@@ -303,7 +320,9 @@ class AlgorithmAggregation:
             entries = each_user_once(entries, {int(u) for u in allowed}, round_num, received)
             entries = _plain_stream(entries, round_num)
         else:
-            entries = sorted(updates.items())
+            entries = sorted(updates.items(), key=_user_order)
+            for user, _ in entries:  # forty-first review (api 5): int("a") raised here
+                check_int("updates key (a user id)", user)
             if cohort is not None:
                 asked = set(cohort)
                 unasked = {

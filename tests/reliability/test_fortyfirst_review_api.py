@@ -33,9 +33,20 @@
    (``core.new_request``): the rounds give the model and epsilon of the same rounds driven
    outside it, and a callback that writes ``request.params`` in place and puts it back is
    still refused.
+5. ``alg.aggregate(1, updates, cohort=c)`` (or a ``drive_round`` callback) with a mapping of
+   one's own whose ``items()`` yields a user twice, or with a key that is no user id
+   (``{3: u, "a": v}``, ``None``, a tuple). Before: ``sorted(updates.items())`` compared the two
+   updates of the user (torch's ``RuntimeError: Boolean value of Tensor with more than one
+   value is ambiguous``) or keys of two types (``'<' not supported between instances of 'str'
+   and 'int'``), and with ``cohort=`` ``int('a')`` raised ``invalid literal for int()``. Now the
+   pairs are sorted by user only (``aggregation._user_order``): a user twice gets the
+   aggregator's ``user 0 appears twice``, an odd key ``updates key (a user id) must be an
+   integer``; nothing released or charged.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -187,3 +198,41 @@ def test_4_rounds_driven_in_inference_mode(strategy):
     assert torch.equal(alg.params, plain.params) and alg.epsilon() == plain.epsilon()
     with torch.inference_mode(), pytest.raises(ValueError, match=r"changed request.params"):
         drive_round(alg, 4, _writes_and_restores)
+
+
+# -- finding 5: a mapping yielding a user twice, keys that are no user ids -------------------
+
+
+class _Pairs5(Mapping):
+    """A mapping of one's own whose ``items()`` gives its pairs as they are (a user twice)."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __getitem__(self, key):
+        return dict(self.pairs)[key]
+
+    def __iter__(self):
+        return iter([u for u, _ in self.pairs])
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def items(self):
+        return list(self.pairs)
+
+
+def test_5_a_user_twice_or_an_odd_key_is_refused_naming_it():
+    alg = build_algorithm(_config(), torch.zeros(4))
+    cohort = alg.sample(1)
+    twice = _Pairs5([(cohort[0], torch.full((4,), 0.5)), (cohort[0], torch.full((4,), 0.5))])
+    for kwargs in ({}, {"cohort": cohort}):
+        with pytest.raises(ValueError, match=r"user \d+ appears twice"):
+            alg.aggregate(1, twice, **kwargs)  # was RuntimeError: Boolean value of Tensor ...
+    for odd in ("a", None, (1, 2)):
+        updates = {cohort[0]: torch.ones(4), odd: torch.ones(4)}
+        with pytest.raises(ValueError, match=r"updates key \(a user id\) must be an integer"):
+            alg.aggregate(1, updates, cohort=cohort)  # was '<' not supported ...
+    assert alg.accountant.num_events == 0
+    alg.aggregate(1, {u: torch.full((4,), 0.1) for u in cohort}, cohort=cohort)
+    assert alg.accountant.num_events == 1

@@ -288,9 +288,10 @@ def unequal_epsilon_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     at ε 13.71 beside dp-fedavg at 10.28, both at σ 0.5, and said nothing (a per-strategy
     ``clients-per-round`` or ``num-server-rounds`` alike), where a comparison of strategies is
     one at equal privacy and a report already warns when only the accountants differ. Each
-    private strategy's finite ε (over its rows, sorted) is compared with the others' of its kind
-    (tuned rows, whose ε is their tuning's, with tuned rows); strategies calibrated to one ε,
-    or a noise grid that every strategy runs at equal ε, give no note.
+    private strategy's finite ε (over its rows) is compared with the others' of its kind (tuned
+    rows, whose ε is their tuning's, with tuned rows): a note unless one's ε are among the
+    other's. Strategies calibrated to one ε, a noise grid that every strategy runs at equal ε
+    (one strategy at more of its points, as ``compare-tuned --untuned`` may give), no note.
     """
     from fedprivopt.core.text import epsilon_text
     from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
@@ -306,8 +307,8 @@ def unequal_epsilon_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
                 and r["strategy"].endswith(TUNED_SUFFIX) == tuned
             ):
                 spent.setdefault(r["strategy"], []).append(eps)
-        keys = {name: tuple(sorted(f"{e:.9g}" for e in values)) for name, values in spent.items()}
-        if len(set(keys.values())) > 1:
+        sets = [{f"{e:.9g}" for e in values} for values in spent.values()]
+        if any(not (a <= b or b <= a) for a in sets for b in sets):  # one's points not the other's
             which = "; ".join(
                 f"{name} {', '.join(epsilon_text(e) for e in sorted(values)[:4])}"
                 + (", ..." if len(values) > 4 else "")

@@ -111,6 +111,8 @@ def test_2_strategies_at_unequal_epsilon_are_noted(one_round_runs):
     grid = [runs["dp-fedavg"], runs["dp-fedadam"], runs["fedavg"]]
     assert _unequal(grid) == []
     assert len(_unequal([runs["dp-fedavg"], runs["dp-fedadam-1"]])) == 1
+    # one strategy at more points of the same epsilon grid: no note
+    assert _unequal([runs["dp-fedavg"], runs["dp-fedadam"], runs["dp-fedadam-1"]]) == []
 
 
 def test_2_tuned_rows_are_compared_with_tuned_rows_only():

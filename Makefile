@@ -69,11 +69,13 @@ sweep: venv
 # Two pytest-xdist workers, whole files to one worker (module fixtures are built once): most of
 # the suite's slow tests wait on processes (Flower's SuperLink, SuperNodes and ClientApps poll
 # every 3 s; Ray starts), so on the 2-core CI machine the two overlap. TEST_WORKERS=0 runs serially.
+# The slowest files go first (tests/conftest.py, SLOWEST_FILES), so that no worker runs one alone
+# at the end.
 TEST_WORKERS ?= 2
 
 test: venv
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: venv
 	$(PY) -m ruff check .

@@ -32,6 +32,45 @@ for _name, _default in (
         signal.signal(getattr(signal, _name), _default)
 
 
+# The files that start processes (deployments, Flower on Ray, signalled commands), slowest first.
+# `make test` runs whole files on two workers (--dist loadfile) in this order
+# (--no-loadscope-reorder; pytest-xdist's own order, most tests first, put these few-test files
+# last, and a worker then ran a 60-120 s file alone at the end). Measured with
+# `pytest -n 2 --dist loadfile --durations=0`, the seconds of each file's tests summed (fresh
+# clone, 30 November 2026); the other files keep their order.
+SLOWEST_FILES = (
+    "tests/reliability/test_signals.py",
+    "tests/deploy/test_local.py",
+    "tests/deploy/test_tree_deploy.py",
+    "tests/simulation/test_cluster.py",
+    "tests/simulation/test_compare_jobs.py",
+    "tests/simulation/test_fast.py",
+    "tests/reliability/test_twentyninth_review_signals.py",
+    "tests/simulation/test_adaptive_clipping_run.py",
+    "tests/simulation/test_run.py",
+    "tests/reliability/test_twentysixth_review.py",
+    "tests/reliability/test_twentyeighth_review.py",
+    "tests/simulation/test_tree_run.py",
+    "tests/deploy/test_flwr_run.py",
+    "tests/strategies/test_flower_faults.py",
+    "tests/examples/test_flower_app.py",
+    "tests/reliability/test_twentysecond_review_followup.py",
+    "tests/deploy/test_kill.py",
+    "tests/strategies/test_flower_simulation.py",
+    "tests/examples/test_digits.py",
+    "tests/reliability/test_hostile.py",
+    "tests/clients/test_simulation.py",
+    "tests/reliability/test_thirtythird_review_flower.py",
+    "tests/reliability/test_twentyeighth_review_followup.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Put :data:`SLOWEST_FILES` first, in that order (a stable sort: the rest keep theirs)."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def pytest_unconfigure(config):
     """Remove this process's FLWR_HOME, also after a run that ran no test.
 

@@ -42,6 +42,7 @@ from fedprivopt.data.sqlite_files import (
     check_sqlite_file,
     declared_size,
     first_warning,
+    remove_companions,
     unreadable,
 )
 from fedprivopt.data.stackoverflow import (
@@ -478,6 +479,7 @@ def write_sqlite(
         raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
     partial = path.with_name(path.name + ".partial")
     partial.unlink(missing_ok=True)
+    remove_companions(partial)
     conn = sqlite3.connect(partial)
     try:
         conn.execute("PRAGMA journal_mode = OFF")
@@ -490,6 +492,7 @@ def write_sqlite(
             if index:
                 conn.execute(f"CREATE INDEX {INDEX_NAME} ON examples (split_name, client_id)")
         conn.close()
+        remove_companions(path)  # the replaced file's journal would be rolled into this one
         os.replace(partial, path)
     except sqlite3.OperationalError as exc:
         if "full" not in str(exc):

@@ -4,6 +4,7 @@
 - :func:`unreadable`: SQLite's error on reading a file, with the cause its text hides (a hot
   journal, write-ahead-log mode in a directory the reader cannot write, a WITHOUT ROWID table);
 - :func:`check_row_owner`: a row SQLite matched to a client is that client's;
+- :func:`remove_companions`: the files SQLite keeps beside a database that is replaced;
 - :func:`first_warning`: a warning about a file said once per process.
 """
 
@@ -20,6 +21,7 @@ __all__ = [
     "check_sqlite_file",
     "declared_size",
     "first_warning",
+    "remove_companions",
     "unreadable",
     "wal_header",
 ]
@@ -139,6 +141,25 @@ def check_row_owner(path: Path, found: tuple, split: str, client_id: str) -> Non
             "so one user's examples would be read for another; rebuild the table with TEXT "
             "columns and the default collation"
         )
+
+
+def remove_companions(path: Path) -> None:
+    """Remove the ``-journal``, ``-wal`` and ``-shm`` files beside ``path`` (a file replaced).
+
+    Call it before a new database is renamed to ``path``: those files belong to the database
+    replaced (or to one removed), and SQLite pairs them with whatever file has the name.
+    Forty-first review of issue 15 (input 3): ``D/stackoverflow.sqlite`` beside a hot journal
+    (a write to it interrupted), the file removed, then ``data synth --out D --overwrite``
+    (also a task's generation, ``decompress_lzma``): the new database was written beside the
+    old one's journal, every read refused as a hot journal, and the advice of that refusal
+    (open it once with write access, which rolls the write back) wrote the old file's pages into
+    the new one: ``database disk image is malformed``. A directory of such a name is left (the
+    reader refuses it).
+    """
+    for end in ("-journal", "-wal", "-shm"):
+        other = path.with_name(path.name + end)
+        if other.is_symlink() or (other.exists() and not other.is_dir()):
+            other.unlink()
 
 
 _WARNED: set[str] = set()  # the files this process warned about (no index)

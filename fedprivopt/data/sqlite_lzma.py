@@ -23,6 +23,7 @@ from fedprivopt.data.sqlite import (
     create_client_index,
     declared_size,
 )
+from fedprivopt.data.sqlite_files import remove_companions
 
 __all__ = ["decompress_lzma", "open_sqlite"]
 
@@ -100,6 +101,7 @@ def decompress_lzma(
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
+    remove_companions(partial)  # a killed indexing's journal would be rolled into the new file
     try:
         done = 0
         with path.open("rb") as src, partial.open("wb") as dst:
@@ -118,6 +120,7 @@ def decompress_lzma(
         source = path.stat()
         with contextlib.suppress(OSError):  # refused by the file system: then named as not ours
             os.utime(partial, ns=(source.st_atime_ns, source.st_mtime_ns))
+        remove_companions(out)  # the replaced file's, as write_sqlite does
         os.replace(partial, out)
     except lzma.LZMAError as exc:
         raise ValueError(f"{path}: corrupt LZMA/XZ stream: {exc}") from exc

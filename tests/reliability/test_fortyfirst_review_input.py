@@ -15,15 +15,28 @@
    fortieth review, input 3). Now a row SQLite matched must be exactly the text of the split
    and client asked for (``sqlite_files.check_row_owner``; an ``INTEGER`` column is refused): one
    line naming both.
+3. ``data synth --out D --overwrite`` (also a task's generation, ``write_sqlite``,
+   ``decompress_lzma(..., overwrite=True)``) where ``D/stackoverflow.sqlite`` has a hot journal
+   beside it (a write to it killed) and the file was removed by hand (or replaced): the new
+   database was written beside the old one's journal; every read was refused as a hot journal,
+   and that refusal's advice (open it once with write access) rolled the old file's pages into
+   the new one: ``database disk image is malformed``. Now the writers remove the ``-journal``,
+   ``-wal`` and ``-shm`` of the file they replace before the rename
+   (``sqlite_files.remove_companions``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import lzma
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from fedprivopt.data.sqlite import SQLiteSplit, write_sqlite
+from fedprivopt.data.sqlite_lzma import decompress_lzma
 from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
 from fedprivopt.simulation.config import load_config
 from tests.reliability.test_thirtyeighth_review_input import _cli
@@ -105,3 +118,58 @@ def test_2_a_file_write_sqlite_writes_is_read_as_before(tmp_path):
     path = write_sqlite(tmp_path / "s.sqlite", rows, [("u1", "train", 1), ("U1", "train", 1)])
     split = SQLiteSplit(path)
     assert [e.tokens for c in ("u1", "U1") for e in split.client_examples(c)] == ["a", "b"]
+
+
+# -- finding 3: a database written beside another's hot journal ---------------------------------
+
+_HOT = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size=1")  # the changed pages spill: the journal is hot
+conn.execute("BEGIN")
+conn.execute("UPDATE examples SET serialized_example_proto = zeroblob(10)")
+os._exit(0)  # killed in the middle of the write
+"""
+
+
+def _small(path, text, clients=3):
+    ids = [f"u{i}" for i in range(clients)]
+    rows = [("train", c, _example(text)) for c in ids for _ in range(30)]
+    return write_sqlite(path, rows, [(c, "train", 30) for c in ids], overwrite=True)
+
+
+def _hot_journal(path):
+    subprocess.run([sys.executable, "-c", _HOT, str(path)], check=True, timeout=60)
+    journal = path.with_name(path.name + "-journal")
+    assert journal.stat().st_size > 0
+    return journal
+
+
+def _read_back(path):
+    """Its texts, after a writable open (which rolls a hot journal back) checked it."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchone() == ("ok",)
+    split = SQLiteSplit(path)
+    return {e.tokens for c in split.client_ids for e in split.client_examples(c)}
+
+
+@pytest.mark.parametrize("removed", [False, True])
+def test_3_write_sqlite_removes_the_replaced_file_s_journal(tmp_path, removed):
+    path = _small(tmp_path / "stackoverflow.sqlite", "old", clients=4)
+    journal = _hot_journal(path)
+    if removed:  # the unreadable file removed by hand, its journal left
+        path.unlink()
+    _small(path, "new")  # before: beside the old journal, malformed once it was rolled back
+    assert not journal.exists()
+    assert _read_back(path) == {"new"}
+
+
+def test_3_decompress_lzma_removes_the_replaced_file_s_journal(tmp_path):
+    new = _small(tmp_path / "new.sqlite", "new")
+    src = tmp_path / "stackoverflow.sqlite.xz"
+    src.write_bytes(lzma.compress(new.read_bytes()))
+    out = _small(tmp_path / "stackoverflow.sqlite", "old", clients=4)
+    journal = _hot_journal(out)
+    assert decompress_lzma(src, overwrite=True, index=False) == out
+    assert not journal.exists()
+    assert _read_back(out) == {"new"}

@@ -89,6 +89,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         )
     if present and not args.overwrite:
         raise UsageError(f"argument --out: {out} already holds a dataset (use --overwrite)")
+    _refuse_hot_journal(out / "stackoverflow.sqlite", SYNTHETIC_META_FILE)
     foreign = foreign_sqlite(out, links=False) if present else None
     if foreign is not None:  # thirty-fifth review of issue 15 (data): replaced, rc 0
         raise UsageError(
@@ -145,6 +146,25 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         f"({examples / seconds:,.0f} examples/s){removed}"
     )
     return 0
+
+
+def _refuse_hot_journal(sqlite, marker: str) -> None:
+    """Refuse to replace ``sqlite`` while a hot journal beside it keeps it from being read.
+
+    Forty-first review of issue 15 (input 4): ``data synth --out D --overwrite`` of a synthetic
+    dataset whose file had a hot journal (a write to it interrupted) was refused as ``… is not
+    the file its stackoverflow.synthetic.json describes (… hot journal …): a dataset fedprivopt
+    did not generate was put there``, a cause that is not the one found. Which dataset the file
+    holds cannot be read until the write is rolled back: that is said, and how.
+    """
+    journal = sqlite.with_name(sqlite.name + "-journal")
+    if sqlite.is_file() and journal.is_file() and journal.stat().st_size > 0:
+        raise UsageError(
+            f"argument --out: {sqlite} has a hot journal beside it ({journal.name}: a write to "
+            f"it was interrupted), so whether it is the dataset its {marker} describes cannot "
+            f"be read: roll the write back once (sqlite3 {sqlite} 'PRAGMA quick_check') and "
+            "run again"
+        )
 
 
 _DOWNLOAD = "stackoverflow.sqlite.lzma"  # the file TFF publishes

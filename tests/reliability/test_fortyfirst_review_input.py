@@ -23,6 +23,11 @@
    the new one: ``database disk image is malformed``. Now the writers remove the ``-journal``,
    ``-wal`` and ``-shm`` of the file they replace before the rename
    (``sqlite_files.remove_companions``).
+4. ``data synth --out D --overwrite`` of a synthetic dataset whose file has a hot journal (the
+   file kept): rc 2, but ``… is not the file its stackoverflow.synthetic.json describes (…
+   hot journal …): a dataset fedprivopt did not generate was put there``, a cause that is not
+   the one found. Now ``cli_data._refuse_hot_journal`` says the file cannot be read until the
+   write is rolled back, and how; after that the same command writes the dataset.
 """
 
 from __future__ import annotations
@@ -173,3 +178,18 @@ def test_3_decompress_lzma_removes_the_replaced_file_s_journal(tmp_path):
     assert decompress_lzma(src, overwrite=True, index=False) == out
     assert not journal.exists()
     assert _read_back(out) == {"new"}
+
+
+# -- finding 4: data synth --overwrite of a dataset whose file has a hot journal ---------------
+
+
+def test_4_a_hot_journal_is_named_as_what_keeps_the_file_unread(tmp_path):
+    out = tmp_path / "D"
+    synth = ["data", "synth", "--out", str(out), "--clients", "3", "--workers", "1"]
+    assert _cli(*synth)[0] == 0
+    _hot_journal(out / "stackoverflow.sqlite")
+    code, lines = _cli(*synth, "--seed", "5", "--overwrite")
+    assert code == 2 and len(lines) == 1, lines
+    assert "has a hot journal beside it" in lines[0] and "did not generate" not in lines[0]
+    _read_back(out / "stackoverflow.sqlite")  # the advice: a writable open rolls it back
+    assert _cli(*synth, "--seed", "5", "--overwrite")[0] == 0

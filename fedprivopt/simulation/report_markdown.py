@@ -159,6 +159,17 @@ def _noise_text(runs: Sequence[RunData]) -> str:
     private = [r for r in runs if mechanism(r.summary.get("config") or {}) is not None]
     sigmas = sorted({r.noise_multiplier for r in private})
     text = f"{len(sigmas)} noise multipliers ({', '.join(f'{s:g}' for s in sigmas)})"
+    by: dict[str, set[float]] = {}
+    for r in private:
+        by.setdefault(r.strategy, set()).add(r.noise_multiplier)
+    if len({frozenset(v) for v in by.values()}) > 1:
+        # forty-first review of issue 15 (reports 1): strategies run at their own preset sigma
+        # read "2 strategies × 2 noise multipliers (0.5, 2)", a grid of four, for two runs
+        each = [(name, sorted(v)) for name, v in sorted(by.items())]
+        text = "noise multipliers by strategy (" + "; ".join(
+            f"{name} {', '.join(f'{s:g}' for s in v[:4])}{', ...' if len(v) > 4 else ''}"
+            for name, v in each
+        ) + ")"  # fmt: skip
     if len(private) == len(runs):
         return text
     return f"{text} plus non-private baselines" if private else "no noise (non-private)"

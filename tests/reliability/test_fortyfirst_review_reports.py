@@ -9,7 +9,9 @@
    replaced by 0.5 (``--help``: "noise multipliers (default: the preset's)"). Now each strategy's
    default is its own, as ``simulate`` and ``tune`` read it (``cli_compare._preset_sigma``), in
    ``compare`` and ``compare --tune-grid``; ``--noise-multipliers`` and ``--set
-   noise-multiplier`` still set every cell's.
+   noise-multiplier`` still set every cell's. The report's first line named "2 strategies × 2
+   noise multipliers (0.5, 2)", a grid of four, for two runs; it now says "noise multipliers by
+   strategy (dp-fedadam 2; dp-fedavg 0.5)" when the strategies ran at different sets of σ.
 2. ``compare toy.toml --strategies dp-fedavg,dp-fedavg-adadp,fedavg --rounds 2`` (ADADP spends
    two privacy events a round; a per-strategy ``clients-per-round`` or ``num-server-rounds``
    alike). Before: dp-fedavg-adadp at ε 13.71 beside dp-fedavg at 10.28, both σ 0.5, without a
@@ -125,3 +127,11 @@ def test_2_tuned_rows_are_compared_with_tuned_rows_only():
     assert unequal_epsilon_notes(rows) == []
     rows[1]["epsilon"] = 20.0
     assert len(unequal_epsilon_notes(rows)) == 1
+
+
+def test_1_a_report_names_each_strategys_noise_multipliers(one_round_runs, tmp_path):
+    from fedprivopt.simulation.report import write_report
+
+    runs = [one_round_runs["dp-fedavg"], one_round_runs["dp-fedadam-1"], one_round_runs["fedavg"]]
+    header = write_report(tmp_path / "r", runs, title="t").read_text().splitlines()[2]
+    assert "noise multipliers by strategy (dp-fedadam 1; dp-fedavg 0.5) plus non-private" in header

@@ -37,7 +37,8 @@ for _name, _default in (
 # (--no-loadscope-reorder; pytest-xdist's own order, most tests first, put these few-test files
 # last, and a worker then ran a 60-120 s file alone at the end). Measured with
 # `pytest -n 2 --dist loadfile --durations=0`, the seconds of each file's tests summed (fresh
-# clone, 30 November 2026); the other files keep their order.
+# clone, 30 November 2026; with six other processes running, a deployment file ran alone for the
+# last 5 minutes); the other files keep their order.
 SLOWEST_FILES = (
     "tests/reliability/test_signals.py",
     "tests/deploy/test_local.py",
@@ -62,6 +63,12 @@ SLOWEST_FILES = (
     "tests/clients/test_simulation.py",
     "tests/reliability/test_thirtythird_review_flower.py",
     "tests/reliability/test_twentyeighth_review_followup.py",
+    "tests/reliability/test_tenth_review.py",
+    "tests/privacy/test_calibration.py",
+    "tests/reliability/test_thirtyfirst_review_cli.py",
+    "tests/reliability/test_run_dir.py",
+    "tests/test_lazy_packages.py",
+    "tests/simulation/test_side_information_run.py",
 )
 
 

@@ -31,7 +31,13 @@ from fedprivopt.privacy.tree import TreeCohorts, TreeNoise
 from fedprivopt.strategies.clipping import share_growth_advice, sum_noise_growth
 from fedprivopt.strategies.requests import Updates, each_user_once, refuse_malformed
 
-__all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "foreign_tensor", "largest_noise_std"]
+__all__ = [
+    "NOISE_HEADROOM",
+    "AlgorithmAggregation",
+    "foreign_tensor",
+    "largest_noise_std",
+    "own_update",
+]
 
 NOISE_HEADROOM = 64.0
 """How far below the model dtype's largest number the noise std of a round's sum must stay.
@@ -51,8 +57,20 @@ def _stream_name(stream: str) -> str:
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def foreign_tensor(update: object) -> str | None:
-    """Why ``update`` is a tensor subclass the server cannot measure (``None`` if it is not).
+def _plain(part: object) -> tuple[object, str | None]:
+    """``part`` as a fresh plain tensor (a detached alias), or why it cannot be one."""
+    if isinstance(part, torch.Tensor) and type(part) not in _PLAIN_TENSORS:
+        return part, (
+            f"a {type(part).__name__} (a torch.Tensor subclass, whose own operations would "
+            "measure its norm): an update must be a plain torch.Tensor"
+        )
+    # torch.Tensor.detach itself, not an attribute of the instance (api 1's follow-up: a plain
+    # tensor whose own .to returned a subclass to the aggregator); no copy of the entries
+    return (torch.Tensor.detach(part) if isinstance(part, torch.Tensor) else part), None
+
+
+def own_update(update: object) -> tuple[object, str | None]:
+    """``update`` rebuilt of plain parts the server measures and sums, or why it cannot be.
 
     Forty-first review of issue 15 (api 1): a ``drive_round`` train callback (or a task's
     ``cohort_trainer``) returning an instance of a ``torch.Tensor`` subclass with a
@@ -60,34 +78,60 @@ def foreign_tensor(update: object) -> str | None:
     that class: an update of norm 200 that reported 0.001 was summed unclipped (the model at 90
     where C = 1 over 10 users allows 0.9), under the charge of a sum of sensitivity C. The
     server measures only plain tensors (and ``torch.nn.Parameter``); the tensors of a
-    :class:`~fedprivopt.privacy.sparse.RowSparse` update or batch alike.
+    :class:`~fedprivopt.privacy.sparse.RowSparse` update or batch alike. Follow-up (privacy 1):
+    a ``RowSparse`` subclass of one's own (a scale applied in its ``add_to``), or a plain tensor
+    or ``RowSparse`` whose instance carried its own ``to`` or ``add_to``, was measured as one
+    vector and summed as another (the model at 90 again). The aggregator calls the update's
+    methods, so it is given a fresh ``RowSparse``, ``RowSparseBatch`` or tensor of the parts
+    read once, and a subclass of the first two is refused (its methods say what it stands for).
     """
-    if isinstance(update, (RowSparse, RowSparseBatch)):
-        parts = [update.rows, update.values]
-        if isinstance(update, RowSparseBatch):
-            parts.append(update.row_ptr)
-    else:
-        parts = [update]
-    for part in parts:
-        if isinstance(part, torch.Tensor) and type(part) not in _PLAIN_TENSORS:
-            return (
-                f"a {type(part).__name__} (a torch.Tensor subclass, whose own operations would "
-                "measure its norm): an update must be a plain torch.Tensor"
-            )
-    return None
+    kinds = (RowSparse, RowSparseBatch)
+    if isinstance(update, kinds) and type(update) not in kinds:
+        base = "RowSparseBatch" if isinstance(update, RowSparseBatch) else "RowSparse"
+        return update, (
+            f"a {type(update).__name__} (a subclass of {base}, whose own methods would add "
+            "other values than the server measures): "
+            "an update must be a plain torch.Tensor, RowSparse or RowSparseBatch"
+        )
+    if not isinstance(update, kinds):
+        return _plain(update)
+    names = ("rows", "values") + (("row_ptr",) if type(update) is RowSparseBatch else ())
+    parts = {}
+    for name in names:
+        parts[name], reason = _plain(getattr(update, name))
+        if reason is not None:
+            return update, reason
+    try:
+        if type(update) is RowSparse:
+            return RowSparse(parts["rows"], parts["values"], update.length), None
+        return RowSparseBatch(update.users, **parts, length=update.length, norms=update.norms), None
+    except ValueError as error:  # a field set past the constructor's checks
+        return update, f"a malformed {type(update).__name__}: {error}"
+
+
+def foreign_tensor(update: object) -> str | None:
+    """Why the server cannot measure ``update`` as it is summed (``None``: :func:`own_update`)."""
+    return own_update(update)[1]
+
+
+def _own_pair(entry: Any) -> Any:
+    """A streamed entry as a fresh ``(user, update)`` tuple of its parts read once (or as is)."""
+    if isinstance(entry, (tuple, list)) and len(entry) == 2:
+        return (entry[0], entry[1])
+    return entry
 
 
 def _plain_stream(entries: Any, round_num: int) -> Any:
-    """A streamed cohort's ``entries``, refused at the first update of a tensor subclass."""
+    """A streamed cohort's ``entries`` rebuilt (:func:`own_update`), refused at a foreign one."""
     for entry in entries:
-        update = entry[1] if isinstance(entry, (tuple, list)) and len(entry) == 2 else entry
-        reason = foreign_tensor(update)
+        pair = isinstance(entry, tuple) and len(entry) == 2  # as _own_pair made it
+        update, reason = own_update(entry[1] if pair else entry)
         if reason is not None:
             users = entry.users if isinstance(entry, RowSparseBatch) else [entry[0]]
             raise ValueError(
                 f"round {round_num}'s streamed update of user {int(users[0])} is {reason}"
             )
-        yield entry
+        yield (entry[0], update) if pair else update
 
 
 def _user_order(pair: tuple[Any, Any]) -> tuple[int, Any, str]:
@@ -317,10 +361,12 @@ class AlgorithmAggregation:
                     )
             entries = updates.entries() if hasattr(updates, "entries") else updates.items()
             allowed, received = cohort if cohort is not None else updates.keys(), set()
+            entries = (_own_pair(entry) for entry in entries)  # read once (privacy 1)
             entries = each_user_once(entries, {int(u) for u in allowed}, round_num, received)
             entries = _plain_stream(entries, round_num)
         else:
-            entries = sorted(updates.items(), key=_user_order)
+            # pairs of their parts read once (follow-up, privacy 1): the aggregator reads them again
+            entries = sorted(((u, x) for u, x in updates.items()), key=_user_order)
             for user, _ in entries:  # forty-first review (api 5): int("a") raised here
                 check_int("updates key (a user id)", user)
             if cohort is not None:
@@ -329,10 +375,11 @@ class AlgorithmAggregation:
                     int(u): "not in the round's cohort" for u, _ in entries if u not in asked
                 }
                 entries = [(u, update) for u, update in entries if u in asked]
-            foreign = {int(u): why for u, x in entries if (why := foreign_tensor(x)) is not None}
+            owned = [(u, *own_update(x)) for u, x in entries]
+            foreign = {int(u): why for u, _, why in owned if why is not None}
             if foreign:  # rejected alone, as a malformed update is
                 unasked.update(foreign)
-                entries = [(u, update) for u, update in entries if int(u) not in foreign]
+            entries = [(u, update) for u, update, why in owned if why is None]
             if self.clipping is not None:
                 # replies decoded from messages: one whose clip bit is invalid is not summed
                 entries, bad_bits = self.clipping.screen(entries, getattr(updates, "clip_bits", {}))

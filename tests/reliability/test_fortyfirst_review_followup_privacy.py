@@ -1,0 +1,174 @@
+"""Issue 15, follow-up of the forty-first hostile review (privacy: today's api and wire fixes).
+
+1. Variants of api 1 (``aggregation.foreign_tensor``, which rejects an update of a
+   ``torch.Tensor`` subclass): a ``drive_round`` train callback (or a task's ``cohort_trainer``
+   on the fast engine) returning a ``RowSparse`` subclass of its own that applies a scale in
+   its ``add_to`` (values 0.01, scale 10,000), a plain ``RowSparse`` whose instance carries
+   its own ``to`` and ``add_to``, or a plain tensor (every entry 100, C = 1) whose instance
+   carries its own ``to`` returning a subclass that reads its norm as 0.001. Before: each was
+   measured as one vector and summed as another: the dp-fedavg model at 90 where 0.9 is the
+   most (tree aggregation 100), charged as a sum of sensitivity C; a streamed cohort of such
+   updates alike. Now ``aggregation.own_update`` gives the aggregator a fresh ``RowSparse``,
+   ``RowSparseBatch`` or tensor of the parts read once (``torch.Tensor.detach`` itself), and
+   refuses a subclass of the first two (rejected alone; a streamed cohort refused before its
+   noise). Plain tensors, ``torch.nn.Parameter`` and plain row-sparse updates give the model
+   they gave before, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from fedprivopt.clients import LocalTrainer
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
+from fedprivopt.simulation.fast import make_cohort_train
+from fedprivopt.strategies import build_algorithm
+from fedprivopt.strategies.config import StrategyConfig
+from fedprivopt.strategies.core import drive_round
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.disable(logging.WARNING)  # absl's RDP warnings at q = 0.25
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def _config(**changes) -> StrategyConfig:
+    values = {"strategy": "dp-fedavg", "population": 40, "clients-per-round": 10,
+              "num-server-rounds": 5, "noise-multiplier": 0.5, "delta": 1e-4, "seed": 0,
+              **changes}  # fmt: skip
+    return StrategyConfig.from_mapping(values)
+
+
+# -- finding 1: an update measured as one vector and summed as another ----------------------
+
+
+class _Lying(torch.Tensor):
+    """A tensor subclass whose norm reads 0.001 whatever it holds."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if func in (torch.linalg.vector_norm, torch.Tensor.norm, torch.norm):
+            return out * 0 + 0.001
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scaled(RowSparse):
+    """A row-sparse update of one's own: ``scale`` times its values."""
+
+    scale: float = 1.0
+
+    def to(self, device):
+        return _Scaled(self.rows.to(device), self.values.to(device), self.length, self.scale)
+
+    def add_to(self, total, alpha=1.0):
+        super().add_to(total, alpha * self.scale)
+
+
+def _scaled(user):
+    return _Scaled(torch.tensor([0]), torch.full((1, 4), 0.01), 4, 10_000.0)
+
+
+def _own_methods(user):
+    update = RowSparse(torch.tensor([0]), torch.full((1, 4), 0.01), 4)
+    object.__setattr__(update, "to", lambda device: update)
+    object.__setattr__(update, "add_to", lambda total, alpha=1.0: total.add_(100.0))
+    return update
+
+
+def _own_to(user):
+    update = torch.full((4,), 100.0)
+    update.to = lambda *args, **kwargs: update.as_subclass(_Lying)
+    return update
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("make", [_scaled, _own_methods, _own_to])
+def test_1_an_update_summed_otherwise_than_measured_is_not_summed_unclipped(make, tree):
+    changes = {"noise-mechanism": "tree"} if tree else {}
+    alg = build_algorithm(_config(**changes), torch.zeros(4))
+    result = drive_round(alg, 1, lambda request: {u: make(u) for u in request.users})
+    assert float(alg.params.abs().max()) < 1.0  # was 90 (tree 100)
+    if make is _scaled:  # the others are rebuilt of their parts: clipped as measured
+        assert result.metrics["accepted"] == 0.0
+
+
+def _plain_updates(request, kind):
+    if kind == "dense":
+        return {u: torch.full((4,), 0.1 + u / 100) for u in request.users}
+    if kind == "parameter":
+        return {u: torch.nn.Parameter(torch.full((4,), 0.1 + u / 100)) for u in request.users}
+    return {
+        u: RowSparse(torch.tensor([0, 1]), torch.full((2, 2), 0.1 + u / 100), 4)
+        for u in request.users
+    }
+
+
+@pytest.mark.parametrize("kind", ["parameter", "sparse"])
+def test_1_plain_updates_give_the_model_they_gave(kind):
+    dense = build_algorithm(_config(), torch.zeros(4))
+    other = build_algorithm(_config(), torch.zeros(4))
+    for r in (1, 2):
+        drive_round(dense, r, lambda request: _plain_updates(request, "dense"))
+        drive_round(other, r, lambda request: _plain_updates(request, kind))
+    assert torch.equal(dense.params, other.params) and dense.epsilon() == other.epsilon()
+
+
+class _Batches:
+    """A task's own cohort trainer yielding what ``make(user, delta)`` makes of each update."""
+
+    def __init__(self, task, make):
+        self.local, self.make = LocalTrainer(task, device="cpu"), make
+
+    def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
+        for user in users:
+            delta = self.local.train(
+                params, user_id=user, round_num=round_num, config=config, rngs=rngs, stream=stream
+            ).delta
+            yield self.make(user, delta)
+
+
+class _Pairs:
+    def __init__(self, pairs):
+        self.pairs, self.users, self.norms = pairs, [u for u, _ in pairs], [0.0] * len(pairs)
+
+    def split(self):
+        return self.pairs
+
+
+class _SameRow(RowSparseBatch):
+    """A batch of one's own that finds no fault in its rows (row 0, 1,000 times over)."""
+
+    def user_problems(self, dim):
+        return [None] * len(self.users)
+
+
+def _sparse_batch(user, delta, kind):
+    if kind == "batch subclass":  # measured as 1,000 rows of norm 0.001: 0.03; summed as 1.0
+        rows, values = torch.zeros(1000, dtype=torch.int64), torch.full((1000, 3), 0.001)
+        return _SameRow((user,), rows, values, torch.tensor([0, 1000]), delta.numel())
+    rows = torch.arange(delta.numel() // 3)
+    return _Pairs([(user, _Scaled(rows, torch.full((rows.numel(), 3), 1e-4), 33, 1e6))])
+
+
+@pytest.mark.parametrize("kind", ["RowSparse subclass", "batch subclass"])
+def test_1_a_cohort_trainer_yielding_a_row_sparse_subclass_is_refused(kind):
+    task = build_task("toy", num_users=12)
+    task.cohort_trainer = lambda device, chunk_users: _Batches(
+        task, lambda u, d: _sparse_batch(u, d, kind)
+    )
+    config = _config(population=12, sampling="fixed", **{"clients-per-round": 12})
+    alg = build_algorithm(config, initial_flat(task))
+    with pytest.raises(
+        ValueError, match=r"streamed update of user 0 is a _(Scaled|SameRow) \(a subclass"
+    ):
+        drive_round(alg, 1, make_cohort_train(task, device="cpu"))
+    assert alg.accountant.num_events == 0 and alg.round_num == 0

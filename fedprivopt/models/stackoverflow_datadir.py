@@ -182,7 +182,10 @@ class StackOverflowDataDir:
             hint = (
                 "some files are present, so no synthetic data is generated over them"
                 if len(self._missing(GENERATED_FILES)) < len(GENERATED_FILES)
-                else "pass synthetic=True to generate a synthetic dataset"
+                # forty-first review of issue 15 (input 5): the advice, typed on the command
+                # line as written (--set task-params.synthetic=True), was refused: TOML's is true
+                else "pass synthetic=True, on the command line --set task-params.synthetic=true, "
+                "to generate a synthetic dataset"
             )
             odd = [n for n in absent if (self.data_dir / n).exists()]  # a FIFO, a directory
             if odd:  # nineteenth review of issue 15, finding 6: reported as missing

@@ -28,6 +28,11 @@
    hot journal …): a dataset fedprivopt did not generate was put there``, a cause that is not
    the one found. Now ``cli_data._refuse_hot_journal`` says the file cannot be read until the
    write is rolled back, and how; after that the same command writes the dataset.
+5. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=D`` (``synthetic`` false,
+   ``D`` without the dataset's files): the line ended ``pass synthetic=True to generate a
+   synthetic dataset``, which typed on the command line (``--set
+   task-params.synthetic=True``) is refused (``must be true or false, got 'True'``: TOML's
+   spelling is ``true``). Now it also gives the command line's spelling.
 """
 
 from __future__ import annotations
@@ -193,3 +198,20 @@ def test_4_a_hot_journal_is_named_as_what_keeps_the_file_unread(tmp_path):
     assert "has a hot journal beside it" in lines[0] and "did not generate" not in lines[0]
     _read_back(out / "stackoverflow.sqlite")  # the advice: a writable open rolls it back
     assert _cli(*synth, "--seed", "5", "--overwrite")[0] == 0
+
+
+# -- finding 5: the advice for a data directory without files, as the command line takes it ----
+
+
+def test_5_the_advice_for_missing_files_is_what_the_command_line_takes(tmp_path):
+    empty = tmp_path / "so"
+    empty.mkdir()
+    base = ["simulate", MINI, "--rounds", "1", "--out", str(tmp_path / "r"), "--quiet"]
+    code, lines = _cli(
+        *base, "--set", f"task-params.data-dir={empty}", "--set", "task-params.synthetic=false"
+    )
+    assert code == 2 and len(lines) == 1, lines
+    advice = lines[0].split("on the command line ", 1)[1].split(",")[0].split()
+    assert advice == ["--set", "task-params.synthetic=true"]  # before: synthetic=True
+    code, lines = _cli(*base, *advice, "--set", "task-params.synth-clients=lots")
+    assert code == 2 and "synth-clients" in lines[0], lines  # the advice is taken; stops here

@@ -10,6 +10,7 @@ module (a layer above it).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 __all__ = [
     "MAX_RECORD_BYTES",
     "check_log_dir",
+    "check_not_held",
     "check_out_claimable",
     "check_temp_outside",
     "quoted_out",
@@ -95,9 +97,49 @@ def check_out_claimable(out: str | Path, config: Any) -> None:
     # fourteenth review of issue 15: the refusal advised "--resume DIR", which deploy local
     # does not accept (rc 2, "unrecognized arguments"); simulate continues such a run
     check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
+    check_not_held(Path(out))
     check_log_dir(Path(out) / DEPLOY_LOGS)
     check_task_dirs_outside(config, str(out))  # the SuperNodes would write their data there
     check_temp_outside(str(out))
+
+
+def check_not_held(out: Path) -> None:
+    """Refuse an ``out`` that another run holds (``LockHeldError`` naming the holder's PID).
+
+    Forty-first review of issue 15 (processes 1): :func:`check_out_claimable` lets a finished
+    start's debris through (``run.lock`` alone), but did not ask whether the directory was still
+    held: while ``simulate --out D`` (or the Python API's ``simulate``) held ``D`` with only
+    ``run.lock`` written, ``deploy local --out D`` passed every check, wrote ``D/deploy/`` into
+    the other run's directory and started the SuperLink and SuperNodes. ``compare``, ``tune`` and
+    ``data synth`` refuse such a directory. The lock of a run directory is a ``flock`` on the
+    directory itself (:func:`~fedprivopt.simulation.rundir.lock_directory`); it is probed here
+    without writing anything.
+    """
+    import fcntl
+
+    from fedprivopt.data.locks import LockHeldError, probe_lock
+    from fedprivopt.simulation.files import LOCK_FILE
+
+    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(out, flags)
+    except OSError:
+        return  # new (or unreadable: the claim that follows names it)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            what = f"argument --out: run directory {quoted_out(out)}"
+            probe_lock(out / LOCK_FILE, what=what)  # raises naming the holder's PID
+            raise LockHeldError(
+                f"{what} is in use by another process; wait for it to finish or stop it first",
+                None,
+            ) from None
+        except OSError:
+            return  # a file system without locks: the run's own lock says so
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def check_temp_outside(out: str) -> None:

@@ -63,7 +63,10 @@ def name_task_param(message: str, params: dict, names: Iterable[str] = ()) -> st
             return f"task-params.{key.replace('_', '-')}"
         return key
 
-    return found.sub(rename, message)
+    # forty-first review of issue 15 (input 6): --set task-params.num-users=None was refused as
+    # 'must be an integer in [1, 100000000] or None, got 'None'' (TOML has no None)
+    none = " or left out of the configuration (TOML has no None), got "
+    return found.sub(rename, message).replace(" or None, got ", none, 1)
 
 
 def task_param_error(exc: TypeError) -> str | None:

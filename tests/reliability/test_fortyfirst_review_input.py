@@ -33,6 +33,10 @@
    synthetic dataset``, which typed on the command line (``--set
    task-params.synthetic=True``) is refused (``must be true or false, got 'True'``: TOML's
    spelling is ``true``). Now it also gives the command line's spelling.
+6. ``simulate stackoverflow-tp-mini.toml --set task-params.num-users=None`` (also
+   ``max-examples-per-user``, ``synth-clients``): ``must be an integer in [1, 100000000] or
+   None, got 'None'``, a line that contradicts itself (TOML has no None; the key is left out).
+   Now ``cli_task_errors.name_task_param`` says so where it names a task parameter.
 """
 
 from __future__ import annotations
@@ -215,3 +219,17 @@ def test_5_the_advice_for_missing_files_is_what_the_command_line_takes(tmp_path)
     assert advice == ["--set", "task-params.synthetic=true"]  # before: synthetic=True
     code, lines = _cli(*base, *advice, "--set", "task-params.synth-clients=lots")
     assert code == 2 and "synth-clients" in lines[0], lines  # the advice is taken; stops here
+
+
+# -- finding 6: "or None" in a task parameter's refusal on the command line ---------------------
+
+
+@pytest.mark.parametrize("key", ["num-users", "max-examples-per-user", "synth-clients"])
+def test_6_a_refusal_does_not_ask_the_command_line_for_none(tmp_path, key):
+    code, lines = _cli(
+        "simulate", MINI, "--rounds", "1", "--out", str(tmp_path / "r"), "--quiet",
+        "--set", f"task-params.{key}=None",
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1, lines
+    assert f"task-params.{key} must be" in lines[0] and " or None" not in lines[0], lines
+    assert "left out of the configuration (TOML has no None), got 'None'" in lines[0]

@@ -269,6 +269,12 @@ class LocalTrainer(ModelLayout):
             torch.cuda.default_generators[index].manual_seed(seed)
             yield
 
+    # Follow-up of the forty-first review of issue 15 (privacy 2): called inside torch.no_grad()
+    # or torch.inference_mode() (server code that needs no gradients, as api 4 let drive_round
+    # run there), every user ended in a TaskError blaming the task's loss() ("does not require
+    # grad"); training takes its gradients whatever the caller's mode
+    @torch.inference_mode(False)
+    @torch.enable_grad()
     def train(
         self,
         global_flat: torch.Tensor,

@@ -13,6 +13,15 @@
    refuses a subclass of the first two (rejected alone; a streamed cohort refused before its
    noise). Plain tensors, ``torch.nn.Parameter`` and plain row-sparse updates give the model
    they gave before, bit for bit.
+2. Api 4's twin: ``LocalTrainer.train`` (what a ``drive_round`` callback trains users with)
+   called inside ``torch.no_grad()`` or ``torch.inference_mode()`` (server code that needs no
+   gradients, where api 4 lets ``drive_round`` run). Before: every user ended in a
+   ``TaskError`` blaming the task: ``ToyClassificationTask.loss() must return ... that does
+   not require grad (not computed from the model parameters)``. Now the trainer takes its
+   gradients whatever the caller's mode (``LocalTrainer.train`` runs with grad enabled,
+   outside inference mode): the update equals the one trained outside, bit for bit, and
+   rounds driven inside ``torch.inference_mode()`` give the model and epsilon of rounds driven
+   outside.
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ import pytest
 import torch
 
 from fedprivopt.clients import LocalTrainer
+from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task, initial_flat
+from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.strategies import build_algorithm
@@ -172,3 +183,36 @@ def test_1_a_cohort_trainer_yielding_a_row_sparse_subclass_is_refused(kind):
     ):
         drive_round(alg, 1, make_cohort_train(task, device="cpu"))
     assert alg.accountant.num_events == 0 and alg.round_num == 0
+
+
+# -- finding 2: the trainer called inside torch.no_grad() or torch.inference_mode() ---------
+
+
+def _local_train(trainer, request):
+    local = request.settings.local
+    rngs = RngFactory(seed=request.settings.seed)
+    return {
+        u: trainer.train(request.params, user_id=u, round_num=request.round_num, config=local,
+                         rngs=rngs, stream=request.stream).delta
+        for u in request.users
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_2_the_trainer_takes_its_gradients_in_any_mode(mode):
+    task = build_task("toy", num_users=12)
+    trainer = LocalTrainer(task, device="cpu")
+    config = LocalConfig(learning_rate=0.1, epochs=1, batch_size=8, clip_norm=1.0)
+    kwargs = {"user_id": 3, "round_num": 1, "config": config, "stream": "train"}
+    plain = trainer.train(initial_flat(task), rngs=RngFactory(seed=0), **kwargs).delta
+    with mode():
+        inside = trainer.train(initial_flat(task), rngs=RngFactory(seed=0), **kwargs).delta
+    assert torch.equal(inside, plain)  # was TaskError: ... loss() ... does not require grad
+    strategy = _config(population=12, **{"clients-per-round": 4, "local-learning-rate": 0.1})
+    inside_alg = build_algorithm(strategy, initial_flat(task))
+    outside_alg = build_algorithm(strategy, initial_flat(task))
+    with mode():
+        drive_round(inside_alg, 1, lambda request: _local_train(trainer, request))
+    drive_round(outside_alg, 1, lambda request: _local_train(trainer, request))
+    assert torch.equal(inside_alg.params, outside_alg.params)
+    assert inside_alg.epsilon() == outside_alg.epsilon()

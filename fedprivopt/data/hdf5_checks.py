@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from fedprivopt.core.orphans import die_with_parent
 from fedprivopt.core.text import shown
 
 __all__ = ["PROBE_TIMEOUT_S", "DamagedHDF5", "HeapChecker", "load_h5py"]
@@ -321,30 +322,42 @@ def _probe_in_child(dataset: Any, what: str, timeout: float | None = None) -> No
 
     For variable-length data whose references :class:`HeapChecker` cannot read from the file
     (compact or chunked layouts). Costs a fork and a second read of the dataset; the child is
-    killed by its PID after ``timeout`` (default :data:`PROBE_TIMEOUT_S`) seconds. Errors the
-    child meets are left to the in-process read that follows. Without ``os.fork`` (Windows)
-    it does nothing.
+    killed by its PID after ``timeout`` (default :data:`PROBE_TIMEOUT_S`) seconds, and on every
+    other way out of the wait (a signal, an error), and it dies with this process
+    (:func:`~fedprivopt.core.orphans.die_with_parent`): a child left reading a file that hangs
+    HDF5 lived on, holding the descriptors it inherited (a run directory's lock, so the next
+    ``--resume`` was refused naming a dead PID; forty-first review of issue 15, processes, open
+    for the data owner). Errors the child meets are left to the in-process read that follows.
+    Without ``os.fork`` (Windows) it does nothing.
     """
     if not hasattr(os, "fork"):  # pragma: no cover - platform dependent
         return
     timeout = PROBE_TIMEOUT_S if timeout is None else timeout
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         try:
+            die_with_parent(parent)
             dataset[()]
         finally:
             os._exit(0)
     deadline = time.monotonic() + timeout
-    status = 0
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
+    status, reaped = 0, False
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                reaped = True
+                break
+            if time.monotonic() > deadline:
+                raise DamagedHDF5(
+                    f"{what}: reading it took more than {timeout} s (damaged HDF5 file?)"
+                )
+            time.sleep(0.002)
+    finally:
+        if not reaped:  # the timeout, or a signal or an error out of the wait: stopped by PID
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            raise DamagedHDF5(f"{what}: reading it took more than {timeout} s (damaged HDF5 file?)")
-        time.sleep(0.002)
     if os.WIFSIGNALED(status):
         raise DamagedHDF5(
             f"{what}: reading it killed the process with signal {os.WTERMSIG(status)} "

@@ -1,0 +1,104 @@
+"""Forty-first review of issue 15: the lead's findings.
+
+1. (the processes reviewer's open row, for the data owner) ``hdf5_checks._probe_in_child``
+   reads a variable-length HDF5 dataset once in a forked child, with a timeout. If the wait
+   ended another way (a signal to the parent, an error, the parent killed), the child was
+   neither stopped by its PID nor set to die with its parent: with a read that hangs it lived
+   on, holding every descriptor it inherited (a run directory's lock: the next ``--resume`` was
+   refused naming a dead PID). Now the child is killed and reaped on every way out of the wait,
+   and it dies with its parent (``core.orphans.die_with_parent``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fedprivopt.data import hdf5_checks
+from tests.procs import alive, proc_stat
+
+
+class _Hangs:
+    """A dataset whose read never ends (what a damaged file does to HDF5)."""
+
+    def __getitem__(self, key):
+        time.sleep(3600)
+
+
+def _forks(monkeypatch) -> list[int]:
+    pids: list[int] = []
+    fork = os.fork
+
+    def recorded():
+        pid = fork()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(hdf5_checks.os, "fork", recorded)
+    return pids
+
+
+def test_1_an_error_out_of_the_wait_stops_the_child_by_its_pid(monkeypatch):
+    pids = _forks(monkeypatch)
+    calls = []
+
+    def interrupted(seconds):
+        calls.append(seconds)
+        if len(calls) == 20:
+            raise KeyboardInterrupt  # Ctrl-C while the parent waits
+        time.sleep(seconds)
+
+    monkeypatch.setattr(hdf5_checks.time, "sleep", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            hdf5_checks._probe_in_child(_Hangs(), "f.h5: tokens", timeout=60)
+        (pid,) = pids
+        assert proc_stat(pid) is None  # killed and reaped, not left reading
+    finally:
+        for pid in pids:
+            if proc_stat(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+
+CHILD = """
+import sys, time
+from fedprivopt.data import hdf5_checks
+fork = hdf5_checks.os.fork
+def recorded():
+    pid = fork()
+    if pid:
+        print(pid, flush=True)
+    return pid
+hdf5_checks.os.fork = recorded
+class Hangs:
+    def __getitem__(self, key):
+        time.sleep(3600)
+hdf5_checks._probe_in_child(Hangs(), "f.h5: tokens", timeout=600)
+"""
+
+
+def test_1_the_child_dies_with_a_parent_killed_while_it_waits():
+    parent = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    child = {}
+    try:
+        pid = int(parent.stdout.readline())
+        child = {pid: proc_stat(pid)[19]}
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the probe's child outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for pid in alive(child):
+            os.kill(pid, signal.SIGKILL)

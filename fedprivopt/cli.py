@@ -367,7 +367,7 @@ def _interrupted(command: str, exc: KeyboardInterrupt) -> str:
     text = f"fedprivopt {command}: interrupted"
     if command == "simulate" and out is not None:
         if (Path(out) / "config.toml").is_file():
-            from fedprivopt.simulation.audit import secure_tree_redo
+            from fedprivopt.simulation.audit_tree import secure_tree_redo
 
             where = shlex.quote(str(out)).replace("\n", "\\n")
             refused = secure_tree_redo(Path(out))

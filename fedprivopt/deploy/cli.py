@@ -114,9 +114,9 @@ def _continuation(out: Path) -> str | None:
 
     ``fedprivopt simulate --resume OUT`` continues a deployment's run; a secure tree run whose
     rounds after its checkpoint cannot be redone says so, as ``simulate`` says it
-    (:func:`~fedprivopt.simulation.audit.secure_tree_redo`).
+    (:func:`~fedprivopt.simulation.audit_tree.secure_tree_redo`).
     """
-    from fedprivopt.simulation.audit import secure_tree_redo
+    from fedprivopt.simulation.audit_tree import secure_tree_redo
 
     if (out / "summary.json").is_file() or not (out / "config.toml").is_file():
         return None

@@ -367,8 +367,11 @@ class AlgorithmAggregation:
         else:
             # pairs of their parts read once (follow-up, privacy 1): the aggregator reads them again
             entries = sorted(((u, x) for u, x in updates.items()), key=_user_order)
-            for user, _ in entries:  # forty-first review (api 5): int("a") raised here
-                check_int("updates key (a user id)", user)
+            # forty-first review (api 5): int("a") raised here. Follow-up (privacy 3): a key of
+            # an int subclass that compares (and hashes) as a sampled user passed the cohort
+            # check while the aggregator summed its int value, an unsampled user: every check
+            # below and the aggregator see the int value alone
+            entries = [(check_int("updates key (a user id)", u), x) for u, x in entries]
             if cohort is not None:
                 asked = set(cohort)
                 unasked = {

@@ -22,6 +22,14 @@
    outside inference mode): the update equals the one trained outside, bit for bit, and
    rounds driven inside ``torch.inference_mode()`` give the model and epsilon of rounds driven
    outside.
+3. Api 5's variant (the keys of the updates): a ``drive_round`` train callback (or a caller of
+   ``alg.aggregate(1, updates, cohort=c)``) keying each update by an ``int`` subclass whose
+   value is a user the round did not sample, but which compares and hashes as a sampled one
+   (dp-fedavg, secure, tree aggregation, ADADP). Before: the cohort check (``u in asked``)
+   took it as the sampled user and the aggregator summed it under its int value: 9 (tree and
+   secure: 10) unsampled users accepted, outside the sampling the accountant charges. Now the
+   keys are their ``int`` values (``check_int``) before any check: each is rejected as not in
+   the round's cohort.
 """
 
 from __future__ import annotations
@@ -216,3 +224,44 @@ def test_2_the_trainer_takes_its_gradients_in_any_mode(mode):
     drive_round(outside_alg, 1, lambda request: _local_train(trainer, request))
     assert torch.equal(inside_alg.params, outside_alg.params)
     assert inside_alg.epsilon() == outside_alg.epsilon()
+
+
+# -- finding 3: a user id of an int subclass that compares as a sampled user ----------------
+
+
+class _AsUser(int):
+    """A user id whose value is one user and whose comparisons are another's."""
+
+    def __new__(cls, value, as_user):
+        made = super().__new__(cls, value)
+        made.as_user = as_user
+        return made
+
+    def __eq__(self, other):
+        return other == self.as_user
+
+    def __hash__(self):
+        return hash(self.as_user)
+
+
+def _unsampled(request):
+    outside = [u for u in range(40) if u not in request.users]
+    pairs = zip(outside[: len(request.users)], request.users, strict=True)
+    return {_AsUser(o, s): torch.full((4,), 0.1) for o, s in pairs}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"secure": True}, {"noise-mechanism": "tree"}, {"strategy": "dp-fedavg-adadp"}],
+)
+def test_3_a_key_that_compares_as_a_sampled_user_is_not_summed(changes):
+    alg = build_algorithm(_config(**changes), torch.zeros(4))
+    result = drive_round(alg, 1, _unsampled)
+    metrics = result.metrics
+    assert metrics.get("accepted", metrics.get("accepted_1")) == 0.0  # was 9 (tree, secure 10)
+    assert set(result.rejected.values()) == {"not in the round's cohort"}
+    other = build_algorithm(_config(**changes), torch.zeros(4))
+    cohort = other.sample(1)
+    request = type("R", (), {"users": cohort})
+    agg = other.aggregate(1, _unsampled(request), cohort=cohort)
+    assert agg.metrics["accepted"] == 0.0

@@ -373,7 +373,9 @@ class _Asked:
         was sent; the server drops it as unrequested, but the user's update had left the node
         without the sampling the accountant assumes, and the sampled users' updates were lost.
         """
-        if self.users is not None and user not in self.users:
+        # its int value, which the reply's key holds (follow-up, privacy 4: an int subclass
+        # comparing as an asked user sent the update of another, its value)
+        if self.users is not None and int(user) not in self.users:
             raise ValueError(
                 f"updates[{shown(user)}]: the message did not ask for user {shown(user)} (it "
                 f"asks for {shown(sorted(self.users))}); reply only for the users it names "

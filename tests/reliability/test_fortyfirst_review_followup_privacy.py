@@ -30,6 +30,12 @@
    secure: 10) unsampled users accepted, outside the sampling the accountant charges. Now the
    keys are their ``int`` values (``check_int``) before any check: each is rejected as not in
    the round's cohort.
+4. Wire 1's twin of 3: ``clients.reply_updates(message, updates)`` (a ClientApp of one's own;
+   the message asks for user 1) with the update keyed by an ``int`` subclass of value 5 that
+   compares and hashes as user 1. Before: it passed wire 1's check of the asked users and was
+   sent as ``update/5``, an unsampled user's update leaving the node. Now the check reads the
+   key's ``int`` value, which the reply's key holds (``messages._Asked.check``): ``ValueError``
+   naming ``updates[5]``.
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ import logging
 import pytest
 import torch
 
+from fedprivopt import wire as P
 from fedprivopt.clients import LocalTrainer
+from fedprivopt.clients.messages import reply_updates
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy.rng import RngFactory
@@ -49,6 +57,7 @@ from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.core import drive_round
+from tests.messages import delivered
 
 
 @pytest.fixture(autouse=True)
@@ -265,3 +274,18 @@ def test_3_a_key_that_compares_as_a_sampled_user_is_not_summed(changes):
     request = type("R", (), {"users": cohort})
     agg = other.aggregate(1, _unsampled(request), cohort=cohort)
     assert agg.metrics["accepted"] == 0.0
+
+
+# -- finding 4: a reply's user id of an int subclass that compares as an asked user ---------
+
+
+def test_4_a_reply_key_that_compares_as_an_asked_user_is_refused():
+    from flwr.app import ArrayRecord
+
+    settings = P.ClientSettings(LocalConfig(learning_rate=0.1, clip_norm=1.0), seed=0)
+    config = P.encode_train_config(users=[1], round_num=1, settings=settings)
+    arrays = ArrayRecord({"w": torch.zeros(5)})
+    message = delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: arrays}, "train")
+    with pytest.raises(ValueError, match=r"updates\[5\]: the message did not ask for user 5"):
+        reply_updates(message, {_AsUser(5, 1): torch.zeros(5)})  # was sent as update/5
+    assert "update/1" in reply_updates(message, {1: torch.zeros(5)}).content

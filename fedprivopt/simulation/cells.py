@@ -24,6 +24,7 @@ Examples
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ __all__ = [
     "StaleCellError",
     "cell_label",
     "check_compare_dir",
+    "check_not_reported",
     "grid",
     "remove_report",
     "run_cell",
@@ -286,6 +288,59 @@ def check_compare_dir(out: str | Path) -> None:
         )
 
 
+def check_not_reported(run_dir: str | Path) -> None:
+    """Refuse a resume of a comparison's cell, or a tuning's trial, while its report is there.
+
+    Forty-first review follow-up of issue 15 (ledger 1): ``compare toy.toml --strategies
+    dp-fedavg --rounds 1 --out C1`` (ε 7.55), the cell's ``config.toml`` raised to 2 rounds and
+    ``simulate --resume C1/runs/<cell>`` (ε 10.28): ``C1/summary.csv`` and ``C1/report.md`` kept
+    stating 7.55 beside a run that had spent more (a ``tune`` trial alike: its ``summary.json``
+    said 8.279, the trial had spent 12.17). ``compare`` and ``tune`` remove their report before
+    any cell changes (:func:`remove_report`), so a report beside ``runs/`` describes every cell
+    as it is; a resume of one of them by hand (``simulate --resume``,
+    :func:`~fedprivopt.simulation.run.resume` that would release a round, or
+    ``simulate(..., overwrite=True)`` over it) is refused while it is there, naming the command
+    that resumes or reruns the cell and writes the report again. A cell of a comparison or
+    tuning that stopped (no report) resumes as before.
+
+    Raises
+    ------
+    ValueError
+        If ``run_dir`` is ``OUT/runs/<name>`` of a comparison (``OUT`` holds
+        :data:`COMPARE_LOCK`) or a tuning (``tune.json`` or ``tune.lock``) whose report is there.
+    """
+    from fedprivopt.simulation.tune_dir import TUNE_FILES, TUNE_LOCK
+
+    run = Path(os.path.realpath(run_dir))
+    if run.parent.name != "runs":
+        return
+    out = run.parent.parent
+    if os.path.lexists(out / COMPARE_LOCK):
+        what, command, names = "a cell of the comparison", "compare", REPORT_FILES[:2]
+        how = "it resumes a stopped cell; other rounds or settings: --overwrite reruns cells"
+        if os.path.isdir(out / "tune"):  # compare-tuned: its tunings sit in OUT/tune
+            command = "compare-tuned"
+    elif os.path.lexists(out / TUNE_LOCK) or os.path.lexists(out / "tune.json"):
+        what, command, names = "a trial of the tuning", "tune", TUNE_FILES[:3]
+        how = "it resumes a stopped trial; another plan: --overwrite"
+    else:
+        return
+    found = [name for name in names if os.path.lexists(out / name)]
+    if not found:
+        return
+    given = out  # the --out to give: a compare-tuned tuning sits in OUT/tune/<strategy>
+    comparison = out.parent.parent
+    if command == "tune" and out.parent.name == "tune" and (comparison / COMPARE_LOCK).exists():
+        command, given = "compare-tuned", comparison
+    raise ValueError(
+        f"--resume directory {str(run_dir)!r} is {what} in {str(out)!r}, whose "
+        f"{', '.join(found)} state its rounds and epsilon: a resume here would leave them "
+        f"describing a run that is no longer there; run fedprivopt {command} with --out "
+        f"{str(given)!r} instead ({how}; it writes the report again), or copy the directory "
+        "elsewhere to resume it alone"
+    )
+
+
 def run_cell(plan: CellPlan, *, progress: bool = False) -> None:
     """Carry out ``plan``: run, resume or rerun the cell's simulation, or nothing (reuse)."""
     from fedprivopt.simulation.run import resume, simulate
@@ -295,7 +350,7 @@ def run_cell(plan: CellPlan, *, progress: bool = False) -> None:
         simulate(cell.config, plan.run_dir, progress=progress, task=cell.task,
                  tuning_plan=cell.tuning_plan)  # fmt: skip
     elif plan.action == RESUME:
-        resume(plan.run_dir, progress=progress, tuning_plan=cell.tuning_plan)
+        resume(plan.run_dir, progress=progress, tuning_plan=cell.tuning_plan, planned=True)
     elif plan.action == RERUN:
         simulate(cell.config, plan.run_dir, progress=progress, overwrite=True, task=cell.task,
-                 tuning_plan=cell.tuning_plan)  # fmt: skip
+                 tuning_plan=cell.tuning_plan, planned=True)  # fmt: skip

@@ -54,6 +54,7 @@ from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt, ray_processes
 from fedprivopt.simulation.audit import audit_run_dir
+from fedprivopt.simulation.cells import check_not_reported
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.cluster_config import cluster_address
 from fedprivopt.simulation.cluster_config import uses_ray as uses_ray_here
@@ -350,11 +351,14 @@ def simulate(
     overwrite: bool = False,
     task: Task | None = None,
     tuning_plan: str | None = None,
+    planned: bool = False,
 ) -> RunOutcome:
     """Run ``config`` from scratch into ``out_dir`` (``task``: see :func:`build_run`).
 
     ``tuning_plan``: for a trial of ``fedprivopt tune``, the digest of its plan, recorded in the
-    ledger's header (:meth:`~fedprivopt.simulation.ledger.RunLedger.header_for`).
+    ledger's header (:meth:`~fedprivopt.simulation.ledger.RunLedger.header_for`). ``planned``:
+    as for :func:`resume` (a cell replaced with ``overwrite`` while its report is there is
+    refused otherwise).
 
     ``out_dir`` must be new or empty; with ``overwrite`` it may also hold a run of ours, which
     is replaced. Anything else is refused (``ValueError``) before anything is written. The
@@ -363,6 +367,8 @@ def simulate(
     """
     out_dir = _run_dir_argument("out_dir", out_dir)
     _check_config(config)
+    if overwrite and not planned:  # forty-first review follow-up (ledger 1): a stale report
+        check_not_reported(out_dir)
     check_task_dirs_outside(config, out_dir)
     task, alg = build_run(config, task)
     check_flower_resources(config)  # before anything is written or Ray starts
@@ -411,12 +417,19 @@ def _task_dirs(params: dict) -> list[tuple[str, str | os.PathLike, str]]:
 
 
 def resume(
-    out_dir: str | Path, *, progress: bool = False, tuning_plan: str | None = None
+    out_dir: str | Path,
+    *,
+    progress: bool = False,
+    tuning_plan: str | None = None,
+    planned: bool = False,
 ) -> RunOutcome:
     """Continue the run in ``out_dir`` from its last good checkpoint.
 
     ``tuning_plan``: for a trial of ``fedprivopt tune``, the digest of its plan; a ledger that
-    names another is refused, and a ledger started here records it.
+    names another is refused, and a ledger started here records it. ``planned``: True only
+    where ``compare`` or ``tune`` resumes its own cell (having removed its report); otherwise
+    a resume that would release a round of a cell or trial whose comparison's or tuning's
+    report is there is refused (:func:`~fedprivopt.simulation.cells.check_not_reported`).
 
     The directory is locked for the whole run (a second process is refused, naming this one's
     PID). What was released is what ``privacy_ledger.jsonl`` records, and ε is always composed
@@ -458,7 +471,7 @@ def resume(
     check_appended_not_linked(out)
     check_replaced(out)  # forty-first review (ledger 1): else a round released, then Is a directory
     with lock_run_dir(out), _naming_the_run(out):
-        return _resume_locked(out, progress, tuning_plan)
+        return _resume_locked(out, progress, tuning_plan, planned)
 
 
 def _check_writable(out: Path) -> None:
@@ -501,9 +514,15 @@ def _check_config_file(out: Path) -> None:
     raise ValueError(f"--resume directory {str(out)!r}{what}"[:400])
 
 
-def _resume_locked(out: Path, progress: bool, tuning_plan: str | None) -> RunOutcome:
+def _resume_locked(out: Path, progress: bool, tuning_plan: str | None, planned: bool) -> RunOutcome:
     run = audit_run_dir(out)  # every check, before anything is written
     config, alg, ledger = run.config, run.alg, run.ledger
+    if (
+        not planned
+        and alg.round_num < config.strategy.num_server_rounds
+        and alg.budget_allows_next_round()
+    ):  # a round would be released: forty-first review follow-up (ledger 1), a stale report
+        check_not_reported(out)
     if tuning_plan is not None and ledger is not None:
         ledger.check_tuning_plan(tuning_plan)
     if ledger is None and run.checkpoint is not None:  # to be rebuilt from the checkpoint

@@ -382,6 +382,8 @@ def test_a_killed_resume_leaves_no_finished_summary_and_compare_resumes_the_cell
     from fedprivopt.simulation.ledger import RunLedger
 
     out, cell = _one_cell(tmp_path)
+    for name in ("summary.csv", "report.md"):  # else the resume by hand is refused beside them
+        (out / name).unlink()  # (forty-first review follow-up, ledger 1)
     stale = (cell / "summary.json").read_bytes()
     _edit(cell / "config.toml", "num-server-rounds = 2\n", "num-server-rounds = 1000000\n")
     proc = subprocess.Popen(
@@ -508,6 +510,12 @@ def test_a_cell_whose_run_released_more_rounds_than_it_asks_is_not_reused(tmp_pa
     # rounds, then its config.toml set back to 2, was "finished" and reported with 4 rounds
     out, cell = _one_cell(tmp_path)
     _edit(cell / "config.toml", "num-server-rounds = 2\n", "num-server-rounds = 4\n")
+    # forty-first review follow-up (ledger 1): beside the comparison's report such a resume is
+    # refused (the report would be stale); without it (as a stopped compare leaves) it runs
+    assert main(["simulate", "--resume", str(cell), "--quiet"]) == 2
+    assert "is a cell of the comparison" in capsys.readouterr().err
+    for name in ("summary.csv", "report.md"):
+        (out / name).unlink()
     assert main(["simulate", "--resume", str(cell), "--quiet"]) == 0
     _edit(cell / "config.toml", "num-server-rounds = 4\n", "num-server-rounds = 2\n")
     capsys.readouterr()

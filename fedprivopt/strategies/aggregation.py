@@ -128,9 +128,9 @@ def _plain_stream(entries: Any, round_num: int) -> Any:
         update, reason = own_update(entry[1] if pair else entry)
         if reason is not None:
             users = entry.users if isinstance(entry, RowSparseBatch) else [entry[0]]
-            raise ValueError(
-                f"round {round_num}'s streamed update of user {int(users[0])} is {reason}"
-            )
+            # a batch of no users: IndexError before (follow-up, privacy 5)
+            who = f"update of user {int(users[0])}" if len(users) else "batch (of no users)"
+            raise ValueError(f"round {round_num}'s streamed {who} is {reason}")
         yield (entry[0], update) if pair else update
 
 

@@ -36,6 +36,11 @@
    sent as ``update/5``, an unsampled user's update leaving the node. Now the check reads the
    key's ``int`` value, which the reply's key holds (``messages._Asked.check``): ``ValueError``
    naming ``updates[5]``.
+5. Api 1's refusal of a streamed cohort, for a batch of no users: a task's ``cohort_trainer``
+   yielding a ``RowSparseBatch`` of no users (a chunk where nobody had examples) whose empty
+   values are a tensor subclass. Before: ``IndexError: tuple index out of range`` from the
+   refusal's own message (``users[0]``), a traceback. Now ``ValueError`` naming the batch of no
+   users and its reason; nothing released or charged.
 """
 
 from __future__ import annotations
@@ -289,3 +294,20 @@ def test_4_a_reply_key_that_compares_as_an_asked_user_is_refused():
     with pytest.raises(ValueError, match=r"updates\[5\]: the message did not ask for user 5"):
         reply_updates(message, {_AsUser(5, 1): torch.zeros(5)})  # was sent as update/5
     assert "update/1" in reply_updates(message, {1: torch.zeros(5)}).content
+
+
+# -- finding 5: a streamed batch of no users holding a tensor subclass ----------------------
+
+
+def test_5_a_streamed_batch_of_no_users_is_refused_in_one_line():
+    def empty(user, delta):
+        values = torch.zeros(0, 3).as_subclass(_Lying)
+        return RowSparseBatch((), torch.zeros(0, dtype=torch.int64), values, torch.tensor([0]), 33)
+
+    task = build_task("toy", num_users=12)
+    task.cohort_trainer = lambda device, chunk_users: _Batches(task, empty)
+    config = _config(population=12, sampling="fixed", **{"clients-per-round": 12})
+    alg = build_algorithm(config, initial_flat(task))
+    with pytest.raises(ValueError, match=r"streamed batch \(of no users\) is a _Lying"):
+        drive_round(alg, 1, make_cohort_train(task, device="cpu"))  # was IndexError
+    assert alg.accountant.num_events == 0 and alg.round_num == 0

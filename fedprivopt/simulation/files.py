@@ -142,9 +142,11 @@ def check_replaced(out: Path) -> None:
     ``checkpoint.prev.pt``, ``summary.json.tmp``), then ``simulate --resume R`` with more
     rounds: the next round was released, then saving its checkpoint failed (``Is a
     directory``, rc 2), and a secure run's next resume released it again with new noise.
+    Follow-up (ledger 2): ``checkpoint.pt.bad``, where an unreadable newest checkpoint is set
+    aside: ``summary.json`` was removed, then ``Is a directory``.
     """
     names = (PREVIOUS_CHECKPOINT, CHECKPOINT + ".tmp", SUMMARY_FILE + ".tmp",
-             METRICS_FILE + ".tmp", LEDGER_FILE + ".tmp")  # fmt: skip
+             METRICS_FILE + ".tmp", LEDGER_FILE + ".tmp", CHECKPOINT + ".bad")  # fmt: skip
     for name in names:
         path = Path(out) / name
         if path.is_dir() and not path.is_symlink():

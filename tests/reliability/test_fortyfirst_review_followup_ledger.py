@@ -17,6 +17,12 @@
    ``cells.run_cell``; a trial of a ``compare-tuned`` tuning names ``compare-tuned``). A cell of
    a comparison that stopped (no report) still resumes by hand, and ``compare`` still resumes
    it itself (tests/simulation/test_compare.py).
+2. A variant of the forty-first review's ledger 1 (a directory where a resume replaces a
+   file): a finished secure run whose newest checkpoint is unreadable, a directory at
+   ``checkpoint.pt.bad`` (where ``resume`` sets such a checkpoint aside), its rounds raised.
+   Before: ``summary.json`` removed, then rc 2 ``checkpoint.pt -> checkpoint.pt.bad: Is a
+   directory`` (nothing released, but the finished run's summary lost and every check not
+   made first). Now ``files.check_replaced`` refuses it before the lock, nothing changed.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.run import resume, simulate
 from tests.reliability.test_fortieth_review_followup_ledger import raise_rounds
 from tests.reliability.test_misuse_cli import TOY
+from tests.simulation.test_run import small_config
 
 CELL = "dp-fedavg__sigma0.5__seed0"
 ONE = ["--rounds", "1", "--quiet", "--set", "population=12", "--set", "clients-per-round=4",
@@ -123,3 +130,16 @@ def test_1_a_compare_tuned_trial_names_compare_tuned(tmp_path):
     with pytest.raises(ValueError, match=r"fedprivopt compare-tuned with --out '.*CT' instead"):
         check_not_reported(trial)
     check_not_reported(tmp_path / "elsewhere" / "runs" / "x")  # no comparison or tuning there
+
+
+def test_2_a_directory_where_an_unreadable_checkpoint_is_set_aside_is_refused_first(tmp_path):
+    config = small_config(**{"num-server-rounds": 2, "secure": True})
+    run = simulate(config, tmp_path / "run").out_dir
+    data = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(data[:1000])  # unreadable: resumed from the previous
+    (run / "checkpoint.pt.bad").mkdir()
+    raise_rounds(run, 3)
+    ledger = (run / LEDGER_FILE).read_bytes()
+    with pytest.raises(ValueError, match=r"checkpoint.pt.bad' is a directory, where a resume"):
+        resume(run)
+    assert (run / "summary.json").exists() and (run / LEDGER_FILE).read_bytes() == ledger

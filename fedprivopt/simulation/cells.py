@@ -318,8 +318,8 @@ def check_not_reported(run_dir: str | Path) -> None:
     if os.path.lexists(out / COMPARE_LOCK):
         what, command, names = "a cell of the comparison", "compare", REPORT_FILES[:2]
         how = "it resumes a stopped cell; other rounds or settings: --overwrite reruns cells"
-        if os.path.isdir(out / "tune"):  # compare-tuned: its tunings sit in OUT/tune
-            command = "compare-tuned"
+        if os.path.isdir(out / "tune"):  # compare --tune-grid: its tunings sit in OUT/tune
+            command = "compare --tune-grid"
     elif os.path.lexists(out / TUNE_LOCK) or os.path.lexists(out / "tune.json"):
         what, command, names = "a trial of the tuning", "tune", TUNE_FILES[:3]
         how = "it resumes a stopped trial; another plan: --overwrite"
@@ -328,10 +328,10 @@ def check_not_reported(run_dir: str | Path) -> None:
     found = [name for name in names if os.path.lexists(out / name)]
     if not found:
         return
-    given = out  # the --out to give: a compare-tuned tuning sits in OUT/tune/<strategy>
+    given = out  # the --out to give: a compare --tune-grid tuning sits in OUT/tune/<cell>
     comparison = out.parent.parent
     if command == "tune" and out.parent.name == "tune" and (comparison / COMPARE_LOCK).exists():
-        command, given = "compare-tuned", comparison
+        command, given = "compare --tune-grid", comparison
     raise ValueError(
         f"--resume directory {str(run_dir)!r} is {what} in {str(out)!r}, whose "
         f"{', '.join(found)} state its rounds and epsilon: a resume here would leave them "

@@ -14,7 +14,7 @@
    resumes or reruns it and writes the report again
    (``cells.check_not_reported`` from ``run.resume`` when a round would be released, and
    ``run.simulate`` with ``overwrite``; ``compare`` and ``tune`` pass ``planned=True`` through
-   ``cells.run_cell``; a trial of a ``compare-tuned`` tuning names ``compare-tuned``). A cell of
+   ``cells.run_cell``; a trial of a ``compare --tune-grid`` cell names that command). A cell of
    a comparison that stopped (no report) still resumes by hand, and ``compare`` still resumes
    it itself (tests/simulation/test_compare.py).
 2. A variant of the forty-first review's ledger 1 (a directory where a resume replaces a
@@ -117,17 +117,19 @@ def test_1_a_stopped_comparisons_cell_still_resumes(comparison, tmp_path):
     assert resume(cell).rounds_completed == 2
 
 
-def test_1_a_compare_tuned_trial_names_compare_tuned(tmp_path):
+def test_1_a_tuned_comparisons_trial_names_compare_tune_grid(tmp_path):
     from fedprivopt.simulation.cells import check_not_reported
 
     out = tmp_path / "CT"
-    trial = out / "tune" / "dp-fedavg" / "runs" / "trial-001"
+    trial = out / "tune" / "dp-fedavg__sigma0.5__seed0" / "runs" / "trial-001"
     trial.mkdir(parents=True)
     (out / "compare.lock").touch()
-    (out / "tune" / "dp-fedavg" / "tune.json").touch()
+    (out / "tune" / "dp-fedavg__sigma0.5__seed0" / "tune.json").touch()
     check_not_reported(trial)  # no report there: a stopped call's trial resumes
-    (out / "tune" / "dp-fedavg" / "summary.json").touch()
-    with pytest.raises(ValueError, match=r"fedprivopt compare-tuned with --out '.*CT' instead"):
+    (out / "tune" / "dp-fedavg__sigma0.5__seed0" / "summary.json").touch()
+    with pytest.raises(
+        ValueError, match=r"fedprivopt compare --tune-grid with --out '.*CT' instead"
+    ):
         check_not_reported(trial)
     check_not_reported(tmp_path / "elsewhere" / "runs" / "x")  # no comparison or tuning there
 

@@ -249,6 +249,7 @@ class RunConfig:
             )
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task must be a task name, got {shown(self.task)}")
+        _check_task_dirs(self.task_params)
         if not isinstance(self.device, str) or not _DEVICE.match(self.device):
             raise ValueError(
                 f"device must be auto, cpu or cuda[:i] (i of at most 9 digits), got "
@@ -331,6 +332,31 @@ def _task_path(key: str, value: Any) -> Any:
             f"{shown_key(key)} holds a null character: {shown(value)}; a directory name has none"
         )
     return _expand_home(value)
+
+
+def _check_task_dirs(params: Any) -> None:
+    r"""Refuse a directory task parameter (:data:`_TASK_PATHS`) that holds a null character.
+
+    Follow-up of the forty-first review of issue 15 (outputs 1): input 1 refused it where a
+    configuration is read (:func:`_task_path`), but a ``RunConfig`` made in Python
+    (``dataclasses.replace(config, task_params={..., "data_dir": "D\x00x"})``, a
+    ``pathlib.Path`` too) reached ``simulate``, which refused it as ``embedded null byte``, the
+    operating system's words naming no parameter. ``ValueError`` naming the key, as there.
+    """
+    if not isinstance(params, Mapping):
+        return  # the task's own refusal names it
+    for name in sorted(_TASK_PATHS & set(params)):
+        value = params[name]
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, bytes):
+            value = os.fsdecode(value)
+        if isinstance(value, str) and "\x00" in value:
+            key = f"task-params.{name.replace('_', '-')}"
+            raise ValueError(
+                f"{shown_key(key)} holds a null character: {shown(value)}; a directory name "
+                "has none"
+            )
 
 
 def _check_no_dates(key: str, value: Any) -> None:

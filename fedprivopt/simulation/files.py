@@ -135,18 +135,22 @@ def check_run_files(out: Path) -> None:
         check_regular(out / name)
 
 
-def check_replaced(out: Path) -> None:
+def check_replaced(out: Path, extra: tuple[str, ...] = ()) -> None:
     """Refuse a directory where a resume of ``out`` writes a file by replacing it.
+
+    ``extra``: more names of ``out`` a resume replaces (``privacy_ledger.jsonl.v1``, where the
+    run module sets an earlier version's ledger aside when it converts it).
 
     Forty-first review of issue 15 (ledger, finding 1): ``mkdir R/checkpoint.pt.tmp`` (or
     ``checkpoint.prev.pt``, ``summary.json.tmp``), then ``simulate --resume R`` with more
     rounds: the next round was released, then saving its checkpoint failed (``Is a
     directory``, rc 2), and a secure run's next resume released it again with new noise.
     Follow-up (ledger 2): ``checkpoint.pt.bad``, where an unreadable newest checkpoint is set
-    aside: ``summary.json`` was removed, then ``Is a directory``.
+    aside: ``summary.json`` was removed, then ``Is a directory`` (``privacy_ledger.jsonl.v1``
+    alike, when an earlier version's ledger is converted: follow-up ledger 3).
     """
     names = (PREVIOUS_CHECKPOINT, CHECKPOINT + ".tmp", SUMMARY_FILE + ".tmp",
-             METRICS_FILE + ".tmp", LEDGER_FILE + ".tmp", CHECKPOINT + ".bad")  # fmt: skip
+             METRICS_FILE + ".tmp", LEDGER_FILE + ".tmp", CHECKPOINT + ".bad", *extra)  # fmt: skip
     for name in names:
         path = Path(out) / name
         if path.is_dir() and not path.is_symlink():

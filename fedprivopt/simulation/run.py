@@ -71,6 +71,7 @@ from fedprivopt.simulation.engines import (
 from fedprivopt.simulation.files import (
     CHECKPOINT,
     CONFIG_FILE,
+    LEDGER_FILE,
     METRICS_FILE,
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
@@ -84,7 +85,7 @@ from fedprivopt.simulation.files import (
     json_line,
     write_synced,
 )
-from fedprivopt.simulation.ledger import RunLedger
+from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
@@ -469,7 +470,8 @@ def resume(
     _check_writable(out)
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     check_appended_not_linked(out)
-    check_replaced(out)  # forty-first review (ledger 1): else a round released, then Is a directory
+    # forty-first review (ledger 1; follow-up 3: the old ledger set aside): else Is a directory
+    check_replaced(out, extra=(LEDGER_FILE + OLD_LEDGER_SUFFIX,))
     with lock_run_dir(out), _naming_the_run(out):
         return _resume_locked(out, progress, tuning_plan, planned)
 

@@ -23,6 +23,11 @@
    Before: ``summary.json`` removed, then rc 2 ``checkpoint.pt -> checkpoint.pt.bad: Is a
    directory`` (nothing released, but the finished run's summary lost and every check not
    made first). Now ``files.check_replaced`` refuses it before the lock, nothing changed.
+3. The same for an earlier version's ledger (event counts only), which a resume converts and
+   sets aside as ``privacy_ledger.jsonl.v1``: a directory there, rounds raised. Before:
+   ``summary.json`` removed, then ``IsADirectoryError`` (``privacy_ledger.jsonl ->
+   privacy_ledger.jsonl.v1``). Now refused first (``check_replaced(out, extra=...)`` from
+   ``run.resume``); without the directory the run converts and resumes as before.
 """
 
 from __future__ import annotations
@@ -145,3 +150,17 @@ def test_2_a_directory_where_an_unreadable_checkpoint_is_set_aside_is_refused_fi
     with pytest.raises(ValueError, match=r"checkpoint.pt.bad' is a directory, where a resume"):
         resume(run)
     assert (run / "summary.json").exists() and (run / LEDGER_FILE).read_bytes() == ledger
+
+
+def test_3_a_directory_where_an_old_ledger_is_set_aside_is_refused_first(tmp_path):
+    run = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "run").out_dir
+    old = [{"round": r, "events": r, "kind": "checkpoint"} for r in (1, 2)]  # an earlier version's
+    (run / LEDGER_FILE).write_text("".join(json.dumps(x) + "\n" for x in old))
+    (run / (LEDGER_FILE + ".v1")).mkdir()
+    raise_rounds(run, 3)
+    ledger = (run / LEDGER_FILE).read_bytes()
+    with pytest.raises(ValueError, match=r"jsonl.v1' is a directory, where a resume writes"):
+        resume(run)
+    assert (run / "summary.json").exists() and (run / LEDGER_FILE).read_bytes() == ledger
+    (run / (LEDGER_FILE + ".v1")).rmdir()
+    assert resume(run).rounds_completed == 3  # converted, as before

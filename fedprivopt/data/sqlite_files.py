@@ -136,11 +136,28 @@ def check_row_owner(path: Path, found: tuple, split: str, client_id: str) -> Non
     if tuple(found) != (split, client_id):  # text equal to text: an integer 1 is not '1'
         raise ValueError(
             f"{path}: reading client {shown(client_id)} of split {split!r} found a row of "
-            f"client {shown(str(found[1]))} of split {shown(str(found[0]))}: table 'examples' "
+            f"client {_as_stored(found[1], client_id)} of split {_as_stored(found[0], split)}: "
+            "table 'examples' "
             "makes different client ids equal (a COLLATE or a numeric type on its columns), "
             "so one user's examples would be read for another; rebuild the table with TEXT "
             "columns and the default collation"
         )
+
+
+_KINDS = {int: "an integer", float: "a real number", bytes: "a blob"}
+
+
+def _as_stored(value: object, asked: str) -> str:
+    """A value of a row for :func:`check_row_owner`'s message: a number said to be one.
+
+    Follow-up of the forty-first review of issue 15 (outputs 2): a column declared ``INTEGER``
+    stores ``'1'`` as the integer 1, which the message wrote as text: ``reading client '1' ...
+    found a row of client '1'``, a line that contradicts itself.
+    """
+    if isinstance(value, str):
+        return shown(value)
+    kind = _KINDS.get(type(value), f"a {type(value).__name__}")
+    return f"{shown(value)}, stored as {kind}, not the text {shown(asked)},"
 
 
 def remove_companions(path: Path) -> None:

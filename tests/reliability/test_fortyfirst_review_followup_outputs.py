@@ -8,6 +8,12 @@ lead fixes of that review): tests.
    system's words naming no parameter (``check_task_dirs_outside``'s ``realpath``), where the
    command line names ``task-params.data-dir`` since input 1. Now ``RunConfig`` refuses it when
    it is made, naming the key, as ``resolve_config`` does (``config._check_task_dirs``).
+2. Input 2's refusal of a file whose ``examples.client_id`` is declared ``INTEGER`` (a type that
+   stores the text ``'1'`` as the integer 1): ``SQLiteSplit.client_examples('1')``. Before: the
+   line said ``reading client '1' of split 'train' found a row of client '1' of split
+   'train'``, a line that contradicts itself (the row's id is the integer 1, shown as text).
+   Now the row's id is shown with how it is stored (``... found a row of client 1, stored as
+   an integer, not the text '1' ...``; ``sqlite_files.check_row_owner``).
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
 from fedprivopt.simulation.config import RunConfig, load_config
 
 MINI = "simulations/stackoverflow-tp-mini.toml"
@@ -54,3 +63,35 @@ def test_1_ordinary_directories_are_taken(tmp_path):
     config = load_config(MINI)
     params = {**config.task_params, "data_dir": str(tmp_path / "d x"), "cache_dir": tmp_path}
     assert dataclasses.replace(config, task_params=params).task_params["cache_dir"] == tmp_path
+
+
+# -- finding 2: a client id stored as a number is named so ------------------------------------
+
+
+def _example(text):
+    return encode_example(StackOverflowExample(text, "", "a", "2010", 1, "question"))
+
+
+def test_2_a_client_id_stored_as_an_integer_is_named_as_one(tmp_path):
+    path = tmp_path / "s.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE examples (split_name TEXT NOT NULL, client_id INTEGER NOT NULL, "
+        "serialized_example_proto BLOB NOT NULL)"
+    )
+    conn.execute(
+        "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
+        "num_examples INTEGER NOT NULL)"
+    )
+    for client in ("1", "2"):
+        conn.executemany("INSERT INTO examples VALUES ('train', ?, ?)", [(client, _example("a"))])
+        conn.execute("INSERT INTO client_metadata VALUES (?, 'train', 1)", (client,))
+    conn.commit()
+    conn.close()
+    split = SQLiteSplit(path, warn_unindexed=False)
+    with pytest.raises(ValueError) as caught:
+        split.client_examples("1")
+    line = str(caught.value)
+    assert "\n" not in line and "makes different client ids equal" in line
+    assert "found a row of client '1'" not in line  # before: what was asked, as what was found
+    assert "found a row of client 1, stored as an integer, not the text '1'" in line

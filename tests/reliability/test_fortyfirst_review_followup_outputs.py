@@ -14,6 +14,11 @@ lead fixes of that review): tests.
    'train'``, a line that contradicts itself (the row's id is the integer 1, shown as text).
    Now the row's id is shown with how it is stored (``... found a row of client 1, stored as
    an integer, not the text '1' ...``; ``sqlite_files.check_row_owner``).
+3. Input 4's refusal (``data synth --out D --overwrite``, ``D/stackoverflow.sqlite`` beside a
+   hot journal) gives a command to roll the write back, ``sqlite3 PATH 'PRAGMA quick_check'``,
+   with ``PATH`` unquoted: for ``--out "my data/it's D"`` the command a shell reads opens
+   ``my`` (or stops at the unclosed quotation). Now the path is quoted for a shell
+   (``shlex.quote``; ``cli_data._refuse_hot_journal``), and the command rolls the write back.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import shlex
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +103,28 @@ def test_2_a_client_id_stored_as_an_integer_is_named_as_one(tmp_path):
     assert "\n" not in line and "makes different client ids equal" in line
     assert "found a row of client '1'" not in line  # before: what was asked, as what was found
     assert "found a row of client 1, stored as an integer, not the text '1'" in line
+
+
+# -- finding 3: the advice for a hot journal, as a shell takes it ------------------------------
+
+_HOT = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size=1")  # the changed pages spill: the journal is hot
+conn.execute("BEGIN")
+conn.execute("UPDATE examples SET serialized_example_proto = zeroblob(10)")
+os._exit(0)  # killed in the middle of the write
+"""
+
+
+def test_3_the_hot_journal_advice_is_a_command_a_shell_takes(tmp_path):
+    out = tmp_path / "my data" / "it's D"
+    synth = ["data", "synth", "--out", str(out), "--clients", "3", "--workers", "1"]
+    assert _cli(*synth)[0] == 0
+    sqlite = out / "stackoverflow.sqlite"
+    subprocess.run([sys.executable, "-c", _HOT, str(sqlite)], check=True, timeout=60)
+    code, lines = _cli(*synth, "--overwrite")
+    assert code == 2 and len(lines) == 1, lines
+    advice = lines[0].split("roll the write back once (", 1)[1].rsplit(") and run again", 1)[0]
+    # before: sqlite3 /tmp/.../my data/it's D/stackoverflow.sqlite ... (no closing quotation)
+    assert shlex.split(advice) == ["sqlite3", str(sqlite), "PRAGMA quick_check"]

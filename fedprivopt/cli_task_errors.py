@@ -64,8 +64,13 @@ def name_task_param(message: str, params: dict, names: Iterable[str] = ()) -> st
         return key
 
     # forty-first review of issue 15 (input 6): --set task-params.num-users=None was refused as
-    # 'must be an integer in [1, 100000000] or None, got 'None'' (TOML has no None)
-    none = " or left out of the configuration (TOML has no None), got "
+    # 'must be an integer in [1, 100000000] or None, got 'None'' (TOML has no None). Its
+    # follow-up (outputs 4): 'or left out of the configuration' told stackoverflow-nwp's
+    # max-examples-per-user (None: no cap) to be left out, which gives its default, 1000
+    none = (
+        " (None from Python only: TOML has no None, and a key left out takes the task's "
+        "default), got "
+    )
     return found.sub(rename, message).replace(" or None, got ", none, 1)
 
 

@@ -19,6 +19,12 @@ lead fixes of that review): tests.
    with ``PATH`` unquoted: for ``--out "my data/it's D"`` the command a shell reads opens
    ``my`` (or stops at the unclosed quotation). Now the path is quoted for a shell
    (``shlex.quote``; ``cli_data._refuse_hot_journal``), and the command rolls the write back.
+4. Input 6's words for ``--set task-params.KEY=None``: ``... or left out of the configuration
+   (TOML has no None), got 'None'``, also for a parameter whose default is not None:
+   ``simulate stackoverflow-nwp.toml --set task-params.max-examples-per-user=None`` (None: no
+   cap; left out: the factory's 1000, and the preset sets 1000). Before: the line told the user
+   to leave it out to get None. Now ``(None from Python only: TOML has no None, and a key left
+   out takes the task's default)`` (``cli_task_errors.name_task_param``), true for every task.
 """
 
 from __future__ import annotations
@@ -128,3 +134,19 @@ def test_3_the_hot_journal_advice_is_a_command_a_shell_takes(tmp_path):
     advice = lines[0].split("roll the write back once (", 1)[1].rsplit(") and run again", 1)[0]
     # before: sqlite3 /tmp/.../my data/it's D/stackoverflow.sqlite ... (no closing quotation)
     assert shlex.split(advice) == ["sqlite3", str(sqlite), "PRAGMA quick_check"]
+
+
+# -- finding 4: None where the task's default is not None --------------------------------------
+
+
+def test_4_none_is_not_said_to_be_what_a_key_left_out_gives(tmp_path):
+    code, lines = _cli(
+        "simulate", "simulations/stackoverflow-nwp.toml", "--rounds", "1", "--out",
+        str(tmp_path / "r"), "--quiet", "--set", "task-params.max-examples-per-user=None",
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1, lines
+    assert "task-params.max-examples-per-user must be" in lines[0], lines
+    # before: 'or left out of the configuration (TOML has no None)': left out, it is 1000
+    assert "left out of the configuration" not in lines[0], lines
+    assert "TOML has no None, and a key left out takes the task's default" in lines[0], lines
+    assert not (tmp_path / "r").exists()

@@ -30,7 +30,13 @@ from fedprivopt.core.text import shown as _short
 from fedprivopt.data.locks import LockHeldError
 from fedprivopt.simulation.cells import RERUN, RESUME, REUSE, RUN, Cell, CellPlan, StaleCellError
 from fedprivopt.simulation.config import RunConfig, load_config
-from fedprivopt.simulation.files import check_appended_not_linked, toml_value
+from fedprivopt.simulation.files import (
+    LEDGER_FILE,
+    check_appended_not_linked,
+    check_replaced,
+    toml_value,
+)
+from fedprivopt.simulation.ledger_lines import OLD_LEDGER_SUFFIX
 from fedprivopt.simulation.rundir import lock_run_dir
 
 __all__ = ["first_difference", "load_cell", "plan_cells", "quiet_resume_notes"]
@@ -270,6 +276,10 @@ def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPl
         _check_tuning_plan(run, cell)
         if run.unfinished() is not None:  # to be resumed: refused when planned, not when run
             check_appended_not_linked(run_dir)
+            # a directory where the resume replaces a file: refused by run.resume, but only
+            # when the cell's turn came, after the report was removed and the cells before it
+            # ran (forty-first review follow-up, ledger, open for compare)
+            check_replaced(run_dir, extra=(LEDGER_FILE + OLD_LEDGER_SUFFIX,))
     except LockHeldError as exc:
         raise ValueError(f"cell {cell.label}: {exc}") from None
     except ValueError as exc:

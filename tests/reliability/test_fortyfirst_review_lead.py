@@ -7,11 +7,16 @@
    on, holding every descriptor it inherited (a run directory's lock: the next ``--resume`` was
    refused naming a dead PID). Now the child is killed and reaped on every way out of the wait,
    and it dies with its parent (``core.orphans.die_with_parent``).
+2. (the ledger follow-up's open row) ``compare`` of a cell to resume holding a directory where
+   a resume replaces a file: refused only at the cell's turn, after the report was removed and
+   the cells before it ran. Now refused when planned, the report and the other cells unchanged.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,8 +24,10 @@ import time
 
 import pytest
 
+from fedprivopt.cli import main
 from fedprivopt.data import hdf5_checks
 from tests.procs import alive, proc_stat
+from tests.reliability.test_misuse_cli import TOY
 
 
 class _Hangs:
@@ -69,6 +76,7 @@ def test_1_an_error_out_of_the_wait_stops_the_child_by_its_pid(monkeypatch):
 
 CHILD = """
 import sys, time
+from fedprivopt.cli import main
 from fedprivopt.data import hdf5_checks
 fork = hdf5_checks.os.fork
 def recorded():
@@ -102,3 +110,39 @@ def test_1_the_child_dies_with_a_parent_killed_while_it_waits():
             parent.wait()
         for pid in alive(child):
             os.kill(pid, signal.SIGKILL)
+
+
+# 2. (the ledger follow-up's open row, for compare) A cell to resume with a directory where a
+#    resume replaces a file (ledger 1, refused by ``run.resume``): compare's plan passed it, so
+#    the refusal came only at the cell's turn, after the report was removed and the cells
+#    before it had run. Now the plan refuses it (``cell_plans._audited`` calls
+#    ``files.check_replaced``): rc 2, one line, the report and the other cell as they were.
+
+SMALL = ["--rounds", "2", "--quiet", "--set", "population=12", "--set", "clients-per-round=4",
+         "--set", "task-params.num-users=12", "--set", "secure=true"]  # fmt: skip
+
+
+def _unfinished(cell) -> None:
+    """``cell`` as if stopped after round 1 (its round-2 files cut, its older checkpoint)."""
+    (cell / "summary.json").unlink()
+    for name in ("privacy_ledger.jsonl", "metrics.jsonl"):
+        lines = (cell / name).read_text().splitlines(keepends=True)
+        (cell / name).write_text("".join(x for x in lines if json.loads(x).get("round", 0) <= 1))
+    shutil.copyfile(cell / "checkpoint.prev.pt", cell / "checkpoint.pt")
+
+
+def test_2_compare_refuses_when_planned_a_cell_whose_resume_would_fail(tmp_path, capsys):
+    out = tmp_path / "C3"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg,dp-fedadam", "--out", str(out), *SMALL]
+    assert main(argv) == 0
+    cells = sorted((out / "runs").iterdir())
+    late = cells[-1]
+    _unfinished(late)
+    (late / "checkpoint.pt.tmp").mkdir()
+    kept = {p: p.read_bytes() for p in [out / "summary.csv", out / "report.md"]}
+    kept.update({p: p.read_bytes() for p in cells[0].iterdir() if p.is_file()})
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoint.pt.tmp' is a directory" in err[0], err
+    assert {p: p.read_bytes() for p in kept} == kept

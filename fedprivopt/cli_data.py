@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 
 from fedprivopt.cli_args import (
     HelpFormatter,
@@ -156,19 +155,16 @@ def _refuse_hot_journal(sqlite, marker: str) -> None:
     dataset whose file had a hot journal (a write to it interrupted) was refused as ``… is not
     the file its stackoverflow.synthetic.json describes (… hot journal …): a dataset fedprivopt
     did not generate was put there``, a cause that is not the one found. Which dataset the file
-    holds cannot be read until the write is rolled back: that is said, and how (the path quoted
-    for a shell: follow-up of that review, outputs 3, where ``--out "my data"`` gave a command
-    that opened ``my``).
+    holds cannot be read until the write is rolled back: that is said, and how
+    (:func:`~fedprivopt.data.sqlite_files.hot_journal_refusal`, the path quoted for a shell:
+    follow-up of that review, outputs 3, where ``--out "my data"`` gave a command that opened
+    ``my``).
     """
-    journal = sqlite.with_name(sqlite.name + "-journal")
-    if sqlite.is_file() and journal.is_file() and journal.stat().st_size > 0:
-        raise UsageError(
-            f"argument --out: {sqlite} has a hot journal beside it ({journal.name}: a write to "
-            f"it was interrupted), so whether it is the dataset its {marker} describes cannot "
-            f"be read: roll the write back once (sqlite3 {shlex.quote(str(sqlite))} 'PRAGMA "
-            "quick_check') and "
-            "run again"
-        )
+    from fedprivopt.data.sqlite_files import hot_journal_refusal
+
+    refusal = hot_journal_refusal(sqlite, f"the dataset its {marker} describes")
+    if refusal is not None:
+        raise UsageError(f"argument --out: {refusal}")
 
 
 _DOWNLOAD = "stackoverflow.sqlite.lzma"  # the file TFF publishes

@@ -4,6 +4,7 @@
 - :func:`unreadable`: SQLite's error on reading a file, with the cause its text hides (a hot
   journal, write-ahead-log mode in a directory the reader cannot write, a WITHOUT ROWID table);
 - :func:`check_row_owner`: a row SQLite matched to a client is that client's;
+- :func:`hot_journal_refusal`: a dataset that cannot be told while a hot journal is beside it;
 - :func:`remove_companions`: the files SQLite keeps beside a database that is replaced;
 - :func:`first_warning`: a warning about a file said once per process.
 """
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from fedprivopt.core.files import naming
@@ -21,6 +23,7 @@ __all__ = [
     "check_sqlite_file",
     "declared_size",
     "first_warning",
+    "hot_journal_refusal",
     "remove_companions",
     "unreadable",
     "wal_header",
@@ -158,6 +161,26 @@ def _as_stored(value: object, asked: str) -> str:
         return shown(value)
     kind = _KINDS.get(type(value), f"a {type(value).__name__}")
     return f"{shown(value)}, stored as {kind}, not the text {shown(asked)},"
+
+
+def hot_journal_refusal(path: Path, what: str) -> str | None:
+    """The refusal of reading which dataset ``path`` is while a hot journal is beside it.
+
+    ``what``: the dataset it would be checked to be. ``None`` when no journal, or an empty one,
+    is beside ``path``. Forty-first review of issue 15 (input 4, ``data synth --overwrite``) and
+    its follow-up (outputs 5, a task's ``synth_*`` parameters over such a dataset, which said
+    ``... is not the file its stackoverflow.synthetic.json describes ...: use another data_dir,
+    or remove the marker``, a cause that is not the one found). The command given rolls the
+    write back, the path quoted for a shell.
+    """
+    journal = path.with_name(path.name + "-journal")
+    if not (path.is_file() and journal.is_file() and journal.stat().st_size > 0):
+        return None
+    return (
+        f"{path} has a hot journal beside it ({journal.name}: a write to it was interrupted), "
+        f"so whether it is {what} cannot be read: roll the write back once (sqlite3 "
+        f"{shlex.quote(str(path))} 'PRAGMA quick_check') and run again"
+    )
 
 
 def remove_companions(path: Path) -> None:

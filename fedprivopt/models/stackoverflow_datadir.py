@@ -19,6 +19,7 @@ from pathlib import Path
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.text import shown
 from fedprivopt.data.locks import DATA_LOCK, file_lock, refuse_filesystem_root
+from fedprivopt.data.sqlite_files import hot_journal_refusal
 from fedprivopt.data.synthetic import ensure_synthetic
 from fedprivopt.data.synthetic_config import (
     USER_SIZES,
@@ -227,6 +228,13 @@ class StackOverflowDataDir:
             recorded = marker["config"]  # type: ignore[index]
         except (KeyError, TypeError):
             return  # not a sidecar we understand: the files are used as they are
+        # follow-up of the forty-first review of issue 15 (outputs 5): a hot journal beside the
+        # file was reported as another dataset put there (remove the marker, use another dir)
+        refusal = hot_journal_refusal(
+            self.sqlite_path, f"the synthetic dataset its {SYNTHETIC_META_FILE} describes"
+        )
+        if refusal is not None:
+            raise ValueError(refusal)
         foreign = foreign_sqlite(self.data_dir)
         if foreign is not None:
             # thirty-fifth review of issue 15 (data): another dataset put beside the marker

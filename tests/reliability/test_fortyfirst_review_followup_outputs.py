@@ -25,6 +25,13 @@ lead fixes of that review): tests.
    cap; left out: the factory's 1000, and the preset sets 1000). Before: the line told the user
    to leave it out to get None. Now ``(None from Python only: TOML has no None, and a key left
    out takes the task's default)`` (``cli_task_errors.name_task_param``), true for every task.
+5. Input 4's twin in a task: ``simulate`` (or ``compare``) ``stackoverflow-tp-mini.toml --set
+   task-params.data-dir=D``, ``D`` a synthetic dataset whose ``stackoverflow.sqlite`` has a hot
+   journal beside it. Before: ``... is not the file its stackoverflow.synthetic.json describes
+   (...), so it is not the synthetic dataset the synth_* parameters ask for: use another
+   data_dir, or remove the marker ...``, the cause input 4 corrected in ``data synth``. Now the
+   task says what ``data synth`` says (``sqlite_files.hot_journal_refusal``, from
+   ``StackOverflowDataDir._check_synthetic_meta`` and ``cli_data._refuse_hot_journal``).
 """
 
 from __future__ import annotations
@@ -149,4 +156,26 @@ def test_4_none_is_not_said_to_be_what_a_key_left_out_gives(tmp_path):
     # before: 'or left out of the configuration (TOML has no None)': left out, it is 1000
     assert "left out of the configuration" not in lines[0], lines
     assert "TOML has no None, and a key left out takes the task's default" in lines[0], lines
+    assert not (tmp_path / "r").exists()
+
+
+# -- finding 5: a task's synthetic dataset beside a hot journal --------------------------------
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_5_a_task_names_the_hot_journal_as_data_synth_does(tmp_path, command):
+    data = tmp_path / "my data"
+    assert _cli("data", "synth", "--out", str(data), "--clients", "3", "--workers", "1")[0] == 0
+    sqlite = data / "stackoverflow.sqlite"
+    subprocess.run([sys.executable, "-c", _HOT, str(sqlite)], check=True, timeout=60)
+    argv = [command, MINI, "--rounds", "1", "--out", str(tmp_path / "r"), "--quiet"]
+    if command == "compare":
+        argv += ["--strategies", "dp-fedavg"]
+    code, lines = _cli(*argv, "--set", f"task-params.data-dir={data}")
+    assert code == 2 and len(lines) == 1, lines
+    # before: '... is not the file its stackoverflow.synthetic.json describes (...): use
+    # another data_dir, or remove the marker and synth_* to use it as it is'
+    assert "has a hot journal beside it" in lines[0] and "is not the file" not in lines[0]
+    advice = lines[0].split("roll the write back once (", 1)[1].rsplit(") and run again", 1)[0]
+    assert shlex.split(advice) == ["sqlite3", str(sqlite), "PRAGMA quick_check"]
     assert not (tmp_path / "r").exists()

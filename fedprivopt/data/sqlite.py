@@ -148,13 +148,19 @@ def _text_values(path: Path, column: str, values: list) -> list[str]:
     return values
 
 
+# follow-up of the forty-first review of issue 15 (outputs 6): names told apart as the reader
+# tells them (text equal to text), not by a COLLATE NOCASE or RTRIM of the column
+_BINARY = " COLLATE BINARY"
+_DISTINCT_SPLITS = f"SELECT DISTINCT split_name{_BINARY} FROM client_metadata"
+
+
 def list_splits(path: str | os.PathLike) -> list[str]:
     """Split names present in ``client_metadata`` of the database at ``path``."""
     path = check_sqlite_file(path)
     conn = _connect(path)
     try:
         _check_schema(conn, path)
-        names = [r[0] for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata")]
+        names = [r[0] for r in conn.execute(_DISTINCT_SPLITS)]
     except _SQLITE_ERRORS as exc:
         raise unreadable(path, exc) from exc
     finally:
@@ -201,6 +207,9 @@ def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {split: np.frombuffer(counts, dtype=np.int64).copy() for split, counts in out.items()}
 
 
+_DISTINCT_CLIENTS = f"SELECT COUNT(DISTINCT client_id{_BINARY}) FROM client_metadata"
+
+
 def count_distinct_clients(path: str | os.PathLike) -> int:
     """Clients of ``client_metadata`` over all splits, each counted once.
 
@@ -218,7 +227,7 @@ def count_distinct_clients(path: str | os.PathLike) -> int:
     conn = _connect(path)
     try:
         _check_schema(conn, path)
-        (count,) = conn.execute("SELECT COUNT(DISTINCT client_id) FROM client_metadata").fetchone()
+        (count,) = conn.execute(_DISTINCT_CLIENTS).fetchone()
     except _SQLITE_ERRORS as exc:
         raise unreadable(path, exc) from exc
     finally:
@@ -271,7 +280,7 @@ class SQLiteSplit(ClientSplit):
         try:
             _check_schema(conn, self.path)
             (listed,) = conn.execute(
-                "SELECT count(*) FROM client_metadata WHERE split_name = ?", (split,)
+                f"SELECT count(*) FROM client_metadata WHERE split_name = ?{_BINARY}", (split,)
             ).fetchone()
             if listed > MAX_SPLIT_CLIENTS:  # counted before any id is held
                 raise ValueError(
@@ -280,14 +289,14 @@ class SQLiteSplit(ClientSplit):
                     "342,477; about 175 bytes of memory a client)"
                 )
             rows = conn.execute(
-                "SELECT client_id, num_examples FROM client_metadata WHERE split_name = ? "
-                "ORDER BY client_id",
+                "SELECT client_id, num_examples FROM client_metadata "
+                f"WHERE split_name = ?{_BINARY} ORDER BY client_id{_BINARY}",
                 (split,),
             ).fetchall()
             if not rows:
                 splits = sorted(
                     str(r[0])
-                    for r in conn.execute("SELECT DISTINCT split_name FROM client_metadata")
+                    for r in conn.execute(_DISTINCT_SPLITS)
                 )
                 raise ValueError(
                     f"{self.path}: no split {split!r} in client_metadata (splits present: {splits})"

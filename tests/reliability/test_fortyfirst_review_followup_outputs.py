@@ -32,6 +32,15 @@ lead fixes of that review): tests.
    data_dir, or remove the marker ...``, the cause input 4 corrected in ``data synth``. Now the
    task says what ``data synth`` says (``sqlite_files.hot_journal_refusal``, from
    ``StackOverflowDataDir._check_synthetic_meta`` and ``cli_data._refuse_hot_journal``).
+6. Input 2's twin in the summaries: a file whose ``client_metadata.client_id`` (or
+   ``split_name``) is declared ``COLLATE NOCASE`` and lists ``u1`` and ``U1`` (splits ``train``
+   and ``Train``), ``examples`` plain text. The reader trains them as two users (text equal to
+   text, as input 2 requires); ``data info`` said ``total 1 (distinct clients; the split rows
+   count 2)`` and ``list_splits`` gave one of the two splits (``COUNT(DISTINCT ...)`` and
+   ``DISTINCT`` use the column's collation), and ``SQLiteSplit`` of ``train`` listed ``Train``'s
+   ``u2`` too, refused as ``client 'u2' of split 'train' has 0 examples``. Now each compares
+   ``COLLATE BINARY`` (``sqlite.count_distinct_clients``, ``list_splits``, the split's
+   ``client_metadata`` queries): total 3, both splits, ``train`` of ``U1`` and ``u1``.
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
-from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.data.sqlite import SQLiteSplit, count_distinct_clients, list_splits
 from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
 from fedprivopt.simulation.config import RunConfig, load_config
 
@@ -64,6 +73,14 @@ def _cli(*argv: str) -> tuple[int, list[str]]:
         except SystemExit as exc:  # argparse's usage errors
             code = exc.code
     return code, err.getvalue().strip().splitlines()
+
+
+def _stdout(*argv: str) -> tuple[int, list[str]]:
+    """``fedprivopt ARGV`` in process: its exit code and its stdout lines."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(list(argv))
+    return code, out.getvalue().strip().splitlines()
 
 # -- finding 1: a null character in a task directory, through the Python API -------------------
 
@@ -179,3 +196,31 @@ def test_5_a_task_names_the_hot_journal_as_data_synth_does(tmp_path, command):
     advice = lines[0].split("roll the write back once (", 1)[1].rsplit(") and run again", 1)[0]
     assert shlex.split(advice) == ["sqlite3", str(sqlite), "PRAGMA quick_check"]
     assert not (tmp_path / "r").exists()
+
+
+# -- finding 6: data info counts clients as the reader tells them apart ------------------------
+
+
+def test_6_a_collation_does_not_merge_clients_or_splits_in_a_summary(tmp_path):
+    path = tmp_path / "s.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
+        "serialized_example_proto BLOB NOT NULL)"
+    )
+    conn.execute(
+        "CREATE TABLE client_metadata (client_id TEXT COLLATE NOCASE NOT NULL, "
+        "split_name TEXT COLLATE NOCASE NOT NULL, num_examples INTEGER NOT NULL)"
+    )
+    for split, client in (("train", "u1"), ("train", "U1"), ("Train", "u2")):
+        conn.execute("INSERT INTO examples VALUES (?, ?, ?)", (split, client, _example("a")))
+        conn.execute("INSERT INTO client_metadata VALUES (?, ?, 1)", (client, split))
+    conn.commit()
+    conn.close()
+    split = SQLiteSplit(path, warn_unindexed=False)  # before: u2 of 'Train' listed in 'train'
+    assert list(split.client_ids) == ["U1", "u1"]
+    assert [len(split.client_examples(c)) for c in split.client_ids] == [1, 1]  # two users
+    assert count_distinct_clients(path) == 3  # before: 2 (u1 and U1 counted once)
+    assert list_splits(path) == ["Train", "train"]  # before: one of them
+    code, out = _stdout("data", "info", str(path))
+    assert code == 0 and out[-1].split()[:2] == ["total", "3"], out

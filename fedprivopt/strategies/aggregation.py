@@ -26,18 +26,13 @@ from fedprivopt.privacy.aggregate import (
     default_min_shares,
 )
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
-from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
+from fedprivopt.privacy.plain import own_update
+from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.privacy.tree import TreeCohorts, TreeNoise
 from fedprivopt.strategies.clipping import share_growth_advice, sum_noise_growth
 from fedprivopt.strategies.requests import Updates, each_user_once, refuse_malformed
 
-__all__ = [
-    "NOISE_HEADROOM",
-    "AlgorithmAggregation",
-    "foreign_tensor",
-    "largest_noise_std",
-    "own_update",
-]
+__all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "largest_noise_std"]
 
 NOISE_HEADROOM = 64.0
 """How far below the model dtype's largest number the noise std of a round's sum must stay.
@@ -51,67 +46,6 @@ about 20 nodes (about 4.6 standard deviations of one): 64 keeps every draw finit
 def _stream_name(stream: str) -> str:
     """`` of stream 'train-2'`` for a named stream (one of ADADP's cohorts), else nothing."""
     return f" of stream {stream!r}" if stream else ""
-
-
-#: The tensor types whose arithmetic is torch's own (a Parameter disables ``__torch_function__``).
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-
-
-def _plain(part: object) -> tuple[object, str | None]:
-    """``part`` as a fresh plain tensor (a detached alias), or why it cannot be one."""
-    if isinstance(part, torch.Tensor) and type(part) not in _PLAIN_TENSORS:
-        return part, (
-            f"a {type(part).__name__} (a torch.Tensor subclass, whose own operations would "
-            "measure its norm): an update must be a plain torch.Tensor"
-        )
-    # torch.Tensor.detach itself, not an attribute of the instance (api 1's follow-up: a plain
-    # tensor whose own .to returned a subclass to the aggregator); no copy of the entries
-    return (torch.Tensor.detach(part) if isinstance(part, torch.Tensor) else part), None
-
-
-def own_update(update: object) -> tuple[object, str | None]:
-    """``update`` rebuilt of plain parts the server measures and sums, or why it cannot be.
-
-    Forty-first review of issue 15 (api 1): a ``drive_round`` train callback (or a task's
-    ``cohort_trainer``) returning an instance of a ``torch.Tensor`` subclass with a
-    ``__torch_function__`` of its own (a tracking or wrapper tensor) had its norm measured by
-    that class: an update of norm 200 that reported 0.001 was summed unclipped (the model at 90
-    where C = 1 over 10 users allows 0.9), under the charge of a sum of sensitivity C. The
-    server measures only plain tensors (and ``torch.nn.Parameter``); the tensors of a
-    :class:`~fedprivopt.privacy.sparse.RowSparse` update or batch alike. Follow-up (privacy 1):
-    a ``RowSparse`` subclass of one's own (a scale applied in its ``add_to``), or a plain tensor
-    or ``RowSparse`` whose instance carried its own ``to`` or ``add_to``, was measured as one
-    vector and summed as another (the model at 90 again). The aggregator calls the update's
-    methods, so it is given a fresh ``RowSparse``, ``RowSparseBatch`` or tensor of the parts
-    read once, and a subclass of the first two is refused (its methods say what it stands for).
-    """
-    kinds = (RowSparse, RowSparseBatch)
-    if isinstance(update, kinds) and type(update) not in kinds:
-        base = "RowSparseBatch" if isinstance(update, RowSparseBatch) else "RowSparse"
-        return update, (
-            f"a {type(update).__name__} (a subclass of {base}, whose own methods would add "
-            "other values than the server measures): "
-            "an update must be a plain torch.Tensor, RowSparse or RowSparseBatch"
-        )
-    if not isinstance(update, kinds):
-        return _plain(update)
-    names = ("rows", "values") + (("row_ptr",) if type(update) is RowSparseBatch else ())
-    parts = {}
-    for name in names:
-        parts[name], reason = _plain(getattr(update, name))
-        if reason is not None:
-            return update, reason
-    try:
-        if type(update) is RowSparse:
-            return RowSparse(parts["rows"], parts["values"], update.length), None
-        return RowSparseBatch(update.users, **parts, length=update.length, norms=update.norms), None
-    except ValueError as error:  # a field set past the constructor's checks
-        return update, f"a malformed {type(update).__name__}: {error}"
-
-
-def foreign_tensor(update: object) -> str | None:
-    """Why the server cannot measure ``update`` as it is summed (``None``: :func:`own_update`)."""
-    return own_update(update)[1]
 
 
 def _own_pair(entry: Any) -> Any:

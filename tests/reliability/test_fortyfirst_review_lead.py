@@ -10,6 +10,11 @@
 2. (the ledger follow-up's open row) ``compare`` of a cell to resume holding a directory where
    a resume replaces a file: refused only at the cell's turn, after the report was removed and
    the cells before it ran. Now refused when planned, the report and the other cells unchanged.
+3. (the privacy follow-up's open row) ``NoisyMeanAggregator.aggregate`` called directly with
+   updates of a tensor subclass that reads its norm as 0.001, a ``RowSparse`` subclass whose
+   ``add_to`` scales, or a batch of such tensors: summed unclipped (mean 90 where 0.9 is the
+   most). Now every update is rebuilt of plain parts (``privacy.plain.own_update``) and such an
+   update is rejected alone.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ import sys
 import time
 
 import pytest
+import torch
 
 from fedprivopt.cli import main
 from fedprivopt.data import hdf5_checks
+from fedprivopt.privacy.aggregate import NoisyMeanAggregator
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from tests.procs import alive, proc_stat
 from tests.reliability.test_misuse_cli import TOY
 
@@ -78,6 +86,8 @@ CHILD = """
 import sys, time
 from fedprivopt.cli import main
 from fedprivopt.data import hdf5_checks
+from fedprivopt.privacy.aggregate import NoisyMeanAggregator
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 fork = hdf5_checks.os.fork
 def recorded():
     pid = fork()
@@ -146,3 +156,49 @@ def test_2_compare_refuses_when_planned_a_cell_whose_resume_would_fail(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "checkpoint.pt.tmp' is a directory" in err[0], err
     assert {p: p.read_bytes() for p in kept} == kept
+
+
+# 3. (the privacy follow-up's open row, for mechanisms) The documented aggregator called
+#    directly with updates of a torch.Tensor subclass whose __torch_function__ reads norms as
+#    0.001: accepted 9 of 9, mean 100 · 9 / 10 = 90 in every entry where C = 1 allows 0.9 (api
+#    1's check was only in the strategies' aggregation). Now the aggregator rebuilds every update
+#    of plain parts (``privacy.plain.own_update``) and rejects such an update alone.
+
+
+class _Small(torch.Tensor):
+    """A tensor whose norms read 0.001."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if getattr(func, "__name__", "") in ("norm", "vector_norm", "linalg_vector_norm"):
+            return torch.as_tensor(0.001, dtype=torch.float64)
+        return out
+
+
+class _Scaled(RowSparse):
+    """A RowSparse that adds 1000 times what it holds."""
+
+    def add_to(self, total, alpha=1.0):
+        return super().add_to(total, alpha=alpha * 1000)
+
+
+def _entries(kind: str):
+    if kind == "tensor":
+        return [(u, torch.full((4,), 100.0).as_subclass(_Small)) for u in range(9)]
+    if kind == "row-sparse":
+        rows, values = torch.tensor([0]), torch.full((1, 2), 0.1)
+        return [(u, _Scaled(rows, values, 4)) for u in range(9)]
+    batch = RowSparseBatch(tuple(range(9)), torch.zeros(9, dtype=torch.int64),
+                           torch.full((9, 2), 100.0).as_subclass(_Small),
+                           torch.arange(10, dtype=torch.int64), 4)  # fmt: skip
+    return [batch]
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row-sparse", "batch"])
+def test_3_the_aggregator_rejects_an_update_that_is_not_plain(kind):
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=0.0, expected_cohort_size=10)
+    result = agg.aggregate(_entries(kind), dim=4, generator=torch.Generator().manual_seed(0))
+    assert sorted(result.rejected) == list(range(9))
+    assert result.metrics["accepted"] == 0.0
+    assert float(result.delta_tilde.abs().max()) == 0.0

@@ -15,6 +15,9 @@
    ``add_to`` scales, or a batch of such tensors: summed unclipped (mean 90 where 0.9 is the
    most). Now every update is rebuilt of plain parts (``privacy.plain.own_update``) and such an
    update is rejected alone.
+4. (the privacy follow-up's open row) api 3's twin: a float32 model with an int64 buffer of
+   2**40 + 1 and a cohort trainer of its own, on the fast engine: rc 0, the buffer 2**40 in the
+   initial and the evaluated model. Now ``run.build_run`` refuses it, naming the entry.
 """
 
 from __future__ import annotations
@@ -32,8 +35,12 @@ import torch
 
 from fedprivopt.cli import main
 from fedprivopt.data import hdf5_checks
+from fedprivopt.models import build_task
+from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run import simulate
 from tests.procs import alive, proc_stat
 from tests.reliability.test_misuse_cli import TOY
 
@@ -86,8 +93,12 @@ CHILD = """
 import sys, time
 from fedprivopt.cli import main
 from fedprivopt.data import hdf5_checks
+from fedprivopt.models import build_task
+from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run import simulate
 fork = hdf5_checks.os.fork
 def recorded():
     pid = fork()
@@ -202,3 +213,42 @@ def test_3_the_aggregator_rejects_an_update_that_is_not_plain(kind):
     assert sorted(result.rejected) == list(range(9))
     assert result.metrics["accepted"] == 0.0
     assert float(result.delta_tilde.abs().max()) == 0.0
+
+
+# 4. (the privacy follow-up's open row, for the lead) api 3's twin path: a float32 model with an
+#    int64 buffer of 2**40 + 1 and a cohort trainer of its own, on the fast engine, reached
+#    neither model_spec nor LocalTrainer: rc 0, the buffer 2**40 in the initial and evaluated
+#    model. Now ``build_run`` refuses it, naming the entry.
+
+
+class _Pairs:
+    def __init__(self, pairs):
+        self.pairs, self.users, self.norms = pairs, [u for u, _ in pairs], [0.0] * len(pairs)
+
+    def split(self):
+        return self.pairs
+
+
+class _Zeros:
+    """A cohort trainer of one's own: every user's update is zero."""
+
+    def train_batches(self, params, users, **_):
+        for user in users:
+            yield _Pairs([(user, torch.zeros_like(params))])
+
+
+def test_4_the_fast_engine_refuses_an_integer_buffer_the_flat_dtype_rounds(tmp_path):
+    task = build_task("toy", num_users=12)
+    build = task.build_model
+
+    def seeded():  # the toy's model, with a hashing seed beyond float32's exact integers
+        model = build()
+        model.register_buffer("seed", torch.tensor(2**40 + 1, dtype=torch.int64))
+        return model
+
+    task.build_model = seeded
+    task.cohort_trainer = lambda device, chunk_users: _Zeros()
+    sets = {"population": 12, "task-params.num-users": 12, "num-server-rounds": 1}
+    with pytest.raises(TaskError, match=r"entry 'seed' holding 1099511627777"):
+        simulate(load_config(TOY, sets), tmp_path / "r", task=task)  # was rc 0, the buffer 2**40
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()

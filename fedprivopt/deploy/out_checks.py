@@ -104,7 +104,7 @@ def check_out_claimable(out: str | Path, config: Any) -> None:
 
 
 def check_not_held(out: Path) -> None:
-    """Refuse an ``out`` that another run holds (``LockHeldError`` naming the holder's PID).
+    """Refuse an ``out`` that another run holds, or inside one (``LockHeldError`` naming its PID).
 
     Forty-first review of issue 15 (processes 1): :func:`check_out_claimable` lets a finished
     start's debris through (``run.lock`` alone), but did not ask whether the directory was still
@@ -113,8 +113,33 @@ def check_not_held(out: Path) -> None:
     the other run's directory and started the SuperLink and SuperNodes. ``compare``, ``tune`` and
     ``data synth`` refuse such a directory. The lock of a run directory is a ``flock`` on the
     directory itself (:func:`~fedprivopt.simulation.rundir.lock_directory`); it is probed here
-    without writing anything.
+    without writing anything. An ``out`` inside a directory that holds ``run.lock`` and is held
+    is refused too (follow-up of that review, outputs 7).
     """
+    from fedprivopt.data.locks import LockHeldError
+    from fedprivopt.simulation.files import LOCK_FILE
+
+    _refuse_held(out, f"argument --out: run directory {quoted_out(out)}")
+    # follow-up of that review (outputs 7): a directory inside such a run (deploy local --out
+    # D/sub while D held only run.lock) passed too, as the inside-a-run check knows a run by
+    # its ledger or by run.lock beside config.toml; D/sub/deploy was written into the run
+    for place in Path(os.path.abspath(out)).parents:
+        if not os.path.lexists(place / LOCK_FILE):
+            continue
+        try:
+            _refuse_held(place, f"run directory {quoted_out(place)}")
+        except LockHeldError as exc:
+            holder = f"process {exc.pid}" if exc.pid is not None else "another process"
+            raise LockHeldError(
+                f"argument --out: {quoted_out(out)} is inside the run directory "
+                f"{quoted_out(place)}, which {holder} holds: a run's directory holds its own "
+                "files only; choose a directory outside it",
+                exc.pid,
+            ) from None
+
+
+def _refuse_held(directory: Path, what: str) -> None:
+    """``LockHeldError`` (naming the holder's PID) if another process holds ``directory``."""
     import fcntl
 
     from fedprivopt.data.locks import LockHeldError, probe_lock
@@ -122,15 +147,14 @@ def check_not_held(out: Path) -> None:
 
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0)
     try:
-        fd = os.open(out, flags)
+        fd = os.open(directory, flags)
     except OSError:
         return  # new (or unreadable: the claim that follows names it)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            what = f"argument --out: run directory {quoted_out(out)}"
-            probe_lock(out / LOCK_FILE, what=what)  # raises naming the holder's PID
+            probe_lock(directory / LOCK_FILE, what=what)  # raises naming the holder's PID
             raise LockHeldError(
                 f"{what} is in use by another process; wait for it to finish or stop it first",
                 None,

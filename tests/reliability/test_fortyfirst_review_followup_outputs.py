@@ -41,6 +41,13 @@ lead fixes of that review): tests.
    ``u2`` too, refused as ``client 'u2' of split 'train' has 0 examples``. Now each compares
    ``COLLATE BINARY`` (``sqlite.count_distinct_clients``, ``list_splits``, the split's
    ``client_metadata`` queries): total 3, both splits, ``train`` of ``U1`` and ``u1``.
+7. Processes 1's twin inside: ``deploy local --out D/sub`` (``check_out_claimable``, which the
+   command line and ``deploy_local`` call) while another process holds ``D`` with only
+   ``run.lock`` written (a start; here ``lock_directory`` in a child process, stopped by its
+   PID). Before: every check passed (the inside-a-run check knows a run by its ledger or by
+   ``run.lock`` beside ``config.toml``), so ``D/sub/deploy`` would be written into the other
+   run's directory. Now refused naming the holder's PID (``out_checks.check_not_held`` probes
+   every parent holding ``run.lock``); unheld debris still taken.
 """
 
 from __future__ import annotations
@@ -57,8 +64,10 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.data.locks import LockHeldError
 from fedprivopt.data.sqlite import SQLiteSplit, count_distinct_clients, list_splits
 from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
+from fedprivopt.deploy.out_checks import check_out_claimable
 from fedprivopt.simulation.config import RunConfig, load_config
 
 MINI = "simulations/stackoverflow-tp-mini.toml"
@@ -224,3 +233,34 @@ def test_6_a_collation_does_not_merge_clients_or_splits_in_a_summary(tmp_path):
     assert list_splits(path) == ["Train", "train"]  # before: one of them
     code, out = _stdout("data", "info", str(path))
     assert code == 0 and out[-1].split()[:2] == ["total", "3"], out
+
+
+# -- finding 7: deploy local --out inside a run directory another process holds ---------------
+
+_HOLD = """
+import sys, time
+from fedprivopt.simulation.rundir import lock_directory
+with lock_directory(sys.argv[1], "run.lock", what="a start"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_7_deploy_out_inside_a_held_start_is_refused(tmp_path):
+    held = tmp_path / "D"
+    held.mkdir()
+    config = load_config("simulations/toy.toml")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(held)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"  # only run.lock written, as a start
+        with pytest.raises(LockHeldError, match=r"is inside the run directory .*D, which process"):
+            check_out_claimable(held / "sub", config)  # before: passed (deploy/ written there)
+        with pytest.raises(LockHeldError, match=f"in use by process {holder.pid}"):
+            check_out_claimable(held, config)  # processes 1, as before
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    check_out_claimable(held / "sub", config)  # its debris, not held: taken as before
+    assert not (held / "sub").exists()

@@ -9,7 +9,7 @@ actor (:mod:`fedprivopt.simulation.fast`): ``vectorized``, the task's cohort tra
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -69,7 +69,10 @@ class UserTrainer:
     def local(self) -> LocalTrainer:
         """The sequential trainer (built on first use)."""
         if self._local is None:
-            self._local = LocalTrainer(self.task, device=self.device)
+            # built on the first train() call, maybe inside the caller's inference mode: its
+            # model's tensors would be inference tensors, which training cannot use
+            with torch.inference_mode(False):
+                self._local = LocalTrainer(self.task, device=self.device)
         return self._local
 
     def mode(self, settings: ClientSettings) -> str:
@@ -105,11 +108,12 @@ class UserTrainer:
         # thirty-ninth review of issue 15 (api 1): the trainer trains from its own copy, and
         # the copy is compared with ``params`` (which it never sees) before each entry reaches
         # the aggregator and after the last; see _Copies.refuse_changed
-        work = params.detach().clone()
-        pre = None if preconditioner is None else preconditioner.detach().clone()
+        with torch.inference_mode(False):  # copies with version counters (follow-up, privacy)
+            work = params.detach().clone()
+            pre = None if preconditioner is None else preconditioner.detach().clone()
         copies = _Copies(work, pre, params, preconditioner, round_num, stream)
         if self.mode(settings) == "vectorized":
-            for batch in self.cohort.train_batches(
+            batches = self.cohort.train_batches(
                 work,
                 users,
                 round_num=round_num,
@@ -117,7 +121,8 @@ class UserTrainer:
                 rngs=rngs,
                 preconditioner=pre,
                 stream=stream,
-            ):
+            )
+            for batch in _with_gradients(batches):
                 copies.refuse_changed(self._batch_users(batch, report))
                 if report:
                     for u, norm in zip(batch.users, batch.norms, strict=True):
@@ -242,6 +247,26 @@ def _refuse_missing_share(
             "probability e^-50: it did not add its share (noise-mode 'distributed'); add it, "
             "or set noise_shares = False; nothing of the cohort was released"
         )
+
+
+def _with_gradients(batches: Iterable[Any]) -> Iterator[Any]:
+    """The entries of ``batches``, each computed with gradients whatever the caller's mode.
+
+    Follow-up of the forty-first review of issue 15 (privacy, open for the lead): ``drive_round``
+    with the fast engine's trainer inside ``torch.inference_mode()`` (which api 4 let the
+    server's rounds run in) ended in the task's ``loss()`` raising "Inference tensors do not
+    track version counter". A cohort trainer's generator runs at each ``next()`` in the mode of
+    the caller, so each step runs here with gradients on and inference mode off (``LocalTrainer.
+    train`` alike, privacy 2); the caller's mode holds between the entries.
+    """
+    entries = iter(batches)
+    while True:
+        with torch.inference_mode(False), torch.enable_grad():
+            try:
+                entry = next(entries)
+            except StopIteration:
+                return
+        yield entry
 
 
 class _Copies:

@@ -18,6 +18,10 @@
 4. (the privacy follow-up's open row) api 3's twin: a float32 model with an int64 buffer of
    2**40 + 1 and a cohort trainer of its own, on the fast engine: rc 0, the buffer 2**40 in the
    initial and the evaluated model. Now ``run.build_run`` refuses it, naming the entry.
+5. (the privacy follow-up's open row) api 4's twin: ``drive_round`` with the fast engine's
+   trainer (``make_cohort_train``) inside ``torch.inference_mode()`` raised "Inference tensors
+   do not track version counter". Now its copies, its sequential trainer and each step of a
+   cohort trainer are made with gradients, and the rounds equal rounds driven outside it.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.fast import make_cohort_train
+from fedprivopt.simulation.run import build_run, simulate
+from fedprivopt.strategies.core import drive_round
 from tests.procs import alive, proc_stat
 from tests.reliability.test_misuse_cli import TOY
 
@@ -98,7 +104,9 @@ from fedprivopt.models.task import TaskError
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.fast import make_cohort_train
+from fedprivopt.simulation.run import build_run, simulate
+from fedprivopt.strategies.core import drive_round
 fork = hdf5_checks.os.fork
 def recorded():
     pid = fork()
@@ -252,3 +260,26 @@ def test_4_the_fast_engine_refuses_an_integer_buffer_the_flat_dtype_rounds(tmp_p
     with pytest.raises(TaskError, match=r"entry 'seed' holding 1099511627777"):
         simulate(load_config(TOY, sets), tmp_path / "r", task=task)  # was rc 0, the buffer 2**40
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+# 5. (the privacy follow-up's open row, for the lead) api 4's twin on the fast engine:
+#    ``drive_round(alg, r, make_cohort_train(task, ...))`` inside ``torch.inference_mode()``
+#    raised "Inference tensors do not track version counter" (the trainer's copies, its
+#    sequential trainer built on first use, the cohort trainer's steps all in the caller's
+#    mode). Now the rounds give the model of rounds driven outside it.
+
+
+MINI = "stackoverflow-tp-mini.toml"
+
+
+@pytest.mark.parametrize("preset, vectorize", [("toy.toml", False), (MINI, True), (MINI, False)])
+def test_5_the_fast_engines_trainer_runs_inside_inference_mode(preset, vectorize):
+    models = []
+    for inference in (True, False):
+        task, alg = build_run(load_config(TOY.parent / preset, {"num-server-rounds": 2}))
+        train = make_cohort_train(task, device="cpu", vectorize=vectorize)
+        with torch.inference_mode(inference):
+            for r in (1, 2):
+                drive_round(alg, r, train)  # was RuntimeError (a TaskError naming loss())
+        models.append(alg.params.clone())
+    assert torch.equal(models[0], models[1])

@@ -322,7 +322,8 @@ def _refuse_inside_a_run(path: Path, flag: str) -> None:
     Sixteenth review of issue 15: ``simulate --out RUN/sub`` (also ``compare``, ``tune``,
     ``deploy local``; ``C/runs/CELL/x`` inside a comparison's cell) wrote a run among another
     run's files (rc 0), after which ``compare --overwrite`` refused that cell for holding it.
-    A comparison's or tuning's own directory may still hold other directories.
+    A comparison's or tuning's own directory may still hold other directories, and a directory
+    that holds only ``run.lock`` is a run when another process holds it.
     """
     real = path.resolve()
     for place in real.parents:
@@ -333,6 +334,15 @@ def _refuse_inside_a_run(path: Path, flag: str) -> None:
                 f"{shown(str(place))} (it holds {', '.join(found)}): a run's directory holds "
                 "its own files only; choose a directory outside it"
             )
+    # a run that holds its directory with only run.lock written yet (forty-first review
+    # follow-up, outputs, open for the lead: simulate --out D/sub wrote a whole run inside it)
+    from fedprivopt.data.locks import LockHeldError
+    from fedprivopt.deploy.out_checks import refuse_inside_held
+
+    try:
+        refuse_inside_held(path, flag)
+    except LockHeldError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def shown_path(path: object) -> str:

@@ -116,13 +116,22 @@ def check_not_held(out: Path) -> None:
     without writing anything. An ``out`` inside a directory that holds ``run.lock`` and is held
     is refused too (follow-up of that review, outputs 7).
     """
+    _refuse_held(out, f"argument --out: run directory {quoted_out(out)}")
+    refuse_inside_held(out)
+
+
+def refuse_inside_held(out: Path, flag: str = "--out") -> None:
+    """Refuse an ``out`` inside a directory that holds ``run.lock`` and another process holds.
+
+    Follow-up of the forty-first review of issue 15 (outputs 7): a directory inside such a run
+    (``deploy local --out D/sub`` while ``D`` held only ``run.lock``) passed, as the
+    inside-a-run check knows a run by its ledger or by ``run.lock`` beside ``config.toml``;
+    ``D/sub/deploy`` was written into the run (``simulate --out D/sub`` alike, the outputs
+    follow-up's open row: the command line's ``--out`` check calls this too).
+    """
     from fedprivopt.data.locks import LockHeldError
     from fedprivopt.simulation.files import LOCK_FILE
 
-    _refuse_held(out, f"argument --out: run directory {quoted_out(out)}")
-    # follow-up of that review (outputs 7): a directory inside such a run (deploy local --out
-    # D/sub while D held only run.lock) passed too, as the inside-a-run check knows a run by
-    # its ledger or by run.lock beside config.toml; D/sub/deploy was written into the run
     for place in Path(os.path.abspath(out)).parents:
         if not os.path.lexists(place / LOCK_FILE):
             continue
@@ -131,7 +140,7 @@ def check_not_held(out: Path) -> None:
         except LockHeldError as exc:
             holder = f"process {exc.pid}" if exc.pid is not None else "another process"
             raise LockHeldError(
-                f"argument --out: {quoted_out(out)} is inside the run directory "
+                f"argument {flag}: {quoted_out(out)} is inside the run directory "
                 f"{quoted_out(place)}, which {holder} holds: a run's directory holds its own "
                 "files only; choose a directory outside it",
                 exc.pid,

@@ -22,6 +22,9 @@
    trainer (``make_cohort_train``) inside ``torch.inference_mode()`` raised "Inference tensors
    do not track version counter". Now its copies, its sequential trainer and each step of a
    cohort trainer are made with gradients, and the rounds equal rounds driven outside it.
+6. (the outputs follow-up's open row) ``simulate --out D/sub`` (``compare`` alike) while
+   another run held ``D`` with only ``run.lock`` written: rc 0, a run written inside that run's
+   directory. Now refused by the command line's ``--out`` check, naming the holder.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.run import build_run, simulate
+from fedprivopt.simulation.rundir import lock_directory
 from fedprivopt.strategies.core import drive_round
 from tests.procs import alive, proc_stat
 from tests.reliability.test_misuse_cli import TOY
@@ -106,6 +110,7 @@ from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.fast import make_cohort_train
 from fedprivopt.simulation.run import build_run, simulate
+from fedprivopt.simulation.rundir import lock_directory
 from fedprivopt.strategies.core import drive_round
 fork = hdf5_checks.os.fork
 def recorded():
@@ -283,3 +288,20 @@ def test_5_the_fast_engines_trainer_runs_inside_inference_mode(preset, vectorize
                 drive_round(alg, r, train)  # was RuntimeError (a TaskError naming loss())
         models.append(alg.params.clone())
     assert torch.equal(models[0], models[1])
+
+
+# 6. (the outputs follow-up's open row) ``simulate --out D/sub`` while another run held ``D``
+#    with only ``run.lock`` written (a start): rc 0, a whole run written inside that run's
+#    directory (``deploy local`` was refused since the follow-up's outputs 7). Now the command
+#    line's ``--out`` check refuses it too (``deploy.out_checks.refuse_inside_held``).
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_6_out_inside_a_held_start_is_refused(tmp_path, capsys, command):
+    held = tmp_path / "D"
+    held.mkdir()
+    with lock_directory(held, "run.lock", what="a start"):  # as a start of another process
+        code = main([command, str(TOY), "--out", str(held / "sub"), "--rounds", "1", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "is inside the run directory" in err[0], err
+    assert sorted(p.name for p in held.iterdir()) == ["run.lock"]

@@ -69,19 +69,10 @@ from fedprivopt.data.sqlite import SQLiteSplit, count_distinct_clients, list_spl
 from fedprivopt.data.stackoverflow import StackOverflowExample, encode_example
 from fedprivopt.deploy.out_checks import check_out_claimable
 from fedprivopt.simulation.config import RunConfig, load_config
+from tests.reliability.test_fortyfirst_review_input import _HOT
+from tests.reliability.test_thirtyeighth_review_input import _cli
 
 MINI = "simulations/stackoverflow-tp-mini.toml"
-
-
-def _cli(*argv: str) -> tuple[int, list[str]]:
-    """``fedprivopt ARGV`` in process: its exit code and its stderr lines."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:  # argparse's usage errors
-            code = exc.code
-    return code, err.getvalue().strip().splitlines()
 
 
 def _stdout(*argv: str) -> tuple[int, list[str]]:
@@ -90,6 +81,7 @@ def _stdout(*argv: str) -> tuple[int, list[str]]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = main(list(argv))
     return code, out.getvalue().strip().splitlines()
+
 
 # -- finding 1: a null character in a task directory, through the Python API -------------------
 
@@ -145,15 +137,6 @@ def test_2_a_client_id_stored_as_an_integer_is_named_as_one(tmp_path):
 
 
 # -- finding 3: the advice for a hot journal, as a shell takes it ------------------------------
-
-_HOT = """
-import os, sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("PRAGMA cache_size=1")  # the changed pages spill: the journal is hot
-conn.execute("BEGIN")
-conn.execute("UPDATE examples SET serialized_example_proto = zeroblob(10)")
-os._exit(0)  # killed in the middle of the write
-"""
 
 
 def test_3_the_hot_journal_advice_is_a_command_a_shell_takes(tmp_path):

@@ -63,6 +63,7 @@ from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.core import drive_round
 from tests.messages import delivered
+from tests.reliability.test_fortyfirst_review_api import _Lying
 
 
 @pytest.fixture(autouse=True)
@@ -80,17 +81,6 @@ def _config(**changes) -> StrategyConfig:
 
 
 # -- finding 1: an update measured as one vector and summed as another ----------------------
-
-
-class _Lying(torch.Tensor):
-    """A tensor subclass whose norm reads 0.001 whatever it holds."""
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        out = super().__torch_function__(func, types, args, kwargs or {})
-        if func in (torch.linalg.vector_norm, torch.Tensor.norm, torch.norm):
-            return out * 0 + 0.001
-        return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,9 +32,7 @@ def secure_run(tmp_path_factory) -> Path:
     return simulate(config, tmp_path_factory.mktemp("secure") / "run").out_dir
 
 
-@pytest.mark.parametrize(
-    "name", ["checkpoint.pt.tmp", "checkpoint.prev.pt"]
-)
+@pytest.mark.parametrize("name", ["checkpoint.pt.tmp", "checkpoint.prev.pt"])
 def test_1_directory_where_a_resume_replaces_a_file_is_refused_first(secure_run, tmp_path, name):
     run = tmp_path / "run"
     shutil.copytree(secure_run, run)

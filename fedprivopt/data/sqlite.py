@@ -294,10 +294,7 @@ class SQLiteSplit(ClientSplit):
                 (split,),
             ).fetchall()
             if not rows:
-                splits = sorted(
-                    str(r[0])
-                    for r in conn.execute(_DISTINCT_SPLITS)
-                )
+                splits = sorted(str(r[0]) for r in conn.execute(_DISTINCT_SPLITS))
                 raise ValueError(
                     f"{self.path}: no split {split!r} in client_metadata (splits present: {splits})"
                 )

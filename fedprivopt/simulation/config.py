@@ -325,13 +325,23 @@ def _task_path(key: str, value: Any) -> Any:
     ``cache-dir``, a preset's or a run's ``config.toml``; TOML writes a null character so) was
     refused as ``config: embedded null byte``, the operating system's words naming no key, by
     the check that the directories lie outside ``--out`` (``simulate``, ``compare``). No
-    directory's name holds one: refused here naming the key.
+    directory's name holds one: refused here naming the key (before ``~`` is expanded, which
+    raises on ``~\x00``).
     """
+    _refuse_null_character(key, value)
+    return _expand_home(value)
+
+
+def _refuse_null_character(key: str, value: Any) -> None:
+    """``ValueError`` naming ``key`` when the directory ``value`` (str, bytes or path) holds NUL."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
     if isinstance(value, str) and "\x00" in value:
         raise ValueError(
             f"{shown_key(key)} holds a null character: {shown(value)}; a directory name has none"
         )
-    return _expand_home(value)
 
 
 def _check_task_dirs(params: Any) -> None:
@@ -346,17 +356,7 @@ def _check_task_dirs(params: Any) -> None:
     if not isinstance(params, Mapping):
         return  # the task's own refusal names it
     for name in sorted(_TASK_PATHS & set(params)):
-        value = params[name]
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if isinstance(value, bytes):
-            value = os.fsdecode(value)
-        if isinstance(value, str) and "\x00" in value:
-            key = f"task-params.{name.replace('_', '-')}"
-            raise ValueError(
-                f"{shown_key(key)} holds a null character: {shown(value)}; a directory name "
-                "has none"
-            )
+        _refuse_null_character(f"task-params.{name.replace('_', '-')}", params[name])
 
 
 def _check_no_dates(key: str, value: Any) -> None:

@@ -99,8 +99,8 @@ def unreadable(path: Path, exc: Exception) -> ValueError:
     file``: lines that blame the reader for what is the file's state.
     """
     hint = ""
-    journal, wal = (path.with_name(path.name + end) for end in ("-journal", "-wal"))
-    if journal.is_file() and journal.stat().st_size > 0:
+    journal, wal = _hot_journal(path), path.with_name(path.name + "-wal")
+    if journal is not None:
         hint = (
             f"; {journal.name} beside it is a hot journal (a write to the database was "
             "interrupted), which SQLite must roll back before anything is read, and a reader "
@@ -124,6 +124,12 @@ def unreadable(path: Path, exc: Exception) -> ValueError:
             "rowid order, the order of TFF's file: copy them into a table with rowids)"
         )
     return ValueError(f"{path}: unreadable SQLite database: {exc}{hint}")
+
+
+def _hot_journal(path: Path) -> Path | None:
+    """The hot journal beside database ``path`` (a ``-journal`` file that is not empty), or None."""
+    journal = path.with_name(path.name + "-journal")
+    return journal if journal.is_file() and journal.stat().st_size > 0 else None
 
 
 def check_row_owner(path: Path, found: tuple, split: str, client_id: str) -> None:
@@ -173,8 +179,8 @@ def hot_journal_refusal(path: Path, what: str) -> str | None:
     or remove the marker``, a cause that is not the one found). The command given rolls the
     write back, the path quoted for a shell.
     """
-    journal = path.with_name(path.name + "-journal")
-    if not (path.is_file() and journal.is_file() and journal.stat().st_size > 0):
+    journal = _hot_journal(path)
+    if journal is None or not path.is_file():
         return None
     return (
         f"{path} has a hot journal beside it ({journal.name}: a write to it was interrupted), "

@@ -168,9 +168,13 @@ class TensorBoardLog:
 
 def _new_event_file(out: Path) -> Path:
     """A path in ``out`` for a new event file, named as TensorBoard names them (not taken)."""
-    stem = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    # fixed widths: TensorBoard reads a directory's event files in the order of their names, and
+    # a resumed run's purge must come after the file it purges; unpadded, the file numbered 10
+    # of a process sorted before its 9 written in the same second (seen in the suite when the
+    # files it ran first had made nine)
+    stem = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid():07d}"
     suffix = event_file_suffix(out)
     while True:
-        path = out / f"{stem}.{next(_FILE_NUMBER)}{suffix}"
+        path = out / f"{stem}.{next(_FILE_NUMBER):06d}{suffix}"
         if not os.path.lexists(path):
             return path

@@ -1,12 +1,15 @@
 """TensorBoard event files equal metrics.jsonl (issue 18), read back with TensorBoard's reader."""
 
+import itertools
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedprivopt.cli import main
+from fedprivopt.simulation import tensorboard
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import METRICS_FILE, read_rows
 from fedprivopt.simulation.run import simulate
@@ -85,3 +88,11 @@ def test_a_resumed_log_purges_the_redone_rounds(tmp_path):
     events = read_events(tmp_path)
     assert events["eval_loss"] == {1: 11.0, 2: 12.0, 3: 23.0, 4: 24.0}
     assert events["epsilon"] == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
+
+
+def test_a_resume_in_the_same_second_past_file_nine_purges_too(tmp_path, monkeypatch):
+    # event files are read in the order of their names: the 10th of a process (unpadded) came
+    # before its 9th written in the same second, and the resumed rounds were lost
+    monkeypatch.setattr(tensorboard, "_FILE_NUMBER", itertools.count(9))
+    monkeypatch.setattr(tensorboard, "time", SimpleNamespace(time=lambda: 1.7e9))
+    test_a_resumed_log_purges_the_redone_rounds(tmp_path)

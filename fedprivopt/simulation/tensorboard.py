@@ -64,7 +64,7 @@ def event_file_suffix(out: Path) -> str:
     ``--tensorboard`` it ran).
     """
     name = Path(out).resolve().name
-    head = f"events.out.tfevents.{0:010d}.{socket.gethostname()}.{os.getpid()}.{0:06d}."
+    head = f"events.out.tfevents.{0:010d}.{socket.gethostname()}.{os.getpid():07d}.{0:06d}."
     room = NAME_MAX - len(os.fsencode(head))
     cut = name
     while cut and len(os.fsencode(cut)) > room:

@@ -33,6 +33,7 @@ from fedprivopt.strategies.core import (
     TrainRequest,
     Updates,
     new_request,
+    round_number,
 )
 from fedprivopt.strategies.requests import same_values
 
@@ -310,6 +311,7 @@ class DPFedAvgADADP(ServerAlgorithm):
             )
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
+        round_num = round_number(round_num)  # forty-second review of issue 15 (api 1)
         cfg = self.client_settings()
         users_1 = self.sample(round_num, "sampling")
         request = new_request(round_num, users_1, self.params, None, cfg, "train")

@@ -56,6 +56,7 @@ __all__ = [
     "Updates",
     "drive_round",
     "new_request",
+    "round_number",
 ]
 
 
@@ -324,6 +325,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         """One round of a single-cohort strategy (override for other shapes)."""
+        round_num = round_number(round_num)
         clip = self.current_clip_norm()
         users = self.sample(round_num)
         preconditioner = self.broadcast_preconditioner()
@@ -473,7 +475,8 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             self.accountant.step(events)
         self._partial_charged = None
         self.partial_point = None
-        self.round_num = round_num
+        # a plain int: forty-second review of issue 15 (api 1), round_number
+        self.round_num = round_number(round_num)
         self._aggregated = set()
         self._average()
         metrics = {**metrics, **(self.clipping.step() if self.clipping is not None else {})}
@@ -508,6 +511,21 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         that training, released with no noise of its own (+50 in every entry).
         """
         return (self.params if self.averaged is None else self.averaged).detach().clone()
+
+
+def round_number(round_num: object) -> int:
+    """``round_num`` as a plain ``int >= 1`` (what the algorithm keeps as its round).
+
+    Forty-second review of issue 15 (api 1): ``run_round`` kept the round it was given as the
+    algorithm's round. Given a NumPy integer (``for r in np.arange(1, 4): drive_round(alg, r,
+    train)``) the algorithm's ``state_dict()`` held ``round = np.int64(3)``, which its own
+    ``load_state_dict`` refused (and JSON cannot write); given an ``int`` subclass whose
+    comparisons lie, ``drive_round(alg, 1, train)`` after it was not refused as released
+    already: round 1 ran again with the same seeded noise, so the two released means differed
+    by the left-out user's clipped update without noise (0.01 in every entry), charged as two
+    independent releases.
+    """
+    return check_int("round_num", round_num, 1)
 
 
 def new_request(*args: Any) -> TrainRequest:

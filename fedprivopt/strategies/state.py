@@ -11,6 +11,7 @@ import copy
 import hashlib
 from collections.abc import Mapping
 from dataclasses import fields, replace
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -324,8 +325,12 @@ class AlgorithmState:
         # (thirtieth review: a state without round, params, opt_state, accountant or the tree's
         # noise or cohorts raised KeyError)
         rounds, params = state.get("round"), state.get("params")
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        if isinstance(rounds, bool) or not isinstance(rounds, Integral) or int(rounds) < 0:
             raise ValueError(f"checkpoint's round must be an integer >= 0, got {shown(rounds)}")
+        # a plain int: forty-second review of issue 15 (api 1), an int subclass whose
+        # comparisons lie was kept as the round and let a released round run again; a NumPy
+        # integer (a state of an algorithm driven with np.arange's rounds before) is taken
+        rounds = int(rounds)
         if (
             not isinstance(params, torch.Tensor)
             or params.shape != self.params.shape

@@ -19,6 +19,7 @@ Examples
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 from fedprivopt.core.files import unlink_links
 from fedprivopt.simulation.cells import REPORT_FILES
+from fedprivopt.simulation.files import LEDGER_FILE, LINE_LIMIT, parse_json
 from fedprivopt.simulation.report_markdown import markdown, rounds_text
 from fedprivopt.simulation.report_plots import (
     draw_metric_vs_round,
@@ -300,6 +302,13 @@ def _task_differences(runs: Sequence[RunData]) -> list[str]:
          **{f"task-params.{k}": v for k, v in params.items()}}
         for r, params in zip(runs, kept, strict=True)
     ]  # fmt: skip
+    records = [_data_record(r.path) for r in runs]
+    if len({json.dumps(d, sort_keys=True) for d in records if d is not None}) > 1:
+        for f, record in zip(flat, records, strict=True):  # runs without a record: not compared
+            if record is not None:
+                f[_DATA_KEY] = "sha256:" + hashlib.sha256(
+                    json.dumps(record, sort_keys=True).encode()
+                ).hexdigest()[:12]
     differing = []
     for key in sorted({k for f in flat for k in f}):
         values = sorted({json.dumps(f.get(key), sort_keys=True, default=str) for f in flat})
@@ -311,8 +320,39 @@ def _task_differences(runs: Sequence[RunData]) -> list[str]:
     return [
         f"the runs differ in their task settings: {'; '.join(differing[:3])}"
         + ("; ..." if len(differing) > 3 else "")
-        + ": their metrics are not over the same data (see each run's config.toml)"
+        + ": their metrics are not over the same data (see each run's config.toml"
+        + (" and its privacy ledger's data)" if any(_DATA_KEY in d for d in differing) else ")")
     ]
+
+
+_DATA_KEY = "data (as each run's privacy ledger records it)"
+"""The key under which :func:`_task_differences` names runs trained on other data files."""
+
+
+def _data_record(path: Path) -> dict[str, Any] | None:
+    """The data a run's privacy ledger header records (``Task.data_identity()``), if any.
+
+    Forty-second review of issue 15 (reports, finding 1): ``write_report(out, load_runs(A) +
+    load_runs(B))`` of two comparisons made with the same configuration before and after
+    ``data synth --overwrite`` regenerated the task's ``data-dir`` (another seed, the same
+    sizes) set their metrics side by side as one task's (0.6117 on the old data beside 0.7246 on
+    the new), where ``--resume``, ``compare``, ``tune`` and ``compare-tuned`` refuse a run whose
+    recorded data is not the data there now. Only the header line is read (at most
+    :data:`~fedprivopt.simulation.files.LINE_LIMIT` bytes); a run without a readable one is
+    not compared.
+    """
+    ledger = Path(path) / LEDGER_FILE
+    try:
+        if ledger.is_symlink() or not ledger.is_file():
+            return None
+        with open(ledger, "rb") as fh:
+            header = parse_json(fh.readline(LINE_LIMIT + 1))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict) or header.get("kind") != "header":
+        return None
+    data = header.get("data")
+    return data if isinstance(data, dict) and data else None
 
 
 def _params(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -298,7 +298,15 @@ class NextWordCohortTrainer(CohortTrainer):
         rngs: RngFactory,
         stream: str,
     ) -> tuple[torch.Tensor, float]:
-        """Clip (and noise) one user's update as LocalTrainer does; return it and its norm."""
+        """Clip (and noise) one user's update as LocalTrainer does; return it and its norm.
+
+        The update is made float32 (what :class:`DenseUpdates` holds) before it is checked and
+        clipped. Forty-second review of issue 15 (mechanisms 1): a float64 ``global_flat``
+        trained a float64 stack, clipped it in float64 and cast the clipped update to float32
+        afterwards, whose rounding left updates above ``C`` at every clip norm tried (up to
+        1 + 2.2e-8 times it), and an entry beyond float32 infinite beside a finite norm.
+        """
+        delta = delta.to(dtype=torch.float32)
         if bool(torch.isfinite(delta).all()):
             if config.clip_norm is None:
                 vector, norm = delta, l2_norm(delta)

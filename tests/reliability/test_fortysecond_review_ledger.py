@@ -1,0 +1,112 @@
+"""Issue 15, forty-second hostile review, the ledger: regression tests of its findings.
+
+1. A secure toy run (6 rounds, ``checkpoint-every = 2``, ``eval-every = 2``) killed right after
+   round 5's ledger line (its newest checkpoint of round 4, no row of round 5), its
+   ``privacy_ledger.jsonl`` then given CR line endings (``unix2mac``, an old editor), ``simulate
+   --resume R``. Before: the file held no line feed, so it was read as one torn line, that is
+   as no ledger ("no ledger was found"), and rebuilt from the checkpoint and the rows: rc 0,
+   ε 16.29 where 17.36 was spent (round 5 released twice, charged once). Now a last line
+   without a line feed that holds carriage returns is no append cut short and is refused
+   (``files.read_lines``): rc 2, one line naming the file; nothing written.
+2. The same conversion of ``metrics.jsonl`` in a finished 3-round run, its rounds raised to 4,
+   ``simulate --resume R``. Before: rc 0, no word, and the resumed ``metrics.jsonl`` held only
+   round 4's row (rounds 1-3 lost). Now refused as in 1. A CRLF file cut before its last line
+   feed (a whole last line ending in ``\\r``) is read as before.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli import main
+from fedprivopt.simulation.files import LEDGER_FILE, METRICS_FILE, read_rows
+from fedprivopt.simulation.ledger import RunLedger
+from fedprivopt.simulation.run import resume, simulate
+from tests.reliability.test_fortieth_review_followup_ledger import raise_rounds
+from tests.simulation.test_run import small_config
+
+
+class _Killed(Exception):
+    """Stands for SIGKILL right after a ledger line was fsynced."""
+
+
+@pytest.fixture(scope="module")
+def killed_secure(tmp_path_factory) -> Path:
+    """A secure run killed after round 5's ledger line (checkpoint of round 4, rows 2 and 4)."""
+    config = small_config(**{"secure": True, "checkpoint-every": 2, "eval-every": 2})
+    out = tmp_path_factory.mktemp("killed") / "run"
+    append = RunLedger.append
+
+    def killing(self, round_num, *args, **kwargs):
+        append(self, round_num, *args, **kwargs)
+        if round_num == 5:
+            raise _Killed
+
+    RunLedger.append = killing
+    try:
+        with pytest.raises(_Killed):
+            simulate(config, out)
+    finally:
+        RunLedger.append = append
+    assert [r["round"] for r in read_rows(out / METRICS_FILE)] == [2, 4]
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished seeded run of 3 rounds."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    return simulate(small_config(**{"num-server-rounds": 3}), out).out_dir
+
+
+def _to_cr(path: Path) -> bytes:
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r"))
+    return path.read_bytes()
+
+
+def _refused_by_cli(run: Path, capsys) -> str:
+    assert main(["simulate", "--resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_1_a_ledger_with_cr_line_endings_is_refused_not_rebuilt(killed_secure, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(killed_secure, run)
+    before = _to_cr(run / LEDGER_FILE)
+    err = _refused_by_cli(run, capsys)
+    assert f"{LEDGER_FILE}: line 1 has no line feed but holds carriage returns" in err
+    assert (run / LEDGER_FILE).read_bytes() == before
+    assert not (run / (LEDGER_FILE + ".v1")).exists()
+    # the same file with its line feeds back resumes, every release charged
+    (run / LEDGER_FILE).write_bytes(before.replace(b"\r", b"\n"))
+    outcome = resume(run)
+    assert outcome.rounds_completed == 6
+    ledger = RunLedger.read(run)
+    assert ledger.entries[-1].events == 7  # round 5 released twice, both charged
+    assert outcome.epsilon == ledger.epsilon()
+
+
+def test_2_metrics_with_cr_line_endings_are_refused_not_lost(finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    before = _to_cr(run / METRICS_FILE)
+    raise_rounds(run, 4)
+    err = _refused_by_cli(run, capsys)
+    assert f"{METRICS_FILE}: line 1 has no line feed but holds carriage returns" in err
+    assert (run / METRICS_FILE).read_bytes() == before
+
+
+def test_2_a_crlf_file_cut_before_its_last_line_feed_is_read(finished, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    for name in (LEDGER_FILE, METRICS_FILE):
+        path = run / name
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n")[:-1])
+    raise_rounds(run, 4)
+    outcome = resume(run)
+    assert [r["round"] for r in outcome.rows] == [1, 2, 3, 4]

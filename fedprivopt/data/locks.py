@@ -2,7 +2,7 @@
 
 :func:`file_lock` waits for the lock (several processes building the same files, one at a time);
 :func:`exclusive_lock` never waits: it holds the lock or raises ``ValueError`` naming the process
-that holds it (its PID is written into the lock file).
+that holds it. Either writes its holder's PID into the lock file (emptied on release).
 """
 
 from __future__ import annotations
@@ -208,12 +208,46 @@ def file_lock(path: Path) -> Iterator[None]:
         else:  # pragma: no cover - a file replaced 100 times in a row
             raise OSError(errno.EAGAIN, "lock file keeps being replaced", str(path))
         try:
+            own = _name_holder(fd)
             yield
         finally:
+            _unname_holder(fd, path, own)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
     finally:
         share.close()
+
+
+def _name_holder(fd: int) -> bool:
+    """Write this process's PID into locked file ``fd`` if it is a file of its own.
+
+    Forty-second review of issue 15 (processes 1): :func:`file_lock` wrote nothing, so its file
+    kept the PID of an earlier :func:`exclusive_lock` holder killed with SIGKILL (``data synth``
+    killed, its lock file never emptied). While a task generated its dataset there under this
+    lock, ``data synth --out D --overwrite`` said ``D`` was in use by that dead PID, in the test
+    a ``sleep`` that had been given it: the user was told to stop an unrelated process. A file
+    with other hard links (a user's) is never written; ``True`` if this one was.
+    """
+    try:
+        if os.fstat(fd).st_nlink != 1:
+            return False
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:  # a full disk: the lock holds all the same, its PID goes unnamed
+        return False
+    return True
+
+
+def _unname_holder(fd: int, path: Path, own: bool) -> None:
+    """Empty locked file ``fd`` on release if :func:`_name_holder` wrote it and ``path`` is it."""
+    if not own:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_nlink == 1 and os.path.samestat(st, os.stat(path)):
+            os.ftruncate(fd, 0)
+    except OSError:
+        pass
 
 
 def _say_waiting(path: Path, fd: int) -> None:

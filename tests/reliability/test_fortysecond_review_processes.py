@@ -1,0 +1,48 @@
+"""Issue 15, forty-second hostile review (processes: signals, locks and processes): tests.
+
+1. A stale PID in a data lock file. ``fedprivopt data synth --out D --clients 20000`` killed
+   with SIGKILL (its ``D/.stackoverflow.lock`` keeps its PID: nothing empties it), that PID
+   given to another process (a ``sleep`` in the reproducer, written into the file), then a run
+   whose task generates its dataset into ``D`` (``simulate stackoverflow-tp-mini.toml --set
+   task-params.data-dir=D``), which holds the lock with ``data.locks.file_lock``, and while it
+   generates ``data synth --out D --clients 300 --overwrite``. Before: rc 2, ``dataset directory
+   D is in use by process 2204 ...; wait for it to finish or stop it first``, 2204 the
+   ``sleep``, not the run (2205): the user was told to stop an unrelated process (``file_lock``
+   wrote no PID; a waiting task's line named the same stale PID). Now ``file_lock`` writes its
+   holder's PID into a lock file of its own and empties it on release, as ``exclusive_lock``
+   does (``locks._name_holder``); a user's file hard-linked in its place is still never
+   written. (In-process: a second claim of a held lock is refused in the same process too.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock, file_lock
+
+
+def test_1_a_waiting_lock_names_its_holder_not_a_stale_pid(tmp_path):
+    lock = tmp_path / DATA_LOCK
+    stale = os.getppid()  # a live process that is not the holder: a dead holder's PID, reused
+    assert stale != os.getpid()
+    lock.write_text(f"{stale}\n")
+    with file_lock(lock):
+        assert lock.read_text().strip() == str(os.getpid())
+        with pytest.raises(LockHeldError) as info:
+            with exclusive_lock(lock, what="dataset directory D"):
+                pass  # pragma: no cover - refused
+        assert info.value.pid == os.getpid()
+        assert f"in use by process {os.getpid()} " in str(info.value)
+    assert lock.read_text() == ""  # emptied on release: no stale PID for the next refusal
+
+
+def test_1_a_user_file_linked_as_the_lock_is_not_written(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    lock = tmp_path / DATA_LOCK
+    os.link(notes, lock)
+    with file_lock(lock):
+        assert notes.read_text() == "my notes\n"
+    assert notes.read_text() == "my notes\n"

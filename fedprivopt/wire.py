@@ -328,20 +328,36 @@ def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
     ------
     ValueError
         Naming the record of an update that holds no :data:`DELTA_ARRAY` (fortieth review of
-        issue 15, mechanisms 7: ``KeyError: 'delta'``, naming neither the record nor the user).
+        issue 15, mechanisms 7: ``KeyError: 'delta'``, naming neither the record nor the user),
+        or whose :data:`DELTA_ARRAY` cannot be read as a NumPy array (forty-second review, wire
+        1: bytes cut short, another serialization than NumPy's or an object array raised
+        ``EOFError``, ``TypeError`` or NumPy's own ``ValueError``, naming neither).
     """
     out: dict[int, np.ndarray] = {}
     for key, record in content.array_records.items():
         user = parse_update_key(key)
         if user is None:
             continue
+        where = f"the train reply's record {shown(key)} (user {user})"
         if DELTA_ARRAY not in record:
             raise ValueError(
-                f"the train reply's record {shown(key)} (user {user}) holds no array "
-                f"{DELTA_ARRAY!r}, got {shown(sorted(record.keys()))}"
+                f"{where} holds no array {DELTA_ARRAY!r}, got {shown(sorted(record.keys()))}"
             )
-        out[user] = record[DELTA_ARRAY].numpy()
+        out[user] = _readable_array(record[DELTA_ARRAY], f"{where}: array {DELTA_ARRAY!r}")
     return out
+
+
+def _readable_array(array: object, where: str) -> np.ndarray:
+    """``array.numpy()`` of a Flower ``Array``, or ``ValueError`` saying ``where`` it is.
+
+    ``np.load`` of hostile or damaged bytes raises ``EOFError``, ``TypeError`` (Flower's, for
+    another serialization) or NumPy's ``ValueError`` (an object array, a damaged header), none
+    naming the record (forty-second review of issue 15, wire 1).
+    """
+    try:
+        return array.numpy()
+    except (TypeError, ValueError, EOFError) as err:
+        raise ValueError(f"{where} cannot be read as a NumPy array: {shown(str(err))}") from None
 
 
 @dataclass(frozen=True)

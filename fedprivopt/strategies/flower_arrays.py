@@ -69,15 +69,18 @@ def check_initial_arrays(
     Raises
     ------
     ValueError
-        For a record whose layout is not ``spec``'s, or, for an algorithm past round 0, whose
+        For a record whose arrays cannot be read (damaged bytes, another serialization), whose
+        layout is not ``spec``'s, or, for an algorithm past round 0, whose
         values are not its parameters (NaN where its parameters hold NaN).
     """
     if not isinstance(arrays, ArrayRecord):
         raise ValueError(f"initial_arrays must be an ArrayRecord, got {shown(arrays)}")
     try:
         flat, given = arrays_to_flat(arrays)
-    except ValueError as exc:
-        raise ValueError(f"initial_arrays: {exc}") from None
+    except (TypeError, ValueError, EOFError) as exc:
+        # np.load of damaged bytes, or Flower's for another serialization (forty-second review
+        # of issue 15, wire 1: EOFError and TypeError, naming no record)
+        raise ValueError(f"initial_arrays: {shown(str(exc))}") from None
     sent = wire_spec(spec)  # as flat_to_arrays lays it out (bfloat16 as float32)
     if given != sent:
         raise ValueError(

@@ -96,6 +96,12 @@ def _sqlite_identity(path: Path) -> tuple[int, str]:
     return size, hashlib.sha256(head).hexdigest()
 
 
+def _file_state(path: Path) -> tuple[int, int, int, int]:
+    """``(device, inode, size, mtime in ns)`` of ``path``: what a copy over it changes."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _nbytes(tensors: tuple[Any, ...]) -> int:
     return sum(int(getattr(t, "nbytes", 0)) for t in tensors)
 
@@ -180,6 +186,7 @@ class StackOverflowFiles(StackOverflowDataDir):
         """Open the training split and keep its first ``num_users`` users (all for ``None``)."""
         train = SQLiteSplit(self.data_dir / SQLITE_FILE, "train")
         self._sqlite_id = _sqlite_identity(train.path)  # what every later open must find
+        self._sqlite_stat = _file_state(train.path)  # what every later read must find
         ids = list(train.client_ids)
         if num_users is not None and num_users > len(ids):
             raise ValueError(
@@ -304,7 +311,27 @@ class StackOverflowFiles(StackOverflowDataDir):
             if self._train is None:
                 self._check_same_dataset()
                 self._train = SQLiteSplit(self.sqlite_path, "train", validate=False)
+            else:
+                self._check_file_unchanged()
             return self._train
+
+    def _check_file_unchanged(self) -> None:
+        """:meth:`_check_same_dataset` when the file's inode, size or time changed since last look.
+
+        Forty-second review of issue 15 (input 1): ``cp other.sqlite D/stackoverflow.sqlite``
+        (a copy writes into the same file) while a run read ``D``: the open training split went
+        on reading the other file's pages under the old client ids, ``database disk image is
+        malformed`` (rc 2, a damaged file where it was a replaced one), or the other dataset's
+        users silently where the pages fit, until the next evaluation reopened it. A ``stat``
+        before each read of a user (cheap); the full check only when it changed.
+        """
+        try:
+            now = _file_state(self.sqlite_path)
+        except OSError:
+            return  # the reader that follows names it
+        if now != getattr(self, "_sqlite_stat", None):
+            self._check_same_dataset()
+            self._sqlite_stat = now
 
     def _encoded_eval_users(self) -> list[Any]:
         """``_encode`` of each of the first :attr:`eval_users` users of :attr:`eval_split`."""

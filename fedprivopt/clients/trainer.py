@@ -159,6 +159,7 @@ class LocalTrainer(ModelLayout):
         self.task = task
         self.device = default_device() if device is None else torch.device(device)
         self.model = task.build_model().to(self.device)
+        self._refuse_shared_model()
         self.model.train()
         state = self.model.state_dict(keep_vars=True)
         self.spec: FlatSpec = flatten({k: v.detach() for k, v in state.items()})[1]
@@ -167,6 +168,37 @@ class LocalTrainer(ModelLayout):
         self._trainable = [e for e in self._entries if e.trainable]
         # the model as build_model() left it: set back before every user (_load)
         self._at_build = ModelAtBuild(self.model, saved=set(state))
+
+    def _refuse_shared_model(self) -> None:
+        """Raise :class:`TaskError` when ``build_model()`` gives a module it gave before.
+
+        Forty-second review of issue 15 (api 2): a task whose ``build_model()`` returned one
+        model it kept (built on its first call; a pretrained model loaded once) gave the
+        trainer the model a run evaluates too: the evaluation's state of the model was taken
+        after the first round's training (``ModelAtBuild`` sets a model back before each user,
+        not after the last one), so a non-persistent buffer that the forward set from a
+        minibatch (a feature mean) reached every evaluation: ``simulate toy.toml --rounds 2``
+        reported ``eval_accuracy`` 0.4567 where a fresh model gives 0.5967 for the same
+        released model, a number that depends on one user's data without noise. The protocol
+        asks for a freshly built model at every call; a second build that shares a module with
+        the trainer's (the model itself, or a submodule kept by the task) is refused, before
+        anything is trained.
+        """
+        again = self.task.build_model()
+        if not isinstance(again, torch.nn.Module):
+            return
+        ours = {id(module): name for name, module in self.model.named_modules()}
+        shared = next((ours[id(m)] for m in again.modules() if id(m) in ours), None)
+        if shared is None:
+            return
+        what = "the same model" if shared == "" else f"a model sharing its submodule {shared!r}"
+        name = type(self.task).__name__
+        raise TaskError(
+            f"{name}.build_model() returned {what} at two calls: it must build a fresh model "
+            "every call (the trainer trains its model, and a user's training would reach the "
+            "model a run evaluates through a module they share); build it anew (copy.deepcopy "
+            "of a model the task keeps)"
+        )
 
     @staticmethod
     def _gradients(loss: torch.Tensor, params: list) -> list[torch.Tensor | None]:

@@ -12,6 +12,17 @@
    kept alike. Now ``core.round_number`` makes the round a plain ``int`` (``run_round`` of
    every strategy, ``_finish``), and ``load_state_dict`` takes an integral round as an ``int``:
    the rerun is refused (``round 1 was released already``), the NumPy state loads.
+2. A task whose ``build_model()`` returns a model it keeps (built at its first call), with a
+   non-persistent buffer its forward sets from the minibatch (a feature mean) and its eval
+   reads (``simulate toy.toml --rounds 2 --set task=cachedtask42:cached``). Before: the trainer
+   and the run's evaluation held the same model, and the evaluation's state of it was taken
+   after round 1's training, so every evaluation read the last trained user's feature mean:
+   ``eval_accuracy`` 0.4567 where a fresh model gives 0.5967 for the same released model
+   (ledger digests equal), rc 0: a reported number that depends on one user's data without
+   noise. Now ``LocalTrainer`` builds the model a second time and refuses a module shared by
+   the two builds (``LocalTrainer._refuse_shared_model``: ``build_model() returned the same
+   model at two calls ...``, from the command line rc 2, one line); fresh models train as
+   before.
 """
 
 from __future__ import annotations
@@ -22,6 +33,10 @@ import numpy as np
 import pytest
 import torch
 
+from fedprivopt.clients import LocalTrainer
+from fedprivopt.models import build_task
+from fedprivopt.models.task import TaskError
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import (
@@ -80,3 +95,30 @@ def test_1_an_algorithm_driven_with_numpy_rounds_loads_its_own_state(changes):
     other = build_algorithm(_config(**changes), torch.zeros(4))
     other.load_state_dict(legacy)
     assert type(other.round_num) is int
+
+
+# -- finding 2: a build_model() that returns a model it keeps ----------------------------------
+
+
+class _KeptModelTask(ToyClassificationTask):
+    """The toy task whose build_model() returns one model (or one head) it keeps."""
+
+    def __init__(self, share: str, **params):
+        super().__init__(**params)
+        self.share, self.kept = share, None
+
+    def build_model(self):
+        if self.kept is None:
+            self.kept = super().build_model()
+        if self.share == "model":
+            return self.kept
+        return torch.nn.Sequential(torch.nn.Identity(), self.kept)  # a fresh wrapper
+
+
+@pytest.mark.parametrize("share", ["model", "submodule"])
+def test_2_a_model_kept_by_the_task_is_refused_before_training(share):
+    task = _KeptModelTask(share, num_users=4)
+    with pytest.raises(TaskError, match=r"_KeptModelTask.build_model\(\) returned (the same "
+                       r"model|a model sharing its submodule '1') at two calls"):  # fmt: skip
+        LocalTrainer(task, device="cpu")  # was taken: the evaluated model was the trained one
+    LocalTrainer(build_task("toy", num_users=4), device="cpu")  # a fresh model every call

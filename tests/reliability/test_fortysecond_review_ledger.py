@@ -12,6 +12,9 @@
    ``simulate --resume R``. Before: rc 0, no word, and the resumed ``metrics.jsonl`` held only
    round 4's row (rounds 1-3 lost). Now refused as in 1. A CRLF file cut before its last line
    feed (a whole last line ending in ``\\r``) is read as before.
+3. Finding 1's run and finding 2's with the files' lines joined by spaces (or tabs) instead:
+   the same as before (ε 16.29; rows lost). Now a last line without a line feed that is a JSON
+   value followed by more text is refused alike (``files.read_lines``).
 """
 
 from __future__ import annotations
@@ -110,3 +113,18 @@ def test_2_a_crlf_file_cut_before_its_last_line_feed_is_read(finished, tmp_path)
     raise_rounds(run, 4)
     outcome = resume(run)
     assert [r["round"] for r in outcome.rows] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("sep", [b" ", b"\t"])
+def test_3_lines_joined_into_one_are_refused(killed_secure, finished, tmp_path, capsys, sep):
+    for source, name in ((killed_secure, LEDGER_FILE), (finished, METRICS_FILE)):
+        run = tmp_path / name
+        shutil.copytree(source, run)
+        path = run / name
+        path.write_bytes(path.read_bytes().replace(b"\n", sep))
+        before = path.read_bytes()
+        if source is finished:
+            raise_rounds(run, 4)
+        err = _refused_by_cli(run, capsys)
+        assert f"{name}: line 1 has no line feed but holds a JSON value followed by more" in err
+        assert path.read_bytes() == before

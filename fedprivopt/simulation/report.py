@@ -180,7 +180,8 @@ def write_report(
     sel, issues = select_runs(runs, metric)
     issues = [*untrained, *issues]
     rows, agg_issues = aggregate_with_notes(sel.runs, sel.metric)
-    issues = list(dict.fromkeys([*issues, *agg_issues, *_task_differences(sel.runs)]))
+    issues = list(dict.fromkeys([*issues, *agg_issues, *_task_differences(sel.runs),
+                                 *_tuned_notes(sel.runs, epsilon_text)]))  # fmt: skip
     warn_all(issues)
     _check_replaceable(out)
     unlink_links(out, REPORT_FILES)  # never written through a link (sixteenth review)
@@ -323,6 +324,53 @@ def _task_differences(runs: Sequence[RunData]) -> list[str]:
         + ": their metrics are not over the same data (see each run's config.toml"
         + (" and its privacy ledger's data)" if any(_DATA_KEY in d for d in differing) else ")")
     ]
+
+
+def _tuned_notes(runs: Sequence[RunData], epsilon_text: str) -> list[str]:
+    """A note on each tuned strategy (``load_tuned``'s runs) of a report of runs' ε.
+
+    Forty-second review of issue 15 (reports, finding 2): ``write_report(out,
+    [load_tuned(T1), load_tuned(T2)], title=...)`` (what ``load_runs`` advises for a tuning) of
+    two tunings of dp-fedavg (``tune --seed 1``, ``--seed 2``) wrote one row over both at one
+    tuning's ε, 8.279, under "ε is the accountant's value after each run's last completed
+    round", where publishing that row costs their composition (11.74; ``compare-tuned``, whose
+    own ``epsilon_text`` and notes state it, composes them). The composition is recomputed
+    from the tunings' files (:func:`~fedprivopt.simulation.tune_check.check_tunings`); where
+    they cannot be checked, the note says so without a number.
+    """
+    from fedprivopt.core.text import epsilon_text as shown_epsilon
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
+    if epsilon_text != RUN_EPSILON:  # compare-tuned, compare --tune-grid: they state it
+        return []
+    by: dict[str, list[RunData]] = {}
+    for run in runs:
+        if run.strategy.endswith(TUNED_SUFFIX):
+            by.setdefault(run.strategy, []).append(run)
+    notes = []
+    for strategy, group in sorted(by.items()):
+        one = shown_epsilon(max(run.epsilon for run in group))
+        note = (f"{strategy}: its epsilon ({one}) is its tuning's (the whole tuning procedure), "
+                "not its run's")  # fmt: skip
+        if len(group) > 1:
+            composed = _composed_tunings(group)
+            cost = "" if composed is None else f", {shown_epsilon(composed)}"
+            note += (f"; the row is over {len(group)} tunings on the same users, and publishing "
+                     f"it costs their composition{cost}, not one tuning's epsilon "
+                     "(compare-tuned reports it)")  # fmt: skip
+        notes.append(note)
+    return notes
+
+
+def _composed_tunings(group: Sequence[RunData]) -> float | None:
+    """ε of publishing the tunings whose released trials are ``group`` (None: not checkable)."""
+    from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
+
+    try:  # a released trial is TUNING/runs/trial-NNN
+        checks = check_tunings([run.path.parent.parent for run in group])
+        return composed_epsilon(checks, len(checks))
+    except (ValueError, OSError):
+        return None
 
 
 _DATA_KEY = "data (as each run's privacy ledger records it)"

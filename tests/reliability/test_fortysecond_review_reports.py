@@ -10,6 +10,16 @@
    (``Task.data_identity()``) as it compares task settings: a warning "the runs differ in
    their task settings: data (as each run's privacy ledger records it) (...)"; runs on one
    data, or without a record (the toy task), give none.
+2. ``write_report(out, [load_tuned(T1), load_tuned(T2)], title=...)`` (what ``load_runs``
+   advises for a tuning) of two tunings of dp-fedavg (``tune toy.toml --grid
+   server-learning-rate=0.5,1 --mean-trials 1 --rounds 1 --seed 1``, ``--seed 2``). Before:
+   one row over both at one tuning's ε 8.279 under "ε is the accountant's value after each
+   run's last completed round", no word, where publishing the row costs their composition
+   (11.74, as ``compare-tuned T1 T2`` states). Now ``report._tuned_notes`` warns, with the
+   default ``epsilon_text``, that a tuned row's ε is its tuning's and, over several tunings,
+   what their composition costs (recomputed by ``tune_check.check_tunings`` where the tunings
+   can be checked; here fabricated runs, so without a number); ``compare-tuned`` and
+   ``compare --tune-grid``, which pass their own ``epsilon_text`` and state it, unchanged.
 """
 
 from __future__ import annotations
@@ -68,3 +78,27 @@ def test_1_runs_on_one_data_file_or_without_a_record_are_not_noted(tmp_path):
     text, notes = _report(tmp_path / "out", runs)
     assert not [n for n in notes if "task settings" in n], notes
     assert "task settings" not in text
+
+
+def test_2_a_row_over_several_tunings_states_their_composition(tmp_path):
+    tuned = [_run(tmp_path / f"T{i}" / "runs" / "trial-001", "dp-fedavg", None, 0.5 + i / 10)
+             for i in (1, 2)]  # fmt: skip
+    tuned = [RunData({**r.summary, "strategy": "dp-fedavg (tuned)"}, r.rows, r.path,
+                     ledger_epsilon=8.279) for r in tuned]  # fmt: skip
+    text, notes = _report(tmp_path / "out", tuned)
+    note = [n for n in notes if n.startswith("dp-fedavg (tuned): its epsilon (8.279)")]
+    assert note and "is its tuning's" in note[0], notes
+    assert "over 2 tunings" in note[0] and "costs their composition" in note[0]
+    assert note[0] in text
+    _, notes = _report(tmp_path / "one", tuned[:1])
+    assert [n for n in notes if "is its tuning's" in n and "composition" not in n], notes
+    _, notes = _report_as(tmp_path / "own", tuned, "ε is the tuning's; ")
+    assert not [n for n in notes if "is its tuning's" in n], notes
+
+
+def _report_as(out: Path, runs: list[RunData], epsilon_text: str) -> tuple[str, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text = write_report(out, runs, title="t", metric="eval_accuracy",
+                            epsilon_text=epsilon_text).read_text("utf-8")  # fmt: skip
+    return text, [str(w.message) for w in caught]

@@ -22,6 +22,8 @@ __all__ = [
     "check_out_claimable",
     "check_temp_outside",
     "quoted_out",
+    "refuse_inside_a_run",
+    "refuse_inside_held",
 ]
 
 MAX_RECORD_BYTES = 16 * 2**20
@@ -98,6 +100,7 @@ def check_out_claimable(out: str | Path, config: Any) -> None:
     # does not accept (rc 2, "unrecognized arguments"); simulate continues such a run
     check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
     check_not_held(Path(out))
+    refuse_inside_a_run(Path(out))
     check_log_dir(Path(out) / DEPLOY_LOGS)
     check_task_dirs_outside(config, str(out))  # the SuperNodes would write their data there
     check_temp_outside(str(out))
@@ -132,7 +135,7 @@ def refuse_inside_held(out: Path, flag: str = "--out") -> None:
     from fedprivopt.data.locks import LockHeldError
     from fedprivopt.simulation.files import LOCK_FILE
 
-    for place in Path(os.path.abspath(out)).parents:
+    for place in _ancestors(out):
         if not os.path.lexists(place / LOCK_FILE):
             continue
         try:
@@ -145,6 +148,44 @@ def refuse_inside_held(out: Path, flag: str = "--out") -> None:
                 "files only; choose a directory outside it",
                 exc.pid,
             ) from None
+
+
+_RUN_MARKERS = ("privacy_ledger.jsonl", "run.lock", "config.toml")
+
+
+def _ancestors(out: Path) -> list[Path]:
+    """The directories above ``out``: as written (made absolute) and as its links resolve.
+
+    Forty-second review of issue 15 (processes 2): only the first were looked at, so an ``out``
+    reached through a symbolic link into a run (``ln -s D/plots L``, ``--out L/sub``) was not
+    inside it.
+    """
+    found = list(Path(os.path.abspath(out)).parents)
+    try:
+        real = Path(out).resolve().parents
+    except (OSError, RuntimeError):  # a link loop: named by the claim
+        return found
+    return found + [place for place in real if place not in found]
+
+
+def refuse_inside_a_run(out: Path, flag: str = "--out") -> None:
+    """Refuse an ``out`` strictly inside a run directory (``ValueError`` naming both).
+
+    A run is known by its ledger, or by ``run.lock`` beside ``config.toml`` (as the command
+    line's ``--out`` check knows it, sixteenth review of issue 15). Forty-second review of issue
+    15 (processes 2): the Python API :func:`~fedprivopt.deploy.local.deploy_local` (documented
+    to validate everything first) took ``out=A/plots/sub`` with ``A`` a finished run, which
+    ``deploy local`` refuses: the ServerApp would have written a run among ``A``'s files, after
+    which ``compare --overwrite`` refuses ``A``'s cell. Through a link too (:func:`_ancestors`).
+    """
+    for place in _ancestors(out):
+        found = [name for name in _RUN_MARKERS if os.path.lexists(place / name)]
+        if "privacy_ledger.jsonl" in found or {"run.lock", "config.toml"} <= set(found):
+            raise ValueError(
+                f"argument {flag}: {quoted_out(out)} is inside the run directory "
+                f"{quoted_out(place)} (it holds {', '.join(found)}): a run's directory holds its "
+                "own files only; choose a directory outside it"
+            )
 
 
 def _refuse_held(directory: Path, what: str) -> None:

@@ -12,6 +12,18 @@
    holder's PID into a lock file of its own and empties it on release, as ``exclusive_lock``
    does (``locks._name_holder``); a user's file hard-linked in its place is still never
    written. (In-process: a second claim of a held lock is refused in the same process too.)
+2. The Python API ``deploy_local(nodes=1, config_path="simulations/toy.toml", out=A/plots/sub)``
+   with ``A`` a finished run (docs/DEPLOYMENT.md: "It validates everything first"), also
+   ``out=L/sub`` with ``L`` a symbolic link to ``A/plots``; and the held-start twin (``A`` held
+   with only ``run.lock`` written, ``--out L/sub``, which ``simulate`` and ``deploy local`` check
+   with ``out_checks.refuse_inside_held``). Before: ``deploy.out_checks.check_out_claimable``
+   (the API's gate) accepted both (the command line refuses them: ``is inside the run directory
+   A``), so the deployment would start and its ServerApp write a run among ``A``'s files; the
+   held check walked the parents as written only, so a link into the held run passed. Now
+   ``ValueError``, ``argument --out: ... is inside the run directory A (it holds
+   privacy_ledger.jsonl): ...``, before anything is written (``out_checks.refuse_inside_a_run``),
+   and the held one names the holder; both look at the parents as written and as resolved
+   (``out_checks._ancestors``). (No Flower process is started.)
 """
 
 from __future__ import annotations
@@ -21,6 +33,11 @@ import os
 import pytest
 
 from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock, file_lock
+from fedprivopt.deploy.out_checks import check_out_claimable, refuse_inside_held
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.rundir import NewRunDir
+
+TOY = os.path.join(os.path.dirname(__file__), "..", "..", "simulations", "toy.toml")
 
 
 def test_1_a_waiting_lock_names_its_holder_not_a_stale_pid(tmp_path):
@@ -46,3 +63,30 @@ def test_1_a_user_file_linked_as_the_lock_is_not_written(tmp_path):
     with file_lock(lock):
         assert notes.read_text() == "my notes\n"
     assert notes.read_text() == "my notes\n"
+
+
+def test_2_deploy_local_into_a_finished_run_is_refused(tmp_path):
+    config = load_config(TOY)
+    run = tmp_path / "A"
+    (run / "plots").mkdir(parents=True)
+    for name in ("privacy_ledger.jsonl", "config.toml", "run.lock"):
+        (run / name).write_text("")
+    link = tmp_path / "L"
+    link.symlink_to(run / "plots")
+    for out in (run / "plots" / "sub", link / "sub"):
+        with pytest.raises(ValueError, match="is inside the run directory") as info:
+            check_out_claimable(out, config)
+        assert str(run) in str(info.value) and "\n" not in str(info.value)
+        assert not out.exists()
+    check_out_claimable(tmp_path / "elsewhere" / "sub", config)  # outside: as before
+
+
+def test_2_a_link_into_a_held_start_is_inside_it(tmp_path):
+    run = tmp_path / "A"
+    run.mkdir()
+    with NewRunDir(run):
+        (run / "deep").mkdir()
+        link = tmp_path / "L"
+        link.symlink_to(run / "deep")
+        with pytest.raises(LockHeldError, match=f"which process {os.getpid()} holds"):
+            refuse_inside_held(link / "sub")

@@ -18,6 +18,7 @@ import torch
 
 from fedprivopt import optim
 from fedprivopt.core.text import shown
+from fedprivopt.privacy.sparse import dense_problem
 from fedprivopt.privacy.tree import tree_position
 from fedprivopt.strategies.config import StrategyConfig
 
@@ -123,6 +124,24 @@ class AlgorithmState:
             return {}
         return {"partial": {"round": partial[0], "point": partial[1].detach().clone()}}
 
+    @staticmethod
+    def _refuse_without_data(key: str, tensor: torch.Tensor) -> None:
+        """Refuse a state's model-sized tensor that holds no dense values (sparse, meta, nested).
+
+        Forty-second review of issue 15 (api 3): ``load_state_dict`` of a state whose
+        ``params`` (or ``averaged``, or ADADP's half-step point) was of the model's shape and
+        dtype but sparse (``to_sparse()``) or on the meta device was taken, and the next round
+        ended in torch's ``NotImplementedError`` (``aten::equal`` on ``SparseCPU``) or a
+        ``RuntimeError`` naming no key, the algorithm stuck at the state's round.
+        """
+        problem = dense_problem(tensor)
+        if problem is not None:
+            raise ValueError(f"checkpoint's {key} must be a dense tensor with values: {problem}")
+
+    def _own_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of a state's model-sized ``tensor`` on the model's device (a plain tensor)."""
+        return torch.Tensor.detach(tensor).to(self.params.device).clone()
+
     def _load_partial(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`_partial_state` (a point of the round after the state's, or none)."""
         self.partial_point = None
@@ -140,7 +159,8 @@ class AlgorithmState:
                 "checkpoint's partial (the half-step point of the round after its own) must "
                 f"hold round {self.round_num + 1} and a point of the model's shape and dtype"
             )
-        self.partial_point = (self.round_num + 1, point.detach().clone())
+        self._refuse_without_data("partial", point)
+        self.partial_point = (self.round_num + 1, self._own_copy(point))
 
     def _check_update_count(self) -> None:
         """The optimizer state has made one update a released round, as every strategy does.
@@ -337,8 +357,9 @@ class AlgorithmState:
             or params.dtype != self.params.dtype
         ):
             raise ValueError("checkpoint has no model parameters of the model's shape and dtype")
+        self._refuse_without_data("params", params)
         self.round_num = rounds
-        self.params = params.detach().clone()
+        self.params = self._own_copy(params)
         averaged = state.get("averaged")
         # thirty-sixth review of issue 15 (strategies, finding 1): a state without an average
         # (round 0, or ema-decay 0) left the algorithm's own in place: a refused load rolled back
@@ -354,7 +375,8 @@ class AlgorithmState:
                 raise ValueError(
                     "checkpoint has no moving average of the model's shape and dtype (ema-decay)"
                 )
-            self.averaged = averaged.detach().clone()
+            self._refuse_without_data("averaged", averaged)
+            self.averaged = self._own_copy(averaged)
         if self.opt_state is not None:
             # copies: the caller's tensors are not the algorithm's (_copied)
             self.opt_state = type(self.opt_state).from_dict(_copied(state.get("opt_state")))

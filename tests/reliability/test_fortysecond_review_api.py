@@ -23,6 +23,15 @@
    the two builds (``LocalTrainer._refuse_shared_model``: ``build_model() returned the same
    model at two calls ...``, from the command line rc 2, one line); fresh models train as
    before.
+3. ``other.load_state_dict(state)`` of a state whose ``params`` (or ``averaged`` with
+   ``ema-decay``, or ADADP's half-step point ``partial``) has the model's shape and dtype but
+   is sparse (``state["params"].to_sparse()``) or on the meta device (dp-fedavg, DP-FedAdam,
+   ADADP). Before: taken; the next round ended in torch's ``NotImplementedError`` (``Could not
+   run 'aten::equal' with arguments from the 'SparseCPU' backend``) or a ``RuntimeError`` naming
+   no key (``Tensor on device cpu is not on the expected device meta!``), the algorithm left at
+   the state's round. Now ``AlgorithmState._refuse_without_data`` refuses it naming the key
+   (``checkpoint's params must be a dense tensor with values: ...``), the algorithm as it was;
+   a state's tensors are copied to the model's device.
 """
 
 from __future__ import annotations
@@ -122,3 +131,36 @@ def test_2_a_model_kept_by_the_task_is_refused_before_training(share):
                        r"model|a model sharing its submodule '1') at two calls"):  # fmt: skip
         LocalTrainer(task, device="cpu")  # was taken: the evaluated model was the trained one
     LocalTrainer(build_task("toy", num_users=4), device="cpu")  # a fresh model every call
+
+
+# -- finding 3: a state's model-sized tensors without dense values -----------------------------
+
+
+def _edited(state, key, tensor):
+    if key == "partial":
+        return {**state, "partial": {**state["partial"], "point": tensor}}
+    return {**state, key: tensor}
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [({}, "params"), ({"strategy": "dp-fedadam"}, "params"), ({"ema-decay": 0.5}, "averaged"),
+     ({"strategy": "dp-fedavg-adadp"}, "partial")],
+)  # fmt: skip
+@pytest.mark.parametrize("form", ["sparse", "meta"])
+def test_3_a_state_tensor_without_dense_values_is_refused_naming_it(changes, key, form):
+    alg = build_algorithm(_config(**changes), torch.zeros(4))
+    if key == "partial":  # saved between ADADP's two cohorts
+        rounds = alg.run_round(1)
+        rounds.send(_train(next(rounds)))  # cohort 1 summed, the half-step point sent
+    else:
+        drive_round(alg, 1, _train)
+    state = alg.state_dict()
+    good = state[key]["point"] if key == "partial" else state[key]
+    bad = good.to_sparse() if form == "sparse" else torch.empty(4, device="meta")
+    other = build_algorithm(_config(**changes), torch.zeros(4))
+    with pytest.raises(ValueError, match=rf"checkpoint's {key} must be a dense tensor"):
+        other.load_state_dict(_edited(state, key, bad))  # was taken; round 2 then raised
+    assert other.round_num == 0 and other.accountant.num_events == 0
+    other.load_state_dict(state)
+    assert other.round_num == (0 if key == "partial" else 1)

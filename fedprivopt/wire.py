@@ -93,6 +93,7 @@ __all__ = [
     "USER_IDS",
     "ClientSettings",
     "TrainConfig",
+    "check_private_metrics",
     "check_user_ids",
     "decode_train_config",
     "encode_train_config",
@@ -434,14 +435,51 @@ def encode_train_config(
     )
 
 
+def check_private_metrics(record: Mapping[str, object]) -> None:
+    """Refuse a train config asking for private metrics in a private round.
+
+    fedprivopt's server asks for the users' example counts and training losses
+    (:data:`REPORT_PRIVATE_METRICS` true) only in non-private runs, whose train configs have
+    :data:`CLIP_NORM` and :data:`NOISE_STD` 0 and no :data:`CLIP_BIT` or
+    :data:`COUNT_NOISE_STD`. Forty-second review of issue 15 (wire 2): a train message with
+    ``clip-norm`` 1 (and ``noise-std`` 0.2, distributed noise) and ``report-private-metrics``
+    true, which no fedprivopt server sends, made fedprivopt's ClientApp (and
+    :func:`~fedprivopt.clients.reply_updates`) send every trained user's exact example count
+    and training loss beside their clipped, noised updates: values of one user's data, without
+    noise, outside ε (docs/DESIGN.md: nothing else leaves the device in DP mode).
+
+    A key missing where the train config requires it, or a value other than ``0`` (and
+    ``false`` for :data:`CLIP_BIT`), counts as private.
+
+    Raises
+    ------
+    ValueError
+        Naming :data:`REPORT_PRIVATE_METRICS` and the key that makes the round private, when
+        the former is ``True``.
+    """
+    if record.get(REPORT_PRIVATE_METRICS, False) is not True:
+        return
+    for name, default in ((CLIP_NORM, None), (NOISE_STD, None), (CLIP_BIT, False),
+                          (COUNT_NOISE_STD, 0)):  # fmt: skip
+        value = record.get(name, default)
+        quiet = value is False or (type(value) in (int, float) and value == 0)
+        if not quiet:
+            raise ValueError(
+                f"train config {REPORT_PRIVATE_METRICS!r} is true in a private round ({name!r} "
+                f"is {shown(value)}): fedprivopt's server asks for the users' example counts and "
+                "training losses only in non-private runs, and a private round's never leave "
+                "the node"
+            )
+
+
 def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
     """Parse and validate a train :data:`CONFIG_RECORD`.
 
     Raises
     ------
     ValueError
-        If a required key is missing, a value has the wrong type or range, or a user id is
-        repeated.
+        If a required key is missing, a value has the wrong type or range, a user id is
+        repeated, or a private round asks for private metrics (:func:`check_private_metrics`).
     """
     missing = [k for k in _REQUIRED_TRAIN_KEYS if k not in record]
     if missing:
@@ -479,6 +517,7 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
             key(REPORT_PRIVATE_METRICS), record.get(REPORT_PRIVATE_METRICS, False)
         ),
     )
+    check_private_metrics(record)
     return TrainConfig(
         users=users,
         round_num=check_int(key(ROUND), record[ROUND], 0),

@@ -8,7 +8,8 @@ def test_train_config_round_trip():
     local = LocalConfig(
         learning_rate=0.25, epochs=2, batch_size=8, max_examples=16, clip_norm=0.5, noise_std=0.01
     )
-    settings = P.ClientSettings(local=local, seed=9, report_private_metrics=True)
+    # a private round never asks for private metrics (forty-second review of issue 15, wire 2)
+    settings = P.ClientSettings(local=local, seed=9, report_private_metrics=False)
     record = P.encode_train_config(users=[3, 1], round_num=4, settings=settings, stream="cohort-2")
     assert set(record) == {
         P.USERS,

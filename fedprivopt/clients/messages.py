@@ -300,7 +300,9 @@ def reply_updates(
     ------
     ValueError
         Naming ``rejected``, ``clip_bits[user]`` or ``updates[user]`` (a dense floating-point
-        tensor holding data) when it is not as said above.
+        tensor holding data) when it is not as said above, or ``report-private-metrics`` when
+        the message asks for private metrics in a private round
+        (:func:`~fedprivopt.wire.check_private_metrics`).
     """
     # fortieth review of issue 15 (mechanisms 6): rejected "3", -1 and 1.7 were sent as 3, -1
     # and 1, None raised int()'s TypeError; a clip bit of None or NaN was sent as NaN, "1" as
@@ -338,8 +340,10 @@ def reply_updates(
     }
     record = message.content.config_records.get(P.CONFIG_RECORD)
     # private: only when the server asked with true itself, not with a value bool() takes for
-    # it ("no", 1: thirty-first review of issue 15)
+    # it ("no", 1: thirty-first review of issue 15), and never in a private round (forty-second
+    # review, wire 2: clip-norm 1 with report-private-metrics true sent them)
     if record is not None and record.get(P.REPORT_PRIVATE_METRICS, False) is True:
+        P.check_private_metrics(record)
         metrics[P.NUM_EXAMPLES] = list(num_examples or [])
         metrics[P.TRAIN_LOSS] = list(losses or [])
     reply[P.TRAIN_METRICS] = MetricRecord(metrics)

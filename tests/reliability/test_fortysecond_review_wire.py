@@ -11,21 +11,61 @@
    missing ``delta`` and the forty-first's ``TrainMessage.read`` were fixed, not these). Now
    ``ValueError`` naming the record, the user and the array (``wire._readable_array``), or
    ``initial_arrays`` (``flower_arrays.check_initial_arrays``).
+2. A train message asking for the users' private metrics (``report-private-metrics`` true) in a
+   private round: ``clip-norm`` 1 (with or without ``noise-std`` 0.2, distributed noise), or
+   ``clip-bit`` true, or ``count-noise-std`` 0.3, a combination no fedprivopt server sends (it
+   asks for them only in non-private runs, whose rounds have ``clip-norm`` and ``noise-std`` 0):
+   a rogue or broken server. Before: fedprivopt's ClientApp (and ``clients.reply_updates`` of a
+   ClientApp of one's own) sent every trained user's exact example count and training loss
+   (``num-examples`` [27, 7], ``train-loss`` [0.95, 1.34]) beside their clipped updates: values
+   of one user's data without noise, outside epsilon (DESIGN.md: nothing else leaves the device
+   in DP mode). Now ``ValueError`` naming ``report-private-metrics`` and the key that makes the
+   round private (``wire.check_private_metrics``, called by ``decode_train_config``, so by
+   ``TrainMessage.read`` and the ClientApp, and by ``reply_updates``); a non-private round's
+   metrics go back as before.
 """
 
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from fedprivopt import wire as P
+from fedprivopt.clients import LocalConfig
+from fedprivopt.clients.client_app import app
+from fedprivopt.clients.messages import reply_updates
+from fedprivopt.models import build_task
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower_arrays import check_initial_arrays
+from tests.messages import delivered
+
+TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
+RUN_CONFIG = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS_JSON: json.dumps(TOY), P.RUN_DEVICE: "cpu"}
+
+
+def _node() -> Context:
+    """Node 1 of 3 of the toy task (users 1, 4, 7), as fedprivopt's ClientApp reads it."""
+    nodes = {P.NODE_PARTITION_ID: 1, P.NODE_NUM_PARTITIONS: 3}
+    return Context(
+        run_id=1, node_id=11, node_config=nodes, state=RecordDict(), run_config=RUN_CONFIG
+    )
+
+
+def _toy_train(changes: dict, users=(1, 4)):
+    """A toy train message (clip-norm 1, no noise) with ``changes`` to its config."""
+    local = LocalConfig(learning_rate=0.5, clip_norm=1.0)
+    settings = P.ClientSettings(local, seed=5)
+    config = dict(P.encode_train_config(users=list(users), round_num=2, settings=settings))
+    config.update(changes)
+    state = build_task("toy", **TOY).build_model().state_dict()
+    content = {P.CONFIG_RECORD: ConfigRecord(config), P.ARRAYS_RECORD: ArrayRecord(state)}
+    return delivered(content, "train")
 
 
 def _object_array() -> bytes:
@@ -63,3 +103,37 @@ def test_1_initial_arrays_with_a_damaged_array_are_one_value_error(name):
     algorithm = build_algorithm(StrategyConfig(population=4, clients_per_round=2), flat)
     with pytest.raises(ValueError, match=r"^initial_arrays: "):
         check_initial_arrays(ArrayRecord({"w": DAMAGED[name]}), spec, algorithm)
+
+
+# -- finding 2: a private round never sends the users' example counts and losses ---------------
+
+PRIVATE_ROUNDS = {
+    "clip-norm": {},
+    "distributed noise": {P.NOISE_STD: 0.2},
+    "clip-bit": {P.CLIP_NORM: 0.0, P.CLIP_BIT: True},
+    "count-noise-std": {P.CLIP_NORM: 0.0, P.COUNT_NOISE_STD: 0.3},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE_ROUNDS))
+def test_2_the_client_app_refuses_private_metrics_in_a_private_round(name):
+    changes = {**PRIVATE_ROUNDS[name], P.REPORT_PRIVATE_METRICS: True}
+    with pytest.raises(ValueError, match="'report-private-metrics' is true in a private round"):
+        app(_toy_train(changes), _node())
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE_ROUNDS))
+def test_2_reply_updates_refuses_them_too(name):
+    message = _toy_train({**PRIVATE_ROUNDS[name], P.REPORT_PRIVATE_METRICS: True}, users=[1])
+    with pytest.raises(ValueError, match="'report-private-metrics' is true in a private round"):
+        reply_updates(
+            message, {1: torch.zeros(18)}, clip_bits={1: 1.0}, num_examples=[27], losses=[0.95]
+        )
+
+
+def test_2_a_non_private_round_still_gets_them():
+    changes = {P.CLIP_NORM: 0.0, P.REPORT_PRIVATE_METRICS: True}
+    metrics = app(_toy_train(changes), _node()).content[P.TRAIN_METRICS]
+    assert metrics[P.NUM_EXAMPLES] == [27, 7] and len(metrics[P.TRAIN_LOSS]) == 2
+    private = app(_toy_train({}), _node()).content[P.TRAIN_METRICS]  # not asked: not sent
+    assert set(private) == {P.USERS_TRAINED, P.USERS_REJECTED}

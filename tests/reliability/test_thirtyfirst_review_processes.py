@@ -388,7 +388,9 @@ def test_5_private_metrics_go_back_only_when_the_server_asked_with_true(asked, s
     message = delivered({P.CONFIG_RECORD: _config_record(report_private_metrics=asked)}, "train")
     reply = reply_updates(message, {1: torch.zeros(3)}, num_examples=[7], losses=[0.5])
     assert P.NUM_EXAMPLES not in reply.content[P.TRAIN_METRICS]  # example counts: private
-    message = delivered({P.CONFIG_RECORD: _config_record(report_private_metrics=True)}, "train")
+    # a non-private round's (clip-norm 0): a private one never sends them (forty-second review)
+    asked = _config_record(report_private_metrics=True, clip_norm=0.0)
+    message = delivered({P.CONFIG_RECORD: asked}, "train")
     reply = reply_updates(message, {1: torch.zeros(3)}, num_examples=[7], losses=[0.5])
     assert reply.content[P.TRAIN_METRICS][P.NUM_EXAMPLES] == [7]
 

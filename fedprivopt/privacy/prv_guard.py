@@ -25,9 +25,9 @@ from fedprivopt.privacy.accounting_state import (
     check_delta,
     check_prv_eps_error,
     gib,
-    merge_ledger,
 )
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.pld_guard import poisson_gaussians
 
 __all__ = [
     "PRV_MAX_BYTES",
@@ -91,7 +91,7 @@ def prv_domain_points(
 
     eps_error = check_prv_eps_error(eps_error)  # 5.0 was taken (short API review of issue 15)
     delta_error = check_delta(delta) / 1000
-    ledger = merge_ledger(ledger)
+    ledger = poisson_gaussians(ledger, "prv")  # a count folded in; fixed and tree refused
     if not ledger:
         return 0.0
     if delta_error == 0:  # 5e-324: Opacus' mesh divides by it (ZeroDivisionError before)
@@ -123,6 +123,7 @@ def check_prv_ledger(ledger: Ledger, delta: float, eps_error: float) -> None:
     q = 0.1: an infinite domain, refused) or takes many seconds (σ 1e10 at q = 0.5: ~28 s for
     ε = 0.01, its error bound); thirtieth review of issue 15, privacy-report finding 1.
     """
+    ledger = poisson_gaussians(ledger, "prv")  # forty-second review of issue 15 (mechanisms 2)
     from opacus.accountants.utils import MAX_SIGMA
 
     for event, count in ledger:
@@ -148,10 +149,11 @@ def prv_epsilon(ledger: Ledger, delta: float, eps_error: float) -> float:
     """ε of a Poisson ledger with Opacus' PRV accountant, guarded (see :func:`check_prv_ledger`)."""
     import warnings
 
+    delta, eps_error = check_delta(delta), check_prv_eps_error(eps_error)
+    ledger = poisson_gaussians(ledger, "prv")  # forty-second review of issue 15 (mechanisms 2)
+    check_prv_ledger(ledger, delta, eps_error)
     from opacus.accountants import PRVAccountant
 
-    delta, eps_error = check_delta(delta), check_prv_eps_error(eps_error)
-    check_prv_ledger(ledger, delta, eps_error)
     acc = PRVAccountant()
     acc.history = _prv_history(ledger)
     try:

@@ -8,6 +8,16 @@
    tried (exact norm up to 1.0000000221 C). Now the update is made float32
    before it is checked and clipped (``NextWordCohortTrainer._finish``): exact norm at most C;
    a float32 ``global_flat`` (what the engines pass) gives the same bits as before.
+2. The guarded accountants called directly (public in ``privacy.pld_guard`` and
+   ``privacy.prv_guard``): ``pld_epsilon`` and ``prv_epsilon`` of 10 adaptive-clipping events
+   (``SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=2,
+   count_noise_multiplier=1.2)``), of 10 fixed-size events (10 of 100) and of a tree period
+   (restart 8). Before: each event was read as a Poisson-subsampled Gaussian of its
+   ``noise_multiplier``: ε 0.80 where ``compose_epsilon`` gives 2.69 (the count left out),
+   0.81 (prv) and 3.43 (pld) where rdp gives 4.59 for the fixed events, 0.80 where 19.05 for
+   the tree. Now both (and ``check_pld_ledger``, ``check_prv_ledger``, ``prv_domain_points``)
+   take the ledger through ``pld_guard.poisson_gaussians``: the count folded in as
+   ``compose_epsilon`` folds it, fixed and tree events refused with its messages.
 """
 
 from __future__ import annotations
@@ -20,7 +30,8 @@ import torch
 from fedprivopt.clients import LocalConfig
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.models.next_word_cohort import NextWordCohortTrainer
-from fedprivopt.privacy import RngFactory
+from fedprivopt.privacy import RngFactory, SubsampledGaussianEvent, compose_epsilon, prv_guard
+from fedprivopt.privacy.pld_guard import check_pld_ledger, pld_epsilon
 
 
 def _exact_sq(vector: torch.Tensor) -> Fraction:
@@ -37,26 +48,57 @@ def nwp_task(tmp_path_factory):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("clip_norm", [0.05, 0.2, 0.9])
-def test_1_next_word_cohort_clips_a_float64_model_in_float32(nwp_task, clip_norm):
+def test_1_next_word_cohort_clips_a_float64_model_in_float32(nwp_task):
     w = initial_flat(nwp_task)
-    cfg = LocalConfig(learning_rate=1.0, epochs=1, batch_size=4, clip_norm=clip_norm)
     rngs = RngFactory(seed=11)
     users = list(range(12))
     trainer = NextWordCohortTrainer(nwp_task, device="cpu", chunk_users=12, stacked=True)
-    got = [
-        pair
-        for batch in trainer.train_batches(w.double(), users, round_num=3, config=cfg, rngs=rngs)
-        for pair in batch.split()
-    ]
-    assert [u for u, _ in got] == users
-    limit = Fraction(clip_norm) ** 2
-    above = [u for u, d in got if d.dtype != torch.float32 or _exact_sq(d) > limit]
-    assert above == []
-    # the engines' float32 model: the same clipped updates as before, each within C
-    same = [
-        pair
-        for batch in trainer.train_batches(w, users, round_num=3, config=cfg, rngs=rngs)
-        for pair in batch.split()
-    ]
-    assert all(_exact_sq(d) <= limit for _, d in same)
+    for clip_norm in (0.05, 0.2, 0.9):
+        cfg = LocalConfig(
+            learning_rate=1.0, epochs=1, batch_size=4, max_examples=8, clip_norm=clip_norm
+        )
+        limit = Fraction(clip_norm) ** 2
+        for model in (w.double(), w):  # float32: what the engines pass, unchanged
+            got = [
+                pair
+                for batch in trainer.train_batches(model, users, round_num=3, config=cfg, rngs=rngs)
+                for pair in batch.split()
+            ]
+            assert [u for u, _ in got] == users
+            above = [u for u, d in got if d.dtype != torch.float32 or _exact_sq(d) > limit]
+            assert above == [], (clip_norm, model.dtype)
+
+
+def test_2_guarded_accountants_fold_the_count_and_refuse_other_relations(monkeypatch):
+    count = SubsampledGaussianEvent.poisson(
+        sample_rate=0.1, noise_multiplier=2.0, count_noise_multiplier=1.2
+    )
+    ledger = [(count, 10)]
+    want = compose_epsilon(ledger, 1e-5, accountant="pld", pld_discretization=1e-2)
+    assert want > 2.5
+    assert pld_epsilon(ledger, 1e-5, 1e-2) == want
+    # prv: the ledger Opacus is handed is the one Gaussian (without importing Opacus here)
+    handed = []
+
+    def stop(ledger, delta, eps_error):
+        handed.append(ledger)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(prv_guard, "check_prv_ledger", stop)
+    with pytest.raises(RuntimeError, match="stop"):
+        prv_guard.prv_epsilon(ledger, 1e-5, 0.01)
+    assert handed == [((count.single_gaussian(), 10),)]
+    monkeypatch.undo()
+    fixed = SubsampledGaussianEvent.fixed(population=100, cohort_size=10, noise_multiplier=2.0)
+    tree = SubsampledGaussianEvent.tree(
+        population=100, cohort_size=10, noise_multiplier=2.0, restart_rounds=8
+    )
+    for event, words in ((fixed, "supports only Poisson"), (tree, "tree aggregation")):
+        for call in (
+            lambda e: pld_epsilon([(e, 10)], 1e-5, 1e-2),
+            lambda e: prv_guard.prv_epsilon([(e, 10)], 1e-5, 0.01),
+            lambda e: check_pld_ledger([(e, 10)], 1e-2),
+            lambda e: prv_guard.check_prv_ledger([(e, 10)], 1e-5, 0.01),
+        ):
+            with pytest.raises(ValueError, match=words):
+                call(event)

@@ -143,6 +143,7 @@ class HDF5Split(ClientSplit):
                 "which no StackOverflow HDF5 file holds (the file is damaged)"
             )
         self._client_ids = sorted(names)
+        self._listed = frozenset(names)  # the ids _client reads (forty-second review, input 2)
         if link is not None:
             raise self._linked(f"/examples/{link[0]}", link[1])
 
@@ -180,14 +181,23 @@ class HDF5Split(ClientSplit):
         return group
 
     def _client(self, client_id: str) -> Any:
+        """The group of ``client_id``, which must be one of :attr:`client_ids` as it is listed.
+
+        Forty-second review of issue 15 (input 2): h5py resolves a name as a path, so
+        ``client_examples("/examples/u1")`` (also ``"u1/"``, ``"./u1"``, ``"u1/."``,
+        ``b"u1"``) read ``u1``'s examples under another id (one person's data as two users, as
+        the SQLite reader's ``COLLATE NOCASE`` did, forty-first review, input 2), and an ``int``
+        id blamed the file (``cannot read client 1 (damaged HDF5 file?)``). ``KeyError``, as
+        :class:`~fedprivopt.data.sqlite.SQLiteSplit` raises for a client it does not list.
+        """
+        if not isinstance(client_id, str) or client_id not in self._listed:
+            raise KeyError(f"client {shown(client_id)} is not in split {self.split!r}")
         examples = self._examples()
         with self._reading(f"client {client_id!r}"):
             group = examples.get(client_id)
             is_group = isinstance(group, load_h5py().Group)
-        if group is None and client_id in self._client_ids:
-            raise ValueError(f"{self.path}: client {client_id!r} is listed but cannot be opened")
         if group is None:
-            raise KeyError(f"client {shown(client_id)} is not in split {self.split!r}")
+            raise ValueError(f"{self.path}: client {client_id!r} is listed but cannot be opened")
         if not is_group:
             raise ValueError(f"{self.path}: /examples/{client_id} is not a group of features")
         self._check_one_name(group, f"/examples/{client_id}")

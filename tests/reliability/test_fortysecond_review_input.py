@@ -9,6 +9,14 @@
    the full check of the thirty-fifth review when it changed
    (``StackOverflowFiles._check_file_unchanged``): ``the dataset changed while the task used
    it``; a file touched or replaced by an equal copy still reads.
+2. ``HDF5Split(f).client_examples("/examples/u1")`` (also ``"u1/"``, ``"./u1"``, ``"u1/."``,
+   ``"//examples//u1"``, ``b"u1"``; ``num_examples`` alike; also through
+   ``data.loader.open_split``) of a legacy HDF5 split listing ``u1``: ``u1``'s examples read
+   under another id, since h5py resolves a name as a path (one person's data as two users of a
+   task built on the split, the twin of the forty-first review's ``COLLATE NOCASE``), and an
+   ``int`` id blamed the file: ``cannot read client 1 (damaged HDF5 file?)``. Now only an id
+   of ``client_ids`` as listed is read (``HDF5Split._client``); another is a ``KeyError`` naming
+   it, as ``SQLiteSplit`` raises.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ import shutil
 import pytest
 
 from fedprivopt.data import SyntheticConfig, generate
+from fedprivopt.data.hdf5 import write_hdf5
+from fedprivopt.data.loader import open_split
+from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
 
 
@@ -64,3 +75,24 @@ def test_1_a_touched_or_equal_file_still_reads(tmp_path, datasets):
     shutil.copyfile(datasets / "a" / sqlite.name, sqlite)  # the same bytes written over it
     task._cache.clear()
     assert task.user_data(0)[0].equal(x)
+
+
+# -- finding 2: an HDF5 client read under another spelling of its id ---------------------------
+
+
+def _example(word: str) -> StackOverflowExample:
+    return StackOverflowExample(
+        tokens=word, title="t", tags="a", creation_date="2020-01-01", score=1, type="question"
+    )
+
+
+@pytest.mark.parametrize(
+    "other", ["/examples/u1", "u1/", "./u1", "u1/.", "//examples//u1", b"u1", 1, None]
+)
+def test_2_an_hdf5_client_is_read_only_by_its_listed_id(tmp_path, other):
+    f = write_hdf5(tmp_path / "stackoverflow_train.h5", {"u1": [_example("x")] * 2, "u2": []})
+    split = open_split(f)
+    assert list(split.client_ids) == ["u1", "u2"] and len(split.client_examples("u1")) == 2
+    for read in (split.client_examples, split.num_examples):
+        with pytest.raises(KeyError, match=r"is not in split 'train'"):
+            read(other)

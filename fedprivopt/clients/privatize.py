@@ -36,6 +36,7 @@ from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.clip import ClipResult, clip_l2, float_at_most, l2_norm
 from fedprivopt.privacy.noise import add_gaussian_noise
+from fedprivopt.privacy.plain import foreign_tensor
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = ["NOISE_PURPOSE", "PrivateUpdate", "noise_generator", "privatize_update"]
@@ -129,6 +130,12 @@ def privatize_update(
         raise ValueError(f"update must be a floating-point torch.Tensor, got {update!r:.80}")
     if update.layout != torch.strided:
         raise ValueError(f"update must be a dense (strided) tensor, got layout {update.layout}")
+    foreign = foreign_tensor(update)
+    if foreign is not None:
+        # forty-second review of issue 15 (api 4): an update of a tensor subclass whose own
+        # norm read 0.001 came back unclipped (norm 200 where C = 1, clipped False), which in
+        # distributed-noise mode the server sums up to C + s (sqrt(d) + 10), above C
+        raise ValueError(f"update is {foreign}")
     # thirty-eighth review of issue 15: a meta tensor ended in torch's RuntimeError and a float8
     # one in NotImplementedError ("isfinite" not implemented), before clip_l2's own refusal
     if update.device.type == "meta":

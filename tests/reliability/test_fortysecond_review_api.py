@@ -32,6 +32,13 @@
    the state's round. Now ``AlgorithmState._refuse_without_data`` refuses it naming the key
    (``checkpoint's params must be a dense tensor with values: ...``), the algorithm as it was;
    a state's tensors are copied to the model's device.
+4. ``privatize_update(update, clip_norm=1.0, noise_std=0.5, generator=g)`` (what a user's own
+   ClientApp calls after its training loop) given an update of a ``torch.Tensor`` subclass whose
+   own norm reads 0.001 (the forty-first review's api 1, on the client's side), every entry 100.
+   Before: returned unclipped: ``norm`` 0.001, ``clipped`` False, the vector of norm 199.9 (of
+   the subclass); in distributed-noise mode the server sums an update up to ``C + s (sqrt(d) +
+   10)`` (the share's room), above C. Now refused (``update is a _Lying (a torch.Tensor
+   subclass, ...``, ``privacy.plain.foreign_tensor``); ``torch.nn.Parameter`` taken.
 """
 
 from __future__ import annotations
@@ -42,12 +49,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedprivopt.clients import LocalTrainer
+from fedprivopt.clients import LocalTrainer, privatize_update
 from fedprivopt.models import build_task
 from fedprivopt.models.task import TaskError
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_fortyfirst_review_api import _Lying
 from tests.reliability.test_thirtyeighth_review_api import (
     _config,
     _quiet,  # noqa: F401
@@ -164,3 +172,15 @@ def test_3_a_state_tensor_without_dense_values_is_refused_naming_it(changes, key
     assert other.round_num == 0 and other.accountant.num_events == 0
     other.load_state_dict(state)
     assert other.round_num == (0 if key == "partial" else 1)
+
+
+# -- finding 4: privatize_update given a tensor subclass -----------------------------------------
+
+
+def test_4_privatize_update_refuses_a_tensor_subclass():
+    lying = torch.full((4,), 100.0).as_subclass(_Lying)
+    generator = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=r"update is a _Lying \(a torch.Tensor subclass"):
+        privatize_update(lying, clip_norm=1.0, noise_std=0.5, generator=generator)  # unclipped
+    out = privatize_update(torch.nn.Parameter(torch.full((4,), 100.0)), clip_norm=1.0)
+    assert out.clipped and float(out.vector.norm()) <= 1.0

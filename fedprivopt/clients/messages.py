@@ -102,13 +102,15 @@ def reply_users(message: Message, users: Iterable[int]) -> Message:
         ``>= 0`` (twenty-ninth review of issue 15: ``[0.5, 1.7]``, ``[True]`` and ``["3"]`` were
         sent as users 0, 1, 1 and 3; the server now takes such an answer as a node error).
     """
-    record = message.content.config_records.get(P.QUERY_RECORD)
+    record = _content(message).config_records.get(P.QUERY_RECORD)
     op = None if record is None else record.get(P.OP)
     if op != P.OP_USERS:
         raise ValueError(
             f"unknown query: expected ConfigRecord {P.QUERY_RECORD!r} with "
             f"{P.OP!r}={P.OP_USERS!r}, got {shown(op)}"
         )
+    if isinstance(users, (str, bytes)) or not isinstance(users, Iterable):
+        raise ValueError(f"users must be a list of user ids, got {shown(users)}")
     ids = list(P.check_user_ids("users", list(users)))
     return Message(RecordDict({P.USERS_RECORD: MetricRecord({P.USER_IDS: ids})}), reply_to=message)
 
@@ -159,7 +161,7 @@ class TrainMessage:
         ValueError
             If a record or a key is missing or has the wrong type or range.
         """
-        content = message.content
+        content = _content(message)
         if P.CONFIG_RECORD not in content.config_records:
             raise ValueError(f"train message has no ConfigRecord {P.CONFIG_RECORD!r}")
         if P.ARRAYS_RECORD not in content.array_records:
@@ -204,7 +206,12 @@ class TrainMessage:
         """A state dict with the global model's keys as one flat vector in the server's layout.
 
         ``flatten(model.state_dict()) - global_flat`` is the update the server expects.
+        ``ValueError`` naming ``state`` for anything but a mapping of names to tensors.
         """
+        if not isinstance(state, Mapping) or not all(
+            isinstance(v, torch.Tensor) for v in state.values()
+        ):
+            raise ValueError(f"state must be a state dict (names to tensors), got {shown(state)}")
         return state_to_flat({k: v.detach() for k, v in state.items()}, self.spec)
 
     def noise_generator(self, user_id: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -308,6 +315,10 @@ def reply_updates(
     # and 1, None raised int()'s TypeError; a clip bit of None or NaN was sent as NaN, "1" as
     # 1.0 and a two-element tensor as two numbers (the server then drops the user's update)
     rejected = check_int("rejected", rejected, 0)
+    _content(message)
+    for name, given in (("updates", updates), ("clip_bits", clip_bits or {})):
+        if not isinstance(given, Mapping):  # forty-second review (wire 3): AttributeError
+            raise ValueError(f"{name} must be a mapping of user id to value, got {shown(given)}")
     reply = RecordDict()
     bits = {} if clip_bits is None else clip_bits
     dtype, length = _flat_layout(message)
@@ -442,6 +453,17 @@ def _flat_layout(message: Message) -> tuple[torch.dtype, int | None]:
             length = None
     flat = dtype if dtype in (torch.float32, torch.float64) else torch.float32
     return flat, length if record else None
+
+
+def _content(message: object) -> RecordDict:
+    """``message.content``, or ``ValueError`` naming ``message`` (not a Flower message).
+
+    Forty-second review of issue 15 (wire 3): ``AttributeError: 'str' object has no attribute
+    'content'`` (and ``updates``, ``users``, ``state`` alike), naming no parameter.
+    """
+    if not isinstance(message, Message):
+        raise ValueError(f"message must be a flwr.app.Message, got {shown(message)}")
+    return message.content
 
 
 def reply_task_error(message: Message, error: TaskError) -> Message:

@@ -23,6 +23,15 @@
    round private (``wire.check_private_metrics``, called by ``decode_train_config``, so by
    ``TrainMessage.read`` and the ClientApp, and by ``reply_updates``); a non-private round's
    metrics go back as before.
+3. The functions of a ClientApp of one's own (``clients.messages``) given what is no message,
+   mapping or state dict: ``TrainMessage.read("x")`` (or ``None``), ``reply_updates(None,
+   ...)``, ``reply_updates(message, [update])`` (or ``None``), ``reply_users(query, None)``,
+   ``TrainMessage.flatten(None)``, of a list of pairs or of a state holding a NumPy array.
+   Before: ``AttributeError`` (``'str' object has no attribute 'content'``, ``'list' object has
+   no attribute 'items'``, ``'numpy.ndarray' object has no attribute 'detach'``) or
+   ``TypeError: 'NoneType' object is not iterable``, naming no parameter, where ``ValueError``
+   naming it is documented. Now ``ValueError`` naming ``message``, ``updates``, ``users`` or
+   ``state`` (``messages._content`` and the checks beside it).
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import app
-from fedprivopt.clients.messages import reply_updates
+from fedprivopt.clients.messages import TrainMessage, reply_updates, reply_users
 from fedprivopt.models import build_task
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
@@ -137,3 +146,58 @@ def test_2_a_non_private_round_still_gets_them():
     assert metrics[P.NUM_EXAMPLES] == [27, 7] and len(metrics[P.TRAIN_LOSS]) == 2
     private = app(_toy_train({}), _node()).content[P.TRAIN_METRICS]  # not asked: not sent
     assert set(private) == {P.USERS_TRAINED, P.USERS_REJECTED}
+
+
+# -- finding 3: what is no message, mapping or state dict is named ------------------------------
+
+
+def _calls():
+    message = _toy_train({}, users=[1])
+    query = delivered({P.QUERY_RECORD: ConfigRecord({P.OP: P.OP_USERS})}, "query")
+    read = TrainMessage.read(message)
+    state = build_task("toy", **TOY).build_model().state_dict()
+    update = torch.zeros(18)
+    return {
+        "read str": (lambda: TrainMessage.read("x"), "message"),
+        "read None": (lambda: TrainMessage.read(None), "message"),
+        "reply to None": (lambda: reply_updates(None, {1: update}), "message"),
+        "updates list": (lambda: reply_updates(message, [update]), "updates"),
+        "updates None": (lambda: reply_updates(message, None), "updates"),
+        "users None": (lambda: reply_users(query, None), "users"),
+        "users of None": (lambda: reply_users(None, [1]), "message"),
+        "state None": (lambda: read.flatten(None), "state"),
+        "state pairs": (lambda: read.flatten(list(state.items())), "state"),
+        "state numpy": (lambda: read.flatten({k: v.numpy() for k, v in state.items()}), "state"),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "read str",
+        "read None",
+        "reply to None",
+        "updates list",
+        "updates None",
+        "users None",
+        "users of None",
+        "state None",
+        "state pairs",
+        "state numpy",
+    ],
+)
+def test_3_a_client_apps_calls_name_what_is_not_a_message_mapping_or_state(name):
+    call, parameter = _calls()[name]
+    with pytest.raises(ValueError, match=f"^{parameter} must be"):
+        call()
+
+
+def test_3_the_same_calls_of_good_values_work_as_before():
+    message = _toy_train({}, users=[1])
+    read = TrainMessage.read(message)
+    state = build_task("toy", **TOY).build_model().state_dict()
+    assert torch.equal(read.flatten(state), read.global_flat)
+    reply = reply_updates(message, {1: read.flatten(state) - read.global_flat})
+    assert list(P.read_updates(reply.content)) == [1]
+    query = delivered({P.QUERY_RECORD: ConfigRecord({P.OP: P.OP_USERS})}, "query")
+    assert reply_users(query, (u for u in [4, 1])).content[P.USERS_RECORD][P.USER_IDS] == [4, 1]

@@ -172,9 +172,26 @@ def _new_event_file(out: Path) -> Path:
     # a resumed run's purge must come after the file it purges; unpadded, the file numbered 10
     # of a process sorted before its 9 written in the same second (seen in the suite when the
     # files it ran first had made nine)
-    stem = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid():07d}"
+    # forty-second review of issue 15 (reports, finding 3): a resume whose clock is behind the
+    # killed run's (resumed on another machine, or after the clock was set back), or in the
+    # same second with a smaller PID or another host name, sorted before it, and TensorBoard
+    # showed the killed run's stale round 3 (13.0 where 23.0) and no round 4: the new file's
+    # time is now after every event file's there
+    seconds = min(max(int(time.time()), _newest_seconds(out) + 1), 10**10 - 1)  # 10 digits
+    stem = f"events.out.tfevents.{seconds:010d}.{socket.gethostname()}.{os.getpid():07d}"
     suffix = event_file_suffix(out)
     while True:
         path = out / f"{stem}.{next(_FILE_NUMBER):06d}{suffix}"
         if not os.path.lexists(path):
             return path
+
+
+def _newest_seconds(out: Path) -> int:
+    """The largest time in the names of ``out``'s event files (``-1`` if none can be read)."""
+    newest = -1
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(out):
+            field = entry.name.split(".")[3:4] if entry.name.startswith("events.out.") else []
+            if field and field[0].isdigit() and len(field[0]) <= 10:
+                newest = max(newest, int(field[0]))
+    return newest

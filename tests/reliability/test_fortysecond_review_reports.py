@@ -20,6 +20,14 @@
    what their composition costs (recomputed by ``tune_check.check_tunings`` where the tunings
    can be checked; here fabricated runs, so without a number); ``compare-tuned`` and
    ``compare --tune-grid``, which pass their own ``epsilon_text`` and state it, unchanged.
+3. ``simulate --tensorboard`` killed after round 3's row, then ``--resume`` (round 3 redone)
+   in a process whose clock is behind the killed one's (resumed on another machine, or after
+   the clock was set back; also the same second with a smaller PID or another host name).
+   Before: the new event file's name (``events.out.tfevents.<seconds>.<host>.<pid>.<n>``)
+   sorted before the killed run's, so TensorBoard, which reads them in that order, applied
+   the resume's purge first and then the killed run's events: round 3 showed its stale 13.0
+   (the rows say 23.0) and round 4 was gone. Now ``tensorboard._new_event_file`` names the
+   file after every event file there (``_newest_seconds`` + 1 when the clock is behind).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 from fedprivopt.simulation.report import write_report
 from fedprivopt.simulation.rundata import RunData
@@ -102,3 +111,25 @@ def _report_as(out: Path, runs: list[RunData], epsilon_text: str) -> tuple[str, 
         text = write_report(out, runs, title="t", metric="eval_accuracy",
                             epsilon_text=epsilon_text).read_text("utf-8")  # fmt: skip
     return text, [str(w.message) for w in caught]
+
+
+def test_3_a_resume_whose_clock_is_behind_still_purges_the_redone_rounds(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedprivopt.simulation import tensorboard
+
+    clock = {"now": 1.8e9}
+    monkeypatch.setattr(tensorboard, "time", SimpleNamespace(time=lambda: clock["now"]))
+    first = tensorboard.TensorBoardLog(tmp_path, first_round=1)
+    for r in (1, 2, 3):
+        first.add_row({"round": r, "eval_loss": 10.0 + r})
+    first.close()
+    clock["now"] = 1.7e9  # resumed on a machine whose clock is behind: round 3 redone
+    second = tensorboard.TensorBoardLog(tmp_path, first_round=3)
+    for r in (3, 4):
+        second.add_row({"round": r, "eval_loss": 20.0 + r})
+    second.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert {e.step: e.value for e in acc.Scalars("eval_loss")} == {1: 11.0, 2: 12.0, 3: 23.0,
+                                                                   4: 24.0}  # fmt: skip

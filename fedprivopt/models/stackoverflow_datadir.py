@@ -195,10 +195,26 @@ class StackOverflowDataDir:
                     "socket); a dataset's files are regular files: remove or replace it"
                 )
             raise FileNotFoundError(
-                f"{self.data_dir}: missing {', '.join(absent)} (decompress and index the TFF "
-                f"download there; {hint})"
+                f"{self._shown_dir()}: missing {', '.join(absent)} (decompress and index the "
+                f"TFF download there; {hint})"
             )
         self._check_synthetic_meta()
+
+    def _shown_dir(self) -> str:
+        """:attr:`data_dir`, with where it lies when it is relative (read from the working dir).
+
+        Forty-second review of issue 15 (input 3): ``simulate --resume R`` from another
+        directory than the run's start, whose ``data-dir`` was relative (``e1``), said ``e1:
+        missing stackoverflow.sqlite, …``, as if the dataset were gone; it is read from the
+        working directory, which the line did not name.
+        """
+        try:
+            here = None if self.data_dir.is_absolute() else Path.cwd()
+        except OSError:  # the working directory was removed
+            here = None
+        if here is None:
+            return str(self.data_dir)
+        return f"{self.data_dir} (a relative data_dir, read from the working directory: {here})"
 
     def _check_synthetic_meta(self) -> None:
         meta_path = self.data_dir / SYNTHETIC_META_FILE

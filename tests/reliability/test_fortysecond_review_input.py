@@ -17,6 +17,12 @@
    ``int`` id blamed the file: ``cannot read client 1 (damaged HDF5 file?)``. Now only an id
    of ``client_ids`` as listed is read (``HDF5Split._client``); another is a ``KeyError`` naming
    it, as ``SQLiteSplit`` raises.
+3. ``simulate --resume R`` from another directory than the one the run started in, whose
+   ``task-params.data-dir`` was relative (``--set task-params.data-dir=e1``, recorded as
+   ``data_dir = "e1"``): ``e1: missing stackoverflow.sqlite, …``, as if the dataset were gone;
+   a relative directory is read from the working directory, which the line did not name. Now
+   ``e1 (a relative data_dir, read from the working directory: /tmp): missing …``
+   (``StackOverflowDataDir._shown_dir``).
 """
 
 from __future__ import annotations
@@ -96,3 +102,17 @@ def test_2_an_hdf5_client_is_read_only_by_its_listed_id(tmp_path, other):
     for read in (split.client_examples, split.num_examples):
         with pytest.raises(KeyError, match=r"is not in split 'train'"):
             read(other)
+
+
+# -- finding 3: a relative data directory read from another working directory ------------------
+
+
+def test_3_a_relative_data_dir_names_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        _tag_task("e1")
+    line = str(info.value)
+    assert line.startswith(f"e1 (a relative data_dir, read from the working directory: {tmp_path})")
+    assert "missing stackoverflow.sqlite" in line
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path}/e1: missing "):
+        _tag_task(tmp_path / "e1")  # an absolute one as before

@@ -38,6 +38,7 @@ from fedprivopt.models.cohort import CohortTrainer
 from fedprivopt.models.tag_prediction_chunk import TagChunk, prepare_chunk, visit_schedule
 from fedprivopt.models.tag_prediction_encoding import ragged_index
 from fedprivopt.privacy.clip import clip_factor, clip_l2
+from fedprivopt.privacy.received import PRODUCT_DTYPES
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import (
     RowSparseBatch,
@@ -396,6 +397,11 @@ class TagCohortTrainer(CohortTrainer):
         """
         factors, before = [], []
         tiny = torch.finfo(delta.dtype).tiny
+        # forty-second review of issue 15 (mechanisms 3): a float16 or bfloat16 product with
+        # clip_factor's factor rounds each entry by up to 2**-11 (2**-8) relative, more near the
+        # subnormals: updates of norm 1.0016 C (float16, C 1e-5) and 1.12 C (bfloat16, C 1e-39);
+        # such a dtype's users are clipped by clip_l2, exact at any size, as the aggregator does
+        exact = delta.dtype not in PRODUCT_DTYPES
         for i, norm in enumerate(segment_norms_checked(delta, ptr)):
             before.append(math.inf if norm is None else norm)
             if norm is None:  # diverged (NaN/Inf)
@@ -405,7 +411,7 @@ class TagCohortTrainer(CohortTrainer):
                 factors.append(1.0)
             else:
                 factor = clip_factor(norm, config.clip_norm, delta.dtype)
-                if factor < tiny:
+                if factor < tiny or (exact and factor != 1.0):
                     # forty-first review of issue 15 (mechanisms 1): a factor below the dtype's
                     # normal range (an update norm above C / 1.2e-38 in float32, e.g. C 1e-25 at
                     # local-learning-rate 1e21) lost the relative precision its margin needs, or

@@ -18,6 +18,14 @@
    the tree. Now both (and ``check_pld_ledger``, ``check_prv_ledger``, ``prv_domain_points``)
    take the ledger through ``pld_guard.poisson_gaussians``: the count folded in as
    ``compose_epsilon`` folds it, fixed and tree events refused with its messages.
+3. The tag task's vectorized cohort trainer (``TagCohortTrainer``) given a float16 or bfloat16
+   ``global_flat`` (the Python API; the forty-first review's observation said the updates come
+   back in that dtype, within C), 40 users, ``clip_norm`` 1e-5 (float16) and 1e-39
+   (bfloat16). Before: each user was scaled by ``clip_factor``'s factor in that dtype, whose
+   rounding (2**-11 or 2**-8 relative, more near the subnormals) left 3 and 8 of 40 updates
+   above C (1.0016 C and 1.12 C), where ``LocalTrainer``'s ``clip_l2`` is exact. Now such a
+   dtype's users are clipped by ``clip_l2`` (``TagCohortTrainer._clip``, as the aggregator's
+   ``received.PRODUCT_DTYPES``): exact norm at most C; float32 and float64 unchanged.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from fedprivopt.models import build_task, initial_flat
 from fedprivopt.models.next_word_cohort import NextWordCohortTrainer
 from fedprivopt.privacy import RngFactory, SubsampledGaussianEvent, compose_epsilon, prv_guard
 from fedprivopt.privacy.pld_guard import check_pld_ledger, pld_epsilon
+from tests.tag_synth import make_synth_dir, tag_task
 
 
 def _exact_sq(vector: torch.Tensor) -> Fraction:
@@ -102,3 +111,30 @@ def test_2_guarded_accountants_fold_the_count_and_refuse_other_relations(monkeyp
         ):
             with pytest.raises(ValueError, match=words):
                 call(event)
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    return make_synth_dir(tmp_path_factory, "r42-mechanisms-tag")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "clip_norm"), [(torch.float16, 1e-5), (torch.bfloat16, 1e-39)], ids=str
+)
+def test_3_vectorized_tag_clip_in_half_precision(synth_dir, dtype, clip_norm):
+    task = tag_task(synth_dir)
+    w = initial_flat(task).to(dtype)
+    cfg = LocalConfig(learning_rate=0.5, epochs=1, batch_size=8, clip_norm=clip_norm)
+    trainer = task.cohort_trainer(device="cpu")
+    got = [
+        pair
+        for batch in trainer.train_batches(
+            w, list(range(40)), round_num=1, config=cfg, rngs=RngFactory(seed=0)
+        )
+        for pair in batch.split()
+    ]
+    assert len(got) == 40
+    limit = Fraction(clip_norm) ** 2
+    above = [u for u, update in got if _exact_sq(update.values.flatten()) > limit]
+    assert above == []
+    assert all(update.values.dtype == dtype for _, update in got)

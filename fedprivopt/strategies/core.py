@@ -20,7 +20,7 @@ aggregator and tree noise it builds, one cohort's noised mean) in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import torch
@@ -386,6 +386,8 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         within that draw (follow-up, privacy 3: ``cohort=range(40)`` summed all 40 there).
         """
         round_num = check_int("round_num", round_num, 1)
+        if cohort is not None:
+            cohort = _cohort_users(cohort)
         purpose = "sampling-2" if stream == "train-2" else "sampling"
         if self.config.secure or self.tree_cohorts is not None:
             if cohort is None:
@@ -511,6 +513,23 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         that training, released with no noise of its own (+50 in every entry).
         """
         return (self.params if self.averaged is None else self.averaged).detach().clone()
+
+
+def _cohort_users(cohort: object) -> list[int]:
+    """``aggregate``'s ``cohort`` as a list of plain user ids, read once.
+
+    Forty-second review of issue 15 (api 5): a generator or iterator (``cohort=iter(users)``)
+    was read by the check against the round's sample and was empty when the aggregation read
+    it: every update was rejected as not in the cohort and a round of noise alone was released
+    and charged (epsilon 7.55, accepted 0); ``[True]`` summed user 1, and 0-d tensors were
+    refused as users the round did not sample.
+    """
+    if isinstance(cohort, (str, bytes)) or not isinstance(cohort, Iterable):
+        raise ValueError(
+            f"cohort must be a list of user ids (what alg.sample(round_num) returns), got "
+            f"{shown(cohort)}"
+        )
+    return [check_int("cohort entry (a user id)", user, 0) for user in cohort]
 
 
 def round_number(round_num: object) -> int:

@@ -39,6 +39,15 @@
    the subclass); in distributed-noise mode the server sums an update up to ``C + s (sqrt(d) +
    10)`` (the share's room), above C. Now refused (``update is a _Lying (a torch.Tensor
    subclass, ...``, ``privacy.plain.foreign_tensor``); ``torch.nn.Parameter`` taken.
+5. ``alg.aggregate(1, updates, cohort=iter(users))`` (or a generator) with ``users =
+   alg.sample(1)`` (dp-fedavg, seeded and secure). Before: the check against the round's sample
+   read the iterator and the aggregation found it empty: all 9 updates rejected as not in the
+   round's cohort, a round of noise alone released and charged (epsilon 7.55, accepted 0);
+   ``cohort=[True]`` summed user 1, and 0-d tensors were refused as users the round did not
+   sample. Now ``core._cohort_users`` reads the cohort once into plain user ids: the iterator's
+   users are summed (accepted 9, the mean of the list's cohort), a float, bool, string or
+   tensor entry is refused naming it (``cohort entry (a user id) must be an integer >= 0``),
+   nothing charged.
 """
 
 from __future__ import annotations
@@ -184,3 +193,25 @@ def test_4_privatize_update_refuses_a_tensor_subclass():
         privatize_update(lying, clip_norm=1.0, noise_std=0.5, generator=generator)  # unclipped
     out = privatize_update(torch.nn.Parameter(torch.full((4,), 100.0)), clip_norm=1.0)
     assert out.clipped and float(out.vector.norm()) <= 1.0
+
+
+# -- finding 5: aggregate's cohort given as an iterator, or of entries that are no user ids -----
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_5_a_cohort_given_as_an_iterator_is_read_once(secure):
+    alg = build_algorithm(_config(secure=secure), torch.zeros(4))
+    users = alg.sample(1)
+    updates = {u: torch.full((4,), 0.1) for u in users}
+    agg = alg.aggregate(1, updates, cohort=iter(users))
+    assert agg.metrics["accepted"] == len(users)  # was 0: a round of noise alone, charged
+    assert agg.metrics["rejected"] == 0
+
+
+@pytest.mark.parametrize("entry", [True, 1.0, "1", torch.tensor(1)])
+def test_5_a_cohort_entry_that_is_no_user_id_is_refused(entry):
+    alg = build_algorithm(_config(), torch.zeros(4))
+    updates = {u: torch.full((4,), 0.1) for u in alg.sample(1)}
+    with pytest.raises(ValueError, match=r"cohort entry \(a user id\) must be an integer"):
+        alg.aggregate(1, updates, cohort=[entry])
+    assert alg.accountant.num_events == 0

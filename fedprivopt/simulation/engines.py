@@ -56,6 +56,8 @@ def run_fast(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunWri
     With ``fast-actors`` in a Ray cluster (``ray-address``) the shards are spread over its nodes
     (:func:`~fedprivopt.simulation.cluster.join_cluster` checks them first).
     """
+    if alg.round_num >= config.strategy.num_server_rounds:
+        return "rounds"  # no round left: no shard is started for none (see run_flower)
     with join_cluster(config) as cluster:
         return _run_fast(config, task, alg, writer, cluster)
 
@@ -324,6 +326,13 @@ def run_flower(config: RunConfig, task: Task, alg: ServerAlgorithm, writer: RunW
     from flwr.serverapp import Grid, ServerApp
 
     check_flower_resources(config)
+    if alg.round_num >= config.strategy.num_server_rounds:
+        # Forty-second review of issue 15 (processes 3): a run stopped after its last round
+        # and before its summary (a signal then; compare's cell 2 by SIGHUP) started Flower and
+        # Ray on --resume for no round: 37-41 s, and once Ray's shutdown met a worker still
+        # starting, whose 6 lines (`Fatal Python error: Aborted`) reached a --quiet rerun. As
+        # the fast engine, nothing is left to run.
+        return "rounds"
     app = ServerApp()
     done: list[str] = []
     stop = threading.Event()

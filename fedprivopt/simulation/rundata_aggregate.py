@@ -220,7 +220,9 @@ def aggregate_with_notes(
                            or math.isfinite(run.epsilon) for run in group),
             **_bases(group),
         })  # fmt: skip
-    return rows, notes + (bases_notes(rows) or unequal_epsilon_notes(rows))
+    # forty-second review of issue 15 (reports, finding 4): a note on the bases no longer
+    # hides one on unequal epsilon between rows of one basis
+    return rows, notes + bases_notes(rows) + unequal_epsilon_notes(rows)
 
 
 _RELATION_WORDS = {
@@ -292,12 +294,19 @@ def unequal_epsilon_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     rows, whose ε is their tuning's, with tuned rows): a note unless one's ε are among the
     other's. Strategies calibrated to one ε, a noise grid that every strategy runs at equal ε
     (one strategy at more of its points, as ``compare-tuned --untuned`` may give), no note.
+    Forty-second review (reports, finding 4): rows are compared within each basis of their ε
+    (accountant and neighbouring relation, :func:`bases_notes` names the bases), and this note
+    is no longer left out when the bases differ: ``compare P --strategies
+    dp-fedavg,dp-fedavg-adadp,dp-fedadam --rounds 2`` with ``accountant = "pld"`` in P's
+    ``[strategies.dp-fedadam]`` said only that the accountants differ, while dp-fedavg (10.28)
+    and dp-fedavg-adadp (13.71), both RDP, were at unequal ε.
     """
     from fedprivopt.core.text import epsilon_text
     from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
 
     notes = []
-    for tuned in (False, True):
+    bases = sorted({_basis(r) for r in rows})
+    for tuned, basis in [(t, b) for t in (False, True) for b in bases]:
         spent: dict[str, list[float]] = {}
         for r in rows:
             eps = r["epsilon"]
@@ -305,6 +314,7 @@ def unequal_epsilon_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
                 r.get("private")
                 and math.isfinite(eps)
                 and r["strategy"].endswith(TUNED_SUFFIX) == tuned
+                and _basis(r) == basis
             ):
                 spent.setdefault(r["strategy"], []).append(eps)
         sets = [{f"{e:.9g}" for e in values} for values in spent.values()]
@@ -321,6 +331,11 @@ def unequal_epsilon_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
                 "[strategies.<name>] noise-multiplier in the preset)"
             )
     return notes
+
+
+def _basis(row: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """What a row's ε is of: its accountants and neighbouring relations (:data:`_BASES`)."""
+    return tuple(tuple(sorted(map(str, row.get(key) or ()))) for key, _, _ in _BASES)
 
 
 def bases_notes(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -28,6 +28,15 @@
    the resume's purge first and then the killed run's events: round 3 showed its stale 13.0
    (the rows say 23.0) and round 4 was gone. Now ``tensorboard._new_event_file`` names the
    file after every event file there (``_newest_seconds`` + 1 when the clock is behind).
+4. ``compare P --strategies dp-fedavg,dp-fedavg-adadp,dp-fedadam --rounds 2`` with ``accountant
+   = "pld"`` in P's ``[strategies.dp-fedadam]`` (the thirty-seventh review's reports 1 and the
+   forty-first's reports 2 combined). Before: only "the rows' epsilons come from different
+   accountants", though dp-fedavg (10.28) and dp-fedavg-adadp (13.71), both RDP, were at
+   unequal ε (the note on unequal ε was left out whenever the bases differed). Now
+   ``rundata_aggregate.unequal_epsilon_notes`` compares the strategies within each basis
+   (accountant and neighbouring relation) and is given beside the bases' note; rows whose ε
+   differ only by their accountant (dp-fedavg rdp beside dp-fedadam pld) still get no such
+   note.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
-from fedprivopt.simulation.report import write_report
+from fedprivopt.simulation.report import aggregate_runs, write_report
 from fedprivopt.simulation.rundata import RunData
 
 _TASK = {"task": "stackoverflow-tp", "task-params": {"data-dir": "/d", "num-users": 40}}
@@ -133,3 +142,33 @@ def test_3_a_resume_whose_clock_is_behind_still_purges_the_redone_rounds(tmp_pat
     acc.Reload()
     assert {e.step: e.value for e in acc.Scalars("eval_loss")} == {1: 11.0, 2: 12.0, 3: 23.0,
                                                                    4: 24.0}  # fmt: skip
+
+
+def _based(path: Path, strategy: str, accountant: str, epsilon: float) -> RunData:
+    config = {"strategy": strategy, "noise-multiplier": 0.5, "sampling": "poisson",
+              "accountant": accountant, "delta": 1e-4, "seed": 0}  # fmt: skip
+    summary = {"strategy": strategy, "noise_multiplier": 0.5, "seed": 0, "epsilon": epsilon,
+               "delta": 1e-4, "rounds_completed": 2, "config": config}  # fmt: skip
+    rows = [{"round": r, "eval_accuracy": 0.6, "eval_loss": 0.9} for r in (1, 2)]
+    return RunData(summary, rows, path / strategy, ledger_epsilon=epsilon)
+
+
+def _notes(runs: list[RunData]) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        aggregate_runs(runs)
+    return [str(w.message) for w in caught]
+
+
+def test_4_unequal_epsilon_of_one_accountant_is_noted_beside_another_accountant(tmp_path):
+    runs = [_based(tmp_path, "dp-fedavg", "rdp", 10.28),
+            _based(tmp_path, "dp-fedavg-adadp", "rdp", 13.71),
+            _based(tmp_path, "dp-fedadam", "pld", 8.961)]  # fmt: skip
+    notes = _notes(runs)
+    assert any("different accountants" in n for n in notes), notes
+    unequal = [n for n in notes if "unequal epsilon" in n]
+    assert len(unequal) == 1 and "dp-fedavg 10.28; dp-fedavg-adadp 13.71" in unequal[0], notes
+    # only the accountant differs: the bases' note alone (thirty-seventh review, reports 1)
+    notes = _notes([runs[0], runs[2]])
+    assert any("different accountants" in n for n in notes), notes
+    assert not [n for n in notes if "unequal epsilon" in n], notes

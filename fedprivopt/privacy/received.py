@@ -9,6 +9,7 @@ and counts what arrived in a :class:`Tally` (which refuses a user received twice
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, field
 
@@ -127,11 +128,15 @@ class Tally:
         Thirty-fifth review of issue 15: ``aggregate([(0, u), (0, u)], ...)`` summed both of
         user 0's updates (a sensitivity of 2C where the noise is sized for C), as did a user in
         two ``RowSparseBatch`` entries. The strategies key replies by user (and refuse a streamed
-        cohort that yields a user twice); a caller of its own gets the error.
+        cohort that yields a user twice); a caller of its own gets the error. Forty-second
+        review (wire 4): the repeated user of one batch was found by ``users.count`` of each user,
+        quadratic: 35 s before the error for a batch of 40,000 users repeating its last (about
+        15 minutes at 200,000); now one pass.
         """
         again = self.seen.intersection(users)
         if again or len(set(users)) != len(users):
-            user = min(again) if again else next(u for u in users if users.count(u) > 1)
+            times = collections.Counter(users)
+            user = min(again) if again else next(u for u in users if times[u] > 1)
             raise ValueError(
                 f"updates: user {user} appears twice (one update a user: the noise is sized for "
                 "one clipped update of each)"

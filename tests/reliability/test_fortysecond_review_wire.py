@@ -32,6 +32,13 @@
    ``TypeError: 'NoneType' object is not iterable``, naming no parameter, where ``ValueError``
    naming it is documented. Now ``ValueError`` naming ``message``, ``updates``, ``users`` or
    ``state`` (``messages._content`` and the checks beside it).
+4. ``privacy.received.Tally.arrive`` (what ``NoisyMeanAggregator.aggregate`` counts every entry
+   with) of one ``RowSparseBatch`` whose users repeat one (a cohort code of one's own handing
+   the aggregator a chunk with a user twice). Before: the repeated user was found by
+   ``users.count(u)`` of each user in turn, quadratic: 35 s before the ``ValueError`` for a
+   batch of 40,000 users repeating its last, about 15 minutes at 200,000. Now one pass
+   (``collections.Counter``), the same error naming the same user. The test counts the scans
+   of the list (no timing).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from fedprivopt.clients.client_app import app
 from fedprivopt.clients.messages import TrainMessage, reply_updates, reply_users
 from fedprivopt.models import build_task
 from fedprivopt.privacy.flat import flatten
+from fedprivopt.privacy.received import Tally
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower_arrays import check_initial_arrays
 from tests.messages import delivered
@@ -201,3 +209,33 @@ def test_3_the_same_calls_of_good_values_work_as_before():
     assert list(P.read_updates(reply.content)) == [1]
     query = delivered({P.QUERY_RECORD: ConfigRecord({P.OP: P.OP_USERS})}, "query")
     assert reply_users(query, (u for u in [4, 1])).content[P.USERS_RECORD][P.USER_IDS] == [4, 1]
+
+
+# -- finding 4: a repeated user of a batch is found in one pass ----------------------------------
+
+
+class _Scanned(list):
+    """A list of user ids that counts the calls of ``count`` (one scan of the list each)."""
+
+    scans = 0
+
+    def count(self, value):
+        self.scans += 1
+        return super().count(value)
+
+
+@pytest.mark.parametrize("users", [[*range(2000), 1999], [3, 5, 5, 3], [0, 0]])
+def test_4_a_user_repeated_in_one_batch_is_found_without_a_scan_per_user(users):
+    first = next(u for u in users if users.count(u) > 1)  # the user named before
+    given = _Scanned(users)
+    with pytest.raises(ValueError, match=f"updates: user {first} appears twice"):
+        Tally().arrive(given)
+    assert given.scans <= 1  # before: one scan of the list per user up to the repeated one
+
+
+def test_4_distinct_users_arrive_as_before():
+    tally = Tally()
+    tally.arrive([2, 0, 1])
+    with pytest.raises(ValueError, match="user 1 appears twice"):
+        tally.arrive([5, 1])
+    assert tally.received == 3 and tally.seen == {0, 1, 2}

@@ -48,19 +48,31 @@
    users are summed (accepted 9, the mean of the list's cohort), a float, bool, string or
    tensor entry is refused naming it (``cohort entry (a user id) must be an integer >= 0``),
    nothing charged.
+6. ``register_task("mytoy42", make)`` with ``make`` in a module of one's own that builds the
+   packaged toy task with its own data seed (``params["seed"] = SEED``), a run of it through
+   the Python API (``simulation.run.simulate``, stopped after round 1), the module's ``SEED``
+   edited (3 to 4), then ``resume(out)``. Before: the factory of a registered name was not
+   recorded (only a reference's was, thirty-sixth review's tasks 4), so the ledger held no
+   ``task_source`` and the resume went on with rounds 2-3 on other data (``eval_accuracy`` 0.67
+   where the unedited run gives 0.69). Now ``registry.build_task`` records the module of a
+   registered factory of one's own too (``note_factory``): the resume is refused (``the task's
+   code changed since the run started (module "regtask42", ...)``); packaged tasks unchanged.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from fedprivopt.clients import LocalTrainer, privatize_update
-from fedprivopt.models import build_task
-from fedprivopt.models.task import TaskError
+from fedprivopt.models import build_task, register_task
+from fedprivopt.models import registry as registry_module
+from fedprivopt.models.task import TASK_SOURCE, TaskError, data_identity
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
@@ -215,3 +227,27 @@ def test_5_a_cohort_entry_that_is_no_user_id_is_refused(entry):
     with pytest.raises(ValueError, match=r"cohort entry \(a user id\) must be an integer"):
         alg.aggregate(1, updates, cohort=[entry])
     assert alg.accountant.num_events == 0
+
+
+# -- finding 6: a factory registered under a name, from a module of one's own -------------------
+
+
+def test_6_a_registered_factory_of_ones_own_is_part_of_the_data_identity(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    name = f"regtask42_{abs(hash(str(tmp_path)))}"
+    source = tmp_path / f"{name}.py"
+    text = (
+        "from fedprivopt.models.toy import ToyClassificationTask\nSEED = {}\n"
+        "def make(**params):\n    return ToyClassificationTask(seed=SEED, **params)\n"
+    )
+    source.write_text(text.format(3))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module(name)
+    register_task("mytoy42", module.make)
+    before = data_identity(build_task("mytoy42", num_users=4))
+    assert before is not None and before[TASK_SOURCE]["module"] == name  # was None: not recorded
+    source.write_text(text.format(4))
+    after = data_identity(build_task("mytoy42", num_users=4))
+    assert after[TASK_SOURCE]["sha256"] != before[TASK_SOURCE]["sha256"]
+    assert data_identity(build_task("toy", num_users=4)) is None  # packaged: unchanged

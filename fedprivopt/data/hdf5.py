@@ -65,6 +65,8 @@ def is_hdf5_file(path: str | os.PathLike) -> bool:
     p = Path(path)
     if p.name.lower().endswith((".h5", ".hdf5")):
         return True
+    if not p.is_file():  # a FIFO's open waits for a writer (forty-second review, input 4)
+        return False
     try:
         with open(p, "rb") as handle:
             return handle.read(len(_SIGNATURE)) == _SIGNATURE
@@ -117,13 +119,19 @@ class HDF5Split(ClientSplit):
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If it is not an HDF5 file or has no ``/examples`` group; later, when a client's data
+        If it is not a regular file (a FIFO, a device), not an HDF5 file or has no
+        ``/examples`` group; later, when a client's data
         cannot be read (a damaged file: h5py's errors become ``ValueError`` naming the file).
     """
 
     def __init__(self, path: str | os.PathLike, split: str | None = None) -> None:
         self.path = Path(path)
         if not self.path.is_file():
+            if self.path.exists():  # forty-second review of issue 15 (input 4): "no such file"
+                raise ValueError(
+                    f"{self.path}: not a regular file (a FIFO, device or socket); an HDF5 split "
+                    "is a regular file"
+                )
             raise FileNotFoundError(f"{self.path}: no such file")
         self.split = split if split is not None else _split_from_name(self.path)
         self._file: Any = None

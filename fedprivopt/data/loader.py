@@ -48,7 +48,8 @@ def open_split(
     FileNotFoundError
         If nothing usable is found at ``path``.
     ValueError
-        If ``split`` is unknown, the format is not recognized or the file is malformed.
+        If ``split`` is unknown, ``path`` is not a regular file (a FIFO, a device), the format
+        is not recognized or the file is malformed.
     """
     if split is not None and split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
@@ -67,6 +68,12 @@ def open_split(
         p = found
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file")
+    if not p.is_file():
+        # forty-second review of issue 15 (input 4): a FIFO hung here for ever (its first bytes
+        # read to tell the format), and one named .h5 was "no such file"
+        raise ValueError(
+            f"{p}: not a regular file (a FIFO, device or socket); a dataset is a regular file"
+        )
     name = p.name.lower()
     if name.endswith(_LZMA_SUFFIXES) or name.endswith(_SQLITE_SUFFIXES):
         return open_sqlite(p, split or "train", cache_dir=cache_dir)

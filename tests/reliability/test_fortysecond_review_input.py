@@ -23,6 +23,12 @@
    a relative directory is read from the working directory, which the line did not name. Now
    ``e1 (a relative data_dir, read from the working directory: /tmp): missing …``
    (``StackOverflowDataDir._shown_dir``).
+4. ``data.loader.open_split(f)`` (the API that opens "whatever the user points at") where
+   ``f`` is a FIFO without a known suffix (``mkfifo so``; also ``is_hdf5_file``): blocked for
+   ever, its first bytes read to tell the format (``data info`` refuses it first); a FIFO named
+   ``x.h5`` (also ``HDF5Split``): ``x.h5: no such file`` of a path that exists. Now
+   ``ValueError: … not a regular file (a FIFO, device or socket)`` before anything is opened,
+   and ``is_hdf5_file`` reads only a regular file.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import shutil
 import pytest
 
 from fedprivopt.data import SyntheticConfig, generate
-from fedprivopt.data.hdf5 import write_hdf5
+from fedprivopt.data.hdf5 import HDF5Split, is_hdf5_file, write_hdf5
 from fedprivopt.data.loader import open_split
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
@@ -116,3 +122,26 @@ def test_3_a_relative_data_dir_names_the_working_directory(tmp_path, monkeypatch
     assert "missing stackoverflow.sqlite" in line
     with pytest.raises(FileNotFoundError, match=f"^{tmp_path}/e1: missing "):
         _tag_task(tmp_path / "e1")  # an absolute one as before
+
+
+# -- finding 4: a FIFO given to open_split -------------------------------------------------------
+
+
+def test_4_a_fifo_is_refused_before_it_is_read(tmp_path):
+    fifo, fifo_h5 = tmp_path / "so", tmp_path / "x.h5"
+    os.mkfifo(fifo)
+    os.mkfifo(fifo_h5)
+    # a writer holds the FIFO open with bytes in it (more than two buffered reads take), so
+    # that the unfixed reads do not block
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(writer, b"x" * 40_000)
+        with pytest.raises(ValueError, match=r"so: not a regular file \(a FIFO"):
+            open_split(fifo)
+        assert not is_hdf5_file(fifo)
+        assert os.read(writer, 50_000) == b"x" * 40_000  # nothing of it was read
+    finally:
+        os.close(writer)
+    for call in (open_split, HDF5Split):
+        with pytest.raises(ValueError, match=r"x\.h5: not a regular file \(a FIFO"):
+            call(fifo_h5)

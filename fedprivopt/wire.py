@@ -37,7 +37,7 @@ Messages
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -247,17 +247,39 @@ def task_params(run_config: Mapping[str, object]) -> dict[str, object]:
     Raises
     ------
     ValueError
-        If :data:`RUN_TASK_PARAMS_JSON` is not a JSON object.
+        If :data:`RUN_TASK_PARAMS_JSON` is not a JSON object, or names one parameter in two
+        spellings (``{"num-users": 6, "num_users": 8}``: forty-second review of issue 15, wire 5;
+        the last one was taken without a word, where ``simulate`` refuses two spellings).
     """
     raw = run_config.get(RUN_TASK_PARAMS_JSON, "")
     if raw not in ("", None):
         params = json_object(RUN_TASK_PARAMS_JSON, raw)
-        return {str(k).replace("-", "_"): v for k, v in params.items()}
+        return _one_spelling(params.items(), lambda k: f"{RUN_TASK_PARAMS_JSON} key {shown(k)}")
+    # two spellings here come from a merge of the app's keys and a user's (deploy local's
+    # --set task-params.num_users over num-users; Flower refuses keys the app does not declare):
+    # the later one is the user's
     return {
         key[len(RUN_TASK_PARAMS_PREFIX) :].replace("-", "_"): value
         for key, value in run_config.items()
         if key.startswith(RUN_TASK_PARAMS_PREFIX)
     }
+
+
+def _one_spelling(
+    items: Iterable[tuple[object, object]], named: Callable[[object], str]
+) -> dict[str, object]:
+    """``{snake_case name: value}``, or ``ValueError`` for two spellings of one name."""
+    out: dict[str, object] = {}
+    spelled: dict[str, object] = {}
+    for key, value in items:
+        name = str(key).replace("-", "_")
+        if name in out:
+            raise ValueError(
+                f"{named(spelled[name])} and {named(key)} are both given: one task parameter in "
+                "two spellings; give one"
+            )
+        out[name], spelled[name] = value, key
+    return out
 
 
 def hosted_users(partition_id: int, num_partitions: int, num_users: int) -> list[int]:

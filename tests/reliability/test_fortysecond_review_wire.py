@@ -39,6 +39,16 @@
    batch of 40,000 users repeating its last, about 15 minutes at 200,000. Now one pass
    (``collections.Counter``), the same error naming the same user. The test counts the scans
    of the list (no timing).
+5. A Flower run config whose ``task-params-json`` names one task parameter in two spellings,
+   ``{"num-users": 12, "num_users": 14}`` (``deploy local --set task-params-json=...``, ``flwr
+   run --run-config``): read by ``wire.task_params`` for the ServerApp
+   (``deploy.runconfig.run_config_from_flower``, ``deploy local``'s check) and every ClientApp.
+   Before: the last spelling was taken without a word (14 users; the 12 the user also wrote
+   dropped), where ``simulate`` refuses two spellings of one task parameter. Now ``ValueError``
+   naming both keys (``wire._one_spelling``); the flattened ``task-params.<key>`` keys, where two
+   spellings come from ``deploy local``'s merge of the app's ``num-users`` with a user's
+   ``--set task-params.num_users`` (Flower refuses undeclared keys), keep the later one, the
+   user's.
 """
 
 from __future__ import annotations
@@ -239,3 +249,31 @@ def test_4_distinct_users_arrive_as_before():
     with pytest.raises(ValueError, match="user 1 appears twice"):
         tally.arrive([5, 1])
     assert tally.received == 3 and tally.seen == {0, 1, 2}
+
+
+# -- finding 5: one task parameter in two spellings of task-params-json is refused ---------------
+
+TWO_SPELLINGS = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS_JSON: '{"num-users": 12, "num_users": 14}'}
+
+
+def test_5_task_params_json_with_two_spellings_of_one_parameter_is_refused():
+    from fedprivopt.deploy.runconfig import run_config_from_flower
+
+    named = "task-params-json key 'num-users' and task-params-json key 'num_users' are both given"
+    with pytest.raises(ValueError, match=named):
+        P.task_params(TWO_SPELLINGS)
+    with pytest.raises(ValueError, match=named):  # the ServerApp's reader, deploy local's check
+        run_config_from_flower(TWO_SPELLINGS)
+    query = delivered({P.QUERY_RECORD: ConfigRecord({P.OP: P.OP_USERS})}, "query")
+    context = Context(1, 11, _node().node_config, RecordDict(), {**TWO_SPELLINGS})
+    with pytest.raises(ValueError, match=named):  # every ClientApp
+        app(query, context)
+
+
+def test_5_one_spelling_and_the_merged_flat_keys_read_as_before():
+    assert P.task_params({P.RUN_TASK_PARAMS_JSON: '{"num-users": 12, "seed": 1}'}) == {
+        "num_users": 12,
+        "seed": 1,
+    }
+    merged = {"task-params.num-users": 40, "task-params.num_users": 12}  # app's, then the user's
+    assert P.task_params(merged) == {"num_users": 12}

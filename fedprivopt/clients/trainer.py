@@ -63,6 +63,7 @@ from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
 from fedprivopt.privacy.flat import FlatSpec, flatten
 from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.sparse import dense_problem
 
 # ModelAtBuild (defined in clients.model_layout), LocalConfig and epoch_orders are re-exported
 __all__ = [
@@ -124,6 +125,20 @@ def clip_report(
         return bit
     generator = rngs.generator(round_num, "client-count-noise", *keys)
     return count_share(bit, config.count_noise_std, generator)
+
+
+def _refuse_without_data(name: str, tensor: torch.Tensor) -> None:
+    """Raise ``ValueError`` for a model-sized ``tensor`` that holds no dense values.
+
+    Forty-second review of issue 15 (api 7): :meth:`LocalTrainer.train` given a ``global_flat``
+    or ``preconditioner`` of the layout's length and dtype but on the meta device or sparse
+    (``to_sparse()``) ended in torch's ``NotImplementedError`` (``Cannot copy out of meta
+    tensor; no data!``, ``Could not run 'aten::as_strided' with arguments from the 'SparseCPU'
+    backend``) where a ``ValueError`` naming the argument is documented.
+    """
+    problem = dense_problem(tensor)
+    if problem is not None:
+        raise ValueError(f"{name} must be a dense tensor with values: {problem}")
 
 
 def default_device() -> torch.device:
@@ -261,6 +276,7 @@ class LocalTrainer(ModelLayout):
         if preconditioner is None:
             return None
         self.spec.check(preconditioner, name="preconditioner")
+        _refuse_without_data("preconditioner", preconditioner)
         p = preconditioner.to(device=self.device, dtype=self.spec.dtype)
         if not bool(torch.all(torch.isfinite(p) & (p > 0))):
             raise ValueError("preconditioner must be finite and > 0 everywhere")
@@ -350,6 +366,7 @@ class LocalTrainer(ModelLayout):
             [user_id], round_num=round_num, config=config, rngs=rngs, stream=stream
         )
         self.spec.check(global_flat, name="global_flat")
+        _refuse_without_data("global_flat", global_flat)
         if not global_flat.is_floating_point():
             raise ValueError(
                 f"global_flat must be a floating-point tensor, got {global_flat.dtype}"

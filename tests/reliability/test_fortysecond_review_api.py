@@ -57,6 +57,12 @@
    where the unedited run gives 0.69). Now ``registry.build_task`` records the module of a
    registered factory of one's own too (``note_factory``): the resume is refused (``the task's
    code changed since the run started (module "regtask42", ...)``); packaged tasks unchanged.
+7. ``LocalTrainer(task).train(global_flat, ...)`` with a ``global_flat`` (or ``preconditioner``)
+   of the layout's length and dtype but on the meta device or sparse (``to_sparse()``). Before:
+   torch's ``NotImplementedError`` (``Cannot copy out of meta tensor; no data!``, ``Could not
+   run 'aten::as_strided' with arguments from the 'SparseCPU' backend``) where a ``ValueError``
+   naming the argument is documented. Now ``trainer._refuse_without_data`` refuses it naming
+   the argument (``global_flat must be a dense tensor with values: ...``).
 """
 
 from __future__ import annotations
@@ -70,10 +76,12 @@ import pytest
 import torch
 
 from fedprivopt.clients import LocalTrainer, privatize_update
-from fedprivopt.models import build_task, register_task
+from fedprivopt.core.local import LocalConfig
+from fedprivopt.models import build_task, initial_flat, register_task
 from fedprivopt.models import registry as registry_module
 from fedprivopt.models.task import TASK_SOURCE, TaskError, data_identity
 from fedprivopt.models.toy import ToyClassificationTask
+from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_fortyfirst_review_api import _Lying
@@ -251,3 +259,19 @@ def test_6_a_registered_factory_of_ones_own_is_part_of_the_data_identity(tmp_pat
     after = data_identity(build_task("mytoy42", num_users=4))
     assert after[TASK_SOURCE]["sha256"] != before[TASK_SOURCE]["sha256"]
     assert data_identity(build_task("toy", num_users=4)) is None  # packaged: unchanged
+
+
+# -- finding 7: LocalTrainer.train given a model vector without dense values --------------------
+
+
+@pytest.mark.parametrize("name", ["global_flat", "preconditioner"])
+@pytest.mark.parametrize("form", ["sparse", "meta"])
+def test_7_a_train_argument_without_dense_values_is_refused_naming_it(name, form):
+    task = build_task("toy", num_users=4)
+    trainer, flat = LocalTrainer(task, device="cpu"), initial_flat(task)
+    args = {"global_flat": flat, "preconditioner": torch.ones_like(flat)}
+    meta = torch.empty_like(flat, device="meta")
+    args[name] = args[name].to_sparse() if form == "sparse" else meta
+    config = LocalConfig(learning_rate=0.5, epochs=1, batch_size=16, clip_norm=1.0)
+    with pytest.raises(ValueError, match=rf"^{name} must be a dense tensor with values"):
+        trainer.train(**args, user_id=0, round_num=1, config=config, rngs=RngFactory(0))

@@ -185,6 +185,12 @@ def write_report(
     warn_all(issues)
     _check_replaceable(out)
     unlink_links(out, REPORT_FILES)  # never written through a link (sixteenth review)
+    # forty-second review of issue 15 (reports, finding 5): a call stopped while it drew its
+    # plots (Ctrl-C) left the earlier report.md and privacy_utility.png beside the new
+    # summary.csv and metric_vs_round.png; the earlier report goes first (report.md first, so
+    # what a stop leaves is a stopped report that the same call replaces: _stopped_report)
+    for name in sorted(REPORT_FILES, key=lambda n: n != "report.md"):
+        (out / name).unlink(missing_ok=True)
     write_summary_csv(rows, out / "summary.csv")
     ref = reference_model(sel.runs, sel.metric)
     draw_metric_vs_round(sel, out / "metric_vs_round.png", ref)

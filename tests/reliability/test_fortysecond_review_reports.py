@@ -37,6 +37,13 @@
    (accountant and neighbouring relation) and is given beside the bases' note; rows whose ε
    differ only by their accountant (dp-fedavg rdp beside dp-fedadam pld) still get no such
    note.
+5. ``write_report(out, runs, title=...)`` (the documented API) over its own earlier report,
+   stopped by Ctrl-C while it drew its plots (after ``summary.csv`` and
+   ``metric_vs_round.png``). Before: the earlier ``report.md`` and ``privacy_utility.png``
+   stayed beside the new ``summary.csv``: a report whose text and plot were of other runs
+   than its numbers, with nothing to tell them apart. Now ``write_report`` removes the
+   earlier report's files (``report.md`` first) before it writes; what a stop leaves is a
+   stopped report, which the same call replaces (fortieth review follow-up, ledger 4).
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+from fedprivopt.simulation import report as report_module
 from fedprivopt.simulation.report import aggregate_runs, write_report
 from fedprivopt.simulation.rundata import RunData
 
@@ -172,3 +182,23 @@ def test_4_unequal_epsilon_of_one_accountant_is_noted_beside_another_accountant(
     notes = _notes([runs[0], runs[2]])
     assert any("different accountants" in n for n in notes), notes
     assert not [n for n in notes if "unequal epsilon" in n], notes
+
+
+def test_5_a_report_stopped_midway_leaves_no_earlier_report_md(tmp_path, monkeypatch):
+    old = [_based(tmp_path / "a", "dp-fedavg", "rdp", 10.28)]
+    new = [_based(tmp_path / "b", "dp-fedadam", "rdp", 7.55)]
+    _report(tmp_path / "out", old)
+    assert "dp-fedavg" in (tmp_path / "out" / "report.md").read_text("utf-8")
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_module, "draw_privacy_utility", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        _report(tmp_path / "out", new)
+    left = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert "report.md" not in left and "privacy_utility.png" not in left, left
+    assert "dp-fedadam" in (tmp_path / "out" / "summary.csv").read_text("utf-8")
+    monkeypatch.undo()
+    text, _ = _report(tmp_path / "out", new)  # the same call again: replaced
+    assert "dp-fedadam" in text and "dp-fedavg" not in text

@@ -371,12 +371,7 @@ def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
 
 
 def _readable_array(array: object, where: str) -> np.ndarray:
-    """``array.numpy()`` of a Flower ``Array``, or ``ValueError`` saying ``where`` it is.
-
-    ``np.load`` of hostile or damaged bytes raises ``EOFError``, ``TypeError`` (Flower's, for
-    another serialization) or NumPy's ``ValueError`` (an object array, a damaged header), none
-    naming the record (forty-second review of issue 15, wire 1).
-    """
+    """``array.numpy()`` of a Flower ``Array``, or ``ValueError`` saying ``where`` it is."""
     try:
         return array.numpy()
     except (TypeError, ValueError, EOFError) as err:
@@ -458,26 +453,13 @@ def encode_train_config(
 
 
 def check_private_metrics(record: Mapping[str, object]) -> None:
-    """Refuse a train config asking for private metrics in a private round.
+    """``ValueError`` naming :data:`REPORT_PRIVATE_METRICS` when a private round asks for them.
 
-    fedprivopt's server asks for the users' example counts and training losses
-    (:data:`REPORT_PRIVATE_METRICS` true) only in non-private runs, whose train configs have
-    :data:`CLIP_NORM` and :data:`NOISE_STD` 0 and no :data:`CLIP_BIT` or
-    :data:`COUNT_NOISE_STD`. Forty-second review of issue 15 (wire 2): a train message with
-    ``clip-norm`` 1 (and ``noise-std`` 0.2, distributed noise) and ``report-private-metrics``
-    true, which no fedprivopt server sends, made fedprivopt's ClientApp (and
-    :func:`~fedprivopt.clients.reply_updates`) send every trained user's exact example count
-    and training loss beside their clipped, noised updates: values of one user's data, without
-    noise, outside ε (docs/DESIGN.md: nothing else leaves the device in DP mode).
-
-    A key missing where the train config requires it, or a value other than ``0`` (and
-    ``false`` for :data:`CLIP_BIT`), counts as private.
-
-    Raises
-    ------
-    ValueError
-        Naming :data:`REPORT_PRIVATE_METRICS` and the key that makes the round private, when
-        the former is ``True``.
+    A round is private unless :data:`CLIP_NORM` and :data:`NOISE_STD` are 0 and neither
+    :data:`CLIP_BIT` nor :data:`COUNT_NOISE_STD` is set (a missing or odd value is private).
+    Forty-second review of issue 15 (wire 2): a train message with ``clip-norm`` 1 and
+    ``report-private-metrics`` true, which no fedprivopt server sends (it asks in non-private
+    runs only), made the ClientApp send each user's exact example count and training loss.
     """
     if record.get(REPORT_PRIVATE_METRICS, False) is not True:
         return

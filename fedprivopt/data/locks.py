@@ -23,6 +23,7 @@ __all__ = [
     "LockHeldError",
     "exclusive_lock",
     "file_lock",
+    "lock_holders",
     "probe_lock",
     "refuse_filesystem_root",
     "unlockable",
@@ -262,7 +263,11 @@ def _say_waiting(path: Path, fd: int) -> None:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     except OSError:
         text = ""
-    holder = f"process {text}" if text.isdigit() else "another process"
+    pid = int(text) if text.isdigit() else None
+    holders = lock_holders(path)  # not a stale PID, nor another PID namespace's (processes 4)
+    if holders is not None and pid not in holders:
+        pid = min((p for p in holders if p > 0), default=None)
+    holder = f"process {pid}" if pid is not None else "another process"
     print(
         f"fedprivopt: waiting for {holder}, which holds {path} while it writes the files there "
         "(a suspended process must be resumed or stopped first)",
@@ -325,22 +330,69 @@ class LockHeldError(ValueError):
 
 
 def _holder(path: Path) -> int | None:
-    """The PID written into a held lock file (the holder writes it right after locking)."""
+    """The PID of the process holding lock file ``path`` (``None``: unknown, or not visible here).
+
+    The holder writes its PID right after locking; ``/proc/locks`` names the process that took
+    the ``flock`` (:func:`lock_holders`). Forty-second review of issue 15 (processes 4): a
+    holder in another PID namespace (a container sharing the directory; ``unshare --pid``)
+    writes its own namespace's PID, and ``data synth --out D`` said ``D`` was ``in use by
+    process 1``: init here. A PID in the file that is not a holder's is not named.
+    """
     for _ in range(50):
         try:
             text = path.read_text().strip()
         except OSError:
             text = ""
         if text.isdigit():
-            return int(text)
+            break
         time.sleep(0.01)
-    return None
+    holders = lock_holders(path)
+    if holders is None:  # not Linux, or unreadable: the file says it, as before
+        return int(text) if text.isdigit() else None
+    if text.isdigit() and int(text) in holders:
+        return int(text)
+    visible = sorted(p for p in holders if p > 0)
+    return visible[0] if visible else None
+
+
+def lock_holders(path: str | os.PathLike) -> set[int] | None:
+    """The PIDs ``/proc/locks`` shows holding a ``flock`` on ``path``'s file (``None``: unknown).
+
+    PIDs as this process's PID namespace sees them; a process it does not see (another
+    container's) is left out, or shown as 0 by older kernels. Waiters (``->``) are left out.
+    """
+    try:
+        st = os.stat(path)
+        with open(_PROC_LOCKS, "rb") as f:
+            text = f.read(16 * 2**20).decode("ascii", "replace")
+    except OSError:
+        return None
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    exact, same_inode = set(), set()
+    for line in text.splitlines():
+        parts = line.split()  # "1: FLOCK  ADVISORY  WRITE 412 fe:00:4252419 0 EOF"
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[4].lstrip("-").isdigit():
+            if parts[5] == key:
+                exact.add(int(parts[4]))
+            elif parts[5].rpartition(":")[2] == str(st.st_ino):
+                same_inode.add(int(parts[4]))
+    # the kernel names the device of the inode locked, which stat shows otherwise on btrfs
+    # subvolumes and overlay mounts (a container's): then the inode number alone
+    return exact or same_inode
+
+
+_PROC_LOCKS = "/proc/locks"
 
 
 def _in_use(path: Path, what: str) -> LockHeldError:
     """The refusal of ``what``, whose lock file ``path`` another process holds (its PID named)."""
-    pid = _holder(path)
-    holder = f"process {pid}" if pid is not None else "another process (PID unknown)"
+    pid, seen = _holder(path), lock_holders(path)
+    if pid is not None:
+        holder = f"process {pid}"
+    elif seen is not None and not any(p > 0 for p in seen):  # hidden here, or shown as 0
+        holder = "a process of another PID namespace (a container sharing this directory)"
+    else:
+        holder = "another process (PID unknown)"
     return LockHeldError(
         f"{what} is in use by {holder} (lock file {path}); wait for it to finish or stop it first",
         pid,

@@ -128,7 +128,13 @@ def _pid_in(lock: Path) -> int | None:
         text = b""
     finally:
         os.close(fd)
-    return int(text) if text.isdigit() else None
+    pid = int(text) if text.isdigit() else None
+    from fedprivopt.data.locks import lock_holders
+
+    holders = lock_holders(lock)  # forty-second review of issue 15 (processes 4): the PID
+    if holders is not None and pid not in holders:  # of another PID namespace is not named
+        pid = min((p for p in holders if p > 0), default=None)
+    return pid
 
 
 def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:

@@ -34,6 +34,17 @@
    the fast engine does (measured: the resume 6.6 s, the summary as before); ``run_fast`` too,
    which started its ``fast-actors`` shards (Ray) for no round. (Flower's ``run_simulation``
    and the shards' start are replaced by ones that fail: nothing is started.)
+4. A lock holder in another PID namespace (a container sharing the directory; ``unshare --pid
+   --fork --mount-proc python -c "with exclusive_lock('D/.stackoverflow.lock'): sleep"``), then
+   ``fedprivopt data synth --out D --clients 300`` outside it; and the reverse (the holder
+   outside, ``data synth`` inside). Before: ``in use by process 1`` (the holder's own
+   namespace's PID, written into the lock file: init here, which the user was told to stop);
+   inside, the outer holder's PID, a process it cannot see. Now the PID is named only if
+   ``/proc/locks`` shows it holding the file's ``flock`` (``locks.lock_holders``), else the holder
+   it shows (the real one, 1784 in the reproducer), or ``a process of another PID namespace (a
+   container sharing this directory)``; ``deploy local``'s ``deploy.lock`` alike
+   (``local_checks._pid_in``). (In-process: the lock file rewritten with ``1``, as such a holder
+   writes it; ``/proc/locks`` replaced by a file for the hidden holder.)
 """
 
 from __future__ import annotations
@@ -42,13 +53,15 @@ import os
 
 import pytest
 
+from fedprivopt.data import locks
 from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock, file_lock
+from fedprivopt.deploy.local_checks import DEPLOY_LOCK, LOG_DIR, check_not_deploying
 from fedprivopt.deploy.out_checks import check_out_claimable, refuse_inside_held
 from fedprivopt.simulation import engines
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.engines import run_fast, run_flower
 from fedprivopt.simulation.run import build_run
-from fedprivopt.simulation.rundir import NewRunDir
+from fedprivopt.simulation.rundir import NewRunDir, lock_directory
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "..", "simulations", "toy.toml")
 
@@ -127,3 +140,30 @@ def test_3_a_fast_actors_run_with_no_round_left_starts_no_shard(monkeypatch):
     task, alg = build_run(config)
     alg.round_num = 2
     assert run_fast(config, task, alg, writer=None) == "rounds"
+
+
+def test_4_a_pid_of_another_namespace_is_not_named(tmp_path, monkeypatch):
+    lock = tmp_path / DATA_LOCK
+    with exclusive_lock(lock):
+        lock.write_text("1\n")  # what a holder in a PID namespace of its own writes
+        with pytest.raises(LockHeldError) as info:
+            with exclusive_lock(lock, what="dataset directory D"):
+                pass  # pragma: no cover - refused
+        assert info.value.pid == os.getpid()  # the holder /proc/locks shows, not init
+        # a holder this process cannot see: /proc/locks does not list it
+        empty = tmp_path / "locks"
+        empty.write_text("")
+        monkeypatch.setattr(locks, "_PROC_LOCKS", str(empty))
+        with pytest.raises(LockHeldError, match="a process of another PID namespace") as info:
+            with exclusive_lock(lock, what="dataset directory D"):
+                pass  # pragma: no cover - refused
+        assert info.value.pid is None and "process 1 " not in str(info.value)
+
+
+def test_4_a_deployments_pid_of_another_namespace_is_not_named(tmp_path):
+    logs = tmp_path / "OUT" / LOG_DIR
+    logs.mkdir(parents=True)
+    with lock_directory(logs, DEPLOY_LOCK, what="--out OUT"):
+        (logs / DEPLOY_LOCK).write_text("1\n")
+        with pytest.raises(ValueError, match=f"in use by process {os.getpid()}, a deployment"):
+            check_not_deploying(tmp_path / "OUT")

@@ -189,6 +189,9 @@ def write_report(
     # plots (Ctrl-C) left the earlier report.md and privacy_utility.png beside the new
     # summary.csv and metric_vs_round.png; the earlier report goes first (report.md first, so
     # what a stop leaves is a stopped report that the same call replaces: _stopped_report)
+    for name in REPORT_FILES:  # nothing removed when one cannot be
+        if (out / name).is_dir() and not (out / name).is_symlink():
+            raise ValueError(f"{out / name} is a directory, not a report file write_report wrote")
     for name in sorted(REPORT_FILES, key=lambda n: n != "report.md"):
         (out / name).unlink(missing_ok=True)
     write_summary_csv(rows, out / "summary.csv")

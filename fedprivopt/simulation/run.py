@@ -476,7 +476,9 @@ def resume(
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     check_appended_not_linked(out)
     # forty-first review (ledger 1; follow-up 3: the old ledger set aside): else Is a directory
-    check_replaced(out, extra=(LEDGER_FILE + OLD_LEDGER_SUFFIX,))
+    check_replaced(
+        out, extra=(LEDGER_FILE + OLD_LEDGER_SUFFIX, LEDGER_FILE + OLD_LEDGER_SUFFIX + ".tmp")
+    )
     with lock_run_dir(out), _naming_the_run(out):
         return _resume_locked(out, progress, tuning_plan, planned)
 

@@ -51,7 +51,8 @@ __all__ = [
 
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LEDGER_FILE)
 _PARTIAL = (CONFIG_FILE + ".tmp", SUMMARY_FILE + ".tmp", METRICS_FILE + ".tmp",
-            CHECKPOINT + ".tmp", CHECKPOINT + ".bad", LEDGER_FILE + ".tmp")  # fmt: skip
+            CHECKPOINT + ".tmp", CHECKPOINT + ".bad", LEDGER_FILE + ".tmp",
+            LEDGER_FILE + OLD_LEDGER_SUFFIX + ".tmp")  # fmt: skip
 _OURS = frozenset((*RUN_FILES, *_PARTIAL, LOCK_FILE, LEDGER_FILE + OLD_LEDGER_SUFFIX))
 EVENTS_PREFIX = "events.out.tfevents."
 """TensorBoard's event files (``tensorboard = true``): part of a run, removed with it."""

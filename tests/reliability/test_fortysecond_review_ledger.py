@@ -15,10 +15,20 @@
 3. Finding 1's run and finding 2's with the files' lines joined by spaces (or tabs) instead:
    the same as before (ε 16.29; rows lost). Now a last line without a line feed that is a JSON
    value followed by more text is refused alike (``files.read_lines``).
+4. Finding 1's run with its ledger in an earlier version's form (event counts only: 5 events
+   by round 5, one more than its checkpoint of round 4 holds), ``simulate --resume R`` killed
+   right after the old ledger was set aside as ``privacy_ledger.jsonl.v1``, then ``--resume R``
+   again. Before: the old ledger was renamed aside before the converted one was written, so the
+   kill left no ledger, and the next resume rebuilt one from the checkpoint alone: rc 0, 6
+   events charged (round 5's first release lost) where an unkilled conversion charges 7. Now
+   the old ledger is copied aside and replaced in one rename (``RunLedger.write_converted``):
+   the next resume converts it again, 7 events.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -128,3 +138,39 @@ def test_3_lines_joined_into_one_are_refused(killed_secure, finished, tmp_path, 
         err = _refused_by_cli(run, capsys)
         assert f"{name}: line 1 has no line feed but holds a JSON value followed by more" in err
         assert path.read_bytes() == before
+
+
+def _old_form(run: Path) -> None:
+    """Rewrite ``run``'s ledger as an earlier version wrote it (round and event counts only)."""
+    path = run / LEDGER_FILE
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    old = [{"round": 0, "events": 0}] + [
+        {"round": x["round"], "events": x["events"]} for x in lines[1:]
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in old))
+
+
+def test_4_a_resume_killed_while_converting_an_old_ledger_keeps_its_counts(
+    killed_secure, tmp_path, monkeypatch
+):
+    whole = tmp_path / "whole"
+    shutil.copytree(killed_secure, whole)
+    _old_form(whole)
+    run = tmp_path / "run"
+    shutil.copytree(whole, run)
+    expected = resume(whole)
+    assert RunLedger.read(whole).entries[-1].events == 7
+    replace = os.replace
+
+    def killing(src, dst, *args, **kwargs):
+        replace(src, dst, *args, **kwargs)
+        if str(dst).endswith(".v1"):
+            raise _Killed
+
+    monkeypatch.setattr(os, "replace", killing)
+    with pytest.raises(_Killed):
+        resume(run)
+    monkeypatch.setattr(os, "replace", replace)
+    outcome = resume(run)
+    assert RunLedger.read(run).entries[-1].events == 7
+    assert outcome.epsilon == expected.epsilon

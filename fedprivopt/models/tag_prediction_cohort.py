@@ -37,8 +37,7 @@ from fedprivopt.core.local import LocalConfig
 from fedprivopt.models.cohort import CohortTrainer
 from fedprivopt.models.tag_prediction_chunk import TagChunk, prepare_chunk, visit_schedule
 from fedprivopt.models.tag_prediction_encoding import ragged_index
-from fedprivopt.privacy.clip import clip_factor, clip_l2
-from fedprivopt.privacy.received import PRODUCT_DTYPES
+from fedprivopt.privacy.clip import clip_factor, clip_l2, norm_error_bound
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import (
     RowSparseBatch,
@@ -400,8 +399,11 @@ class TagCohortTrainer(CohortTrainer):
         # forty-second review of issue 15 (mechanisms 3): a float16 or bfloat16 product with
         # clip_factor's factor rounds each entry by up to 2**-11 (2**-8) relative, more near the
         # subnormals: updates of norm 1.0016 C (float16, C 1e-5) and 1.12 C (bfloat16, C 1e-39);
-        # such a dtype's users are clipped by clip_l2, exact at any size, as the aggregator does
-        exact = delta.dtype not in PRODUCT_DTYPES
+        # such a dtype's users are clipped by clip_l2, exact at any size, as the aggregator does.
+        # Follow-up (privacy 1): the factor's 4-ulp margin covers the norm's measurement error
+        # (norm_error_bound) in float32 alone; float64 users came back scaled to 1 + 1e-13 C
+        exact = delta.dtype != torch.float32
+        width = int(delta[0].numel()) if delta.shape[0] else 0
         for i, norm in enumerate(segment_norms_checked(delta, ptr)):
             before.append(math.inf if norm is None else norm)
             if norm is None:  # diverged (NaN/Inf)
@@ -411,7 +413,12 @@ class TagCohortTrainer(CohortTrainer):
                 factors.append(1.0)
             else:
                 factor = clip_factor(norm, config.clip_norm, delta.dtype)
-                if factor < tiny or (exact and factor != 1.0):
+                # forty-second review, follow-up (privacy 1): a norm within its measurement
+                # error of C read at most C (factor 1), and an update exactly above C by 1e-16
+                # came back unclipped (float32 too); clip_l2 decides such a boundary exactly
+                numel = (int(ptr[i + 1]) - int(ptr[i])) * width
+                near = factor == 1.0 and norm * (1.0 + norm_error_bound(numel)) > config.clip_norm
+                if factor < tiny or (exact and factor != 1.0) or near:
                     # forty-first review of issue 15 (mechanisms 1): a factor below the dtype's
                     # normal range (an update norm above C / 1.2e-38 in float32, e.g. C 1e-25 at
                     # local-learning-rate 1e21) lost the relative precision its margin needs, or

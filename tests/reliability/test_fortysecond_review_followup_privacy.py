@@ -1,0 +1,75 @@
+"""Issue 15, follow-up of the forty-second hostile review (privacy: today's privacy fixes).
+
+1. Mechanisms 3's variant (the tag task's vectorized cohort trainer, ``TagCohortTrainer``,
+   clipping each user's rows by ``clip_factor``'s product): a user whose norm lies within the
+   measurement error of ``C`` (the Python API, ``train_batches`` of one user with ``clip_norm``
+   the largest float below the update's exact norm; float32, what the engines pass, and
+   float64). Before: the measured norm (``segment_norms_checked``, a float64 sum of squares)
+   read at most ``C``, the factor was 1 and the update came back unclipped: 3 of 8 float32
+   and 4 of 8 float64 users above C (by 1e-16 relative), where ``LocalTrainer``'s ``clip_l2``
+   decides such a boundary exactly; a float64 update scaled by the factor (its 4-ulp margin
+   does not cover the float64 norm's measurement error, ~5e-14 on a segment of 400,000 entries)
+   exceeded C alike. Now ``TagCohortTrainer._clip`` clips by ``clip_l2`` a user whose measured
+   norm is not certainly inside ``C`` (``norm_error_bound``) and every scaled user of a dtype
+   other than float32 (whose margin covers the measurement): exact norm at most C; a float32
+   user clearly inside or outside the ball is scaled as before, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from fedprivopt.clients import LocalConfig
+from fedprivopt.models import initial_flat
+from fedprivopt.privacy import RngFactory
+from tests.tag_synth import make_synth_dir, tag_task
+
+
+def _exact_sq(vector: torch.Tensor) -> Fraction:
+    return sum((Fraction(x) ** 2 for x in vector.double().flatten().tolist() if x), Fraction(0))
+
+
+def _below(exact_sq: Fraction) -> float:
+    """The largest float whose square is below ``exact_sq`` (a norm just inside the update's)."""
+    c = math.sqrt(exact_sq)
+    while Fraction(c) ** 2 >= exact_sq:
+        c = math.nextafter(c, 0.0)
+    return c
+
+
+# -- finding 1: the vectorized tag trainer at the boundary of the ball --------------------------
+
+
+@pytest.fixture(scope="module")
+def tag_dir(tmp_path_factory):
+    return make_synth_dir(tmp_path_factory, "r42-followup-privacy-tag")
+
+
+def _trained(trainer, w, users, clip_norm):
+    cfg = LocalConfig(learning_rate=0.5, epochs=1, batch_size=8, clip_norm=clip_norm)
+    batches = trainer.train_batches(w, users, round_num=1, config=cfg, rngs=RngFactory(seed=0))
+    return dict(pair for batch in batches for pair in batch.split())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_1_vectorized_tag_clip_at_the_boundary(tag_dir, dtype):
+    task = tag_task(tag_dir)
+    trainer = task.cohort_trainer(device="cpu")
+    w = initial_flat(task).to(dtype)
+    users = list(range(8))
+    free = _trained(trainer, w, users, None)
+    above = []
+    for user in users:
+        exact = _exact_sq(free[user].values)
+        clip_norm = _below(exact)  # the update's exact norm is above C by less than an ulp
+        got = _trained(trainer, w, [user], clip_norm)[user]
+        if _exact_sq(got.values) > Fraction(clip_norm) ** 2:
+            above.append(user)  # was: unclipped (the measured norm read at most C)
+    assert above == []
+    # users clearly outside the ball: float32 scaled as before, exact norm at most C
+    got = _trained(trainer, w, users, 0.05)
+    assert all(_exact_sq(u.values) <= Fraction(0.05) ** 2 for u in got.values())

@@ -13,6 +13,7 @@ inside the app's FAB (``fab-include`` in ``[tool.flwr.app]``; ``docs/TASKS.md``)
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import io
@@ -271,6 +272,15 @@ def build_task(name: str, **params: object) -> Task:
     finally:
         building.discard(name)
     module = getattr(factory, "__module__", None)
+    if isinstance(factory, functools.partial):
+        # forty-second review of issue 15 (api 6): a partial's module is functools, whose
+        # source was recorded in place of the module that made it (a reference's: an edit of
+        # its seed in task = "mod:made", made = partial(Task, seed=3), went unseen)
+        while isinstance(factory, functools.partial):
+            factory = factory.func
+        module = (
+            name.partition(":")[0] if is_reference(name) else getattr(factory, "__module__", None)
+        )
     if is_reference(name):  # its module's code is part of the task's (data_identity)
         note_factory(task, module or name.partition(":")[0])
     elif isinstance(module, str) and module.partition(".")[0] != "fedprivopt":

@@ -55,18 +55,27 @@
    recorded (only a reference's was, thirty-sixth review's tasks 4), so the ledger held no
    ``task_source`` and the resume went on with rounds 2-3 on other data (``eval_accuracy`` 0.67
    where the unedited run gives 0.69). Now ``registry.build_task`` records the module of a
-   registered factory of one's own too (``note_factory``): the resume is refused (``the task's
-   code changed since the run started (module "regtask42", ...)``); packaged tasks unchanged.
+   registered factory of one's own too (``note_factory``): the resume is refused (``the
+   task's code changed since the run started (module "regtask42", ...)``); packaged tasks
+   unchanged.
 7. ``LocalTrainer(task).train(global_flat, ...)`` with a ``global_flat`` (or ``preconditioner``)
    of the layout's length and dtype but on the meta device or sparse (``to_sparse()``). Before:
    torch's ``NotImplementedError`` (``Cannot copy out of meta tensor; no data!``, ``Could not
    run 'aten::as_strided' with arguments from the 'SparseCPU' backend``) where a ``ValueError``
    naming the argument is documented. Now ``trainer._refuse_without_data`` refuses it naming
    the argument (``global_flat must be a dense tensor with values: ...``).
+8. A task factory that is a ``functools.partial``: ``task = "regmod:made"`` with ``made =
+   functools.partial(ToyClassificationTask, heterogeneity=0.5)`` in a module of one's own (also
+   one registered under a name). Before: a partial's ``__module__`` is ``functools``, so the
+   ledger's ``task_source`` was the digest of ``functools.py``, not of the module that made the
+   partial: an edit of its arguments went unseen by ``--resume`` and ``compare``'s reuse (the
+   thirty-sixth review's tasks 4 through a partial). Now ``build_task`` records the reference's
+   module (a registered partial: its function's).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import sys
@@ -253,12 +262,21 @@ def test_6_a_registered_factory_of_ones_own_is_part_of_the_data_identity(tmp_pat
     monkeypatch.delitem(sys.modules, name, raising=False)
     module = importlib.import_module(name)
     register_task("mytoy42", module.make)
+    register_task("mytoy42p", functools.partial(module.make, num_users=4))  # of functools
     before = data_identity(build_task("mytoy42", num_users=4))
     assert before is not None and before[TASK_SOURCE]["module"] == name  # was None: not recorded
+    assert data_identity(build_task("mytoy42p")) == before
     source.write_text(text.format(4))
     after = data_identity(build_task("mytoy42", num_users=4))
     assert after[TASK_SOURCE]["sha256"] != before[TASK_SOURCE]["sha256"]
     assert data_identity(build_task("toy", num_users=4)) is None  # packaged: unchanged
+    source.write_text(
+        "import functools\nfrom fedprivopt.models.toy import ToyClassificationTask\n"
+        "made = functools.partial(ToyClassificationTask, heterogeneity=0.5)\n"
+    )
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    made = data_identity(build_task(f"{name}:made", num_users=4))  # a reference to a partial
+    assert made[TASK_SOURCE]["module"] == name  # was functools' source, not the module's
 
 
 # -- finding 7: LocalTrainer.train given a model vector without dense values --------------------

@@ -31,7 +31,13 @@ __all__ = ["add_compare", "cmd_compare", "compare_cells", "compare_overrides"]
 _CELL_KEYS = {
     "strategy": "every cell sets its own (--strategies)",
     "seed": "every cell sets its own (the preset's seed, +1, ...: --seeds)",
-    "noise-multiplier": "every cell sets its own (--noise-multipliers, or --set noise-multiplier)",
+    # forty-second review of issue 15 (reports, docs note): since the forty-first review a cell
+    # runs at its strategy's own noise multiplier, which a [strategies.<name>] table of the
+    # preset file sets; the line named only the two flags
+    "noise-multiplier": (
+        "every cell sets its own (a [strategies.<name>] table in the preset file, "
+        "--noise-multipliers, or --set noise-multiplier for every strategy)"
+    ),
 }
 
 

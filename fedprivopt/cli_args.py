@@ -225,7 +225,16 @@ def check_path_text(text: str, flag: str) -> Path:
     """
     if not text:
         raise UsageError(f"argument {flag}: must be a path, got ''")
-    path = Path(text).expanduser()
+    expanded = os.path.expanduser(text)
+    if text.startswith("~") and expanded == text:
+        # forty-second review of issue 15 (input 5): --out "~nosuchuser/x" (also --resume,
+        # data info, data synth --out) ended in pathlib's "Could not determine home
+        # directory." traceback, rc 1
+        raise UsageError(
+            f"argument {flag}: {shown(text)} starts with ~, but names no user of this machine "
+            "whose home it could be; name the directory (./~x for a name that starts with ~)"
+        )
+    path = Path(expanded)
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
         raise UsageError(
             f"argument {flag}: the path holds a control character (a line break?): {shown(text)}"

@@ -305,16 +305,24 @@ _TASK_PATHS = frozenset({"data_dir", "cache_dir"})
 """Task parameters that are directories: a leading ``~`` is expanded (:func:`_expand_home`)."""
 
 
-def _expand_home(value: Any) -> Any:
+def _expand_home(key: str, value: Any) -> Any:
     """``value`` with a leading ``~`` or ``~user`` expanded, when it is such a string.
 
     Twenty-eighth review of issue 15: ``--set task-params.data-dir=~/sodata`` (quoted, so the
     shell left the ``~``) generated the dataset into ``./~/sodata``, a directory named ``~``,
     where ``--out "~/x"`` and a preset ``"~/x.toml"`` are expanded. Anything else is unchanged
-    (the task checks it).
+    (the task checks it). Forty-second review of issue 15 (input 5): a ``~user`` of no user
+    (``~nosuchuser/d``, which ``expanduser`` leaves as it is) generated into ``./~nosuchuser/d``;
+    ``ValueError`` naming ``key``.
     """
     if isinstance(value, str) and value.startswith("~"):
-        return os.path.expanduser(value)
+        expanded = os.path.expanduser(value)
+        if expanded == value:  # forty-second review of issue 15 (input 5): "~nosuchuser/d"
+            raise ValueError(
+                f"{key} starts with ~, but names no user of this machine whose home it could "
+                f"be: {shown(value)}; name the directory (./~x for a name that starts with ~)"
+            )
+        return expanded
     return value
 
 
@@ -329,7 +337,7 @@ def _task_path(key: str, value: Any) -> Any:
     raises on ``~\x00``).
     """
     _refuse_null_character(key, value)
-    return _expand_home(value)
+    return _expand_home(shown_key(key), value)
 
 
 def _refuse_null_character(key: str, value: Any) -> None:

@@ -29,6 +29,13 @@
    ``x.h5`` (also ``HDF5Split``): ``x.h5: no such file`` of a path that exists. Now
    ``ValueError: … not a regular file (a FIFO, device or socket)`` before anything is opened,
    and ``is_hdf5_file`` reads only a regular file.
+5. ``simulate toy.toml --out "~nosuchuser/x"`` (quoted, or a user of another machine; also
+   ``--resume``, ``data info``, ``data synth --out``, ``compare``, ``tune``, ``compare-tuned``,
+   ``deploy local``): pathlib's ``RuntimeError: Could not determine home directory.``
+   traceback, rc 1; ``--set task-params.data-dir=~nosuchuser/d`` (``expanduser`` leaves it as
+   it is): rc 0, a synthetic dataset generated into ``./~nosuchuser/d``, where ``~/d`` is
+   expanded (twenty-eighth review). Now rc 2, one line naming the flag or the key
+   (``cli_args.check_path_text``, ``simulation.config._expand_home``).
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ from fedprivopt.data.hdf5 import HDF5Split, is_hdf5_file, write_hdf5
 from fedprivopt.data.loader import open_split
 from fedprivopt.data.stackoverflow import StackOverflowExample
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
+from fedprivopt.simulation.config import load_config
+from tests.reliability.test_thirtyeighth_review_input import _cli
+
+NO_USER = "~fedprivopt-no-such-user-42"
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +156,35 @@ def test_4_a_fifo_is_refused_before_it_is_read(tmp_path):
     for call in (open_split, HDF5Split):
         with pytest.raises(ValueError, match=r"x\.h5: not a regular file \(a FIFO"):
             call(fifo_h5)
+
+
+# -- finding 5: a ~user of no user ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "simulations/toy.toml", "--rounds", "1", "--quiet", "--out", f"{NO_USER}/x"],
+        ["simulate", "--resume", f"{NO_USER}/x"],
+        ["data", "info", NO_USER],
+        ["data", "synth", "--clients", "5", "--out", f"{NO_USER}/x"],
+    ],
+)
+def test_5_a_tilde_of_no_user_is_one_line(tmp_path, monkeypatch, argv):
+    root = os.getcwd()
+    monkeypatch.chdir(tmp_path)
+    argv = [os.path.join(root, a) if a.startswith("simulations/") else a for a in argv]
+    code, lines = _cli(*argv)
+    assert code == 2 and len(lines) == 1, lines
+    assert f"'{NO_USER}" in lines[0] and "names no user of this machine" in lines[0], lines
+    assert not os.listdir(tmp_path)
+
+
+def test_5_a_task_directory_of_no_user_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    preset = os.path.join(os.path.dirname(__file__), "..", "..", "simulations", "toy.toml")
+    with pytest.raises(ValueError, match=r"task-params\.data-dir starts with ~, but names no"):
+        load_config(preset, {"task-params.data-dir": f"{NO_USER}/d"})
+    assert load_config(preset, {"task-params.data-dir": "~/d"}).task_params["data_dir"] == (
+        os.path.expanduser("~/d")
+    )

@@ -24,6 +24,7 @@ __all__ = [
     "exclusive_lock",
     "file_lock",
     "lock_holders",
+    "named_holder",
     "probe_lock",
     "refuse_filesystem_root",
     "unlockable",
@@ -263,10 +264,7 @@ def _say_waiting(path: Path, fd: int) -> None:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     except OSError:
         text = ""
-    pid = int(text) if text.isdigit() else None
-    holders = lock_holders(path)  # not a stale PID, nor another PID namespace's (processes 4)
-    if holders is not None and pid not in holders:
-        pid = min((p for p in holders if p > 0), default=None)
+    pid = named_holder(path, int(text) if text.isdigit() else None)  # (processes 4)
     holder = f"process {pid}" if pid is not None else "another process"
     print(
         f"fedprivopt: waiting for {holder}, which holds {path} while it writes the files there "
@@ -346,13 +344,31 @@ def _holder(path: Path) -> int | None:
         if text.isdigit():
             break
         time.sleep(0.01)
+    return named_holder(path, int(text) if text.isdigit() else None)
+
+
+def named_holder(path: str | os.PathLike, pid: int | None) -> int | None:
+    """The PID to name for lock file ``path``, whose file says ``pid`` (see :func:`_holder`)."""
     holders = lock_holders(path)
     if holders is None:  # not Linux, or unreadable: the file says it, as before
-        return int(text) if text.isdigit() else None
-    if text.isdigit() and int(text) in holders:
-        return int(text)
+        return pid
     visible = sorted(p for p in holders if p > 0)
+    if pid in holders or (not visible and pid is not None and _alive(pid)):
+        return pid  # the holder, or none listed (a /proc/locks that lists nothing): as before
     return visible[0] if visible else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this PID namespace."""
+    if pid <= 0:
+        return False  # 0 would ask about this process's group
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # another user's
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
 
 
 def lock_holders(path: str | os.PathLike) -> set[int] | None:

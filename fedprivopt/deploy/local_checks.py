@@ -128,13 +128,10 @@ def _pid_in(lock: Path) -> int | None:
         text = b""
     finally:
         os.close(fd)
-    pid = int(text) if text.isdigit() else None
-    from fedprivopt.data.locks import lock_holders
+    from fedprivopt.data.locks import named_holder
 
-    holders = lock_holders(lock)  # forty-second review of issue 15 (processes 4): the PID
-    if holders is not None and pid not in holders:  # of another PID namespace is not named
-        pid = min((p for p in holders if p > 0), default=None)
-    return pid
+    # forty-second review of issue 15 (processes 4): another PID namespace's PID is not named
+    return named_holder(lock, int(text) if text.isdigit() else None)
 
 
 def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:

@@ -41,8 +41,9 @@
    namespace's PID, written into the lock file: init here, which the user was told to stop);
    inside, the outer holder's PID, a process it cannot see. Now the PID is named only if
    ``/proc/locks`` shows it holding the file's ``flock`` (``locks.lock_holders``), else the holder
-   it shows (the real one, 1784 in the reproducer), or ``a process of another PID namespace (a
-   container sharing this directory)``; ``deploy local``'s ``deploy.lock`` alike
+   it shows (the real one, 1784 in the reproducer), or, when it shows none and the file's PID
+   names no process here, ``a process of another PID namespace (a container sharing this
+   directory)``; ``deploy local``'s ``deploy.lock`` alike
    (``local_checks._pid_in``). (In-process: the lock file rewritten with ``1``, as such a holder
    writes it; ``/proc/locks`` replaced by a file for the hidden holder.)
 """
@@ -150,14 +151,16 @@ def test_4_a_pid_of_another_namespace_is_not_named(tmp_path, monkeypatch):
             with exclusive_lock(lock, what="dataset directory D"):
                 pass  # pragma: no cover - refused
         assert info.value.pid == os.getpid()  # the holder /proc/locks shows, not init
-        # a holder this process cannot see: /proc/locks does not list it
+        # a holder this process cannot see: /proc/locks does not list it, and its PID (beyond
+        # pid_max: no process here) names none of this namespace
         empty = tmp_path / "locks"
         empty.write_text("")
         monkeypatch.setattr(locks, "_PROC_LOCKS", str(empty))
+        lock.write_text(f"{2**22 + 1}\n")
         with pytest.raises(LockHeldError, match="a process of another PID namespace") as info:
             with exclusive_lock(lock, what="dataset directory D"):
                 pass  # pragma: no cover - refused
-        assert info.value.pid is None and "process 1 " not in str(info.value)
+        assert info.value.pid is None and str(2**22 + 1) not in str(info.value)
 
 
 def test_4_a_deployments_pid_of_another_namespace_is_not_named(tmp_path):

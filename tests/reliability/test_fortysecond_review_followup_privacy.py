@@ -13,6 +13,15 @@
    norm is not certainly inside ``C`` (``norm_error_bound``) and every scaled user of a dtype
    other than float32 (whose margin covers the measurement): exact norm at most C; a float32
    user clearly inside or outside the ball is scaled as before, bit for bit.
+2. Mechanisms 2's variant (the count folded into the PLD paths): ``pld_guard.pld_grid_points``
+   (public: the grid a PLD of one event holds, "before anything is allocated") of an
+   adaptive-clipping event. Before: the points of the sum's ``noise_multiplier`` alone, 28,590
+   for ``poisson(sample_rate=0.1, noise_multiplier=2, count_noise_multiplier=1.2)`` where the
+   PLD ``pld_epsilon`` builds for it (its single Gaussian) has 77,465 (q 1, sigma 0.5, count
+   0.05: 429,821 for 7,957,635), and a fixed-size event (which the PLD accountant refuses) got
+   a number. Now the event goes through ``pld_guard.poisson_gaussians`` as in ``pld_epsilon``
+   and ``check_pld_ledger``: the single Gaussian's points, fixed and tree events refused with
+   its message; events without a count unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ import torch
 
 from fedprivopt.clients import LocalConfig
 from fedprivopt.models import initial_flat
-from fedprivopt.privacy import RngFactory
+from fedprivopt.privacy import RngFactory, SubsampledGaussianEvent
+from fedprivopt.privacy.pld_guard import pld_grid_points
 from tests.tag_synth import make_synth_dir, tag_task
 
 
@@ -73,3 +83,20 @@ def test_1_vectorized_tag_clip_at_the_boundary(tag_dir, dtype):
     # users clearly outside the ball: float32 scaled as before, exact norm at most C
     got = _trained(trainer, w, users, 0.05)
     assert all(_exact_sq(u.values) <= Fraction(0.05) ** 2 for u in got.values())
+
+
+# -- finding 2: pld_grid_points of an adaptive-clipping event ----------------------------------
+
+
+def test_2_pld_grid_points_counts_the_single_gaussian():
+    for q, sigma, count in ((0.1, 2.0, 1.2), (1.0, 0.5, 0.05)):
+        event = SubsampledGaussianEvent.poisson(
+            sample_rate=q, noise_multiplier=sigma, count_noise_multiplier=count
+        )
+        plain = SubsampledGaussianEvent.poisson(sample_rate=q, noise_multiplier=sigma)
+        # was pld_grid_points(plain): 28,590 and 429,821 where the PLD holds 77,465 and 7,957,635
+        assert pld_grid_points(event) == pld_grid_points(event.single_gaussian())
+        assert pld_grid_points(event) > 2 * pld_grid_points(plain)
+    fixed = SubsampledGaussianEvent.fixed(population=100, cohort_size=10, noise_multiplier=2.0)
+    with pytest.raises(ValueError, match="supports only Poisson"):
+        pld_grid_points(fixed)  # was 80,488 points

@@ -38,7 +38,7 @@ from fedprivopt.data.synthetic_files import (
 )
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
-__all__ = ["GENERATED_FILES", "StackOverflowDataDir", "check_dir_text"]
+__all__ = ["GENERATED_FILES", "StackOverflowDataDir", "check_dir_text", "expanded_dir"]
 
 
 def check_dir_text(name: str, path: Path) -> Path:
@@ -59,6 +59,23 @@ def check_dir_text(name: str, path: Path) -> Path:
     if any(not part.strip() for part in path.parts):
         raise ValueError(f"{name} has a blank path component: {shown(text)}")
     return path
+
+
+def expanded_dir(name: str, value: str | os.PathLike) -> Path:
+    """``value`` as a path, a leading ``~`` expanded; ``ValueError`` naming ``name`` if it cannot.
+
+    Forty-second review of issue 15 (input 6): ``StackOverflowTagTask(data_dir="~nosuchuser/d")``
+    (also ``cache_dir``, and the next-word task) ended in pathlib's ``RuntimeError: Could not
+    determine home directory.``, naming no parameter (the command line refuses it when the
+    configuration is read: input 5).
+    """
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise ValueError(
+            f"{name} starts with ~, but names no user of this machine whose home it could be: "
+            f"{shown(str(value))}; name the directory (./~x for a name that starts with ~)"
+        ) from None
 
 
 GENERATED_FILES = (SQLITE_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
@@ -112,7 +129,7 @@ class StackOverflowDataDir:
         """Check and set ``data_dir``, ``synthetic`` and the ``synth_*`` parameters."""
         if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
             raise ValueError(f"data_dir must be a non-empty path, got {data_dir!r}")
-        self.data_dir = check_dir_text("data_dir", Path(data_dir).expanduser())  # "~/so": 28th
+        self.data_dir = check_dir_text("data_dir", expanded_dir("data_dir", data_dir))  # "~/so"
         self.synthetic = check_bool("synthetic", synthetic)
         given = {
             "num_clients": check_int("synth_clients", synth_clients, 1, none=True),

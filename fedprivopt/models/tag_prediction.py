@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +46,7 @@ import torch.nn.functional as F
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.data.token_cache import CACHE_DIR
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE, read_tag_counts, read_word_counts
+from fedprivopt.models.stackoverflow_datadir import expanded_dir
 from fedprivopt.models.stackoverflow_files import (
     MAX_TAGS,
     MAX_USERS,
@@ -219,7 +219,9 @@ class StackOverflowTagTask(TagTaskData):
         ):
             raise ValueError(f"cache_dir must be a non-empty path or None, got {cache_dir!r}")
         self.cache_dir = (
-            Path(cache_dir).expanduser() if cache_dir is not None else self.data_dir / CACHE_DIR
+            expanded_dir("cache_dir", cache_dir)
+            if cache_dir is not None
+            else self.data_dir / CACHE_DIR
         )
 
         self._ensure_files()

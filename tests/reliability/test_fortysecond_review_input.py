@@ -36,6 +36,10 @@
    it is): rc 0, a synthetic dataset generated into ``./~nosuchuser/d``, where ``~/d`` is
    expanded (twenty-eighth review). Now rc 2, one line naming the flag or the key
    (``cli_args.check_path_text``, ``simulation.config._expand_home``).
+6. The same through the tasks' Python API: ``StackOverflowTagTask(data_dir="~nosuchuser/d")``
+   (also ``cache_dir``; the next-word task's ``data_dir``): pathlib's ``RuntimeError: Could not
+   determine home directory.``, naming no parameter. Now ``ValueError`` naming it
+   (``stackoverflow_datadir.expanded_dir``).
 """
 
 from __future__ import annotations
@@ -188,3 +192,21 @@ def test_5_a_task_directory_of_no_user_is_refused(tmp_path, monkeypatch):
     assert load_config(preset, {"task-params.data-dir": "~/d"}).task_params["data_dir"] == (
         os.path.expanduser("~/d")
     )
+
+
+# -- finding 6: the same through the tasks' Python API ------------------------------------------
+
+
+def test_6_a_task_directory_of_no_user_names_the_parameter(tmp_path, datasets):
+    from fedprivopt.models.next_word import StackOverflowNextWordTask
+
+    for task in (StackOverflowTagTask, StackOverflowNextWordTask):
+        with pytest.raises(ValueError, match=r"^data_dir starts with ~, but names no user"):
+            task(data_dir=f"{NO_USER}/d", synthetic=False)
+    d = tmp_path / "d"
+    shutil.copytree(datasets / "a", d)
+    with pytest.raises(ValueError, match=r"^cache_dir starts with ~, but names no user"):
+        StackOverflowTagTask(
+            data_dir=d, synthetic=False, vocab_size=50, num_tags=5, token_cache=True,
+            cache_dir=f"{NO_USER}/c",
+        )  # fmt: skip

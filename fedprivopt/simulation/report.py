@@ -192,7 +192,9 @@ def write_report(
     for name in REPORT_FILES:  # nothing removed when one cannot be
         if (out / name).is_dir() and not (out / name).is_symlink():
             raise ValueError(f"{out / name} is a directory, not a report file write_report wrote")
-    for name in sorted(REPORT_FILES, key=lambda n: n != "report.md"):
+    # report.md first and summary.csv last (follow-up, ledger 1): a stop between two removals
+    # leaves a stopped report (summary.csv without report.md) or none, never plots alone
+    for name in sorted(REPORT_FILES, key=lambda n: (n != "report.md", n == "summary.csv")):
         (out / name).unlink(missing_ok=True)
     write_summary_csv(rows, out / "summary.csv")
     ref = reference_model(sel.runs, sel.metric)

@@ -1,0 +1,86 @@
+"""Issue 15, forty-second hostile review follow-up (ledger, resume, run files, reports): tests.
+
+The fixes of the day (the forty-second review's ledger 1-4 and reports 1-5) looked at again for
+bypasses, regressions and twin paths that differ.
+
+1. ``write_report(out, runs, title=...)`` over its own earlier report, stopped (Ctrl-C) between
+   two of the removals the reports 5 fix added, after ``report.md`` and ``summary.csv`` went
+   and before the plots did. Before: the plots alone were left, and the same call was then
+   refused ("holds 'metric_vs_round.png', which is not part of a report write_report wrote"),
+   where reports 5 promises that a stop leaves a stopped report that the same call replaces.
+   Now the earlier report is removed ``report.md`` first and ``summary.csv`` last
+   (``report.write_report``): a stop at any point leaves a stopped report or none.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.simulation import report as report_module
+from fedprivopt.simulation.report import write_report
+from fedprivopt.simulation.rundata import RunData
+
+
+@pytest.fixture(autouse=True)
+def _no_drawing(monkeypatch):
+    """The plots as small files: what is tested is which files a report leaves, and its notes."""
+
+    def draw(_what, path, _ref):
+        Path(path).write_bytes(b"a plot")
+
+    monkeypatch.setattr(report_module, "draw_metric_vs_round", draw)
+    monkeypatch.setattr(report_module, "draw_privacy_utility", draw)
+
+
+def _run(path: Path, strategy: str, sigma: float, epsilon: float, accuracy: float) -> RunData:
+    """A finished 1-round private run of ``strategy`` at ``sigma`` (files: its ledger header)."""
+    path.mkdir(parents=True)
+    header = {"ledger": 2, "kind": "header", "round": 0, "events": 0, "private": True}
+    (path / "privacy_ledger.jsonl").write_text(json.dumps(header) + "\n", encoding="utf-8")
+    config = {"strategy": strategy.removesuffix(" (tuned)"), "noise-multiplier": sigma,
+              "sampling": "poisson", "accountant": "rdp", "delta": 1e-4, "seed": 0,
+              "task": "toy"}  # fmt: skip
+    summary = {"strategy": strategy, "noise_multiplier": sigma, "seed": 0, "epsilon": epsilon,
+               "delta": 1e-4, "rounds_completed": 1, "config": config}  # fmt: skip
+    rows = [{"round": r, "eval_accuracy": accuracy, "eval_loss": 0.9} for r in (0, 1)]
+    return RunData(summary, rows, path, ledger_epsilon=epsilon)
+
+
+def _report(out: Path, runs: list[RunData]) -> tuple[str, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text = write_report(out, runs, title="t", metric="eval_accuracy").read_text("utf-8")
+    return text, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 3])
+def test_1_a_report_stopped_between_its_removals_is_replaced_by_the_same_call(
+    tmp_path, monkeypatch, stop_after
+):
+    old = [_run(tmp_path / "a", "dp-fedavg", 0.5, 10.28, 0.6)]
+    new = [_run(tmp_path / "b", "dp-fedadam", 0.5, 7.55, 0.5)]
+    out = tmp_path / "out"
+    _report(out, old)
+    unlink = pathlib.Path.unlink
+    removed: list[str] = []
+
+    def stopping(self, *args, **kwargs):
+        unlink(self, *args, **kwargs)
+        if self.parent == out:
+            removed.append(self.name)
+            if len(removed) == stop_after:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(pathlib.Path, "unlink", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        _report(out, new)
+    monkeypatch.setattr(pathlib.Path, "unlink", unlink)
+    assert removed[0] == "report.md", removed
+    text, _ = _report(out, new)  # the same call again: replaced, not refused
+    assert "dp-fedadam" in text and "dp-fedavg" not in text
+

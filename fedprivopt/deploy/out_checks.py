@@ -10,10 +10,17 @@ module (a layer above it).
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
+
+# the checks of an out inside a run moved to the simulation layer, which simulate() calls too
+from fedprivopt.simulation.run_places import (
+    check_not_held,
+    quoted_out,
+    refuse_inside_a_run,
+    refuse_inside_held,
+)
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -106,116 +113,6 @@ def check_out_claimable(out: str | Path, config: Any) -> None:
     check_temp_outside(str(out))
 
 
-def check_not_held(out: Path) -> None:
-    """Refuse an ``out`` that another run holds, or inside one (``LockHeldError`` naming its PID).
-
-    Forty-first review of issue 15 (processes 1): :func:`check_out_claimable` lets a finished
-    start's debris through (``run.lock`` alone), but did not ask whether the directory was still
-    held: while ``simulate --out D`` (or the Python API's ``simulate``) held ``D`` with only
-    ``run.lock`` written, ``deploy local --out D`` passed every check, wrote ``D/deploy/`` into
-    the other run's directory and started the SuperLink and SuperNodes. ``compare``, ``tune`` and
-    ``data synth`` refuse such a directory. The lock of a run directory is a ``flock`` on the
-    directory itself (:func:`~fedprivopt.simulation.rundir.lock_directory`); it is probed here
-    without writing anything. An ``out`` inside a directory that holds ``run.lock`` and is held
-    is refused too (follow-up of that review, outputs 7).
-    """
-    _refuse_held(out, f"argument --out: run directory {quoted_out(out)}")
-    refuse_inside_held(out)
-
-
-def refuse_inside_held(out: Path, flag: str = "--out") -> None:
-    """Refuse an ``out`` inside a directory that holds ``run.lock`` and another process holds.
-
-    Follow-up of the forty-first review of issue 15 (outputs 7): a directory inside such a run
-    (``deploy local --out D/sub`` while ``D`` held only ``run.lock``) passed, as the
-    inside-a-run check knows a run by its ledger or by ``run.lock`` beside ``config.toml``;
-    ``D/sub/deploy`` was written into the run (``simulate --out D/sub`` alike, the outputs
-    follow-up's open row: the command line's ``--out`` check calls this too).
-    """
-    from fedprivopt.data.locks import LockHeldError
-    from fedprivopt.simulation.files import LOCK_FILE
-
-    for place in _ancestors(out):
-        if not os.path.lexists(place / LOCK_FILE):
-            continue
-        try:
-            _refuse_held(place, f"run directory {quoted_out(place)}")
-        except LockHeldError as exc:
-            holder = f"process {exc.pid}" if exc.pid is not None else "another process"
-            raise LockHeldError(
-                f"argument {flag}: {quoted_out(out)} is inside the run directory "
-                f"{quoted_out(place)}, which {holder} holds: a run's directory holds its own "
-                "files only; choose a directory outside it",
-                exc.pid,
-            ) from None
-
-
-_RUN_MARKERS = ("privacy_ledger.jsonl", "run.lock", "config.toml")
-
-
-def _ancestors(out: Path) -> list[Path]:
-    """The directories above ``out``: as written (made absolute) and as its links resolve.
-
-    Forty-second review of issue 15 (processes 2): only the first were looked at, so an ``out``
-    reached through a symbolic link into a run (``ln -s D/plots L``, ``--out L/sub``) was not
-    inside it.
-    """
-    found = list(Path(os.path.abspath(out)).parents)
-    try:
-        real = Path(out).resolve().parents
-    except (OSError, RuntimeError):  # a link loop: named by the claim
-        return found
-    return found + [place for place in real if place not in found]
-
-
-def refuse_inside_a_run(out: Path, flag: str = "--out") -> None:
-    """Refuse an ``out`` strictly inside a run directory (``ValueError`` naming both).
-
-    A run is known by its ledger, or by ``run.lock`` beside ``config.toml`` (as the command
-    line's ``--out`` check knows it, sixteenth review of issue 15). Forty-second review of issue
-    15 (processes 2): the Python API :func:`~fedprivopt.deploy.local.deploy_local` (documented
-    to validate everything first) took ``out=A/plots/sub`` with ``A`` a finished run, which
-    ``deploy local`` refuses: the ServerApp would have written a run among ``A``'s files, after
-    which ``compare --overwrite`` refuses ``A``'s cell. Through a link too (:func:`_ancestors`).
-    """
-    for place in _ancestors(out):
-        found = [name for name in _RUN_MARKERS if os.path.lexists(place / name)]
-        if "privacy_ledger.jsonl" in found or {"run.lock", "config.toml"} <= set(found):
-            raise ValueError(
-                f"argument {flag}: {quoted_out(out)} is inside the run directory "
-                f"{quoted_out(place)} (it holds {', '.join(found)}): a run's directory holds its "
-                "own files only; choose a directory outside it"
-            )
-
-
-def _refuse_held(directory: Path, what: str) -> None:
-    """``LockHeldError`` (naming the holder's PID) if another process holds ``directory``."""
-    import fcntl
-
-    from fedprivopt.data.locks import LockHeldError, probe_lock
-    from fedprivopt.simulation.files import LOCK_FILE
-
-    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0)
-    try:
-        fd = os.open(directory, flags)
-    except OSError:
-        return  # new (or unreadable: the claim that follows names it)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            probe_lock(directory / LOCK_FILE, what=what)  # raises naming the holder's PID
-            raise LockHeldError(
-                f"{what} is in use by another process; wait for it to finish or stop it first",
-                None,
-            ) from None
-        except OSError:
-            return  # a file system without locks: the run's own lock says so
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
 def check_temp_outside(out: str) -> None:
     """Refuse a temporary directory that is ``out`` or inside it (``ValueError`` naming it).
 
@@ -237,10 +134,3 @@ def check_temp_outside(out: str) -> None:
             "certificates, Flower's home): a run's directory holds its own files only; set "
             "TMPDIR to a directory outside it"
         )
-
-
-def quoted_out(out: Path) -> str:
-    """``out`` as a shell word on one line (a newline in a name shown escaped)."""
-    import shlex
-
-    return shlex.quote(str(out)).replace("\n", "\\n")

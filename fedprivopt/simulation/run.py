@@ -87,6 +87,7 @@ from fedprivopt.simulation.files import (
     write_synced,
 )
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
+from fedprivopt.simulation.run_places import refuse_inside_a_run, refuse_inside_held
 from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
@@ -373,6 +374,10 @@ def simulate(
     """
     out_dir = _run_dir_argument("out_dir", out_dir)
     _check_config(config)
+    # forty-second review of issue 15 (lead 3, the processes reviewer's open row): the Python
+    # API wrote a whole run inside a finished run's directory, which the command line refuses
+    refuse_inside_a_run(out_dir, "out_dir")
+    refuse_inside_held(out_dir, "out_dir")
     if overwrite and not planned:  # forty-first review follow-up (ledger 1): a stale report
         check_not_reported(out_dir)
     check_task_dirs_outside(config, out_dir)

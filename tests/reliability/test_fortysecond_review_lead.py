@@ -6,15 +6,26 @@
    not run 'aten::as_strided' ... 'SparseCPU'"), where ``train`` refuses the same with a
    ``ValueError`` since the api reviewer's fix 7. Now: ``ValueError`` naming ``global_flat``
    (``ModelLayout.load_global``).
+3. The Python API ``simulate(config, "A/plots/api")`` with ``A`` a finished run (the processes
+   reviewer's open row; ``fedprivopt simulate --out A/plots/api`` refuses it). Before: rc 0, a
+   whole run written among ``A``'s files. Now: ``ValueError`` naming ``out_dir`` and ``A``, before
+   anything is written (``simulation.run_places.refuse_inside_a_run``, which ``deploy.out_checks``
+   re-exports; a directory beside ``A`` still runs).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run import simulate
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
 @pytest.mark.parametrize("kind", ["meta", "sparse"])
@@ -26,3 +37,12 @@ def test_2_load_global_of_a_tensor_without_values_names_the_argument(kind):
         trainer.load_global(flat)
     model = trainer.load_global(torch.zeros(n))  # a dense one still loads
     assert all(float(p.detach().abs().sum()) == 0.0 for p in model.parameters())
+
+
+def test_3_the_python_simulate_refuses_an_out_dir_inside_a_run(tmp_path):
+    config = load_config(TOY, {"num-server-rounds": 1})
+    simulate(config, tmp_path / "A")
+    with pytest.raises(ValueError, match=r"argument out_dir: .*/A/plots/api is inside the run"):
+        simulate(config, tmp_path / "A" / "plots" / "api")
+    assert not (tmp_path / "A" / "plots").exists()
+    assert simulate(config, tmp_path / "B").rows  # beside it, a run as before

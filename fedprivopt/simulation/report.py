@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from fedprivopt.simulation.rundata_aggregate import (
     aggregate_runs,
     aggregate_with_notes,
     choose_metric,
+    group_runs,
     reference_model,
     select_runs,
     warn_all,
@@ -347,38 +349,55 @@ def _tuned_notes(runs: Sequence[RunData], epsilon_text: str) -> list[str]:
     round", where publishing that row costs their composition (11.74; ``compare-tuned``, whose
     own ``epsilon_text`` and notes state it, composes them). The composition is recomputed
     from the tunings' files (:func:`~fedprivopt.simulation.tune_check.check_tunings`); where
-    they cannot be checked, the note says so without a number.
+    they cannot be checked, the note says so without a number. Follow-up (ledger 2): a note is
+    a row's (strategy and σ), over its distinct tunings: two tunings at σ 0.5 and 1 (two rows
+    of one tuning each) were "the row is over 2 tunings" at the larger ε, and one tuning given
+    twice was two tunings, its trial averaged as two seeds without a word.
     """
     from fedprivopt.core.text import epsilon_text as shown_epsilon
     from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
 
     if epsilon_text != RUN_EPSILON:  # compare-tuned, compare --tune-grid: they state it
         return []
-    by: dict[str, list[RunData]] = {}
-    for run in runs:
-        if run.strategy.endswith(TUNED_SUFFIX):
-            by.setdefault(run.strategy, []).append(run)
+    groups = {key: group for key, group in group_runs(runs).items()
+              if key[0].endswith(TUNED_SUFFIX)}  # fmt: skip
+    rows_of = Counter(strategy for strategy, _ in groups)
     notes = []
-    for strategy, group in sorted(by.items()):
+    for (strategy, sigma), group in sorted(groups.items()):
+        where = strategy if rows_of[strategy] == 1 else f"{strategy}, σ={sigma:g}"
         one = shown_epsilon(max(run.epsilon for run in group))
-        note = (f"{strategy}: its epsilon ({one}) is its tuning's (the whole tuning procedure), "
+        note = (f"{where}: its epsilon ({one}) is its tuning's (the whole tuning procedure), "
                 "not its run's")  # fmt: skip
-        if len(group) > 1:
-            composed = _composed_tunings(group)
+        tunings = list(dict.fromkeys(_tuning_of(run) for run in group))
+        if len(tunings) < len(group):
+            note += (f"; a tuning's released trial is given more than once ({len(group)} runs "
+                     f"of {len(tunings)} tunings), so the row counts one tuning as several "
+                     "seeds")  # fmt: skip
+        if len(tunings) > 1:
+            composed = _composed_tunings(tunings)
             cost = "" if composed is None else f", {shown_epsilon(composed)}"
-            note += (f"; the row is over {len(group)} tunings on the same users, and publishing "
-                     f"it costs their composition{cost}, not one tuning's epsilon "
+            note += (f"; the row is over {len(tunings)} tunings on the same users, and "
+                     f"publishing it costs their composition{cost}, not one tuning's epsilon "
                      "(compare-tuned reports it)")  # fmt: skip
         notes.append(note)
     return notes
 
 
-def _composed_tunings(group: Sequence[RunData]) -> float | None:
-    """ε of publishing the tunings whose released trials are ``group`` (None: not checkable)."""
+def _tuning_of(run: RunData) -> Path:
+    """The tuning whose released trial ``run`` is (``TUNING/runs/trial-NNN``), resolved."""
+    tuning = Path(run.path).parent.parent
+    try:
+        return tuning.resolve()
+    except (OSError, RuntimeError):  # a loop of links: compared as written
+        return tuning
+
+
+def _composed_tunings(tunings: Sequence[Path]) -> float | None:
+    """ε of publishing ``tunings`` (distinct tuning directories; None: not checkable)."""
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
 
-    try:  # a released trial is TUNING/runs/trial-NNN
-        checks = check_tunings([run.path.parent.parent for run in group])
+    try:
+        checks = check_tunings(list(tunings))
         return composed_epsilon(checks, len(checks))
     except (ValueError, OSError):
         return None

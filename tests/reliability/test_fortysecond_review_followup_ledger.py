@@ -10,6 +10,14 @@ bypasses, regressions and twin paths that differ.
    where reports 5 promises that a stop leaves a stopped report that the same call replaces.
    Now the earlier report is removed ``report.md`` first and ``summary.csv`` last
    (``report.write_report``): a stop at any point leaves a stopped report or none.
+2. ``write_report(out, [load_tuned(T1), load_tuned(T2)], title=...)`` with the two tunings at
+   σ 0.5 and 1 (two rows of one tuning each), and ``[load_tuned(T1), load_tuned(T1)]`` (one
+   tuning given twice). Before (the reports 2 fix): one note a strategy, "the row is over 2
+   tunings ... costs their composition" at the larger row's ε (8.279 for the σ 1 row whose ε
+   is 2.616), and one tuning given twice counted as two tunings (its trial averaged as two
+   seeds, the tuned rows being exempt from the note on repeated seeds). Now one note a row
+   (strategy and σ) with its own ε, over its distinct tunings (``report._tuned_notes``), and a
+   tuning given twice is named as such.
 """
 
 from __future__ import annotations
@@ -84,3 +92,26 @@ def test_1_a_report_stopped_between_its_removals_is_replaced_by_the_same_call(
     text, _ = _report(out, new)  # the same call again: replaced, not refused
     assert "dp-fedadam" in text and "dp-fedavg" not in text
 
+
+def _tuned(tuning: Path, sigma: float, epsilon: float) -> RunData:
+    return _run(tuning / "runs" / "trial-001", "dp-fedavg (tuned)", sigma, epsilon, 0.5)
+
+
+def test_2_a_tuned_note_is_a_rows_over_its_distinct_tunings(tmp_path):
+    low, high = _tuned(tmp_path / "T1", 0.5, 8.279), _tuned(tmp_path / "T2", 1.0, 2.616)
+    text, notes = _report(tmp_path / "rows", [low, high])
+    tuned = [n for n in notes if "is its tuning's" in n]
+    assert len(tuned) == 2, notes
+    assert tuned[0].startswith("dp-fedavg (tuned), σ=0.5: its epsilon (8.279)"), tuned
+    assert tuned[1].startswith("dp-fedavg (tuned), σ=1: its epsilon (2.616)"), tuned
+    assert not [n for n in tuned if "composition" in n], tuned
+    assert tuned[1] in text
+    _, notes = _report(tmp_path / "twice", [low, low])
+    tuned = [n for n in notes if "is its tuning's" in n]
+    assert len(tuned) == 1 and "given more than once (2 runs of 1 tunings)" in tuned[0], notes
+    assert "over 2 tunings" not in tuned[0]
+    other = _tuned(tmp_path / "T3", 0.5, 8.279)
+    _, notes = _report(tmp_path / "two", [low, other])  # as before: a row over two tunings
+    tuned = [n for n in notes if "is its tuning's" in n]
+    assert tuned[0].startswith("dp-fedavg (tuned): its epsilon (8.279)"), tuned
+    assert "over 2 tunings" in tuned[0] and "more than once" not in tuned[0], tuned

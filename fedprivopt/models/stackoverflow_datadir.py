@@ -179,6 +179,17 @@ class StackOverflowDataDir:
     def _ensure_files(self) -> None:
         """Generate the synthetic files if asked and none exist; raise if required ones lack."""
         required = self.REQUIRED_FILES
+        if os.path.exists(self.data_dir) and not os.path.isdir(self.data_dir):
+            # forty-second review of issue 15 (input 7): data_dir naming the database itself was
+            # "D/stackoverflow.sqlite: missing stackoverflow.sqlite, …" (and with synthetic,
+            # the advice given, "exists and is not a directory")
+            parent = (
+                f" ({self.data_dir.parent})" if self.data_dir.name in self.REQUIRED_FILES else ""
+            )
+            raise ValueError(
+                f"data_dir {shown(str(self.data_dir))} is a file, not a directory: name the "
+                f"directory that holds {', '.join(required)}{parent}"
+            )
         if self.synthetic and self._missing(required):
             # fourteenth review of issue 15: generated into a comparison, rc 0; sixteenth:
             # into a directory inside one (a comparison's runs/)

@@ -40,6 +40,14 @@
    (also ``cache_dir``; the next-word task's ``data_dir``): pathlib's ``RuntimeError: Could not
    determine home directory.``, naming no parameter. Now ``ValueError`` naming it
    (``stackoverflow_datadir.expanded_dir``).
+7. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=D/stackoverflow.sqlite``
+   (the database named where its directory belongs): ``D/stackoverflow.sqlite: missing
+   stackoverflow.sqlite, stackoverflow.word_count, stackoverflow.tag_count (…; pass
+   synthetic=True …)``, a line that contradicts itself, and with that advice taken (``--set
+   task-params.synthetic=true``, the preset's own) ``… exists and is not a directory``. Now
+   ``config: task-params.data-dir 'D/stackoverflow.sqlite' is a file, not a directory: name the
+   directory that holds stackoverflow.sqlite, … (D)`` either way
+   (``StackOverflowDataDir._ensure_files``).
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from fedprivopt.simulation.config import load_config
 from tests.reliability.test_thirtyeighth_review_input import _cli
 
 NO_USER = "~fedprivopt-no-such-user-42"
+MINI = "simulations/stackoverflow-tp-mini.toml"
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +219,22 @@ def test_6_a_task_directory_of_no_user_names_the_parameter(tmp_path, datasets):
             data_dir=d, synthetic=False, vocab_size=50, num_tags=5, token_cache=True,
             cache_dir=f"{NO_USER}/c",
         )  # fmt: skip
+
+
+# -- finding 7: the database named as the data directory ----------------------------------------
+
+
+@pytest.mark.parametrize("synthetic", ["false", "true"])
+def test_7_the_database_named_as_data_dir_is_one_line(tmp_path, datasets, synthetic):
+    d = datasets / "a"
+    code, lines = _cli(
+        "simulate", os.path.join(os.path.dirname(__file__), "..", "..", MINI), "--rounds", "1",
+        "--out", str(tmp_path / "r"), "--quiet",
+        "--set", f"task-params.data-dir={d}/stackoverflow.sqlite",
+        "--set", f"task-params.synthetic={synthetic}",
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1, lines
+    # the quoted path may be shortened (shown()) on a long temporary path
+    assert "task-params.data-dir '" in lines[0], lines
+    assert "stackoverflow.sqlite' is a file, not a directory: name the directory" in lines[0]
+    assert lines[0].endswith(f"({d})"), lines

@@ -439,6 +439,16 @@ def _private_evaluations(task: Task | None) -> tuple[int, int] | None:
 
 
 def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None) -> str:
+    """What the guarantee of ``config``'s run assumes (``summary.json``'s ``threat_model``).
+
+    Forty-second review of issue 15 (contract 1): a seeded run (``secure = false``, the
+    default) said "user-level DP of every released model" and, in distributed mode, that each
+    update leaves its device carrying a noise share, while the same ``summary.json`` records
+    the seed from which all noise, the sampling and every client's share are regenerated (the
+    server derives and sends the clients' seed, so it can remove their shares): the guarantee
+    then holds only while the seed is secret, and the distributed mode protects nothing from
+    the server (docs/DEPLOYMENT.md, "Seeds are secrets").
+    """
     s = config.strategy
     if not s.private:
         return "not private: updates are neither clipped nor noised"
@@ -450,6 +460,18 @@ def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None
             "; each update leaves its device carrying a noise share, and the full guarantee "
             "needs min-shares honest shares (the server tops up when fewer arrive)"
         )
+    if not s.secure:
+        text += (
+            f"; seeded (secure = false): the noise and the sampling are derived from seed "
+            f"{s.seed} (recorded in this summary and config.toml), so anyone who knows it can "
+            "regenerate and subtract the noise: the guarantee holds only while the seed is "
+            "secret (secure = true draws them from the operating system's entropy)"
+        )
+        if s.noise_mode != "server":
+            text += (
+                "; the server derives the seed the clients draw their shares from, so it can "
+                "remove them: the shares protect nothing from the server unless secure = true"
+            )
     if s.tree:
         text += (
             "; tree aggregation (DP-FTRL, no sampling): fixed cohorts, each user at most once per "

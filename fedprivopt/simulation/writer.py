@@ -417,7 +417,15 @@ def _not_covered(config: RunConfig, task: Task | None = None) -> str | None:
         "does not cover them"
     )
     private = _private_evaluations(task)
-    if not private:
+    if private is None:  # forty-second review of issue 15 (contract 2)
+        name = type(task).__name__ if task is not None else "the task"
+        return text + (
+            f"; nor the evaluations (eval_* metrics) if their users are training users: "
+            f"{name}.private_evaluation_users() does not say how many are, so this was not "
+            "checked; publish the models and epsilon, not these rows, and the evaluations only "
+            "if the task evaluates users outside the private population"
+        )
+    if not private[0]:
         return text + ", so publish the models, epsilon and evaluations, not these rows"
     return text + (
         f"; nor the evaluations (eval_* metrics): {private[0]} of the {private[1]} evaluation "
@@ -428,14 +436,19 @@ def _not_covered(config: RunConfig, task: Task | None = None) -> str | None:
 
 
 def _private_evaluations(task: Task | None) -> tuple[int, int] | None:
-    """``(private, evaluated)`` of ``task``'s evaluation users; ``None`` when unknown or none."""
+    """``(private, evaluated)`` of ``task``'s evaluation users; ``None`` when unknown.
+
+    Forty-second review of issue 15 (contract 2): unknown (a task without
+    ``private_evaluation_users()``, or one that raised) was taken as none private, and the
+    summary said "publish the models, epsilon and evaluations", where ``tune`` reports the
+    same overlap as not checked.
+    """
     if task is None:
         return None
     try:
-        found = private_evaluation_users(task)
+        return private_evaluation_users(task)
     except (TaskError, OSError, ValueError):  # unknown: the summary is still written
         return None
-    return found if found is not None and found[0] > 0 else None
 
 
 def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None) -> str:

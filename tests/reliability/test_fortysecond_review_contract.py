@@ -10,6 +10,13 @@
    threat model of a seeded run says the guarantee holds only while the seed is secret, and in
    distributed mode that the shares protect nothing from the server unless ``secure = true``
    (``writer._threat_model``); a secure run's says neither.
+2. ``summary.json``'s ``not_covered`` of a run whose task does not say whether its evaluation
+   users are training users (a task of one's own without ``private_evaluation_users()``, or
+   one whose method raises). Before: "..., so publish the models, epsilon and evaluations, not
+   these rows", as for a task whose evaluation is drawn apart from every user, while ``tune``
+   reports the same overlap as not checked. Now it says the task does not say, that this was
+   not checked, and to publish the evaluations only if the task evaluates users outside the
+   private population (``writer._not_covered``); a task that says ``(0, 0)`` is unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run import simulate
 
@@ -41,3 +49,26 @@ def test_1_seeded_threat_model_names_the_seed(tmp_path: Path, mode: str) -> None
     secure = _summary(tmp_path, "secure", **{"noise-mode": mode, "secure": True})
     assert "seed" not in secure["threat_model"]
     assert secure["threat_model"].startswith("user-level DP of every released model")
+
+
+class _SaysNothing(ToyClassificationTask):
+    """The toy task without ``private_evaluation_users`` (a task of one's own, unknown)."""
+
+    private_evaluation_users = None
+
+
+class _CannotSay(ToyClassificationTask):
+    """The toy task whose ``private_evaluation_users`` fails (its index file is gone)."""
+
+    def private_evaluation_users(self) -> tuple[int, int]:
+        raise OSError("evaluation index gone")
+
+
+@pytest.mark.parametrize("cls", [_SaysNothing, _CannotSay])
+def test_2_unknown_evaluation_users_are_not_called_publishable(tmp_path: Path, cls) -> None:
+    config = load_config(TOY, {"num-server-rounds": 1})
+    simulate(config, tmp_path / "run", task=cls(num_users=40, seed=0))
+    text = json.loads((tmp_path / "run" / "summary.json").read_text())["not_covered"]
+    assert "epsilon and evaluations" not in text
+    assert f"{cls.__name__}.private_evaluation_users() does not say" in text
+    assert text.endswith("only if the task evaluates users outside the private population")

@@ -123,7 +123,10 @@ def test_5_not_covered_names_private_evaluations_and_distributed_noise_metrics()
     from fedprivopt.simulation.writer import _not_covered
 
     server = small_config()
-    plain = _not_covered(server, object())
+    # a task that says none of its evaluation users is private (forty-second review, contract
+    # 2: one that does not say, object(), is no longer taken as none)
+    none_private = type("NoneEvaluated", (), {"private_evaluation_users": lambda self: (0, 0)})
+    plain = _not_covered(server, none_private())
     assert plain.endswith("so publish the models, epsilon and evaluations, not these rows")
     assert "noise_std" not in plain
     text = _not_covered(server, _EvaluatesTrainingUsers())

@@ -331,6 +331,7 @@ def add_simulate(sub) -> None:
         "simulate",
         help="simulate federated training of one strategy",
         description="Run one federated simulation from a preset (TOML) and write metrics.jsonl, "
+        "privacy_ledger.jsonl (the rounds released and what each cost), "
         "summary.json, config.toml and checkpoints to the output directory.",
         epilog="examples:\n"
         "  fedprivopt simulate simulations/toy.toml --strategy dp-fedadam --rounds 20\n"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.privacy import PrivacyAccountant, make_round_event
 from tests.procs import alive, flwr_run_env, process_tree, stop_processes
 
@@ -75,7 +76,9 @@ def test_flwr_run_of_the_example_app_reports_epsilon_and_stops_at_the_budget(tmp
     assert [r["round"] for r in rounds] == [0, 1, 2], log[-3000:]
     for row, eps in zip(rounds[1:], expected, strict=False):
         assert row["epsilon"] == pytest.approx(eps, rel=1e-9)
-        assert f"[flower_app] round {row['round']}: epsilon={eps:.4f}" in log
+        # rounded up as every shown epsilon (forty-second review, docs: it was rounded to nearest)
+        shown = epsilon_text(eps, places=4)
+        assert f"[flower_app] round {row['round']}: epsilon={shown}" in log
         assert row["received"] == row["accepted"] == row["cohort_size"] > 0
         assert row["failed"] == row["dropped"] == row["unhosted"] == 0
     assert final == {

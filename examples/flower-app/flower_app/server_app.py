@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.simulation.writer import DISTRIBUTED_VIEW_METRICS, SERVER_VIEW_METRICS
 from fedprivopt.strategies import RoundResult, ServerAlgorithm, StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy, arrays_to_flat
@@ -95,9 +96,9 @@ def main(grid: Grid, context: Context) -> None:
         m, ev = result.metrics, eval_metrics or {}
         log(
             INFO,
-            "[flower_app] round %d: epsilon=%.4f (delta=%g) cohort=%d accuracy=%.4f",
+            "[flower_app] round %d: epsilon=%s (delta=%g) cohort=%d accuracy=%.4f",
             result.round_num,
-            m["epsilon"],
+            epsilon_text(m["epsilon"], places=4),  # rounded up, never below what was spent
             config.delta,
             int(m.get("cohort_size", 0)),
             ev.get("accuracy", float("nan")),
@@ -112,10 +113,10 @@ def main(grid: Grid, context: Context) -> None:
     strategy.start(grid, initial, num_rounds=config.num_server_rounds, evaluate_fn=evaluate_fn)
     log(
         INFO,
-        "[flower_app] stopped (%s) after %d rounds: epsilon=%.4f at delta=%g",
+        "[flower_app] stopped (%s) after %d rounds: epsilon=%s at delta=%g",
         algorithm.stopped_reason,
         algorithm.round_num,
-        algorithm.epsilon(),
+        epsilon_text(algorithm.epsilon(), places=4),
         config.delta,
     )
     _append(

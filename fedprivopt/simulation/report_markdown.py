@@ -299,9 +299,15 @@ def markdown(
             + " A strategy that does not beat it has learned nothing about the users.",
         ]
         ref_text = f" The dotted grey line is the {ref[0]}."
+    lines += ["", "Full-precision numbers: [summary.csv](summary.csv)."]
+    if any(r.get("private", False) for r in rows):
+        # forty-second review of issue 15 (contract 3): the column was published unqualified
+        lines.append(
+            "s/round is wall time: it follows the sizes of the sampled cohorts and their users' "
+            "example counts without noise, so epsilon does not cover it (nor the round metrics "
+            "of metrics.jsonl: summary.json's not_covered)."
+        )
     lines += [
-        "",
-        "Full-precision numbers: [summary.csv](summary.csv).",
         "",
         "## Plots",
         "",

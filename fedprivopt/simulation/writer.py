@@ -413,8 +413,9 @@ def _not_covered(config: RunConfig, task: Task | None = None) -> str | None:
     text = (
         f"the round metrics {', '.join(names)} (and their ADADP _1/_2 forms, the Flower "
         "engine's counts of missing users and node errors) in metrics.jsonl and TensorBoard are "
-        "the server's exact view of the sampled users and their updates, without noise: epsilon "
-        "does not cover them"
+        "the server's exact view of the sampled users and their updates, without noise, and "
+        "seconds, the round's wall time, follows the cohort's size and its users' example "
+        "counts: epsilon does not cover them"
     )
     private = _private_evaluations(task)
     if private is None:  # forty-second review of issue 15 (contract 2)

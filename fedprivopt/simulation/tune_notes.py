@@ -27,7 +27,12 @@ TUNED_SUFFIX = " (tuned)"
 
 
 def privacy_note(plan: PrivacyPlan) -> str:
-    """What the two ε cover, in words (summary and report)."""
+    """What the two ε cover, in words (summary and report).
+
+    Forty-second review of issue 15 (contract 4): it named the tuning seed as the operator's
+    secret but not the trials' run seeds that ``summary.json`` (``best.seed``, ``trials``) and
+    ``trials.csv`` list, each of which regenerates a seeded run's noise (the released one's too).
+    """
     runs_acc = plan.accountant
     text = (
         "epsilon covers the whole tuning procedure: a random number of trials drawn from the "
@@ -36,7 +41,9 @@ def privacy_note(plan: PrivacyPlan) -> str:
         "accountant on RepeatAndSelectDpEvent (Papernot & Steinke, ICLR 2022). It does not cover "
         "publishing the other trials, their number, the released trial's number (trial-NNN: "
         "at least NNN trials ran) or the tuning seed (anyone who knows the seed knows the number "
-        "of trials): those stay with the operator. epsilon_single_run is "
+        "of trials): those stay with the operator; so do the trials' run seeds (trials.csv, "
+        "best.seed) of seeded runs (secure = false), from which a run's noise and sampling are "
+        "regenerated, the released trial's too. epsilon_single_run is "
         "one run's epsilon by the same RDP accountant. The selection score is the task's final "
         "evaluation, on the task's evaluation data, which is not accounted."
     )

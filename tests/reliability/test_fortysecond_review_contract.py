@@ -27,6 +27,13 @@
    it (``writer._not_covered``) and a report with a private row says under its table that
    epsilon does not cover ``s/round`` (``report_markdown``); a report of non-private runs only is
    unchanged.
+4. ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 1 --rounds 1`` (seeded
+   trials, the tuning seed from OS entropy): its ``summary.json`` (``best.seed`` 1074242509,
+   every trial's seed) and ``trials.csv`` list the run seeds, and the best trial's run is
+   seeded (its noise regenerated from that seed). Before: the ``privacy`` text (summary and
+   ``report.md``) named the tuning seed as the operator's secret, not the run seeds. Now it
+   says the trials' run seeds of seeded runs stay with the operator too, the released trial's
+   included (``tune_notes.privacy_note``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.report import load_run, write_report
 from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.tune import PrivacyPlan
+from fedprivopt.simulation.tune_notes import privacy_note
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
@@ -95,3 +104,9 @@ def test_3_wall_time_is_named_outside_epsilon(tmp_path: Path) -> None:
     assert sentence in text and "Full-precision numbers: [summary.csv](summary.csv)." in text
     alone = write_report(tmp_path / "plain-report", both[1:], title="t").read_text()
     assert sentence not in alone
+
+
+def test_4_tuning_privacy_note_keeps_the_trials_run_seeds_secret() -> None:
+    text = privacy_note(PrivacyPlan(ledger=None, point={}, delta=1e-5, accountant="rdp"))
+    assert "so do the trials' run seeds (trials.csv, best.seed) of seeded runs" in text
+    assert "the released trial's too" in text

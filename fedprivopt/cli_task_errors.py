@@ -101,7 +101,7 @@ def task_param_error(exc: TypeError) -> str | None:
             named = ", ".join(shown(f"task-params.{key}") for key in keys)
             return f"the task requires {named}, which the config does not give"
     if match is None:
-        return _call_refused(exc)
+        return _call_refused(exc) or _raised_in_factory(exc)
     key = match.group("key").replace("_", "-")
     return (
         f"unknown key {shown(f'task-params.{key}')}: not a parameter of the task "
@@ -139,6 +139,26 @@ def _call_refused(exc: TypeError) -> str | None:
         f"task {shown(name)} cannot be called with the config's task parameters "
         f"({cut_middle(keys)}): {cut_middle(str(exc))}"
     )
+
+
+def _raised_in_factory(exc: TypeError) -> str:
+    """The message for a ``TypeError`` raised inside a task factory's own code.
+
+    Forty-second review of issue 15 (lead 6, the docs reviewer's open row): a factory of one's
+    own whose code raised ``TypeError`` (a bug in it) ended in a traceback, rc 1, where
+    docs/TASKS.md promises one line and rc 2 for a task's exceptions (a ``TypeError`` of
+    ``build_model``, ``user_data``, ``loss`` or ``evaluate``, and any other exception of the
+    factory, were one line already). Named as :func:`~fedprivopt.models.registry.build_task`
+    names the factory's other exceptions.
+    """
+    from fedprivopt.models.task_calls import raised
+
+    tb, name = exc.__traceback__, None
+    while tb is not None and name is None:
+        if _is_build_task(tb.tb_frame.f_code):
+            name = tb.tb_frame.f_locals.get("name")
+        tb = tb.tb_next
+    return f"task {shown(str(name))}: the factory raised {cut_middle(raised(exc))}"
 
 
 def _is_build_task(code) -> bool:

@@ -11,6 +11,11 @@
    whole run written among ``A``'s files. Now: ``ValueError`` naming ``out_dir`` and ``A``, before
    anything is written (``simulation.run_places.refuse_inside_a_run``, which ``deploy.out_checks``
    re-exports; a directory beside ``A`` still runs).
+6. A task factory of one's own whose code raises ``TypeError`` (a bug in it), ``simulate`` from
+   the command line (the docs reviewer's open row). Before: a traceback, rc 1 (docs/TASKS.md
+   promises one line and rc 2 for a task's exceptions; a factory's ``OSError`` or ``ValueError``
+   and a ``TypeError`` of ``build_model`` were one line). Now: rc 2, one line naming the task,
+   the exception, the factory's file and line (``cli_task_errors._raised_in_factory``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedprivopt.cli import main
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.models import build_task
 from fedprivopt.simulation.config import load_config
@@ -46,3 +52,17 @@ def test_3_the_python_simulate_refuses_an_out_dir_inside_a_run(tmp_path):
         simulate(config, tmp_path / "A" / "plots" / "api")
     assert not (tmp_path / "A" / "plots").exists()
     assert simulate(config, tmp_path / "B").rows  # beside it, a run as before
+
+
+def test_6_a_factory_whose_code_raises_type_error_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "bugfactory42.py").write_text(
+        "def make(num_users=4, seed=0):\n    raise TypeError('inner bug of the factory')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["simulate", str(TOY), "--rounds", "1", "--quiet", "--out", str(tmp_path / "r")]
+    code = main([*argv, "--set", "task=bugfactory42:make"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "task 'bugfactory42:make': the factory raised TypeError at bugfactory42.py:2" in err
+    assert "inner bug of the factory" in err and not (tmp_path / "r").exists()

@@ -22,6 +22,18 @@
    a number. Now the event goes through ``pld_guard.poisson_gaussians`` as in ``pld_epsilon``
    and ``check_pld_ledger``: the single Gaussian's points, fixed and tree events refused with
    its message; events without a count unchanged.
+3. Api 2's variant (a task's builds sharing state with the model the run evaluates): a task
+   whose ``build_model()`` builds fresh modules that all hold one feature-mean tensor it keeps,
+   as a non-persistent buffer or a plain tensor attribute, which the forward sets from the
+   minibatch in training and reads in evaluation (``simulate toy.toml --rounds 2 --set
+   task=sharedbuf42:shared``). Before: api 2's check compares modules only and took it; the
+   trainer left the last trained user's minibatch mean in the tensor, which every evaluation
+   read: ``eval_accuracy`` 0.4567 where a task building a new tensor each time gives 0.5967
+   for the same released model (rc 0), a reported number depending on one user's data without
+   noise. Now ``LocalTrainer.train`` sets the model back to its build (``ModelAtBuild.restore``)
+   after each user as well as before: the evaluated model reads the build's values (0.5967).
+   Edited on purpose: ``test_thirtyfourth_review_tasks::test_6`` (its trainer held user 3's
+   running mean until the next load; now none).
 """
 
 from __future__ import annotations
@@ -32,8 +44,9 @@ from fractions import Fraction
 import pytest
 import torch
 
-from fedprivopt.clients import LocalConfig
+from fedprivopt.clients import LocalConfig, LocalTrainer
 from fedprivopt.models import initial_flat
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy import RngFactory, SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import pld_grid_points
 from tests.tag_synth import make_synth_dir, tag_task
@@ -100,3 +113,47 @@ def test_2_pld_grid_points_counts_the_single_gaussian():
     fixed = SubsampledGaussianEvent.fixed(population=100, cohort_size=10, noise_multiplier=2.0)
     with pytest.raises(ValueError, match="supports only Poisson"):
         pld_grid_points(fixed)  # was 80,488 points
+
+
+# -- finding 3: a tensor the task shares between the models it builds ---------------------------
+
+
+class _Centered(torch.nn.Module):
+    """A linear model of centred features; the forward keeps its minibatch's feature mean."""
+
+    def __init__(self, linear: torch.nn.Module, mean: torch.Tensor, *, as_buffer: bool):
+        super().__init__()
+        self.linear = linear
+        if as_buffer:
+            self.register_buffer("mean", mean, persistent=False)
+        else:
+            self.mean = mean  # a plain tensor attribute
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.mean.copy_(x.mean(0))
+        return self.linear(x - self.mean)
+
+
+class _SharedMeanTask(ToyClassificationTask):
+    """The toy task whose every model (fresh modules) holds one feature-mean tensor it keeps."""
+
+    def __init__(self, as_buffer: bool, **params):
+        super().__init__(**params)
+        self.as_buffer, self.mean = as_buffer, None
+
+    def build_model(self):
+        if self.mean is None:
+            self.mean = torch.zeros(self.dim)
+        return _Centered(super().build_model(), self.mean, as_buffer=self.as_buffer)
+
+
+@pytest.mark.parametrize("as_buffer", [True, False], ids=["buffer", "attribute"])
+def test_3_a_tensor_shared_by_fresh_models_is_left_as_built(as_buffer):
+    task = _SharedMeanTask(as_buffer, num_users=4)
+    trainer = LocalTrainer(task, device="cpu")  # fresh modules: api 2's check takes it
+    cfg = LocalConfig(learning_rate=0.1, epochs=1, batch_size=4, clip_norm=1.0)
+    trainer.train(initial_flat(task), user_id=1, round_num=1, config=cfg, rngs=RngFactory(seed=0))
+    evaluated = task.build_model()  # what the run evaluates the released model with
+    assert torch.equal(evaluated.mean, torch.zeros(task.dim))  # was user 1's last minibatch mean

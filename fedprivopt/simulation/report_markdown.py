@@ -335,6 +335,7 @@ def markdown(
         lines.append(f"- δ: {', '.join(_fmt(d, 3) for d in deltas)}")
     lines += [f"- {key}: {value}" for key, value in _shared_privacy_config(sel.runs)]
     lines += _public_users(sel.runs)
+    lines += _seeded_runs(sel.runs)
     if origins:
         lines += ["", "## Runs", "", "| run | origin |", "|---|---|"]
         lines += [
@@ -385,6 +386,25 @@ def _relations(runs: Sequence[RunData]) -> str:
         return "."
     hows = [_RELATIONS[m] for m in ("poisson", "fixed", "tree") if m in found]
     return "; neighbouring datasets differ in one user, " + "; or ".join(hows) + "."
+
+
+def _seeded_runs(runs: Sequence[RunData]) -> list[str]:
+    """The line on private runs whose noise their seeds regenerate (``secure = false``).
+
+    Forty-second review of issue 15 (contract 5): a comparison of seeded runs (the default)
+    listed their seeds (0, 1) and ``secure: false`` under "Privacy parameters" with ε beside
+    them, and no word that each seed regenerates its run's noise and sampling.
+    """
+    private = [r for r in runs if math.isfinite(r.epsilon)]
+    seeded = [r for r in private if not (r.summary.get("config") or {}).get("secure", False)]
+    if not seeded:
+        return []
+    return [
+        f"- seeded runs: {len(seeded)} of the {len(private)} private runs (secure = false) "
+        "derive their noise and sampling from their seeds, which this report names, so anyone "
+        "who knows a seed can regenerate and subtract its run's noise: ε holds only while the "
+        "seeds are secret (secure = true draws them from the operating system's entropy)"
+    ]
 
 
 def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:

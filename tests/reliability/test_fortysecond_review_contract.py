@@ -34,6 +34,12 @@
    ``report.md``) named the tuning seed as the operator's secret, not the run seeds. Now it
    says the trials' run seeds of seeded runs stay with the operator too, the released trial's
    included (``tune_notes.privacy_note``).
+5. ``compare toy.toml --strategies dp-fedavg --seeds 2 --rounds 1`` (seeded runs, the default;
+   also ``write_report`` of such runs). Before: ``report.md`` listed the seeds (0, 1) and
+   ``secure: false`` under "Privacy parameters" beside ε 7.551, with no word that each seed
+   regenerates its run's noise. Now a line says how many private runs are seeded and that ε
+   holds only while their seeds are secret (``report_markdown._seeded_runs``); a report of
+   secure runs only has no such line.
 """
 
 from __future__ import annotations
@@ -110,3 +116,15 @@ def test_4_tuning_privacy_note_keeps_the_trials_run_seeds_secret() -> None:
     text = privacy_note(PrivacyPlan(ledger=None, point={}, delta=1e-5, accountant="rdp"))
     assert "so do the trials' run seeds (trials.csv, best.seed) of seeded runs" in text
     assert "the released trial's too" in text
+
+
+def test_5_a_report_of_seeded_runs_says_the_seeds_are_secrets(tmp_path: Path) -> None:
+    _summary(tmp_path, "seeded")
+    _summary(tmp_path, "secure", secure=True, seed=1)
+    runs = [load_run(tmp_path / "seeded"), load_run(tmp_path / "secure")]
+    with pytest.warns(Warning, match="beyond the seed"):  # one row mixes secure and seeded
+        text = write_report(tmp_path / "both", runs, title="t").read_text()
+    assert "- seeded runs: 1 of the 2 private runs (secure = false)" in text
+    assert "only while the seeds are secret" in text
+    alone = write_report(tmp_path / "alone", runs[1:], title="t").read_text()
+    assert "seeded runs" not in alone

@@ -379,6 +379,10 @@ def _refuse_joined_lines(path: Path, lineno: int, line: str) -> None:
     line: a privacy ledger so changed was read as none and rebuilt from the checkpoint (a
     secure run killed after round 5's line with its checkpoint of round 4 resumed, rc 0,
     epsilon 16.29 where 17.36 was spent), and ``metrics.jsonl`` lost every row on the resume.
+    Follow-up (ledger 3): a ledger rewritten as one JSON array of its lines without a final
+    line feed (``json.dump(lines, f)``) was read as no ledger alike and rebuilt (epsilon 18.81
+    where 20.28 was spent); a line fedprivopt writes is an object, so a whole other value is
+    no prefix of one either.
     """
     if "\r" in line.rstrip("\r"):
         raise ValueError(
@@ -388,7 +392,7 @@ def _refuse_joined_lines(path: Path, lineno: int, line: str) -> None:
         )
     text = line.strip()
     try:
-        _, end = json.JSONDecoder().raw_decode(text)
+        value, end = json.JSONDecoder().raw_decode(text)
     except (ValueError, RecursionError):
         return  # a prefix of one line (or garbage, which its reader refuses or drops)
     if end < len(text):
@@ -397,6 +401,16 @@ def _refuse_joined_lines(path: Path, lineno: int, line: str) -> None:
             "text: lines were joined (their line feeds removed), which fedprivopt never writes "
             "(it is no append cut short); put the line feeds back or restore the file"
         )
+    if not isinstance(value, dict):  # follow-up (ledger 3): the lines as one JSON array
+        raise ValueError(
+            f"{path}: line {lineno} has no line feed but is a whole JSON value that is no "
+            f"object ({_JSON_KINDS.get(type(value), 'a number')}): lines were put into one "
+            "value, which fedprivopt never writes (it is no append cut short); write them back "
+            "one object a line or restore the file"
+        )
+
+
+_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
 
 
 def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:

@@ -18,6 +18,14 @@ bypasses, regressions and twin paths that differ.
    seeds, the tuned rows being exempt from the note on repeated seeds). Now one note a row
    (strategy and σ) with its own ε, over its distinct tunings (``report._tuned_notes``), and a
    tuning given twice is named as such.
+3. Ledger 3's variant: the privacy ledger rewritten as one JSON array of its lines without a
+   final line feed (``json.dump(lines, f)``, what a script converting it to JSON writes), then
+   ``simulate --resume R`` with more rounds. Before: a single line without a line feed, read
+   as a header cut short, that is as no ledger: rebuilt from the checkpoint and the rows, rc 0
+   (a secure run killed after round 5's line with its checkpoint of round 4: epsilon 18.81
+   where 20.28 was spent, round 5's first release lost). Now a last line without a line feed
+   that is a whole JSON value but not an object is refused as lines joined
+   (``files.read_lines``): rc 2, one line naming the file, nothing written.
 """
 
 from __future__ import annotations
@@ -29,9 +37,14 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.cli import main
 from fedprivopt.simulation import report as report_module
+from fedprivopt.simulation.files import LEDGER_FILE
 from fedprivopt.simulation.report import write_report
+from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundata import RunData
+from tests.reliability.test_fortieth_review_followup_ledger import raise_rounds
+from tests.simulation.test_run import small_config
 
 
 @pytest.fixture(autouse=True)
@@ -115,3 +128,21 @@ def test_2_a_tuned_note_is_a_rows_over_its_distinct_tunings(tmp_path):
     tuned = [n for n in notes if "is its tuning's" in n]
     assert tuned[0].startswith("dp-fedavg (tuned): its epsilon (8.279)"), tuned
     assert "over 2 tunings" in tuned[0] and "more than once" not in tuned[0], tuned
+
+
+def test_3_a_ledger_rewritten_as_one_json_array_is_refused_not_rebuilt(tmp_path, capsys):
+    run = simulate(small_config(**{"num-server-rounds": 2}), tmp_path / "run").out_dir
+    path = run / LEDGER_FILE
+    lines = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+    path.write_text(json.dumps(lines), encoding="utf-8")  # no final line feed
+    before = path.read_bytes()
+    raise_rounds(run, 3)
+    with pytest.raises(ValueError, match=r"jsonl: line 1 has no line feed but is a whole JSON"):
+        resume(run)
+    assert main(["simulate", "--resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and LEDGER_FILE in err
+    assert path.read_bytes() == before and not (run / (LEDGER_FILE + ".v1")).exists()
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    assert resume(run).rounds_completed == 3  # its lines back: resumed as before
+

@@ -136,6 +136,10 @@ def privatize_update(
         # norm read 0.001 came back unclipped (norm 200 where C = 1, clipped False), which in
         # distributed-noise mode the server sums up to C + s (sqrt(d) + 10), above C
         raise ValueError(f"update is {foreign}")
+    # follow-up of the forty-second review of issue 15 (privacy 4): a plain tensor whose instance
+    # carried its own detach (which clip_l2 measures through) read norm 0 and came back unclipped
+    # (norm 1000 where C = 1); the steps below get a plain alias of it (no copy of the entries)
+    update = torch.Tensor.detach(update)
     # thirty-eighth review of issue 15: a meta tensor ended in torch's RuntimeError and a float8
     # one in NotImplementedError ("isfinite" not implemented), before clip_l2's own refusal
     if update.device.type == "meta":

@@ -34,6 +34,12 @@
    after each user as well as before: the evaluated model reads the build's values (0.5967).
    Edited on purpose: ``test_thirtyfourth_review_tasks::test_6`` (its trainer held user 3's
    running mean until the next load; now none).
+4. Api 4's variant (``privatize_update`` given an update the server could not measure): a
+   plain tensor whose instance carries its own ``detach`` (``update.detach = lambda:
+   torch.zeros(100)``; entries 100, norm 1000, C 1). Before: ``clip_l2`` measured it through
+   that ``detach``: norm 0.0, ``clipped`` False, the vector of norm 1000 returned as it came
+   (noised: 1000.2). Now ``privatize_update`` works on ``torch.Tensor.detach(update)`` (a plain
+   alias, no copy): clipped to norm at most C, the norm 1000 reported.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from fedprivopt.clients import LocalConfig, LocalTrainer
+from fedprivopt.clients import LocalConfig, LocalTrainer, privatize_update
 from fedprivopt.models import initial_flat
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy import RngFactory, SubsampledGaussianEvent
@@ -157,3 +163,19 @@ def test_3_a_tensor_shared_by_fresh_models_is_left_as_built(as_buffer):
     trainer.train(initial_flat(task), user_id=1, round_num=1, config=cfg, rngs=RngFactory(seed=0))
     evaluated = task.build_model()  # what the run evaluates the released model with
     assert torch.equal(evaluated.mean, torch.zeros(task.dim))  # was user 1's last minibatch mean
+
+
+# -- finding 4: privatize_update of a plain tensor carrying its own detach ----------------------
+
+
+def test_4_privatize_update_measures_the_tensor_not_its_own_detach():
+    update = torch.full((100,), 100.0)  # norm 1000
+    update.detach = lambda: torch.zeros(100)  # an instance attribute (a wrapper library's)
+    out = privatize_update(update, clip_norm=1.0)
+    # was: norm 0.0, clipped False, the vector of norm 1000 returned as it came
+    assert out.clipped and out.norm == pytest.approx(1000.0)
+    assert _exact_sq(out.vector) <= 1
+    noised = privatize_update(
+        update, clip_norm=1.0, noise_std=0.5, generator=torch.Generator().manual_seed(0)
+    )
+    assert float(torch.linalg.vector_norm(noised.vector)) < 10  # was 1000.2

@@ -147,10 +147,14 @@ def check_replaced(out: Path, extra: tuple[str, ...] = ()) -> None:
     directory``, rc 2), and a secure run's next resume released it again with new noise.
     Follow-up (ledger 2): ``checkpoint.pt.bad``, where an unreadable newest checkpoint is set
     aside: ``summary.json`` was removed, then ``Is a directory`` (``privacy_ledger.jsonl.v1``
-    alike, when an earlier version's ledger is converted: follow-up ledger 3).
+    alike, when an earlier version's ledger is converted: follow-up ledger 3). Each extra name's
+    ``.tmp`` too, through which it is written: forty-second review follow-up (ledger 4),
+    ``compare``'s plan passed a directory at ``privacy_ledger.jsonl.v1.tmp`` (``run.resume``
+    refused it only at the cell's turn, after the report was removed).
     """
     names = (PREVIOUS_CHECKPOINT, CHECKPOINT + ".tmp", SUMMARY_FILE + ".tmp",
-             METRICS_FILE + ".tmp", LEDGER_FILE + ".tmp", CHECKPOINT + ".bad", *extra)  # fmt: skip
+             METRICS_FILE + ".tmp", LEDGER_FILE + ".tmp", CHECKPOINT + ".bad", *extra,
+             *(name + ".tmp" for name in extra))  # fmt: skip
     for name in names:
         path = Path(out) / name
         if path.is_dir() and not path.is_symlink():

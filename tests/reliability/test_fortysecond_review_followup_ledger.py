@@ -26,12 +26,19 @@ bypasses, regressions and twin paths that differ.
    where 20.28 was spent, round 5's first release lost). Now a last line without a line feed
    that is a whole JSON value but not an object is refused as lines joined
    (``files.read_lines``): rc 2, one line naming the file, nothing written.
+4. Ledger 4's twin: ``compare`` of a cell to resume whose ledger is an earlier version's (it is
+   converted, copied aside through ``privacy_ledger.jsonl.v1.tmp``) with a directory at that
+   name. ``run.resume`` refuses it (ledger 4), but compare's plan checked only
+   ``privacy_ledger.jsonl.v1``. Before: compare removed ``summary.csv`` and ``report.md``,
+   then failed at the cell's turn (rc 2). Now ``files.check_replaced`` refuses the ``.tmp`` of
+   every name it is given too, so the plan refuses it: rc 2, the report kept.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 import warnings
 from pathlib import Path
 
@@ -44,6 +51,7 @@ from fedprivopt.simulation.report import write_report
 from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundata import RunData
 from tests.reliability.test_fortieth_review_followup_ledger import raise_rounds
+from tests.reliability.test_misuse_cli import TOY
 from tests.simulation.test_run import small_config
 
 
@@ -146,3 +154,26 @@ def test_3_a_ledger_rewritten_as_one_json_array_is_refused_not_rebuilt(tmp_path,
     path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     assert resume(run).rounds_completed == 3  # its lines back: resumed as before
 
+
+def test_4_compare_refuses_when_planned_a_directory_where_an_old_ledger_is_copied(tmp_path):
+    out = tmp_path / "C"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--out", str(out), "--rounds", "2",
+            "--quiet", "--set", "population=12", "--set", "clients-per-round=4", "--set",
+            "task-params.num-users=12", "--set", "secure=true"]  # fmt: skip
+    assert main(argv) == 0
+    (cell,) = (out / "runs").iterdir()
+    (cell / "summary.json").unlink()  # as if stopped after round 1, with an older ledger
+    for name in (LEDGER_FILE, "metrics.jsonl"):
+        lines = [json.loads(x) for x in (cell / name).read_text("utf-8").splitlines()]
+        kept = [x for x in lines if x.get("round", 0) <= 1]
+        if name == LEDGER_FILE:  # an earlier version's: counts only
+            kept = [{"round": 0, "events": 0}] + [
+                {"round": x["round"], "events": x["events"]} for x in kept[1:]
+            ]
+        (cell / name).write_text("".join(json.dumps(x) + "\n" for x in kept), encoding="utf-8")
+    shutil.copyfile(cell / "checkpoint.prev.pt", cell / "checkpoint.pt")
+    (cell / (LEDGER_FILE + ".v1.tmp")).mkdir()
+    report = (out / "report.md").read_bytes()
+    assert main(argv) == 2
+    assert (out / "report.md").read_bytes() == report and (out / "summary.csv").exists()
+    assert not (cell / (LEDGER_FILE + ".v1")).exists()

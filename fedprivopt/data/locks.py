@@ -348,14 +348,40 @@ def _holder(path: Path) -> int | None:
 
 
 def named_holder(path: str | os.PathLike, pid: int | None) -> int | None:
-    """The PID to name for lock file ``path``, whose file says ``pid`` (see :func:`_holder`)."""
+    """The PID to name for lock file ``path``, whose file says ``pid`` (see :func:`_holder`).
+
+    Follow-up of the forty-second review of issue 15 (outputs 2): with no holder listed, the
+    file's PID was named if alive here (for a ``/proc/locks`` that lists nothing), but between
+    sibling containers ``/proc/locks`` hides the other's lock and its PID 1 is this namespace's
+    init: ``in use by process 1``, the refused process itself. Named now only where
+    ``/proc/locks`` does not list this process's own lock either (:func:`_lists_own_locks`).
+    """
     holders = lock_holders(path)
     if holders is None:  # not Linux, or unreadable: the file says it, as before
         return pid
     visible = sorted(p for p in holders if p > 0)
-    if pid in holders or (not visible and pid is not None and _alive(pid)):
-        return pid  # the holder, or none listed (a /proc/locks that lists nothing): as before
-    return visible[0] if visible else None
+    if pid in holders or visible:
+        return pid if pid in holders else visible[0]
+    if holders or pid is None or not _alive(pid) or _lists_own_locks():
+        return None  # hidden here: a holder in another PID namespace
+    return pid  # a /proc/locks that lists nothing (a sandbox): the file's PID, as before
+
+
+def _lists_own_locks() -> bool:
+    """Whether ``/proc/locks`` lists a ``flock`` this process holds (on an anonymous file)."""
+    import fcntl
+
+    try:
+        fd = os.memfd_create("fedprivopt-lock-probe", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # not Linux: nothing is listed either
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return os.getpid() in (lock_holders(f"/proc/self/fd/{fd}") or ())
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _alive(pid: int) -> bool:

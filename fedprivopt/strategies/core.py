@@ -286,6 +286,10 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         round's cohort of the period's shuffle, among :attr:`available_users`, checked in to
         the participation ledger (:class:`~fedprivopt.privacy.tree.TreeCohorts`).
         """
+        # follow-up of the forty-second review of issue 15 (privacy 5, api 1's twin): the draw was
+        # kept under the round as given; an int subclass equal to every round let aggregate reuse
+        # round 1's secure draw for round 2 (one cohort summed twice, charged as two samples)
+        round_num = check_int("round_num", round_num, 0)
         if self.tree_cohorts is not None:
             available = None
             if self.available_users is not None:

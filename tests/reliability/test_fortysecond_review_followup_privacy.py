@@ -40,6 +40,15 @@
    that ``detach``: norm 0.0, ``clipped`` False, the vector of norm 1000 returned as it came
    (noised: 1000.2). Now ``privatize_update`` works on ``torch.Tensor.detach(update)`` (a plain
    alias, no copy): clipped to norm at most C, the norm 1000 reported.
+5. Api 1's variant (a round that is no plain ``int``), in the draw: ``users =
+   alg.sample(r)`` with ``r`` an ``int`` subclass equal to every number, ``alg.aggregate(1,
+   updates, cohort=users)``, then ``alg.aggregate(2, updates, cohort=users)`` (secure mode, and
+   tree aggregation with restart 4). Before: the draw was kept under ``r``, which read as
+   round 2 too: round 1's cohort was summed again for round 2 (accepted 9 and 10), charged as
+   an independent sample (secure epsilon 10.28) or, under the tree, as a second round of the
+   period in which every user takes part once. Now ``ServerAlgorithm.sample`` keeps the draw
+   under the round's plain ``int`` (``check_int``): round 2 is refused (``... drew for it
+   last``), nothing charged.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from fedprivopt.models import initial_flat
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy import RngFactory, SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import pld_grid_points
+from fedprivopt.strategies import StrategyConfig, build_algorithm
 from tests.tag_synth import make_synth_dir, tag_task
 
 
@@ -179,3 +189,41 @@ def test_4_privatize_update_measures_the_tensor_not_its_own_detach():
         update, clip_norm=1.0, noise_std=0.5, generator=torch.Generator().manual_seed(0)
     )
     assert float(torch.linalg.vector_norm(noised.vector)) < 10  # was 1000.2
+
+
+# -- finding 5: a secure or tree draw kept under a round that is no plain int -------------------
+
+
+class _EqualToAll(int):
+    """An int equal to every number (so any round reads as the round of its draw)."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = int.__hash__
+
+
+def _algorithm(**changes):
+    values = {"strategy": "dp-fedavg", "population": 40, "clients-per-round": 10,
+              "num-server-rounds": 5, "noise-multiplier": 0.5, "delta": 1e-4, "seed": 0,
+              **changes}  # fmt: skip
+    return build_algorithm(StrategyConfig.from_mapping(values), torch.zeros(4))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"secure": True}, {"noise-mechanism": "tree", "tree-restart-rounds": 4}],
+    ids=["secure", "tree"],
+)
+def test_5_a_draw_is_kept_under_its_plain_round(changes):
+    alg = _algorithm(**changes)
+    users = alg.sample(_EqualToAll(1))
+    updates = {u: torch.full((4,), 0.1) for u in range(40)}
+    alg.aggregate(1, updates, cohort=users)
+    events = alg.accountant.num_events
+    with pytest.raises(ValueError, match="drew for it last"):
+        alg.aggregate(2, updates, cohort=users)  # was: round 1's cohort summed again, charged
+    assert alg.accountant.num_events == events

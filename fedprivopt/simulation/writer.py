@@ -439,10 +439,7 @@ def _not_covered(config: RunConfig, task: Task | None = None) -> str | None:
 def _private_evaluations(task: Task | None) -> tuple[int, int] | None:
     """``(private, evaluated)`` of ``task``'s evaluation users; ``None`` when unknown.
 
-    Forty-second review of issue 15 (contract 2): unknown (a task without
-    ``private_evaluation_users()``, or one that raised) was taken as none private, and the
-    summary said "publish the models, epsilon and evaluations", where ``tune`` reports the
-    same overlap as not checked.
+    Forty-second review of issue 15 (contract 2): unknown was taken as none private.
     """
     if task is None:
         return None
@@ -455,18 +452,23 @@ def _private_evaluations(task: Task | None) -> tuple[int, int] | None:
 def _threat_model(config: RunConfig, side: ResolvedSideInformation | None = None) -> str:
     """What the guarantee of ``config``'s run assumes (``summary.json``'s ``threat_model``).
 
-    Forty-second review of issue 15 (contract 1): a seeded run (``secure = false``, the
-    default) said "user-level DP of every released model" and, in distributed mode, that each
-    update leaves its device carrying a noise share, while the same ``summary.json`` records
-    the seed from which all noise, the sampling and every client's share are regenerated (the
-    server derives and sends the clients' seed, so it can remove their shares): the guarantee
-    then holds only while the seed is secret, and the distributed mode protects nothing from
-    the server (docs/DEPLOYMENT.md, "Seeds are secrets").
+    Forty-second review of issue 15 (contract 1): a seeded run said nothing of its seed, which
+    the same file records and which regenerates all noise and every client's share (the
+    server derives the clients' seed: docs/DEPLOYMENT.md, "Seeds are secrets").
     """
     s = config.strategy
     if not s.private:
         return "not private: updates are neither clipped nor noised"
     text = "user-level DP of every released model (and of everything computed from them)"
+    # forty-second review of issue 15 (contract 6): the relation epsilon is for, as report.md
+    # states it (a fixed-size run's epsilon is under replace-one, not add/remove-one)
+    if s.tree:
+        how = "replaced, dp-accounting's replace-special relation (tree aggregation)"
+    elif s.sampling == "fixed":
+        how = "replaced (fixed-size sampling: replace-one, sensitivity 2C)"
+    else:
+        how = "added or removed (Poisson sampling)"
+    text += f", neighbouring datasets differing in one user {how}"
     if s.noise_mode == "server":
         text += "; the server is trusted with individual clipped updates"
     else:

@@ -40,6 +40,12 @@
    regenerates its run's noise. Now a line says how many private runs are seeded and that ε
    holds only while their seeds are secret (``report_markdown._seeded_runs``); a report of
    secure runs only has no such line.
+6. ``summary.json`` of ``simulate toy.toml --rounds 2 --set sampling=fixed`` (epsilon 35.67,
+   dp-accounting's replace-one bound at sigma/2; Poisson at the same settings 10.28, add/remove
+   one). Before: the same ``threat_model`` text for both, "user-level DP of every released
+   model", naming no neighbouring relation, which ``report.md`` names for the same runs. Now
+   the threat model says neighbouring datasets differ in one user added or removed (Poisson),
+   replaced (fixed-size) or under the replace-special relation (tree) (``writer._threat_model``).
 """
 
 from __future__ import annotations
@@ -128,3 +134,15 @@ def test_5_a_report_of_seeded_runs_says_the_seeds_are_secrets(tmp_path: Path) ->
     assert "only while the seeds are secret" in text
     alone = write_report(tmp_path / "alone", runs[1:], title="t").read_text()
     assert "seeded runs" not in alone
+
+
+@pytest.mark.parametrize(
+    ("overrides", "how"),
+    [
+        ({}, "differing in one user added or removed (Poisson sampling)"),
+        ({"sampling": "fixed"}, "differing in one user replaced (fixed-size sampling"),
+        ({"noise-mechanism": "tree"}, "replace-special relation (tree aggregation)"),
+    ],
+)
+def test_6_the_threat_model_names_the_neighbouring_relation(tmp_path, overrides, how) -> None:
+    assert how in _summary(tmp_path, "run", **overrides)["threat_model"]

@@ -378,8 +378,15 @@ class AlgorithmState:
             self._refuse_without_data("averaged", averaged)
             self.averaged = self._own_copy(averaged)
         if self.opt_state is not None:
+            given = state.get("opt_state")
+            for name, value in given.items() if isinstance(given, Mapping) else ():
+                # follow-up of the forty-second review of issue 15 (privacy 6, api 3's twin): a
+                # sparse moment was taken and the next round ended in torch's NotImplementedError
+                # after its noised sum, the algorithm stuck; a sparse or meta one raised torch's
+                if isinstance(value, torch.Tensor):
+                    self._refuse_without_data(f"optimizer state {name}", value)
             # copies: the caller's tensors are not the algorithm's (_copied)
-            self.opt_state = type(self.opt_state).from_dict(_copied(state.get("opt_state")))
+            self.opt_state = type(self.opt_state).from_dict(_copied(given))
             for name, value in self.opt_state.to_dict().items():  # every moment is model-sized
                 if isinstance(value, torch.Tensor) and value.shape != self.params.shape:
                     raise ValueError(

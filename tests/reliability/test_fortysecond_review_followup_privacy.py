@@ -49,6 +49,14 @@
    period in which every user takes part once. Now ``ServerAlgorithm.sample`` keeps the draw
    under the round's plain ``int`` (``check_int``): round 2 is refused (``... drew for it
    last``), nothing charged.
+6. Api 3's variant (a state's tensors without dense values), in the optimizer state:
+   ``other.load_state_dict(state)`` of a dp-fedadam state whose ``opt_state`` ``mu`` or ``nu``
+   is sparse (``to_sparse()``) or on the meta device. Before: a sparse ``mu`` was taken and the
+   next round ended in torch's ``NotImplementedError`` (``aten::lerp.Scalar`` on SparseCPU)
+   after its noised sum was computed, the algorithm stuck at round 1; the others raised
+   torch's ``NotImplementedError`` or ``RuntimeError`` naming no key. Now
+   ``AlgorithmState.load_state_dict`` refuses each naming it (``checkpoint's optimizer state mu
+   must be a dense tensor with values: ...``), the algorithm as it was.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy import RngFactory, SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import pld_grid_points
 from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
 from tests.tag_synth import make_synth_dir, tag_task
 
 
@@ -227,3 +236,27 @@ def test_5_a_draw_is_kept_under_its_plain_round(changes):
     with pytest.raises(ValueError, match="drew for it last"):
         alg.aggregate(2, updates, cohort=users)  # was: round 1's cohort summed again, charged
     assert alg.accountant.num_events == events
+
+
+# -- finding 6: an optimizer moment without dense values ---------------------------------------
+
+
+def _same_update(request):
+    return {u: torch.full((4,), 0.1) for u in request.users}
+
+
+@pytest.mark.parametrize("key", ["mu", "nu"])
+@pytest.mark.parametrize("form", ["sparse", "meta"])
+def test_6_an_optimizer_moment_without_dense_values_is_refused_naming_it(key, form):
+    alg = _algorithm(strategy="dp-fedadam")
+    drive_round(alg, 1, _same_update)
+    state = alg.state_dict()
+    moments = dict(state["opt_state"])
+    moments[key] = moments[key].to_sparse() if form == "sparse" else torch.empty(4, device="meta")
+    other = _algorithm(strategy="dp-fedadam")
+    with pytest.raises(ValueError, match=rf"checkpoint's optimizer state {key} must be a dense"):
+        other.load_state_dict({**state, "opt_state": moments})  # mu sparse was taken
+    assert other.round_num == 0
+    other.load_state_dict(state)
+    drive_round(other, 2, _same_update)
+    assert other.round_num == 2

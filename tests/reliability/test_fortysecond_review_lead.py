@@ -16,6 +16,11 @@
    promises one line and rc 2 for a task's exceptions; a factory's ``OSError`` or ``ValueError``
    and a ``TypeError`` of ``build_model`` were one line). Now: rc 2, one line naming the task,
    the exception, the factory's file and line (``cli_task_errors._raised_in_factory``).
+7. ``compare-tuned T --out R`` over its own earlier report, stopped (Ctrl-C) between two of the
+   removals of that report (the ledger follow-up's open row). Before: ``report.md`` went second,
+   so a stop after it left the plots alone, and the same command was refused ("holds
+   'metric_vs_round.png', which compare-tuned did not write"). Now ``report.md``, which tells the
+   report as compare-tuned's, is removed last (``cli_compare_tuned._write_whole_report``).
 """
 
 from __future__ import annotations
@@ -66,3 +71,27 @@ def test_6_a_factory_whose_code_raises_type_error_is_one_line(tmp_path, monkeypa
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "task 'bugfactory42:make': the factory raised TypeError at bugfactory42.py:2" in err
     assert "inner bug of the factory" in err and not (tmp_path / "r").exists()
+
+
+def test_7_compare_tuned_stopped_between_removals_can_be_run_again(tmp_path, monkeypatch, capsys):
+    import pathlib
+
+    tuned, out = tmp_path / "tune", tmp_path / "report"
+    grid = ["--grid", "server-learning-rate=0.1,1", "--mean-trials", "1", "--rounds", "1"]
+    assert main(["tune", str(TOY), *grid, "--seed", "3", "--out", str(tuned), "--quiet"]) == 0
+    assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 0, capsys.readouterr().err
+    real_unlink, removed = pathlib.Path.unlink, []
+
+    def stop_after_two(self, *args, **kwargs):
+        if self.parent == out:
+            removed.append(self.name)
+            if len(removed) == 3:
+                raise KeyboardInterrupt
+        return real_unlink(self, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(pathlib.Path, "unlink", stop_after_two)
+        assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 130
+    assert "report.md" in {p.name for p in out.iterdir()}, removed
+    capsys.readouterr()
+    assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 0, capsys.readouterr().err

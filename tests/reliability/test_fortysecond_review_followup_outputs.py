@@ -23,6 +23,15 @@ data readers, locks, signals, processes and deployment): tests.
    anonymous file, ``_lists_own_locks``): ``a process of another PID namespace (a container
    sharing this directory)``; a /proc/locks that lists nothing still names it (as bb4da9e).
    Needs ``unshare`` (root); skipped elsewhere.
+3. Processes 3's case by the budget: a run whose target epsilon allows no further round
+   (``simulate toy.toml --rounds 3 --set target-epsilon=0.01 --set engine=flower``: one round
+   costs 6.19; also such a run stopped after its last allowed round and before its summary, then
+   ``--resume``; the fast engine with ``fast-actors``). Processes 3 returned at once only when
+   no round was left by ``num-server-rounds``. Before: ``run_flower`` started Flower and Ray to
+   release nothing (``0 rounds (budget)`` after 36.6 s) and ``run_fast`` joined a cluster and
+   started its actor shards for none. Now both return ``budget`` before anything starts
+   (``engines._nothing_left``), as the loops would at their first round. Here ``join_cluster``
+   is replaced by one that fails, so neither Ray nor Flower is started by the test.
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ import pytest
 from fedprivopt.data import locks
 from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock
 from fedprivopt.deploy.local import deploy_local
+from fedprivopt.simulation import engines
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = str(REPO / "simulations" / "toy.toml")
@@ -117,3 +129,22 @@ def test_2_a_proc_locks_listing_nothing_still_names_the_files_pid(tmp_path, monk
             with exclusive_lock(lock, what="dataset directory D"):
                 pass  # pragma: no cover - refused
     assert info.value.pid == os.getpid()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"engine": "flower"}, {"engine": "fast", "fast-actors": 2}],
+    ids=["flower", "fast-actors"],
+)
+def test_3_no_engine_is_started_when_the_budget_allows_no_round(tmp_path, monkeypatch, overrides):
+    def started(config):
+        raise AssertionError("Ray or Flower was started for no round")
+
+    monkeypatch.setattr(engines, "join_cluster", started)
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
+    config = load_config(TOY, {"num-server-rounds": 3, "target-epsilon": 0.01, **overrides})
+    outcome = simulate(config, tmp_path / "run")
+    assert (outcome.rounds_completed, outcome.stopped_reason) == (0, "budget")
+    assert outcome.epsilon == 0

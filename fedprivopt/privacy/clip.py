@@ -396,17 +396,38 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
         it contains NaN or Inf (such an update has no direction to keep; callers reject it).
     """
     _check_tensor(vector)
+    _refuse_subclass(vector)
     clip_norm = _real_clip_norm(clip_norm)
     if not (clip_norm > 0 and clip_norm < float("inf")):
         raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
-    _check_real_data(vector)
-    norm = vector_norm_checked(vector)
-    err = _error_bound(vector.numel())
+    # a tensor whose instance carried its own detach (or numel, dtype) read norm 0 and came back
+    # unclipped (forty-second review follow-up, privacy, open for mechanisms: norm 1000 where
+    # C = 1): such a one is measured and scaled through torch.Tensor's own detach (a plain
+    # alias, no copy); any other as before (a result scaled from it keeps its autograd graph)
+    plain = torch.Tensor.detach(vector) if vars(vector) else vector
+    _check_real_data(plain)
+    norm = vector_norm_checked(plain)
+    err = _error_bound(plain.numel())
     if norm * (1.0 + err) <= clip_norm:
         return ClipResult(vector, norm, False)  # inside, whatever the measurement error
-    if norm * (1.0 - err) <= clip_norm and not _exceeds(vector, clip_norm):
+    if norm * (1.0 - err) <= clip_norm and not _exceeds(plain, clip_norm):
         return ClipResult(vector, norm, False)  # on the boundary: decided exactly
-    scaled = _scaled_fast(vector, norm, clip_norm)
+    scaled = _scaled_fast(plain, norm, clip_norm)
     if scaled is None:
-        scaled = _scaled_exact(vector, clip_norm)
+        scaled = _scaled_exact(plain, clip_norm)
     return ClipResult(scaled, norm, True)
+
+
+def _refuse_subclass(vector: torch.Tensor) -> None:
+    """``ValueError`` for a ``torch.Tensor`` subclass other than ``torch.nn.Parameter``.
+
+    Forty-second review of issue 15 (follow-up, privacy, open for mechanisms; lead 8): a
+    subclass whose own ``__torch_function__`` reports a smaller norm came back unclipped from
+    the public :func:`clip_l2` (norm 1000 where C = 1), as ``privatize_update`` and the server
+    already refuse (``privacy.plain``).
+    """
+    if type(vector) not in (torch.Tensor, torch.nn.Parameter) and not vector.is_nested:
+        raise ValueError(
+            f"vector must be a plain torch.Tensor, got a {type(vector).__name__} (a subclass, "
+            "whose own operations would measure its norm)"
+        )

@@ -21,6 +21,13 @@
    so a stop after it left the plots alone, and the same command was refused ("holds
    'metric_vs_round.png', which compare-tuned did not write"). Now ``report.md``, which tells the
    report as compare-tuned's, is removed last (``cli_compare_tuned._write_whole_report``).
+8. The public ``clip_l2(v, 1.0)`` (the privacy follow-up's open row; issue 15's point 5: every
+   public clipping function returns a norm at most C) of a ``torch.Tensor`` subclass whose own
+   ``__torch_function__`` reports norm 0, or of a plain tensor whose instance carries its own
+   ``detach``. Before: both returned unclipped (norm 1000 where C = 1, ``clipped`` False). Now:
+   the subclass is refused (``ValueError``), the other is measured and scaled through
+   ``torch.Tensor.detach`` (norm at most C); a ``Parameter`` or a tensor that requires grad is
+   clipped as before, its result still in the autograd graph.
 """
 
 from __future__ import annotations
@@ -95,3 +102,25 @@ def test_7_compare_tuned_stopped_between_removals_can_be_run_again(tmp_path, mon
     assert "report.md" in {p.name for p in out.iterdir()}, removed
     capsys.readouterr()
     assert main(["compare-tuned", str(tuned), "--out", str(out)]) == 0, capsys.readouterr().err
+
+
+class _Liar(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        return result * 0 if func is torch.linalg.vector_norm else result
+
+
+def test_8_the_public_clip_l2_never_returns_a_lying_tensor_above_c():
+    from fedprivopt.privacy import clip_l2
+
+    with pytest.raises(ValueError, match=r"vector must be a plain torch\.Tensor, got a _Liar"):
+        clip_l2(torch.full((100,), 100.0).as_subclass(_Liar), 1.0)
+    own = torch.full((100,), 100.0)
+    own.detach = lambda: torch.zeros(100)
+    result = clip_l2(own, 1.0)
+    assert result.clipped and result.norm == pytest.approx(1000.0)
+    assert float(torch.linalg.vector_norm(torch.Tensor.detach(result.vector))) <= 1.0
+    param = torch.nn.Parameter(torch.full((100,), 100.0))
+    kept = clip_l2(param, 1.0)
+    assert kept.clipped and kept.vector.requires_grad

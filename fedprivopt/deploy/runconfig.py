@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -239,6 +240,14 @@ def check_run_out(value: Any) -> str:
         raise ValueError(f"out: the path holds a control character (a line break?): {shown(value)}")
     if any(not part.strip() for part in Path(value).parts):
         raise ValueError(f"out: a path component is blank: {shown(value)}")
+    if value.startswith("~") and os.path.expanduser(value) == value:
+        # forty-second review of issue 15 (lead 9; the outputs follow-up's open row): the
+        # ServerApp's out="~nosuchuser/x" ended in pathlib's "Could not determine home
+        # directory." after the SuperLink and SuperNodes had started (deploy_local: outputs 1)
+        raise ValueError(
+            f"out: {shown(value)} starts with ~, but names no user of this machine whose home "
+            "it could be; name the directory (./~x for a name that starts with ~)"
+        )
     return value
 
 

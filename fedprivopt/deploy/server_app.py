@@ -31,6 +31,7 @@ from fedprivopt.simulation.divergence import warning_line
 from fedprivopt.simulation.engines import serve_flower
 from fedprivopt.simulation.interrupt import stoppable_grid
 from fedprivopt.simulation.run import build_run
+from fedprivopt.simulation.run_places import refuse_inside_a_run
 from fedprivopt.simulation.rundir import NewRunDir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 
@@ -65,7 +66,11 @@ def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
     """Body of the ServerApp's main; returns the run summary (also in ``summary.json``)."""
     config, options = run_config_from_flower(context.run_config)
     task, alg = build_run(config)
-    with NewRunDir(_out_dir(options.out, context.run_id), allowed=(DEPLOY_LOGS,)) as out:
+    out_dir = _out_dir(options.out, context.run_id)
+    # forty-second review of issue 15 (lead 9; the outputs follow-up's open row): a ServerApp
+    # reached by flwr run without deploy local wrote a run inside a finished run's directory
+    refuse_inside_a_run(out_dir, "out")
+    with NewRunDir(out_dir, allowed=(DEPLOY_LOGS,)) as out:
         ledger = start_run_files(out, config, alg, task)
         log(INFO, "[fedprivopt] run %s writes to %s", context.run_id, out)
         writer = RunWriter(out, config, alg, task, ledger)

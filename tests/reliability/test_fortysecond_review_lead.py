@@ -28,6 +28,12 @@
    the subclass is refused (``ValueError``), the other is measured and scaled through
    ``torch.Tensor.detach`` (norm at most C); a ``Parameter`` or a tensor that requires grad is
    clipped as before, its result still in the autograd graph.
+9. The deployment ServerApp (``flwr run`` without ``deploy local``) with run config
+   ``out = "A/plots/sub"``, ``A`` a finished run, and with ``out = "~nosuchuser/x"`` (the outputs
+   follow-up's open rows). Before: a run written among ``A``'s files; pathlib's ``RuntimeError``
+   after the SuperLink and SuperNodes had started. Now: ``ValueError`` naming ``out`` before the
+   run directory is made (``deploy.server_app.run_deployment``, ``deploy.runconfig.check_run_out``,
+   which ``deploy_local`` calls before anything starts).
 """
 
 from __future__ import annotations
@@ -124,3 +130,21 @@ def test_8_the_public_clip_l2_never_returns_a_lying_tensor_above_c():
     param = torch.nn.Parameter(torch.full((100,), 100.0))
     kept = clip_l2(param, 1.0)
     assert kept.clipped and kept.vector.requires_grad
+
+
+def test_9_the_server_app_refuses_an_out_inside_a_run_and_an_unknown_tilde(tmp_path):
+    import types
+
+    from fedprivopt.deploy.local import REPO_ROOT
+    from fedprivopt.deploy.runconfig import app_config_defaults, check_run_out
+    from fedprivopt.deploy.server_app import run_deployment
+
+    simulate(load_config(TOY, {"num-server-rounds": 1}), tmp_path / "A")
+    run_config = {**app_config_defaults(REPO_ROOT), "out": str(tmp_path / "A" / "plots" / "sub")}
+    context = types.SimpleNamespace(run_config=run_config, run_id=7)
+    with pytest.raises(ValueError, match=r"argument out: .*/A/plots/sub is inside the run"):
+        run_deployment(None, context)  # refused before the grid is used
+    assert not (tmp_path / "A" / "plots").exists()
+    with pytest.raises(ValueError, match="starts with ~, but names no user of this machine"):
+        check_run_out("~nosuchuser42/x")
+    assert check_run_out("runs/x") == "runs/x"

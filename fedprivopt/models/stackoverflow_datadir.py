@@ -187,7 +187,7 @@ class StackOverflowDataDir:
                 f" ({self.data_dir.parent})" if self.data_dir.name in self.REQUIRED_FILES else ""
             )
             raise ValueError(
-                f"data_dir {shown(str(self.data_dir))} is a file, not a directory: name the "
+                f"data_dir {str(self.data_dir)!r} is a file, not a directory: name the "
                 f"directory that holds {', '.join(required)}{parent}"
             )
         if self.synthetic and self._missing(required):

@@ -320,11 +320,6 @@ def _loops(path: Path) -> bool:
     return False
 
 
-#: Files that show a directory is a run of ours: its ledger, or its lock beside its config
-#: (a start killed early). A ``checkpoint.pt`` alone is not: any PyTorch project may hold one.
-_RUN_MARKERS = ("privacy_ledger.jsonl", "run.lock", "config.toml")
-
-
 def _refuse_inside_a_run(path: Path, flag: str) -> None:
     """Refuse an output directory strictly inside a run directory (one holding its files).
 
@@ -334,23 +329,17 @@ def _refuse_inside_a_run(path: Path, flag: str) -> None:
     A comparison's or tuning's own directory may still hold other directories, and a directory
     that holds only ``run.lock`` is a run when another process holds it.
     """
-    real = path.resolve()
-    for place in real.parents:
-        found = [name for name in _RUN_MARKERS if os.path.lexists(place / name)]
-        if "privacy_ledger.jsonl" in found or {"run.lock", "config.toml"} <= set(found):
-            raise UsageError(
-                f"argument {flag}: {shown(str(path))} is inside the run directory "
-                f"{shown(str(place))} (it holds {', '.join(found)}): a run's directory holds "
-                "its own files only; choose a directory outside it"
-            )
-    # a run that holds its directory with only run.lock written yet (forty-first review
-    # follow-up, outputs, open for the lead: simulate --out D/sub wrote a whole run inside it)
+    # the checks the Python API's simulate and deploy_local make too (simulation.run_places):
+    # the parents as written and as links resolve, a run known by its ledger or its lock beside
+    # its config, and a directory another process holds with only run.lock written yet
+    # (forty-first review follow-up, outputs, open for the lead)
     from fedprivopt.data.locks import LockHeldError
-    from fedprivopt.deploy.out_checks import refuse_inside_held
+    from fedprivopt.simulation.run_places import refuse_inside_a_run, refuse_inside_held
 
     try:
+        refuse_inside_a_run(path, flag)
         refuse_inside_held(path, flag)
-    except LockHeldError as exc:
+    except (ValueError, LockHeldError) as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -418,6 +418,11 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
     return ClipResult(scaled, norm, True)
 
 
+#: The tensor types whose arithmetic is torch's own (a Parameter disables ``__torch_function__``):
+#: the only ones :func:`clip_l2` and the server (:mod:`fedprivopt.privacy.plain`) measure.
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def _refuse_subclass(vector: torch.Tensor) -> None:
     """``ValueError`` for a ``torch.Tensor`` subclass other than ``torch.nn.Parameter``.
 
@@ -426,7 +431,7 @@ def _refuse_subclass(vector: torch.Tensor) -> None:
     the public :func:`clip_l2` (norm 1000 where C = 1), as ``privatize_update`` and the server
     already refuse (``privacy.plain``).
     """
-    if type(vector) not in (torch.Tensor, torch.nn.Parameter) and not vector.is_nested:
+    if type(vector) not in PLAIN_TENSORS and not vector.is_nested:
         raise ValueError(
             f"vector must be a plain torch.Tensor, got a {type(vector).__name__} (a subclass, "
             "whose own operations would measure its norm)"

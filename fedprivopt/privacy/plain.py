@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import torch
 
+from fedprivopt.privacy.clip import PLAIN_TENSORS
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, dense_problem
 
 __all__ = ["foreign_tensor", "own_update"]
-
-
-#: The tensor types whose arithmetic is torch's own (a Parameter disables ``__torch_function__``).
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _plain(part: object) -> tuple[object, str | None]:
     """``part`` as a fresh plain tensor (a detached alias), or why it cannot be one."""
     if isinstance(part, torch.Tensor) and part.is_nested:  # torch's NestedTensor, a subclass
         return part, dense_problem(part)
-    if isinstance(part, torch.Tensor) and type(part) not in _PLAIN_TENSORS:
+    if isinstance(part, torch.Tensor) and type(part) not in PLAIN_TENSORS:
         return part, (
             f"a {type(part).__name__} (a torch.Tensor subclass, whose own operations would "
             "measure its norm): an update must be a plain torch.Tensor"

@@ -483,7 +483,11 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         self.partial_point = None
         # a plain int: forty-second review of issue 15 (api 1), round_number
         self.round_num = round_number(round_num)
-        self._aggregated = set()
+        # the sums of later rounds stay marked: forty-third review of issue 15 (api 1), a
+        # caller's aggregate(3, ...) before rounds 1 and 2 lost its mark here, and round 3 run
+        # after them drew the same seeded noise (the releases differed by the left-out user's
+        # clipped update without noise)
+        self._aggregated = {(r, s) for r, s in self._aggregated if r > self.round_num}
         self._average()
         metrics = {**metrics, **(self.clipping.step() if self.clipping is not None else {})}
         out = {"cohort_size": float(len(users)), **metrics, "epsilon": self.epsilon()}

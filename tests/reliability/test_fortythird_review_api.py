@@ -1,0 +1,46 @@
+"""Issue 15, forty-third hostile review (api: the documented Python API): tests.
+
+1. ``alg.aggregate(3, updates, cohort=alg.sample(3))`` (a caller's release of round 3, charged)
+   before rounds 1 and 2 were driven (``drive_round``), then ``drive_round(alg, 3, train)`` with
+   one user of the cohort left out (dp-fedavg seeded; ADADP's first cohort alike). Before:
+   finishing round 1 cleared every mark of a computed sum, round 3's too, so round 3 ran again
+   with the same seeded noise: the released step differed from the first release by the left
+   out user's clipped update over m without noise (0.01 in every entry: 0.0857 and 0.0757),
+   charged as two independent releases (epsilon 13.70). Now ``ServerAlgorithm._finish`` keeps
+   the marks of later rounds: ``round 3 was begun already``, nothing charged; round 4 runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.strategies import build_algorithm
+from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_thirtyeighth_review_api import (
+    _config,
+    _quiet,  # noqa: F401
+    _train,
+)
+
+# -- finding 1: a later round aggregated by the caller, then the rounds before it -------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "stream"), [({}, ""), ({"secure": True}, ""),
+                            ({"strategy": "dp-fedavg-adadp"}, "train")],
+)  # fmt: skip
+def test_1_a_round_aggregated_before_the_rounds_before_it_is_not_run_again(changes, stream):
+    alg = build_algorithm(_config(**changes), torch.zeros(4))
+    users = alg.sample(3)
+    alg.aggregate(3, {u: torch.full((4,), 0.1) for u in users}, cohort=users, stream=stream)
+    for r in (1, 2):
+        drive_round(alg, r, _train)
+    assert alg.state_dict()["begun"] == [[3, stream]]
+    events = alg.accountant.num_events
+    fewer = lambda r: {u: torch.full((4,), 0.1) for u in r.users[1:]}  # noqa: E731
+    with pytest.raises(ValueError, match=r"round 3 was begun already"):
+        drive_round(alg, 3, fewer)  # ran: the same seeded noise, the difference unnoised
+    assert alg.accountant.num_events == events and alg.round_num == 2
+    drive_round(alg, 4, _train)
+    assert alg.round_num == 4

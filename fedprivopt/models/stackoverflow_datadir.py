@@ -293,11 +293,17 @@ class StackOverflowDataDir:
         names.update(dict.fromkeys(user_size_knobs("small"), "synth_user_sizes"))
         for key, value in self.synth_params.items():
             if isinstance(recorded, dict) and key in recorded and recorded[key] != value:
+                # forty-third review of issue 15 (input 1): the recorded value was named with
+                # the generator's key (vocab_size, num_tags, seed), which the command line
+                # turned into task-params.vocab-size, task-params.num-tags, task-params.seed:
+                # other task parameters, of other values than the ones the line meant
                 given = f"{names[key]}={value}"
+                found = f"{names[key]}={recorded[key]!r}"
                 if names[key] == "synth_user_sizes":
                     given = f"synth_user_sizes (its {key}={value})"
+                    found = f"{key}={recorded[key]!r}"
                 raise ValueError(
-                    f"{given}, but {self.data_dir} holds a synthetic dataset "
-                    f"generated with {key}={recorded[key]}; use another data_dir (files that "
+                    f"{given}, but {self._shown_dir()} holds a synthetic dataset "
+                    f"generated with {found}; use another data_dir (files that "
                     "exist are never overwritten)"
                 )

@@ -1,0 +1,73 @@
+"""Issue 15, forty-third hostile review (input: bad settings and data files): tests.
+
+1. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=D --set
+   task-params.synth-vocab=5000`` where ``D`` holds the synthetic dataset of ``synth-vocab``
+   4000 (also ``synth-tags``, ``synth-seed``; ``--resume R`` from another directory, whose
+   relative ``data-dir`` names another dataset there): rc 2, but ``… but D holds a synthetic
+   dataset generated with task-params.vocab-size=4000`` (``task-params.num-tags=100``,
+   ``task-params.seed=3``): the generator's key, which the command line renamed as another task
+   parameter of another value (the preset's ``vocab-size`` is 2000, ``num-tags`` 50), and a
+   relative directory not said to be read from the working directory. Now ``… generated with
+   task-params.synth-vocab=4000``, the relative directory named as the forty-second review's
+   line names it (``StackOverflowDataDir._check_synthetic_meta``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fedprivopt.data import SyntheticConfig, generate
+from fedprivopt.models.tag_prediction import StackOverflowTagTask
+from tests.reliability.test_thirtyeighth_review_input import _cli
+
+MINI = "simulations/stackoverflow-tp-mini.toml"
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """A tiny synthetic dataset (12 clients, 200 words, 10 tags, seed 3) and its parameters."""
+    root = tmp_path_factory.mktemp("review43-input")
+    config = SyntheticConfig.tiny(num_clients=12, vocab_size=200, num_tags=10, seed=3)
+    generate(root / "d", config, workers=1)
+    return root / "d", dict(synth_clients=12, synth_vocab=200, synth_tags=10, synth_seed=3)
+
+
+# -- finding 1: another synthetic dataset named with the generator's keys ----------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "recorded"),
+    [("synth_vocab", 300, 200), ("synth_tags", 9, 10), ("synth_seed", 0, 3)],
+)
+def test_1_other_synth_parameters_name_the_recorded_value_by_its_key(
+    synthetic, key, value, recorded
+):
+    d, params = synthetic
+    kw = dict(data_dir=d, vocab_size=50, num_tags=5, num_users=5, eval_users=5)
+    with pytest.raises(ValueError) as info:
+        StackOverflowTagTask(synthetic=True, **{**params, key: value}, **kw)
+    assert f"generated with {key}={recorded};" in str(info.value)
+    # the command line: the key of the config, and no other task parameter named
+    dashed = key.replace("_", "-")
+    sets = [f"data-dir={d}", "vocab-size=50", "num-tags=5"]
+    sets += [f"{k.replace('_', '-')}={v}" for k, v in {**params, key: value}.items()]
+    code, lines = _cli(
+        "simulate", MINI, "--rounds", "1", "--quiet", "--out", str(d.parent / f"r-{key}"),
+        *(arg for text in sets for arg in ("--set", f"task-params.{text}")),
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1, lines
+    assert f"generated with task-params.{dashed}={recorded};" in lines[0], lines
+    for other in ("vocab-size", "num-tags", "seed"):
+        assert f"task-params.{other}=" not in lines[0].split("but", 1)[1], lines
+
+
+def test_1_a_relative_data_dir_is_said_to_be_read_from_the_working_directory(
+    synthetic, monkeypatch
+):
+    d, params = synthetic
+    monkeypatch.chdir(d.parent)
+    kw = dict(vocab_size=50, num_tags=5, num_users=5, eval_users=5)
+    with pytest.raises(ValueError) as info:
+        StackOverflowTagTask(data_dir="d", synthetic=True, **{**params, "synth_seed": 0}, **kw)
+    line = str(info.value)
+    assert f"d (a relative data_dir, read from the working directory: {d.parent})" in line

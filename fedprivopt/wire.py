@@ -65,6 +65,7 @@ __all__ = [
     "LOCAL_EPOCHS",
     "LOCAL_LEARNING_RATE",
     "MAX_EXAMPLES",
+    "MAX_SEED",
     "NODE_NUM_PARTITIONS",
     "NODE_PARTITION_ID",
     "NOISE_STD",
@@ -176,6 +177,11 @@ _REQUIRED_TRAIN_KEYS = (
     SEED,
     SECURE,
 )
+
+
+#: The largest seed a train config carries (a protobuf ``sint64``; :func:`~fedprivopt.privacy.rng.
+#: derive_seed` gives the clients' seed in ``[0, MAX_SEED]``).
+MAX_SEED = 2**63 - 1
 
 
 def update_key(user_id: int) -> str:
@@ -403,6 +409,15 @@ class ClientSettings:
     secure: bool = False
     report_private_metrics: bool = False
 
+    def __post_init__(self) -> None:
+        # forty-third review of issue 15 (wire 1): nothing was checked, and encode_train_config
+        # wrote int() and bool() of what it was given (seed 1.5 as 1, secure "false" as true)
+        if not isinstance(self.local, LocalConfig):
+            raise ValueError(f"local must be a LocalConfig, got {shown(self.local)}")
+        object.__setattr__(self, "seed", check_int("seed", self.seed, 0, MAX_SEED))
+        check_bool("secure", self.secure)
+        check_bool("report_private_metrics", self.report_private_metrics)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -426,18 +441,34 @@ def encode_train_config(
     ``None`` options of ``settings.local`` are sent as ``0`` (``max_examples``, ``clip_norm``). In
     secure mode the seed is ignored by clients. :data:`CLIP_BIT` and :data:`COUNT_NOISE_STD` are
     sent only with adaptive clipping (``settings.local.clip_bit``).
+
+    Raises
+    ------
+    ValueError
+        Naming ``users`` (distinct integers ``>= 0``), ``round_num`` (an integer ``>= 0``),
+        ``stream`` (a non-empty string) or ``settings``, or ``report-private-metrics`` asked in a
+        private round (:func:`check_private_metrics`): what the ClientApp would refuse.
     """
     if not isinstance(settings, ClientSettings):
         raise ValueError(f"settings must be a ClientSettings, got {type(settings).__name__}")
+    # forty-third review of issue 15 (wire 1): int() and str() wrote users [0.5, 1.7] as [0, 1],
+    # [True] as [1], ["3"] as [3], round 2.9 as 2 and stream 5 as "5", where the ClientApp
+    # refuses each of them (decode_train_config): a message is what decode_train_config takes
+    if isinstance(users, (str, bytes)) or not isinstance(users, Iterable):
+        raise ValueError(f"users must be a list of user ids, got {shown(users)}")
+    user_ids = list(check_user_ids("users", list(users)))
+    round_num = check_int("round_num", round_num, 0)
+    if not isinstance(stream, str) or not stream:
+        raise ValueError(f"stream must be a non-empty string, got {shown(stream)}")
     from flwr.app import ConfigRecord
 
     local = settings.local
     adaptive = {CLIP_BIT: True, COUNT_NOISE_STD: float(local.count_noise_std)}
-    return ConfigRecord(
+    record = ConfigRecord(
         {
-            USERS: [int(u) for u in users],
-            ROUND: int(round_num),
-            STREAM: str(stream),
+            USERS: user_ids,
+            ROUND: round_num,
+            STREAM: stream,
             LOCAL_LEARNING_RATE: float(local.learning_rate),
             LOCAL_EPOCHS: int(local.epochs),
             BATCH_SIZE: int(local.batch_size),
@@ -450,6 +481,8 @@ def encode_train_config(
             **(adaptive if local.clip_bit else {}),
         }
     )
+    check_private_metrics(record)  # a private round's never leave a node
+    return record
 
 
 def check_private_metrics(record: Mapping[str, object]) -> None:

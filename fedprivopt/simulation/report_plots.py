@@ -324,6 +324,7 @@ def draw_privacy_utility(
     ref: tuple[str, dict[str, float]] | None = None,
 ) -> Path:
     """:func:`plot_privacy_utility` of aggregated rows, with the untrained model's line ``ref``."""
+    rows = list(rows)  # read more than once (forty-third review of issue 15, reports 1)
     metric = rows[0]["metric"]
     mean_key, std_key = f"{metric}_mean", f"{metric}_std"
     colors = _strategy_colors([r["strategy"] for r in rows])

@@ -52,6 +52,7 @@ def choose_metric(runs: Sequence[RunData]) -> str:
     summaries named it (or of several tasks) get ``eval_recall_at_5`` if any run has it, else
     ``eval_accuracy``.
     """
+    runs = list(runs)  # read more than once (forty-third review of issue 15, reports 1)
     named = {run.summary.get("primary_metric") for run in runs} - {None}
     preference = (*named, *_METRIC_PREFERENCE) if len(named) == 1 else _METRIC_PREFERENCE
     for metric in preference:
@@ -274,6 +275,7 @@ def _bases(group: Sequence[RunData]) -> dict[str, list[str]]:
 
 def differing_bases(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The keys of :data:`_BASES` whose values differ between ``rows``' private runs."""
+    rows = list(rows)
     return [key for key, _, _ in _BASES if len({v for r in rows for v in r.get(key, ())}) > 1]
 
 
@@ -300,10 +302,15 @@ def unequal_epsilon_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     dp-fedavg,dp-fedavg-adadp,dp-fedadam --rounds 2`` with ``accountant = "pld"`` in P's
     ``[strategies.dp-fedadam]`` said only that the accountants differ, while dp-fedavg (10.28)
     and dp-fedavg-adadp (13.71), both RDP, were at unequal ε.
+    Forty-third review (reports, finding 1): given a one-shot iterable of rows (a generator),
+    the bases read it to its end and the note was left out (``[]`` for dp-fedadam at 11.25
+    beside dp-fedavg at 3); ``rows`` is read into a list first, here and in :func:`bases_notes`,
+    :func:`differing_bases`, :func:`choose_metric` and :func:`reference_model`.
     """
     from fedprivopt.core.text import epsilon_text
     from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
 
+    rows = list(rows)
     notes = []
     bases = sorted({_basis(r) for r in rows})
     for tuned, basis in [(t, b) for t in (False, True) for b in bases]:
@@ -350,6 +357,7 @@ def bases_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     there alike (finding 3): 35.67, an ε of replace-one neighbours, beside 10.28 of add/remove
     ones, with nothing to say which row is which.
     """
+    rows = list(rows)
     notes = []
     differ = differing_bases(rows)
     for key, what, one in _BASES:
@@ -423,6 +431,7 @@ def reference_model(runs: Sequence[RunData], metric: str) -> tuple[str, dict[str
     built from public information only (no training), evaluated like the runs. Used when every
     run that has one agrees on it and it reports ``metric``.
     """
+    runs = list(runs)
     found = {json.dumps(r.summary.get("reference"), sort_keys=True) for r in runs}
     found.discard("null")
     if len(found) != 1:

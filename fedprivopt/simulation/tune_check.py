@@ -373,7 +373,15 @@ def composed_epsilon(checks: Sequence[TunedCheck], count: int) -> float:
     (:func:`~fedprivopt.privacy.tuning.composed_tuning_epsilon`), over every ledger of
     ``checks`` (the tunings that released a trial; ``count`` may be larger, counting those
     that released nothing), and never less than one tuning's ε.
+
+    Forty-third review of issue 15 (reports, finding 1): ``composed_epsilon(iter(checks), 2)``
+    (a one-shot iterable, as a generator over tunings gives) read the checks once for their
+    own ε and found none left to compose: it returned one tuning's ε (9.03) where publishing
+    both costs 13.33. ``checks`` is read into a list first.
     """
+    checks = list(checks)
+    if not checks:
+        raise ValueError("checks: empty; need at least one checked tuning")
     eps = [check.epsilon for check in checks]
     for check in checks:
         delta = float(check.plan["delta"])

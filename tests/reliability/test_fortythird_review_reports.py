@@ -1,0 +1,94 @@
+"""Issue 15, forty-third hostile review (reports: what ``compare``, ``tune`` and reports say).
+
+1. The public functions of the reports and of the tuned comparison given a one-shot iterable
+   (a generator over tunings, runs or rows, as ``(r for r in runs if ...)`` gives; the
+   forty-second review's ``aggregate()`` given a cohort iterator, in this area):
+   ``tune_check.composed_epsilon(iter(checks), 2)`` read the checks once for their own ε and
+   found none left to compose: it returned one tuning's ε (9.03 for two 1-round dp-fedavg
+   tunings at σ 0.5 of 12 users) where publishing both costs 13.33, an ε below what was
+   spent; ``write_summary_csv(iter(rows), path)`` wrote the header alone (no row, no error);
+   ``unequal_epsilon_notes(iter(rows))`` returned no note for dp-fedadam at 11.25 beside
+   dp-fedavg at 3; ``bases_notes(iter(rows))`` named no row (``different accountants ()``);
+   ``choose_metric(iter(runs))`` said ``none reports a task metric`` of runs that report
+   accuracy; ``write_report(out, iter(runs))`` said ``runs: empty``. Each reads its argument
+   into a list first now; a list gives what it gave before.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.tuning import TrialCount, tuning_epsilon
+from fedprivopt.simulation import rundata_aggregate as ra
+from fedprivopt.simulation.report import write_summary_csv
+from fedprivopt.simulation.rundata import RunData
+from fedprivopt.simulation.tune_check import TunedCheck, composed_epsilon
+
+# -- finding 1: one-shot iterables read once ----------------------------------------------------
+
+
+def _check(name: str) -> TunedCheck:
+    ledger = ((SubsampledGaussianEvent.poisson(sample_rate=1 / 3, noise_multiplier=0.5), 1),)
+    trials = TrialCount("truncated-negative-binomial", 1.0, shape=1.0)
+    return TunedCheck(
+        path=Path(name), epsilon=tuning_epsilon(ledger, 1e-4, trials),
+        best_dir=Path(name) / "runs" / "trial-001", base_config=None, plan={"delta": 1e-4},
+        run=None, ledgers=(ledger,), trials=trials,
+    )  # fmt: skip
+
+
+def test_1_composed_epsilon_of_a_generator_composes_every_tuning():
+    checks = [_check("t1"), _check("t2")]
+    composed = composed_epsilon(checks, 2)
+    assert composed > checks[0].epsilon * 1.2  # two tunings cost more than one
+    assert composed_epsilon(iter(checks), 2) == composed  # one tuning's epsilon before
+    assert composed_epsilon((c for c in checks), 2) == composed
+    with pytest.raises(ValueError, match="checks: empty"):
+        composed_epsilon(iter(()), 1)
+
+
+def _row(strategy: str, epsilon: float, accountant: str = "rdp") -> dict:
+    return {
+        "strategy": strategy, "noise_multiplier": 0.5, "metric": "eval_accuracy",
+        "n_seeds": 1, "seeds": [0], "n_finite": 1, "epsilon": epsilon, "delta": 1e-4,
+        "rounds": 2, "rounds_max": 2, "eval_accuracy_mean": 0.5, "eval_accuracy_std": math.nan,
+        "eval_loss_mean": 1.0, "eval_loss_std": math.nan, "seconds_per_round": 0.1,
+        "stopped_reasons": [], "n_budget": 0, "diverged": [], "accountants": [accountant],
+        "relations": ["add/remove"], "private": True,
+    }  # fmt: skip
+
+
+def test_1_summary_csv_of_a_generator_has_its_rows(tmp_path):
+    rows = [_row("dp-fedadam", 11.25), _row("dp-fedavg", 3.0)]
+    path = write_summary_csv((r for r in rows), tmp_path / "summary.csv")
+    with open(path, newline="", encoding="utf-8") as fh:
+        lines = list(csv.DictReader(fh))
+    assert [line["strategy"] for line in lines] == ["dp-fedadam", "dp-fedavg"]  # header alone
+
+
+def test_1_epsilon_notes_of_a_generator_are_said():
+    rows = [_row("dp-fedadam", 11.25), _row("dp-fedavg", 3.0)]
+    notes = ra.unequal_epsilon_notes(rows)
+    assert notes and "unequal epsilon" in notes[0]
+    assert ra.unequal_epsilon_notes(iter(rows)) == notes  # [] before
+    other = [*copy.deepcopy(rows), _row("dp-fedavg-adadp", 3.0, accountant="pld")]
+    bases = ra.bases_notes(other)
+    assert bases and "dp-fedavg-adadp σ=0.5" in bases[0]
+    assert ra.bases_notes(iter(other)) == bases  # "different accountants ()" before
+    assert ra.differing_bases(iter(other)) == ["accountants"]
+
+
+def test_1_choose_metric_of_a_generator():
+    runs = [
+        RunData({"primary_metric": "eval_accuracy"}, [{"round": 1, "eval_accuracy": 0.5}],
+                Path(f"r{i}"))
+        for i in range(2)
+    ]  # fmt: skip
+    assert ra.choose_metric(iter(runs)) == "eval_accuracy"  # "none reports a task metric"
+    assert ra.reference_model(iter(runs), "eval_accuracy") is None

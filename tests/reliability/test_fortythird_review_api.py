@@ -8,13 +8,27 @@
    out user's clipped update over m without noise (0.01 in every entry: 0.0857 and 0.0757),
    charged as two independent releases (epsilon 13.70). Now ``ServerAlgorithm._finish`` keeps
    the marks of later rounds: ``round 3 was begun already``, nothing charged; round 4 runs.
+2. ``register_task("mytoy43", functools.partial(ToyClassificationTask, seed=SEED))`` in a module of
+   one's own (the packaged toy task with one's own data seed, made a factory without a function
+   of one's own), a run of it through the Python API, ``SEED`` edited. Before: the partial's
+   function is fedprivopt's, so nothing of the task's code was recorded (``data_identity`` None):
+   ``resume()`` and ``compare``'s reuse could not see the edit, though docs/TASKS.md says a
+   registered factory and a partial are recorded by the module that made them (the forty-second
+   review's api 6 and 8 through a partial of a packaged class). Now ``register_task`` notes the
+   module that called it, and ``build_task`` records it for such a partial.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 import pytest
 import torch
 
+from fedprivopt.models import build_task
+from fedprivopt.models import registry as registry_module
+from fedprivopt.models.task import TASK_SOURCE, data_identity
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import (
@@ -44,3 +58,32 @@ def test_1_a_round_aggregated_before_the_rounds_before_it_is_not_run_again(chang
     assert alg.accountant.num_events == events and alg.round_num == 2
     drive_round(alg, 4, _train)
     assert alg.round_num == 4
+
+
+# -- finding 2: a registered partial of a packaged task class ----------------------------------
+
+
+def test_2_a_registered_partial_of_a_packaged_class_is_recorded_by_its_module(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    name = f"regtask43_{abs(hash(str(tmp_path)))}"
+    source = tmp_path / f"{name}.py"
+    text = (
+        "import functools\nfrom fedprivopt.models import register_task\n"
+        "from fedprivopt.models.toy import ToyClassificationTask\nSEED = {}\n"
+        "register_task('mytoy43', functools.partial(ToyClassificationTask, seed=SEED), "
+        "replace=True)\n"
+    )
+    source.write_text(text.format(3))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    importlib.import_module(name)
+    before = data_identity(build_task("mytoy43", num_users=4))
+    assert before is not None and before[TASK_SOURCE]["module"] == name  # was None
+    source.write_text(text.format(4))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    importlib.import_module(name)
+    after = data_identity(build_task("mytoy43", num_users=4))
+    assert after[TASK_SOURCE]["sha256"] != before[TASK_SOURCE]["sha256"]
+    assert data_identity(build_task("toy", num_users=4)) is None  # packaged: unchanged

@@ -37,7 +37,7 @@ Messages
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -103,6 +103,7 @@ __all__ = [
     "parse_update_key",
     "read_updates",
     "read_user_ids",
+    "snake_case_params",
     "task_params",
     "update_key",
     "users_query",
@@ -259,8 +260,7 @@ def task_params(run_config: Mapping[str, object]) -> dict[str, object]:
     """
     raw = run_config.get(RUN_TASK_PARAMS_JSON, "")
     if raw not in ("", None):
-        params = json_object(RUN_TASK_PARAMS_JSON, raw)
-        return _one_spelling(params.items(), lambda k: f"{RUN_TASK_PARAMS_JSON} key {shown(k)}")
+        return snake_case_params(RUN_TASK_PARAMS_JSON, json_object(RUN_TASK_PARAMS_JSON, raw))
     # two spellings here come from a merge of the app's keys and a user's (deploy local's
     # --set task-params.num_users over num-users; Flower refuses keys the app does not declare):
     # the later one is the user's
@@ -271,18 +271,28 @@ def task_params(run_config: Mapping[str, object]) -> dict[str, object]:
     }
 
 
-def _one_spelling(
-    items: Iterable[tuple[object, object]], named: Callable[[object], str]
-) -> dict[str, object]:
-    """``{snake_case name: value}``, or ``ValueError`` for two spellings of one name."""
+def snake_case_params(where: str, params: Mapping[object, object]) -> dict[str, object]:
+    """``params`` as ``{snake_case name: value}``: a task's keyword parameters.
+
+    ``where`` names them in errors (``task-params-json``, a ClientApp's ``task_params``).
+
+    Raises
+    ------
+    ValueError
+        For a key that is no string, or one task parameter in two spellings
+        (``num-users`` and ``num_users``: forty-second review of issue 15, wire 5, for the run
+        config's ``task-params-json``; the forty-third, wire 2, for ``make_client_app``).
+    """
     out: dict[str, object] = {}
-    spelled: dict[str, object] = {}
-    for key, value in items:
-        name = str(key).replace("-", "_")
+    spelled: dict[str, str] = {}
+    for key, value in params.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{where} keys must be parameter names (strings), got {shown(key)}")
+        name = key.replace("-", "_")
         if name in out:
             raise ValueError(
-                f"{named(spelled[name])} and {named(key)} are both given: one task parameter in "
-                "two spellings; give one"
+                f"{where} key {shown(spelled[name])} and {where} key {shown(key)} are both "
+                "given: one task parameter in two spellings; give one"
             )
         out[name], spelled[name] = value, key
     return out

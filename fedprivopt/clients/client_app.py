@@ -60,16 +60,28 @@ _LOCK = threading.Lock()
 
 
 def _canonical_params(params: str | Mapping[str, object] | None) -> str:
+    """``params`` as the canonical JSON text of their snake_case names (the cache's key).
+
+    Forty-third review of issue 15 (wire 2): a JSON string repeating a key
+    (``'{"num_users": 4, "num_users": 6}'``) built the task of the last one, and a mapping of
+    two spellings (``num-users``, ``num_users``) a task that failed at the first message, where
+    the run config's ``task-params-json`` refuses both; a value JSON cannot hold (a ``Path``)
+    raised ``TypeError`` naming no parameter.
+    """
     if params is None or params == "":
         return "{}"
     if isinstance(params, str):
-        try:
-            params = json.loads(params)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"task_params must be a JSON object string: {err}") from None
+        params = P.json_object("task_params", params)  # a repeated key is refused
     if not isinstance(params, Mapping):
         raise ValueError(f"task_params must be a JSON object, got {shown(params)}")
-    return json.dumps(dict(params), sort_keys=True)
+    snake = P.snake_case_params("task_params", params)
+    try:
+        return json.dumps(snake, sort_keys=True)
+    except (TypeError, ValueError) as err:  # a Path, a set, a cycle
+        raise ValueError(
+            f"task_params must hold JSON values (numbers, strings, booleans, lists and objects): "
+            f"{shown(str(err))}"
+        ) from None
 
 
 def get_task_and_trainer(

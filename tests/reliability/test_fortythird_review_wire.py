@@ -14,15 +14,31 @@
    (``ClientSettings.__post_init__``, ``encode_train_config``), which also refuses a private
    round asking for private metrics (``check_private_metrics``); what fedprivopt's strategies
    write encodes and decodes as before.
+2. ``clients.make_client_app(task=..., task_params=...)`` (a ClientApp's default task, for
+   ``flwr.simulation.run_simulation``, whose run config is empty) and
+   ``get_task_and_trainer(task, task_params)``: a JSON string repeating a key
+   (``'{"num_users": 4, "num_users": 6}'``), a mapping of one parameter in two spellings
+   (``{"num-users": 4, "num_users": 6}``), a key that is no string (``{1: 2}``), a value JSON
+   cannot hold (``Path("/tmp")``). Before: the last repeated key was taken without a word (a task
+   of 6 users), the two spellings and ``{1: 2}`` were accepted and every node failed its first
+   message with the task constructor's ``TypeError`` (the run then waits ``node_wait``), the
+   ``Path`` raised json's ``TypeError`` naming no parameter; the run config's
+   ``task-params-json`` refuses the first two (forty-second review, wire 5). Now ``ValueError``
+   naming ``task_params`` and the key, when the app is made (``client_app._canonical_params``,
+   with ``wire.json_object`` and ``wire.snake_case_params``, which ``task-params-json`` uses
+   too); a kebab-case name is read as its snake_case one, as in the run config.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
+from fedprivopt.clients.client_app import get_task_and_trainer, make_client_app
 
 LOCAL = LocalConfig(learning_rate=0.5, clip_norm=1.0)
 SETTINGS = P.ClientSettings(LOCAL, seed=5)
@@ -86,3 +102,31 @@ def test_1_what_the_strategies_write_encodes_and_decodes_as_before():
     public = P.ClientSettings(LocalConfig(learning_rate=0.5), seed=0, report_private_metrics=True)
     record = P.encode_train_config(users=(u for u in [2]), round_num=0, settings=public)
     assert P.decode_train_config(record).settings.report_private_metrics is True
+
+
+# -- finding 2: a ClientApp's default task parameters are read as the run config's ----------------
+
+DEFAULT_PARAMS = {
+    "repeated key": ('{"num_users": 4, "num_users": 6}', "task_params repeats the key 'num_users'"),
+    "two spellings": (
+        {"num-users": 4, "num_users": 6},
+        "task_params key 'num-users' and task_params key 'num_users' are both given",
+    ),
+    "key no string": ({1: 2}, r"task_params keys must be parameter names \(strings\), got 1"),
+    "a path": ({"data_dir": Path("/tmp")}, "task_params must hold JSON values"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_PARAMS))
+def test_2_make_client_app_refuses_task_params_the_run_config_refuses(name):
+    params, message = DEFAULT_PARAMS[name]
+    with pytest.raises(ValueError, match=f"^{message}"):
+        make_client_app(task="toy", task_params=params, device="cpu")
+
+
+def test_2_get_task_and_trainer_builds_one_spelling_as_the_run_config():
+    kebab, _ = get_task_and_trainer("toy", '{"num-users": 4, "dim": 3}', "cpu")
+    snake, _ = get_task_and_trainer("toy", {"num_users": 4, "dim": 3}, "cpu")
+    assert kebab is snake and kebab.num_users == 4  # one cache entry: the same parameters
+    with pytest.raises(ValueError, match="'num-users' and task_params key 'num_users'"):
+        get_task_and_trainer("toy", {"num-users": 4, "num_users": 6}, "cpu")

@@ -12,6 +12,12 @@
    ``choose_metric(iter(runs))`` said ``none reports a task metric`` of runs that report
    accuracy; ``write_report(out, iter(runs))`` said ``runs: empty``. Each reads its argument
    into a list first now; a list gives what it gave before.
+2. ``privacy.tuning.composed_tuning_epsilon(ledger, delta, trials, count)`` (the ε of ``count``
+   tunings on the same users that ``compare-tuned`` and ``compare --tune-grid`` state) given an
+   ``int`` subclass whose ``__int__`` says 1 (and whose ``<`` says no), storing 5: composed once
+   by ``int(count)``, ε 9.03 where five tunings cost 22.48; storing 0: composed once. The
+   count's stored value is read as a plain int (``operator.index``) before it is checked and
+   composed: 22.48, and 0 refused.
 """
 
 from __future__ import annotations
@@ -92,3 +98,38 @@ def test_1_choose_metric_of_a_generator():
     ]  # fmt: skip
     assert ra.choose_metric(iter(runs)) == "eval_accuracy"  # "none reports a task metric"
     assert ra.reference_model(iter(runs), "eval_accuracy") is None
+
+
+# -- finding 2: the number of tunings composed is read as the int it stores ---------------------
+
+
+class _SaysOne(int):
+    """An int whose ``__int__`` (and comparisons) say one tuning where it stores more."""
+
+    def __int__(self) -> int:
+        return 1
+
+    def __lt__(self, other) -> bool:
+        return False
+
+
+def test_2_composed_tuning_epsilon_of_an_int_subclass_counts_what_it_stores():
+    import warnings
+
+    import numpy as np
+
+    from fedprivopt.privacy.tuning import composed_tuning_epsilon
+
+    check = _check("t")
+    ledger, trials = check.ledgers[0], check.trials
+    five = composed_tuning_epsilon(ledger, 1e-4, trials, 5)
+    assert five > composed_tuning_epsilon(ledger, 1e-4, trials, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert composed_tuning_epsilon(ledger, 1e-4, trials, _SaysOne(5)) == five  # 1 before
+        with pytest.raises(ValueError, match="count must be an integer >= 1"):
+            composed_tuning_epsilon(ledger, 1e-4, trials, _SaysOne(0))  # composed once before
+    assert composed_tuning_epsilon(ledger, 1e-4, trials, np.int64(5)) == five
+    for bad in (True, np.True_, 2.5, "3", 0, -1):
+        with pytest.raises(ValueError, match="count must be an integer"):
+            composed_tuning_epsilon(ledger, 1e-4, trials, bad)

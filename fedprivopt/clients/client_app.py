@@ -41,6 +41,7 @@ from fedprivopt import wire as P
 from fedprivopt.clients.messages import (
     TrainMessage,
     hosted_users,
+    read_model,
     reply_task_error,
     reply_updates,
     reply_users,
@@ -199,9 +200,7 @@ def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Messag
     hosted = _hosted(context, task)
     allowed = set(hosted)
     users = hosted if asked is None else [u for u in asked if u in allowed]
-    if P.ARRAYS_RECORD not in content.array_records:
-        raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
-    state = content.array_records[P.ARRAYS_RECORD].to_torch_state_dict()
+    state = read_model(message)  # names an unreadable array (forty-third review, wire 3)
     model = trainer.load_global(state_to_flat(state, trainer.spec))
     loss_sum, acc_sum, total = 0.0, 0.0, 0
     for user in users:

@@ -50,6 +50,7 @@ __all__ = [
     "TASK_ERROR",
     "TrainMessage",
     "hosted_users",
+    "read_model",
     "reply_task_error",
     "reply_updates",
     "reply_users",
@@ -177,8 +178,7 @@ class TrainMessage:
                 )
             preconditioner = _tensor(P.PRECONDITIONER_RECORD, P.PRECONDITIONER_ARRAY, record)
             preconditioner = preconditioner.reshape(-1)
-        arrays = content.array_records[P.ARRAYS_RECORD]
-        state = {name: _tensor(P.ARRAYS_RECORD, name, arrays) for name in arrays}
+        state = read_model(message)
         settings = request.settings
         return cls(
             users=request.users,
@@ -486,7 +486,29 @@ def reply_task_error(message: Message, error: TaskError) -> Message:
     return Message(Error(code=TASK_ERROR, reason=str(error)), reply_to=message)
 
 
-def _tensor(record_name: str, name: str, record: ArrayRecord) -> torch.Tensor:
+def read_model(message: Message) -> dict[str, torch.Tensor]:
+    """The global model of a ``train`` or ``evaluate`` message: its ``arrays`` as a state dict.
+
+    Raises
+    ------
+    ValueError
+        If the message has no ArrayRecord ``arrays``, or an array of it cannot be read as a
+        tensor (non-native byte order, damaged bytes, another serialization, an object array),
+        naming the record and the array. Forty-third review of issue 15 (wire 3): the ClientApp's
+        ``evaluate`` handler read them with Flower's ``to_torch_state_dict``, so such an array
+        raised torch's, NumPy's or Flower's own error (``ValueError``, ``EOFError``,
+        ``TypeError``) naming neither, where a ``train`` message's names both (forty-first
+        review, wire 2).
+    """
+    content = _content(message)
+    if P.ARRAYS_RECORD not in content.array_records:
+        raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
+    kind = "evaluate" if str(message.metadata.message_type).startswith("evaluate") else "train"
+    arrays = content.array_records[P.ARRAYS_RECORD]
+    return {name: _tensor(P.ARRAYS_RECORD, name, arrays, kind) for name in arrays}
+
+
+def _tensor(record_name: str, name: str, record: ArrayRecord, kind: str = "train") -> torch.Tensor:
     """The array ``name`` of a message's ``record`` as a tensor, or ``ValueError`` naming both.
 
     Forty-first review of issue 15 (wire 2): :meth:`TrainMessage.read` (documented to raise
@@ -498,6 +520,6 @@ def _tensor(record_name: str, name: str, record: ArrayRecord) -> torch.Tensor:
         return torch.from_numpy(record[name].numpy())
     except (TypeError, ValueError, EOFError) as err:  # np.load of hostile bytes raises these
         raise ValueError(
-            f"train message's ArrayRecord {record_name!r}: array {shown(name)} cannot be read "
+            f"{kind} message's ArrayRecord {record_name!r}: array {shown(name)} cannot be read "
             f"as a tensor: {shown(str(err))}"
         ) from None

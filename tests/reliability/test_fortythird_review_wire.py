@@ -27,18 +27,31 @@
    naming ``task_params`` and the key, when the app is made (``client_app._canonical_params``,
    with ``wire.json_object`` and ``wire.snake_case_params``, which ``task-params-json`` uses
    too); a kebab-case name is read as its snake_case one, as in the run config.
+3. fedprivopt's ClientApp given an ``evaluate`` message (a ServerApp of one's own asking the
+   nodes to evaluate) whose model array is of non-native byte order (``>f4``: a server on a
+   big-endian machine), cut short, or of another serialization (``stype`` ``torch.Tensor``).
+   Before: torch's ``ValueError: given numpy array has byte order different from the native
+   byte order``, NumPy's ``EOFError`` or Flower's ``TypeError``, from Flower's
+   ``to_torch_state_dict``, naming neither the record nor the array, where the ``train``
+   handler names both (forty-first review, wire 2). Now ``ValueError: evaluate message's
+   ArrayRecord 'arrays': array 'weight' cannot be read as a tensor: ...``
+   (``clients.messages.read_model``, which ``TrainMessage.read`` uses too).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord, Context, RecordDict
 
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
-from fedprivopt.clients.client_app import get_task_and_trainer, make_client_app
+from fedprivopt.clients.client_app import app, get_task_and_trainer, make_client_app
+from fedprivopt.models import build_task
+from tests.messages import delivered
 
 LOCAL = LocalConfig(learning_rate=0.5, clip_norm=1.0)
 SETTINGS = P.ClientSettings(LOCAL, seed=5)
@@ -130,3 +143,51 @@ def test_2_get_task_and_trainer_builds_one_spelling_as_the_run_config():
     assert kebab is snake and kebab.num_users == 4  # one cache entry: the same parameters
     with pytest.raises(ValueError, match="'num-users' and task_params key 'num_users'"):
         get_task_and_trainer("toy", {"num-users": 4, "num_users": 6}, "cpu")
+
+
+# -- finding 3: the evaluate handler names an array it cannot read -------------------------------
+
+TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
+
+
+def _node() -> Context:
+    """Node 1 of 3 of the toy task (users 1, 4, 7), as fedprivopt's ClientApp reads it."""
+    run_config = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS_JSON: json.dumps(TOY), P.RUN_DEVICE: "cpu"}
+    nodes = {P.NODE_PARTITION_ID: 1, P.NODE_NUM_PARTITIONS: 3}
+    return Context(
+        run_id=1, node_id=11, node_config=nodes, state=RecordDict(), run_config=run_config
+    )
+
+
+def _model_arrays(weight: Array | None = None) -> ArrayRecord:
+    state = build_task("toy", **TOY).build_model().state_dict()
+    arrays = {name: Array(tensor.numpy()) for name, tensor in state.items()}
+    if weight is not None:
+        arrays["weight"] = weight
+    return ArrayRecord(arrays)
+
+
+UNREADABLE = {
+    "big-endian": Array(np.zeros((3, 5), ">f4")),
+    "cut": Array("float32", (3, 5), "numpy.ndarray", b""),
+    "torch stype": Array("float32", (3, 5), "torch.Tensor", b"abc"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREADABLE))
+def test_3_evaluate_names_the_array_it_cannot_read(name):
+    message = delivered({P.ARRAYS_RECORD: _model_arrays(UNREADABLE[name])}, "evaluate")
+    with pytest.raises(ValueError, match=r"^evaluate message's ArrayRecord 'arrays': array 'weigh"):
+        app(message, _node())
+
+
+def test_3_evaluate_and_train_read_a_good_model_as_before():
+    evaluated = app(delivered({P.ARRAYS_RECORD: _model_arrays()}, "evaluate"), _node())
+    assert evaluated.content[P.EVAL_METRICS][P.EVAL_NUM_EXAMPLES] > 0
+    config = P.encode_train_config(users=[1], round_num=1, settings=SETTINGS)
+    train = delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: _model_arrays()}, "train")
+    assert list(P.read_updates(app(train, _node()).content)) == [1]
+    bad = delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: _model_arrays(UNREADABLE["cut"])},
+                    "train")  # fmt: skip
+    with pytest.raises(ValueError, match=r"^train message's ArrayRecord 'arrays': array 'weight'"):
+        app(bad, _node())

@@ -38,7 +38,13 @@ from fedprivopt.data.synthetic_files import (
 )
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
-__all__ = ["GENERATED_FILES", "StackOverflowDataDir", "check_dir_text", "expanded_dir"]
+__all__ = [
+    "GENERATED_FILES",
+    "StackOverflowDataDir",
+    "check_dir_text",
+    "expanded_dir",
+    "file_in_the_way",
+]
 
 
 def check_dir_text(name: str, path: Path) -> Path:
@@ -59,6 +65,27 @@ def check_dir_text(name: str, path: Path) -> Path:
     if any(not part.strip() for part in path.parts):
         raise ValueError(f"{name} has a blank path component: {shown(text)}")
     return path
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The file that keeps ``path`` from being a directory: itself or one above it, else ``None``.
+
+    The nearest of ``path`` and its parents that exists, when it is no directory (a regular
+    file, a FIFO, a device); ``None`` when that one is a directory (or a link to one) or none
+    exists as followed (a dangling link or a loop: the readers and the lock name those).
+
+    Forty-third review of issue 15 (input 2): ``task-params.data-dir = "D/stackoverflow.sqlite/x"``
+    (a directory under the database) was ``…/x: Not a directory`` with ``synthetic = true``,
+    naming no key, and ``…/x: missing stackoverflow.sqlite, … pass synthetic=True …`` without,
+    whose advice gave the first line; ``task-params.cache-dir`` a file (or under one) was
+    ``…: exists and is not a directory`` (``Not a directory``) at the token store's first use.
+    """
+    for place in (path, *path.parents):
+        if os.path.lexists(place):
+            if not os.path.exists(place) or os.path.isdir(place):
+                return None
+            return place
+    return None
 
 
 def expanded_dir(name: str, value: str | os.PathLike) -> Path:
@@ -179,15 +206,16 @@ class StackOverflowDataDir:
     def _ensure_files(self) -> None:
         """Generate the synthetic files if asked and none exist; raise if required ones lack."""
         required = self.REQUIRED_FILES
-        if os.path.exists(self.data_dir) and not os.path.isdir(self.data_dir):
+        blocking = file_in_the_way(self.data_dir)
+        if blocking is not None:
             # forty-second review of issue 15 (input 7): data_dir naming the database itself was
             # "D/stackoverflow.sqlite: missing stackoverflow.sqlite, …" (and with synthetic,
-            # the advice given, "exists and is not a directory")
-            parent = (
-                f" ({self.data_dir.parent})" if self.data_dir.name in self.REQUIRED_FILES else ""
-            )
+            # the advice given, "exists and is not a directory"); forty-third (input 2): a
+            # data_dir under a file ("Not a directory", or "missing …" and the same advice)
+            parent = f" ({blocking.parent})" if blocking.name in self.REQUIRED_FILES else ""
+            where = "" if blocking == self.data_dir else f" lies under {str(blocking)!r}, which"
             raise ValueError(
-                f"data_dir {str(self.data_dir)!r} is a file, not a directory: name the "
+                f"data_dir {str(self.data_dir)!r}{where} is a file, not a directory: name the "
                 f"directory that holds {', '.join(required)}{parent}"
             )
         if self.synthetic and self._missing(required):

@@ -33,7 +33,7 @@ from fedprivopt.data.token_cache import (
     open_or_build,
     stderr_progress,
 )
-from fedprivopt.models.stackoverflow_datadir import check_dir_text
+from fedprivopt.models.stackoverflow_datadir import check_dir_text, file_in_the_way
 from fedprivopt.models.stackoverflow_files import EVAL_BYTES, STATE_LOCK, StackOverflowFiles
 from fedprivopt.models.tag_prediction_encoding import (
     UserCSR,
@@ -103,6 +103,13 @@ class TagTaskData(StackOverflowFiles):
             )
         check_dir_text("cache_dir", self.cache_dir)
         refuse_filesystem_root(self.cache_dir, "cache_dir")
+        blocking = file_in_the_way(self.cache_dir) if self.token_cache else None
+        if blocking is not None:  # forty-third review of issue 15 (input 2): no key named
+            where = "" if blocking == self.cache_dir else f" lies under {str(blocking)!r}, which"
+            raise ValueError(
+                f"cache_dir {str(self.cache_dir)!r}{where} is a file, not a directory: name a "
+                "directory for the token store (it is made if missing)"
+            )
         note = run_files_note(self.cache_dir) if self.token_cache else None
         if note is not None:  # as a dataset is not generated into one (synthetic.run_files_note)
             raise ValueError(

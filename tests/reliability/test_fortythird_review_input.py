@@ -10,6 +10,16 @@
    relative directory not said to be read from the working directory. Now ``… generated with
    task-params.synth-vocab=4000``, the relative directory named as the forty-second review's
    line names it (``StackOverflowDataDir._check_synthetic_meta``).
+2. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=D/stackoverflow.sqlite/x``
+   (a directory under a file; the forty-second review's input 7 took only the file itself):
+   ``…/x: Not a directory`` with the preset's ``synthetic = true``, naming no key, and ``…/x:
+   missing stackoverflow.sqlite, … pass synthetic=True …`` with ``false``, whose advice gives
+   the first line; ``--set task-params.token-cache=true --set task-params.cache-dir=F`` where
+   ``F`` is a file (or ``F/x/y``): ``F: exists and is not a directory`` (``Not a directory``)
+   at the token store's first use, naming no key. Now ``config: task-params.data-dir '…/x'
+   lies under '…/stackoverflow.sqlite', which is a file, not a directory: name the directory
+   that holds …`` (``cache-dir`` alike) before anything is read or generated
+   (``stackoverflow_datadir.file_in_the_way``).
 """
 
 from __future__ import annotations
@@ -71,3 +81,46 @@ def test_1_a_relative_data_dir_is_said_to_be_read_from_the_working_directory(
         StackOverflowTagTask(data_dir="d", synthetic=True, **{**params, "synth_seed": 0}, **kw)
     line = str(info.value)
     assert f"d (a relative data_dir, read from the working directory: {d.parent})" in line
+
+
+# -- finding 2: a data or cache directory under a file ----------------------------------------
+
+
+@pytest.mark.parametrize("synthetic", [True, False])
+def test_2_a_data_dir_under_a_file_names_the_key_and_the_file(synthetic, tmp_path):
+    from fedprivopt.models.next_word import StackOverflowNextWordTask
+
+    sqlite = tmp_path / "stackoverflow.sqlite"
+    sqlite.write_bytes(b"")
+    d = sqlite / "x" / "y"
+    for task in (StackOverflowTagTask, StackOverflowNextWordTask):
+        with pytest.raises(ValueError) as info:
+            task(data_dir=d, synthetic=synthetic, vocab_size=50, num_users=5, eval_users=5)
+        assert str(info.value).startswith(
+            f"data_dir {str(d)!r} lies under {str(sqlite)!r}, which is a file, not a directory"
+        ), info.value
+        assert str(info.value).endswith(f"({tmp_path})")
+    code, lines = _cli(
+        "simulate", MINI, "--rounds", "1", "--quiet", "--out", str(tmp_path / "r"),
+        "--set", f"task-params.data-dir={d}", "--set", f"task-params.synthetic={synthetic}".lower(),
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1, lines
+    assert f"config: task-params.data-dir {str(d)!r} lies under" in lines[0]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_2_a_cache_dir_that_is_or_lies_under_a_file_names_the_key(synthetic, tmp_path, under):
+    d, params = synthetic
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    cache = afile / "x" / "y" if under else afile
+    kw = dict(data_dir=d, vocab_size=50, num_tags=5, num_users=5, eval_users=5, **params)
+    with pytest.raises(ValueError) as info:
+        StackOverflowTagTask(token_cache=True, cache_dir=cache, **kw)
+    line = str(info.value)
+    assert line.startswith(f"cache_dir {str(cache)!r}"), line
+    assert f"{str(afile)!r}, which is a file" in line if under else "is a file," in line
+    assert afile.read_text() == "mine\n"
+    task = StackOverflowTagTask(token_cache=True, cache_dir=tmp_path / "new" / "c", **kw)
+    assert task.encoded_users() is not None  # a directory to make is taken, as before

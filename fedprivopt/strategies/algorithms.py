@@ -26,6 +26,7 @@ import torch
 
 from fedprivopt import optim
 from fedprivopt.core.text import shown
+from fedprivopt.privacy.sparse import dense_problem
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.core import (
     RoundResult,
@@ -123,6 +124,12 @@ class AdaDPS(DPFedAvg):
         # caller's in-place edit (A.mul_(2)) changed what later rounds broadcast while the
         # checkpoint kept the digest of the A the run started with
         p = preconditioner
+        tensor = isinstance(p, torch.Tensor) and p.device.type != "meta"  # meta: refused below
+        problem = dense_problem(p) if tensor else None
+        if problem is not None:
+            # forty-third review of issue 15 (api 3): a sparse A ended in torch's
+            # NotImplementedError (aten::ne.Scalar on SparseCPU)
+            raise ValueError(f"preconditioner must be a dense tensor with values: {problem}")
         ok = (
             isinstance(p, torch.Tensor)
             and (p.is_floating_point() or (p.dtype != torch.bool and not p.is_complex()))

@@ -34,6 +34,7 @@ from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import SamplingSpec
+from fedprivopt.privacy.sparse import dense_problem
 from fedprivopt.privacy.tree import tree_position
 from fedprivopt.strategies.aggregation import AlgorithmAggregation, largest_noise_std
 from fedprivopt.strategies.clipping import AdaptiveClipping
@@ -100,6 +101,11 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             raise ValueError(
                 f"frozen must be a boolean vector of the model's length {initial_params.numel()}"
             )
+        problem = None if frozen is None else dense_problem(frozen)
+        if problem is not None:
+            # forty-third review of issue 15 (api 3): a sparse mask ended the first round in
+            # torch's NotImplementedError (aten::masked_fill_ on SparseCPU), a meta one the build
+            raise ValueError(f"frozen must be a dense tensor with values: {problem}")
         # a copy (fortieth review of issue 15, api 7: the caller's mask was kept, so editing it
         # after the build, e.g. to reuse it, gave a frozen parameter the round's noise)
         self.frozen = None if frozen is None else frozen.to(initial_params.device).clone()

@@ -16,6 +16,13 @@
    registered factory and a partial are recorded by the module that made them (the forty-second
    review's api 6 and 8 through a partial of a packaged class). Now ``register_task`` notes the
    module that called it, and ``build_task`` records it for such a partial.
+3. ``build_algorithm(config, params, frozen=mask.to_sparse())`` (or a mask on the meta device), and
+   ``adadps``' side information ``preconditioner=A.to_sparse()`` (the forty-second review's api 3
+   and 7 through the constructors). Before: the first round ended in torch's
+   ``NotImplementedError`` (``aten::masked_fill_`` on ``SparseCPU``, after the noise was drawn),
+   the meta mask in ``Cannot copy out of meta tensor``, the sparse A in ``aten::ne.Scalar``, where
+   a ``ValueError`` naming the argument is documented. Now ``ServerAlgorithm.__init__`` and
+   ``AdaDPS.__init__`` refuse them naming ``frozen`` or ``preconditioner``.
 """
 
 from __future__ import annotations
@@ -87,3 +94,20 @@ def test_2_a_registered_partial_of_a_packaged_class_is_recorded_by_its_module(
     after = data_identity(build_task("mytoy43", num_users=4))
     assert after[TASK_SOURCE]["sha256"] != before[TASK_SOURCE]["sha256"]
     assert data_identity(build_task("toy", num_users=4)) is None  # packaged: unchanged
+
+
+# -- finding 3: a frozen mask or side information without dense values ------------------------
+
+
+@pytest.mark.parametrize("form", ["sparse", "meta"])
+@pytest.mark.parametrize("name", ["frozen", "preconditioner"])
+def test_3_a_mask_or_side_information_without_dense_values_is_refused(name, form):
+    good = torch.tensor([True, False, False, False]) if name == "frozen" else torch.ones(4)
+    bad = good.to_sparse() if form == "sparse" else torch.empty_like(good, device="meta")
+    changes = {"strategy": "adadps"} if name == "preconditioner" else {}
+    other = {"preconditioner": torch.ones(4)} if name == "frozen" else {}
+    with pytest.raises(ValueError, match=rf"^{name} must be a (dense tensor|finite, positive)"):
+        build_algorithm(_config(**changes), torch.zeros(4), **{name: bad}, **other)
+    alg = build_algorithm(_config(**changes), torch.zeros(4), **{name: good}, **other)
+    drive_round(alg, 1, _train)
+    assert alg.round_num == 1

@@ -317,6 +317,8 @@ def _check_real_data(vector: torch.Tensor) -> None:
     A short API review of issue 15: :func:`l2_norm` of an int, bool or complex tensor ended in
     torch's ``RuntimeError``; int and complex tensors have no L2 ball of reals.
     """
+    if torch.Tensor.is_nested.__get__(vector):  # forty-third review: torch's RuntimeError
+        raise ValueError("vector must be a dense (strided) tensor, got a nested tensor")
     if vector.device.type == "meta":  # ninth review of issue 15: torch's RuntimeError
         raise ValueError("vector must hold data, got a tensor on the meta device")
     if not vector.dtype.is_floating_point:
@@ -431,7 +433,12 @@ def _refuse_subclass(vector: torch.Tensor) -> None:
     the public :func:`clip_l2` (norm 1000 where C = 1), as ``privatize_update`` and the server
     already refuse (``privacy.plain``).
     """
-    if type(vector) not in PLAIN_TENSORS and not vector.is_nested:
+    # forty-third review of issue 15 (mechanisms 1): a subclass whose own is_nested said True
+    # was let through here (the exemption was for torch's nested tensors) and measured by its
+    # own __torch_function__: norm 1000 where C = 1 came back unclipped. Every subclass is
+    # refused; a nested tensor of torch's own strided layout (type torch.Tensor) is refused by
+    # _check_real_data, read through torch's own is_nested.
+    if type(vector) not in PLAIN_TENSORS:
         raise ValueError(
             f"vector must be a plain torch.Tensor, got a {type(vector).__name__} (a subclass, "
             "whose own operations would measure its norm)"

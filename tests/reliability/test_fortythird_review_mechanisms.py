@@ -1,0 +1,56 @@
+"""Issue 15, forty-third hostile review (mechanisms: clipping, noise and epsilon): tests.
+
+1. ``clip_l2(v, 1.0)`` (the public clipping function, what a ClientApp of one's own may call)
+   of a ``torch.Tensor`` subclass whose own ``is_nested`` reads True and whose
+   ``__torch_function__`` reports every norm as 0.001, 100 entries of 100. Before: returned
+   unclipped: ``norm`` 0.001, ``clipped`` False, the vector of norm 1000 where C = 1 (the
+   forty-second review's lead 8 refused subclasses, but let any tensor that said it was nested
+   through, for torch's nested tensors); a nested tensor of torch's own raised torch's
+   ``RuntimeError`` (``reshape: For now nested reshape cannot ...``) from ``clip_l2`` and
+   ``l2_norm``. Now every subclass but ``Parameter`` is refused (``ValueError: vector must be a
+   plain torch.Tensor ...``), and a nested tensor, read through torch's own ``is_nested``, is a
+   ``ValueError`` (``vector must be a dense (strided) tensor, got a nested tensor``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from fedprivopt.privacy.clip import clip_l2, l2_norm
+
+
+class _NestedLiar(torch.Tensor):
+    """Says it is nested, and reads every norm as 0.001."""
+
+    @property
+    def is_nested(self):
+        return True
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if getattr(func, "__name__", "") in ("vector_norm", "norm"):
+            return out * 0 + 1e-3
+        return out
+
+
+def test_1_clip_l2_refuses_a_subclass_that_says_it_is_nested():
+    v = torch.full((100,), 100.0).as_subclass(_NestedLiar)
+    with pytest.raises(ValueError, match=r"plain torch\.Tensor, got a _NestedLiar"):
+        clip_l2(v, 1.0)
+
+
+def test_1_a_nested_tensor_is_one_value_error():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's prototype warning of nested tensors
+        nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(2)])
+    for call in (lambda: clip_l2(nested, 1.0), lambda: l2_norm(nested)):
+        with pytest.raises(ValueError, match="got a nested tensor"):
+            call()
+    # plain tensors and Parameters clip as before
+    assert float(torch.linalg.vector_norm(clip_l2(torch.full((4,), 3.0), 1.0).vector)) <= 1.0
+    p = torch.nn.Parameter(torch.full((4,), 3.0))
+    assert clip_l2(p, 1.0).clipped

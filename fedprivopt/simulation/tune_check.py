@@ -151,7 +151,14 @@ class _Builder:
 def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: float, digest: str):
     """A trial's ``config.toml`` and ledger; its ledger's total (``None``: no ledger)."""
     from fedprivopt.simulation.cell_plans import first_difference
-    from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE
+    from fedprivopt.simulation.files import (
+        CHECKPOINT,
+        CONFIG_FILE,
+        LEDGER_FILE,
+        METRICS_FILE,
+        PREVIOUS_CHECKPOINT,
+        SUMMARY_FILE,
+    )
     from fedprivopt.simulation.ledger import RunLedger
 
     run_dir = path / "runs" / trial["trial"]
@@ -170,6 +177,20 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
         )
     ledger = RunLedger.read(run_dir)
     if ledger is None:
+        # forty-third review of issue 15 (reports, finding 3): a trial whose ledger was deleted
+        # (a secure trial resumed and charged its redone round: 4 events where the plan has 3)
+        # counted as one that released nothing, so with summary.json's single_run lowered
+        # to the plan compare-tuned reported 19.03 where the trials spent 22.14; a trial that
+        # ran (its checkpoint or rows remain) is bounded by its ledger or refused
+        left = [name for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE, SUMMARY_FILE)
+                if (run_dir / name).exists()]  # fmt: skip
+        if left:
+            raise ValueError(
+                f"{run_dir / LEDGER_FILE}: missing or empty, but the trial ran (its "
+                f"{', '.join(left)} remain), so what it released cannot be bounded; run the "
+                "same tune command again, which rebuilds the ledger from the trial's "
+                "checkpoint, then report it"
+            )
         return None
     ledger.check_config(stored, source=str(run_dir / CONFIG_FILE))
     stated = ledger.header.get("delta")

@@ -18,6 +18,15 @@
    by ``int(count)``, ε 9.03 where five tunings cost 22.48; storing 0: composed once. The
    count's stored value is read as a plain int (``operator.index``) before it is checked and
    composed: 22.48, and 0 refused.
+3. ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 3 --rounds 3 --seed 1 --set
+   checkpoint-every=2 --set secure=true``, trial-002 killed after round 3's ledger line and
+   resumed by the same command (charged its redone round: 4 events where the plan has 3, the
+   tuning 22.14), then that trial's ``privacy_ledger.jsonl`` deleted (it is not the released
+   trial) and ``summary.json``'s ``single_run.ledger`` count set to 3, then ``compare-tuned``:
+   rc 0 at 19.03, the plan's, below what the trials spent: ``tune_check`` took a trial without
+   a ledger as one that released nothing. A trial that ran (its checkpoint, rows or summary
+   remain) without a ledger is refused now, naming the ledger: the same ``tune`` command
+   rebuilds it from the checkpoint (4 events). The test runs one small tuning in process.
 """
 
 from __future__ import annotations
@@ -133,3 +142,26 @@ def test_2_composed_tuning_epsilon_of_an_int_subclass_counts_what_it_stores():
     for bad in (True, np.True_, 2.5, "3", 0, -1):
         with pytest.raises(ValueError, match="count must be an integer"):
             composed_tuning_epsilon(ledger, 1e-4, trials, bad)
+
+
+# -- finding 3: a trial that ran without its ledger is not taken as one that released nothing ---
+
+
+def test_3_a_trial_without_its_ledger_is_refused(tmp_path):
+    import json
+
+    from fedprivopt.cli import main
+    from fedprivopt.simulation.tune_check import check_tuning
+
+    preset = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+    tuning = tmp_path / "t"
+    argv = ["tune", str(preset), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
+            "--rounds", "1", "--seed", "1", "--out", str(tuning), "--quiet", "--set",
+            "population=12", "--set", "clients-per-round=4", "--set", "task-params.num-users=12"]
+    assert main(argv) == 0  # fmt: skip
+    best = json.loads((tuning / "summary.json").read_text())["best"]["trial"]
+    other = next(p for p in sorted((tuning / "runs").iterdir()) if p.name != best)
+    assert check_tuning(tuning).epsilon > 0
+    (other / "privacy_ledger.jsonl").unlink()
+    with pytest.raises(ValueError, match=r"privacy_ledger\.jsonl: missing or empty, but the trial"):
+        check_tuning(tuning)  # passed before, the trial counted as one that released nothing

@@ -104,7 +104,11 @@ class UserDiscovery:
                     for n in batch
                 ]
                 failed: dict[int, str] = {}  # the task's errors, said after the batch
-                self._read_users(grid.send_and_receive(messages, timeout=wait), mapping, failed)
+                replies = grid.send_and_receive(messages, timeout=wait)
+                # the grid wrote each message's id when it pushed it
+                sent = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+                sent.pop("", None)
+                self._read_users(replies, mapping, failed, sent)
                 task_failed.update(failed)
                 every = len(queried) >= self.min_nodes and task_failed.keys() == queried
                 if task_failed and (every or self.stop_at_task_error):
@@ -144,15 +148,29 @@ class UserDiscovery:
         return mapping
 
     def _read_users(
-        self, replies: Iterable[Message], mapping: dict[int, int], failed: dict[int, str]
+        self,
+        replies: Iterable[Message],
+        mapping: dict[int, int],
+        failed: dict[int, str],
+        sent: dict[str, int],
     ) -> None:
         """Add the users of the answers to the user query to ``mapping`` (user → node).
 
         An error reply or a malformed answer is a node error (its users stay on no node); the
         reasons of replies with the task's error go to ``failed`` (node → reason), said later.
+        A reply is the node's whose query it answers (``sent``: message id → node), else its
+        sender's, and a node's first reply counts. Forty-third review of issue 15 (wire 4): a
+        second reply of one node ended the run (``user 0 is hosted by nodes 100 and 100: two
+        SuperNodes have the same partition-id``), where a round takes a node's first reply, and
+        the SuperLink's own error reply for a node was said as the SuperLink's failure (``node
+        1 failed the user query``), where a round names the node.
         """
+        answered: set[int] = set()
         for reply in replies:
-            node = reply.metadata.src_node_id
+            node = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            if node in answered:
+                continue
+            answered.add(node)
             if reply.has_error():
                 self.node_errors += 1
                 if reply.error.code == TASK_ERROR:

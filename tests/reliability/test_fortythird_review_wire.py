@@ -36,22 +36,39 @@
    handler names both (forty-first review, wire 2). Now ``ValueError: evaluate message's
    ArrayRecord 'arrays': array 'weight' cannot be read as a tensor: ...``
    (``clients.messages.read_model``, which ``TrainMessage.read`` uses too).
+4. ``DPStrategy``'s user query (``strategies.discovery``) on a grid (in process, no Flower
+   engine) where node 100's answer comes twice, or where the SuperLink answers for node 100 with
+   its own error reply (``NODE_UNAVAILABLE``, sent by the SuperLink, node id 1). Before: the
+   query's replies were keyed by their sender, so the second answer ended the run with
+   ``ValueError: user 0 is hosted by nodes 100 and 100: two SuperNodes have the same
+   partition-id ...`` (a round takes a node's first reply and ignores the second), and the
+   SuperLink's reply was said as ``node 1 failed the user query``. Now a reply is the node's
+   whose query it answers (its ``reply_to_message_id``, else its sender, as a round's replies
+   are read) and a node's first reply counts (``UserDiscovery._read_users``): the run trains
+   all 4 users, or names node 100 and counts its 2 users unhosted.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, RecordDict
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import app, get_task_and_trainer, make_client_app
 from fedprivopt.models import build_task
-from tests.messages import delivered
+from fedprivopt.privacy.flat import flatten
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from tests.messages import delivered, reply_metadata
 
 LOCAL = LocalConfig(learning_rate=0.5, clip_norm=1.0)
 SETTINGS = P.ClientSettings(LOCAL, seed=5)
@@ -191,3 +208,65 @@ def test_3_evaluate_and_train_read_a_good_model_as_before():
                     "train")  # fmt: skip
     with pytest.raises(ValueError, match=r"^train message's ArrayRecord 'arrays': array 'weight'"):
         app(bad, _node())
+
+
+# -- finding 4: the user query takes a node's first reply, and names the node a reply is for ----
+
+NODES = {100: [0, 1], 101: [2, 3]}
+
+
+class _QueryGrid:
+    """The part of Flower's grid DPStrategy uses: node 100 answers the query as ``how`` says."""
+
+    def __init__(self, how: str):
+        self.how = how
+
+    def get_node_ids(self):
+        return list(NODES)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as a grid pushes it
+            node = msg.metadata.dst_node_id
+            if msg.metadata.message_type == "query":
+                content = RecordDict({P.USERS_RECORD: ConfigRecord({P.USER_IDS: NODES[node]})})
+                reply = Message(content, metadata=reply_metadata(msg, node))
+                if node == 100 and self.how == "unavailable":  # the SuperLink's, for the node
+                    error = Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node unavailable")
+                    reply = Message(error, metadata=reply_metadata(msg, 1))
+                replies += [reply, reply] if node == 100 and self.how == "twice" else [reply]
+                continue
+            content = RecordDict()
+            for user in msg.content.config_records[P.CONFIG_RECORD][P.USERS]:
+                delta = ArrayRecord({P.DELTA_ARRAY: Array(np.full(3, 0.1, np.float32))})
+                content[P.update_key(user)] = delta
+            replies.append(Message(content, metadata=reply_metadata(msg, node)))
+        return replies
+
+
+def _run(grid) -> list[dict]:
+    config = StrategyConfig(population=4, clients_per_round=4, noise_multiplier=0.8, seed=5)
+    flat, spec = flatten({"w": torch.zeros(3)})
+    rows: list[dict] = []
+    strategy = DPStrategy(
+        build_algorithm(config, flat),
+        spec,
+        node_wait=0.0,
+        on_round=lambda r, _: rows.append(r.metrics),
+    )
+    strategy.start(grid, flat_to_arrays(flat, spec), 1, timeout=1.0)
+    return rows
+
+
+def test_4_a_node_answering_the_user_query_twice_is_read_once(server_side):
+    (row,) = _run(_QueryGrid("twice"))  # before: ValueError user 0 is hosted by nodes 100 and 100
+    assert row["received"] == 4 and row["unhosted"] == 0
+
+
+def test_4_the_superlinks_error_reply_names_the_node_it_is_for(server_side, caplog):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        (row,) = _run(_QueryGrid("unavailable"))
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "node 100 failed the user query" in said and "node 1 failed" not in said  # before: 1
+    assert row["received"] == 2 and row["unhosted"] == 2

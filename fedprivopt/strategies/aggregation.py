@@ -190,6 +190,7 @@ class AlgorithmAggregation:
         clip_norm: float | None = None,
         stream: str = "",
         cohort: list[int] | None = None,
+        count_now: bool = True,
     ):
         """Noised mean of the updates of one cohort (server noise keyed by round and stream).
 
@@ -213,6 +214,10 @@ class AlgorithmAggregation:
         noise (twenty-ninth review of issue 15: ``drive_round(alg, 1, train)`` twice, a user
         dropped the second time, gave that user's clipped update exactly, while the accountant
         charged two independent releases).
+
+        ``count_now=False`` (a round's own cohort, checked after its sum): the cohort's noised
+        count of adaptive clipping is kept for :meth:`_count_cohort`, which the round calls
+        once its trainer's copies were found unchanged.
         """
         round_num = check_int("round_num", round_num, 1)
         if not callable(getattr(updates, "items", None)):
@@ -352,10 +357,28 @@ class AlgorithmAggregation:
             # there; dropping it (the same coordinates for any data) is post-processing. In place:
             # the aggregator returns a fresh tensor, and a copy would cost a model's size a round
             agg.delta_tilde.masked_fill_(self.frozen, 0.0)
+        self._uncounted = None
         if self.clipping is not None:
-            self.clipping.count(round_num, self.rngs, updates, agg, bad_bits, stream, received)
+            count = (round_num, self.rngs, updates, agg, bad_bits, stream, received)
+            if count_now:
+                self.clipping.count(*count)
+            else:
+                self._uncounted = count
         self._aggregated.add((round_num, stream))  # until the round finishes (_finish)
         return agg
+
+    def _count_cohort(self) -> None:
+        """Release the noised count :meth:`_aggregate_in_round` kept (``count_now=False``).
+
+        Forty-third review of issue 15 (api 4): the count was released into the next step of
+        ``C`` also for a cohort the round then refused (its trainer changed the request's
+        model), so after the round ran again ``C`` and ``clip_count_fraction`` held the mean of
+        two noised counts of round 1 (secure mode: 0.9137, the refused cohort's 0.8391 and the
+        rerun's), one of them never charged. A refused cohort's count is dropped.
+        """
+        count, self._uncounted = getattr(self, "_uncounted", None), None
+        if count is not None and self.clipping is not None:
+            self.clipping.count(*count)
 
     def _undo_tree_release(self, round_num: int) -> None:
         """Put the tree noise back as it was before round ``round_num``'s unreleased sum.

@@ -323,8 +323,11 @@ class DPFedAvgADADP(ServerAlgorithm):
         users_1 = self.sample(round_num, "sampling")
         request = new_request(round_num, users_1, self.params, None, cfg, "train")
         updates_1 = yield request
-        agg_1 = self._aggregate_in_round(round_num, updates_1, stream="train", cohort=users_1)
+        agg_1 = self._aggregate_in_round(
+            round_num, updates_1, stream="train", cohort=users_1, count_now=False
+        )
         self.refuse_changed_request(request, self.params, stream="train")
+        self._count_cohort()  # forty-third review of issue 15 (api 4)
         half = self.controller.half_step(self.opt_state, self.params, agg_1.delta_tilde)
         self._refuse_other_point(round_num, half)
         if self.on_partial_release is not None:
@@ -338,8 +341,11 @@ class DPFedAvgADADP(ServerAlgorithm):
         users_2 = self.sample(round_num, "sampling-2")
         request = new_request(round_num, users_2, half, None, cfg, "train-2")
         updates_2 = yield request
-        agg_2 = self._aggregate_in_round(round_num, updates_2, stream="train-2", cohort=users_2)
+        agg_2 = self._aggregate_in_round(
+            round_num, updates_2, stream="train-2", cohort=users_2, count_now=False
+        )
         self.refuse_changed_request(request, half, stream="train-2")
+        self._count_cohort()  # forty-third review of issue 15 (api 4)
         lr = self.opt_state.learning_rate
         s_1, s_2 = self.optimizer_noise_std(agg_1), self.optimizer_noise_std(agg_2)
         set_tolerance = self.config.options.adadp_tolerance is not None

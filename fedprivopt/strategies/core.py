@@ -343,8 +343,11 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             round_num, users, self.params, preconditioner, self.client_settings(clip_norm=clip)
         )
         updates = yield request
-        agg = self._aggregate_in_round(round_num, updates, clip_norm=clip, cohort=users)
+        agg = self._aggregate_in_round(
+            round_num, updates, clip_norm=clip, cohort=users, count_now=False
+        )
         self.refuse_changed_request(request, self.params, preconditioner)
+        self._count_cohort()  # adaptive clipping's count of a cohort not refused (api 4)
         noise_std = self.optimizer_noise_std(agg, clip)
         metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
         step, self.opt_state = self.transform.update(
@@ -447,6 +450,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         changed = request.changed_in(params, preconditioner)
         if changed is None:
             return
+        self._uncounted = None  # its noised count is not released (forty-third review, api 4)
         self._aggregated.discard((request.round_num, stream))
         self._undo_tree_release(request.round_num)
         where = "" if request.stream == "train" else f" ({request.stream})"

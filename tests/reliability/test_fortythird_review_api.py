@@ -23,6 +23,16 @@
    the meta mask in ``Cannot copy out of meta tensor``, the sparse A in ``aten::ne.Scalar``, where
    a ``ValueError`` naming the argument is documented. Now ``ServerAlgorithm.__init__`` and
    ``AdaDPS.__init__`` refuse them naming ``frozen`` or ``preconditioner``.
+4. ``adaptive-clipping = true``: ``drive_round(alg, 1, train)`` whose callback changed
+   ``request.params`` in place (refused, the thirty-eighth review's api 1), then round 1 driven
+   again by an honest callback (dp-fedavg, ADADP; seeded and secure). Before: the refused
+   cohort's noised clip count was kept and averaged into round 1's step of ``C``: its
+   ``clip_count_fraction`` and ``next_clip_norm`` were those of two noised counts (secure mode:
+   0.9137, the mean of the refused cohort's 0.8391 and the rerun's; seeded, with the refused
+   cohort's bits 0: 0.45 where the honest round has 0.91), one of them a cohort never released
+   or charged, and in secure mode two independent noises averaged under one round's charge.
+   Now the count of a round's cohort is released only after its trainer's copies were found
+   unchanged (``AlgorithmAggregation._count_cohort``); a refused cohort's is dropped.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from fedprivopt.models import registry as registry_module
 from fedprivopt.models.task import TASK_SOURCE, data_identity
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
+from fedprivopt.strategies.requests import ReportedUpdates
 from tests.reliability.test_thirtyeighth_review_api import (
     _config,
     _quiet,  # noqa: F401
@@ -111,3 +122,29 @@ def test_3_a_mask_or_side_information_without_dense_values_is_refused(name, form
     alg = build_algorithm(_config(**changes), torch.zeros(4), **{name: good}, **other)
     drive_round(alg, 1, _train)
     assert alg.round_num == 1
+
+
+# -- finding 4: adaptive clipping's count of a refused cohort ----------------------------------
+
+
+def _reported(bit: float, change: bool = False):
+    def train(request):
+        if change:
+            request.params.add_(1.0)  # refused after the cohort's sum and count
+        updates = {u: torch.full((4,), 0.1) for u in request.users}
+        return ReportedUpdates(updates, clip_bits={u: bit for u in request.users})
+
+    return train
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+def test_4_a_refused_cohorts_clip_count_does_not_move_the_clip_norm(strategy):
+    config = _config(strategy=strategy, **{"adaptive-clipping": True})
+    honest = drive_round(build_algorithm(config, torch.zeros(4)), 1, _reported(1.0)).metrics
+    alg = build_algorithm(config, torch.zeros(4))
+    with pytest.raises(ValueError, match=r"changed request.params in place"):
+        drive_round(alg, 1, _reported(0.0, change=True))
+    again = drive_round(alg, 1, _reported(1.0)).metrics
+    for key in ("clip_count_fraction", "next_clip_norm"):
+        assert again[key] == honest[key]  # was the mean with the refused cohort's count
+    assert again["epsilon"] == honest["epsilon"]

@@ -201,13 +201,17 @@ def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Messag
     allowed = set(hosted)
     users = hosted if asked is None else [u for u in asked if u in allowed]
     state = read_model(message)  # names an unreadable array (forty-third review, wire 3)
-    model = trainer.load_global(state_to_flat(state, trainer.spec))
+    global_flat = state_to_flat(state, trainer.spec)
     loss_sum, acc_sum, total = 0.0, 0.0, 0
     for user in users:
         x, y = user_examples(task, user)  # checked as the trainer checks it
         n = int(x.shape[0])
         if n == 0:
             continue
+        # the model as built, loaded for each user (forty-third review of issue 15, wire 5): a
+        # forward that keeps what it saw (a running mean) carried one user's data into the next
+        # user's metrics, so users [4, 1] reported accuracy 0.382 and [1, 4] 0.5
+        model = trainer.load_global(global_flat)
         metrics = task.evaluate_data(model, x, y)
         loss_sum += metrics["loss"] * n
         acc_sum += metrics["accuracy"] * n

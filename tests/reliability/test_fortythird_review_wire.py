@@ -46,6 +46,14 @@
    whose query it answers (its ``reply_to_message_id``, else its sender, as a round's replies
    are read) and a node's first reply counts (``UserDiscovery._read_users``): the run trains
    all 4 users, or names node 100 and counts its 2 users unhosted.
+5. fedprivopt's ClientApp given an ``evaluate`` message naming two users, ``[4, 1]`` or
+   ``[1, 4]``, of a task whose model's forward keeps what it saw (a running mean in a plain
+   attribute, as a task by reference may). Before: one model was loaded for the whole message,
+   so user 4's data moved user 1's metrics: ``[4, 1]`` reported accuracy 0.382 and ``[1, 4]``
+   0.5 for the same users and model (the forty-second review's lead found the same in the
+   server's central evaluation). Now every user is evaluated on the model as built
+   (``LocalTrainer.load_global`` per user, ``client_app._evaluate``): both orders report the
+   example-weighted mean of each user alone.
 """
 
 from __future__ import annotations
@@ -270,3 +278,54 @@ def test_4_the_superlinks_error_reply_names_the_node_it_is_for(server_side, capl
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "node 100 failed the user query" in said and "node 1 failed" not in said  # before: 1
     assert row["received"] == 2 and row["unhosted"] == 2
+
+
+# -- finding 5: the evaluate handler gives every user the model as built ------------------------
+
+
+class _Keeping(torch.nn.Module):
+    """A toy model whose forward centres its input by the feature mean of its last call."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.seen = None  # a plain attribute: the last batch's feature mean
+
+    def forward(self, x):
+        if self.seen is not None:
+            x = x - self.seen
+        self.seen = x.detach().mean(0)
+        return self.inner(x)
+
+
+def keeping_task(**params):
+    """The toy task with :class:`_Keeping` models (a task by reference for the ClientApp)."""
+    task = build_task("toy", **params)
+    build = task.build_model
+    task.build_model = lambda: _Keeping(build())
+    return task
+
+
+def _evaluated(users: list[int]) -> dict:
+    run_config = {
+        P.RUN_TASK: f"{__name__}:keeping_task",
+        P.RUN_TASK_PARAMS_JSON: json.dumps(TOY),
+        P.RUN_DEVICE: "cpu",
+    }
+    nodes = {P.NODE_PARTITION_ID: 1, P.NODE_NUM_PARTITIONS: 3}
+    context = Context(
+        run_id=1, node_id=11, node_config=nodes, state=RecordDict(), run_config=run_config
+    )
+    arrays = ArrayRecord(keeping_task(**TOY).build_model().state_dict())
+    config = ConfigRecord({P.USERS: users})
+    message = delivered({P.ARRAYS_RECORD: arrays, P.CONFIG_RECORD: config}, "evaluate")
+    return dict(app(message, context).content[P.EVAL_METRICS])
+
+
+def test_5_evaluate_reports_each_user_without_the_users_before():
+    alone = {user: _evaluated([user]) for user in (1, 4)}
+    weighted = sum(alone[u][P.EVAL_ACCURACY] * alone[u][P.EVAL_NUM_EXAMPLES] for u in (1, 4))
+    for order in ([1, 4], [4, 1]):
+        both = _evaluated(order)  # before: [4, 1] reported accuracy 0.382, [1, 4] 0.5
+        assert both[P.EVAL_NUM_EXAMPLES] == 34
+        assert both[P.EVAL_ACCURACY] == pytest.approx(weighted / 34)

@@ -178,10 +178,8 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
     ledger = RunLedger.read(run_dir)
     if ledger is None:
         # forty-third review of issue 15 (reports, finding 3): a trial whose ledger was deleted
-        # (a secure trial resumed and charged its redone round: 4 events where the plan has 3)
-        # counted as one that released nothing, so with summary.json's single_run lowered
-        # to the plan compare-tuned reported 19.03 where the trials spent 22.14; a trial that
-        # ran (its checkpoint or rows remain) is bounded by its ledger or refused
+        # (4 events where the plan has 3) counted as one that released nothing: with
+        # summary.json's single_run lowered to the plan, compare-tuned said 19.03, not 22.14
         left = [name for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE, SUMMARY_FILE)
                 if (run_dir / name).exists()]  # fmt: skip
         if left:
@@ -203,7 +201,38 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
         ledger.check_tuning_plan(digest)
     except ValueError as exc:
         raise ValueError(f"{exc}; {PLAN_FILE} or the trial's files were edited") from None
+    _check_covered(run_dir, ledger, delta)
     return ledger.total()
+
+
+def _check_covered(run_dir: Path, ledger: Any, delta: float) -> None:
+    """Refuse a trial's ledger that composes to less than its other files state.
+
+    Forty-third review of issue 15 (reports, finding 4): a trial's ledger (not the released
+    one's, which is audited as ``--resume`` audits it) cut to its header, with ``summary.json``'s
+    ``single_run`` set to the plan, gave ``compare-tuned`` 19.03 where that trial's files state
+    15.58 for it (a resumed secure run charged its redone round) and the tuning spent 22.14.
+    """
+    from fedprivopt.simulation.audit import read_summary
+    from fedprivopt.simulation.files import LEDGER_FILE, METRICS_FILE, read_rows, stated_epsilons
+    from fedprivopt.simulation.rundata_epsilon import checkpoint_epsilon_header
+
+    if not ledger.header.get("private"):
+        return
+    stated = stated_epsilons(read_rows(run_dir / METRICS_FILE), read_summary(run_dir))
+    found = checkpoint_epsilon_header(run_dir, delta)
+    if found is not None:
+        stated.append((f"{found[0]} (its privacy accountant)", found[1]))
+    if not stated:
+        return
+    where, most = max(stated, key=lambda item: item[1])
+    have = ledger.epsilon(delta)
+    if not most <= have * (1 + 1e-6):
+        raise ValueError(
+            f"{run_dir / LEDGER_FILE} composes to epsilon {have:.6g}, but the trial's {where} "
+            f"states {most:.6g}: its ledger is incomplete (truncated or edited), so what the "
+            "trial released cannot be bounded by it; the tuning's files were edited"
+        )
 
 
 def _recomputed_ledger(path: Path, builder: _Builder, plan: dict[str, Any], released):

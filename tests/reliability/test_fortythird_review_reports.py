@@ -26,7 +26,14 @@
    rc 0 at 19.03, the plan's, below what the trials spent: ``tune_check`` took a trial without
    a ledger as one that released nothing. A trial that ran (its checkpoint, rows or summary
    remain) without a ledger is refused now, naming the ledger: the same ``tune`` command
-   rebuilds it from the checkpoint (4 events). The test runs one small tuning in process.
+   rebuilds it from the checkpoint (4 events). The tests of 3 and 4 run one small tuning in
+   process (a module fixture) and edit copies of it.
+4. The same with trial-002's ledger cut to its header line (or its redone round's line
+   removed) instead of deleted: rc 0 at 19.03, the ledger read as what the trial released
+   though its ``metrics.jsonl``, ``summary.json`` and checkpoint's accountant state 15.58 for
+   it (the released trial's files are audited as ``--resume`` audits them; the others were
+   not). A trial's ledger that composes to less than any ε its rows, summary or newest
+   checkpoint state is refused now, naming the ledger and the file.
 """
 
 from __future__ import annotations
@@ -144,24 +151,48 @@ def test_2_composed_tuning_epsilon_of_an_int_subclass_counts_what_it_stores():
             composed_tuning_epsilon(ledger, 1e-4, trials, bad)
 
 
-# -- finding 3: a trial that ran without its ledger is not taken as one that released nothing ---
+# -- findings 3 and 4: a trial's ledger must bound what the trial's files state ----------------
 
 
-def test_3_a_trial_without_its_ledger_is_refused(tmp_path):
-    import json
-
+@pytest.fixture(scope="module")
+def _tuning(tmp_path_factory):
+    """One small tuning (3 trials of one round), made once; each test edits its own copy."""
     from fedprivopt.cli import main
-    from fedprivopt.simulation.tune_check import check_tuning
 
     preset = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
-    tuning = tmp_path / "t"
+    tuning = tmp_path_factory.mktemp("r43_reports") / "t"
     argv = ["tune", str(preset), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
             "--rounds", "1", "--seed", "1", "--out", str(tuning), "--quiet", "--set",
-            "population=12", "--set", "clients-per-round=4", "--set", "task-params.num-users=12"]
-    assert main(argv) == 0  # fmt: skip
-    best = json.loads((tuning / "summary.json").read_text())["best"]["trial"]
-    other = next(p for p in sorted((tuning / "runs").iterdir()) if p.name != best)
+            "population=12", "--set", "clients-per-round=4", "--set", "task-params.num-users=12"]  # fmt: skip
+    assert main(argv) == 0
+    return tuning
+
+
+def _copy_and_other_trial(tuning: Path, tmp_path: Path) -> tuple[Path, Path]:
+    import json
+    import shutil
+
+    copy_ = tmp_path / "t"
+    shutil.copytree(tuning, copy_)
+    best = json.loads((copy_ / "summary.json").read_text())["best"]["trial"]
+    return copy_, next(p for p in sorted((copy_ / "runs").iterdir()) if p.name != best)
+
+
+def test_3_a_trial_without_its_ledger_is_refused(_tuning, tmp_path):
+    from fedprivopt.simulation.tune_check import check_tuning
+
+    tuning, other = _copy_and_other_trial(_tuning, tmp_path)
     assert check_tuning(tuning).epsilon > 0
     (other / "privacy_ledger.jsonl").unlink()
     with pytest.raises(ValueError, match=r"privacy_ledger\.jsonl: missing or empty, but the trial"):
         check_tuning(tuning)  # passed before, the trial counted as one that released nothing
+
+
+def test_4_a_trial_ledger_cut_below_its_files_is_refused(_tuning, tmp_path):
+    from fedprivopt.simulation.tune_check import check_tuning
+
+    tuning, other = _copy_and_other_trial(_tuning, tmp_path)
+    ledger = other / "privacy_ledger.jsonl"
+    ledger.write_text(ledger.read_text().splitlines(keepends=True)[0])  # its header alone
+    with pytest.raises(ValueError, match=r"composes to epsilon 0, but the trial's metrics"):
+        check_tuning(tuning)  # passed before: the trial read as one that released nothing

@@ -231,10 +231,44 @@ def preset_text(path: Path) -> str:
                 f"config file {shown(str(path))} is not valid TOML: it starts with {what}; TOML "
                 "is UTF-8 without a byte-order mark (save it as plain UTF-8)"
             )
+    cause = _encoding_slip(raw)
+    if cause is not None:
+        raise ValueError(f"config file {shown(str(path))} is not valid TOML: {cause}")
+    return raw.decode("utf-8")
+
+
+def _encoding_slip(raw: bytes) -> str | None:
+    r"""What keeps ``raw`` from being TOML's UTF-8 text with its line ends, else ``None``.
+
+    Forty-third review of issue 15 (input 3), the thirty-first review's encodings saved without
+    a byte-order mark: a preset saved as UTF-16 (``iconv -t utf-16le``) was refused as ``Found
+    invalid character '\x00' (at line 1, column 2)``, one in Latin-1 or Windows-1252 (an
+    ``é`` in a comment) as ``'utf-8' codec can't decode byte 0xe9 in position 5: invalid
+    continuation byte`` (a byte offset, no line), and one whose lines end in carriage returns
+    alone (classic Mac OS) as ``Found invalid character '\r' (at line 1, column 98)``.
+    """
+    half = len(raw) // 2
+    if half and max(raw[0::2].count(0), raw[1::2].count(0)) * 2 >= half:
+        return (
+            "it holds a NUL byte between most characters, as UTF-16 does; TOML is UTF-8 (save "
+            "it as plain UTF-8)"
+        )
     try:
-        return raw.decode("utf-8")
+        raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"config file {shown(str(path))} is not valid TOML: {exc}") from None
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        return (
+            f"line {line}, column {column}: byte 0x{raw[exc.start]:02x} is not UTF-8 (the file "
+            "was saved in another encoding, e.g. Latin-1 or Windows-1252); TOML is UTF-8 (save "
+            "it as plain UTF-8)"
+        )
+    if b"\r" in raw and b"\n" not in raw:
+        return (
+            "its lines end in carriage returns alone (classic Mac OS); TOML lines end in a line "
+            "feed or CRLF (save it with Unix or Windows line ends)"
+        )
+    return None
 
 
 #: Thirty-first review of issue 15: a preset saved with a byte-order mark (as some Windows editors

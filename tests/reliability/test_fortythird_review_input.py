@@ -20,6 +20,16 @@
    lies under '…/stackoverflow.sqlite', which is a file, not a directory: name the directory
    that holds …`` (``cache-dir`` alike) before anything is read or generated
    (``stackoverflow_datadir.file_in_the_way``).
+3. ``simulate P.toml`` (also ``--resume R`` of such a ``config.toml``, ``compare``, ``tune``:
+   one reader) of a preset saved in the thirty-first review's encodings without a byte-order
+   mark: UTF-16 (``iconv -t utf-16le``), Latin-1 or Windows-1252 (an ``é`` in a comment), and
+   with carriage returns alone as line ends (classic Mac OS): rc 2, but ``Found invalid
+   character '\\x00' (at line 1, column 2)``, ``'utf-8' codec can't decode byte 0xe9 in position
+   5: invalid continuation byte`` (a byte offset, no line) and ``Found invalid character
+   '\\r' (at line 1, column 98)``: none names the cause or the fix. Now ``… is not valid TOML:
+   it holds a NUL byte between most characters, as UTF-16 does; TOML is UTF-8 (save it as plain
+   UTF-8)``, ``line 1, column 6: byte 0xe9 is not UTF-8 (… Latin-1 or Windows-1252) …``, ``its
+   lines end in carriage returns alone (classic Mac OS) …`` (``config_presets.preset_text``).
 """
 
 from __future__ import annotations
@@ -124,3 +134,39 @@ def test_2_a_cache_dir_that_is_or_lies_under_a_file_names_the_key(synthetic, tmp
     assert afile.read_text() == "mine\n"
     task = StackOverflowTagTask(token_cache=True, cache_dir=tmp_path / "new" / "c", **kw)
     assert task.encoded_users() is not None  # a directory to make is taken, as before
+
+
+# -- finding 3: a preset in another encoding or with other line ends --------------------------
+
+
+@pytest.mark.parametrize(
+    ("how", "needle"),
+    [
+        ("utf-16le", "it holds a NUL byte between most characters, as UTF-16 does"),
+        ("utf-16be", "it holds a NUL byte between most characters, as UTF-16 does"),
+        ("latin-1", "line 2, column 8: byte 0xe9 is not UTF-8 (the file was saved in another"),
+        ("cr", "its lines end in carriage returns alone (classic Mac OS)"),
+    ],
+)
+def test_3_a_preset_in_another_encoding_names_the_cause(tmp_path, how, needle):
+    from fedprivopt.simulation.config import load_config
+
+    text = "strategy = 'dp-fedavg'\n# a café\nnoise-multiplier = 0.5\n"
+    raw = text.replace("\n", "\r").encode() if how == "cr" else text.encode(how)
+    path = tmp_path / "p.toml"
+    path.write_bytes(raw)
+    with pytest.raises(ValueError, match=r"is not valid TOML: ") as info:
+        load_config(path)
+    assert needle in str(info.value), info.value
+    code, lines = _cli("simulate", str(path), "--out", str(tmp_path / "r"), "--quiet")
+    assert code == 2 and len(lines) == 1 and needle in lines[0], lines
+    assert not (tmp_path / "r").exists()
+
+
+def test_3_utf8_and_crlf_presets_still_read(tmp_path):
+    from fedprivopt.simulation.config import load_config
+
+    path = tmp_path / "p.toml"
+    for text in ("# café ✓\nnoise-multiplier = 0.5\n", "noise-multiplier = 0.5\r\n"):
+        path.write_bytes(text.encode())
+        assert load_config(path, {"task": "toy"}).strategy.noise_multiplier == 0.5

@@ -55,6 +55,7 @@ import torch
 
 from fedprivopt.clients.model_layout import ModelAtBuild, ModelLayout
 from fedprivopt.clients.privatize import NOISE_PURPOSE, privatize_update
+from fedprivopt.core.devices import check_device
 from fedprivopt.core.local import LocalConfig, check_train_call, epoch_orders
 from fedprivopt.models.task import Task, TaskError, refuse_inexact_entries
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
@@ -154,7 +155,8 @@ class LocalTrainer(ModelLayout):
     task : Task
         The task whose model and user data are trained.
     device : str or torch.device, optional
-        Where to train; defaults to :func:`default_device`. Results are always on the CPU.
+        Where to train; defaults to :func:`default_device`. Results are always on the CPU. A
+        device this machine does not have (or ``meta``) raises ``ValueError`` naming ``device``.
 
     Notes
     -----
@@ -172,7 +174,10 @@ class LocalTrainer(ModelLayout):
         if not isinstance(task, Task):
             raise ValueError(f"task must implement fedprivopt.models.Task, got {type(task)!r}")
         self.task = task
-        self.device = default_device() if device is None else torch.device(device)
+        # forty-third review of issue 15 (api 5): "cuda" on a machine without it ended in
+        # torch's AssertionError (Torch not compiled with CUDA enabled), 5 in its RuntimeError,
+        # "meta" in a line naming the model's state['weight'], not the argument
+        self.device = default_device() if device is None else check_device(device)
         self.model = task.build_model().to(self.device)
         self._refuse_shared_model()
         self.model.train()

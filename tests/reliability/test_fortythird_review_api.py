@@ -33,6 +33,13 @@
    or charged, and in secure mode two independent noises averaged under one round's charge.
    Now the count of a round's cohort is released only after its trainer's copies were found
    unchanged (``AlgorithmAggregation._count_cohort``); a refused cohort's is dropped.
+5. ``LocalTrainer(task, device=...)`` (a ClientApp's trainer, docs/FLOWER.md) given a device this
+   machine does not have (``"cuda"`` without CUDA, ``5``, ``"xla"``) or ``"meta"``. Before:
+   torch's ``AssertionError: Torch not compiled with CUDA enabled``, ``RuntimeError`` (``Cannot
+   access accelerator device``, ``not linked with support for xla devices``), and for meta a
+   line naming the model's ``state['weight']``, where the noise samplers and the aggregator
+   name ``device`` (a short API review). Now ``LocalTrainer.__init__`` checks it with
+   ``core.devices.check_device``.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import sys
 import pytest
 import torch
 
+from fedprivopt.clients import LocalTrainer
 from fedprivopt.models import build_task
 from fedprivopt.models import registry as registry_module
 from fedprivopt.models.task import TASK_SOURCE, data_identity
@@ -148,3 +156,17 @@ def test_4_a_refused_cohorts_clip_count_does_not_move_the_clip_norm(strategy):
     for key in ("clip_count_fraction", "next_clip_norm"):
         assert again[key] == honest[key]  # was the mean with the refused cohort's count
     assert again["epsilon"] == honest["epsilon"]
+
+
+# -- finding 5: LocalTrainer given a device this machine does not have --------------------------
+
+
+_NO_DEVICES = ["meta", "xla", True] + ([] if torch.cuda.is_available() else [5, "cuda"])
+
+
+@pytest.mark.parametrize("device", _NO_DEVICES)
+def test_5_local_trainer_refuses_a_device_it_cannot_train_on(device):
+    task = build_task("toy", num_users=4)
+    with pytest.raises(ValueError, match=r"^device "):
+        LocalTrainer(task, device=device)  # was torch's AssertionError or RuntimeError
+    assert LocalTrainer(task, device="cpu").device == torch.device("cpu")

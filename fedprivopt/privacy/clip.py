@@ -373,7 +373,9 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
     The result is ``vector * min(1, clip_norm / ||vector||)`` up to a relative margin of a few
     units in the last place, and its exact L2 norm never exceeds ``clip_norm``, at any magnitude
     (see the module docstring). The direction is kept, a vector whose exact norm is at most
-    ``clip_norm`` is returned unchanged (the same tensor), and the zero vector is safe.
+    ``clip_norm`` is returned unchanged (the same tensor; for one whose instance carries
+    attributes of its own, e.g. its own ``detach``, a detached alias of its entries), and the
+    zero vector is safe.
 
     Parameters
     ----------
@@ -410,10 +412,13 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
     _check_real_data(plain)
     norm = vector_norm_checked(plain)
     err = _error_bound(plain.numel())
+    # forty-third review of issue 15 (mechanisms 2): an unclipped one was returned as the
+    # instance itself, whose own detach (what clients.reply_updates sends) gave 100s where
+    # the entries measured 0.001: what is returned is the alias that was measured
     if norm * (1.0 + err) <= clip_norm:
-        return ClipResult(vector, norm, False)  # inside, whatever the measurement error
+        return ClipResult(plain, norm, False)  # inside, whatever the measurement error
     if norm * (1.0 - err) <= clip_norm and not _exceeds(plain, clip_norm):
-        return ClipResult(vector, norm, False)  # on the boundary: decided exactly
+        return ClipResult(plain, norm, False)  # on the boundary: decided exactly
     scaled = _scaled_fast(plain, norm, clip_norm)
     if scaled is None:
         scaled = _scaled_exact(plain, clip_norm)

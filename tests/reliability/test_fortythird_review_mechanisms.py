@@ -10,6 +10,13 @@
    ``l2_norm``. Now every subclass but ``Parameter`` is refused (``ValueError: vector must be a
    plain torch.Tensor ...``), and a nested tensor, read through torch's own ``is_nested``, is a
    ``ValueError`` (``vector must be a dense (strided) tensor, got a nested tensor``).
+2. ``clip_l2(u, 1.0)`` of a plain tensor of norm 0.01 whose instance carries its own ``detach``
+   (returning 100 entries of 100), the result handed to ``clients.reply_updates``, which reads
+   an update by its ``detach()``. Before: the vector was measured through ``torch.Tensor.detach``
+   (the forty-second review's lead 8) but, being within C, returned as the instance itself:
+   ``result.vector.detach()`` had norm 1000 where C = 1, and that is what a reply would carry.
+   Now an unclipped vector whose instance has attributes of its own comes back as the detached
+   alias that was measured (no attributes; entries unchanged); any other as itself.
 """
 
 from __future__ import annotations
@@ -54,3 +61,16 @@ def test_1_a_nested_tensor_is_one_value_error():
     assert float(torch.linalg.vector_norm(clip_l2(torch.full((4,), 3.0), 1.0).vector)) <= 1.0
     p = torch.nn.Parameter(torch.full((4,), 3.0))
     assert clip_l2(p, 1.0).clipped
+
+
+def test_2_an_unclipped_vector_comes_back_without_its_own_detach():
+    u = torch.full((100,), 0.001)
+    u.detach = lambda: torch.full((100,), 100.0)  # what reply_updates reads
+    result = clip_l2(u, 1.0)
+    assert not result.clipped
+    assert result.vector is not u and not vars(result.vector)
+    assert float(torch.linalg.vector_norm(result.vector.detach())) <= 1.0
+    assert torch.equal(torch.Tensor.detach(result.vector), torch.full((100,), 0.001))
+    # a tensor of no attributes of its own is still returned as itself (autograd kept)
+    v = torch.full((4,), 0.1, requires_grad=True)
+    assert clip_l2(v, 1.0).vector is v

@@ -239,6 +239,29 @@ def _replying(
         return reply_task_error(message, exc)
 
 
+def _check_device_name(device: object) -> None:
+    """``ValueError`` naming ``device`` unless it is ``"auto"`` or a device (name) torch reads.
+
+    Whether the machine has the device is checked where the task is built (the node's). Forty-
+    third review of issue 15 (wire 6): ``device=None`` (``LocalTrainer``'s own default), ``5``
+    or ``"meta"`` was taken, and every node then failed every message naming no parameter of
+    this call (``device must be a torch.device ... got 'None'``), the run ending after
+    ``node_wait`` with "none of the connected nodes hosts a user".
+    """
+    if isinstance(device, str) and device == "auto":
+        return
+    try:
+        named = isinstance(device, (str, torch.device))
+        readable = named and torch.device(device).type != "meta"
+    except (RuntimeError, TypeError, ValueError):
+        readable = False
+    if not readable:
+        raise ValueError(
+            "device must be 'auto' or the name of a device that holds data, such as 'cpu' or "
+            f"'cuda:0', got {shown(device)}"
+        )
+
+
 def make_client_app(
     *,
     task: str | None = None,
@@ -265,6 +288,7 @@ def make_client_app(
     """
     if task is not None:
         check_task_name(task)  # a registered name or a reference "package.module:factory"
+    _check_device_name(device)
     hide_engine_notices()  # in a Ray actor too: loading the app there calls this
     defaults = _Defaults(task, _canonical_params(task_params), str(device))
     client_app = ClientApp()

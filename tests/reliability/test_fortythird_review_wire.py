@@ -54,6 +54,13 @@
    server's central evaluation). Now every user is evaluated on the model as built
    (``LocalTrainer.load_global`` per user, ``client_app._evaluate``): both orders report the
    example-weighted mean of each user alone.
+6. ``clients.make_client_app(task="toy", device=...)`` with ``device`` ``None`` (what
+   ``LocalTrainer`` takes for its default), ``5``, ``True``, ``""``, ``"CPU"`` or ``"meta"``.
+   Before: taken (as ``str(device)``), and every node then failed every message with ``device
+   must be a torch.device ... got 'None'``, naming no parameter of the call; the run waited
+   ``node_wait`` and ended "none of the connected nodes hosts a user". Now ``ValueError`` naming
+   ``device`` when the app is made (``client_app._check_device_name``: ``"auto"`` or a device
+   torch reads that holds data; whether the node has it is checked on the node, as before).
 """
 
 from __future__ import annotations
@@ -329,3 +336,17 @@ def test_5_evaluate_reports_each_user_without_the_users_before():
         both = _evaluated(order)  # before: [4, 1] reported accuracy 0.382, [1, 4] 0.5
         assert both[P.EVAL_NUM_EXAMPLES] == 34
         assert both[P.EVAL_ACCURACY] == pytest.approx(weighted / 34)
+
+
+# -- finding 6: make_client_app names a device it cannot read when the app is made -------------
+
+
+@pytest.mark.parametrize("device", [None, 5, True, "", "CPU", "meta"], ids=repr)
+def test_6_make_client_app_refuses_what_is_no_device(device):
+    with pytest.raises(ValueError, match=r"^device must be 'auto' or the name of a device"):
+        make_client_app(task="toy", device=device)
+
+
+def test_6_devices_are_taken_as_before():
+    for device in ("auto", "cpu", "cpu:0", "cuda", "cuda:3", torch.device("cpu")):
+        make_client_app(task="toy", device=device)  # whether the node has it: checked there

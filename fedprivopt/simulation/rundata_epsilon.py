@@ -122,10 +122,11 @@ def accounted_epsilon(
     ``summary.json`` states δ 0.5 was noted "its config.toml 0.5", a file it does not have).
     """
     shown_delta = delta if is_delta(delta) else None
+    old: OldLedgerError | None = None
     try:
         ledger = RunLedger.read(path)
-    except OldLedgerError:
-        ledger = None
+    except OldLedgerError as exc:
+        ledger, old = None, exc
     if ledger is not None:
         if ledger.header.get("tuning_plan") is not None:
             notes.append(trial_note(path))
@@ -136,15 +137,21 @@ def accounted_epsilon(
             )
         at = ledger.header["delta"] if shown_delta is None else shown_delta
         return LEDGER_FILE, ledger.epsilon(shown_delta), at
-    found = checkpoint_epsilon_header(path, shown_delta)
+    found = checkpoint_epsilon_header(path, shown_delta, old)
     if found is None:
         return None
     name, epsilon, round_num, at, header = found
     if isinstance(header, dict) and header.get("tuning_plan") is not None:
         notes.append(trial_note(path, f"{name}'s copy of the ledger header"))
+    which = (
+        f"no {LEDGER_FILE}"
+        if old is None
+        else f"its {LEDGER_FILE} is an earlier version's (event counts only: "
+        f"{old.max_events} events by round {old.max_round})"
+    )
     notes.append(
-        f"{path}: no {LEDGER_FILE}; epsilon {epsilon:.6g} recomputed from the accountant of "
-        f"{name} (round {round_num})"
+        f"{path}: {which}; epsilon {epsilon:.6g} recomputed from the accountant of "
+        f"{name} (round {round_num}){' and the events counted beyond it' if old else ''}"
     )
     return f"{name} (its accountant)", epsilon, at
 
@@ -164,9 +171,25 @@ def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int
 
 
 def checkpoint_epsilon_header(
-    path: Path, delta: float | None
+    path: Path, delta: float | None, old: OldLedgerError | None = None
 ) -> tuple[str, float, int, float, Any]:
-    """:func:`checkpoint_epsilon`, and the checkpoint's copy of the ledger header (or ``None``)."""
+    """:func:`checkpoint_epsilon`, and the checkpoint's copy of the ledger header (or ``None``).
+
+    ``old``: the run's ledger of an earlier version (event counts only). The events it counts
+    beyond the checkpoint's accountant are charged too, as ``--resume`` charges them when it
+    converts that ledger (:meth:`~fedprivopt.simulation.ledger.RunLedger.convert`), each as the
+    costliest of the accountant's events (:func:`_with_uncounted`). Forty-third review of issue
+    15 (ledger, finding 1): ``load_run`` (what ``write_report`` reads) took the checkpoint's
+    accountant alone and said the run had no ledger: a secure run of 2 rounds whose ledger of
+    an earlier version counts 3 events (a resume of that version killed after round 3's line)
+    was reported at epsilon 10.28 where its ledger, and ``--resume``, charge 12.17.
+
+    Raises
+    ------
+    ValueError
+        As :func:`checkpoint_epsilon`; also when ``old`` counts events beyond a checkpoint
+        whose accountant holds none to charge them as.
+    """
     from fedprivopt.privacy.accounting import PrivacyAccountant
     from fedprivopt.simulation.checkpoint import LEDGER_HEADER
     from fedprivopt.strategies.config import StrategyConfig
@@ -182,5 +205,34 @@ def checkpoint_epsilon_header(
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{path / name}: its privacy accountant cannot be read ({exc})") from None
     at = config.delta if delta is None else delta
-    epsilon = accountant.epsilon(at) if config.private else math.inf
+    if not config.private:
+        epsilon = math.inf
+    elif old is not None and old.max_events > accountant.num_events:
+        epsilon = _with_uncounted(accountant, old.max_events - accountant.num_events, at, path)
+    else:
+        epsilon = accountant.epsilon(at)
     return name, epsilon, algorithm["round"], at, state.get(LEDGER_HEADER)
+
+
+def _with_uncounted(accountant, extra: int, delta: float, path: Path) -> float:
+    """ε of ``accountant``'s events and ``extra`` more, each its costliest event (the largest ε).
+
+    An earlier version's ledger counts events without saying which; the checkpoint's
+    accountant holds the run's kinds of event, so the largest ε over charging the ``extra``
+    as each of them bounds what was released.
+    """
+    from fedprivopt.privacy.accounting_state import merge_ledger
+
+    base = accountant.ledger
+    kinds = list(dict.fromkeys(event for event, _ in base))
+    if not kinds:
+        raise ValueError(
+            f"{path / LEDGER_FILE}: an earlier version's ledger counting {extra} events beyond "
+            "a checkpoint that holds none: what was released cannot be established"
+        )
+    composed = []
+    for event in kinds:
+        accountant.set_ledger(merge_ledger([*base, (event, extra)]))
+        composed.append(accountant.epsilon(delta))
+    accountant.set_ledger(base)
+    return max(composed)

@@ -355,16 +355,88 @@ def named_holder(path: str | os.PathLike, pid: int | None) -> int | None:
     sibling containers ``/proc/locks`` hides the other's lock and its PID 1 is this namespace's
     init: ``in use by process 1``, the refused process itself. Named now only where
     ``/proc/locks`` does not list this process's own lock either (:func:`_lists_own_locks`).
+
+    Forty-third review of issue 15 (processes 1): ``/proc/locks`` keeps the PID of the process
+    that took the ``flock``, also once it has died (SIGKILL) while a child it forked holds the
+    lock on; that PID may then be another process's. A listed PID is named only if it still
+    holds the file locked (:func:`_living_holder`), else the process that does.
     """
     holders = lock_holders(path)
     if holders is None:  # not Linux, or unreadable: the file says it, as before
         return pid
     visible = sorted(p for p in holders if p > 0)
     if pid in holders or visible:
-        return pid if pid in holders else visible[0]
+        return _living_holder(path, pid if pid in holders else visible[0])
     if holders or pid is None or not _alive(pid) or _lists_own_locks():
         return None  # hidden here: a holder in another PID namespace
     return pid  # a /proc/locks that lists nothing (a sandbox): the file's PID, as before
+
+
+def _living_holder(path: str | os.PathLike, listed: int) -> int | None:
+    """``listed`` (a PID ``/proc/locks`` shows for ``path``) if it holds the lock, else who does.
+
+    ``None`` when the listed process holds nothing and no holder is found.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return listed
+    if _holds(listed, st) is not False:  # holds it, or cannot be asked (another user's)
+        return listed
+    found = _flock_holders(st)
+    if found:
+        return min(found)
+    # a kernel whose fdinfo shows no locks (before Linux 3.8) finds none: the listing, as before
+    return listed if _alive(listed) and not _shows_fd_locks() else None
+
+
+def _fd_flocked(pid: int | str, fd: str, st: os.stat_result) -> bool:
+    """Whether descriptor ``fd`` of process ``pid`` is file ``st`` and holds a ``flock`` on it."""
+    try:
+        if not os.path.samestat(os.stat(f"/proc/{pid}/fd/{fd}"), st):
+            return False
+        with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+            info = f.read(65536)
+    except OSError:
+        return False
+    return any(line.startswith(b"lock:") and b" FLOCK " in line for line in info.splitlines())
+
+
+def _holds(pid: int, st: os.stat_result) -> bool | None:
+    """Whether process ``pid`` holds a ``flock`` on file ``st`` (``None``: not readable here)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except PermissionError:
+        return None
+    except OSError:
+        return False  # gone
+    return any(_fd_flocked(pid, fd, st) for fd in fds)
+
+
+def _flock_holders(st: os.stat_result) -> set[int]:
+    """The processes of this PID namespace with a descriptor of file ``st`` holding its lock."""
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return set()
+    return {pid for pid in pids if _holds(pid, st)}
+
+
+def _shows_fd_locks() -> bool:
+    """Whether this kernel's ``/proc/<pid>/fdinfo`` shows the locks held through a descriptor."""
+    import fcntl
+
+    try:
+        fd = os.memfd_create("fedprivopt-lock-probe", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return _fd_flocked(os.getpid(), str(fd), os.fstat(fd))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _lists_own_locks() -> bool:

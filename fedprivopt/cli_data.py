@@ -173,7 +173,7 @@ _DOWNLOAD = "stackoverflow.sqlite.lzma"  # the file TFF publishes
 def cmd_data_info(args: argparse.Namespace) -> int:
     """``fedprivopt data info``: users and examples per split, and their size distribution."""
     from fedprivopt.data import format_summary, open_split, summarize_split, summarize_sqlite
-    from fedprivopt.data.hdf5 import is_hdf5_file
+    from fedprivopt.data.hdf5 import HDF5_FILES, is_hdf5_file
     from fedprivopt.data.sqlite import count_distinct_clients
 
     # sixteenth review of issue 15: `data info ""` summarized the current directory, and a
@@ -185,7 +185,17 @@ def cmd_data_info(args: argparse.Namespace) -> int:
         else:
             path = path / "stackoverflow.sqlite"
         if not path.exists():
-            raise UsageError(f"argument PATH: directory {args.path} holds no {path.name}")
+            # forty-third review of issue 15 (input 4): a directory of TFF's legacy HDF5 splits
+            # was "holds no stackoverflow.sqlite", naming none of the files it reads
+            legacy = [name for name in HDF5_FILES.values() if (path.parent / name).is_file()]
+            hint = (
+                f" (it holds the legacy HDF5 split{'s' if len(legacy) > 1 else ''} "
+                f"{', '.join(legacy)}: name {'one' if len(legacy) > 1 else 'it'}, as in "
+                f"data info {path.parent / legacy[0]})"
+                if legacy
+                else ""
+            )
+            raise UsageError(f"argument PATH: directory {args.path} holds no {path.name}{hint}")
     if path.name.lower().endswith((".lzma", ".xz")) and path.is_file():
         # thirty-first review of issue 15 (data): TFF's download was called "not an SQLite
         # database (bad or missing header)"

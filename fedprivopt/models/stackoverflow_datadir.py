@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.text import shown
+from fedprivopt.data.hdf5 import HDF5_FILES
 from fedprivopt.data.locks import DATA_LOCK, file_lock, refuse_filesystem_root
 from fedprivopt.data.sqlite_files import hot_journal_refusal
 from fedprivopt.data.synthetic import ensure_synthetic
@@ -249,6 +250,13 @@ class StackOverflowDataDir:
                 raise FileNotFoundError(
                     f"{self.data_dir / odd[0]}: not a regular file (a directory, FIFO, device or "
                     "socket); a dataset's files are regular files: remove or replace it"
+                )
+            legacy = [n for n in HDF5_FILES.values() if (self.data_dir / n).is_file()]
+            if legacy:  # forty-third review of issue 15 (input 4): not said
+                hint = (
+                    f"it holds TFF's legacy HDF5 split{'s' if len(legacy) > 1 else ''} "
+                    f"({', '.join(legacy)}), which the tasks do not read: they read the SQLite "
+                    f"release; {hint}"
                 )
             raise FileNotFoundError(
                 f"{self._shown_dir()}: missing {', '.join(absent)} (decompress and index the "

@@ -30,6 +30,16 @@
    it holds a NUL byte between most characters, as UTF-16 does; TOML is UTF-8 (save it as plain
    UTF-8)``, ``line 1, column 6: byte 0xe9 is not UTF-8 (… Latin-1 or Windows-1252) …``, ``its
    lines end in carriage returns alone (classic Mac OS) …`` (``config_presets.preset_text``).
+4. ``data info D`` where ``D`` holds TFF's legacy HDF5 splits (``stackoverflow_train.h5``, …)
+   and no ``stackoverflow.sqlite`` (the forty-second review's minor row, not fixed then); a task
+   on it (``--set task-params.data-dir=D --set task-params.synthetic=false``): ``directory D
+   holds no stackoverflow.sqlite``, naming none of the files ``data info`` reads, and ``D:
+   missing stackoverflow.sqlite, … (decompress and index the TFF download there; …)``, not
+   saying that the files there are of a release the tasks do not read. Now ``… holds no
+   stackoverflow.sqlite (it holds the legacy HDF5 splits stackoverflow_train.h5, …: name one, as
+   in data info D/stackoverflow_train.h5)`` (``cli_data.cmd_data_info``) and ``… it holds TFF's
+   legacy HDF5 splits (…), which the tasks do not read: they read the SQLite release; …``
+   (``StackOverflowDataDir._ensure_files``).
 """
 
 from __future__ import annotations
@@ -170,3 +180,32 @@ def test_3_utf8_and_crlf_presets_still_read(tmp_path):
     for text in ("# café ✓\nnoise-multiplier = 0.5\n", "noise-multiplier = 0.5\r\n"):
         path.write_bytes(text.encode())
         assert load_config(path, {"task": "toy"}).strategy.noise_multiplier == 0.5
+
+
+# -- finding 4: a directory of legacy HDF5 splits ---------------------------------------------
+
+
+def test_4_a_directory_of_legacy_hdf5_splits_names_them(tmp_path):
+    from fedprivopt.data.hdf5 import write_hdf5
+    from fedprivopt.data.stackoverflow import StackOverflowExample
+
+    example = StackOverflowExample(
+        tokens="a b", title="t", tags="x", creation_date="2010", score=1, type="question"
+    )
+    d = tmp_path / "d"
+    d.mkdir()
+    for name in ("stackoverflow_train.h5", "stackoverflow_test.h5"):
+        write_hdf5(d / name, {"u1": [example]})
+    code, lines = _cli("data", "info", str(d))
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].endswith(
+        "holds no stackoverflow.sqlite (it holds the legacy HDF5 splits stackoverflow_train.h5, "
+        f"stackoverflow_test.h5: name one, as in data info {d}/stackoverflow_train.h5)"
+    ), lines
+    assert _cli("data", "info", str(d / "stackoverflow_train.h5"))[0] == 0  # the advice works
+    with pytest.raises(FileNotFoundError) as info:
+        StackOverflowTagTask(data_dir=d, synthetic=False, vocab_size=5, num_users=1, eval_users=1)
+    assert "legacy HDF5 splits (stackoverflow_train.h5, stackoverflow_test.h5)" in str(info.value)
+    assert "which the tasks do not read" in str(info.value), info.value
+    code, lines = _cli("data", "info", str(tmp_path))  # a directory of neither: as before
+    assert code == 2 and lines[0].endswith(f"directory {tmp_path} holds no stackoverflow.sqlite")

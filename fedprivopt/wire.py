@@ -208,7 +208,7 @@ def parse_update_key(key: str) -> int | None:
     a reply's key of 4,301 digits or more raised ``int()``'s "Exceeds the limit (4300 digits)"
     ``ValueError`` out of the strategy's ``aggregate_train``, ending the ServerApp).
     """
-    if not key.startswith(UPDATE_PREFIX):
+    if not isinstance(key, str) or not key.startswith(UPDATE_PREFIX):  # (43rd review, wire 7)
         return None
     rest = key[len(UPDATE_PREFIX) :]
     if not (rest.isascii() and rest.isdigit()) or (rest[0] == "0" and rest != "0"):
@@ -258,6 +258,7 @@ def task_params(run_config: Mapping[str, object]) -> dict[str, object]:
         spellings (``{"num-users": 6, "num_users": 8}``: forty-second review of issue 15, wire 5;
         the last one was taken without a word, where ``simulate`` refuses two spellings).
     """
+    _mapping("run_config", run_config)
     raw = run_config.get(RUN_TASK_PARAMS_JSON, "")
     if raw not in ("", None):
         return snake_case_params(RUN_TASK_PARAMS_JSON, json_object(RUN_TASK_PARAMS_JSON, raw))
@@ -308,6 +309,17 @@ def hosted_users(partition_id: int, num_partitions: int, num_users: int) -> list
     n_parts = check_int(NODE_NUM_PARTITIONS, num_partitions, 1)
     p = check_int(NODE_PARTITION_ID, partition_id, 0, n_parts - 1)
     return list(range(p, check_int("num_users", num_users, 0), n_parts))
+
+
+def _mapping(name: str, value: object) -> Mapping:
+    """``value`` if it is a mapping, else ``ValueError`` naming ``name``.
+
+    Forty-third review of issue 15 (wire 7): ``task_params(None)``, ``decode_train_config(None)``
+    and ``check_private_metrics(None)`` raised ``AttributeError`` or ``TypeError``, naming none.
+    """
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a mapping of keys to values, got {shown(value)}")
+    return value
 
 
 def users_query() -> RecordDict:
@@ -372,6 +384,8 @@ def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
         1: bytes cut short, another serialization than NumPy's or an object array raised
         ``EOFError``, ``TypeError`` or NumPy's own ``ValueError``, naming neither).
     """
+    if not hasattr(content, "array_records"):  # forty-third review (wire 7): AttributeError
+        raise ValueError(f"content must be a reply's RecordDict, got {shown(content)}")
     out: dict[int, np.ndarray] = {}
     for key, record in content.array_records.items():
         user = parse_update_key(key)
@@ -504,7 +518,7 @@ def check_private_metrics(record: Mapping[str, object]) -> None:
     ``report-private-metrics`` true, which no fedprivopt server sends (it asks in non-private
     runs only), made the ClientApp send each user's exact example count and training loss.
     """
-    if record.get(REPORT_PRIVATE_METRICS, False) is not True:
+    if _mapping("record", record).get(REPORT_PRIVATE_METRICS, False) is not True:
         return
     for name, default in ((CLIP_NORM, None), (NOISE_STD, None), (CLIP_BIT, False),
                           (COUNT_NOISE_STD, 0)):  # fmt: skip
@@ -528,7 +542,7 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
         If a required key is missing, a value has the wrong type or range, a user id is
         repeated, or a private round asks for private metrics (:func:`check_private_metrics`).
     """
-    missing = [k for k in _REQUIRED_TRAIN_KEYS if k not in record]
+    missing = [k for k in _REQUIRED_TRAIN_KEYS if k not in _mapping("record", record)]
     if missing:
         raise ValueError(f"train config is missing keys {missing}")
 

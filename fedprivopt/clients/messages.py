@@ -81,6 +81,8 @@ def hosted_users(context: Context, num_users: int) -> list[int]:
     ValueError
         If a key is missing or out of range.
     """
+    if not isinstance(context, Context):  # forty-third review (wire 7): AttributeError
+        raise ValueError(f"context must be a flwr.app.Context, got {shown(context)}")
     node_config = context.node_config
     for key in (P.NODE_PARTITION_ID, P.NODE_NUM_PARTITIONS):
         if key not in node_config:
@@ -483,6 +485,7 @@ def reply_task_error(message: Message, error: TaskError) -> Message:
     """
     if not isinstance(error, TaskError):
         raise ValueError(f"error must be a TaskError, got {shown(error)}")
+    _content(message)  # forty-third review (wire 7): Flower's MessageInitializationError
     return Message(Error(code=TASK_ERROR, reason=str(error)), reply_to=message)
 
 

@@ -45,12 +45,20 @@ def _on_wire(tensor: torch.Tensor) -> torch.Tensor:
 
 def wire_spec(spec: FlatSpec) -> FlatSpec:
     """``spec`` as :func:`flat_to_arrays` sends it: bfloat16 tensors as float32."""
+    if not isinstance(spec, FlatSpec):  # forty-third review of issue 15 (wire 7)
+        raise ValueError(f"spec must be a FlatSpec, got {shown(spec)}")
     dtypes = tuple(torch.float32 if d == torch.bfloat16 else d for d in spec.dtypes)
     return FlatSpec(spec.names, spec.shapes, dtypes, spec.dtype)
 
 
 def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
-    """Flat tensor (and spec) of an ArrayRecord holding a model state."""
+    """Flat tensor (and spec) of an ArrayRecord holding a model state.
+
+    ``ValueError`` naming ``record`` for anything but an ``ArrayRecord`` (forty-third review of
+    issue 15, wire 7: ``AttributeError``).
+    """
+    if not isinstance(record, ArrayRecord):
+        raise ValueError(f"record must be an ArrayRecord, got {shown(record)}")
     return flatten(record.to_torch_state_dict())
 
 
@@ -113,6 +121,10 @@ def wire_preconditioner(preconditioner: torch.Tensor | None) -> np.ndarray | Non
     """
     if preconditioner is None:
         return None
+    if not isinstance(preconditioner, torch.Tensor):  # forty-third review (wire 7)
+        raise ValueError(
+            f"preconditioner must be a torch.Tensor or None, got {shown(preconditioner)}"
+        )
     p = preconditioner.detach().cpu()
     if p.dtype not in (torch.float16, torch.float32, torch.float64):
         p = p.float()  # bfloat16 (numpy has none): float32 holds it exactly

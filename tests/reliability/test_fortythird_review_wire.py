@@ -61,6 +61,19 @@
    ``node_wait`` and ended "none of the connected nodes hosts a user". Now ``ValueError`` naming
    ``device`` when the app is made (``client_app._check_device_name``: ``"auto"`` or a device
    torch reads that holds data; whether the node has it is checked on the node, as before).
+7. The public functions of the wire (a ServerApp or ClientApp of one's own) given what is no
+   record, mapping or message: ``wire.read_updates(None)`` (or a dict), ``wire.task_params(None)``
+   (or a list of pairs), ``wire.decode_train_config(None)``, ``wire.check_private_metrics(None)``,
+   ``clients.messages.hosted_users(None, 4)``, ``reply_task_error("m", TaskError(...))``,
+   ``strategies.flower.arrays_to_flat(None)`` (or a state dict), ``flower_arrays.
+   wire_preconditioner`` of a NumPy array, ``wire_spec(None)``, ``wire.parse_update_key(None)``.
+   Before: ``AttributeError`` (``'NoneType' object has no attribute 'array_records'``, ``'get'``,
+   ``'node_config'``, ``'to_torch_state_dict'``, ``'detach'``, ``'dtypes'``, ``'startswith'``),
+   ``TypeError`` or Flower's ``MessageInitializationError``, naming no parameter (the forty-second
+   review, wire 3, fixed the message functions of ``clients.messages``, not these). Now
+   ``ValueError`` naming ``content``, ``run_config``, ``record``, ``context``, ``message``,
+   ``preconditioner`` or ``spec``; ``parse_update_key`` says ``None`` (no update key), as it does
+   for every other string that is not one.
 """
 
 from __future__ import annotations
@@ -350,3 +363,55 @@ def test_6_make_client_app_refuses_what_is_no_device(device):
 def test_6_devices_are_taken_as_before():
     for device in ("auto", "cpu", "cpu:0", "cuda", "cuda:3", torch.device("cpu")):
         make_client_app(task="toy", device=device)  # whether the node has it: checked there
+
+
+# -- finding 7: the wire's public functions name what is no record, mapping or message ----------
+
+
+def _wire_calls():
+    from fedprivopt.clients.messages import hosted_users, reply_task_error
+    from fedprivopt.models.task import TaskError
+    from fedprivopt.strategies.flower_arrays import arrays_to_flat, wire_preconditioner, wire_spec
+
+    return {
+        "read_updates None": (lambda: P.read_updates(None), "content"),
+        "read_updates dict": (lambda: P.read_updates({"update/1": 1}), "content"),
+        "task_params None": (lambda: P.task_params(None), "run_config"),
+        "task_params list": (lambda: P.task_params([("task", "toy")]), "run_config"),
+        "decode None": (lambda: P.decode_train_config(None), "record"),
+        "private metrics None": (lambda: P.check_private_metrics(None), "record"),
+        "hosted_users None": (lambda: hosted_users(None, 4), "context"),
+        "task error str": (lambda: reply_task_error("m", TaskError("x")), "message"),
+        "arrays_to_flat None": (lambda: arrays_to_flat(None), "record"),
+        "arrays_to_flat dict": (lambda: arrays_to_flat({"w": torch.zeros(2)}), "record"),
+        "preconditioner numpy": (lambda: wire_preconditioner(np.ones(3)), "preconditioner"),
+        "wire_spec None": (lambda: wire_spec(None), "spec"),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "read_updates None",
+        "read_updates dict",
+        "task_params None",
+        "task_params list",
+        "decode None",
+        "private metrics None",
+        "hosted_users None",
+        "task error str",
+        "arrays_to_flat None",
+        "arrays_to_flat dict",
+        "preconditioner numpy",
+        "wire_spec None",
+    ],
+)
+def test_7_the_wires_functions_name_what_is_no_record_mapping_or_message(name):
+    call, parameter = _wire_calls()[name]
+    with pytest.raises(ValueError, match=f"^{parameter} must be"):
+        call()
+
+
+def test_7_an_update_key_that_is_no_string_is_no_update_key():
+    assert P.parse_update_key(None) is None and P.parse_update_key(5) is None  # AttributeError
+    assert P.parse_update_key("update/7") == 7

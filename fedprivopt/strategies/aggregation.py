@@ -227,20 +227,7 @@ class AlgorithmAggregation:
                 f"updates must be a mapping {{user: update}} (what a train callback returns for "
                 f"its request's users), got {type(updates).__name__}"
             )
-        if round_num <= self.round_num:
-            raise ValueError(
-                f"round {round_num} was released already (the last released round is "
-                f"{self.round_num}): a round runs once, after the rounds before it (run again, its "
-                "seeded noise would repeat)"
-            )
-        self._refuse_over_budget(round_num)
-        if (round_num, stream) in self._aggregated:
-            raise ValueError(
-                f"round {round_num} was begun already: its noised sum{_stream_name(stream)} was "
-                "computed by an earlier attempt that did not finish (ADADP's half-step point "
-                "carries it to the second cohort); a round runs once (run again, its noise would "
-                "repeat in seeded mode, or be released twice under one charge in secure mode)"
-            )
+        self._refuse_spent_round(round_num, stream)
         if clip_norm is not None:
             # a short API review of issue 15: True and 1+0j equal a configured C of 1 and were
             # taken; 1e300 overflowed squaring the noise std (now refused by the aggregator)
@@ -379,6 +366,31 @@ class AlgorithmAggregation:
         count, self._uncounted = getattr(self, "_uncounted", None), None
         if count is not None and self.clipping is not None:
             self.clipping.count(*count)
+
+    def _refuse_spent_round(self, round_num: int, stream: str = "") -> None:
+        """Refuse round ``round_num`` (``stream``) when it was released or begun, or is over budget.
+
+        :meth:`_aggregate_in_round` checks it, and ``run_round`` before it samples: forty-third
+        review of issue 15 (api 6), under tree aggregation ``drive_round(alg, 1, train)`` again
+        after round 1 (refused as released already, at its aggregation) had checked a second
+        cohort in to the period's participation ledger first: 10 users of 40 lost to the period,
+        and the algorithm's own ``state_dict()`` after round 2 was refused by ``load_state_dict``
+        as edited (30 users at step 2, at most 20).
+        """
+        if round_num <= self.round_num:
+            raise ValueError(
+                f"round {round_num} was released already (the last released round is "
+                f"{self.round_num}): a round runs once, after the rounds before it (run again, its "
+                "seeded noise would repeat)"
+            )
+        self._refuse_over_budget(round_num)
+        if (round_num, stream) in self._aggregated:
+            raise ValueError(
+                f"round {round_num} was begun already: its noised sum{_stream_name(stream)} was "
+                "computed by an earlier attempt that did not finish (ADADP's half-step point "
+                "carries it to the second cohort); a round runs once (run again, its noise would "
+                "repeat in seeded mode, or be released twice under one charge in secure mode)"
+            )
 
     def _undo_tree_release(self, round_num: int) -> None:
         """Put the tree noise back as it was before round ``round_num``'s unreleased sum.

@@ -319,6 +319,7 @@ class DPFedAvgADADP(ServerAlgorithm):
 
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         round_num = round_number(round_num)  # forty-second review of issue 15 (api 1)
+        self._refuse_spent_round(round_num, "train")  # before its samples (forty-third, api 6)
         cfg = self.client_settings()
         users_1 = self.sample(round_num, "sampling")
         request = new_request(round_num, users_1, self.params, None, cfg, "train")

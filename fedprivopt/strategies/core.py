@@ -336,6 +336,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
     def run_round(self, round_num: int) -> Generator[TrainRequest, Updates, RoundResult]:
         """One round of a single-cohort strategy (override for other shapes)."""
         round_num = round_number(round_num)
+        self._refuse_spent_round(round_num)  # before its sample (forty-third review, api 6)
         clip = self.current_clip_norm()
         users = self.sample(round_num)
         preconditioner = self.broadcast_preconditioner()

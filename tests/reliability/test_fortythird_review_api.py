@@ -40,6 +40,15 @@
    line naming the model's ``state['weight']``, where the noise samplers and the aggregator
    name ``device`` (a short API review). Now ``LocalTrainer.__init__`` checks it with
    ``core.devices.check_device``.
+6. Tree aggregation (``noise-mechanism = "tree"``, population 40, 10 a round, restart 4):
+   ``drive_round(alg, 1, train)`` run again after round 1 (or a round over ``target-epsilon``),
+   then round 2. Before: ``run_round`` sampled before the round was refused (``round 1 was
+   released already``, at its aggregation), and a tree sample checks its cohort in to the
+   period's participation ledger: 10 users were lost to the period (30 in the ledger after two
+   rounds), and the algorithm's own ``state_dict()`` was refused by ``load_state_dict`` as
+   edited (``holds 30 users ... at most 20``). Now ``run_round`` (core and ADADP) refuses a
+   released, begun or over-budget round before it samples
+   (``AlgorithmAggregation._refuse_spent_round``).
 """
 
 from __future__ import annotations
@@ -170,3 +179,19 @@ def test_5_local_trainer_refuses_a_device_it_cannot_train_on(device):
     with pytest.raises(ValueError, match=r"^device "):
         LocalTrainer(task, device=device)  # was torch's AssertionError or RuntimeError
     assert LocalTrainer(task, device="cpu").device == torch.device("cpu")
+
+
+# -- finding 6: a released round driven again under tree aggregation -----------------------------
+
+
+def test_6_a_released_tree_round_is_refused_before_its_sample():
+    config = _config(**{"noise-mechanism": "tree", "num-server-rounds": 8})
+    alg = build_algorithm(config, torch.zeros(4))
+    drive_round(alg, 1, _train)
+    with pytest.raises(ValueError, match=r"round 1 was released already"):
+        drive_round(alg, 1, _train)  # its sample checked 10 more users in first
+    drive_round(alg, 2, _train)
+    assert len(alg.tree_cohorts.state_dict()["users"]) == 20  # was 30
+    other = build_algorithm(config, torch.zeros(4))
+    other.load_state_dict(alg.state_dict())  # was refused: "the checkpoint was edited"
+    assert other.round_num == 2

@@ -274,6 +274,9 @@ def check_untuned_seeds(runs: Sequence[Any]) -> None:
     """
     from fedprivopt.simulation.cell_plans import first_difference
 
+    # forty-third review of issue 15 (reports, finding 5): a one-shot iterable of runs was read
+    # to its end by the repeated-runs check, and runs of other configurations passed as seeds
+    runs = list(runs)
     _refuse_repeated_runs(runs)
     first: dict[tuple, tuple[Any, Any]] = {}
     for run in runs:

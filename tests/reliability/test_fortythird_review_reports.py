@@ -34,6 +34,11 @@
    it (the released trial's files are audited as ``--resume`` audits them; the others were
    not). A trial's ledger that composes to less than any ε its rows, summary or newest
    checkpoint state is refused now, naming the ledger and the file.
+5. ``tune_untuned.check_untuned_seeds(iter(runs))`` (what ``compare-tuned --untuned`` checks:
+   runs of one strategy and σ are seeds only when their configurations differ in the seed
+   alone) of two dp-fedavg runs at σ 0.5, one of 1 round and one of 5: passed, the
+   repeated-runs check had read the iterator to its end, so none was compared. Refused now,
+   naming ``num-server-rounds``, as for a list.
 """
 
 from __future__ import annotations
@@ -163,7 +168,8 @@ def _tuning(tmp_path_factory):
     tuning = tmp_path_factory.mktemp("r43_reports") / "t"
     argv = ["tune", str(preset), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
             "--rounds", "1", "--seed", "1", "--out", str(tuning), "--quiet", "--set",
-            "population=12", "--set", "clients-per-round=4", "--set", "task-params.num-users=12"]  # fmt: skip
+            "population=12", "--set", "clients-per-round=4", "--set",
+            "task-params.num-users=12"]  # fmt: skip
     assert main(argv) == 0
     return tuning
 
@@ -196,3 +202,26 @@ def test_4_a_trial_ledger_cut_below_its_files_is_refused(_tuning, tmp_path):
     ledger.write_text(ledger.read_text().splitlines(keepends=True)[0])  # its header alone
     with pytest.raises(ValueError, match=r"composes to epsilon 0, but the trial's metrics"):
         check_tuning(tuning)  # passed before: the trial read as one that released nothing
+
+
+# -- finding 5: the untuned runs' seeds check of a one-shot iterable -----------------------------
+
+
+def test_5_untuned_runs_of_other_configurations_from_a_generator_are_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from fedprivopt.simulation.config import config_to_toml, load_config
+    from fedprivopt.simulation.tune_untuned import check_untuned_seeds
+
+    preset = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+    runs = []
+    for seed, rounds in ((0, 1), (1, 5)):
+        path = tmp_path / f"r{seed}"
+        path.mkdir()
+        config = load_config(preset, {"seed": seed, "num-server-rounds": rounds})
+        (path / "config.toml").write_text(config_to_toml(config))
+        runs.append(SimpleNamespace(path=path, strategy="dp-fedavg", noise_multiplier=0.5))
+    with pytest.raises(ValueError, match="num-server-rounds"):
+        check_untuned_seeds(runs)
+    with pytest.raises(ValueError, match="num-server-rounds"):
+        check_untuned_seeds(iter(runs))  # passed before

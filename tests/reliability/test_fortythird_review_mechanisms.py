@@ -17,6 +17,12 @@
    ``result.vector.detach()`` had norm 1000 where C = 1, and that is what a reply would carry.
    Now an unclipped vector whose instance has attributes of its own comes back as the detached
    alias that was measured (no attributes; entries unchanged); any other as itself.
+3. ``add_gaussian_noise(v, 10.0, generator=g)`` (the public noise function, what a ClientApp of
+   one's own may call after ``clip_l2``) of a ``torch.Tensor`` subclass whose own
+   ``__torch_function__`` returns the first argument of an addition. Before: returned the
+   vector without noise (``[0.3] * 5`` exactly, std 10 asked), as a ``_DropsTheNoise``. Now
+   refused (``ValueError: vector must be a plain torch.Tensor, got a _DropsTheNoise ...``), as
+   ``clip_l2`` and ``privatize_update`` refuse subclasses; a ``Parameter`` gets its noise.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pytest
 import torch
 
 from fedprivopt.privacy.clip import clip_l2, l2_norm
+from fedprivopt.privacy.noise import add_gaussian_noise
 
 
 class _NestedLiar(torch.Tensor):
@@ -74,3 +81,23 @@ def test_2_an_unclipped_vector_comes_back_without_its_own_detach():
     # a tensor of no attributes of its own is still returned as itself (autograd kept)
     v = torch.full((4,), 0.1, requires_grad=True)
     assert clip_l2(v, 1.0).vector is v
+
+
+class _DropsTheNoise(torch.Tensor):
+    """Its own add returns its first argument."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("add", "__add__"):
+            return args[0]
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_3_add_gaussian_noise_refuses_a_subclass():
+    v = torch.full((5,), 0.3).as_subclass(_DropsTheNoise)
+    with pytest.raises(ValueError, match=r"plain torch\.Tensor, got a _DropsTheNoise"):
+        add_gaussian_noise(v, 10.0, generator=torch.Generator().manual_seed(0))
+    # plain tensors and Parameters get their noise as before
+    p = torch.nn.Parameter(torch.zeros(5))
+    out = add_gaussian_noise(p, 1.0, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (5,) and bool(out.ne(0).all())

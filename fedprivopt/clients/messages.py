@@ -181,6 +181,8 @@ class TrainMessage:
             preconditioner = _tensor(P.PRECONDITIONER_RECORD, P.PRECONDITIONER_ARRAY, record)
             preconditioner = preconditioner.reshape(-1)
         state = read_model(message)
+        if preconditioner is not None:
+            _check_preconditioner(preconditioner, sum(t.numel() for t in state.values()))
         settings = request.settings
         return cls(
             users=request.users,
@@ -509,6 +511,23 @@ def read_model(message: Message) -> dict[str, torch.Tensor]:
     kind = "evaluate" if str(message.metadata.message_type).startswith("evaluate") else "train"
     arrays = content.array_records[P.ARRAYS_RECORD]
     return {name: _tensor(P.ARRAYS_RECORD, name, arrays, kind) for name in arrays}
+
+
+def _check_preconditioner(p: torch.Tensor, length: int) -> None:
+    """``ValueError`` unless ``p`` is ``length`` real values, finite and ``> 0``.
+
+    Forty-third review of issue 15 (wire 8): one entry (broadcast by an app dividing by it),
+    another length, zeros, NaN or complex values were read; fedprivopt's trainer refuses them.
+    """
+    real = not p.is_complex()
+    if real and p.numel() == length and bool(torch.all(torch.isfinite(p) & (p > 0))):
+        return
+    what = f"{p.numel()} {p.dtype} entries" if real and p.numel() != length else "other values"
+    raise ValueError(
+        f"train message's ArrayRecord {P.PRECONDITIONER_RECORD!r}: array "
+        f"{P.PRECONDITIONER_ARRAY!r} must hold {length} real values, finite and > 0 (one for each "
+        f"entry of the model), got {what}"
+    )
 
 
 def _tensor(record_name: str, name: str, record: ArrayRecord, kind: str = "train") -> torch.Tensor:

@@ -74,6 +74,15 @@
    ``ValueError`` naming ``content``, ``run_config``, ``record``, ``context``, ``message``,
    ``preconditioner`` or ``spec``; ``parse_update_key`` says ``None`` (no update key), as it does
    for every other string that is not one.
+8. ``clients.TrainMessage.read`` (a ClientApp of one's own, docs/FLOWER.md: divide every local
+   gradient by ``request.preconditioner``) of a train message whose preconditioner ``p`` has one
+   entry, one entry fewer than the model (17 of 18), a zero, a NaN, or complex values. Before:
+   read as given (an app dividing by a one-entry ``p`` broadcasts it over the model; a zero or
+   NaN makes every step infinite or NaN, so the server rejects every update and the round
+   releases noise only), where fedprivopt's own ClientApp refuses each (its trainer). Now
+   ``ValueError: train message's ArrayRecord 'preconditioner': array 'p' must hold 18 real
+   values, finite and > 0 ...`` (``messages._check_preconditioner``); a float16, float32 or
+   float64 vector of the model's length (flat or ``(18, 1)``) is read as before.
 """
 
 from __future__ import annotations
@@ -92,6 +101,7 @@ from flwr.common.constant import ErrorCode
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import app, get_task_and_trainer, make_client_app
+from fedprivopt.clients.messages import TrainMessage
 from fedprivopt.models import build_task
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
@@ -415,3 +425,34 @@ def test_7_the_wires_functions_name_what_is_no_record_mapping_or_message(name):
 def test_7_an_update_key_that_is_no_string_is_no_update_key():
     assert P.parse_update_key(None) is None and P.parse_update_key(5) is None  # AttributeError
     assert P.parse_update_key("update/7") == 7
+
+
+# -- finding 8: TrainMessage.read refuses a preconditioner fedprivopt's trainer refuses ----------
+
+PRECONDITIONERS = {
+    "one entry": np.ones(1, np.float32),
+    "one short": np.ones(17, np.float32),
+    "a zero": np.r_[np.zeros(1), np.ones(17)].astype(np.float32),
+    "a NaN": np.r_[np.full(1, np.nan), np.ones(17)].astype(np.float32),
+    "complex": np.ones(18, np.complex64),
+}
+
+
+def _with_preconditioner(p: np.ndarray):
+    config = P.encode_train_config(users=[1], round_num=1, settings=SETTINGS)
+    record = ArrayRecord({P.PRECONDITIONER_ARRAY: Array(p)})
+    content = {P.CONFIG_RECORD: config, P.ARRAYS_RECORD: _model_arrays()}
+    return delivered({**content, P.PRECONDITIONER_RECORD: record}, "train")
+
+
+@pytest.mark.parametrize("name", sorted(PRECONDITIONERS))
+def test_8_train_message_read_refuses_a_preconditioner_that_is_no_model_vector(name):
+    message = _with_preconditioner(PRECONDITIONERS[name])
+    with pytest.raises(ValueError, match=r"ArrayRecord 'preconditioner': array 'p' must hold 18 "):
+        TrainMessage.read(message)  # before: read, and an app of one's own divided by it
+
+
+def test_8_a_model_vector_of_any_real_dtype_is_read_as_before():
+    for p in (np.full(18, 2.0, np.float32), np.ones(18), np.ones((18, 1), np.float16)):
+        read = TrainMessage.read(_with_preconditioner(p))
+        assert read.preconditioner.shape == (18,) and bool((read.preconditioner > 0).all())

@@ -109,6 +109,24 @@ def _checked_config(config_path: str | None, overrides: dict[str, Any]) -> Any:
     return config
 
 
+def _fork_refused(exc: OSError) -> bool:
+    """Whether ``exc`` is the kernel refusing to start a process (``fork``: EAGAIN).
+
+    Forty-third review of issue 15 (processes 2): under a limit on processes (``ulimit -u``, a
+    container's or systemd's pids limit) the start of the watchdog, the SuperLink, a SuperNode
+    or ``flwr run`` ended ``deploy local`` in a 20-line ``BlockingIOError`` traceback, rc 1.
+    Only an EAGAIN raised where ``subprocess`` starts the child is meant.
+    """
+    import errno
+
+    if exc.errno != errno.EAGAIN or exc.filename is not None:
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == "_execute_child"
+
+
 def _continuation(out: Path) -> str | None:
     """How the unfinished run in ``out`` continues, or ``None`` (none began, or it finished).
 
@@ -258,7 +276,15 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (interrupt.Interrupted)
         print(_interrupted(Path(out).expanduser()), file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        if isinstance(exc, OSError) and not _fork_refused(exc):
+            raise
+        if isinstance(exc, OSError):
+            exc = RuntimeError(
+                f"a process could not be started ({exc.strerror or exc}): this user's (or the "
+                "container's) limit on processes and threads is reached (ulimit -u, a pids "
+                "limit); stop other processes or raise the limit"
+            )
         print(f"fedprivopt deploy local: failed: {exc}", file=sys.stderr)
         then = _continuation(Path(out).expanduser())  # after the log's lines: said last
         if then is not None:  # thirty-first review of issue 15: a timeout did not say it

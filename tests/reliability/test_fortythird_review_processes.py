@@ -13,6 +13,16 @@
    descriptor of the file), else the process that does (``locks._living_holder``): ``in use
    by process 405``. (In-process: the test's own lock handed to a ``sleep`` by ``pass_fds``,
    its own descriptor closed: the listed PID alive and not holding; and a locker that exits.)
+2. ``deploy local toy.toml --nodes 1 --rounds 1 --out D`` under a limit on processes (``ulimit
+   -u``, a container's or systemd's pids limit: ``fork`` refused with EAGAIN) at the start of
+   the watchdog, the SuperLink or ``flwr supernode register`` (the 1st-3rd process started).
+   Before: rc 1 and a 20-line ``BlockingIOError: [Errno 11] Resource temporarily unavailable``
+   traceback (nothing left running, the work directory removed). Now rc 1 and one line,
+   ``fedprivopt deploy local: failed: a process could not be started (Resource temporarily
+   unavailable): this user's (or the container's) limit on processes and threads is reached
+   (ulimit -u, a pids limit); ...`` (``deploy.cli._fork_refused``: EAGAIN raised where
+   ``subprocess`` starts the child). (In-process: ``subprocess.Popen._execute_child``, where
+   the real ``fork_exec`` raises it, made to raise it; no process starts.)
 """
 
 from __future__ import annotations
@@ -79,3 +89,32 @@ def test_1_a_lock_kept_by_the_child_of_a_dead_locker_names_the_child(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(holder, signal.SIGKILL)
+
+
+def test_2_deploy_local_refused_a_process_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    import errno
+    import tempfile
+
+    from fedprivopt.cli import main
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    for name, value in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
+
+    def _execute_child(self, *args, **kwargs):  # fork_exec refused at a pids limit
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _execute_child)
+    out = tmp_path / "D"
+    toy = os.path.join(os.path.dirname(__file__), "..", "..", "simulations", "toy.toml")
+    code = main(["deploy", "local", toy, "--nodes", "1", "--rounds", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "Traceback" not in err and "BlockingIOError" not in err, err
+    failed = [line for line in err.splitlines() if "error" in line or "failed" in line]
+    assert len(failed) == 1 and "a process could not be started" in failed[0], err
+    assert "limit on processes" in failed[0]
+    assert not list(temp.glob("fedprivopt-deploy-*"))  # its key material gone

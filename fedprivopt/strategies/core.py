@@ -347,7 +347,11 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         agg = self._aggregate_in_round(
             round_num, updates, clip_norm=clip, cohort=users, count_now=False
         )
-        self.refuse_changed_request(request, self.params, preconditioner)
+        try:
+            self.refuse_changed_request(request, self.params, preconditioner)
+        except ValueError:
+            self._check_out(round_num, users)  # nothing of it was released (api 7)
+            raise
         self._count_cohort()  # adaptive clipping's count of a cohort not refused (api 4)
         noise_std = self.optimizer_noise_std(agg, clip)
         metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
@@ -461,6 +465,30 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             "torch.nn.utils.vector_to_parameters, trains it): a user trained "
             "after that started from other users' training; copy it before training on it "
             "(request.params.clone()); nothing of the cohort was released"
+        )
+
+    def _check_out(self, round_num: int, users: list[int]) -> None:
+        """Take round ``round_num``'s refused cohort ``users`` out of the tree's participation.
+
+        Forty-third review of issue 15 (api 7): a tree round refused after its sum (its trainer
+        changed the request's model; nothing released) kept its cohort checked in to the
+        period's participation ledger: the round run again drew 10 other users, 10 users were
+        lost to the period, and the algorithm's own ``state_dict()`` was refused by
+        ``load_state_dict`` as edited (30 users at step 2, at most 20). Only these users are
+        taken out (a cohort drawn since for another attempt stays in), and the draw is
+        forgotten, so ``aggregate`` cannot sum them unchecked in.
+        """
+        if self.tree_cohorts is None:
+            return
+        if self._drawn.get("sampling", (None,))[0] == round_num:
+            del self._drawn["sampling"]
+        state = self.tree_cohorts.state_dict()
+        if state["period"] != tree_position(round_num, self.config.restart_rounds)[0]:
+            return
+        refused = {u - self.user_offset for u in users}
+        kept = [int(u) for u in state["users"].tolist() if int(u) not in refused]
+        self.tree_cohorts.load_state_dict(
+            {"period": state["period"], "users": torch.tensor(kept, dtype=torch.int64)}
         )
 
     def charge_partial(self, round_num: int) -> None:

@@ -49,6 +49,13 @@
    edited (``holds 30 users ... at most 20``). Now ``run_round`` (core and ADADP) refuses a
    released, begun or over-budget round before it samples
    (``AlgorithmAggregation._refuse_spent_round``).
+7. Tree aggregation as in 6: round 2 refused after its sum (its callback changed
+   ``request.params`` in place; nothing released), then run again. Before: the refused cohort
+   stayed checked in to the period's participation ledger, so the rerun drew 10 other users
+   (30 in the ledger), and the algorithm's own state was refused as edited. Now
+   ``ServerAlgorithm._check_out`` takes exactly that cohort out (and forgets its draw, so
+   ``aggregate`` cannot sum it unchecked in): the rerun draws the same cohort, 20 in the
+   ledger, the state loads.
 """
 
 from __future__ import annotations
@@ -195,3 +202,27 @@ def test_6_a_released_tree_round_is_refused_before_its_sample():
     other = build_algorithm(config, torch.zeros(4))
     other.load_state_dict(alg.state_dict())  # was refused: "the checkpoint was edited"
     assert other.round_num == 2
+
+
+# -- finding 7: a refused tree round's cohort ---------------------------------------------------
+
+
+def test_7_a_refused_tree_rounds_cohort_is_checked_out():
+    config = _config(**{"noise-mechanism": "tree", "num-server-rounds": 8})
+    alg = build_algorithm(config, torch.zeros(4))
+    drive_round(alg, 1, _train)
+    cohorts = []
+
+    def changed(request):
+        cohorts.append(list(request.users))
+        request.params.add_(1.0)
+        return _train(request)
+
+    with pytest.raises(ValueError, match=r"changed request.params in place"):
+        drive_round(alg, 2, changed)
+    with pytest.raises(ValueError, match=r"drew none"):
+        alg.aggregate(2, {u: torch.full((4,), 0.1) for u in cohorts[0]}, cohort=cohorts[0])
+    drive_round(alg, 2, lambda request: cohorts.append(list(request.users)) or _train(request))
+    assert cohorts[1] == cohorts[0]  # was 10 other users
+    assert len(alg.tree_cohorts.state_dict()["users"]) == 20  # was 30
+    build_algorithm(config, torch.zeros(4)).load_state_dict(alg.state_dict())  # was "edited"

@@ -28,7 +28,9 @@ The ε used is the largest of the recomputed one and those the summary states.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import operator
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -177,9 +179,8 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
         )
     ledger = RunLedger.read(run_dir)
     if ledger is None:
-        # forty-third review of issue 15 (reports, finding 3): a trial whose ledger was deleted
-        # (4 events where the plan has 3) counted as one that released nothing: with
-        # summary.json's single_run lowered to the plan, compare-tuned said 19.03, not 22.14
+        # forty-third review of issue 15 (reports 3): a trial whose ledger was deleted counted
+        # as one that released nothing (compare-tuned 19.03, not 22.14)
         left = [name for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE, SUMMARY_FILE)
                 if (run_dir / name).exists()]  # fmt: skip
         if left:
@@ -208,10 +209,8 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
 def _check_covered(run_dir: Path, ledger: Any, delta: float) -> None:
     """Refuse a trial's ledger that composes to less than its other files state.
 
-    Forty-third review of issue 15 (reports, finding 4): a trial's ledger (not the released
-    one's, which is audited as ``--resume`` audits it) cut to its header, with ``summary.json``'s
-    ``single_run`` set to the plan, gave ``compare-tuned`` 19.03 where that trial's files state
-    15.58 for it (a resumed secure run charged its redone round) and the tuning spent 22.14.
+    Forty-third review of issue 15 (reports, finding 4): a trial's ledger cut to its header (and
+    ``summary.json``'s ``single_run`` set to the plan) gave ``compare-tuned`` 19.03, not 22.14.
     """
     from fedprivopt.simulation.audit import read_summary
     from fedprivopt.simulation.files import LEDGER_FILE, METRICS_FILE, read_rows, stated_epsilons
@@ -432,6 +431,13 @@ def composed_epsilon(checks: Sequence[TunedCheck], count: int) -> float:
     checks = list(checks)
     if not checks:
         raise ValueError("checks: empty; need at least one checked tuning")
+    # finding 6: composed_epsilon([c1, c2], 1) gave one tuning's 9.03 for two (13.33)
+    with contextlib.suppress(TypeError):  # a count that is no integer: refused below
+        if operator.index(count) < len(checks):
+            raise ValueError(
+                f"count must be at least the number of checks ({len(checks)}): every tuning "
+                f"given is published, got {shown(count)}"
+            )
     eps = [check.epsilon for check in checks]
     for check in checks:
         delta = float(check.plan["delta"])

@@ -39,6 +39,10 @@
    alone) of two dp-fedavg runs at σ 0.5, one of 1 round and one of 5: passed, the
    repeated-runs check had read the iterator to its end, so none was compared. Refused now,
    naming ``num-server-rounds``, as for a list.
+6. ``tune_check.composed_epsilon([c1, c2], 1)`` (two tunings' checks, a count of one): one
+   tuning's ε, 9.03, where publishing the two costs 13.33 (the callers pass at least the number
+   of checks; a larger count adds tunings that released nothing). Refused now: the count must be
+   at least the number of checks.
 """
 
 from __future__ import annotations
@@ -225,3 +229,10 @@ def test_5_untuned_runs_of_other_configurations_from_a_generator_are_refused(tmp
         check_untuned_seeds(runs)
     with pytest.raises(ValueError, match="num-server-rounds"):
         check_untuned_seeds(iter(runs))  # passed before
+
+
+def test_6_composed_epsilon_refuses_a_count_below_its_checks():
+    checks = [_check("t1"), _check("t2")]
+    with pytest.raises(ValueError, match=r"count must be at least the number of checks \(2\)"):
+        composed_epsilon(checks, 1)  # one tuning's epsilon before
+    assert composed_epsilon(checks, 3) > composed_epsilon(checks, 2)  # a larger count: as before

@@ -442,10 +442,14 @@ def remove_run_files(out: Path) -> None:
     released rounds and no checkpoint). Thirty-ninth review of issue 15 (processes 3):
     ``config.toml`` went first, and ``compare --overwrite`` stopped after it left a cell with a
     ledger, checkpoints and metrics but no ``config.toml``, which neither an overwrite nor a
-    resume took.
+    resume took. Forty-third review of issue 15 (ledger, finding 2): ``privacy_ledger.jsonl.v1``
+    (an earlier version's ledger, set aside by a resume that converted it) was kept, so the new
+    run's directory held a ledger counting releases of the run it replaced.
     """
     first = (SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE)  # no finished claim
-    last = (LEDGER_FILE, CONFIG_FILE)
+    # forty-third review (ledger 2): an earlier version's ledger set aside when it was converted
+    # stayed beside the new run, a record of releases that run never made
+    last = (LEDGER_FILE + OLD_LEDGER_SUFFIX, LEDGER_FILE, CONFIG_FILE)
     for name in (*first, *_PARTIAL):
         (out / name).unlink(missing_ok=True)
     for name in os.listdir(out):

@@ -10,12 +10,18 @@ reader of a run's files): tests.
    events (12.17). Now the events it counts beyond the checkpoint are charged, each as the
    costliest of the accountant's events (``checkpoint_epsilon_header(..., old)``), and the
    note says the ledger is an earlier version's.
+2. ``simulate(config, R, overwrite=True)`` (``compare --overwrite`` alike) over a run whose
+   earlier version's ledger a resume had converted, leaving ``privacy_ledger.jsonl.v1`` (5
+   events). Before: ``rundir.remove_run_files`` removed every other run file but kept it: the
+   new 1-round run's directory held a ledger of releases it never made (nothing removes it
+   later). Now it goes with the run's other files, before the ledger and ``config.toml``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,10 +29,10 @@ import torch
 from fedprivopt.privacy.accounting import PrivacyAccountant
 from fedprivopt.privacy.accounting_state import merge_ledger
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.rundata import load_run
 from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import load_run
 
-TOY = "simulations/toy.toml"
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +79,14 @@ def test_old_ledger_within_the_checkpoint_is_reported_as_before(secure_two_round
     lines = [{"round": r, "events": r} for r in range(3)]
     (run / "privacy_ledger.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert math.isclose(load_run(run).epsilon, stated, rel_tol=1e-9)
+
+
+def test_overwrite_removes_the_old_ledger_set_aside(secure_two_rounds, tmp_path):
+    run = _copy(secure_two_rounds, tmp_path / "converted")
+    aside = run / "privacy_ledger.jsonl.v1"  # what a resume converting an old ledger leaves
+    aside.write_text("".join(json.dumps({"round": r, "events": r}) + "\n" for r in range(6)))
+    config = load_config(TOY, {"num-server-rounds": 1, "population": 12,
+                               "task-params.num-users": 12, "clients-per-round": 4})  # fmt: skip
+    simulate(config, run, overwrite=True)
+    assert not aside.exists()
+    assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 1

@@ -100,8 +100,12 @@ def l2_norm(vector: torch.Tensor) -> float:
     finite float64 entries whose norm exceeds the float range, and NaN/Inf for such entries.
     """
     _check_tensor(vector)
+    # forty-third review of issue 15 (mechanisms 4): a subclass measured by its own operations,
+    # or an instance carrying its own detach, read 0.001 for 100 entries of 100, and
+    # clip_factor's documented recipe v * clip_factor(l2_norm(v), C, ...) left v at norm 1000
+    _refuse_subclass(vector)
     _check_real_data(vector)
-    flat = vector.detach().reshape(-1)
+    flat = torch.Tensor.detach(vector).reshape(-1)
     if flat.dtype == torch.float64:
         norm = float(torch.linalg.vector_norm(flat))
         if not (1e-140 < norm < 1e140) and (norm != 0.0 or bool(flat.any())):
@@ -185,7 +189,7 @@ def vector_norm_checked(vector: torch.Tensor) -> float:
     Finite float64 entries whose norm exceeds the float range give ``inf``.
     """
     norm = l2_norm(vector)
-    if not math.isfinite(norm) and not _finite(vector.detach()):
+    if not math.isfinite(norm) and not _finite(torch.Tensor.detach(vector)):
         raise ValueError("vector contains NaN or Inf; it cannot be clipped")
     return norm
 

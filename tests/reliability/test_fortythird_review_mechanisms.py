@@ -23,6 +23,13 @@
    vector without noise (``[0.3] * 5`` exactly, std 10 asked), as a ``_DropsTheNoise``. Now
    refused (``ValueError: vector must be a plain torch.Tensor, got a _DropsTheNoise ...``), as
    ``clip_l2`` and ``privatize_update`` refuse subclasses; a ``Parameter`` gets its noise.
+4. ``v * clip_factor(l2_norm(v), 1.0, torch.float32, numel=100)`` (the recipe ``clip_factor``'s
+   docstring gives) of a plain tensor of 100 entries of 100 whose instance carries its own
+   ``detach`` (returning entries of 1e-4), or of a subclass that reads norms as 0.001. Before:
+   ``l2_norm`` read the vector through the instance's ``detach`` (or the subclass's own
+   operations): 0.001, so the factor was 1 and ``v`` kept its norm 1000 where C = 1. Now
+   ``l2_norm`` (and ``vector_norm_checked``) read the entries through ``torch.Tensor.detach``
+   and refuse a subclass other than ``Parameter``, as ``clip_l2`` does: 1000.0, scaled within C.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import warnings
 import pytest
 import torch
 
-from fedprivopt.privacy.clip import clip_l2, l2_norm
+from fedprivopt.privacy.clip import clip_factor, clip_l2, l2_norm
 from fedprivopt.privacy.noise import add_gaussian_noise
 
 
@@ -101,3 +108,14 @@ def test_3_add_gaussian_noise_refuses_a_subclass():
     p = torch.nn.Parameter(torch.zeros(5))
     out = add_gaussian_noise(p, 1.0, generator=torch.Generator().manual_seed(0))
     assert out.shape == (5,) and bool(out.ne(0).all())
+
+
+def test_4_l2_norm_reads_the_entries_themselves():
+    u = torch.full((100,), 100.0)
+    u.detach = lambda: torch.full((100,), 1e-4)  # a lying instance method
+    assert l2_norm(u) == pytest.approx(1000.0)
+    scaled = u * clip_factor(l2_norm(u), 1.0, torch.float32, numel=100)
+    assert float(torch.linalg.vector_norm(torch.Tensor.detach(scaled))) <= 1.0
+    with pytest.raises(ValueError, match=r"plain torch\.Tensor, got a _NestedLiar"):
+        l2_norm(torch.full((100,), 100.0).as_subclass(_NestedLiar))
+    assert l2_norm(torch.nn.Parameter(torch.full((4,), 3.0))) == pytest.approx(6.0)

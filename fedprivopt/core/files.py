@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
     "read_at_most",
     "real_path",
     "unlink_links",
+    "url_scheme",
 ]
 
 
@@ -141,3 +143,19 @@ def real_path(path: str | os.PathLike) -> Path:
         return Path(path).absolute().resolve()
     except (OSError, RuntimeError):  # RuntimeError: a symbolic-link loop (Python 3.11)
         return Path(os.path.abspath(path))
+
+
+_URL = re.compile(r"\A([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+def url_scheme(text: str) -> str | None:
+    """The scheme of ``text`` when it is written as a URL (``s3://b/x``: ``"s3"``), else ``None``.
+
+    Forty-third review of issue 15 (input 5): ``--set task-params.data-dir=s3://bucket/so`` (an
+    object store, as a cloud notebook names it) was taken as the relative directory
+    ``./s3:/bucket/so``: a synthetic dataset generated there and trained on, rc 0; ``--out
+    s3://bucket/run`` wrote the run into ``./s3:/bucket/run`` and said ``results in
+    s3:/bucket/run``. Every path here is one of this machine; ``./s3://x`` names such a directory.
+    """
+    match = _URL.match(text)
+    return match[1] if match else None

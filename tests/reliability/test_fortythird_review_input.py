@@ -40,9 +40,22 @@
    in data info D/stackoverflow_train.h5)`` (``cli_data.cmd_data_info``) and ``… it holds TFF's
    legacy HDF5 splits (…), which the tasks do not read: they read the SQLite release; …``
    (``StackOverflowDataDir._ensure_files``).
+5. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=s3://bucket/so`` (an object
+   store, as a cloud notebook names it; also ``gs://``, ``https://``, ``file://``; the tag
+   task's ``cache-dir``; the tasks' Python API) and ``simulate toy.toml --out s3://bucket/run``
+   (also ``--resume``, ``data synth --out``, ``data info``, ``compare --out``): rc 0, the text
+   taken as the relative directory ``./s3:/bucket/so``, a synthetic dataset generated there and
+   trained on where the user named their storage; the run written into ``./s3:/bucket/run``,
+   reported as ``results in s3:/bucket/run``. Now rc 2 before anything is read or written:
+   ``argument --out: 's3://bucket/run' is a URL (s3://), not a path: fedprivopt reads and writes
+   directories of this machine (mount the storage and name its path)``, ``config:
+   task-params.data-dir 's3://bucket/so' is a URL …`` (``core.files.url_scheme``, used by
+   ``cli_args.check_path_text`` and ``stackoverflow_datadir.expanded_dir``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +64,7 @@ from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from tests.reliability.test_thirtyeighth_review_input import _cli
 
 MINI = "simulations/stackoverflow-tp-mini.toml"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +223,39 @@ def test_4_a_directory_of_legacy_hdf5_splits_names_them(tmp_path):
     assert "which the tasks do not read" in str(info.value), info.value
     code, lines = _cli("data", "info", str(tmp_path))  # a directory of neither: as before
     assert code == 2 and lines[0].endswith(f"directory {tmp_path} holds no stackoverflow.sqlite")
+
+
+# -- finding 5: a URL where a directory belongs -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", str(ROOT / "simulations/toy.toml"), "--quiet", "--out", "s3://b/run"],
+        ["simulate", "--resume", "gs://b/run"],
+        ["data", "synth", "--out", "https://example.org/d", "--clients", "3"],
+        ["data", "info", "file:///tmp/d"],
+    ],
+)
+def test_5_a_url_given_as_a_path_is_refused(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, lines = _cli(*argv)
+    assert code == 2 and len(lines) == 1, lines
+    assert "is a URL (" in lines[0] and "not a path" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []  # no ./s3:/b/run, ./https:/example.org/d
+
+
+def test_5_a_url_as_the_data_or_cache_dir_is_refused(tmp_path, monkeypatch, synthetic):
+    d, params = synthetic
+    monkeypatch.chdir(tmp_path)
+    code, lines = _cli(
+        "simulate", str(ROOT / MINI), "--rounds", "1", "--quiet", "--out", str(tmp_path / "r"),
+        "--set", "task-params.data-dir=s3://bucket/so",
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1, lines
+    assert "config: task-params.data-dir 's3://bucket/so' is a URL (s3://)" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []  # was: ./s3:/bucket/so, a synthetic dataset
+    kw = dict(vocab_size=50, num_tags=5, num_users=5, eval_users=5, **params)
+    with pytest.raises(ValueError, match=r"^cache_dir 'gs://b/c' is a URL \(gs://\)"):
+        StackOverflowTagTask(data_dir=d, token_cache=True, cache_dir="gs://b/c", **kw)
+    assert StackOverflowTagTask(data_dir=d, **kw).num_users == 5  # a path as before

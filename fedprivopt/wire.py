@@ -542,7 +542,17 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
         If a required key is missing, a value has the wrong type or range, a user id is
         repeated, or a private round asks for private metrics (:func:`check_private_metrics`).
     """
-    missing = [k for k in _REQUIRED_TRAIN_KEYS if k not in _mapping("record", record)]
+    known = (*_REQUIRED_TRAIN_KEYS, REPORT_PRIVATE_METRICS, CLIP_BIT, COUNT_NOISE_STD)
+    for name in _mapping("record", record):
+        # forty-third review of issue 15 (wire 9): a known key in snake_case (count_noise_std,
+        # clip_bit) was ignored, so the node sent its exact clip bits, as the server never asked
+        spelled = str(name).replace("_", "-")
+        if name not in known and spelled in known:
+            raise ValueError(
+                f"train config key {shown(name)} is {spelled!r} in another spelling; the key is "
+                f"{spelled!r}"
+            )
+    missing = [k for k in _REQUIRED_TRAIN_KEYS if k not in record]
     if missing:
         raise ValueError(f"train config is missing keys {missing}")
 

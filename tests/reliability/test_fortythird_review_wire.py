@@ -83,6 +83,14 @@
    ``ValueError: train message's ArrayRecord 'preconditioner': array 'p' must hold 18 real
    values, finite and > 0 ...`` (``messages._check_preconditioner``); a float16, float32 or
    float64 vector of the model's length (flat or ``(18, 1)``) is read as before.
+9. fedprivopt's ClientApp (``wire.decode_train_config``) given a train config holding a known key
+   in snake_case (``count_noise_std`` 0.3, ``clip_bit``, ``report_private_metrics``,
+   ``noise_std``, ``local_epochs``), as a ServerApp of one's own writing the config by hand may.
+   Before: the key was ignored without a word and its default used: with ``count_noise_std``
+   the node sent each user's exact clip bit where the server meant to ask for a noised share
+   (distributed mode); ``local_epochs`` 3 beside ``local-epochs`` 1 trained one epoch. Now
+   ``ValueError: train config key 'count_noise_std' is 'count-noise-std' in another spelling;
+   ...``; keys that are no spelling of a known one are ignored as before.
 """
 
 from __future__ import annotations
@@ -456,3 +464,38 @@ def test_8_a_model_vector_of_any_real_dtype_is_read_as_before():
     for p in (np.full(18, 2.0, np.float32), np.ones(18), np.ones((18, 1), np.float16)):
         read = TrainMessage.read(_with_preconditioner(p))
         assert read.preconditioner.shape == (18,) and bool((read.preconditioner > 0).all())
+
+
+# -- finding 9: a train config key in another spelling is refused, not ignored -----------------
+
+SNAKE_KEYS = {
+    "count_noise_std": 0.3,
+    "clip_bit": True,
+    "report_private_metrics": True,
+    "noise_std": 0.2,
+    "local_epochs": 3,
+}
+
+
+@pytest.mark.parametrize("key", sorted(SNAKE_KEYS))
+def test_9_a_train_config_key_in_snake_case_is_refused(key):
+    adaptive = P.ClientSettings(
+        LocalConfig(learning_rate=0.5, clip_norm=1.0, clip_bit=True), seed=5
+    )
+    config = dict(P.encode_train_config(users=[1], round_num=1, settings=adaptive))
+    if key.replace("_", "-") in (P.CLIP_BIT, P.COUNT_NOISE_STD, P.REPORT_PRIVATE_METRICS):
+        config.pop(key.replace("_", "-"))  # optional: only the other spelling; else both given
+    config[key] = SNAKE_KEYS[key]
+    message = delivered(
+        {P.CONFIG_RECORD: ConfigRecord(config), P.ARRAYS_RECORD: _model_arrays()}, "train"
+    )
+    spelled = key.replace("_", "-")
+    with pytest.raises(ValueError, match=f"^train config key '{key}' is '{spelled}' in another"):
+        app(message, _node())  # before: count_noise_std ignored, the exact clip bit sent
+
+
+def test_9_other_unknown_keys_are_ignored_as_before():
+    config = dict(P.encode_train_config(users=[1], round_num=1, settings=SETTINGS))
+    config["future-key"] = 1
+    config["x_y"] = 2
+    assert P.decode_train_config(ConfigRecord(config)).users == (1,)

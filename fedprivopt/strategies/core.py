@@ -344,12 +344,12 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             round_num, users, self.params, preconditioner, self.client_settings(clip_norm=clip)
         )
         updates = yield request
-        agg = self._aggregate_in_round(
-            round_num, updates, clip_norm=clip, cohort=users, count_now=False
-        )
         try:
+            agg = self._aggregate_in_round(
+                round_num, updates, clip_norm=clip, cohort=users, count_now=False
+            )
             self.refuse_changed_request(request, self.params, preconditioner)
-        except ValueError:
+        except Exception:
             self._check_out(round_num, users)  # nothing of it was released (api 7)
             raise
         self._count_cohort()  # adaptive clipping's count of a cohort not refused (api 4)
@@ -471,7 +471,8 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         """Take round ``round_num``'s refused cohort ``users`` out of the tree's participation.
 
         Forty-third review of issue 15 (api 7): a tree round refused after its sum (its trainer
-        changed the request's model; nothing released) kept its cohort checked in to the
+        changed the request's model), or whose aggregation refused its updates (a callback
+        returning ``None``), nothing released, kept its cohort checked in to the
         period's participation ledger: the round run again drew 10 other users, 10 users were
         lost to the period, and the algorithm's own ``state_dict()`` was refused by
         ``load_state_dict`` as edited (30 users at step 2, at most 20). Only these users are

@@ -50,7 +50,8 @@
    released, begun or over-budget round before it samples
    (``AlgorithmAggregation._refuse_spent_round``).
 7. Tree aggregation as in 6: round 2 refused after its sum (its callback changed
-   ``request.params`` in place; nothing released), then run again. Before: the refused cohort
+   ``request.params`` in place; nothing released), or at its aggregation (a callback returning
+   ``None``, the fortieth review's api 5), then run again. Before: the refused cohort
    stayed checked in to the period's participation ledger, so the rerun drew 10 other users
    (30 in the ledger), and the algorithm's own state was refused as edited. Now
    ``ServerAlgorithm._check_out`` takes exactly that cohort out (and forgets its draw, so
@@ -220,6 +221,8 @@ def test_7_a_refused_tree_rounds_cohort_is_checked_out():
 
     with pytest.raises(ValueError, match=r"changed request.params in place"):
         drive_round(alg, 2, changed)
+    with pytest.raises(TypeError, match=r"updates must be a mapping"):
+        drive_round(alg, 2, lambda request: None)  # a callback without its return: alike
     with pytest.raises(ValueError, match=r"drew none"):
         alg.aggregate(2, {u: torch.full((4,), 0.1) for u in cohorts[0]}, cohort=cohorts[0])
     drive_round(alg, 2, lambda request: cohorts.append(list(request.users)) or _train(request))

@@ -420,6 +420,7 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
     """
     from fedprivopt.simulation.report_markdown import table_cell
 
+    checks = list(checks)  # read twice: an iterator lost its table (forty-third review, 7)
     by_strategy: dict[str, list[Any]] = {}
     for check in checks:
         by_strategy.setdefault(check.plan["strategy"], []).append(check)

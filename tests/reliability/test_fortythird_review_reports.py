@@ -43,6 +43,10 @@
    tuning's ε, 9.03, where publishing the two costs 13.33 (the callers pass at least the number
    of checks; a larger count adds tunings that released nothing). Refused now: the count must be
    at least the number of checks.
+7. ``tune_report.tunings_lines(iter(checks))`` (``compare-tuned``'s note on how each strategy
+   was tuned and what each tuning released): the table of each tuning's released
+   hyperparameters was empty (its header alone), the checks read to their end by the table of
+   procedures. Each tuning has its row now.
 """
 
 from __future__ import annotations
@@ -236,3 +240,22 @@ def test_6_composed_epsilon_refuses_a_count_below_its_checks():
     with pytest.raises(ValueError, match=r"count must be at least the number of checks \(2\)"):
         composed_epsilon(checks, 1)  # one tuning's epsilon before
     assert composed_epsilon(checks, 3) > composed_epsilon(checks, 2)  # a larger count: as before
+
+
+def test_7_tunings_lines_of_a_generator_list_every_tuning():
+    import dataclasses
+
+    from fedprivopt.simulation.tune_report import tunings_lines
+
+    released = {"trial": "trial-001", "hyperparameters": {"server-learning-rate": 1}}
+    plan = {
+        "strategy": "dp-fedavg",
+        "grid": {"server-learning-rate": [0.5, 1]},
+        "metric": "eval_accuracy",
+        "trial_count": {"distribution": "poisson", "mean": 1.0},
+        "trials": [released],
+    }
+    checks = [dataclasses.replace(_check(name), plan=plan) for name in ("t1", "t2")]
+    lines = tunings_lines(checks)
+    assert sum("server-learning-rate = 1" in line for line in lines) == 2
+    assert tunings_lines(iter(checks)) == lines  # no tuning's row before

@@ -50,7 +50,8 @@
    ``argument --out: 's3://bucket/run' is a URL (s3://), not a path: fedprivopt reads and writes
    directories of this machine (mount the storage and name its path)``, ``config:
    task-params.data-dir 's3://bucket/so' is a URL …`` (``core.files.url_scheme``, used by
-   ``cli_args.check_path_text`` and ``stackoverflow_datadir.expanded_dir``).
+   ``cli_args.check_path_text``, ``stackoverflow_datadir.expanded_dir`` and
+   ``data.synthetic.generate``, whose ``out_dir`` alike wrote ``./s3:/b/d``).
 """
 
 from __future__ import annotations
@@ -259,3 +260,7 @@ def test_5_a_url_as_the_data_or_cache_dir_is_refused(tmp_path, monkeypatch, synt
     with pytest.raises(ValueError, match=r"^cache_dir 'gs://b/c' is a URL \(gs://\)"):
         StackOverflowTagTask(data_dir=d, token_cache=True, cache_dir="gs://b/c", **kw)
     assert StackOverflowTagTask(data_dir=d, **kw).num_users == 5  # a path as before
+    config = SyntheticConfig.tiny(num_clients=3, vocab_size=200, num_tags=10)
+    with pytest.raises(ValueError, match=r"^out_dir 's3://b/d' is a URL \(s3://\)"):
+        generate("s3://b/d", config, workers=1)  # the Python API of data synth
+    assert list(tmp_path.iterdir()) == []

@@ -375,51 +375,63 @@ def named_holder(path: str | os.PathLike, pid: int | None) -> int | None:
 def _living_holder(path: str | os.PathLike, listed: int) -> int | None:
     """``listed`` (a PID ``/proc/locks`` shows for ``path``) if it holds the lock, else who does.
 
-    ``None`` when the listed process holds nothing and no holder is found.
+    ``None`` when the listed process holds nothing and no holder is found. Only ``/proc``'s
+    ``fdinfo`` is read (the lock's device and inode, as in ``/proc/locks``), never the files the
+    processes have open, so a hung network mount of another process's cannot block this.
     """
     try:
-        st = os.stat(path)
+        key = _lock_key(os.stat(path))
     except OSError:
         return listed
-    if _holds(listed, st) is not False:  # holds it, or cannot be asked (another user's)
+    if _holds(listed, key) is not False:  # holds it, or cannot be asked (another user's)
         return listed
-    found = _flock_holders(st)
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        pids = []
+    found = [pid for pid in pids if _holds(pid, key)]
     if found:
         return min(found)
     # a kernel whose fdinfo shows no locks (before Linux 3.8) finds none: the listing, as before
     return listed if _alive(listed) and not _shows_fd_locks() else None
 
 
-def _fd_flocked(pid: int | str, fd: str, st: os.stat_result) -> bool:
-    """Whether descriptor ``fd`` of process ``pid`` is file ``st`` and holds a ``flock`` on it."""
-    try:
-        if not os.path.samestat(os.stat(f"/proc/{pid}/fd/{fd}"), st):
-            return False
-        with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
-            info = f.read(65536)
-    except OSError:
-        return False
-    return any(line.startswith(b"lock:") and b" FLOCK " in line for line in info.splitlines())
+def _lock_key(st: os.stat_result) -> tuple[str, str]:
+    """The file ``st`` as a lock line names it: ``MAJ:MIN:INODE``, and the inode alone."""
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}", str(st.st_ino)
 
 
-def _holds(pid: int, st: os.stat_result) -> bool | None:
-    """Whether process ``pid`` holds a ``flock`` on file ``st`` (``None``: not readable here)."""
+def _flock_on(text: bytes, key: tuple[str, str]) -> bool:
+    """Whether an ``fdinfo`` (``lock:`` lines, as ``/proc/locks``'s) shows a ``flock`` on ``key``.
+
+    The inode alone where the device differs (btrfs subvolumes, overlay: see
+    :func:`lock_holders`).
+    """
+    for line in text.decode("ascii", "replace").splitlines():
+        parts = line.split()  # "lock:  1: FLOCK  ADVISORY  WRITE 412 fe:00:4252419 0 EOF"
+        if len(parts) >= 7 and parts[0] == "lock:" and parts[2] == "FLOCK":
+            if parts[6] == key[0] or parts[6].rpartition(":")[2] == key[1]:
+                return True
+    return False
+
+
+def _holds(pid: int, key: tuple[str, str]) -> bool | None:
+    """Whether process ``pid`` holds a ``flock`` on file ``key`` (``None``: not readable here)."""
+    where = f"/proc/{pid}/fdinfo"
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
+        fds = os.listdir(where)
     except PermissionError:
         return None
     except OSError:
         return False  # gone
-    return any(_fd_flocked(pid, fd, st) for fd in fds)
-
-
-def _flock_holders(st: os.stat_result) -> set[int]:
-    """The processes of this PID namespace with a descriptor of file ``st`` holding its lock."""
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return set()
-    return {pid for pid in pids if _holds(pid, st)}
+    for fd in fds:
+        try:
+            with open(f"{where}/{fd}", "rb") as f:
+                if _flock_on(f.read(65536), key):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _shows_fd_locks() -> bool:
@@ -432,7 +444,8 @@ def _shows_fd_locks() -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return _fd_flocked(os.getpid(), str(fd), os.fstat(fd))
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            return _flock_on(f.read(65536), _lock_key(os.fstat(fd)))
     except OSError:
         return False
     finally:

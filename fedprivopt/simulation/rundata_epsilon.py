@@ -14,7 +14,7 @@ from typing import Any
 
 from fedprivopt.core.text import shown
 from fedprivopt.simulation.checkpoint import newest_checkpoint
-from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, SUMMARY_FILE
+from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, METRICS_FILE, SUMMARY_FILE
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 
 __all__ = [
@@ -120,6 +120,9 @@ def accounted_epsilon(
     the run spent 13.70 at 1e-4. ``where``: the file ``delta`` comes from, which the note
     names (thirty-seventh review, reports finding 4: a run without ``config.toml`` whose
     ``summary.json`` states δ 0.5 was noted "its config.toml 0.5", a file it does not have).
+    A run with neither is noted so: forty-third review of issue 15 (ledger, finding 3), a
+    secure run's ledger and checkpoints deleted and the ε of its rows and summary divided by
+    100 was reported by ``write_report(out, load_runs(R))`` at 0.163 without a word.
     """
     shown_delta = delta if is_delta(delta) else None
     old: OldLedgerError | None = None
@@ -139,6 +142,12 @@ def accounted_epsilon(
         return LEDGER_FILE, ledger.epsilon(shown_delta), at
     found = checkpoint_epsilon_header(path, shown_delta, old)
     if found is None:
+        if _states_finite_epsilon(path):  # forty-third review (ledger 3): without a word
+            notes.append(
+                f"{path}: no {LEDGER_FILE} and no readable checkpoint: its epsilon is as "
+                f"{SUMMARY_FILE} and {METRICS_FILE} state it, which nothing of the run confirms "
+                "(compare and --resume refuse such a run)"
+            )
         return None
     name, epsilon, round_num, at, header = found
     if isinstance(header, dict) and header.get("tuning_plan") is not None:
@@ -154,6 +163,24 @@ def accounted_epsilon(
         f"{name} (round {round_num}){' and the events counted beyond it' if old else ''}"
     )
     return f"{name} (its accountant)", epsilon, at
+
+
+def _states_finite_epsilon(path: Path) -> bool:
+    """Whether ``path`` is a run of fedprivopt whose ``summary.json`` states a finite ε.
+
+    A run fedprivopt wrote has a ``config.toml`` and a summary stating its ``threat_model``; files
+    written by hand without either (a report's test data) are not noted.
+    """
+    from fedprivopt.simulation.files import parse_json
+
+    try:
+        summary = parse_json((path / SUMMARY_FILE).read_text(encoding="utf-8"))
+        epsilon = summary.get("epsilon")
+    except (OSError, ValueError, AttributeError):
+        return False
+    ours = (path / CONFIG_FILE).exists() or "threat_model" in summary
+    number = isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool)
+    return ours and number and math.isfinite(epsilon)
 
 
 def checkpoint_epsilon(path: Path, delta: float | None) -> tuple[str, float, int, float] | None:

@@ -15,6 +15,13 @@ reader of a run's files): tests.
    events). Before: ``rundir.remove_run_files`` removed every other run file but kept it: the
    new 1-round run's directory held a ledger of releases it never made (nothing removes it
    later). Now it goes with the run's other files, before the ledger and ``config.toml``.
+3. ``write_report(out, load_runs(R))`` (``load_run``) of a finished secure run whose
+   ``privacy_ledger.jsonl``, ``checkpoint.pt`` and ``checkpoint.prev.pt`` were deleted and whose
+   rows' and summary's epsilon were divided by 100 (a 6-round toy run: 16.29 to 0.163). Before:
+   reported at 0.163 with no note (the rows' digest noted only when ``summary.json`` keeps
+   one); ``compare``, ``compare-tuned --untuned`` and ``--resume`` refuse such a run (rounds
+   released, no ledger, no checkpoint). Now ``accounted_epsilon`` notes that
+   nothing of the run confirms the epsilon its files state.
 """
 
 from __future__ import annotations
@@ -90,3 +97,19 @@ def test_overwrite_removes_the_old_ledger_set_aside(secure_two_rounds, tmp_path)
     simulate(config, run, overwrite=True)
     assert not aside.exists()
     assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 1
+
+
+def test_a_run_without_ledger_or_checkpoint_is_reported_with_a_note(secure_two_rounds, tmp_path):
+    run = _copy(secure_two_rounds, tmp_path / "bare")
+    for name in ("privacy_ledger.jsonl", "checkpoint.pt", "checkpoint.prev.pt"):
+        (run / name).unlink(missing_ok=True)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["epsilon"] /= 100
+    (run / "summary.json").write_text(json.dumps(summary))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["epsilon"] /= 100
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    loaded = load_run(run)
+    assert math.isclose(loaded.epsilon, summary["epsilon"])
+    assert any("no privacy_ledger.jsonl and no readable checkpoint" in n for n in loaded.warnings)

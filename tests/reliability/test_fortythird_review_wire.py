@@ -91,6 +91,12 @@
    (distributed mode); ``local_epochs`` 3 beside ``local-epochs`` 1 trained one epoch. Now
    ``ValueError: train config key 'count_noise_std' is 'count-noise-std' in another spelling;
    ...``; keys that are no spelling of a known one are ignored as before.
+10. ``DPStrategy`` (in process, the grid of finding 4) given a train reply of node 100 holding,
+    beside its users' updates, 500 updates under keys it was not asked for (``update/1000`` to
+    ``update/1499``: a ClientApp keying its updates by position, or training every hosted
+    user). Before: one warning a key, 500 lines for the reply (a line for each such user in
+    every round). Now one warning a reply naming the first key and how many more
+    (``ReplyCollection._said_unrequested``); ``unrequested`` still counts 500.
 """
 
 from __future__ import annotations
@@ -284,7 +290,10 @@ class _QueryGrid:
                 replies += [reply, reply] if node == 100 and self.how == "twice" else [reply]
                 continue
             content = RecordDict()
-            for user in msg.content.config_records[P.CONFIG_RECORD][P.USERS]:
+            users = list(msg.content.config_records[P.CONFIG_RECORD][P.USERS])
+            if node == 100 and self.how == "by position":  # and every other hosted user
+                users += list(range(1000, 1500))
+            for user in users:
                 delta = ArrayRecord({P.DELTA_ARRAY: Array(np.full(3, 0.1, np.float32))})
                 content[P.update_key(user)] = delta
             replies.append(Message(content, metadata=reply_metadata(msg, node)))
@@ -499,3 +508,14 @@ def test_9_other_unknown_keys_are_ignored_as_before():
     config["future-key"] = 1
     config["x_y"] = 2
     assert P.decode_train_config(ConfigRecord(config)).users == (1,)
+
+
+# -- finding 10: a reply's updates under unrequested keys are said in one warning ----------------
+
+
+def test_10_a_replys_unrequested_keys_are_one_warning(server_side, caplog):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        (row,) = _run(_QueryGrid("by position"))
+    said = [r.getMessage() for r in caplog.records if "unrequested key" in r.getMessage()]
+    assert said == ["node 100 sent an update under an unrequested key 'update/1000' and 499 more"]
+    assert row["unrequested"] == 500 and row["received"] == 4  # before: 500 warnings

@@ -128,6 +128,8 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         # the last cohort sample() drew, by purpose: (round, users); what aggregate may sum in
         # secure mode or under tree aggregation, where a draw is not repeated
         self._drawn: dict[str, tuple[int, frozenset[int]]] = {}
+        # secure mode: the draw of the last round sampled, by purpose, given again (api 8)
+        self._secure_draws: dict[str, tuple[int, tuple[int, ...]]] = {}
         #: Task user ids that can be reached this round (deployment under tree aggregation;
         #: ``None``: all). Set by the engine before a round; ignored by sampled mechanisms.
         self.available_users: set[int] | None = None
@@ -303,8 +305,16 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
                 ids = [u - self.user_offset for u in self.available_users if u in self.user_ids]
                 available[torch.as_tensor(ids, dtype=torch.int64)] = True
             users = [u + self.user_offset for u in self.tree_cohorts.cohort(round_num, available)]
+        elif self.config.secure and self._secure_draws.get(purpose, (None,))[0] == round_num:
+            # forty-third review of issue 15 (api 8): in secure mode every call drew anew, so a
+            # caller could draw round 1 again until a chosen user was in it (the second draw held
+            # user 7) and aggregate that cohort, charged as a Poisson sample of rate q; a round
+            # has one draw, as a seeded one has
+            users = list(self._secure_draws[purpose][1])
         else:
             users = [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
+            if self.config.secure:
+                self._secure_draws[purpose] = (round_num, tuple(users))
         self._drawn[purpose] = (round_num, frozenset(users))
         return users
 

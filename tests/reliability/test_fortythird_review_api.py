@@ -57,6 +57,12 @@
    ``ServerAlgorithm._check_out`` takes exactly that cohort out (and forgets its draw, so
    ``aggregate`` cannot sum it unchecked in): the rerun draws the same cohort, 20 in the
    ledger, the state loads.
+8. Secure mode (``secure = true``): ``users = alg.sample(1)`` called again until a chosen user is
+   in the draw (user 7 at the second draw), then ``alg.aggregate(1, updates, cohort=users)``.
+   Before: every call drew anew and ``aggregate`` took the last draw, so the caller chose the
+   cohort (a chosen user's inclusion probability 1) while the release was charged as a Poisson
+   sample of rate q (epsilon 7.55). Now a round's draw is given again for the same round and
+   purpose (``ServerAlgorithm.sample``), as in seeded mode; the next round draws anew.
 """
 
 from __future__ import annotations
@@ -229,3 +235,18 @@ def test_7_a_refused_tree_rounds_cohort_is_checked_out():
     assert cohorts[1] == cohorts[0]  # was 10 other users
     assert len(alg.tree_cohorts.state_dict()["users"]) == 20  # was 30
     build_algorithm(config, torch.zeros(4)).load_state_dict(alg.state_dict())  # was "edited"
+
+
+# -- finding 8: a secure round drawn again until a chosen user is in it ---------------------------
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+def test_8_a_secure_round_has_one_draw(strategy):
+    alg = build_algorithm(_config(secure=True, strategy=strategy), torch.zeros(4))
+    first = alg.sample(1)
+    assert all(alg.sample(1) == first for _ in range(20))  # was a new draw every call
+    second = alg.sample(1, "sampling-2")
+    assert alg.sample(1, "sampling-2") == second
+    drive_round(alg, 1, _train)
+    later = [alg.sample(2) for _ in range(3)]
+    assert later[0] == later[1] == later[2]

@@ -160,7 +160,7 @@ def set_overrides(args: argparse.Namespace) -> dict:
             raise UsageError(f"argument --set: {shown(text)} is nested too deeply") from None
         if sets_nothing(value):  # silently dropped (nineteenth review of issue 15, finding 1)
             raise UsageError(empty_table_error("--set", key, value))
-        if key in out and out[key] != value:  # the last would silently win
+        if key in out and _differ(out[key], value):  # the last would silently win
             merged = _merged_tables(out[key], value)
             if merged is None:
                 raise UsageError(
@@ -173,13 +173,24 @@ def set_overrides(args: argparse.Namespace) -> dict:
         value = getattr(args, flag, None)
         if value is None:
             continue
-        if key in out and out[key] != value:  # the shorthand would silently win
+        if key in out and _differ(out[key], value):  # the shorthand would silently win
             raise UsageError(
                 f"argument --{flag}: {value!r} contradicts --set {key}={out[key]!r}; "
                 "give one of them"
             )
         out[key] = value
     return out
+
+
+def _differ(old: object, new: object) -> bool:
+    """Whether two values of one key differ, a boolean never equal to a number.
+
+    Forty-third review of issue 15 (input 6): ``--seed 1 --set seed=true`` (also
+    ``--tensorboard --set tensorboard=1``, ``--set seed=1 --set seed=true``) was not a
+    contradiction, since ``True == 1`` in Python: the value the key refuses was dropped
+    silently, and the other one used.
+    """
+    return old != new or isinstance(old, bool) != isinstance(new, bool)
 
 
 def _merged_tables(old: object, new: object) -> dict | None:

@@ -52,6 +52,12 @@
    task-params.data-dir 's3://bucket/so' is a URL …`` (``core.files.url_scheme``, used by
    ``cli_args.check_path_text``, ``stackoverflow_datadir.expanded_dir`` and
    ``data.synthetic.generate``, whose ``out_dir`` alike wrote ``./s3:/b/d``).
+6. ``simulate toy.toml --seed 1 --set seed=true`` (also ``--tensorboard --set tensorboard=1``,
+   ``--set seed=1 --set seed=true``): rc 0, not a contradiction since ``True == 1`` in Python;
+   the value the key refuses (``--set seed=true`` alone is refused) was dropped silently and the
+   other used. Now ``argument --seed: 1 contradicts --set seed=True; give one of them``, as for
+   any two values (``cli_runs._differ``); ``--set noise-multiplier=1 --set
+   noise-multiplier=1.0`` (one number) still runs.
 """
 
 from __future__ import annotations
@@ -264,3 +270,26 @@ def test_5_a_url_as_the_data_or_cache_dir_is_refused(tmp_path, monkeypatch, synt
     with pytest.raises(ValueError, match=r"^out_dir 's3://b/d' is a URL \(s3://\)"):
         generate("s3://b/d", config, workers=1)  # the Python API of data synth
     assert list(tmp_path.iterdir()) == []
+
+
+# -- finding 6: a boolean beside a number of one key ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        (["--seed", "1", "--set", "seed=true"], "argument --seed: 1 contradicts --set seed=True"),
+        (["--tensorboard", "--set", "tensorboard=1"], "argument --tensorboard: True contradicts"),
+        (
+            ["--set", "seed=1", "--set", "seed=true"],
+            "seed=True contradicts an earlier --set seed=1",
+        ),
+    ],
+)
+def test_6_a_boolean_and_a_number_of_one_key_contradict(tmp_path, given, needle):
+    toy = str(ROOT / "simulations/toy.toml")
+    code, lines = _cli(
+        "simulate", toy, "--rounds", "1", "--quiet", "--out", str(tmp_path / "r"), *given
+    )
+    assert code == 2 and len(lines) == 1 and needle in lines[0], lines
+    assert not (tmp_path / "r").exists()

@@ -277,9 +277,10 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         print(_interrupted(Path(out).expanduser()), file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
     except (RuntimeError, TimeoutError, OSError) as exc:
-        if isinstance(exc, OSError) and not _fork_refused(exc):
-            raise
-        if isinstance(exc, OSError):
+        fork = isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
+        if fork and not _fork_refused(exc):
+            raise  # TimeoutError is an OSError: the deployment's own timeout is not re-raised
+        if fork:
             exc = RuntimeError(
                 f"a process could not be started ({exc.strerror or exc}): this user's (or the "
                 "container's) limit on processes and threads is reached (ulimit -u, a pids "

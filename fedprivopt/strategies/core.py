@@ -128,8 +128,9 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         # the last cohort sample() drew, by purpose: (round, users); what aggregate may sum in
         # secure mode or under tree aggregation, where a draw is not repeated
         self._drawn: dict[str, tuple[int, frozenset[int]]] = {}
-        # secure mode: the draw of the last round sampled, by purpose, given again (api 8)
-        self._secure_draws: dict[str, tuple[int, tuple[int, ...]]] = {}
+        # secure mode: each unreleased round's draw, by purpose and round, given again (api 8;
+        # follow-up, privacy 1: one draw a purpose let sample(2) between two sample(1) redraw 1)
+        self._secure_draws: dict[tuple[str, int], tuple[int, ...]] = {}
         #: Task user ids that can be reached this round (deployment under tree aggregation;
         #: ``None``: all). Set by the engine before a round; ignored by sampled mechanisms.
         self.available_users: set[int] | None = None
@@ -305,16 +306,16 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
                 ids = [u - self.user_offset for u in self.available_users if u in self.user_ids]
                 available[torch.as_tensor(ids, dtype=torch.int64)] = True
             users = [u + self.user_offset for u in self.tree_cohorts.cohort(round_num, available)]
-        elif self.config.secure and self._secure_draws.get(purpose, (None,))[0] == round_num:
+        elif self.config.secure and (purpose, round_num) in self._secure_draws:
             # forty-third review of issue 15 (api 8): in secure mode every call drew anew, so a
             # caller could draw round 1 again until a chosen user was in it (the second draw held
             # user 7) and aggregate that cohort, charged as a Poisson sample of rate q; a round
             # has one draw, as a seeded one has
-            users = list(self._secure_draws[purpose][1])
+            users = list(self._secure_draws[purpose, round_num])
         else:
             users = [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
             if self.config.secure:
-                self._secure_draws[purpose] = (round_num, tuple(users))
+                self._secure_draws[purpose, round_num] = tuple(users)
         self._drawn[purpose] = (round_num, frozenset(users))
         return users
 
@@ -538,6 +539,7 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         # after them drew the same seeded noise (the releases differed by the left-out user's
         # clipped update without noise)
         self._aggregated = {(r, s) for r, s in self._aggregated if r > self.round_num}
+        self._secure_draws = {k: v for k, v in self._secure_draws.items() if k[1] > self.round_num}
         self._average()
         metrics = {**metrics, **(self.clipping.step() if self.clipping is not None else {})}
         out = {"cohort_size": float(len(users)), **metrics, "epsilon": self.epsilon()}

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-__all__ = ["die_with_parent"]
+__all__ = ["FORK_REFUSED_ADVICE", "die_with_parent", "fork_refused"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -43,3 +43,29 @@ def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(sig))
     if os.getppid() != parent:  # the parent died between the start and the call
         os.kill(os.getpid(), int(sig))
+
+
+def fork_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is the kernel refusing to start a process (``fork``: EAGAIN).
+
+    Forty-third review of issue 15 (processes 2): under a limit on processes (``ulimit -u``, a
+    container's or systemd's pids limit) the start of the watchdog, the SuperLink, a SuperNode,
+    ``flwr run`` or Ray's processes ended the command in a 20-line ``BlockingIOError``
+    traceback, rc 1. Only an EAGAIN raised where ``subprocess`` starts the child is meant (not a
+    file's EAGAIN, which names its file).
+    """
+    import errno
+
+    if not isinstance(exc, OSError) or exc.errno != errno.EAGAIN or exc.filename is not None:
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == "_execute_child"
+
+
+FORK_REFUSED_ADVICE = (
+    "this user's (or the container's) limit on processes and threads is reached (ulimit -u, a "
+    "pids limit); stop other processes or raise the limit"
+)
+"""What to do when :func:`fork_refused` holds (said after the error's own text)."""

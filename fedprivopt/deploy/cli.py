@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.orphans import FORK_REFUSED_ADVICE, fork_refused
 from fedprivopt.core.text import epsilon_text, shown
 from fedprivopt.deploy import MAX_LOCAL_NODES
 from fedprivopt.deploy.out_checks import MAX_RECORD_BYTES, check_out_claimable  # noqa: F401
@@ -107,24 +108,6 @@ def _checked_config(config_path: str | None, overrides: dict[str, Any]) -> Any:
             f"config file {str(name)!r} cannot be read: {exc.strerror or exc}"
         ) from None
     return config
-
-
-def _fork_refused(exc: OSError) -> bool:
-    """Whether ``exc`` is the kernel refusing to start a process (``fork``: EAGAIN).
-
-    Forty-third review of issue 15 (processes 2): under a limit on processes (``ulimit -u``, a
-    container's or systemd's pids limit) the start of the watchdog, the SuperLink, a SuperNode
-    or ``flwr run`` ended ``deploy local`` in a 20-line ``BlockingIOError`` traceback, rc 1.
-    Only an EAGAIN raised where ``subprocess`` starts the child is meant.
-    """
-    import errno
-
-    if exc.errno != errno.EAGAIN or exc.filename is not None:
-        return False
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_name == "_execute_child"
 
 
 def _continuation(out: Path) -> str | None:
@@ -278,13 +261,11 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
     except (RuntimeError, TimeoutError, OSError) as exc:
         fork = isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
-        if fork and not _fork_refused(exc):
+        if fork and not fork_refused(exc):
             raise  # TimeoutError is an OSError: the deployment's own timeout is not re-raised
         if fork:
             exc = RuntimeError(
-                f"a process could not be started ({exc.strerror or exc}): this user's (or the "
-                "container's) limit on processes and threads is reached (ulimit -u, a pids "
-                "limit); stop other processes or raise the limit"
+                f"a process could not be started ({exc.strerror or exc}): {FORK_REFUSED_ADVICE}"
             )
         print(f"fedprivopt deploy local: failed: {exc}", file=sys.stderr)
         then = _continuation(Path(out).expanduser())  # after the log's lines: said last

@@ -20,7 +20,7 @@
    traceback (nothing left running, the work directory removed). Now rc 1 and one line,
    ``fedprivopt deploy local: failed: a process could not be started (Resource temporarily
    unavailable): this user's (or the container's) limit on processes and threads is reached
-   (ulimit -u, a pids limit); ...`` (``deploy.cli._fork_refused``: EAGAIN raised where
+   (ulimit -u, a pids limit); ...`` (``core.orphans.fork_refused``: EAGAIN raised where
    ``subprocess`` starts the child). (In-process: ``subprocess.Popen._execute_child``, where
    the real ``fork_exec`` raises it, made to raise it; no process starts.)
 """

@@ -20,7 +20,7 @@ from typing import NoReturn
 # re-exported: their public path before cli_task_errors (docs/RELIABILITY.md names it)
 from fedprivopt.cli_task_errors import name_task_param, task_param_error
 from fedprivopt.core.checks import interval
-from fedprivopt.core.files import on_read_only_fs, url_scheme
+from fedprivopt.core.files import on_read_only_fs, url_refusal
 from fedprivopt.core.text import SHOWN_CHARS, cut_middle, shown
 
 __all__ = [
@@ -225,12 +225,9 @@ def check_path_text(text: str, flag: str) -> Path:
     """
     if not text:
         raise UsageError(f"argument {flag}: must be a path, got ''")
-    scheme = url_scheme(text)
-    if scheme is not None:  # forty-third review of issue 15 (input 5): ./s3:/bucket/run
-        raise UsageError(
-            f"argument {flag}: {shown(text)} is a URL ({scheme}://), not a path: fedprivopt "
-            "reads and writes directories of this machine (mount the storage and name its path)"
-        )
+    refused = url_refusal(f"argument {flag}:", text)
+    if refused is not None:  # forty-third review of issue 15 (input 5): ./s3:/bucket/run
+        raise UsageError(refused)
     expanded = os.path.expanduser(text)
     if text.startswith("~") and expanded == text:
         # forty-second review of issue 15 (input 5): --out "~nosuchuser/x" (also --resume,

@@ -29,6 +29,7 @@ __all__ = [
     "read_at_most",
     "real_path",
     "unlink_links",
+    "url_refusal",
     "url_scheme",
 ]
 
@@ -159,3 +160,21 @@ def url_scheme(text: str) -> str | None:
     """
     match = _URL.match(text)
     return match[1] if match else None
+
+
+def url_refusal(name: str, value: object) -> str | None:
+    """Why ``value``, given as the path ``name``, is refused when written as a URL; else ``None``.
+
+    The one wording of :func:`url_scheme`'s refusal: the command line (``argument --out: ...``),
+    the tasks' ``data_dir``/``cache_dir``, ``data.generate``, the Python ``simulate``/``resume``
+    and the deployment's run config ``out`` say it alike.
+    """
+    scheme = url_scheme(value) if isinstance(value, str) else None
+    if scheme is None:
+        return None
+    from fedprivopt.core.text import shown
+
+    return (
+        f"{name} {shown(value)} is a URL ({scheme}://), not a path: fedprivopt reads and writes "
+        "directories of this machine (mount the storage and name its path)"
+    )

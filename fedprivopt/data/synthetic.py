@@ -55,8 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import check_int
-from fedprivopt.core.files import unlink_links, url_scheme
-from fedprivopt.core.text import shown
+from fedprivopt.core.files import unlink_links, url_refusal
 from fedprivopt.data.sqlite import write_sqlite
 from fedprivopt.data.synthetic_config import (
     DISK_PER_USER,
@@ -196,12 +195,9 @@ def generate(
         :func:`default_workers`); the files are byte-identical for any number.
     """
     config = SyntheticConfig() if config is None else config
-    scheme = url_scheme(out_dir) if isinstance(out_dir, str) else None
-    if scheme is not None:  # forty-third review of issue 15 (input 5): ./s3:/b/d, as data synth
-        raise ValueError(
-            f"out_dir {shown(out_dir)} is a URL ({scheme}://), not a path: the files are "
-            "written into a directory of this machine (mount the storage and name its path)"
-        )
+    refused = url_refusal("out_dir", out_dir)
+    if refused is not None:  # forty-third review of issue 15 (input 5): ./s3:/b/d, as data synth
+        raise ValueError(refused)
     if workers is not None:
         check_int("workers", workers, 1)
     # thirty-ninth review of issue 15 (input 1): workers bounded by the memory

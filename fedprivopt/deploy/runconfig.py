@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt import wire as P
+from fedprivopt.core.files import url_refusal
 from fedprivopt.core.text import shown
 from fedprivopt.simulation.config import SIDE_INFORMATION, UNSETTABLE, RunConfig, resolve_config
 from fedprivopt.strategies.config import StrategyConfig
@@ -236,6 +237,9 @@ def check_run_out(value: Any) -> str:
     """
     if not isinstance(value, str) or not value:
         raise ValueError(f"out must be a directory path (a string), got {shown(value)}")
+    refused = url_refusal("out", value)  # forty-third review of issue 15 (lead 2): ./s3:/b/r
+    if refused is not None:
+        raise ValueError(refused)
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
         raise ValueError(f"out: the path holds a control character (a line break?): {shown(value)}")
     if any(not part.strip() for part in Path(value).parts):

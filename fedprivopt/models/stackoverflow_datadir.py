@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fedprivopt.core.checks import check_bool, check_int
-from fedprivopt.core.files import url_scheme
+from fedprivopt.core.files import url_refusal
 from fedprivopt.core.text import shown
 from fedprivopt.data.hdf5 import HDF5_FILES
 from fedprivopt.data.locks import DATA_LOCK, file_lock, refuse_filesystem_root
@@ -98,12 +98,9 @@ def expanded_dir(name: str, value: str | os.PathLike) -> Path:
     determine home directory.``, naming no parameter (the command line refuses it when the
     configuration is read: input 5).
     """
-    scheme = url_scheme(value) if isinstance(value, str) else None
-    if scheme is not None:  # forty-third review of issue 15 (input 5): ./s3:/bucket/so
-        raise ValueError(
-            f"{name} {shown(value)} is a URL ({scheme}://), not a path: the tasks read and "
-            "write directories of this machine (mount the storage and name its path)"
-        )
+    refused = url_refusal(name, value)
+    if refused is not None:  # forty-third review of issue 15 (input 5): ./s3:/bucket/so
+        raise ValueError(refused)
     try:
         return Path(value).expanduser()
     except RuntimeError:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from fedprivopt.core.files import real_path
+from fedprivopt.core.files import real_path, url_refusal
 from fedprivopt.core.logs import quiet_flower
 from fedprivopt.core.text import epsilon_text
 from fedprivopt.data.token_cache import CACHE_DIR
@@ -123,6 +123,9 @@ def _run_dir_argument(name: str, value: object) -> Path:
     """
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise ValueError(f"{name} must be a non-empty path, got {value!r}"[:200])
+    refused = url_refusal(name, value)  # forty-third review of issue 15 (lead 2): ./s3:/b/r
+    if refused is not None:
+        raise ValueError(refused)
     return Path(value)
 
 

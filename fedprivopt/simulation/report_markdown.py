@@ -307,6 +307,7 @@ def markdown(
             "example counts without noise, so epsilon does not cover it (nor the round metrics "
             "of metrics.jsonl: summary.json's not_covered)."
         )
+    lines += _private_evaluations(sel.runs, pretty, m != "eval_loss")
     lines += [
         "",
         "## Plots",
@@ -386,6 +387,33 @@ def _relations(runs: Sequence[RunData]) -> str:
         return "."
     hows = [_RELATIONS[m] for m in ("poisson", "fixed", "tree") if m in found]
     return "; neighbouring datasets differ in one user, " + "; or ".join(hows) + "."
+
+
+_EVALUATIONS_OUTSIDE = "nor the evaluations (eval_* metrics)"
+"""What a run's ``not_covered`` says when its evaluations are (or may be) of private users."""
+
+
+def _private_evaluations(runs: Sequence[RunData], pretty: str, loss: bool) -> list[str]:
+    """The line on private runs whose evaluations ε does not cover (their ``not_covered``).
+
+    Forty-third review of issue 15 (contract 1): ``compare stackoverflow-tp-mini.toml`` (the
+    test split: 91 of the 100 evaluation users are training users) published the task metric
+    and eval loss of each private run beside its ε, with the reference line and the
+    privacy-utility plot, while each run's ``summary.json`` said to publish "the models and
+    epsilon, not these rows".
+    """
+    private = [r for r in runs if math.isfinite(r.epsilon)]
+    found = [r for r in private if _EVALUATIONS_OUTSIDE in str(r.summary.get("not_covered"))]
+    if not found:
+        return []
+    columns = f"{pretty}{' and eval loss' if loss else ''}"
+    return [
+        f"Evaluations: {len(found)} of the {len(private)} private runs evaluated users of the "
+        "private population without noise, or their task does not say whether it did (each "
+        f"run's summary.json, not_covered): epsilon does not cover their {columns} columns, "
+        "the plots or the reference line; publish those only from evaluations of users outside "
+        "the private population (for StackOverflow, task-params.eval-split = 'heldout')."
+    ]
 
 
 def _seeded_runs(runs: Sequence[RunData]) -> list[str]:

@@ -41,23 +41,37 @@ def refuse_inside_held(out: Path, flag: str = "--out") -> None:
     inside-a-run check knows a run by its ledger or by ``run.lock`` beside ``config.toml``;
     ``D/sub/deploy`` was written into the run (``simulate --out D/sub`` alike, the outputs
     follow-up's open row: the command line's ``--out`` check calls this too).
+
+    Follow-up of the forty-third review of issue 15 (outputs 1): a running deployment's log
+    directory (``deploy local --out D`` holds ``D/deploy`` with ``deploy.lock`` there) was not
+    looked at: ``simulate toy.toml --out D/deploy/x`` wrote a whole run among the deployment's
+    logs, rc 0. It is refused as a run directory is, naming the deployment's PID.
     """
     from fedprivopt.data.locks import LockHeldError
     from fedprivopt.simulation.files import LOCK_FILE
 
     for place in _ancestors(out):
-        if not os.path.lexists(place / LOCK_FILE):
-            continue
-        try:
-            _refuse_held(place, f"run directory {quoted_out(place)}")
-        except LockHeldError as exc:
-            holder = f"process {exc.pid}" if exc.pid is not None else "another process"
-            raise LockHeldError(
-                f"argument {flag}: {quoted_out(out)} is inside the run directory "
-                f"{quoted_out(place)}, which {holder} holds: a run's directory holds its own "
-                "files only; choose a directory outside it",
-                exc.pid,
-            ) from None
+        for lock, what in (
+            (LOCK_FILE, "run directory"),
+            (_DEPLOY_LOCK, "deployment's log directory"),
+        ):
+            if not os.path.lexists(place / lock):
+                continue
+            try:
+                _refuse_held(place, f"{what} {quoted_out(place)}", lock)
+            except LockHeldError as exc:
+                holder = f"process {exc.pid}" if exc.pid is not None else "another process"
+                raise LockHeldError(
+                    f"argument {flag}: {quoted_out(out)} is inside the {what} "
+                    f"{quoted_out(place)}, which {holder} holds: a run's directory holds its own "
+                    "files only; choose a directory outside it",
+                    exc.pid,
+                ) from None
+
+
+#: The lock file a deployment holds in its log directory ``OUT/deploy`` (the name of
+#: ``deploy.local_checks.DEPLOY_LOCK``, which this layer does not import).
+_DEPLOY_LOCK = "deploy.lock"
 
 
 _RUN_MARKERS = ("privacy_ledger.jsonl", "run.lock", "config.toml")
@@ -98,8 +112,11 @@ def refuse_inside_a_run(out: Path, flag: str = "--out") -> None:
             )
 
 
-def _refuse_held(directory: Path, what: str) -> None:
-    """``LockHeldError`` (naming the holder's PID) if another process holds ``directory``."""
+def _refuse_held(directory: Path, what: str, lock: str = "") -> None:
+    """``LockHeldError`` (naming the holder's PID) if another process holds ``directory``.
+
+    The PID is read from the lock file ``lock`` there (default ``run.lock``).
+    """
     import fcntl
 
     from fedprivopt.data.locks import LockHeldError, probe_lock
@@ -114,7 +131,7 @@ def _refuse_held(directory: Path, what: str) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            probe_lock(directory / LOCK_FILE, what=what)  # raises naming the holder's PID
+            probe_lock(directory / (lock or LOCK_FILE), what=what)  # names the holder's PID
             raise LockHeldError(
                 f"{what} is in use by another process; wait for it to finish or stop it first",
                 None,

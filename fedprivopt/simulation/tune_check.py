@@ -150,8 +150,13 @@ class _Builder:
         return task, alg
 
 
-def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: float, digest: str):
-    """A trial's ``config.toml`` and ledger; its ledger's total (``None``: no ledger)."""
+def _check_trial(
+    path: Path, builder: _Builder, trial: dict[str, Any], delta: float, digest: str, stated=None
+):
+    """A trial's ``config.toml`` and ledger; its ledger's total (``None``: no ledger).
+
+    ``stated``: the trial's entry of the tuning's ``summary.json`` (what ``tune`` found).
+    """
     from fedprivopt.simulation.cell_plans import first_difference
     from fedprivopt.simulation.files import (
         CHECKPOINT,
@@ -164,9 +169,20 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
     from fedprivopt.simulation.ledger import RunLedger
 
     run_dir = path / "runs" / trial["trial"]
-    if not run_dir.is_dir():
-        return None
+    left = [name for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE, SUMMARY_FILE)
+            if (run_dir / name).exists()]  # fmt: skip
     if not (run_dir / CONFIG_FILE).exists() and not (run_dir / LEDGER_FILE).exists():
+        # forty-third review follow-up (ledger 2): a trial's directory removed, or its ledger
+        # and config.toml, passed as a trial that failed before its run started (released
+        # nothing), where the trial's files or summary.json state that it ran
+        ran = "its " + ", ".join(left) + " remain" if left else _stated_run(stated)
+        if ran:
+            raise ValueError(
+                f"{run_dir}: "
+                f"{f'its {CONFIG_FILE} and {LEDGER_FILE} are' if run_dir.is_dir() else 'it is'} "
+                "missing, but the trial ran "
+                f"({ran}), so what it released cannot be bounded; the tuning's files were edited"
+            )
         return None  # a trial that failed before its run started released nothing
     expected = builder.config({**trial["hyperparameters"], "seed": trial["seed"]})
     stored = _load_config(run_dir / CONFIG_FILE)
@@ -181,12 +197,11 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
     if ledger is None:
         # forty-third review of issue 15 (reports 3): a trial whose ledger was deleted counted
         # as one that released nothing (compare-tuned 19.03, not 22.14)
-        left = [name for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE, SUMMARY_FILE)
-                if (run_dir / name).exists()]  # fmt: skip
-        if left:
+        ran = "its " + ", ".join(left) + " remain" if left else _stated_run(stated)
+        if ran:
             raise ValueError(
-                f"{run_dir / LEDGER_FILE}: missing or empty, but the trial ran (its "
-                f"{', '.join(left)} remain), so what it released cannot be bounded; run the "
+                f"{run_dir / LEDGER_FILE}: missing or empty, but the trial ran ("
+                f"{ran}), so what it released cannot be bounded; run the "
                 "same tune command again, which rebuilds the ledger from the trial's "
                 "checkpoint, then report it"
             )
@@ -204,6 +219,16 @@ def _check_trial(path: Path, builder: _Builder, trial: dict[str, Any], delta: fl
         raise ValueError(f"{exc}; {PLAN_FILE} or the trial's files were edited") from None
     _check_covered(run_dir, ledger, delta)
     return ledger.total()
+
+
+def _stated_run(entry: Any) -> str:
+    """Why the tuning's ``summary.json`` entry says the trial ran (empty if it does not)."""
+    if not isinstance(entry, Mapping):
+        return ""
+    rounds, name = entry.get("rounds_completed"), f"summary.json's {shown(entry.get('trial'))}"
+    if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0:
+        return f"{name} states {rounds} rounds completed"
+    return f"{name} states it finished" if entry.get("status") == "finished" else ""
 
 
 def _check_covered(run_dir: Path, ledger: Any, delta: float) -> None:
@@ -367,8 +392,9 @@ def check_tuning(path: str | Path) -> TunedCheck:
             raise ValueError(f"{path / PLAN_FILE}: its delta disagrees with its base_config")
         released = {}
         digest = plan_digest(plan)
+        entries = {e.get("trial"): e for e in summary["trials"] if isinstance(e, Mapping)}
         for trial in plan["trials"]:
-            led = _check_trial(path, builder, trial, delta, digest)
+            led = _check_trial(path, builder, trial, delta, digest, entries.get(trial["trial"]))
             if led is not None:
                 released[trial["trial"]] = led
         if best_dir.name not in released:

@@ -1,0 +1,74 @@
+"""Issue 15, follow-up of the forty-third hostile review (ledger: today's reports and ledger fixes).
+
+1. The forty-third review's reports 3 refuses a tuning's trial whose ``privacy_ledger.jsonl``
+   was deleted while its checkpoint, rows or summary remain (with ``summary.json``'s
+   ``single_run`` lowered to the plan, ``compare-tuned`` said 19.03 where a resumed secure
+   trial made the tuning spend 22.14). Two close variants passed: the trial's ledger deleted
+   together with its ``config.toml`` (``_check_trial`` took a trial without both as one that
+   failed before its run started, before looking at what remains), and the trial's whole
+   directory removed (``rm -r T/runs/trial-002``; the tuning's ``summary.json`` still states
+   that trial finished with its rounds completed). Before: ``check_tuning`` passed (the toy
+   tuning below at 14.68, the trial counted as one that released nothing). Now both are refused,
+   naming the trial's directory and what says it ran (its remaining files, or the tuning's
+   ``summary.json`` entry: ``tune_check._check_trial`` and ``_stated_run``); a trial that
+   failed before its run started (nothing left, nothing stated) still counts as before.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def _tuning(tmp_path_factory):
+    """One small tuning (1 round, 12 users), made once; each test edits its own copy."""
+    from fedprivopt.cli import main
+
+    preset = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+    tuning = tmp_path_factory.mktemp("r43_followup_ledger") / "t"
+    argv = ["tune", str(preset), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
+            "--rounds", "1", "--seed", "1", "--out", str(tuning), "--quiet", "--set",
+            "population=12", "--set", "clients-per-round=4", "--set",
+            "task-params.num-users=12"]  # fmt: skip
+    assert main(argv) == 0
+    return tuning
+
+
+def _copy_and_other_trial(tuning: Path, tmp_path: Path) -> tuple[Path, Path]:
+    copy_ = tmp_path / "t"
+    shutil.copytree(tuning, copy_)
+    best = json.loads((copy_ / "summary.json").read_text())["best"]["trial"]
+    return copy_, next(p for p in sorted((copy_ / "runs").iterdir()) if p.name != best)
+
+
+def test_1_a_trial_without_its_ledger_and_config_is_refused(_tuning, tmp_path):
+    from fedprivopt.simulation.tune_check import check_tuning
+
+    tuning, other = _copy_and_other_trial(_tuning, tmp_path)
+    assert check_tuning(tuning).epsilon > 0
+    (other / "privacy_ledger.jsonl").unlink()
+    (other / "config.toml").unlink()
+    said = r"config\.toml and privacy_ledger\.jsonl are missing, but the trial ran \(its checkpoint"
+    with pytest.raises(ValueError, match=said):
+        check_tuning(tuning)  # passed before
+
+
+def test_1_a_removed_trial_directory_that_ran_is_refused(_tuning, tmp_path):
+    from fedprivopt.simulation.tune_check import check_tuning
+
+    tuning, other = _copy_and_other_trial(_tuning, tmp_path)
+    shutil.rmtree(other)
+    said = rf"{other.name}: it is missing, but the trial ran \(summary\.json's '{other.name}'"
+    with pytest.raises(ValueError, match=said):
+        check_tuning(tuning)  # passed before
+    # a trial the tuning's summary does not state as run (it failed before its run started)
+    summary = json.loads((tuning / "summary.json").read_text())
+    for entry in summary["trials"]:
+        if entry["trial"] == other.name:
+            entry.update(status="failed", rounds_completed=0)
+    (tuning / "summary.json").write_text(json.dumps(summary))
+    assert check_tuning(tuning).epsilon > 0

@@ -416,14 +416,22 @@ def _flock_on(text: bytes, key: tuple[str, str]) -> bool:
 
 
 def _holds(pid: int, key: tuple[str, str]) -> bool | None:
-    """Whether process ``pid`` holds a ``flock`` on file ``key`` (``None``: not readable here)."""
+    """Whether process ``pid`` holds a ``flock`` on file ``key`` (``None``: not readable here).
+
+    Follow-up of the forty-third review of issue 15 (outputs 2): under ``/proc`` mounted with
+    ``hidepid=2`` (``hidepid=invisible``, as shared machines mount it) another user's process
+    has no ``/proc/<pid>`` at all; it was taken for gone, and ``data synth --out D`` beside
+    another user's running ``data synth`` said ``in use by another process (PID unknown)``
+    where the PID was named before. A process that is there (``kill`` refused) is asked no
+    further, as one whose ``fdinfo`` cannot be read.
+    """
     where = f"/proc/{pid}/fdinfo"
     try:
         fds = os.listdir(where)
     except PermissionError:
         return None
     except OSError:
-        return False  # gone
+        return None if _another_users(pid) else False  # hidden, or gone
     for fd in fds:
         try:
             with open(f"{where}/{fd}", "rb") as f:
@@ -467,6 +475,19 @@ def _lists_own_locks() -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _another_users(pid: int) -> bool:
+    """Whether a process ``pid`` exists here that this user may not signal (another user's)."""
+    if pid <= 0:
+        return False  # 0 would ask about this process's group
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (OSError, OverflowError):
+        return False
+    return False
 
 
 def _alive(pid: int) -> bool:

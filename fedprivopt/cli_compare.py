@@ -170,12 +170,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     with removed_if_unused(out, COMPARE_LOCK):  # a failure before any cell: nothing left
-        (out / "runs").mkdir(parents=True, exist_ok=True)  # fails here, before any progress
+        out.mkdir(parents=True, exist_ok=True)  # fails here, before any progress
         locked = contextlib.ExitStack()
         try:
             locked.enter_context(lock_compare_dir(out))  # a second compare here: its holder
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        # forty-third review of issue 15 (lead 3): made before the lock, a refused compare's
+        # empty runs/ was left in the directory of the tune that held it
+        (out / "runs").mkdir(exist_ok=True)
         with locked:
             return _compare_locked(args, out, cells)
 

@@ -86,10 +86,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _refuse_replacing_a_cell(out, document)
     strategy = setup.base.strategy.strategy
     with removed_if_unused(out, TUNE_LOCK):  # a failure before any trial: nothing left
-        (out / "runs").mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         locked = contextlib.ExitStack()
         try:
             locked.enter_context(lock_directory(out, TUNE_LOCK, what=f"tuning {str(out)!r}"))
+            (out / "runs").mkdir(exist_ok=True)  # after the lock (forty-third review, lead 3)
             # ninth review of issue 15 (N5): a tuning's trials are reused only under its own plan
             if check_plan(out, document, overwrite=args.overwrite):
                 discard_tuning(out)

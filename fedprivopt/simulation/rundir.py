@@ -37,6 +37,7 @@ from fedprivopt.simulation.files import (
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 
 __all__ = [
+    "DIRECTORY_LOCKS",
     "NewRunDir",
     "check_claimable",
     "check_held",
@@ -159,6 +160,14 @@ def _detach_hard_link(path: Path) -> None:
         path.unlink()
 
 
+DIRECTORY_LOCKS = ("run.lock", "compare.lock", "tune.lock", "deploy.lock")
+"""The PID files of the commands that lock a directory (simulate, compare, tune, deploy local).
+
+:func:`lock_directory` refused by a holder reads each for its PID (the constants live with
+their commands, above this module: ``files.LOCK_FILE``, ``cells.COMPARE_LOCK``,
+``tune_dir.TUNE_LOCK``, ``deploy.local_checks.DEPLOY_LOCK``; a test keeps them equal)."""
+
+
 @contextlib.contextmanager
 def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Iterator[Path]:
     """Hold an exclusive lock on directory ``out`` (it must exist) for the ``with`` block.
@@ -190,6 +199,12 @@ def lock_directory(out: str | os.PathLike, pid_file: str, *, what: str) -> Itera
         reader = _held_shared(fd)
         os.close(fd)
         probe_lock(out / pid_file, what=what)  # raises naming the holder's PID; writes nothing
+        for other in DIRECTORY_LOCKS:
+            # forty-third review of issue 15 (lead 3; the processes reviewer's open row):
+            # compare and tune started on one new directory at once; the loser said its own
+            # lock file "was removed or replaced" where the holder was the other command's
+            if other != pid_file:
+                probe_lock(out / other, what=what)
         if reader:
             # follow-up of the thirty-eighth review of issue 15 (rundirs 3): a reader through a
             # read-only mount (_viewing_lock) was reported as a lock file removed or replaced

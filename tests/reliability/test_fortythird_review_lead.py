@@ -12,6 +12,14 @@
    run config ``out = "s3://b/r"``. Before: the run written into ``./s3:/b/r``, rc 0. Now:
    ``ValueError`` naming the argument, before anything is written (``core.files.url_refusal``,
    the one wording the command line, the tasks and ``data.generate`` now share too).
+3. ``compare toy.toml ... --out CT`` and ``tune toy.toml ... --out CT`` started together (the
+   processes reviewer's open row; also ``compare`` beside ``simulate``). Before: the loser said
+   ``comparison 'CT' is in use by another process (its lock file compare.lock was removed or
+   replaced, so its PID is unknown)``, where nothing was removed and ``tune.lock`` named the
+   holder, and a refused ``compare`` left an empty ``runs/`` in the tuning's directory. Now: the
+   refusal names the holder's PID from the other command's lock file
+   (``rundir.lock_directory`` reads each of ``rundir.DIRECTORY_LOCKS``), and ``compare`` and
+   ``tune`` make ``runs/`` only once they hold the directory.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from fedprivopt.cli import main
 from fedprivopt.deploy.runconfig import check_run_out
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run import resume, simulate
+from fedprivopt.simulation.rundir import DIRECTORY_LOCKS, lock_directory
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
@@ -58,3 +67,42 @@ def test_2_the_python_api_refuses_a_url_as_its_run_directory(tmp_path, monkeypat
     with pytest.raises(ValueError, match=r"^out '.*' is a URL \("):
         check_run_out(url)
     assert not any(tmp_path.iterdir())  # nothing written where the URL would have pointed
+
+
+def test_3_the_lock_files_read_are_every_command_s():
+    from fedprivopt.deploy.local_checks import DEPLOY_LOCK
+    from fedprivopt.simulation.cells import COMPARE_LOCK
+    from fedprivopt.simulation.files import LOCK_FILE
+    from fedprivopt.simulation.tune_dir import TUNE_LOCK
+
+    assert set(DIRECTORY_LOCKS) == {LOCK_FILE, COMPARE_LOCK, TUNE_LOCK, DEPLOY_LOCK}
+
+
+def test_3_a_comparison_refused_by_a_tuning_names_its_holder(tmp_path):
+    import os
+
+    from fedprivopt.simulation.cells import lock_compare_dir
+    from fedprivopt.simulation.tune_dir import TUNE_LOCK
+
+    out = tmp_path / "CT"
+    out.mkdir()
+    with lock_directory(out, TUNE_LOCK, what="tuning"):  # a tune holding CT (in this process)
+        with pytest.raises(ValueError, match=f"in use by process {os.getpid()}") as refused:
+            with lock_compare_dir(out):
+                pass
+    assert "removed or replaced" not in str(refused.value)
+
+
+def test_3_a_refused_compare_leaves_no_runs_in_the_holder_s_directory(tmp_path, capsys):
+    from fedprivopt.simulation.tune_dir import TUNE_LOCK
+
+    out = tmp_path / "CT"
+    out.mkdir()
+    with lock_directory(out, TUNE_LOCK, what="tuning"):
+        # the moment both found CT new: the holder's PID file not yet there to see
+        (out / TUNE_LOCK).unlink()
+        args = ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "1"]
+        code = main([*args, "--out", str(out), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and "in use by another process" in err, err
+        assert not any(out.iterdir())  # no runs/ of the refused compare's

@@ -46,14 +46,13 @@ def _run(tmp_path: Path, name: str, cls=ToyClassificationTask, **overrides: obje
 def test_1_a_report_says_evaluations_of_private_users_are_outside_epsilon(tmp_path: Path) -> None:
     private = _run(tmp_path, "private", _EvaluatesTrainingUsers)
     unknown = _run(tmp_path, "unknown", _SaysNothing, seed=1)
-    plain = _run(tmp_path, "plain", _EvaluatesTrainingUsers, strategy="fedavg")
     apart = _run(tmp_path, "apart", seed=2)
     assert "nor the evaluations (eval_* metrics)" in private.summary["not_covered"]
-    text = write_report(tmp_path / "report", [private, plain], title="t").read_text()
+    text = write_report(tmp_path / "report", [private], title="t").read_text()
     line = next(x for x in text.splitlines() if x.startswith("Evaluations:"))
     assert "1 of the 1 private runs" in line and "epsilon does not cover" in line
     assert "eval loss" in line  # the columns it names
     both = write_report(tmp_path / "both", [private, unknown], title="t").read_text()
     assert "2 of the 2 private runs" in both
-    alone = write_report(tmp_path / "apart-report", [apart, plain], title="t").read_text()
+    alone = write_report(tmp_path / "apart-report", [apart], title="t").read_text()
     assert "Evaluations:" not in alone

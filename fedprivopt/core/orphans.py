@@ -53,15 +53,36 @@ def fork_refused(exc: BaseException) -> bool:
     ``flwr run`` or Ray's processes ended the command in a 20-line ``BlockingIOError``
     traceback, rc 1. Only an EAGAIN raised where ``subprocess`` starts the child is meant (not a
     file's EAGAIN, which names its file).
+
+    Follow-up of that review (outputs 3): ``data synth --out D --workers 2`` (its workers forked
+    by :mod:`multiprocessing`: ``os.fork`` in ``popen_fork``'s ``_launch``) still ended in the
+    traceback, and from Python 3.13 ``subprocess`` starts most children (the ``flwr`` calls of
+    ``deploy local``) with ``os.posix_spawn`` in ``_posix_spawn``, whose EAGAIN names the
+    program: each is one of :data:`_STARTS`.
     """
     import errno
 
-    if not isinstance(exc, OSError) or exc.errno != errno.EAGAIN or exc.filename is not None:
+    if not isinstance(exc, OSError) or exc.errno != errno.EAGAIN:
         return False
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_name == "_execute_child"
+    if tb is None:
+        return False
+    name = tb.tb_frame.f_code.co_name
+    return name in _STARTS and (exc.filename is None or name == "_posix_spawn")
+
+
+#: Where the standard library starts a process: the function of the innermost frame of the
+#: EAGAIN a refused ``fork``, ``clone`` or ``posix_spawn`` raises (they are C functions).
+_STARTS = frozenset(
+    {
+        "_execute_child",  # subprocess: _fork_exec
+        "_posix_spawn",  # subprocess, Python >= 3.13 in most cases: its error names the program
+        "_launch",  # multiprocessing's popen_fork: os.fork (the "fork" and "forkserver" methods)
+        "spawnv_passfds",  # multiprocessing.util: the "spawn" and "forkserver" methods
+    }
+)
 
 
 FORK_REFUSED_ADVICE = (

@@ -20,11 +20,25 @@ locks, processes, deployment and of the data readers): tests.
    is not asked further, as one whose ``fdinfo`` cannot be read (``locks._another_users``).
    (The holder is a process of this user's; ``hidepid=2`` is stood in for by hiding it in
    ``locks.os``'s view of ``/proc`` and refusing its ``kill``.)
+3. A process refused at a limit on processes (``ulimit -u``, a pids limit: EAGAIN) where the
+   forty-third review's processes 2 and lead 1 fixes (``core.orphans.fork_refused``) did not
+   look: ``data synth --out D --clients 3000 --workers 2`` (its workers forked by
+   ``multiprocessing``: ``os.fork`` in ``popen_fork``'s ``_launch``), and ``deploy local`` on
+   Python 3.13 or later, whose ``subprocess`` starts most children (the ``flwr`` calls) with
+   ``os.posix_spawn`` in ``Popen._posix_spawn``, its EAGAIN naming the program. Before: rc 1
+   and a ``BlockingIOError: [Errno 11] Resource temporarily unavailable`` traceback (26 lines
+   for data synth, measured; ``fork_refused`` knew only ``_execute_child`` and an error naming
+   no file). Now rc 1 and the one line ``... a process could not be started (Resource
+   temporarily unavailable): this user's (or the container's) limit on processes ...``
+   (``orphans._STARTS``). (In-process: ``os.fork`` made a C call that raises EAGAIN, as the
+   kernel's refusal does; ``_execute_child`` made to call a ``_posix_spawn`` that raises what
+   ``os.posix_spawn`` raises; no process starts.)
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import subprocess
 import sys
@@ -98,3 +112,59 @@ def test_2_another_users_holder_hidden_by_hidepid_is_named(tmp_path, monkeypatch
     finally:
         holder.kill()
         holder.wait()
+
+
+def _one_failed_line(err: str) -> str:
+    assert "Traceback" not in err and "BlockingIOError" not in err, err
+    failed = [line for line in err.splitlines() if "error" in line or "failed" in line]
+    assert len(failed) == 1, err
+    assert "a process could not be started" in failed[0] and "limit on processes" in failed[0]
+    return failed[0]
+
+
+def test_3_data_synth_whose_workers_cannot_be_forked_says_so_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    from fedprivopt.cli import main
+
+    r, w = os.pipe()
+    try:
+        os.set_blocking(r, False)
+        # a C call raising EAGAIN without a file, as os.fork at a pids limit
+        monkeypatch.setattr(os, "fork", functools.partial(os.read, r, 1))
+        out = tmp_path / "D"
+        code = main(["data", "synth", "--out", str(out), "--clients", "3000", "--workers", "2"])
+    finally:
+        os.close(r)
+        os.close(w)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert _one_failed_line(err).startswith("fedprivopt data synth: error: ")
+
+
+def test_3_deploy_local_refused_a_posix_spawn_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from fedprivopt.cli import main
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    for name, value in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
+
+    def _posix_spawn(self, args, executable, *rest, **kwargs):  # os.posix_spawn's refusal
+        raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN), executable)
+
+    def _execute_child(self, args, executable, *rest, **kwargs):  # as Python >= 3.13 does
+        self._posix_spawn(args, executable or args[0])
+
+    monkeypatch.setattr(subprocess.Popen, "_posix_spawn", _posix_spawn)
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _execute_child)
+    out = tmp_path / "D"
+    code = main(["deploy", "local", TOY, "--nodes", "1", "--rounds", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert _one_failed_line(err).startswith("fedprivopt deploy local: failed: ")
+    assert not list(temp.glob("fedprivopt-deploy-*"))  # its key material gone

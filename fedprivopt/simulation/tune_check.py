@@ -151,11 +151,11 @@ class _Builder:
 
 
 def _check_trial(
-    path: Path, builder: _Builder, trial: dict[str, Any], delta: float, digest: str, stated=None
+    path: Path, builder: _Builder, trial: dict[str, Any], delta: float, digest: str, entry=None
 ):
     """A trial's ``config.toml`` and ledger; its ledger's total (``None``: no ledger).
 
-    ``stated``: the trial's entry of the tuning's ``summary.json`` (what ``tune`` found).
+    ``entry``: the trial's entry of the tuning's ``summary.json`` (what ``tune`` found).
     """
     from fedprivopt.simulation.cell_plans import first_difference
     from fedprivopt.simulation.files import (
@@ -175,7 +175,7 @@ def _check_trial(
         # forty-third review follow-up (ledger 2): a trial's directory removed, or its ledger
         # and config.toml, passed as a trial that failed before its run started (released
         # nothing), where the trial's files or summary.json state that it ran
-        ran = "its " + ", ".join(left) + " remain" if left else _stated_run(stated)
+        ran = "its " + ", ".join(left) + " remain" if left else _stated_run(entry)
         if ran:
             raise ValueError(
                 f"{run_dir}: "
@@ -197,7 +197,7 @@ def _check_trial(
     if ledger is None:
         # forty-third review of issue 15 (reports 3): a trial whose ledger was deleted counted
         # as one that released nothing (compare-tuned 19.03, not 22.14)
-        ran = "its " + ", ".join(left) + " remain" if left else _stated_run(stated)
+        ran = "its " + ", ".join(left) + " remain" if left else _stated_run(entry)
         if ran:
             raise ValueError(
                 f"{run_dir / LEDGER_FILE}: missing or empty, but the trial ran ("
@@ -217,7 +217,7 @@ def _check_trial(
         ledger.check_tuning_plan(digest)
     except ValueError as exc:
         raise ValueError(f"{exc}; {PLAN_FILE} or the trial's files were edited") from None
-    _check_covered(run_dir, ledger, delta)
+    _check_covered(run_dir, ledger, delta, entry)
     return ledger.total()
 
 
@@ -231,11 +231,13 @@ def _stated_run(entry: Any) -> str:
     return f"{name} states it finished" if entry.get("status") == "finished" else ""
 
 
-def _check_covered(run_dir: Path, ledger: Any, delta: float) -> None:
+def _check_covered(run_dir: Path, ledger: Any, delta: float, entry: Any = None) -> None:
     """Refuse a trial's ledger that composes to less than its other files state.
 
     Forty-third review of issue 15 (reports, finding 4): a trial's ledger cut to its header (and
     ``summary.json``'s ``single_run`` set to the plan) gave ``compare-tuned`` 19.03, not 22.14.
+    Its follow-up (ledger 2): the same with the trial's rows, summary and checkpoints removed
+    passed; ``entry`` (the trial's entry of the tuning's ``summary.json``) states its ε too.
     """
     from fedprivopt.simulation.audit import read_summary
     from fedprivopt.simulation.files import LEDGER_FILE, METRICS_FILE, read_rows, stated_epsilons
@@ -247,6 +249,9 @@ def _check_covered(run_dir: Path, ledger: Any, delta: float) -> None:
     found = checkpoint_epsilon_header(run_dir, delta)
     if found is not None:
         stated.append((f"{found[0]} (its privacy accountant)", found[1]))
+    if isinstance(entry, Mapping):
+        stated += [("entry in the tuning's summary.json", eps)
+                   for _, eps in stated_epsilons([], entry)]  # fmt: skip
     if not stated:
         return
     where, most = max(stated, key=lambda item: item[1])

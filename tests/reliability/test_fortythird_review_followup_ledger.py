@@ -12,6 +12,12 @@
    naming the trial's directory and what says it ran (its remaining files, or the tuning's
    ``summary.json`` entry: ``tune_check._check_trial`` and ``_stated_run``); a trial that
    failed before its run started (nothing left, nothing stated) still counts as before.
+2. The forty-third review's reports 4 refuses a trial's ledger that composes to less than the
+   trial's ``metrics.jsonl``, ``summary.json`` or newest checkpoint states. The same ledger cut
+   to its header with those three removed (the trial's ``config.toml`` kept) passed: nothing
+   left in the trial's directory stated an ε, though the tuning's ``summary.json`` entry of
+   that trial states its ε (9.998 in a 2-round pld tuning of 12 users, the ledger's 0). Now
+   that entry's ε bounds the ledger too (``tune_check._check_covered``): refused, naming it.
 """
 
 from __future__ import annotations
@@ -72,3 +78,16 @@ def test_1_a_removed_trial_directory_that_ran_is_refused(_tuning, tmp_path):
             entry.update(status="failed", rounds_completed=0)
     (tuning / "summary.json").write_text(json.dumps(summary))
     assert check_tuning(tuning).epsilon > 0
+
+
+def test_2_a_trial_ledger_cut_with_its_own_files_removed_is_refused(_tuning, tmp_path):
+    from fedprivopt.simulation.tune_check import check_tuning
+
+    tuning, other = _copy_and_other_trial(_tuning, tmp_path)
+    ledger = other / "privacy_ledger.jsonl"
+    ledger.write_text(ledger.read_text().splitlines(keepends=True)[0])  # its header alone
+    for name in ("metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt"):
+        (other / name).unlink(missing_ok=True)
+    said = r"composes to epsilon 0, but the trial's entry in the tuning's summary\.json states"
+    with pytest.raises(ValueError, match=said):
+        check_tuning(tuning)  # passed before: nothing left stated an epsilon for the trial

@@ -270,6 +270,15 @@ def _markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# fedprivopt tune: {summary['strategy']} on {summary['preset']}",
         "",
+        # forty-third review of issue 15 (contract 2): the report showed K and every trial with
+        # that warning only inside its closing Privacy paragraph, where compare --tune-grid's
+        # report of the same tunings says it in bold under its title
+        "**This report is the operator's view, not a release.** It shows the number of trials "
+        "K and every trial's hyperparameters, score and epsilon; the tuning epsilon assumes K, "
+        "the tuning seed and the other trials stay secret: publishing this report, trials.csv, "
+        "trials.png, summary.json or runs/ is NOT covered by it. Publish only the released "
+        "trial (its model, hyperparameters and score).",
+        "",
         f"- **epsilon of the tuning: {_fmt_eps(summary['epsilon'])}** at delta "
         f"{summary['delta']:g} (RDP, RepeatAndSelectDpEvent)",
         f"- epsilon of one run: {_fmt_eps(summary['epsilon_single_run'])} "

@@ -10,12 +10,22 @@
    private runs evaluated users of the private population without noise (or did not say) and
    that ε does not cover those values (``report_markdown._private_evaluations``); a report
    whose runs evaluate users outside the private population (the toy task) has no such line.
+2. ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 1`` (any tuning; here the
+   Poisson draw K = 0 of seed 2). Its ``report.md`` shows the number of trials drawn ("this
+   tuning drew 1"), every trial's hyperparameters, status, score and epsilon (the Trials table
+   and ``trials.png``), while the tuning epsilon assumes K and the other trials stay secret.
+   Before: the report said so only as one clause of its closing Privacy paragraph, and nothing
+   said the report itself is not a release, where ``compare --tune-grid``'s report of the same
+   tunings says in bold "This report is the operator's view, not a release". Now the tuning's
+   report says the same under its title, naming what it shows and what to publish
+   (``tune_report._markdown``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from fedprivopt.cli import main
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.report import load_run, write_report
@@ -56,3 +66,15 @@ def test_1_a_report_says_evaluations_of_private_users_are_outside_epsilon(tmp_pa
     assert "2 of the 2 private runs" in both
     alone = write_report(tmp_path / "apart-report", [apart], title="t").read_text()
     assert "Evaluations:" not in alone
+
+
+def test_2_a_tuning_report_says_it_is_not_a_release(tmp_path: Path) -> None:
+    out = tmp_path / "tune"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1",
+            "--distribution", "poisson", "--seed", "2", "--rounds", "1", "--out", str(out),
+            "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    lines = (out / "report.md").read_text(encoding="utf-8").splitlines()
+    assert lines[2].startswith("**This report is the operator's view, not a release.**")
+    assert "publishing this report" in lines[2] and "NOT covered" in lines[2]
+    assert "Publish only the released trial" in lines[2]

@@ -383,15 +383,18 @@ def _living_holder(path: str | os.PathLike, listed: int) -> int | None:
         key = _lock_key(os.stat(path))
     except OSError:
         return listed
-    if _holds(listed, key) is not False:  # holds it, or cannot be asked (another user's)
+    asked = _holds(listed, key)
+    if asked:
         return listed
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         pids = []
-    found = [pid for pid in pids if _holds(pid, key)]
+    found = [pid for pid in pids if pid != listed and _holds(pid, key)]
     if found:
         return min(found)
+    if asked is None:  # cannot be asked (another user's), and no process here shows it: it
+        return listed  # (follow-up of the forty-third review, outputs 2)
     # a kernel whose fdinfo shows no locks (before Linux 3.8) finds none: the listing, as before
     return listed if _alive(listed) and not _shows_fd_locks() else None
 

@@ -19,7 +19,10 @@ locks, processes, deployment and of the data readers): tests.
    Now ``in use by process N``: a listed process that exists (``kill`` refused: another user's)
    is not asked further, as one whose ``fdinfo`` cannot be read (``locks._another_users``).
    (The holder is a process of this user's; ``hidepid=2`` is stood in for by hiding it in
-   ``locks.os``'s view of ``/proc`` and refusing its ``kill``.)
+   ``locks.os``'s view of ``/proc`` and refusing its ``kill``.) And where the listed PID is
+   another user's (hidden, or its ``fdinfo`` unreadable: a dead locker's PID reused, the case
+   of processes 1) while a process of this user's holds the lock (the locker's child), that
+   process is named, no longer the listed one: the processes that can be asked are asked first.
 3. A process refused at a limit on processes (``ulimit -u``, a pids limit: EAGAIN) where the
    forty-third review's processes 2 and lead 1 fixes (``core.orphans.fork_refused``) did not
    look: ``data synth --out D --clients 3000 --workers 2`` (its workers forked by
@@ -112,6 +115,27 @@ def test_2_another_users_holder_hidden_by_hidepid_is_named(tmp_path, monkeypatch
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_2_a_holder_here_is_named_before_a_listed_process_that_cannot_be_asked(
+    tmp_path, monkeypatch
+):
+    import fcntl
+
+    lock = tmp_path / DATA_LOCK
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # /proc/locks lists this process
+    child = subprocess.Popen(["sleep", "60"], pass_fds=(fd,))
+    try:
+        os.close(fd)  # the child holds it; this process, listed, is made another user's
+        monkeypatch.setattr(locks, "os", _HidePid(os.getpid()))
+        with pytest.raises(LockHeldError) as info:
+            with exclusive_lock(lock, what="dataset directory D"):
+                pass  # pragma: no cover - refused
+        assert info.value.pid == child.pid, str(info.value)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _one_failed_line(err: str) -> str:

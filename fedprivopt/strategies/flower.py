@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedprivopt import wire as P
 from fedprivopt.core.checks import check_int, check_real
-from fedprivopt.core.text import shown
+from fedprivopt.core.text import epsilon_text, shown
 from fedprivopt.privacy.flat import FlatSpec
 from fedprivopt.strategies.config import MAX_ROUNDS
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest
@@ -333,11 +333,13 @@ class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
                 if res is not None:
                     result.evaluate_metrics_serverapp[server_round] = res
                     eval_metrics = dict(res)
+            # rounded up, never below what was spent (forty-third review of issue 15, docs 15:
+            # "%.4g" showed round 3 of examples/flower-app, 4.756095, as 4.756)
             log(
                 INFO,
-                "round %d: epsilon=%.4g cohort=%d",
+                "round %d: epsilon=%s cohort=%d",
                 server_round,
-                self._last_result.metrics.get("epsilon", float("inf")),
+                epsilon_text(self._last_result.metrics.get("epsilon", float("inf"))),
                 int(self._last_result.metrics.get("cohort_size", 0)),
             )
             if self.on_round is not None:

@@ -10,15 +10,30 @@ Findings
    of rate q. Before: the third call gave another cohort. Now every unreleased round keeps its
    draw (``ServerAlgorithm.sample``, by purpose and round; a finished round's are forgotten in
    ``_finish``).
+2. The sending side of mechanisms 2 (its open row for wire): ``clients.reply_updates(message,
+   {1: u})`` (a ClientApp of one's own) with ``u`` a plain tensor of norm 0.004 whose instance
+   carries ``u.detach = lambda: torch.full((18,), 100.)``, and a ``torch.Tensor`` subclass whose
+   own operations read norms as 0.001. Before: the reply carried what the instance's own
+   ``detach`` returned (18 entries of 100, norm 424 where C = 1; in distributed-noise mode the
+   server accepts a share up to C + s(sqrt(d) + 10) without knowing), and the subclass was sent
+   as it was. Now the update is read through ``torch.Tensor.detach`` (the entries measured are
+   the entries sent) and a subclass but ``Parameter`` is refused naming ``updates[1]``
+   (``clients.messages.reply_updates``, as ``privatize_update`` and ``clip_l2`` refuse it).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord
 
+from fedprivopt import wire as P
+from fedprivopt.clients import LocalConfig
+from fedprivopt.clients.messages import reply_updates
+from fedprivopt.models import build_task
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
+from tests.messages import delivered
 from tests.reliability.test_thirtyeighth_review_api import (
     _config,
     _quiet,  # noqa: F401
@@ -40,3 +55,43 @@ def test_1_a_secure_rounds_draw_survives_a_draw_of_another_round(strategy):
     later = alg.sample(3)
     drive_round(alg, 1, _train)
     assert alg.sample(3) == later  # an unreleased round keeps its draw past round 1
+
+
+# -- finding 2: reply_updates read an update through the instance's own detach -----------------
+
+
+TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
+
+
+def _train_message():
+    """A toy train message of user 1 (clip-norm 1, no noise; the model has 18 entries)."""
+    local = LocalConfig(learning_rate=0.5, clip_norm=1.0)
+    config = P.encode_train_config(users=[1], round_num=2, settings=P.ClientSettings(local, seed=5))
+    state = build_task("toy", **TOY).build_model().state_dict()
+    content = {P.CONFIG_RECORD: ConfigRecord(dict(config)), P.ARRAYS_RECORD: ArrayRecord(state)}
+    return delivered(content, "train")
+
+
+class _ReadsSmall(torch.Tensor):
+    """A subclass whose own operations read every norm as 0.001."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("vector_norm", "norm"):
+            return torch.tensor(0.001)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_2_reply_updates_sends_the_entries_that_were_measured():
+    u = torch.full((18,), 0.001)  # norm 0.004, within C = 1
+    u.detach = lambda: torch.full((18,), 100.0)  # its own detach: what reply_updates read
+    sent = P.read_updates(reply_updates(_train_message(), {1: u}).content)[1]
+    assert torch.equal(torch.as_tensor(sent), torch.full((18,), 0.001))  # was 100s: norm 424
+
+
+def test_2_reply_updates_refuses_a_subclass():
+    u = torch.full((18,), 100.0).as_subclass(_ReadsSmall)
+    with pytest.raises(ValueError, match=r"updates\[1\] .*plain torch\.Tensor"):
+        reply_updates(_train_message(), {1: u})  # was sent as it was
+    p = torch.nn.Parameter(torch.full((18,), 0.01))  # a Parameter is sent as before
+    assert "update/1" in reply_updates(_train_message(), {1: p}).content

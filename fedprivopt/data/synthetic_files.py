@@ -105,9 +105,49 @@ def run_files_around(directory: str | os.PathLike) -> tuple[Path, list[str]] | N
         # any project's)
         names = OUTPUT_FILES if place == real else _DISTINCTIVE_OUTPUT_FILES
         ours = [name for name in names if os.path.lexists(place / name)]
+        if not ours and _deploying(place):
+            ours = [f"{_DEPLOY_LOCK} (a deployment into it runs)"]
         if ours:
             return place, ours
     return None
+
+
+#: The lock file of a running ``deploy local --out D`` (``deploy.local_checks``' ``LOG_DIR``
+#: and ``DEPLOY_LOCK``, which this layer does not import).
+_DEPLOY_LOCK = "deploy/deploy.lock"
+
+
+def _deploying(place: Path) -> bool:
+    """Whether a deployment into ``place`` runs: it holds ``place/deploy`` (a ``flock``).
+
+    Follow-up of the forty-third review of issue 15 (outputs 5): ``deploy local --out D`` holds
+    ``D/deploy`` from its start, some 30 s before its ServerApp writes a run's first file into
+    ``D``; ``data synth --out D`` (or ``D/deploy``) in that window wrote the dataset there, rc 0,
+    and the deployment then failed (``out directory D is not empty``). Probed as
+    ``deploy.local_checks.check_not_deploying`` probes it, nothing written.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return False
+    log_dir = place / Path(_DEPLOY_LOCK).parent
+    if not os.path.lexists(place / _DEPLOY_LOCK):
+        return False
+    try:
+        fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def run_files_note(directory: str | os.PathLike) -> str | None:

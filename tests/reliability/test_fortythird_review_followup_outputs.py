@@ -36,6 +36,22 @@ locks, processes, deployment and of the data readers): tests.
    (``orphans._STARTS``). (In-process: ``os.fork`` made a C call that raises EAGAIN, as the
    kernel's refusal does; ``_execute_child`` made to call a ``_posix_spawn`` that raises what
    ``os.posix_spawn`` raises; no process starts.)
+4. A URL made a ``pathlib`` path in the Python API: ``data.generate(Path("s3://bucket/d"),
+   config)``, ``simulate(config, Path("gs://bucket/run"))``, ``resume(Path("file:///tmp/x"))``
+   (``Path`` writes ``s3:/bucket/d``, one slash; the text is refused since the forty-third
+   review's input 5 and lead 2). Before: the dataset written into ``./s3:/bucket/d`` (four
+   files, measured), the run into ``./gs:/bucket/run``. Now ``ValueError: out_dir
+   's3:/bucket/d' is a URL (s3://), not a path: ...`` before anything is written
+   (``core.files.url_refusal``: a path whose first part is a scheme and its colon, of two
+   letters at least, with no such directory here); a directory really named ``s3:`` is taken.
+5. ``data synth --out D --clients 50`` (also ``--out D/deploy``) while ``deploy local --out D``
+   runs, before its ServerApp claims ``D`` (the processes reviewer's open row, its first half).
+   Before: rc 0, the dataset written into ``D``; the deployment then failed after 63 s, rc 1,
+   with the ServerApp's 31-line traceback (``out directory D is not empty``). Now rc 2, one
+   line: ``argument --out: D holds deploy/deploy.lock (a deployment into it runs): it is a
+   fedprivopt run, ...`` (``synthetic_files.run_files_around``, ``_deploying``: the log
+   directory's ``flock`` probed, as ``deploy local`` probes it); once the deployment ended its
+   leftover ``deploy/`` no longer refuses. (In-process: the test holds ``D/deploy``.)
 """
 
 from __future__ import annotations
@@ -45,6 +61,7 @@ import functools
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -192,3 +209,47 @@ def test_3_deploy_local_refused_a_posix_spawn_says_so_in_one_line(tmp_path, monk
     assert code == 1, err
     assert _one_failed_line(err).startswith("fedprivopt deploy local: failed: ")
     assert not list(temp.glob("fedprivopt-deploy-*"))  # its key material gone
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/d", "gs://bucket/run", "file:///tmp/x"])
+def test_4_a_url_made_a_pathlib_path_is_refused(tmp_path, monkeypatch, url):
+    from fedprivopt.data import SyntheticConfig, generate
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import resume, simulate
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^out_dir '.*' is a URL \(\w+://\), not a path"):
+        generate(Path(url), SyntheticConfig(num_clients=5))
+    config = load_config(TOY, {"num-server-rounds": 1})
+    with pytest.raises(ValueError, match=r"^out_dir '.*' is a URL \("):
+        simulate(config, Path(url))
+    with pytest.raises(ValueError, match=r"^out_dir '.*' is a URL \("):
+        resume(Path(url))
+    assert not any(tmp_path.iterdir())  # nothing written where the URL would have pointed
+
+
+def test_4_a_directory_named_like_a_scheme_is_still_a_path(tmp_path, monkeypatch):
+    from fedprivopt.core.files import url_refusal
+
+    monkeypatch.chdir(tmp_path)
+    assert url_refusal("out_dir", Path("C:/x")) is None  # a drive letter is no scheme
+    (tmp_path / "s3:").mkdir()
+    assert url_refusal("out_dir", Path("s3://bucket/d")) is None  # ./s3: exists: a directory
+
+
+def test_5_data_synth_into_a_running_deployments_directory_is_refused(tmp_path, capsys):
+    from fedprivopt.cli import main
+    from fedprivopt.data.synthetic_files import run_files_note
+
+    out = tmp_path / "D"
+    log_dir = out / "deploy"
+    log_dir.mkdir(parents=True)
+    with lock_directory(log_dir, "deploy.lock", what="--out D"):
+        for where in (out, log_dir):
+            code = main(["data", "synth", "--out", str(where), "--clients", "50"])
+            err = capsys.readouterr().err
+            assert code == 2, err
+            assert len(err.strip().splitlines()) == 1, err
+            assert "deploy/deploy.lock (a deployment into it runs)" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["deploy"]  # nothing written
+    assert run_files_note(out) is None  # its leftover log directory, held no more

@@ -168,13 +168,29 @@ def url_refusal(name: str, value: object) -> str | None:
     The one wording of :func:`url_scheme`'s refusal: the command line (``argument --out: ...``),
     the tasks' ``data_dir``/``cache_dir``, ``data.generate``, the Python ``simulate``/``resume``
     and the deployment's run config ``out`` say it alike.
+
+    Follow-up of the forty-third review of issue 15 (outputs 4): a URL made a ``pathlib`` path
+    (``simulate(config, Path("s3://b/r"))``, ``data.generate(Path("gs://b/d"), config)``, a
+    task's ``data_dir=Path(...)``: ``Path`` writes ``s3:/b/r``, one slash) was taken as the
+    relative directory ``./s3:/b/r``, rc 0, where the text is refused. A path whose first part
+    is a scheme and its colon (``s3:``), with no such directory here, is refused alike.
     """
-    scheme = url_scheme(value) if isinstance(value, str) else None
-    if scheme is None:
-        return None
+    from pathlib import PurePath
+
     from fedprivopt.core.text import shown
 
+    scheme = url_scheme(value) if isinstance(value, str) else None
+    if scheme is None and isinstance(value, PurePath) and len(value.parts) > 1:
+        first = value.parts[0]
+        if _SCHEME_PART.fullmatch(first) and not os.path.lexists(first):
+            scheme = first[:-1]
+    if scheme is None:
+        return None
     return (
-        f"{name} {shown(value)} is a URL ({scheme}://), not a path: fedprivopt reads and writes "
-        "directories of this machine (mount the storage and name its path)"
+        f"{name} {shown(str(value))} is a URL ({scheme}://), not a path: fedprivopt reads and "
+        "writes directories of this machine (mount the storage and name its path)"
     )
+
+
+#: The first part of a ``pathlib`` path made of a URL: ``Path("s3://b/r").parts[0]`` is ``s3:``.
+_SCHEME_PART = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:")  # two letters at least: not a drive

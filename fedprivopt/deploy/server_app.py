@@ -26,6 +26,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedprivopt.core.text import epsilon_text
 from fedprivopt.deploy.runconfig import RUN_ID, run_config_from_flower
 from fedprivopt.simulation.divergence import warning_line
 from fedprivopt.simulation.engines import serve_flower
@@ -46,10 +47,10 @@ def _log_row(total: int):
         shown = " ".join(f"{k}={row[k]:.4f}" for k in ("eval_loss", "eval_accuracy") if k in row)
         log(
             INFO,
-            "[fedprivopt] round %d/%d: epsilon=%.6g (delta=%g) %s",
+            "[fedprivopt] round %d/%d: epsilon=%s (delta=%g) %s",
             row["round"],
             total,
-            row["epsilon"],
+            epsilon_text(row["epsilon"], 6),  # rounded up (forty-third review, docs 15)
             row["delta"],
             shown,
         )
@@ -86,10 +87,10 @@ def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
         summary = writer.write_summary(reason, extra)
     log(
         INFO,
-        "[fedprivopt] finished after %d rounds (%s): epsilon=%.6g at delta=%g; results in %s",
+        "[fedprivopt] finished after %d rounds (%s): epsilon=%s at delta=%g; results in %s",
         alg.round_num,
         reason,
-        summary["epsilon"],
+        epsilon_text(summary["epsilon"], 6),
         config.strategy.delta,
         out,
     )

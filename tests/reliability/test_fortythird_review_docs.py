@@ -6,19 +6,30 @@
    (σ 0.7, q 0.2, δ 1e-3), round 3, ε 4.756095. Before: ``epsilon=4.756`` (``%.4g``, rounded to
    nearest, below what was spent; README promises every shown ε rounded up, and the app's own
    line shows 4.7561). After: ``epsilon=4.757`` (``core.text.epsilon_text``). Measured here on
-   an in-process grid whose node hosts the users and never replies (rounds of noise only,
-   charged as sampled), no Flower or Ray started.
+   an in-process grid whose node hosts the users and fails every round (rounds of noise
+   only, charged as sampled), no Flower or Ray started.
+2. The deployment ServerApp's lines (``flwr log`` of ``flwr run .`` or of ``deploy local``:
+   ``OUT/deploy/serverapp.log``), ``[fedprivopt] round N/T: epsilon=E ...`` and ``finished after
+   N rounds (...): epsilon=E``. Case: ``deploy local simulations/toy.toml --nodes 1 --insecure
+   --rounds 2``, ε 10.279828 after round 2. Before: ``epsilon=10.2798`` (``%.6g``, rounded to
+   nearest, below what was spent). After: ``epsilon=10.2799`` (``epsilon_text(ε, 6)``). Measured
+   through ``deploy.server_app.run_deployment`` on the same in-process grid (pushes and pulls),
+   the app's default run config (the toy preset), ``round-timeout`` 1 s.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from pathlib import Path
 
 import torch
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 
 from fedprivopt import wire as P
+from fedprivopt.deploy.runconfig import app_config_defaults
+from fedprivopt.deploy.server_app import run_deployment
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.flower import DPStrategy
@@ -26,10 +37,20 @@ from fedprivopt.strategies.flower_arrays import flat_to_arrays
 from tests.messages import reply_metadata
 
 POPULATION = 100
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _answer(msg: Message, population: int) -> Message:
+    """Node 100's reply: every user to the user query, an error to a train message."""
+    if msg.metadata.message_type == "query":
+        users = ConfigRecord({P.USER_IDS: list(range(population))})
+        return Message(RecordDict({P.USERS_RECORD: users}), metadata=reply_metadata(msg, 100))
+    error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason="no training here")
+    return Message(error, metadata=reply_metadata(msg, 100))
 
 
 class _SilentGrid:
-    """One node (100) hosting every user; it answers the user query and no train message."""
+    """One node (100) hosting every user; it answers the user query and fails every round."""
 
     def get_node_ids(self):
         return [100]
@@ -38,10 +59,7 @@ class _SilentGrid:
         replies = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            if msg.metadata.message_type == "query":
-                users = ConfigRecord({P.USER_IDS: list(range(POPULATION))})
-                content = RecordDict({P.USERS_RECORD: users})
-                replies.append(Message(content, metadata=reply_metadata(msg, 100)))
+            replies.append(_answer(msg, POPULATION))
         return replies
 
 
@@ -73,3 +91,50 @@ def test_1_the_strategys_round_line_shows_epsilon_rounded_up(server_side):
     rounds = [line for line in handler.lines if line.startswith("round ")]
     assert rounds[0].startswith("round 1: epsilon=3.265 ")  # 3.264939, as before
     assert rounds[2].startswith("round 3: epsilon=4.757 ")  # 4.756095: was 4.756
+
+
+class _PushPullGrid(_SilentGrid):
+    """The same node, through the push and pull of Flower's deployment grid."""
+
+    def __init__(self, population: int):
+        self.population = population
+        self.waiting: dict[str, Message] = {}
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            ids.append(msg.metadata.message_id)
+            self.waiting[msg.metadata.message_id] = _answer(msg, self.population)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.waiting.pop(i) for i in list(message_ids) if i in self.waiting]
+
+
+def _flwr_lines(run) -> list[str]:
+    logger = logging.getLogger("flwr")
+    handler, level = _Lines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        run()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return handler.lines
+
+
+def test_2_the_deployment_serverapp_shows_epsilon_rounded_up(server_side, tmp_path):
+    run_config = app_config_defaults(ROOT)
+    run_config.update({"out": str(tmp_path / "run"), "num-server-rounds": 2, "round-timeout": 1.0})
+    context = Context(
+        run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
+    grid = _PushPullGrid(int(run_config["population"]))
+    lines = _flwr_lines(lambda: run_deployment(grid, context))
+    rows = [line for line in lines if line.startswith("[fedprivopt] round ")]
+    assert rows[0].startswith("[fedprivopt] round 1/2: epsilon=7.55085 ")  # 7.5508467, as before
+    assert rows[1].startswith("[fedprivopt] round 2/2: epsilon=10.2799 ")  # 10.279828: was 10.2798
+    (end,) = [line for line in lines if line.startswith("[fedprivopt] finished")]
+    assert "epsilon=10.2799 at delta=0.0001" in end

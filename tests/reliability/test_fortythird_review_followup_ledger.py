@@ -18,6 +18,13 @@
    left in the trial's directory stated an ε, though the tuning's ``summary.json`` entry of
    that trial states its ε (9.998 in a 2-round pld tuning of 12 users, the ledger's 0). Now
    that entry's ε bounds the ledger too (``tune_check._check_covered``): refused, naming it.
+3. The forty-third review's reports 2 reads ``composed_tuning_epsilon``'s ``count`` of an int
+   subclass by its stored value; the ledger's own counts were still read through the
+   subclass's ``__int__`` (``core.checks.check_int`` in ``merge_ledger``): a ledger
+   ``((event, c),)`` with ``c`` an int subclass storing 5 whose ``__int__`` says 1 composed one
+   event: ``tuning_epsilon`` 9.03 where 22.48, ``composed_tuning_epsilon(..., 2)`` 13.33 where
+   34.56, ``compose_epsilon`` 7.99 where 17.27 (q 1/3, σ 0.5, δ 1e-4). ``merge_ledger`` reads
+   the stored value (``operator.index``) first: each composes 5 events.
 """
 
 from __future__ import annotations
@@ -91,3 +98,31 @@ def test_2_a_trial_ledger_cut_with_its_own_files_removed_is_refused(_tuning, tmp
     said = r"composes to epsilon 0, but the trial's entry in the tuning's summary\.json states"
     with pytest.raises(ValueError, match=said):
         check_tuning(tuning)  # passed before: nothing left stated an epsilon for the trial
+
+
+# -- finding 3: a ledger's counts of an int subclass read through its own __int__ ---------------
+
+
+class _SaysOne(int):
+    """An int storing its count whose own ``__int__`` says 1 (as the reports 2 test's)."""
+
+    def __int__(self) -> int:
+        return 1
+
+
+def test_3_ledger_counts_of_an_int_subclass_compose_what_they_store():
+    from fedprivopt.privacy.accounting import compose_epsilon
+    from fedprivopt.privacy.accounting_state import merge_ledger
+    from fedprivopt.privacy.events import SubsampledGaussianEvent
+    from fedprivopt.privacy.tuning import TrialCount, composed_tuning_epsilon, tuning_epsilon
+
+    event = SubsampledGaussianEvent.poisson(sample_rate=1 / 3, noise_multiplier=0.5)
+    five, liar = ((event, 5),), ((event, _SaysOne(5)),)
+    assert merge_ledger(liar) == five  # ((event, 1),) before
+    assert type(merge_ledger(liar)[0][1]) is int
+    trials = TrialCount("truncated-negative-binomial", 1.0, shape=1.0)
+    assert tuning_epsilon(liar, 1e-4, trials) == tuning_epsilon(five, 1e-4, trials)  # 9.03: 22.48
+    assert composed_tuning_epsilon(liar, 1e-4, trials, 2) == composed_tuning_epsilon(
+        five, 1e-4, trials, 2
+    )  # 13.33 where 34.56 was spent
+    assert compose_epsilon(liar, 1e-4) == compose_epsilon(five, 1e-4)  # 7.99 where 17.27

@@ -16,6 +16,7 @@ there; a start that fails before its first round leaves no half-made run.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from logging import INFO, WARNING
@@ -26,6 +27,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedprivopt.core.logs import log_warnings_to_stderr
 from fedprivopt.core.text import epsilon_text
 from fedprivopt.deploy.runconfig import RUN_ID, run_config_from_flower
 from fedprivopt.simulation.divergence import warning_line
@@ -104,5 +106,13 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run one fedprivopt deployment (see :func:`run_deployment`)."""
+    """Run one fedprivopt deployment (see :func:`run_deployment`).
+
+    Logging as the command line sets it (``cli.main``): dp-accounting's notes on the RDP orders
+    it drops go through absl, whose first note gave the root logger ``logging.basicConfig``'s
+    handler, and every later Flower line of ``flwr log`` was printed twice (``INFO:flwr:...``;
+    forty-third review of issue 15, docs 17).
+    """
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    log_warnings_to_stderr()
     run_deployment(grid, context)

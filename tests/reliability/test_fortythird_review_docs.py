@@ -1,4 +1,4 @@
-"""Forty-third review of issue 15, the docs reviewer's finding that needed code.
+"""Forty-third review of issue 15, the docs reviewer's findings that needed code (docs 15-17).
 
 1. ``DPStrategy.start`` (the Flower strategy of ``simulate --engine flower``, of the deployment
    ServerApp and of a Flower app of one's own, such as ``examples/flower-app``) logs
@@ -14,7 +14,15 @@
    --rounds 2``, ε 10.279828 after round 2. Before: ``epsilon=10.2798`` (``%.6g``, rounded to
    nearest, below what was spent). After: ``epsilon=10.2799`` (``epsilon_text(ε, 6)``). Measured
    through ``deploy.server_app.run_deployment`` on the same in-process grid (pushes and pulls),
-   the app's default run config (the toy preset), ``round-timeout`` 1 s.
+   the app's default run config (the toy preset).
+3. The same ServerApp process (``flwr-serverapp``, whose root logger has no handler). Case: the
+   deployment of 2 above. Before: dp-accounting's first note on an RDP order it drops (absl's
+   ``logging.warning``, six ``WARNING:absl:_compute_log_a_frac failed to converge`` lines in
+   ``serverapp.log``) ran ``logging.basicConfig``, and every later Flower line was printed twice
+   (``INFO:flwr:round 1: epsilon=7.551 cohort=9`` under Flower's own; examples/flower-app's own
+   ServerApp does the same, left to the lead). After: ``deploy.server_app.main`` sets logging
+   as ``cli.main`` does (absl at ``ERROR``, ``core.logs.log_warnings_to_stderr``). Measured
+   with the root logger's handlers taken away for the call, as in that process.
 """
 
 from __future__ import annotations
@@ -138,3 +146,35 @@ def test_2_the_deployment_serverapp_shows_epsilon_rounded_up(server_side, tmp_pa
     assert rows[1].startswith("[fedprivopt] round 2/2: epsilon=10.2799 ")  # 10.279828: was 10.2798
     (end,) = [line for line in lines if line.startswith("[fedprivopt] finished")]
     assert "epsilon=10.2799 at delta=0.0001" in end
+
+
+def test_3_the_deployment_serverapp_prints_each_flower_line_once(server_side, tmp_path):
+    from fedprivopt.deploy.server_app import main
+
+    run_config = app_config_defaults(ROOT)
+    # a sigma and rate of this test alone: the RDP curves are cached, and dp-accounting notes
+    # the orders it drops only when it computes them
+    run_config.update(
+        {"out": str(tmp_path / "run"), "num-server-rounds": 2, "noise-multiplier": 0.4321}
+    )
+    run_config.update({"clients-per-round": 9.0})
+    context = Context(
+        run_id=8, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
+    root, absl = logging.getLogger(), logging.getLogger("absl")
+    handlers, level = list(root.handlers), absl.level
+    for handler in handlers:  # the flwr-serverapp process's root logger has none
+        root.removeHandler(handler)
+    absl.setLevel(logging.NOTSET)  # as in that process (another test may have set it)
+    try:
+        main(_PushPullGrid(int(run_config["population"])), context)
+        added = list(root.handlers)
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        absl.setLevel(level)
+    # before: dp-accounting's first note (absl) ran logging.basicConfig, whose StreamHandler
+    # printed every later Flower line a second time ('INFO:flwr:round 1: ...')
+    assert not [h for h in added if type(h) is logging.StreamHandler]

@@ -195,6 +195,11 @@ def add_gaussian_noise(
             f"vector must be a plain torch.Tensor, got a {type(vector).__name__} (a subclass, "
             "whose own operations would decide what is added)"
         )
+    if vector.is_nested or vector.layout is not torch.strided:
+        # follow-up of the forty-third review of issue 15 (privacy 3, mechanisms 1's twin): a
+        # nested or sparse vector ended in torch's RuntimeError after its noise was drawn
+        form = "a nested tensor" if vector.is_nested else f"layout {vector.layout}"
+        raise ValueError(f"vector must be a dense (strided) tensor, got {form}")
     noise = gaussian_noise(
         torch.Tensor.numel(vector),
         std,

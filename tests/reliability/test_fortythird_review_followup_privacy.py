@@ -19,9 +19,18 @@ Findings
    as it was. Now the update is read through ``torch.Tensor.detach`` (the entries measured are
    the entries sent) and a subclass but ``Parameter`` is refused naming ``updates[1]``
    (``clients.messages.reply_updates``, as ``privatize_update`` and ``clip_l2`` refuse it).
+3. Mechanisms 1's twin in the noise function: ``add_gaussian_noise(v, 1.0, generator=g)`` of a
+   nested tensor (``torch.nested.nested_tensor``) or a sparse COO vector. Before: torch's
+   ``RuntimeError`` ("NestedTensorImpl doesn't support sizes", "add(sparse, dense) is not
+   supported") after the noise was drawn, naming no parameter, where ``clip_l2`` and ``l2_norm``
+   name ``vector``. Now ``ValueError: vector must be a dense (strided) tensor, got a nested
+   tensor`` (or ``layout torch.sparse_coo``) before anything is drawn
+   (``privacy.noise.add_gaussian_noise``).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -31,6 +40,7 @@ from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.messages import reply_updates
 from fedprivopt.models import build_task
+from fedprivopt.privacy import add_gaussian_noise
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.messages import delivered
@@ -95,3 +105,20 @@ def test_2_reply_updates_refuses_a_subclass():
         reply_updates(_train_message(), {1: u})  # was sent as it was
     p = torch.nn.Parameter(torch.full((18,), 0.01))  # a Parameter is sent as before
     assert "update/1" in reply_updates(_train_message(), {1: p}).content
+
+
+# -- finding 3: add_gaussian_noise of a nested or sparse vector ----------------------------------
+
+
+@pytest.mark.parametrize("form", ["nested", "sparse"])
+def test_3_add_gaussian_noise_names_a_vector_without_dense_entries(form):
+    vector = torch.ones(4).to_sparse()
+    if form == "nested":
+        with warnings.catch_warnings():  # torch's note that nested tensors are a prototype
+            warnings.simplefilter("ignore")
+            vector = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    generator = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=r"^vector must be a dense \(strided\) tensor, got"):
+        add_gaussian_noise(vector, 1.0, generator=generator)  # was torch's RuntimeError
+    dense = add_gaussian_noise(torch.ones(4), 1.0, generator=generator)  # as before
+    assert dense.shape == (4,) and not torch.equal(dense, torch.ones(4))

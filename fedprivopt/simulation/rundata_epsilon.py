@@ -142,7 +142,15 @@ def accounted_epsilon(
         return LEDGER_FILE, ledger.epsilon(shown_delta), at
     found = checkpoint_epsilon_header(path, shown_delta, old)
     if found is None:
-        if _states_finite_epsilon(path):  # forty-third review (ledger 3): without a word
+        if old is not None:  # forty-third review follow-up (ledger 4): noted 'no ledger'
+            notes.append(
+                f"{path}: its {LEDGER_FILE} is an earlier version's (event counts only: "
+                f"{old.max_events} events by round {old.max_round}) and no checkpoint is "
+                f"readable to charge them as: its epsilon is as {SUMMARY_FILE} and "
+                f"{METRICS_FILE} state it, which may be less than those events cost (compare "
+                "and --resume refuse such a run)"
+            )
+        elif _states_finite_epsilon(path):  # forty-third review (ledger 3): without a word
             notes.append(
                 f"{path}: no {LEDGER_FILE} and no readable checkpoint: its epsilon is as "
                 f"{SUMMARY_FILE} and {METRICS_FILE} state it, which nothing of the run confirms "

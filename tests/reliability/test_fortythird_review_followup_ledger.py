@@ -25,6 +25,13 @@
    event: ``tuning_epsilon`` 9.03 where 22.48, ``composed_tuning_epsilon(..., 2)`` 13.33 where
    34.56, ``compose_epsilon`` 7.99 where 17.27 (q 1/3, σ 0.5, δ 1e-4). ``merge_ledger`` reads
    the stored value (``operator.index``) first: each composes 5 events.
+4. The forty-third review's ledger 1 charges an earlier version's ledger's events beyond the
+   checkpoint in ``load_run``. With no readable checkpoint (a secure 2-round toy run of 12
+   users, its ledger an earlier version's counting 3 events, its checkpoints deleted), the run
+   was reported at its rows' 11.25 with the note ``no privacy_ledger.jsonl and no readable
+   checkpoint``: a ledger there counts 3 events (13.61 when charged from a checkpoint), and the
+   note denied it. Now the note names the earlier version's ledger and its count and says the
+   epsilon may be less than those events cost (``rundata_epsilon.accounted_epsilon``).
 """
 
 from __future__ import annotations
@@ -126,3 +133,25 @@ def test_3_ledger_counts_of_an_int_subclass_compose_what_they_store():
         five, 1e-4, trials, 2
     )  # 13.33 where 34.56 was spent
     assert compose_epsilon(liar, 1e-4) == compose_epsilon(five, 1e-4)  # 7.99 where 17.27
+
+
+# -- finding 4: an earlier version's ledger beside no readable checkpoint -------------------------
+
+
+def test_4_an_old_ledger_without_a_checkpoint_is_named_by_load_run(tmp_path):
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import simulate
+    from fedprivopt.simulation.rundata import load_run
+
+    preset = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+    run = tmp_path / "run"
+    config = load_config(preset, {"num-server-rounds": 2, "secure": True, "population": 12,
+                                  "task-params.num-users": 12, "clients-per-round": 4})  # fmt: skip
+    simulate(config, run)
+    lines = [{"round": r, "events": r} for r in range(4)]  # an earlier version's counts: 3
+    (run / "privacy_ledger.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        (run / name).unlink(missing_ok=True)
+    notes = load_run(run).warnings
+    assert any("earlier version's (event counts only: 3 events by round 3)" in n for n in notes)
+    assert not any("no privacy_ledger.jsonl" in note for note in notes)  # said so before

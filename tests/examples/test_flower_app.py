@@ -79,6 +79,9 @@ def test_flwr_run_of_the_example_app_reports_epsilon_and_stops_at_the_budget(tmp
         # rounded up as every shown epsilon (forty-second review, docs: it was rounded to nearest)
         shown = epsilon_text(eps, places=4)
         assert f"[flower_app] round {row['round']}: epsilon={shown}" in log
+        # once (forty-third review, docs 17's twin: after dp-accounting's first note through
+        # absl every Flower line was printed twice, 'INFO:flwr:[flower_app] round 1: ...')
+        assert log.count(f"[flower_app] round {row['round']}: epsilon=") == 1, log[-3000:]
         assert row["received"] == row["accepted"] == row["cohort_size"] > 0
         assert row["failed"] == row["dropped"] == row["unhosted"] == 0
     assert final == {
@@ -90,6 +93,7 @@ def test_flwr_run_of_the_example_app_reports_epsilon_and_stops_at_the_budget(tmp
     }
     assert "mean_norm" in final["not_covered"]
     assert "stopping before round 3: it would exceed target epsilon" in log
+    assert "failed to converge" not in log  # dp-accounting's notes on dropped orders
     assert rounds[2]["accuracy"] > rounds[0]["accuracy"] + 0.1
     assert not alive(started), "the local SuperLink or its children are still running"
     assert not list(APP.glob("*.lock")), "flwr run wrote into the example's directory"

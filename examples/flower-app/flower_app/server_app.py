@@ -11,6 +11,7 @@ optimizer on the noised mean, and its accountant reports ε after every round; w
 from __future__ import annotations
 
 import json
+import logging
 from logging import INFO
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedprivopt.core.logs import log_warnings_to_stderr
 from fedprivopt.core.text import epsilon_text
 from fedprivopt.simulation.writer import DISTRIBUTED_VIEW_METRICS, SERVER_VIEW_METRICS
 from fedprivopt.strategies import RoundResult, ServerAlgorithm, StrategyConfig, build_algorithm
@@ -31,17 +33,20 @@ app = ServerApp()
 
 
 def check_no_preconditioner(algorithm: ServerAlgorithm) -> None:
-    """Refuse a strategy that sends a preconditioner (``adadps``, ``dp2``) before round 1.
+    """Refuse a strategy that may send a preconditioner (``adadps``, the DP2s) before round 1.
 
     This app's training loop (plain SGD) cannot divide its gradients by one, so its ClientApp
     refuses such messages. Thirty-seventh review of issue 15: with ``strategy = "dp2"`` every
     node failed every adaptive round, and those rounds were released as noise only and charged
     (ε 6.05 after 4 rounds, 2 of which trained nobody), ending as a successful run.
+
+    The check is by class: ``dp2-noise-first``, whose server divides the noised mean and sends
+    none, is refused with ``dp2`` (conservative: nothing is released; forty-third review, docs).
     """
     if type(algorithm).broadcast_preconditioner is not ServerAlgorithm.broadcast_preconditioner:
         raise ValueError(
             f"run config 'strategy' must be one whose clients need no preconditioner "
-            f"(dp-fedavg, dp-fedadam, dp-fedadam-bc, dp-fedavg-adadp), got "
+            f"(dp-fedavg, dp-fedadam, dp-fedadam-bc, dp-fedavg-adadp, fedavg, fedadam), got "
             f"{algorithm.config.strategy!r}: this app's training loop does not precondition "
             "gradients"
         )
@@ -78,7 +83,14 @@ def _append(path: str, row: dict) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run DP federated training of the user's model; log ε per round."""
+    """Run DP federated training of the user's model; log ε per round.
+
+    Logging as ``fedprivopt``'s own ServerApp sets it: without it dp-accounting's first note
+    (absl) gave the root logger a handler and every later Flower line of ``flwr log`` was
+    printed twice (forty-third review of issue 15, docs 17's twin).
+    """
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    log_warnings_to_stderr()
     config = strategy_config(context.run_config)
     metrics_path = metrics_file(context.run_config)
     model = build_model(config.seed)

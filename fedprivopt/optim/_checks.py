@@ -14,6 +14,7 @@ from typing import TypeVar
 import torch
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
+from fedprivopt.privacy.sparse import dense_problem
 
 from .base import check_state_tensors
 
@@ -102,6 +103,12 @@ def check_frozen(frozen: object, length: int | None = None) -> torch.Tensor | No
             f"frozen must be {size}, got {getattr(frozen, 'dtype', type(frozen).__name__)} of "
             f"shape {tuple(getattr(frozen, 'shape', ()))}"
         )
+    problem = dense_problem(frozen)
+    if problem is not None:
+        # forty-third review of issue 15 (lead 5; the privacy follow-up's open row): the twin of
+        # api 3 in the public optimizers, optim.dp2(..., frozen=mask.to_sparse()) ended in
+        # torch's NotImplementedError, a meta mask in a RuntimeError, naming nothing
+        raise ValueError(f"frozen must be a dense tensor with values: {problem}")
     if bool(frozen.all()):
         raise ValueError("frozen must leave at least one coordinate that is not frozen")
     return frozen

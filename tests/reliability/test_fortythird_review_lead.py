@@ -20,6 +20,11 @@
    refusal names the holder's PID from the other command's lock file
    (``rundir.lock_directory`` reads each of ``rundir.DIRECTORY_LOCKS``), and ``compare`` and
    ``tune`` make ``runs/`` only once they hold the directory.
+5. ``optim.dp2(..., frozen=mask.to_sparse())`` or a meta mask, then ``init`` (the privacy
+   follow-up's open row; api 3's twin in the public optimizers). Before: torch's
+   ``NotImplementedError`` ("Could not run 'aten::all' ... 'SparseCPU'") or ``RuntimeError``
+   ("Tensor.item() cannot be called on meta tensors"), naming nothing. Now: ``ValueError`` naming
+   ``frozen`` (``optim._checks.check_frozen``, with ``privacy.sparse.dense_problem``).
 """
 
 from __future__ import annotations
@@ -106,3 +111,23 @@ def test_3_a_refused_compare_leaves_no_runs_in_the_holder_s_directory(tmp_path, 
         err = capsys.readouterr().err
         assert code == 2 and "in use by another process" in err, err
         assert not any(out.iterdir())  # no runs/ of the refused compare's
+
+
+@pytest.mark.parametrize("kind", ["sparse", "meta"])
+def test_5_an_optimizer_s_frozen_mask_without_values_names_the_argument(kind):
+    import torch
+
+    from fedprivopt import optim
+
+    mask = torch.tensor([True, False, False, False])
+    frozen = mask.to_sparse() if kind == "sparse" else mask.to("meta")
+    with pytest.raises(ValueError, match=r"^frozen must be a dense tensor with values"):
+        transform = optim.dp2(
+            sgd_learning_rate=0.1,
+            adaptive_learning_rate=0.1,
+            s1=1,
+            s2=1,
+            epsilon=1e-3,
+            frozen=frozen,
+        )
+        transform.init(torch.zeros(4))

@@ -102,6 +102,9 @@ def test_2_a_refused_compare_or_tune_leaves_the_holders_new_directory(tmp_path, 
             # takes the lock just before this one asks for it
             if pid_file == lock:
                 holder.enter_context(lock_directory(path, pid_file, what="the first"))
+                # the holder's runs/ (made once it holds the directory since the forty-third
+                # review, lead 3; the refused one makes none)
+                (Path(path) / "runs").mkdir(exist_ok=True)
             return lock_directory(path, pid_file, what=what)
 
         monkeypatch.setattr(rundir, "lock_directory", first_takes_it)  # tune's

@@ -7,6 +7,7 @@ trainer and the tasks all call them, so a parameter is refused with the same wor
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from numbers import Integral, Real
 
@@ -95,17 +96,19 @@ def check_int(
     """
     if none and value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, Integral)
-        or int(value) < low
-        or (high is not None and int(value) > high)
-    ):
+    # the stored value (operator.index), not the value's own __int__: forty-third review of
+    # issue 15 (lead 6; the ledger follow-up's open row) - an int subclass storing 5 whose
+    # __int__ said 1 charged PrivacyAccountant.step(event, count=c) as 1 event (epsilon 7.99
+    # where 17.27 was spent) and calibrated calibrate_noise_multiplier(rounds=100) for 1 round
+    plain = None
+    if not isinstance(value, bool) and isinstance(value, Integral):
+        plain = operator.index(value)
+    if plain is None or plain < low or (high is not None and plain > high):
         shown_high = high if high_name is None else f"{high_name}={high}"
         where = f">= {low}" if high is None else f"in [{low}, {shown_high}]"
         extra = " or None" if none else ""
         raise ValueError(f"{name} must be an integer {where}{extra}, got {shown_value(value)}")
-    return int(value)
+    return plain
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.checks import check_bool, check_int
+from fedprivopt.core.files import url_refusal
 from fedprivopt.core.text import shown
 from fedprivopt.deploy import MAX_LOCAL_NODES, MAX_TIMEOUT
 from fedprivopt.deploy.runconfig import RUN_ID, check_run_out
@@ -52,6 +53,9 @@ def check_out(out: str | os.PathLike) -> None:
     """
     if not str(out):
         raise ValueError("--out must be a directory path")
+    refused = url_refusal("argument --out:", out)  # a Path too: its text has one slash (s3:/b)
+    if refused is not None:  # forty-third review of issue 15 (lead 7; outputs 4's twin)
+        raise ValueError(refused)
     # thirty-seventh review of issue 15: what the ServerApp would refuse after the start; a
     # ~user of no user included (follow-up of the forty-second review, outputs 1: pathlib's
     # "Could not determine home directory." out of deploy_local(out="~nosuchuser/x"))

@@ -32,6 +32,11 @@
    calibrated for 1 round (σ 0.475 where 100 rounds need 0.994). Now: the stored value is used
    (``core.checks.check_int`` returns ``operator.index(value)``, which reads an ``int``
    subclass's own value, not its methods).
+7. ``deploy_local(config, out=Path("s3://b/r"))`` (the outputs follow-up's open row; outputs 4's
+   twin: ``Path`` writes ``s3:/b/r``, one slash). Before: passed ``check_out``, which looked for a
+   URL in the text only, so the deployment would write into ``./s3:/b/r``. Now: ``ValueError``
+   naming ``--out`` before anything starts (``deploy.local_checks.check_out`` calls
+   ``core.files.url_refusal`` with the path itself).
 """
 
 from __future__ import annotations
@@ -165,3 +170,13 @@ def test_6_an_int_subclass_is_read_by_its_stored_value():
     assert calibrate_noise_multiplier(rounds=_Lying(100), **settings) == (
         calibrate_noise_multiplier(rounds=100, **settings)
     )
+
+
+@pytest.mark.parametrize("out", [Path("s3://b/r"), "gs://b/r"])
+def test_7_deploy_local_s_out_check_refuses_a_url_given_as_a_path(tmp_path, monkeypatch, out):
+    from fedprivopt.deploy.local_checks import check_out
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^argument --out: '.*' is a URL \("):
+        check_out(out)
+    assert not any(tmp_path.iterdir())

@@ -232,7 +232,8 @@ def deploy_local(
     Parameters
     ----------
     nodes : int
-        Number of SuperNodes, ``>= 1``. Node ``i`` hosts users ``range(i, N, nodes)``.
+        Number of SuperNodes, in ``[1, MAX_LOCAL_NODES]`` (64) and at most the population.
+        Node ``i`` hosts users ``range(i, N, nodes)``.
     tls : bool
         Encrypt every connection (a private CA and a certificate for 127.0.0.1 are made for the
         run); ``False`` runs everything with ``--insecure``.

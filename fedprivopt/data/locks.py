@@ -3,6 +3,11 @@
 :func:`file_lock` waits for the lock (several processes building the same files, one at a time);
 :func:`exclusive_lock` never waits: it holds the lock or raises ``ValueError`` naming the process
 that holds it. Either writes its holder's PID into the lock file (emptied on release).
+
+The lock files themselves (the root of the file system refused, a symbolic link refused, the
+PID written into a file of its own, a file system without locks named) are in
+:mod:`~fedprivopt.data.lock_files`; who holds a lock (``/proc/locks`` and ``/proc/<pid>/fdinfo``
+read) in :mod:`~fedprivopt.data.lock_holders`.
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedprivopt.core.text import shown
+from fedprivopt.data.lock_files import (
+    name_holder,
+    open_lock,
+    refuse_filesystem_root,
+    refuse_link,
+    unlockable,
+    unname_holder,
+)
+from fedprivopt.data.lock_holders import lock_holders, named_holder
 
 __all__ = [
     "DATA_LOCK",
@@ -35,23 +48,6 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os
 #: The lock file of a StackOverflow data directory: held by a task while it generates its
 #: synthetic files (waiting) and by ``fedprivopt data synth`` (refusing to wait for another).
 DATA_LOCK = ".stackoverflow.lock"
-
-
-def refuse_filesystem_root(path: str | os.PathLike, what: str) -> None:
-    """Raise ``ValueError`` if ``path`` is, or resolves to, the root of the file system.
-
-    The data layer writes its own files into the directories it is given (a dataset, token
-    stores with their lock files); the root ``/`` holds the system's directories, not ours.
-    Thirty-first review of issue 15 (data): ``task-params.cache-dir = "/"`` wrote a token store
-    and its lock file into ``/`` and ``fedprivopt data synth --out /`` the dataset's four files
-    (rc 0, as root). ``what`` leads the message (``cache_dir``, ``argument --out: ...``).
-    """
-    real = os.path.realpath(path)  # "/tmp/..", "//", a link to "/" (loops: left as written)
-    if os.path.dirname(real) == real:
-        raise ValueError(
-            f"{what} {shown(str(path))} is the root of the file system, which holds the system's "
-            "directories: choose a directory of its own"
-        )
 
 
 #: How long a lock waits for the shared lock on its directory (:class:`_DirectoryShare`) before
@@ -175,7 +171,7 @@ def file_lock(path: Path) -> Iterator[None]:
     try:
         for _ in range(100):
             share.share()
-            fd = _open_lock(path, flags)
+            fd = open_lock(path, flags)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     # eighteenth review of issue 15, finding 6: a FIFO ended a task's data
@@ -210,46 +206,14 @@ def file_lock(path: Path) -> Iterator[None]:
         else:  # pragma: no cover - a file replaced 100 times in a row
             raise OSError(errno.EAGAIN, "lock file keeps being replaced", str(path))
         try:
-            own = _name_holder(fd)
+            own = name_holder(fd)
             yield
         finally:
-            _unname_holder(fd, path, own)
+            unname_holder(fd, path, own)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
     finally:
         share.close()
-
-
-def _name_holder(fd: int) -> bool:
-    """Write this process's PID into locked file ``fd`` if it is a file of its own.
-
-    Forty-second review of issue 15 (processes 1): :func:`file_lock` wrote nothing, so its file
-    kept the PID of an earlier :func:`exclusive_lock` holder killed with SIGKILL (``data synth``
-    killed, its lock file never emptied). While a task generated its dataset there under this
-    lock, ``data synth --out D --overwrite`` said ``D`` was in use by that dead PID, in the test
-    a ``sleep`` that had been given it: the user was told to stop an unrelated process. A file
-    with other hard links (a user's) is never written; ``True`` if this one was.
-    """
-    try:
-        if os.fstat(fd).st_nlink != 1:
-            return False
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:  # a full disk: the lock holds all the same, its PID goes unnamed
-        return False
-    return True
-
-
-def _unname_holder(fd: int, path: Path, own: bool) -> None:
-    """Empty locked file ``fd`` on release if :func:`_name_holder` wrote it and ``path`` is it."""
-    if not own:
-        return
-    try:
-        st = os.fstat(fd)
-        if st.st_nlink == 1 and os.path.samestat(st, os.stat(path)):
-            os.ftruncate(fd, 0)
-    except OSError:
-        pass
 
 
 def _say_waiting(path: Path, fd: int) -> None:
@@ -272,51 +236,6 @@ def _say_waiting(path: Path, fd: int) -> None:
         file=sys.stderr,
         flush=True,
     )
-
-
-def unlockable(path: str | os.PathLike, exc: OSError) -> OSError:
-    """The error of ``flock`` failing on ``path`` for a reason other than another holder.
-
-    Thirty-seventh review of issue 15 (environment, finding 4): on a file system that keeps no
-    locks (an NFS mount whose lock service does not answer: ``ENOLCK``, "No locks available";
-    some FUSE file systems: ``ENOSYS``, ``EOPNOTSUPP``) ``flock`` raised an ``OSError`` naming no
-    file, which ``simulate``, ``compare`` and ``data synth`` ended in a traceback (rc 1). It
-    names ``path`` now, and where to run instead.
-    """
-    why = exc.strerror or str(exc)
-    return OSError(
-        exc.errno,
-        f"cannot be locked ({why}): the file system does not keep the locks by which fedprivopt "
-        "allows one writer; use a directory on a local disk, or enable locking on this one",
-        os.fspath(path),
-    )
-
-
-def _open_lock(path: Path, flags: int) -> int:
-    """``os.open`` of lock file ``path`` (``flags`` with ``O_NOFOLLOW``); a link is refused.
-
-    O_NOFOLLOW: a lock file that is a symbolic link would have the linked file emptied and a PID
-    written into it (fifteenth review of issue 15: a user's file, emptied).
-    """
-    try:
-        return os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP or path.is_symlink():
-            _refuse_link(path)
-        raise
-
-
-def _refuse_link(path: Path) -> None:
-    """Refuse a lock file that is a symbolic link (fifteenth review of issue 15).
-
-    Opened through the link, the linked file would get a PID and be emptied on release
-    (:func:`exclusive_lock`), or be created where the link points (:func:`file_lock`).
-    """
-    raise ValueError(
-        f"lock file {path} is a symbolic link (to {os.readlink(path)!r}"[:300]
-        + "); remove the link (it holds no run data): fedprivopt writes its PID "
-        "into a lock file and empties it, and must not do so to the linked file"
-    ) from None
 
 
 class LockHeldError(ValueError):
@@ -345,194 +264,6 @@ def _holder(path: Path) -> int | None:
             break
         time.sleep(0.01)
     return named_holder(path, int(text) if text.isdigit() else None)
-
-
-def named_holder(path: str | os.PathLike, pid: int | None) -> int | None:
-    """The PID to name for lock file ``path``, whose file says ``pid`` (see :func:`_holder`).
-
-    Follow-up of the forty-second review of issue 15 (outputs 2): with no holder listed, the
-    file's PID was named if alive here (for a ``/proc/locks`` that lists nothing), but between
-    sibling containers ``/proc/locks`` hides the other's lock and its PID 1 is this namespace's
-    init: ``in use by process 1``, the refused process itself. Named now only where
-    ``/proc/locks`` does not list this process's own lock either (:func:`_lists_own_locks`).
-
-    Forty-third review of issue 15 (processes 1): ``/proc/locks`` keeps the PID of the process
-    that took the ``flock``, also once it has died (SIGKILL) while a child it forked holds the
-    lock on; that PID may then be another process's. A listed PID is named only if it still
-    holds the file locked (:func:`_living_holder`), else the process that does.
-    """
-    holders = lock_holders(path)
-    if holders is None:  # not Linux, or unreadable: the file says it, as before
-        return pid
-    visible = sorted(p for p in holders if p > 0)
-    if pid in holders or visible:
-        return _living_holder(path, pid if pid in holders else visible[0])
-    if holders or pid is None or not _alive(pid) or _lists_own_locks():
-        return None  # hidden here: a holder in another PID namespace
-    return pid  # a /proc/locks that lists nothing (a sandbox): the file's PID, as before
-
-
-def _living_holder(path: str | os.PathLike, listed: int) -> int | None:
-    """``listed`` (a PID ``/proc/locks`` shows for ``path``) if it holds the lock, else who does.
-
-    ``None`` when the listed process holds nothing and no holder is found. Only ``/proc``'s
-    ``fdinfo`` is read (the lock's device and inode, as in ``/proc/locks``), never the files the
-    processes have open, so a hung network mount of another process's cannot block this.
-    """
-    try:
-        key = _lock_key(os.stat(path))
-    except OSError:
-        return listed
-    asked = _holds(listed, key)
-    if asked:
-        return listed
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        pids = []
-    found = [pid for pid in pids if pid != listed and _holds(pid, key)]
-    if found:
-        return min(found)
-    if asked is None:  # cannot be asked (another user's), and no process here shows it: it
-        return listed  # (follow-up of the forty-third review, outputs 2)
-    # a kernel whose fdinfo shows no locks (before Linux 3.8) finds none: the listing, as before
-    return listed if _alive(listed) and not _shows_fd_locks() else None
-
-
-def _lock_key(st: os.stat_result) -> tuple[str, str]:
-    """The file ``st`` as a lock line names it: ``MAJ:MIN:INODE``, and the inode alone."""
-    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}", str(st.st_ino)
-
-
-def _flock_on(text: bytes, key: tuple[str, str]) -> bool:
-    """Whether an ``fdinfo`` (``lock:`` lines, as ``/proc/locks``'s) shows a ``flock`` on ``key``.
-
-    The inode alone where the device differs (btrfs subvolumes, overlay: see
-    :func:`lock_holders`).
-    """
-    for line in text.decode("ascii", "replace").splitlines():
-        parts = line.split()  # "lock:  1: FLOCK  ADVISORY  WRITE 412 fe:00:4252419 0 EOF"
-        if len(parts) >= 7 and parts[0] == "lock:" and parts[2] == "FLOCK":
-            if parts[6] == key[0] or parts[6].rpartition(":")[2] == key[1]:
-                return True
-    return False
-
-
-def _holds(pid: int, key: tuple[str, str]) -> bool | None:
-    """Whether process ``pid`` holds a ``flock`` on file ``key`` (``None``: not readable here).
-
-    Follow-up of the forty-third review of issue 15 (outputs 2): under ``/proc`` mounted with
-    ``hidepid=2`` (``hidepid=invisible``, as shared machines mount it) another user's process
-    has no ``/proc/<pid>`` at all; it was taken for gone, and ``data synth --out D`` beside
-    another user's running ``data synth`` said ``in use by another process (PID unknown)``
-    where the PID was named before. A process that is there (``kill`` refused) is asked no
-    further, as one whose ``fdinfo`` cannot be read.
-    """
-    where = f"/proc/{pid}/fdinfo"
-    try:
-        fds = os.listdir(where)
-    except PermissionError:
-        return None
-    except OSError:
-        return None if _another_users(pid) else False  # hidden, or gone
-    for fd in fds:
-        try:
-            with open(f"{where}/{fd}", "rb") as f:
-                if _flock_on(f.read(65536), key):
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-def _shows_fd_locks() -> bool:
-    """Whether this kernel's ``/proc/<pid>/fdinfo`` shows the locks held through a descriptor."""
-    import fcntl
-
-    try:
-        fd = os.memfd_create("fedprivopt-lock-probe", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
-            return _flock_on(f.read(65536), _lock_key(os.fstat(fd)))
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _lists_own_locks() -> bool:
-    """Whether ``/proc/locks`` lists a ``flock`` this process holds (on an anonymous file)."""
-    import fcntl
-
-    try:
-        fd = os.memfd_create("fedprivopt-lock-probe", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):  # not Linux: nothing is listed either
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return os.getpid() in (lock_holders(f"/proc/self/fd/{fd}") or ())
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _another_users(pid: int) -> bool:
-    """Whether a process ``pid`` exists here that this user may not signal (another user's)."""
-    if pid <= 0:
-        return False  # 0 would ask about this process's group
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True
-    except (OSError, OverflowError):
-        return False
-    return False
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists in this PID namespace."""
-    if pid <= 0:
-        return False  # 0 would ask about this process's group
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # another user's
-    except (ProcessLookupError, OverflowError):
-        return False
-    return True
-
-
-def lock_holders(path: str | os.PathLike) -> set[int] | None:
-    """The PIDs ``/proc/locks`` shows holding a ``flock`` on ``path``'s file (``None``: unknown).
-
-    PIDs as this process's PID namespace sees them; a process it does not see (another
-    container's) is left out, or shown as 0 by older kernels. Waiters (``->``) are left out.
-    """
-    try:
-        st = os.stat(path)
-        with open(_PROC_LOCKS, "rb") as f:
-            text = f.read(16 * 2**20).decode("ascii", "replace")
-    except OSError:
-        return None
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    exact, same_inode = set(), set()
-    for line in text.splitlines():
-        parts = line.split()  # "1: FLOCK  ADVISORY  WRITE 412 fe:00:4252419 0 EOF"
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[4].lstrip("-").isdigit():
-            if parts[5] == key:
-                exact.add(int(parts[4]))
-            elif parts[5].rpartition(":")[2] == str(st.st_ino):
-                same_inode.add(int(parts[4]))
-    # the kernel names the device of the inode locked, which stat shows otherwise on btrfs
-    # subvolumes and overlay mounts (a container's): then the inode number alone
-    return exact or same_inode
-
-
-_PROC_LOCKS = "/proc/locks"
 
 
 def _in_use(path: Path, what: str) -> LockHeldError:
@@ -578,7 +309,7 @@ def probe_lock(path: str | os.PathLike, *, what: str) -> None:
         return
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # replaced by a link since the lstat
-            _refuse_link(path)
+            refuse_link(path)
         raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -673,7 +404,7 @@ def _claim(path: Path, what: str, guard: _DirectoryShare | None) -> int:
     for _ in range(100):
         if guard is not None:
             guard.share()
-        fd = _open_lock(path, _LOCK_FLAGS)
+        fd = open_lock(path, _LOCK_FLAGS)
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device (issue 15, ninth review)
             os.close(fd)
             raise ValueError(

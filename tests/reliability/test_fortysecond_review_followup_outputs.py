@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from fedprivopt.data import locks
+from fedprivopt.data import lock_holders
 from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock
 from fedprivopt.deploy.local import deploy_local
 from fedprivopt.simulation import engines
@@ -122,7 +122,7 @@ def test_2_a_proc_locks_listing_nothing_still_names_the_files_pid(tmp_path, monk
     """A sandbox whose /proc/locks lists nothing (bb4da9e): the live PID in the file is named."""
     empty = tmp_path / "locks"
     empty.write_text("")
-    monkeypatch.setattr(locks, "_PROC_LOCKS", str(empty))
+    monkeypatch.setattr(lock_holders, "_PROC_LOCKS", str(empty))
     lock = tmp_path / DATA_LOCK
     with exclusive_lock(lock):
         with pytest.raises(LockHeldError, match=f"in use by process {os.getpid()} ") as info:

@@ -54,7 +54,7 @@ import os
 
 import pytest
 
-from fedprivopt.data import locks
+from fedprivopt.data import lock_holders
 from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock, file_lock
 from fedprivopt.deploy.local_checks import DEPLOY_LOCK, LOG_DIR, check_not_deploying
 from fedprivopt.deploy.out_checks import check_out_claimable, refuse_inside_held
@@ -155,7 +155,7 @@ def test_4_a_pid_of_another_namespace_is_not_named(tmp_path, monkeypatch):
         # pid_max: no process here) names none of this namespace
         empty = tmp_path / "locks"
         empty.write_text("")
-        monkeypatch.setattr(locks, "_PROC_LOCKS", str(empty))
+        monkeypatch.setattr(lock_holders, "_PROC_LOCKS", str(empty))
         lock.write_text(f"{2**22 + 1}\n")
         with pytest.raises(LockHeldError, match="a process of another PID namespace") as info:
             with exclusive_lock(lock, what="dataset directory D"):

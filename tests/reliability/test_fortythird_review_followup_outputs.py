@@ -65,7 +65,7 @@ from pathlib import Path
 
 import pytest
 
-from fedprivopt.data import locks
+from fedprivopt.data import lock_holders
 from fedprivopt.data.locks import DATA_LOCK, LockHeldError, exclusive_lock
 from fedprivopt.simulation.rundir import lock_directory
 
@@ -123,7 +123,7 @@ def test_2_another_users_holder_hidden_by_hidepid_is_named(tmp_path, monkeypatch
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        monkeypatch.setattr(locks, "os", _HidePid(holder.pid))
+        monkeypatch.setattr(lock_holders, "os", _HidePid(holder.pid))
         with pytest.raises(LockHeldError) as info:
             with exclusive_lock(lock, what="dataset directory D"):
                 pass  # pragma: no cover - refused
@@ -145,7 +145,7 @@ def test_2_a_holder_here_is_named_before_a_listed_process_that_cannot_be_asked(
     child = subprocess.Popen(["sleep", "60"], pass_fds=(fd,))
     try:
         os.close(fd)  # the child holds it; this process, listed, is made another user's
-        monkeypatch.setattr(locks, "os", _HidePid(os.getpid()))
+        monkeypatch.setattr(lock_holders, "os", _HidePid(os.getpid()))
         with pytest.raises(LockHeldError) as info:
             with exclusive_lock(lock, what="dataset directory D"):
                 pass  # pragma: no cover - refused

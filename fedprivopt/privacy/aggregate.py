@@ -22,6 +22,11 @@ Noise modes:
 
 With ``noise_multiplier = 0`` and ``clip_norm = None`` the aggregator is the plain (non-private)
 uniform mean over the updates received.
+
+The checks of the aggregator's arguments and of a given ``sum_noise``, the bounds it sums and
+noises within (:data:`MAX_SUM_NOISE_STD`, :func:`sum_dtype`) and the distributed-noise share
+counts (:func:`default_min_shares`, :func:`share_noise_growth`) are in
+:mod:`fedprivopt.privacy.aggregate_checks` (split from this module; re-exported here).
 """
 
 from __future__ import annotations
@@ -32,12 +37,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedprivopt.core.checks import check_int, check_real
+from fedprivopt.core.checks import check_int
 from fedprivopt.core.devices import check_device
 from fedprivopt.core.memory import check_fits
 from fedprivopt.core.text import shown
+from fedprivopt.privacy.aggregate_checks import (
+    MAX_SUM_NOISE_STD,
+    NOISE_MODES,  # noqa: F401  (re-exported: strategies.config imports it from here)
+    check_aggregator,
+    check_sum_noise,
+    default_min_shares,
+    share_noise_growth,
+    sum_dtype,
+)
 from fedprivopt.privacy.clip import (
-    MIN_CLIP_NORM,
     clip_factor,
     vector_norm_checked,
 )
@@ -52,7 +65,6 @@ from fedprivopt.privacy.received import (
     user_pair,
     whole_segment,
 )
-from fedprivopt.privacy.sampling import MAX_POPULATION
 from fedprivopt.privacy.sparse import (
     RowSparse,
     RowSparseBatch,
@@ -70,95 +82,8 @@ __all__ = [
     "sum_dtype",
 ]
 
-NOISE_MODES = ("server", "distributed")
-
 SHARE_MISSING = "update without its noise share (norm below what a share alone has, e^-50)"
 """Why a dense distributed-noise update is rejected (:meth:`NoisyMeanAggregator.share_floor`)."""
-
-#: Largest noise std ``σC`` on a round's sum (and ``σC/m̄`` on its mean; with adaptive clipping
-#: ``σ_Δ C``, checked by the strategy's configuration): its square, times up to the population
-#: (at most :data:`~fedprivopt.privacy.sampling.MAX_POPULATION` = 10**8; distributed noise
-#: scales the sum's variance by the accepted shares) or the 64 nodes of a tree release stays a
-#: float (1e300 * 1e8 < 1.8e308). Eleventh review of issue 15, finding 1.
-MAX_SUM_NOISE_STD = 1e150
-
-
-def sum_dtype(dtype: torch.dtype, bound: float) -> torch.dtype:
-    """The dtype in which :meth:`NoisyMeanAggregator.aggregate` sums updates of ``dtype``.
-
-    ``dtype`` itself where no sum of up to :data:`~fedprivopt.privacy.sampling.MAX_POPULATION`
-    updates of norm at most ``bound`` can overflow it (float32 below ``bound`` 1.7e30: every
-    run's bits as before), else float64 (float16 and bfloat16 always: their sums also lose whole
-    updates to rounding, 256 + 1 = 256 in bfloat16). Thirty-eighth review of issue 15: the sum was
-    kept in the model's dtype, and a partial sum that overflowed stayed infinite whatever noise
-    was added, so an infinite release said, without noise, that the clipped sum overflowed:
-    130 float32 updates at ``C = 5.3e36`` whose exact sum is 0 (65 of ``+0.999C``, then 65 of
-    ``-0.999C``) gave an infinite mean every time, one user fewer a finite one; 66 float16
-    updates at ``C = 1000`` alike. A float64 model is refused a bound at which it could
-    overflow (runs keep ``noise-multiplier · C <= 1e150`` with ``noise-multiplier >= 1e-100``).
-    A non-private float32 sum (``bound`` infinite) stays in float32.
-    """
-    most = torch.finfo(dtype).max / 2 / MAX_POPULATION  # the largest bound that cannot overflow
-    if dtype == torch.float64:
-        if math.isfinite(bound) and bound > most:
-            raise ValueError(
-                f"clip_norm is too large for a float64 model: the sum of up to {MAX_POPULATION} "
-                f"updates of norm {bound:g} could overflow (at most {most:g})"
-            )
-        return dtype
-    if dtype == torch.float32 and (bound <= most or math.isinf(bound)):  # inf: not private
-        return dtype
-    return torch.float64
-
-
-def default_min_shares(population: int, sample_rate: float, quantile: float = 0.01) -> int:
-    """A low quantile of the cohort size ``Binomial(population, sample_rate)`` (at least 1).
-
-    Distributed noise shares are calibrated to this many clients, so in all but ``quantile`` of the
-    rounds at least ``m_min`` shares arrive and no top-up is needed.
-    """
-    from scipy.stats import binom
-
-    # a short API review of issue 15: a population of 0 or True, a rate of True and a quantile
-    # of 1+0j or 0 were taken
-    population = check_int("population", population, 1, MAX_POPULATION)
-    sample_rate = check_real("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
-    quantile = check_real("quantile", quantile, low=0.0, high=1.0, low_open=True, high_open=True)
-    return max(1, int(binom.ppf(quantile, population, sample_rate)))
-
-
-def share_noise_growth(min_shares: int, most_shares: int) -> float:
-    """``√(max(n, m_min)/m_min)`` at ``n = most_shares``: how far a distributed noise std grows.
-
-    In distributed-noise mode every accepted share carries ``N(0, σ²C²/m_min)``, so the sum of
-    ``n`` of them has noise std ``σC·√(max(n, m_min)/m_min)``: above ``σC`` as soon as more than
-    ``min_shares`` arrive. A bound on ``σC`` that keeps a round's noise within the model dtype's
-    range must divide by this at the most shares a round can accept (the population under
-    Poisson sampling, the cohort under fixed-size sampling). Thirty-seventh review of issue 15:
-    adaptive clipping kept ``σ_Δ C`` at float32's largest number over the headroom, and with
-    ``min-shares = 1`` and 500 shares the sum overflowed to an infinite model.
-    """
-    min_shares = check_int("min_shares", min_shares, 1)
-    most_shares = check_int("most_shares", most_shares, 1)
-    return math.sqrt(max(most_shares, min_shares) / min_shares)
-
-
-def _check_sum_noise(sum_noise: object, allowed: bool) -> None:
-    """``sum_noise`` as :meth:`NoisyMeanAggregator.aggregate` takes it: ``(tensor, variance)``.
-
-    A short API review of issue 15: a string, a list or a scalar tensor ended in
-    ``AttributeError`` or ``IndexError``.
-    """
-    if not allowed:
-        raise ValueError("sum_noise replaces the server noise of a private aggregation only")
-    ok = isinstance(sum_noise, tuple) and len(sum_noise) == 2
-    ok = ok and isinstance(sum_noise[0], torch.Tensor) and sum_noise[0].is_floating_point()
-    ok = ok and dense_problem(sum_noise[0]) is None  # a meta one: NotImplementedError (r39)
-    if not ok:
-        raise ValueError(
-            f"sum_noise must be a (floating tensor, variance) pair, got {type(sum_noise).__name__}"
-        )
-    check_real("sum_noise variance", sum_noise[1], low=0.0)
 
 
 @dataclass
@@ -212,28 +137,9 @@ class NoisyMeanAggregator:
         noise_mode: str = "server",
         min_shares: int | None = None,
     ) -> None:
-        noise_multiplier = check_real("noise_multiplier", noise_multiplier, low=0.0)
-        if clip_norm is None:
-            if noise_multiplier > 0:
-                raise ValueError("clip_norm must be a number > 0 when noise_multiplier > 0")
-        else:
-            clip_norm = check_real("clip_norm", clip_norm, low=MIN_CLIP_NORM)
-        expected_cohort_size = check_real(
-            "expected_cohort_size", expected_cohort_size, low=0.0, low_open=True
+        clip_norm, noise_multiplier, expected_cohort_size, min_shares = check_aggregator(
+            clip_norm, noise_multiplier, expected_cohort_size, noise_mode, min_shares
         )
-        scale = noise_multiplier * max(1.0, 1.0 / expected_cohort_size)
-        if clip_norm is not None and scale > 0 and not clip_norm * scale <= MAX_SUM_NOISE_STD:
-            # a short API review of issue 15: clip_norm=1e300 overflowed squaring σC
-            raise ValueError(
-                f"clip_norm must be at most {MAX_SUM_NOISE_STD / scale:.6g} here: noise_multiplier"
-                f" * clip_norm / min(1, expected_cohort_size) must be at most "
-                f"{MAX_SUM_NOISE_STD:g} (the noise std of a sum and a mean), got "
-                f"{noise_multiplier:g} * {clip_norm:g} / min(1, {expected_cohort_size:g})"
-            )
-        if noise_mode not in NOISE_MODES:
-            raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {shown(noise_mode)}")
-        if noise_mode == "distributed":  # at most the largest population (a short API review)
-            min_shares = check_int("min_shares", min_shares, 1, MAX_POPULATION)
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_cohort_size = float(expected_cohort_size)
@@ -427,7 +333,7 @@ class NoisyMeanAggregator:
             :class:`~fedprivopt.privacy.tree.TreeNoise`).
         """
         if sum_noise is not None:
-            _check_sum_noise(sum_noise, self.noise_mode == "server" and self.private)
+            check_sum_noise(sum_noise, self.noise_mode == "server" and self.private)
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"dtype must be a floating torch.dtype, got {shown(dtype)}")
         device = check_device(device)

@@ -4,20 +4,20 @@
    was deleted while its checkpoint, rows or summary remain (with ``summary.json``'s
    ``single_run`` lowered to the plan, ``compare-tuned`` said 19.03 where a resumed secure
    trial made the tuning spend 22.14). Two close variants passed: the trial's ledger deleted
-   together with its ``config.toml`` (``_check_trial`` took a trial without both as one that
+   together with its ``config.toml`` (``check_trial`` took a trial without both as one that
    failed before its run started, before looking at what remains), and the trial's whole
    directory removed (``rm -r T/runs/trial-002``; the tuning's ``summary.json`` still states
    that trial finished with its rounds completed). Before: ``check_tuning`` passed (the toy
    tuning below at 14.68, the trial counted as one that released nothing). Now both are refused,
    naming the trial's directory and what says it ran (its remaining files, or the tuning's
-   ``summary.json`` entry: ``tune_check._check_trial`` and ``_stated_run``); a trial that
+   ``summary.json`` entry: ``tune_trials.check_trial`` and ``_stated_run``); a trial that
    failed before its run started (nothing left, nothing stated) still counts as before.
 2. The forty-third review's reports 4 refuses a trial's ledger that composes to less than the
    trial's ``metrics.jsonl``, ``summary.json`` or newest checkpoint states. The same ledger cut
    to its header with those three removed (the trial's ``config.toml`` kept) passed: nothing
    left in the trial's directory stated an ε, though the tuning's ``summary.json`` entry of
    that trial states its ε (9.998 in a 2-round pld tuning of 12 users, the ledger's 0). Now
-   that entry's ε bounds the ledger too (``tune_check._check_covered``): refused, naming it.
+   that entry's ε bounds the ledger too (``tune_trials._check_covered``): refused, naming it.
 3. The forty-third review's reports 2 reads ``composed_tuning_epsilon``'s ``count`` of an int
    subclass by its stored value; the ledger's own counts were still read through the
    subclass's ``__int__`` (``core.checks.check_int`` in ``merge_ledger``): a ledger

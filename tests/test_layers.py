@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedprivopt"
 LAYERS = (
     ("core",),
     ("privacy",),
-    ("optim", "data", "wire"),
+    ("optim", "data", "wire", "wire_train"),
     ("models",),
     ("clients",),
     ("strategies",),

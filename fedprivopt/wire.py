@@ -100,6 +100,7 @@ __all__ = [
     "PRECONDITIONER_RECORD",
     "QUERY_RECORD",
     "REPORT_PRIVATE_METRICS",
+    "REQUIRED_TRAIN_KEYS",
     "ROUND",
     "RUN_DEVICE",
     "RUN_TASK",
@@ -159,7 +160,6 @@ PRECONDITIONER_RECORD = "preconditioner"
 PRECONDITIONER_ARRAY = "p"
 CONFIG_RECORD = "config"
 # the train config's keys (USERS ... COUNT_NOISE_STD) are in fedprivopt.wire_train
-_REQUIRED_TRAIN_KEYS = REQUIRED_TRAIN_KEYS  # its name here before the split (tests read it)
 
 # --- train reply ---------------------------------------------------------------------------------
 UPDATE_PREFIX = "update/"

@@ -252,7 +252,7 @@ def test_6_forged_collections_are_shown_cut():
 def test_6_a_train_config_repeating_users_is_refused_cut():
     from fedprivopt import wire as P
 
-    record = {key: 1 for key in P._REQUIRED_TRAIN_KEYS}
+    record = {key: 1 for key in P.REQUIRED_TRAIN_KEYS}
     record[P.USERS] = [*range(10**5), 0]
     with pytest.raises(ValueError, match="repeats a user id") as info:
         P.decode_train_config(record)
@@ -266,7 +266,7 @@ def test_6_a_train_config_repeating_users_is_refused_cut():
 def test_7_a_train_config_with_users_that_are_no_ids_is_refused(users):
     from fedprivopt import wire as P
 
-    record = {key: 1 for key in P._REQUIRED_TRAIN_KEYS}
+    record = {key: 1 for key in P.REQUIRED_TRAIN_KEYS}
     record[P.USERS] = users
     with pytest.raises(ValueError, match="must be a list of integers >= 0"):
         P.decode_train_config(record)  # [0.5], [True], ["3"], [-1]: users 0, 1, 3, -1

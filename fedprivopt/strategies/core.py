@@ -14,13 +14,13 @@ delayed preconditioner in adaptive rounds, AdaDPS broadcasts the public side inf
 The request and result types live in :mod:`fedprivopt.strategies.requests` (re-exported here),
 the checkpoint of an algorithm in :mod:`fedprivopt.strategies.state`, its noised aggregation (the
 aggregator and tree noise it builds, one cohort's noised mean) in
-:mod:`fedprivopt.strategies.aggregation`.
+:mod:`fedprivopt.strategies.aggregation`, its sampling, the noised mean a caller's ``aggregate``
+asks for and the privacy events it is charged in :mod:`fedprivopt.strategies.cohorts`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import torch
@@ -30,14 +30,13 @@ from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.accounting import PrivacyAccountant
-from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.pld_guard import check_pld_ledger
 from fedprivopt.privacy.rng import RngFactory, derive_seed
 from fedprivopt.privacy.sampling import SamplingSpec
 from fedprivopt.privacy.sparse import dense_problem
-from fedprivopt.privacy.tree import tree_position
 from fedprivopt.strategies.aggregation import AlgorithmAggregation, largest_noise_std
 from fedprivopt.strategies.clipping import AdaptiveClipping
+from fedprivopt.strategies.cohorts import AlgorithmCohorts
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.requests import (
     PartialRelease,
@@ -61,7 +60,7 @@ __all__ = [
 ]
 
 
-class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
+class ServerAlgorithm(AlgorithmCohorts, AlgorithmAggregation, AlgorithmState):
     """Server side of a (DP) federated strategy, independent of the transport.
 
     Parameters
@@ -171,80 +170,6 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         """The server optimizer's initial state."""
         return None if self.transform is None else self.transform.init(self.params)
 
-    # -- privacy -----------------------------------------------------------------------------
-
-    events_per_round = 1
-
-    def round_event(self) -> SubsampledGaussianEvent | None:
-        """The privacy event of one data access (``None`` for non-private strategies).
-
-        With adaptive clipping the sum's multiplier is ``σ_Δ`` and the event carries the count's
-        ``2σ_b``: together one Gaussian of the configured ``σ``. Under tree aggregation the
-        event of a whole restart period (:meth:`SubsampledGaussianEvent.tree`).
-        """
-        c = self.config
-        if not c.private:
-            return None
-        if c.tree:
-            return SubsampledGaussianEvent.tree(
-                population=c.population,
-                cohort_size=int(c.clients_per_round),
-                noise_multiplier=c.noise_multiplier,
-                restart_rounds=c.restart_rounds,
-            )
-        count = 2.0 * c.count_stddev if c.adaptive else None
-        return self.sampling.event(c.update_noise_multiplier, count)
-
-    def round_events(self, round_num: int | None = None) -> list[SubsampledGaussianEvent]:
-        """Events round ``round_num`` releases (``events_per_round`` copies of :meth:`round_event`).
-
-        Under tree aggregation a period's event is charged whole at its first round, and the
-        other rounds of the period release none. ``round_num=None``: the events of a round
-        that charges (every round of a sampled mechanism).
-        """
-        event = self.round_event()
-        if event is None:
-            return []
-        if round_num is not None:  # NaN and -1 were taken (a short API review of issue 15)
-            round_num = check_int("round_num", round_num, 1)
-        if self.tree_noise is not None and round_num is not None:
-            if tree_position(round_num, self.config.restart_rounds)[1] != 1:
-                return []
-        return [event] * self.events_per_round
-
-    def events_through(self, round_num: int) -> int:
-        """How many events rounds ``1 .. round_num`` release together."""
-        round_num = check_int("round_num", round_num, 0)  # -1 and NaN were taken (API review)
-        if not self.config.private:
-            return 0
-        if self.tree_noise is not None:
-            return -(-round_num // self.config.restart_rounds)
-        return round_num * self.events_per_round
-
-    def noise_std_of_mean(self) -> float:
-        """Nominal per-coordinate noise std ``σC/m̄`` of the noised mean Δ̃ (0 if not private).
-
-        With adaptive clipping ``σ_Δ C_0/m̄`` (the initial clip norm).
-        """
-        c = self.config
-        if not c.private:
-            return 0.0
-        return c.update_noise_multiplier * c.clip_norm / c.clients_per_round
-
-    def epsilon(self) -> float:
-        """ε spent so far at the configured δ (``inf`` for non-private strategies)."""
-        if not self.config.private:
-            return math.inf
-        return self.accountant.epsilon(self.config.delta)
-
-    def budget_allows_next_round(self) -> bool:
-        """False when the next round would push ε above the target (the run must stop)."""
-        target = self.config.target_epsilon
-        events = self.round_events(self.round_num + 1)
-        if target is None or not events:
-            return True
-        return not self.accountant.would_exceed(target, self.config.delta, events)
-
     # -- one round -----------------------------------------------------------------------------
 
     def client_settings(self, *, clip_norm: float | None = None) -> ClientSettings:
@@ -282,42 +207,6 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
     def broadcast_preconditioner(self) -> torch.Tensor | None:
         """Preconditioner sent to clients this round (none by default)."""
         return None
-
-    @property
-    def user_ids(self) -> range:
-        """The task's user ids that can be sampled (the private population)."""
-        return range(self.user_offset, self.user_offset + self.config.population)
-
-    def sample(self, round_num: int, purpose: str = "sampling") -> list[int]:
-        """Sampled users of ``round_num`` (the second ADADP cohort uses another purpose).
-
-        Task user ids: the sampler's ids plus :attr:`user_offset`. Under tree aggregation the
-        round's cohort of the period's shuffle, among :attr:`available_users`, checked in to
-        the participation ledger (:class:`~fedprivopt.privacy.tree.TreeCohorts`).
-        """
-        # follow-up of the forty-second review of issue 15 (privacy 5, api 1's twin): the draw was
-        # kept under the round as given; an int subclass equal to every round let aggregate reuse
-        # round 1's secure draw for round 2 (one cohort summed twice, charged as two samples)
-        round_num = check_int("round_num", round_num, 0)
-        if self.tree_cohorts is not None:
-            available = None
-            if self.available_users is not None:
-                available = torch.zeros(self.config.population, dtype=torch.bool)
-                ids = [u - self.user_offset for u in self.available_users if u in self.user_ids]
-                available[torch.as_tensor(ids, dtype=torch.int64)] = True
-            users = [u + self.user_offset for u in self.tree_cohorts.cohort(round_num, available)]
-        elif self.config.secure and (purpose, round_num) in self._secure_draws:
-            # forty-third review of issue 15 (api 8): in secure mode every call drew anew, so a
-            # caller could draw round 1 again until a chosen user was in it (the second draw held
-            # user 7) and aggregate that cohort, charged as a Poisson sample of rate q; a round
-            # has one draw, as a seeded one has
-            users = list(self._secure_draws[purpose, round_num])
-        else:
-            users = [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
-            if self.config.secure:
-                self._secure_draws[purpose, round_num] = tuple(users)
-        self._drawn[purpose] = (round_num, frozenset(users))
-        return users
 
     # -- adaptive clipping ---------------------------------------------------------------------
 
@@ -372,79 +261,6 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         self.params = self.params + step
         return self._finish(round_num, users, metrics, agg.rejected)
 
-    def aggregate(
-        self,
-        round_num: int,
-        updates: Updates,
-        *,
-        clip_norm: float | None = None,
-        stream: str = "",
-        cohort: list[int] | None = None,
-    ):
-        """The noised mean of one cohort, asked by a caller: a release, charged when returned.
-
-        :meth:`run_round` (and so every engine) aggregates with ``_aggregate_in_round`` and
-        charges the round when it finishes. A caller of the Python API that calls this itself
-        is given the noised mean, which is then released: the accountant is charged round
-        ``round_num``'s events (:meth:`round_events`) before it is returned. Thirty-ninth review
-        of issue 15 (api 2): the accountant was not charged, so five noised sums of rounds
-        1-5 left ``aggregate`` with ``epsilon()`` 0.0 (dp-fedavg, sigma 0.5, q 0.25), and
-        ``run_round`` of a round so begun is refused without charge (``round 1 was begun
-        already``): round 2 after it gave 7.55 where two released sums are 10.28. Arguments
-        and errors are :meth:`~fedprivopt.strategies.aggregation.AlgorithmAggregation.
-        _aggregate_in_round`'s (the noised mean :meth:`run_round` takes, uncharged).
-        """
-        cohort = self._round_cohort(round_num, stream, cohort)
-        agg = self._aggregate_in_round(
-            round_num, updates, clip_norm=clip_norm, stream=stream, cohort=cohort
-        )
-        events = self.round_events(round_num)
-        if events:
-            self.accountant.step(events)
-        return agg
-
-    def _round_cohort(self, round_num: int, stream: str, cohort: list[int] | None) -> list[int]:
-        """The cohort :meth:`aggregate` sums: ``cohort``, or the round's sample without one.
-
-        Fortieth review of issue 15 (api 6): ``aggregate(1, updates)`` without ``cohort``
-        summed every user of ``updates`` (all 40 of a population sampled at q = 0.25: accepted
-        40) under the charge of a round that samples a quarter of them, and so did
-        ``cohort=range(40)``. A seeded sampled round draws the same cohort at every call
-        (:meth:`sample`): a given cohort must be within it. In secure mode or under tree
-        aggregation a second draw is another cohort, so the caller must pass the one it used,
-        within that draw (follow-up, privacy 3: ``cohort=range(40)`` summed all 40 there).
-        """
-        round_num = check_int("round_num", round_num, 1)
-        if cohort is not None:
-            cohort = _cohort_users(cohort)
-        purpose = "sampling-2" if stream == "train-2" else "sampling"
-        if self.config.secure or self.tree_cohorts is not None:
-            if cohort is None:
-                raise ValueError(
-                    "aggregate needs cohort= (the users alg.sample(round_num) returned for the "
-                    "round its updates were trained for) in secure mode or under tree "
-                    "aggregation, where another draw gives another cohort"
-                )
-            drawn_round, sampled = self._drawn.get(purpose, (0, frozenset()))
-            if drawn_round != round_num:
-                raise ValueError(
-                    f"aggregate of round {round_num} in secure mode or under tree aggregation "
-                    f"sums users of the cohort this algorithm drew for it last, and it drew "
-                    f"none (call alg.sample({round_num}) and train those users)"
-                )
-        else:
-            sampled = self.sample(round_num, purpose)
-        if cohort is None:
-            return sampled
-        extra = sorted(set(cohort) - set(sampled))
-        if extra:
-            raise ValueError(
-                f"cohort holds users round {round_num} did not sample ({shown(extra)}; "
-                f"alg.sample({round_num}) gives its cohort): their updates would be summed "
-                "outside the sampling the accountant charges"
-            )
-        return cohort
-
     def refuse_changed_request(
         self,
         request: TrainRequest,
@@ -477,52 +293,6 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
             "after that started from other users' training; copy it before training on it "
             "(request.params.clone()); nothing of the cohort was released"
         )
-
-    def _check_out(self, round_num: int, users: list[int]) -> None:
-        """Take round ``round_num``'s refused cohort ``users`` out of the tree's participation.
-
-        Forty-third review of issue 15 (api 7): a tree round refused after its sum (its trainer
-        changed the request's model), or whose aggregation refused its updates (a callback
-        returning ``None``), nothing released, kept its cohort checked in to the
-        period's participation ledger: the round run again drew 10 other users, 10 users were
-        lost to the period, and the algorithm's own ``state_dict()`` was refused by
-        ``load_state_dict`` as edited (30 users at step 2, at most 20). Only these users are
-        taken out (a cohort drawn since for another attempt stays in), and the draw is
-        forgotten, so ``aggregate`` cannot sum them unchecked in.
-        """
-        if self.tree_cohorts is None:
-            return
-        if self._drawn.get("sampling", (None,))[0] == round_num:
-            del self._drawn["sampling"]
-        state = self.tree_cohorts.state_dict()
-        if state["period"] != tree_position(round_num, self.config.restart_rounds)[0]:
-            return
-        refused = {u - self.user_offset for u in users}
-        kept = [int(u) for u in state["users"].tolist() if int(u) not in refused]
-        self.tree_cohorts.load_state_dict(
-            {"period": state["period"], "users": torch.tensor(kept, dtype=torch.int64)}
-        )
-
-    def charge_partial(self, round_num: int) -> None:
-        """Charge the accountant the first of round ``round_num``'s events now (ADADP's half step).
-
-        Thirty-eighth review of issue 15, follow-up (privacy 3): the accountant was charged a
-        round's events only when the round finished, but ADADP's half-step point (a function of
-        cohort 1's noised sum) reaches cohort 2's trainer before that; a round then refused
-        (api 1's changed request of ``train-2``, or a failed second aggregation) left that
-        release uncharged: ``epsilon()`` 0.0 after it, 3.19 after the next round where three
-        cohorts' sums were released. :meth:`_finish` charges the rest
-        (:meth:`uncharged_events`).
-        """
-        events = self.round_events(round_num)[:1]
-        if events:
-            self.accountant.step(events)
-        self._partial_charged = round_num
-
-    def uncharged_events(self, round_num: int) -> list[SubsampledGaussianEvent]:
-        """Round ``round_num``'s events not yet charged (all but the first after a half step)."""
-        events = self.round_events(round_num)
-        return events[1:] if getattr(self, "_partial_charged", None) == round_num else events
 
     def _finish(
         self, round_num: int, users: list[int], metrics: dict[str, float], rejected: dict
@@ -573,23 +343,6 @@ class ServerAlgorithm(AlgorithmAggregation, AlgorithmState):
         that training, released with no noise of its own (+50 in every entry).
         """
         return (self.params if self.averaged is None else self.averaged).detach().clone()
-
-
-def _cohort_users(cohort: object) -> list[int]:
-    """``aggregate``'s ``cohort`` as a list of plain user ids, read once.
-
-    Forty-second review of issue 15 (api 5): a generator or iterator (``cohort=iter(users)``)
-    was read by the check against the round's sample and was empty when the aggregation read
-    it: every update was rejected as not in the cohort and a round of noise alone was released
-    and charged (epsilon 7.55, accepted 0); ``[True]`` summed user 1, and 0-d tensors were
-    refused as users the round did not sample.
-    """
-    if isinstance(cohort, (str, bytes)) or not isinstance(cohort, Iterable):
-        raise ValueError(
-            f"cohort must be a list of user ids (what alg.sample(round_num) returns), got "
-            f"{shown(cohort)}"
-        )
-    return [check_int("cohort entry (a user id)", user, 0) for user in cohort]
 
 
 def round_number(round_num: object) -> int:

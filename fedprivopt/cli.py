@@ -40,7 +40,7 @@ from fedprivopt.cli_privacy import add_privacy
 from fedprivopt.cli_runs import add_simulate
 from fedprivopt.cli_tune import add_tune
 from fedprivopt.core.logs import log_warnings_to_stderr
-from fedprivopt.core.orphans import FORK_REFUSED_ADVICE, fork_refused
+from fedprivopt.core.orphans import fork_refusal
 from fedprivopt.core.threads import passive_openmp_wait
 
 
@@ -224,11 +224,11 @@ def _main(argv: Sequence[str] | None) -> int:
             if _debug():  # a fork or mmap refused (ulimit -v): this machine's memory
                 raise
             return _out_of_memory(args, exc)
-        if fork_refused(exc):  # forty-third review of issue 15 (processes, open for cli)
+        refused = fork_refusal(exc)  # forty-third review of issue 15 (processes, open for cli)
+        if refused is not None:
             if _debug():
                 raise
-            text = f"a process could not be started ({exc.strerror or exc}): {FORK_REFUSED_ADVICE}"
-            print(f"fedprivopt {_command(args)}: error: {one_line(text)}", file=sys.stderr)
+            print(f"fedprivopt {_command(args)}: error: {one_line(refused)}", file=sys.stderr)
             return 1
         if isinstance(exc, OSError) and not is_file_error(exc):
             raise

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-__all__ = ["FORK_REFUSED_ADVICE", "die_with_parent", "fork_refused"]
+__all__ = ["die_with_parent", "fork_refusal", "fork_refused"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -85,8 +85,15 @@ _STARTS = frozenset(
 )
 
 
-FORK_REFUSED_ADVICE = (
-    "this user's (or the container's) limit on processes and threads is reached (ulimit -u, a "
-    "pids limit); stop other processes or raise the limit"
-)
-"""What to do when :func:`fork_refused` holds (said after the error's own text)."""
+def fork_refusal(exc: BaseException) -> str | None:
+    """The one line to say for ``exc`` when :func:`fork_refused` holds, else ``None``.
+
+    What ``deploy local`` and the command line print (after their own prefix).
+    """
+    if not isinstance(exc, OSError) or not fork_refused(exc):
+        return None
+    return (
+        f"a process could not be started ({exc.strerror or exc}): this user's (or the "
+        "container's) limit on processes and threads is reached (ulimit -u, a pids limit); stop "
+        "other processes or raise the limit"
+    )

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedprivopt.core.orphans import FORK_REFUSED_ADVICE, fork_refused
+from fedprivopt.core.orphans import fork_refusal
 from fedprivopt.core.text import epsilon_text, shown
 from fedprivopt.deploy import MAX_LOCAL_NODES
 from fedprivopt.deploy.out_checks import MAX_RECORD_BYTES, check_out_claimable  # noqa: F401
@@ -260,13 +260,12 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         print(_interrupted(Path(out).expanduser()), file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
     except (RuntimeError, TimeoutError, OSError) as exc:
-        fork = isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
-        if fork and not fork_refused(exc):
-            raise  # TimeoutError is an OSError: the deployment's own timeout is not re-raised
-        if fork:
-            exc = RuntimeError(
-                f"a process could not be started ({exc.strerror or exc}): {FORK_REFUSED_ADVICE}"
-            )
+        if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+            # TimeoutError is an OSError: the deployment's own timeout is said as it is
+            refused = fork_refusal(exc)
+            if refused is None:
+                raise
+            exc = RuntimeError(refused)
         print(f"fedprivopt deploy local: failed: {exc}", file=sys.stderr)
         then = _continuation(Path(out).expanduser())  # after the log's lines: said last
         if then is not None:  # thirty-first review of issue 15: a timeout did not say it

@@ -5,7 +5,7 @@
    ``fork`` refused with EAGAIN, injected where the real ``fork_exec`` raises it; the processes
    reviewer's open row). Before: rc 1 and a 30- to 56-line ``BlockingIOError`` traceback
    (``cli.main`` re-raised an ``OSError`` that is not a file's). Now: rc 1 and one line saying a
-   process could not be started and what to do (``core.orphans.fork_refused``, shared with
+   process could not be started and what to do (``core.orphans.fork_refusal``, shared with
    ``deploy local``'s line since processes 2), nothing left in ``--out``.
 2. The Python API ``simulate(config, "s3://b/r")`` and ``resume("s3://b/r")`` (the input
    reviewer's open row; ``simulate --out s3://b/r`` refuses it since input 5), and the deployment's

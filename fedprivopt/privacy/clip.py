@@ -38,6 +38,7 @@ __all__ = [
     "float_at_most",
     "l2_norm",
     "norm_error_bound",
+    "refuse_subclass",
     "vector_norm_checked",
 ]
 
@@ -103,7 +104,7 @@ def l2_norm(vector: torch.Tensor) -> float:
     # forty-third review of issue 15 (mechanisms 4): a subclass measured by its own operations,
     # or an instance carrying its own detach, read 0.001 for 100 entries of 100, and
     # clip_factor's documented recipe v * clip_factor(l2_norm(v), C, ...) left v at norm 1000
-    _refuse_subclass(vector)
+    refuse_subclass(vector)
     _check_real_data(vector)
     flat = torch.Tensor.detach(vector).reshape(-1)
     if flat.dtype == torch.float64:
@@ -404,7 +405,7 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
         it contains NaN or Inf (such an update has no direction to keep; callers reject it).
     """
     _check_tensor(vector)
-    _refuse_subclass(vector)
+    refuse_subclass(vector)
     clip_norm = _real_clip_norm(clip_norm)
     if not (clip_norm > 0 and clip_norm < float("inf")):
         raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
@@ -434,7 +435,7 @@ def clip_l2(vector: torch.Tensor, clip_norm: float) -> ClipResult:
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def _refuse_subclass(vector: torch.Tensor) -> None:
+def refuse_subclass(vector: torch.Tensor, does: str = "measure its norm") -> None:
     """``ValueError`` for a ``torch.Tensor`` subclass other than ``torch.nn.Parameter``.
 
     Forty-second review of issue 15 (follow-up, privacy, open for mechanisms; lead 8): a
@@ -450,5 +451,5 @@ def _refuse_subclass(vector: torch.Tensor) -> None:
     if type(vector) not in PLAIN_TENSORS:
         raise ValueError(
             f"vector must be a plain torch.Tensor, got a {type(vector).__name__} (a subclass, "
-            "whose own operations would measure its norm)"
+            f"whose own operations would {does})"
         )

@@ -44,7 +44,7 @@ from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.core.devices import check_device
 from fedprivopt.core.memory import check_fits
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.clip import PLAIN_TENSORS
+from fedprivopt.privacy.clip import refuse_subclass
 from fedprivopt.privacy.rng import SecureGenerator
 
 __all__ = ["add_gaussian_noise", "gaussian_noise", "secure_gaussian_noise"]
@@ -187,14 +187,10 @@ def add_gaussian_noise(
     """
     if not isinstance(vector, torch.Tensor):  # an AttributeError before (a short API review)
         raise ValueError(f"vector must be a torch.Tensor, got {type(vector).__name__}")
-    if type(vector) not in PLAIN_TENSORS:
-        # forty-third review of issue 15 (mechanisms 3): a subclass whose own add returned its
-        # first argument came back as the vector without noise, as clip_l2 and
-        # privatize_update refuse such a one (a Parameter adds as torch does)
-        raise ValueError(
-            f"vector must be a plain torch.Tensor, got a {type(vector).__name__} (a subclass, "
-            "whose own operations would decide what is added)"
-        )
+    # forty-third review of issue 15 (mechanisms 3): a subclass whose own add returned its
+    # first argument came back as the vector without noise, as clip_l2 and privatize_update
+    # refuse such a one (a Parameter adds as torch does)
+    refuse_subclass(vector, "decide what is added")
     if vector.is_nested or vector.layout is not torch.strided:
         # follow-up of the forty-third review of issue 15 (privacy 3, mechanisms 1's twin): a
         # nested or sparse vector ended in torch's RuntimeError after its noise was drawn

@@ -60,11 +60,12 @@ def check_trial(
     run_dir = path / "runs" / trial["trial"]
     left = [name for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE, SUMMARY_FILE)
             if (run_dir / name).exists()]  # fmt: skip
+    # what says the trial ran, if anything: its files left, or the tuning's summary.json
+    ran = "its " + ", ".join(left) + " remain" if left else _stated_run(entry)
     if not (run_dir / CONFIG_FILE).exists() and not (run_dir / LEDGER_FILE).exists():
         # forty-third review follow-up (ledger 2): a trial's directory removed, or its ledger
         # and config.toml, passed as a trial that failed before its run started (released
         # nothing), where the trial's files or summary.json state that it ran
-        ran = "its " + ", ".join(left) + " remain" if left else _stated_run(entry)
         if ran:
             raise ValueError(
                 f"{run_dir}: "
@@ -86,7 +87,6 @@ def check_trial(
     if ledger is None:
         # forty-third review of issue 15 (reports 3): a trial whose ledger was deleted counted
         # as one that released nothing (compare-tuned 19.03, not 22.14)
-        ran = "its " + ", ".join(left) + " remain" if left else _stated_run(entry)
         if ran:
             raise ValueError(
                 f"{run_dir / LEDGER_FILE}: missing or empty, but the trial ran ("

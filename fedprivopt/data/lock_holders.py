@@ -10,6 +10,7 @@ holders with it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 __all__ = ["lock_holders", "named_holder"]
 
@@ -114,6 +115,25 @@ def _holds(pid: int, key: tuple[str, str]) -> bool | None:
 
 def _shows_fd_locks() -> bool:
     """Whether this kernel's ``/proc/<pid>/fdinfo`` shows the locks held through a descriptor."""
+
+    def shown(fd: int) -> bool:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            return _flock_on(f.read(65536), _lock_key(os.fstat(fd)))
+
+    return _probe_own_lock(shown)
+
+
+def _lists_own_locks() -> bool:
+    """Whether ``/proc/locks`` lists a ``flock`` this process holds (on an anonymous file)."""
+    return _probe_own_lock(lambda fd: os.getpid() in (lock_holders(f"/proc/self/fd/{fd}") or ()))
+
+
+def _probe_own_lock(seen: Callable[[int], bool]) -> bool:
+    """``seen(fd)`` while this process holds a shared ``flock`` on an anonymous file ``fd``.
+
+    ``False`` where no such file can be made (not Linux: nothing is listed either) or the probe
+    fails.
+    """
     import fcntl
 
     try:
@@ -122,25 +142,7 @@ def _shows_fd_locks() -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
-            return _flock_on(f.read(65536), _lock_key(os.fstat(fd)))
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _lists_own_locks() -> bool:
-    """Whether ``/proc/locks`` lists a ``flock`` this process holds (on an anonymous file)."""
-    import fcntl
-
-    try:
-        fd = os.memfd_create("fedprivopt-lock-probe", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):  # not Linux: nothing is listed either
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return os.getpid() in (lock_holders(f"/proc/self/fd/{fd}") or ())
+        return seen(fd)
     except OSError:
         return False
     finally:

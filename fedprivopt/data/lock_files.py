@@ -16,6 +16,7 @@ from pathlib import Path
 from fedprivopt.core.text import shown
 
 __all__ = [
+    "directory_held",
     "name_holder",
     "open_lock",
     "refuse_filesystem_root",
@@ -119,3 +120,34 @@ def refuse_link(path: Path) -> None:
         + "); remove the link (it holds no run data): fedprivopt writes its PID "
         "into a lock file and empties it, and must not do so to the linked file"
     ) from None
+
+
+def directory_held(directory: str | os.PathLike) -> bool:
+    """Whether another open file holds ``directory`` itself locked (an exclusive ``flock``).
+
+    Asked with a shared lock, let go at once; nothing is written. ``False`` where the directory
+    cannot be opened as one (missing, a symbolic link, not a directory), on a file system that
+    keeps no locks, and where ``flock`` does not exist (Windows). A deployment holds its log
+    directory so (``deploy local``: ``OUT/deploy``), which ``deploy.local_checks``'s
+    ``check_not_deploying`` and ``data synth``'s claim of a directory ask.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return False
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(directory, flags)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)

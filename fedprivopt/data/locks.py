@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fedprivopt.data.lock_files import (
+    directory_held,
     name_holder,
     open_lock,
     refuse_filesystem_root,
@@ -34,6 +35,7 @@ from fedprivopt.data.lock_holders import lock_holders, named_holder
 __all__ = [
     "DATA_LOCK",
     "LockHeldError",
+    "directory_held",
     "exclusive_lock",
     "file_lock",
     "lock_holders",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedprivopt.core.files import read_at_most
+from fedprivopt.data.lock_files import directory_held
 from fedprivopt.data.sqlite import SQLiteSplit, read_example_counts
 from fedprivopt.data.vocab import TAG_COUNT_FILE, WORD_COUNT_FILE
 
@@ -123,31 +124,12 @@ def _deploying(place: Path) -> bool:
     Follow-up of the forty-third review of issue 15 (outputs 5): ``deploy local --out D`` holds
     ``D/deploy`` from its start, some 30 s before its ServerApp writes a run's first file into
     ``D``; ``data synth --out D`` (or ``D/deploy``) in that window wrote the dataset there, rc 0,
-    and the deployment then failed (``out directory D is not empty``). Probed as
-    ``deploy.local_checks.check_not_deploying`` probes it, nothing written.
+    and the deployment then failed (``out directory D is not empty``). Asked with
+    :func:`~fedprivopt.data.lock_files.directory_held`, as ``deploy local`` asks it; nothing
+    written.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        return False
     log_dir = place / Path(_DEPLOY_LOCK).parent
-    if not os.path.lexists(place / _DEPLOY_LOCK):
-        return False
-    try:
-        fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return os.path.lexists(place / _DEPLOY_LOCK) and directory_held(log_dir)
 
 
 def run_files_note(directory: str | os.PathLike) -> str | None:

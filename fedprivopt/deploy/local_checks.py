@@ -18,6 +18,7 @@ from typing import Any
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.files import url_refusal
 from fedprivopt.core.text import shown
+from fedprivopt.data.locks import directory_held
 from fedprivopt.deploy import MAX_LOCAL_NODES, MAX_TIMEOUT
 from fedprivopt.deploy.runconfig import RUN_ID, check_run_out
 
@@ -96,10 +97,6 @@ def check_not_deploying(out: str | os.PathLike) -> None:
     ValueError
         Naming ``--out`` and the holder's PID.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: deploy_local's lock alone
-        return
     log_dir = Path(out).expanduser() / LOG_DIR
     lock = log_dir / DEPLOY_LOCK
     # Fortieth review of issue 15 (processes 3): the lock file's flock is its inode's, and an
@@ -107,20 +104,9 @@ def check_not_deploying(out: str | os.PathLike) -> None:
     # by process N", N the deployment into OUT (which the user was told to stop). A deployment
     # holds its log directory itself (rundir.lock_directory), which a copy does not share; a
     # link to another OUT's (ln -s ../OUT/deploy OUT2/deploy) is not followed to its holder.
-    try:
-        fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return  # none (or a link, or not a directory: refused naming it by the claim)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise in_use(out, _pid_in(lock), lock) from None
-    except OSError:
-        return
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    # none, a link or not a directory: refused naming it by the claim (data.locks.directory_held)
+    if directory_held(log_dir):
+        raise in_use(out, _pid_in(lock), lock)
 
 
 def _pid_in(lock: Path) -> int | None:

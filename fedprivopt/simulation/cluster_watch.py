@@ -81,12 +81,19 @@ class HeadWatch:
         self._thread = threading.Thread(target=self._watch, name="fedprivopt-head", daemon=True)
 
     def line(self) -> str:
-        """What the run says when it ends for a lost head."""
+        """What the run says when it ends for a lost head.
+
+        Forty-fourth review of issue 15 (processes 1): the line advised ``--resume`` only, also
+        where the run was a cell of ``compare`` or a trial of ``tune`` (each run joins the
+        cluster and is watched alike), neither of which has that flag: ``compare ... --resume``
+        ends in ``unrecognized arguments``. It names how those continue too.
+        """
         return (
             f"fedprivopt: error: {self.key}: the Ray cluster's head at {self.address} stopped "
             f"answering during the run (not back within {self.grace:g} s); what the run released "
             "is in its ledger and its last checkpoint is kept: resume the run (--resume) once "
-            "the cluster is back"
+            "the cluster is back (a compare or tune: run the same command again, which resumes "
+            "its runs)"
         )
 
     def _answers(self) -> bool:

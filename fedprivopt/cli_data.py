@@ -108,8 +108,11 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         )
     try:  # thirty-ninth review of issue 15 (input 1): workers of 0.8 GB each, up to 1,024
         workers_that_fit(config, args.workers, 1)
-    except ValueError as exc:
-        raise UsageError(f"argument --workers: {str(exc).removeprefix('workers ')}") from None
+    except ValueError as exc:  # or a chunk too large for this machine (forty-fourth, input 1)
+        line = str(exc)
+        if line.startswith("workers "):
+            line = f"argument --workers: {line.removeprefix('workers ')}"
+        raise UsageError(line) from None
     marker = out / SYNTHETIC_META_FILE
     if not args.overwrite and marker.exists() and not is_synthetic_dir(out):
         raise UsageError(

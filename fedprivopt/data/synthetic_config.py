@@ -302,9 +302,14 @@ _CHUNK_USERS = 2048
 #: and chunk: an interpreter with NumPy (about 60 MB measured).
 _WORKER_BASE = 64 * 2**20
 #: Memory a serialized example of a chunk takes with its draws (a row tuple, its bytes, the
-#: drawn tokens and title): about 1 kB (estimated from 8,192 users of 10,000 tags and 200,000
-#: words, 797 MB a worker at most, measured).
+#: drawn tokens and title): about 1 kB at the default sentence lengths (estimated from 8,192
+#: users of 10,000 tags and 200,000 words, 797 MB a worker at most, measured).
 _EXAMPLE_MEMORY = 1000
+#: Memory an example takes for each token of its sentence (its drawn word ids, its text and its
+#: serialized row) and for each token of its post's title (serialized into every example of the
+#: post): 36 and 12 bytes (measured, forty-fourth review of issue 15: 20,000 examples of 1,000
+#: tokens took 720 MB, of 1,000 title tokens 222 MB).
+_TOKEN_MEMORY, _TITLE_TOKEN_MEMORY = 36, 12
 
 
 def worker_memory(config: SyntheticConfig) -> int:
@@ -312,13 +317,23 @@ def worker_memory(config: SyntheticConfig) -> int:
 
     Each worker rebuilds the word and tag model (about 95 bytes a word), draws a chunk of 2,048
     users' favourite-tag keys (about 50 kB a tag) and holds the chunk's serialized examples (2,048
-    users of ``mean_examples_per_client`` examples, about 1 kB each).
+    users, or fewer when the dataset has fewer, of ``mean_examples_per_client`` examples, at most
+    ``max_examples_per_client``; about 1 kB each at the default lengths, and 36 bytes a sentence
+    token and 12 a title token beyond them). Forty-fourth review of issue 15 (input 1): the
+    lengths were left out, so ``mean_tokens_per_example=1000`` (in its documented range) was
+    estimated at 1 kB an example where it takes about 42 kB.
     """
+    example = max(
+        _EXAMPLE_MEMORY,
+        _TOKEN_MEMORY * config.mean_tokens_per_example
+        + _TITLE_TOKEN_MEMORY * config.mean_title_tokens,
+    )
+    examples = min(config.mean_examples_per_client, config.max_examples_per_client)
     return (
         _WORKER_BASE
         + 95 * config.vocab_size
         + 50_000 * config.num_tags
-        + int(_CHUNK_USERS * config.mean_examples_per_client * _EXAMPLE_MEMORY)
+        + int(min(_CHUNK_USERS, config.num_clients) * examples * example)
     )
 
 
@@ -334,10 +349,20 @@ def workers_that_fit(config: SyntheticConfig, workers: int | None, default: int)
     Raises
     ------
     ValueError
-        Naming ``workers``, the most this machine holds and the memory of one.
+        Naming ``workers``, the most this machine holds and the memory of one; or, where not
+        even one worker fits in this machine's memory, naming the knobs that size a chunk.
     """
     chunks = max(1, -(-config.num_clients // _CHUNK_USERS))
     each, memory = worker_memory(config), physical_memory()
+    if 0 < memory < each:  # forty-fourth review of issue 15 (input 1): one did not fit either
+        raise ValueError(
+            f"a chunk of {min(_CHUNK_USERS, config.num_clients):,} users of this dataset takes "
+            f"about {each / 2**30:,.1f} GiB to draw ({config.mean_examples_per_client:g} "
+            f"examples a user of {config.mean_tokens_per_example:g} tokens and "
+            f"{config.mean_title_tokens:g} title tokens on average), more than this machine's "
+            f"{memory / 2**30:.1f} GiB of memory: lower mean_examples_per_client, "
+            "mean_tokens_per_example or mean_title_tokens"
+        )
     most = processes_that_fit(chunks, memory, each)
     if workers is None:
         return min(default, most)

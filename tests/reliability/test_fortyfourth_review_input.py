@@ -1,0 +1,76 @@
+"""Issue 15, forty-fourth hostile review (input: bad settings and data files): tests.
+
+1. ``fedprivopt.data.generate(out, SyntheticConfig(num_clients=4096, mean_examples_per_client=200,
+   mean_tokens_per_example=1000, mean_title_tokens=1000))`` (sentence and title lengths inside
+   their documented ranges, [1, 1000] and [2, 1000]). Before: ``worker_memory`` counted 1 kB an
+   example whatever its length, so a worker's chunk was estimated at 473 MB where it takes about
+   19 GB (measured: 20,000 examples of 1,000 tokens took 720 MB, 36 bytes a token, and 1,000
+   title tokens 222 MB more); the default workers (the CPUs, lowered to what the estimate said
+   fits) each drew such a chunk, beyond the memory of a 23 GB machine; and where even one
+   worker did not fit, one was started anyway (``processes_that_fit`` gives at least 1). Now
+   ``synthetic_config.worker_memory`` counts 36 bytes a sentence token and 12 a title token
+   beyond the 1 kB of the default lengths (the default estimate unchanged), a chunk of the
+   dataset's users when it has fewer than 2,048, and ``workers_that_fit`` refuses a chunk larger
+   than the machine's memory, naming the knobs, before anything is written.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fedprivopt.data import synthetic, synthetic_config
+from fedprivopt.data.synthetic_config import SyntheticConfig
+
+
+class _Drawn(Exception):
+    """Raised where the generator would start drawing chunks."""
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A machine of 8 GiB, and a generator that stops where it would start its workers."""
+    monkeypatch.setattr(synthetic_config, "physical_memory", lambda: 8 * 2**30, raising=False)
+    started: list[int] = []
+
+    def chunk_rows(config, model, model_seed, chunk_seeds, workers):
+        started.append(workers)
+        raise _Drawn
+
+    monkeypatch.setattr(synthetic, "chunk_rows", chunk_rows)
+    return started
+
+
+# -- finding 1: long sentences or titles made a worker's chunk far larger than estimated -------
+
+
+def test_1_long_sentences_count_in_a_workers_memory(tmp_path, machine):
+    long = SyntheticConfig(
+        num_clients=4096, vocab_size=2000, num_tags=50, mean_examples_per_client=200.0,
+        mean_tokens_per_example=1000.0, mean_title_tokens=1000.0,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^a chunk of 2,048 users of this dataset takes about"):
+        synthetic.generate(tmp_path / "a", long, workers=None)
+    assert machine == [] and not (tmp_path / "a").exists()
+    # a title alone of 1,000 tokens: 12 bytes a token and example
+    title = SyntheticConfig(num_clients=4096, mean_title_tokens=1000.0)
+    assert synthetic_config.worker_memory(title) > 2048 * 40 * 12_000
+    # the default lengths keep the estimate of the thirty-ninth review (1 kB an example)
+    default = SyntheticConfig(num_clients=4096, vocab_size=2000, num_tags=50)
+    assert synthetic_config.worker_memory(default) == (
+        64 * 2**20 + 95 * 2000 + 50_000 * 50 + 2048 * 40 * 1000
+    )
+    with pytest.raises(_Drawn):
+        synthetic.generate(tmp_path / "b", default, workers=None)
+    assert machine == [min(2, synthetic.default_workers())]
+
+
+def test_1_a_small_dataset_is_estimated_by_its_own_users(tmp_path, machine):
+    # 30 users of 1,000 tokens: a chunk of 30 users (about 0.3 GB), not of 2,048
+    small = SyntheticConfig(
+        num_clients=30, vocab_size=400, num_tags=20, mean_examples_per_client=200.0,
+        mean_tokens_per_example=1000.0,
+    )  # fmt: skip
+    assert synthetic_config.worker_memory(small) < 2**30
+    with pytest.raises(_Drawn):
+        synthetic.generate(tmp_path / "c", small, workers=1)
+    assert machine == [1]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -147,11 +147,34 @@ def _query(message: Message, context: Context, defaults: _Defaults) -> Message:
     return reply_users(message, _hosted(context, task))
 
 
+def _reordered(
+    flat: torch.Tensor, layout: tuple[tuple[str, int], ...], names: Iterable[str]
+) -> torch.Tensor:
+    """``flat`` (laid out as ``layout``: names, sizes) with its tensors in ``names``' order.
+
+    The names are the same (``state_to_flat`` checked them); the entries are moved, not computed,
+    so the norm of an update is unchanged. The same order gives ``flat`` itself.
+    """
+    names, given = list(names), [name for name, _ in layout]
+    if given == names:
+        return flat
+    pieces = dict(zip(given, torch.split(flat, [size for _, size in layout]), strict=True))
+    return torch.cat([pieces[name] for name in names])
+
+
 def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
     task, trainer = _task_for(context, defaults)
     hosted = set(_hosted(context, task))
     request = TrainMessage.read(message)
     global_flat = state_to_flat(request.state, trainer.spec)
+    # the server reads every update (and lays the preconditioner out) in its model's key order
+    # (forty-fourth review of issue 15, wire 1: sent in the node's, bias before weight on the
+    # server added weight's update to bias)
+    ours = tuple(zip(trainer.spec.names, trainer.spec.sizes, strict=True))
+    theirs = tuple((name, tensor.numel()) for name, tensor in request.state.items())
+    preconditioner = request.preconditioner
+    if preconditioner is not None:
+        preconditioner = _reordered(preconditioner, theirs, trainer.spec.names)
     if request.secure:
         rngs = RngFactory(seed=None, secure=True)
     else:
@@ -172,10 +195,10 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
             round_num=request.round_num,
             config=request.local,
             rngs=rngs,
-            preconditioner=request.preconditioner,
+            preconditioner=preconditioner,
             stream=request.stream,
         )
-        updates[user] = result.delta
+        updates[user] = _reordered(result.delta, ours, request.state)
         if result.clip_bit is not None:
             clip_bits[user] = result.clip_bit
         num_examples.append(result.num_examples)

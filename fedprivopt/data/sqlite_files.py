@@ -40,11 +40,17 @@ def check_sqlite_file(path: str | os.PathLike) -> Path:
     FileNotFoundError
         If the file does not exist.
     ValueError
-        If it is not an SQLite file, or is shorter than its header says (truncated), or a file
+        If it is not a regular file (a directory, a FIFO), not an SQLite file, or is shorter
+        than its header says (truncated), or a file
         SQLite opens beside it (``-journal``, ``-wal``, ``-shm``) is not a regular file.
     """
     path = Path(path)
     if not path.is_file():
+        if path.exists():  # forty-fourth review of issue 15 (input 2): "no such file" of a FIFO
+            raise ValueError(
+                f"{path}: not a regular file (a directory, FIFO, device or socket); an SQLite "
+                "database is a regular file"
+            )
         raise FileNotFoundError(f"{path}: no such file")
     _check_companions(path)
     size = path.stat().st_size

@@ -74,12 +74,18 @@ def decompress_lzma(
     FileExistsError
         If the output exists and is not the decompression of ``path`` (without ``overwrite``).
     ValueError
-        If the stream is corrupt or truncated, or does not hold an SQLite database.
+        If ``path`` is not a regular file (a FIFO, a directory), if the stream is corrupt or
+        truncated, or does not hold an SQLite database.
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive number of bytes, got {chunk_size}")
     path = Path(path)
     if not path.is_file():
+        if path.exists():  # forty-fourth review of issue 15 (input 2): "no such file" of a FIFO
+            raise ValueError(
+                f"{path}: not a regular file (a directory, FIFO, device or socket); a "
+                "compressed download is a regular file"
+            )
         raise FileNotFoundError(f"{path}: no such file")
     name = path.name
     for suffix in (".lzma", ".xz"):

@@ -122,6 +122,11 @@ def _existing(path: str | os.PathLike) -> Path:
     if p.is_dir():
         raise ValueError(f"{p}: is a directory, expected a vocabulary file")
     if not p.is_file():
+        if p.exists():  # forty-fourth review of issue 15 (input 2): a FIFO was "no such file"
+            raise ValueError(
+                f"{p}: not a regular file (a FIFO, device or socket); a vocabulary file is a "
+                "regular file"
+            )
         raise FileNotFoundError(f"{p}: no such file")
     return p
 
@@ -148,7 +153,8 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
     FileNotFoundError
         If the file does not exist.
     ValueError
-        On a malformed line (with its number), a count outside ``[0, 2**63)``, a repeated word
+        If it is not a regular file (a FIFO, a device); on a malformed line (with its
+        number), a count outside ``[0, 2**63)``, a repeated word
         or more than :data:`MAX_WORDS` words.
     """
     limit = check_int("limit", limit, 0, none=True)
@@ -277,7 +283,8 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
     FileNotFoundError
         If the file does not exist.
     ValueError
-        If it is not a JSON object of integer counts in ``[0, 2**63)`` with distinct tags.
+        If it is not a regular file (a FIFO, a device), or not a JSON object of integer
+        counts in ``[0, 2**63)`` with distinct tags.
     """
     limit = check_int("limit", limit, 0, none=True)
     p = _existing(path)

@@ -12,14 +12,26 @@
    beyond the 1 kB of the default lengths (the default estimate unchanged), a chunk of the
    dataset's users when it has fewer than 2,048, and ``workers_that_fit`` refuses a chunk larger
    than the machine's memory, naming the knobs, before anything is written.
+2. The readers' Python API given a FIFO (``mkfifo f``; also a directory for the SQLite readers):
+   ``read_word_counts(f)``, ``read_tag_counts(f)``, ``SQLiteSplit(f)`` (``check_sqlite_file``,
+   also ``list_splits``, ``read_example_counts``) and ``decompress_lzma(f)`` (the forty-second
+   review's minor). Before: ``FileNotFoundError: f: no such file`` of a path that exists (no
+   hang). Now ``ValueError: f: not a regular file (a FIFO, device or socket) …``, as
+   ``open_split`` and the tasks say it (``vocab._existing``, ``sqlite_files.check_sqlite_file``,
+   ``sqlite_lzma.decompress_lzma``); a missing file is still ``FileNotFoundError``.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fedprivopt.data import synthetic, synthetic_config
+from fedprivopt.data.sqlite import SQLiteSplit
+from fedprivopt.data.sqlite_lzma import decompress_lzma
 from fedprivopt.data.synthetic_config import SyntheticConfig
+from fedprivopt.data.vocab import read_tag_counts, read_word_counts
 
 
 class _Drawn(Exception):
@@ -74,3 +86,27 @@ def test_1_a_small_dataset_is_estimated_by_its_own_users(tmp_path, machine):
     with pytest.raises(_Drawn):
         synthetic.generate(tmp_path / "c", small, workers=1)
     assert machine == [1]
+
+
+# -- finding 2: the readers said "no such file" of a FIFO or directory that exists -------------
+
+
+@pytest.mark.parametrize(
+    "reader", [read_word_counts, read_tag_counts, SQLiteSplit, decompress_lzma]
+)
+def test_2_a_fifo_is_named_as_no_regular_file(tmp_path, reader):
+    fifo = tmp_path / "stackoverflow.x"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"stackoverflow\.x: not a regular file \(a"):
+        reader(fifo)
+    with pytest.raises(FileNotFoundError, match=r"absent: no such file"):
+        reader(tmp_path / "absent")
+
+
+@pytest.mark.parametrize("reader", [SQLiteSplit, decompress_lzma])
+def test_2_a_directory_is_named_as_no_regular_file(tmp_path, reader):
+    directory = tmp_path / "d.sqlite"
+    directory.mkdir()
+    with pytest.raises(ValueError, match=r"d\.sqlite: not a regular file \(a directory"):
+        reader(directory)
+

@@ -24,6 +24,7 @@ from fedprivopt.simulation.files import (
     METRICS_FILE,
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
+    check_regular,
     fsync_dir,
     json_line,
     temporary,
@@ -268,7 +269,12 @@ def newest_checkpoint(
     ------
     ValueError
         Naming the file, when this process may not read it (:data:`NOT_ITS_CONTENT`): its
-        content may be intact, so the previous checkpoint is not used in its place.
+        content may be intact, so the previous checkpoint is not used in its place. Also for a
+        checkpoint that is a FIFO, device or socket (``files.check_regular``), which is never
+        opened: forty-fourth review of issue 15 (ledger, finding 1), ``compare-tuned T`` of a
+        tuning one of whose trials' ``checkpoint.pt`` was a FIFO blocked for ever in
+        ``torch.load`` (the trial's ledger checked against the checkpoint's accountant), where
+        ``--resume``, ``compare`` and reports refuse it.
     MemoryError
         When loading it needs more memory than the process may take.
     """
@@ -276,6 +282,7 @@ def newest_checkpoint(
         path = out / name
         if not path.exists():
             continue
+        check_regular(path)  # a FIFO would block the reader for ever (forty-fourth review)
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
             check_checkpoint(state)

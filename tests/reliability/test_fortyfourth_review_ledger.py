@@ -1,0 +1,66 @@
+"""Issue 15, forty-fourth hostile review (ledger: the ledger, checkpoints, every reader): tests.
+
+1. ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 1 --rounds 1 --seed 3 --out
+   T``, then trial-001's ``checkpoint.pt`` replaced by a FIFO (``mkfifo``; also
+   ``checkpoint.prev.pt`` behind a torn ``checkpoint.pt``), then ``compare-tuned T --out O``.
+   Before: blocked for ever (killed by ``timeout 60``, rc 124): ``tune_trials._check_covered``
+   reads the trial's checkpoint accountant through ``newest_checkpoint``, which gave the FIFO to
+   ``torch.load``, where ``--resume``, ``compare`` and ``load_run`` refuse it first
+   (``files.check_run_files``, ninth review). The secure tree run's interruption line
+   (``audit_tree.secure_tree_redo``) read it alike. Now ``newest_checkpoint`` refuses a
+   checkpoint that is no regular file before it opens it: rc 2, ``T/runs/trial-001/checkpoint.pt:
+   not a regular file (a FIFO, device or socket) ...``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.rundata_epsilon import checkpoint_epsilon_header
+
+
+def _unblock(fifo: Path) -> None:
+    """Open ``fifo`` for writing and close it, so that a reader blocked on it sees its end."""
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    os.close(fd)
+
+
+@pytest.mark.parametrize("which", ["checkpoint.pt", "checkpoint.prev.pt"])
+@pytest.mark.parametrize("reader", ["newest_checkpoint", "checkpoint_epsilon_header"])
+def test_1_a_fifo_checkpoint_is_refused_not_read(tmp_path: Path, which: str, reader: str) -> None:
+    run = tmp_path / "trial-001"
+    run.mkdir()
+    if which == "checkpoint.prev.pt":
+        (run / "checkpoint.pt").write_bytes(b"PK\x03\x04 torn")  # unreadable: the previous next
+    fifo = run / which
+    os.mkfifo(fifo)
+    call = {
+        "newest_checkpoint": lambda: newest_checkpoint(run, {}),
+        "checkpoint_epsilon_header": lambda: checkpoint_epsilon_header(run, 1e-4),
+    }[reader]
+    outcome: list[BaseException | object] = []
+
+    def target() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(5)
+    blocked = thread.is_alive()
+    while thread.is_alive():  # before the fix: let the blocked reader go, then fail
+        try:
+            _unblock(fifo)
+        except OSError:  # no reader has it open yet
+            pass
+        thread.join(0.1)
+    assert not blocked, f"{reader} blocked reading a FIFO {which}"
+    assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
+    assert str(outcome[0]).startswith(f"{fifo}: not a regular file (a FIFO, device or socket)")

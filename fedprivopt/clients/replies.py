@@ -55,7 +55,8 @@ def reply_updates(
         Requested users this node does not host (``users-rejected``), an integer ``>= 0``.
     clip_bits : Mapping[int, float], optional
         Adaptive clipping: user id → its clip bit (or noised share), a finite real number
-        (:meth:`~fedprivopt.clients.messages.TrainMessage.clip_bit` gives it).
+        (:meth:`~fedprivopt.clients.messages.TrainMessage.clip_bit` gives it); only where the
+        message asks for them (``clip-bit`` true), since a user's bit is private.
     num_examples, losses : list, optional
         Per-user example counts and training losses, in the order of ``updates``; sent only
         when the server asked for them (non-private baselines). **Private**: a DP run never
@@ -81,6 +82,13 @@ def reply_updates(
     bits = {} if clip_bits is None else clip_bits
     dtype, length = _flat_layout(message)
     asked = _Asked.of(message)
+    record = message.content.config_records.get(P.CONFIG_RECORD)
+    # private: only when the server asked with true itself, not with a value bool() takes for
+    # it ("no", 1: thirty-first review of issue 15), and never in a private round (forty-second
+    # review, wire 2: clip-norm 1 with report-private-metrics true sent them)
+    report = record is not None and record.get(P.REPORT_PRIVATE_METRICS, False) is True
+    if report:
+        P.check_private_metrics(record)  # before the updates' own checks: the message's
     for user in bits:
         if user not in updates:  # a bit keyed otherwise than its update: that update is refused
             raise ValueError(
@@ -95,6 +103,15 @@ def reply_updates(
         delta = vector.to(device="cpu", dtype=dtype)
         arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
         if user in bits:
+            # a user's clip bit is private: it leaves the node only where the server asks
+            # (forty-fourth review of issue 15, wire 2: the exact bit of an app computing its
+            # own was sent beside the update of a round without adaptive clipping)
+            if not asked.clip_bit:
+                raise ValueError(
+                    f"clip_bits[{shown(user)}]: the message does not ask for clip bits "
+                    f"({P.CLIP_BIT} is not true: no adaptive clipping this round), and a user's "
+                    "clip bit is private; send none (TrainMessage.clip_bit gives None then)"
+                )
             bit = check_real(f"clip_bits[{shown(user)}]", bits[user])
             arrays[P.CLIP_BIT_ARRAY] = Array(np.array([bit], dtype=np.float64))
         elif asked.clip_bit:
@@ -108,12 +125,7 @@ def reply_updates(
         P.USERS_TRAINED: len(updates),
         P.USERS_REJECTED: rejected,
     }
-    record = message.content.config_records.get(P.CONFIG_RECORD)
-    # private: only when the server asked with true itself, not with a value bool() takes for
-    # it ("no", 1: thirty-first review of issue 15), and never in a private round (forty-second
-    # review, wire 2: clip-norm 1 with report-private-metrics true sent them)
-    if record is not None and record.get(P.REPORT_PRIVATE_METRICS, False) is True:
-        P.check_private_metrics(record)
+    if report:
         metrics[P.NUM_EXAMPLES] = list(num_examples or [])
         metrics[P.TRAIN_LOSS] = list(losses or [])
     reply[P.TRAIN_METRICS] = MetricRecord(metrics)

@@ -11,6 +11,16 @@
    and DP2's or AdaDPS' step sizes of one tensor were used for another. Now the node reads the
    preconditioner in the server's layout and sends each update in it (``client_app._train``,
    with ``_reordered``); a message in the task's order is answered bit for bit as before.
+2. ``clients.reply_updates(message, updates, clip_bits={1: 1.0})`` (a ClientApp of one's own
+   that computes each user's clip bit itself) for a train message that does not ask for clip
+   bits (no ``clip-bit``: a round without adaptive clipping; server or distributed noise).
+   Before: the user's exact bit ``[norm <= C]`` was sent beside the update (the server ignores
+   it, but it left the node: in distributed mode an honest-but-curious server saw one bit of
+   each user's data a round, unnoised and outside epsilon), where an update of a user the
+   message does not ask for is refused (forty-first review, wire 1). Now ``ValueError:
+   clip_bits[1]: the message does not ask for clip bits ...`` (``clients.replies.reply_updates``);
+   bits a message asks for are sent as before, and a private round asking for private metrics
+   is refused first, as before.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from flwr.app import Array, ArrayRecord, Context, RecordDict
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import app
+from fedprivopt.clients.messages import reply_updates
 from fedprivopt.models import build_task
 from tests.messages import delivered
 
@@ -72,3 +83,36 @@ def test_1_updates_are_sent_in_the_layout_of_the_servers_model(step):
     for user in ours:
         for name in SIZES:
             assert torch.equal(theirs[user][name], ours[user][name]), (user, name)
+
+
+# -- finding 2: a clip bit leaves the node only where the message asks for one -------------------
+
+
+def _toy_message(settings: P.ClientSettings) -> object:
+    state = build_task("toy", **TOY).build_model().state_dict()
+    return delivered(
+        {
+            P.CONFIG_RECORD: P.encode_train_config(users=[1], round_num=1, settings=settings),
+            P.ARRAYS_RECORD: ArrayRecord({k: Array(v.numpy()) for k, v in state.items()}),
+        },
+        "train",
+    )
+
+
+@pytest.mark.parametrize("noise_std", [0.0, 0.2], ids=["server", "distributed"])
+def test_2_a_clip_bit_the_message_does_not_ask_for_is_refused(noise_std):
+    local = LocalConfig(learning_rate=0.5, clip_norm=1.0, noise_std=noise_std)
+    message = _toy_message(P.ClientSettings(local, seed=5))  # no adaptive clipping
+    update = {1: torch.full((18,), 0.01)}
+    with pytest.raises(ValueError, match=r"^clip_bits\[1\]: the message does not ask for clip"):
+        reply_updates(message, update, clip_bits={1: 1.0})  # before: the exact bit was sent
+    assert P.CLIP_BIT_ARRAY not in reply_updates(message, update).content["update/1"]
+
+
+def test_2_clip_bits_asked_for_are_sent_as_before():
+    local = LocalConfig(learning_rate=0.5, clip_norm=1.0, clip_bit=True, count_noise_std=0.3)
+    message = _toy_message(P.ClientSettings(local, seed=5))
+    reply = reply_updates(message, {1: torch.full((18,), 0.01)}, clip_bits={1: 0.7})
+    assert reply.content["update/1"][P.CLIP_BIT_ARRAY].numpy().tolist() == [0.7]
+    asked = app(message, _node()).content["update/1"]  # fedprivopt's ClientApp: one share
+    assert asked[P.CLIP_BIT_ARRAY].numpy().shape == (1,)

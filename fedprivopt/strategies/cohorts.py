@@ -192,7 +192,14 @@ class AlgorithmCohorts:
         round_num = check_int("round_num", round_num, 1)
         if cohort is not None:
             cohort = _cohort_users(cohort)
-        purpose = "sampling-2" if stream == "train-2" else "sampling"
+        purpose = self._stream_purpose(stream)
+        if purpose == "sampling-2" and (round_num, "train") not in self._aggregated:
+            # forty-fourth review of issue 15 (api 1): a second cohort summed alone let a caller
+            # release whichever of the round's two draws held a chosen user
+            raise ValueError(
+                f"aggregate of round {round_num}'s second cohort (stream 'train-2') follows its "
+                "first (stream 'train', the users of alg.sample(round_num)), as run_round does"
+            )
         if self.config.secure or self.tree_cohorts is not None:
             if cohort is None:
                 raise ValueError(
@@ -219,6 +226,18 @@ class AlgorithmCohorts:
                 "outside the sampling the accountant charges"
             )
         return cohort
+
+    def _stream_purpose(self, stream: str) -> str:
+        """The draw (:meth:`sample`'s purpose) whose users a ``stream`` of a round sums.
+
+        ``"sampling-2"`` for the second cohort (``"train-2"``) of a strategy with two a round
+        (ADADP), else ``"sampling"``. Forty-fourth review of issue 15 (api 1): a single-cohort
+        strategy (dp-fedavg) took ``aggregate(r, ..., stream="train-2")`` with the users of
+        ``alg.sample(r, "sampling-2")``, a second independent draw of the round: a caller who
+        released whichever of the two draws held a chosen user (secure mode) released that
+        user in 44.5% of runs where q is 0.25, charged as one Poisson sample of rate q.
+        """
+        return "sampling-2" if stream == "train-2" and self.events_per_round > 1 else "sampling"
 
     def _check_out(self, round_num: int, users: list[int]) -> None:
         """Take round ``round_num``'s refused cohort ``users`` out of the tree's participation.

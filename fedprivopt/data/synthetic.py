@@ -56,6 +56,7 @@ import numpy as np
 
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import unlink_links, url_refusal
+from fedprivopt.core.text import shown
 from fedprivopt.data.sqlite import write_sqlite
 from fedprivopt.data.synthetic_config import (
     DISK_PER_USER,
@@ -198,6 +199,13 @@ def generate(
     refused = url_refusal("out_dir", out_dir)
     if refused is not None:  # forty-third review of issue 15 (input 5): ./s3:/b/d, as data synth
         raise ValueError(refused)
+    text = os.fspath(out_dir)
+    if ("\x00" if isinstance(text, str) else b"\x00") in text:
+        # forty-fourth review of issue 15 (input 3; the forty-first's minor): the operating
+        # system's "embedded null byte", naming no parameter
+        raise ValueError(
+            f"out_dir holds a null character: {shown(text)}; a directory name has none"
+        )
     if workers is not None:
         check_int("workers", workers, 1)
     # thirty-ninth review of issue 15 (input 1): workers bounded by the memory

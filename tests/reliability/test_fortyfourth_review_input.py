@@ -19,6 +19,10 @@
    hang). Now ``ValueError: f: not a regular file (a FIFO, device or socket) …``, as
    ``open_split`` and the tasks say it (``vocab._existing``, ``sqlite_files.check_sqlite_file``,
    ``sqlite_lzma.decompress_lzma``); a missing file is still ``FileNotFoundError``.
+3. ``fedprivopt.data.generate("d\x00x", config)`` (also bytes; the forty-first review's minor).
+   Before: ``ValueError: embedded null byte`` (the operating system's words, naming nothing).
+   Now ``out_dir holds a null character: 'd\x00x'; a directory name has none``, before anything
+   is made (``synthetic.generate``), as ``data synth --out`` and ``task-params.data-dir`` say it.
 """
 
 from __future__ import annotations
@@ -110,3 +114,13 @@ def test_2_a_directory_is_named_as_no_regular_file(tmp_path, reader):
     with pytest.raises(ValueError, match=r"d\.sqlite: not a regular file \(a directory"):
         reader(directory)
 
+
+# -- finding 3: generate's out_dir with a null character ---------------------------------------
+
+
+@pytest.mark.parametrize("kind", [str, os.fsencode])
+def test_3_generate_names_a_null_character_in_out_dir(tmp_path, kind):
+    out = kind(str(tmp_path / "d\x00x"))
+    with pytest.raises(ValueError, match=r"^out_dir holds a null character: .*d\\x00x"):
+        synthetic.generate(out, SyntheticConfig.tiny(), workers=1)
+    assert list(tmp_path.iterdir()) == []

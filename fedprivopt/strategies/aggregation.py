@@ -384,6 +384,7 @@ class AlgorithmAggregation:
                 "seeded noise would repeat)"
             )
         self._refuse_over_budget(round_num)
+        self._refuse_unreleased_draw(round_num)  # forty-fourth review of issue 15 (api 2)
         if (round_num, stream) in self._aggregated:
             raise ValueError(
                 f"round {round_num} was begun already: its noised sum{_stream_name(stream)} was "

@@ -125,6 +125,8 @@ class AlgorithmCohorts:
         # kept under the round as given; an int subclass equal to every round let aggregate reuse
         # round 1's secure draw for round 2 (one cohort summed twice, charged as two samples)
         round_num = check_int("round_num", round_num, 0)
+        if purpose in ("sampling", self._stream_purpose("train-2")):
+            self._refuse_unreleased_draw(round_num, "drawn")  # forty-fourth review (api 2)
         if self.tree_cohorts is not None:
             available = None
             if self.available_users is not None:
@@ -238,6 +240,42 @@ class AlgorithmCohorts:
         user in 44.5% of runs where q is 0.25, charged as one Poisson sample of rate q.
         """
         return "sampling-2" if stream == "train-2" and self.events_per_round > 1 else "sampling"
+
+    def _refuse_unreleased_draw(self, round_num: int, does: str = "released") -> None:
+        """In secure mode, refuse round ``round_num`` while another round's draw is unreleased.
+
+        Forty-fourth review of issue 15 (api 2): a caller who drew a round (``alg.sample(r)``,
+        or ``drive_round`` whose callback saw ``request.users`` and raised) could leave it
+        unreleased and go on to another round (later, or earlier ones taken downwards),
+        releasing only the rounds whose draw held a chosen user (that user in every released
+        round, charged as a Poisson sample of rate q: epsilon 7.55 after one). A secure round's
+        draw is given again for its round (forty-third review, api 8), so a round whose draw was
+        seen is released (or run again) before another round is drawn (:meth:`sample`, ``does``
+        ``"drawn"``) or released (``_refuse_spent_round``); a seeded caller knows every draw
+        from the seed anyway. Stopping the run is not refused: the caller sees the cohorts it
+        trains.
+        """
+        if not self.config.secure or self.tree_cohorts is not None:
+            return
+        purposes = {"sampling", self._stream_purpose("train-2")}
+        # a round whose first cohort was summed counts as released: ADADP's second cohort
+        # lost after its half step (thirty-seventh review, core 2) leaves the next round free
+        released = {r for r, _ in self._aggregated}
+        held = sorted(
+            (r, purpose)
+            for purpose, r in self._secure_draws
+            if purpose in purposes and r not in released and round_num != r > self.round_num
+        )
+        if held:
+            r, purpose = held[0]
+            second = "" if purpose == "sampling" else f", {purpose!r}"
+            raise ValueError(
+                f"round {round_num} cannot be {does} while round {r}'s cohort, drawn in secure "
+                f"mode (alg.sample({r}{second})), is not released: release round {r} first "
+                "(drive_round, or aggregate with that cohort); a drawn round skipped lets its "
+                "draw choose which rounds are released (a chosen user in every one, charged as "
+                "a Poisson sample of rate q)"
+            )
 
     def _check_out(self, round_num: int, users: list[int]) -> None:
         """Take round ``round_num``'s refused cohort ``users`` out of the tree's participation.

@@ -11,6 +11,15 @@
    cohorts a round (ADADP): ``b`` is refused as users round 1 did not sample; ADADP's second
    cohort is summed by ``aggregate`` only after its first (``stream="train"``), as
    ``run_round`` does.
+2. Secure mode: a round's draw seen and the round left unreleased (``alg.sample(1)`` without
+   the chosen user, or a ``drive_round`` callback that raises when the user is not in
+   ``request.users``), then another round drawn and released (``aggregate(2, ...)``,
+   ``drive_round(alg, 2, train)``; also rounds taken downwards: 6 released, 5 seen, 4). Before:
+   taken, so the caller released only rounds whose draw held the chosen user (in every
+   released round, charged as a Poisson sample of rate q: epsilon 7.55 after one). Now
+   ``AlgorithmCohorts._refuse_unreleased_draw`` (from ``sample`` and ``_refuse_spent_round``)
+   refuses to draw or release another round while a secure round's draw is unreleased, naming
+   it; that round runs again with the same draw, and then the next one runs.
 """
 
 from __future__ import annotations
@@ -19,14 +28,21 @@ import pytest
 import torch
 
 from fedprivopt.strategies import build_algorithm
+from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import (
     _config,
     _quiet,  # noqa: F401
+    _train,
 )
 
 
 def _updates(users):
     return {u: torch.full((4,), 0.1) for u in users}
+
+
+def _absent(alg, r: int = 1) -> int:
+    """A user that round ``r``'s draw of ``alg`` lacks (the one a chooser wants released)."""
+    return min(set(range(40)) - set(alg.sample(r)))
 
 
 # -- finding 1: the second purpose's draw summed by a single-cohort strategy ------------------
@@ -53,3 +69,57 @@ def test_1_adadp_sums_its_second_cohort_after_its_first():
     alg.aggregate(1, _updates(first), cohort=first, stream="train")
     agg = alg.aggregate(1, _updates(second), cohort=second, stream="train-2")
     assert agg.metrics["accepted"] == len(second)
+
+
+# -- finding 2: a secure round's draw seen, the round skipped -----------------------------------
+
+
+def test_2_a_drawn_secure_round_is_released_before_another():
+    alg = build_algorithm(_config(secure=True), torch.zeros(4))
+    _absent(alg)  # round 1 drawn without the chosen user: skipped
+    with pytest.raises(ValueError, match=r"round 2 cannot be drawn while round 1's cohort"):
+        alg.sample(2)  # was drawn, and round 2 released if it held the chosen user
+    with pytest.raises(ValueError, match=r"round 2 cannot be released while round 1's cohort"):
+        drive_round(alg, 2, _train)
+    assert alg.accountant.num_events == 0
+    drive_round(alg, 1, _train)  # the same draw, released
+    drive_round(alg, 2, _train)
+    assert alg.round_num == 2 and alg.accountant.num_events == 2
+
+
+def test_2_a_round_refused_by_its_callback_runs_again_before_the_next():
+    alg = build_algorithm(_config(secure=True), torch.zeros(4))
+    chosen = _absent(alg)
+
+    def chooser(request):
+        if chosen not in request.users:
+            raise RuntimeError("skip")
+        return _updates(request.users)
+
+    r = 1
+    with pytest.raises(RuntimeError, match="skip"):
+        drive_round(alg, r, chooser)
+    with pytest.raises(ValueError, match=rf"round {r + 1} cannot be released while round {r}'s"):
+        drive_round(alg, r + 1, chooser)
+    drive_round(alg, r, _train)
+    assert alg.round_num == r and alg.accountant.num_events == 1
+
+
+def test_2_rounds_taken_downwards_are_refused_too():
+    alg = build_algorithm(_config(secure=True), torch.zeros(4))
+    users = alg.sample(6)
+    alg.aggregate(6, _updates(users), cohort=users)
+    alg.sample(5)  # seen, not released
+    with pytest.raises(ValueError, match=r"round 4 cannot be drawn while round 5's cohort"):
+        alg.sample(4)
+    assert alg.accountant.num_events == 1
+
+
+def test_2_seeded_mode_and_adadp_rounds_run_as_before():
+    for changes in ({}, {"strategy": "dp-fedavg-adadp", "secure": True}, {"secure": True}):
+        alg = build_algorithm(_config(**changes), torch.zeros(4))
+        if not changes:
+            alg.sample(2)  # a peek at the next round (seeded: the same draw anyway)
+        for r in (1, 2, 3):
+            drive_round(alg, r, _train)
+        assert alg.round_num == 3

@@ -59,12 +59,15 @@ def test_1_a_secure_rounds_draw_survives_a_draw_of_another_round(strategy):
     first = alg.sample(1)
     draws = []
     for _ in range(10):
-        alg.sample(2)
+        # forty-fourth review of issue 15 (api 2): another round is not drawn while round 1's
+        # draw is unreleased (it was, and round 1 then drawn anew each time)
+        with pytest.raises(ValueError, match=r"round 2 cannot be drawn while round 1's cohort"):
+            alg.sample(2)
         draws.append(alg.sample(1))  # was a new draw of round 1 each time
     assert all(d == first for d in draws)
-    later = alg.sample(3)
     drive_round(alg, 1, _train)
-    assert alg.sample(3) == later  # an unreleased round keeps its draw past round 1
+    later = alg.sample(3)
+    assert alg.sample(3) == later  # an unreleased round keeps its draw
 
 
 # -- finding 2: reply_updates read an update through the instance's own detach -----------------

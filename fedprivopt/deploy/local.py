@@ -65,6 +65,8 @@ from fedprivopt.deploy.session import (
     executable,
     follow,
     free_ports,
+    moved_to,
+    out_in_place,
     wait_nodes,
     wait_port,
     write_connection,
@@ -303,9 +305,13 @@ def deploy_local(
     except LockHeldError as exc:  # started just after the check above
         raise in_use(out, exc.pid, log_dir / DEPLOY_LOCK) from None
     with held:
+        # the directory locked: where the run's rows and summary are read (processes 2)
+        out_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        held.callback(os.close, out_fd)
         workdir = make_workdir()
         try:
             dep = Deployment(workdir, log_dir, progress)
+            dep.out_fd = out_fd
             # if this process is killed, the watchdog stops the deployment's processes (they carry
             # its tag, or are our descendants) and removes the working directory with its keys
             watchdog = Watchdog(marker=dep.procs.marker, paths=[workdir], tree=True)
@@ -321,8 +327,10 @@ def deploy_local(
             try:
                 dep.procs.stop(order=STOP_ORDER)
                 atexit.unregister(dep.procs.stop)
+                here = moved_to(out_fd)  # the logs go with a moved out (processes 2)
+                records = log_dir if here is None else here / LOG_DIR
                 with contextlib.suppress(OSError):  # not through a link (fortieth review)
-                    dep.procs.write_records(log_dir / "processes.json")
+                    dep.procs.write_records(records / "processes.json")
                 shutil.rmtree(workdir, ignore_errors=True)
             finally:
                 watchdog.close()
@@ -435,6 +443,7 @@ def _run(
                 break
             time.sleep(1.0)
     summary = json.loads((out / "summary.json").read_text())
+    out_in_place(out, getattr(dep, "out_fd", None))  # the summary read is this run's
     dep.say(
         f"finished: {summary['rounds_completed']} rounds ({summary['stopped_reason']}), "
         f"epsilon={epsilon_text(summary['epsilon'])} at delta={summary['delta']:g}"

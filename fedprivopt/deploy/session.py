@@ -39,6 +39,8 @@ __all__ = [
     "executable",
     "follow",
     "free_ports",
+    "moved_to",
+    "out_in_place",
     "wait_nodes",
     "wait_port",
     "write_connection",
@@ -195,6 +197,8 @@ class Deployment:
         self.log_dir = log_dir
         self.progress = progress
         self.flwr_home = workdir / FLWR_HOME_NAME
+        self.out_fd: int | None = None
+        """A descriptor of ``out`` as the deployment locked it (:func:`out_in_place`)."""
         bin_dir = str(Path(sys.executable).parent)
         env = dict(os.environ)
         env.update(
@@ -331,6 +335,44 @@ def _check_node_ports(dep: Deployment) -> None:
                 check_listener(dep, int(port), f"SuperNode {i}'s ClientApp API")
 
 
+def moved_to(held: int) -> Path | None:
+    """Where the directory open as ``held`` is now (``/proc/self/fd``), or ``None``."""
+    try:
+        path = Path(os.readlink(f"/proc/self/fd/{held}"))
+        if os.path.samestat(os.fstat(held), os.stat(path)):
+            return path
+    except OSError:
+        pass
+    return None
+
+
+def out_in_place(out: Path, held: int | None) -> None:
+    """Raise ``RuntimeError`` if ``out`` no longer names the directory open as ``held``.
+
+    Forty-fourth review of issue 15 (processes 2): ``deploy local --out PP/D`` running, ``mv PP
+    PP2`` (a renamed parent), then ``simulate toy.toml --rounds 1 --out PP/D``: the deployment,
+    which looks for its run's rows and ``summary.json`` by path, took that run's for its own,
+    printed ``1 rounds (rounds), ..., epsilon = 7.551; results in PP/D`` with rc 0 for a
+    40-round run it then stopped (its own ledger in ``PP2/D``). ``None`` (no descriptor) checks
+    nothing.
+    """
+    if held is None:
+        return
+    try:
+        if os.path.samestat(os.fstat(held), os.stat(out)):
+            return
+    except OSError:
+        pass
+    now = moved_to(held)
+    where = "" if now is None else f"; its run is now in {now}"
+    if now is not None and (now / "config.toml").is_file() and not (now / "summary.json").exists():
+        where += f" (fedprivopt simulate --resume {now} continues it)"
+    raise RuntimeError(
+        f"--out {out} was moved or replaced while the deployment ran{where}: what is at "
+        f"{out} now is not this deployment's, and was not read as its results"
+    )
+
+
 def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
     """Wait for ``summary.json``; report rows; fail early if the run ends without one.
 
@@ -352,7 +394,9 @@ def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
     )
     summary = out / "summary.json"
     metrics = _NewLines(out / "metrics.jsonl")
+    held = getattr(dep, "out_fd", None)
     while True:
+        out_in_place(out, held)  # its rows and summary are read by path (processes 2)
         for line in metrics.read():
             with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
                 row = json.loads(line)
@@ -361,11 +405,13 @@ def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
                 shown.append(f"epsilon={epsilon_text(row['epsilon'])}")
                 dep.say(f"round {row['round']}: {', '.join(shown)}")
         if summary.exists():
+            out_in_place(out, held)
             return
         if stream.poll() is not None:
             # the log stream ends when the run does: give the summary a moment, then ask
             time.sleep(1.0)
             if summary.exists():
+                out_in_place(out, held)
                 return
             runs = dep.flwr("ls", CONNECTION, "--run-id", run_id).get("runs", [])
             status = runs[0].get("status") if runs else "unknown"

@@ -443,7 +443,19 @@ def load_runs(root: str | Path) -> list[RunData]:
     if not dirs:
         raise ValueError(f"{root}: no run directories (with {SUMMARY_FILE}) found")
     for d in sorted(parent.glob("*")):
-        if d.is_dir() and d not in dirs and any((d / f).exists() for f in _RUN_MARKS):
+        if not d.is_dir():
+            continue
+        # forty-fourth review of issue 15 (reports, finding 2): a folder of runs that also held
+        # a compare output was read without its runs (they are in its runs/), no word; a
+        # tuning in it was refused as a run without metrics.jsonl
+        _refuse_tunings(d)
+        if d not in dirs and (d / "runs").is_dir():
+            raise ValueError(
+                f"{d} is a compare output (its runs are in {d / 'runs'}), not a run of "
+                f"{parent}: the run directories directly in {parent} are read, so its runs "
+                f"would be left out; give {d} on its own (load_runs, compare-tuned --untuned)"
+            )
+        if d not in dirs and any((d / f).exists() for f in _RUN_MARKS):
             raise ValueError(
                 f"{d}: a run without {SUMMARY_FILE}: it is not finished (interrupted, or still "
                 f"running); continue it with --resume, or move it out of {parent}, to report "

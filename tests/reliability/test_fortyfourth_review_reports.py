@@ -9,6 +9,14 @@
    characters, one group per round. Now ``report_markdown._seed_list`` shows the first 10 spans
    and "and 290 more", and the seeds cell at most 10 rounds, then "N more from later rounds"
    (the Runs table still lists every run).
+2. ``load_runs(D)`` (the documented API of reports, and ``compare-tuned T --untuned D``) of a
+   folder of runs ``D`` that also holds a ``compare`` output ``D/C`` (its runs in ``D/C/runs``)
+   or a tuning ``D/T``. Before: the compare output was left out without a word
+   (``compare-tuned`` rc 0: a row over the loose run alone, C's dp-fedavg and fedavg runs
+   missing), and the tuning was refused as ``D/T/metrics.jsonl: missing (is D/T a fedprivopt
+   run directory?)``. Now ``rundata.load_runs`` refuses both by name: ``D/C is a compare output
+   (its runs are in D/C/runs) ...; give D/C on its own``, and for ``D/T`` the refusal of a
+   tuning given to ``load_runs`` itself (the fortieth review's reports 5).
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from fedprivopt.simulation.report_markdown import markdown
-from fedprivopt.simulation.rundata import RunData
+from fedprivopt.simulation.rundata import RunData, load_runs
 from fedprivopt.simulation.rundata_aggregate import aggregate_with_notes, select_runs
 
 
@@ -61,3 +71,39 @@ def test_1_diverged_seeds_at_many_rounds_are_cut(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| dp-fedavg |"))
     assert len(row) < 2000, len(row)  # was 3,816 characters: every seed of 15 rounds
     assert "300 diverged: seeds " in row and "100 more from later rounds" in row, row
+
+
+@pytest.fixture
+def one_run(tmp_path):
+    """A folder ``D`` holding one finished 1-round toy run ``D/S``."""
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import simulate
+
+    preset = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+    folder = tmp_path / "D"
+    simulate(load_config(preset, {"num-server-rounds": 1}), folder / "S")
+    return folder
+
+
+def test_2_a_compare_output_in_a_folder_of_runs_is_not_left_out(one_run):
+    cell = one_run / "C" / "runs" / "fedavg__sigma0__seed0"
+    cell.mkdir(parents=True)
+    (cell / "summary.json").write_text("{}")  # refused before any run of D is read
+    with pytest.raises(ValueError, match="C is a compare output") as info:
+        load_runs(one_run)  # was [D/S]: C's runs left out, no word
+    assert "give " in str(info.value) and "on its own" in str(info.value)
+
+
+def test_2_a_tuning_in_a_folder_of_runs_is_named_as_a_tuning(one_run):
+    tuning = one_run / "T"
+    (tuning / "runs").mkdir(parents=True)
+    (tuning / "tune.json").write_text("{}")
+    (tuning / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="T is a tuning") as info:
+        load_runs(one_run)  # was: D/T/metrics.jsonl: missing (is D/T a fedprivopt run ...)
+    assert "metrics.jsonl" not in str(info.value)
+
+
+def test_2_a_folder_of_runs_and_a_compare_output_still_load(one_run):
+    assert [r.path.name for r in load_runs(one_run)] == ["S"]
+    assert len(load_runs(one_run / "S")) == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -58,15 +59,16 @@ def reply_updates(
         (:meth:`~fedprivopt.clients.messages.TrainMessage.clip_bit` gives it); only where the
         message asks for them (``clip-bit`` true), since a user's bit is private.
     num_examples, losses : list, optional
-        Per-user example counts and training losses, in the order of ``updates``; sent only
-        when the server asked for them (non-private baselines). **Private**: a DP run never
-        sends them.
+        Per-user example counts (integers ``>= 0``) and training losses (real numbers), one
+        for each update, in the order of ``updates``; sent only when the server asked for them
+        (non-private baselines). **Private**: a DP run never sends them.
 
     Raises
     ------
     ValueError
-        Naming ``rejected``, ``clip_bits[user]`` or ``updates[user]`` (a dense floating-point
-        tensor holding data) when it is not as said above, or ``report-private-metrics`` when
+        Naming ``rejected``, ``clip_bits[user]``, ``updates[user]`` (a dense floating-point
+        tensor holding data), ``num_examples`` or ``losses`` (when sent) when it is not as
+        said above, or ``report-private-metrics`` when
         the message asks for private metrics in a private round
         (:func:`~fedprivopt.wire.check_private_metrics`).
     """
@@ -126,10 +128,39 @@ def reply_updates(
         P.USERS_REJECTED: rejected,
     }
     if report:
-        metrics[P.NUM_EXAMPLES] = list(num_examples or [])
-        metrics[P.TRAIN_LOSS] = list(losses or [])
+        metrics[P.NUM_EXAMPLES] = _per_user("num_examples", num_examples, len(updates))
+        metrics[P.TRAIN_LOSS] = _per_user("losses", losses, len(updates))
     reply[P.TRAIN_METRICS] = MetricRecord(metrics)
     return Message(reply, reply_to=message)
+
+
+def _per_user(name: str, values: object, count: int) -> list[int] | list[float]:
+    """``values`` (``num_examples`` or ``losses``) as the list a reply's metrics hold.
+
+    ``None`` or empty: none sent; else one for each of the ``count`` updates, in their order:
+    example counts integers ``>= 0``, losses real numbers (NaN of a diverged user too), NumPy's
+    taken. Forty-fourth review of issue 15 (wire 3): a list of another length was sent (the
+    losses of every batch read as the users'), -3 examples sent, and NumPy integers, a loss
+    ``1`` beside ``0.9``, or a tensor raised Flower's ``TypeError`` (or torch's
+    ``RuntimeError``) naming no parameter.
+    """
+    if values is None:
+        return []
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{name} must be a list, one value a user in updates, got {shown(values)}")
+    if values and len(values) != count:
+        raise ValueError(
+            f"{name} must hold one value for each of the {count} updates, in their order, "
+            f"got {len(values)}"
+        )
+    if name == "num_examples":
+        return [check_int(f"{name}[{i}]", v, 0) for i, v in enumerate(values)]
+    out = []
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name}[{i}] must be a real number, got {shown(value)}")
+        out.append(float(value))
+    return out
 
 
 @dataclass(frozen=True)

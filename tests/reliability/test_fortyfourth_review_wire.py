@@ -21,6 +21,16 @@
    clip_bits[1]: the message does not ask for clip bits ...`` (``clients.replies.reply_updates``);
    bits a message asks for are sent as before, and a private round asking for private metrics
    is refused first, as before.
+3. ``clients.reply_updates(message, updates, num_examples=..., losses=...)`` (a ClientApp of one's
+   own) for a non-private round asking for the users' example counts and losses
+   (``report-private-metrics``): one count for two users, a loss for every batch (3 for 2
+   users), a count of -3 or 27.5, a loss ``"a"``, one number, a tensor; NumPy integers, a loss
+   ``1`` beside ``0.9``. Before: lists of another length were sent (misaligned with the users,
+   for a ServerApp reading them), -3 sent, and the rest ended in Flower's ``TypeError`` ("Not all
+   values are of valid type", "All values in a list must be of the same valid type"),
+   ``TypeError: 'int' object is not iterable`` or torch's ``RuntimeError``, naming no parameter.
+   Now ``ValueError`` naming ``num_examples`` or ``losses`` (``replies._per_user``); NumPy
+   values and an integer loss are sent as numbers, a NaN loss (a diverged user) as before.
 """
 
 from __future__ import annotations
@@ -116,3 +126,50 @@ def test_2_clip_bits_asked_for_are_sent_as_before():
     assert reply.content["update/1"][P.CLIP_BIT_ARRAY].numpy().tolist() == [0.7]
     asked = app(message, _node()).content["update/1"]  # fedprivopt's ClientApp: one share
     assert asked[P.CLIP_BIT_ARRAY].numpy().shape == (1,)
+
+
+# -- finding 3: the example counts and losses of a non-private round are checked ----------------
+
+PER_USER = {
+    "one count for two users": ({"num_examples": [27]}, "num_examples must hold one value"),
+    "a loss a batch": ({"losses": [0.9, 1.3, 0.7]}, "losses must hold one value"),
+    "negative count": ({"num_examples": [-3, 7]}, r"num_examples\[0\] must be an integer >= 0"),
+    "a count of 27.5": ({"num_examples": [27.5, 7]}, r"num_examples\[0\] must be an integer"),
+    "a string loss": ({"losses": ["a", 1.3]}, r"losses\[0\] must be a real number"),
+    "one number": ({"num_examples": 5}, "num_examples must be a list"),
+    "a tensor": ({"losses": torch.tensor([0.9, 1.3])}, "losses must be a list"),
+}
+
+
+def _baseline_message() -> object:
+    """A train message of a non-private round asking for the users' counts and losses."""
+    settings = P.ClientSettings(LocalConfig(learning_rate=0.5), seed=5, report_private_metrics=True)
+    state = build_task("toy", **TOY).build_model().state_dict()
+    return delivered(
+        {
+            P.CONFIG_RECORD: P.encode_train_config(users=[1, 4], round_num=1, settings=settings),
+            P.ARRAYS_RECORD: ArrayRecord({k: Array(v.numpy()) for k, v in state.items()}),
+        },
+        "train",
+    )
+
+
+UPDATES = {1: torch.zeros(18), 4: torch.zeros(18)}
+
+
+@pytest.mark.parametrize("case", sorted(PER_USER))
+def test_3_counts_and_losses_not_one_a_user_are_refused(case):
+    given, said = PER_USER[case]
+    values = {"num_examples": [27, 7], "losses": [0.9, 1.3], **given}
+    with pytest.raises(ValueError, match=f"^{said}"):  # before: sent, or Flower's TypeError
+        reply_updates(_baseline_message(), UPDATES, **values)
+
+
+def test_3_numpy_values_and_a_diverged_loss_are_sent_as_numbers():
+    counts = [np.int64(27), np.int64(7)]  # before: Flower's TypeError naming nothing
+    reply = reply_updates(_baseline_message(), UPDATES, num_examples=counts, losses=[1, np.nan])
+    metrics = reply.content[P.TRAIN_METRICS]
+    assert metrics[P.NUM_EXAMPLES] == [27, 7]
+    assert metrics[P.TRAIN_LOSS][0] == 1.0 and np.isnan(metrics[P.TRAIN_LOSS][1])
+    sent = app(_baseline_message(), _node()).content[P.TRAIN_METRICS]  # fedprivopt's own app
+    assert len(sent[P.NUM_EXAMPLES]) == len(sent[P.TRAIN_LOSS]) == 2

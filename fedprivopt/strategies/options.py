@@ -77,9 +77,14 @@ class Rule:
             return check_int(key, value, int(self.low), high)
         if self.kind == "bool":
             return check_bool(key, value)
-        if value not in self.choices:
+        # forty-fourth review of issue 15 (api 3): a str subclass was kept as the setting, so
+        # one whose == says yes to every string ran another setting than the one it names
+        # (sampling 'fixed' reported while a Poisson sampler drew, 'dp-fedavg' run without
+        # noise); the setting is the plain string of its characters
+        plain = str.__str__(value) if isinstance(value, str) else value
+        if type(plain) is not str or plain not in self.choices:
             raise ValueError(f"{key} must be one of {', '.join(self.choices)}, got {shown(value)}")
-        return value
+        return plain
 
 
 def real(

@@ -20,6 +20,15 @@
    ``AlgorithmCohorts._refuse_unreleased_draw`` (from ``sample`` and ``_refuse_spent_round``)
    refuses to draw or release another round while a secure round's draw is unreleased, naming
    it; that round runs again with the same draw, and then the next one runs.
+3. ``StrategyConfig.from_mapping`` (the ServerApp's config, docs/FLOWER.md) given a ``str``
+   subclass for a choice setting whose ``==`` says yes to every string (the forty-second
+   review's lying ``int`` through the strings): ``sampling``, ``noise-mode``, ``accountant``,
+   ``strategy``, ``noise-mechanism``. Before: kept as the setting, so the run was another one
+   than the configuration named: sampling ``'fixed'`` recorded while a Poisson sampler drew
+   (cohorts 9, 13, 10), ``noise-mode 'distributed'`` run with server noise, ``strategy
+   'dp-fedavg'`` run without noise (``private`` false), ``noise-mechanism 'gaussian'`` run as a
+   tree. Now ``options.Rule.check`` keeps the plain string of its characters (NumPy's
+   ``str_`` alike); a non-string is refused naming the key.
 """
 
 from __future__ import annotations
@@ -123,3 +132,39 @@ def test_2_seeded_mode_and_adadp_rounds_run_as_before():
         for r in (1, 2, 3):
             drive_round(alg, r, _train)
         assert alg.round_num == 3
+
+
+# -- finding 3: a str subclass that equals every string as a choice setting ---------------------
+
+
+class _Lying(str):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = str.__hash__
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("sampling", "fixed"), ("noise-mode", "distributed"), ("strategy", "dp-fedavg"),
+     ("noise-mechanism", "gaussian"), ("accountant", "rdp")],
+)  # fmt: skip
+def test_3_a_choice_setting_is_the_plain_string_it_spells(key, value):
+    config = _config(**{key: _Lying(value)})
+    held = getattr(config, key.replace("-", "_"))
+    assert type(held) is str and held == value  # was the subclass
+    assert config == _config(**{key: value})
+    alg = build_algorithm(config, torch.zeros(4))
+    if key == "sampling":
+        assert [len(alg.sample(r)) for r in (1, 2, 3)] == [10, 10, 10]  # was 9, 13, 10
+    assert config.private and not config.tree  # strategy: not private; gaussian: a tree
+
+
+def test_3_numpy_strings_are_taken_and_other_types_refused():
+    np = pytest.importorskip("numpy")
+    assert type(_config(sampling=np.str_("fixed")).sampling) is str
+    with pytest.raises(ValueError, match=r"sampling must be one of"):
+        _config(sampling=b"fixed")

@@ -31,6 +31,11 @@
    ``TypeError: 'int' object is not iterable`` or torch's ``RuntimeError``, naming no parameter.
    Now ``ValueError`` naming ``num_examples`` or ``losses`` (``replies._per_user``); NumPy
    values and an integer loss are sent as numbers, a NaN loss (a diverged user) as before.
+4. ``wire.decode_train_config`` (every ClientApp's reader of a train config) with ``seed`` -1 or
+   ``-(2**63)`` (a ServerApp of one's own). Before: taken by the key's own check (from
+   ``-(2**63)``) and refused by ``ClientSettings`` as ``seed must be an integer in [0, ...]``, the
+   one train config key whose error did not say it is one. Now ``train config 'seed' must be an
+   integer in [0, 9223372036854775807]``; ``MAX_SEED`` read as before.
 """
 
 from __future__ import annotations
@@ -173,3 +178,16 @@ def test_3_numpy_values_and_a_diverged_loss_are_sent_as_numbers():
     assert metrics[P.TRAIN_LOSS][0] == 1.0 and np.isnan(metrics[P.TRAIN_LOSS][1])
     sent = app(_baseline_message(), _node()).content[P.TRAIN_METRICS]  # fedprivopt's own app
     assert len(sent[P.NUM_EXAMPLES]) == len(sent[P.TRAIN_LOSS]) == 2
+
+
+# -- finding 4: a train config's seed out of range is named as its key ---------------------------
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63)])
+def test_4_a_negative_seed_names_the_train_config_key(seed):
+    config = dict(P.encode_train_config(users=[1], round_num=1, settings=SETTINGS))
+    config[P.SEED] = seed
+    with pytest.raises(ValueError, match=r"^train config 'seed' must be an integer in \[0, 9223"):
+        P.decode_train_config(config)  # before: "seed must be ...", naming no key of the config
+    config[P.SEED] = P.MAX_SEED
+    assert P.decode_train_config(config).settings.seed == P.MAX_SEED

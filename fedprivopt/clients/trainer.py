@@ -57,7 +57,12 @@ from fedprivopt.clients.model_layout import ModelAtBuild, ModelLayout
 from fedprivopt.clients.privatize import NOISE_PURPOSE, privatize_update
 from fedprivopt.core.devices import check_device
 from fedprivopt.core.local import LocalConfig, check_train_call, epoch_orders
-from fedprivopt.models.task import Task, TaskError, refuse_inexact_entries
+from fedprivopt.models.task import (
+    Task,
+    TaskError,
+    refuse_inexact_entries,
+    refuse_tensorless_entries,
+)
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
@@ -182,6 +187,7 @@ class LocalTrainer(ModelLayout):
         self._refuse_shared_model()
         self.model.train()
         state = self.model.state_dict(keep_vars=True)
+        refuse_tensorless_entries(state, task)  # forty-fourth review of issue 15 (api 4)
         self.spec: FlatSpec = flatten({k: v.detach() for k, v in state.items()})[1]
         self._entries = self._layout(state)
         refuse_inexact_entries(state, self.spec.dtype, task)  # forty-first review (api 3)

@@ -72,6 +72,7 @@ __all__ = [
     "primary_metric",
     "private_evaluation_users",
     "refuse_inexact_entries",
+    "refuse_tensorless_entries",
     "state_to_flat",
 ]
 
@@ -315,9 +316,30 @@ def evaluating(model: torch.nn.Module) -> Iterator[torch.device]:
 def model_spec(task: Task) -> FlatSpec:
     """Return the flat layout (:class:`~fedprivopt.privacy.FlatSpec`) of ``task``'s model."""
     state = task.build_model().state_dict()
+    refuse_tensorless_entries(state, task)  # forty-fourth review of issue 15 (api 4)
     spec = flatten(state)[1]
     refuse_inexact_entries(state, spec.dtype, task)
     return spec
+
+
+def refuse_tensorless_entries(state: Mapping[str, object], task: object) -> None:
+    """Raise :class:`TaskError` for an entry of a model's state dict that is not a tensor.
+
+    Forty-fourth review of issue 15 (api 4): a task whose model has a module with
+    ``get_extra_state()`` returning a dict (torch's way to save a module's settings, a version
+    number) ended :class:`~fedprivopt.clients.LocalTrainer` (a ClientApp's trainer) in
+    ``AttributeError: 'dict' object has no attribute 'detach'`` and :func:`initial_flat` in a
+    line naming ``state['0._extra_state']`` but not the task: the model travels as one flat
+    vector of its state dict's tensors, so such an entry is refused naming it.
+    """
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise TaskError(
+                f"the model of {type(task).__name__}.build_model() has state dict entry {name!r} "
+                f"holding a {type(value).__name__}, not a tensor (a module's get_extra_state()): "
+                "the model is trained and sent as one flat vector of its tensors; keep such "
+                "state in a buffer (register_buffer), or return a tensor from get_extra_state()"
+            )
 
 
 def refuse_inexact_entries(
@@ -392,6 +414,7 @@ def frozen_coordinates(model: torch.nn.Module) -> torch.Tensor | None:
 def initial_flat(task: Task) -> torch.Tensor:
     """Return the initial model of ``task`` as one flat CPU vector (layout :func:`model_spec`)."""
     state = task.build_model().state_dict()
+    refuse_tensorless_entries(state, task)  # forty-fourth review of issue 15 (api 4)
     flat, spec = flatten(state)
     refuse_inexact_entries(state, spec.dtype, task)
     return flat

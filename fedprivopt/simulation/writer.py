@@ -123,6 +123,8 @@ class RunWriter:
         self._eval_spec = None
         self._eval_at_build: ModelAtBuild | None = None
         self.tensorboard = self._tensorboard() if config.tensorboard else None
+        if self.tensorboard is None and has_events(out):  # resumed with tensorboard = false
+            self._purge_events()
         if ledger is not None:
             algorithm.on_partial_release = self.on_partial_release
 
@@ -140,6 +142,17 @@ class RunWriter:
         for row in self.rows:  # the kept rows: up to the checkpoint's round
             log.add_row(row)
         return log
+
+    def _purge_events(self) -> None:
+        """Purge the event files' steps after the restored round (a resume without TensorBoard).
+
+        Forty-fourth review of issue 15 (ledger, finding 2): a secure ``--tensorboard`` run
+        killed after round 3's row (checkpoint of round 2), resumed with ``tensorboard = false``
+        in its ``config.toml``: TensorBoard showed round 3's first release (accuracy 0.63) beside
+        the rows' redone round 3 (0.65). A new event file holding only TensorBoard's purge
+        removes them from its view; the rounds up to the checkpoint stay shown.
+        """
+        TensorBoardLog(self.out, first_round=self.algorithm.round_num + 1).close()
 
     def save_checkpoint(self) -> None:
         """Checkpoint the algorithm (:func:`~fedprivopt.simulation.checkpoint.save_checkpoint`).

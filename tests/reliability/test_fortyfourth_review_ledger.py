@@ -10,6 +10,14 @@
    (``audit_tree.secure_tree_redo``) read it alike. Now ``newest_checkpoint`` refuses a
    checkpoint that is no regular file before it opens it: rc 2, ``T/runs/trial-001/checkpoint.pt:
    not a regular file (a FIFO, device or socket) ...``.
+2. ``simulate toy.toml --set secure=true --set checkpoint-every=2 --tensorboard --rounds 4``
+   killed after round 3's row (its checkpoint of round 2), ``tensorboard = false`` set in its
+   ``config.toml`` (an execution setting a resume may change), then ``simulate --resume``.
+   Before: rc 0, the rows' round 3 is the redone release (accuracy 0.65), but TensorBoard went
+   on showing round 3's first release (0.63) from the killed run's event file: a view of a
+   release the run's rows no longer hold. Now ``RunWriter`` purges the event files' steps
+   after the restored round when a resume writes no events (``RunWriter._purge_events``: a
+   new event file holding only TensorBoard's purge); rounds 1-2 stay shown.
 """
 
 from __future__ import annotations
@@ -21,7 +29,13 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, METRICS_FILE, read_rows
+from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundata_epsilon import checkpoint_epsilon_header
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+SMALL = {"population": 12, "task-params.num-users": 12}
 
 
 def _unblock(fifo: Path) -> None:
@@ -64,3 +78,31 @@ def test_1_a_fifo_checkpoint_is_refused_not_read(tmp_path: Path, which: str, rea
     assert not blocked, f"{reader} blocked reading a FIFO {which}"
     assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
     assert str(outcome[0]).startswith(f"{fifo}: not a regular file (a FIFO, device or socket)")
+
+
+def _shown(run: Path) -> dict[int, float]:
+    """TensorBoard's view of ``run``'s ``eval_loss``: step -> value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars("eval_loss")}
+
+
+def test_2_a_resume_without_tensorboard_purges_the_redone_rounds_events(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    settings = {**SMALL, "num-server-rounds": 4, "secure": True, "checkpoint-every": 2,
+                "tensorboard": True}  # fmt: skip
+    simulate(load_config(TOY, settings), run)
+    first = {r["round"]: r["eval_loss"] for r in read_rows(run / METRICS_FILE)}
+    assert _shown(run) == pytest.approx(first)
+    # as a kill after round 4's row leaves it: the newest checkpoint is of round 2
+    (run / CHECKPOINT).unlink()
+    (run / "checkpoint.prev.pt").rename(run / CHECKPOINT)
+    (run / "summary.json").unlink()
+    config = (run / CONFIG_FILE).read_text(encoding="utf-8")
+    (run / CONFIG_FILE).write_text(config.replace("tensorboard = true", "tensorboard = false"))
+    resume(run)
+    rows = {r["round"]: r["eval_loss"] for r in read_rows(run / METRICS_FILE)}
+    assert sorted(rows) == [1, 2, 3, 4] and rows[3] != first[3]  # redone with new noise
+    assert _shown(run) == pytest.approx({1: first[1], 2: first[2]})

@@ -449,11 +449,14 @@ def load_runs(root: str | Path) -> list[RunData]:
         # a compare output was read without its runs (they are in its runs/), no word; a
         # tuning in it was refused as a run without metrics.jsonl
         _refuse_tunings(d)
-        if d not in dirs and (d / "runs").is_dir():
+        inside = _holding_runs(d) if d not in dirs else None
+        if inside is not None:
+            what = f"a compare output (its runs are in {inside})" if inside != d else (
+                "a folder of runs")  # fmt: skip
             raise ValueError(
-                f"{d} is a compare output (its runs are in {d / 'runs'}), not a run of "
-                f"{parent}: the run directories directly in {parent} are read, so its runs "
-                f"would be left out; give {d} on its own (load_runs, compare-tuned --untuned)"
+                f"{d} is {what}, not a run of {parent}: the run directories directly in "
+                f"{parent} are read, so its runs would be left out; give {d} on its own "
+                "(load_runs, compare-tuned --untuned)"
             )
         if d not in dirs and any((d / f).exists() for f in _RUN_MARKS):
             raise ValueError(
@@ -462,6 +465,18 @@ def load_runs(root: str | Path) -> list[RunData]:
                 f"the runs of {root}"
             )
     return [load_run(d) for d in dirs]
+
+
+def _holding_runs(path: Path) -> Path | None:
+    """``path/runs`` or ``path`` if it holds a run directory (forty-fourth review, reports 3)."""
+    for where in (path / "runs", path):
+        with contextlib.suppress(OSError):
+            if where.is_dir() and any(
+                x.is_dir() and any((x / f).exists() for f in (SUMMARY_FILE, *_RUN_MARKS))
+                for x in where.iterdir()
+            ):
+                return where
+    return None
 
 
 def as_float(value: Any) -> float:

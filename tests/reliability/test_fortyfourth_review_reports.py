@@ -17,6 +17,10 @@
    run directory?)``. Now ``rundata.load_runs`` refuses both by name: ``D/C is a compare output
    (its runs are in D/C/runs) ...; give D/C on its own``, and for ``D/T`` the refusal of a
    tuning given to ``load_runs`` itself (the fortieth review's reports 5).
+3. The same with a folder of runs inside the folder: ``load_runs(D)`` of ``D/S`` and ``D/E/S2``
+   (results kept by experiment). Before: ``D/E``'s runs were left out without a word (finding
+   2's check looked for a compare output's ``runs/``). Now ``rundata.load_runs`` refuses
+   ``D/E is a folder of runs, not a run of D ...; give D/E on its own``.
 """
 
 from __future__ import annotations
@@ -107,3 +111,14 @@ def test_2_a_tuning_in_a_folder_of_runs_is_named_as_a_tuning(one_run):
 def test_2_a_folder_of_runs_and_a_compare_output_still_load(one_run):
     assert [r.path.name for r in load_runs(one_run)] == ["S"]
     assert len(load_runs(one_run / "S")) == 1
+
+
+def test_3_a_folder_of_runs_in_a_folder_of_runs_is_not_left_out(one_run):
+    inner = one_run / "E" / "S2"
+    inner.mkdir(parents=True)
+    (inner / "summary.json").write_text("{}")  # refused before any run of D is read
+    with pytest.raises(ValueError, match="E is a folder of runs"):
+        load_runs(one_run)  # was [D/S]: D/E/S2 left out, no word
+    (one_run / "F").mkdir()  # a folder of no runs is not one
+    (inner / "summary.json").unlink()
+    assert [r.path.name for r in load_runs(one_run)] == ["S"]

@@ -95,6 +95,7 @@ class AdaptiveClipping:
         self.states: dict[str, ClipState] = {}
         self.key = CLIP_KEYS[0]
         self._fractions: list[float] = []
+        self._fractions_round: int | None = None  # the round the kept fractions belong to
         self.max_clip_norm = config.max_clip_norm
         if max_clip_norm is not None:
             limit = check_real("max_clip_norm", max_clip_norm, low=MIN_CLIP_NORM)
@@ -163,8 +164,16 @@ class AdaptiveClipping:
         ``(round_num, "count-noise", stream)``. ``received``: the users whose reply came, when
         not every key of ``updates`` did (a streamed cohort's trainer may yield fewer users than
         it was asked for; thirty-second review of issue 15: such a user was counted as a
-        rejected clip bit, and ``accepted`` lowered for an update never received).
+        rejected clip bit, and ``accepted`` lowered for an update never received). Fractions
+        kept from an earlier round whose :meth:`step` never ran are dropped first.
         """
+        if self._fractions and self._fractions_round != round_num:
+            # forty-fourth review of issue 15 (mechanisms 1): a round whose step never ran (its
+            # optimizer step or its finish raised after the cohort was counted) left its noised
+            # count here, and the next round's step of C averaged it in, under no charge (the
+            # round was never charged); a count moves C only in its own round's step
+            self._fractions = []
+        self._fractions_round = round_num
         bits = getattr(updates, "clip_bits", {})
         users = sorted(int(u) for u in (updates.keys() if received is None else received))
         counted = [u for u in users if u not in agg.rejected and u not in bad]

@@ -37,6 +37,14 @@
    ``models.task.refuse_tensorless_entries`` raises a ``TaskError`` naming the task and the
    entry (a tensor extra state is taken, as a buffer). From the command line the run's own
    check of the model (``simulation/run.py``) still ends in a traceback: open for its owner.
+5. ``adaptive-clipping = true``: a ``drive_round`` callback (or ``aggregate``'s caller) returning
+   a mapping of its own (a ``ReportedUpdates`` subclass) whose ``keys()`` names every user of
+   the population while its ``items()`` gives the cohort's updates, with clip bits for all 40
+   (the forty-first review's api 5 through ``keys()``). Before: the sum read ``items()`` and the
+   noised count ``keys()``: 40 users' bits counted (``clip_count_fraction`` 2.46 where the
+   honest round has 0.91, ``next_clip_norm`` 0.68 where 0.92), 31 of them unsampled, under the
+   charge of a sampled cohort. Now ``_aggregate_in_round`` hands the count the users (and the
+   bits) of its one reading of ``items()``.
 """
 
 from __future__ import annotations
@@ -232,3 +240,25 @@ def test_4_a_state_entry_that_is_no_tensor_is_refused_naming_it():
             call(task)  # LocalTrainer: AttributeError ('dict' object has no attribute 'detach')
     tensor = _ExtraTask(torch.tensor([2.0]))
     assert initial_flat(tensor).numel() == 9 and LocalTrainer(tensor, device="cpu").spec
+
+
+# -- finding 5: the count of adaptive clipping read the users again, from keys() ----------------
+
+
+def test_5_the_clip_count_counts_the_users_the_sum_read():
+    from fedprivopt.strategies.requests import ReportedUpdates
+
+    class Wide(ReportedUpdates):
+        def keys(self):
+            return list(range(40))
+
+    def reply(kind):
+        return lambda r: kind(_updates(r.users), clip_bits=dict.fromkeys(range(40), 1.0))
+
+    fractions = []
+    for kind in (ReportedUpdates, Wide):
+        alg = build_algorithm(_config(**{"adaptive-clipping": True}), torch.zeros(4))
+        metrics = drive_round(alg, 1, reply(kind)).metrics
+        fractions.append(metrics["clip_count_fraction"])
+        assert metrics["accepted"] == len(alg.sample(1))
+    assert fractions[1] == fractions[0] < 1.5  # was 2.4587 (40 users counted) and 0.9087

@@ -17,6 +17,7 @@ from fedprivopt.simulation.tune import PrivacyPlan
 __all__ = [
     "TUNED_SUFFIX",
     "privacy_note",
+    "public_users_note",
     "seed_note",
     "selection_lines",
     "selection_note",
@@ -58,7 +59,53 @@ def privacy_note(plan: PrivacyPlan) -> str:
             f" The preset's target epsilon {plan.target_epsilon:g} applies to each single run "
             "(which stops before exceeding it), not to the whole tuning."
         )
-    return text
+    return text + _relation_note(plan)
+
+
+_RELATIONS = {  # the words of a run's threat_model and of compare's report
+    "ADD_OR_REMOVE_ONE": "added or removed (Poisson sampling)",
+    "REPLACE_ONE": "replaced (fixed-size sampling)",
+    "REPLACE_SPECIAL": "replaced, dp-accounting's replace-special relation (tree aggregation)",
+}
+
+
+def _relation_note(plan: PrivacyPlan) -> str:
+    """The neighbouring relation of the single run's ledger, as each run's summary names it.
+
+    Forty-fourth review of issue 15 (contract 3): a tuning of fixed-size runs (epsilon 24.53,
+    under replace-one) said nothing of its relation in ``summary.json`` or ``report.md``,
+    where its trials' ``threat_model`` and ``compare``'s report name it.
+    """
+    ledger = plan.ledger or ()
+    names = {getattr(event.neighboring_relation, "name", "") for event, _ in ledger}
+    hows = [_RELATIONS[n] for n in _RELATIONS if n in names]
+    if not hows:
+        return ""
+    return (
+        " The unit of privacy is the user; neighbouring datasets differ in one user, "
+        + "; or ".join(hows)
+        + "."
+    )
+
+
+def public_users_note(summary: Mapping[str, Any] | None) -> str:
+    """The public users whose data built the released trial's side information, if any.
+
+    ``summary`` is the released trial's ``summary.json`` (``None``: no trial released).
+    Forty-fourth review of issue 15 (contract 3): ``tune --strategy adadps --set
+    side-information.kind=public-users`` said that epsilon covers "the release of the best
+    trial only (its model, ...)", with no word that 4 users' data built that model's side
+    information outside the guarantee, as the trial's ``summary.json`` and ``compare``'s
+    report say.
+    """
+    side = (summary or {}).get("side_information")
+    if not isinstance(side, Mapping) or not side.get("public_users"):
+        return ""
+    return (
+        f" {len(side['public_users'])} public users' data built the released trial's side "
+        "information outside the guarantee (side-information.kind = public-users): they are "
+        f"not in the population epsilon covers ({side.get('private_population')} private users)."
+    )
 
 
 def selection_users(tasks) -> dict | None:

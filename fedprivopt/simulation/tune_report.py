@@ -29,6 +29,7 @@ from fedprivopt.simulation.tune import PrivacyPlan, TrialResult
 from fedprivopt.simulation.tune_notes import (
     TUNED_SUFFIX,
     privacy_note,
+    public_users_note,
     seed_note,
     selection_lines,  # also its public path here (docs/RELIABILITY.md names tune_report's)
     selection_note,
@@ -134,11 +135,22 @@ def summary_of(
         "selection_users": None if selection is None else dict(selection),
         "selection_covered": None if selection is None else selection["private"] == 0,
         "privacy": " ".join(
-            [privacy_note(plan), selection_note(selection), seed_note(seed_secret)]
+            [
+                privacy_note(plan) + public_users_note(_released_summary(best)),
+                selection_note(selection),
+                seed_note(seed_secret),
+            ]
         ),
         "notes": list(notes),
         "trials": [_trial_row(r, metric) for r in results],
     }
+
+
+def _released_summary(best: TrialResult | None) -> Mapping[str, Any] | None:
+    """The released trial's ``summary.json`` (``None`` when no trial was released)."""
+    run = None if best is None else best.run
+    summary = getattr(run, "summary", None)
+    return summary if isinstance(summary, Mapping) else None
 
 
 def _fmt(x: Any, digits: int = 4) -> str:

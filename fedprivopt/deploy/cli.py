@@ -239,7 +239,14 @@ def run_deploy_command(args: argparse.Namespace) -> int:
             print(f"[deploy] {line}", file=sys.stderr, flush=True)
 
     from fedprivopt.cli_runs import task_errors
+    from fedprivopt.simulation import interrupt
 
+    # what a second signal says, once the run's directory is known (processes 3)
+    resume = f"fedprivopt simulate --resume {_quoted(Path(out).expanduser())}"
+    before = interrupt.second_line(
+        "fedprivopt deploy local: interrupted twice; ended at once, as a kill would (a run "
+        f"that released a round is continued with {resume})"
+    )
     try:
         # a task parameter's error, found before any process starts, names its key as simulate's
         # does (thirty-first review of issue 15: 'dim * num_classes must be ...', no key)
@@ -271,6 +278,8 @@ def run_deploy_command(args: argparse.Namespace) -> int:
         if then is not None:  # thirty-first review of issue 15: a timeout did not say it
             print(f"fedprivopt deploy local: every process was stopped; {then}", file=sys.stderr)
         return 1
+    finally:
+        interrupt.second_line(before)
 
     summary = json.loads((run_dir / "summary.json").read_text())
     final = summary.get("final", {})

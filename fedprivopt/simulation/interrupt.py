@@ -94,6 +94,19 @@ def begin(line: str) -> None:
     _SIGNALS.code = None
 
 
+def second_line(line: str | None) -> str | None:
+    """What a second signal prints from now on (:func:`end_now`); returns what it printed before.
+
+    For a command that knows more once it has begun than :func:`begin` was told (its run
+    directory). Forty-fourth review of issue 15 (processes 3): a deployment interrupted twice
+    (Ctrl-C, then Ctrl-C while it stopped its processes) said only ``fedprivopt deploy local:
+    interrupted twice; ended at once, as a kill would``; ``fedprivopt simulate --resume OUT``
+    continues its run, as ``simulate``'s own line says of ``--resume``.
+    """
+    previous, _SIGNALS.line = _SIGNALS.line, line
+    return previous
+
+
 def reported() -> None:
     """The command has printed its own line about the interruption: a second signal adds none."""
     _SIGNALS.line = None

@@ -19,11 +19,21 @@
    --resume PP2/D continues it): ...`` (``session.out_in_place``, in ``follow`` and before the
    summary is read); ``processes.json`` goes with the moved logs. (In-process: ``follow`` with a
    stand-in deployment whose ``flwr log`` never ends; no Flower.)
+3. ``deploy local toy.toml --nodes 1 --insecure --rounds 40 --out DD`` interrupted twice: Ctrl-C
+   at round 1, and again 1 s later while it stopped its processes. Before: rc 130 and
+   ``fedprivopt deploy local: interrupted twice; ended at once, as a kill would``, nothing on
+   how the run goes on (measured; ``simulate``'s line names ``--resume``; ``fedprivopt simulate
+   --resume DD`` then ran to 40 rounds, ε 46.85). Now the line ends ``(a run that released a
+   round is continued with fedprivopt simulate --resume DD)`` (``interrupt.second_line``, set
+   by ``deploy.cli.run_deploy_command`` once ``--out`` is known, restored after). (In-process:
+   the command line with ``deploy_local`` replaced by two SIGTERMs to this process, ``os._exit``
+   made to raise; no process starts.)
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -124,3 +134,37 @@ def test_2_an_out_in_place_is_followed_as_before(tmp_path):
         assert dep.said == ["round 1: epsilon=7.551"]
     finally:
         os.close(fd)
+
+
+class _Exited(BaseException):
+    pass
+
+
+def test_3_a_deployment_interrupted_twice_names_the_resume(tmp_path, monkeypatch, capfd):
+    from pathlib import Path
+
+    from fedprivopt.cli import main
+
+    def interrupted_twice(**kwargs):
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except KeyboardInterrupt:
+            signal.raise_signal(signal.SIGTERM)  # while it stops its processes
+        raise AssertionError("a second signal ends the process at once")
+
+    def exit_(code):
+        raise _Exited(code)
+
+    monkeypatch.setattr("fedprivopt.deploy.local.deploy_local", interrupted_twice)
+    monkeypatch.setattr(os, "_exit", exit_)
+    toy = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+    out = tmp_path / "DD"
+    argv = ["deploy", "local", str(toy), "--nodes", "1", "--insecure", "--rounds", "1"]
+    with pytest.raises(_Exited) as ended:
+        main([*argv, "--out", str(out), "--quiet"])
+    assert ended.value.args == (128 + signal.SIGTERM,)
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert lines[-1] == (
+        "fedprivopt deploy local: interrupted twice; ended at once, as a kill would (a run that "
+        f"released a round is continued with fedprivopt simulate --resume {out})"
+    )

@@ -147,6 +147,25 @@ def _query(message: Message, context: Context, defaults: _Defaults) -> Message:
     return reply_users(message, _hosted(context, task))
 
 
+def _task_model(state: Mapping[str, torch.Tensor], trainer: LocalTrainer) -> torch.Tensor:
+    """The message's model on the task's flat layout, or the task's error when it is another.
+
+    A model of other names or shapes than the task's (a ServerApp of one's own whose state dict
+    says ``_orig_mod.weight``, as a compiled model's does) is the same on every node: answered
+    with :func:`reply_task_error`, so the server ends the run when every node asked says so.
+    Forty-fourth review of issue 15 (wire 5): the ``ValueError`` was a node's failure, and the
+    run released noise-only rounds, charged, to its end (3 rounds, epsilon 8.94, rc 0).
+    """
+    try:
+        return state_to_flat(state, trainer.spec)
+    except ValueError as err:
+        said = str(err) if len(str(err)) <= 1000 else shown(str(err))  # as the server shows it
+        raise TaskError(
+            f"the message's model is not the model of the node's task "
+            f"({type(trainer.task).__name__}): {said}"
+        ) from None
+
+
 def _reordered(
     flat: torch.Tensor, layout: tuple[tuple[str, int], ...], names: Iterable[str]
 ) -> torch.Tensor:
@@ -166,7 +185,7 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
     task, trainer = _task_for(context, defaults)
     hosted = set(_hosted(context, task))
     request = TrainMessage.read(message)
-    global_flat = state_to_flat(request.state, trainer.spec)
+    global_flat = _task_model(request.state, trainer)
     # the server reads every update (and lays the preconditioner out) in its model's key order
     # (forty-fourth review of issue 15, wire 1: sent in the node's, bias before weight on the
     # server added weight's update to bias)
@@ -224,7 +243,7 @@ def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Messag
     allowed = set(hosted)
     users = hosted if asked is None else [u for u in asked if u in allowed]
     state = read_model(message)  # names an unreadable array (forty-third review, wire 3)
-    global_flat = state_to_flat(state, trainer.spec)
+    global_flat = _task_model(state, trainer)
     loss_sum, acc_sum, total = 0.0, 0.0, 0
     for user in users:
         x, y = user_examples(task, user)  # checked as the trainer checks it

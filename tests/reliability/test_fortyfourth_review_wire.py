@@ -36,11 +36,22 @@
    ``-(2**63)``) and refused by ``ClientSettings`` as ``seed must be an integer in [0, ...]``, the
    one train config key whose error did not say it is one. Now ``train config 'seed' must be an
    integer in [0, 9223372036854775807]``; ``MAX_SEED`` read as before.
+5. fedprivopt's ClientApp given a train or evaluate message whose model is not its task's (the
+   toy model's tensors as a compiled model names them, ``_orig_mod.weight``: a ServerApp of
+   one's own), and ``DPStrategy`` with that model on a grid of three such nodes (in process).
+   Before: ``state_to_flat``'s ``ValueError`` was each node's failure (Flower's
+   ``CLIENT_APP_RAISED_EXCEPTION``), counted as ``failed``, and the run released noise-only
+   rounds, charged, to its end (3 rounds, epsilon 8.94, ``stopped_reason`` "rounds": rc 0). Now
+   the node answers with the task's error (``client_app._task_model``, code ``TASK_ERROR``:
+   "the message's model is not the model of the node's task (ToyClassificationTask): ...
+   unexpected keys ['_orig_mod.weight', '_orig_mod.bias']"), so the server ends the run in
+   round 1 before it is released (epsilon 0), as it does when every node asked says so.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 
 import numpy as np
 import pytest
@@ -50,9 +61,12 @@ from flwr.app import Array, ArrayRecord, Context, RecordDict
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import app
-from fedprivopt.clients.messages import reply_updates
+from fedprivopt.clients.messages import TASK_ERROR, reply_updates
 from fedprivopt.models import build_task
-from tests.messages import delivered
+from fedprivopt.models.task import TaskError
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.flower import DPStrategy, arrays_to_flat
+from tests.messages import delivered, reply_metadata
 
 TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
 SETTINGS = P.ClientSettings(LocalConfig(learning_rate=0.5, clip_norm=1.0, noise_std=0.2), seed=5)
@@ -191,3 +205,54 @@ def test_4_a_negative_seed_names_the_train_config_key(seed):
         P.decode_train_config(config)  # before: "seed must be ...", naming no key of the config
     config[P.SEED] = P.MAX_SEED
     assert P.decode_train_config(config).settings.seed == P.MAX_SEED
+
+
+# -- finding 5: a model that is not the task's is the task's error, which ends the run -----------
+
+
+def _renamed_arrays() -> ArrayRecord:
+    """The toy model as a compiled model's state dict names it (``_orig_mod.weight``)."""
+    state = build_task("toy", **TOY).build_model().state_dict()
+    return ArrayRecord({f"_orig_mod.{k}": Array(v.numpy()) for k, v in state.items()})
+
+
+@pytest.mark.parametrize("kind", ["train", "evaluate"])
+def test_5_the_client_app_answers_another_model_with_the_tasks_error(kind):
+    content = {P.ARRAYS_RECORD: _renamed_arrays()}
+    if kind == "train":
+        content[P.CONFIG_RECORD] = P.encode_train_config(users=[1], round_num=1, settings=SETTINGS)
+    reply = app(delivered(content, kind), _node())  # before: ValueError, a node's failure
+    assert reply.has_error() and reply.error.code == TASK_ERROR
+    assert reply.error.reason.startswith("the message's model is not the model of the node's task")
+    assert "unexpected keys ['_orig_mod.weight', '_orig_mod.bias']" in reply.error.reason
+
+
+class _AppGrid:
+    """Three nodes running fedprivopt's ClientApp in process (no Flower engine)."""
+
+    def get_node_ids(self):
+        return [100, 101, 102]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as a grid pushes it
+            node = msg.metadata.dst_node_id
+            context = _node()
+            context.node_config[P.NODE_PARTITION_ID] = node - 100
+            reply = app(msg, context)
+            reply.__dict__["_metadata"] = reply_metadata(msg, node)
+            replies.append(reply)
+        return replies
+
+
+def test_5_a_server_sending_another_model_ends_before_a_round_is_released(server_side):
+    config = StrategyConfig.from_mapping(
+        {"population": 10, "clients-per-round": 5, "noise-multiplier": 0.8, "clip-norm": 0.5}
+    )
+    arrays = _renamed_arrays()
+    flat, spec = arrays_to_flat(arrays)
+    strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0)
+    with pytest.raises(TaskError, match=r"is not the model of the node's task .* asked in round 1"):
+        strategy.start(_AppGrid(), arrays, num_rounds=3, timeout=10)  # before: 3 rounds, rc 0
+    assert strategy.algorithm.round_num == 0 and strategy.algorithm.epsilon() == 0.0

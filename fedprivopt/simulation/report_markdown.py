@@ -264,9 +264,19 @@ def markdown(
             "and the seeds column names the round each diverged from."
         )
     for key, what in (("evaluated_model", "Evaluated"), ("initial_model", "Initial model")):
-        found = sorted({str(r.summary[key]) for r in sel.runs if r.summary.get(key)})
+        found: dict[str, set[str]] = {}
+        for r in sel.runs:
+            if r.summary.get(key):
+                found.setdefault(str(r.summary[key]), set()).add(r.strategy)
+        # forty-fourth review of issue 15 (reports, finding 4): dp-fedadam evaluated at its
+        # moving average beside dp-fedavg's last iterate read "Evaluated: the exponential
+        # moving average ...; the last iterate.", not saying which row's metric is which
+        text = "; ".join(
+            value if len(found) == 1 else f"{value} ({', '.join(sorted(names))})"
+            for value, names in sorted(found.items())
+        )
         if found:
-            lines.append(_one_line(f"{what}: {'; '.join(found)}."))  # a task's own text
+            lines.append(_one_line(f"{what}: {text}."))  # a task's own text
     if origins:
         earlier = sum(origins.get(r.path.name, "").startswith(_EARLIER) for r in sel.runs)
         lines.append(

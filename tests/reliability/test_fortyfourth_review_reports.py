@@ -21,6 +21,12 @@
    (results kept by experiment). Before: ``D/E``'s runs were left out without a word (finding
    2's check looked for a compare output's ``runs/``). Now ``rundata.load_runs`` refuses
    ``D/E is a folder of runs, not a run of D ...; give D/E on its own``.
+4. ``compare toy.toml --strategies dp-fedavg,dp-fedadam --rounds 2 --set
+   strategies.dp-fedadam.ema-decay=0.9`` (one strategy evaluated at its moving average, the other
+   at its last iterate). Before: ``report.md`` said "Evaluated: the exponential moving average
+   (decay 0.9) of the released iterates: ...; the last iterate.", not which row's metric is of
+   which model. Now each kind names its strategies: "... (dp-fedadam); the last iterate
+   (dp-fedavg)." (one kind: as before).
 """
 
 from __future__ import annotations
@@ -122,3 +128,19 @@ def test_3_a_folder_of_runs_in_a_folder_of_runs_is_not_left_out(one_run):
     (one_run / "F").mkdir()  # a folder of no runs is not one
     (inner / "summary.json").unlink()
     assert [r.path.name for r in load_runs(one_run)] == ["S"]
+
+
+def test_4_each_evaluated_model_names_its_strategies(tmp_path):
+    ema = "the exponential moving average (decay 0.9) of the released iterates"
+    runs = []
+    for strategy, evaluated in (("dp-fedavg", "the last iterate"), ("dp-fedadam", ema)):
+        run = _run(tmp_path, 0)
+        summary = {**run.summary, "strategy": strategy, "evaluated_model": evaluated}
+        runs.append(RunData(summary, run.rows, tmp_path / strategy, (), 3.0))
+    sel, _ = select_runs(runs, "eval_accuracy")
+    rows, notes = aggregate_with_notes(runs, "eval_accuracy")
+    text = markdown("t", sel, rows, notes, None)
+    assert f"Evaluated: {ema} (dp-fedadam); the last iterate (dp-fedavg)." in text, text
+    sel, _ = select_runs(runs[:1], None)
+    one = markdown("t", sel, *aggregate_with_notes(runs[:1], None), None)
+    assert "Evaluated: the last iterate." in one, one

@@ -425,8 +425,13 @@ class LocalTrainer(ModelLayout):
             # follow-up of the forty-second review of issue 15 (privacy 3): api 2 refuses a
             # module the task's builds share, not a tensor: a buffer (or attribute) one fresh
             # model after another holds kept the last user's minibatch mean for the model the
-            # run evaluates (eval_accuracy 0.4567 where 0.5967). The model is left as built
-            self._at_build.restore()
+            # run evaluates (eval_accuracy 0.4567 where 0.5967). The model is left as built,
+            # holding the global model it was given (a copy): forty-fourth review of issue 15
+            # (api 6), it held the last user's local model, unclipped and without noise, and its
+            # batch statistics, so a task whose loss kept the model it was given (self.net =
+            # model, as Flower's task.py keeps its net) and evaluated that one reported the last
+            # user's local model (simulate toy.toml --rounds 2: eval_accuracy 0.5900 where 0.6133)
+            self._load(w0.clone())
         mean_loss = float(loss_sum) / num_examples if num_examples else 0.0
 
         with torch.no_grad():

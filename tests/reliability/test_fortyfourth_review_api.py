@@ -45,6 +45,13 @@
    honest round has 0.91, ``next_clip_norm`` 0.68 where 0.92), 31 of them unsampled, under the
    charge of a sampled cohort. Now ``_aggregate_in_round`` hands the count the users (and the
    bits) of its one reading of ``items()``.
+6. A task whose ``loss`` keeps the model it is given (``self.net = model``, as Flower's
+   ``task.py`` keeps its net) and whose ``evaluate`` evaluates that one (``simulate toy.toml
+   --rounds 2 --set task=keeptask:make``; ``LocalTrainer.train`` through the Python API).
+   Before: after ``train`` the trainer's model held the last user's local model, unclipped and
+   without noise, and its batch statistics, so the run reported that user's model
+   (``eval_accuracy`` 0.5900 where the released model has 0.6133). Now ``LocalTrainer.train``
+   leaves its model holding (a copy of) the global model it was given: a released model.
 """
 
 from __future__ import annotations
@@ -262,3 +269,39 @@ def test_5_the_clip_count_counts_the_users_the_sum_read():
         fractions.append(metrics["clip_count_fraction"])
         assert metrics["accepted"] == len(alg.sample(1))
     assert fractions[1] == fractions[0] < 1.5  # was 2.4587 (40 users counted) and 0.9087
+
+
+# -- finding 6: the trainer's model after train held the last user's local model ----------------
+
+
+class _KeepingTask(_ExtraTask):
+    """A task whose model has batch statistics and whose loss keeps the model it is given."""
+
+    kept = None
+
+    def build_model(self):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+
+    def loss(self, model, x, y):
+        self.kept = model
+        return super().loss(model, x, y)
+
+
+def test_6_the_trainer_leaves_its_model_at_the_global_model():
+    from fedprivopt.clients import LocalTrainer
+    from fedprivopt.core.local import LocalConfig
+    from fedprivopt.models.task import initial_flat
+    from fedprivopt.privacy import flatten
+    from fedprivopt.privacy.rng import RngFactory
+
+    task = _KeepingTask(None)
+    trainer = LocalTrainer(task, device="cpu")
+    start = initial_flat(task)
+    start[:-1] += 0.25  # the last entry is the integer num_batches_tracked
+    result = trainer.train(start, user_id=1, round_num=1,
+                           config=LocalConfig(learning_rate=0.5, clip_norm=10.0),
+                           rngs=RngFactory(0))  # fmt: skip
+    assert float(result.delta.norm()) > 0.01  # it trained
+    held = flatten(task.kept.state_dict())[0]
+    assert torch.equal(held, start)  # was the user's local model and its batch statistics

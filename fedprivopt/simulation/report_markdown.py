@@ -445,8 +445,10 @@ def _seeded_runs(runs: Sequence[RunData]) -> list[str]:
     seeded = [r for r in private if not (r.summary.get("config") or {}).get("secure", False)]
     if not seeded:
         return []
+    names = sorted({r.strategy for r in seeded})  # which rows (finding 5, above)
+    of = "" if len(seeded) == len(private) else f", of {', '.join(names)},"
     return [
-        f"- seeded runs: {len(seeded)} of the {len(private)} private runs (secure = false) "
+        f"- seeded runs: {len(seeded)} of the {len(private)} private runs (secure = false){of} "
         "derive their noise and sampling from their seeds, which this report names, so anyone "
         "who knows a seed can regenerate and subtract its run's noise: ε holds only while the "
         "seeds are secret (secure = true draws them from the operating system's entropy)"
@@ -475,7 +477,14 @@ def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:
     for key in keys:
         values = {json.dumps(c.get(key), sort_keys=True) for c in configs}
         if len(values) > 1:
-            out.append((key, "varies (see the runs)"))
+            # forty-fourth review of issue 15 (reports, finding 5): "clip-norm: varies (see the
+            # runs)" beside a per-strategy clip norm named neither value nor strategy
+            by: dict[str, set[str]] = {}
+            for r, c in zip(runs, configs, strict=True):
+                by.setdefault(json.dumps(c.get(key), sort_keys=True), set()).add(r.strategy)
+            which = "; ".join(f"{v} ({', '.join(sorted(n))})" for v, n in sorted(by.items()))
+            out.append((key, "varies (see the runs)" + (f": {table_cell(which)}"
+                                                      if len(by) <= _LISTED else "")))  # fmt: skip
             continue
         value = configs[0].get(key)
         out.append((key, table_cell(value if isinstance(value, str) else values.pop())))

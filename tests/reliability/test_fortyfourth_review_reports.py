@@ -27,6 +27,13 @@
    (decay 0.9) of the released iterates: ...; the last iterate.", not which row's metric is of
    which model. Now each kind names its strategies: "... (dp-fedadam); the last iterate
    (dp-fedavg)." (one kind: as before).
+5. ``compare toy.toml --strategies dp-fedavg,dp-fedadam --rounds 2 --set
+   strategies.dp-fedadam.clip-norm=0.3 --set strategies.dp-fedadam.secure=true``. Before: the
+   privacy parameters said "clip-norm: varies (see the runs)", "secure: varies (see the runs)"
+   and "seeded runs: 1 of the 2 private runs (secure = false) ... epsilon holds only while the
+   seeds are secret", naming no value and no strategy (the Runs table lists directories only).
+   Now each varying key lists its values by strategy ("0.3 (dp-fedadam); 1.0 (dp-fedavg)", up
+   to 10 values) and the seeded line names its strategies when not every private run is seeded.
 """
 
 from __future__ import annotations
@@ -144,3 +151,18 @@ def test_4_each_evaluated_model_names_its_strategies(tmp_path):
     sel, _ = select_runs(runs[:1], None)
     one = markdown("t", sel, *aggregate_with_notes(runs[:1], None), None)
     assert "Evaluated: the last iterate." in one, one
+
+
+def test_5_varying_privacy_settings_name_their_strategies(tmp_path):
+    runs = []
+    for strategy, clip, secure in (("dp-fedavg", 1.0, False), ("dp-fedadam", 0.3, True)):
+        run = _run(tmp_path, 0)
+        config = {**run.summary["config"], "strategy": strategy, "clip-norm": clip,
+                  "secure": secure}  # fmt: skip
+        summary = {**run.summary, "strategy": strategy, "config": config}
+        runs.append(RunData(summary, run.rows, tmp_path / strategy, (), 3.0))
+    sel, _ = select_runs(runs, "eval_accuracy")
+    text = markdown("t", sel, *aggregate_with_notes(runs, "eval_accuracy"), None)
+    assert "- clip-norm: varies (see the runs): 0.3 (dp-fedadam); 1.0 (dp-fedavg)" in text, text
+    assert "- secure: varies (see the runs): false (dp-fedavg); true (dp-fedadam)" in text, text
+    assert "private runs (secure = false), of dp-fedavg, derive" in text, text

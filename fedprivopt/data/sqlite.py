@@ -55,6 +55,7 @@ from fedprivopt.data.stackoverflow import (
 
 __all__ = [
     "INDEX_NAME",
+    "MAX_SPLITS",
     "MAX_SPLIT_CLIENTS",
     "SQLiteSplit",
     "check_sqlite_file",
@@ -72,6 +73,20 @@ MAX_SPLIT_CLIENTS = 10_000_000
 """Clients of one split at most (twenty-ninth review of issue 15: their ids and counts are held,
 about 175 bytes a client, measured; 2 million took 0.63 GB, and the 10**8 of a population's bound
 would take 17 GB)."""
+MAX_SPLITS = 100
+"""Split names one file may hold (TFF's and the synthetic files hold 3: train, heldout, test).
+Forty-fourth review of issue 15 (input 4): ``data info`` of a 24 MB file whose
+``client_metadata`` named a million splits (a damaged table, or a split column filled with ids)
+took 298 s and 1.2 GB and printed a million lines; a task's data identity read them alike."""
+
+
+def _too_many_splits(path: Path) -> ValueError:
+    return ValueError(
+        f"{path}: client_metadata names more than {MAX_SPLITS} splits (a StackOverflow file "
+        "has 3: train, heldout, test), so the file is damaged"
+    )
+
+
 # sqlite3 raises UnicodeDecodeError when a damaged schema puts invalid UTF-8 in an error message
 _SQLITE_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
 _SCHEMA = {
@@ -160,11 +175,13 @@ def list_splits(path: str | os.PathLike) -> list[str]:
     conn = _connect(path)
     try:
         _check_schema(conn, path)
-        names = [r[0] for r in conn.execute(_DISTINCT_SPLITS)]
+        names = [r[0] for r in conn.execute(f"{_DISTINCT_SPLITS} LIMIT {MAX_SPLITS + 1}")]
     except _SQLITE_ERRORS as exc:
         raise unreadable(path, exc) from exc
     finally:
         conn.close()
+    if len(names) > MAX_SPLITS:
+        raise _too_many_splits(path)
     return sorted(_text_values(path, "client_metadata.split_name", names))
 
 
@@ -198,6 +215,8 @@ def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 )
             counts = out.get(split)
             if counts is None:
+                if len(out) == MAX_SPLITS:
+                    raise _too_many_splits(path)
                 counts = out[split] = array("q")
             counts.append(n)
     except _SQLITE_ERRORS as exc:
@@ -294,9 +313,11 @@ class SQLiteSplit(ClientSplit):
                 (split,),
             ).fetchall()
             if not rows:
-                splits = sorted(str(r[0]) for r in conn.execute(_DISTINCT_SPLITS))
+                query = f"{_DISTINCT_SPLITS} LIMIT {MAX_SPLITS + 1}"
+                splits = sorted(str(r[0]) for r in conn.execute(query))
                 raise ValueError(
-                    f"{self.path}: no split {split!r} in client_metadata (splits present: {splits})"
+                    f"{self.path}: no split {split!r} in client_metadata (splits present: "
+                    f"{shown(splits) if len(splits) <= MAX_SPLITS else f'more than {MAX_SPLITS}'})"
                 )
             self.indexed = has_client_index(conn)
             first = conn.execute(f"SELECT {_BLOB} FROM examples LIMIT 1", _LIMIT).fetchone()

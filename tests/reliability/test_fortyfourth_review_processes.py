@@ -141,9 +141,11 @@ class _Exited(BaseException):
 
 
 def test_3_a_deployment_interrupted_twice_names_the_resume(tmp_path, monkeypatch, capfd):
+    import argparse
     from pathlib import Path
 
-    from fedprivopt.cli import main
+    from fedprivopt.deploy.cli import add_deploy_subcommand
+    from fedprivopt.simulation import interrupt
 
     def interrupted_twice(**kwargs):
         try:
@@ -157,11 +159,16 @@ def test_3_a_deployment_interrupted_twice_names_the_resume(tmp_path, monkeypatch
 
     monkeypatch.setattr("fedprivopt.deploy.local.deploy_local", interrupted_twice)
     monkeypatch.setattr(os, "_exit", exit_)
+    parser = argparse.ArgumentParser(prog="fedprivopt")
+    add_deploy_subcommand(parser.add_subparsers())
     toy = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
     out = tmp_path / "DD"
     argv = ["deploy", "local", str(toy), "--nodes", "1", "--insecure", "--rounds", "1"]
-    with pytest.raises(_Exited) as ended:
-        main([*argv, "--out", str(out), "--quiet"])
+    args = parser.parse_args([*argv, "--out", str(out), "--quiet"])
+    # as the command line runs a command (cli.main)
+    interrupt.begin("fedprivopt deploy: interrupted twice; ended at once, as a kill would")
+    with pytest.raises(_Exited) as ended, interrupt.signals_raise(interrupt.ENDING_SIGNALS):
+        args.func(args)
     assert ended.value.args == (128 + signal.SIGTERM,)
     lines = capfd.readouterr().err.strip().splitlines()
     assert lines[-1] == (

@@ -88,7 +88,7 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 from fedprivopt.simulation.run_places import refuse_inside_a_run, refuse_inside_held
-from fedprivopt.simulation.rundir import NewRunDir, lock_run_dir
+from fedprivopt.simulation.rundir import NewRunDir, check_held, lock_run_dir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
 from fedprivopt.strategies.config import StrategyConfig
@@ -319,6 +319,7 @@ def _evaluate_last_round(writer: RunWriter, alg: ServerAlgorithm) -> None:
         return
     start = time.perf_counter()
     metrics = writer.evaluate(alg.output_params())
+    check_held(writer.out)  # not moved or replaced while it evaluated (forty-fourth review)
     row = {
         "round": r,
         "epsilon": writer.epsilon(),

@@ -157,8 +157,13 @@ class RunWriter:
     def save_checkpoint(self) -> None:
         """Checkpoint the algorithm (:func:`~fedprivopt.simulation.checkpoint.save_checkpoint`).
 
-        The round was recorded in the privacy ledger by :meth:`on_round` already.
+        The round was recorded in the privacy ledger by :meth:`on_round` already. The directory
+        must still be the one this run locked (:func:`~fedprivopt.simulation.rundir.check_held`):
+        forty-fourth review of issue 15 (ledger, finding 3), the last checkpoint, saved after the
+        engine returned (Ray's and Flower's shutdown take seconds), was written into a new
+        directory made at the run's path after it was moved away.
         """
+        check_held(self.out)
         state = self.algorithm.state_dict()
         digest = self.rows_digest.of(self.rows)
         header = self.ledger.header if self.ledger is not None else None

@@ -18,6 +18,15 @@
    release the run's rows no longer hold. Now ``RunWriter`` purges the event files' steps
    after the restored round when a resume writes no events (``RunWriter._purge_events``: a
    new event file holding only TensorBoard's purge); rounds 1-2 stay shown.
+3. ``simulate toy.toml --rounds 3 --set checkpoint-every=2 --out R`` (the last round no
+   multiple of ``checkpoint-every``, so the run saves its last checkpoint after the engine
+   returns), ``R`` moved away and a new directory made at ``R`` (``mv R R.old``, another
+   ``simulate --out R`` starting) while the engine shut down after round 3 (Ray's and Flower's
+   shutdown take seconds; forced in process). Before: the run wrote its round-3 checkpoint into
+   the new ``R`` (and, when its last round had no row, appended an evaluation row to its
+   ``metrics.jsonl``), then stopped at its summary (``was moved or replaced``): another run's
+   directory given a checkpoint of this one. Now ``RunWriter.save_checkpoint`` and the last
+   round's evaluation check the directory held first (``rundir.check_held``): nothing written.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.simulation import run as run_module
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, METRICS_FILE, read_rows
@@ -106,3 +116,23 @@ def test_2_a_resume_without_tensorboard_purges_the_redone_rounds_events(tmp_path
     rows = {r["round"]: r["eval_loss"] for r in read_rows(run / METRICS_FILE)}
     assert sorted(rows) == [1, 2, 3, 4] and rows[3] != first[3]  # redone with new noise
     assert _shown(run) == pytest.approx({1: first[1], 2: first[2]})
+
+
+def test_3_nothing_is_written_into_a_directory_that_replaced_the_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "R"
+    engine = run_module.run_fast
+
+    def replaced_after_the_rounds(*args, **kwargs):
+        reason = engine(*args, **kwargs)
+        run.rename(tmp_path / "R.old")  # mv R R.old, and a new run's directory at R
+        run.mkdir()
+        return reason
+
+    monkeypatch.setattr(run_module, "run_fast", replaced_after_the_rounds)
+    settings = {**SMALL, "num-server-rounds": 3, "checkpoint-every": 2}
+    with pytest.raises(ValueError, match="was moved or replaced while this run held it"):
+        simulate(load_config(TOY, settings), run)
+    assert os.listdir(run) == []  # the other directory: nothing of this run
+    assert (tmp_path / "R.old" / CHECKPOINT).is_file()  # the run's own files are where it is

@@ -318,6 +318,26 @@ class AlgorithmCohorts:
             self.accountant.step(events)
         self._partial_charged = round_num
 
+    def charge_begun_period(self, round_num: int) -> None:
+        """Charge a tree period whose first round failed after its noised sum reached the step.
+
+        Follow-up of the forty-fourth review of issue 15 (privacy 1): under tree aggregation a
+        period's event is charged at its first round (:meth:`round_events`), when that round
+        finishes. A first round whose server step raised after its sum (a transform of one's
+        own, a KeyboardInterrupt in a notebook) cannot run again (``begun already``), but the
+        period's nodes were drawn and the tree stays at that round, so rounds 2 and 3 were
+        released with ``epsilon()`` 0.0 (dp-fedavg or dp-fedadam, sigma 0.5, restart 4), where
+        an honest round 1 charges 19.61. The noised sum reached the step, so the period is
+        charged now, as ADADP's half step is (:meth:`charge_partial`); a Gaussian round so
+        begun releases nothing a later round reads and stays uncharged.
+        """
+        if self.tree_noise is None or self.tree_noise.round_num != round_num:
+            return
+        events = self.uncharged_events(round_num)
+        if events:
+            self.accountant.step(events)
+        self._partial_charged = round_num
+
     def uncharged_events(self, round_num: int) -> list[SubsampledGaussianEvent]:
         """Round ``round_num``'s events not yet charged (all but the first after a half step)."""
         events = self.round_events(round_num)

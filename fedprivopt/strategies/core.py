@@ -253,12 +253,16 @@ class ServerAlgorithm(AlgorithmCohorts, AlgorithmAggregation, AlgorithmState):
             self._check_out(round_num, users)  # nothing of it was released (api 7)
             raise
         self._count_cohort()  # adaptive clipping's count of a cohort not refused (api 4)
-        noise_std = self.optimizer_noise_std(agg, clip)
-        metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
-        step, self.opt_state = self.transform.update(
-            agg.delta_tilde, self.opt_state, self.params, noise_variance=noise_std**2
-        )
-        self.params = self.params + step
+        try:
+            noise_std = self.optimizer_noise_std(agg, clip)
+            metrics = {**agg.metrics, **self.round_metrics(), **self.step_metrics(noise_std)}
+            step, self.opt_state = self.transform.update(
+                agg.delta_tilde, self.opt_state, self.params, noise_variance=noise_std**2
+            )
+            self.params = self.params + step
+        except BaseException:
+            self.charge_begun_period(round_num)  # the period's noise is drawn (follow-up 1)
+            raise
         return self._finish(round_num, users, metrics, agg.rejected)
 
     def refuse_changed_request(

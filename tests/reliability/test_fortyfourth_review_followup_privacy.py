@@ -1,0 +1,92 @@
+"""Issue 15, forty-fourth hostile review, follow-up (privacy: today's fixes of the API and wire).
+
+1. Tree aggregation (``noise-mechanism = "tree"``, dp-fedavg or dp-fedadam, 10 of 40 users,
+   sigma 0.5, restart 4; seeded or secure): ``drive_round(alg, 1, train)`` whose server step
+   raised after the round's noised sum (a transform of one's own, a KeyboardInterrupt in a
+   notebook), then rounds 2 and 3 (the mechanisms reviewer's open row). Before: rounds 2 and 3
+   were released with ``epsilon()`` 0.0, where an honest round 1 charges 19.61: the period is
+   charged when its first round finishes, which never happened, while the tree's noise stayed
+   at round 1 (the refused-request path undoes it, a failed step did not). Now
+   ``AlgorithmCohorts.charge_begun_period`` (from ``ServerAlgorithm.run_round``) charges the
+   period when its first round's noised sum reached the step and the step raised: 19.61 after
+   the failure and after rounds 2 and 3, as an honest run's; a Gaussian round so begun stays
+   uncharged (the mechanisms reviewer's finding 1), ADADP cannot run with a tree.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    logging.disable(logging.WARNING)  # absl's RDP warnings
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def _config(**changes) -> StrategyConfig:
+    values = {"strategy": "dp-fedavg", "population": 40, "clients-per-round": 10,
+              "num-server-rounds": 8, "noise-multiplier": 0.5, "delta": 1e-4, "seed": 0,
+              "noise-mechanism": "tree", "tree-restart-rounds": 4, **changes}  # fmt: skip
+    return StrategyConfig.from_mapping(values)
+
+
+def _train(request):
+    return {u: torch.full((4,), 0.1) for u in request.users}
+
+
+class _FailsOnce:
+    """A server transform whose first update raises ``error`` (after the round's noised sum)."""
+
+    def __init__(self, inner, error: BaseException) -> None:
+        self.inner, self.error, self.calls = inner, error, 0
+        self.hparams = inner.hparams
+
+    def init(self, *args, **kwargs):
+        return self.inner.init(*args, **kwargs)
+
+    def update(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            raise self.error
+        return self.inner.update(*args, **kwargs)
+
+
+# -- finding 1: a tree period whose first round's step failed ------------------------------------
+
+
+@pytest.mark.parametrize("secure", [False, True])
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedadam"])
+def test_1_a_tree_period_whose_first_step_failed_is_charged(strategy, secure):
+    config = _config(strategy=strategy, secure=secure)
+    honest = build_algorithm(config, torch.zeros(4))
+    period = drive_round(honest, 1, _train).metrics["epsilon"]  # 19.61
+    alg = build_algorithm(config, torch.zeros(4))
+    error = KeyboardInterrupt() if secure else RuntimeError("the optimizer step failed")
+    alg.transform = _FailsOnce(alg.transform, error)
+    with pytest.raises(type(error)):
+        drive_round(alg, 1, _train)
+    assert alg.epsilon() == period  # the tree's nodes of period 1 were drawn
+    with pytest.raises(ValueError, match=r"round 1 was begun already"):
+        drive_round(alg, 1, _train)
+    for r in (2, 3):
+        assert drive_round(alg, r, _train).metrics["epsilon"] == period  # was 0.0
+    assert drive_round(honest, 2, _train).metrics["epsilon"] == period  # honest runs unchanged
+
+
+def test_1_a_failed_later_round_of_a_period_charges_nothing_more():
+    config = _config()
+    alg = build_algorithm(config, torch.zeros(4))
+    period = drive_round(alg, 1, _train).metrics["epsilon"]
+    alg.transform = _FailsOnce(alg.transform, RuntimeError("the optimizer step failed"))
+    with pytest.raises(RuntimeError):
+        drive_round(alg, 2, _train)
+    assert alg.epsilon() == period  # the period was charged at round 1
+    assert drive_round(alg, 3, _train).metrics["epsilon"] == period

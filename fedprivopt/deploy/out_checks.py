@@ -31,6 +31,7 @@ __all__ = [
     "quoted_out",
     "refuse_inside_a_run",
     "refuse_inside_held",
+    "refuse_inside_writing",
 ]
 
 MAX_RECORD_BYTES = 16 * 2**20
@@ -108,9 +109,51 @@ def check_out_claimable(out: str | Path, config: Any) -> None:
     check_claimable(out, allowed=(DEPLOY_LOGS,), resume=f"fedprivopt simulate --resume {out}")
     check_not_held(Path(out))
     refuse_inside_a_run(Path(out))
+    refuse_inside_writing(Path(out))
     check_log_dir(Path(out) / DEPLOY_LOGS)
     check_task_dirs_outside(config, str(out))  # the SuperNodes would write their data there
     check_temp_outside(str(out))
+
+
+#: The lock files of the commands that write many runs into their ``--out`` while they run.
+_WRITERS = (("compare.lock", "comparison"), ("tune.lock", "tuning"))
+
+
+def refuse_inside_writing(out: Path) -> None:
+    """Refuse an ``out`` inside a comparison or tuning that another process is writing.
+
+    Forty-fourth review of issue 15 (processes, open for the lead): ``deploy local --out C/x``
+    or ``--out C/runs/x`` while ``compare … --out C`` ran (``tune`` alike) passed every check
+    and started the SuperLink and SuperNodes, whose run would land among the cells the
+    comparison was making. ``compare`` and ``tune`` hold their directory locked (a ``flock``
+    on the directory, :func:`~fedprivopt.simulation.rundir.lock_directory`) beside their lock
+    file; an ancestor, as written or as its links resolve, with such a file that another
+    process holds is refused (``LockHeldError``, a ``ValueError``) naming its PID when its lock
+    file says it. A finished comparison's directory is not held and stays as before.
+    """
+    from fedprivopt.data.locks import LockHeldError, directory_held, probe_lock
+
+    out = Path(out).absolute()
+    places = [*out.parents]
+    try:
+        places += [place for place in out.resolve().parents if place not in places]
+    except (OSError, RuntimeError):
+        pass  # a loop of links: the claim that follows names it
+    for place in places:
+        for lock, what in _WRITERS:
+            if not (place / lock).is_file() or not directory_held(place):
+                continue
+            pid = None
+            try:
+                probe_lock(place / lock, what=f"{what} {quoted_out(place)}")
+            except LockHeldError as exc:
+                pid = exc.pid
+            holder = f"process {pid}" if pid is not None else "another process"
+            raise LockHeldError(
+                f"argument --out: {quoted_out(out)} is inside the {what} {quoted_out(place)}, "
+                f"which {holder} is writing: choose a directory outside it",
+                pid,
+            )
 
 
 def check_temp_outside(out: str) -> None:

@@ -1,0 +1,53 @@
+"""Forty-fourth review of issue 15: the lead's findings (rows the reviewers left open).
+
+1. ``compare toy.toml --strategies dp-fedavg --rounds 3000 --out C`` running (``tune … --out T``
+   alike), then ``deploy local toy.toml --nodes 1 --rounds 1 --out C/x`` or ``--out C/runs/x``
+   (the processes reviewer's open row). Before: every check passed and the SuperLink and
+   SuperNode started; the deployment's run would land among the cells the comparison was
+   making. Now: refused before anything starts, rc 2 and one line naming the comparison and
+   its holder's PID (``deploy.out_checks.refuse_inside_writing``, called by
+   ``check_out_claimable``, which the command line and ``deploy_local`` share). A finished
+   comparison (nobody holds it) is not refused by this check.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.simulation.rundir import lock_directory
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+@pytest.mark.parametrize("lock", ["compare.lock", "tune.lock"])
+@pytest.mark.parametrize("inside", ["x", "runs/x"])
+def test_1_deploy_out_inside_a_comparison_being_written_is_refused(tmp_path, lock, inside):
+    from fedprivopt.deploy.out_checks import check_out_claimable
+    from fedprivopt.simulation.config import load_config
+
+    out = tmp_path / "C"
+    (out / "runs").mkdir(parents=True)
+    config = load_config(TOY)
+    what = "comparison" if lock == "compare.lock" else "tuning"
+    with lock_directory(out, lock, what=what):  # compare's or tune's hold (here, this process)
+        with pytest.raises(ValueError, match=f"inside the {what} .*process {os.getpid()} is"):
+            check_out_claimable(out / inside, config)
+        assert not (out / inside).exists()
+    check_out_claimable(out / inside, config)  # a finished one: this check passes
+
+
+def test_1_the_command_line_refuses_it_in_one_line(tmp_path, capsys):
+    from fedprivopt.cli import main
+
+    out = tmp_path / "C"
+    out.mkdir()
+    args = ["deploy", "local", str(TOY), "--nodes", "1", "--rounds", "1", "--out"]
+    with lock_directory(out, "compare.lock", what="comparison"):
+        code = main([*args, str(out / "x")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "inside the comparison" in err, err
+    assert list(out.iterdir()) == [out / "compare.lock"]

@@ -55,6 +55,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from fedprivopt.core.text import shown
 from fedprivopt.privacy.flat import FlatSpec, flatten
 
 __all__ = [
@@ -441,12 +442,13 @@ def state_to_flat(state: Mapping[str, torch.Tensor], spec: FlatSpec) -> torch.Te
     ValueError
         If a key is missing or extra, or a shape differs from ``spec``.
     """
+    names = set(spec.names)
     missing = [n for n in spec.names if n not in state]
-    extra = [k for k in state if k not in set(spec.names)]
+    extra = [k for k in state if k not in names]
     if missing or extra:
         raise ValueError(
-            f"state does not match the model layout: missing keys {missing}, unexpected keys "
-            f"{extra}"
+            f"state does not match the model layout: missing keys {_some_keys(missing)}, "
+            f"unexpected keys {_some_keys(extra)}"
         )
     for name, shape in zip(spec.names, spec.shapes, strict=True):
         if tuple(state[name].shape) != shape:
@@ -455,3 +457,18 @@ def state_to_flat(state: Mapping[str, torch.Tensor], spec: FlatSpec) -> torch.Te
             )
     flat, _ = flatten({n: state[n] for n in spec.names})
     return flat.to(spec.dtype)
+
+
+def _some_keys(keys: list[object], most: int = 3) -> str:
+    """``keys`` for a message: the first ``most``, each cut as :func:`shown` cuts it, and a count.
+
+    Follow-up of the forty-fourth review of issue 15 (privacy 2): :func:`state_to_flat` wrote
+    every key whole, so a message whose model held 20,000 extra arrays (a hostile or broken
+    server) gave a 288,962-character error on the node, in its log and in its reply (cut there to
+    its last 80 characters, which named neither the missing keys nor the count). A short list
+    reads as before (``['_orig_mod.weight', '_orig_mod.bias']``).
+    """
+    listed = ", ".join(shown(key) for key in keys[:most])
+    if len(keys) <= most:
+        return f"[{listed}]"
+    return f"[{listed}, …] ({len(keys):,} in all)"

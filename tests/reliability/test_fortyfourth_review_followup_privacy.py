@@ -11,6 +11,14 @@
    period when its first round's noised sum reached the step and the step raised: 19.61 after
    the failure and after rounds 2 and 3, as an honest run's; a Gaussian round so begun stays
    uncharged (the mechanisms reviewer's finding 1), ADADP cannot run with a tree.
+2. ``models.task.state_to_flat`` (every reader of a message's model: fedprivopt's ClientApp,
+   ``TrainRequest.flatten``) given the toy model's 2 tensors and 20,000 others (``extra.0`` ...
+   ``extra.19999``: a hostile or broken server; the wire reviewer's open row), or a key of
+   100,000 characters. Before: every key was written whole, a 288,962-character ``ValueError``
+   (on the node, in its log and its reply, cut there to its last 80 characters, which named
+   neither the missing keys nor the count). Now the first 3 keys of each list, each cut as
+   ``core.text.shown`` cuts it, and the count (``_some_keys``): 124 characters; a short list
+   reads as before.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import logging
 import pytest
 import torch
 
+from fedprivopt.models import build_task, model_spec, state_to_flat
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 
@@ -90,3 +99,29 @@ def test_1_a_failed_later_round_of_a_period_charges_nothing_more():
         drive_round(alg, 2, _train)
     assert alg.epsilon() == period  # the period was charged at round 1
     assert drive_round(alg, 3, _train).metrics["epsilon"] == period
+
+
+# -- finding 2: a model with 20,000 extra arrays ---------------------------------------------------
+
+
+def test_2_a_layout_error_names_a_few_keys_and_their_count():
+    task = build_task("toy", num_users=10, dim=5, num_classes=3, seed=2)
+    spec = model_spec(task)
+    state = dict(task.build_model().state_dict())
+    many = {**state, **{f"extra.{i}": torch.zeros(1) for i in range(20_000)}}
+    with pytest.raises(ValueError) as err:
+        state_to_flat(many, spec)
+    said = str(err.value)
+    assert len(said) < 300  # was 288,962
+    assert "unexpected keys ['extra.0', 'extra.1', 'extra.2', …] (20,000 in all)" in said
+    assert "missing keys []" in said
+    huge = {"x" * 100_000: state["weight"], "bias": state["bias"]}
+    with pytest.raises(ValueError, match=r"missing keys \['weight'\], unexpected keys \['x+…x+'\]"):
+        state_to_flat(huge, spec)  # was 100,086 characters
+    two = {"_orig_mod.weight": state["weight"], "_orig_mod.bias": state["bias"]}
+    with pytest.raises(ValueError) as err:
+        state_to_flat(two, spec)  # as before
+    assert str(err.value) == (
+        "state does not match the model layout: missing keys ['weight', 'bias'], unexpected keys "
+        "['_orig_mod.weight', '_orig_mod.bias']"
+    )

@@ -262,7 +262,8 @@ def deploy_local(
         Bad input, naming the flag (``--nodes``, ``--timeout``, ``--out``, ``--set``...).
     RuntimeError, TimeoutError
         The deployment or the run failed; the message has the relevant log's tail. Every
-        process is stopped before the exception propagates.
+        process is stopped before the exception propagates. ``RuntimeError`` too when ``out``
+        was moved or replaced while the deployment ran (``session.out_in_place``).
     """
     nodes = check_nodes(nodes)
     timeout = check_timeout(timeout)
@@ -334,6 +335,10 @@ def deploy_local(
                 shutil.rmtree(workdir, ignore_errors=True)
             finally:
                 watchdog.close()
+        # forty-fourth review follow-up of issue 15 (outputs 1): out moved or replaced while
+        # the processes stopped (seconds, after the summary was checked): the caller reads the
+        # summary at out_dir, another run's
+        out_in_place(out_dir, out_fd)
     return out_dir
 
 

@@ -1,0 +1,66 @@
+"""Issue 15, forty-fourth hostile review, follow-up of the input and processes fixes: tests.
+
+1. The processes 2 case (``deploy local toy.toml --nodes 1 --insecure --rounds 40 --out PP/D``,
+   ``mv PP PP2; mkdir PP; simulate toy.toml --rounds 1 --out PP/D``) timed while the
+   deployment stops its SuperNodes and SuperLink (``[deploy] stopping ...``: up to 10 s a
+   process, after ``session.follow`` and ``_run`` checked the directory). Before: that check
+   was the last; ``deploy_local`` returned ``PP/D`` and the command line read the other run's
+   ``summary.json`` there as its own (``1 rounds ..., epsilon = 7.551; results in PP/D``,
+   rc 0, where the deployment's 40 rounds are in ``PP2/D``). Now ``deploy_local`` checks
+   ``out`` again once its processes are stopped (``session.out_in_place``): ``failed: --out
+   PP/D was moved or replaced while the deployment ran; its run is now in PP2/D: ...``, rc 1.
+   (In-process: ``deploy_local`` with its ``_run`` replaced by one that writes a summary and
+   moves ``out`` in the processes' stop; no Flower process starts.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+
+def _deploy(monkeypatch, out, move):
+    """``deploy_local`` of toy.toml whose run writes a summary; ``move`` runs in the stop."""
+    import fedprivopt.deploy.local as local
+
+    def run(dep, nodes, tls, node_auth, app, flower_overrides, out_dir, deadline):
+        (out_dir / "config.toml").write_text("strategy = 'dp-fedavg'\n")
+        (out_dir / "summary.json").write_text(json.dumps({"rounds_completed": 40}))
+        stop = dep.procs.stop
+
+        def stopping(**kwargs):
+            stop(**kwargs)
+            move()
+
+        dep.procs.stop = stopping
+
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    monkeypatch.setattr(local, "_run", run)
+    toy = local.REPO_ROOT / "simulations" / "toy.toml"
+    return local.deploy_local(nodes=1, tls=False, config_path=str(toy), out=str(out),
+                              overrides={"num-server-rounds": 1}, timeout=60)  # fmt: skip
+
+
+def test_1_out_moved_while_the_processes_stop_is_not_read_as_the_run(tmp_path, monkeypatch):
+    out = tmp_path / "PP" / "D"
+
+    def move():
+        os.rename(tmp_path / "PP", tmp_path / "PP2")
+        out.mkdir(parents=True)  # another command's run, finished, at the same path
+        (out / "summary.json").write_text(json.dumps({"rounds_completed": 1}))
+
+    with pytest.raises(RuntimeError) as caught:
+        _deploy(monkeypatch, out, move)
+    line = str(caught.value)
+    assert "was moved or replaced while the deployment ran" in line
+    assert f"its run is now in {tmp_path / 'PP2' / 'D'}" in line
+    assert "\n" not in line
+    assert (tmp_path / "PP2" / "D" / "deploy" / "processes.json").is_file()
+
+
+def test_1_out_in_place_is_returned_as_before(tmp_path, monkeypatch):
+    out = tmp_path / "D"
+    assert _deploy(monkeypatch, out, lambda: None) == out.resolve()
+    assert json.loads((out / "summary.json").read_text()) == {"rounds_completed": 40}

@@ -20,6 +20,7 @@ from fedprivopt.clients.model_layout import ModelAtBuild
 from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import ResolvedSideInformation
 from fedprivopt.models.task import (
+    TASK_SOURCE,
     Task,
     TaskError,
     data_identity,
@@ -435,6 +436,17 @@ def _not_covered(config: RunConfig, task: Task | None = None) -> str | None:
         "seconds, the round's wall time, follows the cohort's size and its users' example "
         "counts: epsilon does not cover them"
     )
+    checkpoints = _data_identity_not_covered(task)
+    if checkpoints:  # forty-fourth review of issue 15 (contract 1)
+        checkpoints = (
+            f". {checkpoints}: epsilon does not cover them, so publish the model's parameters, "
+            "not checkpoint.pt, checkpoint.prev.pt or the ledger's header"
+        )
+    return _evaluations_not_covered(text, task) + checkpoints
+
+
+def _evaluations_not_covered(text: str, task: Task | None) -> str:
+    """``text`` and what it says of the evaluations (``task.private_evaluation_users()``)."""
     private = _private_evaluations(task)
     if private is None:  # forty-second review of issue 15 (contract 2)
         name = type(task).__name__ if task is not None else "the task"
@@ -451,6 +463,33 @@ def _not_covered(config: RunConfig, task: Task | None = None) -> str | None:
         "users are training users, evaluated without noise (task-params.eval-split = "
         "'heldout' evaluates users outside the private population), so publish the models "
         "and epsilon, not these rows"
+    )
+
+
+def _data_identity_not_covered(task: Task | None) -> str:
+    """The clause on the data identity that the ledger's header and each checkpoint record.
+
+    Forty-fourth review of issue 15 (contract 1): two ``stackoverflow-tp-mini`` runs on copies
+    of a dataset that differ in one example of a user neither sampled released bit-identical
+    models, but their ledger headers and checkpoints differ in ``users_sha256`` (a SHA-256 of
+    every user's example count), from which that user's count comes back in 26 tries to anyone
+    who knows the other users' data; ``not_covered`` said to publish "the models". Empty for a
+    task whose identity records no data (none, or only its source file's digest).
+    """
+    if task is None:
+        return ""
+    try:
+        recorded = sorted(k for k in data_identity(task) or {} if k != TASK_SOURCE)
+    except (TaskError, OSError, ValueError):  # unknown: the summary is still written
+        recorded = ["unknown"]
+    if not recorded:
+        return ""
+    return (
+        f"privacy_ledger.jsonl's header and every checkpoint (ledger_header) record the task's "
+        f"data identity (data: {', '.join(recorded)}), exact digests of its data files that "
+        "every user's data changes, an unsampled user's too (StackOverflow: the SQLite file's "
+        "size and a SHA-256 of the users' ids and of every user's example counts, from which "
+        "anyone who knows the other users' data recovers one user's counts)"
     )
 
 

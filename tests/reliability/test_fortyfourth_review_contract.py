@@ -1,5 +1,18 @@
 """Issue 15, forty-fourth hostile review (contract: the privacy contract, measured): tests.
 
+1. ``simulate stackoverflow-tp-mini.toml --rounds 2`` twice, on copies of its dataset that
+   differ in one example of one user neither run sampled (user 399: one example deleted, its
+   ``client_metadata`` count 26 to 25). The models are bit-identical, but the privacy ledger's
+   header and every checkpoint (``ledger_header``) record the task's data identity (``data``:
+   the SQLite file's size and ``users_sha256``, a SHA-256 of the users' ids and of every
+   user's example count in every split), and those differ: trying counts 0, 1, ... against
+   ``users_sha256`` with the other users' counts known gives user 399's count (25) in 26
+   tries. Before: ``summary.json``'s ``not_covered`` named the round metrics and the
+   evaluations only and said to publish "the models", where ``checkpoint.pt``, the file that
+   carries the model, carries the digest too. Now ``not_covered`` says that the ledger's
+   header and every checkpoint record the data identity, outside epsilon, and to publish the
+   model's parameters, not those files (``writer._not_covered``); a task without a data
+   identity (the toy task) has no such clause.
 3. ``tune toy.toml --strategy adadps --set side-information.kind=public-users --set
    side-information.users=4 --set sampling=fixed --grid server-learning-rate=0.5,1
    --mean-trials 1 --rounds 1``. The released trial's ``summary.json`` says that 4 public
@@ -18,9 +31,38 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from fedprivopt.cli import main
+from fedprivopt.models.toy import ToyClassificationTask
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run import simulate
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+class _WithDataIdentity(ToyClassificationTask):
+    """The toy task with a data identity of its files, as the StackOverflow tasks have."""
+
+    def data_identity(self) -> dict:
+        return {"sqlite_bytes": 5427200, "users_sha256": "d2c05154db30f07f"}
+
+
+def test_1_not_covered_names_the_data_identity_of_the_ledger_and_checkpoints(
+    tmp_path: Path,
+) -> None:
+    config = load_config(TOY, {"num-server-rounds": 1})
+    simulate(config, tmp_path / "files", task=_WithDataIdentity(num_users=40, seed=0))
+    summary = json.loads((tmp_path / "files" / "summary.json").read_text())
+    checkpoint = torch.load(tmp_path / "files" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["ledger_header"]["data"]["users_sha256"] == "d2c05154db30f07f"
+    text = summary["not_covered"]
+    assert "data identity" in text and "checkpoint" in text and "privacy_ledger.jsonl" in text
+    assert "sqlite_bytes, users_sha256" in text
+    simulate(config, tmp_path / "toy", task=ToyClassificationTask(num_users=40, seed=0))
+    plain = json.loads((tmp_path / "toy" / "summary.json").read_text())["not_covered"]
+    assert "data identity" not in plain
+    assert plain.endswith("so publish the models, epsilon and evaluations, not these rows")
 
 
 def test_3_a_tuning_names_its_neighbouring_relation_and_public_users(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ from fedprivopt.models.task import (
     frozen_coordinates,
     primary_metric,
     refuse_inexact_entries,
+    refuse_tensorless_entries,
 )
 from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.accounting import check_ledger
@@ -198,7 +199,11 @@ def _initial_model(task: Task) -> torch.nn.Module:
         model = task.build_model()
     if not isinstance(model, torch.nn.Module):  # thirty-second review of issue 15: a traceback
         raise TaskError(f"{name} must return a torch.nn.Module, got {type(model).__name__}")
-    for key, tensor in model.state_dict(keep_vars=True).items():
+    state = model.state_dict(keep_vars=True)
+    # forty-fourth review of issue 15 (the api reviewer's open row): a dict from a module's
+    # get_extra_state() ended here in AttributeError ('dict' has no 'device'), rc 1, a traceback
+    refuse_tensorless_entries(state, task)
+    for key, tensor in state.items():
         if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
             what = "uninitialized (a lazy module: give its sizes, or run it once in build_model)"
         elif tensor.device.type != "cpu":

@@ -8,6 +8,12 @@
    its holder's PID (``deploy.out_checks.refuse_inside_writing``, called by
    ``check_out_claimable``, which the command line and ``deploy_local`` share). A finished
    comparison (nobody holds it) is not refused by this check.
+2. ``simulate toy.toml --set task=extratask:make``, a task whose model has a module with
+   ``get_extra_state()`` returning a dict (the api reviewer's open row; api 4 refused it in the
+   trainer, ``initial_flat`` and ``model_spec``). Before: rc 1 and a 20-line traceback
+   (``AttributeError: 'dict' object has no attribute 'device'`` from
+   ``simulation.run._initial_model``). Now: rc 2 and one line naming the entry
+   (``models.task.refuse_tensorless_entries``, called there too).
 """
 
 from __future__ import annotations
@@ -51,3 +57,43 @@ def test_1_the_command_line_refuses_it_in_one_line(tmp_path, capsys):
     assert code == 2, err
     assert err.count("\n") == 1 and "inside the comparison" in err, err
     assert list(out.iterdir()) == [out / "compare.lock"]
+
+
+def test_2_a_model_with_a_dict_extra_state_is_one_line_from_simulate(tmp_path, capsys):
+    import sys
+
+    from fedprivopt.cli import main
+
+    module = tmp_path / "extratask44.py"
+    module.write_text(
+        "import torch\n"
+        "from fedprivopt.models.toy import ToyClassificationTask\n"
+        "class Extra(torch.nn.Module):\n"
+        "    def __init__(self, inner):\n"
+        "        super().__init__()\n"
+        "        self.inner = inner\n"
+        "    def forward(self, x):\n"
+        "        return self.inner(x)\n"
+        "    def get_extra_state(self):\n"
+        "        return {'version': 2}\n"
+        "    def set_extra_state(self, state):\n"
+        "        pass\n"
+        "class T(ToyClassificationTask):\n"
+        "    def build_model(self):\n"
+        "        return Extra(super().build_model())\n"
+        "def make(**kw):\n"
+        "    return T(**kw)\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        out = tmp_path / "S"
+        args = ["simulate", str(TOY), "--rounds", "1", "--set", "task=extratask44:make"]
+        code = main([*args, "--out", str(out), "--quiet"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("extratask44", None)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "entry '_extra_state' holding a dict" in err, err
+    assert "get_extra_state" in err and "Traceback" not in err, err
+    assert not out.exists() or not any(out.iterdir())  # nothing left of the refused run

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -442,6 +443,15 @@ def load_runs(root: str | Path) -> list[RunData]:
     dirs = sorted(p for p in parent.glob("*") if p.is_dir() and (p / SUMMARY_FILE).exists())
     if not dirs:
         raise ValueError(f"{root}: no run directories (with {SUMMARY_FILE}) found")
+    # forty-fourth review follow-up (ledger 1): a run or folder of runs beside root/runs was
+    # left out without a word (D/runs read, the run D/S not); a compare output holds none
+    for d in sorted(root.glob("*")) if parent != root else ():
+        if d != parent and d.is_dir() and _holding_runs(d, itself=True) is not None:
+            raise ValueError(
+                f"{d} is a run or holds runs, beside {parent}: only the run directories in "
+                f"{parent} are read, so it would be left out; move it into {parent} or give "
+                "it on its own (load_runs, compare-tuned --untuned)"
+            )
     for d in sorted(parent.glob("*")):
         if not d.is_dir():
             continue
@@ -451,7 +461,7 @@ def load_runs(root: str | Path) -> list[RunData]:
         _refuse_tunings(d)
         inside = _holding_runs(d) if d not in dirs else None
         if inside is not None:
-            what = f"a compare output (its runs are in {inside})" if inside != d else (
+            what = f"a compare output (its runs are in {inside})" if inside == d / "runs" else (
                 "a folder of runs")  # fmt: skip
             raise ValueError(
                 f"{d} is {what}, not a run of {parent}: the run directories directly in "
@@ -467,16 +477,32 @@ def load_runs(root: str | Path) -> list[RunData]:
     return [load_run(d) for d in dirs]
 
 
-def _holding_runs(path: Path) -> Path | None:
-    """``path/runs`` or ``path`` if it holds a run directory (forty-fourth review, reports 3)."""
+def _holding_runs(path: Path, *, itself: bool = False) -> Path | None:
+    """A directory under ``path`` holding a run (``path`` too if ``itself``), else ``None``.
+
+    ``path/runs`` or ``path`` when one of their subdirectories is a run (forty-fourth review,
+    reports 3), else the first deeper one found among at most :data:`_SEARCHED` directories
+    (follow-up, ledger 2: ``D/E/F/S2`` was left out of ``load_runs(D)`` without a word).
+    """
+    marks = (SUMMARY_FILE, *_RUN_MARKS)
+    if itself and any((path / f).exists() for f in marks):
+        return path
     for where in (path / "runs", path):
         with contextlib.suppress(OSError):
             if where.is_dir() and any(
-                x.is_dir() and any((x / f).exists() for f in (SUMMARY_FILE, *_RUN_MARKS))
-                for x in where.iterdir()
+                x.is_dir() and any((x / f).exists() for f in marks) for x in where.iterdir()
             ):
                 return where
+    for n, (where, _, files) in enumerate(os.walk(path)):  # links not followed; errors skipped
+        if n >= _SEARCHED:
+            break
+        if where != str(path) and any(f in files for f in marks):
+            return Path(where).parent
     return None
+
+
+_SEARCHED = 10_000
+"""Directories :func:`_holding_runs` looks into below a subdirectory of a folder of runs."""
 
 
 def as_float(value: Any) -> float:

@@ -1,0 +1,110 @@
+"""Issue 15, forty-fourth hostile review, follow-up of the ledger and reports fixes: tests.
+
+1. ``load_runs(D)`` (and ``compare-tuned T --untuned D``) of a folder of runs ``D`` that holds
+   a folder of runs named ``runs`` (``D/runs/X``, ``D/runs/Y``) beside a loose run ``D/S``; the
+   same for a ``compare`` output ``C`` into which a run was copied (``cp -r R C/R``). Before:
+   ``D/runs`` was read as a compare output's runs and ``D/S`` left out without a word (the
+   checks of the forty-fourth review's reports 2 and 3 looked only inside ``D/runs``). Now
+   ``rundata.load_runs`` refuses ``D/S is a run or holds runs, beside D/runs ...``; a compare
+   output holding only ``runs/`` and its report files is read as before.
+2. ``load_runs(D)`` of ``D/S`` beside ``D/E/F/S2`` (runs kept by experiment and by date, one
+   level deeper than reports 3's ``D/E/S2``). Before: ``D/E``'s runs left out without a word.
+   Now ``rundata._holding_runs`` also looks deeper (at most 10,000 directories): ``D/E is a
+   folder of runs, not a run of D ...``; a subdirectory holding no run (plots) is still
+   ignored.
+3. ``write_report(out, load_runs(A) + load_runs(B))`` of dp-fedavg runs at σ 0.5 (``secure =
+   true``) and σ 1 (seeded): two rows of one strategy. Before (the names of the forty-fourth
+   review's reports 4 and 5 are strategies, where a row is a strategy at a σ): ``secure: varies
+   (see the runs): false (dp-fedavg); true (dp-fedavg)`` and ``seeded runs: 1 of the 2 private
+   runs (secure = false), of dp-fedavg,``: which row depends on a secret seed was not said. Now
+   ``report_markdown._row_names`` names a strategy with more than one σ by its row (``false
+   (dp-fedavg σ=1); true (dp-fedavg σ=0.5)``, ``of dp-fedavg σ=1,``); one σ per strategy is
+   written as before (the reports tests of reports 4 and 5).
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.report import write_report
+from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import load_runs
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+SMALL = {"population": 12, "task-params.num-users": 12, "num-server-rounds": 1}
+
+
+def _fake_run(path: Path) -> Path:
+    """A directory that ``load_runs`` counts as a finished run (refused before it is read)."""
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text("{}", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """dp-fedavg at σ 0.5 (secure) and σ 1 (seeded), one round each."""
+    root = tmp_path_factory.mktemp("runs")
+    a, b = root / "A", root / "B"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        simulate(load_config(TOY, {**SMALL, "noise-multiplier": 0.5, "secure": True}), a)
+        simulate(load_config(TOY, {**SMALL, "noise-multiplier": 1.0}), b)
+    return a, b
+
+
+def test_1_a_run_beside_a_folder_named_runs_is_refused(tmp_path: Path) -> None:
+    d = tmp_path / "D"
+    _fake_run(d / "runs" / "X")
+    _fake_run(d / "runs" / "Y")
+    _fake_run(d / "S")
+    with pytest.raises(ValueError, match=r"D/S is a run or holds runs, beside .*D/runs"):
+        load_runs(d)
+    shutil.rmtree(d / "S")
+    _fake_run(d / "old" / "S")  # a folder of runs beside it alike
+    with pytest.raises(ValueError, match=r"D/old is a run or holds runs"):
+        load_runs(d)
+
+
+def test_1_a_compare_output_is_read_as_before(tmp_path: Path, two_runs) -> None:
+    c = tmp_path / "C"
+    (c / "runs").mkdir(parents=True)
+    shutil.copytree(two_runs[0], c / "runs" / "A")
+    (c / "report.md").write_text("# r\n", encoding="utf-8")
+    (c / "compare.lock").touch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert [r.path.name for r in load_runs(c)] == ["A"]
+    shutil.copytree(two_runs[1], c / "B")  # cp -r R C/R
+    with pytest.raises(ValueError, match=r"C/B is a run or holds runs, beside .*C/runs"):
+        load_runs(c)
+
+
+def test_2_a_folder_of_runs_two_levels_down_is_refused(tmp_path: Path, two_runs) -> None:
+    d = tmp_path / "D"
+    shutil.copytree(two_runs[0], d / "S")
+    (d / "plots" / "png").mkdir(parents=True)  # no run inside: ignored, as before
+    (d / "plots" / "png" / "a.png").write_bytes(b"\x89PNG")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert [r.path.name for r in load_runs(d)] == ["S"]
+    _fake_run(d / "E" / "F" / "S2")
+    with pytest.raises(ValueError, match=r"D/E is a folder of runs, not a run of"):
+        load_runs(d)
+
+
+def test_3_a_report_names_the_rows_of_one_strategy_at_two_sigmas(
+    tmp_path: Path, two_runs
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = load_runs(two_runs[0]) + load_runs(two_runs[1])
+        write_report(tmp_path / "rep", runs, title="t")
+    text = (tmp_path / "rep" / "report.md").read_text(encoding="utf-8")
+    assert "- secure: varies (see the runs): false (dp-fedavg σ=1); true (dp-fedavg σ=0.5)" in text
+    assert "(secure = false), of dp-fedavg σ=1, derive" in text

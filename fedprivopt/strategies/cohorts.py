@@ -175,9 +175,14 @@ class AlgorithmCohorts:
         agg = self._aggregate_in_round(
             round_num, updates, clip_norm=clip_norm, stream=stream, cohort=cohort
         )
-        events = self.round_events(round_num)
+        # ADADP's second cohort after drive_round's half step (charged then): the rest of the
+        # round's events, as the round's finish charges them (follow-up, privacy 3)
+        second = self._stream_purpose(stream) == "sampling-2"
+        events = self.uncharged_events(round_num) if second else self.round_events(round_num)
         if events:
             self.accountant.step(events)
+        if second:
+            self._partial_charged = None
         return agg
 
     def _round_cohort(self, round_num: int, stream: str, cohort: list[int] | None) -> list[int]:
@@ -258,23 +263,31 @@ class AlgorithmCohorts:
         if not self.config.secure or self.tree_cohorts is not None:
             return
         purposes = {"sampling", self._stream_purpose("train-2")}
-        # a round whose first cohort was summed counts as released: ADADP's second cohort
-        # lost after its half step (thirty-seventh review, core 2) leaves the next round free
-        released = {r for r, _ in self._aggregated}
+        # each draw is released by the sum of its own cohort: follow-up of the forty-fourth
+        # review (privacy 3), an ADADP round whose first cohort was summed counted as released,
+        # so a callback raising when a chosen user was not in the second cohort (request.stream
+        # 'train-2') released only second cohorts holding that user (5 of 20 rounds, each one)
+        released = {(r, self._stream_purpose(stream)) for r, stream in self._aggregated}
         held = sorted(
             (r, purpose)
             for purpose, r in self._secure_draws
-            if purpose in purposes and r not in released and round_num != r > self.round_num
+            if purpose in purposes
+            and (r, purpose) not in released
+            and round_num != r > self.round_num
         )
         if held:
             r, purpose = held[0]
+            how = "drive_round, or aggregate with that cohort"
+            if purpose != "sampling":
+                # its round cannot run again (its first cohort's sum was computed): a lost second
+                # cohort is released by aggregate, with the updates that came (none: noise alone)
+                how = f"alg.aggregate({r}, updates, stream='train-2', cohort=that cohort)"
             second = "" if purpose == "sampling" else f", {purpose!r}"
             raise ValueError(
                 f"round {round_num} cannot be {does} while round {r}'s cohort, drawn in secure "
-                f"mode (alg.sample({r}{second})), is not released: release round {r} first "
-                "(drive_round, or aggregate with that cohort); a drawn round skipped lets its "
-                "draw choose which rounds are released (a chosen user in every one, charged as "
-                "a Poisson sample of rate q)"
+                f"mode (alg.sample({r}{second})), is not released: release it first ({how}); "
+                "a drawn cohort skipped lets its draw choose which rounds are released (a chosen "
+                "user in every one, charged as a Poisson sample of rate q)"
             )
 
     def _check_out(self, round_num: int, users: list[int]) -> None:

@@ -19,6 +19,18 @@
    neither the missing keys nor the count). Now the first 3 keys of each list, each cut as
    ``core.text.shown`` cuts it, and the count (``_some_keys``): 124 characters; a short list
    reads as before.
+3. Secure mode, ``dp-fedavg-adadp`` (the api reviewer's finding 2 through the second cohort):
+   ``drive_round(alg, r, train)`` for r = 1 .. 20 whose callback raised when a chosen user was
+   not in the second cohort's request (``request.stream == "train-2"``). Before: a round whose
+   first cohort was summed counted as released, so the next round was drawn and released: 5 of
+   20 second cohorts released, every one holding the chosen user (q = 0.25), each charged as a
+   Poisson sample. Now ``AlgorithmCohorts._refuse_unreleased_draw`` holds each draw released
+   by its own cohort's sum: ``round 2 cannot be released while round 1's cohort, drawn in secure
+   mode (alg.sample(1, 'sampling-2')), is not released``; a lost second cohort is released with
+   ``alg.aggregate(1, updates, stream="train-2", cohort=...)`` (the updates that came, none:
+   noise alone), charged the round's other event (``uncharged_events``: 2 a round, as an honest
+   round's); seeded mode as before. The thirty-seventh review's core test 2 (secure) edited on
+   purpose: it drew round 2 after a lost second cohort, which it now releases first.
 """
 
 from __future__ import annotations
@@ -125,3 +137,46 @@ def test_2_a_layout_error_names_a_few_keys_and_their_count():
         "state does not match the model layout: missing keys ['weight', 'bias'], unexpected keys "
         "['_orig_mod.weight', '_orig_mod.bias']"
     )
+
+
+# -- finding 3: a secure ADADP round's second cohort skipped -----------------------------------
+
+
+def test_3_a_secure_adadp_second_cohort_is_released_before_the_next_round():
+    config = _config(**{"strategy": "dp-fedavg-adadp", "noise-mechanism": "gaussian",
+                        "tree-restart-rounds": 0, "secure": True})  # fmt: skip
+    alg = build_algorithm(config, torch.zeros(4))
+
+    def chooser(request):
+        if request.stream == "train-2" and 7 not in request.users:
+            raise RuntimeError("skip")
+        return _train(request)
+
+    second = []
+    with pytest.raises(RuntimeError, match="skip"):
+        drive_round(alg, 1, lambda request: second.append(request.users) or chooser(request))
+    with pytest.raises(ValueError, match=r"round 2 cannot be released while round 1's cohort"):
+        drive_round(alg, 2, chooser)  # was released: only second cohorts holding user 7
+    with pytest.raises(ValueError, match=r"round 2 cannot be drawn while round 1's cohort"):
+        alg.sample(2)
+    assert alg.accountant.num_events == 1  # cohort 1's half step
+    agg = alg.aggregate(1, {}, stream="train-2", cohort=second[-1])  # a lost cohort: noise alone
+    assert agg.metrics["accepted"] == 0 and alg.accountant.num_events == 2
+    drive_round(alg, 2, _train)
+    assert alg.round_num == 2 and alg.accountant.num_events == 4  # 2 a round, as an honest run
+
+
+def test_3_seeded_adadp_goes_on_after_a_lost_second_cohort_as_before():
+    config = _config(**{"strategy": "dp-fedavg-adadp", "noise-mechanism": "gaussian",
+                        "tree-restart-rounds": 0})  # fmt: skip
+    alg = build_algorithm(config, torch.zeros(4))
+
+    def lost(request):
+        if request.stream == "train-2":
+            raise ConnectionError("cohort 2 lost")
+        return _train(request)
+
+    with pytest.raises(ConnectionError):
+        drive_round(alg, 1, lost)
+    drive_round(alg, 2, _train)
+    assert alg.round_num == 2 and alg.accountant.num_events == 3

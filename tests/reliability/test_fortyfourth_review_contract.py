@@ -13,6 +13,16 @@
    header and every checkpoint record the data identity, outside epsilon, and to publish the
    model's parameters, not those files (``writer._not_covered``); a task without a data
    identity (the toy task) has no such clause.
+2. ``simulate toy.toml --set noise-mechanism=tree --set secure=true --rounds 3 --set
+   server-learning-rate=1`` (dp-fedavg, no momentum). Round 3's release carries the noise of
+   tree node (0, 2), which ``checkpoint.pt`` holds to continue the period
+   (``algorithm.tree.noise.nodes``): m times the difference of ``checkpoint.pt``'s and
+   ``checkpoint.prev.pt``'s models, minus that node, is round 3's exact clipped sum (to
+   1.6e-7, where the release is 1.48 away), in secure mode, where no seed regenerates the
+   noise. Before: nothing said so (``not_covered``: "publish the models, epsilon and
+   evaluations"). Now ``not_covered`` of a tree run says that every checkpoint holds the
+   tree's live nodes, the noise of the period's releases, and to publish the model's
+   parameters, not the checkpoint files (``writer._not_covered``); Gaussian runs unchanged.
 3. ``tune toy.toml --strategy adadps --set side-information.kind=public-users --set
    side-information.users=4 --set sampling=fixed --grid server-learning-rate=0.5,1
    --mean-trials 1 --rounds 1``. The released trial's ``summary.json`` says that 4 public
@@ -61,8 +71,17 @@ def test_1_not_covered_names_the_data_identity_of_the_ledger_and_checkpoints(
     assert "sqlite_bytes, users_sha256" in text
     simulate(config, tmp_path / "toy", task=ToyClassificationTask(num_users=40, seed=0))
     plain = json.loads((tmp_path / "toy" / "summary.json").read_text())["not_covered"]
-    assert "data identity" not in plain
+    assert "data identity" not in plain and "tree" not in plain
     assert plain.endswith("so publish the models, epsilon and evaluations, not these rows")
+
+
+def test_2_not_covered_names_the_tree_noise_of_the_checkpoints(tmp_path: Path) -> None:
+    config = load_config(TOY, {"num-server-rounds": 1, "noise-mechanism": "tree"})
+    simulate(config, tmp_path / "tree", task=ToyClassificationTask(num_users=40, seed=0))
+    text = json.loads((tmp_path / "tree" / "summary.json").read_text())["not_covered"]
+    assert "every checkpoint of a tree run holds the tree's live nodes" in text
+    assert "not checkpoint.pt, checkpoint.prev.pt" in text
+    assert "data identity" not in text
 
 
 def test_3_a_tuning_names_its_neighbouring_relation_and_public_users(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from fedprivopt.data.sqlite_files import (
     check_sqlite_file,
     declared_size,
     first_warning,
+    refuse_null,
     remove_companions,
     unreadable,
 )
@@ -502,6 +503,7 @@ def write_sqlite(
         The written file.
     """
     path = Path(path)
+    refuse_null("path", path)  # forty-fourth review follow-up (outputs 2): "embedded null byte"
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
     partial = path.with_name(path.name + ".partial")

@@ -6,7 +6,8 @@
 - :func:`check_row_owner`: a row SQLite matched to a client is that client's;
 - :func:`hot_journal_refusal`: a dataset that cannot be told while a hot journal is beside it;
 - :func:`remove_companions`: the files SQLite keeps beside a database that is replaced;
-- :func:`first_warning`: a warning about a file said once per process.
+- :func:`first_warning`: a warning about a file said once per process;
+- :func:`refuse_null`: a file or directory name given with a null character.
 """
 
 from __future__ import annotations
@@ -24,12 +25,26 @@ __all__ = [
     "declared_size",
     "first_warning",
     "hot_journal_refusal",
+    "refuse_null",
     "remove_companions",
     "unreadable",
     "wal_header",
 ]
 
 _HEADER = b"SQLite format 3\x00"
+
+
+def refuse_null(name: str, path: str | os.PathLike, what: str = "file") -> None:
+    r"""Raise ``ValueError`` naming parameter ``name`` if ``path`` holds a null character.
+
+    Forty-fourth review follow-up of issue 15 (outputs 2): ``write_sqlite("w\x00.sqlite", ...)``
+    and ``decompress_lzma(f, cache_dir="c\x00")`` ended in the operating system's ``embedded
+    null byte``, naming no parameter (input 3 fixed :func:`~fedprivopt.data.synthetic.generate`
+    only).
+    """
+    text = os.fspath(path)
+    if ("\x00" if isinstance(text, str) else b"\x00") in text:
+        raise ValueError(f"{name} holds a null character: {shown(text)}; a {what} name has none")
 
 
 def check_sqlite_file(path: str | os.PathLike) -> Path:

@@ -23,7 +23,7 @@ from fedprivopt.data.sqlite import (
     create_client_index,
     declared_size,
 )
-from fedprivopt.data.sqlite_files import remove_companions
+from fedprivopt.data.sqlite_files import refuse_null, remove_companions
 
 __all__ = ["decompress_lzma", "open_sqlite"]
 
@@ -94,6 +94,8 @@ def decompress_lzma(
             break
     else:
         name += ".decompressed"
+    if cache_dir is not None:  # forty-fourth review follow-up (outputs 2): "embedded null byte"
+        refuse_null("cache_dir", cache_dir, "directory")
     out_dir = Path(cache_dir) if cache_dir is not None else path.parent
     out = out_dir / name
     if (out.exists() or out.is_symlink()) and not overwrite:

@@ -11,6 +11,12 @@
    PP/D was moved or replaced while the deployment ran; its run is now in PP2/D: ...``, rc 1.
    (In-process: ``deploy_local`` with its ``_run`` replaced by one that writes a summary and
    moves ``out`` in the processes' stop; no Flower process starts.)
+2. Input 3's case for the other public writers of a dataset: ``write_sqlite("w\\x00.sqlite",
+   examples, metadata)`` and ``decompress_lzma(f, cache_dir="c\\x00")`` (input 3 fixed
+   ``generate``'s ``out_dir`` only). Before: ``ValueError: embedded null byte``, the operating
+   system's words naming no parameter (``decompress_lzma`` after checking the download). Now
+   ``path holds a null character: 'w\\x00.sqlite'; a file name has none`` (``cache_dir ...; a
+   directory name has none``) before anything is made (``sqlite_files.refuse_null``).
 """
 
 from __future__ import annotations
@@ -64,3 +70,27 @@ def test_1_out_in_place_is_returned_as_before(tmp_path, monkeypatch):
     out = tmp_path / "D"
     assert _deploy(monkeypatch, out, lambda: None) == out.resolve()
     assert json.loads((out / "summary.json").read_text()) == {"rounds_completed": 40}
+
+
+@pytest.mark.parametrize("kind", ["str", "path"])
+def test_2_write_sqlite_names_a_null_character(tmp_path, kind):
+    from pathlib import Path
+
+    from fedprivopt.data import write_sqlite
+
+    path = f"{tmp_path}/w\x00.sqlite"
+    with pytest.raises(ValueError, match=r"^path holds a null character: .*a file name has none$"):
+        write_sqlite(path if kind == "str" else Path(path), [], [])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_2_decompress_lzma_names_a_null_cache_dir(tmp_path):
+    import lzma
+
+    from fedprivopt.data import decompress_lzma
+
+    download = tmp_path / "stackoverflow.sqlite.lzma"
+    download.write_bytes(lzma.compress(b"SQLite format 3\x00", format=lzma.FORMAT_ALONE))
+    with pytest.raises(ValueError, match=r"^cache_dir holds a null character: .*directory name"):
+        decompress_lzma(download, cache_dir=f"{tmp_path}/c\x00")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [download.name]

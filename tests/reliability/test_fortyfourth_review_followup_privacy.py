@@ -30,7 +30,9 @@
    ``alg.aggregate(1, updates, stream="train-2", cohort=...)`` (the updates that came, none:
    noise alone), charged the round's other event (``uncharged_events``: 2 a round, as an honest
    round's); seeded mode as before. The thirty-seventh review's core test 2 (secure) edited on
-   purpose: it drew round 2 after a lost second cohort, which it now releases first.
+   purpose: it drew round 2 after a lost second cohort, which it now releases first. A caller's
+   own ``alg.sample(1, "sampling-2")`` after ``aggregate`` of the first cohort alike (round 2
+   was drawn; now refused until that cohort is aggregated).
 """
 
 from __future__ import annotations
@@ -180,3 +182,16 @@ def test_3_seeded_adadp_goes_on_after_a_lost_second_cohort_as_before():
         drive_round(alg, 1, lost)
     drive_round(alg, 2, _train)
     assert alg.round_num == 2 and alg.accountant.num_events == 3
+
+
+def test_3_a_second_cohort_drawn_by_a_caller_is_released_before_the_next_round_too():
+    config = _config(**{"strategy": "dp-fedavg-adadp", "noise-mechanism": "gaussian",
+                        "tree-restart-rounds": 0, "secure": True})  # fmt: skip
+    alg = build_algorithm(config, torch.zeros(4))
+    first = alg.sample(1)
+    alg.aggregate(1, {u: torch.full((4,), 0.1) for u in first}, cohort=first, stream="train")
+    second = alg.sample(1, "sampling-2")  # seen, and skipped when a chosen user is absent
+    with pytest.raises(ValueError, match=r"round 2 cannot be drawn while round 1's cohort"):
+        alg.sample(2)  # was drawn
+    alg.aggregate(1, {u: torch.full((4,), 0.1) for u in second}, cohort=second, stream="train-2")
+    assert len(alg.sample(2)) >= 0

@@ -126,6 +126,13 @@ GENERATOR_VERSION = 1
 #: "real"``) had no such check and wrote until the disk was full (a 20 MB disk: rc 2 once it was
 #: full; 10**6 real users ask for about 140 GB).
 DISK_PER_EXAMPLE = 200
+#: Disk each sentence token beyond the default 14, and each title token beyond the default 8
+#: (the title is stored with every example of its post), adds to an example at least: 3 bytes
+#: (the shortest generated word has 2 characters, and a separator). Forty-fourth review
+#: follow-up of issue 15 (outputs 3): the bound stayed at 200 bytes an example for any length,
+#: where 1,000 tokens take 4,874 bytes and 1,000 title tokens 4,637 (measured; 4.6 and 4.4
+#: bytes a token), so a dataset 24 times the free disk passed the check and filled the disk.
+DISK_PER_TOKEN = 3
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,7 +144,9 @@ def check_free_disk(out_dir: str | os.PathLike, config: SyntheticConfig) -> None
     """Refuse a dataset that the disk of ``out_dir`` cannot hold, before anything is written.
 
     The estimate is a lower bound: ``num_clients * mean_examples_per_client *``
-    :data:`DISK_PER_EXAMPLE` bytes, less for sentences shorter than the default 14 tokens.
+    :data:`DISK_PER_EXAMPLE` bytes, less for sentences shorter than the default 14 tokens, and
+    :data:`DISK_PER_TOKEN` bytes more an example for each sentence or title token beyond the
+    default lengths.
 
     Raises
     ------
@@ -147,6 +156,9 @@ def check_free_disk(out_dir: str | os.PathLike, config: SyntheticConfig) -> None
     base = next(p for p in (Path(out_dir), *Path(out_dir).absolute().parents) if p.exists())
     free = shutil.disk_usage(base).free
     per_example = DISK_PER_EXAMPLE * min(1.0, config.mean_tokens_per_example / 14.0)
+    longer = max(0.0, config.mean_tokens_per_example - 14.0)
+    longer += max(0.0, config.mean_title_tokens - 8.0)
+    per_example += DISK_PER_TOKEN * longer  # forty-fourth review follow-up (outputs 3)
     need = config.num_clients * config.mean_examples_per_client * per_example
     if need > free:
         raise ValueError(

@@ -17,6 +17,14 @@
    system's words naming no parameter (``decompress_lzma`` after checking the download). Now
    ``path holds a null character: 'w\\x00.sqlite'; a file name has none`` (``cache_dir ...; a
    directory name has none``) before anything is made (``sqlite_files.refuse_null``).
+3. Input 1's case (lengths in their documented ranges) for the disk:
+   ``generate(out, SyntheticConfig(num_clients=1000, mean_examples_per_client=20,
+   mean_tokens_per_example=1000))`` (or ``mean_title_tokens=1000``) with 50 MB free. Before:
+   ``check_free_disk`` bounded an example at 200 bytes whatever its length (4 MB asked), where
+   such an example takes 4,874 bytes (4,637 for the titles; measured), so about 97 MB were
+   written into 50 MB until the disk was full. Now each token beyond the default lengths adds 3
+   bytes to the bound (``synthetic.DISK_PER_TOKEN``): 63 MB, refused before anything is
+   written; the default lengths' bound is unchanged, and stays below what is written.
 """
 
 from __future__ import annotations
@@ -94,3 +102,33 @@ def test_2_decompress_lzma_names_a_null_cache_dir(tmp_path):
     with pytest.raises(ValueError, match=r"^cache_dir holds a null character: .*directory name"):
         decompress_lzma(download, cache_dir=f"{tmp_path}/c\x00")
     assert sorted(p.name for p in tmp_path.iterdir()) == [download.name]
+
+
+@pytest.mark.parametrize("knob", ["mean_tokens_per_example", "mean_title_tokens"])
+def test_3_the_disk_check_counts_long_sentences(tmp_path, monkeypatch, knob):
+    import shutil
+
+    from fedprivopt.data.synthetic import check_free_disk
+    from fedprivopt.data.synthetic_config import SyntheticConfig
+
+    disk_usage = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: disk_usage(p)._replace(free=50_000_000))
+    long = SyntheticConfig(num_clients=1000, mean_examples_per_client=20.0, **{knob: 1000.0})
+    with pytest.raises(ValueError, match=r"1,000 users of 20 examples on average needs at least"):
+        check_free_disk(tmp_path / "d", long)
+    check_free_disk(tmp_path / "d", SyntheticConfig(num_clients=1000))  # as before
+
+
+def test_3_the_disk_bound_stays_below_what_is_written(tmp_path, monkeypatch):
+    import shutil
+
+    from fedprivopt.data import generate
+    from fedprivopt.data.synthetic import check_free_disk
+    from fedprivopt.data.synthetic_config import SyntheticConfig
+
+    lengths = {"mean_tokens_per_example": 1000.0, "mean_title_tokens": 100.0}
+    config = SyntheticConfig.tiny(num_clients=40, mean_examples_per_client=20.0, **lengths)
+    written = generate(tmp_path / "d", config, workers=1).sqlite.stat().st_size
+    disk_usage = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: disk_usage(p)._replace(free=written))
+    check_free_disk(tmp_path / "e", config)

@@ -78,7 +78,9 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     rounds than configured), which ``report.md``'s seeds cell names. Then what the row's ε is
     of: ``accountant`` and ``neighbouring_relation`` (``add/remove``, ``replace-one``,
     ``replace-special (tree)``) of its private seeds, several joined by ``; ``, empty for a
-    non-private row.
+    non-private row; and ``evaluations_covered``: ``no`` when a private seed's ``not_covered``
+    says epsilon does not cover its evaluations (users of the private population; forty-fourth
+    review of issue 15, contract 4), ``yes`` when none does, empty for a non-private row.
 
     Thirty-seventh review of issue 15 (reports, left open; fixed by the lead, lead 5): rows whose
     ε come from different accountants (``pld`` 8.961 beside ``rdp`` 10.28 for one privacy loss)
@@ -101,7 +103,8 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         "strategy", "noise_multiplier", "seeds", "epsilon", "delta", "rounds",
         f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
         "seconds_per_round", "seeds_finite", "seeds_diverged",
-        "seeds_stopped_by_budget", "accountant", "neighbouring_relation"]))  # fmt: skip
+        "seeds_stopped_by_budget", "accountant", "neighbouring_relation",
+        "evaluations_covered"]))  # fmt: skip
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -111,7 +114,8 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
                      r["n_finite"], "seeds_diverged": len(r["diverged"]),
                      "seeds_stopped_by_budget": r.get("n_budget", 0),
                      "accountant": "; ".join(r.get("accountants", ())),
-                     "neighbouring_relation": "; ".join(r.get("relations", ()))}  # fmt: skip
+                     "neighbouring_relation": "; ".join(r.get("relations", ())),
+                     "evaluations_covered": r.get("evaluations_covered", "")}  # fmt: skip
             writer.writerow([shown[c] if c in shown else r[c] for c in columns])
     return path
 

@@ -220,6 +220,7 @@ def aggregate_with_notes(
             "private": any(mechanism(run.summary.get("config") or {}) is not None
                            or math.isfinite(run.epsilon) for run in group),
             **_bases(group),
+            "evaluations_covered": _evaluations_covered(group),
         })  # fmt: skip
     # forty-second review of issue 15 (reports, finding 4): a note on the bases no longer
     # hides one on unequal epsilon between rows of one basis
@@ -271,6 +272,26 @@ def _bases(group: Sequence[RunData]) -> dict[str, list[str]]:
     relations = {mechanism(c) for c in configs} - {None}
     return {"accountants": sorted(str(a) for a in accountants),
             "relations": sorted(_RELATION_WORDS[m] for m in relations)}  # fmt: skip
+
+
+_EVALUATIONS_OUTSIDE = "nor the evaluations (eval_* metrics)"
+"""What a run's ``not_covered`` says when its evaluations are (or may be) of private users."""
+
+
+def _evaluations_covered(group: Sequence[RunData]) -> str:
+    """``summary.csv``'s ``evaluations_covered`` of a row: ``no``, ``yes``, or empty if not private.
+
+    ``no`` when one of its private runs' ``not_covered`` says epsilon does not cover its
+    evaluations (users of the private population, or a task that does not say), as
+    ``report.md``'s "Evaluations:" line reads it. Forty-fourth review of issue 15 (contract 4):
+    ``compare stackoverflow-tp-mini.toml`` wrote ``summary.csv`` (ε 3.304 beside recall@5 of 91
+    training users among 100) with nothing to say so; only ``report.md`` did.
+    """
+    private = [run for run in group if math.isfinite(run.epsilon)]
+    if not private:
+        return ""
+    outside = any(_EVALUATIONS_OUTSIDE in str(run.summary.get("not_covered")) for run in private)
+    return "no" if outside else "yes"
 
 
 def differing_bases(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -34,10 +34,22 @@
    model, hyperparameters and score)"). Now the privacy text names the neighbouring relation
    of the single run's ledger and the released trial's public users
    (``tune_notes.privacy_note``, ``tune_notes.public_users_note``).
+4. ``compare stackoverflow-tp-mini.toml --strategies dp-fedavg,fedavg --rounds 1`` (the
+   test split: 91 of the 100 evaluation users are training users), ``summary.csv`` read alone
+   (``report.md`` links it as "Full-precision numbers"). Before: it gave ``epsilon`` 3.304
+   beside ``eval_recall_at_5_mean`` 0.3727 with ``accountant`` and ``neighbouring_relation``
+   columns but nothing on the evaluations; only ``report.md``'s "Evaluations:" line (forty-third
+   review, contract 1) said epsilon does not cover them. Now its last column,
+   ``evaluations_covered``, is ``no`` for such a row (a private run's ``not_covered`` says its
+   evaluations are outside epsilon), ``yes`` for runs evaluating users outside the private
+   population, empty for a non-private row (``rundata_aggregate._evaluations_covered``,
+   ``report.write_summary_csv``). ``tests/simulation/test_report.py``'s header test is edited
+   on purpose (the new column).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -46,6 +58,7 @@ import torch
 from fedprivopt.cli import main
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.report import load_run, write_report
 from fedprivopt.simulation.run import simulate
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -99,3 +112,28 @@ def test_3_a_tuning_names_its_neighbouring_relation_and_public_users(tmp_path: P
         assert "neighbouring datasets differ in one user, replaced (fixed-size sampling)" in text
         assert "4 public users' data built the released trial's side information" in text
         assert "(36 private users)" in text
+
+
+class _EvaluatesTrainingUsers(ToyClassificationTask):
+    """The toy task reporting 3 of its 5 evaluation users as training users (as the test split)."""
+
+    def private_evaluation_users(self) -> tuple[int, int]:
+        return 3, 5
+
+
+def test_4_summary_csv_says_whether_epsilon_covers_the_evaluations(tmp_path: Path) -> None:
+    runs = []
+    for name, cls, overrides in (
+        ("private", _EvaluatesTrainingUsers, {}),
+        ("apart", ToyClassificationTask, {"noise-multiplier": 1.0}),
+        ("plain", ToyClassificationTask, {"strategy": "fedavg"}),
+    ):
+        config = load_config(TOY, {"num-server-rounds": 1, **overrides})
+        simulate(config, tmp_path / name, task=cls(num_users=40, seed=0))
+        runs.append(load_run(tmp_path / name))
+    write_report(tmp_path / "report", runs, title="t")
+    with (tmp_path / "report" / "summary.csv").open(encoding="utf-8") as fh:
+        table = {(r["strategy"], r["noise_multiplier"]): r for r in csv.DictReader(fh)}
+    assert table[("dp-fedavg", "0.5")]["evaluations_covered"] == "no"
+    assert table[("dp-fedavg", "1.0")]["evaluations_covered"] == "yes"
+    assert table[("fedavg", "0.0")]["evaluations_covered"] == ""

@@ -274,6 +274,10 @@ def run_deploy_command(args: argparse.Namespace) -> int:
                 raise
             exc = RuntimeError(refused)
         print(f"fedprivopt deploy local: failed: {exc}", file=sys.stderr)
+        from fedprivopt.deploy.session import OutMoved
+
+        if isinstance(exc, OutMoved):  # what is at out is another's (follow-up, outputs 4)
+            return 1
         then = _continuation(Path(out).expanduser())  # after the log's lines: said last
         if then is not None:  # thirty-first review of issue 15: a timeout did not say it
             print(f"fedprivopt deploy local: every process was stopped; {then}", file=sys.stderr)

@@ -34,6 +34,7 @@ __all__ = [
     "CONNECTION",
     "HOST",
     "Deployment",
+    "OutMoved",
     "Progress",
     "check_listener",
     "executable",
@@ -335,6 +336,16 @@ def _check_node_ports(dep: Deployment) -> None:
                 check_listener(dep, int(port), f"SuperNode {i}'s ClientApp API")
 
 
+class OutMoved(RuntimeError):
+    """``out`` no longer names the directory the deployment locked (:func:`out_in_place`).
+
+    Forty-fourth review follow-up of issue 15 (outputs 4): what is at ``out`` then is another
+    command's; the command line's advice on how the run continues read it there
+    (``fedprivopt simulate --resume PP/D``, the other command's run still running), after the
+    line that names where this run is.
+    """
+
+
 def moved_to(held: int) -> Path | None:
     """Where the directory open as ``held`` is now (``/proc/self/fd``), or ``None``."""
     try:
@@ -347,7 +358,7 @@ def moved_to(held: int) -> Path | None:
 
 
 def out_in_place(out: Path, held: int | None) -> None:
-    """Raise ``RuntimeError`` if ``out`` no longer names the directory open as ``held``.
+    """Raise :class:`OutMoved` (a ``RuntimeError``) if ``out`` no longer names directory ``held``.
 
     Forty-fourth review of issue 15 (processes 2): ``deploy local --out PP/D`` running, ``mv PP
     PP2`` (a renamed parent), then ``simulate toy.toml --rounds 1 --out PP/D``: the deployment,
@@ -367,7 +378,7 @@ def out_in_place(out: Path, held: int | None) -> None:
     where = "" if now is None else f"; its run is now in {now}"
     if now is not None and (now / "config.toml").is_file() and not (now / "summary.json").exists():
         where += f" (fedprivopt simulate --resume {now} continues it)"
-    raise RuntimeError(
+    raise OutMoved(
         f"--out {out} was moved or replaced while the deployment ran{where}: what is at "
         f"{out} now is not this deployment's, and was not read as its results"
     )

@@ -25,6 +25,14 @@
    written into 50 MB until the disk was full. Now each token beyond the default lengths adds 3
    bytes to the bound (``synthetic.DISK_PER_TOKEN``): 63 MB, refused before anything is
    written; the default lengths' bound is unchanged, and stays below what is written.
+4. The processes 2 case with the second command still running: ``mv PP PP2; mkdir PP; simulate
+   toy.toml --rounds 40 --out PP/D`` (its ``config.toml`` written) while ``deploy local ... --out
+   PP/D`` runs. Before: after ``failed: --out PP/D was moved or replaced ...; its run is now in
+   PP2/D (fedprivopt simulate --resume PP2/D continues it): ...`` a second line, read by path
+   from ``PP/D``: ``every process was stopped; the run can be continued with fedprivopt
+   simulate --resume PP/D``, the other command's run. Now ``out_in_place`` raises
+   ``session.OutMoved`` and ``run_deploy_command`` says nothing after its line (rc 1). (In
+   process: the command with ``deploy_local`` replaced by the move and the check.)
 """
 
 from __future__ import annotations
@@ -132,3 +140,37 @@ def test_3_the_disk_bound_stays_below_what_is_written(tmp_path, monkeypatch):
     disk_usage = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: disk_usage(p)._replace(free=written))
     check_free_disk(tmp_path / "e", config)
+
+
+def test_4_a_moved_out_is_not_advised_for_resume(tmp_path, monkeypatch, capfd):
+    import argparse
+
+    from fedprivopt.deploy.cli import add_deploy_subcommand
+    from fedprivopt.deploy.local import REPO_ROOT
+    from fedprivopt.deploy.session import out_in_place
+
+    out = tmp_path / "PP" / "D"
+
+    def moved(**kwargs):
+        out.mkdir(parents=True)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            (out / "config.toml").write_text("strategy = 'dp-fedavg'\n")  # its run, begun
+            os.rename(tmp_path / "PP", tmp_path / "PP2")
+            out.mkdir(parents=True)  # another command's run, still running, at the same path
+            (out / "config.toml").write_text("strategy = 'dp-fedavg'\n")
+            out_in_place(out, fd)
+        finally:
+            os.close(fd)
+
+    monkeypatch.setattr("fedprivopt.deploy.local.deploy_local", moved)
+    parser = argparse.ArgumentParser(prog="fedprivopt")
+    add_deploy_subcommand(parser.add_subparsers())
+    toy = REPO_ROOT / "simulations" / "toy.toml"
+    argv = ["deploy", "local", str(toy), "--nodes", "1", "--insecure", "--rounds", "1"]
+    args = parser.parse_args([*argv, "--out", str(out), "--quiet"])
+    assert args.func(args) == 1
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "was moved or replaced while the deployment ran" in lines[0]
+    assert f"fedprivopt simulate --resume {tmp_path / 'PP2' / 'D'} continues it" in lines[0]

@@ -264,7 +264,12 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     except UsageError as exc:
         raise ValueError(str(exc)) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (interrupt.Interrupted)
-        print(_interrupted(Path(out).expanduser()), file=sys.stderr)
+        moved = getattr(exc, "out_moved", None)  # set by deploy_local (follow-up, outputs 5)
+        if moved is not None:
+            line = f"fedprivopt deploy local: interrupted; every process was stopped; {moved}"
+        else:
+            line = _interrupted(Path(out).expanduser())
+        print(line, file=sys.stderr)
         return 128 + int(getattr(exc, "signum", 2))  # 130 for Ctrl-C
     except (RuntimeError, TimeoutError, OSError) as exc:
         if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):

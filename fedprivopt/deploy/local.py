@@ -61,6 +61,7 @@ from fedprivopt.deploy.session import (
     CONNECTION,
     HOST,
     Deployment,
+    OutMoved,
     Progress,
     executable,
     follow,
@@ -323,6 +324,14 @@ def deploy_local(
         try:
             with signals_raise():  # SIGTERM/SIGHUP unwind like Ctrl-C, so cleanup runs
                 _run(dep, nodes, tls, node_auth, app, flower_overrides, out_dir, deadline)
+        except KeyboardInterrupt as exc:
+            # forty-fourth review follow-up of issue 15 (outputs 5): the command line's line
+            # reads out by path; a moved out's is another's (its finished run named as this one)
+            try:
+                out_in_place(out_dir, out_fd)
+            except OutMoved as moved:
+                exc.out_moved = str(moved)  # type: ignore[attr-defined]
+            raise
         finally:
             dep.say("stopping the SuperNodes and the SuperLink")
             try:

@@ -33,6 +33,16 @@
    simulate --resume PP/D``, the other command's run. Now ``out_in_place`` raises
    ``session.OutMoved`` and ``run_deploy_command`` says nothing after its line (rc 1). (In
    process: the command with ``deploy_local`` replaced by the move and the check.)
+5. The same move, then Ctrl-C (``deploy local ... --out PP/D`` starting its SuperLink and
+   SuperNodes, before ``follow`` looks; ``mv PP PP2; mkdir PP; simulate toy.toml --rounds 1
+   --out PP/D`` finished, then Ctrl-C to the deployment). Before: the interrupted line read
+   ``PP/D`` by path: ``interrupted after the run had finished (its results are in PP/D)``, rc
+   130, of a deployment whose run never finished (its directory in ``PP2/D``). Now
+   ``deploy_local`` marks the interruption when ``out`` moved (``out_moved``, from
+   ``out_in_place``) and the line says ``interrupted; every process was stopped; --out PP/D was
+   moved or replaced ...; its run is now in PP2/D (fedprivopt simulate --resume PP2/D continues
+   it): ...``. (In process: ``deploy_local`` with its ``_run`` replaced by the move and a
+   ``KeyboardInterrupt``; no Flower process starts.)
 """
 
 from __future__ import annotations
@@ -174,3 +184,37 @@ def test_4_a_moved_out_is_not_advised_for_resume(tmp_path, monkeypatch, capfd):
     assert len(lines) == 1, lines
     assert "was moved or replaced while the deployment ran" in lines[0]
     assert f"fedprivopt simulate --resume {tmp_path / 'PP2' / 'D'} continues it" in lines[0]
+
+
+def test_5_an_interrupted_deployment_does_not_read_a_moved_out(tmp_path, monkeypatch, capfd):
+    import argparse
+
+    import fedprivopt.deploy.local as local
+    from fedprivopt.deploy.cli import add_deploy_subcommand
+
+    out = tmp_path / "PP" / "D"
+
+    def run(dep, nodes, tls, node_auth, app, flower_overrides, out_dir, deadline):
+        (out_dir / "config.toml").write_text("strategy = 'dp-fedavg'\n")  # its run, begun
+        os.rename(tmp_path / "PP", tmp_path / "PP2")
+        out.mkdir(parents=True)  # another command's run, finished, at the same path
+        (out / "config.toml").write_text("strategy = 'dp-fedavg'\n")
+        (out / "summary.json").write_text(json.dumps({"rounds_completed": 1}))
+        raise KeyboardInterrupt  # Ctrl-C
+
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    monkeypatch.setattr(local, "_run", run)
+    parser = argparse.ArgumentParser(prog="fedprivopt")
+    add_deploy_subcommand(parser.add_subparsers())
+    toy = local.REPO_ROOT / "simulations" / "toy.toml"
+    argv = ["deploy", "local", str(toy), "--nodes", "1", "--insecure", "--rounds", "1"]
+    args = parser.parse_args([*argv, "--out", str(out), "--quiet"])
+    assert args.func(args) == 130
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "after the run had finished" not in lines[0]
+    moved = tmp_path / "PP2" / "D"
+    assert lines[0].startswith("fedprivopt deploy local: interrupted; every process was stopped")
+    assert f"its run is now in {moved} (fedprivopt simulate --resume {moved} continues it)" in (
+        lines[0]
+    )

@@ -80,7 +80,9 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     ``replace-special (tree)``) of its private seeds, several joined by ``; ``, empty for a
     non-private row; and ``evaluations_covered``: ``no`` when a private seed's ``not_covered``
     says epsilon does not cover its evaluations (users of the private population; forty-fourth
-    review of issue 15, contract 4), ``yes`` when none does, empty for a non-private row.
+    review of issue 15, contract 4), ``yes`` when none does, empty for a non-private row; and
+    ``epsilon_seeds_composed``, the ε of publishing the row's seeds together (their runs on the
+    same users composed; ``nan`` where not computed: contract 5).
 
     Thirty-seventh review of issue 15 (reports, left open; fixed by the lead, lead 5): rows whose
     ε come from different accountants (``pld`` 8.961 beside ``rdp`` 10.28 for one privacy loss)
@@ -104,7 +106,7 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
         "seconds_per_round", "seeds_finite", "seeds_diverged",
         "seeds_stopped_by_budget", "accountant", "neighbouring_relation",
-        "evaluations_covered"]))  # fmt: skip
+        "evaluations_covered", "epsilon_seeds_composed"]))  # fmt: skip
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -115,7 +117,8 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
                      "seeds_stopped_by_budget": r.get("n_budget", 0),
                      "accountant": "; ".join(r.get("accountants", ())),
                      "neighbouring_relation": "; ".join(r.get("relations", ())),
-                     "evaluations_covered": r.get("evaluations_covered", "")}  # fmt: skip
+                     "evaluations_covered": r.get("evaluations_covered", ""),
+                     "epsilon_seeds_composed": r.get("epsilon_seeds_composed", "nan")}  # fmt: skip
             writer.writerow([shown[c] if c in shown else r[c] for c in columns])
     return path
 

@@ -354,7 +354,7 @@ def markdown(
         lines.append(f"- δ: {', '.join(_fmt(d, 3) for d in deltas)}")
     lines += [f"- {key}: {value}" for key, value in _shared_privacy_config(sel.runs)]
     lines += _public_users(sel.runs)
-    lines += _seeded_runs(sel.runs)
+    lines += _seeded_runs(sel.runs) + _seeds_composed(rows)
     if origins:
         lines += ["", "## Runs", "", "| run | origin |", "|---|---|"]
         lines += [
@@ -467,6 +467,33 @@ def _seeded_runs(runs: Sequence[RunData]) -> list[str]:
         "derive their noise and sampling from their seeds, which this report names, so anyone "
         "who knows a seed can regenerate and subtract its run's noise: ε holds only while the "
         "seeds are secret (secure = true draws them from the operating system's entropy)"
+    ]
+
+
+def _seeds_composed(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The line on private rows over several seeds: publishing a row composes its runs.
+
+    Forty-fourth review of issue 15 (contract 5): ``compare toy.toml --seeds 2`` showed the row
+    over both seeds' runs (on the same users) at one run's ε, 7.551, where publishing its mean
+    and std costs their composition, 10.28; ``compare-tuned`` says so of tunings.
+    """
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
+    found = [r for r in rows if r.get("private") and r.get("n_seeds", 0) > 1
+             and not str(r["strategy"]).endswith(TUNED_SUFFIX)]  # fmt: skip
+    if not found:
+        return []
+    costs = "; ".join(
+        f"{table_cell(r['strategy'])} σ={r['noise_multiplier']:g}, {r['n_seeds']} runs: "
+        + (epsilon_text(r["epsilon_seeds_composed"])
+           if math.isfinite(r.get("epsilon_seeds_composed", math.nan))
+           else "not computed (a ledger could not be read, or the runs' accountants differ)")
+        for r in found
+    )  # fmt: skip
+    return [
+        "- seeds composed: a row's mean ± std (and the plots' means) are over its seeds' runs "
+        "on the same users, so publishing it releases them all, which costs their composition, "
+        f"not one run's ε (summary.csv: epsilon_seeds_composed): {costs}"
     ]
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "mean_std",
     "mechanism",
     "reference_model",
+    "seeds_composed_epsilon",
     "select_runs",
     "unequal_epsilon_notes",
     "warn_all",
@@ -221,6 +222,7 @@ def aggregate_with_notes(
                            or math.isfinite(run.epsilon) for run in group),
             **_bases(group),
             "evaluations_covered": _evaluations_covered(group),
+            "epsilon_seeds_composed": seeds_composed_epsilon(group),
         })  # fmt: skip
     # forty-second review of issue 15 (reports, finding 4): a note on the bases no longer
     # hides one on unequal epsilon between rows of one basis
@@ -292,6 +294,47 @@ def _evaluations_covered(group: Sequence[RunData]) -> str:
         return ""
     outside = any(_EVALUATIONS_OUTSIDE in str(run.summary.get("not_covered")) for run in private)
     return "no" if outside else "yes"
+
+
+def seeds_composed_epsilon(group: Sequence[RunData]) -> float:
+    """ε of publishing every run of ``group`` (a row's seeds, on the same users) together.
+
+    The composition of their ledgers' events by their accountant at their δ; the row's ε for
+    one run; ``nan`` for a row of tuned runs (their tunings compose: ``compare-tuned``), of
+    non-private runs, or when a ledger cannot be read or the runs' accountants or δ differ.
+    Forty-fourth review of issue 15 (contract 5): ``compare toy.toml --seeds 2`` reported the
+    row over both seeds at one run's ε, 7.551, where publishing it costs 10.28.
+    """
+    from fedprivopt.privacy.accounting import compose_epsilon
+    from fedprivopt.privacy.accounting_state import merge_ledger
+    from fedprivopt.simulation.ledger import RunLedger
+
+    private = [run for run in group if math.isfinite(run.epsilon)]
+    if not private or any(run.summary.get(EPSILON_ACCOUNTANT) for run in private):
+        return math.nan
+    if len(private) == 1:
+        return private[0].epsilon
+    events, headers = [], set()
+    for run in private:
+        try:
+            ledger = RunLedger.read(run.path)
+        except (OSError, ValueError):
+            return math.nan
+        if ledger is None or not ledger.header.get("private"):
+            return math.nan
+        events += list(ledger.total())
+        headers.add(tuple(ledger.header.get(k) for k in ("accountant", "pld_discretization",
+                                                           "prv_eps_error")))  # fmt: skip
+    deltas = {run.delta for run in private}
+    if len(headers) != 1 or len(deltas) != 1:
+        return math.nan
+    accountant, pld, prv = headers.pop()
+    try:
+        composed = compose_epsilon(merge_ledger(events), deltas.pop(), accountant=accountant,
+                                   pld_discretization=pld, prv_eps_error=prv)  # fmt: skip
+    except (ValueError, TypeError, MemoryError):
+        return math.nan
+    return max(composed, *(run.epsilon for run in private))
 
 
 def differing_bases(rows: Sequence[dict[str, Any]]) -> list[str]:

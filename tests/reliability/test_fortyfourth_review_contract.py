@@ -45,6 +45,15 @@
    population, empty for a non-private row (``rundata_aggregate._evaluations_covered``,
    ``report.write_summary_csv``). ``tests/simulation/test_report.py``'s header test is edited
    on purpose (the new column).
+5. ``compare toy.toml --strategies dp-fedavg --seeds 2 --rounds 1`` (both seeds' runs on the
+   same 40 users). Before: the row "dp-fedavg, 0.5, 2 seeds, ε 7.551" published the mean and
+   std over both runs (and the plots their mean), which releases both, their composition being
+   10.28 (dp-accounting: two rounds), while "Privacy parameters" said only that ε is each
+   run's; ``compare-tuned`` says so of tunings (thirty-first review, compare 4). Now
+   ``summary.csv`` has ``epsilon_seeds_composed`` (the row's runs' ledgers composed,
+   ``rundata_aggregate.seeds_composed_epsilon``) and ``report.md`` a "seeds composed" line
+   under "Privacy parameters" naming each such row's composed ε
+   (``report_markdown._seeds_composed``).
 """
 
 from __future__ import annotations
@@ -137,3 +146,21 @@ def test_4_summary_csv_says_whether_epsilon_covers_the_evaluations(tmp_path: Pat
     assert table[("dp-fedavg", "0.5")]["evaluations_covered"] == "no"
     assert table[("dp-fedavg", "1.0")]["evaluations_covered"] == "yes"
     assert table[("fedavg", "0.0")]["evaluations_covered"] == ""
+
+
+def test_5_a_row_over_seeds_states_their_composition(tmp_path: Path) -> None:
+    import dp_accounting as dpa
+
+    out = tmp_path / "cmp"
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--seeds", "2", "--rounds", "1",
+            "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    accountant = dpa.rdp.RdpAccountant()
+    accountant.compose(dpa.PoissonSampledDpEvent(0.25, dpa.GaussianDpEvent(0.5)), 2)
+    both = accountant.get_epsilon(1e-4)  # 10.28, where one run's is 7.551
+    with (out / "summary.csv").open(encoding="utf-8") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert float(row["epsilon"]) < both
+    assert float(row["epsilon_seeds_composed"]) >= both * (1 - 1e-12)
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "- seeds composed: " in report and "dp-fedavg σ=0.5, 2 runs: 10.28" in report

@@ -112,6 +112,10 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         line = str(exc)
         if line.startswith("workers "):
             line = f"argument --workers: {line.removeprefix('workers ')}"
+        else:  # the knobs it names are the Python API's (forty-fourth review follow-up, 6)
+            line = line.split(": lower ")[0] + ": lower --vocab or --tags"
+            if args.user_sizes != "small":
+                line += ", or use --user-sizes small"
         raise UsageError(line) from None
     marker = out / SYNTHETIC_META_FILE
     if not args.overwrite and marker.exists() and not is_synthetic_dir(out):

@@ -355,12 +355,18 @@ def workers_that_fit(config: SyntheticConfig, workers: int | None, default: int)
     chunks = max(1, -(-config.num_clients // _CHUNK_USERS))
     each, memory = worker_memory(config), physical_memory()
     if 0 < memory < each:  # forty-fourth review of issue 15 (input 1): one did not fit either
+        # follow-up (outputs 6): the words and tags a worker rebuilds were left out of the line,
+        # which advised lowering the users' lengths where 10**7 words took 0.9 GiB of 1.4
+        model = 95 * config.vocab_size + 50_000 * config.num_tags
         raise ValueError(
             f"a chunk of {min(_CHUNK_USERS, config.num_clients):,} users of this dataset takes "
-            f"about {each / 2**30:,.1f} GiB to draw ({config.mean_examples_per_client:g} "
-            f"examples a user of {config.mean_tokens_per_example:g} tokens and "
-            f"{config.mean_title_tokens:g} title tokens on average), more than this machine's "
-            f"{memory / 2**30:.1f} GiB of memory: lower mean_examples_per_client, "
+            f"about {each / 2**30:,.1f} GiB to draw ({model / 2**30:,.2f} GiB for the "
+            f"{config.vocab_size:,} words and {config.num_tags:,} tags a worker rebuilds, "
+            f"{(each - model - _WORKER_BASE) / 2**30:,.2f} GiB for the users' "
+            f"{config.mean_examples_per_client:g} examples a user of "
+            f"{config.mean_tokens_per_example:g} tokens and {config.mean_title_tokens:g} title "
+            f"tokens on average), more than this machine's {memory / 2**30:.1f} GiB of memory: "
+            "lower vocab_size or num_tags, or mean_examples_per_client, "
             "mean_tokens_per_example or mean_title_tokens"
         )
     most = processes_that_fit(chunks, memory, each)

@@ -43,6 +43,14 @@
    moved or replaced ...; its run is now in PP2/D (fedprivopt simulate --resume PP2/D continues
    it): ...``. (In process: ``deploy_local`` with its ``_run`` replaced by the move and a
    ``KeyboardInterrupt``; no Flower process starts.)
+6. Input 1's new refusal where the words and tags are the cost: ``data synth --out D --clients
+   100 --vocab 10000000 --tags 10000 --user-sizes real`` on a machine of 1 GiB (or
+   ``workers_that_fit`` of such a ``SyntheticConfig``). Before: ``a chunk of 100 users of this
+   dataset takes about 1.5 GiB to draw (443 examples a user of 14 tokens ...): lower
+   mean_examples_per_client, mean_tokens_per_example or mean_title_tokens``: 1.35 GiB of it are
+   the words and tags a worker rebuilds, and the command line has none of those knobs. Now the
+   line gives both parts and names ``vocab_size or num_tags`` too; ``data synth`` says ``lower
+   --vocab or --tags, or use --user-sizes small``. (In process, the machine's memory replaced.)
 """
 
 from __future__ import annotations
@@ -218,3 +226,40 @@ def test_5_an_interrupted_deployment_does_not_read_a_moved_out(tmp_path, monkeyp
     assert f"its run is now in {moved} (fedprivopt simulate --resume {moved} continues it)" in (
         lines[0]
     )
+
+
+def _cli(argv):
+    import contextlib
+    import io
+
+    from fedprivopt.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 2
+    return code, err.getvalue()
+
+
+def test_6_data_synth_too_large_for_the_machine_names_its_flags(tmp_path, monkeypatch):
+    monkeypatch.setattr("fedprivopt.data.synthetic_config.physical_memory", lambda: 2**30)
+    out = tmp_path / "d"
+    argv = ["data", "synth", "--out", str(out), "--clients", "100", "--vocab", "10000000"]
+    code, err = _cli([*argv, "--tags", "10000", "--user-sizes", "real"])
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("fedprivopt data: error: ") or line.startswith("fedprivopt data synth")
+    assert "--vocab" in line and "--tags" in line and "mean_tokens_per_example" not in line
+    assert not out.exists()
+
+
+def test_6_the_python_refusal_names_the_words_and_tags(monkeypatch):
+    from fedprivopt.data.synthetic_config import SyntheticConfig, workers_that_fit
+
+    monkeypatch.setattr("fedprivopt.data.synthetic_config.physical_memory", lambda: 2**30)
+    config = SyntheticConfig(num_clients=100, vocab_size=10**7, num_tags=10_000)
+    with pytest.raises(ValueError) as caught:
+        workers_that_fit(config, None, 4)
+    assert "vocab_size" in str(caught.value) and "num_tags" in str(caught.value)

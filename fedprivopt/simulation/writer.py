@@ -136,11 +136,14 @@ class RunWriter:
         whose ``config.toml`` was then given ``tensorboard = true`` (and more rounds) before
         ``--resume`` showed only the rounds after the resume (steps 3 of 1-3): the new event
         file purged from its first round, and nothing held the rows before it.
+
+        Forty-fourth review follow-up of issue 15 (ledger 4): the same for rounds run by an
+        earlier ``--resume`` with ``tensorboard = false`` (``--tensorboard`` to round 2, resumed
+        without it to 4, then with it to 6): TensorBoard showed rounds 1, 2, 5, 6, since event
+        files existed. The new event file purges every earlier event and holds every kept row.
         """
-        if self.algorithm.round_num == 0 or has_events(self.out):
-            return TensorBoardLog(self.out, first_round=self.algorithm.round_num + 1)
-        log = TensorBoardLog(self.out)  # purges nothing: there is nothing
-        for row in self.rows:  # the kept rows: up to the checkpoint's round
+        log = TensorBoardLog(self.out)  # purges every earlier event (from step 0)
+        for row in self.rows:  # the kept rows: up to the checkpoint's round (none from round 0)
             log.add_row(row)
         return log
 

@@ -20,10 +20,18 @@
    ``report_markdown._row_names`` names a strategy with more than one σ by its row (``false
    (dp-fedavg σ=1); true (dp-fedavg σ=0.5)``, ``of dp-fedavg σ=1,``); one σ per strategy is
    written as before (the reports tests of reports 4 and 5).
+4. ``simulate toy.toml --tensorboard --rounds 1 --out R``, then ``--resume R`` with
+   ``tensorboard = false`` and 2 rounds in its ``config.toml`` (the forty-fourth review's ledger
+   2 case, which purges from round 2), then ``--resume R`` with ``tensorboard = true`` and 3
+   rounds. Before: TensorBoard showed rounds 1 and 3, not round 2, which the rows hold (the
+   thirty-fifth review's outputs 10 wrote the kept rows only when no event file existed). Now
+   ``RunWriter._tensorboard`` starts every log with a purge of every earlier event and writes
+   every kept row again: rounds 1-3 shown, with the rows' values.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -31,8 +39,9 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.files import CONFIG_FILE, METRICS_FILE, read_rows
 from fedprivopt.simulation.report import write_report
-from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundata import load_runs
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -108,3 +117,31 @@ def test_3_a_report_names_the_rows_of_one_strategy_at_two_sigmas(
     text = (tmp_path / "rep" / "report.md").read_text(encoding="utf-8")
     assert "- secure: varies (see the runs): false (dp-fedavg σ=1); true (dp-fedavg σ=0.5)" in text
     assert "(secure = false), of dp-fedavg σ=1, derive" in text
+
+
+def test_4_rounds_resumed_without_tensorboard_are_shown_when_it_is_on_again(
+    tmp_path: Path,
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "R"
+    simulate(load_config(TOY, {**SMALL, "tensorboard": True}), run)
+
+    def resume_with(tensorboard: str, rounds: int) -> None:
+        text = (run / CONFIG_FILE).read_text(encoding="utf-8")
+        for old, new in (
+            (r"tensorboard = \w+", f"tensorboard = {tensorboard}"),
+            (r"num-server-rounds = \d+", f"num-server-rounds = {rounds}"),
+        ):
+            text, n = re.subn(old, new, text)
+            assert n == 1
+        (run / CONFIG_FILE).write_text(text, encoding="utf-8")
+        resume(run)
+
+    resume_with("false", 2)
+    resume_with("true", 3)
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    rows = {r["round"]: r["eval_loss"] for r in read_rows(run / METRICS_FILE)}
+    assert sorted(rows) == [1, 2, 3]
+    assert {e.step: e.value for e in acc.Scalars("eval_loss")} == pytest.approx(rows)

@@ -107,7 +107,17 @@ def decompress_lzma(
             "dataset, an older download's, or one an earlier fedprivopt wrote; name it to read "
             "it as it is, pass overwrite=True to replace it, or choose another cache_dir"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        # forty-fourth review follow-up of issue 15 (outputs 7): a file or FIFO given as
+        # cache_dir (or above it) was "[Errno 17] File exists: 'c'", naming no parameter
+        where = (out_dir, *out_dir.parents)
+        blocker = next((p for p in where if p.exists() and not p.is_dir()), out_dir)
+        raise ValueError(
+            f"cache_dir {str(out_dir)!r} is not a directory: {str(blocker)!r} is a file (a "
+            "regular file, FIFO, device or socket)"
+        ) from None
     partial = out.with_name(out.name + ".partial")
     remove_companions(partial)  # a killed indexing's journal would be rolled into the new file
     try:

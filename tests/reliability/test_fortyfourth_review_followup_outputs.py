@@ -51,6 +51,11 @@
    the words and tags a worker rebuilds, and the command line has none of those knobs. Now the
    line gives both parts and names ``vocab_size or num_tags`` too; ``data synth`` says ``lower
    --vocab or --tags, or use --user-sizes small``. (In process, the machine's memory replaced.)
+7. Input 2's file kinds at ``decompress_lzma``'s other path: ``decompress_lzma(f,
+   cache_dir=C)`` where ``C`` is a regular file or a FIFO, or ``C/sub`` under a file. Before:
+   ``FileExistsError: [Errno 17] File exists: 'C'`` (``NotADirectoryError`` for ``C/sub``), the
+   operating system's words naming no parameter. Now ``ValueError: cache_dir 'C' is not a
+   directory: 'C' is a file (...)``; nothing written there.
 """
 
 from __future__ import annotations
@@ -263,3 +268,23 @@ def test_6_the_python_refusal_names_the_words_and_tags(monkeypatch):
     with pytest.raises(ValueError) as caught:
         workers_that_fit(config, None, 4)
     assert "vocab_size" in str(caught.value) and "num_tags" in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "under a file"])
+def test_7_decompress_lzma_names_a_cache_dir_that_is_a_file(tmp_path, kind):
+    import lzma
+
+    from fedprivopt.data import decompress_lzma
+
+    download = tmp_path / "stackoverflow.sqlite.lzma"
+    download.write_bytes(lzma.compress(b"SQLite format 3\x00", format=lzma.FORMAT_ALONE))
+    cache = tmp_path / "c"
+    if kind == "fifo":
+        os.mkfifo(cache)
+    else:
+        cache.write_text("notes")
+    given = cache / "sub" if kind == "under a file" else cache
+    with pytest.raises(ValueError, match=r"^cache_dir .* is not a directory: .* is a file") as e:
+        decompress_lzma(download, cache_dir=given)
+    assert f"{str(cache)!r} is a file" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", download.name]

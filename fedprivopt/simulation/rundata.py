@@ -482,7 +482,8 @@ def _holding_runs(path: Path, *, itself: bool = False) -> Path | None:
 
     ``path/runs`` or ``path`` when one of their subdirectories is a run (forty-fourth review,
     reports 3), else the first deeper one found among at most :data:`_SEARCHED` directories
-    (follow-up, ledger 2: ``D/E/F/S2`` was left out of ``load_runs(D)`` without a word).
+    (follow-up, ledger 2: ``D/E/F/S2`` was left out of ``load_runs(D)`` without a word), a run
+    there being a directory with a ledger, or with ``summary.json`` and ``config.toml``.
     """
     marks = (SUMMARY_FILE, *_RUN_MARKS)
     if itself and any((path / f).exists() for f in marks):
@@ -496,8 +497,8 @@ def _holding_runs(path: Path, *, itself: bool = False) -> Path | None:
     for n, (where, _, files) in enumerate(os.walk(path)):  # links not followed; errors skipped
         if n >= _SEARCHED:
             break
-        if where != str(path) and any(f in files for f in marks):
-            return Path(where).parent
+        if where != str(path) and (LEDGER_FILE in files or {SUMMARY_FILE, CONFIG_FILE} <= {*files}):
+            return Path(where).parent  # a run's own marks: another tool's summary.json is none
     return None
 
 

@@ -10,8 +10,9 @@
 2. ``load_runs(D)`` of ``D/S`` beside ``D/E/F/S2`` (runs kept by experiment and by date, one
    level deeper than reports 3's ``D/E/S2``). Before: ``D/E``'s runs left out without a word.
    Now ``rundata._holding_runs`` also looks deeper (at most 10,000 directories): ``D/E is a
-   folder of runs, not a run of D ...``; a subdirectory holding no run (plots) is still
-   ignored.
+   folder of runs, not a run of D ...`` (below the first level a run is a directory with a
+   ledger, or with ``summary.json`` and ``config.toml``); a subdirectory holding no run (plots,
+   another tool's ``summary.json``) is still ignored.
 3. ``write_report(out, load_runs(A) + load_runs(B))`` of dp-fedavg runs at σ 0.5 (``secure =
    true``) and σ 1 (seeded): two rows of one strategy. Before (the names of the forty-fourth
    review's reports 4 and 5 are strategies, where a row is a strategy at a σ): ``secure: varies
@@ -99,10 +100,12 @@ def test_2_a_folder_of_runs_two_levels_down_is_refused(tmp_path: Path, two_runs)
     shutil.copytree(two_runs[0], d / "S")
     (d / "plots" / "png").mkdir(parents=True)  # no run inside: ignored, as before
     (d / "plots" / "png" / "a.png").write_bytes(b"\x89PNG")
+    (d / "plots" / "png" / "tool").mkdir()
+    (d / "plots" / "png" / "tool" / "summary.json").write_text("{}")  # another tool's
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert [r.path.name for r in load_runs(d)] == ["S"]
-    _fake_run(d / "E" / "F" / "S2")
+    (_fake_run(d / "E" / "F" / "S2") / "config.toml").write_text("", encoding="utf-8")
     with pytest.raises(ValueError, match=r"D/E is a folder of runs, not a run of"):
         load_runs(d)
 

@@ -374,13 +374,17 @@ def out_in_place(out: Path, held: int | None) -> None:
             return
     except OSError:
         pass
-    now = moved_to(held)
-    where = "" if now is None else f"; its run is now in {now}"
+    from fedprivopt.simulation.run_places import quoted_out
+
+    # paths as shell words on one line: a name moved to may hold a line break (follow-up,
+    # outputs 8: the line was two, and the advised command not one a shell runs)
+    now, said = moved_to(held), quoted_out(out)
+    where = "" if now is None else f"; its run is now in {quoted_out(now)}"
     if now is not None and (now / "config.toml").is_file() and not (now / "summary.json").exists():
-        where += f" (fedprivopt simulate --resume {now} continues it)"
+        where += f" (fedprivopt simulate --resume {quoted_out(now)} continues it)"
     raise OutMoved(
-        f"--out {out} was moved or replaced while the deployment ran{where}: what is at "
-        f"{out} now is not this deployment's, and was not read as its results"
+        f"--out {said} was moved or replaced while the deployment ran{where}: what is at "
+        f"{said} now is not this deployment's, and was not read as its results"
     )
 
 

@@ -56,6 +56,12 @@
    ``FileExistsError: [Errno 17] File exists: 'C'`` (``NotADirectoryError`` for ``C/sub``), the
    operating system's words naming no parameter. Now ``ValueError: cache_dir 'C' is not a
    directory: 'C' is a file (...)``; nothing written there.
+8. The processes 2 case with the parent renamed to a name holding a line break (``mv PP
+   $'PP2\\nfedprivopt deploy local: finished'``). Before: ``failed: --out PP/D was moved or
+   replaced ...; its run is now in PP2`` and a second line ``fedprivopt deploy local:
+   finished/D (fedprivopt simulate --resume ...``, the name printed as it is (also the advised
+   command, which a shell could not run as printed). Now ``out_in_place`` names both paths as
+   shell words on one line (``run_places.quoted_out``).
 """
 
 from __future__ import annotations
@@ -288,3 +294,21 @@ def test_7_decompress_lzma_names_a_cache_dir_that_is_a_file(tmp_path, kind):
         decompress_lzma(download, cache_dir=given)
     assert f"{str(cache)!r} is a file" in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c", download.name]
+
+
+def test_8_a_moved_out_is_named_on_one_line(tmp_path):
+    from fedprivopt.deploy.session import OutMoved, out_in_place
+
+    out = tmp_path / "PP" / "D"
+    out.mkdir(parents=True)
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (out / "config.toml").write_text("strategy = 'dp-fedavg'\n")
+        os.rename(tmp_path / "PP", tmp_path / "PP2\nfedprivopt deploy local: finished")
+        with pytest.raises(OutMoved) as caught:
+            out_in_place(out, fd)
+    finally:
+        os.close(fd)
+    line = str(caught.value)
+    assert "\n" not in line
+    assert "PP2\\nfedprivopt deploy local: finished/D' (fedprivopt simulate --resume '" in line

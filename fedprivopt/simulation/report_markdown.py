@@ -265,9 +265,10 @@ def markdown(
         )
     for key, what in (("evaluated_model", "Evaluated"), ("initial_model", "Initial model")):
         found: dict[str, set[str]] = {}
-        for r, name in zip(sel.runs, _row_names(sel.runs), strict=True):
-            if r.summary.get(key):
-                found.setdefault(str(r.summary[key]), set()).add(name)
+        shown_runs = [r for r in sel.runs if r.summary.get(key)]
+        values = [str(r.summary[key]) for r in shown_runs]
+        for value, name in zip(values, _row_names(shown_runs, values), strict=True):
+            found.setdefault(value, set()).add(name)
         # forty-fourth review of issue 15 (reports, finding 4): dp-fedadam evaluated at its
         # moving average beside dp-fedavg's last iterate read "Evaluated: the exponential
         # moving average ...; the last iterate.", not saying which row's metric is which
@@ -434,17 +435,18 @@ def _private_evaluations(runs: Sequence[RunData], pretty: str, loss: bool) -> li
     ]
 
 
-def _row_names(runs: Sequence[RunData]) -> list[str]:
-    """Each run's row as the report names it: its strategy, with its σ if the strategy has more.
+def _row_names(runs: Sequence[RunData], values: Sequence[Any]) -> list[str]:
+    """Each run's row as the report names it beside its value: a strategy, with σ if needed.
 
     Forty-fourth review follow-up of issue 15 (ledger 3): the names of reports 4 and 5 were
     strategies, where a row is a strategy at a σ: runs at σ 0.5 (secure) and 1 (seeded) of
-    dp-fedavg read "secure: varies (see the runs): false (dp-fedavg); true (dp-fedavg)".
+    dp-fedavg read "secure: varies (see the runs): false (dp-fedavg); true (dp-fedavg)". A
+    strategy whose runs share their value (a σ grid) is still named alone.
     """
-    sigmas: dict[str, set[float]] = {}
-    for r in runs:
-        sigmas.setdefault(r.strategy, set()).add(r.noise_multiplier)
-    return [r.strategy if len(sigmas[r.strategy]) == 1 else f"{r.strategy} σ={r.noise_multiplier:g}"
+    of: dict[str, set[Any]] = {}
+    for r, value in zip(runs, values, strict=True):
+        of.setdefault(r.strategy, set()).add(value)
+    return [r.strategy if len(of[r.strategy]) == 1 else f"{r.strategy} σ={r.noise_multiplier:g}"
             for r in runs]  # fmt: skip
 
 
@@ -459,8 +461,8 @@ def _seeded_runs(runs: Sequence[RunData]) -> list[str]:
     seeded = [r for r in private if not (r.summary.get("config") or {}).get("secure", False)]
     if not seeded:
         return []
-    names = sorted({n for r, n in zip(private, _row_names(private), strict=True)
-                    if not (r.summary.get("config") or {}).get("secure", False)})  # fmt: skip
+    secure = [bool((r.summary.get("config") or {}).get("secure", False)) for r in private]
+    names = sorted({n for n, s in zip(_row_names(private, secure), secure, strict=True) if not s})
     of = "" if len(seeded) == len(private) else f", of {', '.join(names)},"
     return [
         f"- seeded runs: {len(seeded)} of the {len(private)} private runs (secure = false){of} "
@@ -522,8 +524,9 @@ def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:
             # forty-fourth review of issue 15 (reports, finding 5): "clip-norm: varies (see the
             # runs)" beside a per-strategy clip norm named neither value nor strategy
             by: dict[str, set[str]] = {}
-            for name, c in zip(_row_names(runs), configs, strict=True):
-                by.setdefault(json.dumps(c.get(key), sort_keys=True), set()).add(name)
+            values = [json.dumps(c.get(key), sort_keys=True) for c in configs]
+            for value, name in zip(values, _row_names(runs, values), strict=True):
+                by.setdefault(value, set()).add(name)
             which = "; ".join(f"{v} ({', '.join(sorted(n))})" for v, n in sorted(by.items()))
             out.append((key, "varies (see the runs)" + (f": {table_cell(which)}"
                                                       if len(by) <= _LISTED else "")))  # fmt: skip

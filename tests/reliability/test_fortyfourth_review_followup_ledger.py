@@ -18,9 +18,9 @@
    review's reports 4 and 5 are strategies, where a row is a strategy at a σ): ``secure: varies
    (see the runs): false (dp-fedavg); true (dp-fedavg)`` and ``seeded runs: 1 of the 2 private
    runs (secure = false), of dp-fedavg,``: which row depends on a secret seed was not said. Now
-   ``report_markdown._row_names`` names a strategy with more than one σ by its row (``false
-   (dp-fedavg σ=1); true (dp-fedavg σ=0.5)``, ``of dp-fedavg σ=1,``); one σ per strategy is
-   written as before (the reports tests of reports 4 and 5).
+   ``report_markdown._row_names`` names a strategy whose runs differ in the value by its rows
+   (``false (dp-fedadam, dp-fedavg σ=1); true (dp-fedavg σ=0.5)``, ``of dp-fedadam, dp-fedavg
+   σ=1,``); a strategy whose runs agree (a σ grid at one clip norm) is named alone, as before.
 4. ``simulate toy.toml --tensorboard --rounds 1 --out R``, then ``--resume R`` with
    ``tensorboard = false`` and 2 rounds in its ``config.toml`` (the forty-fourth review's ledger
    2 case, which purges from round 2), then ``--resume R`` with ``tensorboard = true`` and 3
@@ -57,15 +57,16 @@ def _fake_run(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """dp-fedavg at σ 0.5 (secure) and σ 1 (seeded), one round each."""
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """dp-fedavg at σ 0.5 (secure) and σ 1 (seeded), dp-fedadam at clip 0.3: one round each."""
     root = tmp_path_factory.mktemp("runs")
-    a, b = root / "A", root / "B"
+    a, b, c = root / "A", root / "B", root / "C"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         simulate(load_config(TOY, {**SMALL, "noise-multiplier": 0.5, "secure": True}), a)
         simulate(load_config(TOY, {**SMALL, "noise-multiplier": 1.0}), b)
-    return a, b
+        simulate(load_config(TOY, {**SMALL, "strategy": "dp-fedadam", "clip-norm": 0.3}), c)
+    return a, b, c
 
 
 def test_1_a_run_beside_a_folder_named_runs_is_refused(tmp_path: Path) -> None:
@@ -115,11 +116,14 @@ def test_3_a_report_names_the_rows_of_one_strategy_at_two_sigmas(
 ) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        runs = load_runs(two_runs[0]) + load_runs(two_runs[1])
+        runs = [run for path in two_runs for run in load_runs(path)]
         write_report(tmp_path / "rep", runs, title="t")
     text = (tmp_path / "rep" / "report.md").read_text(encoding="utf-8")
-    assert "- secure: varies (see the runs): false (dp-fedavg σ=1); true (dp-fedavg σ=0.5)" in text
-    assert "(secure = false), of dp-fedavg σ=1, derive" in text
+    secure = "- secure: varies (see the runs): false (dp-fedadam, dp-fedavg σ=1); true (dp-"
+    assert secure in text
+    assert "(secure = false), of dp-fedadam, dp-fedavg σ=1, derive" in text
+    # a strategy whose runs agree is named alone (a σ grid at one clip norm)
+    assert "- clip-norm: varies (see the runs): 0.3 (dp-fedadam); 1.0 (dp-fedavg)" in text
 
 
 def test_4_rounds_resumed_without_tensorboard_are_shown_when_it_is_on_again(

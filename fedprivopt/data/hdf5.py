@@ -457,6 +457,11 @@ def write_hdf5(
         If a client id cannot name an HDF5 group (empty, ``'.'``, or holding ``'/'`` or NUL),
         before anything is written.
     """
+    from fedprivopt.data.sqlite_files import refuse_null
+
+    # forty-fourth review of issue 15 (the outputs follow-up's open row): "h\x00.h5" ended in the
+    # operating system's "embedded null byte", naming no parameter (write_sqlite's twin)
+    refuse_null("path", path)
     h5py = load_h5py()
     path = Path(path)
     if path.exists() and not overwrite:

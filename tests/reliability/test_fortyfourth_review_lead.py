@@ -14,6 +14,10 @@
    (``AttributeError: 'dict' object has no attribute 'device'`` from
    ``simulation.run._initial_model``). Now: rc 2 and one line naming the entry
    (``models.task.refuse_tensorless_entries``, called there too).
+3. ``fedprivopt.data.write_hdf5("h\\x00.h5", {})`` (the outputs follow-up's open row; input 3
+   and outputs 2 fixed ``generate``, ``write_sqlite`` and ``decompress_lzma``). Before:
+   ``ValueError: embedded null byte``, naming no parameter. Now: ``path holds a null character``
+   (``data.sqlite_files.refuse_null``, called first), nothing written.
 """
 
 from __future__ import annotations
@@ -97,3 +101,13 @@ def test_2_a_model_with_a_dict_extra_state_is_one_line_from_simulate(tmp_path, c
     assert err.count("\n") == 1 and "entry '_extra_state' holding a dict" in err, err
     assert "get_extra_state" in err and "Traceback" not in err, err
     assert not out.exists() or not any(out.iterdir())  # nothing left of the refused run
+
+
+@pytest.mark.parametrize("path", ["h\x00.h5", b"h\x00.h5"])
+def test_3_write_hdf5_names_its_path_with_a_null_character(tmp_path, monkeypatch, path):
+    from fedprivopt.data import write_hdf5
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^path holds a null character"):
+        write_hdf5(path, {})
+    assert not any(tmp_path.iterdir())

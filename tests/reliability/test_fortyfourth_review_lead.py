@@ -18,6 +18,10 @@
    and outputs 2 fixed ``generate``, ``write_sqlite`` and ``decompress_lzma``). Before:
    ``ValueError: embedded null byte``, naming no parameter. Now: ``path holds a null character``
    (``data.sqlite_files.refuse_null``, called first), nothing written.
+4. ``simulate stackoverflow-tp-mini.toml --rounds 1 --set noise-mechanism=tree`` (the privacy
+   follow-up's open row on contract 1 and 2). Before: ``summary.json``'s ``not_covered`` ran the
+   data-identity and tree clauses together (``...one user's counts)every checkpoint of a tree
+   run ...``). Now: joined by ``; `` (``simulation.writer._not_covered``).
 """
 
 from __future__ import annotations
@@ -111,3 +115,17 @@ def test_3_write_hdf5_names_its_path_with_a_null_character(tmp_path, monkeypatch
     with pytest.raises(ValueError, match=r"^path holds a null character"):
         write_hdf5(path, {})
     assert not any(tmp_path.iterdir())
+
+
+def test_4_a_tree_run_s_two_checkpoint_clauses_are_separated(tmp_path):
+    import json
+
+    from fedprivopt.cli import main
+
+    mini = TOY.with_name("stackoverflow-tp-mini.toml")
+    out = tmp_path / "tr"
+    args = ["simulate", str(mini), "--rounds", "1", "--set", "noise-mechanism=tree"]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    text = json.loads((out / "summary.json").read_text())["not_covered"]
+    assert "data identity" in text and "live nodes" in text
+    assert "counts)every" not in text and "counts); every checkpoint of a tree run" in text

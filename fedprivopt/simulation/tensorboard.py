@@ -18,11 +18,12 @@ an event file that could not be written (a full disk, ``ulimit -f``) ended ``sim
 traceback could also be cut off by the exit. A failed write now raises ``OSError`` naming the
 event file: one line, rc 2, the ledger, rows and last checkpoint kept for ``--resume``.
 
-A resumed run starts a new event file whose first event purges the steps from its first round
-on (TensorBoard's ``purge_step``), so rounds that were redone after a kill are shown once; a
-run started again from round 0 (no checkpoint to continue from) purges every earlier event. A
-resumed run whose directory holds no event file yet (``tensorboard = true`` set in its
-``config.toml`` before ``--resume``) writes its earlier rows first (:func:`has_events`).
+A log purges the steps from its first round on (TensorBoard's ``purge_step``). A resumed run
+with TensorBoard on starts a new event file from round 1 that purges every earlier event and
+writes the kept rows again (``simulation.writer.RunWriter``; forty-fourth review follow-up of
+issue 15, ledger 4: rounds run by an earlier resume without TensorBoard were missing), so rounds
+redone after a kill are shown once; a resume with TensorBoard off purges the steps after its
+checkpoint's round when the directory holds events (:func:`has_events`; ledger 2).
 """
 
 from __future__ import annotations

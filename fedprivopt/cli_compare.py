@@ -189,6 +189,13 @@ def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
     from fedprivopt.simulation.cells import remove_report, run_cell
     from fedprivopt.simulation.parallel import check_parallel
     from fedprivopt.simulation.report import write_report
+    from fedprivopt.simulation.rundir import check_output_held
+
+    def in_place() -> None:  # forty-fourth review follow-up of issue 15 (ledger, open row)
+        try:
+            check_output_held(out, "comparison")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
     try:
         plans = plan_cells(out, cells, overwrite=args.overwrite)
@@ -212,8 +219,10 @@ def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
         run_plans(plans, args.jobs, announce)
     else:
         for i, plan in enumerate(plans, 1):
+            in_place()
             announce(i, plan)
             run_cell(plan, progress=not args.quiet)
+    in_place()
     for plan in plans:  # each read under its lock, checked again: nothing changed meanwhile
         try:
             runs.append(load_cell(plan))

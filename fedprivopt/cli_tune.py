@@ -107,11 +107,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
             except ValueError as exc:  # a stale trial run (compare's rules), a locked run
                 raise UsageError(str(exc)) from None
             progress = _TrialProgress(len(trials), enabled=not args.quiet)
+
+            def start(trial, action: str) -> None:
+                _in_place(out)  # forty-fourth review follow-up of issue 15 (ledger, open row)
+                progress.start(trial, action)
+
             try:
-                results = run_trials(plans, trials, metric=metric, on_start=progress.start,
+                results = run_trials(plans, trials, metric=metric, on_start=start,
                                      on_done=progress.done)  # fmt: skip
             finally:
                 progress.close()
+            _in_place(out)
             released = {}
             for trial in trials:
                 ledger = RunLedger.read(out / "runs" / trial.label)
@@ -141,6 +147,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
             f"{summary['delta']:g}; report: {report}"
         )
         return 0
+
+
+def _in_place(out: Path) -> None:
+    """Stop (``UsageError``) if the tuning's directory was moved or replaced while it ran."""
+    from fedprivopt.simulation.rundir import check_output_held
+
+    try:
+        check_output_held(out, "tuning")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _refuse_replacing_a_cell(out: Path, document: dict) -> None:

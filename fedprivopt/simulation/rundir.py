@@ -41,6 +41,7 @@ __all__ = [
     "NewRunDir",
     "check_claimable",
     "check_held",
+    "check_output_held",
     "lock_directory",
     "lock_run_dir",
     "our_lock_file",
@@ -138,6 +139,23 @@ def check_held(out: str | os.PathLike) -> None:
         raise ValueError(
             f"run directory {str(out)!r} was moved or replaced while this run held it; stopped "
             "before releasing another round (resume the directory that holds this run's files)"
+        )
+
+
+def check_output_held(out: str | os.PathLike, what: str) -> None:
+    """:func:`check_held` for ``compare``'s and ``tune``'s directory (``what`` names it).
+
+    Forty-fourth review follow-up of issue 15 (ledger, open for the lead): ``tune … --out TM``
+    whose ``TM`` was moved and a new ``TM`` made while it ran wrote its ``summary.json`` and
+    report into the new one (rc 0, "no trial released"), its trial left in the moved one;
+    ``compare`` made its next cell's whole run in the new directory. Called before each cell or
+    trial and before the outputs: ``ValueError``, nothing written there.
+    """
+    if os.path.abspath(out) in _HELD and not still_held(out):
+        raise ValueError(
+            f"{what} {str(out)!r} was moved or replaced while this call held it; stopped before "
+            "writing into what is there now (run the same command on the directory that now "
+            "holds its runs)"
         )
 
 

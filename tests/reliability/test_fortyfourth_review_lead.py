@@ -129,3 +129,31 @@ def test_4_a_tree_run_s_two_checkpoint_clauses_are_separated(tmp_path):
     text = json.loads((out / "summary.json").read_text())["not_covered"]
     assert "data identity" in text and "live nodes" in text
     assert "counts)every" not in text and "counts); every checkpoint of a tree run" in text
+
+
+@pytest.mark.parametrize("command", ["compare", "tune"])
+def test_5_an_output_moved_while_it_runs_gets_nothing_more(tmp_path, monkeypatch, capsys, command):
+    from fedprivopt.cli import main
+    from fedprivopt.simulation import cells
+
+    out = tmp_path / "O"
+    real = cells.run_cell
+
+    def run_then_move(plan, **kwargs):  # someone moves O and makes a new O after the first run
+        real(plan, **kwargs)
+        if not (tmp_path / "O.old").exists():
+            out.rename(tmp_path / "O.old")
+            (out / "runs").mkdir(parents=True)
+            (out / "mine.txt").write_text("another's")
+
+    monkeypatch.setattr(cells, "run_cell", run_then_move)
+    if command == "compare":
+        args = ["compare", str(TOY), "--strategies", "dp-fedavg,fedavg", "--rounds", "1"]
+    else:
+        args = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2"]
+        args += ["--rounds", "1", "--seed", "3"]
+    code = main([*args, "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "was moved or replaced while this call held it" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "runs"]
+    assert not any((out / "runs").iterdir())  # no cell, no trial, no report written there

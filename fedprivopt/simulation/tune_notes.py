@@ -33,6 +33,9 @@ def privacy_note(plan: PrivacyPlan) -> str:
     Forty-second review of issue 15 (contract 4): it named the tuning seed as the operator's
     secret but not the trials' run seeds that ``summary.json`` (``best.seed``, ``trials``) and
     ``trials.csv`` list, each of which regenerates a seeded run's noise (the released one's too).
+    Forty-fourth review follow-up (privacy, open for contract): it said "the release of the best
+    trial only (its model, hyperparameters and score)" and nothing of the trial's checkpoints and
+    ledger header, which its own ``summary.json`` says are not covered (contract 1 and 2).
     """
     runs_acc = plan.accountant
     text = (
@@ -44,7 +47,10 @@ def privacy_note(plan: PrivacyPlan) -> str:
         "at least NNN trials ran) or the tuning seed (anyone who knows the seed knows the number "
         "of trials): those stay with the operator; so do the trials' run seeds (trials.csv, "
         "best.seed) of seeded runs (secure = false), from which a run's noise and sampling are "
-        "regenerated, the released trial's too. epsilon_single_run is "
+        "regenerated, the released trial's too. Nor does it cover the released trial's "
+        "files beyond its model's parameters: its checkpoint.pt, checkpoint.prev.pt and "
+        "ledger header record the data's identity (and a tree run's checkpoints its noise), as "
+        "its own summary.json's not_covered says. epsilon_single_run is "
         "one run's epsilon by the same RDP accountant. The selection score is the task's final "
         "evaluation, on the task's evaluation data, which is not accounted."
     )

@@ -157,3 +157,16 @@ def test_5_an_output_moved_while_it_runs_gets_nothing_more(tmp_path, monkeypatch
     assert code == 2 and "was moved or replaced while this call held it" in err, err
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "runs"]
     assert not any((out / "runs").iterdir())  # no cell, no trial, no report written there
+
+
+def test_6_a_tuning_s_privacy_note_says_the_trial_s_checkpoints_are_not_covered(tmp_path):
+    import json
+
+    from fedprivopt.cli import main
+
+    out = tmp_path / "T"
+    args = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "1"]
+    assert main([*args, "--rounds", "1", "--out", str(out), "--quiet"]) == 0
+    note = json.loads((out / "summary.json").read_text())["privacy"]
+    assert "checkpoint.pt, checkpoint.prev.pt and ledger header" in note, note
+    assert "checkpoint.prev.pt and ledger header" in (out / "report.md").read_text()

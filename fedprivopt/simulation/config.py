@@ -19,13 +19,13 @@ preset < its ``[strategies.<name>]`` table < ``--set`` and command-line flags.
 
 :class:`RunConfig` is the validated configuration; a preset's text, its tables flattened to dotted
 keys and the layers merged: :mod:`fedprivopt.simulation.config_presets` (with ``--set``'s
-:func:`~fedprivopt.simulation.config_presets.parse_override`).
+:func:`~fedprivopt.simulation.config_presets.parse_override`); the checks of directory task
+parameters and TOML dates: :mod:`fedprivopt.simulation.config_values`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 import os
 import re
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.checks import check_int
-from fedprivopt.core.text import shown, shown_key
+from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
 from fedprivopt.models.side_information_config import (
     ResolvedSideInformation,
@@ -54,6 +54,12 @@ from fedprivopt.simulation.config_presets import (
     preset_text,
     task_param_spellings,
     unknown_strategy_table,
+)
+from fedprivopt.simulation.config_values import (
+    TASK_PATHS,
+    check_no_dates,
+    check_task_dirs,
+    task_path,
 )
 from fedprivopt.simulation.files import to_toml
 from fedprivopt.strategies.config import STRATEGIES, StrategyConfig
@@ -249,7 +255,7 @@ class RunConfig:
             )
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task must be a task name, got {shown(self.task)}")
-        _check_task_dirs(self.task_params)
+        check_task_dirs(self.task_params)
         if not isinstance(self.device, str) or not _DEVICE.match(self.device):
             raise ValueError(
                 f"device must be auto, cpu or cuda[:i] (i of at most 9 digits), got "
@@ -301,90 +307,6 @@ def _apply_strategy_table(flat: dict[str, Any], strategy: str) -> dict[str, Any]
     return merge(out, table)
 
 
-_TASK_PATHS = frozenset({"data_dir", "cache_dir"})
-"""Task parameters that are directories: a leading ``~`` is expanded (:func:`_expand_home`)."""
-
-
-def _expand_home(key: str, value: Any) -> Any:
-    """``value`` with a leading ``~`` or ``~user`` expanded, when it is such a string.
-
-    Twenty-eighth review of issue 15: ``--set task-params.data-dir=~/sodata`` (quoted, so the
-    shell left the ``~``) generated the dataset into ``./~/sodata``, a directory named ``~``,
-    where ``--out "~/x"`` and a preset ``"~/x.toml"`` are expanded. Anything else is unchanged
-    (the task checks it). Forty-second review of issue 15 (input 5): a ``~user`` of no user
-    (``~nosuchuser/d``, which ``expanduser`` leaves as it is) generated into ``./~nosuchuser/d``;
-    ``ValueError`` naming ``key``.
-    """
-    if isinstance(value, str) and value.startswith("~"):
-        expanded = os.path.expanduser(value)
-        if expanded == value:  # forty-second review of issue 15 (input 5): "~nosuchuser/d"
-            raise ValueError(
-                f"{key} starts with ~, but names no user of this machine whose home it could "
-                f"be: {shown(value)}; name the directory (./~x for a name that starts with ~)"
-            )
-        return expanded
-    return value
-
-
-def _task_path(key: str, value: Any) -> Any:
-    r"""A directory task parameter (:data:`_TASK_PATHS`): ``~`` expanded, a null character refused.
-
-    Forty-first review of issue 15 (input 1): ``--set 'task-params.data-dir="D\u0000x"'`` (also
-    ``cache-dir``, a preset's or a run's ``config.toml``; TOML writes a null character so) was
-    refused as ``config: embedded null byte``, the operating system's words naming no key, by
-    the check that the directories lie outside ``--out`` (``simulate``, ``compare``). No
-    directory's name holds one: refused here naming the key (before ``~`` is expanded, which
-    raises on ``~\x00``).
-    """
-    _refuse_null_character(key, value)
-    return _expand_home(shown_key(key), value)
-
-
-def _refuse_null_character(key: str, value: Any) -> None:
-    """``ValueError`` naming ``key`` when the directory ``value`` (str, bytes or path) holds NUL."""
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if isinstance(value, bytes):
-        value = os.fsdecode(value)
-    if isinstance(value, str) and "\x00" in value:
-        raise ValueError(
-            f"{shown_key(key)} holds a null character: {shown(value)}; a directory name has none"
-        )
-
-
-def _check_task_dirs(params: Any) -> None:
-    r"""Refuse a directory task parameter (:data:`_TASK_PATHS`) that holds a null character.
-
-    Follow-up of the forty-first review of issue 15 (outputs 1): input 1 refused it where a
-    configuration is read (:func:`_task_path`), but a ``RunConfig`` made in Python
-    (``dataclasses.replace(config, task_params={..., "data_dir": "D\x00x"})``, a
-    ``pathlib.Path`` too) reached ``simulate``, which refused it as ``embedded null byte``, the
-    operating system's words naming no parameter. ``ValueError`` naming the key, as there.
-    """
-    if not isinstance(params, Mapping):
-        return  # the task's own refusal names it
-    for name in sorted(_TASK_PATHS & set(params)):
-        _refuse_null_character(f"task-params.{name.replace('_', '-')}", params[name])
-
-
-def _check_no_dates(key: str, value: Any) -> None:
-    """Refuse a TOML date or time (also inside an array) as the value of ``key``.
-
-    Thirty-fourth review of issue 15 (the tasks reviewer's report): ``--set
-    task-params.extra=1979-05-27`` for a factory taking ``**params`` ended in ``TypeError:
-    Object of type date is not JSON serializable`` (rc 1) where the run's settings are recorded.
-    """
-    values = value if isinstance(value, list) else [value]
-    for item in values:
-        if isinstance(item, list):
-            _check_no_dates(key, item)
-        elif isinstance(item, (datetime.date, datetime.time)):  # datetime is a date
-            raise ValueError(
-                f"{shown_key(key)}: a TOML date or time is no setting (strings, numbers, booleans "
-                f"and arrays of them are), got {shown(str(item))}"
-            )
-
-
 def resolve_config(data: Mapping[str, Any]) -> RunConfig:
     """Build a validated :class:`RunConfig` from a (nested or flattened) kebab-case mapping."""
     flat = task_param_spellings(flatten(data))
@@ -399,10 +321,10 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         SIDE_INFORMATION,
     }
     for key, value in flat.items():
-        _check_no_dates(key, value)
+        check_no_dates(key, value)
         if key.startswith("task-params."):
             name = key.split(".", 1)[1].replace("-", "_")
-            task_params[name] = _task_path(key, value) if name in _TASK_PATHS else value
+            task_params[name] = task_path(key, value) if name in TASK_PATHS else value
             continue
         if (
             isinstance(value, int)

@@ -1,0 +1,112 @@
+"""Checks of single configuration values: directory task parameters and TOML dates.
+
+:data:`TASK_PATHS` are the task parameters that are directories: :func:`task_path` expands a
+leading ``~`` (:func:`expand_home`) and refuses a null character (:func:`refuse_null_character`;
+:func:`check_task_dirs` for a :class:`~fedprivopt.simulation.config.RunConfig` made in Python);
+:func:`check_no_dates` refuses a TOML date or time as a setting. Each error names the key.
+
+Split from :mod:`fedprivopt.simulation.config` (where these were ``_TASK_PATHS``,
+``_expand_home``, ``_task_path``, ``_refuse_null_character``, ``_check_task_dirs`` and
+``_check_no_dates``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from fedprivopt.core.text import shown, shown_key
+
+__all__ = [
+    "TASK_PATHS",
+    "check_no_dates",
+    "check_task_dirs",
+    "expand_home",
+    "refuse_null_character",
+    "task_path",
+]
+
+TASK_PATHS = frozenset({"data_dir", "cache_dir"})
+"""Task parameters that are directories: a leading ``~`` is expanded (:func:`expand_home`)."""
+
+
+def expand_home(key: str, value: Any) -> Any:
+    """``value`` with a leading ``~`` or ``~user`` expanded, when it is such a string.
+
+    Twenty-eighth review of issue 15: ``--set task-params.data-dir=~/sodata`` (quoted, so the
+    shell left the ``~``) generated the dataset into ``./~/sodata``, a directory named ``~``,
+    where ``--out "~/x"`` and a preset ``"~/x.toml"`` are expanded. Anything else is unchanged
+    (the task checks it). Forty-second review of issue 15 (input 5): a ``~user`` of no user
+    (``~nosuchuser/d``, which ``expanduser`` leaves as it is) generated into ``./~nosuchuser/d``;
+    ``ValueError`` naming ``key``.
+    """
+    if isinstance(value, str) and value.startswith("~"):
+        expanded = os.path.expanduser(value)
+        if expanded == value:  # forty-second review of issue 15 (input 5): "~nosuchuser/d"
+            raise ValueError(
+                f"{key} starts with ~, but names no user of this machine whose home it could "
+                f"be: {shown(value)}; name the directory (./~x for a name that starts with ~)"
+            )
+        return expanded
+    return value
+
+
+def task_path(key: str, value: Any) -> Any:
+    r"""A directory task parameter (:data:`TASK_PATHS`): ``~`` expanded, a null character refused.
+
+    Forty-first review of issue 15 (input 1): ``--set 'task-params.data-dir="D\u0000x"'`` (also
+    ``cache-dir``, a preset's or a run's ``config.toml``; TOML writes a null character so) was
+    refused as ``config: embedded null byte``, the operating system's words naming no key, by
+    the check that the directories lie outside ``--out`` (``simulate``, ``compare``). No
+    directory's name holds one: refused here naming the key (before ``~`` is expanded, which
+    raises on ``~\x00``).
+    """
+    refuse_null_character(key, value)
+    return expand_home(shown_key(key), value)
+
+
+def refuse_null_character(key: str, value: Any) -> None:
+    """``ValueError`` naming ``key`` when the directory ``value`` (str, bytes or path) holds NUL."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError(
+            f"{shown_key(key)} holds a null character: {shown(value)}; a directory name has none"
+        )
+
+
+def check_task_dirs(params: Any) -> None:
+    r"""Refuse a directory task parameter (:data:`TASK_PATHS`) that holds a null character.
+
+    Follow-up of the forty-first review of issue 15 (outputs 1): input 1 refused it where a
+    configuration is read (:func:`task_path`), but a ``RunConfig`` made in Python
+    (``dataclasses.replace(config, task_params={..., "data_dir": "D\x00x"})``, a
+    ``pathlib.Path`` too) reached ``simulate``, which refused it as ``embedded null byte``, the
+    operating system's words naming no parameter. ``ValueError`` naming the key, as there.
+    """
+    if not isinstance(params, Mapping):
+        return  # the task's own refusal names it
+    for name in sorted(TASK_PATHS & set(params)):
+        refuse_null_character(f"task-params.{name.replace('_', '-')}", params[name])
+
+
+def check_no_dates(key: str, value: Any) -> None:
+    """Refuse a TOML date or time (also inside an array) as the value of ``key``.
+
+    Thirty-fourth review of issue 15 (the tasks reviewer's report): ``--set
+    task-params.extra=1979-05-27`` for a factory taking ``**params`` ended in ``TypeError:
+    Object of type date is not JSON serializable`` (rc 1) where the run's settings are recorded.
+    """
+    values = value if isinstance(value, list) else [value]
+    for item in values:
+        if isinstance(item, list):
+            check_no_dates(key, item)
+        elif isinstance(item, (datetime.date, datetime.time)):  # datetime is a date
+            raise ValueError(
+                f"{shown_key(key)}: a TOML date or time is no setting (strings, numbers, booleans "
+                f"and arrays of them are), got {shown(str(item))}"
+            )

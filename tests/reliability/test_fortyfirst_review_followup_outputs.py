@@ -7,7 +7,7 @@ lead fixes of that review): tests.
    ``simulate(config, out)``. Before: ``ValueError: embedded null byte``, the operating
    system's words naming no parameter (``check_task_dirs_outside``'s ``realpath``), where the
    command line names ``task-params.data-dir`` since input 1. Now ``RunConfig`` refuses it when
-   it is made, naming the key, as ``resolve_config`` does (``config._check_task_dirs``).
+   it is made, naming the key, as ``resolve_config`` does (``config_values.check_task_dirs``).
 2. Input 2's refusal of a file whose ``examples.client_id`` is declared ``INTEGER`` (a type that
    stores the text ``'1'`` as the integer 1): ``SQLiteSplit.client_examples('1')``. Before: the
    line said ``reading client '1' of split 'train' found a row of client '1' of split

@@ -6,7 +6,7 @@
    byte``, the operating system's words naming no key, raised by the check that the task's
    directories lie outside ``--out`` before the task (which names the key for every other
    control character) was built. Now ``simulation.config`` refuses it when the configuration
-   is read (``_task_path``): one line naming the key.
+   is read (``config_values.task_path``): one line naming the key.
 2. ``SQLiteSplit(f).client_examples("u1")`` (also ``simulate`` of a task on the file) of a
    TFF-schema file whose ``examples.client_id`` is declared ``COLLATE NOCASE`` (or ``RTRIM``,
    or ``INTEGER``, which stores ``'01'`` and ``'1'`` as 1, so reading ``'1'`` found both) and

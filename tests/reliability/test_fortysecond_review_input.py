@@ -35,7 +35,7 @@
    traceback, rc 1; ``--set task-params.data-dir=~nosuchuser/d`` (``expanduser`` leaves it as
    it is): rc 0, a synthetic dataset generated into ``./~nosuchuser/d``, where ``~/d`` is
    expanded (twenty-eighth review). Now rc 2, one line naming the flag or the key
-   (``cli_args.check_path_text``, ``simulation.config._expand_home``).
+   (``cli_args.check_path_text``, ``simulation.config_values.expand_home``).
 6. The same through the tasks' Python API: ``StackOverflowTagTask(data_dir="~nosuchuser/d")``
    (also ``cache_dir``; the next-word task's ``data_dir``): pathlib's ``RuntimeError: Could not
    determine home directory.``, naming no parameter. Now ``ValueError`` naming it

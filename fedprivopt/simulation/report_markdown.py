@@ -2,10 +2,12 @@
 
 :func:`markdown` writes the report of :func:`~fedprivopt.simulation.report.write_report` from
 the selected runs (:class:`~fedprivopt.simulation.rundata_aggregate.Selection`) and their rows
-(:func:`~fedprivopt.simulation.rundata_aggregate.aggregate_runs`): numbers rounded to what the
-spread supports (``mean ± std``), seeds listed or as ranges, each cell escaped for a markdown
-table (:func:`table_cell`, also used by the tuning's reports) and the privacy settings the runs
-share. :func:`rounds_text` is a row's completed rounds, as ``summary.csv`` writes them too.
+(:func:`~fedprivopt.simulation.rundata_aggregate.aggregate_runs`), with the privacy settings the
+runs share. Its cells (numbers rounded to what the spread supports, ``mean ± std``; seeds listed
+or as ranges; each cell escaped for a markdown table) are written by
+:mod:`fedprivopt.simulation.report_format`, whose :func:`table_cell` (also used by the tuning's
+reports) and :func:`rounds_text` (a row's completed rounds, as ``summary.csv`` writes them too)
+this module re-exports.
 """
 
 from __future__ import annotations
@@ -16,6 +18,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedprivopt.core.text import epsilon_text
+from fedprivopt.simulation.report_format import (
+    LISTED,
+    fmt,
+    fmt_eps,
+    fmt_pm,
+    one_line,
+    rounds_text,
+    seed_list,
+    seeds_cell,
+    table_cell,
+)
 from fedprivopt.simulation.report_plots import pretty_metric
 from fedprivopt.simulation.rundata import RunData
 from fedprivopt.simulation.rundata_aggregate import (
@@ -37,49 +50,6 @@ _NOT_PRIVACY_CONFIG = ("cohort-chunk", "delta")
 _EARLIER = ("reused", "resumed")  # origins of runs made by an earlier call
 
 
-def _fmt(x: float, digits: int = 4) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.{digits}g}"
-
-
-_ROUNDING = 1e-12
-"""A std at most this fraction of the mean is the rounding of equal values' mean, shown ``± 0``.
-
-Thirty-second review of issue 15 (reports, finding 8): 7 seeds of an equal accuracy 0.37333
-have a float mean one ulp off and a std of 6e-17, which was written ``0.37333333 ± 0.00000000``
-(eight places claimed) where 6 seeds gave ``0.3733 ± 0``.
-"""
-
-
-def _fmt_pm(mean: float, std: float, n: int) -> str:
-    """``mean ± std`` with the std to two significant digits and the mean to the same place.
-
-    A std of 100 or more is rounded to its second significant digit too (``1000 ± 120``), in
-    scientific notation from a million on (``1.163e+19 ± 5.7e+17``). Thirty-third review of
-    issue 15 (results, finding 4): such a spread was written with every digit of the float, as
-    ``11630144715940167680 ± 569119712518259776`` (``compare --set server-learning-rate=1e20``'s
-    eval loss; 39 digits each near float32's largest loss).
-    """
-    if not math.isfinite(mean):
-        return "n/a" if math.isnan(mean) else str(mean)
-    if n <= 1 or math.isnan(std):  # NaN: fewer than two finite values (no spread)
-        return _fmt(mean)
-    if 0 < std <= abs(mean) * _ROUNDING:  # equal values whose mean was rounded: no spread
-        std = 0.0
-    if not (math.isfinite(std) and std > 0):
-        return f"{_fmt(mean)} ± {_fmt(std)}"
-    place = 1 - math.floor(math.log10(std))  # decimal place of the std's second digit
-    if place >= 0:
-        return f"{mean:.{min(place, 8)}f} ± {std:.{min(place, 8)}f}"
-    if max(abs(mean), std) < 1e6:
-        return f"{round(mean, place):.0f} ± {round(std, place):.0f}"
-    digits = max(math.floor(math.log10(abs(mean))) + place, 0) if mean else 0
-    return f"{mean:.{digits}e} ± {std:.1e}"
-
-
-_LISTED = 10
-"""Up to this many seeds are listed one by one; more are written as ranges (``0-299``)."""
-
-
 def _seeds_text(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     """The header's seeds: ``3 seeds (0, 1, 2)``, or the runs a group has when groups differ.
 
@@ -88,74 +58,11 @@ def _seeds_text(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     × 1 noise multipliers × 2 seeds (1356721935, 2138214908)" for 2 runs, not 4.
     """
     if len({tuple(sorted(r["seeds"])) for r in rows}) <= 1:
-        return f"{len(seeds)} seeds ({_seed_list(seeds)})"
+        return f"{len(seeds)} seeds ({seed_list(seeds)})"
     counts = sorted({len(r["seeds"]) for r in rows})
     each = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
     runs = "run" if counts == [1] else "runs"
-    return f"{each} {runs} per group (seeds differ between groups: {_seed_list(seeds)})"
-
-
-def _seed_list(seeds: Sequence[int]) -> str:
-    """``0, 1, 2`` or, above :data:`_LISTED` seeds, their ranges: ``0-299, 301``.
-
-    Twenty-ninth review of issue 15: ``compare --seeds 300`` wrote every seed number into the
-    report's first paragraph, and a row whose 300 seeds diverged a table cell of 6,893
-    characters (``seed 0 from round 1, seed 1 from round 1, ...``).
-    """
-    ordered = sorted(set(seeds))
-    if len(ordered) <= _LISTED:
-        return ", ".join(map(str, ordered))
-    spans: list[list[int]] = []
-    for seed in ordered:
-        if spans and seed == spans[-1][1] + 1:
-            spans[-1][1] = seed
-        else:
-            spans.append([seed, seed])
-    # forty-fourth review of issue 15 (reports, finding 1): the released trials of a tuned
-    # comparison have scattered run seeds (1356721935, ...), which make no ranges: compare
-    # --tune-grid ... --seeds 300 wrote all 300 into the header (3,437 characters) and a row's
-    # diverged seeds into one table cell (3,530); the first spans are shown, then a count
-    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans[:_LISTED])
-    rest = sum(b - a + 1 for a, b in spans[_LISTED:])
-    return shown + (f" and {rest} more" if rest else "")
-
-
-def _seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]], budget: int = 0) -> str:
-    """``3``, or ``3 (1 non-finite; 2 diverged: seed 0 from round 1, seed 2 from round 4)``.
-
-    Above :data:`_LISTED` diverged seeds they are grouped by round: ``seeds 0-299 from round 1``.
-    ``budget`` seeds stopped early at the privacy budget: ``3 (3 stopped at the privacy
-    budget)`` (:func:`write_summary_csv`, finding 5).
-    """
-    marks = [f"{budget} stopped at the privacy budget"] if budget else []
-    marks += [f"{n - n_finite} non-finite"] if n_finite != n else []
-    if len(diverged) > _LISTED:
-        rounds = sorted({first for _, first in diverged})
-        which = ", ".join(
-            f"seeds {_seed_list([s for s, f in diverged if f == first])} from round {first}"
-            for first in rounds[:_LISTED]
-        )  # at most _LISTED rounds (finding 1 of the forty-fourth review, above)
-        later = sum(f in rounds[_LISTED:] for _, f in diverged)
-        which += f", {later} more from later rounds" if later else ""
-        marks.append(f"{len(diverged)} diverged: {which}")
-    elif diverged:
-        which = ", ".join(f"seed {seed} from round {first}" for seed, first in diverged)
-        marks.append(f"{len(diverged)} diverged: {which}")
-    return f"{n} ({'; '.join(marks)})" if marks else str(n)
-
-
-def rounds_text(row: Mapping[str, Any]) -> str:
-    """An :func:`aggregate_runs` row's completed rounds: ``3``, or ``1–3`` when they differ.
-
-    The ``rounds`` cell of ``report.md`` and of ``summary.csv`` alike. Thirty-second review of
-    issue 15 (reports, finding 5): ``compare --tune-grid num-server-rounds=1,3`` released
-    1-round and 3-round trials as one row's seeds, and the row said ``rounds 1`` (the fewest)
-    beside a mean over both; thirty-third review (results, finding 1): ``summary.csv`` still
-    wrote that ``1``.
-    """
-    lo = row["rounds"]
-    hi = row.get("rounds_max", lo)  # rows built without it: one count
-    return str(lo) if lo == hi else f"{lo}–{hi}"
+    return f"{each} {runs} per group (seeds differ between groups: {seed_list(seeds)})"
 
 
 def _noise_text(runs: Sequence[RunData]) -> str:
@@ -192,44 +99,6 @@ def _better(metric: str) -> str:
     return "down" if metric == "eval_loss" else "up"
 
 
-def _fmt_eps(eps: float, private: bool = False) -> str:
-    """ε as the Summary shows it; ``∞ (non-private)`` only for a row that is not private.
-
-    Thirty-ninth review of issue 15 (reports, finding 3): a dp-fedavg run whose
-    ``summary.json`` was edited to ``"epsilon": Infinity`` (its ledger 10.28; the largest ε its
-    files state is reported) was shown as ``∞ (non-private)`` and drawn as a non-private
-    baseline.
-    """
-    if math.isinf(eps):
-        return "∞ (private: its files state an unbounded epsilon)" if private else "∞ (non-private)"
-    return "n/a" if math.isnan(eps) else epsilon_text(eps)  # rounded up (thirty-ninth review)
-
-
-def _one_line(text: str) -> str:
-    r"""``text`` with its control characters escaped (``\n``, ``\r``, ``\x1b``): one line.
-
-    Thirty-fifth review of issue 15 (outputs, finding 7): ``compare $'my\n## Notes.toml' …``
-    (a preset whose file name holds a newline) wrote the title ``# fedprivopt compare: my``
-    and then a heading ``## Notes.toml`` of its own in ``report.md``; a task's
-    ``initialization`` text alike (its "Initial model:" line).
-    """
-    return "".join(
-        c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
-        for c in text
-    )
-
-
-def table_cell(text: Any) -> str:
-    """``text`` as one cell of a markdown table: ``|`` escaped, newlines as spaces.
-
-    Also the Summary's header cell of the task metric: thirty-fifth review of issue 15 (outputs,
-    finding 2): a task by reference whose metric is named ``p(y|x)`` wrote the header
-    ``| … | eval_p(y|x) | eval loss | s/round |``, 10 cells over a delimiter row of 9, which
-    Markdown does not take for a table: the Summary showed as lines of text.
-    """
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def markdown(
     title: str,
     sel: Selection,
@@ -247,7 +116,7 @@ def markdown(
     engines = sorted({str(r.summary.get("engine", "?")) for r in sel.runs})
     budget = sum(r.summary.get("stopped_reason") == "budget" for r in sel.runs)
     lines = [
-        f"# {_one_line(title)}",
+        f"# {one_line(title)}",
         "",
         f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
         f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {_seeds_text(rows, seeds)}; "
@@ -277,7 +146,7 @@ def markdown(
             for value, names in sorted(found.items())
         )
         if found:
-            lines.append(_one_line(f"{what}: {text}."))  # a task's own text
+            lines.append(one_line(f"{what}: {text}."))  # a task's own text
     if origins:
         earlier = sum(origins.get(r.path.name, "").startswith(_EARLIER) for r in sel.runs)
         lines.append(
@@ -296,15 +165,15 @@ def markdown(
     named = differing_bases(rows)  # each ε cell names what it is (thirty-seventh review)
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
-        seeds_cell = _seeds_cell(n, n_ok, r["diverged"], r.get("n_budget", 0))
-        eps, basis = _fmt_eps(r["epsilon"], r.get("private", False)), epsilon_basis(r, named)
+        seeds_column = seeds_cell(n, n_ok, r["diverged"], r.get("n_budget", 0))
+        eps, basis = fmt_eps(r["epsilon"], r.get("private", False)), epsilon_basis(r, named)
         if basis and math.isfinite(r["epsilon"]):
             eps += f" ({basis})"
         cells = [
-            r["strategy"], f"{r['noise_multiplier']:g}", seeds_cell, eps,
-            _fmt(r["delta"], 3), rounds_text(r), _fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
-            *[_fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n)] * loss,
-            _fmt(r["seconds_per_round"], 3),
+            r["strategy"], f"{r['noise_multiplier']:g}", seeds_column, eps,
+            fmt(r["delta"], 3), rounds_text(r), fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], n_ok),
+            *[fmt_pm(r["eval_loss_mean"], r["eval_loss_std"], n)] * loss,
+            fmt(r["seconds_per_round"], 3),
         ]  # fmt: skip
         lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
     ref_text = ""
@@ -313,8 +182,8 @@ def markdown(
         lines += [
             "",
             f"Reference: {ref[0]}, a model built from public information only and never trained: "
-            f"{pretty} {_fmt(ref[1][m])}"
-            + (f", eval loss {_fmt(loss)}." if loss is not None else ".")
+            f"{pretty} {fmt(ref[1][m])}"
+            + (f", eval loss {fmt(loss)}." if loss is not None else ".")
             + " A strategy that does not beat it has learned nothing about the users.",
         ]
         ref_text = f" The dotted grey line is the {ref[0]}."
@@ -352,7 +221,7 @@ def markdown(
     ]
     deltas = sorted({r.delta for r in sel.runs if math.isfinite(r.epsilon)})
     if deltas:
-        lines.append(f"- δ: {', '.join(_fmt(d, 3) for d in deltas)}")
+        lines.append(f"- δ: {', '.join(fmt(d, 3) for d in deltas)}")
     lines += [f"- {key}: {value}" for key, value in _shared_privacy_config(sel.runs)]
     lines += _public_users(sel.runs)
     lines += _seeded_runs(sel.runs) + _seeds_composed(rows)
@@ -529,7 +398,7 @@ def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:
                 by.setdefault(value, set()).add(name)
             which = "; ".join(f"{v} ({', '.join(sorted(n))})" for v, n in sorted(by.items()))
             out.append((key, "varies (see the runs)" + (f": {table_cell(which)}"
-                                                      if len(by) <= _LISTED else "")))  # fmt: skip
+                                                      if len(by) <= LISTED else "")))  # fmt: skip
             continue
         value = configs[0].get(key)
         out.append((key, table_cell(value if isinstance(value, str) else values.pop())))

@@ -4,7 +4,9 @@
 accountant, final metrics from its metrics rows, :attr:`RunData.warnings` for what was
 tolerated); :func:`load_runs` a run, a ``compare`` output or a folder of runs. Grouping them by
 (strategy, σ) and aggregating over seeds: :mod:`fedprivopt.simulation.rundata_aggregate`; the
-report built from them: :mod:`fedprivopt.simulation.report`.
+report built from them: :mod:`fedprivopt.simulation.report`. A summary read against the run's
+``config.toml``, ledger header and rows (and :func:`check_summary_rounds`, re-exported here):
+:mod:`fedprivopt.simulation.rundata_summary`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import numpy as np
 
 from fedprivopt.core import checks
 from fedprivopt.core.text import shown
-from fedprivopt.simulation.checkpoint import newest_checkpoint, rows_problem
 from fedprivopt.simulation.divergence import (
     DIVERGED_KEY,
     checked_round,
@@ -38,7 +39,6 @@ from fedprivopt.simulation.files import (
     read_rows,
     stated_epsilons,
 )
-from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 from fedprivopt.simulation.rundata_epsilon import (
     accounted_epsilon,
     checkpoint_epsilon_header,
@@ -47,7 +47,13 @@ from fedprivopt.simulation.rundata_epsilon import (
     note_copied_plan,
     trial_note,
 )
-from fedprivopt.strategies.config import MAX_ROUNDS
+from fedprivopt.simulation.rundata_summary import (
+    check_rows,
+    check_summary_rounds,
+    configured_summary,
+    no_round,
+    recorded_summary,
+)
 
 __all__ = [
     "RunData",
@@ -209,7 +215,7 @@ def load_run(path: str | Path) -> RunData:
     check_run_files(path)  # a FIFO or a link to a device (issue 15, ninth review)
     summary_path, metrics_path = path / SUMMARY_FILE, path / METRICS_FILE
     for p in (summary_path, metrics_path):
-        if not p.is_file() and not (p == metrics_path and _no_round(summary_path)):
+        if not p.is_file() and not (p == metrics_path and no_round(summary_path)):
             raise ValueError(f"{p}: missing (is {path} a fedprivopt run directory?)")
     try:
         summary = parse_json(summary_path.read_text(encoding="utf-8"))
@@ -224,15 +230,15 @@ def load_run(path: str | Path) -> RunData:
         check_summary_rounds(summary["rounds_completed"], summary_path)
 
     notes: list[str] = []
-    raw = summary  # as summary.json states it (its rows' digest: _check_rows)
-    configured = _configured(path, summary, notes)  # a new mapping when config.toml was read
+    raw = summary  # as summary.json states it (its rows' digest: check_rows)
+    configured = configured_summary(path, summary, notes)  # a new mapping when config.toml was read
     # the file δ comes from: config.toml, or without a readable one summary.json (finding 4)
     where = CONFIG_FILE if configured is not summary else SUMMARY_FILE
     seed = configured["seed"]  # the summary's own when there is no config.toml (finding 9)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"{summary_path} is unreadable (seed must be an integer >= 0, got "
                          f"{shown(seed)})")  # fmt: skip
-    summary = configured if where == CONFIG_FILE else _recorded(path, configured, notes)
+    summary = configured if where == CONFIG_FILE else recorded_summary(path, configured, notes)
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
     accounted = accounted_epsilon(path, notes, summary.get("delta"), where)
@@ -258,141 +264,8 @@ def load_run(path: str | Path) -> RunData:
         notes.append(
             f"{path}: its files state different epsilons ({stated}); the largest is reported"
         )
-    _check_rows(path, rows, raw, notes)
+    check_rows(path, rows, raw, notes)
     return RunData(summary, rows, path, tuple(notes), spent)
-
-
-def _check_rows(
-    path: Path, rows: list[dict[str, Any]], summary: dict[str, Any], notes: list[str]
-) -> None:
-    """Note rows that are not those the summary or the newest checkpoint was written after.
-
-    Thirty-ninth review of issue 15 (outputs follow-up 1): seed 0's ``metrics.jsonl`` copied
-    over seed 1's was reported as seed 1's results without a word
-    (:func:`~fedprivopt.simulation.checkpoint.rows_problem`; ``compare``, ``compare-tuned
-    --untuned`` and ``--resume`` refuse such a run).
-    """
-    try:
-        state, name = newest_checkpoint(path, problems={})
-    except ValueError:  # a checkpoint this process may not read: the summary's digest stands
-        state, name = None, None
-    problem = rows_problem(path, rows, state, name, summary)
-    if problem is not None:
-        notes.append(f"{problem}; reported as its files state")
-
-
-def check_summary_rounds(rounds: Any, path: Path) -> int:
-    """``summary.json``'s ``rounds_completed``: an integer in ``[0, MAX_ROUNDS]``.
-
-    Thirty-third review of issue 15 (results, finding 9): :func:`load_run` took any value, and
-    a report (the documented ``write_report(out, load_runs(...))``) of a summary edited to
-    ``"abc"``, ``null``, ``[2]`` or ``1e400`` ended in a ``ValueError``, ``TypeError`` or
-    ``OverflowError`` from ``int()`` naming no file, while ``2.5``, ``-3``, ``true`` and ``"2"``
-    were reported as rounds ``2``, ``-3``, ``1`` and ``2``. ``--resume`` and ``compare`` refuse
-    such a summary with the same words (``audit.read_summary``).
-
-    Raises
-    ------
-    ValueError
-        Naming ``path`` and the value.
-    """
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-        raise ValueError(
-            f"{path} is unreadable (rounds_completed must be an integer >= 0, got {shown(rounds)})"
-        )
-    if rounds > MAX_ROUNDS:
-        raise ValueError(
-            f"{path} is unreadable (rounds_completed {shown(rounds)} is beyond the {MAX_ROUNDS:,} "
-            "a run may have: the file was edited)"
-        )
-    return rounds
-
-
-def _no_round(summary_path: Path) -> bool:
-    """Whether ``summary.json`` says the run completed no round (its budget allowed none).
-
-    Such a run writes no metrics row, so it has no ``metrics.jsonl``.
-    """
-    try:
-        return parse_json(summary_path.read_text(encoding="utf-8"))["rounds_completed"] == 0
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _configured(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[str, Any]:
-    """``summary`` with what the run's ``config.toml`` says it is; a disagreement is noted.
-
-    A report groups runs by strategy and σ: they come from the configuration, not from what
-    ``summary.json`` states (an edited summary moved a run into another cell's row, issue 15).
-    A run without a readable ``config.toml`` keeps its summary's values (noted if unreadable).
-    """
-    from fedprivopt.simulation.config import load_config
-
-    if not (path / CONFIG_FILE).is_file():
-        return summary
-    try:
-        config = load_config(path / CONFIG_FILE)
-    except (ValueError, OSError, RecursionError) as exc:
-        notes.append(f"{path}: its {CONFIG_FILE} cannot be read ({exc}); grouped by {SUMMARY_FILE}")
-        return summary
-    s = config.strategy
-    own = {
-        "strategy": s.strategy,
-        "noise_multiplier": s.noise_multiplier if s.private else 0.0,
-        "seed": s.seed,
-        "delta": s.delta,
-    }
-    differ = [key for key, value in own.items() if summary.get(key) != value]
-    if differ:
-        stated = ", ".join(f"{key} {summary.get(key)!r}" for key in differ)
-        configured = ", ".join(f"{key} {own[key]!r}" for key in differ)
-        notes.append(
-            f"{path}: its {SUMMARY_FILE} states {stated}, but its {CONFIG_FILE} {configured}; "
-            "reported as configured"
-        )
-    return {**summary, **own, "config": config.to_mapping()}
-
-
-_LEDGER_KEYS = ("strategy", "noise-multiplier", "seed", "accountant", "sampling",
-                "noise-mechanism", "population", "clients-per-round", "clip-norm")  # fmt: skip
-"""A ledger header's settings a report shows or reads its ε's basis from (:func:`_recorded`)."""
-
-
-def _recorded(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[str, Any]:
-    """``summary`` with the strategy, σ, seed and settings its privacy ledger's header records.
-
-    For a run without a readable ``config.toml``. Thirty-ninth review of issue 15 (reports,
-    finding 4): ``write_report(out, load_runs(F))`` of a dp-fedavg run at σ 0.5 whose
-    ``config.toml`` was deleted and whose ``summary.json`` states ``noise_multiplier`` 5 and
-    ``config.accountant`` ``pld`` reported "σ 5, ε 10.28 (pld)": the ledger's ε beside a σ and
-    an accountant the run did not have, without a warning. δ stays the summary's (ε is
-    composed at it, noted when it is not the ledger's: thirty-seventh review, finding 4).
-    """
-    try:
-        ledger = RunLedger.read(path)
-    except (OldLedgerError, ValueError, OSError):  # a damaged one: accounted_epsilon raises
-        return summary
-    settings = None if ledger is None else ledger.header.get("settings")
-    if not isinstance(settings, dict):
-        return summary
-    private = ledger.header.get("private") is True
-    own = {"strategy": settings.get("strategy"), "seed": settings.get("seed"),
-           "noise_multiplier": settings.get("noise-multiplier") if private else 0.0}  # fmt: skip
-    kinds = {"strategy": (str,), "seed": (int,), "noise_multiplier": (int, float)}
-    own = {key: value for key, value in own.items()  # a header's odd value is not taken
-           if isinstance(value, kinds[key]) and not isinstance(value, bool)}  # fmt: skip
-    differ = [key for key, value in own.items() if summary.get(key) != value]
-    stated = summary.get("config")
-    stated = stated if isinstance(stated, dict) else {}
-    recorded = {key: settings[key] for key in _LEDGER_KEYS if key in settings}
-    differ += [key for key, value in recorded.items() if stated.get(key) != value]
-    config = {**stated, **recorded}
-    if differ:
-        notes.append(
-            f"{path}: no readable {CONFIG_FILE}, and its {SUMMARY_FILE} disagrees with its "
-            f"{LEDGER_FILE} ({', '.join(differ[:3])}); reported as its ledger records"
-        )
-    return {**summary, **own, "config": config}
 
 
 def _refuse_tunings(root: Path) -> None:

@@ -16,7 +16,8 @@ one, SQLite scans the whole ``examples`` table for every client (about 152 milli
 full file: minutes per client), so :class:`SQLiteSplit` warns. This package never modifies a file
 it did not write: :func:`~fedprivopt.data.sqlite_lzma.decompress_lzma` indexes the cache it
 writes, the synthetic generator indexes its output (:func:`write_sqlite`), and
-:func:`create_client_index` indexes a file you name explicitly.
+:func:`create_client_index` indexes a file you name explicitly. The schema's checks, names and
+limits, and :func:`write_sqlite`, are in :mod:`fedprivopt.data.sqlite_schema` (re-exported here).
 
 References
 ----------
@@ -25,12 +26,11 @@ References
 
 from __future__ import annotations
 
-import errno
 import os
 import sqlite3
 import warnings
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,9 +42,19 @@ from fedprivopt.data.sqlite_files import (
     check_sqlite_file,
     declared_size,
     first_warning,
-    refuse_null,
-    remove_companions,
     unreadable,
+)
+from fedprivopt.data.sqlite_schema import (
+    BINARY,
+    DISTINCT_SPLITS,
+    INDEX_NAME,
+    MAX_SPLITS,
+    SQLITE_ERRORS,
+    check_schema,
+    has_client_index,
+    text_values,
+    too_many_splits,
+    write_sqlite,
 )
 from fedprivopt.data.stackoverflow import (
     MAX_EXAMPLE_BYTES,
@@ -69,37 +79,10 @@ __all__ = [
     "write_sqlite",
 ]
 
-INDEX_NAME = "examples_split_client"
 MAX_SPLIT_CLIENTS = 10_000_000
 """Clients of one split at most (twenty-ninth review of issue 15: their ids and counts are held,
 about 175 bytes a client, measured; 2 million took 0.63 GB, and the 10**8 of a population's bound
 would take 17 GB)."""
-MAX_SPLITS = 100
-"""Split names one file may hold (TFF's and the synthetic files hold 3: train, heldout, test).
-Forty-fourth review of issue 15 (input 4): ``data info`` of a 24 MB file whose
-``client_metadata`` named a million splits (a damaged table, or a split column filled with ids)
-took 298 s and 1.2 GB and printed a million lines; a task's data identity read them alike."""
-
-
-def _too_many_splits(path: Path) -> ValueError:
-    return ValueError(
-        f"{path}: client_metadata names more than {MAX_SPLITS} splits (a StackOverflow file "
-        "has 3: train, heldout, test), so the file is damaged"
-    )
-
-
-# sqlite3 raises UnicodeDecodeError when a damaged schema puts invalid UTF-8 in an error message
-_SQLITE_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
-_SCHEMA = {
-    "examples": ("split_name", "client_id", "serialized_example_proto"),
-    "client_metadata": ("client_id", "split_name", "num_examples"),
-}
-_CREATE = (
-    "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
-    "serialized_example_proto BLOB NOT NULL)",
-    "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
-    "num_examples INTEGER NOT NULL)",
-)
 
 
 # a blob is read only when it holds at most MAX_EXAMPLE_BYTES (thirtieth review of issue 15,
@@ -126,64 +109,20 @@ def _connect(path: Path, *, readonly: bool = True) -> sqlite3.Connection:
     return sqlite3.connect(uri, uri=True, check_same_thread=False)
 
 
-def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    missing = sorted(set(_SCHEMA) - tables)
-    if missing:
-        raise ValueError(
-            f"{path}: not a TFF StackOverflow database: missing table(s) {missing} "
-            f"(found {sorted(tables)})"
-        )
-    for table, columns in _SCHEMA.items():
-        found = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-        lacking = [c for c in columns if c not in found]
-        if lacking:
-            raise ValueError(
-                f"{path}: table {table!r} lacks column(s) {lacking} (found {sorted(found)})"
-            )
-
-
-def has_client_index(conn: sqlite3.Connection) -> bool:
-    """Whether ``examples`` has an index usable for ``WHERE split_name=? AND client_id=?``."""
-    for row in conn.execute("PRAGMA index_list(examples)").fetchall():
-        cols = [r[2] for r in conn.execute(f"PRAGMA index_info({_quote(row[1])})")]
-        if cols[:1] == ["client_id"] or cols[:2] == ["split_name", "client_id"]:
-            return True
-    return False
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _text_values(path: Path, column: str, values: list) -> list[str]:
-    """``values`` if they are all text; a damaged record can hold another storage class."""
-    for value in values:
-        if not isinstance(value, str):
-            raise ValueError(f"{path}: {column} holds {value!r}, expected text")
-    return values
-
-
-# follow-up of the forty-first review of issue 15 (outputs 6): names told apart as the reader
-# tells them (text equal to text), not by a COLLATE NOCASE or RTRIM of the column
-_BINARY = " COLLATE BINARY"
-_DISTINCT_SPLITS = f"SELECT DISTINCT split_name{_BINARY} FROM client_metadata"
-
-
 def list_splits(path: str | os.PathLike) -> list[str]:
     """Split names present in ``client_metadata`` of the database at ``path``."""
     path = check_sqlite_file(path)
     conn = _connect(path)
     try:
-        _check_schema(conn, path)
-        names = [r[0] for r in conn.execute(f"{_DISTINCT_SPLITS} LIMIT {MAX_SPLITS + 1}")]
-    except _SQLITE_ERRORS as exc:
+        check_schema(conn, path)
+        names = [r[0] for r in conn.execute(f"{DISTINCT_SPLITS} LIMIT {MAX_SPLITS + 1}")]
+    except SQLITE_ERRORS as exc:
         raise unreadable(path, exc) from exc
     finally:
         conn.close()
     if len(names) > MAX_SPLITS:
-        raise _too_many_splits(path)
-    return sorted(_text_values(path, "client_metadata.split_name", names))
+        raise too_many_splits(path)
+    return sorted(text_values(path, "client_metadata.split_name", names))
 
 
 def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -206,9 +145,9 @@ def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
     conn = _connect(path)
     out: dict[str, array] = {}
     try:
-        _check_schema(conn, path)
+        check_schema(conn, path)
         for split, n in conn.execute("SELECT split_name, num_examples FROM client_metadata"):
-            _text_values(path, "client_metadata.split_name", [split])
+            text_values(path, "client_metadata.split_name", [split])
             if not isinstance(n, int) or n < 0:
                 raise ValueError(
                     f"{path}: client_metadata.num_examples holds {n!r} in split "
@@ -217,17 +156,17 @@ def read_example_counts(path: str | os.PathLike) -> dict[str, np.ndarray]:
             counts = out.get(split)
             if counts is None:
                 if len(out) == MAX_SPLITS:
-                    raise _too_many_splits(path)
+                    raise too_many_splits(path)
                 counts = out[split] = array("q")
             counts.append(n)
-    except _SQLITE_ERRORS as exc:
+    except SQLITE_ERRORS as exc:
         raise unreadable(path, exc) from exc
     finally:
         conn.close()
     return {split: np.frombuffer(counts, dtype=np.int64).copy() for split, counts in out.items()}
 
 
-_DISTINCT_CLIENTS = f"SELECT COUNT(DISTINCT client_id{_BINARY}) FROM client_metadata"
+_DISTINCT_CLIENTS = f"SELECT COUNT(DISTINCT client_id{BINARY}) FROM client_metadata"
 
 
 def count_distinct_clients(path: str | os.PathLike) -> int:
@@ -246,9 +185,9 @@ def count_distinct_clients(path: str | os.PathLike) -> int:
     path = check_sqlite_file(path)
     conn = _connect(path)
     try:
-        _check_schema(conn, path)
+        check_schema(conn, path)
         (count,) = conn.execute(_DISTINCT_CLIENTS).fetchone()
-    except _SQLITE_ERRORS as exc:
+    except SQLITE_ERRORS as exc:
         raise unreadable(path, exc) from exc
     finally:
         conn.close()
@@ -298,9 +237,9 @@ class SQLiteSplit(ClientSplit):
         self._pid = -1
         conn = self._connection()
         try:
-            _check_schema(conn, self.path)
+            check_schema(conn, self.path)
             (listed,) = conn.execute(
-                f"SELECT count(*) FROM client_metadata WHERE split_name = ?{_BINARY}", (split,)
+                f"SELECT count(*) FROM client_metadata WHERE split_name = ?{BINARY}", (split,)
             ).fetchone()
             if listed > MAX_SPLIT_CLIENTS:  # counted before any id is held
                 raise ValueError(
@@ -310,11 +249,11 @@ class SQLiteSplit(ClientSplit):
                 )
             rows = conn.execute(
                 "SELECT client_id, num_examples FROM client_metadata "
-                f"WHERE split_name = ?{_BINARY} ORDER BY client_id{_BINARY}",
+                f"WHERE split_name = ?{BINARY} ORDER BY client_id{BINARY}",
                 (split,),
             ).fetchall()
             if not rows:
-                query = f"{_DISTINCT_SPLITS} LIMIT {MAX_SPLITS + 1}"
+                query = f"{DISTINCT_SPLITS} LIMIT {MAX_SPLITS + 1}"
                 splits = sorted(str(r[0]) for r in conn.execute(query))
                 raise ValueError(
                     f"{self.path}: no split {split!r} in client_metadata (splits present: "
@@ -322,11 +261,9 @@ class SQLiteSplit(ClientSplit):
                 )
             self.indexed = has_client_index(conn)
             first = conn.execute(f"SELECT {_BLOB} FROM examples LIMIT 1", _LIMIT).fetchone()
-        except _SQLITE_ERRORS as exc:
+        except SQLITE_ERRORS as exc:
             raise unreadable(self.path, exc) from exc
-        self._client_ids = _text_values(
-            self.path, "client_metadata.client_id", [r[0] for r in rows]
-        )
+        self._client_ids = text_values(self.path, "client_metadata.client_id", [r[0] for r in rows])
         self._counts = {r[0]: r[1] for r in rows}
         if len(self._counts) != len(rows):
             raise ValueError(
@@ -409,7 +346,7 @@ class SQLiteSplit(ClientSplit):
                 )
                 .fetchall()
             )
-        except _SQLITE_ERRORS as exc:
+        except SQLITE_ERRORS as exc:
             raise unreadable(self.path, exc) from exc
         for row in rows:
             check_row_owner(self.path, row[:2], self.split, client_id)
@@ -462,73 +399,13 @@ def create_client_index(path: str | os.PathLike) -> bool:
     path = check_sqlite_file(path)
     conn = _connect(path, readonly=False)
     try:
-        _check_schema(conn, path)
+        check_schema(conn, path)
         if has_client_index(conn):
             return False
         with conn:
             conn.execute(f"CREATE INDEX {INDEX_NAME} ON examples (split_name, client_id)")
         return True
-    except _SQLITE_ERRORS as exc:
+    except SQLITE_ERRORS as exc:
         raise ValueError(f"{path}: cannot index SQLite database: {exc}") from exc
     finally:
         conn.close()
-
-
-def write_sqlite(
-    path: str | os.PathLike,
-    examples: Iterable[tuple[str, str, bytes]],
-    metadata: Iterable[tuple[str, str, int]],
-    *,
-    index: bool = True,
-    overwrite: bool = False,
-) -> Path:
-    """Write a database in the TFF StackOverflow schema, in one transaction.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Output file; written to ``<path>.partial`` first and renamed when complete.
-    examples : iterable of (split_name, client_id, serialized_example_proto)
-        Rows of ``examples`` (consumed lazily by ``executemany``).
-    metadata : iterable of (client_id, split_name, num_examples)
-        Rows of ``client_metadata``.
-    index : bool, default True
-        Create the ``(split_name, client_id)`` index after inserting.
-    overwrite : bool, default False
-        Replace an existing file; otherwise raise ``FileExistsError``.
-
-    Returns
-    -------
-    pathlib.Path
-        The written file.
-    """
-    path = Path(path)
-    refuse_null("path", path)  # forty-fourth review follow-up (outputs 2): "embedded null byte"
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
-    partial = path.with_name(path.name + ".partial")
-    partial.unlink(missing_ok=True)
-    remove_companions(partial)
-    conn = sqlite3.connect(partial)
-    try:
-        conn.execute("PRAGMA journal_mode = OFF")
-        conn.execute("PRAGMA synchronous = OFF")
-        with conn:
-            for statement in _CREATE:
-                conn.execute(statement)
-            conn.executemany("INSERT INTO examples VALUES (?, ?, ?)", examples)
-            conn.executemany("INSERT INTO client_metadata VALUES (?, ?, ?)", metadata)
-            if index:
-                conn.execute(f"CREATE INDEX {INDEX_NAME} ON examples (split_name, client_id)")
-        conn.close()
-        remove_companions(path)  # the replaced file's journal would be rolled into this one
-        os.replace(partial, path)
-    except sqlite3.OperationalError as exc:
-        if "full" not in str(exc):
-            raise
-        # fourteenth review of issue 15: `data synth` on a full disk ended in this traceback
-        raise OSError(errno.ENOSPC, f"No space left on device ({exc})", str(partial)) from None
-    finally:
-        conn.close()
-        partial.unlink(missing_ok=True)
-    return path

@@ -6,7 +6,7 @@
    (1356721935, ...); also their diverged seeds, at many rounds. Before: the header listed all
    300 seeds (3,621 characters: the twenty-ninth review's ranges fold only consecutive seeds),
    and the Summary's seeds cell of a row whose 300 seeds diverged at 15 rounds held 3,816
-   characters, one group per round. Now ``report_markdown._seed_list`` shows the first 10 spans
+   characters, one group per round. Now ``report_format.seed_list`` shows the first 10 spans
    and "and 290 more", and the seeds cell at most 10 rounds, then "N more from later rounds"
    (the Runs table still lists every run).
 2. ``load_runs(D)`` (the documented API of reports, and ``compare-tuned T --untuned D``) of a

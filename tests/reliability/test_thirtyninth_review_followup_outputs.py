@@ -10,7 +10,8 @@
    order, so that reordered rows resume as the twenty-seventh review made them), which
    ``audit_run_dir`` checks (``checkpoint.check_rows_digest``: ``compare``'s reuse,
    ``compare-tuned --untuned``, ``--resume``: refused naming ``metrics.jsonl`` and the file it
-   disagrees with) and a report notes (``rundata_summary.check_rows``, a warning, as the reports note
+   disagrees with) and a report notes (``rundata_summary.check_rows``, a warning, as the reports
+   note
    files that state different ε), also with the summary's digest deleted or the summary copied
    with the rows. Honest runs, a resume after a row torn by a kill, and files of earlier
    versions (no digest) are taken as before, without a warning.

@@ -29,7 +29,8 @@
    ``config.toml`` was deleted and whose ``summary.json`` states ``noise_multiplier`` 5, seed
    3 and ``config.accountant`` ``pld``. Before: reported as "σ 5, seed 3", its ledger's ε 10.28
    labelled ``pld``, without a warning. Now a run without a readable ``config.toml`` takes its
-   strategy, σ, seed and settings from its privacy ledger's header (``rundata_summary.recorded_summary``),
+   strategy, σ, seed and settings from its privacy ledger's header
+   (``rundata_summary.recorded_summary``),
    noting that its summary disagrees; δ stays the summary's (thirty-seventh review, finding 4).
 """
 

@@ -13,7 +13,8 @@ A run directory holds
 - ``run.lock``: held by the one process writing the directory.
 
 How the directory is claimed and locked: :mod:`fedprivopt.simulation.rundir`; its privacy ledger:
-:mod:`fedprivopt.simulation.ledger`.
+:mod:`fedprivopt.simulation.ledger`; the checks of a run's inputs before anything is written:
+:mod:`fedprivopt.simulation.run_checks`.
 
 Both engines drive the same :class:`~fedprivopt.strategies.ServerAlgorithm`: ``fast`` in process
 with :class:`~fedprivopt.clients.LocalTrainer`, ``flower`` through Flower's simulation engine (Ray)
@@ -24,7 +25,6 @@ user), so a resumed run ends with the same model and ε as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 import time
@@ -35,23 +35,18 @@ from typing import Any
 
 import torch
 
-from fedprivopt.core.files import real_path, url_refusal
 from fedprivopt.core.logs import quiet_flower
 from fedprivopt.core.text import epsilon_text
-from fedprivopt.data.token_cache import CACHE_DIR
 from fedprivopt.models import build_task
 from fedprivopt.models.registry import is_reference
 from fedprivopt.models.side_information_config import build_side_information
 from fedprivopt.models.task import (
     Task,
-    TaskError,
     data_identity,
     frozen_coordinates,
     primary_metric,
     refuse_inexact_entries,
-    refuse_tensorless_entries,
 )
-from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt, ray_processes
@@ -88,14 +83,22 @@ from fedprivopt.simulation.files import (
     write_synced,
 )
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
+from fedprivopt.simulation.run_checks import (
+    check_config,
+    check_config_file,
+    check_task_dirs_outside,
+    check_writable,
+    initial_model,
+    private_strategy,
+    run_dir_argument,
+)
 from fedprivopt.simulation.run_places import refuse_inside_a_run, refuse_inside_held
 from fedprivopt.simulation.rundir import NewRunDir, check_held, lock_run_dir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
-from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.core import ServerAlgorithm
 
-__all__ = ["RunOutcome", "build_run", "resume", "simulate"]
+__all__ = ["RunOutcome", "build_run", "check_task_dirs_outside", "resume", "simulate"]
 
 
 @dataclass
@@ -114,30 +117,6 @@ class RunOutcome:
     """The first round whose evaluation or model was not finite (``summary.json``'s key)."""
 
 
-def _run_dir_argument(name: str, value: object) -> Path:
-    """A run directory given to :func:`simulate` or :func:`resume`, as a ``Path``.
-
-    Twenty-fifth review of issue 15, finding 14: ``simulate(config, "")`` wrote the run into the
-    working directory and ``resume("")`` resumed it (the command line refuses ``--out ""`` and
-    ``--resume ""``; the functions did not), and ``None`` or ``5`` raised ``os.fspath``'s
-    ``TypeError`` naming nothing.
-    """
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise ValueError(f"{name} must be a non-empty path, got {value!r}"[:200])
-    refused = url_refusal(name, value)  # forty-third review of issue 15 (lead 2): ./s3:/b/r
-    if refused is not None:
-        raise ValueError(refused)
-    return Path(value)
-
-
-def _check_config(config: object) -> None:
-    if not isinstance(config, RunConfig):
-        raise ValueError(
-            f"config must be a RunConfig (simulation.config.load_config), got "
-            f"{type(config).__name__}"
-        )
-
-
 def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, ServerAlgorithm]:
     """Build the task and the server algorithm; raises ``ValueError`` on inconsistent settings.
 
@@ -150,7 +129,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
     ids ``0 .. N-k-1`` map to the task's users ``k .. N-1`` (``ServerAlgorithm.user_offset``), so
     the public users are never sampled, accounted or trained on privately, on every engine.
     """
-    _check_config(config)
+    check_config(config)
     if task is None:
         task = build_task(config.task, **config.task_params)
     elif not is_reference(config.task) and getattr(task, "name", config.task) != config.task:
@@ -160,7 +139,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
             f"population must equal the number of users of task {config.task!r} "
             f"({task.num_users}), got {config.strategy.population}"
         )
-    model = _initial_model(task)  # once: the initial point and the frozen coordinates
+    model = initial_model(task)  # once: the initial point and the frozen coordinates
     state = model.state_dict()
     init, spec = flatten(state)
     # a task with a cohort trainer of its own reaches neither model_spec nor LocalTrainer on
@@ -172,7 +151,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
         side = build_side_information(resolved, task)
         if resolved.public_users:
             offset = len(resolved.public_users)
-            strategy = _private(strategy, resolved.private_population, offset)
+            strategy = private_strategy(strategy, resolved.private_population, offset)
     alg = build_algorithm(
         strategy, init, preconditioner=side, user_offset=offset, frozen=frozen_coordinates(model)
     )
@@ -182,52 +161,6 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
         planned = strategy.num_server_rounds * alg.events_per_round
         check_ledger([(event, planned)], strategy.delta, accountant="prv")
     return task, alg
-
-
-def _initial_model(task: Task) -> torch.nn.Module:
-    """``task.build_model()``, checked: a module of initialized tensors on the CPU.
-
-    Thirty-fourth review of issue 15 (the tasks reviewer's report): a model built on the
-    ``meta`` device or with a lazy module (``torch.nn.LazyLinear``) ended in a traceback (rc 1:
-    ``Tensor.item() cannot be called on meta tensors``, ``Can't access the shape of an
-    uninitialized parameter``), and ``sys.exit(0)`` in ``build_model()`` in rc 0 and no line.
-    Its own exception (a weights file gone) is one line naming it (thirty-sixth review, the
-    tasks reviewer's report: a 29-line traceback, rc 1).
-    """
-    name = f"{type(task).__name__}.build_model()"
-    with task_call(name, f"{name} must return"):
-        model = task.build_model()
-    if not isinstance(model, torch.nn.Module):  # thirty-second review of issue 15: a traceback
-        raise TaskError(f"{name} must return a torch.nn.Module, got {type(model).__name__}")
-    state = model.state_dict(keep_vars=True)
-    # forty-fourth review of issue 15 (the api reviewer's open row): a dict from a module's
-    # get_extra_state() ended here in AttributeError ('dict' has no 'device'), rc 1, a traceback
-    refuse_tensorless_entries(state, task)
-    for key, tensor in state.items():
-        if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
-            what = "uninitialized (a lazy module: give its sizes, or run it once in build_model)"
-        elif tensor.device.type != "cpu":
-            what = f"on device {tensor.device} (build the model on the CPU)"
-        else:
-            continue
-        raise TaskError(f"{name} must return a model of tensors on the CPU; {key!r} is {what}")
-    return model
-
-
-def _private(strategy: StrategyConfig, private: int, public: int) -> StrategyConfig:
-    """``strategy`` over the private population of ``private`` users (``public`` left out).
-
-    A setting that does not fit it is refused naming that population (thirty-third review of
-    issue 15, optim reviewer's note: ``min-shares = 20`` with 30 of 40 users public said
-    ``min-shares must be in [0, population = 10]``, the preset's population being 40).
-    """
-    try:
-        return dataclasses.replace(strategy, population=private)
-    except ValueError as exc:
-        raise ValueError(
-            f"{exc} (population here is the private population: {strategy.population} users "
-            f"less the {public} public users of side-information.users)"
-        ) from None
 
 
 class _Progress:
@@ -381,8 +314,8 @@ def simulate(
     directory is locked for the whole run; a start that fails before its first released round
     leaves nothing behind (see :class:`~fedprivopt.simulation.rundir.NewRunDir`).
     """
-    out_dir = _run_dir_argument("out_dir", out_dir)
-    _check_config(config)
+    out_dir = run_dir_argument("out_dir", out_dir)
+    check_config(config)
     # forty-second review of issue 15 (lead 3, the processes reviewer's open row): the Python
     # API wrote a whole run inside a finished run's directory, which the command line refuses
     refuse_inside_a_run(out_dir, "out_dir")
@@ -395,45 +328,6 @@ def simulate(
     with NewRunDir(out_dir, overwrite=overwrite) as out, _naming_the_run(out):
         ledger = start_run_files(out, config, alg, task, tuning_plan)
         return _execute(out, config, task, alg, progress, ledger)
-
-
-def check_task_dirs_outside(config: RunConfig, out_dir: str | Path) -> None:
-    """Refuse a task whose ``data-dir`` or ``cache-dir`` is the run directory or inside it.
-
-    A run's directory holds its own files only. Twenty-second review of issue 15: a token store
-    in ``cache-dir = <out>/cache`` was written into the run (rc 0), and its ``--overwrite`` was
-    then refused for holding files that are not the run's; a ``data-dir`` there was generated
-    first, then refused as "not empty". ``ValueError`` naming the key, before anything is
-    written.
-
-    Thirty-eighth review of issue 15 (rundirs): with ``token-cache = true`` and no
-    ``cache-dir`` the store goes to ``<data-dir>/.fedprivopt-cache``, which was not checked:
-    ``--out D/.fedprivopt-cache`` wrote the token store into the run (rc 0). That default is
-    checked as ``cache-dir``.
-    """
-    run = real_path(out_dir)
-    for key, value, given in _task_dirs(config.task_params):
-        where = real_path(value)
-        if where == run or where.is_relative_to(run):
-            raise ValueError(
-                f"task-params.{key.replace('_', '-')} = {given} is inside "
-                f"{str(out_dir)!r}, the directory the run writes (--out), which holds only its "
-                "own files; choose a directory outside it"
-            )
-
-
-def _task_dirs(params: dict) -> list[tuple[str, str | os.PathLike, str]]:
-    """The task's directories as ``(key, path, how it is named)``, the default cache's too."""
-    given = {
-        key: value
-        for key in ("data_dir", "cache_dir")
-        if isinstance(value := params.get(key), (str, os.PathLike)) and str(value)
-    }
-    found = [(key, value, repr(str(value))) for key, value in given.items()]
-    if params.get("token_cache") is True and "data_dir" in given and not params.get("cache_dir"):
-        default = Path(given["data_dir"]) / CACHE_DIR
-        found.append(("cache_dir", default, f"{str(default)!r} (its default with token-cache)"))
-    return found
 
 
 def resume(
@@ -480,13 +374,13 @@ def resume(
     ``checkpoint.pt.bad``, so the good previous one is kept until the next checkpoint replaces
     it.
     """
-    out = _run_dir_argument("out_dir", out_dir)
+    out = run_dir_argument("out_dir", out_dir)
     if not out.is_dir():
         what = "is not a directory" if os.path.lexists(out) else "does not exist"
         raise ValueError(f"--resume directory {str(out)!r} {what}")
     check_run_files(out)  # a FIFO or device would hang or be read until memory runs out
-    _check_config_file(out)
-    _check_writable(out)
+    check_config_file(out)
+    check_writable(out)
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
     check_appended_not_linked(out)
     # forty-first review (ledger 1; follow-up 3: the old ledger set aside): else Is a directory
@@ -495,46 +389,6 @@ def resume(
     )
     with lock_run_dir(out), _naming_the_run(out):
         return _resume_locked(out, progress, tuning_plan, planned)
-
-
-def _check_writable(out: Path) -> None:
-    """Raise ``ValueError`` naming run directory ``out`` when this user cannot write in it.
-
-    Thirty-seventh review of issue 15 (cli, finding 4; the environment reviewer's report):
-    ``--resume R`` of a directory its user may not write (``chmod -R a-w``, a copy of another
-    account's run) said ``R/summary.json: Permission denied``, a file, after the lock was taken.
-    """
-    if os.access(out, os.W_OK | os.X_OK):
-        return
-    from fedprivopt.core.files import on_read_only_fs
-
-    why = "read-only file system" if on_read_only_fs(out) else "permission denied"
-    raise ValueError(
-        f"--resume directory {str(out)!r} cannot be written by this user ({why}): a resumed "
-        "run writes its checkpoint, rows and summary there; copy it to a directory you may "
-        "write, or make it writable"
-    )
-
-
-def _check_config_file(out: Path) -> None:
-    """Raise ``ValueError`` unless run directory ``out`` holds its ``config.toml`` as a file.
-
-    Thirty-fifth review of issue 15 (lifecycle, finding 4): a ``config.toml`` that was a
-    directory or a dangling symbolic link was reported as missing (``has no config.toml``) beside
-    the name ``ls`` shows, and a ``--resume`` path that does not exist as a directory without
-    one.
-    """
-    path = out / CONFIG_FILE
-    if path.is_file():
-        return
-    if path.is_dir():
-        what = f": its {CONFIG_FILE} is a directory, not the run's configuration file"
-    elif os.path.islink(path):
-        target = os.readlink(path)
-        what = f": its {CONFIG_FILE} is a symbolic link to {target!r}, which does not exist"
-    else:
-        what = f" has no {CONFIG_FILE}"
-    raise ValueError(f"--resume directory {str(out)!r}{what}"[:400])
 
 
 def _resume_locked(out: Path, progress: bool, tuning_plan: str | None, planned: bool) -> RunOutcome:

@@ -16,6 +16,7 @@ from typing import Any
 
 # the checks of an out inside a run moved to the simulation layer, which simulate() calls too
 from fedprivopt.simulation.run_places import (
+    ancestors,
     check_not_held,
     quoted_out,
     refuse_inside_a_run,
@@ -133,13 +134,8 @@ def refuse_inside_writing(out: Path) -> None:
     """
     from fedprivopt.data.locks import LockHeldError, directory_held, probe_lock
 
-    out = Path(out).absolute()
-    places = [*out.parents]
-    try:
-        places += [place for place in out.resolve().parents if place not in places]
-    except (OSError, RuntimeError):
-        pass  # a loop of links: the claim that follows names it
-    for place in places:
+    out = Path(out).absolute()  # named so in the refusal
+    for place in ancestors(out):
         for lock, what in _WRITERS:
             if not (place / lock).is_file() or not directory_held(place):
                 continue

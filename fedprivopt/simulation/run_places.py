@@ -13,7 +13,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["check_not_held", "quoted_out", "refuse_inside_a_run", "refuse_inside_held"]
+__all__ = [
+    "ancestors",
+    "check_not_held",
+    "quoted_out",
+    "refuse_inside_a_run",
+    "refuse_inside_held",
+]
 
 
 def check_not_held(out: Path) -> None:
@@ -50,7 +56,7 @@ def refuse_inside_held(out: Path, flag: str = "--out") -> None:
     from fedprivopt.data.locks import LockHeldError
     from fedprivopt.simulation.files import LOCK_FILE
 
-    for place in _ancestors(out):
+    for place in ancestors(out):
         for lock, what in (
             (LOCK_FILE, "run directory"),
             (_DEPLOY_LOCK, "deployment's log directory"),
@@ -77,7 +83,7 @@ _DEPLOY_LOCK = "deploy.lock"
 _RUN_MARKERS = ("privacy_ledger.jsonl", "run.lock", "config.toml")
 
 
-def _ancestors(out: Path) -> list[Path]:
+def ancestors(out: Path) -> list[Path]:
     """The directories above ``out``: as written (made absolute) and as its links resolve.
 
     Forty-second review of issue 15 (processes 2): only the first were looked at, so an ``out``
@@ -100,9 +106,9 @@ def refuse_inside_a_run(out: Path, flag: str = "--out") -> None:
     15 (processes 2): the Python API :func:`~fedprivopt.deploy.local.deploy_local` (documented
     to validate everything first) took ``out=A/plots/sub`` with ``A`` a finished run, which
     ``deploy local`` refuses: the ServerApp would have written a run among ``A``'s files, after
-    which ``compare --overwrite`` refuses ``A``'s cell. Through a link too (:func:`_ancestors`).
+    which ``compare --overwrite`` refuses ``A``'s cell. Through a link too (:func:`ancestors`).
     """
-    for place in _ancestors(out):
+    for place in ancestors(out):
         found = [name for name in _RUN_MARKERS if os.path.lexists(place / name)]
         if "privacy_ledger.jsonl" in found or {"run.lock", "config.toml"} <= set(found):
             raise ValueError(

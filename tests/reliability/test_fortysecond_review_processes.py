@@ -23,7 +23,7 @@
    ``ValueError``, ``argument --out: ... is inside the run directory A (it holds
    privacy_ledger.jsonl): ...``, before anything is written (``out_checks.refuse_inside_a_run``),
    and the held one names the holder; both look at the parents as written and as resolved
-   (``out_checks._ancestors``). (No Flower process is started.)
+   (``run_places.ancestors``). (No Flower process is started.)
 3. A Flower-engine run stopped after its last round and before its ``summary.json`` (``compare
    toy.toml --noise-multipliers 0.5,1 --engine flower --rounds 3 --tensorboard``, its process
    group sent SIGHUP as cell 2 wrote its rows: rc 129, cell 2 with 3 of 3 rounds and no

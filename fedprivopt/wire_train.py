@@ -246,6 +246,15 @@ def check_private_metrics(record: Mapping[str, object]) -> None:
             )
 
 
+def _bare(name: object) -> str:
+    """``name`` without case and separators: the letters and digits of a key, lower case.
+
+    Two keys with one bare form are one key in two spellings (``count-noise-std``,
+    ``countNoiseStd``, ``COUNT_NOISE_STD``).
+    """
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+
+
 def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
     """Parse and validate a train :data:`~fedprivopt.wire.CONFIG_RECORD`.
 
@@ -256,11 +265,14 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
         repeated, or a private round asks for private metrics (:func:`check_private_metrics`).
     """
     known = (*REQUIRED_TRAIN_KEYS, REPORT_PRIVATE_METRICS, CLIP_BIT, COUNT_NOISE_STD)
+    bare = {_bare(k): k for k in known}
     for name in check_mapping("record", record):
         # forty-third review of issue 15 (wire 9): a known key in snake_case (count_noise_std,
-        # clip_bit) was ignored, so the node sent its exact clip bits, as the server never asked
-        spelled = str(name).replace("_", "-")
-        if name not in known and spelled in known:
+        # clip_bit) was ignored, so the node sent its exact clip bits, as the server never asked;
+        # forty-fifth review (wire 1): in other case or separators too (countNoiseStd,
+        # Count-Noise-Std, COUNT_NOISE_STD, "count noise std", "count-noise-std ")
+        spelled = bare.get(_bare(name))
+        if name not in known and spelled is not None:
             raise ValueError(
                 f"train config key {shown(name)} is {spelled!r} in another spelling; the key is "
                 f"{spelled!r}"

@@ -1,0 +1,81 @@
+"""Issue 15, forty-fifth hostile review (wire: Flower messages, replies, the ClientApp): tests.
+
+1. fedprivopt's ClientApp (node 1 of 3, toy; ``wire.decode_train_config``, every ClientApp's
+   reader of a train config) given a distributed adaptive-clipping train config whose
+   ``count-noise-std`` 0.3 is written in another case or with other separators:
+   ``Count-Noise-Std``, ``countNoiseStd``, ``COUNT_NOISE_STD``, ``count noise std`` or
+   ``count-noise-std `` (a ServerApp of one's own writing the config by hand). Before: the key
+   was ignored and its default 0 used, so the node sent each user's exact clip bit (``[1.0,
+   1.0]``) where a noised centred share was meant (``[0.51, 0.91]``): one unnoised bit of each
+   user a round, outside epsilon (the forty-third review, wire 9, refused snake_case only). Now
+   ``ValueError: train config key 'countNoiseStd' is 'count-noise-std' in another spelling``
+   (``wire_train.decode_train_config``, by the key's letters and digits in lower case); keys
+   that spell no known key are ignored as before.
+
+The tests run fedprivopt's ClientApp in process (no Flower engine, no Ray).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+
+from fedprivopt import wire as P
+from fedprivopt.clients import LocalConfig
+from fedprivopt.clients.client_app import app
+from fedprivopt.models import build_task
+from tests.messages import delivered
+
+TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
+SETTINGS = P.ClientSettings(LocalConfig(learning_rate=0.5, clip_norm=1.0, noise_std=0.2), seed=5)
+ADAPTIVE = P.ClientSettings(
+    LocalConfig(
+        learning_rate=0.5, clip_norm=1.0, noise_std=0.2, clip_bit=True, count_noise_std=0.3
+    ),
+    seed=5,
+)
+
+
+def _node() -> Context:
+    """Node 1 of 3 of the toy task (users 1, 4, 7), as fedprivopt's ClientApp reads it."""
+    run_config = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS_JSON: json.dumps(TOY), P.RUN_DEVICE: "cpu"}
+    nodes = {P.NODE_PARTITION_ID: 1, P.NODE_NUM_PARTITIONS: 3}
+    return Context(
+        run_id=1, node_id=11, node_config=nodes, state=RecordDict(), run_config=run_config
+    )
+
+
+def _model_arrays() -> ArrayRecord:
+    state = build_task("toy", **TOY).build_model().state_dict()
+    return ArrayRecord({k: Array(v.numpy()) for k, v in state.items()})
+
+
+def _train(config: dict, **records) -> object:
+    content = {P.CONFIG_RECORD: ConfigRecord(config), P.ARRAYS_RECORD: _model_arrays(), **records}
+    return app(delivered(content, "train"), _node())
+
+
+# -- finding 1: a train config key in another case or with other separators is refused ----------
+
+SPELLINGS = ["Count-Noise-Std", "countNoiseStd", "COUNT_NOISE_STD", "count noise std",
+             "count-noise-std "]  # fmt: skip
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_1_count_noise_std_in_another_case_or_separators_is_refused(spelling):
+    config = dict(P.encode_train_config(users=[1, 4], round_num=1, settings=ADAPTIVE))
+    config[spelling] = config.pop(P.COUNT_NOISE_STD)
+    said = f"^train config key '{spelling}' is 'count-noise-std' in another spelling"
+    with pytest.raises(ValueError, match=said):
+        _train(config)  # before: ignored, each user's exact clip bit 1.0 sent
+
+
+def test_1_the_known_spelling_sends_noised_shares_and_other_keys_are_ignored():
+    config = dict(P.encode_train_config(users=[1, 4], round_num=1, settings=ADAPTIVE))
+    config["future-key"] = 1
+    config["Clip-Norms"] = 2.0  # no known key's spelling
+    reply = _train(config)
+    bits = [reply.content[f"update/{u}"][P.CLIP_BIT_ARRAY].numpy()[0] for u in (1, 4)]
+    assert all(b not in (0.0, 1.0) for b in bits)  # noised centred shares

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
-from fedprivopt.core.local import LocalConfig
+from fedprivopt.core.local import MAX_COUNT_NOISE_STD, MAX_EPOCHS, MAX_LEARNING_RATE, LocalConfig
 from fedprivopt.core.text import shown
 
 if TYPE_CHECKING:  # Flower is imported where a record is built, so the fast engine never loads it
@@ -295,15 +295,29 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
     stream = record[STREAM]
     if not isinstance(stream, str) or not stream:
         raise ValueError(f"{key(STREAM)} must be a non-empty string, got {shown(stream)}")
+    # LocalConfig's ranges, the key named (forty-fifth review of issue 15, wire 2: a learning
+    # rate of 0, -1 or 1e300, 10,001 epochs or a count-noise std of 1e101 were taken here and
+    # refused by LocalConfig as "learning_rate must be ...", naming no key of the config)
     local = LocalConfig(
-        learning_rate=check_real(key(LOCAL_LEARNING_RATE), record[LOCAL_LEARNING_RATE]),
-        epochs=check_int(key(LOCAL_EPOCHS), record[LOCAL_EPOCHS], 1),
+        learning_rate=check_real(
+            key(LOCAL_LEARNING_RATE),
+            record[LOCAL_LEARNING_RATE],
+            low=0.0,
+            high=MAX_LEARNING_RATE,
+            low_open=True,
+        ),
+        epochs=check_int(key(LOCAL_EPOCHS), record[LOCAL_EPOCHS], 1, MAX_EPOCHS),
         batch_size=check_int(key(BATCH_SIZE), record[BATCH_SIZE], 1),
         max_examples=max_examples or None,
         clip_norm=clip_norm or None,
         noise_std=check_real(key(NOISE_STD), record[NOISE_STD], low=0.0),
         clip_bit=check_bool(key(CLIP_BIT), record.get(CLIP_BIT, False)),
-        count_noise_std=check_real(key(COUNT_NOISE_STD), record.get(COUNT_NOISE_STD, 0.0), low=0),
+        count_noise_std=check_real(
+            key(COUNT_NOISE_STD),
+            record.get(COUNT_NOISE_STD, 0.0),
+            low=0.0,
+            high=MAX_COUNT_NOISE_STD,
+        ),
     )
     settings = ClientSettings(
         local=local,

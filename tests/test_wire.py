@@ -57,7 +57,8 @@ def test_decode_rejects_bad_configs():
             P.decode_train_config(bad)
     with pytest.raises(ValueError, match="repeats"):
         P.decode_train_config({**good, P.USERS: [1, 1]})
-    with pytest.raises(ValueError, match="learning_rate"):
+    # the key named (forty-fifth review of issue 15, wire 2: LocalConfig's "learning_rate")
+    with pytest.raises(ValueError, match=f"train config '{P.LOCAL_LEARNING_RATE}'"):
         P.decode_train_config({**good, P.LOCAL_LEARNING_RATE: -1.0})
     with pytest.raises(ValueError, match=P.CLIP_NORM):
         P.decode_train_config({**good, P.CLIP_NORM: -1.0})

@@ -11,6 +11,14 @@
    ``ValueError: train config key 'countNoiseStd' is 'count-noise-std' in another spelling``
    (``wire_train.decode_train_config``, by the key's letters and digits in lower case); keys
    that spell no known key are ignored as before.
+2. ``wire.decode_train_config`` (every ClientApp's reader of a train config) with
+   ``local-learning-rate`` 0, -1 or 1e300, ``local-epochs`` 10,001 or ``count-noise-std`` 1e101
+   (a ServerApp of one's own). Before: taken by the keys' own checks and refused by
+   ``LocalConfig`` as ``learning_rate must be a finite number in (0, 3.40282e+38], got 0.0``
+   (``epochs``, ``count_noise_std`` alike), naming no key of the config (the forty-fourth
+   review, wire 4, fixed the seed's, said to be the one such key). Now ``train config
+   'local-learning-rate' must be a finite number in (0, 3.40282e+38], got 0.0`` and so on
+   (``LocalConfig``'s ranges, the key named); the largest values taken as before.
 
 The tests run fedprivopt's ClientApp in process (no Flower engine, no Ray).
 """
@@ -79,3 +87,30 @@ def test_1_the_known_spelling_sends_noised_shares_and_other_keys_are_ignored():
     reply = _train(config)
     bits = [reply.content[f"update/{u}"][P.CLIP_BIT_ARRAY].numpy()[0] for u in (1, 4)]
     assert all(b not in (0.0, 1.0) for b in bits)  # noised centred shares
+
+
+# -- finding 2: every train config key out of LocalConfig's range is named as the key ------------
+
+OUT_OF_RANGE = {
+    P.LOCAL_LEARNING_RATE: [0.0, -1.0, 1e300],
+    P.LOCAL_EPOCHS: [10_001],
+    P.COUNT_NOISE_STD: [1e101],
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [(k, v) for k, values in OUT_OF_RANGE.items() for v in values]
+)
+def test_2_a_value_out_of_local_configs_range_names_the_train_config_key(key, value):
+    config = dict(P.encode_train_config(users=[1], round_num=1, settings=ADAPTIVE))
+    config[key] = value
+    with pytest.raises(ValueError, match=f"^train config '{key}' must be"):
+        P.decode_train_config(config)  # before: "learning_rate must be ...", naming no key
+
+
+def test_2_the_largest_values_are_taken_as_before():
+    config = dict(P.encode_train_config(users=[1], round_num=1, settings=ADAPTIVE))
+    config.update({P.LOCAL_LEARNING_RATE: 3.4028234663852886e38, P.LOCAL_EPOCHS: 10_000})
+    config[P.COUNT_NOISE_STD] = 1e100
+    local = P.decode_train_config(config).settings.local
+    assert (local.epochs, local.count_noise_std) == (10_000, 1e100)

@@ -52,7 +52,7 @@ class PrivateUpdate(NamedTuple):
     ----------
     vector : torch.Tensor
         The clipped update plus its noise share: what the client sends. Same shape, dtype and
-        device as the input.
+        device as the input, in memory of its own (never the input's).
     norm : float
         L2 norm of the update before clipping; ``inf`` for an update with a NaN or Inf entry.
         **Private**: never sent in DP mode.
@@ -181,7 +181,22 @@ def privatize_update(
                 vector = add_gaussian_noise(vector, noise_std, generator=generator)
             else:
                 vector = add_noise(vector, noise_std, generator)
+        if _shares_memory(vector, update):
+            # forty-fifth review of issue 15 (api 2): an update within C (server-noise mode)
+            # came back as the caller's own tensor, so a ClientApp that computed each user's
+            # delta into one workspace it reused sent the last user's update for every user
+            # whose update was not clipped (the server summed it once for each of them)
+            vector = vector.clone()
     return PrivateUpdate(vector, float(norm), bool(clipped))
+
+
+def _shares_memory(vector: object, update: torch.Tensor) -> bool:
+    """Whether ``vector`` (what is sent) is held in the memory of the caller's ``update``."""
+    if not isinstance(vector, torch.Tensor) or vector.layout != torch.strided:
+        return False
+    if vector.device != update.device or vector.device.type == "meta":
+        return False
+    return vector.untyped_storage().data_ptr() == update.untyped_storage().data_ptr()
 
 
 def noise_generator(

@@ -10,6 +10,13 @@
    alone moves it 0.05 over m 10), a sensitivity of 9C under a charge of C. Now
    ``strategies.aggregation._read_now`` copies the values of a mapping whose ``items()`` is not
    a plain ``dict``'s as they are read: the model of the honest callback.
+2. ``privatize_update(delta, clip_norm=1.0)`` (a user's own ClientApp's step, docs/FLOWER.md,
+   server-noise mode) called for each user on a ``delta`` computed into one workspace the loop
+   reuses (``torch.sub(local, request.global_flat, out=work)``), ``updates[user] =
+   private.vector``. Before: an update within C came back as the caller's tensor itself, so
+   every unclipped user's vector held the last user's update when ``reply_updates`` sent them
+   (users 0.1, 0.2, 0.3 all sent 0.3: the last user summed three times by the server). Now
+   ``clients.privatize.privatize_update`` returns memory of its own (``_shares_memory``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 
+from fedprivopt.clients import noise_generator, privatize_update
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import (
@@ -72,3 +80,27 @@ def test_1_aggregate_of_a_mapping_reusing_its_workspace():
     plain = {u: torch.full((4,), 1.0 if u == last else 0.0) for u in users}
     honest = other.aggregate(1, plain, cohort=users)
     assert torch.equal(lazy.delta_tilde, honest.delta_tilde)
+
+
+# -- finding 2: privatize_update returned the caller's own tensor -----------------------------
+
+
+@pytest.mark.parametrize("clip_norm", [1.0, None])
+def test_2_privatize_update_sends_memory_of_its_own(clip_norm):
+    work = torch.zeros(3)  # the loop's workspace, reused for every user's delta
+    sent = {}
+    for user, local in enumerate([0.1, 0.2, 0.3]):
+        torch.sub(torch.full((3,), local), torch.zeros(3), out=work)
+        sent[user] = privatize_update(work, clip_norm=clip_norm).vector
+    assert [round(float(v[0]), 6) for v in sent.values()] == [0.1, 0.2, 0.3]
+
+
+def test_2_privatize_update_with_a_share_and_a_clipped_update_unchanged():
+    update = torch.full((4,), 3.0)
+    out = privatize_update(update, clip_norm=1.0)
+    assert out.clipped and abs(float(out.vector.norm()) - 1.0) < 1e-6
+    gen = noise_generator(seed=1, secure=False, round_num=1, user_id=0)
+    noised = privatize_update(torch.full((4,), 0.1), clip_norm=1.0, noise_std=0.5, generator=gen)
+    again = noise_generator(seed=1, secure=False, round_num=1, user_id=0)
+    expected = torch.full((4,), 0.1) + 0.5 * torch.randn(4, generator=again)
+    assert torch.allclose(noised.vector, expected)

@@ -55,11 +55,25 @@ def arrays_to_flat(record: ArrayRecord) -> tuple[torch.Tensor, FlatSpec]:
     """Flat tensor (and spec) of an ArrayRecord holding a model state.
 
     ``ValueError`` naming ``record`` for anything but an ``ArrayRecord`` (forty-third review of
-    issue 15, wire 7: ``AttributeError``).
+    issue 15, wire 7: ``AttributeError``), or naming the array that cannot be read as a tensor
+    (non-native byte order, damaged bytes, another serialization, strings or objects).
     """
     if not isinstance(record, ArrayRecord):
         raise ValueError(f"record must be an ArrayRecord, got {shown(record)}")
-    return flatten(record.to_torch_state_dict())
+    # each array read as check_initial_arrays and the ClientApp read them (forty-fifth review of
+    # issue 15, wire 3: record.to_torch_state_dict() raised torch's "byte order different from
+    # the native byte order", NumPy's EOF or Flower's TypeError, naming no array)
+    return flatten({name: _readable_tensor(record, name) for name in record})
+
+
+def _readable_tensor(record: ArrayRecord, name: str) -> torch.Tensor:
+    """``record[name]`` as a tensor, or ``ValueError`` naming the array."""
+    try:
+        return torch.from_numpy(record[name].numpy())
+    except (TypeError, ValueError, EOFError) as err:  # np.load of hostile bytes raises these
+        raise ValueError(
+            f"record: array {shown(name)} cannot be read as a tensor: {shown(str(err))}"
+        ) from None
 
 
 def check_initial_arrays(

@@ -19,6 +19,16 @@
    review, wire 4, fixed the seed's, said to be the one such key). Now ``train config
    'local-learning-rate' must be a finite number in (0, 3.40282e+38], got 0.0`` and so on
    (``LocalConfig``'s ranges, the key named); the largest values taken as before.
+3. Python API of a ServerApp of one's own: ``strategies.flower.arrays_to_flat(record)`` (the
+   documented way to get the flat model and its spec from an ``ArrayRecord``) of a record whose
+   array is big-endian (``>f4``: a model saved on another machine), cut short, of ``stype``
+   ``torch.Tensor`` or of strings. Before: ``record.to_torch_state_dict()`` raised torch's
+   ``ValueError: given numpy array has byte order different from the native byte order``,
+   NumPy's ``EOF: reading array data``, or Flower's or torch's ``TypeError``, naming no array
+   (the forty-second review, wire 1, fixed ``read_updates`` and ``check_initial_arrays``, the
+   forty-third, wire 3, the ClientApp's ``read_model``). Now ``ValueError: record: array 'w'
+   cannot be read as a tensor: ...`` (``flower_arrays.arrays_to_flat``); a native record flattens
+   as before.
 
 The tests run fedprivopt's ClientApp in process (no Flower engine, no Ray).
 """
@@ -27,13 +37,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import app
 from fedprivopt.models import build_task
+from fedprivopt.strategies.flower import arrays_to_flat
 from tests.messages import delivered
 
 TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
@@ -114,3 +127,41 @@ def test_2_the_largest_values_are_taken_as_before():
     config[P.COUNT_NOISE_STD] = 1e100
     local = P.decode_train_config(config).settings.local
     assert (local.epochs, local.count_noise_std) == (10_000, 1e100)
+
+
+# -- finding 3: arrays_to_flat names an array it cannot read -------------------------------------
+
+
+def _cut() -> Array:
+    array = Array(np.ones(3, np.float32))
+    array.data = array.data[:-4]
+    return array
+
+
+def _torch_stype() -> Array:
+    array = Array(np.ones(3, np.float32))
+    array.stype = "torch.Tensor"
+    return array
+
+
+UNREADABLE = {
+    "big-endian": lambda: Array(np.ones(3, ">f4")),
+    "cut short": _cut,
+    "torch stype": _torch_stype,
+    "strings": lambda: Array(np.array(["a", "b"])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+def test_3_arrays_to_flat_names_an_array_it_cannot_read(case):
+    record = ArrayRecord({"w": UNREADABLE[case](), "b": Array(np.zeros(2, np.float32))})
+    with pytest.raises(ValueError, match=r"^record: array 'w' cannot be read as a tensor: "):
+        arrays_to_flat(record)  # before: torch's, NumPy's or Flower's error, naming no array
+
+
+def test_3_a_native_record_flattens_as_before():
+    flat, spec = arrays_to_flat(_model_arrays())
+    state = build_task("toy", **TOY).build_model().state_dict()
+    assert spec.names == tuple(state) and torch.equal(
+        flat, torch.cat([v.reshape(-1) for v in state.values()])
+    )

@@ -11,14 +11,15 @@ tuning's reports).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedprivopt.core.text import epsilon_text
 
 __all__ = [
-    "LISTED", "fmt", "fmt_eps", "fmt_pm", "one_line", "rounds_text", "seed_list", "seeds_cell",
-    "table_cell",
+    "LISTED", "alt_text", "code_span", "fmt", "fmt_eps", "fmt_pm", "one_line", "rounds_text",
+    "seed_list", "seeds_cell", "table_cell",
 ]  # fmt: skip
 
 
@@ -165,3 +166,27 @@ def table_cell(text: Any) -> str:
     Markdown does not take for a table: the Summary showed as lines of text.
     """
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def code_span(text: Any) -> str:
+    r"""``text`` as one inline code span of markdown, on one line (:func:`one_line`).
+
+    Fenced by one more backtick than the longest run of backticks inside (CommonMark), padded
+    by a space when it holds one: ``eval_accuracy`` is written as before. Forty-fifth review of
+    issue 15 (reports, finding 1): a task by reference whose metric is named with a line break
+    and a heading (``acc\n## Privacy parameters``) wrote ``Task metric: `eval_acc`` and then a
+    heading of its own in ``report.md``; a backtick in the name ended the code span early.
+    """
+    text = one_line(str(text))
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence, pad = "`" * (longest + 1), " " if longest else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def alt_text(text: Any) -> str:
+    """``text`` as the alternative text of a markdown image: one line, brackets escaped.
+
+    Forty-fifth review of issue 15 (reports, finding 1): a metric named ``a](http://x)`` made
+    ``![eval_a](http://x) by round](metric_vs_round.png)``, an image of another address.
+    """
+    return one_line(str(text)).replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")

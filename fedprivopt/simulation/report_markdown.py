@@ -20,6 +20,8 @@ from typing import Any
 from fedprivopt.core.text import epsilon_text
 from fedprivopt.simulation.report_format import (
     LISTED,
+    alt_text,
+    code_span,
     fmt,
     fmt_eps,
     fmt_pm,
@@ -110,7 +112,8 @@ def markdown(
     epsilon_text: str = "",
 ) -> str:
     """The text of ``report.md`` (:func:`~fedprivopt.simulation.report.write_report`)."""
-    m, pretty = sel.metric, pretty_metric(sel.metric)
+    # forty-fifth review of issue 15 (reports, finding 1): a task's metric name is its own text
+    m, pretty = sel.metric, one_line(pretty_metric(sel.metric))
     strategies = sorted({r.strategy for r in sel.runs})
     seeds = sorted({r.seed for r in sel.runs})
     engines = sorted({str(r.summary.get("engine", "?")) for r in sel.runs})
@@ -121,7 +124,8 @@ def markdown(
         f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
         f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {_seeds_text(rows, seeds)}; "
         f"engine {', '.join(engines)}. "
-        f"Task metric: `{m}`. Values are the final evaluation, mean ± sample std over seeds.",
+        f"Task metric: {code_span(m)}. Values are the final evaluation, mean ± sample std over "
+        "seeds.",
     ]
     if budget:
         lines.append(f"{budget} runs stopped early at the privacy budget.")
@@ -200,7 +204,7 @@ def markdown(
         "",
         "## Plots",
         "",
-        f"![{pretty} by round](metric_vs_round.png)",
+        f"![{alt_text(pretty)} by round](metric_vs_round.png)",
         "",
         f"How each strategy's {pretty} evolves over the rounds at each noise multiplier (mean "
         f"over seeds, ±1 std shaded): the gap between lines is what the method, not the noise, "

@@ -274,13 +274,16 @@ def trial_count_text(tc: Mapping[str, Any]) -> str:
 
 
 def _markdown(summary: dict[str, Any]) -> str:
+    from fedprivopt.simulation.report_format import code_span, one_line
     from fedprivopt.simulation.report_markdown import table_cell
 
     metric, best, single = summary["metric"], summary["best"], summary["single_run"]
     keys = list(summary["grid"])
     dist = trial_count_text(summary["trial_count"])
     lines = [
-        f"# fedprivopt tune: {summary['strategy']} on {summary['preset']}",
+        # forty-fifth review of issue 15 (reports, finding 1): a preset named with a line break
+        # (``my\n## Notes.toml``) wrote a heading of its own, as compare's did (thirty-fifth)
+        one_line(f"# fedprivopt tune: {summary['strategy']} on {summary['preset']}"),
         "",
         # forty-third review of issue 15 (contract 2): the report showed K and every trial with
         # that warning only inside its closing Privacy paragraph, where compare --tune-grid's
@@ -303,7 +306,7 @@ def _markdown(summary: dict[str, Any]) -> str:
         f"- number of trials: drawn from the {dist}; {_trials_run(summary)}",
         f"- grid: {', '.join(f'{k} in {v}' for k, v in summary['grid'].items())} "
         "(each trial draws each key uniformly)",
-        f"- selection: {summary['mode']} of `{metric}` at the final evaluation",
+        f"- selection: {summary['mode']} of {code_span(metric)} at the final evaluation",
         "- " + selection_note(summary.get("selection_users")),
         "- " + seed_note(summary.get("seed_source") == "os-entropy"),
     ]
@@ -315,7 +318,7 @@ def _markdown(summary: dict[str, Any]) -> str:
     else:
         hp = ", ".join(f"{k} = {best['hyperparameters'][k]!r}" for k in keys)
         lines.append(
-            f"{best['trial']} ({hp}): {metric} {_fmt(best[metric])}, run in "
+            f"{best['trial']} ({one_line(hp)}): {one_line(metric)} {_fmt(best[metric])}, run in "
             f"[{best['run_dir']}]({best['run_dir']})."
         )
     lines += ["", "## Trials", "", "![trials](trials.png)", "",
@@ -334,7 +337,7 @@ def _markdown(summary: dict[str, Any]) -> str:
     lines += ["", "Full numbers: [trials.csv](trials.csv), [summary.json](summary.json).", "",
               "## Privacy", "", summary["privacy"]]  # fmt: skip
     if summary["notes"]:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in summary["notes"]]
+        lines += ["", "## Notes", ""] + [f"- {one_line(n)}" for n in summary["notes"]]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,97 @@
+"""Issue 15, forty-fifth hostile review (reports: compare, tune and their reports): tests.
+
+1. Text of the user's own in ``report.md``: ``tune 'my<newline>## Notes.toml' --grid
+   server-learning-rate=0.5,1 --mean-trials 1 --rounds 1 --seed 1`` (a preset whose file name
+   holds a line break, the thirty-fifth review's outputs 7 through ``tune``), and ``compare``
+   or ``tune`` of a task by reference whose ``primary_metric`` is named with a line break and a
+   heading (``acc<newline>## Privacy parameters``), a backtick, or ``a](http://x)``. Before:
+   the tuning's title was ``# fedprivopt tune: dp-fedavg on my`` followed by a heading
+   ``## Notes.toml`` of its own; compare's ``Task metric: `eval_acc`` ended its line and the
+   metric's second line became a heading; a backtick ended the code span early; the plot's
+   image became ``![eval_a](http://x) by round](metric_vs_round.png)``, an image of another
+   address. Now ``tune_report._markdown`` writes its title, selected metric and notes on one
+   line (``report_format.one_line``), and ``report_markdown.markdown`` the metric in a code
+   span that holds its backticks (``report_format.code_span``) and the image's text with its
+   brackets escaped (``report_format.alt_text``); plain names are written as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.cli import main
+from fedprivopt.models.toy import ToyClassificationTask
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+# -- finding 1: a preset's file name and a task's metric name in report.md ---------------------
+
+
+class Heading(ToyClassificationTask):
+    """The toy task, its accuracy reported under a name with a line break and a heading."""
+
+    METRIC = "acc\n## Privacy parameters\n\n- noise: none"
+    primary_metric = METRIC
+
+    def evaluate(self, model):
+        metrics = super().evaluate(model)
+        return {"loss": metrics["loss"], self.METRIC: metrics["accuracy"]}
+
+
+def _headings(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("#")]
+
+
+def test_1_a_tunings_title_of_a_preset_named_with_a_line_break(tmp_path, capsys):
+    preset = tmp_path / "my\n## Notes.toml"
+    preset.write_text(TOY.read_text())
+    out = tmp_path / "t"
+    code = main(["tune", str(preset), "--grid", "server-learning-rate=0.5,1", "--mean-trials",
+                 "1", "--rounds", "1", "--seed", "1", "--quiet", "--out", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    heads = _headings((out / "report.md").read_text())
+    assert "## Notes.toml" not in heads, heads  # before: a heading of the file name's own
+    assert heads[0].endswith("my\\n## Notes.toml"), heads
+
+
+def test_1_a_metric_named_with_a_heading_stays_in_its_line(tmp_path, capsys):
+    out = tmp_path / "c"
+    code = main(["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "1", "--quiet",
+                 "--out", str(out), "--set", f'task="{__name__}:Heading"'])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    text = (out / "report.md").read_text()
+    heads = _headings(text)
+    assert heads.count("## Privacy parameters") == 1, heads  # before: 2, one of the metric's
+    assert "- noise: none" not in text.splitlines()
+    assert "Task metric: `eval_acc\\n## Privacy parameters\\n\\n- noise: none`." in text
+
+
+def test_1_code_span_and_alt_text_hold_their_text():
+    from fedprivopt.simulation.report_format import alt_text, code_span
+
+    assert code_span("eval_accuracy") == "`eval_accuracy`"  # as before
+    assert code_span("a`b") == "`` a`b ``"
+    assert code_span("a``b`") == "``` a``b` ```"
+    assert alt_text("eval_a](http://x)") == "eval_a\\](http://x)"
+    assert alt_text("x\ny") == "x\\\\ny"
+
+
+@pytest.mark.parametrize("name", ["acc`x`", "a](http://x)"])
+def test_1_a_metric_with_a_backtick_or_a_bracket(tmp_path, capsys, name):
+    from fedprivopt.simulation.report_format import alt_text, code_span
+    from fedprivopt.simulation.report_markdown import markdown
+    from fedprivopt.simulation.rundata import RunData
+    from fedprivopt.simulation.rundata_aggregate import aggregate_with_notes, select_runs
+
+    metric = f"eval_{name}"
+    run = RunData({"strategy": "fedavg", "noise_multiplier": 0.0, "seed": 0, "epsilon": None,
+                   "primary_metric": metric, "rounds_completed": 1, "delta": 1e-4},
+                  [{"round": 1, metric: 0.5, "eval_loss": 1.0}], tmp_path / "r")  # fmt: skip
+    sel, _ = select_runs([run], metric)
+    rows, _ = aggregate_with_notes(sel.runs, sel.metric)
+    text = markdown("t", sel, rows, [], None)
+    assert f"Task metric: {code_span(metric)}." in text
+    image = next(line for line in text.splitlines() if "metric_vs_round.png" in line)
+    assert image == f"![{alt_text(metric)} by round](metric_vs_round.png)", image

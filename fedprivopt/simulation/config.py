@@ -59,6 +59,7 @@ from fedprivopt.simulation.config_values import (
     TASK_PATHS,
     check_no_dates,
     check_task_dirs,
+    plain_task_params,
     task_path,
 )
 from fedprivopt.simulation.files import to_toml
@@ -256,6 +257,10 @@ class RunConfig:
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task must be a task name, got {shown(self.task)}")
         check_task_dirs(self.task_params)
+        # forty-fifth review of issue 15 (input 1): a Path, a NumPy scalar or None was written
+        # to config.toml and the ledger as no TOML value (a TypeError after the rounds, or a
+        # run --resume refused for ever)
+        object.__setattr__(self, "task_params", plain_task_params(self.task_params))
         if not isinstance(self.device, str) or not _DEVICE.match(self.device):
             raise ValueError(
                 f"device must be auto, cpu or cuda[:i] (i of at most 9 digits), got "

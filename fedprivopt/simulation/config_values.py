@@ -24,6 +24,7 @@ __all__ = [
     "check_no_dates",
     "check_task_dirs",
     "expand_home",
+    "plain_task_params",
     "refuse_null_character",
     "task_path",
 ]
@@ -110,3 +111,57 @@ def check_no_dates(key: str, value: Any) -> None:
                 f"{shown_key(key)}: a TOML date or time is no setting (strings, numbers, booleans "
                 f"and arrays of them are), got {shown(str(item))}"
             )
+
+
+def plain_task_params(params: Any) -> Any:
+    """``params`` with each value as a run's ``config.toml`` records it; ``ValueError`` if none.
+
+    A path (``os.PathLike``) becomes its text, a NumPy scalar its Python number (``.item()``), a
+    tuple a list (inside arrays and tables too). ``None`` and any other value (a set, bytes, an
+    object) are refused naming the key: ``to_toml`` wrote them as the text ``"None"`` or the
+    object's ``str``, which ``--resume`` then refused for ever. Forty-fifth review of issue 15
+    (input 1): ``simulate(load_config(P, {"task-params.data-dir": Path(D)}), out)`` released its
+    rounds and ended in ``TypeError: Object of type PosixPath is not JSON serializable`` before
+    ``summary.json``; ``numpy.int64`` ended so at the ledger; ``max_examples_per_user = None``
+    (the next-word task's no cap) ran, and its ``--resume`` was refused (``"None"`` against the
+    ledger's ``null``). Anything not a mapping is left to the task's own refusal.
+    """
+    if not isinstance(params, Mapping):
+        return params
+    return {
+        name: _plain(f"task-params.{str(name).replace('_', '-')}", value)
+        for name, value in params.items()
+    }
+
+
+def _plain(key: str, value: Any) -> Any:
+    """One value of :func:`plain_task_params` (``key`` names it in a refusal)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)  # bytes of a bytes path are refused below
+    if type(value).__module__ == "numpy" and callable(getattr(value, "item", None)):
+        if getattr(value, "shape", None) == ():  # a scalar, not an array
+            value = value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(key, item) for item in value]
+    if isinstance(value, Mapping):
+        out = {}
+        for name, item in value.items():
+            if not isinstance(name, str):
+                raise ValueError(
+                    f"{shown_key(key)}: a table's keys are text in a run's config.toml, got "
+                    f"{shown(name)}"
+                )
+            out[name] = _plain(f"{key}.{name}", item)
+        return out
+    if value is None:
+        raise ValueError(
+            f"{shown_key(key)} is None, which a run's config.toml cannot record (TOML has no "
+            "None, and --resume and compare read the file back): leave the key out to take the "
+            "task's default, or give a value"
+        )
+    if not isinstance(value, (str, bool, int, float)):
+        raise ValueError(
+            f"{shown_key(key)} must be a string, number, boolean, array or table (what a run's "
+            f"config.toml records), got {type(value).__name__} {shown(value)}"
+        )
+    return value

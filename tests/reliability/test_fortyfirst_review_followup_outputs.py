@@ -101,7 +101,8 @@ def test_1_a_null_character_in_a_task_directory_is_named_by_the_api(tmp_path, ke
 def test_1_ordinary_directories_are_taken(tmp_path):
     config = load_config(MINI)
     params = {**config.task_params, "data_dir": str(tmp_path / "d x"), "cache_dir": tmp_path}
-    assert dataclasses.replace(config, task_params=params).task_params["cache_dir"] == tmp_path
+    # forty-fifth review (input 1): a Path is recorded as its text, as config.toml holds it
+    assert dataclasses.replace(config, task_params=params).task_params["cache_dir"] == str(tmp_path)
 
 
 # -- finding 2: a client id stored as a number is named so ------------------------------------

@@ -1,0 +1,69 @@
+"""Issue 15, forty-fifth hostile review (input: bad settings and data files): tests.
+
+1. The Python API's task parameters of types a run's ``config.toml`` cannot record:
+   ``simulate(load_config(P, {"task-params.data-dir": Path(D)}), out)`` (a ``pathlib.Path``,
+   as a Python user names a directory; also ``dataclasses.replace(config, task_params=...)``
+   and ``RunConfig(...)``), ``{"task-params.num-users": numpy.int64(40)}`` (a count computed
+   with NumPy), and ``{"task-params.max-examples-per-user": None}`` (the next-word task's "no
+   cap", which the forty-first review says is Python's only). Before: the ``Path`` run released
+   its rounds (ledger and checkpoint written) and ended in ``TypeError: Object of type
+   PosixPath is not JSON serializable`` before ``summary.json``; ``numpy.int64`` ended so at
+   the ledger's header; ``None`` ran (rc 0) and wrote ``max_examples_per_user = "None"`` to
+   ``config.toml``, so ``simulate --resume`` refused the run for ever (``"None"``, but the
+   ledger records ``null``). Now ``RunConfig`` records each task parameter as ``config.toml``
+   does: a path as its text, a NumPy scalar as its number, a tuple as a list; ``None`` (and a
+   set, bytes, an object) is refused naming the key, before anything is written
+   (``config_values.plain_task_params``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from fedprivopt.simulation.config import RunConfig, load_config
+from fedprivopt.simulation.run import simulate
+
+TOY = "simulations/toy.toml"
+MINI = "simulations/stackoverflow-tp-mini.toml"
+
+
+# -- finding 1: task parameters a run's config.toml cannot record ------------------------------
+
+
+def test_1_a_path_is_recorded_as_its_text(tmp_path):
+    config = load_config(MINI, {"task-params.data-dir": tmp_path / "d"})
+    assert config.task_params["data_dir"] == str(tmp_path / "d")  # before: a PosixPath
+    replaced = dataclasses.replace(config, task_params={"cache_dir": tmp_path, "seed": 1})
+    assert replaced.task_params == {"cache_dir": str(tmp_path), "seed": 1}
+    json.dumps(RunConfig(task="toy", task_params={"t": (tmp_path, 1)}).task_params)
+
+
+def test_1_numpy_scalars_are_recorded_as_numbers(tmp_path):
+    config = load_config(TOY, {"task-params.num-users": np.int64(40), "num-server-rounds": 1})
+    assert type(config.task_params["num_users"]) is int
+    outcome = simulate(config, tmp_path / "r")  # before: TypeError (int64) at the ledger
+    assert outcome.rounds_completed == 1
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["config"]["task-params"]["num_users"] == 40
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (None, "is None, which a run's config.toml cannot record"),
+        ({1, 2}, "must be a string, number, boolean, array or table"),
+        (b"/tmp/d", "must be a string, number, boolean, array or table"),
+        ([1, None], "is None"),
+    ],
+)
+def test_1_values_toml_cannot_hold_are_refused_naming_the_key(tmp_path, value, words):
+    key = "task-params.max-examples-per-user"
+    with pytest.raises(ValueError, match=rf"^{key}\b.*{words}"):
+        load_config(MINI, {key: value})  # before: taken, written as "None"
+    with pytest.raises(ValueError, match=rf"^{key}\b"):
+        RunConfig(task="stackoverflow-nwp", task_params={"max_examples_per_user": value})
+    assert not list(tmp_path.iterdir())

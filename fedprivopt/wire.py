@@ -67,6 +67,7 @@ from fedprivopt.wire_train import (  # the train message's settings, re-exported
     check_user_ids,
     decode_train_config,
     encode_train_config,
+    other_spelling,
 )
 
 if TYPE_CHECKING:  # Flower is imported where a record is built, so the fast engine never loads it
@@ -125,6 +126,7 @@ __all__ = [
     "encode_train_config",
     "hosted_users",
     "json_object",
+    "other_spelling",
     "parse_update_key",
     "read_updates",
     "read_user_ids",

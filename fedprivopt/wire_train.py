@@ -46,6 +46,7 @@ __all__ = [
     "check_user_ids",
     "decode_train_config",
     "encode_train_config",
+    "other_spelling",
 ]
 
 # --- train (and evaluate) config: the keys of wire.CONFIG_RECORD ---------------------------------
@@ -246,12 +247,23 @@ def check_private_metrics(record: Mapping[str, object]) -> None:
             )
 
 
-def _bare(name: object) -> str:
-    """``name`` without case and separators: the letters and digits of a key, lower case.
+def other_spelling(name: object, known: Iterable[str]) -> str | None:
+    """The key of ``known`` that ``name`` spells in another case or with other separators.
 
-    Two keys with one bare form are one key in two spellings (``count-noise-std``,
-    ``countNoiseStd``, ``COUNT_NOISE_STD``).
+    ``None`` when ``name`` is one of ``known`` or spells none of them. Two spellings are one key
+    when their letters and digits, in lower case, are the same (``count-noise-std``,
+    ``count_noise_std``, ``countNoiseStd``, ``COUNT-NOISE-STD``, ``"count noise std"``): a
+    message's reader refuses such a key rather than ignore it (forty-third review of issue 15,
+    wire 9, snake_case; forty-fifth, wire 1, the rest).
     """
+    keys = list(known)
+    if name in keys:
+        return None
+    bare = _bare(name)
+    return next((key for key in keys if _bare(key) == bare), None)
+
+
+def _bare(name: object) -> str:
     return "".join(ch for ch in str(name).lower() if ch.isalnum())
 
 
@@ -265,14 +277,13 @@ def decode_train_config(record: Mapping[str, object]) -> TrainConfig:
         repeated, or a private round asks for private metrics (:func:`check_private_metrics`).
     """
     known = (*REQUIRED_TRAIN_KEYS, REPORT_PRIVATE_METRICS, CLIP_BIT, COUNT_NOISE_STD)
-    bare = {_bare(k): k for k in known}
     for name in check_mapping("record", record):
         # forty-third review of issue 15 (wire 9): a known key in snake_case (count_noise_std,
         # clip_bit) was ignored, so the node sent its exact clip bits, as the server never asked;
         # forty-fifth review (wire 1): in other case or separators too (countNoiseStd,
         # Count-Noise-Std, COUNT_NOISE_STD, "count noise std", "count-noise-std ")
-        spelled = bare.get(_bare(name))
-        if name not in known and spelled is not None:
+        spelled = other_spelling(name, known)
+        if spelled is not None:
             raise ValueError(
                 f"train config key {shown(name)} is {spelled!r} in another spelling; the key is "
                 f"{spelled!r}"

@@ -232,9 +232,23 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
     )
 
 
+def _known_spellings(kind: str, names: Iterable[str], known: str) -> None:
+    """``ValueError`` for a name of ``names`` that is ``known`` in another spelling."""
+    for name in names:
+        if P.other_spelling(name, (known,)) is not None:
+            raise ValueError(
+                f"evaluate message's {kind} {shown(name)} is {known!r} in another spelling; the "
+                f"{kind} is {known!r}"
+            )
+
+
 def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Message:
     content = message.content
     config = content.config_records.get(P.CONFIG_RECORD)
+    # a record or key spelled otherwise ('Config', 'Users') was ignored, so every hosted user
+    # was evaluated where the server named some (forty-fifth review of issue 15, wire 4)
+    _known_spellings("ConfigRecord", content.config_records, P.CONFIG_RECORD)
+    _known_spellings("config key", config or {}, P.USERS)
     asked = None
     if config is not None and P.USERS in config:  # as a train config's (thirty-first review)
         asked = P.check_user_ids(f"evaluate config {P.USERS!r}", config[P.USERS])

@@ -169,6 +169,15 @@ class TrainMessage:
         if P.ARRAYS_RECORD not in content.array_records:
             raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
         request = P.decode_train_config(content.config_records[P.CONFIG_RECORD])
+        for name in content.array_records:
+            # forty-fifth review of issue 15 (wire 4): a preconditioner record spelled otherwise
+            # ('Preconditioner') was ignored, and DP2's or AdaDPS' clients trained without it
+            spelled = P.other_spelling(name, (P.ARRAYS_RECORD, P.PRECONDITIONER_RECORD))
+            if spelled is not None:
+                raise ValueError(
+                    f"train message's ArrayRecord {shown(name)} is {spelled!r} in another "
+                    f"spelling; the record is {spelled!r}"
+                )
         preconditioner = None
         if P.PRECONDITIONER_RECORD in content.array_records:
             record = content.array_records[P.PRECONDITIONER_RECORD]

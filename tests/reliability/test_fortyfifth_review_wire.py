@@ -29,6 +29,18 @@
    forty-third, wire 3, the ClientApp's ``read_model``). Now ``ValueError: record: array 'w'
    cannot be read as a tensor: ...`` (``flower_arrays.arrays_to_flat``); a native record flattens
    as before.
+4. fedprivopt's ClientApp (node 1 of 3, toy: users 1, 4, 7) given an evaluate message whose
+   config names users ``[4]`` under ``Users`` (or whose ConfigRecord is ``Config``), and a train
+   message (``TrainMessage.read``, a ClientApp of one's own too) whose preconditioner record is
+   ``Preconditioner`` (a ServerApp of one's own writing them by hand; the forty-third review,
+   wire 9, and finding 1 refuse a train config's key so). Before: ignored: the evaluate reply
+   held the metrics of all three hosted users (39 examples) where the server named user 4 (7),
+   and DP2's or AdaDPS' clients trained without their preconditioner, an update of another
+   model than the server's step assumes. Now ``ValueError: evaluate message's config key 'Users'
+   is 'users' in another spelling`` (``client_app._known_spellings``) and ``train message's
+   ArrayRecord 'Preconditioner' is 'preconditioner' in another spelling``
+   (``TrainMessage.read``), with ``wire.other_spelling`` (public, the check of finding 1);
+   exact names as before.
 
 The tests run fedprivopt's ClientApp in process (no Flower engine, no Ray).
 """
@@ -165,3 +177,37 @@ def test_3_a_native_record_flattens_as_before():
     assert spec.names == tuple(state) and torch.equal(
         flat, torch.cat([v.reshape(-1) for v in state.values()])
     )
+
+
+# -- finding 4: an evaluate config or a train message's record in another spelling is refused ---
+
+
+def _evaluate(config_name: str, key: str) -> object:
+    content = {P.ARRAYS_RECORD: _model_arrays(), config_name: ConfigRecord({key: [4]})}
+    return app(delivered(content, "evaluate"), _node())
+
+
+@pytest.mark.parametrize(("record", "key"), [("config", "Users"), ("Config", "users")])
+def test_4_an_evaluate_config_in_another_spelling_is_refused(record, key):
+    wrong = key if key != "users" else record
+    with pytest.raises(ValueError, match=f"^evaluate message's .* '{wrong}' is '{wrong.lower()}'"):
+        _evaluate(record, key)  # before: every hosted user evaluated (39 examples, not 7)
+
+
+def test_4_the_users_named_are_evaluated_as_before():
+    metrics = _evaluate("config", "users").content[P.EVAL_METRICS]
+    (x, _), all_hosted = build_task("toy", **TOY).user_data(4), _evaluate("x", "y")
+    assert (
+        metrics[P.EVAL_NUM_EXAMPLES]
+        == x.shape[0]
+        < all_hosted.content[P.EVAL_METRICS][P.EVAL_NUM_EXAMPLES]
+    )
+
+
+def test_4_a_preconditioner_record_in_another_spelling_is_refused():
+    config = dict(P.encode_train_config(users=[1], round_num=1, settings=SETTINGS))
+    p = ArrayRecord({P.PRECONDITIONER_ARRAY: Array(np.full(18, 2.0, np.float32))})
+    said = "^train message's ArrayRecord 'Preconditioner' is 'preconditioner' in another spelling"
+    with pytest.raises(ValueError, match=said):
+        _train(config, Preconditioner=p)  # before: ignored, trained without it
+    assert not _train(config, preconditioner=p).has_error()

@@ -102,6 +102,53 @@ def _read_now(update: Any) -> Any:
     return owned
 
 
+def _memory(update: Any) -> tuple[int, int, int, bool, tuple] | None:
+    """Where ``update``'s entries lie: (storage, first byte, end byte, contiguous, view)."""
+    tensor = update.values if isinstance(update, RowSparse) else update
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+        return None
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return None
+    size = tensor.element_size()
+    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.storage_offset() * size
+    view = (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+    ptr = tensor.untyped_storage().data_ptr()
+    return ptr, start, start + extent * size, tensor.is_contiguous(), view
+
+
+def _refuse_shared(round_num: int, entries: list[tuple[int, Any]]) -> None:
+    """Raise ``ValueError`` when two users' updates are held in the same memory.
+
+    Forty-fifth review of issue 15 (api 3): a train callback that trained each user into one
+    workspace and returned ``{user: work}`` (a plain ``dict``, the values one tensor) had the
+    last user's update summed once for every user of the cohort (the model at 0.45 where that
+    user alone moves it 0.05 over m 10), a sensitivity of 9C under a charge of C. The values
+    are what the users hold when they are summed, so a cohort whose updates share memory (the
+    same tensor, or views of the same entries) is refused before its noise is drawn: nothing
+    is released, and the round may run again. Views of distinct entries of one tensor (the
+    rows of a stacked matrix) are distinct updates.
+    """
+    groups: dict[int, list] = {}
+    for user, update in entries:
+        place = _memory(update)
+        if place is not None:
+            groups.setdefault(place[0], []).append((place, user))
+    pairs = (
+        (a, b) for group in groups.values() for i, a in enumerate(group) for b in group[:i]
+    )
+    for (a, user_a), (b, user_b) in pairs:
+        overlap = a[1] < b[2] and b[1] < a[2]
+        if overlap and ((a[3] and b[3]) or a[4] == b[4]):
+            raise ValueError(
+                f"round {round_num}: the updates of users {min(user_a, user_b)} and "
+                f"{max(user_a, user_b)} are held in the same memory (one tensor, or views of the "
+                "same entries: a workspace reused for every user holds the last user's update "
+                "when they are summed); give each user a tensor of its own (work.clone()); "
+                "nothing of the cohort was released"
+            )
+
+
 def _user_order(pair: tuple[Any, Any]) -> tuple[int, Any, str]:
     """The sort key of an ``(user, update)`` pair: by user, never comparing the updates.
 
@@ -352,6 +399,7 @@ class AlgorithmAggregation:
             if foreign:  # rejected alone, as a malformed update is
                 unasked.update(foreign)
             entries = [(u, update) for u, update, why in owned if why is None]
+            _refuse_shared(round_num, entries)  # forty-fifth review of issue 15 (api 3)
             if self.clipping is not None:
                 # replies decoded from messages: one whose clip bit is invalid is not summed
                 reported = ReportedUpdates(clip_bits=getattr(updates, "clip_bits", {}))

@@ -17,6 +17,14 @@
    every unclipped user's vector held the last user's update when ``reply_updates`` sent them
    (users 0.1, 0.2, 0.3 all sent 0.3: the last user summed three times by the server). Now
    ``clients.privatize.privatize_update`` returns memory of its own (``_shares_memory``).
+3. A ``drive_round`` train callback (or ``aggregate``'s caller) that trains each user into
+   one workspace and returns a plain ``dict`` ``{user: work}`` (finding 1 through a ``dict``,
+   whose values are one tensor). Before: the last user's update was summed once for every
+   user of the cohort (the model at 0.45 where 0.05), a sensitivity of 9C under a charge of
+   C. Now ``strategies.aggregation._refuse_shared`` refuses a cohort whose updates share
+   memory (one tensor, or views of the same entries) before its noise is drawn (``the updates
+   of users 3 and 5 are held in the same memory``); nothing is charged, the round runs again;
+   rows or columns of one stacked tensor are distinct updates and are summed.
 """
 
 from __future__ import annotations
@@ -104,3 +112,50 @@ def test_2_privatize_update_with_a_share_and_a_clipped_update_unchanged():
     again = noise_generator(seed=1, secure=False, round_num=1, user_id=0)
     expected = torch.full((4,), 0.1) + 0.5 * torch.randn(4, generator=again)
     assert torch.allclose(noised.vector, expected)
+
+
+# -- finding 3: a plain dict whose values are one reused workspace ----------------------------
+
+
+def _one_workspace(request):
+    work, out = torch.zeros(4), {}
+    for user in request.users:
+        work.fill_(1.0 if user == request.users[-1] else 0.0)  # this user's training
+        out[user] = work
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+def test_3_a_dict_of_one_workspace_is_refused_and_the_round_runs_again(strategy):
+    config = _config(strategy=strategy, **{"noise-multiplier": 1e-6})
+    alg = build_algorithm(config, torch.zeros(4))
+    with pytest.raises(ValueError, match="held in the same memory"):
+        drive_round(alg, 1, _one_workspace)
+    assert alg.epsilon() == 0.0 and alg.round_num == 0
+    again = drive_round(alg, 1, _honest)
+    honest = drive_round(build_algorithm(config, torch.zeros(4)), 1, _honest)
+    assert torch.equal(again.params, honest.params)
+
+
+def test_3_aggregate_of_one_workspace_is_refused_uncharged():
+    alg = build_algorithm(_config(), torch.zeros(4))
+    users = alg.sample(1)
+    work = torch.full((4,), 0.1)
+    with pytest.raises(ValueError, match="held in the same memory"):
+        alg.aggregate(1, {u: work for u in users}, cohort=users)
+    views = {u: work.view(2, 2).view(-1) for u in users}  # views of the same entries
+    with pytest.raises(ValueError, match="held in the same memory"):
+        alg.aggregate(1, views, cohort=users)
+    assert alg.epsilon() == 0.0
+
+
+def test_3_rows_and_columns_of_one_tensor_are_distinct_updates():
+    config = _config(**{"noise-multiplier": 1e-6})
+    alg, other = build_algorithm(config, torch.zeros(4)), build_algorithm(config, torch.zeros(4))
+    users = alg.sample(1)
+    rows = torch.full((len(users), 4), 0.1)
+    by_rows = alg.aggregate(1, {u: rows[i] for i, u in enumerate(users)}, cohort=users)
+    cols = torch.full((4, len(users)), 0.1)
+    by_cols = other.aggregate(1, {u: cols[:, i] for i, u in enumerate(users)}, cohort=users)
+    assert by_rows.metrics["accepted"] == by_cols.metrics["accepted"] == len(users)
+    assert torch.equal(by_rows.delta_tilde, by_cols.delta_tilde)

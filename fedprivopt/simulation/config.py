@@ -59,6 +59,7 @@ from fedprivopt.simulation.config_values import (
     TASK_PATHS,
     check_no_dates,
     check_task_dirs,
+    plain_scalar,
     plain_task_params,
     task_path,
 )
@@ -186,6 +187,8 @@ class RunConfig:
     tensorboard: bool = False
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # forty-fifth review of issue 15 (input 2)
+            object.__setattr__(self, f.name, plain_scalar(getattr(self, f.name)))
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine must be one of {', '.join(ENGINES)}, got {shown(self.engine)}"
@@ -326,6 +329,7 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         SIDE_INFORMATION,
     }
     for key, value in flat.items():
+        value = plain_scalar(value)  # forty-fifth review of issue 15 (input 2): numpy.uint64
         check_no_dates(key, value)
         if key.startswith("task-params."):
             name = key.split(".", 1)[1].replace("-", "_")

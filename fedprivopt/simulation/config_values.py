@@ -24,6 +24,7 @@ __all__ = [
     "check_no_dates",
     "check_task_dirs",
     "expand_home",
+    "plain_scalar",
     "plain_task_params",
     "refuse_null_character",
     "task_path",
@@ -138,9 +139,7 @@ def _plain(key: str, value: Any) -> Any:
     """One value of :func:`plain_task_params` (``key`` names it in a refusal)."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)  # bytes of a bytes path are refused below
-    if type(value).__module__ == "numpy" and callable(getattr(value, "item", None)):
-        if getattr(value, "shape", None) == ():  # a scalar, not an array
-            value = value.item()
+    value = plain_scalar(value)
     if isinstance(value, (list, tuple)):
         return [_plain(key, item) for item in value]
     if isinstance(value, Mapping):
@@ -164,4 +163,21 @@ def _plain(key: str, value: Any) -> Any:
             f"{shown_key(key)} must be a string, number, boolean, array or table (what a run's "
             f"config.toml records), got {type(value).__name__} {shown(value)}"
         )
+    return value
+
+
+def plain_scalar(value: Any) -> Any:
+    """``value`` as a Python number or bool when it is a NumPy scalar, else unchanged.
+
+    Forty-fifth review of issue 15 (input 2): ``load_config(P, {"cohort-chunk":
+    numpy.int64(8)})`` (also ``fast-actors``) kept the NumPy integer, so ``simulate`` released
+    its rounds and ended in ``TypeError: Object of type int64 is not JSON serializable`` before
+    ``summary.json`` (``config.toml`` held the text ``"8"``); ``{"seed": numpy.uint64(2**64 -
+    1)}`` passed the 64-bit check that a Python int meets, and the run's ``config.toml`` could
+    not be read back (``--resume`` refused: ``integers must fit in 64 bits``).
+    """
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        item = getattr(value, "item", None)
+        if callable(item):
+            return item()
     return value

@@ -50,6 +50,8 @@ NON_PRIVATE = ("fedavg", "fedadam")
 #: ``local_epochs`` by the one permutation per epoch a client holds
 #: (:data:`fedprivopt.core.local.MAX_EPOCHS` = 10,000).
 MAX_ROUNDS = 1_000_000
+#: The largest integer setting a run's ``config.toml`` holds (TOML integers are 64-bit).
+INT64_MAX = 2**63 - 1
 _INF = float("inf")
 _BLOCK_RULES = {
     key_of(name): rule for block in BLOCKS.values() for name, rule in rules_of(block).items()
@@ -168,6 +170,7 @@ class StrategyConfig:
                 f"options of strategy {shown(self.strategy)} must be a {block.__name__}, "
                 f"got {type(self.options).__name__}"
             )
+        self._check_64_bits()
         if self.clients_per_round > self.population:
             raise ValueError(
                 f"clients-per-round must be in (0, population={self.population}], "
@@ -202,6 +205,24 @@ class StrategyConfig:
                     f"{exc} (its default clients-per-round/20); set clip-count-stddev"
                 ) from None
         self._check_noise_std()
+
+    def _check_64_bits(self) -> None:
+        """Refuse an integer setting that a run's ``config.toml`` (TOML: 64-bit) cannot hold.
+
+        Forty-fifth review of issue 15 (input 2): ``StrategyConfig(seed=2**63)`` (also
+        ``batch_size``, ``max_examples``, ``min_shares`` and ``dp2-s1``/``dp2-s2`` in the
+        options, which have no upper bound) ran through ``simulate``, and its ``config.toml``
+        was refused by ``--resume`` and ``compare`` for ever (``integers must fit in 64 bits``);
+        ``--set`` and presets are refused so when the configuration is read.
+        """
+        for holder in (self, self.options):
+            for name in rules_of(holder):
+                value = getattr(holder, name)
+                if isinstance(value, int) and not isinstance(value, bool) and value > INT64_MAX:
+                    raise ValueError(
+                        f"{key_of(name)} must be an integer of at most {INT64_MAX} (64 bits, as "
+                        f"a run's config.toml holds it), got {value}"
+                    )
 
     def _check_tree(self) -> None:
         """Refuse, naming the key, what tree aggregation cannot do."""

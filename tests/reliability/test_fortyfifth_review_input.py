@@ -14,6 +14,17 @@
    does: a path as its text, a NumPy scalar as its number, a tuple as a list; ``None`` (and a
    set, bytes, an object) is refused naming the key, before anything is written
    (``config_values.plain_task_params``).
+2. The same for the run's other settings: ``load_config(P, {"cohort-chunk": numpy.int64(8)})``
+   (also ``fast-actors``), ``{"seed": numpy.uint64(2**64 - 1)}``, and ``StrategyConfig(seed=2**63)``
+   (also ``batch_size``, ``max_examples``, ``min_shares``, ``dp2-s1``: integers without an upper
+   bound). Before: ``cohort-chunk`` stayed a NumPy integer, so ``simulate`` released its round
+   and ended in ``TypeError: Object of type int64 is not JSON serializable`` before
+   ``summary.json`` (``config.toml`` held ``cohort-chunk = "8"``); the ``uint64`` seed passed
+   the 64-bit check a Python int meets, and the run (rc 0) could never be resumed
+   (``seed: integers must fit in 64 bits``), as ``StrategyConfig(seed=2**63)``'s. Now a NumPy
+   scalar is its Python number wherever a configuration is read or a ``RunConfig`` built
+   (``config_values.plain_scalar``), and ``StrategyConfig`` refuses an integer above 2**63 - 1
+   naming the key (``StrategyConfig._check_64_bits``).
 """
 
 from __future__ import annotations
@@ -23,9 +34,12 @@ import json
 
 import numpy as np
 import pytest
+import tomllib
 
-from fedprivopt.simulation.config import RunConfig, load_config
+from fedprivopt.simulation.config import RunConfig, config_to_toml, load_config, resolve_config
 from fedprivopt.simulation.run import simulate
+from fedprivopt.strategies.config import StrategyConfig
+from fedprivopt.strategies.options import BLOCKS
 
 TOY = "simulations/toy.toml"
 MINI = "simulations/stackoverflow-tp-mini.toml"
@@ -67,3 +81,29 @@ def test_1_values_toml_cannot_hold_are_refused_naming_the_key(tmp_path, value, w
     with pytest.raises(ValueError, match=rf"^{key}\b"):
         RunConfig(task="stackoverflow-nwp", task_params={"max_examples_per_user": value})
     assert not list(tmp_path.iterdir())
+
+
+# -- finding 2: NumPy scalars and integers above 64 bits in the run's other settings ----------
+
+
+def test_2_numpy_settings_read_back_from_config_toml():
+    config = load_config(TOY, {"cohort-chunk": np.int64(8), "fast-actors": np.int64(0)})
+    assert type(config.cohort_chunk) is int  # before: numpy.int64, written as the text "8"
+    again = resolve_config(tomllib.loads(config_to_toml(config)))
+    assert again == config
+    assert type(RunConfig(eval_every=np.int64(2)).eval_every) is int
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: load_config(TOY, {"seed": np.uint64(2**64 - 1)}),
+        lambda: StrategyConfig(seed=2**63),
+        lambda: RunConfig(strategy=StrategyConfig(batch_size=2**64)),
+        lambda: StrategyConfig(strategy="dp2", options=BLOCKS["dp2"](dp2_s1=2**63)),
+    ],
+)
+def test_2_integers_beyond_64_bits_are_refused(make):
+    with pytest.raises(ValueError, match=r"^(seed|batch-size|dp2-s1)\b.*64 bits"):
+        make()  # before: taken, and the run's config.toml could not be read back
+    assert StrategyConfig(seed=2**63 - 1).seed == 2**63 - 1

@@ -48,8 +48,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import operator
 import sys
 from collections.abc import Iterator, Mapping
+from numbers import Integral
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -179,7 +181,12 @@ def private_evaluation_users(task: Task) -> tuple[int, int] | None:
         return None
     value = _called(task, "private_evaluation_users")
     ok = isinstance(value, tuple) and len(value) == 2
-    ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ok = ok and all(isinstance(v, Integral) and not isinstance(v, bool) for v in value)
+    if ok:
+        # forty-fifth review of issue 15 (api 4): NumPy's counts (np.int64(0), np.int64(10)),
+        # as a task computing them with NumPy returns, were refused as out of range; the
+        # stored values (operator.index, not an int subclass' own comparisons) are checked
+        value = (operator.index(value[0]), operator.index(value[1]))
     if not ok or not 0 <= value[0] <= value[1]:
         raise TaskError(
             f"{type(task).__name__}.private_evaluation_users() must return (private, evaluated) "

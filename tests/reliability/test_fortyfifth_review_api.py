@@ -25,16 +25,25 @@
    memory (one tensor, or views of the same entries) before its noise is drawn (``the updates
    of users 3 and 5 are held in the same memory``); nothing is charged, the round runs again;
    rows or columns of one stacked tensor are distinct updates and are summed.
+4. A task whose ``private_evaluation_users()`` returns NumPy's counts (``(np.int64(0),
+   np.int64(10))``, as a task computing them with ``np.isin(...).sum()`` does; a task's hook
+   returning NumPy scalars, as ``num_users`` may). Before: refused as ``must return (private,
+   evaluated) with 0 <= private <= evaluated, got (np.int64(0), np.int64(10))``, so ``tune``
+   ended rc 2 on valid counts. Now ``models.task.private_evaluation_users`` takes integral
+   values as plain ints (``operator.index``: an int subclass' stored value); a list, bools and
+   negative counts are refused as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import pytest
 import torch
 
 from fedprivopt.clients import noise_generator, privatize_update
+from fedprivopt.models.task import TaskError, private_evaluation_users
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import (
@@ -159,3 +168,28 @@ def test_3_rows_and_columns_of_one_tensor_are_distinct_updates():
     by_cols = other.aggregate(1, {u: cols[:, i] for i, u in enumerate(users)}, cohort=users)
     assert by_rows.metrics["accepted"] == by_cols.metrics["accepted"] == len(users)
     assert torch.equal(by_rows.delta_tilde, by_cols.delta_tilde)
+
+
+# -- finding 4: NumPy counts from private_evaluation_users() ----------------------------------
+
+
+class _Counts:
+    def __init__(self, value):
+        self.value = value
+
+    def private_evaluation_users(self):
+        return self.value
+
+
+def test_4_numpy_counts_of_evaluation_users_are_taken_as_ints():
+    got = private_evaluation_users(_Counts((np.int64(0), np.int64(10))))
+    assert got == (0, 10) and all(type(v) is int for v in got)
+    assert private_evaluation_users(_Counts((np.int32(3), 5))) == (3, 5)
+
+
+@pytest.mark.parametrize(
+    "value", [[0, 10], (True, 10), (np.int64(-1), np.int64(3)), (5, np.int64(3)), (0.0, 10)]
+)
+def test_4_other_answers_stay_refused(value):
+    with pytest.raises(TaskError, match="must return"):
+        private_evaluation_users(_Counts(value))

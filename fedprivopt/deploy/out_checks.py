@@ -116,12 +116,18 @@ def check_out_claimable(out: str | Path, config: Any) -> None:
     check_temp_outside(str(out))
 
 
-#: The lock files of the commands that write many runs into their ``--out`` while they run.
-_WRITERS = (("compare.lock", "comparison"), ("tune.lock", "tuning"))
+#: The lock files of the commands that write into their ``--out`` while they run, relative to
+#: it: compare and tune (many runs) hold the directory itself, a deployment its log directory
+#: ``deploy/`` (its run is claimed there by the ServerApp only some 30 s after the start).
+_WRITERS = (
+    ("compare.lock", "comparison"),
+    ("tune.lock", "tuning"),
+    ("deploy/deploy.lock", "deployment's directory"),
+)
 
 
 def refuse_inside_writing(out: Path) -> None:
-    """Refuse an ``out`` inside a comparison or tuning that another process is writing.
+    """Refuse an ``out`` inside a comparison, tuning or deployment another process is writing.
 
     Forty-fourth review of issue 15 (processes, open for the lead): ``deploy local --out C/x``
     or ``--out C/runs/x`` while ``compare … --out C`` ran (``tune`` alike) passed every check
@@ -131,13 +137,20 @@ def refuse_inside_writing(out: Path) -> None:
     file; an ancestor, as written or as its links resolve, with such a file that another
     process holds is refused (``LockHeldError``, a ``ValueError``) naming its PID when its lock
     file says it. A finished comparison's directory is not held and stays as before.
+
+    Forty-fifth review of issue 15 (processes 1): ``deploy local --out D/x`` (or
+    ``deploy_local(out="D/x")``) while ``deploy local --out D`` started (``D`` then holds only
+    its held ``deploy/``; the ServerApp claims ``D`` some 30 s later) passed every check: the
+    second deployment's ``D/x/deploy`` made ``D`` "not empty" to the first's ServerApp, which
+    then failed after its SuperLink and SuperNodes had started. Such an ancestor, whose
+    ``deploy/`` another process holds (``deploy/deploy.lock``), is refused alike.
     """
     from fedprivopt.data.locks import LockHeldError, directory_held, probe_lock
 
     out = Path(out).absolute()  # named so in the refusal
     for place in ancestors(out):
         for lock, what in _WRITERS:
-            if not (place / lock).is_file() or not directory_held(place):
+            if not (place / lock).is_file() or not directory_held((place / lock).parent):
                 continue
             pid = None
             try:

@@ -205,6 +205,9 @@ class ReplyCollection:
                 except Exception as exc:  # hostile bytes: np.load and torch raise many types
                     undecodable[user] = str(exc)
                 if P.CLIP_BIT_ARRAY in record:  # checked by the round (adaptive clipping)
+                    if _long_header(record[P.CLIP_BIT_ARRAY]) is not None:  # not parsed either
+                        updates.clip_bits[user] = "undecodable"
+                        continue
                     try:
                         updates.clip_bits[user] = np.array(
                             record[P.CLIP_BIT_ARRAY].numpy(), copy=True

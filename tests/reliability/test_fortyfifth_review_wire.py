@@ -52,7 +52,9 @@
    undecodable updates are one warning, ``node 100: undecodable update of user 0 and 199 more:
    its .npy header holds 9991 bytes ...``, the reason cut (``flower_replies._long_header``,
    ``ReplyCollection._said_undecodable``); each is still rejected and counted (``received``
-   200, ``accepted`` 0); the test takes 1 s where it took 27.
+   200, ``accepted`` 0); the test takes 1 s where it took 27. A clip bit (adaptive clipping)
+   with such a header beside a valid delta is not parsed either: the reply is rejected for
+   its bit, as one NumPy refuses.
 
 The tests run fedprivopt's ClientApp and DPStrategy in process (no Flower engine, no Ray).
 """
@@ -280,3 +282,48 @@ def test_5_a_replys_undecodable_updates_are_one_warning_cut(server_side, caplog)
     assert said[0].startswith("node 100: undecodable update of user 0 and 199 more: ")
     assert "its .npy header holds 9991 bytes" in said[0]  # not parsed
     assert rows[0]["received"] == 200 and rows[0]["accepted"] == 0
+
+
+class _ForgedBitGrid(_ForgingGrid):
+    """Node 100 answers with valid deltas, each beside a clip bit of a forged header."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = super().send_and_receive(messages, timeout=timeout)
+        for reply in replies:
+            for key in list(reply.content.array_records):
+                delta = Array(np.full(3, 0.01, np.float32))
+                reply.content[key] = ArrayRecord(
+                    {P.DELTA_ARRAY: delta, P.CLIP_BIT_ARRAY: _forged()}
+                )
+        return replies
+
+
+def test_5_a_clip_bit_of_a_long_header_is_not_parsed(server_side, monkeypatch):
+    parsed = []
+    load = np.load
+
+    def counting(file, *args, **kwargs):  # the headers np.load is given to parse
+        parsed.append(int.from_bytes(file.getvalue()[8:10], "little"))
+        return load(file, *args, **kwargs)
+
+    monkeypatch.setattr(np, "load", counting)
+    config = StrategyConfig.from_mapping(
+        {
+            "population": 20,
+            "clients-per-round": 20,
+            "noise-multiplier": 0.8,
+            "clip-norm": 0.5,
+            "adaptive-clipping": True,
+        }
+    )
+    flat, spec = flatten({"w": torch.zeros(3)})
+    rows: list[dict] = []
+    strategy = DPStrategy(
+        build_algorithm(config, flat),
+        spec,
+        node_wait=0.0,
+        on_round=lambda r, _: rows.append(r.metrics),
+    )
+    strategy.start(_ForgedBitGrid(), flat_to_arrays(flat, spec), 1, timeout=1.0)
+    assert parsed and max(parsed) <= 1024  # before: 20 headers of 9,991 bytes parsed
+    assert rows[0]["received"] == 20 and rows[0]["accepted"] == 0

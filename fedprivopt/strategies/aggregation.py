@@ -102,8 +102,8 @@ def _read_now(update: Any) -> Any:
     return owned
 
 
-def _memory(update: Any) -> tuple[int, int, int, bool, tuple] | None:
-    """Where ``update``'s entries lie: (storage, first byte, end byte, contiguous, view)."""
+def _memory(update: Any) -> tuple[tuple, int, int, bool, tuple] | None:
+    """Where ``update``'s entries lie: ((device, storage), first, end byte, contiguous, view)."""
     tensor = update.values if isinstance(update, RowSparse) else update
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
         return None
@@ -113,7 +113,7 @@ def _memory(update: Any) -> tuple[int, int, int, bool, tuple] | None:
     extent = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
     start = tensor.storage_offset() * size
     view = (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
-    ptr = tensor.untyped_storage().data_ptr()
+    ptr = (str(tensor.device), tensor.untyped_storage().data_ptr())
     return ptr, start, start + extent * size, tensor.is_contiguous(), view
 
 
@@ -129,7 +129,7 @@ def _refuse_shared(round_num: int, entries: list[tuple[int, Any]]) -> None:
     is released, and the round may run again. Views of distinct entries of one tensor (the
     rows of a stacked matrix) are distinct updates.
     """
-    groups: dict[int, list] = {}
+    groups: dict[tuple, list] = {}
     for user, update in entries:
         place = _memory(update)
         if place is not None:

@@ -48,7 +48,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.strategies.discovery import task_failure
 from fedprivopt.strategies.requests import ReportedUpdates
 
-__all__ = ["LOSS_METRICS", "MAX_DELTA_HEADER", "ReplyCollection"]
+__all__ = ["LOSS_METRICS", "ReplyCollection"]
 
 LOSS_METRICS = ("failed", "timed_out", "unavailable", "dropped", "unhosted")
 """Round metrics counting sampled users whose update did not arrive, by cause."""
@@ -61,34 +61,6 @@ _UNAVAILABLE = frozenset(
         ErrorCode.NODE_UNAVAILABLE,
     }
 )
-
-
-MAX_DELTA_HEADER = 1024
-"""Most bytes of the ``.npy`` header of an update's delta that the server parses.
-
-A flat array's header is 128 bytes (NumPy pads it to 64); ``np.load`` parses one of up to
-10,000 with Python's tokenizer. Forty-fifth review of issue 15 (wire 5): 200 updates whose
-forged headers held 10,000 characters took the server 27 s to refuse (0.13 s each, on 2 busy
-cores), a round of a rogue node's 10,000 such updates about 20 minutes.
-"""
-
-
-def _long_header(array: object) -> str | None:
-    """Why the delta ``array`` is not parsed: a ``.npy`` header above :data:`MAX_DELTA_HEADER`.
-
-    ``None`` for any other array (NumPy reads or refuses it).
-    """
-    data = getattr(array, "data", None)
-    if not isinstance(data, bytes) or not data.startswith(b"\x93NUMPY") or len(data) < 12:
-        return None
-    width = 2 if data[6] == 1 else 4  # format 1.0: a 2-byte length; 2.0 and 3.0: 4 bytes
-    length = int.from_bytes(data[8 : 8 + width], "little")
-    if length <= MAX_DELTA_HEADER:
-        return None
-    return (
-        f"its .npy header holds {length} bytes, more than the {MAX_DELTA_HEADER} of a flat "
-        "array's (not parsed)"
-    )
 
 
 class ReplyCollection:
@@ -195,7 +167,7 @@ class ReplyCollection:
                 updates[user] = None  # unless decoded below; the aggregator rejects and counts it
                 if P.DELTA_ARRAY not in record:
                     continue
-                header = _long_header(record[P.DELTA_ARRAY])
+                header = P.long_npy_header(record[P.DELTA_ARRAY])
                 if header is not None:
                     undecodable[user] = header
                     continue
@@ -205,7 +177,7 @@ class ReplyCollection:
                 except Exception as exc:  # hostile bytes: np.load and torch raise many types
                     undecodable[user] = str(exc)
                 if P.CLIP_BIT_ARRAY in record:  # checked by the round (adaptive clipping)
-                    if _long_header(record[P.CLIP_BIT_ARRAY]) is not None:  # not parsed either
+                    if P.long_npy_header(record[P.CLIP_BIT_ARRAY]) is not None:  # not parsed either
                         updates.clip_bits[user] = "undecodable"
                         continue
                     try:

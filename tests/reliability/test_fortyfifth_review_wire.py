@@ -54,7 +54,8 @@
    ``ReplyCollection._said_undecodable``); each is still rejected and counted (``received``
    200, ``accepted`` 0); the test takes 1 s where it took 27. A clip bit (adaptive clipping)
    with such a header beside a valid delta is not parsed either: the reply is rejected for
-   its bit, as one NumPy refuses.
+   its bit, as one NumPy refuses; ``wire.read_updates`` (a ServerApp of one's own) refuses
+   such a delta without parsing it (``wire.long_npy_header``, ``wire.MAX_DELTA_HEADER``).
 
 The tests run fedprivopt's ClientApp and DPStrategy in process (no Flower engine, no Ray).
 """
@@ -327,3 +328,12 @@ def test_5_a_clip_bit_of_a_long_header_is_not_parsed(server_side, monkeypatch):
     strategy.start(_ForgedBitGrid(), flat_to_arrays(flat, spec), 1, timeout=1.0)
     assert parsed and max(parsed) <= 1024  # before: 20 headers of 9,991 bytes parsed
     assert rows[0]["received"] == 20 and rows[0]["accepted"] == 0
+
+
+def test_5_read_updates_refuses_a_long_header_unparsed():
+    content = RecordDict({"update/1": ArrayRecord({P.DELTA_ARRAY: _forged()})})
+    said = r"^the train reply's record 'update/1' \(user 1\): array 'delta' cannot be read as a"
+    with pytest.raises(ValueError, match=said + " NumPy array: its .npy header holds 9991 bytes"):
+        P.read_updates(content)  # before: parsed (0.13 s), NumPy's "Cannot parse header"
+    valid = RecordDict({"update/1": ArrayRecord({P.DELTA_ARRAY: Array(np.ones(3, np.float32))})})
+    assert P.read_updates(valid)[1].tolist() == [1.0, 1.0, 1.0]

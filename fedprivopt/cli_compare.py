@@ -186,7 +186,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
     """``compare``'s plan, runs and report, holding ``out``'s lock."""
     from fedprivopt.simulation.cell_plans import load_cell, plan_cells
-    from fedprivopt.simulation.cells import remove_report, run_cell
+    from fedprivopt.simulation.cells import leftover_note, remove_report, run_cell
     from fedprivopt.simulation.parallel import check_parallel
     from fedprivopt.simulation.report import write_report
     from fedprivopt.simulation.rundir import check_output_held
@@ -229,8 +229,11 @@ def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         origins[plan.cell.label] = plan.describe()
+    # forty-fifth review of issue 15 (reports, finding 2): runs of earlier calls left in OUT/runs
+    left = leftover_note(out, [plan.cell.label for plan in plans])
+    title = f"fedprivopt compare: {args.config}"
     report = write_report(
-        out, runs, title=f"fedprivopt compare: {args.config}", metric=args.metric, origins=origins
+        out, runs, title=title, metric=args.metric, origins=origins, issues=[left] if left else []
     )
     earlier = sum(plan.action in ("reuse", "resume") for plan in plans)
     note = f" ({earlier} of {len(plans)} runs from an earlier call)" if earlier else ""

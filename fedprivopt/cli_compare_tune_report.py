@@ -26,6 +26,7 @@ __all__ = ["composition_lines", "report"]
 
 def report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     """``compare``'s report over the released trials, at the ε that includes their tuning."""
+    from fedprivopt.simulation.cells import leftover_note
     from fedprivopt.simulation.report import insert_summary_column, write_report
     from fedprivopt.simulation.tune_check import check_tunings, composed_epsilon
     from fedprivopt.simulation.tune_notes import TUNED_SUFFIX, selection_lines
@@ -73,9 +74,11 @@ def report(args: argparse.Namespace, out: Path, tunings: list) -> int:
     # --selection-on-private-users said nothing of the selection ε does not cover, where
     # compare-tuned names each such tuning
     notes += "\n".join(["", *selection_lines([c for group in checks.values() for c in group])])
+    # forty-fifth review of issue 15 (reports, finding 2): tunings of earlier calls in OUT/tune
+    left = leftover_note(out, [cell.label for cell, _, _ in tunings], "tune")
     report = write_report(out, runs, title=f"fedprivopt compare: {args.config} (tuned)",
-                          metric=args.metric, notes=notes,
-                          epsilon_text=_TUNED_EPSILON)  # fmt: skip
+                          metric=args.metric, notes=notes, epsilon_text=_TUNED_EPSILON,
+                          issues=[left] if left else [])  # fmt: skip
     # thirty-third review of issue 15 (lead, found by the results reviewer): a row of n
     # tunings showed one tuning's epsilon in summary.csv (11.73 for 3 tunings composed to
     # 20.65), only report.md's notes had their composition; as compare-tuned's summary.csv

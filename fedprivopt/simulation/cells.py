@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedprivopt.core.text import cut_middle
 from fedprivopt.core.text import shown as _short
 from fedprivopt.simulation.config import RunConfig
 from fedprivopt.simulation.files import CONFIG_FILE
@@ -47,6 +48,7 @@ __all__ = [
     "check_compare_dir",
     "check_not_reported",
     "grid",
+    "leftover_note",
     "remove_report",
     "run_cell",
     "task_key",
@@ -217,6 +219,34 @@ def remove_report(out: str | Path) -> None:
         if path.is_dir() and not path.is_symlink():
             raise ValueError(f"{path} is a directory, not a report file compare wrote")
         path.unlink(missing_ok=True)
+
+
+def leftover_note(out: str | Path, labels: Sequence[str], sub: str = "runs") -> str | None:
+    """A note on the entries of ``out/sub`` that are not this call's cells (``None``: none).
+
+    Forty-fifth review of issue 15 (reports, finding 2): ``compare toy.toml --strategies
+    dp-fedavg,fedavg --rounds 2 --tensorboard --out C``, then the same with ``--strategies
+    dp-fedavg --rounds 4`` (or other noise multipliers, fewer seeds; ``--tune-grid`` alike,
+    its tunings in ``C/tune``) left the earlier call's 2-round fedavg run in ``C/runs`` without
+    a word: ``tensorboard --logdir C``, which the help offers for a grid, showed it beside the
+    fresh runs as one of them, and ``load_runs(C/runs)`` reported it. They are the user's
+    results and are kept; the report and standard error now name them.
+    """
+    where = Path(out) / sub
+    if not where.is_dir():
+        return None
+    wanted = set(labels)
+    extra = sorted(p.name for p in where.iterdir() if p.is_dir() and p.name not in wanted)
+    if not extra:
+        return None
+    listed = ", ".join(cut_middle(n) for n in extra[:5])
+    more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+    kind = "runs" if sub == "runs" else "tunings"
+    return (
+        f"{where} also holds {len(extra)} {kind} of an earlier call that this call's grid does "
+        f"not include ({listed}{more}): this report leaves them out, but tensorboard --logdir "
+        f"{out} shows them beside its own; remove them, or give a new grid another --out"
+    )
 
 
 def lock_compare_dir(out: str | Path):

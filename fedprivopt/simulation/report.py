@@ -151,6 +151,7 @@ def write_report(
     notes: str | None = None,
     origins: Mapping[str, str] | None = None,
     epsilon_text: str = RUN_EPSILON,
+    issues: Sequence[str] = (),
 ) -> Path:
     """Write ``summary.csv``, ``metric_vs_round.png``, ``privacy_utility.png`` and ``report.md``.
 
@@ -172,6 +173,9 @@ def write_report(
     epsilon_text : str, optional
         What ε means, the start of "Privacy parameters" (default :data:`RUN_EPSILON`; a tuned
         comparison states its tunings' ε).
+    issues : sequence of str, optional
+        The caller's own warnings on the report (``compare``'s runs of earlier calls left in its
+        ``OUT``), warned and listed under "Warnings" with those of the runs.
 
     Returns
     -------
@@ -185,6 +189,7 @@ def write_report(
         part of an earlier report written by this function (:func:`_check_replaceable`).
     """
     out = Path(out_dir)
+    extra_issues = list(issues)
     runs = list(runs)  # a one-shot iterable read as "runs: empty" (forty-third review, 1)
     out.mkdir(parents=True, exist_ok=True)
     runs, untrained = _without_untrained(runs)
@@ -192,7 +197,8 @@ def write_report(
     issues = [*untrained, *issues]
     rows, agg_issues = aggregate_with_notes(sel.runs, sel.metric)
     issues = list(dict.fromkeys([*issues, *agg_issues, *_task_differences(sel.runs),
-                                 *_tuned_notes(sel.runs, epsilon_text)]))  # fmt: skip
+                                 *_tuned_notes(sel.runs, epsilon_text),
+                                 *map(str, extra_issues)]))  # fmt: skip
     warn_all(issues)
     _check_replaceable(out)
     unlink_links(out, REPORT_FILES)  # never written through a link (sixteenth review)

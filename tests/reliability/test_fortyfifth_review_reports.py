@@ -13,6 +13,16 @@
    line (``report_format.one_line``), and ``report_markdown.markdown`` the metric in a code
    span that holds its backticks (``report_format.code_span``) and the image's text with its
    brackets escaped (``report_format.alt_text``); plain names are written as before.
+2. Runs of an earlier call left in a comparison's ``OUT``: ``compare toy.toml --strategies
+   dp-fedavg,fedavg --rounds 1 --out C``, then ``compare toy.toml --strategies dp-fedavg
+   --rounds 1 --out C`` (also other noise multipliers or fewer seeds; ``compare --tune-grid``
+   with fewer seeds, its tunings in ``C/tune``). Before: rc 0 and not a word; the fedavg run
+   stayed in ``C/runs``, where ``tensorboard --logdir C`` (which compare's help offers for a
+   grid) shows it beside this call's runs as one of them. Now ``cells.leftover_note`` names
+   them (``C/runs also holds 1 runs of an earlier call that this call's grid does not include
+   (fedavg__sigma0__seed0): this report leaves them out, but tensorboard --logdir C shows them
+   ...``) on standard error and under the report's Warnings (``write_report(issues=...)``);
+   the runs are kept (they are the user's results).
 """
 
 from __future__ import annotations
@@ -95,3 +105,37 @@ def test_1_a_metric_with_a_backtick_or_a_bracket(tmp_path, capsys, name):
     assert f"Task metric: {code_span(metric)}." in text
     image = next(line for line in text.splitlines() if "metric_vs_round.png" in line)
     assert image == f"![{alt_text(metric)} by round](metric_vs_round.png)", image
+
+
+# -- finding 2: runs of an earlier call beside this call's ---------------------------------------
+
+
+def test_2_runs_of_an_earlier_call_are_named(tmp_path, capsys):
+    out = tmp_path / "c"
+    base = ["compare", str(TOY), "--rounds", "1", "--quiet", "--out", str(out)]
+    assert main([*base, "--strategies", "dp-fedavg,fedavg"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*base, "--strategies", "dp-fedavg"]) == 0
+    err = capsys.readouterr().err
+    assert "also holds 1 runs of an earlier call" in err, err  # before: nothing
+    text = (out / "report.md").read_text()
+    warned = text[text.index("## Warnings") :]
+    assert "(fedavg__sigma0__seed0): this report leaves them out" in warned
+    assert (out / "runs" / "fedavg__sigma0__seed0").is_dir()  # kept
+
+
+def test_2_the_note_of_a_tuned_grid_and_of_none(tmp_path):
+    from fedprivopt.simulation.cells import leftover_note
+
+    (tmp_path / "tune" / "dp-fedavg__sigma0.5__seed0").mkdir(parents=True)
+    (tmp_path / "tune" / "dp-fedavg__sigma0.5__seed1").mkdir()
+    note = leftover_note(tmp_path, ["dp-fedavg__sigma0.5__seed0"], "tune")
+    assert note is not None and "1 tunings of an earlier call" in note
+    assert "(dp-fedavg__sigma0.5__seed1)" in note
+    assert (
+        leftover_note(
+            tmp_path, ["dp-fedavg__sigma0.5__seed0", "dp-fedavg__sigma0.5__seed1"], "tune"
+        )
+        is None
+    )
+    assert leftover_note(tmp_path, [], "runs") is None  # no runs/

@@ -245,7 +245,8 @@ def leftover_note(out: str | Path, labels: Sequence[str], sub: str = "runs") -> 
     return (
         f"{where} also holds {len(extra)} {kind} of an earlier call that this call's grid does "
         f"not include ({listed}{more}): this report leaves them out, but tensorboard --logdir "
-        f"{out} shows them beside its own; remove them, or give a new grid another --out"
+        f"{out} shows those with event files beside its own; remove them, or give a new grid "
+        "another --out"
     )
 
 

@@ -332,6 +332,14 @@ def deploy_local(
             except OutMoved as moved:
                 exc.out_moved = str(moved)  # type: ignore[attr-defined]
             raise
+        except OSError as exc:
+            # forty-fifth review of issue 15 (processes 2): out's parent renamed while the
+            # processes started (their logs are read by path): 'argument --out: .../deploy/
+            # superlink.log: No such file or directory', rc 2, as if --out were bad input
+            if isinstance(exc, TimeoutError):
+                raise
+            out_in_place(out_dir, out_fd)
+            raise
         finally:
             dep.say("stopping the SuperNodes and the SuperLink")
             try:

@@ -19,10 +19,22 @@
    ``simulation.run_places.refuse_inside_held`` (an open row for its owner). (In-process: the
    deployment's hold of ``D/deploy`` taken with ``rundir.lock_directory``, as ``deploy_local``
    takes it; no process starts.)
+2. A renamed parent while a deployment starts: ``deploy local toy.toml --nodes 1 --insecure
+   --rounds 40 --out PP/D``, ``mv PP PP2`` once ``PP/D/deploy`` appeared (its SuperLink
+   starting). Before: rc 2 and ``fedprivopt deploy local: error: argument --out:
+   /abs/PP/D/deploy/superlink.log: No such file or directory`` (measured): the SuperLink's log,
+   read by path while the processes start (``session.wait_port``, ``wait_nodes``), was gone, and
+   the error was said as bad input of ``--out``. Now ``deploy_local`` asks
+   ``session.out_in_place`` on a file error too: rc 1, ``failed: --out PP/D was moved or
+   replaced while the deployment ran; its run is now in PP2/D: ...`` (as for a move later in
+   the run, forty-fourth review, processes 2); ``processes.json`` goes with the moved logs.
+   (In-process: ``deploy_local`` with its ``_run`` replaced by the move and a read of the log
+   by path; no process starts.)
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -55,3 +67,22 @@ def test_1_a_deployment_inside_a_starting_deployments_directory_is_refused(tmp_p
         assert len(err) == 1 and inside in err[0] and "Traceback" not in err[0], err
     assert sorted(p.name for p in d.iterdir()) == ["deploy"]  # nothing written into D
     check_out_claimable(d / "x", config)  # the deployment gone: D/x may be written
+
+
+def test_2_out_moved_while_the_processes_start_is_said_as_moved(tmp_path, monkeypatch):
+    import fedprivopt.deploy.local as local
+
+    out = tmp_path / "PP" / "D"
+
+    def run(dep, nodes, tls, node_auth, app, flower_overrides, out_dir, deadline):
+        os.rename(tmp_path / "PP", tmp_path / "PP2")
+        (out_dir / "deploy" / "superlink.log").read_bytes()  # by path, as wait_port reads it
+
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    monkeypatch.setattr(local, "_run", run)
+    with pytest.raises(RuntimeError) as caught:
+        local.deploy_local(nodes=1, tls=False, config_path=str(TOY), out=str(out), timeout=60)
+    line = str(caught.value)
+    assert "was moved or replaced while the deployment ran" in line
+    assert f"its run is now in {tmp_path / 'PP2' / 'D'}" in line and "\n" not in line
+    assert (tmp_path / "PP2" / "D" / "deploy" / "processes.json").is_file()

@@ -20,6 +20,7 @@ from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
+from fedprivopt.strategies.aggregation import refuse_shared_memory
 from fedprivopt.strategies.requests import same_values
 from fedprivopt.wire import ClientSettings
 
@@ -134,7 +135,9 @@ class UserTrainer:
                                               entries=update.length)  # fmt: skip
                     yield batch
                 else:  # dense updates (e.g. next-word prediction's): (user, update) pairs
-                    for pair in batch.split():
+                    pairs = batch.split()
+                    _refuse_one_workspace(pairs, round_num)
+                    for pair in pairs:
                         _refuse_missing_share(pair, cfg, round_num, stream)
                         yield pair
             copies.refuse_changed([])
@@ -207,6 +210,27 @@ def _owned(entry: Any) -> Any:
         if isinstance(update, RowSparse):
             return user, RowSparse(update.rows.clone(), update.values.clone(), update.length)
     return entry
+
+
+def _refuse_one_workspace(pairs: Any, round_num: int) -> None:
+    """Raise ``ValueError`` when a batch's listed pairs hold two users' updates in one memory.
+
+    Forty-fifth review of issue 15 (api 5; api 3 through a task's own ``cohort_trainer``): a
+    trainer that trained a chunk's users one by one into one vector it reused and gave
+    ``split()`` as a list of ``(user, work)`` pairs had the chunk's last user's update summed
+    once for every user of the chunk (a sensitivity of chunk x C under a charge of C). A list
+    (or tuple) of pairs holds its updates at once, so they must be distinct memory
+    (:func:`~fedprivopt.strategies.aggregation.refuse_shared_memory`); a ``split()`` that is a
+    generator may reuse its memory from one pair to the next (each is summed before the next).
+    """
+    if not isinstance(pairs, (list, tuple)):
+        return
+    entries = [
+        p for p in pairs
+        if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], int)
+        and not isinstance(p[0], bool)
+    ]  # fmt: skip
+    refuse_shared_memory(round_num, entries)
 
 
 def _refuse_missing_share(

@@ -37,7 +37,7 @@ from fedprivopt.strategies.requests import (
     refuse_malformed,
 )
 
-__all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "largest_noise_std"]
+__all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "largest_noise_std", "refuse_shared_memory"]
 
 NOISE_HEADROOM = 64.0
 """How far below the model dtype's largest number the noise std of a round's sum must stay.
@@ -117,7 +117,7 @@ def _memory(update: Any) -> tuple[tuple, int, int, bool, tuple] | None:
     return ptr, start, start + extent * size, tensor.is_contiguous(), view
 
 
-def _refuse_shared(round_num: int, entries: list[tuple[int, Any]]) -> None:
+def refuse_shared_memory(round_num: int, entries: list[tuple[int, Any]]) -> None:
     """Raise ``ValueError`` when two users' updates are held in the same memory.
 
     Forty-fifth review of issue 15 (api 3): a train callback that trained each user into one
@@ -127,16 +127,15 @@ def _refuse_shared(round_num: int, entries: list[tuple[int, Any]]) -> None:
     are what the users hold when they are summed, so a cohort whose updates share memory (the
     same tensor, or views of the same entries) is refused before its noise is drawn: nothing
     is released, and the round may run again. Views of distinct entries of one tensor (the
-    rows of a stacked matrix) are distinct updates.
+    rows of a stacked matrix) are distinct updates. The fast engine checks a cohort trainer's
+    batch of pairs with it too (:mod:`fedprivopt.simulation.fast_trainer`, api 5).
     """
     groups: dict[tuple, list] = {}
     for user, update in entries:
         place = _memory(update)
         if place is not None:
             groups.setdefault(place[0], []).append((place, user))
-    pairs = (
-        (a, b) for group in groups.values() for i, a in enumerate(group) for b in group[:i]
-    )
+    pairs = ((a, b) for group in groups.values() for i, a in enumerate(group) for b in group[:i])
     for (a, user_a), (b, user_b) in pairs:
         overlap = a[1] < b[2] and b[1] < a[2]
         if overlap and ((a[3] and b[3]) or a[4] == b[4]):
@@ -399,7 +398,7 @@ class AlgorithmAggregation:
             if foreign:  # rejected alone, as a malformed update is
                 unasked.update(foreign)
             entries = [(u, update) for u, update, why in owned if why is None]
-            _refuse_shared(round_num, entries)  # forty-fifth review of issue 15 (api 3)
+            refuse_shared_memory(round_num, entries)  # forty-fifth review of issue 15 (api 3)
             if self.clipping is not None:
                 # replies decoded from messages: one whose clip bit is invalid is not summed
                 reported = ReportedUpdates(clip_bits=getattr(updates, "clip_bits", {}))

@@ -32,6 +32,14 @@
    ended rc 2 on valid counts. Now ``models.task.private_evaluation_users`` takes integral
    values as plain ints (``operator.index``: an int subclass' stored value); a list, bools and
    negative counts are refused as before.
+5. A task's own ``cohort_trainer`` on the fast engine (``UserTrainer``, in process) that trains
+   a chunk's users one by one into one vector it reuses and gives ``split()`` as a list of
+   ``(user, work)`` pairs (api 3 through a cohort trainer). Before: the streamed sum read each
+   pair when the whole list was made, so the chunk's last user's update was summed once for
+   every user of the chunk (a sensitivity of chunk x C under a charge of C). Now
+   ``simulation.fast_trainer._refuse_one_workspace`` refuses a listed batch whose pairs share
+   memory (``strategies.aggregation.refuse_shared_memory``); a generator ``split()`` reusing
+   its memory from one pair to the next, and rows of one workspace, are summed as before.
 """
 
 from __future__ import annotations
@@ -42,8 +50,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedprivopt.clients import noise_generator, privatize_update
+from fedprivopt.clients import LocalTrainer, noise_generator, privatize_update
+from fedprivopt.models import build_task, initial_flat
 from fedprivopt.models.task import TaskError, private_evaluation_users
+from fedprivopt.privacy import RngFactory
+from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import (
@@ -81,9 +92,7 @@ def _honest(request):
 def test_1_a_mapping_reusing_its_workspace_sums_each_user_once(strategy):
     config = _config(strategy=strategy, **{"noise-multiplier": 1e-6})
     honest = drive_round(build_algorithm(config, torch.zeros(4)), 1, _honest)
-    lazy = drive_round(
-        build_algorithm(config, torch.zeros(4)), 1, lambda r: _Workspace(r.users)
-    )
+    lazy = drive_round(build_algorithm(config, torch.zeros(4)), 1, lambda r: _Workspace(r.users))
     assert torch.equal(lazy.params, honest.params)
     assert float(lazy.params.max()) < 0.1  # 0.45 before: the last user summed nine times
 
@@ -193,3 +202,72 @@ def test_4_numpy_counts_of_evaluation_users_are_taken_as_ints():
 def test_4_other_answers_stay_refused(value):
     with pytest.raises(TaskError, match="must return"):
         private_evaluation_users(_Counts(value))
+
+
+# -- finding 5: a cohort trainer listing pairs of one reused vector ---------------------------
+
+
+class _Listed:
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def split(self):
+        return self.pairs
+
+
+class _Yielded(_Listed):
+    def split(self):
+        yield from self.pairs()
+
+
+class _OneVector:
+    """A task's own cohort trainer training a chunk's users one by one into one vector."""
+
+    def __init__(self, task, lazily=False):
+        self.local, self.lazily = LocalTrainer(task, device="cpu"), lazily
+
+    def train_batches(self, params, users, *, round_num, config, rngs, preconditioner, stream):
+        work = torch.empty(params.numel(), dtype=params.dtype)
+
+        def each():
+            for user in users:
+                work.copy_(
+                    self.local.train(
+                        params,
+                        user_id=user,
+                        round_num=round_num,
+                        config=config,
+                        rngs=rngs,
+                        stream=stream,
+                    ).delta
+                )
+                yield user, work  # fmt: skip
+
+        yield _Yielded(each) if self.lazily else _Listed(list(each()))
+
+
+def _fast_round(lazily):
+    task = build_task("toy", num_users=6)
+    task.cohort_trainer = lambda device, chunk_users: _OneVector(task, lazily)
+    config = _config(population=6, sampling="fixed", **{"clients-per-round": 6})
+    alg = build_algorithm(config, initial_flat(task))
+    request = next(alg.run_round(1))
+    trainer = UserTrainer(task, device="cpu", vectorize=True, chunk_users=6, secure=False)
+    args = (request.users, 1, request.params, None, request.settings, "train")
+    return task, request, [(u, x.clone()) for u, x in trainer.train(*args)]
+
+
+def test_5_a_listed_batch_of_one_reused_vector_is_refused():
+    with pytest.raises(ValueError, match="held in the same memory"):
+        _fast_round(lazily=False)
+
+
+def test_5_a_generator_split_reusing_its_vector_is_summed_right():
+    task, request, pairs = _fast_round(lazily=True)
+    local = LocalTrainer(task, device="cpu")
+    rngs = RngFactory(seed=request.settings.seed)
+    for user, update in pairs:
+        own = local.train(
+            request.params, user_id=user, round_num=1, config=request.settings.local, rngs=rngs
+        ).delta
+        assert torch.equal(update, own), user

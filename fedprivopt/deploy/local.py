@@ -451,6 +451,10 @@ def _run(
     wait_nodes(dep, nodes, deadline, log_start=link_log)
     forget_private_keys(files, keys)
 
+    # forty-fifth review of issue 15 (processes 3): out moved or replaced while the nodes came
+    # online: the ServerApp, given out's path, would make and write the run at the new place,
+    # which follow() then takes for another's; nothing is submitted then
+    out_in_place(out, getattr(dep, "out_fd", None))
     dep.say("submitting the run (flwr run)")
     started = dep.flwr("run", str(staged), CONNECTION, "--run-config", str(run_config))
     run_id = str(started["run-id"])

@@ -388,6 +388,41 @@ def out_in_place(out: Path, held: int | None) -> None:
     )
 
 
+def _in_place(out: Path, held: int | None, run_id: str) -> None:
+    """:func:`out_in_place`, saying where the run is when this deployment's ServerApp made it.
+
+    Forty-fifth review of issue 15 (processes 3): ``out``'s parent renamed after ``flwr run``
+    and before the ServerApp claimed ``out`` (its start takes seconds): the ServerApp, given
+    ``out``'s path, made it anew (parents included) and wrote this deployment's run there, and
+    the line said ``what is at PP/D now is not this deployment's``. Where the moved directory
+    holds no run and the ServerApp's log (moved with it) says it writes run ``run_id`` to
+    ``out``, the line says so and how that run continues.
+    """
+    try:
+        out_in_place(out, held)
+    except OutMoved as moved:
+        now = None if held is None else moved_to(held)
+        if now is None or (now / "config.toml").exists() or not (out / "config.toml").exists():
+            raise
+        try:
+            with open(now / "deploy" / "serverapp.log", "rb") as log:
+                log.seek(max(0, os.fstat(log.fileno()).st_size - (1 << 20)))
+                text = log.read().decode("utf-8", "replace")
+        except OSError:
+            raise moved from None
+        if f"[fedprivopt] run {run_id} writes to {out}\n" not in text:
+            raise
+        from fedprivopt.simulation.run_places import quoted_out
+
+        said = quoted_out(out)
+        raise OutMoved(
+            f"--out {said} was moved or replaced while the deployment started (its logs are "
+            f"now in {quoted_out(now / 'deploy')}); its ServerApp, given the path {said}, "
+            f"made that directory anew and wrote the run there: fedprivopt simulate --resume "
+            f"{said} continues it"
+        ) from None
+
+
 def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
     """Wait for ``summary.json``; report rows; fail early if the run ends without one.
 
@@ -411,7 +446,7 @@ def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
     metrics = _NewLines(out / "metrics.jsonl")
     held = getattr(dep, "out_fd", None)
     while True:
-        out_in_place(out, held)  # its rows and summary are read by path (processes 2)
+        _in_place(out, held, run_id)  # its rows and summary are read by path (processes 2)
         for line in metrics.read():
             with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
                 row = json.loads(line)
@@ -420,13 +455,13 @@ def follow(dep: Deployment, out: Path, run_id: str, deadline: float) -> None:
                 shown.append(f"epsilon={epsilon_text(row['epsilon'])}")
                 dep.say(f"round {row['round']}: {', '.join(shown)}")
         if summary.exists():
-            out_in_place(out, held)
+            _in_place(out, held, run_id)
             return
         if stream.poll() is not None:
             # the log stream ends when the run does: give the summary a moment, then ask
             time.sleep(1.0)
             if summary.exists():
-                out_in_place(out, held)
+                _in_place(out, held, run_id)
                 return
             runs = dep.flwr("ls", CONNECTION, "--run-id", run_id).get("runs", [])
             status = runs[0].get("status") if runs else "unknown"

@@ -30,11 +30,26 @@
    the run, forty-fourth review, processes 2); ``processes.json`` goes with the moved logs.
    (In-process: ``deploy_local`` with its ``_run`` replaced by the move and a read of the log
    by path; no process starts.)
+3. The same move later in the start: ``mv PP PP2`` once the SuperNodes are online, or after
+   ``flwr run`` and before the ServerApp claims ``PP/D`` (its start takes seconds). Before
+   (reasoned from the code and measured in-process): the run was submitted with ``out =
+   /abs/PP/D``; the ServerApp made ``PP/D`` anew (``NewRunDir`` makes parents) and wrote this
+   deployment's run there, and ``follow`` said ``what is at PP/D now is not this
+   deployment's`` and stopped it: the run, its ledger included, left at a place the line
+   disowns. Now ``session.out_in_place`` is asked before ``flwr run`` too (nothing submitted,
+   the ``moved or replaced`` line), and after it ``follow`` says, where the moved directory
+   holds no run and the ServerApp's log (moved with it) says it writes this run to ``PP/D``:
+   ``--out PP/D was moved or replaced while the deployment started (its logs are now in
+   PP2/D/deploy); its ServerApp, given the path PP/D, made that directory anew and wrote the
+   run there: fedprivopt simulate --resume PP/D continues it``. (In-process: ``deploy_local``
+   with the start's helpers replaced, ``/bin/true`` for Flower's programs; ``follow`` with a
+   stand-in deployment; no Flower.)
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +101,94 @@ def test_2_out_moved_while_the_processes_start_is_said_as_moved(tmp_path, monkey
     assert "was moved or replaced while the deployment ran" in line
     assert f"its run is now in {tmp_path / 'PP2' / 'D'}" in line and "\n" not in line
     assert (tmp_path / "PP2" / "D" / "deploy" / "processes.json").is_file()
+
+
+def test_3_out_moved_before_the_run_is_submitted_submits_nothing(tmp_path, monkeypatch):
+    import fedprivopt.deploy.local as local
+
+    out = tmp_path / "PP" / "D"
+    calls: list[tuple[str, ...]] = []
+
+    def flwr(self, *args, timeout=120.0):
+        calls.append(args)
+        return {"success": True, "run-id": 7}
+
+    def nodes_online(*args, **kwargs):
+        os.rename(tmp_path / "PP", tmp_path / "PP2")
+
+    def followed(*args, **kwargs):
+        raise AssertionError("the run was submitted")
+
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    monkeypatch.setattr(local, "stage_app", lambda src, dst: Path(dst))
+    monkeypatch.setattr(local, "executable", lambda name: "/bin/true")
+    monkeypatch.setattr(local, "write_connection", lambda *args, **kwargs: None)
+    monkeypatch.setattr(local, "wait_port", lambda *args, **kwargs: None)
+    monkeypatch.setattr(local, "wait_nodes", nodes_online)
+    monkeypatch.setattr(local, "follow", followed)
+    monkeypatch.setattr(local.Deployment, "flwr", flwr)
+    with pytest.raises(RuntimeError) as caught:
+        local.deploy_local(nodes=1, tls=False, config_path=str(TOY), out=str(out), timeout=60)
+    assert "was moved or replaced while the deployment ran" in str(caught.value)
+    assert not [c for c in calls if c[:1] == ("run",)], calls
+    assert not out.exists()
+
+
+class _Streaming:
+    """A ``flwr log --stream`` that never ends."""
+
+    def poll(self):
+        return None
+
+
+class _Procs:
+    def __init__(self, log):
+        self.log = log
+
+    def log_path(self, name):
+        return self.log
+
+    def start(self, role, argv, log_name):
+        return _Streaming()
+
+
+class _Deployment:
+    def __init__(self, log, out_fd):
+        self.procs = _Procs(log)
+        self.out_fd = out_fd
+
+    def say(self, text):
+        pass
+
+    def check_alive(self):
+        pass
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_3_a_run_made_anew_at_a_moved_out_is_named(tmp_path, ours):
+    from fedprivopt.deploy.session import follow
+
+    out = tmp_path / "PP" / "D"
+    (out / "deploy").mkdir(parents=True)
+    run = "7" if ours else "8"
+    (out / "deploy" / "serverapp.log").write_text(
+        f"INFO : [fedprivopt] run {run} writes to {out}\n"
+    )
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rename(tmp_path / "PP", tmp_path / "PP2")
+        out.mkdir(parents=True)  # made anew by the ServerApp, given out's path
+        (out / "config.toml").write_text("strategy = 'dp-fedavg'\n")
+        (out / "metrics.jsonl").write_text('{"round": 1, "epsilon": 7.551}\n')
+        dep = _Deployment(tmp_path / "PP2" / "D" / "deploy" / "serverapp.log", fd)
+        with pytest.raises(RuntimeError) as caught:
+            follow(dep, out, "7", time.monotonic() + 5.0)
+    finally:
+        os.close(fd)
+    line = str(caught.value)
+    assert "\n" not in line
+    if ours:
+        assert "made that directory anew and wrote the run there" in line
+        assert line.endswith(f"fedprivopt simulate --resume {out} continues it")
+    else:  # another run's ServerApp: as before
+        assert "is not this deployment's" in line

@@ -108,7 +108,7 @@ class UserDiscovery:
                 # the grid wrote each message's id when it pushed it
                 sent = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
                 sent.pop("", None)
-                self._read_users(replies, mapping, failed, sent)
+                self._read_users(replies, mapping, failed, sent, population)
                 task_failed.update(failed)
                 every = len(queried) >= self.min_nodes and task_failed.keys() == queried
                 if task_failed and (every or self.stop_at_task_error):
@@ -153,6 +153,7 @@ class UserDiscovery:
         mapping: dict[int, int],
         failed: dict[int, str],
         sent: dict[str, int],
+        population: set[int],
     ) -> None:
         """Add the users of the answers to the user query to ``mapping`` (user → node).
 
@@ -163,7 +164,10 @@ class UserDiscovery:
         second reply of one node ended the run (``user 0 is hosted by nodes 100 and 100: two
         SuperNodes have the same partition-id``), where a round takes a node's first reply, and
         the SuperLink's own error reply for a node was said as the SuperLink's failure (``node
-        1 failed the user query``), where a round names the node.
+        1 failed the user query``), where a round names the node. Only the users of
+        ``population`` are kept (no other is ever sampled): forty-fifth review (wire 6), a node
+        answering with 3,000,000 ids outside it grew the mapping by as many entries, 420 MB
+        held for the whole run (and walked every round of a tree run).
         """
         answered: set[int] = set()
         for reply in replies:
@@ -186,6 +190,8 @@ class UserDiscovery:
                 log(WARNING, "node %s answered the user query malformed: %s", node, exc)
                 continue
             for user in users:
+                if user not in population:  # never sampled (AdaDPS' public users, or none)
+                    continue
                 if user in mapping:  # no user may be trained (and sampled) twice
                     raise ValueError(
                         f"user {user} is hosted by nodes {mapping[user]} and {node}: two "

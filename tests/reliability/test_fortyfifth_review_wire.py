@@ -56,6 +56,13 @@
    with such a header beside a valid delta is not parsed either: the reply is rejected for
    its bit, as one NumPy refuses; ``wire.read_updates`` (a ServerApp of one's own) refuses
    such a delta without parsing it (``wire.long_npy_header``, ``wire.MAX_DELTA_HEADER``).
+6. ``DPStrategy.discover_users`` (in process) where node 101 answers the user query with its
+   users 2 and 3 and 3,000,000 ids outside the population of 4 (a rogue or misconfigured node).
+   Before: every id was kept in ``user_nodes`` (3,000,004 entries, about 240 MB held for the
+   whole run, and walked every round of a tree run), though no id outside the population is
+   ever sampled. Now only the population's users are kept (``UserDiscovery._read_users``): 4
+   entries; the test answers with 1,000 such ids. A node hosting none of the population is
+   said as before (``none of the connected nodes hosts a user of the population``).
 
 The tests run fedprivopt's ClientApp and DPStrategy in process (no Flower engine, no Ray).
 """
@@ -337,3 +344,31 @@ def test_5_read_updates_refuses_a_long_header_unparsed():
         P.read_updates(content)  # before: parsed (0.13 s), NumPy's "Cannot parse header"
     valid = RecordDict({"update/1": ArrayRecord({P.DELTA_ARRAY: Array(np.ones(3, np.float32))})})
     assert P.read_updates(valid)[1].tolist() == [1.0, 1.0, 1.0]
+
+
+# -- finding 6: user ids outside the population are not kept --------------------------------------
+
+
+class _ManyIdsGrid:
+    """Node 100 hosts users 0 and 1; node 101 users 2, 3 and 1,000 ids outside the population."""
+
+    def get_node_ids(self):
+        return [100, 101]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as a grid pushes it
+            node = msg.metadata.dst_node_id
+            ids = [0, 1] if node == 100 else [2, 3, *range(10**6, 10**6 + 1000)]
+            content = RecordDict({P.USERS_RECORD: ConfigRecord({P.USER_IDS: ids})})
+            replies.append(Message(content, metadata=reply_metadata(msg, node)))
+        return replies
+
+
+def test_6_user_ids_outside_the_population_are_not_kept(server_side):
+    config = StrategyConfig(population=4, clients_per_round=4, noise_multiplier=0.8, seed=5)
+    flat, spec = flatten({"w": torch.zeros(3)})
+    strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0)
+    mapping = strategy.discover_users(_ManyIdsGrid())  # before: 1,004 entries
+    assert mapping == strategy.user_nodes == {0: 100, 1: 100, 2: 101, 3: 101}

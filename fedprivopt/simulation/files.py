@@ -326,6 +326,7 @@ def _refuse_joined_lines(path: Path, lineno: int, line: str) -> None:
             "endings were converted to CR alone, which fedprivopt never writes (it is no append "
             "cut short); convert them back to line feeds or restore the file"
         )
+    _refuse_beside_object(path, lineno, line)
     text = line.strip()
     try:
         value, end = json.JSONDecoder().raw_decode(text)
@@ -343,6 +344,39 @@ def _refuse_joined_lines(path: Path, lineno: int, line: str) -> None:
             f"object ({_JSON_KINDS.get(type(value), 'a number')}): lines were put into one "
             "value, which fedprivopt never writes (it is no append cut short); write them back "
             "one object a line or restore the file"
+        )
+
+
+def _refuse_beside_object(path: Path, lineno: int, line: str) -> None:
+    r"""Refuse a last line without a newline that is a whole object beside what JSON refuses.
+
+    A line that is a whole JSON object lacks only its newline and is read as the line it is
+    (a ledger's release is charged: thirty-first review); a killed append leaves a prefix of
+    one line. Python's ``strip`` (which the checks above use) also takes away characters that
+    JSON does not allow around a value: a form feed, vertical tab, the separators ``\x1c``-
+    ``\x1f``, NEL, a no-break space, U+2028, a byte order mark. Forty-fifth review of issue 15
+    (ledger, finding 1): the last line of a secure run's ledger killed after round 5's line
+    (checkpoint of round 4), ending in such a character instead of its line feed, was neither
+    refused nor read as a whole object: it was dropped as an append cut short, and ``--resume``
+    charged round 5 once for its two releases (rc 0, epsilon 29.24 where 32.45 was spent).
+    """
+    try:
+        json.loads(line)
+        return  # read as the whole line it is (a ledger's release is charged)
+    except (ValueError, RecursionError):
+        pass
+    core = line.strip().strip("\ufeff").strip()
+    try:
+        value, end = json.JSONDecoder().raw_decode(core)
+    except (ValueError, RecursionError):
+        return  # a prefix of one line (or garbage, which its reader refuses or drops)
+    if end == len(core) and isinstance(value, dict):
+        extra = sorted({c for c in line if c not in core and c not in " \t\r"} or {"?"})
+        raise ValueError(
+            f"{path}: line {lineno} has no line feed but is a whole JSON object beside "
+            f"characters that JSON does not allow there ({', '.join(map(ascii, extra[:4]))}), "
+            "which fedprivopt never writes (it is no append cut short, which leaves a prefix "
+            "of one line): remove them or restore the file"
         )
 
 

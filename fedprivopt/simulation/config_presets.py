@@ -59,7 +59,18 @@ def parse_override(text: str) -> tuple[str, Any]:
     except ValueError:  # not TOML, or an integer too long to read: the text, which the key checks
         parsed = {}
     value = parsed["v"] if list(parsed) == ["v"] else raw
+    if _is_task_dir(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # forty-fifth review of issue 15 (input 3): a directory named by a number (2024, 0x10,
+        # 1e3, inf) was read as TOML's number and refused as "task-params.data-dir must be a
+        # non-empty path, got 16", a value not typed; a directory parameter takes text
+        value = raw
     return key, value
+
+
+def _is_task_dir(key: str) -> bool:
+    """Whether ``key`` (as ``--set`` gives it) names a directory task parameter."""
+    head, _, name = key.rpartition(".")
+    return head.endswith("task-params") and name.replace("_", "-") in ("data-dir", "cache-dir")
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -25,6 +25,13 @@
    scalar is its Python number wherever a configuration is read or a ``RunConfig`` built
    (``config_values.plain_scalar``), and ``StrategyConfig`` refuses an integer above 2**63 - 1
    naming the key (``StrategyConfig._check_64_bits``).
+3. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=2024`` (a directory named by
+   a year; also ``0x10``, ``1e3``, ``inf``, ``task-params.cache-dir``, a strategy table's
+   ``task-params``). Before: the value was read as TOML's number and refused as
+   ``config: task-params.data-dir must be a non-empty path, got 16`` (for ``0x10``), a value
+   the user did not type, with no word of how to name such a directory. Now a directory task
+   parameter given by ``--set`` takes the number's text (``config_presets.parse_override``);
+   a number for any other key is still a number.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import pytest
 import tomllib
 
 from fedprivopt.simulation.config import RunConfig, config_to_toml, load_config, resolve_config
+from fedprivopt.simulation.config_presets import parse_override
 from fedprivopt.simulation.run import simulate
 from fedprivopt.strategies.config import StrategyConfig
 from fedprivopt.strategies.options import BLOCKS
@@ -107,3 +115,22 @@ def test_2_integers_beyond_64_bits_are_refused(make):
     with pytest.raises(ValueError, match=r"^(seed|batch-size|dp2-s1)\b.*64 bits"):
         make()  # before: taken, and the run's config.toml could not be read back
     assert StrategyConfig(seed=2**63 - 1).seed == 2**63 - 1
+
+
+# -- finding 3: a directory named by a number, given with --set -------------------------------
+
+
+@pytest.mark.parametrize("text", ["2024", "0x10", "1e3", "inf", "1_000"])
+@pytest.mark.parametrize(
+    "key", ["task-params.data-dir", "task-params.cache_dir", "strategies.dp2.task-params.data-dir"]
+)
+def test_3_a_directory_named_by_a_number_is_its_text(key, text):
+    assert parse_override(f"{key}={text}") == (key, text)  # before: 2024, 16, 1000.0, inf
+
+
+def test_3_numbers_and_quoted_text_elsewhere_are_unchanged():
+    assert parse_override("task-params.num-users=0x10") == ("task-params.num-users", 16)
+    assert parse_override('task-params.data-dir="7"') == ("task-params.data-dir", "7")
+    assert parse_override("task-params.data-dir=true") == ("task-params.data-dir", True)
+    config = load_config(MINI, dict([parse_override("task-params.data-dir=2024")]))
+    assert config.task_params["data_dir"] == "2024"

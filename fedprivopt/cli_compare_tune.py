@@ -150,7 +150,7 @@ def _check_tuning(ns: argparse.Namespace) -> None:
     """
     from fedprivopt.cli_tune_setup import prepare_tuning
     from fedprivopt.simulation.cell_plans import plan_cells
-    from fedprivopt.simulation.tune_dir import check_leftover_trials
+    from fedprivopt.simulation.tune_dir import check_leftover_trials, check_vanished_trials
     from fedprivopt.simulation.tune_replan import check_discardable, check_plan
 
     setup = prepare_tuning(ns)
@@ -159,6 +159,7 @@ def _check_tuning(ns: argparse.Namespace) -> None:
         check_discardable(setup.out)  # tune discards it and starts over
         return
     check_leftover_trials(setup.out, [c.label for c in setup.cells])
+    check_vanished_trials(setup.out)  # forty-fifth review of issue 15 (reports, finding 3)
     plan_cells(setup.out, setup.cells, overwrite=ns.overwrite)  # earlier trials: if identical
 
 

@@ -75,7 +75,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fedprivopt.simulation.ledger import RunLedger
     from fedprivopt.simulation.rundir import lock_directory, removed_if_unused
     from fedprivopt.simulation.tune import check_released, run_trials, select_best
-    from fedprivopt.simulation.tune_dir import TUNE_LOCK, check_leftover_trials, remove_outputs
+    from fedprivopt.simulation.tune_dir import (
+        TUNE_LOCK,
+        check_leftover_trials,
+        check_vanished_trials,
+        remove_outputs,
+    )
     from fedprivopt.simulation.tune_plan import PLAN_FILE
     from fedprivopt.simulation.tune_replan import check_plan, discard_tuning
     from fedprivopt.simulation.tune_report import costliest_text, summary_of, write_tune_outputs
@@ -96,6 +101,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 discard_tuning(out)
                 (out / "runs").mkdir(exist_ok=True)
             check_leftover_trials(out, [t.label for t in trials])
+            check_vanished_trials(out)  # forty-fifth review of issue 15 (reports, finding 3)
         except ValueError as exc:
             locked.close()
             raise UsageError(str(exc)) from None

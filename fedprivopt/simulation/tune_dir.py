@@ -3,7 +3,8 @@
 ``tune`` writes ``runs/`` (one run directory per trial, :data:`TUNE_FILES` beside it: the
 summary and report), ``tune.json`` and, while it runs, :data:`TUNE_LOCK`. :func:`check_tune_dir`
 refuses an ``--out`` holding anything else before anything runs, :func:`check_leftover_trials`
-a ``runs/`` holding runs that are not trials of this call's plan, and :func:`remove_outputs`
+a ``runs/`` holding runs that are not trials of this call's plan, :func:`check_vanished_trials`
+a trial the earlier call's summary states ran whose files are gone, and :func:`remove_outputs`
 removes an earlier call's summary and report before any trial changes.
 """
 
@@ -22,6 +23,7 @@ __all__ = [
     "TUNE_LOCK",
     "check_leftover_trials",
     "check_tune_dir",
+    "check_vanished_trials",
     "remove_outputs",
 ]
 
@@ -144,3 +146,46 @@ def remove_outputs(out: str | Path) -> None:
         if path.is_dir() and not path.is_symlink():
             raise ValueError(f"{path} is a directory, not a file tune wrote")
         path.unlink(missing_ok=True)
+
+
+def check_vanished_trials(out: str | Path) -> None:
+    """Refuse to run again a trial that the tuning's ``summary.json`` states ran, now gone.
+
+    Called before :func:`remove_outputs` removes that summary. Forty-fifth review of issue 15
+    (reports, finding 3): ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 2
+    --rounds 1 --seed 3 --set secure=true``, ``rm -rf OUT/runs/trial-001`` (its run had
+    finished, score 0.49), then the same command: rc 0, trial-001 run again with new noise
+    (0.47) and the tuning still at epsilon 9.459 for one trial, where two runs of it were made
+    and either could be the one released (retried until one scores well, the released trial
+    is the best of more trials than K). ``compare-tuned`` refuses such a tuning while its
+    summary is the earlier one (forty-third review follow-up, ledger 2); the rerun replaced
+    it. A summary that cannot be read states nothing here (``compare-tuned`` checks it).
+
+    Raises
+    ------
+    ValueError
+        Naming the trial's directory and what the summary states.
+    """
+    from fedprivopt.simulation.files import LEDGER_FILE
+    from fedprivopt.simulation.tune_trials import stated_run
+
+    path = Path(out) / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError, RecursionError):
+        return
+    trials = summary.get("trials") if isinstance(summary, dict) else None
+    for entry in trials if isinstance(trials, list) else ():
+        name = entry.get("trial") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not _TRIAL_NAME.match(name):
+            continue
+        run_dir = Path(out) / "runs" / name
+        ran = stated_run(entry)
+        if ran and not (run_dir / CONFIG_FILE).exists() and not (run_dir / LEDGER_FILE).exists():
+            what = f"its {CONFIG_FILE} and {LEDGER_FILE} are" if run_dir.is_dir() else "it is"
+            raise ValueError(
+                f"{run_dir}: {what} missing, but the trial ran ({ran}): run again, it would be a "
+                "second run of one trial (with new noise in secure mode), which the tuning's "
+                "epsilon does not count; put its directory back, or start another tuning in "
+                "another --out"
+            )

@@ -19,7 +19,7 @@ from typing import Any
 from fedprivopt.core.text import shown
 from fedprivopt.simulation.tune_plan import PLAN_FILE, same_json
 
-__all__ = ["check_trial", "load_trial_config"]
+__all__ = ["check_trial", "load_trial_config", "stated_run"]
 
 
 def load_trial_config(path: Path, overrides: Mapping[str, Any] | None = None):
@@ -61,7 +61,7 @@ def check_trial(
     left = [name for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, METRICS_FILE, SUMMARY_FILE)
             if (run_dir / name).exists()]  # fmt: skip
     # what says the trial ran, if anything: its files left, or the tuning's summary.json
-    ran = "its " + ", ".join(left) + " remain" if left else _stated_run(entry)
+    ran = "its " + ", ".join(left) + " remain" if left else stated_run(entry)
     if not (run_dir / CONFIG_FILE).exists() and not (run_dir / LEDGER_FILE).exists():
         # forty-third review follow-up (ledger 2): a trial's directory removed, or its ledger
         # and config.toml, passed as a trial that failed before its run started (released
@@ -110,7 +110,7 @@ def check_trial(
     return ledger.total()
 
 
-def _stated_run(entry: Any) -> str:
+def stated_run(entry: Any) -> str:
     """Why the tuning's ``summary.json`` entry says the trial ran (empty if it does not)."""
     if not isinstance(entry, Mapping):
         return ""

@@ -23,10 +23,22 @@
    (fedavg__sigma0__seed0): this report leaves them out, but tensorboard --logdir C shows them
    ...``) on standard error and under the report's Warnings (``write_report(issues=...)``);
    the runs are kept (they are the user's results).
+3. A trial's directory removed after it ran, then the same ``tune``: ``tune toy.toml --grid
+   server-learning-rate=0.5,1 --mean-trials 2 --rounds 1 --seed 3 --set secure=true`` (one
+   trial, finished, score 0.49), ``rm -rf OUT/runs/trial-001``, the same command (also
+   ``compare --tune-grid``'s cells). Before: rc 0, trial-001 run again with new noise (0.47)
+   and the tuning still at epsilon 9.459 for one trial, where two runs of it were made and
+   either could be released (a trial retried until it scores well: the best of more than K);
+   the rerun replaced the summary by which ``compare-tuned`` refuses such a tuning (forty-third
+   review follow-up, ledger 2). Now ``tune_dir.check_vanished_trials`` (from ``tune`` and the
+   planning of ``compare --tune-grid``, before the summary is removed) refuses, rc 2, one line:
+   ``OUT/runs/trial-001: it is missing, but the trial ran (summary.json's 'trial-001' states 1
+   rounds completed): run again, it would be a second run of one trial ...``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -139,3 +151,39 @@ def test_2_the_note_of_a_tuned_grid_and_of_none(tmp_path):
         is None
     )
     assert leftover_note(tmp_path, [], "runs") is None  # no runs/
+
+
+# -- finding 3: a trial's directory removed, then the same tune ---------------------------------
+
+
+def test_3_a_removed_trial_is_not_run_again(tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
+            "--rounds", "1", "--seed", "3", "--quiet", "--out", str(out),
+            "--set", "secure=true"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    trials = sorted((out / "runs").iterdir())
+    shutil.rmtree(trials[0])
+    capsys.readouterr()
+    assert main(argv) == 2  # before: 0, the trial run again with new noise
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert f"{trials[0].name}: it is missing, but the trial ran" in err, err
+    assert not trials[0].exists() and (out / "summary.json").is_file()  # nothing changed
+
+
+def test_3_a_trial_left_without_its_config_and_ledger(tmp_path):
+    from fedprivopt.simulation.tune_dir import check_vanished_trials
+
+    (tmp_path / "runs" / "trial-002").mkdir(parents=True)
+    (tmp_path / "runs" / "trial-002" / "metrics.jsonl").write_text("")
+    entries = [{"trial": "trial-001", "status": "failed", "rounds_completed": 0},
+               {"trial": "trial-002", "status": "finished", "rounds_completed": 2}]  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps({"trials": entries}))
+    with pytest.raises(ValueError, match=r"trial-002: its config\.toml and privacy_ledger\.jsonl"):
+        check_vanished_trials(tmp_path)
+    entries.pop()  # a trial that failed before its run started released nothing
+    (tmp_path / "summary.json").write_text(json.dumps({"trials": entries}))
+    check_vanished_trials(tmp_path)

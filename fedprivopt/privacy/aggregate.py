@@ -47,6 +47,7 @@ from fedprivopt.privacy.aggregate_checks import (
     check_aggregator,
     check_sum_noise,
     default_min_shares,
+    refuse_shared_updates,
     share_noise_growth,
     sum_dtype,
 )
@@ -351,6 +352,8 @@ class NoisyMeanAggregator:
             )
         if not isinstance(updates, Iterable):
             raise ValueError(f"updates must be an iterable, got {type(updates).__name__}")
+        if isinstance(updates, (list, tuple)):  # forty-fifth review of issue 15 (mechanisms 1)
+            refuse_shared_updates(updates)
         bound = self.accept_norm(dim)
         total = torch.zeros(dim, dtype=sum_dtype(dtype, bound), device=device)
         tally = Tally()

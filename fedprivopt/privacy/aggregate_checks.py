@@ -20,9 +20,9 @@ import torch
 
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.clip import MIN_CLIP_NORM
+from fedprivopt.privacy.clip import MIN_CLIP_NORM, PLAIN_TENSORS
 from fedprivopt.privacy.sampling import MAX_POPULATION
-from fedprivopt.privacy.sparse import dense_problem
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, dense_problem
 
 __all__ = [
     "MAX_SUM_NOISE_STD",
@@ -30,6 +30,7 @@ __all__ = [
     "check_aggregator",
     "check_sum_noise",
     "default_min_shares",
+    "refuse_shared_updates",
     "share_noise_growth",
     "sum_dtype",
 ]
@@ -158,3 +159,90 @@ def check_aggregator(
     if noise_mode == "distributed":  # at most the largest population (a short API review)
         min_shares = check_int("min_shares", min_shares, 1, MAX_POPULATION)
     return clip_norm, noise_multiplier, expected_cohort_size, min_shares
+
+
+def _place(tensor: object) -> tuple | None:
+    """Where a plain strided tensor's entries lie, or ``None`` (the aggregation checks it).
+
+    ``((device, storage), start byte, end byte, contiguous, view)``.
+    """
+    if type(tensor) not in PLAIN_TENSORS or tensor.layout != torch.strided:
+        return None
+    if tensor.is_nested or tensor.device.type == "meta" or tensor.numel() == 0:
+        return None
+    size = tensor.element_size()
+    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.storage_offset() * size
+    view = (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+    storage = tensor.untyped_storage().data_ptr()
+    return (str(tensor.device), storage), start, start + extent * size, tensor.is_contiguous(), view
+
+
+def _entry_places(entry: object) -> list[tuple[tuple, object]]:
+    """``(place, user)`` of the update tensors an entry of ``aggregate``'s list holds."""
+    if type(entry) is RowSparseBatch:
+        place = _place(entry.values)
+        if place is None:
+            return []
+        users = [u for i, u in enumerate(entry.users) if _rows_of(entry, i)]
+        if len(users) > 1 and entry.values.dim() == 2 and entry.values.stride(0) == 0:
+            # every row the same entries (an expanded tensor): each user holds the others' rows
+            raise _shared(users[0], users[1])
+        return [(place, users[0])] if users else []
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+        return []  # the aggregation rejects or refuses it
+    user, update = entry
+    if type(update) is RowSparse:
+        update = update.values
+    place = _place(update)
+    return [] if place is None else [(place, user)]
+
+
+def _rows_of(batch, i: int) -> int:
+    """How many rows user ``i`` of ``batch`` has (0 where its offsets are malformed)."""
+    ptr = batch.row_ptr
+    ok = isinstance(ptr, torch.Tensor) and ptr.dim() == 1 and ptr.numel() > i + 1
+    return max(0, int(ptr[i + 1]) - int(ptr[i])) if ok else 0
+
+
+def _shared(user_a: object, user_b: object) -> ValueError:
+    return ValueError(
+        f"updates: users {shown(user_a)} and {shown(user_b)} are held in the same memory (one "
+        "tensor, or views of the same entries: a workspace reused for every user, or the batches "
+        "of a cohort trainer kept past the next one, hold the last user's update when they are "
+        "summed); give each user a tensor of its own (.clone()); nothing was released"
+    )
+
+
+def refuse_shared_updates(updates: list | tuple) -> None:
+    """Raise ``ValueError`` when two users' updates in ``updates`` share memory.
+
+    Forty-fifth review of issue 15 (mechanisms 1): :meth:`~fedprivopt.privacy.aggregate.
+    NoisyMeanAggregator.aggregate` of a list of pairs whose updates are one workspace tensor
+    (``[(u, work) for u in users]``, a user's own loop training each user into it), or of
+    ``list(trainer.train_batches(...))`` of the tag task's cohort trainer (whose batches reuse
+    two workspaces), summed the last user's update once for every user holding it: a
+    sensitivity of several ``C`` under a charge of ``C``. A list holds all its entries at once,
+    so entries that share memory hold the same values when summed; they are refused before
+    anything is summed (a stream, read one entry at a time, may reuse memory). Views of
+    distinct entries of one tensor (the rows of a stacked matrix) are distinct updates; the
+    strategies refuse the same in their cohorts (forty-fifth review, api 3).
+    """
+    groups: dict[tuple, list] = {}
+    for entry in updates:
+        for place, user in _entry_places(entry):
+            groups.setdefault(place[0], []).append((place, user))
+    for group in groups.values():
+        for i, (a, user_a) in enumerate(group):
+            for b, user_b in group[:i]:
+                overlap = a[1] < b[2] and b[1] < a[2]
+                if overlap and ((a[3] and b[3]) or a[4] == b[4]) and not _same(user_a, user_b):
+                    raise _shared(user_b, user_a)
+
+
+def _same(user_a: object, user_b: object) -> bool:
+    """Whether two entries name one user (a user twice is the aggregation's own refusal)."""
+    try:
+        return bool(user_a == user_b)
+    except Exception:  # an id that does not compare is left to the aggregation
+        return False

@@ -76,7 +76,8 @@ def _mean(updates, *, clip, sigma, dtype, seed=0, m=65.0):
 def test_1_a_float32_sum_whose_partial_sums_overflow_is_released_finite():
     c = 5.3e36
     up, down = torch.tensor([0.999 * c, 0.0]), torch.tensor([-0.999 * c, 0.0])
-    everyone = [(u, up) for u in range(65)] + [(65 + u, down) for u in range(65)]
+    # a tensor of its own per user (forty-fifth review, mechanisms 1: one shared is refused)
+    everyone = [(u, up.clone()) for u in range(65)] + [(65 + u, down.clone()) for u in range(65)]
     for seed in range(5):
         out = _mean(everyone, clip=c, sigma=1.0, dtype=torch.float32, seed=seed)
         assert out.dtype == torch.float32 and bool(torch.isfinite(out).all())  # was inf

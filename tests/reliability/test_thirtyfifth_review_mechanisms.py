@@ -156,7 +156,7 @@ def _batch(*users: int) -> RowSparseBatch:
     ("entries", "dim"),
     [
         ([(0, _UNIT), (0, _UNIT)], 4),  # before: accepted 2, a sum of norm 2C
-        ([(3, _UNIT), (5, _UNIT), (3, _UNIT)], 4),
+        ([(3, _UNIT), (5, _UNIT.clone()), (3, _UNIT)], 4),  # 45th: a tensor of its own each
         ([_batch(0), _batch(0)], 4),
         ([(0, _UNIT), _batch(0)], 4),
         ([_batch(1, 1)], 8),
@@ -170,7 +170,8 @@ def test_3_a_user_given_twice_is_refused(entries, dim):
 
 def test_3_distinct_users_are_summed_as_before():
     agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=1e-300, expected_cohort_size=1)
-    result = agg.aggregate([(0, _UNIT), (1, _UNIT)], dim=4, generator=torch.Generator())
+    # forty-fifth review (mechanisms 1): two users holding one tensor are refused; one each
+    result = agg.aggregate([(0, _UNIT), (1, _UNIT.clone())], dim=4, generator=torch.Generator())
     assert result.metrics["accepted"] == 2.0
     assert torch.allclose(result.delta_tilde, 2 * _UNIT)  # each at C, within its margin
 

@@ -20,7 +20,7 @@ from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import task_call
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
-from fedprivopt.strategies.aggregation import refuse_shared_memory
+from fedprivopt.strategies.cohorts import refuse_shared_memory
 from fedprivopt.strategies.requests import same_values
 from fedprivopt.wire import ClientSettings
 
@@ -220,7 +220,7 @@ def _refuse_one_workspace(pairs: Any, round_num: int) -> None:
     ``split()`` as a list of ``(user, work)`` pairs had the chunk's last user's update summed
     once for every user of the chunk (a sensitivity of chunk x C under a charge of C). A list
     (or tuple) of pairs holds its updates at once, so they must be distinct memory
-    (:func:`~fedprivopt.strategies.aggregation.refuse_shared_memory`); a ``split()`` that is a
+    (:func:`~fedprivopt.strategies.cohorts.refuse_shared_memory`); a ``split()`` that is a
     generator may reuse its memory from one pair to the next (each is summed before the next).
     """
     if not isinstance(pairs, (list, tuple)):

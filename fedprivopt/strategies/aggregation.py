@@ -27,9 +27,10 @@ from fedprivopt.privacy.aggregate import (
 )
 from fedprivopt.privacy.clip import MIN_CLIP_NORM
 from fedprivopt.privacy.plain import own_update
-from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
+from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.privacy.tree import TreeCohorts, TreeNoise
 from fedprivopt.strategies.clipping import share_growth_advice, sum_noise_growth
+from fedprivopt.strategies.cohorts import read_now, refuse_shared_memory
 from fedprivopt.strategies.requests import (
     ReportedUpdates,
     Updates,
@@ -37,7 +38,7 @@ from fedprivopt.strategies.requests import (
     refuse_malformed,
 )
 
-__all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "largest_noise_std", "refuse_shared_memory"]
+__all__ = ["NOISE_HEADROOM", "AlgorithmAggregation", "largest_noise_std"]
 
 NOISE_HEADROOM = 64.0
 """How far below the model dtype's largest number the noise std of a round's sum must stay.
@@ -71,81 +72,6 @@ def _plain_stream(entries: Any, round_num: int) -> Any:
             who = f"update of user {int(users[0])}" if len(users) else "batch (of no users)"
             raise ValueError(f"round {round_num}'s streamed {who} is {reason}")
         yield (entry[0], update) if pair else update
-
-
-def _as_is(update: Any) -> Any:
-    """``update`` itself (a plain ``dict``'s value: no code of the caller runs between reads)."""
-    return update
-
-
-def _read_now(update: Any) -> Any:
-    """``update`` as read now: a copy of its plain parts (or as is, when it is refused later).
-
-    Forty-fifth review of issue 15 (api 1): a train callback (or ``aggregate``'s caller)
-    returning a mapping of its own whose ``items()`` trains each user when it reaches it, into
-    one workspace it reuses (a lazy view; the fast engine's cohort trainers reuse theirs so),
-    gave every user's pair the same tensor, holding the last user's update when the pairs were
-    summed: that user's clipped update was summed once for every user of the cohort (the
-    model at 0.45 where that user alone moves it 0.05 over m 10), a sensitivity of 9C under a
-    charge of C. Values of a mapping whose ``items()`` is not a plain ``dict``'s are copied as
-    they are read (a dict's values are not changed between two reads).
-    """
-    owned, reason = own_update(update)
-    if reason is not None:  # refused below, whatever its values
-        return update
-    if isinstance(owned, torch.Tensor):
-        return owned.clone()
-    if isinstance(owned, RowSparseBatch):
-        return owned.clone()
-    if isinstance(owned, RowSparse):
-        return RowSparse(owned.rows.clone(), owned.values.clone(), owned.length)
-    return owned
-
-
-def _memory(update: Any) -> tuple[tuple, int, int, bool, tuple] | None:
-    """Where ``update``'s entries lie: ((device, storage), first, end byte, contiguous, view)."""
-    tensor = update.values if isinstance(update, RowSparse) else update
-    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
-        return None
-    if tensor.device.type == "meta" or tensor.numel() == 0:
-        return None
-    size = tensor.element_size()
-    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
-    start = tensor.storage_offset() * size
-    view = (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
-    ptr = (str(tensor.device), tensor.untyped_storage().data_ptr())
-    return ptr, start, start + extent * size, tensor.is_contiguous(), view
-
-
-def refuse_shared_memory(round_num: int, entries: list[tuple[int, Any]]) -> None:
-    """Raise ``ValueError`` when two users' updates are held in the same memory.
-
-    Forty-fifth review of issue 15 (api 3): a train callback that trained each user into one
-    workspace and returned ``{user: work}`` (a plain ``dict``, the values one tensor) had the
-    last user's update summed once for every user of the cohort (the model at 0.45 where that
-    user alone moves it 0.05 over m 10), a sensitivity of 9C under a charge of C. The values
-    are what the users hold when they are summed, so a cohort whose updates share memory (the
-    same tensor, or views of the same entries) is refused before its noise is drawn: nothing
-    is released, and the round may run again. Views of distinct entries of one tensor (the
-    rows of a stacked matrix) are distinct updates. The fast engine checks a cohort trainer's
-    batch of pairs with it too (:mod:`fedprivopt.simulation.fast_trainer`, api 5).
-    """
-    groups: dict[tuple, list] = {}
-    for user, update in entries:
-        place = _memory(update)
-        if place is not None:
-            groups.setdefault(place[0], []).append((place, user))
-    pairs = ((a, b) for group in groups.values() for i, a in enumerate(group) for b in group[:i])
-    for (a, user_a), (b, user_b) in pairs:
-        overlap = a[1] < b[2] and b[1] < a[2]
-        if overlap and ((a[3] and b[3]) or a[4] == b[4]):
-            raise ValueError(
-                f"round {round_num}: the updates of users {min(user_a, user_b)} and "
-                f"{max(user_a, user_b)} are held in the same memory (one tensor, or views of the "
-                "same entries: a workspace reused for every user holds the last user's update "
-                "when they are summed); give each user a tensor of its own (work.clone()); "
-                "nothing of the cohort was released"
-            )
 
 
 def _user_order(pair: tuple[Any, Any]) -> tuple[int, Any, str]:
@@ -374,8 +300,10 @@ class AlgorithmAggregation:
             entries = _plain_stream(entries, round_num)
         else:
             # pairs of their parts read once (follow-up, privacy 1): the aggregator reads them again
-            read = _read_now if type(updates).items is not dict.items else _as_is
-            entries = sorted(((u, read(x)) for u, x in updates.items()), key=_user_order)
+            # forty-fifth review of issue 15 (api 1): a mapping of one's own is read once, now
+            now = type(updates).items is not dict.items
+            pairs = ((u, read_now(x) if now else x) for u, x in updates.items())
+            entries = sorted(pairs, key=_user_order)
             # forty-first review (api 5): int("a") raised here. Follow-up (privacy 3): a key of
             # an int subclass that compares (and hashes) as a sampled user passed the cohort
             # check while the aggregator summed its int value, an unsampled user: every check

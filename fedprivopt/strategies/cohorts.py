@@ -7,6 +7,8 @@ its secure-mode and tree bookkeeping (:meth:`~AlgorithmCohorts.sample`, ``_check
 noised mean a caller of the Python API asks for (:meth:`~AlgorithmCohorts.aggregate`, charged when
 returned, its cohort checked against the round's draw). It reads and sets the algorithm's
 attributes (config, sampler, tree cohorts, accountant, the draws kept by purpose).
+:func:`read_now` and :func:`refuse_shared_memory` keep a cohort's updates each user's own
+(forty-fifth review of issue 15, api 1, 3 and 5).
 
 Split from :mod:`fedprivopt.strategies.core`.
 """
@@ -21,10 +23,12 @@ import torch
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.events import SubsampledGaussianEvent
+from fedprivopt.privacy.plain import own_update
+from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.privacy.tree import tree_position
 from fedprivopt.strategies.requests import Updates
 
-__all__ = ["AlgorithmCohorts"]
+__all__ = ["AlgorithmCohorts", "read_now", "refuse_shared_memory"]
 
 
 class AlgorithmCohorts:
@@ -372,3 +376,74 @@ def _cohort_users(cohort: object) -> list[int]:
             f"{shown(cohort)}"
         )
     return [check_int("cohort entry (a user id)", user, 0) for user in cohort]
+
+
+def read_now(update: object) -> object:
+    """``update`` as read now: a copy of its plain parts (or as is, when it is refused later).
+
+    Forty-fifth review of issue 15 (api 1): a train callback (or ``aggregate``'s caller)
+    returning a mapping of its own whose ``items()`` trains each user when it reaches it, into
+    one workspace it reuses (a lazy view; the fast engine's cohort trainers reuse theirs so),
+    gave every user's pair the same tensor, holding the last user's update when the pairs were
+    summed: that user's clipped update was summed once for every user of the cohort (the
+    model at 0.45 where that user alone moves it 0.05 over m 10), a sensitivity of 9C under a
+    charge of C. Values of a mapping whose ``items()`` is not a plain ``dict``'s are copied as
+    they are read (a dict's values are not changed between two reads).
+    """
+    owned, reason = own_update(update)
+    if reason is not None:  # refused below, whatever its values
+        return update
+    if isinstance(owned, torch.Tensor):
+        return owned.clone()
+    if isinstance(owned, RowSparseBatch):
+        return owned.clone()
+    if isinstance(owned, RowSparse):
+        return RowSparse(owned.rows.clone(), owned.values.clone(), owned.length)
+    return owned
+
+
+def _memory(update: object) -> tuple[tuple, int, int, bool, tuple] | None:
+    """Where ``update``'s entries lie: ((device, storage), first, end byte, contiguous, view)."""
+    tensor = update.values if isinstance(update, RowSparse) else update
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+        return None
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return None
+    size = tensor.element_size()
+    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.storage_offset() * size
+    view = (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+    ptr = (str(tensor.device), tensor.untyped_storage().data_ptr())
+    return ptr, start, start + extent * size, tensor.is_contiguous(), view
+
+
+def refuse_shared_memory(round_num: int, entries: list[tuple[int, object]]) -> None:
+    """Raise ``ValueError`` when two users' updates are held in the same memory.
+
+    Forty-fifth review of issue 15 (api 3): a train callback that trained each user into one
+    workspace and returned ``{user: work}`` (a plain ``dict``, the values one tensor) had the
+    last user's update summed once for every user of the cohort (the model at 0.45 where that
+    user alone moves it 0.05 over m 10), a sensitivity of 9C under a charge of C. The values
+    are what the users hold when they are summed, so a cohort whose updates share memory (the
+    same tensor, or views of the same entries) is refused before its noise is drawn: nothing
+    is released, and the round may run again. Views of distinct entries of one tensor (the
+    rows of a stacked matrix) are distinct updates. The fast engine checks a cohort trainer's
+    batch of pairs with it too (:mod:`fedprivopt.simulation.fast_trainer`, api 5), and the
+    aggregation every cohort it reads from a mapping.
+    """
+    groups: dict[tuple, list] = {}
+    for user, update in entries:
+        place = _memory(update)
+        if place is not None:
+            groups.setdefault(place[0], []).append((place, user))
+    pairs = ((a, b) for group in groups.values() for i, a in enumerate(group) for b in group[:i])
+    for (a, user_a), (b, user_b) in pairs:
+        overlap = a[1] < b[2] and b[1] < a[2]
+        if overlap and ((a[3] and b[3]) or a[4] == b[4]):
+            raise ValueError(
+                f"round {round_num}: the updates of users {min(user_a, user_b)} and "
+                f"{max(user_a, user_b)} are held in the same memory (one tensor, or views of the "
+                "same entries: a workspace reused for every user holds the last user's update "
+                "when they are summed); give each user a tensor of its own (work.clone()); "
+                "nothing of the cohort was released"
+            )

@@ -8,7 +8,7 @@
    held the same tensor, the last user's update when they were summed: that user's clipped
    update was summed once for every user of the cohort (the model at 0.45 where that user
    alone moves it 0.05 over m 10), a sensitivity of 9C under a charge of C. Now
-   ``strategies.aggregation._read_now`` copies the values of a mapping whose ``items()`` is not
+   ``strategies.cohorts.read_now`` copies the values of a mapping whose ``items()`` is not
    a plain ``dict``'s as they are read: the model of the honest callback.
 2. ``privatize_update(delta, clip_norm=1.0)`` (a user's own ClientApp's step, docs/FLOWER.md,
    server-noise mode) called for each user on a ``delta`` computed into one workspace the loop
@@ -21,7 +21,7 @@
    one workspace and returns a plain ``dict`` ``{user: work}`` (finding 1 through a ``dict``,
    whose values are one tensor). Before: the last user's update was summed once for every
    user of the cohort (the model at 0.45 where 0.05), a sensitivity of 9C under a charge of
-   C. Now ``strategies.aggregation._refuse_shared`` refuses a cohort whose updates share
+   C. Now ``strategies.cohorts.refuse_shared_memory`` refuses a cohort whose updates share
    memory (one tensor, or views of the same entries) before its noise is drawn (``the updates
    of users 3 and 5 are held in the same memory``); nothing is charged, the round runs again;
    rows or columns of one stacked tensor are distinct updates and are summed.
@@ -34,11 +34,12 @@
    negative counts are refused as before.
 5. A task's own ``cohort_trainer`` on the fast engine (``UserTrainer``, in process) that trains
    a chunk's users one by one into one vector it reuses and gives ``split()`` as a list of
-   ``(user, work)`` pairs (api 3 through a cohort trainer). Before: the streamed sum read each
-   pair when the whole list was made, so the chunk's last user's update was summed once for
-   every user of the chunk (a sensitivity of chunk x C under a charge of C). Now
+   ``(user, work)`` pairs (api 3 through a cohort trainer). Before: every pair of the list
+   held the one vector, which held the chunk's last user's update when each was summed: that
+   update was summed once for every user of the chunk (a sensitivity of chunk x C under a
+   charge of C). Now
    ``simulation.fast_trainer._refuse_one_workspace`` refuses a listed batch whose pairs share
-   memory (``strategies.aggregation.refuse_shared_memory``); a generator ``split()`` reusing
+   memory (``strategies.cohorts.refuse_shared_memory``); a generator ``split()`` reusing
    its memory from one pair to the next, and rows of one workspace, are summed as before.
 """
 

@@ -10,15 +10,38 @@ import math
 import operator
 from collections.abc import Callable
 from numbers import Integral, Real
+from typing import Any
 
 from fedprivopt.core.text import shown as shown_value
 
-__all__ = ["as_float", "check_bool", "check_int", "check_real", "interval", "refuse_repeated_keys"]
+__all__ = [
+    "as_float",
+    "check_bool",
+    "check_int",
+    "check_real",
+    "interval",
+    "plain_scalar",
+    "refuse_repeated_keys",
+]
 
 
 def interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
     """The interval as a message shows it, e.g. ``(0, 1]`` or ``[1, inf)``."""
     return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def plain_scalar(value: Any) -> Any:
+    """``value`` as a Python number or bool when it is a NumPy scalar, else unchanged.
+
+    A setting recorded in JSON or TOML (a run's ``config.toml`` and ledger, a synthetic
+    dataset's marker) must be Python's: ``json.dumps`` refuses ``numpy.int64``, and a TOML
+    writer gives it as text. Forty-fifth review of issue 15 (input 2 and 4).
+    """
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        item = getattr(value, "item", None)
+        if callable(item):
+            return item()
+    return value
 
 
 def as_float(value: object) -> float:

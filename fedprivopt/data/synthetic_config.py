@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
-from fedprivopt.core.checks import check_bool, check_int, check_real
+from fedprivopt.core.checks import check_bool, check_int, check_real, plain_scalar
 from fedprivopt.core.memory import physical_memory, processes_that_fit
 from fedprivopt.data.synthetic_model import parse_date
 from fedprivopt.data.vocab import MAX_WORDS
@@ -169,6 +169,12 @@ class SyntheticConfig:
     activity_years: float = 10.0
 
     def __post_init__(self) -> None:
+        # forty-fifth review of issue 15 (input 4): generate(out, SyntheticConfig(num_clients=
+        # numpy.int64(30))) wrote the whole dataset, then ended in "TypeError: Object of type
+        # int64 is not JSON serializable" at its marker, left "complete": false (refused by
+        # every task); a NumPy scalar is its Python number
+        for f in fields(self):
+            object.__setattr__(self, f.name, plain_scalar(getattr(self, f.name)))
         check_int("num_clients", self.num_clients, 1)
         if self.num_clients > MAX_CLIENTS:
             raise ValueError(

@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from fedprivopt.core.checks import plain_scalar
 from fedprivopt.core.text import shown, shown_key
 
 __all__ = [
@@ -165,19 +166,3 @@ def _plain(key: str, value: Any) -> Any:
         )
     return value
 
-
-def plain_scalar(value: Any) -> Any:
-    """``value`` as a Python number or bool when it is a NumPy scalar, else unchanged.
-
-    Forty-fifth review of issue 15 (input 2): ``load_config(P, {"cohort-chunk":
-    numpy.int64(8)})`` (also ``fast-actors``) kept the NumPy integer, so ``simulate`` released
-    its rounds and ended in ``TypeError: Object of type int64 is not JSON serializable`` before
-    ``summary.json`` (``config.toml`` held the text ``"8"``); ``{"seed": numpy.uint64(2**64 -
-    1)}`` passed the 64-bit check that a Python int meets, and the run's ``config.toml`` could
-    not be read back (``--resume`` refused: ``integers must fit in 64 bits``).
-    """
-    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
-        item = getattr(value, "item", None)
-        if callable(item):
-            return item()
-    return value

@@ -32,6 +32,13 @@
    the user did not type, with no word of how to name such a directory. Now a directory task
    parameter given by ``--set`` takes the number's text (``config_presets.parse_override``);
    a number for any other key is still a number.
+4. ``fedprivopt.data.generate(out, SyntheticConfig(num_clients=numpy.int64(30)))`` (any knob a
+   NumPy scalar: ``vocab_size``, ``num_tags``, ``seed``, ``mean_examples_per_client``; also a
+   task's ``synth_*`` parameters). Before: the whole dataset was written (122 MB at the default
+   knobs), then ``TypeError: Object of type int64 is not JSON serializable`` at its marker, which
+   was left ``"complete": false``, so every task refused the directory as an interrupted
+   generation. Now ``SyntheticConfig`` holds each NumPy scalar as its Python number
+   (``core.checks.plain_scalar``, which ``config_values`` shares).
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ import numpy as np
 import pytest
 import tomllib
 
+from fedprivopt.data import generate
+from fedprivopt.data.synthetic import read_marker
+from fedprivopt.data.synthetic_config import SyntheticConfig
 from fedprivopt.simulation.config import RunConfig, config_to_toml, load_config, resolve_config
 from fedprivopt.simulation.config_presets import parse_override
 from fedprivopt.simulation.run import simulate
@@ -134,3 +144,16 @@ def test_3_numbers_and_quoted_text_elsewhere_are_unchanged():
     assert parse_override("task-params.data-dir=true") == ("task-params.data-dir", True)
     config = load_config(MINI, dict([parse_override("task-params.data-dir=2024")]))
     assert config.task_params["data_dir"] == "2024"
+
+
+# -- finding 4: a synthetic dataset's knobs given as NumPy scalars -----------------------------
+
+
+def test_4_numpy_knobs_give_a_complete_dataset(tmp_path):
+    config = SyntheticConfig(
+        num_clients=np.int64(6), vocab_size=np.int32(200), num_tags=np.int64(5), seed=np.uint64(3)
+    )
+    assert type(config.num_clients) is int and type(config.seed) is int
+    files = generate(tmp_path / "d", config, workers=1)  # before: TypeError at the marker
+    marker = read_marker(files.meta)
+    assert marker["config"]["num_clients"] == 6 and "complete" not in marker

@@ -192,7 +192,15 @@ class _Asked:
         """
         # its int value, which the reply's key holds (follow-up, privacy 4: an int subclass
         # comparing as an asked user sent the update of another, its value)
-        if self.users is not None and int(user) not in self.users:
+        if self.users is None:
+            # forty-fifth review of issue 15 (wire 7): a message naming no users (no config, no
+            # 'users' or an invalid list: another server's train message) let any update go
+            raise ValueError(
+                f"updates[{shown(user)}]: the message names no users (its ConfigRecord "
+                f"{P.CONFIG_RECORD!r} holds no valid {P.USERS!r} list: not a train message of "
+                "fedprivopt's server, TrainMessage.read refuses it); no update is sent"
+            )
+        if int(user) not in self.users:
             raise ValueError(
                 f"updates[{shown(user)}]: the message did not ask for user {shown(user)} (it "
                 f"asks for {shown(sorted(self.users))}); reply only for the users it names "

@@ -63,6 +63,13 @@
    ever sampled. Now only the population's users are kept (``UserDiscovery._read_users``): 4
    entries; the test answers with 1,000 such ids. A node hosting none of the population is
    said as before (``none of the connected nodes hosts a user of the population``).
+7. ``clients.reply_updates(message, {5: u})`` (a ClientApp of one's own) for a train message
+   that names no users: no ConfigRecord ``config`` (a plain Flower strategy's train message), a
+   config without ``users``, or ``users`` ``[1.5]``. Before: user 5's update was sent (the
+   check of the asked users, forty-first review, wire 1, ran only where the message holds a
+   valid list), so an app training every hosted user sent unsampled users' updates. Now
+   ``ValueError: updates[5]: the message names no users ...`` (``replies._Asked.check``); a
+   message naming users is answered as before, and a reply of no update is still built.
 
 The tests run fedprivopt's ClientApp and DPStrategy in process (no Flower engine, no Ray).
 """
@@ -82,6 +89,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import app
+from fedprivopt.clients.messages import reply_updates
 from fedprivopt.models import build_task
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm
@@ -372,3 +380,26 @@ def test_6_user_ids_outside_the_population_are_not_kept(server_side):
     strategy = DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0)
     mapping = strategy.discover_users(_ManyIdsGrid())  # before: 1,004 entries
     assert mapping == strategy.user_nodes == {0: 100, 1: 100, 2: 101, 3: 101}
+
+
+# -- finding 7: reply_updates sends no update for a message that names no users ------------------
+
+NO_USERS = {
+    "no config": {},
+    "no users": {P.CONFIG_RECORD: ConfigRecord({P.ROUND: 1})},
+    "users [1.5]": {P.CONFIG_RECORD: ConfigRecord({P.USERS: [1.5]})},
+}
+
+
+@pytest.mark.parametrize("case", sorted(NO_USERS))
+def test_7_no_update_is_sent_for_a_message_naming_no_users(case):
+    message = delivered({P.ARRAYS_RECORD: _model_arrays(), **NO_USERS[case]}, "train")
+    with pytest.raises(ValueError, match=r"^updates\[5\]: the message names no users"):
+        reply_updates(message, {5: torch.full((18,), 0.01)})  # before: update/5 sent
+    assert list(reply_updates(message, {}).content.array_records) == []
+
+
+def test_7_a_message_naming_users_is_answered_as_before():
+    config = P.encode_train_config(users=[5], round_num=1, settings=SETTINGS)
+    message = delivered({P.ARRAYS_RECORD: _model_arrays(), P.CONFIG_RECORD: config}, "train")
+    assert "update/5" in reply_updates(message, {5: torch.full((18,), 0.01)}).content

@@ -76,9 +76,11 @@ def test_1_an_update_without_the_clip_bit_the_message_asks_for_is_refused() -> N
         reply_updates(message, {1: torch.zeros(5), 2: torch.zeros(5)}, clip_bits={1: 1.0})
     reply = reply_updates(message, {1: torch.zeros(5), 2: torch.zeros(5)}, clip_bits={1: 1, 2: 0})
     assert reply.content["update/2"][P.CLIP_BIT_ARRAY].numpy().tolist() == [0.0]
-    # a message without the model or the users (as earlier tests build them): no such check
+    # a message without the model or the users: refused since the forty-fifth review (wire 7),
+    # where no check ran and any user's update was sent
     bare = delivered({}, "train")
-    assert "update/9" in reply_updates(bare, {9: torch.zeros(2, 2).reshape(-1)}).content
+    with pytest.raises(ValueError, match=r"^updates\[9\]: the message names no users"):
+        reply_updates(bare, {9: torch.zeros(2, 2).reshape(-1)})
 
 
 # -- finding 2: TrainMessage.read names the record and array it cannot read ---------------------

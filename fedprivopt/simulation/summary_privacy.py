@@ -83,6 +83,13 @@ def not_covered(config: RunConfig, task: Task | None = None) -> str | None:
         "seconds, the round's wall time, follows the cohort's size and its users' example "
         "counts: epsilon does not cover them"
     )
+    if config.engine == "flower":  # forty-fifth review of issue 15 (contract 3)
+        text += (
+            "; nor the Flower engine's log, which gives each round's cohort size (cohort=), "
+            "kept by a deployment in deploy/serverapp.log, whose superlink.log and "
+            "supernode-N.log there record which nodes were sent each round's training (with a "
+            "node per user, the sampled users)"
+        )
     # forty-fourth review of issue 15 (contract 1, 2); the clauses joined by "; " (the privacy
     # follow-up's open row: "...counts)every checkpoint ...", run together)
     clauses = [_data_identity_not_covered(task), _tree_noise_not_covered(config)]

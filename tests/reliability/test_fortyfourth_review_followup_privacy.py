@@ -150,7 +150,9 @@ def test_3_a_secure_adadp_second_cohort_is_released_before_the_next_round():
     alg = build_algorithm(config, torch.zeros(4))
 
     def chooser(request):
-        if request.stream == "train-2" and 7 not in request.users:
+        # the case skipped a second cohort lacking user 7; a secure draw holds it at random, so
+        # skip every second cohort here (a draw holding 7 made the test fail 1 run in 4)
+        if request.stream == "train-2":
             raise RuntimeError("skip")
         return _train(request)
 

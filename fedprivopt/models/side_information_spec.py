@@ -156,6 +156,14 @@ class SideInformationSpec:
             raise ValueError(f"{KEY} parameters must be a table, got {self.params!r}")
         params: dict[str, Any] = {}
         for key, value in self.params.items():
+            known = sorted({name for names in PARAMETERS.values() for name in names})
+            if self.kind == AUTO and str(key) not in known:
+                # forty-fifth review of issue 15 (input 5): --set side-information.Kind=ones
+                # (a key in another case, or misspelled) was told to give the kind it gave
+                raise ValueError(
+                    f"unknown key {shown(key_name(str(key)))} (the keys of {KEY}: kind, "
+                    f"{', '.join(known)})"
+                )
             if self.kind == AUTO:
                 raise ValueError(
                     f"{shown_key(key_name(str(key)))} needs an explicit {key_name('kind')} (one of "

@@ -39,6 +39,13 @@
    was left ``"complete": false``, so every task refused the directory as an interrupted
    generation. Now ``SyntheticConfig`` holds each NumPy scalar as its Python number
    (``core.checks.plain_scalar``, which ``config_values`` shares).
+5. ``simulate toy.toml --strategy adadps --set side-information.Kind=ones`` (the key in another
+   case; also ``KIND``, ``kind.x``, a misspelling). Before: ``config: side-information.Kind
+   needs an explicit side-information.kind (one of two-level, token-frequency, public-users,
+   ones); 'auto' takes no parameters``: told to give the kind the user gave. Now ``unknown key
+   'side-information.Kind' (the keys of side-information: kind, bias, …)``, as the other tables
+   say it; a known parameter without a kind is still told to give one
+   (``SideInformationSpec.__post_init__``).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ import tomllib
 from fedprivopt.data import generate
 from fedprivopt.data.synthetic import read_marker
 from fedprivopt.data.synthetic_config import SyntheticConfig
+from fedprivopt.models.side_information_spec import SideInformationSpec
 from fedprivopt.simulation.config import RunConfig, config_to_toml, load_config, resolve_config
 from fedprivopt.simulation.config_presets import parse_override
 from fedprivopt.simulation.run import simulate
@@ -157,3 +165,14 @@ def test_4_numpy_knobs_give_a_complete_dataset(tmp_path):
     files = generate(tmp_path / "d", config, workers=1)  # before: TypeError at the marker
     marker = read_marker(files.meta)
     assert marker["config"]["num_clients"] == 6 and "complete" not in marker
+
+
+# -- finding 5: a side-information key in another case ----------------------------------------
+
+
+@pytest.mark.parametrize("key", ["Kind", "KIND", "kind.x", "knd"])
+def test_5_an_unknown_side_information_key_is_named_unknown(key):
+    with pytest.raises(ValueError, match=rf"^unknown key 'side-information\.{key}' \(the keys"):
+        load_config(TOY, {f"side-information.{key}": "ones"})  # before: "needs an explicit kind"
+    with pytest.raises(ValueError, match=r"top-k needs an explicit side-information\.kind"):
+        SideInformationSpec.parse({"top-k": 5})

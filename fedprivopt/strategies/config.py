@@ -330,12 +330,21 @@ class StrategyConfig:
         adaptive_c = getattr(self.options, "clip_norm_adaptive", None)  # DP2's second norm
         for key, c in (("clip-norm", self.clip_norm), ("clip-norm-adaptive", adaptive_c)):
             if c is not None and not c <= limit:
+                advice = f"lower {key} or raise clients-per-round ({key} at most {limit:.6g} here)"
+                if limit < MIN_CLIP_NORM:
+                    # forty-fifth review of issue 15 (input 6): clients-per-round = 1e-310 was
+                    # told "clip-norm at most 0 here", below the smallest clip-norm allowed
+                    need = self.update_noise_multiplier * c / MAX_SUM_NOISE_STD
+                    advice = (
+                        f"raise clients-per-round (to at least {need:.6g} for this {key}; no "
+                        f"{key} of at least {MIN_CLIP_NORM:g} fits {self.clients_per_round:g})"
+                    )
                 raise ValueError(
                     f"{sigma} * {key} / min(1, clients-per-round) must be at most "
                     f"{MAX_SUM_NOISE_STD:g} (the noise std of a round's sum and mean; its square, "
                     f"times up to the population, must be a float), got "
                     f"{self.update_noise_multiplier:g} * {c:g} / min(1, {self.clients_per_round:g})"
-                    f"; lower {key} or raise clients-per-round ({key} at most {limit:.6g} here)"
+                    f"; {advice}"
                 )
 
     @property

@@ -46,6 +46,12 @@
    'side-information.Kind' (the keys of side-information: kind, bias, …)``, as the other tables
    say it; a known parameter without a kind is still told to give one
    (``SideInformationSpec.__post_init__``).
+6. ``simulate toy.toml --set clients-per-round=1e-310`` (also ``5e-324``, ``1e-300``). Before:
+   rc 2, ``… must be at most 1e+150 …; lower clip-norm or raise clients-per-round (clip-norm at
+   most 0 here)`` (``at most 2e-150`` for ``1e-300``): advice below the smallest clip-norm
+   allowed (7.9e-31), which no run can follow. Now ``raise clients-per-round (to at least
+   5e-151 for this clip-norm; no clip-norm of at least 7.88861e-31 fits 1e-310)``
+   (``StrategyConfig._check_noise_std``); a clip norm that can be lowered is advised as before.
 """
 
 from __future__ import annotations
@@ -176,3 +182,15 @@ def test_5_an_unknown_side_information_key_is_named_unknown(key):
         load_config(TOY, {f"side-information.{key}": "ones"})  # before: "needs an explicit kind"
     with pytest.raises(ValueError, match=r"top-k needs an explicit side-information\.kind"):
         SideInformationSpec.parse({"top-k": 5})
+
+
+# -- finding 6: the advice for a tiny clients-per-round ----------------------------------------
+
+
+@pytest.mark.parametrize("rate", [5e-324, 1e-310, 1e-300])
+def test_6_no_clip_norm_below_its_minimum_is_advised(rate):
+    with pytest.raises(ValueError, match=r"raise clients-per-round \(to at least 5e-151") as info:
+        StrategyConfig(population=40, clients_per_round=rate, noise_multiplier=0.5)
+    assert "lower clip-norm" not in str(info.value)  # before: clip-norm at most 0 (or 2e-150)
+    with pytest.raises(ValueError, match=r"lower clip-norm or raise clients-per-round"):
+        StrategyConfig(population=40, clients_per_round=1e-160, noise_multiplier=0.5)

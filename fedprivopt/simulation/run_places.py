@@ -52,19 +52,28 @@ def refuse_inside_held(out: Path, flag: str = "--out") -> None:
     directory (``deploy local --out D`` holds ``D/deploy`` with ``deploy.lock`` there) was not
     looked at: ``simulate toy.toml --out D/deploy/x`` wrote a whole run among the deployment's
     logs, rc 0. It is refused as a run directory is, naming the deployment's PID.
+
+    Follow-up of the forty-fifth review of issue 15 (outputs 1; the processes reviewer's open
+    row): while ``deploy local --out D`` started (``D`` holds only its held ``deploy/``; the
+    ServerApp claims ``D`` some 30 s later), ``simulate``, ``compare``, ``tune`` and
+    ``compare-tuned --out D/x`` (and the Python API's ``simulate``) wrote into ``D``, rc 0, and
+    the deployment's ServerApp then refused ``D`` as not empty after every process had started.
+    An ancestor whose ``deploy/`` another process holds (``deploy/deploy.lock``) is refused
+    too, as ``deploy.out_checks.refuse_inside_writing`` refuses it for ``deploy local``.
     """
     from fedprivopt.data.locks import LockHeldError
     from fedprivopt.simulation.files import LOCK_FILE
 
     for place in ancestors(out):
-        for lock, what in (
-            (LOCK_FILE, "run directory"),
-            (_DEPLOY_LOCK, "deployment's log directory"),
+        for held, lock, what in (
+            (place, LOCK_FILE, "run directory"),
+            (place, _DEPLOY_LOCK, "deployment's log directory"),
+            (place / _DEPLOY_LOGS, _DEPLOY_LOCK, "deployment's directory"),
         ):
-            if not os.path.lexists(place / lock):
+            if not os.path.lexists(held / lock):
                 continue
             try:
-                _refuse_held(place, f"{what} {quoted_out(place)}", lock)
+                _refuse_held(held, f"{what} {quoted_out(place)}", lock)
             except LockHeldError as exc:
                 holder = f"process {exc.pid}" if exc.pid is not None else "another process"
                 raise LockHeldError(
@@ -78,6 +87,9 @@ def refuse_inside_held(out: Path, flag: str = "--out") -> None:
 #: The lock file a deployment holds in its log directory ``OUT/deploy`` (the name of
 #: ``deploy.local_checks.DEPLOY_LOCK``, which this layer does not import).
 _DEPLOY_LOCK = "deploy.lock"
+
+#: A deployment's log directory in its ``OUT`` (the name of ``deploy.server_app.DEPLOY_LOGS``).
+_DEPLOY_LOGS = "deploy"
 
 
 _RUN_MARKERS = ("privacy_ledger.jsonl", "run.lock", "config.toml")

@@ -1,0 +1,66 @@
+"""Issue 15, follow-up of the forty-fifth hostile review (outputs: the input and processes fixes).
+
+1. The twin of the forty-fifth review's processes 1 for the other commands (the processes
+   reviewer's open row): while ``deploy local toy.toml --nodes 1 --rounds 40 --out D`` starts
+   (``D`` then holds only its ``deploy/``, held with ``deploy.lock``; the ServerApp claims ``D``
+   some 30 s later), ``simulate toy.toml --rounds 1 --out D/s``, ``compare toy.toml --strategies
+   dp-fedavg --rounds 1 --out D/c``, ``tune ... --out D/t``, ``compare-tuned T --out D/ct`` and the
+   Python API's ``simulate(config, "D/s")``. Before: rc 0 each (measured with a process holding
+   ``D/deploy`` as a deployment does), a run written into ``D``, whose deployment's ServerApp
+   then refuses ``D`` as not empty after its SuperLink and SuperNodes started (``deploy local
+   --out D/x`` was refused by ``deploy.out_checks.refuse_inside_writing`` since processes 1, and
+   ``data synth --out D/x`` by its own claim). Now rc 2 before anything is written, ``argument
+   --out: D/s is inside the deployment's directory D, which process N holds: ...``
+   (``simulation.run_places.refuse_inside_held``, which the command line's ``--out`` check and
+   the Python API's ``simulate`` call, looks at an ancestor's held ``deploy/deploy.lock`` too).
+   ``D/deploy/x`` is named as the deployment's log directory as before; a finished deployment's
+   directory (``deploy/`` not held) is not refused by this check. (In-process: the deployment's
+   hold of ``D/deploy`` taken with ``rundir.lock_directory``, as ``deploy_local`` takes it; no
+   process starts.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.deploy.local_checks import DEPLOY_LOCK
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run_places import refuse_inside_held
+from fedprivopt.simulation.rundir import lock_directory
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+INSIDE = "is inside the deployment's directory"
+
+
+def test_1_other_commands_inside_a_starting_deployments_directory_are_refused(tmp_path, capsys):
+    from fedprivopt.cli import main
+    from fedprivopt.simulation.run import simulate
+
+    d = tmp_path / "D"
+    (d / "deploy").mkdir(parents=True)
+    toy = str(TOY)
+    commands = {
+        "s": ["simulate", toy, "--rounds", "1"],
+        "c": ["compare", toy, "--strategies", "dp-fedavg", "--rounds", "1"],
+        "t": [
+            "tune", toy, "--strategy", "dp-fedavg", "--grid", "server-learning-rate=0.5,1",
+            "--mean-trials", "2", "--rounds", "1",
+        ],
+    }
+    quiet = {name: ["--quiet"] for name in commands}
+    commands["ct"], quiet["ct"] = ["compare-tuned", str(tmp_path / "T")], []
+    with lock_directory(d / "deploy", DEPLOY_LOCK, what=f"--out {d}"):
+        for name, argv in commands.items():
+            assert main([*argv, "--out", str(d / name), *quiet[name]]) == 2, name
+            err = capsys.readouterr().err
+            assert INSIDE in err and err.count("\n") == 1, (name, err)
+            assert "Traceback" not in err
+        with pytest.raises(ValueError, match=INSIDE):
+            simulate(load_config(TOY), d / "s" / "deeper")
+        with pytest.raises(ValueError, match="deployment's log directory"):
+            refuse_inside_held(d / "deploy" / "x")
+        assert sorted(p.name for p in d.iterdir()) == ["deploy"]
+    refuse_inside_held(d / "s")  # the deployment gone: not this check's refusal

@@ -9,7 +9,8 @@ actor (:mod:`fedprivopt.simulation.fast`): ``vectorized``, the task's cohort tra
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from fedprivopt.clients.trainer import LocalTrainer, clip_report
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import task_call
+from fedprivopt.privacy.aggregate_checks import refuse_shared_updates
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.strategies.cohorts import refuse_shared_memory
@@ -123,6 +125,7 @@ class UserTrainer:
                 preconditioner=pre,
                 stream=stream,
             )
+            listed = _Listed(batches, round_num, stream)
             for batch in _with_gradients(batches):
                 copies.refuse_changed(self._batch_users(batch, report))
                 if report:
@@ -139,8 +142,10 @@ class UserTrainer:
                     _refuse_one_workspace(pairs, round_num)
                     for pair in pairs:
                         _refuse_missing_share(pair, cfg, round_num, stream)
+                        listed.keep(pair)
                         yield pair
             copies.refuse_changed([])
+            listed.refuse_shared()
             return
         for u in users:
             result = self.local.train(
@@ -231,6 +236,57 @@ def _refuse_one_workspace(pairs: Any, round_num: int) -> None:
         and not isinstance(p[0], bool)
     ]  # fmt: skip
     refuse_shared_memory(round_num, entries)
+
+
+class _Listed:
+    """A cohort trainer's ``train_batches`` that is a list or tuple: its updates checked.
+
+    Follow-up of the forty-fifth review of issue 15 (privacy 2; mechanisms 1 through the fast
+    engine): a task's own ``cohort_trainer`` whose ``train_batches`` returned
+    ``list(inner.train_batches(...))`` of the tag task's trainer (whose batches reuse two
+    workspaces) was streamed into the aggregator, which could not tell: users 0 to 3 were
+    summed with users 4 and 5's values (a sum of norm 0.248 where the users' own updates sum
+    to 0.483), a sensitivity of several C under a charge of C. A list holds every batch at
+    once, so its updates must be distinct memory: its row-sparse batches are checked before
+    the first is summed (:func:`~fedprivopt.privacy.aggregate_checks.refuse_shared_updates`),
+    and the dense pairs its batches' ``split()`` give after the last (an update that is its
+    whole memory kept by a weak reference: one the aggregator has let go is no workspace that
+    another update holds), before the round's noise is drawn, so nothing of it is released. A
+    generator may reuse its memory from one batch to the next, as the built-in trainers do.
+    """
+
+    def __init__(self, batches: object, round_num: int, stream: str) -> None:
+        self.listed = isinstance(batches, (list, tuple))
+        self.kept: list[tuple[object, Callable[[], object]]] = []
+        self.where = f"round {round_num}" + ("" if stream == "train" else f" ({stream})")
+        if self.listed:
+            self._refuse([b for b in batches if isinstance(b, RowSparseBatch)])
+
+    def keep(self, pair: object) -> None:
+        """Remember a dense ``(user, update)`` pair of a listed batch (a weak reference)."""
+        if not (self.listed and isinstance(pair, (tuple, list)) and len(pair) == 2):
+            return
+        user, update = pair
+        tensor = update.values if isinstance(update, RowSparse) else update
+        if not isinstance(tensor, torch.Tensor):
+            return
+        whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+        # a tensor that is its whole memory, by a weak reference (one the aggregator has let go
+        # is no workspace another update holds); a view of more memory kept (no copy)
+        self.kept.append((user, weakref.ref(tensor) if whole else (lambda t=tensor: t)))
+
+    def refuse_shared(self) -> None:
+        """Raise ``ValueError`` when two kept updates still alive share memory."""
+        self._refuse([(u, t) for u, ref in self.kept if (t := ref()) is not None])
+        self.kept.clear()
+
+    def _refuse(self, entries: list) -> None:
+        try:
+            refuse_shared_updates(entries)
+        except ValueError as error:
+            raise ValueError(
+                f"{self.where}: the batches the task's cohort_trainer listed: {error}"
+            ) from None
 
 
 def _refuse_missing_share(

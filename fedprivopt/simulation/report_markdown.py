@@ -362,7 +362,8 @@ def _seeds_composed(rows: Sequence[dict[str, Any]]) -> list[str]:
         f"{table_cell(r['strategy'])} σ={r['noise_multiplier']:g}, {r['n_seeds']} runs: "
         + (epsilon_text(r["epsilon_seeds_composed"])
            if math.isfinite(r.get("epsilon_seeds_composed", math.nan))
-           else "not computed (a ledger could not be read, or the runs' accountants differ)")
+           else "not computed (a ledger could not be read or does not account for its run's "
+                "ε, or the runs' accountants differ)")
         for r in found
     )  # fmt: skip
     return [

@@ -301,9 +301,10 @@ def seeds_composed_epsilon(group: Sequence[RunData]) -> float:
 
     The composition of their ledgers' events by their accountant at their δ; the row's ε for
     one run; ``nan`` for a row of tuned runs (their tunings compose: ``compare-tuned``), of
-    non-private runs, or when a ledger cannot be read or the runs' accountants or δ differ.
-    Forty-fourth review of issue 15 (contract 5): ``compare toy.toml --seeds 2`` reported the
-    row over both seeds at one run's ε, 7.551, where publishing it costs 10.28.
+    non-private runs, or when a ledger cannot be read, does not account for its run's ε, or the
+    runs' accountants or δ differ. Forty-fourth review of issue 15 (contract 5): ``compare
+    toy.toml --seeds 2`` reported the row over both seeds at one run's ε, 7.551, where
+    publishing it costs 10.28.
     """
     from fedprivopt.privacy.accounting import compose_epsilon
     from fedprivopt.privacy.accounting_state import merge_ledger
@@ -316,11 +317,14 @@ def seeds_composed_epsilon(group: Sequence[RunData]) -> float:
         return private[0].epsilon
     events, headers = [], set()
     for run in private:
-        try:
+        try:  # forty-fifth review follow-up (ledger 1): a ledger cut to its header (0 where
+            # the run's other files state 10.28) was composed as none: 10.28 for two seeds
             ledger = RunLedger.read(run.path)
-        except (OSError, ValueError):
-            return math.nan
-        if ledger is None or not ledger.header.get("private"):
+            if ledger is None or not ledger.header.get("private"):
+                return math.nan
+            if run.epsilon > ledger.epsilon(run.delta) * (1 + 1e-6) + 1e-12:
+                return math.nan  # it does not account for its run's ε (load_run notes it)
+        except (OSError, ValueError, TypeError, MemoryError):
             return math.nan
         events += list(ledger.total())
         headers.add(tuple(ledger.header.get(k) for k in ("accountant", "pld_discretization",

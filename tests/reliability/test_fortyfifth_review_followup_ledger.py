@@ -1,0 +1,87 @@
+"""Issue 15, forty-fifth hostile review, follow-up (ledger: the ledger, resume and report fixes).
+
+1. ``compare toy.toml --strategies dp-fedavg --seeds 2 --rounds 2 --out C`` (``report.md``:
+   "seeds composed ... 2 runs: 13.71"), then seed 1's ``privacy_ledger.jsonl`` cut to its
+   header line (an older backup put back), then ``write_report(out, load_runs(C), ...)`` (the
+   documented API; ``compare`` itself refuses the cut ledger). Before: "seeds composed ...
+   dp-fedavg σ=0.5, 2 runs: 10.28" and ``summary.csv``'s ``epsilon_seeds_composed`` 10.28 (one
+   run's ε), where publishing both costs 13.71: the composition took each ledger's events
+   without checking that the ledger accounts for its run's ε (``load_run`` noted the files
+   disagree: ledger 0, summary, rows and checkpoint 10.28). Now
+   ``rundata_aggregate.seeds_composed_epsilon`` gives ``nan`` ("not computed ... a ledger ...
+   does not account for its run's ε") when a run's ε exceeds its ledger's at its δ; whole
+   ledgers composed as before (the forty-fifth review's open row, ledger/reports).
+2. ``load_run(R)`` (also ``load_runs(R)``) of a run directory interrupted before its
+   ``summary.json`` (config, ledger, checkpoint and rows; or killed before its first row, a
+   ledger alone). Before: ``R/summary.json: missing (is R a fedprivopt run directory?)`` (of
+   a ledger alone, ``load_runs``: "R: no run directories (with summary.json) found"), where
+   ``load_runs`` of its parent says that it is not finished and to continue it with
+   ``--resume`` (thirty-fifth review, outputs 3). Now ``rundata._refuse_unfinished`` says the
+   same of a run given itself; a directory without a run's files is "missing" as before.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.report import write_report
+from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import load_run, load_runs
+from fedprivopt.simulation.rundata_aggregate import aggregate_runs
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+def _seeds(root: Path, seeds: int = 2) -> list[Path]:
+    """``seeds`` one-round dp-fedavg toy runs on the same users (a compare row's runs)."""
+    dirs = []
+    for seed in range(seeds):
+        out = root / f"dp-fedavg__sigma0.5__seed{seed}"
+        simulate(load_config(TOY, {"num-server-rounds": 1, "seed": seed}), out)
+        dirs.append(out)
+    return dirs
+
+
+def test_1_a_ledger_cut_to_its_header_is_not_composed_as_none(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    _, second = _seeds(root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (row,) = aggregate_runs(load_runs(root))
+    both = row["epsilon_seeds_composed"]  # 10.28, one run's 7.551
+    assert both > row["epsilon"] * 1.2
+    ledger = second / "privacy_ledger.jsonl"
+    ledger.write_text(ledger.read_text(encoding="utf-8").splitlines(keepends=True)[0],
+                      encoding="utf-8")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = load_runs(root)
+        (row,) = aggregate_runs(runs)
+        assert math.isnan(row["epsilon_seeds_composed"])  # was 7.551, one run's
+        write_report(tmp_path / "report", runs, title="t")
+    report = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert "2 runs: not computed" in report and "does not account for" in report
+    table = (tmp_path / "report" / "summary.csv").read_text(encoding="utf-8")
+    assert table.splitlines()[1].endswith(",nan")
+
+
+def test_2_load_run_of_an_unfinished_run_says_so(tmp_path: Path) -> None:
+    (run,) = _seeds(tmp_path, 1)
+    (run / "summary.json").unlink()
+    for load in (load_run, load_runs):
+        with pytest.raises(ValueError, match=r"a run without summary.json: it is not finished "
+                           r"\(interrupted, or still running\); continue it with --resume"):
+            load(run)
+    (run / "metrics.jsonl").unlink()  # killed before its first row: a ledger alone
+    for load in (load_run, load_runs):
+        with pytest.raises(ValueError, match="it is not finished"):
+            load(run)
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(ValueError, match=r"summary.json: missing \(is .* a fedprivopt run"):
+        load_run(other)

@@ -214,6 +214,7 @@ def load_run(path: str | Path) -> RunData:
     path = Path(path)
     check_run_files(path)  # a FIFO or a link to a device (issue 15, ninth review)
     summary_path, metrics_path = path / SUMMARY_FILE, path / METRICS_FILE
+    _refuse_unfinished(path)
     for p in (summary_path, metrics_path):
         if not p.is_file() and not (p == metrics_path and no_round(summary_path)):
             raise ValueError(f"{p}: missing (is {path} a fedprivopt run directory?)")
@@ -268,6 +269,22 @@ def load_run(path: str | Path) -> RunData:
     return RunData(summary, rows, path, tuple(notes), spent)
 
 
+def _refuse_unfinished(path: Path) -> None:
+    """Refuse a run directory holding a run's files but no ``summary.json``: it is not finished.
+
+    Forty-fifth review follow-up of issue 15 (ledger, finding 2): ``load_run(R)`` of an
+    interrupted run (config, ledger, checkpoint and rows, killed before its summary) said
+    ``R/summary.json: missing (is R a fedprivopt run directory?)``, where ``load_runs`` of its
+    parent said that it is not finished and to continue it with ``--resume``.
+    """
+    if (path / SUMMARY_FILE).exists() or not any((path / f).exists() for f in _RUN_MARKS):
+        return
+    raise ValueError(
+        f"{path}: a run without {SUMMARY_FILE}: it is not finished (interrupted, or still "
+        "running); continue it with --resume"
+    )
+
+
 def _refuse_tunings(root: Path) -> None:
     """Refuse a tuning directory, or a tuned comparison, given to :func:`load_runs`.
 
@@ -310,8 +327,8 @@ def load_runs(root: str | Path) -> list[RunData]:
     """
     root = Path(root)
     _refuse_tunings(root)
-    if (root / SUMMARY_FILE).exists() or (root / METRICS_FILE).exists():
-        return [load_run(root)]
+    if any((root / f).exists() for f in (SUMMARY_FILE, *_RUN_MARKS)):
+        return [load_run(root)]  # a run without summary.json refused as unfinished (follow-up)
     parent = root / "runs" if (root / "runs").is_dir() else root
     dirs = sorted(p for p in parent.glob("*") if p.is_dir() and (p / SUMMARY_FILE).exists())
     if not dirs:

@@ -266,6 +266,7 @@ class TagTaskData(StackOverflowFiles):
             if self._store is not None:
                 return self._store
             self._train_split()  # opened once, before the encoding workers fork
+            self._check_cache_dir()
             self._store = open_or_build(
                 self.cache_dir,
                 self._store_key(),
@@ -279,6 +280,25 @@ class TagTaskData(StackOverflowFiles):
                 else None,
             )
             return self._store
+
+    def _check_cache_dir(self) -> None:
+        """Refuse a ``cache_dir`` this process cannot create, naming the parameter.
+
+        Forty-fifth review of issue 15 (input 7): a data directory another user owns (a shared,
+        read-only dataset) with ``token_cache = true`` and the default ``cache_dir`` (inside it)
+        ended in ``D/.fedprivopt-cache: Permission denied``, naming neither the parameter nor a
+        way out. A store built beforehand (readable there) is used as before.
+        """
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            default = self.cache_dir == self.data_dir / CACHE_DIR
+            where = " (its default, in data_dir)" if default else ""
+            raise ValueError(
+                f"cache_dir {str(self.cache_dir)!r}{where}: cannot be created ({exc.strerror}), "
+                "and token_cache = true writes its token store there: set cache_dir to a "
+                "directory you can write"
+            ) from None
 
     def _store_key(self) -> dict:
         """What the token store depends on: the file's identity and the encoding.

@@ -52,6 +52,15 @@
    allowed (7.9e-31), which no run can follow. Now ``raise clients-per-round (to at least
    5e-151 for this clip-norm; no clip-norm of at least 7.88861e-31 fits 1e-310)``
    (``StrategyConfig._check_noise_std``); a clip norm that can be lowered is advised as before.
+7. ``simulate stackoverflow-tp-mini.toml --set task-params.data-dir=D --set
+   task-params.token-cache=true`` by a user who cannot write ``D`` (a dataset another user
+   owns, shared read-only), the default ``cache-dir`` inside it (also a ``cache_dir`` that
+   cannot be made, ``/proc/x/c``, through the Python API). Before: rc 2 with
+   ``D/.fedprivopt-cache: Permission denied`` (``FileNotFoundError`` from the API), naming
+   neither the parameter nor a way out. Now ``cache_dir 'D/.fedprivopt-cache' (its default,
+   in data_dir): cannot be created (Permission denied), and token_cache = true writes its token
+   store there: set cache_dir to a directory you can write``
+   (``TagTaskData._check_cache_dir``); a store built beforehand is used as before.
 """
 
 from __future__ import annotations
@@ -66,6 +75,7 @@ import tomllib
 from fedprivopt.data import generate
 from fedprivopt.data.synthetic import read_marker
 from fedprivopt.data.synthetic_config import SyntheticConfig
+from fedprivopt.models import StackOverflowTagTask
 from fedprivopt.models.side_information_spec import SideInformationSpec
 from fedprivopt.simulation.config import RunConfig, config_to_toml, load_config, resolve_config
 from fedprivopt.simulation.config_presets import parse_override
@@ -194,3 +204,16 @@ def test_6_no_clip_norm_below_its_minimum_is_advised(rate):
     assert "lower clip-norm" not in str(info.value)  # before: clip-norm at most 0 (or 2e-150)
     with pytest.raises(ValueError, match=r"lower clip-norm or raise clients-per-round"):
         StrategyConfig(population=40, clients_per_round=1e-160, noise_multiplier=0.5)
+
+
+# -- finding 7: a token store's directory that cannot be made ----------------------------------
+
+
+def test_7_a_cache_dir_that_cannot_be_made_is_named(tmp_path):
+    generate(tmp_path / "d", SyntheticConfig(num_clients=8, vocab_size=200, num_tags=5), workers=1)
+    task = StackOverflowTagTask(
+        data_dir=tmp_path / "d", vocab_size=100, num_tags=5, eval_users=2, token_cache=True,
+        cache_dir="/proc/fedprivopt-nowhere/c",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^cache_dir '/proc/fedprivopt-nowhere/c': cannot be"):
+        task.encoded_users()  # before: FileNotFoundError naming no parameter

@@ -10,11 +10,15 @@ their own names (:func:`config_error`).
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass, fields
+from numbers import Real
+from typing import Any
 
-from fedprivopt.core.checks import check_bool, check_int, check_real, plain_scalar
+from fedprivopt.core.checks import as_float, check_bool, check_int, check_real, plain_scalar
 from fedprivopt.core.memory import physical_memory, processes_that_fit
+from fedprivopt.core.text import shown
 from fedprivopt.data.synthetic_model import parse_date
 from fedprivopt.data.vocab import MAX_WORDS
 
@@ -174,7 +178,8 @@ class SyntheticConfig:
         # int64 is not JSON serializable" at its marker, left "complete": false (refused by
         # every task); a NumPy scalar is its Python number
         for f in fields(self):
-            object.__setattr__(self, f.name, plain_scalar(getattr(self, f.name)))
+            value = _recordable(f.name, f.type, plain_scalar(getattr(self, f.name)))
+            object.__setattr__(self, f.name, value)
         check_int("num_clients", self.num_clients, 1)
         if self.num_clients > MAX_CLIENTS:
             raise ValueError(
@@ -261,6 +266,30 @@ class SyntheticConfig:
         )
         base.update(overrides)
         return cls(**base)  # type: ignore[arg-type]
+
+
+_DATES = ("start_date", "cut_date", "end_date")
+
+
+def _recordable(name: str, kind: Any, value: Any) -> Any:
+    """A knob of :class:`SyntheticConfig` as the dataset's marker (JSON) records it.
+
+    Follow-up of the forty-fifth review of issue 15 (outputs 2; input 4 had NumPy scalars):
+    ``generate(out, SyntheticConfig(question_fraction=Fraction(1, 4)))`` (a real knob as a
+    ``fractions.Fraction``, which the knob's check takes) or ``start_date=datetime.date(2009, 1,
+    1)`` (which ``numpy.datetime64`` reads) wrote the whole dataset, then ended in ``TypeError:
+    Object of type Fraction (date) is not JSON serializable`` at its marker, left ``"complete":
+    false``, which every task refuses. A real knob is kept as a float; a date as its ISO text
+    (``datetime.date.isoformat``); any other date (a number, which ``numpy.datetime64`` read as
+    seconds after 1970, or a ``datetime`` with its time) is refused naming the knob.
+    """
+    if kind == "float" and isinstance(value, Real) and not isinstance(value, (bool, int, float)):
+        return as_float(value)  # checked as this float by check_real
+    if name in _DATES and not isinstance(value, str):
+        if type(value) is datetime.date:
+            return value.isoformat()
+        raise ValueError(f"{name} must be an ISO date like '2018-01-01', got {shown(value)}")
+    return value
 
 
 def tag_knobs(num_tags: int) -> dict[str, object]:

@@ -17,14 +17,33 @@
    directory (``deploy/`` not held) is not refused by this check. (In-process: the deployment's
    hold of ``D/deploy`` taken with ``rundir.lock_directory``, as ``deploy_local`` takes it; no
    process starts.)
+2. The twin of the forty-fifth review's input 4 (a synthetic dataset's knobs as NumPy scalars)
+   for other Python values the knobs' checks take: ``fedprivopt.data.generate(out,
+   SyntheticConfig(question_fraction=Fraction(1, 4)))`` (any real knob as a
+   ``fractions.Fraction``, a ``numbers.Real``) and ``start_date=datetime.date(2009, 1, 1)``
+   (which ``numpy.datetime64`` reads). Before: the whole dataset was written, then ``TypeError:
+   Object of type Fraction (date) is not JSON serializable`` at its marker, left ``"complete":
+   false``, so every task refused the directory as an interrupted generation;
+   ``mean_examples_per_client=Fraction(10)`` ended in NumPy's ``loop of ufunc does not support
+   argument 0 of type Fraction``; ``start_date=2009`` (a year as a number) was read by NumPy as
+   2009 seconds after 1970 and a dataset of 1970 dates written. Now a real knob is kept as its
+   float, a date (``datetime.date``, ``numpy.datetime64`` of a day) as its ISO text, and a date
+   of another type (a number, a ``datetime`` with its time) refused naming the knob
+   (``data.synthetic_config._recordable``).
 """
 
 from __future__ import annotations
 
+import datetime
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from fedprivopt.data import generate
+from fedprivopt.data.synthetic import read_marker
+from fedprivopt.data.synthetic_config import SyntheticConfig
 from fedprivopt.deploy.local_checks import DEPLOY_LOCK
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run_places import refuse_inside_held
@@ -64,3 +83,29 @@ def test_1_other_commands_inside_a_starting_deployments_directory_are_refused(tm
             refuse_inside_held(d / "deploy" / "x")
         assert sorted(p.name for p in d.iterdir()) == ["deploy"]
     refuse_inside_held(d / "s")  # the deployment gone: not this check's refusal
+
+
+# -- finding 2: a synthetic dataset's knobs as other Python values ------------------------------
+
+SMALL = {"num_clients": 8, "vocab_size": 200, "num_tags": 5}
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "recorded"),
+    [
+        ("question_fraction", Fraction(1, 4), 0.25),
+        ("mean_examples_per_client", Fraction(10), 10.0),
+        ("start_date", datetime.date(2009, 1, 1), "2009-01-01"),
+        ("cut_date", np.datetime64("2017-01-01"), "2017-01-01"),
+    ],
+)
+def test_2_knobs_are_recorded_as_the_marker_holds_them(tmp_path, knob, value, recorded):
+    files = generate(tmp_path / "d", SyntheticConfig(**SMALL, **{knob: value}), workers=1)
+    marker = read_marker(files.meta)  # before: TypeError at the marker, "complete": false
+    assert marker["config"][knob] == recorded and "complete" not in marker
+
+
+@pytest.mark.parametrize("value", [2009, datetime.datetime(2009, 1, 1, 12)])
+def test_2_a_date_of_another_type_is_refused_naming_the_knob(value):
+    with pytest.raises(ValueError, match=r"^start_date must be an ISO date like '2018-01-01'"):
+        SyntheticConfig(**SMALL, start_date=value)  # before: 2009 s after 1970 (or the time)

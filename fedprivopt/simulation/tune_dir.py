@@ -181,7 +181,9 @@ def check_vanished_trials(out: str | Path) -> None:
             continue
         run_dir = Path(out) / "runs" / name
         ran = stated_run(entry)
-        if ran and not (run_dir / CONFIG_FILE).exists() and not (run_dir / LEDGER_FILE).exists():
+        if not ran:
+            continue
+        if not (run_dir / CONFIG_FILE).exists() and not (run_dir / LEDGER_FILE).exists():
             what = f"its {CONFIG_FILE} and {LEDGER_FILE} are" if run_dir.is_dir() else "it is"
             raise ValueError(
                 f"{run_dir}: {what} missing, but the trial ran ({ran}): run again, it would be a "
@@ -189,3 +191,36 @@ def check_vanished_trials(out: str | Path) -> None:
                 "epsilon does not count; put its directory back, or start another tuning in "
                 "another --out"
             )
+        _check_recorded_rounds(run_dir, entry.get("rounds_completed"), ran)
+
+
+def _check_recorded_rounds(run_dir: Path, stated: object, ran: str) -> None:
+    """Refuse a trial whose ledger and checkpoint record fewer rounds than its summary states.
+
+    Forty-fifth review follow-up of issue 15 (ledger, finding 3): the same tune with
+    ``trial-001``'s files removed but its ``config.toml`` (its ledger removed or cut to its
+    header: an older backup put back) ran the trial again from round 1 with new noise (rc 0,
+    score 0.4233 then 0.4333, or 0.5300), the tuning still at epsilon 9.459 for one trial.
+    A ledger or checkpoint holding the stated rounds is resumed (rebuilt) as before.
+    """
+    from fedprivopt.simulation.checkpoint import newest_checkpoint
+    from fedprivopt.simulation.files import LEDGER_FILE
+    from fedprivopt.simulation.ledger import RunLedger
+
+    if isinstance(stated, bool) or not isinstance(stated, int) or stated <= 0:
+        return
+    try:
+        ledger = RunLedger.read(run_dir)
+        recorded = 0 if ledger is None else ledger.last_round
+        if recorded < stated:
+            state, _ = newest_checkpoint(run_dir, problems={})
+            recorded = max(recorded, int(state["algorithm"]["round"]) if state else 0)
+    except (OSError, ValueError, TypeError, KeyError):
+        return  # a damaged file: the resume (or compare-tuned) refuses it, naming it
+    if recorded < stated:
+        raise ValueError(
+            f"{run_dir}: its {LEDGER_FILE} and checkpoints record {recorded} rounds, but the "
+            f"trial ran ({ran}): run again, it would run its later rounds a second time (with "
+            "new noise in secure mode), which the tuning's epsilon does not count; put its "
+            "files back, or start another tuning in another --out"
+        )

@@ -85,3 +85,33 @@ def test_2_load_run_of_an_unfinished_run_says_so(tmp_path: Path) -> None:
     other.mkdir()
     with pytest.raises(ValueError, match=r"summary.json: missing \(is .* a fedprivopt run"):
         load_run(other)
+
+
+def test_3_a_trial_left_with_its_config_alone_is_not_run_again(tmp_path: Path, capsys) -> None:
+    from fedprivopt.cli import main
+
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
+            "--rounds", "1", "--seed", "3", "--quiet", "--out", str(out),
+            "--set", "secure=true"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    (trial,) = sorted((out / "runs").iterdir())
+    kept = {name: (trial / name).read_bytes()
+            for name in ("privacy_ledger.jsonl", "checkpoint.pt", "metrics.jsonl")}  # fmt: skip
+    header = kept["privacy_ledger.jsonl"].splitlines(keepends=True)[0]
+    for name in ("checkpoint.pt", "metrics.jsonl", "summary.json"):
+        (trial / name).unlink()
+    for ledger in (header, None):  # cut to its header (an older backup), or removed
+        if ledger is None:
+            (trial / "privacy_ledger.jsonl").unlink()
+        else:
+            (trial / "privacy_ledger.jsonl").write_bytes(ledger)
+        capsys.readouterr()
+        assert main(argv) == 2  # before: 0, the trial run again from round 1 with new noise
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "Traceback" not in err, err
+        assert f"{trial.name}: its privacy_ledger.jsonl and checkpoints record 0 rounds" in err
+        assert not (trial / "metrics.jsonl").exists() and (out / "summary.json").is_file()
+    for name in ("checkpoint.pt", "metrics.jsonl"):  # the ledger rebuilt from them, as before
+        (trial / name).write_bytes(kept[name])
+    assert main(argv) == 0, capsys.readouterr().err

@@ -332,7 +332,7 @@ def _task_differences(runs: Sequence[RunData]) -> list[str]:
     ]  # fmt: skip
     records = [_data_record(r.path) for r in runs]
     if len({json.dumps(d, sort_keys=True) for d in records if d is not None}) > 1:
-        # forty-fifth review of issue 15 (contract 1): each record was shown as "sha256:" and
+        # forty-fifth review of issue 15 (contract 2): each record was shown as "sha256:" and
         # 12 hex digits of its digest, which holds users_sha256: one user's example count came
         # back from the report in 26 tries. A record is numbered and named by its first run.
         first: dict[str, str] = {}

@@ -38,6 +38,7 @@ from fedprivopt.simulation.rundata_aggregate import (
     differing_bases,
     epsilon_basis,
     mechanism,
+    seeds_composed_epsilon,
 )
 
 __all__ = ["markdown", "rounds_text", "table_cell"]
@@ -228,7 +229,7 @@ def markdown(
         lines.append(f"- δ: {', '.join(fmt(d, 3) for d in deltas)}")
     lines += [f"- {key}: {value}" for key, value in _shared_privacy_config(sel.runs)]
     lines += _public_users(sel.runs)
-    lines += _seeded_runs(sel.runs) + _seeds_composed(rows)
+    lines += _seeded_runs(sel.runs) + _seeds_composed(rows) + _report_composed(sel.runs)
     if origins:
         lines += ["", "## Runs", "", "| run | origin |", "|---|---|"]
         lines += [
@@ -370,6 +371,44 @@ def _seeds_composed(rows: Sequence[dict[str, Any]]) -> list[str]:
         "- seeds composed: a row's mean ± std (and the plots' means) are over its seeds' runs "
         "on the same users, so publishing it releases them all, which costs their composition, "
         f"not one run's ε (summary.csv: epsilon_seeds_composed): {costs}"
+    ]
+
+
+def _report_composed(runs: Sequence[RunData]) -> list[str]:
+    """The line on a report of several rows: publishing it releases every run in it.
+
+    Forty-fifth review of issue 15 (contract 3): ``compare toy.toml --strategies
+    dp-fedavg,dp-fedadam,fedavg --rounds 1`` gave each row at its own run's ε (7.551, 7.551,
+    ∞), with no word that publishing the report, summary.csv or the plots releases every row's
+    run on the task's users (the private ones compose to 10.28) and the non-private row its
+    users' data without noise; the seeds composed line (forty-fourth review, contract 5) is a
+    row's. The private runs' ledgers are composed as a row's seeds are.
+    """
+    if len({(r.strategy, r.noise_multiplier) for r in runs}) < 2:
+        return []
+    private = [r for r in runs if math.isfinite(r.epsilon)]
+    if not private:
+        return []
+    composed = seeds_composed_epsilon(private)
+    cost = (
+        f"ε {epsilon_text(composed)}"
+        if math.isfinite(composed)
+        else "ε not computed here (a tuned row, whose ε is its tuning's, a ledger that could not "
+        "be read, or runs of other accountants, neighbouring relations or δ)"
+    )
+    plain = len(runs) - len(private)
+    tail = (
+        f"; {plain} non-private run{'s' if plain > 1 else ''} released "
+        f"{'their' if plain > 1 else 'its'} users' data without noise, so the report as a "
+        "whole has no guarantee (ε = ∞)"
+        if plain
+        else ""
+    )
+    many = "s" if len(private) > 1 else ""
+    return [
+        f"- report composed: its rows are {len(runs)} runs on the task's users, so publishing "
+        "this report, summary.csv or the plots releases them all, which costs their "
+        f"composition, not one row's ε: {len(private)} private run{many}: {cost}{tail}"
     ]
 
 

@@ -18,6 +18,15 @@
    which ``not_covered`` does not say is secret. Now ``report._task_differences`` numbers each
    distinct data record and names the first run that holds it (``"data 1, as in A/dp"``: two
    comparisons' runs share their names), no digest.
+3. ``compare toy.toml --strategies dp-fedavg,dp-fedadam,fedavg --rounds 1`` (three rows on the
+   same 40 users; also ``write_report`` of such runs and ``compare-tuned``). Before: the
+   report gave each row at its own run's ε (7.551, 7.551, ∞) and nothing said that
+   publishing the report, ``summary.csv`` or the plots releases every row's run, whose
+   composition is 10.28 (dp-accounting), nor that its non-private row releases its users'
+   data without noise (ε ∞ for the whole report); the forty-fourth review (contract 5) said
+   so of a row's seeds only. Now a "report composed" line under "Privacy parameters" says so
+   and gives the composition of the private runs' ledgers
+   (``report_markdown._report_composed``, ``rundata_aggregate.seeds_composed_epsilon``).
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ from pathlib import Path
 
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.report import write_report
+from fedprivopt.simulation.report import load_run, write_report
+from fedprivopt.simulation.run import simulate
 from fedprivopt.simulation.rundata import RunData
 from fedprivopt.simulation.summary_privacy import not_covered
 
@@ -77,3 +87,22 @@ def test_2_a_report_of_runs_on_other_data_shows_no_digest_of_it(tmp_path: Path) 
         whole = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
         for shown in [text, *notes]:
             assert whole[:8] not in shown and record["users_sha256"][:8] not in shown
+
+
+def test_3_a_report_of_several_rows_states_their_composition(tmp_path: Path) -> None:
+    import dp_accounting as dpa
+
+    runs = []
+    for strategy in ("dp-fedavg", "dp-fedadam", "fedavg"):
+        config = load_config(TOY, {"num-server-rounds": 1, "strategy": strategy})
+        simulate(config, tmp_path / strategy, task=ToyClassificationTask(num_users=40, seed=0))
+        runs.append(load_run(tmp_path / strategy))
+    accountant = dpa.rdp.RdpAccountant()
+    accountant.compose(dpa.PoissonSampledDpEvent(0.25, dpa.GaussianDpEvent(0.5)), 2)
+    both = accountant.get_epsilon(1e-4)  # 10.28, where each private row's is 7.551
+    text = write_report(tmp_path / "all", runs, title="t").read_text("utf-8")
+    (line,) = [x for x in text.splitlines() if x.startswith("- report composed: ")]
+    assert "2 private runs: ε 10.28" in line and round(both, 2) == 10.28
+    assert "1 non-private run" in line and "ε = ∞" in line
+    text = write_report(tmp_path / "one", runs[:1], title="t").read_text("utf-8")
+    assert "- report composed: " not in text

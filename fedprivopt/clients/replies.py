@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from fedprivopt import wire as P
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
+from fedprivopt.privacy.aggregate_checks import refuse_shared_updates
 from fedprivopt.privacy.plain import foreign_tensor
 from fedprivopt.privacy.sparse import dense_problem
 
@@ -97,11 +99,13 @@ def reply_updates(
                 f"clip_bits[{shown(user)}] is the clip bit of no user in updates "
                 f"{shown(sorted(map(str, updates)))}: key each bit by its update's user id"
             )
+    read = _ReadUpdates()
     for user, vector in updates.items():
         key = P.update_key(user)  # an integer id >= 0 (ValueError naming user_id)
         asked.check(user)
-        vector = _plain_update(user, vector)
+        given, vector = vector, _plain_update(user, vector)
         _check_update(user, vector, length)
+        read.keep(user, given)
         delta = vector.to(device="cpu", dtype=dtype)
         arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
         if user in bits:
@@ -123,6 +127,7 @@ def reply_updates(
                 "bit (TrainMessage.clip_bit gives it)"
             )
         reply[key] = ArrayRecord(arrays)
+    read.refuse_shared()
     metrics: dict[str, int | float | list[int] | list[float]] = {
         P.USERS_TRAINED: len(updates),
         P.USERS_REJECTED: rejected,
@@ -206,6 +211,42 @@ class _Asked:
                 f"asks for {shown(sorted(self.users))}); reply only for the users it names "
                 "(TrainMessage.users) that this node hosts"
             )
+
+
+class _ReadUpdates:
+    """The updates a reply read, to refuse two users' updates sent from one memory.
+
+    Follow-up of the forty-fifth review of issue 15 (privacy 2; the api reviewer's row open for
+    wire): a ClientApp of one's own that trained every user into one workspace it reused and
+    stored it for each (``updates[user] = work``, without ``privatize_update``, or with a
+    ``clip`` of its own returning its buffer) sent the last user's update for every user
+    (``update/1``, ``update/2``, ``update/3`` all 0.03): that user summed three times under a
+    charge of C, which the server, decoding copies, cannot see. Each update is sent as it is
+    read (its bytes copied then), so updates that share memory and were not written between
+    their reads (the same version of that memory) held the same values: refused, nothing
+    sent. A mapping of one's own whose ``items()`` writes each user into its workspace when it
+    reaches it is sent right, as before. An update that is its whole memory is kept by a weak
+    reference (one the caller has let go is no workspace another update holds).
+    """
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[object, Callable[[], object], int]] = []
+
+    def keep(self, user: object, vector: torch.Tensor) -> None:
+        """Remember ``vector`` (the caller's, checked: a dense floating tensor) as ``user``'s."""
+        whole = vector.untyped_storage().nbytes() == vector.numel() * vector.element_size()
+        ref = weakref.ref(vector) if whole else (lambda t=vector: t)
+        self.kept.append((user, ref, vector._version))
+
+    def refuse_shared(self) -> None:
+        """``ValueError`` naming two users whose updates were read from one unchanged memory."""
+        versions: dict[int, list] = {}
+        for user, ref, version in self.kept:
+            vector = ref()
+            if vector is not None:
+                versions.setdefault(version, []).append((user, vector))
+        for entries in versions.values():
+            refuse_shared_updates(entries)
 
 
 def _plain_update(user: object, vector: object) -> object:

@@ -13,18 +13,38 @@ the mechanisms and the Flower messages): tests.
    row-sparse batches that share memory before the first is summed and its dense pairs that
    do after the last (before the noise is drawn): ``ValueError`` naming the round and two
    users; the same batches made by a generator, or a list owning its memory, summed as before.
+2. The api reviewer's row open for wire: a ClientApp of one's own (docs/FLOWER.md's loop) that
+   trains every user into one workspace it reuses and stores it for each
+   (``updates[user] = work``, no ``privatize_update``, or a ``clip`` of its own returning its
+   buffer), then ``reply_updates(message, updates)`` (also an ``OrderedDict`` or a
+   ``MappingProxyType`` of it, server or distributed noise, adaptive clipping's bits). Before:
+   the reply sent the last user's update for every user (``update/1``, ``update/2``,
+   ``update/3`` all 0.03): that user summed three times under a charge of C, which the server,
+   decoding copies, cannot see. Now ``replies._ReadUpdates`` refuses updates read from one
+   memory not written between their reads (``ValueError`` naming ``updates`` and two users,
+   nothing sent); ``privatize_update``'s vectors, rows of one matrix and a mapping of one's own
+   that writes each user into its workspace when read (each sent as read) as before.
 """
 
 from __future__ import annotations
 
+import collections
+import types
+from collections.abc import Mapping
+
 import pytest
 import torch
+from flwr.app import ArrayRecord
 
+from fedprivopt import wire as P
+from fedprivopt.clients import TrainMessage, reply_updates
 from fedprivopt.core.local import LocalConfig
+from fedprivopt.models import build_task
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.wire import ClientSettings
+from tests.messages import delivered
 
 SHARED = "are held in the same memory"
 
@@ -108,3 +128,77 @@ def test_1_a_generator_or_a_list_owning_its_memory_is_summed_as_before(sparse):
     assert torch.allclose(streamed[1], owned[1])
     # every user's own update summed once: the first entry holds 0.01 * (1 + ... + 6)
     assert float(streamed[1][0]) == pytest.approx(0.21)
+
+
+# -- finding 2: a reply of updates held in one reused workspace -------------------------------
+
+
+def _train_message(users, clip_bit=False, noise_std=0.0):
+    task = build_task("toy", num_users=10, dim=5, num_classes=3, seed=2)
+    local = LocalConfig(learning_rate=0.1, batch_size=4, clip_norm=1.0, noise_std=noise_std,
+                        clip_bit=clip_bit)  # fmt: skip
+    settings = P.ClientSettings(local=local, seed=5)
+    config = P.encode_train_config(users=users, round_num=2, settings=settings, stream="train")
+    content = {P.ARRAYS_RECORD: ArrayRecord(task.build_model().state_dict()),
+               P.CONFIG_RECORD: config}  # fmt: skip
+    return delivered(content, "train")
+
+
+def _sent(reply):
+    content = reply.content
+    return {k: float(content[k][P.DELTA_ARRAY].numpy()[0]) for k in content if k.startswith("upd")}
+
+
+class _Lazy(Mapping):
+    """Writes each user's update into one workspace when it is read (sent as read)."""
+
+    def __init__(self, users, n):
+        self.users, self.work = list(users), torch.zeros(n)
+
+    def __getitem__(self, user):
+        self.work.fill_(0.01 * user)
+        return self.work
+
+    def __iter__(self):
+        return iter(self.users)
+
+    def __len__(self):
+        return len(self.users)
+
+
+@pytest.mark.parametrize("wrap", [dict, collections.OrderedDict, types.MappingProxyType])
+@pytest.mark.parametrize("noise_std", [0.0, 0.5])
+def test_2_a_reply_of_one_reused_workspace_is_refused(wrap, noise_std):
+    msg = _train_message([1, 2, 3], noise_std=noise_std)
+    n = TrainMessage.read(msg).global_flat.numel()
+    work, updates = torch.zeros(n), {}
+    for user in (1, 2, 3):
+        work.fill_(0.01 * user)  # this user's training, into the workspace
+        updates[user] = work
+    with pytest.raises(ValueError, match=f"updates: users 1 and 2 {SHARED}"):
+        reply_updates(msg, wrap(updates))  # before: update/1, /2, /3 all 0.03
+    views = {u: work.view(-1)[:] for u in (1, 2, 3)}  # views of the same entries
+    with pytest.raises(ValueError, match=SHARED):
+        reply_updates(msg, views)
+
+
+def test_2_a_reply_with_clip_bits_of_one_workspace_is_refused():
+    msg = _train_message([1, 2], clip_bit=True)
+    work = torch.full((TrainMessage.read(msg).global_flat.numel(),), 0.02)
+    with pytest.raises(ValueError, match=SHARED):
+        reply_updates(msg, {1: work, 2: work}, clip_bits={1: 1.0, 2: 1.0})
+
+
+def test_2_own_updates_rows_and_a_lazy_mapping_are_sent_as_before():
+    msg = _train_message([1, 2, 3])
+    request = TrainMessage.read(msg)
+    n = request.global_flat.numel()
+    work, own = torch.zeros(n), {}
+    for user in (1, 2, 3):
+        work.fill_(0.01 * user)
+        own[user] = request.privatize(work, user).vector  # memory of its own
+    rows = torch.stack([torch.full((n,), 0.01 * u) for u in (1, 2, 3)])
+    for updates in (own, {u: rows[u - 1] for u in (1, 2, 3)}, _Lazy([1, 2, 3], n)):
+        sent = _sent(reply_updates(msg, updates))
+        assert [round(v, 6) for v in sent.values()] == [0.01, 0.02, 0.03]
+

@@ -30,7 +30,7 @@ from fedprivopt.privacy.plain import own_update
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.privacy.tree import TreeCohorts, TreeNoise
 from fedprivopt.strategies.clipping import share_growth_advice, sum_noise_growth
-from fedprivopt.strategies.cohorts import read_now, refuse_shared_memory
+from fedprivopt.strategies.cohorts import ReadOnce, refuse_shared_memory
 from fedprivopt.strategies.requests import (
     ReportedUpdates,
     Updates,
@@ -302,8 +302,10 @@ class AlgorithmAggregation:
             # pairs of their parts read once (follow-up, privacy 1): the aggregator reads them again
             # forty-fifth review of issue 15 (api 1): a mapping of one's own is read once, now
             now = type(updates).items is not dict.items
-            pairs = ((u, read_now(x) if now else x) for u, x in updates.items())
+            once = ReadOnce()  # follow-up (privacy 3): and one memory read twice unchanged
+            pairs = ((u, once.read(u, x) if now else x) for u, x in updates.items())
             entries = sorted(pairs, key=_user_order)
+            once.refuse_unchanged(round_num)
             # forty-first review (api 5): int("a") raised here. Follow-up (privacy 3): a key of
             # an int subclass that compares (and hashes) as a sampled user passed the cohort
             # check while the aggregator summed its int value, an unsampled user: every check

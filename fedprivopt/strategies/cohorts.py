@@ -16,7 +16,8 @@ Split from :mod:`fedprivopt.strategies.core`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -28,7 +29,7 @@ from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.privacy.tree import tree_position
 from fedprivopt.strategies.requests import Updates
 
-__all__ = ["AlgorithmCohorts", "read_now", "refuse_shared_memory"]
+__all__ = ["AlgorithmCohorts", "ReadOnce", "read_now", "refuse_shared_memory"]
 
 
 class AlgorithmCohorts:
@@ -447,3 +448,46 @@ def refuse_shared_memory(round_num: int, entries: list[tuple[int, object]]) -> N
                 "when they are summed); give each user a tensor of its own (work.clone()); "
                 "nothing of the cohort was released"
             )
+
+
+class ReadOnce:
+    """A mapping of one's own read once: its values copied as read, and shared memory refused.
+
+    Follow-up of the forty-fifth review of issue 15 (privacy 3): api 1 copied the values of a
+    mapping whose ``items()`` is not a plain ``dict``'s as they are read (a lazy mapping that
+    trains each user into one workspace when it reaches it), so api 3's check of shared memory
+    compared the copies alone: a train callback that trained each user into one workspace and
+    returned ``OrderedDict`` (also ``MappingProxyType``, ``UserDict``) of ``{user: work}`` had
+    the last user's update summed once for every user (the model at 0.45 where 0.05), a
+    sensitivity of 9C under a charge of C, where a plain ``dict`` of it is refused. Updates
+    read from one memory that was not written between their reads (the same version of it)
+    held the same values: refused (:meth:`refuse_unchanged`) before the noise is drawn; a lazy
+    mapping, which writes its workspace before each read, is summed as before. An update that
+    is its whole memory is kept by a weak reference (one the mapping let go is no workspace
+    another update holds).
+    """
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[int, Callable[[], object], int]] = []
+
+    def read(self, user: object, update: object) -> object:
+        """``update`` as :func:`read_now` gives it, its memory remembered as ``user``'s."""
+        tensor = update.values if isinstance(update, RowSparse) else update
+        plain = isinstance(user, int) and not isinstance(user, bool)
+        if plain and isinstance(tensor, torch.Tensor) and _memory(tensor) is not None:
+            size = tensor.numel() * tensor.element_size()
+            whole = tensor.untyped_storage().nbytes() == size
+            ref = weakref.ref(tensor) if whole else (lambda t=tensor: t)
+            self.kept.append((int(user), ref, tensor._version))
+        return read_now(update)
+
+    def refuse_unchanged(self, round_num: int) -> None:
+        """``ValueError`` naming two users read from one memory not written between the reads."""
+        versions: dict[int, list] = {}
+        for user, ref, version in self.kept:
+            tensor = ref()
+            if tensor is not None:
+                versions.setdefault(version, []).append((user, tensor))
+        self.kept.clear()
+        for entries in versions.values():
+            refuse_shared_memory(round_num, entries)

@@ -24,6 +24,14 @@ the mechanisms and the Flower messages): tests.
    memory not written between their reads (``ValueError`` naming ``updates`` and two users,
    nothing sent); ``privatize_update``'s vectors, rows of one matrix and a mapping of one's own
    that writes each user into its workspace when read (each sent as read) as before.
+3. Api 3 through another mapping: a ``drive_round`` callback (or ``aggregate``'s caller)
+   training each user into one workspace and returning ``OrderedDict``, ``MappingProxyType``
+   or ``UserDict`` of ``{user: work}``. Before: api 1 copied such a mapping's values as read,
+   so api 3's check compared the copies: the last user's update summed once for every user
+   (the model at 0.45 where 0.05; epsilon charged), where a plain ``dict`` of it is refused.
+   Now ``strategies.cohorts.ReadOnce`` refuses updates read from one memory not written
+   between their reads before the noise is drawn (nothing charged, the round runs again); api
+   1's lazy mapping (writing its workspace before each read) summed as before.
 """
 
 from __future__ import annotations
@@ -43,8 +51,14 @@ from fedprivopt.models import build_task
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.sparse import RowSparseBatch
 from fedprivopt.simulation.fast_trainer import UserTrainer
+from fedprivopt.strategies import build_algorithm
+from fedprivopt.strategies.core import drive_round
 from fedprivopt.wire import ClientSettings
 from tests.messages import delivered
+from tests.reliability.test_thirtyeighth_review_api import (
+    _config,
+    _quiet,  # noqa: F401
+)
 
 SHARED = "are held in the same memory"
 
@@ -202,3 +216,44 @@ def test_2_own_updates_rows_and_a_lazy_mapping_are_sent_as_before():
         sent = _sent(reply_updates(msg, updates))
         assert [round(v, 6) for v in sent.values()] == [0.01, 0.02, 0.03]
 
+
+# -- finding 3: api 3 through an OrderedDict (or another mapping) -----------------------------
+
+
+def _one_workspace(request, wrap):
+    work, out = torch.zeros(4), {}
+    for user in request.users:
+        work.fill_(1.0 if user == request.users[-1] else 0.0)  # this user's training
+        out[user] = work
+    return wrap(out)
+
+
+def _honest(request):
+    last = request.users[-1]
+    return {u: torch.full((4,), 1.0 if u == last else 0.0) for u in request.users}
+
+
+@pytest.mark.parametrize(
+    "wrap", [collections.OrderedDict, types.MappingProxyType, collections.UserDict]
+)
+@pytest.mark.parametrize("secure", [False, True])
+def test_3_another_mapping_of_one_workspace_is_refused_uncharged(wrap, secure):
+    config = _config(**{"noise-multiplier": 1e-6, "secure": secure})
+    alg = build_algorithm(config, torch.zeros(4))
+    with pytest.raises(ValueError, match=f"round 1: .*{SHARED}"):
+        drive_round(alg, 1, lambda r: _one_workspace(r, wrap))  # before: model 0.45
+    assert alg.epsilon() == 0.0 and alg.round_num == 0
+    again = drive_round(alg, 1, lambda r: wrap(_honest(r)))
+    assert float(again.params.max()) < 0.1
+
+
+def test_3_aggregate_of_an_ordered_dict_of_one_workspace_is_refused():
+    alg = build_algorithm(_config(), torch.zeros(4))
+    users = alg.sample(1)
+    work = torch.full((4,), 0.1)
+    with pytest.raises(ValueError, match=SHARED):
+        alg.aggregate(1, collections.OrderedDict((u, work) for u in users), cohort=users)
+    assert alg.epsilon() == 0.0
+    rows = torch.full((len(users), 4), 0.1)  # rows of one matrix: distinct updates
+    done = alg.aggregate(1, collections.OrderedDict(zip(users, rows, strict=True)), cohort=users)
+    assert done.metrics["accepted"] == len(users)

@@ -10,6 +10,7 @@ a preset file within bounds. Resolving the result into a validated
 
 from __future__ import annotations
 
+import datetime
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,12 +60,21 @@ def parse_override(text: str) -> tuple[str, Any]:
     except ValueError:  # not TOML, or an integer too long to read: the text, which the key checks
         parsed = {}
     value = parsed["v"] if list(parsed) == ["v"] else raw
-    if _is_task_dir(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
+    named = isinstance(value, _NAMES_READ_AS_VALUES) and not isinstance(value, bool)
+    if named and _is_task_dir(key):
         # forty-fifth review of issue 15 (input 3): a directory named by a number (2024, 0x10,
         # 1e3, inf) was read as TOML's number and refused as "task-params.data-dir must be a
-        # non-empty path, got 16", a value not typed; a directory parameter takes text
+        # non-empty path, got 16", a value not typed; a directory parameter takes text.
+        # Follow-up (outputs 3): a directory named by a date or time (2024-01-01, 07:30:00, a
+        # dated snapshot) was read as TOML's date and refused as "a TOML date or time is no
+        # setting", where 2024 was taken
         value = raw
     return key, value
+
+
+#: What TOML reads from a directory's name that is not text: numbers, dates and times (a
+#: ``bool`` is an ``int``; ``true`` and ``false`` stay refused, as TOML's booleans).
+_NAMES_READ_AS_VALUES = (int, float, datetime.date, datetime.time)
 
 
 def _is_task_dir(key: str) -> bool:

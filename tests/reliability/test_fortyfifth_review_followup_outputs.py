@@ -30,6 +30,15 @@
    float, a date (``datetime.date``, ``numpy.datetime64`` of a day) as its ISO text, and a date
    of another type (a number, a ``datetime`` with its time) refused naming the knob
    (``data.synthetic_config._recordable``).
+3. The twin of the forty-fifth review's input 3 (a directory named by a number, given with
+   ``--set``) for a directory named by a date or time, a dated snapshot: ``simulate
+   stackoverflow-tp-mini.toml --set task-params.data-dir=2024-01-01`` (also ``07:30:00``,
+   ``2024-01-01T07:32:00Z``, ``task-params.cache-dir``, a strategy table's task-params; ``deploy
+   local``, ``compare`` and ``tune`` read ``--set`` alike). Before: rc 2, ``config:
+   task-params.data-dir: a TOML date or time is no setting (strings, numbers, booleans and arrays
+   of them are), got '2024-01-01'``, where ``=2024`` is taken as the directory ``2024``. Now the
+   date's text (``config_presets.parse_override``); a date for another key, ``true`` and
+   ``false`` for a directory, are read as before.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from fedprivopt.data.synthetic import read_marker
 from fedprivopt.data.synthetic_config import SyntheticConfig
 from fedprivopt.deploy.local_checks import DEPLOY_LOCK
 from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.config_presets import parse_override
 from fedprivopt.simulation.run_places import refuse_inside_held
 from fedprivopt.simulation.rundir import lock_directory
 
@@ -109,3 +119,22 @@ def test_2_knobs_are_recorded_as_the_marker_holds_them(tmp_path, knob, value, re
 def test_2_a_date_of_another_type_is_refused_naming_the_knob(value):
     with pytest.raises(ValueError, match=r"^start_date must be an ISO date like '2018-01-01'"):
         SyntheticConfig(**SMALL, start_date=value)  # before: 2009 s after 1970 (or the time)
+
+
+# -- finding 3: a directory named by a date or time, given with --set ---------------------------
+
+
+@pytest.mark.parametrize("text", ["2024-01-01", "07:30:00", "2024-01-01T07:32:00Z"])
+@pytest.mark.parametrize(
+    "key", ["task-params.data-dir", "task-params.cache_dir", "strategies.dp2.task-params.data-dir"]
+)
+def test_3_a_directory_named_by_a_date_is_its_text(key, text):
+    assert parse_override(f"{key}={text}") == (key, text)  # before: a date, refused by the run
+
+
+def test_3_dates_elsewhere_and_booleans_are_unchanged():
+    mini = TOY.parent / "stackoverflow-tp-mini.toml"
+    config = load_config(mini, dict([parse_override("task-params.data-dir=2024-01-01")]))
+    assert config.task_params["data_dir"] == "2024-01-01"
+    assert parse_override("start=2024-01-01") == ("start", datetime.date(2024, 1, 1))
+    assert parse_override("task-params.data-dir=false") == ("task-params.data-dir", False)

@@ -141,10 +141,15 @@ def epoch_orders(
     check_int("epochs", epochs, 1, MAX_EPOCHS)
     k = int(num_examples) if max_examples is None else min(int(num_examples), int(max_examples))
     if int(epochs) * k > MAX_ORDER_ENTRIES:
+        # follow-up of the forty-fifth review of issue 15 (privacy 4): the message named k, a
+        # user's exact example count, which a ClientApp's error reply sends to the server as
+        # its reason (outside epsilon); it names the limit the configuration sets alone
+        most = MAX_ORDER_ENTRIES // int(epochs)
         raise ValueError(
             f"epochs * examples must be at most {MAX_ORDER_ENTRIES} (one int64 permutation of "
-            f"the examples per epoch), got {int(epochs)} * {k}; lower local-epochs or set "
-            "max-examples"
+            f"the examples per epoch): at local-epochs {int(epochs)} a user may train on at "
+            f"most {most} examples, and one holds more; lower local-epochs or set max-examples "
+            f"to at most {most}"
         )
     subset = torch.randperm(int(num_examples), generator=generator)
     if max_examples is not None:

@@ -32,20 +32,31 @@ the mechanisms and the Flower messages): tests.
    Now ``strategies.cohorts.ReadOnce`` refuses updates read from one memory not written
    between their reads before the noise is drawn (nothing charged, the round runs again); api
    1's lazy mapping (writing its workspace before each read) summed as before.
+4. The wire reviewer's row open for core/local.py: fedprivopt's ClientApp given a DP train
+   message with ``local-epochs`` 10000 (``max-examples`` 0 or 20000) for a user holding more
+   than 13,421 examples (toy, ``examples_per_user`` [14000, 20000]: user 0 holds 15,563).
+   Before: ``epoch_orders`` raised ``... got 10000 * 15563; lower local-epochs or set
+   max-examples``, which Flower sends to the server as the error reply's reason: the user's
+   exact example count reached the server in a DP round, outside epsilon. Now the message
+   names the limit the configuration sets alone (``at local-epochs 10000 a user may train on
+   at most 13421 examples, and one holds more; ... set max-examples to at most 13421``); the
+   refusal itself still says that some hosted user holds more than that.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import types
 from collections.abc import Mapping
 
 import pytest
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Context, RecordDict
 
 from fedprivopt import wire as P
 from fedprivopt.clients import TrainMessage, reply_updates
+from fedprivopt.clients.client_app import app as fedprivopt_app
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
@@ -257,3 +268,26 @@ def test_3_aggregate_of_an_ordered_dict_of_one_workspace_is_refused():
     rows = torch.full((len(users), 4), 0.1)  # rows of one matrix: distinct updates
     done = alg.aggregate(1, collections.OrderedDict(zip(users, rows, strict=True)), cohort=users)
     assert done.metrics["accepted"] == len(users)
+
+
+# -- finding 4: a user's exact example count in a refusal a ClientApp sends --------------------
+
+BIG = {"num_users": 3, "dim": 2, "num_classes": 2, "seed": 2, "examples_per_user": [14000, 20000]}
+
+
+@pytest.mark.parametrize("max_examples", [None, 20000])
+def test_4_the_epochs_refusal_names_no_user_s_count(max_examples):
+    task = build_task("toy", **BIG)
+    held = len(task.user_data(0)[0])
+    assert held == 15563
+    run = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS_JSON: json.dumps(BIG), P.RUN_DEVICE: "cpu"}
+    node = {P.NODE_PARTITION_ID: 0, P.NODE_NUM_PARTITIONS: 1}
+    context = Context(run_id=1, node_id=11, node_config=node, state=RecordDict(), run_config=run)
+    local = LocalConfig(learning_rate=0.5, epochs=10000, clip_norm=1.0, noise_std=0.2,
+                        max_examples=max_examples)  # fmt: skip
+    config = P.encode_train_config(users=[0], round_num=1, settings=P.ClientSettings(local, seed=5))
+    model = ArrayRecord(task.build_model().state_dict())
+    content = {P.CONFIG_RECORD: config, P.ARRAYS_RECORD: model}
+    with pytest.raises(ValueError, match="set max-examples to at most 13421") as said:
+        fedprivopt_app(delivered(content, "train"), context)
+    assert str(held) not in str(said.value)  # before: 'got 10000 * 15563'

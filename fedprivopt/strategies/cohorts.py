@@ -437,18 +437,33 @@ def refuse_shared_memory(round_num: int, entries: list[tuple[int, object]]) -> N
         place = _memory(update)
         if place is not None:
             groups.setdefault(place[0], []).append((place, user))
-    pairs = ((a, b) for group in groups.values() for i, a in enumerate(group) for b in group[:i])
-    for (a, user_a), (b, user_b) in pairs:
-        overlap = a[1] < b[2] and b[1] < a[2]
-        if overlap and ((a[3] and b[3]) or a[4] == b[4]):
-            raise ValueError(
-                f"round {round_num}: the updates of users {min(user_a, user_b)} and "
-                f"{max(user_a, user_b)} are held in the same memory (one tensor, or views of the "
-                "same entries: a workspace reused for every user holds the last user's update "
-                "when they are summed); give each user a tensor of its own (work.clone()); "
-                "nothing of the cohort was released"
-            )
+    # follow-up of the forty-fifth review (privacy 5): every pair of a storage's updates was
+    # compared (0.65 s for the 4,000 rows of one stacked matrix, 4 s for 10,000, each round);
+    # now one view twice by a dict and overlapping contiguous ranges by one sweep sorted on
+    # their byte ranges, as privacy.aggregate_checks.refuse_shared_updates does
+    for group in groups.values():
+        views: dict[tuple, object] = {}
+        for place, user in group:
+            other = views.setdefault(place[4], user)
+            if other != user:
+                _refuse_shared(round_num, other, user)
+        spans = sorted(((p[1], p[2], u) for p, u in group if p[3]), key=lambda t: t[:2])
+        end, owner = -1, None
+        for start, stop, user in spans:
+            if start < end and owner != user:
+                _refuse_shared(round_num, owner, user)
+            if stop > end:
+                end, owner = stop, user
 
+
+def _refuse_shared(round_num: int, user_a: object, user_b: object) -> None:
+    raise ValueError(
+        f"round {round_num}: the updates of users {min(user_a, user_b)} and "
+        f"{max(user_a, user_b)} are held in the same memory (one tensor, or views of the "
+        "same entries: a workspace reused for every user holds the last user's update "
+        "when they are summed); give each user a tensor of its own (work.clone()); "
+        "nothing of the cohort was released"
+    )
 
 class ReadOnce:
     """A mapping of one's own read once: its values copied as read, and shared memory refused.

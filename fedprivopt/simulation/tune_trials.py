@@ -88,11 +88,15 @@ def check_trial(
         # forty-third review of issue 15 (reports 3): a trial whose ledger was deleted counted
         # as one that released nothing (compare-tuned 19.03, not 22.14)
         if ran:
+            # forty-fifth review follow-up (ledger 4): without a checkpoint, tune cannot rebuild
+            # the ledger (it refuses since finding 3; it ran the trial again before)
+            how = "put the trial's files back (it has no checkpoint to rebuild the ledger from)"
+            if (run_dir / CHECKPOINT).exists() or (run_dir / PREVIOUS_CHECKPOINT).exists():
+                how = ("run the same tune command again, which rebuilds the ledger from the "
+                       "trial's checkpoint, then report it")  # fmt: skip
             raise ValueError(
-                f"{run_dir / LEDGER_FILE}: missing or empty, but the trial ran ("
-                f"{ran}), so what it released cannot be bounded; run the "
-                "same tune command again, which rebuilds the ledger from the trial's "
-                "checkpoint, then report it"
+                f"{run_dir / LEDGER_FILE}: missing or empty, but the trial ran ({ran}), so what "
+                f"it released cannot be bounded; {how}"
             )
         return None
     ledger.check_config(stored, source=str(run_dir / CONFIG_FILE))

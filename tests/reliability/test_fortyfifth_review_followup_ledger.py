@@ -18,6 +18,20 @@
    ``load_runs`` of its parent says that it is not finished and to continue it with
    ``--resume`` (thirty-fifth review, outputs 3). Now ``rundata._refuse_unfinished`` says the
    same of a run given itself; a directory without a run's files is "missing" as before.
+3. A bypass of the forty-fifth review's reports 3: ``tune toy.toml --grid
+   server-learning-rate=0.5,1 --mean-trials 2 --rounds 1 --seed 3 --set secure=true --out T``,
+   then in ``T/runs/trial-001`` its checkpoint, rows and summary removed and its ledger cut to
+   its header (an older backup put back) or removed, ``config.toml`` kept; then the same
+   command (also ``compare --tune-grid``'s cells). Before: rc 0, the trial run again from
+   round 1 with new noise (score 0.4233, then 0.4333 or 0.5300), the tuning still at epsilon
+   9.459 for one trial. Now ``tune_dir._check_recorded_rounds`` (from
+   ``check_vanished_trials``) refuses, rc 2, one line; a trial whose ledger or checkpoint
+   holds the stated rounds is resumed (the ledger rebuilt) as before.
+4. ``compare-tuned T`` of that tuning with the ledger removed (config.toml alone). Before:
+   "... missing or empty, but the trial ran ...; run the same tune command again, which
+   rebuilds the ledger from the trial's checkpoint", of a trial with no checkpoint: that
+   command ran the trial again (finding 3). Now ``tune_trials.check_trial`` says to put the
+   trial's files back when it has no checkpoint; with one, the advice as before.
 """
 
 from __future__ import annotations
@@ -115,3 +129,24 @@ def test_3_a_trial_left_with_its_config_alone_is_not_run_again(tmp_path: Path, c
     for name in ("checkpoint.pt", "metrics.jsonl"):  # the ledger rebuilt from them, as before
         (trial / name).write_bytes(kept[name])
     assert main(argv) == 0, capsys.readouterr().err
+
+
+def test_4_compare_tuned_gives_no_advice_that_runs_a_trial_again(tmp_path: Path, capsys) -> None:
+    from fedprivopt.cli import main
+
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
+            "--rounds", "1", "--seed", "3", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    (trial,) = sorted((out / "runs").iterdir())
+    (trial / "privacy_ledger.jsonl").unlink()
+    (trial / "summary.json").unlink()
+    report = ["compare-tuned", str(out), "--out", str(tmp_path / "c")]
+    rebuild, put_back = "run the same tune command again, which rebuilds", "put the trial's"
+    for name, advice in ((None, rebuild), ("checkpoint.pt", put_back)):
+        if name is not None:
+            (trial / name).unlink()
+        capsys.readouterr()
+        assert main(report) == 2
+        err = capsys.readouterr().err.strip()
+        assert "but the trial ran" in err and advice in err, err  # before: always 'rebuilds'

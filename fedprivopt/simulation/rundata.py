@@ -207,9 +207,11 @@ def load_run(path: str | Path) -> RunData:
     Raises
     ------
     ValueError
-        If a file is missing or malformed; the message names the file (and line). A final line of
-        ``metrics.jsonl`` with no newline that does not parse is the trace of a run killed
-        mid-write: it is skipped and noted in :attr:`RunData.warnings`.
+        If a file is missing or malformed; the message names the file (and line). Also for a
+        run that is not finished: a ledger or rows but no ``summary.json`` (continue it with
+        ``--resume``). A final line of ``metrics.jsonl`` with no newline that does not parse
+        is the trace of a run killed mid-write: it is skipped and noted in
+        :attr:`RunData.warnings`.
     """
     path = Path(path)
     check_run_files(path)  # a FIFO or a link to a device (issue 15, ninth review)

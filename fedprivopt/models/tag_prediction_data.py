@@ -13,8 +13,10 @@ lazily.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -267,18 +269,23 @@ class TagTaskData(StackOverflowFiles):
                 return self._store
             self._train_split()  # opened once, before the encoding workers fork
             self._check_cache_dir()
-            self._store = open_or_build(
-                self.cache_dir,
-                self._store_key(),
-                self.num_users,
-                lambda u: self._read_train_user(self.client_ids[u]),
-                multi_label=not self.single_label,
-                token_bound=self.num_features + 1,
-                label_bound=self.num_tags,
-                progress=stderr_progress("encoding users (once)", self.num_users)
-                if self.num_users >= 20_000
-                else None,
-            )
+            try:
+                self._store = open_or_build(
+                    self.cache_dir,
+                    self._store_key(),
+                    self.num_users,
+                    lambda u: self._read_train_user(self.client_ids[u]),
+                    multi_label=not self.single_label,
+                    token_bound=self.num_features + 1,
+                    label_bound=self.num_tags,
+                    progress=stderr_progress("encoding users (once)", self.num_users)
+                    if self.num_users >= 20_000
+                    else None,
+                )
+            except OSError as exc:
+                if not self._in_cache_dir(exc):
+                    raise
+                raise self._cache_dir_refusal("cannot be written", exc) from None
             return self._store
 
     def _check_cache_dir(self) -> None:
@@ -292,13 +299,29 @@ class TagTaskData(StackOverflowFiles):
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            default = self.cache_dir == self.data_dir / CACHE_DIR
-            where = " (its default, in data_dir)" if default else ""
-            raise ValueError(
-                f"cache_dir {str(self.cache_dir)!r}{where}: cannot be created ({exc.strerror}), "
-                "and token_cache = true writes its token store there: set cache_dir to a "
-                "directory you can write"
-            ) from None
+            raise self._cache_dir_refusal("cannot be created", exc) from None
+
+    def _in_cache_dir(self, exc: OSError) -> bool:
+        """Whether ``exc`` is a refused write of a file in ``cache_dir`` (its lock, its store).
+
+        Follow-up of the forty-fifth review of issue 15 (outputs 4): a ``cache_dir`` that
+        exists but cannot be written (a shared dataset's ``.fedprivopt-cache`` another user made,
+        holding no store for these parameters; a read-only mount) passed :meth:`_check_cache_dir`
+        and ended in ``cache_dir/<digest>.lock: Permission denied``, naming no parameter.
+        """
+        refused = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR)
+        if exc.errno not in refused or exc.filename is None:
+            return False
+        return Path(os.fsdecode(exc.filename)).parent == self.cache_dir
+
+    def _cache_dir_refusal(self, what: str, exc: OSError) -> ValueError:
+        """The refusal of a ``cache_dir`` that ``what`` (``cannot be created``), naming it."""
+        default = self.cache_dir == self.data_dir / CACHE_DIR
+        where = " (its default, in data_dir)" if default else ""
+        return ValueError(
+            f"cache_dir {str(self.cache_dir)!r}{where}: {what} ({exc.strerror}), and token_cache "
+            "= true writes its token store there: set cache_dir to a directory you can write"
+        )
 
     def _store_key(self) -> dict:
         """What the token store depends on: the file's identity and the encoding.

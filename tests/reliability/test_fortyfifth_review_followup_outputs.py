@@ -39,6 +39,17 @@
    of them are), got '2024-01-01'``, where ``=2024`` is taken as the directory ``2024``. Now the
    date's text (``config_presets.parse_override``); a date for another key, ``true`` and
    ``false`` for a directory, are read as before.
+4. The twin of the forty-fifth review's input 7 (a token store's ``cache_dir`` that cannot be
+   made) for one that exists but cannot be written: a shared dataset's ``.fedprivopt-cache``
+   that another user made (holding no store for these parameters), a read-only mount, here
+   ``simulate stackoverflow-tp-mini.toml --set task-params.token-cache=true --set
+   task-params.cache-dir=/sys/kernel`` (also ``/proc``, in-process). Before: rc 2 with
+   ``/sys/kernel/<digest>.lock: Permission denied`` (``No such file or directory`` for ``/proc``),
+   naming neither the parameter nor a way out (input 7's check makes the directory only). Now
+   ``cache_dir '/proc': cannot be written (No such file or directory), and token_cache = true
+   writes its token store there: set cache_dir to a directory you can write``
+   (``TagTaskData._in_cache_dir``, ``_cache_dir_refusal``); a store built beforehand is read
+   without writing, as before.
 """
 
 from __future__ import annotations
@@ -138,3 +149,19 @@ def test_3_dates_elsewhere_and_booleans_are_unchanged():
     assert config.task_params["data_dir"] == "2024-01-01"
     assert parse_override("start=2024-01-01") == ("start", datetime.date(2024, 1, 1))
     assert parse_override("task-params.data-dir=false") == ("task-params.data-dir", False)
+
+
+# -- finding 4: a token store's cache_dir that exists but cannot be written ---------------------
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_4_a_cache_dir_that_cannot_be_written_is_named(tmp_path):
+    from fedprivopt.models import StackOverflowTagTask
+
+    generate(tmp_path / "d", SyntheticConfig(**SMALL), workers=1)
+    params = {"data_dir": tmp_path / "d", "vocab_size": 100, "num_tags": 5, "eval_users": 2}
+    task = StackOverflowTagTask(**params, token_cache=True, cache_dir="/proc")
+    with pytest.raises(ValueError, match=r"^cache_dir '/proc': cannot be written \("):
+        task.encoded_users()  # before: /proc/<digest>.lock: No such file or directory
+    built = StackOverflowTagTask(**params, token_cache=True, cache_dir=tmp_path / "c")
+    assert built.encoded_users() is not None  # a directory that can be written: as before

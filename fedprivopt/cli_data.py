@@ -257,8 +257,10 @@ def add_data(sub) -> None:
     s.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed")
     # the range of --vocab depends on --tags: SyntheticConfig checks it, one check and message
     # (thirtieth review of issue 15, data finding 3: 10 passed here and then needed 20)
-    s.add_argument("--vocab", type=int_at_least(-(2**63)), metavar="V", help="word types")
-    s.add_argument("--tags", type=int_at_least(1), metavar="K", help="tags")
+    s.add_argument(
+        "--vocab", type=int_at_least(-(2**63)), metavar="V", help="word types (default: 20000)"
+    )
+    s.add_argument("--tags", type=int_at_least(1), metavar="K", help="tags (default: 500)")
     s.add_argument(
         "--user-sizes",
         choices=("small", "real"),

@@ -188,7 +188,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
                 _int_flag(flag, value, 1) if key == "num-server-rounds" else str(value)
             )
     if args.seed is not None:
-        flags["--seed", "seed"] = _int_flag("--seed", args.seed, 0)
+        flags["--seed", "seed"] = _int_flag("--seed", args.seed, 0, 2**63 - 1)
     for (flag, key), value in flags.items():
         if key in overrides and overrides[key] != value:  # the flag silently won (finding 4)
             raise ValueError(
@@ -425,7 +425,7 @@ def add_deploy_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--strategy", help="override the strategy")
     p.add_argument("--rounds", metavar="R", help="num-server-rounds")
-    p.add_argument("--seed", metavar="S", help="root seed")
+    p.add_argument("--seed", metavar="S", help="root seed, in [0, 9223372036854775807]")
     p.add_argument(
         "--set",
         action="append",
@@ -436,7 +436,8 @@ def add_deploy_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "--out", metavar="DIR", help="results directory (default runs/deploy-<strategy>-seed<S>)"
     )
     p.add_argument("--timeout", default="900", metavar="S",
-                   help="seconds for the whole deployment (at most 30 days)")  # fmt: skip
+                   help="seconds for the whole deployment, at most 30 days (default: 900)",
+                   )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_deploy_command)
     deploy.set_defaults(func=run_deploy_command, deploy_command=None)

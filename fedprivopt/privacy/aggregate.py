@@ -361,6 +361,10 @@ class NoisyMeanAggregator:
             if isinstance(entry, RowSparseBatch):
                 batch, reason = own_update(entry)
                 if reason is None:
+                    # follow-up of the forty-fifth review of issue 15 (privacy 6): a batch holds
+                    # its users at once, streamed too: one row expanded over its users (a task's
+                    # own cohort trainer on the fast engine) was summed once for each of them
+                    refuse_shared_updates([batch])
                     self._add_batch(batch, total, tally, bound, dim, dtype)
                     continue
                 users = [int(u) for u in entry.users]

@@ -47,6 +47,14 @@ the mechanisms and the Flower messages): tests.
    (0.68 s for 4,000), each round. Now one view twice by a dict and overlapping contiguous
    ranges by one sweep (0.06 s for 10,000), as the mechanisms' twin check does; the same
    refusals and acceptances (below; a mend, no test fails before).
+6. Mechanisms 1's third case streamed: a ``RowSparseBatch`` whose values are one row expanded
+   over its users (``row.expand(3, -1)``: a task's own cohort trainer giving the last user's
+   row to the chunk), yielded by a generator (the fast engine's ``UserTrainer.train``, or a
+   stream given to ``NoisyMeanAggregator.aggregate``). Before: accepted 6 of 6, each chunk's
+   one row summed once for each of its 3 users (a sensitivity of 3C under a charge of C);
+   only a list given to ``aggregate`` was refused. Now ``aggregate`` checks every batch it
+   reads (``refuse_shared_updates([batch])``): ``ValueError`` naming two users, nothing
+   released; the tag trainer's batches (rows of their own) as before.
 """
 
 from __future__ import annotations
@@ -319,3 +327,35 @@ def test_5_the_same_refusals_and_a_large_stacked_cohort():
     refuse_shared_memory(1, [(0, m[0]), (1, m[1].clone()), (2, m[2])])
     rows = torch.zeros(10_000, 4)
     refuse_shared_memory(1, list(enumerate(rows)))  # 4.9 s before, each round
+
+
+# -- finding 6: a streamed batch of one row expanded over its users ---------------------------
+
+
+class _Expanded:
+    noise_shares = False
+    sparse = True
+
+    def train_batches(self, params, users, **_):
+        for start in range(0, len(users), 3):
+            chunk = tuple(users[start : start + 3])
+            row = torch.full((1, params.numel()), 0.3)  # one user's row, for the whole chunk
+            yield RowSparseBatch(
+                users=chunk,
+                rows=torch.zeros(len(chunk), dtype=torch.int64),
+                values=row.expand(len(chunk), -1),
+                row_ptr=torch.arange(len(chunk) + 1, dtype=torch.int64),
+                length=params.numel(),
+            )
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_6_a_streamed_batch_of_one_expanded_row_is_refused(secure):
+    with pytest.raises(ValueError, match=f"users 0 and 1 {SHARED}"):
+        _round(_Expanded(), secure)  # before: accepted 6, each row summed 3 times
+    agg = NoisyMeanAggregator(clip_norm=1.0, noise_multiplier=0.5, expected_cohort_size=6)
+    stream = _Expanded().train_batches(torch.zeros(4), list(range(6)))
+    with pytest.raises(ValueError, match=SHARED):
+        agg.aggregate(stream, dim=4, generator=torch.Generator())
+    own = (b.clone() for b in _Expanded().train_batches(torch.zeros(4), list(range(6))))
+    assert agg.aggregate(own, dim=4, generator=torch.Generator()).metrics["accepted"] == 6.0

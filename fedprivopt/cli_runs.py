@@ -48,11 +48,13 @@ def build_checked_run(config, where: str = "config", task=None, out=None):
     ``out``: the command's ``--out``; a task ``data-dir`` or ``cache-dir`` inside it is refused
     before the task is built (which may generate data there).
     """
+    from fedprivopt.simulation.cluster_config import check_cluster_config
     from fedprivopt.simulation.run import build_run, check_task_dirs_outside
 
     with task_errors(where, config.task_params, config.task, every_value_error=True):
         if out is not None:
             check_task_dirs_outside(config, out)
+            check_cluster_config(config)  # a relative data-dir when joining (45th review, lead 2)
     if out is not None:
         refuse_ray_temp_inside(config, out, "--out")
     with task_errors(where, config.task_params, config.task, every_value_error=True):

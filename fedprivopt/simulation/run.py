@@ -53,7 +53,7 @@ from fedprivopt.simulation import interrupt, ray_processes
 from fedprivopt.simulation.audit import audit_run_dir
 from fedprivopt.simulation.cells import check_not_reported
 from fedprivopt.simulation.checkpoint import newest_checkpoint
-from fedprivopt.simulation.cluster_config import cluster_address
+from fedprivopt.simulation.cluster_config import check_cluster_config, cluster_address
 from fedprivopt.simulation.cluster_config import uses_ray as uses_ray_here
 from fedprivopt.simulation.config import (
     RunConfig,
@@ -323,6 +323,10 @@ def simulate(
     if overwrite and not planned:  # forty-first review follow-up (ledger 1): a stale report
         check_not_reported(out_dir)
     check_task_dirs_outside(config, out_dir)
+    # forty-fifth review of issue 15 (lead 2, the docs reviewer's open row): a run joining a
+    # cluster with a relative synthetic data-dir generated its data (500 users, 12 MB) at the
+    # path this check then refused; it is made before the task is built
+    check_cluster_config(config)
     task, alg = build_run(config, task)
     check_flower_resources(config)  # before anything is written or Ray starts
     with NewRunDir(out_dir, overwrite=overwrite) as out, _naming_the_run(out):

@@ -6,6 +6,13 @@
    Now: ``--seed must be an integer in [0, 9223372036854775807]`` (``deploy.cli``), the range
    ``--help`` now gives too; ``--timeout`` says its default (900), ``data synth``'s ``--vocab``
    and ``--tags`` theirs (20000, 500).
+2. ``cd X; simulate stackoverflow-tp-mini.toml --rounds 1 --out r --set ray-address=H:P --set
+   fast-actors=2`` (a relative synthetic ``data-dir``; the docs reviewer's open row: SCALING.md
+   promises the check "before anything is written"). Before: rc 2 naming
+   ``task-params.data-dir``, but only after the task was built: 500 synthetic users (12 MB) had
+   been generated at ``X/data/...``, the relative path the check refuses. Now: refused before
+   the task is built, nothing written (``cluster_config.check_cluster_config``, called first by
+   ``simulation.run.simulate`` and by ``cli_runs.build_checked_run``: simulate, compare, tune).
 """
 
 from __future__ import annotations
@@ -44,3 +51,32 @@ def test_1_help_names_the_defaults_and_the_range(capsys, command, words):
     text = " ".join(capsys.readouterr().out.split())
     for word in words:
         assert word in text, text
+
+
+def test_2_a_joining_run_s_relative_data_dir_is_refused_before_its_data_is_made(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    preset = Path(__file__).resolve().parents[2] / "simulations" / "stackoverflow-tp-mini.toml"
+    args = ["simulate", str(preset), "--rounds", "1", "--out", "r", "--quiet"]
+    sets = ["--set", "ray-address=127.0.0.1:1", "--set", "fast-actors=2"]
+    code = main([*args, *sets, "--set", "task-params.data-dir=data/so"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "task-params.data-dir must be an absolute path" in err, err
+    assert list(tmp_path.iterdir()) == []  # no data generated, no run directory
+
+
+def test_2_the_python_api_refuses_it_before_its_data_is_made_too(tmp_path, monkeypatch):
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import simulate
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    preset = Path(__file__).resolve().parents[2] / "simulations" / "stackoverflow-tp-mini.toml"
+    settings = {"ray-address": "127.0.0.1:1", "fast-actors": 2, "task-params.data-dir": "d/so"}
+    config = load_config(preset, {**settings, "num-server-rounds": 1})
+    with pytest.raises(ValueError, match=r"task-params\.data-dir must be an absolute path"):
+        simulate(config, tmp_path / "r")
+    assert list(tmp_path.iterdir()) == []

@@ -140,10 +140,14 @@ class UserTrainer:
                 else:  # dense updates (e.g. next-word prediction's): (user, update) pairs
                     pairs = batch.split()
                     _refuse_one_workspace(pairs, round_num)
+                    split = _Listed([], round_num, stream)  # this batch's pairs (privacy 7)
+                    lazily = not isinstance(pairs, (list, tuple))  # a list: refused above
                     for pair in pairs:
                         _refuse_missing_share(pair, cfg, round_num, stream)
                         listed.keep(pair)
+                        split.keep(pair, versions=lazily)
                         yield pair
+                    split.refuse_shared("a batch of the task's cohort_trainer")
             copies.refuse_changed([])
             listed.refuse_shared()
             return
@@ -257,36 +261,57 @@ class _Listed:
 
     def __init__(self, batches: object, round_num: int, stream: str) -> None:
         self.listed = isinstance(batches, (list, tuple))
-        self.kept: list[tuple[object, Callable[[], object]]] = []
+        self.kept: list[tuple[object, Callable[[], object], int]] = []
         self.where = f"round {round_num}" + ("" if stream == "train" else f" ({stream})")
         if self.listed:
-            self._refuse([b for b in batches if isinstance(b, RowSparseBatch)])
+            self._refuse([b for b in batches if isinstance(b, RowSparseBatch)], self._said)
 
-    def keep(self, pair: object) -> None:
-        """Remember a dense ``(user, update)`` pair of a listed batch (a weak reference)."""
-        if not (self.listed and isinstance(pair, (tuple, list)) and len(pair) == 2):
+    _said = "the batches the task's cohort_trainer listed"
+
+    def keep(self, pair: object, *, versions: bool = False) -> None:
+        """Remember a dense ``(user, update)`` pair of a listed batch (a weak reference).
+
+        ``versions``: of any batch, with the version of its memory (:meth:`refuse_shared`).
+        """
+        if not ((self.listed or versions) and isinstance(pair, (tuple, list)) and len(pair) == 2):
             return
         user, update = pair
         tensor = update.values if isinstance(update, RowSparse) else update
-        if not isinstance(tensor, torch.Tensor):
+        if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+            return  # the aggregator rejects it
+        if tensor.is_nested or tensor.device.type == "meta":
             return
-        whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+        size = tensor.numel() * tensor.element_size()
+        whole = tensor._base is None and tensor.untyped_storage().nbytes() == size
         # a tensor that is its whole memory, by a weak reference (one the aggregator has let go
-        # is no workspace another update holds); a view of more memory kept (no copy)
-        self.kept.append((user, weakref.ref(tensor) if whole else (lambda t=tensor: t)))
+        # is no workspace another update holds); a view kept (no copy)
+        ref = weakref.ref(tensor) if whole else (lambda t=tensor: t)
+        self.kept.append((user, ref, tensor._version if versions else 0))
 
-    def refuse_shared(self) -> None:
-        """Raise ``ValueError`` when two kept updates still alive share memory."""
-        self._refuse([(u, t) for u, ref in self.kept if (t := ref()) is not None])
+    def refuse_shared(self, said: str | None = None) -> None:
+        """Raise ``ValueError`` when two kept updates still alive share memory.
+
+        With ``versions`` kept, only those read at the same version of that memory (not
+        written between their reads: the same values when summed); follow-up of the
+        forty-fifth review of issue 15 (privacy 7): a batch's ``split()`` generator giving
+        one update expanded over the chunk's users (``delta.expand(n, -1)``, e.g. a chunk's
+        mean given to each) was summed once for each, where a generator that writes each user
+        into its workspace before yielding it is summed right.
+        """
+        groups: dict[int, list] = {}
+        for user, ref, version in self.kept:
+            tensor = ref()
+            if tensor is not None:
+                groups.setdefault(version, []).append((user, tensor))
         self.kept.clear()
+        for entries in groups.values():
+            self._refuse(entries, said or self._said)
 
-    def _refuse(self, entries: list) -> None:
+    def _refuse(self, entries: list, said: str) -> None:
         try:
             refuse_shared_updates(entries)
         except ValueError as error:
-            raise ValueError(
-                f"{self.where}: the batches the task's cohort_trainer listed: {error}"
-            ) from None
+            raise ValueError(f"{self.where}: {said}: {error}") from None
 
 
 def _refuse_missing_share(

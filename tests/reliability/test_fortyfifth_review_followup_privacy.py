@@ -55,6 +55,14 @@ the mechanisms and the Flower messages): tests.
    only a list given to ``aggregate`` was refused. Now ``aggregate`` checks every batch it
    reads (``refuse_shared_updates([batch])``): ``ValueError`` naming two users, nothing
    released; the tag trainer's batches (rows of their own) as before.
+7. Finding 6's dense twin: a dense batch whose ``split()`` is a generator giving one update
+   expanded over the chunk's users (``delta.expand(3, -1)``, e.g. a chunk's mean given to
+   each user). Before: accepted 6 of 6, each chunk's one update summed once for each of its
+   users (api 5 let a generator ``split()`` reuse its memory between pairs, and a list of them
+   only was refused). Now ``fast_trainer._Listed.refuse_shared`` refuses a batch's pairs read
+   from one memory at the same version of it (not written between them), at the end of the
+   batch, before the noise is drawn; a generator writing each user into its workspace before
+   yielding it (api 5's) summed as before.
 """
 
 from __future__ import annotations
@@ -359,3 +367,31 @@ def test_6_a_streamed_batch_of_one_expanded_row_is_refused(secure):
         agg.aggregate(stream, dim=4, generator=torch.Generator())
     own = (b.clone() for b in _Expanded().train_batches(torch.zeros(4), list(range(6))))
     assert agg.aggregate(own, dim=4, generator=torch.Generator()).metrics["accepted"] == 6.0
+
+
+# -- finding 7: a dense generator split() of one update expanded over its users ---------------
+
+
+class _ExpandedDense:
+    noise_shares = False
+    sparse = False
+
+    class _Batch:
+        def __init__(self, users, deltas):
+            self.users, self.deltas = users, deltas
+
+        def split(self):
+            return ((u, self.deltas[i]) for i, u in enumerate(self.users))
+
+    def train_batches(self, params, users, **_):
+        for start in range(0, len(users), 3):
+            chunk = users[start : start + 3]
+            mean = torch.full((params.numel(),), 0.1)  # one update for the whole chunk
+            yield self._Batch(chunk, mean.expand(len(chunk), -1))
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_7_a_generator_split_of_one_expanded_update_is_refused(secure):
+    said = f"round 1: a batch of the task.s cohort_trainer: updates: users 0 and 1 {SHARED}"
+    with pytest.raises(ValueError, match=said):
+        _round(_ExpandedDense(), secure)  # before: accepted 6, each update summed 3 times

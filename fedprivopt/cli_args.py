@@ -337,11 +337,14 @@ def _refuse_inside_a_run(path: Path, flag: str) -> None:
     # its config, and a directory another process holds with only run.lock written yet
     # (forty-first review follow-up, outputs, open for the lead)
     from fedprivopt.data.locks import LockHeldError
+    from fedprivopt.deploy.out_checks import refuse_inside_writing
     from fedprivopt.simulation.run_places import refuse_inside_a_run, refuse_inside_held
 
     try:
         refuse_inside_a_run(path, flag)
         refuse_inside_held(path, flag)
+        # a comparison or tuning another process is writing (forty-fifth review, lead 3)
+        refuse_inside_writing(path, flag, own_ok=True)
     except (ValueError, LockHeldError) as exc:
         raise UsageError(str(exc)) from None
 

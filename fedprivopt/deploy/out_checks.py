@@ -10,6 +10,7 @@ module (a layer above it).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ _WRITERS = (
 )
 
 
-def refuse_inside_writing(out: Path) -> None:
+def refuse_inside_writing(out: Path, flag: str = "--out", *, own_ok: bool = False) -> None:
     """Refuse an ``out`` inside a comparison, tuning or deployment another process is writing.
 
     Forty-fourth review of issue 15 (processes, open for the lead): ``deploy local --out C/x``
@@ -144,6 +145,15 @@ def refuse_inside_writing(out: Path) -> None:
     second deployment's ``D/x/deploy`` made ``D`` "not empty" to the first's ServerApp, which
     then failed after its SuperLink and SuperNodes had started. Such an ancestor, whose
     ``deploy/`` another process holds (``deploy/deploy.lock``), is refused alike.
+
+    Forty-fifth review of issue 15 (lead 3, the outputs follow-up's open row): ``simulate --out
+    C/runs/CELL`` while ``compare --out C`` ran (``--out T/runs/trial-003`` while ``tune --out
+    T`` ran) wrote a run where the comparison's cell or the tuning's trial was to be: the
+    comparison stopped with rc 2 after two cells, the tuning ended rc 0 with that trial
+    "failed" and the foreign run in its place. The command line's ``--out`` check of every
+    command calls this too (``flag`` names the argument) with ``own_ok``: a lock this process
+    holds is then not refused (``compare --tune-grid`` checks each cell's tuning ``--out``
+    under its own lock).
     """
     from fedprivopt.data.locks import LockHeldError, directory_held, probe_lock
 
@@ -157,9 +167,11 @@ def refuse_inside_writing(out: Path) -> None:
                 probe_lock(place / lock, what=f"{what} {quoted_out(place)}")
             except LockHeldError as exc:
                 pid = exc.pid
+            if own_ok and pid == os.getpid():  # this process's comparison (its tunings' --out)
+                continue
             holder = f"process {pid}" if pid is not None else "another process"
             raise LockHeldError(
-                f"argument --out: {quoted_out(out)} is inside the {what} {quoted_out(place)}, "
+                f"argument {flag}: {quoted_out(out)} is inside the {what} {quoted_out(place)}, "
                 f"which {holder} is writing: choose a directory outside it",
                 pid,
             )

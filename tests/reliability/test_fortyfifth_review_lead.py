@@ -13,6 +13,14 @@
    been generated at ``X/data/...``, the relative path the check refuses. Now: refused before
    the task is built, nothing written (``cluster_config.check_cluster_config``, called first by
    ``simulation.run.simulate`` and by ``cli_runs.build_checked_run``: simulate, compare, tune).
+3. ``simulate toy.toml --out C/runs/x`` while ``compare --out C`` runs (``--out T/runs/t``
+   while ``tune --out T`` runs; the outputs follow-up's open row). Before: rc 0, a run written
+   where the comparison's cell or the tuning's trial was to be (measured by that reviewer: the
+   comparison stopped with rc 2 after two cells; the tuning ended rc 0 with the trial "failed"
+   and the foreign run in its place). Now: rc 2 and one line naming the holder's PID, nothing
+   written (``cli_args._refuse_inside_a_run`` calls ``deploy.out_checks.refuse_inside_writing``
+   for every command's ``--out``; a lock this process holds is passed, as ``compare
+   --tune-grid`` checks its tunings' ``--out`` under its own).
 """
 
 from __future__ import annotations
@@ -80,3 +88,39 @@ def test_2_the_python_api_refuses_it_before_its_data_is_made_too(tmp_path, monke
     with pytest.raises(ValueError, match=r"task-params\.data-dir must be an absolute path"):
         simulate(config, tmp_path / "r")
     assert list(tmp_path.iterdir()) == []
+
+
+_HOLDER = """
+import fcntl, os, sys, time
+d = sys.argv[1]
+fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+f = open(os.path.join(d, sys.argv[2]), "w")
+fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+f.write(str(os.getpid())); f.flush()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("lock, inside", [("compare.lock", "runs/x"), ("tune.lock", "runs/t")])
+def test_3_simulate_into_a_running_comparison_or_tuning_is_refused(tmp_path, capsys, lock, inside):
+    import subprocess
+    import sys
+
+    out = tmp_path / "C"
+    (out / "runs").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(out), lock], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = main(["simulate", str(TOY), "--rounds", "1", "--out", str(out / inside)])
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and f"process {holder.pid} is writing" in err, err
+    assert sorted(p.name for p in out.iterdir()) == sorted([lock, "runs"])
+    assert list((out / "runs").iterdir()) == []

@@ -234,7 +234,9 @@ class _ReadUpdates:
 
     def keep(self, user: object, vector: torch.Tensor) -> None:
         """Remember ``vector`` (the caller's, checked: a dense floating tensor) as ``user``'s."""
-        whole = vector.untyped_storage().nbytes() == vector.numel() * vector.element_size()
+        size = vector.numel() * vector.element_size()
+        # a view (a fresh one of a kept workspace too: privacy 8) is kept, not its weak reference
+        whole = vector._base is None and vector.untyped_storage().nbytes() == size
         ref = weakref.ref(vector) if whole else (lambda t=vector: t)
         self.kept.append((user, ref, vector._version))
 

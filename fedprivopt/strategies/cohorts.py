@@ -491,7 +491,8 @@ class ReadOnce:
         plain = isinstance(user, int) and not isinstance(user, bool)
         if plain and isinstance(tensor, torch.Tensor) and _memory(tensor) is not None:
             size = tensor.numel() * tensor.element_size()
-            whole = tensor.untyped_storage().nbytes() == size
+            # a view (a fresh one of a kept workspace too: privacy 8) is kept, not weakly
+            whole = tensor._base is None and tensor.untyped_storage().nbytes() == size
             ref = weakref.ref(tensor) if whole else (lambda t=tensor: t)
             self.kept.append((int(user), ref, tensor._version))
         return read_now(update)

@@ -63,6 +63,12 @@ the mechanisms and the Flower messages): tests.
    from one memory at the same version of it (not written between them), at the end of the
    batch, before the noise is drawn; a generator writing each user into its workspace before
    yielding it (api 5's) summed as before.
+8. Findings 2 and 3 through a mapping of one's own whose ``__getitem__`` gives a fresh view of
+   the one workspace it keeps for every user (``self.work.view(-1)``), to ``reply_updates``
+   and to ``drive_round``. Before (findings 2 and 3 as first committed): a view of exactly
+   its memory was kept by a weak reference, let go after its read, so the check saw one user:
+   update/1, /2 and /3 all sent 0.03, the round's model 0.45 where 0.05. Now a view is kept
+   (``tensor._base``): refused as finding 2 and 3 say.
 """
 
 from __future__ import annotations
@@ -395,3 +401,37 @@ def test_7_a_generator_split_of_one_expanded_update_is_refused(secure):
     said = f"round 1: a batch of the task.s cohort_trainer: updates: users 0 and 1 {SHARED}"
     with pytest.raises(ValueError, match=said):
         _round(_ExpandedDense(), secure)  # before: accepted 6, each update summed 3 times
+
+
+# -- finding 8: a mapping giving a fresh view of its one workspace ----------------------------
+
+
+class _FreshViews(Mapping):
+    """Keeps one workspace for every user (the last user's update); each read a fresh view."""
+
+    def __init__(self, users, work):
+        self.users, self.work = list(users), work
+
+    def __getitem__(self, user):
+        return self.work.view(-1)
+
+    def __iter__(self):
+        return iter(self.users)
+
+    def __len__(self):
+        return len(self.users)
+
+
+def test_8_fresh_views_of_one_workspace_are_refused():
+    msg = _train_message([1, 2, 3])
+    work = torch.full((TrainMessage.read(msg).global_flat.numel(),), 0.03)
+    with pytest.raises(ValueError, match=SHARED):
+        reply_updates(msg, _FreshViews([1, 2, 3], work))  # before: all three sent 0.03
+    alg = build_algorithm(_config(**{"noise-multiplier": 1e-6}), torch.zeros(4))
+
+    def train(request):
+        return _FreshViews(request.users, torch.full((4,), 0.5))
+
+    with pytest.raises(ValueError, match=SHARED):
+        drive_round(alg, 1, train)  # before: the one update summed for every user
+    assert alg.epsilon() == 0.0

@@ -186,7 +186,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
     """``compare``'s plan, runs and report, holding ``out``'s lock."""
     from fedprivopt.simulation.cell_plans import load_cell, plan_cells
-    from fedprivopt.simulation.cells import leftover_note, remove_report, run_cell
+    from fedprivopt.simulation.cells import (
+        check_vanished_cells,
+        leftover_note,
+        remove_report,
+        run_cell,
+    )
     from fedprivopt.simulation.parallel import check_parallel
     from fedprivopt.simulation.report import write_report
     from fedprivopt.simulation.rundir import check_output_held
@@ -200,6 +205,7 @@ def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
     try:
         plans = plan_cells(out, cells, overwrite=args.overwrite)
         check_parallel(plans, args.jobs)
+        check_vanished_cells(out)  # forty-fifth review of issue 15 (lead 4)
         remove_report(out)  # before a cell changes: a stopped call leaves no stale report
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -272,7 +272,7 @@ def _compare_tuned(args: argparse.Namespace) -> int:
     from fedprivopt.cli_compare import compare_cells, compare_overrides
     from fedprivopt.cli_runs import load_preset
     from fedprivopt.cli_tune import cmd_tune
-    from fedprivopt.simulation.cells import lock_compare_dir, remove_report
+    from fedprivopt.simulation.cells import check_vanished_cells, lock_compare_dir, remove_report
 
     out = check_out_dir(args.out)
     try:
@@ -306,6 +306,7 @@ def _compare_tuned(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     with locked:
         try:
+            check_vanished_cells(out, TUNE_DIR)  # a tuning removed (45th review, lead 4)
             remove_report(out)  # before a tuning changes: no stale report is left behind
         except ValueError as exc:
             raise UsageError(str(exc)) from None

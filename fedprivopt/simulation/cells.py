@@ -47,6 +47,7 @@ __all__ = [
     "cell_label",
     "check_compare_dir",
     "check_not_reported",
+    "check_vanished_cells",
     "grid",
     "leftover_note",
     "remove_report",
@@ -248,6 +249,57 @@ def leftover_note(out: str | Path, labels: Sequence[str], sub: str = "runs") -> 
         f"{out} shows those with event files beside its own; remove them, or give a new grid "
         "another --out"
     )
+
+
+def check_vanished_cells(out: str | Path, sub: str = "runs") -> None:
+    """Refuse a call while a cell that the comparison's ``report.md`` lists is gone.
+
+    Called before :func:`remove_report` removes that report. Forty-fifth review of issue 15
+    (lead 4, the ledger follow-up's open row; reports 3 refused it for a tuning's trial):
+    ``compare toy.toml --strategies dp-fedavg --seeds 2 --set secure=true --out C``, ``rm -rf
+    C/runs/dp-fedavg__sigma0.5__seed1``, then the same command: rc 0, that seed run again with
+    new noise and the report written again, its rows composed over 2 runs where 3 had been
+    made (a seed retried until it scores well; ``--tune-grid`` alike with a cell's whole
+    tuning in ``C/tune``). Every cell the report lists is checked, whether or not this call's
+    grid holds it (``--seeds 1`` would otherwise write a report without it, and a later
+    ``--seeds 2`` run it again). ``sub``: ``runs`` (a run is there when its ``config.toml`` or
+    ledger is) or ``tune`` (a tuning is there when its ``tune.json`` is). A report that cannot
+    be read states nothing here; ``--overwrite`` is checked too (it reuses identical cells, so
+    ``--seeds 1 --overwrite`` would write a report without the cell as well).
+
+    Raises
+    ------
+    ValueError
+        Naming the cell's directory.
+    """
+    from fedprivopt.simulation.files import LEDGER_FILE
+
+    path = Path(out) / "report.md"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    except (OSError, ValueError):
+        return
+    link = re.compile(rf"\[([^\]/]+)\]\({re.escape(sub)}/\1/report\.md\)\Z")
+    for line in lines:
+        first = line[2:].split(" | ", 1)[0] if line.startswith("| ") else ""
+        found = link.match(first) if sub != "runs" else None
+        name = found.group(1) if found else first if sub == "runs" else ""
+        if not CELL_NAME.match(name):
+            continue
+        where = Path(out) / sub / name
+        if sub == "runs":
+            there = (where / CONFIG_FILE).exists() or (where / LEDGER_FILE).exists()
+        else:
+            there = (where / "tune.json").exists()
+        if not there:
+            kind = "run" if sub == "runs" else "tuning"
+            raise ValueError(
+                f"{where}: missing, but the comparison's report.md lists this cell's {kind}: a "
+                "call that runs it again makes a second release of the cell (with new noise in "
+                "secure mode), which the report's epsilon does not count; put its directory "
+                "back, or give another --out (or remove that report.md, if it was never "
+                "published)"
+            )
 
 
 def lock_compare_dir(out: str | Path):

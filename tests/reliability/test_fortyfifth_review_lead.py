@@ -21,6 +21,15 @@
    written (``cli_args._refuse_inside_a_run`` calls ``deploy.out_checks.refuse_inside_writing``
    for every command's ``--out``; a lock this process holds is passed, as ``compare
    --tune-grid`` checks its tunings' ``--out`` under its own).
+4. ``compare toy.toml --strategies dp-fedavg --seeds 2 --set secure=true --out C``, ``rm -rf
+   C/runs/dp-fedavg__sigma0.5__seed1``, then the same command, or first ``--seeds 1`` (and with
+   ``--tune-grid``: a cell's tuning removed with the plots; the ledger follow-up's open row,
+   reports 3's twin for a comparison). Before: rc 0, the seed run (or tuned) again with new
+   noise and the report written again, composed over 2 runs where 3 had been made; with
+   ``--seeds 1`` first the report was rewritten without the cell, and a later ``--seeds 2``
+   ran it again. Now: rc 2 and one line naming the cell's directory, the report kept
+   (``cells.check_vanished_cells``: every cell the earlier ``report.md`` lists must still be
+   there, before the report is removed; ``compare`` and ``compare --tune-grid``).
 """
 
 from __future__ import annotations
@@ -124,3 +133,42 @@ def test_3_simulate_into_a_running_comparison_or_tuning_is_refused(tmp_path, cap
     assert err.count("\n") == 1 and f"process {holder.pid} is writing" in err, err
     assert sorted(p.name for p in out.iterdir()) == sorted([lock, "runs"])
     assert list((out / "runs").iterdir()) == []
+
+
+def _compare(out: Path, *extra: str) -> list[str]:
+    args = ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "1"]
+    return [*args, "--set", "secure=true", "--out", str(out), "--quiet", *extra]
+
+
+@pytest.mark.parametrize("seeds", ["2", "1"])
+def test_4_a_removed_cell_of_a_reported_comparison_is_not_run_again(tmp_path, capsys, seeds):
+    import shutil
+
+    out = tmp_path / "C"
+    assert main(_compare(out, "--seeds", "2")) == 0
+    shutil.rmtree(out / "runs" / "dp-fedavg__sigma0.5__seed1")
+    report = (out / "report.md").read_text()
+    capsys.readouterr()
+    code = main(_compare(out, "--seeds", seeds))  # the same grid, or one without the cell
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "seed1: missing, but the comparison's report.md" in err, err
+    assert (out / "report.md").read_text() == report  # kept: nothing ran
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["dp-fedavg__sigma0.5__seed0"]
+
+
+def test_4_a_removed_tuning_of_a_tuned_comparison_is_not_run_again(tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "C"
+    tuned = ["--tune-grid", "server-learning-rate=0.5,1", "--mean-trials", "1", "--seeds", "2"]
+    assert main(_compare(out, *tuned)) == 0
+    shutil.rmtree(out / "tune" / "dp-fedavg__sigma0.5__seed1")
+    for plot in out.glob("*.png"):
+        plot.unlink()
+    capsys.readouterr()
+    code = main(_compare(out, *tuned))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "seed1: missing, but the comparison's report.md lists this cell's tuning" in err, err
+    assert not (out / "tune" / "dp-fedavg__sigma0.5__seed1").exists()

@@ -30,8 +30,10 @@ __all__ = [
     "check_aggregator",
     "check_sum_noise",
     "default_min_shares",
+    "memory_place",
     "refuse_shared_updates",
     "share_noise_growth",
+    "shared_users",
     "sum_dtype",
 ]
 
@@ -161,10 +163,11 @@ def check_aggregator(
     return clip_norm, noise_multiplier, expected_cohort_size, min_shares
 
 
-def _place(tensor: object) -> tuple | None:
+def memory_place(tensor: object) -> tuple | None:
     """Where a plain strided tensor's entries lie, or ``None`` (the aggregation checks it).
 
-    ``((device, storage), start byte, end byte, contiguous, view)``.
+    ``((device, storage), start byte, end byte, contiguous, view)``; also for the strategies'
+    cohorts (:func:`~fedprivopt.strategies.cohorts.refuse_shared_memory`).
     """
     if type(tensor) not in PLAIN_TENSORS or tensor.layout != torch.strided:
         return None
@@ -181,7 +184,7 @@ def _place(tensor: object) -> tuple | None:
 def _entry_places(entry: object) -> list[tuple[tuple, object]]:
     """``(place, user)`` of the update tensors an entry of ``aggregate``'s list holds."""
     if type(entry) is RowSparseBatch:
-        place = _place(entry.values)
+        place = memory_place(entry.values)
         if place is None:
             return []
         users = [u for i, u in enumerate(entry.users) if _rows_of(entry, i)]
@@ -194,7 +197,7 @@ def _entry_places(entry: object) -> list[tuple[tuple, object]]:
     user, update = entry
     if type(update) is RowSparse:
         update = update.values
-    place = _place(update)
+    place = memory_place(update)
     return [] if place is None else [(place, user)]
 
 
@@ -228,26 +231,50 @@ def refuse_shared_updates(updates: list | tuple) -> None:
     distinct entries of one tensor (the rows of a stacked matrix) are distinct updates; the
     strategies refuse the same in their cohorts (forty-fifth review, api 3).
     """
+    placed = [pair for entry in updates for pair in _entry_places(entry)]
+    pair = _first_shared(placed)
+    if pair is not None:
+        raise _shared(*pair)
+
+
+def shared_users(entries: list | tuple) -> tuple[object, object] | None:
+    """The first two users of ``(user, update)`` entries whose updates share memory, or ``None``.
+
+    ``update`` a tensor or a :class:`~fedprivopt.privacy.sparse.RowSparse` (its values); other
+    entries are left to the aggregation. The strategies' check of a cohort
+    (:func:`~fedprivopt.strategies.cohorts.refuse_shared_memory`) and :func:`refuse_shared_updates`
+    share it.
+    """
+    placed = []
+    for user, update in entries:
+        place = memory_place(update.values if type(update) is RowSparse else update)
+        if place is not None:
+            placed.append((place, user))
+    return _first_shared(placed)
+
+
+def _first_shared(placed: list[tuple[tuple, object]]) -> tuple[object, object] | None:
+    """The first two users of ``(place, user)`` whose entries overlap, or ``None``."""
     groups: dict[tuple, list] = {}
-    for entry in updates:
-        for place, user in _entry_places(entry):
-            groups.setdefault(place[0], []).append((place, user))
+    for place, user in placed:
+        groups.setdefault(place[0], []).append((place, user))
     for group in groups.values():
         # one view twice (contiguous or not): the same entries
         views: dict[tuple, object] = {}
         for place, user in group:
             other = views.setdefault(place[4], user)
             if other is not user and not _same(other, user):
-                raise _shared(other, user)
+                return other, user
         # contiguous ranges, by start: one overlaps an earlier one exactly when it starts
         # before the furthest end so far (O(n log n): a stacked matrix's rows, 2,000 users)
         spans = sorted(((p[1], p[2], u) for p, u in group if p[3]), key=lambda t: t[:2])
         end, owner = -1, None
         for start, stop, user in spans:
             if start < end and not _same(owner, user):
-                raise _shared(owner, user)
+                return owner, user
             if stop > end:
                 end, owner = stop, user
+    return None
 
 
 def _same(user_a: object, user_b: object) -> bool:

@@ -23,6 +23,7 @@ import torch
 
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
+from fedprivopt.privacy.aggregate_checks import memory_place, shared_users
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.plain import own_update
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
@@ -403,21 +404,6 @@ def read_now(update: object) -> object:
     return owned
 
 
-def _memory(update: object) -> tuple[tuple, int, int, bool, tuple] | None:
-    """Where ``update``'s entries lie: ((device, storage), first, end byte, contiguous, view)."""
-    tensor = update.values if isinstance(update, RowSparse) else update
-    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
-        return None
-    if tensor.device.type == "meta" or tensor.numel() == 0:
-        return None
-    size = tensor.element_size()
-    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
-    start = tensor.storage_offset() * size
-    view = (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
-    ptr = (str(tensor.device), tensor.untyped_storage().data_ptr())
-    return ptr, start, start + extent * size, tensor.is_contiguous(), view
-
-
 def refuse_shared_memory(round_num: int, entries: list[tuple[int, object]]) -> None:
     """Raise ``ValueError`` when two users' updates are held in the same memory.
 
@@ -432,28 +418,13 @@ def refuse_shared_memory(round_num: int, entries: list[tuple[int, object]]) -> N
     batch of pairs with it too (:mod:`fedprivopt.simulation.fast_trainer`, api 5), and the
     aggregation every cohort it reads from a mapping.
     """
-    groups: dict[tuple, list] = {}
-    for user, update in entries:
-        place = _memory(update)
-        if place is not None:
-            groups.setdefault(place[0], []).append((place, user))
     # follow-up of the forty-fifth review (privacy 5): every pair of a storage's updates was
     # compared (0.65 s for the 4,000 rows of one stacked matrix, 4 s for 10,000, each round);
-    # now one view twice by a dict and overlapping contiguous ranges by one sweep sorted on
-    # their byte ranges, as privacy.aggregate_checks.refuse_shared_updates does
-    for group in groups.values():
-        views: dict[tuple, object] = {}
-        for place, user in group:
-            other = views.setdefault(place[4], user)
-            if other != user:
-                _refuse_shared(round_num, other, user)
-        spans = sorted(((p[1], p[2], u) for p, u in group if p[3]), key=lambda t: t[:2])
-        end, owner = -1, None
-        for start, stop, user in spans:
-            if start < end and owner != user:
-                _refuse_shared(round_num, owner, user)
-            if stop > end:
-                end, owner = stop, user
+    # now one view twice by a dict and overlapping contiguous ranges by one sorted sweep
+    # (privacy.aggregate_checks.shared_users, which the aggregator's own check shares)
+    pair = shared_users(entries)
+    if pair is not None:
+        _refuse_shared(round_num, *pair)
 
 
 def _refuse_shared(round_num: int, user_a: object, user_b: object) -> None:
@@ -464,6 +435,7 @@ def _refuse_shared(round_num: int, user_a: object, user_b: object) -> None:
         "when they are summed); give each user a tensor of its own (work.clone()); "
         "nothing of the cohort was released"
     )
+
 
 class ReadOnce:
     """A mapping of one's own read once: its values copied as read, and shared memory refused.
@@ -489,7 +461,7 @@ class ReadOnce:
         """``update`` as :func:`read_now` gives it, its memory remembered as ``user``'s."""
         tensor = update.values if isinstance(update, RowSparse) else update
         plain = isinstance(user, int) and not isinstance(user, bool)
-        if plain and isinstance(tensor, torch.Tensor) and _memory(tensor) is not None:
+        if plain and isinstance(tensor, torch.Tensor) and memory_place(tensor) is not None:
             size = tensor.numel() * tensor.element_size()
             # a view (a fresh one of a kept workspace too: privacy 8) is kept, not weakly
             whole = tensor._base is None and tensor.untyped_storage().nbytes() == size

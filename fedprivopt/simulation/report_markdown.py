@@ -394,7 +394,8 @@ def _report_composed(runs: Sequence[RunData]) -> list[str]:
         f"ε {epsilon_text(composed)}"
         if math.isfinite(composed)
         else "ε not computed here (a tuned row, whose ε is its tuning's, a ledger that could not "
-        "be read, or runs of other accountants, neighbouring relations or δ)"
+        "be read or does not account for its run's ε, or runs of other accountants, "
+        "neighbouring relations or δ)"
     )
     plain = len(runs) - len(private)
     tail = (

@@ -30,6 +30,11 @@
    ran it again. Now: rc 2 and one line naming the cell's directory, the report kept
    (``cells.check_vanished_cells``: every cell the earlier ``report.md`` lists must still be
    there, before the report is removed; ``compare`` and ``compare --tune-grid``).
+5. ``write_report(D, load_runs(R))`` of a dp-fedavg and a dp-fedadam run, the second's ledger
+   cut to its header (the ledger follow-up's open row for contract 3's line). Before: "report
+   composed: ... ε not computed here (a tuned row ..., a ledger that could not be read, or runs
+   of other accountants ...)", naming no ledger short of its run's ε, which made it nan (the
+   follow-up's ledger 1). Now the reason says it (``report_markdown._report_composed``).
 """
 
 from __future__ import annotations
@@ -172,3 +177,26 @@ def test_4_a_removed_tuning_of_a_tuned_comparison_is_not_run_again(tmp_path, cap
     assert code == 2, err
     assert "seed1: missing, but the comparison's report.md lists this cell's tuning" in err, err
     assert not (out / "tune" / "dp-fedavg__sigma0.5__seed1").exists()
+
+
+def test_5_the_report_composed_line_says_a_ledger_short_of_its_run(tmp_path):
+    import warnings
+
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.report import write_report
+    from fedprivopt.simulation.run import simulate
+    from fedprivopt.simulation.rundata import load_runs
+
+    root = tmp_path / "runs"
+    for strategy in ("dp-fedavg", "dp-fedadam"):
+        config = load_config(TOY, {"num-server-rounds": 1, "strategy": strategy})
+        simulate(config, root / f"{strategy}__sigma0.5__seed0")
+    ledger = root / "dp-fedadam__sigma0.5__seed0" / "privacy_ledger.jsonl"
+    ledger.write_text(ledger.read_text(encoding="utf-8").splitlines(keepends=True)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_report(tmp_path / "report", load_runs(root), title="t")
+    report = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    (line,) = [x for x in report.splitlines() if x.startswith("- report composed")]
+    assert "2 private runs: ε not computed here" in line, line
+    assert "does not account for its run's ε" in line, line

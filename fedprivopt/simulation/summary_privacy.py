@@ -83,7 +83,7 @@ def not_covered(config: RunConfig, task: Task | None = None) -> str | None:
         "seconds, the round's wall time, follows the cohort's size and its users' example "
         "counts: epsilon does not cover them"
     )
-    if config.engine == "flower":  # forty-fifth review of issue 15 (contract 3)
+    if config.engine == "flower":  # forty-fifth review of issue 15 (contract 1)
         text += (
             "; nor the Flower engine's log, which gives each round's cohort size (cohort=), "
             "kept by a deployment in deploy/serverapp.log, whose superlink.log and "

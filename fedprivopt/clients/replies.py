@@ -13,8 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from fedprivopt import wire as P
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.aggregate_checks import refuse_shared_updates
+from fedprivopt.privacy.aggregate_checks import KeptReads
 from fedprivopt.privacy.plain import foreign_tensor
 from fedprivopt.privacy.sparse import dense_problem
 
@@ -99,7 +98,12 @@ def reply_updates(
                 f"clip_bits[{shown(user)}] is the clip bit of no user in updates "
                 f"{shown(sorted(map(str, updates)))}: key each bit by its update's user id"
             )
-    read = _ReadUpdates()
+    # follow-up of the forty-fifth review of issue 15 (privacy 2; the api reviewer's row open
+    # for wire): a ClientApp of one's own that trained every user into one workspace it reused
+    # and stored it for each (updates[user] = work) sent the last user's update for every user
+    # (all 0.03), which the server, decoding copies, cannot see; each update is sent as it is
+    # read, so updates read from one memory not written between their reads are refused
+    read = KeptReads()
     for user, vector in updates.items():
         key = P.update_key(user)  # an integer id >= 0 (ValueError naming user_id)
         asked.check(user)
@@ -127,7 +131,7 @@ def reply_updates(
                 "bit (TrainMessage.clip_bit gives it)"
             )
         reply[key] = ArrayRecord(arrays)
-    read.refuse_shared()
+    read.refuse()
     metrics: dict[str, int | float | list[int] | list[float]] = {
         P.USERS_TRAINED: len(updates),
         P.USERS_REJECTED: rejected,
@@ -211,44 +215,6 @@ class _Asked:
                 f"asks for {shown(sorted(self.users))}); reply only for the users it names "
                 "(TrainMessage.users) that this node hosts"
             )
-
-
-class _ReadUpdates:
-    """The updates a reply read, to refuse two users' updates sent from one memory.
-
-    Follow-up of the forty-fifth review of issue 15 (privacy 2; the api reviewer's row open for
-    wire): a ClientApp of one's own that trained every user into one workspace it reused and
-    stored it for each (``updates[user] = work``, without ``privatize_update``, or with a
-    ``clip`` of its own returning its buffer) sent the last user's update for every user
-    (``update/1``, ``update/2``, ``update/3`` all 0.03): that user summed three times under a
-    charge of C, which the server, decoding copies, cannot see. Each update is sent as it is
-    read (its bytes copied then), so updates that share memory and were not written between
-    their reads (the same version of that memory) held the same values: refused, nothing
-    sent. A mapping of one's own whose ``items()`` writes each user into its workspace when it
-    reaches it is sent right, as before. An update that is its whole memory is kept by a weak
-    reference (one the caller has let go is no workspace another update holds).
-    """
-
-    def __init__(self) -> None:
-        self.kept: list[tuple[object, Callable[[], object], int]] = []
-
-    def keep(self, user: object, vector: torch.Tensor) -> None:
-        """Remember ``vector`` (the caller's, checked: a dense floating tensor) as ``user``'s."""
-        size = vector.numel() * vector.element_size()
-        # a view (a fresh one of a kept workspace too: privacy 8) is kept, not its weak reference
-        whole = vector._base is None and vector.untyped_storage().nbytes() == size
-        ref = weakref.ref(vector) if whole else (lambda t=vector: t)
-        self.kept.append((user, ref, vector._version))
-
-    def refuse_shared(self) -> None:
-        """``ValueError`` naming two users whose updates were read from one unchanged memory."""
-        versions: dict[int, list] = {}
-        for user, ref, version in self.kept:
-            vector = ref()
-            if vector is not None:
-                versions.setdefault(version, []).append((user, vector))
-        for entries in versions.values():
-            refuse_shared_updates(entries)
 
 
 def _plain_update(user: object, vector: object) -> object:

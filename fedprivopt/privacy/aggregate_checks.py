@@ -15,6 +15,8 @@ re-exports every public name here:
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -27,6 +29,7 @@ from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, dense_problem
 __all__ = [
     "MAX_SUM_NOISE_STD",
     "NOISE_MODES",
+    "KeptReads",
     "check_aggregator",
     "check_sum_noise",
     "default_min_shares",
@@ -283,3 +286,56 @@ def _same(user_a: object, user_b: object) -> bool:
         return bool(user_a == user_b)
     except Exception:  # an id that does not compare is left to the aggregation
         return False
+
+
+class KeptReads:
+    """Updates remembered as they are read, to find two users read from one unchanged memory.
+
+    Forty-fifth review of issue 15 and its follow-up (privacy 2, 3, 7 and 8): a reply
+    (:func:`~fedprivopt.clients.replies.reply_updates`), a cohort's mapping of one's own
+    (:class:`~fedprivopt.strategies.cohorts.ReadOnce`) and a cohort trainer's batches
+    (:mod:`fedprivopt.simulation.fast_trainer`) are read one update at a time, each copied or
+    summed as it is read, so memory reused from one read to the next is right when it was
+    written in between (a lazy mapping, a generator that writes each user into its workspace);
+    updates read from one memory at one version of it (not written between their reads) held
+    the same values: the last user's update sent or summed once for each of them, a
+    sensitivity of several C under a charge of C. A tensor that is its whole memory is kept by
+    a weak reference (one its owner let go is no workspace another update holds); a view, a
+    fresh one of a kept workspace too (privacy 8), is kept itself.
+    """
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[object, Callable[[], object], int]] = []
+
+    def keep(self, user: object, tensor: object, *, version: bool = True) -> None:
+        """Remember ``tensor`` as read for ``user`` (``version=False``: every read as one).
+
+        What :func:`memory_place` does not place (no plain strided tensor) is not kept: no
+        check of shared memory looks at it.
+        """
+        if memory_place(tensor) is None:
+            return
+        size = tensor.numel() * tensor.element_size()
+        whole = tensor._base is None and tensor.untyped_storage().nbytes() == size
+        ref = weakref.ref(tensor) if whole else (lambda t=tensor: t)
+        self.kept.append((user, ref, tensor._version if version else 0))
+
+    def shared(self) -> tuple[object, object] | None:
+        """The first two users kept from one memory at one version, or ``None``; forgets all."""
+        groups: dict[int, list] = {}
+        for user, ref, version in self.kept:
+            tensor = ref()
+            if tensor is not None:
+                groups.setdefault(version, []).append((user, tensor))
+        self.kept.clear()
+        for entries in groups.values():
+            pair = shared_users(entries)
+            if pair is not None:
+                return pair
+        return None
+
+    def refuse(self) -> None:
+        """Raise :func:`refuse_shared_updates`' ``ValueError`` for :meth:`shared`'s two users."""
+        pair = self.shared()
+        if pair is not None:
+            raise _shared(*pair)

@@ -9,7 +9,6 @@ actor (:mod:`fedprivopt.simulation.fast`): ``vectorized``, the task's cohort tra
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -19,7 +18,7 @@ from fedprivopt.clients.trainer import LocalTrainer, clip_report
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import task_call
-from fedprivopt.privacy.aggregate_checks import refuse_shared_updates
+from fedprivopt.privacy.aggregate_checks import KeptReads, refuse_shared_updates
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
 from fedprivopt.strategies.cohorts import refuse_shared_memory
@@ -261,10 +260,11 @@ class _Listed:
 
     def __init__(self, batches: object, round_num: int, stream: str) -> None:
         self.listed = isinstance(batches, (list, tuple))
-        self.kept: list[tuple[object, Callable[[], object], int]] = []
+        self.reads = KeptReads()
         self.where = f"round {round_num}" + ("" if stream == "train" else f" ({stream})")
         if self.listed:
-            self._refuse([b for b in batches if isinstance(b, RowSparseBatch)], self._said)
+            sparse = [b for b in batches if isinstance(b, RowSparseBatch)]
+            self._refuse(lambda: refuse_shared_updates(sparse), self._said)
 
     _said = "the batches the task's cohort_trainer listed"
 
@@ -277,16 +277,7 @@ class _Listed:
             return
         user, update = pair
         tensor = update.values if isinstance(update, RowSparse) else update
-        if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
-            return  # the aggregator rejects it
-        if tensor.is_nested or tensor.device.type == "meta":
-            return
-        size = tensor.numel() * tensor.element_size()
-        whole = tensor._base is None and tensor.untyped_storage().nbytes() == size
-        # a tensor that is its whole memory, by a weak reference (one the aggregator has let go
-        # is no workspace another update holds); a view kept (no copy)
-        ref = weakref.ref(tensor) if whole else (lambda t=tensor: t)
-        self.kept.append((user, ref, tensor._version if versions else 0))
+        self.reads.keep(user, tensor, version=versions)
 
     def refuse_shared(self, said: str | None = None) -> None:
         """Raise ``ValueError`` when two kept updates still alive share memory.
@@ -298,18 +289,11 @@ class _Listed:
         mean given to each) was summed once for each, where a generator that writes each user
         into its workspace before yielding it is summed right.
         """
-        groups: dict[int, list] = {}
-        for user, ref, version in self.kept:
-            tensor = ref()
-            if tensor is not None:
-                groups.setdefault(version, []).append((user, tensor))
-        self.kept.clear()
-        for entries in groups.values():
-            self._refuse(entries, said or self._said)
+        self._refuse(self.reads.refuse, said or self._said)
 
-    def _refuse(self, entries: list, said: str) -> None:
+    def _refuse(self, check: Callable[[], None], said: str) -> None:
         try:
-            refuse_shared_updates(entries)
+            check()
         except ValueError as error:
             raise ValueError(f"{self.where}: {said}: {error}") from None
 

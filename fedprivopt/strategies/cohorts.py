@@ -16,14 +16,13 @@ Split from :mod:`fedprivopt.strategies.core`.
 from __future__ import annotations
 
 import math
-import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.aggregate_checks import memory_place, shared_users
+from fedprivopt.privacy.aggregate_checks import KeptReads, shared_users
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.plain import own_update
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
@@ -455,27 +454,16 @@ class ReadOnce:
     """
 
     def __init__(self) -> None:
-        self.kept: list[tuple[int, Callable[[], object], int]] = []
+        self.reads = KeptReads()
 
     def read(self, user: object, update: object) -> object:
         """``update`` as :func:`read_now` gives it, its memory remembered as ``user``'s."""
-        tensor = update.values if isinstance(update, RowSparse) else update
-        plain = isinstance(user, int) and not isinstance(user, bool)
-        if plain and isinstance(tensor, torch.Tensor) and memory_place(tensor) is not None:
-            size = tensor.numel() * tensor.element_size()
-            # a view (a fresh one of a kept workspace too: privacy 8) is kept, not weakly
-            whole = tensor._base is None and tensor.untyped_storage().nbytes() == size
-            ref = weakref.ref(tensor) if whole else (lambda t=tensor: t)
-            self.kept.append((int(user), ref, tensor._version))
+        if isinstance(user, int) and not isinstance(user, bool):
+            self.reads.keep(int(user), update.values if isinstance(update, RowSparse) else update)
         return read_now(update)
 
     def refuse_unchanged(self, round_num: int) -> None:
         """``ValueError`` naming two users read from one memory not written between the reads."""
-        versions: dict[int, list] = {}
-        for user, ref, version in self.kept:
-            tensor = ref()
-            if tensor is not None:
-                versions.setdefault(version, []).append((user, tensor))
-        self.kept.clear()
-        for entries in versions.values():
-            refuse_shared_memory(round_num, entries)
+        pair = self.reads.shared()
+        if pair is not None:
+            _refuse_shared(round_num, *pair)

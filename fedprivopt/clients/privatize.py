@@ -34,7 +34,13 @@ import torch
 
 from fedprivopt.core.checks import check_bool, check_int, check_real
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.clip import ClipResult, clip_l2, float_at_most, l2_norm
+from fedprivopt.privacy.clip import (
+    ClipResult,
+    clip_l2,
+    float_at_most,
+    l2_norm,
+    norm_error_bound,
+)
 from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.privacy.plain import foreign_tensor
 from fedprivopt.privacy.rng import RngFactory
@@ -173,6 +179,8 @@ def privatize_update(
     with torch.no_grad():
         if bool(torch.isfinite(update).all()):
             result = clip(update, clip_norm)
+            if clip is not _clip:
+                result = _checked_clip(result, update, clip_norm)
             vector, norm, clipped = result.vector, result.norm, result.clipped
         else:
             vector, norm, clipped = torch.zeros_like(update), math.inf, True
@@ -181,6 +189,7 @@ def privatize_update(
                 vector = add_gaussian_noise(vector, noise_std, generator=generator)
             else:
                 vector = add_noise(vector, noise_std, generator)
+                _refuse_other_tensor("add_noise", vector, update)
         if _shares_memory(vector, update):
             # forty-fifth review of issue 15 (api 2): an update within C (server-noise mode)
             # came back as the caller's own tensor, so a ClientApp that computed each user's
@@ -188,6 +197,63 @@ def privatize_update(
             # whose update was not clipped (the server summed it once for each of them)
             vector = vector.clone()
     return PrivateUpdate(vector, float(norm), bool(clipped))
+
+
+def _refuse_other_tensor(step: str, vector: object, update: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless a replacement ``step`` gave a plain tensor like ``update``.
+
+    Forty-sixth review of issue 15 (api 1): what ``clip`` or ``add_noise`` returned was sent as
+    it was, so a replacement that changed the shape (``delta[:3]``), the dtype (float64 for a
+    float32 update) or returned a tensor subclass broke :class:`PrivateUpdate`'s documented
+    "same shape, dtype and device as the input".
+    """
+    if not isinstance(vector, torch.Tensor):
+        raise ValueError(f"{step} must return a torch.Tensor, got {shown(vector)}")
+    foreign = foreign_tensor(vector)
+    if foreign is not None:
+        raise ValueError(f"{step} must return a plain torch.Tensor: its result is {foreign}")
+    if (
+        vector.layout != torch.strided
+        or vector.shape != update.shape
+        or vector.dtype != update.dtype
+        or vector.device != update.device
+    ):
+        raise ValueError(
+            f"{step} must return a dense tensor of the update's shape {tuple(update.shape)}, "
+            f"dtype {update.dtype} and device {update.device}, got one of shape "
+            f"{tuple(vector.shape)}, dtype {vector.dtype} on {vector.device} ({vector.layout})"
+        )
+
+
+def _checked_clip(result: object, update: torch.Tensor, clip_norm: float | None) -> ClipResult:
+    """A replacement ``clip``'s ``result``, checked: a plain tensor like ``update``, norm <= C.
+
+    Forty-sixth review of issue 15 (api 1): a replacement ``clip`` (``privatize_update(...,
+    clip=...)``, or :class:`~fedprivopt.clients.LocalTrainer` subclass overriding
+    :meth:`~fedprivopt.clients.LocalTrainer.clip`, its documented extension point) was
+    trusted: a per-layer clip to ``C`` each sent an update of norm ``1.41 C`` for two layers, a
+    clip that forgot to scale sent norm ``10 C``. In distributed-noise mode the server cannot
+    re-clip a noised share to ``C``: it keeps updates up to ``C + s (sqrt(d) + 10)`` (8.9 C for
+    the toy model at sigma 1 and 4 shares), so such updates reached the sum above ``C`` under a
+    charge of ``C``. Refused naming ``clip`` (the exact norm of ``clip_l2``'s result never
+    exceeds ``C``; :func:`~fedprivopt.privacy.l2_norm` errs by at most ``norm_error_bound``).
+    """
+    parts = tuple(getattr(result, key, None) for key in ClipResult._fields)
+    if not isinstance(result, tuple) or any(part is None for part in parts):
+        raise ValueError(
+            f"clip must return a ClipResult (vector, norm, clipped), got {shown(result)}"
+        )
+    vector, norm, clipped = parts
+    _refuse_other_tensor("clip", vector, update)
+    if clip_norm is not None:
+        measured = l2_norm(vector)
+        if not measured <= clip_norm * (1.0 + norm_error_bound(vector.numel())):
+            raise ValueError(
+                f"clip returned an update of L2 norm {measured:.6g} above clip_norm "
+                f"{clip_norm:.6g}: the whole update must be clipped to L2 norm clip_norm "
+                "(per-layer clip norms must together stay within it)"
+            )
+    return ClipResult(vector, norm, clipped)
 
 
 def _shares_memory(vector: object, update: torch.Tensor) -> bool:

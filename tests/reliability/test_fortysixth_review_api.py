@@ -1,0 +1,103 @@
+"""Issue 15, forty-sixth hostile review (api: the documented Python API): tests.
+
+1. ``privatize_update(delta, clip_norm=C, clip=my_clip)`` (a user's own ClientApp step,
+   docs/FLOWER.md), or a ``LocalTrainer`` subclass overriding ``clip`` (its documented
+   extension point), whose replacement clips each layer to ``C`` (two layers: norm 1.41 C) or
+   forgets to scale (norm 10 C), returns a vector of another shape, dtype or a plain tuple;
+   an ``add_noise`` returning float64 for a float32 update. Before: the replacement's result
+   was sent as it was (norm 1.41 and 10 where C = 1; shape (3,) for (100,); float64;
+   ``AttributeError: 'Tensor' object has no attribute 'vector'``); in distributed-noise mode
+   the server keeps updates up to ``C + s (sqrt(d) + 10)`` (it cannot re-clip a noised
+   share), so they reached the sum above C under a charge of C. Now
+   ``clients.privatize._checked_clip`` refuses a result above C (or not a ``ClipResult`` of
+   a plain tensor like the update) naming ``clip``, and ``_refuse_other_tensor`` an
+   ``add_noise`` result of another shape, dtype or kind naming ``add_noise``; ``clip_l2``
+   given as ``clip`` gives the default's bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.clients import LocalTrainer, privatize_update
+from fedprivopt.core.local import LocalConfig
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.privacy import RngFactory
+from fedprivopt.privacy.clip import ClipResult, clip_l2
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+
+# -- finding 1: a replacement clip (or add_noise) was trusted --------------------------------
+
+
+def _per_layer(delta, clip_norm):
+    """Clips each half to C (a per-layer clip without sharing C between the layers)."""
+    half = delta.numel() // 2
+    parts = [clip_l2(delta[:half], clip_norm).vector, clip_l2(delta[half:], clip_norm).vector]
+    return ClipResult(torch.cat(parts), float(delta.norm()), True)
+
+
+def _unscaled(delta, clip_norm):
+    return ClipResult(delta * 1.0, float(delta.norm()), False)
+
+
+@pytest.mark.parametrize("clip", [_per_layer, _unscaled])
+def test_1_a_replacement_clip_above_c_is_refused(clip):
+    with pytest.raises(ValueError, match=r"clip returned an update of L2 norm .* above clip_norm"):
+        privatize_update(torch.full((100,), 1.0), clip_norm=1.0, clip=clip)
+
+
+@pytest.mark.parametrize(
+    "clip, words",
+    [
+        (lambda d, c: ClipResult(d[:3] * 0, 0.0, False), "shape"),
+        (lambda d, c: ClipResult(d.double() * 0, 0.0, False), "dtype"),
+        (lambda d, c: d * 0, "ClipResult"),
+    ],
+)
+def test_1_a_replacement_clip_of_another_kind_is_refused(clip, words):
+    with pytest.raises(ValueError, match=rf"clip must return .*{words}"):
+        privatize_update(torch.full((100,), 1.0), clip_norm=1.0, clip=clip)
+
+
+def test_1_a_replacement_add_noise_of_another_dtype_is_refused():
+    def wider(vector, std, generator):
+        return vector.double()
+
+    with pytest.raises(ValueError, match=r"add_noise must return .*dtype torch.float32"):
+        privatize_update(torch.full((4,), 0.1), clip_norm=1.0, noise_std=0.1,
+                         generator=torch.Generator(), add_noise=wider)  # fmt: skip
+
+
+def test_1_clip_l2_as_the_replacement_gives_the_default_bytes():
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        gen = torch.Generator().manual_seed(0)
+        update = (torch.randn(5000, generator=gen, dtype=torch.float64) * 0.03).to(dtype)
+        for clip_norm in (1.0, 0.1, 3e-3):
+            got = privatize_update(update, clip_norm=clip_norm, clip=clip_l2).vector
+            assert torch.equal(got, privatize_update(update, clip_norm=clip_norm).vector)
+
+
+class _PerLayerTrainer(LocalTrainer):
+    def clip(self, delta, clip_norm):
+        return _per_layer(delta, clip_norm)
+
+
+def test_1_a_trainer_overriding_clip_in_distributed_mode_sends_nothing_above_c():
+    task = build_task("toy", num_users=5, examples_per_user=(20, 20))
+    config = LocalConfig(learning_rate=5.0, epochs=2, batch_size=4, clip_norm=0.05,
+                         noise_std=0.01)  # fmt: skip
+    # the server of this setting would keep it: C + s (sqrt(d) + 10) is above its norm
+    strategy = StrategyConfig.from_mapping({"population": 5, "clients-per-round": 4,
+                                           "noise-mode": "distributed", "clip-norm": 0.05,
+                                           "noise-multiplier": 0.5})  # fmt: skip
+    server = build_algorithm(strategy, initial_flat(task))
+    assert server.aggregator.accept_norm(33) > 0.05 * 1.5
+    with pytest.raises(ValueError, match="clip returned an update of L2 norm"):
+        _PerLayerTrainer(task, device="cpu").train(
+            initial_flat(task), user_id=1, round_num=1, config=config, rngs=RngFactory(0)
+        )
+    honest = LocalTrainer(task, device="cpu").train(
+        initial_flat(task), user_id=1, round_num=1, config=config, rngs=RngFactory(0)
+    )
+    assert honest.clipped

@@ -318,6 +318,40 @@ def _tunings_text(private: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def _undrawn_text(rows: Sequence[dict[str, Any]], mean_key: str) -> str:
+    """The plot's words for rows it cannot draw (``""``: it draws them all).
+
+    Forty-sixth review of issue 15 (reports, finding 1): ``compare toy.toml --strategies
+    dp-fedavg,fedavg --metric eval_loss --set strategies.dp-fedavg.server-learning-rate=1e39``
+    (the private row diverged: its final loss NaN) drew the baseline alone and wrote "no
+    private runs" under an axis saying "δ differs between runs", a plot read alone as a
+    comparison without the private run it holds. A row is drawn when its final metric is
+    finite and its ε finite (a point) or infinite for a non-private baseline (a line).
+    """
+    missing = [r for r in rows if not _drawn(r, mean_key)]
+    if not missing:
+        return ""
+    names = ", ".join(
+        plot_text(f"{r['strategy']} σ={r['noise_multiplier']:g}") for r in missing[:3]
+    ) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return f"not drawn (no finite final value or ε; see the table): {names}"
+
+
+def _drawn(row: dict[str, Any], mean_key: str) -> bool:
+    """Whether :func:`draw_privacy_utility` draws ``row`` (a point or a baseline's line)."""
+    if not math.isfinite(row[mean_key]):
+        return False
+    return math.isfinite(row["epsilon"]) or (math.isinf(row["epsilon"]) and not row.get("private"))
+
+
+def _delta_text(rows: Sequence[dict[str, Any]]) -> str:
+    """The ε axis' δ words, from every row with a finite ε (drawn or not: finding 1)."""
+    deltas = sorted({r["delta"] for r in rows if math.isfinite(r["epsilon"])})
+    if not deltas:
+        return "no private run: the non-private baselines' ε is ∞"
+    return f"at δ={deltas[0]:g}" if len(deltas) == 1 else "δ differs between runs; see the table"
+
+
 def draw_privacy_utility(
     rows: Sequence[dict[str, Any]],
     path: str | Path,
@@ -362,11 +396,13 @@ def draw_privacy_utility(
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
     ax.margins(x=0.08)
+    undrawn = _undrawn_text(rows, mean_key)
     if not eps:
         ax.set_xlim(0.0, 1.0)
-        ax.text(0.5, 0.05, "no private runs", transform=ax.transAxes, ha="center", alpha=0.6)
-    deltas = sorted({r["delta"] for r in private})
-    at = f"at δ={deltas[0]:g}" if len(deltas) == 1 else "δ differs between runs; see the table"
+    if undrawn or not eps:
+        ax.text(0.5, 0.05, undrawn or "no private runs", transform=ax.transAxes, ha="center",
+                alpha=0.6, wrap=True)  # fmt: skip
+    at = _delta_text(rows)
     for key in differing_bases(private):  # thirty-seventh review (reports, findings 1 and 3)
         at += f"; {BASIS_WORDS[key]} differ between runs, not comparable; see the table"
     at += _tunings_text(private)

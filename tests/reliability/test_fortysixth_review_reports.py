@@ -1,0 +1,56 @@
+"""Issue 15, forty-sixth hostile review (reports: compare, tune, compare-tuned, reports): tests.
+
+1. ``compare toy.toml --strategies dp-fedavg,fedavg --rounds 2 --metric eval_loss --set
+   strategies.dp-fedavg.server-learning-rate=1e39`` (the private row diverged: its final loss
+   NaN; also ``write_report`` of such runs, and ``compare --strategies fedavg`` alone).
+   Before: ``privacy_utility.png`` drew the baseline alone and wrote "no private runs" under
+   an ε axis saying "δ differs between runs; see the table" (every run at δ 1e-4; the axis
+   took δ from the drawn points only, none): read alone, a comparison without the private run
+   it holds. Now ``report_plots.draw_privacy_utility`` names the rows it cannot draw ("not
+   drawn (no finite final value or ε; see the table): dp-fedavg σ=0.5") and takes δ from
+   every row with a finite ε; with no private row at all the axis says so ("no private run:
+   the non-private baselines' ε is ∞").
+"""
+
+from __future__ import annotations
+
+import math
+
+from fedprivopt.simulation import report_plots
+from fedprivopt.simulation.report import aggregate_runs
+from fedprivopt.simulation.rundata import RunData
+
+
+def _run(tmp_path, strategy: str, sigma: float, loss: float) -> RunData:
+    """A finished 2-round toy run (dp-fedavg at ε 10.28, or a non-private baseline)."""
+    private = sigma > 0
+    config = {"strategy": strategy, "noise-multiplier": sigma, "sampling": "poisson",
+              "accountant": "rdp", "delta": 1e-4, "seed": 0}  # fmt: skip
+    summary = {"strategy": strategy, "noise_multiplier": sigma, "seed": 0,
+               "epsilon": 10.28 if private else math.inf, "delta": 1e-4,
+               "rounds_completed": 2, "config": config}  # fmt: skip
+    rows = [{"round": r, "eval_accuracy": 0.5, "eval_loss": loss} for r in (1, 2)]
+    return RunData(summary, rows, tmp_path / f"{strategy}__sigma{sigma:g}__seed0",
+                   ledger_epsilon=10.28 if private else None)  # fmt: skip
+
+
+def _drawn(monkeypatch, tmp_path, runs, metric: str) -> tuple[str, list[str]]:
+    """The ε axis' label and the texts of the privacy-utility plot of ``runs``."""
+    seen = []
+    monkeypatch.setattr(report_plots, "_finish", lambda fig, ax, path, n: seen.append(
+        (ax.get_xlabel(), [t.get_text() for t in ax.texts])))  # fmt: skip
+    report_plots.draw_privacy_utility(aggregate_runs(runs, metric=metric), tmp_path / "p.png")
+    return seen[0]
+
+
+def test_1_a_private_row_without_a_finite_value_is_named_not_hidden(monkeypatch, tmp_path):
+    runs = [_run(tmp_path, "dp-fedavg", 0.5, math.nan), _run(tmp_path, "fedavg", 0.0, 0.85)]
+    label, texts = _drawn(monkeypatch, tmp_path, runs, "eval_loss")
+    assert "no private runs" not in texts, texts
+    assert any("not drawn" in t and "dp-fedavg σ=0.5" in t for t in texts), texts
+    assert label == "ε (at δ=0.0001)", label
+    baseline = _drawn(monkeypatch, tmp_path, runs[1:], "eval_loss")
+    assert "δ differs" not in baseline[0] and "no private run" in baseline[0], baseline
+    assert baseline[1] == ["no private runs"], baseline
+    both = _drawn(monkeypatch, tmp_path, runs, "eval_accuracy")  # every row drawn: as before
+    assert both[0] == "ε (at δ=0.0001)" and not any("drawn" in t for t in both[1]), both

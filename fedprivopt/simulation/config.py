@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.core.files import url_refusal
 from fedprivopt.core.text import shown
 from fedprivopt.models.side_information_config import KEY as SIDE_INFORMATION
 from fedprivopt.models.side_information_config import (
@@ -372,6 +373,13 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     """Read a preset, apply ``overrides`` (kebab-case keys, ``task-params.x`` allowed), validate."""
     if isinstance(path, str) and not path.strip():  # Path("") is "." (sixteenth review)
         raise ValueError(f"config file must be a path, got {shown(path)}")
+    # forty-sixth review of issue 15 (input 1): simulate "https://.../toy.toml" (a preset's
+    # address pasted; also s3://, compare, tune, deploy local, this API) was "config file
+    # 'https:/.../toy.toml' does not exist", a path not typed, and read from ./https:/... where
+    # such a file exists; --out, --resume and the data directories refuse a URL so
+    refused = url_refusal("config file", path)
+    if refused is not None:
+        raise ValueError(refused)
     path = Path(path)
     if not path.is_file():
         what = "is not a regular file" if os.path.lexists(path) else "does not exist"

@@ -232,6 +232,32 @@ _BUILDING = threading.local()
 """The task names whose factory this thread is running (:func:`build_task`)."""
 
 
+def _partial_modules(name: str, function_module: object) -> object:
+    """The modules a ``functools.partial`` factory of task ``name`` is recorded by.
+
+    The module that made the partial (a reference's module; for a registered name the module
+    that called :func:`register_task`, forty-third review of issue 15, api 2: a partial of a
+    packaged class recorded nothing) and the module of the partial's function when it is one's
+    own (forty-second review, api 6). Forty-sixth review (api 2): a partial of a function of
+    one's own made in another module (``register_task("mytoy", partial(helper.make, seed=SEED))``
+    with ``SEED`` in the registering module) recorded the helper's module only, so an edit of
+    ``SEED`` (3 to 4) went unseen by ``resume()`` and ``compare``'s reuse, where docs/TASKS.md
+    says a partial is recorded by the module that made it. Returns a module name, a tuple of
+    two, or ``None`` (a registered partial of a packaged function, made in fedprivopt).
+    """
+    if is_reference(name):
+        made_by: object = name.partition(":")[0]
+    else:
+        by = _REGISTERED_BY.get(name, (None, None))
+        made_by = by[1] if by[0] is _REGISTRY.get(name) else None
+    own = [m for m in dict.fromkeys((function_module, made_by)) if _own_module(m)]
+    if len(own) > 1:
+        return tuple(own)
+    if own:
+        return own[0]
+    return made_by if is_reference(name) else function_module
+
+
 class _Recursion(Exception):
     """A factory building its own task again; not a ValueError, so no handler on the way says it."""
 
@@ -289,21 +315,10 @@ def build_task(name: str, **params: object) -> Task:
         # its seed in task = "mod:made", made = partial(Task, seed=3), went unseen)
         while isinstance(factory, functools.partial):
             factory = factory.func
-        module = (
-            name.partition(":")[0] if is_reference(name) else getattr(factory, "__module__", None)
-        )
-        by = _REGISTERED_BY.get(name, (None, None))
-        packaged = not is_reference(name) and not _own_module(module)
-        if packaged and by[0] is _REGISTRY.get(name) and _own_module(by[1]):
-            # forty-third review of issue 15 (api 2): register_task("mytoy", partial(
-            # ToyClassificationTask, seed=SEED)) recorded nothing (the partial's function is
-            # fedprivopt's), so an edit of SEED went unseen by resume() and compare's reuse;
-            # the module that registered it made the partial (docs/TASKS.md); a partial of a
-            # function of one's own keeps that function's module (forty-second review, api 6)
-            module = by[1]
+        module = _partial_modules(name, getattr(factory, "__module__", None))
     if is_reference(name):  # its module's code is part of the task's (data_identity)
         note_factory(task, module or name.partition(":")[0])
-    elif isinstance(module, str) and module.partition(".")[0] != "fedprivopt":
+    elif isinstance(module, tuple) or _own_module(module):
         # forty-second review of issue 15 (api 6): a factory registered under a name
         # (register_task("mytoy", make), make in a module of one's own setting a packaged task's
         # data seed) was not recorded, so after an edit of its seed (3 to 4) resume() went on

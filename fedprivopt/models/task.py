@@ -249,15 +249,17 @@ def data_identity(task: Task) -> dict | None:
     return dict(value)
 
 
-def note_factory(task: object, module: str) -> None:
-    """Record on ``task`` the module of the factory that built it, for :func:`data_identity`.
+def note_factory(task: object, module: str | tuple[str, ...]) -> None:
+    """Record on ``task`` the module(s) of the factory that built it, for :func:`data_identity`.
 
     :func:`~fedprivopt.models.registry.build_task` calls this for a task by reference; a task
     whose attributes cannot be set (``__slots__``, a frozen dataclass) keeps its class's module
-    only.
+    only. A tuple names several modules (a ``functools.partial`` of a function of one's own made
+    in another module: the function's module and the one that made the partial).
     """
+    value = tuple(str(m) for m in module) if isinstance(module, tuple) else str(module)
     with contextlib.suppress(AttributeError, TypeError):
-        task._fedprivopt_factory_module = str(module)  # type: ignore[attr-defined]
+        task._fedprivopt_factory_module = value  # type: ignore[attr-defined]
 
 
 def _user_module(module: object) -> bool:
@@ -278,8 +280,9 @@ def _task_source(task: Task) -> dict | None:
     """
     modules = [type(task).__module__]
     factory = getattr(task, "__dict__", {}).get("_fedprivopt_factory_module")
-    if factory not in modules:
-        modules.append(factory)
+    for module in factory if isinstance(factory, tuple) else (factory,):
+        if module not in modules:
+            modules.append(module)
     digests = []
     for module in filter(_user_module, modules):
         path = getattr(sys.modules.get(module), "__file__", None)

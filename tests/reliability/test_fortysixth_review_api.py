@@ -13,9 +13,22 @@
    a plain tensor like the update) naming ``clip``, and ``_refuse_other_tensor`` an
    ``add_noise`` result of another shape, dtype or kind naming ``add_noise``; ``clip_l2``
    given as ``clip`` gives the default's bytes.
+2. ``register_task("mytoy46", functools.partial(helper.make, seed=SEED))`` in a module of
+   one's own, where ``make`` is a factory of one's own kept in another module (a helper) and
+   ``SEED`` is set in the registering module (also ``task = "regmod:made"`` with ``made``
+   such a partial). Before: only the helper's module was recorded (``task_source`` named
+   ``helper46``), so an edit of ``SEED`` (3 to 4) went unseen by ``resume()`` and
+   ``compare``'s reuse, where docs/TASKS.md says a partial is recorded by the module that made
+   it (the forty-second review's api 6 and 8 and the forty-third's api 2 through a partial of a
+   helper). Now ``models.registry._partial_modules`` records both modules
+   (``note_factory`` takes a tuple, ``helper46... and regmod46...``); a partial of a packaged
+   class or of a function of the same module keeps its one module.
 """
 
 from __future__ import annotations
+
+import importlib
+import sys
 
 import pytest
 import torch
@@ -23,6 +36,8 @@ import torch
 from fedprivopt.clients import LocalTrainer, privatize_update
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task, initial_flat
+from fedprivopt.models import registry as registry_module
+from fedprivopt.models.task import TASK_SOURCE, data_identity
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.clip import ClipResult, clip_l2
 from fedprivopt.strategies import StrategyConfig, build_algorithm
@@ -101,3 +116,42 @@ def test_1_a_trainer_overriding_clip_in_distributed_mode_sends_nothing_above_c()
         initial_flat(task), user_id=1, round_num=1, config=config, rngs=RngFactory(0)
     )
     assert honest.clipped
+
+
+# -- finding 2: a registered partial of a helper's factory, made in another module ------------
+
+
+def _import_fresh(monkeypatch, name):
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_2_a_partial_of_a_helper_factory_is_recorded_by_the_module_that_made_it(
+    tmp_path, monkeypatch, registered
+):
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    monkeypatch.setattr(registry_module, "_REGISTERED_BY", dict(registry_module._REGISTERED_BY))
+    tag = abs(hash(str(tmp_path)))
+    helper, maker = f"helper46_{tag}", f"regmod46_{tag}"
+    (tmp_path / f"{helper}.py").write_text(
+        "from fedprivopt.models.toy import ToyClassificationTask\n"
+        "def make(seed=0, **params):\n    return ToyClassificationTask(seed=seed, **params)\n"
+    )
+    source = tmp_path / f"{maker}.py"
+    text = (
+        f"import functools\nimport {helper}\nfrom fedprivopt.models import register_task\n"
+        f"SEED = {{}}\nmade = functools.partial({helper}.make, seed=SEED)\n"
+        "register_task('mytoy46', made, replace=True)\n"
+    )
+    source.write_text(text.format(3))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _import_fresh(monkeypatch, helper)
+    _import_fresh(monkeypatch, maker)
+    name = "mytoy46" if registered else f"{maker}:made"
+    before = data_identity(build_task(name, num_users=4))[TASK_SOURCE]
+    assert before["module"] == f"{helper} and {maker}"  # the helper alone before
+    source.write_text(text.format(4))
+    _import_fresh(monkeypatch, maker)
+    after = data_identity(build_task(name, num_users=4))[TASK_SOURCE]
+    assert after["sha256"] != before["sha256"]  # equal before (registered): the edit unseen

@@ -218,6 +218,7 @@ def draw_metric_vs_round(
     fig, ax = _new_axes()
     groups = group_runs(sel.runs)
     styles = _styles(list(groups))
+    skipped = []
     for key, group in groups.items():
         per_round: dict[int, list[float]] = {}
         for run in group:
@@ -225,6 +226,7 @@ def draw_metric_vs_round(
                 if math.isfinite(value):
                     per_round.setdefault(rnd, []).append(value)
         if not per_round:
+            skipped.append(key)
             continue
         x = np.array(sorted(per_round))
         stats = np.array([mean_std(per_round[r]) for r in x])
@@ -251,7 +253,17 @@ def draw_metric_vs_round(
     shown = plot_text(pretty_metric(sel.metric))
     ax.set_ylabel(shown)
     ax.set_title(f"{shown} by round (mean ± 1 std over seeds)")
+    if skipped:  # forty-sixth review of issue 15 (reports, finding 2): named, not left out
+        ax.text(0.5, 0.05, f"not drawn (no finite value in any round; see the table): "
+                f"{_row_names(skipped)}", transform=ax.transAxes, ha="center", alpha=0.6,
+                wrap=True)  # fmt: skip
     return _finish(fig, ax, path, len(groups) + _reference_line(ax, ref, sel.metric))
+
+
+def _row_names(keys: Sequence[tuple[str, float]]) -> str:
+    """``dp-fedavg σ=0.5, ...`` of (strategy, noise multiplier) rows, the first three named."""
+    names = ", ".join(plot_text(f"{strategy} σ={sigma:g}") for strategy, sigma in keys[:3])
+    return names + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def _diverged_text(row: dict[str, Any]) -> str:
@@ -331,9 +343,7 @@ def _undrawn_text(rows: Sequence[dict[str, Any]], mean_key: str) -> str:
     missing = [r for r in rows if not _drawn(r, mean_key)]
     if not missing:
         return ""
-    names = ", ".join(
-        plot_text(f"{r['strategy']} σ={r['noise_multiplier']:g}") for r in missing[:3]
-    ) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    names = _row_names([(r["strategy"], r["noise_multiplier"]) for r in missing])
     return f"not drawn (no finite final value or ε; see the table): {names}"
 
 

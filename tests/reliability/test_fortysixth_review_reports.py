@@ -10,6 +10,10 @@
    drawn (no finite final value or ε; see the table): dp-fedavg σ=0.5") and takes δ from
    every row with a finite ε; with no private row at all the axis says so ("no private run:
    the non-private baselines' ε is ∞").
+2. ``metric_vs_round.png`` of finding 1's comparison. Before: the dp-fedavg row, with no
+   finite loss in any round, was left out without a word (no line, no legend entry: the plot
+   of a comparison of fedavg alone). Now ``report_plots.draw_metric_vs_round`` names such rows
+   ("not drawn (no finite value in any round; see the table): dp-fedavg σ=0.5").
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 from fedprivopt.simulation import report_plots
 from fedprivopt.simulation.report import aggregate_runs
 from fedprivopt.simulation.rundata import RunData
+from fedprivopt.simulation.rundata_aggregate import Selection
 
 
 def _run(tmp_path, strategy: str, sigma: float, loss: float) -> RunData:
@@ -54,3 +59,14 @@ def test_1_a_private_row_without_a_finite_value_is_named_not_hidden(monkeypatch,
     assert baseline[1] == ["no private runs"], baseline
     both = _drawn(monkeypatch, tmp_path, runs, "eval_accuracy")  # every row drawn: as before
     assert both[0] == "ε (at δ=0.0001)" and not any("drawn" in t for t in both[1]), both
+
+
+def test_2_a_row_without_a_finite_value_in_any_round_is_named(monkeypatch, tmp_path):
+    runs = [_run(tmp_path, "dp-fedavg", 0.5, math.nan), _run(tmp_path, "fedavg", 0.0, 0.85)]
+    seen = []
+    monkeypatch.setattr(report_plots, "_finish", lambda fig, ax, path, n: seen.append(
+        [t.get_text() for t in ax.texts]))  # fmt: skip
+    for metric in ("eval_loss", "eval_accuracy"):
+        report_plots.draw_metric_vs_round(Selection(metric, runs), tmp_path / "m.png")
+    assert any("not drawn" in t and "dp-fedavg σ=0.5" in t for t in seen[0]), seen
+    assert seen[1] == [], seen  # every row drawn: as before

@@ -411,7 +411,10 @@ class NoisyMeanAggregator:
         topup_var = 0.0
         if self.private:
             if sum_noise is not None:
-                total += sum_noise[0].to(device=device, dtype=dtype)
+                # in the sum's dtype (forty-sixth review of issue 15, mechanisms 1): cast to the
+                # model's, float64 tree nodes of std 1e5 were infinite for a float16 model whose
+                # float64 sum and mean (std 100) hold them, as the fortieth review's Gaussian
+                total += sum_noise[0].to(device=device, dtype=total.dtype)
                 sum_var = float(sum_noise[1])
             elif self.noise_mode == "server":
                 topup_var = self.sum_noise_std**2

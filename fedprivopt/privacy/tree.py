@@ -69,6 +69,11 @@ __all__ = [
 #: Values of ``noise-mechanism``: a fresh Gaussian on every round's sum, or tree aggregation.
 NOISE_MECHANISMS = ("gaussian", "tree")
 
+#: A node's std may be at most its dtype's largest number over this (the strategies' bound on
+#: a round's noise std, ``strategies.aggregation.NOISE_HEADROOM``): a Gaussian draw reaches 4-6
+#: standard deviations, and a release sums up to ~20 nodes.
+NODE_HEADROOM = 64.0
+
 #: Nudges of :func:`calibrate_tree` (relative steps 1e-9 · 2**k: the last multiplies σ by ~10**4).
 _NUDGES = 44
 
@@ -214,6 +219,15 @@ class TreeNoise:
         self.dtype = dtype
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"dtype must be a floating torch.dtype, got {shown(dtype)}")
+        largest = torch.finfo(dtype).max / NODE_HEADROOM
+        if not self.std <= largest:
+            # forty-sixth review of issue 15 (mechanisms 1): float16 nodes of std 1e5 were
+            # about half infinite (float16 ends at 65504), and so was the released mean
+            raise ValueError(
+                f"std must be at most {largest:.6g} for {dtype} nodes (the dtype's largest "
+                f"number over {NODE_HEADROOM:g}: beyond it draws overflow to infinity), got "
+                f"{self.std:g}; draw the nodes in a wider dtype (dtype=torch.float64)"
+            )
         self.device = check_device(device)
         self.dim = check_fits("dim", check_int("dim", dim, 1), dtype.itemsize, self.device)
         self.round_num = 0

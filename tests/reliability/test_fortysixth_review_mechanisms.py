@@ -1,0 +1,51 @@
+"""Issue 15, forty-sixth hostile review (mechanisms: the mechanisms and epsilon): tests.
+
+1. Tree aggregation through the documented Python API for a float16 model (the tree's twin of
+   the fortieth review's mechanisms 2): ``NoisyMeanAggregator(clip_norm=1000,
+   noise_multiplier=100, expected_cohort_size=1000).aggregate(..., dtype=torch.float16,
+   sum_noise=TreeNoise(std=1e5, ...).release(1))`` (node std ``σC`` 1e5 on the sum, std 100 on
+   the mean, which float16 holds). Before: ``TreeNoise(dtype=torch.float16)`` drew its nodes in
+   float16, about half of each node ``±inf`` (float16 ends at 65504), and given float64 nodes
+   (``dtype=torch.float64``) ``aggregate`` cast them to the model's float16 before adding them
+   to its float64 sum: the released mean ``±inf`` in about half its entries either way, with a
+   reported ``noise_std`` of 100. Now ``aggregate`` adds ``sum_noise`` in the sum's dtype
+   (float64 here: a finite mean of std about 100), and ``TreeNoise`` refuses a ``std`` beyond
+   its dtype's largest number over 64 (the strategies' bound), naming ``std`` and the dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.privacy import RngFactory
+from fedprivopt.privacy.aggregate import NoisyMeanAggregator
+from fedprivopt.privacy.tree import TreeNoise
+
+
+def _tree(dtype: torch.dtype, std: float = 1e5, dim: int = 4000) -> TreeNoise:
+    return TreeNoise(std=std, restart_rounds=4, rngs=RngFactory(seed=0), dim=dim, dtype=dtype)
+
+
+def test_1_tree_noise_of_a_float16_model_is_finite():
+    agg = NoisyMeanAggregator(clip_norm=1000.0, noise_multiplier=100.0, expected_cohort_size=1000)
+    dim = 4000
+    update = torch.zeros(dim, dtype=torch.float16)
+    update[0] = 1000.0
+    noise, nodes = _tree(torch.float64).release(1)
+    result = agg.aggregate(
+        [(0, update)], dim=dim, dtype=torch.float16, sum_noise=(noise, nodes * 1e10)
+    )
+    assert result.noise_std == pytest.approx(100.0)
+    assert bool(torch.isfinite(result.delta_tilde).all())
+    assert result.delta_tilde.dtype == torch.float16
+    assert float(result.delta_tilde.double().std()) == pytest.approx(100.0, rel=0.1)
+    # drawn in float16 itself, such nodes would overflow: refused, naming std and the dtype
+    with pytest.raises(ValueError, match=r"std must be at most 1023.5 for torch.float16"):
+        _tree(torch.float16)
+    with pytest.raises(ValueError, match=r"std must be at most .* for torch.bfloat16"):
+        _tree(torch.bfloat16, std=1e37)
+    # within the bound: accepted as before (the strategies refuse beyond it already)
+    small, _ = _tree(torch.float16, std=1000.0, dim=8).release(1)
+    assert small.dtype == torch.float16 and bool(torch.isfinite(small).all())
+    assert _tree(torch.float16, std=65504 / 64, dim=2).std == 1023.5

@@ -62,6 +62,7 @@ from fedprivopt.models.task import (
     TaskError,
     refuse_inexact_entries,
     refuse_tensorless_entries,
+    refuse_unbuilt_model,
 )
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
@@ -183,7 +184,9 @@ class LocalTrainer(ModelLayout):
         # torch's AssertionError (Torch not compiled with CUDA enabled), 5 in its RuntimeError,
         # "meta" in a line naming the model's state['weight'], not the argument
         self.device = default_device() if device is None else check_device(device)
-        self.model = task.build_model().to(self.device)
+        model = task.build_model()
+        refuse_unbuilt_model(model, task)  # forty-sixth review of issue 15 (api 3)
+        self.model = model.to(self.device)
         self._refuse_shared_model()
         self.model.train()
         state = self.model.state_dict(keep_vars=True)

@@ -76,6 +76,7 @@ __all__ = [
     "private_evaluation_users",
     "refuse_inexact_entries",
     "refuse_tensorless_entries",
+    "refuse_unbuilt_model",
     "state_to_flat",
 ]
 
@@ -326,8 +327,9 @@ def evaluating(model: torch.nn.Module) -> Iterator[torch.device]:
 
 def model_spec(task: Task) -> FlatSpec:
     """Return the flat layout (:class:`~fedprivopt.privacy.FlatSpec`) of ``task``'s model."""
-    state = task.build_model().state_dict()
-    refuse_tensorless_entries(state, task)  # forty-fourth review of issue 15 (api 4)
+    model = task.build_model()
+    refuse_unbuilt_model(model, task)  # forty-sixth review of issue 15 (api 3)
+    state = model.state_dict()
     spec = flatten(state)[1]
     refuse_inexact_entries(state, spec.dtype, task)
     return spec
@@ -351,6 +353,29 @@ def refuse_tensorless_entries(state: Mapping[str, object], task: object) -> None
                 "the model is trained and sent as one flat vector of its tensors; keep such "
                 "state in a buffer (register_buffer), or return a tensor from get_extra_state()"
             )
+
+
+def refuse_unbuilt_model(model: object, task: object) -> None:
+    """Raise :class:`TaskError` unless ``model`` is a module of initialized tensors with data.
+
+    Forty-sixth review of issue 15 (api 3): a lazy module (``LazyLinear``) or a model on the
+    ``meta`` device ended :class:`~fedprivopt.clients.LocalTrainer`, :func:`initial_flat` and
+    :func:`model_spec` in torch's errors naming neither the task nor the entry; a command
+    refuses it in this line (``simulation.run_checks.initial_model``).
+    """
+    name = f"{type(task).__name__}.build_model()"
+    if not isinstance(model, torch.nn.Module):
+        raise TaskError(f"{name} must return a torch.nn.Module, got {type(model).__name__}")
+    state = model.state_dict(keep_vars=True)
+    refuse_tensorless_entries(state, task)
+    for key, tensor in state.items():
+        if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
+            what = "uninitialized (a lazy module: give its sizes, or run it once in build_model)"
+        elif tensor.device.type == "meta":
+            what = f"on device {tensor.device} (build the model on the CPU)"
+        else:
+            continue
+        raise TaskError(f"{name} must return a model of tensors on the CPU; {key!r} is {what}")
 
 
 def refuse_inexact_entries(
@@ -424,8 +449,9 @@ def frozen_coordinates(model: torch.nn.Module) -> torch.Tensor | None:
 
 def initial_flat(task: Task) -> torch.Tensor:
     """Return the initial model of ``task`` as one flat CPU vector (layout :func:`model_spec`)."""
-    state = task.build_model().state_dict()
-    refuse_tensorless_entries(state, task)  # forty-fourth review of issue 15 (api 4)
+    model = task.build_model()
+    refuse_unbuilt_model(model, task)  # forty-sixth review of issue 15 (api 3)
+    state = model.state_dict()
     flat, spec = flatten(state)
     refuse_inexact_entries(state, spec.dtype, task)
     return flat

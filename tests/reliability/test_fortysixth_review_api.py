@@ -23,6 +23,14 @@
    helper). Now ``models.registry._partial_modules`` records both modules
    (``note_factory`` takes a tuple, ``helper46... and regmod46...``); a partial of a packaged
    class or of a function of the same module keeps its one module.
+3. A task whose ``build_model()`` has a lazy module (``torch.nn.LazyLinear``) or is built on
+   the ``meta`` device, given to ``LocalTrainer(task)`` (a ClientApp's trainer, docs/FLOWER.md),
+   ``initial_flat(task)`` or ``model_spec(task)`` (the 44th review's api 4 through unbuilt
+   tensors). Before: torch's errors naming neither the task nor the entry (``ValueError:
+   Attempted to use an uninitialized parameter ...``, ``RuntimeError: Can't access the shape of
+   an uninitialized parameter``, ``NotImplementedError: Cannot copy out of meta tensor``),
+   where ``simulate`` refuses it in one line. Now ``models.task.refuse_unbuilt_model`` raises
+   that line as a ``TaskError`` naming the task and the entry.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ from fedprivopt.clients import LocalTrainer, privatize_update
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.models import registry as registry_module
-from fedprivopt.models.task import TASK_SOURCE, data_identity
+from fedprivopt.models.task import TASK_SOURCE, TaskError, data_identity, model_spec
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.clip import ClipResult, clip_l2
 from fedprivopt.strategies import StrategyConfig, build_algorithm
@@ -155,3 +164,27 @@ def test_2_a_partial_of_a_helper_factory_is_recorded_by_the_module_that_made_it(
     _import_fresh(monkeypatch, maker)
     after = data_identity(build_task(name, num_users=4))[TASK_SOURCE]
     assert after["sha256"] != before["sha256"]  # equal before (registered): the edit unseen
+
+
+# -- finding 3: a lazy or meta model given to the trainer of a ClientApp ----------------------
+
+
+class _LazyToy(ToyClassificationTask):
+    def build_model(self):
+        return torch.nn.Sequential(torch.nn.LazyLinear(self.num_classes))
+
+
+class _MetaToy(ToyClassificationTask):
+    def build_model(self):
+        return torch.nn.Linear(self.dim, self.num_classes, device="meta")
+
+
+@pytest.mark.parametrize("build", [LocalTrainer, initial_flat, model_spec])
+@pytest.mark.parametrize(
+    "task, words",
+    [(_LazyToy, r"_LazyToy.build_model\(\) .*'0.weight' is uninitialized \(a lazy module"),
+     (_MetaToy, r"_MetaToy.build_model\(\) .*'weight' is on device meta")],
+)  # fmt: skip
+def test_3_a_lazy_or_meta_model_is_refused_naming_the_task(build, task, words):
+    with pytest.raises(TaskError, match=words):
+        build(task(num_users=3))

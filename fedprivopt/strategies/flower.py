@@ -23,7 +23,7 @@ budget check before every round and the rounds with two cohorts (ADADP);
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 
 import numpy as np
@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedprivopt import wire as P
 from fedprivopt.core.checks import check_int, check_real
-from fedprivopt.core.text import epsilon_text, shown
+from fedprivopt.core.text import cut_middle, epsilon_text, shown
 from fedprivopt.privacy.flat import FlatSpec
 from fedprivopt.strategies.config import MAX_ROUNDS
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm, TrainRequest
@@ -54,7 +54,37 @@ __all__ = [
     "arrays_to_flat",
     "check_initial_arrays",
     "flat_to_arrays",
+    "rejected_text",
 ]
+
+#: Reasons a round's warning of rejected updates shows (:func:`rejected_text`); the rest counted.
+SHOWN_REASONS = 5
+
+
+def rejected_text(round_num: int, rejected: Mapping[int, str]) -> str:
+    """The one warning of a round's rejected updates (``rejected``: user to reason).
+
+    Users are grouped by reason, in the order of their lowest user id: each of the first
+    :data:`SHOWN_REASONS` reasons with its lowest user and how many more it rejected, and the
+    users rejected for other reasons counted. Forty-sixth review of issue 15 (wire 2): one
+    warning a user, so a node of 2,000 users sending updates of another shape or dtype (a model
+    of its own, a rogue node) wrote 2,000 lines (145 kB) every round, where a reply's
+    unrequested and undecodable updates are one warning each (forty-third review, wire 10;
+    forty-fifth, wire 5).
+    """
+    by_reason: dict[str, list[int]] = {}
+    for user, reason in sorted(rejected.items()):
+        by_reason.setdefault(str(reason), []).append(int(user))
+    parts = []
+    for reason, users in list(by_reason.items())[:SHOWN_REASONS]:
+        more = f" and {len(users) - 1} more" if len(users) > 1 else ""
+        parts.append(f"user {users[0]}{more}: {cut_middle(reason)}")
+    others = sum(len(users) for users in list(by_reason.values())[SHOWN_REASONS:])
+    if others:
+        parts.append(f"{others} more for {len(by_reason) - SHOWN_REASONS} other reasons")
+    count = len(rejected)
+    updates = "the update" if count == 1 else f"{count} updates"
+    return f"round {round_num}: rejected {updates}: " + "; ".join(parts)
 
 
 class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
@@ -204,8 +234,8 @@ class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
             result: RoundResult = stop.value
         finally:
             self._round = None  # a task's error ends the round unaggregated
-        for user, reason in sorted(result.rejected.items()):
-            log(WARNING, "round %d: rejected the update of user %d: %s", server_round, user, reason)
+        if result.rejected:
+            log(WARNING, "%s", rejected_text(server_round, result.rejected))
         result.metrics["node_errors"] = float(self.node_errors)
         result.metrics["unrequested"] = float(self.unrequested)
         result.metrics.update({k: float(v) for k, v in self.lost.items()})

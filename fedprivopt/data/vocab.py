@@ -163,7 +163,9 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
         # a leading byte-order mark (an editor's "UTF-8 with BOM") is no part of the first
         # word (thirty-first review of issue 15, data: the most frequent word was read as
         # "\ufeffthe", which no example holds, so it was silently out of the vocabulary)
-        with p.open(encoding="utf-8-sig") as f:
+        # bytes that are not UTF-8 are kept as surrogates and named with their line by
+        # _word_lines (forty-sixth review of issue 15, input 2)
+        with p.open(encoding="utf-8-sig", errors="surrogateescape") as f:
             return _keep_top(
                 _word_lines(p, f),
                 limit,
@@ -172,6 +174,32 @@ def read_word_counts(path: str | os.PathLike, *, limit: int | None = None) -> Vo
             )
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not a UTF-8 text file: {exc}") from exc
+
+
+#: What a file saved as UTF-16 starts with: its byte-order mark, as a ``surrogateescape``
+#: decoding gives it (little- or big-endian).
+_UTF16_MARKS = ("\udcff\udcfe", "\udcfe\udcff")
+_ESCAPED = re.compile("[\udc80-\udcff]")
+
+
+def _not_utf8(p: Path, where: str, byte: int, utf16: bool) -> ValueError:
+    """The error of a vocabulary file whose byte ``byte`` at ``where`` is not UTF-8.
+
+    Forty-sixth review of issue 15 (input 2): a ``stackoverflow.word_count`` saved in Latin-1
+    (a ``café`` on line 2,001) was refused as ``'utf-8' codec can't decode byte 0xe9 in position
+    7791``, an offset in neither the file (15,983) nor the line, where every other error of the
+    reader names its line; one saved as UTF-16 (Windows' "Unicode") as ``... byte 0xff in
+    position 0``, no cause; a tag-count file alike. The presets say both so since the
+    forty-third review (input 3).
+    """
+    if utf16:
+        cause = "it starts with a UTF-16 byte-order mark (the file is UTF-16)"
+    else:
+        cause = (
+            f"{where}: byte 0x{byte:02x} is not UTF-8 (the file was saved in another encoding, "
+            "e.g. Latin-1 or Windows-1252)"
+        )
+    return ValueError(f"{p}: not a UTF-8 text file: {cause}; save it as plain UTF-8")
 
 
 def _keep_top(
@@ -241,6 +269,11 @@ def _word_lines(p: Path, f) -> Iterator[tuple[int, str, int]]:
                 f"{p}:{lineno}: a line of more than {MAX_LINE:,} characters, which no "
                 "word-count file holds (the file is damaged)"
             )
+        escaped = _ESCAPED.search(line)
+        if escaped is not None:
+            utf16 = lineno == 1 and line.startswith(_UTF16_MARKS)
+            where = f"line {lineno:,}, column {escaped.start() + 1:,}"
+            raise _not_utf8(p, where, ord(escaped[0]) - 0xDC00, utf16)
         parts = line.split()
         if not parts:
             continue
@@ -296,6 +329,13 @@ def read_tag_counts(path: str | os.PathLike, *, limit: int | None = None) -> Voc
         )
     try:
         text = raw.decode("utf-8-sig")  # a leading byte-order mark, as for word counts
+    except UnicodeDecodeError as exc:  # input 2, as for word counts
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        where = f"line {line:,}, column {column:,}"
+        utf16 = raw.startswith((b"\xff\xfe", b"\xfe\xff"))
+        raise _not_utf8(p, where, raw[exc.start], utf16) from None
+    try:
         del raw
         return _keep_top(
             _tag_entries(p, text),

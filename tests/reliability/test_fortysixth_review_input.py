@@ -8,6 +8,15 @@
    ``--out``, ``--resume`` and the data directories refuse a URL. Now
    ``simulation.config.load_config`` refuses it as they do (``core.files.url_refusal``):
    ``config file 'https://example.org/toy.toml' is a URL (https://), not a path: ...``.
+2. A ``stackoverflow.word_count`` saved in Latin-1 (``café`` on line 2,001; read by both
+   tasks, ``read_word_counts``) or as UTF-16 (Windows' "Unicode", ``iconv -t utf-16``); a
+   ``stackoverflow.tag_count`` alike. Before: ``not a UTF-8 text file: 'utf-8' codec can't
+   decode byte 0xe9 in position 7791``, an offset in neither the file (15,983) nor the line,
+   where every other error of the reader names its line; UTF-16 as ``... byte 0xff in
+   position 0``, no cause. Now ``data.vocab`` names the line, column and byte (``line 2,001,
+   column 4: byte 0xe9 is not UTF-8 (the file was saved in another encoding, e.g. Latin-1
+   ...)``) or the UTF-16 byte-order mark, and says to save it as plain UTF-8, as the presets'
+   reader has said since the forty-third review.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.data.vocab import read_tag_counts, read_word_counts
 from fedprivopt.simulation.config import load_config
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -33,3 +43,22 @@ def test_1_a_preset_named_by_a_url_is_refused(tmp_path, monkeypatch):
         load_config("https://example.org/toy.toml")
     # the local directory named as a path is read
     assert load_config(Path("https:") / "example.org" / "toy.toml").task_params["num_users"] == 40
+
+
+def test_2_a_vocabulary_file_in_another_encoding_names_its_line(tmp_path):
+    lines = [f"w{i} {5000 - i}".encode() for i in range(3000)]
+    lines[2000] = "caf\u00e9 3000".encode("latin-1")
+    words = tmp_path / "stackoverflow.word_count"
+    words.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(ValueError, match=r"line 2,001, column 4: byte 0xe9 is not UTF-8"):
+        read_word_counts(words, limit=10)
+    tags = tmp_path / "stackoverflow.tag_count"
+    tags.write_bytes('{"a": 2,\n "caf\u00e9": 1}'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"line 2, column 6: byte 0xe9 is not UTF-8"):
+        read_tag_counts(tags)
+    for path, text in ((words, "the 5\nof 4\n"), (tags, '{"a": 1}')):
+        path.write_text(text, encoding="utf-16")
+        with pytest.raises(ValueError, match=r"starts with a UTF-16 byte-order mark"):
+            (read_word_counts if path == words else read_tag_counts)(path)
+        path.write_text(text, encoding="utf-8")
+        assert len((read_word_counts if path == words else read_tag_counts)(path)) >= 1

@@ -277,10 +277,14 @@ def newest_checkpoint(
         ``--resume``, ``compare`` and reports refuse it.
     MemoryError
         When loading it needs more memory than the process may take.
+
+    A checkpoint that is a symbolic link to nothing (its target removed or not mounted) or a
+    link loop is refused alike (:func:`_refuse_dangling`): forty-sixth review of issue 15.
     """
     for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
         path = out / name
         if not path.exists():
+            _refuse_dangling(path)
             continue
         check_regular(path)  # a FIFO would block the reader for ever (forty-fourth review)
         try:
@@ -316,6 +320,37 @@ _REMEDY = {
     errno.ENFILE: "close other programs' files (the system's limit of open files)",
     errno.ENOMEM: "free memory or raise the limit of memory (ulimit -v)",
 }
+
+
+def _refuse_dangling(path: Path) -> None:
+    """Refuse checkpoint ``path`` that is a symbolic link which cannot be followed.
+
+    Forty-sixth review of issue 15 (ledger, finding 1): a secure run's ``checkpoint.pt`` moved
+    to another disk and linked back (``ln -s /mnt/big/R/checkpoint.pt R/checkpoint.pt``), that
+    disk then not mounted, ``simulate --resume R`` with one more round: the link was taken for
+    no checkpoint at all, without a word, and the run went on from ``checkpoint.prev.pt``,
+    releasing round 3 again with new noise (rc 0, epsilon 25.92 where the intact checkpoint
+    resumes at 22.40). A link says nothing of its target's content, as an unreadable file
+    does not (:data:`NOT_ITS_CONTENT`).
+
+    Raises
+    ------
+    ValueError
+        Naming ``path`` and the link's target.
+    """
+    if not os.path.islink(path):
+        return
+    try:
+        target = os.readlink(path)
+    except OSError:  # removed meanwhile
+        return
+    raise ValueError(
+        f"{path}: a symbolic link to {target!r} that cannot be followed (its target does not "
+        "exist, or the links loop), which says nothing of the checkpoint's content: the "
+        "previous checkpoint was not used in its place (a secure run would redo released "
+        "rounds with new noise); put its target back (mount its disk) and try again, or remove "
+        "the link to continue from the previous checkpoint"
+    )
 
 
 def _unreadable(path: Path, name: str, exc: Exception, problems: dict[str, str] | None) -> None:

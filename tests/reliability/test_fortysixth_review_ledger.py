@@ -1,0 +1,94 @@
+"""Issue 15, forty-sixth hostile review (ledger: the ledger, checkpoints, every reader): tests.
+
+1. A finished secure toy run of 2 rounds (checkpoints of rounds 1 and 2), its
+   ``checkpoint.pt`` moved to another disk and linked back (``ln -s /mnt/big/R/checkpoint.pt
+   R/checkpoint.pt``), that disk then not mounted (the link's target gone),
+   ``num-server-rounds`` raised to 3 in ``config.toml``, then ``simulate --resume R``. Before:
+   the link was taken for no checkpoint at all (``Path.exists`` of a dangling link is false),
+   without a warning, and the run went on from ``checkpoint.prev.pt``: round 2 was released
+   again with new noise, rc 0 (the 3-round run of the review: epsilon 25.92 where the intact
+   checkpoint resumes at 22.40), as the thirty-seventh review's unreadable checkpoint did.
+   Now ``checkpoint.newest_checkpoint`` (``_refuse_dangling``) refuses it for every reader
+   (``--resume``, ``compare``, ``load_run``, ``compare-tuned``), naming the link and its
+   target, nothing written; a link to a readable checkpoint is read as before.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.files import (
+    CHECKPOINT,
+    CONFIG_FILE,
+    LEDGER_FILE,
+    PREVIOUS_CHECKPOINT,
+    SUMMARY_FILE,
+)
+from fedprivopt.simulation.run import resume, simulate
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+SMALL = {"population": 12, "task-params.num-users": 12}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished secure toy run of 2 rounds (checkpoints of rounds 1 and 2)."""
+    run = tmp_path_factory.mktemp("r46ledger") / "run"
+    settings = {**SMALL, "num-server-rounds": 2, "secure": True, "checkpoint-every": 1}
+    simulate(load_config(TOY, settings), run)
+    return run
+
+
+def _copy(finished: Path, at: Path) -> Path:
+    """A copy of ``finished`` whose ``config.toml`` asks for one more round."""
+    at.mkdir()
+    for path in finished.iterdir():
+        if path.is_file():
+            (at / path.name).write_bytes(path.read_bytes())
+    config = (at / CONFIG_FILE).read_text(encoding="utf-8")
+    assert "num-server-rounds = 2\n" in config
+    (at / CONFIG_FILE).write_text(
+        config.replace("num-server-rounds = 2\n", "num-server-rounds = 3\n"), encoding="utf-8"
+    )
+    return at
+
+
+def test_1_a_checkpoint_linked_to_nothing_is_refused_not_skipped(
+    finished: Path, tmp_path: Path
+) -> None:
+    run = _copy(finished, tmp_path / "run")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (run / CHECKPOINT).rename(disk / CHECKPOINT)
+    target = disk / CHECKPOINT
+    (run / CHECKPOINT).symlink_to(target)
+    (disk / CHECKPOINT).unlink()  # the disk not mounted
+    ledger = (run / LEDGER_FILE).read_bytes()
+    with pytest.raises(ValueError, match=r"a symbolic link to .* that cannot be followed") as e:
+        resume(run)
+    assert str(run / CHECKPOINT) in str(e.value) and str(target) in str(e.value)
+    assert (run / LEDGER_FILE).read_bytes() == ledger  # round 2 not released again
+    assert (run / SUMMARY_FILE).exists() and (run / CHECKPOINT).is_symlink()
+    with pytest.raises(ValueError, match="that cannot be followed"):
+        newest_checkpoint(run, {})  # every reader: compare, load_run, compare-tuned
+
+
+def test_1_a_checkpoint_linked_to_a_readable_one_is_read_as_before(
+    finished: Path, tmp_path: Path
+) -> None:
+    run = _copy(finished, tmp_path / "run")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (run / CHECKPOINT).rename(disk / CHECKPOINT)
+    (run / CHECKPOINT).symlink_to(disk / CHECKPOINT)
+    state, name = newest_checkpoint(run, {})
+    assert name == CHECKPOINT and state["algorithm"]["round"] == 2
+    (run / CHECKPOINT).unlink()  # no checkpoint.pt at all: the previous one, as before
+    state, name = newest_checkpoint(run, {})
+    assert name == PREVIOUS_CHECKPOINT and state["algorithm"]["round"] == 1
+    assert not os.path.lexists(run / CHECKPOINT)

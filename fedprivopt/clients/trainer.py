@@ -291,7 +291,12 @@ class LocalTrainer(ModelLayout):
             return None
         self.spec.check(preconditioner, name="preconditioner")
         _refuse_without_data("preconditioner", preconditioner)
-        p = preconditioner.to(device=self.device, dtype=self.spec.dtype)
+        # a copy of its own for every call: forty-sixth review of issue 15 (api 4), .to() gave
+        # the caller's tensor itself, so a precondition override that updated P in place (an
+        # Adagrad-like accumulation of squared gradients) changed the caller's preconditioner,
+        # and the next user of the node (one request.preconditioner for all) trained with the
+        # previous users' gradients in it: its update depended on their data (0.0073 apart)
+        p = preconditioner.to(device=self.device, dtype=self.spec.dtype, copy=True)
         if not bool(torch.all(torch.isfinite(p) & (p > 0))):
             raise ValueError("preconditioner must be finite and > 0 everywhere")
         return p

@@ -31,6 +31,15 @@
    an uninitialized parameter``, ``NotImplementedError: Cannot copy out of meta tensor``),
    where ``simulate`` refuses it in one line. Now ``models.task.refuse_unbuilt_model`` raises
    that line as a ``TaskError`` naming the task and the entry.
+4. A ``LocalTrainer`` subclass overriding ``precondition`` (a documented step) that updates
+   the preconditioner it is given in place (an Adagrad-like accumulation of squared
+   gradients, ``p.add_(grad.pow(2))``), training users 1 then 2 with one preconditioner (a
+   node's ``request.preconditioner`` is one tensor for all its users; fedprivopt's ClientApp
+   passes it so). Before: ``train`` handed the override the caller's tensor itself
+   (``Tensor.to`` of the same device and dtype), so user 2 trained with user 1's gradients in
+   its preconditioner: its update depended on user 1's data (0.0073 apart from user 2 alone),
+   and the caller's preconditioner moved by 0.78. Now ``LocalTrainer._check_preconditioner``
+   gives each call a copy of its own: user 2's update equals user 2's alone.
 """
 
 from __future__ import annotations
@@ -188,3 +197,28 @@ class _MetaToy(ToyClassificationTask):
 def test_3_a_lazy_or_meta_model_is_refused_naming_the_task(build, task, words):
     with pytest.raises(TaskError, match=words):
         build(task(num_users=3))
+
+
+# -- finding 4: a precondition override updating its preconditioner in place ----------------
+
+
+class _Accumulating(LocalTrainer):
+    def precondition(self, grad_flat, preconditioner):
+        preconditioner.add_(grad_flat.pow(2))  # Adagrad-like, within one user's training
+        return grad_flat / preconditioner.sqrt()
+
+
+def test_4_a_preconditioner_updated_by_one_user_does_not_reach_the_next():
+    task = build_task("toy", num_users=5, examples_per_user=(10, 10))
+    config = LocalConfig(learning_rate=0.1, epochs=1, batch_size=5, clip_norm=10.0)
+    flat = initial_flat(task)
+
+    def train(trainer, user, shared):
+        return trainer.train(flat, user_id=user, round_num=1, config=config, rngs=RngFactory(0),
+                             preconditioner=shared).delta  # fmt: skip
+
+    alone = train(_Accumulating(task, device="cpu"), 2, torch.ones_like(flat))
+    trainer, shared = _Accumulating(task, device="cpu"), torch.ones_like(flat)
+    train(trainer, 1, shared)
+    assert torch.equal(train(trainer, 2, shared), alone)  # 0.0073 apart before
+    assert torch.equal(shared, torch.ones_like(flat))  # the caller's moved by 0.78

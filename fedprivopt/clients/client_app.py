@@ -51,7 +51,7 @@ from fedprivopt.core.logs import hide_engine_notices
 from fedprivopt.core.text import shown
 from fedprivopt.models.registry import build_task, check_task_name
 from fedprivopt.models.task import Task, TaskError, state_to_flat
-from fedprivopt.models.task_calls import user_examples
+from fedprivopt.models.task_calls import task_call, user_examples
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = ["app", "clear_cache", "get_task_and_trainer", "make_client_app"]
@@ -268,9 +268,9 @@ def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Messag
         # forward that keeps what it saw (a running mean) carried one user's data into the next
         # user's metrics, so users [4, 1] reported accuracy 0.382 and [1, 4] 0.5
         model = trainer.load_global(global_flat)
-        metrics = task.evaluate_data(model, x, y)
-        loss_sum += metrics["loss"] * n
-        acc_sum += metrics["accuracy"] * n
+        loss, accuracy = _user_metrics(task, model, x, y)
+        loss_sum += loss * n
+        acc_sum += accuracy * n
         total += n
     record = MetricRecord(
         {
@@ -280,6 +280,44 @@ def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Messag
         }
     )
     return Message(RecordDict({P.EVAL_METRICS: record}), reply_to=message)
+
+
+def _user_metrics(
+    task: Task, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> tuple[float, float]:
+    """``task.evaluate_data(model, x, y)``'s loss and accuracy, or the task's error.
+
+    Forty-sixth review of issue 15 (wire 3): the evaluate handler called it unchecked, the one
+    member of a task no engine checks, so a task returning its metrics as tensors (a loss of
+    ``cross_entropy``) ended in Flower's ``TypeError: Not all values are of valid type``, one
+    without ``"accuracy"`` in ``KeyError: 'accuracy'``, a string in ``TypeError: unsupported
+    operand``, each naming neither the task nor the metric, and ``sys.exit(0)`` in it ended the
+    ClientApp with ``SystemExit``. Now each is the task's error (:func:`reply_task_error`), as
+    ``user_data`` and ``loss`` are in training; a number of any kind (a one-value tensor too,
+    as ``evaluate()``'s metrics are read) is taken as a float.
+    """
+    call = f"{type(task).__name__}.evaluate_data(model, x, y)"
+    rule = f"{call} must return a mapping with the numbers 'loss' and 'accuracy'"
+    with task_call(call, rule):
+        metrics = task.evaluate_data(model, x, y)
+    if not isinstance(metrics, Mapping):
+        raise TaskError(f"{rule}; got {type(metrics).__name__!r}")
+    values = []
+    for name in ("loss", "accuracy"):
+        if name not in metrics:
+            raise TaskError(
+                f"{rule}; got none for {name!r}, keys {shown(sorted(map(str, metrics)))}"
+            )
+        value = metrics[name]
+        try:
+            if isinstance(value, (str, bytes, bool)):
+                raise TypeError
+            if isinstance(value, torch.Tensor):
+                value = value.detach()  # a loss with its graph: no warning of torch's
+            values.append(float(value))
+        except (TypeError, ValueError, OverflowError, RuntimeError):  # RuntimeError: a tensor
+            raise TaskError(f"{rule}; got a {type(value).__name__} for {name!r}") from None
+    return values[0], values[1]
 
 
 def _replying(

@@ -20,20 +20,38 @@
    shape (4,) != (3,); user 1 and 132 more: dtype torch.float64 != torch.float32``, at most
    five reasons shown and the rest counted (``strategies.flower.rejected_text``); ``rejected``
    and ``accepted`` as before.
+3. fedprivopt's ClientApp (node 1 of 3, toy by reference) given an evaluate message (a
+   ServerApp of one's own; fedprivopt's server sends none) for a task whose ``evaluate_data``
+   returns its metrics as tensors (``cross_entropy``'s loss), leaves out ``accuracy``, returns a
+   string, raises, or calls ``sys.exit(0)``. Before: called unchecked (the one member of a task
+   no engine checks): Flower's ``TypeError: Not all values are of valid type``, ``KeyError:
+   'accuracy'``, ``TypeError: unsupported operand type(s)``, the task's ``RuntimeError`` and
+   ``SystemExit`` out of the handler, naming neither the task nor the metric (the node's
+   failure). Now tensors of one value are read as numbers (the toy's metrics to 1e-7), and the
+   rest is the task's error reply (``TaskError``, code ``TASK_ERROR``): ``Bad.evaluate_data(model,
+   x, y) must return a mapping with the numbers 'loss' and 'accuracy'; got none for 'accuracy',
+   ...`` (``client_app._user_metrics``, through ``task_calls.task_call`` as ``user_data`` and
+   ``loss`` are in training).
 
 The tests run fedprivopt's ClientApp and DPStrategy in process (no Flower engine, no Ray).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 
 import numpy as np
+import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedprivopt import wire as P
+from fedprivopt.clients.client_app import app
+from fedprivopt.clients.messages import TASK_ERROR
+from fedprivopt.models import build_task
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.strategies import StrategyConfig, build_algorithm, flower
 from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
@@ -143,3 +161,85 @@ def test_2_rejected_text_shows_five_reasons_and_counts_the_rest():
         "user 2 and 1 more: reason 2; user 3 and 1 more: reason 3; user 4 and 1 more: reason 4; "
         "6 more for 3 other reasons"
     )
+
+
+# -- finding 3: the evaluate handler reads evaluate_data's metrics as the task's protocol ---------
+
+TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
+
+
+class _Evaluating(ToyClassificationTask):
+    """The toy task whose ``evaluate_data`` returns what ``kind`` says."""
+
+    kind = "floats"
+
+    def evaluate_data(self, model, x, y):
+        kind = type(self).kind
+        if kind == "exit":
+            raise SystemExit(0)
+        if kind == "raises":
+            raise RuntimeError("boom")
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        accuracy = (out.argmax(1) == y).float().mean()
+        return {
+            "floats": {"loss": loss.detach().item(), "accuracy": accuracy.item()},
+            "tensors": {"loss": loss, "accuracy": accuracy},
+            "no accuracy": {"loss": loss.detach().item()},
+            "string": {"loss": "high", "accuracy": 0.5},
+        }[kind]
+
+
+def evaluating_task(**params):
+    """The task factory the run config names (a task by reference)."""
+    return _Evaluating(**params)
+
+
+def _evaluate(kind: str, monkeypatch) -> Message:
+    monkeypatch.setattr(_Evaluating, "kind", kind)
+    run_config = {
+        P.RUN_TASK: f"{__name__}:evaluating_task",
+        P.RUN_TASK_PARAMS_JSON: json.dumps(TOY),
+        P.RUN_DEVICE: "cpu",
+    }
+    nodes = {P.NODE_PARTITION_ID: 1, P.NODE_NUM_PARTITIONS: 3}
+    context = Context(
+        run_id=1, node_id=11, node_config=nodes, state=RecordDict(), run_config=run_config
+    )
+    state = build_task("toy", **TOY).build_model().state_dict()
+    arrays = ArrayRecord({k: Array(v.numpy()) for k, v in state.items()})
+    return app(delivered({P.ARRAYS_RECORD: arrays}, "evaluate"), context)
+
+
+def test_3_tensor_metrics_of_evaluate_data_are_read_as_numbers(monkeypatch):
+    floats = _evaluate("floats", monkeypatch).content.metric_records[P.EVAL_METRICS]
+    tensors = _evaluate("tensors", monkeypatch)  # before: Flower's TypeError
+    assert not tensors.has_error()
+    got = tensors.content.metric_records[P.EVAL_METRICS]
+    assert got[P.EVAL_NUM_EXAMPLES] == floats[P.EVAL_NUM_EXAMPLES] == 39
+    assert got[P.EVAL_LOSS] == pytest.approx(floats[P.EVAL_LOSS], abs=1e-7)
+    assert got[P.EVAL_ACCURACY] == pytest.approx(floats[P.EVAL_ACCURACY], abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("no accuracy", "; got none for 'accuracy', keys ['loss']"),
+        ("string", "; got a str for 'loss'"),
+        ("raises", None),
+        ("exit", "; it called sys.exit(0)"),
+    ],
+)
+def test_3_evaluate_data_breaking_its_protocol_is_the_tasks_error(kind, said, monkeypatch):
+    reply = _evaluate(kind, monkeypatch)  # before: KeyError, TypeError, RuntimeError, SystemExit
+    assert reply.has_error() and reply.error.code == TASK_ERROR
+    if said is None:
+        start = "_Evaluating.evaluate_data(model, x, y) raised RuntimeError at "
+        assert reply.error.reason.startswith(start + "test_fortysixth_review_wire.py:")
+        assert reply.error.reason.endswith(": boom")
+    else:
+        rule = (
+            "_Evaluating.evaluate_data(model, x, y) must return a mapping with the numbers "
+            "'loss' and 'accuracy'"
+        )
+        assert reply.error.reason == rule + said

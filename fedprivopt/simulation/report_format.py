@@ -158,14 +158,20 @@ def one_line(text: str) -> str:
 
 
 def table_cell(text: Any) -> str:
-    """``text`` as one cell of a markdown table: ``|`` escaped, newlines as spaces.
+    r"""``text`` as one cell of a markdown table: ``|`` escaped, newlines as spaces.
 
     Also the Summary's header cell of the task metric: thirty-fifth review of issue 15 (outputs,
     finding 2): a task by reference whose metric is named ``p(y|x)`` wrote the header
     ``| … | eval_p(y|x) | eval loss | s/round |``, 10 cells over a delimiter row of 9, which
     Markdown does not take for a table: the Summary showed as lines of text.
+
+    Forty-sixth review of issue 15 (reports, finding 3): only ``\n`` was a line break here.
+    ``write_report(out, load_runs(D))`` of a run directory named ``a\r## Fake heading`` (a
+    carriage return, a line ending of Markdown too) wrote each of its warnings as a heading
+    ``## Fake heading: diverged at round 1 ...`` under "Warnings", and a table cell so broken
+    ends its row. The other control characters are now escaped as :func:`one_line` does.
     """
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return one_line(str(text).replace("\n", " ")).replace("|", "\\|")
 
 
 def code_span(text: Any) -> str:

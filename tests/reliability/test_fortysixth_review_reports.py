@@ -14,6 +14,13 @@
    finite loss in any round, was left out without a word (no line, no legend entry: the plot
    of a comparison of fedavg alone). Now ``report_plots.draw_metric_vs_round`` names such rows
    ("not drawn (no finite value in any round; see the table): dp-fedavg σ=0.5").
+3. ``write_report(out, load_runs(D))`` (the documented API) of a diverged run whose directory
+   is named ``a<CR>## Fake heading`` (a carriage return: a line ending of Markdown; the CLI
+   refuses such paths, the Python API took them). Before: ``report_format.table_cell``
+   (the Warnings' items, the Runs table's and the tunings' cells) turned ``\\n`` alone into a
+   space, so each of the run's warnings became a heading ``## Fake heading: diverged at
+   round 1 ...`` of its own under "Warnings". Now every other control character is escaped as
+   ``report_format.one_line`` does (``a\\r## Fake heading``): one item, one cell.
 """
 
 from __future__ import annotations
@@ -21,12 +28,13 @@ from __future__ import annotations
 import math
 
 from fedprivopt.simulation import report_plots
-from fedprivopt.simulation.report import aggregate_runs
+from fedprivopt.simulation.report import aggregate_runs, write_report
+from fedprivopt.simulation.report_format import table_cell
 from fedprivopt.simulation.rundata import RunData
 from fedprivopt.simulation.rundata_aggregate import Selection
 
 
-def _run(tmp_path, strategy: str, sigma: float, loss: float) -> RunData:
+def _run(tmp_path, strategy: str, sigma: float, loss: float, name: str = "") -> RunData:
     """A finished 2-round toy run (dp-fedavg at ε 10.28, or a non-private baseline)."""
     private = sigma > 0
     config = {"strategy": strategy, "noise-multiplier": sigma, "sampling": "poisson",
@@ -35,7 +43,7 @@ def _run(tmp_path, strategy: str, sigma: float, loss: float) -> RunData:
                "epsilon": 10.28 if private else math.inf, "delta": 1e-4,
                "rounds_completed": 2, "config": config}  # fmt: skip
     rows = [{"round": r, "eval_accuracy": 0.5, "eval_loss": loss} for r in (1, 2)]
-    return RunData(summary, rows, tmp_path / f"{strategy}__sigma{sigma:g}__seed0",
+    return RunData(summary, rows, tmp_path / (name or f"{strategy}__sigma{sigma:g}__seed0"),
                    ledger_epsilon=10.28 if private else None)  # fmt: skip
 
 
@@ -70,3 +78,14 @@ def test_2_a_row_without_a_finite_value_in_any_round_is_named(monkeypatch, tmp_p
         report_plots.draw_metric_vs_round(Selection(metric, runs), tmp_path / "m.png")
     assert any("not drawn" in t and "dp-fedavg σ=0.5" in t for t in seen[0]), seen
     assert seen[1] == [], seen  # every row drawn: as before
+
+
+def test_3_a_carriage_return_in_a_run_name_makes_no_heading(tmp_path):
+    bad = _run(tmp_path, "dp-fedavg", 0.5, math.nan, name="a\r## Fake heading")
+    fine = _run(tmp_path, "fedavg", 0.0, 0.85)
+    text = write_report(tmp_path / "out", [bad, fine], title="t", metric="eval_loss").read_text(
+        encoding="utf-8"
+    )
+    assert "\r" not in text and "a\\r## Fake heading" in text, text
+    assert not [line for line in text.splitlines() if line.startswith("## Fake")], text
+    assert table_cell("p(y|x)\nz") == "p(y\\|x) z"  # as before

@@ -103,10 +103,40 @@ def task_param_error(exc: TypeError) -> str | None:
     if match is None:
         return _call_refused(exc) or _raised_in_factory(exc)
     key = match.group("key").replace("_", "-")
-    return (
-        f"unknown key {shown(f'task-params.{key}')}: not a parameter of the task "
-        "(task parameters are plain values, not tables)"
-    )
+    return f"unknown key {shown(f'task-params.{key}')}: {_not_a_parameter(exc, match['key'])}"
+
+
+def _not_a_parameter(exc: TypeError, key: str) -> str:
+    """Why ``key`` is no parameter of the task being built, naming the task and its parameters.
+
+    Forty-sixth review of issue 15 (input 3): ``simulate stackoverflow-tp-mini.toml --set
+    task=toy`` (a preset's task switched on the command line, its ``[task-params]`` kept) was
+    refused as ``unknown key 'task-params.data-dir': not a parameter of the task (task
+    parameters are plain values, not tables)``: a plain value told it is a table, and neither
+    the task nor the keys it takes named. The table remark stays for a dotted key (a table
+    under ``task-params`` reaches the task so: ``--set 'task-params.dim={a=1}'``).
+    """
+    from fedprivopt.models.registry import task_parameters
+
+    name = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if _is_build_task(tb.tb_frame.f_code):
+            name = tb.tb_frame.f_locals.get("name")
+        tb = tb.tb_next
+    # a table under task-params reaches the task as a dotted keyword (task-params.dim.a)
+    table = "plain values, not tables" if "." in key else ""
+    names = sorted(p.replace("_", "-") for p in task_parameters(name))
+    if not isinstance(name, str) or not names:
+        return "not a parameter of the task" + (f" (task parameters are {table})" * bool(table))
+    known = ", ".join(cut_middle(n) for n in names[:_LISTED])
+    more = f" and {len(names) - _LISTED:,} more" if len(names) > _LISTED else ""
+    table = f"; they are {table}" if table else ""
+    return f"not a parameter of task {shown(name)} (its parameters: {known}{more}{table})"
+
+
+_LISTED = 30
+"""Parameters of a task its unknown key's message lists at most (the packaged take 7-21)."""
 
 
 _TWICE_KWARG = re.compile(r"\(\) got multiple values for argument '(?P<key>.*)'\Z")

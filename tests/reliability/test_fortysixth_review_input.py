@@ -17,6 +17,14 @@
    column 4: byte 0xe9 is not UTF-8 (the file was saved in another encoding, e.g. Latin-1
    ...)``) or the UTF-16 byte-order mark, and says to save it as plain UTF-8, as the presets'
    reader has said since the forty-third review.
+3. ``simulate stackoverflow-tp-mini.toml --set task=toy`` (a preset's task switched on the
+   command line, its ``[task-params]`` kept; also ``--set task=stackoverflow-nwp``, an unknown
+   ``--set task-params.xx=1``). Before: ``unknown key 'task-params.data-dir': not a parameter
+   of the task (task parameters are plain values, not tables)``: a plain value told it is a
+   table, and neither the task nor the keys it takes named. Now
+   ``cli_task_errors.task_param_error`` names the task and its parameters (``not a parameter
+   of task 'toy' (its parameters: dim, examples-per-user, ...)``); the table remark stays for
+   a dotted key (``--set 'task-params.dim={a=1}'`` reaches the task as ``dim.a``).
 """
 
 from __future__ import annotations
@@ -26,10 +34,12 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.cli import main
 from fedprivopt.data.vocab import read_tag_counts, read_word_counts
 from fedprivopt.simulation.config import load_config
 
-TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+PRESETS = Path(__file__).resolve().parents[2] / "simulations"
+TOY = PRESETS / "toy.toml"
 
 
 def test_1_a_preset_named_by_a_url_is_refused(tmp_path, monkeypatch):
@@ -62,3 +72,19 @@ def test_2_a_vocabulary_file_in_another_encoding_names_its_line(tmp_path):
             (read_word_counts if path == words else read_tag_counts)(path)
         path.write_text(text, encoding="utf-8")
         assert len((read_word_counts if path == words else read_tag_counts)(path)) >= 1
+
+
+def test_3_a_key_of_another_task_names_the_task_and_its_parameters(tmp_path, capsys):
+    mini = str(PRESETS / "stackoverflow-tp-mini.toml")
+    args = ["simulate", mini, "--set", "task=toy", "--rounds", "1", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "unknown key 'task-params.data-dir': not a parameter of task 'toy'" in err
+    assert "(its parameters: dim, examples-per-user," in err and "not tables" not in err
+    table = ["simulate", str(TOY), "--set", "task-params.dim={a=1}", "--out", str(tmp_path / "s")]
+    assert main(table) == 2
+    err = capsys.readouterr().err
+    assert "'task-params.dim.a': not a parameter of task 'toy' (its parameters: dim," in err
+    assert err.endswith("test-examples; they are plain values, not tables)\n")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()

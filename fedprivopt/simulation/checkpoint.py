@@ -87,9 +87,30 @@ def save_checkpoint(
     tmp = temporary(ckpt)
     write_synced(tmp, buf.getvalue())
     if ckpt.exists():
-        os.replace(ckpt, out / PREVIOUS_CHECKPOINT)
+        _rotate(ckpt, out / PREVIOUS_CHECKPOINT)
     os.replace(tmp, ckpt)
     fsync_dir(out)
+
+
+def _rotate(ckpt: Path, previous: Path) -> None:
+    """Make the current checkpoint ``ckpt`` the previous one (``previous``).
+
+    A ``ckpt`` that is a symbolic link to ``previous`` is removed, not renamed: ``previous``
+    already holds that checkpoint. Forty-sixth review of issue 15 (ledger, finding 2): a run
+    whose ``checkpoint.pt`` was made a link to ``checkpoint.prev.pt`` (``ln -s
+    checkpoint.prev.pt checkpoint.pt``, to go on from the previous checkpoint), resumed: the
+    rename put the link in the previous checkpoint's place, a link to itself, and the file
+    was lost; ``load_run`` then raised ``OSError: Too many levels of symbolic links`` (a
+    traceback) and every later ``--resume`` was refused.
+    """
+    try:
+        linked = ckpt.is_symlink() and os.path.samefile(ckpt, previous)
+    except OSError:  # no previous checkpoint (or none that can be followed)
+        linked = False
+    if linked:
+        ckpt.unlink()
+    else:
+        os.replace(ckpt, previous)
 
 
 def state_digest(state: dict[str, Any]) -> str:

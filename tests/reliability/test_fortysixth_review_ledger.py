@@ -11,6 +11,14 @@
    Now ``checkpoint.newest_checkpoint`` (``_refuse_dangling``) refuses it for every reader
    (``--resume``, ``compare``, ``load_run``, ``compare-tuned``), naming the link and its
    target, nothing written; a link to a readable checkpoint is read as before.
+2. The same finished run whose ``checkpoint.pt`` was made a link to ``checkpoint.prev.pt``
+   (``ln -s checkpoint.prev.pt checkpoint.pt``, to go on from the previous checkpoint), then
+   ``simulate --resume R`` (round 2 redone, one checkpoint saved). Before: saving it renamed
+   the link over ``checkpoint.prev.pt``, which became a link to itself: the previous
+   checkpoint's file was lost, ``load_run(R)`` (what reports read) raised ``OSError: Too many
+   levels of symbolic links`` and every later ``--resume`` was refused. Now
+   ``checkpoint.save_checkpoint`` (``_rotate``) removes such a link instead, keeping
+   ``checkpoint.prev.pt``.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from fedprivopt.simulation.files import (
     SUMMARY_FILE,
 )
 from fedprivopt.simulation.run import resume, simulate
+from fedprivopt.simulation.rundata import load_run
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 SMALL = {"population": 12, "task-params.num-users": 12}
@@ -92,3 +101,24 @@ def test_1_a_checkpoint_linked_to_a_readable_one_is_read_as_before(
     state, name = newest_checkpoint(run, {})
     assert name == PREVIOUS_CHECKPOINT and state["algorithm"]["round"] == 1
     assert not os.path.lexists(run / CHECKPOINT)
+
+
+def test_2_a_checkpoint_linked_to_the_previous_one_does_not_replace_it(
+    finished: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for path in finished.iterdir():
+        if path.is_file():
+            (run / path.name).write_bytes(path.read_bytes())
+    (run / CHECKPOINT).unlink()
+    (run / CHECKPOINT).symlink_to(PREVIOUS_CHECKPOINT)  # go on from round 1
+    resume(run)  # round 2 redone (secure: charged again), one checkpoint saved
+    assert not (run / PREVIOUS_CHECKPOINT).is_symlink()
+    assert not (run / CHECKPOINT).is_symlink()
+    state, name = newest_checkpoint(run, {})
+    assert name == CHECKPOINT and state["algorithm"]["round"] == 2
+    (run / CHECKPOINT).unlink()
+    state, name = newest_checkpoint(run, {})
+    assert name == PREVIOUS_CHECKPOINT and state["algorithm"]["round"] == 1
+    assert load_run(run).rounds_completed == 2

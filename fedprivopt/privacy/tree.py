@@ -219,15 +219,6 @@ class TreeNoise:
         self.dtype = dtype
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"dtype must be a floating torch.dtype, got {shown(dtype)}")
-        largest = torch.finfo(dtype).max / NODE_HEADROOM
-        if not self.std <= largest:
-            # forty-sixth review of issue 15 (mechanisms 1): float16 nodes of std 1e5 were
-            # about half infinite (float16 ends at 65504), and so was the released mean
-            raise ValueError(
-                f"std must be at most {largest:.6g} for {dtype} nodes (the dtype's largest "
-                f"number over {NODE_HEADROOM:g}: beyond it draws overflow to infinity), got "
-                f"{self.std:g}; draw the nodes in a wider dtype (dtype=torch.float64)"
-            )
         self.device = check_device(device)
         self.dim = check_fits("dim", check_int("dim", dim, 1), dtype.itemsize, self.device)
         self.round_num = 0
@@ -246,6 +237,16 @@ class TreeNoise:
         node count times ``std²``.
         """
         period, step = tree_position(round_num, self.restart_rounds)
+        largest = torch.finfo(self.dtype).max / NODE_HEADROOM
+        if not self.std <= largest:
+            # forty-sixth review of issue 15 (mechanisms 1): float16 nodes of std 1e5 were
+            # about half infinite (float16 ends at 65504), and so was the released mean.
+            # Checked here, not when built: a strategy refuses the same bound naming its keys
+            raise ValueError(
+                f"std must be at most {largest:.6g} for {self.dtype} nodes (the dtype's largest "
+                f"number over {NODE_HEADROOM:g}: beyond it draws overflow to infinity), got "
+                f"{self.std:g}; draw the nodes in a wider dtype (dtype=torch.float64)"
+            )
         if round_num <= self.round_num:
             # thirty-fifth review of issue 15: a period's first round could be released again
             # (release(1) after release(3)), with the same node noise in a seeded run: the

@@ -9,8 +9,9 @@
    (``dtype=torch.float64``) ``aggregate`` cast them to the model's float16 before adding them
    to its float64 sum: the released mean ``±inf`` in about half its entries either way, with a
    reported ``noise_std`` of 100. Now ``aggregate`` adds ``sum_noise`` in the sum's dtype
-   (float64 here: a finite mean of std about 100), and ``TreeNoise`` refuses a ``std`` beyond
-   its dtype's largest number over 64 (the strategies' bound), naming ``std`` and the dtype.
+   (float64 here: a finite mean of std about 100), and ``TreeNoise.release`` refuses a ``std``
+   beyond its dtype's largest number over 64 (the strategies' bound, which a strategy checks
+   first and refuses naming its keys, as before), naming ``std`` and the dtype.
 """
 
 from __future__ import annotations
@@ -42,10 +43,21 @@ def test_1_tree_noise_of_a_float16_model_is_finite():
     assert float(result.delta_tilde.double().std()) == pytest.approx(100.0, rel=0.1)
     # drawn in float16 itself, such nodes would overflow: refused, naming std and the dtype
     with pytest.raises(ValueError, match=r"std must be at most 1023.5 for torch.float16"):
-        _tree(torch.float16)
+        _tree(torch.float16).release(1)
     with pytest.raises(ValueError, match=r"std must be at most .* for torch.bfloat16"):
-        _tree(torch.bfloat16, std=1e37)
+        _tree(torch.bfloat16, std=1e37).release(1)
     # within the bound: accepted as before (the strategies refuse beyond it already)
     small, _ = _tree(torch.float16, std=1000.0, dim=8).release(1)
     assert small.dtype == torch.float16 and bool(torch.isfinite(small).all())
-    assert _tree(torch.float16, std=65504 / 64, dim=2).std == 1023.5
+    assert _tree(torch.float16, std=65504 / 64, dim=2).release(1)[1] == 1
+
+
+def test_1_a_strategy_still_names_its_keys_for_tree_noise_beyond_the_dtype():
+    from fedprivopt.strategies import StrategyConfig, build_algorithm
+
+    config = StrategyConfig(
+        strategy="dp-fedavg", population=40, clients_per_round=10, noise_multiplier=1e37,
+        clip_norm=1.0, delta=1e-4, noise_mechanism="tree",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"noise-multiplier \* clip-norm must be at most"):
+        build_algorithm(config, torch.zeros(4))

@@ -147,11 +147,40 @@ def _record(signum: int) -> None:
 
 
 def _raise(signum: int, frame: object) -> None:
-    if not (_SIGNALS.received or _SIGNALS.code is not None) and _torch_loading():
+    if not (_SIGNALS.received or _SIGNALS.code is not None) and (
+        _torch_loading() or _in_fork_hook(frame)
+    ):
         _defer(signum)
         return
     _record(signum)
     raise Interrupted(signum)
+
+
+#: ``logging``'s functions that ``os.register_at_fork`` runs in this process around each of its
+#: forks (Python 3.11 and 3.12: the first two; 3.13: the last two): they take and give back the
+#: module's lock, outside any ``try``.
+_LOGGING_FORK_HOOKS = frozenset({"_acquireLock", "_releaseLock", "_prepareFork", "_afterFork"})
+
+
+def _in_fork_hook(frame: Any) -> bool:
+    """Whether ``frame`` (where a signal's handler runs) is inside a hook run around a fork.
+
+    Forty-sixth review of issue 15 (processes 1): a signal that came while the process forked
+    (``subprocess`` with a ``preexec_fn``: every process ``deploy local`` starts; Ray's, the
+    ``os.fork`` of a probe) had its handler run in ``logging``'s after-fork hook, which the
+    interpreter calls from C: :class:`Interrupted` raised there was only printed (``Exception
+    ignored in: <function _releaseLock>``) and lost, and the hook never gave back the module's
+    lock. ``kill PID`` of ``deploy local`` as it started ``flwr log`` let the deployment run on to
+    its end, rc 0, and a ``logging`` call of any other thread would have waited for ever.
+    """
+    while frame is not None:
+        if (
+            getattr(frame, "f_globals", {}).get("__name__") == "logging"
+            and frame.f_code.co_name in _LOGGING_FORK_HOOKS
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 _DEFERRED: list[int] = []
@@ -178,6 +207,9 @@ def _torch_loading() -> bool:
 def _defer(signum: int) -> None:
     """Hold a first signal back until torch has loaded, then send it again (:func:`_replay`).
 
+    Likewise a first signal whose handler runs in a hook around a fork (:func:`_in_fork_hook`):
+    sent again once the hook has returned, it is raised where the fork was made.
+
     A second signal meanwhile ends the process at once, as after any first one.
     """
     if _DEFERRED:
@@ -188,8 +220,12 @@ def _defer(signum: int) -> None:
 
 
 def _replay() -> None:
-    """Once torch has loaded, the signal held back reaches the main thread again."""
-    while _torch_loading():
+    """Once torch has loaded, the signal held back reaches the main thread again.
+
+    Likewise once the main thread has left the hook around a fork it was in.
+    """
+    main = threading.main_thread().ident
+    while _torch_loading() or _in_fork_hook(sys._current_frames().get(main)):
         time.sleep(REPLAY_POLL)
     if _DEFERRED:
         signum = _DEFERRED.pop()

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedprivopt.clients.trainer import LocalTrainer, clip_report
@@ -82,10 +83,27 @@ class UserTrainer:
         local = settings.local
         # a cohort trainer with ``noise_shares`` adds distributed-noise shares itself
         quiet = local.noise_std == 0 == local.count_noise_std
-        vectorized = self.cohort is not None and (
-            quiet or getattr(self.cohort, "noise_shares", False)
-        )
+        vectorized = self.cohort is not None and (quiet or self._declares_shares())
         return "vectorized" if vectorized else "sequential"
+
+    def _declares_shares(self) -> bool:
+        """The cohort trainer's ``noise_shares``, which must be a bool.
+
+        Forty-sixth review of issue 15 (api 5): it was read by its truth, so a cohort trainer
+        of one's own that wrote it as a method (``def noise_shares(self): return False``, a
+        bound method is true) was trusted to add the distributed-noise shares it does not add:
+        a toy round (33 entries, too few for ``_refuse_missing_share`` to tell) was released
+        bit for bit as the noiseless one, charged and reported as noised (epsilon 7.551,
+        ``noise_std`` 0.075). Anything but a bool is refused naming it.
+        """
+        shares = getattr(self.cohort, "noise_shares", False)
+        if isinstance(shares, (bool, np.bool_)):
+            return bool(shares)
+        raise TaskError(
+            f"{type(self.task).__name__}.cohort_trainer()'s noise_shares must be True or False "
+            "(whether its train_batches adds the distributed-noise shares itself), got "
+            f"{shown(shares)}"
+        )
 
     def train(
         self,

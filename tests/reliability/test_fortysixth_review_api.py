@@ -40,6 +40,15 @@
    its preconditioner: its update depended on user 1's data (0.0073 apart from user 2 alone),
    and the caller's preconditioner moved by 0.78. Now ``LocalTrainer._check_preconditioner``
    gives each call a copy of its own: user 2's update equals user 2's alone.
+5. A task's own cohort trainer (a ``CohortTrainer`` subclass) that writes ``noise_shares`` as
+   a method (``def noise_shares(self): return False``), run in distributed-noise mode on the
+   fast engine (``simulate toy.toml --set noise-mode=distributed``). Before: the fast engine
+   read it by its truth (a bound method is true) and trusted the cohort trainer to add the
+   shares it does not add; with the toy's 33 entries ``_refuse_missing_share`` cannot tell,
+   so the round was released bit for bit as the noiseless one (noise-multiplier 1e-9), charged
+   and reported as noised (epsilon 7.551, ``noise_std`` 0.075). Now
+   ``UserTrainer._declares_shares`` refuses a ``noise_shares`` that is not a bool, naming it
+   (rc 2, one line); True and False (and NumPy's bools) as before.
 """
 
 from __future__ import annotations
@@ -54,10 +63,12 @@ from fedprivopt.clients import LocalTrainer, privatize_update
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.models import registry as registry_module
+from fedprivopt.models.cohort import CohortTrainer
 from fedprivopt.models.task import TASK_SOURCE, TaskError, data_identity, model_spec
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.clip import ClipResult, clip_l2
+from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 
 # -- finding 1: a replacement clip (or add_noise) was trusted --------------------------------
@@ -222,3 +233,34 @@ def test_4_a_preconditioner_updated_by_one_user_does_not_reach_the_next():
     train(trainer, 1, shared)
     assert torch.equal(train(trainer, 2, shared), alone)  # 0.0073 apart before
     assert torch.equal(shared, torch.ones_like(flat))  # the caller's moved by 0.78
+
+
+# -- finding 5: a cohort trainer whose noise_shares is no bool ---------------------------------
+
+
+class _MethodShares(CohortTrainer):
+    def noise_shares(self):  # meant as "no": a bound method is true
+        return False
+
+    def train_batches(self, *args, **kwargs):
+        raise AssertionError("not reached in distributed-noise mode")
+
+
+@pytest.mark.parametrize("shares, mode", [(None, "refused"), (False, "sequential"),
+                                          (True, "vectorized")])  # fmt: skip
+def test_5_noise_shares_must_be_a_bool(shares, mode):
+    task = build_task("toy", num_users=5)
+    trainer = _MethodShares(task, device="cpu", chunk_users=4)
+    if shares is not None:
+        trainer.noise_shares = shares
+    task.cohort_trainer = lambda device, chunk_users: trainer
+    users = UserTrainer(task, device="cpu", vectorize=True, chunk_users=4, secure=False)
+    config = StrategyConfig.from_mapping({"population": 5, "clients-per-round": 4,
+                                         "noise-mode": "distributed"})  # fmt: skip
+    settings = build_algorithm(config, initial_flat(task)).client_settings(clip_norm=1.0)
+    assert settings.local.noise_std > 0
+    if mode == "refused":
+        with pytest.raises(TaskError, match=r"noise_shares must be True or False"):
+            users.mode(settings)  # "vectorized" before: no shares added, no noise released
+    else:
+        assert users.mode(settings) == mode

@@ -40,6 +40,7 @@ from flwr.clientapp import ClientApp
 from fedprivopt import wire as P
 from fedprivopt.clients.messages import (
     TrainMessage,
+    check_record_kinds,
     hosted_users,
     read_model,
     reply_task_error,
@@ -244,10 +245,12 @@ def _known_spellings(kind: str, names: Iterable[str], known: str) -> None:
 
 def _evaluate(message: Message, context: Context, defaults: _Defaults) -> Message:
     content = message.content
+    # a config of another kind (a MetricRecord) was ignored as one spelled otherwise ('Config',
+    # 'Users') was: every hosted user evaluated where the server named some (forty-fifth review
+    # of issue 15, wire 4; forty-sixth, wire 4)
+    check_record_kinds(content, "evaluate", (P.ARRAYS_RECORD,), (P.CONFIG_RECORD,))
     config = content.config_records.get(P.CONFIG_RECORD)
-    # a record or key spelled otherwise ('Config', 'Users') was ignored, so every hosted user
-    # was evaluated where the server named some (forty-fifth review of issue 15, wire 4)
-    _known_spellings("ConfigRecord", content.config_records, P.CONFIG_RECORD)
+    _known_spellings("ConfigRecord", content, P.CONFIG_RECORD)
     _known_spellings("config key", config or {}, P.USERS)
     asked = None
     if config is not None and P.USERS in config:  # as a train config's (thirty-first review)

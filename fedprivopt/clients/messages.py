@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
-from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from fedprivopt import wire as P
 from fedprivopt.clients.privatize import PrivateUpdate, noise_generator, privatize_update
@@ -46,8 +46,10 @@ from fedprivopt.privacy.flat import FlatSpec, flatten
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = [
+    "ARRAY_RECORDS",
     "TASK_ERROR",
     "TrainMessage",
+    "check_record_kinds",
     "hosted_users",
     "read_model",
     "reply_task_error",
@@ -164,19 +166,20 @@ class TrainMessage:
             If a record or a key is missing or has the wrong type or range.
         """
         content = _content(message)
+        check_record_kinds(content, "train", ARRAY_RECORDS, (P.CONFIG_RECORD,))
         if P.CONFIG_RECORD not in content.config_records:
             raise ValueError(f"train message has no ConfigRecord {P.CONFIG_RECORD!r}")
         if P.ARRAYS_RECORD not in content.array_records:
             raise ValueError(f"message has no ArrayRecord {P.ARRAYS_RECORD!r}")
         request = P.decode_train_config(content.config_records[P.CONFIG_RECORD])
-        for name in content.array_records:
+        for name in content:  # a record of any kind (forty-sixth review, wire 4)
             # forty-fifth review of issue 15 (wire 4): a preconditioner record spelled otherwise
             # ('Preconditioner') was ignored, and DP2's or AdaDPS' clients trained without it
             spelled = P.other_spelling(name, (P.ARRAYS_RECORD, P.PRECONDITIONER_RECORD))
             if spelled is not None:
                 raise ValueError(
-                    f"train message's ArrayRecord {shown(name)} is {spelled!r} in another "
-                    f"spelling; the record is {spelled!r}"
+                    f"train message's {type(content[name]).__name__} {shown(name)} is "
+                    f"{spelled!r} in another spelling; the record is {spelled!r}"
                 )
         preconditioner = None
         if P.PRECONDITIONER_RECORD in content.array_records:
@@ -280,6 +283,36 @@ class TrainMessage:
         rngs = RngFactory(seed=None, secure=True) if self.secure else RngFactory(seed=self.seed)
         keys = (self.stream, user_id)
         return clip_report(float(private.norm), self.local, rngs, self.round_num, keys)
+
+
+#: The ArrayRecords of a train message (the model, the preconditioner): :func:`check_record_kinds`.
+ARRAY_RECORDS = (P.ARRAYS_RECORD, P.PRECONDITIONER_RECORD)
+
+
+def check_record_kinds(
+    content: RecordDict, kind: str, arrays: Iterable[str], configs: Iterable[str]
+) -> None:
+    """``ValueError`` for a record named in ``arrays`` or ``configs`` that is of another kind.
+
+    A record of ``content`` named in ``arrays`` must be an ``ArrayRecord``, one named in
+    ``configs`` a ``ConfigRecord``; ``kind`` (``"train"``, ``"evaluate"``) names the message.
+
+    Forty-sixth review of issue 15 (wire 4): a train message whose ``preconditioner`` was a
+    ``MetricRecord`` (or a ``ConfigRecord``) of the same values, and an evaluate message whose
+    ``config`` naming users ``[4]`` was a ``MetricRecord`` (a ServerApp of one's own choosing the
+    record that holds lists of numbers) were read as holding none: DP2's or AdaDPS' clients
+    trained without their preconditioner, and the evaluate reply held the metrics of every hosted
+    user (39 examples) where the server named one (7), as the forty-fifth review's records
+    spelled otherwise (wire 4) were.
+    """
+    wanted = {**dict.fromkeys(arrays, ArrayRecord), **dict.fromkeys(configs, ConfigRecord)}
+    for name, record_type in wanted.items():
+        if name in content and not isinstance(content[name], record_type):
+            article = "an" if record_type is ArrayRecord else "a"
+            raise ValueError(
+                f"{kind} message's record {name!r} must be {article} {record_type.__name__}, got "
+                f"a {type(content[name]).__name__}"
+            )
 
 
 def reply_task_error(message: Message, error: TaskError) -> Message:

@@ -32,6 +32,18 @@
    x, y) must return a mapping with the numbers 'loss' and 'accuracy'; got none for 'accuracy',
    ...`` (``client_app._user_metrics``, through ``task_calls.task_call`` as ``user_data`` and
    ``loss`` are in training).
+4. fedprivopt's ClientApp (node 1 of 3, toy: users 1, 4, 7) given an evaluate message whose
+   ``config`` naming users ``[4]`` is a ``MetricRecord``, and ``TrainMessage.read`` (a ClientApp
+   of one's own too) of a train message whose ``preconditioner`` is a ``MetricRecord`` or a
+   ``ConfigRecord`` of its 18 values (a ServerApp of one's own choosing the record that holds
+   lists of numbers). Before: read as holding none: the evaluate reply held the metrics of all
+   three hosted users (39 examples) where the server named user 4 (7), and DP2's or AdaDPS'
+   clients trained without their preconditioner (``preconditioner`` None), as the forty-fifth
+   review's records spelled otherwise (wire 4) were. Now ``ValueError: evaluate message's record
+   'config' must be a ConfigRecord, got a MetricRecord`` and ``train message's record
+   'preconditioner' must be an ArrayRecord, got a MetricRecord``
+   (``clients.messages.check_record_kinds``); a record of another kind spelled otherwise
+   (``Preconditioner``) is refused as an ArrayRecord so spelled is; the right kinds as before.
 
 The tests run fedprivopt's ClientApp and DPStrategy in process (no Flower engine, no Ray).
 """
@@ -45,11 +57,20 @@ import uuid
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 
 from fedprivopt import wire as P
+from fedprivopt.clients import LocalConfig
 from fedprivopt.clients.client_app import app
-from fedprivopt.clients.messages import TASK_ERROR
+from fedprivopt.clients.messages import TASK_ERROR, TrainMessage
 from fedprivopt.models import build_task
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy.flat import flatten
@@ -243,3 +264,59 @@ def test_3_evaluate_data_breaking_its_protocol_is_the_tasks_error(kind, said, mo
             "'loss' and 'accuracy'"
         )
         assert reply.error.reason == rule + said
+
+
+# -- finding 4: a message's record of another kind is refused, not read as none -------------------
+
+
+def _node() -> Context:
+    """Node 1 of 3 of the toy task (users 1, 4, 7)."""
+    run_config = {P.RUN_TASK: "toy", P.RUN_TASK_PARAMS_JSON: json.dumps(TOY), P.RUN_DEVICE: "cpu"}
+    nodes = {P.NODE_PARTITION_ID: 1, P.NODE_NUM_PARTITIONS: 3}
+    return Context(
+        run_id=1, node_id=11, node_config=nodes, state=RecordDict(), run_config=run_config
+    )
+
+
+def _model_arrays() -> ArrayRecord:
+    state = build_task("toy", **TOY).build_model().state_dict()
+    return ArrayRecord({k: Array(v.numpy()) for k, v in state.items()})
+
+
+def test_4_an_evaluate_config_of_another_kind_is_refused():
+    message = delivered(
+        {P.ARRAYS_RECORD: _model_arrays(), P.CONFIG_RECORD: MetricRecord({P.USERS: [4]})},
+        "evaluate",
+    )
+    said = "^evaluate message's record 'config' must be a ConfigRecord, got a MetricRecord$"
+    with pytest.raises(ValueError, match=said):
+        app(message, _node())  # before: the metrics of users 1, 4 and 7 (39 examples)
+    asked = delivered(
+        {P.ARRAYS_RECORD: _model_arrays(), P.CONFIG_RECORD: ConfigRecord({P.USERS: [4]})},
+        "evaluate",
+    )
+    assert app(asked, _node()).content.metric_records[P.EVAL_METRICS][P.EVAL_NUM_EXAMPLES] == 7
+
+
+def _train_message(**records) -> Message:
+    settings = P.ClientSettings(LocalConfig(learning_rate=0.5, clip_norm=1.0), seed=5)
+    config = P.encode_train_config(users=[1, 4], round_num=1, settings=settings)
+    content = {P.CONFIG_RECORD: config, P.ARRAYS_RECORD: _model_arrays(), **records}
+    return delivered(content, "train")
+
+
+@pytest.mark.parametrize("record", [MetricRecord, ConfigRecord])
+def test_4_a_preconditioner_of_another_kind_is_refused(record):
+    message = _train_message(**{P.PRECONDITIONER_RECORD: record({"p": [2.0] * 18})})
+    said = (
+        f"^train message's record 'preconditioner' must be an ArrayRecord, got a {record.__name__}$"
+    )
+    with pytest.raises(ValueError, match=said):
+        TrainMessage.read(message)  # before: preconditioner None, trained without it
+    spelled = _train_message(Preconditioner=record({"p": [2.0] * 18}))
+    said = f"^train message's {record.__name__} 'Preconditioner' is 'preconditioner' in another"
+    with pytest.raises(ValueError, match=said):
+        TrainMessage.read(spelled)
+    p = ArrayRecord({P.PRECONDITIONER_ARRAY: Array(np.full(18, 2.0, np.float32))})
+    read = TrainMessage.read(_train_message(**{P.PRECONDITIONER_RECORD: p}))
+    assert torch.equal(read.preconditioner, torch.full((18,), 2.0))

@@ -74,8 +74,8 @@ def decompress_lzma(
     FileExistsError
         If the output exists and is not the decompression of ``path`` (without ``overwrite``).
     ValueError
-        If ``path`` is not a regular file (a FIFO, a directory), if the stream is corrupt or
-        truncated, or does not hold an SQLite database.
+        If ``path`` is not a regular file (a FIFO, a directory), if the output is a directory,
+        if the stream is corrupt or truncated, or does not hold an SQLite database.
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive number of bytes, got {chunk_size}")
@@ -98,12 +98,26 @@ def decompress_lzma(
         refuse_null("cache_dir", cache_dir, "directory")
     out_dir = Path(cache_dir) if cache_dir is not None else path.parent
     out = out_dir / name
+    if out.is_dir() and not out.is_symlink():
+        # forty-sixth review of issue 15 (input 4): a directory there (a mkdir slip) was "exists
+        # and is not the decompression of ... (its modification time is not the download's
+        # ...) pass overwrite=True to replace it", and with overwrite=True the whole download
+        # was decompressed, then "[Errno 21] Is a directory: '...partial' -> '...'"
+        raise ValueError(
+            f"{out}: is a directory, where decompress_lzma writes the decompressed database "
+            "(overwrite replaces a file, never a directory): move it, or choose another cache_dir"
+        )
     if (out.exists() or out.is_symlink()) and not overwrite:
         if _decompressed_from(out, path):
             return out
+        cause = (
+            f"a symbolic link to nothing ({os.readlink(out)})"
+            if not out.exists()
+            else "its modification time is not the download's, which decompress_lzma and xz "
+            "-dk give it"
+        )
         raise FileExistsError(
-            f"{out}: exists and is not the decompression of {path} (its modification time "
-            "is not the download's, which decompress_lzma and xz -dk give it): another "
+            f"{out}: exists and is not the decompression of {path} ({cause}): another "
             "dataset, an older download's, or one an earlier fedprivopt wrote; name it to read "
             "it as it is, pass overwrite=True to replace it, or choose another cache_dir"
         )

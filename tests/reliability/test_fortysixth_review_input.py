@@ -25,16 +25,28 @@
    ``cli_task_errors.task_param_error`` names the task and its parameters (``not a parameter
    of task 'toy' (its parameters: dim, examples-per-user, ...)``); the table remark stays for
    a dotted key (``--set 'task-params.dim={a=1}'`` reaches the task as ``dim.a``).
+4. ``decompress_lzma(D/"stackoverflow.sqlite.lzma")`` (also ``open_split`` of it, and
+   ``overwrite=True``) where ``D/stackoverflow.sqlite`` is a directory (a ``mkdir`` slip).
+   Before: ``FileExistsError: ... exists and is not the decompression of ... (its modification
+   time is not the download's ...) ... pass overwrite=True to replace it``; with
+   ``overwrite=True`` the whole download was decompressed, then ``IsADirectoryError: [Errno
+   21] Is a directory: '...partial' -> '...'``. Now ``data.sqlite_lzma.decompress_lzma``
+   refuses it before reading a byte (``is a directory, where decompress_lzma writes the
+   decompressed database (overwrite replaces a file, never a directory) ...``); a dangling
+   link there is named as one (``a symbolic link to nothing``), not by its time.
 """
 
 from __future__ import annotations
 
+import lzma
 import shutil
 from pathlib import Path
 
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.data import decompress_lzma
+from fedprivopt.data.loader import open_split
 from fedprivopt.data.vocab import read_tag_counts, read_word_counts
 from fedprivopt.simulation.config import load_config
 
@@ -88,3 +100,19 @@ def test_3_a_key_of_another_task_names_the_task_and_its_parameters(tmp_path, cap
     assert "'task-params.dim.a': not a parameter of task 'toy' (its parameters: dim," in err
     assert err.endswith("test-examples; they are plain values, not tables)\n")
     assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()
+
+
+def test_4_a_directory_where_the_decompression_goes_is_refused_first(tmp_path):
+    download = tmp_path / "stackoverflow.sqlite.lzma"
+    download.write_bytes(lzma.compress(b"not read"))
+    (tmp_path / "stackoverflow.sqlite").mkdir()
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=r"stackoverflow.sqlite: is a directory, where"):
+            decompress_lzma(download, overwrite=overwrite)
+    with pytest.raises(ValueError, match=r"never a directory\): move it"):
+        open_split(download)
+    assert [p.name for p in (tmp_path / "stackoverflow.sqlite").iterdir()] == []
+    (tmp_path / "stackoverflow.sqlite").rmdir()
+    (tmp_path / "stackoverflow.sqlite").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError, match=r"\(a symbolic link to nothing \("):
+        decompress_lzma(download)

@@ -283,7 +283,12 @@ class AlgorithmAggregation:
         received: set[int] | None = None  # a streamed cohort's users that were yielded
         reported: Any = updates  # what the count reads its users' bits from
         replied: set[int] | None = None  # the users the count may count (None: streamed)
-        if getattr(updates, "sorted_by_user", False):
+        # forty-sixth review of issue 15 (api 6): read by its truth, a dict subclass of one's own
+        # with a method of that name (sorted_by_user(self): sorted(self.items())) took the
+        # streamed path, where one workspace stored for every user is not refused (api 3 of the
+        # forty-fifth review): the last user summed 9 times (model 0.45 where 0.05) under a
+        # charge of C. Only the bool True declares a streamed cohort (simulation.fast's)
+        if getattr(updates, "sorted_by_user", False) is True:
             if cohort is not None:
                 # twenty-sixth review of issue 15: a streamed cohort (simulation.fast's
                 # StreamedUpdates, trained as it is read) of users the round did not ask was

@@ -49,6 +49,16 @@
    and reported as noised (epsilon 7.551, ``noise_std`` 0.075). Now
    ``UserTrainer._declares_shares`` refuses a ``noise_shares`` that is not a bool, naming it
    (rc 2, one line); True and False (and NumPy's bools) as before.
+6. A ``drive_round`` callback (or ``aggregate``'s caller) returning a ``dict`` subclass of
+   one's own that has a method named ``sorted_by_user`` (``return sorted(self.items())``),
+   holding one workspace reused for every user (the forty-fifth review's api 3 through that
+   name; dp-fedavg and ADADP). Before: the aggregation read ``sorted_by_user`` by its truth
+   (a bound method is true) and took the fast engine's streamed path, where the shared
+   memory is not refused: the last user's update summed once for every user (model 0.45
+   where 0.05), a sensitivity of 9C under a charge of C. Now only the bool ``True``
+   declares a streamed cohort (``AlgorithmAggregation._aggregate_in_round``): refused as
+   ``the updates of users 0 and 1 are held in the same memory``; distinct updates in such a
+   mapping are summed as before.
 """
 
 from __future__ import annotations
@@ -70,6 +80,11 @@ from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.clip import ClipResult, clip_l2
 from fedprivopt.simulation.fast_trainer import UserTrainer
 from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_thirtyeighth_review_api import (
+    _config,
+    _quiet,  # noqa: F401
+)
 
 # -- finding 1: a replacement clip (or add_noise) was trusted --------------------------------
 
@@ -264,3 +279,33 @@ def test_5_noise_shares_must_be_a_bool(shares, mode):
             users.mode(settings)  # "vectorized" before: no shares added, no noise released
     else:
         assert users.mode(settings) == mode
+
+
+# -- finding 6: a dict subclass with a method named sorted_by_user ---------------------------
+
+
+class _Sorting(dict):
+    def sorted_by_user(self):
+        return sorted(self.items())
+
+
+def _one_workspace(request):
+    work, out = torch.zeros(4), _Sorting()
+    for user in request.users:
+        work.fill_(1.0 if user == request.users[-1] else 0.0)
+        out[user] = work
+    return out
+
+
+def _own_memory(request):
+    last = request.users[-1]
+    return _Sorting({u: torch.full((4,), 1.0 if u == last else 0.0) for u in request.users})
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+def test_6_a_method_named_sorted_by_user_declares_no_streamed_cohort(strategy):
+    config = _config(strategy=strategy, **{"noise-multiplier": 1e-6})
+    with pytest.raises(ValueError, match=r"users 0 and 1 are held in the same memory"):
+        drive_round(build_algorithm(config, torch.zeros(4)), 1, _one_workspace)  # 0.45 before
+    honest = drive_round(build_algorithm(config, torch.zeros(4)), 1, _own_memory)
+    assert float(honest.params.max()) < 0.1

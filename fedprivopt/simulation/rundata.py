@@ -241,7 +241,7 @@ def load_run(path: str | Path) -> RunData:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"{summary_path} is unreadable (seed must be an integer >= 0, got "
                          f"{shown(seed)})")  # fmt: skip
-    summary = configured if where == CONFIG_FILE else recorded_summary(path, configured, notes)
+    summary = recorded_summary(path, configured, notes, configured=where == CONFIG_FILE)
     rows = read_rows(metrics_path, skipped=notes)
     known = stated_epsilons(rows, summary)  # every ε the run directory states, by file
     accounted = accounted_epsilon(path, notes, summary.get("delta"), where)

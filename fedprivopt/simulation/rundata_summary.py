@@ -125,7 +125,9 @@ LEDGER_KEYS = ("strategy", "noise-multiplier", "seed", "accountant", "sampling",
 (:func:`recorded_summary`)."""
 
 
-def recorded_summary(path: Path, summary: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+def recorded_summary(
+    path: Path, summary: dict[str, Any], notes: list[str], configured: bool = False
+) -> dict[str, Any]:
     """``summary`` with the strategy, σ, seed and settings its privacy ledger's header records.
 
     For a run without a readable ``config.toml``. Thirty-ninth review of issue 15 (reports,
@@ -134,6 +136,15 @@ def recorded_summary(path: Path, summary: dict[str, Any], notes: list[str]) -> d
     ``config.accountant`` ``pld`` reported "σ 5, ε 10.28 (pld)": the ledger's ε beside a σ and
     an accountant the run did not have, without a warning. δ stays the summary's (ε is
     composed at it, noted when it is not the ledger's: thirty-seventh review, finding 4).
+
+    Forty-sixth review of issue 15 (reports, finding 4): with ``configured`` (``summary`` as
+    the run's readable ``config.toml`` says, :func:`configured_summary`) the ledger was not
+    read: ``write_report(out, load_runs(F))`` of a dp-fedavg run at σ 0.5 (RDP, ε 10.28)
+    whose ``config.toml`` was edited to ``noise-multiplier = 5.0`` and ``accountant = "pld"``
+    reported "dp-fedavg σ 5, ε 10.28, pld" (the ledger's RDP ε beside a σ and an accountant
+    the run did not have; ``compare``, ``compare-tuned --untuned`` and ``--resume`` refuse such
+    a run), warning only that ``summary.json`` says σ 0.5. The ledger's header is the record
+    here too: what it records wins over ``config.toml``, with a note naming both.
     """
     try:
         ledger = RunLedger.read(path)
@@ -154,7 +165,16 @@ def recorded_summary(path: Path, summary: dict[str, Any], notes: list[str]) -> d
     recorded = {key: settings[key] for key in LEDGER_KEYS if key in settings}
     differ += [key for key, value in recorded.items() if stated.get(key) != value]
     config = {**stated, **recorded}
-    if differ:
+    if differ and configured:  # configured_summary's "reported as configured" no longer holds
+        notes[:] = [n for n in notes if not n.startswith(f"{path}: its {SUMMARY_FILE} states ")]
+        keys = list(dict.fromkeys(key.replace("_", "-") for key in differ))
+        key = next((k for k in keys if k in recorded), keys[0])
+        notes.append(
+            f"{path}: its {CONFIG_FILE} disagrees with its {LEDGER_FILE} ({', '.join(keys[:3])}; "
+            f"{key}: {shown(stated.get(key))} in {CONFIG_FILE}, {shown(recorded.get(key))} in "
+            "the ledger): the file was edited after the run; reported as its ledger records"
+        )
+    elif differ:
         notes.append(
             f"{path}: no readable {CONFIG_FILE}, and its {SUMMARY_FILE} disagrees with its "
             f"{LEDGER_FILE} ({', '.join(differ[:3])}); reported as its ledger records"

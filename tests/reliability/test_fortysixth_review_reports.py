@@ -21,11 +21,20 @@
    space, so each of the run's warnings became a heading ``## Fake heading: diverged at
    round 1 ...`` of its own under "Warnings". Now every other control character is escaped as
    ``report_format.one_line`` does (``a\\r## Fake heading``): one item, one cell.
+4. ``write_report(out, load_runs(F))`` of a dp-fedavg run at σ 0.5 (RDP) whose ``config.toml``
+   was edited afterwards to ``noise-multiplier = 5.0`` and ``accountant = "pld"`` (``compare``,
+   ``compare-tuned --untuned`` and ``--resume`` refuse such a run; the thirty-ninth review's
+   reports 4 is the same with ``config.toml`` deleted). Before: reported as σ 5 with the
+   ledger's RDP ε labelled ``pld`` (``summary.csv``: ``dp-fedavg,5.0,...,pld``), the only
+   warning that ``summary.json`` says σ 0.5 ("reported as configured"). Now
+   ``rundata_summary.recorded_summary`` reads the ledger's header for a configured run too:
+   reported as the ledger records (σ 0.5, rdp), with a warning naming both files.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from fedprivopt.simulation import report_plots
 from fedprivopt.simulation.report import aggregate_runs, write_report
@@ -89,3 +98,22 @@ def test_3_a_carriage_return_in_a_run_name_makes_no_heading(tmp_path):
     assert "\r" not in text and "a\\r## Fake heading" in text, text
     assert not [line for line in text.splitlines() if line.startswith("## Fake")], text
     assert table_cell("p(y|x)\nz") == "p(y\\|x) z"  # as before
+
+
+def test_4_a_config_toml_edited_after_the_run_is_not_what_is_reported(tmp_path):
+    from fedprivopt.simulation.run import simulate
+    from fedprivopt.simulation.rundata import load_run
+    from tests.simulation.test_run import small_config
+
+    run = simulate(small_config(**{"num-server-rounds": 1}), tmp_path / "r").out_dir
+    config = (run / "config.toml").read_text(encoding="utf-8")
+    edited = re.sub(r"(?m)^noise-multiplier = .*$", "noise-multiplier = 5.0", config)
+    edited = re.sub(r"(?m)^accountant = .*$", 'accountant = "pld"', edited)
+    assert edited != config
+    (run / "config.toml").write_text(edited, encoding="utf-8")
+    loaded = load_run(run)
+    assert loaded.noise_multiplier == 0.5, loaded.noise_multiplier
+    assert loaded.summary["config"]["accountant"] == "rdp"
+    assert any("config.toml disagrees with its privacy_ledger.jsonl" in w
+               for w in loaded.warnings), loaded.warnings  # fmt: skip
+    assert not any("reported as configured" in w for w in loaded.warnings), loaded.warnings

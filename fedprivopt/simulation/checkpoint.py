@@ -332,9 +332,18 @@ def newest_checkpoint(
 #: 1): a secure run's ``checkpoint.pt`` that its user could not read (``chmod 000``, a directory
 #: restored by another account) was taken for a damaged one: ``--resume`` went on from
 #: ``checkpoint.prev.pt`` and released round 2 again with new noise, rc 0, ε 15.03 where the
-#: intact checkpoint resumes at 13.70.
-NOT_ITS_CONTENT = frozenset({errno.EACCES, errno.EPERM, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+#: intact checkpoint resumes at 13.70. Forty-sixth review (ledger, finding 3): a read that fails
+#: in the storage (``EIO``: a failing disk, a file server that did not answer; ``ESTALE`` and
+#: ``ETIMEDOUT`` of a network file system) was taken for a damaged file alike, and round 3 was
+#: released again (25.92 where 22.40); another read may succeed (the other run files' readers
+#: refuse such a read, naming the file).
+NOT_ITS_CONTENT = frozenset({errno.EACCES, errno.EPERM, errno.EMFILE, errno.ENFILE, errno.ENOMEM,
+                             errno.EIO, errno.ESTALE, errno.ETIMEDOUT})  # fmt: skip
+_STORAGE = "check the disk or file server it is on (or copy it back from a backup)"
 _REMEDY = {
+    errno.EIO: _STORAGE,
+    errno.ESTALE: _STORAGE,
+    errno.ETIMEDOUT: _STORAGE,
     errno.EACCES: "give this user read access to it",
     errno.EPERM: "give this user read access to it",
     errno.EMFILE: "raise the limit of open files (ulimit -n)",

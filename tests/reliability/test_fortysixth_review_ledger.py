@@ -19,6 +19,13 @@
    levels of symbolic links`` and every later ``--resume`` was refused. Now
    ``checkpoint.save_checkpoint`` (``_rotate``) removes such a link instead, keeping
    ``checkpoint.prev.pt``.
+3. The run of finding 1 whose ``checkpoint.pt`` fails to read with EIO (a failing disk, a file
+   server that did not answer; here a link to ``/proc/self/mem``, a regular file that cannot
+   be read), then ``simulate --resume R``. Before: taken for a damaged file (a warning), the
+   run went on from ``checkpoint.prev.pt`` and released the next round again with new noise,
+   rc 0 (25.92 where 22.40). Now EIO, ESTALE and ETIMEDOUT are in
+   ``checkpoint.NOT_ITS_CONTENT``: refused, one line naming the file (``--resume``, ``compare``,
+   reports), nothing written, as the thirty-seventh review refused an unreadable one.
 """
 
 from __future__ import annotations
@@ -122,3 +129,18 @@ def test_2_a_checkpoint_linked_to_the_previous_one_does_not_replace_it(
     state, name = newest_checkpoint(run, {})
     assert name == PREVIOUS_CHECKPOINT and state["algorithm"]["round"] == 1
     assert load_run(run).rounds_completed == 2
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs /proc/self/mem (EIO)")
+def test_3_a_checkpoint_whose_read_fails_in_the_storage_is_refused_not_skipped(
+    finished: Path, tmp_path: Path
+) -> None:
+    run = _copy(finished, tmp_path / "run")
+    (run / CHECKPOINT).unlink()
+    (run / CHECKPOINT).symlink_to("/proc/self/mem")  # a regular file whose read fails: EIO
+    ledger = (run / LEDGER_FILE).read_bytes()
+    with pytest.raises(ValueError, match=r"cannot be read \(Input/output error\), which says") as e:
+        resume(run)
+    assert str(run / CHECKPOINT) in str(e.value) and "file server" in str(e.value)
+    assert (run / LEDGER_FILE).read_bytes() == ledger  # round 2 not released again
+    assert (run / SUMMARY_FILE).exists() and not (run / (CHECKPOINT + ".bad")).exists()

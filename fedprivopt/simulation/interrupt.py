@@ -153,7 +153,34 @@ def _raise(signum: int, frame: object) -> None:
         _defer(signum)
         return
     _record(signum)
+    if sys.unraisablehook is not _unraisable:
+        _PREVIOUS_HOOK[:] = [sys.unraisablehook]
+        sys.unraisablehook = _unraisable
     raise Interrupted(signum)
+
+
+_PREVIOUS_HOOK: list[Any] = []
+"""The ``sys.unraisablehook`` that :func:`_unraisable` replaced (when the first signal came)."""
+
+
+def _unraisable(unraisable: Any) -> None:
+    """Send a first signal's :class:`Interrupted` again where the interpreter could only print it.
+
+    Forty-sixth review of issue 15 (processes 2): a handler that runs inside a finalizer (a
+    ``__del__``: each ``subprocess.Popen`` dropped after a ``flwr`` call of ``deploy local``; a
+    ``weakref.finalize`` or ``atexit`` callback), which the interpreter calls from C, raised
+    :class:`Interrupted` there: ``Exception ignored in: ...``, and the command went on as if no
+    signal had come. The signal is held back (:func:`_defer`, no longer counted as received)
+    and raised in the code that follows. Anything else goes to the hook that was in place.
+    """
+    exc = unraisable.exc_value
+    if isinstance(exc, Interrupted) and _SIGNALS.received == [exc.signum] and not _DEFERRED:
+        if _SIGNALS.code is None:
+            _SIGNALS.received.clear()
+            _defer(exc.signum)
+            return
+    hook = _PREVIOUS_HOOK[0] if _PREVIOUS_HOOK else sys.__unraisablehook__
+    hook(unraisable)
 
 
 #: ``logging``'s functions that ``os.register_at_fork`` runs in this process around each of its
@@ -162,8 +189,10 @@ def _raise(signum: int, frame: object) -> None:
 _LOGGING_FORK_HOOKS = frozenset({"_acquireLock", "_releaseLock", "_prepareFork", "_afterFork"})
 
 
-def _in_fork_hook(frame: Any) -> bool:
+def _in_fork_hook(frame: Any, *, held: bool = False) -> bool:
     """Whether ``frame`` (where a signal's handler runs) is inside a hook run around a fork.
+
+    ``held``: or inside :func:`_unraisable`, which holds a signal back (processes 2).
 
     Forty-sixth review of issue 15 (processes 1): a signal that came while the process forked
     (``subprocess`` with a ``preexec_fn``: every process ``deploy local`` starts; Ray's, the
@@ -178,6 +207,8 @@ def _in_fork_hook(frame: Any) -> bool:
             getattr(frame, "f_globals", {}).get("__name__") == "logging"
             and frame.f_code.co_name in _LOGGING_FORK_HOOKS
         ):
+            return True
+        if held and frame.f_code is _unraisable.__code__:
             return True
         frame = frame.f_back
     return False
@@ -225,7 +256,7 @@ def _replay() -> None:
     Likewise once the main thread has left the hook around a fork it was in.
     """
     main = threading.main_thread().ident
-    while _torch_loading() or _in_fork_hook(sys._current_frames().get(main)):
+    while _torch_loading() or _in_fork_hook(sys._current_frames().get(main), held=True):
         time.sleep(REPLAY_POLL)
     if _DEFERRED:
         signum = _DEFERRED.pop()
@@ -343,6 +374,8 @@ def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
         _SIGNALS.depth -= 1
         if _SIGNALS.depth == 0 and not _SIGNALS.program:
             _SIGNALS.received = []
+            if sys.unraisablehook is _unraisable and _PREVIOUS_HOOK:  # a caller's own again
+                sys.unraisablehook = _PREVIOUS_HOOK.pop()
 
 
 @contextlib.contextmanager

@@ -14,6 +14,15 @@
    Tested in a fresh interpreter (its signal handlers, profile function and logging state are
    its own) with the handler called from logging's after-fork hook, as the kernel's signal
    reaches it.
+2. Processes 1's loss where no fork is made: a first signal whose handler runs inside a
+   finalizer (a ``__del__``, as each ``subprocess.Popen`` of ``deploy local``'s ``flwr`` calls
+   runs when it is dropped; a ``weakref.finalize`` callback; an ``atexit`` callback), which
+   the interpreter also calls from C. Before: ``Exception ignored in: <function ...__del__>``
+   and the command went on as if no signal had come (measured in a fresh interpreter under
+   ``signals_raise``: the loop after it ran to its end). Now an ``Interrupted`` the
+   interpreter could only print is sent again (``interrupt._unraisable``, installed with the
+   first raise) and raised in the code that follows; a second signal still ends the process
+   at once.
 """
 
 from __future__ import annotations
@@ -66,4 +75,39 @@ def test_1_a_signal_during_a_fork_is_raised_once_the_fork_hook_returns() -> None
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted 15 / logging free"
+    assert "Exception ignored" not in done.stderr
+
+
+_FINALIZER = textwrap.dedent(
+    """
+    import signal, sys, time
+    from fedprivopt.simulation.interrupt import Interrupted, signals_raise
+
+    said = []
+    with signals_raise():
+        handler = signal.getsignal(signal.SIGTERM)
+
+        class Dropped:
+            def __del__(self):
+                handler(signal.SIGTERM, sys._getframe())  # as the kernel's signal reaches it
+
+        try:
+            Dropped()
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                time.sleep(0.01)
+            said.append("not interrupted")
+        except Interrupted as exc:
+            said.append(f"interrupted {exc.signum}")
+    print(" / ".join(said), flush=True)
+    """
+)
+
+
+def test_2_a_signal_in_a_finalizer_is_raised_in_the_code_that_follows() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _FINALIZER], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted 15"
     assert "Exception ignored" not in done.stderr

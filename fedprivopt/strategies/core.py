@@ -92,6 +92,14 @@ class ServerAlgorithm(AlgorithmCohorts, AlgorithmAggregation, AlgorithmState):
         user_offset: int = 0,
         frozen: torch.Tensor | None = None,
     ) -> None:
+        if not isinstance(initial_params, torch.Tensor):
+            # forty-sixth review of issue 15 (api 7): a NumPy array (a ServerApp's model as
+            # NumPy, or a list) ended in AttributeError: 'numpy.ndarray' object has no
+            # attribute 'dim', naming nothing
+            raise TypeError(
+                "initial_params must be a flat floating-point torch.Tensor (arrays_to_flat or "
+                f"torch.as_tensor of it), got {type(initial_params).__name__}"
+            )
         if initial_params.dim() != 1 or not initial_params.dtype.is_floating_point:
             raise ValueError("initial_params must be a flat floating-point tensor")
         if frozen is not None and (

@@ -59,6 +59,10 @@
    declares a streamed cohort (``AlgorithmAggregation._aggregate_in_round``): refused as
    ``the updates of users 0 and 1 are held in the same memory``; distinct updates in such a
    mapping are summed as before.
+7. ``build_algorithm(config, initial)`` (a ServerApp, docs/FLOWER.md) with ``initial`` a NumPy
+   array (the model as NumPy) or a list. Before: ``AttributeError: 'numpy.ndarray' object has
+   no attribute 'dim'`` naming nothing. Now ``ServerAlgorithm.__init__`` raises a
+   ``TypeError`` naming ``initial_params``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -309,3 +314,12 @@ def test_6_a_method_named_sorted_by_user_declares_no_streamed_cohort(strategy):
         drive_round(build_algorithm(config, torch.zeros(4)), 1, _one_workspace)  # 0.45 before
     honest = drive_round(build_algorithm(config, torch.zeros(4)), 1, _own_memory)
     assert float(honest.params.max()) < 0.1
+
+
+# -- finding 7: initial parameters that are no tensor ----------------------------------------
+
+
+@pytest.mark.parametrize("initial", [np.zeros(4, dtype=np.float32), [0.0] * 4])
+def test_7_initial_params_that_are_no_tensor_are_refused_naming_them(initial):
+    with pytest.raises(TypeError, match=r"initial_params must be a flat floating-point torch"):
+        build_algorithm(_config(), initial)  # AttributeError ('dim') before

@@ -245,6 +245,16 @@ def generate(
             "another dataset was put there, and one the generator did not write is never "
             "replaced (move it, or remove the marker to use it as it is)"
         )
+    # forty-sixth review of issue 15 (input 5): data synth --out D --overwrite where one of the
+    # dataset's files was a directory wrote the new stackoverflow.sqlite, then stopped at
+    # "D/stackoverflow.word_count: Is a directory", the old dataset gone and the new half made
+    written = (files.meta, files.sqlite, files.word_count, files.tag_count)
+    blocked = [p for p in written if p.is_dir() and not p.is_symlink()]
+    if blocked:
+        raise FileExistsError(
+            f"{blocked[0]}: is a directory, where the dataset's {blocked[0].name} is written; a "
+            "directory is never replaced: move it, or use another directory"
+        )
     # Sixteenth review of issue 15: a file of the directory that is a symbolic or hard link (a
     # vocabulary linked from another, real dataset) was written through, replacing the linked
     # file (rc 0). The links themselves are removed (as the .partial link is): what they point

@@ -34,6 +34,13 @@
    refuses it before reading a byte (``is a directory, where decompress_lzma writes the
    decompressed database (overwrite replaces a file, never a directory) ...``); a dangling
    link there is named as one (``a symbolic link to nothing``), not by its time.
+5. ``data synth --out D --overwrite`` (``data.generate(D, config, overwrite=True)``) of a
+   synthetic dataset one of whose files (``stackoverflow.word_count``) is now a directory.
+   Before: the new ``stackoverflow.sqlite`` was written over the old one, then ``argument
+   --out: D/stackoverflow.word_count: Is a directory``, rc 2: the old dataset gone, the new
+   one half made under a marker saying ``"complete": false``. Now ``data.synthetic.generate``
+   refuses before its marker or a byte of data is written (``is a directory, where the
+   dataset's stackoverflow.word_count is written; a directory is never replaced ...``).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
-from fedprivopt.data import decompress_lzma
+from fedprivopt.data import SyntheticConfig, decompress_lzma, generate
 from fedprivopt.data.loader import open_split
 from fedprivopt.data.vocab import read_tag_counts, read_word_counts
 from fedprivopt.simulation.config import load_config
@@ -116,3 +123,14 @@ def test_4_a_directory_where_the_decompression_goes_is_refused_first(tmp_path):
     (tmp_path / "stackoverflow.sqlite").symlink_to(tmp_path / "nowhere")
     with pytest.raises(FileExistsError, match=r"\(a symbolic link to nothing \("):
         decompress_lzma(download)
+
+
+def test_5_a_directory_among_a_synthetic_datasets_files_is_refused_first(tmp_path):
+    small = {"num_clients": 30, "vocab_size": 200, "num_tags": 5}
+    files = generate(tmp_path / "d", SyntheticConfig(**small), workers=1)
+    files.word_count.unlink()
+    files.word_count.mkdir()
+    before = files.sqlite.read_bytes(), files.meta.read_bytes()
+    with pytest.raises(FileExistsError, match=r"word_count: is a directory, where the dataset"):
+        generate(tmp_path / "d", SyntheticConfig(**small, seed=3), overwrite=True, workers=1)
+    assert (files.sqlite.read_bytes(), files.meta.read_bytes()) == before

@@ -344,16 +344,21 @@ def read_updates(content: RecordDict) -> dict[int, np.ndarray]:
         issue 15, mechanisms 7: ``KeyError: 'delta'``, naming neither the record nor the user),
         or whose :data:`DELTA_ARRAY` cannot be read as a NumPy array (forty-second review, wire
         1: bytes cut short, another serialization than NumPy's or an object array raised
-        ``EOFError``, ``TypeError`` or NumPy's own ``ValueError``, naming neither).
+        ``EOFError``, ``TypeError`` or NumPy's own ``ValueError``, naming neither), or whose
+        record under an update key is no ``ArrayRecord`` (forty-sixth review, wire 5: skipped).
     """
     if not hasattr(content, "array_records"):  # forty-third review (wire 7): AttributeError
         raise ValueError(f"content must be a reply's RecordDict, got {shown(content)}")
+    from flwr.app import ArrayRecord
+
     out: dict[int, np.ndarray] = {}
-    for key, record in content.array_records.items():
+    for key, record in content.items():  # records of every kind (forty-sixth review, wire 5)
         user = parse_update_key(key)
         if user is None:
             continue
         where = f"the train reply's record {shown(key)} (user {user})"
+        if not isinstance(record, ArrayRecord):  # was skipped: the user's update not read
+            raise ValueError(f"{where} must be an ArrayRecord, got a {type(record).__name__}")
         if DELTA_ARRAY not in record:
             raise ValueError(
                 f"{where} holds no array {DELTA_ARRAY!r}, got {shown(sorted(record.keys()))}"

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 
@@ -161,7 +161,7 @@ class ReplyCollection:
             asked = frozenset(self._node_users.get(node, ()))
             unrequested: list[str] = []  # said once a reply (forty-third review, wire 10)
             undecodable: dict[int, str] = {}  # said once a reply, cut (forty-fifth, wire 5)
-            for key, record in reply.content.array_records.items():
+            for key, record in reply.content.items():  # records of every kind (wire 5)
                 if not key.startswith(P.UPDATE_PREFIX):
                     continue
                 user = P.parse_update_key(key)
@@ -169,6 +169,15 @@ class ReplyCollection:
                     unrequested.append(key)
                     continue
                 updates[user] = None  # unless decoded below; the aggregator rejects and counts it
+                if not isinstance(record, ArrayRecord):
+                    # forty-sixth review of issue 15 (wire 5): an update sent as a MetricRecord
+                    # (or ConfigRecord) of its values was not seen: its user counted as dropped,
+                    # without a word, every round
+                    undecodable[user] = (
+                        f"its record is a {type(record).__name__}, not an ArrayRecord holding "
+                        f"the array {P.DELTA_ARRAY!r}"
+                    )
+                    continue
                 if P.DELTA_ARRAY not in record:
                     continue
                 header = P.long_npy_header(record[P.DELTA_ARRAY])

@@ -44,6 +44,17 @@
    'preconditioner' must be an ArrayRecord, got a MetricRecord``
    (``clients.messages.check_record_kinds``); a record of another kind spelled otherwise
    (``Preconditioner``) is refused as an ArrayRecord so spelled is; the right kinds as before.
+5. ``DPStrategy`` in process (a grid of one's own) whose node 100 sends each asked user's update
+   as a ``MetricRecord`` (or ``ConfigRecord``) ``{"delta": [...]}`` under ``update/<user>`` (a
+   ClientApp of one's own choosing the record that holds lists of numbers); ``wire.read_updates``
+   (a ServerApp of one's own) of such a reply. Before: only ``ArrayRecord`` s were looked at, so
+   the updates were not seen: every user counted as ``dropped`` (``received`` 0), without a
+   word, every round; ``read_updates`` returned ``{}``. Now each is an undecodable update,
+   rejected and counted (``received`` 20, ``rejected`` 20, ``dropped`` 0) in the reply's one
+   warning, ``node 100: undecodable update of user 0 and 19 more: its record is a MetricRecord,
+   not an ArrayRecord holding the array 'delta'`` (``ReplyCollection._updates``), and
+   ``read_updates`` raises ``ValueError: the train reply's record 'update/1' (user 1) must be an
+   ArrayRecord, got a MetricRecord``.
 
 The tests run fedprivopt's ClientApp and DPStrategy in process (no Flower engine, no Ray).
 """
@@ -320,3 +331,61 @@ def test_4_a_preconditioner_of_another_kind_is_refused(record):
     p = ArrayRecord({P.PRECONDITIONER_ARRAY: Array(np.full(18, 2.0, np.float32))})
     read = TrainMessage.read(_train_message(**{P.PRECONDITIONER_RECORD: p}))
     assert torch.equal(read.preconditioner, torch.full((18,), 2.0))
+
+
+# -- finding 5: an update under its key in a record of another kind is rejected, not unseen -------
+
+
+class _MetricUpdatesGrid:
+    """Node 100 hosts users 0-19 and sends each update as a ``record`` of its values."""
+
+    record = MetricRecord
+
+    def get_node_ids(self):
+        return [100]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as a grid pushes it
+            if msg.metadata.message_type == "query":
+                content = RecordDict({P.USERS_RECORD: ConfigRecord({P.USER_IDS: list(range(20))})})
+            else:
+                users = msg.content.config_records[P.CONFIG_RECORD][P.USERS]
+                content = RecordDict(
+                    {P.update_key(u): self.record({P.DELTA_ARRAY: [0.01] * 3}) for u in users}
+                )
+            replies.append(Message(content, metadata=reply_metadata(msg, 100)))
+        return replies
+
+
+@pytest.mark.parametrize("record", [MetricRecord, ConfigRecord])
+def test_5_an_update_in_a_record_of_another_kind_is_rejected_and_said(
+    record, server_side, caplog, monkeypatch
+):
+    monkeypatch.setattr(_MetricUpdatesGrid, "record", record)
+    config = StrategyConfig(population=20, clients_per_round=20, noise_multiplier=0.8, seed=5)
+    flat, spec = flatten({"w": torch.zeros(3)})
+    rows: list[dict] = []
+    strategy = DPStrategy(
+        build_algorithm(config, flat),
+        spec,
+        node_wait=0.0,
+        on_round=lambda r, _: rows.append(r.metrics),
+    )
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy.start(_MetricUpdatesGrid(), flat_to_arrays(flat, spec), 1, timeout=1.0)
+    said = [r.getMessage() for r in caplog.records if "undecodable" in r.getMessage()]
+    assert said == [
+        f'node 100: undecodable update of user 0 and 19 more: "its record is a '
+        f"{record.__name__}, not an ArrayRecord holding the array 'delta'\""
+    ]
+    # before: received 0 and dropped 20, without a word
+    assert rows[0]["received"] == rows[0]["rejected"] == 20 and rows[0]["dropped"] == 0
+
+
+def test_5_read_updates_refuses_an_update_in_a_record_of_another_kind():
+    content = RecordDict({"update/1": MetricRecord({P.DELTA_ARRAY: [0.01] * 3})})
+    said = r"^the train reply's record 'update/1' \(user 1\) must be an ArrayRecord, got a Metric"
+    with pytest.raises(ValueError, match=said):
+        P.read_updates(content)  # before: {}

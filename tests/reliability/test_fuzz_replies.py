@@ -120,7 +120,7 @@ def _npy(array: np.ndarray) -> bytes:
 
 # -- hostile updates: (record or None, expected status) --------------------------------------------
 # status: "valid" (accepted, possibly re-clipped), "malformed" (rejected and counted), "absent"
-# (no ArrayRecord under the user's key: the user simply did not reply).
+# (no record under the user's key: the user simply did not reply).
 
 DTYPES = [np.float64, np.float16, np.int32, np.int64, np.bool_, np.uint8, np.complex64, ">f4"]
 SHAPES = [(DIM + 1,), (DIM - 1,), (DIM, 1), (), (0,), (3, 4), (1, DIM)]
@@ -176,7 +176,8 @@ def hostile_update(draw, user: int):
         array = Array(dtype="float32", shape=(DIM,), stype="numpy.ndarray", data=data)
         return ArrayRecord({P.DELTA_ARRAY: array}), "malformed", kind
     if kind == "metric-record":
-        return MetricRecord({P.DELTA_ARRAY: [float(x) for x in base]}), "absent", kind
+        # rejected and counted since the forty-sixth review of issue 15 (wire 5): not seen before
+        return MetricRecord({P.DELTA_ARRAY: [float(x) for x in base]}), "malformed", kind
     return None, "absent", kind  # drop
 
 

@@ -190,6 +190,12 @@ def threat_model(config: RunConfig, side: ResolvedSideInformation | None = None)
     Forty-second review of issue 15 (contract 1): a seeded run said nothing of its seed, which
     the same file records and which regenerates all noise and every client's share (the
     server derives the clients' seed: docs/DEPLOYMENT.md, "Seeds are secrets").
+    Forty-sixth review of issue 15 (contract 1): it named this summary and ``config.toml`` as
+    where the seed is recorded, while the ledger's header and every checkpoint hold it too
+    (``ledger_header.settings.seed``, ``algorithm.config.seed``): from ``checkpoint.pt`` of a
+    seeded toy run alone (a task that records no data identity, whose ``not_covered`` says
+    to publish "the models"), regenerating round 1's noise gave its exact clipped sum to
+    1.8e-7 (the release is 1.31 away).
     """
     s = config.strategy
     if not s.private:
@@ -214,7 +220,9 @@ def threat_model(config: RunConfig, side: ResolvedSideInformation | None = None)
     if not s.secure:
         text += (
             f"; seeded (secure = false): the noise and the sampling are derived from seed "
-            f"{s.seed} (recorded in this summary and config.toml), so anyone who knows it can "
+            f"{s.seed} (recorded in this summary, config.toml, privacy_ledger.jsonl's header and "
+            "every checkpoint: checkpoint.pt and checkpoint.prev.pt hold it beside the model, so "
+            "publish the model's parameters, not those files), so anyone who knows it can "
             "regenerate and subtract the noise: the guarantee holds only while the seed is "
             "secret (secure = true draws them from the operating system's entropy)"
         )

@@ -21,8 +21,10 @@ from typing import TypeVar
 import torch
 
 from fedprivopt.core.checks import check_int
+from fedprivopt.core.devices import check_device
 from fedprivopt.core.local import LocalConfig, check_train_call
 from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.sparse import dense_problem
 
 __all__ = ["CPU_CHUNKS", "MAX_THREADS", "MIN_PARALLEL_USERS", "ChunkStopped", "CohortTrainer"]
 
@@ -113,7 +115,9 @@ class CohortTrainer:
         self.task = task
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        # forty-sixth review of issue 15 (mechanisms 2): as LocalTrainer checks it; "CPU" ended
+        # in torch's RuntimeError, and "meta" made a trainer whose batches have no data
+        self.device = check_device(device)
 
     def train(
         self,
@@ -167,6 +171,11 @@ class CohortTrainer:
                 "global_flat must be a floating-point tensor, got "
                 f"{getattr(global_flat, 'dtype', type(global_flat).__name__)}"
             )
+        # forty-sixth review of issue 15 (mechanisms 2): a meta or sparse model (preconditioner)
+        # ended in torch's NotImplementedError or RuntimeError, where LocalTrainer names it
+        problem = dense_problem(global_flat)
+        if problem is not None:
+            raise ValueError(f"global_flat must be a dense tensor with values: {problem}")
         if global_flat.dim() != 1 or global_flat.numel() != self.length:
             raise ValueError(
                 f"global_flat must be a flat vector of {self.length} entries, got shape "
@@ -175,6 +184,13 @@ class CohortTrainer:
         model = global_flat.detach().to(self.device)
         if preconditioner is None:
             return model, None
+        if not isinstance(preconditioner, torch.Tensor):  # an AttributeError before
+            raise ValueError(
+                f"preconditioner must be a tensor or None, got {type(preconditioner).__name__}"
+            )
+        problem = dense_problem(preconditioner)
+        if problem is not None:
+            raise ValueError(f"preconditioner must be a dense tensor with values: {problem}")
         if preconditioner.shape != global_flat.shape:
             raise ValueError("preconditioner must have the layout of global_flat")
         precond = preconditioner.detach().to(device=self.device, dtype=model.dtype)

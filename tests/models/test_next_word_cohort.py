@@ -120,7 +120,9 @@ def test_bad_arguments_and_flops(task):
         NextWordCohortTrainer(task, cpu_threads=0)
     with pytest.raises(ValueError, match="cpu_workers"):
         NextWordCohortTrainer(task, cpu_workers=0)
-    assert not cohort.stacked and NextWordCohortTrainer(task, device="meta").stacked
+    assert not cohort.stacked and NextWordCohortTrainer(task, device="cpu", stacked=True).stacked
+    with pytest.raises(ValueError, match="device"):  # no data there (forty-sixth review)
+        NextWordCohortTrainer(task, device="meta")
     with pytest.raises(ValueError, match="flat vector"):
         next(cohort.train_batches(w[:-1], [0], round_num=1, config=cfg, rngs=RngFactory(seed=1)))
     with pytest.raises(ValueError, match="preconditioner"):

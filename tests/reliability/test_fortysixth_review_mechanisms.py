@@ -61,3 +61,34 @@ def test_1_a_strategy_still_names_its_keys_for_tree_noise_beyond_the_dtype():
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"noise-multiplier \* clip-norm must be at most"):
         build_algorithm(config, torch.zeros(4))
+
+
+def test_2_cohort_trainers_refuse_devices_and_tensors_without_data(tmp_path_factory):
+    from fedprivopt.core.local import LocalConfig
+    from fedprivopt.models import initial_flat
+    from tests.tag_synth import make_synth_dir, tag_task
+
+    task = tag_task(make_synth_dir(tmp_path_factory, "r46-mechanisms-tag"))
+    for device in ("CPU", " cpu", "meta"):  # torch's RuntimeError, or a trainer without data
+        with pytest.raises(ValueError, match="device"):
+            task.cohort_trainer(device=device)
+    trainer = task.cohort_trainer(device="cpu")
+    w = initial_flat(task)
+    config = LocalConfig(learning_rate=0.5, batch_size=8, clip_norm=0.05)
+
+    def train(global_flat, preconditioner=None):
+        return list(trainer.train_batches(
+            global_flat, [0, 1], round_num=1, config=config, rngs=RngFactory(seed=0),
+            preconditioner=preconditioner,
+        ))  # fmt: skip
+
+    # LocalTrainer refuses these naming the argument (forty-second review, api 7)
+    for bad in (w.to("meta"), w.to_sparse()):
+        with pytest.raises(ValueError, match="global_flat must be a dense tensor with values"):
+            train(bad)
+    for bad in (torch.ones_like(w).to("meta"), torch.ones_like(w).to_sparse(), [1.0]):
+        with pytest.raises(ValueError, match="preconditioner must be"):
+            train(w, bad)
+    # an honest model and preconditioner train as before
+    assert sum(len(b.users) for b in train(w)) == 2
+    assert sum(len(b.users) for b in train(w, torch.ones_like(w))) == 2

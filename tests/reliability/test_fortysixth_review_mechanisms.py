@@ -12,6 +12,13 @@
    (float64 here: a finite mean of std about 100), and ``TreeNoise.release`` refuses a ``std``
    beyond its dtype's largest number over 64 (the strategies' bound, which a strategy checks
    first and refuses naming its keys, as before), naming ``std`` and the dtype.
+2. The vectorized cohort trainers' Python API against ``LocalTrainer``'s checks (forty-second
+   review, api 7): ``task.cohort_trainer(device="CPU")`` (or ``" cpu"``) and a ``global_flat``
+   or ``preconditioner`` on the meta device or sparse given to ``train_batches``. Before:
+   torch's ``RuntimeError`` or ``NotImplementedError`` (a preconditioner that is no tensor:
+   ``AttributeError``), and ``device="meta"`` built a trainer whose batches have no data. Now
+   ``ValueError`` naming ``device`` (``core.devices.check_device``, as ``LocalTrainer``),
+   ``global_flat`` or ``preconditioner`` (``models.cohort.CohortTrainer``).
 """
 
 from __future__ import annotations

@@ -151,7 +151,11 @@ class AdaDPS(DPFedAvg):
         super().__init__(config, initial_params, preconditioner=preconditioner, **kwargs)
 
     def broadcast_preconditioner(self) -> torch.Tensor | None:
-        return self.side_information
+        # a copy: forty-sixth review of issue 15 (api 8), the algorithm's own A was returned,
+        # so a caller's in-place edit of it (A /= A.max() to show it) changed what later rounds
+        # broadcast (5 where 1) while state_dict() kept the digest of the A the run began with
+        # (the thirty-seventh review's edit of the constructor's A through this method)
+        return self.side_information.detach().clone()
 
 
 class DP2(ServerAlgorithm):

@@ -63,6 +63,13 @@
    array (the model as NumPy) or a list. Before: ``AttributeError: 'numpy.ndarray' object has
    no attribute 'dim'`` naming nothing. Now ``ServerAlgorithm.__init__`` raises a
    ``TypeError`` naming ``initial_params``.
+8. ``alg.broadcast_preconditioner()`` of an ``adadps`` algorithm edited in place by the caller
+   (``A = alg.broadcast_preconditioner(); A.mul_(5)``, say to normalize it for a plot) after
+   round 1, then round 2 (the thirty-seventh review's edit of the constructor's A through
+   this method). Before: it was the algorithm's own A, so round 2 broadcast 5 where 1, while
+   ``state_dict()`` kept the digest of the A the run began with (a fresh algorithm built with
+   the original A loaded it). Now ``AdaDPS.broadcast_preconditioner`` returns a copy: round 2
+   broadcasts the A of the build.
 """
 
 from __future__ import annotations
@@ -323,3 +330,20 @@ def test_6_a_method_named_sorted_by_user_declares_no_streamed_cohort(strategy):
 def test_7_initial_params_that_are_no_tensor_are_refused_naming_them(initial):
     with pytest.raises(TypeError, match=r"initial_params must be a flat floating-point torch"):
         build_algorithm(_config(), initial)  # AttributeError ('dim') before
+
+
+# -- finding 8: the side information returned to the caller was the algorithm's own ----------
+
+
+def test_8_an_edit_of_the_broadcast_side_information_does_not_reach_later_rounds():
+    alg = build_algorithm(_config(strategy="adadps"), torch.zeros(4), preconditioner=torch.ones(4))
+    sent = []
+
+    def train(request):
+        sent.append(request.preconditioner.clone())
+        return {u: torch.full((4,), 0.1) for u in request.users}
+
+    drive_round(alg, 1, train)
+    alg.broadcast_preconditioner().mul_(5)
+    drive_round(alg, 2, train)
+    assert torch.equal(sent[-1], torch.ones(4))  # 5 before

@@ -464,6 +464,12 @@ def write_hdf5(
     refuse_null("path", path)
     h5py = load_h5py()
     path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        # forty-sixth review of issue 15 (input 6): written whole, then "[Errno 21] Is a directory"
+        raise ValueError(
+            f"{path}: is a directory, where write_hdf5 writes its file (overwrite replaces a "
+            "file, never a directory): name the file, not its directory"
+        )
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
     for client_id in clients:

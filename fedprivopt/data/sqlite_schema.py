@@ -137,6 +137,12 @@ def write_sqlite(
     """
     path = Path(path)
     refuse_null("path", path)  # forty-fourth review follow-up (outputs 2): "embedded null byte"
+    if path.is_dir() and not path.is_symlink():
+        # forty-sixth review of issue 15 (input 6): written whole, then "[Errno 21] Is a directory"
+        raise ValueError(
+            f"{path}: is a directory, where write_sqlite writes its file (overwrite replaces a "
+            "file, never a directory): name the file, not its directory"
+        )
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
     partial = path.with_name(path.name + ".partial")

@@ -41,6 +41,12 @@
    one half made under a marker saying ``"complete": false``. Now ``data.synthetic.generate``
    refuses before its marker or a byte of data is written (``is a directory, where the
    dataset's stackoverflow.word_count is written; a directory is never replaced ...``).
+6. ``write_sqlite(path, ...)`` and ``write_hdf5(path, ...)`` (the documented writers) where
+   ``path`` is a directory, with and without ``overwrite=True``. Before: ``exists (pass
+   overwrite=True to replace it)``; with it every example was written, then ``IsADirectoryError:
+   [Errno 21] Is a directory: '....partial' -> '...'`` (input 4's case in the writers). Now
+   both refuse it first: ``is a directory, where write_sqlite writes its file (overwrite
+   replaces a file, never a directory) ...``; the directory untouched.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.cli import main
-from fedprivopt.data import SyntheticConfig, decompress_lzma, generate
+from fedprivopt.data import SyntheticConfig, decompress_lzma, generate, write_hdf5, write_sqlite
 from fedprivopt.data.loader import open_split
 from fedprivopt.data.vocab import read_tag_counts, read_word_counts
 from fedprivopt.simulation.config import load_config
@@ -134,3 +140,17 @@ def test_5_a_directory_among_a_synthetic_datasets_files_is_refused_first(tmp_pat
     with pytest.raises(FileExistsError, match=r"word_count: is a directory, where the dataset"):
         generate(tmp_path / "d", SyntheticConfig(**small, seed=3), overwrite=True, workers=1)
     assert (files.sqlite.read_bytes(), files.meta.read_bytes()) == before
+
+
+@pytest.mark.parametrize("writer", ["write_sqlite", "write_hdf5"])
+def test_6_the_writers_refuse_a_directory_first(tmp_path, writer):
+    target = tmp_path / "x"
+    target.mkdir()
+    (target / "keep").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=rf"x: is a directory, where {writer} writes its"):
+            if writer == "write_sqlite":
+                write_sqlite(target, iter([]), [], overwrite=overwrite)
+            else:
+                write_hdf5(target, {}, overwrite=overwrite)
+    assert [p.name for p in target.iterdir()] == ["keep"]

@@ -202,7 +202,9 @@ class DP2(ServerAlgorithm):
     def broadcast_preconditioner(self) -> torch.Tensor | None:
         if self.noise_first or not self._adaptive():
             return None
-        return optim.preconditioner(self.opt_state)
+        # a copy (forty-sixth review of issue 15, api 8): the optimizer state's own P was
+        # returned, so a caller's in-place edit of it (mul_(7)) changed the server's state
+        return optim.preconditioner(self.opt_state).detach().clone()
 
     def round_clip_norm(self) -> float | None:
         return self.config.options.clip_norm_adaptive if self._adaptive() else None

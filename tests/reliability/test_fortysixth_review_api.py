@@ -69,7 +69,8 @@
    this method). Before: it was the algorithm's own A, so round 2 broadcast 5 where 1, while
    ``state_dict()`` kept the digest of the A the run began with (a fresh algorithm built with
    the original A loaded it). Now ``AdaDPS.broadcast_preconditioner`` returns a copy: round 2
-   broadcasts the A of the build.
+   broadcasts the A of the build. DP2's (its adaptive rounds' ``P``) was the optimizer state's
+   own: ``mul_(7)`` moved the server's ``P`` from 0.058 to 0.406; a copy too.
 """
 
 from __future__ import annotations
@@ -347,3 +348,12 @@ def test_8_an_edit_of_the_broadcast_side_information_does_not_reach_later_rounds
     alg.broadcast_preconditioner().mul_(5)
     drive_round(alg, 2, train)
     assert torch.equal(sent[-1], torch.ones(4))  # 5 before
+
+
+def test_8_an_edit_of_dp2s_broadcast_preconditioner_leaves_its_state():
+    alg = build_algorithm(_config(strategy="dp2", **{"dp2-s1": 1, "dp2-s2": 1}), torch.zeros(4))
+    drive_round(alg, 1, lambda request: {u: torch.full((4,), 0.1) for u in request.users})
+    sent = alg.broadcast_preconditioner()
+    before = sent.clone()
+    sent.mul_(7)
+    assert torch.equal(alg.broadcast_preconditioner(), before)  # 7 times it before

@@ -120,9 +120,16 @@ def configured_summary(path: Path, summary: dict[str, Any], notes: list[str]) ->
 
 
 LEDGER_KEYS = ("strategy", "noise-multiplier", "seed", "accountant", "sampling",
-               "noise-mechanism", "population", "clients-per-round", "clip-norm")  # fmt: skip
+               "noise-mechanism", "population", "clients-per-round", "clip-norm", "secure",
+               "noise-mode")  # fmt: skip
 """A ledger header's settings a report shows or reads its ε's basis from
-(:func:`recorded_summary`)."""
+(:func:`recorded_summary`).
+
+Forty-sixth review of issue 15 (reports, finding 5): ``secure`` and ``noise-mode`` were not
+among them, so a seeded run (``secure = false``) whose ``config.toml`` (or, without one,
+``summary.json``'s ``config``) was edited to ``secure = true`` was reported "secure: true",
+without the line that its seeds regenerate its noise; ``noise-mode`` alike (the threat model
+of the noise the report shows)."""
 
 
 def recorded_summary(

@@ -29,18 +29,30 @@
    warning that ``summary.json`` says σ 0.5 ("reported as configured"). Now
    ``rundata_summary.recorded_summary`` reads the ledger's header for a configured run too:
    reported as the ledger records (σ 0.5, rdp), with a warning naming both files.
+5. Finding 4's run with ``config.toml`` edited to ``secure = true`` instead (a seeded run:
+   its noise regenerated from seed 0, which the report names). Before: the report said
+   "secure: true" and left out the line that the seeds regenerate the run's noise, without a
+   warning (``secure`` and ``noise-mode`` were not among the ledger's settings a report
+   reads). Now ``rundata_summary.LEDGER_KEYS`` holds them: "secure: false", the seeded-runs
+   line, and the warning of finding 4.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import shutil
+from pathlib import Path
+
+import pytest
 
 from fedprivopt.simulation import report_plots
 from fedprivopt.simulation.report import aggregate_runs, write_report
 from fedprivopt.simulation.report_format import table_cell
-from fedprivopt.simulation.rundata import RunData
+from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import RunData, load_run, load_runs
 from fedprivopt.simulation.rundata_aggregate import Selection
+from tests.simulation.test_run import small_config
 
 
 def _run(tmp_path, strategy: str, sigma: float, loss: float, name: str = "") -> RunData:
@@ -100,15 +112,27 @@ def test_3_a_carriage_return_in_a_run_name_makes_no_heading(tmp_path):
     assert table_cell("p(y|x)\nz") == "p(y\\|x) z"  # as before
 
 
-def test_4_a_config_toml_edited_after_the_run_is_not_what_is_reported(tmp_path):
-    from fedprivopt.simulation.run import simulate
-    from fedprivopt.simulation.rundata import load_run
-    from tests.simulation.test_run import small_config
+@pytest.fixture(scope="module")
+def one_round(tmp_path_factory):
+    """A finished 1-round seeded dp-fedavg run (σ 0.5, RDP, secure = false)."""
+    run = tmp_path_factory.mktemp("r46") / "r"
+    return simulate(small_config(**{"num-server-rounds": 1}), run).out_dir
 
-    run = simulate(small_config(**{"num-server-rounds": 1}), tmp_path / "r").out_dir
+
+def _edited(one_round, tmp_path, pattern: str, line: str) -> Path:
+    run = tmp_path / "r"
+    shutil.copytree(one_round, run)
     config = (run / "config.toml").read_text(encoding="utf-8")
-    edited = re.sub(r"(?m)^noise-multiplier = .*$", "noise-multiplier = 5.0", config)
-    edited = re.sub(r"(?m)^accountant = .*$", 'accountant = "pld"', edited)
+    edited = re.sub(pattern, line, config)
+    assert edited != config
+    (run / "config.toml").write_text(edited, encoding="utf-8")
+    return run
+
+
+def test_4_a_config_toml_edited_after_the_run_is_not_what_is_reported(one_round, tmp_path):
+    run = _edited(one_round, tmp_path, r"(?m)^noise-multiplier = .*$", "noise-multiplier = 5.0")
+    config = (run / "config.toml").read_text(encoding="utf-8")
+    edited = re.sub(r"(?m)^accountant = .*$", 'accountant = "pld"', config)
     assert edited != config
     (run / "config.toml").write_text(edited, encoding="utf-8")
     loaded = load_run(run)
@@ -117,3 +141,14 @@ def test_4_a_config_toml_edited_after_the_run_is_not_what_is_reported(tmp_path):
     assert any("config.toml disagrees with its privacy_ledger.jsonl" in w
                for w in loaded.warnings), loaded.warnings  # fmt: skip
     assert not any("reported as configured" in w for w in loaded.warnings), loaded.warnings
+
+
+def test_5_a_seeded_run_edited_to_secure_is_reported_as_seeded(one_round, tmp_path):
+    run = _edited(one_round, tmp_path, r"(?m)^secure = false$", "secure = true")
+    loaded = load_run(run)
+    assert loaded.summary["config"]["secure"] is False
+    assert any("(secure; secure: True in config.toml, False in the ledger)" in w
+               for w in loaded.warnings), loaded.warnings  # fmt: skip
+    with pytest.warns(UserWarning):
+        text = write_report(tmp_path / "out", load_runs(run), title="t").read_text("utf-8")
+    assert "- secure: false" in text and "- seeded runs: 1 of the 1 private runs" in text, text

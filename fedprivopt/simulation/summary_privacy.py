@@ -29,6 +29,7 @@ __all__ = [
     "mechanism",
     "not_covered",
     "threat_model",
+    "tuning_trial",
 ]
 
 
@@ -255,3 +256,25 @@ def threat_model(config: RunConfig, side: ResolvedSideInformation | None = None)
         if side is not None and side.public_users:
             text += "; " + side.exclusion()
     return text
+
+
+def tuning_trial(tuning_plan: str | None) -> str:
+    """The clause a trial of ``fedprivopt tune`` adds to its ``threat_model`` (else ``""``).
+
+    Forty-sixth review of issue 15 (contract 2): ``tune toy.toml --grid
+    server-learning-rate=0.5,1 --mean-trials 1 --rounds 1``: the released trial's own
+    ``summary.json`` gave ``epsilon`` 7.551, its run's, and a threat model of "every released
+    model", with no word that a tuning chose it, whose release costs 8.279
+    (``RepeatAndSelectDpEvent``; the tuning's ``summary.json`` and ``compare-tuned``), where
+    ``load_run`` notes such a trial (fortieth review, reports 2). ``tuning_plan``: what the
+    run's ledger header names (``tuning_plan``).
+    """
+    if not tuning_plan:
+        return ""
+    return (
+        "; a trial of a tuning (its privacy_ledger.jsonl names a tuning plan): this summary's "
+        "epsilon is its own run's, below what the tuning that chose among its trials spent; "
+        "releasing this trial (its model, hyperparameters or score) costs the tuning's "
+        "epsilon (the tuning's summary.json; compare-tuned reports it), and releasing any "
+        "other trial is not covered"
+    )

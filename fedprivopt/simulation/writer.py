@@ -52,6 +52,7 @@ from fedprivopt.simulation.summary_privacy import evaluated_model as _evaluated_
 from fedprivopt.simulation.summary_privacy import mechanism as _mechanism
 from fedprivopt.simulation.summary_privacy import not_covered as _not_covered
 from fedprivopt.simulation.summary_privacy import threat_model as _threat_model
+from fedprivopt.simulation.summary_privacy import tuning_trial as _tuning_trial
 from fedprivopt.simulation.tensorboard import TensorBoardLog, has_events
 from fedprivopt.strategies.core import RoundResult, ServerAlgorithm
 
@@ -337,7 +338,8 @@ class RunWriter:
             DIVERGED_KEY: self.diverged,
             "noise_mode": c.strategy.noise_mode if c.strategy.private else "none",
             **_mechanism(self.algorithm.config),  # the sampled population's (public users out)
-            "threat_model": _threat_model(c, side),
+            # forty-sixth review of issue 15 (contract 2): a trial of a tuning says so
+            "threat_model": _threat_model(c, side) + _tuning_trial(self.ledger_plan()),
             "not_covered": _not_covered(c, self.task),
             "evaluated_model": _evaluated_model(c),
             "initial_model": self.initialization,
@@ -350,6 +352,12 @@ class RunWriter:
         atomic_write(self.out / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=True))
         self.close()
         return summary
+
+    def ledger_plan(self) -> str | None:
+        """The tuning plan the run's ledger header names (a trial of a tuning), else ``None``."""
+        header = self.ledger.header if self.ledger is not None else None
+        plan = header.get("tuning_plan") if isinstance(header, Mapping) else None
+        return plan if isinstance(plan, str) and plan else None
 
     def close(self) -> None:
         """Close the TensorBoard event file, if any (the rows are flushed as they are written)."""

@@ -10,6 +10,13 @@
    where the release is 1.31 away, and its cohort. Now the threat model names every file that
    records the seed and says to publish the model's parameters, not the checkpoint files
    (``summary_privacy.threat_model``).
+2. ``tune toy.toml --grid server-learning-rate=0.5,1 --mean-trials 1 --rounds 1``. Before: the
+   released trial's own ``summary.json`` gave ``epsilon`` 7.551 (its run's) under a threat
+   model of "every released model", with no word that a tuning chose it, whose release costs
+   8.279 (``RepeatAndSelectDpEvent``: the tuning's ``summary.json``, ``compare-tuned``); only
+   ``load_run`` noted a trial (fortieth review, reports 2). Now the threat model of a run whose
+   ledger header names a tuning plan says so (``summary_privacy.tuning_trial``, through
+   ``RunWriter.ledger_plan``).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.summary_privacy import threat_model
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
@@ -42,3 +50,13 @@ def test_1_the_threat_model_names_every_file_that_records_the_seed(tmp_path: Pat
     secure = load_config(TOY, {"num-server-rounds": 1, "secure": True})
     simulate(secure, tmp_path / "secure", task=task)
     assert "checkpoint" not in _summary(tmp_path / "secure")["threat_model"]
+
+
+def test_2_a_trial_of_a_tuning_says_its_epsilon_is_not_the_releases(tmp_path: Path) -> None:
+    config = load_config(TOY, {"num-server-rounds": 1})
+    trial = simulate(config, tmp_path / "trial", tuning_plan="ab" * 32)
+    assert trial.epsilon == 7.550846730098353  # its own run's, as before
+    told = _summary(tmp_path / "trial")["threat_model"]
+    assert told.startswith(threat_model(config)) and "; a trial of a tuning" in told
+    assert "costs the tuning's epsilon" in told
+    assert "tuning" not in threat_model(config)

@@ -10,18 +10,18 @@ module (a layer above it).
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 # the checks of an out inside a run moved to the simulation layer, which simulate() calls too
+# (refuse_inside_writing too: forty-sixth review follow-up, outputs 1)
 from fedprivopt.simulation.run_places import (
-    ancestors,
     check_not_held,
     quoted_out,
     refuse_inside_a_run,
     refuse_inside_held,
+    refuse_inside_writing,
 )
 
 __all__ = [
@@ -115,66 +115,6 @@ def check_out_claimable(out: str | Path, config: Any) -> None:
     check_log_dir(Path(out) / DEPLOY_LOGS)
     check_task_dirs_outside(config, str(out))  # the SuperNodes would write their data there
     check_temp_outside(str(out))
-
-
-#: The lock files of the commands that write into their ``--out`` while they run, relative to
-#: it: compare and tune (many runs) hold the directory itself, a deployment its log directory
-#: ``deploy/`` (its run is claimed there by the ServerApp only some 30 s after the start).
-_WRITERS = (
-    ("compare.lock", "comparison"),
-    ("tune.lock", "tuning"),
-    ("deploy/deploy.lock", "deployment's directory"),
-)
-
-
-def refuse_inside_writing(out: Path, flag: str = "--out", *, own_ok: bool = False) -> None:
-    """Refuse an ``out`` inside a comparison, tuning or deployment another process is writing.
-
-    Forty-fourth review of issue 15 (processes, open for the lead): ``deploy local --out C/x``
-    or ``--out C/runs/x`` while ``compare … --out C`` ran (``tune`` alike) passed every check
-    and started the SuperLink and SuperNodes, whose run would land among the cells the
-    comparison was making. ``compare`` and ``tune`` hold their directory locked (a ``flock``
-    on the directory, :func:`~fedprivopt.simulation.rundir.lock_directory`) beside their lock
-    file; an ancestor, as written or as its links resolve, with such a file that another
-    process holds is refused (``LockHeldError``, a ``ValueError``) naming its PID when its lock
-    file says it. A finished comparison's directory is not held and stays as before.
-
-    Forty-fifth review of issue 15 (processes 1): ``deploy local --out D/x`` (or
-    ``deploy_local(out="D/x")``) while ``deploy local --out D`` started (``D`` then holds only
-    its held ``deploy/``; the ServerApp claims ``D`` some 30 s later) passed every check: the
-    second deployment's ``D/x/deploy`` made ``D`` "not empty" to the first's ServerApp, which
-    then failed after its SuperLink and SuperNodes had started. Such an ancestor, whose
-    ``deploy/`` another process holds (``deploy/deploy.lock``), is refused alike.
-
-    Forty-fifth review of issue 15 (lead 3, the outputs follow-up's open row): ``simulate --out
-    C/runs/CELL`` while ``compare --out C`` ran (``--out T/runs/trial-003`` while ``tune --out
-    T`` ran) wrote a run where the comparison's cell or the tuning's trial was to be: the
-    comparison stopped with rc 2 after two cells, the tuning ended rc 0 with that trial
-    "failed" and the foreign run in its place. The command line's ``--out`` check of every
-    command calls this too (``flag`` names the argument) with ``own_ok``: a lock this process
-    holds is then not refused (``compare --tune-grid`` checks each cell's tuning ``--out``
-    under its own lock).
-    """
-    from fedprivopt.data.locks import LockHeldError, directory_held, probe_lock
-
-    out = Path(out).absolute()  # named so in the refusal
-    for place in ancestors(out):
-        for lock, what in _WRITERS:
-            if not (place / lock).is_file() or not directory_held((place / lock).parent):
-                continue
-            pid = None
-            try:
-                probe_lock(place / lock, what=f"{what} {quoted_out(place)}")
-            except LockHeldError as exc:
-                pid = exc.pid
-            if own_ok and pid == os.getpid():  # this process's comparison (its tunings' --out)
-                continue
-            holder = f"process {pid}" if pid is not None else "another process"
-            raise LockHeldError(
-                f"argument {flag}: {quoted_out(out)} is inside the {what} {quoted_out(place)}, "
-                f"which {holder} is writing: choose a directory outside it",
-                pid,
-            )
 
 
 def check_temp_outside(out: str) -> None:

@@ -92,7 +92,11 @@ from fedprivopt.simulation.run_checks import (
     private_strategy,
     run_dir_argument,
 )
-from fedprivopt.simulation.run_places import refuse_inside_a_run, refuse_inside_held
+from fedprivopt.simulation.run_places import (
+    refuse_inside_a_run,
+    refuse_inside_held,
+    refuse_inside_writing,
+)
 from fedprivopt.simulation.rundir import NewRunDir, check_held, lock_run_dir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 from fedprivopt.strategies.algorithms import build_algorithm
@@ -320,6 +324,8 @@ def simulate(
     # API wrote a whole run inside a finished run's directory, which the command line refuses
     refuse_inside_a_run(out_dir, "out_dir")
     refuse_inside_held(out_dir, "out_dir")
+    # forty-sixth review follow-up (outputs 1): a comparison, tuning or deployment being written
+    refuse_inside_writing(out_dir, "out_dir", own_ok=True)
     if overwrite and not planned:  # forty-first review follow-up (ledger 1): a stale report
         check_not_reported(out_dir)
     check_task_dirs_outside(config, out_dir)

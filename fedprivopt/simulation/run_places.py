@@ -5,7 +5,8 @@ directory (known by its ledger, or by ``run.lock`` beside ``config.toml``) or in
 another process holds as a run, through links too. They serve ``deploy local`` and its Python API
 (``deploy.out_checks`` re-exports them), the command line's ``--out`` check, and
 :func:`~fedprivopt.simulation.run.simulate` (forty-second review of issue 15, lead 3: the Python
-API wrote a whole run among a finished run's files, which the command line refuses).
+API wrote a whole run among a finished run's files, which the command line refuses), and
+:func:`refuse_inside_writing`: inside a comparison, tuning or deployment being written.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "quoted_out",
     "refuse_inside_a_run",
     "refuse_inside_held",
+    "refuse_inside_writing",
 ]
 
 
@@ -128,6 +130,83 @@ def refuse_inside_a_run(out: Path, flag: str = "--out") -> None:
                 f"{quoted_out(place)} (it holds {', '.join(found)}): a run's directory holds its "
                 "own files only; choose a directory outside it"
             )
+
+
+#: The lock files of the commands that write into their ``--out`` while they run, relative to
+#: it: compare and tune (many runs) hold the directory itself, a deployment its log directory
+#: ``deploy/`` (its run is claimed there by the ServerApp only some 30 s after the start).
+_WRITERS = (
+    ("compare.lock", "comparison"),
+    ("tune.lock", "tuning"),
+    ("deploy/deploy.lock", "deployment's directory"),
+)
+
+
+def refuse_inside_writing(out: Path, flag: str = "--out", *, own_ok: bool = False) -> None:
+    """Refuse an ``out`` inside a comparison, tuning or deployment another process is writing.
+
+    Forty-fourth review of issue 15 (processes, open for the lead): ``deploy local --out C/x``
+    or ``--out C/runs/x`` while ``compare … --out C`` ran (``tune`` alike) passed every check
+    and started the SuperLink and SuperNodes, whose run would land among the cells the
+    comparison was making. ``compare`` and ``tune`` hold their directory locked (a ``flock``
+    on the directory, :func:`~fedprivopt.simulation.rundir.lock_directory`) beside their lock
+    file; an ancestor, as written or as its links resolve, with such a file that another
+    process holds is refused (``LockHeldError``, a ``ValueError``) naming its PID when its lock
+    file says it. A finished comparison's directory is not held and stays as before.
+
+    Forty-fifth review of issue 15 (processes 1): ``deploy local --out D/x`` (or
+    ``deploy_local(out="D/x")``) while ``deploy local --out D`` started (``D`` then holds only
+    its held ``deploy/``; the ServerApp claims ``D`` some 30 s later) passed every check: the
+    second deployment's ``D/x/deploy`` made ``D`` "not empty" to the first's ServerApp, which
+    then failed after its SuperLink and SuperNodes had started. Such an ancestor, whose
+    ``deploy/`` another process holds (``deploy/deploy.lock``), is refused alike.
+
+    Forty-fifth review of issue 15 (lead 3, the outputs follow-up's open row): ``simulate --out
+    C/runs/CELL`` while ``compare --out C`` ran (``--out T/runs/trial-003`` while ``tune --out
+    T`` ran) wrote a run where the comparison's cell or the tuning's trial was to be: the
+    comparison stopped with rc 2 after two cells, the tuning ended rc 0 with that trial
+    "failed" and the foreign run in its place. The command line's ``--out`` check of every
+    command calls this too (``flag`` names the argument) with ``own_ok``: a lock this process
+    holds is then not refused (``compare --tune-grid`` checks each cell's tuning ``--out``
+    under its own lock).
+
+    Follow-up of the forty-sixth review of issue 15 (outputs 1; the processes reviewer's open
+    row): the Python API :func:`~fedprivopt.simulation.run.simulate` did not make this check:
+    ``simulate(config, "C/x")`` while ``compare --out C`` ran wrote a whole run among the
+    comparison's files. It moved here from ``deploy.out_checks`` (which re-exports it) and
+    ``simulate`` calls it with ``own_ok``, under which a lock held by the process that started
+    this one as a ``multiprocessing`` worker is its own too (``compare --jobs``' cells).
+    """
+    from fedprivopt.data.locks import LockHeldError, directory_held, probe_lock
+
+    out = Path(out).absolute()  # named so in the refusal
+    for place in ancestors(out):
+        for lock, what in _WRITERS:
+            if not (place / lock).is_file() or not directory_held((place / lock).parent):
+                continue
+            pid = None
+            try:
+                probe_lock(place / lock, what=f"{what} {quoted_out(place)}")
+            except LockHeldError as exc:
+                pid = exc.pid
+            if own_ok and pid in _own_pids():  # this process's comparison (its tunings' --out)
+                continue
+            holder = f"process {pid}" if pid is not None else "another process"
+            raise LockHeldError(
+                f"argument {flag}: {quoted_out(out)} is inside the {what} {quoted_out(place)}, "
+                f"which {holder} is writing: choose a directory outside it",
+                pid,
+            )
+
+
+def _own_pids() -> set[int]:
+    """The PIDs whose locks are this process's own: its own, its parent's for a worker."""
+    import multiprocessing
+
+    own = {os.getpid()}
+    if multiprocessing.parent_process() is not None:  # compare --jobs: the cells' workers
+        own.add(os.getppid())
+    return own
 
 
 def _refuse_held(directory: Path, what: str, lock: str = "") -> None:

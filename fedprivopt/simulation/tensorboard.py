@@ -188,11 +188,18 @@ def _new_event_file(out: Path) -> Path:
 
 
 def _newest_seconds(out: Path) -> int:
-    """The largest time in the names of ``out``'s event files (``-1`` if none can be read)."""
+    """The largest time in the names of ``out``'s event files (``-1`` if none can be read).
+
+    Only ASCII digits are a time, as TensorBoard writes it. Forty-sixth review of issue 15
+    (ledger, open; follow-up 1): ``simulate --resume R`` (``--tensorboard``) of a run whose
+    directory held a file named ``events.out.tfevents.²`` ended ``invalid literal for int()
+    with base 10: '²'`` (rc 2, naming no file) after ``summary.json`` was removed:
+    ``str.isdigit`` is true for a superscript, which ``int`` refuses.
+    """
     newest = -1
     with contextlib.suppress(OSError):
         for entry in os.scandir(out):
             field = entry.name.split(".")[3:4] if entry.name.startswith("events.out.") else []
-            if field and field[0].isdigit() and len(field[0]) <= 10:
+            if field and field[0].isascii() and field[0].isdigit() and len(field[0]) <= 10:
                 newest = max(newest, int(field[0]))
     return newest

@@ -17,18 +17,27 @@
    ``load_run`` noted a trial (fortieth review, reports 2). Now the threat model of a run whose
    ledger header names a tuning plan says so (``summary_privacy.tuning_trial``, through
    ``RunWriter.ledger_plan``).
+3. ``compare toy.toml --strategies dp-fedavg,dp-fedadam --seeds 2 --rounds 2 --set
+   adaptive-clipping=true``. Before: ``report.md`` said "adaptive-clipping: true" and nothing
+   of the count each round reads from the sampled users, which ε covers (each run's threat
+   model says so), where it says of AdaDPS' public users and of private evaluations what ε
+   does not cover. Now a line under Privacy parameters says the count is noised and accounted
+   (``report_markdown._adaptive_clipping``).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
 
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.report import write_report
 from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.rundata import RunData
 from fedprivopt.simulation.summary_privacy import threat_model
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -60,3 +69,31 @@ def test_2_a_trial_of_a_tuning_says_its_epsilon_is_not_the_releases(tmp_path: Pa
     assert told.startswith(threat_model(config)) and "; a trial of a tuning" in told
     assert "costs the tuning's epsilon" in told
     assert "tuning" not in threat_model(config)
+
+
+def _run(path: Path, strategy: str, **extra) -> RunData:
+    """A finished 1-round private run of ``strategy`` on the toy task's 40 users."""
+    path.mkdir(parents=True)
+    config = {"strategy": strategy, "noise-multiplier": 0.5, "sampling": "poisson",
+              "accountant": "rdp", "delta": 1e-4, "seed": 0, "population": 40,
+              "task": "toy", **extra.pop("config", {})}  # fmt: skip
+    summary = {"strategy": strategy, "noise_multiplier": 0.5, "seed": 0, "epsilon": 7.55,
+               "delta": 1e-4, "rounds_completed": 1, "config": config, **extra}  # fmt: skip
+    rows = [{"round": r, "eval_accuracy": 0.5, "eval_loss": 0.9} for r in (0, 1)]
+    return RunData(summary, rows, path, ledger_epsilon=7.55)
+
+
+def _privacy_lines(tmp_path: Path, runs: list[RunData]) -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        text = write_report(tmp_path / "report", runs, title="t").read_text("utf-8")
+    return text.split("## Privacy parameters")[1].splitlines()
+
+
+def test_3_a_report_says_the_adaptive_clipping_count_is_accounted(tmp_path: Path) -> None:
+    adaptive = {"config": {"adaptive-clipping": True}}
+    runs = [_run(tmp_path / "a", "dp-fedavg", **adaptive), _run(tmp_path / "b", "dp-fedadam")]
+    lines = _privacy_lines(tmp_path, runs)
+    (line,) = [x for x in lines if x.startswith("- adaptive clipping")]
+    assert line.startswith("- adaptive clipping (dp-fedavg): each sampled user also reports")
+    assert "the count is noised and part of every round's privacy event" in line

@@ -12,6 +12,7 @@ states that it ran. :func:`load_trial_config` reads a configuration for both mod
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ def check_trial(
             f"{run_dir / CONFIG_FILE}: has {key} = {shown(old)}, but {trial['trial']} of "
             f"{PLAN_FILE} runs {key} = {shown(new)}; not this tuning's trial"
         )
+    _refuse_dangling_ledger(run_dir / LEDGER_FILE, ran)
     ledger = RunLedger.read(run_dir)
     if ledger is None:
         # forty-third review of issue 15 (reports 3): a trial whose ledger was deleted counted
@@ -112,6 +114,35 @@ def check_trial(
         raise ValueError(f"{exc}; {PLAN_FILE} or the trial's files were edited") from None
     _check_covered(run_dir, ledger, delta, entry)
     return ledger.total()
+
+
+def _refuse_dangling_ledger(path: Path, ran: str) -> None:
+    """Refuse a trial's ledger ``path`` that is a symbolic link which cannot be followed.
+
+    Forty-sixth review of issue 15 (ledger, open; follow-up 2): ``compare-tuned T`` of a
+    tuning whose ``trial-001/privacy_ledger.jsonl`` was moved to another disk and linked back,
+    that disk not mounted, said the ledger was "missing or empty" and advised running the same
+    tune command again, which refuses the link (a resume appends to it): advice that cannot be
+    followed, and no word of the link. A loop of links is named alike.
+
+    Raises
+    ------
+    ValueError
+        Naming ``path`` and the link's target.
+    """
+    if not os.path.islink(path) or os.path.exists(path):
+        return
+    try:
+        target = os.readlink(path)
+    except OSError:  # removed meanwhile: read as a missing ledger
+        return
+    why = f"the trial ran ({ran})" if ran else "the trial may have run"
+    raise ValueError(
+        f"{path}: a symbolic link to {target!r} that cannot be followed (its target does not "
+        f"exist, or the links loop), but {why}, so what it released cannot be bounded; put its "
+        "target back (mount its disk) or a copy of the ledger in place of the link, then "
+        "report it"
+    )
 
 
 def stated_run(entry: Any) -> str:

@@ -8,14 +8,25 @@
    (``invalid literal for int() with base 10: '²'``), after ``summary.json`` was removed.
    Now ``tensorboard._newest_seconds`` reads only ASCII digits (such a name is not one
    TensorBoard writes, and is left as it is): the resume runs round 2, as without the file.
+2. The first wave's open row (ledger, for tuning): ``tune toy.toml --grid
+   server-learning-rate=0.5,1 --mean-trials 2 --rounds 1 --seed 3 --out T``, then
+   ``T/runs/trial-001/privacy_ledger.jsonl`` replaced by a symbolic link that cannot be
+   followed (its disk not mounted; or links that loop), ``compare-tuned T --out O``. Before:
+   "missing or empty, but the trial ran ...; run the same tune command again, which rebuilds
+   the ledger from the trial's checkpoint", where that command refuses the link ("a resume
+   appends to it ..."): advice that cannot be followed, and no word of the link. Now
+   ``tune_trials.check_trial`` names the link and its target and says to put its target back
+   or a copy of the ledger in place of the link (rc 2, one line); a missing ledger is
+   reported as before.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.files import CONFIG_FILE, SUMMARY_FILE
+from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, SUMMARY_FILE
 from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundata import load_run
 
@@ -39,3 +50,36 @@ def test_1_an_event_file_named_with_another_digit_does_not_stop_a_resume(tmp_pat
     ours = [p.name for p in run.iterdir() if p.name.startswith("events.out.tfevents.")]
     assert len(ours) == 3 and all(n.split(".")[3].isascii() for n in ours if n != odd.name)
 
+
+def test_2_compare_tuned_names_a_trial_ledger_linked_to_nothing(tmp_path: Path, capsys) -> None:
+    from fedprivopt.cli import main
+
+    out = tmp_path / "t"
+    argv = ["tune", str(TOY), "--grid", "server-learning-rate=0.5,1", "--mean-trials", "2",
+            "--rounds", "1", "--seed", "3", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    (trial,) = sorted((out / "runs").iterdir())
+    ledger = trial / LEDGER_FILE
+    kept = ledger.read_bytes()
+    report = ["compare-tuned", str(out), "--out", str(tmp_path / "c")]
+    gone = tmp_path / "disk" / LEDGER_FILE  # moved to another disk and linked back, unmounted
+    loop = trial / "loop"
+    loop.symlink_to(loop.name)
+    for target in (gone, loop):
+        ledger.unlink()
+        ledger.symlink_to(target)
+        capsys.readouterr()
+        assert main(report) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "Traceback" not in err, err
+        assert f"{ledger}: a symbolic link to {str(target)!r} that cannot be followed" in err, err
+        assert "missing or empty" not in err and "run the same tune command" not in err, err
+        assert not (tmp_path / "c").exists()
+    loop.unlink()
+    ledger.unlink()
+    capsys.readouterr()
+    assert main(report) == 2  # a missing ledger: as before
+    assert "missing or empty, but the trial ran" in capsys.readouterr().err
+    ledger.write_bytes(kept)
+    assert main(report) == 0, capsys.readouterr().err
+    assert os.path.isfile(tmp_path / "c" / "report.md")

@@ -436,7 +436,32 @@ def _report_composed(runs: Sequence[RunData]) -> list[str]:
         f"- report composed: its rows are {len(runs)} runs on the task's users, so publishing "
         "this report, summary.csv or the plots releases them all, which costs their "
         f"composition, not one row's ε: {len(private)} private run{many}: {cost}{tail}"
+        + _public_elsewhere(private)
     ]
+
+
+def _public_elsewhere(private: Sequence[RunData]) -> str:
+    """The clause on AdaDPS public users that another private row trains as private users.
+
+    Forty-sixth review of issue 15 (contract 4): ``compare toy.toml --strategies
+    adadps,dp-fedavg-adadp --set side-information.kind=public-users --set
+    side-information.users=4``: users 0-3 built AdaDPS' side information without noise and
+    are private users of the other row, while the "report composed" line gave both rows'
+    composition (12.34) as the report's cost, as if it covered them.
+    """
+    by: dict[tuple, set[str]] = {}
+    for r in private:
+        side = r.summary.get("side_information")
+        users = side.get("public_users") if isinstance(side, Mapping) else None
+        by.setdefault(tuple(users or ()), set()).add(r.strategy)
+    if len(by) < 2:
+        return ""
+    public = sorted(name for users, names in by.items() if users for name in names)
+    return (
+        f"; the public users of {', '.join(public)} (its side information, built from their "
+        "data without noise) are private users of another row, so for them the report has no "
+        "guarantee (ε = ∞)"
+    )
 
 
 def _shared_privacy_config(runs: Sequence[RunData]) -> list[tuple[str, str]]:

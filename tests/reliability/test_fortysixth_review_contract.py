@@ -23,6 +23,12 @@
    model says so), where it says of AdaDPS' public users and of private evaluations what ε
    does not cover. Now a line under Privacy parameters says the count is noised and accounted
    (``report_markdown._adaptive_clipping``).
+4. ``compare toy.toml --strategies adadps,dp-fedavg-adadp --rounds 1 --set
+   side-information.kind=public-users --set side-information.users=4``. Before: the "report
+   composed" line gave both rows' composition (ε 12.34) as what publishing the report costs,
+   while users 0-3 built AdaDPS' side information without noise and are private users of the
+   other row. Now the line says that for them the report has no guarantee
+   (``report_markdown._public_elsewhere``).
 """
 
 from __future__ import annotations
@@ -97,3 +103,16 @@ def test_3_a_report_says_the_adaptive_clipping_count_is_accounted(tmp_path: Path
     (line,) = [x for x in lines if x.startswith("- adaptive clipping")]
     assert line.startswith("- adaptive clipping (dp-fedavg): each sampled user also reports")
     assert "the count is noised and part of every round's privacy event" in line
+
+
+def test_4_report_composed_says_public_users_private_elsewhere(tmp_path: Path) -> None:
+    side = {"public_users": [0, 1, 2, 3], "private_population": 36}
+    runs = [_run(tmp_path / "a", "adadps", side_information=side),
+            _run(tmp_path / "b", "dp-fedavg-adadp")]  # fmt: skip
+    lines = _privacy_lines(tmp_path, runs)
+    (line,) = [x for x in lines if x.startswith("- report composed")]
+    assert "; the public users of adadps (its side information, built from their data" in line
+    assert "are private users of another row, so for them the report has no guarantee" in line
+    plain = [_run(tmp_path / "c", "dp-fedavg"), _run(tmp_path / "d", "dp-fedadam")]
+    (line,) = [x for x in _privacy_lines(tmp_path / "p", plain) if "report composed" in x]
+    assert "public users" not in line

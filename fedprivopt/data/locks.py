@@ -17,6 +17,7 @@ import errno
 import os
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "directory_held",
     "exclusive_lock",
     "file_lock",
+    "holds_lock",
     "lock_holders",
     "named_holder",
     "probe_lock",
@@ -209,13 +211,50 @@ def file_lock(path: Path) -> Iterator[None]:
             raise OSError(errno.EAGAIN, "lock file keeps being replaced", str(path))
         try:
             own = name_holder(fd)
-            yield
+            with _noted(fd):
+                yield
         finally:
             unname_holder(fd, path, own)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
     finally:
         share.close()
+
+
+#: The lock files this process holds (:func:`file_lock`, :func:`exclusive_lock`) by device and
+#: inode, each with the threads that hold it (:func:`holds_lock`).
+_HELD: dict[tuple[int, int], set[int]] = {}
+
+
+@contextlib.contextmanager
+def _noted(fd: int) -> Iterator[None]:
+    """Note for :func:`holds_lock` that this thread holds the lock file open as ``fd``."""
+    st = os.fstat(fd)
+    key, thread = (st.st_dev, st.st_ino), threading.get_ident()
+    _HELD.setdefault(key, set()).add(thread)
+    try:
+        yield
+    finally:
+        threads = _HELD.get(key, set())
+        threads.discard(thread)
+        if not threads:
+            _HELD.pop(key, None)
+
+
+def holds_lock(path: str | os.PathLike) -> bool:
+    """Whether this thread holds the lock file ``path`` (:func:`file_lock`, :func:`exclusive_lock`).
+
+    For a function that takes a lock unless its caller already holds it: a second claim of a
+    lock this process holds waits for ever (:func:`file_lock`) or is refused
+    (:func:`exclusive_lock`). Follow-up of the forty-sixth review of issue 15 (outputs 2):
+    :func:`~fedprivopt.data.synthetic.generate`, which ``data synth`` and a task call under the
+    data directory's lock, took none when called alone.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return threading.get_ident() in _HELD.get((st.st_dev, st.st_ino), ())
 
 
 def _say_waiting(path: Path, fd: int) -> None:
@@ -385,7 +424,8 @@ def exclusive_lock(
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError as exc:  # a full disk (fourteenth review of issue 15): name the file
             raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
-        yield path
+        with _noted(fd):
+            yield path
     finally:
         try:
             st = os.fstat(fd)

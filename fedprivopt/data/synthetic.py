@@ -46,6 +46,7 @@ References
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -57,6 +58,7 @@ import numpy as np
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import unlink_links, url_refusal
 from fedprivopt.core.text import shown
+from fedprivopt.data.locks import DATA_LOCK, exclusive_lock, holds_lock
 from fedprivopt.data.sqlite import write_sqlite
 from fedprivopt.data.synthetic_config import (
     DISK_PER_USER,
@@ -206,6 +208,11 @@ def generate(
     workers : int, optional
         Processes drawing chunks of 2,048 users in parallel (``>= 1``; default
         :func:`default_workers`); the files are byte-identical for any number.
+
+    The directory's lock ``out_dir/.stackoverflow.lock`` is held while it is written (unless
+    this thread holds it: ``data synth``, a task generating its data): another process writing
+    it (``data synth --out``, a task) is refused as ``LockHeldError`` (a ``ValueError``) naming
+    its PID, before anything is written.
     """
     config = SyntheticConfig() if config is None else config
     refused = url_refusal("out_dir", out_dir)
@@ -225,6 +232,27 @@ def generate(
     files = SyntheticFiles.at(out_dir)
     check_free_disk(files.root, config)
     files.root.mkdir(parents=True, exist_ok=True)
+    # follow-up of the forty-sixth review of issue 15 (outputs 2; the processes reviewer's open
+    # row): called alone, generate took no lock: while data synth --out D held D, both wrote one
+    # stackoverflow.sqlite.partial; data synth ended rc 2 and the call's dataset replaced its
+    # own. The data directory's lock (data synth's and a task's, which hold it when they call)
+    lock = files.root / DATA_LOCK
+    if holds_lock(lock):
+        return _generate(files, config, overwrite, workers)
+    made = not os.path.lexists(lock)  # then removed again: no new file left in out_dir
+    with exclusive_lock(lock, what=f"out_dir: dataset directory {files.root}"):
+        try:
+            return _generate(files, config, overwrite, workers)
+        finally:
+            if made:  # a holder may remove its lock file (exclusive_lock): a waiter takes anew
+                with contextlib.suppress(OSError):
+                    lock.unlink()
+
+
+def _generate(
+    files: SyntheticFiles, config: SyntheticConfig, overwrite: bool, workers: int
+) -> SyntheticFiles:
+    """:func:`generate`'s checks and writes, under the data directory's lock."""
     if files.sqlite.exists() and not overwrite:
         raise FileExistsError(f"{files.sqlite}: exists (pass overwrite=True to replace it)")
     if not overwrite and files.meta.exists() and not is_synthetic_dir(files.root):

@@ -8,6 +8,15 @@
    (``run_places.refuse_inside_writing``, moved there from ``deploy.out_checks``, which
    re-exports it): ``LockHeldError`` naming ``out_dir`` and the holder's PID, nothing written;
    a comparison's own cells (in its process, or in its ``--jobs`` workers) pass as before.
+2. ``fedprivopt.data.generate(D, SyntheticConfig(num_clients=100), overwrite=True)`` (the
+   Python API; ``ensure_synthetic`` alike) while ``data synth --out D`` holds
+   ``D/.stackoverflow.lock`` (the processes reviewer's open row). Before: no lock taken; both
+   wrote ``stackoverflow.sqlite.partial``: ``data synth`` ended rc 2 (``... .partial -> ...: No
+   such file or directory``) and the call's 100-user dataset replaced the command's. Now:
+   ``data.synthetic.generate`` holds the directory's lock unless this thread holds it
+   (``data.locks.holds_lock``: ``data synth`` and a task lock before they call, no deadlock, no
+   second lock file): ``LockHeldError`` naming ``out_dir`` and the holder's PID, nothing
+   written; a lock file it made is removed again (no new file left in ``D``).
 """
 
 from __future__ import annotations
@@ -63,3 +72,52 @@ def test_1_the_python_api_refuses_a_run_inside_a_running_comparison(tmp_path, ca
     assert sorted(p.name for p in out.iterdir()) == sorted([lock, "runs"])
     assert list((out / "runs").iterdir()) == []
 
+
+_DATA_HOLDER = """
+import fcntl, os, sys, time
+f = open(os.path.join(sys.argv[1], ".stackoverflow.lock"), "w")
+fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+f.write(str(os.getpid())); f.flush()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_2_generate_is_refused_while_another_process_writes_the_directory(tmp_path):
+    from fedprivopt.data import SyntheticConfig, generate
+    from fedprivopt.data.locks import LockHeldError
+
+    data = tmp_path / "D"
+    data.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _DATA_HOLDER, str(data)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeldError, match=rf"out_dir: dataset directory .* {holder.pid}"):
+            generate(data, SyntheticConfig(num_clients=3), overwrite=True, workers=1)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [p.name for p in data.iterdir()] == [".stackoverflow.lock"]
+
+
+@pytest.mark.parametrize("how", ["alone", "exclusive_lock", "file_lock"])
+def test_2_generate_under_its_caller_s_lock_or_alone(tmp_path, how):
+    import contextlib
+
+    from fedprivopt.data import SyntheticConfig, generate
+    from fedprivopt.data.locks import DATA_LOCK, exclusive_lock, file_lock
+    from fedprivopt.data.synthetic_files import is_synthetic_dir
+
+    data = tmp_path / "D"
+    data.mkdir()
+    lock = {"alone": contextlib.nullcontext(), "exclusive_lock": exclusive_lock(data / DATA_LOCK),
+            "file_lock": file_lock(data / DATA_LOCK)}[how]  # fmt: skip
+    with lock:  # as data synth (exclusive_lock) and a task (file_lock) hold it when they call
+        generate(data, SyntheticConfig(num_clients=3), workers=1)
+    assert is_synthetic_dir(data)
+    if how == "alone":  # the lock file it made is removed: no new file in the directory
+        assert not (data / DATA_LOCK).exists()
+    else:  # the caller's, released and emptied by it
+        assert (data / DATA_LOCK).read_bytes() == b""

@@ -18,7 +18,11 @@ config).
 A handler that finds the task breaking its protocol (:class:`~fedprivopt.models.task.TaskError`:
 ``user_data`` or ``loss`` of another form, a model with nothing to train) answers with
 :func:`~fedprivopt.clients.messages.reply_task_error` instead of raising, so the server reads the
-task's error (not Ray's traceback) and ends the run with it when every node asked failed so.
+task's error (not Ray's traceback) and ends the run with it when every node asked failed so. The
+reply names the task's member and the exception's type (or what was expected), nothing of a
+user's data; the node logs the error whole, with its traceback (forty-sixth review of issue 15,
+the follow-up's privacy 1: the reason was the error's text, a user's example count or a token of
+their data).
 
 The ``evaluate`` handler measures the received model on the node's users' *training* data. Its
 reply (losses, accuracies, example counts) is **not** covered by the DP guarantee; the server's
@@ -32,10 +36,12 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from logging import DEBUG, ERROR
 
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from fedprivopt import wire as P
 from fedprivopt.clients.messages import (
@@ -52,7 +58,7 @@ from fedprivopt.core.logs import hide_engine_notices
 from fedprivopt.core.text import shown
 from fedprivopt.models.registry import build_task, check_task_name
 from fedprivopt.models.task import Task, TaskError, state_to_flat
-from fedprivopt.models.task_calls import task_call, user_examples
+from fedprivopt.models.task_calls import sent_as, task_call, user_examples
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = ["app", "clear_cache", "get_task_and_trainer", "make_client_app"]
@@ -161,10 +167,11 @@ def _task_model(state: Mapping[str, torch.Tensor], trainer: LocalTrainer) -> tor
         return state_to_flat(state, trainer.spec)
     except ValueError as err:
         said = str(err) if len(str(err)) <= 1000 else shown(str(err))  # as the server shows it
-        raise TaskError(
+        text = (
             f"the message's model is not the model of the node's task "
             f"({type(trainer.task).__name__}): {said}"
-        ) from None
+        )
+        raise sent_as(TaskError(text), text) from None  # the two models' names, no user's data
 
 
 def _reordered(
@@ -303,13 +310,17 @@ def _user_metrics(
     rule = f"{call} must return a mapping with the numbers 'loss' and 'accuracy'"
     with task_call(call, rule):
         metrics = task.evaluate_data(model, x, y)
+    # what is sent names the rule only (the follow-up's privacy 1): the node logs what was got
     if not isinstance(metrics, Mapping):
-        raise TaskError(f"{rule}; got {type(metrics).__name__!r}")
+        raise sent_as(TaskError(f"{rule}; got {type(metrics).__name__!r}"), rule)
     values = []
     for name in ("loss", "accuracy"):
         if name not in metrics:
-            raise TaskError(
-                f"{rule}; got none for {name!r}, keys {shown(sorted(map(str, metrics)))}"
+            raise sent_as(
+                TaskError(
+                    f"{rule}; got none for {name!r}, keys {shown(sorted(map(str, metrics)))}"
+                ),
+                rule,
             )
         value = metrics[name]
         try:
@@ -319,7 +330,8 @@ def _user_metrics(
                 value = value.detach()  # a loss with its graph: no warning of torch's
             values.append(float(value))
         except (TypeError, ValueError, OverflowError, RuntimeError):  # RuntimeError: a tensor
-            raise TaskError(f"{rule}; got a {type(value).__name__} for {name!r}") from None
+            error = TaskError(f"{rule}; got a {type(value).__name__} for {name!r}")
+            raise sent_as(error, rule) from None
     return values[0], values[1]
 
 
@@ -329,10 +341,19 @@ def _replying(
     context: Context,
     defaults: _Defaults,
 ) -> Message:
-    """``handler``'s reply, or the task's error as :func:`reply_task_error`'s reply."""
+    """``handler``'s reply, or the task's error as :func:`reply_task_error`'s reply.
+
+    The error is logged whole on the node (Flower's logger, where Flower logs a ClientApp's
+    exception): one line at ``ERROR``, its traceback at ``DEBUG`` (a SuperNode's level; the
+    simulation's nodes print on the command's standard error, which ends in one line); the
+    reply names the member and the exception's type, nothing of a user's data.
+    """
     try:
         return handler(message, context, defaults)
     except TaskError as exc:
+        kind = message.metadata.message_type
+        log(ERROR, "the task's error answering a %s message: %s", kind, exc)
+        log(DEBUG, "the traceback of the task's error above:", exc_info=exc)
         return reply_task_error(message, exc)
 
 

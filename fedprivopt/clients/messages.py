@@ -14,9 +14,10 @@ nodes, and talk to every node with two message types (:mod:`fedprivopt.wire`):
     one ``ArrayRecord`` per user and nothing private.
 
 A task that breaks its protocol (:class:`~fedprivopt.models.task.TaskError`) is answered with
-:func:`reply_task_error`, an error reply of code :data:`TASK_ERROR` whose reason is the error's
-line: the server ends the run with it when every node asked in a round answered so, as the fast
-engine stops at the first such user.
+:func:`reply_task_error`, an error reply of code :data:`TASK_ERROR` whose reason names the task's
+member and the exception's type (or what was expected), nothing of a user's data: the server ends
+the run with it when every node asked in a round answered so, as the fast engine stops at the
+first such user; the node logs the error whole.
 
 fedprivopt's own ClientApp (:mod:`fedprivopt.clients.client_app`) uses these same functions, so a
 user's ClientApp that uses them speaks exactly its protocol. This module imports Flower; import
@@ -42,6 +43,7 @@ from fedprivopt.core.checks import check_int
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError, state_to_flat
+from fedprivopt.models.task_calls import sent_reason
 from fedprivopt.privacy.flat import FlatSpec, flatten
 from fedprivopt.privacy.rng import RngFactory
 
@@ -315,25 +317,51 @@ def check_record_kinds(
             )
 
 
-def reply_task_error(message: Message, error: TaskError) -> Message:
+def reply_task_error(message: Message, error: TaskError, *, reason: str | None = None) -> Message:
     """The reply to a message whose handling found the task breaking its protocol.
 
-    An error reply of code :data:`TASK_ERROR` whose reason is ``error``'s message, so the server
-    can tell a task's error (the same on every node: the run cannot go on) from a node that
-    failed, and name it. Thirty-third review of issue 15: a ClientApp's ``TaskError`` reached
-    the server as Flower's ``CLIENT_APP_RAISED_EXCEPTION`` with Ray's traceback as its reason, so
-    a Flower run whose every user failed so released noise-only rounds to the end (rc 0, about
-    680 lines of warnings and tracebacks), where the fast engine stops at the first such user.
+    An error reply of code :data:`TASK_ERROR`, so the server can tell a task's error (the same on
+    every node: the run cannot go on) from a node that failed, and name it. Thirty-third review
+    of issue 15: a ClientApp's ``TaskError`` reached the server as Flower's
+    ``CLIENT_APP_RAISED_EXCEPTION`` with Ray's traceback as its reason, so a Flower run whose
+    every user failed so released noise-only rounds to the end (rc 0, about 680 lines of
+    warnings and tracebacks), where the fast engine stops at the first such user.
+
+    Parameters
+    ----------
+    message : Message
+        The message answered.
+    error : TaskError
+        The task's error. Its text is not sent: it may hold a user's values.
+    reason : str, optional
+        The reply's reason, which reaches the server outside the privacy guarantee: it must hold
+        nothing computed from a user's data. By default what fedprivopt's check gave ``error``
+        to send (:func:`~fedprivopt.models.task_calls.sent_reason`: the task's member and the
+        exception's type, or what was expected) and that the full message is in the node's log.
+
+    Notes
+    -----
+    Forty-sixth review of issue 15 (wire, open; the follow-up's privacy 1): the reason was the
+    error's text: ``user_data(4)`` returning one label fewer than examples sent user 4's example
+    count (``a torch.float32 tensor of shape (7, 5)``), a ``KeyError`` of a token of the user's
+    data sent the token (``'alice@example.com'``). Log the error on the node (fedprivopt's
+    ClientApp logs it whole, with its traceback).
 
     Raises
     ------
     ValueError
         If ``error`` is not a :class:`~fedprivopt.models.task.TaskError`.
+    TypeError
+        If ``reason`` is neither ``None`` nor a ``str``.
     """
     if not isinstance(error, TaskError):
         raise ValueError(f"error must be a TaskError, got {shown(error)}")
+    if reason is None:
+        reason = sent_reason(error)
+    elif not isinstance(reason, str):
+        raise TypeError(f"reason must be a str or None, got {shown(reason)}")
     _content(message)  # forty-third review (wire 7): Flower's MessageInitializationError
-    return Message(Error(code=TASK_ERROR, reason=str(error)), reply_to=message)
+    return Message(Error(code=TASK_ERROR, reason=reason), reply_to=message)
 
 
 def read_model(message: Message) -> dict[str, torch.Tensor]:

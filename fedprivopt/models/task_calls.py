@@ -27,6 +27,14 @@ CPU allocator reports a failed allocation (``ulimit -v``, a machine without the 
 ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory"), not a ``MemoryError``: a task
 member's such failure was blamed on the task, and one anywhere else ended in a traceback (rc 1).
 :func:`out_of_memory` tells every such failure, for this module and the command line.
+
+Forty-sixth review of issue 15 (wire, open; the follow-up's privacy 1): a ClientApp sent the
+error's whole text to the server as its error reply's reason: ``user_data(4)`` returning one
+label fewer than examples sent user 4's example count (``a tensor of shape (7, 5)``), a
+``KeyError`` of a token of the user's data sent the token (``'alice@example.com'``), outside
+epsilon. Each error of this module now carries what a node may send of it (:func:`sent_reason`):
+the task, the member and the exception's type, or what fedprivopt's check expected, never what
+it found; the node logs the whole text, the in-process engines raise it whole as before.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ __all__ = [
     "minibatch_loss",
     "out_of_memory",
     "raised",
+    "sent_as",
+    "sent_reason",
     "task_call",
     "user_examples",
     "without_exit",
@@ -66,6 +76,42 @@ _NOT_THE_TASKS = (MemoryError, torch.OutOfMemoryError, TaskError)
 
 _ALLOCATOR_FAILED = "can't allocate memory"
 """What torch's CPU allocator's ``RuntimeError`` says when the memory it asked for was refused."""
+
+_SENT = "_fedprivopt_sent_reason"
+"""The attribute of a :class:`TaskError` that holds what a node may send of it (:func:`sent_as`)."""
+
+NODE_LOG = "the full message is in the node's log"
+"""Where an error reply's reason sends its reader: the node logs the error whole."""
+
+
+def sent_as(error: TaskError, reason: str) -> TaskError:
+    """``error``, whose error reply (:func:`sent_reason`) says ``reason`` instead of its text.
+
+    ``reason`` must hold nothing computed from a user's data: the task, the member, the
+    exception's type, what was expected. The error's own text (raised in process, logged by a
+    node) is unchanged.
+    """
+    setattr(error, _SENT, reason)
+    return error
+
+
+def sent_reason(error: TaskError) -> str:
+    """What a node sends of ``error`` to the server: nothing computed from a user's data.
+
+    The reason :func:`sent_as` gave it (or, for another :class:`TaskError`, only that the node's
+    task broke its protocol), followed by :data:`NODE_LOG`. The error's own text may hold a
+    user's values (the task's exception text, a tensor's shape: the user's example count), which
+    reach the server outside the privacy guarantee.
+    """
+    reason = getattr(error, _SENT, None)
+    if not isinstance(reason, str):
+        reason = f"the node's task broke its protocol ({type(error).__name__})"
+    return f"{reason}; {NODE_LOG}"
+
+
+def _member(call: str) -> str:
+    """The member of a call as :func:`task_call` names it: ``MyTask.user_data`` of ``...(3)``."""
+    return call.partition("(")[0]
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -130,7 +176,8 @@ def task_call(call: str, rule: str) -> Iterator[None]:
     except Exception as exc:
         if out_of_memory(exc):
             raise
-        raise TaskError(f"{call} raised {raised(exc)}") from exc
+        error = TaskError(f"{call} raised {raised(exc)}")
+        raise sent_as(error, f"{_member(call)} raised {type(exc).__name__}") from exc
 
 
 @contextlib.contextmanager
@@ -146,7 +193,8 @@ def without_exit(rule: str) -> Iterator[None]:
     try:
         yield
     except SystemExit as exc:
-        raise TaskError(f"{rule}; {exited(exc)}") from None
+        error = TaskError(f"{rule}; {exited(exc)}")
+        raise sent_as(error, f"{_member(rule)} called sys.exit()") from None
 
 
 def _described(value: object) -> str:
@@ -180,11 +228,12 @@ def user_examples(task: object, user_id: int) -> tuple[torch.Tensor, torch.Tenso
     ok = isinstance(value, (tuple, list)) and len(value) == 2
     ok = ok and all(isinstance(v, torch.Tensor) and _dense(v) and v.dim() >= 1 for v in value)
     if not ok or value[0].shape[0] != value[1].shape[0]:
-        raise TaskError(
-            f"{type(task).__name__}.user_data({user_id}) must return (x, y): two tensors with "
-            "one row per example, as many in y as in x (dense: not sparse, nested or on the "
-            f"meta device); got {_described(value)}"
+        rule = (
+            "must return (x, y): two tensors with one row per example, as many in y as in x "
+            "(dense: not sparse, nested or on the meta device)"
         )
+        error = TaskError(f"{call} {rule}; got {_described(value)}")
+        raise sent_as(error, f"{_member(call)} {rule}")
     return value[0], value[1]
 
 
@@ -224,11 +273,12 @@ def minibatch_loss(
         # thirty-fourth review of issue 15 (tasks, finding 4): autograd's "Trying to backward
         # through the graph a second time" traceback at the trainer's gradient, or (with
         # retain_graph) AdaDPS' public-users gradients counted twice
-        raise TaskError(
+        text = (
             f"{type(task).__name__}.loss() must return the mean loss of the minibatch without "
             "calling backward() on it (the trainer takes the gradient); it set the gradients "
             "of the model's parameters"
         )
+        raise sent_as(TaskError(text), text)  # nothing of the user's data
     ok = isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
     # thirty-sixth review of issue 15 (tasks, finding 3): a loss made a tensor of its own
     # (``torch.tensor(value, requires_grad=True)``) passed, and every update was zero
@@ -239,8 +289,9 @@ def minibatch_loss(
             what += " that does not require grad (not computed from the model parameters)"
         elif ok:
             what += " made with requires_grad (a leaf: no gradient of it reaches the model)"
-        raise TaskError(
+        rule = (
             f"{type(task).__name__}.loss() must return the mean loss of the minibatch, a "
-            f"floating-point tensor of one value computed from the model; got {what}"
+            "floating-point tensor of one value computed from the model"
         )
+        raise sent_as(TaskError(f"{rule}; got {what}"), rule)  # a shape: the batch's examples
     return loss

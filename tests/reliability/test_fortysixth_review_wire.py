@@ -265,16 +265,19 @@ def test_3_tensor_metrics_of_evaluate_data_are_read_as_numbers(monkeypatch):
 def test_3_evaluate_data_breaking_its_protocol_is_the_tasks_error(kind, said, monkeypatch):
     reply = _evaluate(kind, monkeypatch)  # before: KeyError, TypeError, RuntimeError, SystemExit
     assert reply.has_error() and reply.error.code == TASK_ERROR
+    # the reply names the member and the type or the rule; what was got is in the node's log
+    # only (the forty-sixth review's follow-up, privacy 1; the reason was the error's text)
+    node_log = "; the full message is in the node's log"
     if said is None:
-        start = "_Evaluating.evaluate_data(model, x, y) raised RuntimeError at "
-        assert reply.error.reason.startswith(start + "test_fortysixth_review_wire.py:")
-        assert reply.error.reason.endswith(": boom")
+        assert reply.error.reason == "_Evaluating.evaluate_data raised RuntimeError" + node_log
+    elif kind == "exit":
+        assert reply.error.reason == "_Evaluating.evaluate_data called sys.exit()" + node_log
     else:
         rule = (
             "_Evaluating.evaluate_data(model, x, y) must return a mapping with the numbers "
             "'loss' and 'accuracy'"
         )
-        assert reply.error.reason == rule + said
+        assert reply.error.reason == rule + node_log
 
 
 # -- finding 4: a message's record of another kind is refused, not read as none -------------------

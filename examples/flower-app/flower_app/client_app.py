@@ -46,13 +46,13 @@ def train_users(msg: Message, context: Context) -> Message:
     if request.preconditioner is not None:
         # the task's error (not a node's failure): the server ends the run rather than release
         # a round that trained nobody (this app's ServerApp refuses such strategies at start)
-        return reply_task_error(
-            msg,
-            TaskError(
-                "this example's training loop does not precondition gradients; use dp-fedavg, "
-                "dp-fedadam, dp-fedadam-bc or dp-fedavg-adadp (not adadps or dp2)"
-            ),
+        # reason= sends this line, which holds nothing of a user's data (by default the reply
+        # names no more than the error's type: a task's error text may hold a user's values)
+        said = (
+            "this example's training loop does not precondition gradients; use dp-fedavg, "
+            "dp-fedadam, dp-fedadam-bc or dp-fedavg-adadp (not adadps or dp2)"
         )
+        return reply_task_error(msg, TaskError(said), reason=said)
     data = data_seed(context.run_config)
     hosted = set(hosted_users(context, _population(context)))
     model = build_model(0)

@@ -1,0 +1,185 @@
+"""Issue 15, forty-sixth hostile review, follow-up (privacy: today's api, mechanisms, wire fixes).
+
+1. fedprivopt's ClientApp (node 1 of 3, toy by reference) given a train message for users
+   [1, 4] (private or not, seeded or secure) of a task whose ``user_data(4)`` returns one label
+   fewer than examples, raises ``KeyError`` of a token of the user's data or calls
+   ``sys.exit(len(x))``, whose ``loss`` returns a per-example vector, or an evaluate message of
+   a task whose ``evaluate_data`` raises with a value of the data or leaves out ``accuracy``
+   (the wire reviewer's open row, /tmp/r46/wire/p3.py). Before: the error reply's reason
+   (``TASK_ERROR``) was the error's text, sent to the server outside epsilon: ``...; got a tuple
+   of 2 (a torch.float32 tensor of shape (7, 5), ...)`` (user 4's example count),
+   ``Keyed.user_data(4) raised KeyError at ...: 'alice@example.com'`` (the token),
+   ``it called sys.exit(7)``, ``got a torch.float32 tensor of shape (4,)`` (a minibatch's
+   examples). Now (the lead's decision) the reply names the task's member and the
+   exception's type, or what fedprivopt's check expected, and says the full message is in the
+   node's log (``task_calls.sent_reason``, ``messages.reply_task_error``); the ClientApp logs
+   the error whole with its traceback (Flower's logger); in process (the fast engine,
+   ``user_examples``) the error is raised whole as before. A ``TaskError`` of one's own given to
+   ``reply_task_error`` is sent as the task's error without its text, unless ``reason=`` is
+   given.
+
+No Flower or Ray is started: the ClientApp is called in process, as the wire tests do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+
+from fedprivopt import wire as P
+from fedprivopt.clients import LocalConfig
+from fedprivopt.clients.client_app import clear_cache, make_client_app
+from fedprivopt.clients.messages import TASK_ERROR, reply_task_error
+from fedprivopt.models import build_task
+from fedprivopt.models.task import TaskError
+from fedprivopt.models.task_calls import user_examples
+from fedprivopt.models.toy import ToyClassificationTask
+from tests.messages import delivered
+
+TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
+NODE_LOG = "; the full message is in the node's log"
+
+# -- finding 1: an error reply carries nothing computed from a user's data ---------------------
+
+
+class Leaky(ToyClassificationTask):
+    """``user_data(4)``: one label fewer than examples; a token; ``sys.exit(len(x))``."""
+
+    kind = "short"
+
+    def user_data(self, user_id):
+        x, y = super().user_data(user_id)
+        if user_id != 4:
+            return x, y
+        if self.kind == "short":
+            return x, y[:-1]
+        if self.kind == "token":
+            return {}["alice@example.com"]
+        if self.kind == "exit":
+            sys.exit(int(x.shape[0]))
+        return x, y
+
+    def loss(self, model, x, y):
+        if self.kind == "vector":  # per-example losses: a shape of the minibatch's examples
+            return torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+        return super().loss(model, x, y)
+
+    def evaluate_data(self, model, x, y):
+        if self.kind == "eval-raise":
+            raise ValueError(f"bad row {x[0].tolist()}")
+        if self.kind == "eval-keys":
+            return {"loss": 0.5, f"rows_{x.shape[0]}": 1.0}
+        return super().evaluate_data(model, x, y)
+
+
+def leaky(**params):
+    return Leaky(**params)
+
+
+def _context() -> Context:
+    run_config = {
+        P.RUN_TASK: f"{__name__}:leaky",
+        P.RUN_TASK_PARAMS_JSON: json.dumps(TOY),
+        P.RUN_DEVICE: "cpu",
+    }
+    node = {P.NODE_PARTITION_ID: 1, P.NODE_NUM_PARTITIONS: 3}
+    return Context(
+        run_id=1, node_id=11, node_config=node, state=RecordDict(), run_config=run_config
+    )
+
+
+def _arrays() -> ArrayRecord:
+    state = build_task("toy", **TOY).build_model().state_dict()
+    return ArrayRecord({k: Array(v.numpy()) for k, v in state.items()})
+
+
+def _reply(kind: str, monkeypatch, *, private=True, secure=False, message="train"):
+    monkeypatch.setattr(Leaky, "kind", kind)
+    clear_cache()
+    clip = 1.0 if private else None
+    local = LocalConfig(learning_rate=0.5, batch_size=4, clip_norm=clip, noise_std=0.0)
+    if message == "train":
+        settings = P.ClientSettings(local, seed=5, secure=secure)
+        config = P.encode_train_config(users=[1, 4], round_num=1, settings=settings)
+    else:
+        config = ConfigRecord({P.USERS: [1, 4]})
+    content = {P.CONFIG_RECORD: config, P.ARRAYS_RECORD: _arrays()}
+    try:
+        return make_client_app()(delivered(content, message), _context())
+    finally:
+        clear_cache()
+
+
+SEEDED, SECURE, NOT_PRIVATE = (True, False), (True, True), (False, False)
+CASES = [  # kind, message, (private, secure), the reason's start
+    ("short", "train", SEEDED, "Leaky.user_data must return (x, y): two tensors with one row per"),
+    ("short", "train", SECURE, "Leaky.user_data must return (x, y): two tensors with one row per"),
+    ("short", "train", NOT_PRIVATE, "Leaky.user_data must return (x, y): two tensors with one"),
+    ("token", "train", SEEDED, "Leaky.user_data raised KeyError"),
+    ("token", "train", NOT_PRIVATE, "Leaky.user_data raised KeyError"),
+    ("exit", "train", SECURE, "Leaky.user_data called sys.exit()"),
+    ("vector", "train", SEEDED, "Leaky.loss() must return the mean loss of the minibatch, a "),
+    ("short", "evaluate", SEEDED, "Leaky.user_data must return (x, y): two tensors with one row"),
+    ("eval-raise", "evaluate", SEEDED, "Leaky.evaluate_data raised ValueError"),
+    ("eval-keys", "evaluate", SEEDED, "Leaky.evaluate_data(model, x, y) must return a mapping"),
+]
+FOUND = {  # what each error found, in the node's log only
+    "short": "shape (7, 5)",
+    "token": "alice@example.com",
+    "exit": "sys.exit(7)",
+    "vector": "tensor of shape (",
+    "eval-raise": "bad row",
+    "eval-keys": "rows_",
+}
+
+
+@pytest.mark.parametrize(("kind", "message", "mode", "start"), CASES)
+def test_1_an_error_reply_names_the_member_and_type_not_the_users_data(
+    kind, message, mode, start, monkeypatch, caplog
+):
+    private, secure = mode
+    caplog.set_level(logging.DEBUG, logger="flwr")  # a SuperNode's level; restored after
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    try:
+        reply = _reply(kind, monkeypatch, private=private, secure=secure, message=message)
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+    assert reply.has_error() and reply.error.code == TASK_ERROR
+    reason = reply.error.reason
+    # before: 'shape (7, 5)', 'alice@example.com', 'sys.exit(7)', 'shape (3,)', 'bad row', 'rows_7'
+    assert FOUND[kind] not in reason, reason
+    assert reason.startswith(start) and reason.endswith(NODE_LOG), reason
+    assert "(4)" not in reason and " at " not in reason and "got" not in reason
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert FOUND[kind] in logged  # the node's log holds the error whole
+    assert any(r.exc_info for r in caplog.records)  # with its traceback (at DEBUG)
+
+
+def test_1_in_process_the_error_is_raised_whole(monkeypatch):
+    monkeypatch.setattr(Leaky, "kind", "short")
+    with pytest.raises(
+        TaskError, match=r"got a tuple of 2 \(a torch.float32 tensor of shape \(7, 5"
+    ):
+        user_examples(Leaky(**TOY), 4)  # the fast engine's own call: the user owns the data
+
+
+def test_1_a_task_error_of_ones_own_is_sent_without_its_text(server_side):
+    message = delivered({}, "train")
+    reply = reply_task_error(message, TaskError("user 4: alice@example.com"))
+    assert reply.error.reason == "the node's task broke its protocol (TaskError)" + NODE_LOG
+    said = reply_task_error(message, TaskError("x"), reason="my task failed")
+    assert said.error.reason == "my task failed"
+    with pytest.raises(TypeError, match="reason must be a str or None"):
+        reply_task_error(message, TaskError("x"), reason=5)
+
+
+def test_1_legitimate_replies_are_unchanged(monkeypatch):
+    reply = _reply("none", monkeypatch)
+    assert not reply.has_error()
+    assert sorted(reply.content.array_records) == ["update/1", "update/4"]

@@ -363,6 +363,11 @@ def _refuse_dangling(path: Path) -> None:
     resumes at 22.40). A link says nothing of its target's content, as an unreadable file
     does not (:data:`NOT_ITS_CONTENT`).
 
+    Forty-sixth review follow-up (ledger 3): the advice to remove the link and continue from
+    the previous checkpoint was given also where there is none (a run of one checkpoint, or
+    ``checkpoint.prev.pt`` itself the link beside a torn ``checkpoint.pt``), and following it
+    ended in the refusal of a run that released rounds and has no readable checkpoint.
+
     Raises
     ------
     ValueError
@@ -374,12 +379,19 @@ def _refuse_dangling(path: Path) -> None:
         target = os.readlink(path)
     except OSError:  # removed meanwhile
         return
-    raise ValueError(
+    what = (
         f"{path}: a symbolic link to {target!r} that cannot be followed (its target does not "
-        "exist, or the links loop), which says nothing of the checkpoint's content: the "
-        "previous checkpoint was not used in its place (a secure run would redo released "
-        "rounds with new noise); put its target back (mount its disk) and try again, or remove "
-        "the link to continue from the previous checkpoint"
+        "exist, or the links loop), which says nothing of the checkpoint's content"
+    )
+    if path.name == CHECKPOINT and (path.parent / PREVIOUS_CHECKPOINT).exists():
+        raise ValueError(
+            f"{what}: the previous checkpoint was not used in its place (a secure run would "
+            "redo released rounds with new noise); put its target back (mount its disk) and try "
+            "again, or remove the link to continue from the previous checkpoint"
+        )
+    raise ValueError(
+        f"{what}, and the run has no other readable checkpoint to continue from; put its target "
+        "back (mount its disk) and try again"
     )
 
 

@@ -18,6 +18,15 @@
    ``tune_trials.check_trial`` names the link and its target and says to put its target back
    or a copy of the ledger in place of the link (rc 2, one line); a missing ledger is
    reported as before.
+3. A bypass of the forty-sixth review's ledger 1 (its advice): a finished secure run of one
+   round (one checkpoint, ``checkpoint.pt``; any run saved once) whose ``checkpoint.pt`` is a
+   symbolic link that cannot be followed, ``num-server-rounds = 2``, ``simulate --resume R``.
+   Before: refused, but advising to "remove the link to continue from the previous
+   checkpoint", of which there is none: following it, ``--resume`` refused the run ("has no
+   checkpoint, but ... rounds up to 1 were released"); alike for ``checkpoint.prev.pt`` the
+   link beside a torn ``checkpoint.pt``. Now ``checkpoint._refuse_dangling`` says the run has
+   no other readable checkpoint and to put the target back; with a previous checkpoint, the
+   advice as before.
 """
 
 from __future__ import annotations
@@ -25,8 +34,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, SUMMARY_FILE
+from fedprivopt.simulation.files import (
+    CHECKPOINT,
+    CONFIG_FILE,
+    LEDGER_FILE,
+    PREVIOUS_CHECKPOINT,
+    SUMMARY_FILE,
+)
 from fedprivopt.simulation.run import resume, simulate
 from fedprivopt.simulation.rundata import load_run
 
@@ -83,3 +101,38 @@ def test_2_compare_tuned_names_a_trial_ledger_linked_to_nothing(tmp_path: Path, 
     ledger.write_bytes(kept)
     assert main(report) == 0, capsys.readouterr().err
     assert os.path.isfile(tmp_path / "c" / "report.md")
+
+
+def test_3_a_dangling_checkpoint_without_a_previous_one_gives_advice_that_holds(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    simulate(load_config(TOY, {**SMALL, "num-server-rounds": 1, "secure": True}), run)
+    assert not os.path.lexists(run / PREVIOUS_CHECKPOINT)  # saved once
+    config = (run / CONFIG_FILE).read_text(encoding="utf-8")
+    (run / CONFIG_FILE).write_text(
+        config.replace("num-server-rounds = 1\n", "num-server-rounds = 2\n"), encoding="utf-8"
+    )
+    kept = (run / CHECKPOINT).read_bytes()
+    (run / CHECKPOINT).unlink()
+    (run / CHECKPOINT).symlink_to(tmp_path / "disk" / CHECKPOINT)  # its disk not mounted
+    ledger = (run / LEDGER_FILE).read_bytes()
+    with pytest.raises(ValueError, match="that cannot be followed") as e:
+        resume(run)
+    assert "continue from the previous checkpoint" not in str(e.value)  # before: advised
+    assert "no other readable checkpoint" in str(e.value) and "put its target back" in str(e.value)
+    assert (run / LEDGER_FILE).read_bytes() == ledger and (run / SUMMARY_FILE).exists()
+    (run / CHECKPOINT).unlink()  # checkpoint.prev.pt the link, beside a torn checkpoint.pt
+    (run / CHECKPOINT).write_bytes(kept[: len(kept) // 2])
+    (run / PREVIOUS_CHECKPOINT).symlink_to(tmp_path / "disk" / PREVIOUS_CHECKPOINT)
+    with pytest.raises(ValueError, match="no other readable checkpoint") as e:
+        newest_checkpoint(run, {})
+    assert str(run / PREVIOUS_CHECKPOINT) in str(e.value)
+    assert "continue from the previous checkpoint" not in str(e.value)
+    (run / CHECKPOINT).write_bytes(kept)  # with a previous checkpoint: the advice as before
+    (run / PREVIOUS_CHECKPOINT).unlink()
+    (run / PREVIOUS_CHECKPOINT).write_bytes(kept)
+    (run / CHECKPOINT).unlink()
+    (run / CHECKPOINT).symlink_to(tmp_path / "disk" / CHECKPOINT)
+    with pytest.raises(ValueError, match="remove the link to continue from the previous"):
+        newest_checkpoint(run, {})

@@ -58,7 +58,13 @@ from fedprivopt.core.logs import hide_engine_notices
 from fedprivopt.core.text import shown
 from fedprivopt.models.registry import build_task, check_task_name
 from fedprivopt.models.task import Task, TaskError, state_to_flat
-from fedprivopt.models.task_calls import sent_as, task_call, user_examples
+from fedprivopt.models.task_calls import (
+    NODE_LOG,
+    out_of_memory,
+    sent_as,
+    task_call,
+    user_examples,
+)
 from fedprivopt.privacy.rng import RngFactory
 
 __all__ = ["app", "clear_cache", "get_task_and_trainer", "make_client_app"]
@@ -355,6 +361,19 @@ def _replying(
         log(ERROR, "the task's error answering a %s message: %s", kind, exc)
         log(DEBUG, "the traceback of the task's error above:", exc_info=exc)
         return reply_task_error(message, exc)
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise  # the message's own errors: their text names what the server sent
+        # forty-sixth review of issue 15, follow-up privacy 2: torch's allocator says the bytes it
+        # asked for ("you tried to allocate 960000000 bytes": a user's examples), which Flower
+        # sends as the error reply's reason; a node's failure as before, without them
+        kind = message.metadata.message_type
+        log(ERROR, "out of memory answering a %s message: %s", kind, exc)
+        log(DEBUG, "the traceback of the error above:", exc_info=exc)
+        raise MemoryError(
+            f"the node ran out of memory answering a {kind} message ({type(exc).__name__}); "
+            f"{NODE_LOG}"
+        ) from None
 
 
 def _check_device_name(device: object) -> None:

@@ -51,6 +51,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
 
 __all__ = [
+    "NODE_LOG",
     "exited",
     "minibatch_loss",
     "out_of_memory",

@@ -18,6 +18,14 @@
    ``reply_task_error`` is sent as the task's error without its text, unless ``reason=`` is
    given.
 
+2. The same ClientApp where the task's ``user_data(4)`` runs out of memory (torch's CPU
+   allocator's ``RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate
+   960000000 bytes``, or a ``MemoryError`` naming what it held), which ``task_call`` passes on as
+   the machine's, not the task's. Before: raised out of the ClientApp whole, so Flower sent its
+   text (the bytes: user 4's examples) as the error reply's reason. Now ``client_app._replying``
+   logs it and raises ``MemoryError: the node ran out of memory answering a train message
+   (RuntimeError); the full message is in the node's log``: a node's failure as before.
+
 No Flower or Ray is started: the ClientApp is called in process, as the wire tests do.
 """
 
@@ -62,6 +70,11 @@ class Leaky(ToyClassificationTask):
             return {}["alice@example.com"]
         if self.kind == "exit":
             sys.exit(int(x.shape[0]))
+        if self.kind == "oom":
+            tried = x.shape[0] * 137_142_857  # as torch says it: a size of the user's data
+            raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried {tried}")
+        if self.kind == "memory":
+            raise MemoryError(f"holding the {x.shape[0]} rows of alice@example.com")
         return x, y
 
     def loss(self, model, x, y):
@@ -183,3 +196,24 @@ def test_1_legitimate_replies_are_unchanged(monkeypatch):
     reply = _reply("none", monkeypatch)
     assert not reply.has_error()
     assert sorted(reply.content.array_records) == ["update/1", "update/4"]
+
+
+# -- finding 2: running out of memory is a node's failure that names no size of a user's data ----
+
+
+@pytest.mark.parametrize(("kind", "found"), [("oom", "959999999"), ("memory", "alice@example.com")])
+def test_2_out_of_memory_on_a_users_data_leaves_the_node_without_its_text(
+    kind, found, monkeypatch, caplog
+):
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    try:
+        with pytest.raises(MemoryError) as raised:  # Flower sends its type and text
+            _reply(kind, monkeypatch)
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+    said = str(raised.value)  # before: the allocator's bytes (7 rows), the user's token
+    assert found not in said and said.endswith(NODE_LOG), said
+    assert said.startswith("the node ran out of memory answering a train message")
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    assert found in "\n".join(r.getMessage() for r in caplog.records)  # the node's log

@@ -314,8 +314,8 @@ def add_compare(sub) -> None:
         metavar="J",
         help="run up to J cells at a time, each in its own process with one CPU thread (fast "
         "engine in process only; about J times sooner for small models on J cores); per-round "
-        "progress is off with J > 1; at most this machine's memory over 256 MiB (a worker holds "
-        "its own tasks)",
+        "progress is off with J > 1; at most 256, and at most this machine's memory over 256 MiB "
+        "(a worker holds its own tasks)",
     )
     p.add_argument(
         "--quiet",

@@ -345,7 +345,7 @@ class AlgorithmCohorts:
         own, a KeyboardInterrupt in a notebook) cannot run again (``begun already``), but the
         period's nodes were drawn and the tree stays at that round, so rounds 2 and 3 were
         released with ``epsilon()`` 0.0 (dp-fedavg or dp-fedadam, sigma 0.5, restart 4), where
-        an honest round 1 charges 19.61. The noised sum reached the step, so the period is
+        an honest round 1 charges 19.62. The noised sum reached the step, so the period is
         charged now, as ADADP's half step is (:meth:`charge_partial`); a Gaussian round so
         begun releases nothing a later round reads and stays uncharged.
         """

@@ -4,11 +4,11 @@
    sigma 0.5, restart 4; seeded or secure): ``drive_round(alg, 1, train)`` whose server step
    raised after the round's noised sum (a transform of one's own, a KeyboardInterrupt in a
    notebook), then rounds 2 and 3 (the mechanisms reviewer's open row). Before: rounds 2 and 3
-   were released with ``epsilon()`` 0.0, where an honest round 1 charges 19.61: the period is
+   were released with ``epsilon()`` 0.0, where an honest round 1 charges 19.62: the period is
    charged when its first round finishes, which never happened, while the tree's noise stayed
    at round 1 (the refused-request path undoes it, a failed step did not). Now
    ``AlgorithmCohorts.charge_begun_period`` (from ``ServerAlgorithm.run_round``) charges the
-   period when its first round's noised sum reached the step and the step raised: 19.61 after
+   period when its first round's noised sum reached the step and the step raised: 19.62 after
    the failure and after rounds 2 and 3, as an honest run's; a Gaussian round so begun stays
    uncharged (the mechanisms reviewer's finding 1), ADADP cannot run with a tree.
 2. ``models.task.state_to_flat`` (every reader of a message's model: fedprivopt's ClientApp,
@@ -90,7 +90,7 @@ class _FailsOnce:
 def test_1_a_tree_period_whose_first_step_failed_is_charged(strategy, secure):
     config = _config(strategy=strategy, secure=secure)
     honest = build_algorithm(config, torch.zeros(4))
-    period = drive_round(honest, 1, _train).metrics["epsilon"]  # 19.61
+    period = drive_round(honest, 1, _train).metrics["epsilon"]  # 19.62
     alg = build_algorithm(config, torch.zeros(4))
     error = KeyboardInterrupt() if secure else RuntimeError("the optimizer step failed")
     alg.transform = _FailsOnce(alg.transform, error)

@@ -4,7 +4,7 @@ Finding 1 (a reported ε smaller than what was spent): a tree-aggregation run's 
 its participation ledger emptied (or cut) and its digest recomputed with the project's own
 ``state_digest`` resumed with rc 0 and drew the users of rounds 1-2 again in rounds 3-4 of the
 same restart period, while one tree event (each user in at most one round a period) was
-charged: ε 19.61 reported for users who took part twice. Now refused in seeded and secure mode:
+charged: ε 19.62 reported for users who took part twice. Now refused in seeded and secure mode:
 the restored period must hold the users its rounds drew (``metrics.jsonl``'s ``cohort_size``,
 else ``clients-per-round`` a round) and at most ``step·m``.
 

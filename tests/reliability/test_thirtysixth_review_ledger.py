@@ -5,7 +5,7 @@
    its newest checkpoint of round 2, whose model was edited (``state_digest`` recomputed, as in
    the twenty-ninth review's finding 1), then every ``"params_sha256": "…"`` of
    ``privacy_ledger.jsonl`` set to ``null`` (one ``sed``) and ``simulate --resume``: rc 0, ε
-   19.61 as before. A line without a digest is what a ledger rebuilt from a checkpoint
+   19.62 as before. A line without a digest is what a ledger rebuilt from a checkpoint
    (:meth:`RunLedger.convert`) holds after its ``carried`` line, so neither the checkpoint's
    model (``check_model``) nor the seeded replay was checked: round 3 was released again from
    another model with its first release's tree noise and participants (the two releases'

@@ -355,8 +355,11 @@ def refuse_tensorless_entries(state: Mapping[str, object], task: object) -> None
             )
 
 
-def refuse_unbuilt_model(model: object, task: object) -> None:
+def refuse_unbuilt_model(model: object, task: object, *, cpu_only: bool = False) -> None:
     """Raise :class:`TaskError` unless ``model`` is a module of initialized tensors with data.
+
+    With ``cpu_only``, a tensor on any device but the CPU is refused too (a task's
+    ``build_model()`` as a command reads it, ``simulation.run_checks.initial_model``).
 
     Forty-sixth review of issue 15 (api 3): a lazy module (``LazyLinear``) or a model on the
     ``meta`` device ended :class:`~fedprivopt.clients.LocalTrainer`, :func:`initial_flat` and
@@ -371,7 +374,7 @@ def refuse_unbuilt_model(model: object, task: object) -> None:
     for key, tensor in state.items():
         if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
             what = "uninitialized (a lazy module: give its sizes, or run it once in build_model)"
-        elif tensor.device.type == "meta":
+        elif tensor.device.type == "meta" or (cpu_only and tensor.device.type != "cpu"):
             what = f"on device {tensor.device} (build the model on the CPU)"
         else:
             continue

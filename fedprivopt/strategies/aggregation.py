@@ -287,8 +287,12 @@ class AlgorithmAggregation:
         # with a method of that name (sorted_by_user(self): sorted(self.items())) took the
         # streamed path, where one workspace stored for every user is not refused (api 3 of the
         # forty-fifth review): the last user summed 9 times (model 0.45 where 0.05) under a
-        # charge of C. Only the bool True declares a streamed cohort (simulation.fast's)
-        if getattr(updates, "sorted_by_user", False) is True:
+        # charge of C. Only the bool True declares a streamed cohort (simulation.fast's).
+        # Follow-up (privacy 3): and never a dict, which holds every value at once: a dict
+        # subclass with the class attribute sorted_by_user = True and one workspace took the
+        # streamed path as the method had (model 0.45 where 0.05)
+        streamed = getattr(updates, "sorted_by_user", False) is True
+        if streamed and not isinstance(updates, dict):
             if cohort is not None:
                 # twenty-sixth review of issue 15: a streamed cohort (simulation.fast's
                 # StreamedUpdates, trained as it is read) of users the round did not ask was

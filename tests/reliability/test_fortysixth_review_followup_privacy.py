@@ -26,6 +26,16 @@
    logs it and raises ``MemoryError: the node ran out of memory answering a train message
    (RuntimeError); the full message is in the node's log``: a node's failure as before.
 
+3. A ``drive_round`` callback returning a ``dict`` subclass of one's own with the class
+   attribute ``sorted_by_user = True`` (the bool, as ``simulation.fast.StreamedUpdates`` sets it)
+   holding one workspace reused for every user (api 6's case through the attribute its fix
+   accepts; dp-fedavg and ADADP, sigma 1e-6). Before: the streamed path, where one memory is
+   not refused: the last user summed once for every user, model 0.45 where that user alone
+   moves it 0.05 (a sensitivity of 9C under a charge of C). Now a dict (which holds every value
+   at once) never declares a streamed cohort (``AlgorithmAggregation._aggregate_in_round``):
+   refused as ``the updates of users 0 and 1 are held in the same memory``; distinct updates
+   summed as before.
+
 No Flower or Ray is started: the ClientApp is called in process, as the wire tests do.
 """
 
@@ -47,6 +57,8 @@ from fedprivopt.models import build_task
 from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import user_examples
 from fedprivopt.models.toy import ToyClassificationTask
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
 from tests.messages import delivered
 
 TOY = {"num_users": 10, "dim": 5, "num_classes": 3, "seed": 2}
@@ -217,3 +229,35 @@ def test_2_out_of_memory_on_a_users_data_leaves_the_node_without_its_text(
     assert said.startswith("the node ran out of memory answering a train message")
     assert raised.value.__cause__ is None and raised.value.__suppress_context__
     assert found in "\n".join(r.getMessage() for r in caplog.records)  # the node's log
+
+
+# -- finding 3: a dict declaring a streamed cohort with the bool True ---------------------------
+
+
+class _Flagged(dict):
+    sorted_by_user = True  # the bool api 6's fix accepts; a dict holds its values at once
+
+
+def _one_workspace(request):
+    work, out, last = torch.zeros(4), _Flagged(), max(request.users)
+    for user in sorted(request.users):
+        work.fill_(1.0 if user == last else 0.0)
+        out[user] = work
+    return out
+
+
+def _own_memory(request):
+    last = max(request.users)
+    return _Flagged({u: torch.full((4,), 1.0 if u == last else 0.0) for u in request.users})
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-fedavg-adadp"])
+def test_3_a_dict_with_sorted_by_user_true_is_no_streamed_cohort(strategy):
+    config = StrategyConfig.from_mapping(
+        {"strategy": strategy, "population": 40, "clients-per-round": 10,
+         "noise-multiplier": 1e-6, "clip-norm": 1.0, "seed": 0}
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"users \d+ and \d+ are held in the same memory"):
+        drive_round(build_algorithm(config, torch.zeros(4)), 1, _one_workspace)  # 0.45 before
+    honest = drive_round(build_algorithm(config, torch.zeros(4)), 1, _own_memory)
+    assert float(honest.params.max()) < 0.1

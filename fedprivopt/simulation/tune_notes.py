@@ -125,12 +125,33 @@ def selection_users(tasks) -> dict | None:
 
     worst = {"private": 0, "evaluated": 0}
     for task in tasks:
+        _refuse_uncallable(task)
         found = private_evaluation_users(task)
         if found is None:
             return None
         if (found[0], found[1]) > (worst["private"], worst["evaluated"]):
             worst = {"private": found[0], "evaluated": found[1]}
     return worst
+
+
+def _refuse_uncallable(task: object) -> None:
+    """Raise ``TaskError`` when ``task.private_evaluation_users`` is there but no method.
+
+    Forty-sixth review of issue 15 (flags 1): it was read as absent (not checked) unless
+    callable, so a task of one's own that wrote it as an attribute
+    (``private_evaluation_users = (40, 40)``: all 40 evaluation users are training users)
+    was tuned with rc 0, the released trial selected on 40 private users' data without
+    ``--selection-on-private-users``, where the method saying the same is refused.
+    """
+    from fedprivopt.core.text import shown
+    from fedprivopt.models.task import TaskError
+
+    member = getattr(task, "private_evaluation_users", None)
+    if member is not None and not callable(member):
+        raise TaskError(
+            f"{type(task).__name__}.private_evaluation_users must be a method returning "
+            f"(private, evaluated), got {shown(member)}"
+        )
 
 
 def selection_lines(checks: Sequence[Any]) -> list[str]:

@@ -389,6 +389,9 @@ def resume(
         what = "is not a directory" if os.path.lexists(out) else "does not exist"
         raise ValueError(f"--resume directory {str(out)!r} {what}")
     check_run_files(out)  # a FIFO or device would hang or be read until memory runs out
+    # forty-sixth review follow-up (outputs 3): a cell of a comparison (a trial of a tuning)
+    # another process is writing had rounds released into it; the comparison then stopped
+    refuse_inside_writing(out, "--resume", own_ok=True, advice=_WAIT_FOR_IT)
     check_config_file(out)
     check_writable(out)
     check_config_not_empty(out / CONFIG_FILE)  # before the lock: nothing in out is touched
@@ -399,6 +402,13 @@ def resume(
     )
     with lock_run_dir(out), _naming_the_run(out):
         return _resume_locked(out, progress, tuning_plan, planned)
+
+
+#: The advice of a ``--resume`` inside a comparison or tuning another process is writing.
+_WAIT_FOR_IT = (
+    "wait for it to finish (a comparison or tuning resumes its own cells when run again with "
+    "its --out)"
+)
 
 
 def _resume_locked(out: Path, progress: bool, tuning_plan: str | None, planned: bool) -> RunOutcome:

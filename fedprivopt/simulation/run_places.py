@@ -142,7 +142,13 @@ _WRITERS = (
 )
 
 
-def refuse_inside_writing(out: Path, flag: str = "--out", *, own_ok: bool = False) -> None:
+def refuse_inside_writing(
+    out: Path,
+    flag: str = "--out",
+    *,
+    own_ok: bool = False,
+    advice: str = "choose a directory outside it",
+) -> None:
     """Refuse an ``out`` inside a comparison, tuning or deployment another process is writing.
 
     Forty-fourth review of issue 15 (processes, open for the lead): ``deploy local --out C/x``
@@ -176,6 +182,9 @@ def refuse_inside_writing(out: Path, flag: str = "--out", *, own_ok: bool = Fals
     comparison's files. It moved here from ``deploy.out_checks`` (which re-exports it) and
     ``simulate`` calls it with ``own_ok``, under which a lock held by the process that started
     this one as a ``multiprocessing`` worker is its own too (``compare --jobs``' cells).
+    :func:`~fedprivopt.simulation.run.resume` calls it too (outputs 3: ``simulate --resume
+    C/runs/CELL`` while ``compare --out C`` ran released rounds into the cell, and the comparison
+    stopped with rc 2 at its end), with ``advice`` for its refusal.
     """
     from fedprivopt.data.locks import LockHeldError, directory_held, probe_lock
 
@@ -194,7 +203,7 @@ def refuse_inside_writing(out: Path, flag: str = "--out", *, own_ok: bool = Fals
             holder = f"process {pid}" if pid is not None else "another process"
             raise LockHeldError(
                 f"argument {flag}: {quoted_out(out)} is inside the {what} {quoted_out(place)}, "
-                f"which {holder} is writing: choose a directory outside it",
+                f"which {holder} is writing: {advice}",
                 pid,
             )
 

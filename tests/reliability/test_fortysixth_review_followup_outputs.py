@@ -17,6 +17,14 @@
    (``data.locks.holds_lock``: ``data synth`` and a task lock before they call, no deadlock, no
    second lock file): ``LockHeldError`` naming ``out_dir`` and the holder's PID, nothing
    written; a lock file it made is removed again (no new file left in ``D``).
+3. ``simulate --resume C/runs/CELL`` (its ``num-server-rounds`` raised; ``resume`` of the
+   Python API alike) while ``compare --out C`` runs (a trial while ``tune --out T`` runs;
+   finding 1's twin for ``--resume``). Before: rc 0, a round released into the cell; measured
+   with a real comparison of 40 rounds: the comparison ran its other cell, then stopped rc 2
+   (``its run directory changed while this comparison ran``), no report. Now: ``resume``
+   refuses it first (``run_places.refuse_inside_writing`` with ``--resume``): one line naming
+   the holder's PID, ``wait for it to finish``, nothing written; a comparison's or tuning's own
+   resumes pass (its process, its ``--jobs`` workers).
 """
 
 from __future__ import annotations
@@ -121,3 +129,31 @@ def test_2_generate_under_its_caller_s_lock_or_alone(tmp_path, how):
         assert not (data / DATA_LOCK).exists()
     else:  # the caller's, released and emptied by it
         assert (data / DATA_LOCK).read_bytes() == b""
+
+
+@pytest.mark.parametrize("lock", ["compare.lock", "tune.lock"])
+def test_3_a_resume_inside_a_running_comparison_is_refused(tmp_path, capsys, lock):
+    from fedprivopt.data.locks import LockHeldError
+    from fedprivopt.simulation.run import resume
+
+    out = tmp_path / "C"
+    cell = out / "runs" / "cell"
+    assert main(["simulate", str(TOY), "--rounds", "1", "--out", str(cell), "--quiet"]) == 0
+    config = cell / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2"))
+    before = sorted((p.name, p.stat().st_size) for p in cell.iterdir())
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(out), lock], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeldError, match=rf"argument --resume: .* process {holder.pid} is"):
+            resume(cell)
+        capsys.readouterr()
+        code = main(["simulate", "--resume", str(cell), "--quiet"])
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "wait for it to finish" in err, err
+    assert sorted((p.name, p.stat().st_size) for p in cell.iterdir()) == before

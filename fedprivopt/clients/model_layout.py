@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedprivopt.models.task import TaskError
+from fedprivopt.models.task_calls import sent_as
 from fedprivopt.privacy.sparse import dense_problem
 
 __all__ = ["ModelAtBuild", "ModelLayout"]
@@ -274,10 +275,11 @@ class ModelLayout:
         if not any(e.trainable for e in entries):
             # thirty-second review of issue 15 (models, finding 3): autograd's "`inputs` argument
             # to `grad()` cannot be empty" traceback at the first local step
-            raise TaskError(
+            text = (
                 f"the model of {type(self.task).__name__}.build_model() has no trainable "
                 "parameter (a torch.nn.Parameter with requires_grad): there is nothing to train"
             )
+            raise sent_as(TaskError(text), text)  # a node's reply may say it: no user's data
         return entries
 
     def _flat_dtype_source(self, state: dict[str, torch.Tensor]) -> str:

@@ -64,7 +64,7 @@ from fedprivopt.models.task import (
     refuse_tensorless_entries,
     refuse_unbuilt_model,
 )
-from fedprivopt.models.task_calls import minibatch_loss, user_examples
+from fedprivopt.models.task_calls import minibatch_loss, sent_as, user_examples
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
 from fedprivopt.privacy.flat import FlatSpec, flatten
@@ -222,12 +222,13 @@ class LocalTrainer(ModelLayout):
             return
         what = "the same model" if shared == "" else f"a model sharing its submodule {shared!r}"
         name = type(self.task).__name__
-        raise TaskError(
+        text = (
             f"{name}.build_model() returned {what} at two calls: it must build a fresh model "
             "every call (the trainer trains its model, and a user's training would reach the "
             "model a run evaluates through a module they share); build it anew (copy.deepcopy "
             "of a model the task keeps)"
         )
+        raise sent_as(TaskError(text), text)  # a node's reply may say it: no user's data
 
     @staticmethod
     def _gradients(loss: torch.Tensor, params: list) -> list[torch.Tensor | None]:
@@ -254,11 +255,12 @@ class LocalTrainer(ModelLayout):
         to rc 0 with every update zero: the released model was the initial one, charged.
         """
         name = type(self.task).__name__
-        return TaskError(
+        text = (
             f"{name}.loss() must compute the loss with the model it is given: no gradient of it "
             "reaches a trainable parameter of that model (a loss of another model, such as one "
             "the task keeps, trains nothing)"
         )
+        return sent_as(TaskError(text), text)  # a node's reply may say it: no user's data
 
     # ----------------------------------------------------------------- overridable steps
     def precondition(

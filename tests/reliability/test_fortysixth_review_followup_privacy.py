@@ -36,6 +36,12 @@
    refused as ``the updates of users 0 and 1 are held in the same memory``; distinct updates
    summed as before.
 
+4. Privacy 1's regression: fedprivopt's own data-free task errors of the ClientApp's trainer
+   (a model with no trainable parameter, ``build_model()`` returning one model twice, a loss
+   of another model) lost their text in the reply (``the node's task broke its protocol
+   (TaskError)``): each is sent whole again (``sent_as`` in ``clients.trainer`` and
+   ``clients.model_layout``).
+
 No Flower or Ray is started: the ClientApp is called in process, as the wire tests do.
 """
 
@@ -261,3 +267,32 @@ def test_3_a_dict_with_sorted_by_user_true_is_no_streamed_cohort(strategy):
         drive_round(build_algorithm(config, torch.zeros(4)), 1, _one_workspace)  # 0.45 before
     honest = drive_round(build_algorithm(config, torch.zeros(4)), 1, _own_memory)
     assert float(honest.params.max()) < 0.1
+
+
+# -- finding 4: fedprivopt's own data-free task errors are sent whole ---------------------------
+
+
+class Frozen(ToyClassificationTask):
+    def build_model(self):
+        model = super().build_model()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model
+
+
+def frozen(**params):
+    return Frozen(**params)
+
+
+def test_4_a_data_free_task_error_of_the_trainer_is_sent_whole(monkeypatch):
+    monkeypatch.setattr(Leaky, "kind", "none")
+    context = _context()
+    context.run_config[P.RUN_TASK] = f"{__name__}:frozen"
+    clear_cache()
+    try:
+        reply = make_client_app()(delivered(P.users_query(), "query"), context)
+    finally:
+        clear_cache()
+    said = "the model of Frozen.build_model() has no trainable parameter (a torch.nn.Parameter"
+    assert reply.has_error() and reply.error.reason.startswith(said), reply.error.reason
+    assert reply.error.reason.endswith("there is nothing to train" + NODE_LOG)

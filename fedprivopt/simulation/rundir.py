@@ -23,6 +23,8 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
+
 from fedprivopt.core.files import check_umask, on_read_only_fs
 from fedprivopt.data.locks import LockHeldError, exclusive_lock, probe_lock, unlockable
 from fedprivopt.simulation.files import (
@@ -367,7 +369,15 @@ def _listing(out: Path, allowed: Iterable[str]) -> list[str]:
 def _check_claimable(
     out: Path, *, overwrite: bool, allowed: Iterable[str], resume: str | None = None
 ) -> None:
-    """Raise unless a fresh run may write into ``out`` (see :class:`NewRunDir`)."""
+    """Raise unless a fresh run may write into ``out`` (see :class:`NewRunDir`).
+
+    Forty-sixth review of issue 15 (flags 2): ``overwrite`` was read by its truth, so the
+    Python API's ``simulate(config, out, overwrite="False")`` (a flag read from an environment
+    variable or a text file) replaced the finished run in ``out``, its ledger of released
+    rounds with it, where ``overwrite=False`` refuses. Only a bool (NumPy's too) is taken.
+    """
+    if not isinstance(overwrite, (bool, np.bool_)):
+        raise ValueError(f"overwrite must be True or False, got {overwrite!r}")
     if not out.exists():
         return
     if not out.is_dir():

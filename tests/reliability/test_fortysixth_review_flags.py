@@ -9,13 +9,23 @@
    the method returning the same ``(40, 40)`` is refused (rc 2). Now
    ``simulation.tune_notes.selection_users`` refuses an attribute that is no method, naming it
    (rc 2, one line); the method is refused as before.
+2. The Python API's ``simulate(config, out, overwrite="False")`` (a flag read from an
+   environment variable or a text file) with a finished toy run of 2 rounds in ``out``.
+   Before: ``overwrite`` was read by its truth, so the run was replaced by a run of 1 round,
+   its ledger of released rounds with it, where ``overwrite=False`` refuses. Now
+   ``simulation.rundir`` (``_check_claimable``, behind ``NewRunDir`` and ``check_claimable``)
+   refuses an ``overwrite`` that is no bool, naming it; ``np.bool_(True)`` and ``True`` replace
+   the run as before.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run import simulate
 
 _TASKS = '''
 from fedprivopt.models.toy import ToyClassificationTask
@@ -71,3 +81,18 @@ def test_1_private_evaluation_users_as_an_attribute_is_refused(
     assert not (tmp_path / "attr" / "summary.json").exists()
     assert _tune(tmp_path, f"{task_module}:method", "method") == 2  # as before
     assert "40 of the task's 40 evaluation users" in capsys.readouterr().err
+
+
+# -- finding 2: overwrite="False" through the Python API ------------------------------------
+
+
+def test_2_an_overwrite_that_is_no_bool_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    out = tmp_path / "run"
+    simulate(load_config("simulations/toy.toml", {"num-server-rounds": 2}), out)
+    ledger = (out / "privacy_ledger.jsonl").read_bytes()
+    one = load_config("simulations/toy.toml", {"num-server-rounds": 1})
+    with pytest.raises(ValueError, match=r"overwrite must be True or False, got 'False'"):
+        simulate(one, out, overwrite="False")  # before: the 2-round run replaced
+    assert (out / "privacy_ledger.jsonl").read_bytes() == ledger
+    assert simulate(one, out, overwrite=np.bool_(True)).rounds_completed == 1

@@ -133,7 +133,10 @@ def privatize_update(
     # of "1" or None raised TypeErrors naming nothing (float(), '>'), True a TypeError, a sparse
     # update NotImplementedError, and clip=5 failed inside; a 0-d tensor noise_std was taken
     if not isinstance(update, torch.Tensor) or not update.is_floating_point():
-        raise ValueError(f"update must be a floating-point torch.Tensor, got {update!r:.80}")
+        tensor = isinstance(update, torch.Tensor)
+        what = f"a {update.dtype} tensor" if tensor else f"a {type(update).__name__}"
+        # not its values (follow-up, privacy 5): a user's update in an error's text
+        raise ValueError(f"update must be a floating-point torch.Tensor, got {what}")
     if update.layout != torch.strided:
         raise ValueError(f"update must be a dense (strided) tensor, got layout {update.layout}")
     foreign = foreign_tensor(update)
@@ -208,7 +211,9 @@ def _refuse_other_tensor(step: str, vector: object, update: torch.Tensor) -> Non
     "same shape, dtype and device as the input".
     """
     if not isinstance(vector, torch.Tensor):
-        raise ValueError(f"{step} must return a torch.Tensor, got {shown(vector)}")
+        # its type only (follow-up privacy 5): a user's values, not noised, leave a node in
+        # an error's text (Flower sends it as the error reply's reason)
+        raise ValueError(f"{step} must return a torch.Tensor, got a {type(vector).__name__}")
     foreign = foreign_tensor(vector)
     if foreign is not None:
         raise ValueError(f"{step} must return a plain torch.Tensor: its result is {foreign}")
@@ -241,17 +246,20 @@ def _checked_clip(result: object, update: torch.Tensor, clip_norm: float | None)
     parts = tuple(getattr(result, key, None) for key in ClipResult._fields)
     if not isinstance(result, tuple) or any(part is None for part in parts):
         raise ValueError(
-            f"clip must return a ClipResult (vector, norm, clipped), got {shown(result)}"
+            "clip must return a ClipResult (vector, norm, clipped), got a "
+            f"{type(result).__name__}"  # not its values: a user's update (follow-up, privacy 5)
         )
     vector, norm, clipped = parts
     _refuse_other_tensor("clip", vector, update)
     if clip_norm is not None:
         measured = l2_norm(vector)
         if not measured <= clip_norm * (1.0 + norm_error_bound(vector.numel())):
+            # not the norm it measured (follow-up, privacy 5): a user's update's, which left
+            # a node of one's own in the error's text (Flower's error reply's reason)
             raise ValueError(
-                f"clip returned an update of L2 norm {measured:.6g} above clip_norm "
-                f"{clip_norm:.6g}: the whole update must be clipped to L2 norm clip_norm "
-                "(per-layer clip norms must together stay within it)"
+                f"clip returned an update of L2 norm above clip_norm {clip_norm:.6g}: the whole "
+                "update must be clipped to L2 norm clip_norm (per-layer clip norms must "
+                "together stay within it)"
             )
     return ClipResult(vector, norm, clipped)
 

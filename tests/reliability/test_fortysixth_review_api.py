@@ -115,7 +115,7 @@ def _unscaled(delta, clip_norm):
 
 @pytest.mark.parametrize("clip", [_per_layer, _unscaled])
 def test_1_a_replacement_clip_above_c_is_refused(clip):
-    with pytest.raises(ValueError, match=r"clip returned an update of L2 norm .* above clip_norm"):
+    with pytest.raises(ValueError, match=r"clip returned an update of L2 norm above clip_norm"):
         privatize_update(torch.full((100,), 1.0), clip_norm=1.0, clip=clip)
 
 

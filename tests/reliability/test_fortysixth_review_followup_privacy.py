@@ -42,6 +42,15 @@
    (TaskError)``): each is sent whole again (``sent_as`` in ``clients.trainer`` and
    ``clients.model_layout``).
 
+5. api 1's refusals of a replacement ``clip`` through ``privatize_update`` (a ClientApp of
+   one's own, docs/FLOWER.md: Flower sends an exception's text as its error reply's reason):
+   a clip of each of two layers to C, a clip returning the plain tensor, and an update given as
+   an integer tensor. Before: ``clip returned an update of L2 norm 1.41421 above clip_norm 1``
+   (the norm of a user's update, not noised), ``got tensor([0.1000, 0.1000, ...])`` and
+   ``got tensor([3, 1, 4, ...])`` (the user's values). Now the texts name the rule and the
+   type only (``clients.privatize._checked_clip``, ``_refuse_other_tensor``,
+   ``privatize_update``); the refusals are as before.
+
 No Flower or Ray is started: the ClientApp is called in process, as the wire tests do.
 """
 
@@ -56,13 +65,14 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from fedprivopt import wire as P
-from fedprivopt.clients import LocalConfig
+from fedprivopt.clients import LocalConfig, privatize_update
 from fedprivopt.clients.client_app import clear_cache, make_client_app
 from fedprivopt.clients.messages import TASK_ERROR, reply_task_error
 from fedprivopt.models import build_task
 from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import user_examples
 from fedprivopt.models.toy import ToyClassificationTask
+from fedprivopt.privacy.clip import ClipResult, clip_l2
 from fedprivopt.strategies import StrategyConfig, build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.messages import delivered
@@ -296,3 +306,35 @@ def test_4_a_data_free_task_error_of_the_trainer_is_sent_whole(monkeypatch):
     said = "the model of Frozen.build_model() has no trainable parameter (a torch.nn.Parameter"
     assert reply.has_error() and reply.error.reason.startswith(said), reply.error.reason
     assert reply.error.reason.endswith("there is nothing to train" + NODE_LOG)
+
+
+# -- finding 5: a refused replacement clip names no value of the user's update ------------------
+
+
+def _per_layer(delta, clip_norm):
+    half = delta.numel() // 2
+    parts = [clip_l2(delta[:half], clip_norm).vector, clip_l2(delta[half:], clip_norm).vector]
+    return ClipResult(torch.cat(parts), float(delta.norm()), True)
+
+
+def _plain(delta, clip_norm):
+    return clip_l2(delta, clip_norm).vector  # the tensor, not its ClipResult
+
+
+@pytest.mark.parametrize(
+    ("update", "clip", "said", "found"),
+    [
+        (torch.full((100,), 1.0), _per_layer, "above clip_norm 1", "1.41421"),
+        (
+            torch.full((100,), 1.0),
+            _plain,
+            "ClipResult (vector, norm, clipped), got a Tensor",
+            "0.1",
+        ),
+        (torch.tensor([3, 1, 4, 1, 5]), None, "torch.Tensor, got a torch.int64 tensor", "3, 1, 4"),
+    ],
+)
+def test_5_a_refused_clip_or_update_names_no_value_of_the_update(update, clip, said, found):
+    with pytest.raises(ValueError) as refused:
+        privatize_update(update, clip_norm=1.0, clip=clip)
+    assert said in str(refused.value) and found not in str(refused.value), refused.value

@@ -230,6 +230,15 @@ def generate(
     # thirty-ninth review of issue 15 (input 1): workers bounded by the memory
     workers = workers_that_fit(config, workers, default_workers())
     files = SyntheticFiles.at(out_dir)
+    # follow-up of the forty-sixth review of issue 15 (outputs 4): the call wrote a dataset into
+    # a run, a comparison (running or not) or a directory inside one, rc 0, where data synth
+    # --out and a task's generation refuse it (fourteenth and sixteenth reviews)
+    note = run_files_note(files.root)
+    if note is not None:
+        raise ValueError(
+            f"out_dir {files.root} {note}: it is a fedprivopt run, comparison or tuning, not a "
+            "data directory; write the dataset into another directory"
+        )
     check_free_disk(files.root, config)
     files.root.mkdir(parents=True, exist_ok=True)
     # follow-up of the forty-sixth review of issue 15 (outputs 2; the processes reviewer's open

@@ -25,6 +25,12 @@
    refuses it first (``run_places.refuse_inside_writing`` with ``--resume``): one line naming
    the holder's PID, ``wait for it to finish``, nothing written; a comparison's or tuning's own
    resumes pass (its process, its ``--jobs`` workers).
+4. ``fedprivopt.data.generate('C/x', SyntheticConfig(...))`` (also ``C`` itself, or a
+   directory in one of its runs) where ``C`` is a comparison (its ``compare.lock``), a run or a
+   tuning, running or finished. Before: the dataset written there, rc 0, where ``data synth
+   --out`` and a task's generation refuse it (fourteenth and sixteenth reviews). Now: ``ValueError``
+   naming ``out_dir`` and what it holds, before anything is written
+   (``data.synthetic.generate`` through ``run_files_note``, as ``data synth``).
 """
 
 from __future__ import annotations
@@ -157,3 +163,17 @@ def test_3_a_resume_inside_a_running_comparison_is_refused(tmp_path, capsys, loc
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "wait for it to finish" in err, err
     assert sorted((p.name, p.stat().st_size) for p in cell.iterdir()) == before
+
+
+@pytest.mark.parametrize("inside", ["", "x", "runs/r/d"])
+def test_4_generate_refuses_a_run_or_comparison(tmp_path, inside):
+    from fedprivopt.data import SyntheticConfig, generate
+
+    out = tmp_path / "C"
+    (out / "runs" / "r").mkdir(parents=True)
+    (out / "compare.lock").write_text("")
+    (out / "runs" / "r" / "privacy_ledger.jsonl").write_text("")
+    before = sorted(str(p) for p in out.rglob("*"))
+    with pytest.raises(ValueError, match=r"not a data directory; write the dataset into another"):
+        generate(out / inside, SyntheticConfig(num_clients=3), workers=1)
+    assert sorted(str(p) for p in out.rglob("*")) == before

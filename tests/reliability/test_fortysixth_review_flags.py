@@ -16,6 +16,13 @@
    ``simulation.rundir`` (``_check_claimable``, behind ``NewRunDir`` and ``check_claimable``)
    refuses an ``overwrite`` that is no bool, naming it; ``np.bool_(True)`` and ``True`` replace
    the run as before.
+3. The Python API's ``resume(cell, planned="False")`` on a cell of ``compare simulations/toy.toml
+   --strategies dp-fedavg --rounds 1`` whose ``num-server-rounds`` was raised to 2 (and
+   ``simulate(..., overwrite=True, planned="False")``). Before: ``planned`` was read by its
+   truth, so ``cells.check_not_reported`` was skipped: round 2 was released into the cell
+   (epsilon 10.28) while the comparison's ``summary.csv`` and ``report.md`` kept 7.55 and 1
+   round. Now ``simulation.run_checks.check_bool`` refuses a ``planned`` (and ``overwrite``)
+   that is no bool in ``run.simulate`` and ``run.resume``, before anything is read or written.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import pytest
 
 from fedprivopt.cli import main
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.run import simulate
+from fedprivopt.simulation.run import resume, simulate
 
 _TASKS = '''
 from fedprivopt.models.toy import ToyClassificationTask
@@ -96,3 +103,22 @@ def test_2_an_overwrite_that_is_no_bool_is_refused(tmp_path, monkeypatch):
         simulate(one, out, overwrite="False")  # before: the 2-round run replaced
     assert (out / "privacy_ledger.jsonl").read_bytes() == ledger
     assert simulate(one, out, overwrite=np.bool_(True)).rounds_completed == 1
+
+
+# -- finding 3: planned="False" through the Python API --------------------------------------
+
+
+def test_3_a_planned_that_is_no_bool_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    out = tmp_path / "run"
+    one = load_config("simulations/toy.toml", {"num-server-rounds": 1})
+    simulate(one, out)
+    config = out / "config.toml"
+    config.write_text(config.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2"))
+    ledger = (out / "privacy_ledger.jsonl").read_bytes()
+    with pytest.raises(ValueError, match=r"planned must be True or False, got 'False'"):
+        resume(out, planned="False")  # before: round 2 released past check_not_reported
+    assert (out / "privacy_ledger.jsonl").read_bytes() == ledger
+    with pytest.raises(ValueError, match=r"planned must be True or False, got 'no'"):
+        simulate(one, tmp_path / "other", overwrite=True, planned="no")
+    assert not (tmp_path / "other").exists()

@@ -58,7 +58,12 @@ import numpy as np
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import unlink_links, url_refusal
 from fedprivopt.core.text import shown
-from fedprivopt.data.locks import DATA_LOCK, exclusive_lock, holds_lock
+from fedprivopt.data.locks import (
+    DATA_LOCK,
+    exclusive_lock,
+    holds_lock,
+    refuse_filesystem_root,
+)
 from fedprivopt.data.sqlite import write_sqlite
 from fedprivopt.data.synthetic_config import (
     DISK_PER_USER,
@@ -230,6 +235,9 @@ def generate(
     # thirty-ninth review of issue 15 (input 1): workers bounded by the memory
     workers = workers_that_fit(config, workers, default_workers())
     files = SyntheticFiles.at(out_dir)
+    # outputs 5: the root of the file system (or a link to it), refused by data synth --out and
+    # a task's data_dir since the thirty-first review, was written into (as root)
+    refuse_filesystem_root(files.root, "out_dir")
     # follow-up of the forty-sixth review of issue 15 (outputs 4): the call wrote a dataset into
     # a run, a comparison (running or not) or a directory inside one, rc 0, where data synth
     # --out and a task's generation refuse it (fourteenth and sixteenth reviews)

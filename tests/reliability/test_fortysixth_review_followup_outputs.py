@@ -31,6 +31,11 @@
    --out`` and a task's generation refuse it (fourteenth and sixteenth reviews). Now: ``ValueError``
    naming ``out_dir`` and what it holds, before anything is written
    (``data.synthetic.generate`` through ``run_files_note``, as ``data synth``).
+5. ``fedprivopt.data.generate('/', ...)`` (or a link to ``/``, or ``/tmp/../..``), as root.
+   Before: nothing refused it: the dataset's four files and the lock would be written into the
+   root of the file system, which ``data synth --out /`` and a task's ``data_dir`` refuse since
+   the thirty-first review (the test stops such a call before it writes). Now: ``ValueError:
+   out_dir '/' is the root of the file system ...`` first (``data.locks.refuse_filesystem_root``).
 """
 
 from __future__ import annotations
@@ -177,3 +182,18 @@ def test_4_generate_refuses_a_run_or_comparison(tmp_path, inside):
     with pytest.raises(ValueError, match=r"not a data directory; write the dataset into another"):
         generate(out / inside, SyntheticConfig(num_clients=3), workers=1)
     assert sorted(str(p) for p in out.rglob("*")) == before
+
+
+def test_5_generate_refuses_the_root_of_the_file_system(tmp_path, monkeypatch):
+    from fedprivopt.data import SyntheticConfig, generate, synthetic
+
+    def reached(*args, **kwargs):  # before the fix: stop here, before anything is written
+        raise RuntimeError("generate went on to write into the root")
+
+    monkeypatch.setattr(synthetic, "check_free_disk", reached)
+    link = tmp_path / "data"
+    link.symlink_to("/")
+    up = tmp_path.joinpath(*[".."] * len(tmp_path.parts))  # "/tmp/../..", built from its depth
+    for root in ("/", link, up):
+        with pytest.raises(ValueError, match=r"out_dir .* is the root of the file system"):
+            generate(root, SyntheticConfig(num_clients=3), workers=1)

@@ -122,7 +122,7 @@ def reply_updates(
                     f"({P.CLIP_BIT} is not true: no adaptive clipping this round), and a user's "
                     "clip bit is private; send none (TrainMessage.clip_bit gives None then)"
                 )
-            bit = check_real(f"clip_bits[{shown(user)}]", bits[user])
+            bit = _clip_bit(user, bits[user])
             arrays[P.CLIP_BIT_ARRAY] = Array(np.array([bit], dtype=np.float64))
         elif asked.clip_bit:
             raise ValueError(
@@ -233,6 +233,23 @@ def _plain_update(user: object, vector: object) -> object:
             f"updates[{shown(user)}] must be a user's flat update (PrivateUpdate.vector): {reason}"
         )
     return torch.Tensor.detach(vector)
+
+
+def _clip_bit(user: object, bit: object) -> float:
+    """``bit`` as a float, or ``ValueError`` naming ``clip_bits[user]`` and its type only.
+
+    Follow-up of the forty-sixth review of issue 15 (privacy 6): the refusal showed the value
+    (``got True``): an app sending the exact bit (``PrivateUpdate.clipped``, a bool, where
+    :meth:`TrainMessage.clip_bit` gives the noised report) had it reach the server not noised,
+    as the text of the error Flower sends as its reply's reason.
+    """
+    try:
+        return check_real(f"clip_bits[{shown(user)}]", bit)
+    except ValueError:
+        raise ValueError(
+            f"clip_bits[{shown(user)}] must be a finite real number (TrainMessage.clip_bit's report), "
+            f"got a {type(bit).__name__}"
+        ) from None
 
 
 def _check_update(user: object, vector: object, length: int | None = None) -> None:

@@ -51,6 +51,13 @@
    type only (``clients.privatize._checked_clip``, ``_refuse_other_tensor``,
    ``privatize_update``); the refusals are as before.
 
+6. ``reply_updates(message, updates, clip_bits={1: private.clipped})`` (a ClientApp of one's
+   own sending the exact bit, a bool, where ``TrainMessage.clip_bit`` gives the noised
+   report; also a bool tensor or the string 'True'). Before: ``clip_bits[1] must be a real
+   number in (-inf, inf), got True``: the exact clip bit reached the server, not noised, as the
+   text Flower sends as the error reply's reason. Now ``got a bool`` (``clients.replies.
+   _clip_bit``): the type only; real bits sent as before.
+
 No Flower or Ray is started: the ClientApp is called in process, as the wire tests do.
 """
 
@@ -67,7 +74,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig, privatize_update
 from fedprivopt.clients.client_app import clear_cache, make_client_app
-from fedprivopt.clients.messages import TASK_ERROR, reply_task_error
+from fedprivopt.clients.messages import TASK_ERROR, reply_task_error, reply_updates
 from fedprivopt.models import build_task
 from fedprivopt.models.task import TaskError
 from fedprivopt.models.task_calls import user_examples
@@ -338,3 +345,19 @@ def test_5_a_refused_clip_or_update_names_no_value_of_the_update(update, clip, s
     with pytest.raises(ValueError) as refused:
         privatize_update(update, clip_norm=1.0, clip=clip)
     assert said in str(refused.value) and found not in str(refused.value), refused.value
+
+
+# -- finding 6: a refused clip bit names its type, not its value --------------------------------
+
+
+@pytest.mark.parametrize("bit", [True, torch.tensor(True), "True"])
+def test_6_a_refused_clip_bit_names_its_type_not_the_bit(bit, server_side):
+    local = LocalConfig(learning_rate=0.1, clip_norm=1.0, clip_bit=True)
+    config = P.encode_train_config(users=[1], round_num=1, settings=P.ClientSettings(local, seed=0))
+    arrays = ArrayRecord({"w": torch.zeros(3), "b": torch.zeros(2)})
+    message = delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: arrays}, "train")
+    with pytest.raises(ValueError, match=r"clip_bits\[1\] must be a finite real number") as said:
+        reply_updates(message, {1: torch.zeros(5)}, clip_bits={1: bit})
+    assert "True" not in str(said.value) and "tensor" not in str(said.value), said.value
+    reply = reply_updates(message, {1: torch.zeros(5)}, clip_bits={1: 0.5})
+    assert reply.content["update/1"][P.CLIP_BIT_ARRAY].numpy().tolist() == [0.5]

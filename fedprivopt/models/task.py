@@ -226,6 +226,15 @@ def data_identity(task: Task) -> dict | None:
     if cached is not None:
         return dict(cached)
     method = getattr(task, "data_identity", None)
+    if method is not None and not callable(method):
+        # forty-sixth review of issue 15 (flags 4): read as absent unless callable, so a task
+        # of one's own that set it as an attribute (self.data_identity = {"data_sha256": ...}
+        # of its data file, in __init__) recorded nothing of its data: after the file changed,
+        # --resume and compare's reuse went on with the earlier rounds' run on other data
+        raise TaskError(
+            f"{type(task).__name__}.data_identity must be a method returning a mapping of JSON "
+            f"values, got {type(method).__name__!r}"
+        )
     source = _task_source(task)
     if not callable(method):
         return None if source is None else {TASK_SOURCE: source}

@@ -23,6 +23,13 @@
    (epsilon 10.28) while the comparison's ``summary.csv`` and ``report.md`` kept 7.55 and 1
    round. Now ``simulation.run_checks.check_bool`` refuses a ``planned`` (and ``overwrite``)
    that is no bool in ``run.simulate`` and ``run.resume``, before anything is read or written.
+4. A task of one's own that sets ``data_identity`` as an attribute in ``__init__``
+   (``self.data_identity = {"data_sha256": ...}`` of its data file), ``simulate toy.toml --set
+   task=mod:make``. Before: read as absent unless callable, so the run's ledger recorded only
+   the task module's digest, nothing of the data: after the data file changed, ``--resume``
+   and ``compare``'s reuse would go on with rounds released on other data. Now
+   ``models.task.data_identity`` refuses a ``data_identity`` that is no method, naming it
+   (rc 2, one line from the command line); the method is recorded as before.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import numpy as np
 import pytest
 
 from fedprivopt.cli import main
+from fedprivopt.models.task import TaskError, data_identity
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run import resume, simulate
 
@@ -122,3 +131,23 @@ def test_3_a_planned_that_is_no_bool_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"planned must be True or False, got 'no'"):
         simulate(one, tmp_path / "other", overwrite=True, planned="no")
     assert not (tmp_path / "other").exists()
+
+
+# -- finding 4: data_identity set as an attribute -------------------------------------------
+
+
+class _DataTask(ToyClassificationTask):
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.data_identity = {"data_sha256": "ab" * 32}  # of its data file
+
+
+class _MethodDataTask(ToyClassificationTask):
+    def data_identity(self):
+        return {"data_sha256": "ab" * 32}
+
+
+def test_4_data_identity_as_an_attribute_is_refused():
+    with pytest.raises(TaskError, match=r"_DataTask.data_identity must be a method .* 'dict'"):
+        data_identity(_DataTask(num_users=4))  # before: {task_source} alone
+    assert data_identity(_MethodDataTask(num_users=4))["data_sha256"] == "ab" * 32

@@ -259,7 +259,16 @@ def generate(
     made = not os.path.lexists(lock)  # then removed again: no new file left in out_dir
     with exclusive_lock(lock, what=f"out_dir: dataset directory {files.root}"):
         try:
-            return _generate(files, config, overwrite, workers)
+            from fedprivopt.data.token_cache import CACHE_DIR, file_key, remove_stores
+
+            # outputs 6: the token stores of a replaced file are never used again (their key
+            # holds its size and time) and kept tens of MB to GBs each for ever; data synth
+            # --overwrite removes them since the twenty-second review, a call alone did not
+            replaced = file_key(files.sqlite) if overwrite and files.sqlite.is_file() else None
+            written = _generate(files, config, overwrite, workers)
+            if replaced is not None:
+                remove_stores(files.root / CACHE_DIR, replaced)
+            return written
         finally:
             if made:  # a holder may remove its lock file (exclusive_lock): a waiter takes anew
                 with contextlib.suppress(OSError):

@@ -36,6 +36,12 @@
    root of the file system, which ``data synth --out /`` and a task's ``data_dir`` refuse since
    the thirty-first review (the test stops such a call before it writes). Now: ``ValueError:
    out_dir '/' is the root of the file system ...`` first (``data.locks.refuse_filesystem_root``).
+6. ``fedprivopt.data.generate(D, config, overwrite=True)`` of a dataset whose tasks built token
+   stores (``D/.fedprivopt-cache``). Before: the replaced file's stores were kept (their key
+   holds its size and time: never used again; tens of MB to GBs each), where ``data synth
+   --overwrite`` removes them since the twenty-second review. Now: a call alone removes them
+   too (``token_cache.remove_stores`` with the replaced file's key; another file's stores kept;
+   under ``data synth``'s lock the command removes and counts them as before).
 """
 
 from __future__ import annotations
@@ -197,3 +203,21 @@ def test_5_generate_refuses_the_root_of_the_file_system(tmp_path, monkeypatch):
     for root in ("/", link, up):
         with pytest.raises(ValueError, match=r"out_dir .* is the root of the file system"):
             generate(root, SyntheticConfig(num_clients=3), workers=1)
+
+
+def test_6_generate_overwrite_removes_the_replaced_file_s_token_stores(tmp_path):
+    import json
+
+    from fedprivopt.data import SyntheticConfig, generate
+    from fedprivopt.data.token_cache import CACHE_DIR, file_key
+
+    data = tmp_path / "D"
+    generate(data, SyntheticConfig(num_clients=3), workers=1)
+    stores = {}
+    for name, key in (("0" * 20, file_key(data / "stackoverflow.sqlite")), ("1" * 20, {"x": 1})):
+        stores[name] = data / CACHE_DIR / name
+        stores[name].mkdir(parents=True)
+        (stores[name] / "meta.json").write_text(json.dumps({"key": {"file": key}}))
+    generate(data, SyntheticConfig(num_clients=4), overwrite=True, workers=1)
+    assert not stores["0" * 20].exists()  # the replaced file's store, as data synth removes it
+    assert stores["1" * 20].exists()  # another file's (a cache directory several share)

@@ -47,6 +47,14 @@ class ReportedUpdates(dict):
 
     def __init__(self, updates: Mapping[int, Any] = (), *, clip_bits: Mapping[int, Any] = ()):
         super().__init__(updates)
+        if not isinstance(clip_bits, (Mapping, tuple, list)):
+            # forty-sixth review of issue 15 (flags 5): a train callback's mapping of its own
+            # whose clip_bits was a method (def clip_bits(self)) ended in "'method' object is
+            # not iterable", naming nothing
+            raise TypeError(
+                "clip_bits must be a mapping {user: clip-bit report} (a train callback's "
+                f"updates.clip_bits), got {type(clip_bits).__name__}"
+            )
         self.clip_bits: dict[int, Any] = dict(clip_bits)
 
 

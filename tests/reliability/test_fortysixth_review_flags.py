@@ -30,18 +30,27 @@
    and ``compare``'s reuse would go on with rounds released on other data. Now
    ``models.task.data_identity`` refuses a ``data_identity`` that is no method, naming it
    (rc 2, one line from the command line); the method is recorded as before.
+5. A ``drive_round`` train callback (adaptive clipping, dp-fedavg) returning a dict subclass
+   of its own whose ``clip_bits`` is a method (``def clip_bits(self): return {...}``). Before:
+   ``TypeError: 'method' object is not iterable``, naming nothing. Now
+   ``strategies.requests.ReportedUpdates`` refuses a ``clip_bits`` that is no mapping, naming
+   it (``TypeError``), before anything is summed; a mapping of bits is taken as before.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fedprivopt.cli import main
 from fedprivopt.models.task import TaskError, data_identity
 from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run import resume, simulate
+from fedprivopt.strategies import build_algorithm
+from fedprivopt.strategies.core import drive_round
+from tests.reliability.test_thirtyeighth_review_api import _config
 
 _TASKS = '''
 from fedprivopt.models.toy import ToyClassificationTask
@@ -151,3 +160,18 @@ def test_4_data_identity_as_an_attribute_is_refused():
     with pytest.raises(TaskError, match=r"_DataTask.data_identity must be a method .* 'dict'"):
         data_identity(_DataTask(num_users=4))  # before: {task_source} alone
     assert data_identity(_MethodDataTask(num_users=4))["data_sha256"] == "ab" * 32
+
+
+# -- finding 5: clip_bits written as a method -------------------------------------------------
+
+
+class _BitsMethod(dict):
+    def clip_bits(self):
+        return dict.fromkeys(self, 1.0)
+
+
+def test_5_clip_bits_that_is_a_method_is_refused_naming_it():
+    config = _config(**{"adaptive-clipping": True, "clip-count-stddev": 1.0})
+    alg = build_algorithm(config, torch.zeros(4))
+    with pytest.raises(TypeError, match=r"clip_bits must be a mapping .* got method"):
+        drive_round(alg, 1, lambda q: _BitsMethod({u: torch.full((4,), 0.1) for u in q.users}))

@@ -303,7 +303,10 @@ def _generate(
     # dataset's files was a directory wrote the new stackoverflow.sqlite, then stopped at
     # "D/stackoverflow.word_count: Is a directory", the old dataset gone and the new half made
     written = (files.meta, files.sqlite, files.word_count, files.tag_count)
-    blocked = [p for p in written if p.is_dir() and not p.is_symlink()]
+    # outputs 7: the SQLite file's working copy too (write_sqlite's .partial): a directory there
+    # ended "Is a directory" after the marker said complete false, every task then refusing D
+    partial = files.sqlite.with_name(files.sqlite.name + ".partial")
+    blocked = [p for p in (*written, partial) if p.is_dir() and not p.is_symlink()]
     if blocked:
         raise FileExistsError(
             f"{blocked[0]}: is a directory, where the dataset's {blocked[0].name} is written; a "

@@ -42,6 +42,12 @@
    --overwrite`` removes them since the twenty-second review. Now: a call alone removes them
    too (``token_cache.remove_stores`` with the replaced file's key; another file's stores kept;
    under ``data synth``'s lock the command removes and counts them as before).
+7. ``data synth --out D --overwrite`` (``generate(D, config, overwrite=True)``) of a synthetic
+   dataset where ``D/stackoverflow.sqlite.partial`` (the SQLite file's working copy) is a
+   directory (input 5's case for the fifth file it writes). Before: the marker rewritten as
+   ``complete: false``, then ``Is a directory``: every task then refused ``D`` as an
+   interrupted generation. Now: refused first (``is a directory, where the dataset's
+   stackoverflow.sqlite.partial is written``), the dataset and its marker untouched.
 """
 
 from __future__ import annotations
@@ -221,3 +227,15 @@ def test_6_generate_overwrite_removes_the_replaced_file_s_token_stores(tmp_path)
     generate(data, SyntheticConfig(num_clients=4), overwrite=True, workers=1)
     assert not stores["0" * 20].exists()  # the replaced file's store, as data synth removes it
     assert stores["1" * 20].exists()  # another file's (a cache directory several share)
+
+
+def test_7_a_directory_where_the_sqlite_working_copy_is_written_is_refused_first(tmp_path):
+    from fedprivopt.data import SyntheticConfig, generate
+
+    data = tmp_path / "D"
+    generate(data, SyntheticConfig(num_clients=3), workers=1)
+    (data / "stackoverflow.sqlite.partial").mkdir()
+    before = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()}
+    with pytest.raises(FileExistsError, match=r"stackoverflow\.sqlite\.partial: is a directory"):
+        generate(data, SyntheticConfig(num_clients=4), overwrite=True, workers=1)
+    assert {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()} == before

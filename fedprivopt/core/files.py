@@ -28,6 +28,7 @@ __all__ = [
     "on_read_only_fs",
     "read_at_most",
     "real_path",
+    "refuse_url",
     "unlink_links",
     "url_refusal",
     "url_scheme",
@@ -191,6 +192,20 @@ def url_refusal(name: str, value: object) -> str | None:
         "writes directories of this machine (mount the storage and name its path)"
     )
 
+
+
+def refuse_url(name: str, value: object) -> None:
+    """Raise ``ValueError`` with :func:`url_refusal`'s line when ``value`` (``name``) is a URL.
+
+    Forty-sixth review of issue 15 (the follow-up's open row, outputs): the readers of data and
+    runs (``read_word_counts``, ``open_split``, ``SQLiteSplit``, ``HDF5Split``,
+    ``decompress_lzma``, ``load_runs``, ``load_run``) given ``'https://e.org/x'`` said
+    ``https:/e.org/x: no such file`` (one slash, a path not typed), and would have read a local
+    ``./https:/e.org/x``, where the commands refuse a URL.
+    """
+    refused = url_refusal(name, value)
+    if refused is not None:
+        raise ValueError(refused)
 
 #: The first part of a ``pathlib`` path made of a URL: ``Path("s3://b/r").parts[0]`` is ``s3:``.
 _SCHEME_PART = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:")  # two letters at least: not a drive

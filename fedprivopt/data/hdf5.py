@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fedprivopt.core.files import refuse_url
 from fedprivopt.core.text import shown
 from fedprivopt.data.hdf5_checks import DamagedHDF5, HeapChecker, load_h5py
 from fedprivopt.data.stackoverflow import FEATURES, ClientSplit, StackOverflowExample
@@ -125,6 +126,7 @@ class HDF5Split(ClientSplit):
     """
 
     def __init__(self, path: str | os.PathLike, split: str | None = None) -> None:
+        refuse_url("path", path)  # forty-sixth review of issue 15 (follow-up outputs, open)
         self.path = Path(path)
         if not self.path.is_file():
             if self.path.exists():  # forty-second review of issue 15 (input 4): "no such file"

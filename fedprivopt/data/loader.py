@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fedprivopt.core.files import refuse_url
 from fedprivopt.data.hdf5 import HDF5_FILES, HDF5Split, is_hdf5_file
 from fedprivopt.data.sqlite import SQLiteSplit
 from fedprivopt.data.sqlite_lzma import open_sqlite
@@ -53,6 +54,7 @@ def open_split(
     """
     if split is not None and split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    refuse_url("path", path)  # forty-sixth review of issue 15 (follow-up outputs, open)
     p = Path(path)
     if p.is_dir():
         candidates = [

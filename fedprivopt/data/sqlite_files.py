@@ -16,7 +16,7 @@ import os
 import shlex
 from pathlib import Path
 
-from fedprivopt.core.files import naming
+from fedprivopt.core.files import naming, refuse_url
 from fedprivopt.core.text import shown
 
 __all__ = [
@@ -59,6 +59,7 @@ def check_sqlite_file(path: str | os.PathLike) -> Path:
         than its header says (truncated), or a file
         SQLite opens beside it (``-journal``, ``-wal``, ``-shm``) is not a regular file.
     """
+    refuse_url("path", path)  # forty-sixth review of issue 15 (follow-up outputs, open)
     path = Path(path)
     if not path.is_file():
         if path.exists():  # forty-fourth review of issue 15 (input 2): "no such file" of a FIFO

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from fedprivopt.core.files import refuse_url
 from fedprivopt.data.sqlite import (
     SQLiteSplit,
     check_sqlite_file,
@@ -79,6 +80,7 @@ def decompress_lzma(
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive number of bytes, got {chunk_size}")
+    refuse_url("path", path)  # forty-sixth review of issue 15 (follow-up outputs, open)
     path = Path(path)
     if not path.is_file():
         if path.exists():  # forty-fourth review of issue 15 (input 2): "no such file" of a FIFO

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from fedprivopt.core.checks import check_int
-from fedprivopt.core.files import read_at_most
+from fedprivopt.core.files import read_at_most, refuse_url
 from fedprivopt.core.text import shown
 
 __all__ = [
@@ -118,6 +118,7 @@ class Vocabulary:
 
 
 def _existing(path: str | os.PathLike) -> Path:
+    refuse_url("path", path)  # forty-sixth review of issue 15 (follow-up outputs, open)
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{p}: is a directory, expected a vocabulary file")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fedprivopt.core import checks
+from fedprivopt.core.files import refuse_url
 from fedprivopt.core.text import shown
 from fedprivopt.simulation.divergence import (
     DIVERGED_KEY,
@@ -213,6 +214,7 @@ def load_run(path: str | Path) -> RunData:
         is the trace of a run killed mid-write: it is skipped and noted in
         :attr:`RunData.warnings`.
     """
+    refuse_url("path", path)  # forty-sixth review of issue 15 (follow-up outputs, open)
     path = Path(path)
     check_run_files(path)  # a FIFO or a link to a device (issue 15, ninth review)
     summary_path, metrics_path = path / SUMMARY_FILE, path / METRICS_FILE
@@ -327,6 +329,7 @@ def load_runs(root: str | Path) -> list[RunData]:
         ``compare --seeds 3`` stopped during its third seed reported the row over 2 seeds
         (rc 0), where an unfinished run that kept an earlier ``summary.json`` is refused.
     """
+    refuse_url("root", root)  # forty-sixth review of issue 15 (follow-up outputs, open)
     root = Path(root)
     _refuse_tunings(root)
     if any((root / f).exists() for f in (SUMMARY_FILE, *_RUN_MARKS)):

@@ -247,8 +247,8 @@ def _clip_bit(user: object, bit: object) -> float:
         return check_real(f"clip_bits[{shown(user)}]", bit)
     except ValueError:
         raise ValueError(
-            f"clip_bits[{shown(user)}] must be a finite real number (TrainMessage.clip_bit's report), "
-            f"got a {type(bit).__name__}"
+            f"clip_bits[{shown(user)}] must be a finite real number (TrainMessage.clip_bit's "
+            f"report), got a {type(bit).__name__}"
         ) from None
 
 

@@ -193,7 +193,6 @@ def url_refusal(name: str, value: object) -> str | None:
     )
 
 
-
 def refuse_url(name: str, value: object) -> None:
     """Raise ``ValueError`` with :func:`url_refusal`'s line when ``value`` (``name``) is a URL.
 
@@ -206,6 +205,7 @@ def refuse_url(name: str, value: object) -> None:
     refused = url_refusal(name, value)
     if refused is not None:
         raise ValueError(refused)
+
 
 #: The first part of a ``pathlib`` path made of a URL: ``Path("s3://b/r").parts[0]`` is ``s3:``.
 _SCHEME_PART = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:")  # two letters at least: not a drive

@@ -165,4 +165,3 @@ def _plain(key: str, value: Any) -> Any:
             f"config.toml records), got {type(value).__name__} {shown(value)}"
         )
     return value
-

@@ -88,8 +88,11 @@ def test_2_load_run_of_an_unfinished_run_says_so(tmp_path: Path) -> None:
     (run,) = _seeds(tmp_path, 1)
     (run / "summary.json").unlink()
     for load in (load_run, load_runs):
-        with pytest.raises(ValueError, match=r"a run without summary.json: it is not finished "
-                           r"\(interrupted, or still running\); continue it with --resume"):
+        with pytest.raises(
+            ValueError,
+            match=r"a run without summary.json: it is not finished "
+            r"\(interrupted, or still running\); continue it with --resume",
+        ):
             load(run)
     (run / "metrics.jsonl").unlink()  # killed before its first row: a ledger alone
     for load in (load_run, load_runs):

@@ -86,8 +86,16 @@ def test_1_other_commands_inside_a_starting_deployments_directory_are_refused(tm
         "s": ["simulate", toy, "--rounds", "1"],
         "c": ["compare", toy, "--strategies", "dp-fedavg", "--rounds", "1"],
         "t": [
-            "tune", toy, "--strategy", "dp-fedavg", "--grid", "server-learning-rate=0.5,1",
-            "--mean-trials", "2", "--rounds", "1",
+            "tune",
+            toy,
+            "--strategy",
+            "dp-fedavg",
+            "--grid",
+            "server-learning-rate=0.5,1",
+            "--mean-trials",
+            "2",
+            "--rounds",
+            "1",
         ],
     }
     quiet = {name: ["--quiet"] for name in commands}

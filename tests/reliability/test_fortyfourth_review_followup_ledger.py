@@ -111,9 +111,7 @@ def test_2_a_folder_of_runs_two_levels_down_is_refused(tmp_path: Path, two_runs)
         load_runs(d)
 
 
-def test_3_a_report_names_the_rows_of_one_strategy_at_two_sigmas(
-    tmp_path: Path, two_runs
-) -> None:
+def test_3_a_report_names_the_rows_of_one_strategy_at_two_sigmas(tmp_path: Path, two_runs) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runs = [run for path in two_runs for run in load_runs(path)]

@@ -234,8 +234,9 @@ def test_5_an_interrupted_deployment_does_not_read_a_moved_out(tmp_path, monkeyp
     assert "after the run had finished" not in lines[0]
     moved = tmp_path / "PP2" / "D"
     assert lines[0].startswith("fedprivopt deploy local: interrupted; every process was stopped")
-    assert f"its run is now in {moved} (fedprivopt simulate --resume {moved} continues it)" in (
-        lines[0]
+    assert (
+        f"its run is now in {moved} (fedprivopt simulate --resume {moved} continues it)"
+        in (lines[0])
     )
 
 

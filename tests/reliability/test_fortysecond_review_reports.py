@@ -70,8 +70,15 @@ def _run(path: Path, strategy: str, data: dict | None, accuracy: float) -> RunDa
         header["data"] = data
     (path / "privacy_ledger.jsonl").write_text(json.dumps(header) + "\n", encoding="utf-8")
     private = strategy.startswith("dp-")
-    config = {"strategy": strategy, "noise-multiplier": 0.5 if private else 0.0,
-              "sampling": "poisson", "accountant": "rdp", "delta": 1e-4, "seed": 0, **_TASK}
+    config = {
+        "strategy": strategy,
+        "noise-multiplier": 0.5 if private else 0.0,
+        "sampling": "poisson",
+        "accountant": "rdp",
+        "delta": 1e-4,
+        "seed": 0,
+        **_TASK,
+    }
     summary = {"strategy": strategy, "noise_multiplier": 0.5 if private else 0.0, "seed": 0,
                "epsilon": 7.55 if private else float("inf"), "delta": 1e-4,
                "rounds_completed": 1, "config": config}  # fmt: skip

@@ -52,7 +52,7 @@ from fedprivopt.strategies import build_algorithm
 from fedprivopt.strategies.core import drive_round
 from tests.reliability.test_thirtyeighth_review_api import _config
 
-_TASKS = '''
+_TASKS = """
 from fedprivopt.models.toy import ToyClassificationTask
 
 
@@ -71,7 +71,7 @@ def attr(**params):
 
 def method(**params):
     return MethodTask(**params)
-'''
+"""
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ from fedprivopt.models.task import (
     refuse_tensorless_entries,
     refuse_unbuilt_model,
 )
-from fedprivopt.models.task_calls import minibatch_loss, sent_as, user_examples
+from fedprivopt.models.task_calls import minibatch_loss, sent_as, task_call, user_examples
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
 from fedprivopt.privacy.clip import ClipResult, clip_l2, l2_norm
 from fedprivopt.privacy.flat import FlatSpec, flatten
@@ -409,6 +409,7 @@ class LocalTrainer(ModelLayout):
         w = w0.clone()
         grad = torch.zeros_like(w)
         params = [e.tensor for e in self._trainable]
+        name = type(self.task).__name__
         lr = config.learning_rate
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         self._load(w)
@@ -419,7 +420,13 @@ class LocalTrainer(ModelLayout):
                     for start in range(0, num_examples, config.batch_size):
                         batch = positions[start : start + config.batch_size]
                         loss = minibatch_loss(self.task, self.model, x[batch], y[batch])
-                        grads = self._gradients(loss, params)
+                        # forty-sixth review of issue 15 (egress 1): autograd's error for the
+                        # task's graph (a loss that changed in place what its backward needs)
+                        # names a tensor's shape, the user's example count ([27, 3]): a
+                        # ClientApp raised it whole, which Flower sent to the server as its
+                        # error reply's reason; now the task's error, sent without its text
+                        with task_call(f"the gradient of {name}.loss()", f"{name}.loss()"):
+                            grads = self._gradients(loss, params)
                         if all(g is None for g in grads):
                             raise self._unreached()
                         with torch.no_grad():

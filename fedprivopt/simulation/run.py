@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from fedprivopt.core.checks import check_flag
 from fedprivopt.core.logs import quiet_flower
 from fedprivopt.core.text import epsilon_text
 from fedprivopt.models import build_task
@@ -84,7 +85,6 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 from fedprivopt.simulation.run_checks import (
-    check_bool,
     check_config,
     check_config_file,
     check_task_dirs_outside,
@@ -320,7 +320,7 @@ def simulate(
     leaves nothing behind (see :class:`~fedprivopt.simulation.rundir.NewRunDir`).
     """
     out_dir = run_dir_argument("out_dir", out_dir)
-    overwrite, planned = check_bool("overwrite", overwrite), check_bool("planned", planned)
+    overwrite, planned = check_flag("overwrite", overwrite), check_flag("planned", planned)
     check_config(config)
     # forty-second review of issue 15 (lead 3, the processes reviewer's open row): the Python
     # API wrote a whole run inside a finished run's directory, which the command line refuses
@@ -387,7 +387,7 @@ def resume(
     it.
     """
     out = run_dir_argument("out_dir", out_dir)
-    planned = check_bool("planned", planned)  # forty-sixth review of issue 15 (flags 3)
+    planned = check_flag("planned", planned)  # forty-sixth review of issue 15 (flags 3)
     if not out.is_dir():
         what = "is not a directory" if os.path.lexists(out) else "does not exist"
         raise ValueError(f"--resume directory {str(out)!r} {what}")

@@ -16,7 +16,6 @@ import dataclasses
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from fedprivopt.core.files import real_path, url_refusal
@@ -28,7 +27,6 @@ from fedprivopt.simulation.files import CONFIG_FILE
 from fedprivopt.strategies.config import StrategyConfig
 
 __all__ = [
-    "check_bool",
     "check_config",
     "check_config_file",
     "check_task_dirs_outside",
@@ -37,22 +35,6 @@ __all__ = [
     "private_strategy",
     "run_dir_argument",
 ]
-
-
-def check_bool(name: str, value: object) -> bool:
-    """``value`` as a bool; ``ValueError`` naming ``name`` for anything but True or False.
-
-    Forty-sixth review of issue 15 (flags 3): ``resume(cell, planned="False")`` (a flag read
-    from an environment variable or a text file) was read by its truth, so the check that a
-    comparison's cell whose report is there is not resumed by hand was skipped: round 2 was
-    released into the cell (epsilon 10.28) while the comparison's ``summary.csv`` kept 7.55
-    and 1 round. NumPy's bools are taken.
-    """
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 def run_dir_argument(name: str, value: object) -> Path:

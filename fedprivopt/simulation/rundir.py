@@ -23,8 +23,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import numpy as np
-
+from fedprivopt.core.checks import check_flag
 from fedprivopt.core.files import check_umask, on_read_only_fs
 from fedprivopt.data.locks import LockHeldError, exclusive_lock, probe_lock, unlockable
 from fedprivopt.simulation.files import (
@@ -376,8 +375,7 @@ def _check_claimable(
     variable or a text file) replaced the finished run in ``out``, its ledger of released
     rounds with it, where ``overwrite=False`` refuses. Only a bool (NumPy's too) is taken.
     """
-    if not isinstance(overwrite, (bool, np.bool_)):
-        raise ValueError(f"overwrite must be True or False, got {overwrite!r}")
+    check_flag("overwrite", overwrite)
     if not out.exists():
         return
     if not out.is_dir():

@@ -21,7 +21,7 @@
    ``simulate(..., overwrite=True, planned="False")``). Before: ``planned`` was read by its
    truth, so ``cells.check_not_reported`` was skipped: round 2 was released into the cell
    (epsilon 10.28) while the comparison's ``summary.csv`` and ``report.md`` kept 7.55 and 1
-   round. Now ``simulation.run_checks.check_bool`` refuses a ``planned`` (and ``overwrite``)
+   round. Now ``core.checks.check_flag`` refuses a ``planned`` (and ``overwrite``)
    that is no bool in ``run.simulate`` and ``run.resume``, before anything is read or written.
 4. A task of one's own that sets ``data_identity`` as an attribute in ``__init__``
    (``self.data_identity = {"data_sha256": ...}`` of its data file), ``simulate toy.toml --set

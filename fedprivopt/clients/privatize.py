@@ -191,8 +191,10 @@ def privatize_update(
             if add_noise is None:
                 vector = add_gaussian_noise(vector, noise_std, generator=generator)
             else:
+                before = vector.clone()  # a replacement may add in place
                 vector = add_noise(vector, noise_std, generator)
                 _refuse_other_tensor("add_noise", vector, update)
+                _refuse_missing_noise(vector, before, noise_std)
         if _shares_memory(vector, update):
             # forty-fifth review of issue 15 (api 2): an update within C (server-noise mode)
             # came back as the caller's own tensor, so a ClientApp that computed each user's
@@ -227,6 +229,50 @@ def _refuse_other_tensor(step: str, vector: object, update: torch.Tensor) -> Non
             f"{step} must return a dense tensor of the update's shape {tuple(update.shape)}, "
             f"dtype {update.dtype} and device {update.device}, got one of shape "
             f"{tuple(vector.shape)}, dtype {vector.dtype} on {vector.device} ({vector.layout})"
+        )
+
+
+def _least_noise_norm(std: float, entries: int) -> float:
+    """A norm that ``N(0, std² I)`` over ``entries`` entries exceeds except with chance e^-50.
+
+    The chi-square lower tail: ``P(X <= z d) <= (z e^(1 - z))^(d/2)`` for ``X`` of ``d`` degrees
+    of freedom and ``0 < z < 1`` (Chernoff); ``z`` solves ``(d/2)(ln z + 1 - z) = -50``.
+    """
+    if entries <= 0 or std <= 0:
+        return 0.0
+    low, high = 0.0, 1.0  # (d/2)(ln z + 1 - z) rises from -inf at 0 to 0 at 1
+    for _ in range(200):
+        z = (low + high) / 2.0
+        if z <= 0.0 or entries / 2.0 * (math.log(z) + 1.0 - z) < -50.0:
+            low = z
+        else:
+            high = z
+    return std * math.sqrt(low * entries)
+
+
+def _refuse_missing_noise(vector: torch.Tensor, before: torch.Tensor, std: float) -> None:
+    """Raise ``ValueError`` when a replacement ``add_noise`` plainly left out the noise share.
+
+    Forty-seventh review of issue 15 (api 1): a replacement ``add_noise`` (a ``LocalTrainer``
+    subclass overriding it, or ``add_noise=``) that returned the clipped update without its
+    share (``out + noise`` whose sum was dropped, ``return delta``) was sent as it was: in
+    distributed-noise mode a round of such updates was released with no noise at all, charged
+    as noised (the server's own check, ``NoisyMeanAggregator.share_floor``, cannot tell for
+    ``d <= 200`` and shares small against C). Here the share itself is known (what was added),
+    so its norm is checked against the chi-square's e^-50 quantile, less the rounding of the
+    sum (at most one unit roundoff of each entry) and 1% for a low-precision draw.
+    """
+    added = float(torch.linalg.vector_norm((vector.detach() - before).double()))
+    unit = torch.finfo(vector.dtype).eps / 2.0
+    rounding = 2.0 * unit * float(torch.linalg.vector_norm(vector.detach().double()))
+    least = 0.99 * _least_noise_norm(std, vector.numel()) - rounding
+    if not added >= least:
+        # not the norm added (follow-up, privacy 5): it may be a user's update's
+        raise ValueError(
+            f"add_noise returned an update without its noise share: what it added is far "
+            f"smaller than N(0, {std:.6g}^2 I) over {vector.numel()} entries (below the "
+            "chi-square's e^-50 quantile); it must return vector + noise of std noise_std "
+            "drawn from generator"
         )
 
 

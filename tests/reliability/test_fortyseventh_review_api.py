@@ -1,0 +1,76 @@
+"""Issue 15, forty-seventh hostile review (api: the documented Python API): tests.
+
+1. A replacement ``add_noise`` (a ``LocalTrainer`` subclass overriding it, its documented
+   extension point, or ``privatize_update(..., add_noise=...)`` in a ClientApp of one's own)
+   that leaves out the noise share: ``out + noise`` whose sum is dropped, or the vector it was
+   given returned as it is. Before: the clipped update was sent without its share (toy, 33
+   entries, C = 1, share std 0.3: norm 1.0 sent, equal to the clipped update), and the
+   server's own check (``NoisyMeanAggregator.share_floor``) cannot tell for ``d <= 200``: in
+   distributed-noise mode a round of such updates was released with no noise, charged as
+   noised. Now ``clients.privatize._refuse_missing_noise`` refuses a share whose norm is below
+   the chi-square's e^-50 quantile (less the rounding of the sum), naming ``add_noise``; honest
+   replacements (in place or not, float16 to float64) pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedprivopt.clients import LocalTrainer, noise_generator, privatize_update
+from fedprivopt.core.local import LocalConfig
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.privacy import RngFactory
+from fedprivopt.privacy.noise import add_gaussian_noise
+
+# -- finding 1: a replacement add_noise that leaves out the share -------------------------------
+
+
+def _dropped(vector, std, generator):
+    out = vector.clone()
+    out + torch.randn(vector.shape, generator=generator, dtype=vector.dtype) * std
+    return out
+
+
+def _given(vector, std, generator):
+    return vector
+
+
+def _in_place(vector, std, generator):
+    noise = torch.randn(vector.shape, generator=generator, dtype=torch.float32) * std
+    return vector.add_(noise.to(vector.dtype))
+
+
+@pytest.mark.parametrize("add_noise", [_dropped, _given])
+def test_1_a_replacement_add_noise_without_the_share_is_refused(add_noise):
+    gen = noise_generator(seed=0, secure=False, round_num=1, user_id=1)
+    with pytest.raises(ValueError, match="add_noise returned an update without its noise share"):
+        privatize_update(torch.full((33,), 0.5), clip_norm=1.0, noise_std=0.3, generator=gen,
+                         add_noise=add_noise)  # fmt: skip
+
+
+class _Dropped(LocalTrainer):
+    def add_noise(self, delta, std, generator):
+        return _dropped(delta, std, generator)
+
+
+def test_1_a_trainer_whose_add_noise_drops_the_share_sends_nothing():
+    task = build_task("toy", num_users=5, examples_per_user=(20, 20))
+    config = LocalConfig(learning_rate=5.0, epochs=1, batch_size=4, clip_norm=1.0,
+                         noise_std=0.075)  # fmt: skip
+    call = {"user_id": 1, "round_num": 1, "config": config, "rngs": RngFactory(0)}
+    with pytest.raises(ValueError, match="add_noise returned an update without its noise"):
+        _Dropped(task, device="cpu").train(initial_flat(task), **call)
+    assert LocalTrainer(task, device="cpu").train(initial_flat(task), **call).delta.numel() == 33
+
+
+def test_1_honest_replacements_pass():
+    gen = torch.Generator().manual_seed(0)
+    steps = [_in_place, lambda v, s, g: add_gaussian_noise(v, s, generator=g)]
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        for size in (1, 2, 33, 500):
+            for std, scale in ((1e-9, 1.0), (0.3, 0.01), (0.3, 10.0), (2.0, 1.0)):
+                for step in steps:
+                    update = (torch.randn(size, generator=gen) * scale).to(dtype)
+                    privatize_update(update, clip_norm=1.0, noise_std=std, generator=gen,
+                                     add_noise=step)  # fmt: skip

@@ -168,7 +168,34 @@ def remove_stores(root: str | os.PathLike, file: dict | None = None) -> int:
         except LockHeldError:
             continue
         removed += 1
+    _remove_dead_partials(root)
     return removed
+
+
+def _remove_dead_partials(root: Path) -> None:
+    """Remove the partial builds (``<digest>.tmp-<pid>``) under ``root`` that no process makes.
+
+    Forty-seventh review of issue 15 (processes 1): a build killed (SIGKILL, the out-of-memory
+    killer) before its store existed left its part, and only a later build of the same key
+    removed it (:func:`~fedprivopt.data.token_build.remove_partial_builds`); a replaced file's
+    key is never built again, so ``data synth --overwrite`` kept the part (and its lock file)
+    for ever. A part whose key's lock is free is dead: no build holds it. One being built is
+    left alone.
+    """
+    from fedprivopt.data.locks import LockHeldError, exclusive_lock
+
+    digests = {p.name.split(".tmp-", 1)[0] for p in root.glob("*.tmp-*")}
+    for digest in sorted(d for d in digests if _is_digest(d)):
+        store = root / digest
+        if store.is_dir() or store.is_symlink():
+            continue  # a store of another file, kept; its next build removes the part
+        lock = root / f"{digest}.lock"
+        try:
+            with exclusive_lock(lock, what=f"token store {store}"):
+                remove_partial_builds(store)
+                lock.unlink(missing_ok=True)
+        except LockHeldError:
+            continue
 
 
 def file_key(path: str | os.PathLike) -> dict:

@@ -330,6 +330,27 @@ def _tunings_text(private: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def _composition_text(private: Sequence[dict[str, Any]]) -> str:
+    """The ε axis' words for drawn private runs whose publication composes (``""``: one run).
+
+    Forty-seventh review of issue 15 (reports, finding 1): ``compare toy.toml --strategies
+    dp-fedavg,fedavg --rounds 3 --seeds 2`` drew dp-fedavg's mean over its 2 seeds at one run's
+    ε, 12.17, under "ε (at δ=0.0001)", while publishing that mean costs their composition,
+    16.29 (``summary.csv``'s ``epsilon_seeds_composed``; the report's "seeds composed" line),
+    and two private rows of one run each (7.551 each, 10.28 together: "report composed") alike;
+    the plot read alone said nothing. Tuned rows: :func:`_tunings_text`.
+    """
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
+    text = ""
+    if any(r["n_seeds"] > 1 and not r["strategy"].endswith(TUNED_SUFFIX) for r in private):
+        text += "; a row over n seeds is drawn at one run's ε, their composition is what "
+        text += "publishing it costs"
+    if len(private) > 1:
+        text += "; publishing the plot releases every row's runs, which costs their composition"
+    return text + " (see the report)" if text else ""
+
+
 def _undrawn_text(rows: Sequence[dict[str, Any]], mean_key: str) -> str:
     """The plot's words for rows it cannot draw (``""``: it draws them all).
 
@@ -416,6 +437,7 @@ def draw_privacy_utility(
     for key in differing_bases(private):  # thirty-seventh review (reports, findings 1 and 3)
         at += f"; {BASIS_WORDS[key]} differ between runs, not comparable; see the table"
     at += _tunings_text(private)
+    at += _composition_text(private)
     ax.set_xlabel(f"ε ({at})")
     shown = plot_text(pretty_metric(metric))
     ax.set_ylabel(f"final {shown}")

@@ -1,0 +1,51 @@
+"""Issue 15, forty-seventh hostile review (reports: compare, tune, compare-tuned, reports): tests.
+
+1. ``compare toy.toml --strategies dp-fedavg,fedavg --rounds 3 --seeds 2`` (also two private
+   rows of one run each). Before: ``privacy_utility.png`` drew dp-fedavg's mean over its 2
+   seeds at one run's ε, 12.17, under "ε (at δ=0.0001)", while publishing it costs their
+   composition, 16.29 (the report's "seeds composed" line, ``summary.csv``'s
+   ``epsilon_seeds_composed``); two private rows of 7.551 each (10.28 together) alike: the plot
+   read alone said nothing. Now ``report_plots._composition_text`` says so on the ε axis.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fedprivopt.simulation import report_plots
+from fedprivopt.simulation.report import aggregate_runs
+from fedprivopt.simulation.rundata import RunData
+
+
+def _run(tmp_path, strategy: str, sigma: float, seed: int = 0, eps: float = 7.551) -> RunData:
+    """A finished 2-round toy run's data (private at ε ``eps``, or a non-private baseline)."""
+    private = sigma > 0
+    config = {"strategy": strategy, "noise-multiplier": sigma, "sampling": "poisson",
+              "accountant": "rdp", "delta": 1e-4, "seed": seed}  # fmt: skip
+    summary = {"strategy": strategy, "noise_multiplier": sigma, "seed": seed,
+               "epsilon": eps if private else math.inf, "delta": 1e-4,
+               "rounds_completed": 2, "config": config}  # fmt: skip
+    rows = [{"round": r, "eval_accuracy": 0.5 + seed / 100, "eval_loss": 0.9} for r in (1, 2)]
+    path = tmp_path / f"{strategy}__sigma{sigma:g}__seed{seed}"
+    return RunData(summary, rows, path, ledger_epsilon=eps if private else None)
+
+
+def _epsilon_axis(monkeypatch, tmp_path, runs) -> str:
+    """The ε axis' label of the privacy-utility plot of ``runs``."""
+    seen = []
+    monkeypatch.setattr(report_plots, "_finish",
+                        lambda fig, ax, path, n: seen.append(ax.get_xlabel()))  # fmt: skip
+    report_plots.draw_privacy_utility(aggregate_runs(runs), tmp_path / "p.png")
+    return seen[0]
+
+
+def test_1_a_row_over_seeds_is_not_drawn_as_one_runs_cost(monkeypatch, tmp_path):
+    seeds = [_run(tmp_path, "dp-fedavg", 0.5, s) for s in (0, 1)]
+    label = _epsilon_axis(monkeypatch, tmp_path, [*seeds, _run(tmp_path, "fedavg", 0.0)])
+    assert "a row over n seeds is drawn at one run's ε" in label, label
+    assert "publishing the plot releases" not in label, label
+    rows = [_run(tmp_path, "dp-fedavg", 0.5), _run(tmp_path, "dp-fedadam", 0.5)]
+    label = _epsilon_axis(monkeypatch, tmp_path, rows)
+    assert "publishing the plot releases every row's runs" in label, label
+    alone = [_run(tmp_path, "dp-fedavg", 0.5), _run(tmp_path, "fedavg", 0.0)]
+    assert _epsilon_axis(monkeypatch, tmp_path, alone) == "ε (at δ=0.0001)"

@@ -268,9 +268,17 @@ def _check_update(user: object, vector: object, length: int | None = None) -> No
         problem = dense_problem(vector)
         if problem is None and (vector.dim() != 1 or length not in (None, vector.numel())):
             entries = "" if length is None else f" of the model's {length} entries"
+            # not its shape (forty-seventh review of issue 15, egress 1): per-example updates
+            # stacked ((27, 18)) sent a user's example count as the error reply's reason
+            got = (
+                "one of another length"
+                if vector.dim() == 1
+                else f"a {vector.dim()}-dimensional tensor"
+            )
             problem = (
                 f"a one-dimensional tensor{entries} (TrainMessage.flatten(state) - "
-                f"TrainMessage.global_flat) is needed, got shape {tuple(vector.shape)}"
+                f"TrainMessage.global_flat) is needed, got {got} (its shape is not shown: it "
+                "may follow a user's data)"
             )
     else:
         what = vector.dtype if isinstance(vector, torch.Tensor) else type(vector).__name__

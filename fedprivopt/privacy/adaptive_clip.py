@@ -190,7 +190,11 @@ def clip_bit(norm: float, clip_norm: float) -> float:
     """
     clip_norm = check_real("clip_norm", clip_norm, low=0.0, low_open=True)
     if isinstance(norm, bool) or not isinstance(norm, numbers.Real) or norm < 0:
-        raise ValueError(f"norm must be a number >= 0 (NaN or inf: diverged), got {shown(norm)}")
+        # not its value (forty-seventh review of issue 15, egress 2): a replacement clip's
+        # norm (norm - C: -0.958) reached the server as the reason of a ClientApp's error reply
+        real = isinstance(norm, numbers.Real) and not isinstance(norm, bool)
+        what = "a negative number" if real else f"a {type(norm).__name__}"
+        raise ValueError(f"norm must be a number >= 0 (NaN or inf: diverged), got {what}")
     norm = as_float(norm)
     return 1.0 if math.isfinite(norm) and norm <= clip_norm else 0.0
 
@@ -225,8 +229,11 @@ def _binary(bit: object) -> float:
         value = bit.reshape(()).item()
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Real) and value in (0, 1)):
         return float(value)
+    # its type only (forty-seventh review of issue 15, egress 2): a bit of norm / C (0.731) sent
+    # the user's update norm as the reason of a ClientApp's error reply
+    what = "another number" if isinstance(value, numbers.Real) else f"a {type(bit).__name__}"
     raise ValueError(
-        f"bit must be 0 or 1 (1: the update was not clipped; see clip_bit), got {shown(bit)}"
+        f"bit must be 0 or 1 (1: the update was not clipped; see clip_bit), got {what}"
     )
 
 

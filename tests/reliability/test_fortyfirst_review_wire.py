@@ -53,10 +53,14 @@ def _train_message(*, users=(1,), clip_bit: bool = False, arrays=None, **records
 @pytest.mark.parametrize(
     ("updates", "extra", "named"),
     [
-        ({1: torch.zeros(5, 1)}, {}, r"updates\[1\] .* got shape \(5, 1\)"),
-        ({1: torch.zeros(3)}, {}, r"updates\[1\] .* model's 5 entries .* got shape \(3,\)"),
-        ({1: torch.zeros(6)}, {}, r"updates\[1\] .* got shape \(6,\)"),
-        ({1: torch.tensor(0.0)}, {}, r"updates\[1\] .* got shape \(\)"),
+        ({1: torch.zeros(5, 1)}, {}, r"updates\[1\] .* got a 2-dimensional tensor"),
+        (
+            {1: torch.zeros(3)},
+            {},
+            r"updates\[1\] .* model's 5 entries .* got one of another length",
+        ),
+        ({1: torch.zeros(6)}, {}, r"updates\[1\] .* got one of another length"),
+        ({1: torch.tensor(0.0)}, {}, r"updates\[1\] .* got a 0-dimensional tensor"),
         ({5: torch.zeros(5)}, {}, r"updates\[5\]: the message did not ask for user 5"),
         ({1: torch.zeros(5)}, {"clip_bits": {7: 1.0}}, r"clip_bits\[7\] is the clip bit of no"),
     ],

@@ -251,7 +251,14 @@ class ServerAlgorithm(AlgorithmCohorts, AlgorithmAggregation, AlgorithmState):
         request = new_request(
             round_num, users, self.params, preconditioner, self.client_settings(clip_norm=clip)
         )
-        updates = yield request
+        try:
+            updates = yield request
+        except GeneratorExit:
+            # forty-seventh review of issue 15 (wire 1): a round left at its cohort (drive_round's
+            # callback raised, a ServerApp's configure_train of the round again) kept its cohort
+            # checked in to the tree's period; nothing of it was released
+            self._check_out(round_num, users)
+            raise
         try:
             agg = self._aggregate_in_round(
                 round_num, updates, clip_norm=clip, cohort=users, count_now=False
@@ -401,3 +408,5 @@ def drive_round(
             request = rounds.send(train(request))
     except StopIteration as stop:
         return stop.value
+    finally:
+        rounds.close()  # a callback's error leaves the round now (its cohort checked out)

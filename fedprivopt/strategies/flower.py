@@ -196,6 +196,18 @@ class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
         self._sent = messages  # the grid writes each message's id into it when it pushes it
         return messages
 
+    def _leave_round(self) -> None:
+        """Close the round in progress, if any: an unaggregated cohort is checked out.
+
+        Forty-seventh review of issue 15 (wire 1): under tree aggregation a ServerApp of one's own
+        calling ``configure_train`` for a round again (its first send failed) checked a second
+        cohort in to the period's participation ledger: 4 of 12 users lost to the period (round
+        3 trained none), and ``state_dict()`` was refused by ``load_state_dict`` as edited.
+        """
+        if self._round is not None:
+            self._round.close()
+        self._round = None
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -213,6 +225,7 @@ class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
             self.algorithm.available_users = {
                 user for user, node in self.user_nodes.items() if node in connected
             }
+        self._leave_round()  # a round configured before and never aggregated (wire 1)
         self._round = self.algorithm.run_round(server_round)
         self._request = next(self._round)
         return self._messages(self._request)
@@ -233,7 +246,7 @@ class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
         except StopIteration as stop:
             result: RoundResult = stop.value
         finally:
-            self._round = None  # a task's error ends the round unaggregated
+            self._leave_round()  # a task's error ends the round unaggregated
         if result.rejected:
             log(WARNING, "%s", rejected_text(server_round, result.rejected))
         result.metrics["node_errors"] = float(self.node_errors)

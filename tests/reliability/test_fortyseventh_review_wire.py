@@ -1,0 +1,103 @@
+"""Issue 15, forty-seventh hostile review (wire: Flower messages, replies, the strategy): tests.
+
+1. Under tree aggregation, a round left at its cohort: a ServerApp of one's own calling
+   ``DPStrategy.configure_train`` for round 1 again (its first send failed), or ``drive_round``
+   whose train callback raised (a network error) and then ``drive_round`` of round 1 again.
+   Before: the abandoned round's cohort stayed checked in to the period's participation ledger
+   beside the second one (8 users at step 1 of a period of 4 a round): 4 of 12 users lost to the
+   period (round 3 trained none), and the algorithm's own ``state_dict()`` after round 1 was
+   refused by ``load_state_dict`` as edited. Now the round generator checks its cohort out when
+   it is closed at its cohort (``ServerAlgorithm.run_round``), ``drive_round`` closes it when the
+   callback raises, and the strategy closes a round it configured and did not aggregate
+   (``DPStrategy._leave_round``).
+
+The tests run DPStrategy in process on scripted grids (no Flower engine, no Ray).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from fedprivopt import wire as P
+from fedprivopt.privacy.flat import flatten
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
+from fedprivopt.strategies.flower import DPStrategy, flat_to_arrays
+from tests.messages import reply_metadata
+
+NODES = {100: [0, 3, 6, 9], 101: [1, 4, 7, 10], 102: [2, 5, 8, 11]}
+
+
+class _Grid:
+    """Three nodes hosting users 0-11, each answering every asked user with a small update."""
+
+    def get_node_ids(self):
+        return list(NODES)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as a grid pushes it
+            node = msg.metadata.dst_node_id
+            if msg.metadata.message_type == "query":
+                content = RecordDict({P.USERS_RECORD: ConfigRecord({P.USER_IDS: NODES[node]})})
+            else:
+                users = msg.content.config_records[P.CONFIG_RECORD][P.USERS]
+                delta = ArrayRecord({P.DELTA_ARRAY: Array(np.full(3, 0.01, np.float32))})
+                content = RecordDict({P.update_key(u): delta for u in users})
+            replies.append(Message(content, metadata=reply_metadata(msg, node)))
+        return replies
+
+
+def _strategy(**extra) -> tuple[DPStrategy, ArrayRecord]:
+    flat, spec = flatten({"w": torch.zeros(3)})
+    fields = {"population": 12, "clients_per_round": 4, "noise_multiplier": 1.0, "seed": 3}
+    config = StrategyConfig(**(fields | extra))
+    return DPStrategy(build_algorithm(config, flat), spec, node_wait=0.0), flat_to_arrays(
+        flat, spec
+    )
+
+
+# -- finding 1: a round left at its cohort checks its cohort out of the tree's period -------------
+
+TREE = {"noise_mechanism": "tree", "tree_restart_rounds": 3}
+
+
+def _period_users(strategy: DPStrategy) -> list[int]:
+    return sorted(int(u) for u in strategy.algorithm.tree_cohorts.state_dict()["users"])
+
+
+def test_1_configure_train_again_checks_the_first_cohort_out(server_side):
+    strategy, arrays = _strategy(**TREE)
+    grid = _Grid()
+    strategy.configure_train(1, arrays, ConfigRecord(), grid)  # its send failed: configured again
+    messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
+    assert len(_period_users(strategy)) == 4  # before: 8, a second cohort checked in
+    state = strategy.algorithm.state_dict()
+    other = build_algorithm(strategy.algorithm.config, strategy.algorithm.params)
+    other.load_state_dict(state)  # before: refused as edited (8 users at step 1 of period 0)
+    for round_num in (2, 3):
+        messages = strategy.configure_train(round_num, arrays, ConfigRecord(), grid)
+        arrays, metrics = strategy.aggregate_train(round_num, grid.send_and_receive(messages))
+        assert metrics["cohort_size"] == 4  # before: round 3 trained none
+    assert len(_period_users(strategy)) == 12
+
+
+def test_1_drive_round_whose_callback_raised_checks_its_cohort_out():
+    strategy, _ = _strategy(**TREE)
+    alg = strategy.algorithm
+
+    def lost(request):
+        raise OSError("the network is down")
+
+    with pytest.raises(OSError):
+        drive_round(alg, 1, lost)
+    assert _period_users(strategy) == []  # before: the cohort stayed checked in
+    result = drive_round(alg, 1, lambda request: {u: torch.zeros(3) for u in request.users})
+    assert result.metrics["cohort_size"] == 4 and len(_period_users(strategy)) == 4  # before: 8

@@ -225,10 +225,13 @@ def _refuse_other_tensor(step: str, vector: object, update: torch.Tensor) -> Non
         or vector.dtype != update.dtype
         or vector.device != update.device
     ):
+        # not the shape it got (forty-seventh review of issue 15, egress 3): a clip keeping the
+        # entries above a threshold (delta[delta.abs() > t]) sent how many a user's update has
+        shape = "its shape" if vector.shape == update.shape else "another shape (not shown)"
         raise ValueError(
             f"{step} must return a dense tensor of the update's shape {tuple(update.shape)}, "
-            f"dtype {update.dtype} and device {update.device}, got one of shape "
-            f"{tuple(vector.shape)}, dtype {vector.dtype} on {vector.device} ({vector.layout})"
+            f"dtype {update.dtype} and device {update.device}, got one of {shape}, dtype "
+            f"{vector.dtype} on {vector.device} ({vector.layout})"
         )
 
 

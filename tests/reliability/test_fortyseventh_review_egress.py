@@ -9,6 +9,9 @@ refusal's text must hold nothing computed from a user's data.
 2. ``TrainMessage.clip_bit`` of a ``PrivateUpdate`` whose replacement ``clip`` reported ``norm -
    C`` (``clip_bit`` refusing the negative norm), and ``count_share`` given ``norm / C`` as the
    bit, sent the value: the user's exact update norm.
+3. ``privatize_update(delta, clip_norm=1, clip=sparse)`` whose replacement ``clip`` kept the
+   entries above a threshold (``vector[vector.abs() > 0.2]``, or an ``add_noise`` alike) sent
+   ``got one of shape (10,)``: how many entries of the user's update are above it.
 """
 
 from __future__ import annotations
@@ -81,3 +84,26 @@ def test_2_a_clip_report_refused_does_not_send_the_norm() -> None:
         clip_bit("1", 1.0)
     assert clip_bit(norm, 1.0) == 1.0
     assert count_share(1.0, 0.0, torch.Generator()) == 0.5
+
+
+# -- egress 3: a replacement clip or add_noise of another shape: the shape is not sent -----------
+
+
+@pytest.mark.parametrize("step", ["clip", "add_noise"])
+def test_3_a_replacement_step_of_another_shape_does_not_send_its_shape(step) -> None:
+    def sparse_clip(vector, clip_norm):  # keeps the entries above a threshold
+        result = clip_l2(vector, clip_norm)
+        return ClipResult(result.vector[result.vector.abs() > 0.2], result.norm, result.clipped)
+
+    def sparse_noise(vector, std, generator):
+        return vector[vector.abs() > 0.2] + 0.0
+
+    update = torch.tensor([0.1, 0.3, 0.25, 0.0, 0.21, 0.05, 0.4])  # norm 0.6: not clipped
+    kept = int((update.abs() > 0.2).sum())
+    steps = {"clip": {"clip": sparse_clip}, "add_noise": {"add_noise": sparse_noise}}[step]
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=rf"{step} must return .* got one of another") as caught:
+        privatize_update(update, clip_norm=1.0, noise_std=0.1, generator=g, **steps)
+    assert f"({kept},)" not in str(caught.value)  # before: 'got one of shape (4,)'
+    out = privatize_update(update, clip_norm=1.0, clip=lambda v, c: clip_l2(v, c))
+    assert torch.equal(out.vector, update)

@@ -46,6 +46,7 @@ from fedprivopt.privacy.aggregate_checks import (
     NOISE_MODES,  # noqa: F401  (re-exported: strategies.config imports it from here)
     check_aggregator,
     check_sum_noise,
+    check_sum_noise_draws,
     default_min_shares,
     refuse_shared_updates,
     share_noise_growth,
@@ -350,6 +351,8 @@ class NoisyMeanAggregator:
                 f"storage of its own per entry, got shape {tuple(sum_noise[0].shape)} and stride "
                 f"{tuple(sum_noise[0].stride())}"
             )
+        if sum_noise is not None:  # forty-seventh review of issue 15 (mechanisms 1)
+            check_sum_noise_draws(sum_noise[0], sum_noise[1], self.sum_noise_std**2)
         if not isinstance(updates, Iterable):
             raise ValueError(f"updates must be an iterable, got {type(updates).__name__}")
         if isinstance(updates, (list, tuple)):  # forty-fifth review of issue 15 (mechanisms 1)

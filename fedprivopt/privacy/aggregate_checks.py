@@ -22,7 +22,7 @@ import torch
 
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.clip import MIN_CLIP_NORM, PLAIN_TENSORS
+from fedprivopt.privacy.clip import MIN_CLIP_NORM, PLAIN_TENSORS, l2_norm
 from fedprivopt.privacy.sampling import MAX_POPULATION
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch, dense_problem
 
@@ -32,6 +32,7 @@ __all__ = [
     "KeptReads",
     "check_aggregator",
     "check_sum_noise",
+    "check_sum_noise_draws",
     "default_min_shares",
     "memory_place",
     "refuse_shared_updates",
@@ -126,6 +127,39 @@ def check_sum_noise(sum_noise: object, allowed: bool) -> None:
             f"sum_noise must be a (floating tensor, variance) pair, got {type(sum_noise).__name__}"
         )
     check_real("sum_noise variance", sum_noise[1], low=0.0)
+
+
+def check_sum_noise_draws(noise: torch.Tensor, variance: object, least: float) -> None:
+    """``ValueError`` unless ``noise`` can be draws of ``N(0, variance I)``, ``variance >= least``.
+
+    Forty-seventh review of issue 15 (mechanisms 1): ``aggregate(..., sum_noise=tree.release(r))``
+    (:meth:`~fedprivopt.privacy.tree.TreeNoise.release` returns the noise and its node count,
+    not its variance) reported the noise std ``sqrt(nodes)/m̄``, whatever the nodes' std: 0.1
+    where the mean carried 0.2 (node std 2), 0.1 where it carried 0.05 (node std 0.5); and a
+    variance below ``σ²C²`` (a tree of another std) replaced the aggregator's noise by less.
+    ``least`` is the aggregator's ``σ²C²``. A mean square of ``d > 200`` draws lies within
+    ``[1 - 2√(50/d), 1 + 2√(50/d) + 100/d]`` times the variance but for a chance ``e^-50``
+    (Laurent and Massart; 1 % more covers a float16 draw's rounding); fewer are not measured.
+    """
+    variance = check_real("sum_noise variance", variance, low=0.0)
+    if variance < least * (1.0 - 1e-9):
+        raise ValueError(
+            f"sum_noise variance {variance:g} is below the aggregator's sigma^2 C^2 = {least:g}: "
+            "the noise that replaces its N(0, sigma^2 C^2 I) draw must carry at least as much"
+        )
+    dim = noise.numel()
+    if dim <= 200 or variance == 0.0:
+        return
+    ratio = (l2_norm(noise) / math.sqrt(dim) / math.sqrt(variance)) ** 2
+    low = 0.99 * (1.0 - 2.0 * math.sqrt(50.0 / dim))
+    high = 1.01 * (1.0 + 2.0 * math.sqrt(50.0 / dim) + 100.0 / dim)
+    if not low <= ratio <= high:
+        raise ValueError(
+            f"sum_noise: its {dim} draws have mean square {ratio:.4g} times the variance given "
+            f"({variance:g}), where N(0, variance) draws lie within [{low:.4g}, {high:.4g}] of "
+            "it: give the noise's own per-coordinate variance (TreeNoise.release(r) returns "
+            "(noise, nodes), whose variance is nodes * std**2); nothing was released"
+        )
 
 
 def check_aggregator(

@@ -10,6 +10,16 @@
    noised. Now ``clients.privatize._refuse_missing_noise`` refuses a share whose norm is below
    the chi-square's e^-50 quantile (less the rounding of the sum), naming ``add_noise``; honest
    replacements (in place or not, float16 to float64) pass.
+2. A ClientApp of one's own (docs/FLOWER.md's loop) that loads each user's model with
+   ``model.load_state_dict(request.state, assign=True)`` (torch's way for a model built on
+   the meta device), makes its parameters views of ``request.global_flat``
+   (``vector_to_parameters``), or updates ``request.preconditioner`` in place, users [1, 2].
+   Before: the message's tensors were trained in place: user 2 started from user 1's local
+   model (its update 0.305 apart from user 2 trained alone: user 1's data in user 2's update)
+   and user 1's update was 0 (``global_flat`` first read after its training). Now
+   ``TrainMessage.privatize`` refuses (``TrainMessage._refuse_changed``, against a copy taken
+   when the message is read) naming ``request.state``, ``global_flat`` or ``preconditioner``;
+   the documented loop (``load_state_dict`` without ``assign``) gives its bytes as before.
 """
 
 from __future__ import annotations
@@ -17,11 +27,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedprivopt.clients import LocalTrainer, noise_generator, privatize_update
+from fedprivopt.clients import LocalTrainer, TrainMessage, noise_generator, privatize_update
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.noise import add_gaussian_noise
+from tests.clients.test_messages import PARAMS, _message
 
 # -- finding 1: a replacement add_noise that leaves out the share -------------------------------
 
@@ -74,3 +85,52 @@ def test_1_honest_replacements_pass():
                     update = (torch.randn(size, generator=gen) * scale).to(dtype)
                     privatize_update(update, clip_norm=1.0, noise_std=std, generator=gen,
                                      add_noise=step)  # fmt: skip
+
+
+# -- finding 2: a ClientApp of one's own that trains the message's tensors in place -----------
+
+
+def _own_loop(request, task, how):
+    out = {}
+    for user in request.users:
+        model = task.build_model()
+        if how == "views":
+            torch.nn.utils.vector_to_parameters(request.global_flat, model.parameters())
+        else:
+            model.load_state_dict(request.state, assign=how == "assign")
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        x, y = task.user_data(user)
+        for _ in range(3):
+            opt.zero_grad()
+            task.loss(model, x, y).backward()
+            opt.step()
+        if how == "preconditioner":
+            request.preconditioner.add_(1.0)  # an Adagrad-like accumulation
+        delta = request.flatten(model.state_dict()) - request.global_flat
+        out[user] = request.privatize(delta, user).vector
+    return out
+
+
+@pytest.mark.parametrize(
+    "how, changed",
+    [
+        ("assign", "state"),
+        ("views", "global_flat"),
+        ("preconditioner", "preconditioner"),
+    ],
+)
+def test_2_a_loop_training_the_message_in_place_is_refused(how, changed):
+    task = build_task("toy", **PARAMS)
+    local = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)
+    precond = torch.ones(18).numpy() if how == "preconditioner" else None
+    request = TrainMessage.read(_message(task, [1, 2], local, precond=precond))
+    with pytest.raises(ValueError, match=rf"request.{changed} changed in place"):
+        _own_loop(request, task, how)
+
+
+def test_2_the_documented_loop_sends_each_user_its_own_update():
+    task = build_task("toy", **PARAMS)
+    local = LocalConfig(learning_rate=0.5, epochs=1, batch_size=4, clip_norm=10.0)
+    both = _own_loop(TrainMessage.read(_message(task, [1, 2], local)), task, "copy")
+    alone = _own_loop(TrainMessage.read(_message(task, [2], local)), task, "copy")
+    assert torch.equal(both[2], alone[2]) and float(both[1].norm()) > 0.5

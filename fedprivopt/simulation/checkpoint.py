@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fedprivopt.core.text import shown
+from fedprivopt.models.task_calls import out_of_memory
 from fedprivopt.simulation.divergence import checked_round
 from fedprivopt.simulation.files import (
     CHECKPOINT,
@@ -297,7 +298,14 @@ def newest_checkpoint(
         ``torch.load`` (the trial's ledger checked against the checkpoint's accountant), where
         ``--resume``, ``compare`` and reports refuse it.
     MemoryError
-        When loading it needs more memory than the process may take.
+        When loading it needs more memory than the process may take. Torch's CPU allocator
+        says so with a ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory"), raised
+        as it is (``task_calls.out_of_memory``): forty-seventh review of issue 15 (ledger,
+        finding 1), a secure run's intact ``checkpoint.pt`` whose load met that error (memory
+        another process held a moment) was taken for a torn one and set aside as
+        ``checkpoint.pt.bad``; ``--resume`` went on from ``checkpoint.prev.pt`` and released
+        round 3 again with new noise (rc 0, epsilon 15.03 where the intact checkpoint resumes
+        at 13.70).
 
     A checkpoint that is a symbolic link to nothing (its target removed or not mounted) or a
     link loop is refused alike (:func:`_refuse_dangling`): forty-sixth review of issue 15.
@@ -323,6 +331,8 @@ def newest_checkpoint(
         except MemoryError:  # not the file's fault either (ulimit -v)
             raise
         except Exception as exc:  # a torn or corrupt file: try the previous one
+            if out_of_memory(exc):  # torch's allocator: a RuntimeError (forty-seventh review)
+                raise
             _unreadable(path, name, exc, problems)
     return None, None
 

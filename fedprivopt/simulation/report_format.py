@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import math
 import re
+import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedprivopt.core.text import epsilon_text
 
 __all__ = [
-    "LISTED", "alt_text", "code_span", "fmt", "fmt_eps", "fmt_pm", "one_line", "rounds_text",
-    "seed_list", "seeds_cell", "table_cell",
+    "LISTED", "alt_text", "code_span", "fmt", "fmt_eps", "fmt_pm", "one_line", "plain_text",
+    "rounds_text", "seed_list", "seeds_cell", "table_cell",
 ]  # fmt: skip
 
 
@@ -196,3 +197,25 @@ def alt_text(text: Any) -> str:
     ``![eval_a](http://x) by round](metric_vs_round.png)``, an image of another address.
     """
     return one_line(str(text)).replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")
+
+
+def plain_text(text: Any) -> str:
+    r"""``text`` as plain markdown text: one line, no link, image or inline HTML.
+
+    ``[``, ``]`` and ``<`` are escaped, a backslash before punctuation doubled (:func:`one_line`'s
+    ``\n`` kept as it is).
+
+    Forty-seventh review of issue 15 (reports, finding 2): a task by reference whose
+    ``reference()`` model is named ``prior\n## Privacy parameters\n\n- noise: none\n\n
+    ![x](http://evil.example/t.png)`` wrote three headings ``## Privacy parameters`` of its own,
+    a list item ``- noise: none`` and an image of another address (fetched when the report is
+    shown) into ``report.md``; an ``initialization`` text alike (its "Initial model:" line).
+    """
+    text = one_line(str(text))
+    out = []
+    for i, c in enumerate(text):
+        if c == "\\" and (i + 1 == len(text) or text[i + 1] in string.punctuation):
+            out.append("\\\\")  # an escaping backslash is one of its own; ``\n`` stays
+        else:
+            out.append("\\" + c if c in "[]<" else c)
+    return "".join(out)

@@ -26,6 +26,7 @@ from fedprivopt.simulation.report_format import (
     fmt_eps,
     fmt_pm,
     one_line,
+    plain_text,
     rounds_text,
     seed_list,
     seeds_cell,
@@ -140,7 +141,9 @@ def markdown(
     for key, what in (("evaluated_model", "Evaluated"), ("initial_model", "Initial model")):
         found: dict[str, set[str]] = {}
         shown_runs = [r for r in sel.runs if r.summary.get(key)]
-        values = [str(r.summary[key]) for r in shown_runs]
+        # forty-seventh review of issue 15 (reports, finding 2): a task's own text, whose
+        # ``![x](http://...)`` was an image of another address: brackets and ``<`` escaped
+        values = [plain_text(r.summary[key]) for r in shown_runs]
         for value, name in zip(values, _row_names(shown_runs, values), strict=True):
             found.setdefault(value, set()).add(name)
         # forty-fourth review of issue 15 (reports, finding 4): dp-fedadam evaluated at its
@@ -184,14 +187,15 @@ def markdown(
     ref_text = ""
     if ref is not None:
         loss = ref[1].get("loss")
+        name = plain_text(ref[0])  # a task's reference() text: one line (finding 2)
         lines += [
             "",
-            f"Reference: {ref[0]}, a model built from public information only and never trained: "
+            f"Reference: {name}, a model built from public information only and never trained: "
             f"{pretty} {fmt(ref[1][m])}"
             + (f", eval loss {fmt(loss)}." if loss is not None else ".")
             + " A strategy that does not beat it has learned nothing about the users.",
         ]
-        ref_text = f" The dotted grey line is the {ref[0]}."
+        ref_text = f" The dotted grey line is the {name}."
     lines += ["", "Full-precision numbers: [summary.csv](summary.csv)."]
     if any(r.get("private", False) for r in rows):
         # forty-second review of issue 15 (contract 3): the column was published unqualified

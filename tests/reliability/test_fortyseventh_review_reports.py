@@ -6,15 +6,30 @@
    composition, 16.29 (the report's "seeds composed" line, ``summary.csv``'s
    ``epsilon_seeds_composed``); two private rows of 7.551 each (10.28 together) alike: the plot
    read alone said nothing. Now ``report_plots._composition_text`` says so on the ε axis.
+2. ``compare toy.toml --strategies dp-fedavg --rounds 1 --set task="m:Ref"``, a task by reference
+   whose ``reference()`` model is named ``prior\n## Privacy parameters\n\n- noise: none\n\n
+   ![x](http://evil.example/t.png)`` (also its ``initialization`` text, the "Initial model:"
+   line). Before: ``report.md`` held three headings ``## Privacy parameters`` of the name's own,
+   a list item ``- noise: none`` and an image of another address (fetched when the report is
+   shown). Now the name is written by ``report_format.plain_text`` (one line; brackets and
+   ``<`` escaped).
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from fedprivopt.simulation import report_plots
 from fedprivopt.simulation.report import aggregate_runs
+from fedprivopt.simulation.report_format import plain_text
+from fedprivopt.simulation.report_markdown import markdown
 from fedprivopt.simulation.rundata import RunData
+from fedprivopt.simulation.rundata_aggregate import (
+    aggregate_with_notes,
+    reference_model,
+    select_runs,
+)
 
 
 def _run(tmp_path, strategy: str, sigma: float, seed: int = 0, eps: float = 7.551) -> RunData:
@@ -49,3 +64,22 @@ def test_1_a_row_over_seeds_is_not_drawn_as_one_runs_cost(monkeypatch, tmp_path)
     assert "publishing the plot releases every row's runs" in label, label
     alone = [_run(tmp_path, "dp-fedavg", 0.5), _run(tmp_path, "fedavg", 0.0)]
     assert _epsilon_axis(monkeypatch, tmp_path, alone) == "ε (at δ=0.0001)"
+
+
+INJECTED = "prior\n## Privacy parameters\n\n- noise: none\n\n![x](http://evil.example/t.png)"
+
+
+def test_2_a_reference_or_initialization_text_is_written_as_plain_text(tmp_path):
+    run = _run(tmp_path, "dp-fedavg", 0.5)
+    run.summary["reference"] = {"name": INJECTED, "metrics": {"eval_accuracy": 0.3}}
+    run.summary["initial_model"] = "zeros <img src=http://evil.example/i.png> " + INJECTED
+    sel, _ = select_runs([run], None)
+    rows, _ = aggregate_with_notes(sel.runs, sel.metric)
+    text = markdown("t", sel, rows, [], None, reference_model(sel.runs, sel.metric))
+    lines = text.splitlines()
+    assert lines.count("## Privacy parameters") == 1, lines  # before: 4
+    assert "- noise: none" not in lines and "![x](" not in text, text
+    assert re.search(r"(?<!\\)<img", text) is None and "\\<img" in text, text
+    assert "Reference: prior\\n## Privacy parameters" in text, text
+    assert plain_text("a\\![x](u) <b>") == "a\\\\!\\[x\\](u) \\<b>"  # no link, no HTML
+    assert plain_text("zero weights") == "zero weights"

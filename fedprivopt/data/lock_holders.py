@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-__all__ = ["lock_holders", "named_holder"]
+__all__ = ["lock_holders", "named_holder", "suspended"]
 
 
 def named_holder(path: str | os.PathLike, pid: int | None) -> int | None:
@@ -160,6 +160,25 @@ def _another_users(pid: int) -> bool:
     except (OSError, OverflowError):
         return False
     return False
+
+
+def suspended(pid: int | None) -> bool:
+    """Whether process ``pid`` is stopped (Ctrl-Z, SIGSTOP, a debugger): it runs no further.
+
+    Forty-seventh review of issue 15 (processes 2): a holder suspended while it held a lock
+    (``data synth --out D`` stopped with Ctrl-Z) was named with "wait for it to finish", which
+    it never does until it is resumed. ``False`` where ``/proc`` does not say.
+    """
+    if pid is None or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            text = f.read(4096)
+    except OSError:
+        return False
+    # the command name (field 2) may hold spaces and parentheses: the state follows the last ')'
+    state = text[text.rfind(b")") + 2 :][:1]
+    return state in (b"T", b"t")
 
 
 def _alive(pid: int) -> bool:

@@ -31,7 +31,7 @@ from fedprivopt.data.lock_files import (
     unlockable,
     unname_holder,
 )
-from fedprivopt.data.lock_holders import lock_holders, named_holder
+from fedprivopt.data.lock_holders import lock_holders, named_holder, suspended
 
 __all__ = [
     "DATA_LOCK",
@@ -271,9 +271,13 @@ def _say_waiting(path: Path, fd: int) -> None:
         text = ""
     pid = named_holder(path, int(text) if text.isdigit() else None)  # (processes 4)
     holder = f"process {pid}" if pid is not None else "another process"
+    if suspended(pid):  # (forty-seventh review, processes 2)
+        why = f"it is suspended (Ctrl-Z or SIGSTOP): resume it (fg, or kill -CONT {pid}) or stop it"
+    else:
+        why = "a suspended process must be resumed or stopped first"
     print(
         f"fedprivopt: waiting for {holder}, which holds {path} while it writes the files there "
-        "(a suspended process must be resumed or stopped first)",
+        f"({why})",
         file=sys.stderr,
         flush=True,
     )
@@ -316,10 +320,13 @@ def _in_use(path: Path, what: str) -> LockHeldError:
         holder = "a process of another PID namespace (a container sharing this directory)"
     else:
         holder = "another process (PID unknown)"
-    return LockHeldError(
-        f"{what} is in use by {holder} (lock file {path}); wait for it to finish or stop it first",
-        pid,
-    )
+    advice = "wait for it to finish or stop it first"
+    if suspended(pid):
+        # forty-seventh review of issue 15 (processes 2): told to wait for a process that was
+        # suspended (Ctrl-Z, SIGSTOP), which never finishes until it is resumed
+        holder += ", which is suspended (Ctrl-Z or SIGSTOP)"
+        advice = f"resume it (fg, or kill -CONT {pid}) and let it finish, or stop it first"
+    return LockHeldError(f"{what} is in use by {holder} (lock file {path}); {advice}", pid)
 
 
 def probe_lock(path: str | os.PathLike, *, what: str) -> None:

@@ -8,14 +8,28 @@
    later build of the same key removed it, and a replaced file's key is never built again.
    Now ``remove_stores`` also removes every part whose key's lock is free (no build holds it);
    one being built is left alone.
+2. A lock holder suspended (``data synth --out D`` stopped with Ctrl-Z, or SIGSTOP), then
+   ``data synth --out D --overwrite`` (or ``simulate --resume R`` of a suspended run, every
+   command's claim of a held directory). Before: ``dataset directory D is in use by process N
+   (lock file ...); wait for it to finish or stop it first``: a suspended process never
+   finishes until resumed; a task that waits for the lock said only that "a suspended process"
+   must be resumed. Now the refusal and the wait say that process N is suspended (Ctrl-Z or
+   SIGSTOP) and how to resume it (``fg``, or ``kill -CONT N``) or stop it
+   (``lock_holders.suspended``, read from ``/proc/N/stat``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
-from fedprivopt.data.locks import exclusive_lock
+import pytest
+
+from fedprivopt.data.lock_holders import suspended
+from fedprivopt.data.locks import LockHeldError, exclusive_lock
 from fedprivopt.data.token_cache import file_key, open_or_build, remove_stores
 
 
@@ -61,3 +75,41 @@ def test_1_a_killed_builds_part_goes_with_its_replaced_file(tmp_path) -> None:
         assert building.is_dir()
     assert not parts[0].exists(), "a dead part of a replaced file's store was kept"
     assert not (root / (parts[0].name.split(".tmp-")[0] + ".lock")).exists()
+
+
+_HOLD = (
+    "import sys\n"
+    "from fedprivopt.data.locks import exclusive_lock\n"
+    "with exclusive_lock(sys.argv[1], what='dataset directory'):\n"
+    "    print('held', flush=True)\n"
+    "    sys.stdin.read()\n"
+)
+
+
+def test_2_a_suspended_holder_is_named_so_with_how_to_resume_it(tmp_path) -> None:
+    lock = tmp_path / ".stackoverflow.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(LockHeldError, match="wait for it to finish") as running:
+            with exclusive_lock(lock, what=f"dataset directory {tmp_path}"):
+                pass
+        assert "which is suspended" not in str(running.value)
+        os.kill(holder.pid, signal.SIGSTOP)  # Ctrl-Z of data synth --out D
+        while not suspended(holder.pid):  # the kernel stops it at once; poll the state
+            time.sleep(0.001)
+        with pytest.raises(LockHeldError) as refused:
+            with exclusive_lock(lock, what=f"dataset directory {tmp_path}"):
+                pass
+        assert refused.value.pid == holder.pid
+        text = str(refused.value)
+        assert f"process {holder.pid}, which is suspended (Ctrl-Z or SIGSTOP)" in text, text
+        assert f"kill -CONT {holder.pid}" in text and "wait for it to finish" not in text
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)

@@ -122,7 +122,7 @@ def reply_updates(
                     f"({P.CLIP_BIT} is not true: no adaptive clipping this round), and a user's "
                     "clip bit is private; send none (TrainMessage.clip_bit gives None then)"
                 )
-            bit = _clip_bit(user, bits[user])
+            bit = _clip_bit(user, bits[user], asked.count_std)
             arrays[P.CLIP_BIT_ARRAY] = Array(np.array([bit], dtype=np.float64))
         elif asked.clip_bit:
             raise ValueError(
@@ -178,10 +178,15 @@ class _Asked:
 
     users: frozenset[int] | None
     clip_bit: bool
+    count_std: float | None = 0.0
 
     @classmethod
     def of(cls, message: Message) -> _Asked:
-        """Read from ``message``'s config (``users`` ``None`` where it holds no valid list)."""
+        """Read from ``message``'s config (``users`` ``None`` where it holds no valid list).
+
+        ``count_std``: the message's ``count-noise-std`` (``0``: server mode, a report is the
+        bit itself), ``None`` where it is not a number ``>= 0`` (no report is then checked).
+        """
         record = message.content.config_records.get(P.CONFIG_RECORD)
         if record is None:
             return cls(None, False)
@@ -189,7 +194,11 @@ class _Asked:
             users = frozenset(P.check_user_ids(P.USERS, record.get(P.USERS)))
         except ValueError:
             users = None
-        return cls(users, record.get(P.CLIP_BIT, False) is True)
+        try:
+            count_std = check_real(P.COUNT_NOISE_STD, record.get(P.COUNT_NOISE_STD, 0.0), low=0.0)
+        except ValueError:
+            count_std = None
+        return cls(users, record.get(P.CLIP_BIT, False) is True, count_std)
 
     def check(self, user: int) -> None:
         """``ValueError`` naming ``updates[user]`` when the message did not ask for ``user``.
@@ -235,8 +244,14 @@ def _plain_update(user: object, vector: object) -> object:
     return torch.Tensor.detach(vector)
 
 
-def _clip_bit(user: object, bit: object) -> float:
+def _clip_bit(user: object, bit: object, count_std: float | None = None) -> float:
     """``bit`` as a float, or ``ValueError`` naming ``clip_bits[user]`` and its type only.
+
+    With ``count_std`` (the message's ``count-noise-std``) ``0`` the report must be the bit, 0
+    or 1; above 0 a noised share within the server's bound, ``1/2 + 11 count_std``. Forty-
+    seventh review of issue 15 (egress 4): a report of ``norm / C`` (0.7312) was sent, the
+    server rejected it and logged its value (``clip bit must be 0 or 1, got 0.7312``): the
+    user's exact update norm, not noised, in the server's log.
 
     Follow-up of the forty-sixth review of issue 15 (privacy 6): the refusal showed the value
     (``got True``): an app sending the exact bit (``PrivateUpdate.clipped``, a bool, where
@@ -244,12 +259,23 @@ def _clip_bit(user: object, bit: object) -> float:
     as the text of the error Flower sends as its reply's reason.
     """
     try:
-        return check_real(f"clip_bits[{shown(user)}]", bit)
+        value = check_real(f"clip_bits[{shown(user)}]", bit)
     except ValueError:
         raise ValueError(
             f"clip_bits[{shown(user)}] must be a finite real number (TrainMessage.clip_bit's "
             f"report), got a {type(bit).__name__}"
         ) from None
+    if count_std == 0.0 and value not in (0.0, 1.0):
+        rule = "the bit [norm <= C], 0 or 1 (no count noise: count-noise-std is 0)"
+    elif count_std and not abs(value) <= 0.5 + 11.0 * count_std:
+        rule = f"a noised share within 1/2 + 11 count-noise-std = {0.5 + 11.0 * count_std:.6g}"
+    else:
+        return value
+    # not its value: it may be computed from the user's update (norm / C)
+    raise ValueError(
+        f"clip_bits[{shown(user)}] must be TrainMessage.clip_bit's report, {rule}; got another "
+        "number (the server would reject it)"
+    )
 
 
 def _check_update(user: object, vector: object, length: int | None = None) -> None:

@@ -329,12 +329,14 @@ class NoisyCountAggregator:
         value = _scalar(report)
         if value is None:
             return None, "clip bit must be one finite number"
+        # the reason (the round's warning, a deployment's serverapp.log) does not show the value:
+        # a client's norm / C (forty-seventh review of issue 15, egress 4)
         if self.noise_mode == "server":
             if value not in (0.0, 1.0):
-                return None, f"clip bit must be 0 or 1, got {shown(value)}"
+                return None, "clip bit must be 0 or 1, got another number"
             return value - 0.5, None
         if abs(value) > self.accept_bound():
-            return None, f"clip-bit share {shown(value)} outside ±{self.accept_bound():g}"
+            return None, f"clip-bit share outside ±{self.accept_bound():g}"
         return value, None
 
     def aggregate(

@@ -270,7 +270,7 @@ def test_what_a_model_attribute_holds_is_set_back_before_every_user(kind) -> Non
 def test_a_reply_s_counts_and_clip_bits_are_checked(extra, named) -> None:
     # a message asking for clip bits (forty-fourth review of issue 15, wire 2: a clip bit the
     # message does not ask for is refused, so this test's message without clip-bit now asks)
-    local = LocalConfig(learning_rate=0.1, clip_norm=1.0, clip_bit=True)
+    local = LocalConfig(learning_rate=0.1, clip_norm=1.0, clip_bit=True, count_noise_std=0.1)
     settings = P.ClientSettings(local, seed=0)
     config = P.encode_train_config(users=[1], round_num=1, settings=settings)
     arrays = ArrayRecord({"w": torch.zeros(3)})

@@ -12,6 +12,9 @@ refusal's text must hold nothing computed from a user's data.
 3. ``privatize_update(delta, clip_norm=1, clip=sparse)`` whose replacement ``clip`` kept the
    entries above a threshold (``vector[vector.abs() > 0.2]``, or an ``add_noise`` alike) sent
    ``got one of shape (10,)``: how many entries of the user's update are above it.
+4. ``reply_updates(message, updates, clip_bits={1: norm / C})`` (0.7312) for a server-mode
+   adaptive round (``count-noise-std`` 0) sent it; the server rejected it and logged
+   ``clip bit must be 0 or 1, got 0.7312`` (a deployment's serverapp.log): the exact norm.
 """
 
 from __future__ import annotations
@@ -107,3 +110,30 @@ def test_3_a_replacement_step_of_another_shape_does_not_send_its_shape(step) -> 
     assert f"({kept},)" not in str(caught.value)  # before: 'got one of shape (4,)'
     out = privatize_update(update, clip_norm=1.0, clip=lambda v, c: clip_l2(v, c))
     assert torch.equal(out.vector, update)
+
+
+# -- egress 4: a clip report that is no bit is not sent, nor logged by the server ----------------
+
+
+def test_4_a_clip_report_that_is_no_bit_is_refused_before_it_leaves() -> None:
+    from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
+    from fedprivopt.strategies.flower import rejected_text
+
+    update = {1: torch.zeros(18)}
+    server = _message(clip_bit=True)  # count-noise-std 0: the report is the bit
+    with pytest.raises(ValueError, match=r"clip_bits\[1\] must be .* 0 or 1") as caught:
+        reply_updates(server, update, clip_bits={1: 0.7312})  # before: sent
+    assert "0.73" not in str(caught.value)
+    distributed = _message(clip_bit=True, count_noise_std=0.1)  # shares within 1/2 + 1.1
+    with pytest.raises(ValueError, match=r"clip_bits\[1\] .* within 1/2 \+ 11") as caught:
+        reply_updates(distributed, update, clip_bits={1: 7.312})
+    assert "7.31" not in str(caught.value)
+    for message, bit in ((server, 1.0), (server, 0), (distributed, 0.7312)):
+        reply = reply_updates(message, update, clip_bits={1: bit})
+        assert float(reply.content[P.update_key(1)][P.CLIP_BIT_ARRAY].numpy()[0]) == bit
+    for mode, report in (("server", 0.7312), ("distributed", 7.312)):
+        counter = NoisyCountAggregator(
+            count_stddev=0.3, expected_cohort_size=4, noise_mode=mode, min_shares=4
+        )
+        _, reason = counter.check(report)
+        assert reason is not None and str(report)[:4] not in rejected_text(1, {1: reason})

@@ -37,11 +37,20 @@ def plain_scalar(value: Any) -> Any:
     A setting recorded in JSON or TOML (a run's ``config.toml`` and ledger, a synthetic
     dataset's marker) must be Python's: ``json.dumps`` refuses ``numpy.int64``, and a TOML
     writer gives it as text. Forty-fifth review of issue 15 (input 2 and 4).
+
+    A subclass of ``int``, ``float`` or ``str`` (an ``IntEnum``, a ``(str, Enum)`` member) is
+    its plain value too: forty-seventh review of issue 15 (input 1), ``load_config(P,
+    {"task-params.seed": Seeds.BASE})`` ran and wrote ``seed = <Seeds.BASE: 0>`` (its
+    ``repr``) into ``config.toml``, and ``task = Names.TOY`` wrote ``"Names.TOY"`` (its
+    ``str``), so ``--resume`` refused the run for ever.
     """
     if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
         item = getattr(value, "item", None)
         if callable(item):
             return item()
+    for plain in (int, float, str):  # a bool is no subclass's base: bool cannot be subclassed
+        if isinstance(value, plain) and type(value) not in (plain, bool):
+            return getattr(plain, f"__{plain.__name__}__")(value)  # not the subclass's own
     return value
 
 

@@ -1,0 +1,63 @@
+"""Issue 15, forty-seventh hostile review (input: bad input and the data readers): tests.
+
+1. Python API settings given as subclasses of ``int``, ``float`` or ``str`` (an ``IntEnum``
+   task seed, ``load_config(P, {"task-params.seed": Seeds.BASE})``; ``eval-every`` alike; a
+   ``(str, Enum)`` member for ``task``, ``device`` or ``engine``; a float subclass for
+   ``round-timeout``). Before: the run went on (the values equal the plain ones), rc 0, and its
+   ``config.toml`` recorded ``seed = <Seeds.BASE: 0>`` (``repr``, no TOML) or ``task =
+   "T.TOY"`` (``str``), so ``simulate --resume`` was refused for ever (``config.toml is not
+   valid TOML``), where the ledger had recorded ``0`` and ``"toy"``. Now
+   ``core.checks.plain_scalar`` (called on every run setting and task parameter) gives the
+   plain ``int``, ``float`` or ``str`` of such a value, as it gives NumPy scalars'.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+
+from fedprivopt.simulation.config import config_to_toml, load_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+class _Seeds(enum.IntEnum):
+    BASE = 0
+    EVERY = 2
+
+
+class _Names(str, enum.Enum):
+    TOY = "toy"
+    AUTO = "auto"
+    FAST = "fast"
+
+
+class _Seconds(float):
+    def __repr__(self) -> str:
+        return f"_Seconds({float(self)})"
+
+
+def test_1_subclassed_settings_are_recorded_as_plain_toml():
+    overrides = {
+        "task-params.seed": _Seeds.BASE,
+        "eval-every": _Seeds.EVERY,
+        "task": _Names.TOY,
+        "device": _Names.AUTO,
+        "engine": _Names.FAST,
+        "round-timeout": _Seconds(60.0),
+    }
+    config = load_config(TOY, overrides)
+    data = tomllib.loads(config_to_toml(config))  # readable back, as --resume reads it
+    assert data["task-params"]["seed"] == 0 and type(data["task-params"]["seed"]) is int
+    assert data["eval-every"] == 2 and data["round-timeout"] == 60.0
+    assert (data["task"], data["device"], data["engine"]) == ("toy", "auto", "fast")
+    assert type(config.task) is str and type(config.task_params["seed"]) is int
+    plain = {"task-params.seed": 0, "eval-every": 2, "task": "toy", "device": "auto"}
+    plain |= {"engine": "fast", "round-timeout": 60.0}
+    assert config == load_config(TOY, plain)

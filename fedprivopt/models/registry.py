@@ -17,6 +17,7 @@ import functools
 import importlib
 import inspect
 import io
+import json
 import os
 import re
 import sys
@@ -232,6 +233,37 @@ _BUILDING = threading.local()
 """The task names whose factory this thread is running (:func:`build_task`)."""
 
 
+def factory_text(factory: object) -> str:
+    """Which factory a registered name stands for: its qualified name and a partial's arguments.
+
+    Forty-seventh review of issue 15 (api 3): a registered name's record was its module's
+    digest alone, so ``register_task("sweep", partial(ToyClassificationTask, seed=seed),
+    replace=True)`` in a loop over seeds 3 and 4 (or the name moved to another factory of the
+    same module) recorded one identity for other data, which ``resume()`` and ``compare``'s
+    reuse accept. Arguments that are JSON values are written as such, paths as text, anything
+    else by its type (no address: the text is the same in every process).
+    """
+    bound = []
+    while isinstance(factory, functools.partial):
+        args = [_argument_text(a) for a in factory.args]
+        keywords = {str(k): _argument_text(v) for k, v in sorted(factory.keywords.items())}
+        bound.append(json.dumps([args, keywords], sort_keys=True))
+        factory = factory.func
+    module = getattr(factory, "__module__", None)
+    qualname = getattr(factory, "__qualname__", None) or type(factory).__qualname__
+    return " ".join([f"{module}.{qualname}", *(f"with {b}" for b in reversed(bound))])
+
+
+def _argument_text(value: object) -> object:
+    if isinstance(value, os.PathLike):
+        return os.fspath(value) if isinstance(os.fspath(value), str) else repr(os.fspath(value))
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return f"<{type(value).__qualname__}>"
+    return value
+
+
 def _partial_modules(name: str, function_module: object) -> object:
     """The modules a ``functools.partial`` factory of task ``name`` is recorded by.
 
@@ -308,7 +340,7 @@ def build_task(name: str, **params: object) -> Task:
         raise ValueError(f"task {name!r}: the factory raised {raised(exc)}") from None
     finally:
         building.discard(name)
-    module = getattr(factory, "__module__", None)
+    module, registered = getattr(factory, "__module__", None), factory
     if isinstance(factory, functools.partial):
         # forty-second review of issue 15 (api 6): a partial's module is functools, whose
         # source was recorded in place of the module that made it (a reference's: an edit of
@@ -323,7 +355,7 @@ def build_task(name: str, **params: object) -> Task:
         # (register_task("mytoy", make), make in a module of one's own setting a packaged task's
         # data seed) was not recorded, so after an edit of its seed (3 to 4) resume() went on
         # with rounds 2-3 on other data (eval_accuracy 0.67 where the unedited run gives 0.69)
-        note_factory(task, module)
+        note_factory(task, module, factory=factory_text(registered))
     if is_reference(name) and not isinstance(task, Task):
         missing = [m for m in TASK_MEMBERS if not hasattr(task, m)]
         what = f"it lacks {', '.join(missing)}" if missing else "it is not one"

@@ -259,17 +259,23 @@ def data_identity(task: Task) -> dict | None:
     return dict(value)
 
 
-def note_factory(task: object, module: str | tuple[str, ...]) -> None:
+def note_factory(
+    task: object, module: str | tuple[str, ...], *, factory: str | None = None
+) -> None:
     """Record on ``task`` the module(s) of the factory that built it, for :func:`data_identity`.
 
     :func:`~fedprivopt.models.registry.build_task` calls this for a task by reference; a task
     whose attributes cannot be set (``__slots__``, a frozen dataclass) keeps its class's module
     only. A tuple names several modules (a ``functools.partial`` of a function of one's own made
-    in another module: the function's module and the one that made the partial).
+    in another module: the function's module and the one that made the partial). ``factory``:
+    which factory a registered name stands for (``registry.factory_text``), recorded beside the
+    digests (forty-seventh review, api 3).
     """
     value = tuple(str(m) for m in module) if isinstance(module, tuple) else str(module)
     with contextlib.suppress(AttributeError, TypeError):
         task._fedprivopt_factory_module = value  # type: ignore[attr-defined]
+        if factory is not None:  # a registered name's factory (forty-seventh review, api 3)
+            task._fedprivopt_factory_text = str(factory)  # type: ignore[attr-defined]
 
 
 def _user_module(module: object) -> bool:
@@ -302,12 +308,19 @@ def _task_source(task: Task) -> dict | None:
             digests.append((module, hashlib.sha256(Path(path).read_bytes()).hexdigest()))
         except OSError:
             continue
-    if len(digests) <= 1:
-        return {"module": digests[0][0], "sha256": digests[0][1]} if digests else None
+    if not digests:
+        return None
+    # which factory a registered name stands for: its module's digest alone is the same for
+    # another factory of that module, or another partial made there (forty-seventh review, api 3)
+    text = getattr(task, "__dict__", {}).get("_fedprivopt_factory_text")
+    named = {} if text is None else {"factory": text}
+    if len(digests) == 1:
+        return {"module": digests[0][0], "sha256": digests[0][1], **named}
     joined = "\n".join(digest for _, digest in digests).encode()
     return {
         "module": " and ".join(module for module, _ in digests),
         "sha256": hashlib.sha256(joined).hexdigest(),
+        **named,
     }
 
 

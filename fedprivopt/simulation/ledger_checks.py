@@ -316,14 +316,21 @@ class LedgerChecks:
         for key in sorted(keys):
             if key == TASK_SOURCE and canonical(stored.get(key)) != canonical(data.get(key)):
                 now, then = data.get(key) or {}, stored.get(key) or {}
+                then_factory = then.get("factory") if isinstance(then, dict) else None
+                factories = ""
+                if now.get("factory") != then_factory:  # a registered name's (47th review, api 3)
+                    factories = (
+                        f"; factory {canonical(now.get('factory'))}, the ledger's "
+                        f"{canonical(then_factory)}"
+                    )
                 raise ValueError(
                     f"{source}: the task's code changed since the run started (module "
                     f"{canonical(now.get('module'))}, source SHA-256 "
                     f"{str(now.get('sha256'))[:12]}…; the run's privacy ledger records "
                     f"{canonical(then.get('module') if isinstance(then, dict) else then)}, "
-                    f"{str(then.get('sha256') if isinstance(then, dict) else '')[:12]}…): "
-                    "resuming or reusing a run with other task code is refused (start a new run "
-                    "in another directory)"
+                    f"{str(then.get('sha256') if isinstance(then, dict) else '')[:12]}…"
+                    f"{factories}): resuming or reusing a run with other task code is refused "
+                    "(start a new run in another directory)"
                 )
             if canonical(stored.get(key)) != canonical(data.get(key)):
                 raise ValueError(

@@ -20,9 +20,21 @@
    ``TrainMessage.privatize`` refuses (``TrainMessage._refuse_changed``, against a copy taken
    when the message is read) naming ``request.state``, ``global_flat`` or ``preconditioner``;
    the documented loop (``load_state_dict`` without ``assign``) gives its bytes as before.
+3. ``register_task("sweep", functools.partial(ToyClassificationTask, seed=seed),
+   replace=True)`` in a loop over seeds 3 and 4 in one module (a data-seed sweep), or a name
+   moved to another factory of the same module. Before: the data identity was the module's
+   digest alone, equal for both, so ``resume()`` of a run started with seed 3 went on with
+   round 2 on seed 4's data (``eval_accuracy`` 0.6133, epsilon 10.28), and ``compare``'s reuse
+   alike. Now ``registry.factory_text`` records which factory (its qualified name and a
+   partial's JSON arguments) beside the digest: ``resume()`` is refused naming both factories.
 """
 
 from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,9 +42,15 @@ import torch
 from fedprivopt.clients import LocalTrainer, TrainMessage, noise_generator, privatize_update
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task, initial_flat
+from fedprivopt.models import registry as registry_module
+from fedprivopt.models.task import data_identity
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.noise import add_gaussian_noise
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run import resume, simulate
 from tests.clients.test_messages import PARAMS, _message
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 # -- finding 1: a replacement add_noise that leaves out the share -------------------------------
 
@@ -98,12 +116,12 @@ def _own_loop(request, task, how):
             torch.nn.utils.vector_to_parameters(request.global_flat, model.parameters())
         else:
             model.load_state_dict(request.state, assign=how == "assign")
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
         x, y = task.user_data(user)
-        for _ in range(3):
-            opt.zero_grad()
-            task.loss(model, x, y).backward()
-            opt.step()
+        for _ in range(3):  # plain SGD steps in place, as torch.optim.SGD takes them
+            grads = torch.autograd.grad(task.loss(model, x, y), list(model.parameters()))
+            with torch.no_grad():
+                for param, grad in zip(model.parameters(), grads, strict=True):
+                    param.sub_(0.5 * grad)
         if how == "preconditioner":
             request.preconditioner.add_(1.0)  # an Adagrad-like accumulation
         delta = request.flatten(model.state_dict()) - request.global_flat
@@ -134,3 +152,59 @@ def test_2_the_documented_loop_sends_each_user_its_own_update():
     both = _own_loop(TrainMessage.read(_message(task, [1, 2], local)), task, "copy")
     alone = _own_loop(TrainMessage.read(_message(task, [2], local)), task, "copy")
     assert torch.equal(both[2], alone[2]) and float(both[1].norm()) > 0.5
+
+
+# -- finding 3: a registered name moved to another factory of the same module ------------------
+
+
+def _module(tmp_path, monkeypatch, text):
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    monkeypatch.setattr(registry_module, "_REGISTERED_BY", dict(registry_module._REGISTERED_BY))
+    name = f"sweep47_{abs(hash(str(tmp_path)))}"
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return importlib.import_module(name)
+
+
+def test_3_a_registered_name_records_which_factory(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, (
+        "import functools\nfrom fedprivopt.models import register_task\n"
+        "from fedprivopt.models.toy import ToyClassificationTask\n"
+        "def small(**p):\n    return ToyClassificationTask(seed=3, **p)\n"
+        "def large(**p):\n    return ToyClassificationTask(seed=4, **p)\n"
+        "def sweep(seed):\n    register_task('sweep47', functools.partial("
+        "ToyClassificationTask, seed=seed), replace=True)\n"
+    ))  # fmt: skip
+    ids = []
+    for seed in (3, 4, 3):
+        mod.sweep(seed)
+        ids.append(data_identity(build_task("sweep47", num_users=4)))
+    assert ids[0] != ids[1] and ids[0] == ids[2]  # was equal for seeds 3 and 4
+    registry_module.register_task("t47", mod.small)
+    small = data_identity(build_task("t47", num_users=4))
+    registry_module.register_task("t47", mod.large, replace=True)
+    assert data_identity(build_task("t47", num_users=4)) != small
+    assert data_identity(build_task("toy", num_users=4)) is None  # packaged: unchanged
+
+
+def test_3_resume_under_another_registration_is_refused(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, (
+        "import functools\nfrom fedprivopt.models import register_task\n"
+        "from fedprivopt.models.toy import ToyClassificationTask\n"
+        "def sweep(seed):\n    register_task('sweep47r', functools.partial("
+        "ToyClassificationTask, seed=seed), replace=True)\n"
+    ))  # fmt: skip
+    mod.sweep(3)
+    out = tmp_path / "run"
+    logging.disable(logging.WARNING)  # absl's RDP warnings
+    try:
+        simulate(load_config(TOY, {"task": "sweep47r", "num-server-rounds": 1}), out)
+    finally:
+        logging.disable(logging.NOTSET)
+    config = out / "config.toml"
+    text = config.read_text()
+    config.write_text(text.replace("num-server-rounds = 1", "num-server-rounds = 2"))
+    mod.sweep(4)
+    with pytest.raises(ValueError, match=r"task's code changed .*factory .*seed.*: 4"):
+        resume(out)  # was: round 2 on seed 4's data, eval_accuracy 0.6133

@@ -151,6 +151,7 @@ class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
         self._request: TrainRequest | None = None
         self._node_users: dict[int, list[int]] = {}
         self._sent: list[Message] = []
+        self._sent_before: frozenset[str] = frozenset()
         self.node_errors = 0
         self.unrequested = 0
         self.lost: dict[str, int] = dict.fromkeys(LOSS_METRICS, 0)
@@ -193,6 +194,8 @@ class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
                     group_id=str(request.round_num),
                 )
             )
+        # the ids of the cohort before: a reply to one is not this cohort's (wire 2)
+        self._sent_before = frozenset(m.metadata.message_id for m in self._sent) - {""}
         self._sent = messages  # the grid writes each message's id into it when it pushes it
         return messages
 

@@ -3,8 +3,8 @@
 :class:`ReplyCollection` is a mixin of :class:`~fedprivopt.strategies.flower.DPStrategy` (as
 :class:`~fedprivopt.strategies.discovery.UserDiscovery` is): it reads a cohort's replies into
 ``{user: flat update}`` and counts the users whose update did not arrive, by cause. It reads and
-sets the strategy's attributes (``_sent``, ``_node_users``, ``_request``, ``_timeout``, ``lost``,
-``node_errors``, ``unrequested``, ``stop_at_task_error``).
+sets the strategy's attributes (``_sent``, ``_sent_before``, ``_node_users``, ``_request``,
+``_timeout``, ``lost``, ``node_errors``, ``unrequested``, ``stop_at_task_error``).
 
 Every sampled user of a round ends in exactly one of these round metrics (summed over the
 cohorts of a round), so ``cohort_size = received + failed + timed_out + unavailable + dropped +
@@ -77,6 +77,25 @@ class ReplyCollection:
             node = reply.metadata.src_node_id
         return node
 
+    @staticmethod
+    def _said_other_cohort(nodes: list[int]) -> None:
+        """Say the replies to messages not of this cohort (their senders ``nodes``), ignored.
+
+        Forty-seventh review of issue 15 (wire 2): a reply answering a message of another round
+        or cohort (a ServerApp of one's own handing ``aggregate_train`` of round 2 the replies of
+        round 1) was read as its sender's reply: round 2 was released from 6 updates trained on
+        round 1's model, without a word but for the keys of users not asked again.
+        """
+        more = f" and {len(nodes) - 1} more" if len(nodes) > 1 else ""
+        log(
+            WARNING,
+            "ignored the reply of node %s%s: it answers a message of another round or cohort, "
+            "not one of this cohort's (aggregate_train takes the replies to configure_train's "
+            "messages of its round)",
+            nodes[0],
+            more,
+        )
+
     def _said_unrequested(self, node: int, keys: list[str]) -> None:
         """Count ``keys``, one reply's updates under keys not asked of ``node``, in one warning.
 
@@ -136,7 +155,13 @@ class ReplyCollection:
         errored: set[int] = set()
         task_errors: dict[int, str] = {}  # said below, unless they end the run
         updates = ReportedUpdates()
+        other_cohort: list[int] = []  # senders of replies to other messages (wire 2), said once
         for reply in replies:
+            answers = reply.metadata.reply_to_message_id
+            earlier = self._sent_before  # the ids of the cohort before (the strategy's)
+            if answers and answers not in sent and (sent or answers in earlier):
+                other_cohort.append(reply.metadata.src_node_id)
+                continue
             node = self._reply_node(reply, sent)
             if node is not None and node in answered:
                 continue  # a second reply to one message: the first one counts
@@ -203,6 +228,8 @@ class ReplyCollection:
                 self._said_unrequested(node, unrequested)
             if undecodable:
                 self._said_undecodable(node, undecodable)
+        if other_cohort:
+            self._said_other_cohort(other_cohort)
         every = task_errors.keys() == self._node_users.keys()
         if task_errors and (every or self.stop_at_task_error):
             where = (

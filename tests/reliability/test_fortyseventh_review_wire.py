@@ -10,12 +10,23 @@
    it is closed at its cohort (``ServerAlgorithm.run_round``), ``drive_round`` closes it when the
    callback raises, and the strategy closes a round it configured and did not aggregate
    (``DPStrategy._leave_round``).
+2. A ServerApp of one's own handing ``DPStrategy.aggregate_train`` of round 2 the replies of
+   round 1 (a variable kept from the round before), round 2's messages sent or not. Before: each
+   reply was read as its sender's reply (by its sender, where it answers none of this cohort's
+   messages): round 2 was released from the round-1 updates of users asked again (6 of 8,
+   trained on round 1's model), said only as the keys of users not asked again (``unrequested``
+   2). Now a reply to a message of another round or cohort (its ``reply_to_message_id`` not one
+   of this cohort's messages, which the grid wrote ids into, or one of the cohort before's) is
+   ignored, in one warning, ``ignored the reply of node 100 and 2 more: it answers a message of
+   another round or cohort ...`` (``ReplyCollection._updates``); its node's users are counted
+   as not answered (``timed_out``), unless the node's own reply came.
 
 The tests run DPStrategy in process on scripted grids (no Flower engine, no Ray).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import numpy as np
@@ -101,3 +112,29 @@ def test_1_drive_round_whose_callback_raised_checks_its_cohort_out():
     assert _period_users(strategy) == []  # before: the cohort stayed checked in
     result = drive_round(alg, 1, lambda request: {u: torch.zeros(3) for u in request.users})
     assert result.metrics["cohort_size"] == 4 and len(_period_users(strategy)) == 4  # before: 8
+
+
+# -- finding 2: a reply to a message of another round or cohort is not this cohort's -------------
+
+
+@pytest.mark.parametrize("sent", [True, False])
+def test_2_replies_of_round_1_are_not_round_2s(server_side, caplog, sent):
+    strategy, arrays = _strategy()
+    grid = _Grid()
+    first = grid.send_and_receive(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    arrays, _ = strategy.aggregate_train(1, first)
+    messages = strategy.configure_train(2, arrays, ConfigRecord(), grid)
+    second = grid.send_and_receive(messages) if sent else []
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, metrics = strategy.aggregate_train(2, first)  # before: read as round 2's replies
+    assert metrics["received"] == 0 and metrics["accepted"] == 0  # before: 2 of round 1's
+    assert metrics["timed_out"] == metrics["cohort_size"]
+    said = [r.getMessage() for r in caplog.records if "ignored the reply" in r.getMessage()]
+    assert len(said) == 1 and "answers a message of another round or cohort" in said[0]
+    if sent:  # the node's own reply beside the stale one is read
+        strategy, arrays = _strategy()
+        first = grid.send_and_receive(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+        arrays, _ = strategy.aggregate_train(1, first)
+        second = grid.send_and_receive(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+        _, metrics = strategy.aggregate_train(2, first + second)
+        assert metrics["received"] == metrics["accepted"] == metrics["cohort_size"] > 0

@@ -34,7 +34,11 @@ from fedprivopt.simulation.divergence import warning_line
 from fedprivopt.simulation.engines import serve_flower
 from fedprivopt.simulation.interrupt import stoppable_grid
 from fedprivopt.simulation.run import build_run
-from fedprivopt.simulation.run_places import refuse_inside_a_run
+from fedprivopt.simulation.run_places import (
+    refuse_inside_a_run,
+    refuse_inside_held,
+    refuse_inside_writing,
+)
 from fedprivopt.simulation.rundir import NewRunDir
 from fedprivopt.simulation.writer import RunWriter, start_run_files
 
@@ -73,6 +77,13 @@ def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
     # forty-second review of issue 15 (lead 9; the outputs follow-up's open row): a ServerApp
     # reached by flwr run without deploy local wrote a run inside a finished run's directory
     refuse_inside_a_run(out_dir, "out")
+    # forty-seventh review of issue 15 (processes 3; the forty-third review follow-up's open
+    # row): nor inside a run another process is starting (run.lock alone), a running
+    # deployment's OUT/deploy, or a comparison, tuning or deployment being written (out =
+    # "T/runs/trial-003" while tune --out T ran took that trial's place), as simulate and
+    # deploy local refuse them. Strict ancestors only: this deployment's own OUT/deploy is not one
+    refuse_inside_held(out_dir, "out")
+    refuse_inside_writing(out_dir, "out")
     with NewRunDir(out_dir, allowed=(DEPLOY_LOGS,)) as out:
         ledger = start_run_files(out, config, alg, task)
         log(INFO, "[fedprivopt] run %s writes to %s", context.run_id, out)

@@ -113,3 +113,28 @@ def test_2_a_suspended_holder_is_named_so_with_how_to_resume_it(tmp_path) -> Non
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(timeout=30)
+
+
+def test_3_the_server_app_refuses_an_out_inside_what_another_process_writes(tmp_path) -> None:
+    import types
+
+    from fedprivopt.deploy.local import REPO_ROOT
+    from fedprivopt.deploy.runconfig import app_config_defaults
+    from fedprivopt.deploy.server_app import run_deployment
+    from fedprivopt.simulation.cells import lock_compare_dir
+    from fedprivopt.simulation.rundir import NewRunDir
+
+    def serve(out) -> None:  # a ServerApp reached by flwr run, run config out = ...
+        run_config = {**app_config_defaults(REPO_ROOT), "out": str(out)}
+        run_deployment(None, types.SimpleNamespace(run_config=run_config, run_id=7))
+
+    comparison = tmp_path / "C"
+    comparison.mkdir()
+    with lock_compare_dir(comparison):  # compare --out C running
+        with pytest.raises(ValueError, match=r"argument out: .*/C/runs/cell is inside the comp"):
+            serve(comparison / "runs" / "cell")  # refused before the grid is used
+    assert not (comparison / "runs").exists()
+    with NewRunDir(tmp_path / "R"):  # a run another process is starting (run.lock alone)
+        with pytest.raises(ValueError, match=r"argument out: .*/R/sub"):
+            serve(tmp_path / "R" / "sub")
+    assert not (tmp_path / "R" / "sub").exists()

@@ -184,7 +184,7 @@ class LocalTrainer(ModelLayout):
         # torch's AssertionError (Torch not compiled with CUDA enabled), 5 in its RuntimeError,
         # "meta" in a line naming the model's state['weight'], not the argument
         self.device = default_device() if device is None else check_device(device)
-        model = task.build_model()
+        model = self._build_model()
         refuse_unbuilt_model(model, task)  # forty-sixth review of issue 15 (api 3)
         self.model = model.to(self.device)
         self._refuse_shared_model()
@@ -197,6 +197,19 @@ class LocalTrainer(ModelLayout):
         self._trainable = [e for e in self._entries if e.trainable]
         # the model as build_model() left it: set back before every user (_load)
         self._at_build = ModelAtBuild(self.model, saved=set(state))
+
+    def _build_model(self) -> object:
+        """``task.build_model()``; its own exception or ``sys.exit()`` is a :class:`TaskError`.
+
+        Forty-seventh review of issue 15 (api 4): the trainer called it unchecked (twice: the
+        second call is :meth:`_refuse_shared_model`'s), so a ``build_model()`` that raised at a
+        later call than the run's first (a weights file moved away after the start, a download
+        failing) ended ``simulate`` in a 60-line traceback (rc 1), where its first call gives
+        one line naming it (rc 2); a ClientApp sent the exception's text to the server.
+        """
+        name = f"{type(self.task).__name__}.build_model()"
+        with task_call(name, f"{name} must return"):
+            return self.task.build_model()
 
     def _refuse_shared_model(self) -> None:
         """Raise :class:`TaskError` when ``build_model()`` gives a module it gave before.
@@ -213,7 +226,7 @@ class LocalTrainer(ModelLayout):
         the trainer's (the model itself, or a submodule kept by the task) is refused, before
         anything is trained.
         """
-        again = self.task.build_model()
+        again = self._build_model()
         if not isinstance(again, torch.nn.Module):
             return
         ours = {id(module): name for name, module in self.model.named_modules()}

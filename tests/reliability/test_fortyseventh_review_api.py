@@ -27,6 +27,12 @@
    round 2 on seed 4's data (``eval_accuracy`` 0.6133, epsilon 10.28), and ``compare``'s reuse
    alike. Now ``registry.factory_text`` records which factory (its qualified name and a
    partial's JSON arguments) beside the digest: ``resume()`` is refused naming both factories.
+4. A task whose ``build_model()`` raises (or calls ``sys.exit()``) at a later call than the
+   run's first (a weights file moved away after the start), given to ``LocalTrainer`` (which
+   calls it twice), ``simulate toy.toml --set task=secondcall47:make``. Before: the trainer
+   called it unchecked: a 60-line traceback, rc 1 (the first call gives one line, rc 2), and a
+   ClientApp sent the exception's text to the server. Now ``LocalTrainer._build_model`` makes
+   it the task's error: ``Once.build_model() raised RuntimeError at ...``, rc 2.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ from fedprivopt.clients import LocalTrainer, TrainMessage, noise_generator, priv
 from fedprivopt.core.local import LocalConfig
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.models import registry as registry_module
-from fedprivopt.models.task import data_identity
+from fedprivopt.models.task import TaskError, data_identity
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.simulation.config import load_config
@@ -208,3 +215,27 @@ def test_3_resume_under_another_registration_is_refused(tmp_path, monkeypatch):
     mod.sweep(4)
     with pytest.raises(ValueError, match=r"task's code changed .*factory .*seed.*: 4"):
         resume(out)  # was: round 2 on seed 4's data, eval_accuracy 0.6133
+
+
+# -- finding 4: build_model() raising at a later call, inside LocalTrainer ---------------------
+
+
+class _Once(ToyClassificationTask):
+    def __init__(self, limit, how, **params):
+        super().__init__(**params)
+        self.calls, self.limit, self.how = 0, limit, how
+
+    def build_model(self):
+        self.calls += 1
+        if self.calls > self.limit:
+            if self.how == "exit":
+                raise SystemExit(0)
+            raise RuntimeError("weights file already consumed")
+        return super().build_model()
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+@pytest.mark.parametrize("limit", [0, 1])
+def test_4_build_model_raising_in_the_trainer_is_the_tasks_error(limit, how):
+    with pytest.raises(TaskError, match=r"_Once.build_model\(\)"):
+        LocalTrainer(_Once(limit, how, num_users=4), device="cpu")

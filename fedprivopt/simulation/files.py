@@ -25,6 +25,8 @@ import json
 import math
 import os
 import stat
+import struct
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -161,7 +163,8 @@ def check_replaced(out: Path, extra: tuple[str, ...] = ()) -> None:
     alike, when an earlier version's ledger is converted: follow-up ledger 3). Each extra name's
     ``.tmp`` too, through which it is written: forty-second review follow-up (ledger 4),
     ``compare``'s plan passed a directory at ``privacy_ledger.jsonl.v1.tmp`` (``run.resume``
-    refused it only at the cell's turn, after the report was removed).
+    refused it only at the cell's turn, after the report was removed). A checkpoint or one of
+    these files marked immutable or append-only is refused alike (:func:`_pinned`).
     """
     names = (PREVIOUS_CHECKPOINT, CHECKPOINT + ".tmp", SUMMARY_FILE + ".tmp",
              METRICS_FILE + ".tmp", LEDGER_FILE + ".tmp", CHECKPOINT + ".bad", *extra,
@@ -173,6 +176,49 @@ def check_replaced(out: Path, extra: tuple[str, ...] = ()) -> None:
                 f"{str(path)!r} is a directory, where a resume writes a file of the run (it "
                 "would fail after releasing a round): remove or rename it"
             )
+    for name in (CHECKPOINT, *names):
+        path = Path(out) / name
+        pinned = _pinned(path)
+        if pinned is not None:
+            raise ValueError(
+                f"{path}: the file is {pinned} (chattr +{pinned[0]}), so it cannot be replaced or "
+                "removed, which a resume does to it after releasing a round (the round would be "
+                f"released again when resumed); lift it (chattr -{pinned[0]} {path}) and try again"
+            )
+
+
+#: ``FS_IOC_GETFLAGS``, Linux's ioctl reading a file's attributes (``lsattr``), and two of them.
+_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
+_PINNED = {0x10: "immutable", 0x20: "append-only"}  # FS_IMMUTABLE_FL, FS_APPEND_FL
+
+
+def _pinned(path: Path) -> str | None:
+    """``"immutable"`` or ``"append-only"`` for a regular file so marked (Linux), else ``None``.
+
+    Forty-seventh review of issue 15 (ledger, finding 2): a secure run whose
+    ``checkpoint.prev.pt`` was made immutable (``chattr +i``, to keep it from being removed),
+    ``simulate --resume R`` with one more round: round 4 was released (its ledger line and row),
+    then saving its checkpoint failed (``checkpoint.pt -> checkpoint.prev.pt: Operation not
+    permitted``, rc 2), and the next resume released round 4 again with new noise (epsilon 15.03
+    where 13.70), as the forty-first review's directory at ``checkpoint.pt.tmp`` did.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # missing, or unreadable (its reader names it)
+        return None
+    try:
+        import fcntl
+
+        flags = struct.unpack("i", fcntl.ioctl(fd, _GETFLAGS, bytes(8))[:4])[0]
+    except OSError:  # a file system without these attributes
+        return None
+    finally:
+        os.close(fd)
+    return next((what for bit, what in _PINNED.items() if flags & bit), None)
 
 
 def check_appended_not_linked(out: Path) -> None:

@@ -10,10 +10,20 @@
    where a ``MemoryError`` was raised as it is. Now ``checkpoint.newest_checkpoint`` raises it
    as it is (``task_calls.out_of_memory``): the command line's one line "this machine ran out
    of memory", rc 1, nothing written.
+2. The same finished run whose ``checkpoint.prev.pt`` was made immutable (``chattr +i``, to keep
+   it from being removed; or append-only, ``chattr +a``; or ``checkpoint.pt`` so), rounds
+   raised, ``simulate --resume R``. Before: round 3 was released (its ledger line and row), then
+   saving its checkpoint failed (``checkpoint.pt -> checkpoint.prev.pt: Operation not
+   permitted``, rc 2), and the next resume released round 3 again with new noise (the review's
+   run: epsilon 15.03 where 13.70), as the forty-first review's directory at
+   ``checkpoint.pt.tmp`` did. Now ``files.check_replaced`` (``_pinned``) refuses it before
+   anything is written, naming the file and ``chattr -i``.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +31,13 @@ import torch
 
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, LEDGER_FILE, SUMMARY_FILE
+from fedprivopt.simulation.files import (
+    CHECKPOINT,
+    CONFIG_FILE,
+    LEDGER_FILE,
+    PREVIOUS_CHECKPOINT,
+    SUMMARY_FILE,
+)
 from fedprivopt.simulation.run import resume, simulate
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -78,3 +94,28 @@ def test_1_a_checkpoint_load_out_of_memory_is_not_a_torn_file(
     monkeypatch.setattr(torch, "load", real)
     assert newest_checkpoint(run)[1] == CHECKPOINT  # read as before once memory is there
     assert (run / SUMMARY_FILE).exists() and (run / LEDGER_FILE).exists()
+
+
+def _chattr(flag: str, path: Path) -> bool:
+    """``chattr flag path``; whether it took (root, or CAP_LINUX_IMMUTABLE, on ext4 or xfs)."""
+    if shutil.which("chattr") is None:
+        return False
+    done = subprocess.run(["chattr", flag, str(path)], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize(("name", "flag"), [(PREVIOUS_CHECKPOINT, "i"), (CHECKPOINT, "a")])
+def test_2_a_pinned_checkpoint_is_refused_before_a_round_is_released(
+    finished: Path, tmp_path: Path, name: str, flag: str
+) -> None:
+    run = _copy(finished, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    if not _chattr(f"+{flag}", run / name):
+        pytest.skip("chattr cannot set file attributes here")
+    try:
+        with pytest.raises(ValueError, match=rf"{name}: the file is .*chattr -{flag}"):
+            resume(run)
+    finally:
+        assert _chattr(f"-{flag}", run / name)
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert after == before  # nothing released, the summary kept

@@ -67,6 +67,16 @@ __all__ = [
 #: largest float) so that a long run of noisy counts can neither underflow nor overflow it.
 MAX_CLIP_NORM = sys.float_info.max
 
+#: Reports that carry no count noise: an exact bit (0, 1) or centred bit (-1/2, 1/2). In
+#: distributed-noise mode a share ``(b - 1/2) + N(0, s^2)`` equals one of them with probability
+#: below ``1e-12`` for ``s >=`` :data:`NOISELESS_MIN_STD` (a float64 draw hits one value with
+#: probability about ``ulp / s``). Forty-seventh review of issue 15 (mechanisms 2): a round of 9
+#: such reports (``m_min`` 4) released the count without noise (9/10 + 1/2 = 1.4 exactly),
+#: reported with noise std 0.075 and charged as noised.
+NOISELESS_REPORTS = (-0.5, 0.0, 0.5, 1.0)
+NOISELESS_MIN_STD = 1e-3
+SHARE_WITHOUT_NOISE = "clip-bit share without its count noise (exactly a bit: no noise was added)"
+
 
 def default_count_stddev(expected_cohort_size: float) -> float:
     """``σ_b = m̄ / 20``, the paper's default noise on the count (``m̄`` finite and ``> 0``)."""
@@ -337,6 +347,10 @@ class NoisyCountAggregator:
             return value - 0.5, None
         if abs(value) > self.accept_bound():
             return None, f"clip-bit share outside ±{self.accept_bound():g}"
+        if value in NOISELESS_REPORTS and self.share_std() >= NOISELESS_MIN_STD:
+            # forty-seventh review of issue 15 (mechanisms 2): an exact bit sent as a share
+            # (clip_bit's report without count_share's noise) was counted, no top-up drawn
+            return None, SHARE_WITHOUT_NOISE
         return value, None
 
     def aggregate(

@@ -8,18 +8,30 @@
    a variance below the aggregator's ``σ²C²`` (a tree of another std) was taken as well. Now
    the variance must be at least ``σ²C²`` and, for more than 200 entries, fit the draws' own
    mean square (within the ``e^-50`` bounds of Laurent and Massart).
+2. Adaptive clipping in distributed-noise mode (dp-fedavg, sigma 0.8, 10 of 40, ``m_min`` 4), a
+   ``drive_round`` callback (or a ClientApp of one's own) that sends each user's exact bit
+   (``clip_bit(norm, C)``, 1.0) as its clip report, without ``count_share``'s noise: every
+   report was accepted as a share, no top-up was drawn, and the count was released without
+   noise (fraction 1.4 = 9/10 + 1/2 exactly in round 1, 1.8 and 1.5 after), reported with
+   count noise std 0.075 and charged as noised (epsilon 5.38 after 3 rounds). Now a report
+   that is exactly a bit or a centred bit (0, 1, -1/2, 1/2) is no share: rejected, and its
+   update left out.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator, clip_bit, count_share
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.tree import TreeNoise
+from fedprivopt.strategies import StrategyConfig, build_algorithm
+from fedprivopt.strategies.core import drive_round
 
 # -- finding 1: sum_noise's variance is the variance of its draws, at least sigma^2 C^2 -------
 
@@ -48,3 +60,42 @@ def test_1_sum_noise_below_the_aggregators_variance_is_refused():
     with pytest.raises(ValueError, match=r"below the aggregator's sigma\^2 C\^2 = 4"):
         agg.aggregate([(0, torch.zeros(4))], dim=4, sum_noise=(noise, 1.0))
     assert agg.aggregate([], dim=4, sum_noise=(2.0 * noise, 4.0)).noise_std == 2.0
+
+
+# -- finding 2: a clip report without its count-noise share is no share ----------------------
+
+
+@pytest.mark.parametrize("report", [0.0, 1.0, -0.5, 0.5, np.float32(1.0)])
+def test_2_a_noiseless_clip_report_is_no_share(report):
+    counter = NoisyCountAggregator(
+        count_stddev=0.5, expected_cohort_size=10, noise_mode="distributed", min_shares=4
+    )
+    assert counter.check(report)[1] is not None  # before: (report, None), counted
+    generator = torch.Generator().manual_seed(0)
+    shares = [count_share(1.0, counter.share_std(), generator) for _ in range(200)]
+    assert all(counter.check(share)[1] is None for share in shares)
+
+
+class _Reported(dict):
+    clip_bits: dict
+
+
+def test_2_exact_bits_in_distributed_mode_are_not_released_unnoised():
+    config = StrategyConfig.from_mapping(
+        {"strategy": "dp-fedavg", "population": 40, "clients-per-round": 10, "delta": 1e-4,
+         "num-server-rounds": 1, "noise-multiplier": 0.8, "seed": 0,
+         "noise-mode": "distributed", "adaptive-clipping": True}
+    )  # fmt: skip
+    alg = build_algorithm(config, torch.zeros(1000))
+    generator = torch.Generator().manual_seed(1)
+
+    def train(request):
+        local = request.settings.local
+        out = _Reported({u: torch.randn(1000, generator=generator) * local.noise_std
+                         for u in request.users})  # fmt: skip
+        out.clip_bits = {u: clip_bit(0.1, local.clip_norm) for u in request.users}
+        return out
+
+    result = drive_round(alg, 1, train)
+    assert result.metrics["accepted"] == 0.0  # before: 9, the count 9/10 + 1/2 = 1.4 exactly
+    assert result.metrics["clip_count_fraction"] != 0.5 + result.metrics["cohort_size"] / 10

@@ -239,6 +239,15 @@ class DPStrategy(UserDiscovery, ReplyCollection, Strategy):
         """Feed the replies to the round; run further cohorts (ADADP) through the grid."""
         if self._round is None:
             raise RuntimeError("aggregate_train called before configure_train")
+        configured = self._request.round_num
+        if server_round != configured or isinstance(server_round, bool):
+            # forty-seventh review of issue 15 (wire 3): aggregate_train(5, ...) after
+            # configure_train(1) released round 1 and said it as round 5 (its warnings, the
+            # metrics a ServerApp of one's own files under 5); the round stays configured
+            raise ValueError(
+                f"aggregate_train's server_round is {shown(server_round)}, but the round "
+                f"configured (configure_train) is round {configured}: give its own number"
+            )
         try:
             updates = self._updates(replies)
             while True:

@@ -20,6 +20,12 @@
    ignored, in one warning, ``ignored the reply of node 100 and 2 more: it answers a message of
    another round or cohort ...`` (``ReplyCollection._updates``); its node's users are counted
    as not answered (``timed_out``), unless the node's own reply came.
+3. A ServerApp of one's own calling ``DPStrategy.aggregate_train(5, replies)`` (or ``True``, 2)
+   after ``configure_train(1, ...)`` (a loop's off-by-one). Before: round 1 was released and said
+   as round 5 (the warnings, the metrics the app files under 5). Now ``ValueError:
+   aggregate_train's server_round is 5, but the round configured (configure_train) is round 1:
+   give its own number``, nothing released, and the round stays configured: ``aggregate_train(1,
+   replies)`` then releases it as before.
 
 The tests run DPStrategy in process on scripted grids (no Flower engine, no Ray).
 """
@@ -138,3 +144,18 @@ def test_2_replies_of_round_1_are_not_round_2s(server_side, caplog, sent):
         second = grid.send_and_receive(strategy.configure_train(2, arrays, ConfigRecord(), grid))
         _, metrics = strategy.aggregate_train(2, first + second)
         assert metrics["received"] == metrics["accepted"] == metrics["cohort_size"] > 0
+
+
+# -- finding 3: aggregate_train's round is the round configured ----------------------------------
+
+
+@pytest.mark.parametrize("given", [5, 2, True])
+def test_3_aggregate_train_of_another_round_is_refused_and_the_round_kept(server_side, given):
+    strategy, arrays = _strategy()
+    grid = _Grid()
+    replies = grid.send_and_receive(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    with pytest.raises(ValueError, match=r"^aggregate_train's server_round is (5|2|True), but the"):
+        strategy.aggregate_train(given, replies)  # before: round 1 released, said as round 5
+    assert strategy.algorithm.round_num == 0 and strategy.algorithm.epsilon() == 0.0
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert strategy.algorithm.round_num == 1 and metrics["accepted"] == metrics["cohort_size"] > 0

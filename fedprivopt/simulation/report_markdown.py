@@ -255,18 +255,53 @@ def _public_users(runs: Sequence[RunData]) -> list[str]:
     stackoverflow-tp-mini.toml --strategies adadps,dp-fedavg`` said "population: 400" and
     nothing of the 4 users whose data built AdaDPS' side information outside the guarantee;
     only each run's ``summary.json`` did. Taken from that ``side_information`` entry.
+    Forty-seventh review (reports, finding 3): an adadps run whose ``summary.json`` lost that
+    entry (or lists no public users) while its configuration sets ``side-information.kind =
+    "public-users"`` (or records no resolved kind) had no line, without a word; such a run's
+    line now says what its configuration sets. An entry whose ``public_users`` is not a list
+    (an edit) was a ``TypeError``.
     """
     found: dict[str, str] = {}
     for r in runs:
+        if r.strategy in found:
+            continue
         side = r.summary.get("side_information")
-        if isinstance(side, Mapping) and side.get("public_users") and r.strategy not in found:
+        users = _public_list(r)
+        kind = _configured_kind(r)
+        if users:
             found[r.strategy] = (
-                f"- public users ({table_cell(r.strategy)}): {len(side['public_users'])} users' "
+                f"- public users ({table_cell(r.strategy)}): {len(users)} users' "
                 "data built the side information outside the guarantee; they are not in the "
                 f"population ε covers ({table_cell(side.get('private_population'))} private "
                 "users)"
             )
+        elif kind == "public-users" or (
+            kind is not None and not (isinstance(side, Mapping) and side.get("kind"))
+        ):
+            found[r.strategy] = (
+                f"- public users ({table_cell(r.strategy)}): its summary.json lists none, but "
+                f"its configuration sets side-information.kind = {table_cell(kind)}: public "
+                "users' data may have built the side information outside the guarantee, and "
+                "they would not be in the population ε covers (see its config.toml)"
+            )
     return [found[s] for s in sorted(found)]
+
+
+def _public_list(run: RunData) -> list[Any]:
+    """The public users ``run``'s ``summary.json`` lists (``[]``: none, or not a list)."""
+    side = run.summary.get("side_information")
+    users = side.get("public_users") if isinstance(side, Mapping) else None
+    return list(users) if isinstance(users, list) else []
+
+
+def _configured_kind(run: RunData) -> str | None:
+    """An adadps run's configured ``side-information.kind`` (``auto`` if unset), else ``None``."""
+    config = run.summary.get("config") or {}
+    if not isinstance(config, Mapping) or config.get("strategy") != "adadps":
+        return None
+    side = config.get("side-information")
+    kind = side.get("kind") if isinstance(side, Mapping) else config.get("side-information.kind")
+    return str(kind or "auto")
 
 
 def _adaptive_clipping(runs: Sequence[RunData]) -> list[str]:
@@ -455,9 +490,10 @@ def _public_elsewhere(private: Sequence[RunData]) -> str:
     """
     by: dict[tuple, set[str]] = {}
     for r in private:
-        side = r.summary.get("side_information")
-        users = side.get("public_users") if isinstance(side, Mapping) else None
-        by.setdefault(tuple(users or ()), set()).add(r.strategy)
+        users = tuple(_public_list(r))  # a list, or none (an edit: finding 3)
+        if not users and _configured_kind(r) == "public-users":
+            users = ("as configured",)
+        by.setdefault(users, set()).add(r.strategy)
     if len(by) < 2:
         return ""
     public = sorted(name for users, names in by.items() if users for name in names)

@@ -505,7 +505,11 @@ def reference_model(runs: Sequence[RunData], metric: str) -> tuple[str, dict[str
     if len(found) != 1:
         return None
     ref = json.loads(found.pop())
-    metrics = {k: as_float(v) for k, v in (ref.get("metrics") or {}).items()}
+    # forty-seventh review of issue 15 (reports, finding 3): a summary.json whose reference
+    # was edited to a string (or its metrics to a list) was an AttributeError
+    if not isinstance(ref, dict) or not isinstance(ref.get("metrics"), dict):
+        return None
+    metrics = {k: as_float(v) for k, v in ref["metrics"].items()}
     if not isinstance(ref.get("name"), str) or metric not in metrics:
         return None
     return ref["name"], metrics

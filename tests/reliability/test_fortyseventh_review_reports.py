@@ -13,6 +13,15 @@
    a list item ``- noise: none`` and an image of another address (fetched when the report is
    shown). Now the name is written by ``report_format.plain_text`` (one line; brackets and
    ``<`` escaped).
+3. ``write_report(out, load_runs(R))`` (also ``compare`` reusing the cell) of an adadps run with
+   ``side-information.kind = "public-users"`` (4 public users) whose ``summary.json`` lost its
+   ``side_information`` entry; also that entry's ``public_users`` edited to ``5``, or the
+   ``reference`` to ``"x"``. Before: the report's "public users" line was left out without a
+   word (``config.toml`` and the ledger header still set the kind); the edits ended ``compare``
+   and ``compare-tuned --untuned`` in a ``TypeError`` or ``AttributeError`` traceback after the
+   earlier report was removed. Now ``report_markdown._public_users`` says what the
+   configuration sets, and a public-users entry or reference that is not what a run writes is
+   read as none.
 """
 
 from __future__ import annotations
@@ -83,3 +92,36 @@ def test_2_a_reference_or_initialization_text_is_written_as_plain_text(tmp_path)
     assert "Reference: prior\\n## Privacy parameters" in text, text
     assert plain_text("a\\![x](u) <b>") == "a\\\\!\\[x\\](u) \\<b>"  # no link, no HTML
     assert plain_text("zero weights") == "zero weights"
+
+
+def _adadps(tmp_path, side) -> RunData:
+    """An adadps run of 4 configured public users whose summary.json holds ``side``."""
+    run = _run(tmp_path, "adadps", 0.5)
+    side_config = {"kind": "public-users", "users": 4}
+    run.summary["config"].update({"strategy": "adadps", "side-information": side_config})
+    if side is not None:
+        run.summary["side_information"] = side
+    return run
+
+
+def _report(runs) -> str:
+    sel, _ = select_runs(runs, None)
+    rows, _ = aggregate_with_notes(sel.runs, sel.metric)
+    return markdown("t", sel, rows, [], None, reference_model(sel.runs, sel.metric))
+
+
+def test_3_public_users_a_summary_does_not_list_are_still_said(tmp_path):
+    listed = {"kind": "public-users", "public_users": [0, 1, 2, 3], "private_population": 36}
+    assert "- public users (adadps): 4 users' data" in _report([_adadps(tmp_path, listed)])
+    for side in (None, {"kind": "public-users", "public_users": 5}):
+        text = _report([_adadps(tmp_path, side)])  # before: no line; a TypeError for 5
+        assert (
+            "- public users (adadps): its summary.json lists none, but its configuration "
+            "sets side-information.kind = public-users" in text
+        ), text
+    auto = _adadps(tmp_path, {"kind": "ones", "requested": "auto"})  # auto resolved: no line
+    auto.summary["config"]["side-information"] = {"kind": "auto"}
+    assert "- public users" not in _report([auto])
+    run = _run(tmp_path, "dp-fedavg", 0.5)
+    run.summary["reference"] = "x"  # before: an AttributeError
+    assert "Reference:" not in _report([run])

@@ -233,17 +233,35 @@ def refuse_table_against_flags(args: argparse.Namespace, sets: dict, strategy: s
         flat = flat_overrides(sets)
     except ValueError as exc:
         raise UsageError(f"argument --set: {exc}") from None
+    typed = {_kind_key(key, value): key for key, value in flat.items()}
+    flat = {_kind_key(key, value): value for key, value in flat.items()}
     prefix = f"strategies.{strategy}."
     for key, value in flat.items():
         name = key.removeprefix(prefix)
         if name == key or name not in flat or flat[name] == value:
             continue
-        other = flat[name]
+        other, key = flat[name], typed[key]
+        name = typed[name]
         source = f"{flags[name]} {other!r}" if name in flags else f"--set {name}={other!r}"
         raise UsageError(
             f"argument --set: {key}={value!r} contradicts {source}, which it would silently "
             f"override for {strategy}; give one of them"
         )
+
+
+def _kind_key(key: str, value: object) -> str:
+    """``key``, or ``<key>.kind`` for the string form of the side information (its kind).
+
+    Forty-seventh review of issue 15 (input 2): ``simulate toy.toml --strategy adadps --set
+    side-information=ones --set strategies.adadps.side-information.kind=public-users`` (or the
+    two spellings the other way round) ran, rc 0, with public users (user 0's data outside the
+    guarantee) where ``ones`` was asked: the spellings were compared as two keys.
+    """
+    from fedprivopt.models.side_information_config import KEY
+
+    if isinstance(value, str) and (key == KEY or key.endswith(f".{KEY}")):
+        return f"{key}.kind"
+    return key
 
 
 def _real(path: str | os.PathLike) -> Path:

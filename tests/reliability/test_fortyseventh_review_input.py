@@ -9,6 +9,14 @@
    valid TOML``), where the ledger had recorded ``0`` and ``"toy"``. Now
    ``core.checks.plain_scalar`` (called on every run setting and task parameter) gives the
    plain ``int``, ``float`` or ``str`` of such a value, as it gives NumPy scalars'.
+2. ``simulate toy.toml --strategy adadps --set side-information=ones --set
+   strategies.adadps.side-information.kind=public-users`` (the string form of the table beside
+   the dotted kind; also the two spellings the other way round). Before: rc 0, the run's table
+   silently won: public users (user 0's data as side information, outside the guarantee) where
+   ``ones`` was asked, as ``cli_runs.refuse_table_against_flags`` compared the spellings as two
+   keys (the same kind in one spelling is refused). Now the string form is read as its kind:
+   rc 2, ``strategies.adadps.side-information.kind='public-users' contradicts --set
+   side-information='ones', ...``.
 """
 
 from __future__ import annotations
@@ -61,3 +69,20 @@ def test_1_subclassed_settings_are_recorded_as_plain_toml():
     plain = {"task-params.seed": 0, "eval-every": 2, "task": "toy", "device": "auto"}
     plain |= {"engine": "fast", "round-timeout": 60.0}
     assert config == load_config(TOY, plain)
+
+
+def test_2_side_information_string_form_against_the_strategy_table(capsys, tmp_path):
+    """``--set side-information=ones`` beside the table's ``side-information.kind`` (input 2)."""
+    from fedprivopt.cli import main
+
+    pairs = [
+        ("side-information=ones", "strategies.adadps.side-information.kind=public-users"),
+        ("side-information.kind=public-users", "strategies.adadps.side-information=ones"),
+    ]
+    for plain, table in pairs:
+        argv = ["simulate", str(TOY), "--strategy", "adadps", "--rounds", "1", "--set", plain]
+        code = main([*argv, "--set", table, "--out", str(tmp_path / "r")])
+        err = capsys.readouterr().err
+        assert code == 2 and "contradicts --set side-information" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "r").exists()

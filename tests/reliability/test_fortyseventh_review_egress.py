@@ -117,7 +117,6 @@ def test_3_a_replacement_step_of_another_shape_does_not_send_its_shape(step) -> 
 
 def test_4_a_clip_report_that_is_no_bit_is_refused_before_it_leaves() -> None:
     from fedprivopt.privacy.adaptive_clip import NoisyCountAggregator
-    from fedprivopt.strategies.flower import rejected_text
 
     update = {1: torch.zeros(18)}
     server = _message(clip_bit=True)  # count-noise-std 0: the report is the bit
@@ -136,4 +135,4 @@ def test_4_a_clip_report_that_is_no_bit_is_refused_before_it_leaves() -> None:
             count_stddev=0.3, expected_cohort_size=4, noise_mode=mode, min_shares=4
         )
         _, reason = counter.check(report)
-        assert reason is not None and str(report)[:4] not in rejected_text(1, {1: reason})
+        assert reason is not None and str(report)[:4] not in reason  # the round's warning's

@@ -33,7 +33,7 @@ from fedprivopt.deploy.runconfig import RUN_ID, run_config_from_flower
 from fedprivopt.simulation.divergence import warning_line
 from fedprivopt.simulation.engines import serve_flower
 from fedprivopt.simulation.interrupt import stoppable_grid
-from fedprivopt.simulation.run import build_run
+from fedprivopt.simulation.run import build_run, check_task_dirs_outside
 from fedprivopt.simulation.run_places import (
     refuse_inside_a_run,
     refuse_inside_held,
@@ -72,7 +72,6 @@ def _out_dir(template: str, run_id: int) -> Path:
 def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
     """Body of the ServerApp's main; returns the run summary (also in ``summary.json``)."""
     config, options = run_config_from_flower(context.run_config)
-    task, alg = build_run(config)
     out_dir = _out_dir(options.out, context.run_id)
     # forty-second review of issue 15 (lead 9; the outputs follow-up's open row): a ServerApp
     # reached by flwr run without deploy local wrote a run inside a finished run's directory
@@ -84,6 +83,11 @@ def run_deployment(grid: Grid, context: Context) -> dict[str, Any]:
     # deploy local refuse them. Strict ancestors only: this deployment's own OUT/deploy is not one
     refuse_inside_held(out_dir, "out")
     refuse_inside_writing(out_dir, "out")
+    # the task's data-dir or cache-dir inside out, which simulate and deploy local refuse: its
+    # synthetic data or token store was written into the run (processes 3); checked before the
+    # task is built, which may generate the data
+    check_task_dirs_outside(config, out_dir)
+    task, alg = build_run(config)
     with NewRunDir(out_dir, allowed=(DEPLOY_LOGS,)) as out:
         ledger = start_run_files(out, config, alg, task)
         log(INFO, "[fedprivopt] run %s writes to %s", context.run_id, out)

@@ -138,3 +138,27 @@ def test_3_the_server_app_refuses_an_out_inside_what_another_process_writes(tmp_
         with pytest.raises(ValueError, match=r"argument out: .*/R/sub"):
             serve(tmp_path / "R" / "sub")
     assert not (tmp_path / "R" / "sub").exists()
+
+
+def test_4_the_server_app_refuses_a_task_directory_inside_its_out(tmp_path) -> None:
+    import json
+    import types
+
+    from fedprivopt.deploy.local import REPO_ROOT
+    from fedprivopt.deploy.runconfig import app_config_defaults
+    from fedprivopt.deploy.server_app import run_deployment
+
+    out = tmp_path / "out"
+    params = {"data-dir": str(out / "data"), "synthetic": True, "synth-clients": 60}
+    params.update({"num-users": 40, "eval-users": 10, "vocab-size": 200, "num-tags": 10})
+    run_config = {
+        **{k: v for k, v in app_config_defaults(REPO_ROOT).items() if "task-params." not in k},
+        "task": "stackoverflow-tp",
+        "population": 40,
+        "task-params-json": json.dumps(params),
+        "out": str(out),
+    }
+    context = types.SimpleNamespace(run_config=run_config, run_id=7)
+    with pytest.raises(ValueError, match=r"task-params\.data-dir = .* is inside .*/out"):
+        run_deployment(None, context)  # before the task is built (it would generate there)
+    assert not out.exists()

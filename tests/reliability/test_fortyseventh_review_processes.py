@@ -16,6 +16,17 @@
    must be resumed. Now the refusal and the wait say that process N is suspended (Ctrl-Z or
    SIGSTOP) and how to resume it (``fg``, or ``kill -CONT N``) or stop it
    (``lock_holders.suspended``, read from ``/proc/N/stat``).
+3. The deployment ServerApp reached by ``flwr run`` without ``deploy local`` (the forty-third
+   review follow-up's open row), run config ``out`` inside what another process writes:
+   ``C/runs/<cell>`` while ``compare --out C`` runs, ``R/sub`` while ``R`` holds only
+   ``run.lock``. Before: ``run_deployment`` claimed it (it made ``C/runs/cell`` and went on to
+   the grid). Now ``ValueError`` naming ``out`` and the holder, as ``simulate`` and ``deploy
+   local`` refuse it (``run_places.refuse_inside_held``, ``refuse_inside_writing``; strict
+   ancestors, so a deployment's own ``OUT/deploy`` passes).
+4. Processes 3's twin: the task's ``data-dir`` (or ``cache-dir``) inside that ``out``. Before:
+   the task was built first and generated its dataset into ``OUT/data``, then ``OUT`` was
+   refused as not empty (the dataset left there). Now ``check_task_dirs_outside`` refuses it
+   before the task is built, as ``simulate`` and ``deploy local`` do.
 """
 
 from __future__ import annotations

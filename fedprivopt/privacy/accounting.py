@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import dp_accounting as dpa
@@ -392,7 +392,19 @@ class PrivacyAccountant:
         item that is not an event, or events this accountant cannot account.
         """
         items = []
+        if isinstance(ledger, (str, bytes, Mapping)) or not isinstance(ledger, Iterable):
+            # forty-seventh review of issue 15 (mechanisms 3): a dict {event: count}, None or a
+            # string ended in TypeError ("cannot unpack", "not iterable") naming nothing
+            raise ValueError(
+                "ledger must be a sequence of (SubsampledGaussianEvent, count) pairs, got "
+                f"{type(ledger).__name__}"
+            )
         for i, item in enumerate(ledger):
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                raise ValueError(
+                    f"ledger[{i}] must be a (SubsampledGaussianEvent, count) pair, got "
+                    f"{type(item).__name__}"
+                )
             event, count = item
             if not isinstance(event, SubsampledGaussianEvent):
                 raise ValueError(f"ledger[{i}] must hold a SubsampledGaussianEvent")

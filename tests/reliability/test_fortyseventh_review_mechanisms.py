@@ -99,3 +99,24 @@ def test_2_exact_bits_in_distributed_mode_are_not_released_unnoised():
     result = drive_round(alg, 1, train)
     assert result.metrics["accepted"] == 0.0  # before: 9, the count 9/10 + 1/2 = 1.4 exactly
     assert result.metrics["clip_count_fraction"] != 0.5 + result.metrics["cohort_size"] / 10
+
+
+# -- finding 3: PrivacyAccountant.set_ledger of something that is no list of pairs ------------
+
+
+@pytest.mark.parametrize("bad", [None, 5, "ab", [1.0], [("e", 5, 1)], [["e"]], "dict"])
+def test_3_set_ledger_refuses_what_is_no_list_of_pairs_naming_it(bad):
+    from fedprivopt.privacy.accounting import PrivacyAccountant
+    from fedprivopt.privacy.events import SubsampledGaussianEvent
+
+    event = SubsampledGaussianEvent.poisson(sample_rate=0.1, noise_multiplier=1.0)
+    bad = {event: 5} if bad == "dict" else bad
+    accountant = PrivacyAccountant()
+    accountant.step(event, count=2)
+    with pytest.raises(
+        ValueError, match=r"ledger.* must be a .*\(SubsampledGaussianEvent, count\)"
+    ):
+        accountant.set_ledger(bad)  # before: TypeError 'cannot unpack', 'not iterable'
+    assert accountant.num_events == 2
+    accountant.set_ledger([(event, 5)])
+    assert accountant.num_events == 5

@@ -344,14 +344,21 @@ def check_metric(metric: str | None, tasks: Sequence[Any]) -> None:
     """
     import torch
 
+    from fedprivopt.models.task_calls import task_call
+    from fedprivopt.simulation.run_checks import initial_model
     from fedprivopt.simulation.writer import checked_metrics
 
     for task in tasks:
         with torch.no_grad():
             # twenty-third review of issue 15: a task whose evaluate() returned a string failed
             # every trial before its first release, and tune ended rc 0 ("no trial released;
-            # epsilon = 13.08 for the tuning"); now refused here, as the run would refuse it
-            metrics = task.evaluate(task.build_model())
+            # epsilon = 13.08 for the tuning"); now refused here, as the run would refuse it.
+            # Forty-seventh review (api 5): called unchecked, an evaluate() (or build_model())
+            # raising its own exception (a held-out file gone) ended tune in a traceback, rc 1
+            call = f"{type(task).__name__}.evaluate()"
+            model = initial_model(task)
+            with task_call(call, f"{call} must return"):
+                metrics = task.evaluate(model)
             names = sorted(checked_metrics(type(task).__name__, metrics))
         if metric is not None and metric not in names:
             raise ValueError(

@@ -33,6 +33,10 @@
    called it unchecked: a 60-line traceback, rc 1 (the first call gives one line, rc 2), and a
    ClientApp sent the exception's text to the server. Now ``LocalTrainer._build_model`` makes
    it the task's error: ``Once.build_model() raised RuntimeError at ...``, rc 2.
+5. ``fedprivopt tune toy.toml --grid server-learning-rate=0.5,1 --set task=evalraise47:make``
+   with a task whose ``evaluate()`` raises its own exception (a held-out file gone). Before:
+   ``tune.check_metric`` called it unchecked: a traceback, rc 1, where ``simulate`` gives one
+   line. Now it is the task's error (``EvalRaise.evaluate() raised OSError at ...``), rc 2.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.run import resume, simulate
+from fedprivopt.simulation.tune import check_metric
 from tests.clients.test_messages import PARAMS, _message
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -239,3 +244,17 @@ class _Once(ToyClassificationTask):
 def test_4_build_model_raising_in_the_trainer_is_the_tasks_error(limit, how):
     with pytest.raises(TaskError, match=r"_Once.build_model\(\)"):
         LocalTrainer(_Once(limit, how, num_users=4), device="cpu")
+
+
+# -- finding 5: tune's check of the metric calls evaluate() unchecked --------------------------
+
+
+class _EvalRaise(ToyClassificationTask):
+    def evaluate(self, model):
+        raise OSError("held-out file gone")
+
+
+def test_5_tunes_metric_check_gives_the_tasks_error():
+    with pytest.raises(TaskError, match=r"_EvalRaise.evaluate\(\) raised OSError at .*gone"):
+        check_metric(None, [_EvalRaise(num_users=4)])
+    check_metric("eval_accuracy", [ToyClassificationTask(num_users=4)])

@@ -38,6 +38,7 @@ from fedprivopt.simulation.rundata_aggregate import (
     Selection,
     differing_bases,
     epsilon_basis,
+    evaluations_outside,
     mechanism,
     seeds_composed_epsilon,
 )
@@ -347,10 +348,6 @@ def _relations(runs: Sequence[RunData]) -> str:
     return "; neighbouring datasets differ in one user, " + "; or ".join(hows) + "."
 
 
-_EVALUATIONS_OUTSIDE = "nor the evaluations (eval_* metrics)"
-"""What a run's ``not_covered`` says when its evaluations are (or may be) of private users."""
-
-
 def _private_evaluations(runs: Sequence[RunData], pretty: str, loss: bool) -> list[str]:
     """The line on private runs whose evaluations ε does not cover (their ``not_covered``).
 
@@ -361,16 +358,16 @@ def _private_evaluations(runs: Sequence[RunData], pretty: str, loss: bool) -> li
     epsilon, not these rows".
     """
     private = [r for r in runs if math.isfinite(r.epsilon)]
-    found = [r for r in private if _EVALUATIONS_OUTSIDE in str(r.summary.get("not_covered"))]
+    found = [r for r in private if evaluations_outside(r)]  # none said: outside (finding 4)
     if not found:
         return []
     columns = f"{pretty}{' and eval loss' if loss else ''}"
     return [
         f"Evaluations: {len(found)} of the {len(private)} private runs evaluated users of the "
-        "private population without noise, or their task does not say whether it did (each "
-        f"run's summary.json, not_covered): epsilon does not cover their {columns} columns, "
-        "the plots or the reference line; publish those only from evaluations of users outside "
-        "the private population (for StackOverflow, task-params.eval-split = 'heldout')."
+        "private population without noise, or their task (or summary.json) does not say whether "
+        f"it did (each run's summary.json, not_covered): epsilon does not cover their {columns} "
+        "columns, the plots or the reference line; publish those only from evaluations of users "
+        "outside the private population (for StackOverflow, task-params.eval-split = 'heldout')."
     ]
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "choose_metric",
     "differing_bases",
     "epsilon_basis",
+    "evaluations_outside",
     "group_runs",
     "mean_std",
     "mechanism",
@@ -292,8 +293,20 @@ def _evaluations_covered(group: Sequence[RunData]) -> str:
     private = [run for run in group if math.isfinite(run.epsilon)]
     if not private:
         return ""
-    outside = any(_EVALUATIONS_OUTSIDE in str(run.summary.get("not_covered")) for run in private)
+    outside = any(evaluations_outside(run) for run in private)
     return "no" if outside else "yes"
+
+
+def evaluations_outside(run: RunData) -> bool:
+    """Whether ``run``'s ``not_covered`` says ε does not cover its evaluations, or says nothing.
+
+    Forty-seventh review of issue 15 (reports, finding 4): a ``summary.json`` without a
+    ``not_covered`` text (edited, or of a version before it was written) was read as one whose
+    evaluations ε covers: ``evaluations_covered`` ``yes`` in ``summary.csv`` and no
+    "Evaluations:" line in ``report.md``, for runs that evaluated 3 of 5 training users.
+    """
+    text = run.summary.get("not_covered")
+    return not isinstance(text, str) or _EVALUATIONS_OUTSIDE in text
 
 
 def seeds_composed_epsilon(group: Sequence[RunData]) -> float:

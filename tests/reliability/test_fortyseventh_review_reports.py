@@ -22,6 +22,12 @@
    earlier report was removed. Now ``report_markdown._public_users`` says what the
    configuration sets, and a public-users entry or reference that is not what a run writes is
    read as none.
+4. ``write_report(out, [load_run(R)])`` of a dp-fedavg run of a task that evaluates 3 of its 5
+   evaluation users among its training users, whose ``summary.json`` lost its ``not_covered``
+   (edited, or written before the text was). Before: ``summary.csv``'s ``evaluations_covered``
+   ``yes`` and no "Evaluations:" line, as for a task whose evaluation users are apart. Now a
+   private run whose summary says nothing is one whose evaluations ε may not cover
+   (``rundata_aggregate.evaluations_outside``): ``no``, and the line.
 """
 
 from __future__ import annotations
@@ -125,3 +131,15 @@ def test_3_public_users_a_summary_does_not_list_are_still_said(tmp_path):
     run = _run(tmp_path, "dp-fedavg", 0.5)
     run.summary["reference"] = "x"  # before: an AttributeError
     assert "Reference:" not in _report([run])
+
+
+def test_4_a_summary_without_not_covered_does_not_claim_covered_evaluations(tmp_path):
+    said = _run(tmp_path, "dp-fedavg", 0.5)
+    said.summary["not_covered"] = (
+        "the round metrics ..., so publish the models, epsilon and evaluations"
+    )
+    silent = _run(tmp_path, "dp-fedavg", 0.5, seed=1)  # no not_covered
+    for runs, covered in (([said], "yes"), ([said, silent], "no"), ([silent], "no")):
+        rows, _ = aggregate_with_notes(runs, None)
+        assert rows[0]["evaluations_covered"] == covered, (runs, rows)  # before: yes
+        assert ("Evaluations: " in _report(runs)) == (covered == "no")

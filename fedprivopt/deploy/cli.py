@@ -75,13 +75,24 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
             raise ValueError("--set: a value is nested too deeply") from None
         if sets_nothing(value):  # nineteenth review of issue 15, finding 1
             raise ValueError(empty_table_error("--set", key, value))
-        if key in out and out[key] != value:  # the last silently won (finding 4)
+        if key in out and _differ(out[key], value):  # the last silently won (finding 4)
             raise ValueError(
                 f"argument --set: {key}={shown(value)} contradicts an earlier --set "
                 f"{key}={shown(out[key])}; give one of them"
             )
         out[key] = value
     return out
+
+
+def _differ(old: Any, new: Any) -> bool:
+    """Whether two values of one key differ, a boolean never equal to a number.
+
+    Forty-seventh review of issue 15 (input 3): ``deploy local --seed 1 --set seed=true`` (also
+    ``--set seed=true --set seed=1``) was no contradiction, since ``True == 1`` in Python: the
+    value the key refuses was dropped silently and seed 1 used, where ``simulate`` refuses both
+    (forty-third review, input 6: :func:`fedprivopt.cli_runs._differ`).
+    """
+    return old != new or isinstance(old, bool) != isinstance(new, bool)
 
 
 def _checked_out(out: str) -> None:
@@ -190,7 +201,7 @@ def run_deploy_command(args: argparse.Namespace) -> int:
     if args.seed is not None:
         flags["--seed", "seed"] = _int_flag("--seed", args.seed, 0, 2**63 - 1)
     for (flag, key), value in flags.items():
-        if key in overrides and overrides[key] != value:  # the flag silently won (finding 4)
+        if key in overrides and _differ(overrides[key], value):  # the flag won (finding 4)
             raise ValueError(
                 f"argument {flag}: {shown(value)} contradicts --set {key}="
                 f"{shown(overrides[key])}; give one of them"

@@ -17,6 +17,11 @@
    keys (the same kind in one spelling is refused). Now the string form is read as its kind:
    rc 2, ``strategies.adadps.side-information.kind='public-users' contradicts --set
    side-information='ones', ...``.
+3. ``deploy local --nodes 1 --seed 1 --set seed=true`` (also ``--set seed=true --set seed=1``).
+   Before: no contradiction, since ``True == 1`` in Python: the value the key refuses was
+   dropped silently and seed 1 used, where ``simulate`` refuses both (forty-third review,
+   input 6). Now ``deploy.cli._differ`` tells a boolean from a number: rc 2, ``argument --seed:
+   1 contradicts --set seed=True; give one of them``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import enum
 import sys
 from pathlib import Path
+
+import pytest
 
 from fedprivopt.simulation.config import config_to_toml, load_config
 
@@ -86,3 +93,19 @@ def test_2_side_information_string_form_against_the_strategy_table(capsys, tmp_p
         assert code == 2 and "contradicts --set side-information" in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert not (tmp_path / "r").exists()
+
+
+def test_3_deploy_local_boolean_against_a_number_is_a_contradiction(capsys, tmp_path):
+    """``deploy local --seed 1 --set seed=true`` is refused as ``simulate`` refuses it (input 3)."""
+    from fedprivopt.cli import main
+    from fedprivopt.deploy.cli import _overrides
+
+    with pytest.raises(ValueError, match="contradicts an earlier --set seed=True"):
+        _overrides(["seed=true", "seed=1"])
+    out = tmp_path / "r"
+    # population=0 is refused later, by the configuration: nothing starts either way
+    argv = ["deploy", "local", "--nodes", "1", "--insecure", "--seed", "1", "--out", str(out)]
+    code = main([*argv, "--set", "seed=true", "--set", "population=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "argument --seed: 1 contradicts --set seed=True" in err, err
+    assert not out.exists()

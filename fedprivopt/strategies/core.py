@@ -247,6 +247,7 @@ class ServerAlgorithm(AlgorithmCohorts, AlgorithmAggregation, AlgorithmState):
         self._refuse_spent_round(round_num)  # before its sample (forty-third review, api 6)
         clip = self.current_clip_norm()
         users = self.sample(round_num)
+        drawn = self._drawn.get("sampling")  # this draw's own record (identity, not value)
         preconditioner = self.broadcast_preconditioner()
         request = new_request(
             round_num, users, self.params, preconditioner, self.client_settings(clip_norm=clip)
@@ -256,8 +257,11 @@ class ServerAlgorithm(AlgorithmCohorts, AlgorithmAggregation, AlgorithmState):
         except GeneratorExit:
             # forty-seventh review of issue 15 (wire 1): a round left at its cohort (drive_round's
             # callback raised, a ServerApp's configure_train of the round again) kept its cohort
-            # checked in to the tree's period; nothing of it was released
-            self._check_out(round_num, users)
+            # checked in to the tree's period; nothing of it was released. Only while its draw
+            # is the last one: closed late (after load_state_dict, the same seeded cohort drawn
+            # and released by another attempt) it would check released users out
+            if self._drawn.get("sampling") is drawn:
+                self._check_out(round_num, users)
             raise
         try:
             agg = self._aggregate_in_round(

@@ -9,7 +9,10 @@
    refused by ``load_state_dict`` as edited. Now the round generator checks its cohort out when
    it is closed at its cohort (``ServerAlgorithm.run_round``), ``drive_round`` closes it when the
    callback raises, and the strategy closes a round it configured and did not aggregate
-   (``DPStrategy._leave_round``).
+   (``DPStrategy._leave_round``). Only while its draw is the last one: a round closed late (after
+   ``load_state_dict`` of the state before it, the same seeded cohort drawn and released by
+   ``drive_round``) checked the released users out, so they could be drawn again in the period
+   (the first form of this fix; the ledger held none of the 4 released users).
 2. A ServerApp of one's own handing ``DPStrategy.aggregate_train`` of round 2 the replies of
    round 1 (a variable kept from the round before), round 2's messages sent or not. Before: each
    reply was read as its sender's reply (by its sender, where it answers none of this cohort's
@@ -118,6 +121,19 @@ def test_1_drive_round_whose_callback_raised_checks_its_cohort_out():
     assert _period_users(strategy) == []  # before: the cohort stayed checked in
     result = drive_round(alg, 1, lambda request: {u: torch.zeros(3) for u in request.users})
     assert result.metrics["cohort_size"] == 4 and len(_period_users(strategy)) == 4  # before: 8
+
+
+def test_1_a_round_closed_late_leaves_a_released_cohort_checked_in():
+    strategy, _ = _strategy(**TREE)
+    alg = strategy.algorithm
+    before = alg.state_dict()
+    left = alg.run_round(1)
+    drawn = next(left).users
+    alg.load_state_dict(before)  # the state before the round, its ledger empty
+    drive_round(alg, 1, lambda request: {u: torch.zeros(3) for u in request.users})
+    assert _period_users(strategy) == sorted(drawn)  # the same seeded cohort, released
+    left.close()  # the first attempt, closed late
+    assert _period_users(strategy) == sorted(drawn)  # the fix's first form: [] (checked out)
 
 
 # -- finding 2: a reply to a message of another round or cohort is not this cohort's -------------

@@ -100,6 +100,7 @@ from fedprivopt.models.side_information_checks import (
     tag_layout,
     user_ids,
 )
+from fedprivopt.models.task import built_model
 from fedprivopt.models.task_calls import minibatch_loss, user_examples
 from fedprivopt.privacy.rng import derive_seed
 
@@ -332,7 +333,7 @@ def gradient_second_moment(
     users = user_ids(users)
     bs = check_int("batch_size", batch_size, 1)
     max_examples = check_int("max_examples", max_examples, 0)
-    model = task.build_model()
+    model = built_model(task)  # its own exception is the task's (forty-seventh review, api 4)
     state = model.state_dict()
     named = dict(model.named_parameters())
     total = torch.zeros(sum(t.numel() for t in state.values()), dtype=torch.float64)

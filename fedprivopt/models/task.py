@@ -64,6 +64,7 @@ __all__ = [
     "TASK_SOURCE",
     "Task",
     "TaskError",
+    "built_model",
     "data_identity",
     "evaluating",
     "frozen_coordinates",
@@ -347,9 +348,24 @@ def evaluating(model: torch.nn.Module) -> Iterator[torch.device]:
         model.train(was_training)
 
 
+def built_model(task: Task) -> object:
+    """``task.build_model()``; its own exception or ``sys.exit()`` is a :class:`TaskError`.
+
+    Forty-seventh review of issue 15 (api 4): every call of it is checked so (the run's first
+    is ``run_checks.initial_model``'s); one that raised at a later call (a weights file moved
+    away after the start) ended in a traceback, rc 1, from :func:`model_spec`,
+    :func:`frozen_mask`, :func:`initial_flat`, the trainer or AdaDPS' public users.
+    """
+    from fedprivopt.models.task_calls import task_call  # it imports this module
+
+    name = f"{type(task).__name__}.build_model()"
+    with task_call(name, f"{name} must return"):
+        return task.build_model()
+
+
 def model_spec(task: Task) -> FlatSpec:
     """Return the flat layout (:class:`~fedprivopt.privacy.FlatSpec`) of ``task``'s model."""
-    model = task.build_model()
+    model = built_model(task)
     refuse_unbuilt_model(model, task)  # forty-sixth review of issue 15 (api 3)
     state = model.state_dict()
     spec = flatten(state)[1]
@@ -454,7 +470,7 @@ def frozen_mask(task: Task) -> torch.Tensor | None:
         Boolean vector of the flat length (True: not trained), or ``None`` when every entry of
         the state dict is a trainable parameter.
     """
-    return frozen_coordinates(task.build_model())
+    return frozen_coordinates(built_model(task))
 
 
 def frozen_coordinates(model: torch.nn.Module) -> torch.Tensor | None:
@@ -474,7 +490,7 @@ def frozen_coordinates(model: torch.nn.Module) -> torch.Tensor | None:
 
 def initial_flat(task: Task) -> torch.Tensor:
     """Return the initial model of ``task`` as one flat CPU vector (layout :func:`model_spec`)."""
-    model = task.build_model()
+    model = built_model(task)
     refuse_unbuilt_model(model, task)  # forty-sixth review of issue 15 (api 3)
     state = model.state_dict()
     flat, spec = flatten(state)

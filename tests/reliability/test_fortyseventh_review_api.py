@@ -32,7 +32,11 @@
    calls it twice), ``simulate toy.toml --set task=secondcall47:make``. Before: the trainer
    called it unchecked: a 60-line traceback, rc 1 (the first call gives one line, rc 2), and a
    ClientApp sent the exception's text to the server. Now ``LocalTrainer._build_model`` makes
-   it the task's error: ``Once.build_model() raised RuntimeError at ...``, rc 2.
+   it the task's error: ``Once.build_model() raised RuntimeError at ...``, rc 2. So do
+   ``model_spec``, ``initial_flat``, ``frozen_mask`` and AdaDPS' public users
+   (``side_information.gradient_second_moment``; ``--set strategy=adadps --set
+   side-information.kind=public-users``: a traceback, rc 1, before) through
+   ``models.task.built_model``.
 5. ``fedprivopt tune toy.toml --grid server-learning-rate=0.5,1 --set task=evalraise47:make``
    with a task whose ``evaluate()`` raises its own exception (a held-out file gone). Before:
    ``tune.check_metric`` called it unchecked: a traceback, rc 1, where ``simulate`` gives one
@@ -258,3 +262,18 @@ def test_5_tunes_metric_check_gives_the_tasks_error():
     with pytest.raises(TaskError, match=r"_EvalRaise.evaluate\(\) raised OSError at .*gone"):
         check_metric(None, [_EvalRaise(num_users=4)])
     check_metric("eval_accuracy", [ToyClassificationTask(num_users=4)])
+
+
+@pytest.mark.parametrize("call", ["model_spec", "initial_flat", "frozen_mask", "public_users"])
+def test_4_every_build_model_call_gives_the_tasks_error(call):
+    from fedprivopt.models import task as task_module
+    from fedprivopt.models.side_information import gradient_second_moment
+
+    task = _Once(0, "raise", num_users=4)
+    calls = {
+        "public_users": lambda t: gradient_second_moment(t, [0], batch_size=4),
+        **{name: getattr(task_module, name) for name in ("model_spec", "initial_flat",
+                                                         "frozen_mask")},
+    }  # fmt: skip
+    with pytest.raises(TaskError, match=r"_Once.build_model\(\) raised RuntimeError"):
+        calls[call](task)

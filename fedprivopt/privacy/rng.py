@@ -20,7 +20,7 @@ import torch
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.devices import check_device
 
-__all__ = ["RngFactory", "SecureGenerator", "derive_seed"]
+__all__ = ["RngFactory", "SecureGenerator", "check_rngs", "derive_seed"]
 
 _MAX_SEED = 2**63 - 1
 
@@ -136,3 +136,18 @@ class RngFactory:
         gen = kind(device=check_device(device))
         gen.manual_seed(self.seed_for(round_num, purpose, *extra))
         return gen
+
+
+def check_rngs(rngs: object) -> RngFactory:
+    """``rngs`` if it is an :class:`RngFactory`; ``ValueError`` naming it otherwise.
+
+    Forty-seventh review of issue 15 (mechanisms 4): ``TreeNoise(..., rngs=None)``,
+    ``TreeCohorts`` and the samplers (``PoissonSampler(10, 0.5, None)``) were built, and their
+    first draw ended in ``AttributeError: 'NoneType' object has no attribute 'generator'``.
+    """
+    if not isinstance(rngs, RngFactory):
+        raise ValueError(
+            f"rngs must be an RngFactory (RngFactory(seed=...) or RngFactory(seed=None, "
+            f"secure=True)), got {type(rngs).__name__}"
+        )
+    return rngs

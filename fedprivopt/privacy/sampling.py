@@ -27,7 +27,7 @@ import torch
 
 from fedprivopt.core.checks import as_float, check_int
 from fedprivopt.core.text import shown
-from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.rng import RngFactory, check_rngs
 
 __all__ = [
     "MAX_POPULATION",
@@ -97,6 +97,7 @@ class PoissonSampler:
     def __post_init__(self) -> None:
         n = check_int("population", self.population, 1, MAX_POPULATION)
         object.__setattr__(self, "population", n)
+        check_rngs(self.rngs)  # forty-seventh review of issue 15 (mechanisms 4)
         q = self.sample_rate
         # fourteenth review of issue 15: True was kept as the rate and "0.5" passed the check
         # (then failed inside the draw), as a raw event's rate was
@@ -146,6 +147,7 @@ class FixedSizeSampler:
         m = check_int("cohort_size", self.cohort_size, 1, n, high_name="population")
         object.__setattr__(self, "population", n)
         object.__setattr__(self, "cohort_size", m)
+        check_rngs(self.rngs)  # forty-seventh review of issue 15 (mechanisms 4)
 
     @property
     def sample_rate(self) -> float:

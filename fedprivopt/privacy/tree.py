@@ -50,7 +50,7 @@ from fedprivopt.core.devices import check_device
 from fedprivopt.core.memory import check_fits
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.noise import gaussian_noise
-from fedprivopt.privacy.rng import RngFactory
+from fedprivopt.privacy.rng import RngFactory, check_rngs
 from fedprivopt.privacy.sampling import MAX_POPULATION
 
 __all__ = [
@@ -215,7 +215,7 @@ class TreeNoise:
     ) -> None:
         self.std = check_real("std", std, low=0.0, low_open=True)
         self.restart_rounds = check_int("restart_rounds", restart_rounds, 1)
-        self.rngs = rngs
+        self.rngs = check_rngs(rngs)
         self.dtype = dtype
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"dtype must be a floating torch.dtype, got {shown(dtype)}")
@@ -455,7 +455,7 @@ class TreeCohorts:
         self.cohort_size = check_int(
             "cohort_size", cohort_size, 1, self.population // self.restart_rounds
         )
-        self.rngs = rngs
+        self.rngs = check_rngs(rngs)
         self.ledger = ParticipationLedger(self.population)
         self._order: tuple[int, torch.Tensor] | None = None
 

@@ -120,3 +120,23 @@ def test_3_set_ledger_refuses_what_is_no_list_of_pairs_naming_it(bad):
     assert accountant.num_events == 2
     accountant.set_ledger([(event, 5)])
     assert accountant.num_events == 5
+
+
+# -- finding 4: samplers and the tree built without an RngFactory --------------------------
+
+
+@pytest.mark.parametrize("rngs", [None, 0, torch.Generator()])
+def test_4_samplers_and_the_tree_refuse_rngs_that_is_no_rng_factory(rngs):
+    from fedprivopt.privacy.sampling import FixedSizeSampler, PoissonSampler
+    from fedprivopt.privacy.tree import TreeCohorts
+
+    builds = [
+        lambda: TreeNoise(std=1.0, restart_rounds=4, rngs=rngs, dim=8),
+        lambda: TreeCohorts(population=10, cohort_size=2, restart_rounds=4, rngs=rngs),
+        lambda: PoissonSampler(10, 0.5, rngs),
+        lambda: FixedSizeSampler(10, 2, rngs),
+    ]
+    for build in builds:  # before: built; the first draw raised AttributeError
+        with pytest.raises(ValueError, match=r"rngs must be an RngFactory"):
+            build()
+    assert PoissonSampler(10, 1.0, RngFactory(seed=0)).sample(1).tolist() == list(range(10))

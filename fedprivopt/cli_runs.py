@@ -238,7 +238,9 @@ def refuse_table_against_flags(args: argparse.Namespace, sets: dict, strategy: s
     prefix = f"strategies.{strategy}."
     for key, value in flat.items():
         name = key.removeprefix(prefix)
-        if name == key or name not in flat or flat[name] == value:
+        # a boolean is no number here either (forty-seventh review of issue 15, input 4:
+        # --set seed=true beside strategies.dp-fedavg.seed=1 ran seed 1, rc 0)
+        if name == key or name not in flat or not _differ(flat[name], value):
             continue
         other, key = flat[name], typed[key]
         name = typed[name]

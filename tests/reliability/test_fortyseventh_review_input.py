@@ -22,6 +22,11 @@
    dropped silently and seed 1 used, where ``simulate`` refuses both (forty-third review,
    input 6). Now ``deploy.cli._differ`` tells a boolean from a number: rc 2, ``argument --seed:
    1 contradicts --set seed=True; give one of them``.
+4. ``simulate toy.toml --set seed=true --set strategies.dp-fedavg.seed=1`` (a boolean beside
+   the run's strategy table's number; tune and deploy local alike). Before: rc 0 with seed 1,
+   the refused ``seed=true`` dropped silently (``True == 1``), where ``--set seed=true`` alone
+   is refused. Now ``cli_runs.refuse_table_against_flags`` compares with ``_differ``: rc 2,
+   ``strategies.dp-fedavg.seed=1 contradicts --set seed=True, ...``.
 """
 
 from __future__ import annotations
@@ -108,4 +113,16 @@ def test_3_deploy_local_boolean_against_a_number_is_a_contradiction(capsys, tmp_
     code = main([*argv, "--set", "seed=true", "--set", "population=0"])
     err = capsys.readouterr().err
     assert code == 2 and "argument --seed: 1 contradicts --set seed=True" in err, err
+    assert not out.exists()
+
+
+def test_4_a_boolean_against_the_strategy_tables_number(capsys, tmp_path):
+    """``--set seed=true`` beside ``strategies.dp-fedavg.seed=1`` is refused (input 4)."""
+    from fedprivopt.cli import main
+
+    out = tmp_path / "r"
+    argv = ["simulate", str(TOY), "--rounds", "1", "--set", "seed=true"]
+    code = main([*argv, "--set", "strategies.dp-fedavg.seed=1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "contradicts --set seed=True" in err, err
     assert not out.exists()

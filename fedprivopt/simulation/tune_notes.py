@@ -102,13 +102,28 @@ def public_users_note(summary: Mapping[str, Any] | None) -> str:
     side-information.kind=public-users`` said that epsilon covers "the release of the best
     trial only (its model, ...)", with no word that 4 users' data built that model's side
     information outside the guarantee, as the trial's ``summary.json`` and ``compare``'s
-    report say.
+    report say. Forty-seventh review (reports, finding 5): a trial whose ``summary.json``'s
+    ``public_users`` was edited to ``5`` ended ``tune`` (reusing it) in a ``TypeError`` after
+    the tuning's ``summary.json`` was removed; one that lists none beside a configuration of
+    public users had no note.
     """
     side = (summary or {}).get("side_information")
-    if not isinstance(side, Mapping) or not side.get("public_users"):
-        return ""
+    users = side.get("public_users") if isinstance(side, Mapping) else None
+    if not isinstance(users, list) or not users:  # forty-seventh review (reports, finding 5)
+        config = (summary or {}).get("config")
+        config = config if isinstance(config, Mapping) else {}
+        kind = config.get("side-information")
+        kind = kind.get("kind") if isinstance(kind, Mapping) else None
+        if config.get("strategy") != "adadps" or kind != "public-users":
+            return ""
+        return (
+            " The released trial's configuration sets side-information.kind = public-users, "
+            "while its summary.json lists no public users: their data may have built its side "
+            "information outside the guarantee, and they would not be in the population "
+            "epsilon covers."
+        )
     return (
-        f" {len(side['public_users'])} public users' data built the released trial's side "
+        f" {len(users)} public users' data built the released trial's side "
         "information outside the guarantee (side-information.kind = public-users): they are "
         f"not in the population epsilon covers ({side.get('private_population')} private users)."
     )

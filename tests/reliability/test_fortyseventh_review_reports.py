@@ -28,6 +28,14 @@
    ``yes`` and no "Evaluations:" line, as for a task whose evaluation users are apart. Now a
    private run whose summary says nothing is one whose evaluations ε may not cover
    (``rundata_aggregate.evaluations_outside``): ``no``, and the line.
+5. ``tune toy.toml --strategy adadps --grid server-learning-rate=0.5,1 --mean-trials 1 --rounds 1
+   --seed 1 --set side-information.kind=public-users --set side-information.users=4``, the
+   released trial's ``summary.json``'s ``public_users`` edited to ``5`` (or the entry lost), then
+   the same command (reusing the trial). Before: a ``TypeError`` traceback, after the tuning's
+   ``summary.json`` and ``report.md`` were removed (``compare-tuned``: "not a finished tuning");
+   a lost entry left the public users out of the tuning's privacy text. Now
+   ``tune_notes.public_users_note`` reads a list alone and, without one, says what the trial's
+   configuration sets.
 """
 
 from __future__ import annotations
@@ -143,3 +151,15 @@ def test_4_a_summary_without_not_covered_does_not_claim_covered_evaluations(tmp_
         rows, _ = aggregate_with_notes(runs, None)
         assert rows[0]["evaluations_covered"] == covered, (runs, rows)  # before: yes
         assert ("Evaluations: " in _report(runs)) == (covered == "no")
+
+
+def test_5_a_tunings_public_users_note_of_an_edited_trial_summary():
+    from fedprivopt.simulation.tune_notes import public_users_note
+
+    config = {"strategy": "adadps", "side-information": {"kind": "public-users", "users": 4}}
+    listed = {"public_users": [0, 1, 2, 3], "private_population": 36}
+    assert public_users_note({"side_information": listed, "config": config}).startswith(" 4 ")
+    for side in ({"public_users": 5}, None):  # before: a TypeError; no note
+        note = public_users_note({"side_information": side, "config": config})
+        assert "sets side-information.kind = public-users" in note, note
+    assert public_users_note({"side_information": None, "config": {"strategy": "dp-fedavg"}}) == ""

@@ -15,7 +15,8 @@ unhosted`` for a single-cohort strategy:
 * ``timed_out``: its node sent no reply before the round timeout;
 * ``unavailable``: the SuperLink answered for the node that the node or its reply is unavailable
   (Flower error codes ``MESSAGE_UNAVAILABLE``, ``REPLY_MESSAGE_UNAVAILABLE``, ``NODE_UNAVAILABLE``);
-* ``dropped``: its node replied without its update;
+* ``dropped``: its node replied without its update (among them a user whose training failed
+  on a node where another user trained: left out alone, forty-seventh review of issue 15);
 * ``unhosted``: no connected node hosts it (no message was sent).
 
 ``node_errors`` still counts error replies (nodes, not users) and ``unrequested`` updates under

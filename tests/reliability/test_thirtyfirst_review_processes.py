@@ -247,14 +247,16 @@ def test_2_a_deployment_interrupted_before_its_run_began_says_nothing_was_releas
 
 # -- finding 3: a compare worker whose parent died as it started -------------------------------
 
+# What a compare worker's start does first (test_3_..._asks_for_sigterm below checks that
+# parallel._start_worker makes this call, before it imports torch); importing parallel itself
+# (torch, dp-accounting: 8-12 s on a loaded machine) is no part of the check.
 _ORPHAN = """
-import inspect, os, sys, time
+import os, signal, sys, time
 parent = int(sys.argv[1])
 while os.getppid() == parent:  # until the parent has died
     time.sleep(0.01)
-from fedprivopt.simulation import parallel
-args = (parent,) if inspect.signature(parallel._start_worker).parameters else ()
-parallel._start_worker(*args)
+from fedprivopt.core.orphans import die_with_parent
+die_with_parent(parent, signal.SIGTERM)
 """
 
 _SUBREAPER = """
@@ -300,6 +302,34 @@ def test_3_a_compare_worker_whose_parent_died_as_it_started_ends_under_a_subreap
         helper.wait()
         raise
     assert f"exit {-signal.SIGTERM}" in out, out  # exit 0: it went on, its parent dead
+
+
+def test_3_a_compare_worker_asks_for_sigterm_with_its_parent_before_it_imports_torch(
+    monkeypatch,
+):
+    import signal
+    import sys
+
+    from fedprivopt.simulation import interrupt, parallel
+
+    class _Asked(Exception):
+        pass
+
+    asked, handlers = [], []
+
+    def die_with_parent(parent, sig=signal.SIGKILL):
+        asked.append((parent, sig))
+        raise _Asked
+
+    monkeypatch.setattr(parallel, "die_with_parent", die_with_parent)
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: handlers.append((sig, handler)))
+    monkeypatch.setattr(signal, "pthread_sigmask", lambda how, mask: set())
+    monkeypatch.setattr(interrupt._SIGNALS, "line", interrupt._SIGNALS.line)
+    monkeypatch.setitem(sys.modules, "torch", None)  # importing torch first: ImportError
+    with pytest.raises(_Asked):
+        parallel._start_worker(4242)
+    assert asked == [(4242, signal.SIGTERM)]
+    assert signal.SIGTERM not in [sig for sig, _ in handlers]  # SIGTERM still ends it
 
 
 # -- finding 4: the ServerApp is stopped before the SuperNodes -------------------------------

@@ -23,6 +23,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from fedprivopt import wire as P
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
+from fedprivopt.privacy.adaptive_clip import NOISELESS_MIN_STD, NOISELESS_REPORTS
 from fedprivopt.privacy.aggregate_checks import KeptReads
 from fedprivopt.privacy.plain import foreign_tensor
 from fedprivopt.privacy.sparse import dense_problem
@@ -269,6 +270,11 @@ def _clip_bit(user: object, bit: object, count_std: float | None = None) -> floa
         rule = "the bit [norm <= C], 0 or 1 (no count noise: count-noise-std is 0)"
     elif count_std and not abs(value) <= 0.5 + 11.0 * count_std:
         rule = f"a noised share within 1/2 + 11 count-noise-std = {0.5 + 11.0 * count_std:.6g}"
+    elif count_std and count_std >= NOISELESS_MIN_STD and value in NOISELESS_REPORTS:
+        # follow-up of the forty-seventh review of issue 15 (privacy 1; mechanisms 2's sending
+        # side): the exact bit (clip_bit's 1.0, or a centred 0.5) was sent as a share: the
+        # server rejects it (NoisyCountAggregator.check) but has seen the node's un-noised bit
+        rule = "a noised share (count_share's bit with its count noise), not the bit itself"
     else:
         return value
     # not its value: it may be computed from the user's update (norm / C)

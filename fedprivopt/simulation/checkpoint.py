@@ -11,6 +11,7 @@ import hashlib
 import io
 import logging
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,13 @@ from fedprivopt.simulation.files import (
     temporary,
     write_synced,
 )
+from fedprivopt.simulation.ledger_lines import params_sha256
 
 __all__ = [
     "RowsDigest",
     "check_checkpoint",
     "check_rows_digest",
+    "finish_save",
     "load_checkpoint",
     "newest_checkpoint",
     "rows_problem",
@@ -91,6 +94,72 @@ def save_checkpoint(
         _rotate(ckpt, out / PREVIOUS_CHECKPOINT)
     os.replace(tmp, ckpt)
     fsync_dir(out)
+
+
+def finish_save(out: Path, entries: Sequence[Any]) -> bool:
+    """Finish a save of ``out`` stopped after its ``checkpoint.pt.tmp`` was written.
+
+    Called under the run's lock before a resume reads its checkpoints. A ``checkpoint.pt.tmp``
+    that is a regular file, passes :func:`check_checkpoint`, is of a later round than the newest
+    readable checkpoint, and holds the model of the last release of its round that the ledger
+    ``entries`` record (its ``params_sha256``) is put in ``checkpoint.pt``'s place as
+    :func:`save_checkpoint` would have (the readable ``checkpoint.pt`` rotated, an unreadable one
+    set aside as ``checkpoint.pt.bad``); returns whether it was. Anything else is left for
+    :func:`~fedprivopt.simulation.files.temporary` to remove, as before.
+
+    Forty-seventh review of issue 15 (ledger 3, open; follow-up ledger 1): a secure run stopped
+    between the two renames of round 3's save (a kill, a power loss) or at a failed first rename
+    (``EIO``), then ``simulate --resume R``: the complete checkpoint of round 3 was ignored and
+    removed, and the run went on from round 2, releasing round 3 again with new noise.
+
+    Raises
+    ------
+    ValueError
+        When this process may not read the file (:data:`NOT_ITS_CONTENT`): its content may be
+        the round's checkpoint.
+    """
+    tmp = out / (CHECKPOINT + ".tmp")
+    try:
+        if not stat.S_ISREG(os.lstat(tmp).st_mode):  # a link or a FIFO: never read
+            return False
+    except FileNotFoundError:
+        return False
+    try:
+        state = torch.load(tmp, map_location="cpu", weights_only=True)
+        check_checkpoint(state)
+    except OSError as exc:
+        if exc.errno in NOT_ITS_CONTENT:
+            raise ValueError(
+                f"{tmp}: cannot be read ({exc.strerror}); it may hold the checkpoint of a round "
+                f"whose save was stopped (without it the round would be released again): "
+                f"{_REMEDY[exc.errno]} and try again"
+            ) from None
+        return False
+    except MemoryError:
+        raise
+    except Exception as exc:  # torn: the save was stopped while writing it
+        if out_of_memory(exc):
+            raise
+        return False
+    done = state["algorithm"]["round"]
+    current, name = newest_checkpoint(out, {})
+    have = 0 if current is None else current["algorithm"]["round"]
+    if not (type(done) is int and type(have) is int and have < done):  # not a later round
+        return False
+    ends = [e for e in entries if e.round == done and e.kind == "round"]
+    if not ends or ends[-1].params_sha256 != params_sha256(state["algorithm"]["params"]):
+        return False  # not the release the ledger records last for its round
+    ckpt = out / CHECKPOINT
+    if name == CHECKPOINT:
+        _rotate(ckpt, out / PREVIOUS_CHECKPOINT)
+    elif os.path.lexists(ckpt):  # unreadable: set aside, as a resume does
+        os.replace(ckpt, out / (CHECKPOINT + ".bad"))
+    os.replace(tmp, ckpt)
+    fsync_dir(out)
+    logging.getLogger(__name__).warning(
+        "finished the save of round %d's checkpoint stopped at %s", done, tmp
+    )
+    return True
 
 
 def _rotate(ckpt: Path, previous: Path) -> None:

@@ -1,0 +1,90 @@
+"""Issue 15, forty-seventh hostile review, follow-up (ledger: the first wave's fixes, open rows).
+
+1. A finished secure toy run of 2 rounds (``checkpoint-every = 1``) stopped inside
+   ``save_checkpoint`` of round 2 after ``checkpoint.pt.tmp`` was written and fsynced: between
+   its two renames (``checkpoint.pt`` already ``checkpoint.prev.pt``: a kill or a power loss),
+   or before the first (``os.replace`` failing with ``EIO``), then ``simulate --resume R``
+   (the first wave's open row ledger 3). Before: the complete checkpoint of round 2, whose
+   model the ledger records, was ignored and later removed; the run went on from round 1 and
+   released round 2 again with new noise (ledger rounds 1, 2, 2; epsilon 18.62 where 14.39).
+   Now ``checkpoint.finish_save`` (called by ``run._resume_locked`` under the lock, before the
+   audit) puts it in place as the save would have; a ``.tmp`` of an earlier round, a torn one,
+   or one whose model is not the ledger's last release of its round is left to be removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedprivopt.simulation.checkpoint import state_digest
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.files import (
+    CHECKPOINT,
+    LEDGER_FILE,
+    PREVIOUS_CHECKPOINT,
+    SUMMARY_FILE,
+)
+from fedprivopt.simulation.run import resume, simulate
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+SMALL = {"population": 12, "task-params.num-users": 12}
+TMP = CHECKPOINT + ".tmp"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished secure toy run of 2 rounds (checkpoints of rounds 1 and 2)."""
+    run = tmp_path_factory.mktemp("r47fuledger") / "run"
+    settings = {**SMALL, "num-server-rounds": 2, "secure": True, "checkpoint-every": 1}
+    simulate(load_config(TOY, settings), run)
+    return run
+
+
+def _released(run: Path) -> list[int]:
+    """The rounds of the ledger's lines, in order."""
+    lines = (run / LEDGER_FILE).read_text(encoding="utf-8").splitlines()[1:]
+    return [json.loads(line)["round"] for line in lines]
+
+
+def _epsilon(run: Path) -> float:
+    return json.loads((run / SUMMARY_FILE).read_text(encoding="utf-8"))["epsilon"]
+
+
+def _stopped_save(finished: Path, at: Path, where: str) -> Path:
+    """A copy of ``finished`` whose save of round 2 stopped at ``where`` (no summary yet)."""
+    shutil.copytree(finished, at)
+    os.replace(at / CHECKPOINT, at / TMP)  # round 2's, written and fsynced
+    if where == "before the first rename":  # checkpoint.pt still round 1's
+        shutil.copyfile(at / PREVIOUS_CHECKPOINT, at / CHECKPOINT)
+    (at / SUMMARY_FILE).unlink()
+    return at
+
+
+@pytest.mark.parametrize("where", ["between the renames", "before the first rename"])
+def test_1_a_save_stopped_after_its_tmp_is_finished_not_released_again(
+    finished: Path, tmp_path: Path, where: str
+) -> None:
+    run = _stopped_save(finished, tmp_path / "run", where)
+    resume(run)
+    assert _released(run) == [1, 2]  # round 2 not released again (before: [1, 2, 2])
+    assert _epsilon(run) == pytest.approx(_epsilon(finished))  # before: 18.62 where 14.39
+    assert not (run / TMP).exists()
+    assert torch.load(run / CHECKPOINT, weights_only=True)["algorithm"]["round"] == 2
+    assert torch.load(run / PREVIOUS_CHECKPOINT, weights_only=True)["algorithm"]["round"] == 1
+
+
+def test_1_a_tmp_the_ledger_does_not_record_is_not_taken(finished: Path, tmp_path: Path) -> None:
+    run = _stopped_save(finished, tmp_path / "run", "between the renames")
+    state = torch.load(run / TMP, weights_only=True)
+    state["algorithm"]["params"] = state["algorithm"]["params"] + 1.0  # another model of round 2
+    state["sha256"] = state_digest(state)
+    torch.save(state, run / TMP)
+    resume(run)
+    assert _released(run) == [1, 2, 2]  # redone from round 1's checkpoint, as before
+    assert not (run / TMP).exists()

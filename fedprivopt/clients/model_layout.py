@@ -103,6 +103,35 @@ class ModelAtBuild:
                 elif not isinstance(value, torch.nn.Module) and key not in _TORCH_TABLES:
                     self._save_inner(value, 0)
 
+    @classmethod
+    def of_attributes(cls, owner: object, *, skip: frozenset[str]) -> ModelAtBuild:
+        """``owner``'s own attributes as they are now (those in ``skip`` kept as objects only).
+
+        Its :meth:`restore` gives ``owner`` those objects back, removes what was added, and
+        sets the values of its tensors (a copy of each is taken now), NumPy arrays, containers,
+        namespaces and random generators back, as for a module. Follow-up of the forty-seventh
+        review of issue 15 (privacy 2; egress 6): a :class:`~fedprivopt.clients.LocalTrainer`
+        subclass whose ``precondition`` kept an Adagrad-like accumulator on the trainer
+        (``self.acc = ... + grad * grad``) carried users 0-2's gradients into user 3's update
+        (0.254 apart in an entry from user 3 trained alone, norm 0.783): the trainer set back
+        its model before every user, not its own attributes.
+        """
+        self = cls.__new__(cls)
+        self._modules, self._grad_flags, self._tensors, self._inner_tensors = [], [], [], []
+        self._arrays, self._tables, self._generators, self._random = [], [], [], []
+        attrs = dict(vars(owner))
+        mine = {k: v for k, v in attrs.items() if k not in skip}
+        contents = {k: _contents(v) for k, v in mine.items() if isinstance(v, _CONTAINERS)}
+        self._modules.append((owner, attrs, contents))
+        for key, value in mine.items():
+            if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+                if value.device.type != "meta":
+                    kept = value.detach().clone()
+                    self._tensors.append([vars(owner), key, kept, value._version])
+            elif not isinstance(value, torch.nn.Module):
+                self._save_inner(value, 0)
+        return self
+
     def _save_inner(self, value: object, depth: int) -> None:
         """Record what an attribute value holds that a forward may change in place.
 

@@ -148,6 +148,10 @@ def _refuse_without_data(name: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{name} must be a dense tensor with values: {problem}")
 
 
+#: The attributes :class:`LocalTrainer` sets itself (its model is set back by ``ModelAtBuild``).
+_TRAINER_OWN = frozenset({"task", "device", "model", "spec", "_entries", "_trainable", "_at_build"})
+
+
 def default_device() -> torch.device:
     """``cuda`` if available, else ``cpu``."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -173,7 +177,11 @@ class LocalTrainer(ModelLayout):
     and Python's global generators (``np.random``, ``random``) while the task's ``loss`` runs.
 
     Subclasses change one step by overriding :meth:`precondition`, :meth:`clip` or
-    :meth:`add_noise`.
+    :meth:`add_noise`. What an override sets on the trainer while a user trains (its instance
+    attributes: tensors, NumPy arrays, lists, dicts, sets and namespaces with their values) is
+    set back after that user, as :class:`ModelAtBuild` sets the model back, so it may keep state
+    within one user's training; state kept elsewhere (a class attribute, a global, the inside
+    of another object) is the override's to keep out of the next user's update.
     """
 
     def __init__(self, task: Task, *, device: str | torch.device | None = None) -> None:
@@ -394,6 +402,34 @@ class LocalTrainer(ModelLayout):
         -------
         LocalResult
         """
+        # the trainer's own attributes (a subclass's: an override's accumulator) set back after
+        # every user, as its model is (follow-up of the forty-seventh review, privacy 2)
+        kept = ModelAtBuild.of_attributes(self, skip=_TRAINER_OWN)
+        try:
+            return self._train(
+                global_flat,
+                user_id=user_id,
+                round_num=round_num,
+                config=config,
+                rngs=rngs,
+                preconditioner=preconditioner,
+                stream=stream,
+            )
+        finally:
+            kept.restore()
+
+    def _train(
+        self,
+        global_flat: torch.Tensor,
+        *,
+        user_id: int,
+        round_num: int,
+        config: LocalConfig,
+        rngs: RngFactory,
+        preconditioner: torch.Tensor | None,
+        stream: str,
+    ) -> LocalResult:
+        """:meth:`train`'s work, whose attributes :meth:`train` sets back afterwards."""
         # user ids and rounds are integers (twenty-fifth review of issue 15: 1.5, True and "3"
         # were taken as users 1, 1 and 3), and so is the model (an int64 one was converted)
         (user_id,), round_num = check_train_call(

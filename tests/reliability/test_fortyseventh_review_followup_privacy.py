@@ -4,6 +4,10 @@
    distributed-noise message (``count-noise-std`` 0.1; the mechanisms reviewer's open row, the
    sending side of mechanisms 2): the exact bit 1.0 was sent as a share, so the node's un-noised
    bit reached the server, which rejects it (``NoisyCountAggregator.check``) but has seen it.
+2. A ``LocalTrainer`` subclass (the egress reviewer's open row egress 6) whose ``precondition``
+   kept an Adagrad-like accumulator on the trainer (``self.acc = ... + grad * grad``), training
+   users 0-3 on one trainer: user 3's update after users 0-2 differed from its own by 0.254 in an
+   entry (norm 0.783): the earlier users' gradients reached a later user's update.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import torch
 from flwr.app import ArrayRecord
 
 from fedprivopt import wire as P
-from fedprivopt.clients import LocalConfig, reply_updates
-from fedprivopt.models import build_task
+from fedprivopt.clients import LocalConfig, LocalTrainer, reply_updates
+from fedprivopt.models import build_task, initial_flat
+from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.adaptive_clip import clip_bit
 from tests.messages import delivered
 
@@ -52,3 +57,90 @@ def test_1_the_exact_bit_is_not_sent_as_a_share(bit) -> None:
     assert float(reply.content[P.update_key(1)][P.CLIP_BIT_ARRAY].numpy()[0]) == 1.0
     tiny = _message(clip_bit=True, count_noise_std=1e-4)  # below NOISELESS_MIN_STD, as the server
     reply_updates(tiny, {1: torch.zeros(18)}, clip_bits={1: 0.5})
+
+
+# -- 2: a LocalTrainer subclass keeping an override's state on the trainer (egress 6) -------------
+
+TASK = build_task("toy", **PARAMS)
+CONFIG = LocalConfig(learning_rate=0.1, epochs=1, batch_size=4, clip_norm=10.0, max_examples=8)
+
+
+class _Rebound(LocalTrainer):  # the egress reviewer's reproducer: a class default, set anew
+    acc = None
+
+    def precondition(self, grad, preconditioner):
+        self.acc = grad * grad if self.acc is None else self.acc + grad * grad
+        return grad / (self.acc.sqrt() + 1e-3)
+
+
+class _InPlace(LocalTrainer):  # preallocated in __init__, accumulated in place; a list; NumPy
+    def __init__(self, task, **kwargs):
+        super().__init__(task, **kwargs)
+        self.acc = torch.zeros(self.spec.numel, dtype=self.spec.dtype)
+        self.seen: list = []
+        self.total = np.zeros(1)
+
+    def precondition(self, grad, preconditioner):
+        self.acc.add_(grad * grad)
+        self.seen.append(float(grad.norm()))
+        self.total += float(grad.abs().sum())
+        scale = 1.0 + 0.1 * len(self.seen) + 0.01 * float(self.total[0])
+        return grad / (self.acc.sqrt() + 1e-3) / scale
+
+
+class _Raising(_Rebound):  # a failing user (its data damaged) after its accumulator was set
+    def precondition(self, grad, preconditioner):
+        out = super().precondition(grad, preconditioner)
+        if self.fail:
+            raise RuntimeError("damaged record")
+        return out
+
+    fail = False
+
+
+def _update(kind, users, fail=()):
+    trainer = kind(TASK, device="cpu")
+    start = initial_flat(TASK)
+    for user in users:
+        trainer.fail = user in fail
+        try:
+            delta = trainer.train(
+                start, user_id=user, round_num=1, config=CONFIG, rngs=RngFactory(seed=0)
+            ).delta
+        except RuntimeError:
+            continue
+    return trainer, delta
+
+
+@pytest.mark.parametrize("kind", [_Rebound, _InPlace], ids=["rebound", "in-place"])
+def test_2_an_override_s_state_on_the_trainer_does_not_reach_the_next_user(kind) -> None:
+    _, alone = _update(kind, [3])
+    trainer, after = _update(kind, [0, 3])  # before: 0.254 apart in an entry (users 0-2 first)
+    assert torch.equal(after, alone)
+    if kind is _Rebound:
+        assert "acc" not in vars(trainer)  # set back to the class's None after every user
+        _, failed = _update(_Raising, [0, 3], fail=(0,))  # user 0 raised mid-way
+        assert torch.equal(failed, alone)
+    else:
+        assert float(trainer.acc.abs().sum()) == 0.0 and trainer.seen == []
+        assert trainer.total[0] == 0.0
+
+
+def test_2_what_the_app_sets_between_users_is_kept() -> None:
+    class Scaled(LocalTrainer):
+        scale = 1.0
+
+        def precondition(self, grad, preconditioner):
+            return grad * self.scale
+
+    trainer = Scaled(TASK, device="cpu")
+    start = initial_flat(TASK)
+    one = trainer.train(start, user_id=3, round_num=1, config=CONFIG, rngs=RngFactory(seed=0))
+    trainer.scale = 0.5  # the app's own setting, outside a user's training
+    half = trainer.train(start, user_id=3, round_num=1, config=CONFIG, rngs=RngFactory(seed=0))
+    assert trainer.scale == 0.5
+    assert not torch.equal(half.delta, one.delta)
+    fresh = Scaled(TASK, device="cpu")
+    fresh.scale = 0.5
+    again = fresh.train(start, user_id=3, round_num=1, config=CONFIG, rngs=RngFactory(seed=0))
+    assert torch.equal(half.delta, again.delta)

@@ -176,14 +176,18 @@ def check_replaced(out: Path, extra: tuple[str, ...] = ()) -> None:
                 f"{str(path)!r} is a directory, where a resume writes a file of the run (it "
                 "would fail after releasing a round): remove or rename it"
             )
-    for name in (CHECKPOINT, *names):
+    # forty-seventh review follow-up (ledger 2): metrics.jsonl or summary.json (the summary was
+    # removed, then the rows' rewrite failed) and the directory (append-only: no rename in it)
+    for name in ("", CHECKPOINT, METRICS_FILE, SUMMARY_FILE, *names):
         path = Path(out) / name
         pinned = _pinned(path)
         if pinned is not None:
+            what = "directory" if name == "" else "file"
             raise ValueError(
-                f"{path}: the file is {pinned} (chattr +{pinned[0]}), so it cannot be replaced or "
-                "removed, which a resume does to it after releasing a round (the round would be "
-                f"released again when resumed); lift it (chattr -{pinned[0]} {path}) and try again"
+                f"{path}: the {what} is {pinned} (chattr +{pinned[0]}), so it cannot be replaced "
+                "or removed, which a resume does to it after releasing a round (the round would "
+                f"be released again when resumed); lift it (chattr -{pinned[0]} {path}) and try "
+                "again"
             )
 
 
@@ -193,7 +197,9 @@ _PINNED = {0x10: "immutable", 0x20: "append-only"}  # FS_IMMUTABLE_FL, FS_APPEND
 
 
 def _pinned(path: Path) -> str | None:
-    """``"immutable"`` or ``"append-only"`` for a regular file so marked (Linux), else ``None``.
+    """``"immutable"`` or ``"append-only"`` for a regular file or directory so marked (Linux).
+
+    ``None`` for anything else, or where the attributes cannot be read.
 
     Forty-seventh review of issue 15 (ledger, finding 2): a secure run whose
     ``checkpoint.prev.pt`` was made immutable (``chattr +i``, to keep it from being removed),
@@ -205,7 +211,8 @@ def _pinned(path: Path) -> str | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             return None
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:  # missing, or unreadable (its reader names it)

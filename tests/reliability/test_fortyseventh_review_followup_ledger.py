@@ -10,6 +10,14 @@
    Now ``checkpoint.finish_save`` (called by ``run._resume_locked`` under the lock, before the
    audit) puts it in place as the save would have; a ``.tmp`` of an earlier round, a torn one,
    or one whose model is not the ledger's last release of its round is left to be removed.
+2. The first wave's ledger 2 (a pinned checkpoint refused before a round is released) got
+   around by pinning another file a resume replaces or removes: the same finished run, rounds
+   raised to 3, ``chattr +i R/metrics.jsonl`` (or ``summary.json``; or ``chattr +a R``, where
+   no file can be renamed or removed), ``simulate --resume R``. Before: ``summary.json`` was
+   removed (a finished run's summary lost), then ``metrics.jsonl.tmp -> metrics.jsonl:
+   Operation not permitted``, framed as a bad ``--resume``, ``metrics.jsonl.tmp`` left.
+   Now ``files.check_replaced`` refuses ``metrics.jsonl``, ``summary.json`` and the directory
+   so marked before anything is written, naming it and ``chattr -i`` (``-a``).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,7 +35,9 @@ from fedprivopt.simulation.checkpoint import state_digest
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import (
     CHECKPOINT,
+    CONFIG_FILE,
     LEDGER_FILE,
+    METRICS_FILE,
     PREVIOUS_CHECKPOINT,
     SUMMARY_FILE,
 )
@@ -88,3 +99,36 @@ def test_1_a_tmp_the_ledger_does_not_record_is_not_taken(finished: Path, tmp_pat
     resume(run)
     assert _released(run) == [1, 2, 2]  # redone from round 1's checkpoint, as before
     assert not (run / TMP).exists()
+
+
+def _chattr(flag: str, path: Path) -> bool:
+    """``chattr flag path``; whether it took (root, or CAP_LINUX_IMMUTABLE, on ext4 or xfs)."""
+    if shutil.which("chattr") is None:
+        return False
+    done = subprocess.run(["chattr", flag, str(path)], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "flag"), [(METRICS_FILE, "i"), (SUMMARY_FILE, "i"), (METRICS_FILE, "a"), ("", "a")]
+)
+def test_2_a_pinned_rows_summary_or_directory_is_refused_before_anything_is_written(
+    finished: Path, tmp_path: Path, name: str, flag: str
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    config = (run / CONFIG_FILE).read_text(encoding="utf-8")
+    (run / CONFIG_FILE).write_text(
+        config.replace("num-server-rounds = 2\n", "num-server-rounds = 3\n"), encoding="utf-8"
+    )
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    pinned = run / name
+    if not _chattr(f"+{flag}", pinned):
+        pytest.skip("chattr cannot set file attributes here")
+    try:
+        with pytest.raises(ValueError, match=rf"{pinned}: the .* is .*chattr -{flag}"):
+            resume(run)
+    finally:
+        assert _chattr(f"-{flag}", pinned)
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert after == before  # the summary kept, no metrics.jsonl.tmp left

@@ -81,7 +81,10 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     says epsilon does not cover its evaluations (users of the private population; forty-fourth
     review of issue 15, contract 4), ``yes`` when none does, empty for a non-private row; and
     ``epsilon_seeds_composed``, the ε of publishing the row's seeds together (their runs on the
-    same users composed; ``nan`` where not computed: contract 5).
+    same users composed; ``nan`` where not computed: contract 5). Before it, ``public_users``:
+    the users whose data built a private seed's side information outside the guarantee
+    (AdaDPS' public users; ``configured`` where its summary lists none; empty for none:
+    forty-seventh review, reports 6).
 
     Thirty-seventh review of issue 15 (reports, left open; fixed by the lead, lead 5): rows whose
     ε come from different accountants (``pld`` 8.961 beside ``rdp`` 10.28 for one privacy loss)
@@ -105,7 +108,7 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         f"{metric}_mean", f"{metric}_std", "eval_loss_mean", "eval_loss_std",
         "seconds_per_round", "seeds_finite", "seeds_diverged",
         "seeds_stopped_by_budget", "accountant", "neighbouring_relation",
-        "evaluations_covered", "epsilon_seeds_composed"]))  # fmt: skip
+        "evaluations_covered", "public_users", "epsilon_seeds_composed"]))  # fmt: skip
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -117,7 +120,8 @@ def write_summary_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
                      "accountant": "; ".join(r.get("accountants", ())),
                      "neighbouring_relation": "; ".join(r.get("relations", ())),
                      "evaluations_covered": r.get("evaluations_covered", ""),
-                     "epsilon_seeds_composed": r.get("epsilon_seeds_composed", "nan")}  # fmt: skip
+                     "epsilon_seeds_composed": r.get("epsilon_seeds_composed", "nan"),
+                     "public_users": r.get("public_users", "")}  # fmt: skip
             writer.writerow([shown[c] if c in shown else r[c] for c in columns])
     return path
 

@@ -223,6 +223,7 @@ def aggregate_with_notes(
                            or math.isfinite(run.epsilon) for run in group),
             **_bases(group),
             "evaluations_covered": _evaluations_covered(group),
+            "public_users": _public_users_cell(group),
             "epsilon_seeds_composed": seeds_composed_epsilon(group),
         })  # fmt: skip
     # forty-second review of issue 15 (reports, finding 4): a note on the bases no longer
@@ -295,6 +296,33 @@ def _evaluations_covered(group: Sequence[RunData]) -> str:
         return ""
     outside = any(evaluations_outside(run) for run in private)
     return "no" if outside else "yes"
+
+
+def _public_users_cell(group: Sequence[RunData]) -> str:
+    """``summary.csv``'s ``public_users`` of a row: its private runs' public users (AdaDPS).
+
+    The most any of its private runs lists (users whose data built its side information
+    outside the guarantee), ``configured`` for a run configured with public users whose
+    ``summary.json`` lists none, empty for none. Forty-seventh review of issue 15 (reports,
+    finding 6): ``summary.csv`` read alone set an adadps row at ε 7.712 beside dp-fedavg's with
+    no word of its 4 public users, which only ``report.md`` named.
+    """
+    counts, configured = [], False
+    for run in group:
+        if not math.isfinite(run.epsilon):
+            continue
+        side = run.summary.get("side_information")
+        users = side.get("public_users") if isinstance(side, Mapping) else None
+        if isinstance(users, list) and users:
+            counts.append(len(users))
+            continue
+        config = run.summary.get("config")
+        kind = config.get("side-information") if isinstance(config, Mapping) else None
+        configured |= (isinstance(kind, Mapping) and kind.get("kind") == "public-users"
+                       and config.get("strategy") == "adadps")  # fmt: skip
+    if counts:
+        return str(max(counts))
+    return "configured" if configured else ""
 
 
 def evaluations_outside(run: RunData) -> bool:

@@ -36,6 +36,12 @@
    a lost entry left the public users out of the tuning's privacy text. Now
    ``tune_notes.public_users_note`` reads a list alone and, without one, says what the trial's
    configuration sets.
+6. ``compare toy.toml --strategies adadps,dp-fedavg --rounds 1 --set
+   side-information.kind=public-users --set side-information.users=4``, ``summary.csv`` read
+   alone. Before: the adadps row at ε 7.712 beside dp-fedavg's with no word of the 4 users whose
+   data built its side information outside the guarantee (only ``report.md``'s "public users"
+   line). Now the column ``public_users`` gives their number (``configured`` where a summary
+   lists none; empty for none).
 """
 
 from __future__ import annotations
@@ -163,3 +169,18 @@ def test_5_a_tunings_public_users_note_of_an_edited_trial_summary():
         note = public_users_note({"side_information": side, "config": config})
         assert "sets side-information.kind = public-users" in note, note
     assert public_users_note({"side_information": None, "config": {"strategy": "dp-fedavg"}}) == ""
+
+
+def test_6_summary_csv_names_the_public_users(tmp_path):
+    import csv
+
+    from fedprivopt.simulation.report import write_summary_csv
+
+    listed = {"kind": "public-users", "public_users": [0, 1, 2, 3], "private_population": 36}
+    runs = [_adadps(tmp_path, listed), _run(tmp_path, "dp-fedavg", 0.5)]
+    rows, _ = aggregate_with_notes(runs, None)
+    with write_summary_csv(rows, tmp_path / "s.csv").open(encoding="utf-8") as fh:
+        cells = {r["strategy"]: r["public_users"] for r in csv.DictReader(fh)}
+    assert cells == {"adadps": "4", "dp-fedavg": ""}, cells  # before: no such column
+    rows, _ = aggregate_with_notes([_adadps(tmp_path, None)], None)
+    assert rows[0]["public_users"] == "configured"

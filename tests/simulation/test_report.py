@@ -292,7 +292,7 @@ def test_summary_csv_header_and_values(tmp_path):
                       "eval_accuracy_mean", "eval_accuracy_std", "eval_loss_mean",
                       "eval_loss_std", "seconds_per_round", "seeds_finite",
                       "seeds_diverged", "seeds_stopped_by_budget", "accountant",
-                      "neighbouring_relation", "evaluations_covered",
+                      "neighbouring_relation", "evaluations_covered", "public_users",
                       "epsilon_seeds_composed"]  # fmt: skip
     with path.open() as fh:
         table = list(csv.DictReader(fh))

@@ -108,6 +108,8 @@ def run_files_around(directory: str | os.PathLike) -> tuple[Path, list[str]] | N
         ours = [name for name in names if os.path.lexists(place / name)]
         if not ours and _deploying(place):
             ours = [f"{_DEPLOY_LOCK} (a deployment into it runs)"]
+        if not ours and place != real and _starting(place):
+            ours = [f"{_RUN_LOCK} (a run into it starts)"]
         if ours:
             return place, ours
     return None
@@ -130,6 +132,22 @@ def _deploying(place: Path) -> bool:
     """
     log_dir = place / Path(_DEPLOY_LOCK).parent
     return os.path.lexists(place / _DEPLOY_LOCK) and directory_held(log_dir)
+
+
+#: A run directory's lock file (``simulation.files.LOCK_FILE``, which this layer does not import).
+_RUN_LOCK = "run.lock"
+
+
+def _starting(place: Path) -> bool:
+    """Whether a run holds ``place`` with ``run.lock`` (a ``flock`` on the directory itself).
+
+    Forty-seventh review of issue 15 (follow-up outputs 1; the processes reviewer's open row):
+    while another process held ``R`` with only ``run.lock`` written (a run starting),
+    ``fedprivopt.data.generate(R / "sub", ...)`` wrote the dataset into it, rc 0, where ``data
+    synth --out R/sub`` refuses it (``simulation.run_places.refuse_inside_held``). Asked for an
+    ancestor only: ``run.lock`` in the directory itself is refused held or not.
+    """
+    return os.path.lexists(place / _RUN_LOCK) and directory_held(place)
 
 
 def run_files_note(directory: str | os.PathLike) -> str | None:

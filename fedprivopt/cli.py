@@ -244,7 +244,8 @@ def _main(argv: Sequence[str] | None) -> int:
             # a data directory's missing file was blamed on --out)
             for flag in ("out", "resume"):
                 if getattr(args, flag, None):
-                    message = f"argument --{flag}: {shown_path(getattr(args, flag))}: {message}"
+                    message = f"{shown_path(getattr(args, flag))}: {message}"
+                    message = _storage_failed(args, flag, exc, message)
                     break
         elif isinstance(exc, OSError) and exc.filename is not None:
             # a path in --out that cannot be made (`--out /proc/t`: "/proc/t: No such file or
@@ -252,7 +253,7 @@ def _main(argv: Sequence[str] | None) -> int:
             for flag in ("out", "resume"):
                 given = getattr(args, flag, None)
                 if _within(exc.filename, given):
-                    message = f"argument --{flag}: {message}"
+                    message = _storage_failed(args, flag, exc, message)
                     break
                 if _missing_ancestor(exc.filename, given):
                     # thirty-sixth review of issue 15 (cli, finding 3): `--out /proc/a/b` (also
@@ -304,6 +305,31 @@ def _out_of_memory(args: argparse.Namespace, exc: BaseException) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+#: errnos of the storage failing under --out or --resume: a full disk or quota, a failing disk
+#: or file server (not a fault of the argument, as a path that cannot be made is)
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+
+
+def _storage_failed(args: argparse.Namespace, flag: str, exc: OSError, message: str) -> str:
+    """``message`` of a file error under ``--flag``: a storage failure's own, or the argument's.
+
+    Forty-seventh review follow-up of issue 15 (ledger 3; the first wave's open row ledger 4):
+    a run whose disk filled (or failed) while it wrote said ``error: argument --out:
+    R/privacy_ledger.jsonl: No space left on device``, a bad argument, where the argument was
+    fine and the run can be resumed once there is room.
+    """
+    if exc.errno not in _STORAGE_ERRNOS:
+        return f"argument --{flag}: {message}"
+    given = getattr(args, flag)
+    again = "run the command again"
+    if _command(args) == "simulate" and os.path.isfile(os.path.join(given, "config.toml")):
+        again = f"resume the run (fedprivopt simulate --resume {shown_path(given)})"
+    return (
+        f"{message} (the disk or file server under --{flag} failed, not the argument); free "
+        f"space or check the disk, then {again}; what was already written is kept"
+    )
 
 
 def _within(path: object, directory: object) -> bool:

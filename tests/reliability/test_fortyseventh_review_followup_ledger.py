@@ -18,10 +18,17 @@
    Operation not permitted``, framed as a bad ``--resume``, ``metrics.jsonl.tmp`` left.
    Now ``files.check_replaced`` refuses ``metrics.jsonl``, ``summary.json`` and the directory
    so marked before anything is written, naming it and ``chattr -i`` (``-a``).
+3. The first wave's open row ledger 4: ``simulate toy.toml --out R`` whose disk fills while it
+   writes (the 8th fsync failing with ENOSPC; EIO alike). Before: ``error: argument --out:
+   R/privacy_ledger.jsonl: No space left on device``, a bad argument, where the argument was
+   fine. Now ``cli._storage_failed``: ``R/privacy_ledger.jsonl: No space left on device (the
+   disk or file server under --out failed, not the argument); free space or check the disk,
+   then resume the run (fedprivopt simulate --resume R)``, rc 2 as before.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -132,3 +139,27 @@ def test_2_a_pinned_rows_summary_or_directory_is_refused_before_anything_is_writ
         assert _chattr(f"-{flag}", pinned)
     after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     assert after == before  # the summary kept, no metrics.jsonl.tmp left
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_3_a_disk_failing_mid_run_is_not_a_bad_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, code: int
+) -> None:
+    from fedprivopt.cli import main
+
+    run, real, calls = tmp_path / "run", os.fsync, []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 8:  # the ledger's line of round 2, after round 1's checkpoint
+            raise OSError(code, os.strerror(code))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    argv = ["simulate", str(TOY), "--out", str(run), "--rounds", "2", "--set", "secure=true"]
+    argv += [f"--set={key}={value}" for key, value in SMALL.items()]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "argument --out" not in err, err
+    assert f"{run / LEDGER_FILE}: {os.strerror(code)} (the disk or file server under --out" in err
+    assert f"then resume the run (fedprivopt simulate --resume {run})" in err

@@ -480,8 +480,11 @@ def test_a_full_disk_while_writing_a_report_names_the_out_directory(tmp_path, mo
 
     monkeypatch.setattr(fedprivopt.data, "generate", _no_space)
     out = tmp_path / "data"
-    usage_error(run_cli(["data", "synth", "--clients", "20", "--workers", "1", "--out", str(out)]),
-                f"argument --out: {out}: [Errno 28] No space left on device")  # fmt: skip
+    usage_error(
+        run_cli(["data", "synth", "--clients", "20", "--workers", "1", "--out", str(out)]),
+        f"{out}: [Errno 28] No space left on device (the disk or file server under "
+        "--out failed, not the argument)",
+    )  # fmt: skip (47th follow-up ledger 3)
 
 
 # -- finding 11: deploy local into a user's own deploy/ -------------------------------------------

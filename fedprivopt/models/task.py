@@ -302,13 +302,11 @@ def _task_source(task: Task) -> dict | None:
             modules.append(module)
     digests = []
     for module in filter(_user_module, modules):
-        path = getattr(sys.modules.get(module), "__file__", None)
+        loaded = sys.modules.get(module)
+        path = getattr(loaded, "__file__", None)
         if not path:
             continue
-        try:
-            digests.append((module, hashlib.sha256(Path(path).read_bytes()).hexdigest()))
-        except OSError:
-            continue
+        digests.append((module, hashlib.sha256(_source_bytes(loaded, path)).hexdigest()))
     if not digests:
         return None
     # which factory a registered name stands for: its module's digest alone is the same for
@@ -323,6 +321,36 @@ def _task_source(task: Task) -> dict | None:
         "sha256": hashlib.sha256(joined).hexdigest(),
         **named,
     }
+
+
+def _source_bytes(module: object, path: str) -> bytes:
+    """The bytes of ``module``'s source file ``path``, read by its loader if need be.
+
+    Forty-seventh review of issue 15 (sameness 1): a task module imported from a zip archive
+    (``PYTHONPATH=tasks.zip``; ``__file__`` is ``tasks.zip/mod.py``, no file of the file system)
+    could not be read, and a file that could not be read was skipped: the run recorded no digest
+    of its code, so after the module was edited (its data seed 3 to 4) ``simulate --resume``
+    went on with rc 0, its later rounds on other data. The loader reads it (``get_data``, as
+    ``zipimport`` does); a source neither can read is refused naming it (``TaskError``).
+    """
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        error: Exception = exc
+    get_data = getattr(getattr(module, "__loader__", None), "get_data", None)
+    if callable(get_data):
+        try:
+            data = get_data(path)
+        except (OSError, ImportError, ValueError) as exc:
+            error = exc
+        else:
+            if isinstance(data, bytes):
+                return data
+    raise TaskError(
+        f"the source of task module {getattr(module, '__name__', '?')!s} ({path}) cannot be "
+        f"read ({type(error).__name__}: {error}); fedprivopt records its digest so that a "
+        "resume or a reused run on edited code is refused"
+    )
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -1,0 +1,78 @@
+"""Issue 15, forty-seventh hostile review (sameness: what counts as the same config or file).
+
+1. A task by reference whose module is imported from a zip archive (``PYTHONPATH=tasks.zip
+   fedprivopt simulate toy.toml --set task=mymod47:make``, ``make`` building the toy task with
+   its own data seed 3). Before: ``models.task._task_source`` read ``__file__``
+   (``tasks.zip/mymod47.py``) from the file system, failed, and skipped the module: the ledger
+   header recorded no ``data`` (its ``records`` still said ``task_source``), so after the
+   module was edited (seed 3 to 4) ``simulate --resume R`` ran rounds 3-4 on other data, rc 0
+   (eval accuracy 0.6467 at round 2, 0.5300 at round 3). Now the module's loader reads the
+   source (``get_data``, as ``zipimport`` does) and the digest is recorded; a source neither the
+   file system nor the loader can read is refused naming it (``TaskError``), not skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import types
+import zipfile
+
+import pytest
+
+from fedprivopt.models.task import TASK_SOURCE, TaskError, data_identity
+
+_MODULE = """from fedprivopt.models.toy import ToyClassificationTask
+SEED = {seed}
+def make(**p):
+    p["seed"] = SEED
+    return ToyClassificationTask(**p)
+"""
+
+
+def _zipped_task(tmp_path, name, seed):
+    """The task ``name.make`` builds, its module imported from a zip archive, and its source."""
+    from fedprivopt.models.task import note_factory
+
+    archive = tmp_path / f"tasks{seed}.zip"
+    source = _MODULE.format(seed=seed).encode()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr(f"{name}.py", source)
+    sys.modules.pop(name, None)
+    sys.path.insert(0, str(archive))
+    try:
+        module = __import__(name)
+    finally:
+        sys.path.remove(str(archive))
+    assert module.__file__.startswith(str(archive))  # tasks3.zip/name.py: no file of its own
+    task = module.make(num_users=4)
+    note_factory(task, name)  # as build_task notes a task by reference's factory
+    return task, source
+
+
+def test_1_a_task_module_in_a_zip_archive_records_its_source_digest(tmp_path):
+    name = "sameness47_zipped"
+    try:
+        task, source = _zipped_task(tmp_path, name, 3)
+        identity = data_identity(task)
+        assert identity is not None and TASK_SOURCE in identity  # was None: nothing recorded
+        assert identity[TASK_SOURCE]["module"] == name
+        assert identity[TASK_SOURCE]["sha256"] == hashlib.sha256(source).hexdigest()
+        edited, _ = _zipped_task(tmp_path, name, 4)
+        assert data_identity(edited)[TASK_SOURCE]["sha256"] != identity[TASK_SOURCE]["sha256"]
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_1_a_task_module_whose_source_cannot_be_read_is_refused_not_skipped(tmp_path):
+    name = "sameness47_unreadable"
+    try:
+        task, _ = _zipped_task(tmp_path, name, 3)
+        gone = types.ModuleType(name)
+        gone.__file__ = str(tmp_path / "moved" / f"{name}.py")  # moved away after its import
+        gone.__loader__ = None
+        sys.modules[name] = gone
+        with pytest.raises(TaskError, match=f"the source of task module {name} .* cannot be read"):
+            data_identity(task)
+    finally:
+        sys.modules.pop(name, None)

@@ -55,7 +55,10 @@ def _timeout_flag(text: Any) -> float:
     from fedprivopt.deploy.local_checks import check_timeout
 
     try:
-        value = float(str(text))
+        # forty-seventh review of issue 15 (follow-up outputs 3): float() reads "２" (a
+        # full-width digit) or "٣" as a number, so --timeout ２ ran 2 s, where --nodes and every
+        # other command's numbers refuse non-ASCII digits (as TOML does)
+        value = float(str(text)) if str(text).isascii() else None
     except ValueError:
         value = None
     return check_timeout(value, shown_as=text)

@@ -49,6 +49,10 @@ __all__ = [
 ]
 
 
+#: Bytes in one path component (Linux, macOS and Windows file systems; ``cli_args.NAME_MAX``).
+_NAME_MAX = 255
+
+
 def check_dir_text(name: str, path: Path) -> Path:
     """``path``, refused (``ValueError`` naming ``name``) where it cannot be a directory's name.
 
@@ -66,6 +70,16 @@ def check_dir_text(name: str, path: Path) -> Path:
         )
     if any(not part.strip() for part in path.parts):
         raise ValueError(f"{name} has a blank path component: {shown(text)}")
+    for part in path.parts:
+        # forty-seventh review of issue 15 (follow-up outputs 2): a component beyond the file
+        # systems' limit was the operating system's "'…' (347 characters): File name too long",
+        # naming no key, where --out of the same text names its flag and the limit
+        size = len(os.fsencode(part))
+        if size > _NAME_MAX:
+            raise ValueError(
+                f"{name}: a path component is {size} bytes long, the limit is {_NAME_MAX}: "
+                f"{shown(part)}"
+            )
     return path
 
 

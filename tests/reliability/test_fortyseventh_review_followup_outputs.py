@@ -10,12 +10,26 @@ fixes, and its open rows): tests.
    ``generate``, ``data synth`` and a task's generation or token cache ask) knows an ancestor
    holding ``run.lock`` that is held: ``ValueError`` naming it, nothing written; once the run
    let go (``run.lock`` alone, a start's debris) the call writes as before.
+2. The input reviewer's note: ``simulate stackoverflow-tp-mini.toml --set
+   task-params.data-dir=D/<300 a's> --set task-params.synthetic=true`` (also ``D/ok/<300
+   a's>/x``, 130 two-byte letters, ``task-params.cache-dir`` with ``token-cache``). Before:
+   ``'D/aaa…/stackoverflow.sqlite' (347 characters): File name too long``, naming no key, where
+   ``--out`` of the same text names its flag and the limit. Now ``check_dir_text`` (the task's
+   ``data_dir`` and ``cache_dir``): ``config: data_dir: a path component is 300 bytes long, the
+   limit is 255: ...``, rc 2, nothing made.
+3. The input reviewer's note: ``deploy local --timeout ２`` (a full-width digit; also ``٣``).
+   Before: read as 2 s (``float()`` reads any Unicode digit), where ``--nodes ２`` and every
+   other command's numbers are refused. Now ``deploy.cli._timeout_flag`` refuses non-ASCII text:
+   ``--timeout must be a number of seconds in (0, 2.592e+06], got '２'``; ``2``, ``1e-300`` and
+   ``1_0`` (10 s, as TOML and ``--noise-multipliers`` read it) as before.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import sys
+import types
 
 import pytest
 
@@ -41,3 +55,39 @@ def test_1_generate_refuses_a_directory_inside_a_run_that_is_starting(tmp_path):
     # let go: run.lock alone (a start's debris) is no run, as before (generate writes there;
     # not called here: its token-store import costs 4 s of torch)
     assert run_files_note(run / "sub") is None
+
+
+def test_2_a_data_dir_component_too_long_is_refused_naming_the_key(tmp_path):
+    from fedprivopt.models.stackoverflow_datadir import StackOverflowDataDir, check_dir_text
+
+    for long, size in (("a" * 300, 300), ("\u00e9" * 130, 260)):
+        for text in (tmp_path / long, tmp_path / "ok" / long / "x"):
+            task = StackOverflowDataDir()
+            with pytest.raises(ValueError, match=rf"^data_dir: a path component is {size} bytes"):
+                task._set_data_dir(
+                    text,
+                    synthetic=True,
+                    synth_clients=3,
+                    synth_vocab=None,
+                    synth_tags=None,
+                    synth_seed=None,
+                )
+        with pytest.raises(ValueError, match=r"^cache_dir: a path component is .* limit is 255"):
+            check_dir_text("cache_dir", tmp_path / long)
+    assert sorted(os.listdir(tmp_path)) == []
+    fits = tmp_path / ("a" * 255)  # at the limit: as before
+    assert check_dir_text("data_dir", fits) == fits
+
+
+def test_3_deploy_timeout_refuses_digits_that_are_not_ascii(monkeypatch):
+    from fedprivopt.deploy.cli import _timeout_flag
+
+    # deploy.local_checks imports the run configuration (torch: 7 s under load): its
+    # check_timeout, which refuses None naming --timeout, is stood in for by what it is given
+    given = []
+    checks = types.ModuleType("fedprivopt.deploy.local_checks")
+    checks.check_timeout = lambda value, shown_as=None: given.append(value) or value
+    monkeypatch.setitem(sys.modules, "fedprivopt.deploy.local_checks", checks)
+    for text in ("\uff12", "\u0663", "1\uff10", "2", "1e-300", "1_0", " 5 "):
+        _timeout_flag(text)
+    assert given == [None, None, None, 2.0, 1e-300, 10.0, 5.0]

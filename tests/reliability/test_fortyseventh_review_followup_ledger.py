@@ -24,6 +24,13 @@
    fine. Now ``cli._storage_failed``: ``R/privacy_ledger.jsonl: No space left on device (the
    disk or file server under --out failed, not the argument); free space or check the disk,
    then resume the run (fedprivopt simulate --resume R)``, rc 2 as before.
+4. The first wave's api 3 (a registered name's factory recorded in the ledger's
+   ``data.task_source``) broke the resume of a valid run: a run of a registered task of one's
+   own started by a version before it (no ``factory`` recorded), its module unchanged,
+   ``num-server-rounds`` raised, ``resume(R)``. Before: refused, "the task's code changed since
+   the run started (module ..., source SHA-256 6fe75c7ffa19…; the run's privacy ledger records
+   ..., 6fe75c7ffa19…; factory "reg.make", the ledger's null)" (compare's reuse alike). Now
+   ``LedgerChecks.check_data`` checks such a ledger by what it records, the module's digest.
 """
 
 from __future__ import annotations
@@ -163,3 +170,35 @@ def test_3_a_disk_failing_mid_run_is_not_a_bad_argument(
     assert "argument --out" not in err, err
     assert f"{run / LEDGER_FILE}: {os.strerror(code)} (the disk or file server under --out" in err
     assert f"then resume the run (fedprivopt simulate --resume {run})" in err
+
+
+def test_4_a_run_recorded_before_the_factory_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import sys
+
+    import fedprivopt.models.registry as registry
+
+    (tmp_path / "fuledger47reg.py").write_text(
+        "from fedprivopt.models import register_task\n"
+        "from fedprivopt.models.toy import ToyClassificationTask\n"
+        "def make(**p):\n    return ToyClassificationTask(**{**p, 'seed': 3})\n"
+        "register_task('fuledger47', make, replace=True)\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fuledger47reg", raising=False)
+    importlib.import_module("fuledger47reg")
+    run = tmp_path / "run"
+    with monkeypatch.context() as earlier:  # a version before the factory was recorded
+        earlier.setattr(registry, "factory_text", lambda factory: None)
+        settings = {**SMALL, "task": "fuledger47", "num-server-rounds": 1}
+        simulate(load_config(TOY, settings), run)
+    assert '"factory"' not in (run / LEDGER_FILE).read_text(encoding="utf-8")
+    config = (run / CONFIG_FILE).read_text(encoding="utf-8")
+    (run / CONFIG_FILE).write_text(
+        config.replace("num-server-rounds = 1\n", "num-server-rounds = 2\n"), encoding="utf-8"
+    )
+    resume(run)  # before: ValueError "the task's code changed" (the same SHA-256)
+    assert _released(run) == [1, 2]

@@ -191,7 +191,17 @@ def _differ(old: object, new: object) -> bool:
     ``--tensorboard --set tensorboard=1``, ``--set seed=1 --set seed=true``) was not a
     contradiction, since ``True == 1`` in Python: the value the key refuses was dropped
     silently, and the other one used.
+
+    Forty-seventh review of issue 15 (sameness 2): inside a table or an array too (``--set
+    'strategies.dp-fedavg={seed=true}' --set 'strategies.dp-fedavg={seed=1}'``, ``--set
+    'task-params={seed=1}' --set 'task-params={seed=true}'``, ``[true]`` and ``[1]``): the
+    tables were compared with ``!=``, so the last one silently won (seed 1, rc 0, where the
+    refused ``seed=true`` alone is refused).
     """
+    if isinstance(old, dict) and isinstance(new, dict):
+        return old.keys() != new.keys() or any(_differ(old[k], new[k]) for k in old)
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) != len(new) or any(_differ(a, b) for a, b in zip(old, new, strict=False))
     return old != new or isinstance(old, bool) != isinstance(new, bool)
 
 
@@ -207,7 +217,7 @@ def _merged_tables(old: object, new: object) -> dict | None:
         return None
     out = dict(old)
     for key, value in new.items():
-        if key in out and out[key] != value:
+        if key in out and _differ(out[key], value):
             value = _merged_tables(out[key], value)
             if value is None:
                 return None

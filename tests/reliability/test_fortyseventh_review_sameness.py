@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 import types
@@ -20,6 +21,8 @@ import zipfile
 
 import pytest
 
+from fedprivopt.cli_args import UsageError
+from fedprivopt.cli_runs import set_overrides
 from fedprivopt.models.task import TASK_SOURCE, TaskError, data_identity
 
 _MODULE = """from fedprivopt.models.toy import ToyClassificationTask
@@ -76,3 +79,29 @@ def test_1_a_task_module_whose_source_cannot_be_read_is_refused_not_skipped(tmp_
             data_identity(task)
     finally:
         sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["strategies.dp-fedavg={seed=true}", "strategies.dp-fedavg={seed=1}"],
+        ["task-params={seed=1}", "task-params={seed=true}"],
+        ["task-params.sizes=[true, 2]", "task-params.sizes=[1, 2]"],
+        ["task-params={a={b=[1]}}", "task-params={a={b=[true]}}"],
+    ],
+)
+def test_2_a_boolean_beside_a_number_inside_set_tables_is_a_contradiction(sets):
+    with pytest.raises(UsageError, match="contradicts an earlier --set"):
+        set_overrides(argparse.Namespace(set=sets))
+
+
+def test_2_set_tables_of_other_keys_or_equal_values_still_merge():
+    sets = ["task-params={seed=1}", "task-params={num-users=40}", "task-params={seed=1}"]
+    assert set_overrides(argparse.Namespace(set=sets)) == {
+        "task-params": {"seed": 1, "num-users": 40}
+    }
+    same = ["clip-norm=1", "clip-norm=1.0", "task-params.x=[1, 2]", "task-params.x=[1, 2]"]
+    assert set_overrides(argparse.Namespace(set=same)) == {
+        "clip-norm": 1.0,
+        "task-params.x": [1, 2],
+    }

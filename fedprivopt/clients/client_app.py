@@ -53,6 +53,7 @@ from fedprivopt.clients.messages import (
     reply_updates,
     reply_users,
 )
+from fedprivopt.clients.privatize import keep_as_noised
 from fedprivopt.clients.trainer import LocalTrainer
 from fedprivopt.core.logs import hide_engine_notices
 from fedprivopt.core.text import shown
@@ -237,6 +238,8 @@ def _train(message: Message, context: Context, defaults: _Defaults) -> Message:
             failures[user] = exc
             continue
         updates[user] = _reordered(result.delta, ours, request.state)
+        if request.local.noise_std > 0:
+            keep_as_noised(updates[user], request.local.noise_std)  # entries moved, not computed
         if result.clip_bit is not None:
             clip_bits[user] = result.clip_bit
         num_examples.append(result.num_examples)

@@ -27,6 +27,7 @@ models", ICLR 2018.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -45,7 +46,14 @@ from fedprivopt.privacy.noise import add_gaussian_noise
 from fedprivopt.privacy.plain import foreign_tensor
 from fedprivopt.privacy.rng import RngFactory
 
-__all__ = ["NOISE_PURPOSE", "PrivateUpdate", "noise_generator", "privatize_update"]
+__all__ = [
+    "NOISE_PURPOSE",
+    "PrivateUpdate",
+    "keep_as_noised",
+    "noise_generator",
+    "noised_std",
+    "privatize_update",
+]
 
 #: The purpose key of the clients' noise-share generators (:meth:`RngFactory.generator`).
 NOISE_PURPOSE = "client-noise"
@@ -201,7 +209,48 @@ def privatize_update(
             # delta into one workspace it reused sent the last user's update for every user
             # whose update was not clipped (the server summed it once for each of them)
             vector = vector.clone()
+    if noise_std > 0:
+        keep_as_noised(vector, noise_std)
     return PrivateUpdate(vector, float(norm), bool(clipped))
+
+
+#: id of a vector :func:`privatize_update` noised -> (weak reference, noise std, version).
+_NOISED: dict[int, tuple[weakref.ref, float, int]] = {}
+
+
+def keep_as_noised(vector: torch.Tensor, std: float) -> None:
+    """Remember ``vector`` as an update that holds a noise share of std ``std``, as it is now.
+
+    :func:`privatize_update` keeps its result so; a copy of it moved, not computed (another
+    dtype or device, entries reordered), is kept by whoever made it. :func:`noised_std` reads
+    it back while the vector is unchanged (its version counter; a write through ``.data`` or
+    NumPy is not seen).
+    """
+    key = id(vector)
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        entry = _NOISED.get(key)
+        if entry is not None and entry[0] is ref:
+            del _NOISED[key]
+
+    _NOISED[key] = (weakref.ref(vector, forget), float(std), vector._version)
+
+
+def noised_std(vector: object) -> float:
+    """The noise std :func:`keep_as_noised` kept ``vector`` with, unchanged since; else ``0``.
+
+    Follow-up of the forty-seventh review of issue 15 (privacy 3; wire 4): a ClientApp of one's
+    own that sent its clipped (or raw) update without its noise share in a distributed-noise
+    round (it forgot ``request.privatize``, or clipped by itself) had it accepted as a share: on
+    a model of at most 200 entries the server cannot tell (``NoisyMeanAggregator.share_floor``
+    is 0), and a round of such replies was released with no noise at all (``[0.0125 0.0125
+    0.0125]`` exactly), reported with noise std 0.559 and charged epsilon 3.41.
+    :func:`~fedprivopt.clients.replies.reply_updates` refuses such an update on the node.
+    """
+    entry = _NOISED.get(id(vector))
+    if entry is None or entry[0]() is not vector or vector._version != entry[2]:
+        return 0.0
+    return entry[1]
 
 
 def _refuse_other_tensor(step: str, vector: object, update: torch.Tensor) -> None:

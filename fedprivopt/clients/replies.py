@@ -21,6 +21,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedprivopt import wire as P
+from fedprivopt.clients.privatize import noised_std
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.adaptive_clip import NOISELESS_MIN_STD, NOISELESS_REPORTS
@@ -104,12 +105,13 @@ def reply_updates(
     # and stored it for each (updates[user] = work) sent the last user's update for every user
     # (all 0.03), which the server, decoding copies, cannot see; each update is sent as it is
     # read, so updates read from one memory not written between their reads are refused
-    read = KeptReads()
+    read, given_all = KeptReads(), []
     for user, vector in updates.items():
         key = P.update_key(user)  # an integer id >= 0 (ValueError naming user_id)
         asked.check(user)
         given, vector = vector, _plain_update(user, vector)
         _check_update(user, vector, length)
+        given_all.append((user, given))
         read.keep(user, given)
         delta = vector.to(device="cpu", dtype=dtype)
         arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
@@ -133,6 +135,8 @@ def reply_updates(
             )
         reply[key] = ArrayRecord(arrays)
     read.refuse()
+    for user, given in given_all:
+        asked.check_noised(user, given)
     metrics: dict[str, int | float | list[int] | list[float]] = {
         P.USERS_TRAINED: len(updates),
         P.USERS_REJECTED: rejected,
@@ -180,6 +184,7 @@ class _Asked:
     users: frozenset[int] | None
     clip_bit: bool
     count_std: float | None = 0.0
+    noise_std: float = 0.0
 
     @classmethod
     def of(cls, message: Message) -> _Asked:
@@ -199,7 +204,11 @@ class _Asked:
             count_std = check_real(P.COUNT_NOISE_STD, record.get(P.COUNT_NOISE_STD, 0.0), low=0.0)
         except ValueError:
             count_std = None
-        return cls(users, record.get(P.CLIP_BIT, False) is True, count_std)
+        try:
+            noise_std = check_real(P.NOISE_STD, record.get(P.NOISE_STD, 0.0), low=0.0)
+        except ValueError:  # TrainMessage.read refuses it; any share is then asked for
+            noise_std = math.inf
+        return cls(users, record.get(P.CLIP_BIT, False) is True, count_std, noise_std)
 
     def check(self, user: int) -> None:
         """``ValueError`` naming ``updates[user]`` when the message did not ask for ``user``.
@@ -224,6 +233,27 @@ class _Asked:
                 f"updates[{shown(user)}]: the message did not ask for user {shown(user)} (it "
                 f"asks for {shown(sorted(self.users))}); reply only for the users it names "
                 "(TrainMessage.users) that this node hosts"
+            )
+
+    def check_noised(self, user: object, vector: object) -> None:
+        """``ValueError`` naming ``updates[user]`` when it lacks the message's noise share.
+
+        In distributed-noise mode (``noise-std`` above 0) an update must be one
+        :func:`~fedprivopt.clients.privatize_update` noised with that std (``TrainMessage.
+        privatize``'s vector), unchanged since (:func:`~fedprivopt.clients.privatize.
+        noised_std`). Follow-up of the forty-seventh review of issue 15 (privacy 3; wire 4): a
+        ClientApp of one's own sending its clipped update without its share was accepted, and
+        the server cannot tell on a model of at most 200 entries: the round was released with
+        no noise at all, charged as noised.
+        """
+        if self.noise_std > 0 and not noised_std(vector) >= self.noise_std:
+            raise ValueError(
+                f"updates[{shown(user)}] must be the vector of TrainMessage.privatize (or "
+                f"privatize_update with the message's noise-std), unchanged and uncopied "
+                "(reply_updates moves it to the CPU and the model's dtype itself): the message "
+                f"asks for a noise share ({P.NOISE_STD} {self.noise_std:.6g}, distributed "
+                "noise), and an update without it would release the round without that noise "
+                "(the server cannot tell on a small model)"
             )
 
 

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from fedprivopt.clients.model_layout import ModelAtBuild, ModelLayout
-from fedprivopt.clients.privatize import NOISE_PURPOSE, privatize_update
+from fedprivopt.clients.privatize import NOISE_PURPOSE, keep_as_noised, privatize_update
 from fedprivopt.core.devices import check_device
 from fedprivopt.core.local import LocalConfig, check_train_call, epoch_orders
 from fedprivopt.models.task import (
@@ -515,6 +515,8 @@ class LocalTrainer(ModelLayout):
             # the model's flat dtype, which the server aggregates in (thirty-fourth review of
             # issue 15: a float64 model's float32 updates were all rejected, rounds of noise only)
             out = vector.detach().to(device="cpu", dtype=self.spec.dtype)
+            if config.noise_std > 0:
+                keep_as_noised(out, config.noise_std)  # a copy moved, its share kept
         report = None
         if config.clip_bit:
             report = clip_report(float(norm), config, rngs, round_num, keys)

@@ -87,7 +87,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedprivopt import wire as P
-from fedprivopt.clients import LocalConfig
+from fedprivopt.clients import LocalConfig, TrainMessage
 from fedprivopt.clients.client_app import app
 from fedprivopt.clients.messages import reply_updates
 from fedprivopt.models import build_task
@@ -402,4 +402,5 @@ def test_7_no_update_is_sent_for_a_message_naming_no_users(case):
 def test_7_a_message_naming_users_is_answered_as_before():
     config = P.encode_train_config(users=[5], round_num=1, settings=SETTINGS)
     message = delivered({P.ARRAYS_RECORD: _model_arrays(), P.CONFIG_RECORD: config}, "train")
-    assert "update/5" in reply_updates(message, {5: torch.full((18,), 0.01)}).content
+    vector = TrainMessage.read(message).privatize(torch.full((18,), 0.01), 5).vector  # noise-std
+    assert "update/5" in reply_updates(message, {5: vector}).content

@@ -59,7 +59,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, RecordDict
 
 from fedprivopt import wire as P
-from fedprivopt.clients import LocalConfig
+from fedprivopt.clients import LocalConfig, TrainMessage
 from fedprivopt.clients.client_app import app
 from fedprivopt.clients.messages import TASK_ERROR, reply_updates
 from fedprivopt.models import build_task
@@ -132,7 +132,9 @@ def _toy_message(settings: P.ClientSettings) -> object:
 def test_2_a_clip_bit_the_message_does_not_ask_for_is_refused(noise_std):
     local = LocalConfig(learning_rate=0.5, clip_norm=1.0, noise_std=noise_std)
     message = _toy_message(P.ClientSettings(local, seed=5))  # no adaptive clipping
-    update = {1: torch.full((18,), 0.01)}
+    # privatized: in distributed mode a hand-made update is refused (forty-seventh review
+    # follow-up, privacy 3)
+    update = {1: TrainMessage.read(message).privatize(torch.full((18,), 0.01), 1).vector}
     with pytest.raises(ValueError, match=r"^clip_bits\[1\]: the message does not ask for clip"):
         reply_updates(message, update, clip_bits={1: 1.0})  # before: the exact bit was sent
     assert P.CLIP_BIT_ARRAY not in reply_updates(message, update).content["update/1"]

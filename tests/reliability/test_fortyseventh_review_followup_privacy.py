@@ -8,6 +8,11 @@
    kept an Adagrad-like accumulator on the trainer (``self.acc = ... + grad * grad``), training
    users 0-3 on one trainer: user 3's update after users 0-2 differed from its own by 0.254 in an
    entry (norm 0.783): the earlier users' gradients reached a later user's update.
+3. A ClientApp of one's own sending its clipped update without its noise share in a
+   distributed-noise round (the wire reviewer's open row wire 4; ``DPStrategy`` in process,
+   ``min-shares`` 1, every node replying ``0.01`` in each entry of a 3-entry model): accepted as
+   shares, the released model ``[0.0125 0.0125 0.0125]`` exactly with seed 3, no noise at all,
+   reported with noise std 0.559 and charged epsilon 3.41 (``share_floor`` is 0 for d <= 200).
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ import torch
 from flwr.app import ArrayRecord
 
 from fedprivopt import wire as P
-from fedprivopt.clients import LocalConfig, LocalTrainer, reply_updates
+from fedprivopt.clients import (
+    LocalConfig,
+    LocalTrainer,
+    TrainMessage,
+    privatize_update,
+    reply_updates,
+)
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.adaptive_clip import clip_bit
@@ -144,3 +155,23 @@ def test_2_what_the_app_sets_between_users_is_kept() -> None:
     fresh.scale = 0.5
     again = fresh.train(start, user_id=3, round_num=1, config=CONFIG, rngs=RngFactory(seed=0))
     assert torch.equal(half.delta, again.delta)
+
+
+# -- 3: an update without its noise share in a distributed-noise message (wire 4) -----------------
+
+
+def test_3_an_update_without_its_noise_share_is_not_sent() -> None:
+    message = _message(noise_std=0.3)
+    request = TrainMessage.read(message)
+    clipped = torch.full((18,), 0.01)  # the reproducer's reply: clipped, no share
+    private = request.privatize(clipped, 1).vector
+    weaker = privatize_update(clipped, clip_norm=1.0, noise_std=0.1, generator=torch.Generator())
+    edited = request.privatize(clipped, 4).vector
+    edited.copy_(clipped)  # the share taken out again, in place
+    for update in (clipped, private.clone(), weaker.vector, edited):
+        with pytest.raises(ValueError, match=r"updates\[1\] must be the vector of .*noise-std 0.3"):
+            reply_updates(message, {1: update})  # before: sent, accepted by the server as a share
+    reply = reply_updates(message, {1: private})
+    assert torch.equal(torch.from_numpy(P.read_updates(reply.content)[1]), private)
+    server = _message()  # server mode (noise-std 0): a hand-made update is sent as before
+    assert set(P.read_updates(reply_updates(server, {1: clipped}).content)) == {1}

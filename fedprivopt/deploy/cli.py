@@ -94,8 +94,14 @@ def _differ(old: Any, new: Any) -> bool:
     ``--set seed=true --set seed=1``) was no contradiction, since ``True == 1`` in Python: the
     value the key refuses was dropped silently and seed 1 used, where ``simulate`` refuses both
     (forty-third review, input 6: :func:`fedprivopt.cli_runs._differ`).
+
+    Forty-seventh review of issue 15 (sameness 2): inside a table or an array too (``--set
+    'strategies.dp-fedavg={seed=true}' --set 'strategies.dp-fedavg={seed=1}'`` ran seed 1):
+    entry by entry, as ``cli_runs._differ``.
     """
-    return old != new or isinstance(old, bool) != isinstance(new, bool)
+    from fedprivopt.cli_runs import _differ as differ
+
+    return differ(old, new)
 
 
 def _checked_out(out: str) -> None:

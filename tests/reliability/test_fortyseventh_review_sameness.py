@@ -105,3 +105,13 @@ def test_2_set_tables_of_other_keys_or_equal_values_still_merge():
         "clip-norm": 1.0,
         "task-params.x": [1, 2],
     }
+
+
+def test_2_deploy_local_alike():
+    from fedprivopt.deploy.cli import _overrides
+
+    with pytest.raises(ValueError, match="contradicts an earlier --set"):
+        _overrides(["strategies.dp-fedavg={seed=true}", "strategies.dp-fedavg={seed=1}"])
+    assert _overrides(["task-params={seed=1}", "task-params={seed=1}"]) == {
+        "task-params": {"seed": 1}
+    }

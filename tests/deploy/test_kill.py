@@ -324,7 +324,10 @@ def test_the_sweep_stops_what_still_runs_in_a_stale_working_directory(tmp_path):
         "dead": {"pid": int(done.stdout), "start": 1, "pidns": namespace},
         "live": {"pid": os.getpid(), "start": start_time(os.getpid()), "pidns": namespace},
     }
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ignored', flush=True); time.sleep(120)"
+    )
     procs, pids = {}, {}
     try:
         for name, owner in owners.items():
@@ -332,10 +335,12 @@ def test_the_sweep_stops_what_still_runs_in_a_stale_working_directory(tmp_path):
             (path / FLWR_HOME_NAME).mkdir(parents=True)
             (path / "owner.json").write_text(json.dumps(owner))
             env = {**os.environ, "FLWR_HOME": str(path / FLWR_HOME_NAME)}
-            procs[name] = subprocess.Popen([sys.executable, "-c", stubborn], env=env)
-            wait_until(lambda p=procs[name]: proc_stat(p.pid) is not None, 10, lambda: "no start")
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", stubborn], env=env, stdout=subprocess.PIPE, text=True
+            )
             pids[procs[name].pid] = proc_stat(procs[name].pid)[19]
-        time.sleep(0.3)  # SIGTERM is ignored from here on
+        for proc in procs.values():  # SIGTERM is ignored from here on (no fixed sleep)
+            assert proc.stdout.readline() == "ignored\n"
         assert remove_stale_workdirs(tmp_path) == [tmp_path / "fedprivopt-deploy-dead"]
         assert procs["dead"].wait(timeout=10) == -signal.SIGKILL
         assert procs["live"].poll() is None
@@ -350,13 +355,18 @@ def test_a_started_process_dies_with_its_killed_parent_even_if_it_ignores_sigter
     """``ProcessSet.start`` asks the kernel for SIGKILL when the parent dies (``PR_SET_PDEATHSIG``).
     Before it asked for SIGTERM, which a process in a graceful shutdown (uvicorn waiting on open
     requests) may sit on indefinitely."""
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    ready = tmp_path / "ignored"
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(ready)!r}, 'w').close(); time.sleep(120)"
+    )
     parent = (
-        "import sys, time\n"
+        "import os, sys, time\n"
         "from fedprivopt.deploy.processes import ProcessSet\n"
         f"procs = ProcessSet({{}}, {str(tmp_path)!r})\n"
         f"child = procs.start('stubborn', [sys.executable, '-c', {stubborn!r}], 'stubborn')\n"
-        "time.sleep(0.5)\n"  # SIGTERM is ignored from here on
+        f"while not os.path.exists({str(ready)!r}):\n"  # SIGTERM is ignored from here on
+        "    time.sleep(0.01)\n"
         "print(child.pid, flush=True)\n"
         "sys.stdin.read()\n"
     )

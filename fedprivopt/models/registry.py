@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib
 import inspect
 import io
@@ -251,17 +252,72 @@ def factory_text(factory: object) -> str:
         factory = factory.func
     module = getattr(factory, "__module__", None)
     qualname = getattr(factory, "__qualname__", None) or type(factory).__qualname__
-    return " ".join([f"{module}.{qualname}", *(f"with {b}" for b in reversed(bound))])
+    return " ".join(
+        [f"{module}.{qualname}", *(f"with {b}" for b in reversed(bound)), *_captured(factory)]
+    )
+
+
+def _captured(factory: object) -> list[str]:
+    """A function's default arguments and the values its closure holds, as text.
+
+    Forty-seventh review follow-up of issue 15 (ledger 5; a way around api 3): a factory made
+    in a loop over seeds 3 and 4, ``register_task("sweep", lambda **p: Task(seed=seed, **p),
+    replace=True)`` (or a ``def make(seed=seed)`` there), was recorded as the same
+    ``<lambda>`` for both, and ``resume()`` went on with the other seed's data.
+    """
+    defaults = getattr(factory, "__defaults__", None) or ()
+    keywords = getattr(factory, "__kwdefaults__", None) or {}
+    parts = []
+    if defaults or keywords:
+        named = {str(k): _argument_text(v) for k, v in sorted(keywords.items())}
+        text = json.dumps([[_argument_text(d) for d in defaults], named], sort_keys=True)
+        parts.append(f"defaults {text}")
+    cells = []
+    for cell in getattr(factory, "__closure__", None) or ():
+        try:
+            cells.append(_argument_text(cell.cell_contents))
+        except ValueError:  # a cell not yet filled
+            cells.append("<empty>")
+    if cells:
+        parts.append(f"closing over {json.dumps(cells, sort_keys=True)}")
+    return parts
 
 
 def _argument_text(value: object) -> object:
     if isinstance(value, os.PathLike):
         return os.fspath(value) if isinstance(os.fspath(value), str) else repr(os.fspath(value))
     try:
-        json.dumps(value)
+        text = json.dumps(value, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
-        return f"<{type(value).__qualname__}>"
+        return _value_repr(value)
+    if len(text) > 256:  # a long value (a list of a user's indices): its digest
+        return {"sha256": hashlib.sha256(text.encode()).hexdigest()}
     return value
+
+
+def _value_repr(value: object) -> str:
+    """``repr(value)`` where it is the same in every process (``np.int64(3)``), else its type.
+
+    Forty-seventh review follow-up of issue 15 (ledger 5): ``partial(Task, seed=seed)`` over
+    ``numpy.arange`` (numpy integers, no JSON value) was recorded as ``<int64>`` for every seed.
+    A repr holding an address (``<... at 0x7f...>``) or of a set (its order varies with the hash
+    seed) gives the type, as before.
+    """
+    kind = f"<{type(value).__qualname__}>"
+    if isinstance(value, (set, frozenset)):
+        return kind
+    try:
+        text = repr(value)
+    except Exception:  # a repr of one's own that raises
+        return kind
+    if _ADDRESS.search(text):
+        return kind
+    if len(text) > 256:
+        return f"{kind} sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+    return text
+
+
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 
 
 def _partial_modules(name: str, function_module: object) -> object:

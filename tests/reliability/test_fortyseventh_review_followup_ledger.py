@@ -31,6 +31,12 @@
    the run started (module ..., source SHA-256 6fe75c7ffa19…; the run's privacy ledger records
    ..., 6fe75c7ffa19…; factory "reg.make", the ledger's null)" (compare's reuse alike). Now
    ``LedgerChecks.check_data`` checks such a ledger by what it records, the module's digest.
+5. A way around api 3: the data-seed sweep's factory made in a loop over ``numpy.arange``
+   (``partial(ToyClassificationTask, seed=seed)`` with numpy integers, recorded ``<int64>``),
+   as a lambda closing over the seed, or as ``def make(seed=seed, **p)``. Before: one data
+   identity for seeds 3 and 4 (``resume()`` went on with the other seed's data, as api 3's
+   case did). Now ``registry.factory_text`` records a repr without an address
+   (``np.int64(3)``), a function's defaults and its closure's values (``_captured``).
 """
 
 from __future__ import annotations
@@ -202,3 +208,40 @@ def test_4_a_run_recorded_before_the_factory_resumes(
     )
     resume(run)  # before: ValueError "the task's code changed" (the same SHA-256)
     assert _released(run) == [1, 2]
+
+
+def test_5_a_factory_of_a_loop_is_told_by_its_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import sys
+
+    from fedprivopt.models.registry import build_task
+    from fedprivopt.models.task import data_identity
+
+    (tmp_path / "fuledger47sweep.py").write_text(
+        "import functools\nimport numpy as np\n"
+        "from fedprivopt.models import register_task\n"
+        "from fedprivopt.models.toy import ToyClassificationTask as T\n"
+        "def numpy(seed):\n"
+        "    register_task('fu47np', functools.partial(T, seed=np.int64(seed)), replace=True)\n"
+        "def closure(seed):\n"
+        "    register_task('fu47cl', lambda **p: T(seed=seed, **p), replace=True)\n"
+        "def default(seed):\n"
+        "    def make(seed=seed, **p):\n        return T(seed=seed, **p)\n"
+        "    register_task('fu47df', make, replace=True)\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fuledger47sweep", raising=False)
+    mod = importlib.import_module("fuledger47sweep")
+    alike = []
+    for sweep, name in ((mod.numpy, "fu47np"), (mod.closure, "fu47cl"), (mod.default, "fu47df")):
+        ids = []
+        for seed in (3, 4, 3):
+            sweep(seed)
+            ids.append(data_identity(build_task(name, num_users=4)))
+        assert ids[0] == ids[2], name  # the same seed: the same identity
+        if ids[0] == ids[1]:
+            alike.append(name)
+    assert alike == []  # before: all three equal for seeds 3 and 4

@@ -324,7 +324,8 @@ def _storage_failed(args: argparse.Namespace, flag: str, exc: OSError, message: 
         return f"argument --{flag}: {message}"
     given = getattr(args, flag)
     again = "run the command again"
-    if _command(args) == "simulate" and os.path.isfile(os.path.join(given, "config.toml")):
+    run = _command(args) in ("simulate", "deploy local")  # deploy's run: simulate --resume
+    if run and os.path.isfile(os.path.join(given, "config.toml")):
         again = f"resume the run (fedprivopt simulate --resume {shown_path(given)})"
     return (
         f"{message} (the disk or file server under --{flag} failed, not the argument); free "

@@ -1,6 +1,7 @@
 """privatize_update: the client's clip and noise-share step as a public function (issue 18)."""
 
 import math
+import typing
 
 import pytest
 import torch
@@ -70,11 +71,18 @@ def test_an_integer_update_is_refused():
 
 
 class _Capturing(LocalTrainer):
-    """A LocalTrainer that remembers the raw update it clips."""
+    """A LocalTrainer that remembers the raw update it clips (outside the trainer: its own
+    attributes are set back after every user, forty-seventh review follow-up, privacy 2)."""
+
+    seen: typing.ClassVar[list] = []
 
     def clip(self, delta, clip_norm):
-        self.raw = delta.clone()
+        type(self).seen.append(delta.clone())
         return super().clip(delta, clip_norm)
+
+    @property
+    def raw(self):
+        return self.seen[-1]
 
 
 @pytest.mark.parametrize("noise_std", [0.0, 0.05])

@@ -200,9 +200,11 @@ def privatize_update(
                 vector = add_gaussian_noise(vector, noise_std, generator=generator)
             else:
                 before = vector.clone()  # a replacement may add in place
+                state = generator.get_state()
                 vector = add_noise(vector, noise_std, generator)
                 _refuse_other_tensor("add_noise", vector, update)
                 _refuse_missing_noise(vector, before, noise_std)
+                _refuse_unused_generator(generator, state)
         if _shares_memory(vector, update):
             # forty-fifth review of issue 15 (api 2): an update within C (server-noise mode)
             # came back as the caller's own tensor, so a ClientApp that computed each user's
@@ -325,6 +327,25 @@ def _refuse_missing_noise(vector: torch.Tensor, before: torch.Tensor, std: float
             f"smaller than N(0, {std:.6g}^2 I) over {vector.numel()} entries (below the "
             "chi-square's e^-50 quantile); it must return vector + noise of std noise_std "
             "drawn from generator"
+        )
+
+
+def _refuse_unused_generator(generator: torch.Generator, state: torch.Tensor) -> None:
+    """Raise ``ValueError`` when a replacement ``add_noise`` drew nothing from ``generator``.
+
+    Follow-up of the forty-seventh review of issue 15 (privacy 4; api 1's twin): a replacement
+    that drew its share elsewhere (``delta + std * torch.randn_like(delta)``, torch's global
+    generator, or a generator of its own seeded with a constant) passed the share's size check
+    but not its source: in secure mode the share is no longer drawn from the operating system's
+    entropy, and a share of a constant seed (or of an app that seeds torch for reproducible
+    training) is known to whoever knows the seed, who subtracts it from the update it reads.
+    """
+    if torch.equal(generator.get_state(), state):
+        raise ValueError(
+            "add_noise drew nothing from the generator it was given: the noise share must be "
+            "drawn from generator (noise_generator's: keyed by round and user, or the operating "
+            "system's entropy in secure mode), not from torch's global generator or one of its "
+            "own"
         )
 
 

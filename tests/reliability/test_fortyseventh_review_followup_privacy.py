@@ -13,6 +13,10 @@
    ``min-shares`` 1, every node replying ``0.01`` in each entry of a 3-entry model): accepted as
    shares, the released model ``[0.0125 0.0125 0.0125]`` exactly with seed 3, no noise at all,
    reported with noise std 0.559 and charged epsilon 3.41 (``share_floor`` is 0 for d <= 200).
+4. A replacement ``add_noise`` (``privatize_update(..., add_noise=...)``, a ``LocalTrainer``
+   subclass's) drawing its share from torch's global generator (``torch.randn_like``) or from a
+   generator of its own seeded with a constant: sent, a share not of the operating system's
+   entropy in secure mode, known to whoever knows the seed.
 """
 
 from __future__ import annotations
@@ -175,3 +179,39 @@ def test_3_an_update_without_its_noise_share_is_not_sent() -> None:
     assert torch.equal(torch.from_numpy(P.read_updates(reply.content)[1]), private)
     server = _message()  # server mode (noise-std 0): a hand-made update is sent as before
     assert set(P.read_updates(reply_updates(server, {1: clipped}).content)) == {1}
+
+
+# -- 4: a replacement add_noise drawing its share elsewhere than from its generator ---------------
+
+
+def _global(vector, std, generator):  # torch's global generator, the one given left unused
+    return vector + std * torch.randn_like(vector)
+
+
+def _constant(vector, std, generator):  # a generator of its own, of a constant seed
+    own = torch.Generator().manual_seed(0)
+    return vector + std * torch.randn(vector.shape, generator=own, dtype=vector.dtype)
+
+
+def _honest(vector, std, generator):
+    return vector + std * torch.randn(vector.shape, generator=generator, dtype=vector.dtype)
+
+
+@pytest.mark.parametrize("replacement", [_global, _constant], ids=["global", "constant"])
+def test_4_a_share_not_drawn_from_its_generator_is_refused(replacement) -> None:
+    update = torch.full((18,), 0.01)
+    private = dict(clip_norm=1.0, noise_std=0.3)
+    with pytest.raises(ValueError, match="add_noise drew nothing from the generator"):
+        privatize_update(update, **private, generator=torch.Generator(), add_noise=replacement)
+
+    class Own(LocalTrainer):
+        def add_noise(self, delta, std, generator):
+            return replacement(delta, std, generator)
+
+    config = LocalConfig(learning_rate=0.1, batch_size=4, max_examples=8, **private)
+    with pytest.raises(ValueError, match="add_noise drew nothing from the generator"):
+        Own(TASK, device="cpu").train(
+            initial_flat(TASK), user_id=1, round_num=1, config=config, rngs=RngFactory(seed=0)
+        )
+    out = privatize_update(update, **private, generator=torch.Generator(), add_noise=_honest)
+    assert out.vector.shape == (18,)

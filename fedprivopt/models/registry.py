@@ -31,7 +31,7 @@ from fedprivopt.core.text import shown
 from fedprivopt.models.next_word import StackOverflowNextWordTask
 from fedprivopt.models.tag_prediction import StackOverflowTagTask
 from fedprivopt.models.task import Task, note_factory
-from fedprivopt.models.task_calls import exited, out_of_memory, raised
+from fedprivopt.models.task_calls import exited, out_of_memory, raised, task_attribute
 from fedprivopt.models.toy import ToyClassificationTask
 
 __all__ = [
@@ -412,6 +412,12 @@ def build_task(name: str, **params: object) -> Task:
         # data seed) was not recorded, so after an edit of its seed (3 to 4) resume() went on
         # with rounds 2-3 on other data (eval_accuracy 0.67 where the unedited run gives 0.69)
         note_factory(task, module, factory=factory_text(registered))
+    if is_reference(name):
+        # forty-seventh review of issue 15 (follow-up outputs 4): isinstance(task, Task) reads
+        # each member (hasattr): a property raising its own exception (a name read from a file
+        # that was gone) was a traceback, rc 1; task_attribute names it
+        for member in TASK_MEMBERS:
+            task_attribute(task, member)
     if is_reference(name) and not isinstance(task, Task):
         missing = [m for m in TASK_MEMBERS if not hasattr(task, m)]
         what = f"it lacks {', '.join(missing)}" if missing else "it is not one"

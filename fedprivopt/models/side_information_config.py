@@ -53,6 +53,7 @@ from fedprivopt.models.side_information_spec import (  # re-exported
     key_name,
 )
 from fedprivopt.models.task import Task, model_spec
+from fedprivopt.models.task_calls import task_attribute
 
 __all__ = [
     "PARAMETERS",
@@ -69,8 +70,10 @@ def bag_of_words_shape(task: Task) -> tuple[int, int] | None:
     Such a task has ``word_count_path``, ``num_features`` (``V``) and ``num_tags`` (``K``), and
     its flat model is the ``(V, K)`` weight then the ``K`` bias.
     """
-    v, k = getattr(task, "num_features", None), getattr(task, "num_tags", None)
-    if getattr(task, "word_count_path", None) is None:
+    # a property's own exception (a file it reads gone) names the member (forty-seventh review
+    # of issue 15, follow-up outputs 4): it was a traceback, rc 1
+    v, k = task_attribute(task, "num_features"), task_attribute(task, "num_tags")
+    if task_attribute(task, "word_count_path") is None:
         return None
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (v, k)):
         return None
@@ -241,7 +244,7 @@ def _build(resolved: ResolvedSideInformation, task: Task) -> torch.Tensor:
         )
     from fedprivopt.data.vocab import read_word_counts
 
-    counts = read_word_counts(task.word_count_path, limit=v)  # type: ignore[attr-defined]
+    counts = read_word_counts(task_attribute(task, "word_count_path"), limit=v)
     return token_frequency_preconditioner(
         counts,
         vocab_size=v,

@@ -158,7 +158,9 @@ def primary_metric(task: Task) -> str:
     Progress lines, the command line's last line, run summaries and reports lead with it.
     ``"eval_accuracy"`` for a task that does not name one.
     """
-    name = getattr(task, "primary_metric", "accuracy")
+    from fedprivopt.models.task_calls import task_attribute  # it imports this module
+
+    name = task_attribute(task, "primary_metric", "accuracy")  # a property's own error named
     if not isinstance(name, str) or not name:
         raise TaskError(f"{type(task).__name__}.primary_metric must be a metric name, got {name!r}")
     return f"eval_{name}"

@@ -48,6 +48,7 @@ from fedprivopt.models.task import (
     primary_metric,
     refuse_inexact_entries,
 )
+from fedprivopt.models.task_calls import task_attribute
 from fedprivopt.privacy.accounting import check_ledger
 from fedprivopt.privacy.flat import flatten
 from fedprivopt.simulation import interrupt, ray_processes
@@ -137,8 +138,10 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
     check_config(config)
     if task is None:
         task = build_task(config.task, **config.task_params)
-    elif not is_reference(config.task) and getattr(task, "name", config.task) != config.task:
-        raise ValueError(f"the task given is {task.name!r}, the config's is {config.task!r}")
+    elif not is_reference(config.task):
+        given = task_attribute(task, "name", config.task)  # its own error named (outputs 4)
+        if given != config.task:
+            raise ValueError(f"the task given is {given!r}, the config's is {config.task!r}")
     if task.num_users != config.strategy.population:
         raise ValueError(
             f"population must equal the number of users of task {config.task!r} "

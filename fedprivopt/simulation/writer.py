@@ -20,7 +20,7 @@ import torch
 from fedprivopt.clients.model_layout import ModelAtBuild
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import Task, TaskError, data_identity, primary_metric
-from fedprivopt.models.task_calls import task_call
+from fedprivopt.models.task_calls import task_attribute, task_call
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten, unflatten
 from fedprivopt.simulation.checkpoint import ROWS_DIGEST, RowsDigest, save_checkpoint
@@ -116,7 +116,7 @@ class RunWriter:
         self.rows = read_rows(out / METRICS_FILE)
         self.rows_digest = RowsDigest()  # of self.rows, in each checkpoint and the summary
         self.metric = primary_metric(task)
-        self.initialization = getattr(task, "initialization", None)
+        self.initialization = task_attribute(task, "initialization")  # (follow-up outputs 4)
         if self.initialization is not None and not isinstance(self.initialization, str):
             raise TaskError(
                 f"{type(task).__name__}.initialization must be a string (how build_model "

@@ -22,6 +22,17 @@ fixes, and its open rows): tests.
    other command's numbers are refused. Now ``deploy.cli._timeout_flag`` refuses non-ASCII text:
    ``--timeout must be a number of seconds in (0, 2.592e+06], got '２'``; ``2``, ``1e-300`` and
    ``1_0`` (10 s, as TOML and ``--noise-multipliers`` read it) as before.
+4. The api reviewer's open row: a task of one's own whose optional member is a property that
+   raises its own exception (a file it reads gone: ``OSError``): ``primary_metric``,
+   ``word_count_path`` (AdaDPS' bag-of-words side information), ``initialization`` or ``name``
+   (``PROP47=<member> PYTHONPATH=mods fedprivopt simulate toy.toml --rounds 1 --set
+   task=propraise47:make --set strategy=adadps``). Before: a traceback ending ``OSError: index
+   file gone``, rc 1, for each (``getattr(task, name, default)`` catches ``AttributeError``
+   alone). Now ``models.task_calls.task_attribute`` reads each (``models.task.primary_metric``,
+   ``side_information_config.bag_of_words_shape`` and ``_build``, ``RunWriter.__init__``,
+   ``run.build_run``, ``registry.build_task`` of a task by reference):
+   ``PropRaise.primary_metric raised OSError at propraise47.py:6: index file gone``, rc 2,
+   nothing written; a property raising ``AttributeError`` reads as absent as before.
 """
 
 from __future__ import annotations
@@ -91,3 +102,50 @@ def test_3_deploy_timeout_refuses_digits_that_are_not_ascii(monkeypatch):
     for text in ("\uff12", "\u0663", "1\uff10", "2", "1e-300", "1_0", " 5 "):
         _timeout_flag(text)
     assert given == [None, None, None, 2.0, 1e-300, 10.0, 5.0]
+
+
+def _raises_its_own(self):
+    raise OSError("index file gone")
+
+
+def _absent(self):
+    raise AttributeError("not this one")
+
+
+def test_4_a_task_property_raising_its_own_error_is_one_line_naming_it(tmp_path, monkeypatch):
+    from fedprivopt.models import build_task
+    from fedprivopt.models.side_information_config import bag_of_words_shape
+    from fedprivopt.models.task import TaskError, primary_metric
+    from fedprivopt.simulation.config import RunConfig
+    from fedprivopt.simulation.run import build_run
+    from fedprivopt.simulation.writer import RunWriter
+
+    reads = {
+        "primary_metric": primary_metric,
+        "word_count_path": bag_of_words_shape,
+        "initialization": lambda task: RunWriter(tmp_path, None, None, task),
+        "name": lambda task: build_run(RunConfig(), task),
+    }
+    for member, read in reads.items():
+        own = type("PropRaise", (), {member: property(_raises_its_own)})
+        with pytest.raises(TaskError, match=rf"^PropRaise\.{member} raised OSError at .*: index"):
+            read(own())
+    assert os.listdir(tmp_path) == []
+    # a task by reference: isinstance(task, Task) read each member (hasattr) in build_task
+    module = tmp_path / "mods" / "propraise47fo.py"
+    module.parent.mkdir()
+    module.write_text(
+        "class PropRaise:\n"
+        "    @property\n"
+        "    def name(self):\n"
+        "        raise OSError('index file gone')\n"
+        "def make():\n"
+        "    return PropRaise()\n"
+    )
+    monkeypatch.syspath_prepend(str(module.parent))
+    with pytest.raises(TaskError, match=r"^PropRaise\.name raised OSError at propraise47fo"):
+        build_task("propraise47fo:make")
+    # a property raising AttributeError reads as absent, as before
+    absent = type("Absent", (), {"primary_metric": property(_absent)})
+    assert primary_metric(absent()) == "eval_accuracy"
+    assert bag_of_words_shape(type("Absent", (), {"word_count_path": property(_absent)})()) is None

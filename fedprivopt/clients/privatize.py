@@ -226,7 +226,7 @@ def keep_as_noised(vector: torch.Tensor, std: float) -> None:
     :func:`privatize_update` keeps its result so; a copy of it moved, not computed (another
     dtype or device, entries reordered), is kept by whoever made it. :func:`noised_std` reads
     it back while the vector is unchanged (its version counter; a write through ``.data`` or
-    NumPy is not seen).
+    NumPy is not seen), and for a copy of it (same shape and values, in its dtype or another).
     """
     key = id(vector)
 
@@ -250,9 +250,23 @@ def noised_std(vector: object) -> float:
     :func:`~fedprivopt.clients.replies.reply_updates` refuses such an update on the node.
     """
     entry = _NOISED.get(id(vector))
-    if entry is None or entry[0]() is not vector or vector._version != entry[2]:
+    if entry is not None and entry[0]() is vector and vector._version == entry[2]:
+        return entry[1]
+    if not isinstance(vector, torch.Tensor) or not vector.is_floating_point():
         return 0.0
-    return entry[1]
+    if vector.layout != torch.strided or vector.device.type == "meta":
+        return 0.0
+    # a copy of a kept vector, unchanged (.detach(), .cpu() of a CUDA one, .clone(), another
+    # floating dtype): its values
+    best = 0.0
+    for ref, std, version in list(_NOISED.values()):
+        kept = ref()
+        if kept is None or kept._version != version or kept.shape != vector.shape or std <= best:
+            continue
+        same = kept.to(device=vector.device, dtype=vector.dtype)  # .float() of a float16 one
+        if torch.equal(same, vector):
+            best = std
+    return best
 
 
 def _refuse_other_tensor(step: str, vector: object, update: torch.Tensor) -> None:

@@ -172,11 +172,12 @@ def test_3_an_update_without_its_noise_share_is_not_sent() -> None:
     weaker = privatize_update(clipped, clip_norm=1.0, noise_std=0.1, generator=torch.Generator())
     edited = request.privatize(clipped, 4).vector
     edited.copy_(clipped)  # the share taken out again, in place
-    for update in (clipped, private.clone(), weaker.vector, edited):
+    for update in (clipped, private * 2, weaker.vector, edited):
         with pytest.raises(ValueError, match=r"updates\[1\] must be the vector of .*noise-std 0.3"):
             reply_updates(message, {1: update})  # before: sent, accepted by the server as a share
-    reply = reply_updates(message, {1: private})
-    assert torch.equal(torch.from_numpy(P.read_updates(reply.content)[1]), private)
+    for update in (private, private.detach(), private.clone()):  # itself, or an exact copy
+        reply = reply_updates(message, {1: update})
+        assert torch.equal(torch.from_numpy(P.read_updates(reply.content)[1]), private)
     server = _message()  # server mode (noise-std 0): a hand-made update is sent as before
     assert set(P.read_updates(reply_updates(server, {1: clipped}).content)) == {1}
 

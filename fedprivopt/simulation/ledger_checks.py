@@ -299,11 +299,31 @@ class LedgerChecks:
         """Raise ``ValueError`` when the task's data is not the data the run was started on.
 
         ``data`` is the rebuilt task's :func:`~fedprivopt.models.task.data_identity`. A ledger
-        written before data was recorded, or a task without an identity, is not checked.
+        written before data was recorded is not checked, nor is a task without an identity
+        whose ledger records none.
+
+        Forty-seventh review of issue 15 (sameness 3): a task without an identity was not
+        checked against a ledger that records one: ``task = "mymod48:make"``, ``make`` a function
+        of one's own setting the toy task's data seed 3 (its module's digest recorded), then the
+        module edited to ``from fedprivopt.models.toy import ToyClassificationTask as make`` (a
+        packaged class: no module of one's own to digest, so no identity), and ``simulate
+        --resume`` ran rounds 3-4 on the data of seed 0, rc 0. Refused now, where the header
+        states it records the task's data (``records``).
         """
         stored = self.header.get("data")
         if stored is None and data is not None:
             self._refuse_lost("data")
+        records = self.header.get("records")
+        if stored is not None and data is None and isinstance(records, list) and "data" in records:
+            # a header of this version (its records say so); an earlier one as before
+            recorded = ", ".join(sorted(map(str, stored))) if isinstance(stored, dict) else "data"
+            raise ValueError(
+                f"{source}: the run's privacy ledger records the task's data and code "
+                f"({recorded}), but its task now has no identity (no data_identity(), no module "
+                "of one's own: its factory was replaced, say by a packaged class): resuming or "
+                "reusing a run with other task code is refused (start a new run in another "
+                "directory)"
+            )
         if stored is None or data is None:
             return
         if not isinstance(stored, dict):

@@ -115,3 +115,18 @@ def test_2_deploy_local_alike():
     assert _overrides(["task-params={seed=1}", "task-params={seed=1}"]) == {
         "task-params": {"seed": 1}
     }
+
+
+def test_3_a_task_without_identity_where_the_ledger_records_one_is_refused(tmp_path):
+    from fedprivopt.simulation.ledger_checks import LedgerChecks
+
+    ledger = LedgerChecks()
+    ledger.path = tmp_path / "privacy_ledger.jsonl"
+    ledger.header = {
+        "records": ["data", "task-params", "task_source"],
+        "data": {TASK_SOURCE: {"module": "mymod48", "sha256": "c9" * 32}},
+    }
+    with pytest.raises(ValueError, match=r"records the task's data and code \(task_source\), but"):
+        ledger.check_data(None, "R/config.toml")
+    ledger.header = {}  # a ledger of a version before data was recorded, a task without one
+    ledger.check_data(None, "R/config.toml")

@@ -143,14 +143,14 @@ def _notes(
         "ICLR 2022; its directory `tune/<cell>/`, its tuning seed drawn from OS entropy): K "
         f"trials with K drawn from the {dist}, hyperparameters drawn from the grid, only the best "
         "trial released. A row's runs are those released trials, one per cell seed (the cell "
-        "seed only names the cell; the seeds listed above are the trials' own run seeds, drawn "
-        "from the tuning seed), and the epsilon in the summary is that of the **whole tuning "
-        "procedure** (RDP, RepeatAndSelectDpEvent), "
+        "seed only names the cell; the trials' own run seeds, drawn from the tuning seed, are in "
+        "each tuning's report and files, not in the header), and the epsilon in the summary is "
+        "that of the **whole tuning procedure** (RDP, RepeatAndSelectDpEvent), "
         "not of the run alone; `epsilon_single_run` (one run's epsilon, RDP) stands beside it "
         "below and in summary.csv. Strategies are named '<strategy> (tuned)'.",
         "",
         "**This report is the operator's view, not a release.** It shows each tuning's number "
-        "of trials K and the trials' run seeds; each tuning seed is secret, drawn from OS "
+        "of trials K and the released trials' numbers; each tuning seed is secret, drawn from OS "
         "entropy as `fedprivopt tune` without --seed draws it and kept only in "
         "`tune/<cell>/tune.json` (a later call reuses it). The tuning epsilon assumes K, the "
         "tuning seed and the other trials stay secret: publishing this report, summary.csv or "

@@ -343,7 +343,7 @@ def _task_differences(runs: Sequence[RunData]) -> list[str]:
         for f, r, record in zip(flat, runs, records, strict=True):  # no record: not compared
             if record is not None:
                 key = json.dumps(record, sort_keys=True)
-                label = f"data {len(first) + 1}, as in {r.path.parent.name}/{r.path.name}"
+                label = f"data {len(first) + 1}, as in {_run_label(r)}"
                 f[_DATA_KEY] = first.setdefault(key, label)
     differing = []
     for key in sorted({k for f in flat for k in f}):
@@ -359,6 +359,22 @@ def _task_differences(runs: Sequence[RunData]) -> list[str]:
         + ": their metrics are not over the same data (see each run's config.toml"
         + (" and its privacy ledger's data)" if any(_DATA_KEY in d for d in differing) else ")")
     ]
+
+
+def _run_label(run: RunData) -> str:
+    """How a warning names ``run``: ``parent/name``, or a tuned run by its tuning's name.
+
+    Forty-seventh review of issue 15 (tuning, finding 1): ``compare-tuned TA TB`` of two
+    tunings whose data records differ warned "data 1, as in runs/trial-004": the released
+    trial's number, a lower bound on the number of trials K (at least 4 ran), in the report
+    one publishes beside the tunings' epsilon, which assumes K secret (its table leaves the
+    number out since the thirty-fifth review's tuning 4).
+    """
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
+    if run.strategy.endswith(TUNED_SUFFIX):
+        return f"the tuning {_tuning_of(run).name}"
+    return f"{run.path.parent.name}/{run.path.name}"
 
 
 def _tuned_notes(runs: Sequence[RunData], epsilon_text: str) -> list[str]:

@@ -70,6 +70,34 @@ def _seeds_text(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     return f"{each} {runs} per group (seeds differ between groups: {seed_list(seeds)})"
 
 
+def _header_seeds(rows: Sequence[dict[str, Any]], runs: Sequence[RunData]) -> str:
+    """The header's seeds (:func:`_seeds_text`), without the run seeds of tuned rows.
+
+    Forty-seventh review of issue 15 (tuning, finding 2): ``compare-tuned T`` (the report one
+    publishes beside the tunings' epsilon) said "1 seeds (248092671)", the released trial's
+    run seed, ``derive_seed(tuning seed, "tune", "run", i)``: with a guessable ``--seed`` it
+    gives the trial's number ``i`` (a lower bound on the number of trials K, which that
+    epsilon assumes secret) and confirms the seed, and a seeded trial's seed regenerates its
+    noise. A tuned row's released trials are counted, their seeds left to the tunings' files.
+    """
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
+    tuned = [r for r in rows if str(r["strategy"]).endswith(TUNED_SUFFIX)]
+    if not tuned:
+        return _seeds_text(rows, sorted({r.seed for r in runs}))
+    counts = sorted({len(r["seeds"]) for r in tuned})
+    each = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    text = (f"{each} {'tuning' if counts == [1] else 'tunings'} per tuned group (the released "
+            "trials' run seeds are not shown: with the tuning seed they give a trial's number, "
+            "a lower bound on the number of trials, which the tuning's epsilon assumes "
+            "secret)")  # fmt: skip
+    untuned = [r for r in rows if r not in tuned]
+    if untuned:
+        seeds = sorted({s for r in untuned for s in r["seeds"]})
+        text += f"; untuned groups: {_seeds_text(untuned, seeds)}"
+    return text
+
+
 def _noise_text(runs: Sequence[RunData]) -> str:
     """``2 noise multipliers (0.5, 1)``, with ``plus non-private baselines`` when there are any.
 
@@ -118,14 +146,13 @@ def markdown(
     # forty-fifth review of issue 15 (reports, finding 1): a task's metric name is its own text
     m, pretty = sel.metric, one_line(pretty_metric(sel.metric))
     strategies = sorted({r.strategy for r in sel.runs})
-    seeds = sorted({r.seed for r in sel.runs})
     engines = sorted({str(r.summary.get("engine", "?")) for r in sel.runs})
     budget = sum(r.summary.get("stopped_reason") == "budget" for r in sel.runs)
     lines = [
         f"# {one_line(title)}",
         "",
         f"{len(sel.runs)} runs in {len(rows)} groups: {len(strategies)} strategies "
-        f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {_seeds_text(rows, seeds)}; "
+        f"({', '.join(strategies)}) × {_noise_text(sel.runs)} × {_header_seeds(rows, sel.runs)}; "
         f"engine {', '.join(engines)}. "
         f"Task metric: {code_span(m)}. Values are the final evaluation, mean ± sample std over "
         "seeds.",
@@ -393,6 +420,8 @@ def _seeded_runs(runs: Sequence[RunData]) -> list[str]:
     listed their seeds (0, 1) and ``secure: false`` under "Privacy parameters" with ε beside
     them, and no word that each seed regenerates its run's noise and sampling.
     """
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
     private = [r for r in runs if math.isfinite(r.epsilon)]
     seeded = [r for r in private if not (r.summary.get("config") or {}).get("secure", False)]
     if not seeded:
@@ -400,9 +429,14 @@ def _seeded_runs(runs: Sequence[RunData]) -> list[str]:
     secure = [bool((r.summary.get("config") or {}).get("secure", False)) for r in private]
     names = sorted({n for n, s in zip(_row_names(private, secure), secure, strict=True) if not s})
     of = "" if len(seeded) == len(private) else f", of {', '.join(names)},"
+    # forty-seventh review (tuning, finding 2): a tuned run's seed is in its tuning's files only
+    tuned = [r.strategy.endswith(TUNED_SUFFIX) for r in seeded]
+    where = ("this report names" if not any(tuned) else "their tunings' files name (trials.csv, "
+             "summary.json; not this report)" if all(tuned) else "this report names (a tuned "
+             "row's: its tuning's files)")  # fmt: skip
     return [
         f"- seeded runs: {len(seeded)} of the {len(private)} private runs (secure = false){of} "
-        "derive their noise and sampling from their seeds, which this report names, so anyone "
+        f"derive their noise and sampling from their seeds, which {where}, so anyone "
         "who knows a seed can regenerate and subtract its run's noise: ε holds only while the "
         "seeds are secret (secure = true draws them from the operating system's entropy)"
     ]

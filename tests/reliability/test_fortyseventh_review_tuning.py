@@ -1,0 +1,61 @@
+"""Forty-seventh review of issue 15, tuning: what a tuning's publishable outputs say.
+
+The tuning's epsilon (Papernot & Steinke's private selection with a random number of trials K)
+covers the release of the selected trial's result only: K, the tuning seed and the other trials
+stay with the operator. ``compare-tuned``'s report is the one published beside that epsilon.
+
+1. ``compare-tuned TA TB`` of two tunings whose data records differ (tasks by reference of
+   other modules) warned "data 1, as in runs/trial-004" in its report and on the console: the
+   released trial's number, a lower bound on K (at least 4 trials ran). Such a run is now named
+   by its tuning ("as in the tuning TA").
+2. ``compare-tuned T`` said "1 seeds (248092671)" in its header, the released trial's run seed
+   ``derive_seed(tuning seed, "tune", "run", i)``: with a guessable ``--seed`` it gives ``i``
+   and confirms the seed; a seeded trial's seed regenerates its noise. The header now counts a
+   tuned row's tunings without their seeds, and the seeded-runs line says where they are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from fedprivopt.simulation import report, report_markdown
+
+
+def _trial(root: Path, tuning: str, trial: str, data: dict, strategy: str) -> SimpleNamespace:
+    """A released trial ``root/tuning/runs/trial`` whose ledger header records ``data``."""
+    path = root / tuning / "runs" / trial
+    path.mkdir(parents=True)
+    header = {"ledger": 2, "kind": "header", "round": 0, "events": 0, "data": data}
+    (path / "privacy_ledger.jsonl").write_text(json.dumps(header) + "\n")
+    config = {"task": f"{tuning.lower()}:Task", "strategy": strategy, "secure": False}
+    return SimpleNamespace(path=path, strategy=strategy + " (tuned)", summary={"config": config},
+                           epsilon=9.459, noise_multiplier=0.5, seed=248092671)  # fmt: skip
+
+
+def test_1_a_task_difference_names_a_tuned_run_by_its_tuning_not_its_trial(tmp_path):
+    runs = [
+        _trial(tmp_path, "TA", "trial-004", {"task_source": "a"}, "dp-fedavg"),
+        _trial(tmp_path, "TB", "trial-001", {"task_source": "b"}, "dp-fedadam"),
+    ]
+    (warning,) = report._task_differences(runs)
+    assert "trial-004" not in warning and "trial-001" not in warning
+    assert '"data 1, as in the tuning TA"' in warning and "the tuning TB" in warning
+    untuned = SimpleNamespace(**{**vars(runs[1]), "strategy": "dp-fedadam"})
+    (warning,) = report._task_differences([runs[0], untuned])
+    assert "as in runs/trial-001" in warning  # an untuned run: named as before
+
+
+def test_2_the_header_does_not_list_a_released_trials_run_seed(tmp_path):
+    tuned = [{"strategy": "dp-fedavg (tuned)", "seeds": [248092671]}]
+    runs = [_trial(tmp_path, "T", "trial-001", {}, "dp-fedavg")]
+    text = report_markdown._header_seeds(tuned, runs)
+    assert "248092671" not in text and text.startswith("1 tuning per tuned group")
+    untuned = [{"strategy": "dp-fedadam", "seeds": [0, 1]}]
+    both = report_markdown._header_seeds(tuned + untuned, runs)
+    assert "248092671" not in both and both.endswith("untuned groups: 2 seeds (0, 1)")
+    seeded = [SimpleNamespace(seed=0), SimpleNamespace(seed=1)]
+    assert report_markdown._header_seeds(untuned, seeded) == "2 seeds (0, 1)"  # as before
+    (line,) = report_markdown._seeded_runs(runs)
+    assert "which their tunings' files name" in line and "this report names" not in line

@@ -130,10 +130,14 @@ def plain_task_params(params: Any) -> Any:
     """
     if not isinstance(params, Mapping):
         return params
-    return {
-        name: _plain(f"task-params.{str(name).replace('_', '-')}", value)
-        for name, value in params.items()
-    }
+    # forty-seventh review of issue 15 (follow-up outputs 5): a key that is a str subclass (a
+    # (str, Enum) member) ran as its value ("seed") and was written to config.toml as its str
+    # ("K.SEED = 3", a table K), so --resume was refused for ever: a key is plain text too
+    out = {}
+    for name, value in params.items():
+        name = plain_scalar(name)
+        out[name] = _plain(f"task-params.{str(name).replace('_', '-')}", value)
+    return out
 
 
 def _plain(key: str, value: Any) -> Any:
@@ -151,6 +155,7 @@ def _plain(key: str, value: Any) -> Any:
                     f"{shown_key(key)}: a table's keys are text in a run's config.toml, got "
                     f"{shown(name)}"
                 )
+            name = plain_scalar(name)  # a str subclass's key as its text (follow-up outputs 5)
             out[name] = _plain(f"{key}.{name}", item)
         return out
     if value is None:

@@ -33,16 +33,26 @@ fixes, and its open rows): tests.
    ``run.build_run``, ``registry.build_task`` of a task by reference):
    ``PropRaise.primary_metric raised OSError at propraise47.py:6: index file gone``, rc 2,
    nothing written; a property raising ``AttributeError`` reads as absent as before.
+5. A way around input 1 (a setting given as a subclass of ``str``): the Python API
+   ``simulate(replace(load_config(toy), task_params={"num_users": 40, K.SEED: 3}), out)``, a
+   task parameter's KEY a ``(str, Enum)`` member (also a table's key inside a parameter).
+   Before: the run went on with seed 3 (the key equals ``"seed"``), rc 0, and ``config.toml``
+   recorded ``K.SEED = 3`` (its ``str``: a table ``K``), so ``simulate --resume`` was refused for
+   ever (``task-params.K.SEED = 3, but the run's privacy ledger records ... "(not set)"``). Now
+   ``config_values.plain_task_params`` gives each key as plain text (``plain_scalar``):
+   ``seed = 3`` recorded, and the resume runs (2 rounds, epsilon 10.28).
 """
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import os
 import sys
 import types
 
 import pytest
+import tomllib
 
 
 def test_1_generate_refuses_a_directory_inside_a_run_that_is_starting(tmp_path):
@@ -149,3 +159,17 @@ def test_4_a_task_property_raising_its_own_error_is_one_line_naming_it(tmp_path,
     absent = type("Absent", (), {"primary_metric": property(_absent)})
     assert primary_metric(absent()) == "eval_accuracy"
     assert bag_of_words_shape(type("Absent", (), {"word_count_path": property(_absent)})()) is None
+
+
+def test_5_a_task_parameter_key_given_as_a_str_subclass_is_recorded_as_its_text():
+    from fedprivopt.simulation.config import RunConfig, config_to_toml
+
+    class Key(str, enum.Enum):
+        SEED = "seed"
+        A = "a"
+
+    config = RunConfig(task_params={"num_users": 40, Key.SEED: 3, "extra": {Key.A: 1}})
+    assert [type(k) for k in config.task_params] == [str, str, str]
+    assert [type(k) for k in config.task_params["extra"]] == [str]
+    recorded = tomllib.loads(config_to_toml(config))["task-params"]
+    assert recorded == {"num_users": 40, "seed": 3, "extra": {"a": 1}}

@@ -204,6 +204,7 @@ def privatize_update(
                 vector = add_noise(vector, noise_std, generator)
                 _refuse_other_tensor("add_noise", vector, update)
                 _refuse_missing_noise(vector, before, noise_std)
+                _refuse_changed_update(vector, before, noise_std)
                 _refuse_unused_generator(generator, state)
         if _shares_memory(vector, update):
             # forty-fifth review of issue 15 (api 2): an update within C (server-noise mode)
@@ -341,6 +342,35 @@ def _refuse_missing_noise(vector: torch.Tensor, before: torch.Tensor, std: float
             f"smaller than N(0, {std:.6g}^2 I) over {vector.numel()} entries (below the "
             "chi-square's e^-50 quantile); it must return vector + noise of std noise_std "
             "drawn from generator"
+        )
+
+
+def _refuse_changed_update(vector: torch.Tensor, before: torch.Tensor, std: float) -> None:
+    """Raise ``ValueError`` when a replacement ``add_noise`` changed the clipped update itself.
+
+    Follow-up of the forty-seventh review of issue 15 (privacy 5; the forty-sixth review's api 1
+    through ``add_noise``): a replacement returning ``10 * vector + noise`` (or the unclipped
+    update plus noise) passed the share's size check: 10,000 entries, share std 0.5 C, the
+    update sent held 9.8 C along its direction (norm 51 C with the share), which the server
+    keeps in distributed mode (up to ``C + s (sqrt(d) + 10)``, 56 C): ten times the sensitivity
+    epsilon is charged for. What was added along the clipped update's direction is, for a
+    share of std ``s``, one normal draw ``N(0, s^2)``: beyond ``10 s`` (chance below e^-50)
+    plus the sum's rounding, the update itself was scaled. A partial check: a scale of at most
+    ``1 + 10 s / C`` (4 on the toy model at s = 0.3 C), or a change across the update's
+    direction, passes.
+    """
+    base = before.detach().double()
+    length = float(torch.linalg.vector_norm(base))
+    if not length > 0.0:
+        return
+    along = float(torch.dot((vector.detach().double() - base).reshape(-1), base.reshape(-1)))
+    unit = torch.finfo(vector.dtype).eps / 2.0
+    rounding = 2.0 * unit * float(torch.linalg.vector_norm(vector.detach().double()))
+    if not abs(along / length) <= 10.0 * std + rounding:
+        # not how much (follow-up, privacy 5): it follows the user's update's norm
+        raise ValueError(
+            "add_noise changed the clipped update itself (beyond its noise share, along the "
+            "update's direction): it must return vector + noise, the vector as it was given"
         )
 
 

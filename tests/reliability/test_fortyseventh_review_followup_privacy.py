@@ -17,6 +17,9 @@
    subclass's) drawing its share from torch's global generator (``torch.randn_like``) or from a
    generator of its own seeded with a constant: sent, a share not of the operating system's
    entropy in secure mode, known to whoever knows the seed.
+5. A replacement ``add_noise`` returning ``10 * vector + noise`` (10,000 entries, share std 0.5
+   C): sent holding 9.8 C along the update, which the server keeps in distributed mode (up to
+   ``C + s (sqrt(d) + 10)`` = 56 C).
 """
 
 from __future__ import annotations
@@ -216,3 +219,21 @@ def test_4_a_share_not_drawn_from_its_generator_is_refused(replacement) -> None:
         )
     out = privatize_update(update, **private, generator=torch.Generator(), add_noise=_honest)
     assert out.vector.shape == (18,)
+
+
+# -- 5: a replacement add_noise scaling the clipped update beside its share -----------------------
+
+
+def test_5_an_add_noise_scaling_the_update_is_refused() -> None:
+    def scaled(vector, std, generator):  # the share drawn honestly, the update scaled by 10
+        return 10 * vector + std * torch.randn(vector.shape, generator=generator)
+
+    update = torch.full((10000,), 1.0)
+    private = dict(clip_norm=1.0, noise_std=0.5)
+    with pytest.raises(ValueError, match="add_noise changed the clipped update itself"):
+        # before: sent, 9.8 C along the update (the server keeps up to 56 C here)
+        privatize_update(update, **private, generator=torch.Generator(), add_noise=scaled)
+    for seed in range(20):  # an honest replacement, in float16 too
+        half = update.half()
+        gen = torch.Generator().manual_seed(seed)
+        privatize_update(half, **private, generator=gen, add_noise=_honest)

@@ -270,7 +270,10 @@ def markdown(
             for r in sorted(sel.runs, key=lambda r: (r.strategy, r.noise_multiplier, r.seed))
         ]
     if issues:
-        lines += ["", "## Warnings", ""] + [f"- {table_cell(i)}" for i in issues]
+        # forty-seventh review of issue 15 (tuning, finding 3): an item quoting a task parameter
+        # of one's own (``task-params.label = "![x](http://evil.example/t.png)"``) drew an image
+        # of another address, fetched when the report is shown: written as plain text
+        lines += ["", "## Warnings", ""] + [f"- {plain_text(i)}" for i in issues]
     if notes:
         lines += ["", "## Notes", "", notes.strip()]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,10 @@ stay with the operator. ``compare-tuned``'s report is the one published beside t
    ``derive_seed(tuning seed, "tune", "run", i)``: with a guessable ``--seed`` it gives ``i``
    and confirms the seed; a seeded trial's seed regenerates its noise. The header now counts a
    tuned row's tunings without their seeds, and the seeded-runs line says where they are.
+3. ``compare-tuned TC TD`` of tunings of a task by reference whose string parameter differs
+   (``--set 'task-params.label=![x](http://evil.example/t.png)'`` in one) wrote the Warnings
+   item quoting it as Markdown: an image of another address, fetched when the report is shown.
+   The Warnings' items are now plain text (brackets and ``<`` escaped).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fedprivopt.simulation import report, report_markdown
+from fedprivopt.simulation.rundata_aggregate import Selection
 
 
 def _trial(root: Path, tuning: str, trial: str, data: dict, strategy: str) -> SimpleNamespace:
@@ -59,3 +64,12 @@ def test_2_the_header_does_not_list_a_released_trials_run_seed(tmp_path):
     assert report_markdown._header_seeds(untuned, seeded) == "2 seeds (0, 1)"  # as before
     (line,) = report_markdown._seeded_runs(runs)
     assert "which their tunings' files name" in line and "this report names" not in line
+
+
+def test_3_a_warning_quoting_a_task_parameter_draws_no_image():
+    issue = ('the runs differ in their task settings: task-params.label '
+             '("![x](http://evil.example/t.png)", null) <img src=x>')  # fmt: skip
+    text = report_markdown.markdown("t", Selection("eval_accuracy", []), [], [issue], None)
+    item = text.split("## Warnings", 1)[1].strip()
+    assert "![x](" not in item and "!\\[x\\](" in item and "\\<img src=x>" in item
+    assert item.startswith("- the runs differ in their task settings: task-params.label")

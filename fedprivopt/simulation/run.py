@@ -92,6 +92,7 @@ from fedprivopt.simulation.run_checks import (
     check_writable,
     initial_model,
     private_strategy,
+    refuse_other_task_parameters,
     run_dir_argument,
 )
 from fedprivopt.simulation.run_places import (
@@ -142,6 +143,7 @@ def build_run(config: RunConfig, task: Task | None = None) -> tuple[Task, Server
         given = task_attribute(task, "name", config.task)  # its own error named (outputs 4)
         if given != config.task:
             raise ValueError(f"the task given is {given!r}, the config's is {config.task!r}")
+        refuse_other_task_parameters(config, task)
     if task.num_users != config.strategy.population:
         raise ValueError(
             f"population must equal the number of users of task {config.task!r} "

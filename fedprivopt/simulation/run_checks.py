@@ -13,6 +13,7 @@ Split from :mod:`fedprivopt.simulation.run`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 
 from fedprivopt.core.files import real_path, url_refusal
 from fedprivopt.data.token_cache import CACHE_DIR
+from fedprivopt.models.registry import is_reference, resolve_task
 from fedprivopt.models.task import Task, refuse_unbuilt_model
 from fedprivopt.models.task_calls import task_call
 from fedprivopt.simulation.config import RunConfig
@@ -175,3 +177,45 @@ def check_config_file(out: Path) -> None:
     else:
         what = f" has no {CONFIG_FILE}"
     raise ValueError(f"--resume directory {str(out)!r}{what}"[:400])
+
+
+_PLAIN = (bool, int, float, str)
+
+
+def refuse_other_task_parameters(config: RunConfig, task: Task) -> None:
+    """``ValueError`` when a package task given to a run was built with other parameters.
+
+    ``simulate(config, out, task=...)`` takes a task built before from ``config``'s ``task`` and
+    ``task-params`` (data read once for several runs). Forty-seventh review of issue 15 (api,
+    open for the lead): a toy task built with ``seed = 7`` beside a config of ``task-params.seed
+    = 0`` trained and evaluated round 1 on seed 7's data while ``config.toml`` and the ledger
+    recorded seed 0, and ``resume()`` went on with seed 0's task: one run of two datasets. For
+    the package's own tasks, each seed parameter the factory takes (``seed``, ``*_seed``: the
+    config's value, else the factory's default) is compared with the task's attribute of that
+    name. Other parameters are not: a task may keep a value derived from its data under a
+    parameter's name (``stackoverflow-tp`` keeps the 455 tags its data has where 500 were
+    asked). A task of one's own (a reference or a registered factory of another module) is
+    trusted: its attributes need not mirror its parameters.
+    """
+    if is_reference(config.task) or not type(task).__module__.startswith("fedprivopt."):
+        return
+    try:
+        signature = inspect.signature(resolve_task(config.task))
+    except (TypeError, ValueError):
+        return
+    wanted = {p.name: p.default for p in signature.parameters.values() if p.default is not p.empty}
+    wanted.update({k.replace("-", "_"): v for k, v in config.task_params.items()})
+    own = getattr(task, "__dict__", {})
+    for name, value in wanted.items():
+        if name != "seed" and not name.endswith("_seed"):
+            continue
+        have = own.get(name)
+        if type(have) not in _PLAIN or type(value) not in _PLAIN:
+            continue
+        if isinstance(have, bool) != isinstance(value, bool) or have != value:
+            key = "task-params." + name.replace("_", "-")
+            raise ValueError(
+                f"{key}: the task given was built with {name} = {have!r}, the config's "
+                f"{config.task!r} with {value!r}; give a task built from the config's task and "
+                "task-params, or none"
+            )

@@ -86,3 +86,20 @@ def test_egress_5_a_node_none_of_whose_users_trained_still_fails(monkeypatch):
     assert reply.error.reason.startswith("BadFour.user_data raised OSError")
     with pytest.raises(MemoryError, match="the node ran out of memory answering a train"):
         _reply([4], "memory", monkeypatch)
+
+
+# -- lead 2 (the api reviewer's open row): a task given to simulate built with another seed -----
+
+
+def test_lead_2_a_package_task_of_another_seed_is_refused(tmp_path):
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import simulate
+
+    config = load_config("simulations/toy.toml", {"num-server-rounds": 1, "population": 40})
+    other = ToyClassificationTask(num_users=40, seed=7)  # the config's task-params.seed is 0
+    # before: round 1 trained on seed 7's data, config.toml and the ledger recorded seed 0
+    with pytest.raises(ValueError, match=r"^task-params.seed: the task given was built with seed"):
+        simulate(config, tmp_path / "r", task=other)
+    assert not (tmp_path / "r").exists()
+    same = ToyClassificationTask(num_users=40, seed=0)  # the config's own task runs
+    assert simulate(config, tmp_path / "s", task=same).rows

@@ -138,8 +138,18 @@ def privacy_settings(config) -> dict[str, Any]:
 
 
 def canonical(value: Any) -> str:
-    """``value`` as sorted-key JSON: what two settings are compared by."""
-    return json.dumps(value, sort_keys=True, allow_nan=True)
+    """``value`` as sorted-key JSON: what two settings are compared by.
+
+    Keys are made strings first, as a JSON file holds them: forty-seventh review of issue 15
+    (sameness 4), a task's data identity ``{"counts": {1: 5, "total": 5}}`` (kept so in a
+    checkpoint's copy of the header) could not be sorted, and every ``--resume`` and compare's
+    reuse of its runs ended in a ``TypeError``.
+    """
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=True)
+    except TypeError:  # keys of several types: 1 and "total" cannot be ordered
+        plain = json.loads(json.dumps(value, allow_nan=True))
+        return json.dumps(plain, sort_keys=True, allow_nan=True)
 
 
 def first_difference(old: Any, new: Any) -> tuple[str, Any, Any]:

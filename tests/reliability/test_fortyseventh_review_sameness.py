@@ -130,3 +130,17 @@ def test_3_a_task_without_identity_where_the_ledger_records_one_is_refused(tmp_p
         ledger.check_data(None, "R/config.toml")
     ledger.header = {}  # a ledger of a version before data was recorded, a task without one
     ledger.check_data(None, "R/config.toml")
+
+
+def test_4_a_data_identity_with_keys_of_two_types_is_compared_not_a_traceback(tmp_path):
+    from fedprivopt.simulation.ledger_checks import LedgerChecks
+    from fedprivopt.simulation.ledger_lines import canonical
+
+    mine = {"counts": {1: 5, "total": 5}}
+    assert canonical(mine) == canonical({"counts": {"1": 5, "total": 5}})  # was TypeError
+    ledger = LedgerChecks()
+    ledger.path = tmp_path / "privacy_ledger.jsonl"
+    ledger.header = {"records": ["data"], "data": {"counts": {"1": 5, "total": 5}}}  # as read
+    ledger.check_data(mine, "R/config.toml")
+    with pytest.raises(ValueError, match="holds other data than the run was started on"):
+        ledger.check_data({"counts": {1: 6, "total": 6}}, "R/config.toml")

@@ -180,7 +180,9 @@ def private_evaluation_users(task: Task) -> tuple[int, int] | None:
     TaskError
         When the method returns anything but two integers ``0 <= private <= evaluated``.
     """
-    method = getattr(task, "private_evaluation_users", None)
+    from fedprivopt.models.task_calls import task_attribute  # it imports this module
+
+    method = task_attribute(task, "private_evaluation_users")  # its own error named (outputs 4)
     if not callable(method):
         return None
     value = _called(task, "private_evaluation_users")
@@ -228,7 +230,9 @@ def data_identity(task: Task) -> dict | None:
     cached = getattr(task, "__dict__", {}).get("_fedprivopt_data_identity")
     if cached is not None:
         return dict(cached)
-    method = getattr(task, "data_identity", None)
+    from fedprivopt.models.task_calls import task_attribute  # it imports this module
+
+    method = task_attribute(task, "data_identity")  # its own error named (outputs 4)
     if method is not None and not callable(method):
         # forty-sixth review of issue 15 (flags 4): read as absent unless callable, so a task
         # of one's own that set it as an attribute (self.data_identity = {"data_sha256": ...}

@@ -18,7 +18,7 @@ import torch
 from fedprivopt.clients.trainer import LocalTrainer, clip_report
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import TaskError
-from fedprivopt.models.task_calls import task_call
+from fedprivopt.models.task_calls import task_attribute, task_call
 from fedprivopt.privacy.aggregate_checks import KeptReads, refuse_shared_updates
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import RowSparse, RowSparseBatch
@@ -53,7 +53,7 @@ class UserTrainer:
         self.device = device
         self.secure = secure
         self.chunk_users = int(chunk_users)
-        make = getattr(task, "cohort_trainer", None)
+        make = task_attribute(task, "cohort_trainer")  # its own error named (outputs 4)
         self.cohort = None
         if vectorize and callable(make):
             # its own exception (or a signature without these keywords) is one line naming it

@@ -160,8 +160,9 @@ def _refuse_uncallable(task: object) -> None:
     """
     from fedprivopt.core.text import shown
     from fedprivopt.models.task import TaskError
+    from fedprivopt.models.task_calls import task_attribute
 
-    member = getattr(task, "private_evaluation_users", None)
+    member = task_attribute(task, "private_evaluation_users")  # its own error named (outputs 4)
     if member is not None and not callable(member):
         raise TaskError(
             f"{type(task).__name__}.private_evaluation_users must be a method returning "

@@ -281,7 +281,7 @@ class RunWriter:
 
     def _reference(self) -> dict[str, Any] | None:
         """The task's untrained public reference model and its metrics (e.g. the tag prior)."""
-        make = getattr(self.task, "reference", None)
+        make = task_attribute(self.task, "reference")  # its own error named (outputs 4)
         if not callable(make):
             return None
         call = f"{type(self.task).__name__}.reference()"

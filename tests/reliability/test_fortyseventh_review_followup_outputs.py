@@ -30,7 +30,9 @@ fixes, and its open rows): tests.
    file gone``, rc 1, for each (``getattr(task, name, default)`` catches ``AttributeError``
    alone). Now ``models.task_calls.task_attribute`` reads each (``models.task.primary_metric``,
    ``side_information_config.bag_of_words_shape`` and ``_build``, ``RunWriter.__init__``,
-   ``run.build_run``, ``registry.build_task`` of a task by reference):
+   ``run.build_run``, ``registry.build_task`` of a task by reference; also ``reference``,
+   ``data_identity``, ``private_evaluation_users`` and ``cohort_trainer``, each a traceback
+   too: ``reference`` after the rounds were released, as its call's own error ends):
    ``PropRaise.primary_metric raised OSError at propraise47.py:6: index file gone``, rc 2,
    nothing written; a property raising ``AttributeError`` reads as absent as before.
 5. A way around input 1 (a setting given as a subclass of ``str``): the Python API
@@ -124,10 +126,13 @@ def _absent(self):
 
 def test_4_a_task_property_raising_its_own_error_is_one_line_naming_it(tmp_path, monkeypatch):
     from fedprivopt.models import build_task
+    from fedprivopt.models import task as tasks
     from fedprivopt.models.side_information_config import bag_of_words_shape
     from fedprivopt.models.task import TaskError, primary_metric
     from fedprivopt.simulation.config import RunConfig
+    from fedprivopt.simulation.fast_trainer import UserTrainer
     from fedprivopt.simulation.run import build_run
+    from fedprivopt.simulation.tune_notes import selection_users
     from fedprivopt.simulation.writer import RunWriter
 
     reads = {
@@ -135,6 +140,13 @@ def test_4_a_task_property_raising_its_own_error_is_one_line_naming_it(tmp_path,
         "word_count_path": bag_of_words_shape,
         "initialization": lambda task: RunWriter(tmp_path, None, None, task),
         "name": lambda task: build_run(RunConfig(), task),
+        # the other optional members read so (a traceback each, rc 1, before)
+        "reference": lambda task: RunWriter._reference(types.SimpleNamespace(task=task)),
+        "data_identity": tasks.data_identity,
+        "private_evaluation_users": lambda task: selection_users([task]),
+        "cohort_trainer": lambda task: UserTrainer(
+            task, device="cpu", vectorize=True, chunk_users=1, secure=False
+        ),
     }
     for member, read in reads.items():
         own = type("PropRaise", (), {member: property(_raises_its_own)})

@@ -135,6 +135,11 @@ def plain_task_params(params: Any) -> Any:
     # ("K.SEED = 3", a table K), so --resume was refused for ever: a key is plain text too
     out = {}
     for name, value in params.items():
+        if not isinstance(name, str):  # 1, b"seed", None: config_to_toml's TypeError, naming
+            # nothing, after RunConfig took it (follow-up outputs 6)
+            raise ValueError(
+                f"task-params: a parameter's name is text in a run's config.toml, got {shown(name)}"
+            )
         name = plain_scalar(name)
         out[name] = _plain(f"task-params.{str(name).replace('_', '-')}", value)
     return out

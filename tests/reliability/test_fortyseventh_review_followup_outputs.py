@@ -43,6 +43,12 @@ fixes, and its open rows): tests.
    ever (``task-params.K.SEED = 3, but the run's privacy ledger records ... "(not set)"``). Now
    ``config_values.plain_task_params`` gives each key as plain text (``plain_scalar``):
    ``seed = 3`` recorded, and the resume runs (2 rounds, epsilon 10.28).
+6. Beside 5: ``RunConfig(task_params={"num_users": 40, 1: 3})`` (also ``b"seed"`` or ``None``
+   as a parameter's name). Before: taken; ``simulate(config, out)`` ended in ``TypeError:
+   keywords must be strings`` and ``config_to_toml`` in ``TypeError: expected string or
+   bytes-like object, got 'int'``, naming nothing. Now ``ValueError`` 'task-params: a
+   parameter's name is text in a run's config.toml, got 1', as a table's keys inside a
+   parameter are refused.
 """
 
 from __future__ import annotations
@@ -185,3 +191,11 @@ def test_5_a_task_parameter_key_given_as_a_str_subclass_is_recorded_as_its_text(
     assert [type(k) for k in config.task_params["extra"]] == [str]
     recorded = tomllib.loads(config_to_toml(config))["task-params"]
     assert recorded == {"num_users": 40, "seed": 3, "extra": {"a": 1}}
+
+
+def test_6_a_task_parameter_name_that_is_not_text_is_refused_naming_task_params():
+    from fedprivopt.simulation.config import RunConfig
+
+    for name in (1, b"seed", None):
+        with pytest.raises(ValueError, match=r"^task-params: a parameter's name is text in a run"):
+            RunConfig(task_params={"num_users": 40, name: 3})

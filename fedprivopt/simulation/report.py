@@ -202,6 +202,7 @@ def write_report(
     issues = list(dict.fromkeys([*issues, *agg_issues, *_task_differences(sel.runs),
                                  *_tuned_notes(sel.runs, epsilon_text),
                                  *map(str, extra_issues)]))  # fmt: skip
+    issues = _trial_paths_hidden(issues, sel.runs)
     warn_all(issues)
     _check_replaceable(out)
     unlink_links(out, REPORT_FILES)  # never written through a link (sixteenth review)
@@ -375,6 +376,27 @@ def _run_label(run: RunData) -> str:
     if run.strategy.endswith(TUNED_SUFFIX):
         return f"the tuning {_tuning_of(run).name}"
     return f"{run.path.parent.name}/{run.path.name}"
+
+
+def _trial_paths_hidden(issues: Sequence[str], runs: Sequence[RunData]) -> list[str]:
+    """``issues`` with each tuned run's directory named by its tuning, not its trial's number.
+
+    Forty-seventh review of issue 15 (tuning, finding 4): ``compare-tuned TH`` of a tuning
+    whose released trial's evaluation loss was not finite at round 1 only (its final values
+    finite, so ``tune`` released it) warned "TH/runs/trial-001: diverged at round 1 ...": the
+    trial's number, a lower bound on the number of trials, which the tuning's epsilon
+    assumes secret, in the report one publishes beside it (every note naming a run's path).
+    """
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
+    named = {str(r.path): f"the released trial of {_run_label(r)}" for r in runs
+             if r.strategy.endswith(TUNED_SUFFIX)}  # fmt: skip
+    out = []
+    for issue in issues:
+        for path in sorted(named, key=len, reverse=True):
+            issue = issue.replace(path, named[path])
+        out.append(issue)
+    return out
 
 
 def _tuned_notes(runs: Sequence[RunData], epsilon_text: str) -> list[str]:

@@ -93,16 +93,26 @@ def seed_list(seeds: Sequence[int]) -> str:
     return shown + (f" and {rest} more" if rest else "")
 
 
-def seeds_cell(n: int, n_finite: int, diverged: Sequence[tuple[int, int]], budget: int = 0) -> str:
+def seeds_cell(
+    n: int, n_finite: int, diverged: Sequence[tuple[int, int]], budget: int = 0,
+    seeds_named: bool = True,
+) -> str:  # fmt: skip
     """``3``, or ``3 (1 non-finite; 2 diverged: seed 0 from round 1, seed 2 from round 4)``.
 
     Above :data:`LISTED` diverged seeds they are grouped by round: ``seeds 0-299 from round 1``.
     ``budget`` seeds stopped early at the privacy budget: ``3 (3 stopped at the privacy
-    budget)`` (:func:`write_summary_csv`, finding 5).
+    budget)`` (:func:`write_summary_csv`, finding 5). ``seeds_named`` false (a tuned row,
+    whose run seeds are released trials' and give their numbers: forty-seventh review,
+    tuning 4): ``1 (1 diverged: from round 1)``.
     """
     marks = [f"{budget} stopped at the privacy budget"] if budget else []
     marks += [f"{n - n_finite} non-finite"] if n_finite != n else []
-    if len(diverged) > LISTED:
+    if diverged and not seeds_named:
+        rounds = sorted({first for _, first in diverged})
+        more = ", ..." if len(rounds) > LISTED else ""
+        which = f"from round {', '.join(map(str, rounds[:LISTED]))}{more}"
+        marks.append(f"{len(diverged)} diverged: {which}")
+    elif len(diverged) > LISTED:
         rounds = sorted({first for _, first in diverged})
         which = ", ".join(
             f"seeds {seed_list([s for s, f in diverged if f == first])} from round {first}"

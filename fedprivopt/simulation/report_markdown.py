@@ -144,6 +144,8 @@ def markdown(
 ) -> str:
     """The text of ``report.md`` (:func:`~fedprivopt.simulation.report.write_report`)."""
     # forty-fifth review of issue 15 (reports, finding 1): a task's metric name is its own text
+    from fedprivopt.simulation.tune_notes import TUNED_SUFFIX
+
     m, pretty = sel.metric, one_line(pretty_metric(sel.metric))
     strategies = sorted({r.strategy for r in sel.runs})
     engines = sorted({str(r.summary.get("engine", "?")) for r in sel.runs})
@@ -201,7 +203,13 @@ def markdown(
     named = differing_bases(rows)  # each ε cell names what it is (thirty-seventh review)
     for r in rows:
         n, n_ok = r["n_seeds"], r["n_finite"]
-        seeds_column = seeds_cell(n, n_ok, r["diverged"], r.get("n_budget", 0))
+        seeds_column = seeds_cell(
+            n,
+            n_ok,
+            r["diverged"],
+            r.get("n_budget", 0),
+            seeds_named=not str(r["strategy"]).endswith(TUNED_SUFFIX),
+        )
         eps, basis = fmt_eps(r["epsilon"], r.get("private", False)), epsilon_basis(r, named)
         if basis and math.isfinite(r["epsilon"]):
             eps += f" ({basis})"

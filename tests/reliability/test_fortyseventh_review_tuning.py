@@ -16,6 +16,11 @@ stay with the operator. ``compare-tuned``'s report is the one published beside t
    (``--set 'task-params.label=![x](http://evil.example/t.png)'`` in one) wrote the Warnings
    item quoting it as Markdown: an image of another address, fetched when the report is shown.
    The Warnings' items are now plain text (brackets and ``<`` escaped).
+4. ``compare-tuned TH`` of a tuning whose released trial's evaluation loss was infinite at
+   round 1 only (final values finite, so ``tune`` released it; ``summary.json`` diverged 1)
+   warned "TH/runs/trial-001: diverged at round 1 ..." and its Summary's seeds column said
+   "1 (1 diverged: seed 2128243444 from round 1)": the trial's number and run seed. Every
+   warning now names a tuned run by its tuning, and a tuned row's cell gives the round alone.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fedprivopt.simulation import report, report_markdown
+from fedprivopt.simulation.report_format import seeds_cell
 from fedprivopt.simulation.rundata_aggregate import Selection
 
 
@@ -73,3 +79,12 @@ def test_3_a_warning_quoting_a_task_parameter_draws_no_image():
     item = text.split("## Warnings", 1)[1].strip()
     assert "![x](" not in item and "!\\[x\\](" in item and "\\<img src=x>" in item
     assert item.startswith("- the runs differ in their task settings: task-params.label")
+
+
+def test_4_a_diverged_released_trial_is_named_by_its_tuning_without_its_seed(tmp_path):
+    (run,) = [_trial(tmp_path, "TH", "trial-004", {}, "dp-fedavg")]
+    note = f"{run.path}: diverged at round 1 (an evaluation loss ...)"
+    (hidden,) = report._trial_paths_hidden([note], [run])
+    assert "trial-004" not in hidden and hidden.startswith("the released trial of the tuning TH")
+    assert seeds_cell(1, 1, [(2128243444, 1)], seeds_named=False) == "1 (1 diverged: from round 1)"
+    assert seeds_cell(2, 2, [(7, 3)]) == "2 (1 diverged: seed 7 from round 3)"  # untuned rows

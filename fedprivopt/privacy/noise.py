@@ -21,8 +21,9 @@ real-valued Gaussian mechanism. Mironov (2012) showed that the low-order bits of
 samples, and the rounding of ``x + noise``, can leak information in theory; the secure sampler
 makes the known attack on the sampler infeasible, but it is not an exact sampler. There is no
 discrete Gaussian (Canonne, Kamath & Steinke 2020) and no snapping here, and torch's generators
-(Mersenne Twister on CPU, Philox on CUDA, seeded with 63 bits of OS entropy per stream in secure
-mode) are not cryptographically secure PRNGs.
+(Mersenne Twister on CPU, its whole state from OS entropy in secure mode; Philox on CUDA) are not
+cryptographically secure PRNGs; a seeded CPU stream is one of 2^32 (torch keeps 32 bits of a
+seed).
 
 References
 ----------

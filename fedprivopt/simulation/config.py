@@ -354,6 +354,11 @@ def resolve_config(data: Mapping[str, Any]) -> RunConfig:
         run["client_cpus"] = float(run["client_cpus"])
     if "client_gpus" in run and type(run["client_gpus"]) is int:  # not bool: false is no count
         run["client_gpus"] = float(run["client_gpus"])
+    if "round_timeout" in run and type(run["round_timeout"]) is int:
+        # forty-seventh review of issue 15 (sameness 5): compare --set round-timeout=600 over
+        # its cells of 600.0 refused every one ('a run made with round-timeout = 600.0, this
+        # call asks for 600'), the same setting
+        run["round_timeout"] = float(run["round_timeout"])
     strategy_config = StrategyConfig.from_mapping(strategy)
     if 0 < strategy_config.noise_multiplier < MIN_NOISE_MULTIPLIER:
         raise ValueError(

@@ -18,6 +18,7 @@ import hashlib
 import sys
 import types
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,13 @@ def test_4_a_data_identity_with_keys_of_two_types_is_compared_not_a_traceback(tm
     ledger.check_data(mine, "R/config.toml")
     with pytest.raises(ValueError, match="holds other data than the run was started on"):
         ledger.check_data({"counts": {1: 6, "total": 6}}, "R/config.toml")
+
+
+def test_5_round_timeout_as_an_integer_is_the_same_setting():
+    from fedprivopt.simulation.cell_plans import first_difference
+    from fedprivopt.simulation.config import load_config
+
+    toy = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+    given = load_config(toy, {"round-timeout": 3600})
+    assert first_difference(load_config(toy), given) is None  # was round-timeout 3600.0, 3600
+    assert type(given.round_timeout) is float

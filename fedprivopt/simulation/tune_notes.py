@@ -181,13 +181,16 @@ def selection_lines(checks: Sequence[Any]) -> list[str]:
     row's epsilon is that of the whole tuning procedure, with no word that the selection read
     private users' data without noise (the tuning's own report says so).
     """
+    from fedprivopt.simulation.report_format import plain_text
+
     lines = []
     for check in checks:
         selection = check.selection
         if selection is not None and not selection.get("private"):
             continue
         name = check.plan["strategy"] + TUNED_SUFFIX
-        lines.append(f"- {check.path} ({name}): {selection_note(selection)}")
+        # forty-seventh review (tuning, finding 5): the path as plain text, not Markdown or HTML
+        lines.append(f"- {plain_text(check.path)} ({name}): {selection_note(selection)}")
     if not lines:
         return []
     heading = "**Tuned rows whose epsilon does not (or may not) cover their selection:**"

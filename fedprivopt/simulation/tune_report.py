@@ -442,6 +442,7 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
     dp-fedadam --grid server-learning-rate=0.01,0.03,0.1 --metric eval_loss`` recorded neither
     grid nor selection metric: the two rows read as equal procedures.
     """
+    from fedprivopt.simulation.report_format import plain_text
     from fedprivopt.simulation.report_markdown import table_cell
 
     checks = list(checks)  # read twice: an iterator lost its table (forty-third review, 7)
@@ -461,5 +462,7 @@ def tunings_lines(checks: Sequence[Any]) -> list[str]:
         drawn = {t["trial"]: t["hyperparameters"] for t in check.plan["trials"]}
         hp = ", ".join(f"{k} = {v!r}" for k, v in drawn.get(check.best_dir.name, {}).items())
         cells = [check.path, check.plan["strategy"] + TUNED_SUFFIX, hp]
-        lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
+        # forty-seventh review of issue 15 (tuning, finding 5): a tuning directory named
+        # '<img src=x onerror=alert(1)>' (or '![x](t.png)') was written as HTML (an image)
+        lines.append("| " + " | ".join(table_cell(plain_text(c)) for c in cells) + " |")
     return lines

@@ -21,6 +21,9 @@ stay with the operator. ``compare-tuned``'s report is the one published beside t
    warned "TH/runs/trial-001: diverged at round 1 ..." and its Summary's seeds column said
    "1 (1 diverged: seed 2128243444 from round 1)": the trial's number and run seed. Every
    warning now names a tuned run by its tuning, and a tuned row's cell gives the round alone.
+5. ``compare-tuned '<img src=x onerror=alert(1)>'`` (a tuning directory of that name; also
+   ``![x](t.png)``) wrote the name into the table of released hyperparameters (and the
+   selection note) as HTML or an image. Both write it as plain text now.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from types import SimpleNamespace
 from fedprivopt.simulation import report, report_markdown
 from fedprivopt.simulation.report_format import seeds_cell
 from fedprivopt.simulation.rundata_aggregate import Selection
+from fedprivopt.simulation.tune_notes import selection_lines
+from fedprivopt.simulation.tune_report import tunings_lines
 
 
 def _trial(root: Path, tuning: str, trial: str, data: dict, strategy: str) -> SimpleNamespace:
@@ -88,3 +93,21 @@ def test_4_a_diverged_released_trial_is_named_by_its_tuning_without_its_seed(tmp
     assert "trial-004" not in hidden and hidden.startswith("the released trial of the tuning TH")
     assert seeds_cell(1, 1, [(2128243444, 1)], seeds_named=False) == "1 (1 diverged: from round 1)"
     assert seeds_cell(2, 2, [(7, 3)]) == "2 (1 diverged: seed 7 from round 3)"  # untuned rows
+
+
+def test_5_a_tuning_named_as_html_or_an_image_is_written_as_plain_text(tmp_path):
+    plan = {
+        "strategy": "dp-fedavg",
+        "metric": "eval_accuracy",
+        "grid": {"server-learning-rate": [0.5, 1]},
+        "trial_count": {"distribution": "poisson", "mean": 2.0},
+        "trials": [{"trial": "trial-001", "hyperparameters": {"server-learning-rate": 1}}],
+    }
+    checks = [SimpleNamespace(path=Path(name), plan=plan, best_dir=Path(name, "runs/trial-001"),
+                              selection={"private": 3, "evaluated": 5})
+              for name in ("<img src=x onerror=alert(1)>", "![x](t.png)")]  # fmt: skip
+    text = "\n".join(tunings_lines(checks) + selection_lines(checks))
+    assert "<img" not in text.replace("\\<img", "") and "![x](" not in text
+    assert (
+        "| \\<img src=x onerror=alert(1)> | dp-fedavg (tuned) | server-learning-rate = 1 |" in text
+    )

@@ -58,6 +58,11 @@ def _same(a: Any, b: Any) -> bool:
         return True
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        # forty-seventh review of issue 15 (sameness 6): a table inside an array (a task
+        # parameter opts = [{flag = true}]) was compared with ==, so [{flag = 1}] (or 1.0 for 1)
+        # was the same configuration and its cell reused
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b
 
 

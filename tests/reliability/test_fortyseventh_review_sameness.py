@@ -155,3 +155,18 @@ def test_5_round_timeout_as_an_integer_is_the_same_setting():
     given = load_config(toy, {"round-timeout": 3600})
     assert first_difference(load_config(toy), given) is None  # was round-timeout 3600.0, 3600
     assert type(given.round_timeout) is float
+
+
+@pytest.mark.parametrize(
+    ("stored", "wanted"),
+    [([{"flag": True}], [{"flag": 1}]), ([{"w": 1}], [{"w": 1.0}]), ([{"a": 1}], [{"b": 1}])],
+)
+def test_6_a_table_inside_an_array_is_compared_entry_by_entry(stored, wanted):
+    from fedprivopt.simulation.cell_plans import first_difference
+    from fedprivopt.simulation.config import load_config
+
+    toy = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+    a = load_config(toy, {"task-params.opts": stored})
+    b = load_config(toy, {"task-params.opts": wanted})
+    assert first_difference(a, b) == ("task-params.opts", stored, wanted)  # was None: reused
+    assert first_difference(a, load_config(toy, {"task-params.opts": stored})) is None

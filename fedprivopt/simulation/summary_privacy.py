@@ -196,7 +196,9 @@ def threat_model(config: RunConfig, side: ResolvedSideInformation | None = None)
     (``ledger_header.settings.seed``, ``algorithm.config.seed``): from ``checkpoint.pt`` of a
     seeded toy run alone (a task that records no data identity, whose ``not_covered`` says
     to publish "the models"), regenerating round 1's noise gave its exact clipped sum to
-    1.8e-7 (the release is 1.31 away).
+    1.8e-7 (the release is 1.31 away). Forty-seventh review (contract 3, open): each seeded
+    stream is one of 2**32 whatever the seed (torch's CPU generator keeps 32 bits of its seed),
+    so a search finds the noise without the seed; the text says so.
     """
     s = config.strategy
     if not s.private:
@@ -225,7 +227,10 @@ def threat_model(config: RunConfig, side: ResolvedSideInformation | None = None)
             "every checkpoint: checkpoint.pt and checkpoint.prev.pt hold it beside the model, so "
             "publish the model's parameters, not those files), so anyone who knows it can "
             "regenerate and subtract the noise: the guarantee holds only while the seed is "
-            "secret (secure = true draws them from the operating system's entropy)"
+            "secret, and not against a search either: each noise stream is one of 2**32 (torch's "
+            "CPU generator keeps 32 bits of its seed), which the released models let anyone "
+            "test without the seed; publish runs with secure = true, which draws them from the "
+            "operating system's entropy"
         )
         if s.noise_mode != "server":
             text += (

@@ -449,7 +449,9 @@ def _seeded_runs(runs: Sequence[RunData]) -> list[str]:
         f"- seeded runs: {len(seeded)} of the {len(private)} private runs (secure = false){of} "
         f"derive their noise and sampling from their seeds, which {where}, so anyone "
         "who knows a seed can regenerate and subtract its run's noise: ε holds only while the "
-        "seeds are secret (secure = true draws them from the operating system's entropy)"
+        "seeds are secret, and not against a search either (each noise stream is one of 2**32: "
+        "torch's CPU generator keeps 32 bits of its seed); secure = true draws them from the "
+        "operating system's entropy"
     ]
 
 

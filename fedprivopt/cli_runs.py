@@ -39,6 +39,7 @@ __all__ = [
     "refuse_ray_temp_inside",
     "refuse_table_against_flags",
     "set_overrides",
+    "values_differ",
 ]
 
 
@@ -162,7 +163,7 @@ def set_overrides(args: argparse.Namespace) -> dict:
             raise UsageError(f"argument --set: {shown(text)} is nested too deeply") from None
         if sets_nothing(value):  # silently dropped (nineteenth review of issue 15, finding 1)
             raise UsageError(empty_table_error("--set", key, value))
-        if key in out and _differ(out[key], value):  # the last would silently win
+        if key in out and values_differ(out[key], value):  # the last would silently win
             merged = _merged_tables(out[key], value)
             if merged is None:
                 raise UsageError(
@@ -175,7 +176,7 @@ def set_overrides(args: argparse.Namespace) -> dict:
         value = getattr(args, flag, None)
         if value is None:
             continue
-        if key in out and _differ(out[key], value):  # the shorthand would silently win
+        if key in out and values_differ(out[key], value):  # the shorthand would silently win
             raise UsageError(
                 f"argument --{flag}: {value!r} contradicts --set {key}={out[key]!r}; "
                 "give one of them"
@@ -184,7 +185,7 @@ def set_overrides(args: argparse.Namespace) -> dict:
     return out
 
 
-def _differ(old: object, new: object) -> bool:
+def values_differ(old: object, new: object) -> bool:
     """Whether two values of one key differ, a boolean never equal to a number.
 
     Forty-third review of issue 15 (input 6): ``--seed 1 --set seed=true`` (also
@@ -199,9 +200,11 @@ def _differ(old: object, new: object) -> bool:
     refused ``seed=true`` alone is refused).
     """
     if isinstance(old, dict) and isinstance(new, dict):
-        return old.keys() != new.keys() or any(_differ(old[k], new[k]) for k in old)
+        return old.keys() != new.keys() or any(values_differ(old[k], new[k]) for k in old)
     if isinstance(old, list) and isinstance(new, list):
-        return len(old) != len(new) or any(_differ(a, b) for a, b in zip(old, new, strict=False))
+        return len(old) != len(new) or any(
+            values_differ(a, b) for a, b in zip(old, new, strict=False)
+        )
     return old != new or isinstance(old, bool) != isinstance(new, bool)
 
 
@@ -217,7 +220,7 @@ def _merged_tables(old: object, new: object) -> dict | None:
         return None
     out = dict(old)
     for key, value in new.items():
-        if key in out and _differ(out[key], value):
+        if key in out and values_differ(out[key], value):
             value = _merged_tables(out[key], value)
             if value is None:
                 return None
@@ -250,7 +253,7 @@ def refuse_table_against_flags(args: argparse.Namespace, sets: dict, strategy: s
         name = key.removeprefix(prefix)
         # a boolean is no number here either (forty-seventh review of issue 15, input 4:
         # --set seed=true beside strategies.dp-fedavg.seed=1 ran seed 1, rc 0)
-        if name == key or name not in flat or not _differ(flat[name], value):
+        if name == key or name not in flat or not values_differ(flat[name], value):
             continue
         other, key = flat[name], typed[key]
         name = typed[name]

@@ -93,15 +93,15 @@ def _differ(old: Any, new: Any) -> bool:
     Forty-seventh review of issue 15 (input 3): ``deploy local --seed 1 --set seed=true`` (also
     ``--set seed=true --set seed=1``) was no contradiction, since ``True == 1`` in Python: the
     value the key refuses was dropped silently and seed 1 used, where ``simulate`` refuses both
-    (forty-third review, input 6: :func:`fedprivopt.cli_runs._differ`).
+    (forty-third review, input 6: :func:`fedprivopt.cli_runs.values_differ`).
 
     Forty-seventh review of issue 15 (sameness 2): inside a table or an array too (``--set
     'strategies.dp-fedavg={seed=true}' --set 'strategies.dp-fedavg={seed=1}'`` ran seed 1):
-    entry by entry, as ``cli_runs._differ``.
+    entry by entry, as ``cli_runs.values_differ``.
     """
-    from fedprivopt.cli_runs import _differ as differ
+    from fedprivopt.cli_runs import values_differ
 
-    return differ(old, new)
+    return values_differ(old, new)
 
 
 def _checked_out(out: str) -> None:

@@ -48,6 +48,7 @@ from fedprivopt.privacy.rng import RngFactory
 
 __all__ = [
     "NOISE_PURPOSE",
+    "NoisedShare",
     "PrivateUpdate",
     "keep_as_noised",
     "noise_generator",
@@ -215,6 +216,28 @@ def privatize_update(
     if noise_std > 0:
         keep_as_noised(vector, noise_std)
     return PrivateUpdate(vector, float(norm), bool(clipped))
+
+
+class NoisedShare(float):
+    """A clip-bit report with its count noise: the float, and the std of the noise it holds.
+
+    :func:`~fedprivopt.clients.trainer.clip_report` (``TrainMessage.clip_bit``, fedprivopt's
+    trainer) gives one in distributed mode; :func:`~fedprivopt.clients.reply_updates` sends
+    nothing else there. Arithmetic on it gives a plain float (no longer a report). Follow-up of
+    the forty-seventh review of issue 15 (privacy 6; mechanisms 2's and wire 4's twin): a
+    ClientApp of one's own reporting ``count_share(bit, 1e-9, generator)`` (the share std
+    mistaken) sent a bit with no count noise to speak of (0.5000000001): the server keeps it
+    (neither an exact bit nor beyond its bound) and releases the count noised by the top-up of
+    missing shares only, reported with the full count noise.
+    """
+
+    std: float
+
+    def __new__(cls, value: float, std: float) -> NoisedShare:
+        """``value`` as a report holding count noise of std ``std``."""
+        share = super().__new__(cls, value)
+        share.std = float(std)
+        return share
 
 
 #: id of a vector :func:`privatize_update` noised -> (weak reference, noise std, version).

@@ -21,7 +21,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedprivopt import wire as P
-from fedprivopt.clients.privatize import noised_std
+from fedprivopt.clients.privatize import NoisedShare, noised_std
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.adaptive_clip import NOISELESS_MIN_STD, NOISELESS_REPORTS
@@ -305,6 +305,13 @@ def _clip_bit(user: object, bit: object, count_std: float | None = None) -> floa
         # side): the exact bit (clip_bit's 1.0, or a centred 0.5) was sent as a share: the
         # server rejects it (NoisyCountAggregator.check) but has seen the node's un-noised bit
         rule = "a noised share (count_share's bit with its count noise), not the bit itself"
+    elif count_std and not (isinstance(bit, NoisedShare) and bit.std >= count_std):
+        # follow-up of the forty-seventh review of issue 15 (privacy 6): a share of one's own
+        # (count_share with a mistaken std, 0.5000000001) was kept by the server, not noised
+        rule = (
+            "a noised share as TrainMessage.clip_bit gives it (its count noise of the "
+            "message's count-noise-std), not one computed otherwise"
+        )
     else:
         return value
     # not its value: it may be computed from the user's update (norm / C)

@@ -54,7 +54,12 @@ import numpy as np
 import torch
 
 from fedprivopt.clients.model_layout import ModelAtBuild, ModelLayout
-from fedprivopt.clients.privatize import NOISE_PURPOSE, keep_as_noised, privatize_update
+from fedprivopt.clients.privatize import (
+    NOISE_PURPOSE,
+    NoisedShare,
+    keep_as_noised,
+    privatize_update,
+)
 from fedprivopt.core.devices import check_device
 from fedprivopt.core.local import LocalConfig, check_train_call, epoch_orders
 from fedprivopt.models.task import (
@@ -131,7 +136,8 @@ def clip_report(
     if config.count_noise_std <= 0:
         return bit
     generator = rngs.generator(round_num, "client-count-noise", *keys)
-    return count_share(bit, config.count_noise_std, generator)
+    # marked with its std: reply_updates sends no other share (follow-up, privacy 6)
+    return NoisedShare(count_share(bit, config.count_noise_std, generator), config.count_noise_std)
 
 
 def _refuse_without_data(name: str, tensor: torch.Tensor) -> None:

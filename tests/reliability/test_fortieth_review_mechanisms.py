@@ -76,6 +76,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig, LocalTrainer
 from fedprivopt.clients.messages import TrainMessage, reply_updates
+from fedprivopt.clients.privatize import NoisedShare
 from fedprivopt.models import initial_flat
 from fedprivopt.models.task import state_to_flat
 from fedprivopt.privacy.aggregate import NoisyMeanAggregator
@@ -277,7 +278,9 @@ def test_a_reply_s_counts_and_clip_bits_are_checked(extra, named) -> None:
     message = delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: arrays}, "train")
     with pytest.raises(ValueError, match=named):
         reply_updates(message, {1: torch.zeros(3)}, **extra)  # before: sent
-    reply = reply_updates(message, {1: torch.zeros(3)}, rejected=2, clip_bits={1: -0.3})
+    reply = reply_updates(
+        message, {1: torch.zeros(3)}, rejected=2, clip_bits={1: NoisedShare(-0.3, 0.1)}
+    )
     assert reply.content[P.TRAIN_METRICS][P.USERS_REJECTED] == 2
 
 

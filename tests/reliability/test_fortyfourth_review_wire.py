@@ -62,6 +62,7 @@ from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig, TrainMessage
 from fedprivopt.clients.client_app import app
 from fedprivopt.clients.messages import TASK_ERROR, reply_updates
+from fedprivopt.clients.privatize import NoisedShare
 from fedprivopt.models import build_task
 from fedprivopt.models.task import TaskError
 from fedprivopt.strategies import StrategyConfig, build_algorithm
@@ -143,7 +144,9 @@ def test_2_a_clip_bit_the_message_does_not_ask_for_is_refused(noise_std):
 def test_2_clip_bits_asked_for_are_sent_as_before():
     local = LocalConfig(learning_rate=0.5, clip_norm=1.0, clip_bit=True, count_noise_std=0.3)
     message = _toy_message(P.ClientSettings(local, seed=5))
-    reply = reply_updates(message, {1: torch.full((18,), 0.01)}, clip_bits={1: 0.7})
+    reply = reply_updates(
+        message, {1: torch.full((18,), 0.01)}, clip_bits={1: NoisedShare(0.7, 0.3)}
+    )
     assert reply.content["update/1"][P.CLIP_BIT_ARRAY].numpy().tolist() == [0.7]
     asked = app(message, _node()).content["update/1"]  # fedprivopt's ClientApp: one share
     assert asked[P.CLIP_BIT_ARRAY].numpy().shape == (1,)

@@ -27,6 +27,7 @@ from flwr.app import ArrayRecord
 
 from fedprivopt import wire as P
 from fedprivopt.clients import LocalConfig, TrainMessage, privatize_update, reply_updates
+from fedprivopt.clients.privatize import NoisedShare
 from fedprivopt.models import build_task
 from fedprivopt.privacy.adaptive_clip import clip_bit, count_share
 from fedprivopt.privacy.clip import ClipResult, clip_l2
@@ -127,7 +128,7 @@ def test_4_a_clip_report_that_is_no_bit_is_refused_before_it_leaves() -> None:
     with pytest.raises(ValueError, match=r"clip_bits\[1\] .* within 1/2 \+ 11") as caught:
         reply_updates(distributed, update, clip_bits={1: 7.312})
     assert "7.31" not in str(caught.value)
-    for message, bit in ((server, 1.0), (server, 0), (distributed, 0.7312)):
+    for message, bit in ((server, 1.0), (server, 0), (distributed, NoisedShare(0.7312, 0.1))):
         reply = reply_updates(message, update, clip_bits={1: bit})
         assert float(reply.content[P.update_key(1)][P.CLIP_BIT_ARRAY].numpy()[0]) == bit
     for mode, report in (("server", 0.7312), ("distributed", 7.312)):

@@ -37,6 +37,7 @@ from fedprivopt.clients import (
     privatize_update,
     reply_updates,
 )
+from fedprivopt.clients.privatize import NoisedShare
 from fedprivopt.models import build_task, initial_flat
 from fedprivopt.privacy import RngFactory
 from fedprivopt.privacy.adaptive_clip import clip_bit
@@ -68,13 +69,15 @@ def test_1_the_exact_bit_is_not_sent_as_a_share(bit) -> None:
     with pytest.raises(ValueError, match=r"clip_bits\[1\] .*not the bit itself") as caught:
         reply_updates(message, {1: torch.zeros(18)}, clip_bits={1: bit})
     assert "got another number" in str(caught.value)
-    reply = reply_updates(message, {1: torch.zeros(18)}, clip_bits={1: 0.61})  # a share
+    reply = reply_updates(
+        message, {1: torch.zeros(18)}, clip_bits={1: NoisedShare(0.61, 0.1)}
+    )  # a share
     assert float(reply.content[P.update_key(1)][P.CLIP_BIT_ARRAY].numpy()[0]) == 0.61
     server = _message(clip_bit=True)  # server mode: the bit itself is what is sent
     reply = reply_updates(server, {1: torch.zeros(18)}, clip_bits={1: 1.0})
     assert float(reply.content[P.update_key(1)][P.CLIP_BIT_ARRAY].numpy()[0]) == 1.0
     tiny = _message(clip_bit=True, count_noise_std=1e-4)  # below NOISELESS_MIN_STD, as the server
-    reply_updates(tiny, {1: torch.zeros(18)}, clip_bits={1: 0.5})
+    reply_updates(tiny, {1: torch.zeros(18)}, clip_bits={1: NoisedShare(0.5, 1e-4)})
 
 
 # -- 2: a LocalTrainer subclass keeping an override's state on the trainer (egress 6) -------------

@@ -103,3 +103,29 @@ def test_lead_2_a_package_task_of_another_seed_is_refused(tmp_path):
     assert not (tmp_path / "r").exists()
     same = ToyClassificationTask(num_users=40, seed=0)  # the config's own task runs
     assert simulate(config, tmp_path / "s", task=same).rows
+
+
+# -- lead 3 (follow-up privacy 6, its fix set aside for the egress file): a share of one's own ---
+
+
+def test_lead_3_a_clip_share_not_noised_by_the_trainer_is_not_sent():
+    from flwr.app import ArrayRecord as Arrays
+
+    from fedprivopt.clients import reply_updates
+    from fedprivopt.clients.privatize import NoisedShare
+    from fedprivopt.privacy.adaptive_clip import count_share
+
+    local = LocalConfig(learning_rate=0.1, clip_norm=1.0, clip_bit=True, count_noise_std=0.1)
+    config = P.encode_train_config(users=[1], round_num=1, settings=P.ClientSettings(local, seed=0))
+    message = delivered(
+        {P.CONFIG_RECORD: config, P.ARRAYS_RECORD: Arrays({"w": torch.zeros(3)})}, "train"
+    )
+    mistaken = count_share(1.0, 1e-9, torch.Generator().manual_seed(0))  # 0.5000000001
+    # before: sent; the server kept it, the count released without its noise
+    with pytest.raises(ValueError, match=r"clip_bits\[1\] must be TrainMessage.clip_bit's report"):
+        reply_updates(message, {1: torch.zeros(3)}, clip_bits={1: mistaken})
+    with pytest.raises(ValueError, match=r"clip_bits\[1\]"):  # marked, but with too little noise
+        reply_updates(message, {1: torch.zeros(3)}, clip_bits={1: NoisedShare(mistaken, 1e-9)})
+    share = NoisedShare(count_share(1.0, 0.1, torch.Generator().manual_seed(0)), 0.1)
+    reply = reply_updates(message, {1: torch.zeros(3)}, clip_bits={1: share})
+    assert float(reply.content[P.update_key(1)][P.CLIP_BIT_ARRAY].numpy()[0]) == float(share)

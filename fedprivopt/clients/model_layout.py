@@ -74,20 +74,9 @@ class ModelAtBuild:
     """
 
     def __init__(self, model: torch.nn.Module, *, saved: set[str]) -> None:
-        self._modules: list[tuple[torch.nn.Module, dict, dict]] = []
+        self._start()
         # requires_grad as built: what the trainer trains (a loss may switch it, finding 5)
         self._grad_flags = [(p, p.requires_grad) for p in model.parameters()]
-        # (table, key, initial values, version counter when they were last set)
-        self._tensors: list[list] = []
-        # what attribute values hold (fortieth review): tensors in containers (tensor, initial
-        # values, version), NumPy arrays and bytearrays (object, initial values), and the
-        # attribute tables of namespaces (table, initial entries)
-        self._inner_tensors: list[list] = []
-        self._arrays: list[tuple] = []
-        self._tables: list[tuple[dict, dict]] = []
-        self._generators: list[tuple[torch.Generator, torch.Tensor]] = []
-        # NumPy's and Python's random generators: (object, state), set back by _set_random
-        self._random: list[tuple[object, object]] = []
         names = {id(m): name for name, m in model.named_modules()}
         for module in model.modules():
             attrs = dict(vars(module))
@@ -103,6 +92,22 @@ class ModelAtBuild:
                 elif not isinstance(value, torch.nn.Module) and key not in _TORCH_TABLES:
                     self._save_inner(value, 0)
 
+    def _start(self) -> None:
+        """Empty records, filled by :meth:`__init__` or :meth:`of_attributes`."""
+        self._modules: list[tuple[object, dict, dict]] = []
+        self._grad_flags: list[tuple[torch.Tensor, bool]] = []
+        # (table, key, initial values, version counter when they were last set)
+        self._tensors: list[list] = []
+        # what attribute values hold (fortieth review): tensors in containers (tensor, initial
+        # values, version), NumPy arrays and bytearrays (object, initial values), and the
+        # attribute tables of namespaces (table, initial entries)
+        self._inner_tensors: list[list] = []
+        self._arrays: list[tuple] = []
+        self._tables: list[tuple[dict, dict]] = []
+        self._generators: list[tuple[torch.Generator, torch.Tensor]] = []
+        # NumPy's and Python's random generators: (object, state), set back by _set_random
+        self._random: list[tuple[object, object]] = []
+
     @classmethod
     def of_attributes(cls, owner: object, *, skip: frozenset[str]) -> ModelAtBuild:
         """``owner``'s own attributes as they are now (those in ``skip`` kept as objects only).
@@ -117,8 +122,7 @@ class ModelAtBuild:
         its model before every user, not its own attributes.
         """
         self = cls.__new__(cls)
-        self._modules, self._grad_flags, self._tensors, self._inner_tensors = [], [], [], []
-        self._arrays, self._tables, self._generators, self._random = [], [], [], []
+        self._start()
         attrs = dict(vars(owner))
         mine = {k: v for k, v in attrs.items() if k not in skip}
         contents = {k: _contents(v) for k, v in mine.items() if isinstance(v, _CONTAINERS)}

@@ -124,22 +124,12 @@ def finish_save(out: Path, entries: Sequence[Any]) -> bool:
             return False
     except FileNotFoundError:
         return False
-    try:
-        state = torch.load(tmp, map_location="cpu", weights_only=True)
-        check_checkpoint(state)
-    except OSError as exc:
-        if exc.errno in NOT_ITS_CONTENT:
-            raise ValueError(
-                f"{tmp}: cannot be read ({exc.strerror}); it may hold the checkpoint of a round "
-                f"whose save was stopped (without it the round would be released again): "
-                f"{_REMEDY[exc.errno]} and try again"
-            ) from None
-        return False
-    except MemoryError:
-        raise
-    except Exception as exc:  # torn: the save was stopped while writing it
-        if out_of_memory(exc):
-            raise
+    why = (
+        "; it may hold the checkpoint of a round whose save was stopped (without it the round "
+        "would be released again): "
+    )
+    state, _ = _read_checked(tmp, why)
+    if state is None:  # torn: the save was stopped while writing it
         return False
     done = state["algorithm"]["round"]
     current, name = newest_checkpoint(out, {})
@@ -385,25 +375,40 @@ def newest_checkpoint(
             _refuse_dangling(path)
             continue
         check_regular(path)  # a FIFO would block the reader for ever (forty-fourth review)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            check_checkpoint(state)
+        why = (
+            ", which says nothing of its content: the previous checkpoint was not used in its "
+            "place (a secure run would redo released rounds with new noise); "
+        )
+        state, torn = _read_checked(path, why)
+        if state is not None:
             return state, name
-        except OSError as exc:
-            if exc.errno in NOT_ITS_CONTENT:
-                raise ValueError(
-                    f"{path}: cannot be read ({exc.strerror}), which says nothing of its content: "
-                    "the previous checkpoint was not used in its place (a secure run would redo "
-                    f"released rounds with new noise); {_REMEDY[exc.errno]} and try again"
-                ) from None
-            _unreadable(path, name, exc, problems)
-        except MemoryError:  # not the file's fault either (ulimit -v)
-            raise
-        except Exception as exc:  # a torn or corrupt file: try the previous one
-            if out_of_memory(exc):  # torch's allocator: a RuntimeError (forty-seventh review)
-                raise
-            _unreadable(path, name, exc, problems)
+        _unreadable(path, name, torn, problems)  # a torn or corrupt file: try the previous one
     return None, None
+
+
+def _read_checked(path: Path, why: str) -> tuple[dict | None, Exception | None]:
+    """``path`` loaded and checked (:func:`check_checkpoint`), or ``(None, error)`` when torn.
+
+    Raises ``ValueError`` (its line ends ``why`` and the remedy) when this process may not read
+    the file (:data:`NOT_ITS_CONTENT`), which says nothing of its content; running out of memory
+    (``MemoryError``, torch's allocator's ``RuntimeError``) is raised as it is.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        check_checkpoint(state)
+        return state, None
+    except OSError as exc:
+        if exc.errno in NOT_ITS_CONTENT:
+            raise ValueError(
+                f"{path}: cannot be read ({exc.strerror}){why}{_REMEDY[exc.errno]} and try again"
+            ) from None
+        return None, exc
+    except MemoryError:  # not the file's fault either (ulimit -v)
+        raise
+    except Exception as exc:  # a torn or corrupt file
+        if out_of_memory(exc):  # torch's allocator: a RuntimeError (forty-seventh review)
+            raise
+        return None, exc
 
 
 #: errnos of a checkpoint this process may not read, however intact it is: its permissions, and

@@ -37,7 +37,7 @@ from fedprivopt.core.local import LocalConfig
 from fedprivopt.models.cohort import CohortTrainer
 from fedprivopt.models.tag_prediction_chunk import TagChunk, prepare_chunk, visit_schedule
 from fedprivopt.models.tag_prediction_encoding import ragged_index
-from fedprivopt.privacy.clip import clip_factor, clip_l2, norm_error_bound
+from fedprivopt.privacy.clip import MIN_CLIP_NORM, clip_factor, clip_l2, norm_error_bound
 from fedprivopt.privacy.rng import RngFactory
 from fedprivopt.privacy.sparse import (
     RowSparseBatch,
@@ -403,6 +403,11 @@ class TagCohortTrainer(CohortTrainer):
         # Follow-up (privacy 1): the factor's 4-ulp margin covers the norm's measurement error
         # (norm_error_bound) in float32 alone; float64 users came back scaled to 1 + 1e-13 C
         exact = delta.dtype != torch.float32
+        # forty-eighth review of issue 15 (clipping 2): below MIN_CLIP_NORM (the Python API's
+        # LocalConfig) the scaled entries are subnormal, whose absolute rounding the factor's
+        # margin does not cover: users of norm 1.75 C at C = 3e-45 (1.03 C at 1e-44) where
+        # clip_l2 gives at most C; such a C takes clip_l2, as clip_l2's own fast path does
+        exact = exact or (config.clip_norm is not None and config.clip_norm < MIN_CLIP_NORM)
         width = int(delta[0].numel()) if delta.shape[0] else 0
         for i, norm in enumerate(segment_norms_checked(delta, ptr)):
             before.append(math.inf if norm is None else norm)

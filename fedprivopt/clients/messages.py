@@ -35,7 +35,13 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from fedprivopt import wire as P
-from fedprivopt.clients.privatize import PrivateUpdate, noise_generator, privatize_update
+from fedprivopt.clients.privatize import (
+    PrivateUpdate,
+    keep_for_user,
+    noise_generator,
+    privatize_update,
+    privatized_for,
+)
 from fedprivopt.clients.replies import message_content as _content
 from fedprivopt.clients.replies import reply_updates
 from fedprivopt.clients.trainer import clip_report
@@ -302,12 +308,15 @@ class TrainMessage:
         # a list or an array is refused by privatize_update, naming update (forty-first review
         # of issue 15, wire 3: AttributeError 'list' object has no attribute 'device')
         device = update.device if isinstance(update, torch.Tensor) else "cpu"
-        return privatize_update(
+        private = privatize_update(
             update,
             clip_norm=self.local.clip_norm,
             noise_std=std,
             generator=self.noise_generator(user_id, device) if std > 0 else None,
         )
+        if isinstance(user_id, int) and not isinstance(user_id, bool):
+            keep_for_user(private.vector, user_id)  # reply_updates sends it for that user only
+        return private
 
     def clip_bit(self, private: PrivateUpdate, user_id: int) -> float | None:
         """What ``user_id`` reports for adaptive clipping, or ``None`` when the server did not ask.
@@ -327,6 +336,16 @@ class TrainMessage:
             )
         if not self.local.clip_bit:
             return None
+        made_for = privatized_for(private.vector)
+        if made_for and user_id not in made_for:
+            # forty-eighth review of issue 15 (privacy 1): the last user's PrivateUpdate, kept
+            # past the loop, gave every user its bit: that user counted once for each
+            raise ValueError(
+                f"private is the PrivateUpdate TrainMessage.privatize made for user "
+                f"{min(made_for)}, not user {user_id}: report each user's bit from its own "
+                "update (one user counted for several would change the clip count by more "
+                "than one)"
+            )
         rngs = RngFactory(seed=None, secure=True) if self.secure else RngFactory(seed=self.seed)
         keys = (self.stream, user_id)
         return clip_report(float(private.norm), self.local, rngs, self.round_num, keys)

@@ -51,9 +51,11 @@ __all__ = [
     "NoisedShare",
     "PrivateUpdate",
     "keep_as_noised",
+    "keep_for_user",
     "noise_generator",
     "noised_std",
     "privatize_update",
+    "privatized_for",
 ]
 
 #: The purpose key of the clients' noise-share generators (:meth:`RngFactory.generator`).
@@ -291,6 +293,53 @@ def noised_std(vector: object) -> float:
         if torch.equal(same, vector):
             best = std
     return best
+
+
+#: id of a vector TrainMessage.privatize made for a user -> (weak reference, user, version).
+_FOR_USER: dict[int, tuple[weakref.ref, int, int]] = {}
+
+
+def keep_for_user(vector: torch.Tensor, user: int) -> None:
+    """Remember ``vector`` as the update privatized for ``user``, as it is now.
+
+    :meth:`~fedprivopt.clients.messages.TrainMessage.privatize` keeps its result so;
+    :func:`privatized_for` reads it back.
+    """
+    key = id(vector)
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        entry = _FOR_USER.get(key)
+        if entry is not None and entry[0] is ref:
+            del _FOR_USER[key]
+
+    _FOR_USER[key] = (weakref.ref(vector, forget), int(user), vector._version)
+
+
+def privatized_for(vector: object) -> frozenset[int]:
+    """The users :func:`keep_for_user` kept ``vector`` (or a copy of it, unchanged) for.
+
+    The vector itself gives its own user; a copy (same shape and values, in any floating
+    dtype) every user a kept vector of those values was privatized for; anything else none.
+    Forty-eighth review of issue 15 (privacy 1): a ClientApp of one's own that sent one user's
+    privatized update for every user as copies (``updates[u] = private.vector.clone()`` after
+    its loop, as the shared-memory refusal advises ``.clone()``) had it summed once for each
+    user: a sensitivity of k C under a charge of C.
+    """
+    entry = _FOR_USER.get(id(vector))
+    if entry is not None and entry[0]() is vector and vector._version == entry[2]:
+        return frozenset((entry[1],))
+    if not isinstance(vector, torch.Tensor) or not vector.is_floating_point():
+        return frozenset()
+    if vector.layout != torch.strided or vector.device.type == "meta":
+        return frozenset()
+    users = set()
+    for ref, user, version in list(_FOR_USER.values()):
+        kept = ref()
+        if kept is None or kept._version != version or kept.shape != vector.shape:
+            continue
+        if torch.equal(kept.to(device=vector.device, dtype=vector.dtype), vector):
+            users.add(user)
+    return frozenset(users)
 
 
 def _refuse_other_tensor(step: str, vector: object, update: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedprivopt import wire as P
-from fedprivopt.clients.privatize import NoisedShare, noised_std
+from fedprivopt.clients.privatize import NoisedShare, noised_std, privatized_for
 from fedprivopt.core.checks import check_int, check_real
 from fedprivopt.core.text import shown
 from fedprivopt.privacy.adaptive_clip import NOISELESS_MIN_STD, NOISELESS_REPORTS
@@ -111,6 +111,7 @@ def reply_updates(
         asked.check(user)
         given, vector = vector, _plain_update(user, vector)
         _check_update(user, vector, length)
+        _refuse_other_users(user, given)  # as it is read (a lazy mapping's workspace)
         given_all.append((user, given))
         read.keep(user, given)
         delta = vector.to(device="cpu", dtype=dtype)
@@ -137,6 +138,7 @@ def reply_updates(
     read.refuse()
     for user, given in given_all:
         asked.check_noised(user, given)
+    _refuse_equal_shares(bits, asked.count_std)
     metrics: dict[str, int | float | list[int] | list[float]] = {
         P.USERS_TRAINED: len(updates),
         P.USERS_REJECTED: rejected,
@@ -255,6 +257,47 @@ class _Asked:
                 "noise), and an update without it would release the round without that noise "
                 "(the server cannot tell on a small model)"
             )
+
+
+def _refuse_other_users(user: object, vector: object) -> None:
+    """``ValueError`` naming ``updates[user]`` when it is another user's privatized update.
+
+    A vector :meth:`~fedprivopt.clients.messages.TrainMessage.privatize` made for another user
+    (or a copy of one: :func:`~fedprivopt.clients.privatize.privatized_for`). Forty-eighth review
+    of issue 15 (privacy 1): a ClientApp of one's own that kept the last user's ``private`` past
+    its loop and sent ``private.vector.clone()`` for every user (the shared-memory refusal's
+    ``.clone()`` followed) had that user's update summed once for each, in server and
+    distributed mode alike: a sensitivity of k C under a charge of C.
+    """
+    made_for = privatized_for(vector)
+    if made_for and int(user) not in made_for:
+        raise ValueError(
+            f"updates[{shown(user)}] is (a copy of) the update TrainMessage.privatize made for "
+            f"user {min(made_for)}, not user {shown(user)}: send each user's own update (one "
+            "user's update summed for several is a sensitivity of several C); nothing was sent"
+        )
+
+
+def _refuse_equal_shares(bits: Mapping[int, object], count_std: float | None) -> None:
+    """``ValueError`` when two users' clip-bit shares are one report (distributed mode).
+
+    :meth:`~fedprivopt.clients.messages.TrainMessage.clip_bit` gives each call a
+    :class:`~fedprivopt.clients.privatize.NoisedShare` of its own, so one given for two users
+    is one user's report sent for both: that user counted once for each (forty-eighth review of
+    issue 15, privacy 1: ``dict.fromkeys(users, bit)``). Equal values are not refused: two
+    seeded streams may coincide (each is one of 2**32).
+    """
+    if not count_std:
+        return
+    seen: dict[int, object] = {}
+    for user, bit in bits.items():
+        if isinstance(bit, NoisedShare) and id(bit) in seen:
+            raise ValueError(
+                f"clip_bits[{shown(seen[id(bit)])}] and clip_bits[{shown(user)}] are one "
+                "report: send each user's own (TrainMessage.clip_bit of its own update); one "
+                "user's report counted for several would change the clip count by more than one"
+            )
+        seen[id(bit)] = user
 
 
 def _plain_update(user: object, vector: object) -> object:

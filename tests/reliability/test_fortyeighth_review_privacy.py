@@ -1,0 +1,77 @@
+"""Issue 15, forty-eighth review: the privacy contract on the Flower messages and a user's code.
+
+Privacy 1: a ClientApp of one's own (docs/FLOWER.md) that kept the last user's ``private`` past
+its training loop and sent it for every user as copies (``updates[u] = private.vector.clone()``,
+as the shared-memory refusal advises ``.clone()``), or reported every user's clip bit from it,
+had that user's update (or bit) summed once for each user: a sensitivity of k C (a count change
+of k) under a charge of C (one).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord
+
+from fedprivopt import wire as P
+from fedprivopt.clients import LocalConfig, reply_updates
+from fedprivopt.clients.messages import TrainMessage
+from tests.messages import delivered
+
+USERS = (1, 2, 3)
+
+
+def _message(noise_std: float, count_std: float | None):
+    local = LocalConfig(
+        learning_rate=0.1,
+        clip_norm=1.0,
+        noise_std=noise_std,
+        clip_bit=count_std is not None,
+        count_noise_std=count_std or 0.0,
+    )
+    settings = P.ClientSettings(local, seed=0)
+    config = P.encode_train_config(users=list(USERS), round_num=1, settings=settings)
+    arrays = ArrayRecord({"w": Array(torch.zeros(3).numpy())})
+    return delivered({P.CONFIG_RECORD: config, P.ARRAYS_RECORD: arrays}, "train")
+
+
+def _privatized(message):
+    request = TrainMessage.read(message)
+    deltas = {u: torch.tensor([0.5 * u, 0.2, -0.1]) for u in USERS}
+    return request, {u: request.privatize(deltas[u], u) for u in USERS}
+
+
+@pytest.mark.parametrize(("noise_std", "count_std"), [(0.0, None), (0.3, None), (0.3, 0.1)])
+def test_1_a_copy_of_another_user_s_update_is_not_sent(noise_std, count_std):
+    message = _message(noise_std, count_std)
+    request, private = _privatized(message)
+    last = private[3]
+    bits = None
+    if count_std is not None:
+        bits = {u: request.clip_bit(private[u], u) for u in USERS}
+    # before: sent; the server summed user 3's update three times (3 C where C is charged)
+    with pytest.raises(ValueError, match=r"updates\[1\] is \(a copy of\) the update .* user 3"):
+        reply_updates(message, {u: last.vector.clone() for u in USERS}, clip_bits=bits)
+    with pytest.raises(ValueError, match=r"updates\[1\] .* user 3"):  # moved to float64
+        reply_updates(message, {1: last.vector.double(), 3: last.vector}, clip_bits=bits and {
+            1: bits[1], 3: bits[3]})  # fmt: skip
+    reply = reply_updates(message, {u: private[u].vector for u in USERS}, clip_bits=bits)
+    assert sorted(P.read_updates(reply.content)) == list(USERS)
+    # a user's own update copied (moved) is its own
+    reply = reply_updates(message, {u: private[u].vector.clone() for u in USERS}, clip_bits=bits)
+    assert sorted(P.read_updates(reply.content)) == list(USERS)
+
+
+def test_1_a_clip_bit_of_another_user_s_update_is_not_sent():
+    message = _message(0.3, 0.1)
+    request, private = _privatized(message)
+    updates = {u: private[u].vector for u in USERS}
+    # before: each user's bit reported from user 3's update (user 3 counted three times)
+    with pytest.raises(ValueError, match=r"made for user 3, not user 1"):
+        request.clip_bit(private[3], 1)
+    one = request.clip_bit(private[3], 3)
+    with pytest.raises(ValueError, match=r"clip_bits\[1\] and clip_bits\[2\] are one report"):
+        reply_updates(message, updates, clip_bits=dict.fromkeys(USERS, one))
+    bits = {u: request.clip_bit(private[u], u) for u in USERS}
+    reply = reply_updates(message, updates, clip_bits=bits)
+    assert sorted(P.read_updates(reply.content)) == list(USERS)

@@ -234,6 +234,7 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
     from fedprivopt.simulation.tune_dir import check_tune_dir
     from fedprivopt.simulation.tune_grid import check_grid_overrides, refuse_table_spellings
     from fedprivopt.simulation.tune_plan import plan_digest, plan_document
+    from fedprivopt.simulation.tune_replan import stored_grid
 
     trial_count = trial_count_of(args)
     out = check_out_dir(args.out)
@@ -250,6 +251,8 @@ def prepare_tuning(args: argparse.Namespace) -> TuningSetup:
         refuse_table_spellings(overrides, _TRIAL_KEYS)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    # forty-eighth review of issue 15 (compare; sameness 7): =1.0,2.0 after =1,2 continues it
+    grid = stored_grid(out, grid, lambda point: load_preset(args.config, {**overrides, **point}))
     plan, tasks, metric = plan_tuning(args, overrides, grid)
     selection = check_selection(args, tasks.values())
     seed, secret = tuning_seed(args, out)

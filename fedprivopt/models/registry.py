@@ -41,6 +41,7 @@ __all__ = [
     "is_reference",
     "register_task",
     "resolve_task",
+    "task_defaults",
     "task_names",
     "task_parameters",
 ]
@@ -228,6 +229,28 @@ def task_parameters(name: object) -> tuple[str, ...]:
         return ()
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return tuple(p.name for p in signature.parameters.values() if p.kind in kinds)
+
+
+def task_defaults(name: object) -> dict[str, object]:
+    """The keyword parameters of task ``name``'s factory that have a default, with it.
+
+    ``{}`` when unknown (a name that does not resolve, a factory without a signature); nothing
+    raises. A parameter set to this default builds the task a call without it builds: the
+    factory's own signature says so (forty-eighth review of issue 15, compare: a cell made
+    without ``task-params.heterogeneity`` was refused as stale against ``--set
+    task-params.heterogeneity=0.5``, the toy task's default).
+    """
+    try:
+        factory = resolve_task(name)  # type: ignore[arg-type]
+        signature = inspect.signature(factory)
+    except Exception:  # an unresolved name is reported where the task is built
+        return {}
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {
+        p.name: p.default
+        for p in signature.parameters.values()
+        if p.kind in kinds and p.default is not inspect.Parameter.empty
+    }
 
 
 _BUILDING = threading.local()

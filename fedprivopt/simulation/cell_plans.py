@@ -39,7 +39,7 @@ from fedprivopt.simulation.files import (
 from fedprivopt.simulation.ledger_lines import OLD_LEDGER_SUFFIX
 from fedprivopt.simulation.rundir import lock_run_dir
 
-__all__ = ["first_difference", "load_cell", "plan_cells", "quiet_resume_notes"]
+__all__ = ["cell_difference", "first_difference", "load_cell", "plan_cells", "quiet_resume_notes"]
 
 
 def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -81,18 +81,122 @@ def _as_toml(value: Any) -> str:
     return cut_middle(toml_value(value))
 
 
-def first_difference(stored: RunConfig, wanted: RunConfig) -> tuple[str, Any, Any] | None:
+def first_difference(
+    stored: RunConfig,
+    wanted: RunConfig,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    relocatable: bool = False,
+) -> tuple[str, Any, Any] | None:
     """The first key (in preset order) whose value differs, with both values; ``None`` if equal.
 
     Keys are the preset's kebab-case names (``num-server-rounds``, ``task-params.num-users``);
     a task parameter set on one side only shows as ``(not set)`` on the other.
+
+    ``defaults``: the keyword defaults of the task's factory
+    (:func:`~fedprivopt.models.registry.task_defaults`), given where both configurations name
+    the same task: a task parameter set on one side only, at that default, is the same as not
+    set. ``relocatable``: leave out the task parameters that say only where the data lives
+    (:data:`~fedprivopt.simulation.ledger_lines.RELOCATABLE_TASK_PARAMS`), for a caller that
+    compares the data by its identity instead, as ``--resume``'s header check does.
     """
-    a, b = _flat(stored.to_mapping()), _flat(wanted.to_mapping())
+    from fedprivopt.simulation.ledger_lines import RELOCATABLE_TASK_PARAMS
+
+    old, new = stored.to_mapping(), wanted.to_mapping()
+    if defaults:
+        old, new = _with_defaults(old, new, defaults), _with_defaults(new, old, defaults)
+    a, b = _flat(old), _flat(new)
+    skipped = tuple(
+        f"task-params.{k.replace('_', '-')}" for k in RELOCATABLE_TASK_PARAMS if relocatable
+    )
     for key in [*b, *(k for k in a if k not in b)]:
+        if any(key == s or key.startswith(s + ".") for s in skipped):
+            continue
         left, right = a.get(key, _MISSING), b.get(key, _MISSING)
         if not _same(left, right):
             return key, left, right
     return None
+
+
+def _with_defaults(
+    mapping: dict[str, Any], other: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``mapping`` with each task parameter ``other`` sets at its default ``defaults`` added."""
+    mine, theirs = mapping.get("task-params", {}), other.get("task-params", {})
+    if not isinstance(mine, Mapping) or not isinstance(theirs, Mapping):
+        return mapping
+    added = {
+        k: v
+        for k, v in theirs.items()
+        if k not in mine and k in defaults and _same(_plain(defaults[k]), v)
+    }
+    return {**mapping, "task-params": {**mine, **added}} if added else mapping
+
+
+def _plain(value: Any) -> Any:
+    """A factory's default as a configuration holds it: a tuple as a list."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def cell_difference(
+    stored: RunConfig, cell: Cell
+) -> tuple[tuple[str, Any, Any] | None, tuple[str, Any, Any] | None]:
+    """The first difference of a cell's stored configuration, as its reuse compares it.
+
+    Forty-eighth review of issue 15 (compare; the forty-seventh review's open row sameness 8):
+    a cell made without a task parameter was refused as stale when the call gave it at the
+    task's default (``--set task-params.heterogeneity=0.5`` on the toy task), and one whose
+    ``task-params.data-dir`` was spelled otherwise (``/tmp/D``, ``/tmp/x/../D``), each advising
+    ``--overwrite``, which releases the cell's rounds again. A parameter at the task factory's
+    default is now the same as one not set, and where the cell's task identifies its data
+    (:func:`~fedprivopt.models.task.data_identity` beyond its code) the data's place is left
+    out: the audit compares that identity with the run's ledger, as ``--resume`` does.
+
+    Returns
+    -------
+    (difference, moved)
+        ``difference``: the first differing key and both values, or ``None``; ``moved``: where
+        ``difference`` is ``None`` but the data's place differs, that key and both values (the
+        run's ledger must then record the data's identity: :func:`_check_moved`).
+    """
+    from fedprivopt.models.registry import task_defaults
+
+    same_task = stored.task == cell.config.task
+    defaults = task_defaults(cell.config.task) if same_task else None
+    diff = first_difference(stored, cell.config, defaults=defaults)
+    if diff is None or not same_task or not _identifies_data(cell.task):
+        return diff, None
+    moved = first_difference(stored, cell.config, defaults=defaults, relocatable=True)
+    return (moved, None) if moved is not None else (None, diff)
+
+
+def _identifies_data(task: Any) -> bool:
+    """Whether ``task``'s data identity says more than its code's digest."""
+    from fedprivopt.models.task import TASK_SOURCE, data_identity
+
+    if task is None:
+        return False
+    try:
+        identity = data_identity(task)
+    except ValueError:  # a TaskError: refused where the run's files are checked
+        return False
+    return isinstance(identity, dict) and any(key != TASK_SOURCE for key in identity)
+
+
+def _check_moved(run: Any, moved: tuple[str, Any, Any] | None) -> None:
+    """Refuse a run whose data's place differs when its ledger records no data to compare."""
+    from fedprivopt.models.task import TASK_SOURCE
+
+    if moved is None:
+        return
+    data = None if run.ledger is None else run.ledger.header.get("data")
+    if not isinstance(data, Mapping) or not any(key != TASK_SOURCE for key in data):
+        key, old, new = moved
+        raise ValueError(
+            f"its run was made with {key} = {_as_toml(old)}, this call asks for "
+            f"{_as_toml(new)}, and its privacy ledger records no identity of the task's data "
+            "to compare the two by"
+        )
 
 
 @contextlib.contextmanager
@@ -174,9 +278,9 @@ def plan_cells(out: str | Path, cells: Sequence[Cell], *, overwrite: bool) -> li
                 CellPlan(cell, run_dir, RERUN, f"the earlier run had an unreadable {CONFIG_FILE}")
             )
             continue
-        diff = first_difference(stored, cell.config)
+        diff, moved = cell_difference(stored, cell)
         if diff is None:
-            plans.append(_audited(cell, run_dir, overwrite=overwrite, hint=hint))
+            plans.append(_audited(cell, run_dir, overwrite=overwrite, hint=hint, moved=moved))
             continue
         key, old, new = diff
         if not overwrite:
@@ -265,7 +369,14 @@ def _check_recognisable(cell: Cell, run_dir: Path) -> None:
         )
 
 
-def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPlan:
+def _audited(
+    cell: Cell,
+    run_dir: Path,
+    *,
+    overwrite: bool,
+    hint: str,
+    moved: tuple[str, Any, Any] | None = None,
+) -> CellPlan:
     """Reuse, resume or (``overwrite``) rerun a cell whose stored configuration is its own.
 
     The run's files get every check of ``--resume``, under the run directory's lock, and may
@@ -277,6 +388,7 @@ def _audited(cell: Cell, run_dir: Path, *, overwrite: bool, hint: str) -> CellPl
     try:
         with lock_run_dir(run_dir), quiet_resume_notes():  # the resume says it (finding 1)
             run = audit_run_dir(run_dir, cell.task, engine=False)
+        _check_moved(run, moved)
         _check_rounds(run, cell)
         _check_tuning_plan(run, cell)
         if run.unfinished() is not None:  # to be resumed: refused when planned, not when run
@@ -342,12 +454,13 @@ def load_cell(plan: CellPlan):
     cell = plan.cell
     try:
         with lock_run_dir(plan.run_dir):
-            diff = first_difference(load_config(plan.run_dir / CONFIG_FILE), cell.config)
+            diff, moved = cell_difference(load_config(plan.run_dir / CONFIG_FILE), cell)
             if diff is not None:
                 key, old, new = diff
                 raise ValueError(f"its run has {key} = {_short(old)}, the cell {_short(new)}")
             with quiet_resume_notes():  # an unfinished run is refused here, not resumed
                 run = audit_run_dir(plan.run_dir, cell.task, engine=False)
+            _check_moved(run, moved)
             _check_rounds(run, cell)
             _check_tuning_plan(run, cell)
             why = run.unfinished()

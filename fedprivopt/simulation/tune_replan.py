@@ -13,14 +13,21 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedprivopt.simulation.files import SMALL_FILE_LIMIT, parse_json
 from fedprivopt.simulation.tune_plan import PLAN_FILE, same_json
 
-__all__ = ["check_discardable", "check_plan", "discard_tuning", "plan_difference", "read_plan"]
+__all__ = [
+    "check_discardable",
+    "check_plan",
+    "discard_tuning",
+    "plan_difference",
+    "read_plan",
+    "stored_grid",
+]
 
 _FLAGS = (
     ("strategy", "--strategy"),
@@ -129,6 +136,48 @@ def plan_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> str
             )
         return "the drawn trials differ (the tuning was made by another version)"
     return None
+
+
+def stored_grid(
+    out: str | Path, grid: Mapping[str, Sequence[Any]], config_of: Callable[[dict], Any]
+) -> dict[str, tuple[Any, ...]]:
+    """``grid``, or the grid of the tuning in ``out`` where it makes the same trials.
+
+    Forty-eighth review of issue 15 (compare; the forty-seventh review's open row sameness 7):
+    ``tune toy.toml --grid server-learning-rate=1,2 ... --out T``, then the same with
+    ``--grid server-learning-rate=1.0,2.0``, was refused as a tuning of another plan, though
+    every trial's configuration is the same (the key is a float). The grids are compared
+    value by value through the configurations they make (``config_of(overrides)``: the base
+    configuration with ``overrides``, compared by
+    :func:`~fedprivopt.simulation.cell_plans.first_difference`, so a value is coerced to its
+    key's type and a task parameter is compared as given); where every value makes its stored
+    value's configuration, the stored grid is returned, so ``tune.json``, the drawn trials and
+    the plan digest their ledgers record stay as an earlier call wrote them. Keys in another
+    order, another count of values or any other value: ``grid`` itself (the plan's check
+    names the difference). A plan that cannot be read is left to that check too.
+    """
+    from fedprivopt.simulation.cell_plans import first_difference
+
+    try:
+        plan = read_plan(out)
+    except (OSError, ValueError, RecursionError):
+        return dict(grid)
+    old = plan.get("grid") if isinstance(plan, Mapping) else None
+    if not isinstance(old, Mapping) or same_json(old, {k: list(v) for k, v in grid.items()}):
+        return dict(grid)
+    if list(old) != list(grid):
+        return dict(grid)
+    for key, values in grid.items():
+        before = old[key]
+        if not isinstance(before, list) or len(before) != len(values):
+            return dict(grid)
+        for a, b in zip(before, values, strict=True):
+            try:
+                if first_difference(config_of({key: a}), config_of({key: b})) is not None:
+                    return dict(grid)
+            except Exception:  # a stored value this version refuses: not the same plan
+                return dict(grid)
+    return {key: tuple(values) for key, values in old.items()}
 
 
 def check_plan(out: str | Path, wanted: Mapping[str, Any], *, overwrite: bool) -> bool:

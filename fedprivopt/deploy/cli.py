@@ -435,7 +435,8 @@ def add_deploy_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "--nodes",
         required=True,
         metavar="N",
-        help=f"number of SuperNodes, in [1, {MAX_LOCAL_NODES}] and at most the population",
+        help=f"number of SuperNodes, in [1, {MAX_LOCAL_NODES}], at most this machine's memory "
+        "over 512 MiB (a node holds its ClientApp and the task) and at most the population",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--tls", action="store_true", help="encrypt every connection (default)")

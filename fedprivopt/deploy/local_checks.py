@@ -17,6 +17,7 @@ from typing import Any
 
 from fedprivopt.core.checks import check_bool, check_int
 from fedprivopt.core.files import url_refusal
+from fedprivopt.core.memory import physical_memory, processes_that_fit
 from fedprivopt.core.text import shown
 from fedprivopt.data.locks import directory_held
 from fedprivopt.deploy import MAX_LOCAL_NODES, MAX_TIMEOUT
@@ -25,6 +26,7 @@ from fedprivopt.deploy.runconfig import RUN_ID, check_run_out
 __all__ = [
     "DEPLOY_LOCK",
     "LOG_DIR",
+    "NODE_MEMORY",
     "check_arguments",
     "check_min_nodes",
     "check_nodes",
@@ -36,6 +38,11 @@ __all__ = [
 
 LOG_DIR = "deploy"
 """The directory of a deployment's logs, ``processes.json`` and lock inside ``out``."""
+
+NODE_MEMORY = 512 * 2**20
+"""Memory one SuperNode of a local deployment holds at least: the node, its SuperExec and its
+ClientApp with torch and the task (423 MB proportional set size a node measured for the toy task,
+2 and 6 nodes; StackOverflow tasks hold more)."""
 
 
 def check_out(out: str | os.PathLike) -> None:
@@ -145,12 +152,15 @@ def check_min_nodes(overrides: Mapping[str, Any], nodes: int) -> int:
 
 
 def check_nodes(nodes: object, population: int | None = None) -> int:
-    """``--nodes`` checked: an integer in ``[1, MAX_LOCAL_NODES]`` and at most ``population``.
+    """``--nodes`` checked: in ``[1, MAX_LOCAL_NODES]``, the memory's bound and ``population``.
+
+    At most the nodes this machine's memory holds (its physical memory over :data:`NODE_MEMORY`).
 
     Thirty-fifth review of issue 15: the command line checked both,
     :func:`~fedprivopt.deploy.local.deploy_local` only ``>= 1``, so
     ``deploy_local(nodes=100000)`` started SuperNodes until ``Too many open files`` (the seventh
-    review's F8, in the Python API).
+    review's F8, in the Python API). Forty-eighth review of issue 15 (memory 1): ``--nodes 64``
+    was taken on a machine of 23 GiB, where a node holds 423 MB (toy task) and 64 about 28 GB.
 
     Raises
     ------
@@ -158,6 +168,14 @@ def check_nodes(nodes: object, population: int | None = None) -> int:
         Naming ``--nodes`` and its range.
     """
     nodes = check_int("--nodes", nodes, 1, MAX_LOCAL_NODES)
+    memory = physical_memory()
+    most = processes_that_fit(MAX_LOCAL_NODES, memory, NODE_MEMORY)
+    if nodes > most:  # forty-eighth review of issue 15 (memory 1): 64 nodes on 23 GiB
+        raise ValueError(
+            f"--nodes must be an integer in [1, {most}] on this machine: each node is a "
+            f"SuperNode with its ClientApp, at least {NODE_MEMORY // 2**20} MiB, and it has "
+            f"{memory / 2**30:.1f} GiB of memory, got {nodes}"
+        )
     if population is not None and nodes > population:
         raise ValueError(
             f"--nodes must be at most the population ({population} users: a node without users "

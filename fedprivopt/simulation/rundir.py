@@ -391,6 +391,7 @@ def _check_claimable(
     names = [n + "/" if _ours(n) and _is_directory(out / n) else n for n in names]
     ours = CONFIG_FILE in names and all(_ours(n) for n in names)
     if ours and overwrite:
+        _check_recognisable(out, names)
         return
     if ours:
         raise ValueError(
@@ -407,6 +408,37 @@ def _check_claimable(
     raise ValueError(
         f"out directory {str(out)!r} is not empty: {why}; a run is written only into a new or "
         "empty directory (or over a run of its own with overwrite); choose another --out"
+    )
+
+
+def _check_recognisable(out: Path, names: list[str]) -> None:
+    """Refuse to overwrite ``out`` unless it holds a ledger or a ``config.toml`` of ours.
+
+    Forty-eighth review of issue 15 (overwrite 1): file names alone made a directory a run, so
+    the Python API's ``simulate(config, out, overwrite=True)`` over another tool's run
+    directory (its own ``config.toml``, ``metrics.jsonl`` and ``checkpoint.pt``) removed all
+    three and wrote a run there. A run of ours has a privacy ledger (a name no other tool
+    writes; a removal of ours stopped midway keeps it, :func:`remove_run_files`) or a
+    ``config.toml`` that :func:`~fedprivopt.simulation.config.load_config` reads (a start
+    stopped before its ledger); a file that could hang the read (a FIFO) is not read.
+    """
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.files import SMALL_FILE_LIMIT, check_config_not_empty, check_regular
+
+    if any((out / name).is_file() for name in (LEDGER_FILE, LEDGER_FILE + OLD_LEDGER_SUFFIX)):
+        return
+    try:
+        check_regular(out / CONFIG_FILE, limit=SMALL_FILE_LIMIT)
+        check_config_not_empty(out / CONFIG_FILE)
+        load_config(out / CONFIG_FILE)
+        return
+    except (ValueError, OSError, RecursionError):
+        pass
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    raise ValueError(
+        f"out directory {str(out)!r} holds {shown} but neither a privacy ledger nor a "
+        f"{CONFIG_FILE} that fedprivopt reads, so it is not recognisably a run of ours and "
+        "overwrite does not replace it: remove it yourself, or choose another --out"
     )
 
 

@@ -1,0 +1,42 @@
+"""Issue 15, forty-eighth hostile review (overwrite: what ``--out`` and overwrite may replace).
+
+1. The Python API's ``simulate(config, out, overwrite=True)`` (``NewRunDir(out,
+   overwrite=True)``, a tuning's discarded trial alike) over another tool's run directory: its
+   own ``config.toml`` (``title = "my site"``), ``metrics.jsonl`` and ``checkpoint.pt``.
+   Before: file names alone made it a run of ours, so all three were removed and a run written
+   there (rc 0). Now ``rundir._check_recognisable`` refuses, naming the files, unless the
+   directory's ledger or its ``config.toml`` is one fedprivopt reads; runs of ours (a finished
+   one, a start killed after ``config.toml``) are replaced as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.simulation.rundir import NewRunDir
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_1_overwrite_refuses_another_tools_run_directory(tmp_path):
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "config.toml").write_text('title = "my site"\n')
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    (out / "checkpoint.pt").write_bytes(b"their weights")
+    before = _files(out)
+    with pytest.raises(ValueError, match="not recognisably a run of ours"):
+        with NewRunDir(out, overwrite=True):
+            pass
+    assert _files(out) == before
+    # a start of ours killed after its config.toml (no ledger yet) is still replaced
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "config.toml").write_text('strategy = "dp-fedavg"\nseed = 3\n')
+    (ours / "run.lock").write_text("")
+    with NewRunDir(ours, overwrite=True) as path:
+        assert not (path / "config.toml").exists()

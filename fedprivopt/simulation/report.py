@@ -330,12 +330,13 @@ def _task_differences(runs: Sequence[RunData]) -> list[str]:
          if k not in TUNABLE_TASK_PARAMS and k not in ("cache-dir", "token-cache")}
         for r in runs
     ]  # fmt: skip
+    records = [_data_record(r.path) for r in runs]
+    kept = _as_compare_reuses(runs, kept, records)
     flat = [
         {"task": (r.summary.get("config") or {}).get("task"),
          **{f"task-params.{k}": v for k, v in params.items()}}
         for r, params in zip(runs, kept, strict=True)
     ]  # fmt: skip
-    records = [_data_record(r.path) for r in runs]
     if len({json.dumps(d, sort_keys=True) for d in records if d is not None}) > 1:
         # forty-fifth review of issue 15 (contract 2): each record was shown as "sha256:" and
         # 12 hex digits of its digest, which holds users_sha256: one user's example count came
@@ -461,6 +462,38 @@ def _composed_tunings(tunings: Sequence[Path]) -> float | None:
         return composed_epsilon(checks, len(checks))
     except (ValueError, OSError):
         return None
+
+
+def _as_compare_reuses(
+    runs: Sequence[RunData], kept: list[dict[str, Any]], records: list[Any]
+) -> list[dict[str, Any]]:
+    """``kept`` (each run's task parameters) as ``compare`` compares a cell's reused run.
+
+    Forty-eighth review of issue 15 (compare 1): a cell reused as the same configuration since
+    a parameter at the task factory's default counts as not set, and the data's place is
+    compared by the data's identity (``cell_plans.cell_difference``), was named in the report's
+    warning "the runs differ in their task settings: task-params.heterogeneity (0.5, null):
+    their metrics are not over the same data" beside the cells this call ran. Parameters a run
+    leaves at the task's default are filled in, and where every run's ledger records its data
+    beyond the task's code, the data's place is left to that record's comparison.
+    """
+    from fedprivopt.models.registry import task_defaults
+    from fedprivopt.models.task import TASK_SOURCE
+    from fedprivopt.simulation.ledger_lines import RELOCATABLE_TASK_PARAMS
+
+    tasks = {(r.summary.get("config") or {}).get("task") for r in runs}
+    if len(tasks) != 1 or not isinstance(next(iter(tasks)), str):
+        return kept
+    defaults = {
+        k.replace("_", "-"): list(v) if isinstance(v, tuple) else v
+        for k, v in task_defaults(next(iter(tasks))).items()
+    }
+    named = {k for params in kept for k in params}
+    kept = [{**{k: defaults[k] for k in named if k in defaults}, **p} for p in kept]
+    if all(isinstance(d, Mapping) and any(k != TASK_SOURCE for k in d) for d in records):
+        moved = {k.replace("_", "-") for k in RELOCATABLE_TASK_PARAMS}
+        kept = [{k: v for k, v in p.items() if k not in moved} for p in kept]
+    return kept
 
 
 _DATA_KEY = "data (as each run's privacy ledger records it)"

@@ -80,6 +80,15 @@ def _cell(config):
     return Cell(LABEL, config, build_task(config.task, **config.task_params))
 
 
+def _warned(path: Path, *configs: dict) -> list[str]:
+    """The report's warning on the task settings of runs of ``configs`` (``path``'s ledger)."""
+    from types import SimpleNamespace
+
+    from fedprivopt.simulation.report import _task_differences
+
+    return _task_differences([SimpleNamespace(summary={"config": c}, path=path) for c in configs])
+
+
 def _data(where: Path, seed: int) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     (where / "seed.txt").write_text(str(seed))
@@ -116,6 +125,13 @@ def test_1_a_task_parameter_at_the_task_s_default_is_the_same_as_not_set(tmp_pat
         with pytest.raises(StaleCellError, match=r"task-params\.heterogeneity = \(not set\)"):
             plan_cells(out, [_cell(_config(**{"task-params.heterogeneity": value}))],
                        overwrite=False)  # fmt: skip
+    # nor does the report warn of it beside a run of the same task given the default
+    toy = {"task": "toy", "task-params": {"num-users": 40, "seed": 0}}
+    given = {**toy, "task-params": {**toy["task-params"], "heterogeneity": 0.5}}
+    assert _warned(tmp_path, toy, given) == []  # was "task-params.heterogeneity (0.5, null)"
+    other = {**toy, "task-params": {**toy["task-params"], "heterogeneity": 0.7}}
+    assert "task-params.heterogeneity (0.5, 0.7)" in _warned(tmp_path, toy, other)[0]
+    given = _config(**{"task-params.heterogeneity": 0.5})
     # tune's base check and compare-tuned compare configurations as they are (unchanged)
     assert first_difference(_config(), given) == ("task-params.heterogeneity", "(not set)", 0.5)
 
@@ -136,6 +152,11 @@ def test_1_the_data_directory_is_compared_by_the_data_identity(tmp_path, own_tas
     cell = _cell(_config(task=task, **{"task-params.data-dir": str(other)}))
     with pytest.raises(StaleCellError, match="holds other data than the run was started on"):
         plan_cells(out, [cell], overwrite=False)
+    # the report names no difference of task settings for the reused cell beside a new one
+    config = {"task": task, "task-params": {"num-users": 40, "data-dir": str(data)}}
+    moved = {"task": task, "task-params": {"num-users": 40, "data-dir": spelled}}
+    assert _warned(out / "runs" / LABEL, config, moved) == []
+    assert _warned(tmp_path, config, moved) != []  # no ledger records the data: named
     # another parameter beside a moved directory is still the difference named
     cell = _cell(_config(task=task, **{"task-params.data-dir": str(copy), "seed": 1}))
     assert cell_difference(load_config(out / "runs" / LABEL / "config.toml"), cell)[0][0] == "seed"

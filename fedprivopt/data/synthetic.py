@@ -58,6 +58,7 @@ import numpy as np
 from fedprivopt.core.checks import check_int
 from fedprivopt.core.files import unlink_links, url_refusal
 from fedprivopt.core.text import shown
+from fedprivopt.data.hdf5 import HDF5_FILES
 from fedprivopt.data.locks import (
     DATA_LOCK,
     exclusive_lock,
@@ -145,6 +146,10 @@ DISK_PER_TOKEN = 3
 # --------------------------------------------------------------------------------------------
 # Public entry points
 # --------------------------------------------------------------------------------------------
+
+
+DOWNLOAD_FILES = ("stackoverflow.sqlite.lzma", *HDF5_FILES.values())
+"""TFF's download of the real dataset: never shadowed by a synthetic dataset beside it."""
 
 
 def check_free_disk(out_dir: str | os.PathLike, config: SyntheticConfig) -> None:
@@ -291,6 +296,17 @@ def _generate(
         raise FileExistsError(
             f"{files.root}: holds {', '.join(present)} but no {SYNTHETIC_META_FILE} of this "
             "generator: a dataset it did not write is never replaced"
+        )
+    # forty-eighth review of issue 15 (overwrite 2): TFF's download in out_dir (its compressed
+    # stackoverflow.sqlite.lzma, or the legacy stackoverflow_<split>.h5): the synthetic
+    # stackoverflow.sqlite written beside it (rc 0) was read in its place by open_split(D),
+    # data info D and a task whose data_dir is D, which look for stackoverflow.sqlite first
+    downloads = [n for n in DOWNLOAD_FILES if os.path.lexists(files.root / n)]
+    if downloads:
+        raise FileExistsError(
+            f"{files.root}: holds {', '.join(downloads)} (TFF's download of the real dataset): "
+            "a synthetic stackoverflow.sqlite written beside it would be read in its place; "
+            "generate it into another directory"
         )
     foreign = foreign_sqlite(files.root, links=False) if present else None
     if foreign is not None:

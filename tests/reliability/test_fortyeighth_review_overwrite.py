@@ -7,6 +7,13 @@
    there (rc 0). Now ``rundir._check_recognisable`` refuses, naming the files, unless the
    directory's ledger or its ``config.toml`` is one fedprivopt reads; runs of ours (a finished
    one, a start killed after ``config.toml``) are replaced as before.
+2. ``data synth --out D`` (``data.generate(D, config)``, a task's synthetic generation) where
+   ``D`` holds TFF's download of the real dataset: its compressed ``stackoverflow.sqlite.lzma``
+   or a legacy ``stackoverflow_<split>.h5``. Before: rc 0, the synthetic
+   ``stackoverflow.sqlite`` written beside it, and ``open_split(D)``, ``data info D`` and a
+   task whose ``data_dir`` is ``D`` (which look for ``stackoverflow.sqlite`` first) read the
+   50 synthetic users in place of the real dataset. Now ``data.synthetic._generate`` refuses
+   before anything is written, naming the download.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from fedprivopt.data import SyntheticConfig, generate
 from fedprivopt.simulation.rundir import NewRunDir
 
 
@@ -40,3 +48,13 @@ def test_1_overwrite_refuses_another_tools_run_directory(tmp_path):
     (ours / "run.lock").write_text("")
     with NewRunDir(ours, overwrite=True) as path:
         assert not (path / "config.toml").exists()
+
+
+@pytest.mark.parametrize("download", ["stackoverflow.sqlite.lzma", "stackoverflow_train.h5"])
+def test_2_data_synth_refuses_a_directory_holding_tffs_download(tmp_path, download):
+    data = tmp_path / "so"
+    data.mkdir()
+    (data / download).write_bytes(b"the real dataset")
+    with pytest.raises(FileExistsError, match=f"holds {download}"):
+        generate(data, SyntheticConfig(num_clients=20), workers=1)
+    assert sorted(p.name for p in data.iterdir()) == [download]

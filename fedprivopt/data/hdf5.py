@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fedprivopt.core.checks import check_flag
 from fedprivopt.core.files import refuse_url
 from fedprivopt.core.text import shown
 from fedprivopt.data.hdf5_checks import DamagedHDF5, HeapChecker, load_h5py
@@ -464,6 +465,9 @@ def write_hdf5(
     # forty-fourth review of issue 15 (the outputs follow-up's open row): "h\x00.h5" ended in the
     # operating system's "embedded null byte", naming no parameter (write_sqlite's twin)
     refuse_null("path", path)
+    # forty-eighth review of issue 15 (overwrite 3): read by its truth, overwrite="False" replaced
+    # a user's file at path (a flag read from an environment variable or a text file)
+    overwrite = check_flag("overwrite", overwrite)
     h5py = load_h5py()
     path = Path(path)
     if path.is_dir() and not path.is_symlink():

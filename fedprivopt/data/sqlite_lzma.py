@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from fedprivopt.core.checks import check_flag
 from fedprivopt.core.files import refuse_url
 from fedprivopt.data.sqlite import (
     SQLiteSplit,
@@ -78,6 +79,9 @@ def decompress_lzma(
         If ``path`` is not a regular file (a FIFO, a directory), if the output is a directory,
         if the stream is corrupt or truncated, or does not hold an SQLite database.
     """
+    # forty-eighth review of issue 15 (overwrite 3): read by its truth, overwrite="False" replaced
+    # the file at the output (a flag read from an environment variable or a text file)
+    overwrite = check_flag("overwrite", overwrite)
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive number of bytes, got {chunk_size}")
     refuse_url("path", path)  # forty-sixth review of issue 15 (follow-up outputs, open)

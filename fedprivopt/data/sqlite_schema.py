@@ -17,6 +17,7 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
+from fedprivopt.core.checks import check_flag
 from fedprivopt.data.sqlite_files import refuse_null, remove_companions
 
 __all__ = [
@@ -135,6 +136,9 @@ def write_sqlite(
     pathlib.Path
         The written file.
     """
+    # forty-eighth review of issue 15 (overwrite 3): read by its truth, overwrite="False" replaced
+    # a user's file at path (a flag read from an environment variable or a text file)
+    overwrite = check_flag("overwrite", overwrite)
     path = Path(path)
     refuse_null("path", path)  # forty-fourth review follow-up (outputs 2): "embedded null byte"
     if path.is_dir() and not path.is_symlink():

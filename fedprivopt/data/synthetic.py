@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedprivopt.core.checks import check_int
+from fedprivopt.core.checks import check_flag, check_int
 from fedprivopt.core.files import unlink_links, url_refusal
 from fedprivopt.core.text import shown
 from fedprivopt.data.hdf5 import HDF5_FILES
@@ -224,6 +224,9 @@ def generate(
     it (``data synth --out``, a task) is refused as ``LockHeldError`` (a ``ValueError``) naming
     its PID, before anything is written.
     """
+    # forty-eighth review of issue 15 (overwrite 3): read by its truth, overwrite="False" replaced
+    # the dataset (a flag read from an environment variable or a text file), as simulate's did
+    overwrite = check_flag("overwrite", overwrite)
     config = SyntheticConfig() if config is None else config
     refused = url_refusal("out_dir", out_dir)
     if refused is not None:  # forty-third review of issue 15 (input 5): ./s3:/b/d, as data synth

@@ -14,6 +14,14 @@
    task whose ``data_dir`` is ``D`` (which look for ``stackoverflow.sqlite`` first) read the
    50 synthetic users in place of the real dataset. Now ``data.synthetic._generate`` refuses
    before anything is written, naming the download.
+3. The data writers' ``overwrite`` read by its truth (forty-sixth review, flags 2's class, for
+   ``simulate``): ``data.generate(D, config, overwrite="False")`` (a flag read from an
+   environment variable or a text file) over a synthetic dataset of 120 users replaced it by
+   one of 20 (``stackoverflow.sqlite``'s digest changed), and ``write_sqlite(path, ...,
+   overwrite="False")`` and ``write_hdf5(path, {}, overwrite="False")`` replaced a user's own
+   file at ``path``. Now ``generate``, ``write_sqlite``, ``write_hdf5`` and
+   ``decompress_lzma`` take only a bool (``core.checks.check_flag``): ``ValueError: overwrite
+   must be True or False, got 'False'`` before anything is read or written.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ from pathlib import Path
 import pytest
 
 from fedprivopt.data import SyntheticConfig, generate
+from fedprivopt.data.hdf5 import write_hdf5
+from fedprivopt.data.sqlite_lzma import decompress_lzma
+from fedprivopt.data.sqlite_schema import write_sqlite
 from fedprivopt.simulation.rundir import NewRunDir
 
 
@@ -58,3 +69,22 @@ def test_2_data_synth_refuses_a_directory_holding_tffs_download(tmp_path, downlo
     with pytest.raises(FileExistsError, match=f"holds {download}"):
         generate(data, SyntheticConfig(num_clients=20), workers=1)
     assert sorted(p.name for p in data.iterdir()) == [download]
+
+
+def test_3_data_writers_take_overwrite_only_as_a_bool(tmp_path):
+    data = tmp_path / "so"
+    generate(data, SyntheticConfig(num_clients=20), workers=1)
+    before = _files(data)
+    with pytest.raises(ValueError, match="overwrite must be True or False, got 'False'"):
+        generate(data, SyntheticConfig(num_clients=30), overwrite="False", workers=1)
+    assert _files(data) == before
+    mine = tmp_path / "mine.sqlite"
+    mine.write_bytes(b"a user's own file")
+    for write in (
+        lambda: write_sqlite(mine, iter(()), (), overwrite="False"),
+        lambda: write_hdf5(mine, {}, overwrite="False"),
+        lambda: decompress_lzma(tmp_path / "x.lzma", cache_dir=tmp_path, overwrite="no"),
+    ):
+        with pytest.raises(ValueError, match="overwrite must be True or False"):
+            write()
+        assert mine.read_bytes() == b"a user's own file"

@@ -23,6 +23,7 @@ from fedprivopt.models.task import Task, TaskError, data_identity, primary_metri
 from fedprivopt.models.task_calls import task_attribute, task_call
 from fedprivopt.privacy.events import SubsampledGaussianEvent
 from fedprivopt.privacy.flat import flatten, unflatten
+from fedprivopt.simulation import interrupt
 from fedprivopt.simulation.checkpoint import ROWS_DIGEST, RowsDigest, save_checkpoint
 from fedprivopt.simulation.config import RunConfig, config_to_toml, side_information_of
 from fedprivopt.simulation.divergence import (
@@ -244,9 +245,16 @@ class RunWriter:
         """Record one finished round: the ledger line, a metrics row if evaluated, a checkpoint.
 
         The ledger line (fsynced) comes first, before anything of the round leaves: its row, its
-        checkpoint, the next round's broadcast.
+        checkpoint, the next round's broadcast. A signal meanwhile is raised once the round's
+        checkpoint is saved (:func:`~fedprivopt.simulation.interrupt.held`; forty-eighth review
+        of issue 15, processes 1: stopped between the two, a secure run released the round
+        again on ``--resume``, with new noise, or could not be resumed at all with tree noise).
         """
         check_held(self.out)  # still the directory this run locked
+        with interrupt.held():
+            self._record_round(result, eval_metrics)
+
+    def _record_round(self, result: RoundResult, eval_metrics: dict[str, float] | None) -> None:
         now = time.perf_counter()
         seconds, self.last_time = now - self.last_time, now
         r = result.round_num

@@ -1,0 +1,75 @@
+"""Issue 15, forty-eighth hostile review (processes: signals, kills, locks, run processes): tests.
+
+1. A SIGTERM, SIGHUP or Ctrl-C of ``simulate`` (the fast engine) that comes after a round's
+   ledger line was written and before its checkpoint was saved (the metrics row's write and
+   fsync, the checkpoint's own write: on the toy preset 2 of 6 Ctrl-C's at a random moment of
+   ``simulate toy.toml --rounds 400 --set secure=true --set noise-mechanism=tree``). The round
+   was charged and its model existed, but the run stopped without saving it: a secure tree run
+   could then never be resumed (``it cannot be resumed (... rounds 5-5 were released after the
+   checkpoint ...): start a new run``), and a secure Gaussian run's ``--resume`` released the
+   round again with new noise, charged twice. Now ``RunWriter.on_round`` holds an ending
+   signal back from before the round's ledger line until its checkpoint is saved
+   (``interrupt.held``), then raises it: the run stops at that checkpoint and ``--resume``
+   goes on from it, as after an uninterrupted round.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from fedprivopt.simulation import interrupt
+from fedprivopt.simulation import writer as writer_module
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.files import METRICS_FILE
+from fedprivopt.simulation.ledger import RunLedger
+from fedprivopt.simulation.run import resume, simulate
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
+
+
+# -- finding 1: a signal between a round's ledger line and its checkpoint --------------------
+
+
+def _signalled_after_row(monkeypatch, signum: int, round_num: int) -> None:
+    """Send ``signum`` to this process as round ``round_num``'s metrics row is written."""
+    original = writer_module.write_synced
+    rows = []
+
+    def write(path, data, mode="w"):
+        original(path, data, mode)
+        if Path(path).name == METRICS_FILE:
+            rows.append(path)
+            if len(rows) == round_num:
+                os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(writer_module, "write_synced", write)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "signum"),
+    [("tree", signal.SIGTERM), ("gaussian", signal.SIGHUP)],
+)
+def test_1_a_signal_after_the_ledger_line_stops_at_the_rounds_checkpoint(
+    tmp_path, monkeypatch, mechanism, signum
+):
+    over = {"num-server-rounds": 3, "secure": True, "noise-mechanism": mechanism}
+    if mechanism == "tree":
+        over["noise-multiplier"] = 1.5
+    config = load_config(TOY, over)
+    straight = simulate(config, tmp_path / "straight")
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        _signalled_after_row(patched, signum, 2)
+        with pytest.raises(interrupt.Interrupted) as stopped:
+            simulate(config, out)
+    assert stopped.value.signum == signum and stopped.value.out_dir == out
+    assert RunLedger.read(out).last_round == 2
+    outcome = resume(out)  # before: tree refused (round 2 released after the checkpoint)
+    assert outcome.rounds_completed == 3
+    # before: round 2 released again with new noise and charged twice (gaussian)
+    assert outcome.epsilon == pytest.approx(straight.epsilon, rel=1e-12)
+    assert [e.round for e in RunLedger.read(out).entries] == [1, 2, 3]

@@ -100,6 +100,9 @@ def decompress_lzma(
             break
     else:
         name += ".decompressed"
+    if cache_dir is not None and not os.fspath(cache_dir):
+        # forty-eighth review of issue 15 (overwrite 4): "" decompressed into the working directory
+        raise ValueError("cache_dir must be a non-empty path or None, got ''")
     if cache_dir is not None:  # forty-fourth review follow-up (outputs 2): "embedded null byte"
         refuse_null("cache_dir", cache_dir, "directory")
     out_dir = Path(cache_dir) if cache_dir is not None else path.parent

@@ -152,6 +152,17 @@ DOWNLOAD_FILES = ("stackoverflow.sqlite.lzma", *HDF5_FILES.values())
 """TFF's download of the real dataset: never shadowed by a synthetic dataset beside it."""
 
 
+def check_out_dir(out_dir: object) -> None:
+    """Refuse an ``out_dir`` that is not a non-empty path (``ValueError`` naming it).
+
+    Forty-eighth review of issue 15 (overwrite 4; the twenty-fifth review's finding 14 for
+    ``simulate``): ``generate("", config)`` and ``ensure_synthetic("", config)`` wrote a
+    dataset into the working directory, where ``data synth --out ""`` is refused.
+    """
+    if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
+        raise ValueError(f"out_dir must be a non-empty path, got {out_dir!r}"[:200])
+
+
 def check_free_disk(out_dir: str | os.PathLike, config: SyntheticConfig) -> None:
     """Refuse a dataset that the disk of ``out_dir`` cannot hold, before anything is written.
 
@@ -227,6 +238,7 @@ def generate(
     # forty-eighth review of issue 15 (overwrite 3): read by its truth, overwrite="False" replaced
     # the dataset (a flag read from an environment variable or a text file), as simulate's did
     overwrite = check_flag("overwrite", overwrite)
+    check_out_dir(out_dir)
     config = SyntheticConfig() if config is None else config
     refused = url_refusal("out_dir", out_dir)
     if refused is not None:  # forty-third review of issue 15 (input 5): ./s3:/b/d, as data synth
@@ -404,6 +416,7 @@ def ensure_synthetic(
     version; if it, the SQLite file and both vocabulary files are present and match, nothing is
     written.
     """
+    check_out_dir(out_dir)
     config = SyntheticConfig() if config is None else config
     files = SyntheticFiles.at(out_dir)
     meta = read_marker(files.meta)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -191,6 +192,10 @@ def write_report(
         If ``out_dir`` holds a report file (``report.md``, ``summary.csv``, a plot) that is not
         part of an earlier report written by this function (:func:`_check_replaceable`).
     """
+    if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
+        # forty-eighth review of issue 15 (overwrite 4): "" wrote the report into the working
+        # directory, as simulate(config, "") did before the twenty-fifth review
+        raise ValueError(f"out_dir must be a non-empty path, got {out_dir!r}"[:200])
     out = Path(out_dir)
     extra_issues = list(issues)
     runs = list(runs)  # a one-shot iterable read as "runs: empty" (forty-third review, 1)

@@ -22,6 +22,13 @@
    file at ``path``. Now ``generate``, ``write_sqlite``, ``write_hdf5`` and
    ``decompress_lzma`` take only a bool (``core.checks.check_flag``): ``ValueError: overwrite
    must be True or False, got 'False'`` before anything is read or written.
+4. An empty path through the Python API (issue 15's case 10, ``--out ""``, and the
+   twenty-fifth review's finding 14 for ``simulate``): ``data.generate("", config)`` and
+   ``ensure_synthetic("", config)`` wrote a synthetic dataset (four files and the marker) into
+   the working directory, ``write_report("", runs, title=...)`` its ``report.md``,
+   ``summary.csv`` and two plots, and ``decompress_lzma(path, cache_dir="")`` decompressed
+   there. Now each refuses: ``ValueError: out_dir must be a non-empty path, got ''``
+   (``cache_dir`` for the last), before anything is written.
 """
 
 from __future__ import annotations
@@ -30,10 +37,11 @@ from pathlib import Path
 
 import pytest
 
-from fedprivopt.data import SyntheticConfig, generate
+from fedprivopt.data import SyntheticConfig, ensure_synthetic, generate
 from fedprivopt.data.hdf5 import write_hdf5
 from fedprivopt.data.sqlite_lzma import decompress_lzma
 from fedprivopt.data.sqlite_schema import write_sqlite
+from fedprivopt.simulation.report import write_report
 from fedprivopt.simulation.rundir import NewRunDir
 
 
@@ -88,3 +96,29 @@ def test_3_data_writers_take_overwrite_only_as_a_bool(tmp_path):
         with pytest.raises(ValueError, match="overwrite must be True or False"):
             write()
         assert mine.read_bytes() == b"a user's own file"
+
+
+def test_4_an_empty_path_writes_nothing_into_the_working_directory(tmp_path, monkeypatch):
+    import lzma
+
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import simulate
+    from fedprivopt.simulation.rundata import load_runs
+
+    toy = Path(__file__).parents[2] / "simulations" / "toy.toml"
+    simulate(load_config(toy, {"num-server-rounds": 1}), tmp_path / "runs" / "r")
+    runs = load_runs(tmp_path / "runs")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    (work / "x.sqlite.lzma").write_bytes(lzma.compress(b"SQLite format 3\x00"))
+    before = sorted(p.name for p in work.iterdir())
+    for write in (
+        lambda: generate("", SyntheticConfig(num_clients=20), workers=1),
+        lambda: ensure_synthetic("", SyntheticConfig(num_clients=20)),
+        lambda: write_report("", runs, title="x"),
+        lambda: decompress_lzma(work / "x.sqlite.lzma", cache_dir=""),
+    ):
+        with pytest.raises(ValueError, match="must be a non-empty path"):
+            write()
+        assert sorted(p.name for p in work.iterdir()) == before

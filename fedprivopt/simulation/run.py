@@ -88,6 +88,7 @@ from fedprivopt.simulation.ledger import OLD_LEDGER_SUFFIX, RunLedger
 from fedprivopt.simulation.run_checks import (
     check_config,
     check_config_file,
+    check_new_run_name,
     check_task_dirs_outside,
     check_writable,
     initial_model,
@@ -325,6 +326,7 @@ def simulate(
     leaves nothing behind (see :class:`~fedprivopt.simulation.rundir.NewRunDir`).
     """
     out_dir = run_dir_argument("out_dir", out_dir)
+    check_new_run_name("out_dir", out_dir)
     overwrite, planned = check_flag("overwrite", overwrite), check_flag("planned", planned)
     check_config(config)
     # forty-second review of issue 15 (lead 3, the processes reviewer's open row): the Python

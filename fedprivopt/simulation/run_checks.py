@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from fedprivopt.core.files import real_path, url_refusal
+from fedprivopt.core.text import shown
 from fedprivopt.data.token_cache import CACHE_DIR
 from fedprivopt.models.registry import is_reference, resolve_task
 from fedprivopt.models.task import Task, refuse_unbuilt_model
@@ -31,6 +32,7 @@ from fedprivopt.strategies.config import StrategyConfig
 __all__ = [
     "check_config",
     "check_config_file",
+    "check_new_run_name",
     "check_task_dirs_outside",
     "check_writable",
     "initial_model",
@@ -53,6 +55,22 @@ def run_dir_argument(name: str, value: object) -> Path:
     if refused is not None:
         raise ValueError(refused)
     return Path(value)
+
+
+def check_new_run_name(name: str, out: Path) -> None:
+    r"""Refuse a new run directory whose path holds a control character or a blank component.
+
+    Forty-eighth review of issue 15 (overwrite 5): ``simulate(config, "R\n")`` (a line break
+    pasted along) and ``simulate(config, " ")`` wrote the run into a directory named by a line
+    break or blanks (rc 0), where ``simulate --out`` and the deployment's ``out`` refuse both
+    (:func:`~fedprivopt.deploy.runconfig.check_run_out`).
+    """
+    text = os.fspath(out)
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        what = "the path holds a control character (a line break?)"
+        raise ValueError(f"{name}: {what}: {shown(text)}")
+    if any(not part.strip() for part in out.parts):
+        raise ValueError(f"{name}: a path component is blank: {shown(text)}")
 
 
 def check_config(config: object) -> None:

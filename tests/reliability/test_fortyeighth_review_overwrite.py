@@ -29,6 +29,10 @@
    ``summary.csv`` and two plots, and ``decompress_lzma(path, cache_dir="")`` decompressed
    there. Now each refuses: ``ValueError: out_dir must be a non-empty path, got ''``
    (``cache_dir`` for the last), before anything is written.
+5. The Python API's ``simulate(config, "R\n")`` (a line break pasted along) and
+   ``simulate(config, " ")``. Before: rc 0, the run written into a directory named by a line
+   break or a blank, where ``simulate --out`` and the deployment's ``out`` refuse both. Now
+   ``run_checks.check_new_run_name`` refuses before anything is written, naming ``out_dir``.
 """
 
 from __future__ import annotations
@@ -122,3 +126,18 @@ def test_4_an_empty_path_writes_nothing_into_the_working_directory(tmp_path, mon
         with pytest.raises(ValueError, match="must be a non-empty path"):
             write()
         assert sorted(p.name for p in work.iterdir()) == before
+
+
+@pytest.mark.parametrize("name", ["R\n", " ", "a/ /b", "R\x1b[2J"])
+def test_5_simulate_refuses_a_run_directory_named_by_control_characters(
+    tmp_path, monkeypatch, name
+):
+    from fedprivopt.simulation.config import load_config
+    from fedprivopt.simulation.run import simulate
+
+    toy = Path(__file__).parents[2] / "simulations" / "toy.toml"
+    config = load_config(toy, {"num-server-rounds": 1})
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"out_dir: (the path holds a control|a path component)"):
+        simulate(config, name)
+    assert list(tmp_path.iterdir()) == []

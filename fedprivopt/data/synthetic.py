@@ -157,10 +157,18 @@ def check_out_dir(out_dir: object) -> None:
 
     Forty-eighth review of issue 15 (overwrite 4; the twenty-fifth review's finding 14 for
     ``simulate``): ``generate("", config)`` and ``ensure_synthetic("", config)`` wrote a
-    dataset into the working directory, where ``data synth --out ""`` is refused.
+    dataset into the working directory, where ``data synth --out ""`` is refused. Overwrite 5's
+    twin: a control character or a blank component, refused by ``data synth --out`` too.
     """
     if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
         raise ValueError(f"out_dir must be a non-empty path, got {out_dir!r}"[:200])
+    # overwrite 5's twin: "so\n" or "data/ /so" made a directory of that name, where data synth
+    # --out and a task's data_dir refuse it (models.stackoverflow_datadir.check_dir_text)
+    text = os.fspath(out_dir)
+    if isinstance(text, str) and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise ValueError(f"out_dir holds a control character (a line break?): {shown(text)}")
+    if any(not part.strip() for part in Path(text).parts):
+        raise ValueError(f"out_dir has a blank path component: {shown(text)}")
 
 
 def check_free_disk(out_dir: str | os.PathLike, config: SyntheticConfig) -> None:

@@ -33,6 +33,8 @@
    ``simulate(config, " ")``. Before: rc 0, the run written into a directory named by a line
    break or a blank, where ``simulate --out`` and the deployment's ``out`` refuse both. Now
    ``run_checks.check_new_run_name`` refuses before anything is written, naming ``out_dir``.
+   Its twin, ``data.generate("so\n", config)`` (or ``" "``), wrote a dataset into such a
+   directory: refused alike (``data.synthetic.check_out_dir``).
 """
 
 from __future__ import annotations
@@ -140,4 +142,6 @@ def test_5_simulate_refuses_a_run_directory_named_by_control_characters(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"out_dir: (the path holds a control|a path component)"):
         simulate(config, name)
+    with pytest.raises(ValueError, match=r"out_dir (holds a control|has a blank)"):
+        generate(name, SyntheticConfig(num_clients=20), workers=1)
     assert list(tmp_path.iterdir()) == []

@@ -132,9 +132,31 @@ class ModelAtBuild:
                 if value.device.type != "meta":
                     kept = value.detach().clone()
                     self._tensors.append([vars(owner), key, kept, value._version])
-            elif not isinstance(value, torch.nn.Module):
+            elif isinstance(value, torch.nn.Module):
+                self._save_module(value)
+            else:
                 self._save_inner(value, 0)
         return self
+
+    def _save_module(self, module: torch.nn.Module) -> None:
+        """Record a module attribute whole: its parameters' and buffers' values too.
+
+        Forty-eighth review of issue 15 (privacy 2; follow-up privacy 2's twin): a
+        :class:`~fedprivopt.clients.LocalTrainer` subclass whose ``precondition`` is a module of
+        its own (an Adagrad-like ``torch.nn.Module`` accumulating ``grad * grad`` in a buffer, or
+        a ``BatchNorm1d`` of the gradients) kept it on the trainer, and its buffers carried users
+        0-2's gradients into user 3's update (0.137 apart in an entry, norm 0.261 of 0.401):
+        only the trainer's own tensors, arrays and containers were set back.
+        """
+        inner = ModelAtBuild(module, saved=set())  # every buffer (no state dict is loaded)
+        for name in (
+            "_modules", "_grad_flags", "_tensors", "_inner_tensors", "_arrays", "_tables",
+            "_generators", "_random",
+        ):  # fmt: skip
+            getattr(self, name).extend(getattr(inner, name))
+        for param in module.parameters():
+            # always copied back (-1): a write through .data is not counted by its version
+            self._inner_tensors.append([param, param.detach().clone(), -1])
 
     def _save_inner(self, value: object, depth: int) -> None:
         """Record what an attribute value holds that a forward may change in place.

@@ -5,6 +5,11 @@ its training loop and sent it for every user as copies (``updates[u] = private.v
 as the shared-memory refusal advises ``.clone()``), or reported every user's clip bit from it,
 had that user's update (or bit) summed once for each user: a sensitivity of k C (a count change
 of k) under a charge of C (one).
+
+Privacy 2: a ``LocalTrainer`` subclass whose override kept its state in a ``torch.nn.Module`` on
+the trainer (an Adagrad-like buffer, a ``BatchNorm1d`` of the gradients) carried earlier users'
+gradients into a later user's update: the trainer set back its tensors and containers, not a
+module's buffers and parameters.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from fedprivopt import wire as P
-from fedprivopt.clients import LocalConfig, reply_updates
+from fedprivopt.clients import LocalConfig, LocalTrainer, reply_updates
 from fedprivopt.clients.messages import TrainMessage
+from fedprivopt.models import build_task
+from fedprivopt.models.task import initial_flat
+from fedprivopt.privacy.rng import RngFactory
 from tests.messages import delivered
 
 USERS = (1, 2, 3)
@@ -75,3 +83,52 @@ def test_1_a_clip_bit_of_another_user_s_update_is_not_sent():
     bits = {u: request.clip_bit(private[u], u) for u in USERS}
     reply = reply_updates(message, updates, clip_bits=bits)
     assert sorted(P.read_updates(reply.content)) == list(USERS)
+
+
+# -- 2: a LocalTrainer subclass keeping a module of its own on the trainer ------------------------
+
+TASK = build_task("toy", num_users=10, dim=5, num_classes=3, seed=2)
+LOCAL = LocalConfig(learning_rate=0.1, epochs=1, batch_size=4, clip_norm=10.0, max_examples=8)
+
+
+class _Adagrad(torch.nn.Module):  # a preconditioner written as a module, its state a buffer
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(n))
+
+    def forward(self, grad):
+        self.acc += grad * grad
+        return grad / (self.acc.sqrt() + 1e-3)
+
+
+class _ModuleState(LocalTrainer):
+    def __init__(self, task, **kwargs):
+        super().__init__(task, **kwargs)
+        self.pre = _Adagrad(self.spec.numel)
+        self.norm = torch.nn.BatchNorm1d(self.spec.numel, affine=False)
+        self.scale = torch.nn.Linear(1, self.spec.numel, bias=False)
+        torch.nn.init.zeros_(self.scale.weight)
+
+    def precondition(self, grad, preconditioner):
+        self.norm(torch.stack([grad, 0.5 * grad]))  # running statistics of the gradients
+        self.scale.weight.data[:, 0] += grad.abs()  # a parameter written through .data
+        out = self.pre(grad) / (self.norm.running_var.sqrt() + 1e-3)
+        return out / (1.0 + self.scale.weight[:, 0].detach())
+
+
+def _last_update(users):
+    trainer = _ModuleState(TASK, device="cpu")
+    for user in users:
+        result = trainer.train(
+            initial_flat(TASK), user_id=user, round_num=1, config=LOCAL, rngs=RngFactory(seed=0)
+        )
+    return trainer, result.delta
+
+
+def test_2_a_module_of_the_trainer_carries_nothing_to_the_next_user():
+    _, alone = _last_update([3])
+    trainer, after = _last_update([0, 1, 2, 3])
+    # before: 0.137 apart in an entry (the module's buffer: users 0-2's gradients)
+    assert torch.equal(after, alone)
+    assert float(trainer.pre.acc.abs().sum()) == 0.0
+    assert float(trainer.scale.weight.detach().abs().sum()) == 0.0

@@ -382,6 +382,8 @@ def check_tunings(paths: Sequence[str | Path]) -> list[TunedCheck]:
             if other.plan["strategy"] != one.plan["strategy"]:
                 continue
             for key in ("grid", "trial_count", "metric"):
+                if key == "grid" and _same_grid(other.plan, one.plan):
+                    continue  # forty-eighth review of issue 15 (compare 4): =1,2 and =1.0,2.0
                 if not same_json(other.plan[key], one.plan[key]):
                     raise ValueError(
                         f"TUNED: {shown(str(text))} has another {key} than "
@@ -405,6 +407,28 @@ def check_tunings(paths: Sequence[str | Path]) -> list[TunedCheck]:
                 )
         checked.append(one)
     return checked
+
+
+def _same_grid(first: Mapping[str, Any], second: Mapping[str, Any]) -> bool:
+    """Whether two tunings' grids make the same trials from ``second``'s base configuration.
+
+    Forty-eighth review of issue 15 (compare 4; sameness 7's twin): ``compare-tuned T T4`` of
+    ``tune ... --grid server-learning-rate=1,2 --seed 1 --out T`` and the same with ``=1.0,2.0
+    --seed 2 --out T4`` was refused as "another grid", though each value makes the same trial
+    configuration: a tuning run again to match the spelling is a release more. The grids are
+    compared value by value (:func:`~fedprivopt.simulation.tune_replan.same_grid`).
+    """
+    from fedprivopt.simulation.tune_replan import same_grid
+
+    old, new = first.get("grid"), second.get("grid")
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            builder = _Builder(str(second["base_config"]), Path(tmp))
+        except (OSError, KeyError):
+            return False
+        return same_grid(old, new, builder.config)
 
 
 def _without_seed(config):

@@ -26,6 +26,7 @@ __all__ = [
     "discard_tuning",
     "plan_difference",
     "read_plan",
+    "same_grid",
     "stored_grid",
 ]
 
@@ -156,28 +157,41 @@ def stored_grid(
     order, another count of values or any other value: ``grid`` itself (the plan's check
     names the difference). A plan that cannot be read is left to that check too.
     """
-    from fedprivopt.simulation.cell_plans import first_difference
-
     try:
         plan = read_plan(out)
     except (OSError, ValueError, RecursionError):
         return dict(grid)
     old = plan.get("grid") if isinstance(plan, Mapping) else None
-    if not isinstance(old, Mapping) or same_json(old, {k: list(v) for k, v in grid.items()}):
+    if not isinstance(old, Mapping) or not same_grid(old, grid, config_of):
         return dict(grid)
-    if list(old) != list(grid):
-        return dict(grid)
-    for key, values in grid.items():
+    return {key: tuple(values) for key, values in old.items()}
+
+
+def same_grid(
+    old: Mapping[str, Any], new: Mapping[str, Sequence[Any]], config_of: Callable[[dict], Any]
+) -> bool:
+    """Whether grids ``old`` and ``new`` make the same trials, value by value (:func:`stored_grid`).
+
+    The same keys in the same order, as many values each, and each value making the
+    configuration (``config_of(overrides)``) its counterpart makes.
+    """
+    from fedprivopt.simulation.cell_plans import first_difference
+
+    if list(old) != list(new):  # another order draws other trials (named by check_plan)
+        return False
+    if same_json(old, {k: list(v) for k, v in new.items()}):
+        return True
+    for key, values in new.items():
         before = old[key]
-        if not isinstance(before, list) or len(before) != len(values):
-            return dict(grid)
+        if not isinstance(before, list | tuple) or len(before) != len(values):
+            return False
         for a, b in zip(before, values, strict=True):
             try:
                 if first_difference(config_of({key: a}), config_of({key: b})) is not None:
-                    return dict(grid)
-            except Exception:  # a stored value this version refuses: not the same plan
-                return dict(grid)
-    return {key: tuple(values) for key, values in old.items()}
+                    return False
+            except Exception:  # a stored value this version refuses: not the same grid
+                return False
+    return True
 
 
 def check_plan(out: str | Path, wanted: Mapping[str, Any], *, overwrite: bool) -> bool:

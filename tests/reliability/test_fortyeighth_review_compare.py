@@ -18,6 +18,12 @@
    ``tune_replan.stored_grid`` compares the grids value by value through the configurations
    they make, and a grid that makes the same trials takes the stored grid's spelling, so
    ``tune.json`` and the plan digest the trials' ledgers record stay as they were.
+3. The report of compare 1's reused cell beside new ones warned "the runs differ in their task
+   settings: task-params.heterogeneity (0.5, null)"; now filled at the task's default, and the
+   data's place left to the ledgers' data records (``report._task_differences``).
+4. ``compare-tuned T T4`` of tunings of ``--grid server-learning-rate=1,2`` and ``=1.0,2.0``
+   (seeds 1 and 2) was refused as "another grid"; ``tune_check._same_grid`` compares them as
+   ``tune`` does (2).
 """
 
 from __future__ import annotations
@@ -232,3 +238,19 @@ def test_2_a_grid_of_other_trials_is_still_another_plan(tmp_path, again):
     (out / "tune.json").write_text(json.dumps(_tuning(out, f"{key}=1,2").document))
     with pytest.raises((ValueError, UsageError), match="--grid differs"):
         check_plan(out, _tuning(out, again).document, overwrite=False)
+
+
+@pytest.mark.parametrize(
+    ("again", "same"),
+    [("server-learning-rate=1.0,2.0", True), ("server-learning-rate=1,2", True),
+     ("server-learning-rate=1.0,2.5", False), ("server-learning-rate=2,1", False),
+     ("local-learning-rate=1,2", False)],
+)  # fmt: skip
+def test_4_compare_tuned_takes_tunings_of_one_grid_spelled_otherwise_as_seeds(
+    tmp_path, again, same
+):
+    from fedprivopt.simulation.tune_check import _same_grid
+
+    first = _tuning(tmp_path / "T", "server-learning-rate=1,2").document
+    second = _tuning(tmp_path / "T4", again).document
+    assert _same_grid(first, second) is same  # =1.0,2.0 was "has another grid than 'T'"

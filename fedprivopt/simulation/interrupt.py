@@ -156,35 +156,34 @@ def _raise(signum: int, frame: object) -> None:
         _defer(signum)
         return
     if _HOLDING and not (_SIGNALS.received or _SIGNALS.code is not None):
-        _SIGNALS.received.append(int(signum))  # a second one ends the process at once
+        if _HELD:  # a second one during the block ends the process at once
+            _SIGNALS.received.append(_HELD[0])
+            end_now(signum)
         _HELD.append(int(signum))
         return
     _record(signum)
-    raise _interruption(signum)
-
-
-def _interruption(signum: int) -> Interrupted:
-    """The :class:`Interrupted` a first signal raises (:func:`_unraisable` catches it from C)."""
     if sys.unraisablehook is not _unraisable:
         _PREVIOUS_HOOK[:] = [sys.unraisablehook]
         sys.unraisablehook = _unraisable
-    return Interrupted(signum)
+    raise Interrupted(signum)
 
 
 _HOLDING: list[bool] = []
 """One entry per :func:`held` block open in the main thread."""
 _HELD: list[int] = []
-"""A first signal that came during a :func:`held` block, raised when the block ends."""
+"""A first signal that came during a :func:`held` block, sent again when the block ends."""
 
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """A first ending signal (Ctrl-C, SIGTERM, SIGHUP) inside is raised when the block ends.
+    """A first ending signal (Ctrl-C, SIGTERM, SIGHUP) inside is sent again when the block ends.
 
-    A second one meanwhile ends the process at once (:func:`end_now`), as a kill would. Only in
-    the main thread; elsewhere (the ServerApp thread of a Flower simulation, whose first signal
-    only stops the run after the round it records) this does nothing. A block left by an
-    exception of its own leaves the signal received, as it does any other.
+    It then reaches the handler that was in place before the block (this module's, which
+    raises :class:`Interrupted`; Flower's in a deployment's ServerApp; Python's own). A second
+    one meanwhile ends the process at once (:func:`end_now`), as a kill would. Only in the main
+    thread; elsewhere (the ServerApp thread of a Flower simulation, whose first signal only
+    stops the run after the round it records) this does nothing. A block left by an exception
+    of its own sends it too.
 
     Forty-eighth review of issue 15 (processes 1): a signal after a round's ledger line and
     before its checkpoint (the metrics row's fsync, the checkpoint's own write) stopped the run
@@ -201,8 +200,8 @@ def held() -> Iterator[None]:
             yield
     finally:
         _HOLDING.pop()
-    if not _HOLDING and _HELD:
-        raise _interruption(_HELD.pop())
+        if not _HOLDING and _HELD:
+            signal.raise_signal(_HELD.pop())  # its handler runs before the next line
 
 
 _PREVIOUS_HOOK: list[Any] = []

@@ -9,8 +9,9 @@
    checkpoint ...): start a new run``), and a secure Gaussian run's ``--resume`` released the
    round again with new noise, charged twice. Now ``RunWriter.on_round`` holds an ending
    signal back from before the round's ledger line until its checkpoint is saved
-   (``interrupt.held``), then raises it: the run stops at that checkpoint and ``--resume``
-   goes on from it, as after an uninterrupted round.
+   (``interrupt.held``), then sends it again to the handler that was in place (the command's,
+   Python's Ctrl-C, Flower's in a deployment's ServerApp): the run stops at that checkpoint and
+   ``--resume`` goes on from it, as after an uninterrupted round.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _signalled_after_row(monkeypatch, signum: int, round_num: int) -> None:
 
 @pytest.mark.parametrize(
     ("mechanism", "signum"),
-    [("tree", signal.SIGTERM), ("gaussian", signal.SIGHUP)],
+    [("tree", signal.SIGTERM), ("gaussian", signal.SIGHUP), ("gaussian", signal.SIGINT)],
 )
 def test_1_a_signal_after_the_ledger_line_stops_at_the_rounds_checkpoint(
     tmp_path, monkeypatch, mechanism, signum
@@ -73,3 +74,16 @@ def test_1_a_signal_after_the_ledger_line_stops_at_the_rounds_checkpoint(
     # before: round 2 released again with new noise and charged twice (gaussian)
     assert outcome.epsilon == pytest.approx(straight.epsilon, rel=1e-12)
     assert [e.round for e in RunLedger.read(out).entries] == [1, 2, 3]
+
+
+def test_1_a_held_signal_reaches_the_handler_that_was_in_place():
+    """A deployment's ServerApp keeps Flower's handler: it runs once the round is saved."""
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with interrupt.held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert seen == []  # held while the round is recorded
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -51,6 +51,7 @@ from fedprivopt.privacy.aggregate_checks import (
     refuse_shared_updates,
     share_noise_growth,
     sum_dtype,
+    sum_grid,
 )
 from fedprivopt.privacy.clip import (
     clip_factor,
@@ -83,6 +84,42 @@ __all__ = [
     "share_noise_growth",
     "sum_dtype",
 ]
+
+
+def _add(
+    total: torch.Tensor,
+    update,
+    factor: float,
+    grid: float | None,
+    work: torch.Tensor | None = None,
+) -> None:
+    """``total += factor * update`` (dense or :class:`RowSparse`), on ``grid`` if any.
+
+    On a grid (:func:`sum_grid`, a power of two) the product is taken in float64 in units of the
+    grid and rounded toward zero there, then added times the grid: each step exact but the
+    product's own rounding, which the clip factor's margin covers. ``work``: a tensor like
+    ``total`` a dense update is copied into (one for the whole sum: no page faults).
+    """
+    if grid is None:
+        if isinstance(update, RowSparse):
+            update.add_to(total, alpha=factor)
+        else:
+            total.add_(update, alpha=factor)  # the re-clipped update, without a copy
+        return
+    if isinstance(update, RowSparse):
+        units = update.values.to(device=total.device, dtype=total.dtype, copy=True)
+        units.mul_(factor / grid).trunc_()
+        RowSparse(update.rows, units, update.length).add_to(total, alpha=grid)
+    else:
+        units = torch.empty_like(total) if work is None else work
+        scale = factor / grid
+        # one pass where the float32 product keeps its relative rounding (scale normal there)
+        if update.dtype == torch.float32 and 2.0**-100 < scale < 2.0**100:
+            torch.mul(update.to(total.device), scale, out=units)
+        else:
+            units.copy_(update).mul_(scale)
+        total.add_(units.trunc_(), alpha=grid)
+
 
 SHARE_MISSING = "update without its noise share (norm below what a share alone has, e^-50)"
 """Why a dense distributed-noise update is rejected (:meth:`NoisyMeanAggregator.share_floor`)."""
@@ -247,6 +284,7 @@ class NoisyMeanAggregator:
         bound: float,
         dim: int,
         dtype: torch.dtype,
+        grid: float | None = None,
     ) -> None:
         """Check, re-clip and add every user of ``batch``, each exactly as if it came alone.
 
@@ -277,14 +315,14 @@ class NoisyMeanAggregator:
             factor = self._factor(norm, bound, dtype, tally, numel)
             if exact_reclip(norm, factor, dtype):  # float16, or a norm beyond float64: alone
                 update = batch.update(i)
-                reclipped(update, update.values, bound).add_to(total)
+                _add(total, reclipped(update, update.values, bound), 1.0, grid)
                 factors.append(None)
                 keep = False
                 continue
             if factor < torch.finfo(dtype).tiny:  # a hostile norm near the float maximum: alone
                 i = len(factors)
                 update, factor = prescaled(batch.update(i), batch.update(i).values, factor)
-                update.add_to(total, alpha=factor)
+                _add(total, update, factor, grid)
                 factors.append(None)
                 keep = False
                 continue
@@ -296,10 +334,14 @@ class NoisyMeanAggregator:
             mask = torch.repeat_interleave(kept, counts, output_size=rows.numel())
             rows, values, counts = rows[mask], values[mask], counts[kept]
             factors = [f for f in factors if f is not None]
-        if any(f != 1.0 for f in factors):
+        alpha, scaled = 1.0, any(f != 1.0 for f in factors)
+        if grid is not None:  # in units of grid, rounded toward zero (_add; float64 here)
+            column = segment_scale(factors, counts, values) / grid if scaled else 1.0 / grid
+            values, alpha = (values * column).trunc_(), grid
+        elif scaled:
             values = values * segment_scale(factors, counts, values)
         if rows.numel():
-            total.view(-1, values.shape[1]).index_add_(0, rows, values)
+            total.view(-1, values.shape[1]).index_add_(0, rows, values, alpha=alpha)
 
     def aggregate(
         self,
@@ -359,6 +401,10 @@ class NoisyMeanAggregator:
             refuse_shared_updates(updates)
         bound = self.accept_norm(dim)
         total = torch.zeros(dim, dtype=sum_dtype(dtype, bound), device=device)
+        # forty-eighth review of issue 15 (clipping 1): an exact sum, on a grid
+        exact = sum_grid(dtype, bound, self.noise_mode, self.expected_cohort_size)
+        grid, most = exact if exact is not None else (None, None)
+        work = None if grid is None else torch.empty_like(total)
         tally = Tally()
         for i, entry in enumerate(updates):
             if isinstance(entry, RowSparseBatch):
@@ -368,7 +414,7 @@ class NoisyMeanAggregator:
                     # its users at once, streamed too: one row expanded over its users (a task's
                     # own cohort trainer on the fast engine) was summed once for each of them
                     refuse_shared_updates([batch])
-                    self._add_batch(batch, total, tally, bound, dim, dtype)
+                    self._add_batch(batch, total, tally, bound, dim, dtype, grid)
                     continue
                 users = [int(u) for u in entry.users]
                 tally.arrive(users)
@@ -404,10 +450,13 @@ class NoisyMeanAggregator:
                 update, factor = reclipped(update, values, bound), 1.0
             elif factor < torch.finfo(dtype).tiny:
                 update, factor = prescaled(update, values, factor)
-            if isinstance(update, RowSparse):
-                update.add_to(total, alpha=factor)
-            else:
-                total.add_(update, alpha=factor)  # the re-clipped update, without a copy
+            _add(total, update, factor, grid, work)
+        if most is not None and tally.accepted > most:
+            raise ValueError(
+                f"updates: {tally.accepted} accepted, at most {most} a sum for an expected "
+                f"cohort of {self.expected_cohort_size:g} (the sum of more is not exact; nothing "
+                "was released)"
+            )
         accepted, rejected, norm_sum = tally.accepted, tally.rejected, tally.norm_sum
         received, server_clipped, at_bound = tally.received, tally.server_clipped, tally.at_bound
 

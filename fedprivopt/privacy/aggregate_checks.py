@@ -39,6 +39,7 @@ __all__ = [
     "share_noise_growth",
     "shared_users",
     "sum_dtype",
+    "sum_grid",
 ]
 
 NOISE_MODES = ("server", "distributed")
@@ -54,12 +55,12 @@ MAX_SUM_NOISE_STD = 1e150
 def sum_dtype(dtype: torch.dtype, bound: float) -> torch.dtype:
     """The dtype in which :meth:`NoisyMeanAggregator.aggregate` sums updates of ``dtype``.
 
-    ``dtype`` itself where no sum of up to :data:`~fedprivopt.privacy.sampling.MAX_POPULATION`
-    updates of norm at most ``bound`` can overflow it (float32 below ``bound`` 1.7e30: every
-    run's bits as before), else float64 (float16 and bfloat16 always: their sums also lose whole
-    updates to rounding, 256 + 1 = 256 in bfloat16). Thirty-eighth review of issue 15: the sum was
-    kept in the model's dtype, and a partial sum that overflowed stayed infinite whatever noise
-    was added, so an infinite release said, without noise, that the clipped sum overflowed:
+    Float64 for every private sum (``bound`` finite; forty-eighth review, :func:`sum_grid`), a
+    non-private float32 sum in float32 (float16 and bfloat16 always in float64: their sums also
+    lose whole updates to rounding, 256 + 1 = 256 in bfloat16). Thirty-eighth review of issue
+    15: the sum was kept in the model's dtype, and a partial sum that overflowed stayed infinite
+    whatever noise was added, so an infinite release said, without noise, that the clipped sum
+    overflowed:
     130 float32 updates at ``C = 5.3e36`` whose exact sum is 0 (65 of ``+0.999C``, then 65 of
     ``-0.999C``) gave an infinite mean every time, one user fewer a finite one; 66 float16
     updates at ``C = 1000`` alike. A float64 model is refused a bound at which it could
@@ -74,9 +75,43 @@ def sum_dtype(dtype: torch.dtype, bound: float) -> torch.dtype:
                 f"updates of norm {bound:g} could overflow (at most {most:g})"
             )
         return dtype
-    if dtype == torch.float32 and (bound <= most or math.isinf(bound)):  # inf: not private
+    # forty-eighth review of issue 15 (clipping 1): a private float32 sum is float64 too (see
+    # sum_grid); a float32 sum's rounding moved the release by up to 1.06 C for one user
+    if dtype == torch.float32 and math.isinf(bound):  # inf: not private
         return dtype
     return torch.float64
+
+
+#: Fewest bits of a float64 sum kept for the count of updates summed on :func:`sum_grid`'s
+#: grid (up to ``2**20`` updates a sum; more where the expected cohort is larger).
+SUM_COUNT_BITS = 20
+
+
+def sum_grid(
+    dtype: torch.dtype, bound: float, noise_mode: str, expected_cohort_size: float
+) -> tuple[float, int] | None:
+    """``(q, most)``: a float64 sum of up to ``most`` updates on multiples of ``q`` is exact.
+
+    Forty-eighth review of issue 15 (clipping 1): every rounding of a floating-point sum depends
+    on the other terms, so one user's presence changed how the later additions rounded. In a
+    float32 sum, 511 updates of ``C`` then 512 of ``2^-15 C`` after a user of ``C`` moved the
+    sum by 1.0156 C (1.0624 C for a cohort of 2048; ``drive_round``, dense, row-sparse and the
+    fast engine's batches alike): a sensitivity above the ``C`` epsilon is charged for. Each
+    re-clipped update, in float64, is rounded toward zero (its norm can only shrink) to
+    multiples of the power of two ``q = 2^(E - 53 + b)``, ``bound < 2^E``: every entry is below
+    ``2^(53 - b) q``, so a sum of up to ``most = 2^b`` of them is a multiple of ``q`` below
+    ``2^53 q``, held exactly whatever the order. ``b`` is :data:`SUM_COUNT_BITS`, or more where
+    ``4 m̄ + 1024`` needs more (a Poisson cohort beyond it: about never). An entry loses less
+    than ``q`` (``2^-32`` of ``bound`` at ``b = 20``).
+
+    ``None`` (summed as before) where the sum is not private, for a float64 model (whose
+    precision the grid would cut; a float64 sum's rounding moves it by about ``n^2 2^-53``
+    relative) and in distributed-noise mode (the grid would cut the shares' noise).
+    """
+    if not math.isfinite(bound) or dtype == torch.float64 or noise_mode != "server":
+        return None
+    bits = max(SUM_COUNT_BITS, math.ceil(math.log2(4.0 * expected_cohort_size + 1024.0)))
+    return math.ldexp(1.0, math.frexp(bound)[1] - (53 - bits)), 2**bits
 
 
 def default_min_shares(population: int, sample_rate: float, quantile: float = 0.01) -> int:

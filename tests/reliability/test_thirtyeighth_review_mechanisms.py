@@ -108,7 +108,8 @@ def test_1_a_batch_sums_as_its_users_alone_in_the_wider_sum():
 
 def test_1_sum_dtype_keeps_float32_runs_and_refuses_a_float64_overflow():
     sum_dtype = aggregate.sum_dtype
-    assert sum_dtype(torch.float32, 1.0) == torch.float32  # every run's bits as before
+    # forty-eighth review (clipping 1): a private float32 sum is float64 (exact on a grid)
+    assert sum_dtype(torch.float32, 1.0) == torch.float64
     assert sum_dtype(torch.float32, float("inf")) == torch.float32  # not private
     assert sum_dtype(torch.float32, 5.3e36) == torch.float64
     assert sum_dtype(torch.float16, 1.0) == torch.float64

@@ -247,6 +247,16 @@ def _compare_locked(args: argparse.Namespace, out: Path, cells: list) -> int:
     return 0
 
 
+class _NoSeedFlag(argparse.Action):
+    """``--seed``, which ``compare`` does not have: one line naming what does its work."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(
+            f"argument {option_string}: compare has no --seed (and --seed is not --seeds): a "
+            "grid's seeds start at the preset's seed (--set seed=S) and --seeds K counts them"
+        )
+
+
 def add_compare(sub) -> None:
     """Add ``compare`` to the subcommands ``sub``."""
     from fedprivopt.simulation.cells import MAX_SEEDS
@@ -285,6 +295,9 @@ def add_compare(sub) -> None:
         help=f"seeds per cell (the preset's seed, +1, ...), at most {MAX_SEEDS:,}: every seed is "
         "a full run of every cell",
     )
+    # forty-eighth review of issue 15 (compare 5): "--seed 2" (simulate's and tune's flag) was
+    # taken by argparse as an abbreviation of --seeds: two seeds 0 and 1, not seed 2, rc 0
+    p.add_argument("--seed", action=_NoSeedFlag, nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory")
     p.add_argument(
         "--overwrite",

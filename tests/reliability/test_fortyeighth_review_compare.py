@@ -24,6 +24,8 @@
 4. ``compare-tuned T T4`` of tunings of ``--grid server-learning-rate=1,2`` and ``=1.0,2.0``
    (seeds 1 and 2) was refused as "another grid"; ``tune_check._same_grid`` compares them as
    ``tune`` does (2).
+5. ``compare toy.toml --seed 2`` (simulate's and tune's flag) was read by argparse as an
+   abbreviation of ``--seeds``: two seeds, 0 and 1, rc 0. Now one line, rc 2.
 """
 
 from __future__ import annotations
@@ -254,3 +256,17 @@ def test_4_compare_tuned_takes_tunings_of_one_grid_spelled_otherwise_as_seeds(
     first = _tuning(tmp_path / "T", "server-learning-rate=1,2").document
     second = _tuning(tmp_path / "T4", again).document
     assert _same_grid(first, second) is same  # =1.0,2.0 was "has another grid than 'T'"
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--seed=2"])
+def test_5_compare_refuses_seed_which_argparse_read_as_seeds(tmp_path, capsys, flag):
+    from fedprivopt.cli import main
+
+    argv = ["compare", str(TOY), "--strategies", "dp-fedavg", "--rounds", "1", "--out"]
+    try:
+        code = main([*argv, str(tmp_path / "C"), *([flag, "2"] if flag == "--seed" else [flag])])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and not (tmp_path / "C").exists()  # was rc 0: seeds 0 and 1, not seed 2
+    assert "compare has no --seed (and --seed is not --seeds)" in err and err.count("\n") == 1

@@ -11,6 +11,7 @@ re-exports :func:`reply_updates`. This module imports Flower.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import numbers
 from collections.abc import Mapping
@@ -106,6 +107,7 @@ def reply_updates(
     # (all 0.03), which the server, decoding copies, cannot see; each update is sent as it is
     # read, so updates read from one memory not written between their reads are refused
     read, given_all = KeptReads(), []
+    shares: dict = {}  # a noised update's digest -> its user (privacy 3)
     for user, vector in updates.items():
         key = P.update_key(user)  # an integer id >= 0 (ValueError naming user_id)
         asked.check(user)
@@ -115,6 +117,8 @@ def reply_updates(
         given_all.append((user, given))
         read.keep(user, given)
         delta = vector.to(device="cpu", dtype=dtype)
+        if asked.noise_std > 0:
+            _keep_share(user, delta, shares)
         arrays = {P.DELTA_ARRAY: Array(delta.numpy())}
         if user in bits:
             # a user's clip bit is private: it leaves the node only where the server asks
@@ -138,6 +142,7 @@ def reply_updates(
     read.refuse()
     for user, given in given_all:
         asked.check_noised(user, given)
+    _refuse_one_share(shares)
     _refuse_equal_shares(bits, asked.count_std)
     metrics: dict[str, int | float | list[int] | list[float]] = {
         P.USERS_TRAINED: len(updates),
@@ -275,6 +280,35 @@ def _refuse_other_users(user: object, vector: object) -> None:
             f"updates[{shown(user)}] is (a copy of) the update TrainMessage.privatize made for "
             f"user {min(made_for)}, not user {shown(user)}: send each user's own update (one "
             "user's update summed for several is a sensitivity of several C); nothing was sent"
+        )
+
+
+def _keep_share(user: object, delta: torch.Tensor, shares: dict) -> None:
+    """Keep ``delta``'s digest for ``user`` (its first other user under ``shares[None]``)."""
+    key = hashlib.sha256(delta.contiguous().numpy().data).digest()  # not a copy of its values
+    if key in shares:
+        shares.setdefault(None, (shares[key], user))
+    else:
+        shares[key] = user
+
+
+def _refuse_one_share(shares: dict) -> None:
+    """``ValueError`` when two users' updates hold the same values (distributed-noise mode).
+
+    Every update carries a noise share of its own user's stream, so two equal ones are one
+    user's update sent for both (:func:`_keep_share` kept their digests as they were read).
+    Forty-eighth review of issue 15 (privacy 3; privacy 1 through ``privatize_update`` called
+    directly, the documented alternative to ``TrainMessage.privatize``): ``{u: private.vector.
+    clone() for u in users}`` with the last user's ``private`` was sent, that user's update
+    summed once for each user.
+    """
+    if None in shares:
+        first, second = shares[None]
+        raise ValueError(
+            f"updates[{shown(first)}] and updates[{shown(second)}] hold the same values, one "
+            "noised update (each user's holds a noise share of its own): send each user's own "
+            "update (one user's update summed for several is a sensitivity of several C); "
+            "nothing was sent"
         )
 
 

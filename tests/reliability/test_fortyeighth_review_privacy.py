@@ -132,3 +132,34 @@ def test_2_a_module_of_the_trainer_carries_nothing_to_the_next_user():
     assert torch.equal(after, alone)
     assert float(trainer.pre.acc.abs().sum()) == 0.0
     assert float(trainer.scale.weight.detach().abs().sum()) == 0.0
+
+
+# -- 3: privacy 1 through privatize_update called directly (distributed noise) -----------------
+
+
+def test_3_one_noised_update_sent_for_several_users_is_refused():
+    from fedprivopt.clients import noise_generator, privatize_update
+
+    message = _message(0.3, None)
+    request = TrainMessage.read(message)
+    own = {}
+    for user in USERS:
+        generator = noise_generator(
+            seed=request.seed,
+            secure=request.secure,
+            round_num=request.round_num,
+            user_id=user,
+            stream=request.stream,
+            device="cpu",
+        )
+        own[user] = privatize_update(
+            torch.tensor([0.5 * user, 0.2, -0.1]),
+            clip_norm=request.local.clip_norm,
+            noise_std=request.local.noise_std,
+            generator=generator,
+        ).vector
+    # before: sent, the last user's update (its share too) under every user's key
+    with pytest.raises(ValueError, match=r"updates\[1\] and updates\[2\] hold the same values"):
+        reply_updates(message, {u: own[3].clone() for u in USERS})
+    reply = reply_updates(message, own)
+    assert sorted(P.read_updates(reply.content)) == list(USERS)

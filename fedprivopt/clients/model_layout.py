@@ -131,7 +131,9 @@ class ModelAtBuild:
             if isinstance(value, torch.Tensor) and value.layout == torch.strided:
                 if value.device.type != "meta":
                     kept = value.detach().clone()
-                    self._tensors.append([vars(owner), key, kept, value._version])
+                    # always copied back (-1): a write through .data or NumPy is not counted
+                    # by the version (forty-eighth review of issue 15, privacy 4)
+                    self._tensors.append([vars(owner), key, kept, -1])
             elif isinstance(value, torch.nn.Module):
                 self._save_module(value)
             else:
@@ -174,7 +176,8 @@ class ModelAtBuild:
             return
         if isinstance(value, torch.Tensor):
             if depth > 0 and not value.requires_grad and value.layout == torch.strided:
-                self._inner_tensors.append([value, value.detach().clone(), value._version])
+                # -1: always copied back, as above (privacy 4: self.box[0].data.add_(...))
+                self._inner_tensors.append([value, value.detach().clone(), -1])
         elif isinstance(value, np.ndarray):
             if value.flags.writeable:
                 self._arrays.append((value, value.copy()))

@@ -163,3 +163,41 @@ def test_3_one_noised_update_sent_for_several_users_is_refused():
         reply_updates(message, {u: own[3].clone() for u in USERS})
     reply = reply_updates(message, own)
     assert sorted(P.read_updates(reply.content)) == list(USERS)
+
+
+# -- 4: an override's accumulator on the trainer written through .data or NumPy ---------------
+
+
+class _DataWrite(LocalTrainer):
+    way = "data"
+
+    def __init__(self, task, **kwargs):
+        super().__init__(task, **kwargs)
+        self.acc = torch.zeros(self.spec.numel)
+        self.box = [torch.zeros(self.spec.numel)]
+
+    def precondition(self, grad, preconditioner):
+        if self.way == "data":
+            self.acc.data.add_(grad * grad)  # not counted by self.acc's version
+        elif self.way == "numpy":
+            self.acc.numpy()[:] += (grad * grad).numpy()
+        else:
+            self.box[0].data.add_(grad * grad)
+            return grad / (self.box[0].sqrt() + 1e-3)
+        return grad / (self.acc.sqrt() + 1e-3)
+
+
+@pytest.mark.parametrize("way", ["data", "numpy", "inner"])
+def test_4_a_write_through_data_or_numpy_is_set_back_too(way, monkeypatch):
+    monkeypatch.setattr(_DataWrite, "way", way)
+
+    def last(users):
+        trainer = _DataWrite(TASK, device="cpu")
+        for user in users:
+            result = trainer.train(
+                initial_flat(TASK), user_id=user, round_num=1, config=LOCAL, rngs=RngFactory(0)
+            )
+        return result.delta
+
+    # before: 0.137 apart in an entry (users 0-2's gradients kept in the accumulator)
+    assert torch.equal(last([0, 1, 2, 3]), last([3]))

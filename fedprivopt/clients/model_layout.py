@@ -222,17 +222,17 @@ class ModelAtBuild:
             if param.requires_grad != flag:
                 param.requires_grad_(flag)
         for entry in self._tensors:
-            table, key, initial, version = entry
+            table, key, initial, _ = entry
             current = table[key]
-            if current._version == version:
-                continue  # not written since it was set back (a constant table: no copy)
+            # always copied back (forty-eighth review of issue 15, privacy 5): a forward's write
+            # through .data or NumPy (self.running.data.add_(...)) does not move the version, so
+            # a tensor read as unwritten since the last user kept that user's data
             same = current.dtype == initial.dtype and current.shape == initial.shape
             if same and current.device == initial.device and current.layout == torch.strided:
                 with torch.no_grad():
                     current.copy_(initial)  # in place: no allocation for a large cache
             else:  # resized or re-laid-out in place by the forward
                 current = table[key] = initial.clone()
-            entry[3] = current._version
         for table, saved in self._tables:
             table.clear()
             table.update(saved)
@@ -248,13 +248,11 @@ class ModelAtBuild:
                     kept.resize(saved.shape, refcheck=False)
                 np.copyto(kept, saved)
         for entry in self._inner_tensors:
-            tensor, initial, version = entry
-            if tensor._version != version:
-                with torch.no_grad():
-                    if tensor.shape != initial.shape:
-                        tensor.resize_(initial.shape)
-                    tensor.copy_(initial)
-                entry[2] = tensor._version
+            tensor, initial, _ = entry
+            with torch.no_grad():  # always (privacy 5): a .data or NumPy write is not counted
+                if tensor.shape != initial.shape:
+                    tensor.resize_(initial.shape)
+                tensor.copy_(initial)
 
 
 _PY_ARRAY = array.array

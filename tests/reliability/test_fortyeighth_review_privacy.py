@@ -23,6 +23,7 @@ from fedprivopt.clients import LocalConfig, LocalTrainer, reply_updates
 from fedprivopt.clients.messages import TrainMessage
 from fedprivopt.models import build_task
 from fedprivopt.models.task import initial_flat
+from fedprivopt.models.toy import ToyClassificationTask
 from fedprivopt.privacy.rng import RngFactory
 from tests.messages import delivered
 
@@ -201,3 +202,42 @@ def test_4_a_write_through_data_or_numpy_is_set_back_too(way, monkeypatch):
 
     # before: 0.137 apart in an entry (users 0-2's gradients kept in the accumulator)
     assert torch.equal(last([0, 1, 2, 3]), last([3]))
+
+
+# -- 5: a task's forward keeping a running mean on its model through .data or NumPy ------------
+
+
+class _RunningNet(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.running = torch.zeros(5)
+        self.box = [torch.zeros(5)]
+
+    def forward(self, x):
+        self.running.data.add_(x.mean(0))  # a running mean through .data
+        self.box[0].numpy()[:] += x.mean(0).numpy()  # and one through NumPy
+        return self.inner(x + 0.1 * self.running + 0.1 * self.box[0])
+
+
+class _RunningTask(ToyClassificationTask):
+    def build_model(self):
+        return _RunningNet(super().build_model())
+
+
+def test_5_a_forward_s_write_through_data_or_numpy_is_set_back_for_every_user():
+    task = _RunningTask(num_users=10, dim=5, num_classes=3, seed=2)
+
+    def last(users):
+        trainer = LocalTrainer(task, device="cpu")
+        for user in users:
+            result = trainer.train(
+                initial_flat(task), user_id=user, round_num=1, config=LOCAL, rngs=RngFactory(0)
+            )
+        return result.delta
+
+    # before: 0.016 apart in an entry after user 0 (0.024 after users 0-2): set back after the
+    # first user only, then read as unwritten by its version
+    alone = last([3])
+    assert torch.equal(last([0, 3]), alone)
+    assert torch.equal(last([0, 1, 2, 3]), alone)

@@ -146,7 +146,12 @@ class AlgorithmCohorts:
             # has one draw, as a seeded one has
             users = list(self._secure_draws[purpose, round_num])
         else:
-            users = [int(u) + self.user_offset for u in self.sampler.sample(round_num, purpose)]
+            # forty-eighth review of issue 15 (memory 2): iterating the tensor made a tensor a
+            # user (680 bytes each a sampled user; a cohort of 10**8 about 68 GB)
+            drawn = self.sampler.sample(round_num, purpose)
+            if isinstance(drawn, torch.Tensor):
+                drawn = drawn.tolist()
+            users = [int(u) + self.user_offset for u in drawn]
             if self.config.secure:
                 self._secure_draws[purpose, round_num] = tuple(users)
         self._drawn[purpose] = (round_num, frozenset(users))

@@ -37,7 +37,7 @@ from fedprivopt.strategies.options import (
     rules_of,
 )
 
-__all__ = ["MAX_SUM_NOISE_STD", "NON_PRIVATE", "STRATEGIES", "StrategyConfig"]
+__all__ = ["MAX_COHORT", "MAX_SUM_NOISE_STD", "NON_PRIVATE", "STRATEGIES", "StrategyConfig"]
 
 STRATEGIES = tuple(BLOCKS)
 NON_PRIVATE = ("fedavg", "fedadam")
@@ -50,6 +50,11 @@ NON_PRIVATE = ("fedavg", "fedadam")
 #: ``local_epochs`` by the one permutation per epoch a client holds
 #: (:data:`fedprivopt.core.local.MAX_EPOCHS` = 10,000).
 MAX_ROUNDS = 1_000_000
+#: Upper bound of ``clients_per_round``: a round holds its cohort as user ids, a list and a set
+#: of them (about 230 bytes a sampled user through a toy round, measured at 2·10**4 and 10**5), so
+#: 10**7 take about 2.3 GB; a cohort of 10**8 (the population's bound) ended in ``std::bad_alloc``
+#: under a 4 GB address-space limit (forty-eighth review of issue 15, memory 2).
+MAX_COHORT = 10_000_000
 #: The largest integer setting a run's ``config.toml`` holds (TOML integers are 64-bit).
 INT64_MAX = 2**63 - 1
 _INF = float("inf")
@@ -70,7 +75,8 @@ class StrategyConfig:
     population : int
         Number of users ``N``, in ``[1, 10**8]`` (the sampler draws one value per user a round).
     clients_per_round : float
-        Expected cohort size ``m̄``; ``q = m̄/N``. An integer ``m <= N`` for fixed sampling.
+        Expected cohort size ``m̄`` in ``(0, 10**7]`` (a round holds its cohort's ids);
+        ``q = m̄/N``. An integer ``m <= N`` for fixed sampling.
     num_server_rounds : int
         Rounds to run, in ``[1, 10**6]`` (a privacy budget may stop the run earlier).
     noise_multiplier, clip_norm : float
@@ -125,7 +131,7 @@ class StrategyConfig:
 
     strategy: str = choice("dp-fedavg", STRATEGIES)
     population: int = integer(100, 1, MAX_POPULATION)
-    clients_per_round: float = real(10.0, 0, _INF, low_open=True)
+    clients_per_round: float = real(10.0, 0, MAX_COHORT, low_open=True)
     num_server_rounds: int = integer(10, 1, MAX_ROUNDS)
     # at most what a checkpoint's accountant state may hold (a larger σ could not be resumed)
     noise_multiplier: float = real(1.0, 0, MAX_STATE_NOISE_MULTIPLIER)

@@ -6,13 +6,29 @@
    toy task (1.71 GB for 2 nodes, 3.40 GB for 6): 64 nodes about 28 GB. Now
    ``deploy.local_checks.check_nodes`` bounds ``--nodes`` by the physical memory over
    ``NODE_MEMORY`` (512 MiB), as ``compare --jobs`` is bounded: rc 2, one line, nothing written.
+2. ``simulate toy.toml --rounds 1 --set population=100000000 --set task-params.num-users=100000000
+   --set clients-per-round=100000000 --set sampling=fixed`` (also Poisson). Before: the round's
+   cohort was made by iterating the sampler's tensor (a tensor object a user: 680 bytes a
+   sampled user, 648 MB for 10**6), about 68 GB for 10**8; under a 4 GB address-space limit a
+   ``RuntimeError: std::bad_alloc`` traceback, rc 1. Now ``strategies.cohorts`` reads the draw
+   with ``tolist()`` (108 bytes a user; about 230 through a whole toy round) and
+   ``StrategyConfig`` bounds ``clients-per-round`` by ``MAX_COHORT`` = 10**7 (about 2.3 GB):
+   rc 2, one line, nothing written.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from fedprivopt.deploy import local_checks
+from fedprivopt.simulation.config import load_config
+from fedprivopt.simulation.run import build_run
+from fedprivopt.strategies.config import MAX_COHORT, StrategyConfig
+
+TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 
 
 def test_1_deploy_nodes_bounded_by_memory(monkeypatch, tmp_path):
@@ -28,3 +44,21 @@ def test_1_deploy_nodes_bounded_by_memory(monkeypatch, tmp_path):
     assert not out.exists()
     monkeypatch.setattr(local_checks, "physical_memory", lambda: 0)  # unknown: the fixed bound
     assert local_checks.check_nodes(64) == 64
+
+
+def test_2_cohort_bounded_and_not_one_tensor_a_user(monkeypatch):
+    assert MAX_COHORT == 10**7
+    StrategyConfig(population=10**8, clients_per_round=float(MAX_COHORT))
+    with pytest.raises(ValueError, match=r"clients-per-round must be .*\(0, 1e\+07\]"):
+        StrategyConfig(population=10**8, clients_per_round=10**8, sampling="fixed")
+    for sampling in ("fixed", "poisson"):
+        sets = {"population": 2000, "task-params.num-users": 2000, "clients-per-round": 1000}
+        _, alg = build_run(load_config(TOY, {**sets, "sampling": sampling}))
+
+        def one_tensor_a_user(self):
+            raise AssertionError("the cohort iterated the sampler's tensor")
+
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "__iter__", one_tensor_a_user)
+            users = alg.sample(1)
+        assert len(users) > 500 and all(type(u) is int for u in users)

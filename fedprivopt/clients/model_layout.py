@@ -125,6 +125,14 @@ class ModelAtBuild:
         self._start()
         attrs = dict(vars(owner))
         mine = {k: v for k, v in attrs.items() if k not in skip}
+        # the modules of the skipped attributes (the trainer's model: set back by its own
+        # ModelAtBuild), also under another name (self.net = self.model)
+        own = {
+            id(m)
+            for k, v in attrs.items()
+            if k in skip and isinstance(v, torch.nn.Module)
+            for m in v.modules()
+        }
         contents = {k: _contents(v) for k, v in mine.items() if isinstance(v, _CONTAINERS)}
         self._modules.append((owner, attrs, contents))
         for key, value in mine.items():
@@ -135,7 +143,8 @@ class ModelAtBuild:
                     # by the version (forty-eighth review of issue 15, privacy 4)
                     self._tensors.append([vars(owner), key, kept, -1])
             elif isinstance(value, torch.nn.Module):
-                self._save_module(value)
+                if not any(id(m) in own for m in value.modules()):  # not the trainer's model
+                    self._save_module(value)
             else:
                 self._save_inner(value, 0)
         return self

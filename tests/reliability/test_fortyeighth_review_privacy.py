@@ -241,3 +241,19 @@ def test_5_a_forward_s_write_through_data_or_numpy_is_set_back_for_every_user():
     alone = last([3])
     assert torch.equal(last([0, 3]), alone)
     assert torch.equal(last([0, 1, 2, 3]), alone)
+
+
+def test_2_the_trainer_s_model_under_another_name_holds_the_global_model_after_train():
+    class Alias(LocalTrainer):
+        def __init__(self, task, **kwargs):
+            super().__init__(task, **kwargs)
+            self.net = self.model  # the trainer's model under a name of the subclass
+
+    trainer = Alias(TASK, device="cpu")
+    first = initial_flat(TASK)
+    second = first + 0.5
+    for user, start in ((1, first), (2, second)):
+        trainer.train(start, user_id=user, round_num=user, config=LOCAL, rngs=RngFactory(0))
+    held = torch.cat([t.detach().reshape(-1) for t in trainer.model.state_dict().values()])
+    # with privacy 2 alone: set back to the first global model (as module attributes are)
+    assert torch.equal(held, second)

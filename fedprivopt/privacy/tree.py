@@ -487,7 +487,9 @@ class TreeCohorts:
                 )
             ok = ok & available.to(ok.device)
         chosen = order[ok[order]][: self.cohort_size]
-        users = sorted(int(u) for u in chosen)
+        # forty-eighth review of issue 15 (memory 3): iterating the tensor made a tensor a user
+        # (698 bytes each; a cohort of 10**7 ended in std::bad_alloc under a 4 GB limit)
+        users = sorted(chosen.tolist())
         self.ledger.check_in(period, users)
         return users
 

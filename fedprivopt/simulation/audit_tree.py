@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedprivopt.privacy.tree import tree_position
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import RunConfig, load_config
@@ -78,8 +80,11 @@ def check_participants(
         # seeded: full cohorts are the first step·m users of the period's shuffle, so users
         # exchanged for as many others are found too (a deployment whose cohorts were full
         # while some nodes were missing drew others, and is refused as well)
-        drawn = sorted(int(u) for u in cohorts.order(period)[:full])
-        if sorted(int(u) for u in cohorts.ledger.state_dict()["users"]) != drawn:
+        # forty-eighth review of issue 15 (memory 4): compared as sorted tensors (iterating them
+        # made a tensor a user: 655 bytes each, std::bad_alloc under 4 GB at 10**7 users)
+        drawn = cohorts.order(period)[:full].sort().values
+        held_users = cohorts.ledger.state_dict()["users"].sort().values
+        if not torch.equal(held_users, drawn):
             raise ValueError(
                 f"{name}'s tree participation ledger holds other users than the {full} that "
                 f"the seed's shuffle gives rounds {first}-{alg.round_num} of restart period "

@@ -18,6 +18,11 @@
    ``MAX_COHORT``), ``alg.sample(1)``. Before: ``privacy.tree.TreeCohorts.cohort`` iterated the
    period's shuffle too (698 bytes a user, 666 MB for 10**6): ``std::bad_alloc`` under a 4 GB
    address-space limit. Now it reads it with ``tolist()``: 947 MB for 10**7 (99 bytes a user).
+4. ``--resume`` of a seeded tree run whose period has drawn 10**7 users (population 10**7,
+   4 rounds of 2.5·10**6; ``audit_tree.check_participants`` called as a resume calls it).
+   Before: both the seed's shuffle and the checkpoint's participants were iterated into Python
+   ints (655 bytes a user, 2.47 GB for 4·10**6): ``std::bad_alloc`` under a 4 GB limit. Now
+   they are compared as sorted tensors (0.7 s, no growth); an exchanged user is still refused.
 """
 
 from __future__ import annotations
@@ -81,3 +86,29 @@ def test_3_tree_cohort_not_one_tensor_a_user(monkeypatch):
         users = alg.sample(1)
     assert len(users) == 1000 and users == sorted(set(users))
     assert all(type(u) is int for u in users)
+
+
+def test_4_resume_audit_of_tree_participants_compares_tensors(monkeypatch):
+    from fedprivopt.simulation.audit_tree import check_participants
+
+    sets = {"population": 400, "task-params.num-users": 400, "clients-per-round": 100}
+    sets.update({"noise-mechanism": "tree", "num-server-rounds": 4})
+    _, alg = build_run(load_config(TOY, sets))
+    cohorts = alg.tree_cohorts
+    drawn = cohorts.order(0)[:400].tolist()
+    cohorts.ledger.check_in(0, drawn)
+    alg.round_num = 4
+
+    def one_tensor_a_user(self):
+        raise AssertionError("the audit iterated a tensor of users")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "__iter__", one_tensor_a_user)
+        check_participants(alg, [], "checkpoint.pt")  # what the seed drew: taken
+    _, alg = build_run(load_config(TOY, {**sets, "population": 401, "task-params.num-users": 401}))
+    cohorts = alg.tree_cohorts
+    order = cohorts.order(0).tolist()
+    cohorts.ledger.check_in(0, order[:399] + order[400:401])  # one user exchanged
+    alg.round_num = 4
+    with pytest.raises(ValueError, match="holds other users than the 400"):
+        check_participants(alg, [], "checkpoint.pt")

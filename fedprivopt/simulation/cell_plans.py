@@ -183,6 +183,31 @@ def _identifies_data(task: Any) -> bool:
     return isinstance(identity, dict) and any(key != TASK_SOURCE for key in identity)
 
 
+def _check_resumable_there(stored: RunConfig, wanted: RunConfig) -> None:
+    """Refuse to resume a run whose data directory is not the cell's own (by the file system).
+
+    A resume reads the data where the run's ``config.toml`` says (compare 6 of the
+    forty-eighth review: a cell made on ``data-dir = L``, a link since removed, then stopped,
+    was planned as resumed with the cell's ``RD`` and failed when its turn came, ``L: missing
+    stackoverflow.sqlite``, after the report was removed; with ``synthetic = true`` the resume
+    would generate the dataset again at ``L``).
+    """
+    then = stored.task_params.get("data_dir")
+    now = wanted.task_params.get("data_dir")
+    if then is None or now is None or then == now:
+        return
+    try:
+        same = os.path.samefile(os.path.expanduser(str(then)), os.path.expanduser(str(now)))
+    except (OSError, ValueError, TypeError):
+        same = False
+    if not same:
+        raise ValueError(
+            f"its run is unfinished and a resume reads its data where its config.toml "
+            f"says, task-params.data-dir = {_as_toml(then)}, not this call's {_as_toml(now)}: "
+            "put the data back there, or give that data-dir"
+        )
+
+
 def _check_moved(run: Any, moved: tuple[str, Any, Any] | None) -> None:
     """Refuse a run whose data's place differs when its ledger records no data to compare."""
     from fedprivopt.models.task import TASK_SOURCE
@@ -389,6 +414,8 @@ def _audited(
         with lock_run_dir(run_dir), quiet_resume_notes():  # the resume says it (finding 1)
             run = audit_run_dir(run_dir, cell.task, engine=False)
         _check_moved(run, moved)
+        if moved is not None and run.unfinished() is not None:
+            _check_resumable_there(run.config, cell.config)
         _check_rounds(run, cell)
         _check_tuning_plan(run, cell)
         if run.unfinished() is not None:  # to be resumed: refused when planned, not when run

@@ -26,6 +26,9 @@
    ``tune`` does (2).
 5. ``compare toy.toml --seed 2`` (simulate's and tune's flag) was read by argparse as an
    abbreviation of ``--seeds``: two seeds, 0 and 1, rc 0. Now one line, rc 2.
+6. An unfinished cell whose data directory moved (compare 1) was planned as resumed, but a
+   resume reads the data where its ``config.toml`` says: ``L: missing stackoverflow.sqlite`` when
+   its turn came. Now refused when planned unless both name one directory.
 """
 
 from __future__ import annotations
@@ -270,3 +273,28 @@ def test_5_compare_refuses_seed_which_argparse_read_as_seeds(tmp_path, capsys, f
     err = capsys.readouterr().err
     assert code == 2 and not (tmp_path / "C").exists()  # was rc 0: seeds 0 and 1, not seed 2
     assert "compare has no --seed (and --seed is not --seeds)" in err and err.count("\n") == 1
+
+
+def test_6_an_unfinished_cell_is_resumed_only_where_its_data_is_read_again(tmp_path, own_task):
+    from fedprivopt.simulation.cells import RESUME
+
+    task = own_task(True)
+    data = _data(tmp_path / "D", 3)
+    out = _run(tmp_path, _config(task=task, **{"task-params.data-dir": str(data)}))
+    stored = out / "runs" / LABEL / "config.toml"  # unfinished: 1 of 2 rounds
+    stored.write_text(stored.read_text().replace("num-server-rounds = 1", "num-server-rounds = 2"))
+    (tmp_path / "link").symlink_to(data)
+    for where, action in (
+        (tmp_path / "link", RESUME),
+        (shutil.copytree(data, tmp_path / "c"), None),
+    ):
+        cell = _cell(
+            _config(task=task, **{"task-params.data-dir": str(where), "num-server-rounds": 2})
+        )
+        if action is not None:  # the same directory: the resume reads the same files
+            assert plan_cells(out, [cell], overwrite=False)[0].action == action
+            continue
+        with pytest.raises(
+            StaleCellError, match="its run is unfinished and a resume reads its data"
+        ):
+            plan_cells(out, [cell], overwrite=False)  # was RESUME, failing where D is gone

@@ -237,7 +237,11 @@ def _execute(
     alg.stopped_reason = reason
     _evaluate_last_round(writer, alg)
     if alg.round_num and (alg.round_num % config.checkpoint_every):
-        writer.save_checkpoint()
+        # a signal while it is saved comes after it (forty-eighth review of issue 15, processes
+        # 2: a run stopped by its budget at round 3, checkpoint-every 2, Ctrl-C during this save:
+        # --resume ended at round 2, with the epsilon of 3 released rounds)
+        with interrupt.held():
+            writer.save_checkpoint()
     writer.write_summary(reason)
     return RunOutcome(
         out,

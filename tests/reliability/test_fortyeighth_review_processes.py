@@ -12,6 +12,12 @@
    (``interrupt.held``), then sends it again to the handler that was in place (the command's,
    Python's Ctrl-C, Flower's in a deployment's ServerApp): the run stops at that checkpoint and
    ``--resume`` goes on from it, as after an uninterrupted round.
+2. The same for the checkpoint a run saves after its engine returned (a run stopped by its
+   budget at a round that ``checkpoint-every`` does not save): ``simulate toy.toml --set
+   secure=true --set checkpoint-every=2 --set target-epsilon=13`` (stops after round 3, epsilon
+   12.17), Ctrl-C during that save. Before: ``--resume`` ended at round 2's checkpoint (the
+   budget allows no redo of round 3): ``2 rounds (budget)`` with the epsilon of the 3 rounds
+   released, round 3's model lost. Now that save is held too (``run._execute``): 3 rounds.
 """
 
 from __future__ import annotations
@@ -87,3 +93,26 @@ def test_1_a_held_signal_reaches_the_handler_that_was_in_place():
         assert seen == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# -- finding 2: a signal during the checkpoint saved after the engine returned ---------------
+
+
+def test_2_a_signal_during_the_last_save_of_a_budget_stop_keeps_its_round(tmp_path, monkeypatch):
+    over = {"num-server-rounds": 10, "secure": True, "checkpoint-every": 2}
+    config = load_config(TOY, {**over, "target-epsilon": 13.0})  # stops after round 3
+    original = writer_module.save_checkpoint
+
+    def save(out, state, *args, **kwargs):
+        if state["round"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(out, state, *args, **kwargs)
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(writer_module, "save_checkpoint", save)
+        with pytest.raises(interrupt.Interrupted):
+            simulate(config, out)
+    assert RunLedger.read(out).last_round == 3
+    outcome = resume(out)
+    assert (outcome.rounds_completed, outcome.stopped_reason) == (3, "budget")  # before: 2

@@ -52,10 +52,12 @@ def choose_metric(runs: Sequence[RunData]) -> str:
     That is the ``primary_metric`` their summaries name (:func:`fedprivopt.models.primary_metric`)
     when every run that names one names the same and some run reports it. Runs written before
     summaries named it (or of several tasks) get ``eval_recall_at_5`` if any run has it, else
-    ``eval_accuracy``.
+    ``eval_accuracy``. A name that is not text (a summary edited by hand) counts as none.
     """
     runs = list(runs)  # read more than once (forty-third review of issue 15, reports 1)
-    named = {run.summary.get("primary_metric") for run in runs} - {None}
+    # forty-eighth review of issue 15 (input 1): a list or table there (unhashable) ended
+    # compare-tuned and compare in a TypeError traceback, rc 1
+    named = {m for run in runs if isinstance(m := run.summary.get("primary_metric"), str)}
     preference = (*named, *_METRIC_PREFERENCE) if len(named) == 1 else _METRIC_PREFERENCE
     for metric in preference:
         if isinstance(metric, str) and any(run.has_metric(metric) for run in runs):

@@ -30,7 +30,12 @@ from fedprivopt.core.files import naming
 from fedprivopt.core.text import shown
 from fedprivopt.models.task import Task, data_identity
 from fedprivopt.simulation.audit_tree import check_participants, refuse_secure_tree_redo
-from fedprivopt.simulation.checkpoint import LEDGER_HEADER, check_rows_digest, newest_checkpoint
+from fedprivopt.simulation.checkpoint import (
+    LEDGER_HEADER,
+    check_rows_digest,
+    checkpoints_beside,
+    newest_checkpoint,
+)
 from fedprivopt.simulation.config import RunConfig, load_config
 from fedprivopt.simulation.divergence import checked_round
 from fedprivopt.simulation.engines import check_flower_resources
@@ -378,6 +383,17 @@ def audit_run_dir(out: Path, task: Task | None = None, *, engine: bool = True) -
     last_released = max(last_shown, ledger.last_round if ledger else 0, old.max_round if old else 0)
     problems: dict[str, str] = {}
     state, name = newest_checkpoint(out, problems)
+    beside = checkpoints_beside(out, name)  # forty-eighth review of issue 15 (ledger 2)
+    for other, done in beside.items():
+        if ledger is not None and done > ledger.last_round:
+            raise ValueError(
+                f"{out / other} is a checkpoint of round {done}, but {ledger.path.name} ends at "
+                f"round {ledger.last_round}: rounds up to {done} were released, which the ledger "
+                "does not record (an older copy of the run's files put back beside newer ones, "
+                "or the ledger cut); refusing to resume (put the newer files back, or start a "
+                "new run in another directory)"
+            )
+    last_released = max(last_released, *beside.values(), 0)
     if ledger is not None and state is not None:
         ledger.check_header_copy(state.get(LEDGER_HEADER), name)
     if state is None:

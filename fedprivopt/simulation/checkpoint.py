@@ -38,6 +38,7 @@ __all__ = [
     "RowsDigest",
     "check_checkpoint",
     "check_rows_digest",
+    "checkpoints_beside",
     "finish_save",
     "load_checkpoint",
     "newest_checkpoint",
@@ -150,6 +151,39 @@ def finish_save(out: Path, entries: Sequence[Any]) -> bool:
         "finished the save of round %d's checkpoint stopped at %s", done, tmp
     )
     return True
+
+
+def checkpoints_beside(out: Path, name: str | None) -> dict[str, int]:
+    """The rounds of the intact checkpoints of ``out`` other than ``name`` (the one restored).
+
+    ``checkpoint.pt``, ``checkpoint.prev.pt`` and a regular ``checkpoint.pt.tmp`` that pass
+    :func:`check_checkpoint`; one that is torn, or that this process may not read, is left out
+    (it says nothing of what was released).
+
+    Forty-eighth review of issue 15 (ledger 2): a secure run's files of an older copy (a backup
+    taken after its first round, holding ``checkpoint.pt`` alone) put back over the run after
+    it had released 3 rounds (``cp -a B/. R/``, or ``rsync`` without ``--delete``) left the
+    newer ``checkpoint.prev.pt`` of round 2 beside them; ``--resume`` read only
+    ``checkpoint.pt``, released rounds 2 and 3 again with new noise and overwrote the newer
+    checkpoint, charging 4 rounds (epsilon 13.71) for 6 releases (16.29).
+    """
+    rounds: dict[str, int] = {}
+    for other in (CHECKPOINT, PREVIOUS_CHECKPOINT, CHECKPOINT + ".tmp"):
+        path = out / other
+        try:
+            # a checkpoint may be a link (to another disk); the temporary file never is
+            regular = stat.S_ISREG(
+                (path.lstat() if other.endswith(".tmp") else path.stat()).st_mode
+            )
+            if other == name or not regular:
+                continue
+            state, _ = _read_checked(path, "")
+        except (OSError, ValueError):  # not there, or not readable by this process
+            continue
+        done = None if state is None else state["algorithm"]["round"]
+        if type(done) is int:
+            rounds[other] = done
+    return rounds
 
 
 def _rotate(ckpt: Path, previous: Path) -> None:

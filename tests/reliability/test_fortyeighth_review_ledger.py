@@ -25,7 +25,7 @@ import torch
 
 from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import load_config
-from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, LEDGER_FILE
+from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, LEDGER_FILE, PREVIOUS_CHECKPOINT
 from fedprivopt.simulation.run import resume, simulate
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
@@ -80,3 +80,43 @@ def test_1_a_checkpoint_read_failing_in_the_storage_is_not_a_torn_file(
     monkeypatch.setattr(torch, "load", real)
     assert newest_checkpoint(run)[1] == CHECKPOINT  # read as before once the storage answers
     assert _released(run) == [1, 2]
+
+
+@pytest.fixture(scope="module")
+def restored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A backup of a secure run after round 1 (``checkpoint.pt`` alone), the run after round 3."""
+    root = tmp_path_factory.mktemp("r48ledger2")
+    settings = {**SMALL, "num-server-rounds": 1, "secure": True, "checkpoint-every": 1}
+    simulate(load_config(TOY, settings), root / "backup")
+    run = _copy(root / "backup", root / "run", rounds=3)
+    config = run / CONFIG_FILE
+    config.write_text(
+        config.read_text(encoding="utf-8").replace("num-server-rounds = 1", "num-server-rounds = 3")
+    )
+    resume(run)
+    return root / "backup", run
+
+
+@pytest.mark.parametrize("newer", ["prev", "tmp", "both"])
+def test_2_an_older_copy_put_back_beside_a_newer_checkpoint_is_refused(
+    restored: tuple[Path, Path], tmp_path: Path, newer: str
+) -> None:
+    backup, finished_run = restored
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    if newer != "prev":  # the save of round 3 stopped between its renames
+        os.replace(run / CHECKPOINT, run / (CHECKPOINT + ".tmp"))
+    if newer == "tmp":
+        (run / PREVIOUS_CHECKPOINT).unlink()
+    for path in backup.iterdir():  # the backup put back over the run (cp -a B/. R/)
+        shutil.copy2(path, run / path.name)
+    config = run / CONFIG_FILE
+    config.write_text(
+        config.read_text(encoding="utf-8").replace("num-server-rounds = 1", "num-server-rounds = 4")
+    )
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match=r"is a checkpoint of round [23], but privacy_ledger"):
+        resume(run)
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert after == before  # nothing released again, the newer checkpoint kept
+    assert _released(run) == [1]

@@ -42,6 +42,7 @@ from fedprivopt.simulation.files import (
 )
 from fedprivopt.simulation.rundata_epsilon import (
     accounted_epsilon,
+    beside_epsilons,
     checkpoint_epsilon_header,
     composed_delta,
     is_delta,
@@ -263,6 +264,9 @@ def load_run(path: str | Path) -> RunData:
                 if found is not None:
                     known.append((f"{found[0]} (its accountant)", found[1]))
                     note_copied_plan(path, found[0], found[4], notes)
+                # forty-eighth review (ledger 3): a newer checkpoint beside an older copy's files
+                most = max(v for _, v in known)
+                known.extend(e for e in beside_epsilons(path, at) if e[1] > most * (1 + 1e-6))
     spent = max(v for _, v in known) if known else None
     if known and any(not math.isclose(v, spent, rel_tol=1e-6) for _, v in known):
         stated = ", ".join(f"{k} {v:.6g}" for k, v in known)

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from fedprivopt.core.text import shown
-from fedprivopt.simulation.checkpoint import newest_checkpoint
+from fedprivopt.simulation.checkpoint import checkpoints_beside, newest_checkpoint
 from fedprivopt.simulation.files import CONFIG_FILE, LEDGER_FILE, METRICS_FILE, SUMMARY_FILE
 from fedprivopt.simulation.ledger import OldLedgerError, RunLedger
 
 __all__ = [
     "accounted_epsilon",
+    "beside_epsilons",
     "checkpoint_epsilon",
     "checkpoint_epsilon_header",
     "composed_delta",
@@ -271,3 +272,43 @@ def _with_uncounted(accountant, extra: int, delta: float, path: Path) -> float:
         composed.append(accountant.epsilon(delta))
     accountant.set_ledger(base)
     return max(composed)
+
+
+def beside_epsilons(path: Path, delta: float | None) -> list[tuple[str, float]]:
+    """``(file, ε)`` of the accountant of each intact checkpoint but the newest, at ``delta``.
+
+    Forty-eighth review of issue 15 (ledger 3): a secure run's files of a backup taken after
+    round 1 put back over the run after it released 3 rounds left the newer
+    ``checkpoint.prev.pt`` of round 2 beside them; ``load_run`` (what ``write_report`` reads)
+    reported epsilon 7.55 without a word, the newer checkpoint's accountant holding 10.28
+    (:func:`~fedprivopt.simulation.checkpoint.checkpoints_beside`). A file that cannot be read
+    as a checkpoint of a private run is left out.
+    """
+    import torch
+
+    from fedprivopt.privacy.accounting import PrivacyAccountant
+    from fedprivopt.simulation.checkpoint import check_checkpoint
+    from fedprivopt.strategies.config import StrategyConfig
+
+    try:
+        name = newest_checkpoint(path, problems={})[1]
+    except ValueError:
+        name = None
+    found = []
+    for other in checkpoints_beside(path, name):
+        try:
+            state = torch.load(path / other, map_location="cpu", weights_only=True)
+            check_checkpoint(state)
+            config = StrategyConfig.from_mapping(state["algorithm"]["config"])
+            accountant = PrivacyAccountant()
+            accountant.load_state_dict(state["algorithm"]["accountant"])
+            if config.private:
+                found.append(
+                    (
+                        f"{other} (its accountant)",
+                        accountant.epsilon(config.delta if delta is None else delta),
+                    )
+                )
+        except Exception:  # torn, or not a checkpoint's accountant: it states nothing
+            continue
+    return found

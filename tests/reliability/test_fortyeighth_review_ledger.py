@@ -27,6 +27,7 @@ from fedprivopt.simulation.checkpoint import newest_checkpoint
 from fedprivopt.simulation.config import load_config
 from fedprivopt.simulation.files import CHECKPOINT, CONFIG_FILE, LEDGER_FILE, PREVIOUS_CHECKPOINT
 from fedprivopt.simulation.run import resume, simulate
+from fedprivopt.simulation.rundata import load_run
 
 TOY = Path(__file__).resolve().parents[2] / "simulations" / "toy.toml"
 SMALL = {"population": 12, "task-params.num-users": 12}
@@ -120,3 +121,18 @@ def test_2_an_older_copy_put_back_beside_a_newer_checkpoint_is_refused(
     after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     assert after == before  # nothing released again, the newer checkpoint kept
     assert _released(run) == [1]
+
+
+def test_3_a_report_of_an_older_copy_beside_a_newer_checkpoint_shows_its_epsilon(
+    restored: tuple[Path, Path], tmp_path: Path
+) -> None:
+    backup, finished_run = restored
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    for path in backup.iterdir():  # the backup put back over the run (cp -a B/. R/)
+        shutil.copy2(path, run / path.name)
+    data = load_run(run)
+    first = load_run(backup).epsilon  # round 1's, what every restored file states
+    assert data.epsilon > first * 1.2  # checkpoint.prev.pt's: round 2's
+    assert any("checkpoint.prev.pt (its accountant)" in w for w in data.warnings)
+    assert load_run(finished_run).warnings == ()  # an older previous checkpoint: no note

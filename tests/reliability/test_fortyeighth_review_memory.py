@@ -23,6 +23,11 @@
    Before: both the seed's shuffle and the checkpoint's participants were iterated into Python
    ints (655 bytes a user, 2.47 GB for 4·10**6): ``std::bad_alloc`` under a 4 GB limit. Now
    they are compared as sorted tensors (0.7 s, no growth); an exchanged user is still refused.
+5. Every round of a tree run writes ``participants_sha256`` of its period's participants
+   (``ledger_lines.tree_participants``). Before: the whole period as Python ints, sorted again
+   and joined as one text: 81 bytes a participant (772 MB for 10**7 each round; a period of
+   10**8, population 10**8 and cohorts of 10**7, about 8 GB). Now the same digest is hashed
+   2**16 participants at a time.
 """
 
 from __future__ import annotations
@@ -112,3 +117,28 @@ def test_4_resume_audit_of_tree_participants_compares_tensors(monkeypatch):
     alg.round_num = 4
     with pytest.raises(ValueError, match="holds other users than the 400"):
         check_participants(alg, [], "checkpoint.pt")
+
+
+def test_5_tree_participants_digest_hashed_in_chunks():
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from fedprivopt.privacy.tree import ParticipationLedger
+    from fedprivopt.simulation.ledger_lines import participants_sha256, tree_participants
+
+    def digest_of(ids):
+        ledger = ParticipationLedger(400_000)
+        ledger.check_in(3, ids)
+        return tree_participants(SimpleNamespace(tree_cohorts=SimpleNamespace(ledger=ledger)))
+
+    for n in (0, 1, 2**16, 2**16 + 1):  # the same digest as the one text
+        ids = torch.randperm(400_000)[:n].tolist()
+        assert digest_of(ids) == participants_sha256(3, ids)
+    ids = torch.randperm(400_000)[:300_000].tolist()
+    tracemalloc.start()
+    try:
+        digest_of(ids)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * 2**20, peak  # the whole period's text and ints: 34 MB here

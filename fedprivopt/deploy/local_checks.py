@@ -27,6 +27,7 @@ __all__ = [
     "DEPLOY_LOCK",
     "LOG_DIR",
     "NODE_MEMORY",
+    "USER_MEMORY",
     "check_arguments",
     "check_min_nodes",
     "check_nodes",
@@ -43,6 +44,12 @@ NODE_MEMORY = 512 * 2**20
 """Memory one SuperNode of a local deployment holds at least: the node, its SuperExec and its
 ClientApp with torch and the task (423 MB proportional set size a node measured for the toy task,
 2 and 6 nodes; StackOverflow tasks hold more)."""
+
+USER_MEMORY = 512
+"""Bytes of the ServerApp's memory a user of a deployment takes at least: the user query maps
+every user to its node (a set and a dict of them, and each node's list): 2.25 GB proportional
+set size for 10**7 toy users against 0.29 GB for 40, about 196 bytes a user, so 512 leaves the
+nodes and the rest of the machine their share."""
 
 
 def check_out(out: str | os.PathLike) -> None:
@@ -160,7 +167,9 @@ def check_nodes(nodes: object, population: int | None = None) -> int:
     :func:`~fedprivopt.deploy.local.deploy_local` only ``>= 1``, so
     ``deploy_local(nodes=100000)`` started SuperNodes until ``Too many open files`` (the seventh
     review's F8, in the Python API). Forty-eighth review of issue 15 (memory 1): ``--nodes 64``
-    was taken on a machine of 23 GiB, where a node holds 423 MB (toy task) and 64 about 28 GB.
+    was taken on a machine of 23 GiB, where a node holds 423 MB (toy task) and 64 about 28 GB;
+    and a population of 10**8 (the ServerApp's user query: about 20 GB, 2.25 GB measured for
+    10**7), now at most the memory over :data:`USER_MEMORY`.
 
     Raises
     ------
@@ -175,6 +184,14 @@ def check_nodes(nodes: object, population: int | None = None) -> int:
             f"--nodes must be an integer in [1, {most}] on this machine: each node is a "
             f"SuperNode with its ClientApp, at least {NODE_MEMORY // 2**20} MiB, and it has "
             f"{memory / 2**30:.1f} GiB of memory, got {nodes}"
+        )
+    users = memory // USER_MEMORY
+    if population is not None and 0 < users < population:  # forty-eighth review (memory 6)
+        raise ValueError(
+            f"population must be at most {users:,} for a local deployment on this machine (its "
+            f"ServerApp maps every user to its node, at least {USER_MEMORY} bytes a user, in "
+            f"{memory / 2**30:.1f} GiB of memory), got {population:,}; the fast engine of "
+            "simulate runs any population"
         )
     if population is not None and nodes > population:
         raise ValueError(

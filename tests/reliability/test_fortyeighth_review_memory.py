@@ -28,6 +28,10 @@
    and joined as one text: 81 bytes a participant (772 MB for 10**7 each round; a period of
    10**8, population 10**8 and cohorts of 10**7, about 8 GB). Now the same digest is hashed
    2**16 participants at a time.
+6. ``deploy local --nodes 2 --set population=100000000 --set task-params.num-users=100000000``.
+   Before: taken; the ServerApp's user query maps every user to its node (2.25 GB for 10**7
+   toy users, measured; about 20 GB for 10**8). Now ``check_nodes`` bounds a deployment's
+   population by the memory over ``USER_MEMORY`` (512 bytes a user): rc 2, one line.
 """
 
 from __future__ import annotations
@@ -142,3 +146,10 @@ def test_5_tree_participants_digest_hashed_in_chunks():
     finally:
         tracemalloc.stop()
     assert peak < 12 * 2**20, peak  # the whole period's text and ints: 34 MB here
+
+
+def test_6_deploy_population_bounded_by_memory(monkeypatch, tmp_path):
+    monkeypatch.setattr(local_checks, "physical_memory", lambda: 2**30)
+    assert local_checks.check_nodes(1, population=2**21) == 1  # 1 GiB over 512 bytes
+    with pytest.raises(ValueError, match=r"population must be at most 2,097,152 for a local"):
+        local_checks.check_nodes(1, population=2**21 + 1)

@@ -121,6 +121,25 @@ def _simulate(preset: str, strategy: str, seed: int, overrides: dict, run_dir: s
         ckpt.unlink()
 
 
+def _check_reused(run_dir: Path, preset: str, strategy: str, seed: int, overrides: dict) -> None:
+    """Refuse to reuse a finished run whose stored configuration is not the one asked for.
+
+    Forty-eighth review of issue 15 (input 2): a run's name holds its strategy, point, seed
+    and condition only, so a sweep whose preset, ``[set]`` or condition table had changed
+    reported the earlier runs (``num-server-rounds`` 1 where 3 was asked) as its own.
+    """
+    from fedprivopt.simulation.config import config_to_toml, load_config
+
+    wanted = config_to_toml(load_config(preset, {**overrides, "strategy": strategy, "seed": seed}))
+    stored = run_dir / "config.toml"
+    if not stored.is_file() or stored.read_text(encoding="utf-8") != wanted:
+        raise SystemExit(
+            f"{run_dir}: a finished run whose config.toml is not this sweep's configuration for "
+            "it (the preset, [set] or a condition changed since it ran); remove it or choose "
+            "another --out"
+        )
+
+
 def _run(
     pool: concurrent.futures.Executor,
     preset: str,
@@ -133,13 +152,14 @@ def _run(
     out: Path,
 ) -> concurrent.futures.Future:
     run_dir = out / "runs" / _label(name, point, seed, condition[0] if condition[1] else "")
+    overrides = {**sets, **condition[1], **grid.get("fixed", {}), **point}
     if (run_dir / "summary.json").exists():
+        _check_reused(run_dir, preset, name.split(":")[0], seed, overrides)
         done: concurrent.futures.Future = concurrent.futures.Future()
         done.set_result(None)
         return done
     if run_dir.exists():  # a run killed mid-way: start it again
         shutil.rmtree(run_dir)
-    overrides = {**sets, **condition[1], **grid.get("fixed", {}), **point}
     return pool.submit(_simulate, preset, name.split(":")[0], seed, overrides, str(run_dir))
 
 

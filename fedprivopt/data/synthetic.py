@@ -160,12 +160,18 @@ def check_out_dir(out_dir: object) -> None:
     dataset into the working directory, where ``data synth --out ""`` is refused. Overwrite 5's
     twin: a control character or a blank component, refused by ``data synth --out`` too.
     """
-    if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
+    if not isinstance(out_dir, (str, bytes, os.PathLike)) or not os.fspath(out_dir):
         raise ValueError(f"out_dir must be a non-empty path, got {out_dir!r}"[:200])
+    text = os.fsdecode(out_dir)
+    if "\x00" in text:
+        # forty-fourth review of issue 15 (input 3; the forty-first's minor): the operating
+        # system's "embedded null byte", naming no parameter
+        raise ValueError(
+            f"out_dir holds a null character: {shown(text)}; a directory name has none"
+        )
     # overwrite 5's twin: "so\n" or "data/ /so" made a directory of that name, where data synth
     # --out and a task's data_dir refuse it (models.stackoverflow_datadir.check_dir_text)
-    text = os.fspath(out_dir)
-    if isinstance(text, str) and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
         raise ValueError(f"out_dir holds a control character (a line break?): {shown(text)}")
     if any(not part.strip() for part in Path(text).parts):
         raise ValueError(f"out_dir has a blank path component: {shown(text)}")
@@ -251,13 +257,6 @@ def generate(
     refused = url_refusal("out_dir", out_dir)
     if refused is not None:  # forty-third review of issue 15 (input 5): ./s3:/b/d, as data synth
         raise ValueError(refused)
-    text = os.fspath(out_dir)
-    if ("\x00" if isinstance(text, str) else b"\x00") in text:
-        # forty-fourth review of issue 15 (input 3; the forty-first's minor): the operating
-        # system's "embedded null byte", naming no parameter
-        raise ValueError(
-            f"out_dir holds a null character: {shown(text)}; a directory name has none"
-        )
     if workers is not None:
         check_int("workers", workers, 1)
     # thirty-ninth review of issue 15 (input 1): workers bounded by the memory

@@ -48,6 +48,7 @@ from fedprivopt.privacy.aggregate_checks import (
     check_sum_noise,
     check_sum_noise_draws,
     default_min_shares,
+    noise_dtype,
     refuse_shared_updates,
     share_noise_growth,
     sum_dtype,
@@ -480,10 +481,11 @@ class NoisyMeanAggregator:
                     raise ValueError("generator is required for private aggregation")
                 # drawn in the sum's dtype (fortieth review of issue 15, mechanisms 2): in the
                 # model's, a float16 draw beyond 65504 (float32 beyond 3.4e38) was infinite
-                # where the float64 sum and the mean had room for it
+                # where the float64 sum and the mean had room for it; a float32 model's in
+                # float32, the draw seeded runs made before the sum was float64 (noise_dtype)
                 noise = gaussian_noise(
-                    dim, math.sqrt(topup_var), generator=generator, dtype=total.dtype
-                ).to(device)
+                    dim, math.sqrt(topup_var), generator=generator, dtype=noise_dtype(dtype, bound)
+                ).to(device=device, dtype=total.dtype)
                 total += noise
             denominator = self.expected_cohort_size
             noise_std = math.sqrt(sum_var) / denominator

@@ -35,6 +35,7 @@ __all__ = [
     "check_sum_noise_draws",
     "default_min_shares",
     "memory_place",
+    "noise_dtype",
     "refuse_shared_updates",
     "share_noise_growth",
     "shared_users",
@@ -80,6 +81,21 @@ def sum_dtype(dtype: torch.dtype, bound: float) -> torch.dtype:
     if dtype == torch.float32 and math.isinf(bound):  # inf: not private
         return dtype
     return torch.float64
+
+
+def noise_dtype(dtype: torch.dtype, bound: float) -> torch.dtype:
+    """The dtype the server's Gaussian noise is drawn in for a sum of updates of ``dtype``.
+
+    Float32 for a float32 model whose float32 sum could not overflow (``bound`` up to 1.7e30):
+    the draw every seeded run made before the forty-eighth review moved the sum to float64
+    (:func:`sum_dtype`), so a seeded run keeps its noise stream; the float32 draw is added to
+    the exact float64 sum. Else the sum's dtype (fortieth review of issue 15, mechanisms 2: in
+    a float16 model's dtype a draw beyond 65504 was infinite where the float64 sum had room).
+    """
+    most = torch.finfo(torch.float32).max / 2 / MAX_POPULATION
+    if dtype == torch.float32 and math.isfinite(bound) and bound <= most:
+        return dtype
+    return sum_dtype(dtype, bound)
 
 
 #: Fewest bits of a float64 sum kept for the count of updates summed on :func:`sum_grid`'s
